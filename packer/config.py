@@ -1,0 +1,327 @@
+"""Load a job file (YAML) into frozen dataclasses, validated against ``schemas/job.schema.json``.
+
+The schema is the single source of truth for what a job file may say; this module turns
+a valid document into typed records with defaults filled in and paths resolved
+relative to the job file. ``JobConfig.identity()`` is the part of the job that defines
+the dataset (it is hashed into ``dataset_hash``); execution options such as the output
+folder or the worker count are kept out of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from packer.errors import ConfigError
+from packer.schemas import validate_document
+
+SPLITS = ("train", "valid", "test")
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_byte_size(value: int | str) -> int:
+    """``256MiB`` → 268435456; integers pass through. Raises ConfigError on junk."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"pack.max_bytes: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "B").upper()])
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """One requested window. ``kind`` is ``preset``, ``explicit`` or ``file``.
+
+    ``file`` windows take the file's own Window Center/Width: ``selector`` is the index of
+    the pair (default 0) or its Window Center & Width Explanation text.
+    """
+
+    kind: str
+    name: str
+    center: float | None = None
+    width: float | None = None
+    function: str = "LINEAR"
+    selector: int | str = 0
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "file":
+            return {"file": self.selector}
+        return {"name": self.name, "center": self.center, "width": self.width, "function": self.function}
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    kind: str
+    name: str
+    root: Path
+    root_spec: str
+    entity: str
+    time: tuple[str, ...]
+    labels: Path | None = None
+    labels_spec: str | None = None
+    table: Path | None = None
+    table_spec: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
+                               "entity": self.entity, "time": list(self.time)}
+        if self.labels_spec:
+            out["labels"] = self.labels_spec
+        if self.table_spec:
+            out["table"] = self.table_spec
+        return out
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    by: str
+    ratios: tuple[tuple[str, float], ...]
+    seed: int
+    cutoffs: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"by": self.by, "ratios": dict(self.ratios), "seed": self.seed}
+        if self.cutoffs:
+            out["cutoffs"] = dict(self.cutoffs)
+        return out
+
+
+@dataclass(frozen=True)
+class DicomTransformConfig:
+    windows: tuple[WindowSpec, ...]
+    fallback_window: WindowSpec | None = None
+    size: tuple[int, int] | None = None
+    resize: str = "stretch"
+    spacing: tuple[float, float] | None = None
+    output: str = "uint8"
+    frames: str = "split"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "windows": [w.to_json() for w in self.windows],
+            "fallback_window": self.fallback_window.to_json() if self.fallback_window else None,
+            "size": list(self.size) if self.size else None,
+            "resize": self.resize,
+            "spacing": list(self.spacing) if self.spacing else None,
+            "output": self.output,
+            "frames": self.frames,
+        }
+
+
+@dataclass(frozen=True)
+class ImageTransformConfig:
+    size: tuple[int, int] | None = None
+    resize: str = "stretch"
+    color: str = "rgb"
+    alpha: str = "drop"
+    window: tuple[tuple[str, Any], ...] = ()
+    tile_size: tuple[int, int] | None = None
+    tile_stride: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "size": list(self.size) if self.size else None,
+            "resize": self.resize,
+            "color": self.color,
+            "alpha": self.alpha,
+            "window": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.window} or None,
+            "tile": {"size": list(self.tile_size), "stride": list(self.tile_stride or self.tile_size)}
+            if self.tile_size else None,
+        }
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    format: str
+    max_samples: int = 1000
+    max_bytes: int = 256 * 2**20
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "max_samples": self.max_samples, "max_bytes": self.max_bytes}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A loaded job. ``job_path`` and ``output``/``registry`` are execution facts, not identity."""
+
+    name: str
+    sources: tuple[SourceConfig, ...]
+    split: SplitConfig
+    dicom: DicomTransformConfig
+    image: ImageTransformConfig
+    pack: PackConfig
+    output: Path
+    max_bad_fraction: float = 0.05
+    registry: Path | None = None
+    job_path: Path = field(default=Path("job.yaml"))
+
+    def identity(self) -> dict[str, Any]:
+        """The resolved config that defines the dataset: defaults filled, paths as written."""
+        return {
+            "name": self.name,
+            "sources": [s.to_json() for s in self.sources],
+            "split": self.split.to_json(),
+            "transform": {"dicom": self.dicom.to_json(), "image": self.image.to_json()},
+            "pack": self.pack.to_json(),
+            "validate": {"max_bad_fraction": self.max_bad_fraction},
+        }
+
+
+def _parse_window(raw: Any, where: str) -> WindowSpec:
+    from packer.transform.window import PRESETS  # the preset table lives with the window maths
+
+    if raw == "file":
+        return WindowSpec(kind="file", name="file")
+    if isinstance(raw, str):
+        preset = PRESETS.get(raw)
+        if preset is None:
+            raise ConfigError(f"{where}: unknown window preset {raw!r}; "
+                              f"known presets: {', '.join(sorted(PRESETS))}, or give {{center, width}} or 'file'")
+        return WindowSpec(kind="preset", name=raw, center=float(preset.center), width=float(preset.width),
+                          function=preset.function)
+    if "file" in raw:
+        return WindowSpec(kind="file", name="file", selector=raw["file"])
+    center, width = float(raw["center"]), float(raw["width"])
+    function = raw.get("function", "LINEAR")
+    if function == "LINEAR" and width < 1:
+        raise ConfigError(f"{where}.width: LINEAR windows need width >= 1 (DICOM PS3.3 C.11.2.1.2), got {width}")
+    name = raw.get("name") or f"c{center:g}w{width:g}"
+    return WindowSpec(kind="explicit", name=name, center=center, width=width, function=function)
+
+
+def _resolve(base: Path, spec: str) -> Path:
+    return (base / spec).resolve() if not Path(spec).is_absolute() else Path(spec)
+
+
+def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
+    kind = raw["kind"]
+    root = _resolve(base, raw["root"])
+    time_raw = raw.get("time", ["StudyDate", "StudyTime"] if kind == "dicom" else "timestamp")
+    time = (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
+    where = f"sources[{index}]"
+    if kind == "dicom" and "table" in raw:
+        raise ConfigError(f"{where}.table: dicom sources take labels from 'labels: FILE.csv' (path,label), not 'table'")
+    if kind == "image" and "labels" in raw:
+        raise ConfigError(f"{where}.labels: image sources take labels from 'table: FILE.csv' "
+                          "(path,label,entity,timestamp), not 'labels'")
+    if kind == "image" and "table" not in raw:
+        raise ConfigError(f"{where}.table: image sources need a table (path,label,entity,timestamp) "
+                          "naming each image's label and entity")
+    return SourceConfig(
+        kind=kind,
+        name=raw.get("name") or re.sub(r"[^A-Za-z0-9_-]+", "_", root.name) or f"source{index}",
+        root=root,
+        root_spec=raw["root"],
+        entity=raw.get("entity", "PatientID" if kind == "dicom" else "entity"),
+        time=time,
+        labels=_resolve(base, raw["labels"]) if "labels" in raw else None,
+        labels_spec=raw.get("labels"),
+        table=_resolve(base, raw["table"]) if "table" in raw else None,
+        table_spec=raw.get("table"),
+    )
+
+
+def _parse_split(raw: dict[str, Any]) -> SplitConfig:
+    by = raw["by"]
+    ratios = raw.get("ratios", {"train": 0.8, "valid": 0.1, "test": 0.1})
+    total = sum(ratios.values())
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError(f"split.ratios: the ratios must add up to 1, they add up to {total:g}")
+    cutoffs: tuple[tuple[str, str], ...] = ()
+    if by == "time":
+        raw_cutoffs = raw.get("cutoffs") or {}
+        if not raw_cutoffs:
+            raise ConfigError("split.cutoffs: 'by: time' needs cutoffs, e.g. {valid: 2024-01-01, test: 2024-07-01}")
+        parsed = {}
+        for split_name, value in raw_cutoffs.items():
+            try:
+                parsed[split_name] = date.fromisoformat(str(value)).isoformat()
+            except ValueError as err:
+                raise ConfigError(f"split.cutoffs.{split_name}: expected a date YYYY-MM-DD, got {value!r}") from err
+        if "valid" in parsed and "test" in parsed and parsed["valid"] > parsed["test"]:
+            raise ConfigError("split.cutoffs: the valid cutoff must not come after the test cutoff")
+        cutoffs = tuple(sorted(parsed.items()))
+    ordered = tuple((s, float(ratios.get(s, 0.0))) for s in SPLITS)
+    return SplitConfig(by=by, ratios=ordered, seed=int(raw.get("seed", 0)), cutoffs=cutoffs)
+
+
+def _size(raw: Any) -> tuple[int, int] | None:
+    return (int(raw[0]), int(raw[1])) if raw else None
+
+
+def parse_job(doc: Any, job_path: Path) -> JobConfig:
+    """Validate a parsed job document and build the JobConfig. Raises ConfigError."""
+    doc = validate_document(doc, "job", source=str(job_path))
+    base = job_path.parent.resolve()
+    sources = tuple(_parse_source(s, base, i) for i, s in enumerate(doc["sources"]))
+    names = [s.name for s in sources]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"sources: two sources are named {duplicates[0]!r}; give each a distinct 'name:'")
+    transform = doc.get("transform") or {}
+    raw_dicom = transform.get("dicom") or {}
+    windows = tuple(_parse_window(w, f"transform.dicom.windows[{i}]")
+                    for i, w in enumerate(raw_dicom.get("windows", ["file"])))
+    dicom = DicomTransformConfig(
+        windows=windows,
+        fallback_window=_parse_window(raw_dicom["fallback_window"], "transform.dicom.fallback_window")
+        if "fallback_window" in raw_dicom else None,
+        size=_size(raw_dicom.get("size")),
+        resize=raw_dicom.get("resize", "stretch"),
+        spacing=tuple(float(v) for v in raw_dicom["spacing"]) if raw_dicom.get("spacing") else None,  # type: ignore[arg-type]
+        output=raw_dicom.get("output", "uint8"),
+        frames=raw_dicom.get("frames", "split"),
+    )
+    raw_image = transform.get("image") or {}
+    tile = raw_image.get("tile")
+    image = ImageTransformConfig(
+        size=_size(raw_image.get("size")),
+        resize=raw_image.get("resize", "stretch"),
+        color=raw_image.get("color", "rgb"),
+        alpha=raw_image.get("alpha", "drop"),
+        window=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                            for k, v in (raw_image.get("window") or {}).items())),
+        tile_size=_size(tile["size"]) if tile else None,
+        tile_stride=_size(tile.get("stride")) if tile else None,
+    )
+    raw_pack = doc["pack"]
+    pack = PackConfig(
+        format=raw_pack["format"],
+        max_samples=int(raw_pack.get("max_samples", 1000)),
+        max_bytes=parse_byte_size(raw_pack.get("max_bytes", 256 * 2**20)),
+    )
+    return JobConfig(
+        name=doc["name"],
+        sources=sources,
+        split=_parse_split(doc["split"]),
+        dicom=dicom,
+        image=image,
+        pack=pack,
+        output=_resolve(base, doc["output"]),
+        max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction", 0.05)),
+        registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
+        job_path=job_path.resolve(),
+    )
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a job file. Raises ConfigError naming the file and key path."""
+    job_path = Path(path)
+    try:
+        text = job_path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{job_path}: not valid YAML: {err}") from err
+    return parse_job(doc, job_path)

@@ -1,0 +1,1 @@
+"""Pack stage: write samples into WebDataset tar or Parquet shards, deterministically."""

@@ -1,0 +1,80 @@
+"""Encode one sample into the bytes that go into a shard (the same for tar and Parquet)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.records import Sample
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def encode_npy(array: np.ndarray) -> bytes:
+    """``numpy.save`` bytes of a C-contiguous, native-byte-order array (never pickled)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """A sample ready to be written: its label index, its JSON record and its pixel bytes."""
+
+    key: str
+    split: str
+    label: int
+    label_name: str
+    entity_id: str
+    source: str
+    shape: tuple[int, ...]
+    dtype: str
+    pixels: bytes
+    info: dict[str, Any]
+
+    @property
+    def pixels_sha256(self) -> str:
+        return hashlib.sha256(self.pixels).hexdigest()
+
+
+def encode_sample(sample: Sample, *, split: str, label_map: dict[str, int]) -> EncodedSample:
+    """Attach split and label index to a transformed sample; ``pixels`` are raw C-order bytes."""
+    ref = sample.ref
+    if ref.label is None or ref.entity is None:
+        raise ValueError(f"{ref.path}: sample {sample.key} reached packing without label/entity")
+    image = np.ascontiguousarray(sample.image)
+    info = {
+        "key": sample.key,
+        "sample_id": ref.sample_id,
+        "source": ref.source,
+        "kind": ref.kind,
+        "label": ref.label,
+        "label_index": label_map[ref.label],
+        "entity_id": ref.entity,
+        "split": split,
+        "shape": list(image.shape),
+        "dtype": image.dtype.str.lstrip("<>|="),
+        "metadata": sample.metadata,
+    }
+    if ref.extra:
+        info["extra"] = dict(ref.extra)
+    return EncodedSample(
+        key=sample.key,
+        split=split,
+        label=label_map[ref.label],
+        label_name=ref.label,
+        entity_id=ref.entity,
+        source=ref.source,
+        shape=tuple(int(d) for d in image.shape),
+        dtype=info["dtype"],
+        pixels=image.tobytes(order="C"),
+        info=info,
+    )

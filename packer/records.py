@@ -1,0 +1,112 @@
+"""Plain records that flow between pipeline stages (and pickle to dask workers).
+
+A raw file is described by a :class:`SampleRef`; reading and transforming it yields
+one or more :class:`Sample` (several for multi-frame files or tiles) or exactly one
+:class:`Issue`, the bad-sample record. Nothing in between returns ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Stages a bad-sample record can come from, in pipeline order.
+STAGES = ("discover", "read", "validate", "split", "transform", "pack")
+
+#: Every reason code a bad-sample record may carry. ``schemas/bad_sample.schema.json``
+#: lists the same codes; a test keeps them in step.
+REASONS = (
+    "unreadable",
+    "not_dicom",
+    "no_pixel_data",
+    "decode_failed",
+    "truncated",
+    "bad_shape",
+    "constant_image",
+    "missing_label",
+    "missing_entity",
+    "missing_time",
+    "missing_file",
+    "missing_window",
+    "unsupported",
+    "unsupported_transfer_syntax",
+    "unexpected_error",
+)
+
+_KEY_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def safe_key(text: str) -> str:
+    """Turn ``text`` into a tar-member-safe key part: ``[A-Za-z0-9_-]`` only, no dots."""
+    return _KEY_SAFE.sub("_", text).strip("_") or "x"
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """One raw file the job will read, with everything known before decoding it.
+
+    ``path`` is absolute; ``relpath`` is POSIX and relative to the source root.
+    ``label``, ``entity`` and ``time`` are ``None`` only on refs that end as issues.
+    ``est_bytes`` and ``est_samples`` are the planned packed size and sample count of
+    everything this file will give (several samples for frames or tiles); shards are
+    planned from them before any pixel is decoded.
+    """
+
+    sample_id: str
+    source: str
+    kind: str
+    path: str
+    relpath: str
+    label: str | None = None
+    entity: str | None = None
+    time: str | None = None
+    est_bytes: int = 0
+    est_samples: int = 1
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A bad-sample record: which file, which stage, which reason code, and why."""
+
+    sample_id: str
+    path: str
+    stage: str
+    reason: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r}; expected one of {STAGES}")
+        if self.reason not in REASONS:
+            raise ValueError(f"unknown reason {self.reason!r}; expected one of {REASONS}")
+
+    @classmethod
+    def of(cls, ref: SampleRef, *, stage: str, reason: str, message: str) -> Issue:
+        return cls(sample_id=ref.sample_id, path=ref.path, stage=stage, reason=reason, message=message)
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "sample_id": self.sample_id,
+            "path": self.path,
+            "stage": self.stage,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A transformed, training-ready sample: ``image`` is C×H×W (uint8 by default).
+
+    ``key`` is the sample id, suffixed for frames (``-f0007``) or tiles (``-t0003_0512``).
+    ``metadata`` holds JSON-serialisable values only.
+    """
+
+    key: str
+    ref: SampleRef
+    image: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)

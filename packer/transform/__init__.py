@@ -1,0 +1,1 @@
+"""Transform stage: decoded pixels → training-ready C×H×W arrays (windows, resize, tiles)."""

@@ -1,0 +1,100 @@
+"""The job file: schema-validated, defaults filled, errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from packer.config import load_job, parse_byte_size
+from packer.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+MINIMAL = {
+    "name": "t",
+    "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+    "split": {"by": "entity", "seed": 3},
+    "pack": {"format": "webdataset"},
+    "output": "out",
+}
+
+
+def write_job(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_demo_job_loads_with_presets_resolved() -> None:
+    job = load_job(REPO / "workflows" / "demo.yaml")
+    assert job.name == "demo"
+    assert [w.name for w in job.dicom.windows] == ["lung", "mediastinum"]
+    assert job.dicom.windows[0].center == -600 and job.dicom.windows[0].width == 1500
+    assert job.pack.max_bytes == 64 * 2**20
+    assert job.sources[0].root == (REPO / "demo-raw" / "ct").resolve()
+    assert job.sources[0].name == "ct" and job.sources[1].name == "photos"
+
+
+def test_minimal_job_gets_defaults(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, MINIMAL))
+    assert dict(job.split.ratios) == {"train": 0.8, "valid": 0.1, "test": 0.1}
+    assert job.pack.max_samples == 1000 and job.pack.max_bytes == 256 * 2**20
+    assert job.max_bad_fraction == 0.05
+    assert job.output == (tmp_path / "out").resolve()
+    assert job.sources[0].entity == "entity" and job.sources[0].time == ("timestamp",)
+
+
+def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> None:
+    a = load_job(write_job(tmp_path, MINIMAL))
+    other = dict(MINIMAL, output="elsewhere")
+    (tmp_path / "b").mkdir()
+    b = load_job(write_job(tmp_path / "b", other))
+    assert a.identity() == b.identity()
+    assert a.identity()["sources"][0]["root"] == "raw"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"pack": {"format": "zip"}}, "pack.format"),
+        ({"split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.1}}}, "add up to 1"),
+        ({"split": {"by": "time"}}, "split.cutoffs"),
+        ({"split": {"by": "time", "cutoffs": {"valid": "2024-13-01"}}}, "split.cutoffs.valid"),
+        ({"sources": [{"kind": "image", "root": "raw"}]}, "sources[0].table"),
+        ({"sources": [{"kind": "dicom", "root": "raw", "table": "x.csv"}]}, "sources[0].table"),
+        ({"transform": {"dicom": {"windows": ["lungs"]}}}, "unknown window preset 'lungs'"),
+        ({"transform": {"dicom": {"windows": [{"center": 40, "width": 0.5}]}}}, "width"),
+        ({"unknown_key": 1}, "unknown_key"),
+        ({"pack": {"format": "parquet", "max_bytes": "lots"}}, "pack.max_bytes"),
+    ],
+)
+def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job(write_job(tmp_path, {**MINIMAL, **change}))
+    assert expected in str(info.value)
+    assert "job.yaml" in str(info.value) or "split" in str(info.value) or "sources" in str(info.value)
+
+
+def test_unquoted_yaml_dates_are_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "split": {"by": "time"}}).replace(
+        "split:\n  by: time", "split:\n  by: time\n  cutoffs: {valid: 2024-01-01, test: 2024-07-01}"))
+    job = load_job(path)
+    assert dict(job.split.cutoffs) == {"valid": "2024-01-01", "test": "2024-07-01"}
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_job(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_job(bad)
+
+
+@pytest.mark.parametrize(("text", "value"), [("256MiB", 256 * 2**20), ("1GB", 10**9), ("512", 512),
+                                            ("1.5KiB", 1536), (42, 42)])
+def test_byte_sizes(text: str | int, value: int) -> None:
+    assert parse_byte_size(text) == value

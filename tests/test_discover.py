@@ -1,0 +1,89 @@
+"""Discover: every raw file listed once, in a stable order, with labels and entities resolved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from packer.config import load_job
+from packer.discover import check_identity, discover, list_dicom_files, make_sample_id, normalize_time
+from packer.errors import ConfigError
+from packer.records import SampleRef
+
+
+def make_tree(tmp_path: Path, rows: list[str], files: list[str], header: str = "path,label,entity,timestamp") -> Path:
+    root = tmp_path / "raw"
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"\x89PNG fake")
+    root.mkdir(exist_ok=True)
+    (root / "labels.csv").write_text("\n".join([header, *rows]) + "\n")
+    job = {"name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    return tmp_path / "job.yaml"
+
+
+def test_files_are_listed_sorted_with_table_values(tmp_path: Path) -> None:
+    job = load_job(make_tree(tmp_path, ["b/2.png,dog,S2,2024-02-01,x", "a/1.png,cat,S1,2023-01-05,y"],
+                             ["b/2.png", "a/1.png", "c/3.PNG"], header="path,label,entity,timestamp,site"))
+    refs, issues = discover(job)
+    assert [r.relpath for r in refs] == ["a/1.png", "b/2.png", "c/3.PNG"]
+    assert (refs[0].label, refs[0].entity, refs[0].time, refs[0].extra) == ("cat", "S1", "2023-01-05", (("site", "y"),))
+    assert refs[2].label is None  # on disk but not in the table: reported as missing_label by check_identity
+    assert refs[0].sample_id == make_sample_id("raw", "a/1.png")
+    assert issues == []
+
+
+def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
+    job = load_job(make_tree(tmp_path, ["a/1.png,cat,S1,", "gone.png,cat,S1,"], ["a/1.png"]))
+    _, issues = discover(job)
+    assert [(i.reason, i.stage) for i in issues] == [("missing_file", "discover")]
+    assert "gone.png" in issues[0].message and "row 3" in issues[0].message
+
+
+@pytest.mark.parametrize(("rows", "header", "match"), [
+    (["a.png,cat,S1,", "a.png,dog,S2,"], "path,label,entity,timestamp", "listed twice"),
+    (["a.png,cat"], "path,label", "missing column"),
+    (["../etc/passwd,cat,S1,"], "path,label,entity,timestamp", "inside the source root"),
+])
+def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows: list[str], header: str,
+                                                            match: str) -> None:
+    job = load_job(make_tree(tmp_path, rows, ["a.png"], header=header))
+    with pytest.raises(ConfigError, match=match):
+        discover(job)
+
+
+def test_missing_root_is_a_config_error(tmp_path: Path) -> None:
+    path = make_tree(tmp_path, [], [])
+    job = load_job(path)
+    (tmp_path / "raw" / "labels.csv").rename(tmp_path / "labels.csv")
+    (tmp_path / "raw").rmdir()
+    with pytest.raises(ConfigError, match="does not exist"):
+        discover(job)
+
+
+def test_dicom_listing_uses_suffix_or_preamble(tmp_path: Path) -> None:
+    (tmp_path / "a.dcm").write_bytes(b"anything")
+    (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
+    (tmp_path / "notes").write_bytes(b"hello")
+    (tmp_path / ".hidden.dcm").write_bytes(b"x")
+    assert [p.name for p in list_dicom_files(tmp_path)] == ["IM0001", "a.dcm"]
+
+
+def test_identity_checks_in_order() -> None:
+    base = SampleRef(sample_id="s-1", source="s", kind="image", path="/r/1.png", relpath="1.png")
+    assert check_identity(base, needs_time=False).reason == "missing_label"
+    labelled = SampleRef(**{**base.__dict__, "label": "a"})
+    assert check_identity(labelled, needs_time=False).reason == "missing_entity"
+    with_entity = SampleRef(**{**labelled.__dict__, "entity": "E"})
+    assert check_identity(with_entity, needs_time=False) is None
+    assert check_identity(with_entity, needs_time=True).reason == "missing_time"
+
+
+@pytest.mark.parametrize(("raw", "iso"), [("2024-01-02", "2024-01-02"), ("2024-01-02T03:04:05", "2024-01-02T03:04:05"),
+                                          ("2024-01-02 03:04", "2024-01-02T03:04:00"), ("", None), ("soon", None)])
+def test_normalize_time(raw: str, iso: str | None) -> None:
+    assert normalize_time(raw) == iso

@@ -1,0 +1,51 @@
+"""The JSON Schemas in schemas/ are the source of truth: the code must agree with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from packer.records import REASONS, STAGES
+from packer.schemas import load_schema, schema_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["job", "manifest", "bad_sample"])
+def test_schemas_are_valid_json_schema(name: str) -> None:
+    schema = load_schema(name)
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+
+
+def test_schema_dir_is_the_repository_folder() -> None:
+    assert schema_dir() == REPO / "schemas"
+
+
+def test_reason_and_stage_codes_match_the_bad_sample_schema() -> None:
+    props = load_schema("bad_sample")["properties"]
+    assert tuple(props["reason"]["enum"]) == REASONS
+    assert tuple(props["stage"]["enum"]) == STAGES
+
+
+def test_every_job_schema_key_is_read_by_the_config_loader() -> None:
+    source = (REPO / "packer" / "config.py").read_text()
+    schema = load_schema("job")
+    keys = set(schema["properties"])
+    for definition in ("source", "split", "dicom_transform", "image_transform"):
+        keys |= set(schema["$defs"][definition]["properties"])
+    keys |= set(schema["properties"]["pack"]["properties"]) | {"max_bad_fraction"}
+    unread = sorted(k for k in keys if f'"{k}"' not in source)
+    assert unread == [], f"job schema keys the config loader never reads: {unread}"
+
+
+def test_demo_workflow_validates() -> None:
+    import yaml
+
+    from packer.schemas import validate_document
+
+    doc = yaml.safe_load((REPO / "workflows" / "demo.yaml").read_text())
+    validate_document(doc, "job", source="demo.yaml")
+    assert json.dumps(doc, default=str)
