@@ -1,0 +1,645 @@
+"""Seeded demo and benchmark raw trees: CT-like DICOM files, photos, label tables, planted defects.
+
+``write_demo_tree`` writes a small, byte-reproducible tree for tutorials and end-to-end tests;
+``write_bench_tree`` writes the same layout at benchmark scale (512×512 slices, 640×480 JPEGs)
+without defects. Nothing here reads the wall clock: every date, UID and pixel comes from the
+seed, so the same seed gives byte-identical files wherever the tree is written.
+
+The public ``render_*`` and ``write_*`` helpers are reusable on their own (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pydicom
+from numpy.typing import NDArray
+from pydicom.datadict import tag_for_keyword
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import (
+    UID,
+    BasicTextSRStorage,
+    ComputedRadiographyImageStorage,
+    CTImageStorage,
+    ExplicitVRLittleEndian,
+    RLELossless,
+    generate_uid,
+)
+
+from packer.errors import ConfigError
+
+#: First line of README.txt; marks a folder this module may clear and rewrite.
+MARKER = "packer demo raw tree"
+CT_LABELS = ("normal", "nodule")
+PHOTO_LABELS = ("circle", "square")
+#: Fixed so the file meta bytes do not change with the installed pydicom version.
+IMPLEMENTATION_UID = "1.2.826.0.1.3680043.8.498.1"
+IMPLEMENTATION_NAME = "PACKER_DEMO"
+#: Rescale intercept of every CT file: stored value 0 is -1024 HU.
+CT_INTERCEPT = -1024
+_FIELD_OF_VIEW_MM = 350.0
+_FIRST_DAY = date(2023, 1, 1)
+_DAYS = (date(2025, 1, 1) - _FIRST_DAY).days  # 2023 and 2024
+_LAYOUT = {"studies": 2, "slices": 3, "photos": 4}  # the demo's proportions, reused by the bench tree
+
+
+@dataclass(frozen=True)
+class PlantedDefect:
+    """A broken input planted on purpose; ``reason`` is the code the build must report for it."""
+
+    relpath: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DemoTree:
+    """What was written: the root, counts of good files, and the planted defects."""
+
+    root: Path
+    dicom_files: int
+    images: int
+    defects: tuple[PlantedDefect, ...]
+
+
+@dataclass(frozen=True)
+class DicomUids:
+    """Study, series and SOP instance UIDs for one file."""
+
+    study: str
+    series: str
+    sop: str
+
+
+# ---------------------------------------------------------------- seeds, UIDs, dates
+
+
+def seeded_rng(seed: int, *parts: str | int) -> np.random.Generator:
+    """A generator for one item, keyed by ``seed`` and ``parts`` (independent of other items)."""
+    entropy = [seed & 0xFFFF_FFFF_FFFF_FFFF] + [zlib.crc32(str(part).encode()) for part in parts]
+    return np.random.default_rng(entropy)
+
+
+def make_uid(seed: int, *parts: str | int) -> str:
+    """A DICOM UID derived only from ``seed`` and ``parts`` (pydicom root prefix, hashed suffix)."""
+    return str(generate_uid(entropy_srcs=["packer-demo", str(seed), *map(str, parts)]))
+
+
+def make_uids(seed: int, *parts: str | int, study: str | int, series: str | int = 1) -> DicomUids:
+    """UIDs for one instance: the study UID depends on ``study``, the series UID on both."""
+    return DicomUids(
+        study=make_uid(seed, "study", *parts[:1], study),
+        series=make_uid(seed, "series", *parts[:1], study, series),
+        sop=make_uid(seed, "sop", *parts),
+    )
+
+
+def random_datetime(rng: np.random.Generator) -> datetime:
+    """A datetime between 2023-01-01 and 2024-12-31, 07:00-19:00, to the second."""
+    day = _FIRST_DAY + timedelta(days=int(rng.integers(_DAYS)))
+    return datetime(day.year, day.month, day.day) + timedelta(seconds=int(rng.integers(7 * 3600, 19 * 3600)))
+
+
+# ---------------------------------------------------------------- pixels
+
+
+@lru_cache(maxsize=8)
+def _grid(height: int, width: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """Row and column coordinates in [-1, 1] (read-only, shared between calls)."""
+    ys = np.linspace(-1.0, 1.0, height, dtype=np.float32)[:, None]
+    xs = np.linspace(-1.0, 1.0, width, dtype=np.float32)[None, :]
+    ys.setflags(write=False)
+    xs.setflags(write=False)
+    return ys, xs
+
+
+def _ellipse(shape: tuple[int, int], cx: float, cy: float, ax: float, ay: float) -> NDArray[np.float32]:
+    """Normalised ellipse radius: < 1 inside the ellipse centred (cx, cy) with semi-axes (ax, ay)."""
+    ys, xs = _grid(*shape)
+    return ((xs - cx) / ax) ** 2 + ((ys - cy) / ay) ** 2
+
+
+def render_ct_phantom(
+    rng: np.random.Generator, *, size: int = 64, z: float = 0.0, nodule: bool = False
+) -> NDArray[np.float32]:
+    """A chest-like CT slice in HU: float32, size×size, values in [-1024, ~760].
+
+    Air -1000 background (at least a 10% margin in every corner), body ellipse 40, two lungs
+    -800, a rib ring and a spine 700, an optional 40 HU nodule in the right lung, plus
+    Gaussian noise (σ 12 HU). ``z`` in [-1, 1] moves along the chest and changes the lungs.
+    """
+    shape = (size, size)
+    cx, cy = rng.uniform(-0.05, 0.05, size=2)
+    ax, ay = 0.78 * rng.uniform(0.92, 1.0), 0.58 * rng.uniform(0.92, 1.0)
+    body = _ellipse(shape, cx, cy, ax, ay)
+    hu = np.full(shape, -1000.0, dtype=np.float32)
+    hu[body <= 1.0] = 40.0
+    hu[(body > 0.80) & (body <= 0.90)] = 700.0
+    lung_ay = ay * (0.62 - 0.12 * abs(z))
+    for side in (-1.0, 1.0):
+        hu[_ellipse(shape, cx + side * 0.36 * ax, cy - 0.05, 0.26 * ax, lung_ay) <= 1.0] = -800.0
+    hu[_ellipse(shape, cx, cy + 0.62 * ay, 0.1, 0.1) <= 1.0] = 700.0
+    if nodule:
+        radius = 0.05 + 0.03 * (1.0 - abs(z))
+        hu[_ellipse(shape, cx - 0.36 * ax, cy - 0.1, radius, radius) <= 1.0] = 40.0
+    hu += rng.standard_normal(shape, dtype=np.float32) * 12.0
+    return np.maximum(hu, -1024.0, out=hu)
+
+
+def render_radiograph(rng: np.random.Generator, *, size: int = 64) -> NDArray[np.uint16]:
+    """A CR-like MONOCHROME1 image: uint16, size×size, 12-bit stored values.
+
+    MONOCHROME1 shows the minimum as white, so air (dark on film) is high (~3600), soft
+    tissue mid (~2200) and bone low (~900), plus noise; every corner is air.
+    """
+    shape = (size, size)
+    values = np.full(shape, 3600.0, dtype=np.float32)
+    cx, cy = rng.uniform(-0.05, 0.05, size=2)
+    body = _ellipse(shape, cx, cy, 0.7, 0.8)
+    values[body <= 1.0] = 2200.0
+    values[_ellipse(shape, 0.0, 0.0, 0.08, 0.75) <= 1.0] = 900.0
+    values += rng.standard_normal(shape, dtype=np.float32) * 20.0
+    return np.clip(np.rint(values), 0, 4095).astype(np.uint16)
+
+
+def render_photo(rng: np.random.Generator, label: str, *, height: int = 96, width: int = 128) -> NDArray[np.uint8]:
+    """A BGR uint8 height×width×3 photo: one filled ``label`` shape ("circle" or "square") on a noisy gradient."""
+    if label not in PHOTO_LABELS:
+        raise ValueError(f"unknown photo label {label!r}; expected one of {PHOTO_LABELS}")
+    background = rng.integers(0, 256, size=3)
+    ramp = np.linspace(-30.0, 30.0, height, dtype=np.float32)[:, None, None]
+    noise = rng.standard_normal((height, width, 3), dtype=np.float32) * 6.0
+    img = np.clip(background[None, None, :] + ramp + noise, 0, 255).astype(np.uint8)
+    colour = tuple(int(c) for c in (background + 128 + rng.integers(-40, 41, size=3)) % 256)
+    half = int(min(height, width) * rng.uniform(0.15, 0.3))
+    x = int(rng.integers(half, width - half))
+    y = int(rng.integers(half, height - half))
+    if label == "circle":
+        cv2.circle(img, (x, y), half, colour, thickness=-1, lineType=cv2.LINE_AA)
+    else:
+        cv2.rectangle(img, (x - half, y - half), (x + half, y + half), colour, thickness=-1)
+    return img
+
+
+def hu_to_stored(hu: NDArray[np.floating], *, bits_stored: int, intercept: int = CT_INTERCEPT) -> NDArray[np.int16]:
+    """HU → signed stored values (slope 1): ``rint(hu - intercept)`` clipped to ``bits_stored`` bits, int16."""
+    low, high = -(1 << (bits_stored - 1)), (1 << (bits_stored - 1)) - 1
+    return np.clip(np.rint(hu - intercept), low, high).astype(np.int16)
+
+
+# ---------------------------------------------------------------- DICOM writers
+
+
+def _new_dataset(sop_class: str, uids: DicomUids, *, modality: str) -> Dataset:
+    """A dataset with file meta (Explicit VR Little Endian), SOP common and series UIDs."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = UID(sop_class)
+    ds.file_meta.MediaStorageSOPInstanceUID = UID(uids.sop)
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.ImplementationClassUID = UID(IMPLEMENTATION_UID)
+    ds.file_meta.ImplementationVersionName = IMPLEMENTATION_NAME
+    ds.preamble = b"\0" * 128
+    ds.SOPClassUID = sop_class
+    ds.SOPInstanceUID = uids.sop
+    ds.StudyInstanceUID = uids.study
+    ds.SeriesInstanceUID = uids.series
+    ds.Modality = modality
+    ds.Manufacturer = "packer demo"
+    return ds
+
+
+def _set_patient_study(ds: Dataset, *, patient_id: str, study_date: str, study_time: str) -> None:
+    """Patient and general study modules (no PHI: synthetic names, no birth date)."""
+    ds.PatientName = f"Demo^{patient_id}"
+    ds.PatientID = patient_id
+    ds.PatientSex = "O"
+    ds.StudyDate = ds.ContentDate = study_date
+    ds.StudyTime = ds.ContentTime = study_time
+    ds.StudyID = "1"
+    ds.AccessionNumber = ""
+    ds.ReferringPhysicianName = ""
+    ds.SeriesNumber = 1
+
+
+def _set_pixels(ds: Dataset, stored: NDArray[np.integer], *, bits_stored: int, photometric: str) -> None:
+    """Image pixel module for a grayscale H×W or F×H×W array (int16 or uint16)."""
+    if stored.ndim == 3:
+        ds.NumberOfFrames = stored.shape[0]
+    ds.Rows, ds.Columns = stored.shape[-2:]
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = photometric
+    ds.BitsAllocated = 16
+    ds.BitsStored = bits_stored
+    ds.HighBit = bits_stored - 1
+    ds.PixelRepresentation = 1 if stored.dtype.kind == "i" else 0
+    little_endian = np.ascontiguousarray(stored, dtype=stored.dtype.newbyteorder("<"))
+    ds["PixelData"] = pydicom.DataElement(0x7FE00010, "OW", little_endian.tobytes())
+
+
+def _apply_overrides(ds: Dataset, overrides: dict[str, Any]) -> None:
+    """Set each DICOM keyword in ``overrides``; a value of ``None`` deletes the element."""
+    for keyword, value in overrides.items():
+        if tag_for_keyword(keyword) is None:
+            raise ValueError(f"override {keyword!r} is not a DICOM keyword (e.g. WindowCenter, PatientSex)")
+        if value is None:
+            if keyword in ds:
+                delattr(ds, keyword)
+        else:
+            setattr(ds, keyword, value)
+
+
+def _save(ds: Dataset, path: Path, compress: str | None) -> None:
+    """Optionally compress (pinned to pydicom's own encoder so bytes are reproducible), then write."""
+    if compress is not None:
+        ds.compress(compress, encoding_plugin="pydicom", generate_instance_uid=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+
+
+def write_ct_slice(
+    path: Path,
+    *,
+    patient_id: str,
+    study_date: str,
+    pixels_hu: NDArray[np.floating],
+    study_time: str = "120000",
+    uids: DicomUids | None = None,
+    instance_number: int = 1,
+    slice_location_mm: float = 0.0,
+    bits_stored: int = 12,
+    compress: str | None = None,
+    **overrides: Any,
+) -> None:
+    """Write a CT Image Storage file from HU values (H×W, or F×H×W for a multi-frame file).
+
+    Stored values are ``rint(HU + 1024)`` as signed int16 (PixelRepresentation 1, BitsStored
+    ``bits_stored``, clipped to its range), RescaleIntercept -1024, RescaleSlope 1, two windows
+    (mediastinum 40/400 as in the RSNA PE kernels, lung -600/1500 Radiopaedia; docs DOMAIN.md §2). Dates are DICOM DA/TM
+    strings (``YYYYMMDD``/``HHMMSS``). ``uids`` default to ones hashed from the patient, date,
+    time and pixels, so the same arguments give the same bytes. ``compress`` is a transfer
+    syntax UID (e.g. ``pydicom.uid.RLELossless``). ``overrides`` are DICOM keywords set last
+    (``None`` deletes). Raises ValueError for a keyword that is not DICOM.
+    """
+    stored = hu_to_stored(pixels_hu, bits_stored=bits_stored)
+    if uids is None:
+        digest = zlib.crc32(stored.tobytes())
+        uids = make_uids(0, patient_id, study_date, study_time, digest, study=f"{study_date}{study_time}")
+    spacing = round(_FIELD_OF_VIEW_MM / stored.shape[-1], 6)
+    ds = _new_dataset(CTImageStorage, uids, modality="CT")
+    _set_patient_study(ds, patient_id=patient_id, study_date=study_date, study_time=study_time)
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
+    ds.InstanceNumber = instance_number
+    ds.KVP = "120"
+    ds.PixelSpacing = [spacing, spacing]
+    ds.SliceThickness = "2.5"
+    ds.SliceLocation = slice_location_mm
+    ds.ImagePositionPatient = [-_FIELD_OF_VIEW_MM / 2, -_FIELD_OF_VIEW_MM / 2, slice_location_mm]
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    ds.RescaleIntercept = CT_INTERCEPT
+    ds.RescaleSlope = 1
+    ds.RescaleType = "HU"
+    ds.WindowCenter = [40, -600]
+    ds.WindowWidth = [400, 1500]
+    ds.WindowCenterWidthExplanation = ["MEDIASTINUM", "LUNG"]
+    _set_pixels(ds, stored, bits_stored=bits_stored, photometric="MONOCHROME2")
+    _apply_overrides(ds, overrides)
+    _save(ds, path, compress)
+
+
+def write_cr_image(
+    path: Path, *, patient_id: str, study_date: str, pixels: NDArray[np.uint16], uids: DicomUids,
+    study_time: str = "120000", **overrides: Any,
+) -> None:
+    """Write a CR Image Storage file, MONOCHROME1, unsigned 12-bit stored values (uint16 H×W).
+
+    Carries Window Center/Width 2048/4096 ("FULL") and rescale 0/1; readers must invert after
+    windowing (PS3.3 C.7.6.3.1.2). ``overrides`` as in :func:`write_ct_slice`.
+    """
+    ds = _new_dataset(ComputedRadiographyImageStorage, uids, modality="CR")
+    _set_patient_study(ds, patient_id=patient_id, study_date=study_date, study_time=study_time)
+    ds.InstanceNumber = 1
+    ds.BodyPartExamined = "CHEST"
+    ds.ViewPosition = "PA"
+    ds.ImagerPixelSpacing = ds.PixelSpacing = [0.5, 0.5]
+    ds.RescaleIntercept = 0
+    ds.RescaleSlope = 1
+    ds.RescaleType = "US"
+    ds.WindowCenter = 2048
+    ds.WindowWidth = 4096
+    ds.WindowCenterWidthExplanation = "FULL"
+    _set_pixels(ds, pixels, bits_stored=12, photometric="MONOCHROME1")
+    _apply_overrides(ds, overrides)
+    _save(ds, path, None)
+
+
+def write_text_sr(path: Path, *, patient_id: str, study_date: str, uids: DicomUids, text: str) -> None:
+    """Write a Basic Text SR: a valid DICOM file with no Image Pixel module and no Pixel Data."""
+    ds = _new_dataset(BasicTextSRStorage, uids, modality="SR")
+    _set_patient_study(ds, patient_id=patient_id, study_date=study_date, study_time="120000")
+    ds.InstanceNumber = 1
+    ds.ValueType = "CONTAINER"
+    ds.ContinuityOfContent = "SEPARATE"
+    ds.CompletionFlag = "COMPLETE"
+    ds.VerificationFlag = "UNVERIFIED"
+    title = Dataset()
+    title.CodeValue, title.CodingSchemeDesignator, title.CodeMeaning = "18748-4", "LN", "Diagnostic imaging report"
+    ds.ConceptNameCodeSequence = DicomSequence([title])
+    item = Dataset()
+    item.RelationshipType, item.ValueType, item.TextValue = "CONTAINS", "TEXT", text
+    finding = Dataset()
+    finding.CodeValue, finding.CodingSchemeDesignator, finding.CodeMeaning = "121071", "DCM", "Finding"
+    item.ConceptNameCodeSequence = DicomSequence([finding])
+    ds.ContentSequence = DicomSequence([item])
+    _save(ds, path, None)
+
+
+def truncate_file(path: Path, keep: int) -> None:
+    """Cut ``path`` to its first ``keep`` bytes (a transfer that stopped midway)."""
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+# ---------------------------------------------------------------- photos
+
+
+def encode_photo(image: NDArray[np.uint8], suffix: str) -> bytes:
+    """Encode a BGR image with OpenCV: ``.jpg`` (quality 90) or ``.png`` (level 3)."""
+    params = [cv2.IMWRITE_JPEG_QUALITY, 90] if suffix == ".jpg" else [cv2.IMWRITE_PNG_COMPRESSION, 3]
+    ok, buf = cv2.imencode(suffix, image, params)
+    if not ok:
+        raise ValueError(f"OpenCV could not encode a {image.shape} image as {suffix}")
+    return buf.tobytes()
+
+
+def write_photo(path: Path, image: NDArray[np.uint8]) -> None:
+    """Write a BGR uint8 image; the format follows the suffix (``.jpg`` or ``.png``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_photo(image, path.suffix.lower()))
+
+
+def cut_jpeg(data: bytes) -> bytes:
+    """The first half of a JPEG, shortened further if needed so it does not end with EOI (FF D9)."""
+    cut = data[: len(data) // 2]
+    while cut.endswith(b"\xff\xd9"):
+        cut = cut[:-1]
+    return cut
+
+
+# ---------------------------------------------------------------- tree layout
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One label-table row; ``entity``/``timestamp`` are used by the photo table only."""
+
+    path: str
+    label: str
+    entity: str = ""
+    timestamp: str = ""
+
+
+def _prepare_root(root: Path) -> None:
+    """Create ``root``; clear ``ct/`` and ``photos/`` only when a previous demo tree owns them.
+
+    Raises ConfigError when ``root`` holds any path this module writes but no README.txt
+    marking it as a demo tree, so a user's own files are never overwritten.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    readme = root / "README.txt"
+    if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
+        for sub in ("ct", "photos"):
+            if (root / sub).is_dir():
+                shutil.rmtree(root / sub)
+        return
+    clashes = [name for name in ("ct", "photos", "ct_labels.csv", "README.txt") if (root / name).exists()]
+    if clashes:
+        raise ConfigError(
+            f"{root} already holds {', '.join(clashes)} and no README.txt marking it as a packer demo tree; "
+            "choose an empty or new folder so none of your files are overwritten"
+        )
+
+
+def _ct_series(
+    root: Path, seed: int, *, patients: int, studies: int, slices: int, size: int, limit: int | None = None
+) -> Iterator[_Row]:
+    """Write CT slices ``ct/PAT0001/ST01/IM001.dcm``...; yield their label rows (path relative to ``ct/``)."""
+    written = 0
+    for p in range(1, patients + 1):
+        patient_id = f"PAT{p:04d}"
+        for s in range(1, studies + 1):
+            rng = seeded_rng(seed, "ct-study", p, s)
+            label = "nodule" if rng.random() < 0.4 else "normal"
+            when = random_datetime(rng)
+            for k in range(1, slices + 1):
+                if limit is not None and written >= limit:
+                    return
+                z = -1.0 + 2.0 * (k - 1) / max(slices - 1, 1)
+                rel = f"{patient_id}/ST{s:02d}/IM{k:03d}.dcm"
+                hu = render_ct_phantom(seeded_rng(seed, "ct-slice", p, s, k), size=size, z=z, nodule=label == "nodule")
+                write_ct_slice(
+                    root / "ct" / rel, patient_id=patient_id, study_date=when.strftime("%Y%m%d"),
+                    study_time=when.strftime("%H%M%S"), pixels_hu=hu, uids=make_uids(seed, patient_id, s, k, study=s),
+                    instance_number=k, slice_location_mm=2.5 * k, bits_stored=16 if p % 2 == 0 else 12,
+                )
+                written += 1
+                yield _Row(rel, label)
+
+
+def _photo_series(
+    root: Path, seed: int, *, subjects: int, per_subject: int, height: int, width: int,
+    suffixes: Sequence[str] = (".jpg", ".png"), limit: int | None = None,
+) -> Iterator[_Row]:
+    """Write photos ``photos/S001/01.jpg``...; labels alternate per subject from a seeded start."""
+    written = 0
+    for subject in range(1, subjects + 1):
+        entity = f"S{subject:03d}"
+        start = int(seeded_rng(seed, "photo-subject", subject).integers(2))
+        for n in range(1, per_subject + 1):
+            if limit is not None and written >= limit:
+                return
+            rng = seeded_rng(seed, "photo", subject, n)
+            label = PHOTO_LABELS[(start + n) % 2]
+            rel = f"{entity}/{n:02d}{suffixes[n % len(suffixes)]}"
+            write_photo(root / "photos" / rel, render_photo(rng, label, height=height, width=width))
+            written += 1
+            yield _Row(rel, label, entity, random_datetime(rng).isoformat())
+
+
+def _write_ct_extras(root: Path, seed: int, first_patient: int) -> list[_Row]:
+    """MONOCHROME1 CR, 3-frame CT and RLE Lossless CT under ``ct/extra/``, one patient each.
+
+    The CR is "normal" and the multi-frame CT "nodule", so both CT labels are always present.
+    """
+    names = ("cr_monochrome1.dcm", "ct_multiframe.dcm", "ct_rle.dcm")
+    rows: list[_Row] = []
+    for offset, name in enumerate(names):
+        rng = seeded_rng(seed, "extra", name)
+        patient_id = f"PAT{first_patient + offset:04d}"
+        when = random_datetime(rng)
+        day, time_of_day = when.strftime("%Y%m%d"), when.strftime("%H%M%S")
+        uids = make_uids(seed, patient_id, 1, 1, study=1)
+        path = root / "ct" / "extra" / name
+        if offset == 0:
+            label = "normal"
+            write_cr_image(path, patient_id=patient_id, study_date=day, study_time=time_of_day, uids=uids,
+                           pixels=render_radiograph(rng))
+        elif offset == 1:
+            label = "nodule"
+            frames = np.stack([render_ct_phantom(rng, z=z, nodule=True) for z in (-0.5, 0.0, 0.5)])
+            write_ct_slice(path, patient_id=patient_id, study_date=day, study_time=time_of_day, uids=uids,
+                           pixels_hu=frames)
+        else:
+            label = CT_LABELS[int(rng.integers(2))]
+            write_ct_slice(path, patient_id=patient_id, study_date=day, study_time=time_of_day, uids=uids,
+                           pixels_hu=render_ct_phantom(rng, nodule=label == "nodule"), compress=RLELossless)
+        rows.append(_Row(f"extra/{name}", label))
+    return rows
+
+
+def _write_broken_dicom(root: Path, seed: int) -> tuple[list[_Row], list[PlantedDefect]]:
+    """Plant the four broken DICOM inputs under ``ct/broken/``; only truncated.dcm gets a label row."""
+    broken = root / "ct" / "broken"
+    broken.mkdir(parents=True, exist_ok=True)
+    (broken / "zero_byte.dcm").write_bytes(b"")
+    (broken / "notes.dcm").write_text("Scanner notes: series 3 repeated, see paper log.\n", encoding="utf-8")
+    rng = seeded_rng(seed, "broken")
+    date_str = random_datetime(rng).strftime("%Y%m%d")
+    truncated = broken / "truncated.dcm"
+    hu = render_ct_phantom(rng)
+    write_ct_slice(truncated, patient_id="BRK0001", study_date=date_str, pixels_hu=hu,
+                   uids=make_uids(seed, "BRK0001", 1, 1, study=1))
+    truncate_file(truncated, truncated.stat().st_size - hu.size)  # keeps half of the 2-byte pixels
+    write_text_sr(broken / "no_pixels.dcm", patient_id="BRK0002", study_date=date_str,
+                  uids=make_uids(seed, "BRK0002", 1, 1, study=1), text="No acute findings.")
+    defects = [
+        PlantedDefect("ct/broken/zero_byte.dcm", "unreadable"),
+        PlantedDefect("ct/broken/truncated.dcm", "truncated"),
+        PlantedDefect("ct/broken/notes.dcm", "not_dicom"),
+        PlantedDefect("ct/broken/no_pixels.dcm", "no_pixel_data"),
+    ]
+    return [_Row("broken/truncated.dcm", "normal")], defects
+
+
+def _write_broken_photos(root: Path, seed: int, subjects: int) -> tuple[list[_Row], list[PlantedDefect]]:
+    """Plant a half JPEG and a table row for a file that does not exist, in seeded subjects."""
+    rng = seeded_rng(seed, "broken-photos")
+    cut_subject, missing_subject = (f"S{int(i) + 1:03d}" for i in rng.integers(subjects, size=2))
+    cut_rel, missing_rel = f"{cut_subject}/truncated.jpg", f"{missing_subject}/missing.jpg"
+    data = encode_photo(render_photo(rng, "circle"), ".jpg")
+    (root / "photos" / cut_rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / "photos" / cut_rel).write_bytes(cut_jpeg(data))
+    rows = [
+        _Row(cut_rel, "circle", cut_subject, random_datetime(rng).isoformat()),
+        _Row(missing_rel, "square", missing_subject, random_datetime(rng).isoformat()),
+    ]
+    defects = [PlantedDefect(f"photos/{cut_rel}", "truncated"), PlantedDefect(f"photos/{missing_rel}", "missing_file")]
+    return rows, defects
+
+
+def _write_table(path: Path, rows: Sequence[_Row], columns: Sequence[str]) -> None:
+    """Write a CSV sorted by path, ``\\n`` line endings, with the given columns of ``_Row``."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in sorted(rows, key=lambda r: r.path):
+        writer.writerow([getattr(row, column) for column in columns])
+    path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def _write_readme(tree: DemoTree, seed: int, kind: str) -> None:
+    """README.txt: what the tree is, how to use it, and the planted defects."""
+    lines = [
+        MARKER,
+        "",
+        f"A synthetic {kind} raw tree written by packer (seed {seed}); no real patients. Same seed, same bytes.",
+        f"ct/             {tree.dicom_files} good DICOM files (CT slices PAT*/ST*/IM*.dcm, extra/ kinds)",
+        "ct_labels.csv   path,label (path relative to ct/)",
+        f"photos/         {tree.images} good images per subject folder",
+        "photos/labels.csv  path,label,entity,timestamp (path relative to photos/)",
+        "",
+        "Planted defects (relpath -> reason code the build must report):" if tree.defects else "No planted defects.",
+        *(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
+    ]
+    (tree.root / "README.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _check_counts(**counts: int) -> None:
+    """Raise ValueError naming the first count below 1."""
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def write_demo_tree(
+    root: Path, *, seed: int = 0, patients: int = 12, studies_per_patient: int = 2, slices_per_study: int = 3,
+    photo_subjects: int = 10, photos_per_subject: int = 4,
+) -> DemoTree:
+    """Write the small demo raw tree under ``root`` and return what was written.
+
+    Layout: ``ct/PAT0001/ST01/IM001.dcm`` (64×64 CT phantoms), ``ct/extra/`` (MONOCHROME1 CR,
+    3-frame CT, RLE CT), ``ct/broken/`` (planted defects), ``ct_labels.csv``,
+    ``photos/S001/01.jpg|.png`` (96×128), ``photos/labels.csv``, ``README.txt``. A folder that
+    an earlier demo tree wrote is cleared first; ``ConfigError`` if ``ct/`` or ``photos/`` hold
+    foreign files. Both CT labels and both photo labels are always present (photos needs
+    ``photos_per_subject >= 2``). ValueError for a count below 1.
+    """
+    _check_counts(patients=patients, studies_per_patient=studies_per_patient, slices_per_study=slices_per_study,
+                  photo_subjects=photo_subjects, photos_per_subject=photos_per_subject)
+    root = Path(root)
+    _prepare_root(root)
+    ct_rows = list(_ct_series(root, seed, patients=patients, studies=studies_per_patient, slices=slices_per_study,
+                              size=64))
+    ct_rows += _write_ct_extras(root, seed, first_patient=patients + 1)
+    good_dicom = len(ct_rows)
+    broken_ct_rows, ct_defects = _write_broken_dicom(root, seed)
+    photo_rows = list(_photo_series(root, seed, subjects=photo_subjects, per_subject=photos_per_subject,
+                                    height=96, width=128))
+    good_images = len(photo_rows)
+    broken_photo_rows, photo_defects = _write_broken_photos(root, seed, photo_subjects)
+    _write_table(root / "ct_labels.csv", ct_rows + broken_ct_rows, ("path", "label"))
+    _write_table(root / "photos" / "labels.csv", photo_rows + broken_photo_rows,
+                 ("path", "label", "entity", "timestamp"))
+    tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
+    _write_readme(tree, seed, "demo")
+    return tree
+
+
+def write_bench_tree(
+    root: Path, *, samples: int, seed: int = 0, ct_size: int = 512, photo_size: tuple[int, int] = (480, 640)
+) -> DemoTree:
+    """Write a benchmark tree of ``samples`` good files in the demo's layout, without defects.
+
+    CT slices (int16, ``ct_size``×``ct_size``) and JPEGs (``photo_size`` = (height, width)) in
+    the demo's proportions (75 DICOM : 40 images, rounded), 2 studies × 3 slices per patient and
+    4 photos per subject; the last patient or subject may be partial. Label tables as in
+    :func:`write_demo_tree`. Same ``ConfigError``/``ValueError`` rules.
+    """
+    _check_counts(samples=samples, ct_size=ct_size, photo_height=photo_size[0], photo_width=photo_size[1])
+    root = Path(root)
+    _prepare_root(root)
+    per_patient = _LAYOUT["studies"] * _LAYOUT["slices"]
+    demo_dicom, demo_images = 12 * per_patient + 3, 10 * _LAYOUT["photos"]
+    n_ct = round(samples * demo_dicom / (demo_dicom + demo_images))
+    n_photo = samples - n_ct
+    ct_rows = list(_ct_series(root, seed, patients=-(-n_ct // per_patient), studies=_LAYOUT["studies"],
+                              slices=_LAYOUT["slices"], size=ct_size, limit=n_ct))
+    photo_rows = list(_photo_series(root, seed, subjects=-(-n_photo // _LAYOUT["photos"]),
+                                    per_subject=_LAYOUT["photos"], height=photo_size[0], width=photo_size[1],
+                                    suffixes=(".jpg",), limit=n_photo))
+    (root / "photos").mkdir(parents=True, exist_ok=True)
+    _write_table(root / "ct_labels.csv", ct_rows, ("path", "label"))
+    _write_table(root / "photos" / "labels.csv", photo_rows, ("path", "label", "entity", "timestamp"))
+    tree = DemoTree(root, len(ct_rows), len(photo_rows), ())
+    _write_readme(tree, seed, "benchmark")
+    return tree
