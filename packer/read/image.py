@@ -1,0 +1,494 @@
+"""Read natural images (PNG, JPEG, TIFF, BMP): header probe, output-size estimate, decode.
+
+- :func:`probe_image` parses the header only (PNG IHDR, JPEG SOFn and EXIF, first TIFF IFD,
+  BMP info header), for the header pass.
+- :func:`estimate_image_bytes` gives the packed size the transform will produce.
+- :func:`read_image` checks the file's structure (a cut file is ``truncated`` even where
+  the decoder would fill the missing part), decodes it once with OpenCV
+  (``IMREAD_UNCHANGED``: 16-bit and alpha survive), applies the JPEG EXIF / TIFF
+  Orientation where OpenCV did not (:func:`decoder_orients`), validates the pixels and hands
+  them to :mod:`packer.transform.image`. PNG eXIf orientation is not read.
+
+Defects of the file come back as an :class:`~packer.records.Issue`, never ``None``.
+The format is taken from the file's signature, not its extension. Only the first page
+of a multi-page TIFF is read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from packer.config import ImageTransformConfig
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.image import (
+    check_image_config,
+    full_range_max,
+    oriented_size,
+    output_shape,
+    tile_origins,
+    transform_image,
+)
+
+FORMATS = ("png", "jpeg", "tiff", "bmp")
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # colour type → samples; palette (3) decodes to RGB
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+# The next marker: FF (plus fill FFs) then a byte that is neither a stuffed 00 nor another FF.
+_JPEG_MARKER = re.compile(rb"\xff+([^\x00\xff])")
+_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE SHORT LONG SBYTE SSHORT SLONG LONG8
+_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION = 256, 257, 258, 277, 274
+_TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
+_JPEG_PROBE_START = 64 * 1024
+
+_Reader = Callable[[int, int], bytes]
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What the header says: stored ``height``×``width`` (before EXIF orientation),
+    ``channels`` (samples per pixel as stored; palette images count 3, BMP palettes of greys 1),
+    ``bit_depth`` (bits per sample as stored; 8 for BMP), ``format`` (one of FORMATS) and
+    ``orientation`` (EXIF/TIFF Orientation 1-8 for JPEG and TIFF, else 1)."""
+
+    height: int
+    width: int
+    channels: int
+    bit_depth: int
+    format: str
+    orientation: int = 1
+
+
+class _Defect(Exception):
+    """A defect of the file found while parsing: carries the Issue reason code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _u16(data: bytes, pos: int, order: str = ">") -> int:
+    return int(struct.unpack_from(order + "H", data, pos)[0])
+
+
+def sniff_format(head: bytes) -> str | None:
+    """The format named by the first bytes of a file (at least 8), or ``None``."""
+    if head.startswith(_PNG_SIGNATURE):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    if head.startswith(b"BM"):
+        return "bmp"
+    return None
+
+
+# --- headers ---------------------------------------------------------------------------------
+
+def _png_header(data: bytes) -> ImageHeader:
+    if len(data) < 33:
+        raise _Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33)")
+    if data[12:16] != b"IHDR":
+        raise _Defect("decode_failed", f"PNG's first chunk is {data[12:16]!r}; expected IHDR")
+    width, height = struct.unpack_from(">II", data, 16)
+    bit_depth, colour_type = data[24], data[25]
+    if colour_type not in _PNG_CHANNELS:
+        raise _Defect("decode_failed", f"PNG colour type {colour_type} is not one of {sorted(_PNG_CHANNELS)}")
+    return ImageHeader(height, width, _PNG_CHANNELS[colour_type], bit_depth, "png")
+
+
+def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader | None:
+    """Walk JPEG markers from SOI. Stops at the first SOFn when ``until_sof`` (returns the
+    header), else at EOI (returns the header). Stray bytes between segments are skipped, as
+    libjpeg does. Raises _Defect("truncated") when the data ends first and ``complete``;
+    returns ``None`` when it ends first and more data may follow."""
+    pos, header, orientation = 2, None, 1
+    while True:
+        match = _JPEG_MARKER.search(data, pos)
+        if match is None:
+            break
+        marker, pos = match.group(1)[0], match.end()
+        if marker == 0xD9:
+            return header
+        if 0xD0 <= marker <= 0xD7 or marker in (0x01, 0xD8):  # standalone markers
+            continue
+        if pos + 2 > len(data) or pos + _u16(data, pos) > len(data):
+            break
+        length = _u16(data, pos)
+        segment = data[pos + 2:pos + length]
+        if marker in _JPEG_SOF and header is None:
+            if len(segment) < 6:
+                raise _Defect("decode_failed", f"JPEG SOF marker at byte {pos - 2} is {length} bytes; expected >= 8")
+            precision, height, width, components = segment[0], _u16(segment, 1), _u16(segment, 3), segment[5]
+            header = ImageHeader(height, width, components, precision, "jpeg", orientation)
+            if until_sof:
+                return header
+        elif marker == 0xE1 and segment.startswith(b"Exif\x00\x00") and header is None:
+            orientation = _exif_orientation(segment[6:])
+        pos += length
+    if not complete:
+        return None
+    where = "before its SOF header" if header is None else "without an EOI marker (FFD9)"
+    raise _Defect("truncated", f"JPEG ends at byte {len(data)} {where}; the file was cut short, "
+                               "copy or export it again")
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """Orientation (0x0112) from an EXIF TIFF block; 1 when absent, reserved or unreadable
+    (a broken EXIF block does not make the pixels unusable)."""
+    try:
+        tags = _tiff_tags(lambda offset, size: tiff[offset:offset + size], len(tiff), {_TIFF_ORIENTATION})
+    except _Defect:
+        return 1
+    value = tags.get(_TIFF_ORIENTATION, (1,))[0]
+    return value if 1 <= value <= 8 else 1
+
+
+def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> dict[int, tuple[int, ...]]:
+    """Integer tags of the first IFD of a classic or Big TIFF, either byte order."""
+    head = read(0, 16)
+    if len(head) < 8 or head[:2] not in (b"II", b"MM"):
+        raise _Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
+    order = "<" if head[:2] == b"II" else ">"
+    version = _u16(head, 2, order)
+    if version == 43 and len(head) >= 16:
+        count_fmt, entry_size, inline, ifd = "Q", 20, 8, int(struct.unpack_from(order + "Q", head, 8)[0])
+    elif version == 42:
+        count_fmt, entry_size, inline, ifd = "H", 12, 4, int(struct.unpack_from(order + "I", head, 4)[0])
+    else:
+        raise _Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+    count_size = struct.calcsize(count_fmt)
+    raw_count = read(ifd, count_size)
+    if len(raw_count) < count_size:
+        raise _Defect("truncated", f"TIFF first IFD at byte {ifd} lies past the end of the file ({size} bytes)")
+    n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
+    entries = read(ifd + count_size, n_entries * entry_size)
+    if len(entries) < n_entries * entry_size:
+        raise _Defect("truncated", f"TIFF first IFD ({n_entries} entries at byte {ifd}) runs past the end "
+                                   f"of the file ({size} bytes)")
+    value_count_fmt = "Q" if version == 43 else "I"
+    tags: dict[int, tuple[int, ...]] = {}
+    for i in range(n_entries):
+        base = i * entry_size
+        tag, kind = struct.unpack_from(order + "HH", entries, base)
+        if tag not in wanted or kind not in _TIFF_TYPES:
+            continue
+        count = int(struct.unpack_from(order + value_count_fmt, entries, base + 4)[0])
+        item = _TIFF_TYPES[kind]
+        nbytes = count * struct.calcsize(item)
+        field_at = base + 4 + struct.calcsize(value_count_fmt)
+        if nbytes <= inline:
+            raw = entries[field_at:field_at + nbytes]
+        else:
+            offset = int(struct.unpack_from(order + value_count_fmt, entries, field_at)[0])
+            raw = read(offset, nbytes) if offset + nbytes <= size else b""
+        if len(raw) < nbytes:
+            raise _Defect("truncated", f"TIFF tag {tag} values ({nbytes} bytes) lie past the end of the file")
+        tags[tag] = tuple(int(v) for v in struct.unpack(order + item * count, raw))
+    return tags
+
+
+def _tiff_header(read: _Reader, size: int) -> ImageHeader:
+    tags = _tiff_tags(read, size, {_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION})
+    missing = [name for tag, name in ((_TIFF_WIDTH, "ImageWidth (256)"), (_TIFF_LENGTH, "ImageLength (257)"))
+               if tag not in tags]
+    if missing:
+        raise _Defect("decode_failed", f"TIFF first IFD lacks {' and '.join(missing)}")
+    orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
+    return ImageHeader(height=tags[_TIFF_LENGTH][0], width=tags[_TIFF_WIDTH][0],
+                       channels=tags.get(_TIFF_SAMPLES, (1,))[0], bit_depth=tags.get(_TIFF_BITS, (1,))[0],
+                       format="tiff", orientation=orientation if 1 <= orientation <= 8 else 1)
+
+
+def _bmp_fields(read: _Reader) -> dict[str, int]:
+    head = read(0, 54)
+    if len(head) < 26:
+        raise _Defect("truncated", f"BMP ends at byte {len(head)}, inside its headers")
+    dib = int(struct.unpack_from("<I", head, 14)[0])
+    fields = {"offset": int(struct.unpack_from("<I", head, 10)[0]), "dib": dib, "compression": 0, "colours": 0}
+    if dib == 12:  # BITMAPCOREHEADER: 16-bit unsigned sizes, 3-byte palette entries
+        fields["width"], fields["height"], _, fields["bpp"] = struct.unpack_from("<HHHH", head, 18)
+        return fields
+    if dib < 40 or len(head) < 50:
+        raise _Defect("decode_failed" if len(head) >= 50 else "truncated",
+                      f"BMP info header of {dib} bytes; expected 12 or >= 40")
+    width, height, _, bpp, compression = struct.unpack_from("<iiHHI", head, 18)
+    fields.update(width=width, height=abs(height), bpp=bpp, compression=compression,
+                  colours=int(struct.unpack_from("<I", head, 46)[0]))
+    return fields
+
+
+def _bmp_header(read: _Reader) -> ImageHeader:
+    fields = _bmp_fields(read)
+    bpp = fields["bpp"]
+    if bpp > 8:
+        channels = 4 if bpp == 32 else 3
+    else:  # OpenCV decodes a palette of greys to one channel, like this check
+        entry = 3 if fields["dib"] == 12 else 4
+        count = min(fields["colours"] or 1 << bpp, 1 << bpp)
+        palette = read(14 + fields["dib"], count * entry)
+        grey = all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, entry))
+        channels = 1 if grey else 3
+    return ImageHeader(fields["height"], fields["width"], channels, 8, "bmp")
+
+
+def _file_header(fmt: str, read: _Reader, size: int) -> ImageHeader:
+    if fmt == "png":
+        return _png_header(read(0, 33))
+    if fmt == "tiff":
+        return _tiff_header(read, size)
+    if fmt == "bmp":
+        return _bmp_header(read)
+    chunk = _JPEG_PROBE_START
+    while True:  # read a growing prefix until the SOF is in it: header-only for the usual file
+        header = _walk_jpeg(read(0, chunk), complete=chunk >= size, until_sof=True)
+        if header is not None:
+            return header
+        if chunk >= size:
+            raise _Defect("decode_failed", "JPEG has an EOI marker (FFD9) but no SOF header before it")
+        chunk *= 4
+
+
+# --- structure checks on the whole file ------------------------------------------------------
+
+def _check_complete(fmt: str, data: bytes) -> int:
+    """Raise _Defect("truncated") when ``data`` is cut short; returns the orientation (1-8)."""
+    def read(offset: int, size: int) -> bytes:
+        return data[offset:offset + size]
+
+    if fmt == "jpeg":
+        header = _walk_jpeg(data, complete=True, until_sof=False)
+        return header.orientation if header else 1
+    if fmt == "png":
+        pos = 8
+        while pos + 8 <= len(data):
+            if data[pos + 4:pos + 8] == b"IEND":
+                return 1
+            pos += 12 + int(struct.unpack_from(">I", data, pos)[0])
+        raise _Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
+                                   "copy or export it again")
+    if fmt == "tiff":
+        tags = _tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {_TIFF_ORIENTATION})
+        for offsets_tag, counts_tag in _TIFF_DATA:
+            ends = [o + c for o, c in zip(tags.get(offsets_tag, ()), tags.get(counts_tag, ()), strict=False)]
+            if ends and max(ends) > len(data):
+                raise _Defect("truncated", f"TIFF image data runs to byte {max(ends)} but the file has "
+                                           f"{len(data)} bytes; the file was cut short, copy or export it again")
+        orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
+        return orientation if 1 <= orientation <= 8 else 1
+    fields = _bmp_fields(read)
+    if fields["compression"] in (0, 3, 6):  # uncompressed rows: BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS
+        need = fields["offset"] + ((fields["bpp"] * fields["width"] + 31) // 32) * 4 * fields["height"]
+        if need > len(data):
+            raise _Defect("truncated", f"BMP pixel rows need {need} bytes but the file has {len(data)}; "
+                                       "the file was cut short, copy or export it again")
+    return 1
+
+
+# --- public API ------------------------------------------------------------------------------
+
+def _name(ref: SampleRef) -> str:
+    return ref.relpath or ref.path
+
+
+def _unsupported(ref: SampleRef, head: bytes) -> Issue:
+    ext = os.path.splitext(ref.path)[1] or "(none)"
+    return Issue.of(ref, stage="read", reason="unsupported",
+                    message=f"{_name(ref)}: first bytes {head[:8].hex(' ')} (extension {ext}) are not a PNG, "
+                            f"JPEG, TIFF or BMP signature; convert the file to one of {', '.join(FORMATS)}")
+
+
+def _open_issue(ref: SampleRef, err: OSError) -> Issue:
+    if isinstance(err, FileNotFoundError):
+        return Issue.of(ref, stage="read", reason="missing_file",
+                        message=f"{_name(ref)}: file not found; it was listed but is gone, re-run discovery")
+    return Issue.of(ref, stage="read", reason="unreadable",
+                    message=f"{_name(ref)}: cannot read the file ({err.strerror or err}); check it and its permissions")
+
+
+def probe_image(ref: SampleRef) -> ImageHeader | Issue:
+    """Read only the header of the image at ``ref.path`` (no pixel decode).
+
+    Returns the :class:`ImageHeader`, or an Issue (stage ``read``): ``missing_file``,
+    ``unreadable`` (OSError, zero bytes), ``unsupported`` (unknown signature),
+    ``truncated`` (ends inside the header), ``decode_failed`` (malformed header),
+    ``bad_shape`` (zero height or width), ``unexpected_error``.
+    """
+    try:
+        with open(ref.path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+
+            def read(offset: int, count: int) -> bytes:
+                handle.seek(offset)
+                return handle.read(count)
+
+            if size == 0:
+                return Issue.of(ref, stage="read", reason="unreadable",
+                                message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
+            head = read(0, 16)
+            fmt = sniff_format(head)
+            if fmt is None:
+                return _unsupported(ref, head)
+            header = _file_header(fmt, read, size)
+    except OSError as err:
+        return _open_issue(ref, err)
+    except _Defect as defect:
+        return Issue.of(ref, stage="read", reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
+    except Exception as err:  # the probe's one boundary: a bug must not stop the header pass
+        return Issue.of(ref, stage="read", reason="unexpected_error", message=f"{type(err).__name__}: {err}")
+    if header.height < 1 or header.width < 1:
+        return Issue.of(ref, stage="read", reason="bad_shape",
+                        message=f"{_name(ref)}: {header.format} header gives {header.height}×{header.width} pixels; "
+                                "expected both >= 1")
+    return header
+
+
+def estimate_image_bytes(header: ImageHeader, cfg: ImageTransformConfig) -> int:
+    """Bytes of the packed output of :func:`read_image` for this header: uint8 C×H×W with
+    C = 3 (``rgb``) or 1 (``gray``), H×W = ``cfg.size`` or the oriented image size, summed
+    over the full tiles when ``cfg.tile_size`` is set (0 when no tile fits)."""
+    channels, height, width = output_shape(header.height, header.width, header.orientation, cfg)
+    if cfg.tile_size is None:
+        return channels * height * width
+    tiles = tile_origins(height, width, cfg.tile_size, cfg.tile_stride)
+    return len(tiles) * channels * cfg.tile_size[0] * cfg.tile_size[1]
+
+
+def _exif_segment(orientation: int) -> bytes:
+    """A JPEG APP1 segment holding only an EXIF Orientation tag (big-endian TIFF block)."""
+    ifd = struct.pack(">HHHIHHI", 1, _TIFF_ORIENTATION, 3, 1, orientation, 0, 0)
+    payload = b"Exif\x00\x00MM\x00*" + struct.pack(">I", 8) + ifd
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def _tiny_tiff(orientation: int) -> bytes:
+    """A 1×2 grey uint8 TIFF, pixels [0, 255], with an Orientation tag."""
+    entries = [(256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8),
+               (_TIFF_ORIENTATION, 3, orientation), (277, 3, 1), (278, 3, 1), (279, 4, 2)]
+    out = b"II*\x00" + struct.pack("<I", 10) + b"\x00\xff" + struct.pack("<H", len(entries))
+    for tag, kind, value in entries:
+        field = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
+        out += struct.pack("<HHI", tag, kind, 1) + field
+    return out + struct.pack("<I", 0)
+
+
+@cache
+def decoder_orients(fmt: str) -> bool:
+    """Whether ``cv2.imdecode(..., IMREAD_UNCHANGED)`` applies the file's Orientation itself.
+
+    It differs by format and OpenCV version (OpenCV 5 orients TIFF, not JPEG), so it is
+    measured once on a tiny mirrored (Orientation 2) file instead of assumed.
+    """
+    if fmt == "jpeg":
+        ok, encoded = cv2.imencode(".jpg", np.repeat(np.repeat([[0, 255]], 8, axis=0), 8, axis=1).astype(np.uint8))
+        data = encoded.tobytes()[:2] + _exif_segment(2) + encoded.tobytes()[2:] if ok else b""
+    elif fmt == "tiff":
+        data = _tiny_tiff(2)
+    else:
+        return False
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
+    return decoded is not None and int(decoded.reshape(decoded.shape[0], decoded.shape[1], -1)[0, 0, 0]) > 127
+
+
+def _decode(data: bytes, fmt: str) -> np.ndarray:
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as err:
+        raise _Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
+    if image is None:
+        raise _Defect("decode_failed", f"OpenCV could not decode this {fmt} file (imdecode returned nothing); "
+                                       "open it in an image viewer, re-export it, or remove it")
+    return image
+
+
+def _validate(image: np.ndarray) -> None:
+    channels = image.shape[2] if image.ndim == 3 else 1
+    if image.ndim not in (2, 3) or image.size == 0 or channels not in (1, 2, 3, 4):
+        raise _Defect("bad_shape", f"decoded to shape {image.shape} {image.dtype}; expected H×W or H×W×C "
+                                   "with H, W >= 1 and C in 1-4")
+    pixels = image.reshape(image.shape[0] * image.shape[1], channels)
+    if bool((pixels == pixels[0]).all()):
+        raise _Defect("constant_image", f"every pixel is {pixels[0].tolist()} ({image.shape[0]}×{image.shape[1]}); "
+                                        "a blank image carries no signal, remove it")
+
+
+def read_image(ref: SampleRef, cfg: ImageTransformConfig) -> list[Sample] | Issue:
+    """Decode, validate and transform the image at ``ref.path``.
+
+    Returns one Sample (key ``ref.sample_id``) or one per full tile (key
+    ``{sample_id}-t{row:05d}_{col:05d}``), each with ``image`` uint8 C×H×W C-contiguous
+    (C = 3 RGB or 1 grey; order of operations in :mod:`packer.transform.image`) and
+    ``metadata`` = format, source_height/source_width (as stored, before orientation, like
+    :func:`probe_image`), source_channels (as decoded by OpenCV: grey+alpha PNG gives 4),
+    bit_depth (of the decoded samples: 8, 16, 32 or 64), orientation (1-8), tile [row, col].
+
+    Defects → Issue: ``missing_file``, ``unreadable``, ``unsupported``, ``truncated``,
+    ``decode_failed`` (stage ``read``); ``bad_shape``, ``constant_image`` (``validate``);
+    ``missing_window`` (float image without a window), ``bad_shape`` (no full tile)
+    (``transform``); ``unexpected_error`` from whichever stage raised. Raises ConfigError
+    only for an unusable ``cfg`` (a defect of the run).
+    """
+    check_image_config(cfg)
+    stage = "read"
+    try:
+        try:
+            data = Path(ref.path).read_bytes()
+        except OSError as err:
+            return _open_issue(ref, err)
+        if not data:
+            return Issue.of(ref, stage="read", reason="unreadable",
+                            message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
+        fmt = sniff_format(data[:16])
+        if fmt is None:
+            return _unsupported(ref, data)
+        orientation = _check_complete(fmt, data)
+        image = _decode(data, fmt)
+        stage = "validate"
+        _validate(image)
+        stage = "transform"
+        if not cfg.window and full_range_max(image.dtype) is None:
+            return Issue.of(ref, stage="transform", reason="missing_window",
+                            message=f"{_name(ref)}: {image.dtype} pixels have no fixed range to scale to 8 bits; "
+                                    "set transform.image.window ({center, width} or {percentiles: [lo, hi]})")
+        decoded_by_cv2 = decoder_orients(fmt)
+        tiles = transform_image(image, cfg, 1 if decoded_by_cv2 else orientation)
+    except _Defect as defect:
+        return Issue.of(ref, stage=stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
+    except Exception as err:  # the stage's one boundary: one bad file must not stop the job
+        return Issue.of(ref, stage=stage, reason="unexpected_error", message=f"{type(err).__name__}: {err}")
+    if not tiles:
+        return Issue.of(ref, stage="transform", reason="bad_shape",
+                        message=f"{_name(ref)}: no full {cfg.tile_size} tile fits the "
+                                f"{'resized' if cfg.size else 'oriented'} image; lower transform.image.tile.size")
+    stored_h, stored_w = image.shape[:2]
+    if decoded_by_cv2:  # OpenCV returned it oriented: undo the axis swap to report the stored size
+        stored_h, stored_w = oriented_size(stored_h, stored_w, orientation)
+    metadata: dict[str, Any] = {
+        "format": fmt,
+        "source_height": int(stored_h),
+        "source_width": int(stored_w),
+        "source_channels": int(image.shape[2]) if image.ndim == 3 else 1,
+        "bit_depth": int(image.dtype.itemsize * 8),
+        "orientation": orientation,
+    }
+    samples = []
+    for tile in tiles:
+        if tile.origin is None:
+            samples.append(Sample(ref.sample_id, ref, tile.image, metadata))
+        else:
+            row, col = tile.origin
+            samples.append(Sample(f"{ref.sample_id}-t{row:05d}_{col:05d}", ref, tile.image,
+                                  {**metadata, "tile": [row, col]}))
+    return samples

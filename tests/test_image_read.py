@@ -1,0 +1,426 @@
+"""packer.read.image: header probe, byte estimate, decode and the Issue for each defect.
+
+Every file is real: written with OpenCV (or, for big-endian TIFF and EXIF, spliced by hand
+with struct) into tmp_path. Expected values come from numpy on the arrays we wrote.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.config import ImageTransformConfig
+from packer.errors import ConfigError
+from packer.read import image as image_mod
+from packer.read.image import ImageHeader, estimate_image_bytes, probe_image, read_image
+from packer.records import Issue, Sample, SampleRef
+
+RNG = np.random.default_rng(20240611)
+DEFAULT = ImageTransformConfig()
+
+
+def make_ref(path: Path, sample_id: str = "img-001") -> SampleRef:
+    return SampleRef(sample_id=sample_id, source="photos", kind="image", path=str(path), relpath=path.name,
+                     label="cat", entity="e1", time="2024-01-01")
+
+
+def write_image(path: Path, array: np.ndarray, params: tuple[int, ...] = ()) -> Path:
+    ok, encoded = cv2.imencode(path.suffix, array, list(params))
+    assert ok, f"OpenCV could not encode {path.suffix}"
+    path.write_bytes(encoded.tobytes())
+    return path
+
+
+def noise(shape: tuple[int, ...], dtype: type = np.uint8) -> np.ndarray:
+    return RNG.integers(0, np.iinfo(dtype).max, shape, dtype=dtype, endpoint=True)
+
+
+def smooth_bgr(height: int, width: int) -> np.ndarray:
+    """A gradient that survives JPEG well and differs in every row and column."""
+    rows, cols = np.mgrid[0:height, 0:width]
+    return np.dstack([rows * 250 // height, cols * 250 // width, (rows + cols) * 120 // (height + width)]
+                     ).astype(np.uint8)
+
+
+def exif_app1(orientation: int, order: str) -> bytes:
+    """APP1 'Exif' segment whose IFD0 holds one SHORT tag 0x0112 = orientation."""
+    tiff = (b"MM\x00\x2a" if order == ">" else b"II\x2a\x00") + struct.pack(order + "I", 8)
+    tiff += struct.pack(order + "H", 1) + struct.pack(order + "HHIHH", 0x0112, 3, 1, orientation, 0)
+    tiff += struct.pack(order + "I", 0)
+    payload = b"Exif\x00\x00" + tiff
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def app_segment(marker: int, size: int) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", size + 2) + bytes(size)
+
+
+def tiff_bytes(array: np.ndarray, *, big_endian: bool, orientation: int | None = None) -> bytes:
+    """A one-strip uncompressed TIFF (grey or RGB, 8 or 16 bit) in the chosen byte order."""
+    order = ">" if big_endian else "<"
+    height, width = array.shape[:2]
+    spp = 1 if array.ndim == 2 else array.shape[2]
+    bits = array.dtype.itemsize * 8
+    pixels = array.astype(array.dtype.newbyteorder(order)).tobytes()
+    entries: list[tuple[int, int, int, int]] = [
+        (256, 4, 1, width), (257, 4, 1, height), (258, 3, spp, bits), (259, 3, 1, 1),
+        (262, 3, 1, 2 if spp == 3 else 1), (273, 4, 1, 8)]
+    if orientation is not None:
+        entries.append((274, 3, 1, orientation))
+    entries += [(277, 3, 1, spp), (278, 4, 1, height), (279, 4, 1, len(pixels)), (284, 3, 1, 1)]
+    pad = len(pixels) % 2
+    ifd_at = 8 + len(pixels) + pad
+    extra_at = ifd_at + 2 + 12 * len(entries) + 4
+    out = (b"MM\x00\x2a" if big_endian else b"II\x2a\x00") + struct.pack(order + "I", ifd_at)
+    out += pixels + bytes(pad) + struct.pack(order + "H", len(entries))
+    extra = b""
+    for tag, kind, count, value in entries:
+        if tag == 258 and spp > 1:  # spp SHORTs do not fit in the 4-byte field
+            field, extra = struct.pack(order + "I", extra_at), struct.pack(order + "H" * spp, *[bits] * spp)
+        elif kind == 3:
+            field = struct.pack(order + "HH", value, 0)
+        else:
+            field = struct.pack(order + "I", value)
+        out += struct.pack(order + "HHI", tag, kind, count) + field
+    return out + struct.pack(order + "I", 0) + extra
+
+
+def read_ok(path: Path, cfg: ImageTransformConfig = DEFAULT) -> list[Sample]:
+    result = read_image(make_ref(path), cfg)
+    assert not isinstance(result, Issue), result
+    return result
+
+
+def read_issue(path: Path, cfg: ImageTransformConfig = DEFAULT) -> Issue:
+    result = read_image(make_ref(path), cfg)
+    assert isinstance(result, Issue), f"expected an Issue, got {len(result)} samples"
+    assert path.name in result.message or result.reason == "unexpected_error"
+    return result
+
+
+def chw_rgb(bgr: np.ndarray) -> np.ndarray:
+    return bgr[:, :, ::-1].transpose(2, 0, 1)
+
+
+# --- decode per format ------------------------------------------------------------------------
+
+def test_png_8bit_rgb_keeps_pixels_and_metadata(tmp_path: Path) -> None:
+    bgr = noise((12, 20, 3))
+    [sample] = read_ok(write_image(tmp_path / "a.png", bgr))
+    assert sample.key == "img-001"
+    assert sample.image.dtype == np.uint8 and sample.image.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(sample.image, chw_rgb(bgr))
+    assert sample.metadata == {"format": "png", "source_height": 12, "source_width": 20, "source_channels": 3,
+                               "bit_depth": 8, "orientation": 1}
+
+
+def test_png_8bit_gray_gives_three_equal_channels_or_one(tmp_path: Path) -> None:
+    grey = noise((9, 7))
+    path = write_image(tmp_path / "g.png", grey)
+    [rgb] = read_ok(path)
+    np.testing.assert_array_equal(rgb.image, np.stack([grey] * 3))
+    [one] = read_ok(path, ImageTransformConfig(color="gray"))
+    np.testing.assert_array_equal(one.image, grey[None])
+    assert one.metadata["source_channels"] == 1
+
+
+def test_png_16bit_is_scaled_by_255_over_65535(tmp_path: Path) -> None:
+    stored = np.array([[0, 65535, 25700, 32768, 257]], dtype=np.uint16)
+    [sample] = read_ok(write_image(tmp_path / "d.png", stored), ImageTransformConfig(color="gray"))
+    # 25700 = 100 · 257 → 100; 32768 · 255 / 65535 = 127.502 → 128; 257 → 1
+    np.testing.assert_array_equal(sample.image, [[[0, 255, 100, 128, 1]]])
+    assert sample.metadata["bit_depth"] == 16
+
+
+def test_png_16bit_rgb(tmp_path: Path) -> None:
+    bgr = noise((4, 5, 3), np.uint16)
+    [sample] = read_ok(write_image(tmp_path / "c16.png", bgr))
+    expected = np.rint(bgr.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    np.testing.assert_array_equal(sample.image, chw_rgb(expected))
+
+
+def test_tiff_8bit_rgb_and_16bit_gray(tmp_path: Path) -> None:
+    bgr = noise((6, 9, 3))
+    [rgb] = read_ok(write_image(tmp_path / "c.tiff", bgr))
+    np.testing.assert_array_equal(rgb.image, chw_rgb(bgr))
+    assert rgb.metadata["format"] == "tiff"
+    grey = np.array([[0, 257, 514], [65535, 1285, 2570]], dtype=np.uint16)
+    [deep] = read_ok(write_image(tmp_path / "g.tif", grey), ImageTransformConfig(color="gray"))
+    np.testing.assert_array_equal(deep.image, [[[0, 1, 2], [255, 5, 10]]])
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_hand_built_tiff_both_byte_orders(tmp_path: Path, big_endian: bool) -> None:
+    grey = np.array([[0, 2570, 65535], [5140, 257, 12850]], dtype=np.uint16)
+    path = tmp_path / "h.tif"
+    path.write_bytes(tiff_bytes(grey, big_endian=big_endian))
+    assert probe_image(make_ref(path)) == ImageHeader(2, 3, 1, 16, "tiff", 1)
+    [sample] = read_ok(path, ImageTransformConfig(color="gray"))
+    np.testing.assert_array_equal(sample.image, [[[0, 10, 255], [20, 1, 50]]])
+
+
+def test_bmp_24bit_and_8bit_gray(tmp_path: Path) -> None:
+    bgr = noise((5, 6, 3))
+    [rgb] = read_ok(write_image(tmp_path / "c.bmp", bgr))
+    np.testing.assert_array_equal(rgb.image, chw_rgb(bgr))
+    grey = noise((7, 3))
+    [one] = read_ok(write_image(tmp_path / "g.bmp", grey), ImageTransformConfig(color="gray"))
+    np.testing.assert_array_equal(one.image, grey[None])
+
+
+def test_float_tiff_needs_a_window(tmp_path: Path) -> None:
+    values = np.array([[0.0, 0.5], [1.0, 2.0]], dtype=np.float32)
+    path = write_image(tmp_path / "f.tiff", values)
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("missing_window", "transform")
+    [sample] = read_ok(path, ImageTransformConfig(color="gray", window=(("center", 1.0), ("width", 2.0))))
+    # y = (x − 1) / 2 + 0.5: 0 → 0, 0.5 → 0.25 → 63.75, 1 → 0.5 → 127.5 (rint → 128), 2 → 1
+    np.testing.assert_array_equal(sample.image, [[[0, 64], [128, 255]]])
+    assert sample.metadata["bit_depth"] == 32
+
+
+# --- EXIF / TIFF orientation ------------------------------------------------------------------
+
+def _by_hand(base: np.ndarray, orientation: int) -> np.ndarray:
+    """EXIF 2.3 Orientation, written independently of the code under test."""
+    return {
+        1: base,
+        2: np.fliplr(base),
+        3: np.rot90(base, 2),
+        4: np.flipud(base),
+        5: np.rot90(np.fliplr(base), 1),  # transpose = mirror, then a quarter turn counter-clockwise
+        6: np.rot90(base, -1),  # 90° clockwise
+        7: np.rot90(np.fliplr(base), -1),  # transverse = mirror, then a quarter turn clockwise
+        8: np.rot90(base, 1),  # 90° counter-clockwise
+    }[orientation]
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_jpeg_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> None:
+    ok, encoded = cv2.imencode(".jpg", smooth_bgr(16, 24))
+    assert ok
+    data = encoded.tobytes()
+    spliced = data[:2] + exif_app1(orientation, ">" if orientation % 2 else "<") + data[2:]
+    path = tmp_path / "o.jpg"
+    path.write_bytes(spliced)
+    unrotated = cv2.imdecode(np.frombuffer(spliced, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert unrotated.shape == (16, 24, 3)  # OpenCV ignores EXIF here, so the reader must rotate
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(_by_hand(unrotated, orientation)))
+    # a second, independent oracle: OpenCV's own EXIF handling under IMREAD_COLOR
+    np.testing.assert_array_equal(sample.image, chw_rgb(cv2.imdecode(np.frombuffer(spliced, np.uint8),
+                                                                     cv2.IMREAD_COLOR)))
+    assert sample.metadata["orientation"] == orientation
+    assert (sample.metadata["source_height"], sample.metadata["source_width"]) == (16, 24)
+    header = probe_image(make_ref(path))
+    assert header == ImageHeader(16, 24, 3, 8, "jpeg", orientation)
+    assert estimate_image_bytes(header, DEFAULT) == sample.image.nbytes
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 7])
+def test_tiff_orientation_is_applied_once(tmp_path: Path, orientation: int) -> None:
+    bgr = noise((4, 6, 3))
+    path = tmp_path / "o.tif"
+    path.write_bytes(tiff_bytes(bgr[:, :, ::-1], big_endian=False, orientation=orientation))  # TIFF stores RGB
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(_by_hand(bgr, orientation)))
+    assert (sample.metadata["source_height"], sample.metadata["source_width"]) == (4, 6)
+    assert probe_image(make_ref(path)) == ImageHeader(4, 6, 3, 8, "tiff", orientation)
+
+
+# --- probe ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "shape", "dtype", "params", "channels", "bits"), [
+    ("a.png", (13, 21, 3), np.uint8, (), 3, 8),
+    ("b.png", (13, 21), np.uint16, (), 1, 16),
+    ("c.png", (13, 21, 4), np.uint8, (), 4, 8),
+    ("d.jpg", (13, 21, 3), np.uint8, (), 3, 8),
+    ("e.jpg", (13, 21), np.uint8, (), 1, 8),
+    ("f.jpg", (37, 50, 3), np.uint8, (cv2.IMWRITE_JPEG_PROGRESSIVE, 1), 3, 8),
+    ("g.tiff", (13, 21, 3), np.uint8, (), 3, 8),
+    ("h.tiff", (13, 21), np.uint16, (), 1, 16),
+    ("i.bmp", (13, 21, 3), np.uint8, (), 3, 8),
+    ("j.bmp", (13, 21), np.uint8, (), 1, 8),
+])
+def test_probe_matches_real_dims(tmp_path: Path, name: str, shape: tuple[int, ...], dtype: type,
+                                 params: tuple[int, ...], channels: int, bits: int) -> None:
+    path = write_image(tmp_path / name, noise(shape, dtype), params)
+    header = probe_image(make_ref(path))
+    assert isinstance(header, ImageHeader), header
+    assert (header.height, header.width, header.channels, header.bit_depth) == (shape[0], shape[1], channels, bits)
+    decoded = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert decoded.shape[:2] == (header.height, header.width)
+
+
+def test_progressive_jpeg_is_sof2(tmp_path: Path) -> None:
+    path = write_image(tmp_path / "p.jpg", smooth_bgr(40, 56), (cv2.IMWRITE_JPEG_PROGRESSIVE, 1))
+    assert b"\xff\xc2" in path.read_bytes() and b"\xff\xc0" not in path.read_bytes()
+    assert probe_image(make_ref(path)) == ImageHeader(40, 56, 3, 8, "jpeg", 1)
+    [sample] = read_ok(path)
+    assert sample.image.shape == (3, 40, 56)
+
+
+def test_probe_finds_sof_after_large_app_segments(tmp_path: Path) -> None:
+    ok, encoded = cv2.imencode(".jpg", smooth_bgr(30, 45))
+    data = encoded.tobytes()
+    # EXIF, then ~130 KB of APP2 (ICC-sized) segments: the SOF lies past the first 64 KiB read
+    spliced = data[:2] + exif_app1(6, ">") + app_segment(0xE2, 65000) + app_segment(0xE2, 65000) + data[2:]
+    path = tmp_path / "big-app.jpg"
+    path.write_bytes(spliced)
+    assert spliced.index(b"\xff\xc0") > 64 * 1024
+    assert probe_image(make_ref(path)) == ImageHeader(30, 45, 3, 8, "jpeg", 6)
+    [sample] = read_ok(path)
+    assert sample.image.shape == (3, 45, 30)
+
+
+# --- defects ----------------------------------------------------------------------------------
+
+def test_truncated_jpeg(tmp_path: Path) -> None:
+    ok, encoded = cv2.imencode(".jpg", smooth_bgr(32, 32))
+    data = encoded.tobytes()
+    for name, cut in (("half.jpg", data[: len(data) // 2]), ("no-eoi.jpg", data[:-2])):
+        path = tmp_path / name
+        path.write_bytes(cut)
+        issue = read_issue(path)
+        assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert "EOI" in issue.message
+
+
+def test_jpeg_with_trailing_bytes_after_eoi_is_fine(tmp_path: Path) -> None:
+    ok, encoded = cv2.imencode(".jpg", smooth_bgr(16, 16))
+    path = tmp_path / "tail.jpg"
+    path.write_bytes(encoded.tobytes() + b"extra appended data \xff\x00\xff")
+    assert read_ok(path)[0].image.shape == (3, 16, 16)
+
+
+def test_truncated_png(tmp_path: Path) -> None:
+    data = write_image(tmp_path / "full.png", noise((20, 20, 3))).read_bytes()
+    assert data[-8:-4] == b"IEND"
+    for name, cut in (("no-iend.png", data[:-12]), ("half.png", data[: len(data) // 2])):
+        path = tmp_path / name
+        path.write_bytes(cut)
+        issue = read_issue(path)
+        assert (issue.reason, issue.stage) == ("truncated", "read")
+        assert "IEND" in issue.message
+
+
+def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
+    tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
+    cut_tiff = tmp_path / "cut.tif"
+    cut_tiff.write_bytes(tiff[: 8 + 200])
+    issue = read_issue(cut_tiff)
+    assert issue.reason == "truncated" and "IFD" in issue.message
+    bmp = write_image(tmp_path / "full.bmp", noise((20, 20, 3))).read_bytes()
+    cut_bmp = tmp_path / "cut.bmp"
+    cut_bmp.write_bytes(bmp[: len(bmp) - 100])
+    assert read_issue(cut_bmp).reason == "truncated"
+
+
+def test_tiff_strips_past_end_are_truncated(tmp_path: Path) -> None:
+    grey = noise((10, 10))
+    data = tiff_bytes(grey, big_endian=False)
+    # move the IFD to the front so cutting the tail cuts pixels but keeps the IFD
+    ifd_at = struct.unpack("<I", data[4:8])[0]
+    ifd = data[ifd_at:]
+    strip_at = 8 + len(ifd)
+    fixed = bytearray(ifd)
+    for i in range(struct.unpack("<H", ifd[:2])[0]):
+        if struct.unpack_from("<H", ifd, 2 + 12 * i)[0] == 273:
+            struct.pack_into("<I", fixed, 2 + 12 * i + 8, strip_at)
+    rebuilt = b"II\x2a\x00" + struct.pack("<I", 8) + bytes(fixed) + grey.tobytes()
+    whole = tmp_path / "whole.tif"
+    whole.write_bytes(rebuilt)
+    np.testing.assert_array_equal(read_ok(whole, ImageTransformConfig(color="gray"))[0].image, grey[None])
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(rebuilt[:-30])
+    issue = read_issue(cut)
+    assert issue.reason == "truncated" and "runs to byte" in issue.message
+
+
+def test_random_bytes_named_png_are_unsupported(tmp_path: Path) -> None:
+    path = tmp_path / "noise.png"
+    path.write_bytes(b"GIF89a" + RNG.integers(0, 255, 200, dtype=np.uint8).tobytes())
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("unsupported", "read")
+    assert "47 49 46 38 39 61" in issue.message and ".png" in issue.message
+    probed = probe_image(make_ref(path))
+    assert isinstance(probed, Issue) and probed.reason == "unsupported"
+
+
+def test_corrupt_png_data_is_decode_failed(tmp_path: Path) -> None:
+    data = bytearray(write_image(tmp_path / "ok.png", noise((16, 16, 3))).read_bytes())
+    start = data.index(b"IDAT") + 4
+    data[start + 10:start + 40] = bytes(30)  # structure intact, compressed stream and CRC broken
+    path = tmp_path / "corrupt.png"
+    path.write_bytes(bytes(data))
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("decode_failed", "read")
+    assert "png" in issue.message
+
+
+def test_empty_missing_and_directory(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    missing = tmp_path / "gone.png"
+    folder = tmp_path / "folder.png"
+    folder.mkdir()
+    for path, reason in ((empty, "unreadable"), (missing, "missing_file"), (folder, "unreadable")):
+        for result in (read_image(make_ref(path), DEFAULT), probe_image(make_ref(path))):
+            assert isinstance(result, Issue) and (result.reason, result.stage) == (reason, "read"), result
+            assert path.name in result.message
+
+
+@pytest.mark.parametrize("array", [np.full((8, 8), 7, np.uint8), np.full((8, 8, 3), (0, 0, 255), np.uint8),
+                                   np.full((8, 8), 4000, np.uint16)])
+def test_constant_image(tmp_path: Path, array: np.ndarray) -> None:
+    issue = read_issue(write_image(tmp_path / "flat.png", array))
+    assert (issue.reason, issue.stage) == ("constant_image", "validate")
+
+
+def test_unexpected_error_becomes_an_issue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_image(tmp_path / "a.png", noise((4, 4)))
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(image_mod, "transform_image", boom)
+    issue = read_image(make_ref(path), DEFAULT)
+    assert isinstance(issue, Issue)
+    assert (issue.reason, issue.stage, issue.message) == ("unexpected_error", "transform", "RuntimeError: boom")
+
+
+def test_bad_config_raises_config_error(tmp_path: Path) -> None:
+    path = write_image(tmp_path / "a.png", noise((4, 4)))
+    for cfg in (ImageTransformConfig(color="cmyk"), ImageTransformConfig(window=(("width", 0.0), ("center", 1.0))),
+                ImageTransformConfig(tile_size=(0, 4)), ImageTransformConfig(resize="squash", size=(2, 2))):
+        with pytest.raises(ConfigError, match="transform.image"):
+            read_image(make_ref(path), cfg)
+
+
+# --- estimate ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg", [
+    DEFAULT,
+    ImageTransformConfig(color="gray"),
+    ImageTransformConfig(size=(20, 30), resize="fit"),
+    ImageTransformConfig(tile_size=(16, 16)),
+    ImageTransformConfig(tile_size=(16, 24), tile_stride=(8, 10), color="gray"),
+    ImageTransformConfig(size=(64, 48), resize="crop", tile_size=(32, 32)),
+    ImageTransformConfig(tile_size=(50, 50)),  # bigger than the 37×53 image in one axis: no tile
+])
+def test_estimate_equals_packed_bytes(tmp_path: Path, cfg: ImageTransformConfig) -> None:
+    ok, encoded = cv2.imencode(".jpg", smooth_bgr(37, 53))
+    data = encoded.tobytes()
+    path = tmp_path / "rot.jpg"
+    path.write_bytes(data[:2] + exif_app1(8, "<") + data[2:])  # oriented size is 53×37
+    header = probe_image(make_ref(path))
+    assert isinstance(header, ImageHeader)
+    result = read_image(make_ref(path), cfg)
+    packed = 0 if isinstance(result, Issue) else sum(s.image.nbytes for s in result)
+    assert estimate_image_bytes(header, cfg) == packed
+    if isinstance(result, Issue):
+        assert (result.reason, result.stage) == ("bad_shape", "transform")

@@ -1,0 +1,211 @@
+"""packer.transform.image: alpha, colour, windows, resize, tiles — on arrays and through
+read_image on real files written with OpenCV. Expected pixels are computed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.config import ImageTransformConfig
+from packer.read.image import read_image
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.image import (
+    convert_color,
+    orient_image,
+    remove_alpha,
+    tile_origins,
+    to_uint8,
+    transform_image,
+    window_center_width,
+    window_percentiles,
+)
+
+RNG = np.random.default_rng(7)
+
+
+def make_ref(path: Path) -> SampleRef:
+    return SampleRef(sample_id="scan-7", source="photos", kind="image", path=str(path), relpath=path.name)
+
+
+def write_png(path: Path, array: np.ndarray) -> Path:
+    assert cv2.imwrite(str(path), array)
+    return path
+
+
+def read_ok(path: Path, cfg: ImageTransformConfig) -> list[Sample]:
+    result = read_image(make_ref(path), cfg)
+    assert not isinstance(result, Issue), result
+    return result
+
+
+# --- alpha and colour -------------------------------------------------------------------------
+
+def test_alpha_drop_and_composite_over_white(tmp_path: Path) -> None:
+    bgra = np.array([[[0, 0, 200, 51], [10, 20, 30, 255], [90, 60, 30, 0]]], dtype=np.uint8)
+    path = write_png(tmp_path / "rgba.png", bgra)
+    [dropped] = read_ok(path, ImageTransformConfig(alpha="drop"))
+    np.testing.assert_array_equal(dropped.image[:, 0], [[200, 30, 30], [0, 20, 60], [0, 10, 90]])
+    [over_white] = read_ok(path, ImageTransformConfig(alpha="composite"))
+    # pixel 0, a = 51/255 = 0.2: R = 200·0.2 + 255·0.8 = 244, G = B = 0·0.2 + 255·0.8 = 204
+    # pixel 1 is opaque (unchanged); pixel 2 is fully transparent (white)
+    np.testing.assert_array_equal(over_white.image[:, 0], [[244, 30, 255], [204, 20, 255], [204, 10, 255]])
+    assert over_white.metadata["source_channels"] == 4
+
+
+def test_sixteen_bit_alpha_composite(tmp_path: Path) -> None:
+    bgra = np.array([[[0, 0, 65535, 32768], [0, 0, 0, 65535]]], dtype=np.uint16)
+    [sample] = read_ok(write_png(tmp_path / "rgba16.png", bgra), ImageTransformConfig(alpha="composite"))
+    # a = 32768/65535: R = 65535 → 255; G = B = 65535·(1 − a) = 32767 → 32767·255/65535 = 127.498 → 127
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [255, 127, 127])
+
+
+def test_gray_is_luminance(tmp_path: Path) -> None:
+    bgr = np.array([[[10, 20, 30], [200, 100, 50], [0, 0, 255]]], dtype=np.uint8)
+    [sample] = read_ok(write_png(tmp_path / "c.png", bgr), ImageTransformConfig(color="gray"))
+    # 0.299 R + 0.587 G + 0.114 B: 21.85 → 22; 96.45 → 96; 76.245 → 76
+    np.testing.assert_array_equal(sample.image, [[[22, 96, 76]]])
+
+
+def test_remove_alpha_and_convert_color_arrays() -> None:
+    grey_alpha = np.array([[[100.0, 255.0], [100.0, 0.0]]], dtype=np.float32)
+    np.testing.assert_allclose(remove_alpha(grey_alpha, "composite", 255.0)[..., 0], [[100.0, 255.0]])
+    assert remove_alpha(grey_alpha, "drop", 255.0).shape == (1, 2, 1)
+    bgr = np.array([[[1.0, 2.0, 3.0]]], dtype=np.float32)
+    np.testing.assert_array_equal(convert_color(bgr, "rgb"), [[[3.0, 2.0, 1.0]]])
+    assert convert_color(bgr[..., :1], "rgb").shape == (1, 1, 3)
+
+
+# --- windows ----------------------------------------------------------------------------------
+
+def test_sixteen_bit_center_width_window(tmp_path: Path) -> None:
+    stored = np.array([[0, 1500, 1750, 2000, 2250, 2499, 2500, 65535]], dtype=np.uint16)
+    cfg = ImageTransformConfig(color="gray", window=(("center", 2000.0), ("width", 1000.0)))
+    [sample] = read_ok(write_png(tmp_path / "w.png", stored), cfg)
+    # y = (x − 2000)/1000 + 0.5 clipped: 0, 0, 0.25 → 63.75, 0.5 → 127.5 (rint 128),
+    # 0.75 → 191.25, 0.999 → 254.745, 1, 1
+    np.testing.assert_array_equal(sample.image, [[[0, 0, 64, 128, 191, 255, 255, 255]]])
+
+
+def test_window_center_width_matches_linear_exact_ends() -> None:
+    values = np.array([999.0, 1000.0, 1000.5, 3000.0, 3001.0], dtype=np.float32)
+    out = window_center_width(values, 2000.0, 2000.0)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, [0.0, 0.0, 0.5 / 2000, 1.0, 1.0], atol=1e-6)
+
+
+def test_percentile_window(tmp_path: Path) -> None:
+    stored = (np.arange(101, dtype=np.uint16) * 10).reshape(1, 101)  # 0, 10, …, 1000
+    cfg = ImageTransformConfig(color="gray", window=(("percentiles", (10.0, 90.0)),))
+    [sample] = read_ok(write_png(tmp_path / "p.png", stored), cfg)
+    # the 10th and 90th percentiles of 0..1000 in steps of 10 are 100 and 900
+    expected = np.rint(np.clip((stored.astype(np.float64) - 100) / 800, 0, 1) * 255).astype(np.uint8)
+    np.testing.assert_array_equal(sample.image, expected[None])
+    assert sample.image[0, 0, 30] == 64 and sample.image[0, 0, 50] == 128  # 300 → 63.75, 500 → 127.5
+
+
+def test_percentile_window_with_equal_ends() -> None:
+    values = np.array([0.0, 0.0, 0.0, 0.0, 9.0], dtype=np.float32)
+    np.testing.assert_array_equal(window_percentiles(values, 10, 50), [0, 0, 0, 0, 1])
+
+
+def test_to_uint8_rounds_and_clips() -> None:
+    unit = np.array([-1.0, 0.0, 0.5, 1 / 255 * 2.5, 1.0, 2.0, np.nan], dtype=np.float32)
+    np.testing.assert_array_equal(to_uint8(unit), [0, 0, 128, 2, 255, 255, 0])
+
+
+# --- orientation ------------------------------------------------------------------------------
+
+def test_orient_image_matches_exif_definitions() -> None:
+    a = np.arange(6).reshape(2, 3)  # [[0 1 2], [3 4 5]]
+    expected = {1: [[0, 1, 2], [3, 4, 5]], 2: [[2, 1, 0], [5, 4, 3]], 3: [[5, 4, 3], [2, 1, 0]],
+                4: [[3, 4, 5], [0, 1, 2]], 5: [[0, 3], [1, 4], [2, 5]], 6: [[3, 0], [4, 1], [5, 2]],
+                7: [[5, 2], [4, 1], [3, 0]], 8: [[2, 5], [1, 4], [0, 3]]}
+    for orientation, want in expected.items():
+        np.testing.assert_array_equal(orient_image(a, orientation), want, err_msg=f"orientation {orientation}")
+
+
+# --- resize -----------------------------------------------------------------------------------
+
+def _bright(height: int, width: int) -> np.ndarray:
+    return RNG.integers(100, 255, (height, width, 3), dtype=np.uint8, endpoint=True)
+
+
+@pytest.mark.parametrize("policy", ["stretch", "fit", "crop"])
+def test_resize_policies_give_the_target_shape(tmp_path: Path, policy: str) -> None:
+    path = write_png(tmp_path / "wide.png", _bright(40, 80))
+    [sample] = read_ok(path, ImageTransformConfig(size=(32, 48), resize=policy))
+    assert sample.image.shape == (3, 32, 48)
+    assert sample.metadata["source_height"] == 40 and sample.metadata["source_width"] == 80
+
+
+def test_fit_letterboxes_top_and_bottom_for_a_wide_image(tmp_path: Path) -> None:
+    path = write_png(tmp_path / "wide.png", _bright(40, 80))
+    [sample] = read_ok(path, ImageTransformConfig(size=(32, 32), resize="fit"))
+    # scale min(32/40, 32/80) = 0.4 → 16×32 content, placed at rows 8..23
+    assert (sample.image[:, :8] == 0).all() and (sample.image[:, 24:] == 0).all()
+    assert (sample.image[:, 8:24] >= 90).all()
+
+
+def test_fit_letterboxes_left_and_right_for_a_tall_image(tmp_path: Path) -> None:
+    path = write_png(tmp_path / "tall.png", _bright(60, 20))
+    [sample] = read_ok(path, ImageTransformConfig(size=(30, 30), resize="fit"))
+    # scale 0.5 → 30×10 content at columns 10..19
+    assert (sample.image[:, :, :10] == 0).all() and (sample.image[:, :, 20:] == 0).all()
+    assert (sample.image[:, :, 10:20] >= 90).all()
+
+
+def test_crop_keeps_the_centre(tmp_path: Path) -> None:
+    bgr = _bright(40, 80)
+    [sample] = read_ok(write_png(tmp_path / "wide.png", bgr), ImageTransformConfig(size=(20, 20), resize="crop"))
+    # scale max(20/40, 20/80) = 0.5 → 20×40, centre columns 10..29; INTER_AREA halves exactly
+    halved = bgr.astype(np.float64).reshape(20, 2, 40, 2, 3).mean(axis=(1, 3))[:, 10:30]
+    np.testing.assert_allclose(sample.image, halved[:, :, ::-1].transpose(2, 0, 1), atol=1)
+    assert (sample.image > 0).all()
+
+
+# --- tiles ------------------------------------------------------------------------------------
+
+def test_tile_origins_are_full_tiles_row_major() -> None:
+    assert tile_origins(70, 100, (32, 32)) == [(0, 0), (0, 32), (0, 64), (32, 0), (32, 32), (32, 64)]
+    assert len(tile_origins(70, 100, (32, 32), (16, 24))) == 3 * 3
+    assert tile_origins(31, 100, (32, 32)) == []
+
+
+def test_tiles_keys_count_and_content(tmp_path: Path) -> None:
+    path = write_png(tmp_path / "big.png", RNG.integers(0, 255, (70, 100, 3), dtype=np.uint8))
+    [whole] = read_ok(path, ImageTransformConfig())
+    tiles = read_ok(path, ImageTransformConfig(tile_size=(32, 32)))
+    assert [t.key for t in tiles] == ["scan-7-t00000_00000", "scan-7-t00000_00032", "scan-7-t00000_00064",
+                                      "scan-7-t00032_00000", "scan-7-t00032_00032", "scan-7-t00032_00064"]
+    for tile in tiles:
+        row, col = tile.metadata["tile"]
+        assert tile.image.shape == (3, 32, 32) and tile.image.flags["C_CONTIGUOUS"]
+        np.testing.assert_array_equal(tile.image, whole.image[:, row:row + 32, col:col + 32])
+        assert tile.key == f"scan-7-t{row:05d}_{col:05d}"
+    strided = read_ok(path, ImageTransformConfig(tile_size=(32, 32), tile_stride=(16, 24)))
+    assert [t.metadata["tile"] for t in strided] == [[r, c] for r in (0, 16, 32) for c in (0, 24, 48)]
+
+
+def test_tiles_are_cut_from_the_resized_image(tmp_path: Path) -> None:
+    path = write_png(tmp_path / "big.png", RNG.integers(0, 255, (50, 90, 3), dtype=np.uint8))
+    [resized] = read_ok(path, ImageTransformConfig(size=(64, 64)))
+    tiles = read_ok(path, ImageTransformConfig(size=(64, 64), tile_size=(32, 32)))
+    assert len(tiles) == 4
+    for tile in tiles:
+        row, col = tile.metadata["tile"]
+        np.testing.assert_array_equal(tile.image, resized.image[:, row:row + 32, col:col + 32])
+
+
+def test_no_full_tile_is_an_issue(tmp_path: Path) -> None:
+    path = write_png(tmp_path / "small.png", RNG.integers(0, 255, (20, 40, 3), dtype=np.uint8))
+    issue = read_image(make_ref(path), ImageTransformConfig(tile_size=(32, 32)))
+    assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("bad_shape", "transform")
+    assert "small.png" in issue.message
+
+
+def test_transform_image_rejects_float_without_window() -> None:
+    with pytest.raises(ValueError, match="window"):
+        transform_image(np.zeros((2, 2), np.float32), ImageTransformConfig())
