@@ -259,8 +259,15 @@ def _size(raw: Any) -> tuple[int, int] | None:
 
 
 def parse_job(doc: Any, job_path: Path) -> JobConfig:
-    """Validate a parsed job document and build the JobConfig. Raises ConfigError."""
+    """Validate a parsed job document and build the JobConfig. Raises ConfigError naming the file."""
     doc = validate_document(doc, "job", source=str(job_path))
+    try:
+        return _build_job(doc, job_path)
+    except ConfigError as err:
+        raise ConfigError(f"{job_path}: {err}") from err
+
+
+def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     base = job_path.parent.resolve()
     sources = tuple(_parse_source(s, base, i) for i, s in enumerate(doc["sources"]))
     names = [s.name for s in sources]

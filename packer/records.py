@@ -50,9 +50,6 @@ class SampleRef:
 
     ``path`` is absolute; ``relpath`` is POSIX and relative to the source root.
     ``label``, ``entity`` and ``time`` are ``None`` only on refs that end as issues.
-    ``est_bytes`` and ``est_samples`` are the planned packed size and sample count of
-    everything this file will give (several samples for frames or tiles); shards are
-    planned from them before any pixel is decoded.
     """
 
     sample_id: str
@@ -63,8 +60,6 @@ class SampleRef:
     label: str | None = None
     entity: str | None = None
     time: str | None = None
-    est_bytes: int = 0
-    est_samples: int = 1
     extra: tuple[tuple[str, str], ...] = ()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,6 @@ from packer.pack.encode import EncodedSample
 from packer.pack.parquet import write_parquet_shard
 from packer.pack.plan import PER_SAMPLE_OVERHEAD, plan_shards
 from packer.pack.tar import write_tar_shard
-from packer.records import SampleRef
 
 
 def samples(n: int, seed: int = 0) -> list[EncodedSample]:
@@ -76,20 +76,24 @@ def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def ref(i: int, est: int, n: int = 1) -> SampleRef:
-    return SampleRef(sample_id=f"s-{i:05d}", source="s", kind="image", path="/x", relpath="x", label="a",
-                     entity="e", est_bytes=est, est_samples=n)
+@dataclass(frozen=True)
+class Item:
+    name: str
+    nbytes: int
 
 
-@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 4)), max_size=80),
-       st.integers(1, 10), st.integers(1000, 20_000))
+@given(st.lists(st.integers(1, 5000), max_size=80), st.integers(1, 10), st.integers(1000, 20_000))
 @settings(max_examples=80, deadline=None)
-def test_plan_respects_limits_and_keeps_order(sizes: list[tuple[int, int]], max_samples: int, max_bytes: int) -> None:
-    refs = [ref(i, est, n) for i, (est, n) in enumerate(sizes)]
-    plans = plan_shards(refs, split="train", fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
-    assert [r for p in plans for r in p.refs] == refs
+def test_plan_respects_limits_and_keeps_order(sizes: list[int], max_samples: int, max_bytes: int) -> None:
+    items = [Item(f"s{i}", n) for i, n in enumerate(sizes)]
+    plans = plan_shards(items, split="train", fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
+    assert [s for p in plans for s in p.samples] == items
     assert [p.file for p in plans] == [f"train-{i:06d}.parquet" for i in range(len(plans))]
     for p in plans:
-        samples_in = sum(r.est_samples for r in p.refs)
-        bytes_in = sum(r.est_bytes + PER_SAMPLE_OVERHEAD["parquet"] * r.est_samples for r in p.refs)
-        assert len(p.refs) == 1 or (samples_in <= max_samples and bytes_in <= max_bytes)
+        bytes_in = sum(s.nbytes + PER_SAMPLE_OVERHEAD["parquet"] for s in p.samples)
+        assert len(p.samples) <= max_samples
+        assert len(p.samples) == 1 or bytes_in <= max_bytes
+    for before, after in zip(plans, plans[1:], strict=False):  # greedy: the next sample did not fit
+        first = after.samples[0].nbytes + PER_SAMPLE_OVERHEAD["parquet"]
+        used = sum(s.nbytes + PER_SAMPLE_OVERHEAD["parquet"] for s in before.samples)
+        assert len(before.samples) == max_samples or used + first > max_bytes

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.records import Sample
+from packer.records import SampleRef
 
 
 def canonical_json(value: Any) -> bytes:
@@ -45,14 +45,13 @@ class EncodedSample:
         return hashlib.sha256(self.pixels).hexdigest()
 
 
-def encode_sample(sample: Sample, *, split: str, label_map: dict[str, int]) -> EncodedSample:
-    """Attach split and label index to a transformed sample; ``pixels`` are raw C-order bytes."""
-    ref = sample.ref
+def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: str, pixels: bytes,
+                  metadata: dict[str, Any], split: str, label_map: dict[str, int]) -> EncodedSample:
+    """Attach split and label index to a transformed sample's bytes (raw C-order pixels)."""
     if ref.label is None or ref.entity is None:
-        raise ValueError(f"{ref.path}: sample {sample.key} reached packing without label/entity")
-    image = np.ascontiguousarray(sample.image)
-    info = {
-        "key": sample.key,
+        raise ValueError(f"{ref.path}: sample {key} reached packing without label/entity")
+    info: dict[str, Any] = {
+        "key": key,
         "sample_id": ref.sample_id,
         "source": ref.source,
         "kind": ref.kind,
@@ -60,21 +59,12 @@ def encode_sample(sample: Sample, *, split: str, label_map: dict[str, int]) -> E
         "label_index": label_map[ref.label],
         "entity_id": ref.entity,
         "split": split,
-        "shape": list(image.shape),
-        "dtype": image.dtype.str.lstrip("<>|="),
-        "metadata": sample.metadata,
+        "shape": list(shape),
+        "dtype": dtype,
+        "metadata": metadata,
     }
     if ref.extra:
         info["extra"] = dict(ref.extra)
-    return EncodedSample(
-        key=sample.key,
-        split=split,
-        label=label_map[ref.label],
-        label_name=ref.label,
-        entity_id=ref.entity,
-        source=ref.source,
-        shape=tuple(int(d) for d in image.shape),
-        dtype=info["dtype"],
-        pixels=image.tobytes(order="C"),
-        info=info,
-    )
+    return EncodedSample(key=key, split=split, label=label_map[ref.label], label_name=ref.label,
+                         entity_id=ref.entity, source=ref.source, shape=shape, dtype=dtype, pixels=pixels,
+                         info=info)

@@ -15,7 +15,7 @@ TMP_SUFFIX = ".partial"
 
 @dataclass(frozen=True)
 class IndexRow:
-    """One sample's place in the packed dataset (a row of ``index.parquet``).
+    """One sample's place in the packed dataset (a row of ``_index.parquet``).
 
     ``position`` is the tar offset of the sample's first member, or its Parquet row number.
     ``sha256`` hashes the sample's packed pixel bytes (the ``.npy`` member for tar, the

@@ -1,0 +1,273 @@
+"""Build: run a job end to end — discover, process, split, plan, pack, index, report, manifest.
+
+1. discover (client): list raw files in a stable order, read the label tables.
+2. process (dask, one task per chunk of files): header → decode → validate → transform, each
+   file decoded once; sample bytes go to spill files in the build cache, small records back.
+3. split + audit (client): on the records; no pixels on the client.
+4. plan (client): shard boundaries from exact sizes (``pack.plan``).
+5. pack (dask, one task per shard): copy spilled bytes into tar/Parquet shards, hash them.
+6. index, bad-sample report, manifest (written last), registry copy.
+
+The bytes depend only on the inputs and the job: sorting happens on the client, never by
+task completion order, so the worker count and scheduler do not matter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer import __version__
+from packer.config import SPLITS, JobConfig
+from packer.discover import discover
+from packer.errors import BadFractionError
+from packer.execute import Executor, open_executor
+from packer.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    config_hash,
+    library_versions,
+    seal_manifest,
+    write_index,
+    write_manifest,
+)
+from packer.pack.assemble import ShardTask, write_shard
+from packer.pack.plan import ShardPlan, plan_shards
+from packer.pack.writer import ShardWrite, atomic_output
+from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
+from packer.progress import Progress
+from packer.records import Issue
+from packer.report import summarize_issues, write_bad_samples
+from packer.split import assign_splits, audit_splits, raise_on_leakage
+
+CACHE_DIR = ".cache"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Execution options: where and how to run. They never change ``dataset_hash``."""
+
+    out: Path | None = None
+    workers: int | None = None
+    scheduler: str | None = None
+    quiet: bool = False
+    keep_cache: bool = True
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    version_dir: Path
+    manifest_path: Path
+    manifest: dict[str, Any]
+    issues: tuple[Issue, ...]
+    reused: bool = False
+    registry_copy: Path | None = None
+    executor: str = ""
+    files_decoded: int = 0
+
+    @property
+    def over_threshold(self) -> bool:
+        bad = self.manifest["bad_samples"]
+        return bool(bad["fraction"] > bad["max_fraction"])
+
+
+def _process_all(job: JobConfig, executor: Executor, cache_dir: Path, refs: list[Any],
+                 quiet: bool) -> list[ChunkResult]:
+    libraries = library_versions()
+    tasks = [ChunkTask(key=chunk_key(chunk, job, libraries), refs=chunk, job=job, cache_dir=str(cache_dir))
+             for chunk in chunk_refs(refs)]
+    progress = Progress("process", len(refs), quiet=quiet)
+    results: list[ChunkResult] = []
+    for result in executor.map_unordered(process_chunk, tasks):
+        results.append(result)
+        progress.update(result.files, bad=len(result.issues))
+    progress.close()
+    return sorted(results, key=lambda r: r.key)
+
+
+def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_map: dict[str, int],
+              cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
+    tasks = [ShardTask(plan=p, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
+             for p in plans]
+    progress = Progress("pack", sum(len(p.samples) for p in plans), unit="samples", quiet=quiet)
+    written: dict[str, ShardWrite] = {}
+    for shard in executor.map_unordered(write_shard, tasks):
+        written[shard.file] = shard
+        progress.update(len(shard.rows))
+    progress.close()
+    return written
+
+
+def _sample_schema(samples: list[SpilledSample]) -> dict[str, Any]:
+    by_source: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    dtypes = {s.dtype for s in samples}
+    for sample in samples:
+        by_source[sample.ref.source].add(sample.shape)
+    all_shapes = {s for shapes in by_source.values() for s in shapes}
+    return {
+        "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
+        "layout": "CHW",
+        "shape": list(next(iter(all_shapes))) if len(all_shapes) == 1 else None,
+        "shapes": {src: sorted(list(s) for s in shapes) for src, shapes in sorted(by_source.items())},
+    }
+
+
+def _split_summary(by_split: dict[str, list[SpilledSample]], plans: list[ShardPlan[SpilledSample]],
+                   written: dict[str, ShardWrite]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for split in SPLITS:
+        samples = by_split.get(split, [])
+        counts = Counter(s.ref.label for s in samples)
+        summary[split] = {
+            "samples": len(samples),
+            "entities": len({s.ref.entity for s in samples}),
+            "class_counts": dict(sorted(counts.items())),  # type: ignore[arg-type]
+            "shards": [written[p.file].to_entry() for p in plans if p.split == split],
+        }
+    return summary
+
+
+def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
+    """Build the dataset ``job`` describes; return where it went and what it holds.
+
+    Raises ConfigError (bad sources or tables) and LeakageError (the split audit failed). A
+    bad fraction over the threshold is not raised here: the report and manifest are written
+    and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
+    """
+    options = options or BuildOptions()
+    output = (options.out or job.output).resolve()
+    identity = job.identity()
+    cfg_hash = config_hash(identity)
+    dataset_root = output / job.name
+    cache_dir = dataset_root / CACHE_DIR
+    staging = dataset_root / f".staging-{cfg_hash[:16]}"
+
+    refs, issues = discover(job)
+    inputs = len(refs) + len(issues)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open_executor(options.scheduler, options.workers) as executor:
+        if not options.quiet:
+            print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
+        chunks = _process_all(job, executor, cache_dir, refs, options.quiet)
+        samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
+        issues.extend(i for c in chunks for i in c.issues)
+
+        assignment = assign_splits([s.ref for s in samples], job.split)
+        audit = audit_splits([s.ref for s in samples], assignment)
+        raise_on_leakage(audit)
+        label_map = {name: index for index, name in enumerate(sorted({s.ref.label for s in samples}))}  # type: ignore[type-var]
+
+        by_split: dict[str, list[SpilledSample]] = defaultdict(list)
+        for sample in samples:
+            by_split[assignment[sample.ref.sample_id]].append(sample)
+        plans = [plan for split in SPLITS
+                 for plan in plan_shards(by_split.get(split, []), split=split, fmt=job.pack.format,
+                                         max_samples=job.pack.max_samples, max_bytes=job.pack.max_bytes)]
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        written = _pack_all(plans, executor, label_map, cache_dir, staging, job.pack.format, options.quiet)
+        description = executor.description
+
+    rows = [row for plan in plans for row in written[plan.file].rows]
+    index_entry = write_index(staging, rows)
+    write_bad_samples(staging, issues)
+    body = {
+        "format_version": FORMAT_VERSION,
+        "name": job.name,
+        "packer_version": __version__,
+        "config": identity,
+        "config_hash": cfg_hash,
+        "libraries": library_versions(),
+        "decoders": _decoders(),
+        "format": job.pack.format,
+        "sample_schema": _sample_schema(samples),
+        "label_map": label_map,
+        "splits": _split_summary(by_split, plans, written),
+        "inputs": {"files": inputs, "samples": len(samples)},
+        "bad_samples": summarize_issues(issues, inputs=inputs, max_fraction=job.max_bad_fraction),
+        "audit": {"split": audit.to_json()},
+        "index": index_entry,
+    }
+    manifest = seal_manifest(body)
+    version_dir = dataset_root / manifest["version"]
+    reused = _publish(staging, version_dir, manifest)
+    _prune_cache(cache_dir, {c.key for c in chunks}, keep=options.keep_cache)
+    registry_copy = None
+    if job.registry is not None:
+        registry_copy = job.registry / job.name / f"{manifest['version']}.json"
+        write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
+    return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
+                       manifest=_read_json(version_dir / MANIFEST_FILE),
+                       issues=tuple(sorted(issues, key=lambda i: (i.path, i.sample_id))), reused=reused,
+                       registry_copy=registry_copy, executor=description,
+                       files_decoded=sum(c.files for c in chunks if not c.reused))
+
+
+def _decoders() -> dict[str, str]:
+    from packer.read.dicom import decoder_table
+
+    return dict(sorted(decoder_table().items()))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _recorded_hash(path: Path) -> str | None:
+    """The dataset_hash an existing manifest records, or None if absent or unreadable."""
+    try:
+        return str(_read_json(path).get("dataset_hash"))
+    except (OSError, ValueError):
+        return None
+
+
+def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool:
+    """Move the staged files into the version folder and write the manifest last.
+
+    Returns True when the version folder already held this exact dataset (nothing replaced).
+    """
+    if _recorded_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
+        shutil.rmtree(staging)
+        return True
+    if version_dir.exists():  # incomplete or damaged: a folder without a valid manifest is not a dataset
+        shutil.rmtree(version_dir)
+    staging.rename(version_dir)
+    write_manifest(version_dir, manifest)
+    return False
+
+
+def _prune_cache(cache_dir: Path, used: set[str], *, keep: bool) -> None:
+    """Drop cache entries this build did not use (or all of them when not keeping the cache)."""
+    for path in cache_dir.iterdir():
+        if not keep or path.name.split(".")[0] not in used:
+            path.unlink()
+    if not keep:
+        cache_dir.rmdir()
+
+
+def write_manifest_copy(target: Path, manifest_file: Path) -> None:
+    """Copy a manifest into the registry folder (``manifests/<name>/<version>.json``).
+
+    An existing copy of the same dataset is left alone, so a rebuild does not churn the
+    committed registry with a new ``created_at``.
+    """
+    if _recorded_hash(target) == _recorded_hash(manifest_file):
+        return
+    with atomic_output(target) as fh:
+        fh.write(manifest_file.read_bytes())
+
+
+def check_bad_fraction(result: BuildResult) -> None:
+    """Raise BadFractionError (exit 3) when the bad fraction exceeds the job's threshold."""
+    bad = result.manifest["bad_samples"]
+    if result.over_threshold:
+        raise BadFractionError(
+            f"{bad['total']} of {result.manifest['inputs']['files']} input files are bad "
+            f"({bad['fraction']:.1%} > max_bad_fraction {bad['max_fraction']:.1%}); "
+            f"see {result.version_dir / bad['report']}")

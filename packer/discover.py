@@ -1,0 +1,224 @@
+"""Discover: list every raw file of every source in a stable order and attach label, entity, time.
+
+This is the client side of the header pass. It lists files (sorted, so the listing order of
+the file system never matters), reads the label tables, and produces one unprobed
+:class:`SampleRef` per file, or an :class:`Issue` for a table row whose file is missing.
+``probe_ref`` (run on workers) then reads headers and fills in what only the file knows.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import posixpath
+from dataclasses import dataclass, replace
+from datetime import date, datetime
+from pathlib import Path
+
+from packer.config import JobConfig, SourceConfig
+from packer.errors import ConfigError
+from packer.records import Issue, SampleRef, safe_key
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+_DICM_OFFSET = 128
+
+
+def make_sample_id(source: str, relpath: str) -> str:
+    """A stable, tar-safe sample id: source name plus 16 hex of sha256(relpath)."""
+    return f"{safe_key(source)}-{hashlib.sha256(relpath.encode()).hexdigest()[:16]}"
+
+
+def _walk_sorted(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(Path(folder) / name for name in sorted(files) if not name.startswith("."))
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _has_dicm_preamble(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_DICM_OFFSET + 4)
+    except OSError:
+        return False
+    return head[_DICM_OFFSET:] == b"DICM"
+
+
+def list_dicom_files(root: Path) -> list[Path]:
+    """Every ``*.dcm`` under ``root`` plus extension-less or other files with the DICM preamble."""
+    out = []
+    for path in _walk_sorted(root):
+        suffix = path.suffix.lower()
+        if suffix == ".dcm" or (suffix not in {".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES}
+                                and _has_dicm_preamble(path)):
+            out.append(path)
+    return out
+
+
+def list_image_files(root: Path) -> list[Path]:
+    """Every file under ``root`` with an image suffix (png, jpg/jpeg, tif/tiff, bmp)."""
+    return [p for p in _walk_sorted(root) if p.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def normalize_time(value: str | None) -> str | None:
+    """An ISO date or datetime string, or None when empty or unreadable."""
+    if value is None or not str(value).strip():
+        return None
+    text = str(value).strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+        return datetime.fromisoformat(text).replace(tzinfo=None).isoformat()
+    except ValueError:
+        return None
+
+
+def _relpath(raw: str, table: Path, row: int) -> str:
+    text = raw.strip().replace("\\", "/")
+    norm = posixpath.normpath(text)
+    if not text or norm.startswith("../") or norm == ".." or posixpath.isabs(norm):
+        raise ConfigError(f"{table}: row {row}, column 'path': {raw!r} must be a path inside the source root "
+                          "(relative, no '..')")
+    return norm
+
+
+@dataclass(frozen=True)
+class TableRow:
+    row: int
+    label: str | None
+    entity: str | None
+    time: str | None
+    raw_time: str | None
+    extra: tuple[tuple[str, str], ...]
+
+
+def read_table(path: Path, *, required: tuple[str, ...], entity_column: str | None = None,
+               time_column: str | None = None) -> dict[str, TableRow]:
+    """Read a CSV keyed by its ``path`` column (relative to the source root).
+
+    Raises ConfigError for an unreadable file, a missing column or a duplicated path.
+    """
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            columns = reader.fieldnames or []
+            missing = [c for c in required if c not in columns]
+            if missing:
+                raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; the header row has "
+                                  f"{', '.join(columns) or 'nothing'}")
+            rows: dict[str, TableRow] = {}
+            fixed = {"path", "label", entity_column, time_column}
+            for number, record in enumerate(reader, start=2):
+                rel = _relpath(record.get("path") or "", path, number)
+                if rel in rows:
+                    raise ConfigError(f"{path}: row {number}, column 'path': {rel!r} is listed twice "
+                                      f"(first on row {rows[rel].row}); keep one row per file")
+                raw_time = (record.get(time_column) or "").strip() if time_column else None
+                rows[rel] = TableRow(
+                    row=number,
+                    label=(record.get("label") or "").strip() or None,
+                    entity=((record.get(entity_column) or "").strip() or None) if entity_column else None,
+                    time=normalize_time(raw_time),
+                    raw_time=raw_time or None,
+                    extra=tuple(sorted((k, v or "") for k, v in record.items()
+                                       if k is not None and k not in fixed)),
+                )
+            return rows
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the table as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the table ({err.strerror})") from err
+
+
+def _source_refs(source: SourceConfig) -> tuple[list[SampleRef], list[Issue]]:
+    if not source.root.is_dir():
+        raise ConfigError(f"sources.{source.name}.root: folder {source.root} does not exist "
+                          f"(root: {source.root_spec!r}, relative to the job file)")
+    refs: list[SampleRef] = []
+    issues: list[Issue] = []
+    if source.kind == "dicom":
+        labels = read_table(source.labels, required=("path", "label")) if source.labels else {}
+        files = list_dicom_files(source.root)
+        seen = set()
+        for path in files:
+            rel = path.relative_to(source.root).as_posix()
+            seen.add(rel)
+            row = labels.get(rel)
+            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel), source=source.name, kind="dicom",
+                                  path=str(path), relpath=rel, label=row.label if row else None))
+        table_path = source.labels
+    else:
+        if source.table is None:  # parse_job guarantees a table; keep the type checker honest
+            raise ConfigError(f"sources.{source.name}.table: image sources need a table")
+        time_column = source.time[0]
+        labels = read_table(source.table, required=("path", "label", source.entity),
+                            entity_column=source.entity, time_column=time_column)
+        seen = set()
+        for path in list_image_files(source.root):
+            rel = path.relative_to(source.root).as_posix()
+            seen.add(rel)
+            row = labels.get(rel)
+            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel), source=source.name, kind="image",
+                                  path=str(path), relpath=rel,
+                                  label=row.label if row else None, entity=row.entity if row else None,
+                                  time=row.time if row else None, extra=row.extra if row else ()))
+        table_path = source.table
+    for rel, row in sorted(labels.items()):
+        if rel not in seen:
+            missing = source.root / rel
+            issues.append(Issue(sample_id=make_sample_id(source.name, rel), path=str(missing), stage="discover",
+                                reason="missing_file",
+                                message=f"{table_path} row {row.row} lists {rel!r}, but {missing} does not exist "
+                                        "(or is not a supported file); fix the path or remove the row"))
+    return refs, issues
+
+
+def discover(job: JobConfig) -> tuple[list[SampleRef], list[Issue]]:
+    """List every source's raw files (sorted by source, then relative path) and table-only issues."""
+    refs: list[SampleRef] = []
+    issues: list[Issue] = []
+    for source in job.sources:
+        source_refs, source_issues = _source_refs(source)
+        refs.extend(source_refs)
+        issues.extend(source_issues)
+    return refs, issues
+
+
+def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
+    """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time."""
+    if ref.label is None:
+        return Issue.of(ref, stage="discover", reason="missing_label",
+                        message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table")
+    if ref.entity is None:
+        return Issue.of(ref, stage="discover", reason="missing_entity",
+                        message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
+    if needs_time and ref.time is None:
+        return Issue.of(ref, stage="discover", reason="missing_time",
+                        message=f"{ref.path}: no readable time, but the job splits by time; "
+                                "give an ISO date (YYYY-MM-DD) for this file")
+    return None
+
+
+def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
+    """Read one file's header (never its pixels) and complete the ref, or say why it is bad.
+
+    DICOM entity and time come from the header; images got theirs from the table. The
+    header read catches unreadable, non-DICOM and pixel-less files before any decoding.
+    """
+    from packer.read.dicom import probe_dicom
+    from packer.read.image import probe_image
+
+    source = next(s for s in job.sources if s.name == ref.source)
+    if ref.kind == "dicom":
+        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time)
+        if isinstance(header, Issue):
+            return header
+        ref = replace(ref, entity=header.entity, time=header.time)
+    else:
+        image_header = probe_image(ref)
+        if isinstance(image_header, Issue):
+            return image_header
+    problem = check_identity(ref, needs_time=job.split.by == "time")
+    return problem if problem is not None else ref

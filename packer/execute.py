@@ -1,0 +1,78 @@
+"""Run stage tasks on dask: a local cluster by default, an existing scheduler, or in-process.
+
+This is the only module that imports dask. Tasks are plain top-level functions over
+picklable records; results come back in completion order and callers sort them, so the
+output never depends on which worker finished first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from packer.errors import ConfigError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    """One worker process per core, at most 8 (decoding holds the GIL in places)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class Executor:
+    """Maps a function over items on a dask client, or in-process when ``client`` is None."""
+
+    def __init__(self, client: Any | None, description: str) -> None:
+        self.client = client
+        self.description = description
+
+    def map_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        items = list(items)
+        if self.client is None:
+            for item in items:
+                yield fn(item)
+            return
+        from distributed import as_completed
+
+        futures = self.client.map(fn, items, pure=False)
+        for future in as_completed(futures):
+            yield future.result()
+            future.release()
+
+
+@contextlib.contextmanager
+def open_executor(scheduler: str | None = None, workers: int | None = None) -> Iterator[Executor]:
+    """``scheduler``: None → LocalCluster of ``workers`` processes; ``"sync"`` → in-process;
+    ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster."""
+    if scheduler == "sync":
+        yield Executor(None, "in-process (sync)")
+        return
+    from distributed import Client, LocalCluster
+
+    if scheduler is None:
+        n = workers or default_workers()
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.ERROR)
+        client = Client(cluster)
+        try:
+            yield Executor(client, f"local dask cluster, {n} worker process(es)")
+        finally:
+            client.close()
+            cluster.close()
+        return
+    try:
+        client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
+                  else Client(scheduler, timeout="30s"))
+    except OSError as err:
+        raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
+                          "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
+    try:
+        dashboard = getattr(client, "dashboard_link", None)
+        yield Executor(client, f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else ""))
+    finally:
+        client.close()

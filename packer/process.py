@@ -1,0 +1,204 @@
+"""Process: the pixel pass. Decode, validate and transform each raw file once, spill the result.
+
+A dask task takes a chunk of raw files, reads each header (identity: entity, time, label),
+decodes and transforms the pixels, and appends every sample's bytes to one spill file in
+the build cache. Only small records (:class:`SpilledSample`, :class:`Issue`) go back to the
+client. Splitting and shard planning then work on exact sizes and content hashes, and the
+pack pass copies bytes out of the spill files without decoding anything again.
+
+The spill files are a cache: a chunk's key covers packer and library versions, the parts of
+the job that shape samples, and each file's path, size, mtime and table values, so a
+re-run (``--resume`` after a crash, or a build after adding files) decodes only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packer.config import JobConfig
+from packer.discover import probe_ref
+from packer.pack.encode import canonical_json
+from packer.pack.writer import atomic_output
+from packer.read import read_sample
+from packer.records import Issue, SampleRef
+from packer.validate import find_sample_issue
+
+CACHE_FORMAT = 1
+#: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
+#: a file changes only its own chunk's key), or at MAX_CHUNK files.
+BOUNDARY = 32
+MAX_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class SpilledSample:
+    """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON."""
+
+    key: str
+    ref: SampleRef
+    spill: str
+    offset: int
+    pixel_bytes: int
+    meta_bytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    sha256: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.pixel_bytes + self.meta_bytes
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    key: str
+    refs: tuple[SampleRef, ...]
+    job: JobConfig
+    cache_dir: str
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    key: str
+    samples: tuple[SpilledSample, ...]
+    issues: tuple[Issue, ...]
+    files: int
+    reused: bool = False
+
+
+def chunk_refs(refs: Sequence[SampleRef]) -> list[tuple[SampleRef, ...]]:
+    """Cut the sorted ref list into chunks with content-defined boundaries."""
+    chunks: list[tuple[SampleRef, ...]] = []
+    current: list[SampleRef] = []
+    for ref in refs:
+        current.append(ref)
+        hit = int(hashlib.sha256(ref.sample_id.encode()).hexdigest()[:8], 16) % BOUNDARY == 0
+        if hit or len(current) >= MAX_CHUNK:
+            chunks.append(tuple(current))
+            current = []
+    if current:
+        chunks.append(tuple(current))
+    return chunks
+
+
+def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
+    """The parts of the job that change what a raw file turns into (not split ratios or packing)."""
+    identity = job.identity()
+    return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by}
+
+
+def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str]) -> str:
+    """Cache key of a chunk: format, library versions, sample-shaping config, and per file its
+    path, size, mtime and table values. Files that cannot be stat'ed key as missing."""
+    files = []
+    for ref in refs:
+        try:
+            stat = os.stat(ref.path)
+            fingerprint: list[Any] = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            fingerprint = ["missing"]
+        files.append([asdict(ref), fingerprint])
+    payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
+               "files": files}
+    return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
+
+
+def _ref_from_json(data: dict[str, Any]) -> SampleRef:
+    return SampleRef(**{**data, "extra": tuple(tuple(pair) for pair in data.get("extra", ()))})
+
+
+def _records_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"{key}.json"
+
+
+def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
+    """The chunk's records if both its spill and records files are complete, else None."""
+    records = _records_path(cache_dir, key)
+    spill = cache_dir / f"{key}.spill"
+    if not (records.is_file() and spill.is_file()):
+        return None
+    try:
+        data = json.loads(records.read_text(encoding="utf-8"))
+        if data.get("spill_bytes") != spill.stat().st_size:
+            return None
+        samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
+                        for s in data["samples"])
+        issues = tuple(Issue(**i) for i in data["issues"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged cache entry is simply recomputed
+    return ChunkResult(key=key, samples=samples, issues=issues, files=data["files"], reused=True)
+
+
+def _samples_of(ref: SampleRef, job: JobConfig) -> Iterator[Any] | Issue:
+    probed = probe_ref(ref, job)
+    if isinstance(probed, Issue):
+        return probed
+    result = read_sample(probed, job)
+    if isinstance(result, Issue):
+        return result
+    for sample in result:
+        problem = find_sample_issue(sample, job)
+        if problem is not None:
+            return problem  # one record per raw file: its first defect
+    return iter(result)
+
+
+def process_chunk(task: ChunkTask) -> ChunkResult:
+    """Dask task: header, decode, validate and transform every file of a chunk; spill the bytes.
+
+    Reuses the cache entry when one with the same key is complete.
+    """
+    cache_dir = Path(task.cache_dir)
+    cached = load_cached_chunk(cache_dir, task.key)
+    if cached is not None:
+        return cached
+    spill_name = f"{task.key}.spill"
+    samples: list[SpilledSample] = []
+    issues: list[Issue] = []
+    with atomic_output(cache_dir / spill_name) as fh:
+        offset = 0
+        for ref in task.refs:
+            outcome = _samples_of(ref, task.job)
+            if isinstance(outcome, Issue):
+                issues.append(outcome)
+                continue
+            for sample in outcome:
+                image = sample.image
+                pixels = image.tobytes(order="C")
+                meta = canonical_json(sample.metadata)
+                fh.write(pixels)
+                fh.write(meta)
+                samples.append(SpilledSample(
+                    key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
+                    meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
+                    dtype=image.dtype.name, sha256=hashlib.sha256(pixels).hexdigest()))
+                offset += len(pixels) + len(meta)
+        spill_bytes = offset
+    record = {"files": len(task.refs), "spill_bytes": spill_bytes,
+              "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
+    with atomic_output(_records_path(cache_dir, task.key)) as fh:
+        fh.write(canonical_json(record))
+    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
+
+
+def read_spilled(cache_dir: Path, sample: SpilledSample,
+                 handles: dict[str, BinaryIO] | None = None) -> tuple[bytes, dict[str, Any]]:
+    """The pixel bytes and metadata of one spilled sample; ``handles`` caches open files."""
+    handles = {} if handles is None else handles
+    fh = handles.get(sample.spill)
+    if fh is None:
+        fh = handles[sample.spill] = open(cache_dir / sample.spill, "rb")  # noqa: SIM115 - closed by the caller
+    fh.seek(sample.offset)
+    pixels = fh.read(sample.pixel_bytes)
+    meta = fh.read(sample.meta_bytes)
+    if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes:
+        raise OSError(f"{cache_dir / sample.spill}: spill file is shorter than its records say; "
+                      "delete the build cache folder and rebuild")
+    metadata: dict[str, Any] = json.loads(meta)
+    return pixels, metadata

@@ -1,0 +1,57 @@
+"""Report: write the bad-sample records as ``bad_samples.jsonl`` and summarise them.
+
+The report names raw paths, which in hospital exports often carry names or record numbers:
+it stays next to the shards for the people who built them and is not hashed into the
+dataset's identity.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from packer.pack.writer import atomic_output
+from packer.records import Issue
+from packer.schemas import load_schema
+
+REPORT_FILE = "bad_samples.jsonl"
+
+
+def sort_issues(issues: Iterable[Issue]) -> list[Issue]:
+    """Deterministic report order: by path, then sample id, then stage."""
+    return sorted(issues, key=lambda i: (i.path, i.sample_id, i.stage, i.reason))
+
+
+def write_bad_samples(folder: Path, issues: Iterable[Issue]) -> Path:
+    """Write one schema-valid JSON record per line; raises if a record breaks the schema."""
+    validator = jsonschema.Draft202012Validator(load_schema("bad_sample"))
+    path = folder / REPORT_FILE
+    with atomic_output(path) as fh:
+        for issue in sort_issues(issues):
+            record = issue.to_json()
+            validator.validate(record)
+            fh.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return path
+
+
+def read_bad_samples(path: Path) -> list[dict[str, str]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def summarize_issues(issues: Iterable[Issue], *, inputs: int, max_fraction: float) -> dict[str, Any]:
+    """Counts by reason and stage, and the bad fraction of the discovered inputs."""
+    issues = list(issues)
+    return {
+        "total": len(issues),
+        "fraction": round(len(issues) / inputs, 6) if inputs else 0.0,
+        "max_fraction": max_fraction,
+        "by_reason": dict(sorted(Counter(i.reason for i in issues).items())),
+        "by_stage": dict(sorted(Counter(i.stage for i in issues).items())),
+        "report": REPORT_FILE,
+    }

@@ -1,0 +1,147 @@
+"""packer build end to end on the generated demo tree: planted defects, hashes, formats."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pyarrow.dataset as pads
+import pytest
+import webdataset as wds
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.config import load_job
+from packer.report import read_bad_samples
+from packer.schemas import load_schema
+from tests.conftest import demo_job_doc, write_job
+
+
+def run(demo_raw: Any, tmp_path: Path, *, scheduler: str | None = "sync", workers: int | None = None,
+        **overrides: Any) -> BuildResult:
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out", **overrides)))
+    return build(job, BuildOptions(scheduler=scheduler, workers=workers, quiet=True))
+
+
+@pytest.fixture(scope="module")
+def demo_build(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    return run(demo_raw, tmp_path_factory.mktemp("build"))
+
+
+def shard_digests(result: BuildResult) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(result.version_dir.iterdir())
+            if p.suffix in {".tar", ".parquet"} and p.name.split("-")[0] in ("train", "valid", "test")}
+
+
+def test_every_planted_defect_is_reported_under_its_reason_and_nothing_else(demo_raw: Any,
+                                                                            demo_build: BuildResult) -> None:
+    records = read_bad_samples(demo_build.version_dir / "bad_samples.jsonl")
+    found = {str(Path(r["path"]).relative_to(demo_raw.root)): r["reason"] for r in records}
+    assert found == {d.relpath: d.reason for d in demo_raw.defects}
+    validator = jsonschema.Draft202012Validator(load_schema("bad_sample"))
+    for record in records:
+        validator.validate(record)
+        assert record["message"]
+
+
+def test_manifest_is_valid_and_agrees_with_the_files(demo_raw: Any, demo_build: BuildResult) -> None:
+    manifest = json.loads(demo_build.manifest_path.read_text())
+    jsonschema.Draft202012Validator(load_schema("manifest")).validate(manifest)
+    assert demo_build.version_dir.name == manifest["version"] == manifest["dataset_hash"][:12]
+    digests = shard_digests(demo_build)
+    listed = {s["file"]: s for split in manifest["splits"].values() for s in split["shards"]}
+    assert set(listed) == set(digests)
+    for name, entry in listed.items():
+        assert entry["sha256"] == digests[name]
+        assert entry["bytes"] == (demo_build.version_dir / name).stat().st_size
+    total = sum(s["samples"] for s in manifest["splits"].values())
+    assert total == manifest["inputs"]["samples"] == manifest["index"]["rows"]
+    assert manifest["bad_samples"]["total"] == len(demo_raw.defects)
+    assert manifest["bad_samples"]["by_reason"] == dict(sorted(
+        {r: sum(d.reason == r for d in demo_raw.defects) for r in {d.reason for d in demo_raw.defects}}.items()))
+    assert manifest["sample_schema"]["dtype"] == "uint8"
+    assert set(manifest["label_map"]) >= {"normal", "nodule"}
+    assert manifest["audit"]["split"]["passed"] is True
+    assert all(manifest["splits"][s]["samples"] > 0 for s in ("train", "valid", "test"))
+
+
+def test_no_entity_is_in_two_splits(demo_build: BuildResult) -> None:
+    seen: dict[str, str] = {}
+    for tar in sorted(demo_build.version_dir.glob("*.tar")):
+        for sample in wds.WebDataset(str(tar), shardshuffle=False).decode():
+            info = sample["json"]
+            assert seen.setdefault(info["entity_id"], info["split"]) == info["split"]
+            assert tar.name.startswith(info["split"])
+
+
+def test_stock_webdataset_reads_the_demo_as_chw_uint8(demo_build: BuildResult) -> None:
+    manifest = demo_build.manifest
+    inverse = {v: k for k, v in manifest["label_map"].items()}
+    count = 0
+    for tar in sorted(demo_build.version_dir.glob("*.tar")):
+        for sample in wds.WebDataset(str(tar), shardshuffle=False).decode():
+            image = sample["npy"]
+            assert image.dtype.name == "uint8" and image.ndim == 3 and image.shape[1:] == (64, 64)
+            assert image.shape[0] == (2 if sample["json"]["kind"] == "dicom" else 3)
+            assert inverse[sample["cls"]] == sample["json"]["label"]
+            count += 1
+    assert count == manifest["inputs"]["samples"]
+
+
+def test_same_inputs_give_the_same_hash_and_bytes_whatever_the_workers(demo_raw: Any, demo_build: BuildResult,
+                                                                       tmp_path: Path) -> None:
+    again = run(demo_raw, tmp_path, scheduler=None, workers=2)
+    assert again.manifest["dataset_hash"] == demo_build.manifest["dataset_hash"]
+    assert shard_digests(again) == shard_digests(demo_build)
+    assert (again.version_dir / "_index.parquet").read_bytes() == (demo_build.version_dir / "_index.parquet").read_bytes()
+
+
+def test_rebuilding_an_existing_version_is_a_no_op(demo_raw: Any, tmp_path: Path) -> None:
+    first = run(demo_raw, tmp_path)
+    stamp = first.manifest_path.stat().st_mtime_ns
+    second = run(demo_raw, tmp_path)
+    assert second.reused and not first.reused
+    assert second.manifest_path.stat().st_mtime_ns == stamp
+    assert not list((tmp_path / "out" / "demo").glob(".staging-*"))
+
+
+def test_config_change_changes_the_hash(demo_raw: Any, demo_build: BuildResult, tmp_path: Path) -> None:
+    other = run(demo_raw, tmp_path, split={"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1},
+                                            "seed": 18})
+    assert other.manifest["dataset_hash"] != demo_build.manifest["dataset_hash"]
+
+
+def test_parquet_shards_read_with_pyarrow(demo_raw: Any, tmp_path: Path) -> None:
+    result = run(demo_raw, tmp_path, pack={"format": "parquet", "max_samples": 32})
+    files = sorted(str(p) for split in ("train", "valid", "test") for p in result.version_dir.glob(f"{split}-*.parquet"))
+    table = pads.dataset(files, format="parquet").to_table()
+    assert table.num_rows == result.manifest["inputs"]["samples"]
+    row = table.slice(0, 1).to_pylist()[0]
+    assert len(row["image"]) == row["shape"][0] * row["shape"][1] * row["shape"][2]
+    assert hashlib.sha256(row["image"]).hexdigest() == row["sha256"]
+
+
+def test_time_split_keeps_time_order_per_entity(demo_raw: Any, tmp_path: Path) -> None:
+    result = run(demo_raw, tmp_path, split={"by": "time", "cutoffs": {"valid": "2024-03-01", "test": "2024-09-01"}})
+    audit = result.manifest["audit"]["split"]
+    assert audit["passed"] and audit["entity_overlap"] == {}
+    assert sum(s["samples"] for s in result.manifest["splits"].values()) == result.manifest["inputs"]["samples"]
+
+
+def test_a_second_build_reuses_the_cache_and_decodes_only_changed_files(demo_raw: Any, tmp_path: Path) -> None:
+    import shutil
+
+    raw = tmp_path / "raw"
+    shutil.copytree(demo_raw.root, raw)
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(raw, tmp_path / "out")))
+    first = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert first.files_decoded == first.manifest["inputs"]["files"] - 1  # the missing file is never decoded
+    again = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert again.files_decoded == 0 and again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+    photo = next(raw.glob("photos/*/01.png"))
+    photo.write_bytes(photo.read_bytes())  # same bytes, new mtime: that chunk is redone, nothing else
+    third = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert 1 <= third.files_decoded < 130 and third.manifest["dataset_hash"] == first.manifest["dataset_hash"]
