@@ -7,39 +7,13 @@ failure (a shard or manifest does not match its hash).
 
 from __future__ import annotations
 
-import sys
-import traceback
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from packer import __version__
-from packer.errors import PackerError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _exits(fn: F) -> F:
-    """Turn the project's exceptions into their documented exit codes at the CLI boundary."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PackerError as err:
-            click.echo(f"packer: error: {err}", err=True)
-            sys.exit(err.exit_code)
-        except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
-            raise
-        except Exception:  # noqa: BLE001 - the CLI boundary: show the bug, exit 1
-            click.echo("packer: internal error (please report it with the traceback below)", err=True)
-            traceback.print_exc()
-            sys.exit(1)
-
-    return wrapper  # type: ignore[return-value]
+from packer.commands import exits
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -89,7 +63,7 @@ def _print_summary(result: Any) -> None:
               help="Run on an existing dask.distributed scheduler (tcp://host:port or a scheduler file), "
                    "or 'sync' to run in-process for debugging.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final summary.")
-@_exits
+@exits
 def build(job: Path, out: Path | None, workers: int | None, scheduler: str | None, quiet: bool) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
@@ -111,7 +85,7 @@ def build(job: Path, out: Path | None, workers: int | None, scheduler: str | Non
 @main.command("demo-data")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: the same seed writes the same bytes.")
-@_exits
+@exits
 def demo_data(directory: Path, seed: int) -> None:
     """Write a small seeded raw tree into DIRECTORY: CT-like DICOM series (including MONOCHROME1,
     multi-frame and RLE-compressed files), labelled photos, and planted broken files that the
