@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
+from packer.audit import audit_assignment, raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
 from packer.discover import discover
 from packer.errors import BadFractionError
@@ -34,6 +35,7 @@ from packer.manifest import (
     seal_manifest,
     write_index,
     write_manifest,
+    write_splits_table,
 )
 from packer.pack.assemble import ShardTask, write_shard
 from packer.pack.plan import ShardPlan, plan_shards
@@ -42,7 +44,7 @@ from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chu
 from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
-from packer.split import assign_splits, audit_splits, raise_on_leakage
+from packer.split import assign_splits, near_edges
 
 CACHE_DIR = ".cache"
 
@@ -156,14 +158,19 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
         issues.extend(i for c in chunks for i in c.issues)
 
-        assignment = assign_splits([s.ref for s in samples], job.split)
-        audit = audit_splits([s.ref for s in samples], assignment)
-        raise_on_leakage(audit)
+        edges = near_edges(samples, job.split)
+        assignment = assign_splits(samples, job.split, edges)
+        audit = audit_assignment(samples, assignment, job.split, edges)
+        if audit.failed:
+            write_leakage(dataset_root, audit)
+            raise_on_leakage(audit)
+        issues.extend(assignment.dropped)
+        samples = [s for s in samples if s.key in assignment.split]
         label_map = {name: index for index, name in enumerate(sorted({s.ref.label for s in samples}))}  # type: ignore[type-var]
 
         by_split: dict[str, list[SpilledSample]] = defaultdict(list)
         for sample in samples:
-            by_split[assignment[sample.ref.sample_id]].append(sample)
+            by_split[assignment.split[sample.key]].append(sample)
         plans = [plan for split in SPLITS
                  for plan in plan_shards(by_split.get(split, []), split=split, fmt=job.pack.format,
                                          max_samples=job.pack.max_samples, max_bytes=job.pack.max_bytes)]
@@ -175,6 +182,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
 
     rows = [row for plan in plans for row in written[plan.file].rows]
     index_entry = write_index(staging, rows)
+    splits_entry = write_splits_table(staging, samples, assignment)
+    write_leakage(staging, audit)
     write_bad_samples(staging, issues)
     body = {
         "format_version": FORMAT_VERSION,
@@ -190,8 +199,9 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         "splits": _split_summary(by_split, plans, written),
         "inputs": {"files": inputs, "samples": len(samples)},
         "bad_samples": summarize_issues(issues, inputs=inputs, max_fraction=job.max_bad_fraction),
-        "audit": {"split": audit.to_json()},
+        "audit": audit.to_json(listed=False),
         "index": index_entry,
+        "splits_table": splits_entry,
     }
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]

@@ -83,15 +83,32 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class SplitConfig:
+    """How samples are assigned to splits and audited for leakage (see ``packer.split``)."""
+
     by: str
     ratios: tuple[tuple[str, float], ...]
     seed: int
     cutoffs: tuple[tuple[str, str], ...] = ()
+    stratify: str | None = None
+    entity_policy: str = "first_seen"
+    folds: int | None = None
+    pinned: Path | None = None
+    pinned_spec: str | None = None
+    duplicates: str = "group"
+    near_enabled: bool = True
+    near_threshold: int = 4
+    near_max_cross_split: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"by": self.by, "ratios": dict(self.ratios), "seed": self.seed}
-        if self.cutoffs:
+        out: dict[str, Any] = {
+            "by": self.by, "ratios": dict(self.ratios), "seed": self.seed, "stratify": self.stratify,
+            "folds": self.folds, "pinned": self.pinned_spec, "duplicates": self.duplicates,
+            "near_duplicates": {"enabled": self.near_enabled, "threshold": self.near_threshold,
+                                "max_cross_split": self.near_max_cross_split},
+        }
+        if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
+            out["entity_policy"] = self.entity_policy
         return out
 
 
@@ -230,7 +247,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     )
 
 
-def _parse_split(raw: dict[str, Any]) -> SplitConfig:
+def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     by = raw["by"]
     ratios = raw.get("ratios", {"train": 0.8, "valid": 0.1, "test": 0.1})
     total = sum(ratios.values())
@@ -251,7 +268,21 @@ def _parse_split(raw: dict[str, Any]) -> SplitConfig:
             raise ConfigError("split.cutoffs: the valid cutoff must not come after the test cutoff")
         cutoffs = tuple(sorted(parsed.items()))
     ordered = tuple((s, float(ratios.get(s, 0.0))) for s in SPLITS)
-    return SplitConfig(by=by, ratios=ordered, seed=int(raw.get("seed", 0)), cutoffs=cutoffs)
+    if "entity_policy" in raw and by != "time":
+        raise ConfigError("split.entity_policy: only meaningful with 'by: time'")
+    near = raw.get("near_duplicates") or {}
+    return SplitConfig(
+        by=by, ratios=ordered, seed=int(raw.get("seed", 0)), cutoffs=cutoffs,
+        stratify=raw.get("stratify"),
+        entity_policy=raw.get("entity_policy", "first_seen"),
+        folds=raw.get("folds"),
+        pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
+        pinned_spec=raw.get("pinned"),
+        duplicates=raw.get("duplicates", "group"),
+        near_enabled=bool(near.get("enabled", True)),
+        near_threshold=int(near.get("threshold", 4)),
+        near_max_cross_split=int(near.get("max_cross_split", 0)),
+    )
 
 
 def _size(raw: Any) -> tuple[int, int] | None:
@@ -309,7 +340,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     return JobConfig(
         name=doc["name"],
         sources=sources,
-        split=_parse_split(doc["split"]),
+        split=_parse_split(doc["split"], base),
         dicom=dicom,
         image=image,
         pack=pack,

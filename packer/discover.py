@@ -127,7 +127,8 @@ def read_table(path: Path, *, required: tuple[str, ...], entity_column: str | No
                 )
             return rows
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the table as UTF-8") from err
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "save the table as UTF-8") from err
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the table ({err.strerror})") from err
 

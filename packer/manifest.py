@@ -28,6 +28,7 @@ from packer.schemas import load_schema
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 INDEX_FILE = "_index.parquet"
+SPLITS_FILE = "_splits.parquet"
 _UNHASHED = ("created_at", "version", "dataset_hash")
 _BYTE_SHAPING = ("numpy", "opencv-python-headless", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
                  "pylibjpeg-openjpeg", "pylibjpeg-rle", "pyarrow")
@@ -126,3 +127,27 @@ def write_index(folder: Path, rows: Iterable[IndexRow]) -> dict[str, Any]:
         pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
     size, digest = sha256_file(path)
     return {"file": INDEX_FILE, "bytes": size, "sha256": digest, "rows": table.num_rows}
+
+
+SPLITS_SCHEMA = pa.schema([
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("sample_id", pa.string(), nullable=False),
+    pa.field("entity_id", pa.string(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("fold", pa.int32(), nullable=True),
+    pa.field("time", pa.string(), nullable=True),
+    pa.field("label", pa.string(), nullable=False),
+])
+
+
+def write_splits_table(folder: Path, samples: Iterable[Any], assignment: Any) -> dict[str, Any]:
+    """Write ``_splits.parquet``: the per-sample split (and fold) assignment, sorted by key."""
+    records = [{"key": s.key, "sample_id": s.ref.sample_id, "entity_id": s.ref.entity,
+                "split": assignment.split[s.key], "fold": assignment.fold.get(s.key), "time": s.ref.time,
+                "label": s.ref.label} for s in sorted(samples, key=lambda s: s.key)]
+    table = pa.Table.from_pylist(records, schema=SPLITS_SCHEMA)
+    path = folder / SPLITS_FILE
+    with atomic_output(path) as fh:
+        pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
+    size, digest = sha256_file(path)
+    return {"file": SPLITS_FILE, "bytes": size, "sha256": digest, "rows": table.num_rows}

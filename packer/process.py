@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from packer.config import JobConfig
+from packer.dedup import dhash
 from packer.discover import probe_ref
 from packer.pack.encode import canonical_json
 from packer.pack.writer import atomic_output
@@ -29,7 +30,7 @@ from packer.read import read_sample
 from packer.records import Issue, SampleRef
 from packer.validate import find_sample_issue
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
@@ -49,6 +50,7 @@ class SpilledSample:
     shape: tuple[int, ...]
     dtype: str
     sha256: str
+    dhash: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -177,7 +179,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 samples.append(SpilledSample(
                     key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
                     meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
-                    dtype=image.dtype.name, sha256=hashlib.sha256(pixels).hexdigest()))
+                    dtype=image.dtype.name, sha256=hashlib.sha256(pixels).hexdigest(), dhash=dhash(image)))
                 offset += len(pixels) + len(meta)
         spill_bytes = offset
     record = {"files": len(task.refs), "spill_bytes": spill_bytes,

@@ -29,6 +29,7 @@ REASONS = (
     "missing_label",
     "missing_entity",
     "missing_time",
+    "straddles_cutoff",
     "missing_file",
     "missing_window",
     "unsupported",

@@ -1,22 +1,37 @@
-"""Split: assign every sample to train/valid/test by entity or by time, then audit the result.
+"""Split: assign every sample to train/valid/test (and a fold), grouped so nothing leaks.
 
-By entity, a sample's split is a pure function of (seed, entity id, ratios): the entity id is
-hashed to a number in [0, 1) and compared with the cumulative ratios. Input order never
-matters and adding entities never moves an existing one. By time, each entity goes where
-its first record falls relative to the cutoffs (``first_seen``), so an entity never
-straddles two splits. The audit re-checks the final assignment independently.
+Samples are first joined into *split groups* with union-find: all samples of one entity,
+and (with ``duplicates: group``, the default) every exact or near duplicate cluster. A
+group then goes to one split:
+
+- ``by: entity``: the group's smallest entity id is hashed with the seed to a number in
+  [0, 1) and compared with the cumulative ratios. Input order never matters and adding
+  entities never moves an existing one (unless a new duplicate links two old groups).
+  ``stratify: label`` instead assigns groups greedily to the split whose label quotas are
+  most behind (deterministic for a seed, not stable under growth).
+- ``by: time``: the group goes where its earliest record falls; with
+  ``entity_policy: drop_straddlers`` records falling after a later cutoff are dropped.
+- A pinned table forces entities into splits; a conflict fails the build.
+
+The audit (``packer.audit``) then checks the result from scratch.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from packer.config import SPLITS, SplitConfig
-from packer.errors import LeakageError
-from packer.records import SampleRef
+from packer.dedup import UnionFind, exact_groups, near_duplicate_edges
+from packer.errors import ConfigError
+from packer.process import SpilledSample
+from packer.records import Issue
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -52,65 +67,164 @@ def split_for_time(time: str, cutoffs: Mapping[str, str]) -> str:
     return "train"
 
 
-def assign_splits(refs: Iterable[SampleRef], cfg: SplitConfig) -> dict[str, str]:
-    """Return {sample_id: split} for refs that all carry an entity (and a time when by time)."""
-    refs = list(refs)
-    if cfg.by == "entity":
-        by_entity = {ref.entity for ref in refs}
-        entity_split = {e: split_for_unit(entity_unit(e, cfg.seed), cfg.ratios) for e in by_entity if e is not None}
-    else:
-        first_seen: dict[str, str] = {}
-        for ref in refs:
-            if ref.entity is None or ref.time is None:
-                raise ValueError(f"{ref.path}: reached the time split without entity/time")
-            if ref.entity not in first_seen or ref.time < first_seen[ref.entity]:
-                first_seen[ref.entity] = ref.time
-        cutoffs = dict(cfg.cutoffs)
-        entity_split = {e: split_for_time(t, cutoffs) for e, t in first_seen.items()}
-    return {ref.sample_id: entity_split[ref.entity] for ref in refs if ref.entity is not None}
+@dataclass(frozen=True)
+class SplitGroup:
+    """Samples that must share a split: indices into the sample list, their entities."""
+
+    members: tuple[int, ...]
+    entities: tuple[str, ...]
+
+    @property
+    def representative(self) -> str:
+        return self.entities[0]
 
 
 @dataclass(frozen=True)
-class SplitAudit:
-    """What the audit checked and found; ``entity_overlap`` must be empty."""
+class Assignment:
+    """Per sample key: its split and (for non-test samples, with ``folds``) its fold.
 
-    entities: dict[str, int]
-    entity_overlap: dict[str, tuple[str, ...]]
-    time_ranges: dict[str, tuple[str, str]]
+    ``dropped`` holds the ``straddles_cutoff`` issues of samples left out of every split.
+    """
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "entities_per_split": dict(sorted(self.entities.items())),
-            "entity_overlap": {e: list(s) for e, s in sorted(self.entity_overlap.items())},
-            "time_ranges": {s: list(r) for s, r in sorted(self.time_ranges.items())},
-            "passed": not self.entity_overlap,
-        }
+    split: dict[str, str]
+    fold: dict[str, int]
+    groups: tuple[SplitGroup, ...]
+    dropped: tuple[Issue, ...]
+    pinned: dict[str, str]
 
 
-def audit_splits(refs: Iterable[SampleRef], assignment: Mapping[str, str]) -> SplitAudit:
-    """Check from scratch that no entity appears in two splits; summarise entities and times."""
-    splits_of: dict[str, set[str]] = defaultdict(set)
-    times: dict[str, list[str]] = defaultdict(list)
-    for ref in refs:
-        split = assignment.get(ref.sample_id)
-        if split is None or ref.entity is None:
-            continue
-        splits_of[ref.entity].add(split)
-        if ref.time is not None:
-            times[split].append(ref.time)
-    overlap = {e: tuple(sorted(s, key=SPLITS.index)) for e, s in splits_of.items() if len(s) > 1}
-    entities: dict[str, int] = defaultdict(int)
-    for splits in splits_of.values():
-        for split in splits:
-            entities[split] += 1
-    return SplitAudit(entities=dict(entities), entity_overlap=overlap,
-                      time_ranges={s: (min(t), max(t)) for s, t in times.items()})
+def near_edges(samples: Sequence[SpilledSample], cfg: SplitConfig) -> list[tuple[int, int, int]]:
+    """Near-duplicate edges (i, j, distance) between samples, empty when disabled."""
+    if not cfg.near_enabled or len(samples) < 2:
+        return []
+    hashes = np.array([s.dhash for s in samples], dtype=np.uint64)
+    return near_duplicate_edges(hashes, cfg.near_threshold)
 
 
-def raise_on_leakage(audit: SplitAudit) -> None:
-    """Fail the build naming the entities found in more than one split."""
-    if audit.entity_overlap:
-        shown = ", ".join(f"{e} ({'+'.join(s)})" for e, s in sorted(audit.entity_overlap.items())[:10])
-        more = len(audit.entity_overlap) - 10
-        raise LeakageError(f"split audit: {len(audit.entity_overlap)} entities are in more than one split: {shown}"
-                           + (f" and {more} more" if more > 0 else ""))
+def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
+                  edges: Sequence[tuple[int, int, int]]) -> list[SplitGroup]:
+    """Union-find the samples into split groups (entities, plus duplicates when grouping)."""
+    forest = UnionFind(len(samples))
+    first_of_entity: dict[str, int] = {}
+    for index, sample in enumerate(samples):
+        entity = sample.ref.entity or f"?{sample.key}"
+        forest.union(first_of_entity.setdefault(entity, index), index)
+    if cfg.duplicates == "group":
+        for group in exact_groups([s.sha256 for s in samples]):
+            for a, b in zip(group, group[1:], strict=False):
+                forest.union(a, b)
+        for a, b, _ in edges:
+            forest.union(a, b)
+    members: dict[int, list[int]] = defaultdict(list)
+    for index, root in enumerate(forest.components()):
+        members[root].append(index)
+    return [SplitGroup(members=tuple(m), entities=tuple(sorted({samples[i].ref.entity or "" for i in m})))
+            for _, m in sorted(members.items())]
+
+
+def read_pinned(path: Path) -> dict[str, str]:
+    """Read ``entity,split`` rows; ConfigError naming the row for a bad split or a repeat."""
+    pins: dict[str, str] = {}
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            if not reader.fieldnames or {"entity", "split"} - set(reader.fieldnames):
+                raise ConfigError(f"{path}: a pinned table needs the columns entity,split")
+            for number, row in enumerate(reader, start=2):
+                entity, split = (row["entity"] or "").strip(), (row["split"] or "").strip()
+                if split not in SPLITS:
+                    raise ConfigError(f"{path}: row {number}, column 'split': {split!r} is not one of {SPLITS}")
+                if entity in pins and pins[entity] != split:
+                    raise ConfigError(f"{path}: row {number}: entity {entity!r} is pinned twice")
+                pins[entity] = split
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the pinned table ({err.strerror})") from err
+    return pins
+
+
+def _group_time(group: SplitGroup, samples: Sequence[SpilledSample]) -> str:
+    times = [samples[i].ref.time for i in group.members if samples[i].ref.time is not None]
+    if not times:
+        raise ValueError(f"split group of {group.representative} reached the time split without times")
+    return min(times)  # type: ignore[type-var]
+
+
+def _stratified(groups: Sequence[SplitGroup], samples: Sequence[SpilledSample], cfg: SplitConfig,
+                fixed: Mapping[int, str]) -> dict[int, str]:
+    """Greedy group-aware stratification: each group goes to the split whose quota of the
+    group's labels is most behind. Large groups first; ties broken by the seeded hash."""
+    labels = sorted({s.ref.label or "" for s in samples})
+    column = {label: k for k, label in enumerate(labels)}
+    ratios = np.array([r for _, r in cfg.ratios], dtype=np.float64)
+    counts = np.zeros((len(groups), len(labels)))
+    for g, group in enumerate(groups):
+        for i in group.members:
+            counts[g, column[samples[i].ref.label or ""]] += 1
+    target = ratios[:, None] * counts.sum(axis=0)[None, :]
+    have = np.zeros_like(target)
+    out: dict[int, str] = {}
+    for g, split in fixed.items():
+        have[SPLITS.index(split)] += counts[g]
+        out[g] = split
+    order = sorted((g for g in range(len(groups)) if g not in fixed),
+                   key=lambda g: (-counts[g].sum(), entity_unit(groups[g].representative, cfg.seed)))
+    for g in order:
+        need = (target - have) / np.maximum(target, 1.0)
+        score = (need * counts[g][None, :]).sum(axis=1) / max(counts[g].sum(), 1.0)
+        score[ratios <= 0] = -np.inf
+        best = int(np.argmax(score))
+        have[best] += counts[g]
+        out[g] = SPLITS[best]
+    return out
+
+
+def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig,
+                  edges: Sequence[tuple[int, int, int]] = ()) -> Assignment:
+    """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
+    pinned table conflicts with itself or with the time policy."""
+    groups = group_samples(samples, cfg, edges)
+    pins = read_pinned(cfg.pinned) if cfg.pinned else {}
+    fixed: dict[int, str] = {}
+    for g, group in enumerate(groups):
+        wanted = {pins[e] for e in group.entities if e in pins}
+        if len(wanted) > 1:
+            raise ConfigError(f"{cfg.pinned}: entities {', '.join(e for e in group.entities if e in pins)} are "
+                              f"pinned to different splits ({', '.join(sorted(wanted))}) but share a split group "
+                              "(same entity or duplicate images); fix the table or set split.duplicates: report")
+        if wanted:
+            fixed[g] = wanted.pop()
+    cutoffs = dict(cfg.cutoffs)
+    group_split: dict[int, str] = {}
+    if cfg.by == "time":
+        for g, group in enumerate(groups):
+            by_time = split_for_time(_group_time(group, samples), cutoffs)
+            if g in fixed and fixed[g] != by_time:
+                raise ConfigError(f"{cfg.pinned}: {group.representative} is pinned to {fixed[g]} but its first "
+                                  f"record falls in {by_time} under the time cutoffs; unpin it or move the cutoff")
+            group_split[g] = by_time
+    elif cfg.stratify == "label":
+        group_split = _stratified(groups, samples, cfg, fixed)
+    else:
+        for g, group in enumerate(groups):
+            group_split[g] = fixed.get(g) or split_for_unit(entity_unit(group.representative, cfg.seed), cfg.ratios)
+
+    split: dict[str, str] = {}
+    fold: dict[str, int] = {}
+    dropped: list[Issue] = []
+    for g, group in enumerate(groups):
+        for i in group.members:
+            sample = samples[i]
+            target = group_split[g]
+            if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and sample.ref.time is not None:
+                own = split_for_time(sample.ref.time, cutoffs)
+                if own != target:
+                    dropped.append(Issue.of(sample.ref, stage="split", reason="straddles_cutoff",
+                                            message=f"{sample.ref.path}: record time {sample.ref.time} falls in "
+                                                    f"{own}, but its entity's first record put it in {target}; "
+                                                    "dropped by entity_policy: drop_straddlers"))
+                    continue
+            split[sample.key] = target
+            if cfg.folds and target != "test":
+                fold[sample.key] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
+                      pinned={e: s for e, s in pins.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,14 +63,19 @@ def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monk
     """Force a broken assignment (every other sample to test) and check the audit stops the build."""
     import packer.build as build_module
 
-    def leaky(refs: Any, cfg: Any) -> dict[str, str]:
-        return {r.sample_id: ("train", "test")[i % 2] for i, r in enumerate(refs)}
+    real = build_module.assign_splits
+
+    def leaky(samples: Any, cfg: Any, edges: Any) -> Any:
+        honest = real(samples, cfg, edges)
+        split = {s.key: ("train", "test")[i % 2] for i, s in enumerate(samples)}
+        return dataclasses.replace(honest, split=split)
 
     monkeypatch.setattr(build_module, "assign_splits", leaky)
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
     result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert result.exit_code == 4, result.output
-    assert "more than one split" in result.output and "PAT0001" in result.output
+    assert "entity_overlap" in result.output and "PAT0001" in result.output
+    assert (tmp_path / "out" / "demo" / "leakage.json").is_file()
 
 
 def test_demo_data_writes_a_tree(tmp_path: Path) -> None:
