@@ -1,0 +1,388 @@
+"""Read DICOM files: a header probe for planning, and one decode → validate → transform pass.
+
+``probe_dicom`` reads the header only (``stop_before_pixels``) and rejects what cannot become a
+sample early: no Part 10 preamble (``not_dicom``), no Image Pixel module (``no_pixel_data``), a
+non-integer Number of Frames (``bad_shape``), a transfer syntax without a pinned decoder
+(``unsupported_transfer_syntax``). It never uses ``force=True``: pydicom then "reads" README,
+JSON and ICC files as one-element junk datasets.
+
+``read_dicom`` decodes the pixels once with the decoder pinned in :func:`decoder_table` (lossy
+JPEG output differs between plugins, so the bytes must not depend on what else is installed),
+checks them, and hands each frame to :mod:`packer.transform.dicom`. Every defect of the file
+comes back as one :class:`~packer.records.Issue`; nothing returns ``None``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.encaps import generate_frames
+from pydicom.errors import InvalidDicomError
+from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
+from pydicom.uid import UID
+
+from packer.config import DicomTransformConfig
+from packer.read.dicom_attrs import first_float, pixel_spacing, record_time, sop_class_name, text_value
+from packer.read.dicom_render import GRAYSCALE, render_samples
+from packer.records import Issue, Sample, SampleRef
+
+_PYDICOM, _PYLIBJPEG = "pydicom", "pylibjpeg"
+
+#: Transfer syntax UID → the one decoding plugin packer uses for it.
+_DECODERS: dict[str, str] = {
+    "1.2.840.10008.1.2": _PYDICOM,          # Implicit VR Little Endian
+    "1.2.840.10008.1.2.1": _PYDICOM,        # Explicit VR Little Endian
+    "1.2.840.10008.1.2.1.99": _PYDICOM,     # Deflated Explicit VR Little Endian
+    "1.2.840.10008.1.2.2": _PYDICOM,        # Explicit VR Big Endian (retired)
+    "1.2.840.10008.1.2.5": _PYDICOM,        # RLE Lossless (pydicom's numpy decoder)
+    "1.2.840.10008.1.2.4.50": _PYLIBJPEG,   # JPEG Baseline (Process 1)
+    "1.2.840.10008.1.2.4.51": _PYLIBJPEG,   # JPEG Extended (Process 2 & 4), incl. 12-bit
+    "1.2.840.10008.1.2.4.57": _PYLIBJPEG,   # JPEG Lossless, Non-Hierarchical (Process 14)
+    "1.2.840.10008.1.2.4.70": _PYLIBJPEG,   # JPEG Lossless SV1
+    "1.2.840.10008.1.2.4.80": _PYLIBJPEG,   # JPEG-LS Lossless
+    "1.2.840.10008.1.2.4.81": _PYLIBJPEG,   # JPEG-LS Near-Lossless
+    "1.2.840.10008.1.2.4.90": _PYLIBJPEG,   # JPEG 2000 Lossless Only
+    "1.2.840.10008.1.2.4.91": _PYLIBJPEG,   # JPEG 2000
+    "1.2.840.10008.1.2.4.201": _PYLIBJPEG,  # HTJ2K Lossless
+    "1.2.840.10008.1.2.4.202": _PYLIBJPEG,  # HTJ2K Lossless RPCL
+    "1.2.840.10008.1.2.4.203": _PYLIBJPEG,  # HTJ2K
+}
+_NATIVE = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"})
+
+#: Photometric interpretations pydicom's ``pixel_array`` returns as RGB (YBR converted).
+RGB_DECODED = ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_RCT", "YBR_ICT")
+PALETTE = "PALETTE COLOR"
+_PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+_ITEMSIZE = {"uint8": 1, "uint16": 2, "float16": 2}
+
+# What pydicom raises on a damaged header or on pixel data it cannot decode.
+_PARSE_ERRORS = (InvalidDicomError, ValueError, EOFError, struct.error, KeyError, IndexError, TypeError,
+                 NotImplementedError, OverflowError, zlib.error)
+_DECODE_ERRORS = (ValueError, RuntimeError, NotImplementedError, AttributeError, KeyError, IndexError,
+                  TypeError, struct.error, EOFError)
+
+
+def decoder_table() -> dict[str, str]:
+    """Transfer syntax UID → pinned plugin name (``pydicom`` or ``pylibjpeg``), for the manifest."""
+    return dict(_DECODERS)
+
+
+@dataclass(frozen=True)
+class DicomHeader:
+    """What the header-only pass knows about one file (no pixel data read)."""
+
+    entity: str | None
+    time: str | None
+    rows: int
+    columns: int
+    frames: int
+    samples_per_pixel: int
+    sop_class_uid: str
+    transfer_syntax_uid: str
+    modality: str
+    photometric_interpretation: str = ""
+    pixel_spacing: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    rows: int
+    columns: int
+    frames: int
+    samples: int
+    bits_allocated: int
+    bits_stored: int
+    photometric: str
+    transfer_syntax: str
+
+
+def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
+    return Issue.of(ref, stage=stage, reason=reason, message=f"{ref.relpath or ref.path}: {message}")
+
+
+def _check_preamble(ref: SampleRef) -> Issue | None:
+    """PS3.10 7.1: a DICOM file starts with a 128-byte preamble and the 4 bytes ``DICM``."""
+    try:
+        with open(ref.path, "rb") as handle:
+            head = handle.read(132)
+    except OSError as err:
+        return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err})")
+    if not head:
+        return _issue(ref, "read", "unreadable", "zero-byte file; re-copy it from the source")
+    if len(head) < 132 or head[128:132] != b"DICM":
+        return _issue(ref, "read", "not_dicom",
+                      f"no DICOM Part 10 header: bytes 128-131 are {head[128:132]!r}, not b'DICM' "
+                      "(PS3.10 7.1); remove non-DICOM files from the source, or re-export raw datasets as Part 10")
+    return None
+
+
+def _parse(ref: SampleRef, *, header_only: bool) -> Dataset | Issue:
+    problem = _check_preamble(ref)
+    if problem is not None:
+        return problem
+    try:
+        return pydicom.dcmread(ref.path, stop_before_pixels=header_only)
+    except OSError as err:
+        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err})")
+    except _PARSE_ERRORS as err:
+        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err})")
+
+
+def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
+    """Image Pixel module (PS3.3 C.7.6.3), Number of Frames and transfer syntax checks."""
+    if len(ds) == 0:
+        return _issue(ref, "read", "unreadable", "the file has a DICOM preamble but no data set after the file "
+                                                 "meta information (cut short or corrupt); copy it again")
+    missing = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
+                                                ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
+    if missing:
+        sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
+        return _issue(ref, "validate", "no_pixel_data",
+                      f"{sop} has no image: {', '.join(missing)} missing (Image Pixel module, PS3.3 C.7.6.3); "
+                      "drop non-image objects from the source")
+    raw_frames = ds.get("NumberOfFrames", 1)
+    try:
+        frames = int(str(raw_frames).strip()) if raw_frames not in (None, "") else 1
+    except ValueError:
+        return _issue(ref, "validate", "bad_shape",
+                      f"(0028,0008) Number of Frames is {str(raw_frames)!r}, not an integer; fix the header")
+    rows, columns = int(ds.Rows), int(ds.Columns)
+    samples = int(ds.get("SamplesPerPixel", 1) or 1)
+    bits_allocated = int(ds.BitsAllocated)
+    if frames < 1 or rows < 1 or columns < 1 or samples not in (1, 3) or bits_allocated not in (1, 8, 16, 32, 64):
+        return _issue(ref, "validate", "bad_shape",
+                      f"unusable image shape: Rows {rows}, Columns {columns}, Number of Frames {frames}, "
+                      f"Samples per Pixel {samples} (1 or 3), Bits Allocated {bits_allocated} (1/8/16/32/64)")
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    expected_samples = 3 if photometric in RGB_DECODED else 1
+    if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
+        return _issue(ref, "validate", "unsupported",
+                      f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
+                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}")
+    if samples != expected_samples:
+        return _issue(ref, "validate", "bad_shape",
+                      f"(0028,0002) Samples per Pixel is {samples} but {photometric} needs {expected_samples}")
+    syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
+    if not syntax:
+        return _issue(ref, "read", "unsupported_transfer_syntax",
+                      "the file meta has no (0002,0010) Transfer Syntax UID; re-export the file with one")
+    plugin = _DECODERS.get(syntax)
+    if plugin is None:
+        return _issue(ref, "read", "unsupported_transfer_syntax",
+                      f"transfer syntax {syntax} ({UID(syntax).name}) has no pinned decoder; "
+                      "transcode it to Explicit VR Little Endian (e.g. dcmconv +te or gdcmconv --raw)")
+    if plugin != _PYDICOM and plugin not in get_decoder(syntax).available_plugins:
+        return _issue(ref, "read", "unsupported_transfer_syntax",
+                      f"transfer syntax {syntax} ({UID(syntax).name}) needs the {plugin} plugin, which is not "
+                      "installed; pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
+    bits_stored = int(ds.get("BitsStored", bits_allocated) or bits_allocated)
+    return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
+
+
+def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...]) -> DicomHeader | Issue:
+    """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
+
+    Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
+    + ``DICM``), ``no_pixel_data`` (no Image Pixel module; names the SOP class), ``bad_shape``,
+    ``unsupported`` (photometric), ``unsupported_transfer_syntax``. A missing entity or time is
+    not an issue here: those fields are ``None`` and discovery decides.
+    """
+    ds = _parse(ref, header_only=True)
+    if isinstance(ds, Issue):
+        return ds
+    geometry = _check_image(ref, ds)
+    if isinstance(geometry, Issue):
+        return geometry
+    return DicomHeader(
+        entity=text_value(ds, entity_keyword),
+        time=record_time(ds, tuple(time_keywords)),
+        rows=geometry.rows, columns=geometry.columns, frames=geometry.frames,
+        samples_per_pixel=geometry.samples,
+        sop_class_uid=str(ds.get("SOPClassUID", "") or ""),
+        transfer_syntax_uid=geometry.transfer_syntax,
+        modality=str(ds.get("Modality", "") or ""),
+        photometric_interpretation=geometry.photometric,
+        pixel_spacing=pixel_spacing(ds, 0),
+    )
+
+
+def estimate_dicom_bytes(header: DicomHeader, cfg: DicomTransformConfig) -> int:
+    """Packed bytes of all samples the file will give: frames × channels × H × W × itemsize.
+
+    Channels: 3 for colour, 1 for ``float16``, else one per window. H×W is ``cfg.size``, else the
+    spacing-resampled size when both ``cfg.spacing`` and the header's Pixel Spacing are known.
+    """
+    height, width = header.rows, header.columns
+    if cfg.spacing and header.pixel_spacing:
+        height = max(1, round(height * header.pixel_spacing[0] / cfg.spacing[0]))
+        width = max(1, round(width * header.pixel_spacing[1] / cfg.spacing[1]))
+    if cfg.size:
+        height, width = cfg.size
+    color = header.samples_per_pixel == 3 or header.photometric_interpretation == PALETTE
+    channels = 3 if color else 1 if cfg.output == "float16" else len(cfg.windows)
+    return header.frames * channels * height * width * _ITEMSIZE.get(cfg.output, 1)
+
+
+def read_dicom(ref: SampleRef, cfg: DicomTransformConfig) -> list[Sample] | Issue:
+    """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.
+
+    Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
+    ``<id>``) or one Sample with frames as channels (``frames: stack``), or one Issue:
+    read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``decode_failed``,
+    validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
+    overflow), plus every issue of :func:`probe_dicom`. Anything unforeseen becomes
+    read/``unexpected_error`` with the exception type and message.
+    """
+    try:
+        return _read(ref, cfg)
+    except Exception as err:  # noqa: BLE001 - the one boundary: one bad file must not kill the job
+        return _issue(ref, "read", "unexpected_error", f"{type(err).__name__}: {err}")
+
+
+def _read(ref: SampleRef, cfg: DicomTransformConfig) -> list[Sample] | Issue:
+    ds = _parse(ref, header_only=False)
+    if isinstance(ds, Issue):
+        return ds
+    geometry = _check_image(ref, ds)
+    if isinstance(geometry, Issue):
+        if geometry.reason in ("no_pixel_data", "unreadable") and _cut_inside_pixel_data(ref):
+            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        return geometry
+    pixels = _decode(ref, ds, geometry)
+    if isinstance(pixels, Issue):
+        return pixels
+    color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
+    return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
+                          base_metadata=_base_metadata(ds, geometry))
+
+
+def _expected_native_bytes(geometry: _Geometry) -> int:
+    """PS3.5 8.1.1: native pixel data length, without the even-length pad byte."""
+    count = geometry.rows * geometry.columns * geometry.frames
+    if geometry.bits_allocated == 1:
+        return -(-count * geometry.samples // 8)
+    per_pixel = 2 if geometry.photometric == "YBR_FULL_422" else geometry.samples  # 4:2:2 halves chroma
+    return count * per_pixel * geometry.bits_allocated // 8
+
+
+_CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (FFFE,E0DD) sequence delimiter: "
+                     "the file was cut short; copy it again from the source")
+
+
+def _cut_inside_pixel_data(ref: SampleRef) -> bool:
+    """pydicom drops the *whole* dataset (with only a warning) when a file ends inside undefined-
+    length pixel data; the header read still sees the Image Pixel module then."""
+    head = _parse(ref, header_only=True)
+    if isinstance(head, Issue) or isinstance(_check_image(ref, head), Issue):
+        return False
+    return _has_encapsulated_pixel_tag(ref.path)
+
+
+def _has_encapsulated_pixel_tag(path: str) -> bool:
+    """Whether the file holds the start of an undefined-length (7FE0,0010) element (PS3.5 A.4)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return any(marker in data for marker in (b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff",
+                                              b"\xe0\x7f\x10\x00OW\x00\x00\xff\xff\xff\xff"))
+
+
+def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
+    """Whether an encapsulated frame lacks its end: JPEG/JPEG-LS/JPEG 2000 codestreams end with
+    the EOI/EOC marker FFD9; an RLE frame must hold every segment its header points to."""
+    try:
+        frames = list(generate_frames(ds.PixelData, number_of_frames=geometry.frames))
+    except _DECODE_ERRORS:
+        return True
+    if len(frames) < geometry.frames:
+        return True
+    for frame in frames:
+        if geometry.transfer_syntax == "1.2.840.10008.1.2.5":
+            if len(frame) < 64:
+                return True
+            count, *offsets = struct.unpack("<16L", frame[:64])
+            if any(offset >= len(frame) for offset in offsets[:count]):
+                return True
+        elif b"\xff\xd9" not in frame[-4:]:  # the marker, then at most a pad byte or two
+            return True
+    return False
+
+
+def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Issue:
+    """Decode all frames with the pinned plugin → (frames, rows, columns, samples), native order."""
+    keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
+    encapsulated = geometry.transfer_syntax not in _NATIVE
+    if keyword is None:
+        if encapsulated and _has_encapsulated_pixel_tag(ref.path):
+            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        return _issue(ref, "validate", "no_pixel_data",
+                      f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has an Image Pixel module but no "
+                      "(7FE0,0010) Pixel Data element (the file may have been cut short)")
+    if not encapsulated:
+        have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
+        if keyword != "PixelData":
+            want = geometry.rows * geometry.columns * geometry.frames * geometry.bits_allocated // 8
+        if have < want:
+            return _issue(ref, "read", "truncated",
+                          f"({keyword}) holds {have} bytes, {want} expected for Rows {geometry.rows} × Columns "
+                          f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
+                          f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
+    plugin = _DECODERS[geometry.transfer_syntax]
+    try:
+        arr = pixel_array(ds, decoding_plugin=plugin)
+        if geometry.photometric == PALETTE:
+            arr = apply_color_lut(arr, ds)
+    except _DECODE_ERRORS as err:
+        if encapsulated and _frames_cut_short(ds, geometry):
+            return _issue(ref, "read", "truncated",
+                          f"encapsulated pixel data is cut short (a frame lacks its end marker) and {plugin} "
+                          f"failed: {type(err).__name__}: {err}; copy the file again")
+        return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
+                                                    f"pixel data: {type(err).__name__}: {err}")
+    samples = 3 if geometry.photometric == PALETTE else geometry.samples
+    want_size = geometry.frames * geometry.rows * geometry.columns * samples
+    if arr.size != want_size:
+        return _issue(ref, "validate", "bad_shape",
+                      f"decoded {arr.shape} ({arr.size} values) but the header describes {geometry.frames} frame(s) "
+                      f"of {geometry.rows}×{geometry.columns}×{samples}")
+    arr = arr.reshape(geometry.frames, geometry.rows, geometry.columns, samples)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
+def _base_metadata(ds: Dataset, geometry: _Geometry) -> dict[str, Any]:
+    """Per-file metadata with no PS3.15 Annex E attribute (no names, IDs, dates, UIDs but the
+    transfer syntax, institution)."""
+    meta: dict[str, Any] = {
+        "modality": str(ds.get("Modality", "") or "") or None,
+        "photometric_interpretation": geometry.photometric,
+        "rows": geometry.rows,
+        "columns": geometry.columns,
+        "number_of_frames": geometry.frames,
+        "bits_stored": geometry.bits_stored,
+        "transfer_syntax": geometry.transfer_syntax,
+        "decoder": _DECODERS[geometry.transfer_syntax],
+    }
+    for key, keyword in (("body_part_examined", "BodyPartExamined"),
+                         ("manufacturer_model_name", "ManufacturerModelName")):
+        value = text_value(ds, keyword)
+        if value is not None:
+            meta[key] = value
+    kvp = first_float(ds.get("KVP"))
+    if kvp is not None:
+        meta["kvp"] = kvp
+    if geometry.photometric == PALETTE:
+        meta["palette_bits"] = _palette_bits(ds)
+    return meta
+
+
+def _palette_bits(ds: Dataset) -> int:
+    descriptor = ds.get("RedPaletteColorLookupTableDescriptor") or (0, 0, 16)
+    return 8 if int(descriptor[2]) == 8 else 16
+

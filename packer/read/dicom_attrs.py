@@ -1,0 +1,272 @@
+"""Read the intensity and geometry attributes of a DICOM dataset, frame by frame.
+
+Enhanced multi-frame images (Enhanced CT/MR/XA, PS3.3 C.7.6.16) keep Rescale Slope/Intercept,
+Window Center/Width and Pixel Spacing in functional groups: look up the Per-Frame Functional
+Groups item of the frame first, then the Shared Functional Groups, then the top level of the
+dataset (the order highdicom uses). Nothing here mutates the dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from typing import Any
+
+import numpy as np
+from pydicom.datadict import dictionary_VR
+from pydicom.dataset import Dataset
+from pydicom.uid import UID
+from pydicom.valuerep import DA, DT, TM
+
+from packer.config import WindowSpec
+from packer.transform.dicom import Lut, ModalityTransform, VoiTransform
+from packer.transform.window import check_window
+
+RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
+
+
+def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
+    """The first item of ``sequence`` (e.g. PixelValueTransformationSequence) for ``frame``:
+    per-frame group, else shared group, else ``None`` (caller falls back to the top level)."""
+    for groups_keyword, index in (("PerFrameFunctionalGroupsSequence", frame),
+                                  ("SharedFunctionalGroupsSequence", 0)):
+        groups = ds.get(groups_keyword)
+        if groups and len(groups) > index:
+            seq = groups[index].get(sequence)
+            if seq:
+                return seq[0]
+    return None
+
+
+def floats(value: Any) -> tuple[float, ...]:
+    """A DS/FD value of VM 1-n as a tuple of floats; empty or unparsable entries are dropped."""
+    if value is None or value == "":
+        return ()
+    iterable = hasattr(value, "__iter__") and not isinstance(value, str | bytes)
+    items = list(value) if iterable else [value]
+    out = []
+    for item in items:
+        try:
+            number = float(item)
+        except (TypeError, ValueError):
+            continue
+        if np.isfinite(number):
+            out.append(number)
+    return tuple(out)
+
+
+def first_float(value: Any) -> float | None:
+    values = floats(value)
+    return values[0] if values else None
+
+
+def _little_endian(ds: Dataset) -> bool:
+    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
+    return syntax != "1.2.840.10008.1.2.2"
+
+
+def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
+    """A Modality or VOI LUT Sequence item → :class:`Lut` (PS3.3 C.11.1.1, C.11.2.1.1).
+
+    LUT Descriptor value 1 is the entry count (0 means 65536); value 2 the first input value
+    mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
+    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words.
+    Raises ``ValueError`` when the descriptor or the data is missing or malformed.
+    """
+    descriptor = item.get("LUTDescriptor")
+    raw_data = item.get("LUTData")
+    if descriptor is None or raw_data is None or len(descriptor) != 3:
+        raise ValueError("LUT item lacks a 3-valued (0028,3002) LUT Descriptor or (0028,3006) LUT Data")
+    entries = int(descriptor[0]) % 65536 or 65536
+    first = int(descriptor[1])
+    if signed_input and first >= 32768:
+        first -= 65536
+    elif not signed_input and first < 0:
+        first += 65536
+    bits = int(descriptor[2]) % 65536
+    if isinstance(raw_data, bytes):
+        data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
+    else:
+        data = np.atleast_1d(np.asarray(raw_data, dtype=np.int64))
+    data = data[:entries]
+    if data.size == 0:
+        raise ValueError("(0028,3006) LUT Data is empty")
+    return Lut(entries=entries, first_mapped=first, bits=bits, data=tuple(int(v) for v in data),
+               explanation=str(item.get("LUTExplanation", "") or "").strip())
+
+
+def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
+    """Stored → modality parameters for ``frame`` (PS3.3 C.11.1; C.7.6.16.2.9 for Enhanced).
+
+    A Modality LUT Sequence wins over Rescale Slope/Intercept (they are mutually exclusive).
+    RT Dose adds Dose Grid Scaling (3004,000E). Raises ``ValueError`` for a malformed LUT.
+    """
+    little = _little_endian(ds)
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    lut = None
+    if ds.get("ModalityLUTSequence"):
+        lut = read_lut(ds.ModalityLUTSequence[0], signed_input=signed, little_endian=little)
+    item = functional_item(ds, frame, "PixelValueTransformationSequence")
+    source = item if item is not None and "RescaleSlope" in item else ds
+    slope = first_float(source.get("RescaleSlope"))
+    intercept = first_float(source.get("RescaleIntercept"))
+    dose = None
+    if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or "DoseGridScaling" in ds:
+        dose = first_float(ds.get("DoseGridScaling"))
+    return ModalityTransform(slope=1.0 if slope is None else slope,
+                             intercept=0.0 if intercept is None else intercept, lut=lut, dose_grid_scaling=dose)
+
+
+@dataclass(frozen=True)
+class FileVoi:
+    """The VOI choices a file offers for one frame (PS3.3 C.11.2; C.7.6.16.2.10 Frame VOI LUT)."""
+
+    centers: tuple[float, ...]
+    widths: tuple[float, ...]
+    explanations: tuple[str, ...]
+    function: str
+    luts: tuple[Lut, ...]
+
+
+#: What a file without any VOI attributes offers.
+NO_FILE_VOI = FileVoi(centers=(), widths=(), explanations=(), function="LINEAR", luts=())
+
+
+def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
+    """Collect Window Center/Width/Explanation, VOI LUT Function and VOI LUT Sequence for ``frame``.
+
+    Raises ``ValueError`` for a malformed VOI LUT Sequence item.
+    """
+    item = functional_item(ds, frame, "FrameVOILUTSequence")
+    source = item if item is not None else ds
+    explanations = source.get("WindowCenterWidthExplanation")
+    if explanations is None or explanations == "":
+        explanation_list: tuple[str, ...] = ()
+    elif isinstance(explanations, str):
+        explanation_list = (explanations.strip(),)
+    else:
+        explanation_list = tuple(str(e).strip() for e in explanations)
+    function = str(source.get("VOILUTFunction", "") or "LINEAR").strip().upper()
+    voi_items = (item.get("VOILUTSequence") if item is not None else None) or ds.get("VOILUTSequence") or []
+    signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
+    luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
+    return FileVoi(centers=floats(source.get("WindowCenter")), widths=floats(source.get("WindowWidth")),
+                   explanations=explanation_list, function=function, luts=luts)
+
+
+def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) -> VoiTransform | str:
+    """Turn a requested window into a :class:`VoiTransform`, or a message saying why the file
+    cannot give it. ``file`` windows: a VOI LUT Sequence item wins over the Window Center/Width
+    pair with the same index (or the same explanation text), as in pydicom's default.
+    """
+    prefix = "fallback_" if fallback else ""
+    name = spec.name if spec.kind != "file" or spec.selector == 0 else f"file:{spec.selector}"
+    if spec.kind != "file":
+        return VoiTransform(name=spec.name, function=spec.function, source=prefix + spec.kind,
+                            center=spec.center, width=spec.width)
+    selector = spec.selector
+    index: int | None = None
+    if isinstance(selector, str):
+        wanted = selector.strip().lower()
+        for lut in offer.luts:
+            if lut.explanation.lower() == wanted:
+                return VoiTransform(name=name, function="LUT", source=prefix + "file_lut", lut=lut)
+        index = next((k for k, text in enumerate(offer.explanations) if text.lower() == wanted), None)
+        if index is None:
+            offered = [lut.explanation for lut in offer.luts] + list(offer.explanations)
+            return (f"the file has no (0028,3003) LUT Explanation or (0028,1055) Window Center & Width "
+                    f"Explanation equal to {selector!r} (it offers {offered or 'none'})")
+    else:
+        if selector < len(offer.luts):
+            return VoiTransform(name=name, function="LUT", source=prefix + "file_lut", lut=offer.luts[selector])
+        index = selector
+    pairs = min(len(offer.centers), len(offer.widths))
+    if index >= pairs:
+        return (f"the file has no (0028,1050) Window Center / (0028,1051) Window Width pair #{index} "
+                f"(it has {pairs} pair(s) and {len(offer.luts)} (0028,3010) VOI LUT Sequence item(s))")
+    center, width = offer.centers[index], offer.widths[index]
+    try:
+        check_window(center, width, offer.function)
+    except ValueError as err:
+        return f"the file's window #{index} (center {center:g}, width {width:g}, {offer.function}) is invalid: {err}"
+    return VoiTransform(name=name, function=offer.function, source=prefix + "file", center=center, width=width)
+
+
+def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
+    """(row, column) spacing in mm from Pixel Measures (Enhanced) or top-level Pixel Spacing."""
+    item = functional_item(ds, frame, "PixelMeasuresSequence")
+    source = item if item is not None and "PixelSpacing" in item else ds
+    values = floats(source.get("PixelSpacing"))
+    if len(values) != 2 or min(values) <= 0:
+        return None
+    return (values[0], values[1])
+
+
+def slice_thickness(ds: Dataset, frame: int) -> float | None:
+    item = functional_item(ds, frame, "PixelMeasuresSequence")
+    source = item if item is not None and "SliceThickness" in item else ds
+    return first_float(source.get("SliceThickness"))
+
+
+def sop_class_name(uid: str) -> str:
+    """'RT Plan Storage' for its UID; the UID itself when pydicom does not know it."""
+    if not uid:
+        return "unknown SOP class (no (0008,0016) SOP Class UID)"
+    name = UID(uid).name
+    return name if name and name != uid else f"SOP class {uid}"
+
+
+def text_value(ds: Dataset, keyword: str) -> str | None:
+    """``str`` of an element's value, stripped; ``None`` when absent, empty or not a keyword."""
+    try:
+        value = ds.get(keyword)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _parse_time(text: str, vr: str) -> date | time | datetime | None:
+    """pydicom's DA/TM/DT parsers (which accept the retired ACR-NEMA forms too); None if invalid."""
+    parser = {"DA": DA, "TM": TM, "DT": DT}[vr]
+    try:
+        parsed = parser(text)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return parsed if isinstance(parsed, date | time) else None
+
+
+def record_time(ds: Dataset, keywords: tuple[str, ...]) -> str | None:
+    """ISO 8601 record time from DA/TM/DT keywords, e.g. (StudyDate, StudyTime).
+
+    The first parsable DA or DT gives the date; with a DA, the first parsable TM adds the time
+    of day (seconds precision). Returns ``2023-05-04``, ``2023-05-04T10:11:12`` or ``None``.
+    """
+    day: date | None = None
+    clock: time | None = None
+    for keyword in keywords:
+        try:
+            vr = dictionary_VR(keyword)
+        except (KeyError, ValueError):
+            continue
+        text = text_value(ds, keyword)
+        if text is None or vr not in ("DA", "TM", "DT"):
+            continue
+        parsed = _parse_time(text, vr)
+        if parsed is None:
+            continue
+        if vr == "DT" and day is None and isinstance(parsed, datetime):
+            if len(text.split("+")[0].split("-")[0]) <= 8:
+                return parsed.date().isoformat()
+            return parsed.replace(microsecond=0, tzinfo=None).isoformat()
+        if vr == "DA" and day is None and isinstance(parsed, date):
+            day = parsed
+        elif vr == "TM" and clock is None and isinstance(parsed, time):
+            clock = parsed
+    if day is None:
+        return None
+    if clock is None:
+        return day.isoformat()
+    return datetime.combine(day, clock.replace(microsecond=0, tzinfo=None)).isoformat()

@@ -1,0 +1,197 @@
+"""Decoded DICOM frames + their per-frame attributes → packer Samples.
+
+The array maths lives in :mod:`packer.transform.dicom` and :mod:`packer.transform.window`; this
+module walks the frames, looks up each frame's modality and VOI parameters
+(:mod:`packer.read.dicom_attrs`), resolves the requested windows, and assembles keys and
+metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from packer.config import DicomTransformConfig, WindowSpec
+from packer.read.dicom_attrs import (
+    NO_FILE_VOI,
+    file_voi,
+    modality_transform,
+    pixel_spacing,
+    resolve_window,
+    slice_thickness,
+)
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.dicom import (
+    ModalityTransform,
+    VoiTransform,
+    finish_image,
+    render_color,
+    render_grayscale,
+    render_modality_float,
+    to_modality_values,
+)
+from packer.transform.window import padding_mask
+
+GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
+
+
+def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
+    return Issue.of(ref, stage=stage, reason=reason, message=f"{ref.relpath or ref.path}: {message}")
+
+
+def _as_int(value: Any, *, signed: bool, little_endian: bool) -> int | None:
+    """A US/SS element value as an int; raw 2-byte values (VR left ambiguous) are unpacked."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bytes):
+        if len(value) != 2:
+            return None
+        return int(struct.unpack(("<" if little_endian else ">") + ("h" if signed else "H"), value)[0])
+    if isinstance(value, list | tuple):
+        return int(value[0]) if value else None
+    return int(value)
+
+
+def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
+    """(Pixel Padding Value (0028,0120), Pixel Padding Range Limit (0028,0121)), stored values."""
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    little = str(ds.file_meta.get("TransferSyntaxUID", "")) != "1.2.840.10008.1.2.2"
+    value = _as_int(ds.get("PixelPaddingValue"), signed=signed, little_endian=little)
+    limit = _as_int(ds.get("PixelPaddingRangeLimit"), signed=signed, little_endian=little)
+    return (value, limit if value is not None else None)
+
+
+def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
+    """Why the image carries no information (all real pixels equal), or None.
+
+    ``stored`` is (frames, H, W, samples); ``mask`` (frames, H, W) marks padding.
+    """
+    flat = stored.reshape(-1, stored.shape[-1])
+    if mask is not None:
+        flat = flat[~mask.reshape(-1)]
+        if flat.shape[0] == 0:
+            return "every pixel equals the (0028,0120) Pixel Padding Value"
+    if flat.shape[0] and bool((flat == flat[0]).all()):
+        return f"every pixel has the same stored value {flat[0].tolist()}"
+    return None
+
+
+def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTransform,
+                  cfg: DicomTransformConfig) -> tuple[VoiTransform, ...] | Issue:
+    """The requested windows for ``frame``, in order; a ``file`` window the file cannot give is
+    replaced by ``cfg.fallback_window``, and without one the file is a ``missing_window`` issue."""
+    broken: str | None = None
+    try:
+        offer = file_voi(ds, frame, modality)
+    except ValueError as err:
+        offer, broken = NO_FILE_VOI, f"the file's (0028,3010) VOI LUT Sequence is malformed ({err})"
+
+    def resolve(spec: WindowSpec, fallback: bool) -> VoiTransform | str:
+        if broken is not None and spec.kind == "file":
+            return broken
+        return resolve_window(spec, offer, fallback=fallback)
+
+    vois = []
+    for spec in cfg.windows:
+        got = resolve(spec, False)
+        if isinstance(got, str) and cfg.fallback_window is not None:
+            fallback = resolve(cfg.fallback_window, True)
+            got = fallback if not isinstance(fallback, str) else f"{got}; fallback window: {fallback}"
+        if isinstance(got, str):
+            return _issue(ref, "validate", "missing_window",
+                          f"window {spec.to_json()} for frame {frame}: {got}; set "
+                          "transform.dicom.fallback_window (e.g. a preset) or request a preset/explicit window")
+        vois.append(got)
+    return tuple(vois)
+
+
+def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
+                    vois: tuple[VoiTransform, ...], spacing: tuple[float, float] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "pixel_spacing": list(spacing) if spacing else None,
+        "slice_thickness": slice_thickness(ds, frame),
+        "rescale_slope": None, "rescale_intercept": None, "modality_lut": False,
+        "windows": [v.to_json() for v in vois],
+    }
+    if modality is not None:
+        meta["modality_lut"] = modality.lut is not None
+        if modality.lut is None:
+            meta["rescale_slope"], meta["rescale_intercept"] = modality.slope, modality.intercept
+        if modality.dose_grid_scaling is not None:
+            meta["dose_grid_scaling"] = modality.dose_grid_scaling
+            meta["dose_units"] = str(ds.get("DoseUnits", "") or "") or None
+    return meta
+
+
+def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
+                  cfg: DicomTransformConfig, photometric: str, color_bits: int,
+                  ) -> tuple[np.ndarray, float, dict[str, Any]] | Issue:
+    """One frame → (H×W×C float32, fit pad value, frame metadata) or an Issue."""
+    spacing = pixel_spacing(ds, frame)
+    if photometric not in GRAYSCALE:
+        return render_color(stored, color_bits), 0.0, _frame_metadata(ds, frame, None, (), spacing)
+    if mask is None:
+        mask = np.zeros(stored.shape[:2], dtype=bool)
+    try:
+        modality = modality_transform(ds, frame)
+    except ValueError as err:
+        return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
+    values = to_modality_values(stored[:, :, 0], modality)
+    if cfg.output == "float16":
+        try:
+            image = render_modality_float(values, padding=mask)
+        except ValueError as err:
+            return _issue(ref, "transform", "unsupported",
+                          f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
+        return image, float(image.min()), _frame_metadata(ds, frame, modality, (), spacing)
+    vois = _resolve_vois(ref, ds, frame, modality, cfg)
+    if isinstance(vois, Issue):
+        return vois
+    image = render_grayscale(values, vois, monochrome1=photometric == "MONOCHROME1", padding=mask)
+    return image, 0.0, _frame_metadata(ds, frame, modality, vois, spacing)
+
+
+def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig, *,
+                   photometric: str, color_bits: int, base_metadata: dict[str, Any]) -> list[Sample] | Issue:
+    """Decoded ``pixels`` (frames × H × W × samples, native byte order; RGB for colour) → Samples.
+
+    ``frames: split`` gives one sample per frame (key ``<id>-f0000`` when the file has several
+    frames); ``stack`` one sample whose channels are frame-major (frame 0's windows first).
+    Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``).
+    """
+    frames = pixels.shape[0]
+    mask = None
+    if photometric in GRAYSCALE:
+        mask = padding_mask(pixels[..., 0], *padding_values(ds))
+    why = _constant(pixels, mask)
+    if why is not None:
+        return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
+    stack = cfg.frames == "stack"
+    outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
+    spacing0 = pixel_spacing(ds, 0)
+    for frame in range(frames):
+        rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
+                                 photometric, color_bits)
+        if isinstance(rendered, Issue):
+            return rendered
+        image, pad, meta = rendered
+        spacing = spacing0 if stack else pixel_spacing(ds, frame)
+        array = finish_image(image, pixel_spacing=spacing, spacing=cfg.spacing, size=cfg.size,
+                             policy=cfg.resize, output=cfg.output, pad_value=pad)
+        if cfg.spacing is not None and spacing is not None:
+            meta["output_spacing"] = list(cfg.spacing)
+        outputs.append((array, meta))
+    if stack:
+        image = np.ascontiguousarray(np.concatenate([a for a, _ in outputs], axis=0))
+        meta = {**base_metadata, **outputs[0][1]}
+        meta["windows"] = [{**w, "frame": i} for i, (_, m) in enumerate(outputs) for w in m["windows"]]
+        if frames > 1:
+            meta["frame_rescale"] = [[m["rescale_slope"], m["rescale_intercept"]] for _, m in outputs]
+        return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta)]
+    if frames == 1:
+        return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]})]
+    return [Sample(key=f"{ref.sample_id}-f{i:04d}", ref=ref, image=array,
+                   metadata={**base_metadata, **meta, "frame": i}) for i, (array, meta) in enumerate(outputs)]

@@ -1,0 +1,195 @@
+"""DICOM array transform: one decoded frame + resolved parameters → a C×H×W training array.
+
+``packer.read.dicom`` does the I/O and reads the parameters out of the dataset (per frame for
+Enhanced images); this module only does arithmetic on arrays, in this order (DICOM PS3.3 C.11,
+PS3.4 N.2.1.1):
+
+    stored values ─ padding mask (C.7.5.1.1.2, on stored values)
+                  ─ modality LUT or rescale (C.11.1), × Dose Grid Scaling for RT Dose (C.8.8.3)
+                  ─ per channel: window (C.11.2.1.2/3) or VOI LUT (C.11.2.1.1) → [0, 1]
+                  ─ MONOCHROME1: 1 - y (C.7.6.3.1.2)
+                  ─ padding pixels → 0 (black, also after inversion)
+                  ─ optional resample to a pixel spacing, then resize (packer.transform.resize)
+                  ─ quantise: uint8 round(y·255), uint16 round(y·65535)
+
+``float16`` output skips the VOI stage: one channel of modality values, padding filled with the
+frame's smallest real value. Colour frames (RGB after pydicom's YBR conversion, or PALETTE COLOR
+after the palette) are scaled to [0, 1] by their bit depth and quantised the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packer.transform.resize import resize_image
+from packer.transform.window import (
+    apply_modality,
+    apply_modality_lut,
+    apply_voi_lut,
+    apply_window,
+    invert_monochrome1,
+)
+
+OUTPUTS = ("uint8", "uint16", "float16")
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass(frozen=True)
+class Lut:
+    """A LUT from the file: LUT Descriptor (entries, first mapped, bits) and LUT Data.
+
+    Used for the Modality LUT Sequence (PS3.3 C.11.1.1) and the VOI LUT Sequence (C.11.2.1.1).
+    ``first_mapped`` is already signed or unsigned as the input demands.
+    """
+
+    entries: int
+    first_mapped: int
+    bits: int
+    data: tuple[int, ...]
+    explanation: str = ""
+
+    def descriptor(self) -> tuple[int, int, int]:
+        return (self.entries, self.first_mapped, self.bits)
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.data, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ModalityTransform:
+    """Stored → modality values for one frame: ``lut`` if given, else slope/intercept (C.11.1),
+    then × ``dose_grid_scaling`` for RT Dose (3004,000E)."""
+
+    slope: float = 1.0
+    intercept: float = 0.0
+    lut: Lut | None = None
+    dose_grid_scaling: float | None = None
+
+
+@dataclass(frozen=True)
+class VoiTransform:
+    """One output channel's VOI stage: a window (``function`` LINEAR/LINEAR_EXACT/SIGMOID with
+    ``center``/``width``) or a VOI LUT (``function == "LUT"``, ``lut`` set).
+
+    ``source`` says where it came from: preset, explicit, file, file_lut, or fallback_*.
+    """
+
+    name: str
+    function: str
+    source: str
+    center: float | None = None
+    width: float | None = None
+    lut: Lut | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "center": self.center, "width": self.width,
+                               "function": self.function, "source": self.source}
+        if self.lut is not None and self.lut.explanation:
+            out["explanation"] = self.lut.explanation
+        return out
+
+
+def to_modality_values(stored: np.ndarray, modality: ModalityTransform) -> np.ndarray:
+    """Stored values (H×W, any integer or float dtype) → modality values, float64 H×W."""
+    if modality.lut is not None:
+        values = apply_modality_lut(stored, modality.lut.first_mapped, modality.lut.array())
+    else:
+        values = apply_modality(stored, modality.slope, modality.intercept)
+    if modality.dose_grid_scaling is not None:
+        values = values * float(modality.dose_grid_scaling)
+    return values
+
+
+def apply_voi(values: np.ndarray, voi: VoiTransform) -> np.ndarray:
+    """Modality values (float64 H×W) → one display channel, float32 H×W in [0, 1]."""
+    if voi.lut is not None:
+        return apply_voi_lut(values, voi.lut.descriptor(), voi.lut.array())
+    if voi.center is None or voi.width is None:
+        raise ValueError(f"window {voi.name!r} has no center/width and no VOI LUT")
+    return apply_window(values, voi.center, voi.width, voi.function)
+
+
+def render_grayscale(values: np.ndarray, vois: tuple[VoiTransform, ...], *, monochrome1: bool,
+                     padding: np.ndarray) -> np.ndarray:
+    """Modality values (float64 H×W) → H×W×C float32 in [0, 1], one channel per VOI, in order.
+
+    MONOCHROME1 channels are inverted after the VOI stage; pixels where ``padding`` (bool H×W)
+    is True are set to 0 last, so padding is black whatever the photometric interpretation.
+    """
+    channels = []
+    for voi in vois:
+        y = apply_voi(values, voi)
+        if monochrome1:
+            y = invert_monochrome1(y)
+        y[padding] = 0.0
+        channels.append(y)
+    return np.stack(channels, axis=-1).astype(np.float32, copy=False)
+
+
+def render_modality_float(values: np.ndarray, *, padding: np.ndarray) -> np.ndarray:
+    """Modality values (float64 H×W) → H×W×1 float32 for ``float16`` output, no window.
+
+    Padding pixels take the smallest non-padding value of the frame (not the padding value
+    itself, which would wreck min/max or z-score normalisation downstream).
+    Raises ``ValueError`` when a value does not fit in float16 (|x| > 65504).
+    """
+    out = values.astype(np.float64, copy=True)
+    real = out[~padding]
+    if real.size:
+        out[padding] = real.min()
+    peak = float(np.abs(out).max()) if out.size else 0.0
+    if peak > FLOAT16_MAX:
+        raise ValueError(f"modality values reach {peak:g}, beyond float16's range (±{FLOAT16_MAX:g})")
+    return out.astype(np.float32)[:, :, None]
+
+
+def render_color(rgb: np.ndarray, bits: int) -> np.ndarray:
+    """An RGB frame (H×W×3, unsigned integers of ``bits`` bits) → H×W×3 float32 in [0, 1]."""
+    return (np.asarray(rgb, dtype=np.float64) / float(2**bits - 1)).clip(0.0, 1.0).astype(np.float32)
+
+
+def resample_to_spacing(image: np.ndarray, pixel_spacing: tuple[float, float],
+                        target: tuple[float, float]) -> np.ndarray:
+    """Rescale H×W×C ``image`` from ``pixel_spacing`` to ``target`` spacing, both (row, column) mm.
+
+    Pixel Spacing (0028,0030) is (distance between rows, distance between columns), PS3.3
+    10.7.1.3. New size: ``round(H · row / target_row) × round(W · col / target_col)``, at least 1.
+    """
+    height, width = image.shape[:2]
+    new_h = max(1, round(height * pixel_spacing[0] / target[0]))
+    new_w = max(1, round(width * pixel_spacing[1] / target[1]))
+    return resize_image(image, (new_h, new_w), "stretch")
+
+
+def quantise(image: np.ndarray, output: str) -> np.ndarray:
+    """H×W×C float32 → H×W×C of dtype ``output``.
+
+    ``uint8``/``uint16``: input in [0, 1] (clipped), ``round(y·255)`` / ``round(y·65535)``,
+    round half to even. ``float16``: a plain cast.
+    """
+    if output == "uint8":
+        return np.rint(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+    if output == "uint16":
+        return np.rint(np.clip(image, 0.0, 1.0) * 65535.0).astype(np.uint16)
+    if output == "float16":
+        return image.astype(np.float16)
+    raise ValueError(f"unknown output dtype {output!r}; expected one of {OUTPUTS}")
+
+
+def finish_image(image: np.ndarray, *, pixel_spacing: tuple[float, float] | None,
+                 spacing: tuple[float, float] | None, size: tuple[int, int] | None,
+                 policy: str, output: str, pad_value: float = 0.0) -> np.ndarray:
+    """H×W×C float32 → C×H'×W' array of dtype ``output``, C-contiguous, native byte order.
+
+    Resample to ``spacing`` first (when both it and ``pixel_spacing`` are given), then resize
+    to ``size`` under ``policy`` (stretch/fit/crop; fit pads with ``pad_value``: 0, black, for
+    display values; the frame minimum for float16 modality values), then :func:`quantise`.
+    """
+    if spacing is not None and pixel_spacing is not None:
+        image = resample_to_spacing(image, pixel_spacing, spacing)
+    if size is not None:
+        image = resize_image(image, size, policy, pad_value=pad_value)
+    return np.ascontiguousarray(quantise(image, output).transpose(2, 0, 1))

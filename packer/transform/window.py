@@ -1,0 +1,169 @@
+"""Grey-level maths of DICOM display, as small pure numpy functions (no pydicom here).
+
+Order of operations for a grayscale image (DICOM PS3.3 C.11, PS3.4 N.2.1.1):
+
+1. stored values → :func:`padding_mask` (Pixel Padding Value / Range Limit, C.7.5.1.1.2),
+   computed on the *stored* values, before anything else;
+2. stored values → modality values: :func:`apply_modality_lut` (Modality LUT Sequence,
+   C.11.1.1) or, when there is none, :func:`apply_modality` (Rescale Slope/Intercept, C.11.1);
+3. modality values → [0, 1]: :func:`apply_window` (Window Center/Width with VOI LUT Function
+   LINEAR, LINEAR_EXACT or SIGMOID, C.11.2.1.2 and C.11.2.1.3) or :func:`apply_voi_lut`
+   (VOI LUT Sequence, C.11.2.1.1);
+4. MONOCHROME1 only: :func:`invert_monochrome1` (C.7.6.3.1.2: minimum displays white).
+
+The window presets (:data:`PRESETS`) are CT level/width pairs in Hounsfield units; values vary
+between institutions, so each one names its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WINDOW_FUNCTIONS = ("LINEAR", "LINEAR_EXACT", "SIGMOID")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named CT window: ``center`` (level) and ``width`` in HU, the VOI LUT Function, a citation."""
+
+    center: float
+    width: float
+    function: str = "LINEAR"
+    source: str = ""
+
+
+_RADIOPAEDIA = "Radiopaedia, 'Windowing (CT)', https://radiopaedia.org/articles/windowing-ct"
+_RSNA_ICH = "RSNA Intracranial Hemorrhage Detection 2019, public winning solutions"
+
+#: CT window presets (HU). Sources as in docs: Radiopaedia and the RSNA ICH 2019 solutions.
+PRESETS: dict[str, Preset] = {
+    "brain": Preset(40, 80, source=_RADIOPAEDIA),
+    "subdural": Preset(80, 200, source=f"{_RSNA_ICH} (Radiopaedia gives L 50-100, W 130-300)"),
+    "stroke": Preset(40, 40, source=f"{_RADIOPAEDIA} (35/35 is also used)"),
+    "head_soft_tissue": Preset(40, 380, source=_RSNA_ICH),
+    "bone": Preset(600, 2800, source=f"{_RADIOPAEDIA} (head/temporal bone; some use W 2000)"),
+    "lung": Preset(-600, 1500, source=_RADIOPAEDIA),
+    "mediastinum": Preset(50, 350, source=f"{_RADIOPAEDIA} (RSNA PE solutions use 40/400)"),
+    "abdomen": Preset(50, 400, source=f"{_RADIOPAEDIA} (abdominal soft tissue)"),
+    "soft_tissue": Preset(50, 400, source=f"{_RADIOPAEDIA} (alias of abdomen)"),
+    "liver": Preset(30, 150, source=_RADIOPAEDIA),
+    "bone_body": Preset(400, 1800, source=f"{_RADIOPAEDIA} (body/spine bone)"),
+}
+
+
+def check_window(center: float, width: float, function: str = "LINEAR") -> None:
+    """Raise ``ValueError`` unless (center, width, function) is a valid DICOM window.
+
+    LINEAR needs width >= 1 (PS3.3 C.11.2.1.2); LINEAR_EXACT and SIGMOID need width > 0
+    (C.11.2.1.3); centre and width must be finite.
+    """
+    if function not in WINDOW_FUNCTIONS:
+        raise ValueError(f"VOI LUT Function {function!r} is not one of {WINDOW_FUNCTIONS} (PS3.3 C.11.2.1.3)")
+    if not (np.isfinite(center) and np.isfinite(width)):
+        raise ValueError(f"window center {center!r} / width {width!r} must be finite numbers")
+    if function == "LINEAR" and width < 1:
+        raise ValueError(f"LINEAR windows need width >= 1 (PS3.3 C.11.2.1.2), got {width:g}")
+    if function != "LINEAR" and width <= 0:
+        raise ValueError(f"{function} windows need width > 0 (PS3.3 C.11.2.1.3), got {width:g}")
+
+
+def apply_window(x: np.ndarray, center: float, width: float, function: str = "LINEAR") -> np.ndarray:
+    """Map modality values ``x`` (any real dtype, any shape) through a window onto [0, 1].
+
+    Returns float32 of ``x``'s shape, computed in float64. Formulas of DICOM PS3.3
+    C.11.2.1.2 (LINEAR) and C.11.2.1.3 (LINEAR_EXACT, SIGMOID) with output range [0, 1]:
+
+    - LINEAR: ``x <= c - 0.5 - (w-1)/2 -> 0``; ``x > c - 0.5 + (w-1)/2 -> 1``;
+      else ``(x - (c - 0.5)) / (w - 1) + 0.5``.
+    - LINEAR_EXACT: ``x <= c - w/2 -> 0``; ``x > c + w/2 -> 1``; else ``(x - c)/w + 0.5``.
+    - SIGMOID: ``1 / (1 + exp(-4 (x - c) / w))``, no clipping.
+
+    Raises ``ValueError`` for an invalid window (see :func:`check_window`).
+    """
+    check_window(center, width, function)
+    xf = np.asarray(x, dtype=np.float64)
+    if function == "SIGMOID":
+        # 1 / (1 + exp(-2z)) == (1 + tanh(z)) / 2, with z = 2 (x - c) / w; tanh never overflows.
+        return (0.5 * (1.0 + np.tanh(2.0 * (xf - center) / width))).astype(np.float32)
+    if function == "LINEAR":
+        c, w = center - 0.5, width - 1.0
+    else:
+        c, w = center, width
+    low, high = c - w / 2.0, c + w / 2.0
+    out = np.zeros(xf.shape, dtype=np.float64)
+    out[xf > high] = 1.0
+    inside = (xf > low) & (xf <= high)
+    if w > 0:  # LINEAR with width 1 is a pure threshold: the ramp is empty
+        out[inside] = (xf[inside] - c) / w + 0.5
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def lookup(x: np.ndarray, first_mapped: int, data: np.ndarray) -> np.ndarray:
+    """Index a DICOM LUT: ``data[clip(floor(x) - first_mapped, 0, len(data) - 1)]``.
+
+    PS3.3 C.11.1.1 / C.11.2.1.1: inputs below the first mapped value take the first entry,
+    inputs past the end take the last. Returns ``data``'s dtype, ``x``'s shape.
+    """
+    index = np.floor(np.asarray(x, dtype=np.float64)) - first_mapped
+    index = np.clip(index, 0, len(data) - 1).astype(np.intp)
+    return np.asarray(data)[index]
+
+
+def apply_modality(stored: np.ndarray, slope: float = 1.0, intercept: float = 0.0) -> np.ndarray:
+    """Rescale stored values to modality values: ``stored * slope + intercept`` (PS3.3 C.11.1).
+
+    Returns float64 of ``stored``'s shape (HU for CT).
+    """
+    return np.asarray(stored, dtype=np.float64) * float(slope) + float(intercept)
+
+
+def apply_modality_lut(stored: np.ndarray, first_mapped: int, lut_data: np.ndarray) -> np.ndarray:
+    """Map stored values through a Modality LUT Sequence item (PS3.3 C.11.1.1).
+
+    ``first_mapped`` is LUT Descriptor value 2 (the first stored value mapped), ``lut_data``
+    the LUT Data entries. Returns float64 modality values of ``stored``'s shape.
+    """
+    return lookup(stored, first_mapped, np.asarray(lut_data)).astype(np.float64)
+
+
+def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data: np.ndarray) -> np.ndarray:
+    """Map modality values through a VOI LUT Sequence item onto [0, 1] (PS3.3 C.11.2.1.1).
+
+    ``lut_descriptor`` = (number of entries, 0 meaning 65536; first input value mapped;
+    bits per entry n). Entries are divided by ``2**n - 1``, the LUT's nominal output range.
+    Returns float32 in [0, 1] of ``x``'s shape.
+    """
+    entries, first_mapped, bits = (int(v) for v in lut_descriptor)
+    data = np.asarray(lut_data, dtype=np.float64)[: entries or 65536]
+    if data.size == 0:
+        raise ValueError("VOI LUT Sequence item has an empty (0028,3006) LUT Data")
+    if not 1 <= bits <= 16:
+        raise ValueError(f"VOI LUT Descriptor (0028,3002) gives {bits} bits per entry; expected 8 or 10-16")
+    out = lookup(x, first_mapped, data) / float(2**bits - 1)
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def padding_mask(stored: np.ndarray, padding_value: int | None, range_limit: int | None = None) -> np.ndarray:
+    """Boolean mask of padding pixels, on *stored* values (PS3.3 C.7.5.1.1.2).
+
+    With only Pixel Padding Value (0028,0120) the mask is ``stored == padding_value``; with
+    Pixel Padding Range Limit (0028,0121) too, every value between the two, inclusive, in
+    either order. No padding value gives an all-False mask. Same shape as ``stored``.
+    """
+    stored = np.asarray(stored)
+    if padding_value is None:
+        return np.zeros(stored.shape, dtype=bool)
+    if range_limit is None:
+        return stored == padding_value
+    low, high = sorted((padding_value, range_limit))
+    return (stored >= low) & (stored <= high)
+
+
+def invert_monochrome1(y: np.ndarray) -> np.ndarray:
+    """``1 - y`` for [0, 1] display values of a MONOCHROME1 image (PS3.3 C.7.6.3.1.2).
+
+    Apply *after* the VOI transform. Returns float32, same shape.
+    """
+    return (1.0 - np.asarray(y, dtype=np.float32)).astype(np.float32)

@@ -1,0 +1,412 @@
+"""DICOM reading: header probe, rejection of broken files, pinned decoders, compressed syntaxes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+from dicom_files import (
+    PATIENT_ID,
+    config,
+    ct_dataset,
+    ct_pixels,
+    file_window,
+    image_dataset,
+    make_ref,
+    save,
+    shipped,
+    window,
+)
+from pydicom.encaps import encapsulate, generate_frames
+from pydicom.pixels import pixel_array
+from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
+
+import packer.read.dicom as reader
+from packer.read.dicom import DicomHeader, decoder_table, estimate_dicom_bytes, probe_dicom, read_dicom
+from packer.records import Issue, Sample
+
+TIME = ("StudyDate", "StudyTime")
+
+
+def probe(path: Path, entity: str = "PatientID", time: tuple[str, ...] = TIME) -> DicomHeader | Issue:
+    return probe_dicom(make_ref(path), entity_keyword=entity, time_keywords=time)
+
+
+def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample] | Issue:
+    return read_dicom(make_ref(path), config(*windows, **kwargs))
+
+
+def issue_of(result: Any, reason: str, stage: str | None = None) -> Issue:
+    assert isinstance(result, Issue), f"expected a {reason} issue, got {type(result).__name__}"
+    assert result.reason == reason, result.message
+    if stage is not None:
+        assert result.stage == stage
+    return result
+
+
+# ---------------------------------------------------------------- not DICOM / unreadable
+
+
+def test_text_file_named_dcm_is_not_dicom(tmp_path: Path) -> None:
+    path = tmp_path / "notes.dcm"
+    path.write_text("This is not an image.\n" * 20)
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "not_dicom", "read")
+        assert "notes.dcm" in found.message and "DICM" in found.message
+
+
+@pytest.mark.parametrize("name", ["README.txt", "test1.json", "crayons.icc", "zipMR.gz"])
+def test_files_that_force_true_would_accept_are_not_dicom(name: str, tmp_path: Path) -> None:
+    # pydicom's dcmread(force=True) returns a junk dataset for each of these.
+    path = tmp_path / f"{name}.dcm"
+    shutil.copy(shipped(name), path)
+    issue_of(probe(path), "not_dicom")
+    issue_of(read(path), "not_dicom")
+
+
+def test_json_document_is_not_dicom(tmp_path: Path) -> None:
+    path = tmp_path / "meta.dcm"
+    path.write_text(json.dumps({"PatientID": "x", "padding": "y" * 200}))
+    issue_of(probe(path), "not_dicom")
+
+
+def test_dataset_without_part10_header_is_not_dicom() -> None:
+    issue_of(probe(shipped("no_meta.dcm")), "not_dicom")
+
+
+def test_zero_byte_file_is_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "empty.dcm"
+    path.write_bytes(b"")
+    found = issue_of(probe(path), "unreadable", "read")
+    assert "zero-byte" in found.message
+    issue_of(read(path), "unreadable")
+
+
+def test_missing_file_and_directory_are_unreadable(tmp_path: Path) -> None:
+    issue_of(probe(tmp_path / "gone.dcm"), "unreadable")
+    folder = tmp_path / "folder.dcm"
+    folder.mkdir()
+    issue_of(read(folder), "unreadable")
+
+
+def test_garbage_after_the_preamble_is_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.dcm"
+    path.write_bytes(b"\0" * 128 + b"DICM" + b"\x02\x00\x10\x00UI\xff\x7f" + b"junk" * 4)
+    issue_of(probe(path), "unreadable")
+
+
+# ---------------------------------------------------------------- header checks
+
+
+def test_rt_plan_has_no_pixel_data_and_names_its_sop_class() -> None:
+    for result in (probe(shipped("rtplan.dcm")), read(shipped("rtplan.dcm"))):
+        found = issue_of(result, "no_pixel_data")
+        assert "RT Plan Storage" in found.message and "(0028,0010)" in found.message
+
+
+def test_non_integer_number_of_frames_is_bad_shape(tmp_path: Path) -> None:
+    issue_of(probe(shipped("badVR.dcm")), "bad_shape")
+    ds = ct_dataset()
+    ds.NumberOfFrames = "2"
+    path = save(ds, tmp_path / "frames.dcm")
+    raw = path.read_bytes()
+    assert b"IS\x02\x002 " in raw
+    path.write_bytes(raw.replace(b"IS\x02\x002 ", b"IS\x02\x001A"))
+    found = issue_of(probe(path), "bad_shape")
+    assert "1A" in found.message and "(0028,0008)" in found.message
+
+
+def test_unsupported_transfer_syntax_names_uid_and_name(tmp_path: Path) -> None:
+    ds = ct_dataset(ct_pixels((8, 8)))
+    ds.PixelData = encapsulate([b"\x00\x00\x01\xb3" + b"\x00" * 60])
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.100"  # MPEG2 Main Profile
+    path = save(ds, tmp_path / "mpeg.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unsupported_transfer_syntax")
+        assert "1.2.840.10008.1.2.4.100" in found.message and "MPEG2" in found.message
+
+
+def test_probe_reads_entity_time_and_geometry(tmp_path: Path) -> None:
+    ds = ct_dataset(ct_pixels((8, 12)))
+    ds.PatientID = f"  {PATIENT_ID} "
+    ds.StudyTime = "101112.123456"
+    header = probe(save(ds, tmp_path / "ct.dcm"))
+    assert isinstance(header, DicomHeader)
+    assert header.entity == PATIENT_ID
+    assert header.time == "2023-05-04T10:11:12"
+    assert (header.rows, header.columns, header.frames, header.samples_per_pixel) == (8, 12, 1, 1)
+    assert header.modality == "CT" and header.transfer_syntax_uid == "1.2.840.10008.1.2.1"
+    assert header.sop_class_uid == "1.2.840.10008.5.1.4.1.1.2"
+
+
+@pytest.mark.parametrize(("attrs", "keywords", "expected"), [
+    ({"StudyDate": "20230504", "StudyTime": ""}, TIME, "2023-05-04"),
+    ({"StudyDate": "20230504", "StudyTime": "1011"}, TIME, "2023-05-04T10:11:00"),
+    ({"StudyDate": "2023-05-04"}, TIME, None),             # not a DICOM DA
+    ({"StudyDate": "20231340"}, TIME, None),                # no 13th month
+    ({"StudyDate": ""}, TIME, None),
+    ({"AcquisitionDateTime": "20220102030405.5+0100"}, ("AcquisitionDateTime",), "2022-01-02T03:04:05"),
+    ({"AcquisitionDateTime": "20220102"}, ("AcquisitionDateTime",), "2022-01-02"),
+    ({"StudyDate": "20230504"}, ("NotAKeyword", "StudyDate"), "2023-05-04"),
+])
+def test_probe_time_parsing(tmp_path: Path, attrs: dict[str, str], keywords: tuple[str, ...],
+                            expected: str | None) -> None:
+    ds = ct_dataset(ct_pixels((4, 4)))
+    del ds.StudyTime
+    for key, value in attrs.items():
+        setattr(ds, key, value)
+    header = probe(save(ds, tmp_path / "t.dcm"), time=keywords)
+    assert isinstance(header, DicomHeader) and header.time == expected
+
+
+def test_missing_entity_is_none_not_an_issue(tmp_path: Path) -> None:
+    ds = ct_dataset(ct_pixels((4, 4)))
+    ds.PatientID = "   "
+    header = probe(save(ds, tmp_path / "anon.dcm"))
+    assert isinstance(header, DicomHeader) and header.entity is None
+    header = probe(save(ds, tmp_path / "anon.dcm"), entity="OtherPatientIDs")
+    assert isinstance(header, DicomHeader) and header.entity is None
+
+
+# ---------------------------------------------------------------- truncation and decode failures
+
+
+def test_truncated_native_pixel_data(tmp_path: Path) -> None:
+    issue_of(read(shipped("MR_truncated.dcm")), "truncated", "read")
+    path = save(ct_dataset(ct_pixels((32, 32))), tmp_path / "ct.dcm")
+    path.write_bytes(path.read_bytes()[:-300])
+    found = issue_of(read(path), "truncated")
+    assert "1748 bytes, 2048 expected" in found.message
+    assert isinstance(probe(path), DicomHeader)  # the header pass cannot see it; the pixel pass does
+
+
+def test_encapsulated_file_cut_short_is_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "cut.dcm"
+    path.write_bytes(shipped("MR_small_jp2klossless.dcm").read_bytes()[:-400])
+    found = issue_of(read(path), "truncated", "read")
+    assert "(7FE0,0010)" in found.message
+
+
+def test_encapsulated_frame_without_end_marker_is_truncated(tmp_path: Path) -> None:
+    ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame[: len(frame) // 2]])
+    issue_of(read(save(ds, tmp_path / "half.dcm")), "truncated")
+
+
+def test_corrupt_encapsulated_frame_is_decode_failed(tmp_path: Path) -> None:
+    ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([b"\x00" * 64 + frame[64:]])  # header destroyed, end marker intact
+    found = issue_of(read(save(ds, tmp_path / "bad.dcm")), "decode_failed", "read")
+    assert "pylibjpeg" in found.message and "RuntimeError" in found.message
+    issue_of(read(shipped("JPEG-lossy.dcm")), "decode_failed")  # a real, undecodable 12-bit stream
+
+
+def test_unexpected_exception_becomes_one_issue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(*args: Any, **kwargs: Any) -> None:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(reader, "render_samples", explode)
+    found = issue_of(read(save(ct_dataset(), tmp_path / "ct.dcm")), "unexpected_error")
+    assert "ZeroDivisionError: boom" in found.message
+
+
+# ---------------------------------------------------------------- validation of content
+
+
+def test_constant_image(tmp_path: Path) -> None:
+    path = save(ct_dataset(np.full((8, 8), 1024, dtype=np.int16)), tmp_path / "flat.dcm")
+    issue_of(read(path), "constant_image", "validate")
+
+
+def test_constant_after_padding_mask(tmp_path: Path) -> None:
+    pixels = np.full((8, 8), 1024, dtype=np.int16)
+    pixels[:2] = -2000
+    path = save(ct_dataset(pixels, PixelPaddingValue=-2000), tmp_path / "padded.dcm")
+    issue_of(read(path), "constant_image")
+    path = save(ct_dataset(np.full((4, 4), -2000, np.int16), PixelPaddingValue=-2000), tmp_path / "all.dcm")
+    assert "Padding" in issue_of(read(path), "constant_image").message
+
+
+def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
+    ds = ct_dataset(ct_pixels((4, 4)), PhotometricInterpretation="HSV")
+    found = issue_of(probe(save(ds, tmp_path / "hsv.dcm")), "unsupported", "validate")
+    assert "(0028,0004)" in found.message and "HSV" in found.message
+
+
+def test_float16_overflow_is_a_transform_issue(tmp_path: Path) -> None:
+    pixels = np.array([[0, 100_000], [5, 7]], dtype=np.uint32)
+    path = save(image_dataset(pixels, modality="OT"), tmp_path / "big.dcm")
+    found = issue_of(read(path, output="float16"), "unsupported", "transform")
+    assert "float16" in found.message and "uint16" in found.message
+
+
+def test_missing_file_window_without_fallback(tmp_path: Path) -> None:
+    path = save(ct_dataset(center=None, width=None), tmp_path / "nowin.dcm")
+    found = issue_of(read(path), "missing_window", "validate")
+    assert "(0028,1050)" in found.message and "fallback_window" in found.message
+    samples = read(path, file_window(), fallback_window=window(40, 80, name="brain"))
+    assert isinstance(samples, list)
+    assert samples[0].metadata["windows"][0]["source"] == "fallback_explicit"
+
+
+def test_file_window_by_index_and_explanation(tmp_path: Path) -> None:
+    ds = ct_dataset(center=[40, 600], width=[80, 2800])
+    ds.WindowCenterWidthExplanation = ["BRAIN", "BONE"]
+    path = save(ds, tmp_path / "two.dcm")
+    by_index = read(path, file_window(1))
+    by_text = read(path, file_window("bone"))
+    assert isinstance(by_index, list) and isinstance(by_text, list)
+    assert by_index[0].metadata["windows"][0]["center"] == 600
+    np.testing.assert_array_equal(by_index[0].image, by_text[0].image)
+    issue_of(read(path, file_window(2)), "missing_window")
+    assert "BRAIN" in issue_of(read(path, file_window("lung")), "missing_window").message
+
+
+def test_invalid_file_window_is_missing(tmp_path: Path) -> None:
+    path = save(ct_dataset(center=40, width=0.5), tmp_path / "thin.dcm")
+    assert "width >= 1" in issue_of(read(path), "missing_window").message
+
+
+# ---------------------------------------------------------------- pinned decoders
+
+
+def test_decoder_table_pins_one_plugin_per_syntax() -> None:
+    table = decoder_table()
+    assert set(table.values()) == {"pydicom", "pylibjpeg"}
+    assert table["1.2.840.10008.1.2.5"] == "pydicom"
+    for uid in ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
+                "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81",
+                "1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"):
+        assert table[uid] == "pylibjpeg"
+    table["1.2.840.10008.1.2.5"] = "changed"
+    assert decoder_table()["1.2.840.10008.1.2.5"] == "pydicom"  # a copy, not shared state
+
+
+@pytest.mark.parametrize("name", ["JPGExtended.dcm", "SC_rgb_jpeg_dcmtk.dcm", "MR_small_RLE.dcm",
+                                  "MR_small_jpeg_ls_lossless.dcm", "JPEG2000.dcm"])
+def test_read_passes_the_pinned_plugin(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def spy(ds: Any, **kwargs: Any) -> np.ndarray:
+        seen.append(kwargs.get("decoding_plugin", ""))
+        return pixel_array(ds, **kwargs)
+
+    monkeypatch.setattr(reader, "pixel_array", spy)
+    path = shipped(name)
+    samples = read(path, window(1000, 2000))
+    assert isinstance(samples, list)
+    syntax = str(pydicom.dcmread(path, stop_before_pixels=True).file_meta.TransferSyntaxUID)
+    assert seen == [decoder_table()[syntax]]
+    assert samples[0].metadata["decoder"] == decoder_table()[syntax]
+    assert samples[0].metadata["transfer_syntax"] == syntax
+
+
+# ---------------------------------------------------------------- compressed syntaxes equal the native reference
+
+
+def _float16(path: Path) -> np.ndarray:
+    samples = read(path, output="float16")
+    assert isinstance(samples, list), getattr(samples, "message", "")
+    return np.stack([s.image for s in samples])
+
+
+def _uint16(path: Path, *windows: Any) -> np.ndarray:
+    samples = read(path, *windows, output="uint16")
+    assert isinstance(samples, list), getattr(samples, "message", "")
+    return np.stack([s.image for s in samples])
+
+
+@pytest.mark.parametrize(("syntax", "plugin"), [(RLELossless, "pydicom"), (RLELossless, "pylibjpeg"),
+                                                 (JPEG2000Lossless, "pylibjpeg")])
+def test_generated_lossless_files_equal_native(tmp_path: Path, syntax: str, plugin: str) -> None:
+    pixels = ct_pixels((64, 64), seed=3)
+    native = save(ct_dataset(pixels), tmp_path / "native.dcm")
+    ds = ct_dataset(pixels)
+    ds.compress(syntax, encoding_plugin=plugin)
+    packed = save(ds, tmp_path / "packed.dcm")
+    np.testing.assert_array_equal(_float16(packed), _float16(native))
+    np.testing.assert_array_equal(_uint16(packed, file_window()), _uint16(native, file_window()))
+
+
+def test_generated_lossy_jpeg2000_is_close_to_native(tmp_path: Path) -> None:
+    yy, xx = np.mgrid[0:64, 0:64]
+    pixels = (1000 + 8 * yy + 4 * xx).astype(np.int16)  # smooth: lossy coding keeps it close
+    ds = ct_dataset(pixels, center=400, width=1200)
+    ds.compress(JPEG2000, encoding_plugin="pylibjpeg", j2k_cr=[20])
+    assert str(ds.file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.4.91"
+    lossy = read(save(ds, tmp_path / "lossy.dcm"))
+    exact = read(save(ct_dataset(pixels, center=400, width=1200), tmp_path / "exact.dcm"))
+    assert isinstance(lossy, list) and isinstance(exact, list)
+    assert np.abs(lossy[0].image.astype(int) - exact[0].image.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("name", ["MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_jpeg_ls_lossless.dcm",
+                                  "MR_small_bigendian.dcm", "MR_small_expb.dcm", "MR_small_implicit.dcm"])
+def test_shipped_mr_syntaxes_equal_the_explicit_little_endian_original(name: str) -> None:
+    reference = shipped("MR_small.dcm")
+    np.testing.assert_array_equal(_float16(shipped(name)), _float16(reference))
+    np.testing.assert_array_equal(_uint16(shipped(name), file_window()), _uint16(reference, file_window()))
+
+
+@pytest.mark.parametrize("name", ["SC_rgb_jpeg_gdcm.dcm", "SC_rgb_gdcm_KY.dcm", "SC_rgb_rle_16bit.dcm"])
+def test_shipped_rgb_lossless_syntaxes_equal_rle_reference(name: str) -> None:
+    reference = read(shipped("SC_rgb_rle.dcm"))
+    other = read(shipped(name))
+    assert isinstance(reference, list) and isinstance(other, list)
+    np.testing.assert_array_equal(other[0].image, reference[0].image)
+
+
+def test_deflated_syntax_decodes(tmp_path: Path) -> None:
+    samples = read(shipped("image_dfl.dcm"), window(128, 256))
+    assert isinstance(samples, list)
+    stored = pixel_array(pydicom.dcmread(shipped("image_dfl.dcm"))).astype(np.float64)
+    expected = np.rint(np.clip((stored - 127.5) / 255 + 0.5, 0, 1) * 255)
+    np.testing.assert_array_equal(samples[0].image[0], expected)
+
+
+def test_big_endian_gives_native_byte_order() -> None:
+    for output in ("uint16", "float16"):
+        samples = read(shipped("MR_small_bigendian.dcm"), output=output)
+        assert isinstance(samples, list)
+        assert samples[0].image.dtype.isnative and samples[0].image.flags.c_contiguous
+    dose = read(shipped("rtdose_expb.dcm"), output="float16")
+    little = read(shipped("rtdose.dcm"), output="float16")
+    assert isinstance(dose, list) and isinstance(little, list)
+    np.testing.assert_array_equal(np.stack([s.image for s in dose]), np.stack([s.image for s in little]))
+
+
+def test_decode_step_returns_native_byte_order() -> None:
+    # The decoded stored values feed pixel hashing and float16 output: '>i2' must not leak out.
+    ref = make_ref(shipped("MR_small_bigendian.dcm"))
+    ds = pydicom.dcmread(ref.path)
+    assert not pixel_array(ds).dtype.isnative  # pydicom itself keeps big-endian order
+    geometry = reader._check_image(ref, ds)
+    assert not isinstance(geometry, Issue)
+    decoded = reader._decode(ref, ds, geometry)
+    assert isinstance(decoded, np.ndarray) and decoded.dtype.isnative and decoded.shape == (1, 64, 64, 1)
+    little = pixel_array(pydicom.dcmread(shipped("MR_small.dcm")))
+    np.testing.assert_array_equal(decoded[0, :, :, 0], little)
+
+
+# ---------------------------------------------------------------- size estimates
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"output": "uint16"}, {"output": "float16"}, {"size": (10, 7)}, {"frames": "stack"},
+    {"spacing": (1.0, 1.0)}, {"spacing": (1.0, 1.0), "size": (5, 5)},
+])
+@pytest.mark.parametrize("name", ["CT_small.dcm", "rtdose.dcm", "SC_rgb_rle_2frame.dcm", "examples_palette.dcm"])
+def test_estimate_matches_what_read_produces(name: str, kwargs: dict[str, Any]) -> None:
+    path = shipped(name)
+    windows = (window(40, 80), window(600, 2800))
+    header = probe(path)
+    samples = read(path, *windows, **kwargs)
+    assert isinstance(header, DicomHeader) and isinstance(samples, list)
+    assert estimate_dicom_bytes(header, config(*windows, **kwargs)) == sum(s.image.nbytes for s in samples)

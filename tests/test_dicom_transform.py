@@ -1,0 +1,362 @@
+"""DICOM pixels → training arrays: references against pydicom, hand-computed files, frames, colour."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+from dicom_files import (
+    PATIENT_ID,
+    PATIENT_NAME,
+    STUDY_DATE,
+    config,
+    ct_dataset,
+    ct_pixels,
+    enhanced_ct_dataset,
+    file_window,
+    image_dataset,
+    lut_item,
+    make_ref,
+    save,
+    secondary_capture_rgb,
+    shipped,
+    window,
+)
+from pydicom.dataset import Dataset
+from pydicom.pixels import apply_color_lut, apply_modality_lut, apply_voi_lut, pixel_array
+from pydicom.sequence import Sequence as DicomSequence
+
+from packer.read.dicom import read_dicom
+from packer.records import Sample
+
+
+def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample]:
+    result = read_dicom(make_ref(path), config(*windows, **kwargs))
+    assert isinstance(result, list), f"{result.reason}: {result.message}"
+    for sample in result:
+        assert sample.image.flags.c_contiguous and sample.image.dtype.isnative
+    return result
+
+
+def one(path: Path, *windows: Any, **kwargs: Any) -> np.ndarray:
+    samples = read(path, *windows, **kwargs)
+    assert len(samples) == 1
+    return samples[0].image
+
+
+def linear(x: np.ndarray, c: float, w: float) -> np.ndarray:
+    """PS3.3 C.11.2.1.2 written independently: the piecewise ramp equals a clipped line."""
+    return np.clip((x - (c - 0.5)) / (w - 1) + 0.5, 0.0, 1.0)
+
+
+# ---------------------------------------------------------------- references: pydicom's own LUT functions
+
+
+def pydicom_window_reference(path: Path, index: int = 0) -> np.ndarray:
+    """uint8 from pydicom's apply_modality_lut + apply_voi_lut, normalised to 0..255.
+
+    pydicom maps a window onto the stored-value range (after rescale, or the Modality LUT's
+    output range), not [0, 1]; a VOI LUT comes back as raw LUT entries.
+    """
+    ds = pydicom.dcmread(path)
+    values = apply_modality_lut(pixel_array(ds), ds)
+    out = apply_voi_lut(values, ds, index=index).astype(np.float64)
+    if ds.get("VOILUTSequence"):
+        low, high = 0.0, float(2 ** ds.VOILUTSequence[index].LUTDescriptor[2] - 1)
+    elif ds.get("ModalityLUTSequence"):
+        low, high = 0.0, float(2 ** ds.ModalityLUTSequence[0].LUTDescriptor[2] - 1)
+    else:
+        bits = int(ds.BitsStored)
+        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if ds.PixelRepresentation else (0, 2**bits - 1)
+        slope, intercept = float(ds.get("RescaleSlope", 1)), float(ds.get("RescaleIntercept", 0))
+        low, high = low * slope + intercept, high * slope + intercept
+    return np.rint((out - low) / (high - low) * 255)
+
+
+def assert_within_one_lsb(ours: np.ndarray, reference: np.ndarray) -> None:
+    assert ours.shape == reference.shape
+    assert np.abs(ours.astype(np.int64) - reference.astype(np.int64)).max() <= 1
+
+
+@pytest.mark.parametrize(("function", "centers", "widths", "index"), [
+    (None, 40, 80, 0), ("LINEAR", [40, -600], [80, 1500], 1), ("LINEAR_EXACT", 40.5, 80.5, 0),
+    ("SIGMOID", 40, 350, 0),
+])
+def test_window_matches_pydicom(tmp_path: Path, function: str | None, centers: Any, widths: Any,
+                                 index: int) -> None:
+    ds = ct_dataset(ct_pixels((32, 32), seed=1), center=centers, width=widths)
+    if function:
+        ds.VOILUTFunction = function
+    path = save(ds, tmp_path / "ct.dcm")
+    reference = pydicom_window_reference(path, index)
+    assert_within_one_lsb(one(path, file_window(index))[0], reference)
+    assert len(np.unique(reference)) > 20  # the window actually spreads values
+
+
+def test_voi_lut_sequence_matches_pydicom_and_wins_over_window(tmp_path: Path) -> None:
+    ramp = np.sqrt(np.linspace(0, 1, 400)) * 4095  # a non-linear 12-bit VOI LUT from -200 HU
+    ds = ct_dataset(ct_pixels((32, 32), seed=2, low=600, high=1600), center=1000, width=10)
+    ds.VOILUTSequence = DicomSequence([lut_item(-200, 12, np.rint(ramp).astype(int).tolist(), "SQRT")])
+    path = save(ds, tmp_path / "voilut.dcm")
+    sample = read(path)[0]
+    assert sample.metadata["windows"][0]["function"] == "LUT"
+    assert sample.metadata["windows"][0]["explanation"] == "SQRT"
+    assert_within_one_lsb(sample.image[0], pydicom_window_reference(path))
+    np.testing.assert_array_equal(one(path, file_window("sqrt")), sample.image)
+
+
+def test_voi_lut_first_value_written_as_us_is_read_as_signed(tmp_path: Path) -> None:
+    # LUT Descriptor value 2 is US or SS by the input's signedness (PS3.3 C.11.2.1.1); some writers
+    # store -200 as US 65336. Signed input (Pixel Representation 1) must read it back as -200.
+    ramp = np.rint(np.linspace(0, 4095, 400)).astype(int).tolist()
+    images = []
+    for name, vr, first in (("ss", "SS", -200), ("us", "US", 65336)):
+        ds = ct_dataset(ct_pixels((16, 16), seed=2, low=600, high=1600), center=None, width=None)
+        item = lut_item(0, 12, ramp)
+        del item.LUTDescriptor
+        item.add_new(0x00283002, vr, [400, first, 12])
+        ds.VOILUTSequence = DicomSequence([item])
+        images.append(one(save(ds, tmp_path / f"{name}.dcm")))
+    hu = ct_pixels((16, 16), seed=2, low=600, high=1600).astype(float) - 1024
+    expected = np.rint(np.asarray(ramp)[np.clip(hu + 200, 0, 399).astype(int)] / 4095 * 255)
+    np.testing.assert_array_equal(images[0][0], expected)
+    np.testing.assert_array_equal(images[1], images[0])
+
+
+def test_modality_lut_sequence_matches_pydicom(tmp_path: Path) -> None:
+    stored = np.random.default_rng(4).integers(0, 256, (24, 24), dtype=np.uint16)
+    table = np.rint(65535 * (np.arange(256) / 255) ** 2).astype(int).tolist()  # quadratic Modality LUT
+    ds = image_dataset(stored, modality="OT", bits_stored=8, WindowCenter=20000, WindowWidth=30000)
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, table)])
+    ds.ModalityLUTSequence[0].ModalityLUTType = "OD"
+    path = save(ds, tmp_path / "mlut.dcm")
+    sample = read(path)[0]
+    assert sample.metadata["modality_lut"] is True and sample.metadata["rescale_slope"] is None
+    assert_within_one_lsb(sample.image[0], pydicom_window_reference(path))
+    expected = np.rint(linear(np.asarray(table, float)[stored], 20000, 30000) * 255)
+    assert_within_one_lsb(sample.image[0], expected)
+
+
+def test_shipped_jpeg2000_ct_matches_pydicom_outside_padding() -> None:
+    path = shipped("693_J2KI.dcm")  # lossy JPEG 2000 CT, window 40/100, Pixel Padding Value -2000
+    ds = pydicom.dcmread(path)
+    ours = one(path)[0]
+    padding = pixel_array(ds) == -2000
+    assert padding.any() and (ours[padding] == 0).all()
+    reference = pydicom_window_reference(path)
+    assert np.abs(ours[~padding].astype(int) - reference[~padding]).max() <= 1
+
+
+def test_shipped_ct_explicit_window_matches_pydicom(tmp_path: Path) -> None:
+    ds = pydicom.dcmread(shipped("CT_small.dcm"))
+    ds.WindowCenter, ds.WindowWidth = 300, 600
+    path = save(ds, tmp_path / "ct.dcm")
+    assert_within_one_lsb(one(path, window(300, 600))[0], pydicom_window_reference(path))
+
+
+# ---------------------------------------------------------------- hand-computed end to end
+
+
+HAND_STORED = np.array([[1024, 1064], [1104, 0]], dtype=np.int16)  # HU 0, 40, 80, -1024 (intercept -1024)
+
+
+def test_hand_computed_uint8_uint16_and_monochrome1(tmp_path: Path) -> None:
+    # brain 40/80 LINEAR: y = x/79 on (0, 79]: HU 40 -> 0.506329 -> 129.1 -> 129 (uint8), 33182.3 -> 33182 (uint16).
+    path = save(ct_dataset(HAND_STORED), tmp_path / "m2.dcm")
+    np.testing.assert_array_equal(one(path)[0], [[0, 129], [255, 0]])
+    np.testing.assert_array_equal(one(path, output="uint16")[0], [[0, 33182], [65535, 0]])
+    np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [80, -1024]])
+    mono1 = save(ct_dataset(HAND_STORED, PhotometricInterpretation="MONOCHROME1"), tmp_path / "m1.dcm")
+    np.testing.assert_array_equal(one(mono1)[0], [[255, 126], [0, 255]])
+
+
+def test_padding_is_masked_on_stored_values_and_stays_black(tmp_path: Path) -> None:
+    stored = np.array([[1024, 1064], [1104, -2000]], dtype=np.int16)
+    for photometric in ("MONOCHROME2", "MONOCHROME1"):
+        ds = ct_dataset(stored, PixelPaddingValue=-2000, PhotometricInterpretation=photometric)
+        image = one(save(ds, tmp_path / f"{photometric}.dcm"))[0]
+        assert image[1, 1] == 0  # padding: black (window minimum), after inversion too
+    # float16: the padding is not -3024 "HU"; it takes the smallest real value (0 HU here).
+    path = save(ct_dataset(stored, PixelPaddingValue=-2000), tmp_path / "f16.dcm")
+    np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [80, 0]])
+
+
+def test_padding_range_limit(tmp_path: Path) -> None:
+    stored = np.array([[1024, 1064, 1104], [-2000, -1500, -1000]], dtype=np.int16)
+    ds = ct_dataset(stored, PixelPaddingValue=-1000, PixelPaddingRangeLimit=-2000)
+    image = one(save(ds, tmp_path / "range.dcm"), window(-1000, 4000), output="float16")[0]
+    np.testing.assert_array_equal(image, [[0, 40, 80], [0, 0, 0]])
+
+
+def test_resize_happens_on_window_floats_before_quantising(tmp_path: Path) -> None:
+    # Slope 0.1, LINEAR_EXACT 50/100 -> y = stored/1000. Top-left 2x2 block: y = .002 .002 .002 .010,
+    # mean .004 -> round(1.02) = 1; quantising first would give mean(1, 1, 1, 3) = 1.5 -> 2.
+    stored = np.array([[2, 2, 500, 500], [2, 10, 500, 500], [900, 900, 100, 300], [900, 900, 200, 400]],
+                      dtype=np.int16)
+    ds = ct_dataset(stored, slope=0.1, intercept=0.0)
+    image = one(save(ds, tmp_path / "r.dcm"), window(50, 100, "LINEAR_EXACT"), size=(2, 2))[0]
+    np.testing.assert_array_equal(image, [[1, 128], [230, 64]])
+
+
+def test_spacing_then_size_and_policies(tmp_path: Path) -> None:
+    path = shipped("CT_small.dcm")  # 128 x 128 at 0.661468 mm
+    sample = read(path, window(40, 400), spacing=(1.0, 1.0))[0]
+    assert sample.image.shape == (1, 85, 85)
+    assert sample.metadata["output_spacing"] == [1.0, 1.0]
+    assert sample.metadata["pixel_spacing"] == pytest.approx([0.661468, 0.661468])
+    assert read(path, window(40, 400), spacing=(1.0, 1.0), size=(32, 48))[0].image.shape == (1, 32, 48)
+    ds = ct_dataset(ct_pixels((20, 40)))
+    fit = one(save(ds, tmp_path / "wide.dcm"), window(0, 4000), size=(20, 20), resize="fit")[0]
+    assert (fit[:5] == 0).all() and (fit[15:] == 0).all() and fit[5:15].any()  # letterboxed, black bars
+
+
+# ---------------------------------------------------------------- frames
+
+
+def _frames() -> np.ndarray:
+    return np.stack([ct_pixels((8, 8), seed=s, low=900, high=1300) for s in range(3)])
+
+
+def test_multiframe_split_and_stack(tmp_path: Path) -> None:
+    path = save(ct_dataset(_frames()), tmp_path / "mf.dcm")
+    windows = (window(40, 80, name="brain"), window(0, 2000, name="wide"))
+    split = read(path, *windows)
+    assert [s.key for s in split] == ["s1-f0000", "s1-f0001", "s1-f0002"]
+    assert [s.metadata["frame"] for s in split] == [0, 1, 2]
+    stack = read(path, *windows, frames="stack")
+    assert len(stack) == 1 and stack[0].key == "s1" and stack[0].image.shape == (6, 8, 8)
+    np.testing.assert_array_equal(stack[0].image, np.concatenate([s.image for s in split]))
+    assert [(w["frame"], w["name"]) for w in stack[0].metadata["windows"]] == [
+        (0, "brain"), (0, "wide"), (1, "brain"), (1, "wide"), (2, "brain"), (2, "wide")]
+    hu = _frames().astype(float) - 1024
+    np.testing.assert_array_equal(split[1].image[0], np.rint(linear(hu[1], 40, 80) * 255))
+
+
+def test_enhanced_per_frame_then_shared_lookup(tmp_path: Path) -> None:
+    frames = _frames()
+    ds = enhanced_ct_dataset(frames, rescales=[(1.0, -1024.0), (2.0, -2048.0), None],
+                             windows=[(40, 80), None, (-600, 1500)], shared_rescale=(1.0, -1000.0),
+                             shared_window=(300, 600), spacing=(0.8, 0.8))
+    path = save(ds, tmp_path / "enhanced.dcm")
+    split = read(path)
+    hu = [frames[0] - 1024.0, frames[1] * 2.0 - 2048.0, frames[2] - 1000.0]
+    expected_windows = [(40, 80), (300, 600), (-600, 1500)]
+    for sample, values, (c, w) in zip(split, hu, expected_windows, strict=True):
+        np.testing.assert_array_equal(sample.image[0], np.rint(linear(values, c, w) * 255))
+        assert (sample.metadata["windows"][0]["center"], sample.metadata["windows"][0]["width"]) == (c, w)
+        assert sample.metadata["pixel_spacing"] == [0.8, 0.8]
+    assert [s.metadata["rescale_intercept"] for s in split] == [-1024.0, -2048.0, -1000.0]
+    floats = read(path, output="float16")
+    for sample, values in zip(floats, hu, strict=True):
+        np.testing.assert_array_equal(sample.image[0], values.astype(np.float16))
+
+
+def test_rt_dose_applies_dose_grid_scaling() -> None:
+    path = shipped("rtdose.dcm")
+    ds = pydicom.dcmread(path)
+    dose = pixel_array(ds).astype(np.float64) * float(ds.DoseGridScaling)
+    samples = read(path, output="float16")
+    assert len(samples) == 15 and samples[0].metadata["dose_units"] == ds.DoseUnits
+    np.testing.assert_array_equal(np.stack([s.image[0] for s in samples]), dose.astype(np.float16))
+    windowed = read(path, window(0.6, 1.2, "LINEAR_EXACT"))  # a window in dose units (Gy)
+    expected = np.rint(np.clip((dose[3] - 0.6) / 1.2 + 0.5, 0, 1) * 255)
+    assert_within_one_lsb(windowed[3].image[0], expected)
+
+
+# ---------------------------------------------------------------- colour
+
+
+def test_rgb_passes_through_and_ignores_windows(tmp_path: Path) -> None:
+    rgb = np.random.default_rng(5).integers(0, 256, (2, 6, 5, 3), dtype=np.uint8)
+    path = save(secondary_capture_rgb(rgb), tmp_path / "rgb.dcm")
+    samples = read(path, window(40, 80), window(0, 100))
+    for frame, sample in enumerate(samples):
+        np.testing.assert_array_equal(sample.image, rgb[frame].transpose(2, 0, 1))
+        assert sample.metadata["windows"] == []
+    np.testing.assert_array_equal(read(path, output="uint16")[0].image, rgb[0].transpose(2, 0, 1).astype(int) * 257)
+
+
+@pytest.mark.parametrize(("name", "tolerance"), [
+    ("SC_ybr_full_422_uncompressed.dcm", 6),  # native YBR_FULL_422
+    ("SC_rgb_jpeg_dcmtk.dcm", 6),             # JPEG baseline YBR_FULL
+    ("SC_rgb_dcmtk_+eb+cy+s2.dcm", 6),        # JPEG baseline YBR_FULL_422
+])
+def test_ybr_comes_out_as_rgb(name: str, tolerance: int) -> None:
+    reference = pixel_array(pydicom.dcmread(shipped("SC_rgb_rle.dcm"))).transpose(2, 0, 1).astype(int)
+    image = one(shipped(name))
+    assert image.shape == (3, 100, 100)
+    assert np.abs(image.astype(int) - reference).max() <= tolerance
+
+
+def test_palette_color_goes_through_the_palette() -> None:
+    path = shipped("examples_palette.dcm")  # 16-bit palette entries
+    ds = pydicom.dcmread(path)
+    rgb = apply_color_lut(pixel_array(ds), ds).astype(np.float64)
+    expected = np.rint(rgb / 65535 * 255).transpose(2, 0, 1)
+    sample = read(path)[0]
+    np.testing.assert_array_equal(sample.image, expected)
+    assert sample.metadata["palette_bits"] == 16
+
+
+def test_generated_palette_color(tmp_path: Path) -> None:
+    index = np.array([[0, 1], [2, 3]], dtype=np.uint8)
+    ds = image_dataset(index, photometric="PALETTE COLOR", modality="OT")
+    for colour, values in (("Red", [255, 0, 0, 128]), ("Green", [0, 255, 0, 128]), ("Blue", [0, 0, 255, 128])):
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [4, 0, 8])
+        setattr(ds, f"{colour}PaletteColorLookupTableData", bytes(values))
+    image = one(save(ds, tmp_path / "pal.dcm"))
+    np.testing.assert_array_equal(image[:, 0, 0], [255, 0, 0])
+    np.testing.assert_array_equal(image[:, 1, 1], [128, 128, 128])
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def test_metadata_is_json_and_carries_no_identifiers(tmp_path: Path) -> None:
+    ds = ct_dataset(ct_pixels((8, 8)))
+    ds.AccessionNumber = "ACC-777"
+    ds.ReferringPhysicianName = "House^Greg"
+    meta = read(save(ds, tmp_path / "ct.dcm"), file_window(), window(-600, 1500, name="lung"))[0].metadata
+    text = json.dumps(meta)
+    for secret in (PATIENT_ID, PATIENT_NAME, "Doe", STUDY_DATE, "19700101", "Elsewhere", "ACC-777", "House"):
+        assert secret not in text
+    uids = re.findall(r"\d+(?:\.\d+){4,}", text)
+    assert uids == [meta["transfer_syntax"]]
+    assert meta["modality"] == "CT" and meta["photometric_interpretation"] == "MONOCHROME2"
+    assert (meta["rows"], meta["columns"]) == (8, 8)
+    assert meta["pixel_spacing"] == [0.5, 0.5] and meta["slice_thickness"] == 1.25
+    assert (meta["rescale_slope"], meta["rescale_intercept"]) == (1.0, -1024.0)
+    assert meta["body_part_examined"] == "HEAD" and meta["kvp"] == 120.0
+    assert meta["manufacturer_model_name"] == "TestScanner 9000"
+    assert meta["decoder"] == "pydicom" and meta["transfer_syntax"] == "1.2.840.10008.1.2.1"
+    assert [(w["name"], w["center"], w["width"], w["function"]) for w in meta["windows"]] == [
+        ("file", 40.0, 80.0, "LINEAR"), ("lung", -600.0, 1500.0, "LINEAR")]
+
+
+def test_optional_metadata_is_left_out_when_absent(tmp_path: Path) -> None:
+    ds = image_dataset(ct_pixels((4, 4)), WindowCenter=100, WindowWidth=200)
+    meta = read(save(ds, tmp_path / "bare.dcm"))[0].metadata
+    assert not {"body_part_examined", "manufacturer_model_name", "kvp"} & set(meta)
+    assert meta["pixel_spacing"] is None
+
+
+def test_reading_twice_gives_identical_bytes(tmp_path: Path) -> None:
+    path = save(ct_dataset(_frames()), tmp_path / "mf.dcm")
+    first = [s.image.tobytes() for s in read(path, window(40, 80), size=(5, 7))]
+    second = [s.image.tobytes() for s in read(path, window(40, 80), size=(5, 7))]
+    assert first == second
+
+
+def test_enhanced_shared_only_dataset_uses_shared_groups(tmp_path: Path) -> None:
+    frames = _frames()[:2]
+    ds = enhanced_ct_dataset(frames, rescales=[None, None], windows=[None, None], shared_rescale=(1.0, -1024.0),
+                             shared_window=(40, 80))
+    del ds.PerFrameFunctionalGroupsSequence
+    ds.PerFrameFunctionalGroupsSequence = DicomSequence([Dataset(), Dataset()])
+    samples = read(save(ds, tmp_path / "shared.dcm"))
+    np.testing.assert_array_equal(samples[1].image[0], np.rint(linear(frames[1] - 1024.0, 40, 80) * 255))
