@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
-from packer.audit import audit_assignment, raise_on_leakage, write_leakage
+from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
-from packer.discover import discover
 from packer.errors import BadFractionError
 from packer.execute import Executor, open_executor
 from packer.manifest import (
@@ -40,11 +39,11 @@ from packer.manifest import (
 from packer.pack.assemble import ShardTask, write_shard
 from packer.pack.plan import ShardPlan, plan_shards
 from packer.pack.writer import ShardWrite, atomic_output
-from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
+from packer.prepare import prepare
+from packer.process import SpilledSample
 from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
-from packer.split import assign_splits, near_edges
 
 CACHE_DIR = ".cache"
 
@@ -75,20 +74,6 @@ class BuildResult:
     def over_threshold(self) -> bool:
         bad = self.manifest["bad_samples"]
         return bool(bad["fraction"] > bad["max_fraction"])
-
-
-def _process_all(job: JobConfig, executor: Executor, cache_dir: Path, refs: list[Any],
-                 quiet: bool) -> list[ChunkResult]:
-    libraries = library_versions()
-    tasks = [ChunkTask(key=chunk_key(chunk, job, libraries), refs=chunk, job=job, cache_dir=str(cache_dir))
-             for chunk in chunk_refs(refs)]
-    progress = Progress("process", len(refs), quiet=quiet)
-    results: list[ChunkResult] = []
-    for result in executor.map_unordered(process_chunk, tasks):
-        results.append(result)
-        progress.update(result.files, bad=len(result.issues))
-    progress.close()
-    return sorted(results, key=lambda r: r.key)
 
 
 def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_map: dict[str, int],
@@ -148,24 +133,12 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     cache_dir = dataset_root / CACHE_DIR
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
 
-    refs, issues = discover(job)
-    inputs = len(refs) + len(issues)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     with open_executor(options.scheduler, options.workers) as executor:
-        if not options.quiet:
-            print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
-        chunks = _process_all(job, executor, cache_dir, refs, options.quiet)
-        samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
-        issues.extend(i for c in chunks for i in c.issues)
-
-        edges = near_edges(samples, job.split)
-        assignment = assign_splits(samples, job.split, edges)
-        audit = audit_assignment(samples, assignment, job.split, edges)
-        if audit.failed:
-            write_leakage(dataset_root, audit)
-            raise_on_leakage(audit)
-        issues.extend(assignment.dropped)
-        samples = [s for s in samples if s.key in assignment.split]
+        prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet)
+        if prepared.audit.failed:
+            write_leakage(dataset_root, prepared.audit)
+            raise_on_leakage(prepared.audit)
+        samples, issues, assignment = list(prepared.samples), list(prepared.issues), prepared.assignment
         label_map = {name: index for index, name in enumerate(sorted({s.ref.label for s in samples}))}  # type: ignore[type-var]
 
         by_split: dict[str, list[SpilledSample]] = defaultdict(list)
@@ -183,7 +156,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     rows = [row for plan in plans for row in written[plan.file].rows]
     index_entry = write_index(staging, rows)
     splits_entry = write_splits_table(staging, samples, assignment)
-    write_leakage(staging, audit)
+    write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
     body = {
         "format_version": FORMAT_VERSION,
@@ -197,16 +170,16 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         "sample_schema": _sample_schema(samples),
         "label_map": label_map,
         "splits": _split_summary(by_split, plans, written),
-        "inputs": {"files": inputs, "samples": len(samples)},
-        "bad_samples": summarize_issues(issues, inputs=inputs, max_fraction=job.max_bad_fraction),
-        "audit": audit.to_json(listed=False),
+        "inputs": {"files": prepared.inputs, "samples": len(samples)},
+        "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),
+        "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,
         "splits_table": splits_entry,
     }
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
-    _prune_cache(cache_dir, {c.key for c in chunks}, keep=options.keep_cache)
+    _prune_cache(cache_dir, {c.key for c in prepared.chunks}, keep=options.keep_cache)
     registry_copy = None
     if job.registry is not None:
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
@@ -215,7 +188,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
                        manifest=_read_json(version_dir / MANIFEST_FILE),
                        issues=tuple(sorted(issues, key=lambda i: (i.path, i.sample_id))), reused=reused,
                        registry_copy=registry_copy, executor=description,
-                       files_decoded=sum(c.files for c in chunks if not c.reused))
+                       files_decoded=prepared.files_decoded)
 
 
 def _decoders() -> dict[str, str]:

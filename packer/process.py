@@ -13,6 +13,7 @@ re-run (``--resume`` after a crash, or a build after adding files) decodes only 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -59,10 +60,14 @@ class SpilledSample:
 
 @dataclass(frozen=True)
 class ChunkTask:
+    """A chunk of raw files to process. ``cache_dir`` None: keep nothing (``packer validate``);
+    ``decode`` False: headers only (``validate --quick``), samples carry no content hashes."""
+
     key: str
     refs: tuple[SampleRef, ...]
     job: JobConfig
-    cache_dir: str
+    cache_dir: str | None
+    decode: bool = True
 
 
 @dataclass(frozen=True)
@@ -151,19 +156,36 @@ def _samples_of(ref: SampleRef, job: JobConfig) -> Iterator[Any] | Issue:
     return iter(result)
 
 
+def _headers_only(task: ChunkTask) -> ChunkResult:
+    samples: list[SpilledSample] = []
+    issues: list[Issue] = []
+    for ref in task.refs:
+        probed = probe_ref(ref, task.job)
+        if isinstance(probed, Issue):
+            issues.append(probed)
+            continue
+        samples.append(SpilledSample(key=probed.sample_id, ref=probed, spill="", offset=0, pixel_bytes=0,
+                                     meta_bytes=0, shape=(), dtype="", sha256=f"not-decoded:{probed.sample_id}"))
+    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
+
+
 def process_chunk(task: ChunkTask) -> ChunkResult:
     """Dask task: header, decode, validate and transform every file of a chunk; spill the bytes.
 
-    Reuses the cache entry when one with the same key is complete.
+    Reuses the cache entry when one with the same key is complete. Without a cache folder the
+    bytes are hashed and dropped (records only).
     """
-    cache_dir = Path(task.cache_dir)
-    cached = load_cached_chunk(cache_dir, task.key)
-    if cached is not None:
-        return cached
+    if not task.decode:
+        return _headers_only(task)
+    cache_dir = Path(task.cache_dir) if task.cache_dir else None
+    if cache_dir is not None:
+        cached = load_cached_chunk(cache_dir, task.key)
+        if cached is not None:
+            return cached
     spill_name = f"{task.key}.spill"
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
-    with atomic_output(cache_dir / spill_name) as fh:
+    with (atomic_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
             outcome = _samples_of(ref, task.job)
@@ -182,11 +204,22 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                     dtype=image.dtype.name, sha256=hashlib.sha256(pixels).hexdigest(), dhash=dhash(image)))
                 offset += len(pixels) + len(meta)
         spill_bytes = offset
-    record = {"files": len(task.refs), "spill_bytes": spill_bytes,
-              "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
-    with atomic_output(_records_path(cache_dir, task.key)) as fh:
-        fh.write(canonical_json(record))
+    if cache_dir is not None:
+        record = {"files": len(task.refs), "spill_bytes": spill_bytes,
+                  "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
+        with atomic_output(_records_path(cache_dir, task.key)) as fh:
+            fh.write(canonical_json(record))
     return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
+
+
+class _Discard(contextlib.AbstractContextManager["_Discard"]):
+    """A file-like sink for ``packer validate``: counts nothing, keeps nothing."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def read_spilled(cache_dir: Path, sample: SpilledSample,
