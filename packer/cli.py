@@ -100,5 +100,13 @@ def demo_data(directory: Path, seed: int) -> None:
         click.echo(f"  {defect.relpath:<40} -> {defect.reason}")
 
 
+def _register() -> None:
+    from packer.commands.validate import validate_command
+
+    main.add_command(validate_command)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -18,6 +18,7 @@ from packer.manifest import library_versions
 from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
 from packer.progress import Progress
 from packer.records import Issue
+from packer.report import sort_issues
 from packer.split import Assignment, assign_splits, near_edges
 
 
@@ -80,5 +81,5 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     audit = audit_assignment(samples, assignment, split_cfg, edges)
     issues.extend(assignment.dropped)
     kept = tuple(s for s in samples if s.key in assignment.split)
-    return Prepared(inputs=inputs, samples=kept, issues=tuple(issues), assignment=assignment, audit=audit,
+    return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode)

@@ -36,6 +36,18 @@ def load_schema(name: str) -> dict[str, Any]:
     return schema
 
 
+@cache
+def schema_registry() -> Any:
+    """All of packer's schemas by their ``$id``, so they can ``$ref`` one another."""
+    from referencing import Registry, Resource
+
+    resources = []
+    for path in sorted(schema_dir().glob("*.schema.json")):
+        schema = load_schema(path.name.removesuffix(".schema.json"))
+        resources.append((schema["$id"], Resource.from_contents(schema)))
+    return Registry().with_resources(resources)
+
+
 def _plain(value: Any) -> Any:
     """YAML turns ``2024-01-01`` into a date; the schemas speak JSON, so make it a string."""
     if isinstance(value, (date, datetime)):
@@ -63,7 +75,8 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     if schema_name == "job" and not isinstance(plain, dict):
         raise ConfigError(f"{source}: a job file is a YAML mapping with name, sources, split, pack and output")
     validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))
-    validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER)
+    validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER,
+                              registry=schema_registry())
     errors = sorted(validator.iter_errors(plain), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if errors:
         error = errors[0]

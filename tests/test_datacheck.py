@@ -1,0 +1,173 @@
+"""packer validate: the CI data check finds planted leaks, reports as JSON and JUnit, exits right."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import cv2
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.config import load_job
+from packer.datacheck import summary, validate_job
+from packer.schemas import load_schema, schema_registry
+from packer.split import entity_unit, split_for_unit
+from tests.conftest import REPO, demo_job_doc, write_job
+
+RATIOS = (("train", 0.8), ("valid", 0.1), ("test", 0.1))
+
+
+def photo(seed: int) -> np.ndarray:
+    """A textured colour image, different for every seed."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+    return cv2.GaussianBlur(cv2.resize(small, (128, 96), interpolation=cv2.INTER_CUBIC), (5, 5), 0)
+
+
+def entities_in_different_splits(seed: int) -> tuple[str, str]:
+    by_split: dict[str, str] = {}
+    for i in range(1000):
+        entity = f"P{i:03d}"
+        by_split.setdefault(split_for_unit(entity_unit(entity, seed), RATIOS), entity)
+    return by_split["train"], by_split["test"]
+
+
+def image_job(tmp_path: Path, rows: list[tuple[str, np.ndarray, str, str]], **split: Any) -> Path:
+    """Write images and a table (path, label, entity) and a job over them; return the job path."""
+    raw = tmp_path / "raw"
+    raw.mkdir(parents=True)
+    lines = ["path,label,entity,timestamp"]
+    for rel, image, label, entity in rows:
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(raw / rel), image)
+        lines.append(f"{rel},{label},{entity},2024-01-01")
+    (raw / "labels.csv").write_text("\n".join(lines) + "\n")
+    doc = {"name": "leaks", "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+           "split": {"by": "entity", "seed": 5, **split}, "transform": {"image": {"size": [64, 64]}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    return write_job(tmp_path, doc)
+
+
+def base_rows(n: int = 30) -> list[tuple[str, np.ndarray, str, str]]:
+    return [(f"s{i:03d}.png", photo(i), ("a", "b")[i % 2], f"E{i:03d}") for i in range(n)]
+
+
+def run_validate(job: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    out = job.parent / "report.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(out), *extra])
+    return result.exit_code, json.loads(out.read_text()), result.output
+
+
+def test_demo_validates_clean_with_schema_valid_json_and_junit(demo_raw: Any, tmp_path: Path) -> None:
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    code, report, output = run_validate(job, "--junit", str(tmp_path / "junit.xml"))
+    assert code == 0, output
+    validator = jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry())
+    validator.validate(report)
+    assert report["bad_samples"]["total"] == len(demo_raw.defects)
+    assert sum(s["samples"] for s in report["splits"].values()) == report["inputs"]["samples"]
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    names = [c.get("name") for c in suite.iter("testcase")]
+    assert names[0] == "bad_fraction" and "entity_overlap" in names and "near_duplicates_across_splits" in names
+    assert suite.get("failures") == "0"
+    assert not (tmp_path / "out").exists()  # validate writes no shards
+
+
+def test_same_image_as_png_and_jpeg_under_two_patients_is_found(tmp_path: Path) -> None:
+    first, second = entities_in_different_splits(5)
+    copy = photo(999)
+    rows = [*base_rows(), ("x/orig.png", copy, "a", first), ("y/copy.jpg", copy, "a", second)]
+    # default duplicates: group → the two patients share a split and the cluster is reported
+    code, report, _ = run_validate(image_job(tmp_path / "group", rows))
+    assert code == 0
+    spans = report["audit"]["rules"]["duplicates_span_entities"]
+    assert spans["count"] == 1 and spans["findings"][0]["entities"] == sorted([first, second])
+    # without grouping the near duplicate lands across splits and fails the check
+    code, report, output = run_validate(image_job(tmp_path / "fail", rows, duplicates="fail"),
+                                        "--junit", str(tmp_path / "j.xml"))
+    assert code == 4, output
+    near = report["audit"]["rules"]["near_duplicates_across_splits"]
+    assert near["count"] == 1
+    pair = near["findings"][0]
+    assert {pair["a"]["path"], pair["b"]["path"]} == {"x/orig.png", "y/copy.jpg"} and pair["distance"] <= 4
+    failure = next(c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+                   if c.get("name") == "near_duplicates_across_splits").find("failure")
+    assert failure is not None and "copy.jpg" in (failure.text or "")
+
+
+def test_an_exact_copy_across_splits_is_found(tmp_path: Path) -> None:
+    first, second = entities_in_different_splits(5)
+    copy = photo(777)
+    rows = [*base_rows(), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)]
+    code, report, _ = run_validate(image_job(tmp_path, rows, duplicates="fail"))
+    assert code == 4
+    exact = report["audit"]["rules"]["exact_duplicates_across_splits"]
+    assert exact["count"] == 1
+    assert {s["path"] for s in exact["findings"][0]["samples"]} == {"a/one.png", "b/two.png"}
+
+
+def test_a_patient_repeated_in_two_sources_is_one_group(tmp_path: Path, demo_raw: Any) -> None:
+    """The demo's CT patients appear again in a photo table: same entity id, one split."""
+    raw = tmp_path / "raw"
+    shutil.copytree(demo_raw.root, raw)
+    extra = raw / "extra_photos"
+    extra.mkdir()
+    lines = ["path,label,entity,timestamp"]
+    for i in range(1, 13):
+        cv2.imwrite(str(extra / f"p{i}.png"), photo(100 + i))
+        lines.append(f"p{i}.png,circle,PAT{i:04d},2024-01-01")
+    (extra / "labels.csv").write_text("\n".join(lines) + "\n")
+    doc = demo_job_doc(raw, tmp_path / "out")
+    doc["sources"].append({"kind": "image", "root": str(extra), "table": str(extra / "labels.csv")})
+    result = validate_job(load_job(write_job(tmp_path, doc)), scheduler="sync", quiet=True)
+    assert result.exit_code == 0
+    split_of: dict[str, set[str]] = {}
+    for sample in result.prepared.samples:
+        split_of.setdefault(sample.ref.entity or "", set()).add(result.prepared.assignment.split[sample.key])
+    assert all(len(splits) == 1 for splits in split_of.values())
+    sources_of = {e: {s.ref.source for s in result.prepared.samples if s.ref.entity == e} for e in split_of}
+    assert sum(len(s) == 2 for s in sources_of.values()) == 12
+
+
+def test_quick_mode_reads_headers_only_and_still_reports_missing_labels(tmp_path: Path) -> None:
+    rows = base_rows(10)
+    job = image_job(tmp_path, rows)
+    (tmp_path / "raw" / "unlisted.png").write_bytes((tmp_path / "raw" / "s000.png").read_bytes())
+    code, report, _ = run_validate(job, "--quick")
+    assert code == 3  # 1 bad of 11 > 5%
+    assert report["quick"] is True and report["bad_samples"]["by_reason"] == {"missing_label": 1}
+
+
+def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
+    code, report, _ = run_validate(job)
+    assert code == 3 and report["passed"] is False and report["exit_code"] == 3
+
+
+def test_summary_is_schema_valid_for_a_leak(tmp_path: Path) -> None:
+    first, second = entities_in_different_splits(5)
+    copy = photo(4242)
+    rows = [*base_rows(12), ("a.png", copy, "a", first), ("b.png", copy, "a", second)]
+    result = validate_job(load_job(image_job(tmp_path, rows, duplicates="fail")), scheduler="sync", quiet=True)
+    assert summary(result)["exit_code"] == 4
+
+
+def test_the_ci_workflow_is_a_valid_github_workflow() -> None:
+    workflow = REPO / ".github" / "workflows" / "validate-data.yml"
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    if not exe.exists():
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[dev]')")
+    proc = subprocess.run([str(exe), "--builtin-schema", "vendor.github-workflows", str(workflow)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = workflow.read_text()
+    assert "packer validate" in text and "--junit" in text
