@@ -1,0 +1,89 @@
+"""``packer inspect``, ``packer diff`` and ``packer ls``: read-only views of built datasets
+(thin layer over packer.inspect)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from packer.commands import exits
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+@click.command("inspect")
+@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (a stable dict for scripts).")
+@exits
+def inspect_command(manifest: Path, as_json: bool) -> None:
+    """Summarise a built dataset: MANIFEST is its manifest.json, the version folder, or a registry copy.
+
+    Shows name, version, dataset_hash, created_at, format, packer and library versions, DICOM
+    decoders, per split samples/entities/shards/bytes and class balance, shard sizes, the
+    sample schema, bad-sample reasons, the split audit and the config. Reads only the manifest;
+    exits 5 if it fails its hash (run `packer verify` to check the shards too).
+    """
+    from packer.inspect import format_summary, inspect_dataset
+
+    summary = inspect_dataset(manifest)
+    if as_json:
+        _echo_json(summary)
+    else:
+        click.echo(format_summary(summary))
+
+
+@click.command("diff")
+@click.argument("old", type=click.Path(exists=True, path_type=Path))
+@click.argument("new", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print every difference as JSON.")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Keys listed per kind of change in the text output.")
+@exits
+def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
+    """Compare two built versions OLD and NEW (manifests or version folders).
+
+    Samples added, removed and changed (by key; content by the per-sample sha256 in each
+    _index.parquet), samples that moved split or changed label, per split and per label; then
+    the config differences (key paths) and packer/library/decoder version differences.
+    A difference is not an error: exits 0 (5 only if a manifest or index fails its hash).
+    """
+    from packer.inspect import diff_datasets, format_diff
+
+    diff = diff_datasets(old, new)
+    if as_json:
+        _echo_json(diff.to_json())
+    else:
+        click.echo(format_diff(diff, limit=limit))
+
+
+@click.command("ls")
+@click.argument("registry", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", help="Only the dataset with this name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@exits
+def ls_command(registry: Path | None, name: str | None, as_json: bool) -> None:
+    """List the manifests kept in a registry folder (REGISTRY, default ./manifests), newest first.
+
+    The registry holds <name>/<version>.json copies written by `packer build` when the job
+    names a registry. Shows name, version, created_at, samples per split and the dataset_hash
+    prefix. Exits 2 when the folder does not exist, 5 when a listed manifest fails its hash.
+    """
+    from packer.errors import IntegrityError
+    from packer.inspect import DEFAULT_REGISTRY, format_registry, list_registry
+
+    entries = list_registry(registry or DEFAULT_REGISTRY, name=name)
+    if as_json:
+        _echo_json([e.to_json() for e in entries])
+    elif not entries:
+        click.echo(f"no manifests under {registry or DEFAULT_REGISTRY}" + (f" for {name!r}" if name else ""))
+    else:
+        click.echo(format_registry(entries))
+    broken = [e for e in entries if e.problem is not None]
+    if broken:
+        raise IntegrityError(f"{len(broken)} registry manifest(s) fail their check: "
+                             + ", ".join(e.path for e in broken))

@@ -1,0 +1,490 @@
+"""Read-only views of built datasets: what a version holds (``inspect``), how two versions
+differ (``diff``) and which versions a registry folder keeps (``ls``).
+
+Everything here reads manifests through :func:`packer.manifest.load_manifest`, so an edited
+or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
+also reads each version's ``_index.parquet`` (after checking its sha256 against the
+manifest) to compare samples by key and per-sample sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packer.config import SPLITS
+from packer.errors import ConfigError, IntegrityError
+from packer.manifest import load_manifest, resolve_manifest_path
+from packer.pack.writer import sha256_file
+
+DEFAULT_REGISTRY = Path("manifests")
+
+
+def inspect_dataset(manifest_path: str | Path) -> dict[str, Any]:
+    """Summarise the manifest at ``manifest_path`` (file or version folder) as a stable dict.
+
+    Raises IntegrityError when the manifest is unreadable, breaks the schema or fails its hash.
+    """
+    file = resolve_manifest_path(manifest_path)
+    return {"manifest": str(file), **summarize_manifest(load_manifest(file))}
+
+
+def _size_stats(sizes: list[int]) -> dict[str, int] | None:
+    if not sizes:
+        return None
+    return {"min": min(sizes), "median": int(statistics.median(sizes)), "max": max(sizes)}
+
+
+def _classes(counts: dict[str, int]) -> dict[str, dict[str, float | int]]:
+    total = sum(counts.values())
+    return {label: {"count": n, "percent": round(100 * n / total, 1) if total else 0.0}
+            for label, n in sorted(counts.items())}
+
+
+def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The numbers ``packer inspect`` shows, taken from a loaded manifest (no file access).
+
+    Keys: name, version, dataset_hash, created_at, format, format_version, packer_version,
+    libraries, decoders, label_map, sample_schema, splits (per split samples, entities,
+    shards, bytes, shard_bytes min/median/max, classes count/percent), totals, inputs,
+    bad_samples, audit (passed + the manifest's audit record), config_hash, config.
+    """
+    splits: dict[str, Any] = {}
+    all_sizes: list[int] = []
+    all_classes: Counter[str] = Counter()
+    for split in [s for s in SPLITS if s in manifest["splits"]]:
+        entry = manifest["splits"][split]
+        sizes = [shard["bytes"] for shard in entry["shards"]]
+        all_sizes += sizes
+        all_classes.update(entry["class_counts"])
+        splits[split] = {"samples": entry["samples"], "entities": entry["entities"], "shards": len(sizes),
+                         "bytes": sum(sizes), "shard_bytes": _size_stats(sizes),
+                         "classes": _classes(entry["class_counts"])}
+    bad = manifest["bad_samples"]
+    audit = manifest["audit"]
+    return {
+        "name": manifest["name"], "version": manifest["version"], "dataset_hash": manifest["dataset_hash"],
+        "created_at": manifest["created_at"], "format": manifest["format"],
+        "format_version": manifest["format_version"], "packer_version": manifest["packer_version"],
+        "libraries": manifest["libraries"], "decoders": manifest["decoders"], "label_map": manifest["label_map"],
+        "sample_schema": manifest["sample_schema"], "splits": splits,
+        "totals": {"samples": sum(s["samples"] for s in splits.values()),
+                   "entities": sum(s["entities"] for s in splits.values()),
+                   "shards": len(all_sizes), "bytes": sum(all_sizes), "shard_bytes": _size_stats(all_sizes),
+                   "classes": _classes(dict(all_classes))},
+        "inputs": manifest["inputs"],
+        "bad_samples": {k: bad[k] for k in ("total", "fraction", "max_fraction", "by_reason", "by_stage")},
+        "audit": {"passed": audit.get("passed") if isinstance(audit.get("passed"), bool) else None,
+                  "record": audit},
+        "config_hash": manifest["config_hash"], "config": manifest["config"],
+    }
+
+
+def human_bytes(size: float) -> str:
+    """``1536`` → ``'1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns at GiB
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists as ``{"a.b[0].c": leaf}`` (empty dicts and lists are leaves)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key in sorted(value):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for i, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+        return "+".join(str(v["name"]) for v in value)
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _compact(value: Any, prefix: str = "") -> str:
+    """One-line rendering of a config section: its non-null leaves as ``path=value``."""
+    if not isinstance(value, dict):
+        return _scalar(value)
+    parts = []
+    for key in sorted(value):
+        item = value[key]
+        if isinstance(item, dict) and item:
+            parts.append(_compact(item, f"{prefix}{key}."))
+        elif item is not None:
+            parts.append(f"{prefix}{key}={_scalar(item)}")
+    return " ".join(p for p in parts if p and p != "-") or "-"
+
+
+def _audit_lines(audit: dict[str, Any]) -> list[str]:
+    passed = audit.get("passed")
+    lines = [f"  audit         {'passed' if passed is True else 'FAILED' if passed is False else 'recorded'}"]
+    rules = audit.get("rules")
+    if isinstance(rules, dict):
+        for rule, result in sorted(rules.items()):
+            if isinstance(result, dict):
+                status = "passed" if result.get("passed") else "FAILED"
+                lines.append(f"    {rule:<32} {status:<7} count {result.get('count', '-')} "
+                             f"({result.get('severity', '-')})")
+    for key, value in sorted(audit.items()):
+        if key not in ("passed", "rules"):
+            lines.append(f"    {key:<32} {_compact(value)}")
+    return lines
+
+
+def _by_value(item: tuple[str, int]) -> int:
+    return item[1]
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The text ``packer inspect`` prints for a :func:`summarize_manifest` dict."""
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(summary["libraries"].items()) if k != "packer")
+    by_decoder = Counter(summary["decoders"].values())
+    schema = summary["sample_schema"]
+    shapes = "; ".join(f"{src} {', '.join(map(str, s))}" for src, s in sorted(schema["shapes"].items()))
+    lines = [
+        f"dataset {summary['name']} version {summary['version']}",
+        f"  dataset_hash  {summary['dataset_hash']}",
+        f"  created_at    {summary['created_at']}",
+        f"  format        {summary['format']} (format_version {summary['format_version']})",
+        f"  packer        {summary['packer_version']}; {libs}",
+        "  decoders      " + (", ".join(f"{d} ({n} transfer syntaxes)" for d, n in sorted(by_decoder.items())) or "-"),
+        f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}",
+        "  labels        " + ", ".join(f"{k} {v}" for k, v in sorted(summary["label_map"].items(), key=_by_value)),
+        "",
+        f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   classes",
+    ]
+    rows = [*summary["splits"].items(), ("total", summary["totals"])]
+    for split, entry in rows:
+        classes = ", ".join(f"{k} {v['count']} ({v['percent']:.1f}%)" for k, v in entry["classes"].items()) or "-"
+        lines.append(f"  {split:<7}{entry['samples']:>8}{entry['entities']:>10}{entry['shards']:>8}"
+                     f"{human_bytes(entry['bytes']):>12}   {classes}")
+    sizes = summary["totals"]["shard_bytes"]
+    if sizes:
+        lines.append(f"  shard size    min {human_bytes(sizes['min'])}  median {human_bytes(sizes['median'])}  "
+                     f"max {human_bytes(sizes['max'])}")
+    bad = summary["bad_samples"]
+    reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
+    lines += [
+        f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples",
+        f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}",
+        *_audit_lines(summary["audit"]["record"]),
+        f"  config        {summary['config_hash'][:16]}…",
+    ]
+    for section, value in summary["config"].items():
+        if section == "name":
+            continue
+        if section == "sources" and isinstance(value, list):
+            lines += [f"    {'source':<18}{s.get('name', '?')}: {s.get('kind', '?')} {s.get('root', '?')}"
+                      for s in value if isinstance(s, dict)]
+        elif isinstance(value, dict) and value and all(isinstance(v, dict | None) for v in value.values()):
+            lines += [f"    {section + '.' + part:<18}{_compact(sub)}" for part, sub in value.items()]
+        else:
+            lines.append(f"    {section:<18}{_compact(value)}")
+    return "\n".join(lines)
+
+
+# -- diff -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleChange:
+    """One sample present in either version: where it was and where it is (None: absent)."""
+
+    key: str
+    old_split: str | None
+    new_split: str | None
+    old_label: str | None
+    new_label: str | None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"key": self.key, "old_split": self.old_split, "new_split": self.new_split,
+                "old_label": self.old_label, "new_label": self.new_label}
+
+
+@dataclass(frozen=True)
+class ValueChange:
+    """One key path whose value differs; ``change`` is added, removed or changed."""
+
+    path: str
+    change: str
+    old: Any
+    new: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change, "old": self.old, "new": self.new}
+
+
+@dataclass(frozen=True)
+class DatasetDiff:
+    """What changed from ``old`` to ``new``. Sample lists are sorted by key.
+
+    ``changed``: same key, different per-sample sha256 (only when ``content_compared``);
+    ``moved``: same key, different split; ``relabeled``: same key, different label name.
+    ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
+    """
+
+    old: dict[str, Any]
+    new: dict[str, Any]
+    samples_compared: bool
+    content_compared: bool
+    added: tuple[SampleChange, ...]
+    removed: tuple[SampleChange, ...]
+    changed: tuple[SampleChange, ...]
+    moved: tuple[SampleChange, ...]
+    relabeled: tuple[SampleChange, ...]
+    config: tuple[ValueChange, ...]
+    versions: tuple[ValueChange, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.moved or self.relabeled or self.config
+                    or self.versions)
+
+    def by_split(self) -> dict[str, dict[str, int]]:
+        """Per split: added, removed, changed (counted where the sample is now), moved_in, moved_out."""
+        out: dict[str, Counter[str]] = defaultdict(Counter)
+        for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
+                                  ("changed", self.changed, "new")):
+            for item in items:
+                out[str(getattr(item, f"{side}_split"))][kind] += 1
+        for item in self.moved:
+            out[str(item.new_split)]["moved_in"] += 1
+            out[str(item.old_split)]["moved_out"] += 1
+        return {split: dict(sorted(out[split].items())) for split in sorted(out, key=_split_order)}
+
+    def by_label(self) -> dict[str, dict[str, int]]:
+        """Per label name: added, removed, changed, relabeled_in, relabeled_out."""
+        out: dict[str, Counter[str]] = defaultdict(Counter)
+        for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
+                                  ("changed", self.changed, "new")):
+            for item in items:
+                out[str(getattr(item, f"{side}_label"))][kind] += 1
+        for item in self.relabeled:
+            out[str(item.new_label)]["relabeled_in"] += 1
+            out[str(item.old_label)]["relabeled_out"] += 1
+        return {label: dict(sorted(out[label].items())) for label in sorted(out)}
+
+    def to_json(self) -> dict[str, Any]:
+        """A stable, JSON-ready dict (what ``packer diff --json`` prints)."""
+        samples = {name: [c.to_json() for c in getattr(self, name)]
+                   for name in ("added", "removed", "changed", "moved", "relabeled")}
+        return {"old": self.old, "new": self.new, "empty": self.empty,
+                "samples": {"compared": self.samples_compared, "content_compared": self.content_compared,
+                            **samples, "by_split": self.by_split(), "by_label": self.by_label()},
+                "config": [c.to_json() for c in self.config], "versions": [c.to_json() for c in self.versions],
+                "notes": list(self.notes)}
+
+
+def _split_order(split: str) -> tuple[int, str]:
+    return (SPLITS.index(split) if split in SPLITS else len(SPLITS), split)
+
+
+def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[ValueChange, ...]:
+    """Key-path differences between two nested dicts (see :func:`flatten`), sorted by path."""
+    a, b = flatten(old), flatten(new)
+    changes = []
+    for path in sorted(set(a) | set(b)):
+        if path not in b:
+            changes.append(ValueChange(path, "removed", a[path], None))
+        elif path not in a:
+            changes.append(ValueChange(path, "added", None, b[path]))
+        elif a[path] != b[path]:
+            changes.append(ValueChange(path, "changed", a[path], b[path]))
+    return tuple(changes)
+
+
+def read_sample_index(manifest_file: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """``_index.parquet`` beside ``manifest_file`` as ``{key: {split, label, sha256}}`` with label
+    names; None when the file is absent (a registry copy). IntegrityError when it does not
+    match the manifest's recorded sha256."""
+    entry = manifest["index"]
+    path = manifest_file.parent / entry["file"]
+    if not path.is_file():
+        return None
+    size, digest = sha256_file(path)
+    if (size, digest) != (entry["bytes"], entry["sha256"]):
+        raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
+                             f"{manifest_file.parent}` and rebuild the version")
+    try:
+        rows = pq.read_table(path, columns=["key", "split", "label", "sha256"]).to_pylist()
+    except (pa.ArrowException, OSError) as err:
+        raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
+    names = {index: name for name, index in manifest["label_map"].items()}
+    return {row["key"]: {"split": row["split"], "label": names.get(row["label"], str(row["label"])),
+                         "sha256": row["sha256"]} for row in rows}
+
+
+def _side(file: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"manifest": str(file), "name": manifest["name"], "version": manifest["version"],
+            "dataset_hash": manifest["dataset_hash"], "format": manifest["format"],
+            "samples": manifest["inputs"]["samples"]}
+
+
+def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
+    """Compare two built versions (manifests or version folders): samples by key and content,
+    the resolved config, and the packer/library/decoder versions.
+
+    Raises IntegrityError when a manifest or index fails its hash. A missing
+    ``_index.parquet`` (registry copies) only skips the sample comparison, with a note.
+    """
+    old_file, new_file = resolve_manifest_path(old_path), resolve_manifest_path(new_path)
+    old, new = load_manifest(old_file), load_manifest(new_file)
+    notes: list[str] = []
+    if old["name"] != new["name"]:
+        notes.append(f"different datasets: {old['name']!r} vs {new['name']!r}")
+    old_rows, new_rows = read_sample_index(old_file, old), read_sample_index(new_file, new)
+    for rows, file, manifest in ((old_rows, old_file, old), (new_rows, new_file, new)):
+        if rows is None:
+            notes.append(f"{file.parent / manifest['index']['file']} not found (a registry copy?): samples not "
+                         "compared; pass the version folders")
+    content = old["format"] == new["format"]
+    if not content:
+        notes.append(f"formats differ ({old['format']} vs {new['format']}): per-sample sha256 hash different "
+                     "bytes (.npy member vs raw image), so content changes are not compared")
+    lists: dict[str, list[SampleChange]] = defaultdict(list)
+    if old_rows is not None and new_rows is not None:
+        for key in sorted(set(old_rows) | set(new_rows)):
+            a, b = old_rows.get(key), new_rows.get(key)
+            change = SampleChange(key, old_split=a["split"] if a else None, new_split=b["split"] if b else None,
+                                  old_label=a["label"] if a else None, new_label=b["label"] if b else None)
+            if a is None:
+                lists["added"].append(change)
+            elif b is None:
+                lists["removed"].append(change)
+            else:
+                if content and a["sha256"] != b["sha256"]:
+                    lists["changed"].append(change)
+                if a["split"] != b["split"]:
+                    lists["moved"].append(change)
+                if a["label"] != b["label"]:
+                    lists["relabeled"].append(change)
+    versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
+                            "decoders": old["decoders"], "format_version": old["format_version"]},
+                           {"packer_version": new["packer_version"], "libraries": new["libraries"],
+                            "decoders": new["decoders"], "format_version": new["format_version"]})
+    return DatasetDiff(old=_side(old_file, old), new=_side(new_file, new),
+                       samples_compared=old_rows is not None and new_rows is not None, content_compared=content,
+                       added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
+                       moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
+                       config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes))
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False) if value is not None else "(absent)"
+
+
+def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
+    """The text ``packer diff`` prints; at most ``limit`` keys per list (``--json`` has all)."""
+    old, new = diff.old, diff.new
+    lines = [f"diff {old['name']} {old['version']} ({old['samples']} samples) -> "
+             f"{new['name']} {new['version']} ({new['samples']} samples)"]
+    lines += [f"  note: {note}" for note in diff.notes]
+    if diff.empty:
+        lines.append("  no differences")
+        return "\n".join(lines)
+    if diff.samples_compared:
+        lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "
+                     f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled")
+        for title, table in (("by split", diff.by_split()), ("by label", diff.by_label())):
+            for name, counts in table.items():
+                lines.append(f"    {title} {name:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        for name in ("added", "removed", "changed", "moved", "relabeled"):
+            items: tuple[SampleChange, ...] = getattr(diff, name)
+            for item in items[:limit]:
+                if name == "moved":
+                    detail = f"{item.old_split} -> {item.new_split}"
+                elif name == "relabeled":
+                    detail = f"{item.old_label} -> {item.new_label}"
+                elif name == "removed":
+                    detail = f"{item.old_split}, {item.old_label}"
+                else:
+                    detail = f"{item.new_split}, {item.new_label}"
+                lines.append(f"    {name:<9} {item.key}  ({detail})")
+            if len(items) > limit:
+                lines.append(f"    {name:<9} ... and {len(items) - limit} more (--json lists all)")
+    for title, changes in (("config", diff.config), ("versions", diff.versions)):
+        lines.append(f"  {title}: {len(changes) or 'no'} difference{'s' if len(changes) != 1 else ''}")
+        lines += [f"    {c.path}: {_value(c.old)} -> {_value(c.new)}" for c in changes]
+    return "\n".join(lines)
+
+
+# -- registry ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One manifest kept in a registry folder (``<registry>/<name>/<version>.json``).
+
+    ``problem`` is set (and the other fields are best effort) when the manifest fails to load.
+    """
+
+    name: str
+    version: str
+    created_at: str
+    dataset_hash: str
+    samples: tuple[tuple[str, int], ...]
+    path: str
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "created_at": self.created_at,
+                "dataset_hash": self.dataset_hash, "samples": dict(self.samples), "path": self.path,
+                "problem": self.problem}
+
+
+def list_registry(registry: str | Path = DEFAULT_REGISTRY, *, name: str | None = None) -> tuple[RegistryEntry, ...]:
+    """Manifests under ``registry`` (optionally only dataset ``name``), newest ``created_at`` first.
+
+    Raises ConfigError when ``registry`` is not a folder. A manifest that fails to load is
+    listed with its ``problem`` rather than hidden.
+    """
+    root = Path(registry)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no registry folder here; pass the folder that holds "
+                          "<name>/<version>.json (the job's 'registry')")
+    entries = []
+    for file in sorted(root.glob(f"{name if name is not None else '*'}/*.json")):
+        try:
+            manifest = load_manifest(file)
+        except IntegrityError as err:
+            entries.append(RegistryEntry(name=file.parent.name, version=file.stem, created_at="", dataset_hash="",
+                                         samples=(), path=str(file), problem=str(err)))
+            continue
+        samples = tuple((split, manifest["splits"][split]["samples"])
+                        for split in SPLITS if split in manifest["splits"])
+        entries.append(RegistryEntry(name=manifest["name"], version=manifest["version"],
+                                     created_at=manifest["created_at"], dataset_hash=manifest["dataset_hash"],
+                                     samples=samples, path=str(file)))
+    return tuple(sorted(entries, key=lambda e: (e.created_at, e.version), reverse=True))
+
+
+def format_registry(entries: tuple[RegistryEntry, ...]) -> str:
+    """The table ``packer ls`` prints."""
+    lines = [f"{'name':<16} {'version':<13} {'created_at':<21} {'train':>7} {'valid':>7} {'test':>7}  dataset_hash"]
+    for e in entries:
+        if e.problem is not None:
+            lines.append(f"{e.name:<16} {e.version:<13} BROKEN: {e.problem}")
+            continue
+        counts = dict(e.samples)
+        lines.append(f"{e.name:<16} {e.version:<13} {e.created_at:<21} " + " ".join(
+            f"{counts.get(split, 0):>7}" for split in SPLITS) + f"  {e.dataset_hash[:16]}…")
+    return "\n".join(lines)

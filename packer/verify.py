@@ -1,0 +1,572 @@
+"""Verify a built dataset version against its manifest, and optionally decode every sample.
+
+Plain checks (read every byte once, decode nothing):
+
+- the manifest: readable JSON, valid against ``schemas/manifest.schema.json``, its own
+  ``dataset_hash`` matches its content, and its counts agree with each other;
+- every listed shard and ``_index.parquet``: present, size and sha256 as recorded;
+- the index rows agree with the shard list (shard names, splits, samples per shard);
+- the version folder holds no unlisted shard-like files (``*.tar``, ``*.parquet``) that
+  glob-based readers would pick up, and stale ``*.partial`` temporaries are reported as warnings.
+
+Deep checks (``deep=True``) decode every sample with stock readers only (``tarfile``,
+``numpy.load(allow_pickle=False)``, ``pyarrow``) and check it against ``sample_schema``,
+``label_map`` and its ``_index.parquet`` row (per-sample sha256), so they catch a sample whose
+bytes changed even when the shard hashes in the manifest were re-sealed to match.
+
+Every problem names the file (``shard``) and, where one is known, the sample ``key``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+import tarfile
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packer.config import SPLITS
+from packer.errors import IntegrityError
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
+from packer.pack.parquet import SCHEMA as PARQUET_SCHEMA
+from packer.pack.writer import TMP_SUFFIX, sha256_file
+from packer.progress import Progress
+
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+TAR_MEMBERS = ("cls", "json", "npy")
+SHARD_SUFFIXES = {"webdataset": ".tar", "parquet": ".parquet"}
+_REBUILD = "rebuild the version with `packer build` or restore the file from a good copy"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: the file it concerns (relative to the version folder), the sample key if
+    one is known, and a message that says what differs and how to fix it."""
+
+    shard: str
+    key: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.shard + (f" [{self.key}]" if self.key is not None else "")
+        return f"{where}: {self.message}"
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"shard": self.shard, "key": self.key, "message": self.message}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify_dataset` checked and found. ``ok`` is True when ``problems`` is
+    empty; ``warnings`` (stale temporaries) never make a dataset fail."""
+
+    manifest: str
+    name: str | None
+    version: str | None
+    deep: bool
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+    files_checked: int
+    bytes_checked: int
+    samples_checked: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """A stable, JSON-ready dict (what ``packer verify --json`` prints)."""
+        return {"manifest": self.manifest, "name": self.name, "version": self.version, "deep": self.deep,
+                "ok": self.ok, "files_checked": self.files_checked, "bytes_checked": self.bytes_checked,
+                "samples_checked": self.samples_checked,
+                "problems": [p.to_json() for p in self.problems],
+                "warnings": [w.to_json() for w in self.warnings]}
+
+
+@dataclass
+class _Findings:
+    """Mutable accumulator used while verifying; frozen into a VerifyReport at the end."""
+
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    samples: int = 0
+
+    def add(self, shard: str, message: str, key: str | None = None) -> None:
+        self.problems.append(Problem(shard=shard, key=key, message=message))
+
+
+@dataclass(frozen=True)
+class _Expect:
+    """What the manifest says every sample must look like."""
+
+    labels: dict[int, str]
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    shapes: dict[str, set[tuple[int, ...]]]
+
+
+def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool = True,
+                   stream: TextIO | None = None) -> VerifyReport:
+    """Check a built version (``manifest.json`` or its folder) against its recorded hashes.
+
+    Returns a report naming every problem; it never raises for a defect of the data. ``deep``
+    also decodes every sample (see the module docstring). ``quiet=False`` prints progress
+    lines to ``stream`` (default stderr). A manifest that is unreadable or breaks the schema
+    ends the check early: nothing else it says can be trusted.
+    """
+    file = Path(manifest_path)
+    file = file / MANIFEST_FILE if file.is_dir() else file
+    folder = file.parent
+    found = _Findings()
+    manifest = _read_manifest(file, found)
+    if manifest is None:
+        return _report(file, None, deep, found)
+    _check_manifest_counts(file.name, manifest, found)
+    shards = [(split, entry) for split in SPLITS for entry in manifest["splits"].get(split, {}).get("shards", [])]
+    side = _side_files(manifest)
+    progress = Progress("verify", len(shards) + len(side), unit="files", quiet=quiet, stream=stream)
+    index_rows = _check_index(folder, manifest, shards, found)
+    for entry in side:
+        if entry["file"] != manifest["index"]["file"]:
+            _check_file(folder, entry, found)
+    progress.update(len(side), bad=len(found.problems))
+    present: list[tuple[str, dict[str, Any]]] = []
+    for split, entry in shards:
+        before = len(found.problems)
+        if _check_file(folder, entry, found):
+            present.append((split, entry))
+        progress.update(bad=len(found.problems) - before)
+    _check_extra_files(folder, {entry["file"] for _, entry in shards} | {e["file"] for e in side}, found)
+    if shards and not present:
+        found.add(file.name, f"none of the {len(shards)} listed shards is beside {file}; if this is a registry "
+                             "copy, verify the version folder <output>/<name>/<version>/ instead")
+    progress.close()
+    if deep:
+        _verify_samples(folder, manifest, present, index_rows, found, quiet=quiet, stream=stream)
+    return _report(file, manifest, deep, found)
+
+
+def _report(file: Path, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyReport:
+    return VerifyReport(manifest=str(file), name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
+                        deep=deep, problems=tuple(found.problems), warnings=tuple(found.warnings),
+                        files_checked=found.files, bytes_checked=found.bytes, samples_checked=found.samples)
+
+
+def _read_manifest(file: Path, found: _Findings) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        found.add(file.name, f"cannot read {file} ({err.strerror}); pass a manifest.json or the version folder "
+                             "holding it")
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        found.add(file.name, f"{file} is not valid UTF-8 JSON ({err}); restore the manifest from the registry copy")
+        return None
+    if not isinstance(manifest, dict):
+        found.add(file.name, f"{file} holds a JSON {type(manifest).__name__}, not a manifest object")
+        return None
+    try:
+        validate_manifest(manifest, source=str(file))
+    except IntegrityError as err:
+        found.add(file.name, f"{err}; the manifest is damaged: restore it from the registry copy or rebuild")
+        return None
+    if compute_dataset_hash(manifest) != manifest["dataset_hash"]:
+        found.add(file.name, f"dataset_hash {manifest['dataset_hash'][:16]}… does not match the manifest's content "
+                             f"(sha256 {compute_dataset_hash(manifest)[:16]}…): the manifest was edited after the "
+                             "build; restore it from the registry copy or rebuild")
+    if manifest["version"] != manifest["dataset_hash"][:12]:
+        found.add(file.name, f"version {manifest['version']!r} is not the first 12 hex digits of dataset_hash "
+                             f"{manifest['dataset_hash'][:12]!r}; restore the manifest or rebuild")
+    return manifest
+
+
+def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings) -> None:
+    """Counts the manifest states twice must agree (a re-sealed manifest can still lie)."""
+    suffix = SHARD_SUFFIXES[manifest["format"]]
+    seen: set[str] = set()
+    total = 0
+    for split, entry in manifest["splits"].items():
+        listed = sum(s["samples"] for s in entry["shards"])
+        total += entry["samples"]
+        if listed != entry["samples"]:
+            found.add(name, f"splits.{split}: the shards hold {listed} samples but samples says {entry['samples']}")
+        if sum(entry["class_counts"].values()) != entry["samples"]:
+            found.add(name, f"splits.{split}: class_counts add up to {sum(entry['class_counts'].values())}, "
+                            f"not samples {entry['samples']}")
+        for shard in entry["shards"]:
+            if not shard["file"].startswith(f"{split}-") or not shard["file"].endswith(suffix):
+                found.add(name, f"splits.{split} lists {shard['file']}, which is not a {manifest['format']} shard "
+                                f"of split {split} ({split}-NNNNNN{suffix})")
+            if shard["file"] in seen:
+                found.add(name, f"{shard['file']} is listed twice")
+            seen.add(shard["file"])
+    if not total == manifest["inputs"]["samples"] == manifest["index"]["rows"]:
+        found.add(name, f"sample counts disagree: splits {total}, inputs.samples {manifest['inputs']['samples']}, "
+                        f"index.rows {manifest['index']['rows']}")
+    indices = sorted(manifest["label_map"].values())
+    if indices != list(range(len(indices))):
+        found.add(name, f"label_map indices {indices} are not 0..{len(indices) - 1}")
+
+
+def _check_file(folder: Path, entry: dict[str, Any], found: _Findings) -> bool:
+    """Size and sha256 of one listed file; True when it exists (even if it differs)."""
+    path = folder / entry["file"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        found.add(entry["file"], f"missing from {folder}: the manifest lists it ({entry['bytes']} bytes); {_REBUILD}")
+        return False
+    except OSError as err:
+        found.add(entry["file"], f"cannot stat {path} ({err.strerror})")
+        return False
+    if size != entry["bytes"]:
+        kind = "truncated" if size < entry["bytes"] else "grown"
+        found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
+        return True
+    try:
+        size, digest = sha256_file(path)
+    except OSError as err:
+        found.add(entry["file"], f"cannot read {path} ({err.strerror})")
+        return False
+    found.files += 1
+    found.bytes += size
+    if digest != entry["sha256"]:
+        found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: "
+                                 f"the file was modified or corrupted after the build; {_REBUILD}")
+    return True
+
+
+def _check_index(folder: Path, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
+                 found: _Findings) -> dict[str, list[dict[str, Any]]]:
+    """Hash ``_index.parquet`` and check its rows against the shard list; rows by shard file."""
+    if not _check_file(folder, manifest["index"], found):
+        return {}
+    try:
+        table = pq.read_table(folder / INDEX_FILE)
+    except (pa.ArrowException, OSError) as err:
+        found.add(INDEX_FILE, f"unreadable as Parquet ({err}); {_REBUILD}")
+        return {}
+    missing = [name for name in INDEX_SCHEMA.names if name not in table.column_names]
+    if missing:
+        found.add(INDEX_FILE, f"lacks the columns {missing}; {_REBUILD}")
+        return {}
+    if table.num_rows != manifest["index"]["rows"]:
+        found.add(INDEX_FILE, f"{table.num_rows} rows, the manifest records {manifest['index']['rows']}")
+    by_shard: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in table.select(INDEX_SCHEMA.names).to_pylist():
+        by_shard[row["shard"]].append(row)
+    split_of = {entry["file"]: split for split, entry in shards}
+    for shard, rows in sorted(by_shard.items()):
+        if shard not in split_of:
+            found.add(INDEX_FILE, f"{len(rows)} rows name shard {shard!r}, which the manifest does not list")
+            continue
+        for row in rows:
+            if row["split"] != split_of[shard]:
+                found.add(INDEX_FILE, f"row says split {row['split']!r}, shard {shard} is in {split_of[shard]!r}",
+                          key=row["key"])
+    for _, entry in shards:
+        if len(by_shard.get(entry["file"], [])) != entry["samples"]:
+            found.add(INDEX_FILE, f"{len(by_shard.get(entry['file'], []))} rows for {entry['file']}, the manifest "
+                                  f"records {entry['samples']} samples")
+    shards_of: dict[str, list[str]] = defaultdict(list)
+    for shard, rows in by_shard.items():
+        for row in rows:
+            shards_of[row["key"]].append(shard)
+    for key, where in sorted(shards_of.items()):
+        if len(where) > 1:
+            found.add(INDEX_FILE, f"key listed {len(where)} times ({', '.join(sorted(where))}); keys must be unique",
+                      key=key)
+    return dict(by_shard)
+
+
+def _side_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Top-level manifest entries that record a file (``index``, ``splits_table``, ...)."""
+    return [value for _, value in sorted(manifest.items())
+            if isinstance(value, dict) and {"file", "bytes", "sha256"} <= set(value)
+            and isinstance(value["file"], str) and "/" not in value["file"] and value["file"] not in ("", ".", "..")]
+
+
+def _check_extra_files(folder: Path, listed: set[str], found: _Findings) -> None:
+    try:
+        children = sorted(folder.iterdir())
+    except OSError as err:
+        found.add(folder.name, f"cannot list {folder} ({err.strerror})")
+        return
+    for path in children:
+        if not path.is_file():
+            continue
+        if path.name.endswith(TMP_SUFFIX):
+            found.warnings.append(Problem(path.name, None, "stale temporary from an interrupted write; it is not "
+                                                            "part of the dataset: delete it"))
+        elif path.suffix in (".tar", ".parquet") and path.name not in listed and not path.name.startswith("_"):
+            found.add(path.name, "shard-like file the manifest does not list: glob-based readers would mix it in; "
+                                 "delete it (or rebuild if it belongs to another version)")
+
+
+def _expectations(manifest: dict[str, Any]) -> _Expect:
+    schema = manifest["sample_schema"]
+    return _Expect(labels={index: name for name, index in manifest["label_map"].items()}, dtype=schema["dtype"],
+                   shape=tuple(schema["shape"]) if schema["shape"] is not None else None,
+                   shapes={src: {tuple(s) for s in shapes} for src, shapes in schema["shapes"].items()})
+
+
+def _verify_samples(folder: Path, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
+                    index_rows: dict[str, list[dict[str, Any]]], found: _Findings, *, quiet: bool,
+                    stream: TextIO | None) -> None:
+    """Decode every sample of every present shard; keys must be unique across the dataset."""
+    expect = _expectations(manifest)
+    owner: dict[str, str] = {}
+    progress = Progress("decode", sum(entry["samples"] for _, entry in shards), unit="samples", quiet=quiet,
+                        stream=stream)
+    for split, entry in shards:
+        name = entry["file"]
+        rows = {row["key"]: row for row in index_rows.get(name, [])}
+        decode = _tar_samples if manifest["format"] == "webdataset" else _parquet_samples
+        keys: list[str] = []
+        for key, sample in decode(folder / name, found):
+            before = len(found.problems)
+            if key is not None:
+                keys.append(key)
+                if owner.setdefault(key, name) != name:
+                    found.add(name, f"key also used in {owner[key]}; keys must be unique in a dataset", key=key)
+            _check_sample(name, split, key, sample, rows.get(key) if key is not None else None, expect, found)
+            found.samples += 1
+            progress.update(bad=len(found.problems) - before)
+        if len(keys) != entry["samples"]:
+            found.add(name, f"{len(keys)} readable samples, the manifest records {entry['samples']}")
+        for key in sorted(set(rows) - set(keys)):
+            found.add(name, "listed in _index.parquet but not readable from the shard", key=key)
+    progress.close()
+
+
+def _tar_samples(path: Path, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """Samples of a WebDataset tar, read with ``tarfile`` (members grouped by key, in order)."""
+    shard = path.name
+    current: str | None = None
+    sample: dict[str, Any] = {}
+    done: set[str] = set()
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            while True:
+                try:
+                    member = tar.next()
+                    if member is None:
+                        break
+                    data = _member_bytes(tar, member)
+                except (tarfile.TarError, OSError, EOFError) as err:
+                    found.add(shard, f"tar stream unreadable after sample {current} ({err}); {_REBUILD}")
+                    break
+                if data is None:
+                    found.add(shard, f"member {member.name!r} is not a regular file; {_REBUILD}")
+                    continue
+                parsed = _member_name(member.name)
+                if isinstance(parsed, str):
+                    found.add(shard, parsed)
+                    continue
+                key, ext = parsed
+                if key != current:
+                    if current is not None:
+                        yield current, sample
+                    if key in done:
+                        found.add(shard, "members of this key appear in two separate groups", key=key)
+                    current, sample = key, {"offset": member.offset}
+                    done.add(key)
+                if ext in sample:
+                    found.add(shard, f"member {member.name} appears twice", key=key)
+                sample[ext] = data
+    except (tarfile.TarError, OSError, EOFError) as err:
+        found.add(shard, f"not a readable tar file ({err}); {_REBUILD}")
+    if current is not None:
+        yield current, sample
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
+    if not member.isreg():
+        return None
+    handle = tar.extractfile(member)
+    return handle.read() if handle is not None else None
+
+
+def _member_name(name: str) -> tuple[str, str] | str:
+    """``(key, ext)`` of a safe member name, or a message saying why it is unsafe."""
+    if name.startswith("/") or "/" in name or "\\" in name or ".." in name:
+        return f"unsafe member name {name!r} (a path, not <key>.<ext>); refuse to extract this shard"
+    key, _, ext = name.partition(".")
+    if not KEY_PATTERN.match(key) or ext not in TAR_MEMBERS:
+        return f"member {name!r} is not <key>.cls|json|npy with a key of [A-Za-z0-9_-]"
+    return key, ext
+
+
+def _parquet_samples(path: Path, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """Rows of a Parquet shard, read column by column so one damaged column names itself."""
+    shard = path.name
+    try:
+        handle = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
+        return
+    rows = handle.metadata.num_rows
+    columns: dict[str, list[Any] | None] = {}
+    for name in PARQUET_SCHEMA.names:
+        if name not in handle.schema_arrow.names:
+            found.add(shard, f"lacks column {name!r}; {_REBUILD}")
+            columns[name] = None
+            continue
+        try:
+            columns[name] = handle.read(columns=[name]).column(0).to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            found.add(shard, f"column {name!r} is unreadable ({err}); {_REBUILD}")
+            columns[name] = None
+    for position in range(rows):
+        values = {name: (col[position] if col is not None else None) for name, col in columns.items()}
+        key = values["key"]
+        if key is None and columns["key"] is not None:
+            found.add(shard, f"row {position} has no key")
+        yield key, {"offset": position, "row": values}
+
+
+def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any], row: dict[str, Any] | None,
+                  expect: _Expect, found: _Findings) -> None:
+    """Check one decoded sample against the manifest's schema and label map and its index row."""
+    def bad(message: str) -> None:
+        found.add(shard, message, key=key)
+
+    if key is not None and not KEY_PATTERN.match(key):
+        bad("key is not [A-Za-z0-9_-]+")
+    if key is not None and row is None:
+        bad("sample is not in _index.parquet")
+    if "row" in sample:
+        label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)
+    else:
+        label, source, pixels, digest = _check_tar_sample(sample, split, bad)
+    if pixels is not None:
+        _check_array(pixels, source or (row or {}).get("source"), expect, bad)
+    if label is not None and label not in expect.labels:
+        bad(f"label index {label} is out of range of label_map (0..{len(expect.labels) - 1})")
+    if row is None:
+        return
+    if row["position"] != sample["offset"]:
+        bad(f"found at position {sample['offset']}, _index.parquet records {row['position']}")
+    if label is not None and row["label"] != label:
+        bad(f"label {label}, _index.parquet records {row['label']}")
+    if digest is not None and digest != row["sha256"]:
+        bad(f"pixel bytes have sha256 {digest[:16]}…, _index.parquet records {row['sha256'][:16]}…: the sample "
+            f"changed after the build; {_REBUILD}")
+
+
+def _check_tar_sample(sample: dict[str, Any], split: str,
+                      bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
+    for ext in TAR_MEMBERS:
+        if ext not in sample:
+            bad(f"lacks its .{ext} member")
+    label: int | None = None
+    if "cls" in sample:
+        try:
+            label = int(sample["cls"].decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            bad(f".cls member {sample['cls'][:20]!r} is not an ASCII integer")
+    source: str | None = None
+    if "json" in sample:
+        try:
+            info = json.loads(sample["json"].decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            bad(f".json member is not UTF-8 JSON ({err})")
+        else:
+            if not isinstance(info, dict):
+                bad(".json member is not a JSON object")
+            else:
+                source = info.get("source")
+                if info.get("split") != split:
+                    bad(f".json says split {info.get('split')!r}, the shard is in {split!r}")
+                if label is not None and info.get("label_index") != label:
+                    bad(f".json says label_index {info.get('label_index')!r}, .cls says {label}")
+    array: np.ndarray | None = None
+    digest: str | None = None
+    if "npy" in sample:
+        digest = hashlib.sha256(sample["npy"]).hexdigest()
+        try:
+            array = np.load(io.BytesIO(sample["npy"]), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            bad(f".npy member does not load with numpy.load(allow_pickle=False) ({err})")
+    return label, source, array, digest
+
+
+def _check_parquet_row(row: dict[str, Any], split: str,
+                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
+    label, source, image = row["label"], row["source"], row["image"]
+    if row["split"] is not None and row["split"] != split:
+        bad(f"row says split {row['split']!r}, the shard is in {split!r}")
+    digest = hashlib.sha256(image).hexdigest() if image is not None else None
+    if digest is not None and row["sha256"] is not None and digest != row["sha256"]:
+        bad(f"image bytes have sha256 {digest[:16]}…, the row's sha256 column says {row['sha256'][:16]}…")
+    if row["metadata"] is not None:
+        try:
+            json.loads(row["metadata"])
+        except json.JSONDecodeError as err:
+            bad(f"metadata is not JSON ({err})")
+    if image is None or row["shape"] is None or row["dtype"] is None:
+        return label, source, None, digest
+    try:
+        dtype = np.dtype(row["dtype"])
+    except TypeError:
+        bad(f"dtype {row['dtype']!r} is not a numpy dtype")
+        return label, source, None, digest
+    expected = math.prod(row["shape"]) * dtype.itemsize
+    if len(image) != expected:
+        bad(f"image holds {len(image)} bytes, shape {row['shape']} of {dtype} needs {expected}")
+        return label, source, None, digest
+    return label, source, np.frombuffer(image, dtype=dtype).reshape(row["shape"]), digest
+
+
+def _check_array(array: np.ndarray, source: str | None, expect: _Expect, bad: Callable[[str], None]) -> None:
+    if expect.dtype is not None and str(array.dtype) != expect.dtype:
+        bad(f"dtype {array.dtype}, sample_schema says {expect.dtype}")
+    shape = tuple(int(n) for n in array.shape)
+    if len(shape) != 3:
+        bad(f"shape {list(shape)} is not C×H×W")
+    elif expect.shape is not None:
+        if shape != expect.shape:
+            bad(f"shape {list(shape)}, sample_schema says {list(expect.shape)}")
+    elif source not in expect.shapes:
+        bad(f"source {source!r} has no entry in sample_schema.shapes")
+    elif shape not in expect.shapes[source]:
+        bad(f"shape {list(shape)} is not one of sample_schema.shapes[{source!r}] "
+            f"{sorted(list(s) for s in expect.shapes[source])}")
+
+
+def format_report(report: VerifyReport, *, per_shard: int = 20) -> str:
+    """The human-readable report ``packer verify`` prints: a summary line, then each finding.
+
+    At most ``per_shard`` sample-level findings are listed per file; the rest are counted
+    (``VerifyReport.to_json`` always lists all of them).
+    """
+    mode = "deep" if report.deep else "hashes"
+    samples = f", {report.samples_checked} samples decoded" if report.deep else ""
+    head = (f"verify {report.name or '?'} {report.version or '?'} ({mode}): {report.files_checked} files "
+            f"hashed ({report.bytes_checked / 2**20:.1f} MiB){samples}")
+    lines = [head]
+    shown: dict[str, int] = defaultdict(int)
+    for problem in report.problems:
+        if problem.key is not None:
+            shown[problem.shard] += 1
+            if shown[problem.shard] > per_shard:
+                continue
+        lines.append(f"  FAIL {problem}")
+    for shard, count in sorted(shown.items()):
+        if count > per_shard:
+            lines.append(f"  ...  {count - per_shard} more sample problems in {shard} (--json lists all)")
+    lines += [f"  warn {w}" for w in report.warnings]
+    lines.append("  ok: every check passed" if report.ok else f"  {len(report.problems)} problem(s) found")
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""packer inspect, diff and ls on real demo builds: the numbers shown are the manifest's and
+the files'; diffs name exactly the samples that were added or changed in the raw tree."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import hmac
+import json
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from packer.build import BuildOptions, build
+from packer.commands.inspect import diff_command, inspect_command, ls_command
+from packer.config import load_job
+from packer.demo import write_ct_slice, write_photo
+from tests.conftest import demo_job_doc, write_job
+
+CLI = click.Group(commands=[inspect_command, diff_command, ls_command])
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(CLI, [str(a) for a in args])
+
+
+def key_of(source: str, relpath: str, key: bytes) -> str:
+    """The sample key packer gives a single-image file when pseudonymizing (the demo job does):
+    source + 16 hex of HMAC-SHA256(key, "path" NUL source NUL relpath)."""
+    mac = hmac.new(key, f"path\x00{source}\x00{relpath}".encode(), hashlib.sha256).hexdigest()
+    return f"{source}-{mac[:16]}"
+
+
+def index_rows(version: Path) -> dict[str, dict[str, Any]]:
+    return {row["key"]: row for row in pq.read_table(version / "_index.parquet").to_pylist()}
+
+
+@dataclass(frozen=True)
+class Builds:
+    first: Path        # the demo tree as written
+    grown: Path        # + one new CT patient, + one new photo subject, one photo's pixels replaced
+    reseeded: Path     # grown tree, split seed 18
+    registry: Path
+    added: frozenset[str]
+    changed: str
+
+
+def _add_rows(table: Path, rows: list[list[str]]) -> None:
+    with open(table, "a", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def builds(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    tmp = tmp_path_factory.mktemp("inspect")
+    raw = Path(shutil.copytree(demo_raw.root, tmp / "raw"))
+    key = (raw / "phi.key").read_text().strip().encode()
+    registry = tmp / "manifests"
+
+    def run(**overrides: Any) -> Path:
+        doc = demo_job_doc(raw, tmp / "out", registry=str(registry), **overrides)
+        return build(load_job(write_job(tmp / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
+
+    first = run()
+    rng = np.random.default_rng(99)
+    write_ct_slice(raw / "ct" / "PAT0099" / "ST01" / "IM001.dcm", patient_id="PAT0099", study_date="20240301",
+                   pixels_hu=rng.uniform(-1000, 1000, size=(64, 64)))
+    _add_rows(raw / "ct_labels.csv", [["PAT0099/ST01/IM001.dcm", "nodule"]])
+    write_photo(raw / "photos" / "S099" / "01.png", rng.integers(0, 256, size=(96, 128, 3), dtype=np.uint8))
+    _add_rows(raw / "photos" / "labels.csv", [["S099/01.png", "circle", "S099", "2024-03-01T10:00:00"]])
+    first_photo = sorted((raw / "photos" / "S001").glob("*.png"))[0]
+    write_photo(first_photo, rng.integers(0, 256, size=(96, 128, 3), dtype=np.uint8))
+    grown = run()
+    split = dict(demo_job_doc(raw, tmp)["split"], seed=18)
+    reseeded = run(split=split)
+    return Builds(first=first, grown=grown, reseeded=reseeded, registry=registry,
+                  added=frozenset({key_of("ct", "PAT0099/ST01/IM001.dcm", key), key_of("photos", "S099/01.png", key)}),
+                  changed=key_of("photos", f"S001/{first_photo.name}", key))
+
+
+def test_inspect_text_and_json_show_the_manifest_and_file_numbers(builds: Builds, demo_raw: Any) -> None:
+    manifest = json.loads((builds.first / "manifest.json").read_text())
+    text = invoke("inspect", builds.first)
+    assert text.exit_code == 0, text.output
+    assert f"dataset demo version {manifest['version']}" in text.output
+    assert manifest["dataset_hash"] in text.output and manifest["created_at"] in text.output
+    for split, entry in manifest["splits"].items():
+        assert f"  {split:<7}{entry['samples']:>8}{entry['entities']:>10}{len(entry['shards']):>8}" in text.output
+        for label, count in entry["class_counts"].items():
+            assert f"{label} {count} ({100 * count / entry['samples']:.1f}%)" in text.output
+    for reason, count in manifest["bad_samples"]["by_reason"].items():
+        assert f"{reason} {count}" in text.output
+    assert "audit         passed" in text.output
+
+    summary = json.loads(invoke("inspect", builds.first / "manifest.json", "--json").stdout)
+    sizes = {split: [(builds.first / s["file"]).stat().st_size for s in entry["shards"]]
+             for split, entry in manifest["splits"].items()}
+    for split, entry in summary["splits"].items():
+        assert entry["samples"] == manifest["splits"][split]["samples"]
+        assert entry["bytes"] == sum(sizes[split])
+        assert entry["shard_bytes"]["median"] == int(statistics.median(sizes[split]))
+    every = [size for split_sizes in sizes.values() for size in split_sizes]
+    assert summary["totals"]["shard_bytes"] == {"min": min(every), "median": int(statistics.median(every)),
+                                                "max": max(every)}
+    assert summary["totals"]["samples"] == len(index_rows(builds.first))
+    assert summary["bad_samples"]["total"] == len(demo_raw.defects)
+    assert summary["audit"]["passed"] is True
+    assert summary["libraries"] == manifest["libraries"] and summary["config"] == manifest["config"]
+
+
+def test_inspect_refuses_an_edited_manifest(builds: Builds, tmp_path: Path) -> None:
+    manifest = json.loads((builds.first / "manifest.json").read_text())
+    manifest["inputs"]["samples"] += 1
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("inspect", tmp_path)
+    assert result.exit_code == 5 and "dataset_hash" in result.output
+
+
+def test_diff_of_a_build_against_itself_is_empty(builds: Builds) -> None:
+    result = invoke("diff", builds.first, builds.first / "manifest.json")
+    assert result.exit_code == 0, result.output
+    assert "no differences" in result.output
+    payload = json.loads(invoke("diff", builds.first, builds.first, "--json").stdout)
+    assert payload["empty"] is True
+    assert all(payload["samples"][kind] == [] for kind in ("added", "removed", "changed", "moved", "relabeled"))
+
+
+def test_diff_names_exactly_the_added_and_changed_samples(builds: Builds) -> None:
+    result = invoke("diff", builds.first, builds.grown, "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    samples = payload["samples"]
+    new_rows = index_rows(builds.grown)
+    assert {c["key"] for c in samples["added"]} == builds.added
+    assert [c["key"] for c in samples["changed"]] == [builds.changed]
+    assert samples["removed"] == [] and samples["moved"] == [] and samples["relabeled"] == []
+    assert payload["config"] == [] and payload["versions"] == []
+    added_by_split: dict[str, int] = {}
+    for key in builds.added:
+        added_by_split[new_rows[key]["split"]] = added_by_split.get(new_rows[key]["split"], 0) + 1
+    assert {split: c["added"] for split, c in samples["by_split"].items() if "added" in c} == added_by_split
+    assert samples["by_label"]["nodule"]["added"] == 1 and samples["by_label"]["circle"]["added"] == 1
+    text = invoke("diff", builds.first, builds.grown).output
+    assert "2 added, 0 removed, 1 changed, 0 moved split" in text
+    assert all(key in text for key in builds.added | {builds.changed})
+
+
+def test_diff_reports_config_changes_and_samples_that_moved_split(builds: Builds) -> None:
+    payload = json.loads(invoke("diff", builds.grown, builds.reseeded, "--json").stdout)
+    assert payload["config"] == [{"path": "split.seed", "change": "changed", "old": 17, "new": 18}]
+    old, new = index_rows(builds.grown), index_rows(builds.reseeded)
+    moved = {key for key in old if old[key]["split"] != new[key]["split"]}
+    assert moved, "seed 18 should move some entity"
+    assert {c["key"] for c in payload["samples"]["moved"]} == moved
+    assert payload["samples"]["added"] == payload["samples"]["removed"] == payload["samples"]["changed"] == []
+    assert "split.seed: 17 -> 18" in invoke("diff", builds.grown, builds.reseeded).output
+
+
+def test_diff_of_registry_copies_compares_config_only(builds: Builds) -> None:
+    old = builds.registry / "demo" / f"{builds.grown.name}.json"
+    new = builds.registry / "demo" / f"{builds.reseeded.name}.json"
+    result = invoke("diff", old, new)
+    assert result.exit_code == 0, result.output
+    assert "samples not compared" in result.output and "split.seed: 17 -> 18" in result.output
+
+
+def test_ls_lists_registry_versions_newest_first(builds: Builds, tmp_path: Path) -> None:
+    registry = Path(shutil.copytree(builds.registry, tmp_path / "manifests"))
+    order = [builds.first.name, builds.grown.name, builds.reseeded.name]
+    for month, version in enumerate(order, start=1):  # created_at is outside the hash: set it to known times
+        path = registry / "demo" / f"{version}.json"
+        manifest = json.loads(path.read_text())
+        manifest["created_at"] = f"2024-0{month}-01T00:00:00Z"
+        path.write_text(json.dumps(manifest))
+    result = invoke("ls", registry)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("demo ")]
+    assert [line.split()[1] for line in lines] == order[::-1]
+    grown = json.loads((builds.grown / "manifest.json").read_text())
+    counts = " ".join(f"{grown['splits'][s]['samples']:>7}" for s in ("train", "valid", "test"))
+    assert any(counts in line and grown["dataset_hash"][:16] in line for line in lines)
+    listed = json.loads(invoke("ls", registry, "--name", "demo", "--json").stdout)
+    assert [e["version"] for e in listed] == order[::-1]
+    assert listed[1]["samples"] == {s: grown["splits"][s]["samples"] for s in ("train", "valid", "test")}
+    assert "no manifests" in invoke("ls", registry, "--name", "other").output
+    assert invoke("ls", tmp_path / "nowhere").exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["inspect", "diff", "ls"])
+def test_every_command_has_help(name: str) -> None:
+    result = invoke(name, "--help")
+    assert result.exit_code == 0, result.output
+    assert len(CLI.commands[name].help or "") > 40

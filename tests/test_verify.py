@@ -1,0 +1,259 @@
+"""packer verify on real demo builds: fresh builds pass; flipped, truncated, deleted, unlisted
+and re-sealed shards, and edited manifests, fail with exit 5 naming the shard (and sample)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packer.build import BuildOptions, build
+from packer.commands.verify import verify_command
+from packer.config import load_job
+from packer.manifest import seal_manifest
+from packer.verify import verify_dataset
+from tests.conftest import demo_job_doc, write_job
+
+FORMATS = ("webdataset", "parquet")
+CLI = click.Group(commands=[verify_command])
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(CLI, ["verify", *map(str, args), "--quiet"])
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def built(request: pytest.FixtureRequest, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh demo build (each format); tests copy it before changing anything."""
+    tmp = tmp_path_factory.mktemp(f"verify-{request.param}")
+    doc = demo_job_doc(demo_raw.root, tmp / "out", pack={"format": request.param, "max_samples": 32})
+    result = build(load_job(write_job(tmp / "job", doc)), BuildOptions(scheduler="sync", quiet=True))
+    return result.version_dir
+
+
+@pytest.fixture()
+def version(built: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(built, tmp_path / built.name))
+
+
+def manifest_of(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def shard_files(folder: Path) -> list[str]:
+    return [s["file"] for split in manifest_of(folder)["splits"].values() for s in split["shards"]]
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def pixel_byte(shard: Path) -> tuple[int, str]:
+    """(file offset of a byte inside the first sample's pixel data, that sample's key), found with
+    stock readers: tarfile member offsets, or the image cell's bytes located in the Parquet file."""
+    if shard.suffix == ".tar":
+        with tarfile.open(shard) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith(".npy"))
+        return member.offset_data + member.size - 1, member.name.split(".")[0]
+    raw = shard.read_bytes()
+    for row in pq.read_table(shard, columns=["key", "image"]).to_pylist():
+        start = raw.find(row["image"])
+        if start > 0 and raw.rfind(row["image"]) == start:  # a cell whose bytes occur once in the file
+            return start + len(row["image"]) // 2, row["key"]
+    raise AssertionError(f"{shard}: no image cell with unique bytes to flip")
+
+
+def reseal(folder: Path) -> None:
+    """Record the shards' current sizes and sha256 in the manifest and re-seal it, as a forger would."""
+    manifest = manifest_of(folder)
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            data = (folder / shard["file"]).read_bytes()
+            shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    body = {k: v for k, v in manifest.items() if k not in ("dataset_hash", "version", "created_at")}
+    (folder / "manifest.json").write_text(json.dumps(seal_manifest(body), indent=2, sort_keys=True))
+
+
+def rewrite_tar(path: Path, edit: Callable[[str, bytes], tuple[str, bytes]]) -> None:
+    """Rewrite every member of a tar shard through ``edit(name, data) -> (name, data)``."""
+    with tarfile.open(path) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            new_name, new_data = edit(name, data)
+            info = tarfile.TarInfo(new_name)
+            info.size = len(new_data)
+            tar.addfile(info, io.BytesIO(new_data))
+    path.write_bytes(out.getvalue())
+
+
+def test_a_fresh_build_verifies_plain_and_deep(built: Path) -> None:
+    manifest = manifest_of(built)
+    for deep in ([], ["--deep"]):
+        result = invoke(built, *deep)
+        assert result.exit_code == 0, result.output
+        assert "every check passed" in result.output
+    hashed = [p for p in built.iterdir() if p.suffix in (".tar", ".parquet")]  # shards + _index + _splits
+    report = verify_dataset(built / "manifest.json", deep=True)
+    assert report.ok and report.problems == () and report.warnings == ()
+    assert report.files_checked == len(hashed)
+    assert report.bytes_checked == sum(p.stat().st_size for p in hashed)
+    rows = pq.read_metadata(built / "_index.parquet").num_rows
+    assert report.samples_checked == manifest["inputs"]["samples"] == rows
+    payload = json.loads(CliRunner().invoke(CLI, ["verify", str(built), "--json", "-q"]).stdout)
+    assert payload["ok"] is True and payload["problems"] == [] and payload["version"] == manifest["version"]
+
+
+def test_a_flipped_pixel_byte_names_the_shard_and_with_deep_the_sample(version: Path) -> None:
+    shard = version / shard_files(version)[1]
+    offset, key = pixel_byte(shard)
+    flip(shard, offset)
+    plain = invoke(version)
+    assert plain.exit_code == 5, plain.output
+    assert f"{shard.name}: sha256" in plain.output and key not in plain.output
+    deep = invoke(version, "--deep")
+    assert deep.exit_code == 5
+    assert f"{shard.name} [{key}]" in deep.output
+    report = verify_dataset(version, deep=True)
+    assert {(p.shard, p.key) for p in report.problems} >= {(shard.name, None), (shard.name, key)}
+    assert {p.shard for p in report.problems} == {shard.name}
+
+
+def test_a_truncated_shard_fails_by_size(version: Path) -> None:
+    shard = version / shard_files(version)[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = invoke(version)
+    assert result.exit_code == 5
+    assert f"{shard.name}: {shard.stat().st_size} bytes" in result.output and "truncated" in result.output
+    assert invoke(version, "--deep").exit_code == 5
+
+
+def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(version: Path) -> None:
+    gone, other = shard_files(version)[-1], shard_files(version)[0]
+    (version / gone).unlink()
+    stray = version / ("train-000099" + Path(other).suffix)
+    shutil.copy(version / other, stray)
+    result = invoke(version, "--deep")
+    assert result.exit_code == 5
+    assert f"{gone}: missing from {version}" in result.output
+    assert f"{stray.name}: shard-like file the manifest does not list" in result.output
+
+
+def test_a_stale_partial_is_a_warning_not_a_failure(version: Path) -> None:
+    (version / f"{shard_files(version)[0]}.partial").write_bytes(b"half a shard")
+    result = invoke(version)
+    assert result.exit_code == 0, result.output
+    assert "warn" in result.output and ".partial: stale temporary" in result.output
+
+
+def test_an_edited_manifest_fails_its_dataset_hash(version: Path) -> None:
+    manifest = manifest_of(version)
+    manifest["splits"]["train"]["samples"] += 1
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke(version)
+    assert result.exit_code == 5
+    assert "dataset_hash" in result.output and "edited" in result.output
+    assert "splits.train" in result.output
+
+
+def test_an_unreadable_manifest_or_folder_without_one_exits_5(version: Path, tmp_path: Path) -> None:
+    (version / "manifest.json").write_text("{not json")
+    assert invoke(version).exit_code == 5
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = invoke(empty)
+    assert result.exit_code == 5 and "cannot read" in result.output
+
+
+def test_deep_checks_content_independently_of_resealed_shard_hashes(version: Path) -> None:
+    """Change a sample's pixels, then forge the manifest: hashes pass, the index sha256 does not."""
+    shard = version / shard_files(version)[0]
+    offset, key = pixel_byte(shard)
+    flip(shard, offset)
+    reseal(version)
+    plain = invoke(version)
+    assert plain.exit_code == 0, plain.output
+    deep = invoke(version, "--deep")
+    assert deep.exit_code == 5
+    assert f"{shard.name} [{key}]" in deep.output and "_index.parquet records" in deep.output
+
+
+def _relabel(name: str, data: bytes) -> tuple[str, bytes]:
+    return name, (b"9" if name.endswith(".cls") else data)
+
+
+def _unsafe(name: str, data: bytes) -> tuple[str, bytes]:
+    return ("../" + name if name.endswith(".json") else name), data
+
+
+def _retype(name: str, data: bytes) -> tuple[str, bytes]:
+    if not name.endswith(".npy"):
+        return name, data
+    buffer = io.BytesIO()
+    np.save(buffer, np.load(io.BytesIO(data)).astype(np.float32))
+    return name, buffer.getvalue()
+
+
+@pytest.mark.parametrize("built", ["webdataset"], indirect=True)
+@pytest.mark.parametrize(("edit", "expected"), [
+    (_relabel, "label index 9 is out of range of label_map"),
+    (_unsafe, "unsafe member name '../"),
+    (_retype, "dtype float32, sample_schema says uint8"),
+], ids=["label", "unsafe-name", "dtype"])
+def test_deep_names_forged_tar_contents(version: Path, edit: Callable[[str, bytes], tuple[str, bytes]],
+                                        expected: str) -> None:
+    shard = version / shard_files(version)[0]
+    rewrite_tar(shard, edit)
+    reseal(version)
+    assert invoke(version).exit_code == 0
+    result = invoke(version, "--deep")
+    assert result.exit_code == 5
+    assert expected in result.output and shard.name in result.output
+
+
+@pytest.fixture(scope="module")
+def flip_target(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("flip") / built.name))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_single_flipped_byte_in_any_shard_is_caught(flip_target: Path, data: st.DataObject) -> None:
+    shards = shard_files(flip_target)
+    name = data.draw(st.sampled_from(shards), label="shard")
+    path = flip_target / name
+    offset = data.draw(st.integers(0, path.stat().st_size - 1), label="offset")
+    bit = data.draw(st.integers(0, 7), label="bit")
+    original = path.read_bytes()
+    changed = bytearray(original)
+    changed[offset] ^= 1 << bit
+    path.write_bytes(bytes(changed))
+    try:
+        report = verify_dataset(flip_target)
+        assert not report.ok
+        assert [p.shard for p in report.problems] == [name]
+    finally:
+        path.write_bytes(original)
+    assert verify_dataset(flip_target).ok
+
+
+def test_verify_has_help() -> None:
+    result = CliRunner().invoke(CLI, ["verify", "--help"])
+    assert result.exit_code == 0 and "--deep" in result.output
+    assert len(verify_command.help or "") > 40
