@@ -81,9 +81,11 @@ class AuditReport:
         }
 
 
-def _where(sample: SpilledSample, split: str | None) -> dict[str, Any]:
-    return {"key": sample.key, "source": sample.ref.source, "path": sample.ref.relpath,
-            "entity_id": sample.ref.entity, "split": split}
+def _where(sample: SpilledSample, split: str | None, show_paths: bool = True) -> dict[str, Any]:
+    where = {"key": sample.key, "source": sample.ref.source, "entity_id": sample.ref.entity, "split": split}
+    if show_paths:
+        where["path"] = sample.ref.relpath
+    return where
 
 
 def _entity_overlap(samples: Sequence[SpilledSample], split: dict[str, str]) -> RuleResult:
@@ -96,14 +98,15 @@ def _entity_overlap(samples: Sequence[SpilledSample], split: dict[str, str]) -> 
     return RuleResult("entity_overlap", "fail", len(findings), tuple(findings))
 
 
-def _exact(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig) -> list[RuleResult]:
+def _exact(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
+           show_paths: bool) -> list[RuleResult]:
     across: list[dict[str, Any]] = []
     within: list[dict[str, Any]] = []
     for group in exact_groups([s.sha256 for s in samples]):
         placed = [samples[i] for i in group if samples[i].key in split]
         splits = {split[s.key] for s in placed}
         finding = {"sha256": placed[0].sha256 if placed else samples[group[0]].sha256,
-                   "samples": [_where(s, split.get(s.key)) for s in placed]}
+                   "samples": [_where(s, split.get(s.key), show_paths) for s in placed]}
         if len(splits) > 1:
             across.append(finding)
         elif len(placed) > 1:
@@ -114,8 +117,9 @@ def _exact(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitCo
 
 
 def _near(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
-          edges: Sequence[tuple[int, int, int]]) -> RuleResult:
-    crossing = [{"a": _where(samples[i], split[samples[i].key]), "b": _where(samples[j], split[samples[j].key]),
+          edges: Sequence[tuple[int, int, int]], show_paths: bool) -> RuleResult:
+    crossing = [{"a": _where(samples[i], split[samples[i].key], show_paths),
+                 "b": _where(samples[j], split[samples[j].key], show_paths),
                  "distance": d}
                 for i, j, d in edges
                 if samples[i].key in split and samples[j].key in split
@@ -130,7 +134,7 @@ def _near(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitCon
 
 
 def _span_entities(samples: Sequence[SpilledSample], split: dict[str, str],
-                   edges: Sequence[tuple[int, int, int]]) -> RuleResult:
+                   edges: Sequence[tuple[int, int, int]], show_paths: bool) -> RuleResult:
     from packer.dedup import cluster_duplicates
 
     links = [(g[k], g[k + 1]) for g in exact_groups([s.sha256 for s in samples]) for k in range(len(g) - 1)]
@@ -142,14 +146,15 @@ def _span_entities(samples: Sequence[SpilledSample], split: dict[str, str],
     for members in clusters.values():
         entities = sorted({samples[i].ref.entity or "" for i in members})
         if len(members) > 1 and len(entities) > 1:
-            findings.append({"entities": entities, "samples": [_where(samples[i], split.get(samples[i].key))
-                                                               for i in members[:20]], "size": len(members)})
+            findings.append({"entities": entities, "size": len(members),
+                             "samples": [_where(samples[i], split.get(samples[i].key), show_paths)
+                                         for i in members[:20]]})
     findings.sort(key=lambda f: f["entities"])
     return RuleResult("duplicates_span_entities", "report", len(findings), tuple(findings))
 
 
-def _time_order(samples: Sequence[SpilledSample], split: dict[str, str],
-                cfg: SplitConfig) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
+def _time_order(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
+                show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     times: dict[str, list[str]] = defaultdict(list)
     for sample in samples:
         if sample.key in split and sample.ref.time is not None:
@@ -160,24 +165,33 @@ def _time_order(samples: Sequence[SpilledSample], split: dict[str, str],
         train_max = ranges["train"][1]
         for later in ("valid", "test"):
             if later in ranges and ranges[later][0] <= train_max:
-                findings.append({"split": later, "earliest": ranges[later][0], "latest_train": train_max})
+                finding: dict[str, Any] = {"split": later}
+                if show_dates:
+                    finding.update(earliest=ranges[later][0], latest_train=train_max)
+                findings.append(finding)
     return RuleResult("time_order", "report", len(findings), tuple(findings),
                       detail={"checked": cfg.by == "time"}), ranges
 
 
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
-                     edges: Sequence[tuple[int, int, int]] = ()) -> AuditReport:
-    """Run every rule on the final assignment (recomputed from the samples, not trusted)."""
+                     edges: Sequence[tuple[int, int, int]] = (), *, show_paths: bool = True,
+                     show_dates: bool = True) -> AuditReport:
+    """Run every rule on the final assignment (recomputed from the samples, not trusted).
+
+    ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
+    calendar dates out of the findings; samples are then named by key and entity pseudonym.
+    """
     split = assignment.split
-    time_rule, ranges = _time_order(samples, split, cfg)
-    rules = [_entity_overlap(samples, split), *_exact(samples, split, cfg), _near(samples, split, cfg, edges),
-             _span_entities(samples, split, edges), time_rule]
+    time_rule, ranges = _time_order(samples, split, cfg, show_dates)
+    rules = [_entity_overlap(samples, split), *_exact(samples, split, cfg, show_paths),
+             _near(samples, split, cfg, edges, show_paths), _span_entities(samples, split, edges, show_paths),
+             time_rule]
     entities: dict[str, set[str]] = defaultdict(set)
     for sample in samples:
         if sample.key in split:
             entities[split[sample.key]].add(sample.ref.entity or "")
     return AuditReport(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
-                       time_ranges=ranges)
+                       time_ranges=ranges if show_dates else {})
 
 
 LEAKAGE_FILE = "leakage.json"
@@ -207,10 +221,15 @@ def raise_on_leakage(report: AuditReport) -> None:
             if "entity_id" in finding:
                 examples.append(f"{finding['entity_id']} ({'+'.join(finding['splits'])})")
             elif "samples" in finding:
-                examples.append(" = ".join(f"{s['path']} [{s['split']}]" for s in finding["samples"][:2]))
+                examples.append(" = ".join(f"{_name(s)} [{s['split']}]" for s in finding["samples"][:2]))
             else:
-                examples.append(f"{finding['a']['path']} [{finding['a']['split']}] ~ "
-                                f"{finding['b']['path']} [{finding['b']['split']}] (distance {finding['distance']})")
+                examples.append(f"{_name(finding['a'])} [{finding['a']['split']}] ~ "
+                                f"{_name(finding['b'])} [{finding['b']['split']}] (distance {finding['distance']})")
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
     raise LeakageError("leakage audit failed: " + " | ".join(parts)
                        + " (every finding is listed in leakage.json)")
+
+
+def _name(where: dict[str, Any]) -> str:
+    """How a finding names a sample: its raw relative path, or its key under pseudonymization."""
+    return str(where.get("path") or f"{where['source']}:{where['key']}")

@@ -155,7 +155,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
 
     rows = [row for plan in plans for row in written[plan.file].rows]
     index_entry = write_index(staging, rows)
-    splits_entry = write_splits_table(staging, samples, assignment)
+    splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
     body = {
@@ -175,6 +175,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,
         "splits_table": splits_entry,
+        "phi": {"mode": job.phi.mode, "dates": job.phi.dates, "key_fingerprint": prepared.phi.fingerprint},
     }
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]

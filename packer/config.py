@@ -167,6 +167,41 @@ class PackConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """Size limits checked from headers before decoding (bad sample ``too_large``)."""
+
+    max_pixels: int = 2**28
+    max_frames: int = 10_000
+    max_decoded_bytes: int = 4 * 2**30
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_pixels": self.max_pixels, "max_frames": self.max_frames,
+                "max_decoded_bytes": self.max_decoded_bytes}
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    burned_in_annotation: str = "reject"
+    outside_root: str = "reject"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"burned_in_annotation": self.burned_in_annotation, "outside_root": self.outside_root}
+
+
+@dataclass(frozen=True)
+class PhiConfig:
+    """``mode`` is ``pseudonymize`` or ``keep``; the key itself never enters the config."""
+
+    mode: str = "pseudonymize"
+    key_file: Path | None = None
+    key_file_spec: str | None = None
+    dates: str = "shift"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "dates": self.dates}
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A loaded job. ``job_path`` and ``output``/``registry`` are execution facts, not identity."""
 
@@ -180,6 +215,9 @@ class JobConfig:
     max_bad_fraction: float = 0.05
     registry: Path | None = None
     job_path: Path = field(default=Path("job.yaml"))
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    phi: PhiConfig = field(default_factory=PhiConfig)
 
     def identity(self) -> dict[str, Any]:
         """The resolved config that defines the dataset: defaults filled, paths as written."""
@@ -190,6 +228,9 @@ class JobConfig:
             "transform": {"dicom": self.dicom.to_json(), "image": self.image.to_json()},
             "pack": self.pack.to_json(),
             "validate": {"max_bad_fraction": self.max_bad_fraction},
+            "limits": self.limits.to_json(),
+            "safety": self.safety.to_json(),
+            "phi": self.phi.to_json(),
         }
 
 
@@ -337,7 +378,26 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         max_samples=int(raw_pack.get("max_samples", 1000)),
         max_bytes=parse_byte_size(raw_pack.get("max_bytes", 256 * 2**20)),
     )
+    raw_limits = doc.get("limits") or {}
+    limits = LimitsConfig(
+        max_pixels=int(raw_limits.get("max_pixels", 2**28)),
+        max_frames=int(raw_limits.get("max_frames", 10_000)),
+        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", 4 * 2**30)),
+    )
+    raw_safety = doc.get("safety") or {}
+    raw_phi = doc.get("phi") or {}
+    has_dicom = any(s.kind == "dicom" for s in sources)
+    phi = PhiConfig(
+        mode=raw_phi.get("mode", "pseudonymize" if has_dicom else "keep"),
+        key_file=_resolve(base, raw_phi["key_file"]) if raw_phi.get("key_file") else None,
+        key_file_spec=raw_phi.get("key_file"),
+        dates=raw_phi.get("dates", "shift"),
+    )
     return JobConfig(
+        limits=limits,
+        safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation", "reject"),
+                            outside_root=raw_safety.get("outside_root", "reject")),
+        phi=phi,
         name=doc["name"],
         sources=sources,
         split=_parse_split(doc["split"], base),

@@ -11,6 +11,7 @@ The public ``render_*`` and ``write_*`` helpers are reusable on their own (tests
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import shutil
 import zlib
@@ -567,6 +568,7 @@ def _write_readme(tree: DemoTree, seed: int, kind: str) -> None:
         "ct_labels.csv   path,label (path relative to ct/)",
         f"photos/         {tree.images} good images per subject folder",
         "photos/labels.csv  path,label,entity,timestamp (path relative to photos/)",
+        "phi.key         the demo's pseudonymization key (derived from the seed: NOT secret, demo only)",
         "",
         "Planted defects (relpath -> reason code the build must report):" if tree.defects else "No planted defects.",
         *(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
@@ -611,8 +613,20 @@ def write_demo_tree(
     _write_table(root / "photos" / "labels.csv", photo_rows + broken_photo_rows,
                  ("path", "label", "entity", "timestamp"))
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
+    write_demo_key(root, seed)
     _write_readme(tree, seed, "demo")
     return tree
+
+
+def write_demo_key(root: Path, seed: int) -> Path:
+    """``phi.key``: a pseudonymization key derived from the seed, so demo builds are reproducible.
+
+    Real jobs must use a random key kept outside the repository (see README, "Patient data").
+    """
+    path = root / "phi.key"
+    path.write_text(hashlib.sha256(f"packer demo key, not secret, seed {seed}".encode()).hexdigest() + "\n",
+                    encoding="utf-8")
+    return path
 
 
 def write_bench_tree(

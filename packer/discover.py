@@ -18,20 +18,23 @@ from pathlib import Path
 
 from packer.config import JobConfig, SourceConfig
 from packer.errors import ConfigError
+from packer.phi import Pseudonymizer
 from packer.records import Issue, SampleRef, safe_key
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 _DICM_OFFSET = 128
 
 
-def make_sample_id(source: str, relpath: str) -> str:
-    """A stable, tar-safe sample id: source name plus 16 hex of sha256(relpath)."""
-    return f"{safe_key(source)}-{hashlib.sha256(relpath.encode()).hexdigest()[:16]}"
+def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str:
+    """A stable, tar-safe sample id: source name plus 16 hex identifying the relative path
+    (keyed HMAC when pseudonymizing, so MRN-like folder names cannot be guessed back)."""
+    digest = phi.path_digest(source, relpath) if phi is not None else hashlib.sha256(relpath.encode()).hexdigest()[:16]
+    return f"{safe_key(source)}-{digest}"
 
 
-def _walk_sorted(root: Path) -> list[Path]:
+def _walk_sorted(root: Path, follow_links: bool = False) -> list[Path]:
     found: list[Path] = []
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root, followlinks=follow_links):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend(Path(folder) / name for name in sorted(files) if not name.startswith("."))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
@@ -46,10 +49,10 @@ def _has_dicm_preamble(path: Path) -> bool:
     return head[_DICM_OFFSET:] == b"DICM"
 
 
-def list_dicom_files(root: Path) -> list[Path]:
+def list_dicom_files(root: Path, follow_links: bool = False) -> list[Path]:
     """Every ``*.dcm`` under ``root`` plus extension-less or other files with the DICM preamble."""
     out = []
-    for path in _walk_sorted(root):
+    for path in _walk_sorted(root, follow_links):
         suffix = path.suffix.lower()
         if suffix == ".dcm" or (suffix not in {".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES}
                                 and _has_dicm_preamble(path)):
@@ -57,9 +60,9 @@ def list_dicom_files(root: Path) -> list[Path]:
     return out
 
 
-def list_image_files(root: Path) -> list[Path]:
+def list_image_files(root: Path, follow_links: bool = False) -> list[Path]:
     """Every file under ``root`` with an image suffix (png, jpg/jpeg, tif/tiff, bmp)."""
-    return [p for p in _walk_sorted(root) if p.suffix.lower() in IMAGE_SUFFIXES]
+    return [p for p in _walk_sorted(root, follow_links) if p.suffix.lower() in IMAGE_SUFFIXES]
 
 
 def normalize_time(value: str | None) -> str | None:
@@ -77,11 +80,14 @@ def normalize_time(value: str | None) -> str | None:
 
 def _relpath(raw: str, table: Path, row: int) -> str:
     text = raw.strip().replace("\\", "/")
-    norm = posixpath.normpath(text)
-    if not text or norm.startswith("../") or norm == ".." or posixpath.isabs(norm):
-        raise ConfigError(f"{table}: row {row}, column 'path': {raw!r} must be a path inside the source root "
-                          "(relative, no '..')")
-    return norm
+    if not text:
+        raise ConfigError(f"{table}: row {row}, column 'path' is empty; give the file's path relative to the root")
+    return posixpath.normpath(text)
+
+
+def escapes_root(relpath: str) -> bool:
+    """True for a table path that leaves the source root (``..``) or is absolute."""
+    return relpath == ".." or relpath.startswith("../") or posixpath.isabs(relpath)
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,16 @@ def read_table(path: Path, *, required: tuple[str, ...], entity_column: str | No
         raise ConfigError(f"{path}: cannot read the table ({err.strerror})") from err
 
 
-def _source_refs(source: SourceConfig) -> tuple[list[SampleRef], list[Issue]]:
+def _outside_root(path: Path, root: Path) -> bool:
+    """A listed file whose real location (symlinks resolved) is not under the root."""
+    try:
+        return not path.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return True
+
+
+def _source_refs(source: SourceConfig, phi: Pseudonymizer | None,
+                 allow_outside: bool) -> tuple[list[SampleRef], list[Issue]]:
     if not source.root.is_dir():
         raise ConfigError(f"sources.{source.name}.root: folder {source.root} does not exist "
                           f"(root: {source.root_spec!r}, relative to the job file)")
@@ -141,13 +156,13 @@ def _source_refs(source: SourceConfig) -> tuple[list[SampleRef], list[Issue]]:
     issues: list[Issue] = []
     if source.kind == "dicom":
         labels = read_table(source.labels, required=("path", "label")) if source.labels else {}
-        files = list_dicom_files(source.root)
+        files = list_dicom_files(source.root, follow_links=allow_outside)
         seen = set()
         for path in files:
             rel = path.relative_to(source.root).as_posix()
             seen.add(rel)
             row = labels.get(rel)
-            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel), source=source.name, kind="dicom",
+            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
                                   path=str(path), relpath=rel, label=row.label if row else None))
         table_path = source.labels
     else:
@@ -157,31 +172,55 @@ def _source_refs(source: SourceConfig) -> tuple[list[SampleRef], list[Issue]]:
         labels = read_table(source.table, required=("path", "label", source.entity),
                             entity_column=source.entity, time_column=time_column)
         seen = set()
-        for path in list_image_files(source.root):
+        for path in list_image_files(source.root, follow_links=allow_outside):
             rel = path.relative_to(source.root).as_posix()
             seen.add(rel)
             row = labels.get(rel)
-            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel), source=source.name, kind="image",
+            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
                                   path=str(path), relpath=rel,
                                   label=row.label if row else None, entity=row.entity if row else None,
                                   time=row.time if row else None, extra=row.extra if row else ()))
         table_path = source.table
+    kept: list[SampleRef] = []
+    for ref in refs:
+        if not allow_outside and _outside_root(Path(ref.path), source.root):
+            issues.append(Issue.of(ref, stage="discover", reason="outside_root",
+                                   message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
+                                           f"root {source.root}; move the file in, or set safety.outside_root: allow"))
+        else:
+            kept.append(ref)
+    refs = kept
     for rel, row in sorted(labels.items()):
-        if rel not in seen:
-            missing = source.root / rel
-            issues.append(Issue(sample_id=make_sample_id(source.name, rel), path=str(missing), stage="discover",
-                                reason="missing_file",
-                                message=f"{table_path} row {row.row} lists {rel!r}, but {missing} does not exist "
-                                        "(or is not a supported file); fix the path or remove the row"))
+        if rel in seen:
+            continue
+        target = source.root / rel
+        if escapes_root(rel):
+            if not allow_outside:
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
+                                    reason="outside_root",
+                                    message=f"{table_path} row {row.row}, column 'path': {rel!r} leaves the source "
+                                            "root; give a path inside the root, or set safety.outside_root: allow"))
+                continue
+            if target.is_file():  # allowed on purpose: a table may point next to the root
+                refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name,
+                                      kind=source.kind, path=str(target), relpath=rel, label=row.label,
+                                      entity=row.entity, time=row.time, extra=row.extra))
+                continue
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(target), stage="discover",
+                            reason="missing_file",
+                            message=f"{table_path} row {row.row} lists {rel!r}, but {target} does not exist "
+                                    "(or is not a supported file); fix the path or remove the row"))
+    refs.sort(key=lambda r: r.relpath)
     return refs, issues
 
 
-def discover(job: JobConfig) -> tuple[list[SampleRef], list[Issue]]:
+def discover(job: JobConfig, phi: Pseudonymizer | None = None) -> tuple[list[SampleRef], list[Issue]]:
     """List every source's raw files (sorted by source, then relative path) and table-only issues."""
     refs: list[SampleRef] = []
     issues: list[Issue] = []
+    allow_outside = job.safety.outside_root == "allow"
     for source in job.sources:
-        source_refs, source_issues = _source_refs(source)
+        source_refs, source_issues = _source_refs(source, phi, allow_outside)
         refs.extend(source_refs)
         issues.extend(source_issues)
     return refs, issues

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -136,15 +137,28 @@ SPLITS_SCHEMA = pa.schema([
     pa.field("split", pa.string(), nullable=False),
     pa.field("fold", pa.int32(), nullable=True),
     pa.field("time", pa.string(), nullable=True),
+    pa.field("days_since_first", pa.float64(), nullable=True),
     pa.field("label", pa.string(), nullable=False),
 ])
 
 
-def write_splits_table(folder: Path, samples: Iterable[Any], assignment: Any) -> dict[str, Any]:
-    """Write ``_splits.parquet``: the per-sample split (and fold) assignment, sorted by key."""
+def write_splits_table(folder: Path, samples: Iterable[Any], assignment: Any, phi: Any) -> dict[str, Any]:
+    """Write ``_splits.parquet``: the per-sample split (and fold) assignment, sorted by key.
+
+    ``time`` holds ISO times only with ``phi.dates: keep``; ``days_since_first`` (days since
+    the entity's first record) is always written, so time-aware analysis needs no dates.
+    """
+    samples = sorted(samples, key=lambda s: s.key)
+    first: dict[str, str] = {}
+    for s in samples:
+        if s.ref.time is not None and (s.ref.entity not in first or s.ref.time < first[s.ref.entity]):
+            first[s.ref.entity] = s.ref.time
+    shifted = replace(phi, dates="shift")
     records = [{"key": s.key, "sample_id": s.ref.sample_id, "entity_id": s.ref.entity,
-                "split": assignment.split[s.key], "fold": assignment.fold.get(s.key), "time": s.ref.time,
-                "label": s.ref.label} for s in sorted(samples, key=lambda s: s.key)]
+                "split": assignment.split[s.key], "fold": assignment.fold.get(s.key),
+                "time": s.ref.time if phi.dates == "keep" else None,
+                "days_since_first": shifted.time(s.ref.time, first.get(s.ref.entity)),
+                "label": s.ref.label} for s in samples]
     table = pa.Table.from_pylist(records, schema=SPLITS_SCHEMA)
     path = folder / SPLITS_FILE
     with atomic_output(path) as fh:

@@ -15,6 +15,7 @@ from packer.config import JobConfig
 from packer.discover import discover
 from packer.execute import Executor
 from packer.manifest import library_versions
+from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
 from packer.progress import Progress
 from packer.records import Issue
@@ -37,6 +38,7 @@ class Prepared:
     audit: AuditReport
     chunks: tuple[ChunkResult, ...]
     decoded: bool = True
+    phi: Pseudonymizer = Pseudonymizer(mode="keep", dates="keep", key=None)
 
     @property
     def files_decoded(self) -> int:
@@ -66,20 +68,30 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
     cannot run and are disabled for this audit.
     """
-    refs, issues = discover(job)
+    phi = pseudonymizer_for(job.phi)
+    refs, issues = discover(job, phi)
     inputs = len(refs) + len(issues)
     if not quiet:
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet)
-    samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
+    samples = sorted((_pseudonymized(s, phi) for c in chunks for s in c.samples), key=lambda s: s.key)
     issues.extend(i for c in chunks for i in c.issues)
     split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
     edges = near_edges(samples, split_cfg)
     assignment = assign_splits(samples, split_cfg, edges)
-    audit = audit_assignment(samples, assignment, split_cfg, edges)
+    audit = audit_assignment(samples, assignment, split_cfg, edges, show_paths=not phi.active,
+                             show_dates=phi.dates == "keep")
     issues.extend(assignment.dropped)
     kept = tuple(s for s in samples if s.key in assignment.split)
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
-                    chunks=tuple(chunks), decoded=decode)
+                    chunks=tuple(chunks), decoded=decode, phi=phi)
+
+
+def _pseudonymized(sample: SpilledSample, phi: Pseudonymizer) -> SpilledSample:
+    """Swap the raw entity id for its pseudonym (and drop free-text table columns) before any
+    record can reach an output. Raw ids exist only in header reads and the local cache."""
+    if not phi.active or sample.ref.entity is None:
+        return sample
+    return replace(sample, ref=replace(sample.ref, entity=phi.entity(sample.ref.entity), extra=()))

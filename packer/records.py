@@ -34,6 +34,10 @@ REASONS = (
     "missing_window",
     "unsupported",
     "unsupported_transfer_syntax",
+    "too_large",
+    "outside_root",
+    "burned_in_annotation",
+    "decoder_crash",
     "unexpected_error",
 )
 

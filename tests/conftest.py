@@ -16,6 +16,7 @@ def demo_job_doc(raw: Path, output: Path, **overrides: Any) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "workflows" / "demo.yaml").read_text())
     doc["sources"][0].update(root=str(raw / "ct"), labels=str(raw / "ct_labels.csv"))
     doc["sources"][1].update(root=str(raw / "photos"), table=str(raw / "photos" / "labels.csv"))
+    doc["phi"]["key_file"] = str(raw / "phi.key")
     doc["output"] = str(output)
     doc.pop("registry", None)
     for key, value in overrides.items():

@@ -74,7 +74,13 @@ def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monk
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
     result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert result.exit_code == 4, result.output
-    assert "entity_overlap" in result.output and "PAT0001" in result.output
+    from packer.phi import Pseudonymizer
+
+    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=(demo_raw.root / "phi.key").read_text().strip().encode())
+    assert "entity_overlap" in result.output and "PAT0001" not in result.output  # pseudonyms only
+    leaked = json.loads((tmp_path / "out" / "demo" / "leakage.json").read_text())["rules"]["entity_overlap"]
+    assert phi.entity("PAT0001") in {f["entity_id"] for f in leaked["findings"]}
+    assert any(phi.entity(f"PAT{i:04d}") in result.output for i in range(1, 16))
     assert (tmp_path / "out" / "demo" / "leakage.json").is_file()
 
 

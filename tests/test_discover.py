@@ -47,7 +47,7 @@ def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("rows", "header", "match"), [
     (["a.png,cat,S1,", "a.png,dog,S2,"], "path,label,entity,timestamp", "listed twice"),
     (["a.png,cat"], "path,label", "missing column"),
-    (["../etc/passwd,cat,S1,"], "path,label,entity,timestamp", "inside the source root"),
+    ([",cat,S1,"], "path,label,entity,timestamp", "column 'path' is empty"),
 ])
 def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows: list[str], header: str,
                                                             match: str) -> None:
@@ -87,3 +87,30 @@ def test_identity_checks_in_order() -> None:
                                           ("2024-01-02 03:04", "2024-01-02T03:04:00"), ("", None), ("soon", None)])
 def test_normalize_time(raw: str, iso: str | None) -> None:
     assert normalize_time(raw) == iso
+
+
+def test_paths_leaving_the_root_are_outside_root_issues(tmp_path: Path) -> None:
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(b"\x89PNG fake")
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "../secret.png,cat,S2,", "link.png,cat,S3,"], ["a.png"])
+    (tmp_path / "raw" / "link.png").symlink_to(outside)
+    refs, issues = discover(load_job(job_path))
+    assert [r.relpath for r in refs] == ["a.png"]
+    assert sorted((i.reason, Path(i.path).name) for i in issues) == [("outside_root", "link.png"),
+                                                                      ("outside_root", "secret.png")]
+    allowed = yaml.safe_load(job_path.read_text())
+    allowed["safety"] = {"outside_root": "allow"}
+    job_path.write_text(yaml.safe_dump(allowed))
+    refs, issues = discover(load_job(job_path))
+    assert sorted(r.relpath for r in refs) == ["../secret.png", "a.png", "link.png"] and issues == []
+
+
+def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
+    from packer.phi import Pseudonymizer
+
+    one = Pseudonymizer(mode="pseudonymize", dates="shift", key=b"k" * 32)
+    two = Pseudonymizer(mode="pseudonymize", dates="shift", key=b"j" * 32)
+    plain = make_sample_id("ct", "MRN12345/IM1.dcm")
+    keyed = make_sample_id("ct", "MRN12345/IM1.dcm", one)
+    assert keyed != plain and keyed != make_sample_id("ct", "MRN12345/IM1.dcm", two)
+    assert keyed == make_sample_id("ct", "MRN12345/IM1.dcm", one) and keyed.startswith("ct-")
