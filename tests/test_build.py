@@ -96,7 +96,8 @@ def test_same_inputs_give_the_same_hash_and_bytes_whatever_the_workers(demo_raw:
     again = run(demo_raw, tmp_path, scheduler=None, workers=2)
     assert again.manifest["dataset_hash"] == demo_build.manifest["dataset_hash"]
     assert shard_digests(again) == shard_digests(demo_build)
-    assert (again.version_dir / "_index.parquet").read_bytes() == (demo_build.version_dir / "_index.parquet").read_bytes()
+    index = "_index.parquet"
+    assert (again.version_dir / index).read_bytes() == (demo_build.version_dir / index).read_bytes()
 
 
 def test_rebuilding_an_existing_version_is_a_no_op(demo_raw: Any, tmp_path: Path) -> None:
@@ -116,7 +117,8 @@ def test_config_change_changes_the_hash(demo_raw: Any, demo_build: BuildResult, 
 
 def test_parquet_shards_read_with_pyarrow(demo_raw: Any, tmp_path: Path) -> None:
     result = run(demo_raw, tmp_path, pack={"format": "parquet", "max_samples": 32})
-    files = sorted(str(p) for split in ("train", "valid", "test") for p in result.version_dir.glob(f"{split}-*.parquet"))
+    files = sorted(str(p) for split in ("train", "valid", "test")
+                   for p in result.version_dir.glob(f"{split}-*.parquet"))
     table = pads.dataset(files, format="parquet").to_table()
     assert table.num_rows == result.manifest["inputs"]["samples"]
     row = table.slice(0, 1).to_pylist()[0]

@@ -76,7 +76,8 @@ def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monk
     assert result.exit_code == 4, result.output
     from packer.phi import Pseudonymizer
 
-    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=(demo_raw.root / "phi.key").read_text().strip().encode())
+    key = (demo_raw.root / "phi.key").read_text().strip().encode()
+    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=key)
     assert "entity_overlap" in result.output and "PAT0001" not in result.output  # pseudonyms only
     leaked = json.loads((tmp_path / "out" / "demo" / "leakage.json").read_text())["rules"]["entity_overlap"]
     assert phi.entity("PAT0001") in {f["entity_id"] for f in leaked["findings"]}

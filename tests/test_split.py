@@ -28,7 +28,8 @@ def sample(i: int, entity: str, *, time: str | None = None, label: str = "a", sh
     ref = SampleRef(sample_id=f"s-{i:06d}", source="s", kind="image", path=f"/raw/{i}.png", relpath=f"{i}.png",
                     label=label, entity=entity, time=time)
     return SpilledSample(key=ref.sample_id, ref=ref, spill="x", offset=0, pixel_bytes=1, meta_bytes=1, shape=(1, 1, 1),
-                         dtype="uint8", sha256=sha or f"{i:064x}", dhash=dh if dh is not None else (i * 0x9E3779B97F4A7C15) % 2**64)
+                         dtype="uint8", sha256=sha or f"{i:064x}",
+                         dhash=dh if dh is not None else (i * 0x9E3779B97F4A7C15) % 2**64)
 
 
 def split_of(samples: list[SpilledSample], cfg: SplitConfig = BY_ENTITY) -> dict[str, str]:

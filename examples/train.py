@@ -1,0 +1,134 @@
+"""Train a small CNN from packed shards: one process, or DDP under torchrun.
+
+    python examples/train.py --manifest out/demo/<version> --epochs 2 --checkpoint ckpt.pt
+    python examples/train.py --manifest out/demo/<version> --checkpoint ckpt.pt --resume
+    torchrun --nproc-per-node 2 examples/train.py --manifest ... --checkpoint ckpt.pt
+
+What to copy into a real training script:
+- ``init_process_group`` when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
+  reads rank and world size from torch.distributed, and ``uneven="pad"`` gives every rank
+  the same number of batches, so no rank waits forever in an all-reduce.
+- ``set_epoch`` before every epoch (new shard and sample order).
+- The checkpoint holds the loader position (``DevicePrefetcher.state_dict()``), taken from
+  the prefetcher so the batch it has prefetched is not counted as consumed; ``--resume``
+  continues mid-epoch with exactly the batches that were left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--manifest", required=True, help="manifest.json or the dataset version folder")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps in total (0: no limit)")
+    return parser.parse_args(argv)
+
+
+def build_model(channels: int, classes: int) -> nn.Module:
+    """A tiny CNN for any image size: conv → ReLU → conv → global average pool → linear."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
+    )
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write atomically: a crash mid-save leaves the previous checkpoint intact."""
+    tmp = path.with_name(path.name + ".partial")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train; return what happened (steps, losses, keys seen) for tests and logs."""
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    distributed = world > 1
+    device = torch.device(args.device)
+    if distributed:
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        return train(args, device, distributed)
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact")
+    rank = dataset.rank
+    channels = dataset.info.shape[0] if dataset.info.shape else next(iter(dataset))["image"].shape[0]
+    loader = make_loader(dataset, args.batch_size, args.workers)
+    batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
+    model: nn.Module = build_model(channels, max(dataset.info.label_map.values()) + 1).to(device)
+    optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    step, start_epoch = 0, 0
+    if args.resume and args.checkpoint and args.checkpoint.exists():
+        ckpt = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        optim.load_state_dict(ckpt["optim"])
+        batches.load_state_dict(ckpt["loader"])
+        step, start_epoch = ckpt["step"], ckpt["loader"]["epoch"]
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    losses: list[float] = []
+    keys: list[str] = []
+
+    def checkpoint() -> None:
+        if args.checkpoint and rank == 0:
+            module: nn.Module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+            save_checkpoint(args.checkpoint, {"model": module.state_dict(), "optim": optim.state_dict(),
+                                              "loader": batches.state_dict(), "step": step})
+
+    for epoch in range(start_epoch, args.epochs):
+        batches.set_epoch(epoch)
+        model.train()
+        for batch in batches:
+            if not isinstance(batch["image"], torch.Tensor):
+                raise SystemExit("this example needs one image shape per dataset (packer resizes to one)")
+            loss = nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            step += 1
+            losses.append(loss.item())
+            keys.extend(batch["key"])
+            if step % args.save_every == 0:
+                checkpoint()
+            if args.max_steps and step >= args.max_steps:
+                checkpoint()
+                return {"steps": step, "losses": losses, "keys": keys, "rank": rank}
+        if rank == 0 and losses:
+            print(f"epoch {epoch}: step {step}, last loss {losses[-1]:.4f}", flush=True)
+        checkpoint()
+    return {"steps": step, "losses": losses, "keys": keys, "rank": rank}
+
+
+if __name__ == "__main__":
+    main()

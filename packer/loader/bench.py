@@ -1,0 +1,212 @@
+"""``bench_loader``: where does input throughput go? One variable at a time.
+
+Stages, each timed on its own so a stall can be pinned on one of them:
+
+1. ``raw_read``: the split's shard files read sequentially in 8 MiB blocks (MB/s). A
+   second run on the same files mostly measures the page cache; the first cold run, disk.
+2. ``decode``: ShardDataset iterated in this process, no DataLoader (samples/s).
+3. ``loader``: make_loader samples/s, varying ``num_workers``, then ``pin_memory``, then
+   ``batch_size``, each against the baseline (most workers, first batch size, first
+   pin_memory value). ``first_batch_s`` is the time to the first batch (worker start-up).
+4. ``device``: DevicePrefetcher + a dummy step on ``device``: time blocked waiting for
+   data versus time computing, and on CUDA the host→device copy time of one batch.
+
+Every measurement loops over epochs until ``seconds`` have passed (at least one batch).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from packer.loader.dataloader import make_loader
+from packer.loader.dataset import ShardDataset
+from packer.loader.device import DevicePrefetcher
+
+
+def _epochs(make_iter: Any, seconds: float) -> Iterator[Any]:
+    """Items from ``make_iter(epoch)`` for epochs 0, 1, ... until ``seconds`` have passed."""
+    start, epoch = time.perf_counter(), 0
+    while True:
+        produced = False
+        for item in make_iter(epoch):
+            produced = True
+            yield item
+            if time.perf_counter() - start >= seconds:
+                return
+        if not produced:
+            return
+        epoch += 1
+
+
+def _raw_read(paths: Sequence[str], seconds: float) -> dict[str, Any]:
+    total, start = 0, time.perf_counter()
+    while True:
+        for path in paths:
+            with open(path, "rb", buffering=0) as fh:
+                while block := fh.read(8 << 20):
+                    total += len(block)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds or total == 0:
+            break
+    return {"bytes": total, "seconds": elapsed, "mb_per_s": total / 1e6 / elapsed if elapsed else 0.0}
+
+
+def _decode(dataset: ShardDataset, seconds: float) -> dict[str, Any]:
+    def run(epoch: int) -> Iterable[Any]:
+        dataset.set_epoch(epoch)
+        return dataset
+
+    count, start = 0, time.perf_counter()
+    for _ in _epochs(run, seconds):
+        count += 1
+    elapsed = time.perf_counter() - start
+    return {"samples": count, "seconds": elapsed, "samples_per_s": count / elapsed if elapsed else 0.0}
+
+
+def _loader(dataset: ShardDataset, *, num_workers: int, batch_size: int, pin_memory: bool,
+            seconds: float) -> dict[str, Any]:
+    loader = make_loader(dataset, batch_size, num_workers, pin_memory=pin_memory)
+
+    def run(epoch: int) -> Iterable[Any]:
+        loader.set_epoch(epoch)
+        return loader
+
+    count, first, start = 0, None, time.perf_counter()
+    for batch in _epochs(run, seconds):
+        count += len(batch["key"])
+        if first is None:
+            first = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    loader.close()
+    return {"num_workers": num_workers, "batch_size": batch_size, "pin_memory": pin_memory,
+            "samples": count, "seconds": elapsed, "first_batch_s": first,
+            "samples_per_s": count / elapsed if elapsed else 0.0}
+
+
+def _device(dataset: ShardDataset, *, device: torch.device, num_workers: int, batch_size: int,
+            seconds: float) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    loader = make_loader(dataset, batch_size, num_workers, pin_memory=cuda)
+    weight = torch.randn(256, 256, device=device)
+    wait = compute = 0.0
+    steps = samples = 0
+    start = time.perf_counter()
+    epoch = 0
+    while time.perf_counter() - start < seconds:
+        loader.set_epoch(epoch)
+        iterator = iter(DevicePrefetcher(loader, device))
+        while True:
+            t0 = time.perf_counter()
+            batch = next(iterator, None)
+            t1 = time.perf_counter()
+            if batch is None:
+                break
+            wait += t1 - t0
+            x = batch["image"] if isinstance(batch["image"], torch.Tensor) else torch.stack(batch["image"])
+            features = x.flatten(1)[:, :256]
+            out = torch.nn.functional.pad(features, (0, 256 - features.shape[1])) @ weight
+            for _ in range(8):
+                out = torch.tanh(out @ weight)
+            if cuda:
+                torch.cuda.synchronize(device)
+            compute += time.perf_counter() - t1
+            steps += 1
+            samples += len(batch["key"])
+            if time.perf_counter() - start >= seconds:
+                break
+        if steps == 0:
+            break
+        epoch += 1
+    result: dict[str, Any] = {"device": str(device), "steps": steps, "samples": samples,
+                              "data_wait_s": wait, "compute_s": compute,
+                              "wait_fraction": wait / (wait + compute) if wait + compute else 0.0}
+    if cuda:
+        result.update(_h2d(loader, device))
+    return result
+
+
+def _h2d(loader: Any, device: torch.device, batches: int = 5) -> dict[str, Any]:
+    """Host→device copy time of ``batches`` pinned batches, timed with CUDA events."""
+    loader.set_epoch(0)
+    times, nbytes = [], 0
+    for i, batch in enumerate(loader):
+        if i >= batches or not isinstance(batch["image"], torch.Tensor):
+            break
+        image = batch["image"] if batch["image"].is_pinned() else batch["image"].pin_memory()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        image.to(device, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+        nbytes = image.numel() * image.element_size()
+    mean_ms = sum(times) / len(times) if times else None
+    return {"h2d_ms_per_batch": mean_ms, "h2d_batch_bytes": nbytes,
+            "h2d_gb_per_s": nbytes / 1e6 / mean_ms if mean_ms else None}
+
+
+def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = "cpu",
+                 workers: Sequence[int] = (0, 1, 2), batch_sizes: Sequence[int] = (32,),
+                 pin_memory: Sequence[bool] = (False, True), seconds: float = 3.0, seed: int = 0) -> dict[str, Any]:
+    """Measure input throughput of ``split`` one variable at a time (see module doc).
+
+    Returns a JSON-able dict with keys ``dataset``, ``config``, ``raw_read``, ``decode``,
+    ``loader`` (a list of runs, each with ``vary``, the three settings and
+    ``samples_per_s``) and ``device``. Times are wall-clock seconds; nothing is asserted.
+    Raises what ShardDataset raises for an unreadable manifest or shard.
+    """
+    if not workers or not batch_sizes or not pin_memory:
+        raise ValueError("workers, batch_sizes and pin_memory each need at least one value")
+    dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1)
+    info = dataset.info
+    base = (max(workers), batch_sizes[0], bool(pin_memory[0]))     # (num_workers, batch_size, pin_memory)
+    runs: dict[tuple[int, int, bool], dict[str, Any]] = {}
+    loader_rows = []
+    variations = ([("num_workers", (w, base[1], base[2])) for w in workers]
+                  + [("pin_memory", (base[0], base[1], bool(p))) for p in pin_memory]
+                  + [("batch_size", (base[0], b, base[2])) for b in batch_sizes])
+    for name, key in variations:
+        if key not in runs:
+            runs[key] = _loader(dataset, num_workers=key[0], batch_size=key[1], pin_memory=key[2], seconds=seconds)
+        loader_rows.append({"vary": name, **runs[key]})
+    torch_device = torch.device(device)
+    return {
+        "dataset": {"manifest": str(info.manifest), "split": split, "format": info.format, "samples": info.samples,
+                    "shards": len(info.shards), "bytes": sum(s.bytes for s in info.shards)},
+        "config": {"device": device, "workers": list(workers), "batch_sizes": list(batch_sizes),
+                   "pin_memory": list(pin_memory), "seconds": seconds,
+                   "cuda_available": torch.cuda.is_available()},
+        "raw_read": _raw_read([str(s.path) for s in info.shards], seconds),
+        "decode": _decode(dataset, seconds),
+        "loader": loader_rows,
+        "device": _device(dataset, device=torch_device, num_workers=base[0], batch_size=base[1], seconds=seconds),
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A plain-text report of a :func:`bench_loader` result."""
+    ds, raw, dec = result["dataset"], result["raw_read"], result["decode"]
+    lines = [
+        f"{ds['split']} of {ds['manifest']}: {ds['samples']} samples, {ds['shards']} {ds['format']} shards, "
+        f"{ds['bytes'] / 1e6:.1f} MB",
+        f"raw read      {raw['mb_per_s']:10.1f} MB/s",
+        f"decode        {dec['samples_per_s']:10.1f} samples/s (one process)",
+        "",
+        f"{'vary':<12} {'workers':>7} {'batch':>6} {'pin':>5} {'samples/s':>11} {'first batch s':>14}",
+    ]
+    for row in result["loader"]:
+        first = f"{row['first_batch_s']:.3f}" if row["first_batch_s"] is not None else "-"
+        lines.append(f"{row['vary']:<12} {row['num_workers']:>7} {row['batch_size']:>6} "
+                     f"{row['pin_memory']!s:>5} {row['samples_per_s']:>11.1f} {first:>14}")
+    dev = result["device"]
+    lines += ["", f"device {dev['device']}: {dev['steps']} steps, waiting for data {dev['data_wait_s']:.3f} s, "
+                  f"computing {dev['compute_s']:.3f} s ({dev['wait_fraction']:.0%} waiting)"]
+    if dev.get("h2d_ms_per_batch") is not None:
+        lines.append(f"host→device  {dev['h2d_ms_per_batch']:.3f} ms per batch of {dev['h2d_batch_bytes']} bytes "
+                     f"({dev['h2d_gb_per_s']:.2f} GB/s)")
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""``make_loader``: a configured DataLoader over a ShardDataset, with resumable state.
+
+The loader stripes whole batches over workers (batch ``j`` to worker ``j % num_workers``),
+and PyTorch's DataLoader returns worker batches round-robin, so this rank's batches arrive
+in its sequence order for any ``num_workers``. The position is counted here, in the main
+process, from the batches handed to the caller: ``state_dict()`` after ``k`` batches says
+"epoch e, ``k * batch_size`` positions consumed" (true of every rank, since ranks step
+together), and a loader that loads it yields the rest of the epoch, in the same order,
+with any ``num_workers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from packer.errors import ConfigError
+from packer.loader.dataset import Item, ShardDataset
+from packer.loader.readers import ShardReadError
+from packer.loader.sharding import Segment, derive_seed
+
+log = logging.getLogger("packer.loader")
+
+STATE_FORMAT = "packer.loader/1"
+
+
+def collate_samples(items: list[Item]) -> dict[str, Any]:
+    """Batch items: ``image`` stacked to B×C×H×W when all shapes match (else a list of
+    tensors), ``label`` int64 of shape (B,), ``key`` a list of str."""
+    images = [item["image"] for item in items]
+    same = bool(images) and all(isinstance(im, torch.Tensor) and im.shape == images[0].shape for im in images)
+    return {
+        "image": torch.stack(images) if same else images,
+        "label": torch.stack([item["label"] for item in items]) if items else torch.zeros(0, dtype=torch.int64),
+        "key": [item["key"] for item in items],
+    }
+
+
+def _passthrough(payload: Any) -> Any:
+    return payload
+
+
+class _BatchStream(IterableDataset):
+    """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
+
+    def __init__(self, *, dataset: ShardDataset, batch_size: int, drop_last: bool) -> None:
+        super().__init__()
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+        return self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
+                                         collate=collate_samples)
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed ``random``, numpy and torch from (seed, epoch, rank, worker)."""
+    info = get_worker_info()
+    dataset = getattr(info.dataset, "dataset", info.dataset) if info is not None else None
+    if not isinstance(dataset, ShardDataset):
+        return
+    seed = derive_seed(dataset.seed, dataset.epoch, dataset.rank, worker_id)
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFF_FFFF)
+    torch.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """Where an epoch stands: ``consumed`` positions of this rank's sequence after ``history``."""
+
+    epoch: int
+    consumed: int
+    history: tuple[Segment, ...]
+
+
+class ShardLoader:
+    """Batches of one rank of a :class:`ShardDataset`, with ``state_dict``/``load_state_dict``.
+
+    Iterating yields dicts ``{"image": uint8 B×C×H×W (or list), "label": int64 (B,),
+    "key": list[str]}``. Each ``iter()`` runs the current epoch from its start, except the
+    first after ``load_state_dict``, which runs the rest of the saved epoch.
+    ``skipped``/``skipped_samples``: samples skipped so far in this run (``on_error="skip"``).
+    """
+
+    def __init__(self, *, dataset: ShardDataset, batch_size: int, num_workers: int = 0,
+                 prefetch_factor: int | None = 2, pin_memory: bool | None = None,
+                 persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
+                 multiprocessing_context: Any = None) -> None:
+        if batch_size < 1 or num_workers < 0:
+            raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
+        self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
+        self.skipped = 0
+        self.skipped_samples: list[str] = []
+        self._state = LoaderState(epoch=dataset.epoch, consumed=0, history=())
+        self._resume_pending = False
+        workers = num_workers > 0
+        self.dataloader = DataLoader(
+            _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last),
+            batch_size=None,
+            num_workers=num_workers,
+            collate_fn=_passthrough,
+            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+            worker_init_fn=seed_worker,
+            prefetch_factor=prefetch_factor if workers else None,
+            persistent_workers=workers if persistent_workers is None else (persistent_workers and workers),
+            timeout=timeout if workers else 0,
+            multiprocessing_context=multiprocessing_context if workers else None,
+        )
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` next; keeps a pending resume when it is for the same epoch."""
+        if not (self._resume_pending and epoch == self._state.epoch):
+            self._state = LoaderState(epoch=epoch, consumed=0, history=())
+            self._resume_pending = False
+
+    def _segment(self, consumed: int) -> Segment:
+        return Segment(world_size=self.dataset.world_size, uneven=self.dataset.uneven, drop_last=self.drop_last,
+                       batch_size=self.batch_size, consumed=consumed)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch."""
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._resume_pending:
+            self._state = LoaderState(epoch=self._state.epoch, consumed=0, history=())
+        self._resume_pending = False
+        state = self._state
+        self.dataset.set_progress(epoch=state.epoch, consumed=state.consumed, history=state.history)
+        consumed = state.consumed
+        iterator = iter(self.dataloader)
+        try:
+            for batch, skipped in iterator:
+                # Nominal positions (batch_size per batch, also for a short last batch): ranks
+                # step together, so batches × batch_size is every rank's position, even where
+                # this rank's sequence is a sample shorter than another's. Each rank caps it
+                # at its own length.
+                consumed += self.batch_size
+                self._state = replace(self._state, consumed=consumed)
+                if skipped:
+                    self._record_skips(skipped)
+                if batch["key"]:
+                    yield batch
+        except Exception:
+            self._stop_workers(iterator)
+            raise
+
+    def close(self) -> None:
+        """Shut persistent worker processes down now; the next ``iter()`` starts new ones.
+
+        Workers also stop when the loader is garbage-collected, but a loader caught in a
+        reference cycle (say, a frame in an exception's traceback) makes PyTorch's shutdown
+        wait 5 s per worker, so close loaders you are done with.
+        """
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None:
+            self._stop_workers(iterator)
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stop_workers(self, iterator: Any) -> None:
+        """Shut workers down now after an error. Left to the garbage collector, the iterator
+        sits in the exception's reference cycle and its shutdown waits 5 s per worker."""
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        if getattr(self.dataloader, "_iterator", None) is iterator:
+            self.dataloader._iterator = None
+
+    def _record_skips(self, skipped: tuple[str, ...]) -> None:
+        self.skipped += len(skipped)
+        self.skipped_samples.extend(skipped)
+        for line in skipped:
+            log.warning("skipped %s", line)
+        if self.skipped > self.dataset.max_skipped:
+            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped="
+                                 f"{self.dataset.max_skipped}; last: {skipped[-1]}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position: epoch, positions consumed (counted from batches handed out), config."""
+        ds = self.dataset
+        return {
+            "format": STATE_FORMAT,
+            "split": ds.info.split,
+            "samples": ds.info.samples,
+            "seed": ds.seed,
+            "shuffle": ds.shuffle,
+            "shuffle_buffer": ds.shuffle_buffer,
+            "epoch": self._state.epoch,
+            "rank": ds.rank,
+            "segment": self._segment(self._state.consumed).to_json(),
+            "history": [seg.to_json() for seg in self._state.history],
+            "skipped": self.skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state``: the next ``iter()`` yields exactly what the epoch had left.
+
+        Same world size (and ``uneven``, and batch size where ``drop_last``): the same
+        order as the uninterrupted epoch. Otherwise the samples no rank had consumed are
+        split afresh over the new ranks (the same set, another order). Raises
+        ``ConfigError`` when the state belongs to another split, seed or shuffle setting.
+        """
+        ds = self.dataset
+        if state.get("format") != STATE_FORMAT:
+            raise ConfigError(f"not a packer loader state (format {state.get('format')!r}, expected {STATE_FORMAT})")
+        expected = {"split": ds.info.split, "samples": ds.info.samples, "seed": ds.seed, "shuffle": ds.shuffle,
+                    "shuffle_buffer": ds.shuffle_buffer}
+        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        if wrong:
+            raise ConfigError("the loader state was saved for another dataset configuration: "
+                              + ", ".join(f"{k} saved {s!r}, now {v!r}" for k, (s, v) in wrong.items()))
+        try:
+            saved = Segment.from_json(state["segment"])
+            history = tuple(Segment.from_json(seg) for seg in state["history"])
+            epoch = int(state["epoch"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"malformed loader state ({err})") from err
+        if saved.same_split(self._segment(0)):
+            self._state = LoaderState(epoch=epoch, consumed=saved.consumed, history=history)
+        else:
+            self._state = LoaderState(epoch=epoch, consumed=0, history=(*history, saved))
+        self.skipped = int(state.get("skipped", 0))
+        self._resume_pending = True
+
+
+def make_loader(dataset: ShardDataset, batch_size: int, num_workers: int = 0, *,
+                prefetch_factor: int | None = 2, pin_memory: bool | None = None,
+                persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
+                multiprocessing_context: Any = None) -> ShardLoader:
+    """A :class:`ShardLoader`: DataLoader with ``pin_memory`` when CUDA is available,
+    ``persistent_workers`` when ``num_workers > 0``, ``prefetch_factor`` batches per
+    worker, workers seeded from (seed, epoch, rank, worker), images stacked when shapes match.
+
+    Raises ``ConfigError`` for ``batch_size < 1`` or ``num_workers < 0``.
+    """
+    return ShardLoader(dataset=dataset, batch_size=batch_size, num_workers=num_workers,
+                       prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                       persistent_workers=persistent_workers, drop_last=drop_last, timeout=timeout,
+                       multiprocessing_context=multiprocessing_context)

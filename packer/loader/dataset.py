@@ -1,0 +1,304 @@
+"""``ShardDataset``: a PyTorch IterableDataset over one split of a packed dataset version.
+
+The plan (which sample, which rank, which worker, in which order) comes from
+:mod:`packer.loader.sharding`; the bytes come from :mod:`packer.loader.readers`. Here the
+two meet: each worker walks its shards in stream order, holds what it has read until its
+turn comes (at most about ``shuffle_buffer`` samples per rank), turns samples into tensors
+and applies ``transform``.
+
+The epoch and the resume position live in a small shared-memory tensor, so
+``set_epoch``/``load_state_dict`` reach DataLoader workers that persist across epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from packer.errors import ConfigError
+from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, read_shard
+from packer.loader.sharding import (
+    UNEVEN,
+    EpochOrder,
+    RankPlan,
+    Segment,
+    derive_seed,
+    epoch_order,
+    plan_rank,
+    shard_offsets,
+    worker_indices,
+)
+
+log = logging.getLogger("packer.loader")
+
+ON_ERROR = ("raise", "skip")
+MAX_HISTORY = 8
+_SEGMENT_WIDTH = 5
+
+Item = dict[str, Any]
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: the arguments, else ``torch.distributed`` when initialised,
+    else the ``RANK``/``WORLD_SIZE`` environment variables, else ``(0, 1)``.
+
+    Raises ``ConfigError`` when the rank is outside ``[0, world_size)``.
+    """
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            default_rank, default_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            try:
+                default_rank = int(os.environ.get("RANK", "0"))
+                default_world = int(os.environ.get("WORLD_SIZE", "1"))
+            except ValueError as err:
+                raise ConfigError(f"RANK/WORLD_SIZE must be integers ({err})") from err
+        rank = default_rank if rank is None else rank
+        world_size = default_world if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
+    return rank, world_size
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Seed torch (CPU), numpy's global RNG and ``random`` for a block; restore them after."""
+    torch_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+    np.random.seed(seed & 0xFFFF_FFFF)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+class ShardDataset(IterableDataset):
+    """Samples of one split, each delivered exactly once per epoch across ranks × workers.
+
+    Items are dicts: ``image`` (torch tensor C×H×W in the schema dtype, uint8 by default,
+    or whatever ``transform(image)`` returns), ``label`` (int64 scalar tensor), ``key`` (str).
+
+    ``manifest``: path to ``manifest.json`` or its folder. ``shuffle``: permute shard order
+    and pass samples through a ``shuffle_buffer``-slot buffer, deterministically for
+    ``(seed, epoch)``; ``set_epoch(e)`` before each epoch. ``rank``/``world_size``: default
+    from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else one process. ``uneven``:
+    ``exact`` (every sample once; ranks may differ by one sample, so a DDP step can wait
+    forever on the last batch), ``pad`` (every rank ``ceil(N/W)``, repeating samples from
+    the start of the epoch order) or ``drop`` (every rank ``floor(N/W)``). ``verify``:
+    check each shard's sha256 before reading it (each worker hashes the shards it reads).
+    ``transform(image) -> tensor`` runs in the worker with torch/numpy/random seeded from
+    ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
+    ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
+    or sample, or ``skip`` it, count it (``skipped``, ``skipped_samples``) and raise once
+    more than ``max_skipped`` were skipped.
+
+    Iterated directly (or through a plain DataLoader), samples are striped over workers one
+    by one; :func:`packer.loader.make_loader` stripes whole batches so that the batch order
+    does not depend on ``num_workers`` and can be resumed.
+    """
+
+    def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
+                 shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
+                 verify: bool = False, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100) -> None:
+        super().__init__()
+        if uneven not in UNEVEN:
+            raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
+        if shuffle_buffer < 1 or max_skipped < 0:
+            raise ConfigError("shuffle_buffer must be >= 1 and max_skipped >= 0")
+        self.info = load_split(manifest, split)
+        self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.verify, self.transform, self.uneven = verify, transform, uneven
+        self.on_error, self.max_skipped = on_error, int(max_skipped)
+        self.skipped = 0
+        self.skipped_samples: list[str] = []
+        self._counts = [s.samples for s in self.info.shards]
+        self._offsets = shard_offsets(self._counts)
+        self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape,
+                                  labels=frozenset(self.info.label_map.values()))
+        self._orders: dict[int, EpochOrder] = {}
+        # [epoch, consumed, len(history), history segments...]: shared with worker processes.
+        self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_orders"] = {}
+        return state
+
+    # -- epoch and progress ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (also in persistent workers)."""
+        self.set_progress(epoch=epoch, consumed=0, history=())
+
+    def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
+        """Resume ``epoch`` after ``consumed`` positions of this rank's sequence, after ``history``.
+
+        Used by :class:`packer.loader.ShardLoader`; raises ``ConfigError`` past
+        ``MAX_HISTORY`` world-size changes within one epoch.
+        """
+        if len(history) > MAX_HISTORY:
+            raise ConfigError(f"the world size changed {len(history)} times within one epoch; "
+                              f"at most {MAX_HISTORY} are supported")
+        values = [epoch, consumed, len(history)]
+        for seg in history:
+            values += [seg.world_size, UNEVEN.index(seg.uneven), int(seg.drop_last), seg.batch_size, seg.consumed]
+        values += [0] * (self._shared.numel() - len(values))
+        self._shared.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def _progress(self, *, batch_size: int, drop_last: bool) -> tuple[int, Segment, list[Segment]]:
+        values = self._shared.tolist()
+        epoch, consumed, count = values[0], values[1], values[2]
+        history = []
+        for i in range(count):
+            w, u, d, b, c = values[3 + _SEGMENT_WIDTH * i:3 + _SEGMENT_WIDTH * (i + 1)]
+            history.append(Segment(world_size=w, uneven=UNEVEN[u], drop_last=bool(d), batch_size=b, consumed=c))
+        current = Segment(world_size=self.world_size, uneven=self.uneven, drop_last=drop_last,
+                          batch_size=batch_size, consumed=consumed)
+        return epoch, current, history
+
+    def epoch_order(self, epoch: int) -> EpochOrder:
+        """The whole split's order for ``epoch`` (cached for the last two epochs)."""
+        if epoch not in self._orders:
+            if len(self._orders) >= 2:
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[epoch] = epoch_order(self._counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                                              buffer=self.shuffle_buffer)
+        return self._orders[epoch]
+
+    def plan(self, *, batch_size: int = 1, drop_last: bool = False) -> tuple[EpochOrder, RankPlan]:
+        """This rank's remaining global sample ids for the current epoch and progress."""
+        epoch, current, history = self._progress(batch_size=batch_size, drop_last=drop_last)
+        order = self.epoch_order(epoch)
+        return order, plan_rank(order, rank=self.rank, current=current, history=history)
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a whole epoch (before ``drop_last`` in a loader)."""
+        n, w, r = self.info.samples, self.world_size, self.rank
+        if self.uneven == "exact":
+            return (r + 1) * n // w - r * n // w
+        return -(-n // w) if self.uneven == "pad" else n // w
+
+    # -- reading --------------------------------------------------------------------
+    def _read_in_order(self, order: EpochOrder, ids: np.ndarray) -> Iterator[Decoded | Failure]:
+        """Results for ``ids`` in that order; shards are read in stream order, the rest held."""
+        if len(ids) == 0:
+            return
+        unique = np.unique(ids)
+        read = unique[np.argsort(order.stream_pos[unique], kind="stable")]
+        shard_of = np.searchsorted(self._offsets, read, side="right") - 1
+        bounds = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(read)]
+
+        def source() -> Iterator[tuple[int, Decoded | Failure]]:
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                k = int(shard_of[lo])
+                base = int(self._offsets[k])
+                positions = (read[lo:hi] - base).tolist()
+                for pos, result in read_shard(self.info.format, self.info.shards[k], positions, self._check,
+                                              strict=self.on_error == "raise", verify=self.verify):
+                    yield base + pos, result
+
+        uses = Counter(ids.tolist()) if len(unique) < len(ids) else None
+        held: dict[int, Decoded | Failure] = {}
+        results = source()
+        for g in ids.tolist():
+            while g not in held:
+                got = next(results, None)
+                if got is None:
+                    raise RuntimeError(f"internal error: the shard readers ended before sample id {g}")
+                held[got[0]] = got[1]
+            if uses is None:
+                yield held.pop(g)
+            else:
+                uses[g] -= 1
+                yield held[g] if uses[g] else held.pop(g)
+
+    def _worker_results(self, order: EpochOrder, plan: RankPlan,
+                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:
+        """(index into ``plan.ids``, result) for this worker's ``indices``, in order."""
+        for part in (indices[indices < plan.pad_from], indices[indices >= plan.pad_from]):
+            results = self._read_in_order(order, plan.ids[part])
+            yield from zip(part.tolist(), results, strict=True)
+
+    def to_item(self, epoch: int, sample_id: int, decoded: Decoded) -> Item:
+        """Tensors for one decoded sample; ``transform`` applied under a per-sample seed."""
+        image = torch.from_numpy(decoded.image)
+        if self.transform is not None:
+            with seeded_rng(derive_seed(self.seed, epoch, sample_id)):
+                image = self.transform(image)
+        return {"image": image, "label": torch.tensor(decoded.label, dtype=torch.int64), "key": decoded.key}
+
+    def _skip(self, failure: Failure) -> None:
+        """Raise for ``failure`` (``on_error="raise"``) or count it; raise past ``max_skipped``."""
+        if self.on_error == "raise":
+            raise failure.error()
+        self.skipped += 1
+        self.skipped_samples.append(failure.describe())
+        log.warning("skipped %s", failure.describe())
+        if self.skipped > self.max_skipped:
+            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
+                                 f"last: {failure.describe()}", shard=failure.shard, key=failure.key)
+
+    @staticmethod
+    def _worker() -> tuple[int, int]:
+        info = get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
+
+    def __iter__(self) -> Iterator[Item]:
+        order, plan = self.plan()
+        worker, workers = self._worker()
+        indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
+        for i, result in self._worker_results(order, plan, indices):
+            if isinstance(result, Failure):
+                self._skip(result)
+            else:
+                yield self.to_item(order.epoch, int(plan.ids[i]), result)
+
+    def iter_batches(self, *, batch_size: int, drop_last: bool,
+                     collate: Callable[[list[Item]], dict[str, Any]]
+                     ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+        """This worker's batches: (collated batch, descriptions of the samples skipped in it).
+
+        Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
+        samples were all skipped is still yielded (empty), so batches stay countable.
+        With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
+        """
+        order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
+        worker, workers = self._worker()
+        indices = worker_indices(len(plan.ids), batch_size=batch_size, num_workers=workers, worker=worker)
+        items: list[Item] = []
+        skipped: list[str] = []
+        current = -1
+        for i, result in self._worker_results(order, plan, indices):
+            batch = i // batch_size
+            if batch != current:
+                if current >= 0:
+                    yield collate(items), tuple(skipped)
+                items, skipped, current = [], [], batch
+            if isinstance(result, Failure):
+                if self.on_error == "raise":
+                    raise result.error()
+                skipped.append(result.describe())
+            else:
+                items.append(self.to_item(order.epoch, int(plan.ids[i]), result))
+        if current >= 0:
+            yield collate(items), tuple(skipped)
+

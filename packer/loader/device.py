@@ -1,0 +1,136 @@
+"""``DevicePrefetcher``: move batches to the device one step ahead, convert and normalise there.
+
+On CUDA the next batch is copied with ``non_blocking=True`` on a side stream (pinned host
+memory makes that copy asynchronous) while the current step computes; before a batch is
+handed out the compute stream waits for the side stream and every tensor is
+``record_stream``-ed on the compute stream, so the caching allocator does not reuse its
+memory early. uint8 → float32 and normalisation run on the device, on the side stream.
+On CPU it is a pass-through that still converts and normalises (tests run there).
+
+Units: ``image`` becomes float32 ``x / 255`` (0..1), then ``(x - mean) / std`` per channel,
+with ``mean``/``std`` in the same 0..1 units (torchvision's convention, e.g. ImageNet
+``mean=(0.485, 0.456, 0.406)``). Other integer dtypes are divided by their maximum value;
+float images (say, from a ``transform``) are taken to be in 0..1 already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+
+def _scale_for(dtype: torch.dtype) -> float:
+    if dtype.is_floating_point:
+        return 1.0
+    return float(torch.iinfo(dtype).max)
+
+
+class DevicePrefetcher:
+    """Iterate ``loader``'s batches on ``device`` with ``image`` as normalised float32.
+
+    ``mean``/``std``: one value per channel (or one for all) in 0..1 units, or ``None``
+    for plain ``x / 255``. ``state_dict()`` returns the loader's state as of the last
+    batch handed out (the prefetched one is not counted), so save that, not the loader's.
+    A list ``image`` (mixed shapes) is converted element by element.
+    """
+
+    def __init__(self, loader: Iterable[dict[str, Any]], device: str | torch.device, *,
+                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
+        self.loader = loader
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        self._mean = None if mean is None else torch.tensor(mean, dtype=torch.float32, device=self.device)
+        self._std = None if std is None else torch.tensor(std, dtype=torch.float32, device=self.device)
+        if self._std is not None and bool((self._std == 0).any()):
+            raise ValueError("std must not contain zeros")
+        self._state: dict[str, Any] | None = None
+
+    def _snapshot(self) -> dict[str, Any] | None:
+        state_dict = getattr(self.loader, "state_dict", None)
+        return state_dict() if callable(state_dict) else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state after the last batch this prefetcher returned."""
+        if self._state is None:
+            snapshot = self._snapshot()
+            if snapshot is None:
+                raise TypeError("the wrapped loader has no state_dict()")
+            return snapshot
+        return self._state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Forward to the loader's ``load_state_dict``."""
+        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+        self._state = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward to the loader's ``set_epoch``."""
+        self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        self._state = None
+
+    def _normalise(self, image: torch.Tensor) -> torch.Tensor:
+        out = image.to(torch.float32)
+        if out.data_ptr() == image.data_ptr():
+            out = out.clone()        # float32 in (CPU pass-through): never normalise the caller's tensor in place
+        out.div_(_scale_for(image.dtype))
+        if self._mean is not None or self._std is not None:
+            shape = (-1, 1, 1)
+            if self._mean is not None:
+                out.sub_(self._mean.view(shape))
+            if self._std is not None:
+                out.div_(self._std.view(shape))
+        return out
+
+    def _move(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=self._cuda)
+        if isinstance(value, list):
+            return [self._move(v) for v in value]
+        return value
+
+    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        moved = {name: self._move(value) for name, value in batch.items()}
+        image = moved.get("image")
+        if isinstance(image, torch.Tensor):
+            moved["image"] = self._normalise(image)
+        elif isinstance(image, list):
+            moved["image"] = [self._normalise(im) for im in image]
+        return moved
+
+    def _record(self, value: Any, stream: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            value.record_stream(stream)
+        elif isinstance(value, list | dict):
+            for v in value.values() if isinstance(value, dict) else value:
+                self._record(v, stream)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._state = None
+        if self._stream is not None:
+            # mean/std (and anything else the caller queued) were made on the compute stream
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        iterator = iter(self.loader)
+        pending = self._fetch(iterator)
+        while pending is not None:
+            batch, state = pending
+            if self._stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self._stream)
+                self._record(batch, current)
+            pending = self._fetch(iterator)
+            self._state = state
+            yield batch
+
+    def _fetch(self, iterator: Iterator[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return None
+        state = self._snapshot()
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                return self._prepare(batch), state
+        return self._prepare(batch), state

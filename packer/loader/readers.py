@@ -1,0 +1,469 @@
+"""Read samples out of one shard (tar or Parquet), and the split's entry in the manifest.
+
+No torch here: readers return numpy arrays. Nothing is ever unpickled (``.npy`` members
+go through ``np.load(allow_pickle=False)``), tar members are never extracted to disk and
+a member whose name is not ``<key>.<ext>`` (``/``, ``..``, absolute paths, links) stops
+the scan as a defect of the shard.
+
+Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
+in ascending position order, whatever is wrong with the file: the caller decides whether a
+:class:`Failure` raises (:class:`ShardReadError`) or is skipped and counted.
+
+Parquet images are zero-copy views: the shard is opened with ``pa.memory_map``, read in
+record batches of ``PARQUET_ROWS`` rows, and each ``image`` cell becomes an
+``np.frombuffer`` view on the record batch's Arrow data buffer (no copy from Arrow to numpy
+to torch; Arrow copies the cells once out of the page cache because Parquet stores byte
+arrays length-prefixed). Arrow's reader allocates mutable buffers, so the view is writable;
+a view that is not writable or not aligned for its dtype is copied. A held view keeps its
+record batch alive, so at most ``PARQUET_ROWS`` samples' bytes per held sample.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.errors import ConfigError, IntegrityError
+
+FORMATS = ("webdataset", "parquet")
+PARQUET_ROWS = 64
+_MEMBER = re.compile(r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_]+)")
+_PARQUET_COLUMNS = ["key", "label", "shape", "dtype", "image"]
+
+
+class ShardReadError(RuntimeError, IntegrityError):
+    """A shard or sample could not be read: names the shard file and, where known, the key.
+
+    A ``RuntimeError`` (what PyTorch re-raises from DataLoader workers) and a packer
+    ``IntegrityError`` (exit code 5 at the CLI). Constructible from the message alone, so
+    it crosses the worker boundary with its type intact.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.key = key
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a split, as the manifest lists it; ``path`` is absolute."""
+
+    file: str
+    path: Path
+    bytes: int
+    sha256: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """The manifest fields the loader reads, for one split.
+
+    ``label_map``: label name → index. ``dtype``/``shape``: the sample schema (``shape``
+    is ``None`` when samples vary in size). ``shards`` in manifest order.
+    """
+
+    manifest: Path
+    name: str
+    version: str
+    format: str
+    split: str
+    label_map: dict[str, int]
+    dtype: str
+    shape: tuple[int, ...] | None
+    shards: tuple[ShardInfo, ...]
+    samples: int
+
+
+def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where: Path) -> Any:
+    value: Any = doc
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise IntegrityError(f"{where}: manifest field {path} is missing; rebuild the dataset with packer build")
+        value = value[part]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise IntegrityError(f"{where}: manifest field {path} is {value!r}, expected {kind}")
+    return value
+
+
+def _safe_relative(file: str, where: Path) -> str:
+    parts = file.replace("\\", "/").split("/")
+    if not file or file.startswith(("/", "\\")) or ".." in parts or ":" in file:
+        raise IntegrityError(f"{where}: shard file {file!r} is not a plain path inside the version folder")
+    return file
+
+
+def load_split(manifest: str | os.PathLike[str], split: str) -> SplitInfo:
+    """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
+
+    Raises ``IntegrityError`` for an unreadable manifest or a missing/ill-typed field,
+    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits).
+    Reads only the fields documented in docs/ARCHITECTURE.md; the dataset hash is not
+    checked here (``packer verify`` does that).
+    """
+    path = Path(manifest)
+    if path.is_dir():
+        path = path / "manifest.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise IntegrityError(f"{path}: cannot read the manifest ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise IntegrityError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{path}: a manifest is a JSON object")
+    format_version = doc.get("format_version", 1)
+    if format_version != 1:
+        raise IntegrityError(f"{path}: format_version {format_version!r}; this loader reads version 1 "
+                             "(upgrade packer to read newer datasets)")
+    fmt = _field(doc, "format", str, path)
+    if fmt not in FORMATS:
+        raise IntegrityError(f"{path}: format {fmt!r} is not one of {FORMATS}")
+    splits = _field(doc, "splits", dict, path)
+    if split not in splits:
+        raise ConfigError(f"{path}: no split {split!r}; the manifest has {sorted(splits)}")
+    schema = _field(doc, "sample_schema", dict, path)
+    layout = _field(doc, "sample_schema.layout", str, path)
+    if layout != "CHW":
+        raise IntegrityError(f"{path}: sample_schema.layout is {layout!r}; the loader reads CHW only")
+    dtype = _field(doc, "sample_schema.dtype", str, path)
+    try:
+        np.dtype(dtype)
+    except TypeError as err:
+        raise IntegrityError(f"{path}: sample_schema.dtype {dtype!r} is not a numpy dtype") from err
+    shape = schema.get("shape")
+    if shape is not None and (not isinstance(shape, list) or len(shape) != 3
+                              or not all(isinstance(d, int) and d > 0 for d in shape)):
+        raise IntegrityError(f"{path}: sample_schema.shape is {shape!r}, expected [C, H, W] or null")
+    label_map = _field(doc, "label_map", dict, path)
+    if not all(isinstance(v, int) for v in label_map.values()):
+        raise IntegrityError(f"{path}: label_map values must be integers")
+    entries = _field(doc, f"splits.{split}.shards", list, path)
+    shards = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise IntegrityError(f"{path}: splits.{split}.shards[{i}] is not an object")
+        file = _safe_relative(_field(entry, "file", str, path), path)
+        count = _field(entry, "samples", int, path)
+        size = _field(entry, "bytes", int, path)
+        if count < 0 or size < 0:
+            raise IntegrityError(f"{path}: splits.{split}.shards[{i}] has a negative size or count")
+        shards.append(ShardInfo(file=file, path=(path.parent / file).resolve(), bytes=size,
+                                sha256=_field(entry, "sha256", str, path), samples=count))
+    total = _field(doc, f"splits.{split}.samples", int, path)
+    if total != sum(s.samples for s in shards):
+        raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
+                             f"{sum(s.samples for s in shards)}")
+    return SplitInfo(manifest=path, name=str(doc.get("name", "")), version=str(doc.get("version", "")),
+                     format=fmt, split=split, label_map=dict(label_map), dtype=dtype,
+                     shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total)
+
+
+@dataclass(frozen=True)
+class SampleCheck:
+    """What every decoded sample must satisfy: dtype, CHW shape (or any), a known label."""
+
+    dtype: str
+    shape: tuple[int, ...] | None
+    labels: frozenset[int]
+
+    def problem(self, image: np.ndarray, label: int) -> str | None:
+        if image.dtype != np.dtype(self.dtype):
+            return f"dtype {image.dtype}, expected {self.dtype}"
+        if image.ndim != 3:
+            return f"shape {image.shape} is not C×H×W"
+        if self.shape is not None and tuple(image.shape) != self.shape:
+            return f"shape {tuple(image.shape)}, expected {self.shape}"
+        if label not in self.labels:
+            return f"label {label} is not in the manifest's label_map"
+        return None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One readable sample: ``image`` C×H×W in the schema dtype, ``label`` an index."""
+
+    key: str
+    label: int
+    image: np.ndarray
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A sample that could not be read: shard file, key (``None`` if unknown), why."""
+
+    shard: str
+    position: int
+    key: str | None
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        key = self.key if self.key is not None else f"#{self.position}"
+        return f"{self.shard}: sample {key}: {self.reason}: {self.message}"
+
+    def error(self) -> ShardReadError:
+        return ShardReadError(self.describe(), shard=self.shard, key=self.key)
+
+
+def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
+    """``None`` if the shard file exists with the manifest's size (and sha256 if ``verify``).
+
+    Otherwise a message saying what differs. ``verify`` reads the whole file.
+    """
+    import hashlib
+
+    try:
+        size = os.stat(info.path).st_size
+    except OSError as err:
+        return f"cannot open the shard ({err.strerror})"
+    if size != info.bytes:
+        return (f"the shard is {size} bytes, the manifest says {info.bytes} (truncated or replaced); "
+                "restore it or rebuild the dataset")
+    if verify:
+        st = os.stat(info.path)
+        stamp = (str(info.path), info.sha256, size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        if stamp in _VERIFIED:
+            return None
+        digest = hashlib.sha256()
+        with open(info.path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+        if digest.hexdigest() != info.sha256:
+            return (f"sha256 {digest.hexdigest()[:16]}… does not match the manifest's {info.sha256[:16]}…; "
+                    "the shard is corrupt: restore it or rebuild the dataset")
+        _VERIFIED.add(stamp)
+    return None
+
+
+#: Shards this process has hashed and found good, by (path, sha256, size, inode, mtime,
+#: ctime): a worker hashes a shard once, not once per epoch; a rewrite changes the stamp.
+_VERIFIED: set[tuple[str, str, int, int, int, int]] = set()
+
+
+@dataclass(frozen=True)
+class TarSample:
+    """One sample's members in a tar shard: extension → (data offset, size)."""
+
+    key: str
+    members: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class TarIndex:
+    """The samples found by scanning a tar shard's headers, and the defect that ended the scan."""
+
+    samples: tuple[TarSample, ...]
+    defect: str | None
+
+
+def scan_tar(path: Path) -> TarIndex:
+    """Walk a tar shard's member headers (seeking past the data) and group members by key.
+
+    Stops at the first defect: an unreadable header, a member that is not a regular file,
+    a name that is not ``<key>.<ext>``, a key seen again after another key, or data that
+    runs past the end of the file. Samples before the defect are kept.
+    """
+    samples: list[TarSample] = []
+    seen: set[str] = set()
+    current: TarSample | None = None
+    defect: str | None = None
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        try:
+            with tarfile.open(fileobj=fh, mode="r:") as tar:
+                for member in tar:
+                    match = _MEMBER.fullmatch(member.name)
+                    if match is None or not member.isreg():
+                        defect = f"member {member.name!r} is not a regular file named <key>.<ext>"
+                        break
+                    if member.offset_data + member.size > size:
+                        defect = f"member {member.name!r} runs past the end of the file"
+                        break
+                    key, ext = match.groups()
+                    if current is None or key != current.key:
+                        if key in seen:
+                            defect = f"key {key!r} appears twice"
+                            break
+                        seen.add(key)
+                        current = TarSample(key=key, members={})
+                        samples.append(current)
+                    current.members[ext] = (member.offset_data, member.size)
+        except tarfile.TarError as err:
+            defect = f"unreadable tar header ({err})"
+    return TarIndex(samples=tuple(samples), defect=defect)
+
+
+class _IndexCache:
+    """The last few scanned tar shards of this process (keyed by path and size)."""
+
+    def __init__(self, capacity: int = 32) -> None:
+        self._items: OrderedDict[tuple[str, int], TarIndex] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, path: Path) -> TarIndex:
+        key = (str(path), os.stat(path).st_size)
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        index = scan_tar(path)
+        self._items[key] = index
+        if len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+        return index
+
+
+_TAR_INDEX = _IndexCache()
+
+
+def _decode_tar_sample(fh: io.BufferedReader, sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
+    """Decode one sample's ``.cls`` and ``.npy`` members; (reason, message) on failure."""
+    data: dict[str, bytes] = {}
+    for ext in ("cls", "npy"):
+        if ext not in sample.members:
+            return "missing_member", f"no {sample.key}.{ext} member"
+        offset, size = sample.members[ext]
+        fh.seek(offset)
+        data[ext] = fh.read(size)
+        if len(data[ext]) != size:
+            return "truncated", f"{sample.key}.{ext} is cut short"
+    try:
+        label = int(data["cls"].decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return "bad_label", f"{sample.key}.cls holds {data['cls'][:20]!r}, not an integer"
+    try:
+        image = np.load(io.BytesIO(data["npy"]), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        return "undecodable", f"{sample.key}.npy: {err}"
+    if not isinstance(image, np.ndarray):
+        return "undecodable", f"{sample.key}.npy holds no array"
+    problem = check.problem(image, label)
+    if problem is not None:
+        return "bad_sample", problem
+    return Decoded(key=sample.key, label=label, image=image)
+
+
+def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
+             strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of a tar shard, read front to back with skips.
+
+    ``strict``: a size/hash mismatch fails every position (else, for size only, the
+    readable prefix is still read). ``verify``: compare the sha256 first. An I/O error
+    fails the positions not yet read.
+    """
+    done = 0
+    try:
+        problem = check_shard_file(info, verify=verify)
+        index = _TAR_INDEX.get(info.path) if info.path.exists() else TarIndex(samples=(), defect="missing")
+        if problem is not None and (strict or verify or not info.path.exists()):
+            for pos in positions:
+                key = index.samples[pos].key if pos < len(index.samples) else None
+                yield pos, Failure(info.file, pos, key, "bad_shard", problem)
+            return
+        found = len(index.samples)
+        with open(info.path, "rb") as fh:
+            for pos in positions:
+                if pos >= found:
+                    outcome: Decoded | Failure = Failure(
+                        info.file, pos, None, "truncated",
+                        f"the archive ends after {found} of the manifest's {info.samples} samples "
+                        f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
+                else:
+                    sample = index.samples[pos]
+                    result = _decode_tar_sample(fh, sample, check)
+                    outcome = result if isinstance(result, Decoded) else Failure(
+                        info.file, pos, sample.key, result[0], result[1])
+                done += 1
+                yield pos, outcome
+    except OSError as err:
+        for pos in positions[done:]:
+            yield pos, Failure(info.file, pos, None, "unreadable", f"I/O error ({err})")
+
+
+def _image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Zero-copy view of bytes ``start:end`` of an Arrow buffer as ``dtype``, ``shape``."""
+    raw = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
+    view = raw.view(dtype) if raw.ctypes.data % dtype.alignment == 0 else raw.copy().view(dtype)
+    view = view.reshape(shape)
+    return view if view.flags.writeable else view.copy()
+
+
+def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
+                 strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of a Parquet shard, memory-mapped, in record batches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def fail_rest(rest: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
+        for pos in rest:
+            yield pos, Failure(info.file, pos, None, reason, message)
+
+    problem = check_shard_file(info, verify=verify)
+    if problem is not None and (strict or verify or not info.path.exists()):
+        yield from fail_rest(positions, "bad_shard", problem)
+        return
+    try:
+        parquet = pq.ParquetFile(pa.memory_map(str(info.path), "r"))
+        rows = parquet.metadata.num_rows
+        missing = [c for c in _PARQUET_COLUMNS if c not in parquet.schema_arrow.names]
+    except (OSError, pa.ArrowException) as err:
+        yield from fail_rest(positions, "bad_shard", f"not a readable Parquet file ({err})")
+        return
+    if missing:
+        yield from fail_rest(positions, "bad_shard", f"columns {missing} are missing")
+        return
+    if rows != info.samples:
+        yield from fail_rest(positions, "bad_shard", f"the file has {rows} rows, the manifest says {info.samples}")
+        return
+    want = list(positions)
+    i = 0
+    row0 = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_ROWS, columns=_PARQUET_COLUMNS, use_threads=False):
+            end_row = row0 + batch.num_rows
+            if i < len(want) and want[i] < end_row:
+                keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
+                images = batch.column("image")
+                buffers = images.buffers()
+                offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
+                while i < len(want) and want[i] < end_row:
+                    pos, r = want[i], want[i] - row0
+                    key = keys[r].as_py()
+                    label = int(labels[r].as_py())
+                    shape = tuple(int(d) for d in shapes[r].as_py())
+                    start, stop = int(offsets[r]), int(offsets[r + 1])
+                    dtype = np.dtype(dtypes[r].as_py())
+                    if dtype != np.dtype(check.dtype) or int(np.prod(shape)) * dtype.itemsize != stop - start:
+                        yield pos, Failure(info.file, pos, key, "bad_sample",
+                                           f"{stop - start} image bytes do not hold {dtype} {shape}")
+                    else:
+                        image = _image_view(buffers[2], start, stop, dtype, shape)
+                        problem = check.problem(image, label)
+                        yield pos, (Decoded(key=key, label=label, image=image) if problem is None
+                                    else Failure(info.file, pos, key, "bad_sample", problem))
+                    i += 1
+            row0 = end_row
+            if i >= len(want):
+                return
+    except (OSError, pa.ArrowException, TypeError, ValueError) as err:
+        yield from fail_rest(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
+        return
+    yield from fail_rest(want[i:], "truncated", f"the file ended after {row0} rows")
+
+
+def read_shard(fmt: str, info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
+               strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Dispatch to :func:`read_tar` or :func:`read_parquet` by manifest ``format``."""
+    reader = read_tar if fmt == "webdataset" else read_parquet
+    return reader(info, positions, check, strict=strict, verify=verify)

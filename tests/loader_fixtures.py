@@ -1,0 +1,140 @@
+"""Tiny packed datasets for the loader tests, written with the real shard writers.
+
+Sample ``i`` of a fixture has key ``s{i:05d}``, label ``i % classes`` and a C×H×W uint8
+image whose first two pixels spell ``i`` (low byte, high byte), so a test can tell from the
+pixels alone which sample it got; pixel 2 is ``100 * (i % 3)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from packer.pack.encode import EncodedSample
+from packer.pack.parquet import write_parquet_shard
+from packer.pack.tar import write_tar_shard
+
+SHAPE = (1, 4, 4)
+
+
+def sample_image(index: int, shape: Sequence[int] = SHAPE) -> np.ndarray:
+    """The image of sample ``index``: pixels 0,1 = index low/high byte, pixel 2 = 100 × label, then a ramp."""
+    image = ((np.arange(int(np.prod(shape))) * 7 + index) % 256).astype(np.uint8)
+    image[0], image[1] = index % 256, index // 256
+    image[2] = (index % 3) * 100        # the label (3 classes) is visible: a tiny model can learn it
+    return image.reshape(shape)
+
+
+def make_sample(index: int, *, split: str = "train", classes: int = 3,
+                shape: Sequence[int] = SHAPE) -> EncodedSample:
+    """One EncodedSample as packer's encoder would make it."""
+    image = sample_image(index, shape)
+    label = index % classes
+    key = f"s{index:05d}"
+    info = {"key": key, "sample_id": key, "source": "synthetic", "kind": "image", "label": f"c{label}",
+            "label_index": label, "entity_id": f"e{index}", "split": split, "shape": list(image.shape),
+            "dtype": "uint8", "metadata": {}}
+    return EncodedSample(key=key, split=split, label=label, label_name=f"c{label}", entity_id=f"e{index}",
+                         source="synthetic", shape=tuple(image.shape), dtype="uint8", pixels=image.tobytes(),
+                         info=info)
+
+
+def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[int] = (5, 3, 4),
+                  split: str = "train", classes: int = 3, shape: Sequence[int] | None = SHAPE,
+                  shapes: Sequence[Sequence[int]] | None = None) -> Path:
+    """Write shards of ``shard_sizes`` samples and a manifest.json into ``root``; return the manifest path.
+
+    ``shapes``: per-sample shapes (cycled) for a variable-size dataset (``shape`` then null).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    writer, ext = (write_tar_shard, "tar") if fmt == "webdataset" else (write_parquet_shard, "parquet")
+    shards, counts, index = [], {f"c{c}": 0 for c in range(classes)}, 0
+    for k, size in enumerate(shard_sizes):
+        samples = []
+        for _ in range(size):
+            sample_shape = shapes[index % len(shapes)] if shapes else (shape or SHAPE)
+            samples.append(make_sample(index, split=split, classes=classes, shape=sample_shape))
+            counts[f"c{index % classes}"] += 1
+            index += 1
+        written = writer(root / f"{split}-{k:06d}.{ext}", samples)
+        shards.append({"file": written.file, "bytes": written.bytes, "sha256": written.sha256, "samples": size})
+    return write_manifest(root, fmt=fmt, shards=shards, split=split, classes=classes, class_counts=counts,
+                          shape=None if shapes else shape)
+
+
+def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "train", classes: int = 3,
+                   class_counts: dict[str, int] | None = None, shape: Sequence[int] | None = SHAPE) -> Path:
+    """Write ``root/manifest.json`` for ``shards`` (entries with file, bytes, sha256, samples).
+
+    ``shape=None`` writes a null sample shape (samples of varying size).
+    """
+    manifest = {
+        "format_version": 1, "name": "fixture", "version": "0123456789ab", "format": fmt,
+        "label_map": {f"c{c}": c for c in range(classes)},
+        "sample_schema": {"dtype": "uint8", "layout": "CHW", "shape": None if shape is None else list(shape)},
+        "splits": {split: {"samples": sum(s["samples"] for s in shards), "class_counts": class_counts or {},
+                           "shards": shards}},
+    }
+    path = root / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return path
+
+
+def write_raw_tar(root: Path, name: str, members: list[tuple[str, bytes]], samples: int) -> dict:
+    """A hand-made tar shard (for hostile or broken content); returns its manifest entry."""
+    import hashlib
+    import io
+    import tarfile
+
+    path = root / name
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in members:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    data = path.read_bytes()
+    return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "samples": samples}
+
+
+def split_keys(total: int) -> list[str]:
+    """Every key of a fixture split of ``total`` samples."""
+    return [f"s{i:05d}" for i in range(total)]
+
+
+def ddp_worker(rank: int, world_size: int, port: int, manifest: str, out: str, steps: int) -> None:
+    """One rank of the 2-process gloo DDP test: train ``steps`` and write what it saw."""
+    import torch
+    import torch.distributed as dist
+
+    from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        dataset = ShardDataset(manifest, "train", seed=3, uneven="pad", shuffle_buffer=8)
+        loader = make_loader(dataset, batch_size=4, num_workers=0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 3))
+        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        keys, losses, done = [], [], 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for batch in DevicePrefetcher(loader, "cpu"):
+                loss = torch.nn.functional.cross_entropy(model(batch["image"].flatten(1)), batch["label"])
+                optim.zero_grad()
+                loss.backward()
+                optim.step()
+                keys += batch["key"] if epoch == 0 else []
+                losses.append(float(loss))
+                done += 1
+                if done >= steps:
+                    break
+        weights = [p.detach().sum().item() for p in model.parameters()]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(
+            {"rank": dataset.rank, "world": dataset.world_size, "keys": keys, "losses": losses, "steps": done,
+             "weights": weights}))
+    finally:
+        dist.destroy_process_group()

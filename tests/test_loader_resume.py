@@ -1,0 +1,116 @@
+"""Mid-epoch resume: same world size gives the same tail, another world size the same rest."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from loader_fixtures import build_dataset, split_keys
+
+from packer.errors import ConfigError
+from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SIZES = (5, 3, 6, 2, 4)      # 20 samples
+
+
+@pytest.fixture(scope="module", params=["webdataset", "parquet"])
+def manifest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_dataset(tmp_path_factory.mktemp(request.param), fmt=request.param, shard_sizes=SIZES)
+
+
+def loader_for(manifest: Path, *, workers: int, rank: int = 0, world: int = 1, batch: int = 3, epoch: int = 1):
+    dataset = ShardDataset(manifest, "train", seed=7, shuffle_buffer=5, rank=rank, world_size=world)
+    loader = make_loader(dataset, batch, workers)
+    loader.set_epoch(epoch)
+    return loader
+
+
+def take(loader, batches: int) -> list[str]:
+    keys = []
+    for i, batch in enumerate(loader):
+        keys += batch["key"]
+        if i + 1 == batches:
+            break
+    return keys
+
+
+@pytest.mark.parametrize("workers,resume_workers", [(0, 0), (2, 2), (2, 0)])
+@pytest.mark.parametrize("stop", [1, 3, 7])
+def test_resume_continues_the_uninterrupted_epoch(manifest, workers, resume_workers, stop):
+    full = [k for b in loader_for(manifest, workers=workers) for k in b["key"]]
+    first = loader_for(manifest, workers=workers)
+    head = take(first, stop)
+    state = json.loads(json.dumps(first.state_dict()))       # survives JSON (and torch.save)
+    assert state["epoch"] == 1 and state["segment"][-1] == 3 * stop
+    second = loader_for(manifest, workers=resume_workers, epoch=0)
+    second.load_state_dict(state)
+    second.set_epoch(1)                                        # the training loop's call keeps the resume
+    tail = [k for b in second for k in b["key"]]
+    assert head + tail == full
+    # the next iteration is a whole epoch again
+    assert [k for b in second for k in b["key"]] == full
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 1), (1, 2)])
+def test_resume_with_another_world_size_yields_exactly_the_rest(manifest, old, new):
+    stop = 2
+    heads, states = [], []
+    for rank in range(old):                                   # ranks step together
+        loader = loader_for(manifest, workers=0, rank=rank, world=old)
+        heads += take(loader, stop)
+        states.append(loader.state_dict())
+    tails = []
+    for rank in range(new):                                   # every new rank loads rank 0's state
+        loader = loader_for(manifest, workers=2 if rank == 0 else 0, rank=rank, world=new)
+        loader.load_state_dict(states[0])
+        tails += [k for b in loader for k in b["key"]]
+    assert Counter(heads) + Counter(tails) == Counter(split_keys(sum(SIZES)))
+    # and once more: save mid-way through the resumed epoch, resume with the original size
+    mid, rest, mid_states = [], [], []
+    for rank in range(new):
+        loader = loader_for(manifest, workers=0, rank=rank, world=new)
+        loader.load_state_dict(states[0])
+        mid += take(loader, 1)
+        mid_states.append(loader.state_dict())
+    state = mid_states[0]
+    for rank in range(old):
+        loader = loader_for(manifest, workers=0, rank=rank, world=old)
+        loader.load_state_dict(state)
+        rest += [k for b in loader for k in b["key"]]
+    assert Counter(heads) + Counter(mid) + Counter(rest) == Counter(split_keys(sum(SIZES)))
+
+
+def test_prefetcher_state_does_not_count_the_prefetched_batch(manifest):
+    full = [k for b in loader_for(manifest, workers=0) for k in b["key"]]
+    batches = DevicePrefetcher(loader_for(manifest, workers=2), "cpu")
+    head = take(batches, 2)
+    state = batches.state_dict()
+    assert state["segment"][-1] == 6                        # 2 batches of 3, not 3 batches
+    again = DevicePrefetcher(loader_for(manifest, workers=0), "cpu")
+    again.load_state_dict(state)
+    assert head + [k for b in again for k in b["key"]] == full
+
+
+def test_state_saved_at_epoch_end_resumes_into_the_next_epoch(manifest):
+    loader = loader_for(manifest, workers=0)
+    keys = [k for b in loader for k in b["key"]]
+    assert len(keys) == sum(SIZES)
+    resumed = loader_for(manifest, workers=0, epoch=0)
+    resumed.load_state_dict(loader.state_dict())
+    epochs = {}
+    for epoch in (1, 2):
+        resumed.set_epoch(epoch)
+        epochs[epoch] = [k for b in resumed for k in b["key"]]
+    assert epochs[1] == []
+    assert sorted(epochs[2]) == split_keys(sum(SIZES))
+
+
+def test_state_for_another_configuration_is_refused(manifest):
+    state = loader_for(manifest, workers=0).state_dict()
+    other = make_loader(ShardDataset(manifest, "train", seed=8, shuffle_buffer=5), 3)
+    with pytest.raises(ConfigError, match="seed"):
+        other.load_state_dict(state)

@@ -1,0 +1,122 @@
+"""Training from shards on CPU: prefetcher, the example script, 2-process DDP, the benchmark."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from loader_fixtures import build_dataset, ddp_worker, split_keys
+
+from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+from packer.loader.bench import bench_loader, format_table
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_dataset(tmp_path_factory.mktemp("train"), shard_sizes=(5, 7, 3, 6))
+
+
+def test_prefetcher_converts_and_normalises_on_cpu(manifest):
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False), 4)
+    raw = next(iter(loader))
+    batch = next(iter(DevicePrefetcher(loader, "cpu", mean=(0.5,), std=(0.25,))))
+    assert batch["image"].dtype == torch.float32 and batch["image"].shape == (4, 1, 4, 4)
+    expected = (raw["image"].double() / 255 - 0.5) / 0.25      # hand-computed, 0..1 units
+    assert torch.allclose(batch["image"].double(), expected, atol=1e-6)
+    assert batch["key"] == raw["key"] and torch.equal(batch["label"], raw["label"])
+    plain = next(iter(DevicePrefetcher(loader, "cpu")))
+    assert float(plain["image"].max()) <= 1.0 and torch.allclose(plain["image"] * 255, raw["image"].float())
+    floats = torch.full((2, 1, 4, 4), 0.75)
+    (out,) = DevicePrefetcher([{"image": floats, "key": ["a", "b"]}], "cpu", mean=(0.5,), std=(0.5,))
+    assert torch.allclose(out["image"], torch.full((2, 1, 4, 4), 0.5)) and float(floats[0, 0, 0, 0]) == 0.75
+
+
+def test_tiny_model_trains_from_shards(manifest):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    optim = torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = make_loader(ShardDataset(manifest, "train", seed=1), 7, 2)
+    batches = DevicePrefetcher(loader, "cpu", mean=(0.5,), std=(0.3,))
+    losses = []
+    for epoch in range(15):
+        batches.set_epoch(epoch)
+        total = 0.0
+        for batch in batches:
+            loss = torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            total += loss.item()
+        losses.append(total)
+    loader.close()
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.5 * losses[0]                      # pixel 2 shows the label: easy to learn
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("packer_example_train", REPO / "examples" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    example = load_example()
+    ckpt = tmp_path / "ckpt.pt"
+    common = ["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "4", "--workers", "1",
+              "--device", "cpu", "--checkpoint", str(ckpt)]
+    first = example.main([*common, "--max-steps", "2"])
+    assert first["steps"] == 2 and all(map(lambda x: x == x, first["losses"]))
+    assert torch.load(ckpt, weights_only=True)["loader"]["segment"][-1] == 8
+    second = example.main([*common, "--resume"])
+    assert second["steps"] == 6                                 # 21 samples: 6 batches of 4 in all
+    assert Counter(first["keys"] + second["keys"]) == Counter(split_keys(21))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_process_gloo_ddp_with_padding(manifest, tmp_path):
+    steps = 100                                              # more than two epochs: run both to the end
+    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), str(manifest), str(tmp_path), steps),
+                                nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]    # from torch.distributed
+    # 21 samples over 2 ranks, padded to 11 each: 3 batches of 4 per epoch on both ranks
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 6
+    assert len(ranks[0]["keys"]) == len(ranks[1]["keys"]) == 11
+    assert set(ranks[0]["keys"] + ranks[1]["keys"]) == set(split_keys(21))
+    assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"])      # DDP kept replicas in step
+    assert all(loss == loss for r in ranks for loss in r["losses"])
+
+
+def test_bench_loader_reports_every_stage(manifest):
+    result = bench_loader(manifest, "train", workers=(0, 1), batch_sizes=(4, 8), pin_memory=(False,), seconds=0.05)
+    assert set(result) == {"dataset", "config", "raw_read", "decode", "loader", "device"}
+    assert result["dataset"]["samples"] == 21 and result["raw_read"]["bytes"] > 0
+    assert [(r["vary"], r["num_workers"], r["batch_size"]) for r in result["loader"]] == [
+        ("num_workers", 0, 4), ("num_workers", 1, 4), ("pin_memory", 1, 4), ("batch_size", 1, 4),
+        ("batch_size", 1, 8)]
+    assert all(r["samples"] > 0 and r["samples_per_s"] > 0 for r in result["loader"])
+    assert result["device"]["steps"] > 0 and "h2d_ms_per_batch" not in result["device"]
+    json.dumps(result)
+    table = format_table(result)
+    assert "raw read" in table and "samples/s" in table
