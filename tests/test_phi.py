@@ -1,0 +1,164 @@
+"""No PHI in outputs: plant identifiers in tags, file and folder names, build, scan every byte."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.demo import encode_photo, render_ct_phantom, render_photo, write_ct_slice
+
+PHI = {
+    "name": "DOE^JOHNATHAN",
+    "name_in_path": "Johnathan_Doe",
+    "birth_date": "19450317",
+    "mrn": "MRN83746251",
+    "accession": "ACC99887766",
+    "address": "12 Elmwood Street Springfield",
+    "institution": "Saint Mercy Hospital",
+    "photo_subject": "SUBJ-MARIA-LOPEZ",
+}
+KEY = "0123456789abcdef" * 4
+
+
+def plant_tree(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    folder = root / "ct" / f"{PHI['name_in_path']}_{PHI['mrn']}"
+    for i in range(12):
+        patient = PHI["mrn"] if i < 6 else f"MRN0000{i:02d}"
+        write_ct_slice(folder / f"{PHI['accession']}_{i:02d}.dcm", patient_id=patient, study_date="20240105",
+                       pixels_hu=render_ct_phantom(rng, z=i / 12), instance_number=i + 1,
+                       PatientName=PHI["name"], PatientBirthDate=PHI["birth_date"], AccessionNumber=PHI["accession"],
+                       PatientAddress=PHI["address"], InstitutionName=PHI["institution"],
+                       OtherPatientIDs=PHI["mrn"])
+    rows = ["path,label"] + [f"{PHI['name_in_path']}_{PHI['mrn']}/{PHI['accession']}_{i:02d}.dcm,{('a', 'b')[i % 2]}"
+                             for i in range(12)]
+    (root / "ct_labels.csv").write_text("\n".join(rows) + "\n")
+    photos = root / "photos" / PHI["photo_subject"]
+    photos.mkdir(parents=True)
+    table = ["path,label,entity,timestamp,note"]
+    for i in range(8):
+        (photos / f"{PHI['name_in_path']}_{i}.png").write_bytes(encode_photo(render_photo(rng, "circle"), ".png"))
+        table.append(f"{PHI['photo_subject']}/{PHI['name_in_path']}_{i}.png,circle,{PHI['photo_subject']}-{i % 4},"
+                     f"2024-0{1 + i % 8}-01,{PHI['address']}")
+    (root / "photos" / "labels.csv").write_text("\n".join(table) + "\n")
+
+
+def job_doc(root: Path, out: Path, phi: dict[str, Any] | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": "phi",
+        "sources": [{"kind": "dicom", "root": str(root / "ct"), "labels": str(root / "ct_labels.csv")},
+                    {"kind": "image", "root": str(root / "photos"), "table": str(root / "photos" / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+        "transform": {"dicom": {"windows": ["lung"], "size": [32, 32]}, "image": {"size": [32, 32]}},
+        "pack": {"format": "webdataset", "max_samples": 5},
+        "output": str(out), "registry": str(out / "registry"),
+    }
+    if phi is not None:
+        doc["phi"] = phi
+    return doc
+
+
+def output_texts(out: Path, logs: str) -> dict[str, str]:
+    """Every byte a build shares, as text: files, tar members, Parquet values, logs.
+
+    Excluded by design and documented as local: bad_samples.jsonl (raw paths, for the
+    people who built the data) and the build cache (.cache)."""
+    texts = {"<cli output>": logs}
+    for path in sorted(out.rglob("*")):
+        if not path.is_file() or ".cache" in path.parts or path.name == "bad_samples.jsonl":
+            continue
+        name = str(path.relative_to(out))
+        data = path.read_bytes()
+        texts[name] = data.decode("latin-1")
+        if path.suffix == ".tar":
+            with tarfile.open(path) as tar:
+                for member in tar.getmembers():
+                    blob = tar.extractfile(member)
+                    texts[f"{name}:{member.name}"] = member.name + (blob.read().decode("latin-1") if blob else "")
+        if path.suffix == ".parquet":
+            table = pq.read_table(path)
+            texts[f"{name}:values"] = json.dumps(table.to_pylist(), default=str)
+            texts[f"{name}:schema"] = str(pq.ParquetFile(path).metadata) + str(table.schema)
+    return texts
+
+
+def phi_hits(texts: dict[str, str]) -> list[tuple[str, str]]:
+    needles = set(PHI.values()) | {"1945-03-17", "2024-01-05", "Elmwood", "Mercy", "MARIA"}
+    return sorted((where, needle) for where, text in texts.items() for needle in needles if needle in text)
+
+
+def build(tmp_path: Path, phi: dict[str, Any] | None, fmt: str = "webdataset",
+          env: dict[str, str] | None = None) -> tuple[int, Path, str]:
+    root, out = tmp_path / "raw", tmp_path / "out"
+    if not root.exists():
+        plant_tree(root)
+    doc = job_doc(root, out, phi)
+    doc["pack"]["format"] = fmt
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env or {})
+    return result.exit_code, out, result.output
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_no_planted_identifier_reaches_any_shared_output(tmp_path: Path, fmt: str) -> None:
+    code, out, logs = build(tmp_path, None, fmt, env={"PACKER_PHI_KEY": KEY})
+    assert code == 0, logs
+    texts = output_texts(out, logs)
+    assert any(name.endswith(".npy") for name in texts) or any(name.endswith(":values") for name in texts)
+    assert phi_hits(texts) == []
+
+
+def test_the_scan_finds_identifiers_when_phi_is_kept(tmp_path: Path) -> None:
+    """The scan can fail: with phi: keep and dates: keep the raw ids and dates do reach outputs."""
+    code, out, logs = build(tmp_path, {"mode": "keep", "dates": "keep"})
+    assert code == 0, logs
+    hits = {needle for _, needle in phi_hits(output_texts(out, logs))}
+    assert PHI["mrn"] in hits and PHI["photo_subject"] in hits and "2024-01-05" in hits
+
+
+def test_a_dicom_job_without_a_key_refuses_to_run_and_says_how(tmp_path: Path) -> None:
+    code, out, logs = build(tmp_path, None, env={"PACKER_PHI_KEY": ""})
+    assert code == 2
+    assert "secrets.token_hex" in logs and "phi: {mode: keep}" in logs
+    assert not out.exists()
+
+
+def test_builds_with_different_keys_differ_and_record_only_a_fingerprint(tmp_path: Path) -> None:
+    first = build(tmp_path / "a", None, env={"PACKER_PHI_KEY": KEY})
+    second = build(tmp_path / "b", None, env={"PACKER_PHI_KEY": KEY[::-1]})
+    manifests = [json.loads(next((o / "phi").glob("*/manifest.json")).read_text()) for _, o, _ in (first, second)]
+    prints = [m["phi"]["key_fingerprint"] for m in manifests]
+    assert prints[0] != prints[1] and all(len(p) == 16 for p in prints)
+    assert manifests[0]["dataset_hash"] != manifests[1]["dataset_hash"]
+    for manifest in manifests:
+        assert KEY not in json.dumps(manifest) and KEY[::-1] not in json.dumps(manifest)
+
+
+def test_key_file_is_read_and_short_keys_are_refused(tmp_path: Path) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text("short\n")
+    code, _, logs = build(tmp_path, {"key_file": str(key_file)}, env={"PACKER_PHI_KEY": ""})
+    assert code == 2 and "at least 16" in logs
+    key_file.write_text(KEY + "\n")
+    code, out, logs = build(tmp_path, {"key_file": str(key_file)}, env={"PACKER_PHI_KEY": ""})
+    assert code == 0, logs
+
+
+def test_dates_are_shifted_in_the_split_table(tmp_path: Path) -> None:
+    code, out, logs = build(tmp_path, None, env={"PACKER_PHI_KEY": KEY})
+    assert code == 0, logs
+    table = pq.read_table(next(out.glob("phi/*/_splits.parquet"))).to_pylist()
+    assert all(row["time"] is None for row in table)
+    photos = sorted(row["days_since_first"] for row in table if row["key"].startswith("photos"))
+    assert photos[0] == 0.0 and max(photos) > 0
+
