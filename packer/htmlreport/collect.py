@@ -1,0 +1,188 @@
+"""Gather what the report shows: bounded sample selections, thumbnails, histograms, bad samples.
+
+Everything here is bounded independently of the dataset's size except the index scan
+(one small row per sample): at most ``histogram_samples`` samples per split are decoded for
+histograms and at most ``sheet_columns × sheet_rows`` per (split, label) for contact sheets.
+Arrays are dropped as soon as they are counted and encoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
+from packer.htmlreport.shards import IndexEntry, PackedSample, load_index, read_samples, selection_rank
+from packer.htmlreport.stats import ChannelHistograms
+from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
+from packer.report import REPORT_FILE, read_bad_samples
+
+SPLIT_ORDER = ("train", "valid", "test")
+SMALL_PX = 64
+
+
+@dataclass(frozen=True)
+class ReportLimits:
+    """Bounds that keep the report's size and build time independent of the dataset's size."""
+
+    thumb_px: int = 128             # longest side of every thumbnail
+    sheet_columns: int = 8
+    sheet_rows: int = 4
+    labels_per_split: int = 12      # contact-sheet grids per split (the most frequent labels)
+    histogram_samples: int = 2000   # samples per split counted into the histograms
+    bad_rows: int = 500             # bad-sample table rows
+    listed_rows: int = 500          # entity-overlap and duplicate-pair rows
+    duplicate_thumbs: int = 40      # duplicate groups shown with thumbnails
+    group_members: int = 4          # thumbnails per duplicate group
+    image_bytes: int = 7_000_000    # data-URI budget of all thumbnails together
+    duplicate_share: float = 0.2    # of image_bytes kept for the duplicate thumbnails
+
+    @property
+    def per_sheet(self) -> int:
+        return self.sheet_columns * self.sheet_rows
+
+
+@dataclass(frozen=True)
+class SheetItem:
+    """One contact-sheet cell: the sample's identity and its panes.
+
+    ``small`` holds the same panes at half the size (at most 64 px) for sheets that would
+    overrun the image budget at full size; it is ``panes`` itself when those are already small.
+    """
+
+    key: str
+    label: str
+    entity_id: str
+    source: str
+    channels: tuple[str, ...]
+    panes: tuple[Pane, ...]
+    small: tuple[Pane, ...]
+
+    def nbytes(self, small: bool = False) -> int:
+        return sum(p.nbytes for p in (self.small if small else self.panes))
+
+
+@dataclass
+class ReportData:
+    """Everything the sections render, read once from the version folder."""
+
+    manifest: dict[str, Any]
+    folder: Path
+    limits: ReportLimits
+    splits: list[str]
+    kinds: dict[str, str]
+    label_names: dict[int, str]
+    audit: AuditFindings = field(default_factory=AuditFindings)
+    warnings: list[str] = field(default_factory=list)
+    index_note: str | None = None
+    index_size: int = 0
+    by_key: dict[str, IndexEntry] = field(default_factory=dict)
+    sheets: dict[tuple[str, str], list[SheetItem]] = field(default_factory=dict)
+    label_totals: dict[str, Counter[str]] = field(default_factory=dict)
+    histograms: dict[tuple[str, str, int], ChannelHistograms] = field(default_factory=dict)
+    histogram_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # split -> (counted, all)
+    duplicate_panes: dict[str, Pane] = field(default_factory=dict)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    bad_records: list[dict[str, Any]] | None = None
+    bad_note: str | None = None
+
+
+def ordered_splits(manifest: dict[str, Any]) -> list[str]:
+    names = list(manifest.get("splits", {}))
+    return sorted(names, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else len(SPLIT_ORDER), s))
+
+
+def _select(entries: list[IndexEntry], data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
+    """Histogram keys (first N per split) and contact-sheet keys (first M per split and label)."""
+    limits = data.limits
+    ranked = sorted(entries, key=lambda e: selection_rank(str(data.manifest.get("dataset_hash", "")), e.key))
+    for entry in entries:
+        data.label_totals.setdefault(entry.split, Counter())[data.label_names.get(entry.label, str(entry.label))] += 1
+    shown_labels = {split: {name for name, _ in counts.most_common(limits.labels_per_split)}
+                    for split, counts in data.label_totals.items()}
+    histogram: set[str] = set()
+    per_split: Counter[str] = Counter()
+    sheets: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for entry in ranked:
+        if per_split[entry.split] < limits.histogram_samples:
+            per_split[entry.split] += 1
+            histogram.add(entry.key)
+        label = data.label_names.get(entry.label, str(entry.label))
+        cell = sheets[(entry.split, label)]
+        if label in shown_labels[entry.split] and len(cell) < limits.per_sheet:
+            cell.append(entry.key)
+    totals = Counter(e.split for e in entries)
+    data.histogram_totals = {split: (per_split[split], totals[split]) for split in totals}
+    return histogram, dict(sheets)
+
+
+def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLimits,
+                        warnings: list[str] | None = None) -> ReportData:
+    """Read the index, the selected samples and the bad-sample report of a version folder."""
+    config = manifest.get("config", {})
+    data = ReportData(
+        manifest=manifest, folder=folder, limits=limits, splits=ordered_splits(manifest),
+        kinds={str(s.get("name")): str(s.get("kind")) for s in config.get("sources", []) if isinstance(s, dict)},
+        label_names={int(v): str(k) for k, v in manifest.get("label_map", {}).items()},
+        audit=read_audit(manifest, folder), warnings=list(warnings or []))
+    entries, data.index_note = load_index(folder, manifest)
+    data.index_size = len(entries)
+    data.by_key = {e.key: e for e in entries}
+    data.audit.groups = [_locate(g, data.by_key) for g in data.audit.groups]
+    histogram_keys, sheet_keys = _select(entries, data)
+    sheet_of = {key: cell for cell, keys in sheet_keys.items() for key in keys}
+    duplicate_keys = {m.key for g in data.audit.groups[: limits.duplicate_thumbs]
+                      for m in g.members[: limits.group_members]} & data.by_key.keys()
+    wanted = histogram_keys | sheet_of.keys() | duplicate_keys
+    items: dict[str, SheetItem] = {}
+    for result in read_samples(folder, (data.by_key[k] for k in sorted(wanted))):
+        if not isinstance(result, PackedSample):
+            data.unreadable.append((result[0].key, result[1]))
+            continue
+        _add_sample(data, result, histogram_keys, sheet_of, duplicate_keys, items)
+    data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
+    data.bad_records, data.bad_note = _bad_records(folder, manifest)
+    return data
+
+
+def _locate(group: DuplicateGroup, by_key: dict[str, IndexEntry]) -> DuplicateGroup:
+    """Fill split and entity of duplicate members named by key only, from the index."""
+    members = tuple(m if m.split or m.key not in by_key else
+                    Member(key=m.key, split=by_key[m.key].split, entity_id=m.entity_id or by_key[m.key].entity_id)
+                    for m in group.members)
+    return dataclasses.replace(group, members=members)
+
+
+def _add_sample(data: ReportData, sample: PackedSample, histogram_keys: set[str],
+                sheet_of: dict[str, tuple[str, str]], duplicate_keys: set[str], items: dict[str, SheetItem]) -> None:
+    entry = sample.entry
+    kind = str(sample.info.get("kind") or data.kinds.get(entry.source, ""))
+    chw = as_chw(sample.image)
+    names = channel_names(sample.info, kind, chw.shape[0])
+    if entry.key in histogram_keys:
+        slot = (entry.split, entry.source, chw.shape[0])
+        if slot not in data.histograms:
+            data.histograms[slot] = ChannelHistograms.empty(names)
+        data.histograms[slot].add(chw)
+    if entry.key in sheet_of:
+        panes = tuple(sample_panes(chw, sample.info, kind, data.limits.thumb_px))
+        small_px = min(SMALL_PX, data.limits.thumb_px // 2)
+        small = (panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px)))
+        items[entry.key] = SheetItem(key=entry.key, label=sheet_of[entry.key][1], entity_id=entry.entity_id,
+                                     source=entry.source, channels=tuple(names), panes=panes, small=small)
+    if entry.key in duplicate_keys:
+        data.duplicate_panes[entry.key] = composite_pane(chw, data.limits.thumb_px)
+
+
+def _bad_records(folder: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
+    name = manifest.get("bad_samples", {}).get("report", REPORT_FILE)
+    path = folder / name
+    try:
+        return list(read_bad_samples(path)), None
+    except FileNotFoundError:
+        return None, f"{name} is missing from the version folder"
+    except (OSError, ValueError) as err:
+        return None, f"{name} could not be read: {err}"

@@ -1,0 +1,138 @@
+"""Read the leakage audit into one shape, whichever way the manifest records it.
+
+Current manifests carry ``audit = {passed, entities_per_split, time_ranges, rules: {rule:
+{severity, count, passed, ...}}}`` and the findings live in ``leakage.json`` next to them
+(a rule dict that already holds ``findings`` is used as is). Earlier manifests carried
+``audit.split.{entity_overlap, time_ranges, entities_per_split, passed}`` and, optionally,
+``audit.duplicates`` as a list (or ``{"pairs": [...]}``) of ``{a, b, distance}``.
+
+Findings name samples by key, split and entity id only: ``leakage.json`` also records raw
+relative paths, which the report leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LEAKAGE_FILE = "leakage.json"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    severity: str
+    count: int
+    passed: bool
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Member:
+    key: str
+    split: str | None = None
+    entity_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DuplicateGroup:
+    """Samples a rule found to be copies (exact) or near copies (``distance`` set) of each other."""
+
+    rule: str
+    members: tuple[Member, ...]
+    distance: int | None = None
+    size: int = 0
+
+    @property
+    def cross_split(self) -> bool:
+        return len({m.split for m in self.members if m.split}) > 1
+
+
+@dataclass
+class AuditFindings:
+    passed: bool | None = None
+    rules: list[Rule] = field(default_factory=list)
+    overlap: list[tuple[str, list[str]]] = field(default_factory=list)
+    groups: list[DuplicateGroup] = field(default_factory=list)
+    time_order: list[dict[str, Any]] = field(default_factory=list)
+    entities_per_split: dict[str, int] = field(default_factory=dict)
+    time_ranges: dict[str, list[str]] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        """True when no rule counted anything and nothing is listed."""
+        return (not any(r.count for r in self.rules) and not self.overlap and not self.groups
+                and not self.time_order and self.passed is not False)
+
+
+def _member(value: Any) -> Member | None:
+    if isinstance(value, str):
+        return Member(key=value)
+    if isinstance(value, dict) and "key" in value:
+        return Member(key=str(value["key"]), split=value.get("split"), entity_id=value.get("entity_id"))
+    return None
+
+
+def _group(rule: str, members: list[Any], distance: Any = None, size: int = 0) -> DuplicateGroup | None:
+    found = tuple(m for m in (_member(v) for v in members) if m is not None)
+    if len(found) < 2 and not size:
+        return None
+    return DuplicateGroup(rule=rule, members=found, size=size or len(found),
+                          distance=int(distance) if isinstance(distance, int | float) else None)
+
+
+def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
+    for finding in findings:
+        if not isinstance(finding, dict):
+            continue
+        group = None
+        if "entity_id" in finding and "splits" in finding:
+            out.overlap.append((str(finding["entity_id"]), [str(s) for s in finding["splits"]]))
+        elif "a" in finding and "b" in finding:
+            group = _group(rule, [finding["a"], finding["b"]], finding.get("distance"))
+        elif isinstance(finding.get("samples"), list):
+            group = _group(rule, finding["samples"], size=int(finding.get("size") or len(finding["samples"])))
+        elif "earliest" in finding or "latest_train" in finding:
+            out.time_order.append(finding)
+        if group is not None:
+            out.groups.append(group)
+
+
+def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
+    """The audit of ``manifest`` with its findings (from the manifest or ``folder/leakage.json``)."""
+    audit: dict[str, Any] = manifest["audit"] if isinstance(manifest.get("audit"), dict) else {}
+    legacy: dict[str, Any] = audit["split"] if isinstance(audit.get("split"), dict) else {}
+    out = AuditFindings(
+        passed=audit.get("passed", legacy.get("passed")),
+        entities_per_split=dict(audit.get("entities_per_split") or legacy.get("entities_per_split") or {}),
+        time_ranges=dict(audit.get("time_ranges") or legacy.get("time_ranges") or {}))
+    rules: dict[str, Any] = audit["rules"] if isinstance(audit.get("rules"), dict) else {}
+    listed: dict[str, Any] = {}
+    if any(isinstance(r, dict) and "findings" not in r for r in rules.values()):
+        try:
+            listed = json.loads((folder / LEAKAGE_FILE).read_text(encoding="utf-8")).get("rules", {})
+        except (OSError, ValueError, AttributeError) as err:
+            out.note = (f"{LEAKAGE_FILE} could not be read ({type(err).__name__}); "
+                        "rule counts come from the manifest, findings are not listed")
+    for name, raw in rules.items():
+        if not isinstance(raw, dict):
+            continue
+        detail = {k: v for k, v in raw.items() if k not in ("severity", "count", "passed", "findings")}
+        count = int(raw.get("count", 0))
+        out.rules.append(Rule(name=str(name), severity=str(raw.get("severity", "")), count=count,
+                              passed=bool(raw.get("passed", count == 0)), detail=detail))
+        findings = raw.get("findings")
+        if findings is None:
+            findings = (listed.get(name) or {}).get("findings", [])
+        _add_findings(out, str(name), findings if isinstance(findings, list) else [])
+    for entity, splits in sorted((legacy.get("entity_overlap") or {}).items()):
+        out.overlap.append((str(entity), [str(s) for s in splits]))
+    pairs = audit.get("duplicates")
+    if isinstance(pairs, dict):
+        pairs = pairs.get("pairs")
+    if isinstance(pairs, list):
+        _add_findings(out, "duplicates", [p for p in pairs if isinstance(p, dict) and "a" in p and "b" in p])
+    return out

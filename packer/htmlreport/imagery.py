@@ -1,0 +1,146 @@
+"""The report's pixel sections: contact sheets and intensity histograms."""
+
+from __future__ import annotations
+
+from packer.htmlreport.collect import ReportData, SheetItem
+from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
+from packer.htmlreport.sections import section
+from packer.htmlreport.stats import ChannelHistograms
+from packer.htmlreport.svg import histogram_chart
+from packer.htmlreport.thumbs import Pane
+
+DISPLAY_PX = 96  # largest displayed side of a pane (thumbnails keep up to thumb_px pixels)
+
+
+def _display_size(pane: Pane) -> tuple[int, int]:
+    scale = min(1.0, DISPLAY_PX / max(pane.width, pane.height))
+    return round(pane.width * scale), round(pane.height * scale)
+
+
+def _cell(item: SheetItem, small: bool) -> str:
+    caption = f"{item.key}\nlabel: {item.label}\nentity_id: {item.entity_id}\nsource: {item.source}"
+    if len(item.panes) > 1 or item.panes[0].name not in ("RGB", "grey"):
+        caption += f"\nchannels: {', '.join(item.channels)}"
+    imgs = []
+    for pane in item.small if small else item.panes:
+        w, h = _display_size(pane)
+        imgs.append(f'<img src="{pane.uri}" width="{w}" height="{h}" alt="{esc(pane.name)}" '
+                    f'title="{esc(caption)}&#10;shown: {esc(pane.name)}">')
+    return (f'<figure class="cell" data-key="{esc(item.key)}"><div class="panes">{"".join(imgs)}</div>'
+            f'<figcaption title="{esc(item.key)}">{esc(item.entity_id)}</figcaption></figure>')
+
+
+def _channel_legend(item: SheetItem) -> str:
+    names = [p.name for p in item.panes]
+    if len(names) == 1:
+        return ""
+    ch = list(item.channels)
+    mix = (f"R = {ch[0]}, G = {ch[1]}, B = mean" if len(ch) == 2 else
+           f"R = {ch[0]}, G = {ch[1]}, B = {ch[2]}")
+    return f'<span class="muted">{esc(item.source)}: {esc(" | ".join(names))} (composite: {esc(mix)})</span>'
+
+
+def _fit(items: list[SheetItem], budget: int) -> tuple[list[SheetItem], bool, int]:
+    """The items that fit ``budget`` bytes of data URIs: full size, else small panes, else fewer."""
+    for small in (False, True):
+        if sum(i.nbytes(small) for i in items) <= budget:
+            return items, small, sum(i.nbytes(small) for i in items)
+    shown: list[SheetItem] = []
+    used = 0
+    for item in items:
+        if shown and used + item.nbytes(True) > budget:
+            break
+        shown.append(item)
+        used += item.nbytes(True)
+    return shown, True, used
+
+
+def render_contact_sheets(data: ReportData) -> str:
+    limits = data.limits
+    budget = int(limits.image_bytes * (1 - limits.duplicate_share))
+    grids_left = sum(1 for items in data.sheets.values() if items)
+    blocks = []
+    for split in data.splits:
+        totals = data.label_totals.get(split)
+        if not totals:
+            continue
+        parts = []
+        for label, count in totals.most_common(limits.labels_per_split):
+            items = data.sheets.get((split, label), [])
+            # each grid may use an equal share of what the grids before it left over
+            shown, small, used = _fit(items, budget // max(1, grids_left)) if items else ([], False, 0)
+            budget -= used
+            grids_left -= 1 if items else 0
+            legends = sorted({_channel_legend(i) for i in shown} - {""})
+            dropped = len(items) - len(shown)
+            extra = (" · reduced thumbnails" if small and any(i.small is not i.panes for i in shown) else "")
+            extra += f" · {dropped} not shown (report size budget)" if dropped else ""
+            parts.append(f'<div class="sheet"><h4>{esc(label)} <span class="muted">{len(shown)} of {count:,} shown'
+                         f'{extra}</span></h4>{"<br>".join(legends)}'
+                         f'<div class="grid">{"".join(_cell(i, small) for i in shown)}</div></div>')
+        hidden = len(totals) - min(len(totals), limits.labels_per_split)
+        more = note(f"{hidden} less frequent labels not shown.", "muted") if hidden > 0 else ""
+        blocks.append(f'<details open class="split"><summary><i class="dot" style="background:{split_color(split)}">'
+                      f'</i>{esc(split)} <span class="muted">{sum(totals.values()):,} samples</span></summary>'
+                      f'{"".join(parts)}{more}</details>')
+    unreadable = ""
+    if data.unreadable:
+        first = "; ".join(f"{esc(k)} ({esc(r)})" for k, r in data.unreadable[:10])
+        unreadable = note(f"{len(data.unreadable):,} selected samples could not be read: {first}", "warn")
+    lead = (f"Up to {limits.sheet_columns}×{limits.sheet_rows} samples per split and label, picked by "
+            "sha256(dataset_hash, key) so the same dataset always shows the same samples. Multi-channel DICOM "
+            "samples show each window in grey, then a colour composite. Hover a thumbnail for its key, label, "
+            "entity and windows.")
+    if data.index_note:
+        unreadable += note(esc(data.index_note), "warn")
+    return section("contact-sheets", unreadable + "".join(blocks) or note("No packed samples.", "muted"), lead)
+
+
+def _saturation_note(hist_sat: list[tuple[str, float, float]], flagged: set[str]) -> str:
+    items = []
+    for name, low, high in hist_sat:
+        text = f"{esc(name)}: {low:.0%} at 0, {high:.0%} at 255"
+        if name in flagged:
+            items.append(f'<li class="flag" data-saturated="{esc(name)}">⚠ saturated: {text}</li>')
+        else:
+            items.append(f'<li>{text}</li>')
+    return f'<ul class="sat">{"".join(items)}</ul>'
+
+
+def _histogram_card(split: str, hist: ChannelHistograms) -> str:
+    colors = ["#333"] if len(hist.names) == 1 else list(CHANNEL_COLORS)
+    series = [(name, hist.counts[c].tolist(), colors[c % len(colors)]) for c, name in enumerate(hist.names)]
+    flagged = {name for name, _, _ in hist.saturated()}
+    dtypes = ", ".join(sorted(hist.dtypes))
+    scaled = "" if dtypes == "uint8" else f" · scaled to 0-255 from {esc(dtypes)}"
+    return (f'<div class="card{" flagged" if flagged else ""}" data-split="{esc(split)}"><div class="card-title">'
+            f'<i class="dot" style="background:{split_color(split)}"></i>{esc(split)} '
+            f'<span class="muted">{hist.samples:,} samples{scaled}</span></div>'
+            f'{histogram_chart(series, label=f"{split} histogram", width=326)}'
+            f"{_saturation_note(hist.saturation(), flagged)}</div>")
+
+
+def render_intensities(data: ReportData) -> str:
+    by_source: dict[tuple[str, int], dict[str, ChannelHistograms]] = {}
+    for (split, source, channels), hist in data.histograms.items():
+        by_source.setdefault((source, channels), {})[split] = hist
+    blocks = []
+    flagged_total = 0
+    for (source, channels), per_split in sorted(by_source.items()):
+        names = next(iter(per_split.values())).names
+        colors = ["#333"] if len(names) == 1 else list(CHANNEL_COLORS)
+        legend = "".join(f'<span class="key"><i style="background:{colors[c % len(colors)]}"></i>{esc(name)}</span>'
+                         for c, name in enumerate(names))
+        cards = [_histogram_card(split, per_split[split]) for split in data.splits if split in per_split]
+        flagged_total += sum(len(h.saturated()) for h in per_split.values())
+        blocks.append(f'<h3>{esc(source)} <span class="muted">{channels} channel{"s" if channels > 1 else ""}'
+                      f"</span></h3><div class=\"legend\">{legend}</div><div class=\"cards\">{''.join(cards)}</div>")
+    counted = " · ".join(f"{esc(s)} {c:,} of {t:,}" for s, (c, t) in
+                         ((s, data.histogram_totals[s]) for s in data.splits if s in data.histogram_totals))
+    lead = (f"Packed values per channel, 256 bins, over at most {data.limits.histogram_samples:,} samples per split "
+            f"(the same seeded order as the contact sheets; counted: {counted}). Square-root count axis scaled to the "
+            "inner bins: a taller bin at 0 or 255 is cut at the top, and its share is listed under the chart. A "
+            "channel is flagged as saturated when more than half of its pixels sit at 0 or 255.")
+    summary = (note(f"<strong>{flagged_total} saturated channel(s)</strong> flagged below.", "warn") if flagged_total
+               else note("No saturated channel.", "ok"))
+    return section("intensities", summary + "".join(blocks) if blocks else note("No packed samples.", "muted"), lead)

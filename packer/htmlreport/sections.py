@@ -1,0 +1,376 @@
+"""The report's sections that come from the manifest and the bad-sample report.
+
+Each ``render_*`` function returns one ``<section>`` whose ``<h2>`` carries a stable id
+(``SECTION_IDS``); the pixel sections live in ``imagery.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from packer.htmlreport.collect import ReportData
+from packer.htmlreport.findings import DuplicateGroup
+from packer.htmlreport.markup import esc, human_bytes, note, num, palette, split_color, swatch_legend, table
+from packer.htmlreport.svg import bar_chart, share_chart, timeline_chart
+from packer.htmlreport.thumbs import Pane
+
+SECTION_IDS = {
+    "summary": "Summary",
+    "splits": "Splits",
+    "contact-sheets": "Contact sheets",
+    "intensities": "Intensities",
+    "bad-samples": "Bad samples",
+    "leakage-audit": "Leakage audit",
+}
+LABEL_ROWS = 50
+
+
+def section(ident: str, body: str, lead: str = "") -> str:
+    intro = f'<p class="lead">{lead}</p>' if lead else ""
+    return f'<section class="block"><h2 id="{esc(ident)}">{esc(SECTION_IDS[ident])}</h2>{intro}{body}</section>'
+
+
+def _fact(name: str, value: str, *, field: str | None = None, mono: bool = False) -> str:
+    attr = f' data-field="{esc(field)}"' if field else ""
+    cls = ' class="mono"' if mono else ""
+    return f"<div><dt>{esc(name)}</dt><dd{attr}{cls}>{value}</dd></div>"
+
+
+def _pretty(value: Any) -> str:
+    return esc(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def without_paths(value: Any) -> Any:
+    """``value`` with every ``path`` entry dropped (audit findings carry raw relative paths)."""
+    if isinstance(value, dict):
+        return {k: without_paths(v) for k, v in value.items() if k != "path"}
+    if isinstance(value, list):
+        return [without_paths(v) for v in value]
+    return value
+
+
+def render_summary(data: ReportData) -> str:
+    m = data.manifest
+    splits = m.get("splits", {})
+    bad = m.get("bad_samples", {})
+    inputs = m.get("inputs", {})
+    schema = m.get("sample_schema", {})
+    shapes = "; ".join(f"{esc(src)} {' / '.join('×'.join(map(str, s)) for s in shp)}"
+                       for src, shp in schema.get("shapes", {}).items()) or "-"
+    facts = [
+        _fact("Name", esc(m.get("name", "?")), field="name"),
+        _fact("Version", esc(m.get("version", "?")), field="version", mono=True),
+        _fact("Created", esc(m.get("created_at", "?")), field="created_at"),
+        _fact("Format", esc(m.get("format", "?")), field="format"),
+        _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
+        _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
+        _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
+              f'{int(inputs.get("files", 0)):,} input files</span>', field="inputs.samples"),
+        _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
+              f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
+        _fact("Labels", esc(", ".join(m.get("label_map", {})) or "-"), field="label_map"),
+        _fact("Sample schema", f'{esc(schema.get("dtype") or "mixed")} {esc(schema.get("layout", ""))}: {shapes}'),
+        _fact("packer", esc(m.get("packer_version", "?")), field="packer_version"),
+    ]
+    phi = m.get("phi")
+    if isinstance(phi, dict):
+        facts.insert(9, _fact("PHI", esc(", ".join(f"{k} {v}" for k, v in phi.items() if k != "key_fingerprint")
+                                          or "-"), field="phi"))
+    rows, totals = [], [0, 0, 0, 0]
+    for split in data.splits:
+        entry = splits[split]
+        shards = entry.get("shards", [])
+        size = sum(int(s.get("bytes", 0)) for s in shards)
+        values = [int(entry.get("samples", 0)), int(entry.get("entities", 0)), len(shards), size]
+        totals = [t + v for t, v in zip(totals, values, strict=True)]
+        rows.append(f'<tr data-split="{esc(split)}"><th scope="row"><i class="dot" style="background:'
+                    f'{split_color(split)}"></i>{esc(split)}</th>'
+                    + num(values[0], "samples") + num(values[1], "entities") + num(values[2], "shards")
+                    + f'<td class="num" data-field="bytes" data-value="{size}" title="{size:,} bytes">'
+                      f'{esc(human_bytes(size))}</td></tr>')
+    foot = ('<tr data-split="total"><th scope="row">total</th>' + num(totals[0], "samples") + num(totals[1], "entities")
+            + num(totals[2], "shards") + f'<td class="num" data-field="bytes" data-value="{totals[3]}" '
+            f'title="{totals[3]:,} bytes">{esc(human_bytes(totals[3]))}</td></tr>')
+    counts = table(["split", "samples", "entities", "shards", "bytes"], rows, table_id="summary-counts",
+                   cls="data", foot=foot, numeric=(1, 2, 3, 4))
+    libs = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td class=\"mono\">{esc(v)}</td></tr>"
+                   for k, v in m.get("libraries", {}).items())
+    warn = "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings)
+    body = (f'{warn}<dl class="facts">{"".join(facts)}</dl>'
+            f'<div class="cols"><div><h3>Counts per split</h3>{counts}</div>'
+            f'<div><h3>Library versions</h3><table class="data compact" id="summary-libraries"><tbody>{libs}'
+            f"</tbody></table></div></div>"
+            f'<details><summary>Job config <span class="muted">(resolved, as hashed into the dataset)</span>'
+            f'</summary><pre class="json">{_pretty(m.get("config", {}))}</pre></details>'
+            f'<details><summary>DICOM decoders <span class="muted">({len(m.get("decoders", {}))} transfer '
+            f'syntaxes)</span></summary><pre class="json">{_pretty(m.get("decoders", {}))}</pre></details>')
+    return section("summary", body)
+
+
+def _parse_time(text: Any) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _timeline(data: ReportData) -> str:
+    ranges = data.audit.time_ranges
+    spans = []
+    for split in data.splits + sorted(set(ranges) - set(data.splits)):
+        if split in ranges and len(ranges[split]) == 2:
+            start, end = _parse_time(ranges[split][0]), _parse_time(ranges[split][1])
+            if start and end:
+                spans.append((split, start, end, split_color(split)))
+    split_cfg = data.manifest.get("config", {}).get("split", {})
+    cutoffs = []
+    if split_cfg.get("by") == "time":
+        for name, value in (split_cfg.get("cutoffs") or {}).items():
+            moment = _parse_time(value)
+            if moment:
+                cutoffs.append((str(name), moment))
+    if not spans:
+        phi: dict[str, Any] = data.manifest["phi"] if isinstance(data.manifest.get("phi"), dict) else {}
+        why = (f" (record dates are withheld: phi dates {esc(phi['dates'])})"
+               if phi.get("dates") not in (None, "keep") else "")
+        return note(f"The audit records no time ranges{why}.", "muted")
+    chart = timeline_chart(spans, cutoffs, label="time range per split")
+    what = ("Records before the valid cutoff go to train, then valid until the test cutoff; each entity goes "
+            "where its first record falls." if cutoffs else
+            f"Split by {esc(split_cfg.get('by', '?'))}: no cutoffs; the spans show when each split's records "
+            "were taken.")
+    return f'<h3>Time range per split</h3><p class="muted">{what}</p>{chart}'
+
+
+def render_splits(data: ReportData) -> str:
+    m = data.manifest
+    splits = m.get("splits", {})
+    ranges = data.audit.time_ranges
+    labels = list(m.get("label_map", {}))
+    for split in data.splits:
+        labels += [k for k in splits[split].get("class_counts", {}) if k not in labels]
+    colors = palette(labels)
+    rows = []
+    for split in data.splits:
+        entry = splits[split]
+        span = ranges.get(split)
+        when = f"{esc(span[0])} → {esc(span[1])}" if span and len(span) == 2 else '<span class="muted">-</span>'
+        rows.append(f'<tr><th scope="row"><i class="dot" style="background:{split_color(split)}"></i>{esc(split)}</th>'
+                    + num(entry.get("samples", 0), "samples") + num(entry.get("entities", 0), "entities")
+                    + (f"<td>{when}</td>" if ranges else "") + "</tr>")
+    headers = ["split", "samples", "entities"] + (["time range (first → last record)"] if ranges else [])
+    overview = table(headers, rows, table_id="splits-table", cls="data", numeric=(1, 2))
+    share = share_chart([(s, [(lab, int(splits[s].get("class_counts", {}).get(lab, 0))) for lab in labels])
+                         for s in data.splits], colors, label="label balance per split")
+    label_rows = []
+    for lab in labels[:LABEL_ROWS]:
+        cells = [int(splits[s].get("class_counts", {}).get(lab, 0)) for s in data.splits]
+        label_rows.append(f'<tr><th scope="row"><i class="dot" style="background:{colors[lab]}"></i>{esc(lab)}</th>'
+                          + "".join(num(c) for c in cells) + num(sum(cells)) + "</tr>")
+    more = note(f"{len(labels) - LABEL_ROWS:,} more labels not listed.", "muted") if len(labels) > LABEL_ROWS else ""
+    counts = table(["label", *data.splits, "total"], label_rows, table_id="label-counts", cls="data compact",
+                   numeric=tuple(range(1, len(data.splits) + 2)))
+    legend = swatch_legend({k: colors[k] for k in labels[:LABEL_ROWS]})
+    body = (f"{overview}<h3>Label balance</h3>{legend}{share}"
+            f"<details><summary>Samples per label and split</summary>{counts}{more}</details>{_timeline(data)}")
+    return section("splits", body)
+
+
+def common_folder(paths: Sequence[str]) -> str:
+    """The longest folder that holds every path ('' when there is none)."""
+    folders = [os.path.dirname(p) for p in paths if p]
+    if not folders:
+        return ""
+    try:
+        return os.path.commonpath(folders)
+    except ValueError:  # mixed absolute and relative paths, or different drives
+        return ""
+
+
+def _relative(path: str, root: str) -> str:
+    if root and root not in ("/", ".") and path.startswith(root.rstrip("/") + "/"):
+        return path[len(root.rstrip("/")) + 1:]
+    return path
+
+
+def render_bad_samples(data: ReportData) -> str:
+    bad = data.manifest.get("bad_samples", {})
+    total, files = int(bad.get("total", 0)), int(data.manifest.get("inputs", {}).get("files", 0))
+    banner = ('<p class="sensitive" role="note"><strong>Sensitive: local only, contains raw paths.</strong> '
+              "Raw folder and file names may carry patient names or record numbers; do not share this section "
+              "outside the team that built the dataset.</p>")
+    over = float(bad.get("fraction", 0)) > float(bad.get("max_fraction", 1))
+    status = (f'<p class="{"warn" if over else "muted"}">{total:,} of {files:,} input files are bad '
+              f'({float(bad.get("fraction", 0)):.1%}; the build fails above '
+              f'{float(bad.get("max_fraction", 0)):.1%}).</p>')
+    charts = ""
+    if total:
+        by_reason = sorted(bad.get("by_reason", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        by_stage = list(bad.get("by_stage", {}).items())
+        reason_chart = bar_chart(by_reason, label="bad samples by reason", color="#c44e52", width=440)
+        stage_chart = bar_chart(by_stage, label="bad samples by stage", color="#8172b3", width=440)
+        charts = (f'<div class="cols"><div><h3>By reason</h3>{reason_chart}</div>'
+                  f'<div><h3>By stage</h3>{stage_chart}</div></div>')
+    if data.bad_records is None:
+        listing = note(esc(data.bad_note or "no bad-sample report"), "muted")
+    elif not data.bad_records:
+        listing = note("No bad samples: every input file was packed.", "ok")
+    elif (data.manifest.get("phi") or {}).get("mode") == "pseudonymize":
+        # raw paths and the messages naming them stay in bad_samples.jsonl: a shared report
+        # of a pseudonymized dataset must not carry folder names that may hold names or MRNs
+        records = data.bad_records
+        shown = records[: data.limits.bad_rows]
+        rows = [f'<tr><td class="num">{i}</td><td class="mono">{esc(r.get("sample_id", ""))}</td>'
+                f"<td><span class=\"tag\">{esc(r.get('reason', ''))}</span></td><td>{esc(r.get('stage', ''))}</td></tr>"
+                for i, r in enumerate(shown, 1)]
+        banner = ('<p class="muted" role="note">This dataset is pseudonymized: samples are named by sample id. '
+                  f"Raw paths and messages are in <code>{esc(bad.get('report', 'bad_samples.jsonl'))}</code>, "
+                  "which stays with the people who built the data.</p>")
+        listing = (f'<h3>Records <span class="muted">({len(records):,})</span></h3>'
+                   + table(["#", "sample_id", "reason", "stage"], rows, table_id="bad-samples-table",
+                           cls="data bad", numeric=(0,))
+                   + (note(f'<span data-field="bad-rows-not-shown">{len(records) - len(shown):,}</span> more '
+                           f"records not shown (first {len(shown):,} listed).", "muted")
+                      if len(records) > len(shown) else ""))
+    else:
+        records = data.bad_records
+        root = common_folder([str(r.get("path", "")) for r in records])
+        shown = records[: data.limits.bad_rows]
+        rows = []
+        for i, r in enumerate(shown, 1):
+            path = str(r.get("path", ""))
+            message = str(r.get("message", ""))
+            if root and root not in ("/", "."):
+                message = message.replace(root.rstrip("/") + "/", "")
+            rows.append(f'<tr><td class="num">{i}</td><td class="mono path" title="{esc(path)}">'
+                        f"{esc(_relative(path, root))}</td><td><span class=\"tag\">{esc(r.get('reason', ''))}</span>"
+                        f"</td><td>{esc(r.get('stage', ''))}</td><td class=\"msg\">{esc(message)}</td></tr>")
+        rest = len(records) - len(shown)
+        where = f"Paths are relative to <code>{esc(root)}</code>." if root and root not in ("/", ".") else ""
+        report = esc(bad.get("report", "bad_samples.jsonl"))
+        listing = (f'<h3>Records <span class="muted">({len(records):,} in {report})'
+                   f"</span></h3><p class=\"muted\">{where}</p>"
+                   + table(["#", "path", "reason", "stage", "message"], rows, table_id="bad-samples-table",
+                           cls="data bad", numeric=(0,))
+                   + (note(f'<span data-field="bad-rows-not-shown">{rest:,}</span> more records not shown '
+                           f"(first {len(shown):,} listed).", "muted") if rest > 0 else ""))
+    return section("bad-samples", banner + status + charts + listing)
+
+
+RULE_TEXT = {
+    "entity_overlap": "an entity with samples in two splits",
+    "exact_duplicates_across_splits": "the same packed pixels in two splits",
+    "near_duplicates_across_splits": "near-identical images (dHash) in two splits",
+    "exact_duplicates_within_split": "the same packed pixels twice in one split",
+    "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
+    "time_order": "valid/test records not after the latest train record",
+    "duplicates": "duplicate pairs",
+}
+
+
+def _member_cell(data: ReportData, key: str, split: str | None, entity: str | None, pane: Pane | None) -> str:
+    entry = data.by_key.get(key)
+    split = split or (entry.split if entry else None)
+    entity = entity or (entry.entity_id if entry else None)
+    where = " · ".join(esc(v) for v in (split, entity) if v) or "not in the index"
+    image = (f'<img src="{pane.uri}" width="{pane.width}" height="{pane.height}" alt="{esc(key)}" '
+             f'title="{esc(key)}">' if pane else '<div class="noimg">no thumbnail</div>')
+    return f'<figure class="dup">{image}<figcaption><code>{esc(key)}</code><br>{where}</figcaption></figure>'
+
+
+def _group_card(data: ReportData, group: DuplicateGroup, panes: dict[str, Pane]) -> str:
+    shown = group.members[: data.limits.group_members]
+    cells = "".join(_member_cell(data, m.key, m.split, m.entity_id, panes.get(m.key)) for m in shown)
+    more = group.size - len(shown)
+    facts = [esc(group.rule.replace("_", " "))]
+    if group.distance is not None:
+        facts.append(f"Hamming distance {group.distance}")
+    if group.cross_split:
+        facts.append("<strong>cross-split</strong>")
+    if more > 0:
+        facts.append(f"+{more} more")
+    return (f'<div class="pair{" cross" if group.cross_split else ""}">{cells}'
+            f'<div class="dist">{"<br>".join(facts)}</div></div>')
+
+
+def _rules_table(data: ReportData) -> str:
+    rows = []
+    for rule in data.audit.rules:
+        if rule.count == 0:
+            result = '<span class="pass">passed</span>'
+        elif rule.severity == "fail" and not rule.passed:
+            result = '<span class="fail">failed</span>'
+        else:
+            result = '<span class="flagged">reported</span>'
+        detail = ", ".join(f"{esc(k)} {esc(json.dumps(v))}" for k, v in sorted(rule.detail.items()))
+        rows.append(f'<tr data-rule="{esc(rule.name)}"><td class="mono">{esc(rule.name)}</td>'
+                    f'<td class="muted">{esc(RULE_TEXT.get(rule.name, ""))}</td><td>{esc(rule.severity)}</td>'
+                    + num(rule.count, f"rule.{rule.name}") + f'<td>{result}</td><td class="muted">{detail}</td></tr>')
+    return table(["rule", "checks for", "severity", "count", "result", "settings"], rows, table_id="audit-rules",
+                 cls="data compact", numeric=(3,))
+
+
+def render_leakage(data: ReportData) -> str:
+    audit = data.audit
+    limit = data.limits.listed_rows
+    parts = []
+    if audit.entities_per_split:
+        facts = " · ".join(f"{esc(s)} {int(n):,}" for s, n in audit.entities_per_split.items())
+        parts.append(f'<p class="muted">Entities per split (recounted by the audit): {facts}.</p>')
+    if audit.clean:
+        parts.append('<p class="ok" id="leakage-status"><strong>No findings.</strong> No entity is in two splits'
+                     + (" and no duplicate rule found anything" if audit.rules else "") + ".</p>")
+    else:
+        found = [f"{len(audit.overlap):,} entities in more than one split" if audit.overlap else "",
+                 f"{len(audit.groups):,} duplicate groups" if audit.groups else "",
+                 f"{len(audit.time_order):,} time-order findings" if audit.time_order else ""]
+        counted = sum(r.count for r in audit.rules)
+        text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
+        verdict = "the audit failed" if audit.passed is False else "reported, not failing the build"
+        parts.append(f'<p class="warn" id="leakage-status"><strong>Findings: {esc(text)}</strong> ({verdict}).</p>')
+    if audit.note:
+        parts.append(note(esc(audit.note), "muted"))
+    if audit.rules:
+        parts.append("<h3>Rules</h3>" + _rules_table(data))
+    if audit.overlap:
+        rows = [f'<tr><td class="mono">{esc(e)}</td><td>{esc(" + ".join(s))}</td></tr>'
+                for e, s in audit.overlap[:limit]]
+        parts.append("<h3>Entity overlap</h3>" + table(["entity_id", "splits"], rows, table_id="entity-overlap",
+                                                       cls="data compact"))
+        if len(audit.overlap) > limit:
+            parts.append(note(f"{len(audit.overlap) - limit:,} more entities not listed.", "muted"))
+    if audit.groups:
+        budget, cards = int(data.limits.image_bytes * data.limits.duplicate_share), list[str]()
+        for group in audit.groups[: data.limits.duplicate_thumbs]:
+            panes = {m.key: data.duplicate_panes[m.key] for m in group.members[: data.limits.group_members]
+                     if m.key in data.duplicate_panes}
+            cost = sum(p.nbytes for p in panes.values())
+            if cards and cost > budget:
+                break
+            budget -= cost
+            cards.append(_group_card(data, group, panes))
+        rows = [f'<tr><td class="mono">{esc(g.rule)}</td><td class="mono">{esc(", ".join(m.key for m in g.members))}'
+                f'</td><td>{esc(" + ".join(sorted({m.split for m in g.members if m.split})))}</td>'
+                f'<td class="num">{"" if g.distance is None else g.distance}</td></tr>'
+                for g in audit.groups[:limit]]
+        parts.append(f'<h3>Duplicates <span class="muted">({len(audit.groups):,} groups)</span></h3>'
+                     f'<div class="pairs">{"".join(cards)}</div><details><summary>All groups</summary>'
+                     + table(["rule", "keys", "splits", "distance"], rows, table_id="duplicate-groups",
+                             cls="data compact", numeric=(3,)) + "</details>")
+        shown = len(cards)
+        if len(audit.groups) > shown:
+            parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
+    if audit.time_order:
+        rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
+                f"<td>{esc(f.get('latest_train', ''))}</td></tr>" for f in audit.time_order[:limit]]
+        parts.append("<h3>Time order</h3>" + table(["split", "earliest record", "latest train record"], rows,
+                                                   table_id="time-order", cls="data compact"))
+    parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'
+                 "</summary>"
+                 f'<pre class="json">{_pretty(without_paths(data.manifest.get("audit", {})))}</pre></details>')
+    return section("leakage-audit", "".join(parts))

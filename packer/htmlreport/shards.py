@@ -1,0 +1,175 @@
+"""Read a bounded, deterministic selection of packed samples back from a version folder.
+
+The sample index (``_index.parquet``) says where each sample sits (tar offset or Parquet row),
+so a selection of a few thousand samples reads only those samples from tar shards, whatever
+the dataset's size. The selection order is sha256(dataset_hash, key): the same dataset always
+shows the same samples, and any other dataset a different, unbiased subset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+_INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """Where one packed sample is and what it is (a row of ``_index.parquet``)."""
+
+    key: str
+    split: str
+    shard: str
+    position: int
+    label: int
+    entity_id: str
+    source: str
+
+
+@dataclass(frozen=True)
+class PackedSample:
+    """One sample as stored: ``image`` is the C×H×W array, ``info`` its JSON record."""
+
+    entry: IndexEntry
+    image: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def selection_rank(dataset_hash: str, key: str) -> bytes:
+    """The sort key that orders samples for every bounded selection of the report."""
+    return hashlib.sha256(f"packer-report\x00{dataset_hash}\x00{key}".encode()).digest()
+
+
+def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[list[IndexEntry], str | None]:
+    """The index rows of a version folder, and a note when they had to be rebuilt.
+
+    Reads ``_index.parquet``; when it is missing or unreadable, scans the shards instead
+    (every shard is read once) and says so in the note.
+    """
+    path = folder / manifest.get("index", {}).get("file", "_index.parquet")
+    try:
+        table = pq.read_table(path, columns=_INDEX_COLUMNS)
+    except (OSError, ValueError) as err:
+        return scan_index(folder, manifest), f"{path.name} unreadable ({err}); the shards were scanned instead"
+    cols = table.to_pydict()
+    rows = [IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), strict=True)]
+    return rows, None
+
+
+def _shard_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(split, shard["file"]) for split, entry in manifest.get("splits", {}).items()
+            for shard in entry.get("shards", [])]
+
+
+def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
+    """Rebuild index rows by reading every shard (used only when ``_index.parquet`` is gone)."""
+    rows: list[IndexEntry] = []
+    for split, name in _shard_files(manifest):
+        path = folder / name
+        if not path.exists():
+            continue
+        if name.endswith(".parquet"):
+            cols = pq.read_table(path, columns=["key", "label", "entity_id", "source"]).to_pydict()
+            rows.extend(IndexEntry(k, split, name, i, lab, ent, src) for i, (k, lab, ent, src) in
+                        enumerate(zip(cols["key"], cols["label"], cols["entity_id"], cols["source"], strict=True)))
+            continue
+        first: dict[str, int] = {}
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                key = member.name.split(".", 1)[0]
+                first.setdefault(key, member.offset)  # members are grouped per key: the sample starts here
+                if member.name.endswith(".json"):
+                    info = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
+                    rows.append(IndexEntry(key, split, name, first[key], int(info.get("label_index", -1)),
+                                           str(info.get("entity_id", "")), str(info.get("source", ""))))
+    return rows
+
+
+def _decode_members(key: str, members: dict[str, bytes]) -> tuple[np.ndarray, dict[str, Any]]:
+    image = np.load(io.BytesIO(members[f"{key}.npy"]), allow_pickle=False)
+    raw = members.get(f"{key}.json")
+    return image, (json.loads(raw) if raw else {})
+
+
+def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
+    by_key = {e.key: e for e in entries}
+    if all(e.position >= 0 for e in entries):
+        found: set[str] = set()
+        with open(path, "rb") as fh:
+            for entry in sorted(entries, key=lambda e: e.position):
+                fh.seek(entry.position)
+                members: dict[str, bytes] = {}
+                try:
+                    with tarfile.open(fileobj=fh, mode="r:") as tar:
+                        for member in tar:  # the sample's members are consecutive: stop after them
+                            if not member.name.startswith(entry.key + "."):
+                                break
+                            members[member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
+                except tarfile.TarError:
+                    continue  # not a member header at this offset: the scan below looks for it
+                if f"{entry.key}.npy" in members:
+                    found.add(entry.key)
+                    yield PackedSample(entry, *_decode_members(entry.key, members))
+        if len(found) == len(by_key):
+            return
+        by_key = {k: e for k, e in by_key.items() if k not in found}  # stale offsets: scan for the rest
+    grouped: dict[str, dict[str, bytes]] = defaultdict(dict)
+    with tarfile.open(path, mode="r:") as tar:
+        for member in tar:
+            key = member.name.split(".", 1)[0]
+            if key in by_key and member.isfile():
+                grouped[key][member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
+    for key, members in sorted(grouped.items()):
+        if f"{key}.npy" in members:
+            yield PackedSample(by_key[key], *_decode_members(key, members))
+
+
+def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
+    table = pq.read_table(path, columns=["key", "shape", "dtype", "image", "metadata"], memory_map=True)
+    keys = table.column("key").to_pylist()
+    row_of = {k: i for i, k in enumerate(keys)}
+    rows = [row_of[e.key] for e in entries if e.key in row_of]
+    picked = table.take(rows).to_pydict()
+    by_key = {e.key: e for e in entries}
+    for key, shape, dtype, image, meta in zip(picked["key"], picked["shape"], picked["dtype"], picked["image"],
+                                              picked["metadata"], strict=True):
+        array = np.frombuffer(image, dtype=np.dtype(dtype)).reshape(shape)
+        yield PackedSample(by_key[key], array, json.loads(meta) if meta else {})
+
+
+def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
+    """Yield the requested samples shard by shard (shards in name order).
+
+    A sample that cannot be read (missing shard, damaged member) is yielded as
+    ``(entry, reason)`` instead, so the report can say what it could not show.
+    """
+    by_shard: dict[str, list[IndexEntry]] = defaultdict(list)
+    for entry in entries:
+        by_shard[entry.shard].append(entry)
+    for shard in sorted(by_shard):
+        wanted = by_shard[shard]
+        path = folder / shard
+        seen: set[str] = set()
+        try:
+            reader = _read_parquet if shard.endswith(".parquet") else _read_tar
+            for sample in reader(path, wanted):
+                seen.add(sample.entry.key)
+                yield sample
+        except (OSError, ValueError, KeyError, tarfile.TarError) as err:
+            reason = f"{shard}: {type(err).__name__}: {err}"
+        else:
+            reason = f"{shard}: sample not found in the shard"
+        for entry in wanted:
+            if entry.key not in seen:
+                yield entry, reason

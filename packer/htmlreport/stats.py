@@ -1,0 +1,45 @@
+"""Per-channel 256-bin intensity histograms of packed samples, grouped by split and source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packer.htmlreport.thumbs import as_chw, to_display
+
+SATURATION_SHARE = 0.5
+
+
+@dataclass
+class ChannelHistograms:
+    """Counts per channel (256 bins of the uint8 display value) over ``samples`` samples."""
+
+    names: list[str]
+    counts: np.ndarray  # C×256 int64
+    samples: int = 0
+    dtypes: set[str] = field(default_factory=set)
+
+    @classmethod
+    def empty(cls, names: list[str]) -> ChannelHistograms:
+        return cls(names=names, counts=np.zeros((len(names), 256), dtype=np.int64))
+
+    def add(self, image: np.ndarray) -> None:
+        """Count one C×H×W sample (any dtype: non-uint8 goes through ``to_display``)."""
+        chw = to_display(as_chw(image))
+        for c in range(chw.shape[0]):
+            self.counts[c] += np.bincount(chw[c].ravel(), minlength=256)
+        self.samples += 1
+        self.dtypes.add(str(image.dtype))
+
+    def saturation(self) -> list[tuple[str, float, float]]:
+        """(channel, share of pixels at 0, share at 255) for each channel."""
+        out = []
+        for name, row in zip(self.names, self.counts, strict=True):
+            total = int(row.sum()) or 1
+            out.append((name, float(row[0]) / total, float(row[255]) / total))
+        return out
+
+    def saturated(self) -> list[tuple[str, float, float]]:
+        """Channels where more than half of the pixels sit at 0 or at 255 together."""
+        return [s for s in self.saturation() if s[1] + s[2] > SATURATION_SHARE]

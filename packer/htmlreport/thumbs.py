@@ -1,0 +1,137 @@
+"""Turn packed C×H×W samples into small PNG data URIs: one pane per channel plus a composite.
+
+Display rules (the contact sheet states them too):
+- an image source with 3 or 4 channels is shown as its RGB image (alpha dropped);
+- a single channel is shown as grey;
+- otherwise (DICOM windows, or any other multi-channel sample) each channel is shown in
+  grey side by side, followed by a composite: C=2 puts the channels in R and G with
+  B = their mean, C≥3 shows the first three channels as RGB.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+MAX_SIDE = 128
+
+
+@dataclass(frozen=True)
+class Pane:
+    """One displayed image: what it shows (``name``), its data URI, its pixel size."""
+
+    name: str
+    uri: str
+    width: int
+    height: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.uri)
+
+
+def to_display(image: np.ndarray) -> np.ndarray:
+    """Map a packed array of any numeric dtype to uint8 of the same shape.
+
+    uint8 is returned as is; other integers are scaled from their dtype's full range (so a
+    uint16 window output keeps its meaning); floats in [0, 1] are scaled by 255, other floats
+    by their own finite min and max (NaN and inf become 0).
+    """
+    arr = np.asarray(image)
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * 255
+    if arr.dtype.kind in "iu":
+        info = np.iinfo(arr.dtype)
+        scaled = (arr.astype(np.float64) - info.min) * (255.0 / (float(info.max) - info.min))
+        return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+    values = np.nan_to_num(arr.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = float(values.min(initial=0.0)), float(values.max(initial=0.0))
+    if lo >= 0.0 and hi <= 1.0:
+        lo, hi = 0.0, 1.0
+    scaled = (values - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(values)
+    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def as_chw(image: np.ndarray) -> np.ndarray:
+    """A 2-D array becomes 1×H×W; a 3-D array is taken as C×H×W (packer's layout)."""
+    arr = np.asarray(image)
+    if arr.ndim == 2:
+        return arr[None]
+    if arr.ndim != 3:
+        raise ValueError(f"expected an H×W or C×H×W array, got shape {arr.shape}")
+    return arr
+
+
+def png_data_uri(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
+    """Encode an H×W (grey) or H×W×3 (RGB) uint8 image, shrunk to ``max_side``, as a PNG data URI."""
+    h, w = image.shape[:2]
+    if max(h, w) > max_side:
+        scale = max_side / max(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.ndim == 3 else image
+    ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr), [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    if not ok:
+        raise ValueError(f"OpenCV could not encode a {image.shape} {image.dtype} image as PNG")
+    return Pane(name="", uri="data:image/png;base64," + base64.b64encode(data.tobytes()).decode("ascii"),
+                width=int(image.shape[1]), height=int(image.shape[0]))
+
+
+def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
+    """Names of the channels: DICOM window names from ``metadata.windows``, else R/G/B(/A), else ch0…"""
+    windows = (info.get("metadata") or {}).get("windows") if isinstance(info.get("metadata"), dict) else None
+    if isinstance(windows, list) and len(windows) == channels:
+        names = []
+        for i, window in enumerate(windows):
+            if isinstance(window, dict) and window.get("name"):
+                names.append(str(window["name"]))
+            elif isinstance(window, dict) and "center" in window and "width" in window:
+                names.append(f"C{window['center']:g} W{window['width']:g}")
+            else:
+                names.append(f"ch{i}")
+        return names
+    if kind == "image" and channels in (3, 4):
+        return ["R", "G", "B", "A"][:channels]
+    if channels == 1:
+        return ["grey"]
+    return [f"ch{i}" for i in range(channels)]
+
+
+def composite(image: np.ndarray) -> np.ndarray:
+    """H×W×3 RGB uint8 from a C×H×W uint8 array (C=2: R, G = channels, B = their mean)."""
+    if image.shape[0] == 2:
+        mean = ((image[0].astype(np.uint16) + image[1]) // 2).astype(np.uint8)
+        return np.dstack([image[0], image[1], mean])
+    return np.dstack([image[0], image[1], image[2]])
+
+
+def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: int = MAX_SIDE,
+                 max_channels: int = 4) -> list[Pane]:
+    """The panes that show one sample (see the module docstring for the rules)."""
+    chw = to_display(as_chw(image))
+    names = channel_names(info, kind, chw.shape[0])
+    if chw.shape[0] == 1:
+        return [_named(png_data_uri(chw[0], max_side), names[0])]
+    if kind == "image" and chw.shape[0] in (3, 4):
+        return [_named(png_data_uri(composite(chw), max_side), "RGB")]
+    panes = [_named(png_data_uri(chw[c], max_side), names[c]) for c in range(min(chw.shape[0], max_channels))]
+    panes.append(_named(png_data_uri(composite(chw), max_side), "composite"))
+    return panes
+
+
+def composite_pane(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
+    """One pane for a sample: RGB composite for C ≥ 2, grey for C = 1."""
+    chw = to_display(as_chw(image))
+    if chw.shape[0] == 1:
+        return _named(png_data_uri(chw[0], max_side), "grey")
+    return _named(png_data_uri(composite(chw), max_side), "composite")
+
+
+def _named(pane: Pane, name: str) -> Pane:
+    return Pane(name=name, uri=pane.uri, width=pane.width, height=pane.height)

@@ -1,0 +1,399 @@
+"""The HTML report of a built dataset: sections, numbers, images, escaping, no network, bounds."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+from collections import Counter
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.commands.report import report
+from packer.config import load_job
+from packer.htmlreport import SECTION_IDS, ReportLimits, render_html_report, write_html_report
+from packer.htmlreport.stats import ChannelHistograms
+from packer.htmlreport.thumbs import composite, png_data_uri, sample_panes
+from tests.conftest import demo_job_doc, write_job
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+SVG_LEAVES = {"rect", "line", "polyline", "polygon", "path", "circle"}
+
+
+class ReportParser(HTMLParser):
+    """Collects what the tests check: headings, images, attributes, table cells, text, tag balance."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.h2: dict[str, str] = {}
+        self.images: list[str] = []
+        self.attributes: list[tuple[str, str, str]] = []
+        self.cells: dict[tuple[str | None, str | None, str], int] = {}
+        self.body_rows: Counter[str | None] = Counter()
+        self.tags: Counter[str] = Counter()
+        self.text: list[str] = []
+        self.unbalanced: list[str] = []
+        self._stack: list[str] = []
+        self._tables: list[str | None] = []
+        self._in_tbody = False
+        self._row: str | None = None
+        self._h2: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        self.tags[tag] += 1
+        self.attributes.extend((tag, k, v or "") for k, v in attrs)
+        if tag not in VOID and tag not in SVG_LEAVES:
+            self._stack.append(tag)
+        if tag == "h2":
+            self._h2 = a.get("id", "")
+            self.h2[self._h2] = ""
+        elif tag == "img":
+            self.images.append(a.get("src", ""))
+        elif tag == "table":
+            self._tables.append(a.get("id"))
+        elif tag == "tbody":
+            self._in_tbody = True
+        elif tag == "tr":
+            self._row = a.get("data-split")
+            if self._in_tbody:
+                self.body_rows[self._tables[-1]] += 1
+        elif tag == "td" and "data-field" in a:
+            self.cells[(self._tables[-1] if self._tables else None, self._row, a["data-field"])] = int(a["data-value"])
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID and tag not in SVG_LEAVES:
+            self._stack.pop()
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in SVG_LEAVES:
+            return
+        if not self._stack or self._stack[-1] != tag:
+            self.unbalanced.append(f"</{tag}> closes <{self._stack[-1] if self._stack else None}>")
+        else:
+            self._stack.pop()
+        if tag == "table":
+            self._tables.pop()
+        elif tag == "tbody":
+            self._in_tbody = False
+        elif tag == "h2":
+            self._h2 = None
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._h2 is not None:
+            self.h2[self._h2] += data
+
+    @property
+    def all_text(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+
+def parse(text: str) -> ReportParser:
+    parser = ReportParser()
+    parser.feed(text)
+    parser.close()
+    return parser
+
+
+def decode_data_uri(src: str) -> np.ndarray:
+    prefix = "data:image/png;base64,"
+    assert src.startswith(prefix), src[:40]
+    image = cv2.imdecode(np.frombuffer(base64.b64decode(src[len(prefix):]), np.uint8), cv2.IMREAD_UNCHANGED)
+    assert image is not None
+    return image
+
+
+@pytest.fixture(scope="module", params=["webdataset", "parquet"])
+def built(request: pytest.FixtureRequest, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    folder = tmp_path_factory.mktemp(f"report-{request.param}")
+    doc = demo_job_doc(demo_raw.root, folder / "out")
+    doc["pack"]["format"] = request.param
+    return build(load_job(write_job(folder / "job", doc)), BuildOptions(scheduler="sync", quiet=True))
+
+
+@pytest.fixture(scope="module")
+def page(built: BuildResult) -> tuple[str, ReportParser]:
+    text = render_html_report(built.version_dir)
+    return text, parse(text)
+
+
+def index_keys(result: BuildResult) -> dict[str, dict[str, Any]]:
+    rows = pq.read_table(result.version_dir / "_index.parquet").to_pylist()
+    return {r["key"]: r for r in rows}
+
+
+def test_all_six_sections_have_their_stable_ids_and_the_page_is_well_formed(page: tuple[str, ReportParser]) -> None:
+    text, parsed = page
+    assert list(parsed.h2) == ["summary", "splits", "contact-sheets", "intensities", "bad-samples", "leakage-audit"]
+    assert {k: v.strip() for k, v in parsed.h2.items()} == SECTION_IDS
+    assert parsed.unbalanced == []
+    assert text.startswith("<!DOCTYPE html>")
+
+
+def test_summary_counts_equal_the_manifest(built: BuildResult, page: tuple[str, ReportParser]) -> None:
+    _, parsed = page
+    manifest = built.manifest
+    for split, entry in manifest["splits"].items():
+        cell = {f: parsed.cells[("summary-counts", split, f)] for f in ("samples", "entities", "shards", "bytes")}
+        assert cell == {"samples": entry["samples"], "entities": entry["entities"], "shards": len(entry["shards"]),
+                        "bytes": sum(s["bytes"] for s in entry["shards"])}
+    assert parsed.cells[("summary-counts", "total", "samples")] == manifest["inputs"]["samples"]
+    assert parsed.cells[("summary-counts", "total", "shards")] == sum(
+        len(e["shards"]) for e in manifest["splits"].values())
+    for field in ("name", "version", "dataset_hash", "created_at"):
+        assert str(manifest[field]) in parsed.all_text
+    for name, version in manifest["libraries"].items():
+        assert f"{name} {version}" in parsed.all_text
+
+
+def test_every_image_is_a_png_data_uri_that_decodes_and_every_sample_is_shown(
+        built: BuildResult, page: tuple[str, ReportParser]) -> None:
+    _, parsed = page
+    shapes = [decode_data_uri(src).shape for src in parsed.images]
+    assert shapes and all(min(s[:2]) > 0 and max(s[:2]) <= 128 for s in shapes)
+    # each (split, label) shows min(its samples, 8×4) cells, each a packed sample, none twice
+    keys = index_keys(built)
+    cells = [v for tag, k, v in parsed.attributes if tag == "figure" and k == "data-key"]
+    assert len(set(cells)) == len(cells) and set(cells) <= set(keys)
+    groups = Counter((r["split"], r["label"]) for r in keys.values())
+    assert Counter((keys[k]["split"], keys[k]["label"]) for k in cells) == {g: min(n, 32) for g, n in groups.items()}
+    # CT samples (2 windows) show both channels and a composite, photos one RGB image
+    ct = sum(1 for k in cells if k.startswith("ct-"))
+    assert len(parsed.images) == 3 * ct + (len(cells) - ct)
+
+
+def test_nothing_points_outside_the_file(page: tuple[str, ReportParser]) -> None:
+    text, parsed = page
+    for tag, name, value in parsed.attributes:
+        if name == "xmlns":
+            continue
+        lowered = value.strip().lower()
+        if name in ("src", "href", "action", "srcset", "poster", "data"):
+            assert not lowered.startswith(("http:", "https:", "//", "ftp:", "file:")), (tag, name, value[:80])
+            assert lowered.startswith(("data:image/png;base64,", "#")), (tag, name, value[:80])
+    assert parsed.tags["script"] == 0 and parsed.tags["link"] == 0 and parsed.tags["iframe"] == 0
+    assert "url(" not in text and "@import" not in text
+
+
+def test_bad_sample_table_has_one_row_per_record_and_is_marked_sensitive(
+        built: BuildResult, page: tuple[str, ReportParser]) -> None:
+    _, parsed = page
+    lines = (built.version_dir / "bad_samples.jsonl").read_text().splitlines()
+    assert parsed.body_rows["bad-samples-table"] == len(lines) == built.manifest["bad_samples"]["total"] > 0
+    assert built.manifest["phi"]["mode"] == "pseudonymize"  # the demo job: rows name sample ids, never paths
+    for record in map(json.loads, lines):
+        assert record["sample_id"] in parsed.all_text
+        assert Path(record["path"]).name not in parsed.all_text
+
+
+def test_bad_sample_paths_are_shown_and_marked_sensitive_when_phi_is_kept(built: BuildResult, tmp_path: Path) -> None:
+    manifest = {**built.manifest, "phi": {**built.manifest["phi"], "mode": "keep"}}
+    parsed = parse(render_html_report(built.version_dir, manifest=manifest))
+    assert "Sensitive: local only, contains raw paths." in parsed.all_text
+    for record in map(json.loads, (built.version_dir / "bad_samples.jsonl").read_text().splitlines()):
+        assert Path(record["path"]).name in parsed.all_text  # shown relative to the common folder of all paths
+
+
+def test_bad_sample_table_is_capped_with_a_count_of_the_rest(built: BuildResult, tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    record = json.loads((folder / "bad_samples.jsonl").read_text().splitlines()[0])
+    (folder / "bad_samples.jsonl").write_text("".join(json.dumps({**record, "sample_id": f"x{i}"}) + "\n"
+                                                      for i in range(530)))
+    parsed = parse(render_html_report(folder, limits=ReportLimits(bad_rows=500)))
+    assert parsed.body_rows["bad-samples-table"] == 500
+    assert "30 more records not shown" in parsed.all_text
+
+
+def test_clean_audit_says_no_findings(page: tuple[str, ReportParser]) -> None:
+    _, parsed = page
+    assert "No findings." in parsed.all_text
+    assert parsed.body_rows.get("entity-overlap", 0) == 0
+
+
+def _plant_overlap(manifest: dict[str, Any], entity: str) -> dict[str, Any]:
+    planted = copy.deepcopy(manifest)
+    rules = planted["audit"].get("rules")
+    if rules is not None:
+        rules["entity_overlap"] = {**rules.get("entity_overlap", {}), "severity": "fail", "count": 1,
+                                   "passed": False, "findings": [{"entity_id": entity, "splits": ["train", "test"]}]}
+        planted["audit"]["passed"] = False
+    else:
+        planted["audit"]["split"]["entity_overlap"] = {entity: ["train", "test"]}
+        planted["audit"]["split"]["passed"] = False
+    return planted
+
+
+def test_a_planted_entity_overlap_is_shown(built: BuildResult) -> None:
+    planted = _plant_overlap(built.manifest, "PLANTED<&>ENTITY")
+    text = render_html_report(built.version_dir, manifest=planted)
+    parsed = parse(text)
+    assert "No findings." not in parsed.all_text
+    assert parsed.body_rows["entity-overlap"] == 1
+    assert "PLANTED<&>ENTITY" in parsed.all_text and "PLANTED&lt;&amp;&gt;ENTITY" in text  # escaped in the source
+
+
+def test_the_earlier_audit_shape_still_renders(built: BuildResult) -> None:
+    """audit.split.{entity_overlap, time_ranges} and audit.duplicates = [{a, b, distance}] (keys)."""
+    keys = index_keys(built)
+    train = next(k for k, r in keys.items() if r["split"] == "train")
+    test = next(k for k, r in keys.items() if r["split"] == "test")
+    legacy = copy.deepcopy(built.manifest)
+    legacy["audit"] = {"split": {"entities_per_split": {"train": 1}, "entity_overlap": {"OLD-ENT": ["train", "valid"]},
+                                 "time_ranges": {"train": ["2023-01-01T00:00:00", "2023-06-01T00:00:00"]},
+                                 "passed": False},
+                       "duplicates": [{"a": train, "b": test, "distance": 3}]}
+    parsed = parse(render_html_report(built.version_dir, manifest=legacy))
+    assert parsed.body_rows["entity-overlap"] == 1 and "OLD-ENT" in parsed.all_text
+    assert parsed.body_rows["duplicate-groups"] == 1 and "cross-split" in parsed.all_text
+    assert "2023-01-01T00:00:00 → 2023-06-01T00:00:00" in parsed.all_text
+
+
+def test_duplicate_pairs_show_both_thumbnails_and_no_raw_paths(built: BuildResult) -> None:
+    keys = index_keys(built)
+    a = next(k for k, r in keys.items() if r["split"] == "train")
+    b = next(k for k, r in keys.items() if r["split"] == "test")
+    planted = copy.deepcopy(built.manifest)
+    rules = planted["audit"]["rules"]
+    rules["near_duplicates_across_splits"] = {
+        **rules["near_duplicates_across_splits"], "count": 1, "passed": False,
+        "findings": [{"a": {"key": a, "split": "train", "entity_id": keys[a]["entity_id"], "path": "Doe^Jane/1.dcm"},
+                      "b": {"key": b, "split": "test", "entity_id": keys[b]["entity_id"], "path": "Doe^Jane/2.dcm"},
+                      "distance": 2}]}
+    text = render_html_report(built.version_dir, manifest=planted)
+    parsed = parse(text)
+    before = len(parse(render_html_report(built.version_dir)).images)
+    assert len(parsed.images) == before + 2
+    assert all(decode_data_uri(src).size for src in parsed.images[-2:])
+    assert "Hamming distance 2" in parsed.all_text and "cross-split" in parsed.all_text
+    assert "Doe^Jane" not in text  # leakage.json's raw paths stay out of the report
+
+
+def test_time_split_cutoffs_are_drawn_on_the_timeline(built: BuildResult) -> None:
+    planted = copy.deepcopy(built.manifest)
+    planted["config"]["split"] = {**planted["config"]["split"], "by": "time",
+                                  "cutoffs": {"valid": "2024-01-01", "test": "2024-07-01"}}
+    planted["audit"]["time_ranges"] = {"train": ["2023-02-01T08:00:00", "2023-12-30T17:00:00"],
+                                       "valid": ["2024-01-03T09:00:00", "2024-06-20T10:00:00"],
+                                       "test": ["2024-07-02T11:00:00", "2024-11-28T11:41:14"]}
+    parsed = parse(render_html_report(built.version_dir, manifest=planted))
+    assert "valid ≥ 2024-01-01" in parsed.all_text and "test ≥ 2024-07-01" in parsed.all_text
+    assert "2024-07-02T11:00:00 → 2024-11-28T11:41:14" in parsed.all_text
+    assert parsed.tags["svg"] == parse(render_html_report(built.version_dir)).tags["svg"] + (
+        0 if built.manifest["audit"]["time_ranges"] else 1)
+
+
+def test_every_string_from_the_manifest_is_escaped(built: BuildResult) -> None:
+    hostile = copy.deepcopy(built.manifest)
+    hostile["name"] = '<script>alert("x")</script>'
+    hostile["config"]["note"] = '<img src="https://example.org/x.png">'
+    hostile["label_map"] = {f'{k}"><b>': v for k, v in hostile["label_map"].items()}
+    text = render_html_report(built.version_dir, manifest=hostile)
+    parsed = parse(text)
+    assert parsed.tags["script"] == 0 and parsed.tags["b"] == 0
+    assert all(src.startswith("data:image/png;base64,") for src in parsed.images)
+    assert '<script>alert("x")</script>' in parsed.all_text
+
+
+def _sheet_keys(text: str) -> list[str]:
+    return [v for tag, k, v in parse(text).attributes if tag == "figure" and k == "data-key"]
+
+
+def test_rendering_is_deterministic_and_the_sample_is_seeded_by_the_dataset_hash(built: BuildResult) -> None:
+    text = render_html_report(built.version_dir)
+    assert text == render_html_report(built.version_dir)
+    other = copy.deepcopy(built.manifest)
+    other["dataset_hash"] = "0" * 64
+    counts = Counter((r["split"], r["label"]) for r in index_keys(built).values())
+    assert max(counts.values()) > 32, "the demo needs a label with more than one sheet of samples"
+    assert sorted(_sheet_keys(text)) != sorted(_sheet_keys(render_html_report(built.version_dir, manifest=other)))
+
+
+def test_without_the_index_the_shards_are_scanned(built: BuildResult, tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    (folder / "_index.parquet").unlink()
+    parsed = parse(render_html_report(folder))
+    assert len(parsed.images) == len(parse(render_html_report(built.version_dir)).images)
+    assert "the shards were scanned instead" in parsed.all_text
+
+
+def test_stale_index_offsets_fall_back_to_scanning_the_shard(built: BuildResult, tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    table = pq.read_table(folder / "_index.parquet")
+    stale = table.set_column(table.schema.get_field_index("position"), "position",
+                             pa.array([7] * table.num_rows, pa.int64()))
+    pq.write_table(stale, folder / "_index.parquet")
+    parsed = parse(render_html_report(folder))
+    assert len(parsed.images) == len(parse(render_html_report(built.version_dir)).images)
+    assert "could not be read" not in parsed.all_text
+
+
+def test_a_manifest_from_another_schema_is_reported_under_a_warning(built: BuildResult, tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["inputs"]["samples"] += 1  # edited: the hash no longer matches
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    parsed = parse(render_html_report(folder / "manifest.json"))
+    assert "dataset_hash does not match" in parsed.all_text
+    assert parsed.cells[("summary-counts", "train", "samples")] == manifest["splits"]["train"]["samples"]
+
+
+def test_cli_writes_the_report_and_maps_errors_to_exit_codes(built: BuildResult, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(report, [str(built.manifest_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert str(out) in result.output and out.read_text().startswith("<!DOCTYPE html>")
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    default = write_html_report(folder)
+    assert default == folder / "report.html" and default.is_file()
+    (folder / "manifest.json").write_text("{not json")
+    assert CliRunner().invoke(report, [str(folder)]).exit_code == 5
+    assert CliRunner().invoke(report, [str(tmp_path / "missing")]).exit_code == 2
+
+
+def test_thumbnails_are_capped_and_channels_composed_as_documented() -> None:
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 256, size=(300, 520), dtype=np.uint8)
+    assert decode_data_uri(png_data_uri(big).uri).shape == (74, 128)  # 300/520*128 = 73.8
+    two = rng.integers(0, 256, size=(2, 16, 16), dtype=np.uint8)
+    panes = sample_panes(two, {"metadata": {"windows": [{"name": "lung"}, {"name": "bone"}]}}, "dicom")
+    assert [p.name for p in panes] == ["lung", "bone", "composite"]
+    bgr = decode_data_uri(panes[2].uri)
+    expected_blue = (two[0].astype(int) + two[1]) // 2
+    assert np.array_equal(bgr[..., 2], two[0]) and np.array_equal(bgr[..., 1], two[1])
+    assert np.array_equal(bgr[..., 0], expected_blue)
+    assert np.array_equal(decode_data_uri(panes[0].uri), two[0])
+    rgb = rng.integers(0, 256, size=(3, 8, 8), dtype=np.uint8)
+    (photo,) = sample_panes(rgb, {}, "image")
+    assert np.array_equal(decode_data_uri(photo.uri)[..., ::-1], np.dstack(list(rgb)))
+    assert np.array_equal(composite(rgb), np.dstack(list(rgb)))
+    wide = sample_panes(np.zeros((2, 8, 8), np.uint16), {}, "dicom")
+    assert [p.name for p in wide] == ["ch0", "ch1", "composite"]
+
+
+def test_saturation_flag_counts_pixels_at_0_or_255() -> None:
+    hist = ChannelHistograms.empty(["a", "b"])
+    image = np.full((2, 10, 10), 100, np.uint8)
+    image[0, :6] = 0           # 60 % at 0 -> saturated
+    image[1, :3] = 0
+    image[1, 3:5] = 255        # 30 % + 20 % = 50 % -> not more than half
+    hist.add(image)
+    assert [name for name, _, _ in hist.saturated()] == ["a"]
+    assert hist.saturation()[1] == ("b", 0.3, 0.2)
+    assert hist.counts[0, 0] == 60 and hist.counts[0, 100] == 40 and hist.counts.sum() == 200
