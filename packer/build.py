@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from typing import Any
 from packer import __version__
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError
-from packer.execute import Executor, open_executor
+from packer.errors import BadFractionError, PackerError
+from packer.execute import Executor, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -39,7 +40,7 @@ from packer.manifest import (
 from packer.pack.assemble import ShardTask, write_shard
 from packer.pack.plan import ShardPlan, plan_shards
 from packer.pack.writer import ShardWrite, atomic_output
-from packer.prepare import prepare
+from packer.prepare import prepare, stage_seconds
 from packer.process import SpilledSample
 from packer.progress import Progress
 from packer.records import Issue
@@ -57,6 +58,7 @@ class BuildOptions:
     scheduler: str | None = None
     quiet: bool = False
     keep_cache: bool = True
+    html_report: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class BuildResult:
     registry_copy: Path | None = None
     executor: str = ""
     files_decoded: int = 0
+    stage_seconds: tuple[tuple[str, float], ...] = ()
+    html_report: Path | None = None
 
     @property
     def over_threshold(self) -> bool:
@@ -82,7 +86,12 @@ def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_m
              for p in plans]
     progress = Progress("pack", sum(len(p.samples) for p in plans), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}
-    for shard in executor.map_unordered(write_shard, tasks):
+    nonce = uuid.uuid4().hex[:8]
+    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{t.plan.file}-{nonce}" for t in tasks]):
+        if isinstance(shard, WorkerLost):
+            raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
+                              "this happens only when copying already-decoded bytes, so check the worker's memory "
+                              "limit and the disk under the output folder")
         written[shard.file] = shard
         progress.update(len(shard.rows))
     progress.close()
@@ -180,6 +189,11 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
+    html_report = None
+    if options.html_report:
+        from packer.htmlreport import write_html_report
+
+        html_report = write_html_report(version_dir)
     _prune_cache(cache_dir, {c.key for c in prepared.chunks}, keep=options.keep_cache)
     registry_copy = None
     if job.registry is not None:
@@ -188,8 +202,11 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=_read_json(version_dir / MANIFEST_FILE),
                        issues=tuple(sorted(issues, key=lambda i: (i.path, i.sample_id))), reused=reused,
-                       registry_copy=registry_copy, executor=description,
-                       files_decoded=prepared.files_decoded)
+                       registry_copy=registry_copy, executor=description, html_report=html_report,
+                       files_decoded=prepared.files_decoded,
+                       stage_seconds=tuple(sorted({**stage_seconds(prepared.chunks),
+                                                   "pack (copy+encode+write+hash)":
+                                                       sum(w.seconds for w in written.values())}.items())))
 
 
 def _decoders() -> dict[str, str]:

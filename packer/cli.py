@@ -14,6 +14,7 @@ import click
 
 from packer import __version__
 from packer.commands import exits
+from packer.config import SPLITS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -36,7 +37,8 @@ def _print_summary(result: Any) -> None:
     manifest = result.manifest
     lines = [f"dataset {manifest['name']} version {manifest['version']}"
              + (" (already built: nothing rewritten)" if result.reused else "")]
-    for split, entry in manifest["splits"].items():
+    for split in SPLITS:
+        entry = manifest["splits"][split]
         classes = ", ".join(f"{k} {v}" for k, v in entry["class_counts"].items()) or "-"
         lines.append(f"  {split:<5} {entry['samples']:>7} samples  {entry['entities']:>5} entities  "
                      f"{len(entry['shards']):>4} shards  [{classes}]")
@@ -47,9 +49,17 @@ def _print_summary(result: Any) -> None:
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     lines.append(f"  shards    {result.version_dir}/")
     lines.append(f"  manifest  {result.manifest_path}")
-    lines.append(f"  report    {result.version_dir / bad['report']}  (local only: holds raw paths)")
+    lines.append(f"  bad       {result.version_dir / bad['report']}  (local only: holds raw paths)")
+    if result.html_report is not None:
+        lines.append(f"  report    {result.html_report}  (open in a browser; local only: lists bad-sample paths)")
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
+    total = sum(seconds for _, seconds in result.stage_seconds)
+    if total > 0:
+        lines.append(f"  time by stage, summed over tasks ({result.files_decoded} files decoded, "
+                     f"the rest from the build cache):")
+        for stage, seconds in sorted(result.stage_seconds, key=lambda item: -item[1]):
+            lines.append(f"    {stage:<32} {seconds:8.2f}s  {seconds / total:6.1%}")
     click.echo("\n".join(lines))
 
 
@@ -63,8 +73,10 @@ def _print_summary(result: Any) -> None:
               help="Run on an existing dask.distributed scheduler (tcp://host:port or a scheduler file), "
                    "or 'sync' to run in-process for debugging.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final summary.")
+@click.option("--no-report", is_flag=True, help="Skip the HTML quality report (report.html next to the manifest).")
 @exits
-def build(job: Path, out: Path | None, workers: int | None, scheduler: str | None, quiet: bool) -> None:
+def build(job: Path, out: Path | None, workers: int | None, scheduler: str | None, quiet: bool,
+          no_report: bool) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
@@ -77,7 +89,8 @@ def build(job: Path, out: Path | None, workers: int | None, scheduler: str | Non
     from packer.config import load_job
 
     config = load_job(job)
-    result = run_build(config, BuildOptions(out=out, workers=workers, scheduler=scheduler, quiet=quiet))
+    result = run_build(config, BuildOptions(out=out, workers=workers, scheduler=scheduler, quiet=quiet,
+                                            html_report=not no_report))
     _print_summary(result)
     check_bad_fraction(result)
 
@@ -103,11 +116,12 @@ def demo_data(directory: Path, seed: int) -> None:
 def _register() -> None:
     from packer.commands.bench_loader import bench_loader_command
     from packer.commands.inspect import diff_command, inspect_command, ls_command
+    from packer.commands.report import report as report_command
     from packer.commands.validate import validate_command
     from packer.commands.verify import verify_command
 
     for command in (validate_command, verify_command, inspect_command, diff_command, ls_command,
-                    bench_loader_command):
+                    report_command, bench_loader_command):
         main.add_command(command)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from packer.errors import ConfigError
@@ -24,6 +24,10 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+class WorkerLost(Exception):
+    """A task's worker process died every time it ran the task (e.g. a native decoder crash)."""
+
+
 class Executor:
     """Maps a function over items on a dask client, or in-process when ``client`` is None."""
 
@@ -31,18 +35,29 @@ class Executor:
         self.client = client
         self.description = description
 
-    def map_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    def map_unordered(self, fn: Callable[[T], R], items: Iterable[T],
+                      keys: Sequence[str] | None = None) -> Iterator[tuple[T, R | WorkerLost]]:
+        """Yield ``(item, result)`` as tasks finish. A task whose workers kept dying (dask's
+        ``allowed-failures`` exhausted) yields ``(item, WorkerLost)`` instead of raising, so the
+        caller can isolate the culprit; any other exception propagates. ``keys`` name the dask
+        tasks (they show on the dashboard)."""
         items = list(items)
         if self.client is None:
             for item in items:
-                yield fn(item)
+                yield item, fn(item)
             return
         from distributed import as_completed
+        from distributed.scheduler import KilledWorker
 
-        futures = self.client.map(fn, items, pure=False)
+        futures = self.client.map(fn, items, key=list(keys) if keys is not None else None, pure=False)
+        item_of = {future.key: item for future, item in zip(futures, items, strict=True)}
         for future in as_completed(futures):
-            yield future.result()
-            future.release()
+            try:
+                yield item_of[future.key], future.result()
+            except KilledWorker as err:
+                yield item_of[future.key], WorkerLost(str(err))
+            finally:
+                future.release()
 
 
 @contextlib.contextmanager

@@ -7,13 +7,15 @@ bad-sample issues, the split assignment and the audit report.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packer.audit import AuditReport, audit_assignment
 from packer.config import JobConfig
 from packer.discover import discover
-from packer.execute import Executor
+from packer.execute import Executor, WorkerLost
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
@@ -47,18 +49,58 @@ class Prepared:
 
 def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Path | None, decode: bool = True,
                 quiet: bool = False) -> list[ChunkResult]:
-    """Run the pixel pass (or the header pass when ``decode`` is False) over all refs."""
+    """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
+
+    A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
+    down) is retried file by file; a file that still kills its worker becomes a
+    ``decoder_crash`` bad sample and the build goes on.
+    """
     libraries = library_versions()
-    tasks = [ChunkTask(key=chunk_key(chunk, job, libraries), refs=chunk, job=job,
-                       cache_dir=str(cache_dir) if cache_dir is not None else None, decode=decode)
+    nonce = uuid.uuid4().hex[:8]
+    cache = str(cache_dir) if cache_dir is not None else None
+    tasks = [ChunkTask(key=chunk_key(chunk, job, libraries), refs=chunk, job=job, cache_dir=cache, decode=decode)
              for chunk in chunk_refs(refs)]
     progress = Progress("process" if decode else "headers", len(refs), quiet=quiet)
     results: list[ChunkResult] = []
-    for result in executor.map_unordered(process_chunk, tasks):
-        results.append(result)
-        progress.update(result.files, bad=len(result.issues))
+    lost: list[ChunkTask] = []
+    for task, outcome in executor.map_unordered(process_chunk, tasks, [f"process-{t.key}-{nonce}" for t in tasks]):
+        if isinstance(outcome, WorkerLost):
+            lost.append(task)
+            continue
+        results.append(outcome)
+        progress.update(outcome.files, bad=len(outcome.issues))
+    singles = [ChunkTask(key=chunk_key((ref,), job, libraries), refs=(ref,), job=job, cache_dir=cache, decode=decode)
+               for task in lost for ref in task.refs]
+    suspects: list[ChunkTask] = []
+    for task, outcome in executor.map_unordered(process_chunk, singles,
+                                                [f"isolate-{t.refs[0].sample_id}-{nonce}" for t in singles]):
+        if isinstance(outcome, WorkerLost):
+            suspects.append(task)  # maybe only a bystander on a dying worker: retried alone below
+            continue
+        results.append(outcome)
+        progress.update(outcome.files, bad=len(outcome.issues))
+    for suspect in suspects:  # one at a time, so a death can only be this file's doing
+        ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
+                                                    [f"isolate-alone-{suspect.refs[0].sample_id}-{nonce}"])
+        if isinstance(outcome, WorkerLost):
+            ref = task.refs[0]
+            outcome = ChunkResult(key=task.key, samples=(), files=1, issues=(Issue.of(
+                ref, stage="read", reason="decoder_crash",
+                message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
+                        f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
+        results.append(outcome)
+        progress.update(outcome.files, bad=len(outcome.issues))
     progress.close()
     return sorted(results, key=lambda r: r.key)
+
+
+def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:
+    """Seconds per stage summed over every task of the pixel pass."""
+    total: dict[str, float] = {}
+    for chunk in chunks:
+        for stage, seconds in chunk.seconds:
+            total[stage] = total.get(stage, 0.0) + seconds
+    return total
 
 
 def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,

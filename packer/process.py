@@ -17,7 +17,8 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -77,6 +78,7 @@ class ChunkResult:
     issues: tuple[Issue, ...]
     files: int
     reused: bool = False
+    seconds: tuple[tuple[str, float], ...] = ()
 
 
 def chunk_refs(refs: Sequence[SampleRef]) -> list[tuple[SampleRef, ...]]:
@@ -142,18 +144,40 @@ def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
     return ChunkResult(key=key, samples=samples, issues=issues, files=data["files"], reused=True)
 
 
-def _samples_of(ref: SampleRef, job: JobConfig) -> Iterator[Any] | Issue:
+class StageClock:
+    """Wall seconds spent per stage inside one task, summed over its files."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stage: str | None = None
+        self._since = 0.0
+
+    def switch(self, stage: str | None) -> None:
+        now = time.perf_counter()
+        if self._stage is not None:
+            self.seconds[self._stage] = self.seconds.get(self._stage, 0.0) + now - self._since
+        self._stage, self._since = stage, now
+
+    def items(self) -> tuple[tuple[str, float], ...]:
+        self.switch(None)
+        return tuple(sorted(self.seconds.items()))
+
+
+def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue:
+    clock.switch("header")
     probed = probe_ref(ref, job)
     if isinstance(probed, Issue):
         return probed
+    clock.switch("decode+transform")
     result = read_sample(probed, job)
     if isinstance(result, Issue):
         return result
+    clock.switch("validate")
     for sample in result:
         problem = find_sample_issue(sample, job)
         if problem is not None:
             return problem  # one record per raw file: its first defect
-    return iter(result)
+    return result
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -185,31 +209,37 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     spill_name = f"{task.key}.spill"
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
+    clock = StageClock()
     with (atomic_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
-            outcome = _samples_of(ref, task.job)
+            outcome = _samples_of(ref, task.job, clock)
             if isinstance(outcome, Issue):
                 issues.append(outcome)
                 continue
             for sample in outcome:
+                clock.switch("hash")
                 image = sample.image
                 pixels = image.tobytes(order="C")
                 meta = canonical_json(sample.metadata)
+                digest, near = hashlib.sha256(pixels).hexdigest(), dhash(image)
+                clock.switch("spill")
                 fh.write(pixels)
                 fh.write(meta)
                 samples.append(SpilledSample(
                     key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
                     meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
-                    dtype=image.dtype.name, sha256=hashlib.sha256(pixels).hexdigest(), dhash=dhash(image)))
+                    dtype=image.dtype.name, sha256=digest, dhash=near))
                 offset += len(pixels) + len(meta)
+        clock.switch("spill")
         spill_bytes = offset
     if cache_dir is not None:
         record = {"files": len(task.refs), "spill_bytes": spill_bytes,
                   "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
         with atomic_output(_records_path(cache_dir, task.key)) as fh:
             fh.write(canonical_json(record))
-    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
+    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
+                       seconds=clock.items())
 
 
 class _Discard(contextlib.AbstractContextManager["_Discard"]):

@@ -41,6 +41,8 @@ def plant_tree(root: Path) -> None:
                        OtherPatientIDs=PHI["mrn"])
     rows = ["path,label"] + [f"{PHI['name_in_path']}_{PHI['mrn']}/{PHI['accession']}_{i:02d}.dcm,{('a', 'b')[i % 2]}"
                              for i in range(12)]
+    broken = folder / f"{PHI['accession']}_broken.dcm"  # a bad file: its path must stay in the local report
+    broken.write_bytes(b"not dicom at all")
     (root / "ct_labels.csv").write_text("\n".join(rows) + "\n")
     photos = root / "photos" / PHI["photo_subject"]
     photos.mkdir(parents=True)
@@ -114,6 +116,8 @@ def test_no_planted_identifier_reaches_any_shared_output(tmp_path: Path, fmt: st
     code, out, logs = build(tmp_path, None, fmt, env={"PACKER_PHI_KEY": KEY})
     assert code == 0, logs
     texts = output_texts(out, logs)
+    assert any(name.endswith("report.html") for name in texts)
+    assert any(PHI["accession"] in line for line in (next(out.glob("phi/*/bad_samples.jsonl")).read_text(),))
     assert any(name.endswith(".npy") for name in texts) or any(name.endswith(":values") for name in texts)
     assert phi_hits(texts) == []
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,7 +52,9 @@ def write_shard(task: ShardTask) -> ShardWrite:
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
                                 pixels=pixels, metadata=metadata, split=task.plan.split, label_map=task.label_map)
 
+    start = time.perf_counter()
     try:
-        return WRITERS[task.format](Path(task.folder) / task.plan.file, encoded())
+        written = WRITERS[task.format](Path(task.folder) / task.plan.file, encoded())
     finally:
         files.close()
+    return replace(written, seconds=time.perf_counter() - start)

@@ -41,6 +41,7 @@ class ShardWrite:
     bytes: int
     sha256: str
     rows: tuple[IndexRow, ...]
+    seconds: float = 0.0
 
     def to_entry(self) -> dict[str, object]:
         """The shard's entry in the manifest."""

@@ -1,0 +1,116 @@
+"""Same bytes on any dask cluster; a lost worker changes nothing; a crashing file is isolated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+from distributed import Client, LocalCluster, WorkerPlugin
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.config import load_job
+from packer.report import read_bad_samples
+from tests.conftest import demo_job_doc, write_job
+
+
+def run(demo_raw: Any, tmp_path: Path, scheduler: str | None, workers: int | None = None) -> BuildResult:
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    return build(job, BuildOptions(scheduler=scheduler, workers=workers, quiet=True))
+
+
+def shard_bytes(result: BuildResult) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(result.version_dir.glob("*-0*.*"))}
+
+
+@pytest.fixture(scope="module")
+def reference(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    return run(demo_raw, tmp_path_factory.mktemp("sync"), "sync")
+
+
+def test_in_process_local_cluster_and_cli_started_cluster_give_the_same_bytes(
+        demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
+    local = run(demo_raw, tmp_path / "local", None, workers=2)
+    scheduler_file = tmp_path / "scheduler.json"
+    dask_cli = str(Path(sys.executable).with_name("dask"))
+    scheduler = subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                  "--scheduler-file", str(scheduler_file)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        worker = subprocess.Popen([dask_cli, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1",
+                                   "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+            client.wait_for_workers(1, timeout=60)
+        remote = run(demo_raw, tmp_path / "remote", str(scheduler_file))
+    finally:
+        for proc in (worker, scheduler):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    assert local.manifest["dataset_hash"] == remote.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shard_bytes(local) == shard_bytes(remote) == shard_bytes(reference)
+
+
+class KillOnce(WorkerPlugin):
+    """Kill the worker process the first time any pixel-pass task starts executing."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing" and str(key).startswith("process-") and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+
+
+class Poison(WorkerPlugin):
+    """Kill the worker whenever a task that reads the poisoned file runs (chunks, then the isolated file)."""
+
+    def __init__(self, sample_id: str) -> None:
+        self.sample_id = sample_id
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        name = str(key)
+        if finish == "executing" and (name.startswith("process-") or self.sample_id in name):
+            os._exit(1)
+
+
+def register(cluster: LocalCluster, plugin: WorkerPlugin) -> None:
+    """Install a worker plugin (kept by the scheduler for restarted workers too), then close
+    this client so the build's own client is the only one in the process."""
+    with Client(cluster) as client:
+        client.register_plugin(plugin)
+
+
+def test_a_worker_killed_mid_build_changes_nothing(demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        register(cluster, KillOnce(str(tmp_path / "killed")))
+        result = run(demo_raw, tmp_path, cluster.scheduler_address)
+    assert (tmp_path / "killed").exists()  # the kill really happened
+    assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shard_bytes(result) == shard_bytes(reference)
+
+
+def test_a_file_that_crashes_its_worker_becomes_a_decoder_crash_record(demo_raw: Any, reference: BuildResult,
+                                                                       tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    victim = sorted(pq.read_table(reference.version_dir / "_index.parquet").column("key").to_pylist())[0]
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        register(cluster, Poison(victim))
+        result = run(demo_raw, tmp_path, cluster.scheduler_address)
+    crashed = [r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl") if r["reason"] == "decoder_crash"]
+    assert [r["sample_id"] for r in crashed] == [victim]
+    assert result.manifest["inputs"]["samples"] == reference.manifest["inputs"]["samples"] - 1
+    assert result.manifest["bad_samples"]["total"] == reference.manifest["bad_samples"]["total"] + 1
