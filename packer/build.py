@@ -41,7 +41,7 @@ from packer.pack.assemble import ShardTask, write_shard
 from packer.pack.plan import ShardPlan, plan_shards
 from packer.pack.writer import ShardWrite, atomic_output
 from packer.prepare import prepare, stage_seconds
-from packer.process import SpilledSample
+from packer.process import SpilledSample, remove_stale_temporaries
 from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
@@ -59,6 +59,7 @@ class BuildOptions:
     quiet: bool = False
     keep_cache: bool = True
     html_report: bool = True
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,17 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     cache_dir = dataset_root / CACHE_DIR
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
 
+    if options.fresh and cache_dir.exists():
+        shutil.rmtree(cache_dir)
+    stale = remove_stale_temporaries(cache_dir)
+    if stale and not options.quiet:
+        print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers) as executor:
         prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet)
+        reused = sum(c.files for c in prepared.chunks if c.reused)
+        if reused and not options.quiet:
+            print(f"packer: reused {reused} of {prepared.inputs} files from the build cache "
+                  "(their spill files' hashes checked out)", flush=True)
         if prepared.audit.failed:
             write_leakage(dataset_root, prepared.audit)
             raise_on_leakage(prepared.audit)

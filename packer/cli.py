@@ -74,9 +74,13 @@ def _print_summary(result: Any) -> None:
                    "or 'sync' to run in-process for debugging.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines; only the final summary.")
 @click.option("--no-report", is_flag=True, help="Skip the HTML quality report (report.html next to the manifest).")
+@click.option("--resume/--fresh", default=True, show_default=True,
+              help="--resume (the default) reuses the build cache: after a crash or kill -9, files already "
+                   "decoded and spilled (their hashes checked) are not decoded again, and the result is "
+                   "byte-identical to an uninterrupted build. --fresh deletes the cache first.")
 @exits
 def build(job: Path, out: Path | None, workers: int | None, scheduler: str | None, quiet: bool,
-          no_report: bool) -> None:
+          no_report: bool, resume: bool) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
@@ -90,7 +94,7 @@ def build(job: Path, out: Path | None, workers: int | None, scheduler: str | Non
 
     config = load_job(job)
     result = run_build(config, BuildOptions(out=out, workers=workers, scheduler=scheduler, quiet=quiet,
-                                            html_report=not no_report))
+                                            html_report=not no_report, fresh=not resume))
     _print_summary(result)
     check_bad_fraction(result)
 

@@ -71,7 +71,7 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
 
     if scheduler is None:
         n = workers or default_workers()
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                                silence_logs=logging.ERROR)
         client = Client(cluster)
         try:

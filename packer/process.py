@@ -27,12 +27,12 @@ from packer.config import JobConfig
 from packer.dedup import dhash
 from packer.discover import probe_ref
 from packer.pack.encode import canonical_json
-from packer.pack.writer import atomic_output
+from packer.pack.writer import TMP_SUFFIX, atomic_output, sha256_file
 from packer.read import read_sample
 from packer.records import Issue, SampleRef
 from packer.validate import find_sample_issue
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
@@ -122,19 +122,28 @@ def _ref_from_json(data: dict[str, Any]) -> SampleRef:
     return SampleRef(**{**data, "extra": tuple(tuple(pair) for pair in data.get("extra", ()))})
 
 
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete ``*.partial`` files a killed build left behind; return how many."""
+    stale = list(folder.glob(f"*{TMP_SUFFIX}")) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
 def _records_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"{key}.json"
 
 
 def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
-    """The chunk's records if both its spill and records files are complete, else None."""
+    """The chunk's records if its records file is complete and its spill file's size and
+    sha256 check out, else None (the chunk is then processed again)."""
     records = _records_path(cache_dir, key)
     spill = cache_dir / f"{key}.spill"
     if not (records.is_file() and spill.is_file()):
         return None
     try:
         data = json.loads(records.read_text(encoding="utf-8"))
-        if data.get("spill_bytes") != spill.stat().st_size:
+        if data.get("spill_bytes") != spill.stat().st_size or data.get("spill_sha256") != sha256_file(spill)[1]:
             return None
         samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
                         for s in data["samples"])
@@ -210,6 +219,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
     clock = StageClock()
+    spill_hash = hashlib.sha256()
     with (atomic_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
@@ -226,6 +236,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 clock.switch("spill")
                 fh.write(pixels)
                 fh.write(meta)
+                if cache_dir is not None:
+                    spill_hash.update(pixels)
+                    spill_hash.update(meta)
                 samples.append(SpilledSample(
                     key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
                     meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
@@ -234,7 +247,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         clock.switch("spill")
         spill_bytes = offset
     if cache_dir is not None:
-        record = {"files": len(task.refs), "spill_bytes": spill_bytes,
+        record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_sha256": spill_hash.hexdigest(),
                   "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
         with atomic_output(_records_path(cache_dir, task.key)) as fh:
             fh.write(canonical_json(record))

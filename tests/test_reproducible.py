@@ -1,0 +1,110 @@
+"""Same inputs and config give the same bytes: whatever the listing order, after a kill -9 and
+resume, and equal to the demo manifest committed in manifests/."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import packer.discover as discover_module
+from packer.build import BuildOptions, BuildResult, build
+from packer.config import load_job
+from packer.demo import write_demo_tree
+from tests.conftest import REPO, demo_job_doc, write_job
+
+
+def shards(result: BuildResult) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(result.version_dir.iterdir())
+            if p.name.split("-")[0] in ("train", "valid", "test")}
+
+
+@pytest.fixture(scope="module")
+def reference(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    tmp = tmp_path_factory.mktemp("reference")
+    return build(load_job(write_job(tmp, demo_job_doc(demo_raw.root, tmp / "out"))),
+                 BuildOptions(scheduler="sync", quiet=True))
+
+
+def test_a_shuffled_directory_listing_changes_nothing(demo_raw: Any, reference: BuildResult, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    real_walk = os.walk
+
+    def shuffled_walk(top: Any, **kwargs: Any) -> Any:
+        rng = random.Random(7)
+        for folder, dirs, files in real_walk(top, **kwargs):
+            rng.shuffle(dirs)
+            rng.shuffle(files)
+            yield folder, dirs, files
+
+    monkeypatch.setattr(discover_module.os, "walk", shuffled_walk)
+    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    result = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shards(result) == shards(reference)
+
+
+def test_kill_9_mid_build_then_resume_gives_identical_bytes(demo_raw: Any, reference: BuildResult,
+                                                            tmp_path: Path) -> None:
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    cache = tmp_path / "out" / "demo" / ".cache"
+    exe = str(Path(sys.executable).with_name("packer"))
+    proc = subprocess.Popen([exe, "build", str(job), "--scheduler", "sync", "--quiet", "--no-report"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and len(list(cache.glob("*.json"))) < 1:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    done_before = len(list(cache.glob("*.json")))
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
+    assert 1 <= done_before and not list((tmp_path / "out" / "demo").glob("*/manifest.json"))
+    (cache / "planted.spill.partial").write_bytes(b"half a spill file")  # what a kill mid-write leaves
+
+    resumed = build(load_job(job), BuildOptions(scheduler="sync", quiet=True))
+    assert resumed.files_decoded < resumed.manifest["inputs"]["files"] - 1  # cached chunks were not decoded again
+    assert resumed.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shards(resumed) == shards(reference)
+    assert not list(cache.glob("*.partial"))
+
+
+def test_a_damaged_cache_entry_is_recomputed_not_trusted(demo_raw: Any, reference: BuildResult,
+                                                         tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    build(job, BuildOptions(scheduler="sync", quiet=True))
+    spill = next((tmp_path / "out" / "demo" / ".cache").glob("*.spill"))
+    data = bytearray(spill.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    spill.write_bytes(bytes(data))
+    again = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert again.files_decoded > 0
+    assert shards(again) == shards(reference)
+
+
+def test_the_demo_rebuilds_to_the_committed_manifest(tmp_path: Path) -> None:
+    """`make demo` commits manifests/demo/<version>.json; an unannounced change of output fails here.
+
+    If a change of packer, a library or the demo is intended, run `make demo` and commit the
+    new manifest (and delete the old one)."""
+    committed = sorted((REPO / "manifests" / "demo").glob("*.json"))
+    assert len(committed) == 1, "keep exactly one committed demo manifest (the current version)"
+    expected = json.loads(committed[0].read_text())
+    (tmp_path / "workflows").mkdir()
+    shutil.copy(REPO / "workflows" / "demo.yaml", tmp_path / "workflows" / "demo.yaml")
+    write_demo_tree(tmp_path / "demo-raw", seed=0)
+    result = build(load_job(tmp_path / "workflows" / "demo.yaml"),
+                   BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    got = result.manifest
+    if got["libraries"] != expected["libraries"]:
+        pytest.fail(f"library versions differ from the committed demo manifest ({expected['libraries']} → "
+                    f"{got['libraries']}); the bytes may legitimately change: re-run `make demo` and commit")
+    assert got["dataset_hash"] == expected["dataset_hash"], "the demo's output changed: see this test's docstring"
