@@ -123,11 +123,15 @@ def write_index(folder: Path, rows: Iterable[IndexRow]) -> dict[str, Any]:
     ordered = sorted(rows, key=lambda r: (r.split, r.shard, r.position))
     table = pa.Table.from_pylist([{name: getattr(r, name) for name in INDEX_SCHEMA.names} for r in ordered],
                                  schema=INDEX_SCHEMA)
-    path = folder / INDEX_FILE
+    return _write_table(folder / INDEX_FILE, table)
+
+
+def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:
+    """Write a per-sample table as one zstd row group, atomically; return its manifest entry."""
     with atomic_output(path) as fh:
         pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
     size, digest = sha256_file(path)
-    return {"file": INDEX_FILE, "bytes": size, "sha256": digest, "rows": table.num_rows}
+    return {"file": path.name, "bytes": size, "sha256": digest, "rows": table.num_rows}
 
 
 SPLITS_SCHEMA = pa.schema([
@@ -159,9 +163,4 @@ def write_splits_table(folder: Path, samples: Iterable[Any], assignment: Any, ph
                 "time": s.ref.time if phi.dates == "keep" else None,
                 "days_since_first": shifted.time(s.ref.time, first.get(s.ref.entity)),
                 "label": s.ref.label} for s in samples]
-    table = pa.Table.from_pylist(records, schema=SPLITS_SCHEMA)
-    path = folder / SPLITS_FILE
-    with atomic_output(path) as fh:
-        pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
-    size, digest = sha256_file(path)
-    return {"file": SPLITS_FILE, "bytes": size, "sha256": digest, "rows": table.num_rows}
+    return _write_table(folder / SPLITS_FILE, pa.Table.from_pylist(records, schema=SPLITS_SCHEMA))
