@@ -45,21 +45,29 @@ from packer.process import SpilledSample, remove_stale_temporaries
 from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
+from packer.storage import PublishResult, publish_version, resolve_output
 
 CACHE_DIR = ".cache"
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """Execution options: where and how to run. They never change ``dataset_hash``."""
+    """Execution options: where and how to run. They never change ``dataset_hash``.
 
-    out: Path | None = None
+    ``out``: a folder, or a URL (``s3://bucket/prefix``) to build under ``work_dir``
+    (default ``$PACKER_WORK_DIR`` or ``~/.cache/packer/work``) and then publish to
+    (``packer.storage.publish_version``); ``storage_options`` configure that store.
+    """
+
+    out: Path | str | None = None
     workers: int | None = None
     scheduler: str | None = None
     quiet: bool = False
     keep_cache: bool = True
     html_report: bool = True
     fresh: bool = False
+    work_dir: Path | None = None
+    storage_options: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class BuildResult:
     files_decoded: int = 0
     stage_seconds: tuple[tuple[str, float], ...] = ()
     html_report: Path | None = None
+    remote_url: str | None = None  # the output URL, when the output is one
+    published: PublishResult | None = None  # set when remote_url is and the bad fraction is within limits
 
     @property
     def over_threshold(self) -> bool:
@@ -136,7 +146,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
     """
     options = options or BuildOptions()
-    output = (options.out or job.output).resolve()
+    output, remote = resolve_output(options.out or job.output, options.work_dir)
     identity = job.identity()
     cfg_hash = config_hash(identity)
     dataset_root = output / job.name
@@ -209,14 +219,22 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     if job.registry is not None:
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
         write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
+    published = None
+    if remote is not None and not _over_threshold(manifest):  # a failed build (exit 3) stays local
+        published = publish_version(version_dir, remote, storage_options=options.storage_options,
+                                    quiet=options.quiet)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=_read_json(version_dir / MANIFEST_FILE),
                        issues=tuple(sorted(issues, key=lambda i: (i.path, i.sample_id))), reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
-                       files_decoded=prepared.files_decoded,
+                       files_decoded=prepared.files_decoded, remote_url=remote, published=published,
                        stage_seconds=tuple(sorted({**stage_seconds(prepared.chunks),
                                                    "pack (copy+encode+write+hash)":
                                                        sum(w.seconds for w in written.values())}.items())))
+
+
+def _over_threshold(manifest: dict[str, Any]) -> bool:
+    return bool(manifest["bad_samples"]["fraction"] > manifest["bad_samples"]["max_fraction"])
 
 
 def _decoders() -> dict[str, str]:

@@ -54,6 +54,12 @@ def _print_summary(result: Any) -> None:
         lines.append(f"  report    {result.html_report}  (open in a browser; local only: lists bad-sample paths)")
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
+    if result.published is not None:
+        note = ("already there: nothing uploaded" if result.published.skipped
+                else f"{len(result.published.uploaded)} files uploaded, each read back and checked")
+        lines.append(f"  remote    {result.published.manifest_url}  ({note})")
+    elif result.remote_url is not None:
+        lines.append(f"  remote    not published to {result.remote_url}: too many bad samples (exit 3)")
     total = sum(seconds for _, seconds in result.stage_seconds)
     if total > 0:
         lines.append(f"  time by stage, summed over tasks ({result.files_decoded} files decoded, "
@@ -65,8 +71,13 @@ def _print_summary(result: Any) -> None:
 
 @main.command()
 @click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Write under this folder instead of the job's 'output' (does not change the dataset hash).")
+@click.option("--out", metavar="DIR|URL",
+              help="Write under this folder instead of the job's 'output', or build in the local work folder "
+                   "($PACKER_WORK_DIR, default ~/.cache/packer/work) and publish to a URL (s3://bucket/prefix), "
+                   "manifest last. Does not change the dataset hash.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Option for the store of a URL output, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable; "
+                   "AWS_* environment variables work too).")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster "
               "(default: one per core, at most 8).")
 @click.option("--scheduler", metavar="ADDRESS",
@@ -79,8 +90,8 @@ def _print_summary(result: Any) -> None:
                    "decoded and spilled (their hashes checked) are not decoded again, and the result is "
                    "byte-identical to an uninterrupted build. --fresh deletes the cache first.")
 @exits
-def build(job: Path, out: Path | None, workers: int | None, scheduler: str | None, quiet: bool,
-          no_report: bool, resume: bool) -> None:
+def build(job: Path, out: str | None, workers: int | None, scheduler: str | None, quiet: bool,
+          no_report: bool, resume: bool, storage_option: tuple[str, ...]) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
@@ -91,10 +102,13 @@ def build(job: Path, out: Path | None, workers: int | None, scheduler: str | Non
     from packer.build import BuildOptions, check_bad_fraction
     from packer.build import build as run_build
     from packer.config import load_job
+    from packer.storage import is_url, parse_storage_options
 
     config = load_job(job)
-    result = run_build(config, BuildOptions(out=out, workers=workers, scheduler=scheduler, quiet=quiet,
-                                            html_report=not no_report, fresh=not resume))
+    target = None if out is None else out if is_url(out) else Path(out)
+    result = run_build(config, BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=quiet,
+                                            html_report=not no_report, fresh=not resume,
+                                            storage_options=parse_storage_options(storage_option)))
     _print_summary(result)
     check_bad_fraction(result)
 

@@ -19,6 +19,7 @@ import yaml
 
 from packer.errors import ConfigError
 from packer.schemas import validate_document
+from packer.storage import is_url
 
 SPLITS = ("train", "valid", "test")
 
@@ -211,7 +212,7 @@ class JobConfig:
     dicom: DicomTransformConfig
     image: ImageTransformConfig
     pack: PackConfig
-    output: Path
+    output: Path | str  # a URL (s3://...) is kept as written: packer.storage publishes there
     max_bad_fraction: float = 0.05
     registry: Path | None = None
     job_path: Path = field(default=Path("job.yaml"))
@@ -404,7 +405,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         dicom=dicom,
         image=image,
         pack=pack,
-        output=_resolve(base, doc["output"]),
+        output=doc["output"] if is_url(doc["output"]) else _resolve(base, doc["output"]),
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction", 0.05)),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
         job_path=job_path.resolve(),

@@ -15,10 +15,15 @@ Deep checks (``deep=True``) decode every sample with stock readers only (``tarfi
 bytes changed even when the shard hashes in the manifest were re-sealed to match.
 
 Every problem names the file (``shard``) and, where one is known, the sample ``key``.
+
+The version may be local (a path or ``file://`` URL) or remote (``s3://...`` or another
+fsspec URL, see :mod:`packer.storage`): remote files are hashed and decoded as they stream
+in, nothing is written to disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -26,7 +31,7 @@ import math
 import re
 import tarfile
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,8 +44,9 @@ from packer.config import SPLITS
 from packer.errors import IntegrityError
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
 from packer.pack.parquet import SCHEMA as PARQUET_SCHEMA
-from packer.pack.writer import TMP_SUFFIX, sha256_file
+from packer.pack.writer import TMP_SUFFIX
 from packer.progress import Progress
+from packer.storage import VersionFolder, local_path, manifest_url
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 TAR_MEMBERS = ("cls", "json", "npy")
@@ -117,23 +123,34 @@ class _Expect:
     shapes: dict[str, set[tuple[int, ...]]]
 
 
+def _locate(manifest_path: str | Path, storage_options: Mapping[str, Any] | None) -> tuple[VersionFolder, str]:
+    """The version folder and the manifest's file name, for a path or URL of either."""
+    local = local_path(manifest_path)
+    if local is not None:
+        file = local / MANIFEST_FILE if local.is_dir() else local
+        return VersionFolder(file.parent), file.name
+    base, name = manifest_url(str(manifest_path)).rsplit("/", 1)
+    return VersionFolder(base, storage_options), name
+
+
 def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool = True,
-                   stream: TextIO | None = None) -> VerifyReport:
+                   stream: TextIO | None = None, storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Check a built version (``manifest.json`` or its folder) against its recorded hashes.
 
-    Returns a report naming every problem; it never raises for a defect of the data. ``deep``
-    also decodes every sample (see the module docstring). ``quiet=False`` prints progress
-    lines to ``stream`` (default stderr). A manifest that is unreadable or breaks the schema
-    ends the check early: nothing else it says can be trusted.
+    ``manifest_path`` is a local path, a ``file://`` URL or an fsspec URL (``s3://...``,
+    opened with ``storage_options``). Returns a report naming every problem; it never raises
+    for a defect of the data (``ConfigError`` when a URL's filesystem is not installed).
+    ``deep`` also decodes every sample (see the module docstring). ``quiet=False`` prints
+    progress lines to ``stream`` (default stderr). A manifest that is unreadable or breaks
+    the schema ends the check early: nothing else it says can be trusted.
     """
-    file = Path(manifest_path)
-    file = file / MANIFEST_FILE if file.is_dir() else file
-    folder = file.parent
+    folder, name = _locate(manifest_path, storage_options)
+    file = folder.where(name)
     found = _Findings()
-    manifest = _read_manifest(file, found)
+    manifest = _read_manifest(folder, name, found)
     if manifest is None:
         return _report(file, None, deep, found)
-    _check_manifest_counts(file.name, manifest, found)
+    _check_manifest_counts(name, manifest, found)
     shards = [(split, entry) for split in SPLITS for entry in manifest["splits"].get(split, {}).get("shards", [])]
     side = _side_files(manifest)
     progress = Progress("verify", len(shards) + len(side), unit="files", quiet=quiet, stream=stream)
@@ -150,45 +167,50 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
         progress.update(bad=len(found.problems) - before)
     _check_extra_files(folder, {entry["file"] for _, entry in shards} | {e["file"] for e in side}, found)
     if shards and not present:
-        found.add(file.name, f"none of the {len(shards)} listed shards is beside {file}; if this is a registry "
-                             "copy, verify the version folder <output>/<name>/<version>/ instead")
+        found.add(name, f"none of the {len(shards)} listed shards is beside {file}; if this is a registry "
+                        "copy, verify the version folder <output>/<name>/<version>/ instead")
     progress.close()
     if deep:
         _verify_samples(folder, manifest, present, index_rows, found, quiet=quiet, stream=stream)
     return _report(file, manifest, deep, found)
 
 
-def _report(file: Path, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyReport:
-    return VerifyReport(manifest=str(file), name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
+def _report(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyReport:
+    return VerifyReport(manifest=file, name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
                         deep=deep, problems=tuple(found.problems), warnings=tuple(found.warnings),
                         files_checked=found.files, bytes_checked=found.bytes, samples_checked=found.samples)
 
 
-def _read_manifest(file: Path, found: _Findings) -> dict[str, Any] | None:
+def _why(err: OSError) -> str:
+    """An OSError's reason: the OS's words for a local file, the store's message for a remote one."""
+    return err.strerror or str(err) or type(err).__name__
+
+
+def _read_manifest(folder: VersionFolder, name: str, found: _Findings) -> dict[str, Any] | None:
+    file = folder.where(name)
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = json.loads(folder.read_bytes(name).decode("utf-8"))
     except OSError as err:
-        found.add(file.name, f"cannot read {file} ({err.strerror}); pass a manifest.json or the version folder "
-                             "holding it")
+        found.add(name, f"cannot read {file} ({_why(err)}); pass a manifest.json or the version folder holding it")
         return None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        found.add(file.name, f"{file} is not valid UTF-8 JSON ({err}); restore the manifest from the registry copy")
+        found.add(name, f"{file} is not valid UTF-8 JSON ({err}); restore the manifest from the registry copy")
         return None
     if not isinstance(manifest, dict):
-        found.add(file.name, f"{file} holds a JSON {type(manifest).__name__}, not a manifest object")
+        found.add(name, f"{file} holds a JSON {type(manifest).__name__}, not a manifest object")
         return None
     try:
         validate_manifest(manifest, source=str(file))
     except IntegrityError as err:
-        found.add(file.name, f"{err}; the manifest is damaged: restore it from the registry copy or rebuild")
+        found.add(name, f"{err}; the manifest is damaged: restore it from the registry copy or rebuild")
         return None
     if compute_dataset_hash(manifest) != manifest["dataset_hash"]:
-        found.add(file.name, f"dataset_hash {manifest['dataset_hash'][:16]}… does not match the manifest's content "
-                             f"(sha256 {compute_dataset_hash(manifest)[:16]}…): the manifest was edited after the "
-                             "build; restore it from the registry copy or rebuild")
+        found.add(name, f"dataset_hash {manifest['dataset_hash'][:16]}… does not match the manifest's content "
+                        f"(sha256 {compute_dataset_hash(manifest)[:16]}…): the manifest was edited after the "
+                        "build; restore it from the registry copy or rebuild")
     if manifest["version"] != manifest["dataset_hash"][:12]:
-        found.add(file.name, f"version {manifest['version']!r} is not the first 12 hex digits of dataset_hash "
-                             f"{manifest['dataset_hash'][:12]!r}; restore the manifest or rebuild")
+        found.add(name, f"version {manifest['version']!r} is not the first 12 hex digits of dataset_hash "
+                        f"{manifest['dataset_hash'][:12]!r}; restore the manifest or rebuild")
     return manifest
 
 
@@ -220,25 +242,26 @@ def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings
         found.add(name, f"label_map indices {indices} are not 0..{len(indices) - 1}")
 
 
-def _check_file(folder: Path, entry: dict[str, Any], found: _Findings) -> bool:
+def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) -> bool:
     """Size and sha256 of one listed file; True when it exists (even if it differs)."""
-    path = folder / entry["file"]
+    path = folder.where(entry["file"])
     try:
-        size = path.stat().st_size
+        size = folder.size(entry["file"])
     except FileNotFoundError:
-        found.add(entry["file"], f"missing from {folder}: the manifest lists it ({entry['bytes']} bytes); {_REBUILD}")
+        found.add(entry["file"], f"missing from {folder.where()}: the manifest lists it ({entry['bytes']} bytes); "
+                                 f"{_REBUILD}")
         return False
     except OSError as err:
-        found.add(entry["file"], f"cannot stat {path} ({err.strerror})")
+        found.add(entry["file"], f"cannot stat {path} ({_why(err)})")
         return False
     if size != entry["bytes"]:
         kind = "truncated" if size < entry["bytes"] else "grown"
         found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
         return True
     try:
-        size, digest = sha256_file(path)
+        size, digest = folder.sha256(entry["file"])
     except OSError as err:
-        found.add(entry["file"], f"cannot read {path} ({err.strerror})")
+        found.add(entry["file"], f"cannot read {path} ({_why(err)})")
         return False
     found.files += 1
     found.bytes += size
@@ -248,13 +271,16 @@ def _check_file(folder: Path, entry: dict[str, Any], found: _Findings) -> bool:
     return True
 
 
-def _check_index(folder: Path, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
+def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
                  found: _Findings) -> dict[str, list[dict[str, Any]]]:
     """Hash ``_index.parquet`` and check its rows against the shard list; rows by shard file."""
     if not _check_file(folder, manifest["index"], found):
         return {}
     try:
-        table = pq.read_table(folder / INDEX_FILE)
+        if folder.local is not None:
+            table = pq.read_table(folder.local / INDEX_FILE)
+        else:
+            table = pq.read_table(pa.BufferReader(folder.read_bytes(INDEX_FILE)))
     except (pa.ArrowException, OSError) as err:
         found.add(INDEX_FILE, f"unreadable as Parquet ({err}); {_REBUILD}")
         return {}
@@ -298,20 +324,18 @@ def _side_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             and isinstance(value["file"], str) and "/" not in value["file"] and value["file"] not in ("", ".", "..")]
 
 
-def _check_extra_files(folder: Path, listed: set[str], found: _Findings) -> None:
+def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings) -> None:
     try:
-        children = sorted(folder.iterdir())
+        children = folder.files()
     except OSError as err:
-        found.add(folder.name, f"cannot list {folder} ({err.strerror})")
+        found.add(folder.where().rstrip("/").rsplit("/", 1)[-1], f"cannot list {folder.where()} ({_why(err)})")
         return
-    for path in children:
-        if not path.is_file():
-            continue
-        if path.name.endswith(TMP_SUFFIX):
-            found.warnings.append(Problem(path.name, None, "stale temporary from an interrupted write; it is not "
-                                                            "part of the dataset: delete it"))
-        elif path.suffix in (".tar", ".parquet") and path.name not in listed and not path.name.startswith("_"):
-            found.add(path.name, "shard-like file the manifest does not list: glob-based readers would mix it in; "
+    for name in children:
+        if name.endswith(TMP_SUFFIX):
+            found.warnings.append(Problem(name, None, "stale temporary from an interrupted write; it is not "
+                                                       "part of the dataset: delete it"))
+        elif Path(name).suffix in (".tar", ".parquet") and name not in listed and not name.startswith("_"):
+            found.add(name, "shard-like file the manifest does not list: glob-based readers would mix it in; "
                                  "delete it (or rebuild if it belongs to another version)")
 
 
@@ -322,7 +346,7 @@ def _expectations(manifest: dict[str, Any]) -> _Expect:
                    shapes={src: {tuple(s) for s in shapes} for src, shapes in schema["shapes"].items()})
 
 
-def _verify_samples(folder: Path, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
+def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
                     index_rows: dict[str, list[dict[str, Any]]], found: _Findings, *, quiet: bool,
                     stream: TextIO | None) -> None:
     """Decode every sample of every present shard; keys must be unique across the dataset."""
@@ -335,7 +359,7 @@ def _verify_samples(folder: Path, manifest: dict[str, Any], shards: list[tuple[s
         rows = {row["key"]: row for row in index_rows.get(name, [])}
         decode = _tar_samples if manifest["format"] == "webdataset" else _parquet_samples
         keys: list[str] = []
-        for key, sample in decode(folder / name, found):
+        for key, sample in decode(folder, name, found):
             before = len(found.problems)
             if key is not None:
                 keys.append(key)
@@ -351,14 +375,24 @@ def _verify_samples(folder: Path, manifest: dict[str, Any], shards: list[tuple[s
     progress.close()
 
 
-def _tar_samples(path: Path, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
+@contextlib.contextmanager
+def _open_tar(folder: VersionFolder, name: str) -> Iterator[tarfile.TarFile]:
+    """A local tar opened for random access; a remote one as a stream (read once, front to back)."""
+    if folder.local is not None:
+        with tarfile.open(folder.local / name, mode="r:") as tar:
+            yield tar
+    else:
+        with folder.open(name) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
+            yield tar
+
+
+def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
     """Samples of a WebDataset tar, read with ``tarfile`` (members grouped by key, in order)."""
-    shard = path.name
     current: str | None = None
     sample: dict[str, Any] = {}
     done: set[str] = set()
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with _open_tar(folder, shard) as tar:
             while True:
                 try:
                     member = tar.next()
@@ -409,26 +443,28 @@ def _member_name(name: str) -> tuple[str, str] | str:
     return key, ext
 
 
-def _parquet_samples(path: Path, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
+def _parquet_samples(folder: VersionFolder, shard: str,
+                     found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
     """Rows of a Parquet shard, read column by column so one damaged column names itself."""
-    shard = path.name
-    try:
-        handle = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as err:
-        found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
-        return
-    rows = handle.metadata.num_rows
     columns: dict[str, list[Any] | None] = {}
-    for name in PARQUET_SCHEMA.names:
-        if name not in handle.schema_arrow.names:
-            found.add(shard, f"lacks column {name!r}; {_REBUILD}")
-            columns[name] = None
-            continue
+    with contextlib.ExitStack() as stack:
         try:
-            columns[name] = handle.read(columns=[name]).column(0).to_pylist()
+            source = folder.local / shard if folder.local is not None else stack.enter_context(folder.open(shard))
+            handle = pq.ParquetFile(source)
         except (pa.ArrowException, OSError) as err:
-            found.add(shard, f"column {name!r} is unreadable ({err}); {_REBUILD}")
-            columns[name] = None
+            found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
+            return
+        rows = handle.metadata.num_rows
+        for name in PARQUET_SCHEMA.names:
+            if name not in handle.schema_arrow.names:
+                found.add(shard, f"lacks column {name!r}; {_REBUILD}")
+                columns[name] = None
+                continue
+            try:
+                columns[name] = handle.read(columns=[name]).column(0).to_pylist()
+            except (pa.ArrowException, OSError) as err:
+                found.add(shard, f"column {name!r} is unreadable ({err}); {_REBUILD}")
+                columns[name] = None
     for position in range(rows):
         values = {name: (col[position] if col is not None else None) for name, col in columns.items()}
         key = values["key"]

@@ -12,24 +12,32 @@ from packer.errors import IntegrityError
 
 
 @click.command("verify")
-@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.argument("manifest")
 @click.option("--deep", is_flag=True,
               help="Also decode every sample with stock readers (tarfile, numpy.load, pyarrow) and check count, "
                    "dtype, shape, label and per-sample sha256 against sample_schema and _index.parquet.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Option for the store of an s3:// (or other fsspec) URL, e.g. endpoint_url=http://127.0.0.1:9000, "
+                   "anon=true, client_kwargs.region_name=eu-west-1; repeatable. AWS_* environment variables work too.")
 @exits
-def verify_command(manifest: Path, deep: bool, as_json: bool, quiet: bool) -> None:
-    """Check a built dataset version: MANIFEST is its manifest.json or the version folder.
+def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storage_option: tuple[str, ...]) -> None:
+    """Check a built dataset version: MANIFEST is its manifest.json or the version folder, a path
+    or a URL (file://, s3://bucket/prefix/name/version/).
 
     Re-hashes every shard and side file the manifest lists (size and sha256), checks the
     manifest's own dataset_hash and counts, and reports missing shards, unlisted shard-like
     files and stale *.partial temporaries (a warning). Every problem names the shard and,
     where known, the sample key. Exits 0 when everything matches, 5 on any integrity failure.
     """
+    from packer.storage import is_url, parse_storage_options
     from packer.verify import format_report, verify_dataset
 
-    report = verify_dataset(manifest, deep=deep, quiet=quiet)
+    if not is_url(manifest) and not Path(manifest).exists():
+        raise click.BadParameter(f"{manifest!r} does not exist", param_hint="'MANIFEST'")
+    report = verify_dataset(manifest if is_url(manifest) else Path(manifest), deep=deep, quiet=quiet,
+                            storage_options=parse_storage_options(storage_option))
     click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_report(report))
     if not report.ok:
         raise IntegrityError(f"{report.manifest}: {len(report.problems)} integrity problem(s); restore the named "

@@ -17,7 +17,7 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,7 +90,9 @@ class ShardDataset(IterableDataset):
     Items are dicts: ``image`` (torch tensor C×H×W in the schema dtype, uint8 by default,
     or whatever ``transform(image)`` returns), ``label`` (int64 scalar tensor), ``key`` (str).
 
-    ``manifest``: path to ``manifest.json`` or its folder. ``shuffle``: permute shard order
+    ``manifest``: path to ``manifest.json`` or its folder, or a URL of either
+    (``s3://bucket/prefix/name/version/manifest.json``, ``file:///...``; remote shards are
+    read through fsspec with ``storage_options``, e.g. ``{"endpoint_url": ...}``). ``shuffle``: permute shard order
     and pass samples through a ``shuffle_buffer``-slot buffer, deterministically for
     ``(seed, epoch)``; ``set_epoch(e)`` before each epoch. ``rank``/``world_size``: default
     from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else one process. ``uneven``:
@@ -112,7 +114,8 @@ class ShardDataset(IterableDataset):
     def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
                  shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
                  verify: bool = False, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100) -> None:
+                 uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if uneven not in UNEVEN:
             raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
@@ -120,7 +123,7 @@ class ShardDataset(IterableDataset):
             raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
         if shuffle_buffer < 1 or max_skipped < 0:
             raise ConfigError("shuffle_buffer must be >= 1 and max_skipped >= 0")
-        self.info = load_split(manifest, split)
+        self.info = load_split(manifest, split, storage_options=storage_options)
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.verify, self.transform, self.uneven = verify, transform, uneven

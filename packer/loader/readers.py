@@ -16,29 +16,41 @@ to torch; Arrow copies the cells once out of the page cache because Parquet stor
 arrays length-prefixed). Arrow's reader allocates mutable buffers, so the view is writable;
 a view that is not writable or not aligned for its dtype is copied. A held view keeps its
 record batch alive, so at most ``PARQUET_ROWS`` samples' bytes per held sample.
+
+Remote shards (a manifest given as an ``s3://`` or other fsspec URL) are read through
+fsspec: tar shards as one sequential stream (``tarfile`` mode ``r|``, stopping after the last
+wanted sample), Parquet shards through a seekable fsspec file. With ``verify`` the shard is
+first copied into a spooled temporary file while it is hashed, so the bytes decoded are the
+bytes hashed. ``file://`` URLs are local paths.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import json
 import os
 import re
 import tarfile
+import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from packer import storage
 from packer.errors import ConfigError, IntegrityError
 
 FORMATS = ("webdataset", "parquet")
 PARQUET_ROWS = 64
 _MEMBER = re.compile(r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_]+)")
 _PARQUET_COLUMNS = ["key", "label", "shape", "dtype", "image"]
+#: A remote shard read with ``verify`` is held in memory up to this size, then on disk.
+SPOOL_BYTES = 64 << 20
 
 
 class ShardReadError(RuntimeError, IntegrityError):
@@ -57,13 +69,24 @@ class ShardReadError(RuntimeError, IntegrityError):
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard of a split, as the manifest lists it; ``path`` is absolute."""
+    """One shard of a split, as the manifest lists it.
+
+    A local shard has an absolute ``path`` and ``url`` None; a remote one has its ``url``
+    (read with ``storage_options``) and ``path`` is only its file name.
+    """
 
     file: str
     path: Path
     bytes: int
     sha256: str
     samples: int
+    url: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def location(self) -> str:
+        """Where the shard is, as a user would type it."""
+        return self.url if self.url is not None else str(self.path)
 
 
 @dataclass(frozen=True)
@@ -74,7 +97,7 @@ class SplitInfo:
     is ``None`` when samples vary in size). ``shards`` in manifest order.
     """
 
-    manifest: Path
+    manifest: Path | str
     name: str
     version: str
     format: str
@@ -86,7 +109,7 @@ class SplitInfo:
     samples: int
 
 
-def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where: Path) -> Any:
+def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where: Path | str) -> Any:
     value: Any = doc
     for part in path.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -97,26 +120,47 @@ def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where:
     return value
 
 
-def _safe_relative(file: str, where: Path) -> str:
+def _safe_relative(file: str, where: Path | str) -> str:
     parts = file.replace("\\", "/").split("/")
     if not file or file.startswith(("/", "\\")) or ".." in parts or ":" in file:
         raise IntegrityError(f"{where}: shard file {file!r} is not a plain path inside the version folder")
     return file
 
 
-def load_split(manifest: str | os.PathLike[str], split: str) -> SplitInfo:
+def _read_remote_manifest(url: str, storage_options: Mapping[str, Any] | None) -> str:
+    folder, name = url.rsplit("/", 1)
+    try:
+        return storage.VersionFolder(folder, storage_options).read_bytes(name).decode("utf-8")
+    except FileNotFoundError as err:
+        raise IntegrityError(f"{url}: cannot read the manifest (not found); pass the URL of a manifest.json "
+                             "or of its version folder") from err
+    except UnicodeDecodeError as err:
+        raise IntegrityError(f"{url}: the manifest is not UTF-8 ({err})") from err
+    except OSError as err:
+        raise storage.storage_error(url, err, doing="reading the manifest") from err
+
+
+def load_split(manifest: str | os.PathLike[str], split: str, *,
+               storage_options: Mapping[str, Any] | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
-    Raises ``IntegrityError`` for an unreadable manifest or a missing/ill-typed field,
-    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits).
-    Reads only the fields documented in docs/ARCHITECTURE.md; the dataset hash is not
-    checked here (``packer verify`` does that).
+    ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
+    read with ``storage_options``). Raises ``IntegrityError`` for an unreadable manifest or
+    a missing/ill-typed field, ``ConfigError`` when ``split`` is not in the manifest (the
+    message lists the splits) or the store cannot be reached. Reads only the fields
+    documented in docs/ARCHITECTURE.md; the dataset hash is not checked here (``packer
+    verify`` does that).
     """
-    path = Path(manifest)
-    if path.is_dir():
-        path = path / "manifest.json"
+    local = storage.local_path(manifest)
+    path: Path | str
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        if local is None:
+            path = storage.manifest_url(str(manifest))
+            text = _read_remote_manifest(path, storage_options)
+        else:
+            path = local / "manifest.json" if local.is_dir() else local
+            text = path.read_text(encoding="utf-8")
+        doc = json.loads(text)
     except OSError as err:
         raise IntegrityError(f"{path}: cannot read the manifest ({err.strerror})") from err
     except json.JSONDecodeError as err:
@@ -159,8 +203,14 @@ def load_split(manifest: str | os.PathLike[str], split: str) -> SplitInfo:
         size = _field(entry, "bytes", int, path)
         if count < 0 or size < 0:
             raise IntegrityError(f"{path}: splits.{split}.shards[{i}] has a negative size or count")
-        shards.append(ShardInfo(file=file, path=(path.parent / file).resolve(), bytes=size,
-                                sha256=_field(entry, "sha256", str, path), samples=count))
+        digest = _field(entry, "sha256", str, path)
+        if isinstance(path, Path):
+            shards.append(ShardInfo(file=file, path=(path.parent / file).resolve(), bytes=size, sha256=digest,
+                                    samples=count))
+        else:
+            shards.append(ShardInfo(file=file, path=Path(file), bytes=size, sha256=digest, samples=count,
+                                    url=storage.join_url(path.rsplit("/", 1)[0], file),
+                                    storage_options=dict(storage_options or {})))
     total = _field(doc, f"splits.{split}.samples", int, path)
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
@@ -222,8 +272,6 @@ def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
 
     Otherwise a message saying what differs. ``verify`` reads the whole file.
     """
-    import hashlib
-
     try:
         size = os.stat(info.path).st_size
     except OSError as err:
@@ -338,20 +386,28 @@ def _decode_tar_sample(fh: io.BufferedReader, sample: TarSample, check: SampleCh
         data[ext] = fh.read(size)
         if len(data[ext]) != size:
             return "truncated", f"{sample.key}.{ext} is cut short"
+    return _decode_members(sample.key, data, check)
+
+
+def _decode_members(key: str, data: dict[str, bytes], check: SampleCheck) -> tuple[str, str] | Decoded:
+    """Decode a sample from its ``cls`` and ``npy`` member bytes; (reason, message) on failure."""
+    for ext in ("cls", "npy"):
+        if ext not in data:
+            return "missing_member", f"no {key}.{ext} member"
     try:
         label = int(data["cls"].decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
-        return "bad_label", f"{sample.key}.cls holds {data['cls'][:20]!r}, not an integer"
+        return "bad_label", f"{key}.cls holds {data['cls'][:20]!r}, not an integer"
     try:
         image = np.load(io.BytesIO(data["npy"]), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        return "undecodable", f"{sample.key}.npy: {err}"
+        return "undecodable", f"{key}.npy: {err}"
     if not isinstance(image, np.ndarray):
-        return "undecodable", f"{sample.key}.npy holds no array"
+        return "undecodable", f"{key}.npy holds no array"
     problem = check.problem(image, label)
     if problem is not None:
         return "bad_sample", problem
-    return Decoded(key=sample.key, label=label, image=image)
+    return Decoded(key=key, label=label, image=image)
 
 
 def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
@@ -360,8 +416,11 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
 
     ``strict``: a size/hash mismatch fails every position (else, for size only, the
     readable prefix is still read). ``verify``: compare the sha256 first. An I/O error
-    fails the positions not yet read.
+    fails the positions not yet read. A remote shard is streamed (:func:`read_remote`).
     """
+    if info.url is not None:
+        yield from read_remote(info, positions, check, strict=strict, verify=verify)
+        return
     done = 0
     try:
         problem = check_shard_file(info, verify=verify)
@@ -403,18 +462,34 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
                  strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of a Parquet shard, memory-mapped, in record batches."""
     import pyarrow as pa
+
+    if info.url is not None:
+        yield from read_remote(info, positions, check, strict=strict, verify=verify)
+        return
+    problem = check_shard_file(info, verify=verify)
+    if problem is not None and (strict or verify or not info.path.exists()):
+        yield from _fail(info, positions, "bad_shard", problem)
+        return
+    yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check)
+
+
+def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
+    for pos in positions:
+        yield pos, Failure(info.file, pos, None, reason, message)
+
+
+def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
+                       check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of the Parquet shard ``info``, read from ``source``
+    (a memory map or a seekable binary file)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     def fail_rest(rest: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
-        for pos in rest:
-            yield pos, Failure(info.file, pos, None, reason, message)
+        return _fail(info, rest, reason, message)
 
-    problem = check_shard_file(info, verify=verify)
-    if problem is not None and (strict or verify or not info.path.exists()):
-        yield from fail_rest(positions, "bad_shard", problem)
-        return
     try:
-        parquet = pq.ParquetFile(pa.memory_map(str(info.path), "r"))
+        parquet = pq.ParquetFile(source)
         rows = parquet.metadata.num_rows
         missing = [c for c in _PARQUET_COLUMNS if c not in parquet.schema_arrow.names]
     except (OSError, pa.ArrowException) as err:
@@ -460,6 +535,133 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
         yield from fail_rest(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
         return
     yield from fail_rest(want[i:], "truncated", f"the file ended after {row0} rows")
+
+
+# -- remote shards ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[IO[bytes] | None, str | None]]:
+    """The remote shard opened for reading (``None`` if absent) and a size/hash problem or ``None``.
+
+    With ``verify`` the shard is copied into a spooled temporary file while it is hashed,
+    and that copy is what the caller reads.
+    """
+    fs, path = storage.filesystem_for(url, info.storage_options)
+    fs.invalidate_cache(path)  # a listing cached earlier in this process may describe a replaced object
+    try:
+        size = int(fs.info(path)["size"])
+    except FileNotFoundError:
+        yield None, f"cannot open the shard ({url} not found); restore it or republish the dataset"
+        return
+    if size != info.bytes:
+        with fs.open(path, "rb") as fh:
+            yield fh, (f"the shard is {size} bytes, the manifest says {info.bytes} (truncated or replaced); "
+                       "restore it or rebuild the dataset")
+        return
+    if not verify:
+        with fs.open(path, "rb") as fh:
+            yield fh, None
+        return
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool, fs.open(path, "rb") as source:
+        digest = hashlib.sha256()
+        while block := source.read(1 << 20):
+            digest.update(block)
+            spool.write(block)
+        spool.seek(0)
+        problem = None
+        if digest.hexdigest() != info.sha256:
+            problem = (f"sha256 {digest.hexdigest()[:16]}… does not match the manifest's {info.sha256[:16]}…; "
+                       "the shard is corrupt: restore it or rebuild the dataset")
+        yield spool, problem
+
+
+def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
+                strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of a remote shard (``info.url``), tar or Parquet.
+
+    Same contract as :func:`read_tar`: a size mismatch (and with ``verify`` a sha256
+    mismatch) fails every position when ``strict`` or ``verify``; an error of the store
+    (network, permissions) fails the positions not yet read, naming the URL.
+    """
+    url = info.location
+    done = 0
+    try:
+        with _open_remote(info, url, verify=verify) as (fh, problem):
+            if fh is None or (problem is not None and (strict or verify)):
+                yield from _fail(info, positions, "bad_shard", problem or "unreadable")
+                return
+            if info.file.endswith(".parquet"):
+                results = _read_parquet_file(info, fh, positions, check)
+            else:
+                results = _stream_tar(info, fh, positions, check)
+            for pos, outcome in results:
+                done += 1
+                yield pos, outcome
+    except storage.remote_errors() as err:
+        yield from _fail(info, positions[done:], "unreadable",
+                         f"I/O error ({storage.describe_error(url, err)})")
+
+
+def _tar_stream_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dict[str, bytes]] | str]:
+    """``(index, key, members)`` for the samples of a tar stream up to index ``last``.
+
+    Member bytes are kept for every member. A string, the defect, ends the stream: the
+    same defects :func:`scan_tar` stops at. ``OSError`` from the store propagates.
+    """
+    seen: set[str] = set()
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    index = -1
+    defect: str | None = None
+    try:
+        with tarfile.open(fileobj=fh, mode="r|") as tar:
+            for member in tar:
+                match = _MEMBER.fullmatch(member.name)
+                if match is None or not member.isreg():
+                    defect = f"member {member.name!r} is not a regular file named <key>.<ext>"
+                    break
+                name, ext = match.groups()
+                if name != key:
+                    if key is not None:
+                        yield index, key, members
+                        if index >= last:
+                            return
+                    if name in seen:
+                        defect = f"key {name!r} appears twice"
+                        key = None
+                        break
+                    seen.add(name)
+                    key, members, index = name, {}, index + 1
+                extracted = tar.extractfile(member)
+                members[ext] = extracted.read() if extracted is not None else b""
+    except (tarfile.TarError, EOFError) as err:
+        defect = f"unreadable tar stream ({err})"
+    if key is not None:
+        yield index, key, members
+    if defect is not None:
+        yield defect
+
+
+def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
+                check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``."""
+    want = list(positions)
+    i = found = 0
+    defect: str | None = None
+    for item in _tar_stream_samples(fh, want[-1] if want else -1):
+        if isinstance(item, str):
+            defect = item
+            break
+        index, key, members = item
+        found = index + 1
+        while i < len(want) and want[i] <= index:
+            result = (_decode_members(key, members, check) if want[i] == index
+                      else ("internal", f"position {want[i]} asked for after {index}: positions must ascend"))
+            yield want[i], result if isinstance(result, Decoded) else Failure(info.file, want[i], key, *result)
+            i += 1
+    for pos in want[i:]:
+        yield pos, Failure(info.file, pos, None, "truncated",
+                           f"the archive ends after {found} of the manifest's {info.samples} samples "
+                           f"({defect or 'early end of archive'}); restore the shard or rebuild the dataset")
 
 
 def read_shard(fmt: str, info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,

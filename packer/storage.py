@@ -1,0 +1,464 @@
+"""Storage: local paths and fsspec URLs (``file://``, ``s3://``, ...) for built versions.
+
+Builds always run in a local folder. When the output is a URL, the finished version folder
+is published with :func:`publish_version`: the shards and tables first, each checked after
+upload, and ``manifest.json`` last, so a remote folder without a manifest is never taken
+for a dataset. Readers (``packer verify``, :class:`packer.loader.ShardDataset`) open remote
+versions through :class:`VersionFolder` and :func:`filesystem_for`.
+
+Where a store is configured: the environment first (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL`` and ``AWS_DEFAULT_REGION``
+are read by botocore under s3fs), then explicit storage options (``--storage-option
+KEY=VALUE`` on the command line, ``storage_options={...}`` in Python), merged in one place:
+:func:`storage_options_for`. A ``file://`` URL is a local path: nothing goes through fsspec.
+
+fsspec and the filesystem packages are imported only when a URL is used; ``s3://`` needs
+the ``s3`` extra (``pip install 'packer[s3]'``, which brings s3fs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import unquote, urlsplit
+
+from packer.errors import ConfigError, IntegrityError, PackerError
+
+WORK_DIR_ENV = "PACKER_WORK_DIR"
+MANIFEST_FILE = "manifest.json"  # packer.manifest.MANIFEST_FILE, repeated to keep this module light
+TMP_SUFFIX = ".partial"          # packer.pack.writer.TMP_SUFFIX
+#: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
+LOCAL_ONLY = ("bad_samples.jsonl", "leakage.json", "report.html")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+_CHUNK = 1 << 20
+
+Location = str | os.PathLike[str]
+
+
+# -- locations --------------------------------------------------------------------------
+def is_url(location: object) -> bool:
+    """True for a string of the form ``scheme://...`` (``file://`` included); paths are not URLs."""
+    return isinstance(location, str) and _URL.match(location) is not None
+
+
+def local_path(location: Location) -> Path | None:
+    """The local path of a plain path or a ``file://`` URL; ``None`` for any other URL.
+
+    Raises ``ConfigError`` for a ``file://`` URL naming another host.
+    """
+    if not is_url(location):
+        return Path(location)
+    parts = urlsplit(str(location))
+    if parts.scheme.lower() not in ("file", "local"):
+        return None
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigError(f"{location}: a file:// URL names a local path (file:///abs/path); "
+                          f"host {parts.netloc!r} is not this machine")
+    return Path(unquote(parts.path))
+
+
+def join_url(base: str, *names: str) -> str:
+    """``base`` and ``names`` joined with single slashes (``s3://b/p/`` + ``a`` → ``s3://b/p/a``)."""
+    return "/".join([base.rstrip("/"), *(n.strip("/") for n in names)])
+
+
+def manifest_url(location: str) -> str:
+    """The manifest URL for a manifest URL or its version folder's URL.
+
+    A URL ending in ``.json`` is taken as the manifest itself; anything else as the folder
+    (no request is made to tell them apart).
+    """
+    return location if location.endswith(".json") else join_url(location, MANIFEST_FILE)
+
+
+def work_dir(override: Path | None = None) -> Path:
+    """Local folder for builds whose output is a URL: ``override``, else ``$PACKER_WORK_DIR``,
+    else ``~/.cache/packer/work``. It holds ``<name>/<version>/`` and the spill cache."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get(WORK_DIR_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "packer" / "work"
+
+
+def resolve_output(target: Location, work: Path | None = None) -> tuple[Path, str | None]:
+    """Where a build writes locally, and the URL to publish to (``None`` for a local output).
+
+    A plain path or a ``file://`` URL is built in place; any other URL is built under
+    :func:`work_dir` and published there afterwards.
+    """
+    path = local_path(target)
+    if path is not None:
+        return path.resolve(), None
+    return work_dir(work).resolve(), str(target)
+
+
+# -- options and filesystems --------------------------------------------------------------
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``--storage-option``) as a storage-options dict.
+
+    A VALUE that parses as JSON (``true``, ``3``, ``{"a": 1}``) is used as parsed, anything
+    else as a string. Dotted keys nest: ``client_kwargs.region_name=eu-west-1`` gives
+    ``{"client_kwargs": {"region_name": "eu-west-1"}}``. Raises ``ConfigError`` for a pair
+    without ``=``.
+    """
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--storage-option {pair!r}: expected KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *outer, last = key.strip().split(".")
+        node = options
+        for part in outer:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--storage-option {pair!r}: {part} is already set to a value, not a mapping")
+            node = child
+        node[last] = value
+    return options
+
+
+def storage_options_for(url: str, overrides: Mapping[str, Any] | Sequence[str] | None = None) -> dict[str, Any]:
+    """The storage options for ``url``'s filesystem: the one place they are assembled.
+
+    ``overrides`` is a dict (Python callers) or ``KEY=VALUE`` strings (the CLI). Credentials,
+    region and endpoint otherwise come from the environment, which s3fs (through botocore)
+    reads itself: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or ``AWS_PROFILE``,
+    ``AWS_DEFAULT_REGION`` and ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO;
+    ``AWS_ENDPOINT_URL_S3`` first), which is passed on as ``endpoint_url`` unless given.
+    """
+    if overrides is None:
+        options: dict[str, Any] = {}
+    elif isinstance(overrides, Mapping):
+        options = dict(overrides)
+    else:
+        options = parse_storage_options(list(overrides))
+    scheme = url.split("://", 1)[0].lower()
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if scheme in ("s3", "s3a") and endpoint and "endpoint_url" not in options \
+            and "endpoint_url" not in options.get("client_kwargs", {}):
+        # botocore reads it too, but fsspec caches filesystems by their arguments: passing it
+        # makes a changed variable give a new filesystem instead of a cached one for the old endpoint.
+        options["endpoint_url"] = endpoint
+    return options
+
+
+def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path it knows the URL by.
+
+    Raises ``ConfigError`` when the protocol is unknown or its package is not installed.
+    """
+    try:
+        import fsspec.core
+    except ImportError as err:
+        raise ConfigError(f"{url}: reading URLs needs fsspec: pip install 'packer[s3]'") from err
+    scheme = url.split("://", 1)[0].lower()
+    try:
+        return fsspec.core.url_to_fs(url, **storage_options_for(url, storage_options))
+    except ImportError as err:
+        package = _EXTRAS.get(scheme, f"the fsspec implementation of {scheme}://")
+        extra = "pip install 'packer[s3]'" if package == "s3fs" else f"pip install {package}"
+        raise ConfigError(f"{url}: {scheme}:// URLs need {package}, which is not installed; {extra}") from err
+    except ValueError as err:
+        raise ConfigError(f"{url}: {err}; use a local path, file://, s3:// or another fsspec protocol") from err
+
+
+def remote_errors() -> tuple[type[BaseException], ...]:
+    """Exception types a remote filesystem raises for a defect of the store or the network.
+
+    s3fs turns most S3 errors into ``OSError`` subclasses (``FileNotFoundError`` for a
+    missing bucket or key, ``PermissionError`` for access denied), but botocore's own
+    errors (no credentials, endpoint unreachable) pass through.
+    """
+    errors: list[type[BaseException]] = [OSError]
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [BotoCoreError, ClientError]
+    return tuple(errors)
+
+
+class RemoteStoreError(OSError):
+    """A store error that is not an ``OSError`` (botocore's), as an ``OSError`` whose message
+    says what to fix; ``cause`` is the original."""
+
+    def __init__(self, message: str, *, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def describe_error(url: str, err: BaseException) -> str:
+    """What went wrong at ``url`` and how to fix it, for a remote error."""
+    if isinstance(err, RemoteStoreError):
+        return str(err)
+    text = str(err) or type(err).__name__
+    name = type(err).__name__
+    if isinstance(err, FileNotFoundError) and "bucket" in text.lower():
+        return (f"{url}: the bucket does not exist ({text}); create it (e.g. `aws s3 mb s3://BUCKET`) "
+                "or fix the URL")
+    if isinstance(err, FileNotFoundError):
+        return f"{url}: not found ({text})"
+    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return (f"{url}: access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+                "or AWS_PROFILE, or --storage-option key=... --storage-option secret=...) and the bucket policy")
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+        return (f"{url}: no usable credentials ({text}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(or AWS_PROFILE), or pass --storage-option anon=true for a public bucket")
+    if "Connect" in name or "Endpoint" in name or isinstance(err, ConnectionError | TimeoutError):
+        return (f"{url}: cannot reach the object store ({text}); check the network and the endpoint "
+                "(AWS_ENDPOINT_URL or --storage-option endpoint_url=http://HOST:PORT)")
+    return f"{url}: {name}: {text}"
+
+
+def storage_error(url: str, err: BaseException, *, doing: str) -> PackerError:
+    """A project error for a remote failure while ``doing`` something, chained by the caller.
+
+    Missing buckets, credentials, permissions and unreachable endpoints are configuration
+    (``ConfigError``, exit 2); anything else is a failed run (``PackerError``).
+    """
+    message = f"{doing}: {describe_error(url, err)}"
+    err = err.cause if isinstance(err, RemoteStoreError) else err
+    configish = (isinstance(err, PermissionError | ConnectionError | TimeoutError)
+                 or (isinstance(err, FileNotFoundError) and "bucket" in str(err).lower())
+                 or "Credential" in type(err).__name__ or "Endpoint" in type(err).__name__)
+    return ConfigError(message) if configish else PackerError(message)
+
+
+# -- a version folder, local or remote ------------------------------------------------------
+class VersionFolder:
+    """A dataset version folder addressed by a local path or a URL; names are relative to it.
+
+    Local folders use plain ``pathlib``/``open``; remote ones go through fsspec. Every
+    method raises ``FileNotFoundError`` for a missing file and ``OSError`` (with a message
+    from :func:`describe_error`) for any other failure, whatever the store.
+    """
+
+    def __init__(self, location: Location, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.local = local_path(location)
+        self.url = str(location).rstrip("/") if self.local is None else str(self.local)
+        self._fs: Any = None
+        self._root = ""
+        if self.local is None:
+            self._fs, self._root = filesystem_for(self.url, storage_options)
+            self._root = self._root.rstrip("/")
+
+    @property
+    def is_remote(self) -> bool:
+        return self.local is None
+
+    def where(self, name: str = "") -> str:
+        """The folder (``name=""``) or one of its files, as a user would type it."""
+        if self.local is not None:
+            return str(self.local / name) if name else str(self.local)
+        return join_url(self.url, name) if name else self.url
+
+    def _remote(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    @contextlib.contextmanager
+    def _translated(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError:
+            raise
+        except remote_errors() as err:
+            raise RemoteStoreError(describe_error(self.where(name), err), cause=err) from err
+
+    def size(self, name: str) -> int:
+        """Size in bytes of ``name``."""
+        with self._translated(name):
+            if self.local is not None:
+                return (self.local / name).stat().st_size
+            self._fs.invalidate_cache(self._remote(name))  # a cached listing may describe a replaced object
+            info = self._fs.info(self._remote(name))
+            if info.get("type") != "file":
+                raise FileNotFoundError(f"{self.where(name)} is not a file")
+            return int(info["size"])
+
+    @contextlib.contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
+        """``name`` opened for binary reading (seekable; remote files read ahead in blocks)."""
+        with self._translated(name):
+            if self.local is not None:
+                with open(self.local / name, "rb") as fh:
+                    yield fh
+            else:
+                with self._fs.open(self._remote(name), "rb") as fh:
+                    yield fh
+
+    def read_bytes(self, name: str) -> bytes:
+        """All bytes of ``name``."""
+        with self.open(name) as fh:
+            with self._translated(name):
+                return fh.read()
+
+    def sha256(self, name: str) -> tuple[int, str]:
+        """Size and sha256 of ``name``, read once in 1 MiB blocks."""
+        digest = hashlib.sha256()
+        size = 0
+        with self.open(name) as fh:
+            with self._translated(name):
+                while block := fh.read(_CHUNK):
+                    digest.update(block)
+                    size += len(block)
+        return size, digest.hexdigest()
+
+    def files(self) -> list[str]:
+        """Names of the plain files directly inside the folder, sorted."""
+        with self._translated(""):
+            if self.local is not None:
+                return sorted(p.name for p in self.local.iterdir() if p.is_file())
+            self._fs.invalidate_cache(self._root)
+            entries = self._fs.ls(self._root, detail=True)
+            return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+
+    # Writing is for publish_version only, and only to remote folders; errors are not translated.
+    def _upload(self, sources: list[Path], names: list[str]) -> None:
+        if self.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
+            for source, name in zip(sources, names, strict=True):
+                partial = self.local / (name + TMP_SUFFIX)
+                shutil.copyfile(source, partial)
+                os.replace(partial, self.local / name)
+            return
+        if sources:
+            self._fs.put([str(s) for s in sources], [self._remote(n) for n in names])
+        self._fs.invalidate_cache(self._root)
+
+    def _remove(self, name: str) -> None:
+        if self.local is not None:
+            (self.local / name).unlink(missing_ok=True)
+            return
+        self._fs.rm_file(self._remote(name))
+        self._fs.invalidate_cache(self._root)
+
+
+# -- publishing ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublishResult:
+    """Where a version was published and what was sent.
+
+    ``url``: the remote version folder; ``manifest_url``: its manifest. ``skipped``: the
+    remote manifest already held this ``dataset_hash``, nothing was uploaded. ``uploaded``:
+    file names in upload order (``manifest.json`` last); ``bytes``: their total size.
+    """
+
+    url: str
+    manifest_url: str
+    skipped: bool
+    uploaded: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
+    """Shards (manifest order), then the tables and other side files, manifest excluded."""
+    shards = [s["file"] for split in manifest["splits"].values() for s in split["shards"]]
+    rest = sorted(n for n in names if n not in shards and n != MANIFEST_FILE)
+    return [n for n in shards if n in names] + rest
+
+
+def _recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
+    """sha256 the manifest records for each file it lists (shards, index, splits table)."""
+    recorded = {s["file"]: s["sha256"] for split in manifest["splits"].values() for s in split["shards"]}
+    for value in manifest.values():
+        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("sha256"), str):
+            recorded[value["file"]] = value["sha256"]
+    return recorded
+
+
+def _remote_hash(folder: VersionFolder) -> tuple[bool, str | None]:
+    """(a remote manifest exists, the dataset_hash it records or None if unreadable)."""
+    try:
+        doc = json.loads(folder.read_bytes(MANIFEST_FILE))
+    except FileNotFoundError:
+        return False, None
+    except (ValueError, UnicodeDecodeError):
+        return True, None
+    return True, (str(doc["dataset_hash"]) if isinstance(doc, dict) and "dataset_hash" in doc else None)
+
+
+def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
+                    include_local_only: bool = False, quiet: bool = True) -> PublishResult:
+    """Upload a built version folder to ``<remote_url>/<name>/<version>/``, manifest last.
+
+    ``local_version_dir`` holds a finished build (``manifest.json`` included). Uploads every
+    file except stale ``*.partial`` temporaries and, unless ``include_local_only``, the
+    files that name raw paths (:data:`LOCAL_ONLY`: the bad-sample report, ``leakage.json``,
+    ``report.html``). Order: shards, then the tables, then — only after every object was
+    read back and matched the manifest's size and sha256 — ``manifest.json``. A remote
+    folder that already holds a manifest with the same ``dataset_hash`` is left alone
+    (``skipped``); a damaged or different remote manifest is deleted before anything is
+    uploaded, so readers never see a manifest over half-replaced shards. An interrupted
+    publish leaves objects without a manifest; publishing again replaces them.
+
+    Raises ``ConfigError`` (bucket missing, no credentials, access denied, endpoint
+    unreachable), ``IntegrityError`` when an uploaded object reads back different from the
+    manifest (the remote folder then has no manifest), ``PackerError`` for other failures.
+    """
+    local_version_dir = Path(local_version_dir)
+    manifest_bytes = (local_version_dir / MANIFEST_FILE).read_bytes()
+    manifest: dict[str, Any] = json.loads(manifest_bytes)
+    target = join_url(remote_url, manifest["name"], manifest["version"])
+    folder = VersionFolder(target, storage_options)
+    target, result_url = folder.where(), folder.where(MANIFEST_FILE)
+    say: Callable[[str], None] = (lambda _: None) if quiet else (lambda m: print(f"packer: {m}", flush=True))
+    try:
+        exists, remote_hash = _remote_hash(folder)
+        if remote_hash == manifest["dataset_hash"]:
+            say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
+            return PublishResult(url=target, manifest_url=result_url, skipped=True)
+        if exists:
+            say(f"{result_url} holds another or a damaged manifest: removing it before uploading")
+            folder._remove(MANIFEST_FILE)
+        names = [p.name for p in sorted(local_version_dir.iterdir())
+                 if p.is_file() and not p.name.endswith(TMP_SUFFIX)
+                 and (include_local_only or p.name not in LOCAL_ONLY)]
+        order = _upload_order(names, manifest)
+        recorded = _recorded_hashes(manifest)
+        total = _upload(folder, local_version_dir, order, recorded)
+        folder._upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
+        if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
+            folder._remove(MANIFEST_FILE)
+            raise IntegrityError(f"{result_url}: the uploaded manifest reads back different from "
+                                 f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
+    except remote_errors() as err:
+        raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
+    say(f"published {len(order) + 1} files ({(total + len(manifest_bytes)) / 2**20:.1f} MiB) to {target}/, "
+        "each read back and checked")
+    return PublishResult(url=target, manifest_url=result_url, skipped=False, uploaded=(*order, MANIFEST_FILE),
+                         bytes=total + len(manifest_bytes))
+
+
+def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str]) -> int:
+    """Upload ``order`` (concurrently where the filesystem can), then read each back and check it."""
+    folder._upload([local / n for n in order], order)
+    total = 0
+    for name in order:
+        size = (local / name).stat().st_size
+        remote_size = folder.size(name)
+        if remote_size != size:
+            raise IntegrityError(f"{folder.where(name)}: {remote_size} bytes after upload, {local / name} has "
+                                 f"{size}; nothing was published (no manifest): rerun the build to upload again")
+        expected = recorded.get(name)
+        if expected is None:  # not a file the manifest hashes (e.g. report.html): compare with the local copy
+            with open(local / name, "rb") as fh:
+                expected = hashlib.file_digest(fh, "sha256").hexdigest()
+        _, digest = folder.sha256(name)
+        if digest != expected:
+            raise IntegrityError(f"{folder.where(name)}: sha256 {digest[:16]}… after upload, the manifest records "
+                                 f"{expected[:16]}…; nothing was published (no manifest): check "
+                                 f"{local / name} with `packer verify {local}` and rebuild or rerun")
+        total += size
+    return total

@@ -1,0 +1,378 @@
+"""Remote outputs: build to s3:// (moto's S3 server on 127.0.0.1), publish with the manifest
+last, verify and load through fsspec; file:// URLs; errors that name the URL and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.config import load_job
+from packer.errors import ConfigError, IntegrityError, PackerError
+from packer.storage import LOCAL_ONLY, parse_storage_options, publish_version, resolve_output
+from packer.verify import verify_dataset
+from tests.conftest import demo_job_doc, write_job
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
+boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto[server]")
+
+BUCKET = "packer-test"
+FORMATS = ("webdataset", "parquet")
+
+
+@dataclass(frozen=True)
+class Store:
+    endpoint: str
+    client: Any
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """moto's S3 server on 127.0.0.1 with one bucket; the AWS_* variables point at it."""
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    empty = tmp_path_factory.mktemp("aws") / "none"
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
+                            "AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty),
+                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
+            env.setenv(name, value)
+        env.delenv("AWS_PROFILE", raising=False)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        yield Store(endpoint=endpoint, client=client)
+    server.stop()
+
+
+@dataclass(frozen=True)
+class Built:
+    fmt: str
+    remote: BuildResult
+    local: BuildResult
+    events: tuple[tuple[str, str], ...]  # ("start"|"end", object key) of every upload, in order
+
+    @property
+    def version_url(self) -> str:
+        return f"s3://{BUCKET}/datasets/demo/{self.remote.manifest['version']}"
+
+    @property
+    def prefix(self) -> str:
+        return f"datasets/demo/{self.remote.manifest['version']}/"
+
+
+def _job(demo_raw: Any, tmp: Path, fmt: str) -> Any:
+    doc = demo_job_doc(demo_raw.root, tmp / "unused-local-output", pack={"format": fmt, "max_samples": 32})
+    return load_job(write_job(tmp / "job", doc))
+
+
+def _record_uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Record the start and end of every object upload s3fs makes."""
+    events: list[tuple[str, str]] = []
+    original = s3fs.S3FileSystem._put_file
+
+    async def recording(self: Any, lpath: str, rpath: str, *args: Any, **kwargs: Any) -> Any:
+        key = rpath.split("/", 1)[1]
+        events.append(("start", key))
+        try:
+            return await original(self, lpath, rpath, *args, **kwargs)
+        finally:
+            events.append(("end", key))
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", recording)
+    return events
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def built(request: pytest.FixtureRequest, store: Store, demo_raw: Any,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    """The demo built to s3://packer-test/datasets (uploads recorded), and built locally."""
+    tmp = tmp_path_factory.mktemp(f"s3-{request.param}")
+    job = _job(demo_raw, tmp, request.param)
+    with pytest.MonkeyPatch.context() as patch:
+        events = _record_uploads(patch)
+        remote = build(job, BuildOptions(out=f"s3://{BUCKET}/datasets", work_dir=tmp / "work", scheduler="sync",
+                                         quiet=True))
+    local = build(job, BuildOptions(out=tmp / "local", scheduler="sync", quiet=True))
+    yield Built(fmt=request.param, remote=remote, local=local, events=tuple(events))
+
+
+def _listed(manifest: dict[str, Any]) -> dict[str, str]:
+    """File → sha256 for every file the manifest hashes (shards, index, splits table)."""
+    files = {s["file"]: s["sha256"] for split in manifest["splits"].values() for s in split["shards"]}
+    files[manifest["index"]["file"]] = manifest["index"]["sha256"]
+    files[manifest["splits_table"]["file"]] = manifest["splits_table"]["sha256"]
+    return files
+
+
+def _get(store: Store, key: str) -> bytes:
+    body: bytes = store.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    return body
+
+
+def _keys(store: Store, prefix: str) -> set[str]:
+    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return {obj["Key"][len(prefix):] for page in pages for obj in page.get("Contents", [])}
+
+
+def _split_keys(result: BuildResult, split: str) -> list[str]:
+    table = pq.read_table(result.version_dir / "_index.parquet").to_pylist()
+    return sorted(row["key"] for row in table if row["split"] == split)
+
+
+def test_a_remote_build_uploads_the_same_bytes_as_a_local_build(store: Store, built: Built) -> None:
+    manifest = built.remote.manifest
+    assert manifest["dataset_hash"] == built.local.manifest["dataset_hash"]  # where it goes is not identity
+    assert built.remote.published is not None and not built.remote.published.skipped
+    assert built.remote.published.manifest_url == f"{built.version_url}/manifest.json"
+    listed = _listed(manifest)
+    assert _keys(store, built.prefix) == set(listed) | {"manifest.json"}  # local-only files stay local
+    assert not set(LOCAL_ONLY) & _keys(store, built.prefix)
+    for name, digest in listed.items():
+        data = _get(store, built.prefix + name)
+        assert hashlib.sha256(data).hexdigest() == digest
+        assert data == (built.local.version_dir / name).read_bytes()
+    remote_manifest = json.loads(_get(store, built.prefix + "manifest.json"))
+    assert remote_manifest == json.loads(built.remote.manifest_path.read_text())
+
+
+def test_the_manifest_is_uploaded_last_after_every_other_object_finished(built: Built) -> None:
+    starts = [key for kind, key in built.events if kind == "start"]
+    assert starts[-1] == built.prefix + "manifest.json" and starts.count(starts[-1]) == 1
+    manifest_start = built.events.index(("start", built.prefix + "manifest.json"))
+    ends_before = {key for kind, key in built.events[:manifest_start] if kind == "end"}
+    assert ends_before == {built.prefix + name for name in _listed(built.remote.manifest)}
+    assert built.remote.published is not None
+    assert built.remote.published.uploaded[-1] == "manifest.json"
+
+
+def test_rebuilding_to_the_same_url_uploads_nothing(store: Store, built: Built, demo_raw: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    before = {o["Key"]: o["LastModified"] for o in
+              store.client.list_objects_v2(Bucket=BUCKET, Prefix=built.prefix)["Contents"]}
+    events = _record_uploads(monkeypatch)
+    work = built.remote.version_dir.parent.parent
+    again = build(_job(demo_raw, tmp_path, built.fmt),
+                  BuildOptions(out=f"s3://{BUCKET}/datasets", work_dir=work, scheduler="sync", quiet=True))
+    assert again.reused and again.published is not None and again.published.skipped
+    assert events == []
+    after = {o["Key"]: o["LastModified"] for o in
+             store.client.list_objects_v2(Bucket=BUCKET, Prefix=built.prefix)["Contents"]}
+    assert after == before
+
+
+def test_verify_passes_on_the_remote_version(built: Built) -> None:
+    for location in (f"{built.version_url}/manifest.json", built.version_url, built.version_url + "/"):
+        report = verify_dataset(location, deep=True)
+        assert report.ok, report.problems
+        assert report.files_checked == len(_listed(built.remote.manifest))
+        assert report.samples_checked == built.remote.manifest["inputs"]["samples"]
+
+
+_COPIES = itertools.count()
+
+
+def _corrupt_copy(store: Store, built: Built) -> tuple[str, str, str]:
+    """Publish the version under another prefix and flip one byte of a shard there.
+
+    Returns (version URL, shard file, its split)."""
+    result = publish_version(built.local.version_dir, f"s3://{BUCKET}/corrupt-{built.fmt}-{next(_COPIES)}")
+    split = "valid"
+    shard = built.local.manifest["splits"][split]["shards"][0]["file"]
+    key = result.url.split(f"s3://{BUCKET}/", 1)[1] + "/" + shard
+    data = bytearray(_get(store, key))
+    data[len(data) // 2] ^= 0x01
+    store.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    return result.url, shard, split
+
+
+def test_verify_fails_after_one_byte_of_a_remote_shard_flips(store: Store, built: Built) -> None:
+    url, shard, _ = _corrupt_copy(store, built)
+    report = verify_dataset(url)
+    assert not report.ok
+    assert [p.shard for p in report.problems] == [shard]
+    assert "sha256" in report.problems[0].message
+
+
+def test_shard_dataset_over_s3_yields_the_split_and_the_same_samples(built: Built) -> None:
+    torch = pytest.importorskip("torch", reason="the loader extra")
+    from torch.utils.data import DataLoader
+
+    from packer.loader import ShardDataset
+
+    local = {item["key"]: item for item in ShardDataset(built.local.version_dir, "train", shuffle=False)}
+    assert sorted(local) == _split_keys(built.local, "train")
+    for workers in (0, 2):
+        dataset = ShardDataset(f"{built.version_url}/manifest.json", "train", seed=3, verify=workers == 2)
+        items = list(DataLoader(dataset, batch_size=None, num_workers=workers))
+        assert sorted(item["key"] for item in items) == _split_keys(built.local, "train")
+        for item in items:
+            assert torch.equal(item["image"], local[item["key"]]["image"])
+            assert int(item["label"]) == int(local[item["key"]]["label"])
+
+
+def test_shard_dataset_takes_storage_options_instead_of_the_environment(store: Store, built: Built,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch", reason="the loader extra")
+    from packer.loader import ShardDataset
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    options = {"endpoint_url": store.endpoint}
+    keys = sorted(item["key"] for item in ShardDataset(built.version_url, "test", storage_options=options))
+    assert keys == _split_keys(built.local, "test")
+    assert verify_dataset(built.version_url, storage_options=options).ok
+
+
+def test_verify_true_refuses_a_corrupted_remote_shard(store: Store, built: Built) -> None:
+    pytest.importorskip("torch", reason="the loader extra")
+    from packer.loader import ShardDataset
+    from packer.loader.readers import ShardReadError
+
+    url, shard, split = _corrupt_copy(store, built)
+    with pytest.raises(ShardReadError, match=shard) as caught:
+        list(ShardDataset(url, split, shuffle=False, verify=True))
+    assert "sha256" in str(caught.value)
+    skipping = ShardDataset(url, split, shuffle=False, verify=True, on_error="skip", max_skipped=10_000)
+    keys = [item["key"] for item in skipping]
+    entries = built.local.manifest["splits"][split]["shards"]
+    assert len(keys) == sum(e["samples"] for e in entries if e["file"] != shard)
+
+
+def test_the_verify_command_reads_s3_and_exits_5_on_a_flipped_byte(store: Store, built: Built) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    if "storage_option" not in {p.name for p in main.commands["verify"].params}:
+        pytest.skip("packer verify has no --storage-option yet: the CLI change for URLs is not applied")
+    runner = CliRunner()
+    good = runner.invoke(main, ["verify", built.version_url, "--quiet",
+                                "--storage-option", f"endpoint_url={store.endpoint}"])
+    assert good.exit_code == 0, good.output
+    url, shard, _ = _corrupt_copy(store, built)
+    bad = runner.invoke(main, ["verify", url, "--quiet"])
+    assert bad.exit_code == 5, bad.output
+    assert shard in bad.output
+
+
+def test_the_build_command_publishes_to_an_out_url_or_the_jobs_output_url(store: Store, demo_raw: Any,
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    if "storage_option" not in {p.name for p in main.commands["build"].params}:
+        pytest.skip("packer build has no --storage-option yet: the CLI change for URLs is not applied")
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    doc = demo_job_doc(demo_raw.root, tmp_path / "unused")
+    job = write_job(tmp_path / "job", doc)
+    args = ["build", str(job), "--scheduler", "sync", "--quiet", "--no-report"]
+    first = CliRunner().invoke(main, [*args, "--out", f"s3://{BUCKET}/cli", "--storage-option",
+                                      f"endpoint_url={store.endpoint}"])
+    assert first.exit_code == 0, first.output
+    version = json.loads(next((tmp_path / "work" / "demo").glob("*/manifest.json")).read_text())["version"]
+    assert f"remote    s3://{BUCKET}/cli/demo/{version}/manifest.json" in first.output
+    again = CliRunner().invoke(main, [*args, "--out", f"s3://{BUCKET}/cli"])
+    assert again.exit_code == 0 and "already there: nothing uploaded" in again.output, again.output
+    doc["output"] = f"s3://{BUCKET}/from-job"
+    from_job = CliRunner().invoke(main, ["build", str(write_job(tmp_path / "job2", doc)), *args[2:]])
+    assert from_job.exit_code == 0, from_job.output
+    assert "manifest.json" in _keys(store, f"from-job/demo/{version}/")
+
+
+def test_an_interrupted_upload_leaves_no_manifest_and_a_retry_publishes(store: Store, built: Built,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    original = s3fs.S3FileSystem._put_file
+    victim = built.local.manifest["splits"]["train"]["shards"][-1]["file"]
+
+    async def failing(self: Any, lpath: str, rpath: str, *args: Any, **kwargs: Any) -> Any:
+        if rpath.endswith(victim):
+            raise OSError(f"connection reset while uploading {rpath}")
+        return await original(self, lpath, rpath, *args, **kwargs)
+
+    target = f"s3://{BUCKET}/interrupted-{built.fmt}"
+    prefix = f"interrupted-{built.fmt}/demo/{built.local.manifest['version']}/"
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", failing)
+    with pytest.raises(PackerError, match="connection reset"):
+        publish_version(built.local.version_dir, target)
+    assert "manifest.json" not in _keys(store, prefix)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", original)
+    store.client.put_object(Bucket=BUCKET, Key=prefix + "manifest.json", Body=b"{not json")  # damaged
+    result = publish_version(built.local.version_dir, target)
+    assert not result.skipped
+    assert verify_dataset(result.url).ok
+
+
+def test_publish_refuses_bytes_that_do_not_match_the_manifest(store: Store, built: Built, tmp_path: Path) -> None:
+    local = Path(shutil.copytree(built.local.version_dir, tmp_path / built.local.version_dir.name))
+    shard = local / built.local.manifest["splits"]["test"]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=f"{shard.name}: sha256 .* the manifest records"):
+        publish_version(local, f"s3://{BUCKET}/bad-local-{built.fmt}")
+    assert "manifest.json" not in _keys(store, f"bad-local-{built.fmt}/")
+    assert f"{shard.name}" in {k.rsplit("/", 1)[-1] for k in _keys(store, f"bad-local-{built.fmt}/")}
+
+
+def test_file_urls_work_for_publish_verify_and_the_loader(built: Built, tmp_path: Path) -> None:
+    copy = publish_version(built.local.version_dir, f"file://{tmp_path}/mirror")
+    folder = tmp_path / "mirror" / "demo" / built.local.manifest["version"]
+    assert copy.manifest_url == str(folder / "manifest.json")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*_listed(built.local.manifest), "manifest.json"])
+    assert publish_version(built.local.version_dir, f"file://{tmp_path}/mirror").skipped
+    assert verify_dataset(f"file://{folder}/manifest.json", deep=True).ok
+    assert resolve_output(f"file://{tmp_path}/out") == ((tmp_path / "out").resolve(), None)
+    pytest.importorskip("torch", reason="the loader extra")
+    from packer.loader import ShardDataset
+
+    keys = sorted(item["key"] for item in ShardDataset(f"file://{folder}", "valid"))
+    assert keys == _split_keys(built.local, "valid")
+
+
+def test_a_missing_bucket_is_a_config_error_that_says_so(store: Store, built: Built) -> None:
+    with pytest.raises(ConfigError, match="no-such-bucket.*bucket does not exist.*create it"):
+        publish_version(built.local.version_dir, "s3://no-such-bucket/datasets")
+
+
+def test_the_work_dir_defaults_to_packer_work_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    assert resolve_output("s3://bucket/prefix") == ((tmp_path / "work").resolve(), "s3://bucket/prefix")
+    monkeypatch.delenv("PACKER_WORK_DIR")
+    assert resolve_output("s3://b/p")[0] == (Path.home() / ".cache" / "packer" / "work").resolve()
+    assert resolve_output(tmp_path / "out") == ((tmp_path / "out").resolve(), None)
+
+
+def test_storage_options_parse_from_key_value_pairs() -> None:
+    options = parse_storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
+                                     "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])
+    assert options == {"endpoint_url": "http://127.0.0.1:9000", "anon": False,
+                       "client_kwargs": {"region_name": "eu-west-1"},
+                       "config_kwargs": {"retries": {"max_attempts": 2}}}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_storage_options(["endpoint_url"])
+
+
+def test_an_unknown_protocol_names_the_url() -> None:
+    with pytest.raises(ConfigError, match="nosuchproto://x"):
+        verify_dataset("nosuchproto://x/manifest.json")
