@@ -142,7 +142,7 @@ def _span_entities(samples: Sequence[SpilledSample], split: dict[str, str],
     clusters: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(cluster_duplicates(len(samples), links)):
         clusters[root].append(index)
-    findings = []
+    findings: list[dict[str, Any]] = []
     for members in clusters.values():
         entities = sorted({samples[i].ref.entity or "" for i in members})
         if len(members) > 1 and len(entities) > 1:

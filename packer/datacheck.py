@@ -145,4 +145,4 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     ET.SubElement(suite, "properties").extend(
         [ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
     with atomic_output(path) as fh:
-        fh.write(ET.tostring(ET.ElementTree(suite).getroot(), encoding="utf-8", xml_declaration=True) + b"\n")
+        fh.write(ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n")

@@ -60,7 +60,7 @@ def _plain(value: Any) -> Any:
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
-    parts = []
+    parts: list[str] = []
     for part in error.absolute_path:
         parts.append(f"[{part}]" if isinstance(part, int) else (f".{part}" if parts else str(part)))
     return "".join(parts) or "(top level)"

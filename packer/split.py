@@ -143,10 +143,10 @@ def read_pinned(path: Path) -> dict[str, str]:
 
 
 def _group_time(group: SplitGroup, samples: Sequence[SpilledSample]) -> str:
-    times = [samples[i].ref.time for i in group.members if samples[i].ref.time is not None]
+    times = [t for t in (samples[i].ref.time for i in group.members) if t is not None]
     if not times:
         raise ValueError(f"split group of {group.representative} reached the time split without times")
-    return min(times)  # type: ignore[type-var]
+    return min(times)
 
 
 def _stratified(groups: Sequence[SplitGroup], samples: Sequence[SpilledSample], cfg: SplitConfig,
