@@ -26,6 +26,7 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check packer tests examples benchmarks
+	$(VENV)/bin/mypy packer
 
 clean:
 	rm -rf build demo-raw .pytest_cache
