@@ -12,6 +12,7 @@ import csv
 import hashlib
 import os
 import posixpath
+import warnings
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
@@ -223,7 +224,26 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None) -> tuple[list[Sam
         source_refs, source_issues = _source_refs(source, phi, allow_outside)
         refs.extend(source_refs)
         issues.extend(source_issues)
-    return refs, issues
+    return unique_ids(refs), issues
+
+
+def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
+    """Keep sample ids unique: a (vanishingly rare) 64-bit hash collision gets a ``-dupN``
+    suffix, given in path order so the result is deterministic, and a warning names both files."""
+    seen: dict[str, SampleRef] = {}
+    out = []
+    for ref in refs:
+        sample_id, n = ref.sample_id, 1
+        while sample_id in seen:
+            n += 1
+            sample_id = f"{ref.sample_id}-dup{n}"
+        if sample_id != ref.sample_id:
+            warnings.warn(f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
+                          f"using {sample_id}", stacklevel=2)
+            ref = replace(ref, sample_id=sample_id)
+        seen[sample_id] = ref
+        out.append(ref)
+    return out
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
@@ -252,12 +272,13 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
 
     source = next(s for s in job.sources if s.name == ref.source)
     if ref.kind == "dicom":
-        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time)
+        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
+                             allow_burned_in=job.safety.burned_in_annotation == "allow")
         if isinstance(header, Issue):
             return header
         ref = replace(ref, entity=header.entity, time=header.time)
     else:
-        image_header = probe_image(ref)
+        image_header = probe_image(ref, limits=job.limits)
         if isinstance(image_header, Issue):
             return image_header
     problem = check_identity(ref, needs_time=job.split.by == "time")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from dicom_files import (
     config,
     ct_dataset,
     ct_pixels,
+    enhanced_ct_dataset,
     file_window,
     image_dataset,
     make_ref,
@@ -22,8 +24,11 @@ from dicom_files import (
     shipped,
     window,
 )
+from pydicom.datadict import tag_for_keyword
+from pydicom.dataelem import RawDataElement
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
+from pydicom.tag import Tag
 from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
 import packer.read.dicom as reader
@@ -119,6 +124,50 @@ def test_non_integer_number_of_frames_is_bad_shape(tmp_path: Path) -> None:
     path.write_bytes(raw.replace(b"IS\x02\x002 ", b"IS\x02\x001A"))
     found = issue_of(probe(path), "bad_shape")
     assert "1A" in found.message and "(0028,0008)" in found.message
+
+
+# Found by tests/test_fuzz.py: pydicom decodes elements lazily, so a damaged one used to raise
+# wherever it was first read, outside any parse boundary (unexpected_error, or a crash in the probe).
+
+
+def raw_element(ds: Any, keyword: str, vr: str, value: bytes) -> None:
+    """Store ``value`` as the raw bytes of ``keyword`` with ``vr``, as a broken writer would."""
+    tag = Tag(tag_for_keyword(keyword) or 0)
+    ds._dict[tag] = RawDataElement(tag, vr, len(value), value, 0, False, True)
+
+
+@pytest.mark.parametrize(("vr", "value", "shown"), [("US", struct.pack("<HH", 8, 8), "[8, 8]"),
+                                                    ("UT", b"abc ", "'abc'")])
+def test_rows_that_are_not_one_integer_are_bad_shape(tmp_path: Path, vr: str, value: bytes, shown: str) -> None:
+    ds = ct_dataset()
+    raw_element(ds, "Rows", vr, value)
+    path = save(ds, tmp_path / "rows.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "bad_shape", "validate")
+        assert f"(0028,0010) Rows is {shown}" in found.message
+
+
+def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None:
+    path = save(ct_dataset(), tmp_path / "vr.dcm")
+    raw = path.read_bytes()
+    sop_class = b"\x08\x00\x16\x00UI"
+    assert raw.count(sop_class) == 1
+    path.write_bytes(raw.replace(sop_class, b"\x08\x00\x16\x00UM"))
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unreadable", "read")
+        assert "(0008,0016)" in found.message and "Unknown Value Representation" in found.message
+
+
+def test_damaged_functional_group_item_is_unreadable(tmp_path: Path) -> None:
+    ds = enhanced_ct_dataset(ct_pixels((2, 8, 8)), rescales=[None, None], windows=[(40.0, 400.0), None],
+                             shared_rescale=(1.0, -1024.0), shared_window=(40.0, 80.0))
+    spacing = b"\x28\x00\x30\x00UM\x04\x000.5 "  # (0028,0030) with the unknown VR 'UM'
+    item = b"\xfe\xff\x00\xe0" + struct.pack("<I", len(spacing)) + spacing
+    raw_element(ds.SharedFunctionalGroupsSequence[0], "PixelMeasuresSequence", "SQ", item)
+    path = save(ds, tmp_path / "enhanced.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unreadable", "read")
+        assert "(0028,0030) PixelSpacing cannot be decoded" in found.message
 
 
 def test_unsupported_transfer_syntax_names_uid_and_name(tmp_path: Path) -> None:

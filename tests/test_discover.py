@@ -114,3 +114,13 @@ def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
     keyed = make_sample_id("ct", "MRN12345/IM1.dcm", one)
     assert keyed != plain and keyed != make_sample_id("ct", "MRN12345/IM1.dcm", two)
     assert keyed == make_sample_id("ct", "MRN12345/IM1.dcm", one) and keyed.startswith("ct-")
+
+
+def test_colliding_sample_ids_are_made_unique_deterministically() -> None:
+    from packer.discover import unique_ids
+
+    refs = [SampleRef(sample_id="s-1", source="s", kind="image", path=f"/r/{n}.png", relpath=f"{n}.png")
+            for n in ("a", "b", "c")]
+    with pytest.warns(UserWarning, match="collides"):
+        fixed = unique_ids(refs)
+    assert [r.sample_id for r in fixed] == ["s-1", "s-1-dup2", "s-1-dup3"]

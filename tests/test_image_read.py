@@ -424,3 +424,33 @@ def test_estimate_equals_packed_bytes(tmp_path: Path, cfg: ImageTransformConfig)
     assert estimate_image_bytes(header, cfg) == packed
     if isinstance(result, Issue):
         assert (result.reason, result.stage) == ("bad_shape", "transform")
+
+
+# --- found by tests/test_fuzz.py --------------------------------------------------------------
+
+
+def test_tiff_tag_without_values_is_treated_as_absent(tmp_path: Path) -> None:
+    """SamplesPerPixel (277) with a count of 0 used to index an empty tuple (unexpected_error)."""
+    data = bytearray(tiff_bytes(noise((6, 5)), big_endian=False))
+    ifd_at = struct.unpack("<I", data[4:8])[0]
+    for i in range(struct.unpack_from("<H", data, ifd_at)[0]):
+        at = ifd_at + 2 + 12 * i
+        if struct.unpack_from("<H", data, at)[0] == 277:
+            struct.pack_into("<I", data, at + 4, 0)
+    path = tmp_path / "count0.tif"
+    path.write_bytes(bytes(data))
+    assert probe_image(make_ref(path)) == ImageHeader(6, 5, 1, 8, "tiff", 1)
+
+
+@pytest.mark.parametrize(("head", "needle"), [
+    (b"MM\x00+\x00\x08\x00\x00" + struct.pack(">Q", 2**63 + 5), "IFD at byte 9223372036854775813"),
+    (b"II+\x00\x08\x00\x00\x00" + struct.pack("<QQ", 16, 2**60), "1152921504606846976 entries"),
+])
+def test_bigtiff_offsets_past_the_file_are_truncated(tmp_path: Path, head: bytes, needle: str) -> None:
+    """A 64-bit IFD offset past what seek() takes (ValueError), or an entry count that read()
+    would allocate before failing: both are checked against the file size first."""
+    path = tmp_path / "big.tif"
+    path.write_bytes(head + bytes(32))
+    for result in (probe_image(make_ref(path)), read_image(make_ref(path), DEFAULT)):
+        assert isinstance(result, Issue) and (result.reason, result.stage) == ("truncated", "read")
+        assert needle in result.message

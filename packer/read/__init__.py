@@ -21,8 +21,9 @@ def read_sample(ref: SampleRef, job: JobConfig) -> list[Sample] | Issue:
 
     try:
         if ref.kind == "dicom":
-            return read_dicom(ref, job.dicom)
-        return read_image(ref, job.image)
+            return read_dicom(ref, job.dicom, limits=job.limits,
+                              allow_burned_in=job.safety.burned_in_annotation == "allow")
+        return read_image(ref, job.image, limits=job.limits)
     except Exception as err:  # noqa: BLE001 - the stage boundary: one bad file must not end the job
         return Issue.of(ref, stage="read", reason="unexpected_error",
                         message=f"{ref.path}: {type(err).__name__}: {err}")

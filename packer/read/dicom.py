@@ -3,8 +3,15 @@
 ``probe_dicom`` reads the header only (``stop_before_pixels``) and rejects what cannot become a
 sample early: no Part 10 preamble (``not_dicom``), no Image Pixel module (``no_pixel_data``), a
 non-integer Number of Frames (``bad_shape``), a transfer syntax without a pinned decoder
-(``unsupported_transfer_syntax``). It never uses ``force=True``: pydicom then "reads" README,
-JSON and ICC files as one-element junk datasets.
+(``unsupported_transfer_syntax``), a size over the job's limits (``too_large``, see
+:mod:`packer.read.limits`), and text burned into the pixels (``burned_in_annotation``). It never
+uses ``force=True``: pydicom then "reads" README, JSON and ICC files as one-element junk datasets.
+
+Hostile files: the file is read through :class:`~packer.read.limits.BoundedFile` (an element
+length larger than the file allocates nothing), a deflated data set is inflated once without
+keeping it to check its size, and the size and burned-in checks run again in ``read_dicom``
+before any pixel is decoded. Encapsulated frames whose own JPEG / JPEG 2000 header claims more
+pixels than Rows × Columns, or more frames than (0028,0008), are ``bad_shape`` before decoding.
 
 ``read_dicom`` decodes the pixels once with the decoder pinned in :func:`decoder_table` (lossy
 JPEG output differs between plugins, so the bytes must not depend on what else is installed),
@@ -17,20 +24,38 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
-from pydicom.errors import InvalidDicomError
+from pydicom.errors import BytesLengthException, InvalidDicomError
+from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
 from pydicom.uid import UID
 
-from packer.config import DicomTransformConfig
-from packer.read.dicom_attrs import first_float, pixel_spacing, record_time, sop_class_name, text_value
+from packer.config import DicomTransformConfig, LimitsConfig
+from packer.read.dicom_attrs import (
+    DamagedElement,
+    first_float,
+    pixel_spacing,
+    record_time,
+    sop_class_name,
+    text_value,
+)
 from packer.read.dicom_render import GRAYSCALE, render_samples
+from packer.read.limits import (
+    DEFAULT_LIMITS,
+    BoundedFile,
+    codestream_size,
+    file_size_problem,
+    inflated_size_exceeds,
+    limit_problem,
+)
 from packer.records import Issue, Sample, SampleRef
+from packer.transform.dicom import spacing_size
 
 _PYDICOM, _PYLIBJPEG = "pydicom", "pylibjpeg"
 
@@ -54,6 +79,9 @@ _DECODERS: dict[str, str] = {
     "1.2.840.10008.1.2.4.203": _PYLIBJPEG,  # HTJ2K
 }
 _NATIVE = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"})
+_DEFLATED = "1.2.840.10008.1.2.1.99"
+# Explicit VRs with a 2-byte reserved field and a 4-byte length (PS3.5 7.1.2).
+_LONG_VRS = frozenset({b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV"})
 
 #: Photometric interpretations pydicom's ``pixel_array`` returns as RGB (YBR converted).
 RGB_DECODED = ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_RCT", "YBR_ICT")
@@ -62,10 +90,10 @@ _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 _ITEMSIZE = {"uint8": 1, "uint16": 2, "float16": 2}
 
 # What pydicom raises on a damaged header or on pixel data it cannot decode.
-_PARSE_ERRORS = (InvalidDicomError, ValueError, EOFError, struct.error, KeyError, IndexError, TypeError,
-                 NotImplementedError, OverflowError, zlib.error)
+_PARSE_ERRORS = (InvalidDicomError, BytesLengthException, ValueError, EOFError, struct.error, KeyError, IndexError,
+                 TypeError, NotImplementedError, OverflowError, zlib.error)
 _DECODE_ERRORS = (ValueError, RuntimeError, NotImplementedError, AttributeError, KeyError, IndexError,
-                  TypeError, struct.error, EOFError)
+                  TypeError, struct.error, EOFError, StopIteration)
 
 
 def decoder_table() -> dict[str, str]:
@@ -106,6 +134,10 @@ def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
     return Issue.of(ref, stage=stage, reason=reason, message=f"{ref.relpath or ref.path}: {message}")
 
 
+def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
+    return _issue(ref, "read", "unreadable", f"{err}; the header is corrupt, copy the file again")
+
+
 def _check_preamble(ref: SampleRef) -> Issue | None:
     """PS3.10 7.1: a DICOM file starts with a 128-byte preamble and the 4 bytes ``DICM``."""
     try:
@@ -122,16 +154,98 @@ def _check_preamble(ref: SampleRef) -> Issue | None:
     return None
 
 
-def _parse(ref: SampleRef, *, header_only: bool) -> Dataset | Issue:
+def _meta_transfer_syntax(head: bytes) -> tuple[str, int]:
+    """(Transfer Syntax UID, offset of the data set) from the file meta group (PS3.10 7.1), which
+    is always Explicit VR Little Endian; ``""`` when the group does not say."""
+    pos, syntax = 132, ""
+    while pos + 8 <= len(head):
+        group, element = struct.unpack_from("<HH", head, pos)
+        if group != 0x0002:
+            break
+        if head[pos + 4:pos + 6] in _LONG_VRS:
+            if pos + 12 > len(head):
+                break
+            length, value_at = int(struct.unpack_from("<I", head, pos + 8)[0]), pos + 12
+        else:
+            length, value_at = int(struct.unpack_from("<H", head, pos + 6)[0]), pos + 8
+        if element == 0x0010:
+            syntax = head[value_at:value_at + length].rstrip(b"\0 ").decode("ascii", "replace")
+        pos = value_at + length
+    return syntax, pos
+
+
+def _check_inflated(ref: SampleRef, handle: BoundedFile, limits: LimitsConfig) -> Issue | None:
+    """pydicom inflates a whole Deflated Explicit VR Little Endian data set in memory (header-only
+    reads too): measure it first, keeping nothing, so a deflate bomb is ``too_large``."""
+    syntax, start = _meta_transfer_syntax(handle.read(1 << 16))
+    if syntax != _DEFLATED:
+        return None
+    handle.seek(start)
+    inflated = inflated_size_exceeds(handle, limits.max_decoded_bytes)
+    if inflated is None:
+        return None
+    return _issue(ref, "read", "too_large",
+                  f"the deflated data set (transfer syntax {_DEFLATED}) of this {handle.size}-byte file inflates "
+                  f"to more than {inflated} bytes, over limits.max_decoded_bytes {limits.max_decoded_bytes}; "
+                  "nothing was decoded. If the file is genuine, raise limits.max_decoded_bytes in the job file")
+
+
+def _convert_elements(ref: SampleRef, ds: Dataset) -> Dataset | Issue:
+    """Convert every public top-level element now: pydicom converts lazily, on first access, so
+    a damaged VR or value length would otherwise raise wherever the element is first read."""
+    for tag in list(ds.keys()):
+        if tag.is_private:
+            continue  # never read by packer
+        try:
+            ds[tag]
+        except _PARSE_ERRORS as err:
+            return _issue(ref, "read", "unreadable",
+                          f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
+                          "the file is corrupt, copy it again")
+    return ds
+
+
+def _parse(ref: SampleRef, *, header_only: bool, limits: LimitsConfig) -> Dataset | Issue:
     problem = _check_preamble(ref)
     if problem is not None:
         return problem
     try:
-        return pydicom.dcmread(ref.path, stop_before_pixels=header_only)
+        with BoundedFile(ref.path) as handle:
+            too_big = file_size_problem(handle.size, limits)
+            if too_big is not None:
+                return _issue(ref, "read", "too_large", too_big)
+            inflated = _check_inflated(ref, handle, limits)
+            if inflated is not None:
+                return inflated
+            handle.seek(0)
+            ds = pydicom.dcmread(handle, stop_before_pixels=header_only)
+        return _convert_elements(ref, ds)
     except OSError as err:
         return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err})")
     except _PARSE_ERRORS as err:
         return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err})")
+
+
+_PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
+                      ("0028,0100", "BitsAllocated"), ("0028,0101", "BitsStored"), ("0028,0103", "PixelRepresentation"))
+
+
+def _pixel_module_ints(ds: Dataset) -> tuple[int, int, int, int, int] | str:
+    """(Rows, Columns, Samples per Pixel, Bits Allocated, Bits Stored), or why they are unusable: a
+    damaged header can hold several values, or (after a flipped VR byte) text where a US belongs.
+    Pixel Representation is checked too (the decoder reads it). When missing or 0, Samples per
+    Pixel counts as 1, Bits Stored as Bits Allocated and Pixel Representation as 0."""
+    values: dict[str, int] = {}
+    for tag, keyword in _PIXEL_MODULE_INTS:
+        value = ds.get(keyword)
+        if value in (None, "", 0):
+            value = {"SamplesPerPixel": 1, "BitsStored": values.get("BitsAllocated"),
+                     "PixelRepresentation": 0}.get(keyword, value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"({tag}) {keyword} is {value!r}; expected one integer (Image Pixel module, PS3.3 C.7.6.3)"
+        values[keyword] = int(value)
+    return (values["Rows"], values["Columns"], values["SamplesPerPixel"], values["BitsAllocated"],
+            values["BitsStored"])
 
 
 def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
@@ -152,9 +266,10 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
     except ValueError:
         return _issue(ref, "validate", "bad_shape",
                       f"(0028,0008) Number of Frames is {str(raw_frames)!r}, not an integer; fix the header")
-    rows, columns = int(ds.Rows), int(ds.Columns)
-    samples = int(ds.get("SamplesPerPixel", 1) or 1)
-    bits_allocated = int(ds.BitsAllocated)
+    ints = _pixel_module_ints(ds)
+    if isinstance(ints, str):
+        return _issue(ref, "validate", "bad_shape", ints)
+    rows, columns, samples, bits_allocated, bits_stored = ints
     if frames < 1 or rows < 1 or columns < 1 or samples not in (1, 3) or bits_allocated not in (1, 8, 16, 32, 64):
         return _issue(ref, "validate", "bad_shape",
                       f"unusable image shape: Rows {rows}, Columns {columns}, Number of Frames {frames}, "
@@ -181,24 +296,75 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
         return _issue(ref, "read", "unsupported_transfer_syntax",
                       f"transfer syntax {syntax} ({UID(syntax).name}) needs the {plugin} plugin, which is not "
                       "installed; pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
-    bits_stored = int(ds.get("BitsStored", bits_allocated) or bits_allocated)
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
 
 
-def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...]) -> DicomHeader | Issue:
+def _decoded_bytes(geometry: _Geometry) -> tuple[int, str]:
+    """Estimated peak bytes of decoding and transforming the file, and what they are made of
+    (see :mod:`packer.read.limits`)."""
+    per_sample = max(1, geometry.bits_allocated // 8)  # pydicom unpacks 1-bit data to uint8
+    pixels = geometry.rows * geometry.columns
+    stored = pixels * geometry.frames * geometry.samples * per_sample
+    text = (f"{geometry.frames} frame(s) × {geometry.rows}×{geometry.columns} × {geometry.samples} sample(s) × "
+            f"{per_sample} byte(s) stored")
+    samples = geometry.samples
+    if geometry.photometric == PALETTE:
+        samples = 3
+        stored += pixels * geometry.frames * 3 * 2
+        text += ", plus the 3 × 16-bit palette expansion"
+    working = 2 * pixels * samples * 8
+    return stored + working, f"{text}, plus {working} bytes of float64 working copies of one frame"
+
+
+def _burned_in(ds: Dataset) -> bool:
+    """(0028,0301) Burned In Annotation is YES (any value of a multi-valued element)."""
+    value = ds.get("BurnedInAnnotation")
+    values = list(value) if isinstance(value, MultiValue) else [value]
+    return any(str(v).strip().upper() == "YES" for v in values if v is not None)
+
+
+def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: LimitsConfig,
+                  allow_burned_in: bool) -> Issue | None:
+    """Header checks that must pass before any pixel is decoded: size limits, burned-in text."""
+    decoded, decoded_text = _decoded_bytes(geometry)
+    too_big = limit_problem(
+        limits, pixels=geometry.rows * geometry.columns, decoded=decoded, decoded_text=decoded_text,
+        size_text=f"(0028,0010) Rows {geometry.rows} × (0028,0011) Columns {geometry.columns}",
+        frames=geometry.frames, frames_text="(0028,0008) Number of Frames")
+    if too_big is not None:
+        return _issue(ref, "read", "too_large", too_big)
+    if not allow_burned_in and _burned_in(ds):
+        return _issue(ref, "read", "burned_in_annotation",
+                      "(0028,0301) Burned In Annotation is YES: the pixels carry text that may identify the "
+                      "patient, so the file was not decoded. Remove it, or set safety.burned_in_annotation: allow "
+                      "in the job file once the text is known to be free of PHI")
+    return None
+
+
+def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...],
+                limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False) -> DicomHeader | Issue:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
     + ``DICM``), ``no_pixel_data`` (no Image Pixel module; names the SOP class), ``bad_shape``,
-    ``unsupported`` (photometric), ``unsupported_transfer_syntax``. A missing entity or time is
-    not an issue here: those fields are ``None`` and discovery decides.
+    ``unsupported`` (photometric), ``unsupported_transfer_syntax``, ``too_large`` (file size,
+    inflated size, Number of Frames, Rows × Columns or the decoded size over ``limits``),
+    ``burned_in_annotation`` ((0028,0301) is YES and ``allow_burned_in`` is False). A missing
+    entity or time is not an issue here: those fields are ``None`` and discovery decides.
     """
-    ds = _parse(ref, header_only=True)
+    ds = _parse(ref, header_only=True, limits=limits)
     if isinstance(ds, Issue):
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
         return geometry
+    problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
+    if problem is not None:
+        return problem
+    try:
+        spacing = pixel_spacing(ds, 0)
+    except DamagedElement as err:
+        return _damaged(ref, err)
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
         time=record_time(ds, tuple(time_keywords)),
@@ -208,7 +374,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         transfer_syntax_uid=geometry.transfer_syntax,
         modality=str(ds.get("Modality", "") or ""),
         photometric_interpretation=geometry.photometric,
-        pixel_spacing=pixel_spacing(ds, 0),
+        pixel_spacing=spacing,
     )
 
 
@@ -220,8 +386,7 @@ def estimate_dicom_bytes(header: DicomHeader, cfg: DicomTransformConfig) -> int:
     """
     height, width = header.rows, header.columns
     if cfg.spacing and header.pixel_spacing:
-        height = max(1, round(height * header.pixel_spacing[0] / cfg.spacing[0]))
-        width = max(1, round(width * header.pixel_spacing[1] / cfg.spacing[1]))
+        height, width = spacing_size(height, width, header.pixel_spacing, cfg.spacing)
     if cfg.size:
         height, width = cfg.size
     color = header.samples_per_pixel == 3 or header.photometric_interpretation == PALETTE
@@ -229,37 +394,46 @@ def estimate_dicom_bytes(header: DicomHeader, cfg: DicomTransformConfig) -> int:
     return header.frames * channels * height * width * _ITEMSIZE.get(cfg.output, 1)
 
 
-def read_dicom(ref: SampleRef, cfg: DicomTransformConfig) -> list[Sample] | Issue:
+def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,
+               allow_burned_in: bool = False) -> list[Sample] | Issue:
     """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.
 
     Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
     ``<id>``) or one Sample with frames as channels (``frames: stack``), or one Issue:
     read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``decode_failed``,
     validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
-    overflow), plus every issue of :func:`probe_dicom`. Anything unforeseen becomes
-    read/``unexpected_error`` with the exception type and message.
+    overflow), plus every issue of :func:`probe_dicom` (``too_large`` and ``burned_in_annotation``
+    are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
+    with the exception type and message.
     """
     try:
-        return _read(ref, cfg)
+        return _read(ref, cfg, limits, allow_burned_in)
     except Exception as err:  # noqa: BLE001 - the one boundary: one bad file must not kill the job
         return _issue(ref, "read", "unexpected_error", f"{type(err).__name__}: {err}")
 
 
-def _read(ref: SampleRef, cfg: DicomTransformConfig) -> list[Sample] | Issue:
-    ds = _parse(ref, header_only=False)
+def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow_burned_in: bool,
+          ) -> list[Sample] | Issue:
+    ds = _parse(ref, header_only=False, limits=limits)
     if isinstance(ds, Issue):
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
-        if geometry.reason in ("no_pixel_data", "unreadable") and _cut_inside_pixel_data(ref):
+        if geometry.reason in ("no_pixel_data", "unreadable") and _cut_inside_pixel_data(ref, limits):
             return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
         return geometry
+    problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
+    if problem is not None:
+        return problem
     pixels = _decode(ref, ds, geometry)
     if isinstance(pixels, Issue):
         return pixels
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
-    return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
-                          base_metadata=_base_metadata(ds, geometry))
+    try:
+        return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
+                              base_metadata=_base_metadata(ds, geometry), max_pixels=limits.max_pixels)
+    except DamagedElement as err:
+        return _damaged(ref, err)
 
 
 def _expected_native_bytes(geometry: _Geometry) -> int:
@@ -275,10 +449,10 @@ _CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (F
                      "the file was cut short; copy it again from the source")
 
 
-def _cut_inside_pixel_data(ref: SampleRef) -> bool:
+def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> bool:
     """pydicom drops the *whole* dataset (with only a warning) when a file ends inside undefined-
     length pixel data; the header read still sees the Image Pixel module then."""
-    head = _parse(ref, header_only=True)
+    head = _parse(ref, header_only=True, limits=limits)
     if isinstance(head, Issue) or isinstance(_check_image(ref, head), Issue):
         return False
     return _has_encapsulated_pixel_tag(ref.path)
@@ -313,6 +487,32 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
     return False
 
 
+def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | None:
+    """Before decoding encapsulated data: each frame's own JPEG / JPEG 2000 header must not claim
+    more pixels than Rows × Columns (the decoder allocates what the codestream says), and there
+    must not be more frames than (0028,0008) says. Data too broken to split into frames is left
+    to the decoder, which reports it."""
+    extended = None
+    if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
+        extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
+    try:
+        frames = generate_frames(ds.PixelData, number_of_frames=geometry.frames, extended_offsets=extended)
+        for index, frame in enumerate(islice(frames, geometry.frames + 1)):
+            if index == geometry.frames:
+                return _issue(ref, "validate", "bad_shape",
+                              f"the encapsulated (7FE0,0010) Pixel Data holds more than the {geometry.frames} "
+                              "frame(s) (0028,0008) Number of Frames declares; fix the header")
+            size = codestream_size(frame)
+            if size is not None and size[0] * size[1] > geometry.rows * geometry.columns:
+                return _issue(ref, "validate", "bad_shape",
+                              f"frame {index}'s codestream header says {size[0]}×{size[1]} pixels but "
+                              f"(0028,0010) Rows × (0028,0011) Columns say {geometry.rows}×{geometry.columns}; "
+                              "nothing was decoded, fix the header or re-export the file")
+    except _DECODE_ERRORS:
+        return None
+    return None
+
+
 def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Issue:
     """Decode all frames with the pinned plugin → (frames, rows, columns, samples), native order."""
     keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
@@ -332,9 +532,18 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"({keyword}) holds {have} bytes, {want} expected for Rows {geometry.rows} × Columns "
                           f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
                           f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
+    else:
+        problem = _check_frames(ref, ds, geometry)
+        if problem is not None:
+            return problem
     plugin = _DECODERS[geometry.transfer_syntax]
     try:
-        arr = pixel_array(ds, decoding_plugin=plugin)
+        # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
+        # whatever else the fragments hold: pydicom's default would decode excess frames too.
+        if encapsulated:
+            arr = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False)
+        else:
+            arr = pixel_array(ds, decoding_plugin=plugin)
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
     except _DECODE_ERRORS as err:

@@ -4,17 +4,24 @@ Enhanced multi-frame images (Enhanced CT/MR/XA, PS3.3 C.7.6.16) keep Rescale Slo
 Window Center/Width and Pixel Spacing in functional groups: look up the Per-Frame Functional
 Groups item of the frame first, then the Shared Functional Groups, then the top level of the
 dataset (the order highdicom uses). Nothing here mutates the dataset.
+
+pydicom decodes an element on first access. ``packer.read.dicom`` decodes the top level right
+after parsing; elements inside sequence items are read here through :func:`element`, which turns
+a damaged one into :class:`DamagedElement` (a ``ValueError``) naming the tag.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from typing import Any
 
 import numpy as np
-from pydicom.datadict import dictionary_VR
+from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataset import Dataset
+from pydicom.errors import BytesLengthException
+from pydicom.tag import Tag
 from pydicom.uid import UID
 from pydicom.valuerep import DA, DT, TM
 
@@ -24,15 +31,35 @@ from packer.transform.window import check_window
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 
+# What pydicom raises when it decodes a damaged element on access (a sequence item cut short
+# raises OSError or EOFError; an unknown VR NotImplementedError; a bad length BytesLengthException).
+_ELEMENT_ERRORS = (OSError, EOFError, struct.error, NotImplementedError, BytesLengthException, ValueError,
+                   TypeError, KeyError, IndexError, OverflowError)
+
+
+class DamagedElement(ValueError):
+    """An element pydicom cannot decode (found on access, usually inside a sequence item)."""
+
+
+def element(ds: Dataset, keyword: str, default: Any = None) -> Any:
+    """``ds.get(keyword, default)``, raising :class:`DamagedElement` (naming the tag) when the
+    stored element cannot be decoded."""
+    try:
+        return ds.get(keyword, default)
+    except _ELEMENT_ERRORS as err:
+        raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} cannot be decoded "
+                             f"({type(err).__name__}: {err})") from err
+
 
 def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
     """The first item of ``sequence`` (e.g. PixelValueTransformationSequence) for ``frame``:
-    per-frame group, else shared group, else ``None`` (caller falls back to the top level)."""
+    per-frame group, else shared group, else ``None`` (caller falls back to the top level).
+    Raises :class:`DamagedElement` when a group cannot be decoded."""
     for groups_keyword, index in (("PerFrameFunctionalGroupsSequence", frame),
                                   ("SharedFunctionalGroupsSequence", 0)):
-        groups = ds.get(groups_keyword)
+        groups = element(ds, groups_keyword)
         if groups and len(groups) > index:
-            seq = groups[index].get(sequence)
+            seq = element(groups[index], sequence)
             if seq:
                 return seq[0]
     return None
@@ -73,17 +100,20 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words.
     Raises ``ValueError`` when the descriptor or the data is missing or malformed.
     """
-    descriptor = item.get("LUTDescriptor")
-    raw_data = item.get("LUTData")
-    if descriptor is None or raw_data is None or len(descriptor) != 3:
+    descriptor = element(item, "LUTDescriptor")
+    raw_data = element(item, "LUTData")
+    if descriptor is None or raw_data is None or isinstance(descriptor, int | str | bytes) or len(descriptor) != 3:
         raise ValueError("LUT item lacks a 3-valued (0028,3002) LUT Descriptor or (0028,3006) LUT Data")
-    entries = int(descriptor[0]) % 65536 or 65536
-    first = int(descriptor[1])
+    try:
+        entries, first, bits = (int(value) for value in descriptor)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"(0028,3002) LUT Descriptor {list(descriptor)!r} is not three integers") from err
+    entries = entries % 65536 or 65536
     if signed_input and first >= 32768:
         first -= 65536
     elif not signed_input and first < 0:
         first += 65536
-    bits = int(descriptor[2]) % 65536
+    bits = bits % 65536
     if isinstance(raw_data, bytes):
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
     else:
@@ -92,7 +122,7 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     if data.size == 0:
         raise ValueError("(0028,3006) LUT Data is empty")
     return Lut(entries=entries, first_mapped=first, bits=bits, data=tuple(int(v) for v in data),
-               explanation=str(item.get("LUTExplanation", "") or "").strip())
+               explanation=str(element(item, "LUTExplanation", "") or "").strip())
 
 
 def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
@@ -108,8 +138,8 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
         lut = read_lut(ds.ModalityLUTSequence[0], signed_input=signed, little_endian=little)
     item = functional_item(ds, frame, "PixelValueTransformationSequence")
     source = item if item is not None and "RescaleSlope" in item else ds
-    slope = first_float(source.get("RescaleSlope"))
-    intercept = first_float(source.get("RescaleIntercept"))
+    slope = first_float(element(source, "RescaleSlope"))
+    intercept = first_float(element(source, "RescaleIntercept"))
     dose = None
     if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or "DoseGridScaling" in ds:
         dose = first_float(ds.get("DoseGridScaling"))
@@ -139,18 +169,18 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
     """
     item = functional_item(ds, frame, "FrameVOILUTSequence")
     source = item if item is not None else ds
-    explanations = source.get("WindowCenterWidthExplanation")
+    explanations = element(source, "WindowCenterWidthExplanation")
     if explanations is None or explanations == "":
         explanation_list: tuple[str, ...] = ()
     elif isinstance(explanations, str):
         explanation_list = (explanations.strip(),)
     else:
         explanation_list = tuple(str(e).strip() for e in explanations)
-    function = str(source.get("VOILUTFunction", "") or "LINEAR").strip().upper()
-    voi_items = (item.get("VOILUTSequence") if item is not None else None) or ds.get("VOILUTSequence") or []
+    function = str(element(source, "VOILUTFunction", "") or "LINEAR").strip().upper()
+    voi_items = (element(item, "VOILUTSequence") if item is not None else None) or ds.get("VOILUTSequence") or []
     signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
     luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
-    return FileVoi(centers=floats(source.get("WindowCenter")), widths=floats(source.get("WindowWidth")),
+    return FileVoi(centers=floats(element(source, "WindowCenter")), widths=floats(element(source, "WindowWidth")),
                    explanations=explanation_list, function=function, luts=luts)
 
 
@@ -196,7 +226,7 @@ def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
     """(row, column) spacing in mm from Pixel Measures (Enhanced) or top-level Pixel Spacing."""
     item = functional_item(ds, frame, "PixelMeasuresSequence")
     source = item if item is not None and "PixelSpacing" in item else ds
-    values = floats(source.get("PixelSpacing"))
+    values = floats(element(source, "PixelSpacing"))
     if len(values) != 2 or min(values) <= 0:
         return None
     return (values[0], values[1])
@@ -205,7 +235,7 @@ def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
 def slice_thickness(ds: Dataset, frame: int) -> float | None:
     item = functional_item(ds, frame, "PixelMeasuresSequence")
     source = item if item is not None and "SliceThickness" in item else ds
-    return first_float(source.get("SliceThickness"))
+    return first_float(element(source, "SliceThickness"))
 
 
 def sop_class_name(uid: str) -> str:

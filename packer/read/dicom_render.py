@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
 
 from packer.config import DicomTransformConfig, WindowSpec
 from packer.read.dicom_attrs import (
     NO_FILE_VOI,
+    DamagedElement,
     file_voi,
     modality_transform,
     pixel_spacing,
@@ -31,6 +33,7 @@ from packer.transform.dicom import (
     render_color,
     render_grayscale,
     render_modality_float,
+    spacing_size,
     to_modality_values,
 )
 from packer.transform.window import padding_mask
@@ -50,17 +53,23 @@ def _as_int(value: Any, *, signed: bool, little_endian: bool) -> int | None:
         if len(value) != 2:
             return None
         return int(struct.unpack(("<" if little_endian else ">") + ("h" if signed else "H"), value)[0])
-    if isinstance(value, list | tuple):
-        return int(value[0]) if value else None
-    return int(value)
+    if isinstance(value, list | tuple | MultiValue):
+        value = value[0] if value else None
+    if isinstance(value, bool) or not isinstance(value, int | None):
+        raise DamagedElement(f"{value!r} is not a 16-bit integer")
+    return value
 
 
 def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
-    """(Pixel Padding Value (0028,0120), Pixel Padding Range Limit (0028,0121)), stored values."""
+    """(Pixel Padding Value (0028,0120), Pixel Padding Range Limit (0028,0121)), stored values.
+    Raises :class:`DamagedElement` when either is not an integer."""
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
     little = str(ds.file_meta.get("TransferSyntaxUID", "")) != "1.2.840.10008.1.2.2"
-    value = _as_int(ds.get("PixelPaddingValue"), signed=signed, little_endian=little)
-    limit = _as_int(ds.get("PixelPaddingRangeLimit"), signed=signed, little_endian=little)
+    try:
+        value = _as_int(ds.get("PixelPaddingValue"), signed=signed, little_endian=little)
+        limit = _as_int(ds.get("PixelPaddingRangeLimit"), signed=signed, little_endian=little)
+    except DamagedElement as err:
+        raise DamagedElement(f"(0028,0120) Pixel Padding Value / (0028,0121) Range Limit: {err}") from err
     return (value, limit if value is not None else None)
 
 
@@ -86,6 +95,8 @@ def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTra
     broken: str | None = None
     try:
         offer = file_voi(ds, frame, modality)
+    except DamagedElement:
+        raise
     except ValueError as err:
         offer, broken = NO_FILE_VOI, f"the file's (0028,3010) VOI LUT Sequence is malformed ({err})"
 
@@ -137,6 +148,8 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         mask = np.zeros(stored.shape[:2], dtype=bool)
     try:
         modality = modality_transform(ds, frame)
+    except DamagedElement:
+        raise
     except ValueError as err:
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
     values = to_modality_values(stored[:, :, 0], modality)
@@ -154,13 +167,35 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     return image, 0.0, _frame_metadata(ds, frame, modality, vois, spacing)
 
 
+def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,
+                     stack: bool, max_pixels: int) -> Issue | None:
+    """A Pixel Spacing of 1000 mm resampled to 0.5 mm would ask for a 2000× larger image: check the
+    size every frame will be resampled to (before rendering any) against ``max_pixels``."""
+    if cfg.spacing is None:
+        return None
+    for frame in range(1 if stack else shape[0]):
+        spacing = pixel_spacing(ds, frame)
+        if spacing is None:
+            continue
+        height, width = spacing_size(shape[1], shape[2], spacing, cfg.spacing)
+        if height * width > max_pixels:
+            return _issue(ref, "read", "too_large",
+                          f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
+                          f"transform.dicom.spacing {list(cfg.spacing)} mm gives {height}×{width} = {height * width} "
+                          f"pixels, over limits.max_pixels {max_pixels}; fix the header, or raise limits.max_pixels "
+                          "in the job file if the file is genuine")
+    return None
+
+
 def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig, *,
-                   photometric: str, color_bits: int, base_metadata: dict[str, Any]) -> list[Sample] | Issue:
+                   photometric: str, color_bits: int, base_metadata: dict[str, Any],
+                   max_pixels: int | None = None) -> list[Sample] | Issue:
     """Decoded ``pixels`` (frames × H × W × samples, native byte order; RGB for colour) → Samples.
 
     ``frames: split`` gives one sample per frame (key ``<id>-f0000`` when the file has several
     frames); ``stack`` one sample whose channels are frame-major (frame 0's windows first).
-    Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``).
+    Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``); when
+    a resampled frame would exceed ``max_pixels`` the file is ``too_large`` before any rendering.
     """
     frames = pixels.shape[0]
     mask = None
@@ -170,6 +205,10 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     if why is not None:
         return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
     stack = cfg.frames == "stack"
+    if max_pixels is not None:
+        too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)
+        if too_big is not None:
+            return too_big
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
     spacing0 = pixel_spacing(ds, 0)
     for frame in range(frames):

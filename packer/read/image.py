@@ -4,7 +4,10 @@
   BMP info header), for the header pass.
 - :func:`estimate_image_bytes` gives the packed size the transform will produce.
 - :func:`read_image` checks the file's structure (a cut file is ``truncated`` even where
-  the decoder would fill the missing part), decodes it once with OpenCV
+  the decoder would fill the missing part), checks the header against the job's size limits
+  (``too_large`` before the decoder allocates anything, see :mod:`packer.read.limits`; also
+  OpenCV's own ``CV_IO_MAX_IMAGE_*`` limits and, for TIFF, the tile or strip buffer libtiff
+  allocates), decodes it once with OpenCV
   (``IMREAD_UNCHANGED``: 16-bit and alpha survive), applies the JPEG EXIF / TIFF
   Orientation where OpenCV did not (:func:`decoder_orients`), validates the pixels and hands
   them to :mod:`packer.transform.image`. PNG eXIf orientation is not read.
@@ -28,7 +31,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from packer.config import ImageTransformConfig
+from packer.config import ImageTransformConfig, LimitsConfig
+from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
     check_image_config,
@@ -49,7 +53,12 @@ _JPEG_MARKER = re.compile(rb"\xff+([^\x00\xff])")
 _TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE SHORT LONG SBYTE SSHORT SLONG LONG8
 _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION = 256, 257, 258, 277, 274
 _TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
+_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH = 278, 322, 323
 _JPEG_PROBE_START = 64 * 1024
+# OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize);
+# the same environment variables raise its limits.
+_CV_LIMITS = (("CV_IO_MAX_IMAGE_WIDTH", 1 << 20), ("CV_IO_MAX_IMAGE_HEIGHT", 1 << 20),
+              ("CV_IO_MAX_IMAGE_PIXELS", 1 << 30))
 
 _Reader = Callable[[int, int], bytes]
 
@@ -170,11 +179,14 @@ def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> dict[int, tuple[in
     else:
         raise _Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
     count_size = struct.calcsize(count_fmt)
-    raw_count = read(ifd, count_size)
+    # Offsets and counts are checked against the file size before reading: a BigTIFF offset can
+    # exceed what seek() accepts, and read(n) allocates n bytes first.
+    raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
     if len(raw_count) < count_size:
         raise _Defect("truncated", f"TIFF first IFD at byte {ifd} lies past the end of the file ({size} bytes)")
     n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
-    entries = read(ifd + count_size, n_entries * entry_size)
+    fits = ifd + count_size + n_entries * entry_size <= size
+    entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
     if len(entries) < n_entries * entry_size:
         raise _Defect("truncated", f"TIFF first IFD ({n_entries} entries at byte {ifd}) runs past the end "
                                    f"of the file ({size} bytes)")
@@ -186,6 +198,8 @@ def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> dict[int, tuple[in
         if tag not in wanted or kind not in _TIFF_TYPES:
             continue
         count = int(struct.unpack_from(order + value_count_fmt, entries, base + 4)[0])
+        if count == 0:  # a tag without values is as good as absent
+            continue
         item = _TIFF_TYPES[kind]
         nbytes = count * struct.calcsize(item)
         field_at = base + 4 + struct.calcsize(value_count_fmt)
@@ -261,6 +275,53 @@ def _file_header(fmt: str, read: _Reader, size: int) -> ImageHeader:
         chunk *= 4
 
 
+# --- size limits -----------------------------------------------------------------------------
+
+def _opencv_limit(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _tiff_buffer_pixels(read: _Reader, size: int, header: ImageHeader) -> int:
+    """Pixels of the one tile or strip buffer libtiff allocates (TileWidth × TileLength, or
+    ImageWidth × RowsPerStrip): a tiny TIFF can claim 65535×65535 tiles."""
+    tags = _tiff_tags(read, size, {_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH})
+    if _TIFF_TILE_WIDTH in tags and _TIFF_TILE_LENGTH in tags:
+        return tags[_TIFF_TILE_WIDTH][0] * tags[_TIFF_TILE_LENGTH][0]
+    return header.width * min(tags.get(_TIFF_ROWS_PER_STRIP, (header.height,))[0], header.height)
+
+
+def _check_size(header: ImageHeader, limits: LimitsConfig, read: _Reader, size: int) -> None:
+    """Raise _Defect("too_large") when decoding ``header`` would exceed ``limits`` or OpenCV's
+    own limits; what is counted is in :mod:`packer.read.limits`."""
+    fields = {"png": ("IHDR width", "height"), "jpeg": ("SOF width", "height"),
+              "tiff": ("ImageWidth (256)", "ImageLength (257)"), "bmp": ("BMP width", "height")}[header.format]
+    size_text = f"{header.format.upper()} {fields[0]} {header.width} × {fields[1]} {header.height}"
+    per_sample = min(8, max(1, -(-header.bit_depth // 8)))
+    pixels = header.height * header.width
+    stored = pixels * header.channels * per_sample
+    working = 2 * pixels * max(header.channels, 3) * 4
+    decoded_text = (f"{header.height}×{header.width} × {header.channels} channel(s) × {per_sample} byte(s) decoded, "
+                    f"plus {working} bytes of float32 working copies")
+    if header.format == "tiff":
+        buffer = _tiff_buffer_pixels(read, size, header) * header.channels * per_sample
+        stored += buffer
+        decoded_text += f", plus a {buffer}-byte TIFF tile/strip buffer"
+    problem = limit_problem(limits, size_text=size_text, pixels=pixels, decoded=stored + working,
+                            decoded_text=decoded_text)
+    if problem is not None:
+        raise _Defect("too_large", problem)
+    for name, default in _CV_LIMITS:
+        limit = _opencv_limit(name, default)
+        value = {"CV_IO_MAX_IMAGE_WIDTH": header.width, "CV_IO_MAX_IMAGE_HEIGHT": header.height}.get(name, pixels)
+        if value > limit:
+            raise _Defect("too_large", f"{size_text}: {value} is over OpenCV's {name} {limit}, so OpenCV would "
+                                       f"refuse it; if the file is genuine, set the environment variable {name} "
+                                       "higher on every worker (and raise limits.max_pixels to match)")
+
+
 # --- structure checks on the whole file ------------------------------------------------------
 
 def _check_complete(fmt: str, data: bytes) -> int:
@@ -318,13 +379,14 @@ def _open_issue(ref: SampleRef, err: OSError) -> Issue:
                     message=f"{_name(ref)}: cannot read the file ({err.strerror or err}); check it and its permissions")
 
 
-def probe_image(ref: SampleRef) -> ImageHeader | Issue:
+def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> ImageHeader | Issue:
     """Read only the header of the image at ``ref.path`` (no pixel decode).
 
     Returns the :class:`ImageHeader`, or an Issue (stage ``read``): ``missing_file``,
     ``unreadable`` (OSError, zero bytes), ``unsupported`` (unknown signature),
     ``truncated`` (ends inside the header), ``decode_failed`` (malformed header),
-    ``bad_shape`` (zero height or width), ``unexpected_error``.
+    ``bad_shape`` (zero height or width), ``too_large`` (file size, pixels or decoded size
+    over ``limits``, or over OpenCV's ``CV_IO_MAX_IMAGE_*``), ``unexpected_error``.
     """
     try:
         with open(ref.path, "rb") as handle:
@@ -341,7 +403,12 @@ def probe_image(ref: SampleRef) -> ImageHeader | Issue:
             fmt = sniff_format(head)
             if fmt is None:
                 return _unsupported(ref, head)
+            too_big = file_size_problem(size, limits)
+            if too_big is not None:
+                raise _Defect("too_large", too_big)
             header = _file_header(fmt, read, size)
+            if header.height >= 1 and header.width >= 1:
+                _check_size(header, limits, read, size)
     except OSError as err:
         return _open_issue(ref, err)
     except _Defect as defect:
@@ -424,7 +491,8 @@ def _validate(image: np.ndarray) -> None:
                                         "a blank image carries no signal, remove it")
 
 
-def read_image(ref: SampleRef, cfg: ImageTransformConfig) -> list[Sample] | Issue:
+def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
+               limits: LimitsConfig = DEFAULT_LIMITS) -> list[Sample] | Issue:
     """Decode, validate and transform the image at ``ref.path``.
 
     Returns one Sample (key ``ref.sample_id``) or one per full tile (key
@@ -435,7 +503,8 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig) -> list[Sample] | Issu
     bit_depth (of the decoded samples: 8, 16, 32 or 64), orientation (1-8), tile [row, col].
 
     Defects → Issue: ``missing_file``, ``unreadable``, ``unsupported``, ``truncated``,
-    ``decode_failed`` (stage ``read``); ``bad_shape``, ``constant_image`` (``validate``);
+    ``decode_failed``, ``too_large`` (header over ``limits``, checked before decoding) (stage
+    ``read``); ``bad_shape``, ``constant_image`` (``validate``);
     ``missing_window`` (float image without a window), ``bad_shape`` (no full tile)
     (``transform``); ``unexpected_error`` from whichever stage raised. Raises ConfigError
     only for an unusable ``cfg`` (a defect of the run).
@@ -444,6 +513,9 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig) -> list[Sample] | Issu
     stage = "read"
     try:
         try:
+            too_big = file_size_problem(os.stat(ref.path).st_size, limits)
+            if too_big is not None:
+                raise _Defect("too_large", too_big)
             data = Path(ref.path).read_bytes()
         except OSError as err:
             return _open_issue(ref, err)
@@ -454,6 +526,13 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig) -> list[Sample] | Issu
         if fmt is None:
             return _unsupported(ref, data)
         orientation = _check_complete(fmt, data)
+
+        def read(offset: int, count: int) -> bytes:
+            return data[offset:offset + count]
+
+        header = _file_header(fmt, read, len(data))
+        if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
+            _check_size(header, limits, read, len(data))
         image = _decode(data, fmt)
         stage = "validate"
         _validate(image)

@@ -151,17 +151,20 @@ def render_color(rgb: np.ndarray, bits: int) -> np.ndarray:
     return (np.asarray(rgb, dtype=np.float64) / float(2**bits - 1)).clip(0.0, 1.0).astype(np.float32)
 
 
-def resample_to_spacing(image: np.ndarray, pixel_spacing: tuple[float, float],
-                        target: tuple[float, float]) -> np.ndarray:
-    """Rescale H×W×C ``image`` from ``pixel_spacing`` to ``target`` spacing, both (row, column) mm.
+def spacing_size(height: int, width: int, pixel_spacing: tuple[float, float],
+                 target: tuple[float, float]) -> tuple[int, int]:
+    """(H', W') of an H×W image resampled from ``pixel_spacing`` to ``target``, both (row, column) mm.
 
     Pixel Spacing (0028,0030) is (distance between rows, distance between columns), PS3.3
-    10.7.1.3. New size: ``round(H · row / target_row) × round(W · col / target_col)``, at least 1.
+    10.7.1.3. ``round(H · row / target_row) × round(W · col / target_col)``, each at least 1.
     """
-    height, width = image.shape[:2]
-    new_h = max(1, round(height * pixel_spacing[0] / target[0]))
-    new_w = max(1, round(width * pixel_spacing[1] / target[1]))
-    return resize_image(image, (new_h, new_w), "stretch")
+    return (max(1, round(height * pixel_spacing[0] / target[0])), max(1, round(width * pixel_spacing[1] / target[1])))
+
+
+def resample_to_spacing(image: np.ndarray, pixel_spacing: tuple[float, float],
+                        target: tuple[float, float]) -> np.ndarray:
+    """Rescale H×W×C ``image`` from ``pixel_spacing`` to ``target`` spacing (size: :func:`spacing_size`)."""
+    return resize_image(image, spacing_size(image.shape[0], image.shape[1], pixel_spacing, target), "stretch")
 
 
 def quantise(image: np.ndarray, output: str) -> np.ndarray:

@@ -1,0 +1,134 @@
+"""Size limits checked before anything is allocated, shared by the DICOM and image readers.
+
+A hostile or broken file can make a decoder allocate what its header claims: a 200-byte PNG
+whose IHDR says 30000×30000, a DICOM with Rows = Columns = 65535 and 10000 frames, a deflated
+data set that inflates a thousandfold, or an element that claims a 4 GiB length (CPython's
+``read(n)`` allocates ``n`` bytes before it reads). The readers compare header values with
+:class:`~packer.config.LimitsConfig` first and turn a breach into a ``too_large`` issue whose
+message names the header fields, their values, the limit and the job key to raise.
+
+What counts towards ``limits.max_decoded_bytes`` (an estimate of the peak, not an exact sum):
+
+- DICOM: the stored array of all frames as pydicom decodes it (Rows × Columns × Frames ×
+  Samples × bytes per sample, 1-bit data unpacked to 1 byte; PALETTE COLOR adds the expanded
+  3 × 16-bit RGB), plus two float64 working copies of one frame (the modality values and one
+  window output; frames are transformed one at a time).
+- Images: the decoded array (H × W × C × bytes per sample), plus two float32 working copies of
+  max(C, 3) channels (the float image and the scaled copy :mod:`packer.transform.image` makes).
+- Each compared on its own: the file size (``read_*`` read files whole; the probes check it
+  too, so both passes agree) and, for Deflated Explicit VR Little Endian, the inflated data set.
+
+Other sizes a header can make the code allocate: a DICOM frame resampled from its Pixel Spacing
+to ``transform.dicom.spacing`` must stay within ``limits.max_pixels`` (``too_large``); a JPEG /
+JPEG 2000 codestream inside a DICOM file must not claim more than Rows × Columns (``bad_shape``);
+a TIFF tile or strip buffer counts towards the decoded bytes. Output arrays are not counted: they
+are no larger than the working copies unless ``transform.*.size`` asks for a bigger image.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+
+from packer.config import LimitsConfig
+
+DEFAULT_LIMITS = LimitsConfig()
+
+_FIX = "; nothing was decoded. If the file is genuine, raise limits.{key} in the job file"
+# JPEG start-of-frame markers (ITU T.81 B.1.1.3) and JPEG-LS SOF55 (T.87): they carry the size.
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF, 0xF7})
+
+
+class BoundedFile(io.BufferedReader):
+    """A binary file whose ``read(n)`` never asks for more than the bytes left in it.
+
+    CPython's ``read(n)`` allocates ``n`` bytes up front, so pydicom reading an element whose
+    length field says 0xFFFFFFF0 would reserve 4 GiB for a value the file does not hold.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(io.FileIO(path, "rb"))
+        self.size = os.fstat(self.fileno()).st_size
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if size is not None and size > 0:
+            size = min(size, max(0, self.size - self.tell()))
+        return super().read(size)
+
+
+def file_size_problem(size: int, limits: LimitsConfig) -> str | None:
+    """Why a file of ``size`` bytes is too large to read whole, or None."""
+    if size > limits.max_decoded_bytes:
+        return (f"the file is {size} bytes, over limits.max_decoded_bytes {limits.max_decoded_bytes} "
+                "(it is read whole before decoding)" + _FIX.format(key="max_decoded_bytes"))
+    return None
+
+
+def limit_problem(limits: LimitsConfig, *, size_text: str, pixels: int, decoded: int, decoded_text: str,
+                  frames: int = 1, frames_text: str = "") -> str | None:
+    """Compare header-derived sizes with ``limits``; the message for the first breach, or None.
+
+    ``size_text`` names the size fields and values (``IHDR width 100000 × height 100000``),
+    ``decoded_text`` says what ``decoded`` (bytes) is made of, ``frames_text`` names the
+    frame count field.
+    """
+    if frames > limits.max_frames:
+        return (f"{frames_text} is {frames}, over limits.max_frames {limits.max_frames}"
+                + _FIX.format(key="max_frames"))
+    if pixels > limits.max_pixels:
+        return (f"{size_text} = {pixels} pixels per frame, over limits.max_pixels {limits.max_pixels}"
+                + _FIX.format(key="max_pixels"))
+    if decoded > limits.max_decoded_bytes:
+        return (f"decoding needs about {decoded} bytes ({decoded_text}), over limits.max_decoded_bytes "
+                f"{limits.max_decoded_bytes}" + _FIX.format(key="max_decoded_bytes"))
+    return None
+
+
+def inflated_size_exceeds(handle: io.BufferedReader, cap: int) -> int | None:
+    """Stream-inflate a raw deflate stream (RFC 1951, as in PS3.5 A.5) from ``handle``'s position,
+    keeping nothing; the byte count once it passes ``cap``, else None (also for a corrupt
+    stream: the parser reports that)."""
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    total = 0
+    try:
+        while not inflater.eof and (chunk := handle.read(1 << 20)):
+            while chunk:
+                total += len(inflater.decompress(chunk, 1 << 22))
+                if total > cap:
+                    return total
+                chunk = inflater.unconsumed_tail
+    except zlib.error:
+        return None
+    return None
+
+
+def codestream_size(frame: bytes) -> tuple[int, int] | None:
+    """(rows, columns) from the header of a JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) codestream.
+
+    None when the frame is neither, when the header is cut short, or when the JPEG height is 0
+    (defined later by a DNL marker). Only the first few hundred bytes are looked at.
+    """
+    if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 24:  # SOC then SIZ (ITU T.800 A.5.1)
+        xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
+        return (max(0, ysiz - yosiz), max(0, xsiz - xosiz))
+    if frame[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    for _ in range(64):  # SOF comes after a handful of tables; give up rather than walk the scan
+        while pos < len(frame) and frame[pos] == 0xFF and pos + 1 < len(frame) and frame[pos + 1] == 0xFF:
+            pos += 1  # fill bytes
+        if pos + 4 > len(frame) or frame[pos] != 0xFF:
+            return None
+        marker = frame[pos + 1]
+        if marker == 0xDA or marker == 0xD9:  # start of scan / end of image: no SOF before it
+            return None
+        length = struct.unpack_from(">H", frame, pos + 2)[0]
+        if marker in _JPEG_SOF:
+            if pos + 9 > len(frame):
+                return None
+            height, width = struct.unpack_from(">HH", frame, pos + 5)
+            return (height, width) if height else None
+        pos += 2 + length
+    return None
