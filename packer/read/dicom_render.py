@@ -79,11 +79,12 @@ def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
     ``stored`` is (frames, H, W, samples); ``mask`` (frames, H, W) marks padding.
     """
     flat = stored.reshape(-1, stored.shape[-1])
-    if mask is not None:
+    if mask is not None and mask.any():  # copying out the real pixels only when there is padding
         flat = flat[~mask.reshape(-1)]
         if flat.shape[0] == 0:
             return "every pixel equals the (0028,0120) Pixel Padding Value"
-    if flat.shape[0] and bool((flat == flat[0]).all()):
+    # min == max per sample channel: two reductions, no full-size temporary
+    if flat.shape[0] and bool((flat.min(axis=0) == flat.max(axis=0)).all()):
         return f"every pixel has the same stored value {flat[0].tolist()}"
     return None
 

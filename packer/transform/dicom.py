@@ -173,10 +173,11 @@ def quantise(image: np.ndarray, output: str) -> np.ndarray:
     ``uint8``/``uint16``: input in [0, 1] (clipped), ``round(y·255)`` / ``round(y·65535)``,
     round half to even. ``float16``: a plain cast.
     """
-    if output == "uint8":
-        return np.rint(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
-    if output == "uint16":
-        return np.rint(np.clip(image, 0.0, 1.0) * 65535.0).astype(np.uint16)
+    if output in ("uint8", "uint16"):
+        scaled = np.clip(image, 0.0, 1.0)  # a new array: the in-place steps below never touch the input
+        scaled *= 255.0 if output == "uint8" else 65535.0
+        np.rint(scaled, out=scaled)
+        return scaled.astype(np.uint8 if output == "uint8" else np.uint16)
     if output == "float16":
         return image.astype(np.float16)
     raise ValueError(f"unknown output dtype {output!r}; expected one of {OUTPUTS}")

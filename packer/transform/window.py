@@ -91,13 +91,15 @@ def apply_window(x: np.ndarray, center: float, width: float, function: str = "LI
         c, w = center - 0.5, width - 1.0
     else:
         c, w = center, width
-    low, high = c - w / 2.0, c + w / 2.0
-    out = np.zeros(xf.shape, dtype=np.float64)
-    out[xf > high] = 1.0
-    inside = (xf > low) & (xf <= high)
-    if w > 0:  # LINEAR with width 1 is a pure threshold: the ramp is empty
-        out[inside] = (xf[inside] - c) / w + 0.5
-    return np.clip(out, 0.0, 1.0).astype(np.float32)
+    if w <= 0:  # LINEAR with width 1 is a pure threshold: the ramp is empty
+        return (xf > c).astype(np.float32)
+    # The ramp maps c - w/2 to exactly 0 and c + w/2 to exactly 1, so clipping it reproduces
+    # the piecewise definition (x <= low -> 0, x > high -> 1) without masks: one pass, in place.
+    out = xf - c
+    out /= w
+    out += 0.5
+    np.clip(out, 0.0, 1.0, out=out)
+    return out.astype(np.float32)
 
 
 def lookup(x: np.ndarray, first_mapped: int, data: np.ndarray) -> np.ndarray:
