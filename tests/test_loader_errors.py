@@ -140,3 +140,29 @@ def test_manifest_paths_cannot_leave_the_version_folder(tmp_path):
                               shards=[{"file": "../x.tar", "bytes": 1, "sha256": "0" * 64, "samples": 1}])
     with pytest.raises(IntegrityError, match="inside the version folder"):
         ShardDataset(manifest, "train")
+
+
+@pytest.mark.parametrize("array", [np.zeros((2, 8, 8), np.uint8), np.arange(12, dtype=np.float16).reshape(3, 4),
+                                   np.array(7, np.int32), np.zeros(5, ">u2"), np.zeros((3, 0, 2), np.uint8),
+                                   np.asfortranarray(np.arange(6, dtype=np.uint8).reshape(2, 3))])
+def test_load_npy_equals_numpy_for_every_header_form(array: np.ndarray) -> None:
+    from packer.loader.readers import load_npy
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    got = load_npy(buffer.getvalue())
+    np.testing.assert_array_equal(got, array)
+    assert got.shape == array.shape and got.flags.writeable and got.dtype.isnative
+
+
+def test_load_npy_refuses_cut_data_and_pickles() -> None:
+    from packer.loader.readers import load_npy
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((4, 4), np.uint8))
+    with pytest.raises(ValueError, match="header promises"):
+        load_npy(buffer.getvalue()[:-3])
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError):
+        load_npy(pickled.getvalue())
