@@ -168,7 +168,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
             write_leakage(dataset_root, prepared.audit)
             raise_on_leakage(prepared.audit)
         samples, issues, assignment = list(prepared.samples), list(prepared.issues), prepared.assignment
-        label_map = {name: index for index, name in enumerate(sorted({s.ref.label or "" for s in samples}))}
+        names = job.labels or tuple(sorted({s.ref.label or "" for s in samples}))
+        label_map = {name: index for index, name in enumerate(names)}
 
         by_split: dict[str, list[SpilledSample]] = defaultdict(list)
         for sample in samples:

@@ -216,6 +216,7 @@ class JobConfig:
     max_bad_fraction: float = 0.05
     registry: Path | None = None
     job_path: Path = field(default=Path("job.yaml"))
+    labels: tuple[str, ...] = ()
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     phi: PhiConfig = field(default_factory=PhiConfig)
@@ -229,6 +230,7 @@ class JobConfig:
             "transform": {"dicom": self.dicom.to_json(), "image": self.image.to_json()},
             "pack": self.pack.to_json(),
             "validate": {"max_bad_fraction": self.max_bad_fraction},
+            "labels": list(self.labels),
             "limits": self.limits.to_json(),
             "safety": self.safety.to_json(),
             "phi": self.phi.to_json(),
@@ -395,6 +397,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         dates=raw_phi.get("dates", "shift"),
     )
     return JobConfig(
+        labels=tuple(doc.get("labels") or ()),
         limits=limits,
         safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation", "reject"),
                             outside_root=raw_safety.get("outside_root", "reject")),

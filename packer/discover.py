@@ -148,8 +148,8 @@ def _outside_root(path: Path, root: Path) -> bool:
         return True
 
 
-def _source_refs(source: SourceConfig, phi: Pseudonymizer | None,
-                 allow_outside: bool) -> tuple[list[SampleRef], list[Issue]]:
+def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
+                 known_labels: tuple[str, ...] = ()) -> tuple[list[SampleRef], list[Issue]]:
     if not source.root.is_dir():
         raise ConfigError(f"sources.{source.name}.root: folder {source.root} does not exist "
                           f"(root: {source.root_spec!r}, relative to the job file)")
@@ -184,7 +184,12 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None,
         table_path = source.table
     kept: list[SampleRef] = []
     for ref in refs:
-        if not allow_outside and _outside_root(Path(ref.path), source.root):
+        if known_labels and ref.label is not None and ref.label not in known_labels:
+            issues.append(Issue.of(ref, stage="discover", reason="unknown_label",
+                                   message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
+                                           f"{ref.label!r} is not in the job's labels ({', '.join(known_labels)}); "
+                                           "fix the row or add the label"))
+        elif not allow_outside and _outside_root(Path(ref.path), source.root):
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
@@ -221,7 +226,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None) -> tuple[list[Sam
     issues: list[Issue] = []
     allow_outside = job.safety.outside_root == "allow"
     for source in job.sources:
-        source_refs, source_issues = _source_refs(source, phi, allow_outside)
+        source_refs, source_issues = _source_refs(source, phi, allow_outside, job.labels)
         refs.extend(source_refs)
         issues.extend(source_issues)
     return unique_ids(refs), issues

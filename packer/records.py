@@ -27,6 +27,7 @@ REASONS = (
     "bad_shape",
     "constant_image",
     "missing_label",
+    "unknown_label",
     "missing_entity",
     "missing_time",
     "straddles_cutoff",

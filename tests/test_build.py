@@ -147,3 +147,10 @@ def test_a_second_build_reuses_the_cache_and_decodes_only_changed_files(demo_raw
     photo.write_bytes(photo.read_bytes())  # same bytes, new mtime: that chunk is redone, nothing else
     third = build(job, BuildOptions(scheduler="sync", quiet=True))
     assert 1 <= third.files_decoded < 130 and third.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+
+
+def test_a_declared_label_list_fixes_the_label_map(demo_raw: Any, tmp_path: Path) -> None:
+    labels = ["square", "circle", "nodule", "normal"]
+    result = run(demo_raw, tmp_path, labels=labels)
+    assert result.manifest["label_map"] == {name: i for i, name in enumerate(labels)}
+    assert result.manifest["config"]["labels"] == labels

@@ -124,3 +124,14 @@ def test_colliding_sample_ids_are_made_unique_deterministically() -> None:
     with pytest.warns(UserWarning, match="collides"):
         fixed = unique_ids(refs)
     assert [r.sample_id for r in fixed] == ["s-1", "s-1-dup2", "s-1-dup3"]
+
+
+def test_labels_outside_the_jobs_label_list_name_their_row(tmp_path: Path) -> None:
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "b.png,dgo,S2,"], ["a.png", "b.png"])
+    doc = yaml.safe_load(job_path.read_text())
+    doc["labels"] = ["cat", "dog"]
+    job_path.write_text(yaml.safe_dump(doc))
+    refs, issues = discover(load_job(job_path))
+    assert [r.relpath for r in refs] == ["a.png"]
+    assert [(i.reason, i.stage) for i in issues] == [("unknown_label", "discover")]
+    assert "row 3, column 'label'" in issues[0].message and "'dgo'" in issues[0].message
