@@ -10,7 +10,8 @@ files in the page cache (one untimed warm-up pass). Inputs, written once under `
   ``render_ct_phantom``, 12 bits stored, rescale -1024/1, Explicit VR Little Endian);
 - ``--files`` 1024×768 (width × height) JPEGs (``render_photo``, OpenCV quality 95).
 
-Cases, each timed as ``--repeats`` passes over all files (median reported):
+Cases, each timed as ``--repeats`` passes over all files (median reported), round-robin so a
+slow spell of a shared machine hits every case alike:
 
 - ``pydicom bare``: ``pydicom.dcmread(path).pixel_array`` (file read + parse + native decode);
 - ``read_dicom``: packer's reader with a ``DicomTransformConfig`` of the lung and mediastinum
@@ -34,6 +35,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -51,7 +53,8 @@ from packer.read.image import read_image
 from packer.records import Issue, SampleRef
 from packer.transform.window import PRESETS
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
 SECTION = "## Decode and window throughput"
 DEFAULT_DATA = Path("/work/bench-data/decode")
 CT_SIZE = 512
@@ -84,6 +87,21 @@ def machine_line(machine: dict[str, Any]) -> str:
     return (f"{machine['nproc']} cores (nproc), CPU {machine['cpu']}, RAM {machine['ram_gib']} GiB, "
             f"Python {machine['python']}, numpy {machine['numpy']}, pydicom {machine['pydicom']}, "
             f"OpenCV {machine['opencv']}")
+
+
+def code_state() -> dict[str, Any]:
+    """The git commit and the packer/ and schemas/ paths with uncommitted changes (the code measured)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "packer", "schemas").splitlines() if line]
+    return {"commit": git("rev-parse", "--short=12", "HEAD").strip(), "uncommitted": changed}
+
+
+def code_line(code: dict[str, Any]) -> str:
+    dirty = f" plus uncommitted changes to {len(code['uncommitted'])} packer file(s)" if code["uncommitted"] else ""
+    return f"commit {code['commit']}{dirty}"
 
 
 @contextlib.contextmanager
@@ -198,17 +216,22 @@ class Timing:
         return (max(self.seconds) - min(self.seconds)) / self.median_s
 
 
-def time_case(name: str, fn: Callable[[Path], Any], paths: Sequence[Path], repeats: int) -> Timing:
-    for path in paths:  # warm-up: page cache, lazy imports, decoder plug-in look-ups
-        fn(path)
-    seconds, cpu = [], []
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
+def time_cases(cases: Sequence[tuple[str, Callable[[Path], Any], Sequence[Path]]], repeats: int) -> list[Timing]:
+    """Time each case ``repeats`` times, round-robin (pass r of every case, then pass r + 1), so
+    that a slow spell of a shared machine lands on every case alike and ratios stay fair."""
+    for _, fn, paths in cases:  # warm-up: page cache, lazy imports, decoder plug-in look-ups
         for path in paths:
             fn(path)
-        seconds.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return Timing(name, len(paths), tuple(seconds), tuple(cpu))
+    seconds: list[list[float]] = [[] for _ in cases]
+    cpu: list[list[float]] = [[] for _ in cases]
+    for _ in range(repeats):
+        for i, (_, fn, paths) in enumerate(cases):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for path in paths:
+                fn(path)
+            seconds[i].append(time.perf_counter() - start)
+            cpu[i].append(time.process_time() - start_cpu)
+    return [Timing(name, len(paths), tuple(seconds[i]), tuple(cpu[i])) for i, (name, _, paths) in enumerate(cases)]
 
 
 def output_shape(fn: Callable[[Path], Any], path: Path) -> str:
@@ -228,12 +251,14 @@ def measure_mixed(dicom_paths: Sequence[Path], jpeg_paths: Sequence[Path], dicom
     def mix(dicom_s: float, jpeg_s: float) -> float:
         return 1.0 / (dicom_share * dicom_s / len(dicom_paths) + (1 - dicom_share) * jpeg_s / len(jpeg_paths))
 
+    cases: list[tuple[str, Callable[[Path], Any], Sequence[Path]]] = [
+        ("read_dicom", lambda p: _samples(read_dicom(ref_for(p, "dicom"), dicom_cfg)), dicom_paths),
+        ("cv2.imdecode", bare_jpeg, jpeg_paths)]
+    if image_cfg is not None:
+        cases.append(("read_image", lambda p: _samples(read_image(ref_for(p, "image"), image_cfg)), jpeg_paths))
     with one_core():
-        dicom = time_case("read_dicom", lambda p: _samples(read_dicom(ref_for(p, "dicom"), dicom_cfg)),
-                          dicom_paths, repeats)
-        jpeg = time_case("cv2.imdecode", bare_jpeg, jpeg_paths, repeats)
-        reader = (time_case("read_image", lambda p: _samples(read_image(ref_for(p, "image"), image_cfg)),
-                            jpeg_paths, repeats) if image_cfg is not None else None)
+        dicom, jpeg, *rest = time_cases(cases, repeats)
+    reader = rest[0] if rest else None
     out = {"dicom_ms": dicom.per_sample_ms, "jpeg_ms": jpeg.per_sample_ms, "dicom_share": dicom_share,
            "rate": mix(dicom.median_s, jpeg.median_s),
            "cpu_rate": mix(statistics.median(dicom.cpu_seconds), statistics.median(jpeg.cpu_seconds))}
@@ -258,8 +283,9 @@ def run(data: Path, files: int, repeats: int) -> tuple[str, dict[str, Any]]:
         ("jpeg", "packer read_image rgb, 256×256", packer_reader("image", half), jpegs),
     ]
     with one_core() as core:
-        timings = [(kind, time_case(name, fn, paths, repeats), output_shape(fn, paths[0]))
-                   for kind, name, fn, paths in cases]
+        measured = time_cases([(name, fn, paths) for _, name, fn, paths in cases], repeats)
+        timings = [(kind, timing, output_shape(fn, paths[0]))
+                   for (kind, _, fn, paths), timing in zip(cases, measured, strict=True)]
     bare = {kind: t for kind, t, _ in timings if "bare" in t.name}
     machine = describe_machine()
     lines = [
@@ -267,13 +293,15 @@ def run(data: Path, files: int, repeats: int) -> tuple[str, dict[str, Any]]:
         f"cache. {files} distinct 512×512 int16 CT slices (12 bits stored, Explicit VR Little Endian, ~513 kB) "
         f"and {files} distinct 1024×768 JPEGs (quality 95, "
         f"~{statistics.mean(p.stat().st_size for p in jpegs) / 1e3:.0f} kB); median of {repeats} passes over "
-        "all files. Windows: lung and mediastinum presets. \"bare\" includes reading the file.",
+        "all files, the cases timed round-robin. Windows: lung and mediastinum presets. "
+        "\"bare\" includes reading the file.",
         "",
         "| input | case | output | samples/s | ms/sample | × bare time | spread |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
+    code = code_state()
     record: dict[str, Any] = {"benchmark": "decode", "files": files, "repeats": repeats, "core": core,
-                              "machine": machine, "cases": []}
+                              "machine": machine, "code": code, "cases": []}
     for kind, timing, shape in timings:
         ratio = timing.median_s / bare[kind].median_s
         label = "512×512 CT" if kind == "dicom" else "1024×768 JPEG"
@@ -287,7 +315,7 @@ def run(data: Path, files: int, repeats: int) -> tuple[str, dict[str, Any]]:
         "",
         "- \"× bare time\" is packer's time per sample over the bare decoder's (packer/bare); spread is "
         "(slowest − fastest pass) / median, a measure of the machine's noise.",
-        f"- Machine: {machine_line(machine)}. Date: {machine['date']}.",
+        f"- Machine: {machine_line(machine)}. Date: {machine['date']}. Code: {code_line(code)}.",
         "- Reproduce: `.venv/bin/python benchmarks/decode.py` (inputs under /work/bench-data/decode; "
         "`--files`, `--repeats`, `--data`).",
     ]

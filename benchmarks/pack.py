@@ -49,7 +49,6 @@ import re
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -66,7 +65,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Packing throughput and scaling"
 DEFAULT_DATA = Path("/work/bench-data/pack")
 MIXED_FILES = 60  # files of each kind timed for the decode-only limit
-REPO = Path(__file__).resolve().parent.parent
+REPO = decode.REPO
 TARGET_E2E, TARGET_SCALING, TARGET_RSS_GROWTH = 0.75, 0.85, 0.20
 
 
@@ -137,14 +136,7 @@ def snapshot_code(data: Path) -> dict[str, Any]:
         digest.update(path.relative_to(target).as_posix().encode() + b"\0" + path.read_bytes())
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])])
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-        return done.stdout
-
-    changed = [line[3:] for line in git("status", "--porcelain", "--", "packer", "schemas").splitlines() if line]
-    return {"commit": git("rev-parse", "--short=12", "HEAD").strip(), "uncommitted": changed,
-            "packer_sha256": digest.hexdigest()[:12], "path": str(target)}
+    return {**decode.code_state(), "packer_sha256": digest.hexdigest()[:12], "path": str(target)}
 
 
 def cpu_ticks() -> tuple[float, float]:
@@ -376,9 +368,7 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         f"Each run: a fresh process and output folder, default LocalCluster (1 thread per worker); median of "
         f"{args.runs} interleaved rounds. Input files in the page cache. "
         + ("EXPERIMENT: workers started without MALLOC_TRIM_THRESHOLD_. " if args.no_malloc_trim else "")
-        + f"Code: commit {code['commit']}"
-        + (f" plus uncommitted changes to {len(code['uncommitted'])} packer file(s)" if code["uncommitted"] else "")
-        + f" (packer sources sha256 {code['packer_sha256']}).",
+        + f"Code: {decode.code_line(code)} (packer sources sha256 {code['packer_sha256']}).",
         "",
         "| files | workers | wall s | samples/s | MB/s written | phases s: start / discover / pixel pass / "
         "split+audit / pack / HTML report / rest | CPU s (client) | samples per CPU s | other processes, cores "
