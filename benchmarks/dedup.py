@@ -26,6 +26,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from decode import write_section  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.dedup import dhash, find_near_pairs, near_duplicate_edges
 
@@ -136,18 +137,6 @@ def run(n: int, seed: int) -> str:
     return text
 
 
-def write_section(body: str, path: Path = RESULTS) -> None:
-    """Replace (or append) this benchmark's section, leaving other sections untouched."""
-    text = path.read_text() if path.exists() else "# packer benchmarks\n"
-    section = f"{SECTION}\n\n{body}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="number of hashes (default 100000)")
@@ -159,7 +148,7 @@ def main() -> None:
     print(body)
     print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
     if not args.no_write:
-        write_section(body)
+        write_section(SECTION, body)
         print(f"wrote section {SECTION!r} of {RESULTS}")
 
 

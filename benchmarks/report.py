@@ -37,6 +37,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.conftest.demo_job_doc: the demo job re-pointed at a tree
 
+from decode import write_section  # noqa: E402 - sibling script: one RESULTS.md writer
+
 from packer.htmlreport import render_html_report  # noqa: E402
 from packer.manifest import seal_manifest, write_index, write_manifest  # noqa: E402
 from packer.pack.encode import EncodedSample  # noqa: E402
@@ -230,18 +232,6 @@ def run(quick: bool) -> str:
     return "\n".join(lines)
 
 
-def write_section(body: str, path: Path = RESULTS) -> None:
-    """Replace (or append) this benchmark's section, leaving other sections untouched."""
-    text = path.read_text() if path.exists() else "# packer benchmarks\n"
-    section = f"{SECTION}\n\n{body}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 100k-sample set")
@@ -252,7 +242,7 @@ def main() -> None:
     print(body)
     print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
     if not args.no_write:
-        write_section(body)
+        write_section(SECTION, body)
         print(f"wrote section {SECTION!r} of {RESULTS}")
 
 
