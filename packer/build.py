@@ -160,9 +160,9 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers) as executor:
         prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet)
-        reused = sum(c.files for c in prepared.chunks if c.reused)
-        if reused and not options.quiet:
-            print(f"packer: reused {reused} of {prepared.inputs} files from the build cache "
+        cached_files = sum(c.files for c in prepared.chunks if c.reused)
+        if cached_files and not options.quiet:
+            print(f"packer: reused {cached_files} of {prepared.inputs} files from the build cache "
                   "(their spill files' hashes checked out)", flush=True)
         if prepared.audit.failed:
             write_leakage(dataset_root, prepared.audit)
