@@ -53,6 +53,16 @@ _PARQUET_COLUMNS = ["key", "label", "shape", "dtype", "image"]
 SPOOL_BYTES = 64 << 20
 
 
+def _member_key(member: tarfile.TarInfo) -> tuple[str, str] | str:
+    """(key, ext) of a safe shard member, or the defect that makes it unsafe to read:
+    not a regular file, or a name other than ``<key>.<ext>`` (no ``/``, ``..`` or absolute paths)."""
+    match = _MEMBER.fullmatch(member.name)
+    if match is None or not member.isreg():
+        return f"member {member.name!r} is not a regular file named <key>.<ext>"
+    key, ext = match.groups()
+    return key, ext
+
+
 class ShardReadError(RuntimeError, IntegrityError):
     """A shard or sample could not be read: names the shard file and, where known, the key.
 
@@ -332,14 +342,14 @@ def scan_tar(path: Path) -> TarIndex:
         try:
             with tarfile.open(fileobj=fh, mode="r:") as tar:
                 for member in tar:
-                    match = _MEMBER.fullmatch(member.name)
-                    if match is None or not member.isreg():
-                        defect = f"member {member.name!r} is not a regular file named <key>.<ext>"
+                    parsed = _member_key(member)
+                    if isinstance(parsed, str):
+                        defect = parsed
                         break
                     if member.offset_data + member.size > size:
                         defect = f"member {member.name!r} runs past the end of the file"
                         break
-                    key, ext = match.groups()
+                    key, ext = parsed
                     if current is None or key != current.key:
                         if key in seen:
                             defect = f"key {key!r} appears twice"
@@ -646,11 +656,11 @@ def _tar_stream_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, di
     try:
         with tarfile.open(fileobj=fh, mode="r|") as tar:
             for member in tar:
-                match = _MEMBER.fullmatch(member.name)
-                if match is None or not member.isreg():
-                    defect = f"member {member.name!r} is not a regular file named <key>.<ext>"
+                parsed = _member_key(member)
+                if isinstance(parsed, str):
+                    defect = parsed
                     break
-                name, ext = match.groups()
+                name, ext = parsed
                 if name != key:
                     if key is not None:
                         yield index, key, members
