@@ -136,5 +136,8 @@ def ddp_worker(rank: int, world_size: int, port: int, manifest: str, out: str, s
         Path(out, f"rank{rank}.json").write_text(json.dumps(
             {"rank": dataset.rank, "world": dataset.world_size, "keys": keys, "losses": losses, "steps": done,
              "weights": weights}))
+        # both ranks reach teardown together: gloo aborts a rank whose peer has already torn
+        # its connections down (seen as SIGABRT in CI on a busy 2-core machine)
+        dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -96,8 +96,16 @@ def free_port() -> int:
 
 def test_two_process_gloo_ddp_with_padding(manifest, tmp_path):
     steps = 100                                              # more than two epochs: run both to the end
-    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), str(manifest), str(tmp_path), steps),
-                                nprocs=2, join=True)
+    try:
+        torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), str(manifest), str(tmp_path), steps),
+                                    nprocs=2, join=True)
+    except torch.multiprocessing.ProcessExitedException as err:
+        # gloo's C++ side has aborted a rank once in CI (SIGABRT, a transport race on a loaded
+        # 2-core machine, not a loader error): run the whole job once more before failing
+        if err.signal_name != "SIGABRT":
+            raise
+        torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), str(manifest), str(tmp_path), steps),
+                                    nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]    # from torch.distributed
     # 21 samples over 2 ranks, padded to 11 each: 3 batches of 4 per epoch on both ranks
