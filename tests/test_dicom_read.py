@@ -32,7 +32,7 @@ from pydicom.tag import Tag
 from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
 import packer.read.dicom as reader
-from packer.read.dicom import DicomHeader, decoder_table, estimate_dicom_bytes, probe_dicom, read_dicom
+from packer.read.dicom import DicomHeader, decoder_table, probe_dicom, read_dicom
 from packer.records import Issue, Sample
 
 TIME = ("StudyDate", "StudyTime")
@@ -442,20 +442,3 @@ def test_decode_step_returns_native_byte_order() -> None:
     assert isinstance(decoded, np.ndarray) and decoded.dtype.isnative and decoded.shape == (1, 64, 64, 1)
     little = pixel_array(pydicom.dcmread(shipped("MR_small.dcm")))
     np.testing.assert_array_equal(decoded[0, :, :, 0], little)
-
-
-# ---------------------------------------------------------------- size estimates
-
-
-@pytest.mark.parametrize("kwargs", [
-    {}, {"output": "uint16"}, {"output": "float16"}, {"size": (10, 7)}, {"frames": "stack"},
-    {"spacing": (1.0, 1.0)}, {"spacing": (1.0, 1.0), "size": (5, 5)},
-])
-@pytest.mark.parametrize("name", ["CT_small.dcm", "rtdose.dcm", "SC_rgb_rle_2frame.dcm", "examples_palette.dcm"])
-def test_estimate_matches_what_read_produces(name: str, kwargs: dict[str, Any]) -> None:
-    path = shipped(name)
-    windows = (window(40, 80), window(600, 2800))
-    header = probe(path)
-    samples = read(path, *windows, **kwargs)
-    assert isinstance(header, DicomHeader) and isinstance(samples, list)
-    assert estimate_dicom_bytes(header, config(*windows, **kwargs)) == sum(s.image.nbytes for s in samples)

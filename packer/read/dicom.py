@@ -55,7 +55,6 @@ from packer.read.limits import (
     limit_problem,
 )
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.dicom import spacing_size
 
 _PYDICOM, _PYLIBJPEG = "pydicom", "pylibjpeg"
 
@@ -87,7 +86,6 @@ _LONG_VRS = frozenset({b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b
 RGB_DECODED = ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_RCT", "YBR_ICT")
 PALETTE = "PALETTE COLOR"
 _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
-_ITEMSIZE = {"uint8": 1, "uint16": 2, "float16": 2}
 
 # What pydicom raises on a damaged header or on pixel data it cannot decode.
 _PARSE_ERRORS = (InvalidDicomError, BytesLengthException, ValueError, EOFError, struct.error, KeyError, IndexError,
@@ -376,22 +374,6 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         photometric_interpretation=geometry.photometric,
         pixel_spacing=spacing,
     )
-
-
-def estimate_dicom_bytes(header: DicomHeader, cfg: DicomTransformConfig) -> int:
-    """Packed bytes of all samples the file will give: frames × channels × H × W × itemsize.
-
-    Channels: 3 for colour, 1 for ``float16``, else one per window. H×W is ``cfg.size``, else the
-    spacing-resampled size when both ``cfg.spacing`` and the header's Pixel Spacing are known.
-    """
-    height, width = header.rows, header.columns
-    if cfg.spacing and header.pixel_spacing:
-        height, width = spacing_size(height, width, header.pixel_spacing, cfg.spacing)
-    if cfg.size:
-        height, width = cfg.size
-    color = header.samples_per_pixel == 3 or header.photometric_interpretation == PALETTE
-    channels = 3 if color else 1 if cfg.output == "float16" else len(cfg.windows)
-    return header.frames * channels * height * width * _ITEMSIZE.get(cfg.output, 1)
 
 
 def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,

@@ -2,7 +2,6 @@
 
 - :func:`probe_image` parses the header only (PNG IHDR, JPEG SOFn and EXIF, first TIFF IFD,
   BMP info header), for the header pass.
-- :func:`estimate_image_bytes` gives the packed size the transform will produce.
 - :func:`read_image` checks the file's structure (a cut file is ``truncated`` even where
   the decoder would fill the missing part), checks the header against the job's size limits
   (``too_large`` before the decoder allocates anything, see :mod:`packer.read.limits`; also
@@ -38,8 +37,6 @@ from packer.transform.image import (
     check_image_config,
     full_range_max,
     oriented_size,
-    output_shape,
-    tile_origins,
     transform_image,
 )
 
@@ -420,17 +417,6 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
                         message=f"{_name(ref)}: {header.format} header gives {header.height}×{header.width} pixels; "
                                 "expected both >= 1")
     return header
-
-
-def estimate_image_bytes(header: ImageHeader, cfg: ImageTransformConfig) -> int:
-    """Bytes of the packed output of :func:`read_image` for this header: uint8 C×H×W with
-    C = 3 (``rgb``) or 1 (``gray``), H×W = ``cfg.size`` or the oriented image size, summed
-    over the full tiles when ``cfg.tile_size`` is set (0 when no tile fits)."""
-    channels, height, width = output_shape(header.height, header.width, header.orientation, cfg)
-    if cfg.tile_size is None:
-        return channels * height * width
-    tiles = tile_origins(height, width, cfg.tile_size, cfg.tile_stride)
-    return len(tiles) * channels * cfg.tile_size[0] * cfg.tile_size[1]
 
 
 def _exif_segment(orientation: int) -> bytes:
