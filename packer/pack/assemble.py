@@ -50,7 +50,8 @@ def write_shard(task: ShardTask) -> ShardWrite:
         for sample in task.plan.samples:
             pixels, metadata = files.read(sample)
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
-                                pixels=pixels, metadata=metadata, split=task.plan.split, label_map=task.label_map)
+                                pixels=pixels, metadata=metadata, split=task.plan.split, label_map=task.label_map,
+                                sha256=sample.sha256)
 
     start = time.perf_counter()
     try:

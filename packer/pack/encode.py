@@ -39,14 +39,17 @@ class EncodedSample:
     dtype: str
     pixels: bytes
     info: dict[str, Any]
+    #: sha256 of ``pixels`` when already known (the pixel pass hashed them); else computed
+    known_sha256: str | None = None
 
     @property
     def pixels_sha256(self) -> str:
-        return hashlib.sha256(self.pixels).hexdigest()
+        return self.known_sha256 or hashlib.sha256(self.pixels).hexdigest()
 
 
 def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: str, pixels: bytes,
-                  metadata: dict[str, Any], split: str, label_map: dict[str, int]) -> EncodedSample:
+                  metadata: dict[str, Any], split: str, label_map: dict[str, int],
+                  sha256: str | None = None) -> EncodedSample:
     """Attach split and label index to a transformed sample's bytes (raw C-order pixels)."""
     if ref.label is None or ref.entity is None:
         raise ValueError(f"{ref.path}: sample {key} reached packing without label/entity")
@@ -67,4 +70,4 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
         info["extra"] = dict(ref.extra)
     return EncodedSample(key=key, split=split, label=label_map[ref.label], label_name=ref.label,
                          entity_id=ref.entity, source=ref.source, shape=shape, dtype=dtype, pixels=pixels,
-                         info=info)
+                         info=info, known_sha256=sha256)

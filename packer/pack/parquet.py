@@ -8,7 +8,6 @@ Writer options are fixed here so the bytes depend only on the data and pyarrow's
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
     columns: dict[str, list] = {name: [] for name in SCHEMA.names}
     rows: list[IndexRow] = []
     for position, sample in enumerate(samples):
-        digest = hashlib.sha256(sample.pixels).hexdigest()
+        digest = sample.pixels_sha256
         for name, value in (("key", sample.key), ("label", sample.label), ("label_name", sample.label_name),
                             ("entity_id", sample.entity_id), ("split", sample.split), ("source", sample.source),
                             ("shape", list(sample.shape)), ("dtype", sample.dtype), ("image", sample.pixels),
