@@ -35,12 +35,25 @@ class Executor:
         self.client = client
         self.description = description
 
+    def window(self) -> int:
+        """Tasks kept in flight: four per worker thread, at least eight."""
+        if self.client is None:
+            return 1
+        threads = sum(self.client.nthreads().values())
+        return max(8, 4 * threads)
+
     def map_unordered(self, fn: Callable[[T], R], items: Iterable[T],
                       keys: Sequence[str] | None = None) -> Iterator[tuple[T, R | WorkerLost]]:
         """Yield ``(item, result)`` as tasks finish. A task whose workers kept dying (dask's
         ``allowed-failures`` exhausted) yields ``(item, WorkerLost)`` instead of raising, so the
         caller can isolate the culprit; any other exception propagates. ``keys`` name the dask
-        tasks (they show on the dashboard)."""
+        tasks (they show on the dashboard).
+
+        Tasks are submitted in a sliding window (:meth:`window`), not all at once: a task's
+        arguments (a chunk's file records, a shard's sample records) live pickled on the client
+        and unpickled in the scheduler until it finishes, so submitting everything would make
+        memory grow with the size of the dataset instead of with the cluster.
+        """
         items = list(items)
         if self.client is None:
             for item in items:
@@ -49,13 +62,29 @@ class Executor:
         from distributed import as_completed
         from distributed.scheduler import KilledWorker
 
-        futures = self.client.map(fn, items, key=list(keys) if keys is not None else None, pure=False)
-        item_of = {future.key: item for future, item in zip(futures, items, strict=True)}
-        for future in as_completed(futures):
+        client = self.client
+        names = list(keys) if keys is not None else [None] * len(items)
+        item_of: dict[Any, T] = {}
+        running = as_completed()
+        submitted = 0
+
+        def submit_next() -> None:
+            nonlocal submitted
+            future = client.submit(fn, items[submitted], key=names[submitted], pure=False)
+            item_of[future.key] = items[submitted]
+            running.add(future)
+            submitted += 1
+
+        while submitted < min(len(items), self.window()):
+            submit_next()
+        for future in running:
+            if submitted < len(items):
+                submit_next()  # before handing back this result, so the workers stay busy
+            item = item_of.pop(future.key)
             try:
-                yield item_of[future.key], future.result()
+                yield item, future.result()
             except KilledWorker as err:
-                yield item_of[future.key], WorkerLost(str(err))
+                yield item, WorkerLost(str(err))
             finally:
                 future.release()
 
