@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))  # tests.conftest.demo_job_doc: the demo job re-po
 from decode import write_section  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.htmlreport import render_html_report  # noqa: E402
-from packer.manifest import seal_manifest, write_index, write_manifest  # noqa: E402
+from packer.manifest import IndexColumns, seal_manifest, write_index, write_manifest  # noqa: E402
 from packer.pack.encode import EncodedSample  # noqa: E402
 from packer.pack.parquet import write_parquet_shard  # noqa: E402
 from packer.pack.tar import write_tar_shard  # noqa: E402
@@ -109,7 +109,7 @@ def write_synthetic(folder: Path, template: dict[str, Any], *, n: int, size: int
                                              entity_id=entity, source=source, shape=tuple(image.shape),
                                              dtype="uint8", pixels=image.tobytes(), info=info))
         times[split].append(f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T12:00:00")
-    splits, rows = {}, []
+    splits, index = {}, IndexColumns()
     per_shard = max(1, (64 << 20) // (size * size * 3 + 1536))
     for split in SPLITS:
         samples = sorted(by_split[split], key=lambda s: s.key)
@@ -119,7 +119,9 @@ def write_synthetic(folder: Path, template: dict[str, Any], *, n: int, size: int
             writer = write_tar_shard if fmt == "webdataset" else write_parquet_shard
             written = writer(folder / name, samples[start:start + per_shard])
             shards.append(written.to_entry())
-            rows.extend(written.rows)
+            part = samples[start:start + per_shard]
+            index.add_shard(written, split=split, keys=[s.key for s in part], labels=[s.label for s in part],
+                            entity_ids=[s.entity_id for s in part], sources=[s.source for s in part])
         splits[split] = {"samples": len(samples), "entities": len({s.entity_id for s in samples}),
                          "class_counts": dict(sorted(Counter(s.label_name for s in samples).items())),
                          "shards": shards}
@@ -140,7 +142,7 @@ def write_synthetic(folder: Path, template: dict[str, Any], *, n: int, size: int
         (folder / "leakage.json").write_text(json.dumps(leakage))
     body = {k: v for k, v in template.items() if k not in ("dataset_hash", "version", "created_at")}
     body.update(name=f"synthetic-{n}", format=fmt, label_map=label_map, splits=splits, audit=audit,
-                inputs={"files": n + len(bad), "samples": n}, index=write_index(folder, rows),
+                inputs={"files": n + len(bad), "samples": n}, index=write_index(folder, index),
                 sample_schema={"dtype": "uint8", "layout": "CHW", "shape": None,
                                "shapes": {"ct": [[2, size, size]], "photos": [[3, size, size]]}},
                 bad_samples={**template["bad_samples"], "total": len(bad),

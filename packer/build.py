@@ -30,6 +30,7 @@ from packer.execute import Executor, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
+    IndexColumns,
     config_hash,
     library_versions,
     seal_manifest,
@@ -104,7 +105,7 @@ def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_m
                               "this happens only when copying already-decoded bytes, so check the worker's memory "
                               "limit and the disk under the output folder")
         written[shard.file] = shard
-        progress.update(len(shard.rows))
+        progress.update(shard.samples)
     progress.close()
     return written
 
@@ -183,8 +184,14 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
         written = _pack_all(plans, executor, label_map, cache_dir, staging, job.pack.format, options.quiet)
         description = executor.description
 
-    rows = [row for plan in plans for row in written[plan.file].rows]
-    index_entry = write_index(staging, rows)
+    index = IndexColumns()
+    for plan in plans:
+        index.add_shard(written[plan.file], split=plan.split, keys=[s.key for s in plan.samples],
+                        labels=[label_map[s.ref.label or ""] for s in plan.samples],
+                        entity_ids=[s.ref.entity or "" for s in plan.samples],
+                        sources=[s.ref.source for s in plan.samples])
+    index_entry = write_index(staging, index)
+    del index
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)

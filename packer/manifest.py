@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import metadata
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from packer import __version__
 from packer.errors import IntegrityError
 from packer.pack.encode import canonical_json
-from packer.pack.writer import IndexRow, atomic_output, sha256_file
+from packer.pack.writer import ShardWrite, atomic_output, sha256_file
 from packer.schemas import load_schema
 
 FORMAT_VERSION = 1
@@ -118,12 +118,47 @@ INDEX_SCHEMA = pa.schema([
 ])
 
 
-def write_index(folder: Path, rows: Iterable[IndexRow]) -> dict[str, Any]:
+class IndexColumns:
+    """The columns of ``_index.parquet``, gathered shard by shard.
+
+    A shard writer returns positions, sizes and digests (:class:`ShardWrite`); the caller's
+    shard plan knows each sample's key, split, label index, entity and source. Each shard
+    becomes a small Arrow table at once, so no per-row Python objects pile up on the client.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+
+    def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int],
+                  entity_ids: Sequence[str], sources: Sequence[str]) -> None:
+        """Add one shard's rows; the sequences list its samples in the order they were written."""
+        count = written.samples
+        if not len(keys) == len(labels) == len(entity_ids) == len(sources) == count:
+            raise ValueError(f"shard {written.file}: the writer reported {count} samples, the plan lists "
+                             f"{len(keys)} keys, {len(labels)} labels, {len(entity_ids)} entities and "
+                             f"{len(sources)} sources")
+        self._parts.append(pa.table({
+            "key": pa.array(keys, pa.string()),
+            "split": pa.array([split] * count, pa.string()),
+            "shard": pa.array([written.file] * count, pa.string()),
+            "position": pa.array(written.positions, pa.int64()),
+            "bytes": pa.array(written.sizes, pa.int64()),
+            "sha256": pa.array([written.digest(i) for i in range(count)], pa.string()),
+            "label": pa.array(labels, pa.int64()),
+            "entity_id": pa.array(entity_ids, pa.string()),
+            "source": pa.array(sources, pa.string()),
+        }, schema=INDEX_SCHEMA))
+
+    def table(self) -> pa.Table:
+        """All rows, ordered by split, shard and position (one chunk per column)."""
+        table = pa.concat_tables(self._parts) if self._parts else INDEX_SCHEMA.empty_table()
+        return table.sort_by([("split", "ascending"), ("shard", "ascending"),
+                              ("position", "ascending")]).combine_chunks()
+
+
+def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
     """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry."""
-    ordered = sorted(rows, key=lambda r: (r.split, r.shard, r.position))
-    table = pa.Table.from_pylist([{name: getattr(r, name) for name in INDEX_SCHEMA.names} for r in ordered],
-                                 schema=INDEX_SCHEMA)
-    return _write_table(folder / INDEX_FILE, table)
+    return _write_table(folder / INDEX_FILE, index.table())
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from packer.audit import AuditReport, audit_assignment
 from packer.config import JobConfig
@@ -20,9 +21,11 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
 from packer.progress import Progress
-from packer.records import Issue
+from packer.records import Issue, SampleRef
 from packer.report import sort_issues
 from packer.split import Assignment, assign_splits, near_edges
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,54 @@ class Prepared:
         return sum(c.files for c in self.chunks if not c.reused) if self.decoded else 0
 
 
+class _Settle:
+    """Turns a worker's sample records into the client's: pseudonymized, with shared values.
+
+    A worker result unpickles into fresh objects for every sample, so 100k samples of ten
+    labels would hold 100k label strings (and as many entity ids, times, shapes and dtypes).
+    Keeping one object per distinct value is what holds the client's memory to a few hundred
+    bytes per sample. Pseudonymizing here, as each result arrives, means raw entity ids live
+    only in header reads and the local cache, never in the records the client keeps.
+    """
+
+    def __init__(self, phi: Pseudonymizer) -> None:
+        self._phi = phi
+        self._values: dict[Any, Any] = {}
+
+    def _one(self, value: T) -> T:
+        return self._values.setdefault(value, value)  # type: ignore[no-any-return]
+
+    def sample(self, sample: SpilledSample, original: SampleRef | None = None) -> SpilledSample:
+        """``sample`` as the client keeps it; ``original`` is the ref discover made for its file,
+        whose id and path strings the client already holds (the worker's are equal copies)."""
+        ref, one = sample.ref, self._one
+        entity, extra = ref.entity, ref.extra
+        if self._phi.active and entity is not None:
+            entity, extra = self._phi.entity(entity), ()
+        sample_id, path, relpath = ref.sample_id, ref.path, ref.relpath
+        if original is not None and (original.sample_id, original.path, original.relpath) == (sample_id, path, relpath):
+            sample_id, path, relpath = original.sample_id, original.path, original.relpath
+        ref = replace(ref, sample_id=sample_id, path=path, relpath=relpath, source=one(ref.source),
+                      kind=one(ref.kind), label=one(ref.label), entity=one(entity), time=one(ref.time), extra=extra)
+        return replace(sample, key=sample_id if sample.key == sample_id else sample.key, ref=ref,
+                       spill=one(sample.spill), shape=one(sample.shape), dtype=one(sample.dtype))
+
+    def chunk(self, chunk: ChunkResult, refs: Sequence[SampleRef]) -> ChunkResult:
+        """``chunk`` with every sample settled; ``refs`` are the refs its task was given."""
+        originals = {ref.sample_id: ref for ref in refs}
+        return replace(chunk, samples=tuple(self.sample(s, originals.get(s.ref.sample_id)) for s in chunk.samples))
+
+
 def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Path | None, decode: bool = True,
-                quiet: bool = False) -> list[ChunkResult]:
+                quiet: bool = False, phi: Pseudonymizer | None = None) -> list[ChunkResult]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
     A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
     down) is retried file by file; a file that still kills its worker becomes a
-    ``decoder_crash`` bad sample and the build goes on.
+    ``decoder_crash`` bad sample and the build goes on. Each result's samples are settled as
+    they arrive (:class:`_Settle`: pseudonymized under ``phi``, values shared).
     """
+    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
     libraries = library_versions()
     nonce = uuid.uuid4().hex[:8]
     cache = str(cache_dir) if cache_dir is not None else None
@@ -67,7 +110,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
         if isinstance(outcome, WorkerLost):
             lost.append(task)
             continue
-        results.append(outcome)
+        results.append(settle.chunk(outcome, task.refs))
         progress.update(outcome.files, bad=len(outcome.issues))
     singles = [ChunkTask(key=chunk_key((ref,), job, libraries), refs=(ref,), job=job, cache_dir=cache, decode=decode)
                for task in lost for ref in task.refs]
@@ -77,7 +120,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
         if isinstance(outcome, WorkerLost):
             suspects.append(task)  # maybe only a bystander on a dying worker: retried alone below
             continue
-        results.append(outcome)
+        results.append(settle.chunk(outcome, task.refs))
         progress.update(outcome.files, bad=len(outcome.issues))
     for suspect in suspects:  # one at a time, so a death can only be this file's doing
         ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
@@ -88,7 +131,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
                 ref, stage="read", reason="decoder_crash",
                 message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
                         f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
-        results.append(outcome)
+        results.append(settle.chunk(outcome, task.refs))
         progress.update(outcome.files, bad=len(outcome.issues))
     progress.close()
     return sorted(results, key=lambda r: r.key)
@@ -117,8 +160,9 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet)
-    samples = sorted((_pseudonymized(s, phi) for c in chunks for s in c.samples), key=lambda s: s.key)
+    chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi)
+    del refs  # the settled samples carry their own (probed) refs
+    samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
     issues.extend(i for c in chunks for i in c.issues)
     split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
     edges = near_edges(samples, split_cfg)
@@ -130,10 +174,3 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi)
 
-
-def _pseudonymized(sample: SpilledSample, phi: Pseudonymizer) -> SpilledSample:
-    """Swap the raw entity id for its pseudonym (and drop free-text table columns) before any
-    record can reach an output. Raw ids exist only in header reads and the local cache."""
-    if not phi.active or sample.ref.entity is None:
-        return sample
-    return replace(sample, ref=replace(sample.ref, entity=phi.entity(sample.ref.entity), extra=()))

@@ -39,7 +39,7 @@ BOUNDARY = 32
 MAX_CHUNK = 128
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SpilledSample:
     """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON."""
 

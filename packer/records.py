@@ -50,7 +50,7 @@ def safe_key(text: str) -> str:
     return _KEY_SAFE.sub("_", text).strip("_") or "x"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SampleRef:
     """One raw file the job will read, with everything known before decoding it.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,9 @@ def test_dicom_listing_uses_suffix_or_preamble(tmp_path: Path) -> None:
 def test_identity_checks_in_order() -> None:
     base = SampleRef(sample_id="s-1", source="s", kind="image", path="/r/1.png", relpath="1.png")
     assert check_identity(base, needs_time=False).reason == "missing_label"
-    labelled = SampleRef(**{**base.__dict__, "label": "a"})
+    labelled = replace(base, label="a")
     assert check_identity(labelled, needs_time=False).reason == "missing_entity"
-    with_entity = SampleRef(**{**labelled.__dict__, "entity": "E"})
+    with_entity = replace(labelled, entity="E")
     assert check_identity(with_entity, needs_time=False) is None
     assert check_identity(with_entity, needs_time=True).reason == "missing_time"
 

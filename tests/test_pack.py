@@ -41,6 +41,13 @@ def test_tar_shard_is_reproducible_and_normalised(tmp_path: Path) -> None:
     assert [m.name for m in members[:3]] == ["src-0000.cls", "src-0000.json", "src-0000.npy"]
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
     assert not list(tmp_path.glob("*.partial"))
+    starts = [m for m in members if m.name.endswith(".cls")]
+    npys = {m.name: m for m in members if m.name.endswith(".npy")}
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        npy_bytes = [tar.extractfile(npys[f"src-{i:04d}.npy"]).read() for i in range(5)]  # type: ignore[union-attr]
+    assert list(a.positions) == [m.offset for m in starts]  # each sample's first member header
+    assert list(a.sizes) == [len(b) for b in npy_bytes]
+    assert [a.digest(i) for i in range(5)] == [hashlib.sha256(b).hexdigest() for b in npy_bytes]
 
 
 def test_stock_webdataset_reads_back_exact_arrays(tmp_path: Path) -> None:
@@ -63,7 +70,9 @@ def test_parquet_shard_is_reproducible_and_pyarrow_reads_it(tmp_path: Path) -> N
     for row, s in zip(table.to_pylist(), packed, strict=True):
         assert row["image"] == s.pixels and row["shape"] == list(s.shape) and row["label"] == s.label
         assert row["sha256"] == hashlib.sha256(s.pixels).hexdigest()
-    assert [r.position for r in a.rows] == [0, 1, 2, 3]
+    assert list(a.positions) == [0, 1, 2, 3]
+    assert list(a.sizes) == [len(s.pixels) for s in packed]
+    assert [a.digest(i) for i in range(4)] == [hashlib.sha256(s.pixels).hexdigest() for s in packed]
 
 
 def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.pack.encode import EncodedSample, canonical_json
-from packer.pack.writer import IndexRow, ShardWrite, atomic_output, sha256_file
+from packer.pack.writer import ShardWrite, WrittenSamples, atomic_output, sha256_file
 
 SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),
@@ -35,9 +35,10 @@ _SMALL_COLUMNS = ["key", "label", "label_name", "entity_id", "split", "source", 
 
 
 def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
-    """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and index rows."""
+    """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
+    sample, its row number and the size and sha256 of its ``image`` cell."""
     columns: dict[str, list] = {name: [] for name in SCHEMA.names}
-    rows: list[IndexRow] = []
+    written = WrittenSamples()
     for position, sample in enumerate(samples):
         digest = sample.pixels_sha256
         for name, value in (("key", sample.key), ("label", sample.label), ("label_name", sample.label_name),
@@ -45,9 +46,7 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
                             ("shape", list(sample.shape)), ("dtype", sample.dtype), ("image", sample.pixels),
                             ("sha256", digest), ("metadata", canonical_json(sample.info).decode())):
             columns[name].append(value)
-        rows.append(IndexRow(key=sample.key, split=sample.split, shard=path.name, position=position,
-                             bytes=len(sample.pixels), sha256=digest, label=sample.label,
-                             entity_id=sample.entity_id, source=sample.source))
+        written.add(position=position, size=len(sample.pixels), sha256_hex=digest)
     table = pa.Table.from_pydict(columns, schema=SCHEMA)
     with atomic_output(path) as fh:
         pq.write_table(
@@ -61,4 +60,4 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
             version="2.6",
         )
     size, sha = sha256_file(path)
-    return ShardWrite(file=path.name, bytes=size, sha256=sha, rows=tuple(rows))
+    return written.result(file=path.name, size=size, sha256=sha)

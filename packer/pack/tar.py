@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from packer.pack.encode import EncodedSample, canonical_json, encode_npy
-from packer.pack.writer import IndexRow, ShardWrite, atomic_output
+from packer.pack.writer import ShardWrite, WrittenSamples, atomic_output
 
 
 class _HashingWriter(io.RawIOBase):
@@ -65,12 +65,10 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, bytes]]:
 
 
 def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
-    """Stream ``samples`` into the tar shard ``path``; return its size, sha256 and index rows.
-
-    Index rows carry the tar offset of each sample's first member header and the sha256 of
-    its ``.npy`` member bytes.
+    """Stream ``samples`` into the tar shard ``path``; return its size, sha256 and, per sample,
+    the tar offset of its first member header and the size and sha256 of its ``.npy`` member.
     """
-    rows: list[IndexRow] = []
+    written = WrittenSamples()
     with atomic_output(path) as raw:
         hashing = _HashingWriter(raw)
         with tarfile.open(fileobj=hashing, mode="w", format=tarfile.USTAR_FORMAT) as tar:  # type: ignore[call-overload]
@@ -80,12 +78,10 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
                 for name, data in members:
                     tar.addfile(_member(name, len(data)), io.BytesIO(data))
                 npy = members[-1][1]
-                rows.append(IndexRow(key=sample.key, split=sample.split, shard=path.name, position=offset,
-                                     bytes=len(npy), sha256=hashlib.sha256(npy).hexdigest(),
-                                     label=sample.label, entity_id=sample.entity_id, source=sample.source))
+                written.add(position=offset, size=len(npy), sha256_hex=hashlib.sha256(npy).hexdigest())
         size = hashing.size
         digest = hashing.sha256.hexdigest()
-    return ShardWrite(file=path.name, bytes=size, sha256=digest, rows=tuple(rows))
+    return written.result(file=path.name, size=size, sha256=digest)
 
 
 def read_tar_members(path: Path) -> list[str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import os
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,38 +16,53 @@ TMP_SUFFIX = ".partial"
 
 
 @dataclass(frozen=True)
-class IndexRow:
-    """One sample's place in the packed dataset (a row of ``_index.parquet``).
-
-    ``position`` is the tar offset of the sample's first member, or its Parquet row number.
-    ``sha256`` hashes the sample's packed pixel bytes (the ``.npy`` member for tar, the
-    ``image`` cell for Parquet).
-    """
-
-    key: str
-    split: str
-    shard: str
-    position: int
-    bytes: int
-    sha256: str
-    label: int
-    entity_id: str
-    source: str
-
-
-@dataclass(frozen=True)
 class ShardWrite:
-    """What writing one shard produced: file name (relative), size, sha256 and index rows."""
+    """What writing one shard produced: file name (relative), size and sha256, and for each
+    sample in the order written its ``position`` (the tar offset of its first member, or its
+    Parquet row number), the size of its packed pixel bytes (the ``.npy`` member for tar, the
+    ``image`` cell for Parquet) and their sha256 (32 raw bytes a sample in ``digests``).
+
+    Columnar on purpose: the client holds one per shard for the whole build, so a sample
+    costs it 48 bytes here; everything else an index row needs, its shard plan already has.
+    """
 
     file: str
     bytes: int
     sha256: str
-    rows: tuple[IndexRow, ...]
+    positions: array
+    sizes: array
+    digests: builtins.bytes  # the field ``bytes`` shadows the builtin inside this class
     seconds: float = 0.0
+
+    @property
+    def samples(self) -> int:
+        return len(self.positions)
+
+    def digest(self, index: int) -> str:
+        """The hex sha256 of sample ``index``'s packed pixel bytes."""
+        return self.digests[32 * index:32 * index + 32].hex()
 
     def to_entry(self) -> dict[str, object]:
         """The shard's entry in the manifest."""
-        return {"file": self.file, "bytes": self.bytes, "sha256": self.sha256, "samples": len(self.rows)}
+        return {"file": self.file, "bytes": self.bytes, "sha256": self.sha256, "samples": self.samples}
+
+
+class WrittenSamples:
+    """Collects a shard's per-sample columns while a writer streams it (see :class:`ShardWrite`)."""
+
+    def __init__(self) -> None:
+        self.positions = array("q")
+        self.sizes = array("q")
+        self._digests = bytearray()
+
+    def add(self, *, position: int, size: int, sha256_hex: str) -> None:
+        self.positions.append(position)
+        self.sizes.append(size)
+        self._digests += bytes.fromhex(sha256_hex)
+
+    def result(self, *, file: str, size: int, sha256: str) -> ShardWrite:
+        return ShardWrite(file=file, bytes=size, sha256=sha256, positions=self.positions, sizes=self.sizes,
+                          digests=bytes(self._digests))
 
 
 @contextlib.contextmanager
