@@ -66,15 +66,16 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
 
 
 def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "train", classes: int = 3,
-                   class_counts: dict[str, int] | None = None, shape: Sequence[int] | None = SHAPE) -> Path:
+                   class_counts: dict[str, int] | None = None, shape: Sequence[int] | None = SHAPE,
+                   dtype: str = "uint8") -> Path:
     """Write ``root/manifest.json`` for ``shards`` (entries with file, bytes, sha256, samples).
 
-    ``shape=None`` writes a null sample shape (samples of varying size).
+    ``shape=None`` writes a null sample shape (samples of varying size); ``dtype`` the sample dtype.
     """
     manifest = {
         "format_version": 1, "name": "fixture", "version": "0123456789ab", "format": fmt,
         "label_map": {f"c{c}": c for c in range(classes)},
-        "sample_schema": {"dtype": "uint8", "layout": "CHW", "shape": None if shape is None else list(shape)},
+        "sample_schema": {"dtype": dtype, "layout": "CHW", "shape": None if shape is None else list(shape)},
         "splits": {split: {"samples": sum(s["samples"] for s in shards), "class_counts": class_counts or {},
                            "shards": shards}},
     }

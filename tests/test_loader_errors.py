@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from loader_fixtures import build_dataset, sample_image, split_keys, write_manifest, write_raw_tar
 
 from packer.errors import IntegrityError
@@ -166,3 +168,112 @@ def test_load_npy_refuses_cut_data_and_pickles() -> None:
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):
         load_npy(pickled.getvalue())
+
+
+def decode_both_ways(path: Path, check, monkeypatch: pytest.MonkeyPatch, *,
+                     index_of: Path | None = None) -> list[tuple[object, object]]:
+    """Every sample of the tar shard at ``path`` (as scanned from ``index_of``, default ``path``)
+    decoded by positional reads straight into the image and by whole-member reads (the path
+    taken where ``os.preadv`` is missing)."""
+    from packer.loader import readers
+
+    index = readers.scan_tar(index_of or path)
+    out = []
+    with open(path, "rb", buffering=0) as fh:
+        for sample in index.samples:
+            monkeypatch.setattr(readers, "_PREAD", True)
+            positional = readers._decode_tar_sample(fh, sample, check)
+            monkeypatch.setattr(readers, "_PREAD", False)
+            whole = readers._decode_tar_sample(fh, sample, check)
+            out.append((positional, whole))
+    return out
+
+
+def assert_same_outcome(a: object, b: object) -> None:
+    from packer.loader.readers import Decoded
+
+    if isinstance(a, Decoded) and isinstance(b, Decoded):
+        assert (a.key, a.label) == (b.key, b.label)
+        assert a.image.dtype == b.image.dtype and a.image.dtype.isnative and a.image.flags.writeable
+        np.testing.assert_array_equal(a.image, b.image)
+    else:
+        assert a == b
+
+
+def long_header_npy() -> bytes:
+    """A valid npy whose header (a 40-dimensional shape) is longer than the first read of a member."""
+    return npy(np.zeros((1,) * 38 + (2, 2), np.uint8))
+
+
+CUT_DATA = ("undecodable", "a.npy: npy data holds 13 bytes, the header promises 16 for shape (1, 4, 4) uint8")
+
+
+needs_preadv = pytest.mark.skipif(not hasattr(os, "preadv"), reason="no positional reads on this platform")
+
+
+@needs_preadv
+@pytest.mark.parametrize("dtype,member,expected", [
+    ("uint8", npy(np.arange(48, dtype=np.uint8).reshape(3, 4, 4)), "decoded"),
+    ("uint16", npy(np.arange(48, dtype=">u2").reshape(3, 4, 4)), "decoded"),     # not the machine's byte order
+    ("uint16", npy(np.arange(48, dtype="<u2").reshape(3, 4, 4)), "decoded"),
+    ("float32", npy(np.linspace(-1, 1, 32, dtype=">f4").reshape(2, 4, 4)), "decoded"),
+    ("uint8", npy(np.asfortranarray(np.arange(24, dtype=np.uint8).reshape(2, 3, 4))), "decoded"),  # np.load
+    ("uint8", npy(np.zeros((1, 4, 4), np.uint8))[:-3], CUT_DATA),            # header promises more than it holds
+    ("uint8", npy(np.array([{"x": 1}], dtype=object), allow_pickle=True), "undecodable"),
+    ("uint8", b"\x93NUMPY\x01\x00garbage", "undecodable"),
+    ("uint8", long_header_npy(), "bad_sample"),                              # decoded, but not C×H×W
+    ("uint8", npy(np.zeros((1, 4, 4), np.uint16)), "bad_sample"),            # wrong dtype
+])
+def test_reading_pixels_straight_into_the_image_agrees_with_whole_member_reads(tmp_path, monkeypatch, dtype,
+                                                                             member, expected):
+    from packer.loader.readers import Decoded, SampleCheck
+
+    members = [("a.cls", b"1"), ("a.json", b"{}"), ("a.npy", member),
+               ("b.cls", b"one"), ("b.json", b"{}"), ("b.npy", member)]       # b: an unreadable label
+    write_raw_tar(tmp_path, "train-000000.tar", members, samples=2)
+    check = SampleCheck(dtype=dtype, shape=None, labels=frozenset({0, 1, 2}))
+    (a_pos, a_whole), (b_pos, b_whole) = decode_both_ways(tmp_path / "train-000000.tar", check, monkeypatch)
+    assert_same_outcome(a_pos, a_whole)
+    assert_same_outcome(b_pos, b_whole)
+    assert b_pos == ("bad_label", "b.cls holds b'one', not an integer")
+    if expected == "decoded":
+        assert isinstance(a_pos, Decoded) and a_pos.label == 1
+        np.testing.assert_array_equal(a_pos.image, np.load(io.BytesIO(member)))
+    elif isinstance(expected, tuple):
+        assert a_pos == expected
+    else:
+        assert isinstance(a_pos, tuple) and a_pos[0] == expected
+
+
+@needs_preadv
+@pytest.mark.parametrize("where", ["cls", "npy header", "npy data"])
+def test_a_member_cut_short_after_the_scan_is_truncated_either_way(tmp_path, monkeypatch, where):
+    from packer.loader import readers
+
+    manifest = build_dataset(tmp_path, shard_sizes=(3,), shape=(3, 8, 8))
+    shard = manifest.parent / "train-000000.tar"
+    sample = readers.scan_tar(shard).samples[1]
+    cls_at, npy_at = sample.members["cls"][0], sample.members["npy"][0]
+    cut = {"cls": cls_at, "npy header": npy_at + 20, "npy data": npy_at + 128 + 50}[where]
+    cut_copy = tmp_path / "cut.tar"
+    cut_copy.write_bytes(shard.read_bytes()[:cut])
+    check = readers.SampleCheck(dtype="uint8", shape=(3, 8, 8), labels=frozenset({0, 1, 2}))
+    outcomes = decode_both_ways(cut_copy, check, monkeypatch, index_of=shard)
+    ext = "cls" if where == "cls" else "npy"
+    assert outcomes[1] == (("truncated", f"s00001.{ext} is cut short"),) * 2
+    assert all(isinstance(o, tuple) for o in outcomes[2])
+    np.testing.assert_array_equal(outcomes[0][0].image, sample_image(0, (3, 8, 8)))
+
+
+def test_big_endian_samples_load_as_native_arrays(tmp_path):
+    values = [np.arange(i, i + 32, dtype=">u2").reshape(2, 4, 4) * 1000 for i in range(3)]
+    members = []
+    for i, array in enumerate(values):
+        members += [(f"k{i}.cls", str(i % 3).encode()), (f"k{i}.json", b"{}"), (f"k{i}.npy", npy(array))]
+    entry = write_raw_tar(tmp_path, "train-000000.tar", members, samples=3)
+    manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry], shape=(2, 4, 4), dtype="uint16")
+    items = list(ShardDataset(manifest, "train", shuffle=False))
+    assert [item["key"] for item in items] == ["k0", "k1", "k2"]
+    for item, array in zip(items, values, strict=True):
+        assert item["image"].dtype == torch.uint16
+        np.testing.assert_array_equal(item["image"].numpy(), array.astype(np.uint16))

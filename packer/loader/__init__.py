@@ -62,6 +62,7 @@ from typing import Any
 # and pyarrow only) import without torch.
 _EXPORTS = {
     "DevicePrefetcher": "device",
+    "ImageBatch": "dataloader",
     "LoaderState": "dataloader",
     "ShardDataset": "dataset",
     "ShardLoader": "dataloader",

@@ -12,8 +12,9 @@ with any ``num_workers``.
 from __future__ import annotations
 
 import logging
+import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,13 +32,101 @@ log = logging.getLogger("packer.loader")
 STATE_FORMAT = "packer.loader/1"
 
 
+class ImageBatch(list):  # type: ignore[type-arg]
+    """The images of a batch whose shapes differ: a ``list`` of tensors that crosses a
+    process boundary as ONE tensor.
+
+    Pickled (a DataLoader worker handing its batch to the main process; also ``pickle``,
+    ``torch.save``, ``copy.deepcopy``), the images travel packed in one flat tensor, their
+    shapes beside it: through DataLoader workers that is one shared-memory block and one
+    file descriptor per batch, where a plain list costs one of each, and a socket round trip,
+    per image. Unpickled it is an ``ImageBatch`` again, with the same shapes, dtype and
+    values, each image a C-contiguous view of its own slice of the one flat tensor: writing
+    to one image changes no other, but they share one storage, so holding on to one image
+    keeps the whole batch's memory alive (``image.clone()`` keeps only its own). Images
+    that are not all plain CPU tensors of one dtype (say, a ``transform`` that returns
+    something else) pickle as a plain list would.
+    """
+
+    #: The flat tensor this batch's images are views of, and those views, when it was
+    #: packed (by :meth:`packed` or by unpickling); pickling sends ``_flat`` as it is while
+    #: the list still holds exactly those views.
+    _flat: torch.Tensor | None = None
+    _views: tuple[torch.Tensor, ...] = ()
+
+    @classmethod
+    def packed(cls, images: Sequence[torch.Tensor], *, shared: bool) -> ImageBatch:
+        """Copy ``images`` (plain CPU tensors of one dtype, see :func:`packable`) into one flat
+        tensor, in shared memory if ``shared``, and return the batch of its views."""
+        total = sum(im.numel() for im in images)
+        flat = _shared_empty((total,), images[0]) if shared else images[0].new_empty((total,))
+        batch = _views_of(flat, [tuple(im.shape) for im in images])
+        for view, image in zip(batch, images, strict=True):
+            view.copy_(image)
+        return batch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        batch = self
+        if self._flat is None or len(self) != len(self._views) or any(
+                a is not b for a, b in zip(self, self._views, strict=False)):
+            if not packable(self):
+                return ImageBatch, (list(self),)
+            batch = ImageBatch.packed(self, shared=False)
+        return _views_of, (batch._flat, [tuple(im.shape) for im in batch])
+
+    def __copy__(self) -> ImageBatch:
+        return ImageBatch(self)
+
+
+def packable(images: Sequence[Any]) -> bool:
+    """Whether ``images`` can share one flat tensor: a non-empty sequence of plain
+    ``torch.Tensor`` (no subclass) on the CPU, one dtype, no autograd history."""
+    if not images or type(images[0]) is not torch.Tensor:
+        return False
+    dtype = images[0].dtype
+    return all(type(im) is torch.Tensor and im.dtype == dtype and im.device.type == "cpu"
+               and im.layout == torch.strided and not im.requires_grad for im in images)
+
+
+def _views_of(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> ImageBatch:
+    """An :class:`ImageBatch` of consecutive views of ``flat`` with ``shapes`` (the unpickler)."""
+    views, at = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        views.append(flat[at:at + size].view(shape))
+        at += size
+    batch = ImageBatch(views)
+    batch._flat, batch._views = flat, tuple(views)
+    return batch
+
+
+def _shared_empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of ``like``'s dtype in shared memory: what a DataLoader worker
+    fills so that handing it over is not one more copy (as torch's ``default_collate`` does)."""
+    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
+    return like.new(storage).resize_(shape)
+
+
 def collate_samples(items: list[Item]) -> dict[str, Any]:
-    """Batch items: ``image`` stacked to B×C×H×W when all shapes match (else a list of
-    tensors), ``label`` int64 of shape (B,), ``key`` a list of str."""
+    """Batch items: ``image`` stacked to B×C×H×W when all shapes match, else an
+    :class:`ImageBatch` (a list of tensors), ``label`` int64 of shape (B,), ``key`` a list of str.
+
+    In a DataLoader worker the images are copied straight into shared memory, stacked or
+    packed into one flat tensor (see :class:`ImageBatch`), so that the batch reaches the main
+    process as one block instead of one per image; outside a worker an ``ImageBatch`` holds
+    the items' own tensors.
+    """
     images = [item["image"] for item in items]
     same = bool(images) and all(isinstance(im, torch.Tensor) and im.shape == images[0].shape for im in images)
+    shared = get_worker_info() is not None and packable(images)
+    image: torch.Tensor | ImageBatch
+    if same:
+        out = _shared_empty((len(images), *images[0].shape), images[0]) if shared else None
+        image = torch.stack(images, out=out)
+    else:
+        image = ImageBatch.packed(images, shared=True) if shared else ImageBatch(images)
     return {
-        "image": torch.stack(images) if same else images,
+        "image": image,
         "label": torch.stack([item["label"] for item in items]) if items else torch.zeros(0, dtype=torch.int64),
         "key": [item["key"] for item in items],
     }
@@ -83,9 +172,11 @@ class LoaderState:
 class ShardLoader:
     """Batches of one rank of a :class:`ShardDataset`, with ``state_dict``/``load_state_dict``.
 
-    Iterating yields dicts ``{"image": uint8 B×C×H×W (or list), "label": int64 (B,),
-    "key": list[str]}``. Each ``iter()`` runs the current epoch from its start, except the
-    first after ``load_state_dict``, which runs the rest of the saved epoch.
+    Iterating yields dicts ``{"image": uint8 B×C×H×W, "label": int64 (B,), "key": list[str]}``;
+    where a batch's shapes differ, ``image`` is an :class:`ImageBatch`, a list of C×H×W
+    tensors (from workers: views of one tensor, see there). Each ``iter()`` runs the current
+    epoch from its start, except the first after ``load_state_dict``, which runs the rest of
+    the saved epoch.
     ``skipped``/``skipped_samples``: samples skipped so far in this run (``on_error="skip"``).
     """
 

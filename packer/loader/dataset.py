@@ -108,7 +108,11 @@ class ShardDataset(IterableDataset):
 
     Iterated directly (or through a plain DataLoader), samples are striped over workers one
     by one; :func:`packer.loader.make_loader` stripes whole batches so that the batch order
-    does not depend on ``num_workers`` and can be resumed.
+    does not depend on ``num_workers`` and can be resumed. A plain DataLoader given
+    ``collate_fn=packer.loader.collate_samples`` batches as ``make_loader`` does: images
+    stacked when a batch's shapes match, else an :class:`packer.loader.ImageBatch` (a list
+    of tensors which, coming from a worker, are views of one shared tensor: separate
+    samples, one storage). torch's ``default_collate`` cannot batch images of different shapes.
     """
 
     def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
@@ -247,7 +251,9 @@ class ShardDataset(IterableDataset):
         if self.transform is not None:
             with seeded_rng(derive_seed(self.seed, epoch, sample_id)):
                 image = self.transform(image)
-        return {"image": image, "label": torch.tensor(decoded.label, dtype=torch.int64), "key": decoded.key}
+        # from_numpy of a 0-d array: a third of what torch.tensor(label) costs per sample
+        label = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
+        return {"image": image, "label": label, "key": decoded.key}
 
     def _skip(self, failure: Failure) -> None:
         """Raise for ``failure`` (``on_error="raise"``) or count it; raise past ``max_skipped``."""

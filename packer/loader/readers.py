@@ -9,6 +9,12 @@ Every reader yields exactly one ``(position, Decoded | Failure)`` per requested 
 in ascending position order, whatever is wrong with the file: the caller decides whether a
 :class:`Failure` raises (:class:`ShardReadError`) or is skipped and counted.
 
+Tar images are copied once: the shard is opened unbuffered and, for packer's own ``.npy``
+header (numpy's version-1.0 header of a C-order numeric array), one ``pread`` fetches the
+``.cls`` member and the npy header together, and ``preadv`` reads the pixels from the page
+cache straight into the ``np.empty`` array that becomes the image (and, in turn, the
+tensor). Any other npy form is read whole and decoded by ``np.load(allow_pickle=False)``.
+
 Parquet images are zero-copy views: the shard is opened with ``pa.memory_map``, read in
 record batches of ``PARQUET_ROWS`` rows, and each ``image`` cell becomes an
 ``np.frombuffer`` view on the record batch's Arrow data buffer (no copy from Arrow to numpy
@@ -30,6 +36,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import tarfile
@@ -389,6 +396,53 @@ _TAR_INDEX = _IndexCache()
 #: format 1.0), e.g. ``{'descr': '|u1', 'fortran_order': False, 'shape': (2, 256, 256), }``.
 _NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][uif][1248])', 'fortran_order': False, "
                          rb"'shape': \(((?:\d+, )*\d*|\d+,)\), \} *\n")
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"
+#: Bytes read at the start of an ``.npy`` member to find its header: numpy pads the magic and
+#: header to a multiple of 64 bytes, 128 for packer's C×H×W samples.
+_NPY_HEAD = 256
+#: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
+#: ``.npy``) is read in the same system call as the npy header.
+_NEAR = 64 << 10
+#: Positional reads (``os.pread``/``os.preadv``): where missing, tar members are read with
+#: seek + read.
+_PREAD = hasattr(os, "pread") and hasattr(os, "preadv")
+
+
+def _npy_layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int] | None:
+    """(dtype, shape, offset of the data) of an ``.npy`` whose first bytes are ``head``, for
+    the header form matched by ``_NPY_HEADER``; ``None`` for any other form, or a header
+    that does not end within ``head``."""
+    if head[:8] != _NPY_MAGIC or len(head) < 10:
+        return None
+    start = 10 + int.from_bytes(head[8:10], "little")
+    if start > len(head):
+        return None
+    header = head[10:start]
+    layout = _LAYOUTS.get(header)
+    if layout is None:
+        match = _NPY_HEADER.fullmatch(header)
+        if match is None:
+            return None
+        shape = tuple(int(d) for d in match.group(2).decode().replace(" ", "").split(",") if d)
+        layout = np.dtype(match.group(1).decode()), shape, start
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        _LAYOUTS[header] = layout
+    return layout
+
+
+#: Parsed npy headers by their bytes: a shard's samples share a handful of shapes, and the
+#: regular expression and int parsing cost a third of reading a 256×256 sample's pixels.
+_LAYOUTS: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
+_LAYOUTS_KEPT = 256
+
+
+def _npy_size_problem(data_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
+    """Why ``data_bytes`` of npy data cannot hold ``dtype`` ``shape``, or ``None``."""
+    count = math.prod(shape)
+    if data_bytes == count * dtype.itemsize:
+        return None
+    return f"npy data holds {data_bytes} bytes, the header promises {count * dtype.itemsize} for shape {shape} {dtype}"
 
 
 def load_npy(data: bytes) -> np.ndarray:
@@ -400,24 +454,25 @@ def load_npy(data: bytes) -> np.ndarray:
     the rest of reading a 256×256 sample). Anything else goes through
     ``np.load(allow_pickle=False)``. Raises ValueError for bytes that are not a valid array.
     """
-    if data[:8] == b"\x93NUMPY\x01\x00" and len(data) >= 10:
-        header_len = int.from_bytes(data[8:10], "little")
-        match = _NPY_HEADER.fullmatch(data[10:10 + header_len])
-        if match is not None:
-            dtype = np.dtype(match.group(1).decode())
-            shape = tuple(int(d) for d in match.group(2).decode().replace(" ", "").split(",") if d)
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            start = 10 + header_len
-            if len(data) - start != count * dtype.itemsize:
-                raise ValueError(f"npy data holds {len(data) - start} bytes, the header promises "
-                                 f"{count * dtype.itemsize} for shape {shape} {dtype}")
-            image = np.frombuffer(bytearray(memoryview(data)[start:]), dtype=dtype).reshape(shape)
-            return image if dtype.isnative else image.astype(dtype.newbyteorder("="))
+    layout = _npy_layout(data)
+    if layout is not None:
+        dtype, shape, start = layout
+        problem = _npy_size_problem(len(data) - start, dtype, shape)
+        if problem is not None:
+            raise ValueError(problem)
+        image = np.frombuffer(bytearray(memoryview(data)[start:]), dtype=dtype).reshape(shape)
+        return image if dtype.isnative else image.astype(dtype.newbyteorder("="))
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def _decode_tar_sample(fh: io.BufferedReader, sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
-    """Decode one sample's ``.cls`` and ``.npy`` members; (reason, message) on failure."""
+def _decode_tar_sample(fh: IO[bytes], sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
+    """Decode one sample's ``.cls`` and ``.npy`` members; (reason, message) on failure.
+
+    Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_read_tar_sample`; elsewhere
+    each member is read whole (seek + read) and decoded by :func:`_decode_members`.
+    """
+    if _PREAD:
+        return _read_tar_sample(fh.fileno(), sample, check)
     data: dict[str, bytes] = {}
     for ext in ("cls", "npy"):
         if ext not in sample.members:
@@ -430,15 +485,84 @@ def _decode_tar_sample(fh: io.BufferedReader, sample: TarSample, check: SampleCh
     return _decode_members(sample.key, data, check)
 
 
+def _read_tar_sample(fd: int, sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
+    """Decode one sample from the shard open as ``fd``, copying its pixels once.
+
+    One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
+    they lie far apart); for packer's own npy header (:func:`_npy_layout`) the pixels are
+    then read by ``preadv`` straight into the ``np.empty`` array that becomes the image,
+    byte-swapped in place if the file's byte order is not the machine's. Any other npy form
+    is read whole and goes through :func:`_decode_members`, with the same checks and
+    messages as the streamed reader.
+    """
+    key, members = sample.key, sample.members
+    for ext in ("cls", "npy"):
+        if ext not in members:
+            return "missing_member", f"no {key}.{ext} member"
+    (cls_at, cls_size), (npy_at, npy_size) = members["cls"], members["npy"]
+    head_size = min(npy_size, _NPY_HEAD)
+    if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
+        span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
+        cls, head = span[:cls_size], span[npy_at - cls_at:]
+    else:
+        cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
+    if len(cls) != cls_size:
+        return "truncated", f"{key}.cls is cut short"
+    if len(head) != head_size:
+        return "truncated", f"{key}.npy is cut short"
+    layout = _npy_layout(head)
+    if layout is None:
+        data = os.pread(fd, npy_size, npy_at)
+        if len(data) != npy_size:
+            return "truncated", f"{key}.npy is cut short"
+        return _decode_members(key, {"cls": cls, "npy": data}, check)
+    label = _parse_label(key, cls)
+    if isinstance(label, tuple):
+        return label
+    dtype, shape, start = layout
+    problem = _npy_size_problem(npy_size - start, dtype, shape)
+    if problem is not None:
+        return "undecodable", f"{key}.npy: {problem}"
+    image = np.empty(shape, dtype)
+    if _read_into(fd, image, npy_at + start) != image.nbytes:
+        return "truncated", f"{key}.npy is cut short"
+    if not dtype.isnative:
+        image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    problem = check.problem(image, label)
+    if problem is not None:
+        return "bad_sample", problem
+    return Decoded(key=key, label=label, image=image)
+
+
+def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
+    """Fill C-contiguous ``array`` with the bytes of ``fd`` from ``offset``; the bytes read
+    (fewer than ``array.nbytes`` only where the file ends first)."""
+    raw = array.reshape(-1).view(np.uint8).data
+    got = 0
+    while got < len(raw):
+        n = os.preadv(fd, [raw[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _parse_label(key: str, data: bytes) -> int | tuple[str, str]:
+    """The label index in a ``.cls`` member, or (reason, message)."""
+    try:
+        return int(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return "bad_label", f"{key}.cls holds {data[:20]!r}, not an integer"
+
+
 def _decode_members(key: str, data: dict[str, bytes], check: SampleCheck) -> tuple[str, str] | Decoded:
     """Decode a sample from its ``cls`` and ``npy`` member bytes; (reason, message) on failure."""
     for ext in ("cls", "npy"):
         if ext not in data:
             return "missing_member", f"no {key}.{ext} member"
-    try:
-        label = int(data["cls"].decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        return "bad_label", f"{key}.cls holds {data['cls'][:20]!r}, not an integer"
+    label = _parse_label(key, data["cls"])
+    if isinstance(label, tuple):
+        return label
     try:
         image = load_npy(data["npy"])
     except (ValueError, OSError, EOFError) as err:
@@ -472,7 +596,7 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                 yield pos, Failure(info.file, pos, key, "bad_shard", problem)
             return
         found = len(index.samples)
-        with open(info.path, "rb") as fh:
+        with open(info.path, "rb", buffering=0) as fh:
             for pos in positions:
                 if pos >= found:
                     outcome: Decoded | Failure = Failure(
