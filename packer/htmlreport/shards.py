@@ -9,17 +9,18 @@ shows the same samples, and any other dataset a different, unbiased subset.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tarfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow.parquet as pq
+
+from packer.loader.readers import load_npy
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
 
@@ -97,9 +98,51 @@ def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
 
 
 def _decode_members(key: str, members: dict[str, bytes]) -> tuple[np.ndarray, dict[str, Any]]:
-    image = np.load(io.BytesIO(members[f"{key}.npy"]), allow_pickle=False)
+    image = load_npy(members[f"{key}.npy"])
     raw = members.get(f"{key}.json")
     return image, (json.loads(raw) if raw else {})
+
+
+_BLOCK = 512
+
+
+def _ustar_header(block: bytes) -> tuple[str, int] | None:
+    """(name, size) of a ustar member header, None for an end-of-archive (all-zero) block.
+
+    Raises ``tarfile.HeaderError`` for a short block, a bad checksum or a bad number, so the
+    caller falls back to a full scan. Parsing the few fields packer writes here costs a tenth
+    of ``tarfile.open`` + ``TarInfo.frombuf`` per sample, which dominated the report's time.
+    """
+    if len(block) < _BLOCK:
+        raise tarfile.HeaderError("header block cut short")
+    if not any(block):
+        return None
+    try:
+        stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+        size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError as err:
+        raise tarfile.HeaderError(f"bad number in header ({err})") from err
+    if stored != sum(block[:148]) + 8 * 0x20 + sum(block[156:_BLOCK]):
+        raise tarfile.HeaderError("header checksum does not match")
+    name = block[:100].split(b"\0", 1)[0]
+    prefix = block[345:500].split(b"\0", 1)[0]
+    return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace"), size
+
+
+def _members_at(fh: BinaryIO, position: int, key: str) -> dict[str, bytes]:
+    """The consecutive members ``<key>.*`` whose first header sits at ``position``."""
+    members: dict[str, bytes] = {}
+    while True:
+        fh.seek(position)
+        header = _ustar_header(fh.read(_BLOCK))
+        if header is None or not header[0].startswith(key + "."):
+            return members
+        name, size = header
+        data = fh.read(size)
+        if len(data) != size:
+            raise tarfile.ReadError(f"member {name!r} cut short")
+        members[name] = data
+        position += _BLOCK + -(-size // _BLOCK) * _BLOCK
 
 
 def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
@@ -108,14 +151,8 @@ def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
         found: set[str] = set()
         with open(path, "rb") as fh:
             for entry in sorted(entries, key=lambda e: e.position):
-                fh.seek(entry.position)
-                members: dict[str, bytes] = {}
                 try:
-                    with tarfile.open(fileobj=fh, mode="r:") as tar:
-                        for member in tar:  # the sample's members are consecutive: stop after them
-                            if not member.name.startswith(entry.key + "."):
-                                break
-                            members[member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    members = _members_at(fh, entry.position, entry.key)
                 except tarfile.TarError:
                     continue  # not a member header at this offset: the scan below looks for it
                 if f"{entry.key}.npy" in members:

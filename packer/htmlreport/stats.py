@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import cv2
 import numpy as np
 
 from packer.htmlreport.thumbs import as_chw, to_display
@@ -28,7 +29,13 @@ class ChannelHistograms:
         """Count one C×H×W sample (any dtype: non-uint8 goes through ``to_display``)."""
         chw = to_display(as_chw(image))
         for c in range(chw.shape[0]):
-            self.counts[c] += np.bincount(chw[c].ravel(), minlength=256)
+            # cv2.calcHist counts a uint8 plane ~10x faster than np.bincount (which widens every
+            # pixel to intp first); its float32 counts are exact below 2**24 pixels a plane.
+            plane = np.ascontiguousarray(chw[c])
+            if plane.size < 1 << 24:
+                self.counts[c] += cv2.calcHist([plane], [0], None, [256], [0, 256]).reshape(256).astype(np.int64)
+            else:
+                self.counts[c] += np.bincount(plane.ravel(), minlength=256)
         self.samples += 1
         self.dtypes.add(str(image.dtype))
 
