@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 from packer.config import JobConfig, SourceConfig
 from packer.errors import ConfigError
@@ -272,19 +273,36 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
     DICOM entity and time come from the header; images got theirs from the table. The
     header read catches unreadable, non-DICOM and pixel-less files before any decoding.
     """
+    probed = _probe(ref, job, keep_pixels=False)
+    return probed if isinstance(probed, Issue) else probed[0]
+
+
+def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
+    """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
+
+    A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
+    ``read_sample(dataset=...)``), so the header is not parsed a second time. ``None`` in its
+    place for images, and for a DICOM file that only a header-only read could parse.
+    """
+    return _probe(ref, job, keep_pixels=True)
+
+
+def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[SampleRef, Any] | Issue:
     from packer.read.dicom import probe_dicom
     from packer.read.image import probe_image
 
     source = next(s for s in job.sources if s.name == ref.source)
+    dataset = None
     if ref.kind == "dicom":
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
-                             allow_burned_in=job.safety.burned_in_annotation == "allow")
+                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels)
         if isinstance(header, Issue):
             return header
         ref = replace(ref, entity=header.entity, time=header.time)
+        dataset = header.dataset
     else:
         image_header = probe_image(ref, limits=job.limits)
         if isinstance(image_header, Issue):
             return image_header
     problem = check_identity(ref, needs_time=job.split.by == "time")
-    return problem if problem is not None else ref
+    return problem if problem is not None else (ref, dataset)

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from packer.config import JobConfig
 from packer.dedup import dhash
-from packer.discover import probe_ref
+from packer.discover import probe_for_read, probe_ref
 from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output, sha256_file
 from packer.read import read_sample
@@ -174,11 +174,11 @@ class StageClock:
 
 def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue:
     clock.switch("header")
-    probed = probe_ref(ref, job)
+    probed = probe_for_read(ref, job)  # a DICOM file is parsed once, here, pixels included
     if isinstance(probed, Issue):
         return probed
     clock.switch("decode+transform")
-    result = read_sample(probed, job)
+    result = read_sample(probed[0], job, dataset=probed[1])
     if isinstance(result, Issue):
         return result
     clock.switch("validate")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from packer.process import BOUNDARY, MAX_CHUNK, chunk_refs
-from packer.records import SampleRef
+from packer.records import Issue, SampleRef
+from tests.conftest import demo_job_doc, write_job
 
 
 def ref(i: int) -> SampleRef:
@@ -26,3 +30,38 @@ def test_adding_a_file_changes_only_its_own_chunk() -> None:
     changed = after - before
     assert len(changed) == 1 and any(r.sample_id == "s-001001" for r in next(iter(changed)))
     assert len(before - after) == 1
+
+
+def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any, tmp_path: Path) -> None:
+    """The pixel pass parses each DICOM file once (probe_for_read hands the dataset to the
+    reader). On every file of the demo tree, planted defects included, the outcome is the
+    one the header-only probe followed by a fresh full read gives."""
+    import numpy as np
+
+    from packer.config import load_job
+    from packer.discover import discover, probe_for_read, probe_ref
+    from packer.phi import pseudonymizer_for
+    from packer.read import read_sample
+
+    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    refs, _ = discover(job, pseudonymizer_for(job.phi))
+    dicom = [r for r in refs if r.kind == "dicom"]
+    assert len(dicom) > 30
+    kept = 0
+    for r in dicom:
+        once = probe_for_read(r, job)
+        probed = probe_ref(r, job)
+        if isinstance(probed, Issue):
+            assert once == probed
+            continue
+        assert not isinstance(once, Issue) and once[0] == probed
+        kept += once[1] is not None
+        got, want = read_sample(once[0], job, dataset=once[1]), read_sample(probed, job)
+        if isinstance(want, Issue):
+            assert got == want
+            continue
+        assert not isinstance(got, Issue) and [s.key for s in got] == [s.key for s in want]
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.image, b.image)
+            assert a.metadata == b.metadata
+    assert kept > 30  # the datasets were really handed over

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -101,7 +101,12 @@ def decoder_table() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DicomHeader:
-    """What the header-only pass knows about one file (no pixel data read)."""
+    """What the header-only pass knows about one file.
+
+    ``dataset`` is the parsed file with its pixel data when the probe was asked to keep it
+    (``probe_dicom(keep_pixels=True)``, the pixel pass), so :func:`read_dicom` need not parse
+    the file a second time; ``None`` after a header-only read.
+    """
 
     entity: str | None
     time: str | None
@@ -114,6 +119,7 @@ class DicomHeader:
     modality: str
     photometric_interpretation: str = ""
     pixel_spacing: tuple[float, float] | None = None
+    dataset: Dataset | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -340,7 +346,8 @@ def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: Limi
 
 
 def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...],
-                limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False) -> DicomHeader | Issue:
+                limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
+                keep_pixels: bool = False) -> DicomHeader | Issue:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -349,9 +356,18 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     inflated size, Number of Frames, Rows × Columns or the decoded size over ``limits``),
     ``burned_in_annotation`` ((0028,0301) is YES and ``allow_burned_in`` is False). A missing
     entity or time is not an issue here: those fields are ``None`` and discovery decides.
+
+    ``keep_pixels``: parse the whole file once and keep it in ``DicomHeader.dataset`` for
+    :func:`read_dicom` (the pixel pass; saves a second parse of every header). When the whole
+    file does not parse, the header-only read runs instead, so the outcome is exactly that of
+    a header-only probe (a file cut inside its pixel data still probes fine, and the read then
+    says ``truncated``).
     """
-    ds = _parse(ref, header_only=True, limits=limits)
+    ds = _parse(ref, header_only=not keep_pixels, limits=limits)
     if isinstance(ds, Issue):
+        if keep_pixels:
+            return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
+                               allow_burned_in=allow_burned_in)
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
@@ -373,11 +389,12 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         modality=str(ds.get("Modality", "") or ""),
         photometric_interpretation=geometry.photometric,
         pixel_spacing=spacing,
+        dataset=ds if keep_pixels else None,
     )
 
 
 def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,
-               allow_burned_in: bool = False) -> list[Sample] | Issue:
+               allow_burned_in: bool = False, dataset: Dataset | None = None) -> list[Sample] | Issue:
     """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.
 
     Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
@@ -386,17 +403,18 @@ def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfi
     validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
     overflow), plus every issue of :func:`probe_dicom` (``too_large`` and ``burned_in_annotation``
     are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
-    with the exception type and message.
+    with the exception type and message. ``dataset``: the file as :func:`probe_dicom` parsed it
+    with ``keep_pixels`` (not parsed again).
     """
     try:
-        return _read(ref, cfg, limits, allow_burned_in)
+        return _read(ref, cfg, limits, allow_burned_in, dataset)
     except Exception as err:  # noqa: BLE001 - the one boundary: one bad file must not kill the job
         return _issue(ref, "read", "unexpected_error", f"{type(err).__name__}: {err}")
 
 
 def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow_burned_in: bool,
-          ) -> list[Sample] | Issue:
-    ds = _parse(ref, header_only=False, limits=limits)
+          dataset: Dataset | None = None) -> list[Sample] | Issue:
+    ds = dataset if dataset is not None else _parse(ref, header_only=False, limits=limits)
     if isinstance(ds, Issue):
         return ds
     geometry = _check_image(ref, ds)
