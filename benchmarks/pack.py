@@ -72,26 +72,28 @@ TARGET_E2E, TARGET_SCALING, TARGET_RSS_GROWTH = 0.75, 0.85, 0.20
 # ---------------------------------------------------------------- data and job
 
 
-def ensure_tree(data: Path, samples: int) -> dict[str, Any]:
-    """The bench tree of ``samples`` files under ``data/raw-<samples>``, written once.
+def ensure_tree(data: Path, samples: int, ct_size: int = 512) -> dict[str, Any]:
+    """The bench tree of ``samples`` files under ``data/raw-<samples>``, written once
+    (``raw-<samples>-ct<size>`` for CT slices other than 512×512).
 
     A stamp file next to the tree records the counts after a complete write; a tree without
     it (an interrupted write) is written again.
     """
     from packer.demo import write_bench_tree
 
-    root = data / f"raw-{samples}"
-    stamp = data / f"raw-{samples}.json"
+    name = f"raw-{samples}" + ("" if ct_size == 512 else f"-ct{ct_size}")
+    root = data / name
+    stamp = data / f"{name}.json"
     if stamp.exists():
         info: dict[str, Any] = json.loads(stamp.read_text())
         if info.get("samples") == samples and root.is_dir():
             info["written_s"] = 0.0
             return info
     start = time.perf_counter()
-    tree = write_bench_tree(root, samples=samples, seed=0)
+    tree = write_bench_tree(root, samples=samples, seed=0, ct_size=ct_size)
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     info = {"root": str(root), "samples": samples, "dicom_files": tree.dicom_files, "images": tree.images,
-            "bytes": size}
+            "bytes": size, "ct_size": ct_size}
     stamp.write_text(json.dumps(info))
     info["written_s"] = time.perf_counter() - start
     return info
@@ -100,7 +102,7 @@ def ensure_tree(data: Path, samples: int) -> dict[str, Any]:
 def write_job(data: Path, tree: dict[str, Any]) -> Path:
     root = Path(tree["root"])
     doc = {
-        "name": f"bench{tree['samples']}",
+        "name": f"bench{tree['samples']}" + ("" if tree.get("ct_size", 512) == 512 else f"ct{tree['ct_size']}"),
         "sources": [
             {"kind": "dicom", "root": str(root / "ct"), "entity": "PatientID", "time": ["StudyDate", "StudyTime"],
              "labels": str(root / "ct_labels.csv")},
@@ -114,7 +116,7 @@ def write_job(data: Path, tree: dict[str, Any]) -> Path:
         "validate": {"max_bad_fraction": 0.0},
         "phi": {"mode": "keep"},
     }
-    path = data / f"job-{tree['samples']}.yaml"
+    path = data / f"job-{Path(tree['root']).name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -289,6 +291,9 @@ def build_once(job_path: str, workers: int, out: str, malloc_trim: bool = True) 
         "shards": len(shards), "shard_bytes": on_disk, "files_decoded": result.files_decoded,
         "phases": phases, "client_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "worker_peak_rss": sorted(children.peaks.values(), reverse=True)[:workers],
+        # every process of the build at its own peak, summed: an upper bound of the build's peak
+        "build_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + sum(children.peaks.values()),
+        "processes": 1 + len(children.peaks),
         "executor": result.executor,
     }
 
@@ -339,7 +344,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "worker_stages": stages,
                "worker_peak_rss": statistics.median(max(r["worker_peak_rss"]) for r in runs)}
     for key in ("wall_s", "rate", "cpu_rate", "mb_s", "cpu_s", "client_cpu_s", "other_cpu_cores", "steal_cores",
-                "client_peak_rss", "children_maxrss"):
+                "client_peak_rss", "children_maxrss", "build_peak_rss"):
         summary[key] = median_of(runs, key)
     return summary
 
@@ -361,7 +366,8 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
     rate = {w: results[(big, w)]["rate"] for w in args.workers if (big, w) in results}
     cpu_rate = {w: results[(big, w)]["cpu_rate"] for w in args.workers if (big, w) in results}
     lines = [
-        f"`packer build` on `write_bench_tree` trees: {big:,} files ({trees[big]['dicom_files']:,} 512×512 int16 "
+        f"`packer build` on `write_bench_tree` trees: {big:,} files ({trees[big]['dicom_files']:,} "
+        f"{args.ct_size}×{args.ct_size} int16 "
         f"CT slices + {trees[big]['images']:,} 640×480 JPEGs, {trees[big]['bytes'] / 1e9:.1f} GB) and "
         f"{small:,} files. Job: DICOM windows [lung, mediastinum] size 256×256, images rgb 256×256, "
         "WebDataset (≤ 1000 samples / 64 MiB per shard), `phi: keep`, entity split 80/10/10. "
@@ -372,8 +378,8 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         "",
         "| files | workers | wall s | samples/s | MB/s written | phases s: start / discover / pixel pass / "
         "split+audit / pack / HTML report / rest | CPU s (client) | samples per CPU s | other processes, cores "
-        "| client peak RSS MiB | worker peak RSS MiB |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| client peak RSS MiB | worker peak RSS MiB | whole build peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (samples, workers), s in sorted(results.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         p = s["phases"]
@@ -383,7 +389,7 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
             f"| {samples:,} | {workers} | {s['wall_s']:.1f} | {s['rate']:.1f} | {s['mb_s']:.1f} "
             f"| {phases} / {p.get('rest', 0.0) + p.get('cluster_stop', 0.0):.1f} "
             f"| {s['cpu_s']:.0f} ({s['client_cpu_s']:.0f}) | {s['cpu_rate']:.1f} | {s['other_cpu_cores']:.2f} "
-            f"| {mib(s['client_peak_rss'])} | {mib(s['worker_peak_rss'])} |")
+            f"| {mib(s['client_peak_rss'])} | {mib(s['worker_peak_rss'])} | {mib(s['build_peak_rss'])} |")
     lines += [
         "",
         f"Decode-only limit per core (a process pinned to one core, the first {MIXED_FILES} files of each kind of "
@@ -429,10 +435,12 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
                      f"| {verdict(scaling >= TARGET_SCALING)} |")
     for workers in args.workers:
         if (big, workers) in results and (small, workers) in results:
-            for who in ("client_peak_rss", "worker_peak_rss"):
+            for who in ("build_peak_rss", "client_peak_rss", "worker_peak_rss"):
                 growth = results[(big, workers)][who] / results[(small, workers)][who] - 1
                 targets[f"{who}_growth_{workers}_workers"] = growth
-                lines.append(f"| peak RSS growth < 20% for 10× input: {who.split('_')[0]}, {workers} worker(s), "
+                who_text = {"build_peak_rss": "whole build", "client_peak_rss": "client",
+                            "worker_peak_rss": "largest worker"}[who]
+                lines.append(f"| peak RSS growth < 20% for 10× input: {who_text}, {workers} worker(s), "
                              f"{small:,} → {big:,} files | {100 * growth:+.0f}% | "
                              f"{verdict(growth < TARGET_RSS_GROWTH)} |")
     lines += [
@@ -442,12 +450,15 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         "transform, hash and spill on the workers; split+audit (client); pack = shard assembly from the spill "
         "files; rest = index, manifest, publish, cluster stop. CPU s = client + workers (+ nannies, scheduler). "
         "Other processes = CPU the rest of the machine used during the run, in cores (of "
-        f"{machine['nproc']}). Worker peak RSS = the largest worker's VmHWM.",
+        f"{machine['nproc']}). Worker peak RSS = the largest worker's VmHWM. Whole build = the client's peak plus "
+        "every child process's (nannies and workers), each at its own peak: an upper bound of the build's peak, "
+        "and the measure the issue's RSS target names.",
         f"- Machine: {decode.machine_line(machine)}. Date: {machine['date']}. The machine is shared: other "
         "processes' CPU is in the table; per-run rates are in the JSON line.",
         f"- Command: `.venv/bin/python benchmarks/pack.py{args.command_suffix}` (data under {args.data}).",
-        "- 100k by hand (not run here; ~80 GB free disk for raw files, spill cache and shards): "
-        "`.venv/bin/python benchmarks/pack.py --samples 100000 --small 10000 --runs 1 --workers 2 --no-write`.",
+        "- 100k by hand: `.venv/bin/python benchmarks/pack.py --samples 100000 --small 10000 --runs 1 "
+        "--workers 2 --ct-size 256` (about 45 GB of disk for raw files, spill cache and shards; see the "
+        "section below).",
     ]
     record: dict[str, Any] = {"benchmark": "pack", "machine": machine, "code": code, "decode_only": limit,
                               "decode_only_rounds": limits, "trees": trees, "targets": targets,
@@ -464,16 +475,19 @@ def main() -> None:
                         help="worker counts, comma-separated (default 1,2)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"data folder (default {DEFAULT_DATA})")
     parser.add_argument("--no-write", action="store_true", help=f"print only; do not update {RESULTS.name}")
+    parser.add_argument("--ct-size", type=int, default=512,
+                        help="CT slice side (default 512, as the issue asks; 256 quarters the raw files' disk for "
+                             "the 100k memory run: outputs are 256×256 either way; implies --no-write)")
     parser.add_argument("--no-malloc-trim", action="store_true",
                         help="experiment: start dask workers without dask's MALLOC_TRIM_THRESHOLD_=65536 "
                              "(not packer's behaviour; implies --no-write)")
     args = parser.parse_args()
-    args.no_write = args.no_write or args.no_malloc_trim
+    args.no_write = args.no_write or args.no_malloc_trim or args.ct_size != 512
     args.command_suffix = " ".join([""] + sys.argv[1:])
     start = time.perf_counter()
     args.data.mkdir(parents=True, exist_ok=True)
     code = snapshot_code(args.data)
-    trees = {n: ensure_tree(args.data, n) for n in sorted({args.small, args.samples})}
+    trees = {n: ensure_tree(args.data, n, args.ct_size) for n in sorted({args.small, args.samples})}
     for n, tree in trees.items():
         if tree["written_s"]:
             print(f"wrote {n:,}-file tree in {tree['written_s']:.0f} s", file=sys.stderr)
