@@ -217,12 +217,20 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
+    # What the result needs, then the per-sample records go: the HTML report reads what it needs
+    # back from the version folder, and would otherwise stack its own peak on top of them.
+    used_chunks = {c.key for c in prepared.chunks}
+    files_decoded = prepared.files_decoded
+    seconds = {**stage_seconds(prepared.chunks),
+               "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
+    sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
+    del prepared, samples, issues, assignment, by_split, plans, written, body
     html_report = None
     if options.html_report:
         from packer.htmlreport import write_html_report
 
         html_report = write_html_report(version_dir)
-    _prune_cache(cache_dir, {c.key for c in prepared.chunks}, keep=options.keep_cache)
+    _prune_cache(cache_dir, used_chunks, keep=options.keep_cache)
     registry_copy = None
     if job.registry is not None:
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
@@ -233,12 +241,10 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
                                     quiet=options.quiet)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=_read_json(version_dir / MANIFEST_FILE),
-                       issues=tuple(sorted(issues, key=lambda i: (i.path, i.sample_id))), reused=reused,
+                       issues=sorted_issues, reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
-                       files_decoded=prepared.files_decoded, remote_url=remote, published=published,
-                       stage_seconds=tuple(sorted({**stage_seconds(prepared.chunks),
-                                                   "pack (copy+encode+write+hash)":
-                                                       sum(w.seconds for w in written.values())}.items())))
+                       files_decoded=files_decoded, remote_url=remote, published=published,
+                       stage_seconds=tuple(sorted(seconds.items())))
 
 
 def _over_threshold(manifest: dict[str, Any]) -> bool:

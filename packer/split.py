@@ -93,7 +93,7 @@ class Assignment:
     pinned: dict[str, str]
 
 
-def near_edges(samples: Sequence[SpilledSample], cfg: SplitConfig) -> list[tuple[int, int, int]]:
+def near_edges(samples: Sequence[SpilledSample], cfg: SplitConfig) -> Sequence[tuple[int, int, int]]:
     """Near-duplicate edges (i, j, distance) between samples, empty when disabled."""
     if not cfg.near_enabled or len(samples) < 2:
         return []

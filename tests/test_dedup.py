@@ -311,3 +311,16 @@ def test_popcount_fallback_for_numpy_before_2(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delattr(np, "bitwise_count")
     assert find_near_pairs(hashes, 4, method="mih") == expected
     assert find_near_pairs(hashes, 4, method="brute") == expected
+
+
+def test_edges_are_a_compact_sequence_of_sorted_tuples() -> None:
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**63, size=40, dtype=np.uint64)
+    hashes = np.concatenate([base, base[:10] ^ np.uint64(1), base[:5]])  # near and exact repeats
+    edges = near_duplicate_edges(hashes, 2)
+    as_list = list(edges)
+    assert as_list == sorted(as_list) and all(i < j for i, j, _ in as_list)
+    assert edges == as_list and len(edges) == len(as_list) and edges[0] == as_list[0]
+    assert edges[1:3] == as_list[1:3] and edges != as_list[:-1]
+    assert edges.i.dtype == np.int32 and edges.i.nbytes == 4 * len(edges)
+    assert {(i, j) for i, j, d in as_list if d == 0} >= {(k, 50 + k) for k in range(5)}
