@@ -25,7 +25,7 @@ from packer.loader.readers import load_npy
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IndexEntry:
     """Where one packed sample is and what it is (a row of ``_index.parquet``)."""
 
@@ -64,6 +64,9 @@ def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[list[IndexEntry]
     except (OSError, ValueError) as err:
         return scan_index(folder, manifest), f"{path.name} unreadable ({err}); the shards were scanned instead"
     cols = table.to_pydict()
+    shared: dict[str, str] = {}
+    for name in ("split", "shard", "entity_id", "source"):  # few distinct values: one str object each
+        cols[name] = [shared.setdefault(value, value) for value in cols[name]]
     rows = [IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), strict=True)]
     return rows, None
 
