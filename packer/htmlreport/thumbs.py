@@ -68,6 +68,9 @@ def as_chw(image: np.ndarray) -> np.ndarray:
     return arr
 
 
+PNG_LEVEL = 6
+
+
 def png_data_uri(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
     """Encode an H×W (grey) or H×W×3 (RGB) uint8 image, shrunk to ``max_side``, as a PNG data URI."""
     h, w = image.shape[:2]
@@ -76,7 +79,9 @@ def png_data_uri(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
     bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.ndim == 3 else image
-    ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr), [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    # zlib level 6 (its default): on 128 px CT and photo thumbnails 3x faster than level 9 (which took
+    # ~4 s of a 10k build's report) for files 1% larger.
+    ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr), [cv2.IMWRITE_PNG_COMPRESSION, PNG_LEVEL])
     if not ok:
         raise ValueError(f"OpenCV could not encode a {image.shape} {image.dtype} image as PNG")
     return Pane(name="", uri="data:image/png;base64," + base64.b64encode(data.tobytes()).decode("ascii"),
