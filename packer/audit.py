@@ -18,6 +18,7 @@ manifest but do not fail. The rules:
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -137,8 +138,8 @@ def _span_entities(samples: Sequence[SpilledSample], split: dict[str, str],
                    edges: Sequence[tuple[int, int, int]], show_paths: bool) -> RuleResult:
     from packer.dedup import cluster_duplicates
 
-    links = [(g[k], g[k + 1]) for g in exact_groups([s.sha256 for s in samples]) for k in range(len(g) - 1)]
-    links.extend((i, j) for i, j, _ in edges)
+    exact = ((g[k], g[k + 1]) for g in exact_groups([s.sha256 for s in samples]) for k in range(len(g) - 1))
+    links = itertools.chain(exact, edges)  # streamed: near edges can number in the millions
     clusters: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(cluster_duplicates(len(samples), links)):
         clusters[root].append(index)

@@ -154,7 +154,8 @@ def _pairs_mih(values: np.ndarray, threshold: int) -> tuple[np.ndarray, np.ndarr
             owned = np.ones(p.size, dtype=bool)
             for earlier_shift, earlier_mask in segments[:s]:
                 owned &= _segment_keys(xor, earlier_shift, earlier_mask) != 0
-            found.append((order[p[owned]], order[p[owned] + offset], popcount(xor[owned])))
+            found.append((order[p[owned]].astype(np.int32), order[p[owned] + offset].astype(np.int32),
+                          popcount(xor[owned]).astype(np.uint8)))
             offset += 1
     return _concat(found)
 
@@ -170,15 +171,18 @@ def _pairs_brute(values: np.ndarray, threshold: int) -> tuple[np.ndarray, np.nda
         a, b = np.nonzero(dist <= threshold)
         a, b = a + start, b + start
         upper = b > a
-        found.append((a[upper], b[upper], dist[a[upper] - start, b[upper] - start]))
+        found.append((a[upper].astype(np.int32), b[upper].astype(np.int32),
+                      dist[a[upper] - start, b[upper] - start].astype(np.uint8)))
     return _concat(found)
 
 
 def _concat(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not found:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty
-    return tuple(np.concatenate([part[k] for part in found]).astype(np.int64) for k in range(3))  # type: ignore[return-value]
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8)
+    # int32 indices and uint8 distances: near pairs can number in the millions (see Edges)
+    return (np.concatenate([part[0] for part in found]).astype(np.int32, copy=False),
+            np.concatenate([part[1] for part in found]).astype(np.int32, copy=False),
+            np.concatenate([part[2] for part in found]).astype(np.uint8, copy=False))
 
 
 def _unique_pairs(
@@ -305,12 +309,14 @@ def near_duplicate_edges(
     Returns sorted (i, j, distance) with i < j, as compact :class:`Edges`.
     """
     firsts, repeats, ua, ub, udist = _unique_pair_arrays(hashes, threshold, method)
+    firsts = firsts.astype(np.int32)
     chain = [(m[k], m[k + 1]) for m in repeats.values() for k in range(len(m) - 1)]
-    fa, fb = firsts[ua.astype(np.int64)], firsts[ub.astype(np.int64)]
-    chain_i = np.asarray([c[0] for c in chain], dtype=np.int64)
-    chain_j = np.asarray([c[1] for c in chain], dtype=np.int64)
+    fa, fb = firsts[ua], firsts[ub]
+    del ua, ub
+    chain_i = np.asarray([c[0] for c in chain], dtype=np.int32)
+    chain_j = np.asarray([c[1] for c in chain], dtype=np.int32)
     return Edges(np.concatenate([chain_i, np.minimum(fa, fb)]), np.concatenate([chain_j, np.maximum(fa, fb)]),
-                 np.concatenate([np.zeros(len(chain), dtype=np.int64), udist.astype(np.int64)]))
+                 np.concatenate([np.zeros(len(chain), dtype=np.int32), udist.astype(np.int32)]))
 
 
 def exact_groups(digests: Sequence[str]) -> list[list[int]]:
@@ -357,8 +363,8 @@ class UnionFind:
         return [smallest.setdefault(self.find(item), item) for item in range(len(self._parent))]
 
 
-def cluster_duplicates(n: int, edges: Iterable[tuple[int, int] | tuple[int, int, int]]) -> list[int]:
-    """Component id (smallest member index) per item 0..n-1; a trailing distance is ignored."""
+def cluster_duplicates(n: int, edges: Iterable[Sequence[int]]) -> list[int]:
+    """Component id (smallest member index) per item 0..n-1, from (i, j) or (i, j, distance) edges."""
     forest = UnionFind(n)
     for edge in edges:
         forest.union(edge[0], edge[1])
