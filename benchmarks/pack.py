@@ -451,8 +451,8 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         "files; rest = index, manifest, publish, cluster stop. CPU s = client + workers (+ nannies, scheduler). "
         "Other processes = CPU the rest of the machine used during the run, in cores (of "
         f"{machine['nproc']}). Worker peak RSS = the largest worker's VmHWM. Whole build = the client's peak plus "
-        "every child process's (nannies and workers), each at its own peak: an upper bound of the build's peak, "
-        "and the measure the issue's RSS target names.",
+        "every child process's (the workers; LocalCluster runs scheduler and nannies in the client process), each "
+        "at its own peak: an upper bound of the build's peak, and the measure the issue's RSS target names.",
         f"- Machine: {decode.machine_line(machine)}. Date: {machine['date']}. The machine is shared: other "
         "processes' CPU is in the table; per-run rates are in the JSON line.",
         f"- Command: `.venv/bin/python benchmarks/pack.py{args.command_suffix}` (data under {args.data}).",
