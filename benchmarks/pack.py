@@ -458,7 +458,7 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         f"- Command: `.venv/bin/python benchmarks/pack.py{args.command_suffix}` (data under {args.data}).",
         "- 100k by hand: `.venv/bin/python benchmarks/pack.py --samples 100000 --small 10000 --runs 1 "
         "--workers 2 --ct-size 256` (about 45 GB of disk for raw files, spill cache and shards; see the "
-        "section below).",
+        "section \"Packing memory at 100k samples\").",
     ]
     record: dict[str, Any] = {"benchmark": "pack", "machine": machine, "code": code, "decode_only": limit,
                               "decode_only_rounds": limits, "trees": trees, "targets": targets,
