@@ -7,6 +7,7 @@ bad-sample issues, the split assignment and the audit report.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chu
 from packer.progress import Progress
 from packer.records import Issue, SampleRef
 from packer.report import sort_issues
-from packer.split import Assignment, assign_splits, near_edges
+from packer.split import Assignment, assign_splits, balance_warning, near_edges
 
 T = TypeVar("T")
 
@@ -167,6 +168,9 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
     edges = near_edges(samples, split_cfg)
     assignment = assign_splits(samples, split_cfg, edges)
+    balance = balance_warning(assignment, split_cfg)
+    if balance is not None:  # a warning, not progress: printed under --quiet too
+        print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
     audit = audit_assignment(samples, assignment, split_cfg, edges, show_paths=not phi.active,
                              show_dates=phi.dates == "keep")
     issues.extend(assignment.dropped)

@@ -122,6 +122,42 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
             for _, m in sorted(members.items())]
 
 
+def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: float = 0.05) -> str | None:
+    """A sentence for the user when the achieved split shares miss ``cfg.ratios`` by more than
+    ``tolerance`` (absolute) and one group holds over twice ``tolerance`` of the samples, naming
+    that group as the cause; else ``None`` (a small data set's luck of the draw is not worth one).
+
+    Whole groups move between splits, so a group holding a large share of the samples (many
+    entities chained by near-duplicate links, typically: adjacent slices, phantoms, shared
+    templates) makes the requested ratios unreachable. The split is still leak-free; the user
+    should know, and can lower ``split.near_duplicates.threshold`` or review the chained groups
+    (``duplicates_span_entities`` in leakage.json).
+    """
+    total = len(assignment.split)
+    if total == 0 or cfg.by == "time":
+        return None
+    counts: dict[str, int] = defaultdict(int)
+    for name in assignment.split.values():
+        counts[name] += 1
+    worst = max(cfg.ratios, key=lambda item: abs(counts[item[0]] / total - item[1]))
+    achieved = counts[worst[0]] / total
+    if abs(achieved - worst[1]) <= tolerance:
+        return None
+    largest = max(assignment.groups, key=lambda g: len(g.members), default=None)
+    if largest is None or len(largest.members) <= 2 * tolerance * total:
+        return None  # no group big enough to explain it: a few entities' luck, not a structural cause
+    size = f"{len(largest.members):,} samples ({len(largest.members) / total:.0%})"
+    if len(largest.entities) > 1:
+        cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
+                 "duplicate links: lower split.near_duplicates.threshold or review duplicates_span_entities "
+                 "in leakage.json")
+    else:
+        cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
+    shares = ", ".join(f"{name} {counts[name] / total:.0%}" for name, _ in cfg.ratios)
+    asked = ", ".join(f"{name} {ratio:.0%}" for name, ratio in cfg.ratios)
+    return f"split shares {shares} miss the requested {asked}{cause}"
+
+
 def read_pinned(path: Path) -> dict[str, str]:
     """Read ``entity,split`` rows; ConfigError naming the row for a bad split or a repeat."""
     pins: dict[str, str] = {}

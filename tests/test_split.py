@@ -170,3 +170,24 @@ def test_pinned_entities_go_where_pinned_and_conflicts_fail(tmp_path: Path) -> N
     pins.write_text("entity,split\nP1,holdout\n")
     with pytest.raises(ConfigError, match="row 2"):
         assign_splits(samples, replace(BY_ENTITY, pinned=pins))
+
+
+def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:
+    from packer.split import Assignment, SplitGroup, balance_warning
+
+    keys = [f"k{i}" for i in range(100)]
+    giant = SplitGroup(members=tuple(range(90)), entities=tuple(f"E{i}" for i in range(30)))
+    rest = tuple(SplitGroup(members=(i,), entities=(f"F{i}",)) for i in range(90, 100))
+    skewed = Assignment(split={k: "train" if i < 95 else "test" for i, k in enumerate(keys)}, fold={},
+                        groups=(giant, *rest), dropped=(), pinned={})
+    message = balance_warning(skewed, BY_ENTITY)
+    assert message is not None
+    assert "train 95%" in message and "train 80%" in message
+    assert "90 samples (90%) of 30 entities" in message and "near_duplicates.threshold" in message
+    singles = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(100))
+    balanced = Assignment(split={k: "train" if i < 80 else "valid" if i < 90 else "test" for i, k in enumerate(keys)},
+                          fold={}, groups=singles, dropped=(), pinned={})
+    assert balance_warning(balanced, BY_ENTITY) is None
+    unlucky = Assignment(split={k: "train" if i < 95 else "test" for i, k in enumerate(keys)}, fold={},
+                         groups=singles, dropped=(), pinned={})
+    assert balance_warning(unlucky, BY_ENTITY) is None  # no group explains it: chance, not a cause
