@@ -132,17 +132,27 @@ def _ellipse(shape: tuple[int, int], cx: float, cy: float, ax: float, ay: float)
 
 
 def render_ct_phantom(
-    rng: np.random.Generator, *, size: int = 64, z: float = 0.0, nodule: bool = False
+    rng: np.random.Generator, *, size: int = 64, z: float = 0.0, nodule: bool = False,
+    anatomy: np.random.Generator | None = None,
 ) -> NDArray[np.float32]:
     """A chest-like CT slice in HU: float32, size×size, values in [-1024, ~760].
 
     Air -1000 background (at least a 10% margin in every corner), body ellipse 40, two lungs
     -800, a rib ring and a spine 700, an optional 40 HU nodule in the right lung, plus
     Gaussian noise (σ 12 HU). ``z`` in [-1, 1] moves along the chest and changes the lungs.
+
+    ``anatomy`` (one generator per patient): the body's position and shape vary widely and
+    2-4 soft-tissue or vessel blobs sit at per-patient places, so different patients'
+    slices are not near duplicates of each other while one patient's slices are, as in real
+    data. Without it every patient shares one anatomy up to small jitter (the demo's phantoms).
     """
     shape = (size, size)
-    cx, cy = rng.uniform(-0.05, 0.05, size=2)
-    ax, ay = 0.78 * rng.uniform(0.92, 1.0), 0.58 * rng.uniform(0.92, 1.0)
+    if anatomy is None:
+        cx, cy = rng.uniform(-0.05, 0.05, size=2)
+        ax, ay = 0.78 * rng.uniform(0.92, 1.0), 0.58 * rng.uniform(0.92, 1.0)
+    else:
+        cx, cy = anatomy.uniform(-0.08, 0.08, size=2)
+        ax, ay = anatomy.uniform(0.6, 0.8), anatomy.uniform(0.4, 0.62)
     body = _ellipse(shape, cx, cy, ax, ay)
     hu = np.full(shape, -1000.0, dtype=np.float32)
     hu[body <= 1.0] = 40.0
@@ -151,6 +161,12 @@ def render_ct_phantom(
     for side in (-1.0, 1.0):
         hu[_ellipse(shape, cx + side * 0.36 * ax, cy - 0.05, 0.26 * ax, lung_ay) <= 1.0] = -800.0
     hu[_ellipse(shape, cx, cy + 0.62 * ay, 0.1, 0.1) <= 1.0] = 700.0
+    if anatomy is not None:
+        for _ in range(int(anatomy.integers(2, 5))):
+            bx, by = cx + anatomy.uniform(-0.6, 0.6) * ax, cy + anatomy.uniform(-0.6, 0.6) * ay
+            radius = anatomy.uniform(0.06, 0.16)
+            hu[_ellipse(shape, bx, by, radius, radius * anatomy.uniform(0.6, 1.4)) <= 1.0] = anatomy.choice(
+                [-950.0, 60.0, 300.0])
     if nodule:
         radius = 0.05 + 0.03 * (1.0 - abs(z))
         hu[_ellipse(shape, cx - 0.36 * ax, cy - 0.1, radius, radius) <= 1.0] = 40.0
@@ -432,7 +448,8 @@ def _prepare_root(root: Path) -> None:
 
 
 def _ct_series(
-    root: Path, seed: int, *, patients: int, studies: int, slices: int, size: int, limit: int | None = None
+    root: Path, seed: int, *, patients: int, studies: int, slices: int, size: int, limit: int | None = None,
+    varied: bool = False,
 ) -> Iterator[_Row]:
     """Write CT slices ``ct/PAT0001/ST01/IM001.dcm``...; yield their label rows (path relative to ``ct/``)."""
     written = 0
@@ -447,7 +464,9 @@ def _ct_series(
                     return
                 z = -1.0 + 2.0 * (k - 1) / max(slices - 1, 1)
                 rel = f"{patient_id}/ST{s:02d}/IM{k:03d}.dcm"
-                hu = render_ct_phantom(seeded_rng(seed, "ct-slice", p, s, k), size=size, z=z, nodule=label == "nodule")
+                anatomy = seeded_rng(seed, "ct-anatomy", p) if varied else None  # the same for every slice of p
+                hu = render_ct_phantom(seeded_rng(seed, "ct-slice", p, s, k), size=size, z=z, nodule=label == "nodule",
+                                       anatomy=anatomy)
                 write_ct_slice(
                     root / "ct" / rel, patient_id=patient_id, study_date=when.strftime("%Y%m%d"),
                     study_time=when.strftime("%H%M%S"), pixels_hu=hu, uids=make_uids(seed, patient_id, s, k, study=s),
@@ -636,7 +655,9 @@ def write_bench_tree(
 
     CT slices (int16, ``ct_size``×``ct_size``) and JPEGs (``photo_size`` = (height, width)) in
     the demo's proportions (75 DICOM : 40 images, rounded), 2 studies × 3 slices per patient and
-    4 photos per subject; the last patient or subject may be partial. Label tables as in
+    4 photos per subject; the last patient or subject may be partial. Each patient has its own
+    anatomy (``render_ct_phantom(anatomy=...)``), so near duplicates stay within a patient, as in
+    real data, and the entity split can meet its ratios. Label tables as in
     :func:`write_demo_tree`. Same ``ConfigError``/``ValueError`` rules.
     """
     _check_counts(samples=samples, ct_size=ct_size, photo_height=photo_size[0], photo_width=photo_size[1])
@@ -647,7 +668,7 @@ def write_bench_tree(
     n_ct = round(samples * demo_dicom / (demo_dicom + demo_images))
     n_photo = samples - n_ct
     ct_rows = list(_ct_series(root, seed, patients=-(-n_ct // per_patient), studies=_LAYOUT["studies"],
-                              slices=_LAYOUT["slices"], size=ct_size, limit=n_ct))
+                              slices=_LAYOUT["slices"], size=ct_size, limit=n_ct, varied=True))
     photo_rows = list(_photo_series(root, seed, subjects=-(-n_photo // _LAYOUT["photos"]),
                                     per_subject=_LAYOUT["photos"], height=photo_size[0], width=photo_size[1],
                                     suffixes=(".jpg",), limit=n_photo))
