@@ -56,9 +56,10 @@ class _Settle:
 
     A worker result unpickles into fresh objects for every sample, so 100k samples of ten
     labels would hold 100k label strings (and as many entity ids, times, shapes and dtypes).
-    Keeping one object per distinct value is what holds the client's memory to a few hundred
-    bytes per sample. Pseudonymizing here, as each result arrives, means raw entity ids live
-    only in header reads and the local cache, never in the records the client keeps.
+    Keeping one object per distinct value, and discover's own id and path strings, keeps a
+    sample's record near 1 KB (benchmarks/RESULTS.md has the measured growth). Pseudonymizing
+    here, as each result arrives, means raw entity ids live only in header reads and the local
+    cache, never in the records the client keeps.
     """
 
     def __init__(self, phi: Pseudonymizer) -> None:

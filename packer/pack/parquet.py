@@ -46,7 +46,7 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
                             ("shape", list(sample.shape)), ("dtype", sample.dtype), ("image", sample.pixels),
                             ("sha256", digest), ("metadata", canonical_json(sample.info).decode())):
             columns[name].append(value)
-        written.add(position=position, size=len(sample.pixels), sha256_hex=digest)
+        written.add(position=position, size=len(sample.pixels), sha256=bytes.fromhex(digest))
     table = pa.Table.from_pydict(columns, schema=SCHEMA)
     with atomic_output(path) as fh:
         pq.write_table(

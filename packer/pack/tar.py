@@ -78,7 +78,7 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
                 for name, data in members:
                     tar.addfile(_member(name, len(data)), io.BytesIO(data))
                 npy = members[-1][1]
-                written.add(position=offset, size=len(npy), sha256_hex=hashlib.sha256(npy).hexdigest())
+                written.add(position=offset, size=len(npy), sha256=hashlib.sha256(npy).digest())
         size = hashing.size
         digest = hashing.sha256.hexdigest()
     return written.result(file=path.name, size=size, sha256=digest)

@@ -55,10 +55,11 @@ class WrittenSamples:
         self.sizes = array("q")
         self._digests = bytearray()
 
-    def add(self, *, position: int, size: int, sha256_hex: str) -> None:
+    def add(self, *, position: int, size: int, sha256: builtins.bytes) -> None:
+        """One sample: its position, packed size and raw 32-byte sha256 digest."""
         self.positions.append(position)
         self.sizes.append(size)
-        self._digests += bytes.fromhex(sha256_hex)
+        self._digests += sha256
 
     def result(self, *, file: str, size: int, sha256: str) -> ShardWrite:
         return ShardWrite(file=file, bytes=size, sha256=sha256, positions=self.positions, sizes=self.sizes,
