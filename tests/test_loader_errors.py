@@ -87,6 +87,55 @@ def test_truncated_tar_raises_naming_shard_then_skip_counts_and_caps(tmp_path):
         list(ShardDataset(manifest, "train", on_error="skip", max_skipped=lost - 1))
 
 
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipped_samples_never_put_ddp_ranks_out_of_step(tmp_path, uneven, workers):
+    """pad/drop promise every rank the same batches; a skipped sample must not break that
+    (a rank a batch short leaves the others waiting in their gradient all-reduce forever)."""
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    shard = tmp_path / "train-000001.tar"
+    original = shard.read_bytes()
+    shard.write_bytes(original[:int(len(original) * 0.3)])
+    lost = SIZES[1] - readable_after_cut(original, int(len(original) * 0.3))
+    assert lost >= 3                                 # enough for whole batches of one rank to fail
+    world, batch = 3, 2
+    sizes, delivered, skipped = [], [], 0
+    for rank in range(world):
+        dataset = ShardDataset(manifest, "train", rank=rank, world_size=world, uneven=uneven,
+                               on_error="skip", seed=3)
+        with make_loader(dataset, batch, workers) as loader:
+            batches = list(loader)
+            sizes.append([len(b["key"]) for b in batches])
+            assert len(batches) == len(loader)
+            delivered += [k for b in batches for k in b["key"]]
+            skipped += loader.skipped
+            assert all("replaced by a repeat of s" in line for line in loader.skipped_samples)
+    assert sizes[0] == sizes[1] == sizes[2]          # same batches, same sizes, on every rank
+    assert skipped == lost
+    per_rank = -(-15 // world) if uneven == "pad" else 15 // world
+    assert len(delivered) == world * per_rank
+    assert set(delivered) <= set(split_keys(15))
+    # nothing readable is lost for drop's 15 = 3 × 5; repeats stand in for the bad ones
+    if uneven == "drop":
+        assert len(set(delivered)) == 15 - lost
+
+    # a plain iteration of the dataset fills the same way
+    counts = [len(list(ShardDataset(manifest, "train", rank=r, world_size=world, uneven=uneven,
+                                    on_error="skip"))) for r in range(world)]
+    assert counts == [per_rank] * world
+
+
+def test_a_worker_with_nothing_readable_cannot_stand_in_and_says_so(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=(3,))
+    shard = tmp_path / "train-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:600])
+    with pytest.raises(ShardReadError, match="none of the 3 samples"):
+        keys_of(make_loader(ShardDataset(manifest, "train", uneven="pad", on_error="skip"), 2))
+    # uneven="exact" promises no lockstep: the samples are just skipped
+    loader = make_loader(ShardDataset(manifest, "train", on_error="skip"), 2)
+    assert keys_of(loader) == [] and loader.skipped == 3
+
+
 def test_truncated_parquet_raises_naming_shard(tmp_path):
     manifest = build_dataset(tmp_path, fmt="parquet", shard_sizes=SIZES)
     shard = tmp_path / "train-000002.parquet"

@@ -104,7 +104,12 @@ class ShardDataset(IterableDataset):
     ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
     ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
     or sample, or ``skip`` it, count it (``skipped``, ``skipped_samples``) and raise once
-    more than ``max_skipped`` were skipped.
+    more than ``max_skipped`` were skipped. With ``uneven="exact"`` a skipped sample is
+    simply missing. With ``pad`` or ``drop``, which promise every rank the same number of
+    samples so that DDP steps stay in lockstep, a skipped sample's place is taken by a
+    repeat of a readable sample of the same worker (the one read before it, or the next
+    one when none was), so no rank falls a batch behind because of bad data; a worker
+    with no readable sample at all raises.
 
     Iterated directly (or through a plain DataLoader), samples are striped over workers one
     by one; :func:`packer.loader.make_loader` stripes whole batches so that the batch order
@@ -245,6 +250,40 @@ class ShardDataset(IterableDataset):
             results = self._read_in_order(order, plan.ids[part])
             yield from zip(part.tolist(), results, strict=True)
 
+    def _filled_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray
+                        ) -> Iterator[tuple[int, int, Decoded | None, str | None]]:
+        """(index into ``plan.ids``, sample id, decoded or None, skip description or None).
+
+        A failure raises (``on_error="raise"``) or is described. With ``uneven`` ``pad`` or
+        ``drop`` a failure carries a stand-in instead of None: the last readable sample of
+        this worker, or, before the first one, the next (the failures wait for it).
+        """
+        fill = self.uneven != "exact"
+        last: tuple[int, Decoded] | None = None
+        waiting: list[tuple[int, str]] = []
+        for i, result in self._worker_results(order, plan, indices):
+            if isinstance(result, Failure):
+                if self.on_error == "raise":
+                    raise result.error()
+                if not fill:
+                    yield i, int(plan.ids[i]), None, result.describe()
+                elif last is None:
+                    waiting.append((i, result.describe()))
+                else:
+                    yield i, last[0], last[1], result.describe() + f"; replaced by a repeat of {last[1].key}"
+                continue
+            sample_id = int(plan.ids[i])
+            for j, why in waiting:
+                yield j, sample_id, result, why + f"; replaced by a repeat of {result.key}"
+            waiting = []
+            last = (sample_id, result)
+            yield i, sample_id, result, None
+        if waiting:
+            raise ShardReadError(
+                f"none of the {len(waiting)} samples of this worker's share of the epoch could be read "
+                f"(uneven={self.uneven!r} needs one readable sample to stand in for the skipped ones, so "
+                f"that every rank yields the same number of batches); last: {waiting[-1][1]}")
+
     def to_item(self, epoch: int, sample_id: int, decoded: Decoded) -> Item:
         """Tensors for one decoded sample; ``transform`` applied under a per-sample seed."""
         image = torch.from_numpy(decoded.image)
@@ -255,16 +294,14 @@ class ShardDataset(IterableDataset):
         label = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
         return {"image": image, "label": label, "key": decoded.key}
 
-    def _skip(self, failure: Failure) -> None:
-        """Raise for ``failure`` (``on_error="raise"``) or count it; raise past ``max_skipped``."""
-        if self.on_error == "raise":
-            raise failure.error()
+    def _skip(self, description: str) -> None:
+        """Count a skipped sample; raise past ``max_skipped``."""
         self.skipped += 1
-        self.skipped_samples.append(failure.describe())
-        log.warning("skipped %s", failure.describe())
+        self.skipped_samples.append(description)
+        log.warning("skipped %s", description)
         if self.skipped > self.max_skipped:
             raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
-                                 f"last: {failure.describe()}", shard=failure.shard, key=failure.key)
+                                 f"last: {description}")
 
     @staticmethod
     def _worker() -> tuple[int, int]:
@@ -275,11 +312,11 @@ class ShardDataset(IterableDataset):
         order, plan = self.plan()
         worker, workers = self._worker()
         indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
-        for i, result in self._worker_results(order, plan, indices):
-            if isinstance(result, Failure):
-                self._skip(result)
-            else:
-                yield self.to_item(order.epoch, int(plan.ids[i]), result)
+        for _, sample_id, decoded, skipped in self._filled_results(order, plan, indices):
+            if skipped is not None:
+                self._skip(skipped)
+            if decoded is not None:
+                yield self.to_item(order.epoch, sample_id, decoded)
 
     def iter_batches(self, *, batch_size: int, drop_last: bool,
                      collate: Callable[[list[Item]], dict[str, Any]]
@@ -287,7 +324,8 @@ class ShardDataset(IterableDataset):
         """This worker's batches: (collated batch, descriptions of the samples skipped in it).
 
         Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
-        samples were all skipped is still yielded (empty), so batches stay countable.
+        samples were all skipped (``uneven="exact"`` only; ``pad``/``drop`` fill skipped
+        places, see the class) is still yielded (empty), so batches stay countable.
         With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
         """
         order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
@@ -296,18 +334,16 @@ class ShardDataset(IterableDataset):
         items: list[Item] = []
         skipped: list[str] = []
         current = -1
-        for i, result in self._worker_results(order, plan, indices):
+        for i, sample_id, decoded, why in self._filled_results(order, plan, indices):
             batch = i // batch_size
             if batch != current:
                 if current >= 0:
                     yield collate(items), tuple(skipped)
                 items, skipped, current = [], [], batch
-            if isinstance(result, Failure):
-                if self.on_error == "raise":
-                    raise result.error()
-                skipped.append(result.describe())
-            else:
-                items.append(self.to_item(order.epoch, int(plan.ids[i]), result))
+            if why is not None:
+                skipped.append(why)
+            if decoded is not None:
+                items.append(self.to_item(order.epoch, sample_id, decoded))
         if current >= 0:
             yield collate(items), tuple(skipped)
 
