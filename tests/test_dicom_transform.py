@@ -360,3 +360,104 @@ def test_enhanced_shared_only_dataset_uses_shared_groups(tmp_path: Path) -> None
     ds.PerFrameFunctionalGroupsSequence = DicomSequence([Dataset(), Dataset()])
     samples = read(save(ds, tmp_path / "shared.dcm"))
     np.testing.assert_array_equal(samples[1].image[0], np.rint(linear(frames[1] - 1024.0, 40, 80) * 255))
+
+
+# --- the table of stored values gives the direct path's bits -----------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from packer.transform.dicom import (  # noqa: E402
+    TABLE_MIN_PIXELS,
+    Lut,
+    ModalityTransform,
+    VoiTransform,
+    render_grayscale,
+    render_stored,
+    to_modality_values,
+)
+from packer.transform.window import padding_mask  # noqa: E402
+
+_STORED_DTYPES = [np.int16, np.uint16, np.uint8, np.int32, np.uint32, np.int8]
+
+
+@st.composite
+def _stored_frames(draw: Any) -> tuple[np.ndarray, ModalityTransform, tuple[VoiTransform, ...], bool, tuple]:
+    dtype = np.dtype(draw(st.sampled_from(_STORED_DTYPES)))
+    info = np.iinfo(dtype)
+    span = draw(st.integers(1, min(6000, int(info.max) - int(info.min))))
+    low = draw(st.integers(int(info.min), int(info.max) - span))
+    shape = draw(st.sampled_from([(64, 64), (96, 80), (128, 128), (40, 30)]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    stored = rng.integers(low, low + span, size=shape, endpoint=True).astype(dtype)
+    if draw(st.booleans()):
+        entries = draw(st.integers(1, 300))
+        lut = Lut(entries=entries, first_mapped=low + draw(st.integers(0, span)), bits=16,
+                  data=tuple(int(v) for v in rng.integers(0, 65535, entries)))
+        modality = ModalityTransform(lut=lut)
+    else:
+        modality = ModalityTransform(slope=draw(st.sampled_from([1.0, 0.5, 2.5, 1e-3, -1.0])),
+                                     intercept=draw(st.sampled_from([0.0, -1024.0, 7.25])),
+                                     dose_grid_scaling=draw(st.sampled_from([None, 3.3e-5])))
+    values = to_modality_values(stored, modality)
+    centre = float(np.percentile(values, draw(st.integers(5, 95))))
+    vois = []
+    for i in range(draw(st.integers(1, 4))):
+        function = draw(st.sampled_from(["LINEAR", "LINEAR_EXACT", "SIGMOID", "LUT"]))
+        width = max(1.0, float(np.ptp(values)) * draw(st.sampled_from([0.01, 0.3, 1.0, 2.0])))
+        if function == "LUT":
+            entries = draw(st.integers(2, 500))
+            lut = Lut(entries=entries, first_mapped=int(values.min()) + draw(st.integers(0, 50)), bits=12,
+                      data=tuple(int(v) for v in rng.integers(0, 4095, entries)))
+            vois.append(VoiTransform(name=f"w{i}", function="LUT", source="file_lut", lut=lut))
+        else:
+            vois.append(VoiTransform(name=f"w{i}", function=function, source="explicit",
+                                     center=centre + i * 0.5, width=width))
+    padding_value = draw(st.sampled_from([None, "min", "mid"]))
+    pad_at = None if padding_value is None else int(stored.min() if padding_value == "min" else stored.flat[7])
+    limit = None if pad_at is None or draw(st.booleans()) else int(stored.flat[11])
+    return stored, modality, tuple(vois), draw(st.booleans()), (pad_at, limit)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_stored_frames())
+def test_stored_value_table_gives_the_direct_paths_bits(frame: tuple) -> None:
+    stored, modality, vois, monochrome1, padding = frame
+    direct = render_grayscale(to_modality_values(stored, modality), vois, monochrome1=monochrome1,
+                              padding=padding_mask(stored, *padding))
+    tabled = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding)
+    assert tabled.dtype == direct.dtype == np.float32 and tabled.shape == direct.shape
+    assert tabled.tobytes() == direct.tobytes()
+
+
+def test_stored_value_table_is_used_only_where_it_pays() -> None:
+    """A frame smaller than TABLE_MIN_PIXELS, a range wider than a quarter of its pixels, or
+    float pixels go the direct way (monkeypatch-free: render_grayscale sees the frame's shape)."""
+    seen: list[tuple[int, ...]] = []
+    import packer.transform.dicom as dicom_math
+
+    original = dicom_math.render_grayscale
+
+    def spy(values: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
+        seen.append(values.shape)
+        return original(values, *args, **kwargs)
+
+    voi = (VoiTransform(name="lung", function="LINEAR", source="preset", center=-600, width=1500),)
+    side = int(np.sqrt(TABLE_MIN_PIXELS))
+    cases = {
+        "12-bit slice": (np.arange(512 * 512) % 4096).astype(np.int16).reshape(512, 512),
+        "tiny frame": (np.arange((side - 1) ** 2) % 5).astype(np.int16).reshape(side - 1, side - 1),
+        "wide range": np.arange(side * side, dtype=np.int32).reshape(side, side) * 9,
+        "float pixels": np.linspace(0, 10, side * side, dtype=np.float32).reshape(side, side),
+    }
+    dicom_math.render_grayscale = spy
+    try:
+        shapes = {}
+        for name, stored in cases.items():
+            seen.clear()
+            render_stored(stored, ModalityTransform(), voi, monochrome1=False, padding=(None, None))
+            shapes[name] = seen[0]
+    finally:
+        dicom_math.render_grayscale = original
+    assert shapes == {"12-bit slice": (1, 4096), "tiny frame": (side - 1, side - 1),
+                      "wide range": (side, side), "float pixels": (side, side)}

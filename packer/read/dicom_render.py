@@ -31,8 +31,8 @@ from packer.transform.dicom import (
     VoiTransform,
     finish_image,
     render_color,
-    render_grayscale,
     render_modality_float,
+    render_stored,
     spacing_size,
     to_modality_values,
 )
@@ -154,10 +154,9 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         raise
     except ValueError as err:
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
-    values = to_modality_values(stored[:, :, 0], modality)
     if cfg.output == "float16":
         try:
-            image = render_modality_float(values, padding=mask)
+            image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask)
         except ValueError as err:
             return _issue(ref, "transform", "unsupported",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
@@ -165,7 +164,8 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     vois = _resolve_vois(ref, ds, frame, modality, cfg)
     if isinstance(vois, Issue):
         return vois
-    image = render_grayscale(values, vois, monochrome1=photometric == "MONOCHROME1", padding=mask)
+    image = render_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
+                          padding=padding_values(ds), mask=mask)
     return image, 0.0, _frame_metadata(ds, frame, modality, vois, spacing)
 
 
