@@ -12,6 +12,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packer.config import ImageTransformConfig
 from packer.errors import ConfigError
@@ -428,3 +430,19 @@ def test_bigtiff_offsets_past_the_file_are_truncated(tmp_path: Path, head: bytes
     for result in (probe_image(make_ref(path)), read_image(make_ref(path), DEFAULT)):
         assert isinstance(result, Issue) and (result.reason, result.stage) == ("truncated", "read")
         assert needle in result.message
+
+
+_MARKER_REGEX = __import__("re").compile(rb"\xff+([^\x00\xff])")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"\xff", b"\x00", b"\xd9", b"\xd0", b"\xe1", b"ab", b"\xff\xff"]), max_size=60))
+def test_jpeg_marker_scan_finds_what_the_marker_grammar_says(parts: list[bytes]) -> None:
+    """FF fill bytes then a code other than 00/FF is a marker; the vectorised scan must find,
+    from every position, the marker the plain regex of that grammar finds."""
+    data = b"".join(parts)
+    ends = image_mod._jpeg_marker_ends(data)
+    for pos in range(len(data) + 1):
+        match = _MARKER_REGEX.search(data, pos)
+        at = int(np.searchsorted(ends, pos + 1))
+        assert (None if at == len(ends) else int(ends[at]) + 1) == (None if match is None else match.end())
