@@ -46,6 +46,7 @@ import cv2
 import numpy as np
 import pydicom
 
+from packer.allocator import tune_allocator
 from packer.config import DicomTransformConfig, ImageTransformConfig, WindowSpec
 from packer.demo import render_ct_phantom, render_photo, seeded_rng, write_ct_slice
 from packer.read.dicom import read_dicom
@@ -106,7 +107,9 @@ def code_line(code: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def one_core() -> Iterator[int]:
-    """Pin this process to one core and OpenCV to one thread; restore both afterwards."""
+    """Pin this process to one core and OpenCV to one thread, restored afterwards; set glibc's
+    allocator thresholds as packer's build tasks do."""
+    tune_allocator()  # as packer's build tasks run (packer.allocator); it cannot be undone, and need not be
     before = os.sched_getaffinity(0)
     threads = cv2.getNumThreads()
     core = max(before)  # the last core: away from core 0, where interrupts tend to land

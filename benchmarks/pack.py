@@ -249,20 +249,17 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def build_once(job_path: str, workers: int, out: str, malloc_trim: bool = True) -> dict[str, Any]:
+def build_once(job_path: str, workers: int, out: str, tune_malloc: bool = True) -> dict[str, Any]:
     """Spawned-process entry point: one build into the fresh folder ``out``, measured.
 
-    ``malloc_trim`` False is an experiment, not packer's behaviour: the workers start without
-    dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` (``distributed.nanny.pre-spawn-environ``).
+    ``tune_malloc`` False is an experiment, not packer's behaviour: ``PACKER_TUNE_MALLOC=0``
+    leaves glibc's allocator thresholds at their defaults in the workers (see packer.allocator).
     """
     from packer.build import BuildOptions, build
     from packer.config import load_job
 
-    if not malloc_trim:
-        import dask
-
-        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    if not tune_malloc:
+        os.environ["PACKER_TUNE_MALLOC"] = "0"  # the LocalCluster's workers inherit it
 
     job = load_job(job_path)
     phases: dict[str, float] = {}
@@ -298,13 +295,13 @@ def build_once(job_path: str, workers: int, out: str, malloc_trim: bool = True) 
     }
 
 
-def run_build(job: Path, workers: int, out: Path, *, malloc_trim: bool = True) -> dict[str, Any]:
+def run_build(job: Path, workers: int, out: Path, *, tune_malloc: bool = True) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     context = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(1, mp_context=context) as pool:
-            run = pool.submit(build_once, str(job), workers, str(out), malloc_trim).result()
+            run = pool.submit(build_once, str(job), workers, str(out), tune_malloc).result()
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if run["bad"] or run["files_decoded"] != run["files"]:
@@ -373,7 +370,8 @@ def report(args: argparse.Namespace, code: dict[str, Any], trees: dict[int, dict
         "WebDataset (≤ 1000 samples / 64 MiB per shard), `phi: keep`, entity split 80/10/10. "
         f"Each run: a fresh process and output folder, default LocalCluster (1 thread per worker); median of "
         f"{args.runs} interleaved rounds. Input files in the page cache. "
-        + ("EXPERIMENT: workers started without MALLOC_TRIM_THRESHOLD_. " if args.no_malloc_trim else "")
+        + ("EXPERIMENT: glibc allocator left at its defaults (PACKER_TUNE_MALLOC=0). " if args.no_tune_malloc
+           else "")
         + f"Code: {decode.code_line(code)} (packer sources sha256 {code['packer_sha256']}).",
         "",
         "| files | workers | wall s | samples/s | MB/s written | phases s: start / discover / pixel pass / "
@@ -478,11 +476,11 @@ def main() -> None:
     parser.add_argument("--ct-size", type=int, default=512,
                         help="CT slice side (default 512, as the issue asks; 256 quarters the raw files' disk for "
                              "the 100k memory run: outputs are 256×256 either way; implies --no-write)")
-    parser.add_argument("--no-malloc-trim", action="store_true",
-                        help="experiment: start dask workers without dask's MALLOC_TRIM_THRESHOLD_=65536 "
-                             "(not packer's behaviour; implies --no-write)")
+    parser.add_argument("--no-tune-malloc", action="store_true",
+                        help="experiment: leave glibc's allocator thresholds at their defaults in the workers "
+                             "(PACKER_TUNE_MALLOC=0; not packer's behaviour; implies --no-write)")
     args = parser.parse_args()
-    args.no_write = args.no_write or args.no_malloc_trim or args.ct_size != 512
+    args.no_write = args.no_write or args.no_tune_malloc or args.ct_size != 512
     args.command_suffix = " ".join([""] + sys.argv[1:])
     start = time.perf_counter()
     args.data.mkdir(parents=True, exist_ok=True)
@@ -499,7 +497,7 @@ def main() -> None:
         print(f"round {round_ + 1}: decode-only {limits[-1]['rate']:.0f} samples/s per core", file=sys.stderr)
         for n in sorted(trees, reverse=True):
             for workers in args.workers:
-                run = run_build(jobs[n], workers, args.data / "out", malloc_trim=not args.no_malloc_trim)
+                run = run_build(jobs[n], workers, args.data / "out", tune_malloc=not args.no_tune_malloc)
                 runs.setdefault((n, workers), []).append(run)
                 print(f"round {round_ + 1}: {n:,} files, {workers} worker(s): {run['wall_s']:.1f} s, "
                       f"{run['rate']:.1f} samples/s, other processes {run['other_cpu_cores']:.2f} cores",

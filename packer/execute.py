@@ -100,14 +100,10 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
 
     if scheduler is None:
         n = workers or default_workers()
-        # dask sets MALLOC_TRIM_THRESHOLD_=65536 in workers by default; with decode buffers of a few
-        # MB churning per file, glibc then returns memory to the OS constantly: benchmarks/pack.py
-        # measured 24-31% more CPU per sample with it and no lower peak RSS without it.
-        import dask
-
-        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                   silence_logs=logging.ERROR)
+        # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
+        # fixed glibc thresholds (packer.allocator), on this cluster and on any other
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               silence_logs=logging.ERROR)
         client = Client(cluster)
         try:
             yield Executor(client, f"local dask cluster, {n} worker process(es)")

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.dedup import dhash
 from packer.discover import probe_for_read, probe_ref
@@ -210,6 +211,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     """
     if not task.decode:
         return _headers_only(task)
+    tune_allocator()
     cache_dir = Path(task.cache_dir) if task.cache_dir else None
     if cache_dir is not None:
         cached = load_cached_chunk(cache_dir, task.key)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from packer.allocator import tune_allocator
 from packer.pack.encode import EncodedSample, encode_sample
 from packer.pack.parquet import write_parquet_shard
 from packer.pack.plan import ShardPlan
@@ -44,6 +45,7 @@ class _SpillFiles:
 
 def write_shard(task: ShardTask) -> ShardWrite:
     """Dask task: stream the plan's samples from the spill files into the shard file."""
+    tune_allocator()
     files = _SpillFiles(Path(task.cache_dir))
 
     def encoded() -> Iterator[EncodedSample]:

@@ -1,0 +1,59 @@
+"""Keep glibc from handing multi-megabyte decode buffers back to the kernel after every file.
+
+Decoding one file allocates a few arrays of 0.5-4 MB (the decoded image, its float32 and
+float64 working copies). glibc serves an allocation that large with its own ``mmap`` and
+returns it with ``munmap`` when freed; its dynamic threshold then rises to the freed size, but
+an allocation of exactly that size still takes the ``mmap`` path. So every file pays fresh
+page faults for every buffer: ``benchmarks/`` measured packer's JPEG reader at 4.8 ms a file
+with glibc's defaults and 1.9 ms with fixed thresholds, on the same files and core.
+
+:func:`tune_allocator` sets fixed thresholds (``mallopt``) once per process: allocations up
+to 32 MiB come from the heap, and the heap keeps up to 64 MiB of free memory at its top
+instead of trimming it after each free. A worker's memory therefore stays within its peak
+working set plus 64 MiB; nothing grows with the number of files. It is a no-op where the C
+library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+
+log = logging.getLogger("packer.allocator")
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 * 1024 * 1024   # glibc's ceiling for this setting on 64-bit systems
+TRIM_THRESHOLD = 64 * 1024 * 1024
+#: Set to ``0`` to leave the C library's allocator settings alone.
+ENV_SWITCH = "PACKER_TUNE_MALLOC"
+
+_tuned_pid: int | None = None
+
+
+def tune_allocator() -> bool:
+    """Set glibc's mmap and trim thresholds for this process (once); True when they are set.
+
+    Returns False, changing nothing, off glibc, when ``PACKER_TUNE_MALLOC=0``, or when
+    ``mallopt`` refuses a value.
+    """
+    global _tuned_pid
+    if _tuned_pid == os.getpid():
+        return True
+    if os.environ.get(ENV_SWITCH, "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError) as err:
+        log.debug("glibc's mallopt is not reachable: %s", err)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        log.debug("mallopt refused the thresholds")
+        return False
+    _tuned_pid = os.getpid()
+    return True

@@ -1,0 +1,65 @@
+"""glibc thresholds: large decode buffers are reused from the heap, not mapped afresh per file."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from packer.allocator import tune_allocator
+
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+
+# A decode-like loop: per "file" a decoded 640×480×3 image, its float32 copy, a scaled copy and
+# a smaller output, all freed after. The minor page faults of the last 20 files tell whether the
+# buffers were mapped afresh for each file (glibc's defaults: thousands a file) or reused from
+# the heap (next to none).
+_CHURN = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    applied = False
+    if sys.argv[1] == "tuned":
+        from packer.allocator import tune_allocator
+        applied = tune_allocator()
+
+    def decode_like():
+        image = np.ones((480, 640, 3), np.uint8)
+        scaled = image.astype(np.float32) * 2
+        return scaled[::2, ::2].copy().sum()
+
+    for _ in range(5):
+        decode_like()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        decode_like()
+    print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+
+def faults(mode: str, **env: str) -> tuple[bool, int]:
+    """(whether the thresholds were set, minor faults of 20 files) in a fresh interpreter."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _CHURN, mode], check=True, capture_output=True, text=True,
+                         env={**clean, **env})
+    applied, count = out.stdout.split()
+    return applied == "True", int(count)
+
+
+def test_tuned_processes_reuse_decode_buffers_instead_of_faulting_them_in_again() -> None:
+    applied, default = faults("default")
+    assert not applied and default > 20 * 1000                           # every buffer mapped afresh
+    applied, tuned = faults("tuned")
+    assert applied and tuned < 200                                       # the same heap memory, reused
+
+
+def test_tuning_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    applied, count = faults("tuned", PACKER_TUNE_MALLOC="0")
+    assert not applied and count > 20 * 500
+    monkeypatch.setenv("PACKER_TUNE_MALLOC", "0")
+    monkeypatch.setattr("packer.allocator._tuned_pid", None)
+    assert tune_allocator() is False
