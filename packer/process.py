@@ -28,12 +28,12 @@ from packer.config import JobConfig
 from packer.dedup import dhash
 from packer.discover import probe_for_read, probe_ref
 from packer.pack.encode import canonical_json
-from packer.pack.writer import TMP_SUFFIX, atomic_output, sha256_file
+from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.read import read_sample
 from packer.records import Issue, SampleRef
 from packer.validate import find_sample_issue
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
@@ -144,14 +144,32 @@ def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
         return None
     try:
         data = json.loads(records.read_text(encoding="utf-8"))
-        if data.get("spill_bytes") != spill.stat().st_size or data.get("spill_sha256") != sha256_file(spill)[1]:
+        if data.get("spill_bytes") != spill.stat().st_size:
             return None
         samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
                         for s in data["samples"])
+        if data.get("spill_digest") != _spill_digest(spill, samples):
+            return None
         issues = tuple(Issue(**i) for i in data["issues"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a damaged cache entry is simply recomputed
     return ChunkResult(key=key, samples=samples, issues=issues, files=data["files"], reused=True)
+
+
+def _spill_digest(spill: Path, samples: Sequence[SpilledSample]) -> str | None:
+    """The spill file's digest as :func:`process_chunk` records it (sha256 over each sample's
+    pixel sha256 and metadata bytes, in order), or None when a sample's pixels do not match
+    its own sha256. Reads and hashes the whole file once, as a plain sha256 of it would."""
+    chain = hashlib.sha256()
+    with open(spill, "rb") as fh:
+        for sample in samples:
+            fh.seek(sample.offset)
+            pixels = hashlib.sha256(fh.read(sample.pixel_bytes))
+            if pixels.hexdigest() != sample.sha256:
+                return None
+            chain.update(pixels.digest())
+            chain.update(fh.read(sample.meta_bytes))
+    return chain.hexdigest()
 
 
 class StageClock:
@@ -222,7 +240,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     clock = StageClock()
     spill_hash = hashlib.sha256()
-    with (atomic_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
+    # cache files skip fsync: load_cached_chunk verifies them and a damaged entry is redone
+    with (atomic_output(cache_dir / spill_name, durable=False) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
             outcome = _samples_of(ref, task.job, clock)
@@ -234,24 +253,24 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 image = sample.image
                 pixels = image.tobytes(order="C")
                 meta = canonical_json(sample.metadata)
-                digest, near = hashlib.sha256(pixels).hexdigest(), dhash(image)
+                digest, near = hashlib.sha256(pixels), dhash(image)
                 clock.switch("spill")
                 fh.write(pixels)
                 fh.write(meta)
-                if cache_dir is not None:
-                    spill_hash.update(pixels)
-                    spill_hash.update(meta)
+                # the spill's digest chains the samples' own digests: no second pass over the pixels
+                spill_hash.update(digest.digest())
+                spill_hash.update(meta)
                 samples.append(SpilledSample(
                     key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
                     meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
-                    dtype=image.dtype.name, sha256=digest, dhash=near))
+                    dtype=image.dtype.name, sha256=digest.hexdigest(), dhash=near))
                 offset += len(pixels) + len(meta)
         clock.switch("spill")
         spill_bytes = offset
     if cache_dir is not None:
-        record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_sha256": spill_hash.hexdigest(),
+        record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_digest": spill_hash.hexdigest(),
                   "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
-        with atomic_output(_records_path(cache_dir, task.key)) as fh:
+        with atomic_output(_records_path(cache_dir, task.key), durable=False) as fh:
             fh.write(canonical_json(record))
     return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items())

@@ -77,16 +77,21 @@ def test_kill_9_mid_build_then_resume_gives_identical_bytes(demo_raw: Any, refer
     assert not list(cache.glob("*.partial"))
 
 
+@pytest.mark.parametrize("where", ["pixels", "metadata"])
 def test_a_damaged_cache_entry_is_recomputed_not_trusted(demo_raw: Any, reference: BuildResult,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, where: str) -> None:
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
     build(job, BuildOptions(scheduler="sync", quiet=True))
     spill = next((tmp_path / "out" / "demo" / ".cache").glob("*.spill"))
+    record = json.loads(spill.with_suffix(".json").read_text())
+    sample = record["samples"][-1]
+    at = sample["offset"] + (sample["pixel_bytes"] // 2 if where == "pixels"
+                             else sample["pixel_bytes"] + sample["meta_bytes"] // 2)
     data = bytearray(spill.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[at] ^= 0x01
     spill.write_bytes(bytes(data))
     again = build(job, BuildOptions(scheduler="sync", quiet=True))
-    assert again.files_decoded > 0
+    assert again.files_decoded == record["files"]  # that chunk, and only that chunk, decoded again
     assert shards(again) == shards(reference)
 
 

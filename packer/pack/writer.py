@@ -67,10 +67,12 @@ class WrittenSamples:
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Open ``path.partial`` for writing; on success fsync and rename it to ``path``.
 
     On failure the temporary file is removed, so ``path`` is either absent or complete.
+    ``durable=False`` skips both fsyncs: for files whose reader verifies them and redoes the
+    work when a crash left them damaged (the spill cache), not for outputs.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,12 +80,14 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
         with open(tmp, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(folder: Path) -> None:
