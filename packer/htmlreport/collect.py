@@ -9,16 +9,24 @@ Arrays are dropped as soon as they are counted and encoded.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
+import os
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, load_index, read_samples, selection_rank
-from packer.htmlreport.stats import ChannelHistograms
+from packer.htmlreport.stats import ChannelHistograms, channel_counts
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
 from packer.report import REPORT_FILE, read_bad_samples
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 SPLIT_ORDER = ("train", "valid", "test")
 SMALL_PX = 64
@@ -138,11 +146,20 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
                       for m in g.members[: limits.group_members]} & data.by_key.keys()
     wanted = histogram_keys | sheet_of.keys() | duplicate_keys
     items: dict[str, SheetItem] = {}
-    for result in read_samples(folder, (data.by_key[k] for k in sorted(wanted))):
+    kinds, px = data.kinds, limits.thumb_px
+
+    def render(result: PackedSample | tuple[IndexEntry, str]) -> _Rendered | tuple[IndexEntry, str]:
         if not isinstance(result, PackedSample):
-            data.unreadable.append((result[0].key, result[1]))
+            return result
+        return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
+                       sheet=result.entry.key in sheet_of, duplicate=result.entry.key in duplicate_keys)
+
+    samples = read_samples(folder, (data.by_key[k] for k in sorted(wanted)))
+    for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
+        if not isinstance(rendered, _Rendered):
+            data.unreadable.append((rendered[0].key, rendered[1]))
             continue
-        _add_sample(data, result, histogram_keys, sheet_of, duplicate_keys, items)
+        _add_rendered(data, rendered, sheet_of, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
     return data
@@ -156,25 +173,67 @@ def _locate(group: DuplicateGroup, by_key: dict[str, IndexEntry]) -> DuplicateGr
     return dataclasses.replace(group, members=members)
 
 
-def _add_sample(data: ReportData, sample: PackedSample, histogram_keys: set[str],
-                sheet_of: dict[str, tuple[str, str]], duplicate_keys: set[str], items: dict[str, SheetItem]) -> None:
+@dataclass(frozen=True)
+class _Rendered:
+    """What the report keeps of one sample: its histogram counts and thumbnails, no pixels."""
+
+    entry: IndexEntry
+    names: tuple[str, ...]
+    channels: int
+    dtype: str
+    counts: np.ndarray | None
+    panes: tuple[Pane, ...] | None
+    small: tuple[Pane, ...] | None
+    duplicate: Pane | None
+
+
+def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, counted: bool, sheet: bool,
+            duplicate: bool) -> _Rendered:
+    """Histogram counts and thumbnails of one sample: pure, and mostly OpenCV calls that release
+    the GIL, so samples render on a thread pool."""
     entry = sample.entry
-    kind = str(sample.info.get("kind") or data.kinds.get(entry.source, ""))
+    kind = str(sample.info.get("kind") or kinds.get(entry.source, ""))
     chw = as_chw(sample.image)
-    names = channel_names(sample.info, kind, chw.shape[0])
-    if entry.key in histogram_keys:
-        slot = (entry.split, entry.source, chw.shape[0])
+    panes = small = None
+    if sheet:
+        panes = tuple(sample_panes(chw, sample.info, kind, thumb_px))
+        small_px = min(SMALL_PX, thumb_px // 2)
+        small = panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px))
+    return _Rendered(entry=entry, names=tuple(channel_names(sample.info, kind, chw.shape[0])), channels=chw.shape[0],
+                     dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
+                     panes=panes, small=small, duplicate=composite_pane(chw, thumb_px) if duplicate else None)
+
+
+def _add_rendered(data: ReportData, rendered: _Rendered, sheet_of: dict[str, tuple[str, str]],
+                  items: dict[str, SheetItem]) -> None:
+    entry = rendered.entry
+    if rendered.counts is not None:
+        slot = (entry.split, entry.source, rendered.channels)
         if slot not in data.histograms:
-            data.histograms[slot] = ChannelHistograms.empty(names)
-        data.histograms[slot].add(chw)
-    if entry.key in sheet_of:
-        panes = tuple(sample_panes(chw, sample.info, kind, data.limits.thumb_px))
-        small_px = min(SMALL_PX, data.limits.thumb_px // 2)
-        small = (panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px)))
+            data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
+        data.histograms[slot].add_counts(rendered.counts, rendered.dtype)
+    if rendered.panes is not None and rendered.small is not None:
         items[entry.key] = SheetItem(key=entry.key, label=sheet_of[entry.key][1], entity_id=entry.entity_id,
-                                     source=entry.source, channels=tuple(names), panes=panes, small=small)
-    if entry.key in duplicate_keys:
-        data.duplicate_panes[entry.key] = composite_pane(chw, data.limits.thumb_px)
+                                     source=entry.source, channels=rendered.names, panes=rendered.panes,
+                                     small=rendered.small)
+    if rendered.duplicate is not None:
+        data.duplicate_panes[entry.key] = rendered.duplicate
+
+
+def _ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int) -> Iterator[R]:
+    """``map(fn, items)`` on ``workers`` threads, in order, with at most ``4 × workers`` items
+    in flight (the items are decoded samples: an unbounded map would hold them all)."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="packer-report") as pool:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _bad_records(folder: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:

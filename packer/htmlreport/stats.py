@@ -27,17 +27,13 @@ class ChannelHistograms:
 
     def add(self, image: np.ndarray) -> None:
         """Count one C×H×W sample (any dtype: non-uint8 goes through ``to_display``)."""
-        chw = to_display(as_chw(image))
-        for c in range(chw.shape[0]):
-            # cv2.calcHist counts a uint8 plane ~10x faster than np.bincount (which widens every
-            # pixel to intp first); its float32 counts are exact below 2**24 pixels a plane.
-            plane = np.ascontiguousarray(chw[c])
-            if plane.size < 1 << 24:
-                self.counts[c] += cv2.calcHist([plane], [0], None, [256], [0, 256]).reshape(256).astype(np.int64)
-            else:
-                self.counts[c] += np.bincount(plane.ravel(), minlength=256)
+        self.add_counts(channel_counts(image), str(image.dtype))
+
+    def add_counts(self, counts: np.ndarray, dtype: str) -> None:
+        """Add one sample's :func:`channel_counts` (C×256) of a ``dtype`` image."""
+        self.counts += counts
         self.samples += 1
-        self.dtypes.add(str(image.dtype))
+        self.dtypes.add(dtype)
 
     def saturation(self) -> list[tuple[str, float, float]]:
         """(channel, share of pixels at 0, share at 255) for each channel."""
@@ -50,3 +46,18 @@ class ChannelHistograms:
     def saturated(self) -> list[tuple[str, float, float]]:
         """Channels where more than half of the pixels sit at 0 or at 255 together."""
         return [s for s in self.saturation() if s[1] + s[2] > SATURATION_SHARE]
+
+
+def channel_counts(image: np.ndarray) -> np.ndarray:
+    """C×256 int64 counts of one C×H×W sample's display values (non-uint8 via ``to_display``)."""
+    chw = to_display(as_chw(image))
+    counts = np.zeros((chw.shape[0], 256), dtype=np.int64)
+    for c in range(chw.shape[0]):
+        # cv2.calcHist counts a uint8 plane ~10x faster than np.bincount (which widens every
+        # pixel to intp first); its float32 counts are exact below 2**24 pixels a plane.
+        plane = np.ascontiguousarray(chw[c])
+        if plane.size < 1 << 24:
+            counts[c] = cv2.calcHist([plane], [0], None, [256], [0, 256]).reshape(256).astype(np.int64)
+        else:
+            counts[c] = np.bincount(plane.ravel(), minlength=256)
+    return counts
