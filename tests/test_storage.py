@@ -7,7 +7,6 @@ import hashlib
 import itertools
 import json
 import shutil
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,46 +21,20 @@ from packer.errors import ConfigError, IntegrityError, PackerError
 from packer.storage import LOCAL_ONLY, parse_storage_options, publish_version, resolve_output
 from packer.verify import verify_dataset
 from tests.conftest import demo_job_doc, write_job
+from tests.s3_store import Store, running_store
 
-moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
-boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto[server]")
 
 BUCKET = "packer-test"
 FORMATS = ("webdataset", "parquet")
 
 
-@dataclass(frozen=True)
-class Store:
-    endpoint: str
-    client: Any
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """moto's S3 server on 127.0.0.1 with one bucket; the AWS_* variables point at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    empty = tmp_path_factory.mktemp("aws") / "none"
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
-                            "AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty),
-                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
-            env.setenv(name, value)
-        env.delenv("AWS_PROFILE", raising=False)
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket=BUCKET)
-        yield Store(endpoint=endpoint, client=client)
-    server.stop()
+    with running_store(tmp_path_factory.mktemp("aws"), BUCKET) as running:
+        yield running
 
 
 @dataclass(frozen=True)
