@@ -2,7 +2,9 @@
 
 The schema is the single source of truth for what a job file may say; this module turns
 a valid document into typed records with defaults filled in and paths resolved
-relative to the job file. ``JobConfig.identity()`` is the part of the job that defines
+relative to the job file. A source's ``root``, ``labels`` or ``table`` may be an fsspec URL
+(``s3://bucket/raw``): it stays a string, as written (``file://`` URLs become local paths);
+only its protocol is checked here, without any request. ``JobConfig.identity()`` is the part of the job that defines
 the dataset (it is hashed into ``dataset_hash``); execution options such as the output
 folder or the worker count are kept out of it.
 """
@@ -19,7 +21,7 @@ import yaml
 
 from packer.errors import ConfigError
 from packer.schemas import validate_document
-from packer.storage import is_url
+from packer.storage import check_protocol, is_url, local_path
 
 SPLITS = ("train", "valid", "test")
 
@@ -61,15 +63,19 @@ class WindowSpec:
 
 @dataclass(frozen=True)
 class SourceConfig:
+    """One raw source. ``root``, ``labels`` and ``table`` are local paths (resolved against the
+    job file) or URL strings (``s3://...``, read through :mod:`packer.rawstore`); the ``*_spec``
+    fields keep what the job file says, which is what the dataset's identity records."""
+
     kind: str
     name: str
-    root: Path
+    root: Path | str
     root_spec: str
     entity: str
     time: tuple[str, ...]
-    labels: Path | None = None
+    labels: Path | str | None = None
     labels_spec: str | None = None
-    table: Path | None = None
+    table: Path | str | None = None
     table_spec: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -263,12 +269,33 @@ def _resolve(base: Path, spec: str) -> Path:
     return (base / spec).resolve() if not Path(spec).is_absolute() else Path(spec)
 
 
+def _location(base: Path, spec: str, where: str) -> Path | str:
+    """A source location: a path resolved against the job folder, a ``file://`` URL as its local
+    path, or any other URL as written (trailing ``/`` dropped) once fsspec knows its protocol."""
+    if not is_url(spec):
+        return _resolve(base, spec)
+    try:
+        path = local_path(spec)
+        if path is not None:
+            return path
+        check_protocol(spec)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
+    return spec.rstrip("/")
+
+
+def _default_name(root: Path | str) -> str:
+    """The last segment of a root folder or URL (``s3://bucket/raw/ct`` → ``ct``)."""
+    last = root.name if isinstance(root, Path) else root.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", last)
+
+
 def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     kind = raw["kind"]
-    root = _resolve(base, raw["root"])
+    where = f"sources[{index}]"
+    root = _location(base, raw["root"], f"{where}.root")
     time_raw = raw.get("time", ["StudyDate", "StudyTime"] if kind == "dicom" else "timestamp")
     time = (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
-    where = f"sources[{index}]"
     if kind == "dicom" and "table" in raw:
         raise ConfigError(f"{where}.table: dicom sources take labels from 'labels: FILE.csv' (path,label), not 'table'")
     if kind == "image" and "labels" in raw:
@@ -279,14 +306,14 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "naming each image's label and entity")
     return SourceConfig(
         kind=kind,
-        name=raw.get("name") or re.sub(r"[^A-Za-z0-9_-]+", "_", root.name) or f"source{index}",
+        name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
         root_spec=raw["root"],
         entity=raw.get("entity", "PatientID" if kind == "dicom" else "entity"),
         time=time,
-        labels=_resolve(base, raw["labels"]) if "labels" in raw else None,
+        labels=_location(base, raw["labels"], f"{where}.labels") if "labels" in raw else None,
         labels_spec=raw.get("labels"),
-        table=_resolve(base, raw["table"]) if "table" in raw else None,
+        table=_location(base, raw["table"], f"{where}.table") if "table" in raw else None,
         table_spec=raw.get("table"),
     )
 

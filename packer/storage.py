@@ -13,7 +13,8 @@ KEY=VALUE`` on the command line, ``storage_options={...}`` in Python), merged in
 :func:`storage_options_for`. A ``file://`` URL is a local path: nothing goes through fsspec.
 
 fsspec and the filesystem packages are imported only when a URL is used; ``s3://`` needs
-the ``s3`` extra (``pip install 'packer[s3]'``, which brings s3fs).
+the ``s3`` extra (``pip install 'packer[s3]'``, which brings s3fs). Raw inputs given as URLs
+are listed and fetched by :mod:`packer.rawstore` through the same functions and options.
 """
 
 from __future__ import annotations
@@ -164,15 +165,32 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
         import fsspec.core
     except ImportError as err:
         raise ConfigError(f"{url}: reading URLs needs fsspec: pip install 'packer[s3]'") from err
-    scheme = url.split("://", 1)[0].lower()
     try:
         return fsspec.core.url_to_fs(url, **storage_options_for(url, storage_options))
+    except (ImportError, ValueError) as err:
+        raise _protocol_error(url, err) from err
+
+
+def check_protocol(url: str) -> None:
+    """Raise ``ConfigError`` when fsspec does not know ``url``'s protocol or the package that
+    implements it is not installed. Makes no request and needs no storage options."""
+    try:
+        import fsspec
     except ImportError as err:
+        raise ConfigError(f"{url}: reading URLs needs fsspec: pip install 'packer[s3]'") from err
+    try:
+        fsspec.get_filesystem_class(url.split("://", 1)[0].lower())
+    except (ImportError, ValueError) as err:
+        raise _protocol_error(url, err) from err
+
+
+def _protocol_error(url: str, err: ImportError | ValueError) -> ConfigError:
+    scheme = url.split("://", 1)[0].lower()
+    if isinstance(err, ImportError):
         package = _EXTRAS.get(scheme, f"the fsspec implementation of {scheme}://")
         extra = "pip install 'packer[s3]'" if package == "s3fs" else f"pip install {package}"
-        raise ConfigError(f"{url}: {scheme}:// URLs need {package}, which is not installed; {extra}") from err
-    except ValueError as err:
-        raise ConfigError(f"{url}: {err}; use a local path, file://, s3:// or another fsspec protocol") from err
+        return ConfigError(f"{url}: {scheme}:// URLs need {package}, which is not installed; {extra}")
+    return ConfigError(f"{url}: {err}; use a local path, file://, s3:// or another fsspec protocol")
 
 
 def remote_errors() -> tuple[type[BaseException], ...]:

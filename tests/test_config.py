@@ -98,3 +98,39 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
                                             ("1.5KiB", 1536), (42, 42)])
 def test_byte_sizes(text: str | int, value: int) -> None:
     assert parse_byte_size(text) == value
+
+
+def test_source_urls_stay_as_written_and_file_urls_become_paths(tmp_path: Path) -> None:
+    doc = {**MINIMAL, "sources": [
+        {"kind": "image", "root": "s3://bucket/raw/photos/", "table": "s3://bucket/raw/photos.csv"},
+        {"kind": "dicom", "root": f"file://{tmp_path}/ct", "labels": f"file://{tmp_path}/ct.csv"},
+    ]}
+    job = load_job(write_job(tmp_path, doc))
+    photos, ct = job.sources
+    assert (photos.name, photos.root, photos.table) == ("photos", "s3://bucket/raw/photos", "s3://bucket/raw/photos.csv")
+    assert (ct.name, ct.root, ct.labels) == ("ct", tmp_path / "ct", tmp_path / "ct.csv")
+    identity = job.identity()["sources"]  # the dataset's identity records the job as written
+    assert identity[0]["root"] == "s3://bucket/raw/photos/" and identity[1]["root"] == f"file://{tmp_path}/ct"
+
+
+@pytest.mark.parametrize(("field", "url", "match"), [
+    ("root", "nosuchproto://bucket/raw",
+     r"sources\[0\]\.root: nosuchproto://bucket/raw: Protocol not known.*use a local path, file://, s3://"),
+    ("table", "file://otherhost/raw/labels.csv", r"sources\[0\]\.table: file://otherhost/.*file:///abs/path"),
+])
+def test_a_source_url_that_cannot_be_opened_is_a_config_error_naming_the_field(tmp_path: Path, field: str,
+                                                                               url: str, match: str) -> None:
+    doc = {**MINIMAL, "sources": [{**MINIMAL["sources"][0], field: url}]}
+    with pytest.raises(ConfigError, match=match):
+        load_job(write_job(tmp_path, doc))
+
+
+def test_a_source_url_whose_package_is_missing_says_what_to_install(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here: gs:// URLs open")
+    doc = {**MINIMAL, "sources": [{**MINIMAL["sources"][0], "root": "gs://bucket/raw"}]}
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.root: gs://bucket/raw: gs:// URLs need gcsfs, which is not "
+                                          r"installed; pip install gcsfs"):
+        load_job(write_job(tmp_path, doc))
