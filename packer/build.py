@@ -57,7 +57,9 @@ class BuildOptions:
 
     ``out``: a folder, or a URL (``s3://bucket/prefix``) to build under ``work_dir``
     (default ``$PACKER_WORK_DIR`` or ``~/.cache/packer/work``) and then publish to
-    (``packer.storage.publish_version``); ``storage_options`` configure that store.
+    (``packer.storage.publish_version``). ``storage_options`` configure every store the build
+    reaches through a URL: that output's, and the raw inputs' (sources given as URLs), on the
+    client and, sent with each task, on the workers.
     """
 
     out: Path | str | None = None
@@ -160,7 +162,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers) as executor:
-        prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet)
+        prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet,
+                           storage_options=options.storage_options)
         cached_files = sum(c.files for c in prepared.chunks if c.reused)
         if cached_files and not options.quiet:
             print(f"packer: reused {cached_files} of {prepared.inputs} files from the build cache "

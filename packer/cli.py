@@ -76,8 +76,9 @@ def _print_summary(result: Any) -> None:
                    "($PACKER_WORK_DIR, default ~/.cache/packer/work) and publish to a URL (s3://bucket/prefix), "
                    "manifest last. Does not change the dataset hash.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
-              help="Option for the store of a URL output, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable; "
-                   "AWS_* environment variables work too).")
+              help="Option for the stores reached through URLs: the output's and the raw sources' (sent to the "
+                   "workers too), e.g. endpoint_url=http://127.0.0.1:9000 (repeatable; AWS_* environment "
+                   "variables work too).")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster "
               "(default: one per core, at most 8).")
 @click.option("--scheduler", metavar="ADDRESS",

@@ -49,10 +49,12 @@ class ValidateResult:
 
 
 def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = None, scheduler: str | None = None,
-                 quiet: bool = False) -> ValidateResult:
-    """Run discover → read/validate → split → audit on ``job``; write nothing."""
+                 quiet: bool = False, storage_options: dict[str, Any] | None = None) -> ValidateResult:
+    """Run discover → read/validate → split → audit on ``job``; write nothing. ``storage_options``
+    configure the stores of sources given as URLs."""
     with open_executor(scheduler, workers) as executor:
-        prepared = prepare(job, executor, cache_dir=None, decode=not quick, quiet=quiet)
+        prepared = prepare(job, executor, cache_dir=None, decode=not quick, quiet=quiet,
+                           storage_options=storage_options)
     return ValidateResult(job=job, prepared=prepared, quick=quick)
 
 

@@ -4,26 +4,44 @@ This is the client side of the header pass. It lists files (sorted, so the listi
 the file system never matters), reads the label tables, and produces one unprobed
 :class:`SampleRef` per file, or an :class:`Issue` for a table row whose file is missing.
 ``probe_ref`` (run on workers) then reads headers and fills in what only the file knows.
+
+A source whose root is a URL is listed through :mod:`packer.rawstore` under the same rules;
+its refs carry the full URL as ``path``, and :func:`discover` also returns what the
+listing said about each remote file (size, version tag) for the build cache's keys.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import os
 import posixpath
 import warnings
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
 
 from packer.config import JobConfig, SourceConfig
 from packer.errors import ConfigError
 from packer.phi import Pseudonymizer
+from packer.rawstore import (
+    RawObject,
+    RemoteFile,
+    join_relpath,
+    list_remote_files,
+    read_heads,
+    read_remote_bytes,
+    stat_remote,
+)
 from packer.records import Issue, SampleRef, safe_key
+from packer.storage import remote_errors, storage_error
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+_NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES})
 _DICM_OFFSET = 128
 
 
@@ -51,13 +69,20 @@ def _has_dicm_preamble(path: Path) -> bool:
     return head[_DICM_OFFSET:] == b"DICM"
 
 
+def _dicom_by_suffix(suffix: str) -> bool | None:
+    """True for ``.dcm``, False for suffixes that are never DICOM (tables, text, images), None
+    when only the DICM preamble can tell."""
+    if suffix == ".dcm":
+        return True
+    return False if suffix in _NEVER_DICOM else None
+
+
 def list_dicom_files(root: Path, follow_links: bool = False) -> list[Path]:
     """Every ``*.dcm`` under ``root`` plus extension-less or other files with the DICM preamble."""
     out = []
     for path in _walk_sorted(root, follow_links):
-        suffix = path.suffix.lower()
-        if suffix == ".dcm" or (suffix not in {".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES}
-                                and _has_dicm_preamble(path)):
+        verdict = _dicom_by_suffix(path.suffix.lower())
+        if verdict or (verdict is None and _has_dicm_preamble(path)):
             out.append(path)
     return out
 
@@ -65,6 +90,24 @@ def list_dicom_files(root: Path, follow_links: bool = False) -> list[Path]:
 def list_image_files(root: Path, follow_links: bool = False) -> list[Path]:
     """Every file under ``root`` with an image suffix (png, jpg/jpeg, tif/tiff, bmp)."""
     return [p for p in _walk_sorted(root, follow_links) if p.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
+    """The raw files of a source whose root is a URL, by the rules of :func:`list_dicom_files` /
+    :func:`list_image_files`, sorted by relative path. Extension-less DICOM candidates cost one
+    ranged read of their first 132 bytes each (concurrent); ``*.dcm`` files are not read."""
+    if not isinstance(source.root, str):
+        raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
+    files = list_remote_files(source.root, storage_options=storage_options, where=f"sources.{source.name}.root")
+    suffixes = [PurePosixPath(f.relpath).suffix.lower() for f in files]
+    if source.kind == "image":
+        return [f for f, suffix in zip(files, suffixes, strict=True) if suffix in IMAGE_SUFFIXES]
+    verdicts = [_dicom_by_suffix(suffix) for suffix in suffixes]
+    head = _DICM_OFFSET + 4
+    unsure = [f for f, verdict in zip(files, verdicts, strict=True) if verdict is None and f.stat.size >= head]
+    heads = read_heads(source.root, [f.relpath for f in unsure], head, storage_options)
+    preamble = {f.relpath for f, data in zip(unsure, heads, strict=True) if data[_DICM_OFFSET:] == b"DICM"}
+    return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in preamble]
 
 
 def normalize_time(value: str | None) -> str | None:
@@ -80,7 +123,7 @@ def normalize_time(value: str | None) -> str | None:
         return None
 
 
-def _relpath(raw: str, table: Path, row: int) -> str:
+def _relpath(raw: str, table: Path | str, row: int) -> str:
     text = raw.strip().replace("\\", "/")
     if not text:
         raise ConfigError(f"{table}: row {row}, column 'path' is empty; give the file's path relative to the root")
@@ -102,14 +145,33 @@ class TableRow:
     extra: tuple[tuple[str, str], ...]
 
 
-def read_table(path: Path, *, required: tuple[str, ...], entity_column: str | None = None,
-               time_column: str | None = None) -> dict[str, TableRow]:
-    """Read a CSV keyed by its ``path`` column (relative to the source root).
+@contextlib.contextmanager
+def _open_table(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
+    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole."""
+    if isinstance(path, Path):
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            yield fh
+        return
+    try:
+        data = read_remote_bytes(path, storage_options)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: cannot read the table: there is no such object; fix the URL "
+                          "or upload the table") from err
+    except remote_errors() as err:
+        raise storage_error(path, err, doing="reading the table") from err
+    yield io.StringIO(data.decode("utf-8-sig"), newline="")
+
+
+def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: str | None = None,
+               time_column: str | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> dict[str, TableRow]:
+    """Read a CSV keyed by its ``path`` column (relative to the source root). ``path`` is a
+    local file or a URL (read through fsspec with ``storage_options``).
 
     Raises ConfigError for an unreadable file, a missing column or a duplicated path.
     """
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with _open_table(path, storage_options) as fh:
             reader = csv.DictReader(fh)
             columns = reader.fieldnames or []
             missing = [c for c in required if c not in columns]
@@ -138,7 +200,7 @@ def read_table(path: Path, *, required: tuple[str, ...], entity_column: str | No
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read the table ({err.strerror})") from err
+        raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
 
 
 def _outside_root(path: Path, root: Path) -> bool:
@@ -149,40 +211,54 @@ def _outside_root(path: Path, root: Path) -> bool:
         return True
 
 
+def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None
+              ) -> tuple[Path | str | None, dict[str, TableRow]]:
+    """The source's label table (``labels`` for DICOM, ``table`` for images) and its rows."""
+    if source.kind == "dicom":
+        if source.labels is None:
+            return None, {}
+        return source.labels, read_table(source.labels, required=("path", "label"), storage_options=storage_options)
+    if source.table is None:  # parse_job guarantees a table; keep the type checker honest
+        raise ConfigError(f"sources.{source.name}.table: image sources need a table")
+    return source.table, read_table(source.table, required=("path", "label", source.entity),
+                                    entity_column=source.entity, time_column=source.time[0],
+                                    storage_options=storage_options)
+
+
+def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None
+                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+    """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
+    what the listing said about each file (by URL)."""
+    if isinstance(source.root, str):
+        remote = list_remote_source(source, storage_options)
+        return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
+    lister = list_dicom_files if source.kind == "dicom" else list_image_files
+    return [(path.relative_to(source.root).as_posix(), str(path))
+            for path in lister(source.root, follow_links=allow_outside)], {}
+
+
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
-                 known_labels: tuple[str, ...] = ()) -> tuple[list[SampleRef], list[Issue]]:
-    if not source.root.is_dir():
+                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
+                 ) -> tuple[list[SampleRef], list[Issue], dict[str, RawObject]]:
+    remote = isinstance(source.root, str)
+    if not isinstance(source.root, str) and not source.root.is_dir():
         raise ConfigError(f"sources.{source.name}.root: folder {source.root} does not exist "
                           f"(root: {source.root_spec!r}, relative to the job file)")
+    table_path, labels = _table_of(source, storage_options)  # a bad table fails before a long listing
+    files, listed = _listed_files(source, allow_outside, storage_options)
     refs: list[SampleRef] = []
     issues: list[Issue] = []
-    if source.kind == "dicom":
-        labels = read_table(source.labels, required=("path", "label")) if source.labels else {}
-        files = list_dicom_files(source.root, follow_links=allow_outside)
-        seen = set()
-        for path in files:
-            rel = path.relative_to(source.root).as_posix()
-            seen.add(rel)
-            row = labels.get(rel)
+    for rel, path in files:
+        row = labels.get(rel)
+        if source.kind == "dicom":  # entity and time come from the header
             refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
-                                  path=str(path), relpath=rel, label=row.label if row else None))
-        table_path = source.labels
-    else:
-        if source.table is None:  # parse_job guarantees a table; keep the type checker honest
-            raise ConfigError(f"sources.{source.name}.table: image sources need a table")
-        time_column = source.time[0]
-        labels = read_table(source.table, required=("path", "label", source.entity),
-                            entity_column=source.entity, time_column=time_column)
-        seen = set()
-        for path in list_image_files(source.root, follow_links=allow_outside):
-            rel = path.relative_to(source.root).as_posix()
-            seen.add(rel)
-            row = labels.get(rel)
+                                  path=path, relpath=rel, label=row.label if row else None))
+        else:
             refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
-                                  path=str(path), relpath=rel,
+                                  path=path, relpath=rel,
                                   label=row.label if row else None, entity=row.entity if row else None,
                                   time=row.time if row else None, extra=row.extra if row else ()))
-        table_path = source.table
+    seen = {rel for rel, _ in files}
     kept: list[SampleRef] = []
     for ref in refs:
         if known_labels and ref.label is not None and ref.label not in known_labels:
@@ -190,7 +266,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                    message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
                                            f"{ref.label!r} is not in the job's labels ({', '.join(known_labels)}); "
                                            "fix the row or add the label"))
-        elif not allow_outside and _outside_root(Path(ref.path), source.root):
+        elif not remote and not allow_outside and _outside_root(Path(ref.path), Path(source.root)):
+            # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
@@ -200,7 +277,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     for rel, row in sorted(labels.items()):
         if rel in seen:
             continue
-        target = source.root / rel
+        target = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
         if escapes_root(rel):
             if not allow_outside:
                 issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
@@ -208,29 +285,53 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                     message=f"{table_path} row {row.row}, column 'path': {rel!r} leaves the source "
                                             "root; give a path inside the root, or set safety.outside_root: allow"))
                 continue
-            if target.is_file():  # allowed on purpose: a table may point next to the root
+            stat = stat_remote(target, storage_options) if remote else None
+            if stat is not None or (not remote and Path(target).is_file()):
+                # allowed on purpose: a table may point next to the root
+                if stat is not None:
+                    listed[target] = stat
                 refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name,
-                                      kind=source.kind, path=str(target), relpath=rel, label=row.label,
+                                      kind=source.kind, path=target, relpath=rel, label=row.label,
                                       entity=row.entity, time=row.time, extra=row.extra))
                 continue
-        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(target), stage="discover",
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
                             reason="missing_file",
                             message=f"{table_path} row {row.row} lists {rel!r}, but {target} does not exist "
                                     "(or is not a supported file); fix the path or remove the row"))
     refs.sort(key=lambda r: r.relpath)
-    return refs, issues
+    return refs, issues, listed
 
 
-def discover(job: JobConfig, phi: Pseudonymizer | None = None) -> tuple[list[SampleRef], list[Issue]]:
-    """List every source's raw files (sorted by source, then relative path) and table-only issues."""
+@dataclass(frozen=True)
+class Discovery:
+    """What discovery found: ``refs`` (sorted by source, then relative path), the table-only
+    ``issues``, and ``listed``: for each remote file (by URL) the size and version tag its
+    listing gave, which the build cache keys it by (a local file is keyed by its stat)."""
+
+    refs: list[SampleRef]
+    issues: list[Issue]
+    listed: dict[str, RawObject] = field(default_factory=dict)
+
+
+def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
+             storage_options: Mapping[str, Any] | None = None) -> Discovery:
+    """List every source's raw files, local or behind URLs (read with ``storage_options``):
+    refs sorted by source, then relative path, the table-only issues, and the remote listing.
+
+    Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
+    cannot be listed (missing bucket, credentials, endpoint; the message says which).
+    """
     refs: list[SampleRef] = []
     issues: list[Issue] = []
+    listed: dict[str, RawObject] = {}
     allow_outside = job.safety.outside_root == "allow"
     for source in job.sources:
-        source_refs, source_issues = _source_refs(source, phi, allow_outside, job.labels)
+        source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
+                                                                 storage_options)
         refs.extend(source_refs)
         issues.extend(source_issues)
-    return unique_ids(refs), issues
+        listed.update(source_listed)
+    return Discovery(refs=unique_ids(refs), issues=issues, listed=listed)
 
 
 def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:

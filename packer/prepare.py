@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
 from packer.progress import Progress
+from packer.rawstore import RawObject, remote_listing
 from packer.records import Issue, SampleRef
 from packer.report import sort_issues
 from packer.split import Assignment, assign_splits, balance_warning, near_edges
@@ -91,8 +92,13 @@ class _Settle:
 
 
 def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Path | None, decode: bool = True,
-                quiet: bool = False, phi: Pseudonymizer | None = None) -> list[ChunkResult]:
+                quiet: bool = False, phi: Pseudonymizer | None = None, listed: Mapping[str, RawObject] | None = None,
+                storage_options: dict[str, Any] | None = None) -> list[ChunkResult]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
+
+    Refs whose path is a URL need ``listed`` (:attr:`packer.discover.Discovery.listed`): each
+    task gets its files' entries, for the cache key and the size limit, and ``storage_options``
+    to fetch them with.
 
     A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
     down) is retried file by file; a file that still kills its worker becomes a
@@ -103,8 +109,13 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
     libraries = library_versions()
     nonce = uuid.uuid4().hex[:8]
     cache = str(cache_dir) if cache_dir is not None else None
-    tasks = [ChunkTask(key=chunk_key(chunk, job, libraries), refs=chunk, job=job, cache_dir=cache, decode=decode)
-             for chunk in chunk_refs(refs)]
+    listed = listed or {}
+
+    def task_of(chunk: tuple[SampleRef, ...]) -> ChunkTask:
+        return ChunkTask(key=chunk_key(chunk, job, libraries, listed), refs=chunk, job=job, cache_dir=cache,
+                         decode=decode, listed=remote_listing(chunk, listed), storage_options=storage_options)
+
+    tasks = [task_of(chunk) for chunk in chunk_refs(refs)]
     progress = Progress("process" if decode else "headers", len(refs), quiet=quiet)
     results: list[ChunkResult] = []
     lost: list[ChunkTask] = []
@@ -114,8 +125,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
             continue
         results.append(settle.chunk(outcome, task.refs))
         progress.update(outcome.files, bad=len(outcome.issues))
-    singles = [ChunkTask(key=chunk_key((ref,), job, libraries), refs=(ref,), job=job, cache_dir=cache, decode=decode)
-               for task in lost for ref in task.refs]
+    singles = [task_of((ref,)) for task in lost for ref in task.refs]
     suspects: list[ChunkTask] = []
     for task, outcome in executor.map_unordered(process_chunk, singles,
                                                 [f"isolate-{t.refs[0].sample_id}-{nonce}" for t in singles]):
@@ -149,21 +159,24 @@ def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:
 
 
 def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
-            quiet: bool = False) -> Prepared:
+            quiet: bool = False, storage_options: dict[str, Any] | None = None) -> Prepared:
     """Discover, process, split and audit ``job``. Does not raise on leakage: callers decide.
 
     With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
-    cannot run and are disabled for this audit.
+    cannot run and are disabled for this audit. ``storage_options`` configure the stores of
+    raw inputs given as URLs (on the client and on the workers).
     """
     phi = pseudonymizer_for(job.phi)
-    refs, issues = discover(job, phi)
+    found = discover(job, phi, storage_options=storage_options)
+    refs, issues = found.refs, found.issues
     inputs = len(refs) + len(issues)
     if not quiet:
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi)
-    del refs  # the settled samples carry their own (probed) refs
+    chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
+                         listed=found.listed, storage_options=storage_options)
+    del refs, found  # the settled samples carry their own (probed) refs
     samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
     issues.extend(i for c in chunks for i in c.issues)
     split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)

@@ -9,6 +9,11 @@ pack pass copies bytes out of the spill files without decoding anything again.
 The spill files are a cache: a chunk's key covers packer and library versions, the parts of
 the job that shape samples, and each file's path, size, mtime and table values, so a
 re-run (``--resume`` after a crash, or a build after adding files) decodes only what changed.
+
+A raw file behind a URL (``s3://...``) is fetched once, by the task that decodes it, into a
+temporary local copy (:func:`packer.rawstore.fetched`); the readers run on the copy and every
+record that comes out names the URL. Its cache key uses the size and version tag (ETag)
+discovery's listing gave, so an object replaced in the store is decoded again.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
@@ -29,9 +34,13 @@ from packer.dedup import dhash
 from packer.discover import probe_for_read, probe_ref
 from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output
+from packer.rawstore import RawObject, fetched
 from packer.read import read_sample
-from packer.records import Issue, SampleRef
+from packer.records import Issue, Sample, SampleRef
+from packer.storage import is_url
 from packer.validate import find_sample_issue
+
+T = TypeVar("T")
 
 CACHE_FORMAT = 4
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
@@ -63,13 +72,17 @@ class SpilledSample:
 @dataclass(frozen=True)
 class ChunkTask:
     """A chunk of raw files to process. ``cache_dir`` None: keep nothing (``packer validate``);
-    ``decode`` False: headers only (``validate --quick``), samples carry no content hashes."""
+    ``decode`` False: headers only (``validate --quick``), samples carry no content hashes.
+    ``listed``: for refs whose path is a URL, what discovery's listing said (URL, size and
+    version); ``storage_options``: for fetching them (the worker's environment adds its own)."""
 
     key: str
     refs: tuple[SampleRef, ...]
     job: JobConfig
     cache_dir: str | None
     decode: bool = True
+    listed: tuple[tuple[str, RawObject], ...] = ()
+    storage_options: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,16 +116,26 @@ def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
     return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by}
 
 
-def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str]) -> str:
+def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str],
+              listed: Mapping[str, RawObject] | None = None) -> str:
     """Cache key of a chunk: format, library versions, sample-shaping config, and per file its
-    path, size, mtime and table values. Files that cannot be stat'ed key as missing."""
+    path, table values and fingerprint: a local file's size and mtime (files that cannot be
+    stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
+    listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
     files = []
     for ref in refs:
-        try:
-            stat = os.stat(ref.path)
-            fingerprint: list[Any] = [stat.st_size, stat.st_mtime_ns]
-        except OSError:
-            fingerprint = ["missing"]
+        fingerprint: list[Any]
+        if is_url(ref.path):
+            stat = (listed or {}).get(ref.path)
+            if stat is None:
+                raise ValueError(f"{ref.path}: not in discovery's listing; pass Discovery.listed to chunk_key")
+            fingerprint = ["object", stat.size, stat.version]
+        else:
+            try:
+                local = os.stat(ref.path)
+                fingerprint = [local.st_size, local.st_mtime_ns]
+            except OSError:
+                fingerprint = ["missing"]
         files.append([asdict(ref), fingerprint])
     payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
                "files": files}
@@ -208,11 +231,38 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] 
     return result
 
 
+def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
+    """``outcome`` (samples, a probed ref or an issue) of ``local``, the local copy of the remote
+    file ``ref``, with the URL put back wherever the copy's path went."""
+    if isinstance(outcome, Issue):
+        return replace(outcome, path=ref.path, message=outcome.message.replace(local, ref.path))
+    if isinstance(outcome, SampleRef):
+        return replace(outcome, path=ref.path)
+    samples: list[Sample] = outcome
+    return [replace(s, ref=replace(s.ref, path=ref.path)) for s in samples]
+
+
+def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObject],
+                   read: Callable[[SampleRef], T], clock: StageClock | None = None) -> T | Issue:
+    """``read(ref)``; for a remote file on a fetched local copy (deleted after), with the URL
+    named in the outcome, or the Issue saying why the file could not be fetched."""
+    if not is_url(ref.path):
+        return read(ref)
+    if clock is not None:
+        clock.switch("fetch")
+    with fetched(ref, listed.get(ref.path), limits=task.job.limits, storage_options=task.storage_options) as local:
+        if isinstance(local, Issue):
+            return local
+        named: T = _named_by(read(local), ref, local.path)
+        return named
+
+
 def _headers_only(task: ChunkTask) -> ChunkResult:
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
+    listed = dict(task.listed)
     for ref in task.refs:
-        probed = probe_ref(ref, task.job)
+        probed = _on_local_file(ref, task, listed, lambda local: probe_ref(local, task.job))
         if isinstance(probed, Issue):
             issues.append(probed)
             continue
@@ -236,6 +286,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         if cached is not None:
             return cached
     spill_name = f"{task.key}.spill"
+    listed = dict(task.listed)
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
     clock = StageClock()
@@ -244,7 +295,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     with (atomic_output(cache_dir / spill_name, durable=False) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
-            outcome = _samples_of(ref, task.job, clock)
+            outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
             if isinstance(outcome, Issue):
                 issues.append(outcome)
                 continue

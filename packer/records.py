@@ -54,7 +54,8 @@ def safe_key(text: str) -> str:
 class SampleRef:
     """One raw file the job will read, with everything known before decoding it.
 
-    ``path`` is absolute; ``relpath`` is POSIX and relative to the source root.
+    ``path`` is absolute, or the full URL of a file behind an fsspec URL (``s3://...``);
+    ``relpath`` is POSIX and relative to the source root.
     ``label``, ``entity`` and ``time`` are ``None`` only on refs that end as issues.
     """
 

@@ -30,7 +30,8 @@ def make_tree(tmp_path: Path, rows: list[str], files: list[str], header: str = "
 def test_files_are_listed_sorted_with_table_values(tmp_path: Path) -> None:
     job = load_job(make_tree(tmp_path, ["b/2.png,dog,S2,2024-02-01,x", "a/1.png,cat,S1,2023-01-05,y"],
                              ["b/2.png", "a/1.png", "c/3.PNG"], header="path,label,entity,timestamp,site"))
-    refs, issues = discover(job)
+    found = discover(job)
+    refs, issues = found.refs, found.issues
     assert [r.relpath for r in refs] == ["a/1.png", "b/2.png", "c/3.PNG"]
     assert (refs[0].label, refs[0].entity, refs[0].time, refs[0].extra) == ("cat", "S1", "2023-01-05", (("site", "y"),))
     assert refs[2].label is None  # on disk but not in the table: reported as missing_label by check_identity
@@ -40,7 +41,7 @@ def test_files_are_listed_sorted_with_table_values(tmp_path: Path) -> None:
 
 def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
     job = load_job(make_tree(tmp_path, ["a/1.png,cat,S1,", "gone.png,cat,S1,"], ["a/1.png"]))
-    _, issues = discover(job)
+    issues = discover(job).issues
     assert [(i.reason, i.stage) for i in issues] == [("missing_file", "discover")]
     assert "gone.png" in issues[0].message and "row 3" in issues[0].message
 
@@ -95,14 +96,16 @@ def test_paths_leaving_the_root_are_outside_root_issues(tmp_path: Path) -> None:
     outside.write_bytes(b"\x89PNG fake")
     job_path = make_tree(tmp_path, ["a.png,cat,S1,", "../secret.png,cat,S2,", "link.png,cat,S3,"], ["a.png"])
     (tmp_path / "raw" / "link.png").symlink_to(outside)
-    refs, issues = discover(load_job(job_path))
+    found = discover(load_job(job_path))
+    refs, issues = found.refs, found.issues
     assert [r.relpath for r in refs] == ["a.png"]
     assert sorted((i.reason, Path(i.path).name) for i in issues) == [("outside_root", "link.png"),
                                                                       ("outside_root", "secret.png")]
     allowed = yaml.safe_load(job_path.read_text())
     allowed["safety"] = {"outside_root": "allow"}
     job_path.write_text(yaml.safe_dump(allowed))
-    refs, issues = discover(load_job(job_path))
+    found = discover(load_job(job_path))
+    refs, issues = found.refs, found.issues
     assert sorted(r.relpath for r in refs) == ["../secret.png", "a.png", "link.png"] and issues == []
 
 
@@ -132,7 +135,23 @@ def test_labels_outside_the_jobs_label_list_name_their_row(tmp_path: Path) -> No
     doc = yaml.safe_load(job_path.read_text())
     doc["labels"] = ["cat", "dog"]
     job_path.write_text(yaml.safe_dump(doc))
-    refs, issues = discover(load_job(job_path))
+    found = discover(load_job(job_path))
+    refs, issues = found.refs, found.issues
     assert [r.relpath for r in refs] == ["a.png"]
     assert [(i.reason, i.stage) for i in issues] == [("unknown_label", "discover")]
     assert "row 3, column 'label'" in issues[0].message and "'dgo'" in issues[0].message
+
+
+def test_file_urls_list_the_same_files_as_paths(tmp_path: Path) -> None:
+    path_job = load_job(make_tree(tmp_path, ["a/1.png,cat,S1,2023-01-05", "gone.png,dog,S2,"], ["a/1.png", "b.png"]))
+    doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    doc["sources"][0].update(root=f"file://{tmp_path}/raw", table=f"file://{tmp_path}/raw/labels.csv")
+    (tmp_path / "url").mkdir()
+    (tmp_path / "url" / "job.yaml").write_text(yaml.safe_dump(doc))
+    url_job = load_job(tmp_path / "url" / "job.yaml")
+    assert url_job.sources[0].root == path_job.sources[0].root == (tmp_path / "raw").resolve()
+    found = discover(url_job)
+    refs, issues = found.refs, found.issues
+    assert found == discover(path_job) and found.listed == {}  # local files: nothing remote is listed
+    assert [r.path for r in refs] == [str(tmp_path / "raw" / "a" / "1.png"), str(tmp_path / "raw" / "b.png")]
+    assert [i.reason for i in issues] == ["missing_file"]

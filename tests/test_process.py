@@ -44,7 +44,7 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
     from packer.read import read_sample
 
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
-    refs, _ = discover(job, pseudonymizer_for(job.phi))
+    refs = discover(job, pseudonymizer_for(job.phi)).refs
     dicom = [r for r in refs if r.kind == "dicom"]
     assert len(dicom) > 30
     kept = 0

@@ -20,10 +20,13 @@ from packer.commands import exits
               help="Write JUnit XML (one test case per rule) for CI dashboards.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster.")
 @click.option("--scheduler", metavar="ADDRESS", help="tcp://host:port of a dask scheduler, or 'sync'.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Option for the store of sources given as URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
+                   "(repeatable; AWS_* environment variables work too).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @exits
 def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path: Path | None, workers: int | None,
-                     scheduler: str | None, quiet: bool) -> None:
+                     scheduler: str | None, quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Check JOB's data without building: every file is read and decoded, the split is applied
     and audited for leakage (entity overlap, exact and near duplicates across splits, time
     order). Prints a summary on stderr.
@@ -34,8 +37,10 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     """
     from packer.config import load_job
     from packer.datacheck import format_summary, validate_job, write_json, write_junit
+    from packer.storage import parse_storage_options
 
-    result = validate_job(load_job(job), quick=quick, workers=workers, scheduler=scheduler, quiet=quiet)
+    result = validate_job(load_job(job), quick=quick, workers=workers, scheduler=scheduler, quiet=quiet,
+                          storage_options=parse_storage_options(storage_option))
     click.echo(format_summary(result), err=True)
     if json_path is not None:
         write_json(result, json_path)

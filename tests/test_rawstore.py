@@ -1,0 +1,314 @@
+"""Raw inputs behind s3:// URLs (moto's S3 server on 127.0.0.1): listed by the client, fetched
+once by the task that decodes them, the same shards as from local paths, bad samples that name
+the URL, a cache keyed by size and ETag."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.config import JobConfig, load_job
+from packer.discover import discover
+from packer.errors import ConfigError
+from packer.phi import pseudonymizer_for
+from packer.process import ChunkTask, process_chunk
+from packer.rawstore import remote_listing
+from packer.records import Issue
+from tests.conftest import demo_job_doc, write_job
+from tests.s3_store import Store, running_store
+
+pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
+
+BUCKET = "packer-raw"
+#: Files of the demo tree that are neither raw files nor tables.
+NOT_READ = ("README.txt", "phi.key")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    with running_store(tmp_path_factory.mktemp("aws"), BUCKET) as running:
+        yield running
+
+
+def upload(store: Store, root: Path, prefix: str) -> str:
+    """Every file under ``root`` to ``s3://BUCKET/<prefix>/<relpath>``; returns that URL."""
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(root).as_posix()}",
+                                Body=path.read_bytes())
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def demo_doc(demo_raw: Any, output: Path, raw: str | None = None) -> dict[str, Any]:
+    """The demo job with its sources named; reading the raw tree from ``raw`` (a URL) if given."""
+    doc = demo_job_doc(demo_raw.root, output)
+    doc["sources"][0]["name"], doc["sources"][1]["name"] = "ct", "photos"
+    if raw is not None:
+        doc["sources"][0].update(root=f"{raw}/ct", labels=f"{raw}/ct_labels.csv")
+        doc["sources"][1].update(root=f"{raw}/photos", table=f"{raw}/photos/labels.csv")
+    return doc
+
+
+class S3Calls:
+    """Every S3 request s3fs makes in this process: (method, key, ranged)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str, bool]] = []
+        original = s3fs.S3FileSystem._call_s3
+
+        async def recording(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((method, kwargs.get("Key", ""), "Range" in kwargs))
+            return await original(fs, method, *args, **kwargs)
+
+        monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+
+    def count(self, method: str) -> int:
+        return sum(1 for m, _, _ in self.calls if m == method)
+
+    def whole_gets(self) -> collections.Counter[str]:
+        return collections.Counter(key for method, key, ranged in self.calls if method == "get_object" and not ranged)
+
+
+def shard_bytes(result: BuildResult) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(result.version_dir.iterdir())
+            if p.name.split("-")[0] in ("train", "valid", "test") or p.name == "_index.parquet"}
+
+
+@dataclass(frozen=True)
+class Builds:
+    url: str
+    local: BuildResult
+    remote: BuildResult
+    calls: S3Calls
+
+
+@pytest.fixture(scope="module")
+def builds(store: Store, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    """The demo built from local paths and, in-process with every S3 request recorded, from s3://."""
+    tmp = tmp_path_factory.mktemp("raw-s3")
+    url = upload(store, demo_raw.root, "demo/raw")
+    local = build(load_job(write_job(tmp / "local", demo_doc(demo_raw, tmp / "out-local"))),
+                  BuildOptions(scheduler="sync", quiet=True))
+    with pytest.MonkeyPatch.context() as patch:
+        calls = S3Calls(patch)
+        remote = build(load_job(write_job(tmp / "remote", demo_doc(demo_raw, tmp / "out-remote", url))),
+                       BuildOptions(scheduler="sync", quiet=True))
+    return Builds(url=url, local=local, remote=remote, calls=calls)
+
+
+def test_s3_inputs_build_the_same_shards_and_bad_samples_as_local_paths(builds: Builds, demo_raw: Any) -> None:
+    assert builds.remote.manifest["inputs"] == builds.local.manifest["inputs"]
+    assert shard_bytes(builds.remote) == shard_bytes(builds.local)
+    assert len(shard_bytes(builds.local)) > 3
+
+    def records(result: BuildResult) -> set[tuple[str, str, str]]:
+        return {(i.sample_id, i.stage, i.reason) for i in result.issues}
+
+    assert records(builds.remote) == records(builds.local)
+    assert len(builds.remote.issues) == len(demo_raw.defects)
+    local_paths = {i.sample_id: Path(i.path) for i in builds.local.issues}
+    for issue in builds.remote.issues:
+        relpath = local_paths[issue.sample_id].relative_to(demo_raw.root).as_posix()
+        assert issue.path == f"{builds.url}/{relpath}"  # the URL, never the fetched copy's path
+        assert "packer-fetch-" not in issue.message
+    missing = next(i for i in builds.remote.issues if i.reason == "missing_file")
+    planted = next(d.relpath for d in demo_raw.defects if d.reason == "missing_file")
+    assert (missing.stage, missing.path) == ("discover", f"{builds.url}/{planted}")
+    assert missing.path in missing.message
+    assert "fetch" in dict(builds.remote.stage_seconds)
+
+
+def test_each_raw_file_is_fetched_once_and_the_cache_key_costs_no_request(builds: Builds, store: Store) -> None:
+    prefix = "demo/raw/"
+    objects = {o["Key"] for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    read = {key for key in objects if key[len(prefix):] not in NOT_READ}
+    fetched = builds.calls.whole_gets()
+    assert set(fetched) == read  # the raw files (planted defects included) and the two tables
+    assert set(fetched.values()) == {1}
+    looked_up = {key for method, key, _ in builds.calls.calls if method == "head_object"}
+    assert looked_up <= {prefix + "ct_labels.csv", prefix + "photos/labels.csv"}  # a table may be sized first;
+    # a raw file never is: its size and ETag (cache key, size limit) came from the listing
+    assert builds.calls.count("list_objects_v2") == 2  # one listing per source
+
+
+def test_a_rebuild_reuses_unchanged_objects_and_decodes_a_replaced_one(store: Store, demo_raw: Any,
+                                                                      tmp_path: Path) -> None:
+    url = upload(store, demo_raw.root, "cache/raw")
+    job = load_job(write_job(tmp_path, demo_doc(demo_raw, tmp_path / "out", url)))
+    options = BuildOptions(scheduler="sync", quiet=True, html_report=False)
+    first = build(job, options)
+    assert first.files_decoded == first.manifest["inputs"]["files"] - 1  # all but the table row without a file
+    again = build(job, options)
+    assert again.files_decoded == 0 and again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+
+    refs = discover(job, pseudonymizer_for(job.phi)).refs
+    victim = next(r for r in refs if r.relpath.endswith(".jpg") and r.sample_id in _digests(first))
+    key = victim.path.split(f"s3://{BUCKET}/", 1)[1]
+    data = bytearray(store.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data[-200] ^= 0xFF  # same size, other bytes: only the ETag tells
+    store.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    changed = build(job, options)
+    assert 1 <= changed.files_decoded < first.files_decoded
+    assert _digests(changed).get(victim.sample_id) != _digests(first)[victim.sample_id]
+    assert _digests(changed).keys() - {victim.sample_id} == _digests(first).keys() - {victim.sample_id}
+
+
+def _digests(result: BuildResult) -> dict[str, str]:
+    table = pq.read_table(result.version_dir / "_index.parquet", columns=["key", "sha256"]).to_pylist()
+    return {row["key"]: row["sha256"] for row in table}
+
+
+def test_workers_of_a_local_cluster_fetch_the_raw_files_themselves(builds: Builds, demo_raw: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = S3Calls(monkeypatch)  # this process only: the workers are processes of their own
+    job = load_job(write_job(tmp_path, demo_doc(demo_raw, tmp_path / "out", builds.url)))
+    result = build(job, BuildOptions(workers=2, quiet=True, html_report=False))
+    assert result.executor.startswith("local dask cluster, 2 worker")
+    assert shard_bytes(result) == shard_bytes(builds.local)
+    assert set(calls.whole_gets()) == {"demo/raw/ct_labels.csv", "demo/raw/photos/labels.csv"}
+    assert dict(result.stage_seconds).get("fetch", 0.0) > 0.0
+
+
+def png_bytes(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    ok, encoded = cv2.imencode(".png", pixels)
+    assert ok
+    return encoded.tobytes()
+
+
+def photo_job(store: Store, tmp_path: Path, prefix: str, rows: list[str], files: dict[str, bytes],
+              **overrides: Any) -> JobConfig:
+    """An image source at ``s3://BUCKET/<prefix>`` holding ``files`` and a table of ``rows``."""
+    for name, data in files.items():
+        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data)
+    table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
+    store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/labels.csv", Body=table.encode())
+    doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{BUCKET}/{prefix}",
+                                     "table": f"s3://{BUCKET}/{prefix}/labels.csv"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), **overrides}
+    return load_job(write_job(tmp_path, doc))
+
+
+def test_an_object_gone_after_discovery_is_a_missing_file_naming_its_url(store: Store, tmp_path: Path) -> None:
+    job = photo_job(store, tmp_path, "gone", ["a.png,cat,S1,", "b.png,dog,S2,"],
+                    {"a.png": png_bytes(1), "b.png": png_bytes(2)})
+    found = discover(job)
+    assert [r.path for r in found.refs] == [f"s3://{BUCKET}/gone/a.png", f"s3://{BUCKET}/gone/b.png"]
+    store.client.delete_object(Bucket=BUCKET, Key="gone/b.png")
+    result = process_chunk(ChunkTask(key="gone", refs=tuple(found.refs), job=job, cache_dir=None,
+                                     listed=remote_listing(found.refs, found.listed)))
+    assert [s.ref.path for s in result.samples] == [f"s3://{BUCKET}/gone/a.png"]
+    (issue,) = result.issues
+    assert (issue.stage, issue.reason, issue.path) == ("read", "missing_file", f"s3://{BUCKET}/gone/b.png")
+    assert issue.message.startswith(f"s3://{BUCKET}/gone/b.png: ") and "restore it" in issue.message
+
+
+def test_an_unreachable_store_makes_its_files_unreadable_with_the_fix(store: Store, tmp_path: Path) -> None:
+    job = photo_job(store, tmp_path, "unreachable", ["a.png,cat,S1,"], {"a.png": png_bytes(10)})
+    found = discover(job)
+    options = {"endpoint_url": "http://127.0.0.1:9", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    result = process_chunk(ChunkTask(key="unreachable", refs=tuple(found.refs), job=job, cache_dir=None,
+                                     listed=remote_listing(found.refs, found.listed), storage_options=options))
+    (issue,) = result.issues
+    assert (issue.stage, issue.reason, issue.path) == ("read", "unreadable", f"s3://{BUCKET}/unreachable/a.png")
+    assert issue.message.startswith(f"s3://{BUCKET}/unreachable/a.png: cannot reach the object store")
+    assert "--storage-option endpoint_url=" in issue.message and result.samples == ()
+
+
+def test_the_size_limit_is_checked_from_the_listing_before_anything_is_fetched(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = png_bytes(3)
+    job = photo_job(store, tmp_path, "large", ["a.png,cat,S1,"], {"a.png": data},
+                    limits={"max_decoded_bytes": len(data) - 1})
+    found = discover(job)
+    calls = S3Calls(monkeypatch)
+    result = process_chunk(ChunkTask(key="large", refs=tuple(found.refs), job=job, cache_dir=None,
+                                     listed=remote_listing(found.refs, found.listed)))
+    (issue,) = result.issues
+    assert (issue.stage, issue.reason, issue.path) == ("read", "too_large", f"s3://{BUCKET}/large/a.png")
+    assert f"{len(data)} bytes, over limits.max_decoded_bytes" in issue.message
+    assert calls.calls == []  # not even a HEAD: the size came from the listing
+
+
+def test_extension_less_dicom_objects_are_found_by_their_preamble(store: Store, tmp_path: Path) -> None:
+    files = {"a.dcm": b"anything", "IM0001": b"\0" * 128 + b"DICM" + b"rest", "notes": b"hello" * 40,
+             "short": b"DICM", ".hidden.dcm": b"x", "sub/.git/x.dcm": b"x", "b.png": b"\0" * 128 + b"DICM"}
+    for name, data in files.items():
+        store.client.put_object(Bucket=BUCKET, Key=f"preamble/{name}", Body=data)
+    doc = {"name": "t", "sources": [{"kind": "dicom", "root": f"s3://{BUCKET}/preamble/"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    job = load_job(write_job(tmp_path, doc))
+    assert job.sources[0].name == "preamble"  # the last segment of the URL, as of a folder
+    found = discover(job)
+    refs, issues = found.refs, found.issues
+    assert [(r.relpath, r.path) for r in refs] == [("IM0001", f"s3://{BUCKET}/preamble/IM0001"),
+                                                   ("a.dcm", f"s3://{BUCKET}/preamble/a.dcm")]
+    assert issues == []
+
+
+def test_table_paths_leaving_a_url_root_are_rejected_unless_allowed(store: Store, tmp_path: Path) -> None:
+    store.client.put_object(Bucket=BUCKET, Key="outside/secret.png", Body=png_bytes(4))
+    rows = ["a.png,cat,S1,", "../secret.png,cat,S2,", "../nothing.png,cat,S3,"]
+    job = photo_job(store, tmp_path / "reject", "outside/raw", rows, {"a.png": png_bytes(5)})
+    found = discover(job)
+    refs, issues = found.refs, found.issues
+    assert [r.relpath for r in refs] == ["a.png"]
+    assert sorted((i.reason, i.path) for i in issues) == [("outside_root", "../nothing.png"),
+                                                          ("outside_root", "../secret.png")]
+    allowed = photo_job(store, tmp_path / "allow", "outside/raw", rows, {}, safety={"outside_root": "allow"})
+    found = discover(allowed)
+    assert [(r.relpath, r.path) for r in found.refs] == [("../secret.png", f"s3://{BUCKET}/outside/secret.png"),
+                                                         ("a.png", f"s3://{BUCKET}/outside/raw/a.png")]
+    assert found.listed[f"s3://{BUCKET}/outside/secret.png"].size == len(png_bytes(4))
+    assert [(i.reason, i.path) for i in found.issues] == [("missing_file", f"s3://{BUCKET}/outside/nothing.png")]
+
+
+def test_store_errors_are_config_errors_naming_the_source_and_the_fix(store: Store, tmp_path: Path) -> None:
+    doc = {"name": "t", "sources": [{"kind": "dicom", "root": "s3://no-such-bucket/raw"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    with pytest.raises(ConfigError, match=r"sources\.raw\.root: listing .*no-such-bucket.*bucket does not exist"):
+        discover(load_job(write_job(tmp_path / "bucket", doc)))
+    doc["sources"][0]["root"] = f"s3://{BUCKET}/no/such/prefix"
+    with pytest.raises(ConfigError, match=r"sources\.prefix\.root: nothing under s3://packer-raw/no/such/prefix"):
+        discover(load_job(write_job(tmp_path / "prefix", doc)))
+    job = photo_job(store, tmp_path / "table", "notable", ["a.png,cat,S1,"], {"a.png": png_bytes(6)})
+    store.client.delete_object(Bucket=BUCKET, Key="notable/labels.csv")
+    with pytest.raises(ConfigError, match=r"notable/labels\.csv: cannot read the table: there is no such object"):
+        discover(job)
+
+
+def test_validate_sends_storage_options_to_the_listing_and_the_fetches(store: Store, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer.cli import main
+
+    job = photo_job(store, tmp_path, "options", ["a.png,cat,S1,", "b.png,dog,S2,"],
+                    {"a.png": png_bytes(7), "b.png": png_bytes(8)})
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    for quick in ([], ["--quick"]):
+        result = CliRunner().invoke(main, ["validate", str(job.job_path), "--scheduler", "sync", "--quiet", *quick,
+                                           "--storage-option", f"endpoint_url={store.endpoint}"])
+        assert result.exit_code == 0, result.output  # a file the workers could not fetch would be bad: exit 3
+
+
+def test_a_remote_ref_gets_its_url_back_on_every_record(store: Store, tmp_path: Path) -> None:
+    job = photo_job(store, tmp_path, "records", ["a.png,cat,S1,", "b.png,dog,S2,"],
+                    {"a.png": png_bytes(9), "b.png": b"\x89PNG\r\n\x1a\n" + b"\0" * 40})
+    found = discover(job)
+    task = ChunkTask(key="records", refs=tuple(found.refs), job=job, cache_dir=str(tmp_path / "cache"),
+                     listed=remote_listing(found.refs, found.listed))
+    (tmp_path / "cache").mkdir()
+    for result in (process_chunk(task), process_chunk(replace(task, decode=False)), process_chunk(task)):
+        paths = [s.ref.path for s in result.samples] + [i.path for i in result.issues]
+        assert sorted(paths) == [f"s3://{BUCKET}/records/a.png", f"s3://{BUCKET}/records/b.png"]
+        assert all("packer-fetch-" not in i.message for i in result.issues)
+        assert all(isinstance(i, Issue) and i.stage == "read" for i in result.issues)
