@@ -425,3 +425,14 @@ def test_member_headers_are_parsed_like_tarfile_and_a_bad_checksum_is_refused(tm
         _ustar_header(bytes(broken))
     with pytest.raises(tarfile.HeaderError):
         _ustar_header(raw[:100])
+
+
+def test_the_common_folder_of_urls_keeps_their_scheme() -> None:
+    from packer.htmlreport.sections import common_folder
+
+    assert common_folder(["s3://b/raw/ct/p1/1.dcm", "s3://b/raw/ct/p2/2.dcm", ""]) == "s3://b/raw/ct"
+    assert common_folder(["s3://b/raw/1.dcm"]) == "s3://b/raw"
+    assert common_folder(["s3://a/x.dcm", "s3://b/y.dcm"]) == ""          # different buckets share no folder
+    assert common_folder(["s3://b/raw/1.dcm", "/data/raw/2.dcm"]) == ""   # a URL and a path share none
+    assert common_folder(["/data/raw/a/1.dcm", "/data/raw/b/2.dcm"]) == "/data/raw"
+    assert common_folder([]) == ""

@@ -17,6 +17,7 @@ from packer.htmlreport.findings import DuplicateGroup
 from packer.htmlreport.markup import esc, human_bytes, note, num, palette, split_color, swatch_legend, table
 from packer.htmlreport.svg import bar_chart, share_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
+from packer.storage import is_url
 
 SECTION_IDS = {
     "summary": "Summary",
@@ -182,12 +183,26 @@ def render_splits(data: ReportData) -> str:
 
 
 def common_folder(paths: Sequence[str]) -> str:
-    """The longest folder that holds every path ('' when there is none)."""
-    folders = [os.path.dirname(p) for p in paths if p]
-    if not folders:
+    """The longest folder that holds every path or every URL ('' when there is none, or when
+    local paths and URLs are mixed). A URL's folder keeps its ``scheme://``; os.path would
+    fold it to ``scheme:/``."""
+    present = [p for p in paths if p]
+    if not present:
         return ""
+    urls = [is_url(p) for p in present]
+    if any(urls):
+        if not all(urls):
+            return ""
+        segments = [p.split("/")[:-1] for p in present]
+        common: list[str] = []
+        for parts in zip(*segments, strict=False):  # the shortest path bounds the common part
+            if any(part != parts[0] for part in parts):
+                break
+            common.append(parts[0])
+        folder = "/".join(common)
+        return folder if folder.split("://", 1)[-1] and "://" in folder else ""
     try:
-        return os.path.commonpath(folders)
+        return os.path.commonpath([os.path.dirname(p) for p in present])
     except ValueError:  # mixed absolute and relative paths, or different drives
         return ""
 
