@@ -35,12 +35,17 @@ class Executor:
         self.client = client
         self.description = description
 
+    def threads(self) -> int:
+        """Worker threads of the cluster now; 0 in-process."""
+        if self.client is None:
+            return 0
+        return int(sum(self.client.nthreads().values()))
+
     def window(self) -> int:
         """Tasks kept in flight: four per worker thread, at least eight."""
         if self.client is None:
             return 1
-        threads = sum(self.client.nthreads().values())
-        return max(8, 4 * threads)
+        return max(8, 4 * self.threads())
 
     def map_unordered(self, fn: Callable[[T], R], items: Iterable[T],
                       keys: Sequence[str] | None = None) -> Iterator[tuple[T, R | WorkerLost]]:

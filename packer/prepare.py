@@ -20,7 +20,16 @@ from packer.discover import discover
 from packer.execute import Executor, WorkerLost
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
-from packer.process import ChunkResult, ChunkTask, SpilledSample, chunk_key, chunk_refs, process_chunk
+from packer.process import (
+    ChunkResult,
+    ChunkTask,
+    SpilledSample,
+    chunk_key,
+    chunk_refs,
+    group_chunks,
+    process_chunk,
+    process_group,
+)
 from packer.progress import Progress
 from packer.rawstore import RawObject, remote_listing
 from packer.records import Issue, SampleRef
@@ -119,12 +128,15 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
     progress = Progress("process" if decode else "headers", len(refs), quiet=quiet)
     results: list[ChunkResult] = []
     lost: list[ChunkTask] = []
-    for task, outcome in executor.map_unordered(process_chunk, tasks, [f"process-{t.key}-{nonce}" for t in tasks]):
-        if isinstance(outcome, WorkerLost):
-            lost.append(task)
+    groups = group_chunks(tasks, executor.threads())
+    for group, done in executor.map_unordered(process_group, groups,
+                                              [f"process-{g.tasks[0].key}-{len(g.tasks)}-{nonce}" for g in groups]):
+        if isinstance(done, WorkerLost):
+            lost.extend(group.tasks)
             continue
-        results.append(settle.chunk(outcome, task.refs))
-        progress.update(outcome.files, bad=len(outcome.issues))
+        for task, result in zip(group.tasks, done, strict=True):
+            results.append(settle.chunk(result, task.refs))
+            progress.update(result.files, bad=len(result.issues))
     singles = [task_of((ref,)) for task in lost for ref in task.refs]
     suspects: list[ChunkTask] = []
     for task, outcome in executor.map_unordered(process_chunk, singles,

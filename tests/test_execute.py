@@ -114,3 +114,36 @@ def test_a_file_that_crashes_its_worker_becomes_a_decoder_crash_record(demo_raw:
     assert [r["sample_id"] for r in crashed] == [victim]
     assert result.manifest["inputs"]["samples"] == reference.manifest["inputs"]["samples"] - 1
     assert result.manifest["bad_samples"]["total"] == reference.manifest["bad_samples"]["total"] + 1
+
+
+def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, reference: BuildResult, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grouping chunks into tasks is a scheduling matter only: chunks, cache entries and bytes stay."""
+    import packer.process as process
+
+    monkeypatch.setattr(process, "GROUPS_PER_THREAD", 1)   # the demo's few chunks, two per task
+    seen: list[int] = []
+    grouping = process.group_chunks
+
+    def recording(tasks: Any, threads: int) -> list[process.ChunkGroup]:
+        groups = grouping(tasks, threads)
+        seen.extend(len(g.tasks) for g in groups)
+        return groups
+
+    monkeypatch.setattr("packer.prepare.group_chunks", recording)
+    result = run(demo_raw, tmp_path, None, workers=2)
+    assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "out" / "demo" / ".cache").glob("*.spill")))
+    assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shard_bytes(result) == shard_bytes(reference)
+
+
+def test_group_sizes_leave_every_worker_thread_enough_tasks() -> None:
+    from packer.process import GROUPS_PER_THREAD, MAX_GROUP, group_chunks
+
+    tasks: list[Any] = list(range(337))               # stand-ins: grouping only slices the sequence
+    assert [len(g.tasks) for g in group_chunks(tasks, 0)] == [1] * 337           # in-process: no grouping
+    two = group_chunks(tasks, 2)
+    assert [t for g in two for t in g.tasks] == tasks                            # order kept, nothing lost
+    assert len(two) >= GROUPS_PER_THREAD * 2 and max(len(g.tasks) for g in two) == 337 // (GROUPS_PER_THREAD * 2)
+    assert max(len(g.tasks) for g in group_chunks(list(range(100_000)), 2)) == MAX_GROUP
+    assert [len(g.tasks) for g in group_chunks(tasks[:20], 2)] == [1] * 20       # small builds: one chunk a task
