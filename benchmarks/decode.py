@@ -337,6 +337,20 @@ def write_section(section: str, body: str, path: Path = RESULTS) -> None:
     path.write_text(text)
 
 
+def publish_run(section: str, body: str, started: float, *, record: dict[str, Any] | None = None,
+                write: bool = True) -> None:
+    """How every benchmark script ends: print the section body (and its JSON line), the run
+    time since ``started`` (``time.perf_counter()``), and replace the section in RESULTS.md
+    unless ``write`` is False."""
+    print(body)
+    if record is not None:
+        print(json.dumps(record, sort_keys=True, default=str))
+    print(f"(benchmark took {time.perf_counter() - started:.0f} s)")
+    if write:
+        write_section(section, body)
+        print(f"wrote section {section!r} of {RESULTS}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=40, help="distinct files of each kind (default 40)")
@@ -348,12 +362,7 @@ def main() -> None:
         parser.error("--repeats: use at least 5 (the median of fewer is too noisy on a shared machine)")
     start = time.perf_counter()
     body, record = run(args.data, args.files, args.repeats)
-    print(body)
-    print(json.dumps(record, sort_keys=True))
-    print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
-    if not args.no_write:
-        write_section(SECTION, body)
-        print(f"wrote section {SECTION!r} of {RESULTS}")
+    publish_run(SECTION, body, start, record=record, write=not args.no_write)
 
 
 if __name__ == "__main__":

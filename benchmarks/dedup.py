@@ -26,7 +26,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from decode import write_section  # noqa: E402 - sibling script: one RESULTS.md writer
+from decode import publish_run  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.dedup import dhash, find_near_pairs, near_duplicate_edges
 
@@ -144,12 +144,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help=f"print only; do not update {RESULTS.name}")
     args = parser.parse_args()
     start = time.perf_counter()
-    body = run(args.n, args.seed)
-    print(body)
-    print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
-    if not args.no_write:
-        write_section(SECTION, body)
-        print(f"wrote section {SECTION!r} of {RESULTS}")
+    publish_run(SECTION, run(args.n, args.seed), start, write=not args.no_write)
 
 
 if __name__ == "__main__":

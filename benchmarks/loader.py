@@ -424,12 +424,7 @@ def main() -> None:
     cv2.setNumThreads(1)  # one thread per process, as in a DataLoader worker; keeps cases on the same cores
     start = time.perf_counter()
     body, record = run(args.data, args.samples, args.runs, args.raw_files, args.split)
-    print(body)
-    print(json.dumps(record, sort_keys=True, default=str))
-    print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
-    if not args.no_write:
-        decode.write_section(SECTION, body)
-        print(f"wrote section {SECTION!r} of {decode.RESULTS}")
+    decode.publish_run(SECTION, body, start, record=record, write=not args.no_write)
 
 
 if __name__ == "__main__":

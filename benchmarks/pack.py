@@ -505,12 +505,7 @@ def main() -> None:
     results = {key: {**summarize(value), "per_run": value} for key, value in runs.items()}
     body, record = report(args, code, trees, limits, results)
     shutil.rmtree(code["path"], ignore_errors=True)
-    print(body)
-    print(json.dumps(record, sort_keys=True, default=str))
-    print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
-    if not args.no_write:
-        decode.write_section(SECTION, body)
-        print(f"wrote section {SECTION!r} of {RESULTS}")
+    decode.publish_run(SECTION, body, start, record=record, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.conftest.demo_job_doc: the demo job re-pointed at a tree
 
-from decode import write_section  # noqa: E402 - sibling script: one RESULTS.md writer
+from decode import publish_run  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.htmlreport import render_html_report  # noqa: E402
 from packer.manifest import IndexColumns, seal_manifest, write_index, write_manifest  # noqa: E402
@@ -240,12 +240,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help=f"print only; do not update {RESULTS.name}")
     args = parser.parse_args()
     start = time.perf_counter()
-    body = run(args.quick)
-    print(body)
-    print(f"(benchmark took {time.perf_counter() - start:.0f} s)")
-    if not args.no_write:
-        write_section(SECTION, body)
-        print(f"wrote section {SECTION!r} of {RESULTS}")
+    publish_run(SECTION, run(args.quick), start, write=not args.no_write)
 
 
 if __name__ == "__main__":
