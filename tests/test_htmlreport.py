@@ -436,3 +436,30 @@ def test_the_common_folder_of_urls_keeps_their_scheme() -> None:
     assert common_folder(["s3://b/raw/1.dcm", "/data/raw/2.dcm"]) == ""   # a URL and a path share none
     assert common_folder(["/data/raw/a/1.dcm", "/data/raw/b/2.dcm"]) == "/data/raw"
     assert common_folder([]) == ""
+
+
+def test_the_report_holds_index_entries_only_for_the_samples_it_names(built: BuildResult) -> None:
+    from packer.htmlreport.collect import collect_report_data
+
+    keys = index_keys(built)
+    limits = ReportLimits(histogram_samples=3, sheet_columns=2, sheet_rows=1, labels_per_split=1)
+    data = collect_report_data(built.version_dir, built.manifest, limits)
+    assert data.index_size == len(keys) == built.manifest["inputs"]["samples"]
+    named = {item.key for items in data.sheets.values() for item in items}
+    assert named and named <= set(data.entries)
+    assert len(data.entries) <= len(built.manifest["splits"]) * (limits.histogram_samples + limits.per_sheet)
+    for key, entry in data.entries.items():
+        assert {f: getattr(entry, f) for f in ("split", "shard", "position", "label", "entity_id", "source")} == {
+            f: keys[key][f] for f in ("split", "shard", "position", "label", "entity_id", "source")}
+
+
+def test_the_scanned_index_has_the_rows_of_the_index_file(built: BuildResult, tmp_path: Path) -> None:
+    from packer.htmlreport.shards import load_index
+
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    (folder / "_index.parquet").unlink()
+    scanned, note = load_index(folder, built.manifest)
+    read, _ = load_index(built.version_dir, built.manifest)
+    assert note and len(scanned) == len(read) == built.manifest["inputs"]["samples"]
+    assert scanned.entries(index_keys(built)) == read.entries(index_keys(built))

@@ -1,9 +1,11 @@
 """Gather what the report shows: bounded sample selections, thumbnails, histograms, bad samples.
 
-Everything here is bounded independently of the dataset's size except the index scan
-(one small row per sample): at most ``histogram_samples`` samples per split are decoded for
-histograms and at most ``sheet_columns × sheet_rows`` per (split, label) for contact sheets.
-Arrays are dropped as soon as they are counted and encoded.
+Everything here is bounded independently of the dataset's size except the index, which stays
+in Arrow columns and numpy arrays (tens of bytes a sample, no Python object per sample): at most
+``histogram_samples`` samples per split are decoded for histograms and at most
+``sheet_columns × sheet_rows`` per (split, label) for contact sheets, and only those and the
+duplicate-group members become :class:`IndexEntry` objects. Arrays are dropped as soon as they
+are counted and encoded.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
-from packer.htmlreport.shards import IndexEntry, PackedSample, load_index, read_samples, selection_rank
+from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
 from packer.htmlreport.stats import ChannelHistograms, channel_counts
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
 from packer.report import REPORT_FILE, read_bad_samples
@@ -87,7 +89,9 @@ class ReportData:
     warnings: list[str] = field(default_factory=list)
     index_note: str | None = None
     index_size: int = 0
-    by_key: dict[str, IndexEntry] = field(default_factory=dict)
+    # index rows of the samples the report names (the selection, every duplicate-group member), by
+    # key; not every row: a dict of all of them was most of the report's memory on a large dataset
+    entries: dict[str, IndexEntry] = field(default_factory=dict)
     sheets: dict[tuple[str, str], list[SheetItem]] = field(default_factory=dict)
     label_totals: dict[str, Counter[str]] = field(default_factory=dict)
     histograms: dict[tuple[str, str, int], ChannelHistograms] = field(default_factory=dict)
@@ -103,27 +107,50 @@ def ordered_splits(manifest: dict[str, Any]) -> list[str]:
     return sorted(names, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else len(SPLIT_ORDER), s))
 
 
-def _select(entries: list[IndexEntry], data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
-    """Histogram keys (first N per split) and contact-sheet keys (first M per split and label)."""
+def _first_per_group(ranked: np.ndarray, group: np.ndarray, limit: int) -> np.ndarray:
+    """The rows of ``ranked`` (row numbers, best first) that are among the first ``limit`` of their
+    ``group`` (a code per row), still best first."""
+    groups = group[ranked]
+    by_group = np.argsort(groups, kind="stable")  # rank order kept inside each group
+    grouped = groups[by_group]
+    keep = np.zeros(len(ranked), dtype=bool)
+    keep[by_group] = np.arange(len(ranked)) - np.searchsorted(grouped, grouped) < limit  # place within the group
+    return ranked[keep]
+
+
+def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
+    """Histogram keys (first N per split) and contact-sheet keys (first M per split and label).
+
+    "First" is the order of ``selection_rank``; labels count per split into ``data.label_totals``
+    in the order they first occur in the index (``most_common`` breaks ties by it). Works on
+    per-row codes, so only the selected keys become Python objects.
+    """
     limits = data.limits
-    ranked = sorted(entries, key=lambda e: selection_rank(str(data.manifest.get("dataset_hash", "")), e.key))
-    for entry in entries:
-        data.label_totals.setdefault(entry.split, Counter())[data.label_names.get(entry.label, str(entry.label))] += 1
-    shown_labels = {split: {name for name, _ in counts.most_common(limits.labels_per_split)}
-                    for split, counts in data.label_totals.items()}
-    histogram: set[str] = set()
-    per_split: Counter[str] = Counter()
+    ranked = index.rank_order(str(data.manifest.get("dataset_hash", "")))  # first: its peak is the largest
+    split_code, split_names = index.codes("split")
+    label_code, label_values = index.codes("label")
+    pairs, first, pair_of_row, counts = np.unique(split_code * len(label_values) + label_code, return_index=True,
+                                                  return_inverse=True, return_counts=True)
+    del label_code
+    pair_cells: list[tuple[str, str]] = []
+    for pair in pairs.tolist():
+        value = label_values[pair % len(label_values)]
+        pair_cells.append((split_names[pair // len(label_values)], data.label_names.get(value, str(value))))
+    for p in np.argsort(first, kind="stable").tolist():
+        split, label = pair_cells[p]
+        data.label_totals.setdefault(split, Counter())[label] += int(counts[p])
+    shown = [(split, name) for split, totals in data.label_totals.items()
+             for name, _ in totals.most_common(limits.labels_per_split)]
+    number = {cell: i for i, cell in enumerate(shown)}
+    cell_of_pair = np.array([number.get(cell, -1) for cell in pair_cells], dtype=np.int64)  # -1: no sheet
+    histogram = set(index.keys_at(_first_per_group(ranked, split_code, limits.histogram_samples)))
+    cell_of_row = cell_of_pair[pair_of_row]
+    sheet_rows = _first_per_group(ranked[cell_of_row[ranked] >= 0], cell_of_row, limits.per_sheet)
     sheets: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for entry in ranked:
-        if per_split[entry.split] < limits.histogram_samples:
-            per_split[entry.split] += 1
-            histogram.add(entry.key)
-        label = data.label_names.get(entry.label, str(entry.label))
-        cell = sheets[(entry.split, label)]
-        if label in shown_labels[entry.split] and len(cell) < limits.per_sheet:
-            cell.append(entry.key)
-    totals = Counter(e.split for e in entries)
-    data.histogram_totals = {split: (per_split[split], totals[split]) for split in totals}
+    for cell, key in zip(cell_of_row[sheet_rows].tolist(), index.keys_at(sheet_rows), strict=True):
+        sheets[shown[cell]].append(key)
+    data.histogram_totals = {split: (min(limits.histogram_samples, total), total)
+                             for split, total in ((s, sum(t.values())) for s, t in data.label_totals.items())}
     return histogram, dict(sheets)
 
 
@@ -136,14 +163,16 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         kinds={str(s.get("name")): str(s.get("kind")) for s in config.get("sources", []) if isinstance(s, dict)},
         label_names={int(v): str(k) for k, v in manifest.get("label_map", {}).items()},
         audit=read_audit(manifest, folder), warnings=list(warnings or []))
-    entries, data.index_note = load_index(folder, manifest)
-    data.index_size = len(entries)
-    data.by_key = {e.key: e for e in entries}
-    data.audit.groups = [_locate(g, data.by_key) for g in data.audit.groups]
-    histogram_keys, sheet_keys = _select(entries, data)
+    index, data.index_note = load_index(folder, manifest)
+    data.index_size = len(index)
+    histogram_keys, sheet_keys = _select(index, data)
     sheet_of = {key: cell for cell, keys in sheet_keys.items() for key in keys}
+    members = {m.key for g in data.audit.groups for m in g.members}
+    data.entries = index.entries(histogram_keys | sheet_of.keys() | members)
+    del index  # the columns are not needed past this point
+    data.audit.groups = [_locate(g, data.entries) for g in data.audit.groups]
     duplicate_keys = {m.key for g in data.audit.groups[: limits.duplicate_thumbs]
-                      for m in g.members[: limits.group_members]} & data.by_key.keys()
+                      for m in g.members[: limits.group_members]} & data.entries.keys()
     wanted = histogram_keys | sheet_of.keys() | duplicate_keys
     items: dict[str, SheetItem] = {}
     kinds, px = data.kinds, limits.thumb_px
@@ -154,7 +183,7 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
                        sheet=result.entry.key in sheet_of, duplicate=result.entry.key in duplicate_keys)
 
-    samples = read_samples(folder, (data.by_key[k] for k in sorted(wanted)))
+    samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
     for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
         if not isinstance(rendered, _Rendered):
             data.unreadable.append((rendered[0].key, rendered[1]))
@@ -165,7 +194,7 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     return data
 
 
-def _locate(group: DuplicateGroup, by_key: dict[str, IndexEntry]) -> DuplicateGroup:
+def _locate(group: DuplicateGroup, by_key: Mapping[str, IndexEntry]) -> DuplicateGroup:
     """Fill split and entity of duplicate members named by key only, from the index."""
     members = tuple(m if m.split or m.key not in by_key else
                     Member(key=m.key, split=by_key[m.key].split, entity_id=m.entity_id or by_key[m.key].entity_id)

@@ -289,7 +289,7 @@ RULE_TEXT = {
 
 
 def _member_cell(data: ReportData, key: str, split: str | None, entity: str | None, pane: Pane | None) -> str:
-    entry = data.by_key.get(key)
+    entry = data.entries.get(key)
     split = split or (entry.split if entry else None)
     entity = entity or (entry.entity_id if entry else None)
     where = " · ".join(esc(v) for v in (split, entity) if v) or "not in the index"

@@ -4,6 +4,11 @@ The sample index (``_index.parquet``) says where each sample sits (tar offset or
 so a selection of a few thousand samples reads only those samples from tar shards, whatever
 the dataset's size. The selection order is sha256(dataset_hash, key): the same dataset always
 shows the same samples, and any other dataset a different, unbiased subset.
+
+The index stays in Arrow columns (:class:`SampleIndex`, about 60 bytes a row) and is ranked
+and grouped in numpy; only the rows the report names become Python objects. One
+:class:`IndexEntry` per row, with its strings and its sha256 digest, held ~250 bytes a sample
+through the whole report (~400 while ranking) and made it the peak of a large build's memory.
 """
 
 from __future__ import annotations
@@ -12,17 +17,24 @@ import hashlib
 import json
 import tarfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.loader.readers import load_npy
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
+_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("split", pa.string()), ("shard", pa.string()),
+                           ("position", pa.int64()), ("label", pa.int64()), ("entity_id", pa.string()),
+                           ("source", pa.string())])
+_FEW_VALUES = ["split", "shard", "entity_id", "source"]  # read dictionary-encoded: 4 bytes a row each
+_RANK_BATCH = 4096  # keys (and digests) held as Python objects at a time while ranking
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,23 +64,80 @@ def selection_rank(dataset_hash: str, key: str) -> bytes:
     return hashlib.sha256(f"packer-report\x00{dataset_hash}\x00{key}".encode()).digest()
 
 
-def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[list[IndexEntry], str | None]:
-    """The index rows of a version folder, and a note when they had to be rebuilt.
+@dataclass(frozen=True)
+class SampleIndex:
+    """The sample index as Arrow columns (``_INDEX_COLUMNS``), one row per sample.
+
+    Rows become :class:`IndexEntry` objects only through :meth:`entries`, for the few thousand
+    keys a report names, so the index costs Arrow buffers rather than Python objects per row.
+    """
+
+    table: pa.Table
+
+    @classmethod
+    def from_entries(cls, entries: Sequence[IndexEntry]) -> SampleIndex:
+        """The columnar form of index rows rebuilt by :func:`scan_index`."""
+        return cls(pa.table({name: pa.array([getattr(e, name) for e in entries], _INDEX_SCHEMA.field(name).type)
+                             for name in _INDEX_COLUMNS}, schema=_INDEX_SCHEMA))
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def column(self, name: str) -> pa.Array:
+        """Column ``name`` as one array: the chunk itself when there is one (``combine_chunks`` copies it)."""
+        column = self.table.column(name)
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+    def codes(self, name: str) -> tuple[np.ndarray, list[Any]]:
+        """Per row, the number of its value in column ``name``; and those distinct values."""
+        array = self.column(name)
+        if pa.types.is_dictionary(array.type) and array.null_count:
+            array = array.dictionary_decode()  # a null index would not survive to_numpy
+        encoded = pc.dictionary_encode(array, null_encoding="encode")  # a dictionary column passes as is
+        return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
+
+    def keys_at(self, rows: np.ndarray) -> list[str]:
+        """The keys of the row numbers ``rows``, in that order."""
+        return self.column("key").take(pa.array(rows, pa.int64())).to_pylist()  # type: ignore[no-any-return]
+
+    def entries(self, keys: Iterable[str]) -> dict[str, IndexEntry]:
+        """The rows of ``keys`` that are in the index, by key: a key listed twice gives its last row,
+        as a dict built from every row would. One vectorised pass over the key column."""
+        column = self.column("key")
+        wanted = pa.array(sorted(set(keys)), column.type)
+        rows = np.flatnonzero(pc.is_in(column, value_set=wanted).to_numpy(zero_copy_only=False))
+        cols = self.table.take(pa.array(rows, pa.int64())).to_pydict()
+        return {entry.key: entry for entry in
+                (IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), strict=True))}
+
+    def rank_order(self, dataset_hash: str) -> np.ndarray:
+        """Row numbers sorted by ``selection_rank(dataset_hash, key)``, a key listed twice in row order,
+        as ``sorted()`` of the rows orders them. The digests are packed into one n × 32-byte array,
+        ``_RANK_BATCH`` keys at a time, and sorted as four big-endian words each."""
+        keys = self.column("key")
+        digests = bytearray(32 * len(keys))
+        for start in range(0, len(keys), _RANK_BATCH):
+            batch = keys.slice(start, _RANK_BATCH).to_pylist()
+            digests[32 * start: 32 * (start + len(batch))] = b"".join([selection_rank(dataset_hash, k) for k in batch])
+        words = np.frombuffer(digests, ">u8").reshape(len(keys), 4)
+        return np.lexsort(words.T[::-1])  # lexsort's last key sorts first: the digest's first word
+
+
+def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[SampleIndex, str | None]:
+    """The index of a version folder, and a note when it had to be rebuilt.
 
     Reads ``_index.parquet``; when it is missing or unreadable, scans the shards instead
     (every shard is read once) and says so in the note.
     """
     path = folder / manifest.get("index", {}).get("file", "_index.parquet")
     try:
-        table = pq.read_table(path, columns=_INDEX_COLUMNS)
+        table = pq.read_table(path, columns=_INDEX_COLUMNS, read_dictionary=_FEW_VALUES)
     except (OSError, ValueError) as err:
-        return scan_index(folder, manifest), f"{path.name} unreadable ({err}); the shards were scanned instead"
-    cols = table.to_pydict()
-    shared: dict[str, str] = {}
-    for name in ("split", "shard", "entity_id", "source"):  # few distinct values: one str object each
-        cols[name] = [shared.setdefault(value, value) for value in cols[name]]
-    rows = [IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), strict=True)]
-    return rows, None
+        return (SampleIndex.from_entries(scan_index(folder, manifest)),
+                f"{path.name} unreadable ({err}); the shards were scanned instead")
+    if any(column.num_chunks > 1 for column in table.columns):  # several row groups: join them once
+        table = table.combine_chunks()
+    return SampleIndex(table), None
 
 
 def _shard_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
