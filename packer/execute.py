@@ -101,6 +101,27 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
     if scheduler == "sync":
         yield Executor(None, "in-process (sync)")
         return
+    with _no_message_logs():
+        yield from _open_distributed(scheduler, workers)
+
+
+#: dask keeps its last ``distributed.admin.low-level-log-length`` (default 1000) batches of comm
+#: messages for debugging. A batch carries whole task specs, and a task's arguments are a chunk's
+#: file records or a shard's sample records: on the client (and the in-process scheduler of a
+#: LocalCluster) that log held unpickled copies of every task of a build, ~1 KB per sample of
+#: a pass, growing with the dataset. packer runs with the log off.
+MESSAGE_LOG_LENGTH = 0
+
+
+@contextlib.contextmanager
+def _no_message_logs() -> Iterator[None]:
+    import dask
+
+    with dask.config.set({"distributed.admin.low-level-log-length": MESSAGE_LOG_LENGTH}):
+        yield
+
+
+def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
 
     if scheduler is None:

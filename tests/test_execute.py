@@ -147,3 +147,36 @@ def test_group_sizes_leave_every_worker_thread_enough_tasks() -> None:
     assert len(two) >= GROUPS_PER_THREAD * 2 and max(len(g.tasks) for g in two) == 337 // (GROUPS_PER_THREAD * 2)
     assert max(len(g.tasks) for g in group_chunks(list(range(100_000)), 2)) == MAX_GROUP
     assert [len(g.tasks) for g in group_chunks(tasks[:20], 2)] == [1] * 20       # small builds: one chunk a task
+
+
+class _Payload:
+    """A task argument that stands for a chunk's or a shard's records."""
+
+    def __init__(self, n: int) -> None:
+        self.values = list(range(n))
+
+
+def _length(payload: _Payload) -> int:
+    return len(payload.values)
+
+
+def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
+    # dask's comm message log (1000 batches by default) held the unpickled specs, arguments
+    # included, of every task: a copy of every record of a build on the client.
+    import gc
+
+    from packer.execute import open_executor
+
+    with open_executor(None, workers=1) as executor:
+        payloads = [_Payload(1000) for _ in range(12)]
+        lengths = sorted(result for _, result in executor.map_unordered(_length, payloads))
+        assert lengths == [1000] * 12
+        del payloads
+        deadline = time.monotonic() + 10
+        while True:  # releasing finished futures is asynchronous on the scheduler
+            gc.collect()
+            alive = sum(type(o) is _Payload for o in gc.get_objects())
+            if alive == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert alive == 0, f"{alive} task arguments still held on the client after their tasks finished"
