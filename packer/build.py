@@ -33,6 +33,7 @@ from packer.manifest import (
     IndexColumns,
     config_hash,
     library_versions,
+    release_table_memory,
     seal_manifest,
     write_index,
     write_manifest,
@@ -198,6 +199,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
+    release_table_memory()
     body = {
         "format_version": FORMAT_VERSION,
         "name": job.name,

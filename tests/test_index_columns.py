@@ -1,0 +1,73 @@
+"""The index and splits tables: row order and contents, whatever order shards finish in."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.manifest import IndexColumns, write_splits_table
+from packer.pack.writer import ShardWrite
+from packer.phi import Pseudonymizer
+
+
+def _shard(name: str, count: int, start: int) -> ShardWrite:
+    positions = array("q", (start + 1536 * i for i in range(count)))
+    return ShardWrite(file=name, bytes=1536 * count, sha256="0" * 64, positions=positions,
+                      sizes=array("q", [1024] * count), digests=bytes(range(32)) * count)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["train", "valid", "test"]), st.integers(1, 6)), min_size=1, max_size=12),
+       st.randoms(use_true_random=False))
+def test_index_rows_are_ordered_by_split_shard_position_whatever_the_order_shards_arrive(
+        shards: list[tuple[str, int]], rnd: random.Random) -> None:
+    entries = [(split, f"{split}-{n:06d}.tar", count) for n, (split, count) in enumerate(shards)]
+    rnd.shuffle(entries)
+    index = IndexColumns()
+    for split, name, count in entries:
+        keys = [f"{name}-k{i}" for i in range(count)]
+        index.add_shard(_shard(name, count, start=rnd.randrange(3)), split=split, keys=keys,
+                        labels=[i % 3 for i in range(count)], entity_ids=[f"e{i}" for i in range(count)],
+                        sources=["ct"] * count)
+    table = index.table()
+    expected = table.sort_by([("split", "ascending"), ("shard", "ascending"), ("position", "ascending")])
+    assert table.to_pydict() == expected.to_pydict()
+    assert table.num_rows == sum(count for _, count in shards)
+    assert all(column.num_chunks == 1 for column in table.columns)
+
+
+def test_index_refuses_a_shard_whose_positions_go_backwards() -> None:
+    shard = _shard("train-000000.tar", 2, start=0)
+    shard = ShardWrite(file=shard.file, bytes=shard.bytes, sha256=shard.sha256, positions=array("q", [1536, 0]),
+                       sizes=shard.sizes, digests=shard.digests)
+    with pytest.raises(ValueError, match="train-000000.tar: the writer reported positions out of order"):
+        IndexColumns().add_shard(shard, split="train", keys=["a", "b"], labels=[0, 0], entity_ids=["e", "e"],
+                                 sources=["ct", "ct"])
+
+
+def test_splits_table_holds_one_row_per_sample_sorted_by_key_with_days_since_first(tmp_path) -> None:
+    def sample(key: str, entity: str, time: str | None, label: str) -> SimpleNamespace:
+        return SimpleNamespace(key=key, ref=SimpleNamespace(sample_id=key.split("-f")[0], entity=entity, time=time,
+                                                             label=label))
+
+    samples = [sample("ct-b", "P1", "2020-01-03T00:00:00", "x"), sample("ct-a", "P1", "2020-01-01T12:00:00", "y"),
+               sample("ct-c-f0001", "P2", None, "x")]
+    assignment = SimpleNamespace(split={"ct-a": "train", "ct-b": "train", "ct-c-f0001": "test"}, fold={"ct-a": 1})
+    keep = Pseudonymizer(mode="keep", dates="keep", key=None)
+    entry = write_splits_table(tmp_path, samples, assignment, keep)
+    table = pq.read_table(tmp_path / entry["file"])
+    assert entry["rows"] == 3
+    assert table.to_pylist() == [
+        {"key": "ct-a", "sample_id": "ct-a", "entity_id": "P1", "split": "train", "fold": 1,
+         "time": "2020-01-01T12:00:00", "days_since_first": 0.0, "label": "y"},
+        {"key": "ct-b", "sample_id": "ct-b", "entity_id": "P1", "split": "train", "fold": None,
+         "time": "2020-01-03T00:00:00", "days_since_first": 1.5, "label": "x"},
+        {"key": "ct-c-f0001", "sample_id": "ct-c", "entity_id": "P2", "split": "test", "fold": None,
+         "time": None, "days_since_first": None, "label": "x"},
+    ]
