@@ -92,7 +92,8 @@ class _Settle:
         ref = replace(ref, sample_id=sample_id, path=path, relpath=relpath, source=one(ref.source),
                       kind=one(ref.kind), label=one(ref.label), entity=one(entity), time=one(ref.time), extra=extra)
         return replace(sample, key=sample_id if sample.key == sample_id else sample.key, ref=ref,
-                       spill=one(sample.spill), shape=one(sample.shape), dtype=one(sample.dtype))
+                       spill=one(sample.spill), shape=one(sample.shape), dtype=one(sample.dtype),
+                       pixel_bytes=one(sample.pixel_bytes), meta_bytes=one(sample.meta_bytes))
 
     def chunk(self, chunk: ChunkResult, refs: Sequence[SampleRef]) -> ChunkResult:
         """``chunk`` with every sample settled; ``refs`` are the refs its task was given."""
