@@ -203,10 +203,16 @@ def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: st
         raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
 
 
-def _outside_root(path: Path, root: Path) -> bool:
-    """A listed file whose real location (symlinks resolved) is not under the root."""
+def _outside_root(path: Path, real_root: Path) -> bool:
+    """A listed file whose real location (symlinks resolved) is not under ``real_root`` (the
+    root, resolved).
+
+    Only for files listed without following directory links: every folder between the root and
+    the file is then a real folder, so only a file that is itself a link can lead outside, and
+    one ``lstat`` clears the rest (resolving every path cost 0.1 ms a file, most of discover).
+    """
     try:
-        return not path.resolve().is_relative_to(root.resolve())
+        return path.is_symlink() and not path.resolve().is_relative_to(real_root)
     except OSError:
         return True
 
@@ -260,13 +266,14 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                   time=row.time if row else None, extra=row.extra if row else ()))
     seen = {rel for rel, _ in files}
     kept: list[SampleRef] = []
+    real_root = None if remote or allow_outside else Path(source.root).resolve()
     for ref in refs:
         if known_labels and ref.label is not None and ref.label not in known_labels:
             issues.append(Issue.of(ref, stage="discover", reason="unknown_label",
                                    message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
                                            f"{ref.label!r} is not in the job's labels ({', '.join(known_labels)}); "
                                            "fix the row or add the label"))
-        elif not remote and not allow_outside and _outside_root(Path(ref.path), Path(source.root)):
+        elif real_root is not None and _outside_root(Path(ref.path), real_root):
             # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "

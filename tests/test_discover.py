@@ -109,6 +109,26 @@ def test_paths_leaving_the_root_are_outside_root_issues(tmp_path: Path) -> None:
     assert sorted(r.relpath for r in refs) == ["../secret.png", "a.png", "link.png"] and issues == []
 
 
+def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_are_not_entered(
+        tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "far.png").write_bytes(b"\x89PNG fake")
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "alias.png,cat,S2,"], ["a.png"])
+    root = tmp_path / "raw"
+    (root / "alias.png").symlink_to(root / "a.png")  # a link that stays under the root
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)  # a folder link: not followed
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
+    # the root itself reached through a link: files under it are inside
+    (tmp_path / "root-link").symlink_to(root, target_is_directory=True)
+    doc = yaml.safe_load(job_path.read_text())
+    doc["sources"][0].update(root="root-link", table="root-link/labels.csv")
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
+
+
 def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
     from packer.phi import Pseudonymizer
 
