@@ -28,11 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.loader.readers import load_npy
+from packer.manifest import INDEX_SCHEMA
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
-_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("split", pa.string()), ("shard", pa.string()),
-                           ("position", pa.int64()), ("label", pa.int64()), ("entity_id", pa.string()),
-                           ("source", pa.string())])
+_INDEX_SCHEMA = pa.schema([INDEX_SCHEMA.field(name) for name in _INDEX_COLUMNS])  # the build's, these columns
 _FEW_VALUES = ["split", "shard", "entity_id", "source"]  # read dictionary-encoded: 4 bytes a row each
 _RANK_BATCH = 4096  # keys (and digests) held as Python objects at a time while ranking
 
