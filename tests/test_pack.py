@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,10 @@ import webdataset as wds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.pack.encode import EncodedSample
+from packer.pack.encode import EncodedSample, canonical_json
 from packer.pack.parquet import write_parquet_shard
 from packer.pack.plan import PER_SAMPLE_OVERHEAD, plan_shards
-from packer.pack.tar import write_tar_shard
+from packer.pack.tar import _member, member_header, write_tar_shard
 
 
 def samples(n: int, seed: int = 0) -> list[EncodedSample]:
@@ -48,6 +49,60 @@ def test_tar_shard_is_reproducible_and_normalised(tmp_path: Path) -> None:
     assert list(a.positions) == [m.offset for m in starts]  # each sample's first member header
     assert list(a.sizes) == [len(b) for b in npy_bytes]
     assert [a.digest(i) for i in range(5)] == [hashlib.sha256(b).hexdigest() for b in npy_bytes]
+
+
+def _tarfile_shard(path: Path, packed: list[EncodedSample]) -> None:
+    """The shard as the standard library writes it: tarfile members, np.save arrays."""
+    with tarfile.open(path, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in packed:
+            buffer = io.BytesIO()
+            np.save(buffer, np.frombuffer(sample.pixels, sample.dtype).reshape(sample.shape), allow_pickle=False)
+            for name, data in ((f"{sample.key}.cls", str(sample.label).encode()),
+                               (f"{sample.key}.json", canonical_json(sample.info)),
+                               (f"{sample.key}.npy", buffer.getvalue())):
+                tar.addfile(_member(name, len(data)), io.BytesIO(data))
+
+
+_KEYS = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=60)
+
+
+@given(st.lists(st.tuples(_KEYS, st.sampled_from(["uint8", "uint16", "int16", "float32", ">i2", "bool"]),
+                          st.lists(st.integers(0, 9), min_size=0, max_size=4), st.integers(0, 999)),
+                min_size=0, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_tar_shard_bytes_are_what_tarfile_and_numpy_save_write(tmp_path_factory: pytest.TempPathFactory,
+                                                              specs: list[tuple[str, str, list[int], int]]) -> None:
+    folder = tmp_path_factory.mktemp("tar")
+    rng = np.random.default_rng(len(specs))
+    packed = []
+    for i, (key, dtype, shape, label) in enumerate(specs):
+        image = rng.integers(0, 2, size=shape).astype(dtype)
+        packed.append(EncodedSample(key=f"{i}-{key}", split="train", label=label, label_name="x", entity_id="e",
+                                    source="s", shape=tuple(shape), dtype=dtype, pixels=image.tobytes(),
+                                    info={"key": key, "shape": shape}))
+    try:
+        _tarfile_shard(folder / "stdlib.tar", packed)
+    except ValueError:  # a name ustar cannot hold: ours refuses it too, and leaves no file
+        with pytest.raises(ValueError):
+            write_tar_shard(folder / "ours.tar", packed)
+        assert not (folder / "ours.tar").exists()
+        return
+    ours = write_tar_shard(folder / "ours.tar", packed)
+    assert (folder / "ours.tar").read_bytes() == (folder / "stdlib.tar").read_bytes()
+    assert ours.sha256 == hashlib.sha256((folder / "stdlib.tar").read_bytes()).hexdigest()
+
+
+@given(st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=120),
+       st.integers(0, 8 ** 11 - 1))
+@settings(max_examples=200, deadline=None)
+def test_member_headers_are_tarfiles_ustar_headers(name: str, size: int) -> None:
+    try:
+        expected = _member(name, size).tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    except ValueError:
+        with pytest.raises(ValueError):
+            member_header(name, size)
+        return
+    assert member_header(name, size) == expected
 
 
 def test_stock_webdataset_reads_back_exact_arrays(tmp_path: Path) -> None:

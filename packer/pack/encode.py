@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from packer.records import SampleRef
 
@@ -16,13 +13,6 @@ from packer.records import SampleRef
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def encode_npy(array: np.ndarray) -> bytes:
-    """``numpy.save`` bytes of a C-contiguous, native-byte-order array (never pickled)."""
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
 
 
 @dataclass(frozen=True)
