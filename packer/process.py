@@ -272,14 +272,18 @@ def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
 
 
 def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObject],
-                   read: Callable[[SampleRef], T], clock: StageClock | None = None) -> T | Issue:
+                   read: Callable[[SampleRef], T], clock: StageClock | None = None, *,
+                   headers_only: bool = False) -> T | Issue:
     """``read(ref)``; for a remote file on a fetched local copy (deleted after), with the URL
-    named in the outcome, or the Issue saying why the file could not be fetched."""
+    named in the outcome, or the Issue saying why the file could not be fetched. The copy is
+    the whole file, or with ``headers_only`` (``read`` must then be the header probe) only the
+    byte ranges the probe reads (:func:`packer.rawstore.fetched`)."""
     if not is_url(ref.path):
         return read(ref)
     if clock is not None:
         clock.switch("fetch")
-    with fetched(ref, listed.get(ref.path), limits=task.job.limits, storage_options=task.storage_options) as local:
+    with fetched(ref, listed.get(ref.path), limits=task.job.limits, storage_options=task.storage_options,
+                 headers_only=headers_only) as local:
         if isinstance(local, Issue):
             return local
         named: T = _named_by(read(local), ref, local.path)
@@ -291,7 +295,7 @@ def _headers_only(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     listed = dict(task.listed)
     for ref in task.refs:
-        probed = _on_local_file(ref, task, listed, lambda local: probe_ref(local, task.job))
+        probed = _on_local_file(ref, task, listed, lambda local: probe_ref(local, task.job), headers_only=True)
         if isinstance(probed, Issue):
             issues.append(probed)
             continue

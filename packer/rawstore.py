@@ -7,6 +7,12 @@ limit against them before fetching anything. A worker fetches each file once, wh
 private temporary folder on its own disk (:func:`fetched`), runs the ordinary path-based
 readers on the copy and deletes it; a file that cannot be fetched becomes an :class:`Issue`.
 
+The header pass (``validate --quick``) fetches less: ``fetched(..., headers_only=True)`` first
+rehearses the header probe on a view of the object that fetches the ranges it reads
+(:class:`_RangedObject`), then writes those ranges into a sparse copy of the object's size.
+The ordinary probe then runs on the copy and reads exactly the bytes the rehearsal read, so
+its outcome is that of the whole file (see :func:`_fetch_probed_ranges` for the rule).
+
 Storage options come from :func:`packer.storage.storage_options_for` (the environment, then
 ``--storage-option``), on the client for the listing and on each worker for its fetches.
 """
@@ -26,6 +32,13 @@ from packer.errors import ConfigError
 from packer.read.limits import file_size_problem
 from packer.records import Issue, SampleRef
 from packer.storage import describe_error, filesystem_for, remote_errors, storage_error
+
+#: The first ranged request of a header-only fetch, and the block size of the later ones. Files
+#: no larger are fetched whole (one request either way). The DICOM probe reads this much of a
+#: file's head itself (``packer.read.dicom._check_inflated``), so it must stay >= 64 KiB.
+HEAD_BYTES = 64 * 1024
+#: Deflated Explicit VR Little Endian (PS3.5 A.5): the probe inflates the whole data set.
+_DEFLATED_UID = b"1.2.840.10008.1.2.1.99"
 
 #: Keys of an fsspec ``info`` dict that change when an object's bytes do, most telling first:
 #: S3/Azure ETag, GCS md5/generation, then modification times (stores without a content tag).
@@ -139,7 +152,8 @@ def read_remote_bytes(url: str, storage_options: Mapping[str, Any] | None = None
 
 @contextlib.contextmanager
 def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
-            storage_options: Mapping[str, Any] | None = None) -> Iterator[SampleRef | Issue]:
+            storage_options: Mapping[str, Any] | None = None, headers_only: bool = False,
+            ) -> Iterator[SampleRef | Issue]:
     """``ref`` (whose ``path`` is a URL) with ``path`` pointing at a local copy of the file,
     deleted on exit; or an Issue (stage ``read``) saying why there is no copy.
 
@@ -150,13 +164,19 @@ def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
     ``ConfigError`` when this machine cannot open the URL's protocol at all (a defect of the
     run, not of the file). The copy lives in a fresh temporary folder (``$TMPDIR``) on the
     machine that runs the task.
+
+    ``headers_only``: the copy is only good for the header probe
+    (:func:`packer.discover.probe_ref`), which gives on it exactly what it gives on the whole
+    file: a file larger than :data:`HEAD_BYTES` becomes a sparse file of its listed size that
+    holds the byte ranges the probe reads and zeros elsewhere (:func:`_fetch_probed_ranges`).
+    Never hand such a copy to a decoder.
     """
     with tempfile.TemporaryDirectory(prefix="packer-fetch-") as folder:
-        yield _fetch(ref, listed, Path(folder), limits, storage_options)
+        yield _fetch(ref, listed, Path(folder), limits, storage_options, headers_only)
 
 
 def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: LimitsConfig,
-           storage_options: Mapping[str, Any] | None) -> SampleRef | Issue:
+           storage_options: Mapping[str, Any] | None, headers_only: bool) -> SampleRef | Issue:
     url = ref.path
     try:
         fs, path = filesystem_for(url, storage_options)
@@ -166,7 +186,8 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
             return Issue.of(ref, stage="read", reason="too_large", message=f"{url}: {too_big}")
         # the copy keeps the suffix (readers name it in messages) but not the name (any length)
         local = folder / ("raw" + posixpath.splitext(posixpath.basename(url))[1][:16])
-        fs.get_file(path, str(local))
+        if not (headers_only and size > HEAD_BYTES and _fetch_probed_ranges(ref, fs, path, size, local, limits)):
+            fs.get_file(path, str(local))
     except FileNotFoundError as err:
         return Issue.of(ref, stage="read", reason="missing_file",
                         message=f"{url}: the object was listed but is gone ({err}); restore it, or build again "
@@ -175,6 +196,159 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
         return Issue.of(ref, stage="read", reason="unreadable",
                         message=f"{describe_error(url, err)}; the file was not fetched")
     return replace(ref, path=str(local))
+
+
+class _ObjectChanged(Exception):
+    """A ranged read came back shorter than the listed size says: the object changed since."""
+
+
+class _RangedObject:
+    """A read-only, seekable binary file over one remote object of known ``size``, as a local
+    file reads (``read(n)`` stops at the end, ``read()`` reads to it), that fetches what is
+    read and keeps it.
+
+    Bytes are fetched in blocks of :data:`HEAD_BYTES`, one ``cat_file`` range request per run
+    of missing blocks; a run is stretched forward (over missing blocks, up to the end) to as
+    many blocks as are already held, so a header read front to back costs O(log n) requests
+    for at most twice the bytes it needs. A store error is kept in ``failure`` and raised again
+    on every later read (the rehearsed reader may catch it; the caller must not miss it).
+    """
+
+    def __init__(self, fs: Any, path: str, size: int) -> None:
+        self._fs, self._path, self.size = fs, path, size
+        self._blocks: dict[int, bytes] = {}
+        self._pos = 0
+        self.failure: BaseException | None = None
+
+    def read_at(self, offset: int, count: int) -> bytes:
+        """``count`` bytes (all to the end when negative) from ``offset``, fewer at the end."""
+        if offset < 0:
+            raise ValueError(f"negative offset {offset}")
+        end = self.size if count < 0 else min(self.size, offset + count)
+        if end <= offset:
+            return b""
+        first, last = offset // HEAD_BYTES, (end - 1) // HEAD_BYTES
+        self._fetch_blocks(first, last + 1)
+        if first == last:  # pydicom reads element by element: slice, never copy a whole block
+            return self._blocks[first][offset - first * HEAD_BYTES:end - first * HEAD_BYTES]
+        middle = [self._blocks[i] for i in range(first + 1, last)]
+        return b"".join([self._blocks[first][offset - first * HEAD_BYTES:], *middle,
+                         self._blocks[last][:end - last * HEAD_BYTES]])
+
+    def read(self, size: int = -1, /) -> bytes:
+        data = self.read_at(self._pos, size)
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0, /) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def runs(self) -> list[tuple[int, bytes]]:
+        """The fetched bytes as (offset, bytes) runs, in order, adjacent blocks joined."""
+        runs: list[tuple[int, list[bytes]]] = []
+        for index in sorted(self._blocks):
+            if runs and runs[-1][0] + len(runs[-1][1]) == index:
+                runs[-1][1].append(self._blocks[index])
+            else:
+                runs.append((index, [self._blocks[index]]))
+        return [(first * HEAD_BYTES, b"".join(blocks)) for first, blocks in runs]
+
+    def _fetch_blocks(self, first: int, stop: int) -> None:
+        if self.failure is not None:
+            raise self.failure
+        last_block = (self.size - 1) // HEAD_BYTES
+        index = first
+        while index < stop:
+            if index in self._blocks:
+                index += 1
+                continue
+            end = max(stop, index + len(self._blocks))
+            run_end = index + 1
+            while run_end < min(end, last_block + 1) and run_end not in self._blocks:
+                run_end += 1
+            start, length = index * HEAD_BYTES, min(self.size, run_end * HEAD_BYTES) - index * HEAD_BYTES
+            try:
+                data: bytes = self._fs.cat_file(self._path, start=start, end=start + length)
+            except remote_errors() as err:
+                self.failure = err
+                raise
+            if len(data) != length:
+                self.failure = _ObjectChanged(f"bytes {start}-{start + length} of a {self.size}-byte object "
+                                              f"came back as {len(data)} bytes")
+                raise self.failure
+            for block in range(index, run_end):
+                at = (block - index) * HEAD_BYTES
+                self._blocks[block] = data[at:at + HEAD_BYTES]
+            index = run_end
+
+
+def _rehearse_dicom(source: _RangedObject) -> bool:
+    """Read from ``source`` what :func:`packer.read.dicom.probe_dicom` (header only) reads from
+    the same file: the first 64 KiB (preamble, file meta), then what pydicom's
+    ``dcmread(stop_before_pixels=True)`` reads, which ends at the Pixel Data element. True,
+    having read no more, when the probe reads the whole file: the transfer syntax may be
+    deflated (the probe inflates the whole data set to size it)."""
+    import pydicom
+
+    head = source.read_at(0, HEAD_BYTES)
+    if head[128:132] != b"DICM":
+        return False  # the probe stops at the preamble: not_dicom
+    if _DEFLATED_UID in head:  # a superset of "the file meta names it"
+        return True
+    source.seek(0)
+    try:
+        pydicom.dcmread(source, stop_before_pixels=True)
+    except Exception:  # noqa: BLE001 - not reported here: the probe meets the same bytes on the copy
+        return False  # and reports the error itself
+    return False
+
+
+def _fetch_probed_ranges(ref: SampleRef, fs: Any, path: str, size: int, local: Path,
+                         limits: LimitsConfig) -> bool:
+    """Write ``local``: a sparse file of ``size`` bytes holding every byte the header probe of
+    ``ref`` (a ``size``-byte object at ``path``) reads, zeros elsewhere. False, with nothing
+    written, when the probe reads the whole file anyway (a deflated DICOM data set) or the
+    object no longer has the listed size: the caller then fetches it whole, streamed to disk.
+    Raises what the store raises (``FileNotFoundError``, ``remote_errors()``).
+
+    The rule: the probe is rehearsed on a :class:`_RangedObject` of the object, which serves
+    every read from real bytes of the object, fetched as they are read. A reader is a
+    deterministic function of the bytes it reads and of the file size, so the probe on the
+    copy (same size, same bytes wherever the rehearsal read) makes the same reads and returns
+    what it returns on the whole file. It never sees a zero the whole file does not hold.
+    Images rehearse the probe itself (:func:`packer.read.image.probe_image_at`); DICOM files
+    rehearse its reads (:func:`_rehearse_dicom`). A DICOM head is thus only enough once
+    pydicom has met the Pixel Data tag in it (or failed on the bytes it holds).
+
+    Unlike a whole fetch, an object replaced at the same size between two of its range
+    requests would be read as a mix of both versions; the next listing gives it a new version
+    tag. The copy is sparse where the file system allows (ext4, xfs, tmpfs, APFS, ...).
+    """
+    source = _RangedObject(fs, path, size)
+    whole = False
+    if ref.kind == "dicom":
+        whole = _rehearse_dicom(source)
+    else:
+        from packer.read.image import probe_image_at
+
+        probe_image_at(ref, source.read_at, size, limits=limits)  # its outcome is that of the copy's probe
+    if source.failure is not None and not isinstance(source.failure, _ObjectChanged):
+        raise source.failure
+    if whole or source.failure is not None:
+        return False
+    with open(local, "wb") as copy:
+        copy.truncate(size)
+        for offset, data in source.runs():
+            copy.seek(offset)
+            copy.write(data)
+    return True
 
 
 def remote_listing(refs: Sequence[SampleRef], listed: Mapping[str, RawObject]) -> tuple[tuple[str, RawObject], ...]:

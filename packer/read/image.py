@@ -1,7 +1,8 @@
 """Read natural images (PNG, JPEG, TIFF, BMP): header probe, output-size estimate, decode.
 
 - :func:`probe_image` parses the header only (PNG IHDR, JPEG SOFn and EXIF, first TIFF IFD,
-  BMP info header), for the header pass.
+  BMP info header), for the header pass; :func:`probe_image_at` does the same through a
+  ``read(offset, count)`` function (the raw store rehearses it on remote files).
 - :func:`read_image` checks the file's structure (a cut file is ``truncated`` even where
   the decoder would fill the missing part), checks the header against the job's size limits
   (``too_large`` before the decoder allocates anything, see :mod:`packer.read.limits`; also
@@ -406,30 +407,59 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
                 handle.seek(offset)
                 return handle.read(count)
 
-            if size == 0:
-                return Issue.of(ref, stage="read", reason="unreadable",
-                                message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
-            head = read(0, 16)
-            fmt = sniff_format(head)
-            if fmt is None:
-                return _unsupported(ref, head)
-            too_big = file_size_problem(size, limits)
-            if too_big is not None:
-                raise _Defect("too_large", too_big)
-            header = _file_header(fmt, read, size)
-            if header.height >= 1 and header.width >= 1:
-                _check_size(header, limits, read, size)
-    except OSError as err:
-        return _open_issue(ref, err)
-    except _Defect as defect:
-        return Issue.of(ref, stage="read", reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
+            return probe_image_at(ref, read, size, limits=limits)
+    except Exception as err:  # opening or closing the file; probe_image_at is the boundary of the rest
+        return _probe_issue(ref, err)
+
+
+def probe_image_at(ref: SampleRef, read: Callable[[int, int], bytes], size: int, *,
+                   limits: LimitsConfig = DEFAULT_LIMITS) -> ImageHeader | Issue:
+    """:func:`probe_image` of a ``size``-byte file that ``read(offset, count)`` reads (the bytes
+    a seek to ``offset`` then ``read(count)`` gives; fewer at the end): the same outcome, and
+    every byte it looks at comes through ``read``. ``ref.path`` is only named in messages.
+
+    The raw store rehearses the probe with it to learn which byte ranges of a remote file the
+    header pass needs (:func:`packer.rawstore.fetched` with ``headers_only``).
+    """
+    try:
+        header = _probe_header(ref, read, size, limits)
     except Exception as err:  # the probe's one boundary: a bug must not stop the header pass
-        return Issue.of(ref, stage="read", reason="unexpected_error", message=f"{type(err).__name__}: {err}")
+        return _probe_issue(ref, err)
+    if isinstance(header, Issue):
+        return header
     if header.height < 1 or header.width < 1:
         return Issue.of(ref, stage="read", reason="bad_shape",
                         message=f"{_name(ref)}: {header.format} header gives {header.height}×{header.width} pixels; "
                                 "expected both >= 1")
     return header
+
+
+def _probe_header(ref: SampleRef, read: _Reader, size: int, limits: LimitsConfig) -> ImageHeader | Issue:
+    """The header, or the Issue of an empty or unrecognised file; raises _Defect, OSError."""
+    if size == 0:
+        return Issue.of(ref, stage="read", reason="unreadable",
+                        message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
+    head = read(0, 16)
+    fmt = sniff_format(head)
+    if fmt is None:
+        return _unsupported(ref, head)
+    too_big = file_size_problem(size, limits)
+    if too_big is not None:
+        raise _Defect("too_large", too_big)
+    header = _file_header(fmt, read, size)
+    if header.height >= 1 and header.width >= 1:
+        _check_size(header, limits, read, size)
+    return header
+
+
+def _probe_issue(ref: SampleRef, err: Exception) -> Issue:
+    """The Issue (stage ``read``) for what a header probe raised: an OSError is ``missing_file``
+    or ``unreadable``, a defect its own reason, anything else ``unexpected_error``."""
+    if isinstance(err, OSError):
+        return _open_issue(ref, err)
+    if isinstance(err, _Defect):
+        return Issue.of(ref, stage="read", reason=err.reason, message=f"{_name(ref)}: {err.message}")
+    return Issue.of(ref, stage="read", reason="unexpected_error", message=f"{type(err).__name__}: {err}")
 
 
 def _exif_segment(orientation: int) -> bytes:
