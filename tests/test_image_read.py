@@ -7,6 +7,7 @@ with struct) into tmp_path. Expected values come from numpy on the arrays we wro
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 
 import cv2
@@ -220,6 +221,59 @@ def test_jpeg_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> N
     assert (sample.metadata["source_height"], sample.metadata["source_width"]) == (16, 24)
     header = probe_image(make_ref(path))
     assert header == ImageHeader(16, 24, 3, 8, "jpeg", orientation)
+
+
+def png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def exif_tiff(orientation: int, order: str) -> bytes:
+    """The TIFF block of :func:`exif_app1` (what a PNG eXIf chunk holds: no ``Exif`` prefix)."""
+    return exif_app1(orientation, order)[10:]
+
+
+def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(type, whole chunk bytes) of every chunk of a PNG, in order."""
+    chunks, pos = [], 8
+    while pos < len(data):
+        length = struct.unpack_from(">I", data, pos)[0]
+        chunks.append((data[pos + 4:pos + 8], data[pos:pos + 12 + length]))
+        pos += 12 + length
+    return chunks
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("place", ["before IDAT", "after IDAT"])
+def test_png_exif_orientation_is_applied_wherever_the_chunk_sits(tmp_path: Path, orientation: int,
+                                                                 place: str) -> None:
+    bgr = noise((5, 7, 3))
+    ok, encoded = cv2.imencode(".png", bgr)
+    assert ok
+    data = encoded.tobytes()
+    chunks = png_chunks(data)
+    kinds = [kind for kind, _ in chunks]
+    at = kinds.index(b"IDAT") if place == "before IDAT" else kinds.index(b"IEND")
+    exif = png_chunk(b"eXIf", exif_tiff(orientation, ">" if orientation % 2 else "<"))
+    spliced = data[:8] + b"".join(c for _, c in chunks[:at]) + exif + b"".join(c for _, c in chunks[at:])
+    path = tmp_path / "o.png"
+    path.write_bytes(spliced)
+    as_stored = cv2.imdecode(np.frombuffer(spliced, np.uint8), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(as_stored, bgr)  # the file is valid and OpenCV leaves it as stored
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(_by_hand(bgr, orientation)))
+    assert sample.metadata["orientation"] == orientation
+    assert (sample.metadata["source_height"], sample.metadata["source_width"]) == (5, 7)
+
+
+def test_a_png_without_exif_or_with_a_broken_one_is_read_as_stored(tmp_path: Path) -> None:
+    bgr = noise((4, 6, 3))
+    data = cv2.imencode(".png", bgr)[1].tobytes()
+    broken = data[:33] + png_chunk(b"eXIf", b"MM\x00*\x00\x00\xff\xff") + data[33:]  # IFD offset past the end
+    for name, content in (("plain.png", data), ("broken.png", broken)):
+        (tmp_path / name).write_bytes(content)
+        [sample] = read_ok(tmp_path / name)
+        np.testing.assert_array_equal(sample.image, chw_rgb(bgr))
+        assert sample.metadata["orientation"] == 1
 
 
 @pytest.mark.parametrize("orientation", [3, 6, 7])

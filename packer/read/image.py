@@ -10,7 +10,8 @@
   allocates), decodes it once with OpenCV
   (``IMREAD_UNCHANGED``: 16-bit and alpha survive), applies the JPEG EXIF / TIFF
   Orientation where OpenCV did not (:func:`decoder_orients`), validates the pixels and hands
-  them to :mod:`packer.transform.image`. PNG eXIf orientation is not read.
+  them to :mod:`packer.transform.image`. A PNG's orientation comes from its eXIf chunk, which
+  may follow the pixel data, so it is read with the whole file, not by the probe.
 
 Defects of the file come back as an :class:`~packer.records.Issue`, never ``None``.
 The format is taken from the file's signature, not its extension. Only the first page
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -64,7 +66,8 @@ class ImageHeader:
     """What the header says: stored ``height``×``width`` (before EXIF orientation),
     ``channels`` (samples per pixel as stored; palette images count 3, BMP palettes of greys 1),
     ``bit_depth`` (bits per sample as stored; 8 for BMP), ``format`` (one of FORMATS) and
-    ``orientation`` (EXIF/TIFF Orientation 1-8 for JPEG and TIFF, else 1)."""
+    ``orientation`` (EXIF/TIFF Orientation 1-8 for JPEG and TIFF, else 1: a PNG's eXIf chunk
+    may follow its pixel data, so :func:`read_image` reads it from the whole file)."""
 
     height: int
     width: int
@@ -344,11 +347,15 @@ def _check_complete(fmt: str, data: bytes) -> int:
         header = _walk_jpeg(data, complete=True, until_sof=False)
         return header.orientation if header else 1
     if fmt == "png":
-        pos = 8
+        pos, orientation, exif_seen = 8, 1, False
         while pos + 8 <= len(data):
-            if data[pos + 4:pos + 8] == b"IEND":
-                return 1
-            pos += 12 + int(struct.unpack_from(">I", data, pos)[0])
+            length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
+            if kind == b"IEND":
+                return orientation
+            if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
+                exif_seen = True
+                orientation = _exif_orientation(data[pos + 8:pos + 8 + length])
+            pos += 12 + length
         raise _Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
                                    "copy or export it again")
     if fmt == "tiff":
@@ -462,11 +469,21 @@ def _probe_issue(ref: SampleRef, err: Exception) -> Issue:
     return Issue.of(ref, stage="read", reason="unexpected_error", message=f"{type(err).__name__}: {err}")
 
 
+def _exif_block(orientation: int) -> bytes:
+    """An EXIF TIFF block (big-endian) holding only an Orientation tag."""
+    return b"MM\x00*" + struct.pack(">I", 8) + struct.pack(">HHHIHHI", 1, _TIFF_ORIENTATION, 3, 1, orientation, 0, 0)
+
+
 def _exif_segment(orientation: int) -> bytes:
-    """A JPEG APP1 segment holding only an EXIF Orientation tag (big-endian TIFF block)."""
-    ifd = struct.pack(">HHHIHHI", 1, _TIFF_ORIENTATION, 3, 1, orientation, 0, 0)
-    payload = b"Exif\x00\x00MM\x00*" + struct.pack(">I", 8) + ifd
+    """A JPEG APP1 segment holding only an EXIF Orientation tag."""
+    payload = b"Exif\x00\x00" + _exif_block(orientation)
     return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def _exif_chunk(orientation: int) -> bytes:
+    """A PNG eXIf chunk (PNG 3rd edition, 11.3.6.1) holding only an EXIF Orientation tag."""
+    block = _exif_block(orientation)
+    return struct.pack(">I", len(block)) + b"eXIf" + block + struct.pack(">I", zlib.crc32(b"eXIf" + block))
 
 
 def _tiny_tiff(orientation: int) -> bytes:
@@ -487,9 +504,13 @@ def decoder_orients(fmt: str) -> bool:
     It differs by format and OpenCV version (OpenCV 5 orients TIFF, not JPEG), so it is
     measured once on a tiny mirrored (Orientation 2) file instead of assumed.
     """
+    left_dark = np.repeat(np.repeat([[0, 255]], 8, axis=0), 8, axis=1).astype(np.uint8)
     if fmt == "jpeg":
-        ok, encoded = cv2.imencode(".jpg", np.repeat(np.repeat([[0, 255]], 8, axis=0), 8, axis=1).astype(np.uint8))
+        ok, encoded = cv2.imencode(".jpg", left_dark)
         data = encoded.tobytes()[:2] + _exif_segment(2) + encoded.tobytes()[2:] if ok else b""
+    elif fmt == "png":  # eXIf right after IHDR (8-byte signature + 25-byte IHDR chunk)
+        ok, encoded = cv2.imencode(".png", left_dark)
+        data = encoded.tobytes()[:33] + _exif_chunk(2) + encoded.tobytes()[33:] if ok else b""
     elif fmt == "tiff":
         data = _tiny_tiff(2)
     else:
