@@ -42,7 +42,9 @@ from packer.validate import find_sample_issue
 
 T = TypeVar("T")
 
-CACHE_FORMAT = 4
+#: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
+#: file turns into (5: PNG eXIf orientation is applied), so no build reuses samples made the old way.
+CACHE_FORMAT = 5
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
