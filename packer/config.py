@@ -121,6 +121,10 @@ class SplitConfig:
 
 @dataclass(frozen=True)
 class DicomTransformConfig:
+    """``transform.dicom``. ``modality_windows`` maps a Modality (0008,0060) value, upper case,
+    to the windows files of that modality get instead of ``windows`` (CT presets mean nothing
+    to a radiograph's stored values: ``{CR: [file]}`` gives a CR its own window)."""
+
     windows: tuple[WindowSpec, ...]
     fallback_window: WindowSpec | None = None
     size: tuple[int, int] | None = None
@@ -128,10 +132,20 @@ class DicomTransformConfig:
     spacing: tuple[float, float] | None = None
     output: str = "uint8"
     frames: str = "split"
+    modality_windows: tuple[tuple[str, tuple[WindowSpec, ...]], ...] = ()
+
+    def windows_for(self, modality: str | None) -> tuple[WindowSpec, ...]:
+        """The windows for a file whose Modality is ``modality`` (any case, None: absent)."""
+        wanted = (modality or "").strip().upper()
+        return next((windows for name, windows in self.modality_windows if name == wanted), self.windows)
 
     def to_json(self) -> dict[str, Any]:
+        # modality_windows appears only when set, so jobs that do not use it keep their config_hash
+        extra = ({"modality_windows": {name: [w.to_json() for w in windows] for name, windows in self.modality_windows}}
+                 if self.modality_windows else {})
         return {
             "windows": [w.to_json() for w in self.windows],
+            **extra,
             "fallback_window": self.fallback_window.to_json() if self.fallback_window else None,
             "size": list(self.size) if self.size else None,
             "resize": self.resize,
@@ -389,6 +403,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         spacing=tuple(float(v) for v in raw_dicom["spacing"]) if raw_dicom.get("spacing") else None,  # type: ignore[arg-type]
         output=raw_dicom.get("output", "uint8"),
         frames=raw_dicom.get("frames", "split"),
+        modality_windows=_modality_windows(raw_dicom.get("modality_windows") or {}),
     )
     raw_image = transform.get("image") or {}
     tile = raw_image.get("tile")
@@ -440,6 +455,19 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
         job_path=job_path.resolve(),
     )
+
+
+def _modality_windows(raw: dict[str, Any]) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:
+    """``transform.dicom.modality_windows`` as sorted (MODALITY, windows) pairs; keys are
+    compared upper case, so ``cr`` and ``CR`` may not both appear."""
+    out: dict[str, tuple[WindowSpec, ...]] = {}
+    for key, windows in raw.items():
+        name = str(key).strip().upper()
+        where = f"transform.dicom.modality_windows.{key}"
+        if name in out:
+            raise ConfigError(f"{where}: modality {name} is given twice (keys are not case-sensitive); keep one")
+        out[name] = tuple(_parse_window(w, f"{where}[{i}]") for i, w in enumerate(windows))
+    return tuple(sorted(out.items()))
 
 
 def load_job(path: str | Path) -> JobConfig:

@@ -68,6 +68,11 @@ def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> 
         ({"transform": {"dicom": {"windows": [{"center": 40, "width": 0.5}]}}}, "width"),
         ({"unknown_key": 1}, "unknown_key"),
         ({"pack": {"format": "parquet", "max_bytes": "lots"}}, "pack.max_bytes"),
+        ({"transform": {"dicom": {"modality_windows": {"CR": ["lungs"]}}}},
+         "transform.dicom.modality_windows.CR[0]: unknown window preset 'lungs'"),
+        ({"transform": {"dicom": {"modality_windows": {"cr": ["file"], "CR": ["lung"]}}}}, "given twice"),
+        ({"transform": {"dicom": {"modality_windows": {"CR": []}}}}, "modality_windows"),
+        ({"transform": {"dicom": {"modality_windows": {"C/R": ["file"]}}}}, "modality_windows"),
     ],
 )
 def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> None:
@@ -134,3 +139,21 @@ def test_a_source_url_whose_package_is_missing_says_what_to_install(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"sources\[0\]\.root: gs://bucket/raw: gs:// URLs need gcsfs, which is not "
                                           r"installed; pip install gcsfs"):
         load_job(write_job(tmp_path, doc))
+
+
+def test_modality_windows_pick_windows_by_the_files_modality(tmp_path: Path) -> None:
+    doc = {**MINIMAL, "transform": {"dicom": {"windows": ["lung", "mediastinum"],
+                                              "modality_windows": {"cr": ["file"], "MR": [{"center": 300, "width": 600}]}}}}
+    job = load_job(write_job(tmp_path, doc))
+    assert [w.name for w in job.dicom.windows_for("CT")] == ["lung", "mediastinum"]
+    assert [w.name for w in job.dicom.windows_for(None)] == ["lung", "mediastinum"]
+    assert [w.kind for w in job.dicom.windows_for("CR ")] == ["file"]  # keys and values compared upper case
+    assert [(w.center, w.width) for w in job.dicom.windows_for("mr")] == [(300, 600)]
+    assert job.identity()["transform"]["dicom"]["modality_windows"] == {
+        "CR": [{"file": 0}], "MR": [{"name": "c300w600", "center": 300.0, "width": 600.0, "function": "LINEAR"}]}
+
+
+def test_a_job_without_modality_windows_keeps_its_identity(tmp_path: Path) -> None:
+    """The key appears in the identity only when set: older jobs keep their config_hash."""
+    job = load_job(write_job(tmp_path, {**MINIMAL, "transform": {"dicom": {"windows": ["lung"]}}}))
+    assert "modality_windows" not in job.identity()["transform"]["dicom"]

@@ -442,3 +442,29 @@ def test_decode_step_returns_native_byte_order() -> None:
     assert isinstance(decoded, np.ndarray) and decoded.dtype.isnative and decoded.shape == (1, 64, 64, 1)
     little = pixel_array(pydicom.dcmread(shipped("MR_small.dcm")))
     np.testing.assert_array_equal(decoded[0, :, :, 0], little)
+
+
+def test_modality_windows_give_a_radiograph_its_own_window_next_to_ct_presets(tmp_path: Path) -> None:
+    """One config, two modalities: the CT gets the two CT windows, the MONOCHROME1 CR its file's
+    window (2048/4096, "FULL"), inverted as MONOCHROME1 requires."""
+    from packer.demo import make_uids, render_ct_phantom, render_radiograph, seeded_rng, write_cr_image, write_ct_slice
+
+    rng = seeded_rng(0, "modality-windows")
+    cr_pixels = render_radiograph(rng)
+    write_cr_image(tmp_path / "cr.dcm", patient_id="P1", study_date="20240101", pixels=cr_pixels,
+                   uids=make_uids(0, "P1", 1, 1, study=1))
+    write_ct_slice(tmp_path / "ct.dcm", patient_id="P2", study_date="20240101", pixels_hu=render_ct_phantom(rng),
+                   uids=make_uids(0, "P2", 1, 1, study=1))
+    cfg = config(window(-600, 1500, name="lung"), window(40, 400, name="mediastinum"),
+                 modality_windows=(("CR", (file_window(),)),))
+    [ct] = read_dicom(make_ref(tmp_path / "ct.dcm"), cfg)  # type: ignore[misc]
+    [cr] = read_dicom(make_ref(tmp_path / "cr.dcm"), cfg)  # type: ignore[misc]
+    assert ct.image.shape[0] == 2 and [w["center"] for w in ct.metadata["windows"]] == [-600, 40]
+    assert cr.image.shape[0] == 1 and len(cr.metadata["windows"]) == 1
+    assert (cr.metadata["windows"][0]["center"], cr.metadata["windows"][0]["width"]) == (2048, 4096)
+    # what the CR's own window alone gives, with no modality_windows in play
+    [alone] = read_dicom(make_ref(tmp_path / "cr.dcm"), config(file_window()))  # type: ignore[misc]
+    np.testing.assert_array_equal(cr.image, alone.image)
+    # and without modality_windows the CR would get the CT presets: a different image
+    [as_ct] = read_dicom(make_ref(tmp_path / "cr.dcm"), config(window(-600, 1500, name="lung")))  # type: ignore[misc]
+    assert not np.array_equal(as_ct.image[0], cr.image[0])

@@ -169,9 +169,15 @@ def test_every_image_is_a_png_data_uri_that_decodes_and_every_sample_is_shown(
     assert len(set(cells)) == len(cells) and set(cells) <= set(keys)
     groups = Counter((r["split"], r["label"]) for r in keys.values())
     assert Counter((keys[k]["split"], keys[k]["label"]) for k in cells) == {g: min(n, 32) for g, n in groups.items()}
-    # CT samples (2 windows) show both channels and a composite, photos one RGB image
-    ct = sum(1 for k in cells if k.startswith("ct-"))
-    assert len(parsed.images) == 3 * ct + (len(cells) - ct)
+    # a 2-window CT sample shows both channels and a composite; the radiograph (one window:
+    # its own, by modality_windows) and the RGB photos show one image each
+    from packer.loader import ShardDataset
+
+    channels = {item["key"]: int(item["image"].shape[0]) for split in ("train", "valid", "test")
+                for item in ShardDataset(built.manifest_path, split, shuffle=False, rank=0, world_size=1)}
+    ct = [k for k in cells if k.startswith("ct-")]
+    assert {channels[k] for k in ct} == {1, 2}  # the CR is on the contact sheet
+    assert len(parsed.images) == sum(3 if channels[k] == 2 else 1 for k in ct) + (len(cells) - len(ct))
 
 
 def test_nothing_points_outside_the_file(page: tuple[str, ReportParser]) -> None:

@@ -24,6 +24,7 @@ from packer.read.dicom_attrs import (
     pixel_spacing,
     resolve_window,
     slice_thickness,
+    text_value,
 )
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
@@ -108,7 +109,7 @@ def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTra
         return resolve_window(spec, offer, fallback=fallback)
 
     vois = []
-    for spec in cfg.windows:
+    for spec in cfg.windows_for(text_value(ds, "Modality")):
         got = resolve(spec, False)
         if isinstance(got, str) and cfg.fallback_window is not None:
             fallback = resolve(cfg.fallback_window, True)
