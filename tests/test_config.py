@@ -142,8 +142,8 @@ def test_a_source_url_whose_package_is_missing_says_what_to_install(tmp_path: Pa
 
 
 def test_modality_windows_pick_windows_by_the_files_modality(tmp_path: Path) -> None:
-    doc = {**MINIMAL, "transform": {"dicom": {"windows": ["lung", "mediastinum"],
-                                              "modality_windows": {"cr": ["file"], "MR": [{"center": 300, "width": 600}]}}}}
+    by_modality = {"cr": ["file"], "MR": [{"center": 300, "width": 600}]}
+    doc = {**MINIMAL, "transform": {"dicom": {"windows": ["lung", "mediastinum"], "modality_windows": by_modality}}}
     job = load_job(write_job(tmp_path, doc))
     assert [w.name for w in job.dicom.windows_for("CT")] == ["lung", "mediastinum"]
     assert [w.name for w in job.dicom.windows_for(None)] == ["lung", "mediastinum"]

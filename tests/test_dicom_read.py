@@ -13,6 +13,7 @@ import pydicom
 import pytest
 from dicom_files import (
     PATIENT_ID,
+    TEST_FILES,
     config,
     ct_dataset,
     ct_pixels,
@@ -468,3 +469,28 @@ def test_modality_windows_give_a_radiograph_its_own_window_next_to_ct_presets(tm
     # and without modality_windows the CR would get the CT presets: a different image
     [as_ct] = read_dicom(make_ref(tmp_path / "cr.dcm"), config(window(-600, 1500, name="lung")))  # type: ignore[misc]
     assert not np.array_equal(as_ct.image[0], cr.image[0])
+
+
+def _outcome(result: list[Sample] | Issue) -> Any:
+    if isinstance(result, Issue):
+        return result
+    return [(s.key, s.image.dtype.str, s.image.shape, s.image.tobytes(), json.dumps(s.metadata, sort_keys=True))
+            for s in result]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TEST_FILES.glob("*.dcm")))
+def test_reading_from_memory_and_streaming_give_the_same_outcome(name: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full parse reads small files whole and parses them from memory; a file over
+    WHOLE_READ_MAX streams through BoundedFile. Every shipped pydicom file (valid, truncated,
+    deflated, odd) and a cut copy of it read the same either way: samples or issue."""
+    cut = tmp_path / f"cut-{name}"
+    data = (TEST_FILES / name).read_bytes()
+    cut.write_bytes(data[: max(0, len(data) * 2 // 3)])
+    cfg = config(window(40, 400), fallback_window=window(40, 400))
+    for path in (TEST_FILES / name, cut):
+        in_memory = read_dicom(make_ref(path), cfg)
+        monkeypatch.setattr(reader, "WHOLE_READ_MAX", -1)
+        streamed = read_dicom(make_ref(path), cfg)
+        monkeypatch.undo()
+        assert _outcome(in_memory) == _outcome(streamed)

@@ -31,6 +31,7 @@ import io
 import os
 import struct
 import zlib
+from typing import BinaryIO
 
 from packer.config import LimitsConfig
 
@@ -86,7 +87,7 @@ def limit_problem(limits: LimitsConfig, *, size_text: str, pixels: int, decoded:
     return None
 
 
-def inflated_size_exceeds(handle: io.BufferedReader, cap: int) -> int | None:
+def inflated_size_exceeds(handle: BinaryIO, cap: int) -> int | None:
     """Stream-inflate a raw deflate stream (RFC 1951, as in PS3.5 A.5) from ``handle``'s position,
     keeping nothing; the byte count once it passes ``cap``, else None (also for a corrupt
     stream: the parser reports that)."""
