@@ -80,15 +80,22 @@ def test_no_entity_is_in_two_splits(demo_build: BuildResult) -> None:
 def test_stock_webdataset_reads_the_demo_as_chw_uint8(demo_build: BuildResult) -> None:
     manifest = demo_build.manifest
     inverse = {v: k for k, v in manifest["label_map"].items()}
-    count = 0
+    count, own_window = 0, []
     for tar in sorted(demo_build.version_dir.glob("*.tar")):
         for sample in wds.WebDataset(str(tar), shardshuffle=False).decode():
             image = sample["npy"]
             assert image.dtype.name == "uint8" and image.ndim == 3 and image.shape[1:] == (64, 64)
-            assert image.shape[0] == (2 if sample["json"]["kind"] == "dicom" else 3)
+            if sample["json"]["kind"] == "dicom":  # a channel per window: lung + mediastinum, the CR its own
+                windows = sample["json"]["metadata"]["windows"]
+                assert image.shape[0] == len(windows) and len(windows) in (1, 2)
+                if len(windows) == 1:
+                    own_window.append((windows[0]["center"], windows[0]["width"]))
+            else:
+                assert image.shape[0] == 3
             assert inverse[sample["cls"]] == sample["json"]["label"]
             count += 1
     assert count == manifest["inputs"]["samples"]
+    assert own_window == [(2048, 4096)]  # the demo's MONOCHROME1 CR, by transform.dicom.modality_windows
 
 
 def test_same_inputs_give_the_same_hash_and_bytes_whatever_the_workers(demo_raw: Any, demo_build: BuildResult,
