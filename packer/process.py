@@ -43,8 +43,9 @@ from packer.validate import find_sample_issue
 T = TypeVar("T")
 
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
-#: file turns into (5: PNG eXIf orientation is applied), so no build reuses samples made the old way.
-CACHE_FORMAT = 5
+#: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
+#: applied; 6: every page of a multi-page TIFF is read).
+CACHE_FORMAT = 6
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32

@@ -12,10 +12,14 @@
   Orientation where OpenCV did not (:func:`decoder_orients`), validates the pixels and hands
   them to :mod:`packer.transform.image`. A PNG's orientation comes from its eXIf chunk, which
   may follow the pixel data, so it is read with the whole file, not by the probe.
+- Every page of a multi-page TIFF becomes samples: :func:`read_image` walks the main IFD
+  chain itself (loops, ``limits.max_frames``, cut strips and tiles of every IFD, the size limits
+  over all IFDs together), decodes all of them with one ``cv2.imdecodemulti`` and keeps the
+  pages, skipping reduced-resolution IFDs (thumbnails, pyramid levels). The probe looks at the
+  first IFD only, so a defect of a later page shows up in the read, not in the header pass.
 
 Defects of the file come back as an :class:`~packer.records.Issue`, never ``None``.
-The format is taken from the file's signature, not its extension. Only the first page
-of a multi-page TIFF is read.
+The format is taken from the file's signature, not its extension.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from packer.config import ImageTransformConfig, LimitsConfig
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
+    Tile,
     check_image_config,
     full_range_max,
     oriented_size,
@@ -52,6 +57,10 @@ _TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE 
 _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION = 256, 257, 258, 277, 274
 _TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
 _TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH = 278, 322, 323
+_TIFF_SUBFILE = 254  # NewSubfileType
+# what the IFD chain walk reads of every IFD
+_TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION,
+                    _TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
 _JPEG_PROBE_START = 64 * 1024
 # OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize);
 # the same environment variables raise its limits.
@@ -59,6 +68,8 @@ _CV_LIMITS = (("CV_IO_MAX_IMAGE_WIDTH", 1 << 20), ("CV_IO_MAX_IMAGE_HEIGHT", 1 <
               ("CV_IO_MAX_IMAGE_PIXELS", 1 << 30))
 
 _Reader = Callable[[int, int], bytes]
+_Tags = dict[int, tuple[int, ...]]  # TIFF tag → its integer values
+_Values = dict[tuple[int, int, int], tuple[int, ...]]  # (offset, type, count) → out-of-line tag values
 
 
 @dataclass(frozen=True)
@@ -179,33 +190,46 @@ def _exif_orientation(tiff: bytes) -> int:
     return value if 1 <= value <= 8 else 1
 
 
-def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> dict[int, tuple[int, ...]]:
-    """Integer tags of the first IFD of a classic or Big TIFF, either byte order."""
+def _tiff_layout(read: _Reader) -> tuple[str, int, int]:
+    """(byte order ``<`` or ``>``, version 42 or 43 (BigTIFF), offset of the first IFD)."""
     head = read(0, 16)
     if len(head) < 8 or head[:2] not in (b"II", b"MM"):
         raise _Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
     order = "<" if head[:2] == b"II" else ">"
     version = _u16(head, 2, order)
     if version == 43 and len(head) >= 16:
-        count_fmt, entry_size, inline, ifd = "Q", 20, 8, int(struct.unpack_from(order + "Q", head, 8)[0])
-    elif version == 42:
-        count_fmt, entry_size, inline, ifd = "H", 12, 4, int(struct.unpack_from(order + "I", head, 4)[0])
-    else:
-        raise _Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+        return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
+    if version == 42:
+        return order, version, int(struct.unpack_from(order + "I", head, 4)[0])
+    raise _Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+
+
+def _tiff_ifd(read: _Reader, size: int, layout: tuple[str, int, int], ifd: int, index: int, wanted: set[int],
+              values: _Values) -> tuple[_Tags, int | None, int]:
+    """Integer tags in ``wanted`` of the IFD at byte ``ifd``, the ``index``-th of the chain.
+
+    Returns (tags, offset of the next IFD (0: none; ``None``: the offset itself lies past the end
+    of the file), bytes parsed that ``values`` did not hold yet). ``values`` caches out-of-line
+    tag values by (offset, type, count), so an array that several IFDs share is parsed once.
+    """
+    order, version, _ = layout
+    where = "first IFD" if index == 0 else f"IFD {index}"
+    count_fmt, entry_size, inline = ("Q", 20, 8) if version == 43 else ("H", 12, 4)
     count_size = struct.calcsize(count_fmt)
     # Offsets and counts are checked against the file size before reading: a BigTIFF offset can
     # exceed what seek() accepts, and read(n) allocates n bytes first.
     raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
     if len(raw_count) < count_size:
-        raise _Defect("truncated", f"TIFF first IFD at byte {ifd} lies past the end of the file ({size} bytes)")
+        raise _Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes)")
     n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
     fits = ifd + count_size + n_entries * entry_size <= size
     entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
     if len(entries) < n_entries * entry_size:
-        raise _Defect("truncated", f"TIFF first IFD ({n_entries} entries at byte {ifd}) runs past the end "
+        raise _Defect("truncated", f"TIFF {where} ({n_entries} entries at byte {ifd}) runs past the end "
                                    f"of the file ({size} bytes)")
     value_count_fmt = "Q" if version == 43 else "I"
-    tags: dict[int, tuple[int, ...]] = {}
+    parsed = count_size + n_entries * entry_size
+    tags: _Tags = {}
     for i in range(n_entries):
         base = i * entry_size
         tag, kind = struct.unpack_from(order + "HH", entries, base)
@@ -218,26 +242,111 @@ def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> dict[int, tuple[in
         nbytes = count * struct.calcsize(item)
         field_at = base + 4 + struct.calcsize(value_count_fmt)
         if nbytes <= inline:
-            raw = entries[field_at:field_at + nbytes]
-        else:
-            offset = int(struct.unpack_from(order + value_count_fmt, entries, field_at)[0])
+            tags[tag] = struct.unpack(order + item * count, entries[field_at:field_at + nbytes])
+            continue
+        offset = int(struct.unpack_from(order + value_count_fmt, entries, field_at)[0])
+        if (offset, kind, count) not in values:
             raw = read(offset, nbytes) if offset + nbytes <= size else b""
-        if len(raw) < nbytes:
-            raise _Defect("truncated", f"TIFF tag {tag} values ({nbytes} bytes) lie past the end of the file")
-        tags[tag] = tuple(int(v) for v in struct.unpack(order + item * count, raw))
-    return tags
+            if len(raw) < nbytes:
+                in_ifd = "" if index == 0 else f" in IFD {index}"
+                raise _Defect("truncated", f"TIFF tag {tag} values{in_ifd} ({nbytes} bytes) lie past the end "
+                                           "of the file")
+            values[offset, kind, count] = struct.unpack(order + item * count, raw)
+            parsed += nbytes
+        tags[tag] = values[offset, kind, count]
+    next_at, next_size = ifd + count_size + n_entries * entry_size, struct.calcsize(value_count_fmt)
+    raw_next = read(next_at, next_size) if next_at + next_size <= size else b""
+    next_ifd = int(struct.unpack(order + value_count_fmt, raw_next)[0]) if len(raw_next) == next_size else None
+    return {tag: tuple(int(v) for v in vals) for tag, vals in tags.items()}, next_ifd, parsed + next_size
 
 
-def _tiff_header(read: _Reader, size: int) -> ImageHeader:
-    tags = _tiff_tags(read, size, {_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION})
+def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> _Tags:
+    """Integer tags of the first IFD of a classic or Big TIFF, either byte order."""
+    layout = _tiff_layout(read)
+    return _tiff_ifd(read, size, layout, layout[2], 0, wanted, {})[0]
+
+
+@dataclass(frozen=True)
+class _Ifd:
+    """One IFD of a TIFF's main chain: ``index`` (0-based position in the chain, what tifffile's
+    ``pages[index]`` and Pillow's ``seek(index)`` address), ``offset`` (byte) and its ``tags``."""
+
+    index: int
+    offset: int
+    tags: _Tags
+
+    @property
+    def reduced(self) -> bool:
+        """NewSubfileType (254) bit 0: a reduced-resolution version of another image in the file."""
+        return bool(self.tags.get(_TIFF_SUBFILE, (0,))[0] & 1)
+
+
+def _tiff_chain(read: _Reader, size: int, limits: LimitsConfig) -> list[_Ifd]:
+    """Every IFD of the main chain (not SubIFDs), in file order, each checked for completeness.
+
+    Raises _Defect: ``decode_failed`` when the chain loops (an IFD offset seen twice) or when the
+    IFDs and their tag values add up to more bytes than the file holds (overlapping IFDs: without
+    this check a crafted chain makes the walk quadratic); ``too_large`` past
+    ``limits.max_frames`` IFDs; ``truncated`` when an IFD, its tag values, its strip or tile data
+    or the next-IFD offset lies past the end of the file.
+    """
+    layout = _tiff_layout(read)
+    chain: list[_Ifd] = []
+    seen: dict[int, int] = {}
+    values: _Values = {}
+    parsed, offset = 0, layout[2]
+    while offset:
+        if offset in seen:
+            raise _Defect("decode_failed", f"TIFF IFD {len(chain) - 1} gives byte {offset} as the next IFD, which is "
+                                           f"IFD {seen[offset]} again: the IFD chain loops; the file is damaged, "
+                                           "re-export it")
+        if len(chain) == limits.max_frames:
+            frames_text = ("the number of images in the TIFF's IFD chain (pages and reduced-resolution images, all "
+                           "decoded; counting stopped at the first one over the limit)")
+            raise _Defect("too_large", str(limit_problem(limits, size_text="", pixels=0, decoded=0, decoded_text="",
+                                                         frames=len(chain) + 1, frames_text=frames_text)))
+        seen[offset] = len(chain)
+        tags, next_offset, new_bytes = _tiff_ifd(read, size, layout, offset, len(chain), _TIFF_CHAIN_TAGS, values)
+        parsed += new_bytes
+        if parsed > size:
+            raise _Defect("decode_failed", f"TIFF IFDs 0-{len(chain)} and their tag values add up to {parsed} bytes, "
+                                           f"more than the file's {size}: they overlap, which no TIFF writer does; "
+                                           "the file is damaged or crafted, re-export it")
+        _check_tiff_data(tags, size, len(chain))
+        if next_offset is None:
+            where = "first IFD" if not chain else f"IFD {len(chain)}"
+            raise _Defect("truncated", f"TIFF {where} at byte {offset} ends where the file does ({size} bytes), "
+                                       "without its next-IFD offset; the file was cut short, copy or export it again")
+        chain.append(_Ifd(len(chain), offset, tags))
+        offset = next_offset
+    return chain
+
+
+def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
+    """Raise _Defect("truncated") when the strips or tiles of IFD ``index`` run past ``size``."""
+    for offsets_tag, counts_tag in _TIFF_DATA:
+        ends = [o + c for o, c in zip(tags.get(offsets_tag, ()), tags.get(counts_tag, ()), strict=False)]
+        if ends and max(ends) > size:
+            of_ifd = "" if index == 0 else f" of IFD {index}"
+            raise _Defect("truncated", f"TIFF image data{of_ifd} runs to byte {max(ends)} but the file has "
+                                       f"{size} bytes; the file was cut short, copy or export it again")
+
+
+def _tiff_header_of(tags: _Tags, where: str) -> ImageHeader:
+    """The header of one IFD's ``tags``; ``where`` names the IFD in messages."""
     missing = [name for tag, name in ((_TIFF_WIDTH, "ImageWidth (256)"), (_TIFF_LENGTH, "ImageLength (257)"))
                if tag not in tags]
     if missing:
-        raise _Defect("decode_failed", f"TIFF first IFD lacks {' and '.join(missing)}")
+        raise _Defect("decode_failed", f"TIFF {where} lacks {' and '.join(missing)}")
     orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
     return ImageHeader(height=tags[_TIFF_LENGTH][0], width=tags[_TIFF_WIDTH][0],
                        channels=tags.get(_TIFF_SAMPLES, (1,))[0], bit_depth=tags.get(_TIFF_BITS, (1,))[0],
                        format="tiff", orientation=orientation if 1 <= orientation <= 8 else 1)
+
+
+def _tiff_header(read: _Reader, size: int) -> ImageHeader:
+    tags = _tiff_tags(read, size, {_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION})
+    return _tiff_header_of(tags, "first IFD")
 
 
 def _bmp_fields(read: _Reader) -> dict[str, int]:
@@ -298,38 +407,85 @@ def _opencv_limit(name: str, default: int) -> int:
         return default
 
 
-def _tiff_buffer_pixels(read: _Reader, size: int, header: ImageHeader) -> int:
+def _tiff_buffer_pixels(tags: _Tags, header: ImageHeader) -> int:
     """Pixels of the one tile or strip buffer libtiff allocates (TileWidth × TileLength, or
     ImageWidth × RowsPerStrip): a tiny TIFF can claim 65535×65535 tiles."""
-    tags = _tiff_tags(read, size, {_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH})
     if _TIFF_TILE_WIDTH in tags and _TIFF_TILE_LENGTH in tags:
         return tags[_TIFF_TILE_WIDTH][0] * tags[_TIFF_TILE_LENGTH][0]
     return header.width * min(tags.get(_TIFF_ROWS_PER_STRIP, (header.height,))[0], header.height)
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """What decoding one image allocates, in bytes, from its header (see :mod:`packer.read.limits`)."""
+
+    size_text: str  # names the header fields and their values
+    pixels: int
+    per_sample: int  # bytes per decoded sample
+    stored: int  # the decoded array
+    working: int  # two float32 copies of max(C, 3) channels
+    buffer: int | None  # the TIFF tile/strip buffer; None for other formats
+
+    @classmethod
+    def of(cls, header: ImageHeader, buffer_pixels: int | None, where: str = "") -> _Sizes:
+        fields = {"png": ("IHDR width", "height"), "jpeg": ("SOF width", "height"),
+                  "tiff": ("ImageWidth (256)", "ImageLength (257)"), "bmp": ("BMP width", "height")}[header.format]
+        per_sample = min(8, max(1, -(-header.bit_depth // 8)))
+        pixels = header.height * header.width
+        return cls(f"{where}{header.format.upper()} {fields[0]} {header.width} × {fields[1]} {header.height}",
+                   pixels, per_sample, pixels * header.channels * per_sample, 2 * pixels * max(header.channels, 3) * 4,
+                   None if buffer_pixels is None else buffer_pixels * header.channels * per_sample)
+
+
 def _check_size(header: ImageHeader, limits: LimitsConfig, read: _Reader, size: int) -> None:
     """Raise _Defect("too_large") when decoding ``header`` would exceed ``limits`` or OpenCV's
     own limits; what is counted is in :mod:`packer.read.limits`."""
-    fields = {"png": ("IHDR width", "height"), "jpeg": ("SOF width", "height"),
-              "tiff": ("ImageWidth (256)", "ImageLength (257)"), "bmp": ("BMP width", "height")}[header.format]
-    size_text = f"{header.format.upper()} {fields[0]} {header.width} × {fields[1]} {header.height}"
-    per_sample = min(8, max(1, -(-header.bit_depth // 8)))
-    pixels = header.height * header.width
-    stored = pixels * header.channels * per_sample
-    working = 2 * pixels * max(header.channels, 3) * 4
-    decoded_text = (f"{header.height}×{header.width} × {header.channels} channel(s) × {per_sample} byte(s) decoded, "
-                    f"plus {working} bytes of float32 working copies")
+    buffer_pixels = None
     if header.format == "tiff":
-        buffer = _tiff_buffer_pixels(read, size, header) * header.channels * per_sample
-        stored += buffer
-        decoded_text += f", plus a {buffer}-byte TIFF tile/strip buffer"
-    problem = limit_problem(limits, size_text=size_text, pixels=pixels, decoded=stored + working,
+        tags = _tiff_tags(read, size, {_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH})
+        buffer_pixels = _tiff_buffer_pixels(tags, header)
+    one = _Sizes.of(header, buffer_pixels)
+    decoded_text = (f"{header.height}×{header.width} × {header.channels} channel(s) × {one.per_sample} byte(s) "
+                    f"decoded, plus {one.working} bytes of float32 working copies")
+    if one.buffer is not None:
+        decoded_text += f", plus a {one.buffer}-byte TIFF tile/strip buffer"
+    problem = limit_problem(limits, size_text=one.size_text, pixels=one.pixels,
+                            decoded=one.stored + one.working + (one.buffer or 0), decoded_text=decoded_text)
+    if problem is not None:
+        raise _Defect("too_large", problem)
+    _check_opencv_limits(header, one.size_text)
+
+
+def _check_pages_size(images: list[tuple[_Ifd, ImageHeader]], limits: LimitsConfig) -> None:
+    """:func:`_check_size` for every image of a TIFF's IFD chain, which OpenCV decodes at once:
+    each image's pixels against ``limits.max_pixels`` and OpenCV's limits, and the sum of the
+    decoded arrays, plus the working copies of the largest (pages are transformed one at a time)
+    and the largest tile/strip buffer (libtiff frees it between pages), against
+    ``limits.max_decoded_bytes``."""
+    sizes = [_Sizes.of(header, _tiff_buffer_pixels(ifd.tags, header), f"IFD {ifd.index} at byte {ifd.offset}: ")
+             for ifd, header in images]
+    for one in sizes:
+        problem = limit_problem(limits, size_text=one.size_text, pixels=one.pixels, decoded=0, decoded_text="")
+        if problem is not None:
+            raise _Defect("too_large", problem)
+    stored, working, buffer = sum(s.stored for s in sizes), max(s.working for s in sizes), max(
+        s.buffer or 0 for s in sizes)
+    decoded_text = (f"{len(sizes)} images in the TIFF's IFD chain, decoded together: {stored} bytes, plus "
+                    f"{working} bytes of float32 working copies of the largest, plus a {buffer}-byte TIFF "
+                    "tile/strip buffer")
+    problem = limit_problem(limits, size_text="", pixels=0, decoded=stored + working + buffer,
                             decoded_text=decoded_text)
     if problem is not None:
         raise _Defect("too_large", problem)
+    for (_, header), one in zip(images, sizes, strict=True):
+        _check_opencv_limits(header, one.size_text)
+
+
+def _check_opencv_limits(header: ImageHeader, size_text: str) -> None:
     for name, default in _CV_LIMITS:
         limit = _opencv_limit(name, default)
-        value = {"CV_IO_MAX_IMAGE_WIDTH": header.width, "CV_IO_MAX_IMAGE_HEIGHT": header.height}.get(name, pixels)
+        value = {"CV_IO_MAX_IMAGE_WIDTH": header.width,
+                 "CV_IO_MAX_IMAGE_HEIGHT": header.height}.get(name, header.height * header.width)
         if value > limit:
             raise _Defect("too_large", f"{size_text}: {value} is over OpenCV's {name} {limit}, so OpenCV would "
                                        f"refuse it; if the file is genuine, set the environment variable {name} "
@@ -360,11 +516,7 @@ def _check_complete(fmt: str, data: bytes) -> int:
                                    "copy or export it again")
     if fmt == "tiff":
         tags = _tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {_TIFF_ORIENTATION})
-        for offsets_tag, counts_tag in _TIFF_DATA:
-            ends = [o + c for o, c in zip(tags.get(offsets_tag, ()), tags.get(counts_tag, ()), strict=False)]
-            if ends and max(ends) > len(data):
-                raise _Defect("truncated", f"TIFF image data runs to byte {max(ends)} but the file has "
-                                           f"{len(data)} bytes; the file was cut short, copy or export it again")
+        _check_tiff_data(tags, len(data), 0)
         orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
         return orientation if 1 <= orientation <= 8 else 1
     fields = _bmp_fields(read)
@@ -405,6 +557,10 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
     ``truncated`` (ends inside the header), ``decode_failed`` (malformed header),
     ``bad_shape`` (zero height or width), ``too_large`` (file size, pixels or decoded size
     over ``limits``, or over OpenCV's ``CV_IO_MAX_IMAGE_*``), ``unexpected_error``.
+
+    A TIFF's header is its first IFD's: the probe does not walk the IFD chain, so for a
+    multi-page TIFF it describes (and checks against ``limits``) the first page only;
+    :func:`read_image` checks every page.
     """
     try:
         with open(ref.path, "rb") as handle:
@@ -486,15 +642,24 @@ def _exif_chunk(orientation: int) -> bytes:
     return struct.pack(">I", len(block)) + b"eXIf" + block + struct.pack(">I", zlib.crc32(b"eXIf" + block))
 
 
-def _tiny_tiff(orientation: int) -> bytes:
-    """A 1×2 grey uint8 TIFF, pixels [0, 255], with an Orientation tag."""
+def _tiny_tiff(*orientations: int) -> bytes:
+    """A 1×2 grey uint8 TIFF, pixels [0, 255], one page (IFD) per Orientation value given."""
     entries = [(256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8),
-               (_TIFF_ORIENTATION, 3, orientation), (277, 3, 1), (278, 3, 1), (279, 4, 2)]
-    out = b"II*\x00" + struct.pack("<I", 10) + b"\x00\xff" + struct.pack("<H", len(entries))
-    for tag, kind, value in entries:
-        field = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
-        out += struct.pack("<HHI", tag, kind, 1) + field
-    return out + struct.pack("<I", 0)
+               (_TIFF_ORIENTATION, 3, 0), (277, 3, 1), (278, 3, 1), (279, 4, 2)]
+    ifd_size = 2 + 12 * len(entries) + 4
+    out = b"II*\x00" + struct.pack("<I", 10) + b"\x00\xff"  # every page shares the strip at byte 8
+    for page, orientation in enumerate(orientations):
+        out += struct.pack("<H", len(entries))
+        for tag, kind, value in entries:
+            value = orientation if tag == _TIFF_ORIENTATION else value
+            field = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
+            out += struct.pack("<HHI", tag, kind, 1) + field
+        out += struct.pack("<I", 10 + (page + 1) * ifd_size if page + 1 < len(orientations) else 0)
+    return out
+
+
+def _left_is_bright(image: np.ndarray) -> bool:
+    return int(image.reshape(image.shape[0], image.shape[1], -1)[0, 0, 0]) > 127
 
 
 @cache
@@ -516,7 +681,22 @@ def decoder_orients(fmt: str) -> bool:
     else:
         return False
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
-    return decoded is not None and int(decoded.reshape(decoded.shape[0], decoded.shape[1], -1)[0, 0, 0]) > 127
+    return decoded is not None and _left_is_bright(decoded)
+
+
+@cache
+def decoder_orients_pages() -> tuple[bool, bool]:
+    """Whether ``cv2.imdecodemulti(..., IMREAD_UNCHANGED)`` applies each TIFF page's Orientation
+    itself: (for the first IFD, for the later ones). Measured once on a tiny two-page TIFF whose
+    pages are both mirrored (Orientation 2), like :func:`decoder_orients`; OpenCV 5.0 orients both.
+    """
+    try:
+        ok, mats = cv2.imdecodemulti(np.frombuffer(_tiny_tiff(2, 2), np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error:
+        ok, mats = False, ()
+    if not ok or len(mats) != 2:
+        return False, False
+    return _left_is_bright(mats[0]), _left_is_bright(mats[1])
 
 
 def _decode(data: bytes, fmt: str) -> np.ndarray:
@@ -530,18 +710,146 @@ def _decode(data: bytes, fmt: str) -> np.ndarray:
     return image
 
 
-def _validate(image: np.ndarray) -> None:
+@dataclass(frozen=True)
+class _Page:
+    """One decoded image of a file: ``orientation`` is the file's value for it (1-8), ``oriented``
+    whether OpenCV applied it already, ``page`` its index in the TIFF IFD chain when the file
+    has several pages (else ``None``: no page in the key or metadata)."""
+
+    image: np.ndarray
+    orientation: int
+    oriented: bool
+    page: int | None = None
+
+    @property
+    def where(self) -> str:
+        return "" if self.page is None else f"page {self.page}: "
+
+
+def _tiff_pages(chain: list[_Ifd]) -> list[_Ifd]:
+    """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
+    reduced (there is then no full-resolution image they could stand for)."""
+    return [ifd for ifd in chain if not ifd.reduced] or chain
+
+
+def _decode_tiff_pages(data: bytes, chain: list[_Ifd], pages: list[_Ifd], limits: LimitsConfig) -> list[_Page]:
+    """Decode every IFD of ``chain`` with one ``cv2.imdecodemulti`` call and keep ``pages``.
+
+    OpenCV 5.0 returns one image per IFD of the main chain, reduced-resolution ones included (it
+    walks the chain with libtiff and does not look at NewSubfileType). Image ``i`` is taken for
+    IFD ``i`` only when the counts agree and every image has its IFD's (oriented) size; anything
+    else is ``decode_failed``, never a page silently shifted or dropped.
+    """
+    headers = []
+    for ifd in chain:
+        header = _tiff_header_of(ifd.tags, f"IFD {ifd.index} at byte {ifd.offset}")
+        if header.height < 1 or header.width < 1:
+            raise _Defect("bad_shape", f"TIFF IFD {ifd.index} at byte {ifd.offset} gives {header.height}×"
+                                       f"{header.width} pixels; expected both >= 1")
+        headers.append(header)
+    _check_pages_size(list(zip(chain, headers, strict=True)), limits)
+    try:
+        ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as err:
+        raise _Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
+    if not ok or not mats:
+        raise _Defect("decode_failed", "OpenCV could not decode this multi-page tiff file (imdecodemulti returned "
+                                       "nothing); open it in an image viewer, re-export it, or remove it")
+    if len(mats) != len(chain):
+        raise _Defect("decode_failed", f"OpenCV decoded {len(mats)} images from the {len(chain)} IFDs of the TIFF "
+                                       "chain, so its images cannot be matched to pages; re-export the file")
+    first, later = decoder_orients_pages()
+    wanted = {ifd.index for ifd in pages}
+    out = []
+    for ifd, header, image in zip(chain, headers, mats, strict=True):
+        oriented = first if ifd.index == 0 else later
+        expected = oriented_size(header.height, header.width, header.orientation) if oriented else (
+            header.height, header.width)
+        if tuple(image.shape[:2]) != expected:
+            raise _Defect("decode_failed", f"OpenCV decoded IFD {ifd.index} at byte {ifd.offset} as "
+                                           f"{image.shape[0]}×{image.shape[1]}, but its header gives "
+                                           f"{expected[0]}×{expected[1]}; its images cannot be matched to pages, "
+                                           "re-export the file")
+        if ifd.index in wanted:
+            out.append(_Page(image, header.orientation, oriented, ifd.index if len(pages) > 1 else None))
+    return out
+
+
+def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
+    """Check the file's structure and size limits, then decode it: one page, or one per page of a
+    multi-page TIFF. Raises _Defect."""
+    def read(offset: int, count: int) -> bytes:
+        return data[offset:offset + count]
+
+    if fmt == "tiff":
+        chain = _tiff_chain(read, len(data), limits)
+        pages = _tiff_pages(chain)
+        if [ifd.index for ifd in pages] != [0]:
+            return _decode_tiff_pages(data, chain, pages, limits)
+    orientation = _check_complete(fmt, data)
+    header = _file_header(fmt, read, len(data))
+    if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
+        _check_size(header, limits, read, len(data))
+    return [_Page(_decode(data, fmt), orientation, decoder_orients(fmt))]
+
+
+def _check_shape(image: np.ndarray) -> None:
     channels = image.shape[2] if image.ndim == 3 else 1
     if image.ndim not in (2, 3) or image.size == 0 or channels not in (1, 2, 3, 4):
         raise _Defect("bad_shape", f"decoded to shape {image.shape} {image.dtype}; expected H×W or H×W×C "
                                    "with H, W >= 1 and C in 1-4")
+
+
+def _constant(image: np.ndarray) -> str | None:
+    """What a blank image is made of (every pixel the same), or None."""
+    channels = image.shape[2] if image.ndim == 3 else 1
     pixels = image.reshape(image.shape[0] * image.shape[1], channels)
     # a sparse probe rejects almost every real image in microseconds; the full check runs
     # only when ~64 spread-out pixels all equal the first one
     probe = pixels[:: max(1, len(pixels) // 64)]
     if bool((probe == pixels[0]).all()) and bool((pixels == pixels[0]).all()):
-        raise _Defect("constant_image", f"every pixel is {pixels[0].tolist()} ({image.shape[0]}×{image.shape[1]}); "
-                                        "a blank image carries no signal, remove it")
+        return f"every pixel is {pixels[0].tolist()} ({image.shape[0]}×{image.shape[1]})"
+    return None
+
+
+def _validate(pages: list[_Page]) -> None:
+    """Every page must have a usable shape; the file is ``constant_image`` only when every page is
+    blank (like a DICOM file's frames: a blank page among others is packed)."""
+    for page in pages:
+        try:
+            _check_shape(page.image)
+        except _Defect as defect:
+            raise _Defect(defect.reason, page.where + defect.message) from None
+    blank = [_constant(page.image) for page in pages]
+    if all(blank):
+        raise _Defect("constant_image", "; ".join(page.where + str(why) for page, why in zip(pages, blank, strict=True))
+                      + "; a blank image carries no signal, remove it")
+
+
+def _samples(ref: SampleRef, fmt: str, page: _Page, tiles: list[Tile], pages: int) -> list[Sample]:
+    stored_h, stored_w = page.image.shape[:2]
+    if page.oriented:  # OpenCV returned it oriented: undo the axis swap to report the stored size
+        stored_h, stored_w = oriented_size(stored_h, stored_w, page.orientation)
+    metadata: dict[str, Any] = {
+        "format": fmt,
+        "source_height": int(stored_h),
+        "source_width": int(stored_w),
+        "source_channels": int(page.image.shape[2]) if page.image.ndim == 3 else 1,
+        "bit_depth": int(page.image.dtype.itemsize * 8),
+        "orientation": page.orientation,
+    }
+    key = ref.sample_id
+    if page.page is not None:
+        metadata.update(page=page.page, pages=pages)
+        key = f"{key}-p{page.page:05d}"
+    samples = []
+    for tile in tiles:
+        if tile.origin is None:
+            samples.append(Sample(key, ref, tile.image, metadata))
+        else:
+            row, col = tile.origin
+            samples.append(Sample(f"{key}-t{row:05d}_{col:05d}", ref, tile.image, {**metadata, "tile": [row, col]}))
+    return samples
 
 
 def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
@@ -555,12 +863,22 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
     :func:`probe_image`), source_channels (as decoded by OpenCV: grey+alpha PNG gives 4),
     bit_depth (of the decoded samples: 8, 16, 32 or 64), orientation (1-8), tile [row, col].
 
+    A TIFF with N > 1 pages gives every page's samples, in IFD order, each page transformed on its
+    own with ``cfg``: keys ``{sample_id}-p{page:05d}`` (tiled: ``…-p{page:05d}-t{row:05d}_{col:05d}``),
+    metadata as above for that page plus ``page`` (0-based index in the main IFD chain, as
+    tifffile's ``pages[i]`` and Pillow's ``seek(i)`` count) and ``pages`` (N). Reduced-resolution
+    IFDs (NewSubfileType bit 0: thumbnails, pyramid levels of another page) are not pages: they
+    are skipped, so ``page`` then skips their indices; SubIFDs are never visited. A file with one
+    page keeps the plain key and metadata. A defect of any page is the Issue of the whole file,
+    naming the page or IFD.
+
     Defects → Issue: ``missing_file``, ``unreadable``, ``unsupported``, ``truncated``,
-    ``decode_failed``, ``too_large`` (header over ``limits``, checked before decoding) (stage
-    ``read``); ``bad_shape``, ``constant_image`` (``validate``);
-    ``missing_window`` (float image without a window), ``bad_shape`` (no full tile)
-    (``transform``); ``unexpected_error`` from whichever stage raised. Raises ConfigError
-    only for an unusable ``cfg`` (a defect of the run).
+    ``decode_failed`` (also: a TIFF IFD chain that loops), ``too_large`` (header over ``limits``,
+    checked before decoding; for a TIFF, also more than ``limits.max_frames`` IFDs, and all pages'
+    decoded bytes together) (stage ``read``); ``bad_shape``, ``constant_image`` (every page
+    blank) (``validate``); ``missing_window`` (float image without a window), ``bad_shape`` (no
+    full tile) (``transform``); ``unexpected_error`` from whichever stage raised. Raises
+    ConfigError only for an unusable ``cfg`` (a defect of the run).
     """
     check_image_config(cfg)
     stage = "read"
@@ -578,49 +896,25 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
         fmt = sniff_format(data[:16])
         if fmt is None:
             return _unsupported(ref, data)
-        orientation = _check_complete(fmt, data)
-
-        def read(offset: int, count: int) -> bytes:
-            return data[offset:offset + count]
-
-        header = _file_header(fmt, read, len(data))
-        if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
-            _check_size(header, limits, read, len(data))
-        image = _decode(data, fmt)
+        pages = _decode_pages(fmt, data, limits)
         stage = "validate"
-        _validate(image)
+        _validate(pages)
         stage = "transform"
-        if not cfg.window and full_range_max(image.dtype) is None:
-            return Issue.of(ref, stage="transform", reason="missing_window",
-                            message=f"{_name(ref)}: {image.dtype} pixels have no fixed range to scale to 8 bits; "
-                                    "set transform.image.window ({center, width} or {percentiles: [lo, hi]})")
-        decoded_by_cv2 = decoder_orients(fmt)
-        tiles = transform_image(image, cfg, 1 if decoded_by_cv2 else orientation)
+        for page in pages:
+            if not cfg.window and full_range_max(page.image.dtype) is None:
+                return Issue.of(ref, stage="transform", reason="missing_window",
+                                message=f"{_name(ref)}: {page.where}{page.image.dtype} pixels have no fixed range to "
+                                        "scale to 8 bits; set transform.image.window ({center, width} or "
+                                        "{percentiles: [lo, hi]})")
+        tiled = [transform_image(page.image, cfg, 1 if page.oriented else page.orientation) for page in pages]
     except _Defect as defect:
         return Issue.of(ref, stage=stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
     except Exception as err:  # the stage's one boundary: one bad file must not stop the job
         return Issue.of(ref, stage=stage, reason="unexpected_error", message=f"{type(err).__name__}: {err}")
-    if not tiles:
-        return Issue.of(ref, stage="transform", reason="bad_shape",
-                        message=f"{_name(ref)}: no full {cfg.tile_size} tile fits the "
-                                f"{'resized' if cfg.size else 'oriented'} image; lower transform.image.tile.size")
-    stored_h, stored_w = image.shape[:2]
-    if decoded_by_cv2:  # OpenCV returned it oriented: undo the axis swap to report the stored size
-        stored_h, stored_w = oriented_size(stored_h, stored_w, orientation)
-    metadata: dict[str, Any] = {
-        "format": fmt,
-        "source_height": int(stored_h),
-        "source_width": int(stored_w),
-        "source_channels": int(image.shape[2]) if image.ndim == 3 else 1,
-        "bit_depth": int(image.dtype.itemsize * 8),
-        "orientation": orientation,
-    }
-    samples = []
-    for tile in tiles:
-        if tile.origin is None:
-            samples.append(Sample(ref.sample_id, ref, tile.image, metadata))
-        else:
-            row, col = tile.origin
-            samples.append(Sample(f"{ref.sample_id}-t{row:05d}_{col:05d}", ref, tile.image,
-                                  {**metadata, "tile": [row, col]}))
-    return samples
+    for page, tiles in zip(pages, tiled, strict=True):
+        if not tiles:
+            return Issue.of(ref, stage="transform", reason="bad_shape",
+                            message=f"{_name(ref)}: {page.where}no full {cfg.tile_size} tile fits the "
+                                    f"{'resized' if cfg.size else 'oriented'} image; lower transform.image.tile.size")
+    return [sample for page, tiles in zip(pages, tiled, strict=True)
+            for sample in _samples(ref, fmt, page, tiles, len(pages))]

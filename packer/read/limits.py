@@ -15,6 +15,10 @@ What counts towards ``limits.max_decoded_bytes`` (an estimate of the peak, not a
   window output; frames are transformed one at a time).
 - Images: the decoded array (H × W × C × bytes per sample), plus two float32 working copies of
   max(C, 3) channels (the float image and the scaled copy :mod:`packer.transform.image` makes).
+  A multi-page TIFF: the decoded arrays of every IFD of its main chain (OpenCV decodes them
+  together), plus the working copies of the largest, plus the largest tile/strip buffer; each
+  IFD's pixels are checked against ``limits.max_pixels`` and the IFD count against
+  ``limits.max_frames``.
 - Each compared on its own: the file size (``read_*`` read files whole; the probes check it
   too, so both passes agree) and, for Deflated Explicit VR Little Endian, the inflated data set.
 

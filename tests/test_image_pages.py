@@ -1,0 +1,402 @@
+"""packer.read.image on multi-page TIFFs: one sample per page, reduced-resolution IFDs skipped,
+and the IFD chain checked (loops, page cap, cut files, size limits over all pages).
+
+Files are real: written by hand with struct (:func:`tiff_pages`: classic or BigTIFF, either
+byte order) or by ``cv2.imencodemulti``. Expected pixels come from numpy on the arrays written.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.config import ImageTransformConfig, LimitsConfig
+from packer.read import image as image_mod
+from packer.read.image import ImageHeader, probe_image, read_image
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.image import transform_image
+
+RNG = np.random.default_rng(20240612)
+DEFAULT = ImageTransformConfig()
+DEFAULT_LIMITS = LimitsConfig()
+
+
+@dataclass(frozen=True)
+class TiffPage:
+    """One IFD: ``array`` as TIFF stores it (H×W grey or H×W×3 RGB, uint8 or uint16)."""
+
+    array: np.ndarray
+    orientation: int | None = None
+    subfile: int | None = None  # NewSubfileType (254); bit 0 = reduced-resolution image
+
+
+def tiff_pages(pages: list[TiffPage], *, big_endian: bool = False, bigtiff: bool = False) -> bytes:
+    """An uncompressed one-strip-per-page TIFF: header, then every IFD (with its out-of-line
+    values), then every page's strip, in page order (so cutting the tail cuts the last strip)."""
+    order = ">" if big_endian else "<"
+    off, count_fmt, entry_size, inline = ("Q", "Q", 20, 8) if bigtiff else ("I", "H", 12, 4)
+    long_type = 16 if bigtiff else 4  # LONG8 strip offsets and counts in a BigTIFF
+    magic = b"MM" if big_endian else b"II"
+    head = magic + (struct.pack(order + "HHH", 43, 8, 0) if bigtiff else struct.pack(order + "H", 42))
+    head_size = len(head) + struct.calcsize(off)
+    strips = [page.array.astype(page.array.dtype.newbyteorder(order)).tobytes() for page in pages]
+
+    def entries(page: TiffPage, strip_at: int, strip: bytes) -> list[tuple[int, int, tuple[int, ...]]]:
+        height, width = page.array.shape[:2]
+        spp = 1 if page.array.ndim == 2 else page.array.shape[2]
+        out = [] if page.subfile is None else [(254, 4, (page.subfile,))]
+        out += [(256, 4, (width,)), (257, 4, (height,)), (258, 3, (page.array.dtype.itemsize * 8,) * spp),
+                (259, 3, (1,)), (262, 3, (2 if spp == 3 else 1,)), (273, long_type, (strip_at,))]
+        out += [] if page.orientation is None else [(274, 3, (page.orientation,))]
+        return out + [(277, 3, (spp,)), (278, 4, (height,)), (279, long_type, (len(strip),)), (284, 3, (1,))]
+
+    item = {3: "H", 4: "I", 16: "Q"}
+
+    def extra_size(values: tuple[int, ...], kind: int) -> int:
+        nbytes = len(values) * struct.calcsize(item[kind])
+        return 0 if nbytes <= inline else nbytes + nbytes % 2
+
+    # pass 1: IFD block sizes (they do not depend on the offsets written into them)
+    blocks = [entries(page, 0, strip) for page, strip in zip(pages, strips, strict=True)]
+    sizes = [struct.calcsize(count_fmt) + len(e) * entry_size + struct.calcsize(off)
+             + sum(extra_size(v, k) for _, k, v in e) for e in blocks]
+    ifd_at = [head_size + sum(sizes[:i]) for i in range(len(pages))]
+    strip_at = [head_size + sum(sizes) + sum(len(s) for s in strips[:i]) for i in range(len(pages))]
+    out = bytearray(head + struct.pack(order + off, ifd_at[0]))
+    for i, (page, strip) in enumerate(zip(pages, strips, strict=True)):
+        fields = entries(page, strip_at[i], strip)
+        extra_at = ifd_at[i] + struct.calcsize(count_fmt) + len(fields) * entry_size + struct.calcsize(off)
+        extra = b""
+        out += struct.pack(order + count_fmt, len(fields))
+        for tag, kind, values in fields:
+            raw = struct.pack(order + item[kind] * len(values), *values)
+            if len(raw) <= inline:
+                field = raw.ljust(inline, b"\x00")
+            else:
+                field = struct.pack(order + off, extra_at + len(extra))
+                extra += raw + bytes(len(raw) % 2)
+            out += struct.pack(order + "HH" + off, tag, kind, len(values)) + field
+        out += struct.pack(order + off, ifd_at[i + 1] if i + 1 < len(pages) else 0) + extra
+    assert len(out) == strip_at[0]
+    return bytes(out) + b"".join(strips)
+
+
+def ifd_offsets(data: bytes) -> list[int]:
+    """Byte offsets of the IFDs of a little-endian classic TIFF, following the chain."""
+    offsets, at = [], struct.unpack_from("<I", data, 4)[0]
+    while at:
+        offsets.append(at)
+        at = struct.unpack_from("<I", data, at + 2 + 12 * struct.unpack_from("<H", data, at)[0])[0]
+    return offsets
+
+
+def with_next(data: bytes, ifd: int, next_offset: int) -> bytes:
+    """``data`` with the next-IFD offset of its IFD at byte ``ifd`` replaced."""
+    out = bytearray(data)
+    struct.pack_into("<I", out, ifd + 2 + 12 * struct.unpack_from("<H", data, ifd)[0], next_offset)
+    return bytes(out)
+
+
+def make_ref(path: Path) -> SampleRef:
+    return SampleRef(sample_id="img-001", source="scans", kind="image", path=str(path), relpath=path.name,
+                     label="doc", entity="e1", time="2024-01-01")
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def read_ok(path: Path, cfg: ImageTransformConfig = DEFAULT, limits: LimitsConfig = DEFAULT_LIMITS) -> list[Sample]:
+    result = read_image(make_ref(path), cfg, limits=limits)
+    assert not isinstance(result, Issue), result
+    return result
+
+
+def read_issue(path: Path, cfg: ImageTransformConfig = DEFAULT, limits: LimitsConfig = DEFAULT_LIMITS) -> Issue:
+    result = read_image(make_ref(path), cfg, limits=limits)
+    assert isinstance(result, Issue), f"expected an Issue, got {[s.key for s in result]}"
+    assert result.message.startswith(f"{path.name}: ")
+    return result
+
+
+def as_rgb_u8(stored: np.ndarray) -> np.ndarray:
+    """What the default config makes of a stored TIFF array: RGB (grey repeated) C×H×W uint8,
+    16-bit scaled by 255/65535 and rounded."""
+    values = stored.astype(np.float64)
+    if stored.dtype == np.uint16:
+        values = values * 255 / 65535
+    rgb = np.stack([values] * 3) if stored.ndim == 2 else values.transpose(2, 0, 1)
+    return np.rint(rgb).astype(np.uint8)
+
+
+def by_hand(base: np.ndarray, orientation: int) -> np.ndarray:
+    """EXIF 2.3 / TIFF 6.0 Orientation, written independently of the code under test."""
+    return {1: base, 2: np.fliplr(base), 3: np.rot90(base, 2), 4: np.flipud(base),
+            5: np.rot90(np.fliplr(base), 1), 6: np.rot90(base, -1), 7: np.rot90(np.fliplr(base), -1),
+            8: np.rot90(base, 1)}[orientation]
+
+
+def mixed_pages() -> list[TiffPage]:
+    """Grey 8-bit 5×7, RGB 8-bit 6×4, grey 16-bit 3×9: every page a different size and kind."""
+    return [TiffPage(RNG.integers(0, 256, (5, 7), dtype=np.uint8)),
+            TiffPage(RNG.integers(0, 256, (6, 4, 3), dtype=np.uint8)),
+            TiffPage(RNG.integers(0, 65536, (3, 9), dtype=np.uint16))]
+
+
+def page_metadata(page: int, pages: int, height: int, width: int, channels: int, bits: int,
+                  orientation: int = 1) -> dict[str, object]:
+    return {"format": "tiff", "source_height": height, "source_width": width, "source_channels": channels,
+            "bit_depth": bits, "orientation": orientation, "page": page, "pages": pages}
+
+
+# --- one sample per page ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("bigtiff", [False, True])
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_every_page_of_a_three_page_tiff_is_a_sample(tmp_path: Path, big_endian: bool, bigtiff: bool) -> None:
+    pages = mixed_pages()
+    data = tiff_pages(pages, big_endian=big_endian, bigtiff=bigtiff)
+    assert data[:4] == {(False, False): b"II*\x00", (True, False): b"MM\x00*", (False, True): b"II+\x00",
+                        (True, True): b"MM\x00+"}[big_endian, bigtiff]
+    samples = read_ok(write(tmp_path, "three.tif", data))
+    assert [s.key for s in samples] == ["img-001-p00000", "img-001-p00001", "img-001-p00002"]
+    assert [s.metadata for s in samples] == [page_metadata(0, 3, 5, 7, 1, 8), page_metadata(1, 3, 6, 4, 3, 8),
+                                             page_metadata(2, 3, 3, 9, 1, 16)]
+    for sample, page in zip(samples, pages, strict=True):
+        np.testing.assert_array_equal(sample.image, as_rgb_u8(page.array))
+        assert sample.image.flags["C_CONTIGUOUS"] and sample.ref.path.endswith("three.tif")
+    # the same arrays as OpenCV's own multi-page decode, transformed, and as each page on its own
+    ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert ok and len(mats) == 3
+    for i, (sample, mat, page) in enumerate(zip(samples, mats, pages, strict=True)):
+        [tile] = transform_image(mat, DEFAULT)
+        np.testing.assert_array_equal(sample.image, tile.image)
+        [alone] = read_ok(write(tmp_path, f"alone{i}.tif", tiff_pages([page], big_endian=big_endian,
+                                                                       bigtiff=bigtiff)))
+        np.testing.assert_array_equal(sample.image, alone.image)
+        assert alone.key == "img-001" and {**alone.metadata, "page": i, "pages": 3} == sample.metadata
+
+
+def test_opencv_written_multipage_tiff(tmp_path: Path) -> None:
+    bgr, grey, deep = (RNG.integers(0, 256, (9, 11, 3), dtype=np.uint8), RNG.integers(0, 256, (4, 13), dtype=np.uint8),
+                       RNG.integers(0, 65536, (7, 5), dtype=np.uint16))
+    ok, encoded = cv2.imencodemulti(".tiff", [bgr, grey, deep])
+    assert ok
+    samples = read_ok(write(tmp_path, "cv.tiff", encoded.tobytes()), ImageTransformConfig(color="gray"))
+    assert [s.key for s in samples] == ["img-001-p00000", "img-001-p00001", "img-001-p00002"]
+    assert [(s.metadata["source_height"], s.metadata["source_width"], s.metadata["source_channels"],
+             s.metadata["bit_depth"]) for s in samples] == [(9, 11, 3, 8), (4, 13, 1, 8), (7, 5, 1, 16)]
+    np.testing.assert_array_equal(samples[0].image, cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)[None])
+    np.testing.assert_array_equal(samples[1].image, grey[None])
+    np.testing.assert_array_equal(samples[2].image, np.rint(deep * (255 / 65535)).astype(np.uint8)[None])
+
+
+def test_probe_describes_the_first_page_only(tmp_path: Path) -> None:
+    path = write(tmp_path, "three.tif", tiff_pages(mixed_pages()))
+    assert probe_image(make_ref(path)) == ImageHeader(5, 7, 1, 8, "tiff", 1)
+
+
+@pytest.mark.parametrize("orientations", [(6, None, 3), (8, 2, 5), (1, 7, 4)])
+def test_each_page_is_oriented_once_by_its_own_orientation(tmp_path: Path,
+                                                           orientations: tuple[int | None, ...]) -> None:
+    arrays = [RNG.integers(0, 256, (4, 6, 3), dtype=np.uint8), RNG.integers(0, 256, (5, 3), dtype=np.uint8),
+              RNG.integers(0, 65536, (2, 7), dtype=np.uint16)]
+    pages = [TiffPage(a, orientation=o) for a, o in zip(arrays, orientations, strict=True)]
+    samples = read_ok(write(tmp_path, "o.tif", tiff_pages(pages)))
+    for sample, array, orientation in zip(samples, arrays, orientations, strict=True):
+        expected = as_rgb_u8(array).transpose(1, 2, 0)  # H×W×C, to orient by hand
+        np.testing.assert_array_equal(sample.image, by_hand(expected, orientation or 1).transpose(2, 0, 1))
+        assert sample.metadata["orientation"] == (orientation or 1)
+        assert (sample.metadata["source_height"], sample.metadata["source_width"]) == array.shape[:2]
+
+
+# --- reduced-resolution IFDs -----------------------------------------------------------------
+
+def test_reduced_resolution_ifds_are_not_pages(tmp_path: Path) -> None:
+    big_a, big_b = RNG.integers(0, 256, (8, 10, 3), dtype=np.uint8), RNG.integers(0, 256, (6, 6), dtype=np.uint8)
+    chain = [TiffPage(big_a, subfile=0), TiffPage(big_a[::2, ::2], subfile=1),
+             TiffPage(big_b, subfile=2),  # bit 1 (one page of many) is still a page
+             TiffPage(big_b[::3, ::3], subfile=1)]
+    data = tiff_pages(chain)
+    # measured: OpenCV decodes reduced-resolution IFDs too, one image per IFD of the chain
+    ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert ok and [m.shape[:2] for m in mats] == [(8, 10), (4, 5), (6, 6), (2, 2)]
+    samples = read_ok(write(tmp_path, "pyramid.tif", data))
+    assert [s.key for s in samples] == ["img-001-p00000", "img-001-p00002"]
+    assert [s.metadata for s in samples] == [page_metadata(0, 2, 8, 10, 3, 8), page_metadata(2, 2, 6, 6, 1, 8)]
+    np.testing.assert_array_equal(samples[0].image, as_rgb_u8(big_a))
+    np.testing.assert_array_equal(samples[1].image, as_rgb_u8(big_b))
+
+
+@pytest.mark.parametrize("thumbnail_first", [False, True])
+def test_one_page_with_a_thumbnail_is_a_single_page_file(tmp_path: Path, thumbnail_first: bool) -> None:
+    page = RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    chain = [TiffPage(page, subfile=0), TiffPage(page[::4, ::4], subfile=1)]
+    [sample] = read_ok(write(tmp_path, "thumb.tif", tiff_pages(chain[::-1] if thumbnail_first else chain)))
+    assert sample.key == "img-001"
+    assert sample.metadata == {"format": "tiff", "source_height": 8, "source_width": 12, "source_channels": 3,
+                               "bit_depth": 8, "orientation": 1}
+    np.testing.assert_array_equal(sample.image, as_rgb_u8(page))
+
+
+def test_a_file_of_reduced_resolution_ifds_only_keeps_them_all(tmp_path: Path) -> None:
+    arrays = [RNG.integers(0, 256, (4, 4), dtype=np.uint8), RNG.integers(0, 256, (2, 2), dtype=np.uint8)]
+    samples = read_ok(write(tmp_path, "odd.tif", tiff_pages([TiffPage(a, subfile=1) for a in arrays])))
+    assert [s.key for s in samples] == ["img-001-p00000", "img-001-p00001"]
+
+
+# --- tiles, transforms -----------------------------------------------------------------------
+
+def test_tiles_of_every_page(tmp_path: Path) -> None:
+    wide, tall = RNG.integers(0, 256, (8, 12), dtype=np.uint8), RNG.integers(0, 256, (12, 8), dtype=np.uint8)
+    samples = read_ok(write(tmp_path, "tiles.tif", tiff_pages([TiffPage(wide), TiffPage(tall)])),
+                      ImageTransformConfig(color="gray", tile_size=(4, 4)))
+    expected = ([("p00000", r, c) for r in (0, 4) for c in (0, 4, 8)]
+                + [("p00001", r, c) for r in (0, 4, 8) for c in (0, 4)])
+    assert [s.key for s in samples] == [f"img-001-{p}-t{r:05d}_{c:05d}" for p, r, c in expected]
+    for sample, (page, row, col) in zip(samples, expected, strict=True):
+        assert sample.metadata["tile"] == [row, col]
+        assert (sample.metadata["page"], sample.metadata["pages"]) == (int(page[1:]), 2)
+        source = wide if page == "p00000" else tall
+        np.testing.assert_array_equal(sample.image, source[None, row:row + 4, col:col + 4])
+
+
+def test_a_page_without_a_full_tile_fails_the_file_naming_the_page(tmp_path: Path) -> None:
+    path = write(tmp_path, "small.tif", tiff_pages([TiffPage(RNG.integers(0, 256, (8, 8), dtype=np.uint8)),
+                                                     TiffPage(RNG.integers(0, 256, (3, 8), dtype=np.uint8))]))
+    issue = read_issue(path, ImageTransformConfig(tile_size=(4, 4)))
+    assert (issue.reason, issue.stage) == ("bad_shape", "transform") and "page 1: no full" in issue.message
+
+
+def test_a_blank_page_is_packed_but_an_all_blank_file_is_constant(tmp_path: Path) -> None:
+    blank, busy = np.full((4, 5), 9, np.uint8), RNG.integers(0, 256, (4, 5), dtype=np.uint8)
+    samples = read_ok(write(tmp_path, "sep.tif", tiff_pages([TiffPage(busy), TiffPage(blank)])))
+    np.testing.assert_array_equal(samples[1].image, np.full((3, 4, 5), 9, np.uint8))
+    issue = read_issue(write(tmp_path, "blank.tif", tiff_pages([TiffPage(blank), TiffPage(blank + 1)])))
+    assert (issue.reason, issue.stage) == ("constant_image", "validate")
+    assert "page 0: every pixel is [9]" in issue.message and "page 1: every pixel is [10]" in issue.message
+
+
+def test_a_float_page_needs_a_window(tmp_path: Path) -> None:
+    values = np.array([[0.0, 0.5], [1.0, 2.0]], dtype=np.float32)
+    ok, encoded = cv2.imencodemulti(".tiff", [RNG.integers(0, 256, (2, 2), dtype=np.uint8), values])
+    assert ok
+    issue = read_issue(write(tmp_path, "f.tiff", encoded.tobytes()))
+    assert (issue.reason, issue.stage) == ("missing_window", "transform") and "page 1: float32" in issue.message
+
+
+# --- defects of the chain --------------------------------------------------------------------
+
+def test_an_ifd_chain_that_loops_is_decode_failed(tmp_path: Path) -> None:
+    data = tiff_pages(mixed_pages())
+    first, _, last = ifd_offsets(data)
+    for name, target, again in (("back.tif", first, 0), ("self.tif", last, 2)):
+        issue = read_issue(write(tmp_path, name, with_next(data, last, target)))
+        assert (issue.reason, issue.stage) == ("decode_failed", "read")
+        assert f"TIFF IFD 2 gives byte {target} as the next IFD, which is IFD {again} again" in issue.message
+        assert "loops" in issue.message
+
+
+def test_more_pages_than_max_frames_is_too_large(tmp_path: Path) -> None:
+    path = write(tmp_path, "three.tif", tiff_pages(mixed_pages()))
+    issue = read_issue(path, limits=LimitsConfig(max_frames=2))
+    assert (issue.reason, issue.stage) == ("too_large", "read")
+    assert "is 3, over limits.max_frames 2" in issue.message and "raise limits.max_frames" in issue.message
+    assert len(read_ok(path, limits=LimitsConfig(max_frames=3))) == 3
+
+
+def test_a_file_cut_inside_the_third_page_is_truncated(tmp_path: Path) -> None:
+    data = tiff_pages(mixed_pages())
+    assert len(ifd_offsets(data)) == 3  # every IFD lies before the strips: the cut leaves the chain whole
+    issue = read_issue(write(tmp_path, "cut.tif", data[:-10]))
+    assert (issue.reason, issue.stage) == ("truncated", "read")
+    assert f"image data of IFD 2 runs to byte {len(data)} but the file has {len(data) - 10} bytes" in issue.message
+
+
+def test_a_next_ifd_past_the_end_is_truncated(tmp_path: Path) -> None:
+    data = tiff_pages(mixed_pages())
+    issue = read_issue(write(tmp_path, "lost.tif", with_next(data, ifd_offsets(data)[1], len(data) + 100)))
+    assert (issue.reason, issue.stage) == ("truncated", "read")
+    assert f"IFD 2 at byte {len(data) + 100} lies past the end" in issue.message
+
+
+def test_a_page_without_a_width_is_decode_failed_naming_its_ifd(tmp_path: Path) -> None:
+    data = bytearray(tiff_pages(mixed_pages()))
+    second = ifd_offsets(bytes(data))[1]
+    for i in range(struct.unpack_from("<H", data, second)[0]):
+        if struct.unpack_from("<H", data, second + 2 + 12 * i)[0] == 256:
+            struct.pack_into("<H", data, second + 2 + 12 * i, 65000)  # an unknown private tag instead
+    issue = read_issue(write(tmp_path, "nowidth.tif", bytes(data)))
+    assert (issue.reason, issue.stage) == ("decode_failed", "read")
+    assert f"IFD 1 at byte {second} lacks ImageWidth (256)" in issue.message
+
+
+def test_decoded_bytes_of_all_pages_count_together(tmp_path: Path) -> None:
+    # each 10×10 RGB page: 300 bytes decoded, 2·100·3·4 = 2400 of float32 working copies, a 300-byte
+    # strip buffer: 3000 alone; three pages: 900 + 2400 (largest) + 300 (largest) = 3600
+    pages = [TiffPage(RNG.integers(0, 256, (10, 10, 3), dtype=np.uint8)) for _ in range(3)]
+    limits = LimitsConfig(max_decoded_bytes=3500)
+    assert len(read_ok(write(tmp_path, "one.tif", tiff_pages(pages[:1])), limits=limits)) == 1
+    issue = read_issue(write(tmp_path, "three.tif", tiff_pages(pages)), limits=limits)
+    assert (issue.reason, issue.stage) == ("too_large", "read")
+    assert "about 3600 bytes" in issue.message and "limits.max_decoded_bytes 3500" in issue.message
+    assert len(read_ok(tmp_path / "three.tif", limits=LimitsConfig(max_decoded_bytes=3600))) == 3
+
+
+def test_pixels_per_page_are_checked_for_every_page(tmp_path: Path) -> None:
+    data = tiff_pages([TiffPage(RNG.integers(0, 256, (10, 10), dtype=np.uint8)),
+                       TiffPage(RNG.integers(0, 256, (20, 10), dtype=np.uint8))])
+    issue = read_issue(write(tmp_path, "tall.tif", data), limits=LimitsConfig(max_pixels=150))
+    assert (issue.reason, issue.stage) == ("too_large", "read")
+    assert (f"IFD 1 at byte {ifd_offsets(data)[1]}: TIFF ImageWidth (256) 10 × ImageLength (257) 20 = 200 pixels"
+            in issue.message)
+
+
+def test_opencv_images_that_do_not_match_the_ifds_are_decode_failed(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "three.tif", tiff_pages(mixed_pages()))
+    real = cv2.imdecodemulti
+    for name, change in (("one missing", lambda mats: mats[:2]), ("out of order", lambda mats: mats[::-1])):
+        monkeypatch.setattr(image_mod.cv2, "imdecodemulti",
+                            lambda buf, flags, change=change: (True, change(real(buf, flags)[1])))
+        issue = read_issue(path)
+        assert (issue.reason, issue.stage) == ("decode_failed", "read"), name
+        assert "cannot be matched to pages" in issue.message
+
+
+# --- single-page files are read exactly as before --------------------------------------------
+
+@pytest.mark.parametrize("bigtiff", [False, True])
+def test_a_single_page_tiff_keeps_its_key_and_metadata(tmp_path: Path, bigtiff: bool) -> None:
+    rgb = RNG.integers(0, 256, (6, 9, 3), dtype=np.uint8)
+    [sample] = read_ok(write(tmp_path, "one.tif", tiff_pages([TiffPage(rgb, orientation=6)], bigtiff=bigtiff)))
+    assert sample.key == "img-001"
+    assert sample.metadata == {"format": "tiff", "source_height": 6, "source_width": 9, "source_channels": 3,
+                               "bit_depth": 8, "orientation": 6}
+    np.testing.assert_array_equal(sample.image, by_hand(as_rgb_u8(rgb).transpose(1, 2, 0), 6).transpose(2, 0, 1))
+    tiles = read_ok(tmp_path / "one.tif", ImageTransformConfig(tile_size=(3, 3)))
+    assert [s.key for s in tiles] == [f"img-001-t{r:05d}_{c:05d}" for r in (0, 3, 6) for c in (0, 3)]
+    assert all("page" not in s.metadata and "pages" not in s.metadata for s in tiles)
+
+
+def test_overlapping_ifds_are_decode_failed_before_the_walk_goes_quadratic(tmp_path: Path) -> None:
+    """IFD k starts 10 bytes into entry k of one shared run of 12-byte entries, so every IFD
+    re-reads the next ``n`` entries: the chain parses K·(12n + 6) bytes of a far smaller file."""
+    base, n, k = 1000, 50, 20
+    starts = [base + 12 * i + 10 for i in range(k)]
+    entries = bytearray()
+    for i in range(k + n + 1):
+        j = i - n - 1  # entry i begins with the next-IFD offset of IFD j (tag and type: never a wanted tag)
+        next_ifd = starts[j + 1] if 0 <= j < k - 1 else 0
+        entries += struct.pack("<IIHH", next_ifd, 1, 0, n)  # bytes 10-11 (the next IFD's count) = n
+    data = b"II*\x00" + struct.pack("<I", starts[0]) + bytes(base - 8) + bytes(entries)
+    issue = read_issue(write(tmp_path, "overlap.tif", data))
+    assert (issue.reason, issue.stage) == ("decode_failed", "read")
+    assert "they overlap" in issue.message and f"more than the file's {len(data)}" in issue.message
