@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from packer.config import ImageTransformConfig
 from packer.errors import ConfigError
 from packer.read import image as image_mod
+from packer.read import image_structure
 from packer.read.image import ImageHeader, probe_image, read_image
 from packer.records import Issue, Sample, SampleRef
 
@@ -495,7 +496,7 @@ def test_jpeg_marker_scan_finds_what_the_marker_grammar_says(parts: list[bytes])
     """FF fill bytes then a code other than 00/FF is a marker; the vectorised scan must find,
     from every position, the marker the plain regex of that grammar finds."""
     data = b"".join(parts)
-    ends = image_mod._jpeg_marker_ends(data)
+    ends = image_structure._jpeg_marker_ends(data)
     for pos in range(len(data) + 1):
         match = _MARKER_REGEX.search(data, pos)
         at = int(np.searchsorted(ends, pos + 1))

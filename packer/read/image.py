@@ -19,7 +19,8 @@
   first IFD only, so a defect of a later page shows up in the read, not in the header pass.
 
 Defects of the file come back as an :class:`~packer.records.Issue`, never ``None``.
-The format is taken from the file's signature, not its extension.
+The format is taken from the file's signature, not its extension. The file structure itself
+(headers, IFD chains, completeness) is parsed by :mod:`packer.read.image_structure`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig, LimitsConfig
+from packer.read.image_structure import (
+    FORMATS,
+    TIFF_ORIENTATION,
+    TIFF_ROWS_PER_STRIP,
+    TIFF_TILE_LENGTH,
+    TIFF_TILE_WIDTH,
+    Defect,
+    Ifd,
+    ImageHeader,
+    Reader,
+    check_complete,
+    file_header,
+    sniff_format,
+    tiff_buffer_pixels,
+    tiff_chain,
+    tiff_header_of,
+    tiff_tags,
+)
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
@@ -47,355 +66,10 @@ from packer.transform.image import (
     transform_image,
 )
 
-FORMATS = ("png", "jpeg", "tiff", "bmp")
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # colour type → samples; palette (3) decodes to RGB
-_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-# The next marker: FF (plus fill FFs) then a byte that is neither a stuffed 00 nor another FF.
-_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE SHORT LONG SBYTE SSHORT SLONG LONG8
-_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION = 256, 257, 258, 277, 274
-_TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
-_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH = 278, 322, 323
-_TIFF_SUBFILE = 254  # NewSubfileType
-# what the IFD chain walk reads of every IFD
-_TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION,
-                    _TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
-_JPEG_PROBE_START = 64 * 1024
 # OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize);
 # the same environment variables raise its limits.
 _CV_LIMITS = (("CV_IO_MAX_IMAGE_WIDTH", 1 << 20), ("CV_IO_MAX_IMAGE_HEIGHT", 1 << 20),
               ("CV_IO_MAX_IMAGE_PIXELS", 1 << 30))
-
-_Reader = Callable[[int, int], bytes]
-_Tags = dict[int, tuple[int, ...]]  # TIFF tag → its integer values
-_Values = dict[tuple[int, int, int], tuple[int, ...]]  # (offset, type, count) → out-of-line tag values
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the header says: stored ``height``×``width`` (before EXIF orientation),
-    ``channels`` (samples per pixel as stored; palette images count 3, BMP palettes of greys 1),
-    ``bit_depth`` (bits per sample as stored; 8 for BMP), ``format`` (one of FORMATS) and
-    ``orientation`` (EXIF/TIFF Orientation 1-8 for JPEG and TIFF, else 1: a PNG's eXIf chunk
-    may follow its pixel data, so :func:`read_image` reads it from the whole file)."""
-
-    height: int
-    width: int
-    channels: int
-    bit_depth: int
-    format: str
-    orientation: int = 1
-
-
-class _Defect(Exception):
-    """A defect of the file found while parsing: carries the Issue reason code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-def _u16(data: bytes, pos: int, order: str = ">") -> int:
-    return int(struct.unpack_from(order + "H", data, pos)[0])
-
-
-def sniff_format(head: bytes) -> str | None:
-    """The format named by the first bytes of a file (at least 8), or ``None``."""
-    if head.startswith(_PNG_SIGNATURE):
-        return "png"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
-        return "tiff"
-    if head.startswith(b"BM"):
-        return "bmp"
-    return None
-
-
-# --- headers ---------------------------------------------------------------------------------
-
-def _png_header(data: bytes) -> ImageHeader:
-    if len(data) < 33:
-        raise _Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33)")
-    if data[12:16] != b"IHDR":
-        raise _Defect("decode_failed", f"PNG's first chunk is {data[12:16]!r}; expected IHDR")
-    width, height = struct.unpack_from(">II", data, 16)
-    bit_depth, colour_type = data[24], data[25]
-    if colour_type not in _PNG_CHANNELS:
-        raise _Defect("decode_failed", f"PNG colour type {colour_type} is not one of {sorted(_PNG_CHANNELS)}")
-    return ImageHeader(height, width, _PNG_CHANNELS[colour_type], bit_depth, "png")
-
-
-def _jpeg_marker_ends(data: bytes) -> np.ndarray:
-    """Positions of every marker code byte in ``data``: a byte other than 00 and FF right after
-    an FF (a run of FF fill bytes belongs to the marker; FF 00 is a stuffed FF in entropy-coded
-    data). Vectorised: the regex ``\\xff+([^\\x00\\xff])`` over a 50 kB photo took 5 ns a byte."""
-    if len(data) < 2:
-        return np.empty(0, dtype=np.intp)
-    arr = np.frombuffer(data, dtype=np.uint8)
-    code = arr[1:]
-    hits = (arr[:-1] == 0xFF) & (code != 0x00) & (code != 0xFF)
-    return np.flatnonzero(hits) + 1
-
-
-def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader | None:
-    """Walk JPEG markers from SOI. Stops at the first SOFn when ``until_sof`` (returns the
-    header), else at EOI (returns the header). Stray bytes between segments are skipped, as
-    libjpeg does. Raises _Defect("truncated") when the data ends first and ``complete``;
-    returns ``None`` when it ends first and more data may follow."""
-    pos, header, orientation = 2, None, 1
-    markers = _jpeg_marker_ends(data)
-    while True:
-        # the next marker is the first FF run starting at or after pos: its code byte is at >= pos + 1
-        at = int(np.searchsorted(markers, pos + 1))
-        if at == len(markers):
-            break
-        code_at = int(markers[at])
-        marker, pos = data[code_at], code_at + 1
-        if marker == 0xD9:
-            return header
-        if 0xD0 <= marker <= 0xD7 or marker in (0x01, 0xD8):  # standalone markers
-            continue
-        if pos + 2 > len(data) or pos + _u16(data, pos) > len(data):
-            break
-        length = _u16(data, pos)
-        segment = data[pos + 2:pos + length]
-        if marker in _JPEG_SOF and header is None:
-            if len(segment) < 6:
-                raise _Defect("decode_failed", f"JPEG SOF marker at byte {pos - 2} is {length} bytes; expected >= 8")
-            precision, height, width, components = segment[0], _u16(segment, 1), _u16(segment, 3), segment[5]
-            header = ImageHeader(height, width, components, precision, "jpeg", orientation)
-            if until_sof:
-                return header
-        elif marker == 0xE1 and segment.startswith(b"Exif\x00\x00") and header is None:
-            orientation = _exif_orientation(segment[6:])
-        pos += length
-    if not complete:
-        return None
-    where = "before its SOF header" if header is None else "without an EOI marker (FFD9)"
-    raise _Defect("truncated", f"JPEG ends at byte {len(data)} {where}; the file was cut short, "
-                               "copy or export it again")
-
-
-def _exif_orientation(tiff: bytes) -> int:
-    """Orientation (0x0112) from an EXIF TIFF block; 1 when absent, reserved or unreadable
-    (a broken EXIF block does not make the pixels unusable)."""
-    try:
-        tags = _tiff_tags(lambda offset, size: tiff[offset:offset + size], len(tiff), {_TIFF_ORIENTATION})
-    except _Defect:
-        return 1
-    value = tags.get(_TIFF_ORIENTATION, (1,))[0]
-    return value if 1 <= value <= 8 else 1
-
-
-def _tiff_layout(read: _Reader) -> tuple[str, int, int]:
-    """(byte order ``<`` or ``>``, version 42 or 43 (BigTIFF), offset of the first IFD)."""
-    head = read(0, 16)
-    if len(head) < 8 or head[:2] not in (b"II", b"MM"):
-        raise _Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
-    order = "<" if head[:2] == b"II" else ">"
-    version = _u16(head, 2, order)
-    if version == 43 and len(head) >= 16:
-        return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
-    if version == 42:
-        return order, version, int(struct.unpack_from(order + "I", head, 4)[0])
-    raise _Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
-
-
-def _tiff_ifd(read: _Reader, size: int, layout: tuple[str, int, int], ifd: int, index: int, wanted: set[int],
-              values: _Values) -> tuple[_Tags, int | None, int]:
-    """Integer tags in ``wanted`` of the IFD at byte ``ifd``, the ``index``-th of the chain.
-
-    Returns (tags, offset of the next IFD (0: none; ``None``: the offset itself lies past the end
-    of the file), bytes parsed that ``values`` did not hold yet). ``values`` caches out-of-line
-    tag values by (offset, type, count), so an array that several IFDs share is parsed once.
-    """
-    order, version, _ = layout
-    where = "first IFD" if index == 0 else f"IFD {index}"
-    count_fmt, entry_size, inline = ("Q", 20, 8) if version == 43 else ("H", 12, 4)
-    count_size = struct.calcsize(count_fmt)
-    # Offsets and counts are checked against the file size before reading: a BigTIFF offset can
-    # exceed what seek() accepts, and read(n) allocates n bytes first.
-    raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
-    if len(raw_count) < count_size:
-        raise _Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes)")
-    n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
-    fits = ifd + count_size + n_entries * entry_size <= size
-    entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
-    if len(entries) < n_entries * entry_size:
-        raise _Defect("truncated", f"TIFF {where} ({n_entries} entries at byte {ifd}) runs past the end "
-                                   f"of the file ({size} bytes)")
-    value_count_fmt = "Q" if version == 43 else "I"
-    parsed = count_size + n_entries * entry_size
-    tags: _Tags = {}
-    for i in range(n_entries):
-        base = i * entry_size
-        tag, kind = struct.unpack_from(order + "HH", entries, base)
-        if tag not in wanted or kind not in _TIFF_TYPES:
-            continue
-        count = int(struct.unpack_from(order + value_count_fmt, entries, base + 4)[0])
-        if count == 0:  # a tag without values is as good as absent
-            continue
-        item = _TIFF_TYPES[kind]
-        nbytes = count * struct.calcsize(item)
-        field_at = base + 4 + struct.calcsize(value_count_fmt)
-        if nbytes <= inline:
-            tags[tag] = struct.unpack(order + item * count, entries[field_at:field_at + nbytes])
-            continue
-        offset = int(struct.unpack_from(order + value_count_fmt, entries, field_at)[0])
-        if (offset, kind, count) not in values:
-            raw = read(offset, nbytes) if offset + nbytes <= size else b""
-            if len(raw) < nbytes:
-                in_ifd = "" if index == 0 else f" in IFD {index}"
-                raise _Defect("truncated", f"TIFF tag {tag} values{in_ifd} ({nbytes} bytes) lie past the end "
-                                           "of the file")
-            values[offset, kind, count] = struct.unpack(order + item * count, raw)
-            parsed += nbytes
-        tags[tag] = values[offset, kind, count]
-    next_at, next_size = ifd + count_size + n_entries * entry_size, struct.calcsize(value_count_fmt)
-    raw_next = read(next_at, next_size) if next_at + next_size <= size else b""
-    next_ifd = int(struct.unpack(order + value_count_fmt, raw_next)[0]) if len(raw_next) == next_size else None
-    return {tag: tuple(int(v) for v in vals) for tag, vals in tags.items()}, next_ifd, parsed + next_size
-
-
-def _tiff_tags(read: _Reader, size: int, wanted: set[int]) -> _Tags:
-    """Integer tags of the first IFD of a classic or Big TIFF, either byte order."""
-    layout = _tiff_layout(read)
-    return _tiff_ifd(read, size, layout, layout[2], 0, wanted, {})[0]
-
-
-@dataclass(frozen=True)
-class _Ifd:
-    """One IFD of a TIFF's main chain: ``index`` (0-based position in the chain, what tifffile's
-    ``pages[index]`` and Pillow's ``seek(index)`` address), ``offset`` (byte) and its ``tags``."""
-
-    index: int
-    offset: int
-    tags: _Tags
-
-    @property
-    def reduced(self) -> bool:
-        """NewSubfileType (254) bit 0: a reduced-resolution version of another image in the file."""
-        return bool(self.tags.get(_TIFF_SUBFILE, (0,))[0] & 1)
-
-
-def _tiff_chain(read: _Reader, size: int, limits: LimitsConfig) -> list[_Ifd]:
-    """Every IFD of the main chain (not SubIFDs), in file order, each checked for completeness.
-
-    Raises _Defect: ``decode_failed`` when the chain loops (an IFD offset seen twice) or when the
-    IFDs and their tag values add up to more bytes than the file holds (overlapping IFDs: without
-    this check a crafted chain makes the walk quadratic); ``too_large`` past
-    ``limits.max_frames`` IFDs; ``truncated`` when an IFD, its tag values, its strip or tile data
-    or the next-IFD offset lies past the end of the file.
-    """
-    layout = _tiff_layout(read)
-    chain: list[_Ifd] = []
-    seen: dict[int, int] = {}
-    values: _Values = {}
-    parsed, offset = 0, layout[2]
-    while offset:
-        if offset in seen:
-            raise _Defect("decode_failed", f"TIFF IFD {len(chain) - 1} gives byte {offset} as the next IFD, which is "
-                                           f"IFD {seen[offset]} again: the IFD chain loops; the file is damaged, "
-                                           "re-export it")
-        if len(chain) == limits.max_frames:
-            frames_text = ("the number of images in the TIFF's IFD chain (pages and reduced-resolution images, all "
-                           "decoded; counting stopped at the first one over the limit)")
-            raise _Defect("too_large", str(limit_problem(limits, size_text="", pixels=0, decoded=0, decoded_text="",
-                                                         frames=len(chain) + 1, frames_text=frames_text)))
-        seen[offset] = len(chain)
-        tags, next_offset, new_bytes = _tiff_ifd(read, size, layout, offset, len(chain), _TIFF_CHAIN_TAGS, values)
-        parsed += new_bytes
-        if parsed > size:
-            raise _Defect("decode_failed", f"TIFF IFDs 0-{len(chain)} and their tag values add up to {parsed} bytes, "
-                                           f"more than the file's {size}: they overlap, which no TIFF writer does; "
-                                           "the file is damaged or crafted, re-export it")
-        _check_tiff_data(tags, size, len(chain))
-        if next_offset is None:
-            where = "first IFD" if not chain else f"IFD {len(chain)}"
-            raise _Defect("truncated", f"TIFF {where} at byte {offset} ends where the file does ({size} bytes), "
-                                       "without its next-IFD offset; the file was cut short, copy or export it again")
-        chain.append(_Ifd(len(chain), offset, tags))
-        offset = next_offset
-    return chain
-
-
-def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
-    """Raise _Defect("truncated") when the strips or tiles of IFD ``index`` run past ``size``."""
-    for offsets_tag, counts_tag in _TIFF_DATA:
-        ends = [o + c for o, c in zip(tags.get(offsets_tag, ()), tags.get(counts_tag, ()), strict=False)]
-        if ends and max(ends) > size:
-            of_ifd = "" if index == 0 else f" of IFD {index}"
-            raise _Defect("truncated", f"TIFF image data{of_ifd} runs to byte {max(ends)} but the file has "
-                                       f"{size} bytes; the file was cut short, copy or export it again")
-
-
-def _tiff_header_of(tags: _Tags, where: str) -> ImageHeader:
-    """The header of one IFD's ``tags``; ``where`` names the IFD in messages."""
-    missing = [name for tag, name in ((_TIFF_WIDTH, "ImageWidth (256)"), (_TIFF_LENGTH, "ImageLength (257)"))
-               if tag not in tags]
-    if missing:
-        raise _Defect("decode_failed", f"TIFF {where} lacks {' and '.join(missing)}")
-    orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
-    return ImageHeader(height=tags[_TIFF_LENGTH][0], width=tags[_TIFF_WIDTH][0],
-                       channels=tags.get(_TIFF_SAMPLES, (1,))[0], bit_depth=tags.get(_TIFF_BITS, (1,))[0],
-                       format="tiff", orientation=orientation if 1 <= orientation <= 8 else 1)
-
-
-def _tiff_header(read: _Reader, size: int) -> ImageHeader:
-    tags = _tiff_tags(read, size, {_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ORIENTATION})
-    return _tiff_header_of(tags, "first IFD")
-
-
-def _bmp_fields(read: _Reader) -> dict[str, int]:
-    head = read(0, 54)
-    if len(head) < 26:
-        raise _Defect("truncated", f"BMP ends at byte {len(head)}, inside its headers")
-    dib = int(struct.unpack_from("<I", head, 14)[0])
-    fields = {"offset": int(struct.unpack_from("<I", head, 10)[0]), "dib": dib, "compression": 0, "colours": 0}
-    if dib == 12:  # BITMAPCOREHEADER: 16-bit unsigned sizes, 3-byte palette entries
-        fields["width"], fields["height"], _, fields["bpp"] = struct.unpack_from("<HHHH", head, 18)
-        return fields
-    if dib < 40 or len(head) < 50:
-        raise _Defect("decode_failed" if len(head) >= 50 else "truncated",
-                      f"BMP info header of {dib} bytes; expected 12 or >= 40")
-    width, height, _, bpp, compression = struct.unpack_from("<iiHHI", head, 18)
-    fields.update(width=width, height=abs(height), bpp=bpp, compression=compression,
-                  colours=int(struct.unpack_from("<I", head, 46)[0]))
-    return fields
-
-
-def _bmp_header(read: _Reader) -> ImageHeader:
-    fields = _bmp_fields(read)
-    bpp = fields["bpp"]
-    if bpp > 8:
-        channels = 4 if bpp == 32 else 3
-    else:  # OpenCV decodes a palette of greys to one channel, like this check
-        entry = 3 if fields["dib"] == 12 else 4
-        count = min(fields["colours"] or 1 << bpp, 1 << bpp)
-        palette = read(14 + fields["dib"], count * entry)
-        grey = all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, entry))
-        channels = 1 if grey else 3
-    return ImageHeader(fields["height"], fields["width"], channels, 8, "bmp")
-
-
-def _file_header(fmt: str, read: _Reader, size: int) -> ImageHeader:
-    if fmt == "png":
-        return _png_header(read(0, 33))
-    if fmt == "tiff":
-        return _tiff_header(read, size)
-    if fmt == "bmp":
-        return _bmp_header(read)
-    chunk = _JPEG_PROBE_START
-    while True:  # read a growing prefix until the SOF is in it: header-only for the usual file
-        header = _walk_jpeg(read(0, chunk), complete=chunk >= size, until_sof=True)
-        if header is not None:
-            return header
-        if chunk >= size:
-            raise _Defect("decode_failed", "JPEG has an EOI marker (FFD9) but no SOF header before it")
-        chunk *= 4
 
 
 # --- size limits -----------------------------------------------------------------------------
@@ -405,14 +79,6 @@ def _opencv_limit(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def _tiff_buffer_pixels(tags: _Tags, header: ImageHeader) -> int:
-    """Pixels of the one tile or strip buffer libtiff allocates (TileWidth × TileLength, or
-    ImageWidth × RowsPerStrip): a tiny TIFF can claim 65535×65535 tiles."""
-    if _TIFF_TILE_WIDTH in tags and _TIFF_TILE_LENGTH in tags:
-        return tags[_TIFF_TILE_WIDTH][0] * tags[_TIFF_TILE_LENGTH][0]
-    return header.width * min(tags.get(_TIFF_ROWS_PER_STRIP, (header.height,))[0], header.height)
 
 
 @dataclass(frozen=True)
@@ -437,13 +103,13 @@ class _Sizes:
                    None if buffer_pixels is None else buffer_pixels * header.channels * per_sample)
 
 
-def _check_size(header: ImageHeader, limits: LimitsConfig, read: _Reader, size: int) -> None:
-    """Raise _Defect("too_large") when decoding ``header`` would exceed ``limits`` or OpenCV's
+def _check_size(header: ImageHeader, limits: LimitsConfig, read: Reader, size: int) -> None:
+    """Raise Defect("too_large") when decoding ``header`` would exceed ``limits`` or OpenCV's
     own limits; what is counted is in :mod:`packer.read.limits`."""
     buffer_pixels = None
     if header.format == "tiff":
-        tags = _tiff_tags(read, size, {_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH})
-        buffer_pixels = _tiff_buffer_pixels(tags, header)
+        tags = tiff_tags(read, size, {TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH})
+        buffer_pixels = tiff_buffer_pixels(tags, header)
     one = _Sizes.of(header, buffer_pixels)
     decoded_text = (f"{header.height}×{header.width} × {header.channels} channel(s) × {one.per_sample} byte(s) "
                     f"decoded, plus {one.working} bytes of float32 working copies")
@@ -452,22 +118,22 @@ def _check_size(header: ImageHeader, limits: LimitsConfig, read: _Reader, size: 
     problem = limit_problem(limits, size_text=one.size_text, pixels=one.pixels,
                             decoded=one.stored + one.working + (one.buffer or 0), decoded_text=decoded_text)
     if problem is not None:
-        raise _Defect("too_large", problem)
+        raise Defect("too_large", problem)
     _check_opencv_limits(header, one.size_text)
 
 
-def _check_pages_size(images: list[tuple[_Ifd, ImageHeader]], limits: LimitsConfig) -> None:
+def _check_pages_size(images: list[tuple[Ifd, ImageHeader]], limits: LimitsConfig) -> None:
     """:func:`_check_size` for every image of a TIFF's IFD chain, which OpenCV decodes at once:
     each image's pixels against ``limits.max_pixels`` and OpenCV's limits, and the sum of the
     decoded arrays, plus the working copies of the largest (pages are transformed one at a time)
     and the largest tile/strip buffer (libtiff frees it between pages), against
     ``limits.max_decoded_bytes``."""
-    sizes = [_Sizes.of(header, _tiff_buffer_pixels(ifd.tags, header), f"IFD {ifd.index} at byte {ifd.offset}: ")
+    sizes = [_Sizes.of(header, tiff_buffer_pixels(ifd.tags, header), f"IFD {ifd.index} at byte {ifd.offset}: ")
              for ifd, header in images]
     for one in sizes:
         problem = limit_problem(limits, size_text=one.size_text, pixels=one.pixels, decoded=0, decoded_text="")
         if problem is not None:
-            raise _Defect("too_large", problem)
+            raise Defect("too_large", problem)
     stored, working, buffer = sum(s.stored for s in sizes), max(s.working for s in sizes), max(
         s.buffer or 0 for s in sizes)
     decoded_text = (f"{len(sizes)} images in the TIFF's IFD chain, decoded together: {stored} bytes, plus "
@@ -476,7 +142,7 @@ def _check_pages_size(images: list[tuple[_Ifd, ImageHeader]], limits: LimitsConf
     problem = limit_problem(limits, size_text="", pixels=0, decoded=stored + working + buffer,
                             decoded_text=decoded_text)
     if problem is not None:
-        raise _Defect("too_large", problem)
+        raise Defect("too_large", problem)
     for (_, header), one in zip(images, sizes, strict=True):
         _check_opencv_limits(header, one.size_text)
 
@@ -487,45 +153,9 @@ def _check_opencv_limits(header: ImageHeader, size_text: str) -> None:
         value = {"CV_IO_MAX_IMAGE_WIDTH": header.width,
                  "CV_IO_MAX_IMAGE_HEIGHT": header.height}.get(name, header.height * header.width)
         if value > limit:
-            raise _Defect("too_large", f"{size_text}: {value} is over OpenCV's {name} {limit}, so OpenCV would "
+            raise Defect("too_large", f"{size_text}: {value} is over OpenCV's {name} {limit}, so OpenCV would "
                                        f"refuse it; if the file is genuine, set the environment variable {name} "
                                        "higher on every worker (and raise limits.max_pixels to match)")
-
-
-# --- structure checks on the whole file ------------------------------------------------------
-
-def _check_complete(fmt: str, data: bytes) -> int:
-    """Raise _Defect("truncated") when ``data`` is cut short; returns the orientation (1-8)."""
-    def read(offset: int, size: int) -> bytes:
-        return data[offset:offset + size]
-
-    if fmt == "jpeg":
-        header = _walk_jpeg(data, complete=True, until_sof=False)
-        return header.orientation if header else 1
-    if fmt == "png":
-        pos, orientation, exif_seen = 8, 1, False
-        while pos + 8 <= len(data):
-            length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
-            if kind == b"IEND":
-                return orientation
-            if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
-                exif_seen = True
-                orientation = _exif_orientation(data[pos + 8:pos + 8 + length])
-            pos += 12 + length
-        raise _Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
-                                   "copy or export it again")
-    if fmt == "tiff":
-        tags = _tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {_TIFF_ORIENTATION})
-        _check_tiff_data(tags, len(data), 0)
-        orientation = tags.get(_TIFF_ORIENTATION, (1,))[0]
-        return orientation if 1 <= orientation <= 8 else 1
-    fields = _bmp_fields(read)
-    if fields["compression"] in (0, 3, 6):  # uncompressed rows: BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS
-        need = fields["offset"] + ((fields["bpp"] * fields["width"] + 31) // 32) * 4 * fields["height"]
-        if need > len(data):
-            raise _Defect("truncated", f"BMP pixel rows need {need} bytes but the file has {len(data)}; "
-                                       "the file was cut short, copy or export it again")
-    return 1
 
 
 # --- public API ------------------------------------------------------------------------------
@@ -597,8 +227,8 @@ def probe_image_at(ref: SampleRef, read: Callable[[int, int], bytes], size: int,
     return header
 
 
-def _probe_header(ref: SampleRef, read: _Reader, size: int, limits: LimitsConfig) -> ImageHeader | Issue:
-    """The header, or the Issue of an empty or unrecognised file; raises _Defect, OSError."""
+def _probe_header(ref: SampleRef, read: Reader, size: int, limits: LimitsConfig) -> ImageHeader | Issue:
+    """The header, or the Issue of an empty or unrecognised file; raises Defect, OSError."""
     if size == 0:
         return Issue.of(ref, stage="read", reason="unreadable",
                         message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
@@ -608,8 +238,8 @@ def _probe_header(ref: SampleRef, read: _Reader, size: int, limits: LimitsConfig
         return _unsupported(ref, head)
     too_big = file_size_problem(size, limits)
     if too_big is not None:
-        raise _Defect("too_large", too_big)
-    header = _file_header(fmt, read, size)
+        raise Defect("too_large", too_big)
+    header = file_header(fmt, read, size)
     if header.height >= 1 and header.width >= 1:
         _check_size(header, limits, read, size)
     return header
@@ -620,14 +250,14 @@ def _probe_issue(ref: SampleRef, err: Exception) -> Issue:
     or ``unreadable``, a defect its own reason, anything else ``unexpected_error``."""
     if isinstance(err, OSError):
         return _open_issue(ref, err)
-    if isinstance(err, _Defect):
+    if isinstance(err, Defect):
         return Issue.of(ref, stage="read", reason=err.reason, message=f"{_name(ref)}: {err.message}")
     return Issue.of(ref, stage="read", reason="unexpected_error", message=f"{type(err).__name__}: {err}")
 
 
 def _exif_block(orientation: int) -> bytes:
     """An EXIF TIFF block (big-endian) holding only an Orientation tag."""
-    return b"MM\x00*" + struct.pack(">I", 8) + struct.pack(">HHHIHHI", 1, _TIFF_ORIENTATION, 3, 1, orientation, 0, 0)
+    return b"MM\x00*" + struct.pack(">I", 8) + struct.pack(">HHHIHHI", 1, TIFF_ORIENTATION, 3, 1, orientation, 0, 0)
 
 
 def _exif_segment(orientation: int) -> bytes:
@@ -645,13 +275,13 @@ def _exif_chunk(orientation: int) -> bytes:
 def _tiny_tiff(*orientations: int) -> bytes:
     """A 1×2 grey uint8 TIFF, pixels [0, 255], one page (IFD) per Orientation value given."""
     entries = [(256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8),
-               (_TIFF_ORIENTATION, 3, 0), (277, 3, 1), (278, 3, 1), (279, 4, 2)]
+               (TIFF_ORIENTATION, 3, 0), (277, 3, 1), (278, 3, 1), (279, 4, 2)]
     ifd_size = 2 + 12 * len(entries) + 4
     out = b"II*\x00" + struct.pack("<I", 10) + b"\x00\xff"  # every page shares the strip at byte 8
     for page, orientation in enumerate(orientations):
         out += struct.pack("<H", len(entries))
         for tag, kind, value in entries:
-            value = orientation if tag == _TIFF_ORIENTATION else value
+            value = orientation if tag == TIFF_ORIENTATION else value
             field = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
             out += struct.pack("<HHI", tag, kind, 1) + field
         out += struct.pack("<I", 10 + (page + 1) * ifd_size if page + 1 < len(orientations) else 0)
@@ -703,9 +333,9 @@ def _decode(data: bytes, fmt: str) -> np.ndarray:
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
-        raise _Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
+        raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
     if image is None:
-        raise _Defect("decode_failed", f"OpenCV could not decode this {fmt} file (imdecode returned nothing); "
+        raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file (imdecode returned nothing); "
                                        "open it in an image viewer, re-export it, or remove it")
     return image
 
@@ -726,13 +356,13 @@ class _Page:
         return "" if self.page is None else f"page {self.page}: "
 
 
-def _tiff_pages(chain: list[_Ifd]) -> list[_Ifd]:
+def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
     reduced (there is then no full-resolution image they could stand for)."""
     return [ifd for ifd in chain if not ifd.reduced] or chain
 
 
-def _decode_tiff_pages(data: bytes, chain: list[_Ifd], pages: list[_Ifd], limits: LimitsConfig) -> list[_Page]:
+def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: LimitsConfig) -> list[_Page]:
     """Decode every IFD of ``chain`` with one ``cv2.imdecodemulti`` call and keep ``pages``.
 
     OpenCV 5.0 returns one image per IFD of the main chain, reduced-resolution ones included (it
@@ -742,21 +372,21 @@ def _decode_tiff_pages(data: bytes, chain: list[_Ifd], pages: list[_Ifd], limits
     """
     headers = []
     for ifd in chain:
-        header = _tiff_header_of(ifd.tags, f"IFD {ifd.index} at byte {ifd.offset}")
+        header = tiff_header_of(ifd.tags, f"IFD {ifd.index} at byte {ifd.offset}")
         if header.height < 1 or header.width < 1:
-            raise _Defect("bad_shape", f"TIFF IFD {ifd.index} at byte {ifd.offset} gives {header.height}×"
+            raise Defect("bad_shape", f"TIFF IFD {ifd.index} at byte {ifd.offset} gives {header.height}×"
                                        f"{header.width} pixels; expected both >= 1")
         headers.append(header)
     _check_pages_size(list(zip(chain, headers, strict=True)), limits)
     try:
         ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
-        raise _Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
+        raise Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
     if not ok or not mats:
-        raise _Defect("decode_failed", "OpenCV could not decode this multi-page tiff file (imdecodemulti returned "
+        raise Defect("decode_failed", "OpenCV could not decode this multi-page tiff file (imdecodemulti returned "
                                        "nothing); open it in an image viewer, re-export it, or remove it")
     if len(mats) != len(chain):
-        raise _Defect("decode_failed", f"OpenCV decoded {len(mats)} images from the {len(chain)} IFDs of the TIFF "
+        raise Defect("decode_failed", f"OpenCV decoded {len(mats)} images from the {len(chain)} IFDs of the TIFF "
                                        "chain, so its images cannot be matched to pages; re-export the file")
     first, later = decoder_orients_pages()
     wanted = {ifd.index for ifd in pages}
@@ -766,7 +396,7 @@ def _decode_tiff_pages(data: bytes, chain: list[_Ifd], pages: list[_Ifd], limits
         expected = oriented_size(header.height, header.width, header.orientation) if oriented else (
             header.height, header.width)
         if tuple(image.shape[:2]) != expected:
-            raise _Defect("decode_failed", f"OpenCV decoded IFD {ifd.index} at byte {ifd.offset} as "
+            raise Defect("decode_failed", f"OpenCV decoded IFD {ifd.index} at byte {ifd.offset} as "
                                            f"{image.shape[0]}×{image.shape[1]}, but its header gives "
                                            f"{expected[0]}×{expected[1]}; its images cannot be matched to pages, "
                                            "re-export the file")
@@ -777,17 +407,17 @@ def _decode_tiff_pages(data: bytes, chain: list[_Ifd], pages: list[_Ifd], limits
 
 def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     """Check the file's structure and size limits, then decode it: one page, or one per page of a
-    multi-page TIFF. Raises _Defect."""
+    multi-page TIFF. Raises Defect."""
     def read(offset: int, count: int) -> bytes:
         return data[offset:offset + count]
 
     if fmt == "tiff":
-        chain = _tiff_chain(read, len(data), limits)
+        chain = tiff_chain(read, len(data), limits)
         pages = _tiff_pages(chain)
         if [ifd.index for ifd in pages] != [0]:
             return _decode_tiff_pages(data, chain, pages, limits)
-    orientation = _check_complete(fmt, data)
-    header = _file_header(fmt, read, len(data))
+    orientation = check_complete(fmt, data)
+    header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
         _check_size(header, limits, read, len(data))
     return [_Page(_decode(data, fmt), orientation, decoder_orients(fmt))]
@@ -796,7 +426,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
 def _check_shape(image: np.ndarray) -> None:
     channels = image.shape[2] if image.ndim == 3 else 1
     if image.ndim not in (2, 3) or image.size == 0 or channels not in (1, 2, 3, 4):
-        raise _Defect("bad_shape", f"decoded to shape {image.shape} {image.dtype}; expected H×W or H×W×C "
+        raise Defect("bad_shape", f"decoded to shape {image.shape} {image.dtype}; expected H×W or H×W×C "
                                    "with H, W >= 1 and C in 1-4")
 
 
@@ -818,11 +448,11 @@ def _validate(pages: list[_Page]) -> None:
     for page in pages:
         try:
             _check_shape(page.image)
-        except _Defect as defect:
-            raise _Defect(defect.reason, page.where + defect.message) from None
+        except Defect as defect:
+            raise Defect(defect.reason, page.where + defect.message) from None
     blank = [_constant(page.image) for page in pages]
     if all(blank):
-        raise _Defect("constant_image", "; ".join(page.where + str(why) for page, why in zip(pages, blank, strict=True))
+        raise Defect("constant_image", "; ".join(page.where + str(why) for page, why in zip(pages, blank, strict=True))
                       + "; a blank image carries no signal, remove it")
 
 
@@ -886,7 +516,7 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
         try:
             too_big = file_size_problem(os.stat(ref.path).st_size, limits)
             if too_big is not None:
-                raise _Defect("too_large", too_big)
+                raise Defect("too_large", too_big)
             data = Path(ref.path).read_bytes()
         except OSError as err:
             return _open_issue(ref, err)
@@ -907,7 +537,7 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
                                         "scale to 8 bits; set transform.image.window ({center, width} or "
                                         "{percentiles: [lo, hi]})")
         tiled = [transform_image(page.image, cfg, 1 if page.oriented else page.orientation) for page in pages]
-    except _Defect as defect:
+    except Defect as defect:
         return Issue.of(ref, stage=stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
     except Exception as err:  # the stage's one boundary: one bad file must not stop the job
         return Issue.of(ref, stage=stage, reason="unexpected_error", message=f"{type(err).__name__}: {err}")

@@ -1,0 +1,409 @@
+"""Image file structure, parsed without decoding a pixel: the format from the file's signature,
+the headers of PNG (IHDR), JPEG (SOFn, EXIF APP1), TIFF (classic and BigTIFF IFDs, the main IFD
+chain of a multi-page file) and BMP, EXIF orientation, and the checks that a whole file is
+complete (a cut JPEG or PNG, strips or tiles past the end of a TIFF).
+
+:mod:`packer.read.image` probes and decodes with what this module finds. Every function reads
+through ``read(offset, count)`` or a bytes object, so the raw store can rehearse a probe on a
+remote file. Defects raise :class:`Defect`, which carries the Issue reason code.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.config import LimitsConfig
+from packer.read.limits import limit_problem
+
+FORMATS = ("png", "jpeg", "tiff", "bmp")
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # colour type → samples; palette (3) decodes to RGB
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE SHORT LONG SBYTE SSHORT SLONG LONG8
+_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION = 256, 257, 258, 277, 274
+_TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
+TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH = 278, 322, 323
+_TIFF_SUBFILE = 254  # NewSubfileType
+# what the IFD chain walk reads of every IFD
+_TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
+                    TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
+_JPEG_PROBE_START = 64 * 1024
+
+Reader = Callable[[int, int], bytes]
+_Tags = dict[int, tuple[int, ...]]  # TIFF tag → its integer values
+_Values = dict[tuple[int, int, int], tuple[int, ...]]  # (offset, type, count) → out-of-line tag values
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What the header says: stored ``height``×``width`` (before EXIF orientation),
+    ``channels`` (samples per pixel as stored; palette images count 3, BMP palettes of greys 1),
+    ``bit_depth`` (bits per sample as stored; 8 for BMP), ``format`` (one of FORMATS) and
+    ``orientation`` (EXIF/TIFF Orientation 1-8 for JPEG and TIFF, else 1: a PNG's eXIf chunk
+    may follow its pixel data, so :func:`read_image` reads it from the whole file)."""
+
+    height: int
+    width: int
+    channels: int
+    bit_depth: int
+    format: str
+    orientation: int = 1
+
+
+class Defect(Exception):
+    """A defect of the file found while parsing: carries the Issue reason code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _u16(data: bytes, pos: int, order: str = ">") -> int:
+    return int(struct.unpack_from(order + "H", data, pos)[0])
+
+
+def sniff_format(head: bytes) -> str | None:
+    """The format named by the first bytes of a file (at least 8), or ``None``."""
+    if head.startswith(_PNG_SIGNATURE):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    if head.startswith(b"BM"):
+        return "bmp"
+    return None
+
+
+# --- headers ---------------------------------------------------------------------------------
+
+def _png_header(data: bytes) -> ImageHeader:
+    if len(data) < 33:
+        raise Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33)")
+    if data[12:16] != b"IHDR":
+        raise Defect("decode_failed", f"PNG's first chunk is {data[12:16]!r}; expected IHDR")
+    width, height = struct.unpack_from(">II", data, 16)
+    bit_depth, colour_type = data[24], data[25]
+    if colour_type not in _PNG_CHANNELS:
+        raise Defect("decode_failed", f"PNG colour type {colour_type} is not one of {sorted(_PNG_CHANNELS)}")
+    return ImageHeader(height, width, _PNG_CHANNELS[colour_type], bit_depth, "png")
+
+
+def _jpeg_marker_ends(data: bytes) -> np.ndarray:
+    """Positions of every marker code byte in ``data``: a byte other than 00 and FF right after
+    an FF (a run of FF fill bytes belongs to the marker; FF 00 is a stuffed FF in entropy-coded
+    data). Vectorised: the regex ``\\xff+([^\\x00\\xff])`` over a 50 kB photo took 5 ns a byte."""
+    if len(data) < 2:
+        return np.empty(0, dtype=np.intp)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    code = arr[1:]
+    hits = (arr[:-1] == 0xFF) & (code != 0x00) & (code != 0xFF)
+    return np.flatnonzero(hits) + 1
+
+
+def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader | None:
+    """Walk JPEG markers from SOI. Stops at the first SOFn when ``until_sof`` (returns the
+    header), else at EOI (returns the header). Stray bytes between segments are skipped, as
+    libjpeg does. Raises Defect("truncated") when the data ends first and ``complete``;
+    returns ``None`` when it ends first and more data may follow."""
+    pos, header, orientation = 2, None, 1
+    markers = _jpeg_marker_ends(data)
+    while True:
+        # the next marker is the first FF run starting at or after pos: its code byte is at >= pos + 1
+        at = int(np.searchsorted(markers, pos + 1))
+        if at == len(markers):
+            break
+        code_at = int(markers[at])
+        marker, pos = data[code_at], code_at + 1
+        if marker == 0xD9:
+            return header
+        if 0xD0 <= marker <= 0xD7 or marker in (0x01, 0xD8):  # standalone markers
+            continue
+        if pos + 2 > len(data) or pos + _u16(data, pos) > len(data):
+            break
+        length = _u16(data, pos)
+        segment = data[pos + 2:pos + length]
+        if marker in _JPEG_SOF and header is None:
+            if len(segment) < 6:
+                raise Defect("decode_failed", f"JPEG SOF marker at byte {pos - 2} is {length} bytes; expected >= 8")
+            precision, height, width, components = segment[0], _u16(segment, 1), _u16(segment, 3), segment[5]
+            header = ImageHeader(height, width, components, precision, "jpeg", orientation)
+            if until_sof:
+                return header
+        elif marker == 0xE1 and segment.startswith(b"Exif\x00\x00") and header is None:
+            orientation = _exif_orientation(segment[6:])
+        pos += length
+    if not complete:
+        return None
+    where = "before its SOF header" if header is None else "without an EOI marker (FFD9)"
+    raise Defect("truncated", f"JPEG ends at byte {len(data)} {where}; the file was cut short, "
+                               "copy or export it again")
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """Orientation (0x0112) from an EXIF TIFF block; 1 when absent, reserved or unreadable
+    (a broken EXIF block does not make the pixels unusable)."""
+    try:
+        tags = tiff_tags(lambda offset, size: tiff[offset:offset + size], len(tiff), {TIFF_ORIENTATION})
+    except Defect:
+        return 1
+    value = tags.get(TIFF_ORIENTATION, (1,))[0]
+    return value if 1 <= value <= 8 else 1
+
+
+def _tiff_layout(read: Reader) -> tuple[str, int, int]:
+    """(byte order ``<`` or ``>``, version 42 or 43 (BigTIFF), offset of the first IFD)."""
+    head = read(0, 16)
+    if len(head) < 8 or head[:2] not in (b"II", b"MM"):
+        raise Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
+    order = "<" if head[:2] == b"II" else ">"
+    version = _u16(head, 2, order)
+    if version == 43 and len(head) >= 16:
+        return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
+    if version == 42:
+        return order, version, int(struct.unpack_from(order + "I", head, 4)[0])
+    raise Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+
+
+def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, index: int, wanted: set[int],
+              values: _Values) -> tuple[_Tags, int | None, int]:
+    """Integer tags in ``wanted`` of the IFD at byte ``ifd``, the ``index``-th of the chain.
+
+    Returns (tags, offset of the next IFD (0: none; ``None``: the offset itself lies past the end
+    of the file), bytes parsed that ``values`` did not hold yet). ``values`` caches out-of-line
+    tag values by (offset, type, count), so an array that several IFDs share is parsed once.
+    """
+    order, version, _ = layout
+    where = "first IFD" if index == 0 else f"IFD {index}"
+    count_fmt, entry_size, inline = ("Q", 20, 8) if version == 43 else ("H", 12, 4)
+    count_size = struct.calcsize(count_fmt)
+    # Offsets and counts are checked against the file size before reading: a BigTIFF offset can
+    # exceed what seek() accepts, and read(n) allocates n bytes first.
+    raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
+    if len(raw_count) < count_size:
+        raise Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes)")
+    n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
+    fits = ifd + count_size + n_entries * entry_size <= size
+    entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
+    if len(entries) < n_entries * entry_size:
+        raise Defect("truncated", f"TIFF {where} ({n_entries} entries at byte {ifd}) runs past the end "
+                                   f"of the file ({size} bytes)")
+    value_count_fmt = "Q" if version == 43 else "I"
+    parsed = count_size + n_entries * entry_size
+    tags: _Tags = {}
+    for i in range(n_entries):
+        base = i * entry_size
+        tag, kind = struct.unpack_from(order + "HH", entries, base)
+        if tag not in wanted or kind not in _TIFF_TYPES:
+            continue
+        count = int(struct.unpack_from(order + value_count_fmt, entries, base + 4)[0])
+        if count == 0:  # a tag without values is as good as absent
+            continue
+        item = _TIFF_TYPES[kind]
+        nbytes = count * struct.calcsize(item)
+        field_at = base + 4 + struct.calcsize(value_count_fmt)
+        if nbytes <= inline:
+            tags[tag] = struct.unpack(order + item * count, entries[field_at:field_at + nbytes])
+            continue
+        offset = int(struct.unpack_from(order + value_count_fmt, entries, field_at)[0])
+        if (offset, kind, count) not in values:
+            raw = read(offset, nbytes) if offset + nbytes <= size else b""
+            if len(raw) < nbytes:
+                in_ifd = "" if index == 0 else f" in IFD {index}"
+                raise Defect("truncated", f"TIFF tag {tag} values{in_ifd} ({nbytes} bytes) lie past the end "
+                                           "of the file")
+            values[offset, kind, count] = struct.unpack(order + item * count, raw)
+            parsed += nbytes
+        tags[tag] = values[offset, kind, count]
+    next_at, next_size = ifd + count_size + n_entries * entry_size, struct.calcsize(value_count_fmt)
+    raw_next = read(next_at, next_size) if next_at + next_size <= size else b""
+    next_ifd = int(struct.unpack(order + value_count_fmt, raw_next)[0]) if len(raw_next) == next_size else None
+    return {tag: tuple(int(v) for v in vals) for tag, vals in tags.items()}, next_ifd, parsed + next_size
+
+
+def tiff_tags(read: Reader, size: int, wanted: set[int]) -> _Tags:
+    """Integer tags of the first IFD of a classic or Big TIFF, either byte order."""
+    layout = _tiff_layout(read)
+    return _tiff_ifd(read, size, layout, layout[2], 0, wanted, {})[0]
+
+
+@dataclass(frozen=True)
+class Ifd:
+    """One IFD of a TIFF's main chain: ``index`` (0-based position in the chain, what tifffile's
+    ``pages[index]`` and Pillow's ``seek(index)`` address), ``offset`` (byte) and its ``tags``."""
+
+    index: int
+    offset: int
+    tags: _Tags
+
+    @property
+    def reduced(self) -> bool:
+        """NewSubfileType (254) bit 0: a reduced-resolution version of another image in the file."""
+        return bool(self.tags.get(_TIFF_SUBFILE, (0,))[0] & 1)
+
+
+def tiff_chain(read: Reader, size: int, limits: LimitsConfig) -> list[Ifd]:
+    """Every IFD of the main chain (not SubIFDs), in file order, each checked for completeness.
+
+    Raises Defect: ``decode_failed`` when the chain loops (an IFD offset seen twice) or when the
+    IFDs and their tag values add up to more bytes than the file holds (overlapping IFDs: without
+    this check a crafted chain makes the walk quadratic); ``too_large`` past
+    ``limits.max_frames`` IFDs; ``truncated`` when an IFD, its tag values, its strip or tile data
+    or the next-IFD offset lies past the end of the file.
+    """
+    layout = _tiff_layout(read)
+    chain: list[Ifd] = []
+    seen: dict[int, int] = {}
+    values: _Values = {}
+    parsed, offset = 0, layout[2]
+    while offset:
+        if offset in seen:
+            raise Defect("decode_failed", f"TIFF IFD {len(chain) - 1} gives byte {offset} as the next IFD, which is "
+                                           f"IFD {seen[offset]} again: the IFD chain loops; the file is damaged, "
+                                           "re-export it")
+        if len(chain) == limits.max_frames:
+            frames_text = ("the number of images in the TIFF's IFD chain (pages and reduced-resolution images, all "
+                           "decoded; counting stopped at the first one over the limit)")
+            raise Defect("too_large", str(limit_problem(limits, size_text="", pixels=0, decoded=0, decoded_text="",
+                                                         frames=len(chain) + 1, frames_text=frames_text)))
+        seen[offset] = len(chain)
+        tags, next_offset, new_bytes = _tiff_ifd(read, size, layout, offset, len(chain), _TIFF_CHAIN_TAGS, values)
+        parsed += new_bytes
+        if parsed > size:
+            raise Defect("decode_failed", f"TIFF IFDs 0-{len(chain)} and their tag values add up to {parsed} bytes, "
+                                           f"more than the file's {size}: they overlap, which no TIFF writer does; "
+                                           "the file is damaged or crafted, re-export it")
+        _check_tiff_data(tags, size, len(chain))
+        if next_offset is None:
+            where = "first IFD" if not chain else f"IFD {len(chain)}"
+            raise Defect("truncated", f"TIFF {where} at byte {offset} ends where the file does ({size} bytes), "
+                                       "without its next-IFD offset; the file was cut short, copy or export it again")
+        chain.append(Ifd(len(chain), offset, tags))
+        offset = next_offset
+    return chain
+
+
+def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
+    """Raise Defect("truncated") when the strips or tiles of IFD ``index`` run past ``size``."""
+    for offsets_tag, counts_tag in _TIFF_DATA:
+        ends = [o + c for o, c in zip(tags.get(offsets_tag, ()), tags.get(counts_tag, ()), strict=False)]
+        if ends and max(ends) > size:
+            of_ifd = "" if index == 0 else f" of IFD {index}"
+            raise Defect("truncated", f"TIFF image data{of_ifd} runs to byte {max(ends)} but the file has "
+                                       f"{size} bytes; the file was cut short, copy or export it again")
+
+
+def tiff_header_of(tags: _Tags, where: str) -> ImageHeader:
+    """The header of one IFD's ``tags``; ``where`` names the IFD in messages."""
+    missing = [name for tag, name in ((_TIFF_WIDTH, "ImageWidth (256)"), (_TIFF_LENGTH, "ImageLength (257)"))
+               if tag not in tags]
+    if missing:
+        raise Defect("decode_failed", f"TIFF {where} lacks {' and '.join(missing)}")
+    orientation = tags.get(TIFF_ORIENTATION, (1,))[0]
+    return ImageHeader(height=tags[_TIFF_LENGTH][0], width=tags[_TIFF_WIDTH][0],
+                       channels=tags.get(_TIFF_SAMPLES, (1,))[0], bit_depth=tags.get(_TIFF_BITS, (1,))[0],
+                       format="tiff", orientation=orientation if 1 <= orientation <= 8 else 1)
+
+
+def _tiff_header(read: Reader, size: int) -> ImageHeader:
+    tags = tiff_tags(read, size, {_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION})
+    return tiff_header_of(tags, "first IFD")
+
+
+def _bmp_fields(read: Reader) -> dict[str, int]:
+    head = read(0, 54)
+    if len(head) < 26:
+        raise Defect("truncated", f"BMP ends at byte {len(head)}, inside its headers")
+    dib = int(struct.unpack_from("<I", head, 14)[0])
+    fields = {"offset": int(struct.unpack_from("<I", head, 10)[0]), "dib": dib, "compression": 0, "colours": 0}
+    if dib == 12:  # BITMAPCOREHEADER: 16-bit unsigned sizes, 3-byte palette entries
+        fields["width"], fields["height"], _, fields["bpp"] = struct.unpack_from("<HHHH", head, 18)
+        return fields
+    if dib < 40 or len(head) < 50:
+        raise Defect("decode_failed" if len(head) >= 50 else "truncated",
+                      f"BMP info header of {dib} bytes; expected 12 or >= 40")
+    width, height, _, bpp, compression = struct.unpack_from("<iiHHI", head, 18)
+    fields.update(width=width, height=abs(height), bpp=bpp, compression=compression,
+                  colours=int(struct.unpack_from("<I", head, 46)[0]))
+    return fields
+
+
+def _bmp_header(read: Reader) -> ImageHeader:
+    fields = _bmp_fields(read)
+    bpp = fields["bpp"]
+    if bpp > 8:
+        channels = 4 if bpp == 32 else 3
+    else:  # OpenCV decodes a palette of greys to one channel, like this check
+        entry = 3 if fields["dib"] == 12 else 4
+        count = min(fields["colours"] or 1 << bpp, 1 << bpp)
+        palette = read(14 + fields["dib"], count * entry)
+        grey = all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, entry))
+        channels = 1 if grey else 3
+    return ImageHeader(fields["height"], fields["width"], channels, 8, "bmp")
+
+
+def file_header(fmt: str, read: Reader, size: int) -> ImageHeader:
+    if fmt == "png":
+        return _png_header(read(0, 33))
+    if fmt == "tiff":
+        return _tiff_header(read, size)
+    if fmt == "bmp":
+        return _bmp_header(read)
+    chunk = _JPEG_PROBE_START
+    while True:  # read a growing prefix until the SOF is in it: header-only for the usual file
+        header = _walk_jpeg(read(0, chunk), complete=chunk >= size, until_sof=True)
+        if header is not None:
+            return header
+        if chunk >= size:
+            raise Defect("decode_failed", "JPEG has an EOI marker (FFD9) but no SOF header before it")
+        chunk *= 4
+
+
+def tiff_buffer_pixels(tags: _Tags, header: ImageHeader) -> int:
+    """Pixels of the one tile or strip buffer libtiff allocates (TileWidth × TileLength, or
+    ImageWidth × RowsPerStrip): a tiny TIFF can claim 65535×65535 tiles."""
+    if TIFF_TILE_WIDTH in tags and TIFF_TILE_LENGTH in tags:
+        return tags[TIFF_TILE_WIDTH][0] * tags[TIFF_TILE_LENGTH][0]
+    return header.width * min(tags.get(TIFF_ROWS_PER_STRIP, (header.height,))[0], header.height)
+
+
+# --- structure checks on the whole file ------------------------------------------------------
+
+def check_complete(fmt: str, data: bytes) -> int:
+    """Raise Defect("truncated") when ``data`` is cut short; returns the orientation (1-8)."""
+    def read(offset: int, size: int) -> bytes:
+        return data[offset:offset + size]
+
+    if fmt == "jpeg":
+        header = _walk_jpeg(data, complete=True, until_sof=False)
+        return header.orientation if header else 1
+    if fmt == "png":
+        pos, orientation, exif_seen = 8, 1, False
+        while pos + 8 <= len(data):
+            length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
+            if kind == b"IEND":
+                return orientation
+            if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
+                exif_seen = True
+                orientation = _exif_orientation(data[pos + 8:pos + 8 + length])
+            pos += 12 + length
+        raise Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
+                                   "copy or export it again")
+    if fmt == "tiff":
+        tags = tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {TIFF_ORIENTATION})
+        _check_tiff_data(tags, len(data), 0)
+        orientation = tags.get(TIFF_ORIENTATION, (1,))[0]
+        return orientation if 1 <= orientation <= 8 else 1
+    fields = _bmp_fields(read)
+    if fields["compression"] in (0, 3, 6):  # uncompressed rows: BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS
+        need = fields["offset"] + ((fields["bpp"] * fields["width"] + 31) // 32) * 4 * fields["height"]
+        if need > len(data):
+            raise Defect("truncated", f"BMP pixel rows need {need} bytes but the file has {len(data)}; "
+                                       "the file was cut short, copy or export it again")
+    return 1
