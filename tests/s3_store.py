@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 from collections.abc import Iterator
@@ -48,3 +49,49 @@ def running_store(scratch: Path, bucket: str) -> Iterator[Store]:
             yield Store(endpoint=endpoint, client=client)
     finally:
         server.stop()
+
+
+@dataclass
+class S3Request:
+    method: str
+    key: str
+    ranged: bool
+    body_bytes: int = 0  # a get_object's ContentLength, once it answered
+
+
+class S3Requests:
+    """Every S3 request s3fs makes in this process (not in worker processes), in order,
+    recorded before it is sent (so a request that fails counts too)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3fs = pytest.importorskip("s3fs", reason="s3fs (the dev extra) reads s3:// URLs")
+        self.requests: list[S3Request] = []
+        original = s3fs.S3FileSystem._call_s3
+
+        async def recording(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+            request = S3Request(method, kwargs.get("Key", ""), "Range" in kwargs)
+            self.requests.append(request)
+            response = await original(fs, method, *args, **kwargs)
+            if method == "get_object":
+                request.body_bytes = int(response["ContentLength"])
+            return response
+
+        monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
+
+    def count(self, method: str) -> int:
+        return sum(1 for r in self.requests if r.method == method)
+
+    def keys(self, method: str) -> set[str]:
+        return {r.key for r in self.requests if r.method == method}
+
+    def gets(self, key: str) -> list[S3Request]:
+        """The GetObject requests for ``key``, in order."""
+        return [r for r in self.requests if r.method == "get_object" and r.key == key]
+
+    def whole_gets(self) -> collections.Counter[str]:
+        """Un-ranged GetObject requests per key: whole-object fetches."""
+        return collections.Counter(r.key for r in self.requests if r.method == "get_object" and not r.ranged)
+
+    def fetched(self, key: str) -> int:
+        """Bytes of ``key`` that GetObject responses carried."""
+        return sum(r.body_bytes for r in self.gets(key))

@@ -4,7 +4,6 @@ the URL, a cache keyed by size and ETag."""
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from packer.process import ChunkTask, process_chunk
 from packer.rawstore import remote_listing
 from packer.records import Issue
 from tests.conftest import demo_job_doc, write_job
-from tests.s3_store import Store, running_store
+from tests.s3_store import S3Requests, Store, running_store
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
@@ -59,26 +58,6 @@ def demo_doc(demo_raw: Any, output: Path, raw: str | None = None) -> dict[str, A
     return doc
 
 
-class S3Calls:
-    """Every S3 request s3fs makes in this process: (method, key, ranged)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[str, str, bool]] = []
-        original = s3fs.S3FileSystem._call_s3
-
-        async def recording(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-            self.calls.append((method, kwargs.get("Key", ""), "Range" in kwargs))
-            return await original(fs, method, *args, **kwargs)
-
-        monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
-
-    def count(self, method: str) -> int:
-        return sum(1 for m, _, _ in self.calls if m == method)
-
-    def whole_gets(self) -> collections.Counter[str]:
-        return collections.Counter(key for method, key, ranged in self.calls if method == "get_object" and not ranged)
-
-
 def shard_bytes(result: BuildResult) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(result.version_dir.iterdir())
             if p.name.split("-")[0] in ("train", "valid", "test") or p.name == "_index.parquet"}
@@ -89,7 +68,7 @@ class Builds:
     url: str
     local: BuildResult
     remote: BuildResult
-    calls: S3Calls
+    calls: S3Requests
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +79,7 @@ def builds(store: Store, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory
     local = build(load_job(write_job(tmp / "local", demo_doc(demo_raw, tmp / "out-local"))),
                   BuildOptions(scheduler="sync", quiet=True))
     with pytest.MonkeyPatch.context() as patch:
-        calls = S3Calls(patch)
+        calls = S3Requests(patch)
         remote = build(load_job(write_job(tmp / "remote", demo_doc(demo_raw, tmp / "out-remote", url))),
                        BuildOptions(scheduler="sync", quiet=True))
     return Builds(url=url, local=local, remote=remote, calls=calls)
@@ -135,7 +114,7 @@ def test_each_raw_file_is_fetched_once_and_the_cache_key_costs_no_request(builds
     fetched = builds.calls.whole_gets()
     assert set(fetched) == read  # the raw files (planted defects included) and the two tables
     assert set(fetched.values()) == {1}
-    looked_up = {key for method, key, _ in builds.calls.calls if method == "head_object"}
+    looked_up = builds.calls.keys("head_object")
     assert looked_up <= {prefix + "ct_labels.csv", prefix + "photos/labels.csv"}  # a table may be sized first;
     # a raw file never is: its size and ETag (cache key, size limit) came from the listing
     assert builds.calls.count("list_objects_v2") == 2  # one listing per source
@@ -170,7 +149,7 @@ def _digests(result: BuildResult) -> dict[str, str]:
 
 def test_workers_of_a_local_cluster_fetch_the_raw_files_themselves(builds: Builds, demo_raw: Any, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = S3Calls(monkeypatch)  # this process only: the workers are processes of their own
+    calls = S3Requests(monkeypatch)  # this process only: the workers are processes of their own
     job = load_job(write_job(tmp_path, demo_doc(demo_raw, tmp_path / "out", builds.url)))
     result = build(job, BuildOptions(workers=2, quiet=True, html_report=False))
     assert result.executor.startswith("local dask cluster, 2 worker")
@@ -231,13 +210,13 @@ def test_the_size_limit_is_checked_from_the_listing_before_anything_is_fetched(
     job = photo_job(store, tmp_path, "large", ["a.png,cat,S1,"], {"a.png": data},
                     limits={"max_decoded_bytes": len(data) - 1})
     found = discover(job)
-    calls = S3Calls(monkeypatch)
+    calls = S3Requests(monkeypatch)
     result = process_chunk(ChunkTask(key="large", refs=tuple(found.refs), job=job, cache_dir=None,
                                      listed=remote_listing(found.refs, found.listed)))
     (issue,) = result.issues
     assert (issue.stage, issue.reason, issue.path) == ("read", "too_large", f"s3://{BUCKET}/large/a.png")
     assert f"{len(data)} bytes, over limits.max_decoded_bytes" in issue.message
-    assert calls.calls == []  # not even a HEAD: the size came from the listing
+    assert calls.requests == []  # not even a HEAD: the size came from the listing
 
 
 def test_extension_less_dicom_objects_are_found_by_their_preamble(store: Store, tmp_path: Path) -> None:

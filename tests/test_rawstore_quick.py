@@ -28,7 +28,7 @@ from packer.process import ChunkTask, SpilledSample, process_chunk
 from packer.rawstore import HEAD_BYTES, remote_listing
 from tests.conftest import write_job
 from tests.dicom_files import TEST_FILES, ct_dataset, image_dataset, save
-from tests.s3_store import Store, running_store
+from tests.s3_store import S3Requests, Store, running_store
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
@@ -40,28 +40,6 @@ BUCKET = "packer-quick"
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     with running_store(tmp_path_factory.mktemp("aws"), BUCKET) as running:
         yield running
-
-
-class S3Bytes:
-    """Every GetObject s3fs makes in this process: (key, ranged, bytes in the response body)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.gets: list[tuple[str, bool, int]] = []
-        original = s3fs.S3FileSystem._call_s3
-
-        async def recording(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-            response = await original(fs, method, *args, **kwargs)
-            if method == "get_object":
-                self.gets.append((kwargs["Key"], "Range" in kwargs, int(response["ContentLength"])))
-            return response
-
-        monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recording)
-
-    def fetched(self, key: str) -> int:
-        return sum(size for k, _, size in self.gets if k == key)
-
-    def whole(self) -> set[str]:
-        return {key for key, ranged, _ in self.gets if not ranged}
 
 
 def upload(store: Store, root: Path, prefix: str) -> str:
@@ -234,7 +212,7 @@ def test_quick_validate_of_s3_files_gives_the_records_of_local_paths(
         tree: Tree, local_records: Records, unfetched: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if unfetched == "garbage":
         garble_unfetched_bytes(monkeypatch)
-    calls = S3Bytes(monkeypatch)
+    calls = S3Requests(monkeypatch)
     remote = quick_records(tree, tmp_path, remote=True)
     assert remote == local_records
 
@@ -255,7 +233,7 @@ def test_quick_validate_of_s3_files_gives_the_records_of_local_paths(
 
     # only files no larger than the first request (and the deflated one) were fetched whole
     sizes = {p.relative_to(tree.local).as_posix(): p.stat().st_size for p in tree.local.rglob("*") if p.is_file()}
-    whole = {key.removeprefix("quick/raw/") for key in calls.whole()}
+    whole = {key.removeprefix("quick/raw/") for key in calls.whole_gets()}
     assert "ct/deflated.dcm" in whole and "ct/pydicom/CT_small.dcm" in whole
     assert whole - {"ct/deflated.dcm"} <= {rel for rel, size in sizes.items() if size <= HEAD_BYTES}
     for rel in ("ct/multiframe.dcm", "ct/big_header.dcm", "photos/end_ifd.tif", "photos/big.png"):
@@ -279,18 +257,18 @@ def test_a_quick_probe_of_a_large_dicom_fetches_a_small_fraction_of_it(
     task = ChunkTask(key="large", refs=tuple(found.refs), job=job, cache_dir=None, decode=False,
                      listed=remote_listing(found.refs, found.listed))
 
-    calls = S3Bytes(monkeypatch)
+    calls = S3Requests(monkeypatch)
     quick = process_chunk(task)
     (sample,) = quick.samples
     assert (sample.ref.entity, sample.ref.path, quick.issues) == ("LARGE-1", f"{url}/large.dcm", ())
     fetched = calls.fetched("large/large.dcm")
     assert 0 < fetched <= HEAD_BYTES  # the whole header, and not 1 % of the 8 MiB file
-    assert [ranged for key, ranged, _ in calls.gets if key == "large/large.dcm"] == [True]
+    assert [r.ranged for r in calls.gets("large/large.dcm")] == [True]
 
     full = process_chunk(replace(task, decode=True))  # the pixel pass still fetches the file whole, once
     assert full.issues == () and len(full.samples) == 16
     assert calls.fetched("large/large.dcm") - fetched == size
-    assert [ranged for key, ranged, _ in calls.gets if key == "large/large.dcm"] == [True, False]
+    assert [r.ranged for r in calls.gets("large/large.dcm")] == [True, False]
 
 
 def dicom_task(store: Store, tmp_path: Path, prefix: str, files: dict[str, bytes]) -> ChunkTask:
@@ -309,10 +287,10 @@ def test_a_header_read_front_to_back_costs_few_requests(store: Store, tmp_path: 
     ds = with_private_block(ct_dataset(np.zeros((512, 512), np.int16)), 1_000_000, 4)
     data = save(ds, tmp_path / "a.dcm").read_bytes()
     task = dicom_task(store, tmp_path, "requests", {"a.dcm": data})
-    calls = S3Bytes(monkeypatch)
+    calls = S3Requests(monkeypatch)
     result = process_chunk(task)
     assert [i.reason for i in result.issues] == ["missing_label"]  # probed whole: only the label is missing
-    gets = [(ranged, size) for key, ranged, size in calls.gets if key == "requests/a.dcm"]
+    gets = [(r.ranged, r.body_bytes) for r in calls.gets("requests/a.dcm")]
     header = 1_000_000 + 2_000
     assert all(ranged for ranged, _ in gets) and len(gets) <= 6  # 64 KiB, then a run the size of what is held
     assert header < sum(size for _, size in gets) < min(2 * header + HEAD_BYTES, len(data))
