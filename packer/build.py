@@ -84,6 +84,7 @@ class BuildResult:
     registry_copy: Path | None = None
     executor: str = ""
     files_decoded: int = 0
+    files_cached: int = 0  # files whose samples came from the build cache
     stage_seconds: tuple[tuple[str, float], ...] = ()
     html_report: Path | None = None
     remote_url: str | None = None  # the output URL, when the output is one
@@ -248,7 +249,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
                        manifest=_read_json(version_dir / MANIFEST_FILE),
                        issues=sorted_issues, reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
-                       files_decoded=files_decoded, remote_url=remote, published=published,
+                       files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
                        stage_seconds=tuple(sorted(seconds.items())))
 
 

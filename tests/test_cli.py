@@ -90,3 +90,18 @@ def test_demo_data_writes_a_tree(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert (tmp_path / "raw" / "ct_labels.csv").is_file()
     assert "truncated" in result.output
+
+
+def test_the_stage_times_line_counts_decoded_and_cached_files_truthfully(demo_raw: Any, tmp_path: Path) -> None:
+    """A first build decodes every readable file and claims no cache; a second build whose
+    packing differs (a new version) takes every file from the build cache and decodes none."""
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    first = CliRunner().invoke(main, ["build", str(write_job(tmp_path / "a", doc)), "--scheduler", "sync", "-q"])
+    assert first.exit_code == 0, first.output
+    bad_before_decoding = 1  # the table row whose file does not exist is never decoded
+    decoded = demo_raw.dicom_files + demo_raw.images + len(demo_raw.defects) - bad_before_decoding
+    assert f"({decoded} files decoded):" in first.output
+    doc["pack"]["max_samples"] = 7
+    second = CliRunner().invoke(main, ["build", str(write_job(tmp_path / "b", doc)), "--scheduler", "sync", "-q"])
+    assert second.exit_code == 0, second.output
+    assert f"(0 files decoded, {decoded} from the build cache):" in second.output
