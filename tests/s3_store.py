@@ -17,6 +17,14 @@ import pytest
 class Store:
     endpoint: str
     client: Any  # a boto3 S3 client for the server, to set up and inspect objects behind packer's back
+    bucket: str
+
+    def upload(self, root: Path, prefix: str) -> str:
+        """Every file under ``root`` to ``s3://<bucket>/<prefix>/<relpath>``; returns that URL."""
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            self.client.put_object(Bucket=self.bucket, Key=f"{prefix}/{path.relative_to(root).as_posix()}",
+                                   Body=path.read_bytes())
+        return f"s3://{self.bucket}/{prefix}"
 
 
 def _free_port() -> int:
@@ -46,7 +54,7 @@ def running_store(scratch: Path, bucket: str) -> Iterator[Store]:
             env.delenv("AWS_PROFILE", raising=False)
             client = boto3.client("s3", endpoint_url=endpoint)
             client.create_bucket(Bucket=bucket)
-            yield Store(endpoint=endpoint, client=client)
+            yield Store(endpoint=endpoint, client=client, bucket=bucket)
     finally:
         server.stop()
 

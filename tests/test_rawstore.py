@@ -40,13 +40,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield running
 
 
-def upload(store: Store, root: Path, prefix: str) -> str:
-    """Every file under ``root`` to ``s3://BUCKET/<prefix>/<relpath>``; returns that URL."""
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(root).as_posix()}",
-                                Body=path.read_bytes())
-    return f"s3://{BUCKET}/{prefix}"
-
 
 def demo_doc(demo_raw: Any, output: Path, raw: str | None = None) -> dict[str, Any]:
     """The demo job with its sources named; reading the raw tree from ``raw`` (a URL) if given."""
@@ -75,7 +68,7 @@ class Builds:
 def builds(store: Store, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Builds:
     """The demo built from local paths and, in-process with every S3 request recorded, from s3://."""
     tmp = tmp_path_factory.mktemp("raw-s3")
-    url = upload(store, demo_raw.root, "demo/raw")
+    url = store.upload(demo_raw.root, "demo/raw")
     local = build(load_job(write_job(tmp / "local", demo_doc(demo_raw, tmp / "out-local"))),
                   BuildOptions(scheduler="sync", quiet=True))
     with pytest.MonkeyPatch.context() as patch:
@@ -122,7 +115,7 @@ def test_each_raw_file_is_fetched_once_and_the_cache_key_costs_no_request(builds
 
 def test_a_rebuild_reuses_unchanged_objects_and_decodes_a_replaced_one(store: Store, demo_raw: Any,
                                                                       tmp_path: Path) -> None:
-    url = upload(store, demo_raw.root, "cache/raw")
+    url = store.upload(demo_raw.root, "cache/raw")
     job = load_job(write_job(tmp_path, demo_doc(demo_raw, tmp_path / "out", url)))
     options = BuildOptions(scheduler="sync", quiet=True, html_report=False)
     first = build(job, options)

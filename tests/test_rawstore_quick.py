@@ -42,12 +42,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield running
 
 
-def upload(store: Store, root: Path, prefix: str) -> str:
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(root).as_posix()}",
-                                Body=path.read_bytes())
-    return f"s3://{BUCKET}/{prefix}"
-
 
 # ------------------------------------------------------------------------------ raw files
 
@@ -155,7 +149,7 @@ def tree(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Tree:
     (raw / "ct_labels.csv").write_text("\n".join(["path,label", *(f"{rel},normal" for rel in dicom)]) + "\n")
     rows = write_image_tree(raw / "photos")
     (raw / "photos" / "labels.csv").write_text("\n".join(["path,label,entity,timestamp", *rows]) + "\n")
-    return Tree(local=raw, url=upload(store, raw, "quick/raw"), dicom=dicom)
+    return Tree(local=raw, url=store.upload(raw, "quick/raw"), dicom=dicom)
 
 
 Records = tuple[list[tuple[Any, ...]], list[tuple[str, str, str, str, str]]]
@@ -247,7 +241,7 @@ def test_a_quick_probe_of_a_large_dicom_fetches_a_small_fraction_of_it(
                 tmp_path / "raw" / "large.dcm")
     size = path.stat().st_size
     assert size > 8 * 2**20
-    url = upload(store, tmp_path / "raw", "large")
+    url = store.upload(tmp_path / "raw", "large")
     store.client.put_object(Bucket=BUCKET, Key="large-labels.csv", Body=b"path,label\nlarge.dcm,normal\n")
     doc = {"name": "large", "sources": [{"kind": "dicom", "root": url, "labels": f"s3://{BUCKET}/large-labels.csv"}],
            "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"),
