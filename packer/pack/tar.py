@@ -116,20 +116,19 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
         out = _HashingWriter(raw)
         for sample in samples:
             offset = out.size
-            npy_digest = hashlib.sha256()
-            npy_size = 0
-            for name, pieces in sample_members(sample):
+            members = sample_members(sample)
+            for name, pieces in members:
                 size = sum(len(piece) for piece in pieces)
                 out.write(member_header(name, size))
                 for piece in pieces:
                     out.write(piece)
                 if size % BLOCK:
                     out.write(_ZEROS[:BLOCK - size % BLOCK])
-                if name.endswith(".npy"):
-                    for piece in pieces:
-                        npy_digest.update(piece)
-                    npy_size = size
-            written.add(position=offset, size=npy_size, sha256=npy_digest.digest())
+            npy = members[-1][1]  # the .npy member is the last one
+            npy_digest = hashlib.sha256()
+            for piece in npy:
+                npy_digest.update(piece)
+            written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_digest.digest())
         out.write(_ZEROS[:2 * BLOCK])
         if out.size % RECORD:
             out.write(_ZEROS[:RECORD - out.size % RECORD])

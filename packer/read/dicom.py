@@ -9,10 +9,11 @@ uses ``force=True``: pydicom then "reads" README, JSON and ICC files as one-elem
 
 Hostile files: the header probe reads through :class:`~packer.read.limits.BoundedFile`, the
 full parse of a file up to 64 MiB reads it with one system call and parses it from memory (in
-both, an element length larger than the file allocates nothing), a deflated data set is inflated once without
-keeping it to check its size, and the size and burned-in checks run again in ``read_dicom``
-before any pixel is decoded. Encapsulated frames whose own JPEG / JPEG 2000 header claims more
-pixels than Rows × Columns, or more frames than (0028,0008), are ``bad_shape`` before decoding.
+both, an element length larger than the file allocates nothing), a deflated data set is
+inflated once without keeping it to check its size, and the size and burned-in checks run
+again in ``read_dicom`` before any pixel is decoded. Encapsulated frames whose own JPEG /
+JPEG 2000 header claims more pixels than Rows × Columns, or more frames than (0028,0008), are
+``bad_shape`` before decoding.
 
 ``read_dicom`` decodes the pixels once with the decoder pinned in :func:`decoder_table` (lossy
 JPEG output differs between plugins, so the bytes must not depend on what else is installed),
