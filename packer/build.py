@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
+from packer.allocator import system_arrow_pool
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, PackerError
@@ -150,7 +151,11 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     bad fraction over the threshold is not raised here: the report and manifest are written
     and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
     """
-    options = options or BuildOptions()
+    with system_arrow_pool():  # the client's tables: see packer.allocator
+        return _build(job, options or BuildOptions())
+
+
+def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     identity = job.identity()
     cfg_hash = config_hash(identity)

@@ -1,4 +1,5 @@
-"""glibc thresholds: large decode buffers are reused from the heap, not mapped afresh per file."""
+"""Allocator settings: glibc thresholds (large decode buffers are reused from the heap, not mapped
+afresh per file) and the client's Arrow pool."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import textwrap
 
 import pytest
 
-from packer.allocator import tune_allocator
+import pyarrow as pa
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+from packer.allocator import system_arrow_pool, tune_allocator
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
 
 # A decode-like loop: per "file" a decoded 640×480×3 image, its float32 copy, a scaled copy and
 # a smaller output, all freed after. The minor page faults of the last 20 files tell whether the
@@ -50,6 +53,7 @@ def faults(mode: str, **env: str) -> tuple[bool, int]:
     return applied == "True", int(count)
 
 
+@glibc_only
 def test_tuned_processes_reuse_decode_buffers_instead_of_faulting_them_in_again() -> None:
     applied, default = faults("default")
     assert not applied and default > 20 * 1000                           # every buffer mapped afresh
@@ -57,9 +61,22 @@ def test_tuned_processes_reuse_decode_buffers_instead_of_faulting_them_in_again(
     assert applied and tuned < 200                                       # the same heap memory, reused
 
 
+@glibc_only
 def test_tuning_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     applied, count = faults("tuned", PACKER_TUNE_MALLOC="0")
     assert not applied and count > 20 * 500
     monkeypatch.setenv("PACKER_TUNE_MALLOC", "0")
     monkeypatch.setattr("packer.allocator._tuned_pid", None)
     assert tune_allocator() is False
+
+
+def test_the_system_arrow_pool_holds_inside_the_block_and_the_callers_pool_comes_back() -> None:
+    before = pa.default_memory_pool()
+    with system_arrow_pool():
+        assert pa.default_memory_pool().backend_name == "system"
+        array = pa.array(range(100_000), pa.int64())
+        assert pa.system_memory_pool().bytes_allocated() >= array.nbytes
+    assert pa.default_memory_pool().backend_name == before.backend_name
+    with pytest.raises(RuntimeError), system_arrow_pool():
+        raise RuntimeError("a failed build")
+    assert pa.default_memory_pool().backend_name == before.backend_name

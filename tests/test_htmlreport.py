@@ -6,6 +6,8 @@ import base64
 import copy
 import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
@@ -334,6 +336,24 @@ def test_without_the_index_the_shards_are_scanned(built: BuildResult, tmp_path: 
     parsed = parse(render_html_report(folder))
     assert len(parsed.images) == len(parse(render_html_report(built.version_dir)).images)
     assert "the shards were scanned instead" in parsed.all_text
+
+
+def test_an_index_without_a_column_is_scanned_around(built: BuildResult, tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    table = pq.read_table(folder / "_index.parquet")
+    pq.write_table(table.drop_columns(["entity_id"]), folder / "_index.parquet")
+    parsed = parse(render_html_report(folder))
+    assert "no column entity_id" in parsed.all_text and "the shards were scanned instead" in parsed.all_text
+    assert len(parsed.images) == len(parse(render_html_report(built.version_dir)).images)
+
+
+def test_the_report_does_not_load_pyarrow_dataset(built: BuildResult) -> None:
+    # its import alone costs 37 MiB, at the end of a build's client (packer.allocator)
+    code = ("import sys; from packer.htmlreport import render_html_report; "
+            f"render_html_report({str(built.version_dir)!r}); print('pyarrow.dataset' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_stale_index_offsets_fall_back_to_scanning_the_shard(built: BuildResult, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from packer.allocator import system_arrow_pool
 from packer.htmlreport.collect import ReportLimits, collect_report_data
 from packer.htmlreport.imagery import render_contact_sheets, render_intensities
 from packer.htmlreport.markup import esc
@@ -53,7 +54,8 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
     warnings: list[str] = []
     if manifest is None:
         manifest, warnings = read_manifest_leniently(manifest_file)
-    data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings)
+    with system_arrow_pool():  # see packer.allocator: the report runs at the end of a build's client
+        data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings)
     body = "".join([render_summary(data), render_splits(data), render_contact_sheets(data),
                     render_intensities(data), render_bad_samples(data), render_leakage(data)])
     name, version = str(manifest.get("name", "?")), str(manifest.get("version", "?"))
