@@ -9,9 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import pyarrow as pa
+import pytest
 
 from packer.allocator import system_arrow_pool, tune_allocator
 
