@@ -116,7 +116,11 @@ MESSAGE_LOG_LENGTH = 0
 @contextlib.contextmanager
 def _no_message_logs() -> Iterator[None]:
     import dask
+    import distributed  # noqa: F401 - loads distributed's config defaults before the set below
 
+    # dask.config.set undoes a key that did not exist by deleting it: set before distributed's
+    # defaults were loaded, it took all of "distributed.*" with it on exit, and the next
+    # LocalCluster in the same process failed with KeyError: 'comm'
     with dask.config.set({"distributed.admin.low-level-log-length": MESSAGE_LOG_LENGTH}):
         yield
 

@@ -180,3 +180,15 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
                 break
             time.sleep(0.1)
         assert alive == 0, f"{alive} task arguments still held on the client after their tasks finished"
+
+
+def test_a_second_local_cluster_in_the_same_process_starts() -> None:
+    # a fresh interpreter, so that distributed is first imported by open_executor itself:
+    # leaving the first cluster used to delete dask's whole "distributed" config
+    code = ("from packer.execute import open_executor\n"
+            "for _ in range(2):\n"
+            "    with open_executor(None, workers=1) as executor:\n"
+            "        assert [r for _, r in executor.map_unordered(abs, [-1])] == [1]\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
