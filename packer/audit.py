@@ -31,6 +31,7 @@ from packer.dedup import exact_groups
 from packer.errors import LeakageError
 from packer.pack.writer import atomic_output
 from packer.process import SpilledSample
+from packer.sampletable import as_table
 from packer.split import Assignment
 
 #: Findings listed per rule in leakage.json; the count is always complete.
@@ -82,32 +83,56 @@ class AuditReport:
         }
 
 
-def _where(sample: SpilledSample, split: str | None, show_paths: bool = True) -> dict[str, Any]:
-    where = {"key": sample.key, "source": sample.ref.source, "entity_id": sample.ref.entity, "split": split}
-    if show_paths:
-        where["path"] = sample.ref.relpath
-    return where
+@dataclass(frozen=True)
+class _Samples:
+    """The fields the rules read, one list per field (read from the columns once), and the
+    assignment's split of each sample (None: left out of every split)."""
+
+    key: list[str]
+    source: list[str]
+    entity: list[str | None]
+    relpath: list[str]
+    sha256: list[str]
+    time: list[str | None]
+    split: list[str | None]
+    show_paths: bool
+
+    @classmethod
+    def of(cls, samples: Sequence[SpilledSample], split: dict[str, str], show_paths: bool) -> _Samples:
+        table = as_table(samples)
+        keys = table.column("key")
+        return cls(key=keys, source=table.column("source"), entity=table.column("entity"),
+                   relpath=table.column("relpath"), sha256=table.column("sha256"), time=table.column("time"),
+                   split=[split.get(k) for k in keys], show_paths=show_paths)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def where(self, i: int) -> dict[str, Any]:
+        where = {"key": self.key[i], "source": self.source[i], "entity_id": self.entity[i], "split": self.split[i]}
+        if self.show_paths:
+            where["path"] = self.relpath[i]
+        return where
 
 
-def _entity_overlap(samples: Sequence[SpilledSample], split: dict[str, str]) -> RuleResult:
+def _entity_overlap(samples: _Samples) -> RuleResult:
     splits_of: dict[str, set[str]] = defaultdict(set)
-    for sample in samples:
-        if sample.key in split and sample.ref.entity is not None:
-            splits_of[sample.ref.entity].add(split[sample.key])
+    for entity, split in zip(samples.entity, samples.split, strict=True):
+        if split is not None and entity is not None:
+            splits_of[entity].add(split)
     findings = [{"entity_id": e, "splits": sorted(s, key=SPLITS.index)}
                 for e, s in sorted(splits_of.items()) if len(s) > 1]
     return RuleResult("entity_overlap", "fail", len(findings), tuple(findings))
 
 
-def _exact(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
-           show_paths: bool) -> list[RuleResult]:
+def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
     across: list[dict[str, Any]] = []
     within: list[dict[str, Any]] = []
-    for group in exact_groups([s.sha256 for s in samples]):
-        placed = [samples[i] for i in group if samples[i].key in split]
-        splits = {split[s.key] for s in placed}
-        finding = {"sha256": placed[0].sha256 if placed else samples[group[0]].sha256,
-                   "samples": [_where(s, split.get(s.key), show_paths) for s in placed]}
+    for group in exact_groups(samples.sha256):
+        placed = [i for i in group if samples.split[i] is not None]
+        splits = {samples.split[i] for i in placed}
+        finding = {"sha256": samples.sha256[placed[0] if placed else group[0]],
+                   "samples": [samples.where(i) for i in placed]}
         if len(splits) > 1:
             across.append(finding)
         elif len(placed) > 1:
@@ -117,14 +142,11 @@ def _exact(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitCo
             RuleResult("exact_duplicates_within_split", "report", len(within), tuple(within))]
 
 
-def _near(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
-          edges: Sequence[tuple[int, int, int]], show_paths: bool) -> RuleResult:
-    crossing = [{"a": _where(samples[i], split[samples[i].key], show_paths),
-                 "b": _where(samples[j], split[samples[j].key], show_paths),
-                 "distance": d}
+def _near(samples: _Samples, cfg: SplitConfig, edges: Sequence[tuple[int, int, int]]) -> RuleResult:
+    split, sha256 = samples.split, samples.sha256
+    crossing = [{"a": samples.where(i), "b": samples.where(j), "distance": d}
                 for i, j, d in edges
-                if samples[i].key in split and samples[j].key in split
-                and split[samples[i].key] != split[samples[j].key] and samples[i].sha256 != samples[j].sha256]
+                if split[i] is not None and split[j] is not None and split[i] != split[j] and sha256[i] != sha256[j]]
     severity = "report" if cfg.duplicates == "report" or not cfg.near_enabled else "fail"
     count = len(crossing)
     # max_cross_split pairs are tolerated: the rule fails only beyond them
@@ -134,32 +156,29 @@ def _near(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitCon
                               "enabled": cfg.near_enabled})
 
 
-def _span_entities(samples: Sequence[SpilledSample], split: dict[str, str],
-                   edges: Sequence[tuple[int, int, int]], show_paths: bool) -> RuleResult:
+def _span_entities(samples: _Samples, edges: Sequence[tuple[int, int, int]]) -> RuleResult:
     from packer.dedup import cluster_duplicates
 
-    exact = ((g[k], g[k + 1]) for g in exact_groups([s.sha256 for s in samples]) for k in range(len(g) - 1))
+    exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256) for k in range(len(g) - 1))
     links = itertools.chain(exact, edges)  # streamed: near edges can number in the millions
     clusters: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(cluster_duplicates(len(samples), links)):
         clusters[root].append(index)
     findings: list[dict[str, Any]] = []
     for members in clusters.values():
-        entities = sorted({samples[i].ref.entity or "" for i in members})
+        entities = sorted({samples.entity[i] or "" for i in members})
         if len(members) > 1 and len(entities) > 1:
             findings.append({"entities": entities, "size": len(members),
-                             "samples": [_where(samples[i], split.get(samples[i].key), show_paths)
-                                         for i in members[:20]]})
+                             "samples": [samples.where(i) for i in members[:20]]})
     findings.sort(key=lambda f: f["entities"])
     return RuleResult("duplicates_span_entities", "report", len(findings), tuple(findings))
 
 
-def _time_order(samples: Sequence[SpilledSample], split: dict[str, str], cfg: SplitConfig,
-                show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
+def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     times: dict[str, list[str]] = defaultdict(list)
-    for sample in samples:
-        if sample.key in split and sample.ref.time is not None:
-            times[split[sample.key]].append(sample.ref.time)
+    for split, time in zip(samples.split, samples.time, strict=True):
+        if split is not None and time is not None:
+            times[split].append(time)
     ranges = {s: (min(t), max(t)) for s, t in times.items()}
     findings = []
     if cfg.by == "time" and "train" in ranges:
@@ -182,15 +201,14 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
     calendar dates out of the findings; samples are then named by key and entity pseudonym.
     """
-    split = assignment.split
-    time_rule, ranges = _time_order(samples, split, cfg, show_dates)
-    rules = [_entity_overlap(samples, split), *_exact(samples, split, cfg, show_paths),
-             _near(samples, split, cfg, edges, show_paths), _span_entities(samples, split, edges, show_paths),
+    fields = _Samples.of(samples, assignment.split, show_paths)
+    time_rule, ranges = _time_order(fields, cfg, show_dates)
+    rules = [_entity_overlap(fields), *_exact(fields, cfg), _near(fields, cfg, edges), _span_entities(fields, edges),
              time_rule]
     entities: dict[str, set[str]] = defaultdict(set)
-    for sample in samples:
-        if sample.key in split:
-            entities[split[sample.key]].add(sample.ref.entity or "")
+    for split, entity in zip(fields.split, fields.entity, strict=True):
+        if split is not None:
+            entities[split].add(entity or "")
     return AuditReport(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
                        time_ranges=ranges if show_dates else {})
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from packer import __version__
-from packer.allocator import system_arrow_pool
+from packer.allocator import system_arrow_pool, tune_client_allocator
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, PackerError
-from packer.execute import Executor, WorkerLost, open_executor
+from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -41,13 +43,14 @@ from packer.manifest import (
     write_splits_table,
 )
 from packer.pack.assemble import ShardTask, write_shard
-from packer.pack.plan import ShardPlan, plan_shards
+from packer.pack.plan import ShardPlan, shard_bounds, shard_file
 from packer.pack.writer import ShardWrite, atomic_output
 from packer.prepare import prepare, stage_seconds
-from packer.process import SpilledSample, remove_stale_temporaries
+from packer.process import remove_stale_temporaries
 from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
+from packer.sampletable import SampleTable
 from packer.storage import PublishResult, publish_version, resolve_output
 
 CACHE_DIR = ".cache"
@@ -97,14 +100,29 @@ class BuildResult:
         return bool(bad["fraction"] > bad["max_fraction"])
 
 
-def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_map: dict[str, int],
+@dataclass(frozen=True)
+class _Shard:
+    """A planned shard: its file, split and index, and the rows of its samples (in the order they
+    go in) in the build's sample table."""
+
+    file: str
+    split: str
+    index: int
+    rows: np.ndarray
+
+
+def _pack_all(shards: list[_Shard], samples: SampleTable, executor: Executor, label_map: dict[str, int],
               cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
-    tasks = [ShardTask(plan=p, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
-             for p in plans]
-    progress = Progress("pack", sum(len(p.samples) for p in plans), unit="samples", quiet=quiet)
+    def task_of(i: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
+        shard = shards[i]
+        plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
+        return ShardTask(plan=plan, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
+
+    progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}
     nonce = uuid.uuid4().hex[:8]
-    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{t.plan.file}-{nonce}" for t in tasks]):
+    tasks = LazySequence(len(shards), task_of)
+    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{s.file}-{nonce}" for s in shards]):
         if isinstance(shard, WorkerLost):
             raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
                               "this happens only when copying already-decoded bytes, so check the worker's memory "
@@ -115,11 +133,15 @@ def _pack_all(plans: list[ShardPlan[SpilledSample]], executor: Executor, label_m
     return written
 
 
-def _sample_schema(samples: list[SpilledSample]) -> dict[str, Any]:
+def _sample_schema(samples: SampleTable) -> dict[str, Any]:
+    source_codes, sources = samples.codes("source")
+    shape_codes, shapes = samples.codes("shape")
+    dtype_codes, dtypes_of = samples.codes("dtype")
     by_source: dict[str, set[tuple[int, ...]]] = defaultdict(set)
-    dtypes = {s.dtype for s in samples}
-    for sample in samples:
-        by_source[sample.ref.source].add(sample.shape)
+    pairs = np.unique(np.stack([source_codes, shape_codes], axis=1), axis=0) if len(samples) else ()
+    for source, shape in pairs:
+        by_source[sources[source]].add(shapes[shape])
+    dtypes = {dtypes_of[c] for c in np.unique(dtype_codes).tolist()}
     all_shapes = {s for shapes in by_source.values() for s in shapes}
     return {
         "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
@@ -129,19 +151,38 @@ def _sample_schema(samples: list[SpilledSample]) -> dict[str, Any]:
     }
 
 
-def _split_summary(by_split: dict[str, list[SpilledSample]], plans: list[ShardPlan[SpilledSample]],
-                   written: dict[str, ShardWrite]) -> dict[str, Any]:
+def _split_summary(samples: SampleTable, shards: list[_Shard], written: dict[str, ShardWrite]) -> dict[str, Any]:
+    label_codes, labels = samples.codes("label")
+    entity_codes, _ = samples.codes("entity")
     summary: dict[str, Any] = {}
     for split in SPLITS:
-        samples = by_split.get(split, [])
-        counts = Counter(s.ref.label for s in samples)
+        mine = [s for s in shards if s.split == split]
+        rows = np.concatenate([s.rows for s in mine]) if mine else np.zeros(0, dtype=np.int64)
+        counts = np.bincount(label_codes[rows], minlength=len(labels))
         summary[split] = {
-            "samples": len(samples),
-            "entities": len({s.ref.entity for s in samples}),
-            "class_counts": dict(sorted(counts.items())),  # type: ignore[arg-type]
-            "shards": [written[p.file].to_entry() for p in plans if p.split == split],
+            "samples": int(rows.size),
+            "entities": int(np.unique(entity_codes[rows]).size),
+            "class_counts": dict(sorted((labels[code], int(n)) for code, n in enumerate(counts.tolist()) if n)),
+            "shards": [written[s.file].to_entry() for s in mine],
         }
     return summary
+
+
+def _plan(samples: SampleTable, split_of: dict[str, str], job: JobConfig) -> list[_Shard]:
+    """The shards of every split, in split order, each split's samples in key order."""
+    rows: dict[str, list[int]] = defaultdict(list)
+    for row, key in enumerate(samples.column("key")):
+        rows[split_of[key]].append(row)
+    nbytes = samples.nbytes
+    shards: list[_Shard] = []
+    for split in SPLITS:
+        mine = np.array(rows.pop(split, []), dtype=np.int64)
+        bounds = shard_bounds(nbytes[mine].tolist(), fmt=job.pack.format, max_samples=job.pack.max_samples,
+                              max_bytes=job.pack.max_bytes)
+        shards.extend(_Shard(file=shard_file(split, index, job.pack.format), split=split, index=index,
+                             rows=mine[start:stop])
+                      for index, (start, stop) in enumerate(bounds))
+    return shards
 
 
 def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
@@ -151,7 +192,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     bad fraction over the threshold is not raised here: the report and manifest are written
     and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
     """
-    with system_arrow_pool():  # the client's tables: see packer.allocator
+    tune_client_allocator()  # see packer.allocator
+    with system_arrow_pool():
         return _build(job, options or BuildOptions())
 
 
@@ -178,28 +220,24 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         if prepared.audit.failed:
             write_leakage(dataset_root, prepared.audit)
             raise_on_leakage(prepared.audit)
-        samples, issues, assignment = list(prepared.samples), list(prepared.issues), prepared.assignment
-        names = job.labels or tuple(sorted({s.ref.label or "" for s in samples}))
+        samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
+        names = job.labels or tuple(sorted({label or "" for label in samples.codes("label")[1]}))
         label_map = {name: index for index, name in enumerate(names)}
-
-        by_split: dict[str, list[SpilledSample]] = defaultdict(list)
-        for sample in samples:
-            by_split[assignment.split[sample.key]].append(sample)
-        plans = [plan for split in SPLITS
-                 for plan in plan_shards(by_split.get(split, []), split=split, fmt=job.pack.format,
-                                         max_samples=job.pack.max_samples, max_bytes=job.pack.max_bytes)]
+        shards = _plan(samples, assignment.split, job)
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
-        written = _pack_all(plans, executor, label_map, cache_dir, staging, job.pack.format, options.quiet)
+        written = _pack_all(shards, samples, executor, label_map, cache_dir, staging, job.pack.format,
+                            options.quiet)
         description = executor.description
 
     index = IndexColumns()
-    for plan in plans:
-        index.add_shard(written[plan.file], split=plan.split, keys=[s.key for s in plan.samples],
-                        labels=[label_map[s.ref.label or ""] for s in plan.samples],
-                        entity_ids=[s.ref.entity or "" for s in plan.samples],
-                        sources=[s.ref.source for s in plan.samples])
+    for shard in shards:
+        table = samples.take(shard.rows)
+        index.add_shard(written[shard.file], split=shard.split, keys=table.column("key"),
+                        labels=[label_map[label or ""] for label in table.column("label")],
+                        entity_ids=[entity or "" for entity in table.column("entity")],
+                        sources=table.column("source"))
     index_entry = write_index(staging, index)
     del index
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
@@ -217,7 +255,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "format": job.pack.format,
         "sample_schema": _sample_schema(samples),
         "label_map": label_map,
-        "splits": _split_summary(by_split, plans, written),
+        "splits": _split_summary(samples, shards, written),
         "inputs": {"files": prepared.inputs, "samples": len(samples)},
         "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),
         "audit": prepared.audit.to_json(listed=False),
@@ -235,7 +273,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     seconds = {**stage_seconds(prepared.chunks),
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
     sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
-    del prepared, samples, issues, assignment, by_split, plans, written, body
+    del prepared, samples, issues, assignment, shards, written, body
     html_report = None
     if options.html_report:
         from packer.htmlreport import write_html_report

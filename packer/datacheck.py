@@ -63,10 +63,11 @@ def summary(result: ValidateResult) -> dict[str, Any]:
     prepared = result.prepared
     per_split = {split: {"samples": 0, "entities": 0} for split in SPLITS}
     entities: dict[str, set[str]] = {split: set() for split in SPLITS}
-    for sample in prepared.samples:
-        split = prepared.assignment.split[sample.key]
+    split_of = prepared.assignment.split
+    for key, entity in zip(prepared.samples.column("key"), prepared.samples.column("entity"), strict=True):
+        split = split_of[key]
         per_split[split]["samples"] += 1
-        entities[split].add(sample.ref.entity or "")
+        entities[split].add(entity or "")
     for split in SPLITS:
         per_split[split]["entities"] = len(entities[split])
     doc = {

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from packer.errors import ConfigError
 
@@ -26,6 +26,30 @@ def default_workers() -> int:
 
 class WorkerLost(Exception):
     """A task's worker process died every time it ran the task (e.g. a native decoder crash)."""
+
+
+class LazySequence(Sequence[T]):
+    """``count`` items made by ``make(i)`` when read, so a long task list need not exist at once:
+    :meth:`Executor.map_unordered` reads an item when it submits it (the sliding window)."""
+
+    def __init__(self, count: int, make: Callable[[int], T]) -> None:
+        self._count, self._make = count, make
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(f"item {index} of {self._count}")
+        return self._make(index % self._count)
 
 
 class Executor:
@@ -57,9 +81,10 @@ class Executor:
         Tasks are submitted in a sliding window (:meth:`window`), not all at once: a task's
         arguments (a chunk's file records, a shard's sample records) live pickled on the client
         and unpickled in the scheduler until it finishes, so submitting everything would make
-        memory grow with the size of the dataset instead of with the cluster.
+        memory grow with the size of the dataset instead of with the cluster. For the same reason
+        ``items`` may be a :class:`LazySequence`: each item is then made when it is submitted.
         """
-        items = list(items)
+        items = items if isinstance(items, Sequence) else list(items)
         if self.client is None:
             for item in items:
                 yield item, fn(item)

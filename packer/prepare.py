@@ -12,21 +12,21 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from packer.audit import AuditReport, audit_assignment
 from packer.config import JobConfig
 from packer.discover import discover
-from packer.execute import Executor, WorkerLost
+from packer.execute import Executor, LazySequence, WorkerLost
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import (
+    ChunkGroup,
     ChunkResult,
     ChunkTask,
-    SpilledSample,
+    chunk_bounds,
     chunk_key,
-    chunk_refs,
-    group_chunks,
+    group_size,
     process_chunk,
     process_group,
 )
@@ -34,21 +34,21 @@ from packer.progress import Progress
 from packer.rawstore import RawObject, remote_listing
 from packer.records import Issue, SampleRef
 from packer.report import sort_issues
+from packer.sampletable import RefTable, SampleTable, TableBuilder
 from packer.split import Assignment, assign_splits, balance_warning, near_edges
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Prepared:
     """What the client knows after the pixel pass, the split and the audit.
 
-    ``samples`` are the ones assigned to a split, sorted by key; ``issues`` include the
-    discover, read, validate and split stages; ``inputs`` counts the raw files considered.
+    ``samples`` are the ones assigned to a split, sorted by key, in columns; ``issues`` include
+    the discover, read, validate and split stages; ``inputs`` counts the raw files considered;
+    ``chunks`` are the pixel pass's results without their samples (counts, cache use, seconds).
     """
 
     inputs: int
-    samples: tuple[SpilledSample, ...]
+    samples: SampleTable
     issues: tuple[Issue, ...]
     assignment: Assignment
     audit: AuditReport
@@ -62,49 +62,34 @@ class Prepared:
 
 
 class _Settle:
-    """Turns a worker's sample records into the client's: pseudonymized, with shared values.
+    """Turns a worker's sample records into the client's: pseudonymized, then into columns.
 
-    A worker result unpickles into fresh objects for every sample, so 100k samples of ten
-    labels would hold 100k label strings (and as many entity ids, times, shapes and dtypes).
-    Keeping one object per distinct value, and discover's own id and path strings, keeps a
-    sample's record near 1 KB (benchmarks/RESULTS.md has the measured growth). Pseudonymizing
-    here, as each result arrives, means raw entity ids live only in header reads and the local
-    cache, never in the records the client keeps.
+    Pseudonymizing here, as each result arrives, means raw entity ids live only in header reads
+    and the local cache, never in the records the client keeps. The records go into a
+    :class:`~packer.sampletable.TableBuilder` (about 300 bytes a sample, no Python object
+    each); the chunk result keeps its counts and seconds, not its samples.
     """
 
     def __init__(self, phi: Pseudonymizer) -> None:
         self._phi = phi
-        self._values: dict[Any, Any] = {}
+        self.table = TableBuilder(SampleTable)
 
-    def _one(self, value: T) -> T:
-        return self._values.setdefault(value, value)  # type: ignore[no-any-return]
-
-    def sample(self, sample: SpilledSample, original: SampleRef | None = None) -> SpilledSample:
-        """``sample`` as the client keeps it; ``original`` is the ref discover made for its file,
-        whose id and path strings the client already holds (the worker's are equal copies)."""
-        ref, one = sample.ref, self._one
-        entity, extra = ref.entity, ref.extra
-        if self._phi.active and entity is not None:
-            entity, extra = self._phi.entity(entity), ()
-        sample_id, path, relpath = ref.sample_id, ref.path, ref.relpath
-        if original is not None and (original.sample_id, original.path, original.relpath) == (sample_id, path, relpath):
-            sample_id, path, relpath = original.sample_id, original.path, original.relpath
-        ref = replace(ref, sample_id=sample_id, path=path, relpath=relpath, source=one(ref.source),
-                      kind=one(ref.kind), label=one(ref.label), entity=one(entity), time=one(ref.time), extra=extra)
-        return replace(sample, key=sample_id if sample.key == sample_id else sample.key, ref=ref,
-                       spill=one(sample.spill), shape=one(sample.shape), dtype=one(sample.dtype),
-                       pixel_bytes=one(sample.pixel_bytes), meta_bytes=one(sample.meta_bytes))
-
-    def chunk(self, chunk: ChunkResult, refs: Sequence[SampleRef]) -> ChunkResult:
-        """``chunk`` with every sample settled; ``refs`` are the refs its task was given."""
-        originals = {ref.sample_id: ref for ref in refs}
-        return replace(chunk, samples=tuple(self.sample(s, originals.get(s.ref.sample_id)) for s in chunk.samples))
+    def chunk(self, chunk: ChunkResult) -> ChunkResult:
+        for sample in chunk.samples:
+            if self._phi.active and sample.ref.entity is not None:
+                sample = replace(sample, ref=replace(sample.ref, entity=self._phi.entity(sample.ref.entity), extra=()))
+            self.table.append(sample)
+        return replace(chunk, samples=())
 
 
-def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Path | None, decode: bool = True,
-                quiet: bool = False, phi: Pseudonymizer | None = None, listed: Mapping[str, RawObject] | None = None,
-                storage_options: dict[str, Any] | None = None) -> list[ChunkResult]:
+def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
+                decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
+                listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
+                ) -> tuple[list[ChunkResult], SampleTable]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
+
+    Returns the chunk results in key order, without their samples, and every sample in a
+    table, in the order the results arrived.
 
     Refs whose path is a URL need ``listed`` (:attr:`packer.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
@@ -113,7 +98,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
     A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
     down) is retried file by file; a file that still kills its worker becomes a
     ``decoder_crash`` bad sample and the build goes on. Each result's samples are settled as
-    they arrive (:class:`_Settle`: pseudonymized under ``phi``, values shared).
+    they arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
     libraries = library_versions()
@@ -121,22 +106,34 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
     cache = str(cache_dir) if cache_dir is not None else None
     listed = listed or {}
 
-    def task_of(chunk: tuple[SampleRef, ...]) -> ChunkTask:
+    def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:
         return ChunkTask(key=chunk_key(chunk, job, libraries, listed), refs=chunk, job=job, cache_dir=cache,
                          decode=decode, listed=remote_listing(chunk, listed), storage_options=storage_options)
 
-    tasks = [task_of(chunk) for chunk in chunk_refs(refs)]
-    progress = Progress("process" if decode else "headers", len(refs), quiet=quiet)
+    # Tasks are made as the executor submits them, each from its rows of the ref table: made all
+    # at once, they would keep every ref alive as objects through the whole pass.
+    table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
+    ids = table.column("sample_id")
+    bounds = chunk_bounds(ids)
+    size = group_size(len(bounds), executor.threads())
+    spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
+    names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
+    del ids
+
+    def group_of(index: int) -> ChunkGroup:
+        return ChunkGroup(tuple(task_of(tuple(table[row] for row in range(start, stop)))
+                                for start, stop in spans[index]))
+
+    progress = Progress("process" if decode else "headers", len(table), quiet=quiet)
     results: list[ChunkResult] = []
     lost: list[ChunkTask] = []
-    groups = group_chunks(tasks, executor.threads())
-    for group, done in executor.map_unordered(process_group, groups,
-                                              [f"process-{g.tasks[0].key}-{len(g.tasks)}-{nonce}" for g in groups]):
+    groups = LazySequence(len(spans), group_of)
+    for group, done in executor.map_unordered(process_group, groups, names):
         if isinstance(done, WorkerLost):
             lost.extend(group.tasks)
             continue
-        for task, result in zip(group.tasks, done, strict=True):
-            results.append(settle.chunk(result, task.refs))
+        for result in done:
+            results.append(settle.chunk(result))
             progress.update(result.files, bad=len(result.issues))
     singles = [task_of((ref,)) for task in lost for ref in task.refs]
     suspects: list[ChunkTask] = []
@@ -145,7 +142,7 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
         if isinstance(outcome, WorkerLost):
             suspects.append(task)  # maybe only a bystander on a dying worker: retried alone below
             continue
-        results.append(settle.chunk(outcome, task.refs))
+        results.append(settle.chunk(outcome))
         progress.update(outcome.files, bad=len(outcome.issues))
     for suspect in suspects:  # one at a time, so a death can only be this file's doing
         ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
@@ -156,10 +153,10 @@ def process_all(job: JobConfig, executor: Executor, refs: list, *, cache_dir: Pa
                 ref, stage="read", reason="decoder_crash",
                 message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
                         f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
-        results.append(settle.chunk(outcome, task.refs))
+        results.append(settle.chunk(outcome))
         progress.update(outcome.files, bad=len(outcome.issues))
     progress.close()
-    return sorted(results, key=lambda r: r.key)
+    return sorted(results, key=lambda r: r.key), settle.table.finish()
 
 
 def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:
@@ -181,16 +178,20 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     """
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
-    refs, issues = found.refs, found.issues
+    # in columns, and discovery's objects freed before the pixel pass: alive through it, the
+    # refs' objects would pin memory the client never gets back (packer.sampletable)
+    refs, issues, listed = RefTable.of(found.refs), found.issues, found.listed
+    del found
     inputs = len(refs) + len(issues)
     if not quiet:
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    chunks = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
-                         listed=found.listed, storage_options=storage_options)
-    del refs, found  # the settled samples carry their own (probed) refs
-    samples = sorted((s for c in chunks for s in c.samples), key=lambda s: s.key)
+    chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
+                                listed=listed, storage_options=storage_options)
+    del refs, listed  # the settled samples carry their own (probed) refs
+    samples = table.sorted_by_key()
+    del table
     issues.extend(i for c in chunks for i in c.issues)
     split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
     edges = near_edges(samples, split_cfg)
@@ -201,7 +202,8 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     audit = audit_assignment(samples, assignment, split_cfg, edges, show_paths=not phi.active,
                              show_dates=phi.dates == "keep")
     issues.extend(assignment.dropped)
-    kept = tuple(s for s in samples if s.key in assignment.split)
+    split = assignment.split
+    kept = samples.take([i for i, key in enumerate(samples.column("key")) if key in split])
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi)
 

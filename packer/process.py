@@ -80,7 +80,7 @@ class ChunkTask:
     version); ``storage_options``: for fetching them (the worker's environment adds its own)."""
 
     key: str
-    refs: tuple[SampleRef, ...]
+    refs: Sequence[SampleRef]  # a tuple, or on the way from the client a RefTable (packer.sampletable)
     job: JobConfig
     cache_dir: str | None
     decode: bool = True
@@ -114,11 +114,15 @@ class ChunkGroup:
     tasks: tuple[ChunkTask, ...]
 
 
+def group_size(chunks: int, threads: int) -> int:
+    """Chunks per group: up to :data:`MAX_GROUP`, leaving at least :data:`GROUPS_PER_THREAD`
+    groups per worker thread; 1 when ``threads`` is 0 (in-process: nothing to save)."""
+    return 1 if threads <= 0 else max(1, min(MAX_GROUP, chunks // (GROUPS_PER_THREAD * threads)))
+
+
 def group_chunks(tasks: Sequence[ChunkTask], threads: int) -> list[ChunkGroup]:
-    """``tasks`` in order, cut into groups of up to :data:`MAX_GROUP`, leaving at least
-    :data:`GROUPS_PER_THREAD` groups per worker thread; one task per group when ``threads``
-    is 0 (in-process: nothing to save)."""
-    size = 1 if threads <= 0 else max(1, min(MAX_GROUP, len(tasks) // (GROUPS_PER_THREAD * threads)))
+    """``tasks`` in order, cut into groups of :func:`group_size`."""
+    size = group_size(len(tasks), threads)
     return [ChunkGroup(tuple(tasks[i:i + size])) for i in range(0, len(tasks), size)]
 
 
@@ -127,19 +131,25 @@ def process_group(group: ChunkGroup) -> tuple[ChunkResult, ...]:
     return tuple(process_chunk(task) for task in group.tasks)
 
 
+def chunk_bounds(sample_ids: Sequence[str]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each chunk of the sorted refs whose ids are ``sample_ids``: a chunk
+    closes after an id whose hash hits 1 in :data:`BOUNDARY` (content-defined, so adding a file
+    changes only its own chunk), or at :data:`MAX_CHUNK` refs."""
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for index, sample_id in enumerate(sample_ids):
+        hit = int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) % BOUNDARY == 0
+        if hit or index + 1 - start >= MAX_CHUNK:
+            bounds.append((start, index + 1))
+            start = index + 1
+    if start < len(sample_ids):
+        bounds.append((start, len(sample_ids)))
+    return bounds
+
+
 def chunk_refs(refs: Sequence[SampleRef]) -> list[tuple[SampleRef, ...]]:
-    """Cut the sorted ref list into chunks with content-defined boundaries."""
-    chunks: list[tuple[SampleRef, ...]] = []
-    current: list[SampleRef] = []
-    for ref in refs:
-        current.append(ref)
-        hit = int(hashlib.sha256(ref.sample_id.encode()).hexdigest()[:8], 16) % BOUNDARY == 0
-        if hit or len(current) >= MAX_CHUNK:
-            chunks.append(tuple(current))
-            current = []
-    if current:
-        chunks.append(tuple(current))
-    return chunks
+    """Cut the sorted ref list into chunks with content-defined boundaries (:func:`chunk_bounds`)."""
+    return [tuple(refs[start:stop]) for start, stop in chunk_bounds([ref.sample_id for ref in refs])]
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

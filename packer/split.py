@@ -32,6 +32,7 @@ from packer.dedup import UnionFind, exact_groups, near_duplicate_edges
 from packer.errors import ConfigError
 from packer.process import SpilledSample
 from packer.records import Issue
+from packer.sampletable import as_table
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -97,20 +98,21 @@ def near_edges(samples: Sequence[SpilledSample], cfg: SplitConfig) -> Sequence[t
     """Near-duplicate edges (i, j, distance) between samples, empty when disabled."""
     if not cfg.near_enabled or len(samples) < 2:
         return []
-    hashes = np.array([s.dhash for s in samples], dtype=np.uint64)
-    return near_duplicate_edges(hashes, cfg.near_threshold)
+    return near_duplicate_edges(as_table(samples).array("dhash"), cfg.near_threshold)
 
 
 def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
                   edges: Sequence[tuple[int, int, int]]) -> list[SplitGroup]:
     """Union-find the samples into split groups (entities, plus duplicates when grouping)."""
-    forest = UnionFind(len(samples))
+    table = as_table(samples)
+    entities = table.column("entity")
+    forest = UnionFind(len(table))
     first_of_entity: dict[str, int] = {}
-    for index, sample in enumerate(samples):
-        entity = sample.ref.entity or f"?{sample.key}"
-        forest.union(first_of_entity.setdefault(entity, index), index)
+    for index, (entity, key) in enumerate(zip(entities, table.column("key"), strict=True)):
+        forest.union(first_of_entity.setdefault(entity or f"?{key}", index), index)
+    del first_of_entity
     if cfg.duplicates == "group":
-        for group in exact_groups([s.sha256 for s in samples]):
+        for group in exact_groups(table.column("sha256")):
             for a, b in zip(group, group[1:], strict=False):
                 forest.union(a, b)
         for a, b, _ in edges:
@@ -118,7 +120,7 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
     members: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(forest.components()):
         members[root].append(index)
-    return [SplitGroup(members=tuple(m), entities=tuple(sorted({samples[i].ref.entity or "" for i in m})))
+    return [SplitGroup(members=tuple(m), entities=tuple(sorted({entities[i] or "" for i in m})))
             for _, m in sorted(members.items())]
 
 
@@ -178,24 +180,24 @@ def read_pinned(path: Path) -> dict[str, str]:
     return pins
 
 
-def _group_time(group: SplitGroup, samples: Sequence[SpilledSample]) -> str:
-    times = [t for t in (samples[i].ref.time for i in group.members) if t is not None]
+def _group_time(group: SplitGroup, times_of: Sequence[str | None]) -> str:
+    times = [t for t in (times_of[i] for i in group.members) if t is not None]
     if not times:
         raise ValueError(f"split group of {group.representative} reached the time split without times")
     return min(times)
 
 
-def _stratified(groups: Sequence[SplitGroup], samples: Sequence[SpilledSample], cfg: SplitConfig,
+def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cfg: SplitConfig,
                 fixed: Mapping[int, str]) -> dict[int, str]:
     """Greedy group-aware stratification: each group goes to the split whose quota of the
     group's labels is most behind. Large groups first; ties broken by the seeded hash."""
-    labels = sorted({s.ref.label or "" for s in samples})
+    labels = sorted({label or "" for label in label_of})
     column = {label: k for k, label in enumerate(labels)}
     ratios = np.array([r for _, r in cfg.ratios], dtype=np.float64)
     counts = np.zeros((len(groups), len(labels)))
     for g, group in enumerate(groups):
         for i in group.members:
-            counts[g, column[samples[i].ref.label or ""]] += 1
+            counts[g, column[label_of[i] or ""]] += 1
     target = ratios[:, None] * counts.sum(axis=0)[None, :]
     have = np.zeros_like(target)
     out: dict[int, str] = {}
@@ -218,7 +220,8 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig,
                   edges: Sequence[tuple[int, int, int]] = ()) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy."""
-    groups = group_samples(samples, cfg, edges)
+    table = as_table(samples)
+    groups = group_samples(table, cfg, edges)
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
@@ -231,15 +234,16 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig,
             fixed[g] = wanted.pop()
     cutoffs = dict(cfg.cutoffs)
     group_split: dict[int, str] = {}
+    times = table.column("time")
     if cfg.by == "time":
         for g, group in enumerate(groups):
-            by_time = split_for_time(_group_time(group, samples), cutoffs)
+            by_time = split_for_time(_group_time(group, times), cutoffs)
             if g in fixed and fixed[g] != by_time:
                 raise ConfigError(f"{cfg.pinned}: {group.representative} is pinned to {fixed[g]} but its first "
                                   f"record falls in {by_time} under the time cutoffs; unpin it or move the cutoff")
             group_split[g] = by_time
     elif cfg.stratify == "label":
-        group_split = _stratified(groups, samples, cfg, fixed)
+        group_split = _stratified(groups, table.column("label"), cfg, fixed)
     else:
         for g, group in enumerate(groups):
             group_split[g] = fixed.get(g) or split_for_unit(entity_unit(group.representative, cfg.seed), cfg.ratios)
@@ -247,20 +251,21 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig,
     split: dict[str, str] = {}
     fold: dict[str, int] = {}
     dropped: list[Issue] = []
+    keys = table.column("key")
     for g, group in enumerate(groups):
         for i in group.members:
-            sample = samples[i]
-            target = group_split[g]
-            if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and sample.ref.time is not None:
-                own = split_for_time(sample.ref.time, cutoffs)
+            target, time = group_split[g], times[i]
+            if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and time is not None:
+                own = split_for_time(time, cutoffs)
                 if own != target:
-                    dropped.append(Issue.of(sample.ref, stage="split", reason="straddles_cutoff",
-                                            message=f"{sample.ref.path}: record time {sample.ref.time} falls in "
+                    ref = table[i].ref
+                    dropped.append(Issue.of(ref, stage="split", reason="straddles_cutoff",
+                                            message=f"{ref.path}: record time {time} falls in "
                                                     f"{own}, but its entity's first record put it in {target}; "
                                                     "dropped by entity_policy: drop_straddlers"))
                     continue
-            split[sample.key] = target
+            split[keys[i]] = target
             if cfg.folds and target != "test":
-                fold[sample.key] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+                fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
     return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
                       pinned={e: s for e, s in pins.items()})

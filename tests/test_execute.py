@@ -123,14 +123,14 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
 
     monkeypatch.setattr(process, "GROUPS_PER_THREAD", 1)   # the demo's few chunks, two per task
     seen: list[int] = []
-    grouping = process.group_chunks
+    sizing = process.group_size
 
-    def recording(tasks: Any, threads: int) -> list[process.ChunkGroup]:
-        groups = grouping(tasks, threads)
-        seen.extend(len(g.tasks) for g in groups)
-        return groups
+    def recording(chunks: int, threads: int) -> int:
+        size = sizing(chunks, threads)
+        seen.extend(min(size, chunks - start) for start in range(0, chunks, size))
+        return size
 
-    monkeypatch.setattr("packer.prepare.group_chunks", recording)
+    monkeypatch.setattr("packer.prepare.group_size", recording)
     result = run(demo_raw, tmp_path, None, workers=2)
     assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "out" / "demo" / ".cache").glob("*.spill")))
     assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
@@ -192,3 +192,22 @@ def test_a_second_local_cluster_in_the_same_process_starts() -> None:
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_lazy_task_list_is_made_one_item_at_a_time_as_tasks_are_submitted() -> None:
+    from packer.execute import Executor, LazySequence
+
+    made: list[int] = []
+
+    def make(i: int) -> int:
+        made.append(i)
+        return i
+
+    items = LazySequence(40, make)
+    assert len(items) == 40 and items[-1] == 39 and items[2:5] == [2, 3, 4]
+    with pytest.raises(IndexError, match="item 40 of 40"):
+        items[40]
+    made.clear()
+    results = Executor(None, "in-process").map_unordered(abs, items)
+    assert next(results) == (0, 0) and made == [0]          # the rest not made yet
+    assert [r for _, r in results] == list(range(1, 40)) and made == list(range(40))

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from packer.manifest import IndexColumns, write_splits_table
 from packer.pack.writer import ShardWrite
 from packer.phi import Pseudonymizer
+from packer.process import SpilledSample
+from packer.records import SampleRef
 
 
 def _shard(name: str, count: int, start: int) -> ShardWrite:
@@ -52,9 +54,12 @@ def test_index_refuses_a_shard_whose_positions_go_backwards() -> None:
 
 
 def test_splits_table_holds_one_row_per_sample_sorted_by_key_with_days_since_first(tmp_path) -> None:
-    def sample(key: str, entity: str, time: str | None, label: str) -> SimpleNamespace:
-        return SimpleNamespace(key=key, ref=SimpleNamespace(sample_id=key.split("-f")[0], entity=entity, time=time,
-                                                             label=label))
+    def sample(key: str, entity: str, time: str | None, label: str) -> SpilledSample:
+        sample_id = key.split("-f")[0]
+        ref = SampleRef(sample_id=sample_id, source="ct", kind="dicom", path=f"/raw/{sample_id}.dcm",
+                        relpath=f"{sample_id}.dcm", label=label, entity=entity, time=time)
+        return SpilledSample(key=key, ref=ref, spill="c.spill", offset=0, pixel_bytes=16, meta_bytes=2, shape=(1, 4, 4),
+                             dtype="uint8", sha256=key)
 
     samples = [sample("ct-b", "P1", "2020-01-03T00:00:00", "x"), sample("ct-a", "P1", "2020-01-01T12:00:00", "y"),
                sample("ct-c-f0001", "P2", None, "x")]

@@ -26,35 +26,42 @@ S = TypeVar("S", bound=Sized)
 
 @dataclass(frozen=True)
 class ShardPlan(Generic[S]):
-    """One shard to write: its file name, split, index and the samples that go in it, in order."""
+    """One shard to write: its file name, split, index and the samples that go in it, in order
+    (a tuple, or the build's :class:`~packer.sampletable.SampleTable`)."""
 
     file: str
     split: str
     index: int
-    samples: tuple[S, ...]
+    samples: Sequence[S]
+
+
+def shard_file(split: str, index: int, fmt: str) -> str:
+    return f"{split}-{index:06d}.{EXTENSIONS[fmt]}"
+
+
+def shard_bounds(sizes: Sequence[int], *, fmt: str, max_samples: int, max_bytes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each shard over samples of ``sizes`` bytes (already in their final
+    order): a shard closes before it would exceed ``max_samples`` samples or ``max_bytes``
+    bytes (sample bytes plus the format's per-sample overhead); a sample larger than
+    ``max_bytes`` on its own gets a shard to itself."""
+    overhead = PER_SAMPLE_OVERHEAD[fmt]
+    bounds: list[tuple[int, int]] = []
+    start, current_bytes = 0, 0
+    for index, nbytes in enumerate(sizes):
+        size = nbytes + overhead
+        if index > start and (index - start >= max_samples or current_bytes + size > max_bytes):
+            bounds.append((start, index))
+            start, current_bytes = index, 0
+        current_bytes += size
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+    return bounds
 
 
 def plan_shards(samples: Sequence[S], *, split: str, fmt: str, max_samples: int,
                 max_bytes: int) -> list[ShardPlan[S]]:
-    """Cut one split's samples (already in their final order) into consecutive shards.
-
-    A shard closes before it would exceed ``max_samples`` samples or ``max_bytes`` bytes
-    (sample bytes plus the format's per-sample overhead); a sample larger than ``max_bytes``
-    on its own gets a shard to itself.
-    """
-    overhead = PER_SAMPLE_OVERHEAD[fmt]
-    plans: list[ShardPlan[S]] = []
-    current: list[S] = []
-    current_bytes = 0
-    for sample in samples:
-        size = sample.nbytes + overhead
-        if current and (len(current) >= max_samples or current_bytes + size > max_bytes):
-            plans.append(ShardPlan(file=f"{split}-{len(plans):06d}.{EXTENSIONS[fmt]}", split=split,
-                                   index=len(plans), samples=tuple(current)))
-            current, current_bytes = [], 0
-        current.append(sample)
-        current_bytes += size
-    if current:
-        plans.append(ShardPlan(file=f"{split}-{len(plans):06d}.{EXTENSIONS[fmt]}", split=split,
-                               index=len(plans), samples=tuple(current)))
-    return plans
+    """Cut one split's samples (already in their final order) into consecutive shards
+    (:func:`shard_bounds`)."""
+    bounds = shard_bounds([s.nbytes for s in samples], fmt=fmt, max_samples=max_samples, max_bytes=max_bytes)
+    return [ShardPlan(file=shard_file(split, index, fmt), split=split, index=index, samples=tuple(samples[a:b]))
+            for index, (a, b) in enumerate(bounds)]

@@ -1,0 +1,309 @@
+"""The client's per-file and per-sample records in columns: a few buffers however many there are.
+
+From the pixel pass to the manifest the client holds one record per sample: its key and
+ref, where its bytes sit in the spill files, its shape and its content hashes. As objects
+(:class:`~packer.process.SpilledSample`, its :class:`~packer.records.SampleRef` and their
+strings) a record costs about 1 KB in a dozen small allocations, and CPython keeps the arenas
+of freed ones whenever a long-lived object pins them (``benchmarks/RESULTS.md``, "Packing
+memory at 100k samples"), so the client grew by 1.2 KB a sample. Discovery's refs, alive
+through the whole pixel pass, added as much again. A :class:`SampleTable` (and a
+:class:`RefTable` for refs) keeps the same records in about 300 bytes a sample and holds no
+Python object per record, not even per distinct value, so nothing it keeps pins the arenas
+of the objects it was built from:
+
+- text that differs from record to record (key, id, paths, time, sha256) in one UTF-8
+  buffer per field with end offsets;
+- fields with few distinct values (source, kind, label, entity, extra, spill file, shape,
+  dtype) as int32 codes into a text column of those values, decoded when read;
+- numbers (offset, sizes, dHash) in numpy arrays.
+
+A table is a ``Sequence`` of its records: an item is built when it is read, so code written
+for a list of records works unchanged. The client's loops over every record (split, audit,
+shard planning, index) read whole fields with :meth:`column`, :meth:`codes` and :meth:`array`
+instead. A table pickles as its buffers, which is how chunk and shard tasks carry theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Generic, Self, TypeVar, overload
+
+import numpy as np
+
+from packer.process import SpilledSample
+from packer.records import SampleRef
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _Text:
+    """Row ``i`` is ``data[ends[i - 1]:ends[i]]`` decoded, or None where ``null[i]``."""
+
+    data: bytes
+    ends: np.ndarray   # int64, end offset of each row
+    null: np.ndarray   # bool
+
+    @classmethod
+    def of(cls, values: Sequence[str | None]) -> _Text:
+        encoded = [b"" if v is None else v.encode() for v in values]
+        ends = np.cumsum(np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded)))
+        return cls(b"".join(encoded), ends, np.fromiter((v is None for v in values), dtype=bool, count=len(values)))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def starts(self) -> np.ndarray:
+        starts = np.zeros_like(self.ends)
+        starts[1:] = self.ends[:-1]
+        return starts
+
+    def get(self, i: int) -> str | None:
+        if self.null[i]:
+            return None
+        start = int(self.ends[i - 1]) if i else 0
+        return self.data[start:int(self.ends[i])].decode()
+
+    def values(self) -> list[str | None]:
+        data = self.data
+        return [None if null else data[start:end].decode()
+                for start, end, null in zip(self.starts().tolist(), self.ends.tolist(), self.null.tolist(),
+                                            strict=True)]
+
+    def take(self, rows: np.ndarray) -> _Text:
+        starts, ends, data = self.starts()[rows], self.ends[rows], self.data
+        joined = b"".join([data[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+        return _Text(joined, np.cumsum(ends - starts, dtype=np.int64), self.null[rows])
+
+
+@dataclass(frozen=True)
+class _Codec:
+    """How a coded field's distinct values are written as text and read back."""
+
+    encode: Callable[[Any], str | None]
+    decode: Callable[[str | None], Any]
+
+
+_AS_TEXT = _Codec(lambda value: value, lambda text: text)
+_SHAPE = _Codec(lambda shape: ",".join(map(str, shape)),
+                lambda text: tuple(int(d) for d in text.split(",")) if text else ())
+_PAIRS = _Codec(lambda pairs: json.dumps(pairs), lambda text: tuple(tuple(p) for p in json.loads(text or "[]")))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _Coded:
+    """Row ``i`` is the ``codes[i]``-th distinct value, kept as text in ``values``."""
+
+    codes: np.ndarray  # int32
+    values: _Text
+    codec: str         # a key of _CODECS
+
+    def distinct(self) -> tuple[Any, ...]:
+        decode = _CODECS[self.codec].decode
+        return tuple(decode(text) for text in self.values.values())
+
+    def take(self, rows: np.ndarray) -> _Coded:
+        return _Coded(self.codes[rows], self.values, self.codec)
+
+
+_CODECS = {"text": _AS_TEXT, "shape": _SHAPE, "pairs": _PAIRS}
+
+
+class _Columns(Generic[R], Sequence[R]):
+    """Records of one dataclass type in columns; subclasses name the fields and build a record."""
+
+    TEXT: ClassVar[tuple[str, ...]]
+    CODED: ClassVar[dict[str, str]]    # field -> codec
+    NUMBERS: ClassVar[dict[str, str]]  # field -> array typecode ("q" int64, "Q" uint64)
+
+    def __init__(self, size: int, text: dict[str, _Text], coded: dict[str, _Coded],
+                 numbers: dict[str, np.ndarray]) -> None:
+        self.size, self.text, self.coded, self.numbers = size, text, coded, numbers
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return (*cls.TEXT, *cls.CODED, *cls.NUMBERS)
+
+    @staticmethod
+    def _field(record: R, name: str) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _record(row: dict[str, Any]) -> R:
+        raise NotImplementedError
+
+    @classmethod
+    def of(cls, records: Iterable[R]) -> Self:
+        """A table of ``records``, in their order."""
+        builder = TableBuilder(cls)
+        builder.extend(records)
+        return builder.finish()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.size, self.text, self.coded, self.numbers))
+
+    @overload
+    def __getitem__(self, index: int) -> R: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Self: ...
+
+    def __getitem__(self, index: int | slice) -> R | Self:
+        if isinstance(index, slice):
+            return self.take(np.arange(self.size, dtype=np.int64)[index])
+        i = operator.index(index)
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError(f"record {index} of a table of {self.size}")
+        return self._record({name: self._get(name, i) for name in self.fields()})
+
+    def __iter__(self) -> Iterator[R]:
+        names = self.fields()
+        for row in zip(*(self.column(name) for name in names), strict=True):
+            yield self._record(dict(zip(names, row, strict=True)))
+
+    def _get(self, name: str, i: int) -> Any:
+        if name in self.text:
+            return self.text[name].get(i)
+        if name in self.coded:
+            column = self.coded[name]
+            return _CODECS[column.codec].decode(column.values.get(int(column.codes[i])))
+        return int(self.numbers[name][i])
+
+    def column(self, name: str) -> list[Any]:
+        """Every record's value of field ``name``, in order, as a list."""
+        if name in self.text:
+            return self.text[name].values()
+        if name in self.coded:
+            codes, distinct = self.codes(name)
+            return [distinct[c] for c in codes.tolist()]
+        if name in self.numbers:
+            return self.numbers[name].tolist()  # type: ignore[no-any-return]
+        raise KeyError(f"no field {name!r}; fields: {', '.join(self.fields())}")
+
+    def codes(self, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
+        """(int32 code per record, the distinct values) of a field with few distinct values."""
+        column = self.coded[name]
+        return column.codes, column.distinct()
+
+    def array(self, name: str) -> np.ndarray:
+        """A numeric field as a numpy array (int64; uint64 for ``dhash``); do not modify it."""
+        return self.numbers[name]
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> Self:
+        """The records at ``rows`` (indices, in that order) as a new table."""
+        index = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < -self.size or index.max() >= self.size):
+            raise IndexError(f"rows outside a table of {self.size} records")
+        index = np.where(index < 0, index + self.size, index)
+        return type(self)(int(index.size), {n: c.take(index) for n, c in self.text.items()},
+                          {n: c.take(index) for n, c in self.coded.items()},
+                          {n: a[index] for n, a in self.numbers.items()})
+
+
+_REF_FIELDS = frozenset(f.name for f in fields(SampleRef))
+
+
+class RefTable(_Columns[SampleRef]):
+    """Discovery's refs in columns (see the module's docstring)."""
+
+    TEXT = ("sample_id", "path", "relpath", "time")
+    CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs"}
+    NUMBERS: ClassVar[dict[str, str]] = {}
+
+    @staticmethod
+    def _field(record: SampleRef, name: str) -> Any:
+        return getattr(record, name)
+
+    @staticmethod
+    def _record(row: dict[str, Any]) -> SampleRef:
+        return SampleRef(**row)
+
+
+class SampleTable(_Columns[SpilledSample]):
+    """The pixel pass's sample records in columns (see the module's docstring)."""
+
+    TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256")
+    CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
+             "spill": "text", "shape": "shape", "dtype": "text"}
+    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "dhash": "Q"}
+
+    @staticmethod
+    def _field(record: SpilledSample, name: str) -> Any:
+        return getattr(record.ref, name) if name in _REF_FIELDS else getattr(record, name)
+
+    @staticmethod
+    def _record(row: dict[str, Any]) -> SpilledSample:
+        ref = SampleRef(**{name: row.pop(name) for name in list(row) if name in _REF_FIELDS})
+        return SpilledSample(ref=ref, **row)
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        """Spilled bytes of each sample (pixels + metadata), int64."""
+        return self.numbers["pixel_bytes"] + self.numbers["meta_bytes"]
+
+    def sorted_by_key(self) -> SampleTable:
+        keys = self.column("key")
+        return self.take(sorted(range(self.size), key=keys.__getitem__))
+
+
+T = TypeVar("T", bound=_Columns[Any])
+
+
+class TableBuilder(Generic[T]):
+    """Appends records of a table type into growable buffers (no Python object kept per record;
+    the distinct values of coded fields are kept until :meth:`finish`)."""
+
+    def __init__(self, kind: type[T]) -> None:
+        self._kind = kind
+        self._size = 0
+        self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT}
+        self._codes: dict[str, tuple[array[int], dict[Any, int]]] = {name: (array("i"), {}) for name in kind.CODED}
+        self._numbers = {name: array(code) for name, code in kind.NUMBERS.items()}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, record: Any) -> None:
+        field = self._kind._field
+        for name, (data, ends, null) in self._text.items():
+            value = field(record, name)
+            if value is not None:
+                data += value.encode()
+            ends.append(len(data))
+            null.append(value is None)
+        for name, (codes, seen) in self._codes.items():
+            codes.append(seen.setdefault(field(record, name), len(seen)))
+        for name, numbers in self._numbers.items():
+            numbers.append(field(record, name))
+        self._size += 1
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.append(record)
+
+    def finish(self) -> T:
+        """The table of everything appended so far (the builder can go on appending)."""
+        text = {name: _Text(bytes(data), np.frombuffer(ends, dtype=np.int64).copy(),
+                            np.frombuffer(null, dtype=np.uint8).astype(bool))
+                for name, (data, ends, null) in self._text.items()}
+        coded = {name: _Coded(np.frombuffer(codes, dtype=np.int32).copy(),
+                              _Text.of([_CODECS[self._kind.CODED[name]].encode(v) for v in seen]),
+                              self._kind.CODED[name])
+                 for name, (codes, seen) in self._codes.items()}
+        numbers = {name: np.frombuffer(values, dtype=np.uint64 if values.typecode == "Q" else np.int64).copy()
+                   for name, values in self._numbers.items()}
+        return self._kind(self._size, text, coded, numbers)
+
+
+def as_table(samples: Sequence[SpilledSample]) -> SampleTable:
+    """``samples`` as a table (itself when it already is one)."""
+    return samples if isinstance(samples, SampleTable) else SampleTable.of(samples)
