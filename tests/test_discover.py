@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from packer.config import load_job
-from packer.discover import check_identity, discover, list_dicom_files, make_sample_id, normalize_time
+from packer.discover import (
+    _suffix,
+    _walk_relpaths,
+    check_identity,
+    discover,
+    list_dicom_files,
+    make_sample_id,
+    normalize_time,
+)
 from packer.errors import ConfigError
 from packer.records import SampleRef
 
@@ -175,3 +185,19 @@ def test_file_urls_list_the_same_files_as_paths(tmp_path: Path) -> None:
     assert found == discover(path_job) and found.listed == {}  # local files: nothing remote is listed
     assert [r.path for r in refs] == [str(tmp_path / "raw" / "a" / "1.png"), str(tmp_path / "raw" / "b.png")]
     assert [i.reason for i in issues] == ["missing_file"]
+
+
+@given(st.lists(st.text(alphabet="ab.C", min_size=1, max_size=6), min_size=1, max_size=3))
+def test_the_string_suffix_is_paths_suffix(parts: list[str]) -> None:
+    relpath = "/".join(parts)
+    assert _suffix(relpath) == PurePosixPath(relpath).suffix.lower()
+
+
+def test_the_walk_lists_relative_posix_paths_sorted_without_hidden_files(tmp_path: Path) -> None:
+    for rel in ["b/z.png", "b/a b.dcm", "a.png", ".hidden/x.png", "c/.x.png", "c/d/e.jpg", "B.png"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    walked = _walk_relpaths(tmp_path)
+    assert walked == ["B.png", "a.png", "b/a b.dcm", "b/z.png", "c/d/e.jpg"]
+    assert walked == sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
+                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(tmp_path).parts))
