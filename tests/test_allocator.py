@@ -79,3 +79,38 @@ def test_the_system_arrow_pool_holds_inside_the_block_and_the_callers_pool_comes
     with pytest.raises(RuntimeError), system_arrow_pool():
         raise RuntimeError("a failed build")
     assert pa.default_memory_pool().backend_name == before.backend_name
+
+
+# 40 buffers of 1 MiB after a 16 MiB one was freed (which raises glibc's dynamic threshold
+# to 16 MiB); every other one is then freed. How much of that half the process gives back
+# tells whether the buffers were mappings of their own or heap blocks with live neighbours.
+_HOLES = textwrap.dedent("""
+    import sys
+    if sys.argv[1] == "tuned":
+        from packer.allocator import tune_client_allocator
+        assert tune_client_allocator()
+
+    def rss_kib():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+
+    big = bytearray(16 << 20)
+    del big
+    buffers = [bytearray(b"x" * (1 << 20)) for _ in range(40)]
+    before = rss_kib()
+    del buffers[::2]
+    print((before - rss_kib()) // 1024)
+""")
+
+
+@glibc_only
+def test_the_client_gives_freed_large_buffers_back() -> None:
+    def returned(mode: str) -> int:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        out = subprocess.run([sys.executable, "-c", _HOLES, mode], check=True, capture_output=True, text=True,
+                             env=clean)
+        return int(out.stdout)
+
+    assert returned("default") < 5      # heap holes between live blocks: nothing comes back
+    assert returned("tuned") >= 18      # each freed MiB was its own mapping
