@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import platform
@@ -82,8 +81,7 @@ def _mallopt(settings: dict[int, int]) -> bool:
     if os.environ.get(ENV_SWITCH, "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # this process's own C library, no ldconfig subprocess
     except (OSError, AttributeError) as err:
         log.debug("glibc's mallopt is not reachable: %s", err)
         return False
