@@ -220,7 +220,8 @@ def _phase_timers(phases: dict[str, float], stages: dict[str, float]) -> context
             finally:
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
             if name == "process":
-                for chunk in result:
+                # process_all returns (chunks, sample table) since the columnar client; a list before
+                for chunk in result[0] if isinstance(result, tuple) else result:
                     for stage, seconds in getattr(chunk, "seconds", ()):
                         stages[stage] = stages.get(stage, 0.0) + seconds
             return result

@@ -232,12 +232,13 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         description = executor.description
 
     index = IndexColumns()
+    label_codes, label_values = samples.codes("label")
+    label_index = np.array([label_map[label or ""] for label in label_values], dtype=np.int64)
     for shard in shards:
         table = samples.take(shard.rows)
-        index.add_shard(written[shard.file], split=shard.split, keys=table.column("key"),
-                        labels=[label_map[label or ""] for label in table.column("label")],
-                        entity_ids=[entity or "" for entity in table.column("entity")],
-                        sources=table.column("source"))
+        index.add_shard(written[shard.file], split=shard.split, keys=table.arrow("key"),
+                        labels=label_index[label_codes[shard.rows]], entity_ids=table.arrow("entity").fill_null(""),
+                        sources=table.arrow("source"))
     index_entry = write_index(staging, index)
     del index
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)

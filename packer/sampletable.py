@@ -198,6 +198,20 @@ class _Columns(Generic[R], Sequence[R]):
         """A numeric field as a numpy array (int64; uint64 for ``dhash``); do not modify it."""
         return self.numbers[name]
 
+    def arrow(self, name: str) -> Any:
+        """Field ``name`` as a ``pyarrow`` array (string for text and coded fields, built from the
+        buffers without a Python object per record; int64/uint64 for numbers)."""
+        import pyarrow as pa
+
+        if name in self.numbers:
+            return pa.array(self.numbers[name])
+        if name in self.text:
+            return _arrow_strings(self.text[name])
+        column = self.coded[name]
+        if column.codec != "text":
+            raise TypeError(f"field {name!r} holds {column.codec} values, not text")
+        return _arrow_strings(column.values).take(pa.array(column.codes))
+
     def take(self, rows: Sequence[int] | np.ndarray) -> Self:
         """The records at ``rows`` (indices, in that order) as a new table."""
         index = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -207,6 +221,19 @@ class _Columns(Generic[R], Sequence[R]):
         return type(self)(int(index.size), {n: c.take(index) for n, c in self.text.items()},
                           {n: c.take(index) for n, c in self.coded.items()},
                           {n: a[index] for n, a in self.numbers.items()})
+
+
+def _arrow_strings(text: _Text) -> Any:
+    import pyarrow as pa
+
+    offsets = np.zeros(len(text) + 1, dtype=np.int64)
+    offsets[1:] = text.ends
+    validity = pa.py_buffer(np.packbits(~text.null, bitorder="little")) if text.null.any() else None
+    if offsets[-1] < 2**31:
+        return pa.StringArray.from_buffers(len(text), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(text.data),
+                                           validity)
+    large = pa.LargeStringArray.from_buffers(len(text), pa.py_buffer(offsets), pa.py_buffer(text.data), validity)
+    return large.cast(pa.string())
 
 
 _REF_FIELDS = frozenset(f.name for f in fields(SampleRef))

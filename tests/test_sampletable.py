@@ -40,6 +40,8 @@ def test_a_table_gives_back_the_records_it_was_built_from(records: list[SpilledS
     assert table.column("entity") == [r.ref.entity for r in records]
     assert table.array("dhash").tolist() == [r.dhash for r in records]
     assert table.nbytes.tolist() == [r.nbytes for r in records]
+    for name in ("key", "path", "time", "label", "entity", "source", "offset", "dhash"):
+        assert table.arrow(name).to_pylist() == table.column(name), name
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,6 +98,8 @@ def test_errors_name_what_is_wrong() -> None:
         table.take([3])
     with pytest.raises(KeyError, match="no field 'colour'"):
         table.column("colour")
+    with pytest.raises(TypeError, match="'shape' holds shape values, not text"):
+        table.arrow("shape")
     assert as_table(table) is table
 
 
