@@ -24,7 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -85,7 +85,8 @@ class ChunkTask:
     cache_dir: str | None
     decode: bool = True
     listed: tuple[tuple[str, RawObject], ...] = ()
-    storage_options: dict[str, Any] | None = None
+    # repr=False: dask logs a failed task with its arguments; the options may hold secrets
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -65,3 +65,13 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
             np.testing.assert_array_equal(a.image, b.image)
             assert a.metadata == b.metadata
     assert kept > 30  # the datasets were really handed over
+
+
+def test_a_chunk_tasks_repr_leaves_out_the_storage_options() -> None:
+    # dask logs a failed task with its arguments: the options may hold credentials
+    from packer.process import ChunkTask
+
+    task = ChunkTask(key="k", refs=(ref(1),), job=None, cache_dir=None,  # type: ignore[arg-type]
+                     storage_options={"secret": "s3cr3t-key"})
+    assert "s3cr3t-key" not in repr(task) and "s-000001" in repr(task)
+    assert task.storage_options == {"secret": "s3cr3t-key"}
