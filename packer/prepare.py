@@ -106,9 +106,10 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     cache = str(cache_dir) if cache_dir is not None else None
     listed = listed or {}
 
-    def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:
-        return ChunkTask(key=chunk_key(chunk, job, libraries, listed), refs=chunk, job=job, cache_dir=cache,
-                         decode=decode, listed=remote_listing(chunk, listed), storage_options=storage_options)
+    def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:  # the worker computes the chunk's key
+        return ChunkTask(key="", refs=chunk, job=job, cache_dir=cache, decode=decode,
+                         listed=remote_listing(chunk, listed), libraries=tuple(sorted(libraries.items())),
+                         storage_options=storage_options)
 
     # Tasks are made as the executor submits them, each from its rows of the ref table: made all
     # at once, they would keep every ref alive as objects through the whole pass.
@@ -121,8 +122,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     del ids
 
     def group_of(index: int) -> ChunkGroup:
-        return ChunkGroup(tuple(task_of(tuple(table[row] for row in range(start, stop)))
-                                for start, stop in spans[index]))
+        return ChunkGroup(tuple(task_of(tuple(table[start:stop])) for start, stop in spans[index]))
 
     progress = Progress("process" if decode else "headers", len(table), quiet=quiet)
     results: list[ChunkResult] = []
@@ -148,8 +148,8 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
                                                     [f"isolate-alone-{suspect.refs[0].sample_id}-{nonce}"])
         if isinstance(outcome, WorkerLost):
-            ref = task.refs[0]
-            outcome = ChunkResult(key=task.key, samples=(), files=1, issues=(Issue.of(
+            ref, key = task.refs[0], chunk_key(task.refs, job, libraries, listed)
+            outcome = ChunkResult(key=key, samples=(), files=1, issues=(Issue.of(
                 ref, stage="read", reason="decoder_crash",
                 message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
                         f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
