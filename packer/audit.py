@@ -30,7 +30,7 @@ from packer.config import SPLITS, SplitConfig
 from packer.dedup import exact_groups
 from packer.errors import LeakageError
 from packer.pack.writer import atomic_output
-from packer.process import SpilledSample
+from packer.records import SpilledSample
 from packer.sampletable import as_table
 from packer.split import Assignment
 

@@ -38,6 +38,7 @@ from packer.rawstore import (
     stat_remote,
 )
 from packer.records import Issue, SampleRef, safe_key
+from packer.sampletable import RefTable, TableBuilder
 from packer.storage import remote_errors, storage_error
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -267,29 +268,28 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
-                 ) -> tuple[list[SampleRef], list[Issue], dict[str, RawObject]]:
+                 ) -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
     remote = isinstance(source.root, str)
     if not isinstance(source.root, str) and not source.root.is_dir():
         raise ConfigError(f"sources.{source.name}.root: folder {source.root} does not exist "
                           f"(root: {source.root_spec!r}, relative to the job file)")
     table_path, labels = _table_of(source, storage_options)  # a bad table fails before a long listing
     files, listed = _listed_files(source, allow_outside, storage_options)
-    refs: list[SampleRef] = []
+    # Refs go into a table one at a time (packer.sampletable): as a list of objects, 100k refs
+    # held 60 MiB at once, much of it never given back to the system after discovery.
+    listed_refs = TableBuilder(RefTable)
     issues: list[Issue] = []
-    for rel, path in files:
+    real_root = None if remote or allow_outside else Path(source.root).resolve()
+    for rel, path in files:  # sorted by relative path
         row = labels.get(rel)
         if source.kind == "dicom":  # entity and time come from the header
-            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
-                                  path=path, relpath=rel, label=row.label if row else None))
+            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
+                            path=path, relpath=rel, label=row.label if row else None)
         else:
-            refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
-                                  path=path, relpath=rel,
-                                  label=row.label if row else None, entity=row.entity if row else None,
-                                  time=row.time if row else None, extra=row.extra if row else ()))
-    seen = {rel for rel, _ in files}
-    kept: list[SampleRef] = []
-    real_root = None if remote or allow_outside else Path(source.root).resolve()
-    for ref in refs:
+            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
+                            path=path, relpath=rel, label=row.label if row else None,
+                            entity=row.entity if row else None, time=row.time if row else None,
+                            extra=row.extra if row else ())
         if known_labels and ref.label is not None and ref.label not in known_labels:
             issues.append(Issue.of(ref, stage="discover", reason="unknown_label",
                                    message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
@@ -301,8 +301,10 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
         else:
-            kept.append(ref)
-    refs = kept
+            listed_refs.append(ref)
+    seen = {rel for rel, _ in files}
+    del files
+    outside: list[SampleRef] = []  # files a table names next to the root, where that is allowed
     for rel, row in sorted(labels.items()):
         if rel in seen:
             continue
@@ -319,15 +321,19 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                 # allowed on purpose: a table may point next to the root
                 if stat is not None:
                     listed[target] = stat
-                refs.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name,
-                                      kind=source.kind, path=target, relpath=rel, label=row.label,
-                                      entity=row.entity, time=row.time, extra=row.extra))
+                outside.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name,
+                                         kind=source.kind, path=target, relpath=rel, label=row.label,
+                                         entity=row.entity, time=row.time, extra=row.extra))
                 continue
         issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
                             reason="missing_file",
                             message=f"{table_path} row {row.row} lists {rel!r}, but {target} does not exist "
                                     "(or is not a supported file); fix the path or remove the row"))
-    refs.sort(key=lambda r: r.relpath)
+    refs = listed_refs.finish()
+    if outside:
+        refs = RefTable.concat([refs, RefTable.of(outside)])
+        relpaths = refs.column("relpath")
+        refs = refs.take(sorted(range(len(refs)), key=relpaths.__getitem__))
     return refs, issues, listed
 
 
@@ -337,7 +343,7 @@ class Discovery:
     ``issues``, and ``listed``: for each remote file (by URL) the size and version tag its
     listing gave, which the build cache keys it by (a local file is keyed by its stat)."""
 
-    refs: list[SampleRef]
+    refs: RefTable
     issues: list[Issue]
     listed: dict[str, RawObject] = field(default_factory=dict)
 
@@ -350,17 +356,21 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
     cannot be listed (missing bucket, credentials, endpoint; the message says which).
     """
-    refs: list[SampleRef] = []
+    tables: list[RefTable] = []
     issues: list[Issue] = []
     listed: dict[str, RawObject] = {}
     allow_outside = job.safety.outside_root == "allow"
     for source in job.sources:
         source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
                                                                  storage_options)
-        refs.extend(source_refs)
+        tables.append(source_refs)
         issues.extend(source_issues)
         listed.update(source_listed)
-    return Discovery(refs=unique_ids(refs), issues=issues, listed=listed)
+    refs = RefTable.concat(tables)
+    ids = refs.column("sample_id")
+    if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
+        refs = RefTable.of(unique_ids(list(refs)))
+    return Discovery(refs=refs, issues=issues, listed=listed)
 
 
 def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:

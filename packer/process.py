@@ -36,7 +36,7 @@ from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.rawstore import RawObject, fetched
 from packer.read import read_sample
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Issue, Sample, SampleRef, SpilledSample
 from packer.storage import is_url
 from packer.validate import find_sample_issue
 
@@ -50,26 +50,6 @@ CACHE_FORMAT = 6
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
 MAX_CHUNK = 128
-
-
-@dataclass(frozen=True, slots=True)
-class SpilledSample:
-    """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON."""
-
-    key: str
-    ref: SampleRef
-    spill: str
-    offset: int
-    pixel_bytes: int
-    meta_bytes: int
-    shape: tuple[int, ...]
-    dtype: str
-    sha256: str
-    dhash: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.pixel_bytes + self.meta_bytes
 
 
 @dataclass(frozen=True)

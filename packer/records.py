@@ -2,7 +2,8 @@
 
 A raw file is described by a :class:`SampleRef`; reading and transforming it yields
 one or more :class:`Sample` (several for multi-frame files or tiles) or exactly one
-:class:`Issue`, the bad-sample record. Nothing in between returns ``None``.
+:class:`Issue`, the bad-sample record. Nothing in between returns ``None``. The pixel pass
+spills each sample's bytes and returns a :class:`SpilledSample` for it to the client.
 """
 
 from __future__ import annotations
@@ -112,3 +113,23 @@ class Sample:
     ref: SampleRef
     image: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SpilledSample:
+    """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON."""
+
+    key: str
+    ref: SampleRef
+    spill: str
+    offset: int
+    pixel_bytes: int
+    meta_bytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    sha256: str
+    dhash: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.pixel_bytes + self.meta_bytes

@@ -2,7 +2,7 @@
 
 From the pixel pass to the manifest the client holds one record per sample: its key and
 ref, where its bytes sit in the spill files, its shape and its content hashes. As objects
-(:class:`~packer.process.SpilledSample`, its :class:`~packer.records.SampleRef` and their
+(:class:`~packer.records.SpilledSample`, its :class:`~packer.records.SampleRef` and their
 strings) a record costs about 1 KB in a dozen small allocations, and CPython keeps the arenas
 of freed ones whenever a long-lived object pins them (``benchmarks/RESULTS.md``, "Packing
 memory at 100k samples"), so the client grew by 1.2 KB a sample. Discovery's refs, alive
@@ -34,8 +34,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, overload
 
 import numpy as np
 
-from packer.process import SpilledSample
-from packer.records import SampleRef
+from packer.records import SampleRef, SpilledSample
 
 R = TypeVar("R")
 
@@ -73,6 +72,12 @@ class _Text:
         return [None if null else data[start:end].decode()
                 for start, end, null in zip(self.starts().tolist(), self.ends.tolist(), self.null.tolist(),
                                             strict=True)]
+
+    @classmethod
+    def concat(cls, parts: Sequence[_Text]) -> _Text:
+        shifts = np.cumsum([0] + [len(p.data) for p in parts[:-1]])
+        return cls(b"".join(p.data for p in parts), np.concatenate([p.ends + shift for p, shift in zip(parts, shifts,
+                   strict=True)]), np.concatenate([p.null for p in parts]))
 
     def take(self, rows: np.ndarray) -> _Text:
         starts, ends, data = self.starts()[rows], self.ends[rows], self.data
@@ -143,8 +148,36 @@ class _Columns(Generic[R], Sequence[R]):
         builder.extend(records)
         return builder.finish()
 
+    @classmethod
+    def concat(cls, tables: Sequence[Self]) -> Self:
+        """One table of ``tables``' records, in order (coded fields' distinct values merged)."""
+        if len(tables) == 1:
+            return tables[0]
+        if not tables:
+            return cls.of(())
+        text = {name: _Text.concat([t.text[name] for t in tables]) for name in cls.TEXT}
+        coded: dict[str, _Coded] = {}
+        for name, codec in cls.CODED.items():
+            values: dict[str | None, int] = {}
+            parts = []
+            for table in tables:
+                column = table.coded[name]
+                remap = np.array([values.setdefault(v, len(values)) for v in column.values.values()], dtype=np.int32)
+                parts.append(remap[column.codes] if len(remap) else column.codes)
+            coded[name] = _Coded(np.concatenate(parts), _Text.of(list(values)), codec)
+        numbers = {name: np.concatenate([t.numbers[name] for t in tables]) for name in cls.NUMBERS}
+        return cls(sum(t.size for t in tables), text, coded, numbers)
+
     def __len__(self) -> int:
         return self.size
+
+    def __eq__(self, other: object) -> bool:
+        """Tables of the same type are equal when they hold equal records in the same order."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return list(self) == list(other)  # type: ignore[arg-type]
+
+    __hash__ = None  # type: ignore[assignment]  # compared by content, like a list, so not hashable
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.size, self.text, self.coded, self.numbers))

@@ -30,8 +30,7 @@ import numpy as np
 from packer.config import SPLITS, SplitConfig
 from packer.dedup import UnionFind, exact_groups, near_duplicate_edges
 from packer.errors import ConfigError
-from packer.process import SpilledSample
-from packer.records import Issue
+from packer.records import Issue, SpilledSample
 from packer.sampletable import as_table
 
 

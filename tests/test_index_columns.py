@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from packer.manifest import IndexColumns, write_splits_table
 from packer.pack.writer import ShardWrite
 from packer.phi import Pseudonymizer
-from packer.process import SpilledSample
-from packer.records import SampleRef
+from packer.records import SampleRef, SpilledSample
 
 
 def _shard(name: str, count: int, start: int) -> ShardWrite:

@@ -24,8 +24,9 @@ from packer import rawstore
 from packer.config import JobConfig, load_job
 from packer.datacheck import validate_job
 from packer.discover import discover
-from packer.process import ChunkTask, SpilledSample, process_chunk
+from packer.process import ChunkTask, process_chunk
 from packer.rawstore import HEAD_BYTES, remote_listing
+from packer.records import SpilledSample
 from tests.conftest import write_job
 from tests.dicom_files import TEST_FILES, ct_dataset, image_dataset, save
 from tests.s3_store import S3Requests, Store, running_store

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.process import SpilledSample
-from packer.records import SampleRef
+from packer.records import SampleRef, SpilledSample
 from packer.sampletable import RefTable, SampleTable, TableBuilder, as_table
 
 text = st.text(min_size=0, max_size=12)
@@ -54,6 +53,8 @@ def test_take_slice_and_sort_select_the_same_records_as_on_a_list(records: list[
     start, stop, step = data.draw(st.tuples(st.integers(-40, 40), st.integers(-40, 40), st.integers(1, 3)))
     assert list(table[start:stop:step]) == records[start:stop:step]
     assert list(table.sorted_by_key()) == sorted(records, key=lambda r: r.key)
+    assert table == SampleTable.of(records) and table.take(rows) == SampleTable.of([records[i] for i in rows])
+    assert (table == table[1:]) == (records == records[1:]) and table != records
 
 
 def test_few_distinct_values_are_kept_once() -> None:
@@ -113,3 +114,12 @@ def test_a_ref_table_gives_back_discoverys_refs(records: list[SampleRef], data: 
         start, stop = data.draw(st.tuples(st.integers(0, len(records)), st.integers(0, len(records))))
         assert list(table[start:stop]) == records[start:stop]
         assert table[len(records) - 1] == records[-1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(samples, max_size=8), max_size=4))
+def test_concatenated_tables_hold_every_record_in_order(parts: list[list[SpilledSample]]) -> None:
+    joined = SampleTable.concat([SampleTable.of(part) for part in parts])
+    flat = [record for part in parts for record in part]
+    assert list(joined) == flat and joined.column("shape") == [r.shape for r in flat]
+    assert list(pickle.loads(pickle.dumps(joined))) == flat

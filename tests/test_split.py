@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from packer.audit import audit_assignment
 from packer.config import SplitConfig
 from packer.errors import ConfigError
-from packer.process import SpilledSample
-from packer.records import SampleRef
+from packer.records import SampleRef, SpilledSample
 from packer.split import assign_splits, entity_unit, split_for_time
 
 RATIOS = (("train", 0.8), ("valid", 0.1), ("test", 0.1))

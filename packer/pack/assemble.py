@@ -14,7 +14,8 @@ from packer.pack.parquet import write_parquet_shard
 from packer.pack.plan import ShardPlan
 from packer.pack.tar import write_tar_shard
 from packer.pack.writer import ShardWrite
-from packer.process import SpilledSample, read_spilled
+from packer.process import read_spilled
+from packer.records import SpilledSample
 
 WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 
