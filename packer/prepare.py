@@ -178,9 +178,7 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     """
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
-    # in columns, and discovery's objects freed before the pixel pass: alive through it, the
-    # refs' objects would pin memory the client never gets back (packer.sampletable)
-    refs, issues, listed = RefTable.of(found.refs), found.issues, found.listed
+    refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.sampletable)
     del found
     inputs = len(refs) + len(issues)
     if not quiet:
