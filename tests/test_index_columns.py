@@ -6,6 +6,7 @@ import random
 from array import array
 from types import SimpleNamespace
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -75,3 +76,12 @@ def test_splits_table_holds_one_row_per_sample_sorted_by_key_with_days_since_fir
         {"key": "ct-c-f0001", "sample_id": "ct-c", "entity_id": "P2", "split": "test", "fold": None,
          "time": None, "days_since_first": None, "label": "x"},
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=32, max_size=32), max_size=20))
+def test_hex_digests_are_the_digests_hex(digests: list[bytes]) -> None:
+    from packer.manifest import hex_digests
+
+    column = hex_digests(b"".join(digests), len(digests))
+    assert column.type == pa.string() and column.to_pylist() == [d.hex() for d in digests]
