@@ -102,13 +102,14 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
     libraries = library_versions()
+    library_pairs = tuple(sorted(libraries.items()))
     nonce = uuid.uuid4().hex[:8]
     cache = str(cache_dir) if cache_dir is not None else None
     listed = listed or {}
 
     def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:  # the worker computes the chunk's key
         return ChunkTask(key="", refs=chunk, job=job, cache_dir=cache, decode=decode,
-                         listed=remote_listing(chunk, listed), libraries=tuple(sorted(libraries.items())),
+                         listed=remote_listing(chunk, listed), libraries=library_pairs,
                          storage_options=storage_options)
 
     # Tasks are made as the executor submits them, each from its rows of the ref table: made all

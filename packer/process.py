@@ -24,7 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -36,7 +36,7 @@ from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.rawstore import RawObject, fetched
 from packer.read import read_sample
-from packer.records import Issue, Sample, SampleRef, SpilledSample
+from packer.records import REF_FIELDS, Issue, Sample, SampleRef, SpilledSample
 from packer.storage import is_url
 from packer.validate import find_sample_issue
 
@@ -163,13 +163,10 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
             except OSError:
                 fingerprint = ["missing"]
         # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
-        files.append([{name: getattr(ref, name) for name in _REF_FIELDS}, fingerprint])
+        files.append([{name: getattr(ref, name) for name in REF_FIELDS}, fingerprint])
     payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
                "files": files}
     return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
-
-
-_REF_FIELDS = tuple(f.name for f in fields(SampleRef))
 
 
 def _ref_from_json(data: dict[str, Any]) -> SampleRef:

@@ -9,7 +9,7 @@ spills each sample's bytes and returns a :class:`SpilledSample` for it to the cl
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,10 @@ class SampleRef:
     entity: str | None = None
     time: str | None = None
     extra: tuple[tuple[str, str], ...] = ()
+
+
+#: SampleRef's field names, in order.
+REF_FIELDS = tuple(f.name for f in fields(SampleRef))
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ import json
 import operator
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar, overload
 
 import numpy as np
 
-from packer.records import SampleRef, SpilledSample
+from packer.records import REF_FIELDS, SampleRef, SpilledSample
 
 R = TypeVar("R")
 
@@ -286,9 +286,6 @@ def _arrow_strings(text: _Text) -> Any:
     return large.cast(pa.string())
 
 
-_REF_FIELDS = frozenset(f.name for f in fields(SampleRef))
-
-
 class RefTable(_Columns[SampleRef]):
     """Discovery's refs in columns (see the module's docstring)."""
 
@@ -315,11 +312,11 @@ class SampleTable(_Columns[SpilledSample]):
 
     @staticmethod
     def _field(record: SpilledSample, name: str) -> Any:
-        return getattr(record.ref, name) if name in _REF_FIELDS else getattr(record, name)
+        return getattr(record.ref, name) if name in REF_FIELDS else getattr(record, name)
 
     @staticmethod
     def _record(row: dict[str, Any]) -> SpilledSample:
-        ref = SampleRef(**{name: row.pop(name) for name in list(row) if name in _REF_FIELDS})
+        ref = SampleRef(**{name: row.pop(name) for name in list(row) if name in REF_FIELDS})
         return SpilledSample(ref=ref, **row)
 
     @property
@@ -345,9 +342,6 @@ class TableBuilder(Generic[T]):
         self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT}
         self._codes: dict[str, tuple[array[int], dict[Any, int]]] = {name: (array("i"), {}) for name in kind.CODED}
         self._numbers = {name: array(code) for name, code in kind.NUMBERS.items()}
-
-    def __len__(self) -> int:
-        return self._size
 
     def append(self, record: Any) -> None:
         field = self._kind._field
