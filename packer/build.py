@@ -28,7 +28,7 @@ from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, PackerError
+from packer.errors import BadFractionError, FileSystemError, PackerError
 from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
@@ -188,13 +188,24 @@ def _plan(samples: SampleTable, split_of: dict[str, str], job: JobConfig) -> lis
 def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     """Build the dataset ``job`` describes; return where it went and what it holds.
 
-    Raises ConfigError (bad sources or tables) and LeakageError (the split audit failed). A
-    bad fraction over the threshold is not raised here: the report and manifest are written
+    Raises ConfigError (bad sources or tables), LeakageError (the split audit failed) and
+    FileSystemError (a disk full, over quota or read-only; the build cache keeps what was done).
+    A bad fraction over the threshold is not raised here: the report and manifest are written
     and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
     """
     tune_client_allocator()  # see packer.allocator
-    with system_arrow_pool():
-        return _build(job, options or BuildOptions())
+    try:
+        with system_arrow_pool():
+            return _build(job, options or BuildOptions())
+    except _ReportNotWritten:
+        raise
+    except FileSystemError as err:
+        raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache; the next build "
+                              "into the same output folder decodes only the rest") from err
+
+
+class _ReportNotWritten(FileSystemError):
+    """The dataset is published; only its HTML report could not be written."""
 
 
 def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
@@ -279,7 +290,11 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if options.html_report:
         from packer.htmlreport import write_html_report
 
-        html_report = write_html_report(version_dir)
+        try:
+            html_report = write_html_report(version_dir)
+        except FileSystemError as err:
+            raise _ReportNotWritten(f"{err}. The dataset itself is complete in {version_dir}, manifest included; "
+                                    f"once there is room, `packer report {version_dir}` writes the report") from err
     _prune_cache(cache_dir, used_chunks, keep=options.keep_cache)
     registry_copy = None
     if job.registry is not None:

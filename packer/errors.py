@@ -6,6 +6,8 @@ These are defects of the run.
 
 from __future__ import annotations
 
+import errno
+
 
 class PackerError(Exception):
     """Base class. ``exit_code`` is what ``packer`` exits with when this escapes."""
@@ -35,3 +37,42 @@ class IntegrityError(PackerError):
     """A shard or manifest does not match its recorded hash, size or schema."""
 
     exit_code = 5
+
+
+class FileSystemError(PackerError):
+    """A file system refused a write packer needs: full, over quota, read-only, not permitted,
+    or a file over its size limit. Names the file, the condition and the fix."""
+
+    exit_code = 6
+
+
+#: errno → (what the file system said, the fix): conditions of the machine, not of packer or of
+#: the data, that stop a write. Only errnos that writing (or creating) a file raises are here, so
+#: an error met while *reading* inside a writer's body is never blamed on the output. ``{elsewhere}``
+#: is where else the file could go.
+_STORAGE_FIXES: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("the file system is full", "free space there, or {elsewhere}"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within the quota, or {elsewhere}"),
+    errno.EROFS: ("the file system is read-only", "{elsewhere}"),
+    errno.EFBIG: ("the file is over the file system's size limit",
+                  "lower pack.max_bytes in the job file, or {elsewhere}"),
+}
+#: A refused permission counts only where packer creates or opens a file or folder for writing.
+_OPEN_FIXES: dict[int, tuple[str, str]] = {
+    errno.EACCES: ("permission denied", "make the folder writable for this user, or {elsewhere}"),
+    errno.EPERM: ("operation not permitted", "make the folder writable for this user, or {elsewhere}"),
+}
+OUTPUT_ELSEWHERE = "choose another output folder (packer build --out DIR)"
+
+
+def refused_write(err: OSError, path: object, *, opening: bool = False,
+                  elsewhere: str = OUTPUT_ELSEWHERE) -> FileSystemError | None:
+    """The :class:`FileSystemError` for ``err`` met writing ``path``, or None when ``err`` is not a
+    condition of the file system (a bug or a read error then stays what it is). ``opening``: the
+    error came from creating or opening the file or its folder, where a refused permission is the
+    file system's answer too. ``elsewhere``: how to put the file somewhere else, for the fix."""
+    known = _STORAGE_FIXES.get(err.errno or 0) or (_OPEN_FIXES.get(err.errno or 0) if opening else None)
+    if known is None:
+        return None
+    said, fix = known
+    return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fix.format(elsewhere=elsewhere)}")

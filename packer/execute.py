@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, PackerError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -26,6 +26,23 @@ def default_workers() -> int:
 
 class WorkerLost(Exception):
     """A task's worker process died every time it ran the task (e.g. a native decoder crash)."""
+
+
+class _RunDefect:
+    """A :class:`~packer.errors.PackerError` a task raised (a full disk, a bad table), carried
+    back as its result: dask would log it as a failed computation, with a traceback, on the
+    worker's stderr before packer's own one-line error."""
+
+    def __init__(self, error: PackerError) -> None:
+        self.error = error
+
+
+def _run(fn: Callable[[T], R], item: T) -> R | _RunDefect:
+    """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`."""
+    try:
+        return fn(item)
+    except PackerError as err:
+        return _RunDefect(err)
 
 
 class LazySequence(Sequence[T]):
@@ -100,7 +117,7 @@ class Executor:
 
         def submit_next() -> None:
             nonlocal submitted
-            future = client.submit(fn, items[submitted], key=names[submitted], pure=False)
+            future = client.submit(_run, fn, items[submitted], key=names[submitted], pure=False)
             item_of[future.key] = items[submitted]
             running.add(future)
             submitted += 1
@@ -112,7 +129,10 @@ class Executor:
                 submit_next()  # before handing back this result, so the workers stay busy
             item = item_of.pop(future.key)
             try:
-                yield item, future.result()
+                result = future.result()
+                if isinstance(result, _RunDefect):
+                    raise result.error
+                yield item, result
             except KilledWorker as err:
                 yield item, WorkerLost(str(err))
             finally:

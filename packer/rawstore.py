@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.config import LimitsConfig
-from packer.errors import ConfigError
+from packer.errors import ConfigError, refused_write
 from packer.read.limits import file_size_problem
 from packer.records import Issue, SampleRef
 from packer.storage import describe_error, filesystem_for, remote_errors, storage_error
@@ -193,6 +193,11 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
                         message=f"{url}: the object was listed but is gone ({err}); restore it, or build again "
                                 "so that discovery lists what is there now")
     except remote_errors() as err:
+        # a full or read-only temporary folder is this machine's defect, not the object's
+        refused = refused_write(err, f"the local copy of {url} in {folder}", opening=True,
+                                elsewhere="point TMPDIR at a folder with room") if isinstance(err, OSError) else None
+        if refused is not None:
+            raise refused from err
         return Issue.of(ref, stage="read", reason="unreadable",
                         message=f"{describe_error(url, err)}; the file was not fetched")
     return replace(ref, path=str(local))

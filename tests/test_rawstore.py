@@ -284,3 +284,28 @@ def test_a_remote_ref_gets_its_url_back_on_every_record(store: Store, tmp_path: 
         assert sorted(paths) == [f"s3://{BUCKET}/records/a.png", f"s3://{BUCKET}/records/b.png"]
         assert all("packer-fetch-" not in i.message for i in result.issues)
         assert all(isinstance(i, Issue) and i.stage == "read" for i in result.issues)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+def test_a_full_temporary_folder_stops_the_run_instead_of_blaming_the_objects(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import packer.rawstore
+    from packer.errors import FileSystemError
+
+    job = photo_job(store, tmp_path, "fulltmp", ["a.png,cat,S1,"], {"a.png": png_bytes(3)})
+    found = discover(job)
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    (folder / "raw.png").symlink_to("/dev/full")  # where the fetched copy goes: every write is ENOSPC
+
+    @contextlib.contextmanager
+    def full_temporary_directory(**_: Any) -> Iterator[str]:
+        yield str(folder)
+
+    monkeypatch.setattr(packer.rawstore.tempfile, "TemporaryDirectory", full_temporary_directory)
+    with pytest.raises(FileSystemError, match=f"cannot write the local copy of s3://{BUCKET}/fulltmp/a.png in "
+                                              f"{folder}: the file system is full .*point TMPDIR at a folder"):
+        process_chunk(ChunkTask(key="fulltmp", refs=tuple(found.refs), job=job, cache_dir=None,
+                                listed=remote_listing(found.refs, found.listed)))

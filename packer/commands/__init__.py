@@ -10,17 +10,18 @@ import sys
 import traceback
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from packer.errors import PackerError
+from packer.errors import PackerError, refused_write
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def exits(fn: F) -> F:
-    """Map PackerError subclasses to their exit codes; anything else is a bug (exit 1)."""
+    """Map PackerError subclasses to their exit codes, and an OSError of a full, over-quota or
+    read-only file system to :class:`~packer.errors.FileSystemError`'s; anything else is a bug (exit 1)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -31,9 +32,21 @@ def exits(fn: F) -> F:
             sys.exit(err.exit_code)
         except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
             raise
+        except OSError as err:
+            # a full or read-only disk met outside packer's own writers (a library's write): not a bug
+            refused = refused_write(err, err.filename or "a file")
+            if refused is None:
+                _internal_error()
+            click.echo(f"packer: error: {refused}", err=True)
+            sys.exit(refused.exit_code)
         except Exception:  # noqa: BLE001 - the CLI boundary: show the bug, exit 1
-            click.echo("packer: internal error (please report it with the traceback below)", err=True)
-            traceback.print_exc()
-            sys.exit(1)
+            _internal_error()
 
     return wrapper  # type: ignore[return-value]
+
+
+def _internal_error() -> NoReturn:
+    """Print the exception being handled as a bug to report, and exit 1."""
+    click.echo("packer: internal error (please report it with the traceback below)", err=True)
+    traceback.print_exc()
+    sys.exit(1)

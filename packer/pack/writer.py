@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from packer.errors import refused_write
+
 TMP_SUFFIX = ".partial"
 
 
@@ -73,18 +75,30 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     On failure the temporary file is removed, so ``path`` is either absent or complete.
     ``durable=False`` skips both fsyncs: for files whose reader verifies them and redoes the
     work when a crash left them damaged (the spill cache), not for outputs.
+
+    A full, read-only or over-quota file system (and, creating the file, a refused permission)
+    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix, from the OSError.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(tmp, "wb") as fh:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(tmp, "wb")  # noqa: SIM115 - closed below, inside the same try
+    except OSError as err:
+        refused = refused_write(err, path, opening=True)
+        if refused is None:
+            raise
+        raise refused from err
+    try:
+        with fh:
             yield fh
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and (refused := refused_write(err, path)) is not None:
+            raise refused from err
         raise
     if durable:
         fsync_dir(path.parent)

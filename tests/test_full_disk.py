@@ -1,0 +1,105 @@
+"""A full, over-quota or read-only file system stops a run with a clear error (exit 6) that names
+the file and the fix, never as an internal error; work already done stays usable.
+
+The full disk is real: Linux's ``/dev/full`` answers every write with ENOSPC, and a writer is
+pointed at it through a symlink where its temporary file would be."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.errors import FileSystemError, refused_write
+from packer.pack.writer import TMP_SUFFIX, atomic_output
+from tests.conftest import demo_job_doc, write_job
+
+FULL = Path("/dev/full")
+needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+
+
+@pytest.mark.parametrize(("code", "said", "fix"), [
+    (errno.ENOSPC, "the file system is full", "free space there, or choose another output folder"),
+    (errno.EDQUOT, "the disk quota is used up", "free space within the quota"),
+    (errno.EROFS, "the file system is read-only", "choose another output folder (packer build --out DIR)"),
+    (errno.EFBIG, "the file is over the file system's size limit", "lower pack.max_bytes"),
+])
+def test_a_refused_write_names_the_file_the_cause_and_the_fix(code: int, said: str, fix: str) -> None:
+    error = refused_write(OSError(code, os.strerror(code)), "/data/out/train-000001.tar")
+    assert isinstance(error, FileSystemError) and error.exit_code == 6
+    assert str(error).startswith(f"cannot write /data/out/train-000001.tar: {said} ({os.strerror(code)}); ")
+    assert fix in str(error)
+
+
+def test_only_the_file_systems_answers_count_and_permission_only_when_opening() -> None:
+    for code in (errno.EIO, errno.ENOENT, errno.EMFILE):  # a read error or a bug stays what it is
+        assert refused_write(OSError(code, os.strerror(code)), "x", opening=True) is None
+    denied = OSError(errno.EACCES, os.strerror(errno.EACCES))
+    assert refused_write(denied, "x") is None  # may be a read inside the writer's body
+    opened = refused_write(denied, "/ro/x", opening=True, elsewhere="point TMPDIR at a folder with room")
+    assert opened is not None and str(opened).endswith("make the folder writable for this user, "
+                                                      "or point TMPDIR at a folder with room")
+
+
+@needs_dev_full
+def test_a_writer_on_a_full_disk_raises_the_error_and_leaves_no_file(tmp_path: Path) -> None:
+    target = tmp_path / "train-000000.tar"
+    (tmp_path / (target.name + TMP_SUFFIX)).symlink_to(FULL)
+    with pytest.raises(FileSystemError, match=f"cannot write {target}: the file system is full") as caught:
+        with atomic_output(target) as fh:
+            fh.write(b"x" * (1 << 20))
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []  # neither the shard nor its temporary name
+
+
+def test_a_read_error_inside_a_writer_is_not_blamed_on_the_output(tmp_path: Path) -> None:
+    with pytest.raises(OSError) as caught:
+        with atomic_output(tmp_path / "x.tar") as fh:
+            fh.write(b"abc")
+            raise OSError(errno.EIO, "Input/output error", "/raw/spill")
+    assert type(caught.value) is OSError and caught.value.filename == "/raw/spill"
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_dev_full
+def test_a_build_whose_shards_meet_a_full_disk_exits_6_and_resumes_once_there_is_room(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.pack.writer
+
+    def full_for_shards(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(file).endswith(".tar" + TMP_SUFFIX):
+            return builtins.open(FULL, mode, *args, **kwargs)  # the kernel's own ENOSPC on write
+        return builtins.open(file, mode, *args, **kwargs)
+
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    monkeypatch.setattr(packer.pack.writer, "open", full_for_shards, raising=False)
+    first = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet"])
+    assert first.exit_code == 6, first.output
+    assert "internal error" not in first.output and "Traceback" not in first.output
+    message = first.output.split("packer: error: ", 1)[1]
+    assert message.startswith(f"cannot write {tmp_path / 'out' / 'demo'}/.staging-")
+    assert ".tar: the file system is full (No space left on device); free space there, or choose another output " \
+           "folder (packer build --out DIR). Files decoded before it stopped stay in the build cache" in message
+    assert not list((tmp_path / "out" / "demo").glob("*/manifest.json"))  # nothing published
+
+    monkeypatch.undo()  # room again: the decoded files are not decoded a second time
+    second = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
+    assert second.exit_code == 0, second.output
+    assert "from the build cache" in second.output and list((tmp_path / "out" / "demo").glob("*/manifest.json"))
+
+
+def test_a_run_defect_raised_on_a_dask_worker_comes_back_as_itself() -> None:
+    from packer.execute import open_executor
+
+    with open_executor(None, workers=1) as executor, pytest.raises(FileSystemError, match="cannot write /x: the fi"):
+        list(executor.map_unordered(_refuse, [errno.ENOSPC]))
+
+
+def _refuse(code: int) -> None:
+    raise refused_write(OSError(code, os.strerror(code)), "/x") or AssertionError(code)
