@@ -105,3 +105,21 @@ def test_the_stage_times_line_counts_decoded_and_cached_files_truthfully(demo_ra
     second = CliRunner().invoke(main, ["build", str(write_job(tmp_path / "b", doc)), "--scheduler", "sync", "-q"])
     assert second.exit_code == 0, second.output
     assert f"(0 files decoded, {decoded} from the build cache):" in second.output
+
+
+def test_ctrl_c_exits_130_with_one_line_and_build_says_how_to_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    from packer.commands import exits
+
+    def build() -> None:
+        raise KeyboardInterrupt
+
+    def verify() -> None:
+        raise KeyboardInterrupt
+
+    for command, hint in ((build, "; files decoded so far stay in the build cache, and the same command resumes"),
+                          (verify, "")):
+        with pytest.raises(SystemExit) as caught:
+            exits(command)()
+        assert caught.value.code == 130
+        assert capsys.readouterr().err == f"\npacker: interrupted{hint}" + (" from them (--fresh starts over)\n"
+                                                                             if hint else "\n")

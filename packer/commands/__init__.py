@@ -19,9 +19,15 @@ from packer.errors import PackerError, refused_write
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: What an interrupted command leaves that the user can build on, by command function name.
+INTERRUPTED_HINTS = {"build": "; files decoded so far stay in the build cache, and the same command resumes "
+                              "from them (--fresh starts over)"}
+
+
 def exits(fn: F) -> F:
     """Map PackerError subclasses to their exit codes, and an OSError of a full, over-quota or
-    read-only file system to :class:`~packer.errors.FileSystemError`'s; anything else is a bug (exit 1)."""
+    read-only file system to :class:`~packer.errors.FileSystemError`'s; Ctrl-C exits 130 with one line; anything
+    else is a bug (exit 1)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -30,7 +36,10 @@ def exits(fn: F) -> F:
         except PackerError as err:
             click.echo(f"packer: error: {err}", err=True)
             sys.exit(err.exit_code)
-        except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            click.echo(f"\npacker: interrupted{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
+            sys.exit(130)  # 128 + SIGINT, as shells report it
+        except (click.exceptions.Exit, click.ClickException):
             raise
         except OSError as err:
             # a full or read-only disk met outside packer's own writers (a library's write): not a bug
