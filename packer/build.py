@@ -28,7 +28,7 @@ from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, FileSystemError, PackerError
+from packer.errors import BadFractionError, ConfigError, FileSystemError, PackerError, refused_write
 from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
@@ -216,8 +216,10 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     cache_dir = dataset_root / CACHE_DIR
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
 
-    if options.fresh and cache_dir.exists():
+    if options.fresh and cache_dir.is_dir():
         shutil.rmtree(cache_dir)
+    chosen_by = "the local work folder ($PACKER_WORK_DIR)" if remote else "--out" if options.out else "the job's output"
+    make_output_folder(cache_dir, output=output, named_by=chosen_by)
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
@@ -333,6 +335,25 @@ def _recorded_hash(path: Path) -> str | None:
         return str(_read_json(path).get("dataset_hash"))
     except (OSError, ValueError):
         return None
+
+
+def make_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
+    """Create ``folder`` (inside the ``output`` folder the user named with ``named_by``: ``--out``
+    or the job's ``output``) before any work starts. Raises ConfigError naming the file that stands
+    where a folder must be, or FileSystemError for a full or read-only disk."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        fix = ("choose another output folder (packer build --out DIR)" if blocker in (output, *output.parents)
+               else "remove that file, or choose another output folder (packer build --out DIR)")
+        raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "
+                          f"folder; {fix}") from err
+    except OSError as err:
+        refused = refused_write(err, folder, opening=True)
+        if refused is None:
+            raise
+        raise refused from err
 
 
 def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool:

@@ -51,6 +51,22 @@ def test_exit_3_when_bad_fraction_is_over_threshold_but_everything_is_written(de
     assert (manifest.parent / "bad_samples.jsonl").is_file()
 
 
+def test_exit_2_naming_the_file_where_the_output_folder_must_be(demo_raw: Any, tmp_path: Path) -> None:
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    (tmp_path / "a-file").write_text("not a folder")
+    chosen = CliRunner().invoke(main, ["build", str(job), "--out", str(tmp_path / "a-file"), "-q"])
+    assert chosen.exit_code == 2, chosen.output
+    assert chosen.output.strip() == (f"packer: error: --out {tmp_path / 'a-file'}: cannot create the folder "
+                                     f"{tmp_path / 'a-file' / 'demo' / '.cache'}: {tmp_path / 'a-file'} is a file, "
+                                     "not a folder; choose another output folder (packer build --out DIR)")
+    (tmp_path / "out" / "demo").mkdir(parents=True)
+    (tmp_path / "out" / "demo" / ".cache").write_text("")  # inside the output: removing it is the fix
+    inside = CliRunner().invoke(main, ["build", str(job), "-q"])
+    assert inside.exit_code == 2, inside.output
+    assert (f"the job's output {tmp_path / 'out'}: cannot create the folder {tmp_path / 'out' / 'demo' / '.cache'}: "
+            f"{tmp_path / 'out' / 'demo' / '.cache'} is a file, not a folder; remove that file") in inside.output
+
+
 def test_exit_2_on_a_bad_job_file(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("name: x\nsources: []\nsplit: {by: entity}\npack: {format: webdataset}\noutput: out\n")
