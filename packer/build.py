@@ -28,7 +28,14 @@ from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
 from packer.audit import raise_on_leakage, write_leakage
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, ConfigError, FileSystemError, PackerError, refused_write
+from packer.errors import (
+    BadFractionError,
+    ConfigError,
+    FileSystemError,
+    PackerError,
+    blocking_file,
+    refused_write,
+)
 from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.manifest import (
     FORMAT_VERSION,
@@ -344,7 +351,7 @@ def make_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as err:
-        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        blocker = blocking_file(folder)
         fix = ("choose another output folder (packer build --out DIR)" if blocker in (output, *output.parents)
                else "remove that file, or choose another output folder (packer build --out DIR)")
         raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "

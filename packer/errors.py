@@ -7,6 +7,7 @@ These are defects of the run.
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 
 class PackerError(Exception):
@@ -76,3 +77,9 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
         return None
     said, fix = known
     return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fix.format(elsewhere=elsewhere)}")
+
+
+def blocking_file(folder: Path) -> Path:
+    """The nearest of ``folder`` and its parents that exists but is not a folder (what makes
+    creating ``folder`` fail with FileExistsError or NotADirectoryError); ``folder`` if none."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)

@@ -103,3 +103,15 @@ def test_a_run_defect_raised_on_a_dask_worker_comes_back_as_itself() -> None:
 
 def _refuse(code: int) -> None:
     raise refused_write(OSError(code, os.strerror(code)), "/x") or AssertionError(code)
+
+
+def test_a_file_where_a_writers_folder_must_be_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    from packer.errors import ConfigError
+
+    (tmp_path / "reports").write_text("a file, not a folder")
+    target = tmp_path / "reports" / "2026" / "validate.json"
+    with pytest.raises(ConfigError) as caught, atomic_output(target) as fh:
+        fh.write(b"{}")
+    assert caught.value.exit_code == 2
+    assert str(caught.value) == (f"cannot write {target}: {tmp_path / 'reports'} is a file, not a folder; "
+                                 "remove it, or write elsewhere")

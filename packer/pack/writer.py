@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from packer.errors import refused_write
+from packer.errors import ConfigError, blocking_file, refused_write
 
 TMP_SUFFIX = ".partial"
 
@@ -77,12 +77,16 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     work when a crash left them damaged (the spill cache), not for outputs.
 
     A full, read-only or over-quota file system (and, creating the file, a refused permission)
-    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix, from the OSError.
+    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix, from the OSError;
+    a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(tmp, "wb")  # noqa: SIM115 - closed below, inside the same try
+    except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
+        raise ConfigError(f"cannot write {path}: {blocking_file(path.parent)} is a file, not a folder; remove it, "
+                          "or write elsewhere") from err
     except OSError as err:
         refused = refused_write(err, path, opening=True)
         if refused is None:
