@@ -34,7 +34,6 @@ from packer.errors import (
     FileSystemError,
     PackerError,
     blocking_file,
-    refused_write,
 )
 from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.manifest import (
@@ -226,7 +225,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if options.fresh and cache_dir.is_dir():
         shutil.rmtree(cache_dir)
     chosen_by = "the local work folder ($PACKER_WORK_DIR)" if remote else "--out" if options.out else "the job's output"
-    make_output_folder(cache_dir, output=output, named_by=chosen_by)
+    check_output_folder(cache_dir, output=output, named_by=chosen_by)
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
@@ -344,23 +343,17 @@ def _recorded_hash(path: Path) -> str | None:
         return None
 
 
-def make_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
-    """Create ``folder`` (inside the ``output`` folder the user named with ``named_by``: ``--out``
-    or the job's ``output``) before any work starts. Raises ConfigError naming the file that stands
-    where a folder must be, or FileSystemError for a full or read-only disk."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:
-        blocker = blocking_file(folder)
-        fix = ("choose another output folder (packer build --out DIR)" if blocker in (output, *output.parents)
-               else "remove that file, or choose another output folder (packer build --out DIR)")
-        raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "
-                          f"folder; {fix}") from err
-    except OSError as err:
-        refused = refused_write(err, folder, opening=True)
-        if refused is None:
-            raise
-        raise refused from err
+def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
+    """Raise ConfigError, before any work starts, when a file stands where ``folder`` (inside the
+    ``output`` folder the user named with ``named_by``: ``--out`` or the job's ``output``) or one
+    of its parents must be a folder. Creates nothing: a job refused later leaves no trace."""
+    blocker = blocking_file(folder)
+    if blocker is None:
+        return
+    fix = ("choose another output folder (packer build --out DIR)" if blocker in (output, *output.parents)
+           else "remove that file, or choose another output folder (packer build --out DIR)")
+    raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "
+                      f"folder; {fix}")
 
 
 def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool:

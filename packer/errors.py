@@ -79,7 +79,7 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
     return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fix.format(elsewhere=elsewhere)}")
 
 
-def blocking_file(folder: Path) -> Path:
+def blocking_file(folder: Path) -> Path | None:
     """The nearest of ``folder`` and its parents that exists but is not a folder (what makes
-    creating ``folder`` fail with FileExistsError or NotADirectoryError); ``folder`` if none."""
-    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+    creating ``folder`` fail with FileExistsError or NotADirectoryError), or None."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)

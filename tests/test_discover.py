@@ -77,6 +77,27 @@ def test_missing_root_is_a_config_error(tmp_path: Path) -> None:
         discover(job)
 
 
+def test_a_root_with_no_raw_files_is_a_config_error_saying_what_was_looked_for(tmp_path: Path) -> None:
+    job = load_job(make_tree(tmp_path, [], []))  # the table alone: a typo'd root would build an empty dataset
+    with pytest.raises(ConfigError) as caught:
+        discover(job)
+    assert str(caught.value) == (f"sources.raw.root: no image files under {tmp_path / 'raw'} (root: 'raw', relative "
+                                 "to the job file); looked for files named *.png, *.jpg, *.jpeg, *.tif, *.tiff, "
+                                 "*.bmp, in subfolders too. Check the root, or remove the source from the job")
+    (tmp_path / "ct").mkdir()
+    (tmp_path / "ct" / "notes.txt").write_text("DICM" * 40)  # text is never DICOM, preamble or not
+    dicom = replace(job, sources=(replace(job.sources[0], kind="dicom", name="ct", root=tmp_path / "ct",
+                                          root_spec="ct", table=None),))
+    with pytest.raises(ConfigError, match=r"^sources.ct.root: no dicom files under .*looked for \*.dcm files, or "
+                                          r"other files \(not images, tables or text\) that start with the DICOM"):
+        discover(dicom)
+    (tmp_path / "ct" / "notes.txt").rename(tmp_path / "ct.d")
+    (tmp_path / "ct").rmdir()
+    (tmp_path / "ct.d").rename(tmp_path / "ct")  # now a file where the root folder should be
+    with pytest.raises(ConfigError, match=f"sources.ct.root: folder {tmp_path / 'ct'} is a file, not a folder"):
+        discover(dicom)
+
+
 def test_dicom_listing_uses_suffix_or_preamble(tmp_path: Path) -> None:
     (tmp_path / "a.dcm").write_bytes(b"anything")
     (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")

@@ -85,8 +85,8 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(tmp, "wb")  # noqa: SIM115 - closed below, inside the same try
     except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
-        raise ConfigError(f"cannot write {path}: {blocking_file(path.parent)} is a file, not a folder; remove it, "
-                          "or write elsewhere") from err
+        raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
+                          "folder; remove it, or write elsewhere") from err
     except OSError as err:
         refused = refused_write(err, path, opening=True)
         if refused is None:
