@@ -7,6 +7,7 @@ pixels alone which sample it got; pixel 2 is ``100 * (i % 3)``.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,5 +141,10 @@ def ddp_worker(rank: int, world_size: int, port: int, manifest: str, out: str, s
         # both ranks reach teardown together: gloo aborts a rank whose peer has already torn
         # its connections down (seen as SIGABRT in CI on a busy 2-core machine)
         dist.barrier()
+        # DDP's reducer holds the process group: left alive, the group (and gloo's C++ threads) is
+        # destroyed at interpreter exit, after destroy_process_group, which aborted ranks in CI
+        # with "terminate called without an active exception"
+        del model, optim
+        gc.collect()
     finally:
         dist.destroy_process_group()
