@@ -4,12 +4,17 @@ Made for CI: it decodes every file (unless ``quick``), applies the job's split, 
 audit rule, and reports as a human summary, a JSON document (``schemas/validate.schema.json``)
 and JUnit XML (one test case per rule). Exit codes follow ``packer build``: 0 clean, 3 bad
 fraction over threshold, 4 leakage.
+
+Warnings do not change the exit code: a split the job asked samples for that got none
+(:func:`empty_splits`, also printed by ``packer build``) is listed in all three outputs, and
+the check still passes.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,62 @@ from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.
 MAX_LISTED = 50
+#: Bad-sample paths and findings per rule listed in the human summary.
+SUMMARY_ISSUES = 5
+SUMMARY_FINDINGS = 3
+
+_WHY_NOT_EMPTY = {"train": "there is nothing to train on",
+                  "valid": "there is nothing to validate on (model selection, early stopping)",
+                  "test": "nothing is held out to report results on"}
+
+
+@dataclass(frozen=True)
+class EmptySplit:
+    """A split the job asked samples for (a ratio above 0, or a time cutoff) that got none.
+    ``message`` says why that matters and how to fix it."""
+
+    split: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": "empty_split", "split": self.split, "message": self.message}
+
+
+def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[str, Any]]) -> list[EmptySplit]:
+    """The splits that asked for samples but hold none, in split order.
+
+    ``split_config`` is the job's ``split`` as the manifest records it (``SplitConfig.to_json()``:
+    ``by``, ``ratios``, ``cutoffs``); ``splits`` maps each split to at least its ``samples`` and
+    ``entities`` counts (the manifest's ``splits``, or ``packer validate``'s). With ``by: time``
+    train always asks and valid/test ask when they have a cutoff; otherwise a split asks when its
+    ratio is above 0. A split with ratio 0 (or no cutoff) that is empty is what the job said.
+    """
+    by_time = split_config.get("by") == "time"
+    ratios = split_config.get("ratios") or {}
+    cutoffs = split_config.get("cutoffs") or {}
+    entities = sum(int(entry.get("entities", 0)) for entry in splits.values())
+    found = []
+    for split in SPLITS:
+        asked = (split == "train" or split in cutoffs) if by_time else float(ratios.get(split, 0)) > 0
+        if not asked or int(splits.get(split, {}).get("samples", 0)) > 0:
+            continue
+        why = _WHY_NOT_EMPTY[split]
+        if by_time:
+            given = ", ".join(f"{name} {cutoffs[name]}" for name in SPLITS if name in cutoffs)
+            message = (f"split {split} has 0 samples (by time, cutoffs {given}: no entity's first record falls in "
+                       f"{split}'s period), so {why}; move split.cutoffs, or add records from that period")
+        else:
+            asked_for = ", ".join(f"{name} {float(ratios.get(name, 0)):g}" for name in SPLITS)
+            message = (f"split {split} has 0 samples (ratios {asked_for}; {entities} entities in all), so {why}. "
+                       "Each entity goes whole to one split, so a few entities can leave a split empty: add "
+                       "entities, change split.ratios, or try another split.seed")
+        found.append(EmptySplit(split=split, message=message))
+    return found
+
+
+def _and_more(total: int, listed: int, indent: str = "") -> list[str]:
+    """The line that says a list of ``total`` entries was cut to its first ``listed``, if it was."""
+    return [f"{indent}… and {total - listed} more"] if total > listed else []
 
 
 @dataclass(frozen=True)
@@ -81,6 +142,7 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "splits": per_split,
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
         "audit": prepared.audit.to_json(listed=True),
+        "warnings": [w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)],
     }
     validate_document(doc, "validate", source="packer validate --json")
     return doc
@@ -98,15 +160,24 @@ def format_summary(result: ValidateResult) -> str:
     verdict = "over" if bad["fraction"] > bad["max_fraction"] else "within"
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
-    for issue in result.prepared.issues[:5]:
+    issues = result.prepared.issues
+    for issue in issues[:SUMMARY_ISSUES]:
         lines.append(f"    {issue.reason:<22} {issue.path}")
+    lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
+    for warning in doc["warnings"]:
+        lines.append(f"  warning: {warning['message']}")
     for name, rule in doc["audit"]["rules"].items():
         state = "ok" if rule["passed"] else ("FAIL" if rule["severity"] == "fail" else "note")
         lines.append(f"  [{state:>4}] {name}: {rule['count']}")
-        for finding in rule.get("findings", [])[:3] if not rule["passed"] else []:
-            lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
-    lines.append("  result: " + {0: "clean", 3: "too many bad samples (exit 3)", 4: "leakage found (exit 4)"}
-                 [result.exit_code])
+        if not rule["passed"]:
+            findings = result.prepared.audit.rule(name).findings
+            for finding in findings[:SUMMARY_FINDINGS]:
+                lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
+            lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
+    outcome = {0: "clean", 3: "too many bad samples (exit 3)", 4: "leakage found (exit 4)"}[result.exit_code]
+    warned = len(doc["warnings"])
+    lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
+                                          else ""))
     return "\n".join(lines)
 
 
@@ -133,13 +204,19 @@ def write_junit(result: ValidateResult, path: Path) -> None:
             ET.SubElement(element, "system-out").text = body
 
     bad = doc["bad_samples"]
-    listed = "\n".join(f"{r['reason']}: {r['path']}: {r['message']}" for r in bad["records"][:MAX_LISTED])
+    issues = result.prepared.issues
+    listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:MAX_LISTED]),
+                        *_and_more(len(issues), MAX_LISTED)])
     case("bad_fraction", bad["fraction"] > bad["max_fraction"],
          f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
          listed)
     for name, rule in doc["audit"]["rules"].items():
-        body = "\n".join(json.dumps(f, sort_keys=True) for f in rule.get("findings", [])[:MAX_LISTED])
+        findings = result.prepared.audit.rule(name).findings
+        body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:MAX_LISTED]),
+                          *_and_more(len(findings), MAX_LISTED)])
         case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body)
+    # a warning, not a failure: the case passes and says what it found (like a report rule's findings)
+    case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]))
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", "0")

@@ -270,19 +270,22 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
                  ) -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
     remote = isinstance(source.root, str)
+    # an absolute path or a URL as written is not "relative to the job file": say so only when it is
+    as_written = f"root: {source.root_spec!r}" + (
+        "" if remote or "://" in source.root_spec or Path(source.root_spec).is_absolute()
+        else ", relative to the job file")
     if not isinstance(source.root, str) and not source.root.is_dir():
         what = "is a file, not a folder" if source.root.exists() else "does not exist"
-        raise ConfigError(f"sources.{source.name}.root: folder {source.root} {what} "
-                          f"(root: {source.root_spec!r}, relative to the job file)")
+        raise ConfigError(f"sources.{source.name}.root: folder {source.root} {what} ({as_written})")
     table_path, labels = _table_of(source, storage_options)  # a bad table fails before a long listing
     files, listed = _listed_files(source, allow_outside, storage_options)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
                       "preamble (DICM at byte 128)" if source.kind == "dicom"
                       else f"files named *{', *'.join(IMAGE_SUFFIXES)}")
-        raise ConfigError(f"sources.{source.name}.root: no {source.kind} files under {source.root} (root: "
-                          f"{source.root_spec!r}{'' if remote else ', relative to the job file'}); looked for "
-                          f"{looked_for}, in subfolders too. Check the root, or remove the source from the job")
+        raise ConfigError(f"sources.{source.name}.root: no {source.kind} files under {source.root} "
+                          f"({as_written}); looked for {looked_for}, in subfolders too. Check the root, or remove "
+                          "the source from the job")
     # Refs go into a table one at a time (packer.sampletable): as a list of objects, 100k refs
     # held 60 MiB at once, much of it never given back to the system after discovery.
     listed_refs = TableBuilder(RefTable)

@@ -2,9 +2,13 @@
 
 Medical record numbers live in small spaces, so a plain hash of one is reversible by brute
 force. packer uses HMAC-SHA256 with a secret key that never appears in the job file, the
-manifest or any output: it comes from the environment variable ``PACKER_PHI_KEY`` or from
-the file named by ``phi.key_file``. The manifest records only a fingerprint of the key, so
-builds made with different keys are told apart without revealing either key.
+manifest or any output: it comes from the file named by ``phi.key_file`` or from the
+environment variable ``PACKER_PHI_KEY`` (``packer key new FILE`` makes one). When both are
+set they must hold the same key: the key decides the pseudonyms, and with them the split and
+``dataset_hash``, so a key exported for one project must not silently override the key file
+another job names (``load_key`` refuses, exit 2). The manifest records only a fingerprint of
+the key, so builds made with different keys are told apart without revealing either key; the
+build summary says where the key came from.
 
 What the key protects: raw entity ids and raw file paths cannot be recovered from shared
 outputs, and they cannot be linked across datasets built with different keys. What it does
@@ -18,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 
 from packer.config import PhiConfig
@@ -26,18 +30,29 @@ from packer.errors import ConfigError
 
 ENV_KEY = "PACKER_PHI_KEY"
 MIN_KEY_BYTES = 16
-HOW_TO = ("create one with: python -c \"import secrets; print(secrets.token_hex(32))\" > phi.key "
-          "(keep it out of the repository), then set phi.key_file: phi.key in the job or export "
-          f"{ENV_KEY}=$(cat phi.key); or write phi: {{mode: keep}} to keep raw ids on purpose")
+HOW_TO = ("create one with: packer key new phi.key (keep the file out of the repository, and keep it: "
+          "rebuilding the dataset needs it), then set phi: {key_file: phi.key} in the job (relative to the job "
+          f"file) or export {ENV_KEY}=$(cat phi.key); or write phi: {{mode: keep}} to keep raw ids on purpose")
+
+
+@dataclass(frozen=True)
+class PhiKey:
+    """A loaded PHI key and where it came from (``source``: words for messages, never the key).
+    ``key`` is left out of the repr so that no log or traceback prints it."""
+
+    key: bytes = field(repr=False)
+    source: str
 
 
 @dataclass(frozen=True)
 class Pseudonymizer:
-    """Applies the job's PHI policy. ``key`` is None when ``phi.mode`` is ``keep``."""
+    """Applies the job's PHI policy. ``key`` is None when ``phi.mode`` is ``keep``; ``key_source``
+    says where it came from (``PhiKey.source``)."""
 
     mode: str
     dates: str
-    key: bytes | None
+    key: bytes | None = field(repr=False)
+    key_source: str | None = None  # where the key came from, for the build summary (never the key)
 
     @property
     def active(self) -> bool:
@@ -80,24 +95,11 @@ def _parse(value: str) -> datetime:
                                                                                  datetime.min.time())
 
 
-def load_key(cfg: PhiConfig) -> bytes | None:
-    """The secret key for ``pseudonymize``, from ``PACKER_PHI_KEY`` or ``phi.key_file``.
+def _fingerprint(key: bytes) -> str:
+    return Pseudonymizer(mode="pseudonymize", dates="shift", key=key).fingerprint or ""
 
-    Raises ConfigError (exit 2) explaining how to create a key when none is available or it is
-    too short. Returns None for ``keep``.
-    """
-    if cfg.mode == "keep":
-        return None
-    text = os.environ.get(ENV_KEY)
-    where = f"environment variable {ENV_KEY}"
-    if not text and cfg.key_file is not None:
-        try:
-            text = cfg.key_file.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); {HOW_TO}") from err
-        where = str(cfg.key_file)
-    if not text:
-        raise ConfigError(f"phi.mode is pseudonymize (the default for DICOM sources) but no key was given; {HOW_TO}")
+
+def _checked(text: str, where: str) -> bytes:
     key = text.strip().encode()
     if len(key) < MIN_KEY_BYTES:
         raise ConfigError(f"the PHI key in {where} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes, "
@@ -105,5 +107,49 @@ def load_key(cfg: PhiConfig) -> bytes | None:
     return key
 
 
+def load_key(cfg: PhiConfig) -> PhiKey | None:
+    """The secret key for ``pseudonymize`` and where it came from: the file ``phi.key_file``,
+    the environment variable ``PACKER_PHI_KEY`` (an empty value counts as unset), or both when
+    they hold the same key. Returns None for ``keep``.
+
+    Raises ConfigError (exit 2) when no key is available (saying how to create one), when a key
+    is too short or its file unreadable, and when the variable and the job's key file hold
+    different keys: the key decides every pseudonym, and with them the split and
+    ``dataset_hash``, so neither may win silently. The message names both places and their
+    keys' fingerprints, never a key.
+    """
+    if cfg.mode == "keep":
+        return None
+    env_where = f"environment variable {ENV_KEY}"
+    env_text = os.environ.get(ENV_KEY)
+    env_key = _checked(env_text, env_where) if env_text else None
+    file_key = None
+    file_where = f"phi.key_file {cfg.key_file}"
+    if cfg.key_file is not None:
+        try:
+            text = cfg.key_file.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); {HOW_TO}") from err
+        file_key = _checked(text, file_where)
+    if env_key is not None and file_key is not None:
+        if not hmac.compare_digest(env_key, file_key):
+            raise ConfigError(
+                f"two different PHI keys: the {env_where} (fingerprint {_fingerprint(env_key)}) and the job's "
+                f"{file_where} (fingerprint {_fingerprint(file_key)}). The key decides every pseudonym, and with "
+                f"them the split and the dataset_hash, so packer will not pick one for you: unset {ENV_KEY} to use "
+                "the job's key file, or remove phi.key_file from the job to use the variable (the manifest of an "
+                "earlier build records the key_fingerprint it was built with)")
+        return PhiKey(key=file_key, source=f"{file_where} (the same key is in {ENV_KEY})")
+    if file_key is not None:
+        return PhiKey(key=file_key, source=file_where)
+    if env_key is not None:
+        return PhiKey(key=env_key, source=env_where)
+    raise ConfigError(f"phi.mode is pseudonymize (the default for DICOM sources) but no key was given; {HOW_TO}")
+
+
 def pseudonymizer_for(cfg: PhiConfig) -> Pseudonymizer:
-    return Pseudonymizer(mode=cfg.mode, dates=cfg.dates, key=load_key(cfg))
+    """The job's :class:`Pseudonymizer`, its key loaded by :func:`load_key` (whose errors it raises)."""
+    loaded = load_key(cfg)
+    if loaded is None:
+        return Pseudonymizer(mode=cfg.mode, dates=cfg.dates, key=None)
+    return Pseudonymizer(mode=cfg.mode, dates=cfg.dates, key=loaded.key, key_source=loaded.source)

@@ -7,7 +7,11 @@ inside the package (``packer/_schemas``).
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import date, datetime
 from functools import cache
 from pathlib import Path
@@ -59,17 +63,110 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _path_text(parts: Iterable[str | int]) -> str:
+    """``["sources", 0, "root"]`` → ``sources[0].root``; no parts → ``(top level)``."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
-    parts: list[str] = []
-    for part in error.absolute_path:
-        parts.append(f"[{part}]" if isinstance(part, int) else (f".{part}" if parts else str(part)))
-    return "".join(parts) or "(top level)"
+    return _path_text(error.absolute_path)
+
+
+@dataclass(frozen=True)
+class _UnknownKey:
+    """A key the schema node at ``where`` does not allow, and the keys it does allow."""
+
+    where: tuple[str | int, ...]
+    key: str
+    allowed: frozenset[str]
+    present: frozenset[str]
+
+    @property
+    def suggestion(self) -> str | None:
+        """The closest allowed key (difflib, ignoring case), if any is close."""
+        lowered = {name.lower(): name for name in sorted(self.allowed)}
+        close = difflib.get_close_matches(self.key.lower(), list(lowered), n=1)
+        return lowered[close[0]] if close else None
+
+    def message(self, source: str) -> str:
+        suggestion = self.suggestion
+        if suggestion is None:
+            where = "at the top level" if not self.where else f"in {_path_text(self.where)}"
+            hint = f"the keys allowed {where} are {', '.join(sorted(self.allowed)) or '(none)'}"
+        elif suggestion in self.present:
+            hint = f"did you mean {suggestion!r}? It is given too: keep one of the two"
+        else:
+            hint = f"did you mean {suggestion!r}?"
+        return f"{source}: {_path_text((*self.where, self.key))}: unknown key ({hint})"
+
+
+def _extras(error: jsonschema.ValidationError) -> list[str]:
+    """The keys an ``additionalProperties: false`` error is about, in the document's order."""
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    declared = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    return [key for key in error.instance
+            if key not in declared and not any(re.search(p, key) for p in patterns)]
+
+
+def _is_unknown_key_error(error: jsonschema.ValidationError) -> bool:
+    return (error.validator == "additionalProperties" and error.validator_value is False
+            and isinstance(error.instance, dict) and isinstance(error.schema, dict))
+
+
+def _allowed(error: jsonschema.ValidationError) -> frozenset[str]:
+    return frozenset(error.schema.get("properties", {}))
+
+
+def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
+    """The unknown keys ``error`` reports: directly (``additionalProperties: false``), or for a
+    ``oneOf``/``anyOf`` whose every branch rejects the key (an object branch listing it as
+    unexpected, or a branch that is not for mappings at all). Keys one branch allows are not
+    unknown: which branch the user meant is then unclear, and the best match says more."""
+    where = tuple(error.absolute_path)
+    if _is_unknown_key_error(error):
+        present = frozenset(error.instance)
+        return [_UnknownKey(where, key, _allowed(error), present) for key in _extras(error)]
+    if error.validator not in ("oneOf", "anyOf") or not isinstance(error.instance, dict):
+        return []
+    branches = error.validator_value if isinstance(error.validator_value, list) else []
+    rejected: list[set[str] | None] = []  # per branch: the keys it rejects, None = rejects the whole mapping
+    allowed: set[str] = set()
+    for index in range(len(branches)):
+        here = [c for c in error.context or () if c.relative_schema_path and c.relative_schema_path[0] == index
+                and tuple(c.absolute_path) == where]
+        if any(c.validator == "type" for c in here):
+            rejected.append(None)
+            continue
+        unexpected = [c for c in here if _is_unknown_key_error(c)]
+        allowed.update(*(_allowed(c) for c in unexpected))
+        rejected.append({key for c in unexpected for key in _extras(c)})
+    object_branches = [r for r in rejected if r is not None]
+    if not object_branches:
+        return []
+    present = frozenset(error.instance)
+    return [_UnknownKey(where, key, frozenset(allowed), present) for key in error.instance
+            if key not in allowed and all(key in r for r in object_branches)]
+
+
+def _required_key(error: jsonschema.ValidationError) -> str | None:
+    """The property a ``required`` error says is missing."""
+    if error.validator != "required" or not isinstance(error.instance, dict):
+        return None
+    return next((name for name in error.validator_value
+                 if name not in error.instance and error.message.startswith(repr(name))), None)
 
 
 def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     """Validate ``doc`` against ``schemas/<schema_name>.schema.json``; return the JSON-plain doc.
 
-    Raises ConfigError naming ``source``, the key path and what was expected.
+    Raises ConfigError naming ``source``, the key path and what was expected. An unknown key
+    (a typo: ``splt:`` for ``split:``) is reported before anything else, with the closest key
+    the schema allows at that place: the other problems it causes (``'split' is a required
+    property``) are not the mistake to fix.
     """
     plain = _plain(doc)
     if schema_name == "job" and not isinstance(plain, dict):
@@ -78,9 +175,16 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER,
                               registry=schema_registry())
     errors = sorted(validator.iter_errors(plain), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    if errors:
-        error = errors[0]
-        best = jsonschema.exceptions.best_match(errors) or error
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {_key_path(best)}: {best.message}{more}")
-    return plain
+    if not errors:
+        return plain
+    found = [(error, _unknown_keys(error)) for error in errors]
+    unknown = [u for _, keys in found for u in keys]
+    if unknown:
+        # a required key the suggestion supplies is the same mistake, not one more
+        fixed = {(u.where, u.suggestion) for u in unknown}
+        rest = [e for e, keys in found if not keys and (tuple(e.absolute_path), _required_key(e)) not in fixed]
+        more = len(unknown) - 1 + len(rest)
+        raise ConfigError(unknown[0].message(source) + (f" (and {more} more problem(s))" if more else ""))
+    best = jsonschema.exceptions.best_match(errors) or errors[0]
+    others = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    raise ConfigError(f"{source}: {_key_path(best)}: {best.message}{others}")

@@ -17,7 +17,7 @@ from packer.commands import exits
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a machine-readable report (schemas/validate.schema.json) to this file.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write JUnit XML (one test case per rule) for CI dashboards.")
+              help="Write JUnit XML (one test case per rule, plus empty_splits) for CI dashboards.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster.")
 @click.option("--scheduler", metavar="ADDRESS", help="tcp://host:port of a dask scheduler, or 'sync'.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
@@ -29,7 +29,11 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
                      scheduler: str | None, quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Check JOB's data without building: every file is read and decoded, the split is applied
     and audited for leakage (entity overlap, exact and near duplicates across splits, time
-    order). Prints a summary on stderr.
+    order). Prints a summary on stderr; lists cut short say how many entries they left out.
+
+    A split whose ratio (or time cutoff) asked for samples but that got none is a warning: in
+    the summary, in the --json report's "warnings" and as the JUnit case empty_splits (which
+    passes). Warnings do not change the exit code.
 
     \b
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction

@@ -1,0 +1,103 @@
+"""``packer key new FILE``: make a PHI pseudonymization key, readable by its owner only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+from pathlib import Path
+
+import click
+
+from packer.commands import exits
+from packer.errors import ConfigError, refused_write
+
+#: Random bytes in a new key (written as twice as many hex characters).
+KEY_BYTES = 32
+
+_PLAIN_YAML = re.compile(r"[A-Za-z0-9_./~-]+")
+
+
+@click.group("key")
+def key_command() -> None:
+    """PHI keys: the secret that turns entity ids and file paths into pseudonyms.
+
+    \b
+    A job with a DICOM source pseudonymizes by default and needs a key:
+      packer key new phi.key        # a random key in phi.key, readable by you only
+    then either name it in the job (a relative path is relative to the job file)
+      phi: {key_file: phi.key}
+    or export it (not both with different keys: that is an error, exit 2)
+      export PACKER_PHI_KEY=$(cat phi.key)
+
+    Keep the key out of the repository, and keep it: the pseudonyms, the split and the
+    dataset_hash depend on it, so rebuilding a dataset needs the key it was built with.
+    """
+
+
+@key_command.command("new")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True,
+              help="Replace FILE if it exists. The old key is lost, and with it the way to rebuild the "
+                   "datasets made with it: pseudonyms, split and dataset_hash all change.")
+@exits
+def new_command(file: Path, force: bool) -> None:
+    """Write a new random PHI key (64 hex characters) to FILE, readable and writable by you only
+    (mode 0600), creating its folders, and print the lines that put it to use.
+
+    Never overwrites an existing FILE (exit 2) unless --force.
+    """
+    from packer.phi import ENV_KEY, Pseudonymizer
+
+    key = secrets.token_hex(KEY_BYTES)
+    _write_key(file, (key + "\n").encode(), force=force)
+    fingerprint = Pseudonymizer(mode="pseudonymize", dates="shift", key=key.encode()).fingerprint
+    typed = str(file)
+    yaml_path = typed if _PLAIN_YAML.fullmatch(typed) else json.dumps(typed)
+    click.echo("\n".join([
+        f"wrote a new PHI key to {typed} (mode 0600, fingerprint {fingerprint}; manifests record this fingerprint)",
+        "use it in the job file (a relative key_file is relative to the job file, not to this folder):",
+        f"  phi: {{key_file: {yaml_path}}}",
+        "or in the environment (not both with different keys: that is an error):",
+        f"  export {ENV_KEY}=$(cat {shlex.quote(typed)})",
+        "keep it out of the repository (add it to .gitignore), and keep it: the pseudonyms, the split and "
+        "the dataset_hash depend on it, so rebuilding a dataset needs the key it was built with",
+    ]))
+
+
+def _write_key(path: Path, data: bytes, *, force: bool) -> None:
+    """Create ``path`` with mode 0600 and write ``data``; never follow into an existing file.
+
+    Without ``force`` an existing ``path`` is a ConfigError. With ``force`` the key goes to a new
+    file next to it (mode 0600 from its creation) that then replaces ``path``, so an existing
+    file's looser mode is not inherited and a failed write leaves the old key in place.
+    """
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; name the key file to create, e.g. {path / 'phi.key'}")
+    if path.exists() and not force:
+        raise ConfigError(f"{path} already exists; packer key new never overwrites a key, because datasets built "
+                          "with it need it to be rebuilt identically. Choose another FILE, or pass --force to "
+                          "replace it")
+    target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if force else path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if force:
+                os.replace(target, path)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+    except FileExistsError as err:  # created by someone else since the check above
+        raise ConfigError(f"{path} already exists; choose another FILE, or pass --force to replace it") from err
+    except OSError as err:
+        refused = refused_write(err, path, opening=True, elsewhere="choose another FILE")
+        if refused is None:
+            raise
+        raise refused from err

@@ -1,0 +1,254 @@
+"""User-facing frictions: typo'd job keys, absolute roots, cut lists, empty splits, and what the
+build summary says the report and bad-sample file hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import cv2
+import jsonschema
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.schemas import load_schema, schema_registry
+from packer.split import entity_unit, split_for_unit
+from tests.conftest import REPO
+
+
+def photo(seed: int) -> np.ndarray:
+    """A textured colour image, different for every seed."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+    return cv2.GaussianBlur(cv2.resize(small, (64, 48), interpolation=cv2.INTER_CUBIC), (5, 5), 0)
+
+
+def photo_job(tmp_path: Path, rows: list[tuple[str, np.ndarray | None, str]], *, split: dict[str, Any],
+              max_bad: float = 0.05, times: list[str] | None = None) -> Path:
+    """Images (``None``: a zero-byte file) with a table ``path,label,entity,timestamp`` and a job over them."""
+    raw = tmp_path / "raw"
+    raw.mkdir(parents=True)
+    lines = ["path,label,entity,timestamp"]
+    for i, (rel, image, entity) in enumerate(rows):
+        if image is None:
+            (raw / rel).write_bytes(b"")
+        else:
+            cv2.imwrite(str(raw / rel), image)
+        lines.append(f"{rel},{('a', 'b')[i % 2]},{entity},{times[i] if times else '2024-01-01'}")
+    (raw / "labels.csv").write_text("\n".join(lines) + "\n")
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+           "split": split, "transform": {"image": {"size": [32, 32]}}, "pack": {"format": "webdataset"},
+           "output": "out", "validate": {"max_bad_fraction": max_bad}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return job
+
+
+def entities_in(split: str, ratios: dict[str, float], seed: int, count: int) -> list[str]:
+    """``count`` entity ids that the entity split sends to ``split``."""
+    ordered = [(name, ratios.get(name, 0.0)) for name in ("train", "valid", "test")]
+    found = [e for e in (f"E{i:04d}" for i in range(10_000))
+             if split_for_unit(entity_unit(e, seed), ordered) == split]
+    return found[:count]
+
+
+def validate(job: Path, *extra: str) -> tuple[int, str, dict[str, Any], ET.Element]:
+    report, junit = job.parent / "report.json", job.parent / "junit.xml"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(report),
+                                       "--junit", str(junit), *extra])
+    return result.exit_code, result.output, json.loads(report.read_text()), ET.parse(junit).getroot()
+
+
+def demo_doc() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "workflows" / "demo.yaml").read_text())
+    return doc
+
+
+# 1. typos in the job file ------------------------------------------------------------------------
+
+def rename(doc: dict[str, Any], path: tuple[Any, ...], new: str) -> None:
+    *parents, old = path
+    node = doc
+    for part in parents:
+        node = node[part]
+    node[new] = node.pop(old)
+
+
+@pytest.mark.parametrize(("path", "typo", "where"), [
+    (("split",), "splt", "splt"),
+    (("sources", 0, "root"), "rooot", "sources[0].rooot"),
+    (("split", "ratios"), "ratio", "split.ratio"),
+    (("transform", "dicom", "windows"), "window", "transform.dicom.window"),
+    (("transform", "image", "color"), "colour", "transform.image.colour"),
+    (("pack", "format"), "fromat", "pack.fromat"),
+    (("phi", "key_file"), "keyfile", "phi.keyfile"),
+    (("validate", "max_bad_fraction"), "max_bad_fracton", "validate.max_bad_fracton"),
+])
+def test_an_unknown_key_is_reported_first_with_the_closest_known_key(tmp_path: Path, path: tuple[Any, ...],
+                                                                     typo: str, where: str) -> None:
+    """Today's message for ``splt:`` was "'split' is a required property (and 1 more problem(s))"."""
+    doc = demo_doc()
+    rename(doc, path, typo)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2
+    assert result.output == f"packer: error: {job}: {where}: unknown key (did you mean {path[-1]!r}?)\n"
+
+
+def test_an_unknown_key_inside_a_one_of_is_found_in_every_branch(tmp_path: Path) -> None:
+    doc = demo_doc()
+    doc["transform"]["dicom"]["windows"] = [{"centre": 40, "width": 400}]
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2
+    assert result.output == (f"packer: error: {job}: transform.dicom.windows[0].centre: unknown key "
+                             "(did you mean 'center'?)\n")
+
+
+def test_an_unknown_key_with_no_close_match_lists_the_keys_the_schema_allows_there(tmp_path: Path) -> None:
+    doc = demo_doc()
+    doc["phi"]["rotate_monthly"] = True
+    doc["pack"]["format"] = "zip"  # a second, unrelated problem is still counted
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2
+    allowed = ", ".join(sorted(load_schema("job")["properties"]["phi"]["properties"]))
+    assert result.output == (f"packer: error: {job}: phi.rotate_monthly: unknown key (the keys allowed in phi are "
+                             f"{allowed}) (and 1 more problem(s))\n")
+
+
+# 2. an absolute root is not "relative to the job file" --------------------------------------------
+
+def test_a_missing_root_says_relative_to_the_job_file_only_when_it_was(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, [("a.png", photo(1), "E1")], split={"by": "entity"})
+    doc = yaml.safe_load(job.read_text())
+    for root, relative in ((str(tmp_path / "gone"), False), ("gone", True)):
+        doc["sources"][0]["root"] = root
+        job.write_text(yaml.safe_dump(doc))
+        result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
+        assert result.exit_code == 2, result.output
+        assert f"folder {tmp_path / 'gone'} does not exist (root: {root!r}" in result.output
+        assert ("relative to the job file" in result.output) is relative
+
+
+# 3. cut lists say how much was cut -------------------------------------------------------------------
+
+def test_the_validate_summary_says_how_many_bad_paths_it_left_out(tmp_path: Path) -> None:
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"ok{i}.png", photo(i), f"E{i}") for i in range(10)]
+    rows += [(f"empty{i}.png", None, f"B{i}") for i in range(6)]
+    code, output, report, _ = validate(photo_job(tmp_path, rows, split={"by": "entity"}, max_bad=1.0))
+    assert code == 0, output
+    assert report["bad_samples"]["total"] == 6
+    lines = output.splitlines()
+    listed = [line for line in lines if line.strip().endswith(".png") and "empty" in line]
+    assert len(listed) == 5
+    assert lines[lines.index(listed[-1]) + 1] == "    … and 1 more"
+
+
+def test_cut_junit_bodies_and_audit_findings_say_how_many_more(tmp_path: Path) -> None:
+    seed, ratios = 5, {"train": 0.8, "valid": 0.1, "test": 0.1}
+    train, test = entities_in("train", ratios, seed, 4), entities_in("test", ratios, seed, 4)
+    rows: list[tuple[str, np.ndarray | None, str]] = []
+    for i in range(4):  # four images, each under one train and one test entity: four exact duplicates across
+        rows += [(f"t{i}.png", photo(100 + i), train[i]), (f"c{i}.png", photo(100 + i), test[i])]
+    rows += [(f"empty{i:02d}.png", None, f"B{i}") for i in range(53)]
+    job = photo_job(tmp_path, rows, split={"by": "entity", "seed": seed, "ratios": ratios, "duplicates": "fail"},
+                    max_bad=1.0)
+    code, output, _, junit = validate(job)
+    assert code == 4, output
+    lines = output.splitlines()
+    rule = lines.index("  [FAIL] exact_duplicates_across_splits: 4")
+    assert lines[rule + 4] == "         … and 1 more"
+    assert "    … and 48 more" in lines  # 53 bad paths, 5 listed
+    bodies = {case.get("name"): "".join(case.itertext()) for case in junit.iter("testcase")}
+    assert bodies["bad_fraction"].splitlines()[-1] == "… and 3 more"  # 50 listed
+    assert len(bodies["bad_fraction"].splitlines()) == 51
+
+
+# 4. an empty split is a warning --------------------------------------------------------------------------
+
+def test_an_empty_split_that_was_asked_for_is_a_warning_in_validate_and_build(tmp_path: Path) -> None:
+    seed, ratios = 3, {"train": 0.9, "valid": 0.1}  # test: ratio 0, so an empty test is what the job says
+    rows: list[tuple[str, np.ndarray | None, str]] = [
+        (f"p{i}.png", photo(i), entity) for i, entity in enumerate(entities_in("train", ratios, seed, 4) * 2)]
+    job = photo_job(tmp_path, rows, split={"by": "entity", "seed": seed, "ratios": ratios})
+    code, output, report, junit = validate(job)
+    assert code == 0, output  # a warning does not fail the check
+    assert report["passed"] is True and report["splits"]["valid"]["samples"] == 0
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    (warning,) = report["warnings"]
+    assert warning["code"] == "empty_split" and warning["split"] == "valid"
+    message = warning["message"]
+    assert message.startswith("split valid has 0 samples (ratios train 0.9, valid 0.1, test 0; 4 entities in all)")
+    assert "split.ratios" in message and "split.seed" in message and "entities" in message
+    assert f"  warning: {message}" in output.splitlines()
+    assert "split test" not in output
+    case = next(c for c in junit.iter("testcase") if c.get("name") == "empty_splits")
+    assert case.find("failure") is None and junit.get("failures") == "0"
+    assert f"warning: {message}" in "".join(case.itertext())
+
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert built.exit_code == 0, built.output
+    assert f"  warning: {message}" in built.output.splitlines()
+    assert "split test" not in built.output
+
+
+def test_an_empty_time_split_names_its_cutoff(tmp_path: Path) -> None:
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)]
+    job = photo_job(tmp_path, rows, split={"by": "time", "cutoffs": {"valid": "2025-01-01"}},
+                    times=["2024-01-01", "2024-02-01", "2024-03-01", "2024-04-01"])
+    code, output, report, _ = validate(job, "--quick")
+    assert code == 0, output
+    assert [w["split"] for w in report["warnings"]] == ["valid"]  # test has no cutoff: it asked for nothing
+    assert report["warnings"][0]["message"].startswith("split valid has 0 samples (by time, cutoffs valid "
+                                                       "2025-01-01")
+    assert "split.cutoffs" in report["warnings"][0]["message"]
+
+
+def test_no_warning_when_every_split_that_asked_got_samples(tmp_path: Path) -> None:
+    seed, ratios = 3, {"train": 0.5, "valid": 0.5}
+    entities = entities_in("train", ratios, seed, 2) + entities_in("valid", ratios, seed, 2)
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"p{i}.png", photo(i), e) for i, e in enumerate(entities)]
+    code, output, report, _ = validate(photo_job(tmp_path, rows, split={"by": "entity", "seed": seed,
+                                                                         "ratios": ratios}))
+    assert code == 0, output
+    assert report["warnings"] == [] and "warning" not in output
+
+
+# 7. the summary says what the report and the bad-sample file hold ---------------------------------------
+
+def test_the_summary_describes_the_report_as_it_is_in_each_phi_mode(tmp_path: Path) -> None:
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"ok{i}.png", photo(i), f"E{i}") for i in range(6)]
+    rows.append(("broken_Jane_Doe.png", None, "E9"))
+    outputs: dict[str, tuple[str, str, str]] = {}
+    for mode, key in (("keep", ""), ("pseudonymize", "f0" * 32)):
+        job = photo_job(tmp_path / mode, rows, split={"by": "entity"}, max_bad=0.5)
+        doc = yaml.safe_load(job.read_text())
+        doc["phi"] = {"mode": mode}
+        job.write_text(yaml.safe_dump(doc))
+        result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"],
+                                    env={"PACKER_PHI_KEY": key})
+        assert result.exit_code == 0, result.output
+        (version,) = (tmp_path / mode / "out" / "photos").glob("*/manifest.json")
+        outputs[mode] = (result.output, (version.parent / "report.html").read_text(),
+                         (version.parent / "bad_samples.jsonl").read_text())
+    for mode, (summary, html, jsonl) in outputs.items():
+        report_line = next(line for line in summary.splitlines() if line.startswith("  report "))
+        bad_line = next(line for line in summary.splitlines() if line.startswith("  bad       "))
+        assert "broken_Jane_Doe.png" in jsonl and bad_line.endswith("(local only: raw paths and messages of the "
+                                                                    "bad files)")
+        if mode == "pseudonymize":  # the report names bad samples by sample id only
+            assert "broken_Jane_Doe" not in html
+            assert report_line.endswith("(open in a browser; pseudonymized: bad samples by sample id, no raw paths)")
+            assert "lists bad-sample paths" not in summary
+        else:
+            assert "broken_Jane_Doe.png" in html
+            assert report_line.endswith("local only: lists bad-sample paths)")

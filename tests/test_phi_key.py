@@ -1,0 +1,222 @@
+"""Where the PHI key comes from: the job's key file and PACKER_PHI_KEY must agree, the build says
+which it used (never the key), and ``packer key new`` makes a key that works as printed."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.config import PhiConfig
+from packer.demo import render_ct_phantom, write_ct_slice
+from packer.errors import ConfigError
+from packer.phi import ENV_KEY, load_key
+
+KEY_A = "a1" * 32
+KEY_B = "b2" * 32
+
+
+def fingerprint_of(key: str) -> str:
+    """The manifest's key_fingerprint, computed here from its definition (sha256 over a domain tag)."""
+    import hashlib
+
+    return hashlib.sha256(b"packer-phi-key-fingerprint\x00" + key.encode()).hexdigest()[:16]
+
+
+def ct_tree(root: Path) -> None:
+    """Six CT slices of three patients, labelled, under ``root/ct``."""
+    rng = np.random.default_rng(3)
+    rows = ["path,label"]
+    for i in range(6):
+        rel = f"P{i % 3}/s{i}.dcm"
+        write_ct_slice(root / "ct" / rel, patient_id=f"PAT{i % 3}", study_date="20240105",
+                       pixels_hu=render_ct_phantom(rng, z=i / 6), instance_number=i + 1)
+        rows.append(f"{rel},{('a', 'b')[i % 2]}")
+    (root / "ct_labels.csv").write_text("\n".join(rows) + "\n")
+
+
+def ct_job(tmp_path: Path, phi: dict[str, Any] | None) -> Path:
+    raw = tmp_path / "raw"
+    if not raw.exists():
+        ct_tree(raw)
+    doc: dict[str, Any] = {
+        "name": "keys",
+        "sources": [{"kind": "dicom", "root": "raw/ct", "labels": "raw/ct_labels.csv"}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+        "transform": {"dicom": {"windows": ["lung"], "size": [16, 16]}},
+        "pack": {"format": "webdataset"},
+        "output": "out",
+    }
+    if phi is not None:
+        doc["phi"] = phi
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return job
+
+
+def build(job: Path, env_key: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"], env={ENV_KEY: env_key})
+    return result.exit_code, result.output
+
+
+def dataset_hash_in(output: str) -> str:
+    return next(line.split()[1] for line in output.splitlines() if line.startswith("  dataset_hash "))
+
+
+def manifest_of(tmp_path: Path) -> dict[str, Any]:
+    (path,) = (tmp_path / "out" / "keys").glob("*/manifest.json")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+# load_key: each case in the library ------------------------------------------------------------
+
+def test_key_file_alone_and_environment_alone_name_their_source(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text(KEY_A + "\n")
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    from_file = load_key(PhiConfig(key_file=key_file))
+    assert from_file is not None and from_file.key == KEY_A.encode()
+    assert from_file.source == f"phi.key_file {key_file}"
+    monkeypatch.setenv(ENV_KEY, KEY_B)
+    from_env = load_key(PhiConfig())
+    assert from_env is not None and from_env.key == KEY_B.encode()
+    assert from_env.source == f"environment variable {ENV_KEY}"
+    assert KEY_B not in repr(from_env)  # a logged record never shows the key
+    assert load_key(PhiConfig(mode="keep", key_file=key_file)) is None
+
+
+def test_the_same_key_in_both_places_is_fine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text(f"  {KEY_A}\n")  # whitespace around a key is not part of it
+    monkeypatch.setenv(ENV_KEY, KEY_A)
+    loaded = load_key(PhiConfig(key_file=key_file))
+    assert loaded is not None and loaded.key == KEY_A.encode()
+    assert str(key_file) in loaded.source and ENV_KEY in loaded.source
+
+
+def test_different_keys_in_the_environment_and_the_key_file_are_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text(KEY_A + "\n")
+    monkeypatch.setenv(ENV_KEY, KEY_B)
+    with pytest.raises(ConfigError) as caught:
+        load_key(PhiConfig(key_file=key_file))
+    message = str(caught.value)
+    assert caught.value.exit_code == 2
+    assert f"environment variable {ENV_KEY} (fingerprint {fingerprint_of(KEY_B)})" in message
+    assert f"phi.key_file {key_file} (fingerprint {fingerprint_of(KEY_A)})" in message
+    assert f"unset {ENV_KEY}" in message and "remove phi.key_file" in message
+    assert KEY_A not in message and KEY_B not in message
+
+
+def test_an_empty_variable_counts_as_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text(KEY_A + "\n")
+    monkeypatch.setenv(ENV_KEY, "")
+    loaded = load_key(PhiConfig(key_file=key_file))
+    assert loaded is not None and loaded.source == f"phi.key_file {key_file}"
+    with pytest.raises(ConfigError, match="packer key new phi.key"):
+        load_key(PhiConfig())
+
+
+# packer build: the error and the summary ---------------------------------------------------------
+
+def test_build_refuses_two_different_keys_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "phi.key").write_text(KEY_A + "\n")
+    code, output = build(ct_job(tmp_path, {"key_file": "phi.key"}), env_key=KEY_B)
+    assert code == 2, output
+    assert output.startswith("packer: error: two different PHI keys: the environment variable PACKER_PHI_KEY")
+    assert f"phi.key_file {tmp_path / 'phi.key'}" in output
+    assert not (tmp_path / "out" / "keys").exists() or not list((tmp_path / "out" / "keys").glob("*/manifest.json"))
+
+
+def test_build_summary_names_the_key_source_and_fingerprint_never_the_key(tmp_path: Path) -> None:
+    (tmp_path / "phi.key").write_text(KEY_A + "\n")
+    job = ct_job(tmp_path, {"key_file": "phi.key"})
+    code, output = build(job, env_key="")
+    assert code == 0, output
+    assert manifest_of(tmp_path)["phi"]["key_fingerprint"] == fingerprint_of(KEY_A)
+    assert (f"  phi key   from phi.key_file {tmp_path / 'phi.key'}; fingerprint {fingerprint_of(KEY_A)}"
+            in output.splitlines())
+    assert KEY_A not in output
+    code, same = build(job, env_key=KEY_A)  # the same key in both places: the same dataset
+    assert code == 0, same
+    assert "(the same key is in PACKER_PHI_KEY)" in same and KEY_A not in same
+    assert dataset_hash_in(same) == dataset_hash_in(output)
+
+
+def test_build_summary_names_the_environment_when_it_holds_the_key(tmp_path: Path) -> None:
+    code, output = build(ct_job(tmp_path, None), env_key=KEY_B)
+    assert code == 0, output
+    assert (f"  phi key   from environment variable PACKER_PHI_KEY; fingerprint {fingerprint_of(KEY_B)}"
+            in output.splitlines())
+    assert KEY_B not in output
+
+
+def test_no_phi_key_line_when_ids_are_kept(tmp_path: Path) -> None:
+    code, output = build(ct_job(tmp_path, {"mode": "keep"}), env_key=KEY_B)
+    assert code == 0, output
+    assert "phi key" not in output
+
+
+# packer key new ---------------------------------------------------------------------------------
+
+def test_key_new_writes_a_private_random_key_and_the_printed_job_line_builds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # paths as a user types them, relative to where they stand
+    result = CliRunner().invoke(main, ["key", "new", "secrets/phi.key"])
+    assert result.exit_code == 0, result.output
+    key_file = tmp_path / "secrets" / "phi.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    text = key_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", text)
+    lines = result.output.splitlines()
+    assert "  phi: {key_file: secrets/phi.key}" in lines
+    assert "  export PACKER_PHI_KEY=$(cat secrets/phi.key)" in lines
+    assert "relative to the job file" in result.output
+    assert "out of the repository" in result.output and "rebuilding a dataset needs the key" in result.output
+    assert fingerprint_of(text.strip()) in result.output and text.strip() not in result.output
+    # the printed line, pasted into a job next to it, builds (the job file sits in tmp_path)
+    job = ct_job(tmp_path, yaml.safe_load(next(line for line in lines if line.startswith("  phi:")))["phi"])
+    code, output = build(job, env_key="")
+    assert code == 0, output
+    assert f"phi key   from phi.key_file {key_file}; fingerprint {fingerprint_of(text.strip())}" in output
+    again = CliRunner().invoke(main, ["key", "new", "secrets/other.key"])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "secrets" / "other.key").read_text() != text  # random, not derived
+
+
+def test_key_new_never_overwrites_unless_forced(tmp_path: Path) -> None:
+    key_file = tmp_path / "phi.key"
+    key_file.write_text("the key of an existing dataset\n")
+    key_file.chmod(0o644)
+    refused = CliRunner().invoke(main, ["key", "new", str(key_file)])
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.startswith(f"packer: error: {key_file} already exists;")
+    assert "--force" in refused.output
+    assert key_file.read_text() == "the key of an existing dataset\n"
+    forced = CliRunner().invoke(main, ["key", "new", str(key_file), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key_file.read_text())
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # not the old file's 0644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["phi.key"]  # no temporary left behind
+
+
+def test_key_help_teaches_how_to_use_a_key() -> None:
+    group = CliRunner().invoke(main, ["key", "--help"])
+    assert group.exit_code == 0
+    for needed in ("packer key new phi.key", "phi: {key_file: phi.key}", "export PACKER_PHI_KEY=$(cat phi.key)",
+                   "relative to the job file", "out of the repository"):
+        assert needed in group.output, needed
+    new = CliRunner().invoke(main, ["key", "new", "--help"])
+    assert new.exit_code == 0 and "0600" in new.output and "--force" in new.output
