@@ -15,7 +15,9 @@ task completion order, so the worker count and scheduler do not matter.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -57,9 +59,11 @@ from packer.progress import Progress
 from packer.records import Issue
 from packer.report import summarize_issues, write_bad_samples
 from packer.sampletable import SampleTable
-from packer.storage import PublishResult, publish_version, resolve_output
+from packer.storage import WORK_DIR_ENV, PublishResult, build_cache_dir, publish_version, resolve_output
 
-CACHE_DIR = ".cache"
+#: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
+#: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
+LEGACY_CACHE_DIR = ".cache"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,12 @@ class BuildOptions:
     (``packer.storage.publish_version``). ``storage_options`` configure every store the build
     reaches through a URL: that output's, and the raw inputs' (sources given as URLs), on the
     client and, sent with each task, on the workers.
+
+    ``cache_dir``: the folder under which the build cache goes (``<cache_dir>/<name>-<digest>/``,
+    :func:`packer.storage.build_cache_dir`) instead of ``<work_dir>/cache``. The cache names raw
+    paths, entity ids and dates, so it stays out of the output tree by default. A ``scheduler``
+    on other machines needs it (or ``$PACKER_WORK_DIR``, or ``work_dir``) to name a folder every
+    worker mounts at the same path (:func:`cache_location`).
     """
 
     out: Path | str | None = None
@@ -82,6 +92,7 @@ class BuildOptions:
     fresh: bool = False
     work_dir: Path | None = None
     storage_options: dict[str, Any] | None = None
+    cache_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class BuildResult:
     html_report: Path | None = None
     remote_url: str | None = None  # the output URL, when the output is one
     published: PublishResult | None = None  # set when remote_url is and the bad fraction is within limits
+    phi_key_source: str | None = None  # where the PHI key came from (never the key); None without pseudonyms
 
     @property
     def over_threshold(self) -> bool:
@@ -219,13 +231,19 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     identity = job.identity()
     cfg_hash = config_hash(identity)
     dataset_root = output / job.name
-    cache_dir = dataset_root / CACHE_DIR
+    cache_dir, cache_named_by = cache_location(job.name, options, output=output, remote=remote)
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
 
     if options.fresh and cache_dir.is_dir():
         shutil.rmtree(cache_dir)
     chosen_by = "the local work folder ($PACKER_WORK_DIR)" if remote else "--out" if options.out else "the job's output"
-    check_output_folder(cache_dir, output=output, named_by=chosen_by)
+    check_output_folder(dataset_root, output=output, named_by=chosen_by)
+    check_cache_folder(cache_dir, named_by=cache_named_by)
+    _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet)
+    if remote is None and cache_dir.is_relative_to(output):
+        _warn(f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder {output}: it names raw "
+              "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "
+              "outside it (packer build --cache-dir DIR)")
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
@@ -293,6 +311,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     seconds = {**stage_seconds(prepared.chunks),
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
     sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
+    phi_key_source = prepared.phi.key_source
     del prepared, samples, issues, assignment, shards, written, body
     html_report = None
     if options.html_report:
@@ -317,7 +336,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                        issues=sorted_issues, reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
-                       stage_seconds=tuple(sorted(seconds.items())))
+                       stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source)
 
 
 def _over_threshold(manifest: dict[str, Any]) -> bool:
@@ -354,6 +373,70 @@ def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
            else "remove that file, or choose another output folder (packer build --out DIR)")
     raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "
                       f"folder; {fix}")
+
+
+def cache_location(name: str, options: BuildOptions, *, output: Path, remote: str | None) -> tuple[Path, str]:
+    """The build cache folder of the job ``name`` (:func:`packer.storage.build_cache_dir`) and
+    what chose it, for messages.
+
+    The cache is never in the output tree by default: it names raw paths, entity ids and dates,
+    and an output folder gets synced and shared. It goes under ``options.cache_dir``, else
+    ``<work folder>/cache`` (``options.work_dir``, ``$PACKER_WORK_DIR`` or
+    ``~/.cache/packer/work``). Every worker must reach it at the same path: true of any local
+    folder for the local cluster and ``sync``. A ``scheduler`` elsewhere may run tasks on other
+    machines, where a folder in this user's home is not the same folder, so there the cache
+    folder must be chosen (``cache_dir``, ``work_dir`` or ``$PACKER_WORK_DIR``): ConfigError
+    otherwise, before anything is written.
+    """
+    location = remote if remote is not None else str(output)
+    if options.cache_dir is not None:
+        return build_cache_dir(name, location, options.cache_dir), "--cache-dir"
+    explicit = options.work_dir is not None or bool(os.environ.get(WORK_DIR_ENV))
+    folder = build_cache_dir(name, location, work=options.work_dir)
+    if options.scheduler not in (None, "sync") and not explicit:
+        raise ConfigError(
+            f"--scheduler {options.scheduler}: the cluster's workers write and read the build cache, so it must be "
+            f"on a file system every worker mounts at the same path; the default, {folder.parent}, is in this "
+            f"user's home on this machine. Set {WORK_DIR_ENV} (or pass --cache-dir DIR) to a shared folder outside "
+            "the output folder (the cache names raw file paths, entity ids and dates, so it does not belong with "
+            f"the dataset), e.g. {WORK_DIR_ENV}=/shared/packer-work")
+    named_by = ("the work folder (work_dir)" if options.work_dir is not None
+                else f"${WORK_DIR_ENV}" if explicit else "the default work folder")
+    return folder, named_by
+
+
+def check_cache_folder(folder: Path, *, named_by: str) -> None:
+    """Raise ConfigError, before any work starts, when a file stands where the build cache
+    ``folder`` (chosen by ``named_by``) or one of its parents must be a folder. Creates nothing."""
+    blocker = blocking_file(folder)
+    if blocker is not None:
+        raise ConfigError(f"the build cache folder {folder} ({named_by}): {blocker} is a file, not a folder; remove "
+                          f"that file, or choose another cache folder (packer build --cache-dir DIR, or set "
+                          f"{WORK_DIR_ENV})")
+
+
+def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: bool) -> None:
+    """A build cache an earlier packer left in the output tree (``<output>/<name>/.cache``):
+    deleted under ``--fresh`` (which means "clear this job's cache"), otherwise left alone with
+    one warning. Not deleted unasked: an older packer may still be building into it, or a
+    user may keep it on purpose, and a cache is only worth rebuilding, never worth guessing."""
+    if not legacy.is_dir() or cache_dir == legacy or cache_dir.is_relative_to(legacy):
+        return
+    if fresh:
+        shutil.rmtree(legacy)
+        if not quiet:
+            print(f"packer: removed the old build cache {legacy} (--fresh); the cache is now kept in "
+                  f"{cache_dir}", flush=True)
+        return
+    _warn(f"{legacy} is a build cache left in the output folder by an earlier packer; this build does not use "
+          f"it (the cache is now kept in {cache_dir}, outside the output). It names raw file paths, entity ids "
+          f"and dates: delete it (rm -r {legacy}) or build once with --fresh, which deletes it, before sharing "
+          "the output folder")
+
+
+def _warn(message: str) -> None:
+    """A warning, not progress: on stderr, and printed under --quiet too."""
+    print(f"packer: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool:

@@ -35,6 +35,8 @@ def main() -> None:
 
 
 def _print_summary(result: Any) -> None:
+    from packer.datacheck import empty_splits
+
     manifest = result.manifest
     lines = [f"dataset {manifest['name']} version {manifest['version']}"
              + (" (already built: nothing rewritten)" if result.reused else "")]
@@ -43,16 +45,27 @@ def _print_summary(result: Any) -> None:
         classes = ", ".join(f"{k} {v}" for k, v in entry["class_counts"].items()) or "-"
         lines.append(f"  {split:<5} {entry['samples']:>7} samples  {entry['entities']:>5} entities  "
                      f"{len(entry['shards']):>4} shards  [{classes}]")
+    for empty in empty_splits(manifest["config"]["split"], manifest["splits"]):  # a warning: the build goes on
+        lines.append(f"  warning: {empty.message}")
     bad = manifest["bad_samples"]
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
     lines.append(f"  bad samples: {bad['total']} of {manifest['inputs']['files']} files "
                  f"({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
+    phi = manifest.get("phi") or {}
+    if result.phi_key_source is not None:  # where the key came from, never the key
+        lines.append(f"  phi key   from {result.phi_key_source}; fingerprint {phi.get('key_fingerprint')}")
     lines.append(f"  shards    {result.version_dir}/")
     lines.append(f"  manifest  {result.manifest_path}")
-    lines.append(f"  bad       {result.version_dir / bad['report']}  (local only: holds raw paths)")
+    holds = "local only: raw paths and messages of the bad files" if bad["total"] else "empty: no bad files"
+    lines.append(f"  bad       {result.version_dir / bad['report']}  ({holds})")
     if result.html_report is not None:
-        lines.append(f"  report    {result.html_report}  (open in a browser; local only: lists bad-sample paths)")
+        # what htmlreport.sections.render_bad_samples shows: sample ids when pseudonymized, raw paths with keep
+        if phi.get("mode") == "pseudonymize":
+            shows = "pseudonymized: bad samples by sample id, no raw paths"
+        else:
+            shows = "phi.mode keep: raw entity ids" + ("; local only: lists bad-sample paths" if bad["total"] else "")
+        lines.append(f"  report    {result.html_report}  (open in a browser; {shows})")
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
     if result.published is not None:
@@ -90,10 +103,16 @@ def _print_summary(result: Any) -> None:
 @click.option("--resume/--fresh", default=True, show_default=True,
               help="--resume (the default) reuses the build cache: after a crash or kill -9, files already "
                    "decoded and spilled (their hashes checked) are not decoded again, and the result is "
-                   "byte-identical to an uninterrupted build. --fresh deletes the cache first.")
+                   "byte-identical to an uninterrupted build. --fresh deletes the cache first (and an old one "
+                   "left at <output>/<name>/.cache).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Keep the build cache under DIR/<name>-<hash>/ instead of $PACKER_WORK_DIR/cache (default "
+                   "~/.cache/packer/work/cache). It names raw paths, ids and dates: keep it outside the output. "
+                   "With --scheduler on other machines, DIR (or PACKER_WORK_DIR) must be a folder every worker "
+                   "mounts at the same path. Does not change the dataset hash.")
 @exits
 def build(job: Path, out: str | None, workers: int | None, scheduler: str | None, quiet: bool,
-          no_report: bool, resume: bool, storage_option: tuple[str, ...]) -> None:
+          no_report: bool, resume: bool, storage_option: tuple[str, ...], cache_dir: Path | None) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
@@ -109,7 +128,7 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     config = load_job(job)
     target = None if out is None else out if is_url(out) else Path(out)
     result = run_build(config, BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=quiet,
-                                            html_report=not no_report, fresh=not resume,
+                                            html_report=not no_report, fresh=not resume, cache_dir=cache_dir,
                                             storage_options=parse_storage_options(storage_option)))
     _print_summary(result)
     check_bad_fraction(result)
@@ -136,12 +155,13 @@ def demo_data(directory: Path, seed: int) -> None:
 def _register() -> None:
     from packer.commands.bench_loader import bench_loader_command
     from packer.commands.inspect import diff_command, inspect_command, ls_command
+    from packer.commands.key import key_command
     from packer.commands.report import report as report_command
     from packer.commands.validate import validate_command
     from packer.commands.verify import verify_command
 
     for command in (validate_command, verify_command, inspect_command, diff_command, ls_command,
-                    report_command, bench_loader_command):
+                    report_command, bench_loader_command, key_command):
         main.add_command(command)
 
 

@@ -17,10 +17,12 @@ from typing import Any
 from packer.audit import AuditReport, audit_assignment
 from packer.config import JobConfig
 from packer.discover import discover
+from packer.errors import refused_write
 from packer.execute import Executor, LazySequence, WorkerLost
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import (
+    CACHE_ELSEWHERE,
     ChunkGroup,
     ChunkResult,
     ChunkTask,
@@ -169,6 +171,18 @@ def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:
     return total
 
 
+def _make_cache_folder(cache_dir: Path) -> None:
+    """Create the build cache folder (outside the output: in the work folder or ``--cache-dir``);
+    a full, read-only or unwritable file system there is a FileSystemError naming the cache's fix."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        refused = refused_write(err, cache_dir, opening=True, elsewhere=CACHE_ELSEWHERE)
+        if refused is None:
+            raise
+        raise refused from err
+
+
 def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
             quiet: bool = False, storage_options: dict[str, Any] | None = None) -> Prepared:
     """Discover, process, split and audit ``job``. Does not raise on leakage: callers decide.
@@ -185,7 +199,7 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     if not quiet:
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        _make_cache_folder(cache_dir)
     chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
                                 listed=listed, storage_options=storage_options)
     del refs, listed  # the settled samples carry their own (probed) refs

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 from packer.errors import ConfigError, IntegrityError, PackerError
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
+CACHE_FOLDER = "cache"           # build caches live in <work_dir>/cache/<name>-<digest>/
 MANIFEST_FILE = "manifest.json"  # packer.manifest.MANIFEST_FILE, repeated to keep this module light
 TMP_SUFFIX = ".partial"          # packer.pack.writer.TMP_SUFFIX
 #: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
@@ -82,12 +83,28 @@ def manifest_url(location: str) -> str:
 
 
 def work_dir(override: Path | None = None) -> Path:
-    """Local folder for builds whose output is a URL: ``override``, else ``$PACKER_WORK_DIR``,
-    else ``~/.cache/packer/work``. It holds ``<name>/<version>/`` and the spill cache."""
+    """Local folder for builds whose output is a URL, and for every build's cache:
+    ``override``, else ``$PACKER_WORK_DIR``, else ``~/.cache/packer/work``. It holds
+    ``<name>/<version>/`` of URL outputs and ``cache/<name>-<digest>/`` (:func:`build_cache_dir`)."""
     if override is not None:
         return Path(override)
     env = os.environ.get(WORK_DIR_ENV)
     return Path(env) if env else Path.home() / ".cache" / "packer" / "work"
+
+
+def build_cache_dir(name: str, location: str, base: Path | None = None, *, work: Path | None = None) -> Path:
+    """The build cache folder of the job ``name`` building into ``location`` (the resolved local
+    output folder, or the output URL): ``<base>/<name>-<digest>/``, absolute.
+
+    ``base`` defaults to ``<work_dir(work)>/cache``. ``digest`` is the first 12 hex digits of
+    sha256(``location`` + newline + ``name``), so two jobs, or one job built into two outputs,
+    never share a cache folder (a build prunes the entries it did not use), while rebuilding
+    the same job into the same output finds its cache again. The folder's name holds only
+    the job's name and the digest: the cache's raw paths and ids never reach a file name.
+    """
+    digest = hashlib.sha256(f"{location}\n{name}".encode()).hexdigest()[:12]
+    root = Path(base).expanduser() if base is not None else work_dir(work) / CACHE_FOLDER
+    return root.resolve() / f"{name}-{digest}"
 
 
 def resolve_output(target: Location, work: Path | None = None) -> tuple[Path, str | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -69,14 +70,21 @@ def job_doc(root: Path, out: Path, phi: dict[str, Any] | None) -> dict[str, Any]
     return doc
 
 
-def output_texts(out: Path, logs: str) -> dict[str, str]:
-    """Every byte a build shares, as text: files, tar members, Parquet values, logs.
+def tree_files(root: Path) -> list[Path]:
+    """Every file under ``root``, recursively, hidden files and folders included."""
+    return sorted(Path(folder) / name for folder, _, names in os.walk(root) for name in names)
 
-    Excluded by design and documented as local: bad_samples.jsonl (raw paths, for the
-    people who built the data) and the build cache (.cache)."""
+
+def output_texts(out: Path, logs: str) -> dict[str, str]:
+    """Every byte under the output tree, as text: files (hidden ones and any build cache
+    included), tar members, Parquet values, logs.
+
+    Excluded by design and documented as local: a version folder's bad_samples.jsonl (raw
+    paths, for the people who built the data). The build cache is not excluded: it lives
+    outside the output tree, and a cache left inside it would be found."""
     texts = {"<cli output>": logs}
-    for path in sorted(out.rglob("*")):
-        if not path.is_file() or ".cache" in path.parts or path.name == "bad_samples.jsonl":
+    for path in tree_files(out):
+        if path.name == "bad_samples.jsonl" and (path.parent / "manifest.json").is_file():
             continue
         name = str(path.relative_to(out))
         data = path.read_bytes()
@@ -107,7 +115,9 @@ def build(tmp_path: Path, phi: dict[str, Any] | None, fmt: str = "webdataset",
     doc["pack"]["format"] = fmt
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
-    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env or {})
+    # the build cache goes to the work folder, outside ``out`` (and never to the real ~/.cache)
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work"), **(env or {})}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
     return result.exit_code, out, result.output
 
 
@@ -120,6 +130,10 @@ def test_no_planted_identifier_reaches_any_shared_output(tmp_path: Path, fmt: st
     assert any(PHI["accession"] in line for line in (next(out.glob("phi/*/bad_samples.jsonl")).read_text(),))
     assert any(name.endswith(".npy") for name in texts) or any(name.endswith(":values") for name in texts)
     assert phi_hits(texts) == []
+    # the scan would catch the cache: it names raw ids, and it was written outside the output tree
+    cache = tree_files(tmp_path / "work" / "cache")
+    assert any(path.suffix == ".spill" for path in cache)
+    assert phi_hits({str(path): path.read_bytes().decode("latin-1") for path in cache})
 
 
 def test_the_scan_finds_identifiers_when_phi_is_kept(tmp_path: Path) -> None:
@@ -133,7 +147,7 @@ def test_the_scan_finds_identifiers_when_phi_is_kept(tmp_path: Path) -> None:
 def test_a_dicom_job_without_a_key_refuses_to_run_and_says_how(tmp_path: Path) -> None:
     code, out, logs = build(tmp_path, None, env={"PACKER_PHI_KEY": ""})
     assert code == 2
-    assert "secrets.token_hex" in logs and "phi: {mode: keep}" in logs
+    assert "packer key new" in logs and "phi: {mode: keep}" in logs
     assert not out.exists()
 
 

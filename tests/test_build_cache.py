@@ -1,0 +1,167 @@
+"""The build cache lives outside the output tree: in the work folder, one folder per job and output.
+
+The cache's records name raw paths, entity ids and dates; an output folder is what people sync
+and share. So the cache goes to ``$PACKER_WORK_DIR/cache/<name>-<digest>/`` (digest: the first
+12 hex digits of sha256 of the resolved output folder, a newline and the job name), resumes from
+there, is cleared by ``--fresh``, and is never shared by two outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from packer.build import BuildOptions, BuildResult, build, cache_location
+from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.storage import build_cache_dir
+from tests.conftest import demo_job_doc, write_job
+
+
+def build_demo(demo_raw: Any, tmp_path: Path, out: Path, **options: Any) -> BuildResult:
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    return build(job, BuildOptions(out=out, **{"scheduler": "sync", "quiet": True, "html_report": False, **options}))
+
+
+def expected_cache(base: Path, out: Path, name: str = "demo") -> Path:
+    """The documented folder, computed here rather than by packer."""
+    digest = hashlib.sha256(f"{out.resolve()}\n{name}".encode()).hexdigest()[:12]
+    return base.resolve() / f"{name}-{digest}"
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(Path(folder) / name for folder, _, names in os.walk(root) for name in names)
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    return tmp_path / "work"
+
+
+def test_the_default_cache_is_in_the_work_folder_and_a_second_build_decodes_nothing(
+        demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    out = tmp_path / "out"
+    first = build_demo(demo_raw, tmp_path, out)
+    cache = expected_cache(work / "cache", out)
+    assert first.files_decoded > 0
+    assert sorted(p.suffix for p in cache.iterdir()) == sorted([".json", ".spill"] * (len(list(cache.iterdir())) // 2))
+    assert re.fullmatch(r"demo-[0-9a-f]{12}", cache.name)  # nothing from the raw tree in its name
+    assert [p.name for p in (work / "cache").iterdir()] == [cache.name]
+    # the output holds the version folder and nothing else: no cache, no spill, no hidden folder
+    assert [p.name for p in (out / "demo").iterdir()] == [first.version_dir.name]
+    assert not [p for p in files_under(out) if p.suffix in (".spill", ".partial") or p.name.startswith(".")]
+
+    second = build_demo(demo_raw, tmp_path, out)
+    assert second.files_decoded == 0 and second.files_cached == first.files_decoded
+    assert second.manifest["dataset_hash"] == first.manifest["dataset_hash"] and second.reused
+
+
+def test_two_outputs_of_one_job_keep_separate_caches(demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    first_a = build_demo(demo_raw, tmp_path, a)
+    entries_a = {p.name: p.read_bytes() for p in expected_cache(work / "cache", a).iterdir()}
+    first_b = build_demo(demo_raw, tmp_path, b)
+    assert first_b.files_decoded == first_a.files_decoded  # b did not find a's cache
+    assert sorted(p.name for p in (work / "cache").iterdir()) == sorted(
+        [expected_cache(work / "cache", a).name, expected_cache(work / "cache", b).name])
+    # b's build pruned only its own folder: a's entries are all there, unchanged, and still used
+    assert {p.name: p.read_bytes() for p in expected_cache(work / "cache", a).iterdir()} == entries_a
+    assert build_demo(demo_raw, tmp_path, a).files_decoded == 0
+
+
+def test_fresh_clears_the_cache_and_an_old_cache_in_the_output_is_warned_about_then_deleted(
+        demo_raw: Any, tmp_path: Path, work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    legacy = out / "demo" / ".cache"  # where packer kept the cache before: names raw paths and ids
+    legacy.mkdir(parents=True)
+    (legacy / "0123.json").write_text('{"path": "MRN83746251/scan.dcm"}')
+    first = build_demo(demo_raw, tmp_path, out)
+    warned = capsys.readouterr().err
+    assert f"packer: warning: {legacy} is a build cache left in the output folder" in warned
+    assert "--fresh" in warned and (legacy / "0123.json").is_file()  # warned about, not deleted unasked
+
+    cache = expected_cache(work / "cache", out)
+    (cache / "planted.json").write_text("{}")
+    fresh = build_demo(demo_raw, tmp_path, out, fresh=True)
+    assert fresh.files_decoded == first.files_decoded  # nothing reused: everything decoded again
+    assert not (cache / "planted.json").exists() and not legacy.exists()
+    assert fresh.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_cache_dir_puts_the_cache_under_it_and_warns_when_that_is_inside_the_output(
+        demo_raw: Any, tmp_path: Path, work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    result = build_demo(demo_raw, tmp_path, out, cache_dir=out / "caches")
+    cache = expected_cache(out / "caches", out)
+    assert any(p.suffix == ".spill" for p in cache.iterdir())
+    assert not (work / "cache").exists()
+    assert f"the build cache {cache} (--cache-dir) is inside the output folder {out.resolve()}" \
+        in capsys.readouterr().err
+    assert result.files_decoded > 0
+
+
+def test_a_scheduler_elsewhere_needs_a_chosen_cache_folder(demo_raw: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PACKER_WORK_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="PACKER_WORK_DIR") as caught:
+        build_demo(demo_raw, tmp_path, out, scheduler="tcp://127.0.0.1:9")  # refused before connecting
+    assert "--cache-dir" in str(caught.value) and "every worker mounts" in str(caught.value)
+    assert not out.exists() and not (tmp_path / "home").exists()
+
+    remote = BuildOptions(scheduler="tcp://127.0.0.1:9", cache_dir=tmp_path / "shared")
+    assert cache_location("demo", remote, output=out, remote=None)[0] == expected_cache(tmp_path / "shared", out)
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "shared-work"))
+    chosen = cache_location("demo", BuildOptions(scheduler="tcp://127.0.0.1:9"), output=out, remote=None)
+    assert chosen == (expected_cache(tmp_path / "shared-work" / "cache", out), "$PACKER_WORK_DIR")
+
+
+def test_every_job_and_output_has_its_own_cache_folder(tmp_path: Path) -> None:
+    base = tmp_path / "cache"
+    folders = {build_cache_dir(name, location, base) for name in ("ct", "ct2", "mri")
+               for location in ("/data/out", "/data/out2", "s3://bucket/datasets")}
+    assert len(folders) == 9 and {f.parent for f in folders} == {base.resolve()}
+    assert build_cache_dir("ct", "/data/out", base) == build_cache_dir("ct", "/data/out", base)  # found again
+    assert build_cache_dir("ct", "/data/out", base).name == "ct-" + hashlib.sha256(b"/data/out\nct").hexdigest()[:12]
+
+
+def test_a_file_where_the_cache_folder_must_be_is_a_config_error_naming_it(demo_raw: Any, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "work").write_text("not a folder")
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    with pytest.raises(ConfigError) as caught:
+        build_demo(demo_raw, tmp_path, tmp_path / "out")
+    cache = expected_cache(tmp_path / "work" / "cache", tmp_path / "out")
+    assert str(caught.value).startswith(f"the build cache folder {cache} ($PACKER_WORK_DIR): {tmp_path / 'work'} is "
+                                        "a file, not a folder; remove that file")
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="Linux /sys refuses new folders: a real refused write")
+def test_a_cache_folder_the_file_system_refuses_exits_6_with_the_caches_fix(demo_raw: Any, tmp_path: Path) -> None:
+    from packer.errors import FileSystemError
+
+    with pytest.raises(FileSystemError) as caught:
+        build_demo(demo_raw, tmp_path, tmp_path / "out", cache_dir=Path("/sys/packer-cache"))
+    assert caught.value.exit_code == 6
+    assert str(caught.value).startswith("cannot write /sys/packer-cache/demo-")
+    assert "choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)" in str(caught.value)
+
+
+def test_packer_build_cache_dir_option_keeps_the_cache_there(demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    out, caches = tmp_path / "out", tmp_path / "caches"
+    job = write_job(tmp_path / "job", demo_job_doc(demo_raw.root, out))
+    done = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet", "--no-report",
+                                     "--cache-dir", str(caches)])
+    assert done.exit_code == 0, done.output
+    assert any(p.suffix == ".spill" for p in expected_cache(caches, out).iterdir())
+    assert not (work / "cache").exists() and not list(out.rglob("*.spill"))
