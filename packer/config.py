@@ -133,6 +133,7 @@ class DicomTransformConfig:
     output: str = "uint8"
     frames: str = "split"
     modality_windows: tuple[tuple[str, tuple[WindowSpec, ...]], ...] = ()
+    channels: int | None = None
 
     def windows_for(self, modality: str | None) -> tuple[WindowSpec, ...]:
         """The windows for a file whose Modality is ``modality`` (any case, None: absent)."""
@@ -141,8 +142,11 @@ class DicomTransformConfig:
 
     def to_json(self) -> dict[str, Any]:
         # modality_windows appears only when set, so jobs that do not use it keep their config_hash
-        extra = ({"modality_windows": {name: [w.to_json() for w in windows] for name, windows in self.modality_windows}}
-                 if self.modality_windows else {})
+        extra: dict[str, Any] = (
+            {"modality_windows": {name: [w.to_json() for w in windows] for name, windows in self.modality_windows}}
+            if self.modality_windows else {})
+        if self.channels is not None:  # likewise: only when set
+            extra["channels"] = self.channels
         return {
             "windows": [w.to_json() for w in self.windows],
             **extra,
@@ -164,9 +168,12 @@ class ImageTransformConfig:
     window: tuple[tuple[str, Any], ...] = ()
     tile_size: tuple[int, int] | None = None
     tile_stride: tuple[int, int] | None = None
+    channels: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        channels = {"channels": self.channels} if self.channels is not None else {}  # only when set: same hashes
         return {
+            **channels,
             "size": list(self.size) if self.size else None,
             "resize": self.resize,
             "color": self.color,
@@ -404,6 +411,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         output=raw_dicom.get("output", "uint8"),
         frames=raw_dicom.get("frames", "split"),
         modality_windows=_modality_windows(raw_dicom.get("modality_windows") or {}),
+        channels=raw_dicom.get("channels", transform.get("channels")),
     )
     raw_image = transform.get("image") or {}
     tile = raw_image.get("tile")
@@ -416,7 +424,9 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
                             for k, v in (raw_image.get("window") or {}).items())),
         tile_size=_size(tile["size"]) if tile else None,
         tile_stride=_size(tile.get("stride")) if tile else None,
+        channels=raw_image.get("channels", transform.get("channels")),
     )
+    _check_channels(sources, dicom, image)
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],
@@ -455,6 +465,29 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
         job_path=job_path.resolve(),
     )
+
+
+def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConfig,
+                    image: ImageTransformConfig) -> None:
+    """Where the job file fixes a kind's channel count, it must map to ``channels``
+    (:mod:`packer.transform.channels`); counts only a file can tell are checked per sample."""
+    from packer.transform.channels import check_channels
+
+    dicom_sources = [s.name for s in sources if s.kind == "dicom"]
+    if dicom_sources and dicom.channels is not None and dicom.output != "float16" and dicom.frames != "stack":
+        check_channels(dicom.channels, len(dicom.windows), where="transform.dicom.windows", sources=dicom_sources,
+                       fix=f"list {dicom.channels} windows (or 1, replicated)")
+        for modality, windows in dicom.modality_windows:
+            check_channels(dicom.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
+                           sources=[f"{name} (Modality {modality})" for name in dicom_sources],
+                           fix=f"list {dicom.channels} windows for {modality} (or 1, replicated)")
+    image_sources = [s.name for s in sources if s.kind == "image"]
+    if image_sources and image.channels is not None:
+        natural = 1 if image.color == "gray" else 3
+        fix = ("set transform.image.color: gray (its luminance)" if image.channels == 1
+               else f"transform.image.color gives 1 (gray, replicated) or 3 (rgb) channels, not {image.channels}")
+        check_channels(image.channels, natural, where=f"transform.image.color ({image.color})",
+                       sources=image_sources, fix=fix)
 
 
 def _modality_windows(raw: dict[str, Any]) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:

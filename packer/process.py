@@ -9,6 +9,8 @@ pack pass copies bytes out of the spill files without decoding anything again.
 The spill files are a cache: a chunk's key covers packer and library versions, the parts of
 the job that shape samples, and each file's path, size, mtime and table values, so a
 re-run (``--resume`` after a crash, or a build after adding files) decodes only what changed.
+Its records name raw paths, entity ids and dates, so the cache folder lives outside the output
+tree (``packer.build.cache_location``); tasks get it as ``cache_dir``.
 
 A raw file behind a URL (``s3://...``) is fetched once, by the task that decodes it, into a
 temporary local copy (:func:`packer.rawstore.fetched`); the readers run on the copy and every
@@ -23,7 +25,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -32,12 +34,14 @@ from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.dedup import dhash
 from packer.discover import probe_for_read, probe_ref
+from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.rawstore import RawObject, fetched
 from packer.read import read_sample
 from packer.records import REF_FIELDS, Issue, Sample, SampleRef, SpilledSample
 from packer.storage import is_url
+from packer.transform.channels import match_channels
 from packer.validate import find_sample_issue
 
 T = TypeVar("T")
@@ -185,6 +189,23 @@ def _records_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"{key}.json"
 
 
+#: The fix for a cache write a full or read-only disk refused: the cache is not in the output folder.
+CACHE_ELSEWHERE = "choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"
+
+
+@contextlib.contextmanager
+def _cache_output(path: Path) -> Iterator[Any]:
+    """:func:`atomic_output` for a cache file (no fsync: :func:`load_cached_chunk` verifies
+    entries and a damaged one is redone), whose refusal names the cache's fix, not the output's."""
+    try:
+        with atomic_output(path, durable=False) as fh:
+            yield fh
+    except FileSystemError as err:
+        if OUTPUT_ELSEWHERE not in str(err):  # not this file's refusal (e.g. fetching a raw file into TMPDIR)
+            raise
+        raise FileSystemError(str(err).replace(OUTPUT_ELSEWHERE, CACHE_ELSEWHERE)) from err
+
+
 def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
     """The chunk's records if its records file is complete and its spill file's size and
     sha256 check out, else None (the chunk is then processed again)."""
@@ -255,7 +276,33 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] 
         problem = find_sample_issue(sample, job)
         if problem is not None:
             return problem  # one record per raw file: its first defect
-    return result
+    return _with_channels(result, job)
+
+
+def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
+    """``samples`` with the job's channel count for their kind (``transform.channels``, see
+    :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""
+    if not samples:
+        return samples
+    target = job.dicom.channels if samples[0].ref.kind == "dicom" else job.image.channels
+    if target is None:
+        return samples
+    out = []
+    for sample in samples:
+        photometric = str(sample.metadata.get("photometric_interpretation", ""))
+        color = sample.ref.kind == "dicom" and photometric not in ("", "MONOCHROME1", "MONOCHROME2")
+        mapped = match_channels(sample.image, target, color=color)
+        if isinstance(mapped, str):
+            return Issue.of(sample.ref, stage="transform", reason="bad_shape",
+                            message=f"{sample.ref.path}: sample {sample.key}: {mapped} (frames: stack gives one "
+                                    "channel per frame and window; colour DICOM gives 3); use frames: split, or drop "
+                                    "transform.channels and load each source with ShardDataset(sources=[...])")
+        if mapped.rule == "keep":
+            out.append(sample)
+        else:
+            metadata = {**sample.metadata, "channels": {"from": int(sample.image.shape[0]), "rule": mapped.rule}}
+            out.append(replace(sample, image=mapped.image, metadata=metadata))
+    return out
 
 
 def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
@@ -324,8 +371,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     clock = StageClock()
     spill_hash = hashlib.sha256()
-    # cache files skip fsync: load_cached_chunk verifies them and a damaged entry is redone
-    with (atomic_output(cache_dir / spill_name, durable=False) if cache_dir is not None else _Discard()) as fh:
+    with (_cache_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
         offset = 0
         for ref in task.refs:
             outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
@@ -354,7 +400,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     if cache_dir is not None:
         record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_digest": spill_hash.hexdigest(),
                   "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
-        with atomic_output(_records_path(cache_dir, task.key), durable=False) as fh:
+        with _cache_output(_records_path(cache_dir, task.key)) as fh:
             fh.write(canonical_json(record))
     return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items())

@@ -84,20 +84,23 @@ def test_stock_webdataset_reads_the_demo_as_chw_uint8(demo_build: BuildResult) -
     for tar in sorted(demo_build.version_dir.glob("*.tar")):
         for sample in wds.WebDataset(str(tar), shardshuffle=False).decode():
             image = sample["npy"]
-            assert image.dtype.name == "uint8" and image.ndim == 3 and image.shape[1:] == (64, 64)
-            if sample["json"]["kind"] == "dicom":  # a channel per window: lung + mediastinum, the CR its own
-                windows = sample["json"]["metadata"]["windows"]
-                assert image.shape[0] == len(windows) and len(windows) in (1, 2)
-                if len(windows) == 1:
+            # transform.channels: 3 makes every sample 3×64×64
+            assert image.dtype.name == "uint8" and image.shape == (3, 64, 64)
+            if sample["json"]["kind"] == "dicom":  # a channel per window (lung, mediastinum, bone_body), the CR its own
+                metadata = sample["json"]["metadata"]
+                windows = metadata["windows"]
+                assert len(windows) in (1, 3)
+                if len(windows) == 1:           # replicated to 3 channels, and says so
+                    assert metadata["channels"] == {"from": 1, "rule": "replicate"}
+                    assert (image == image[:1]).all()
                     own_window.append((windows[0]["center"], windows[0]["width"]))
-            else:
-                assert image.shape[0] == 3
             assert inverse[sample["cls"]] == sample["json"]["label"]
             count += 1
     assert count == manifest["inputs"]["samples"]
     assert own_window == [(2048, 4096)]  # the demo's MONOCHROME1 CR, by transform.dicom.modality_windows
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_same_inputs_give_the_same_hash_and_bytes_whatever_the_workers(demo_raw: Any, demo_build: BuildResult,
                                                                        tmp_path: Path) -> None:
     again = run(demo_raw, tmp_path, scheduler=None, workers=2)

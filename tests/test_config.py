@@ -30,7 +30,8 @@ def write_job(tmp_path: Path, doc: dict) -> Path:
 def test_demo_job_loads_with_presets_resolved() -> None:
     job = load_job(REPO / "workflows" / "demo.yaml")
     assert job.name == "demo"
-    assert [w.name for w in job.dicom.windows] == ["lung", "mediastinum"]
+    assert [w.name for w in job.dicom.windows] == ["lung", "mediastinum", "bone_body"]
+    assert job.dicom.channels == job.image.channels == 3  # transform.channels: one shape for the whole demo
     assert job.dicom.windows[0].center == -600 and job.dicom.windows[0].width == 1500
     assert job.pack.max_bytes == 64 * 2**20
     assert job.sources[0].root == (REPO / "demo-raw" / "ct").resolve()

@@ -171,15 +171,16 @@ def test_every_image_is_a_png_data_uri_that_decodes_and_every_sample_is_shown(
     assert len(set(cells)) == len(cells) and set(cells) <= set(keys)
     groups = Counter((r["split"], r["label"]) for r in keys.values())
     assert Counter((keys[k]["split"], keys[k]["label"]) for k in cells) == {g: min(n, 32) for g, n in groups.items()}
-    # a 2-window CT sample shows both channels and a composite; the radiograph (one window:
-    # its own, by modality_windows) and the RGB photos show one image each
+    # a 3-window CT sample shows its three channels and a composite; the radiograph (one window:
+    # its own, by modality_windows, replicated to 3 by transform.channels) and the RGB photos one image each
     from packer.loader import ShardDataset
 
-    channels = {item["key"]: int(item["image"].shape[0]) for split in ("train", "valid", "test")
-                for item in ShardDataset(built.manifest_path, split, shuffle=False, rank=0, world_size=1)}
+    replicated = {item["key"]: bool((item["image"] == item["image"][:1]).all())
+                  for split in ("train", "valid", "test")
+                  for item in ShardDataset(built.manifest_path, split, shuffle=False, rank=0, world_size=1)}
     ct = [k for k in cells if k.startswith("ct-")]
-    assert {channels[k] for k in ct} == {1, 2}  # the CR is on the contact sheet
-    assert len(parsed.images) == sum(3 if channels[k] == 2 else 1 for k in ct) + (len(cells) - len(ct))
+    assert sum(replicated[k] for k in ct) == 1  # the CR is on the contact sheet
+    assert len(parsed.images) == sum(1 if replicated[k] else 4 for k in ct) + (len(cells) - len(ct))
 
 
 def test_nothing_points_outside_the_file(page: tuple[str, ReportParser]) -> None:

@@ -2,7 +2,8 @@
 
 Display rules (the contact sheet states them too):
 - an image source with 3 or 4 channels is shown as its RGB image (alpha dropped);
-- a single channel is shown as grey;
+- a single channel is shown as grey, and so is a sample whose one channel ``transform.channels``
+  replicated (metadata ``channels.rule: replicate``), once;
 - otherwise (DICOM windows, or any other multi-channel sample) each channel is shown in
   grey side by side, followed by a composite: C=2 puts the channels in R and G with
   B = their mean, C≥3 shows the first three channels as RGB.
@@ -120,6 +121,11 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
                  max_channels: int = 4) -> list[Pane]:
     """The panes that show one sample (see the module docstring for the rules)."""
     chw = to_display(as_chw(image))
+    mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
+    if isinstance(mapped, dict) and mapped.get("rule") == "replicate":
+        # transform.channels repeated one channel: show it once, named for what it was
+        name = channel_names(info, kind, 1)[0]
+        return [_named(png_data_uri(chw[0], max_side), f"{name} ×{chw.shape[0]}")]
     names = channel_names(info, kind, chw.shape[0])
     if chw.shape[0] == 1:
         return [_named(png_data_uri(chw[0], max_side), names[0])]

@@ -1,0 +1,159 @@
+"""transform.channels: one channel count for a whole dataset, by documented rules, never a silent reshape."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import webdataset as wds
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.report import read_bad_samples
+from packer.transform.channels import LUMA, Mapped, channel_rule, match_channels
+from tests.conftest import demo_job_doc, write_job
+
+CT_WINDOWS = ["lung", "mediastinum", "bone_body"]
+
+
+def natural_doc(demo_raw: Any, out: Path) -> dict[str, Any]:
+    """The demo job with the same windows but no transform.channels: each sample keeps its own count."""
+    doc = demo_job_doc(demo_raw.root, out)
+    doc["transform"] = copy.deepcopy(doc["transform"])
+    doc["transform"].pop("channels", None)
+    doc["transform"]["dicom"]["windows"] = CT_WINDOWS
+    return doc
+
+
+def run(doc: dict[str, Any], folder: Path) -> BuildResult:
+    return build(load_job(write_job(folder, doc)), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+
+def samples_of(result: BuildResult) -> dict[str, tuple[np.ndarray, dict[str, Any]]]:
+    """Every packed sample, read with stock webdataset: key -> (image, the .json member)."""
+    shards = sorted(str(p) for p in result.version_dir.glob("*.tar"))
+    return {s["__key__"]: (s["npy"], s["json"]) for s in wds.WebDataset(shards, shardshuffle=False).decode()}
+
+
+@pytest.fixture(scope="module")
+def builds(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuildResult]:
+    root = tmp_path_factory.mktemp("channels")
+    return {"channels": run(demo_job_doc(demo_raw.root, root / "out-channels"), root / "job-channels"),
+            "natural": run(natural_doc(demo_raw, root / "out-natural"), root / "job-natural")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(natural=st.integers(1, 6), target=st.integers(1, 6), color=st.booleans(),
+       dtype=st.sampled_from(["uint8", "uint16", "float16"]), height=st.integers(1, 5), width=st.integers(1, 5),
+       seed=st.integers(0, 2**32 - 1))
+def test_channel_rules_keep_replicate_luma_and_refuse_everything_else(natural: int, target: int, color: bool,
+                                                                      dtype: str, height: int, width: int,
+                                                                      seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    image = (rng.random((natural, height, width)) * 200).astype(dtype)
+    got = match_channels(image, target, color=color)
+    rule = channel_rule(natural, target, color=color)
+    if natural == target:
+        assert isinstance(got, Mapped) and got.rule == rule == "keep" and got.image is image
+    elif natural == 1:
+        assert isinstance(got, Mapped) and got.rule == "replicate" and got.image.shape == (target, height, width)
+        assert all(np.array_equal(channel, image[0]) for channel in got.image)
+    elif color and natural == 3 and target == 1:
+        assert isinstance(got, Mapped) and got.rule == "luma" and got.image.shape == (1, height, width)
+        want = sum(w * image[i].astype(np.float64) for i, w in enumerate(LUMA))
+        if image.dtype.kind == "u":
+            want = np.rint(want)
+        assert got.image.dtype == image.dtype
+        assert np.allclose(got.image[0].astype(np.float64), want, atol=0.01 * max(1.0, float(np.abs(want).max())))
+    else:
+        assert rule is None and isinstance(got, str)
+        assert f"{natural} channels" in got and f"asks for {target}" in got
+
+
+@pytest.mark.parametrize(("transform", "named"), [
+    ({"channels": 3, "dicom": {"windows": ["lung", "mediastinum"]}},
+     ["transform.dicom.windows", "gives 2 channel(s)", "source(s) ct", "list 3 windows", "sources=[...]"]),
+    ({"channels": 3, "dicom": {"windows": CT_WINDOWS, "modality_windows": {"CR": ["lung", "bone"]}}},
+     ["transform.dicom.modality_windows.CR", "ct (Modality CR)", "list 3 windows for CR"]),
+    ({"channels": 1, "dicom": {"windows": ["lung"]}, "image": {"color": "rgb"}},
+     ["transform.image.color (rgb)", "source(s) photos", "color: gray"]),
+    ({"dicom": {"windows": ["lung"]}, "image": {"color": "rgb", "channels": 2}},
+     ["transform.image.color (rgb)", "gives 3 channel(s)", "transform.channels is 2"]),
+])
+def test_a_count_the_job_fixes_that_cannot_be_mapped_is_a_config_error_naming_source_and_fix(
+        demo_raw: Any, tmp_path: Path, transform: dict[str, Any], named: list[str]) -> None:
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["transform"] = transform
+    job = write_job(tmp_path, doc)
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    for text in [str(job), *named]:
+        assert text in str(caught.value)
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2 and "transform." in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("transform", [
+    {"channels": 1, "dicom": {"windows": ["lung"], "modality_windows": {"CR": ["file"]}}, "image": {"color": "gray"}},
+    {"channels": 3, "dicom": {"windows": CT_WINDOWS}, "image": {"color": "gray"}},      # grey photos replicated
+    {"dicom": {"windows": CT_WINDOWS, "channels": 3}, "image": {"color": "rgb", "channels": 3}},
+    {"channels": 4, "dicom": {"windows": ["lung"], "output": "float16"}, "image": {"color": "gray"}},
+])
+def test_counts_that_map_are_accepted(demo_raw: Any, tmp_path: Path, transform: dict[str, Any]) -> None:
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["transform"] = transform
+    job = load_job(write_job(tmp_path, doc))
+    assert job.dicom.channels == transform.get("channels", transform["dicom"].get("channels"))
+
+
+def test_a_job_without_channels_keeps_its_identity(demo_raw: Any, tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, natural_doc(demo_raw, tmp_path / "out")))
+    transform = job.identity()["transform"]
+    assert "channels" not in transform["dicom"] and "channels" not in transform["image"]
+
+
+def test_channels_give_every_sample_one_shape_by_the_documented_rules(builds: dict[str, BuildResult]) -> None:
+    manifest = builds["channels"].manifest
+    assert manifest["sample_schema"]["shape"] == [3, 64, 64]
+    assert manifest["sample_schema"]["shapes"] == {"ct": [[3, 64, 64]], "photos": [[3, 64, 64]]}
+    natural = samples_of(builds["natural"])
+    mapped = samples_of(builds["channels"])
+    assert set(natural) == set(mapped)
+    replicated = 0
+    for key, (image, info) in mapped.items():
+        own, own_info = natural[key]
+        assert image.shape == (3, 64, 64) and image.dtype == own.dtype == np.uint8
+        if own.shape[0] == 1:     # the CR radiograph, with its own file window: replicated
+            replicated += 1
+            assert info["metadata"]["channels"] == {"from": 1, "rule": "replicate"}
+            assert info["metadata"]["modality"] == "CR"
+            assert all(np.array_equal(channel, own[0]) for channel in image)
+        else:                     # CT slices (3 windows) and RGB photos: kept, byte for byte
+            assert np.array_equal(image, own) and "channels" not in info["metadata"]
+            assert info == own_info
+    assert replicated == 1
+
+
+def test_a_count_only_the_file_tells_that_cannot_be_mapped_makes_it_a_bad_shape_sample(
+        demo_raw: Any, tmp_path: Path) -> None:
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["transform"]["dicom"]["frames"] = "stack"      # a 3-frame file × 3 windows = 9 channels
+    doc["validate"] = {"max_bad_fraction": 0.5}
+    result = run(doc, tmp_path / "job")
+    records = [r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl") if r["reason"] == "bad_shape"]
+    assert [Path(r["path"]).name for r in records] == ["ct_multiframe.dcm"]
+    assert records[0]["stage"] == "transform"
+    assert "9 channels" in records[0]["message"] and "asks for 3" in records[0]["message"]
+    assert "frames: split" in records[0]["message"]
+    assert result.manifest["sample_schema"]["shape"] == [3, 64, 64]
+    assert json.loads(result.manifest_path.read_text())["bad_samples"]["by_reason"]["bad_shape"] == 1
