@@ -1,8 +1,18 @@
 """Train a small CNN from packed shards: one process, or DDP under torchrun.
 
-    python examples/train.py --manifest out/demo/<version> --epochs 2 --checkpoint ckpt.pt
-    python examples/train.py --manifest out/demo/<version> --checkpoint ckpt.pt --resume
-    torchrun --nproc-per-node 2 examples/train.py --manifest ... --checkpoint ckpt.pt
+    make demo                                          # builds build/demo/<version>/
+    python examples/train.py --manifest build/demo/<version> --epochs 1
+    python examples/train.py --manifest build/demo/<version> --epochs 2 --checkpoint ckpt.pt
+    python examples/train.py --manifest build/demo/<version> --checkpoint ckpt.pt --resume
+    python examples/train.py --manifest build/demo/<version> --sources photos   # one source's samples only
+    torchrun --nproc-per-node 2 examples/train.py --manifest build/demo/<version> --checkpoint ckpt.pt
+
+The model takes one channel count, so the samples it reads must have one shape. The demo job
+builds them so (``transform.channels: 3``: its 1-channel radiograph is replicated to match the
+3-window CT slices and the RGB photos). For a dataset whose sources differ in shape (the
+manifest lists them under ``sample_schema.shapes``), ``--sources`` trains on a view of some
+sources (``ShardDataset(..., sources=[...])``, which skips the others without reading them);
+without it, this script stops and names the shapes.
 
 What to copy into a real training script:
 - ``init_process_group`` when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
@@ -32,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", required=True, help="manifest.json or the dataset version folder")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
+                        help="train on these sources only (comma-separated names, as in the job file)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
@@ -81,9 +93,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> dict[str, Any]:
     torch.manual_seed(args.seed)
-    dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact")
+    dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact",
+                           sources=args.sources)
     rank = dataset.rank
-    channels = dataset.info.shape[0] if dataset.info.shape else next(iter(dataset))["image"].shape[0]
+    if dataset.shape is None:
+        raise SystemExit(
+            f"train.py: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "
+            f"several shapes ({dataset.info.describe_shapes()}), and this model takes one channel count; "
+            "pass --sources NAME to train on one source, or build the dataset with transform.channels "
+            "(README, 'Mixed shapes')")
+    channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
     batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
     model: nn.Module = build_model(channels, max(dataset.info.label_map.values()) + 1).to(device)
@@ -110,8 +129,6 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         batches.set_epoch(epoch)
         model.train()
         for batch in batches:
-            if not isinstance(batch["image"], torch.Tensor):
-                raise SystemExit("this example needs one image shape per dataset (packer resizes to one)")
             loss = nn.functional.cross_entropy(model(batch["image"]), batch["label"])
             optim.zero_grad(set_to_none=True)
             loss.backward()

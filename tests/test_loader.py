@@ -12,7 +12,7 @@ import torch
 import webdataset as wds
 from loader_fixtures import build_dataset, sample_image, split_keys
 
-from packer.loader import ShardDataset, collate_samples, make_loader
+from packer.loader import MixedShapesError, ShardDataset, collate_stack, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -94,7 +94,7 @@ def test_plain_dataloader_over_dataset_is_exactly_once(datasets, fmt):
     keys = []
     for rank in range(2):
         dataset = ShardDataset(manifest, "train", rank=rank, world_size=2)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=collate_samples)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=collate_stack)
         keys += [k for b in loader for k in b["key"]]
     assert Counter(keys) == Counter(split_keys(sum(MANY)))
 
@@ -164,12 +164,19 @@ def test_parquet_images_are_writable_tensors_without_warnings(datasets, recwarn)
     assert not [w for w in recwarn if "not writable" in str(w.message)]
 
 
-def test_variable_shapes_collate_to_a_list(tmp_path):
+def test_variable_shapes_collate_to_a_list_or_padded_or_refuse_to_stack(tmp_path):
     manifest = build_dataset(tmp_path, shard_sizes=(3, 2), shapes=[(1, 4, 4), (1, 2, 6)])
-    batch = next(iter(make_loader(ShardDataset(manifest, "train", shuffle=False), 4, 0)))
+    batch = next(iter(make_loader(ShardDataset(manifest, "train", shuffle=False), 4, 0, collate="list")))
     assert isinstance(batch["image"], list) and [tuple(i.shape) for i in batch["image"]] == [
         (1, 4, 4), (1, 2, 6), (1, 4, 4), (1, 2, 6)]
     assert batch["label"].tolist() == [0, 1, 2, 0]
+    padded = next(iter(make_loader(ShardDataset(manifest, "train", shuffle=False), 4, 0, collate="pad")))
+    assert padded["image"].shape == (4, 1, 4, 6) and padded["size"].tolist() == [[4, 4], [2, 6], [4, 4], [2, 6]]
+    for image, size, listed in zip(padded["image"], padded["size"], batch["image"], strict=True):
+        h, w = size.tolist()
+        assert torch.equal(image[:, :h, :w], listed) and not image[:, h:, :].any() and not image[:, :, w:].any()
+    with pytest.raises(MixedShapesError, match=r"1×4×4 \(2 sample\(s\), e\.g\. s00000\), 1×2×6"):
+        next(iter(make_loader(ShardDataset(manifest, "train", shuffle=False), 4, 0)))
 
 
 def test_transform_is_seeded_per_sample_not_per_worker(datasets):
@@ -214,6 +221,7 @@ def test_workers_hold_at_most_shuffle_buffer_samples(tmp_path, monkeypatch):
         assert yielded == 600 and peak < buffer
 
 
+@pytest.mark.slow  # a spawned worker: a fresh interpreter that imports torch
 def test_spawned_persistent_workers_follow_set_epoch(datasets):
     manifest = datasets[("parquet", "many")]
     reference = make_loader(ShardDataset(manifest, "train", seed=5), 4, 0)

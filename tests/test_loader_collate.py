@@ -1,4 +1,5 @@
-"""Batches through DataLoader workers: mixed shapes cross as one block and arrive as the same tensors."""
+"""Batches through DataLoader workers: mixed shapes cross as one block and arrive as the same tensors;
+the stacking collate refuses them with a message that says what to do."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from loader_fixtures import build_dataset, sample_image, split_keys
 from torch.utils.data import DataLoader
 
 import packer.loader.dataloader as dataloader_module
-from packer.loader import ImageBatch, ShardDataset, collate_samples, make_loader
+from packer.loader import ImageBatch, MixedShapesError, ShardDataset, collate_list, collate_stack, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -38,12 +39,13 @@ def expected_image(key: str, shapes: list[tuple[int, ...]] | None) -> np.ndarray
     return sample_image(index, shapes[index % len(shapes)] if shapes else (3, 4, 4))
 
 
-@pytest.mark.parametrize("kind", ["mixed", "uniform"])
-def test_workers_hand_over_the_same_batches_as_the_main_process(manifests, kind):
+@pytest.mark.parametrize(("kind", "collate"), [("mixed", "list"), ("uniform", "stack")])
+def test_workers_hand_over_the_same_batches_as_the_main_process(manifests, kind, collate):
     dataset = ShardDataset(manifests[kind], "train", seed=1, shuffle_buffer=4)
-    with make_loader(dataset, 5, 2) as workers:
+    with make_loader(dataset, 5, 2, collate=collate) as workers:
         through_workers = list(workers)
-    in_process = list(make_loader(ShardDataset(manifests[kind], "train", seed=1, shuffle_buffer=4), 5, 0))
+    in_process = list(make_loader(ShardDataset(manifests[kind], "train", seed=1, shuffle_buffer=4), 5, 0,
+                                  collate=collate))
     assert [b["key"] for b in through_workers] == [b["key"] for b in in_process]
     lists = 0
     for got, want in zip(through_workers, in_process, strict=True):
@@ -58,30 +60,45 @@ def test_workers_hand_over_the_same_batches_as_the_main_process(manifests, kind)
             for a, b in zip(got["image"], want["image"], strict=True):
                 assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape and a.is_contiguous()
                 assert torch.equal(a, b)
-    assert (lists > 0) == (kind == "mixed")
+    assert (lists > 0) == (collate == "list")
 
 
 @pytest.mark.parametrize("kind", ["mixed", "uniform"])
-def test_plain_dataloader_with_collate_samples_gets_lists_for_mixed_shapes(manifests, kind):
+def test_plain_dataloader_with_collate_list_gets_lists_of_any_shapes(manifests, kind):
     shapes = MIXED if kind == "mixed" else None
     loader = DataLoader(ShardDataset(manifests[kind], "train", seed=2), batch_size=4, num_workers=2,
-                        collate_fn=collate_samples)
+                        collate_fn=collate_list)
     keys = []
     for batch in loader:
         keys += batch["key"]
-        mixed = len({expected_image(key, shapes).shape for key in batch["key"]}) > 1
-        if mixed:
-            assert type(batch["image"]) is ImageBatch
-        else:
-            assert isinstance(batch["image"], torch.Tensor) and batch["image"].ndim == 4
+        assert type(batch["image"]) is ImageBatch
         for image, key in zip(batch["image"], batch["key"], strict=True):
             assert np.array_equal(image.numpy(), expected_image(key, shapes))
     assert sorted(keys) == split_keys(sum(SIZES))
 
 
+def test_a_mixed_batch_is_refused_by_name_never_with_torchs_stack_error(manifests):
+    dataset = ShardDataset(manifests["mixed"], "train", shuffle=False)
+    # make_loader's default collate, through workers: raised in the main process with its own message
+    with make_loader(dataset, 6, 2) as loader, pytest.raises(MixedShapesError) as caught:
+        list(loader)
+    message = str(caught.value)
+    assert "Traceback" not in message and "stack expects" not in message
+    assert "2×4×4 (2 sample(s), e.g. s00000)" in message and "3×4×4 (4 sample(s), e.g. s00001)" in message
+    for fix in ("sources=[...]", "transform.channels: 3", 'collate="list"'):
+        assert fix in message
+    # a plain DataLoader given the stacking collate: the same error type, from the worker
+    plain = DataLoader(ShardDataset(manifests["mixed"], "train", shuffle=False), batch_size=6, num_workers=1,
+                       collate_fn=collate_stack)
+    with pytest.raises(MixedShapesError, match="this batch mixes image shapes"):
+        list(plain)
+    # one shape per batch (batch size 1) stacks fine
+    assert all(b["image"].shape[0] == 1 for b in make_loader(ShardDataset(manifests["mixed"], "train"), 1, 0))
+
+
 def test_images_from_a_worker_share_one_storage_but_not_their_bytes(manifests):
     loader = DataLoader(ShardDataset(manifests["mixed"], "train", shuffle=False), batch_size=6, num_workers=1,
-                        collate_fn=collate_samples)
+                        collate_fn=collate_list)
     batch = next(iter(loader))
     images = batch["image"]
     assert len({im.untyped_storage().data_ptr() for im in images}) == 1
@@ -112,10 +129,10 @@ def test_a_worker_batch_of_mixed_shapes_crosses_as_one_block(monkeypatch):
     # as a list of separate tensors: one shared-memory block (and fd round trip) per image
     assert count_fds_sent([it["image"].clone() for it in items], monkeypatch) == 15
     monkeypatch.setattr(dataloader_module, "get_worker_info", lambda: object())
-    batch = collate_samples(items)
+    batch = collate_list(items)
     assert type(batch["image"]) is ImageBatch
     assert count_fds_sent(batch, monkeypatch) == 2      # the images' block and the labels
-    uniform = collate_samples([{**it, "image": torch.full((3, 4, 4), 1, dtype=torch.uint8)} for it in items])
+    uniform = collate_stack([{**it, "image": torch.full((3, 4, 4), 1, dtype=torch.uint8)} for it in items])
     assert uniform["image"].is_shared() and count_fds_sent(uniform, monkeypatch) == 2
 
 
@@ -139,6 +156,6 @@ def test_image_batch_pickles_to_equal_tensors_whatever_its_content():
 def test_collate_outside_workers_keeps_the_items_tensors():
     items = [{"image": torch.zeros(shape, dtype=torch.uint8), "label": torch.tensor(0), "key": "k"}
              for shape in MIXED]
-    batch = collate_samples(items)
+    batch = collate_list(items)
     assert type(batch["image"]) is ImageBatch
     assert all(a is it["image"] for a, it in zip(batch["image"], items, strict=True))

@@ -25,19 +25,31 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--workers", default="0,1,2", show_default=True, help="DataLoader num_workers values to try.")
 @click.option("--batch-sizes", default="32", show_default=True, help="Batch sizes to try.")
 @click.option("--seconds", type=float, default=3.0, show_default=True, help="Time budget per measurement.")
+@click.option("--sources", metavar="NAME[,NAME]",
+              help="Measure a view of these sources only (their samples found in _index.parquet, the others "
+                   "never read), e.g. --sources ct.")
+@click.option("--collate", type=click.Choice(["stack", "list", "pad"]),
+              help="How batches are made: stack (one B×C×H×W tensor), list (a list of tensors, any shapes) or pad "
+                   "(padded to the largest height and width). Default: stack when the samples have one shape, "
+                   "list when they have several (the table says so).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
 @exits
 def bench_loader_command(manifest: Path, split: str, device: str, workers: str, batch_sizes: str, seconds: float,
-                         json_path: Path | None) -> None:
+                         sources: str | None, collate: str | None, json_path: Path | None) -> None:
     """Measure MANIFEST's input pipeline one variable at a time: raw shard read MB/s, decode
     samples/s in one process, DataLoader samples/s per num_workers, pin_memory on/off and batch
     size; with --device cuda, host→device copy time and data-wait vs compute in a dummy step.
-    Prints a table. Use it before tuning: the slowest row is the one to fix."""
+    Prints a table. Use it before tuning: the slowest row is the one to fix.
+
+    A split whose samples have several shapes (say CT slices with 2 windows and RGB photos) is
+    measured with the list collate unless --collate says otherwise, and the table says so;
+    --sources measures one source's samples alone."""
     from packer.loader.bench import bench_loader, format_table
 
+    names = [s.strip() for s in sources.split(",") if s.strip()] if sources else None
     result = bench_loader(manifest, split, device=device, workers=_ints(workers), batch_sizes=_ints(batch_sizes),
-                          seconds=seconds)
+                          seconds=seconds, sources=names, collate=collate)
     click.echo(format_table(result))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -3,7 +3,7 @@
     from packer.loader import ShardDataset, make_loader, DevicePrefetcher
 
     dataset = ShardDataset("out/name/version", "train", seed=0, uneven="pad")  # rank/world from torch.distributed
-    loader = make_loader(dataset, batch_size=64, num_workers=4)
+    loader = make_loader(dataset, batch_size=64, num_workers=4)              # collate="stack" | "list" | "pad"
     batches = DevicePrefetcher(loader, "cuda", mean=(0.5,), std=(0.25,))      # float32 on the device
 
 Order. A whole epoch's order is a pure function of (seed, epoch, shuffle_buffer, the
@@ -64,14 +64,18 @@ _EXPORTS = {
     "DevicePrefetcher": "device",
     "ImageBatch": "dataloader",
     "LoaderState": "dataloader",
+    "MixedShapesError": "dataloader",
     "ShardDataset": "dataset",
     "ShardLoader": "dataloader",
     "ShardReadError": "readers",
     "SplitInfo": "readers",
     "bench_loader": "bench",
-    "collate_samples": "dataloader",
+    "collate_list": "dataloader",
+    "collate_pad": "dataloader",
+    "collate_stack": "dataloader",
     "format_table": "bench",
     "load_split": "readers",
+    "load_view": "readers",
     "make_loader": "dataloader",
     "resolve_rank": "dataset",
     "seed_worker": "dataloader",

@@ -12,6 +12,11 @@ Stages, each timed on its own so a stall can be pinned on one of them:
    data versus time computing, and on CUDA the host→device copy time of one batch.
 
 Every measurement loops over epochs until ``seconds`` have passed (at least one batch).
+
+A split whose samples have several shapes (a dataset mixing CT windows, radiographs and
+photos) cannot be stacked into batches: unless a collate is chosen, such a split is measured
+with ``collate="list"`` and the result says so (``config.collate_note``); ``sources=`` measures
+a view of some sources instead.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ def _decode(dataset: ShardDataset, seconds: float) -> dict[str, Any]:
 
 
 def _loader(dataset: ShardDataset, *, num_workers: int, batch_size: int, pin_memory: bool,
-            seconds: float) -> dict[str, Any]:
-    loader = make_loader(dataset, batch_size, num_workers, pin_memory=pin_memory)
+            seconds: float, collate: str) -> dict[str, Any]:
+    loader = make_loader(dataset, batch_size, num_workers, pin_memory=pin_memory, collate=collate)
 
     def run(epoch: int) -> Iterable[Any]:
         loader.set_epoch(epoch)
@@ -88,10 +93,16 @@ def _loader(dataset: ShardDataset, *, num_workers: int, batch_size: int, pin_mem
             "samples_per_s": count / elapsed if elapsed else 0.0}
 
 
+def _features(image: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """B×256 float features of a batch (stacked, padded or a list of images): the dummy step's input."""
+    rows = [im.flatten()[:256] for im in image]
+    return torch.stack([torch.nn.functional.pad(r.float(), (0, 256 - r.shape[0])) for r in rows])
+
+
 def _device(dataset: ShardDataset, *, device: torch.device, num_workers: int, batch_size: int,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, collate: str) -> dict[str, Any]:
     cuda = device.type == "cuda"
-    loader = make_loader(dataset, batch_size, num_workers, pin_memory=cuda)
+    loader = make_loader(dataset, batch_size, num_workers, pin_memory=cuda, collate=collate)
     weight = torch.randn(256, 256, device=device)
     wait = compute = 0.0
     steps = samples = 0
@@ -107,9 +118,7 @@ def _device(dataset: ShardDataset, *, device: torch.device, num_workers: int, ba
             if batch is None:
                 break
             wait += t1 - t0
-            x = batch["image"] if isinstance(batch["image"], torch.Tensor) else torch.stack(batch["image"])
-            features = x.flatten(1)[:, :256]
-            out = torch.nn.functional.pad(features, (0, 256 - features.shape[1])) @ weight
+            out = _features(batch["image"]) @ weight
             for _ in range(8):
                 out = torch.tanh(out @ weight)
             if cuda:
@@ -150,19 +159,41 @@ def _h2d(loader: Any, device: torch.device, batches: int = 5) -> dict[str, Any]:
             "h2d_gb_per_s": nbytes / 1e6 / mean_ms if mean_ms else None}
 
 
+def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str | None]:
+    """The collate to measure ``dataset`` with, and a note when it was chosen for a mixed split:
+    ``collate`` when given, else ``stack`` for one shape and ``list`` for several."""
+    if collate is not None:
+        return collate, None
+    if dataset.shape is not None:
+        return "stack", None
+    view = dataset.view.sources if dataset.view is not None else None
+    which = f"sources {', '.join(view)} of " if view else ""
+    return "list", (f"the samples of {which}this split have several shapes ({dataset.info.describe_shapes()}), so "
+                    "batches were measured with collate=\"list\"; measure one source with --sources NAME, or build "
+                    "with transform.channels for one shape")
+
+
 def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = "cpu",
                  workers: Sequence[int] = (0, 1, 2), batch_sizes: Sequence[int] = (32,),
-                 pin_memory: Sequence[bool] = (False, True), seconds: float = 3.0, seed: int = 0) -> dict[str, Any]:
-    """Measure input throughput of ``split`` one variable at a time (see module doc).
+                 pin_memory: Sequence[bool] | None = None, seconds: float = 3.0, seed: int = 0,
+                 sources: Sequence[str] | None = None, collate: str | None = None) -> dict[str, Any]:
+    """Measure input throughput of ``split`` (or of the view of ``sources``) one variable at a
+    time (see module doc).
 
-    Returns a JSON-able dict with keys ``dataset``, ``config``, ``raw_read``, ``decode``,
-    ``loader`` (a list of runs, each with ``vary``, the three settings and
-    ``samples_per_s``) and ``device``. Times are wall-clock seconds; nothing is asserted.
-    Raises what ShardDataset raises for an unreadable manifest or shard.
+    ``pin_memory``: the values to try (default both with CUDA, off without).
+    ``collate``: ``stack``, ``list`` or ``pad`` (see :func:`packer.loader.make_loader`); by
+    default ``stack`` when the samples have one shape and ``list`` when they have several
+    (said in ``config.collate_note``). Returns a JSON-able dict with keys ``dataset``,
+    ``config``, ``raw_read``, ``decode``, ``loader`` (a list of runs, each with ``vary``, the
+    three settings and ``samples_per_s``) and ``device``. Times are wall-clock seconds;
+    nothing is asserted. Raises what ShardDataset raises for an unreadable manifest or shard.
     """
+    if pin_memory is None:  # pinned memory matters only for copies to an accelerator
+        pin_memory = (False, True) if torch.cuda.is_available() else (False,)
     if not workers or not batch_sizes or not pin_memory:
         raise ValueError("workers, batch_sizes and pin_memory each need at least one value")
-    dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1)
+    dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources)
+    collate, note = choose_collate(dataset, collate)
     info = dataset.info
     base = (max(workers), batch_sizes[0], bool(pin_memory[0]))     # (num_workers, batch_size, pin_memory)
     runs: dict[tuple[int, int, bool], dict[str, Any]] = {}
@@ -172,28 +203,35 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
                   + [("batch_size", (base[0], b, base[2])) for b in batch_sizes])
     for name, key in variations:
         if key not in runs:
-            runs[key] = _loader(dataset, num_workers=key[0], batch_size=key[1], pin_memory=key[2], seconds=seconds)
+            runs[key] = _loader(dataset, num_workers=key[0], batch_size=key[1], pin_memory=key[2], seconds=seconds,
+                                collate=collate)
         loader_rows.append({"vary": name, **runs[key]})
     torch_device = torch.device(device)
     return {
-        "dataset": {"manifest": str(info.manifest), "split": split, "format": info.format, "samples": info.samples,
-                    "shards": len(info.shards), "bytes": sum(s.bytes for s in info.shards)},
+        "dataset": {"manifest": str(info.manifest), "split": split, "format": info.format,
+                    "samples": dataset.samples, "shards": len(info.shards),
+                    "bytes": sum(s.bytes for s in info.shards),
+                    "sources": list(sources) if sources is not None else None},
         "config": {"device": device, "workers": list(workers), "batch_sizes": list(batch_sizes),
-                   "pin_memory": list(pin_memory), "seconds": seconds,
-                   "cuda_available": torch.cuda.is_available()},
+                   "pin_memory": list(pin_memory), "seconds": seconds, "collate": collate,
+                   "collate_note": note, "cuda_available": torch.cuda.is_available()},
         "raw_read": _raw_read([str(s.path) for s in info.shards], seconds),
         "decode": _decode(dataset, seconds),
         "loader": loader_rows,
-        "device": _device(dataset, device=torch_device, num_workers=base[0], batch_size=base[1], seconds=seconds),
+        "device": _device(dataset, device=torch_device, num_workers=base[0], batch_size=base[1], seconds=seconds,
+                          collate=collate),
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text report of a :func:`bench_loader` result."""
     ds, raw, dec = result["dataset"], result["raw_read"], result["decode"]
+    view = f" (sources {', '.join(ds['sources'])})" if ds.get("sources") else ""
+    config = result["config"]
     lines = [
-        f"{ds['split']} of {ds['manifest']}: {ds['samples']} samples, {ds['shards']} {ds['format']} shards, "
-        f"{ds['bytes'] / 1e6:.1f} MB",
+        f"{ds['split']}{view} of {ds['manifest']}: {ds['samples']} samples, {ds['shards']} {ds['format']} shards, "
+        f"{ds['bytes'] / 1e6:.1f} MB; collate {config.get('collate', 'stack')}",
+        *([f"note: {config['collate_note']}"] if config.get("collate_note") else []),
         f"raw read      {raw['mb_per_s']:10.1f} MB/s",
         f"decode        {dec['samples_per_s']:10.1f} samples/s (one process)",
         "",

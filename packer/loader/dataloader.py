@@ -7,14 +7,26 @@ process, from the batches handed to the caller: ``state_dict()`` after ``k`` bat
 "epoch e, ``k * batch_size`` positions consumed" (true of every rank, since ranks step
 together), and a loader that loads it yields the rest of the epoch, in the same order,
 with any ``num_workers``.
+
+Batches of images of several shapes. A dataset may mix shapes (CT slices with two windows,
+radiographs with one, RGB photos). The default collate stacks, and refuses a mixed batch with
+a :class:`MixedShapesError` that names the shapes, their sources and the three fixes (a view
+of one source, a build with ``transform.channels``, or another collate); ``collate="list"``
+hands over a list of tensors and ``collate="pad"`` pads height and width, for models that
+take inputs of several sizes::
+
+    loader = make_loader(ShardDataset(manifest, "train"), batch_size=16, collate="list")
+    for batch in loader:
+        features = torch.cat([backbone(image[None]) for image in batch["image"]])
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,45 +119,149 @@ def _shared_empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     return like.new(storage).resize_(shape)
 
 
-def collate_samples(items: list[Item]) -> dict[str, Any]:
-    """Batch items: ``image`` stacked to B×C×H×W when all shapes match, else an
-    :class:`ImageBatch` (a list of tensors), ``label`` int64 of shape (B,), ``key`` a list of str.
+class MixedShapesError(ConfigError, RuntimeError):
+    """A batch whose images differ in shape met a collate that needs one shape.
 
-    In a DataLoader worker the images are copied straight into shared memory, stacked or
-    packed into one flat tensor (see :class:`ImageBatch`), so that the batch reaches the main
-    process as one block instead of one per image; outside a worker an ``ImageBatch`` holds
-    the items' own tensors.
+    A :class:`~packer.errors.ConfigError` (exit 2 at the CLI: a choice to make, not a defect
+    of the data) and a ``RuntimeError``; constructible from the message alone, so it crosses
+    a DataLoader worker boundary with its type intact.
+    """
+
+
+#: The three ways out of a mixed batch, for every message that meets one.
+MIXED_FIXES = ("load one source at a time: ShardDataset(manifest, split, sources=[...]); "
+               "or build with one channel count: transform.channels: 3 in the job file; "
+               "or take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
+               "(collate=\"pad\" pads height and width)")
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "×".join(str(int(d)) for d in shape)
+
+
+def describe_mixed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence[int]]] | None = None) -> str:
+    """What a mixed batch holds: each shape, how many samples have it, an example key, and the
+    sources that have that shape by the manifest's ``sample_schema.shapes`` (when given)."""
+    counts: dict[tuple[int, ...], list[str]] = {}
+    for item in items:
+        counts.setdefault(tuple(item["image"].shape), []).append(str(item["key"]))
+    parts = []
+    for shape, keys in counts.items():
+        owners = sorted(src for src, known in (shapes or {}).items() if shape in {tuple(k) for k in known})
+        source = f", source {' or '.join(owners)}" if owners else ""
+        parts.append(f"{_shape_text(shape)} ({len(keys)} sample(s){source}, e.g. {keys[0]})")
+    return ", ".join(parts)
+
+
+def _labels(items: Sequence[Item]) -> torch.Tensor:
+    return torch.stack([item["label"] for item in items]) if items else torch.zeros(0, dtype=torch.int64)
+
+
+def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None
+                  ) -> dict[str, Any]:
+    """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,), ``key`` a list of str.
+
+    The default collate of :func:`make_loader`. Images of different shapes raise
+    :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
+    source, their sources) and the three fixes, instead of torch's "stack expects each tensor
+    to be equal size". In a DataLoader worker the batch is stacked straight into shared
+    memory, so it reaches the main process as one block.
     """
     images = [item["image"] for item in items]
-    same = bool(images) and all(isinstance(im, torch.Tensor) and im.shape == images[0].shape for im in images)
+    if images and any(not isinstance(im, torch.Tensor) or im.shape != images[0].shape for im in images):
+        raise MixedShapesError(f"this batch mixes image shapes {describe_mixed(items, shapes)}, which cannot be "
+                               f"stacked into one tensor; {MIXED_FIXES}")
     shared = get_worker_info() is not None and packable(images)
-    image: torch.Tensor | ImageBatch
-    if same:
-        out = _shared_empty((len(images), *images[0].shape), images[0]) if shared else None
-        image = torch.stack(images, out=out)
-    else:
-        image = ImageBatch.packed(images, shared=True) if shared else ImageBatch(images)
-    return {
-        "image": image,
-        "label": torch.stack([item["label"] for item in items]) if items else torch.zeros(0, dtype=torch.int64),
-        "key": [item["key"] for item in items],
-    }
+    out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
+    image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
+    return {"image": image, "label": _labels(items), "key": [item["key"] for item in items]}
+
+
+def collate_list(items: list[Item]) -> dict[str, Any]:
+    """Batch items with ``image`` an :class:`ImageBatch`: a list of C×H×W tensors, any shapes.
+
+    For models that take inputs of several sizes (detection-style backbones, per-source
+    stems). In a DataLoader worker the images are packed into one flat shared tensor, so the
+    batch crosses to the main process as one block (see :class:`ImageBatch`).
+    """
+    images = [item["image"] for item in items]
+    shared = get_worker_info() is not None and packable(images)
+    batch = ImageBatch.packed(images, shared=True) if shared else ImageBatch(images)
+    return {"image": batch, "label": _labels(items), "key": [item["key"] for item in items]}
+
+
+def collate_pad(items: list[Item]) -> dict[str, Any]:
+    """Batch items of one channel count and dtype whose height and width vary: ``image``
+    B×C×Hmax×Wmax with each image in the top-left corner and zeros elsewhere, ``size`` int64
+    B×2 (each image's own height, width), ``label`` and ``key`` as :func:`collate_stack`.
+
+    Channel counts or dtypes that differ raise :class:`MixedShapesError`: padding channels
+    would invent data.
+    """
+    images = [item["image"] for item in items]
+    if not images:
+        return {"image": torch.zeros(0, dtype=torch.uint8), "size": torch.zeros((0, 2), dtype=torch.int64),
+                "label": _labels(items), "key": []}
+    if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
+           or im.dtype != images[0].dtype for im in images):
+        raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
+                               f"{describe_mixed(items)}; {MIXED_FIXES}")
+    height, width = max(im.shape[1] for im in images), max(im.shape[2] for im in images)
+    shape = (len(images), images[0].shape[0], height, width)
+    shared = get_worker_info() is not None and packable(images)
+    image = _shared_empty(shape, images[0]) if shared else images[0].new_empty(shape)
+    image.zero_()
+    for i, im in enumerate(images):
+        image[i, :, :im.shape[1], :im.shape[2]].copy_(im)
+    size = torch.tensor([[im.shape[1], im.shape[2]] for im in images], dtype=torch.int64)
+    return {"image": image, "size": size, "label": _labels(items), "key": [item["key"] for item in items]}
+
+
+#: ``make_loader(collate=...)`` by name.
+COLLATES: dict[str, Callable[[list[Item]], dict[str, Any]]] = {
+    "stack": collate_stack, "list": collate_list, "pad": collate_pad}
 
 
 def _passthrough(payload: Any) -> Any:
     return payload
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """In place of a batch: the collate refused it (:class:`MixedShapesError`); the main
+    process raises it there, with its own message instead of a worker's traceback."""
+
+    message: str
+
+
 class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
-    def __init__(self, *, dataset: ShardDataset, batch_size: int, drop_last: bool) -> None:
+    def __init__(self, *, dataset: ShardDataset, batch_size: int, drop_last: bool,
+                 collate: Callable[[list[Item]], dict[str, Any]]) -> None:
         super().__init__()
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
 
-    def __iter__(self) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
-        return self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
-                                         collate=collate_samples)
+    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused, tuple[str, ...]]]:
+        batches = self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
+                                            collate=self.collate)
+        try:
+            yield from batches
+        except MixedShapesError as err:
+            yield _Refused(str(err)), ()
+
+
+def _collate_for(dataset: ShardDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
+                 ) -> Callable[[list[Item]], dict[str, Any]]:
+    """The collate function for ``collate`` (a name in :data:`COLLATES` or a callable); the
+    stacking one knows the manifest's shapes per source, to name them in its error."""
+    if callable(collate):
+        return collate
+    if collate not in COLLATES:
+        raise ConfigError(f"collate={collate!r}; expected one of {sorted(COLLATES)} or a function of a list of items")
+    if collate == "stack":
+        return functools.partial(collate_stack, shapes=dataset.info.shapes)
+    return COLLATES[collate]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -172,9 +288,10 @@ class LoaderState:
 class ShardLoader:
     """Batches of one rank of a :class:`ShardDataset`, with ``state_dict``/``load_state_dict``.
 
-    Iterating yields dicts ``{"image": uint8 B×C×H×W, "label": int64 (B,), "key": list[str]}``;
-    where a batch's shapes differ, ``image`` is an :class:`ImageBatch`, a list of C×H×W
-    tensors (from workers: views of one tensor, see there). Each ``iter()`` runs the current
+    Iterating yields dicts ``{"image": uint8 B×C×H×W, "label": int64 (B,), "key": list[str]}``
+    as the ``collate`` of :func:`make_loader` makes them (with ``"list"``, ``image`` is an
+    :class:`ImageBatch`; with ``"pad"``, a ``size`` B×2 comes too); a batch the stacking collate
+    refuses raises :class:`MixedShapesError` here, in the main process. Each ``iter()`` runs the current
     epoch from its start, except the first after ``load_state_dict``, which runs the rest of
     the saved epoch.
     ``skipped``/``skipped_samples``: samples skipped so far in this run (``on_error="skip"``).
@@ -183,7 +300,8 @@ class ShardLoader:
     def __init__(self, *, dataset: ShardDataset, batch_size: int, num_workers: int = 0,
                  prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                  persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
-                 multiprocessing_context: Any = None) -> None:
+                 multiprocessing_context: Any = None,
+                 collate: str | Callable[[list[Item]], dict[str, Any]] = "stack") -> None:
         if batch_size < 1 or num_workers < 0:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
         self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
@@ -193,7 +311,8 @@ class ShardLoader:
         self._resume_pending = False
         workers = num_workers > 0
         self.dataloader = DataLoader(
-            _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last),
+            _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last,
+                         collate=_collate_for(dataset, collate)),
             batch_size=None,
             num_workers=num_workers,
             collate_fn=_passthrough,
@@ -234,6 +353,8 @@ class ShardLoader:
         iterator = iter(self.dataloader)
         try:
             for batch, skipped in iterator:
+                if isinstance(batch, _Refused):
+                    raise MixedShapesError(batch.message)
                 # Nominal positions (batch_size per batch, also for a short last batch): ranks
                 # step together, so batches × batch_size is every rank's position, even where
                 # this rank's sequence is a sample shorter than another's. Each rank caps it
@@ -289,7 +410,9 @@ class ShardLoader:
         return {
             "format": STATE_FORMAT,
             "split": ds.info.split,
-            "samples": ds.info.samples,
+            "samples": ds.samples,
+            "sources": list(ds.view.sources) if ds.view is not None and ds.view.sources is not None else None,
+            "labels": list(ds.view.labels) if ds.view is not None and ds.view.labels is not None else None,
             "seed": ds.seed,
             "shuffle": ds.shuffle,
             "shuffle_buffer": ds.shuffle_buffer,
@@ -311,8 +434,11 @@ class ShardLoader:
         ds = self.dataset
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a packer loader state (format {state.get('format')!r}, expected {STATE_FORMAT})")
-        expected = {"split": ds.info.split, "samples": ds.info.samples, "seed": ds.seed, "shuffle": ds.shuffle,
-                    "shuffle_buffer": ds.shuffle_buffer}
+        view = ds.view
+        expected = {"split": ds.info.split, "samples": ds.samples, "seed": ds.seed, "shuffle": ds.shuffle,
+                    "shuffle_buffer": ds.shuffle_buffer,
+                    "sources": list(view.sources) if view is not None and view.sources is not None else None,
+                    "labels": list(view.labels) if view is not None and view.labels is not None else None}
         wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
@@ -334,14 +460,20 @@ class ShardLoader:
 def make_loader(dataset: ShardDataset, batch_size: int, num_workers: int = 0, *,
                 prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
-                multiprocessing_context: Any = None) -> ShardLoader:
+                multiprocessing_context: Any = None,
+                collate: str | Callable[[list[Item]], dict[str, Any]] = "stack") -> ShardLoader:
     """A :class:`ShardLoader`: DataLoader with ``pin_memory`` when CUDA is available,
     ``persistent_workers`` when ``num_workers > 0``, ``prefetch_factor`` batches per
-    worker, workers seeded from (seed, epoch, rank, worker), images stacked when shapes match.
+    worker, workers seeded from (seed, epoch, rank, worker).
 
-    Raises ``ConfigError`` for ``batch_size < 1`` or ``num_workers < 0``.
+    ``collate``: ``"stack"`` (B×C×H×W; a batch of several shapes raises
+    :class:`MixedShapesError` naming them, their sources and the fixes), ``"list"`` (an
+    :class:`ImageBatch` of C×H×W tensors, any shapes), ``"pad"`` (B×C×Hmax×Wmax plus ``size``;
+    one channel count), or a function of the list of items (dicts ``image``, ``label``, ``key``).
+
+    Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0`` or an unknown collate.
     """
     return ShardLoader(dataset=dataset, batch_size=batch_size, num_workers=num_workers,
                        prefetch_factor=prefetch_factor, pin_memory=pin_memory,
                        persistent_workers=persistent_workers, drop_last=drop_last, timeout=timeout,
-                       multiprocessing_context=multiprocessing_context)
+                       multiprocessing_context=multiprocessing_context, collate=collate)

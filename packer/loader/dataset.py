@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
-from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, read_shard
+from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, load_view, read_shard
 from packer.loader.sharding import (
     UNEVEN,
     EpochOrder,
@@ -111,20 +111,30 @@ class ShardDataset(IterableDataset):
     one when none was), so no rank falls a batch behind because of bad data; a worker
     with no readable sample at all raises.
 
+    ``sources``/``labels``: a view of the split: only the samples of these sources (names as
+    in the job file and ``manifest["sample_schema"]["shapes"]``) and/or with these labels
+    (names, or indices in the label map). ``_index.parquet`` says which samples those are, so
+    the others are skipped without being read or decoded; everything above (exactly once
+    across ranks × workers, the deterministic order, resume) holds for the view as for a whole
+    split, and ``len()``, ``samples`` and the loader state count the view's samples. ``shape``:
+    the one C×H×W shape of the view's samples by the manifest, None when they have several.
+
     Iterated directly (or through a plain DataLoader), samples are striped over workers one
     by one; :func:`packer.loader.make_loader` stripes whole batches so that the batch order
-    does not depend on ``num_workers`` and can be resumed. A plain DataLoader given
-    ``collate_fn=packer.loader.collate_samples`` batches as ``make_loader`` does: images
-    stacked when a batch's shapes match, else an :class:`packer.loader.ImageBatch` (a list
-    of tensors which, coming from a worker, are views of one shared tensor: separate
-    samples, one storage). torch's ``default_collate`` cannot batch images of different shapes.
+    does not depend on ``num_workers`` and can be resumed. Batching images of several shapes
+    (a dataset that mixes CT windows, radiographs and photos) needs a choice: a view of one
+    source (``sources=``), a build with one channel count (``transform.channels``), or a
+    list/pad collate (``make_loader(..., collate="list")``, see :mod:`packer.loader.dataloader`).
+    A plain DataLoader given ``collate_fn=packer.loader.collate_stack`` says so, naming the
+    shapes; torch's ``default_collate`` only says "stack expects each tensor to be equal size".
     """
 
     def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
                  shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
                  verify: bool = False, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, sources: Sequence[str] | None = None,
+                 labels: Sequence[str | int] | None = None) -> None:
         super().__init__()
         if uneven not in UNEVEN:
             raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
@@ -139,8 +149,15 @@ class ShardDataset(IterableDataset):
         self.on_error, self.max_skipped = on_error, int(max_skipped)
         self.skipped = 0
         self.skipped_samples: list[str] = []
-        self._counts = [s.samples for s in self.info.shards]
+        self.view = (load_view(self.info, sources=sources, labels=labels, verify=verify)
+                     if sources is not None or labels is not None else None)
+        self._counts = ([len(p) for p in self.view.positions] if self.view is not None
+                        else [s.samples for s in self.info.shards])
         self._offsets = shard_offsets(self._counts)
+        #: Samples in this view of the split (the whole split without ``sources``/``labels``).
+        self.samples = int(self._offsets[-1])
+        #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
+        self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape,
                                   labels=frozenset(self.info.label_map.values()))
         self._orders: dict[int, EpochOrder] = {}
@@ -204,7 +221,7 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields in a whole epoch (before ``drop_last`` in a loader)."""
-        n, w, r = self.info.samples, self.world_size, self.rank
+        n, w, r = self.samples, self.world_size, self.rank
         if self.uneven == "exact":
             return (r + 1) * n // w - r * n // w
         return -(-n // w) if self.uneven == "pad" else n // w
@@ -223,9 +240,17 @@ class ShardDataset(IterableDataset):
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 k = int(shard_of[lo])
                 base = int(self._offsets[k])
-                positions = (read[lo:hi] - base).tolist()
-                for pos, result in read_shard(self.info.format, self.info.shards[k], positions, self._check,
-                                              strict=self.on_error == "raise", verify=self.verify):
+                positions = read[lo:hi] - base
+                if self.view is None:
+                    for pos, result in read_shard(self.info.format, self.info.shards[k], positions.tolist(),
+                                                  self._check, strict=self.on_error == "raise", verify=self.verify):
+                        yield base + pos, result
+                    continue
+                # a view: ask the shard for the chosen samples' own positions, hand out the view's
+                chosen = self.view.positions[k][positions].tolist()
+                results = read_shard(self.info.format, self.info.shards[k], chosen, self._check,
+                                     strict=self.on_error == "raise", verify=self.verify)
+                for pos, (_, result) in zip(positions.tolist(), results, strict=True):
                     yield base + pos, result
 
         uses = Counter(ids.tolist()) if len(unique) < len(ids) else None

@@ -111,7 +111,9 @@ class SplitInfo:
     """The manifest fields the loader reads, for one split.
 
     ``label_map``: label name → index. ``dtype``/``shape``: the sample schema (``shape``
-    is ``None`` when samples vary in size). ``shards`` in manifest order.
+    is ``None`` when samples vary in size); ``shapes``: each source's shapes (the schema's
+    ``shapes``; empty where the manifest has none). ``shards`` in manifest order. ``index``:
+    the manifest's ``_index.parquet`` entry (file, sha256, bytes), ``None`` where it has none.
     """
 
     manifest: Path | str
@@ -124,6 +126,22 @@ class SplitInfo:
     shape: tuple[int, ...] | None
     shards: tuple[ShardInfo, ...]
     samples: int
+    shapes: Mapping[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    index: Mapping[str, Any] | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def shape_of(self, sources: Sequence[str] | None = None) -> tuple[int, ...] | None:
+        """The one C×H×W shape of the samples of ``sources`` (all: None), by the manifest; None
+        when they have several (or the manifest does not say)."""
+        if sources is None:
+            return self.shape
+        shapes = {shape for source in sources for shape in self.shapes.get(source, ())}
+        return next(iter(shapes)) if len(shapes) == 1 else None
+
+    def describe_shapes(self) -> str:
+        """``ct 1×64×64, 2×64×64; photos 3×64×64``: each source's shapes, as the manifest lists them."""
+        return "; ".join(f"{source} {', '.join('×'.join(map(str, s)) for s in shapes)}"
+                         for source, shapes in sorted(self.shapes.items())) or "(the manifest lists no shapes)"
 
 
 def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where: Path | str) -> Any:
@@ -232,9 +250,125 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
                              f"{sum(s.samples for s in shards)}")
+    shapes = schema.get("shapes") or {}
+    if not isinstance(shapes, dict) or not all(
+            isinstance(v, list) and all(isinstance(s, list) and len(s) == 3 for s in v) for v in shapes.values()):
+        raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected {{source: [[C, H, W], ...]}}")
+    index = doc.get("index")
+    if index is not None and not (isinstance(index, dict) and isinstance(index.get("file"), str)
+                                  and isinstance(index.get("sha256"), str)):
+        raise IntegrityError(f"{path}: index is {index!r}, expected {{file, sha256, bytes, rows}}")
+    if index is not None:
+        _safe_relative(index["file"], path)
     return SplitInfo(manifest=path, name=str(doc.get("name", "")), version=str(doc.get("version", "")),
                      format=fmt, split=split, label_map=dict(label_map), dtype=dtype,
-                     shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total)
+                     shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
+                     shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
+                     index=index, storage_options=dict(storage_options or {}))
+
+
+@dataclass(frozen=True)
+class View:
+    """The samples of a split that pass a filter: per shard (manifest order), the positions
+    (ascending) of the chosen samples in that shard. ``sources``/``labels``: the filter (None: any)."""
+
+    sources: tuple[str, ...] | None
+    labels: tuple[str, ...] | None
+    positions: tuple[np.ndarray, ...]
+
+    @property
+    def samples(self) -> int:
+        return sum(len(p) for p in self.positions)
+
+
+def _index_bytes(info: SplitInfo, *, verify: bool) -> bytes:
+    """The bytes of the split's ``_index.parquet`` (checked against the manifest's sha256 with ``verify``)."""
+    if info.index is None:
+        raise IntegrityError(f"{info.manifest}: the manifest lists no sample index (_index.parquet), which a "
+                             "filtered view (sources=, labels=) needs; rebuild the dataset with packer build")
+    folder: Any = (info.manifest.parent if isinstance(info.manifest, Path)
+                   else str(info.manifest).rsplit("/", 1)[0])
+    version = storage.VersionFolder(folder, info.storage_options)
+    where = version.where(info.index["file"])
+    try:
+        data = version.read_bytes(info.index["file"])
+    except FileNotFoundError as err:
+        raise IntegrityError(f"{where}: the sample index is missing; restore it or rebuild the dataset") from err
+    except OSError as err:
+        raise IntegrityError(f"{where}: cannot read the sample index ({err})") from err
+    if verify and hashlib.sha256(data).hexdigest() != info.index["sha256"]:
+        raise IntegrityError(f"{where}: sha256 does not match the manifest's; the index is corrupt: restore it "
+                             "or rebuild the dataset")
+    return data
+
+
+def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: Sequence[str | int] | None = None,
+              verify: bool = False) -> View:
+    """The samples of ``info``'s split whose source is in ``sources`` and label in ``labels``
+    (None: any), found in ``_index.parquet`` without opening a shard.
+
+    ``labels``: label names (or their indices in the label map). Raises ``ConfigError`` for
+    a source or label the dataset does not have (the message lists those it has) and
+    ``IntegrityError`` when the index is missing, unreadable or disagrees with the manifest.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    where = f"{info.manifest}"
+    wanted_sources: tuple[str, ...] | None = None
+    if sources is not None:
+        if isinstance(sources, str):
+            raise ConfigError(f"sources={sources!r}: pass a list of source names, e.g. sources=[{sources!r}]")
+        wanted_sources = tuple(dict.fromkeys(str(s) for s in sources))
+        unknown = [s for s in wanted_sources if info.shapes and s not in info.shapes]
+        if unknown:
+            raise ConfigError(f"{where}: no source {unknown[0]!r} in this dataset; its sources are "
+                              f"{sorted(info.shapes)}")
+    label_ids: set[int] | None = None
+    label_names: tuple[str, ...] | None = None
+    if labels is not None:
+        if isinstance(labels, str):
+            raise ConfigError(f"labels={labels!r}: pass a list of label names, e.g. labels=[{labels!r}]")
+        by_index = {v: k for k, v in info.label_map.items()}
+        names = []
+        for label in labels:
+            name = by_index.get(label) if isinstance(label, int) else str(label)
+            if name is None or name not in info.label_map:
+                raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
+                                  f"{sorted(info.label_map)}")
+            names.append(name)
+        label_names = tuple(dict.fromkeys(names))
+        label_ids = {info.label_map[n] for n in label_names}
+    try:
+        table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
+                              columns=["split", "shard", "position", "source", "label"])
+    except (pa.ArrowException, KeyError) as err:
+        raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
+                             "rebuild the dataset") from err
+    table = table.filter(pc.equal(table["split"], info.split))
+    shard = table["shard"].to_numpy(zero_copy_only=False).astype(str)
+    position = table["position"].to_numpy()
+    keep = np.ones(len(table), dtype=bool)
+    if wanted_sources is not None:
+        keep &= np.isin(table["source"].to_numpy(zero_copy_only=False).astype(str), list(wanted_sources))
+    if label_ids is not None:
+        keep &= np.isin(table["label"].to_numpy(), sorted(label_ids))
+    order = np.lexsort((position, shard))
+    shard, keep = shard[order], keep[order]
+    files = np.array([s.file for s in info.shards], dtype=str)
+    starts = np.searchsorted(shard, files, side="left")
+    ends = np.searchsorted(shard, files, side="right")
+    positions = []
+    for s, lo, hi in zip(info.shards, starts.tolist(), ends.tolist(), strict=True):
+        if hi - lo != s.samples:
+            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {s.file}, the manifest "
+                                 f"says {s.samples}; the index does not belong to this manifest: restore it or "
+                                 "rebuild the dataset")
+        positions.append(np.flatnonzero(keep[lo:hi]).astype(np.int64))
+    if int((ends - starts).sum()) != len(shard):
+        raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
+    return View(sources=wanted_sources, labels=label_names, positions=tuple(positions))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,246 @@
+"""A mixed-shape dataset (2-window CT, a 1-channel radiograph, RGB photos) through the loader:
+views by source and label read only their samples and keep every loader guarantee; a mixed
+batch is refused by name; bench-loader and train.py handle it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+
+from packer.build import BuildOptions, BuildResult, build
+from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError, IntegrityError
+from packer.loader import MixedShapesError, ShardDataset, ShardReadError, make_loader
+from tests.conftest import REPO, demo_job_doc, write_job
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def mixed_doc(raw: Path, out: Path, fmt: str) -> dict[str, Any]:
+    """The demo job as it was before transform.channels: each source keeps its own channel count."""
+    doc = demo_job_doc(raw, out)
+    doc["transform"] = copy.deepcopy(doc["transform"])
+    doc["transform"].pop("channels", None)
+    doc["transform"]["dicom"]["windows"] = ["lung", "mediastinum"]
+    doc["pack"] = {**doc["pack"], "format": fmt, "max_samples": 8}
+    return doc
+
+
+@pytest.fixture(scope="module", params=["webdataset", "parquet"])
+def mixed(request: pytest.FixtureRequest, demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    root = tmp_path_factory.mktemp(f"mixed-{request.param}")
+    job = load_job(write_job(root, mixed_doc(demo_raw.root, root / "out", request.param)))
+    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+
+def index_keys(result: BuildResult, split: str, *, source: str | None = None, label: str | None = None) -> list[str]:
+    rows = pq.read_table(result.version_dir / "_index.parquet").to_pylist()
+    label_id = None if label is None else result.manifest["label_map"][label]
+    return sorted(r["key"] for r in rows if r["split"] == split and (source is None or r["source"] == source)
+                  and (label_id is None or r["label"] == label_id))
+
+
+def keys_of(loader: Any) -> list[str]:
+    """Every key the loader yields in one epoch; its workers are shut down after (see ShardLoader.close)."""
+    try:
+        return [key for batch in loader for key in batch["key"]]
+    finally:
+        loader.close()
+
+
+def test_the_fixture_really_mixes_shapes(mixed: BuildResult) -> None:
+    schema = mixed.manifest["sample_schema"]
+    assert schema["shape"] is None
+    assert schema["shapes"] == {"ct": [[1, 64, 64], [2, 64, 64]], "photos": [[3, 64, 64]]}
+
+
+def test_a_view_of_one_source_holds_exactly_its_samples_and_one_shape(mixed: BuildResult) -> None:
+    for source, shape in (("photos", (3, 64, 64)), ("ct", None)):
+        dataset = ShardDataset(mixed.manifest_path, "train", sources=[source])
+        assert dataset.samples == len(dataset) == len(index_keys(mixed, "train", source=source)) > 0
+        assert dataset.shape == shape
+        got = [item["key"] for item in dataset]
+        assert sorted(got) == index_keys(mixed, "train", source=source)
+    labels = ShardDataset(mixed.manifest_path, "train", labels=["circle", "square"])
+    want = sorted(index_keys(mixed, "train", label="circle") + index_keys(mixed, "train", label="square"))
+    assert sorted(item["key"] for item in labels) == want
+    both = ShardDataset(mixed.manifest_path, "train", sources=["photos"], labels=["circle"])
+    assert sorted(i["key"] for i in both) == sorted(
+        set(index_keys(mixed, "train", source="photos")) & set(index_keys(mixed, "train", label="circle")))
+
+
+def test_a_view_never_reads_the_samples_it_leaves_out(mixed: BuildResult, tmp_path: Path) -> None:
+    """Every CT sample's image is made undecodable (same shard sizes): a photos view still reads
+    cleanly with on_error="raise", while the whole split stops at the first CT sample."""
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(mixed.version_dir, copy_dir)
+    ct = [r for r in pq.read_table(copy_dir / "_index.parquet").to_pylist() if r["source"] == "ct"]
+    if mixed.manifest["format"] == "webdataset":
+        for shard in {r["shard"] for r in ct}:
+            data = bytearray((copy_dir / shard).read_bytes())
+            at = 0
+            while (at := data.find(b"\x93NUMPY", at)) >= 0:
+                if data[at - 512:at - 509] == b"ct-":      # the member's name, in its 512-byte tar header
+                    data[at:at + 6] = b"BROKEN"
+                at += 6
+            (copy_dir / shard).write_bytes(bytes(data))
+    else:
+        for shard in {r["shard"] for r in ct}:
+            table = pq.read_table(copy_dir / shard)
+            dtypes = ["int64" if s == "ct" else d for s, d in zip(table["source"].to_pylist(),
+                                                                    table["dtype"].to_pylist(), strict=True)]
+            table = table.set_column(table.schema.get_field_index("dtype"), "dtype", pa.array(dtypes))
+            pq.write_table(table, copy_dir / shard, row_group_size=len(table))
+            # the manifest records each shard's size: keep it true so the loader's size check passes
+            manifest = json.loads((copy_dir / "manifest.json").read_text())
+            for split in manifest["splits"].values():
+                for entry in split["shards"]:
+                    if entry["file"] == shard:
+                        entry["bytes"] = (copy_dir / shard).stat().st_size
+            (copy_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardReadError, match="ct-"):
+        list(ShardDataset(copy_dir, "train", shuffle=False))
+    photos = [item["key"] for item in ShardDataset(copy_dir, "train", sources=["photos"])]
+    assert sorted(photos) == index_keys(mixed, "train", source="photos")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_view_is_delivered_exactly_once_across_ranks_and_workers(mixed: BuildResult, world: int,
+                                                                   workers: int) -> None:
+    seen: list[str] = []
+    for rank in range(world):
+        dataset = ShardDataset(mixed.manifest_path, "train", sources=["photos"], rank=rank, world_size=world, seed=3)
+        with make_loader(dataset, 4, workers) as loader:
+            seen += keys_of(loader)
+    assert Counter(seen) == Counter(index_keys(mixed, "train", source="photos"))
+
+
+def test_a_view_shuffles_deterministically_per_epoch(mixed: BuildResult) -> None:
+    def order(epoch: int, seed: int = 5) -> list[str]:
+        dataset = ShardDataset(mixed.manifest_path, "train", sources=["ct"], seed=seed, shuffle_buffer=16)
+        dataset.set_epoch(epoch)
+        return [item["key"] for item in dataset]
+
+    assert order(0) == order(0) and order(1) == order(1)
+    assert order(0) != order(1) and sorted(order(0)) == sorted(order(1)) == index_keys(mixed, "train", source="ct")
+    assert order(0) != order(0, seed=6)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_view_resumes_mid_epoch_with_exactly_what_was_left(mixed: BuildResult, workers: int) -> None:
+    def loader() -> Any:
+        dataset = ShardDataset(mixed.manifest_path, "train", sources=["ct"], seed=9, shuffle_buffer=8)
+        return make_loader(dataset, 4, workers, collate="list")
+
+    full = loader()
+    full.set_epoch(2)
+    whole = keys_of(full)
+    first = loader()
+    first.set_epoch(2)
+    taken: list[str] = []
+    for batch in first:
+        taken += batch["key"]
+        if len(taken) >= 8:
+            state = first.state_dict()
+            break
+    first.close()
+    assert state["sources"] == ["ct"] and state["samples"] == len(whole)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert taken + keys_of(resumed) == whole
+    # a state saved for one view does not load into another
+    other = make_loader(ShardDataset(mixed.manifest_path, "train", sources=["photos"], seed=9, shuffle_buffer=8), 4)
+    with pytest.raises(ConfigError, match="sources saved"):
+        other.load_state_dict(state)
+
+
+def test_unknown_sources_and_labels_are_config_errors_listing_what_exists(mixed: BuildResult) -> None:
+    with pytest.raises(ConfigError, match=r"no source 'xray'.*\['ct', 'photos'\]"):
+        ShardDataset(mixed.manifest_path, "train", sources=["xray"])
+    with pytest.raises(ConfigError, match=r"no label 'cat'.*circle"):
+        ShardDataset(mixed.manifest_path, "train", labels=["cat"])
+    with pytest.raises(ConfigError, match=r"sources=\['ct'\]"):
+        ShardDataset(mixed.manifest_path, "train", sources="ct")  # type: ignore[arg-type]
+
+
+def test_a_view_needs_the_index_the_manifest_names(mixed: BuildResult, tmp_path: Path) -> None:
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(mixed.version_dir, copy_dir)
+    (copy_dir / "_index.parquet").unlink()
+    with pytest.raises(IntegrityError, match="_index.parquet: the sample index is missing"):
+        ShardDataset(copy_dir, "train", sources=["ct"])
+    assert len(list(ShardDataset(copy_dir, "valid"))) == mixed.manifest["splits"]["valid"]["samples"]
+
+
+def test_a_mixed_batch_names_shapes_sources_and_fixes(mixed: BuildResult) -> None:
+    loader = make_loader(ShardDataset(mixed.manifest_path, "train", seed=1), 32, 2)
+    with pytest.raises(MixedShapesError) as caught:
+        keys_of(loader)
+    message = str(caught.value)
+    assert "source photos" in message and "source ct" in message and "3×64×64" in message
+    assert "sources=[...]" in message and "transform.channels: 3" in message and 'collate="list"' in message
+    assert "stack expects" not in message and "Traceback" not in message
+    # the three fixes each work
+    assert sorted(keys_of(make_loader(ShardDataset(mixed.manifest_path, "train", sources=["photos"]), 32, 2))) \
+        == index_keys(mixed, "train", source="photos")
+    with make_loader(ShardDataset(mixed.manifest_path, "train"), 32, 2, collate="list") as loader:
+        listed = list(loader)
+    assert sorted(k for b in listed for k in b["key"]) == index_keys(mixed, "train")
+    shapes = {tuple(im.shape) for b in listed for im in b["image"]}
+    assert {(2, 64, 64), (3, 64, 64)} <= shapes <= {(1, 64, 64), (2, 64, 64), (3, 64, 64)}
+
+
+@pytest.mark.slow   # three bench-loader runs, each starting DataLoader workers
+def test_bench_loader_measures_a_mixed_split_with_the_list_collate_and_says_so(mixed: BuildResult,
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench-loader", str(mixed.manifest_path), "--seconds", "0.2",
+                                       "--workers", "0,1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "collate list" in result.output and "several shapes" in result.output and "--sources" in result.output
+    one = CliRunner().invoke(main, ["bench-loader", str(mixed.manifest_path), "--seconds", "0.2",
+                                    "--workers", "0", "--sources", "photos"])
+    assert one.exit_code == 0, one.output
+    assert "(sources photos)" in one.output and "collate stack" in one.output and "several shapes" not in one.output
+    refused = CliRunner().invoke(main, ["bench-loader", str(mixed.manifest_path), "--seconds", "0.2",
+                                        "--workers", "0", "--collate", "stack"])
+    assert refused.exit_code == 2 and "internal error" not in refused.output
+    assert "mixes image shapes" in refused.output
+
+
+@pytest.mark.slow   # examples/train.py in two subprocesses
+def test_train_example_names_the_shapes_or_trains_on_a_view(mixed: BuildResult) -> None:
+    script = REPO / "examples" / "train.py"
+    refused = subprocess.run([sys.executable, str(script), "--manifest", str(mixed.version_dir), "--epochs", "1",
+                              "--workers", "0"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "several shapes" in refused.stderr and "--sources" in refused.stderr
+    trained = subprocess.run([sys.executable, str(script), "--manifest", str(mixed.version_dir), "--epochs", "1",
+                              "--workers", "0", "--sources", "photos", "--batch-size", "8"],
+                             capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    assert "epoch 0: step" in trained.stdout
+
+
+def test_pad_collate_pads_height_and_width_and_refuses_channel_mixes(mixed: BuildResult) -> None:
+    ct = make_loader(ShardDataset(mixed.manifest_path, "train", sources=["photos"]), 5, 0, collate="pad")
+    batch = next(iter(ct))
+    assert batch["image"].shape == (5, 3, 64, 64) and batch["size"].tolist() == [[64, 64]] * 5
+    with pytest.raises(MixedShapesError, match="pads height and width"):
+        keys_of(make_loader(ShardDataset(mixed.manifest_path, "train", seed=1), 32, 0, collate="pad"))
+    assert isinstance(batch["image"], torch.Tensor) and np.array_equal(batch["label"].shape, (5,))
