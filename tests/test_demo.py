@@ -240,6 +240,7 @@ def test_bench_tree_counts_sizes_and_labels(tmp_path: Path) -> None:
     assert tree_digests(root) == tree_digests(again.root)
 
 
+@pytest.mark.slow  # writes and hashes a 400-sample benchmark tree
 def test_bench_tree_patients_are_not_near_duplicates_of_each_other(tmp_path: Path) -> None:
     """Each benchmark patient has its own anatomy, so near-duplicate grouping does not chain
     patients into one split group (with the demo's shared anatomy it chained 1,783 of them)."""

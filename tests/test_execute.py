@@ -21,7 +21,7 @@ from tests.conftest import demo_job_doc, write_job
 
 def run(demo_raw: Any, tmp_path: Path, scheduler: str | None, workers: int | None = None) -> BuildResult:
     job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
-    return build(job, BuildOptions(scheduler=scheduler, workers=workers, quiet=True))
+    return build(job, BuildOptions(scheduler=scheduler, workers=workers, quiet=True, cache_dir=tmp_path / "cache"))
 
 
 def shard_bytes(result: BuildResult) -> dict[str, bytes]:
@@ -33,6 +33,7 @@ def reference(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildR
     return run(demo_raw, tmp_path_factory.mktemp("sync"), "sync")
 
 
+@pytest.mark.slow  # a LocalCluster and a CLI-started scheduler and worker
 def test_in_process_local_cluster_and_cli_started_cluster_give_the_same_bytes(
         demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
     local = run(demo_raw, tmp_path / "local", None, workers=2)
@@ -92,6 +93,7 @@ def register(cluster: LocalCluster, plugin: WorkerPlugin) -> None:
         client.register_plugin(plugin)
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_a_worker_killed_mid_build_changes_nothing(demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         register(cluster, KillOnce(str(tmp_path / "killed")))
@@ -101,6 +103,7 @@ def test_a_worker_killed_mid_build_changes_nothing(demo_raw: Any, reference: Bui
     assert shard_bytes(result) == shard_bytes(reference)
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_a_file_that_crashes_its_worker_becomes_a_decoder_crash_record(demo_raw: Any, reference: BuildResult,
                                                                        tmp_path: Path) -> None:
     import pyarrow.parquet as pq
@@ -116,6 +119,7 @@ def test_a_file_that_crashes_its_worker_becomes_a_decoder_crash_record(demo_raw:
     assert result.manifest["bad_samples"]["total"] == reference.manifest["bad_samples"]["total"] + 1
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, reference: BuildResult, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Grouping chunks into tasks is a scheduling matter only: chunks, cache entries and bytes stay."""
@@ -132,7 +136,7 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
 
     monkeypatch.setattr("packer.prepare.group_size", recording)
     result = run(demo_raw, tmp_path, None, workers=2)
-    assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "out" / "demo" / ".cache").glob("*.spill")))
+    assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "cache").glob("*/*.spill")))
     assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
     assert shard_bytes(result) == shard_bytes(reference)
 
@@ -160,6 +164,7 @@ def _length(payload: _Payload) -> int:
     return len(payload.values)
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
     # dask's comm message log (1000 batches by default) held the unpickled specs, arguments
     # included, of every task: a copy of every record of a build on the client.
@@ -182,6 +187,7 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
         assert alive == 0, f"{alive} task arguments still held on the client after their tasks finished"
 
 
+@pytest.mark.slow  # two real dask clusters in a subprocess
 def test_a_second_local_cluster_in_the_same_process_starts() -> None:
     # a fresh interpreter, so that distributed is first imported by open_executor itself:
     # leaving the first cluster used to delete dask's whole "distributed" config

@@ -94,6 +94,7 @@ def test_a_build_whose_shards_meet_a_full_disk_exits_6_and_resumes_once_there_is
     assert "from the build cache" in second.output and list((tmp_path / "out" / "demo").glob("*/manifest.json"))
 
 
+@pytest.mark.slow  # a real dask cluster
 def test_a_run_defect_raised_on_a_dask_worker_comes_back_as_itself() -> None:
     from packer.execute import open_executor
 

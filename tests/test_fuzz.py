@@ -69,6 +69,7 @@ from packer.read.dicom import DicomHeader, probe_dicom, read_dicom
 from packer.read.image import ImageHeader, probe_image, read_image
 from packer.records import REASONS, Issue, Sample, SampleRef
 
+pytestmark = pytest.mark.slow  # fuzzing: thousands of mutated files through every reader
 LONG = os.environ.get("PACKER_FUZZ_LONG") == "1"
 EXAMPLES = 20 if LONG else 1
 CALL_BUDGET_S = 5.0  # per reader call; a mutated 40 KB file decodes in milliseconds

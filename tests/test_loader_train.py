@@ -94,6 +94,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # two spawned DDP processes (gloo)
 def test_two_process_gloo_ddp_with_padding(manifest, tmp_path):
     steps = 100                                              # more than two epochs: run both to the end
     try:

@@ -26,6 +26,7 @@ from packer.records import Issue
 from tests.conftest import demo_job_doc, write_job
 from tests.s3_store import S3Requests, Store, running_store
 
+pytestmark = pytest.mark.slow  # every test talks to moto's S3 server; some build the demo on a dask cluster
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
 

@@ -202,6 +202,7 @@ def garble_unfetched_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rawstore, "_fetch_probed_ranges", garbled)
 
 
+@pytest.mark.slow  # moto's S3 server
 @pytest.mark.parametrize("unfetched", ["zeros", "garbage"])
 def test_quick_validate_of_s3_files_gives_the_records_of_local_paths(
         tree: Tree, local_records: Records, unfetched: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,6 +236,7 @@ def test_quick_validate_of_s3_files_gives_the_records_of_local_paths(
         assert calls.fetched(f"quick/raw/{rel}") < sizes[rel] * 0.8, rel
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_a_quick_probe_of_a_large_dicom_fetches_a_small_fraction_of_it(
         store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pixels = np.random.default_rng(9).integers(0, 4000, (16, 512, 512), dtype=np.uint16)
@@ -277,6 +279,7 @@ def dicom_task(store: Store, tmp_path: Path, prefix: str, files: dict[str, bytes
                      listed=remote_listing(found.refs, found.listed))
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_a_header_read_front_to_back_costs_few_requests(store: Store, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     ds = with_private_block(ct_dataset(np.zeros((512, 512), np.int16)), 1_000_000, 4)
@@ -291,6 +294,7 @@ def test_a_header_read_front_to_back_costs_few_requests(store: Store, tmp_path: 
     assert header < sum(size for _, size in gets) < min(2 * header + HEAD_BYTES, len(data))
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_an_object_gone_or_shrunk_after_discovery_on_the_quick_pass(store: Store, tmp_path: Path) -> None:
     pixels = np.random.default_rng(3).integers(0, 256, (300, 300, 3), dtype=np.uint8)
     tiff = encode(".tiff", pixels)

@@ -112,6 +112,7 @@ def _split_keys(result: BuildResult, split: str) -> list[str]:
     return sorted(row["key"] for row in table if row["split"] == split)
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_a_remote_build_uploads_the_same_bytes_as_a_local_build(store: Store, built: Built) -> None:
     manifest = built.remote.manifest
     assert manifest["dataset_hash"] == built.local.manifest["dataset_hash"]  # where it goes is not identity
@@ -128,6 +129,7 @@ def test_a_remote_build_uploads_the_same_bytes_as_a_local_build(store: Store, bu
     assert remote_manifest == json.loads(built.remote.manifest_path.read_text())
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_the_manifest_is_uploaded_last_after_every_other_object_finished(built: Built) -> None:
     starts = [key for kind, key in built.events if kind == "start"]
     assert starts[-1] == built.prefix + "manifest.json" and starts.count(starts[-1]) == 1
@@ -138,6 +140,7 @@ def test_the_manifest_is_uploaded_last_after_every_other_object_finished(built: 
     assert built.remote.published.uploaded[-1] == "manifest.json"
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_rebuilding_to_the_same_url_uploads_nothing(store: Store, built: Built, demo_raw: Any, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     before = {o["Key"]: o["LastModified"] for o in
@@ -153,6 +156,7 @@ def test_rebuilding_to_the_same_url_uploads_nothing(store: Store, built: Built, 
     assert after == before
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_verify_passes_on_the_remote_version(built: Built) -> None:
     for location in (f"{built.version_url}/manifest.json", built.version_url, built.version_url + "/"):
         report = verify_dataset(location, deep=True)
@@ -178,6 +182,7 @@ def _corrupt_copy(store: Store, built: Built) -> tuple[str, str, str]:
     return result.url, shard, split
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_verify_fails_after_one_byte_of_a_remote_shard_flips(store: Store, built: Built) -> None:
     url, shard, _ = _corrupt_copy(store, built)
     report = verify_dataset(url)
@@ -186,6 +191,7 @@ def test_verify_fails_after_one_byte_of_a_remote_shard_flips(store: Store, built
     assert "sha256" in report.problems[0].message
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_shard_dataset_over_s3_yields_the_split_and_the_same_samples(built: Built) -> None:
     torch = pytest.importorskip("torch", reason="the loader extra")
     from torch.utils.data import DataLoader
@@ -203,6 +209,7 @@ def test_shard_dataset_over_s3_yields_the_split_and_the_same_samples(built: Buil
             assert int(item["label"]) == int(local[item["key"]]["label"])
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_shard_dataset_takes_storage_options_instead_of_the_environment(store: Store, built: Built,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch", reason="the loader extra")
@@ -215,6 +222,7 @@ def test_shard_dataset_takes_storage_options_instead_of_the_environment(store: S
     assert verify_dataset(built.version_url, storage_options=options).ok
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_verify_true_refuses_a_corrupted_remote_shard(store: Store, built: Built) -> None:
     pytest.importorskip("torch", reason="the loader extra")
     from packer.loader import ShardDataset
@@ -230,6 +238,7 @@ def test_verify_true_refuses_a_corrupted_remote_shard(store: Store, built: Built
     assert len(keys) == sum(e["samples"] for e in entries if e["file"] != shard)
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_the_verify_command_reads_s3_and_exits_5_on_a_flipped_byte(store: Store, built: Built) -> None:
     from click.testing import CliRunner
 
@@ -247,6 +256,7 @@ def test_the_verify_command_reads_s3_and_exits_5_on_a_flipped_byte(store: Store,
     assert shard in bad.output
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_the_build_command_publishes_to_an_out_url_or_the_jobs_output_url(store: Store, demo_raw: Any,
                                                                           tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,6 +283,7 @@ def test_the_build_command_publishes_to_an_out_url_or_the_jobs_output_url(store:
     assert "manifest.json" in _keys(store, f"from-job/demo/{version}/")
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_an_interrupted_upload_leaves_no_manifest_and_a_retry_publishes(store: Store, built: Built,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     original = s3fs.S3FileSystem._put_file
@@ -296,6 +307,7 @@ def test_an_interrupted_upload_leaves_no_manifest_and_a_retry_publishes(store: S
     assert verify_dataset(result.url).ok
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_publish_refuses_bytes_that_do_not_match_the_manifest(store: Store, built: Built, tmp_path: Path) -> None:
     local = Path(shutil.copytree(built.local.version_dir, tmp_path / built.local.version_dir.name))
     shard = local / built.local.manifest["splits"]["test"]["shards"][0]["file"]
@@ -308,6 +320,7 @@ def test_publish_refuses_bytes_that_do_not_match_the_manifest(store: Store, buil
     assert f"{shard.name}" in {k.rsplit("/", 1)[-1] for k in _keys(store, f"bad-local-{built.fmt}/")}
 
 
+@pytest.mark.slow  # its `built` fixture builds to moto's S3 server
 def test_file_urls_work_for_publish_verify_and_the_loader(built: Built, tmp_path: Path) -> None:
     copy = publish_version(built.local.version_dir, f"file://{tmp_path}/mirror")
     folder = tmp_path / "mirror" / "demo" / built.local.manifest["version"]
@@ -323,6 +336,7 @@ def test_file_urls_work_for_publish_verify_and_the_loader(built: Built, tmp_path
     assert keys == _split_keys(built.local, "valid")
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_a_missing_bucket_is_a_config_error_that_says_so(store: Store, built: Built) -> None:
     with pytest.raises(ConfigError, match="no-such-bucket.*bucket does not exist.*create it"):
         publish_version(built.local.version_dir, "s3://no-such-bucket/datasets")
