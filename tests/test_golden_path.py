@@ -1,0 +1,99 @@
+"""The newcomer's path, as the README tells it: `make demo`'s two commands, then the README's
+first loader snippet pasted as is, `examples/train.py` for an epoch and `packer bench-loader`,
+all on that build. If the README's snippet stops working, this test is red."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.demo_version import REPO, committed_demo
+
+pytestmark = pytest.mark.slow   # a real `packer build` on a local dask cluster, then subprocesses
+
+PACKER = str(Path(sys.executable).with_name("packer"))
+
+
+def first_loader_snippet() -> str:
+    """The README's first ```python block that uses packer.loader, verbatim."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", readme, flags=re.S | re.M)
+    return next(block for block in blocks if "packer.loader" in block)
+
+
+def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def newcomer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A checkout's layout (workflows/demo.yaml next to demo-raw/, build/, manifests/), built as
+    `make demo` builds it: `packer demo-data demo-raw --seed 0` and `packer build workflows/demo.yaml`."""
+    home = tmp_path_factory.mktemp("newcomer")
+    (home / "workflows").mkdir()
+    shutil.copy(REPO / "workflows" / "demo.yaml", home / "workflows" / "demo.yaml")
+    run([PACKER, "demo-data", "demo-raw", "--seed", "0"], home)
+    built = run([PACKER, "build", "workflows/demo.yaml"], home)
+    version = re.search(r"^dataset demo version ([0-9a-f]{12})$", built.stdout, flags=re.M)
+    assert version is not None, built.stdout
+    assert f"build/demo/{version[1]}/manifest.json" in built.stdout
+    return home, version[1]
+
+
+def test_make_demo_builds_the_committed_version(newcomer: tuple[Path, str]) -> None:
+    assert newcomer[1] == committed_demo()["version"]
+
+
+def test_the_readme_loader_snippet_runs_as_pasted_to_the_end_of_the_train_split(newcomer: tuple[Path, str]) -> None:
+    home, version = newcomer
+    snippet = first_loader_snippet()
+    assert "<version>" in snippet and "DataLoader" in snippet
+    # the snippet as a user pastes it (the version filled in), then a line that reports where it got to
+    script = snippet.replace("<version>", version) + '\nprint("last batch", tuple(images.shape), tuple(labels.shape))\n'
+    done = run([sys.executable, "-c", script], home)
+    last = re.search(r"last batch \((\d+), 3, 64, 64\) \((\d+),\)", done.stdout)
+    assert last is not None and last[1] == last[2], done.stdout
+
+
+def test_the_training_example_trains_an_epoch_on_the_demo(newcomer: tuple[Path, str]) -> None:
+    home, version = newcomer
+    done = run([sys.executable, str(REPO / "examples" / "train.py"), "--manifest", f"build/demo/{version}",
+                "--epochs", "1", "--device", "cpu"], home)
+    assert "epoch 0: step" in done.stdout
+
+
+def test_bench_loader_measures_the_demo(newcomer: tuple[Path, str]) -> None:
+    home, version = newcomer
+    done = run([PACKER, "bench-loader", f"build/demo/{version}/manifest.json", "--split", "train",
+                "--seconds", "0.3", "--workers", "0,1"], home)
+    assert "samples/s" in done.stdout and "internal error" not in done.stdout + done.stderr
+    assert "collate stack" in done.stdout
+
+
+def test_the_readme_job_example_builds_when_pasted_in_order(newcomer: tuple[Path, str]) -> None:
+    """"The job file": make the key as the README says, save the example as it says, build."""
+    home, _ = newcomer
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The job file", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)[0]
+    example = re.findall(r"^```yaml\n(.*?)^```", section, flags=re.S | re.M)[0]
+    saved_as = re.search(r"save it as `(workflows/[\w.-]+\.yaml)`", section)
+    assert saved_as is not None and "name: my-job" in example
+    (home / saved_as[1]).write_text(example, encoding="utf-8")
+    for line in commands.splitlines():
+        command = line.split("#", 1)[0].split()
+        assert command[0] == ".venv/bin/packer", line
+        run([PACKER, *command[1:]], home)
+    key = home / "keys" / "my-job.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    built = list((home / "build" / "my-job").glob("*/manifest.json"))
+    assert len(built) == 1

@@ -1,0 +1,89 @@
+"""The README tells the truth about the demo: the version, hash and counts it quotes, the
+screenshot it shows, and the columns of the tables it documents are the committed demo's."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from packer.manifest import INDEX_SCHEMA, SPLITS_SCHEMA
+from tests.demo_version import REPO, committed_demo
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def screenshot_module() -> Any:
+    spec = importlib.util.spec_from_file_location("screenshot", REPO / "docs" / "screenshot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_demo_version_and_hash_the_readme_quotes_is_the_committed_one() -> None:
+    manifest = committed_demo()
+    quoted = re.findall(r"(?:version |demo/|dataset_hash )([0-9a-f]{12,64})\b", README)
+    assert quoted, "the README quotes no demo version: the make demo output block is gone?"
+    for token in quoted:
+        assert manifest["dataset_hash"].startswith(token), (
+            f"README.md quotes demo version/hash {token}, the committed manifest is {manifest['version']}: "
+            "after `make demo` changes the version, update the README's quoted output")
+
+
+def test_the_quoted_make_demo_output_has_the_committed_counts() -> None:
+    manifest = committed_demo()
+    lines = re.findall(r"^\s+(train|valid|test)\s+(\d+) samples\s+(\d+) entities\s+(\d+) shards\s+\[(.*)\]$",
+                       README, flags=re.M)
+    assert [line[0] for line in lines] == ["train", "valid", "test"]
+    for split, samples, entities, shards, classes in lines:
+        entry = manifest["splits"][split]
+        assert (int(samples), int(entities), int(shards)) == (entry["samples"], entry["entities"],
+                                                              len(entry["shards"])), split
+        assert classes == ", ".join(f"{k} {v}" for k, v in entry["class_counts"].items())
+    bad = re.search(r"bad samples: (\d+) of (\d+) files", README)
+    assert bad is not None
+    assert (int(bad[1]), int(bad[2])) == (manifest["bad_samples"]["total"], manifest["inputs"]["files"])
+
+
+def test_the_report_screenshot_shows_the_committed_version() -> None:
+    shot = REPO / "docs" / "report-screenshot.png"
+    assert "docs/report-screenshot.png" in README
+    module = screenshot_module()
+    text = module.png_text(shot.read_bytes())
+    assert text.get(module.KEYWORD.decode()) == committed_demo()["version"], (
+        "docs/report-screenshot.png shows another demo version: `make demo && make screenshot`")
+
+
+def test_the_screenshot_version_chunk_round_trips() -> None:
+    module = screenshot_module()
+    ok, png = cv2.imencode(".png", np.zeros((4, 5, 3), np.uint8))
+    assert ok
+    marked = module.png_with_text(png.tobytes(), b"packer-demo-version", "0123456789ab")
+    assert module.png_text(marked) == {"packer-demo-version": "0123456789ab"}
+    assert cv2.imdecode(np.frombuffer(marked, np.uint8), cv2.IMREAD_COLOR).shape == (4, 5, 3)
+
+
+def documented_columns(table: str) -> list[str]:
+    match = re.search(rf"{re.escape(table)}\s+# one row per sample: (.*)$", README, flags=re.M)
+    assert match is not None, f"README's output layout no longer documents {table}"
+    return [c.strip() for c in match[1].split(",")]
+
+
+@pytest.mark.parametrize("table", ["_splits.parquet", "_index.parquet"])
+def test_the_documented_table_columns_are_the_real_ones(table: str) -> None:
+    schema: pa.Schema = SPLITS_SCHEMA if table == "_splits.parquet" else INDEX_SCHEMA
+    assert documented_columns(table) == schema.names
+
+
+def test_make_lint_is_documented_as_what_it_runs() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    runs = {tool for tool in ("ruff", "mypy") if tool in lint}
+    line = next(line for line in README.splitlines() if line.startswith("make lint"))
+    assert runs and all(tool in line for tool in runs), f"README says {line!r}; the Makefile runs {sorted(runs)}"
