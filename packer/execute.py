@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar, overload
 
 from packer.errors import ConfigError, PackerError
@@ -75,6 +78,9 @@ class Executor:
     def __init__(self, client: Any | None, description: str) -> None:
         self.client = client
         self.description = description
+        #: Set by a Ctrl-C while the cluster is open, even one Python could not raise (see
+        #: :func:`_noted_interrupts`); :meth:`map_unordered` raises it at the next result.
+        self.interrupted = False
 
     def threads(self) -> int:
         """Worker threads of the cluster now; 0 in-process."""
@@ -125,6 +131,8 @@ class Executor:
         while submitted < min(len(items), self.window()):
             submit_next()
         for future in running:
+            if self.interrupted:
+                raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)
             if submitted < len(items):
                 submit_next()  # before handing back this result, so the workers stay busy
             item = item_of.pop(future.key)
@@ -177,23 +185,232 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
         n = workers or default_workers()
         # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
         # fixed glibc thresholds (packer.allocator), on this cluster and on any other
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                               silence_logs=logging.ERROR)
-        client = Client(cluster)
-        try:
-            yield Executor(client, f"local dask cluster, {n} worker process(es)")
-        finally:
-            client.close()
-            cluster.close()
+        with _held_interrupts() as starting:
+            cluster = _call_sigint_blocked(lambda: LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                silence_logs=logging.ERROR))
+            try:
+                client = Client(cluster)
+            except BaseException:
+                _close_quietly(None, cluster)
+                raise
+        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)"), starting,
+                          client, cluster)
         return
+    with _held_interrupts() as starting:
+        try:
+            client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
+                      else Client(scheduler, timeout="30s"))
+        except OSError as err:
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
+                              "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
+    dashboard = getattr(client, "dashboard_link", None)
+    description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
+    yield from _serve(Executor(client, description), starting, client)
+
+
+# Ctrl-C and the dask cluster.
+#
+# A terminal sends SIGINT to its whole foreground process group: to packer and to the worker
+# processes of its LocalCluster alike. A worker that took it died with a KeyboardInterrupt
+# traceback (in the middle of importing, during start-up), its nanny logged the death and tried a
+# restart ("Nanny failed to start"), and a Ctrl-C that reached packer while LocalCluster() was
+# still starting left a half-built cluster to dask's atexit hook (AssertionError: Status.init):
+# dozens of lines over packer's own one. So:
+# - the worker processes never act on SIGINT (_call_sigint_blocked): the cluster is started from a
+#   thread that blocks it, the threads dask starts from there (its IO loop, and each nanny's
+#   process watcher, which spawns the worker process) inherit the blocked mask, and a spawned
+#   process keeps the mask across fork and exec (POSIX), before Python even starts in it; CPython's
+#   multiprocessing.resource_tracker shields its own process the same way. Packer's client alone
+#   takes the Ctrl-C and closes the cluster, which stops the workers as at the end of any build;
+# - while the cluster starts or stops, a Ctrl-C is held and acted on once it is up or down
+#   (_held_interrupts), so it is never left half-made; a second Ctrl-C acts at once, as in dask's
+#   own `dask worker` (distributed._signals);
+# - while it is open, a Ctrl-C raises KeyboardInterrupt as usual, and is noted, so that one Python
+#   drops (raised in a weakref callback) is raised again at the next task result (_noted_interrupts;
+#   packer.commands.exits keeps Python from printing the dropped one);
+# - after a Ctrl-C, dask's loggers are silenced while the cluster closes (_close_quietly): a
+#   closing cluster's complaints about tasks cut short are the interrupt itself, not news. A
+#   build that was not interrupted closes with dask's logging as it was.
+
+
+def _serve(executor: Executor, starting: _HeldInterrupt, client: Any, cluster: Any | None = None) -> Iterator[Executor]:
+    """Yield ``executor``, then close ``client`` and ``cluster``, holding any Ctrl-C while they
+    close: quietly after a Ctrl-C, and acting on one held during start-up or the close once the
+    cluster is up or closed."""
+    with _noted_interrupts(executor):
+        try:
+            starting.replay()  # a Ctrl-C held during start-up acts now that the cluster can be closed
+            yield executor
+            if executor.interrupted:
+                raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed
+        except KeyboardInterrupt:
+            with _held_interrupts():
+                _close_quietly(client, cluster)
+            raise
+        except BaseException:
+            with _held_interrupts():  # another error is on its way out: it is what the user sees
+                _close(client, cluster)
+            raise
+        with _held_interrupts() as stopping:
+            _close(client, cluster)
+        stopping.replay()
+
+
+class _HeldInterrupt:
+    """Whether a Ctrl-C arrived while :func:`_held_interrupts` held it, and the handler it was held from."""
+
+    def __init__(self, handler: Callable[[int, FrameType | None], Any] | None) -> None:
+        self.handler = handler
+        self.arrived = False
+
+    def replay(self) -> None:
+        """Hand a held Ctrl-C to the handler it was held from (Python's default one raises
+        KeyboardInterrupt)."""
+        if self.arrived and self.handler is not None:
+            self.arrived = False
+            self.handler(signal.SIGINT, None)
+
+
+def _python_sigint_handler() -> Callable[[int, FrameType | None], Any] | None:
+    """The Python SIGINT handler this thread may replace: None off the main thread (only it runs
+    signal handlers) and when SIGINT is ignored or not handled from Python (then packer leaves it be)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGINT)
+    return handler if callable(handler) else None
+
+
+@contextlib.contextmanager
+def _held_interrupts() -> Iterator[_HeldInterrupt]:
+    """Hold the first Ctrl-C (SIGINT) that arrives in the body instead of raising it; the caller
+    calls ``replay()`` when it can act on it. A second Ctrl-C goes to the handler at once."""
+    held = _HeldInterrupt(_python_sigint_handler())
+    if held.handler is None:
+        yield held
+        return
+    handler = held.handler
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.arrived = True
+        signal.signal(signal.SIGINT, handler)
+
+    signal.signal(signal.SIGINT, hold)
     try:
-        client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
-                  else Client(scheduler, timeout="30s"))
-    except OSError as err:
-        raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
-                          "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
-    try:
-        dashboard = getattr(client, "dashboard_link", None)
-        yield Executor(client, f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else ""))
+        yield held
     finally:
-        client.close()
+        signal.signal(signal.SIGINT, handler)
+
+
+@contextlib.contextmanager
+def _noted_interrupts(executor: Executor) -> Iterator[None]:
+    """Ctrl-C goes to the handler as before (KeyboardInterrupt), and sets ``executor.interrupted``:
+    Python cannot raise an exception out of a weakref callback or a ``__del__`` (dask runs many),
+    so a Ctrl-C that lands in one is dropped there ("Exception ignored in ...") and the build
+    would go on; noted, it is raised again at the next task result or when the cluster closes."""
+    handler = _python_sigint_handler()
+    if handler is None:
+        yield
+        return
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        executor.interrupted = True
+        handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
+def _call_sigint_blocked(start: Callable[[], T]) -> T:
+    """``start()`` in a thread that blocks SIGINT, waited for here: every thread it starts, and
+    every process those threads spawn, blocks SIGINT from birth (see the note above)."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: no signal masks to inherit
+        return start()
+    from multiprocessing import resource_tracker
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = start()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
+            outcome["error"] = err
+
+    # CPython's resource tracker, when a first multiprocessing lock starts it, blocks SIGINT while
+    # it spawns its process and then *unblocks* it in the calling thread: started from dask's IO
+    # loop, it undid the mask for every worker spawned after. Started here first, it is running
+    # by then and the mask stays.
+    resource_tracker.ensure_running()
+    thread = threading.Thread(target=run, name="packer: start dask cluster", daemon=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        thread.start()  # a new thread starts with its creator's signal mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
+def _close(client: Any, cluster: Any | None) -> None:
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+#: Seconds an interrupted build waits for each step of closing dask (:func:`_close_quietly`).
+CLOSE_TIMEOUT_S = 10
+
+
+def _close_quietly(client: Any | None, cluster: Any | None) -> None:
+    """Close a dask client and packer's own cluster after a Ctrl-C (or a failed start) with dask's
+    loggers silenced: here, and in the cluster's worker processes, which log their side of a
+    close that cuts tasks short (a heartbeat to a scheduler already gone, say: dask/distributed
+    #9032). A close that fails is let go: the user asked packer to stop, the KeyboardInterrupt on
+    its way out says so, and the worker processes exit by themselves when packer's process ends
+    (each watches a pipe from its nanny for that: ``distributed.process.AsyncProcess``)."""
+    steps: list[Callable[[], Any]] = []
+    if client is not None and cluster is not None:  # packer's own workers, never a shared cluster's
+        steps.append(lambda: client.run(_quiet_worker, on_error="ignore", callback_timeout=CLOSE_TIMEOUT_S))
+    if client is not None:
+        steps.append(lambda: client.close(timeout=CLOSE_TIMEOUT_S))
+    if cluster is not None:
+        steps.append(lambda: cluster.close(timeout=CLOSE_TIMEOUT_S))
+    with _dask_logs_silenced():
+        for step in steps:
+            try:
+                step()
+            except Exception as err:  # noqa: BLE001 - see the docstring: nothing to add to the interrupt
+                logging.getLogger(__name__).debug("closing dask after Ctrl-C: %r", err)
+
+
+def _quiet_worker() -> None:
+    """Run on each worker process of packer's cluster before it closes after a Ctrl-C."""
+    _silence_dask_logs()
+
+
+def _silence_dask_logs() -> list[tuple[logging.Logger, bool]]:
+    """Disable every ``distributed.*`` logger (and tornado's and asyncio's, which dask's loop logs
+    through) in this process; return each with its ``disabled`` flag before."""
+    names = ["distributed", "tornado", "asyncio"]
+    names += [name for name in logging.root.manager.loggerDict
+              if name.startswith(("distributed.", "tornado.", "asyncio."))]
+    saved = [(logger, logger.disabled) for logger in map(logging.getLogger, names)]
+    for logger, _ in saved:
+        logger.disabled = True
+    return saved
+
+
+@contextlib.contextmanager
+def _dask_logs_silenced() -> Iterator[None]:
+    """:func:`_silence_dask_logs` for the body, as it was after."""
+    saved = _silence_dask_logs()
+    try:
+        yield
+    finally:
+        for logger, disabled in saved:
+            logger.disabled = disabled

@@ -140,3 +140,28 @@ def test_ctrl_c_exits_130_with_one_line_and_build_says_how_to_resume(capsys: pyt
         assert caught.value.code == 130
         assert capsys.readouterr().err == f"\npacker: interrupted{hint}" + (" from them (--fresh starts over)\n"
                                                                              if hint else "\n")
+
+
+def test_ctrl_c_while_the_command_line_is_still_loading_is_one_line_and_130(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The console script imports packer.cli (click, numpy, dask) first; a Ctrl-C then is not a traceback."""
+    import importlib.abc
+
+    import packer
+    from packer import console
+
+    class Interrupted(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+            if name == "packer.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "packer.cli")
+    monkeypatch.delattr(packer, "cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    with pytest.raises(SystemExit) as caught:
+        console.main()
+    assert caught.value.code == 130
+    assert capsys.readouterr().err.strip() == "packer: interrupted"
+    monkeypatch.undo()
+    assert sys.modules["packer.cli"].main is main

@@ -6,10 +6,14 @@ their documented exit codes at the CLI boundary (and only there).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
+from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -32,7 +36,11 @@ def exits(fn: F) -> F:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _noted_interrupts() as interrupted:
+                result = fn(*args, **kwargs)
+                if interrupted:
+                    raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)
+            return result
         except PackerError as err:
             click.echo(f"packer: error: {err}", err=True)
             sys.exit(err.exit_code)
@@ -52,6 +60,41 @@ def exits(fn: F) -> F:
             _internal_error()
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _noted_interrupts() -> Iterator[list[int]]:
+    """Ctrl-C raises KeyboardInterrupt as usual, and is noted in the yielded list.
+
+    Python cannot raise an exception out of a weakref callback or a ``__del__``: a Ctrl-C that
+    lands in one (dask's objects run many as they are collected) is printed as "Exception ignored
+    in ...: KeyboardInterrupt" and the command goes on as if it had not come. Noted, the command
+    still ends as interrupted, and it is not printed (``sys.unraisablehook``; any other unraisable
+    error still is). Off the main thread, or when SIGINT is not handled from Python (ignored, say),
+    nothing changes."""
+    noted: list[int] = []
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        yield noted
+        return
+    python_handler = handler
+    print_unraisable = sys.unraisablehook
+
+    def note(signum: int, frame: FrameType | None) -> Any:
+        noted.append(signum)
+        return python_handler(signum, frame)
+
+    def unless_noted(unraisable: Any) -> None:
+        if not (noted and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            print_unraisable(unraisable)
+
+    signal.signal(signal.SIGINT, note)
+    sys.unraisablehook = unless_noted
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, python_handler)
+        sys.unraisablehook = print_unraisable
 
 
 def _internal_error() -> NoReturn:
