@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.demo_version import committed_demo
 
 pytestmark = pytest.mark.slow
 
@@ -157,9 +158,7 @@ def job(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def committed() -> dict[str, Any]:
     """The committed demo manifest (manifests/demo/<version>.json): what an uninterrupted build gives."""
-    found = sorted((REPO / "manifests" / "demo").glob("*.json"))
-    assert len(found) == 1, f"expected exactly one committed demo manifest, found {found}"
-    return dict(json.loads(found[0].read_text()))
+    return committed_demo()
 
 
 @pytest.mark.parametrize("moment", sorted(MOMENTS))
