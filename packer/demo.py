@@ -2,8 +2,11 @@
 
 ``write_demo_tree`` writes a small, byte-reproducible tree for tutorials and end-to-end tests;
 ``write_bench_tree`` writes the same layout at benchmark scale (512×512 slices, 640×480 JPEGs)
-without defects. Nothing here reads the wall clock: every date, UID and pixel comes from the
-seed, so the same seed gives byte-identical files wherever the tree is written.
+without defects; ``write_copies_tree`` writes CT patients of similar anatomy and planted copies of
+some of their slices (re-encoded, resized, shifted, cropped, re-windowed) under other entities,
+for the near-copy check (``packer.nearcopy``). Nothing here reads the wall clock: every date, UID
+and pixel comes from the seed, so the same seed gives byte-identical files wherever the tree is
+written.
 
 The public ``render_*`` and ``write_*`` helpers are reusable on their own (tests, benchmarks).
 """
@@ -191,13 +194,20 @@ def render_radiograph(rng: np.random.Generator, *, size: int = 64) -> NDArray[np
 
 
 def render_photo(rng: np.random.Generator, label: str, *, height: int = 96, width: int = 128) -> NDArray[np.uint8]:
-    """A BGR uint8 height×width×3 photo: one filled ``label`` shape ("circle" or "square") on a noisy gradient."""
+    """A BGR uint8 height×width×3 photo: one filled ``label`` shape ("circle" or "square") on a
+    noisy gradient with a few soft blobs of its own (so that no two photos are near copies)."""
     if label not in PHOTO_LABELS:
         raise ValueError(f"unknown photo label {label!r}; expected one of {PHOTO_LABELS}")
     background = rng.integers(0, 256, size=3)
     ramp = np.linspace(-30.0, 30.0, height, dtype=np.float32)[:, None, None]
     noise = rng.standard_normal((height, width, 3), dtype=np.float32) * 6.0
-    img = np.clip(background[None, None, :] + ramp + noise, 0, 255).astype(np.uint8)
+    canvas = np.broadcast_to(background[None, None, :] + ramp, (height, width, 3)).astype(np.float32)
+    for _ in range(5):
+        blob = np.zeros((height, width), dtype=np.float32)
+        cv2.circle(blob, (int(rng.integers(0, width)), int(rng.integers(0, height))),
+                   int(rng.integers(min(height, width) // 10, min(height, width) // 4)), 1.0, thickness=-1)
+        canvas += cv2.GaussianBlur(blob, (0, 0), 4.0)[:, :, None] * rng.uniform(-60.0, 60.0, size=3)[None, None, :]
+    img = np.clip(canvas + noise, 0, 255).astype(np.uint8)
     colour = tuple(int(c) for c in (background + 128 + rng.integers(-40, 41, size=3)) % 256)
     half = int(min(height, width) * rng.uniform(0.15, 0.3))
     x = int(rng.integers(half, width - half))
@@ -435,7 +445,7 @@ def _prepare_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     readme = root / "README.txt"
     if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
-        for sub in ("ct", "photos"):
+        for sub in ("ct", "photos", "exports"):
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub)
         return
@@ -620,7 +630,7 @@ def write_demo_tree(
     root = Path(root)
     _prepare_root(root)
     ct_rows = list(_ct_series(root, seed, patients=patients, studies=studies_per_patient, slices=slices_per_study,
-                              size=64))
+                              size=64, varied=True))
     ct_rows += _write_ct_extras(root, seed, first_patient=patients + 1)
     good_dicom = len(ct_rows)
     broken_ct_rows, ct_defects = _write_broken_dicom(root, seed)
@@ -678,3 +688,265 @@ def write_bench_tree(
     tree = DemoTree(root, len(ct_rows), len(photo_rows), ())
     _write_readme(tree, seed, "benchmark")
     return tree
+
+
+# ---------------------------------------------------------------- look-alikes and planted copies
+
+#: How a planted copy was made from its source slice: the exported kinds are 8-bit images of
+#: the slice through a display window (mediastinum unless the kind names another), written to
+#: the image source ``exports/`` under a new entity; the DICOM kinds are the slice under another
+#: PatientID in ``ct/`` (identical decoded pixels).
+COPY_KINDS = ("png", "jpeg75", "resized", "shifted", "cropped", "lung_window", "bone_window", "dicom_copy",
+              "dicom_rle")
+_EXPORT_WINDOWS = {"lung_window": (-600.0, 1500.0), "bone_window": (400.0, 1800.0)}
+_MEDIASTINUM = (40.0, 400.0)
+
+
+@dataclass(frozen=True)
+class ChestAnatomy:
+    """One patient's body plan: where and how large the body, lungs, heart, aorta and spine are."""
+
+    cx: float
+    cy: float
+    ax: float
+    ay: float
+    fat: float
+    lung: float
+    lung_dy: float
+    heart: tuple[float, float, float, float, float]
+    aorta: tuple[float, float, float]
+    vessels: int
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator) -> ChestAnatomy:
+        """A patient: every part varies within a range typical of adult chests, so all patients
+        look alike at a coarse scale and none is a copy of another."""
+        return cls(cx=float(rng.uniform(-.06, .06)), cy=float(rng.uniform(-.06, .06)), ax=float(rng.uniform(.68, .84)),
+                   ay=float(rng.uniform(.5, .64)), fat=float(rng.uniform(.04, .12)), lung=float(rng.uniform(.85, 1.1)),
+                   lung_dy=float(rng.uniform(-.06, .04)),
+                   heart=(float(rng.uniform(-.12, .02)), float(rng.uniform(-.02, .12)), float(rng.uniform(.18, .26)),
+                          float(rng.uniform(.15, .22)), float(rng.uniform(-.5, .1))),
+                   aorta=(float(rng.uniform(.05, .2)), float(rng.uniform(.1, .3)), float(rng.uniform(.05, .08))),
+                   vessels=int(rng.integers(0, 1 << 30)))
+
+
+def _rotated_ellipse(size: int, cx: float, cy: float, ax: float, ay: float, angle: float = 0.0) -> NDArray[np.float32]:
+    ys, xs = _grid(size, size)
+    c, s = np.cos(angle), np.sin(angle)
+    x, y = xs - cx, ys - cy
+    return ((x * c + y * s) / ax) ** 2 + ((-x * s + y * c) / ay) ** 2
+
+
+def render_chest_slice(anatomy: ChestAnatomy, rng: np.random.Generator, *, size: int = 256, z: float = 0.0,
+                       nodule: bool = False) -> NDArray[np.float32]:
+    """An axial chest CT slice of ``anatomy`` in HU (float32 size×size): subcutaneous fat, soft
+    tissue, a rib ring, two lungs with vessels, heart, aorta, a vertebra and its canal, an
+    optional nodule, and Gaussian noise (σ 15 HU). ``z`` in [-1, 1] is the level: lungs and
+    heart shrink towards the ends, and the lung vessels move."""
+    a = anatomy
+    hu = np.full((size, size), -1000.0, np.float32)
+    hu[_ellipse((size, size), a.cx, a.cy, a.ax, a.ay) <= 1] = -100.0
+    inner = _ellipse((size, size), a.cx, a.cy, a.ax - a.fat, a.ay - a.fat)
+    hu[inner <= 1] = 40.0
+    hu[(inner > 0.82) & (inner <= 0.9)] = 650.0
+    ax, ay = a.ax - a.fat, a.ay - a.fat
+    lung_ay = ay * a.lung * (0.62 - 0.14 * abs(z))
+    for side in (-1.0, 1.0):
+        hu[_ellipse((size, size), a.cx + side * .38 * ax, a.cy + a.lung_dy, .27 * ax * a.lung, lung_ay) <= 1] = -850.0
+    # the patient's own vessel tree: branches at fixed places in the lungs that drift slowly with
+    # the level, so neighbouring slices share them and other patients do not
+    tree = np.random.default_rng(a.vessels)
+    for _ in range(24):
+        side = float(tree.choice([-1.0, 1.0]))
+        u, v, du, dv = tree.uniform(-.8, .8), tree.uniform(-.85, .85), tree.uniform(-.3, .3), tree.uniform(-.3, .3)
+        radius = float(tree.uniform(.012, .03))
+        x = a.cx + side * .38 * ax + (u + du * z) * .27 * ax * a.lung
+        y = a.cy + a.lung_dy + (v + dv * z) * lung_ay
+        hu[_ellipse((size, size), x, y, radius, radius) <= 1] = float(tree.uniform(-300.0, 0.0))
+    for _ in range(int(tree.integers(2, 5))):  # muscles and fat pads of the chest wall
+        angle = float(tree.uniform(0, 2 * np.pi))
+        x, y = a.cx + np.cos(angle) * (a.ax - a.fat / 2), a.cy + np.sin(angle) * (a.ay - a.fat / 2)
+        hu[_rotated_ellipse(size, x, y, float(tree.uniform(.06, .14)), float(tree.uniform(.02, .05)),
+                            angle + np.pi / 2) <= 1] = float(tree.choice([-100.0, 45.0]))
+    hx, hy, hw, hh, angle = a.heart
+    shrink = 1 - .3 * abs(z)
+    hu[_rotated_ellipse(size, a.cx + hx, a.cy + hy, hw * shrink, hh * shrink, angle) <= 1] = 55.0
+    ox, oy, radius = a.aorta
+    hu[_ellipse((size, size), a.cx + ox, a.cy + oy, radius, radius) <= 1] = 180.0
+    hu[_ellipse((size, size), a.cx, a.cy + .62 * ay, .1, .09) <= 1] = 600.0
+    hu[_ellipse((size, size), a.cx, a.cy + .5 * ay, .035, .035) <= 1] = 20.0
+    if nodule:
+        hu[_ellipse((size, size), a.cx - .38 * ax, a.cy + a.lung_dy - .1, .06, .06) <= 1] = 30.0
+    hu += rng.standard_normal((size, size), dtype=np.float32) * 15.0
+    return np.maximum(hu, -1024.0, out=hu)
+
+
+def export_slice(hu: NDArray[np.floating], kind: str) -> NDArray[np.uint8]:
+    """The 8-bit grey image a user would export of a slice for copy ``kind`` (an exported kind of
+    :data:`COPY_KINDS`): windowed (mediastinum, or the kind's window), then resized by 0.9,
+    shifted by (3, 2) pixels (edges repeated), or cropped by 5 pixels top and left and 3 bottom
+    and right, as the kind says. JPEG encoding is the writer's job."""
+    from packer.transform.window import apply_window
+
+    center, width = _EXPORT_WINDOWS.get(kind, _MEDIASTINUM)
+    image = np.rint(apply_window(np.asarray(hu, dtype=np.float64), center, width) * 255).astype(np.uint8)
+    height, width_px = image.shape
+    if kind == "resized":
+        return cv2.resize(image, (int(width_px * 0.9), int(height * 0.9)), interpolation=cv2.INTER_AREA)
+    if kind == "shifted":
+        matrix = np.array([[1, 0, 3], [0, 1, 2]], dtype=np.float32)
+        shifted = cv2.warpAffine(image, matrix, (width_px, height), flags=cv2.INTER_NEAREST,
+                                 borderMode=cv2.BORDER_REPLICATE)
+        return np.asarray(shifted, dtype=np.uint8)
+    if kind == "cropped":
+        return np.ascontiguousarray(image[5:height - 3, 5:width_px - 3])
+    return image
+
+
+@dataclass(frozen=True)
+class PlantedCopy:
+    """A copy of slice ``source`` (relative to ``ct/``) made as ``kind``, written as ``copy``
+    (relative to ``ct/`` for DICOM kinds, to ``exports/`` for exported ones) under entity ``entity``."""
+
+    kind: str
+    source: str
+    copy: str
+    entity: str
+
+    @property
+    def copy_source(self) -> str:
+        """The job source the copy is read from: ``ct`` or ``exports``."""
+        return "ct" if self.kind.startswith("dicom") else "exports"
+
+
+@dataclass(frozen=True)
+class CopiesOutcome:
+    """How a build treated a :class:`CopiesTree`: per copy kind, how many copies share a split
+    group with their source (``grouped``) and how many were linked to it directly (``linked``);
+    the near links between different patients (``false_links``, a copy counting as its source's
+    patient) and the groups holding more than one patient (``mixed_groups``, with the largest's
+    patient count), out of ``near_links`` links and ``candidates`` verified pairs."""
+
+    grouped: dict[str, tuple[int, int]]
+    linked: dict[str, tuple[int, int]]
+    false_links: int
+    near_links: int
+    candidates: int
+    mixed_groups: int
+    largest_mixed: int
+
+
+@dataclass(frozen=True)
+class CopiesTree:
+    """What :func:`write_copies_tree` wrote: ``patients`` × ``slices`` CT slices and the copies."""
+
+    root: Path
+    patients: int
+    slices: int
+    copies: tuple[PlantedCopy, ...]
+
+    def evaluate(self, sources: Sequence[str], relpaths: Sequence[str], groups: Sequence[Sequence[int]],
+                 link_i: Sequence[int], link_j: Sequence[int], candidates: int = 0) -> CopiesOutcome:
+        """Score a build of this tree: ``sources``/``relpaths`` name each sample (the job's source
+        names must be ``ct`` and ``exports``), ``groups`` are the split groups (sample indices),
+        ``link_i``/``link_j`` the verified near links."""
+        index = {(source, relpath): n for n, (source, relpath) in enumerate(zip(sources, relpaths, strict=True))}
+        patient = [relpath.split("/")[0] for relpath in relpaths]
+        for copy in self.copies:  # a copy belongs to its source's patient
+            at = index.get((copy.copy_source, copy.copy))
+            if at is not None:
+                patient[at] = copy.source.split("/")[0]
+        group_of = {member: g for g, members in enumerate(groups) for member in members}
+        grouped: dict[str, list[bool]] = {}
+        linked: dict[str, list[bool]] = {}
+        pairs = {(min(a, b), max(a, b)) for a, b in zip(link_i, link_j, strict=True)}
+        for copy in self.copies:
+            a, b = index.get(("ct", copy.source), -1), index.get((copy.copy_source, copy.copy), -1)
+            found = a >= 0 and b >= 0
+            grouped.setdefault(copy.kind, []).append(found and group_of.get(a) == group_of.get(b))
+            linked.setdefault(copy.kind, []).append(found and (min(a, b), max(a, b)) in pairs)
+        false_links = sum(patient[a] != patient[b] for a, b in pairs)
+        mixed = [len({patient[m] for m in members}) for members in groups]
+        return CopiesOutcome(grouped={k: (sum(v), len(v)) for k, v in grouped.items()},
+                             linked={k: (sum(v), len(v)) for k, v in linked.items()},
+                             false_links=false_links, near_links=len(pairs), candidates=candidates,
+                             mixed_groups=sum(m > 1 for m in mixed), largest_mixed=max(mixed, default=0))
+
+
+def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int = 0, slices: int = 4,
+                      size: int = 256) -> CopiesTree:
+    """Write CT patients of similar anatomy and ``copies`` planted copies of their slices.
+
+    Layout: ``ct/PAT0001/IM001.dcm`` (``slices`` axial levels per patient, each patient its own
+    :class:`ChestAnatomy` and levels jittered per patient; about a third have a nodule, which is
+    the label), ``ct_labels.csv``; copies cycle through :data:`COPY_KINDS`, each of a seeded slice
+    of a different patient: DICOM kinds as ``ct/CPY0001/IM001.dcm`` (another PatientID; RLE
+    Lossless for ``dicom_rle``), exported kinds as ``exports/X0001/01.png|.jpg`` with
+    ``exports/labels.csv`` (path,label,entity,timestamp). ``phi.key`` as in the demo tree. The
+    same seed gives the same bytes. ValueError for a count below 1 (``copies`` may be 0).
+    """
+    _check_counts(patients=patients, slices=slices, size=size)
+    if copies < 0 or copies > patients:
+        raise ValueError(f"copies must be in 0..patients ({patients}), got {copies}")
+    root = Path(root)
+    _prepare_root(root)
+    sources: dict[tuple[int, int], tuple[str, NDArray[np.float32], str, datetime]] = {}
+    chosen = seeded_rng(seed, "copy-sources").choice(patients, size=copies, replace=False) + 1
+    chosen_slice = {int(p): int(seeded_rng(seed, "copy-slice", int(p)).integers(1, slices + 1)) for p in chosen}
+    ct_rows: list[_Row] = []
+    for p in range(1, patients + 1):
+        anatomy = ChestAnatomy.draw(seeded_rng(seed, "chest-anatomy", p))
+        rng = seeded_rng(seed, "chest-patient", p)
+        label = "nodule" if rng.random() < 0.35 else "normal"
+        offset = float(rng.uniform(-0.12, 0.12))
+        when = random_datetime(rng)
+        for k in range(1, slices + 1):
+            z = float(np.clip(-0.9 + 1.8 * (k - 1) / max(slices - 1, 1) + offset, -1.0, 1.0))
+            hu = render_chest_slice(anatomy, seeded_rng(seed, "chest-slice", p, k), size=size, z=z,
+                                    nodule=label == "nodule")
+            rel = f"PAT{p:04d}/IM{k:03d}.dcm"
+            write_ct_slice(root / "ct" / rel, patient_id=f"PAT{p:04d}", study_date=when.strftime("%Y%m%d"),
+                           study_time=when.strftime("%H%M%S"), pixels_hu=hu,
+                           uids=make_uids(seed, "chest", p, k, study=1), instance_number=k,
+                           slice_location_mm=2.5 * k)
+            ct_rows.append(_Row(rel, label))
+            if chosen_slice.get(p) == k:
+                sources[(p, k)] = (rel, hu, label, when)
+    planted: list[PlantedCopy] = []
+    export_rows: list[_Row] = []
+    for n, p in enumerate(chosen.tolist(), start=1):
+        rel, hu, label, when = sources[(p, chosen_slice[p])]
+        kind = COPY_KINDS[(n - 1) % len(COPY_KINDS)]
+        if kind.startswith("dicom"):
+            entity = f"CPY{n:04d}"
+            copy = f"{entity}/IM001.dcm"
+            write_ct_slice(root / "ct" / copy, patient_id=entity, study_date=when.strftime("%Y%m%d"),
+                           study_time=when.strftime("%H%M%S"), pixels_hu=hu,
+                           uids=make_uids(seed, "chest-copy", n, study=1),
+                           compress=RLELossless if kind == "dicom_rle" else None)
+            ct_rows.append(_Row(copy, label))
+        else:
+            entity = f"X{n:04d}"
+            image = export_slice(hu, kind)
+            copy = f"{entity}/01.{'jpg' if kind == 'jpeg75' else 'png'}"
+            path = root / "exports" / copy
+            path.parent.mkdir(parents=True, exist_ok=True)
+            params = [cv2.IMWRITE_JPEG_QUALITY, 75] if kind == "jpeg75" else [cv2.IMWRITE_PNG_COMPRESSION, 6]
+            ok, data = cv2.imencode(path.suffix, image, params)
+            if not ok:
+                raise RuntimeError(f"OpenCV could not encode {path}")
+            path.write_bytes(data.tobytes())
+            export_rows.append(_Row(copy, label, entity, (when + timedelta(days=30)).isoformat()))
+        planted.append(PlantedCopy(kind=kind, source=rel, copy=copy, entity=entity))
+    (root / "exports").mkdir(parents=True, exist_ok=True)
+    _write_table(root / "ct_labels.csv", ct_rows, ("path", "label"))
+    _write_table(root / "exports" / "labels.csv", export_rows, ("path", "label", "entity", "timestamp"))
+    write_demo_key(root, seed)
+    lines = [MARKER, "", f"A synthetic near-copy raw tree written by packer (seed {seed}); no real patients.",
+             f"ct/             {patients} patients × {slices} CT slices of similar anatomy, plus DICOM copies CPY*",
+             "ct_labels.csv   path,label (path relative to ct/)",
+             "exports/        exported copies X*/ (path,label,entity,timestamp in exports/labels.csv)", "",
+             "Planted copies (kind: source -> copy):", *(f"  {c.kind}: ct/{c.source} -> {c.copy_source}/{c.copy}"
+                                                        for c in planted)]
+    (root / "README.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return CopiesTree(root=root, patients=patients, slices=slices, copies=tuple(planted))
