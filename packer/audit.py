@@ -8,12 +8,18 @@ manifest but do not fail. The rules:
 - ``exact_duplicates_across_splits`` (fail; report with ``duplicates: report``): the same
   packed pixels in two splits.
 - ``near_duplicates_across_splits`` (fail above ``near_duplicates.max_cross_split``; report
-  with ``duplicates: report``): linked dHashes within the threshold in two splits.
+  with ``duplicates: report``): verified near copies (:mod:`packer.nearcopy`) in two splits,
+  each with its evidence.
 - ``exact_duplicates_within_split`` (report): the same pixels twice in one split.
 - ``duplicates_span_entities`` (report): a duplicate cluster holding several entities, a
   likely identity error (one patient under two ids, or a mislabelled copy).
 - ``time_order`` (report, time splits): the latest train time precedes the earliest
   valid/test time.
+- ``split_balance`` (fail; report with ``split.balance.accept``): the split is not what was
+  asked: a group of several entities joined by duplicate links holds more than
+  ``balance.max_group_share`` of the samples, or a split's share misses its ratio by more than
+  the tolerance and than chance explains (:func:`packer.split.measure_balance`). The finding
+  names the largest group and the links that formed it, with their evidence.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from typing import Any
 from packer.config import SPLITS, SplitConfig
 from packer.dedup import exact_groups
 from packer.errors import LeakageError
+from packer.nearcopy import NearLinks
 from packer.pack.writer import atomic_output
 from packer.records import SpilledSample
 from packer.sampletable import as_table
-from packer.split import Assignment
+from packer.split import Assignment, measure_balance
 
 #: Findings listed per rule in leakage.json; the count is always complete.
 MAX_LISTED = 200
@@ -142,27 +149,28 @@ def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
             RuleResult("exact_duplicates_within_split", "report", len(within), tuple(within))]
 
 
-def _near(samples: _Samples, cfg: SplitConfig, edges: Sequence[tuple[int, int, int]]) -> RuleResult:
+def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
     split, sha256 = samples.split, samples.sha256
-    crossing = [{"a": samples.where(i), "b": samples.where(j), "distance": d}
-                for i, j, d in edges
+    crossing = [{"a": samples.where(i), "b": samples.where(j), **links.describe(k)}
+                for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True))
                 if split[i] is not None and split[j] is not None and split[i] != split[j] and sha256[i] != sha256[j]]
     severity = "report" if cfg.duplicates == "report" or not cfg.near_enabled else "fail"
     count = len(crossing)
     # max_cross_split pairs are tolerated: the rule fails only beyond them
     effective = count if count > cfg.near_max_cross_split else 0
     return RuleResult("near_duplicates_across_splits", severity, effective, tuple(crossing),
-                      detail={"pairs": count, "threshold": cfg.near_threshold, "tolerated": cfg.near_max_cross_split,
-                              "enabled": cfg.near_enabled})
+                      detail={"pairs": count, "tolerated": cfg.near_max_cross_split, "enabled": cfg.near_enabled,
+                              "links": len(links), "candidates_verified": links.candidates,
+                              "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors})
 
 
-def _span_entities(samples: _Samples, edges: Sequence[tuple[int, int, int]]) -> RuleResult:
+def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     from packer.dedup import cluster_duplicates
 
     exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256) for k in range(len(g) - 1))
-    links = itertools.chain(exact, edges)  # streamed: near edges can number in the millions
+    edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))
     clusters: dict[int, list[int]] = defaultdict(list)
-    for index, root in enumerate(cluster_duplicates(len(samples), links)):
+    for index, root in enumerate(cluster_duplicates(len(samples), edges)):
         clusters[root].append(index)
     findings: list[dict[str, Any]] = []
     for members in clusters.values():
@@ -193,8 +201,42 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
                       detail={"checked": cfg.by == "time"}), ranges
 
 
+def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links: NearLinks) -> RuleResult:
+    """``split_balance``: one finding when the split collapsed (see the module docstring)."""
+    balance = measure_balance(assignment, cfg)
+    detail: dict[str, Any] = {"shares": {k: round(v, 4) for k, v in balance.shares.items()},
+                              "requested": balance.requested, "tolerance": cfg.balance_tolerance,
+                              "max_group_share": cfg.max_group_share, "accepted": cfg.accept_imbalance,
+                              "largest_group_share": round(balance.largest_share, 4)}
+    severity = "report" if cfg.accept_imbalance else "fail"
+    if balance.collapsed is None or balance.largest is None:
+        return RuleResult("split_balance", severity, 0, (), detail)
+    group = balance.largest
+    members = set(group.members)
+    entity_of = samples.entity
+    formed: list[dict[str, Any]] = []  # the links that joined its entities, the weakest first
+    for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
+        if i in members and j in members and entity_of[i] != entity_of[j]:
+            formed.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
+    for exact in exact_groups([samples.sha256[i] for i in group.members]):
+        pair = [group.members[k] for k in exact]
+        if len({entity_of[i] for i in pair}) > 1:
+            formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})
+    formed.sort(key=lambda f: float(f.get("score", 9.0)))
+    why = (f"one split group holds {len(group.members):,} samples ({balance.largest_share:.0%}, over "
+           f"split.balance.max_group_share {cfg.max_group_share:.0%}) of {len(group.entities):,} entities"
+           if balance.collapsed == "group" else
+           f"split {balance.worst} holds {balance.shares[balance.worst]:.1%} of the samples against the requested "
+           f"{balance.requested[balance.worst]:.0%} (allowed: {balance.allowed:.1%}); the largest split group holds "
+           f"{len(group.members):,} samples ({balance.largest_share:.0%}) of {len(group.entities):,} entities")
+    finding = {"reason": balance.collapsed, "summary": why, "group_size": len(group.members),
+               "group_share": round(balance.largest_share, 4), "entities": len(group.entities),
+               "entity_ids": list(group.entities[:20]), "links": len(formed), "formed_by": formed[:20]}
+    return RuleResult("split_balance", severity, 1, (finding,), detail)
+
+
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
-                     edges: Sequence[tuple[int, int, int]] = (), *, show_paths: bool = True,
+                     links: NearLinks | None = None, *, show_paths: bool = True,
                      show_dates: bool = True) -> AuditReport:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
@@ -202,9 +244,10 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
     calendar dates out of the findings; samples are then named by key and entity pseudonym.
     """
     fields = _Samples.of(samples, assignment.split, show_paths)
+    links = links if links is not None else NearLinks.empty()
     time_rule, ranges = _time_order(fields, cfg, show_dates)
-    rules = [_entity_overlap(fields), *_exact(fields, cfg), _near(fields, cfg, edges), _span_entities(fields, edges),
-             time_rule]
+    rules = [_entity_overlap(fields), *_exact(fields, cfg), _near(fields, cfg, links), _span_entities(fields, links),
+             time_rule, _balance(fields, assignment, cfg, links)]
     entities: dict[str, set[str]] = defaultdict(set)
     for split, entity in zip(fields.split, fields.entity, strict=True):
         if split is not None:
@@ -237,16 +280,31 @@ def raise_on_leakage(report: AuditReport) -> None:
     for rule in failed:
         examples = []
         for finding in rule.findings[:5]:
-            if "entity_id" in finding:
+            if "summary" in finding:
+                links = "; ".join(f"{_name(link['a'])} ~ {_name(link['b'])} ({_evidence(link)})"
+                                  for link in finding["formed_by"][:3])
+                examples.append(f"{finding['summary']}, joined by {finding['links']} duplicate link(s)"
+                                + (f", e.g. {links}" if links else "")
+                                + "; raise split.near_duplicates.min_score, review the links, or accept the split "
+                                  "with split.balance.accept: true")
+            elif "entity_id" in finding:
                 examples.append(f"{finding['entity_id']} ({'+'.join(finding['splits'])})")
             elif "samples" in finding:
                 examples.append(" = ".join(f"{_name(s)} [{s['split']}]" for s in finding["samples"][:2]))
             else:
                 examples.append(f"{_name(finding['a'])} [{finding['a']['split']}] ~ "
-                                f"{_name(finding['b'])} [{finding['b']['split']}] (distance {finding['distance']})")
+                                f"{_name(finding['b'])} [{finding['b']['split']}] ({_evidence(finding)})")
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
     raise LeakageError("leakage audit failed: " + " | ".join(parts)
                        + " (every finding is listed in leakage.json)")
+
+
+def _evidence(link: dict[str, Any]) -> str:
+    """A link's evidence in a message: its verification score and parts, or "identical pixels"."""
+    if "score" not in link:
+        return "identical pixels"
+    return (f"score {link['score']:.2f}: detail {link['detail']:.2f}, intensity {link['intensity']:.2f}, "
+            f"zoom {link['zoom']:.2f}, shift {link['shift']}")
 
 
 def _name(where: dict[str, Any]) -> str:

@@ -103,15 +103,21 @@ class SplitConfig:
     pinned_spec: str | None = None
     duplicates: str = "group"
     near_enabled: bool = True
-    near_threshold: int = 4
+    near_neighbors: int = 16
+    near_min_score: float = 0.984
     near_max_cross_split: int = 0
+    balance_tolerance: float = 0.05
+    max_group_share: float = 0.2
+    accept_imbalance: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "by": self.by, "ratios": dict(self.ratios), "seed": self.seed, "stratify": self.stratify,
             "folds": self.folds, "pinned": self.pinned_spec, "duplicates": self.duplicates,
-            "near_duplicates": {"enabled": self.near_enabled, "threshold": self.near_threshold,
-                                "max_cross_split": self.near_max_cross_split},
+            "near_duplicates": {"enabled": self.near_enabled, "neighbors": self.near_neighbors,
+                                "min_score": self.near_min_score, "max_cross_split": self.near_max_cross_split},
+            "balance": {"tolerance": self.balance_tolerance, "max_group_share": self.max_group_share,
+                        "accept": self.accept_imbalance},
         }
         if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
@@ -363,6 +369,13 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     if "entity_policy" in raw and by != "time":
         raise ConfigError("split.entity_policy: only meaningful with 'by: time'")
     near = raw.get("near_duplicates") or {}
+    if "threshold" in near:
+        raise ConfigError("split.near_duplicates.threshold: near duplicates are no longer pairs of dHashes within a "
+                          "Hamming distance (look-alike images of different patients fell within it and chained them "
+                          "into one group); candidates are now verified on thumbnails. Remove threshold; to link "
+                          "fewer pairs raise split.near_duplicates.min_score (default 0.984), to search wider raise "
+                          "neighbors (default 16)")
+    balance = raw.get("balance") or {}
     return SplitConfig(
         by=by, ratios=ordered, seed=int(raw.get("seed", 0)), cutoffs=cutoffs,
         stratify=raw.get("stratify"),
@@ -372,8 +385,12 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         pinned_spec=raw.get("pinned"),
         duplicates=raw.get("duplicates", "group"),
         near_enabled=bool(near.get("enabled", True)),
-        near_threshold=int(near.get("threshold", 4)),
+        near_neighbors=int(near.get("neighbors", 16)),
+        near_min_score=float(near.get("min_score", 0.984)),
         near_max_cross_split=int(near.get("max_cross_split", 0)),
+        balance_tolerance=float(balance.get("tolerance", 0.05)),
+        max_group_share=float(balance.get("max_group_share", 0.2)),
+        accept_imbalance=bool(balance.get("accept", False)),
     )
 
 

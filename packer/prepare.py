@@ -7,10 +7,13 @@ bad-sample issues, the split assignment and the audit report.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import tempfile
+import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from packer.discover import discover
 from packer.errors import refused_write
 from packer.execute import Executor, LazySequence, WorkerLost
 from packer.manifest import library_versions
+from packer.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.process import (
     CACHE_ELSEWHERE,
@@ -37,7 +41,8 @@ from packer.rawstore import RawObject, remote_listing
 from packer.records import Issue, SampleRef
 from packer.report import sort_issues
 from packer.sampletable import RefTable, SampleTable, TableBuilder
-from packer.split import Assignment, assign_splits, balance_warning, near_edges
+from packer.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
+from packer.storage import work_dir
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,10 @@ class Prepared:
 
     ``samples`` are the ones assigned to a split, sorted by key, in columns; ``issues`` include
     the discover, read, validate and split stages; ``inputs`` counts the raw files considered;
-    ``chunks`` are the pixel pass's results without their samples (counts, cache use, seconds).
+    ``chunks`` are the pixel pass's results without their samples (counts, cache use, seconds);
+    ``links`` the verified near copies, indices into the samples *before* unassigned ones were
+    dropped (the assignment's groups use the same indices), found in ``near_seconds`` (wall time
+    of the candidate search and the verification tasks).
     """
 
     inputs: int
@@ -57,6 +65,8 @@ class Prepared:
     chunks: tuple[ChunkResult, ...]
     decoded: bool = True
     phi: Pseudonymizer = Pseudonymizer(mode="keep", dates="keep", key=None)
+    links: NearLinks = field(default_factory=NearLinks.empty)
+    near_seconds: float = 0.0
 
     @property
     def files_decoded(self) -> int:
@@ -87,7 +97,7 @@ class _Settle:
 def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
                 decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
                 listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
-                ) -> tuple[list[ChunkResult], SampleTable]:
+                sig_dir: Path | None = None) -> tuple[list[ChunkResult], SampleTable]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
     Returns the chunk results in key order, without their samples, and every sample in a
@@ -95,7 +105,8 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
 
     Refs whose path is a URL need ``listed`` (:attr:`packer.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
-    to fetch them with.
+    to fetch them with. ``sig_dir``: where the near-copy signatures go when there is no cache
+    (``packer validate``).
 
     A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
     down) is retried file by file; a file that still kills its worker becomes a
@@ -112,7 +123,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:  # the worker computes the chunk's key
         return ChunkTask(key="", refs=chunk, job=job, cache_dir=cache, decode=decode,
                          listed=remote_listing(chunk, listed), libraries=library_pairs,
-                         storage_options=storage_options)
+                         sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
 
     # Tasks are made as the executor submits them, each from its rows of the ref table: made all
     # at once, they would keep every ref alive as objects through the whole pass.
@@ -200,23 +211,50 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
         print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
     if cache_dir is not None:
         _make_cache_folder(cache_dir)
-    chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
-                                listed=listed, storage_options=storage_options)
-    del refs, listed  # the settled samples carry their own (probed) refs
-    samples = table.sorted_by_key()
-    del table
-    issues.extend(i for c in chunks for i in c.issues)
-    split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
-    edges = near_edges(samples, split_cfg)
-    assignment = assign_splits(samples, split_cfg, edges)
+    with contextlib.ExitStack() as stack:
+        # without a cache (packer validate), the near-copy signatures live for this run only
+        sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
+        chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
+                                    listed=listed, storage_options=storage_options, sig_dir=sig_dir)
+        del refs, listed  # the settled samples carry their own (probed) refs
+        samples = table.sorted_by_key()
+        del table
+        issues.extend(i for c in chunks for i in c.issues)
+        split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
+        started = time.perf_counter()
+        links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
+        near_seconds = time.perf_counter() - started
+    assignment = assign_splits(samples, split_cfg, links)
     balance = balance_warning(assignment, split_cfg)
     if balance is not None:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
-    audit = audit_assignment(samples, assignment, split_cfg, edges, show_paths=not phi.active,
+    audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep")
     issues.extend(assignment.dropped)
     split = assignment.split
     kept = samples.take([i for i, key in enumerate(samples.column("key")) if key in split])
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
-                    chunks=tuple(chunks), decoded=decode, phi=phi)
+                    chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds)
 
+
+def _scratch_folder() -> Path:
+    """Where ``packer validate`` keeps the run's signatures: the local work folder."""
+    folder = work_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        refused = refused_write(err, folder, opening=True, elsewhere="set PACKER_WORK_DIR to a writable folder")
+        if refused is None:
+            raise
+        raise refused from err
+    return folder
+
+
+def _verify_on(executor: Executor) -> RunVerify:
+    """Run near-copy verification tasks on ``executor``; a task whose worker died is run here."""
+    def run(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
+        for task, result in executor.map_unordered(verify_task, tasks,
+                                                   keys=[f"verify-{t.index}-{uuid.uuid4().hex[:8]}" for t in tasks]):
+            yield task, verify_task(task) if isinstance(result, WorkerLost) else result
+    return run

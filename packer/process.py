@@ -30,11 +30,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+import numpy as np
+
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
-from packer.dedup import dhash
 from packer.discover import probe_for_read, probe_ref
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
+from packer.nearcopy import read_signatures, signature, write_signatures
 from packer.pack.encode import canonical_json
 from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.rawstore import RawObject, fetched
@@ -48,8 +50,9 @@ T = TypeVar("T")
 
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
 #: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
-#: applied; 6: every page of a multi-page TIFF is read).
-CACHE_FORMAT = 6
+#: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
+#: 8: the signature embedding gains the equalised spectrum).
+CACHE_FORMAT = 8
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
@@ -58,7 +61,8 @@ MAX_CHUNK = 128
 
 @dataclass(frozen=True)
 class ChunkTask:
-    """A chunk of raw files to process. ``cache_dir`` None: keep nothing (``packer validate``);
+    """A chunk of raw files to process. ``cache_dir`` None: keep nothing (``packer validate``)
+    but the near-copy signatures, which go to ``sig_dir`` (a temporary folder of the run);
     ``decode`` False: headers only (``validate --quick``), samples carry no content hashes.
     ``key`` empty: the worker computes the chunk's cache key (:func:`chunk_key`, with the
     client's ``libraries``), so the client does not stat every file on its event loop's core.
@@ -72,6 +76,7 @@ class ChunkTask:
     decode: bool = True
     listed: tuple[tuple[str, RawObject], ...] = ()
     libraries: tuple[tuple[str, str], ...] = ()
+    sig_dir: str | None = None
     # repr=False: dask logs a failed task with its arguments; the options may hold secrets
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -189,6 +194,11 @@ def _records_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"{key}.json"
 
 
+def signature_name(key: str) -> str:
+    """The file of a chunk's near-copy signatures (:mod:`packer.nearcopy`), next to its spill."""
+    return f"{key}.sig.npy"
+
+
 #: The fix for a cache write a full or read-only disk refused: the cache is not in the output folder.
 CACHE_ELSEWHERE = "choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"
 
@@ -220,6 +230,8 @@ def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
         samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
                         for s in data["samples"])
         if data.get("spill_digest") != _spill_digest(spill, samples):
+            return None
+        if samples and len(read_signatures(cache_dir / signature_name(key))) != len(samples):
             return None
         issues = tuple(Issue(**i) for i in data["issues"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -366,6 +378,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         if cached is not None:
             return cached
     spill_name = f"{task.key}.spill"
+    sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
+    sig_name = signature_name(task.key) if sig_dir is not None else ""
+    signatures: list[np.void] = []
     listed = dict(task.listed)
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
@@ -379,11 +394,13 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 issues.append(outcome)
                 continue
             for sample in outcome:
-                clock.switch("hash")
+                clock.switch("hash+signature")
                 image = sample.image
                 pixels = image.tobytes(order="C")
                 meta = canonical_json(sample.metadata)
-                digest, near = hashlib.sha256(pixels), dhash(image)
+                digest = hashlib.sha256(pixels)
+                if sig_dir is not None:
+                    signatures.append(signature(image))
                 clock.switch("spill")
                 fh.write(pixels)
                 fh.write(meta)
@@ -393,10 +410,14 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 samples.append(SpilledSample(
                     key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
                     meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
-                    dtype=image.dtype.name, sha256=digest.hexdigest(), dhash=near))
+                    dtype=image.dtype.name, sha256=digest.hexdigest(), signature=sig_name,
+                    sig_row=len(signatures) - 1 if sig_dir is not None else -1))
                 offset += len(pixels) + len(meta)
         clock.switch("spill")
         spill_bytes = offset
+    if sig_dir is not None:
+        with _cache_output(sig_dir / sig_name) as fh:
+            write_signatures(fh, signatures)
     if cache_dir is not None:
         record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_digest": spill_hash.hexdigest(),
                   "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}

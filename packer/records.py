@@ -121,7 +121,11 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class SpilledSample:
-    """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON."""
+    """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON.
+
+    ``signature``/``sig_row``: the chunk's signature file in the build cache and this sample's row
+    in it (its thumbnail and embeddings for the near-copy check, :mod:`packer.nearcopy`); ``""``
+    and -1 where none was made (``validate --quick``)."""
 
     key: str
     ref: SampleRef
@@ -132,7 +136,8 @@ class SpilledSample:
     shape: tuple[int, ...]
     dtype: str
     sha256: str
-    dhash: int = 0
+    signature: str = ""
+    sig_row: int = -1
 
     @property
     def nbytes(self) -> int:

@@ -15,7 +15,7 @@ of the objects it was built from:
   buffer per field with end offsets;
 - fields with few distinct values (source, kind, label, entity, extra, spill file, shape,
   dtype) as int32 codes into a text column of those values, decoded when read;
-- numbers (offset, sizes, dHash) in numpy arrays.
+- numbers (offset, sizes, signature rows) in numpy arrays.
 
 A table is a ``Sequence`` of its records: an item is built when it is read, so code written
 for a list of records works unchanged. The client's loops over every record (split, audit,
@@ -240,7 +240,7 @@ class _Columns(Generic[R], Sequence[R]):
         return column.codes, column.distinct()
 
     def array(self, name: str) -> np.ndarray:
-        """A numeric field as a numpy array (int64; uint64 for ``dhash``); do not modify it."""
+        """A numeric field as a numpy array (int64); do not modify it."""
         return self.numbers[name]
 
     def arrow(self, name: str) -> Any:
@@ -307,8 +307,8 @@ class SampleTable(_Columns[SpilledSample]):
 
     TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256")
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
-             "spill": "text", "shape": "shape", "dtype": "text"}
-    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "dhash": "Q"}
+             "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
+    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q"}
 
     @staticmethod
     def _field(record: SpilledSample, name: str) -> Any:

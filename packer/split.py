@@ -1,8 +1,9 @@
 """Split: assign every sample to train/valid/test (and a fold), grouped so nothing leaks.
 
 Samples are first joined into *split groups* with union-find: all samples of one entity,
-and (with ``duplicates: group``, the default) every exact or near duplicate cluster. A
-group then goes to one split:
+and (with ``duplicates: group``, the default) every exact duplicate and every verified near
+copy (:mod:`packer.nearcopy`: candidates among other entities, each confirmed on thumbnails,
+so look-alike images of different patients are not chained). A group then goes to one split:
 
 - ``by: entity``: the group's smallest entity id is hashed with the seed to a number in
   [0, 1) and compared with the cumulative ratios. Input order never matters and adding
@@ -13,7 +14,8 @@ group then goes to one split:
   ``entity_policy: drop_straddlers`` records falling after a later cutoff are dropped.
 - A pinned table forces entities into splits; a conflict fails the build.
 
-The audit (``packer.audit``) then checks the result from scratch.
+The audit (``packer.audit``) then checks the result from scratch, and :func:`measure_balance`
+says whether the split is what was asked (the audit's ``split_balance`` rule).
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ from __future__ import annotations
 import csv
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from packer.config import SPLITS, SplitConfig
-from packer.dedup import UnionFind, exact_groups, near_duplicate_edges
+from packer.dedup import UnionFind, exact_groups
 from packer.errors import ConfigError
+from packer.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
 from packer.records import Issue, SpilledSample
 from packer.sampletable import as_table
 
@@ -93,16 +96,41 @@ class Assignment:
     pinned: dict[str, str]
 
 
-def near_edges(samples: Sequence[SpilledSample], cfg: SplitConfig) -> Sequence[tuple[int, int, int]]:
-    """Near-duplicate edges (i, j, distance) between samples, empty when disabled."""
-    if not cfg.near_enabled or len(samples) < 2:
-        return []
-    return near_duplicate_edges(as_table(samples).array("dhash"), cfg.near_threshold)
+RunVerify = Callable[[Sequence[VerifyTask]], Iterable[tuple[VerifyTask, EvidenceArrays]]]
 
 
-def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
-                  edges: Sequence[tuple[int, int, int]]) -> list[SplitGroup]:
-    """Union-find the samples into split groups (entities, plus duplicates when grouping)."""
+def verify_in_process(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
+    """Run verification tasks here, one after the other (tests, small jobs, ``--scheduler sync``)."""
+    for task in tasks:
+        yield task, verify_task(task)
+
+
+def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path | None,
+               run: RunVerify = verify_in_process) -> NearLinks:
+    """Verified near copies between samples of different entities (:mod:`packer.nearcopy`);
+    none when disabled or when the samples carry no signatures (``validate --quick``).
+
+    ``sig_dir``: the folder of the chunks' signature files (the build cache). A sample without
+    an entity is its own group.
+    """
+    table = as_table(samples)
+    if not cfg.near_enabled or len(table) < 2 or sig_dir is None:
+        return NearLinks.empty()
+    rows = table.array("sig_row")
+    if (rows < 0).any():
+        return NearLinks.empty()
+    file_codes, names = table.codes("signature")
+    entity_codes, entities = table.codes("entity")
+    groups = entity_codes.astype(np.int64)
+    missing = np.array([entity is None for entity in entities], dtype=bool)[entity_codes]
+    groups[missing] = -1 - np.flatnonzero(missing)
+    return find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
+                           neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run)
+
+
+def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks) -> list[SplitGroup]:
+    """Union-find the samples into split groups: every sample of one entity, and with
+    ``duplicates: group`` every exact duplicate (same packed pixels) and verified near copy."""
     table = as_table(samples)
     entities = table.column("entity")
     forest = UnionFind(len(table))
@@ -114,7 +142,7 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
         for group in exact_groups(table.column("sha256")):
             for a, b in zip(group, group[1:], strict=False):
                 forest.union(a, b)
-        for a, b, _ in edges:
+        for a, b in zip(links.i.tolist(), links.j.tolist(), strict=True):
             forest.union(a, b)
     members: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(forest.components()):
@@ -123,38 +151,81 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig,
             for _, m in sorted(members.items())]
 
 
+@dataclass(frozen=True)
+class Balance:
+    """How far the achieved split is from the request, and whether a group explains it.
+
+    ``shares``/``requested``: per split. ``worst``: the split furthest from its ratio, ``miss``
+    its absolute difference and ``allowed`` the most that is not a collapse: the tolerance, or
+    four standard deviations of that split's share when whole groups are placed at random
+    (``sqrt(r(1 - r) · Σ size²) / N``: a few entities cannot meet ratios exactly). ``largest``:
+    the largest split group and its share. ``collapsed``: why the split is not what was asked
+    (a group of several entities over ``max_group_share``, or a miss over ``allowed``), else None.
+    """
+
+    shares: dict[str, float]
+    requested: dict[str, float]
+    worst: str
+    miss: float
+    allowed: float
+    largest: SplitGroup | None
+    largest_share: float
+    collapsed: str | None
+
+
+def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
+    """:class:`Balance` of ``assignment`` against ``cfg`` (ratios are checked with ``by: entity``
+    and no pinned table only; the group share always)."""
+    total = len(assignment.split)
+    counts: dict[str, int] = defaultdict(int)
+    for name in assignment.split.values():
+        counts[name] += 1
+    shares = {name: counts[name] / total if total else 0.0 for name, _ in cfg.ratios}
+    requested = dict(cfg.ratios)
+    placed = [len(g.members) for g in assignment.groups]
+    squares = float(sum(size * size for size in placed))
+    worst, miss, allowed = "train", 0.0, 1.0
+    if total and cfg.by == "entity" and cfg.pinned is None:
+        def allowed_for(ratio: float) -> float:
+            return max(cfg.balance_tolerance, 4.0 * float(np.sqrt(ratio * (1 - ratio) * squares)) / total)
+
+        worst = max(requested, key=lambda name: abs(shares[name] - requested[name]) - allowed_for(requested[name]))
+        miss, allowed = abs(shares[worst] - requested[worst]), allowed_for(requested[worst])
+    largest = max(assignment.groups, key=lambda g: (len(g.members), -g.members[0]), default=None)
+    largest_share = len(largest.members) / total if largest is not None and total else 0.0
+    collapsed = None
+    if largest is not None and len(largest.entities) > 1 and largest_share > cfg.max_group_share:
+        collapsed = "group"
+    elif miss > allowed:
+        collapsed = "ratios"
+    return Balance(shares=shares, requested=requested, worst=worst, miss=miss, allowed=allowed, largest=largest,
+                   largest_share=largest_share, collapsed=collapsed)
+
+
 def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: float = 0.05) -> str | None:
     """A sentence for the user when the achieved split shares miss ``cfg.ratios`` by more than
-    ``tolerance`` (absolute) and one group holds over twice ``tolerance`` of the samples, naming
-    that group as the cause; else ``None`` (a small data set's luck of the draw is not worth one).
-
-    Whole groups move between splits, so a group holding a large share of the samples (many
-    entities chained by near-duplicate links, typically: adjacent slices, phantoms, shared
-    templates) makes the requested ratios unreachable. The split is still leak-free; the user
-    should know, and can lower ``split.near_duplicates.threshold`` or review the chained groups
-    (``duplicates_span_entities`` in leakage.json).
+    ``tolerance`` (absolute) but not so much that the audit's ``split_balance`` rule fails: a
+    single large entity, or a small data set's luck of the draw; else ``None``.
     """
     total = len(assignment.split)
     if total == 0 or cfg.by == "time":
         return None
-    counts: dict[str, int] = defaultdict(int)
-    for name in assignment.split.values():
-        counts[name] += 1
-    worst = max(cfg.ratios, key=lambda item: abs(counts[item[0]] / total - item[1]))
-    achieved = counts[worst[0]] / total
-    if abs(achieved - worst[1]) <= tolerance:
+    balance = measure_balance(assignment, cfg)
+    worst = max(cfg.ratios, key=lambda item: abs(balance.shares[item[0]] - item[1]))
+    if abs(balance.shares[worst[0]] - worst[1]) <= tolerance:
         return None
-    largest = max(assignment.groups, key=lambda g: len(g.members), default=None)
-    if largest is None or len(largest.members) <= 2 * tolerance * total:
-        return None  # no group big enough to explain it: a few entities' luck, not a structural cause
-    size = f"{len(largest.members):,} samples ({len(largest.members) / total:.0%})"
-    if len(largest.entities) > 1:
-        cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
-                 "duplicate links: lower split.near_duplicates.threshold or review duplicates_span_entities "
-                 "in leakage.json")
-    else:
-        cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
-    shares = ", ".join(f"{name} {counts[name] / total:.0%}" for name, _ in cfg.ratios)
+    largest = balance.largest
+    cause = None
+    if largest is not None and len(largest.members) > 2 * tolerance * total:
+        size = f"{len(largest.members):,} samples ({balance.largest_share:.0%})"
+        if len(largest.entities) > 1:
+            cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
+                     "duplicate links (listed under split_balance in leakage.json)")
+        else:
+            cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
+    if cause is None:
+        return None  # no group explains it: a few entities' luck, not a structural cause
+    shares = ", ".join(f"{name} {balance.shares[name]:.0%}" for name, _ in cfg.ratios)
     asked = ", ".join(f"{name} {ratio:.0%}" for name, ratio in cfg.ratios)
     return f"split shares {shares} miss the requested {asked}{cause}"
 
@@ -215,12 +286,11 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
     return out
 
 
-def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig,
-                  edges: Sequence[tuple[int, int, int]] = ()) -> Assignment:
+def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy."""
     table = as_table(samples)
-    groups = group_samples(table, cfg, edges)
+    groups = group_samples(table, cfg, links if links is not None else NearLinks.empty())
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):

@@ -51,7 +51,10 @@ def test_the_default_cache_is_in_the_work_folder_and_a_second_build_decodes_noth
     first = build_demo(demo_raw, tmp_path, out)
     cache = expected_cache(work / "cache", out)
     assert first.files_decoded > 0
-    assert sorted(p.suffix for p in cache.iterdir()) == sorted([".json", ".spill"] * (len(list(cache.iterdir())) // 2))
+    # per chunk: its records, its spill and its near-copy signatures
+    names = [p.name for p in cache.iterdir()]
+    chunks = {name.split(".")[0] for name in names}
+    assert sorted(names) == sorted(f"{c}{suffix}" for c in chunks for suffix in (".json", ".spill", ".sig.npy"))
     assert re.fullmatch(r"demo-[0-9a-f]{12}", cache.name)  # nothing from the raw tree in its name
     assert [p.name for p in (work / "cache").iterdir()] == [cache.name]
     # the output holds the version folder and nothing else: no cache, no spill, no hidden folder

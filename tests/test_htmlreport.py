@@ -267,6 +267,7 @@ def test_the_earlier_audit_shape_still_renders(built: BuildResult) -> None:
     parsed = parse(render_html_report(built.version_dir, manifest=legacy))
     assert parsed.body_rows["entity-overlap"] == 1 and "OLD-ENT" in parsed.all_text
     assert parsed.body_rows["duplicate-groups"] == 1 and "cross-split" in parsed.all_text
+    assert "Hamming distance 3" in parsed.all_text  # an older build's near pair, as it was judged
     assert "2023-01-01T00:00:00 → 2023-06-01T00:00:00" in parsed.all_text
 
 
@@ -280,13 +281,15 @@ def test_duplicate_pairs_show_both_thumbnails_and_no_raw_paths(built: BuildResul
         **rules["near_duplicates_across_splits"], "count": 1, "passed": False,
         "findings": [{"a": {"key": a, "split": "train", "entity_id": keys[a]["entity_id"], "path": "Doe^Jane/1.dcm"},
                       "b": {"key": b, "split": "test", "entity_id": keys[b]["entity_id"], "path": "Doe^Jane/2.dcm"},
-                      "distance": 2}]}
+                      "score": 0.9912, "structure": 0.88, "detail": 0.8, "intensity": 0.9912, "zoom": 1.03,
+                      "shift": [0, 2], "similarity": 0.97}]}
     text = render_html_report(built.version_dir, manifest=planted)
     parsed = parse(text)
     before = len(parse(render_html_report(built.version_dir)).images)
     assert len(parsed.images) == before + 2
     assert all(decode_data_uri(src).size for src in parsed.images[-2:])
-    assert "Hamming distance 2" in parsed.all_text and "cross-split" in parsed.all_text
+    assert "score 0.991, structure 0.88, zoom 1.03, shift 0,2 px" in parsed.all_text
+    assert "cross-split" in parsed.all_text
     assert "Doe^Jane" not in text  # leakage.json's raw paths stay out of the report
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from packer.audit import audit_assignment
 from packer.config import SplitConfig
 from packer.errors import ConfigError
+from packer.nearcopy import Evidence, EvidenceArrays, NearLinks
 from packer.records import SampleRef, SpilledSample
 from packer.split import assign_splits, entity_unit, split_for_time
 
@@ -22,13 +24,19 @@ BY_ENTITY = SplitConfig(by="entity", ratios=RATIOS, seed=17)
 TIME = SplitConfig(by="time", ratios=RATIOS, seed=0, cutoffs=(("test", "2024-07-01"), ("valid", "2024-01-01")))
 
 
-def sample(i: int, entity: str, *, time: str | None = None, label: str = "a", sha: str | None = None,
-           dh: int | None = None) -> SpilledSample:
+def sample(i: int, entity: str, *, time: str | None = None, label: str = "a", sha: str | None = None) -> SpilledSample:
     ref = SampleRef(sample_id=f"s-{i:06d}", source="s", kind="image", path=f"/raw/{i}.png", relpath=f"{i}.png",
                     label=label, entity=entity, time=time)
     return SpilledSample(key=ref.sample_id, ref=ref, spill="x", offset=0, pixel_bytes=1, meta_bytes=1, shape=(1, 1, 1),
-                         dtype="uint8", sha256=sha or f"{i:064x}",
-                         dhash=dh if dh is not None else (i * 0x9E3779B97F4A7C15) % 2**64)
+                         dtype="uint8", sha256=sha or f"{i:064x}")
+
+
+def links(*pairs: tuple[int, int]) -> NearLinks:
+    """Verified near copies between sample indices, with the evidence of a clear copy."""
+    evidence = EvidenceArrays.of([Evidence(structure=0.9, detail=0.9, intensity=0.99, zoom=1.0, dy=0, dx=0)
+                                  for _ in pairs])
+    return NearLinks(np.array([min(p) for p in pairs]), np.array([max(p) for p in pairs]),
+                     np.full(len(pairs), 0.99, dtype=np.float32), evidence, candidates=len(pairs))
 
 
 def split_of(samples: list[SpilledSample], cfg: SplitConfig = BY_ENTITY) -> dict[str, str]:
@@ -90,16 +98,22 @@ def test_stratified_split_keeps_every_label_in_every_split_when_possible(rows: l
 def test_duplicates_across_entities_are_grouped_into_one_split() -> None:
     samples = [sample(i, f"P{i}") for i in range(200)]
     samples.append(sample(500, "Q1", sha=samples[0].sha256))       # exact copy under another patient
-    samples.append(sample(501, "Q2", dh=samples[1].dhash ^ 0b101))   # near copy (distance 2)
-    from packer.split import near_edges
-
-    edges = near_edges(samples, BY_ENTITY)
-    assignment = assign_splits(samples, BY_ENTITY, edges)
+    samples.append(sample(501, "Q2"))                                 # a verified near copy of sample 1
+    near = links((1, 201))
+    assignment = assign_splits(samples, BY_ENTITY, near)
     assert assignment.split["s-000500"] == assignment.split["s-000000"]
     assert assignment.split["s-000501"] == assignment.split["s-000001"]
-    report = audit_assignment(samples, assignment, BY_ENTITY, edges)
+    report = audit_assignment(samples, assignment, BY_ENTITY, near)
     assert not report.failed
     assert report.rule("duplicates_span_entities").count == 2
+    # without grouping, a near copy in another split fails the audit, which names the link's evidence
+    apart = replace(BY_ENTITY, duplicates="fail")
+    split = assign_splits(samples, apart).split
+    other = next(k for k, s in enumerate(samples) if split[s.key] != split["s-000001"])
+    rule = audit_assignment(samples, assign_splits(samples, apart, links((1, other))), apart,
+                            links((1, other))).rule("near_duplicates_across_splits")
+    assert rule.failed and rule.count == 1
+    assert rule.findings[0]["intensity"] == pytest.approx(0.99) and rule.findings[0]["shift"] == [0, 0]
 
 
 def test_without_grouping_a_duplicate_across_splits_fails_the_audit() -> None:
@@ -108,13 +122,10 @@ def test_without_grouping_a_duplicate_across_splits_fails_the_audit() -> None:
     split = assign_splits(samples, cfg).split
     other = next(s for s in samples if split[s.key] != split["s-000000"])
     samples.append(sample(999, other.ref.entity or "", sha=samples[0].sha256))
-    from packer.split import near_edges
-
-    edges = near_edges(samples, cfg)
-    report = audit_assignment(samples, assign_splits(samples, cfg, edges), cfg, edges)
+    report = audit_assignment(samples, assign_splits(samples, cfg), cfg)
     assert report.failed and report.rule("exact_duplicates_across_splits").count == 1
-    reported = audit_assignment(samples, assign_splits(samples, replace(cfg, duplicates="report"), edges),
-                                replace(cfg, duplicates="report"), edges)
+    reported = audit_assignment(samples, assign_splits(samples, replace(cfg, duplicates="report")),
+                                replace(cfg, duplicates="report"))
     assert not reported.failed and reported.rule("exact_duplicates_across_splits").count == 1
 
 
@@ -182,7 +193,7 @@ def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() ->
     message = balance_warning(skewed, BY_ENTITY)
     assert message is not None
     assert "train 95%" in message and "train 80%" in message
-    assert "90 samples (90%) of 30 entities" in message and "near_duplicates.threshold" in message
+    assert "90 samples (90%) of 30 entities" in message and "split_balance" in message
     singles = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(100))
     balanced = Assignment(split={k: "train" if i < 80 else "valid" if i < 90 else "test" for i, k in enumerate(keys)},
                           fold={}, groups=singles, dropped=(), pinned={})

@@ -4,7 +4,9 @@ Current manifests carry ``audit = {passed, entities_per_split, time_ranges, rule
 {severity, count, passed, ...}}}`` and the findings live in ``leakage.json`` next to them
 (a rule dict that already holds ``findings`` is used as is). Earlier manifests carried
 ``audit.split.{entity_overlap, time_ranges, entities_per_split, passed}`` and, optionally,
-``audit.duplicates`` as a list (or ``{"pairs": [...]}``) of ``{a, b, distance}``.
+``audit.duplicates`` as a list (or ``{"pairs": [...]}``) of ``{a, b, distance}`` (a dHash
+distance: near pairs before near copies were verified; now a pair carries its verification
+``score``, ``structure``, ``zoom`` and ``shift``).
 
 Findings name samples by key, split and entity id only: ``leakage.json`` also records raw
 relative paths, which the report leaves out.
@@ -38,11 +40,12 @@ class Member:
 
 @dataclass(frozen=True)
 class DuplicateGroup:
-    """Samples a rule found to be copies (exact) or near copies (``distance`` set) of each other."""
+    """Samples a rule found to be copies (exact) or near copies of each other; ``evidence``: how
+    the near copy was judged (its verification, or an older build's Hamming distance)."""
 
     rule: str
     members: tuple[Member, ...]
-    distance: int | None = None
+    evidence: str | None = None
     size: int = 0
 
     @property
@@ -76,12 +79,29 @@ def _member(value: Any) -> Member | None:
     return None
 
 
-def _group(rule: str, members: list[Any], distance: Any = None, size: int = 0) -> DuplicateGroup | None:
+def _evidence(finding: dict[str, Any]) -> str | None:
+    """How a near pair was judged, in words: its verification score and alignment, or a distance."""
+    score, distance = finding.get("score"), finding.get("distance")
+    if isinstance(score, int | float):
+        parts = [f"score {score:.3f}"]
+        if isinstance(finding.get("structure"), int | float):
+            parts.append(f"structure {finding['structure']:.2f}")
+        if isinstance(finding.get("zoom"), int | float) and finding["zoom"] != 1.0:
+            parts.append(f"zoom {finding['zoom']:.2f}")
+        shift = finding.get("shift")
+        if isinstance(shift, list) and any(shift):
+            parts.append(f"shift {shift[0]},{shift[1]} px")
+        return ", ".join(parts)
+    if isinstance(distance, int | float):
+        return f"Hamming distance {int(distance)}"
+    return None
+
+
+def _group(rule: str, members: list[Any], evidence: str | None = None, size: int = 0) -> DuplicateGroup | None:
     found = tuple(m for m in (_member(v) for v in members) if m is not None)
     if len(found) < 2 and not size:
         return None
-    return DuplicateGroup(rule=rule, members=found, size=size or len(found),
-                          distance=int(distance) if isinstance(distance, int | float) else None)
+    return DuplicateGroup(rule=rule, members=found, size=size or len(found), evidence=evidence)
 
 
 def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
@@ -92,7 +112,7 @@ def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
         if "entity_id" in finding and "splits" in finding:
             out.overlap.append((str(finding["entity_id"]), [str(s) for s in finding["splits"]]))
         elif "a" in finding and "b" in finding:
-            group = _group(rule, [finding["a"], finding["b"]], finding.get("distance"))
+            group = _group(rule, [finding["a"], finding["b"]], _evidence(finding))
         elif isinstance(finding.get("samples"), list):
             group = _group(rule, finding["samples"], size=int(finding.get("size") or len(finding["samples"])))
         elif "earliest" in finding or "latest_train" in finding:

@@ -303,8 +303,8 @@ def _group_card(data: ReportData, group: DuplicateGroup, panes: dict[str, Pane])
     cells = "".join(_member_cell(data, m.key, m.split, m.entity_id, panes.get(m.key)) for m in shown)
     more = group.size - len(shown)
     facts = [esc(group.rule.replace("_", " "))]
-    if group.distance is not None:
-        facts.append(f"Hamming distance {group.distance}")
+    if group.evidence is not None:
+        facts.append(esc(group.evidence))
     if group.cross_split:
         facts.append("<strong>cross-split</strong>")
     if more > 0:
@@ -371,12 +371,12 @@ def render_leakage(data: ReportData) -> str:
             cards.append(_group_card(data, group, panes))
         rows = [f'<tr><td class="mono">{esc(g.rule)}</td><td class="mono">{esc(", ".join(m.key for m in g.members))}'
                 f'</td><td>{esc(" + ".join(sorted({m.split for m in g.members if m.split})))}</td>'
-                f'<td class="num">{"" if g.distance is None else g.distance}</td></tr>'
+                f'<td>{esc(g.evidence or "")}</td></tr>'
                 for g in audit.groups[:limit]]
         parts.append(f'<h3>Duplicates <span class="muted">({len(audit.groups):,} groups)</span></h3>'
                      f'<div class="pairs">{"".join(cards)}</div><details><summary>All groups</summary>'
-                     + table(["rule", "keys", "splits", "distance"], rows, table_id="duplicate-groups",
-                             cls="data compact", numeric=(3,)) + "</details>")
+                     + table(["rule", "keys", "splits", "evidence"], rows, table_id="duplicate-groups",
+                             cls="data compact") + "</details>")
         shown = len(cards)
         if len(audit.groups) > shown:
             parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))

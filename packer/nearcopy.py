@@ -1,0 +1,612 @@
+"""Near copies: which samples are the same image re-encoded, resized, shifted, cropped or re-windowed.
+
+Leakage hides in copies that are not byte-identical: a CT slice exported as PNG or JPEG with
+another window, a resized or slightly cropped copy, the same image under a second entity id.
+Look-alikes are not copies: slices of different patients at the same level of the same
+anatomy resemble each other at any coarse scale. A hash within a Hamming threshold cannot tell
+the two apart (a re-windowed copy differed in 10-20 of 64 dHash bits while different patients'
+slices agreed within 4), and linking every pair within a threshold closes the links
+transitively into one giant group as soon as chance links reach about one per sample.
+
+So a link is made in two steps, and only a verified pair is a link:
+
+1. **Candidates** (:func:`candidate_pairs`): each sample's ``k`` nearest samples of *other*
+   entities by the cosine of a compact :func:`embedding` (low frequencies of the thumbnail's
+   magnitude spectrum, which a shift does not change, an 8×8 view of it, and the spectrum after
+   histogram equalisation, which another window does not change), queried also at ±6 % zoom so
+   that cropped copies are found. Work grows with ``n · k``, not with how many
+   samples look alike (:func:`nearest`).
+2. **Verification** (:func:`verify`) on the two 64×64 thumbnails: the best alignment over zooms of
+   0.91-1.09 and shifts of ±6 pixels of their fine structure (the image minus its blur), scored
+   by the normalised correlation of that structure (``structure``), and the share of one
+   image's variance that the other's intensities explain through any function
+   (``intensity``: the correlation ratio η² over 128 equal-count intensity bins, so a
+   re-windowed copy, whose intensities are a monotone function of the source's, still scores
+   high, while two patients' slices leave their differing anatomy unexplained). A pair is a
+   copy when ``intensity`` reaches ``split.near_duplicates.min_score`` (default 0.984) and
+   ``structure`` reaches 0.6.
+
+Signatures are computed once, in the pixel pass, from the packed output (:func:`signature`) and
+kept in the build cache, not in the shards: per sample a 64×64 uint8 thumbnail and a float16
+embedding at three zooms (:data:`SIGNATURE_DTYPE`, 5,572 bytes), one file per chunk.
+
+Transitivity: verified links are joined (a copy of a copy is a copy), but a link is strong
+evidence on its own, not a chain of weak ones; each link's evidence is in ``leakage.json``,
+and a split group that still grows past ``split.balance.max_group_share`` fails the build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import cv2
+import numpy as np
+
+#: Side of the verification thumbnail.
+THUMB = 64
+#: Spectrum radius of the embedding: frequencies |u|, |v| <= R of the 64×64 thumbnail.
+_RADIUS = 6
+_RAW = 8
+_SPECTRUM = (2 * _RADIUS + 1) * (_RADIUS + 1)
+EMBED_DIM = 2 * _SPECTRUM + _RAW * _RAW
+#: Zooms at which every sample is embedded: at 1.0 it is found, at all three it searches (a crop of a
+#: few pixels is a zoom).
+QUERY_ZOOMS = (1.0, 0.94, 1.06)
+SIGNATURE_DTYPE = np.dtype([("embedding", "<f2", (len(QUERY_ZOOMS), EMBED_DIM)), ("thumb", "u1", (THUMB, THUMB))])
+#: Zooms and shifts (pixels of the thumbnail) the verification searches.
+VERIFY_ZOOMS = (0.91, 1.09)  # range: searched at 0.94, 1, 1.06, then ±0.03 around the best
+VERIFY_SHIFT = 6
+_HANN = np.outer(np.hanning(THUMB), np.hanning(THUMB)).astype(np.float32)
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """The sample as a 64×64 uint8 grey thumbnail: channel mean, area-resized, min-max scaled.
+
+    ``image`` is C×H×W or H×W of any numeric dtype. A constant image gives zeros. Raises
+    ValueError for an empty array or non-finite values.
+    """
+    arr = np.asarray(image)
+    if arr.ndim not in (2, 3) or arr.size == 0:
+        raise ValueError(f"a thumbnail needs a non-empty H×W or C×H×W array, got shape {arr.shape}")
+    gray = arr.mean(axis=0, dtype=np.float32) if arr.ndim == 3 else arr.astype(np.float32)
+    if not np.isfinite(gray).all():
+        raise ValueError("a thumbnail needs finite pixel values; the array holds NaN or inf")
+    small = cv2.resize(np.ascontiguousarray(gray), (THUMB, THUMB), interpolation=cv2.INTER_AREA)
+    low, high = float(small.min()), float(small.max())
+    if high <= low:
+        return np.zeros((THUMB, THUMB), dtype=np.uint8)
+    return np.rint((small - low) * (255.0 / (high - low))).astype(np.uint8)
+
+
+def _spectrum(grey: np.ndarray) -> np.ndarray:
+    """Log magnitudes of the low frequencies of a (Hann-windowed) thumbnail: a shift barely changes them."""
+    spectrum = np.abs(np.fft.rfft2((grey - grey.mean()) * _HANN))[:, :_RADIUS + 1]
+    return np.log1p(np.concatenate([spectrum[:_RADIUS + 1], spectrum[-_RADIUS:]]).ravel())
+
+
+def embedding(thumb: np.ndarray) -> np.ndarray:
+    """The candidate-search vector of a uint8 thumbnail: float32, unit length, :data:`EMBED_DIM` long.
+
+    Three parts, each centred and scaled to length 1/√3: the low-frequency spectrum of the
+    thumbnail (:func:`_spectrum`), the thumbnail area-averaged to 8×8, and the spectrum of the
+    thumbnail after histogram equalisation, which a copy shown through another window (a
+    monotone remapping of intensities) shares with its source.
+    """
+    grey = thumb.astype(np.float32)
+    equalised = cv2.equalizeHist(np.ascontiguousarray(thumb, dtype=np.uint8)).astype(np.float32)
+    raw = cv2.resize(grey, (_RAW, _RAW), interpolation=cv2.INTER_AREA).ravel()
+    parts = []
+    for part in (_spectrum(grey), raw, _spectrum(equalised)):
+        part = part - part.mean()
+        norm = float(np.linalg.norm(part))
+        parts.append(part / norm if norm > 0 else part)
+    return (np.concatenate(parts) / np.sqrt(3.0)).astype(np.float32)
+
+
+def signature(image: np.ndarray) -> Any:
+    """One row of :data:`SIGNATURE_DTYPE` for a packed sample: its thumbnail and its embedding at
+    each of :data:`QUERY_ZOOMS`."""
+    row = np.zeros((), dtype=SIGNATURE_DTYPE)
+    thumb = thumbnail(image)
+    row["thumb"] = thumb
+    grey = thumb.astype(np.float32)
+    for z, zoom in enumerate(QUERY_ZOOMS):
+        view = thumb if zoom == 1.0 else np.clip(np.rint(zoomed(grey, zoom)), 0, 255).astype(np.uint8)
+        row["embedding"][z] = embedding(view)
+    return row[()]  # type: ignore[no-any-return]
+
+
+def zoomed(thumb: np.ndarray, zoom: float) -> np.ndarray:
+    """``thumb`` (float32) magnified by ``zoom`` about its centre, edges replicated."""
+    centre = (THUMB - 1) / 2.0
+    matrix = cv2.getRotationMatrix2D((centre, centre), 0.0, zoom)
+    return cv2.warpAffine(thumb, matrix, (THUMB, THUMB), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+def write_signatures(target: Path | BinaryIO, rows: Sequence[np.void]) -> None:
+    """Write a chunk's signatures as one ``.npy`` array (``np.load(..., mmap_mode="r")`` reads rows)."""
+    np.save(target, np.array(rows, dtype=SIGNATURE_DTYPE), allow_pickle=False)
+
+
+def read_signatures(path: Path) -> np.ndarray:
+    """A chunk's signature array, memory-mapped. Raises ValueError when it is not one."""
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    if array.dtype != SIGNATURE_DTYPE:
+        raise ValueError(f"{path}: not a packer signature file (dtype {array.dtype})")
+    return array
+
+
+# -- candidates --------------------------------------------------------------------------------
+
+#: Score-matrix elements computed at once (float32): 16M, 64 MB.
+_BLOCK_ELEMENTS = 1 << 24
+#: Up to this many samples the nearest neighbours are exact; above, an inverted-file index
+#: (:func:`_ivf_nearest`) compares each query with the members of its nearest clusters only.
+EXACT_LIMIT = 30_000
+#: Clusters searched per query in the inverted file.
+PROBES = 24
+
+
+def _best_k(scores: np.ndarray, columns: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
+            k: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``scores`` (rows × columns), the ``k`` best columns of another group than the
+    row's, as (base indices, scores), -1/-inf where fewer qualify. Scores are rounded to 1e-5
+    and ties go to the lower index, so BLAS rounding does not reorder near-ties. ``skip``: the
+    largest group size (the most same-group columns that can precede the k wanted)."""
+    rows, width = scores.shape
+    take = min(width, k + skip)
+    rounded = np.round(scores, 5)
+    part = np.argpartition(-rounded, take - 1, axis=1)[:, :take] if take < width else \
+        np.broadcast_to(np.arange(width), (rows, width)).copy()
+    part_scores = np.take_along_axis(rounded, part, axis=1)
+    part_index = columns[part]
+    part_scores[base_group[part_index] == query_group[:, None]] = -np.inf
+    order = np.lexsort((part_index, -part_scores), axis=1)[:, :k]
+    best_index = np.take_along_axis(part_index, order, axis=1)
+    best_score = np.take_along_axis(part_scores, order, axis=1).astype(np.float32)
+    if best_index.shape[1] < k:
+        pad = k - best_index.shape[1]
+        best_index = np.pad(best_index, ((0, 0), (0, pad)), constant_values=-1)
+        best_score = np.pad(best_score, ((0, 0), (0, pad)), constant_values=-np.inf)
+    best_index[~np.isfinite(best_score)] = -1
+    return best_index, best_score
+
+
+def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
+            k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each query, the ``k`` base rows of the highest cosine whose group differs from its own.
+
+    ``base`` (n×d) and ``queries`` (m×d) hold unit vectors; returns (indices m×k, similarities
+    m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise matrix products,
+    O(n·m·d) time, 64 MB of scores at a time) up to :data:`EXACT_LIMIT` base rows; beyond, an
+    inverted file (:func:`_ivf_nearest`): approximate, O(m·√n·d).
+    """
+    if len(base) > EXACT_LIMIT:
+        return _ivf_nearest(base, queries, query_group, base_group, k)
+    m = len(queries)
+    skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max()) if len(base_group) else 0
+    out_index = np.full((m, k), -1, dtype=np.int32)
+    out_score = np.full((m, k), -np.inf, dtype=np.float32)
+    block = max(1, _BLOCK_ELEMENTS // max(1, len(base)))
+    columns = np.arange(len(base))
+    base32 = np.asarray(base, dtype=np.float32)
+    for start in range(0, m, block):
+        stop = min(m, start + block)
+        scores = np.asarray(queries[start:stop], dtype=np.float32) @ base32.T
+        out_index[start:stop], out_score[start:stop] = _best_k(scores, columns, query_group[start:stop], base_group,
+                                                               k, skip)
+    return out_index, out_score
+
+
+def _kmeans(vectors: np.ndarray, clusters: int, iterations: int = 8) -> np.ndarray:
+    """Spherical k-means centroids (clusters × d) of ``vectors``, from a seeded start: the same
+    input gives the same centroids."""
+    rng = np.random.default_rng(0)
+    sample = np.asarray(vectors[np.sort(rng.choice(len(vectors), min(len(vectors), 32 * clusters), replace=False))],
+                        dtype=np.float32)
+    centroids = sample[np.sort(rng.choice(len(sample), clusters, replace=False))]
+    for _ in range(iterations):
+        assign = _assign(sample, centroids)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, assign, sample)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        empty = norms[:, 0] == 0
+        centroids = np.where(empty[:, None], centroids, sums / np.maximum(norms, 1e-12))
+    return centroids
+
+
+def _assign(vectors: np.ndarray, centroids: np.ndarray, probes: int = 1) -> np.ndarray:
+    """The ``probes`` nearest centroids of each vector (n × probes, best first; n when probes is 1)."""
+    out = np.empty((len(vectors), probes), dtype=np.int32)
+    block = max(1, _BLOCK_ELEMENTS // max(1, len(centroids)))
+    for start in range(0, len(vectors), block):
+        scores = np.asarray(vectors[start:start + block], dtype=np.float32) @ centroids.T
+        if probes == 1:
+            out[start:start + block, 0] = np.argmax(scores, axis=1)
+        else:
+            part = np.argpartition(-scores, probes - 1, axis=1)[:, :probes]
+            order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+            out[start:start + block] = np.take_along_axis(part, order, axis=1)
+    return out[:, 0] if probes == 1 else out
+
+
+def _ivf_nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
+                 k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nearest` through an inverted file: base rows in ``4·√n`` clusters (spherical
+    k-means), each query compared with the members of its :data:`PROBES` nearest clusters."""
+    clusters = int(min(len(base), max(1, round(4 * np.sqrt(len(base))))))
+    centroids = _kmeans(base, clusters)
+    home = _assign(base, centroids)
+    members = np.argsort(home, kind="stable")
+    starts = np.searchsorted(home[members], np.arange(clusters + 1))
+    probe = _assign(queries, centroids, min(PROBES, clusters))
+    skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max())
+    best_index = np.full((len(queries), k), -1, dtype=np.int32)
+    best_score = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    by_cluster = np.argsort(probe.ravel(), kind="stable")
+    bounds = np.searchsorted(probe.ravel()[by_cluster], np.arange(clusters + 1))
+    for c in range(clusters):
+        asking = by_cluster[bounds[c]:bounds[c + 1]] // probe.shape[1]
+        listed = members[starts[c]:starts[c + 1]]
+        if len(asking) == 0 or len(listed) == 0:
+            continue
+        scores = np.asarray(queries[asking], dtype=np.float32) @ np.asarray(base[listed], dtype=np.float32).T
+        index, score = _best_k(scores, listed, query_group[asking], base_group, k, skip)
+        merged_index = np.concatenate([best_index[asking], index], axis=1)
+        merged_score = np.concatenate([best_score[asking], score], axis=1)
+        order = np.lexsort((np.where(merged_index < 0, np.iinfo(np.int32).max, merged_index), -merged_score),
+                           axis=1)[:, :k]
+        best_index[asking] = np.take_along_axis(merged_index, order, axis=1)
+        best_score[asking] = np.take_along_axis(merged_score, order, axis=1)
+    return best_index, best_score
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Pairs (i < j) of samples of different groups to verify, with their embedding cosine."""
+
+    i: np.ndarray
+    j: np.ndarray
+    similarity: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.i)
+
+
+def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
+    """Each sample's ``k`` nearest samples of other groups (entities), by the best cosine over
+    its query zooms: the pairs to verify, each once.
+
+    ``embeddings``: n × zooms × d (the signatures' ``embedding`` field; zoom 0 is 1.0, the one
+    searched), or a function giving zoom ``z``'s n × d embeddings (float16 kept as such: one
+    zoom in memory at a time besides the base); ``groups`` an int per sample (samples of one
+    group are never paired).
+    """
+    n = len(groups)
+    if n < 2 or k < 1:
+        empty = np.zeros(0, dtype=np.int64)
+        return Candidates(empty, empty, np.zeros(0, dtype=np.float32))
+    zoom_of = embeddings if callable(embeddings) else (lambda z: embeddings[:, z])
+    base = zoom_of(0)
+    parts = []
+    for z in range(len(QUERY_ZOOMS)):
+        # at its own size a sample looks for its k nearest; zoomed, for the few a crop would make nearest
+        index, score = nearest(base, base if z == 0 else zoom_of(z), groups, groups, k if z == 0 else max(2, k // 8))
+        source = np.arange(n, dtype=np.int32)[:, None].repeat(index.shape[1], axis=1)
+        keep = index >= 0
+        parts.append((source[keep], index[keep], score[keep]))
+    a, b = (np.concatenate([part[f] for part in parts]).astype(np.int64) for f in range(2))
+    similarity = np.concatenate([part[2] for part in parts])
+    del parts
+    key = (np.minimum(a, b) << 32) | np.maximum(a, b)  # one int64 per pair: each pair once, in (i, j) order
+    del a, b
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    best = np.maximum.reduceat(similarity[order], starts) if len(starts) else similarity[:0]
+    key = key[starts]
+    return Candidates((key >> 32).astype(np.int32), (key & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32))
+
+
+# -- verification -----------------------------------------------------------------------------
+
+#: The verification's default decision (``split.near_duplicates.min_score``): a pair is a copy when
+#: its ``intensity`` (η²) reaches it and its ``structure`` reaches :data:`MIN_STRUCTURE` (see
+#: :class:`Evidence`). Set from measurements on similar-anatomy phantoms with planted copies
+#: (benchmarks/RESULTS.md, "Near copies").
+MIN_SCORE = 0.984
+#: Aligned fine structure a copy always keeps: a gate against images that share only a flat background.
+MIN_STRUCTURE = 0.6
+_COARSE_ZOOMS = (0.94, 1.0, 1.06)
+_FINE_STEP = 0.03
+_BINS = 128
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How well two thumbnails agree at their best alignment.
+
+    ``structure``: normalised correlation of their fine structure (image minus its σ=1 blur),
+    maximised over the zoom and shift of the second; ``detail``: the same at σ=0.6 (noise and
+    texture: what two different patients never share) at that alignment; ``intensity``: the
+    correlation ratio η² (the smaller of both directions), the share of one thumbnail's variance
+    a function of the other's intensities explains, high for a copy shown through another
+    window; ``zoom``, ``dy``, ``dx``: the alignment (second thumbnail's zoom and shift, pixels).
+    """
+
+    structure: float
+    detail: float
+    intensity: float
+    zoom: float
+    dy: int
+    dx: int
+
+    @property
+    def score(self) -> float:
+        """The decision value: ``intensity`` where ``structure`` passes :data:`MIN_STRUCTURE`, else 0."""
+        return self.intensity if self.structure >= MIN_STRUCTURE else 0.0
+
+
+def _fine(grey: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    return grey - cv2.GaussianBlur(grey, (0, 0), sigma)
+
+
+def _correlation_ratio(a: np.ndarray, b: np.ndarray) -> float:
+    """η²(A|B): the share of A's variance explained by a function of B. B's values (0-255) are
+    grouped into equal-count bins by their cumulative histogram; equal values share a bin."""
+    values = a.ravel().astype(np.float64)
+    spread = float(((values - values.mean()) ** 2).sum())
+    if spread == 0.0:
+        return 0.0
+    levels = np.clip(np.rint(b.ravel()), 0, 255).astype(np.intp)
+    histogram = np.bincount(levels, minlength=256)
+    before = np.cumsum(histogram) - histogram
+    bin_of = (before * _BINS // len(levels))[levels]
+    counts = np.bincount(bin_of, minlength=_BINS)
+    means = np.bincount(bin_of, weights=values, minlength=_BINS) / np.maximum(counts, 1)
+    return float(((means[bin_of] - values.mean()) ** 2).sum() / spread)
+
+
+def _ncc(a: np.ndarray, b: np.ndarray) -> float:
+    a = a - a.mean()
+    b = b - b.mean()
+    denominator = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / denominator) if denominator > 0 else 0.0
+
+
+class Prepared:
+    """A thumbnail's views the verification reuses across pairs: float, fine structure, zoomed fines."""
+
+    __slots__ = ("grey", "template", "_zoomed")
+
+    def __init__(self, thumb: np.ndarray) -> None:
+        self.grey = thumb.astype(np.float32)
+        m = VERIFY_SHIFT
+        self.template = _fine(self.grey)[m:-m, m:-m]
+        self._zoomed: dict[float, np.ndarray] = {}
+
+    def fine_at(self, zoom: float) -> np.ndarray:
+        if zoom not in self._zoomed:
+            self._zoomed[zoom] = _fine(self.grey if zoom == 1.0 else zoomed(self.grey, zoom))
+        return self._zoomed[zoom]
+
+
+def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
+    """The top of the parabola through three equally spaced scores: (offset in -0.5..0.5, how
+    much higher than ``centre`` it is)."""
+    curvature = left - 2.0 * centre + right
+    if curvature >= 0:
+        return 0.0, 0.0
+    offset = float(np.clip(0.5 * (left - right) / curvature, -0.5, 0.5))
+    return offset, float(-0.25 * (left - right) * offset)
+
+
+#: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
+_ZOOM_PREFERENCE = 0.005
+
+
+def _warped(grey: np.ndarray, zoom: float, dy: float, dx: float) -> np.ndarray:
+    """``grey`` magnified by ``zoom`` about its centre and moved by (-dy, -dx): the view of a
+    thumbnail that lines up with the other one when the match said it sits at (dy, dx)."""
+    centre = (THUMB - 1) / 2.0
+    matrix = cv2.getRotationMatrix2D((centre, centre), 0.0, zoom)
+    matrix[0, 2] -= dx
+    matrix[1, 2] -= dy
+    return cv2.warpAffine(grey, matrix, (THUMB, THUMB), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float = 0.0) -> Evidence:
+    """Align thumbnail ``b`` to ``a`` (zooms 0.91-1.09, shifts up to :data:`VERIFY_SHIFT` pixels,
+    to a fraction of a pixel) by their fine structure, and measure their agreement there
+    (:class:`Evidence`).
+
+    ``floor``: a pair whose ``intensity`` at the best whole-pixel alignment of the first zooms
+    tried is below it is not refined (its evidence is that first look): refinement raised a
+    planted copy's intensity by at most 0.085 (a crop: zoom and a fraction of a pixel), so a
+    floor :data:`REFINE_MARGIN` below the decision changes no decision and skips most of the
+    work for look-alikes."""
+    first = a if isinstance(a, Prepared) else Prepared(a)
+    second = b if isinstance(b, Prepared) else Prepared(b)
+    m = VERIFY_SHIFT
+    if float(first.template.std()) == 0.0:
+        return Evidence(0.0, 0.0, 0.0, 1.0, 0, 0)
+
+    def at(zoom: float) -> tuple[float, float, float]:
+        """(peak match, interpolated to a fraction of a pixel, less the zoom's handicap; dy; dx)."""
+        scores = cv2.matchTemplate(second.fine_at(zoom), first.template, cv2.TM_CCOEFF_NORMED)
+        _, value, _, (x, y) = cv2.minMaxLoc(scores)
+        fy, gy = _vertex(scores[y - 1, x], value, scores[y + 1, x]) if 0 < y < scores.shape[0] - 1 else (0.0, 0.0)
+        fx, gx = _vertex(scores[y, x - 1], value, scores[y, x + 1]) if 0 < x < scores.shape[1] - 1 else (0.0, 0.0)
+        handicap = 0.0 if zoom == 1.0 else _ZOOM_PREFERENCE
+        return float(value) + gy + gx - handicap, y - m + fy, x - m + fx
+
+    tried = {zoom: at(zoom) for zoom in _COARSE_ZOOMS}
+    coarse = max(tried, key=lambda zoom: (tried[zoom][0], -abs(zoom - 1.0)))
+    if floor > 0.0:
+        value, y, x = tried[coarse]
+        y, x = int(round(y)) + m, int(round(x)) + m
+        view = second.grey if coarse == 1.0 else zoomed(second.grey, coarse)
+        inner, aligned = first.grey[m:-m, m:-m], view[y:y + THUMB - 2 * m, x:x + THUMB - 2 * m]
+        quick = min(_correlation_ratio(inner, aligned), _correlation_ratio(aligned, inner))
+        if quick < floor:
+            return Evidence(round(value, 4), 0.0, round(quick, 4), coarse, y - m, x - m)
+    for zoom in (round(coarse - _FINE_STEP, 2), round(coarse + _FINE_STEP, 2)):
+        if zoom not in tried and VERIFY_ZOOMS[0] - 1e-9 <= zoom <= VERIFY_ZOOMS[-1] + 1e-9:
+            tried[zoom] = at(zoom)
+    zoom = max(tried, key=lambda z: (tried[z][0], -abs(z - 1.0)))
+    _, dy, dx = tried[zoom]
+    # each thumbnail moves half the way, so both are resampled alike: a copy shifted by a
+    # fraction of a pixel is then compared blur for blur, not sharp against blurred
+    here = _warped(first.grey, 1.0, -dy / 2.0, -dx / 2.0) if dy or dx else first.grey
+    there = _warped(second.grey, zoom, dy / 2.0, dx / 2.0)
+    inner, aligned = here[m:-m, m:-m], there[m:-m, m:-m]
+    structure = _ncc(_fine(here)[m:-m, m:-m], _fine(there)[m:-m, m:-m])
+    detail = _ncc(_fine(here, 0.6)[m:-m, m:-m], _fine(there, 0.6)[m:-m, m:-m])
+    intensity = min(_correlation_ratio(inner, aligned), _correlation_ratio(aligned, inner))
+    return Evidence(round(structure, 4), round(detail, 4), round(intensity, 4), zoom, int(round(dy)), int(round(dx)))
+
+
+# -- verification tasks and links -------------------------------------------------------------
+
+#: Candidate pairs per verification task (a task reads the thumbnails it needs from the cache).
+PAIRS_PER_TASK = 4096
+
+
+#: How far below the decision a first look may be before refinement is skipped (:func:`verify`).
+REFINE_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class VerifyTask:
+    """Pairs to verify: pair ``p`` is row ``a_row[p]`` of ``files[a_file[p]]`` against row
+    ``b_row[p]`` of ``files[b_file[p]]`` (signature files, :func:`read_signatures`);
+    ``floor``: see :func:`verify`."""
+
+    index: int
+    files: tuple[str, ...]
+    a_file: np.ndarray
+    a_row: np.ndarray
+    b_file: np.ndarray
+    b_row: np.ndarray
+    floor: float = 0.0
+
+
+@dataclass(frozen=True)
+class EvidenceArrays:
+    """:class:`Evidence` of many pairs, one array per field (pair order)."""
+
+    structure: np.ndarray
+    detail: np.ndarray
+    intensity: np.ndarray
+    zoom: np.ndarray
+    dy: np.ndarray
+    dx: np.ndarray
+
+    @classmethod
+    def of(cls, evidence: Sequence[Evidence]) -> EvidenceArrays:
+        def column(name: str, dtype: str) -> np.ndarray:
+            return np.array([getattr(e, name) for e in evidence], dtype=dtype)
+
+        return cls(column("structure", "f4"), column("detail", "f4"), column("intensity", "f4"),
+                   column("zoom", "f4"), column("dy", "i1"), column("dx", "i1"))
+
+    @classmethod
+    def concat(cls, parts: Sequence[EvidenceArrays]) -> EvidenceArrays:
+        fields = ("structure", "detail", "intensity", "zoom", "dy", "dx")
+        if not parts:
+            return cls.of([])
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
+
+    def take(self, keep: np.ndarray) -> EvidenceArrays:
+        return EvidenceArrays(self.structure[keep], self.detail[keep], self.intensity[keep], self.zoom[keep],
+                              self.dy[keep], self.dx[keep])
+
+    @property
+    def score(self) -> np.ndarray:
+        """:attr:`Evidence.score` of every pair (float64)."""
+        return np.where(self.structure >= MIN_STRUCTURE, self.intensity.astype(np.float64), 0.0)
+
+    def __len__(self) -> int:
+        return len(self.structure)
+
+
+def verify_task(task: VerifyTask) -> EvidenceArrays:
+    """Dask task: :func:`verify` every pair of ``task``; each thumbnail is prepared once."""
+    arrays = {f: read_signatures(Path(path)) for f, path in enumerate(task.files)}
+    prepared: dict[tuple[int, int], Prepared] = {}
+
+    def get(file: int, row: int) -> Prepared:
+        key = (file, row)
+        if key not in prepared:
+            prepared[key] = Prepared(np.asarray(arrays[file][row]["thumb"]))
+        return prepared[key]
+
+    return EvidenceArrays.of([verify(get(int(fa), int(ra)), get(int(fb), int(rb)), floor=task.floor)
+                              for fa, ra, fb, rb in zip(task.a_file, task.a_row, task.b_file, task.b_row,
+                                                        strict=True)])
+
+
+@dataclass(frozen=True)
+class NearLinks:
+    """Verified near copies between samples ``i[k] < j[k]`` (indices into the sample list), the
+    embedding cosine that made them candidates, and the verification's evidence. ``candidates``
+    counts the pairs verified."""
+
+    i: np.ndarray
+    j: np.ndarray
+    similarity: np.ndarray
+    evidence: EvidenceArrays
+    candidates: int = 0
+
+    def __len__(self) -> int:
+        return len(self.i)
+
+    @classmethod
+    def empty(cls) -> NearLinks:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, np.zeros(0, dtype=np.float32), EvidenceArrays.of([]))
+
+    def describe(self, k: int) -> dict[str, float | list[int]]:
+        """Link ``k``'s evidence as JSON numbers."""
+        e = self.evidence
+        return {"similarity": round(float(self.similarity[k]), 4), "score": float(e.score[k]),
+                "structure": float(e.structure[k]), "detail": float(e.detail[k]),
+                "intensity": float(e.intensity[k]), "zoom": float(e.zoom[k]), "shift": [int(e.dy[k]), int(e.dx[k])]}
+
+
+def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, zoom: int) -> np.ndarray:
+    """Zoom ``zoom``'s embeddings (n × d, float16) of samples whose signatures are row ``row_of[s]``
+    of ``files[file_of[s]]``, read file by file."""
+    out = np.zeros((len(file_of), EMBED_DIM), dtype=np.float16)
+    order = np.argsort(file_of, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(file_of[order]) != 0, True])
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        samples = order[lo:hi]
+        out[samples] = read_signatures(Path(files[int(file_of[samples[0]])]))["embedding"][row_of[samples], zoom]
+    return out
+
+
+def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, groups: np.ndarray, *,
+                    neighbors: int, min_score: float, run: Callable[[Sequence[VerifyTask]], Iterable[
+                        tuple[VerifyTask, EvidenceArrays]]]) -> NearLinks:
+    """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
+    ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
+    score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
+    ``files[file_of[s]]``. The result does not depend on how tasks are run or ordered."""
+    if len(file_of) < 2 or neighbors < 1:
+        return NearLinks.empty()
+    candidates = candidate_pairs(lambda zoom: load_embeddings(files, file_of, row_of, zoom), groups, neighbors)
+    tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
+                        a_row=row_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
+                        b_file=file_of[candidates.j[lo:lo + PAIRS_PER_TASK]],
+                        b_row=row_of[candidates.j[lo:lo + PAIRS_PER_TASK]],
+                        floor=max(0.0, min_score - REFINE_MARGIN))
+             for t, lo in enumerate(range(0, len(candidates), PAIRS_PER_TASK))]
+    parts: dict[int, EvidenceArrays] = dict((task.index, result) for task, result in run(tasks))
+    evidence = EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
+    keep = evidence.score >= min_score
+    return NearLinks(candidates.i[keep], candidates.j[keep], candidates.similarity[keep], evidence.take(keep),
+                     candidates=len(candidates))

@@ -1,0 +1,245 @@
+"""Near copies: planted copies of every kind are linked to their source, look-alike patients are not,
+and a split that collapses anyway fails loudly with the links that made it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer import nearcopy
+from packer.build import BuildOptions, build
+from packer.cli import main
+from packer.config import load_job
+from packer.demo import COPY_KINDS, CopiesTree, write_copies_tree
+from packer.errors import ConfigError
+from packer.execute import open_executor
+from packer.prepare import prepare
+
+
+def photo(seed: int, size: int = 256) -> np.ndarray:
+    """A seeded photo-like H×W×3 uint8 image: smooth colour field, filled ellipses, blur, grain."""
+    rng = np.random.default_rng(seed)
+    img = cv2.resize(rng.uniform(0, 255, (6, 6, 3)).astype(np.float32), (size, size), interpolation=cv2.INTER_CUBIC)
+    for _ in range(25):
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        center = tuple(int(v) for v in rng.integers(0, size, 2))
+        axes = tuple(int(v) for v in rng.integers(4, size // 4, 2))
+        cv2.ellipse(img, center, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1, cv2.LINE_AA)
+    img = np.asarray(cv2.GaussianBlur(img, (0, 0), 1.5)) + np.asarray(rng.normal(0, 4, img.shape), dtype=np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def jpeg(image: np.ndarray, quality: int = 75) -> np.ndarray:
+    ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return cv2.imdecode(data, cv2.IMREAD_COLOR)
+
+
+def packed(image: np.ndarray, size: int = 64) -> np.ndarray:
+    """What packer's image transform makes of it: resized (area), C×H×W."""
+    return np.ascontiguousarray(cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA).transpose(2, 0, 1))
+
+
+def signature_of(image: np.ndarray) -> Any:
+    return nearcopy.signature(packed(image))
+
+
+# ---------------------------------------------------------------- signatures and verification
+
+
+def test_a_thumbnail_is_the_grey_image_scaled_to_its_full_range() -> None:
+    thumb = nearcopy.thumbnail(packed(photo(1)))
+    assert thumb.shape == (64, 64) and thumb.dtype == np.uint8 and (thumb.min(), thumb.max()) == (0, 255)
+    assert not nearcopy.thumbnail(np.full((3, 32, 32), 7, dtype=np.uint16)).any()
+    assert np.array_equal(nearcopy.thumbnail(np.arange(16.0).reshape(4, 4)),
+                          nearcopy.thumbnail(np.arange(16.0).reshape(1, 4, 4) * 3 + 100))  # any affine intensity
+    for bad in (np.zeros((0, 4)), np.zeros(5), np.full((2, 2), np.nan)):
+        with pytest.raises(ValueError):
+            nearcopy.thumbnail(bad)
+
+
+@pytest.mark.parametrize("kind", ["jpeg75", "resized", "shifted", "cropped", "gamma", "png"])
+def test_copies_of_a_photo_verify_and_other_photos_do_not(kind: str) -> None:
+    source = photo(3)
+    height, width = source.shape[:2]
+    copy = {"jpeg75": lambda: jpeg(source),
+            "resized": lambda: cv2.resize(source, (int(width * 0.9), int(height * 0.9)), interpolation=cv2.INTER_AREA),
+            "shifted": lambda: cv2.warpAffine(source, np.array([[1, 0, 3], [0, 1, 2]], dtype=np.float32),
+                                              (width, height), borderMode=cv2.BORDER_REPLICATE),
+            "cropped": lambda: source[5:height - 3, 5:width - 3],
+            "gamma": lambda: np.clip(255 * (source / 255.0) ** 0.6, 0, 255).astype(np.uint8),  # a monotone re-mapping
+            "png": lambda: source.copy()}[kind]()
+    evidence = nearcopy.verify(signature_of(source)["thumb"], signature_of(copy)["thumb"])
+    assert evidence.score >= nearcopy.MIN_SCORE, evidence
+    assert abs(evidence.dy) <= 2 and abs(evidence.dx) <= 2 and 0.94 <= evidence.zoom <= 1.06
+    for other in (4, 5, 6):
+        assert nearcopy.verify(signature_of(source)["thumb"], signature_of(photo(other))["thumb"]).score \
+            < nearcopy.MIN_SCORE
+
+
+def test_verification_is_deterministic_and_skipping_refinement_changes_no_decision() -> None:
+    rows = [signature_of(photo(s))["thumb"] for s in range(6)] + [signature_of(jpeg(photo(0)))["thumb"]]
+    for a in rows:
+        for b in rows:
+            full = nearcopy.verify(a, b)
+            assert nearcopy.verify(a, b) == full
+            floored = nearcopy.verify(a, b, floor=nearcopy.MIN_SCORE - nearcopy.REFINE_MARGIN)
+            assert (floored.score >= nearcopy.MIN_SCORE) == (full.score >= nearcopy.MIN_SCORE)
+
+
+def test_a_flat_thumbnail_verifies_as_nothing() -> None:
+    flat = np.zeros((64, 64), dtype=np.uint8)
+    assert nearcopy.verify(flat, signature_of(photo(1))["thumb"]).score == 0.0
+
+
+# ---------------------------------------------------------------- candidates
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 60), groups=st.integers(1, 20), k=st.integers(1, 8), seed=st.integers(0, 2**31))
+def test_exact_nearest_neighbours_of_other_groups_equal_brute_force(n: int, groups: int, k: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, 12)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    group = rng.integers(0, groups, n)
+    index, score = nearcopy.nearest(vectors, vectors, group, group, k)
+    similarity = np.round(vectors @ vectors.T, 5)
+    for q in range(n):
+        allowed = [b for b in range(n) if group[b] != group[q]]
+        want = sorted(allowed, key=lambda b: (-similarity[q, b], b))[:k]
+        got = [int(i) for i in index[q] if i >= 0]
+        assert got == want
+        assert np.allclose(score[q, :len(got)], similarity[q, want], atol=1e-5)
+
+
+def test_the_inverted_file_finds_the_same_neighbours_on_clustered_signatures(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((40, 32)).astype(np.float32)
+    vectors = centres[rng.integers(0, 40, 3000)] + 0.5 * rng.standard_normal((3000, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    groups = np.arange(3000) // 3
+    exact = nearcopy.nearest(vectors, vectors[:500], groups[:500], groups, 8)[0]
+    monkeypatch.setattr(nearcopy, "EXACT_LIMIT", 100)
+    approximate = nearcopy.nearest(vectors, vectors[:500], groups[:500], groups, 8)[0]
+    recall = np.mean([len(set(a) & set(b)) / 8 for a, b in zip(approximate.tolist(), exact.tolist(), strict=True)])
+    assert recall > 0.97 and np.mean(approximate[:, 0] == exact[:, 0]) > 0.97
+    assert np.array_equal(approximate, nearcopy.nearest(vectors, vectors[:500], groups[:500], groups, 8)[0])
+
+
+def test_candidate_pairs_are_each_pair_once_across_groups() -> None:
+    rows = np.array([signature_of(photo(s % 7)) for s in range(21)], dtype=nearcopy.SIGNATURE_DTYPE)
+    groups = np.arange(21)
+    groups[7:14] = groups[:7]  # samples 7..13 are the same images under the same groups as 0..6
+    found = nearcopy.candidate_pairs(rows["embedding"], groups, 4)
+    pairs = list(zip(found.i.tolist(), found.j.tolist(), strict=True))
+    assert len(pairs) == len(set(pairs)) and all(i < j and groups[i] != groups[j] for i, j in pairs)
+    assert (0, 14) in pairs and (7, 14) in pairs  # the same image under another group is always a candidate
+
+
+# ---------------------------------------------------------------- builds of the similar-anatomy tree
+
+
+def copies_job(tree: CopiesTree, folder: Path, **split: Any) -> Path:
+    doc = {"name": "copies",
+           "sources": [{"kind": "dicom", "root": str(tree.root / "ct"), "labels": str(tree.root / "ct_labels.csv")},
+                       {"kind": "image", "root": str(tree.root / "exports"),
+                        "table": str(tree.root / "exports" / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 17, **split},
+           "transform": {"dicom": {"windows": ["lung", "mediastinum"], "size": [64, 64]},
+                         "image": {"size": [64, 64], "color": "gray"}},
+           "pack": {"format": "webdataset"}, "output": str(folder / "out"), "phi": {"mode": "keep"}}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.yaml").write_text(yaml.safe_dump(doc))
+    return folder / "job.yaml"
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory: pytest.TempPathFactory) -> CopiesTree:
+    return write_copies_tree(tmp_path_factory.mktemp("copies") / "raw", patients=60, copies=18, seed=3)
+
+
+def test_every_planted_copy_is_grouped_with_its_source_and_no_patients_are_joined(small_tree: CopiesTree,
+                                                                                  tmp_path: Path) -> None:
+    job = load_job(copies_job(small_tree, tmp_path))
+    with open_executor("sync") as executor:
+        prepared = prepare(job, executor, cache_dir=tmp_path / "cache", quiet=True)
+    table = prepared.samples
+    outcome = small_tree.evaluate(table.column("source"), table.column("relpath"),
+                                  [g.members for g in prepared.assignment.groups], prepared.links.i.tolist(),
+                                  prepared.links.j.tolist(), prepared.links.candidates)
+    assert outcome.grouped == {kind: (2, 2) for kind in COPY_KINDS}
+    assert outcome.linked == {kind: (2, 2) for kind in COPY_KINDS}  # each copy to its very source slice
+    assert outcome.false_links == 0 and outcome.mixed_groups == 0
+    assert outcome.candidates > 10 * 60  # look-alikes of other patients were verified, and refused
+    assert not prepared.audit.failed
+    spans = prepared.audit.rule("duplicates_span_entities")
+    assert spans.count == 18  # each copy's entity with its source's patient, and nothing else
+
+
+@pytest.mark.slow   # 300 patients × 4 slices through a local dask cluster
+def test_three_hundred_similar_patients_split_within_five_points_with_every_copy_grouped(tmp_path: Path) -> None:
+    tree = write_copies_tree(tmp_path / "raw", patients=300, copies=90)
+    with open_executor(None, 2) as executor:
+        prepared = prepare(load_job(copies_job(tree, tmp_path)), executor, cache_dir=tmp_path / "cache", quiet=True)
+    table = prepared.samples
+    outcome = tree.evaluate(table.column("source"), table.column("relpath"),
+                            [g.members for g in prepared.assignment.groups], prepared.links.i.tolist(),
+                            prepared.links.j.tolist())
+    assert all(hit == total for hit, total in outcome.grouped.values()), outcome.grouped
+    assert outcome.false_links == 0 and outcome.mixed_groups == 0
+    shares = prepared.audit.rule("split_balance").detail["shares"]
+    assert all(abs(shares[name] - ratio) <= 0.05 for name, ratio in (("train", .8), ("valid", .1), ("test", .1)))
+
+
+def test_a_split_that_collapses_fails_the_build_naming_the_group_and_its_links(small_tree: CopiesTree,
+                                                                             tmp_path: Path) -> None:
+    job = copies_job(small_tree, tmp_path / "collapse", near_duplicates={"min_score": 0.5})
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert result.exit_code == 4, result.output
+    message = result.output
+    assert "split_balance" in message and "one split group holds" in message
+    assert "joined by" in message and "score" in message and "split.balance.accept: true" in message
+    assert not list((tmp_path / "collapse" / "out" / "copies").glob("*/manifest.json"))  # no dataset written
+    leakage = json.loads((tmp_path / "collapse" / "out" / "copies" / "leakage.json").read_text())
+    finding = leakage["rules"]["split_balance"]["findings"][0]
+    assert finding["reason"] == "group" and finding["entities"] > 10 and finding["formed_by"]
+    assert {"a", "b", "kind", "score", "intensity", "zoom", "shift"} <= set(finding["formed_by"][0])
+    # packer validate fails the same way
+    checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
+    assert checked.exit_code == 4 and "split_balance" in checked.output
+    # and a job can accept it explicitly: built, with the rule reported and a warning
+    accepted = copies_job(small_tree, tmp_path / "accepted", near_duplicates={"min_score": 0.5},
+                          balance={"accept": True})
+    built = build(load_job(accepted), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    rule = built.manifest["audit"]["rules"]["split_balance"]
+    assert rule["severity"] == "report" and rule["count"] == 1
+
+
+def test_validate_keeps_its_signatures_only_for_the_run(small_tree: CopiesTree, tmp_path: Path) -> None:
+    job = copies_job(small_tree, tmp_path)
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json",
+                                       str(tmp_path / "report.json")])
+    assert result.exit_code == 0, result.output
+    near = json.loads((tmp_path / "report.json").read_text())["audit"]["rules"]["near_duplicates_across_splits"]
+    assert near["links"] >= 14 and near["candidates_verified"] > 0
+    work = Path(os.environ["PACKER_WORK_DIR"])
+    assert not list(work.glob("packer-signatures-*"))
+
+
+def test_a_job_that_still_sets_a_dhash_threshold_is_told_what_replaced_it(tmp_path: Path) -> None:
+    tree = CopiesTree(root=tmp_path, patients=0, slices=0, copies=())
+    (tmp_path / "ct").mkdir()
+    (tmp_path / "exports").mkdir()
+    job = copies_job(tree, tmp_path / "job", near_duplicates={"threshold": 4})
+    with pytest.raises(ConfigError, match=r"near_duplicates.threshold: .*min_score.*neighbors"):
+        load_job(job)
