@@ -20,13 +20,19 @@ from typing import Any
 import yaml
 
 from packer.errors import ConfigError
-from packer.schemas import validate_document
+from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 
 SPLITS = ("train", "valid", "test")
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _default(path: str) -> Any:
+    """The default ``schemas/job.schema.json`` declares for the key at dotted ``path`` (the schema is
+    the one place defaults are written; defaults that depend on the source's kind stay in code)."""
+    return schema_defaults("job")[path]
 
 
 def parse_byte_size(value: int | str) -> int:
@@ -347,7 +353,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
 
 def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     by = raw["by"]
-    ratios = raw.get("ratios", {"train": 0.8, "valid": 0.1, "test": 0.1})
+    ratios = raw.get("ratios", _default("split.ratios"))
     total = sum(ratios.values())
     if abs(total - 1.0) > 1e-6:
         raise ConfigError(f"split.ratios: the ratios must add up to 1, they add up to {total:g}")
@@ -377,20 +383,20 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
                           "neighbors (default 16)")
     balance = raw.get("balance") or {}
     return SplitConfig(
-        by=by, ratios=ordered, seed=int(raw.get("seed", 0)), cutoffs=cutoffs,
+        by=by, ratios=ordered, seed=int(raw.get("seed", _default("split.seed"))), cutoffs=cutoffs,
         stratify=raw.get("stratify"),
-        entity_policy=raw.get("entity_policy", "first_seen"),
+        entity_policy=raw.get("entity_policy", _default("split.entity_policy")),
         folds=raw.get("folds"),
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
-        duplicates=raw.get("duplicates", "group"),
-        near_enabled=bool(near.get("enabled", True)),
-        near_neighbors=int(near.get("neighbors", 16)),
-        near_min_score=float(near.get("min_score", 0.984)),
-        near_max_cross_split=int(near.get("max_cross_split", 0)),
-        balance_tolerance=float(balance.get("tolerance", 0.05)),
-        max_group_share=float(balance.get("max_group_share", 0.2)),
-        accept_imbalance=bool(balance.get("accept", False)),
+        duplicates=raw.get("duplicates", _default("split.duplicates")),
+        near_enabled=bool(near.get("enabled", _default("split.near_duplicates.enabled"))),
+        near_neighbors=int(near.get("neighbors", _default("split.near_duplicates.neighbors"))),
+        near_min_score=float(near.get("min_score", _default("split.near_duplicates.min_score"))),
+        near_max_cross_split=int(near.get("max_cross_split", _default("split.near_duplicates.max_cross_split"))),
+        balance_tolerance=float(balance.get("tolerance", _default("split.balance.tolerance"))),
+        max_group_share=float(balance.get("max_group_share", _default("split.balance.max_group_share"))),
+        accept_imbalance=bool(balance.get("accept", _default("split.balance.accept"))),
     )
 
 
@@ -417,16 +423,16 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     transform = doc.get("transform") or {}
     raw_dicom = transform.get("dicom") or {}
     windows = tuple(_parse_window(w, f"transform.dicom.windows[{i}]")
-                    for i, w in enumerate(raw_dicom.get("windows", ["file"])))
+                    for i, w in enumerate(raw_dicom.get("windows", _default("transform.dicom.windows"))))
     dicom = DicomTransformConfig(
         windows=windows,
         fallback_window=_parse_window(raw_dicom["fallback_window"], "transform.dicom.fallback_window")
         if "fallback_window" in raw_dicom else None,
         size=_size(raw_dicom.get("size")),
-        resize=raw_dicom.get("resize", "stretch"),
+        resize=raw_dicom.get("resize", _default("transform.dicom.resize")),
         spacing=tuple(float(v) for v in raw_dicom["spacing"]) if raw_dicom.get("spacing") else None,  # type: ignore[arg-type]
-        output=raw_dicom.get("output", "uint8"),
-        frames=raw_dicom.get("frames", "split"),
+        output=raw_dicom.get("output", _default("transform.dicom.output")),
+        frames=raw_dicom.get("frames", _default("transform.dicom.frames")),
         modality_windows=_modality_windows(raw_dicom.get("modality_windows") or {}),
         channels=raw_dicom.get("channels", transform.get("channels")),
     )
@@ -434,9 +440,9 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     tile = raw_image.get("tile")
     image = ImageTransformConfig(
         size=_size(raw_image.get("size")),
-        resize=raw_image.get("resize", "stretch"),
-        color=raw_image.get("color", "rgb"),
-        alpha=raw_image.get("alpha", "drop"),
+        resize=raw_image.get("resize", _default("transform.image.resize")),
+        color=raw_image.get("color", _default("transform.image.color")),
+        alpha=raw_image.get("alpha", _default("transform.image.alpha")),
         window=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
                             for k, v in (raw_image.get("window") or {}).items())),
         tile_size=_size(tile["size"]) if tile else None,
@@ -447,14 +453,14 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],
-        max_samples=int(raw_pack.get("max_samples", 1000)),
-        max_bytes=parse_byte_size(raw_pack.get("max_bytes", 256 * 2**20)),
+        max_samples=int(raw_pack.get("max_samples", _default("pack.max_samples"))),
+        max_bytes=parse_byte_size(raw_pack.get("max_bytes", _default("pack.max_bytes"))),
     )
     raw_limits = doc.get("limits") or {}
     limits = LimitsConfig(
-        max_pixels=int(raw_limits.get("max_pixels", 2**28)),
-        max_frames=int(raw_limits.get("max_frames", 10_000)),
-        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", 4 * 2**30)),
+        max_pixels=int(raw_limits.get("max_pixels", _default("limits.max_pixels"))),
+        max_frames=int(raw_limits.get("max_frames", _default("limits.max_frames"))),
+        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", _default("limits.max_decoded_bytes"))),
     )
     raw_safety = doc.get("safety") or {}
     raw_phi = doc.get("phi") or {}
@@ -463,13 +469,14 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         mode=raw_phi.get("mode", "pseudonymize" if has_dicom else "keep"),
         key_file=_resolve(base, raw_phi["key_file"]) if raw_phi.get("key_file") else None,
         key_file_spec=raw_phi.get("key_file"),
-        dates=raw_phi.get("dates", "shift"),
+        dates=raw_phi.get("dates", _default("phi.dates")),
     )
     return JobConfig(
         labels=tuple(doc.get("labels") or ()),
         limits=limits,
-        safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation", "reject"),
-                            outside_root=raw_safety.get("outside_root", "reject")),
+        safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation",
+                                                                _default("safety.burned_in_annotation")),
+                            outside_root=raw_safety.get("outside_root", _default("safety.outside_root"))),
         phi=phi,
         name=doc["name"],
         sources=sources,
@@ -478,7 +485,8 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         image=image,
         pack=pack,
         output=doc["output"] if is_url(doc["output"]) else _resolve(base, doc["output"]),
-        max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction", 0.05)),
+        max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
+                                                               _default("validate.max_bad_fraction"))),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
         job_path=job_path.resolve(),
     )

@@ -45,6 +45,8 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from packer.schemas import schema_defaults
+
 #: Side of the verification thumbnail.
 THUMB = 64
 #: Spectrum radius of the embedding: frequencies |u|, |v| <= R of the 64×64 thumbnail.
@@ -317,7 +319,7 @@ def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups
 #: its ``intensity`` (η²) reaches it and its ``structure`` reaches :data:`MIN_STRUCTURE` (see
 #: :class:`Evidence`). Set from measurements on similar-anatomy phantoms with planted copies
 #: (benchmarks/RESULTS.md, "Near copies").
-MIN_SCORE = 0.984
+MIN_SCORE: float = schema_defaults("job")["split.near_duplicates.min_score"]
 #: Aligned fine structure a copy always keeps: a gate against images that share only a flat background.
 MIN_STRUCTURE = 0.6
 _COARSE_ZOOMS = (0.94, 1.0, 1.06)

@@ -52,6 +52,28 @@ def schema_registry() -> Any:
     return Registry().with_resources(resources)
 
 
+@cache
+def schema_defaults(name: str) -> dict[str, Any]:
+    """Every ``default`` the schema ``name`` declares, by dotted key path (``"pack.max_samples"``),
+    following ``$ref`` within the schema: the code reads its defaults from here, never restating them."""
+    schema = load_schema(name)
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if not isinstance(node, dict):
+            return
+        if "default" in node:
+            found[".".join(path)] = node["default"]
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference.startswith("#/$defs/"):
+            walk(schema["$defs"][reference.removeprefix("#/$defs/")], path)
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, (*path, key))
+
+    walk(schema, ())
+    return found
+
+
 def _plain(value: Any) -> Any:
     """YAML turns ``2024-01-01`` into a date; the schemas speak JSON, so make it a string."""
     if isinstance(value, (date, datetime)):

@@ -7,8 +7,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from packer.config import load_job, parse_byte_size
+from packer.config import (
+    DicomTransformConfig,
+    ImageTransformConfig,
+    JobConfig,
+    PackConfig,
+    SplitConfig,
+    load_job,
+    parse_byte_size,
+)
 from packer.errors import ConfigError
+from packer.schemas import schema_defaults
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,6 +54,40 @@ def test_minimal_job_gets_defaults(tmp_path: Path) -> None:
     assert job.max_bad_fraction == 0.05
     assert job.output == (tmp_path / "out").resolve()
     assert job.sources[0].entity == "entity" and job.sources[0].time == ("timestamp",)
+
+
+def _at(doc: dict, path: str) -> object:
+    for part in path.split("."):
+        doc = doc[part]
+    return doc
+
+
+@pytest.mark.parametrize("split", [{"by": "entity"}, {"by": "time", "cutoffs": {"valid": "2024-01-01"}}])
+def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: Path, split: dict) -> None:
+    """The schema is the one place defaults are written: a job that sets nothing gets each of them."""
+    job = load_job(write_job(tmp_path, {**MINIMAL, "split": split,
+                                        "sources": [{"kind": "dicom", "root": "raw"}], "phi": {"mode": "keep"}}))
+    identity = job.identity()
+    normalise = {"pack.max_bytes": parse_byte_size, "limits.max_decoded_bytes": parse_byte_size,
+                 "transform.dicom.windows": lambda names: [{"file": 0} for _ in names]}
+    checked = 0
+    for path, default in schema_defaults("job").items():
+        if path == "split.entity_policy" and split["by"] != "time":
+            continue  # only a time split has (and records) an entity policy
+        want = normalise.get(path, lambda v: v)(default)
+        assert _at(identity, path) == want, path
+        checked += 1
+    assert checked >= 25
+    # the dataclasses' own defaults (configs built in code) agree too
+    built = JobConfig(name="t", sources=(), split=SplitConfig(by="entity", ratios=job.split.ratios, seed=0),
+                      dicom=DicomTransformConfig(windows=job.dicom.windows), image=ImageTransformConfig(),
+                      pack=PackConfig(format="webdataset"), output=Path("out")).identity()
+    for path, default in schema_defaults("job").items():
+        if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",
+                        "limits.max_decoded_bytes"):
+            assert _at(built, path) == default, path
+    assert built["pack"]["max_bytes"] == parse_byte_size(schema_defaults("job")["pack.max_bytes"])
+    assert built["limits"]["max_decoded_bytes"] == parse_byte_size(schema_defaults("job")["limits.max_decoded_bytes"])
 
 
 def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> None:

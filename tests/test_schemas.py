@@ -8,13 +8,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from packer.errors import ConfigError
 from packer.records import REASONS, STAGES
 from packer.schemas import load_schema, schema_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", ["job", "manifest", "bad_sample"])
+SCHEMAS = sorted(p.name.removesuffix(".schema.json") for p in (REPO / "schemas").glob("*.schema.json"))
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
 def test_schemas_are_valid_json_schema(name: str) -> None:
     schema = load_schema(name)
     jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -22,6 +26,7 @@ def test_schemas_are_valid_json_schema(name: str) -> None:
 
 def test_schema_dir_is_the_repository_folder() -> None:
     assert schema_dir() == REPO / "schemas"
+    assert {"job", "manifest", "bad_sample", "validate"} <= set(SCHEMAS)
 
 
 def test_reason_and_stage_codes_match_the_bad_sample_schema() -> None:
@@ -47,5 +52,8 @@ def test_demo_workflow_validates() -> None:
     from packer.schemas import validate_document
 
     doc = yaml.safe_load((REPO / "workflows" / "demo.yaml").read_text())
-    validate_document(doc, "job", source="demo.yaml")
-    assert json.dumps(doc, default=str)
+    plain = validate_document(doc, "job", source="demo.yaml")
+    assert plain == json.loads(json.dumps(doc, default=str))  # YAML dates and all, as JSON values
+    doc["pack"]["format"] = "zip"
+    with pytest.raises(ConfigError, match="pack.format"):
+        validate_document(doc, "job", source="demo.yaml")
