@@ -35,8 +35,8 @@ from typing import Any
 from packer.config import SPLITS, SplitConfig
 from packer.dedup import exact_groups
 from packer.errors import LeakageError
+from packer.files import atomic_output
 from packer.nearcopy import NearLinks
-from packer.pack.writer import atomic_output
 from packer.records import SpilledSample
 from packer.sampletable import as_table
 from packer.split import Assignment, measure_balance

@@ -38,6 +38,7 @@ from packer.errors import (
     blocking_file,
 )
 from packer.execute import Executor, LazySequence, WorkerLost, open_executor
+from packer.files import atomic_output
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -52,12 +53,12 @@ from packer.manifest import (
 )
 from packer.pack.assemble import ShardTask, write_shard
 from packer.pack.plan import ShardPlan, shard_bounds, shard_file
-from packer.pack.writer import ShardWrite, atomic_output
+from packer.pack.writer import ShardWrite
 from packer.prepare import prepare, stage_seconds
 from packer.process import remove_stale_temporaries
 from packer.progress import Progress
 from packer.records import Issue
-from packer.report import summarize_issues, write_bad_samples
+from packer.report import over_limit, summarize_issues, write_bad_samples
 from packer.sampletable import SampleTable
 from packer.storage import WORK_DIR_ENV, PublishResult, build_cache_dir, publish_version, resolve_output
 
@@ -114,8 +115,7 @@ class BuildResult:
 
     @property
     def over_threshold(self) -> bool:
-        bad = self.manifest["bad_samples"]
-        return bool(bad["fraction"] > bad["max_fraction"])
+        return over_limit(self.manifest["bad_samples"])
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
         write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     published = None
-    if remote is not None and not _over_threshold(manifest):  # a failed build (exit 3) stays local
+    if remote is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) stays local
         published = publish_version(version_dir, remote, storage_options=options.storage_options,
                                     quiet=options.quiet)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
@@ -337,10 +337,6 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                        registry_copy=registry_copy, executor=description, html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
                        stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source)
-
-
-def _over_threshold(manifest: dict[str, Any]) -> bool:
-    return bool(manifest["bad_samples"]["fraction"] > manifest["bad_samples"]["max_fraction"])
 
 
 def _decoders() -> dict[str, str]:

@@ -24,9 +24,9 @@ from packer import __version__
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, LeakageError
 from packer.execute import open_executor
-from packer.pack.writer import atomic_output
+from packer.files import atomic_output
 from packer.prepare import Prepared, prepare
-from packer.report import summarize_issues
+from packer.report import over_limit, summarize_issues
 from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.
@@ -104,7 +104,7 @@ class ValidateResult:
     def exit_code(self) -> int:
         if self.prepared.audit.failed:
             return LeakageError.exit_code
-        if self.bad["fraction"] > self.job.max_bad_fraction:
+        if over_limit(self.bad):
             return BadFractionError.exit_code
         return 0
 
@@ -157,7 +157,7 @@ def format_summary(result: ValidateResult) -> str:
     lines.append("  " + "  ".join(f"{s} {v['samples']} samples/{v['entities']} entities"
                                   for s, v in doc["splits"].items()))
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
-    verdict = "over" if bad["fraction"] > bad["max_fraction"] else "within"
+    verdict = "over" if over_limit(bad) else "within"
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
     issues = result.prepared.issues
@@ -207,7 +207,7 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     issues = result.prepared.issues
     listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:MAX_LISTED]),
                         *_and_more(len(issues), MAX_LISTED)])
-    case("bad_fraction", bad["fraction"] > bad["max_fraction"],
+    case("bad_fraction", over_limit(bad),
          f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
          listed)
     for name, rule in doc["audit"]["rules"].items():

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
+from packer.files import file_sha256, human_bytes
 from packer.manifest import load_manifest, resolve_manifest_path
-from packer.pack.writer import sha256_file
 
 DEFAULT_REGISTRY = Path("manifests")
 
@@ -85,15 +85,6 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
                   "record": audit},
         "config_hash": manifest["config_hash"], "config": manifest["config"],
     }
-
-
-def human_bytes(size: float) -> str:
-    """``1536`` → ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns at GiB
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -320,7 +311,7 @@ def read_sample_index(manifest_file: Path, manifest: dict[str, Any]) -> dict[str
     path = manifest_file.parent / entry["file"]
     if not path.is_file():
         return None
-    size, digest = sha256_file(path)
+    size, digest = file_sha256(path)
     if (size, digest) != (entry["bytes"], entry["sha256"]):
         raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
                              f"{manifest_file.parent}` and rebuild the version")

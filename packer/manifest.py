@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 
 from packer import __version__
 from packer.errors import IntegrityError
-from packer.pack.encode import canonical_json
-from packer.pack.writer import ShardWrite, atomic_output, sha256_file
+from packer.files import atomic_output, canonical_json, file_sha256
+from packer.pack.writer import ShardWrite
 from packer.sampletable import as_table
 from packer.schemas import load_schema
 
@@ -186,7 +186,7 @@ def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:
     """Write a per-sample table as one zstd row group, atomically; return its manifest entry."""
     with atomic_output(path) as fh:
         pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
-    size, digest = sha256_file(path)
+    size, digest = file_sha256(path)
     return {"file": path.name, "bytes": size, "sha256": digest, "rows": table.num_rows}
 
 

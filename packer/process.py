@@ -36,9 +36,8 @@ from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.discover import probe_for_read, probe_ref
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
+from packer.files import TMP_SUFFIX, atomic_output, canonical_json
 from packer.nearcopy import read_signatures, signature, write_signatures
-from packer.pack.encode import canonical_json
-from packer.pack.writer import TMP_SUFFIX, atomic_output
 from packer.rawstore import RawObject, fetched
 from packer.read import read_sample
 from packer.records import REF_FIELDS, Issue, Sample, SampleRef, SpilledSample

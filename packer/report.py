@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-from packer.pack.writer import atomic_output
+from packer.files import atomic_output
 from packer.records import Issue
 from packer.schemas import load_schema
 
@@ -42,6 +42,12 @@ def write_bad_samples(folder: Path, issues: Iterable[Issue]) -> Path:
 def read_bad_samples(path: Path) -> list[dict[str, str]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def over_limit(summary: Mapping[str, Any]) -> bool:
+    """Whether a :func:`summarize_issues` summary (or a manifest's ``bad_samples``) is over its
+    ``max_fraction``: the one place the bad-fraction limit is judged (exit 3)."""
+    return bool(summary["fraction"] > summary["max_fraction"])
 
 
 def summarize_issues(issues: Iterable[Issue], *, inputs: int, max_fraction: float) -> dict[str, Any]:

@@ -340,7 +340,8 @@ class VersionFolder:
                 return fh.read()
 
     def sha256(self, name: str) -> tuple[int, str]:
-        """Size and sha256 of ``name``, read once in 1 MiB blocks."""
+        """Size and sha256 of ``name``, read once in 1 MiB blocks (a loop, not ``hashlib.file_digest``,
+        which needs ``readinto``: not every fsspec file has it)."""
         digest = hashlib.sha256()
         size = 0
         with self.open(name) as fh:

@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 
 from packer.config import SPLITS
 from packer.errors import IntegrityError
+from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
 from packer.pack.parquet import SCHEMA as PARQUET_SCHEMA
-from packer.pack.writer import TMP_SUFFIX
 from packer.progress import Progress
 from packer.storage import VersionFolder, local_path, manifest_url
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.errors import FileSystemError, refused_write
-from packer.pack.writer import TMP_SUFFIX, atomic_output
+from packer.files import TMP_SUFFIX, atomic_output
 from tests.conftest import demo_job_doc, write_job
 
 FULL = Path("/dev/full")
@@ -70,7 +70,7 @@ def test_a_read_error_inside_a_writer_is_not_blamed_on_the_output(tmp_path: Path
 @needs_dev_full
 def test_a_build_whose_shards_meet_a_full_disk_exits_6_and_resumes_once_there_is_room(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import packer.pack.writer
+    import packer.files
 
     def full_for_shards(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if str(file).endswith(".tar" + TMP_SUFFIX):
@@ -78,7 +78,7 @@ def test_a_build_whose_shards_meet_a_full_disk_exits_6_and_resumes_once_there_is
         return builtins.open(file, mode, *args, **kwargs)
 
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
-    monkeypatch.setattr(packer.pack.writer, "open", full_for_shards, raising=False)
+    monkeypatch.setattr(packer.files, "open", full_for_shards, raising=False)
     first = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet"])
     assert first.exit_code == 6, first.output
     assert "internal error" not in first.output and "Traceback" not in first.output

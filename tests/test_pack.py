@@ -15,7 +15,8 @@ import webdataset as wds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.pack.encode import EncodedSample, canonical_json
+from packer.files import canonical_json
+from packer.pack.encode import EncodedSample
 from packer.pack.parquet import write_parquet_shard
 from packer.pack.plan import PER_SAMPLE_OVERHEAD, plan_shards
 from packer.pack.tar import _member, member_header, write_tar_shard

@@ -85,7 +85,7 @@ def test_the_chunk_key_is_the_sha256_of_the_refs_as_asdict_gives_them(demo_raw: 
     import os
 
     from packer.config import load_job
-    from packer.pack.encode import canonical_json
+    from packer.files import canonical_json
     from packer.process import CACHE_FORMAT, chunk_key, sample_shaping_config
 
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))

@@ -24,8 +24,8 @@ def report(manifest: Path, output: Path | None) -> None:
     file:// anywhere. Its bad-samples section lists raw paths: keep the file local.
     Exits 5 when the manifest cannot be read.
     """
+    from packer.files import human_bytes
     from packer.htmlreport import write_html_report
-    from packer.htmlreport.markup import human_bytes
 
     path = write_html_report(manifest, output)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; local only: the bad-samples section holds "

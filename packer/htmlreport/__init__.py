@@ -101,8 +101,8 @@ def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = No
 
     Raises IntegrityError as :func:`render_html_report` does, OSError if ``output`` cannot be written.
     """
+    from packer.files import atomic_output
     from packer.manifest import resolve_manifest_path
-    from packer.pack.writer import atomic_output
 
     folder = resolve_manifest_path(manifest_path_or_dir).parent
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE

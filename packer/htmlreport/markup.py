@@ -29,16 +29,6 @@ def split_color(split: str) -> str:
     return SPLIT_COLORS.get(split, "#7f8c8d")
 
 
-def human_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB' (binary units, one decimal)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 def num(value: int, field: str | None = None) -> str:
     """A right-aligned count cell; ``field`` names it for tests and tools (``data-field``)."""
     attr = f' data-field="{esc(field)}"' if field else ""

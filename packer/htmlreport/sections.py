@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from packer.files import human_bytes
 from packer.htmlreport.collect import ReportData
 from packer.htmlreport.findings import DuplicateGroup
-from packer.htmlreport.markup import esc, human_bytes, note, num, palette, split_color, swatch_legend, table
+from packer.htmlreport.markup import esc, note, num, palette, split_color, swatch_legend, table
 from packer.htmlreport.svg import bar_chart, share_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
 from packer.storage import is_url

@@ -51,6 +51,7 @@ import numpy as np
 
 from packer import storage
 from packer.errors import ConfigError, IntegrityError
+from packer.files import file_sha256
 
 FORMATS = ("webdataset", "parquet")
 PARQUET_ROWS = 64
@@ -435,12 +436,9 @@ def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
         stamp = (str(info.path), info.sha256, size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         if stamp in _VERIFIED:
             return None
-        digest = hashlib.sha256()
-        with open(info.path, "rb") as fh:
-            while block := fh.read(1 << 20):
-                digest.update(block)
-        if digest.hexdigest() != info.sha256:
-            return (f"sha256 {digest.hexdigest()[:16]}… does not match the manifest's {info.sha256[:16]}…; "
+        _, digest = file_sha256(info.path)
+        if digest != info.sha256:
+            return (f"sha256 {digest[:16]}… does not match the manifest's {info.sha256[:16]}…; "
                     "the shard is corrupt: restore it or rebuild the dataset")
         _VERIFIED.add(stamp)
     return None

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from packer.records import SampleRef
-
-
-def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.pack.encode import EncodedSample, canonical_json
-from packer.pack.writer import ShardWrite, WrittenSamples, atomic_output, sha256_file
+from packer.files import atomic_output, canonical_json, file_sha256
+from packer.pack.encode import EncodedSample
+from packer.pack.writer import ShardWrite, WrittenSamples
 
 SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),
@@ -59,5 +60,5 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
             data_page_version="2.0",
             version="2.6",
         )
-    size, sha = sha256_file(path)
+    size, sha = file_sha256(path)
     return written.result(file=path.name, size=size, sha256=sha)

@@ -26,8 +26,9 @@ from typing import BinaryIO
 import numpy as np
 from numpy.lib import format as npy_format
 
-from packer.pack.encode import EncodedSample, canonical_json
-from packer.pack.writer import ShardWrite, WrittenSamples, atomic_output
+from packer.files import atomic_output, canonical_json
+from packer.pack.encode import EncodedSample
+from packer.pack.writer import ShardWrite, WrittenSamples
 
 BLOCK = tarfile.BLOCKSIZE  # 512: headers and member data are padded to whole blocks
 RECORD = tarfile.RECORDSIZE  # 10240: the archive ends with two zero blocks, padded to a record

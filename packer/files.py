@@ -1,0 +1,91 @@
+"""General helpers every layer may use, below every stage: atomic file output, fsync, file
+digests, canonical JSON and human-readable sizes. Nothing here knows about samples or shards."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packer.errors import ConfigError, blocking_file, refused_write
+
+#: Suffix of a file being written; renamed away when complete (:func:`atomic_output`).
+TMP_SUFFIX = ".partial"
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def human_bytes(size: float) -> str:
+    """``1536`` → ``'1.5 KiB'``: binary units up to TiB, one decimal (whole bytes below 1 KiB)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable: the loop returns at TiB")
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Open ``path.partial`` for writing; on success fsync and rename it to ``path``.
+
+    On failure the temporary file is removed, so ``path`` is either absent or complete.
+    ``durable=False`` skips both fsyncs: for files whose reader verifies them and redoes the
+    work when a crash left them damaged (the spill cache), not for outputs.
+
+    A full, read-only or over-quota file system (and, creating the file, a refused permission)
+    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix, from the OSError;
+    a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
+    """
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(tmp, "wb")  # noqa: SIM115 - closed below, inside the same try
+    except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
+        raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
+                          "folder; remove it, or write elsewhere") from err
+    except OSError as err:
+        refused = refused_write(err, path, opening=True)
+        if refused is None:
+            raise
+        raise refused from err
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and (refused := refused_write(err, path)) is not None:
+            raise refused from err
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> tuple[int, str]:
+    """Size and sha256 hex digest of a file (``hashlib.file_digest``: one read loop in C)."""
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256")
+        return fh.tell(), digest.hexdigest()
