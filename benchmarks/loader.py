@@ -20,7 +20,7 @@ On the same data and the same cores it measures samples/s of
 
 Data (written once under ``--data``, reused while its stamp file matches):
 ``packer.demo.write_bench_tree(raw, samples=N)`` (512×512 int16 CT + 640×480 JPEG), built with
-``packer.build.build(load_job(job), BuildOptions(workers=2, quiet=True, html_report=False))``
+``packer.pipeline.build.build(load_job(job), BuildOptions(workers=2, quiet=True, html_report=False))``
 twice, as WebDataset and as Parquet (job as in ``pack.py``: windows [lung, mediastinum] at
 256×256, images rgb 256×256, ``phi: keep``). Every raw and shard file is read once before
 timing. Each loader case: a loader with persistent workers, one untimed warm-up epoch, then
@@ -70,8 +70,8 @@ BLOCK = 8 << 20
 
 def ensure_builds(data: Path, samples: int) -> dict[str, Any]:
     """The raw tree and its WebDataset and Parquet builds; built once, recorded in a stamp file."""
-    from packer.build import BuildOptions, build
     from packer.config import load_job
+    from packer.pipeline.build import BuildOptions, build
 
     tree = pack.ensure_tree(data, samples)
     stamp = data / f"builds-{samples}.json"

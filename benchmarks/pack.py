@@ -16,7 +16,7 @@ runs do not mix versions; the git commit and the uncommitted files are recorded.
 
 Each build runs in a fresh spawned process (so ``ru_maxrss`` is that build's client peak) with a
 fresh output folder (so the spill cache never makes a run free; deleted afterwards), through
-``packer.build.build(job, BuildOptions(workers=n, quiet=True, out=...))`` on the default dask
+``packer.pipeline.build.build(job, BuildOptions(workers=n, quiet=True, out=...))`` on the default dask
 LocalCluster. Measured per run: wall time of ``build()`` (LocalCluster start and stop
 included), samples/s, MB/s of shards written (sum of shard bytes / wall time), the time spent
 in each phase (cluster start, discover, pixel pass, split + audit, pack pass, the rest),
@@ -192,13 +192,13 @@ class ChildPeaks:
 
 
 def _phase_timers(phases: dict[str, float], stages: dict[str, float]) -> contextlib.ExitStack:
-    """Wrap the names ``packer.build.build`` calls, to time its phases (packer is not changed).
+    """Wrap the names ``packer.pipeline.build.build`` calls, to time its phases (packer is not changed).
 
     ``stages`` gets the per-stage worker seconds of the pixel pass where packer's chunk results
     carry them (``ChunkResult.seconds``), summed over all chunks.
     """
-    import packer.build as build_module
-    import packer.prepare as prepare_module
+    import packer.pipeline.build as build_module
+    import packer.pipeline.prepare as prepare_module
 
     stack = contextlib.ExitStack()
     original_open = build_module.open_executor
@@ -256,8 +256,8 @@ def build_once(job_path: str, workers: int, out: str, tune_malloc: bool = True) 
     ``tune_malloc`` False is an experiment, not packer's behaviour: ``PACKER_TUNE_MALLOC=0``
     leaves glibc's allocator thresholds at their defaults in the workers (see packer.allocator).
     """
-    from packer.build import BuildOptions, build
     from packer.config import load_job
+    from packer.pipeline.build import BuildOptions, build
 
     if not tune_malloc:
         os.environ["PACKER_TUNE_MALLOC"] = "0"  # the LocalCluster's workers inherit it

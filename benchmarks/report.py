@@ -41,9 +41,9 @@ from decode import publish_run  # noqa: E402 - sibling script: one RESULTS.md wr
 
 from packer.htmlreport import render_html_report  # noqa: E402
 from packer.manifest import IndexColumns, seal_manifest, write_index, write_manifest  # noqa: E402
-from packer.pack.encode import EncodedSample  # noqa: E402
-from packer.pack.parquet import write_parquet_shard  # noqa: E402
-from packer.pack.tar import write_tar_shard  # noqa: E402
+from packer.shards.encode import EncodedSample  # noqa: E402
+from packer.shards.parquet import write_parquet_shard  # noqa: E402
+from packer.shards.tar import write_tar_shard  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## HTML report"
@@ -54,9 +54,9 @@ WINDOWS = [{"center": -600.0, "function": "LINEAR", "name": "lung", "source": "p
 
 
 def build_demo(root: Path, fmt: str) -> tuple[Path, float]:
-    from packer.build import BuildOptions, build
     from packer.config import load_job
     from packer.demo import write_demo_tree
+    from packer.pipeline.build import BuildOptions, build
     from tests.conftest import demo_job_doc, write_job
 
     raw = root / "demo-raw"

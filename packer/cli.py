@@ -35,7 +35,7 @@ def main() -> None:
 
 
 def _print_summary(result: Any) -> None:
-    from packer.datacheck import empty_splits
+    from packer.pipeline.datacheck import empty_splits
 
     manifest = result.manifest
     lines = [f"dataset {manifest['name']} version {manifest['version']}"
@@ -120,9 +120,9 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     same inputs and config always land in the same folder with the same bytes.
     Exits 3 (after writing everything) when the bad fraction exceeds validate.max_bad_fraction.
     """
-    from packer.build import BuildOptions, check_bad_fraction
-    from packer.build import build as run_build
     from packer.config import load_job
+    from packer.pipeline.build import BuildOptions, check_bad_fraction
+    from packer.pipeline.build import build as run_build
     from packer.storage import is_url, parse_storage_options
 
     config = load_job(job)

@@ -70,7 +70,7 @@ class WindowSpec:
 @dataclass(frozen=True)
 class SourceConfig:
     """One raw source. ``root``, ``labels`` and ``table`` are local paths (resolved against the
-    job file) or URL strings (``s3://...``, read through :mod:`packer.rawstore`); the ``*_spec``
+    job file) or URL strings (``s3://...``, read through :mod:`packer.pipeline.rawstore`); the ``*_spec``
     fields keep what the job file says, which is what the dataset's identity records."""
 
     kind: str
@@ -96,7 +96,7 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class SplitConfig:
-    """How samples are assigned to splits and audited for leakage (see ``packer.split``)."""
+    """How samples are assigned to splits and audited for leakage (see ``packer.pipeline.split``)."""
 
     by: str
     ratios: tuple[tuple[str, float], ...]

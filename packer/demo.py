@@ -4,7 +4,7 @@
 ``write_bench_tree`` writes the same layout at benchmark scale (512×512 slices, 640×480 JPEGs)
 without defects; ``write_copies_tree`` writes CT patients of similar anatomy and planted copies of
 some of their slices (re-encoded, resized, shifted, cropped, re-windowed) under other entities,
-for the near-copy check (``packer.nearcopy``). Nothing here reads the wall clock: every date, UID
+for the near-copy check (``packer.pipeline.nearcopy``). Nothing here reads the wall clock: every date, UID
 and pixel comes from the seed, so the same seed gives byte-identical files wherever the tree is
 written.
 

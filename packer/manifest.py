@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 from packer import __version__
 from packer.errors import IntegrityError
 from packer.files import atomic_output, canonical_json, file_sha256
-from packer.pack.writer import ShardWrite
-from packer.sampletable import as_table
+from packer.pipeline.sampletable import as_table
 from packer.schemas import load_schema
+from packer.shards.writer import ShardWrite
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"

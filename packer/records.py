@@ -124,7 +124,7 @@ class SpilledSample:
     """One transformed sample whose bytes sit in a spill file: ``pixels`` then ``metadata`` JSON.
 
     ``signature``/``sig_row``: the chunk's signature file in the build cache and this sample's row
-    in it (its thumbnail and embeddings for the near-copy check, :mod:`packer.nearcopy`); ``""``
+    in it (its thumbnail and embeddings for the near-copy check, :mod:`packer.pipeline.nearcopy`); ``""``
     and -1 where none was made (``validate --quick``)."""
 
     key: str

@@ -14,7 +14,7 @@ KEY=VALUE`` on the command line, ``storage_options={...}`` in Python), merged in
 
 fsspec and the filesystem packages are imported only when a URL is used; ``s3://`` needs
 the ``s3`` extra (``pip install 'packer[s3]'``, which brings s3fs). Raw inputs given as URLs
-are listed and fetched by :mod:`packer.rawstore` through the same functions and options.
+are listed and fetched by :mod:`packer.pipeline.rawstore` through the same functions and options.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from packer.errors import ConfigError, IntegrityError, PackerError
+from packer.files import TMP_SUFFIX
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
 CACHE_FOLDER = "cache"           # build caches live in <work_dir>/cache/<name>-<digest>/
 MANIFEST_FILE = "manifest.json"  # packer.manifest.MANIFEST_FILE, repeated to keep this module light
-TMP_SUFFIX = ".partial"          # packer.pack.writer.TMP_SUFFIX
 #: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
 LOCAL_ONLY = ("bad_samples.jsonl", "leakage.json", "report.html")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")

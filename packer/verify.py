@@ -44,8 +44,8 @@ from packer.config import SPLITS
 from packer.errors import IntegrityError
 from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
-from packer.pack.parquet import SCHEMA as PARQUET_SCHEMA
 from packer.progress import Progress
+from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
 from packer.storage import VersionFolder, local_path, manifest_url
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")

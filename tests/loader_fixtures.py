@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.pack.encode import EncodedSample
-from packer.pack.parquet import write_parquet_shard
-from packer.pack.tar import write_tar_shard
+from packer.shards.encode import EncodedSample
+from packer.shards.parquet import write_parquet_shard
+from packer.shards.tar import write_tar_shard
 
 SHAPE = (1, 4, 4)
 

@@ -12,9 +12,9 @@ import pyarrow.dataset as pads
 import pytest
 import webdataset as wds
 
-from packer.build import BuildOptions, BuildResult, build
+from packer.badsamples import read_bad_samples
 from packer.config import load_job
-from packer.report import read_bad_samples
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.schemas import load_schema
 from tests.conftest import demo_job_doc, write_job
 

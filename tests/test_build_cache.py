@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from packer.build import BuildOptions, BuildResult, build, cache_location
 from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
+from packer.pipeline.build import BuildOptions, BuildResult, build, cache_location
 from packer.storage import build_cache_dir
 from tests.conftest import demo_job_doc, write_job
 

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.build import BuildOptions, BuildResult, build
+from packer.badsamples import read_bad_samples
 from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
-from packer.report import read_bad_samples
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.transform.channels import LUMA, Mapped, channel_rule, match_channels
 from tests.conftest import demo_job_doc, write_job
 

@@ -78,7 +78,7 @@ def test_exit_2_on_a_bad_job_file(tmp_path: Path) -> None:
 
 def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Force a broken assignment (every other sample to test) and check the audit stops the build."""
-    import packer.prepare as prepare_module
+    import packer.pipeline.prepare as prepare_module
 
     real = prepare_module.assign_splits
 

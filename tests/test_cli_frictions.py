@@ -16,8 +16,8 @@ import yaml
 from click.testing import CliRunner
 
 from packer.cli import main
+from packer.pipeline.split import entity_unit, split_for_unit
 from packer.schemas import load_schema, schema_registry
-from packer.split import entity_unit, split_for_unit
 from tests.conftest import REPO
 
 

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.config import load_job
-from packer.datacheck import summary, validate_job
+from packer.pipeline.datacheck import summary, validate_job
+from packer.pipeline.split import entity_unit, split_for_unit
 from packer.schemas import load_schema, schema_registry
-from packer.split import entity_unit, split_for_unit
 from tests.conftest import REPO, demo_job_doc, write_job
 
 RATIOS = (("train", 0.8), ("valid", 0.1), ("test", 0.1))

@@ -7,7 +7,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.dedup import UnionFind, cluster_duplicates, exact_groups
+from packer.pipeline.dedup import UnionFind, cluster_duplicates, exact_groups
 
 
 def bfs_components(n: int, edges: list[tuple[int, int]]) -> list[int]:

@@ -246,7 +246,7 @@ def test_bench_tree_patients_are_not_near_copies_of_each_other(tmp_path: Path) -
     (grouping whole patients would keep the benchmark's split from its ratios)."""
     import pydicom
 
-    from packer import nearcopy
+    from packer.pipeline import nearcopy
     from packer.transform.window import apply_window
 
     write_bench_tree(tmp_path / "bench", samples=400, seed=0, ct_size=64)

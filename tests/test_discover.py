@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packer.config import load_job
-from packer.discover import (
+from packer.errors import ConfigError
+from packer.pipeline.discover import (
     _suffix,
     _walk_relpaths,
     check_identity,
@@ -20,7 +21,6 @@ from packer.discover import (
     make_sample_id,
     normalize_time,
 )
-from packer.errors import ConfigError
 from packer.records import SampleRef
 
 
@@ -172,7 +172,7 @@ def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
 
 
 def test_colliding_sample_ids_are_made_unique_deterministically() -> None:
-    from packer.discover import unique_ids
+    from packer.pipeline.discover import unique_ids
 
     refs = [SampleRef(sample_id="s-1", source="s", kind="image", path=f"/r/{n}.png", relpath=f"{n}.png")
             for n in ("a", "b", "c")]

@@ -13,9 +13,9 @@ import dask
 import pytest
 from distributed import Client, LocalCluster, WorkerPlugin
 
-from packer.build import BuildOptions, BuildResult, build
+from packer.badsamples import read_bad_samples
 from packer.config import load_job
-from packer.report import read_bad_samples
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.conftest import demo_job_doc, write_job
 
 
@@ -123,7 +123,7 @@ def test_a_file_that_crashes_its_worker_becomes_a_decoder_crash_record(demo_raw:
 def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, reference: BuildResult, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Grouping chunks into tasks is a scheduling matter only: chunks, cache entries and bytes stay."""
-    import packer.process as process
+    import packer.pipeline.pixels as process
 
     monkeypatch.setattr(process, "GROUPS_PER_THREAD", 1)   # the demo's few chunks, two per task
     seen: list[int] = []
@@ -134,7 +134,7 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
         seen.extend(min(size, chunks - start) for start in range(0, chunks, size))
         return size
 
-    monkeypatch.setattr("packer.prepare.group_size", recording)
+    monkeypatch.setattr("packer.pipeline.prepare.group_size", recording)
     result = run(demo_raw, tmp_path, None, workers=2)
     assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "cache").glob("*/*.spill")))
     assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
@@ -142,7 +142,7 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
 
 
 def test_group_sizes_leave_every_worker_thread_enough_tasks() -> None:
-    from packer.process import GROUPS_PER_THREAD, MAX_GROUP, group_chunks
+    from packer.pipeline.pixels import GROUPS_PER_THREAD, MAX_GROUP, group_chunks
 
     tasks: list[Any] = list(range(337))               # stand-ins: grouping only slices the sequence
     assert [len(g.tasks) for g in group_chunks(tasks, 0)] == [1] * 337           # in-process: no grouping
@@ -170,7 +170,7 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
     # included, of every task: a copy of every record of a build on the client.
     import gc
 
-    from packer.execute import open_executor
+    from packer.pipeline.cluster import open_executor
 
     with open_executor(None, workers=1) as executor:
         payloads = [_Payload(1000) for _ in range(12)]
@@ -191,7 +191,7 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
 def test_a_second_local_cluster_in_the_same_process_starts() -> None:
     # a fresh interpreter, so that distributed is first imported by open_executor itself:
     # leaving the first cluster used to delete dask's whole "distributed" config
-    code = ("from packer.execute import open_executor\n"
+    code = ("from packer.pipeline.cluster import open_executor\n"
             "for _ in range(2):\n"
             "    with open_executor(None, workers=1) as executor:\n"
             "        assert [r for _, r in executor.map_unordered(abs, [-1])] == [1]\n"
@@ -201,7 +201,7 @@ def test_a_second_local_cluster_in_the_same_process_starts() -> None:
 
 
 def test_a_lazy_task_list_is_made_one_item_at_a_time_as_tasks_are_submitted() -> None:
-    from packer.execute import Executor, LazySequence
+    from packer.pipeline.cluster import Executor, LazySequence
 
     made: list[int] = []
 

@@ -96,7 +96,7 @@ def test_a_build_whose_shards_meet_a_full_disk_exits_6_and_resumes_once_there_is
 
 @pytest.mark.slow  # a real dask cluster
 def test_a_run_defect_raised_on_a_dask_worker_comes_back_as_itself() -> None:
-    from packer.execute import open_executor
+    from packer.pipeline.cluster import open_executor
 
     with open_executor(None, workers=1) as executor, pytest.raises(FileSystemError, match="cannot write /x: the fi"):
         list(executor.map_unordered(_refuse, [errno.ENOSPC]))

@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from packer.build import BuildOptions, BuildResult, build
 from packer.commands.report import report
 from packer.config import load_job
 from packer.htmlreport import SECTION_IDS, ReportLimits, render_html_report, write_html_report
 from packer.htmlreport.stats import ChannelHistograms
 from packer.htmlreport.thumbs import composite, png_data_uri, sample_panes
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.conftest import demo_job_doc, write_job
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}

@@ -12,9 +12,9 @@ from typing import Any
 import cv2
 import pytest
 
-from packer.build import BuildOptions, build
 from packer.config import load_job
 from packer.htmlreport import SECTION_IDS, write_html_report
+from packer.pipeline.build import BuildOptions, build
 from tests.conftest import demo_job_doc, write_job
 
 pytestmark = pytest.mark.slow  # starts a real browser (headless Chromium) three times

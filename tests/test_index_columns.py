@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.manifest import IndexColumns, write_splits_table
-from packer.pack.writer import ShardWrite
 from packer.phi import Pseudonymizer
 from packer.records import SampleRef, SpilledSample
+from packer.shards.writer import ShardWrite
 
 
 def _shard(name: str, count: int, start: int) -> ShardWrite:

@@ -15,8 +15,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from packer.build import BuildOptions, build
 from packer.config import SPLITS, load_job
+from packer.pipeline.build import BuildOptions, build
 from tests.conftest import demo_job_doc, write_job
 
 torch = pytest.importorskip("torch", reason="the loader extra: the round trip compares with packer.loader")

@@ -195,7 +195,7 @@ def test_local_cluster_workers_block_sigint_and_packer_does_not() -> None:
     """The mechanism: the worker processes start with SIGINT blocked (a terminal's Ctrl-C never
     reaches them), while packer's main thread still takes it as KeyboardInterrupt, which closes
     the cluster and leaves Python's SIGINT handler as it found it."""
-    from packer.execute import open_executor
+    from packer.pipeline.cluster import open_executor
 
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), open_executor(None, 2) as executor:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from packer.build import BuildOptions, BuildResult, build
 from packer.cli import main
 from packer.config import load_job
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.conftest import demo_job_doc, write_job
 
 

@@ -16,14 +16,14 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer import nearcopy
-from packer.build import BuildOptions, build
 from packer.cli import main
 from packer.config import load_job
 from packer.demo import COPY_KINDS, CopiesTree, write_copies_tree
 from packer.errors import ConfigError
-from packer.execute import open_executor
-from packer.prepare import prepare
+from packer.pipeline import nearcopy
+from packer.pipeline.build import BuildOptions, build
+from packer.pipeline.cluster import open_executor
+from packer.pipeline.prepare import prepare
 
 
 def photo(seed: int, size: int = 256) -> np.ndarray:

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.files import canonical_json
-from packer.pack.encode import EncodedSample
-from packer.pack.parquet import write_parquet_shard
-from packer.pack.plan import PER_SAMPLE_OVERHEAD, plan_shards
-from packer.pack.tar import _member, member_header, write_tar_shard
+from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, plan_shards
+from packer.shards.encode import EncodedSample
+from packer.shards.parquet import write_parquet_shard
+from packer.shards.tar import _member, member_header, write_tar_shard
 
 
 def samples(n: int, seed: int = 0) -> list[EncodedSample]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packer.process import BOUNDARY, MAX_CHUNK, chunk_refs
+from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_refs
 from packer.records import Issue, SampleRef
 from tests.conftest import demo_job_doc, write_job
 
@@ -39,8 +39,8 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
     import numpy as np
 
     from packer.config import load_job
-    from packer.discover import discover, probe_for_read, probe_ref
     from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import discover, probe_for_read, probe_ref
     from packer.read import read_sample
 
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
@@ -69,7 +69,7 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
 
 def test_a_chunk_tasks_repr_leaves_out_the_storage_options() -> None:
     # dask logs a failed task with its arguments: the options may hold credentials
-    from packer.process import ChunkTask
+    from packer.pipeline.pixels import ChunkTask
 
     task = ChunkTask(key="k", refs=(ref(1),), job=None, cache_dir=None,  # type: ignore[arg-type]
                      storage_options={"secret": "s3cr3t-key"})
@@ -86,7 +86,7 @@ def test_the_chunk_key_is_the_sha256_of_the_refs_as_asdict_gives_them(demo_raw: 
 
     from packer.config import load_job
     from packer.files import canonical_json
-    from packer.process import CACHE_FORMAT, chunk_key, sample_shaping_config
+    from packer.pipeline.pixels import CACHE_FORMAT, chunk_key, sample_shaping_config
 
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
     (tmp_path / "a.png").write_bytes(b"x")

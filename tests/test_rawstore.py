@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from packer.build import BuildOptions, BuildResult, build
 from packer.config import JobConfig, load_job
-from packer.discover import discover
 from packer.errors import ConfigError
 from packer.phi import pseudonymizer_for
-from packer.process import ChunkTask, process_chunk
-from packer.rawstore import remote_listing
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.discover import discover
+from packer.pipeline.pixels import ChunkTask, process_chunk
+from packer.pipeline.rawstore import remote_listing
 from packer.records import Issue
 from tests.conftest import demo_job_doc, write_job
 from tests.s3_store import S3Requests, Store, running_store
@@ -292,7 +292,7 @@ def test_a_full_temporary_folder_stops_the_run_instead_of_blaming_the_objects(
         store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
-    import packer.rawstore
+    import packer.pipeline.rawstore
     from packer.errors import FileSystemError
 
     job = photo_job(store, tmp_path, "fulltmp", ["a.png,cat,S1,"], {"a.png": png_bytes(3)})
@@ -305,7 +305,7 @@ def test_a_full_temporary_folder_stops_the_run_instead_of_blaming_the_objects(
     def full_temporary_directory(**_: Any) -> Iterator[str]:
         yield str(folder)
 
-    monkeypatch.setattr(packer.rawstore.tempfile, "TemporaryDirectory", full_temporary_directory)
+    monkeypatch.setattr(packer.pipeline.rawstore.tempfile, "TemporaryDirectory", full_temporary_directory)
     with pytest.raises(FileSystemError, match=f"cannot write the local copy of s3://{BUCKET}/fulltmp/a.png in "
                                               f"{folder}: the file system is full .*point TMPDIR at a folder"):
         process_chunk(ChunkTask(key="fulltmp", refs=tuple(found.refs), job=job, cache_dir=None,

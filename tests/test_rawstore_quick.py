@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from pydicom.dataset import Dataset
 from pydicom.uid import DeflatedExplicitVRLittleEndian
 
-from packer import rawstore
 from packer.config import JobConfig, load_job
-from packer.datacheck import validate_job
-from packer.discover import discover
-from packer.process import ChunkTask, process_chunk
-from packer.rawstore import HEAD_BYTES, remote_listing
+from packer.pipeline import rawstore
+from packer.pipeline.datacheck import validate_job
+from packer.pipeline.discover import discover
+from packer.pipeline.pixels import ChunkTask, process_chunk
+from packer.pipeline.rawstore import HEAD_BYTES, remote_listing
 from packer.records import SpilledSample
 from tests.conftest import write_job
 from tests.dicom_files import TEST_FILES, ct_dataset, image_dataset, save

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-import packer.discover as discover_module
-from packer.build import BuildOptions, BuildResult, build
+import packer.pipeline.discover as discover_module
 from packer.config import load_job
 from packer.demo import write_demo_tree
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.conftest import REPO, demo_job_doc, write_job
 from tests.demo_version import committed_demo
 

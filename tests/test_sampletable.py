@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder, as_table
 from packer.records import SampleRef, SpilledSample
-from packer.sampletable import RefTable, SampleTable, TableBuilder, as_table
 
 text = st.text(min_size=0, max_size=12)
 maybe = st.none() | text

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.audit import audit_assignment
 from packer.config import SplitConfig
 from packer.errors import ConfigError
-from packer.nearcopy import Evidence, EvidenceArrays, NearLinks
+from packer.pipeline.audit import audit_assignment
+from packer.pipeline.nearcopy import Evidence, EvidenceArrays, NearLinks
+from packer.pipeline.split import assign_splits, entity_unit, split_for_time
 from packer.records import SampleRef, SpilledSample
-from packer.split import assign_splits, entity_unit, split_for_time
 
 RATIOS = (("train", 0.8), ("valid", 0.1), ("test", 0.1))
 BY_ENTITY = SplitConfig(by="entity", ratios=RATIOS, seed=17)
@@ -183,7 +183,7 @@ def test_pinned_entities_go_where_pinned_and_conflicts_fail(tmp_path: Path) -> N
 
 
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:
-    from packer.split import Assignment, SplitGroup, balance_warning
+    from packer.pipeline.split import Assignment, SplitGroup, balance_warning
 
     keys = [f"k{i}" for i in range(100)]
     giant = SplitGroup(members=tuple(range(90)), entities=tuple(f"E{i}" for i in range(30)))

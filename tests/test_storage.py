@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from packer.build import BuildOptions, BuildResult, build
 from packer.config import load_job
 from packer.errors import ConfigError, IntegrityError, PackerError
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.storage import LOCAL_ONLY, parse_storage_options, publish_version, resolve_output
 from packer.verify import verify_dataset
 from tests.conftest import demo_job_doc, write_job

@@ -20,10 +20,10 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packer.build import BuildOptions, build
 from packer.commands.verify import verify_command
 from packer.config import load_job
 from packer.manifest import seal_manifest
+from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
 from tests.conftest import demo_job_doc, write_job
 

@@ -1,5 +1,5 @@
 """``packer inspect``, ``packer diff`` and ``packer ls``: read-only views of built datasets
-(thin layer over packer.inspect)."""
+(thin layer over packer.inspection)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def inspect_command(manifest: Path, as_json: bool) -> None:
     sample schema, bad-sample reasons, the split audit and the config. Reads only the manifest;
     exits 5 if it fails its hash (run `packer verify` to check the shards too).
     """
-    from packer.inspect import format_summary, inspect_dataset
+    from packer.inspection import format_summary, inspect_dataset
 
     summary = inspect_dataset(manifest)
     if as_json:
@@ -52,7 +52,7 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     the config differences (key paths) and packer/library/decoder version differences.
     A difference is not an error: exits 0 (5 only if a manifest or index fails its hash).
     """
-    from packer.inspect import diff_datasets, format_diff
+    from packer.inspection import diff_datasets, format_diff
 
     diff = diff_datasets(old, new)
     if as_json:
@@ -74,7 +74,7 @@ def ls_command(registry: Path | None, name: str | None, as_json: bool) -> None:
     prefix. Exits 2 when the folder does not exist, 5 when a listed manifest fails its hash.
     """
     from packer.errors import IntegrityError
-    from packer.inspect import DEFAULT_REGISTRY, format_registry, list_registry
+    from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry
 
     entries = list_registry(registry or DEFAULT_REGISTRY, name=name)
     if as_json:

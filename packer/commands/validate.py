@@ -40,7 +40,7 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     · 4 leakage found · 1 internal error.
     """
     from packer.config import load_job
-    from packer.datacheck import format_summary, validate_job, write_json, write_junit
+    from packer.pipeline.datacheck import format_summary, validate_job, write_json, write_junit
     from packer.storage import parse_storage_options
 
     result = validate_job(load_job(job), quick=quick, workers=workers, scheduler=scheduler, quiet=quiet,

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from packer.badsamples import REPORT_FILE, read_bad_samples
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
 from packer.htmlreport.stats import ChannelHistograms, channel_counts
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
-from packer.report import REPORT_FILE, read_bad_samples
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -212,7 +212,7 @@ def probe_image_at(ref: SampleRef, read: Callable[[int, int], bytes], size: int,
     every byte it looks at comes through ``read``. ``ref.path`` is only named in messages.
 
     The raw store rehearses the probe with it to learn which byte ranges of a remote file the
-    header pass needs (:func:`packer.rawstore.fetched` with ``headers_only``).
+    header pass needs (:func:`packer.pipeline.rawstore.fetched` with ``headers_only``).
     """
     try:
         header = _probe_header(ref, read, size, limits)

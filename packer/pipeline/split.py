@@ -2,7 +2,7 @@
 
 Samples are first joined into *split groups* with union-find: all samples of one entity,
 and (with ``duplicates: group``, the default) every exact duplicate and every verified near
-copy (:mod:`packer.nearcopy`: candidates among other entities, each confirmed on thumbnails,
+copy (:mod:`packer.pipeline.nearcopy`: candidates among other entities, each confirmed on thumbnails,
 so look-alike images of different patients are not chained). A group then goes to one split:
 
 - ``by: entity``: the group's smallest entity id is hashed with the seed to a number in
@@ -14,7 +14,7 @@ so look-alike images of different patients are not chained). A group then goes t
   ``entity_policy: drop_straddlers`` records falling after a later cutoff are dropped.
 - A pinned table forces entities into splits; a conflict fails the build.
 
-The audit (``packer.audit``) then checks the result from scratch, and :func:`measure_balance`
+The audit (``packer.pipeline.audit``) then checks the result from scratch, and :func:`measure_balance`
 says whether the split is what was asked (the audit's ``split_balance`` rule).
 """
 
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from packer.config import SPLITS, SplitConfig
-from packer.dedup import UnionFind, exact_groups
 from packer.errors import ConfigError
-from packer.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
+from packer.pipeline.dedup import UnionFind, exact_groups
+from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
+from packer.pipeline.sampletable import as_table
 from packer.records import Issue, SpilledSample
-from packer.sampletable import as_table
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -107,7 +107,7 @@ def verify_in_process(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask,
 
 def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path | None,
                run: RunVerify = verify_in_process) -> NearLinks:
-    """Verified near copies between samples of different entities (:mod:`packer.nearcopy`);
+    """Verified near copies between samples of different entities (:mod:`packer.pipeline.nearcopy`);
     none when disabled or when the samples carry no signatures (``validate --quick``).
 
     ``sig_dir``: the folder of the chunks' signature files (the build cache). A sample without

@@ -21,12 +21,12 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from packer import __version__
+from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, LeakageError
-from packer.execute import open_executor
 from packer.files import atomic_output
-from packer.prepare import Prepared, prepare
-from packer.report import over_limit, summarize_issues
+from packer.pipeline.cluster import open_executor
+from packer.pipeline.prepare import Prepared, prepare
 from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.

@@ -28,7 +28,7 @@ import numpy as np
 
 from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
-from packer.audit import raise_on_leakage, write_leakage
+from packer.badsamples import over_limit, summarize_issues, write_bad_samples
 from packer.config import SPLITS, JobConfig
 from packer.errors import (
     BadFractionError,
@@ -37,7 +37,6 @@ from packer.errors import (
     PackerError,
     blocking_file,
 )
-from packer.execute import Executor, LazySequence, WorkerLost, open_executor
 from packer.files import atomic_output
 from packer.manifest import (
     FORMAT_VERSION,
@@ -51,15 +50,16 @@ from packer.manifest import (
     write_manifest,
     write_splits_table,
 )
-from packer.pack.assemble import ShardTask, write_shard
-from packer.pack.plan import ShardPlan, shard_bounds, shard_file
-from packer.pack.writer import ShardWrite
-from packer.prepare import prepare, stage_seconds
-from packer.process import remove_stale_temporaries
+from packer.pipeline.assemble import ShardTask, write_shard
+from packer.pipeline.audit import raise_on_leakage, write_leakage
+from packer.pipeline.cluster import Executor, LazySequence, WorkerLost, open_executor
+from packer.pipeline.pixels import remove_stale_temporaries
+from packer.pipeline.plan import ShardPlan, shard_bounds, shard_file
+from packer.pipeline.prepare import prepare, stage_seconds
+from packer.pipeline.sampletable import SampleTable
 from packer.progress import Progress
 from packer.records import Issue
-from packer.report import over_limit, summarize_issues, write_bad_samples
-from packer.sampletable import SampleTable
+from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, PublishResult, build_cache_dir, publish_version, resolve_output
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.

@@ -1,7 +1,7 @@
 """Exact duplicates and the union-find that closes duplicate links into groups.
 
 Exact duplicates share the sha256 of their packed pixels (:func:`exact_groups`). Near copies
-(re-encoded, resized, shifted, re-windowed) are found and verified by :mod:`packer.nearcopy`;
+(re-encoded, resized, shifted, re-windowed) are found and verified by :mod:`packer.pipeline.nearcopy`;
 both kinds of link are joined into groups with :class:`UnionFind`, whose members must share a
 split.
 """

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
-from packer.pack.encode import EncodedSample
-from packer.pack.writer import ShardWrite, WrittenSamples
+from packer.shards.encode import EncodedSample
+from packer.shards.writer import ShardWrite, WrittenSamples
 
 SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),

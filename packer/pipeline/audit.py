@@ -8,7 +8,7 @@ manifest but do not fail. The rules:
 - ``exact_duplicates_across_splits`` (fail; report with ``duplicates: report``): the same
   packed pixels in two splits.
 - ``near_duplicates_across_splits`` (fail above ``near_duplicates.max_cross_split``; report
-  with ``duplicates: report``): verified near copies (:mod:`packer.nearcopy`) in two splits,
+  with ``duplicates: report``): verified near copies (:mod:`packer.pipeline.nearcopy`) in two splits,
   each with its evidence.
 - ``exact_duplicates_within_split`` (report): the same pixels twice in one split.
 - ``duplicates_span_entities`` (report): a duplicate cluster holding several entities, a
@@ -18,7 +18,7 @@ manifest but do not fail. The rules:
 - ``split_balance`` (fail; report with ``split.balance.accept``): the split is not what was
   asked: a group of several entities joined by duplicate links holds more than
   ``balance.max_group_share`` of the samples, or a split's share misses its ratio by more than
-  the tolerance and than chance explains (:func:`packer.split.measure_balance`). The finding
+  the tolerance and than chance explains (:func:`packer.pipeline.split.measure_balance`). The finding
   names the largest group and the links that formed it, with their evidence.
 """
 
@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from packer.config import SPLITS, SplitConfig
-from packer.dedup import exact_groups
 from packer.errors import LeakageError
 from packer.files import atomic_output
-from packer.nearcopy import NearLinks
+from packer.pipeline.dedup import exact_groups
+from packer.pipeline.nearcopy import NearLinks
+from packer.pipeline.sampletable import as_table
+from packer.pipeline.split import Assignment, measure_balance
 from packer.records import SpilledSample
-from packer.sampletable import as_table
-from packer.split import Assignment, measure_balance
 
 #: Findings listed per rule in leakage.json; the count is always complete.
 MAX_LISTED = 200
@@ -165,7 +165,7 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
 
 
 def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
-    from packer.dedup import cluster_duplicates
+    from packer.pipeline.dedup import cluster_duplicates
 
     exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256) for k in range(len(g) - 1))
     edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))

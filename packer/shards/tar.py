@@ -27,8 +27,8 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from packer.files import atomic_output, canonical_json
-from packer.pack.encode import EncodedSample
-from packer.pack.writer import ShardWrite, WrittenSamples
+from packer.shards.encode import EncodedSample
+from packer.shards.writer import ShardWrite, WrittenSamples
 
 BLOCK = tarfile.BLOCKSIZE  # 512: headers and member data are padded to whole blocks
 RECORD = tarfile.RECORDSIZE  # 10240: the archive ends with two zero blocks, padded to a record

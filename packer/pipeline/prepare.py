@@ -17,15 +17,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from packer.audit import AuditReport, audit_assignment
+from packer.badsamples import sort_issues
 from packer.config import JobConfig
-from packer.discover import discover
 from packer.errors import refused_write
-from packer.execute import Executor, LazySequence, WorkerLost
 from packer.manifest import library_versions
-from packer.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
 from packer.phi import Pseudonymizer, pseudonymizer_for
-from packer.process import (
+from packer.pipeline.audit import AuditReport, audit_assignment
+from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.discover import discover
+from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
+from packer.pipeline.pixels import (
     CACHE_ELSEWHERE,
     ChunkGroup,
     ChunkResult,
@@ -36,12 +37,11 @@ from packer.process import (
     process_chunk,
     process_group,
 )
+from packer.pipeline.rawstore import RawObject, remote_listing
+from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
+from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.progress import Progress
-from packer.rawstore import RawObject, remote_listing
 from packer.records import Issue, SampleRef
-from packer.report import sort_issues
-from packer.sampletable import RefTable, SampleTable, TableBuilder
-from packer.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.storage import work_dir
 
 
@@ -78,7 +78,7 @@ class _Settle:
 
     Pseudonymizing here, as each result arrives, means raw entity ids live only in header reads
     and the local cache, never in the records the client keeps. The records go into a
-    :class:`~packer.sampletable.TableBuilder` (about 300 bytes a sample, no Python object
+    :class:`~packer.pipeline.sampletable.TableBuilder` (about 300 bytes a sample, no Python object
     each); the chunk result keeps its counts and seconds, not its samples.
     """
 
@@ -103,7 +103,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     Returns the chunk results in key order, without their samples, and every sample in a
     table, in the order the results arrived.
 
-    Refs whose path is a URL need ``listed`` (:attr:`packer.discover.Discovery.listed`): each
+    Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
     to fetch them with. ``sig_dir``: where the near-copy signatures go when there is no cache
     (``packer validate``).
@@ -204,7 +204,7 @@ def prepare(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decod
     """
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
-    refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.sampletable)
+    refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     del found
     inputs = len(refs) + len(issues)
     if not quiet:

@@ -10,10 +10,10 @@ The spill files are a cache: a chunk's key covers packer and library versions, t
 the job that shape samples, and each file's path, size, mtime and table values, so a
 re-run (``--resume`` after a crash, or a build after adding files) decodes only what changed.
 Its records name raw paths, entity ids and dates, so the cache folder lives outside the output
-tree (``packer.build.cache_location``); tasks get it as ``cache_dir``.
+tree (``packer.pipeline.build.cache_location``); tasks get it as ``cache_dir``.
 
 A raw file behind a URL (``s3://...``) is fetched once, by the task that decodes it, into a
-temporary local copy (:func:`packer.rawstore.fetched`); the readers run on the copy and every
+temporary local copy (:func:`packer.pipeline.rawstore.fetched`); the readers run on the copy and every
 record that comes out names the URL. Its cache key uses the size and version tag (ETag)
 discovery's listing gave, so an object replaced in the store is decoded again.
 """
@@ -34,16 +34,16 @@ import numpy as np
 
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
-from packer.discover import probe_for_read, probe_ref
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json
-from packer.nearcopy import read_signatures, signature, write_signatures
-from packer.rawstore import RawObject, fetched
+from packer.pipeline.checks import find_sample_issue
+from packer.pipeline.discover import probe_for_read, probe_ref
+from packer.pipeline.nearcopy import read_signatures, signature, write_signatures
+from packer.pipeline.rawstore import RawObject, fetched
 from packer.read import read_sample
 from packer.records import REF_FIELDS, Issue, Sample, SampleRef, SpilledSample
 from packer.storage import is_url
 from packer.transform.channels import match_channels
-from packer.validate import find_sample_issue
 
 T = TypeVar("T")
 
@@ -194,7 +194,7 @@ def _records_path(cache_dir: Path, key: str) -> Path:
 
 
 def signature_name(key: str) -> str:
-    """The file of a chunk's near-copy signatures (:mod:`packer.nearcopy`), next to its spill."""
+    """The file of a chunk's near-copy signatures (:mod:`packer.pipeline.nearcopy`), next to its spill."""
     return f"{key}.sig.npy"
 
 
@@ -333,7 +333,7 @@ def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObje
     """``read(ref)``; for a remote file on a fetched local copy (deleted after), with the URL
     named in the outcome, or the Issue saying why the file could not be fetched. The copy is
     the whole file, or with ``headers_only`` (``read`` must then be the header probe) only the
-    byte ranges the probe reads (:func:`packer.rawstore.fetched`)."""
+    byte ranges the probe reads (:func:`packer.pipeline.rawstore.fetched`)."""
     if not is_url(ref.path):
         return read(ref)
     if clock is not None:

@@ -27,7 +27,7 @@ S = TypeVar("S", bound=Sized)
 @dataclass(frozen=True)
 class ShardPlan(Generic[S]):
     """One shard to write: its file name, split, index and the samples that go in it, in order
-    (a tuple, or the build's :class:`~packer.sampletable.SampleTable`)."""
+    (a tuple, or the build's :class:`~packer.pipeline.sampletable.SampleTable`)."""
 
     file: str
     split: str

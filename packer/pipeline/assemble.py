@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from packer.allocator import tune_allocator
-from packer.pack.encode import EncodedSample, encode_sample
-from packer.pack.parquet import write_parquet_shard
-from packer.pack.plan import ShardPlan
-from packer.pack.tar import write_tar_shard
-from packer.pack.writer import ShardWrite
-from packer.process import read_spilled
+from packer.pipeline.pixels import read_spilled
+from packer.pipeline.plan import ShardPlan
 from packer.records import SpilledSample
+from packer.shards.encode import EncodedSample, encode_sample
+from packer.shards.parquet import write_parquet_shard
+from packer.shards.tar import write_tar_shard
+from packer.shards.writer import ShardWrite
 
 WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 

@@ -1,1 +1,0 @@
-"""Pack stage: write samples into WebDataset tar or Parquet shards, deterministically."""

@@ -1,0 +1,459 @@
+"""Discover: list every raw file of every source in a stable order and attach label, entity, time.
+
+This is the client side of the header pass. It lists files (sorted, so the listing order of
+the file system never matters), reads the label tables, and produces one unprobed
+:class:`SampleRef` per file, or an :class:`Issue` for a table row whose file is missing.
+``probe_ref`` (run on workers) then reads headers and fills in what only the file knows.
+
+A source whose root is a URL is listed through :mod:`packer.pipeline.rawstore` under the same rules;
+its refs carry the full URL as ``path``, and :func:`discover` also returns what the
+listing said about each remote file (size, version tag) for the build cache's keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import os
+import posixpath
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from packer.config import JobConfig, SourceConfig
+from packer.errors import ConfigError
+from packer.phi import Pseudonymizer
+from packer.pipeline.rawstore import (
+    RawObject,
+    RemoteFile,
+    join_relpath,
+    list_remote_files,
+    read_heads,
+    read_remote_bytes,
+    stat_remote,
+)
+from packer.pipeline.sampletable import RefTable, TableBuilder
+from packer.records import Issue, SampleRef, safe_key
+from packer.storage import remote_errors, storage_error
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+_NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES})
+_DICM_OFFSET = 128
+
+
+def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str:
+    """A stable, tar-safe sample id: source name plus 16 hex identifying the relative path
+    (keyed HMAC when pseudonymizing, so MRN-like folder names cannot be guessed back)."""
+    digest = phi.path_digest(source, relpath) if phi is not None else hashlib.sha256(relpath.encode()).hexdigest()[:16]
+    return f"{safe_key(source)}-{digest}"
+
+
+def _walk_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+    """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
+    out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
+    Paths were the client's largest short-lived allocation."""
+    top = os.fspath(root)
+    found: list[str] = []
+    for folder, dirs, files in os.walk(top, followlinks=follow_links):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        prefix = os.path.relpath(folder, top).replace(os.sep, "/")
+        prefix = "" if prefix == "." else prefix + "/"
+        found.extend(prefix + name for name in files if not name.startswith("."))
+    found.sort()
+    return found
+
+
+def _has_dicm_preamble(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_DICM_OFFSET + 4)
+    except OSError:
+        return False
+    return head[_DICM_OFFSET:] == b"DICM"
+
+
+def _dicom_by_suffix(suffix: str) -> bool | None:
+    """True for ``.dcm``, False for suffixes that are never DICOM (tables, text, images), None
+    when only the DICM preamble can tell."""
+    if suffix == ".dcm":
+        return True
+    return False if suffix in _NEVER_DICOM else None
+
+
+def _suffix(relpath: str) -> str:
+    """The lower-cased suffix of a relative path's file name, as ``Path.suffix`` gives it."""
+    name = relpath.rsplit("/", 1)[-1]
+    dot = name.rfind(".")
+    return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+
+
+def _dicom_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+    out = []
+    for rel in _walk_relpaths(root, follow_links):
+        verdict = _dicom_by_suffix(_suffix(rel))
+        if verdict or (verdict is None and _has_dicm_preamble(os.path.join(root, rel))):
+            out.append(rel)
+    return out
+
+
+def _image_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+    return [rel for rel in _walk_relpaths(root, follow_links) if _suffix(rel) in IMAGE_SUFFIXES]
+
+
+def list_dicom_files(root: Path, follow_links: bool = False) -> list[Path]:
+    """Every ``*.dcm`` under ``root`` plus extension-less or other files with the DICM preamble."""
+    return [root / rel for rel in _dicom_relpaths(root, follow_links)]
+
+
+def list_image_files(root: Path, follow_links: bool = False) -> list[Path]:
+    """Every file under ``root`` with an image suffix (png, jpg/jpeg, tif/tiff, bmp)."""
+    return [root / rel for rel in _image_relpaths(root, follow_links)]
+
+
+def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
+    """The raw files of a source whose root is a URL, by the rules of :func:`list_dicom_files` /
+    :func:`list_image_files`, sorted by relative path. Extension-less DICOM candidates cost one
+    ranged read of their first 132 bytes each (concurrent); ``*.dcm`` files are not read."""
+    if not isinstance(source.root, str):
+        raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
+    files = list_remote_files(source.root, storage_options=storage_options, where=f"sources.{source.name}.root")
+    suffixes = [PurePosixPath(f.relpath).suffix.lower() for f in files]
+    if source.kind == "image":
+        return [f for f, suffix in zip(files, suffixes, strict=True) if suffix in IMAGE_SUFFIXES]
+    verdicts = [_dicom_by_suffix(suffix) for suffix in suffixes]
+    head = _DICM_OFFSET + 4
+    unsure = [f for f, verdict in zip(files, verdicts, strict=True) if verdict is None and f.stat.size >= head]
+    heads = read_heads(source.root, [f.relpath for f in unsure], head, storage_options)
+    preamble = {f.relpath for f, data in zip(unsure, heads, strict=True) if data[_DICM_OFFSET:] == b"DICM"}
+    return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in preamble]
+
+
+def normalize_time(value: str | None) -> str | None:
+    """An ISO date or datetime string, or None when empty or unreadable."""
+    if value is None or not str(value).strip():
+        return None
+    text = str(value).strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+        return datetime.fromisoformat(text).replace(tzinfo=None).isoformat()
+    except ValueError:
+        return None
+
+
+def _relpath(raw: str, table: Path | str, row: int) -> str:
+    text = raw.strip().replace("\\", "/")
+    if not text:
+        raise ConfigError(f"{table}: row {row}, column 'path' is empty; give the file's path relative to the root")
+    return posixpath.normpath(text)
+
+
+def escapes_root(relpath: str) -> bool:
+    """True for a table path that leaves the source root (``..``) or is absolute."""
+    return relpath == ".." or relpath.startswith("../") or posixpath.isabs(relpath)
+
+
+@dataclass(frozen=True)
+class TableRow:
+    row: int
+    label: str | None
+    entity: str | None
+    time: str | None
+    raw_time: str | None
+    extra: tuple[tuple[str, str], ...]
+
+
+@contextlib.contextmanager
+def _open_table(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
+    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole."""
+    if isinstance(path, Path):
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            yield fh
+        return
+    try:
+        data = read_remote_bytes(path, storage_options)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: cannot read the table: there is no such object; fix the URL "
+                          "or upload the table") from err
+    except remote_errors() as err:
+        raise storage_error(path, err, doing="reading the table") from err
+    yield io.StringIO(data.decode("utf-8-sig"), newline="")
+
+
+def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: str | None = None,
+               time_column: str | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> dict[str, TableRow]:
+    """Read a CSV keyed by its ``path`` column (relative to the source root). ``path`` is a
+    local file or a URL (read through fsspec with ``storage_options``).
+
+    Raises ConfigError for an unreadable file, a missing column or a duplicated path.
+    """
+    try:
+        with _open_table(path, storage_options) as fh:
+            reader = csv.DictReader(fh)
+            columns = reader.fieldnames or []
+            missing = [c for c in required if c not in columns]
+            if missing:
+                raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; the header row has "
+                                  f"{', '.join(columns) or 'nothing'}")
+            rows: dict[str, TableRow] = {}
+            fixed = {"path", "label", entity_column, time_column}
+            for number, record in enumerate(reader, start=2):
+                rel = _relpath(record.get("path") or "", path, number)
+                if rel in rows:
+                    raise ConfigError(f"{path}: row {number}, column 'path': {rel!r} is listed twice "
+                                      f"(first on row {rows[rel].row}); keep one row per file")
+                raw_time = (record.get(time_column) or "").strip() if time_column else None
+                rows[rel] = TableRow(
+                    row=number,
+                    label=(record.get("label") or "").strip() or None,
+                    entity=((record.get(entity_column) or "").strip() or None) if entity_column else None,
+                    time=normalize_time(raw_time),
+                    raw_time=raw_time or None,
+                    extra=tuple(sorted((k, v or "") for k, v in record.items()
+                                       if k is not None and k not in fixed)),
+                )
+            return rows
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "save the table as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
+
+
+def _outside_root(path: Path, real_root: Path) -> bool:
+    """A listed file whose real location (symlinks resolved) is not under ``real_root`` (the
+    root, resolved).
+
+    Only for files listed without following directory links: every folder between the root and
+    the file is then a real folder, so only a file that is itself a link can lead outside, and
+    one ``lstat`` clears the rest (resolving every path cost 0.1 ms a file, most of discover).
+    """
+    try:
+        return path.is_symlink() and not path.resolve().is_relative_to(real_root)
+    except OSError:
+        return True
+
+
+def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None
+              ) -> tuple[Path | str | None, dict[str, TableRow]]:
+    """The source's label table (``labels`` for DICOM, ``table`` for images) and its rows."""
+    if source.kind == "dicom":
+        if source.labels is None:
+            return None, {}
+        return source.labels, read_table(source.labels, required=("path", "label"), storage_options=storage_options)
+    if source.table is None:  # parse_job guarantees a table; keep the type checker honest
+        raise ConfigError(f"sources.{source.name}.table: image sources need a table")
+    return source.table, read_table(source.table, required=("path", "label", source.entity),
+                                    entity_column=source.entity, time_column=source.time[0],
+                                    storage_options=storage_options)
+
+
+def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None
+                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+    """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
+    what the listing said about each file (by URL)."""
+    if isinstance(source.root, str):
+        remote = list_remote_source(source, storage_options)
+        return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
+    lister = _dicom_relpaths if source.kind == "dicom" else _image_relpaths
+    root = os.fspath(source.root)
+    return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside)], {}
+
+
+def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
+                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
+                 ) -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
+    remote = isinstance(source.root, str)
+    # an absolute path or a URL as written is not "relative to the job file": say so only when it is
+    as_written = f"root: {source.root_spec!r}" + (
+        "" if remote or "://" in source.root_spec or Path(source.root_spec).is_absolute()
+        else ", relative to the job file")
+    if not isinstance(source.root, str) and not source.root.is_dir():
+        what = "is a file, not a folder" if source.root.exists() else "does not exist"
+        raise ConfigError(f"sources.{source.name}.root: folder {source.root} {what} ({as_written})")
+    table_path, labels = _table_of(source, storage_options)  # a bad table fails before a long listing
+    files, listed = _listed_files(source, allow_outside, storage_options)
+    if not files:  # a typo in root would otherwise build an empty dataset and exit 0
+        looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
+                      "preamble (DICM at byte 128)" if source.kind == "dicom"
+                      else f"files named *{', *'.join(IMAGE_SUFFIXES)}")
+        raise ConfigError(f"sources.{source.name}.root: no {source.kind} files under {source.root} "
+                          f"({as_written}); looked for {looked_for}, in subfolders too. Check the root, or remove "
+                          "the source from the job")
+    # Refs go into a table one at a time (packer.pipeline.sampletable): as a list of objects, 100k refs
+    # held 60 MiB at once, much of it never given back to the system after discovery.
+    listed_refs = TableBuilder(RefTable)
+    issues: list[Issue] = []
+    real_root = None if remote or allow_outside else Path(source.root).resolve()
+    for rel, path in files:  # sorted by relative path
+        row = labels.get(rel)
+        if source.kind == "dicom":  # entity and time come from the header
+            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
+                            path=path, relpath=rel, label=row.label if row else None)
+        else:
+            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
+                            path=path, relpath=rel, label=row.label if row else None,
+                            entity=row.entity if row else None, time=row.time if row else None,
+                            extra=row.extra if row else ())
+        if known_labels and ref.label is not None and ref.label not in known_labels:
+            issues.append(Issue.of(ref, stage="discover", reason="unknown_label",
+                                   message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
+                                           f"{ref.label!r} is not in the job's labels ({', '.join(known_labels)}); "
+                                           "fix the row or add the label"))
+        elif real_root is not None and _outside_root(Path(ref.path), real_root):
+            # an object store has no symlinks: a listed object is always under its prefix
+            issues.append(Issue.of(ref, stage="discover", reason="outside_root",
+                                   message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
+                                           f"root {source.root}; move the file in, or set safety.outside_root: allow"))
+        else:
+            listed_refs.append(ref)
+    seen = {rel for rel, _ in files}
+    del files
+    outside: list[SampleRef] = []  # files a table names next to the root, where that is allowed
+    for rel, row in sorted(labels.items()):
+        if rel in seen:
+            continue
+        target = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
+        if escapes_root(rel):
+            if not allow_outside:
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
+                                    reason="outside_root",
+                                    message=f"{table_path} row {row.row}, column 'path': {rel!r} leaves the source "
+                                            "root; give a path inside the root, or set safety.outside_root: allow"))
+                continue
+            stat = stat_remote(target, storage_options) if remote else None
+            if stat is not None or (not remote and Path(target).is_file()):
+                # allowed on purpose: a table may point next to the root
+                if stat is not None:
+                    listed[target] = stat
+                outside.append(SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name,
+                                         kind=source.kind, path=target, relpath=rel, label=row.label,
+                                         entity=row.entity, time=row.time, extra=row.extra))
+                continue
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
+                            reason="missing_file",
+                            message=f"{table_path} row {row.row} lists {rel!r}, but {target} does not exist "
+                                    "(or is not a supported file); fix the path or remove the row"))
+    refs = listed_refs.finish()
+    if outside:
+        refs = RefTable.concat([refs, RefTable.of(outside)])
+        relpaths = refs.column("relpath")
+        refs = refs.take(sorted(range(len(refs)), key=relpaths.__getitem__))
+    return refs, issues, listed
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What discovery found: ``refs`` (sorted by source, then relative path), the table-only
+    ``issues``, and ``listed``: for each remote file (by URL) the size and version tag its
+    listing gave, which the build cache keys it by (a local file is keyed by its stat)."""
+
+    refs: RefTable
+    issues: list[Issue]
+    listed: dict[str, RawObject] = field(default_factory=dict)
+
+
+def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
+             storage_options: Mapping[str, Any] | None = None) -> Discovery:
+    """List every source's raw files, local or behind URLs (read with ``storage_options``):
+    refs sorted by source, then relative path, the table-only issues, and the remote listing.
+
+    Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
+    cannot be listed (missing bucket, credentials, endpoint; the message says which).
+    """
+    tables: list[RefTable] = []
+    issues: list[Issue] = []
+    listed: dict[str, RawObject] = {}
+    allow_outside = job.safety.outside_root == "allow"
+    for source in job.sources:
+        source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
+                                                                 storage_options)
+        tables.append(source_refs)
+        issues.extend(source_issues)
+        listed.update(source_listed)
+    refs = RefTable.concat(tables)
+    ids = refs.column("sample_id")
+    if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
+        refs = RefTable.of(unique_ids(list(refs)))
+    return Discovery(refs=refs, issues=issues, listed=listed)
+
+
+def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
+    """Keep sample ids unique: a (vanishingly rare) 64-bit hash collision gets a ``-dupN``
+    suffix, given in path order so the result is deterministic, and a warning names both files."""
+    seen: dict[str, SampleRef] = {}
+    out = []
+    for ref in refs:
+        sample_id, n = ref.sample_id, 1
+        while sample_id in seen:
+            n += 1
+            sample_id = f"{ref.sample_id}-dup{n}"
+        if sample_id != ref.sample_id:
+            warnings.warn(f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
+                          f"using {sample_id}", stacklevel=2)
+            ref = replace(ref, sample_id=sample_id)
+        seen[sample_id] = ref
+        out.append(ref)
+    return out
+
+
+def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
+    """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time."""
+    if ref.label is None:
+        return Issue.of(ref, stage="discover", reason="missing_label",
+                        message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table")
+    if ref.entity is None:
+        return Issue.of(ref, stage="discover", reason="missing_entity",
+                        message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
+    if needs_time and ref.time is None:
+        return Issue.of(ref, stage="discover", reason="missing_time",
+                        message=f"{ref.path}: no readable time, but the job splits by time; "
+                                "give an ISO date (YYYY-MM-DD) for this file")
+    return None
+
+
+def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
+    """Read one file's header (never its pixels) and complete the ref, or say why it is bad.
+
+    DICOM entity and time come from the header; images got theirs from the table. The
+    header read catches unreadable, non-DICOM and pixel-less files before any decoding.
+    """
+    probed = _probe(ref, job, keep_pixels=False)
+    return probed if isinstance(probed, Issue) else probed[0]
+
+
+def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
+    """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
+
+    A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
+    ``read_sample(dataset=...)``), so the header is not parsed a second time. ``None`` in its
+    place for images, and for a DICOM file that only a header-only read could parse.
+    """
+    return _probe(ref, job, keep_pixels=True)
+
+
+def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[SampleRef, Any] | Issue:
+    from packer.read.dicom import probe_dicom
+    from packer.read.image import probe_image
+
+    source = next(s for s in job.sources if s.name == ref.source)
+    dataset = None
+    if ref.kind == "dicom":
+        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
+                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels)
+        if isinstance(header, Issue):
+            return header
+        ref = replace(ref, entity=header.entity, time=header.time)
+        dataset = header.dataset
+    else:
+        image_header = probe_image(ref, limits=job.limits)
+        if isinstance(image_header, Issue):
+            return image_header
+    problem = check_identity(ref, needs_time=job.split.by == "time")
+    return problem if problem is not None else (ref, dataset)
