@@ -21,7 +21,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build, cache_location
 from packer.storage import build_cache_dir
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 
 def build_demo(demo_raw: Any, tmp_path: Path, out: Path, **options: Any) -> BuildResult:

@@ -20,7 +20,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.transform.channels import LUMA, Mapped, channel_rule, match_channels
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 CT_WINDOWS = ["lung", "mediastinum", "bone_body"]
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from packer.cli import main
-from tests.conftest import REPO, demo_job_doc, write_job
+from tests.helpers import REPO, demo_job_doc, write_job
 
 
 def commands() -> list[str]:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.pipeline.split import entity_unit, split_for_unit
 from packer.schemas import load_schema, schema_registry
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def photo(seed: int) -> np.ndarray:

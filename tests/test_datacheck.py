@@ -21,7 +21,7 @@ from packer.config import load_job
 from packer.pipeline.datacheck import summary, validate_job
 from packer.pipeline.split import entity_unit, split_for_unit
 from packer.schemas import load_schema, schema_registry
-from tests.conftest import REPO, demo_job_doc, write_job
+from tests.helpers import REPO, demo_job_doc, write_job
 
 RATIOS = (("train", 0.8), ("valid", 0.1), ("test", 0.1))
 

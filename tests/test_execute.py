@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 
 def run(demo_raw: Any, tmp_path: Path, scheduler: str | None, workers: int | None = None) -> BuildResult:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.errors import FileSystemError, refused_write
 from packer.files import TMP_SUFFIX, atomic_output
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (Linux) gives real ENOSPC writes")

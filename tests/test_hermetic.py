@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from packer.storage import work_dir
-from tests.conftest import REPO, clean_environment, is_hermetic_variable
+from tests.helpers import REPO, clean_environment, is_hermetic_variable
 
 #: A developer's shell, each value chosen to change an outcome if it reached a test.
 HOSTILE = {

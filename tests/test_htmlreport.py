@@ -26,7 +26,7 @@ from packer.htmlreport import SECTION_IDS, ReportLimits, render_html_report, wri
 from packer.htmlreport.stats import ChannelHistograms
 from packer.htmlreport.thumbs import composite, png_data_uri, sample_panes
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 SVG_LEAVES = {"rect", "line", "polyline", "polygon", "path", "circle"}

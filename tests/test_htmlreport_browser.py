@@ -15,7 +15,7 @@ import pytest
 from packer.config import load_job
 from packer.htmlreport import SECTION_IDS, write_html_report
 from packer.pipeline.build import BuildOptions, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 pytestmark = pytest.mark.slow  # starts a real browser (headless Chromium) three times
 

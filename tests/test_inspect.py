@@ -23,7 +23,7 @@ from packer.commands.inspect import diff_command, inspect_command, ls_command
 from packer.config import load_job
 from packer.demo import write_ct_slice, write_photo
 from packer.pipeline.build import BuildOptions, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 CLI = click.Group(commands=[inspect_command, diff_command, ls_command])
 

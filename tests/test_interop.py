@@ -17,7 +17,7 @@ import pytest
 
 from packer.config import SPLITS, load_job
 from packer.pipeline.build import BuildOptions, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 torch = pytest.importorskip("torch", reason="the loader extra: the round trip compares with packer.loader")
 

@@ -24,8 +24,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import REPO
 from tests.demo_version import committed_demo
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from packer.cli import main
 from packer.config import load_job
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 
 @pytest.fixture(scope="module", params=["webdataset", "parquet"])

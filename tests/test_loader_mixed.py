@@ -25,7 +25,7 @@ from packer.config import load_job
 from packer.errors import ConfigError, IntegrityError
 from packer.loader import MixedShapesError, ShardDataset, ShardReadError, make_loader
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.conftest import REPO, demo_job_doc, write_job
+from tests.helpers import REPO, demo_job_doc, write_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_refs
 from packer.records import Issue, SampleRef
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 
 def ref(i: int) -> SampleRef:

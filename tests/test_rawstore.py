@@ -23,7 +23,7 @@ from packer.pipeline.discover import discover
 from packer.pipeline.pixels import ChunkTask, process_chunk
 from packer.pipeline.rawstore import remote_listing
 from packer.records import Issue
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 from tests.s3_store import S3Requests, Store, running_store
 
 pytestmark = pytest.mark.slow  # every test talks to moto's S3 server; some build the demo on a dask cluster

@@ -27,8 +27,8 @@ from packer.pipeline.discover import discover
 from packer.pipeline.pixels import ChunkTask, process_chunk
 from packer.pipeline.rawstore import HEAD_BYTES, remote_listing
 from packer.records import SpilledSample
-from tests.conftest import write_job
 from tests.dicom_files import TEST_FILES, ct_dataset, image_dataset, save
+from tests.helpers import write_job
 from tests.s3_store import S3Requests, Store, running_store
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")

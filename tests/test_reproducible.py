@@ -20,8 +20,8 @@ import packer.pipeline.discover as discover_module
 from packer.config import load_job
 from packer.demo import write_demo_tree
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.conftest import REPO, demo_job_doc, write_job
 from tests.demo_version import committed_demo
+from tests.helpers import REPO, demo_job_doc, write_job
 
 
 def shards(result: BuildResult) -> dict[str, bytes]:

@@ -20,7 +20,7 @@ from packer.errors import ConfigError, IntegrityError, PackerError
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.storage import LOCAL_ONLY, parse_storage_options, publish_version, resolve_output
 from packer.verify import verify_dataset
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 from tests.s3_store import Store, running_store
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")

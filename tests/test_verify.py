@@ -25,7 +25,7 @@ from packer.config import load_job
 from packer.manifest import seal_manifest
 from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
-from tests.conftest import demo_job_doc, write_job
+from tests.helpers import demo_job_doc, write_job
 
 FORMATS = ("webdataset", "parquet")
 CLI = click.Group(commands=[verify_command])
