@@ -26,6 +26,8 @@ REASONS = (
     "decode_failed",
     "truncated",
     "bad_shape",
+    "bad_dtype",
+    "non_finite",
     "constant_image",
     "missing_label",
     "unknown_label",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -50,4 +49,7 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
         write_json(result, json_path)
     if junit_path is not None:
         write_junit(result, junit_path)
-    sys.exit(result.exit_code)
+    if result.exit_code != 0:
+        # the summary above already says what failed: exit with its code and no "packer: error:" line
+        # (a PackerError would add one); ``exits`` lets click's Exit through, click exits with its code
+        raise click.exceptions.Exit(result.exit_code)

@@ -1,7 +1,16 @@
-"""Read stage: decode raw files into pixel arrays, or bad-sample records when they cannot be."""
+"""Read stage: decode raw files into pixel arrays, or bad-sample records when they cannot be.
+
+:func:`at_boundary` is the stage's one boundary for the unexpected: the only place on the read
+path that turns an exception a reader did not anticipate into a bad-sample record
+(``unexpected_error``). The readers' public entry points (:func:`packer.read.dicom.read_dicom`,
+:func:`packer.read.image.read_image`, and :func:`read_sample`, which dispatches to them) each
+pass through it exactly once; inside, the readers catch only the specific exceptions they
+expect, and report how far they got through a :class:`ReadProgress` instead of catching.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from packer.records import Issue, Sample, SampleRef
@@ -10,22 +19,45 @@ if TYPE_CHECKING:
     from packer.config import JobConfig
 
 
+class ReadProgress:
+    """How far a reader got with one file: the pipeline stage it is in (``read``, then
+    ``validate``, then ``transform``). A reader moves ``stage`` on as it goes, so that the
+    boundary names the stage an unforeseen exception came from."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: str = "read") -> None:
+        self.stage = stage
+
+
+def at_boundary(ref: SampleRef, read: Callable[[ReadProgress], list[Sample] | Issue], *,
+                name: str = "") -> list[Sample] | Issue:
+    """``read(progress)``, or the ``unexpected_error`` Issue of what it raised: stage
+    ``progress.stage`` (``read`` unless the reader moved it on), message ``{name}: {type}: {text}``
+    (without ``{name}: `` when ``name`` is empty; ``name`` is how the reader names the file in
+    its messages). One bad file must not end the job, so this catches every ``Exception``."""
+    progress = ReadProgress()
+    try:
+        return read(progress)
+    except Exception as err:  # noqa: BLE001 - the read stage's one boundary: one bad file must not end the job
+        prefix = f"{name}: " if name else ""
+        return Issue.of(ref, stage=progress.stage, reason="unexpected_error",
+                        message=f"{prefix}{type(err).__name__}: {err}")
+
+
 def read_sample(ref: SampleRef, job: JobConfig, *, dataset: Any = None) -> list[Sample] | Issue:
     """Decode, validate and transform one raw file with the reader for its kind.
 
-    ``dataset``: the DICOM file as ``discover.probe_for_read`` parsed it (not parsed again).
+    ``dataset``: the DICOM file as ``packer.pipeline.probe.probe_for_read`` parsed it (not parsed again).
 
-    This is the stage's one boundary for the unexpected: an exception a reader did not
-    anticipate becomes an ``unexpected_error`` issue naming its type, never a crashed job.
+    An exception a reader did not anticipate becomes an ``unexpected_error`` issue naming its
+    type (:func:`at_boundary`, which each reader passes through once), never a crashed job. An
+    unusable ``job.image`` raises :class:`~packer.errors.ConfigError`: a defect of the run.
     """
     from packer.read.dicom import read_dicom
     from packer.read.image import read_image
 
-    try:
-        if ref.kind == "dicom":
-            return read_dicom(ref, job.dicom, limits=job.limits,
-                              allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=dataset)
-        return read_image(ref, job.image, limits=job.limits)
-    except Exception as err:  # noqa: BLE001 - the stage boundary: one bad file must not end the job
-        return Issue.of(ref, stage="read", reason="unexpected_error",
-                        message=f"{ref.path}: {type(err).__name__}: {err}")
+    if ref.kind == "dicom":
+        return read_dicom(ref, job.dicom, limits=job.limits,
+                          allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=dataset)
+    return read_image(ref, job.image, limits=job.limits)

@@ -41,6 +41,7 @@ from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
 from pydicom.uid import UID
 
 from packer.config import DicomTransformConfig, LimitsConfig
+from packer.read import at_boundary
 from packer.read.dicom_attrs import (
     DamagedElement,
     first_float,
@@ -443,13 +444,12 @@ def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfi
     validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
     overflow), plus every issue of :func:`probe_dicom` (``too_large`` and ``burned_in_annotation``
     are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
-    with the exception type and message. ``dataset``: the file as :func:`probe_dicom` parsed it
-    with ``keep_pixels`` (not parsed again).
+    with the file, the exception type and message (:func:`packer.read.at_boundary`, the read
+    stage's one boundary). ``dataset``: the file as :func:`probe_dicom` parsed it with
+    ``keep_pixels`` (not parsed again).
     """
-    try:
-        return _read(ref, cfg, limits, allow_burned_in, dataset)
-    except Exception as err:  # noqa: BLE001 - the one boundary: one bad file must not kill the job
-        return _issue(ref, "read", "unexpected_error", f"{type(err).__name__}: {err}")
+    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, allow_burned_in, dataset),
+                       name=ref.relpath or ref.path)
 
 
 def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow_burned_in: bool,

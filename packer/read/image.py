@@ -38,6 +38,7 @@ import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig, LimitsConfig
+from packer.read import ReadProgress, at_boundary
 from packer.read.image_structure import (
     FORMATS,
     TIFF_ORIENTATION,
@@ -507,11 +508,18 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
     checked before decoding; for a TIFF, also more than ``limits.max_frames`` IFDs, and all pages'
     decoded bytes together) (stage ``read``); ``bad_shape``, ``constant_image`` (every page
     blank) (``validate``); ``missing_window`` (float image without a window), ``bad_shape`` (no
-    full tile) (``transform``); ``unexpected_error`` from whichever stage raised. Raises
-    ConfigError only for an unusable ``cfg`` (a defect of the run).
+    full tile) (``transform``); ``unexpected_error`` from whichever stage raised
+    (:func:`packer.read.at_boundary`, the read stage's one boundary). Raises ConfigError only for
+    an unusable ``cfg`` (a defect of the run).
     """
     check_image_config(cfg)
-    stage = "read"
+    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, progress))
+
+
+def _read(ref: SampleRef, cfg: ImageTransformConfig, limits: LimitsConfig,
+          progress: ReadProgress) -> list[Sample] | Issue:
+    """:func:`read_image`'s work; moves ``progress.stage`` on as it goes, and raises what it did
+    not foresee (to :func:`packer.read.at_boundary`)."""
     try:
         try:
             too_big = file_size_problem(os.stat(ref.path).st_size, limits)
@@ -527,9 +535,9 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
         if fmt is None:
             return _unsupported(ref, data)
         pages = _decode_pages(fmt, data, limits)
-        stage = "validate"
+        progress.stage = "validate"
         _validate(pages)
-        stage = "transform"
+        progress.stage = "transform"
         for page in pages:
             if not cfg.window and full_range_max(page.image.dtype) is None:
                 return Issue.of(ref, stage="transform", reason="missing_window",
@@ -538,9 +546,7 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
                                         "{percentiles: [lo, hi]})")
         tiled = [transform_image(page.image, cfg, 1 if page.oriented else page.orientation) for page in pages]
     except Defect as defect:
-        return Issue.of(ref, stage=stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
-    except Exception as err:  # the stage's one boundary: one bad file must not stop the job
-        return Issue.of(ref, stage=stage, reason="unexpected_error", message=f"{type(err).__name__}: {err}")
+        return Issue.of(ref, stage=progress.stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
     for page, tiles in zip(pages, tiled, strict=True):
         if not tiles:
             return Issue.of(ref, stage="transform", reason="bad_shape",
