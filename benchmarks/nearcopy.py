@@ -7,7 +7,7 @@ For each size, ``packer.demo.write_copies_tree`` writes CT patients of similar a
 each, 256×256) and 90 planted copies of their slices under other entities (10 of each kind in
 ``COPY_KINDS``: PNG, JPEG q75, resized 0.9×, shifted (3, 2) px, cropped 5/3 px, lung and bone
 windows, and DICOM copies, plain and RLE). The job packs 2-window CT and grey exports at 64×64
-(the issue's setting) and runs ``packer.pipeline.prepare`` (discovery, pixel pass, candidates,
+(the issue's setting) and runs ``packer.pipeline.stages.run_stages`` (discovery, pixel pass, candidates,
 verification, split, audit) on a local dask cluster. Reported per size: recall per copy kind
 (copy and source in one split group; linked directly), the near links between different
 patients (false links) and their rate per verified candidate pair, groups holding more than one
@@ -33,7 +33,7 @@ from packer.config import load_job
 from packer.demo import COPY_KINDS, write_copies_tree
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.nearcopy import EMBED_DIM, QUERY_ZOOMS, candidate_pairs
-from packer.pipeline.prepare import prepare
+from packer.pipeline.stages import run_stages
 
 SECTION = "## Near copies: precision, recall and scale"
 DEFAULT_DATA = Path("/work/bench-data/nearcopy")
@@ -60,7 +60,7 @@ def one_size(data: Path, patients: int, workers: int) -> dict[str, Any]:
     job = load_job(job_file)
     with open_executor(None, workers) as executor:
         t0 = time.perf_counter()
-        prepared = prepare(job, executor, cache_dir=root / "cache", quiet=True)
+        prepared = run_stages(job, executor, through="audit", cache_dir=root / "cache", quiet=True).prepared
         total = time.perf_counter() - t0
     table = prepared.samples
     outcome = tree.evaluate(table.column("source"), table.column("relpath"),
@@ -103,7 +103,7 @@ def run(data: Path, sizes: list[int], search: list[int], workers: int) -> tuple[
         "Similar-anatomy chest phantoms (`packer.demo.write_copies_tree`: every patient its own body plan, "
         "lungs, heart, aorta, vessels; 4 slices of 256×256 each) with 90 planted copies of slices under other "
         "entities, 10 of each kind; packed at 64×64 (CT: lung + mediastinum windows; exports: grey). "
-        "`packer.pipeline.prepare` on a local dask cluster of "
+        "`packer.pipeline.stages.run_stages` on a local dask cluster of "
         f"{workers} workers, default `split.near_duplicates` (neighbors 16, min_score 0.984).",
         "",
         "| patients | samples | copies grouped with their source | linked directly | false links "

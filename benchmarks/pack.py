@@ -198,7 +198,7 @@ def _phase_timers(phases: dict[str, float], stages: dict[str, float]) -> context
     carry them (``ChunkResult.seconds``), summed over all chunks.
     """
     import packer.pipeline.build as build_module
-    import packer.pipeline.prepare as prepare_module
+    import packer.pipeline.stages as stages_module
 
     stack = contextlib.ExitStack()
     original_open = build_module.open_executor
@@ -228,8 +228,8 @@ def _phase_timers(phases: dict[str, float], stages: dict[str, float]) -> context
         return run
 
     stack.enter_context(_patched(build_module, "open_executor", open_executor))
-    targets = [(build_module, "prepare", "prepare"), (build_module, "_pack_all", "pack"),
-               (prepare_module, "discover", "discover"), (prepare_module, "process_all", "process")]
+    targets = [(stages_module, "_check", "prepare"), (stages_module, "pack_shards", "pack"),
+               (stages_module, "discover", "discover"), (stages_module, "process_all", "process")]
     with contextlib.suppress(ImportError):
         import packer.htmlreport as html_module  # the HTML report, where this packer version writes one
 

@@ -78,16 +78,16 @@ def test_exit_2_on_a_bad_job_file(tmp_path: Path) -> None:
 
 def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Force a broken assignment (every other sample to test) and check the audit stops the build."""
-    import packer.pipeline.prepare as prepare_module
+    import packer.pipeline.stages as stages_module
 
-    real = prepare_module.assign_splits
+    real = stages_module.assign_splits
 
     def leaky(samples: Any, cfg: Any, edges: Any) -> Any:
         honest = real(samples, cfg, edges)
         split = {s.key: ("train", "test")[i % 2] for i, s in enumerate(samples)}
         return dataclasses.replace(honest, split=split)
 
-    monkeypatch.setattr(prepare_module, "assign_splits", leaky)
+    monkeypatch.setattr(stages_module, "assign_splits", leaky)
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
     result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert result.exit_code == 4, result.output

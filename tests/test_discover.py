@@ -15,12 +15,12 @@ from packer.errors import ConfigError
 from packer.pipeline.discover import (
     _suffix,
     _walk_relpaths,
-    check_identity,
+    dicom_relpaths,
     discover,
-    list_dicom_files,
     make_sample_id,
     normalize_time,
 )
+from packer.pipeline.probe import check_identity
 from packer.records import SampleRef
 
 
@@ -103,7 +103,7 @@ def test_dicom_listing_uses_suffix_or_preamble(tmp_path: Path) -> None:
     (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
     (tmp_path / "notes").write_bytes(b"hello")
     (tmp_path / ".hidden.dcm").write_bytes(b"x")
-    assert [p.name for p in list_dicom_files(tmp_path)] == ["IM0001", "a.dcm"]
+    assert dicom_relpaths(tmp_path) == ["IM0001", "a.dcm"]
 
 
 def test_identity_checks_in_order() -> None:

@@ -134,7 +134,7 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
         seen.extend(min(size, chunks - start) for start in range(0, chunks, size))
         return size
 
-    monkeypatch.setattr("packer.pipeline.prepare.group_size", recording)
+    monkeypatch.setattr(process, "group_size", recording)
     result = run(demo_raw, tmp_path, None, workers=2)
     assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "cache").glob("*/*.spill")))
     assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
@@ -142,15 +142,13 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
 
 
 def test_group_sizes_leave_every_worker_thread_enough_tasks() -> None:
-    from packer.pipeline.pixels import GROUPS_PER_THREAD, MAX_GROUP, group_chunks
+    from packer.pipeline.pixels import GROUPS_PER_THREAD, MAX_GROUP, group_size
 
-    tasks: list[Any] = list(range(337))               # stand-ins: grouping only slices the sequence
-    assert [len(g.tasks) for g in group_chunks(tasks, 0)] == [1] * 337           # in-process: no grouping
-    two = group_chunks(tasks, 2)
-    assert [t for g in two for t in g.tasks] == tasks                            # order kept, nothing lost
-    assert len(two) >= GROUPS_PER_THREAD * 2 and max(len(g.tasks) for g in two) == 337 // (GROUPS_PER_THREAD * 2)
-    assert max(len(g.tasks) for g in group_chunks(list(range(100_000)), 2)) == MAX_GROUP
-    assert [len(g.tasks) for g in group_chunks(tasks[:20], 2)] == [1] * 20       # small builds: one chunk a task
+    assert group_size(337, 0) == 1                                               # in-process: no grouping
+    size = group_size(337, 2)
+    assert size == 337 // (GROUPS_PER_THREAD * 2) and -(-337 // size) >= GROUPS_PER_THREAD * 2
+    assert group_size(100_000, 2) == MAX_GROUP
+    assert group_size(20, 2) == 1                                                # small builds: one chunk a task
 
 
 class _Payload:

@@ -23,7 +23,7 @@ from packer.errors import ConfigError
 from packer.pipeline import nearcopy
 from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.cluster import open_executor
-from packer.pipeline.prepare import prepare
+from packer.pipeline.stages import run_stages
 
 
 def photo(seed: int, size: int = 256) -> np.ndarray:
@@ -172,7 +172,7 @@ def test_every_planted_copy_is_grouped_with_its_source_and_no_patients_are_joine
                                                                                   tmp_path: Path) -> None:
     job = load_job(copies_job(small_tree, tmp_path))
     with open_executor("sync") as executor:
-        prepared = prepare(job, executor, cache_dir=tmp_path / "cache", quiet=True)
+        prepared = run_stages(job, executor, through="audit", cache_dir=tmp_path / "cache", quiet=True).prepared
     table = prepared.samples
     outcome = small_tree.evaluate(table.column("source"), table.column("relpath"),
                                   [g.members for g in prepared.assignment.groups], prepared.links.i.tolist(),
@@ -190,7 +190,8 @@ def test_every_planted_copy_is_grouped_with_its_source_and_no_patients_are_joine
 def test_three_hundred_similar_patients_split_within_five_points_with_every_copy_grouped(tmp_path: Path) -> None:
     tree = write_copies_tree(tmp_path / "raw", patients=300, copies=90)
     with open_executor(None, 2) as executor:
-        prepared = prepare(load_job(copies_job(tree, tmp_path)), executor, cache_dir=tmp_path / "cache", quiet=True)
+        prepared = run_stages(load_job(copies_job(tree, tmp_path)), executor, through="audit",
+                              cache_dir=tmp_path / "cache", quiet=True).prepared
     table = prepared.samples
     outcome = tree.evaluate(table.column("source"), table.column("relpath"),
                             [g.members for g in prepared.assignment.groups], prepared.links.i.tolist(),

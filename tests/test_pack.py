@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,11 @@ import webdataset as wds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.config import SPLITS, PackConfig
 from packer.files import canonical_json
 from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, plan_shards
+from packer.pipeline.sampletable import SampleTable
+from packer.records import SampleRef, SpilledSample
 from packer.shards.encode import EncodedSample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import _member, member_header, write_tar_shard
@@ -141,24 +143,31 @@ def test_a_failed_write_leaves_no_file(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@dataclass(frozen=True)
-class Item:
-    name: str
-    nbytes: int
+def _spilled(index: int, nbytes: int) -> SpilledSample:
+    ref = SampleRef(sample_id=f"s{index:03d}", source="src", kind="image", path=f"/raw/{index}.png",
+                    relpath=f"{index}.png", label="a", entity=f"E{index}")
+    return SpilledSample(key=f"src-{index:03d}", ref=ref, spill="x.spill", offset=0, pixel_bytes=nbytes, meta_bytes=0,
+                         shape=(1, 1, nbytes), dtype="uint8", sha256=f"{index:064x}")
 
 
-@given(st.lists(st.integers(1, 5000), max_size=80), st.integers(1, 10), st.integers(1000, 20_000))
+@given(st.lists(st.tuples(st.integers(1, 5000), st.sampled_from(SPLITS)), max_size=80),
+       st.integers(1, 10), st.integers(1000, 20_000))
 @settings(max_examples=80, deadline=None)
-def test_plan_respects_limits_and_keeps_order(sizes: list[int], max_samples: int, max_bytes: int) -> None:
-    items = [Item(f"s{i}", n) for i, n in enumerate(sizes)]
-    plans = plan_shards(items, split="train", fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
-    assert [s for p in plans for s in p.samples] == items
-    assert [p.file for p in plans] == [f"train-{i:06d}.parquet" for i in range(len(plans))]
+def test_the_build_plan_respects_limits_and_keeps_split_and_key_order(
+        rows: list[tuple[int, str]], max_samples: int, max_bytes: int) -> None:
+    table = SampleTable.of([_spilled(i, nbytes) for i, (nbytes, _) in enumerate(rows)])
+    split_of = {f"src-{i:03d}": split for i, (_, split) in enumerate(rows)}
+    plans = plan_shards(table, split_of, PackConfig(format="parquet", max_samples=max_samples, max_bytes=max_bytes))
+    planned = [int(r) for p in plans for r in p.rows]
+    by_split = [i for split in SPLITS for i, (_, s) in enumerate(rows) if s == split]
+    assert planned == by_split                                           # every row once: train, valid, test, key order
+    for split in SPLITS:
+        mine = [p for p in plans if p.split == split]
+        assert [p.file for p in mine] == [f"{split}-{i:06d}.parquet" for i in range(len(mine))]
+        for before, after in zip(mine, mine[1:], strict=False):        # greedy: the next sample did not fit
+            used = sum(rows[r][0] + PER_SAMPLE_OVERHEAD["parquet"] for r in before.rows)
+            first = rows[int(after.rows[0])][0] + PER_SAMPLE_OVERHEAD["parquet"]
+            assert len(before.rows) == max_samples or used + first > max_bytes
     for p in plans:
-        bytes_in = sum(s.nbytes + PER_SAMPLE_OVERHEAD["parquet"] for s in p.samples)
-        assert len(p.samples) <= max_samples
-        assert len(p.samples) == 1 or bytes_in <= max_bytes
-    for before, after in zip(plans, plans[1:], strict=False):  # greedy: the next sample did not fit
-        first = after.samples[0].nbytes + PER_SAMPLE_OVERHEAD["parquet"]
-        used = sum(s.nbytes + PER_SAMPLE_OVERHEAD["parquet"] for s in before.samples)
-        assert len(before.samples) == max_samples or used + first > max_bytes
+        bytes_in = sum(rows[r][0] + PER_SAMPLE_OVERHEAD["parquet"] for r in p.rows)
+        assert 0 < len(p.rows) <= max_samples and (len(p.rows) == 1 or bytes_in <= max_bytes)

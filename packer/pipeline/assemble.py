@@ -1,16 +1,25 @@
-"""Assemble: write one planned shard from spilled sample bytes (no decoding happens here)."""
+"""The pack stage: write the planned shards from spilled sample bytes (no decoding happens here).
+
+:func:`pack_shards` runs on the client and submits one :func:`write_shard` dask task per shard;
+each task streams its samples out of the spill (:mod:`packer.pipeline.spill`) through the
+shard format's writer (:mod:`packer.shards`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from packer.allocator import tune_allocator
-from packer.pipeline.pixels import read_spilled
-from packer.pipeline.plan import ShardPlan
+from packer.errors import PackerError
+from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.plan import PlannedShard, ShardPlan
+from packer.pipeline.sampletable import SampleTable
+from packer.pipeline.spill import read_spilled
+from packer.progress import Progress
 from packer.records import SpilledSample
 from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.parquet import write_parquet_shard
@@ -22,7 +31,7 @@ WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 
 @dataclass(frozen=True)
 class ShardTask:
-    plan: ShardPlan[SpilledSample]
+    plan: ShardPlan
     label_map: dict[str, int]
     cache_dir: str
     folder: str
@@ -62,3 +71,27 @@ def write_shard(task: ShardTask) -> ShardWrite:
     finally:
         files.close()
     return replace(written, seconds=time.perf_counter() - start)
+
+
+def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, label_map: dict[str, int],
+              cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
+    """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
+    spill files under ``cache_dir``; return what each writer reported, by shard file."""
+    def task_of(i: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
+        shard = shards[i]
+        plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
+        return ShardTask(plan=plan, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
+
+    progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
+    written: dict[str, ShardWrite] = {}
+    nonce = uuid.uuid4().hex[:8]
+    tasks = LazySequence(len(shards), task_of)
+    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{s.file}-{nonce}" for s in shards]):
+        if isinstance(shard, WorkerLost):
+            raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
+                              "this happens only when copying already-decoded bytes, so check the worker's memory "
+                              "limit and the disk under the output folder")
+        written[shard.file] = shard
+        progress.update(shard.samples)
+    progress.close()
+    return written

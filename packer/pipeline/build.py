@@ -18,8 +18,8 @@ import json
 import os
 import shutil
 import sys
-import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from packer.errors import (
     BadFractionError,
     ConfigError,
     FileSystemError,
-    PackerError,
     blocking_file,
 )
 from packer.files import atomic_output
@@ -50,14 +49,13 @@ from packer.manifest import (
     write_manifest,
     write_splits_table,
 )
-from packer.pipeline.assemble import ShardTask, write_shard
-from packer.pipeline.audit import raise_on_leakage, write_leakage
-from packer.pipeline.cluster import Executor, LazySequence, WorkerLost, open_executor
-from packer.pipeline.pixels import remove_stale_temporaries
-from packer.pipeline.plan import ShardPlan, shard_bounds, shard_file
-from packer.pipeline.prepare import prepare, stage_seconds
+from packer.pipeline.audit import write_leakage
+from packer.pipeline.cluster import open_executor
+from packer.pipeline.pixels import stage_seconds
+from packer.pipeline.plan import PlannedShard
 from packer.pipeline.sampletable import SampleTable
-from packer.progress import Progress
+from packer.pipeline.spill import remove_stale_temporaries
+from packer.pipeline.stages import run_stages
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, PublishResult, build_cache_dir, publish_version, resolve_output
@@ -118,39 +116,6 @@ class BuildResult:
         return over_limit(self.manifest["bad_samples"])
 
 
-@dataclass(frozen=True)
-class _Shard:
-    """A planned shard: its file, split and index, and the rows of its samples (in the order they
-    go in) in the build's sample table."""
-
-    file: str
-    split: str
-    index: int
-    rows: np.ndarray
-
-
-def _pack_all(shards: list[_Shard], samples: SampleTable, executor: Executor, label_map: dict[str, int],
-              cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
-    def task_of(i: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
-        shard = shards[i]
-        plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
-        return ShardTask(plan=plan, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
-
-    progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
-    written: dict[str, ShardWrite] = {}
-    nonce = uuid.uuid4().hex[:8]
-    tasks = LazySequence(len(shards), task_of)
-    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{s.file}-{nonce}" for s in shards]):
-        if isinstance(shard, WorkerLost):
-            raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
-                              "this happens only when copying already-decoded bytes, so check the worker's memory "
-                              "limit and the disk under the output folder")
-        written[shard.file] = shard
-        progress.update(shard.samples)
-    progress.close()
-    return written
-
-
 def _sample_schema(samples: SampleTable) -> dict[str, Any]:
     source_codes, sources = samples.codes("source")
     shape_codes, shapes = samples.codes("shape")
@@ -169,7 +134,8 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
     }
 
 
-def _split_summary(samples: SampleTable, shards: list[_Shard], written: dict[str, ShardWrite]) -> dict[str, Any]:
+def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard],
+                   written: dict[str, ShardWrite]) -> dict[str, Any]:
     label_codes, labels = samples.codes("label")
     entity_codes, _ = samples.codes("entity")
     summary: dict[str, Any] = {}
@@ -184,23 +150,6 @@ def _split_summary(samples: SampleTable, shards: list[_Shard], written: dict[str
             "shards": [written[s.file].to_entry() for s in mine],
         }
     return summary
-
-
-def _plan(samples: SampleTable, split_of: dict[str, str], job: JobConfig) -> list[_Shard]:
-    """The shards of every split, in split order, each split's samples in key order."""
-    rows: dict[str, list[int]] = defaultdict(list)
-    for row, key in enumerate(samples.column("key")):
-        rows[split_of[key]].append(row)
-    nbytes = samples.nbytes
-    shards: list[_Shard] = []
-    for split in SPLITS:
-        mine = np.array(rows.pop(split, []), dtype=np.int64)
-        bounds = shard_bounds(nbytes[mine].tolist(), fmt=job.pack.format, max_samples=job.pack.max_samples,
-                              max_bytes=job.pack.max_bytes)
-        shards.extend(_Shard(file=shard_file(split, index, job.pack.format), split=split, index=index,
-                             rows=mine[start:stop])
-                      for index, (start, stop) in enumerate(bounds))
-    return shards
 
 
 def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
@@ -248,25 +197,13 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers) as executor:
-        prepared = prepare(job, executor, cache_dir=cache_dir, quiet=options.quiet,
-                           storage_options=options.storage_options)
-        cached_files = sum(c.files for c in prepared.chunks if c.reused)
-        if cached_files and not options.quiet:
-            print(f"packer: reused {cached_files} of {prepared.inputs} files from the build cache "
-                  "(their spill files' hashes checked out)", flush=True)
-        if prepared.audit.failed:
-            write_leakage(dataset_root, prepared.audit)
-            raise_on_leakage(prepared.audit)
-        samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
-        names = job.labels or tuple(sorted({label or "" for label in samples.codes("label")[1]}))
-        label_map = {name: index for index, name in enumerate(names)}
-        shards = _plan(samples, assignment.split, job)
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
-        written = _pack_all(shards, samples, executor, label_map, cache_dir, staging, job.pack.format,
-                            options.quiet)
+        run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
+                         storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root)
         description = executor.description
+    prepared, label_map, shards, written = run.prepared, run.label_map, run.shards, run.written
+    del run
+    samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
+    cached_files = sum(c.files for c in prepared.chunks if c.reused)
 
     index = IndexColumns()
     label_codes, label_values = samples.codes("label")

@@ -26,7 +26,7 @@ from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, LeakageError
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
-from packer.pipeline.prepare import Prepared, prepare
+from packer.pipeline.stages import Prepared, run_stages
 from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.
@@ -114,9 +114,9 @@ def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = N
     """Run discover → read/validate → split → audit on ``job``; write nothing. ``storage_options``
     configure the stores of sources given as URLs."""
     with open_executor(scheduler, workers) as executor:
-        prepared = prepare(job, executor, cache_dir=None, decode=not quick, quiet=quiet,
-                           storage_options=storage_options)
-    return ValidateResult(job=job, prepared=prepared, quick=quick)
+        run = run_stages(job, executor, through="audit", cache_dir=None, decode=not quick, quiet=quiet,
+                         storage_options=storage_options)
+    return ValidateResult(job=job, prepared=run.prepared, quick=quick)
 
 
 def summary(result: ValidateResult) -> dict[str, Any]:

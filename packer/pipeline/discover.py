@@ -3,7 +3,7 @@
 This is the client side of the header pass. It lists files (sorted, so the listing order of
 the file system never matters), reads the label tables, and produces one unprobed
 :class:`SampleRef` per file, or an :class:`Issue` for a table row whose file is missing.
-``probe_ref`` (run on workers) then reads headers and fills in what only the file knows.
+:mod:`packer.pipeline.probe` (run on workers) then reads headers and fills in what only the file knows.
 
 A source whose root is a URL is listed through :mod:`packer.pipeline.rawstore` under the same rules;
 its refs carry the full URL as ``path``, and :func:`discover` also returns what the
@@ -92,7 +92,9 @@ def _suffix(relpath: str) -> str:
     return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
 
 
-def _dicom_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+def dicom_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+    """Relative paths of a DICOM source's files: every ``*.dcm``, plus files without an image or
+    table suffix that carry the DICM preamble; hidden files and folders are skipped."""
     out = []
     for rel in _walk_relpaths(root, follow_links):
         verdict = _dicom_by_suffix(_suffix(rel))
@@ -101,23 +103,15 @@ def _dicom_relpaths(root: Path, follow_links: bool = False) -> list[str]:
     return out
 
 
-def _image_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+def image_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+    """Relative paths of an image source's files: every file with an image suffix (png, jpg/jpeg,
+    tif/tiff, bmp); hidden files and folders are skipped."""
     return [rel for rel in _walk_relpaths(root, follow_links) if _suffix(rel) in IMAGE_SUFFIXES]
 
 
-def list_dicom_files(root: Path, follow_links: bool = False) -> list[Path]:
-    """Every ``*.dcm`` under ``root`` plus extension-less or other files with the DICM preamble."""
-    return [root / rel for rel in _dicom_relpaths(root, follow_links)]
-
-
-def list_image_files(root: Path, follow_links: bool = False) -> list[Path]:
-    """Every file under ``root`` with an image suffix (png, jpg/jpeg, tif/tiff, bmp)."""
-    return [root / rel for rel in _image_relpaths(root, follow_links)]
-
-
 def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
-    """The raw files of a source whose root is a URL, by the rules of :func:`list_dicom_files` /
-    :func:`list_image_files`, sorted by relative path. Extension-less DICOM candidates cost one
+    """The raw files of a source whose root is a URL, by the rules of :func:`dicom_relpaths` /
+    :func:`image_relpaths`, sorted by relative path. Extension-less DICOM candidates cost one
     ranged read of their first 132 bytes each (concurrent); ``*.dcm`` files are not read."""
     if not isinstance(source.root, str):
         raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
@@ -261,7 +255,7 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
     if isinstance(source.root, str):
         remote = list_remote_source(source, storage_options)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
-    lister = _dicom_relpaths if source.kind == "dicom" else _image_relpaths
+    lister = dicom_relpaths if source.kind == "dicom" else image_relpaths
     root = os.fspath(source.root)
     return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside)], {}
 
@@ -401,59 +395,3 @@ def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
         seen[sample_id] = ref
         out.append(ref)
     return out
-
-
-def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
-    """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time."""
-    if ref.label is None:
-        return Issue.of(ref, stage="discover", reason="missing_label",
-                        message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table")
-    if ref.entity is None:
-        return Issue.of(ref, stage="discover", reason="missing_entity",
-                        message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
-    if needs_time and ref.time is None:
-        return Issue.of(ref, stage="discover", reason="missing_time",
-                        message=f"{ref.path}: no readable time, but the job splits by time; "
-                                "give an ISO date (YYYY-MM-DD) for this file")
-    return None
-
-
-def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
-    """Read one file's header (never its pixels) and complete the ref, or say why it is bad.
-
-    DICOM entity and time come from the header; images got theirs from the table. The
-    header read catches unreadable, non-DICOM and pixel-less files before any decoding.
-    """
-    probed = _probe(ref, job, keep_pixels=False)
-    return probed if isinstance(probed, Issue) else probed[0]
-
-
-def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
-    """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
-
-    A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
-    ``read_sample(dataset=...)``), so the header is not parsed a second time. ``None`` in its
-    place for images, and for a DICOM file that only a header-only read could parse.
-    """
-    return _probe(ref, job, keep_pixels=True)
-
-
-def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[SampleRef, Any] | Issue:
-    from packer.read.dicom import probe_dicom
-    from packer.read.image import probe_image
-
-    source = next(s for s in job.sources if s.name == ref.source)
-    dataset = None
-    if ref.kind == "dicom":
-        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
-                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels)
-        if isinstance(header, Issue):
-            return header
-        ref = replace(ref, entity=header.entity, time=header.time)
-        dataset = header.dataset
-    else:
-        image_header = probe_image(ref, limits=job.limits)
-        if isinstance(image_header, Issue):
-            return image_header
-    problem = check_identity(ref, needs_time=job.split.by == "time")
-    return problem if problem is not None else (ref, dataset)

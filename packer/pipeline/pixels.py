@@ -1,57 +1,50 @@
-"""Process: the pixel pass. Decode, validate and transform each raw file once, spill the result.
+"""The pixel pass: probe, read, check and transform each raw file once, and spill the result.
 
-A dask task takes a chunk of raw files, reads each header (identity: entity, time, label),
-decodes and transforms the pixels, and appends every sample's bytes to one spill file in
-the build cache. Only small records (:class:`SpilledSample`, :class:`Issue`) go back to the
-client. Splitting and shard planning then work on exact sizes and content hashes, and the
-pack pass copies bytes out of the spill files without decoding anything again.
-
-The spill files are a cache: a chunk's key covers packer and library versions, the parts of
-the job that shape samples, and each file's path, size, mtime and table values, so a
-re-run (``--resume`` after a crash, or a build after adding files) decodes only what changed.
-Its records name raw paths, entity ids and dates, so the cache folder lives outside the output
-tree (``packer.pipeline.build.cache_location``); tasks get it as ``cache_dir``.
+:func:`process_all` (client) cuts the sorted refs into content-defined chunks, groups them into
+dask tasks and settles each result as it arrives (pseudonymized, into columns). A task
+(:func:`process_chunk`) reads each file's header (:mod:`packer.pipeline.probe`), decodes and
+transforms the pixels (:mod:`packer.read`), runs the per-sample checks
+(:mod:`packer.pipeline.checks`), and appends every sample's bytes to the chunk's spill in the
+build cache (:mod:`packer.pipeline.spill`, which owns the cache's key and files). Only small
+records (:class:`SpilledSample`, :class:`Issue`) go back to the client; splitting and shard
+planning then work on exact sizes and content hashes, and the pack pass copies bytes out of
+the spill without decoding anything again.
 
 A raw file behind a URL (``s3://...``) is fetched once, by the task that decodes it, into a
 temporary local copy (:func:`packer.pipeline.rawstore.fetched`); the readers run on the copy and every
-record that comes out names the URL. Its cache key uses the size and version tag (ETag)
-discovery's listing gave, so an object replaced in the store is decoded again.
+record that comes out names the URL.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
-
-import numpy as np
+from typing import Any, TypeVar
 
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
-from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
-from packer.files import TMP_SUFFIX, atomic_output, canonical_json
+from packer.files import canonical_json
+from packer.manifest import library_versions
+from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
-from packer.pipeline.discover import probe_for_read, probe_ref
-from packer.pipeline.nearcopy import read_signatures, signature, write_signatures
-from packer.pipeline.rawstore import RawObject, fetched
+from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.nearcopy import signature
+from packer.pipeline.probe import probe_for_read, probe_ref
+from packer.pipeline.rawstore import RawObject, fetched, remote_listing
+from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
+from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
+from packer.progress import Progress
 from packer.read import read_sample
-from packer.records import REF_FIELDS, Issue, Sample, SampleRef, SpilledSample
+from packer.records import Issue, Sample, SampleRef, SpilledSample
 from packer.storage import is_url
 from packer.transform.channels import match_channels
 
 T = TypeVar("T")
 
-#: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
-#: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
-#: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
-#: 8: the signature embedding gains the equalised spectrum).
-CACHE_FORMAT = 8
 #: A chunk closes after a file whose id hash hits 1 in BOUNDARY (content-defined, so adding
 #: a file changes only its own chunk's key), or at MAX_CHUNK files.
 BOUNDARY = 32
@@ -112,12 +105,6 @@ def group_size(chunks: int, threads: int) -> int:
     return 1 if threads <= 0 else max(1, min(MAX_GROUP, chunks // (GROUPS_PER_THREAD * threads)))
 
 
-def group_chunks(tasks: Sequence[ChunkTask], threads: int) -> list[ChunkGroup]:
-    """``tasks`` in order, cut into groups of :func:`group_size`."""
-    size = group_size(len(tasks), threads)
-    return [ChunkGroup(tuple(tasks[i:i + size])) for i in range(0, len(tasks), size)]
-
-
 def process_group(group: ChunkGroup) -> tuple[ChunkResult, ...]:
     """Dask task: :func:`process_chunk` of each chunk of ``group``, in order."""
     return tuple(process_chunk(task) for task in group.tasks)
@@ -137,121 +124,6 @@ def chunk_bounds(sample_ids: Sequence[str]) -> list[tuple[int, int]]:
     if start < len(sample_ids):
         bounds.append((start, len(sample_ids)))
     return bounds
-
-
-def chunk_refs(refs: Sequence[SampleRef]) -> list[tuple[SampleRef, ...]]:
-    """Cut the sorted ref list into chunks with content-defined boundaries (:func:`chunk_bounds`)."""
-    return [tuple(refs[start:stop]) for start, stop in chunk_bounds([ref.sample_id for ref in refs])]
-
-
-def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
-    """The parts of the job that change what a raw file turns into (not split ratios or packing)."""
-    identity = job.identity()
-    return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by}
-
-
-def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str],
-              listed: Mapping[str, RawObject] | None = None) -> str:
-    """Cache key of a chunk: format, library versions, sample-shaping config, and per file its
-    path, table values and fingerprint: a local file's size and mtime (files that cannot be
-    stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
-    listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
-    files = []
-    for ref in refs:
-        fingerprint: list[Any]
-        if is_url(ref.path):
-            stat = (listed or {}).get(ref.path)
-            if stat is None:
-                raise ValueError(f"{ref.path}: not in discovery's listing; pass Discovery.listed to chunk_key")
-            fingerprint = ["object", stat.size, stat.version]
-        else:
-            try:
-                local = os.stat(ref.path)
-                fingerprint = [local.st_size, local.st_mtime_ns]
-            except OSError:
-                fingerprint = ["missing"]
-        # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
-        files.append([{name: getattr(ref, name) for name in REF_FIELDS}, fingerprint])
-    payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
-               "files": files}
-    return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
-
-
-def _ref_from_json(data: dict[str, Any]) -> SampleRef:
-    return SampleRef(**{**data, "extra": tuple(tuple(pair) for pair in data.get("extra", ()))})
-
-
-def remove_stale_temporaries(folder: Path) -> int:
-    """Delete ``*.partial`` files a killed build left behind; return how many."""
-    stale = list(folder.glob(f"*{TMP_SUFFIX}")) if folder.is_dir() else []
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return len(stale)
-
-
-def _records_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / f"{key}.json"
-
-
-def signature_name(key: str) -> str:
-    """The file of a chunk's near-copy signatures (:mod:`packer.pipeline.nearcopy`), next to its spill."""
-    return f"{key}.sig.npy"
-
-
-#: The fix for a cache write a full or read-only disk refused: the cache is not in the output folder.
-CACHE_ELSEWHERE = "choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"
-
-
-@contextlib.contextmanager
-def _cache_output(path: Path) -> Iterator[Any]:
-    """:func:`atomic_output` for a cache file (no fsync: :func:`load_cached_chunk` verifies
-    entries and a damaged one is redone), whose refusal names the cache's fix, not the output's."""
-    try:
-        with atomic_output(path, durable=False) as fh:
-            yield fh
-    except FileSystemError as err:
-        if OUTPUT_ELSEWHERE not in str(err):  # not this file's refusal (e.g. fetching a raw file into TMPDIR)
-            raise
-        raise FileSystemError(str(err).replace(OUTPUT_ELSEWHERE, CACHE_ELSEWHERE)) from err
-
-
-def load_cached_chunk(cache_dir: Path, key: str) -> ChunkResult | None:
-    """The chunk's records if its records file is complete and its spill file's size and
-    sha256 check out, else None (the chunk is then processed again)."""
-    records = _records_path(cache_dir, key)
-    spill = cache_dir / f"{key}.spill"
-    if not (records.is_file() and spill.is_file()):
-        return None
-    try:
-        data = json.loads(records.read_text(encoding="utf-8"))
-        if data.get("spill_bytes") != spill.stat().st_size:
-            return None
-        samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
-                        for s in data["samples"])
-        if data.get("spill_digest") != _spill_digest(spill, samples):
-            return None
-        if samples and len(read_signatures(cache_dir / signature_name(key))) != len(samples):
-            return None
-        issues = tuple(Issue(**i) for i in data["issues"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # a damaged cache entry is simply recomputed
-    return ChunkResult(key=key, samples=samples, issues=issues, files=data["files"], reused=True)
-
-
-def _spill_digest(spill: Path, samples: Sequence[SpilledSample]) -> str | None:
-    """The spill file's digest as :func:`process_chunk` records it (sha256 over each sample's
-    pixel sha256 and metadata bytes, in order), or None when a sample's pixels do not match
-    its own sha256. Reads and hashes the whole file once, as a plain sha256 of it would."""
-    chain = hashlib.sha256()
-    with open(spill, "rb") as fh:
-        for sample in samples:
-            fh.seek(sample.offset)
-            pixels = hashlib.sha256(fh.read(sample.pixel_bytes))
-            if pixels.hexdigest() != sample.sha256:
-                return None
-            chain.update(pixels.digest())
-            chain.update(fh.read(sample.meta_bytes))
-    return chain.hexdigest()
 
 
 class StageClock:
@@ -375,18 +247,13 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     if cache_dir is not None:
         cached = load_cached_chunk(cache_dir, task.key)
         if cached is not None:
-            return cached
-    spill_name = f"{task.key}.spill"
+            return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
+                               reused=True)
     sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
-    sig_name = signature_name(task.key) if sig_dir is not None else ""
-    signatures: list[np.void] = []
     listed = dict(task.listed)
-    samples: list[SpilledSample] = []
     issues: list[Issue] = []
     clock = StageClock()
-    spill_hash = hashlib.sha256()
-    with (_cache_output(cache_dir / spill_name) if cache_dir is not None else _Discard()) as fh:
-        offset = 0
+    with SpillWriter(cache_dir, task.key, sig_dir=sig_dir) as spill:
         for ref in task.refs:
             outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
             if isinstance(outcome, Issue):
@@ -396,58 +263,122 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 clock.switch("hash+signature")
                 image = sample.image
                 pixels = image.tobytes(order="C")
-                meta = canonical_json(sample.metadata)
                 digest = hashlib.sha256(pixels)
-                if sig_dir is not None:
-                    signatures.append(signature(image))
+                sig = signature(image) if sig_dir is not None else None
                 clock.switch("spill")
-                fh.write(pixels)
-                fh.write(meta)
-                # the spill's digest chains the samples' own digests: no second pass over the pixels
-                spill_hash.update(digest.digest())
-                spill_hash.update(meta)
-                samples.append(SpilledSample(
-                    key=sample.key, ref=sample.ref, spill=spill_name, offset=offset, pixel_bytes=len(pixels),
-                    meta_bytes=len(meta), shape=tuple(int(d) for d in image.shape),
-                    dtype=image.dtype.name, sha256=digest.hexdigest(), signature=sig_name,
-                    sig_row=len(signatures) - 1 if sig_dir is not None else -1))
-                offset += len(pixels) + len(meta)
+                spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
+                          meta=canonical_json(sample.metadata), shape=tuple(int(d) for d in image.shape),
+                          dtype=image.dtype.name, signature=sig)
         clock.switch("spill")
-        spill_bytes = offset
-    if sig_dir is not None:
-        with _cache_output(sig_dir / sig_name) as fh:
-            write_signatures(fh, signatures)
-    if cache_dir is not None:
-        record = {"files": len(task.refs), "spill_bytes": spill_bytes, "spill_digest": spill_hash.hexdigest(),
-                  "samples": [asdict(s) for s in samples], "issues": [i.to_json() for i in issues]}
-        with _cache_output(_records_path(cache_dir, task.key)) as fh:
-            fh.write(canonical_json(record))
-    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
+    spill.finish(files=len(task.refs), issues=issues)
+    return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items())
 
 
-class _Discard(contextlib.AbstractContextManager["_Discard"]):
-    """A file-like sink for ``packer validate``: counts nothing, keeps nothing."""
+class _Settle:
+    """Turns a worker's sample records into the client's: pseudonymized, then into columns.
 
-    def write(self, data: bytes) -> int:
-        return len(data)
+    Pseudonymizing here, as each result arrives, means raw entity ids live only in header reads
+    and the local cache, never in the records the client keeps. The records go into a
+    :class:`~packer.pipeline.sampletable.TableBuilder` (about 300 bytes a sample, no Python object
+    each); the chunk result keeps its counts and seconds, not its samples.
+    """
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+    def __init__(self, phi: Pseudonymizer) -> None:
+        self._phi = phi
+        self.table = TableBuilder(SampleTable)
+
+    def chunk(self, chunk: ChunkResult) -> ChunkResult:
+        for sample in chunk.samples:
+            if self._phi.active and sample.ref.entity is not None:
+                sample = replace(sample, ref=replace(sample.ref, entity=self._phi.entity(sample.ref.entity), extra=()))
+            self.table.append(sample)
+        return replace(chunk, samples=())
 
 
-def read_spilled(cache_dir: Path, sample: SpilledSample,
-                 handles: dict[str, BinaryIO] | None = None) -> tuple[bytes, dict[str, Any]]:
-    """The pixel bytes and metadata of one spilled sample; ``handles`` caches open files."""
-    handles = {} if handles is None else handles
-    fh = handles.get(sample.spill)
-    if fh is None:
-        fh = handles[sample.spill] = open(cache_dir / sample.spill, "rb")  # noqa: SIM115 - closed by the caller
-    fh.seek(sample.offset)
-    pixels = fh.read(sample.pixel_bytes)
-    meta = fh.read(sample.meta_bytes)
-    if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes:
-        raise OSError(f"{cache_dir / sample.spill}: spill file is shorter than its records say; "
-                      "delete the build cache folder and rebuild")
-    metadata: dict[str, Any] = json.loads(meta)
-    return pixels, metadata
+def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
+                decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
+                listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
+                sig_dir: Path | None = None) -> tuple[list[ChunkResult], SampleTable]:
+    """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
+
+    Returns the chunk results in key order, without their samples, and every sample in a
+    table, in the order the results arrived.
+
+    Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
+    task gets its files' entries, for the cache key and the size limit, and ``storage_options``
+    to fetch them with. ``sig_dir``: where the near-copy signatures go when there is no cache
+    (``packer validate``).
+
+    A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
+    down) is retried file by file; a file that still kills its worker becomes a
+    ``decoder_crash`` bad sample and the build goes on. Each result's samples are settled as
+    they arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
+    """
+    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
+    libraries = library_versions()
+    library_pairs = tuple(sorted(libraries.items()))
+    nonce = uuid.uuid4().hex[:8]
+    cache = str(cache_dir) if cache_dir is not None else None
+    listed = listed or {}
+
+    def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:  # the worker computes the chunk's key
+        return ChunkTask(key="", refs=chunk, job=job, cache_dir=cache, decode=decode,
+                         listed=remote_listing(chunk, listed), libraries=library_pairs,
+                         sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
+
+    # Tasks are made as the executor submits them, each from its rows of the ref table: made all
+    # at once, they would keep every ref alive as objects through the whole pass.
+    table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
+    ids = table.column("sample_id")
+    bounds = chunk_bounds(ids)
+    size = group_size(len(bounds), executor.threads())
+    spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
+    names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
+    del ids
+
+    def group_of(index: int) -> ChunkGroup:
+        return ChunkGroup(tuple(task_of(tuple(table[start:stop])) for start, stop in spans[index]))
+
+    progress = Progress("process" if decode else "headers", len(table), quiet=quiet)
+    results: list[ChunkResult] = []
+    lost: list[ChunkTask] = []
+    groups = LazySequence(len(spans), group_of)
+    for group, done in executor.map_unordered(process_group, groups, names):
+        if isinstance(done, WorkerLost):
+            lost.extend(group.tasks)
+            continue
+        for result in done:
+            results.append(settle.chunk(result))
+            progress.update(result.files, bad=len(result.issues))
+    singles = [task_of((ref,)) for task in lost for ref in task.refs]
+    suspects: list[ChunkTask] = []
+    for task, outcome in executor.map_unordered(process_chunk, singles,
+                                                [f"isolate-{t.refs[0].sample_id}-{nonce}" for t in singles]):
+        if isinstance(outcome, WorkerLost):
+            suspects.append(task)  # maybe only a bystander on a dying worker: retried alone below
+            continue
+        results.append(settle.chunk(outcome))
+        progress.update(outcome.files, bad=len(outcome.issues))
+    for suspect in suspects:  # one at a time, so a death can only be this file's doing
+        ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
+                                                    [f"isolate-alone-{suspect.refs[0].sample_id}-{nonce}"])
+        if isinstance(outcome, WorkerLost):
+            ref, key = task.refs[0], chunk_key(task.refs, job, libraries, listed)
+            outcome = ChunkResult(key=key, samples=(), files=1, issues=(Issue.of(
+                ref, stage="read", reason="decoder_crash",
+                message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
+                        f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
+        results.append(settle.chunk(outcome))
+        progress.update(outcome.files, bad=len(outcome.issues))
+    progress.close()
+    return sorted(results, key=lambda r: r.key), settle.table.finish()
+
+
+def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:
+    """Seconds per stage summed over every task of the pixel pass."""
+    total: dict[str, float] = {}
+    for chunk in chunks:
+        for stage, seconds in chunk.seconds:
+            total[stage] = total.get(stage, 0.0) + seconds
+    return total

@@ -6,9 +6,15 @@ pack limits, so they never depend on how many workers run or in which order task
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from packer.config import SPLITS, PackConfig
+from packer.pipeline.sampletable import SampleTable
+from packer.records import SpilledSample
 
 #: Bytes a sample adds beyond its pixels and metadata: three tar headers with padding, or
 #: Parquet's per-row share of page and column overhead.
@@ -16,23 +22,15 @@ PER_SAMPLE_OVERHEAD = {"webdataset": 3 * 512 + 3 * 511 + 64, "parquet": 64}
 EXTENSIONS = {"webdataset": "tar", "parquet": "parquet"}
 
 
-class Sized(Protocol):
-    @property
-    def nbytes(self) -> int: ...
-
-
-S = TypeVar("S", bound=Sized)
-
-
 @dataclass(frozen=True)
-class ShardPlan(Generic[S]):
-    """One shard to write: its file name, split, index and the samples that go in it, in order
-    (a tuple, or the build's :class:`~packer.pipeline.sampletable.SampleTable`)."""
+class ShardPlan:
+    """One shard to write, as a pack task carries it: its file name, split, index and the
+    samples that go in it, in order (the planned rows of the build's sample table)."""
 
     file: str
     split: str
     index: int
-    samples: Sequence[S]
+    samples: Sequence[SpilledSample]
 
 
 def shard_file(split: str, index: int, fmt: str) -> str:
@@ -58,10 +56,30 @@ def shard_bounds(sizes: Sequence[int], *, fmt: str, max_samples: int, max_bytes:
     return bounds
 
 
-def plan_shards(samples: Sequence[S], *, split: str, fmt: str, max_samples: int,
-                max_bytes: int) -> list[ShardPlan[S]]:
-    """Cut one split's samples (already in their final order) into consecutive shards
-    (:func:`shard_bounds`)."""
-    bounds = shard_bounds([s.nbytes for s in samples], fmt=fmt, max_samples=max_samples, max_bytes=max_bytes)
-    return [ShardPlan(file=shard_file(split, index, fmt), split=split, index=index, samples=tuple(samples[a:b]))
-            for index, (a, b) in enumerate(bounds)]
+@dataclass(frozen=True)
+class PlannedShard:
+    """A planned shard: its file, split and index, and the rows of its samples (in the order they
+    go in) in the build's sample table."""
+
+    file: str
+    split: str
+    index: int
+    rows: np.ndarray
+
+
+def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackConfig) -> list[PlannedShard]:
+    """The shards of every split, in split order (train, valid, test), each split's samples in
+    the table's (key) order, cut by :func:`shard_bounds` under ``pack``'s limits."""
+    rows: dict[str, list[int]] = defaultdict(list)
+    for row, key in enumerate(samples.column("key")):
+        rows[split_of[key]].append(row)
+    nbytes = samples.nbytes
+    shards: list[PlannedShard] = []
+    for split in SPLITS:
+        mine = np.array(rows.pop(split, []), dtype=np.int64)
+        bounds = shard_bounds(nbytes[mine].tolist(), fmt=pack.format, max_samples=pack.max_samples,
+                              max_bytes=pack.max_bytes)
+        shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
+                                   rows=mine[start:stop])
+                      for index, (start, stop) in enumerate(bounds))
+    return shards

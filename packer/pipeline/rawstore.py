@@ -166,7 +166,7 @@ def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
     machine that runs the task.
 
     ``headers_only``: the copy is only good for the header probe
-    (:func:`packer.pipeline.discover.probe_ref`), which gives on it exactly what it gives on the whole
+    (:func:`packer.pipeline.probe.probe_ref`), which gives on it exactly what it gives on the whole
     file: a file larger than :data:`HEAD_BYTES` becomes a sparse file of its listed size that
     holds the byte ranges the probe reads and zeros elsewhere (:func:`_fetch_probed_ranges`).
     Never hand such a copy to a decoder.

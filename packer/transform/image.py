@@ -192,13 +192,6 @@ def tile_origins(height: int, width: int, tile: tuple[int, int],
     return [(r, c) for r in rows for c in cols]
 
 
-def output_shape(height: int, width: int, orientation: int, cfg: ImageTransformConfig) -> tuple[int, int, int]:
-    """(C, H, W) of the (untiled) output for a stored ``height``×``width`` image."""
-    channels = 1 if cfg.color == "gray" else 3
-    out_h, out_w = cfg.size if cfg.size else oriented_size(height, width, orientation)
-    return channels, out_h, out_w
-
-
 def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: int = 1) -> list[Tile]:
     """Decoded OpenCV array → list of :class:`Tile` (uint8 C×H×W, C-contiguous).
 

@@ -1,0 +1,205 @@
+"""The pipeline's stages, in order, in one place: what ``packer build`` and ``packer validate`` run.
+
+:func:`run_stages` is the order::
+
+    discover      client: list raw files, read label tables        pipeline.discover
+    pixels        dask: probe, read, check, transform, spill       pipeline.pixels (+ probe, checks, spill)
+    near copies   client + dask: candidates, verification          pipeline.nearcopy
+    split         client: entity/time split over duplicate groups  pipeline.split
+    audit         client: leakage rules on the assignment          pipeline.audit
+    ── packer validate stops here (through="audit") ──
+    gate          a failed audit writes leakage.json and raises (exit 4)
+    plan          client: shard boundaries from exact sizes        pipeline.plan
+    pack          dask: spilled bytes into shards, hashed          pipeline.assemble
+
+``packer build`` (:mod:`packer.pipeline.build`) then publishes: index, splits table, bad-sample
+report, manifest, HTML report (:mod:`packer.pipeline.publish`). Everything the client keeps is
+small records: the samples in columns (with their content hashes), the bad-sample issues, the
+split assignment and the audit report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from packer.badsamples import sort_issues
+from packer.config import JobConfig
+from packer.errors import refused_write
+from packer.phi import Pseudonymizer, pseudonymizer_for
+from packer.pipeline.assemble import pack_shards
+from packer.pipeline.audit import AuditReport, audit_assignment, raise_on_leakage, write_leakage
+from packer.pipeline.cluster import Executor, WorkerLost
+from packer.pipeline.discover import discover
+from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
+from packer.pipeline.pixels import ChunkResult, process_all
+from packer.pipeline.plan import PlannedShard, plan_shards
+from packer.pipeline.sampletable import SampleTable
+from packer.pipeline.spill import CACHE_ELSEWHERE
+from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
+from packer.records import Issue
+from packer.shards.writer import ShardWrite
+from packer.storage import work_dir
+
+#: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
+STAGES = ("discover", "pixels", "near copies", "split", "audit", "plan", "pack")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the client knows after the pixel pass, the split and the audit.
+
+    ``samples`` are the ones assigned to a split, sorted by key, in columns; ``issues`` include
+    the discover, read, validate and split stages; ``inputs`` counts the raw files considered;
+    ``chunks`` are the pixel pass's results without their samples (counts, cache use, seconds);
+    ``links`` the verified near copies, indices into the samples *before* unassigned ones were
+    dropped (the assignment's groups use the same indices), found in ``near_seconds`` (wall time
+    of the candidate search and the verification tasks).
+    """
+
+    inputs: int
+    samples: SampleTable
+    issues: tuple[Issue, ...]
+    assignment: Assignment
+    audit: AuditReport
+    chunks: tuple[ChunkResult, ...]
+    decoded: bool = True
+    phi: Pseudonymizer = Pseudonymizer(mode="keep", dates="keep", key=None)
+    links: NearLinks = field(default_factory=NearLinks.empty)
+    near_seconds: float = 0.0
+
+    @property
+    def files_decoded(self) -> int:
+        return sum(c.files for c in self.chunks if not c.reused) if self.decoded else 0
+
+
+def _make_cache_folder(cache_dir: Path) -> None:
+    """Create the build cache folder (outside the output: in the work folder or ``--cache-dir``);
+    a full, read-only or unwritable file system there is a FileSystemError naming the cache's fix."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        refused = refused_write(err, cache_dir, opening=True, elsewhere=CACHE_ELSEWHERE)
+        if refused is None:
+            raise
+        raise refused from err
+
+
+def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
+            quiet: bool = False, storage_options: dict[str, Any] | None = None) -> Prepared:
+    """Stages discover to audit of ``job``. Does not raise on leakage: :func:`run_stages` decides.
+
+    With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
+    cannot run and are disabled for this audit. ``storage_options`` configure the stores of
+    raw inputs given as URLs (on the client and on the workers).
+    """
+    phi = pseudonymizer_for(job.phi)
+    found = discover(job, phi, storage_options=storage_options)
+    refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
+    del found
+    inputs = len(refs) + len(issues)
+    if not quiet:
+        print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
+    if cache_dir is not None:
+        _make_cache_folder(cache_dir)
+    with contextlib.ExitStack() as stack:
+        # without a cache (packer validate), the near-copy signatures live for this run only
+        sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
+        chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
+                                    listed=listed, storage_options=storage_options, sig_dir=sig_dir)
+        del refs, listed  # the settled samples carry their own (probed) refs
+        samples = table.sorted_by_key()
+        del table
+        issues.extend(i for c in chunks for i in c.issues)
+        split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
+        started = time.perf_counter()
+        links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
+        near_seconds = time.perf_counter() - started
+    assignment = assign_splits(samples, split_cfg, links)
+    balance = balance_warning(assignment, split_cfg)
+    if balance is not None:  # a warning, not progress: printed under --quiet too
+        print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
+    audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
+                             show_dates=phi.dates == "keep")
+    issues.extend(assignment.dropped)
+    split = assignment.split
+    kept = samples.take([i for i, key in enumerate(samples.column("key")) if key in split])
+    return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
+                    chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds)
+
+
+def _scratch_folder() -> Path:
+    """Where ``packer validate`` keeps the run's signatures: the local work folder."""
+    folder = work_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        refused = refused_write(err, folder, opening=True, elsewhere="set PACKER_WORK_DIR to a writable folder")
+        if refused is None:
+            raise
+        raise refused from err
+    return folder
+
+
+def _verify_on(executor: Executor) -> RunVerify:
+    """Run near-copy verification tasks on ``executor``; a task whose worker died is run here."""
+    def run(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
+        for task, result in executor.map_unordered(verify_task, tasks,
+                                                   keys=[f"verify-{t.index}-{uuid.uuid4().hex[:8]}" for t in tasks]):
+            yield task, verify_task(task) if isinstance(result, WorkerLost) else result
+    return run
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What :func:`run_stages` did: the checked samples (``prepared``) and, when it went through
+    packing, the label map, the planned shards and what each shard's writer reported."""
+
+    prepared: Prepared
+    label_map: dict[str, int] = field(default_factory=dict)
+    shards: tuple[PlannedShard, ...] = ()
+    written: dict[str, ShardWrite] = field(default_factory=dict)
+
+
+def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", "pack"],
+               cache_dir: Path | None, decode: bool = True, quiet: bool = False,
+               storage_options: dict[str, Any] | None = None, staging: Path | None = None,
+               leakage_dir: Path | None = None) -> StageRun:
+    """Run :data:`STAGES` of ``job`` on ``executor`` in order, up to and including ``through``.
+
+    ``through="audit"`` (``packer validate``): nothing is written; ``cache_dir`` None keeps no
+    spill (``decode`` False reads headers only). ``through="pack"`` (``packer build``): a failed
+    audit writes ``leakage.json`` into ``leakage_dir`` and raises LeakageError; otherwise the
+    shards are written into ``staging`` (emptied first) from the spill under ``cache_dir``.
+    """
+    prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
+                      storage_options=storage_options)
+    cached_files = sum(c.files for c in prepared.chunks if c.reused)
+    if cached_files and not quiet:
+        print(f"packer: reused {cached_files} of {prepared.inputs} files from the build cache "
+              "(their spill files' hashes checked out)", flush=True)
+    if through == "audit":
+        return StageRun(prepared)
+    if cache_dir is None or staging is None or leakage_dir is None:
+        raise ValueError("run_stages(through='pack') needs cache_dir, staging and leakage_dir")
+    if prepared.audit.failed:
+        write_leakage(leakage_dir, prepared.audit)
+        raise_on_leakage(prepared.audit)
+    samples = prepared.samples
+    names = job.labels or tuple(sorted({label or "" for label in samples.codes("label")[1]}))
+    label_map = {name: index for index, name in enumerate(names)}
+    shards = plan_shards(samples, prepared.assignment.split, job.pack)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    written = pack_shards(shards, samples, executor, label_map, cache_dir, staging, job.pack.format, quiet)
+    return StageRun(prepared, label_map=label_map, shards=tuple(shards), written=written)
