@@ -46,6 +46,7 @@ ci-deps:
 lint: install
 	$(VENV)/bin/ruff check packer tests examples benchmarks docs
 	$(VENV)/bin/mypy packer
+	$(VENV)/bin/lint-imports
 
 # After `make demo`: remake the README's picture of the demo's report (needs chromium: make ci-deps).
 screenshot: install

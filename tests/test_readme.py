@@ -84,6 +84,14 @@ def test_the_documented_table_columns_are_the_real_ones(table: str) -> None:
 def test_make_lint_is_documented_as_what_it_runs() -> None:
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
-    runs = {tool for tool in ("ruff", "mypy") if tool in lint}
+    runs = {tool for tool in ("ruff", "mypy", "lint-imports") if tool in lint}
     line = next(line for line in README.splitlines() if line.startswith("make lint"))
     assert runs and all(tool in line for tool in runs), f"README says {line!r}; the Makefile runs {sorted(runs)}"
+
+
+def test_every_bad_sample_reason_code_is_documented() -> None:
+    from packer.records import REASONS
+
+    section = README.split("## Bad-sample reason codes", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"`([a-z_]+)`", section))
+    assert set(REASONS) - documented == set(), "add these reason codes to the README's table"
