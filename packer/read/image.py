@@ -202,8 +202,8 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
                 return handle.read(count)
 
             return probe_image_at(ref, read, size, limits=limits)
-    except Exception as err:  # opening or closing the file; probe_image_at is the boundary of the rest
-        return _probe_issue(ref, err)
+    except OSError as err:  # opening, reading or closing the file; probe_image_at is the boundary of the rest
+        return _open_issue(ref, err)
 
 
 def probe_image_at(ref: SampleRef, read: Callable[[int, int], bytes], size: int, *,
