@@ -69,7 +69,7 @@ class RuleResult:
 
 
 @dataclass(frozen=True)
-class AuditReport:
+class LeakageAudit:
     rules: tuple[RuleResult, ...]
     entities_per_split: dict[str, int]
     time_ranges: dict[str, tuple[str, str]]
@@ -237,7 +237,7 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
 
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
                      links: NearLinks | None = None, *, show_paths: bool = True,
-                     show_dates: bool = True) -> AuditReport:
+                     show_dates: bool = True) -> LeakageAudit:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
@@ -252,14 +252,14 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
     for split, entity in zip(fields.split, fields.entity, strict=True):
         if split is not None:
             entities[split].add(entity or "")
-    return AuditReport(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
+    return LeakageAudit(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
                        time_ranges=ranges if show_dates else {})
 
 
 LEAKAGE_FILE = "leakage.json"
 
 
-def write_leakage(folder: Path, report: AuditReport) -> Path:
+def write_leakage(folder: Path, report: LeakageAudit) -> Path:
     """Write ``leakage.json``: every rule with its count and (up to MAX_LISTED) findings.
 
     It names raw relative paths, like the bad-sample report: keep it with the build.
@@ -271,7 +271,7 @@ def write_leakage(folder: Path, report: AuditReport) -> Path:
     return path
 
 
-def raise_on_leakage(report: AuditReport) -> None:
+def raise_on_leakage(report: LeakageAudit) -> None:
     """Fail the build naming what leaked (exit 4)."""
     failed = [r for r in report.rules if r.failed]
     if not failed:

@@ -36,7 +36,7 @@ from packer.config import JobConfig
 from packer.errors import refused_write
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
-from packer.pipeline.audit import AuditReport, audit_assignment, raise_on_leakage, write_leakage
+from packer.pipeline.audit import LeakageAudit, audit_assignment, raise_on_leakage, write_leakage
 from packer.pipeline.cluster import Executor, WorkerLost
 from packer.pipeline.discover import discover
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
@@ -69,7 +69,7 @@ class Prepared:
     samples: SampleTable
     issues: tuple[Issue, ...]
     assignment: Assignment
-    audit: AuditReport
+    audit: LeakageAudit
     chunks: tuple[ChunkResult, ...]
     decoded: bool = True
     phi: Pseudonymizer = Pseudonymizer(mode="keep", dates="keep", key=None)
