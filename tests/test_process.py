@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_refs
-from packer.records import Issue, SampleRef
-from tests.helpers import demo_job_doc, write_job
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from packer.config import JobConfig, WindowSpec
+from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
+from packer.pipeline.rawstore import RawObject
+from packer.records import REF_FIELDS, Issue, SampleRef
+from tests.helpers import REPO, demo_job_doc, write_job
 
 
 def ref(i: int) -> SampleRef:
     return SampleRef(sample_id=f"s-{i:06d}", source="s", kind="image", path=f"/r/{i}.png", relpath=f"{i:06d}.png")
+
+
+def chunk_refs(refs: list[SampleRef]) -> list[tuple[SampleRef, ...]]:
+    """The chunks the pixel pass cuts ``refs`` into: :func:`chunk_bounds` of their ids."""
+    return [tuple(refs[start:stop]) for start, stop in chunk_bounds([r.sample_id for r in refs])]
 
 
 def test_chunks_cover_every_ref_once_in_order() -> None:
@@ -40,7 +60,8 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
 
     from packer.config import load_job
     from packer.phi import pseudonymizer_for
-    from packer.pipeline.discover import discover, probe_for_read, probe_ref
+    from packer.pipeline.discover import discover
+    from packer.pipeline.probe import probe_for_read, probe_ref
     from packer.read import read_sample
 
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
@@ -77,24 +98,394 @@ def test_a_chunk_tasks_repr_leaves_out_the_storage_options() -> None:
     assert task.storage_options == {"secret": "s3cr3t-key"}
 
 
-def test_the_chunk_key_is_the_sha256_of_the_refs_as_asdict_gives_them(demo_raw: Any, tmp_path: Path) -> None:
-    # chunk_key builds the ref's dict itself (asdict cost 37 µs a file on the client); existing
-    # build caches stay valid only if the key is the same
-    import dataclasses
-    import hashlib
-    import os
+# chunk_key, the build cache's key, specified by what it must do. A chunk's cached samples and
+# bad-sample records are reused whenever its key comes round again, so the key must change with
+# anything that changes what the chunk's files turn into, and stay put for everything else (a
+# needless change only decodes the chunk again; a missing one reuses stale samples).
+#
+# What goes in: per file, in the chunk's order, every SampleRef field and a fingerprint (a local
+# file's size and mtime by stat, never its bytes; a remote file's listed size and version tag),
+# the job's sources, transform and split.by, the library versions and the cache format.
 
+MTIME_NS = 1_700_000_000 * 10**9
+LIBRARIES = {"numpy": "2.2.6", "opencv-python-headless": "4.12.0.88", "pydicom": "3.0.1"}
+NAMES = st.text(alphabet="abcdefghij0123456789-_", min_size=1, max_size=8)  # file names: never URLs
+TEXT = st.text(max_size=10)
+OPTIONAL_TEXT = st.none() | TEXT
+EXTRA = st.lists(st.tuples(TEXT, TEXT), max_size=3).map(tuple)
+FLOATS = st.floats(-5000, 5000, allow_nan=False)
+SIZES = st.none() | st.tuples(st.integers(1, 1024), st.integers(1, 1024))
+CHANNELS = st.none() | st.integers(1, 4)
+RESIZE = st.sampled_from(["stretch", "fit", "crop"])
+WINDOW = st.builds(WindowSpec, kind=st.just("explicit"), name=NAMES, center=FLOATS, width=st.floats(1, 5000),
+                   function=st.sampled_from(["LINEAR", "LINEAR_EXACT", "SIGMOID"])) | st.builds(
+    WindowSpec, kind=st.just("file"), name=st.just("file"), selector=st.integers(0, 3))
+WINDOWS = st.lists(WINDOW, min_size=1, max_size=3).map(tuple)
+LISTING = st.builds(RawObject, size=st.integers(0, 2**40), version=TEXT)
+
+Edit = Callable[[JobConfig], JobConfig]
+
+
+def key(refs: list[SampleRef], job: JobConfig, libraries: dict[str, str] = LIBRARIES,
+        listed: dict[str, RawObject] | None = None) -> str:
+    from packer.pipeline.pixels import chunk_key
+
+    return chunk_key(refs, job, dict(libraries), listed)
+
+
+@pytest.fixture(scope="module")
+def job(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> JobConfig:
+    """The demo job (both source kinds, CT windows, modality windows, sizes, channels)."""
     from packer.config import load_job
-    from packer.files import canonical_json
-    from packer.pipeline.pixels import CACHE_FORMAT, chunk_key, sample_shaping_config
 
-    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    folder = tmp_path_factory.mktemp("chunk-key")
+    return load_job(write_job(folder, demo_job_doc(demo_raw.root, folder / "out")))
+
+
+@st.composite
+def chunk_files(draw: st.DrawFn) -> list[tuple[SampleRef, int | None]]:
+    """A chunk's refs, each with its file name as path (:func:`lay_out` makes it absolute) and
+    the size of its file, or None: no such file."""
+    names = draw(st.lists(NAMES, min_size=1, max_size=5, unique=True))
+    return [(SampleRef(sample_id=draw(TEXT), source=draw(TEXT), kind=draw(st.sampled_from(["dicom", "image"])),
+                       path=name, relpath=draw(TEXT), label=draw(OPTIONAL_TEXT), entity=draw(OPTIONAL_TEXT),
+                       time=draw(OPTIONAL_TEXT), extra=draw(EXTRA)),
+             draw(st.none() | st.integers(0, 64)))
+            for name in names]
+
+
+def lay_out(folder: Path, files: list[tuple[SampleRef, int | None]]) -> list[SampleRef]:
+    """Write each file that has a size (that many bytes, mtime MTIME_NS); the refs, paths absolute."""
+    refs = []
+    for ref, size in files:
+        path = folder / ref.path
+        if size is not None:
+            path.write_bytes(b"x" * size)
+            os.utime(path, ns=(MTIME_NS, MTIME_NS))
+        refs.append(replace(ref, path=str(path)))
+    return refs
+
+
+def _setting(section: str, name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit]:
+    """Edits setting ``job.<section>.<name>`` (``section`` empty: ``job.<name>``) to a drawn value."""
+    def edit(value: Any) -> Edit:
+        if not section:
+            return lambda job: replace(job, **{name: value})
+        return lambda job: replace(job, **{section: replace(getattr(job, section), **{name: value})})
+    return values.map(edit)
+
+
+def _source(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit]:
+    """Edits setting ``<name>`` of one of the job's sources to a drawn value."""
+    def edit(drawn: tuple[int, Any]) -> Edit:
+        index, value = drawn
+        return lambda job: replace(job, sources=tuple(replace(s, **{name: value}) if i == index % len(job.sources)
+                                                      else s for i, s in enumerate(job.sources)))
+    return st.tuples(st.integers(0, 7), values).map(edit)
+
+
+#: Settings that change what a raw file turns into: each is part of the key. (A source's
+#: ``root``, ``labels`` and ``table`` are the resolved ``*_spec``: the refs' paths and table
+#: values carry them.)
+PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
+    "sources.kind": _source("kind", st.sampled_from(["dicom", "image"])),
+    "sources.name": _source("name", NAMES),
+    "sources.root_spec": _source("root_spec", NAMES),
+    "sources.entity": _source("entity", NAMES),
+    "sources.time": _source("time", st.lists(NAMES, max_size=2).map(tuple)),
+    "sources.labels_spec": _source("labels_spec", st.none() | NAMES),
+    "sources.table_spec": _source("table_spec", st.none() | NAMES),
+    "split.by": _setting("split", "by", st.sampled_from(["entity", "time"])),  # time splits need a time
+    "dicom.windows": _setting("dicom", "windows", WINDOWS),
+    "dicom.fallback_window": _setting("dicom", "fallback_window", st.none() | WINDOW),
+    "dicom.size": _setting("dicom", "size", SIZES),
+    "dicom.resize": _setting("dicom", "resize", RESIZE),
+    "dicom.spacing": _setting("dicom", "spacing", st.none() | st.tuples(st.floats(0.1, 5), st.floats(0.1, 5))),
+    "dicom.output": _setting("dicom", "output", st.sampled_from(["uint8", "uint16", "float16"])),
+    "dicom.frames": _setting("dicom", "frames", st.sampled_from(["split", "stack"])),
+    "dicom.modality_windows": _setting("dicom", "modality_windows", st.lists(
+        st.tuples(st.sampled_from(["CR", "DX", "MR", "CT"]), WINDOWS), max_size=2,
+        unique_by=lambda p: p[0]).map(tuple)),
+    "dicom.channels": _setting("dicom", "channels", CHANNELS),
+    "image.size": _setting("image", "size", SIZES),
+    "image.resize": _setting("image", "resize", RESIZE),
+    "image.color": _setting("image", "color", st.sampled_from(["rgb", "gray"])),
+    "image.alpha": _setting("image", "alpha", st.sampled_from(["drop", "composite"])),
+    "image.window": _setting("image", "window", st.sampled_from([(), (("center", 40.0), ("width", 400.0))]) | st.tuples(
+        st.floats(0, 100), st.floats(0, 100)).map(lambda p: (("percentiles", tuple(sorted(p))),))),
+    "image.tile_size": _setting("image", "tile_size", SIZES),
+    "image.tile_stride": _setting("image", "tile_stride", SIZES),  # counts only with tiles: the "tiled" base
+    "image.channels": _setting("image", "channels", CHANNELS),
+}
+
+#: Settings used before or after the pixel pass (discovery, split, packing, publishing,
+#: pseudonyms on the client): changing one keeps every chunk's key.
+OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
+    "name": _setting("", "name", NAMES),
+    "output": _setting("", "output", NAMES.map(lambda n: f"/elsewhere/{n}")),
+    "max_bad_fraction": _setting("", "max_bad_fraction", st.floats(0, 1)),
+    "registry": _setting("", "registry", st.none() | NAMES.map(Path)),
+    "job_path": _setting("", "job_path", NAMES.map(lambda n: Path(f"/jobs/{n}.yaml"))),
+    "labels": _setting("", "labels", st.lists(NAMES, max_size=3).map(tuple)),
+    "split.ratios": _setting("split", "ratios", st.lists(st.tuples(NAMES, st.floats(0, 1)), min_size=1,
+                                                         max_size=3).map(tuple)),
+    "split.seed": _setting("split", "seed", st.integers(0, 2**31)),
+    "split.cutoffs": _setting("split", "cutoffs", st.lists(st.tuples(NAMES, NAMES), max_size=2).map(tuple)),
+    "split.stratify": _setting("split", "stratify", st.none() | NAMES),
+    "split.entity_policy": _setting("split", "entity_policy", st.sampled_from(["first_seen", "drop_straddlers"])),
+    "split.folds": _setting("split", "folds", st.none() | st.integers(2, 10)),
+    "split.pinned": _setting("split", "pinned", st.none() | NAMES.map(Path)),
+    "split.pinned_spec": _setting("split", "pinned_spec", st.none() | NAMES),
+    "split.duplicates": _setting("split", "duplicates", st.sampled_from(["group", "fail", "report"])),
+    "split.near_enabled": _setting("split", "near_enabled", st.booleans()),
+    "split.near_neighbors": _setting("split", "near_neighbors", st.integers(1, 64)),
+    "split.near_min_score": _setting("split", "near_min_score", st.floats(0, 1)),
+    "split.near_max_cross_split": _setting("split", "near_max_cross_split", st.integers(0, 10)),
+    "split.balance_tolerance": _setting("split", "balance_tolerance", st.floats(0, 1)),
+    "split.max_group_share": _setting("split", "max_group_share", st.floats(0, 1)),
+    "split.accept_imbalance": _setting("split", "accept_imbalance", st.booleans()),
+    "pack.format": _setting("pack", "format", st.sampled_from(["webdataset", "parquet"])),
+    "pack.max_samples": _setting("pack", "max_samples", st.integers(1, 10**6)),
+    "pack.max_bytes": _setting("pack", "max_bytes", st.integers(1, 2**40)),
+    "phi.mode": _setting("phi", "mode", st.sampled_from(["pseudonymize", "keep"])),
+    "phi.key_file": _setting("phi", "key_file", st.none() | NAMES.map(Path)),
+    "phi.key_file_spec": _setting("phi", "key_file_spec", st.none() | NAMES),
+    "phi.dates": _setting("phi", "dates", st.sampled_from(["shift", "keep"])),
+    "safety.outside_root": _setting("safety", "outside_root", st.sampled_from(["reject", "allow"])),  # discovery's
+}
+
+#: Settings the worker applies while it reads a chunk's files (a file over a limit, or with
+#: burned-in text, becomes a bad sample there, and the cache keeps that verdict): they belong in
+#: the key, and the key leaves them out.
+VERDICT_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
+    "limits.max_pixels": _setting("limits", "max_pixels", st.integers(1, 2**40)),
+    "limits.max_frames": _setting("limits", "max_frames", st.integers(1, 10**6)),
+    "limits.max_decoded_bytes": _setting("limits", "max_decoded_bytes", st.integers(1, 2**40)),
+    "safety.burned_in_annotation": _setting("safety", "burned_in_annotation", st.sampled_from(["reject", "allow"])),
+}
+
+
+#: New values for each SampleRef field.
+REF_CHANGES: dict[str, st.SearchStrategy[Any]] = {
+    "sample_id": TEXT, "source": TEXT, "kind": TEXT, "path": NAMES, "relpath": TEXT,
+    "label": OPTIONAL_TEXT, "entity": OPTIONAL_TEXT, "time": OPTIONAL_TEXT, "extra": EXTRA,
+}
+
+
+def test_every_job_setting_is_classified_for_the_key(job: JobConfig) -> None:
+    """A new job setting must be placed: part of the key, or not (and tested either way)."""
+    named = {f"{section}.{f.name}" for section in ("split", "dicom", "image", "pack", "limits", "safety", "phi")
+                 for f in fields(getattr(job, section))}
+    named |= {f"sources.{f.name}" for f in fields(job.sources[0])} - {"sources.root", "sources.labels",
+                                                                          "sources.table"}
+    named |= {f.name for f in fields(job)} - {"sources", "split", "dicom", "image", "pack", "limits", "safety",
+                                                  "phi"}
+    classified = [*PIXEL_SETTINGS, *OTHER_SETTINGS, *VERDICT_SETTINGS]
+    assert len(classified) == len(set(classified))
+    assert set(classified) == named
+
+
+def test_every_field_of_a_ref_is_classified_for_the_key() -> None:
+    assert set(REF_CHANGES) == set(REF_FIELDS)
+
+
+@settings(deadline=None)
+@given(files=chunk_files())
+def test_equal_inputs_give_equal_keys(job: JobConfig, files: list[tuple[SampleRef, int | None]]) -> None:
+    """The key is a function of the refs, the job and the libraries, however the objects were
+    made: copies give the same key, and so do the libraries in another order (the worker gets
+    them as sorted pairs, the client as :func:`packer.manifest.library_versions` gives them).
+    It names files in the cache folder: 32 hex digits."""
+    with tempfile.TemporaryDirectory() as folder:
+        refs = lay_out(Path(folder), files)
+        first = key(refs, job)
+        assert re.fullmatch("[0-9a-f]{32}", first)
+        assert key([replace(r) for r in refs], replace(job), dict(reversed(LIBRARIES.items()))) == first
+
+
+def test_the_key_is_the_same_in_another_process(job: JobConfig, tmp_path: Path) -> None:
+    """A worker process computes the key the client computes (the retry path) and a later build
+    finds the cache by it: nothing in it depends on the process (hash seed, object ids)."""
     (tmp_path / "a.png").write_bytes(b"x")
-    refs = [SampleRef(sample_id="s-1", source="s", kind="image", path=str(tmp_path / "a.png"), relpath="a.png",
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path=str(tmp_path / "a.png"), relpath="a.png",
                       label="l", entity="e", time="2020-01-01T00:00:00", extra=(("site", "A"), ("scanner", "B"))),
-            SampleRef(sample_id="s-2", source="s", kind="image", path=str(tmp_path / "gone.png"), relpath="gone.png")]
-    stat = os.stat(tmp_path / "a.png")
-    payload = {"format": CACHE_FORMAT, "libraries": {"numpy": "1"}, "config": sample_shaping_config(job),
-               "files": [[dataclasses.asdict(refs[0]), [stat.st_size, stat.st_mtime_ns]],
-                         [dataclasses.asdict(refs[1]), ["missing"]]]}
-    assert chunk_key(refs, job, {"numpy": "1"}) == hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
+            SampleRef(sample_id="s-2", source="photos", kind="image", path=str(tmp_path / "gone.png"),
+                      relpath="gone.png")]
+    code = ("import json, sys\n"
+            "from packer.config import load_job\n"
+            "from packer.pipeline.pixels import chunk_key\n"
+            "from packer.records import SampleRef\n"
+            "args = json.loads(sys.argv[1])\n"
+            "refs = [SampleRef(**{**r, 'extra': tuple(map(tuple, r['extra']))}) for r in args['refs']]\n"
+            "print(chunk_key(refs, load_job(args['job']), args['libraries']))\n")
+    args = {"refs": [asdict(r) for r in refs], "job": str(job.job_path), "libraries": LIBRARIES}
+    for seed in ("0", "1"):
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=REPO, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == key(refs, job)
+
+
+@settings(deadline=None)
+@given(files=chunk_files(), data=st.data())
+def test_every_field_of_a_ref_is_part_of_the_key(job: JobConfig, files: list[tuple[SampleRef, int | None]],
+                                                 data: st.DataObject) -> None:
+    """The cached samples carry their refs (ids, label, entity, time, extra columns), so any
+    field of any ref changing gives a new key. A new path does, even to a file of the same
+    size and mtime."""
+    index = data.draw(st.integers(0, len(files) - 1), label="index")
+    name = data.draw(st.sampled_from(sorted(REF_CHANGES)), label="field")
+    value = data.draw(REF_CHANGES[name], label="value")
+    with tempfile.TemporaryDirectory() as folder:
+        refs = lay_out(Path(folder), files)
+        before, old = key(refs, job), refs[index]
+        if name == "path":
+            value = str(Path(folder) / value)
+            if os.path.exists(old.path) and not os.path.exists(value):
+                shutil.copy2(old.path, value)
+        assume(getattr(old, name) != value)
+        refs[index] = replace(old, **{name: value})
+        assert key(refs, job) != before
+
+
+@settings(deadline=None)
+@given(files=chunk_files(), data=st.data())
+def test_a_local_files_size_and_mtime_are_part_of_the_key(job: JobConfig, files: list[tuple[SampleRef, int | None]],
+                                                          data: st.DataObject) -> None:
+    """A local file is fingerprinted by stat: one that grows or shrinks, is touched, is
+    deleted, or appears where there was none gives a new key."""
+    index = data.draw(st.integers(0, len(files) - 1), label="index")
+    size = files[index][1]
+    change = data.draw(st.sampled_from(["size", "mtime", "deleted"] if size is not None else ["created"]),
+                       label="change")
+    with tempfile.TemporaryDirectory() as folder:
+        refs = lay_out(Path(folder), files)
+        before, path = key(refs, job), Path(refs[index].path)
+        if change == "size":
+            path.write_bytes(b"y" * data.draw(st.integers(0, 64).filter(lambda n: n != size), label="new size"))
+            os.utime(path, ns=(MTIME_NS, MTIME_NS))
+        elif change == "mtime":
+            mtime = MTIME_NS + 10**9 * data.draw(st.integers(-10**6, 10**6).filter(bool), label="seconds later")
+            os.utime(path, ns=(mtime, mtime))
+        elif change == "deleted":
+            path.unlink()
+        else:
+            path.write_bytes(b"")
+            os.utime(path, ns=(MTIME_NS, MTIME_NS))
+        assert key(refs, job) != before
+
+
+@settings(deadline=None)
+@given(names=st.lists(NAMES, min_size=1, max_size=5, unique=True), data=st.data())
+def test_a_remote_files_listed_size_and_version_are_part_of_the_key(job: JobConfig, names: list[str],
+                                                                   data: st.DataObject) -> None:
+    """A remote file is fingerprinted by discovery's listing: a new size or version tag gives a
+    new key. Entries for files outside the chunk do not count (the worker gets its own files'
+    entries, the client the whole listing)."""
+    urls = [f"s3://bucket/raw/{name}" for name in names]
+    listed = {url: data.draw(LISTING, label=url) for url in urls}
+    refs = [SampleRef(sample_id=f"s-{i}", source="photos", kind="image", path=url, relpath=url.rsplit("/", 1)[1])
+            for i, url in enumerate(urls)]
+    before = key(refs, job, listed=listed)
+    others = {f"s3://bucket/other/{name}": data.draw(LISTING) for name in data.draw(st.lists(NAMES, max_size=3))}
+    assert key(refs, job, listed={**others, **listed}) == before
+    url = data.draw(st.sampled_from(urls), label="changed")
+    entry = listed[url]
+    changed = data.draw(st.builds(RawObject, size=st.integers(0, 2**40), version=st.just(entry.version))
+                        | st.builds(RawObject, size=st.just(entry.size), version=TEXT), label="new entry")
+    assume(changed != entry)
+    assert key(refs, job, listed={**listed, url: changed}) != before
+
+
+def test_a_remote_file_missing_from_the_listing_is_refused(job: JobConfig) -> None:
+    """No listing entry, no fingerprint: the key is refused rather than made without one."""
+    ref = SampleRef(sample_id="s-1", source="photos", kind="image", path="s3://bucket/raw/a.png", relpath="a.png")
+    with pytest.raises(ValueError, match="s3://bucket/raw/a.png"):
+        key([ref], job, listed={"s3://bucket/raw/b.png": RawObject(size=1, version="v")})
+
+
+@settings(deadline=None)
+@given(files=chunk_files().filter(lambda files: len(files) > 1), data=st.data())
+def test_the_order_of_the_refs_is_part_of_the_key(job: JobConfig, files: list[tuple[SampleRef, int | None]],
+                                                  data: st.DataObject) -> None:
+    """A chunk is a run of the sorted ref table and its cached samples are in that order: the
+    key names the sequence, so the same files in another order give another key (chunks never
+    arrive reordered, so this costs no cache hit)."""
+    with tempfile.TemporaryDirectory() as folder:
+        refs = lay_out(Path(folder), files)
+        shuffled = data.draw(st.permutations(refs), label="order")
+        assume(shuffled != refs)
+        assert key(shuffled, job) != key(refs, job)
+
+
+@settings(deadline=None)
+@given(libraries=st.dictionaries(NAMES, TEXT, min_size=1, max_size=4), data=st.data())
+def test_every_library_version_is_part_of_the_key(job: JobConfig, libraries: dict[str, str],
+                                                  data: st.DataObject) -> None:
+    """A decoder upgrade can change the pixels: a library whose version changes, or that comes
+    or goes, gives a new key."""
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
+    before = key(refs, job, libraries)
+    name = data.draw(st.sampled_from(sorted(libraries)), label="library")
+    version = data.draw(TEXT.filter(lambda v: v != libraries[name]), label="version")
+    assert key(refs, job, {**libraries, name: version}) != before
+    assert key(refs, job, {k: v for k, v in libraries.items() if k != name}) != before
+    added = data.draw(NAMES.filter(lambda n: n not in libraries), label="added")
+    assert key(refs, job, {**libraries, added: version}) != before
+
+
+def test_raising_the_cache_format_changes_every_key(job: JobConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CACHE_FORMAT is raised when a reader or transform changes what a file turns into."""
+    from packer.pipeline.pixels import chunk_key
+
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
+    before = key(refs, job)
+    monkeypatch.setitem(chunk_key.__globals__, "CACHE_FORMAT", chunk_key.__globals__["CACHE_FORMAT"] + 1)
+    assert key(refs, job) != before
+
+
+def _tiled(job: JobConfig) -> JobConfig:
+    """The demo job with the optional settings it leaves unset set: tiles, spacing, a fallback window."""
+    return replace(job, image=replace(job.image, tile_size=(32, 32), tile_stride=(16, 16)),
+                   dicom=replace(job.dicom, spacing=(0.5, 0.5), fallback_window=WindowSpec(
+                       kind="explicit", name="soft", center=40.0, width=400.0)))
+
+
+@pytest.mark.parametrize("setting", sorted(PIXEL_SETTINGS))
+@settings(deadline=None, max_examples=50)
+@given(base=st.sampled_from(["demo", "tiled"]), data=st.data())
+def test_every_setting_that_shapes_the_pixels_is_part_of_the_key(job: JobConfig, setting: str, base: str,
+                                                                 data: st.DataObject) -> None:
+    """Changing a source's reading settings, split.by (a time split makes a missing time a bad
+    sample) or any transform setting, to a value the job's identity tells apart, gives a new key."""
+    start = job if base == "demo" else _tiled(job)
+    changed = data.draw(PIXEL_SETTINGS[setting], label="edit")(start)
+    assume(changed.identity() != start.identity())
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
+    assert key(refs, changed) != key(refs, start)
+
+
+@pytest.mark.parametrize("setting", sorted(OTHER_SETTINGS))
+@settings(deadline=None, max_examples=20)
+@given(data=st.data())
+def test_settings_that_do_not_shape_the_pixels_keep_the_key(job: JobConfig, setting: str,
+                                                            data: st.DataObject) -> None:
+    """Split ratios and seed, packing, the output folder, the name, PHI handling and the like:
+    changing them reuses every cached chunk."""
+    changed = data.draw(OTHER_SETTINGS[setting], label="edit")(job)
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
+    assert key(refs, changed) == key(refs, job)
+
+
+@pytest.mark.xfail(strict=True, reason="chunk_key leaves out limits.* and safety.burned_in_annotation, which the "
+                   "worker applies: after a build that found files too_large, raising limits.max_pixels reuses the "
+                   "cached too_large verdicts")
+@pytest.mark.parametrize("setting", sorted(VERDICT_SETTINGS))
+@settings(deadline=None, max_examples=20)
+@given(data=st.data())
+def test_every_setting_that_decides_a_files_verdict_is_part_of_the_key(job: JobConfig, setting: str,
+                                                                        data: st.DataObject) -> None:
+    changed = data.draw(VERDICT_SETTINGS[setting], label="edit")(job)
+    assume(changed != job)
+    refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
+    assert key(refs, changed) != key(refs, job)
