@@ -168,3 +168,19 @@ def test_packer_build_cache_dir_option_keeps_the_cache_there(demo_raw: Any, tmp_
     assert done.exit_code == 0, done.output
     assert any(p.suffix == ".spill" for p in expected_cache(caches, out).iterdir())
     assert not (work / "cache").exists() and not list(out.rglob("*.spill"))
+
+
+def test_raising_a_size_limit_decodes_the_files_it_refused_instead_of_reusing_the_verdict(
+        demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    """The worker applies ``limits``: a cached ``too_large`` verdict is only valid for its limits."""
+    out = tmp_path / "out"
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    tight = load_job(write_job(tmp_path / "tight", {**doc, "limits": {"max_pixels": 16}, "validate": {
+        "max_bad_fraction": 1.0}}))
+    first = build(tight, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False))
+    refused = {i.path for i in first.issues if i.reason == "too_large"}
+    assert refused and first.manifest["inputs"]["samples"] == 0
+
+    second = build_demo(demo_raw, tmp_path, out)  # the default limits, same output, same cache folder
+    assert not [i for i in second.issues if i.reason == "too_large"]
+    assert second.files_decoded >= len(refused) and second.manifest["inputs"]["samples"] > 0

@@ -128,7 +128,7 @@ Edit = Callable[[JobConfig], JobConfig]
 
 def key(refs: list[SampleRef], job: JobConfig, libraries: dict[str, str] = LIBRARIES,
         listed: dict[str, RawObject] | None = None) -> str:
-    from packer.pipeline.pixels import chunk_key
+    from packer.pipeline.spill import chunk_key
 
     return chunk_key(refs, job, dict(libraries), listed)
 
@@ -313,7 +313,7 @@ def test_the_key_is_the_same_in_another_process(job: JobConfig, tmp_path: Path) 
                       relpath="gone.png")]
     code = ("import json, sys\n"
             "from packer.config import load_job\n"
-            "from packer.pipeline.pixels import chunk_key\n"
+            "from packer.pipeline.spill import chunk_key\n"
             "from packer.records import SampleRef\n"
             "args = json.loads(sys.argv[1])\n"
             "refs = [SampleRef(**{**r, 'extra': tuple(map(tuple, r['extra']))}) for r in args['refs']]\n"
@@ -436,7 +436,7 @@ def test_every_library_version_is_part_of_the_key(job: JobConfig, libraries: dic
 
 def test_raising_the_cache_format_changes_every_key(job: JobConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """CACHE_FORMAT is raised when a reader or transform changes what a file turns into."""
-    from packer.pipeline.pixels import chunk_key
+    from packer.pipeline.spill import chunk_key
 
     refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
     before = key(refs, job)
@@ -477,9 +477,6 @@ def test_settings_that_do_not_shape_the_pixels_keep_the_key(job: JobConfig, sett
     assert key(refs, changed) == key(refs, job)
 
 
-@pytest.mark.xfail(strict=True, reason="chunk_key leaves out limits.* and safety.burned_in_annotation, which the "
-                   "worker applies: after a build that found files too_large, raising limits.max_pixels reuses the "
-                   "cached too_large verdicts")
 @pytest.mark.parametrize("setting", sorted(VERDICT_SETTINGS))
 @settings(deadline=None, max_examples=20)
 @given(data=st.data())

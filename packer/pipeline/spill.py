@@ -55,9 +55,12 @@ CACHE_FORMAT = 8
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
-    """The parts of the job that change what a raw file turns into (not split ratios or packing)."""
+    """The parts of the job that change what a raw file turns into, samples or bad-sample verdict:
+    sources, transforms, ``split.by`` (a time split needs a time), the size ``limits`` and the
+    burned-in-annotation policy, both applied by the worker. Not split ratios, packing or PHI."""
     identity = job.identity()
-    return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by}
+    return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by,
+            "limits": identity["limits"], "burned_in_annotation": job.safety.burned_in_annotation}
 
 
 def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str],
