@@ -10,9 +10,12 @@ Plain checks (read every byte once, decode nothing):
   glob-based readers would pick up, and stale ``*.partial`` temporaries are reported as warnings.
 
 Deep checks (``deep=True``) decode every sample with stock readers only (``tarfile``,
-``numpy.load(allow_pickle=False)``, ``pyarrow``) and check it against ``sample_schema``,
-``label_map`` and its ``_index.parquet`` row (per-sample sha256), so they catch a sample whose
-bytes changed even when the shard hashes in the manifest were re-sealed to match.
+``numpy.load(allow_pickle=False)``, ``pyarrow``), not :mod:`packer.shards`' own readers, so a
+bug there cannot hide a defect; member names follow the rule every packer reader applies
+(:func:`packer.shards.members.parse_member_name`). Each sample is checked against
+``sample_schema``, ``label_map`` and its ``_index.parquet`` row (per-sample sha256), so they
+catch a sample whose bytes changed even when the shard hashes in the manifest were re-sealed
+to match.
 
 Every problem names the file (``shard``) and, where one is known, the sample ``key``.
 
@@ -28,7 +31,6 @@ import hashlib
 import io
 import json
 import math
-import re
 import tarfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -45,11 +47,10 @@ from packer.errors import IntegrityError
 from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
 from packer.progress import Progress
+from packer.shards.members import KEY_PATTERN, MEMBER_EXTENSIONS, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
 from packer.storage import VersionFolder, local_path, manifest_url
 
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
-TAR_MEMBERS = ("cls", "json", "npy")
 SHARD_SUFFIXES = {"webdataset": ".tar", "parquet": ".parquet"}
 _REBUILD = "rebuild the version with `packer build` or restore the file from a good copy"
 
@@ -403,9 +404,9 @@ def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterato
                     found.add(shard, f"tar stream unreadable after sample {current} ({err}); {_REBUILD}")
                     break
                 if data is None:
-                    found.add(shard, f"member {member.name!r} is not a regular file; {_REBUILD}")
+                    found.add(shard, f"{irregular_member(member.name)}; {_REBUILD}")
                     continue
-                parsed = _member_name(member.name)
+                parsed = parse_member_name(member.name)
                 if isinstance(parsed, str):
                     found.add(shard, parsed)
                     continue
@@ -431,16 +432,6 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None
         return None
     handle = tar.extractfile(member)
     return handle.read() if handle is not None else None
-
-
-def _member_name(name: str) -> tuple[str, str] | str:
-    """``(key, ext)`` of a safe member name, or a message saying why it is unsafe."""
-    if name.startswith("/") or "/" in name or "\\" in name or ".." in name:
-        return f"unsafe member name {name!r} (a path, not <key>.<ext>); refuse to extract this shard"
-    key, _, ext = name.partition(".")
-    if not KEY_PATTERN.match(key) or ext not in TAR_MEMBERS:
-        return f"member {name!r} is not <key>.cls|json|npy with a key of [A-Za-z0-9_-]"
-    return key, ext
 
 
 def _parquet_samples(folder: VersionFolder, shard: str,
@@ -479,7 +470,7 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
     def bad(message: str) -> None:
         found.add(shard, message, key=key)
 
-    if key is not None and not KEY_PATTERN.match(key):
+    if key is not None and KEY_PATTERN.fullmatch(key) is None:
         bad("key is not [A-Za-z0-9_-]+")
     if key is not None and row is None:
         bad("sample is not in _index.parquet")
@@ -504,7 +495,7 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
 
 def _check_tar_sample(sample: dict[str, Any], split: str,
                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
-    for ext in TAR_MEMBERS:
+    for ext in MEMBER_EXTENSIONS:
         if ext not in sample:
             bad(f"lacks its .{ext} member")
     label: int | None = None

@@ -429,34 +429,6 @@ def test_saturation_flag_counts_pixels_at_0_or_255() -> None:
     assert hist.counts[0, 0] == 60 and hist.counts[0, 100] == 40 and hist.counts.sum() == 200
 
 
-def test_member_headers_are_parsed_like_tarfile_and_a_bad_checksum_is_refused(tmp_path: Path) -> None:
-    import io
-    import tarfile
-
-    from packer.htmlreport.shards import _members_at, _ustar_header
-
-    path = tmp_path / "x.tar"
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in (("k1.cls", b"3"), ("k1.npy", b"x" * 700), ("k2.cls", b"1")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    raw = path.read_bytes()
-    assert _ustar_header(raw[:512]) == ("k1.cls", 1)
-    with open(path, "rb") as fh:
-        assert _members_at(fh, 0, "k1") == {"k1.cls": b"3", "k1.npy": b"x" * 700}
-        assert _members_at(fh, 2560, "k2") == {"k2.cls": b"1"}  # k1: 2 headers, 512 + 1024 of padded data
-        with pytest.raises(tarfile.HeaderError):
-            _members_at(fh, 100, "k1")  # not a header: the caller falls back to scanning
-    assert _ustar_header(b"\0" * 512) is None
-    broken = bytearray(raw[:512])
-    broken[0] ^= 1
-    with pytest.raises(tarfile.HeaderError):
-        _ustar_header(bytes(broken))
-    with pytest.raises(tarfile.HeaderError):
-        _ustar_header(raw[:100])
-
-
 def test_the_common_folder_of_urls_keeps_their_scheme() -> None:
     from packer.htmlreport.sections import common_folder
 

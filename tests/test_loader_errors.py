@@ -181,7 +181,7 @@ def test_member_names_outside_the_shard_are_rejected(tmp_path, name):
     members = good("a") + [(name, npy(np.zeros((1, 4, 4), np.uint8)))] + good("c")
     entry = write_raw_tar(tmp_path, "train-000000.tar", members, samples=2)
     manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry])
-    with pytest.raises(ShardReadError, match="not a regular file named"):
+    with pytest.raises(ShardReadError, match=r"unsafe member name .*\(a path, not <key>\.<ext>\)"):
         list(ShardDataset(manifest, "train", shuffle=False))
     assert not (tmp_path.parent / "evil.npy").exists() and not Path("/tmp/evil.npy").exists()
 
@@ -197,7 +197,7 @@ def test_manifest_paths_cannot_leave_the_version_folder(tmp_path):
                                    np.array(7, np.int32), np.zeros(5, ">u2"), np.zeros((3, 0, 2), np.uint8),
                                    np.asfortranarray(np.arange(6, dtype=np.uint8).reshape(2, 3))])
 def test_load_npy_equals_numpy_for_every_header_form(array: np.ndarray) -> None:
-    from packer.loader.readers import load_npy
+    from packer.shards.members import load_npy
 
     buffer = io.BytesIO()
     np.save(buffer, array)
@@ -207,7 +207,7 @@ def test_load_npy_equals_numpy_for_every_header_form(array: np.ndarray) -> None:
 
 
 def test_load_npy_refuses_cut_data_and_pickles() -> None:
-    from packer.loader.readers import load_npy
+    from packer.shards.members import load_npy
 
     buffer = io.BytesIO()
     np.save(buffer, np.zeros((4, 4), np.uint8))
@@ -223,17 +223,23 @@ def decode_both_ways(path: Path, check, monkeypatch: pytest.MonkeyPatch, *,
                      index_of: Path | None = None) -> list[tuple[object, object]]:
     """Every sample of the tar shard at ``path`` (as scanned from ``index_of``, default ``path``)
     decoded by positional reads straight into the image and by whole-member reads (the path
-    taken where ``os.preadv`` is missing)."""
-    from packer.loader import readers
+    taken where ``os.preadv`` is missing), then judged by ``check``: a ``Decoded`` or the
+    defect's (reason, message)."""
+    from packer.shards import tar
+    from packer.shards.members import SampleDefect
 
-    index = readers.scan_tar(index_of or path)
+    def judged(result: object) -> object:
+        outcome = check.outcome(result)
+        return (outcome.reason, outcome.message) if isinstance(outcome, SampleDefect) else outcome
+
+    index = tar.scan_tar(index_of or path)
     out = []
     with open(path, "rb", buffering=0) as fh:
         for sample in index.samples:
-            monkeypatch.setattr(readers, "_PREAD", True)
-            positional = readers._decode_tar_sample(fh, sample, check)
-            monkeypatch.setattr(readers, "_PREAD", False)
-            whole = readers._decode_tar_sample(fh, sample, check)
+            monkeypatch.setattr(tar, "_PREAD", True)
+            positional = judged(tar.read_tar_sample(fh, sample))
+            monkeypatch.setattr(tar, "_PREAD", False)
+            whole = judged(tar.read_tar_sample(fh, sample))
             out.append((positional, whole))
     return out
 
@@ -298,10 +304,11 @@ def test_reading_pixels_straight_into_the_image_agrees_with_whole_member_reads(t
 @pytest.mark.parametrize("where", ["cls", "npy header", "npy data"])
 def test_a_member_cut_short_after_the_scan_is_truncated_either_way(tmp_path, monkeypatch, where):
     from packer.loader import readers
+    from packer.shards.tar import scan_tar
 
     manifest = build_dataset(tmp_path, shard_sizes=(3,), shape=(3, 8, 8))
     shard = manifest.parent / "train-000000.tar"
-    sample = readers.scan_tar(shard).samples[1]
+    sample = scan_tar(shard).samples[1]
     cls_at, npy_at = sample.members["cls"][0], sample.members["npy"][0]
     cut = {"cls": cls_at, "npy header": npy_at + 20, "npy data": npy_at + 128 + 50}[where]
     cut_copy = tmp_path / "cut.tar"

@@ -20,20 +20,23 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from packer.loader.readers import load_npy
 from packer.manifest import INDEX_SCHEMA
+from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, load_npy
+from packer.shards.parquet import read_parquet_samples
+from packer.shards.tar import read_member_bytes, read_sample_at, scan_tar
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
 _INDEX_SCHEMA = pa.schema([INDEX_SCHEMA.field(name) for name in _INDEX_COLUMNS])  # the build's, these columns
 _FEW_VALUES = ["split", "shard", "entity_id", "source"]  # read dictionary-encoded: 4 bytes a row each
 _RANK_BATCH = 4096  # keys (and digests) held as Python objects at a time while ranking
+_PARQUET_ROWS = 64  # rows per record batch when reading a Parquet shard's selected samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,11 @@ def _shard_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
-    """Rebuild index rows by reading every shard (used only when ``_index.parquet`` is gone)."""
+    """Rebuild index rows by reading every shard (used only when ``_index.parquet`` is gone).
+
+    A tar shard is scanned up to its first defect (:func:`packer.shards.tar.scan_tar`); a
+    sample without a ``.json`` member has no row.
+    """
     rows: list[IndexEntry] = []
     for split, name in _shard_files(manifest):
         path = folder / name
@@ -168,104 +175,63 @@ def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
             rows.extend(IndexEntry(k, split, name, i, lab, ent, src) for i, (k, lab, ent, src) in
                         enumerate(zip(cols["key"], cols["label"], cols["entity_id"], cols["source"], strict=True)))
             continue
-        first: dict[str, int] = {}
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                key = member.name.split(".", 1)[0]
-                first.setdefault(key, member.offset)  # members are grouped per key: the sample starts here
-                if member.name.endswith(".json"):
-                    info = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
-                    rows.append(IndexEntry(key, split, name, first[key], int(info.get("label_index", -1)),
+        with open(path, "rb") as fh:
+            for sample in scan_tar(path).samples:
+                members = read_member_bytes(fh, sample, ["json"]) if "json" in sample.members else None
+                if isinstance(members, dict):
+                    info = json.loads(members["json"])
+                    rows.append(IndexEntry(sample.key, split, name, sample.offset, int(info.get("label_index", -1)),
                                            str(info.get("entity_id", "")), str(info.get("source", ""))))
     return rows
 
 
-def _decode_members(key: str, members: dict[str, bytes]) -> tuple[np.ndarray, dict[str, Any]]:
-    image = load_npy(members[f"{key}.npy"])
-    raw = members.get(f"{key}.json")
-    return image, (json.loads(raw) if raw else {})
+def _packed(entry: IndexEntry, members: dict[str, bytes]) -> PackedSample:
+    """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` if present)."""
+    raw = members.get("json")
+    return PackedSample(entry, load_npy(members["npy"]), json.loads(raw) if raw else {})
 
 
-_BLOCK = 512
-
-
-def _ustar_header(block: bytes) -> tuple[str, int] | None:
-    """(name, size) of a ustar member header, None for an end-of-archive (all-zero) block.
-
-    Raises ``tarfile.HeaderError`` for a short block, a bad checksum or a bad number, so the
-    caller falls back to a full scan. Parsing the few fields packer writes here costs a tenth
-    of ``tarfile.open`` + ``TarInfo.frombuf`` per sample, which dominated the report's time.
-    """
-    if len(block) < _BLOCK:
-        raise tarfile.HeaderError("header block cut short")
-    if not any(block):
-        return None
-    try:
-        stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
-        size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError as err:
-        raise tarfile.HeaderError(f"bad number in header ({err})") from err
-    if stored != sum(block[:148]) + 8 * 0x20 + sum(block[156:_BLOCK]):
-        raise tarfile.HeaderError("header checksum does not match")
-    name = block[:100].split(b"\0", 1)[0]
-    prefix = block[345:500].split(b"\0", 1)[0]
-    return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace"), size
-
-
-def _members_at(fh: BinaryIO, position: int, key: str) -> dict[str, bytes]:
-    """The consecutive members ``<key>.*`` whose first header sits at ``position``."""
-    members: dict[str, bytes] = {}
-    while True:
-        fh.seek(position)
-        header = _ustar_header(fh.read(_BLOCK))
-        if header is None or not header[0].startswith(key + "."):
-            return members
-        name, size = header
-        data = fh.read(size)
-        if len(data) != size:
-            raise tarfile.ReadError(f"member {name!r} cut short")
-        members[name] = data
-        position += _BLOCK + -(-size // _BLOCK) * _BLOCK
-
-
-def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
+def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
+    """The samples ``entries`` of a tar shard: each read at the position the index records;
+    those not found there (stale positions) by scanning the shard's headers."""
     by_key = {e.key: e for e in entries}
-    if all(e.position >= 0 for e in entries):
-        found: set[str] = set()
-        with open(path, "rb") as fh:
+    found: set[str] = set()
+    with open(path, "rb") as fh:
+        if all(e.position >= 0 for e in entries):
             for entry in sorted(entries, key=lambda e: e.position):
                 try:
-                    members = _members_at(fh, entry.position, entry.key)
+                    members = read_sample_at(fh, entry.position, entry.key)
                 except tarfile.TarError:
                     continue  # not a member header at this offset: the scan below looks for it
-                if f"{entry.key}.npy" in members:
+                if "npy" in members:
                     found.add(entry.key)
-                    yield PackedSample(entry, *_decode_members(entry.key, members))
+                    yield _packed(entry, members)
         if len(found) == len(by_key):
             return
-        by_key = {k: e for k, e in by_key.items() if k not in found}  # stale offsets: scan for the rest
-    grouped: dict[str, dict[str, bytes]] = defaultdict(dict)
-    with tarfile.open(path, mode="r:") as tar:
-        for member in tar:
-            key = member.name.split(".", 1)[0]
-            if key in by_key and member.isfile():
-                grouped[key][member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
-    for key, members in sorted(grouped.items()):
-        if f"{key}.npy" in members:
-            yield PackedSample(by_key[key], *_decode_members(key, members))
+        index = scan_tar(path)
+        samples = {s.key: s for s in index.samples if s.key in by_key and s.key not in found}
+        for key, sample in sorted(samples.items()):
+            read = read_member_bytes(fh, sample, [e for e in MEMBER_EXTENSIONS if e in sample.members])
+            if isinstance(read, SampleDefect):
+                yield by_key[key], f"{read.reason}: {read.message}"
+            elif "npy" in read:
+                yield _packed(by_key[key], read)
+    if index.defect is not None:
+        for key in sorted(set(by_key) - found - set(samples)):
+            yield by_key[key], f"not found before the shard's defect ({index.defect})"
 
 
-def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample]:
-    table = _read_columns(path, ["key", "shape", "dtype", "image", "metadata"], memory_map=True)
-    keys = table.column("key").to_pylist()
+def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
+    """The samples ``entries`` of a Parquet shard, found by key (the key column is read whole)."""
+    keys = _read_columns(path, ["key"]).column("key").to_pylist()
     row_of = {k: i for i, k in enumerate(keys)}
-    rows = [row_of[e.key] for e in entries if e.key in row_of]
-    picked = table.take(rows).to_pydict()
-    by_key = {e.key: e for e in entries}
-    for key, shape, dtype, image, meta in zip(picked["key"], picked["shape"], picked["dtype"], picked["image"],
-                                              picked["metadata"], strict=True):
-        array = np.frombuffer(image, dtype=np.dtype(dtype)).reshape(shape)
-        yield PackedSample(by_key[key], array, json.loads(meta) if meta else {})
+    by_row = {row_of[e.key]: e for e in entries if e.key in row_of}
+    source = pa.memory_map(str(path), "r")
+    for row, result in read_parquet_samples(source, sorted(by_row), records=True, batch_rows=_PARQUET_ROWS):
+        if isinstance(result, SampleDefect):
+            yield by_row[row], f"{result.reason}: {result.message}"
+        else:
+            yield PackedSample(by_row[row], result.image, json.loads(result.record) if result.record else {})
 
 
 def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
@@ -284,8 +250,12 @@ def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[Packed
         try:
             reader = _read_parquet if shard.endswith(".parquet") else _read_tar
             for sample in reader(path, wanted):
-                seen.add(sample.entry.key)
-                yield sample
+                if isinstance(sample, PackedSample):
+                    seen.add(sample.entry.key)
+                    yield sample
+                else:
+                    seen.add(sample[0].key)
+                    yield sample[0], f"{shard}: {sample[1]}"
         except (OSError, ValueError, KeyError, tarfile.TarError) as err:
             reason = f"{shard}: {type(err).__name__}: {err}"
         else:

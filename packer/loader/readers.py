@@ -1,8 +1,11 @@
 """Read samples out of one shard (tar or Parquet), and the split's entry in the manifest.
 
-No torch here: readers return numpy arrays. Nothing is ever unpickled (``.npy`` members
-go through ``np.load(allow_pickle=False)``), tar members are never extracted to disk and
-a member whose name is not ``<key>.<ext>`` (``/``, ``..``, absolute paths, links) stops
+The shard format, in both directions, is :mod:`packer.shards`: this module applies the
+loader's policy (which positions, size and hash checks, what a sample must look like, what a
+failure is) to the readers there. No torch here: readers return numpy arrays. Nothing is ever
+unpickled (``.npy`` members go through :func:`packer.shards.members.load_npy`), tar members
+are never extracted to disk, and a member name that :func:`packer.shards.members.parse_member_name`
+refuses (``/``, ``..``, absolute paths) or a member that is not a regular file (a link) stops
 the scan as a defect of the shard.
 
 Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
@@ -13,33 +16,31 @@ Tar images are copied once: the shard is opened unbuffered and, for packer's own
 header (numpy's version-1.0 header of a C-order numeric array), one ``pread`` fetches the
 ``.cls`` member and the npy header together, and ``preadv`` reads the pixels from the page
 cache straight into the ``np.empty`` array that becomes the image (and, in turn, the
-tensor). Any other npy form is read whole and decoded by ``np.load(allow_pickle=False)``.
+tensor) (:func:`packer.shards.tar.read_tar_sample`). Any other npy form is read whole and
+decoded by ``np.load(allow_pickle=False)``.
 
-Parquet images are zero-copy views: the shard is opened with ``pa.memory_map``, read in
-record batches of ``PARQUET_ROWS`` rows, and each ``image`` cell becomes an
-``np.frombuffer`` view on the record batch's Arrow data buffer (no copy from Arrow to numpy
-to torch; Arrow copies the cells once out of the page cache because Parquet stores byte
-arrays length-prefixed). Arrow's reader allocates mutable buffers, so the view is writable;
-a view that is not writable or not aligned for its dtype is copied. A held view keeps its
-record batch alive, so at most ``PARQUET_ROWS`` samples' bytes per held sample.
+Parquet images are zero-copy views (:func:`packer.shards.parquet.read_parquet_samples`): the
+shard is opened with ``pa.memory_map``, read in record batches of ``PARQUET_ROWS`` rows, and
+each ``image`` cell becomes an ``np.frombuffer`` view on the record batch's Arrow data buffer
+(no copy from Arrow to numpy to torch; Arrow copies the cells once out of the page cache
+because Parquet stores byte arrays length-prefixed). Arrow's reader allocates mutable
+buffers, so the view is writable; a view that is not writable or not aligned for its dtype is
+copied. A held view keeps its record batch alive, so at most ``PARQUET_ROWS`` samples' bytes
+per held sample.
 
 Remote shards (a manifest given as an ``s3://`` or other fsspec URL) are read through
-fsspec: tar shards as one sequential stream (``tarfile`` mode ``r|``, stopping after the last
-wanted sample), Parquet shards through a seekable fsspec file. With ``verify`` the shard is
-first copied into a spooled temporary file while it is hashed, so the bytes decoded are the
-bytes hashed. ``file://`` URLs are local paths.
+fsspec: tar shards as one sequential stream (:func:`packer.shards.tar.stream_tar_samples`,
+stopping after the last wanted sample), Parquet shards through a seekable fsspec file. With
+``verify`` the shard is first copied into a spooled temporary file while it is hashed, so the
+bytes decoded are the bytes hashed. ``file://`` URLs are local paths.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
-import math
 import os
-import re
-import tarfile
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,23 +53,13 @@ import numpy as np
 from packer import storage
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
+from packer.shards.members import Decoded, SampleDefect, decode_members
+from packer.shards.tar import TarIndex, read_tar_sample, scan_tar, stream_tar_samples
 
 FORMATS = ("webdataset", "parquet")
 PARQUET_ROWS = 64
-_MEMBER = re.compile(r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_]+)")
-_PARQUET_COLUMNS = ["key", "label", "shape", "dtype", "image"]
 #: A remote shard read with ``verify`` is held in memory up to this size, then on disk.
 SPOOL_BYTES = 64 << 20
-
-
-def _member_key(member: tarfile.TarInfo) -> tuple[str, str] | str:
-    """(key, ext) of a safe shard member, or the defect that makes it unsafe to read:
-    not a regular file, or a name other than ``<key>.<ext>`` (no ``/``, ``..`` or absolute paths)."""
-    match = _MEMBER.fullmatch(member.name)
-    if match is None or not member.isreg():
-        return f"member {member.name!r} is not a regular file named <key>.<ext>"
-    key, ext = match.groups()
-    return key, ext
 
 
 class ShardReadError(RuntimeError, IntegrityError):
@@ -391,14 +382,12 @@ class SampleCheck:
             return f"label {label} is not in the manifest's label_map"
         return None
 
-
-@dataclass(frozen=True)
-class Decoded:
-    """One readable sample: ``image`` C×H×W in the schema dtype, ``label`` an index."""
-
-    key: str
-    label: int
-    image: np.ndarray
+    def outcome(self, result: Decoded | SampleDefect) -> Decoded | SampleDefect:
+        """``result`` of a shard reader, or a ``bad_sample`` defect when the decoded sample fails this check."""
+        if isinstance(result, SampleDefect):
+            return result
+        problem = self.problem(result.image, result.label)
+        return result if problem is None else SampleDefect("bad_sample", problem, result.key)
 
 
 @dataclass(frozen=True)
@@ -410,6 +399,11 @@ class Failure:
     key: str | None
     reason: str
     message: str
+
+    @classmethod
+    def of(cls, shard: str, position: int, defect: SampleDefect, key: str | None = None) -> Failure:
+        """The failure of sample ``position`` of ``shard`` for a shard reader's ``defect``."""
+        return cls(shard, position, defect.key if defect.key is not None else key, defect.reason, defect.message)
 
     def describe(self) -> str:
         key = self.key if self.key is not None else f"#{self.position}"
@@ -449,59 +443,6 @@ def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
 _VERIFIED: set[tuple[str, str, int, int, int, int]] = set()
 
 
-@dataclass(frozen=True)
-class TarSample:
-    """One sample's members in a tar shard: extension → (data offset, size)."""
-
-    key: str
-    members: dict[str, tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class TarIndex:
-    """The samples found by scanning a tar shard's headers, and the defect that ended the scan."""
-
-    samples: tuple[TarSample, ...]
-    defect: str | None
-
-
-def scan_tar(path: Path) -> TarIndex:
-    """Walk a tar shard's member headers (seeking past the data) and group members by key.
-
-    Stops at the first defect: an unreadable header, a member that is not a regular file,
-    a name that is not ``<key>.<ext>``, a key seen again after another key, or data that
-    runs past the end of the file. Samples before the defect are kept.
-    """
-    samples: list[TarSample] = []
-    seen: set[str] = set()
-    current: TarSample | None = None
-    defect: str | None = None
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        try:
-            with tarfile.open(fileobj=fh, mode="r:") as tar:
-                for member in tar:
-                    parsed = _member_key(member)
-                    if isinstance(parsed, str):
-                        defect = parsed
-                        break
-                    if member.offset_data + member.size > size:
-                        defect = f"member {member.name!r} runs past the end of the file"
-                        break
-                    key, ext = parsed
-                    if current is None or key != current.key:
-                        if key in seen:
-                            defect = f"key {key!r} appears twice"
-                            break
-                        seen.add(key)
-                        current = TarSample(key=key, members={})
-                        samples.append(current)
-                    current.members[ext] = (member.offset_data, member.size)
-        except tarfile.TarError as err:
-            defect = f"unreadable tar header ({err})"
-    return TarIndex(samples=tuple(samples), defect=defect)
-
-
 class _IndexCache:
     """The last few scanned tar shards of this process (keyed by path and size)."""
 
@@ -522,189 +463,6 @@ class _IndexCache:
 
 
 _TAR_INDEX = _IndexCache()
-
-
-#: The exact header ``numpy.save`` writes for a C-order array of a plain numeric dtype (npy
-#: format 1.0), e.g. ``{'descr': '|u1', 'fortran_order': False, 'shape': (2, 256, 256), }``.
-_NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][uif][1248])', 'fortran_order': False, "
-                         rb"'shape': \(((?:\d+, )*\d*|\d+,)\), \} *\n")
-_NPY_MAGIC = b"\x93NUMPY\x01\x00"
-#: Bytes read at the start of an ``.npy`` member to find its header: numpy pads the magic and
-#: header to a multiple of 64 bytes, 128 for packer's C×H×W samples.
-_NPY_HEAD = 256
-#: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
-#: ``.npy``) is read in the same system call as the npy header.
-_NEAR = 64 << 10
-#: Positional reads (``os.pread``/``os.preadv``): where missing, tar members are read with
-#: seek + read.
-_PREAD = hasattr(os, "pread") and hasattr(os, "preadv")
-
-
-def _npy_layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int] | None:
-    """(dtype, shape, offset of the data) of an ``.npy`` whose first bytes are ``head``, for
-    the header form matched by ``_NPY_HEADER``; ``None`` for any other form, or a header
-    that does not end within ``head``."""
-    if head[:8] != _NPY_MAGIC or len(head) < 10:
-        return None
-    start = 10 + int.from_bytes(head[8:10], "little")
-    if start > len(head):
-        return None
-    header = head[10:start]
-    layout = _LAYOUTS.get(header)
-    if layout is None:
-        match = _NPY_HEADER.fullmatch(header)
-        if match is None:
-            return None
-        shape = tuple(int(d) for d in match.group(2).decode().replace(" ", "").split(",") if d)
-        layout = np.dtype(match.group(1).decode()), shape, start
-        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
-            _LAYOUTS.clear()
-        _LAYOUTS[header] = layout
-    return layout
-
-
-#: Parsed npy headers by their bytes: a shard's samples share a handful of shapes, and the
-#: regular expression and int parsing cost a third of reading a 256×256 sample's pixels.
-_LAYOUTS: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
-_LAYOUTS_KEPT = 256
-
-
-def _npy_size_problem(data_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
-    """Why ``data_bytes`` of npy data cannot hold ``dtype`` ``shape``, or ``None``."""
-    count = math.prod(shape)
-    if data_bytes == count * dtype.itemsize:
-        return None
-    return f"npy data holds {data_bytes} bytes, the header promises {count * dtype.itemsize} for shape {shape} {dtype}"
-
-
-def load_npy(data: bytes) -> np.ndarray:
-    """Decode ``.npy`` bytes into a writable array, never unpickling.
-
-    packer's own shards carry numpy's version-1.0 header for a C-order numeric array; that
-    header is matched by one strict regular expression and the data viewed with
-    ``np.frombuffer`` (numpy parses headers with ``ast.literal_eval``, which cost more than
-    the rest of reading a 256×256 sample). Anything else goes through
-    ``np.load(allow_pickle=False)``. Raises ValueError for bytes that are not a valid array.
-    """
-    layout = _npy_layout(data)
-    if layout is not None:
-        dtype, shape, start = layout
-        problem = _npy_size_problem(len(data) - start, dtype, shape)
-        if problem is not None:
-            raise ValueError(problem)
-        image = np.frombuffer(bytearray(memoryview(data)[start:]), dtype=dtype).reshape(shape)
-        return image if dtype.isnative else image.astype(dtype.newbyteorder("="))
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
-def _decode_tar_sample(fh: IO[bytes], sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
-    """Decode one sample's ``.cls`` and ``.npy`` members; (reason, message) on failure.
-
-    Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_read_tar_sample`; elsewhere
-    each member is read whole (seek + read) and decoded by :func:`_decode_members`.
-    """
-    if _PREAD:
-        return _read_tar_sample(fh.fileno(), sample, check)
-    data: dict[str, bytes] = {}
-    for ext in ("cls", "npy"):
-        if ext not in sample.members:
-            return "missing_member", f"no {sample.key}.{ext} member"
-        offset, size = sample.members[ext]
-        fh.seek(offset)
-        data[ext] = fh.read(size)
-        if len(data[ext]) != size:
-            return "truncated", f"{sample.key}.{ext} is cut short"
-    return _decode_members(sample.key, data, check)
-
-
-def _read_tar_sample(fd: int, sample: TarSample, check: SampleCheck) -> tuple[str, str] | Decoded:
-    """Decode one sample from the shard open as ``fd``, copying its pixels once.
-
-    One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
-    they lie far apart); for packer's own npy header (:func:`_npy_layout`) the pixels are
-    then read by ``preadv`` straight into the ``np.empty`` array that becomes the image,
-    byte-swapped in place if the file's byte order is not the machine's. Any other npy form
-    is read whole and goes through :func:`_decode_members`, with the same checks and
-    messages as the streamed reader.
-    """
-    key, members = sample.key, sample.members
-    for ext in ("cls", "npy"):
-        if ext not in members:
-            return "missing_member", f"no {key}.{ext} member"
-    (cls_at, cls_size), (npy_at, npy_size) = members["cls"], members["npy"]
-    head_size = min(npy_size, _NPY_HEAD)
-    if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
-        span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
-        cls, head = span[:cls_size], span[npy_at - cls_at:]
-    else:
-        cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
-    if len(cls) != cls_size:
-        return "truncated", f"{key}.cls is cut short"
-    if len(head) != head_size:
-        return "truncated", f"{key}.npy is cut short"
-    layout = _npy_layout(head)
-    if layout is None:
-        data = os.pread(fd, npy_size, npy_at)
-        if len(data) != npy_size:
-            return "truncated", f"{key}.npy is cut short"
-        return _decode_members(key, {"cls": cls, "npy": data}, check)
-    label = _parse_label(key, cls)
-    if isinstance(label, tuple):
-        return label
-    dtype, shape, start = layout
-    problem = _npy_size_problem(npy_size - start, dtype, shape)
-    if problem is not None:
-        return "undecodable", f"{key}.npy: {problem}"
-    image = np.empty(shape, dtype)
-    if _read_into(fd, image, npy_at + start) != image.nbytes:
-        return "truncated", f"{key}.npy is cut short"
-    if not dtype.isnative:
-        image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
-    problem = check.problem(image, label)
-    if problem is not None:
-        return "bad_sample", problem
-    return Decoded(key=key, label=label, image=image)
-
-
-def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
-    """Fill C-contiguous ``array`` with the bytes of ``fd`` from ``offset``; the bytes read
-    (fewer than ``array.nbytes`` only where the file ends first)."""
-    raw = array.reshape(-1).view(np.uint8).data
-    got = 0
-    while got < len(raw):
-        n = os.preadv(fd, [raw[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    return got
-
-
-def _parse_label(key: str, data: bytes) -> int | tuple[str, str]:
-    """The label index in a ``.cls`` member, or (reason, message)."""
-    try:
-        return int(data.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        return "bad_label", f"{key}.cls holds {data[:20]!r}, not an integer"
-
-
-def _decode_members(key: str, data: dict[str, bytes], check: SampleCheck) -> tuple[str, str] | Decoded:
-    """Decode a sample from its ``cls`` and ``npy`` member bytes; (reason, message) on failure."""
-    for ext in ("cls", "npy"):
-        if ext not in data:
-            return "missing_member", f"no {key}.{ext} member"
-    label = _parse_label(key, data["cls"])
-    if isinstance(label, tuple):
-        return label
-    try:
-        image = load_npy(data["npy"])
-    except (ValueError, OSError, EOFError) as err:
-        return "undecodable", f"{key}.npy: {err}"
-    if not isinstance(image, np.ndarray):
-        return "undecodable", f"{key}.npy holds no array"
-    problem = check.problem(image, label)
-    if problem is not None:
-        return "bad_sample", problem
-    return Decoded(key=key, label=label, image=image)
 
 
 def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
@@ -737,22 +495,13 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:
                     sample = index.samples[pos]
-                    result = _decode_tar_sample(fh, sample, check)
-                    outcome = result if isinstance(result, Decoded) else Failure(
-                        info.file, pos, sample.key, result[0], result[1])
+                    result = check.outcome(read_tar_sample(fh, sample))
+                    outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
                 done += 1
                 yield pos, outcome
     except OSError as err:
         for pos in positions[done:]:
             yield pos, Failure(info.file, pos, None, "unreadable", f"I/O error ({err})")
-
-
-def _image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Zero-copy view of bytes ``start:end`` of an Arrow buffer as ``dtype``, ``shape``."""
-    raw = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
-    view = raw.view(dtype) if raw.ctypes.data % dtype.alignment == 0 else raw.copy().view(dtype)
-    view = view.reshape(shape)
-    return view if view.flags.writeable else view.copy()
 
 
 def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
@@ -778,60 +527,12 @@ def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) 
 def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
                        check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of the Parquet shard ``info``, read from ``source``
-    (a memory map or a seekable binary file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    (a memory map or a seekable binary file) by :func:`packer.shards.parquet.read_parquet_samples`."""
+    from packer.shards.parquet import read_parquet_samples  # pyarrow: imported by Parquet readers only
 
-    def fail_rest(rest: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
-        return _fail(info, rest, reason, message)
-
-    try:
-        parquet = pq.ParquetFile(source)
-        rows = parquet.metadata.num_rows
-        missing = [c for c in _PARQUET_COLUMNS if c not in parquet.schema_arrow.names]
-    except (OSError, pa.ArrowException) as err:
-        yield from fail_rest(positions, "bad_shard", f"not a readable Parquet file ({err})")
-        return
-    if missing:
-        yield from fail_rest(positions, "bad_shard", f"columns {missing} are missing")
-        return
-    if rows != info.samples:
-        yield from fail_rest(positions, "bad_shard", f"the file has {rows} rows, the manifest says {info.samples}")
-        return
-    want = list(positions)
-    i = 0
-    row0 = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=PARQUET_ROWS, columns=_PARQUET_COLUMNS, use_threads=False):
-            end_row = row0 + batch.num_rows
-            if i < len(want) and want[i] < end_row:
-                keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
-                images = batch.column("image")
-                buffers = images.buffers()
-                offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
-                while i < len(want) and want[i] < end_row:
-                    pos, r = want[i], want[i] - row0
-                    key = keys[r].as_py()
-                    label = int(labels[r].as_py())
-                    shape = tuple(int(d) for d in shapes[r].as_py())
-                    start, stop = int(offsets[r]), int(offsets[r + 1])
-                    dtype = np.dtype(dtypes[r].as_py())
-                    if dtype != np.dtype(check.dtype) or int(np.prod(shape)) * dtype.itemsize != stop - start:
-                        yield pos, Failure(info.file, pos, key, "bad_sample",
-                                           f"{stop - start} image bytes do not hold {dtype} {shape}")
-                    else:
-                        image = _image_view(buffers[2], start, stop, dtype, shape)
-                        problem = check.problem(image, label)
-                        yield pos, (Decoded(key=key, label=label, image=image) if problem is None
-                                    else Failure(info.file, pos, key, "bad_sample", problem))
-                    i += 1
-            row0 = end_row
-            if i >= len(want):
-                return
-    except (OSError, pa.ArrowException, TypeError, ValueError) as err:
-        yield from fail_rest(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
-        return
-    yield from fail_rest(want[i:], "truncated", f"the file ended after {row0} rows")
+    for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS):
+        outcome = check.outcome(result)
+        yield pos, outcome if isinstance(outcome, Decoded) else Failure.of(info.file, pos, outcome)
 
 
 # -- remote shards ---------------------------------------------------------------------------
@@ -898,62 +599,22 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
                          f"I/O error ({storage.describe_error(url, err)})")
 
 
-def _tar_stream_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dict[str, bytes]] | str]:
-    """``(index, key, members)`` for the samples of a tar stream up to index ``last``.
-
-    Member bytes are kept for every member. A string, the defect, ends the stream: the
-    same defects :func:`scan_tar` stops at. ``OSError`` from the store propagates.
-    """
-    seen: set[str] = set()
-    key: str | None = None
-    members: dict[str, bytes] = {}
-    index = -1
-    defect: str | None = None
-    try:
-        with tarfile.open(fileobj=fh, mode="r|") as tar:
-            for member in tar:
-                parsed = _member_key(member)
-                if isinstance(parsed, str):
-                    defect = parsed
-                    break
-                name, ext = parsed
-                if name != key:
-                    if key is not None:
-                        yield index, key, members
-                        if index >= last:
-                            return
-                    if name in seen:
-                        defect = f"key {name!r} appears twice"
-                        key = None
-                        break
-                    seen.add(name)
-                    key, members, index = name, {}, index + 1
-                extracted = tar.extractfile(member)
-                members[ext] = extracted.read() if extracted is not None else b""
-    except (tarfile.TarError, EOFError) as err:
-        defect = f"unreadable tar stream ({err})"
-    if key is not None:
-        yield index, key, members
-    if defect is not None:
-        yield defect
-
-
 def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
                 check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``."""
     want = list(positions)
     i = found = 0
     defect: str | None = None
-    for item in _tar_stream_samples(fh, want[-1] if want else -1):
+    for item in stream_tar_samples(fh, want[-1] if want else -1):
         if isinstance(item, str):
             defect = item
             break
         index, key, members = item
         found = index + 1
         while i < len(want) and want[i] <= index:
-            result = (_decode_members(key, members, check) if want[i] == index
-                      else ("internal", f"position {want[i]} asked for after {index}: positions must ascend"))
-            yield want[i], result if isinstance(result, Decoded) else Failure(info.file, want[i], key, *result)
+            result = (check.outcome(decode_members(key, members)) if want[i] == index else
+                      SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend"))
+            yield want[i], result if isinstance(result, Decoded) else Failure.of(info.file, want[i], result, key)
             i += 1
     for pos in want[i:]:
         yield pos, Failure(info.file, pos, None, "truncated",

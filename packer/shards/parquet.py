@@ -1,21 +1,30 @@
-"""Write Parquet shards byte-reproducibly: one row per sample, one row group per shard.
+"""Write Parquet shards byte-reproducibly: one row per sample, one row group per shard; read them back.
 
 Columns (documented in ``schemas/parquet_shard.schema.json`` and the README): key, label,
 label_name, entity_id, split, source, shape, dtype, image (raw C-order bytes, uncompressed
 so readers can map them straight into tensors), sha256 (of ``image``), metadata (JSON).
 Writer options are fixed here so the bytes depend only on the data and pyarrow's version.
+
+Reading (:func:`read_parquet_samples`, for packer's loader and HTML report; ``packer verify
+--deep`` reads with stock pyarrow as its independent check): chosen rows in record batches,
+each image a zero-copy ``np.frombuffer`` view on the batch's Arrow buffer (Arrow copies the
+cells once out of the page cache because Parquet stores byte arrays length-prefixed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
 from packer.shards.encode import EncodedSample
+from packer.shards.members import Decoded, SampleDefect
 from packer.shards.writer import ShardWrite, WrittenSamples
 
 SCHEMA = pa.schema([
@@ -62,3 +71,82 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
         )
     size, sha = file_sha256(path)
     return written.result(file=path.name, size=size, sha256=sha)
+
+
+# -- reading ------------------------------------------------------------------------------
+#: The columns a reader needs to decode a sample (``metadata`` too when it wants the record).
+READ_COLUMNS = ["key", "label", "shape", "dtype", "image"]
+def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Zero-copy view of bytes ``start:end`` of an Arrow buffer as ``dtype``, ``shape``; a copy
+    where the bytes are not aligned for ``dtype`` or the buffer is read-only."""
+    raw = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
+    view = raw.view(dtype) if raw.ctypes.data % dtype.alignment == 0 else raw.copy().view(dtype)
+    view = view.reshape(shape)
+    return view if view.flags.writeable else view.copy()
+
+
+def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int | None = None,
+                         records: bool = False, batch_rows: int) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+    """Exactly one ``(row, Decoded | SampleDefect)`` per row of ``rows`` (ascending) of a Parquet
+    shard, in that order, whatever is wrong with the file.
+
+    ``source``: a path, a ``pa.memory_map`` or a seekable binary file. Rows are read in record
+    batches of ``batch_rows`` (a held image keeps its whole batch alive); each image is a
+    zero-copy view on its batch's Arrow buffer (:func:`image_view`), in the row's dtype and
+    shape. ``expect_rows``: the row count the manifest records (another count fails every row
+    as ``bad_shard``). ``records``: also read the ``metadata`` column into ``Decoded.record``.
+    An image whose bytes do not hold its dtype × shape is a ``bad_sample``; an unreadable file,
+    a missing column, a read error or an early end fails the rows not yet read.
+    """
+    columns = READ_COLUMNS + (["metadata"] if records else [])
+    try:
+        parquet = pq.ParquetFile(source)
+        count = parquet.metadata.num_rows
+        missing = [c for c in columns if c not in parquet.schema_arrow.names]
+    except (OSError, pa.ArrowException) as err:
+        yield from _fail(rows, "bad_shard", f"not a readable Parquet file ({err})")
+        return
+    if missing:
+        yield from _fail(rows, "bad_shard", f"columns {missing} are missing")
+        return
+    if expect_rows is not None and count != expect_rows:
+        yield from _fail(rows, "bad_shard", f"the file has {count} rows, the manifest says {expect_rows}")
+        return
+    want = list(rows)
+    i = 0
+    row0 = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
+            end_row = row0 + batch.num_rows
+            if i < len(want) and want[i] < end_row:
+                keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
+                metadata = batch.column("metadata") if records else None
+                images = batch.column("image")
+                buffers = images.buffers()
+                offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
+                while i < len(want) and want[i] < end_row:
+                    row, r = want[i], want[i] - row0
+                    key = keys[r].as_py()
+                    shape = tuple(int(d) for d in shapes[r].as_py())
+                    start, stop = int(offsets[r]), int(offsets[r + 1])
+                    dtype = np.dtype(dtypes[r].as_py())
+                    if math.prod(shape) * dtype.itemsize != stop - start:
+                        yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
+                                                key)
+                    else:
+                        yield row, Decoded(key=key, label=int(labels[r].as_py()),
+                                           image=image_view(buffers[2], start, stop, dtype, shape),
+                                           record=metadata[r].as_py() if metadata is not None else None)
+                    i += 1
+            row0 = end_row
+            if i >= len(want):
+                return
+    except (OSError, pa.ArrowException, TypeError, ValueError) as err:
+        yield from _fail(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
+        return
+    yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
+
+
+def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:
+    for row in rows:
+        yield row, SampleDefect(reason, message)

@@ -1,4 +1,4 @@
-"""Write WebDataset tar shards byte-reproducibly.
+"""Write WebDataset tar shards byte-reproducibly, and read them back.
 
 Members are ``<key>.cls``, ``<key>.json``, ``<key>.npy`` per sample, samples in the order
 given (the plan sorts them), with mtime 0, uid/gid 0, empty user/group names and mode
@@ -11,6 +11,15 @@ each member's pieces straight to the file: a pixel array goes out as the ``numpy
 header followed by the array's own buffer, with no ``BytesIO``, ``np.save`` or
 ``copyfileobj`` copy in between. Headers of names up to 100 bytes are built here;
 longer names (split into ustar prefix and name) get :mod:`tarfile`'s own header.
+
+Reading (packer's loader and HTML report; ``packer verify --deep`` keeps stock ``tarfile`` as
+its independent check): :func:`scan_tar` walks a shard's headers with ``tarfile``, seeking past
+the data, into a :class:`TarIndex` of member offsets; :func:`read_tar_sample` then decodes one
+sample with positional reads, the pixels copied once into the image. :func:`stream_tar_samples`
+reads a shard front to back from a non-seekable stream (a remote store), and
+:func:`read_sample_at` one sample at the offset ``_index.parquet`` records. Every reader
+refuses the member names :func:`~packer.shards.members.parse_member_name` refuses and never
+extracts anything to disk.
 """
 
 from __future__ import annotations
@@ -18,16 +27,29 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import os
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy_format
 
 from packer.files import atomic_output, canonical_json
 from packer.shards.encode import EncodedSample
+from packer.shards.members import (
+    NPY_HEAD,
+    Decoded,
+    SampleDefect,
+    decode_label,
+    decode_members,
+    irregular_member,
+    npy_layout,
+    npy_size_problem,
+    parse_member_name,
+)
 from packer.shards.writer import ShardWrite, WrittenSamples
 
 BLOCK = tarfile.BLOCKSIZE  # 512: headers and member data are padded to whole blocks
@@ -138,7 +160,250 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
     return written.result(file=path.name, size=size, sha256=digest)
 
 
-def read_tar_members(path: Path) -> list[str]:
-    """Member names of a tar shard, in order (used by tests and ``verify``)."""
-    with tarfile.open(path, mode="r:") as tar:
-        return [m.name for m in tar.getmembers()]
+# -- reading ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TarSample:
+    """One sample's members in a tar shard: ``offset`` of its first member header (the
+    sample's position in ``_index.parquet``) and, by extension, each member's (data offset, size)."""
+
+    key: str
+    offset: int
+    members: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class TarIndex:
+    """The samples found by scanning a tar shard's headers, and the defect that ended the scan."""
+
+    samples: tuple[TarSample, ...]
+    defect: str | None
+
+
+def _member_defect(member: tarfile.TarInfo) -> tuple[str, str] | str:
+    """(key, ext) of a member a reader may read, or why it may not (its name, or not a regular file)."""
+    parsed = parse_member_name(member.name)
+    if isinstance(parsed, str):
+        return parsed
+    return parsed if member.isreg() else irregular_member(member.name)
+
+
+def scan_tar(path: Path) -> TarIndex:
+    """Walk a tar shard's member headers (seeking past the data) and group members by key.
+
+    Stops at the first defect: an unreadable header, a member that is not a regular file,
+    a name :func:`~packer.shards.members.parse_member_name` refuses, a key seen again after
+    another key, or data that runs past the end of the file. Samples before the defect are kept.
+    """
+    samples: list[TarSample] = []
+    seen: set[str] = set()
+    current: TarSample | None = None
+    defect: str | None = None
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        try:
+            with tarfile.open(fileobj=fh, mode="r:") as tar:
+                for member in tar:
+                    parsed = _member_defect(member)
+                    if isinstance(parsed, str):
+                        defect = parsed
+                        break
+                    if member.offset_data + member.size > size:
+                        defect = f"member {member.name!r} runs past the end of the file"
+                        break
+                    key, ext = parsed
+                    if current is None or key != current.key:
+                        if key in seen:
+                            defect = f"key {key!r} appears twice"
+                            break
+                        seen.add(key)
+                        current = TarSample(key=key, offset=member.offset, members={})
+                        samples.append(current)
+                    current.members[ext] = (member.offset_data, member.size)
+        except tarfile.TarError as err:
+            defect = f"unreadable tar header ({err})"
+    return TarIndex(samples=tuple(samples), defect=defect)
+
+
+#: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
+#: ``.npy``) is read in the same system call as the npy header.
+_NEAR = 64 << 10
+#: Positional reads (``os.pread``/``os.preadv``): where missing, members are read with seek + read.
+_PREAD = hasattr(os, "pread") and hasattr(os, "preadv")
+
+
+def read_member_bytes(fh: BinaryIO, sample: TarSample, exts: Sequence[str]) -> dict[str, bytes] | SampleDefect:
+    """The bytes of ``sample``'s members ``exts`` (seek + read), by extension; a missing or
+    cut-short member is a :class:`SampleDefect`."""
+    data: dict[str, bytes] = {}
+    for ext in exts:
+        if ext not in sample.members:
+            return SampleDefect("missing_member", f"no {sample.key}.{ext} member", sample.key)
+        offset, size = sample.members[ext]
+        fh.seek(offset)
+        data[ext] = fh.read(size)
+        if len(data[ext]) != size:
+            return SampleDefect("truncated", f"{sample.key}.{ext} is cut short", sample.key)
+    return data
+
+
+def read_tar_sample(fh: BinaryIO, sample: TarSample) -> Decoded | SampleDefect:
+    """Decode one scanned sample's ``.cls`` and ``.npy`` members from the open shard ``fh``.
+
+    Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_pread_sample`: the pixels are
+    copied once, from the page cache into the image. Elsewhere each member is read whole
+    (seek + read) and decoded by :func:`~packer.shards.members.decode_members`.
+    """
+    if _PREAD:
+        return _pread_sample(fh.fileno(), sample)
+    data = read_member_bytes(fh, sample, ("cls", "npy"))
+    return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
+
+
+def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
+    """Decode one sample from the shard open as ``fd``, copying its pixels once.
+
+    One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
+    they lie far apart); for packer's own npy header (:func:`~packer.shards.members.npy_layout`)
+    the pixels are then read by ``preadv`` straight into the ``np.empty`` array that becomes
+    the image, byte-swapped in place if the file's byte order is not the machine's. Any other
+    npy form is read whole and goes through ``decode_members``, with the same messages.
+    """
+    key, members = sample.key, sample.members
+    for ext in ("cls", "npy"):
+        if ext not in members:
+            return SampleDefect("missing_member", f"no {key}.{ext} member", key)
+    (cls_at, cls_size), (npy_at, npy_size) = members["cls"], members["npy"]
+    head_size = min(npy_size, NPY_HEAD)
+    if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
+        span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
+        cls, head = span[:cls_size], span[npy_at - cls_at:]
+    else:
+        cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
+    if len(cls) != cls_size:
+        return SampleDefect("truncated", f"{key}.cls is cut short", key)
+    if len(head) != head_size:
+        return SampleDefect("truncated", f"{key}.npy is cut short", key)
+    layout = npy_layout(head)
+    if layout is None:
+        data = os.pread(fd, npy_size, npy_at)
+        if len(data) != npy_size:
+            return SampleDefect("truncated", f"{key}.npy is cut short", key)
+        return decode_members(key, {"cls": cls, "npy": data})
+    label = decode_label(key, cls)
+    if isinstance(label, SampleDefect):
+        return label
+    dtype, shape, start = layout
+    problem = npy_size_problem(npy_size - start, dtype, shape)
+    if problem is not None:
+        return SampleDefect("undecodable", f"{key}.npy: {problem}", key)
+    image = np.empty(shape, dtype)
+    if _read_into(fd, image, npy_at + start) != image.nbytes:
+        return SampleDefect("truncated", f"{key}.npy is cut short", key)
+    if not dtype.isnative:
+        image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return Decoded(key=key, label=label, image=image)
+
+
+def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
+    """Fill C-contiguous ``array`` with the bytes of ``fd`` from ``offset``; the bytes read
+    (fewer than ``array.nbytes`` only where the file ends first)."""
+    raw = array.reshape(-1).view(np.uint8).data
+    got = 0
+    while got < len(raw):
+        n = os.preadv(fd, [raw[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def stream_tar_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dict[str, bytes]] | str]:
+    """``(index, key, members)`` for the samples of a tar stream (read once, front to back,
+    ``tarfile`` mode ``r|``) up to index ``last``; ``members`` holds every member's bytes by extension.
+
+    A string, the defect, ends the stream: the defects :func:`scan_tar` stops at, or an
+    unreadable stream. ``OSError`` from the store propagates.
+    """
+    seen: set[str] = set()
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    index = -1
+    defect: str | None = None
+    try:
+        with tarfile.open(fileobj=fh, mode="r|") as tar:
+            for member in tar:
+                parsed = _member_defect(member)
+                if isinstance(parsed, str):
+                    defect = parsed
+                    break
+                name, ext = parsed
+                if name != key:
+                    if key is not None:
+                        yield index, key, members
+                        if index >= last:
+                            return
+                    if name in seen:
+                        defect = f"key {name!r} appears twice"
+                        key = None
+                        break
+                    seen.add(name)
+                    key, members, index = name, {}, index + 1
+                extracted = tar.extractfile(member)
+                members[ext] = extracted.read() if extracted is not None else b""
+    except (tarfile.TarError, EOFError) as err:
+        defect = f"unreadable tar stream ({err})"
+    if key is not None:
+        yield index, key, members
+    if defect is not None:
+        yield defect
+
+
+def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
+    """(name, size, is a regular file) of the ustar member header ``block``, None for an
+    end-of-archive (all-zero) block.
+
+    The inverse of :func:`member_header` for the fields packer writes, for reading one sample at
+    a known offset: a tenth of the cost of ``tarfile.open`` + ``TarInfo.frombuf`` per sample.
+    Raises ``tarfile.HeaderError`` for a short block, a bad checksum or a bad number.
+    """
+    if len(block) < BLOCK:
+        raise tarfile.HeaderError("header block cut short")
+    if not any(block):
+        return None
+    try:
+        stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+        size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError as err:
+        raise tarfile.HeaderError(f"bad number in header ({err})") from err
+    if stored != sum(block[:148]) + 8 * 0x20 + sum(block[156:BLOCK]):
+        raise tarfile.HeaderError("header checksum does not match")
+    name = block[:100].split(b"\0", 1)[0]
+    prefix = block[345:500].split(b"\0", 1)[0]
+    regular = block[156:157] in (tarfile.REGTYPE, tarfile.AREGTYPE)
+    return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace"), size, regular
+
+
+def read_sample_at(fh: BinaryIO, position: int, key: str) -> dict[str, bytes]:
+    """The bytes, by extension, of the consecutive members of sample ``key`` whose first header
+    sits at ``position`` (the position ``_index.parquet`` records); empty when none does.
+
+    Reading stops at the first header of another key, a refused name or a member that is
+    not a regular file. Raises
+    ``tarfile.TarError`` when ``position`` holds no member header or a member is cut short:
+    the caller falls back to :func:`scan_tar`.
+    """
+    members: dict[str, bytes] = {}
+    while True:
+        fh.seek(position)
+        header = parse_member_header(fh.read(BLOCK))
+        if header is None:
+            return members
+        name, size, regular = header
+        parsed = parse_member_name(name)
+        if isinstance(parsed, str) or parsed[0] != key or not regular:
+            return members
+        data = fh.read(size)
+        if len(data) != size:
+            raise tarfile.ReadError(f"member {name!r} cut short")
+        members[parsed[1]] = data
+        position += BLOCK + -(-size // BLOCK) * BLOCK

@@ -1,0 +1,150 @@
+"""packer.shards reads back what it writes: tar (scan, positional, streamed, at an index
+position) and Parquet, checked against the arrays packed and against stock tarfile."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.shards.encode import EncodedSample
+from packer.shards.members import Decoded, SampleDefect, parse_member_name
+from packer.shards.parquet import read_parquet_samples, write_parquet_shard
+from packer.shards.tar import (
+    parse_member_header,
+    read_sample_at,
+    read_tar_sample,
+    scan_tar,
+    stream_tar_samples,
+    write_tar_shard,
+)
+
+
+def sample(i: int, shape: tuple[int, ...], dtype: str) -> tuple[EncodedSample, np.ndarray]:
+    image = (np.arange(int(np.prod(shape))) * 3 + i).astype(dtype).reshape(shape)
+    info = {"key": f"k{i:03d}", "source": "synthetic", "n": i}
+    return EncodedSample(key=f"k{i:03d}", split="train", label=i % 4, label_name=f"c{i % 4}", entity_id=f"e{i}",
+                         source="synthetic", shape=shape, dtype=dtype, pixels=image.tobytes(), info=info), image
+
+
+shapes = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes=shapes, dtype=st.sampled_from(["uint8", "uint16", "float32"]))
+def test_every_tar_reader_returns_what_was_packed(tmp_path_factory: pytest.TempPathFactory,
+                                                   shapes: list[tuple[int, int, int]], dtype: str) -> None:
+    path = tmp_path_factory.mktemp("tar") / "train-000000.tar"
+    packed = [sample(i, shape, dtype) for i, shape in enumerate(shapes)]
+    written = write_tar_shard(path, [s for s, _ in packed])
+    index = scan_tar(path)
+    assert index.defect is None and [s.key for s in index.samples] == [s.key for s, _ in packed]
+    with tarfile.open(path) as tar:  # stock tarfile: where each sample's first header and each member's data sit
+        members = tar.getmembers()
+    assert [s.offset for s in index.samples] == list(written.positions) == [m.offset for m in members[::3]]
+    assert [s.members["npy"] for s in index.samples] == [(m.offset_data, m.size) for m in members[2::3]]
+    with open(path, "rb", buffering=0) as fh:
+        for scanned, (encoded, image), position in zip(index.samples, packed, written.positions, strict=True):
+            decoded = read_tar_sample(fh, scanned)
+            assert isinstance(decoded, Decoded) and decoded.label == encoded.label
+            assert decoded.image.dtype == image.dtype and np.array_equal(decoded.image, image)
+            at = read_sample_at(fh, position, encoded.key)
+            assert sorted(at) == ["cls", "json", "npy"] and json.loads(at["json"]) == encoded.info
+            assert np.array_equal(np.load(io.BytesIO(at["npy"])), image)
+    with open(path, "rb") as fh:
+        streamed = list(stream_tar_samples(fh, len(packed) - 1))
+    samples = [item for item in streamed if not isinstance(item, str)]  # a string would be a defect
+    assert len(samples) == len(streamed) and [(i, key) for i, key, _ in samples] == [
+        (i, s.key) for i, (s, _) in enumerate(packed)]
+    assert all(np.array_equal(np.load(io.BytesIO(members["npy"])), image)
+               for (_, _, members), (_, image) in zip(samples, packed, strict=True))
+
+
+def test_member_headers_are_parsed_like_tarfile_and_a_bad_checksum_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("k1.cls", b"3"), ("k1.npy", b"x" * 700), ("k2.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = path.read_bytes()
+    assert parse_member_header(raw[:512]) == ("k1.cls", 1, True)
+    with open(path, "rb") as fh:
+        assert read_sample_at(fh, 0, "k1") == {"cls": b"3", "npy": b"x" * 700}
+        assert read_sample_at(fh, 2560, "k2") == {"cls": b"1"}  # k1: 2 headers, 512 + 1024 of padded data
+        with pytest.raises(tarfile.HeaderError):
+            read_sample_at(fh, 100, "k1")  # not a header: the caller falls back to scanning
+    assert parse_member_header(b"\0" * 512) is None
+    broken = bytearray(raw[:512])
+    broken[0] ^= 1
+    with pytest.raises(tarfile.HeaderError):
+        parse_member_header(bytes(broken))
+    with pytest.raises(tarfile.HeaderError):
+        parse_member_header(raw[:100])
+
+
+@pytest.mark.parametrize(("name", "accepted"), [
+    ("a.cls", True), ("s_00-1.npy", True), ("k.json", True),
+    ("../a.npy", False), ("/tmp/a.npy", False), ("dir/a.npy", False), ("a\\b.npy", False), ("a..npy", False),
+    ("a.txt", False), ("a.npy.gz", False), ("a b.npy", False), (".npy", False), ("a", False),
+])
+def test_one_member_name_rule(name: str, accepted: bool) -> None:
+    parsed = parse_member_name(name)
+    assert isinstance(parsed, tuple) == accepted
+    if accepted:
+        assert parsed == tuple(name.split(".", 1))
+
+
+def test_a_link_or_a_refused_name_ends_the_scan_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("a.cls", b"0"), ("a.npy", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("b.npy")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    index = scan_tar(path)
+    assert [s.key for s in index.samples] == ["a"]
+    assert index.defect is not None and "'b.npy' is not a regular file" in index.defect
+
+
+def test_parquet_reader_returns_what_was_packed_and_fails_a_wrong_row_count(tmp_path: Path) -> None:
+    packed = [sample(i, (1, 2 + i, 3), "uint16") for i in range(5)]
+    path = tmp_path / "train-000000.parquet"
+    write_parquet_shard(path, [s for s, _ in packed])
+    got = list(read_parquet_samples(pa.memory_map(str(path)), [0, 3, 4], expect_rows=5, records=True, batch_rows=2))
+    assert [row for row, _ in got] == [0, 3, 4]
+    for (_, decoded), i in zip(got, [0, 3, 4], strict=True):
+        encoded, image = packed[i]
+        assert isinstance(decoded, Decoded) and (decoded.key, decoded.label) == (encoded.key, encoded.label)
+        assert np.array_equal(decoded.image, image) and json.loads(decoded.record or "") == encoded.info
+    wrong = list(read_parquet_samples(str(path), [1, 2], expect_rows=6, batch_rows=2))
+    assert wrong == [(1, SampleDefect("bad_shard", "the file has 5 rows, the manifest says 6"))] + [
+        (2, SampleDefect("bad_shard", "the file has 5 rows, the manifest says 6"))]
+
+
+def test_the_format_imports_none_of_its_users() -> None:
+    """packer.shards is read by the loader, the report and verify, and written by the pipeline:
+    it imports none of them (nor the CLI), and the loader does not import the pipeline."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import packer.shards.encode, packer.shards.members, packer.shards.parquet, packer.shards.tar\n"
+            "users = ('packer.loader', 'packer.pipeline', 'packer.htmlreport', 'packer.verify', 'packer.cli',\n"
+            "         'packer.commands')\n"
+            "bad = sorted(m for m in sys.modules if m.startswith(users))\n"
+            "assert not bad, bad\n"
+            "import packer.loader.readers, packer.loader.dataset\n"
+            "bad = sorted(m for m in sys.modules if m.startswith('packer.pipeline'))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
