@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))  # tests.conftest.demo_job_doc: the demo job re-po
 from decode import publish_run  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.htmlreport import render_html_report  # noqa: E402
-from packer.manifest import IndexColumns, seal_manifest, write_index, write_manifest  # noqa: E402
+from packer.manifest import seal_manifest, write_manifest  # noqa: E402
+from packer.pipeline.publish import IndexColumns, write_index  # noqa: E402
 from packer.shards.encode import EncodedSample  # noqa: E402
 from packer.shards.parquet import write_parquet_shard  # noqa: E402
 from packer.shards.tar import write_tar_shard  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.manifest import IndexColumns, write_splits_table
 from packer.phi import Pseudonymizer
+from packer.pipeline.publish import IndexColumns, write_splits_table
 from packer.records import SampleRef, SpilledSample
 from packer.shards.writer import ShardWrite
 
@@ -81,7 +81,7 @@ def test_splits_table_holds_one_row_per_sample_sorted_by_key_with_days_since_fir
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.binary(min_size=32, max_size=32), max_size=20))
 def test_hex_digests_are_the_digests_hex(digests: list[bytes]) -> None:
-    from packer.manifest import hex_digests
+    from packer.pipeline.publish import hex_digests
 
     column = hex_digests(b"".join(digests), len(digests))
     assert column.type == pa.string() and column.to_pylist() == [d.hex() for d in digests]

@@ -40,19 +40,16 @@ from packer.files import atomic_output
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
-    IndexColumns,
     config_hash,
     library_versions,
-    release_table_memory,
     seal_manifest,
-    write_index,
     write_manifest,
-    write_splits_table,
 )
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
+from packer.pipeline.publish import IndexColumns, release_table_memory, write_index, write_splits_table
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import remove_stale_temporaries
 from packer.pipeline.stages import run_stages
