@@ -1,8 +1,8 @@
 """Read-only views of built datasets: what a version holds (``inspect``), how two versions
 differ (``diff``) and which versions a registry folder keeps (``ls``).
 
-Everything here reads manifests through :func:`packer.manifest.load_manifest`, so an edited
-or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
+Everything here reads manifests through :func:`packer.manifest.read_manifest` (strict), so an
+edited or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
 also reads each version's ``_index.parquet`` (after checking its sha256 against the
 manifest) to compare samples by key and per-sample sha256.
 """
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256, human_bytes
-from packer.manifest import load_manifest, resolve_manifest_path
+from packer.manifest import Manifest, read_manifest
 
 DEFAULT_REGISTRY = Path("manifests")
 
@@ -32,8 +32,8 @@ def inspect_dataset(manifest_path: str | Path) -> dict[str, Any]:
 
     Raises IntegrityError when the manifest is unreadable, breaks the schema or fails its hash.
     """
-    file = resolve_manifest_path(manifest_path)
-    return {"manifest": str(file), **summarize_manifest(load_manifest(file))}
+    manifest = read_manifest(Path(manifest_path))
+    return {"manifest": manifest.location, **summarize_manifest(manifest.data)}
 
 
 def _size_stats(sizes: list[int]) -> dict[str, int] | None:
@@ -303,31 +303,31 @@ def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[ValueChange, 
     return tuple(changes)
 
 
-def read_sample_index(manifest_file: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """``_index.parquet`` beside ``manifest_file`` as ``{key: {split, label, sha256}}`` with label
+def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
+    """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, sha256}}`` with label
     names; None when the file is absent (a registry copy). IntegrityError when it does not
     match the manifest's recorded sha256."""
-    entry = manifest["index"]
-    path = manifest_file.parent / entry["file"]
+    entry = manifest.data["index"]
+    path = Path(manifest.locate(entry["file"]))
     if not path.is_file():
         return None
     size, digest = file_sha256(path)
     if (size, digest) != (entry["bytes"], entry["sha256"]):
         raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
-                             f"{manifest_file.parent}` and rebuild the version")
+                             f"{manifest.folder}` and rebuild the version")
     try:
         rows = pq.read_table(path, columns=["key", "split", "label", "sha256"]).to_pylist()
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
-    names = {index: name for name, index in manifest["label_map"].items()}
+    names = {index: name for name, index in manifest.label_map.items()}
     return {row["key"]: {"split": row["split"], "label": names.get(row["label"], str(row["label"])),
                          "sha256": row["sha256"]} for row in rows}
 
 
-def _side(file: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"manifest": str(file), "name": manifest["name"], "version": manifest["version"],
-            "dataset_hash": manifest["dataset_hash"], "format": manifest["format"],
-            "samples": manifest["inputs"]["samples"]}
+def _side(manifest: Manifest) -> dict[str, Any]:
+    return {"manifest": manifest.location, "name": manifest.name, "version": manifest.version,
+            "dataset_hash": manifest.dataset_hash, "format": manifest.format,
+            "samples": manifest.data["inputs"]["samples"]}
 
 
 def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
@@ -337,16 +337,16 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     Raises IntegrityError when a manifest or index fails its hash. A missing
     ``_index.parquet`` (registry copies) only skips the sample comparison, with a note.
     """
-    old_file, new_file = resolve_manifest_path(old_path), resolve_manifest_path(new_path)
-    old, new = load_manifest(old_file), load_manifest(new_file)
+    old_manifest, new_manifest = read_manifest(Path(old_path)), read_manifest(Path(new_path))
+    old, new = old_manifest.data, new_manifest.data
     notes: list[str] = []
     if old["name"] != new["name"]:
         notes.append(f"different datasets: {old['name']!r} vs {new['name']!r}")
-    old_rows, new_rows = read_sample_index(old_file, old), read_sample_index(new_file, new)
-    for rows, file, manifest in ((old_rows, old_file, old), (new_rows, new_file, new)):
+    old_rows, new_rows = read_sample_index(old_manifest), read_sample_index(new_manifest)
+    for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
         if rows is None:
-            notes.append(f"{file.parent / manifest['index']['file']} not found (a registry copy?): samples not "
-                         "compared; pass the version folders")
+            notes.append(f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
+                         "not compared; pass the version folders")
     content = old["format"] == new["format"]
     if not content:
         notes.append(f"formats differ ({old['format']} vs {new['format']}): per-sample sha256 hash different "
@@ -372,7 +372,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
                             "decoders": new["decoders"], "format_version": new["format_version"]})
-    return DatasetDiff(old=_side(old_file, old), new=_side(new_file, new),
+    return DatasetDiff(old=_side(old_manifest), new=_side(new_manifest),
                        samples_compared=old_rows is not None and new_rows is not None, content_compared=content,
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
@@ -455,7 +455,7 @@ def list_registry(registry: str | Path = DEFAULT_REGISTRY, *, name: str | None =
     entries = []
     for file in sorted(root.glob(f"{name if name is not None else '*'}/*.json")):
         try:
-            manifest = load_manifest(file)
+            manifest = read_manifest(file).data
         except IntegrityError as err:
             entries.append(RegistryEntry(name=file.parent.name, version=file.stem, created_at="", dataset_hash="",
                                          samples=(), path=str(file), problem=str(err)))

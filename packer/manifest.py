@@ -1,37 +1,51 @@
-"""Manifest: describe a built dataset version, hash it, write it atomically, load it back.
+"""Manifest: the one model of a built version's ``manifest.json``: read, check, hash, seal, write.
 
-The per-sample tables the manifest records are written by :mod:`packer.pipeline.publish`;
-their columns (``INDEX_SCHEMA``, ``SPLITS_SCHEMA``) are part of the format, so they stay here.
+:func:`read_manifest` is how every part of packer reads a manifest (the loader, ``packer
+verify``, the HTML report, ``inspect``/``diff``/``ls`` and the build itself): a local path, a
+version folder, a ``file://`` URL or an fsspec URL (:mod:`packer.storage`), parsed, checked
+against ``schemas/manifest.schema.json`` once and its ``dataset_hash`` recomputed, into a frozen
+:class:`Manifest`. ``strict`` raises the first problem found; a lenient read returns them as
+:attr:`Manifest.problems` for the caller to report.
 
 ``dataset_hash`` is sha256 over the canonical JSON of every manifest field except
 ``created_at``, ``version`` and ``dataset_hash`` itself. It therefore covers the resolved
 config, the library versions that shape the bytes, every shard's sha256 and the sample
 index: one flipped byte anywhere changes it. The version folder is its first 12 hex digits.
+
+The per-sample tables the manifest records are written by :mod:`packer.pipeline.publish`;
+their columns (:data:`INDEX_SCHEMA`, :data:`SPLITS_SCHEMA`) are part of the format, so they
+are described here.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pyarrow as pa
 
-from packer import __version__
-from packer.errors import IntegrityError
+from packer import __version__, storage
+from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, canonical_json
 from packer.schemas import load_schema
+from packer.storage import MANIFEST_FILE  # defined by storage, which reads and publishes version folders
 
 FORMAT_VERSION = 1
-MANIFEST_FILE = "manifest.json"
 INDEX_FILE = "_index.parquet"
 SPLITS_FILE = "_splits.parquet"
 _UNHASHED = ("created_at", "version", "dataset_hash")
 _BYTE_SHAPING = ("numpy", "opencv-python-headless", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
                  "pylibjpeg-openjpeg", "pylibjpeg-rle", "pyarrow")
+_RESTORE = "restore the manifest from the registry copy or rebuild"
 
 
 def library_versions() -> dict[str, str]:
@@ -62,16 +76,27 @@ def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
             "created_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")}
 
 
-def validate_manifest(manifest: dict[str, Any], *, source: str) -> None:
-    """Raise IntegrityError if ``manifest`` breaks ``schemas/manifest.schema.json``."""
-    import jsonschema
-
+@functools.cache
+def _validator() -> Any:
     schema = load_schema("manifest")
-    validator_cls = jsonschema.validators.validator_for(schema)
-    error = jsonschema.exceptions.best_match(validator_cls(schema).iter_errors(manifest))
-    if error is not None:
-        where = "/".join(map(str, error.absolute_path)) or "(top level)"
-        raise IntegrityError(f"{source}: manifest field {where}: {error.message}")
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _schema_problem(manifest: Mapping[str, Any]) -> str | None:
+    """``manifest field <path>: <what is wrong>`` for the best-matching schema violation, or None."""
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
+    if error is None:
+        return None
+    where = "/".join(map(str, error.absolute_path)) or "(top level)"
+    return f"manifest field {where}: {error.message}"
+
+
+def validate_manifest(manifest: Mapping[str, Any], *, source: str) -> None:
+    """Raise IntegrityError if ``manifest`` breaks ``schemas/manifest.schema.json``; the message
+    names ``source``, the field (``splits/train/shards/0/sha256``) and what was expected."""
+    problem = _schema_problem(manifest)
+    if problem is not None:
+        raise IntegrityError(f"{source}: {problem}")
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
@@ -89,21 +114,225 @@ def resolve_manifest_path(path: str | Path) -> Path:
     return candidate / MANIFEST_FILE if candidate.is_dir() else candidate
 
 
-def load_manifest(path: str | Path) -> dict[str, Any]:
-    """Read and schema-check a manifest; IntegrityError names the file and the field."""
-    file = resolve_manifest_path(path)
+# -- the model --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest lists it: file name inside the version folder, size in bytes,
+    sha256 (hex) and number of samples."""
+
+    file: str
+    bytes: int
+    sha256: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class ManifestProblem:
+    """Something wrong with a manifest that was read: ``kind`` is ``format_version`` (written by
+    a newer packer), ``unsafe_file`` (a file name that leaves the version folder), ``schema``
+    (breaks ``schemas/manifest.schema.json``) or ``dataset_hash`` (edited after the build);
+    ``detail`` says what and how to fix it, without the manifest's location."""
+
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest as :func:`read_manifest` read it.
+
+    ``data``: the parsed JSON object (read it, never change it). ``location``: the manifest file
+    as a user would type it (a path or a URL); ``path``: the local file, None when remote.
+    ``problems``: what a lenient read found (empty after a strict read); ``content_hash``: the
+    sha256 the content hashes to (None when the hash was not checked). The typed accessors
+    assume a manifest without ``format_version``/``unsafe_file``/``schema`` problems; use
+    ``data`` on others.
+    """
+
+    data: dict[str, Any]
+    location: str
+    path: Path | None = None
+    problems: tuple[ManifestProblem, ...] = ()
+    content_hash: str | None = None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Each problem as one message naming the manifest."""
+        return tuple(f"{self.location}: {p.detail}" for p in self.problems)
+
+    @property
+    def hash_matches(self) -> bool | None:
+        """Whether the content still hashes to the recorded ``dataset_hash`` (None: not checked)."""
+        return None if self.content_hash is None else self.content_hash == self.data.get("dataset_hash")
+
+    @property
+    def folder(self) -> Path | str:
+        """The version folder: a local path, or the URL of a remote one."""
+        return self.path.parent if self.path is not None else self.location.rsplit("/", 1)[0]
+
+    def locate(self, file: str) -> Path | str:
+        """A file of the version folder (a shard, the index): a local path or a URL."""
+        folder = self.folder
+        return folder / file if isinstance(folder, Path) else storage.join_url(folder, file)
+
+    @property
+    def name(self) -> str:
+        return str(self.data["name"])
+
+    @property
+    def version(self) -> str:
+        return str(self.data["version"])
+
+    @property
+    def dataset_hash(self) -> str:
+        return str(self.data["dataset_hash"])
+
+    @property
+    def format(self) -> str:
+        """``webdataset`` (tar shards) or ``parquet``."""
+        return str(self.data["format"])
+
+    @property
+    def sample_schema(self) -> dict[str, Any]:
+        """``dtype`` (or None: mixed), ``layout`` (``CHW``), ``shape`` (or None: varied), ``shapes`` by source."""
+        schema: dict[str, Any] = self.data["sample_schema"]
+        return schema
+
+    @property
+    def label_map(self) -> dict[str, int]:
+        """Label name → index."""
+        labels: dict[str, int] = self.data["label_map"]
+        return labels
+
+    @property
+    def splits(self) -> dict[str, dict[str, Any]]:
+        """Split name → its entry (``samples``, ``entities``, ``class_counts``, ``shards``), manifest order."""
+        splits: dict[str, dict[str, Any]] = self.data["splits"]
+        return splits
+
+    def shards(self, split: str) -> tuple[ShardEntry, ...]:
+        """The shards of ``split`` in manifest order (KeyError for a split the manifest lacks)."""
+        return tuple(ShardEntry(file=s["file"], bytes=s["bytes"], sha256=s["sha256"], samples=s["samples"])
+                     for s in self.splits[split]["shards"])
+
+    @property
+    def index(self) -> dict[str, Any] | None:
+        """The ``_index.parquet`` entry (``file``, ``bytes``, ``sha256``, ``rows``)."""
+        entry: dict[str, Any] | None = self.data.get("index")
+        return entry
+
+
+def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                  strict: bool = True, check_hash: bool = True) -> Manifest:
+    """Read the manifest at ``location`` into a :class:`Manifest`.
+
+    ``location``: a ``manifest.json`` (or a registry copy ``<version>.json``) or the version
+    folder holding one, as a local path, a ``file://`` URL or an fsspec URL (``s3://...``,
+    read with ``storage_options``; a URL not ending in ``.json`` is taken as the folder).
+
+    Checks, in order: ``format_version`` is one this packer reads, every file the manifest
+    names stays inside the version folder, the schema (once), and, with ``check_hash``, that
+    the content still hashes to ``dataset_hash``. ``strict``: the first problem raises
+    IntegrityError naming the manifest; otherwise they are returned in ``problems``.
+
+    Always raises IntegrityError when the manifest cannot be read, is not UTF-8 JSON or is not
+    a JSON object; for a remote one ``ConfigError``/``PackerError`` when the store fails
+    (:func:`packer.storage.storage_error`), ``ConfigError`` when its filesystem is not installed.
+    """
+    local = storage.local_path(location)
+    path: Path | None = None
+    if local is not None:
+        path = local / MANIFEST_FILE if local.is_dir() else local
+        where = str(path)
+        try:
+            raw = path.read_bytes()
+        except OSError as err:
+            raise IntegrityError(f"{path}: cannot read the manifest ({err.strerror or err}); pass a manifest.json "
+                                 "or the version folder holding it") from err
+    else:
+        where = storage.manifest_url(str(location))
+        folder, name = where.rsplit("/", 1)
+        try:
+            raw = storage.VersionFolder(folder, storage_options).read_bytes(name)
+        except FileNotFoundError as err:
+            raise IntegrityError(f"{where}: cannot read the manifest (not found); pass the URL of a manifest.json "
+                                 "or of its version folder") from err
+        except OSError as err:
+            raise storage.storage_error(where, err, doing="reading the manifest") from err
+    doc = _parse(raw, where)
+    problems = _shape_problems(doc)
+    content_hash = compute_dataset_hash(doc) if check_hash else None
+    if content_hash is not None and content_hash != doc.get("dataset_hash"):
+        recorded = str(doc.get("dataset_hash"))
+        problems.append(ManifestProblem("dataset_hash", (
+            f"dataset_hash does not match the manifest's content (it records {recorded[:16]}…, the content "
+            f"hashes to {content_hash[:16]}…): the manifest was edited after the build; {_RESTORE}")))
+    if strict and problems:
+        raise IntegrityError(f"{where}: {problems[0].detail}")
+    return Manifest(data=doc, location=where, path=path, problems=tuple(problems), content_hash=content_hash)
+
+
+def _parse(raw: bytes, where: str) -> dict[str, Any]:
     try:
-        manifest: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise IntegrityError(f"{file}: cannot read the manifest ({err.strerror})") from err
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise IntegrityError(f"{where}: the manifest is not UTF-8 ({err}); {_RESTORE}") from err
     except json.JSONDecodeError as err:
-        raise IntegrityError(f"{file}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    validate_manifest(manifest, source=str(file))
-    if compute_dataset_hash(manifest) != manifest["dataset_hash"]:
-        raise IntegrityError(f"{file}: dataset_hash does not match the manifest's content; the manifest was edited")
-    return manifest
+        raise IntegrityError(f"{where}: not valid JSON ({err.msg} at line {err.lineno}); {_RESTORE}") from err
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{where}: a manifest is a JSON object, not a JSON {type(doc).__name__}; {_RESTORE}")
+    return doc
 
 
+def _shape_problems(doc: dict[str, Any]) -> list[ManifestProblem]:
+    """A newer format_version, file names that leave the version folder, then the schema's verdict."""
+    problems = []
+    version = doc.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        problems.append(ManifestProblem("format_version", (
+            f"format_version {version}; this packer reads version {FORMAT_VERSION}: upgrade packer to read "
+            "newer datasets")))
+    for where, file in _named_files(doc):
+        if not _plain_file(file):
+            problems.append(ManifestProblem("unsafe_file", (
+                f"{where} {file!r} is not a plain path inside the version folder; {_RESTORE}")))
+    schema = _schema_problem(doc)
+    if schema is not None:
+        problems.append(ManifestProblem("schema", schema))
+    return problems
+
+
+def _named_files(doc: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field, file name) of every file the manifest names: shards, then top-level entries."""
+    splits = doc.get("splits")
+    for split, entry in (splits.items() if isinstance(splits, dict) else ()):
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        for i, shard in enumerate(shards if isinstance(shards, list) else ()):
+            if isinstance(shard, dict) and isinstance(shard.get("file"), str):
+                yield f"splits.{split}.shards[{i}].file", shard["file"]
+    for key, value in sorted(doc.items()):
+        if isinstance(value, dict) and isinstance(value.get("file"), str):
+            yield f"{key}.file", value["file"]
+
+
+def _plain_file(file: str) -> bool:
+    """True for a relative path that stays inside its folder: no absolute path, ``..``, drive or URL."""
+    parts = file.replace("\\", "/").split("/")
+    return bool(file) and not file.startswith(("/", "\\")) and ".." not in parts and ":" not in file
+
+
+def read_dataset_hash(location: str | os.PathLike[str]) -> str | None:
+    """The ``dataset_hash`` of the manifest at ``location`` when it can be read, passes the
+    schema and its content still hashes to it; None otherwise (absent, unreadable, damaged or
+    edited), so a build never takes such a manifest for the dataset it describes."""
+    try:
+        manifest = read_manifest(location, strict=False)
+    except PackerError:
+        return None
+    return None if manifest.problems else manifest.dataset_hash
+
+
+# -- the per-sample tables' columns (written by packer.pipeline.publish) -----------------------
 INDEX_SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),
     pa.field("split", pa.string(), nullable=False),

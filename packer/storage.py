@@ -36,7 +36,7 @@ from packer.files import TMP_SUFFIX
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
 CACHE_FOLDER = "cache"           # build caches live in <work_dir>/cache/<name>-<digest>/
-MANIFEST_FILE = "manifest.json"  # packer.manifest.MANIFEST_FILE, repeated to keep this module light
+MANIFEST_FILE = "manifest.json"  # the one definition; packer.manifest imports it from here
 #: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
 LOCAL_ONLY = ("bad_samples.jsonl", "leakage.json", "report.html")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")

@@ -2,7 +2,8 @@
 
 Plain checks (read every byte once, decode nothing):
 
-- the manifest: readable JSON, valid against ``schemas/manifest.schema.json``, its own
+- the manifest (read by :func:`packer.manifest.read_manifest`, whose problems become
+  findings): readable JSON, valid against ``schemas/manifest.schema.json``, its own
   ``dataset_hash`` matches its content, and its counts agree with each other;
 - every listed shard and ``_index.parquet``: present, size and sha256 as recorded;
 - the index rows agree with the shard list (shard names, splits, samples per shard);
@@ -43,9 +44,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.config import SPLITS
-from packer.errors import IntegrityError
+from packer.errors import PackerError
 from packer.files import TMP_SUFFIX
-from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, compute_dataset_hash, validate_manifest
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, read_manifest
 from packer.progress import Progress
 from packer.shards.members import KEY_PATTERN, MEMBER_EXTENSIONS, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
@@ -148,7 +149,7 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
     folder, name = _locate(manifest_path, storage_options)
     file = folder.where(name)
     found = _Findings()
-    manifest = _read_manifest(folder, name, found)
+    manifest = _read_manifest(folder, name, storage_options, found)
     if manifest is None:
         return _report(file, None, deep, found)
     _check_manifest_counts(name, manifest, found)
@@ -187,32 +188,27 @@ def _why(err: OSError) -> str:
     return err.strerror or str(err) or type(err).__name__
 
 
-def _read_manifest(folder: VersionFolder, name: str, found: _Findings) -> dict[str, Any] | None:
-    file = folder.where(name)
+def _read_manifest(folder: VersionFolder, name: str, storage_options: Mapping[str, Any] | None,
+                   found: _Findings) -> dict[str, Any] | None:
+    """The manifest (:func:`packer.manifest.read_manifest`, lenient), its problems added as
+    findings; None when it cannot be read or its shape is wrong: nothing else it says can be trusted."""
     try:
-        manifest = json.loads(folder.read_bytes(name).decode("utf-8"))
-    except OSError as err:
-        found.add(name, f"cannot read {file} ({_why(err)}); pass a manifest.json or the version folder holding it")
+        manifest = read_manifest(folder.where(name), storage_options=storage_options, strict=False)
+    except PackerError as err:  # unreadable, not a JSON object, or the store failed
+        found.add(name, str(err))
         return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        found.add(name, f"{file} is not valid UTF-8 JSON ({err}); restore the manifest from the registry copy")
+    for problem in manifest.problems:
+        if problem.kind == "dataset_hash":
+            found.add(name, problem.detail)
+            continue
+        damaged = "; the manifest is damaged: restore it from the registry copy or rebuild"
+        found.add(name, f"{manifest.location}: {problem.detail}{damaged if problem.kind == 'schema' else ''}")
         return None
-    if not isinstance(manifest, dict):
-        found.add(name, f"{file} holds a JSON {type(manifest).__name__}, not a manifest object")
-        return None
-    try:
-        validate_manifest(manifest, source=str(file))
-    except IntegrityError as err:
-        found.add(name, f"{err}; the manifest is damaged: restore it from the registry copy or rebuild")
-        return None
-    if compute_dataset_hash(manifest) != manifest["dataset_hash"]:
-        found.add(name, f"dataset_hash {manifest['dataset_hash'][:16]}… does not match the manifest's content "
-                        f"(sha256 {compute_dataset_hash(manifest)[:16]}…): the manifest was edited after the "
-                        "build; restore it from the registry copy or rebuild")
-    if manifest["version"] != manifest["dataset_hash"][:12]:
-        found.add(name, f"version {manifest['version']!r} is not the first 12 hex digits of dataset_hash "
-                        f"{manifest['dataset_hash'][:12]!r}; restore the manifest or rebuild")
-    return manifest
+    data = manifest.data
+    if data["version"] != data["dataset_hash"][:12]:
+        found.add(name, f"version {data['version']!r} is not the first 12 hex digits of dataset_hash "
+                        f"{data['dataset_hash'][:12]!r}; restore the manifest or rebuild")
+    return data
 
 
 def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.manifest import config_hash, seal_manifest
 from packer.shards.encode import EncodedSample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import write_tar_shard
@@ -69,19 +70,31 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
 def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "train", classes: int = 3,
                    class_counts: dict[str, int] | None = None, shape: Sequence[int] | None = SHAPE,
                    dtype: str = "uint8") -> Path:
-    """Write ``root/manifest.json`` for ``shards`` (entries with file, bytes, sha256, samples).
+    """Write ``root/manifest.json`` for ``shards`` (entries with file, bytes, sha256, samples): a
+    whole manifest, valid against schemas/manifest.schema.json and sealed as a build seals it.
 
-    ``shape=None`` writes a null sample shape (samples of varying size); ``dtype`` the sample dtype.
+    ``shape=None`` writes a null sample shape (samples of varying size); ``dtype`` the sample
+    dtype. The ``index`` and ``splits_table`` entries name files no fixture writes (only filtered
+    views read the index).
     """
-    manifest = {
-        "format_version": 1, "name": "fixture", "version": "0123456789ab", "format": fmt,
+    total = sum(s["samples"] for s in shards)
+    body = {
+        "format_version": 1, "name": "fixture", "packer_version": "fixture", "config": {},
+        "config_hash": config_hash({}), "libraries": {}, "decoders": {}, "format": fmt,
         "label_map": {f"c{c}": c for c in range(classes)},
-        "sample_schema": {"dtype": dtype, "layout": "CHW", "shape": None if shape is None else list(shape)},
-        "splits": {split: {"samples": sum(s["samples"] for s in shards), "class_counts": class_counts or {},
-                           "shards": shards}},
+        "sample_schema": {"dtype": dtype, "layout": "CHW", "shape": None if shape is None else list(shape),
+                          "shapes": {}},
+        "splits": {split: {"samples": total, "entities": total, "class_counts": class_counts or {}, "shards": shards}},
+        "inputs": {"files": total, "samples": total},
+        "bad_samples": {"total": 0, "fraction": 0.0, "max_fraction": 0.0, "by_reason": {}, "by_stage": {},
+                        "report": "bad_samples.jsonl"},
+        "audit": {"passed": True, "rules": {}, "entities_per_split": {}, "time_ranges": {}},
+        "index": {"file": "_index.parquet", "bytes": 0, "sha256": "0" * 64, "rows": total},
+        "splits_table": {"file": "_splits.parquet", "bytes": 0, "sha256": "0" * 64, "rows": total},
+        "phi": {"mode": "keep", "dates": "keep", "key_fingerprint": None},
     }
     path = root / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    path.write_text(json.dumps(seal_manifest(body), indent=2, sort_keys=True))
     return path
 
 

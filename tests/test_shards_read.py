@@ -134,7 +134,8 @@ def test_parquet_reader_returns_what_was_packed_and_fails_a_wrong_row_count(tmp_
 
 def test_the_format_imports_none_of_its_users() -> None:
     """packer.shards is read by the loader, the report and verify, and written by the pipeline:
-    it imports none of them (nor the CLI), and the loader does not import the pipeline."""
+    it imports none of them (nor the CLI), and the loader (with the manifest model it reads
+    through) does not import the pipeline."""
     import subprocess
     import sys
 
@@ -144,7 +145,7 @@ def test_the_format_imports_none_of_its_users() -> None:
             "         'packer.commands')\n"
             "bad = sorted(m for m in sys.modules if m.startswith(users))\n"
             "assert not bad, bad\n"
-            "import packer.loader.readers, packer.loader.dataset\n"
+            "import packer.loader.readers, packer.loader.dataset, packer.manifest\n"
             "bad = sorted(m for m in sys.modules if m.startswith('packer.pipeline'))\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,6 @@ which is marked sensitive, because ``bad_samples.jsonl`` holds them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from packer.htmlreport.sections import (
     render_summary,
 )
 from packer.htmlreport.template import render_page
+from packer.manifest import ManifestProblem, read_manifest, resolve_manifest_path
 
 __all__ = ["HTML_REPORT_FILE", "SECTION_IDS", "ReportLimits", "render_html_report", "write_html_report"]
 
@@ -48,12 +48,11 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
     the file cannot be read or is not a JSON object. The same inputs give the same bytes (no
     clock is read).
     """
-    from packer.manifest import resolve_manifest_path
-
     manifest_file = resolve_manifest_path(manifest_path_or_dir)
     warnings: list[str] = []
     if manifest is None:
-        manifest, warnings = read_manifest_leniently(manifest_file)
+        read = read_manifest(manifest_file, strict=False)
+        manifest, warnings = read.data, [_warning(problem, manifest_file.name) for problem in read.problems]
     with system_arrow_pool():  # see packer.allocator: the report runs at the end of a build's client
         data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings)
     body = "".join([render_summary(data), render_splits(data), render_contact_sheets(data),
@@ -71,28 +70,12 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
                        nav=list(SECTION_IDS.items()), body=body, footer=footer)
 
 
-def read_manifest_leniently(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """Load ``path`` as JSON; return it with warnings for a schema break or a hash mismatch."""
-    from packer.errors import IntegrityError
-    from packer.manifest import compute_dataset_hash, validate_manifest
-
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise IntegrityError(f"{path}: cannot read the manifest ({err.strerror})") from err
-    except json.JSONDecodeError as err:
-        raise IntegrityError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    if not isinstance(manifest, dict):
-        raise IntegrityError(f"{path}: a manifest is a JSON object, found {type(manifest).__name__}")
-    warnings = []
-    try:
-        validate_manifest(manifest, source=path.name)
-    except IntegrityError as err:
-        warnings.append(f"{err} (written by another packer version?); the report shows what it can read.")
-    if compute_dataset_hash(manifest) != manifest.get("dataset_hash"):
-        warnings.append(f"{path.name}: dataset_hash does not match the manifest's content; the manifest was "
-                        "edited after the build. Verify the shards before trusting these numbers.")
-    return manifest, warnings
+def _warning(problem: ManifestProblem, file_name: str) -> str:
+    """What the report says, above everything else, about a problem of its manifest (named by
+    its file name only: the report is a file to share, the local path is not)."""
+    if problem.kind == "dataset_hash":
+        return f"{file_name}: {problem.detail}. Verify the shards before trusting these numbers."
+    return f"{file_name}: {problem.detail} (written by another packer version?); the report shows what it can read."
 
 
 def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = None, *,
@@ -102,7 +85,6 @@ def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = No
     Raises IntegrityError as :func:`render_html_report` does, OSError if ``output`` cannot be written.
     """
     from packer.files import atomic_output
-    from packer.manifest import resolve_manifest_path
 
     folder = resolve_manifest_path(manifest_path_or_dir).parent
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import tempfile
 from collections import OrderedDict
@@ -56,7 +55,6 @@ from packer.files import file_sha256
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import TarIndex, read_tar_sample, scan_tar, stream_tar_samples
 
-FORMATS = ("webdataset", "parquet")
 PARQUET_ROWS = 64
 #: A remote shard read with ``verify`` is held in memory up to this size, then on disk.
 SPOOL_BYTES = 64 << 20
@@ -136,127 +134,58 @@ class SplitInfo:
                          for source, shapes in sorted(self.shapes.items())) or "(the manifest lists no shapes)"
 
 
-def _field(doc: dict[str, Any], path: str, kind: type | tuple[type, ...], where: Path | str) -> Any:
-    value: Any = doc
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise IntegrityError(f"{where}: manifest field {path} is missing; rebuild the dataset with packer build")
-        value = value[part]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise IntegrityError(f"{where}: manifest field {path} is {value!r}, expected {kind}")
-    return value
-
-
-def _safe_relative(file: str, where: Path | str) -> str:
-    parts = file.replace("\\", "/").split("/")
-    if not file or file.startswith(("/", "\\")) or ".." in parts or ":" in file:
-        raise IntegrityError(f"{where}: shard file {file!r} is not a plain path inside the version folder")
-    return file
-
-
-def _read_remote_manifest(url: str, storage_options: Mapping[str, Any] | None) -> str:
-    folder, name = url.rsplit("/", 1)
-    try:
-        return storage.VersionFolder(folder, storage_options).read_bytes(name).decode("utf-8")
-    except FileNotFoundError as err:
-        raise IntegrityError(f"{url}: cannot read the manifest (not found); pass the URL of a manifest.json "
-                             "or of its version folder") from err
-    except UnicodeDecodeError as err:
-        raise IntegrityError(f"{url}: the manifest is not UTF-8 ({err})") from err
-    except OSError as err:
-        raise storage.storage_error(url, err, doing="reading the manifest") from err
-
-
 def load_split(manifest: str | os.PathLike[str], split: str, *,
                storage_options: Mapping[str, Any] | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
-    read with ``storage_options``). Raises ``IntegrityError`` for an unreadable manifest or
-    a missing/ill-typed field, ``ConfigError`` when ``split`` is not in the manifest (the
-    message lists the splits) or the store cannot be reached. Reads only the fields
-    documented in docs/ARCHITECTURE.md; the dataset hash is not checked here (``packer
-    verify`` does that).
+    read with ``storage_options``). The manifest is read by :func:`packer.manifest.read_manifest`:
+    IntegrityError when it cannot be read, is from a newer packer, names a file outside its
+    version folder or breaks ``schemas/manifest.schema.json`` (the message names the field);
+    ``ConfigError`` when the store cannot be reached. The dataset hash is not checked here
+    (``packer verify`` does that). On top of the schema the loader needs one numpy dtype, C×H×W
+    shapes, and shards that add up to the split's sample count (IntegrityError otherwise);
+    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits).
     """
-    local = storage.local_path(manifest)
-    path: Path | str
-    try:
-        if local is None:
-            path = storage.manifest_url(str(manifest))
-            text = _read_remote_manifest(path, storage_options)
-        else:
-            path = local / "manifest.json" if local.is_dir() else local
-            text = path.read_text(encoding="utf-8")
-        doc = json.loads(text)
-    except OSError as err:
-        raise IntegrityError(f"{path}: cannot read the manifest ({err.strerror})") from err
-    except json.JSONDecodeError as err:
-        raise IntegrityError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    if not isinstance(doc, dict):
-        raise IntegrityError(f"{path}: a manifest is a JSON object")
-    format_version = doc.get("format_version", 1)
-    if format_version != 1:
-        raise IntegrityError(f"{path}: format_version {format_version!r}; this loader reads version 1 "
-                             "(upgrade packer to read newer datasets)")
-    fmt = _field(doc, "format", str, path)
-    if fmt not in FORMATS:
-        raise IntegrityError(f"{path}: format {fmt!r} is not one of {FORMATS}")
-    splits = _field(doc, "splits", dict, path)
-    if split not in splits:
-        raise ConfigError(f"{path}: no split {split!r}; the manifest has {sorted(splits)}")
-    schema = _field(doc, "sample_schema", dict, path)
-    layout = _field(doc, "sample_schema.layout", str, path)
-    if layout != "CHW":
-        raise IntegrityError(f"{path}: sample_schema.layout is {layout!r}; the loader reads CHW only")
-    dtype = _field(doc, "sample_schema.dtype", str, path)
+    from packer.manifest import read_manifest  # jsonschema and pyarrow: not in every worker
+
+    doc = read_manifest(manifest, storage_options=storage_options, check_hash=False)
+    path: Path | str = doc.path if doc.path is not None else doc.location
+    if split not in doc.splits:
+        raise ConfigError(f"{path}: no split {split!r}; the manifest has {sorted(doc.splits)}")
+    schema = doc.sample_schema
+    dtype = schema["dtype"]
+    if dtype is None:  # the build writes null for samples of mixed dtypes (and np.dtype(None) is float64)
+        raise IntegrityError(f"{path}: sample_schema.dtype is null (samples of mixed dtypes); the loader reads "
+                             "only datasets whose samples share one dtype")
     try:
         np.dtype(dtype)
     except TypeError as err:
         raise IntegrityError(f"{path}: sample_schema.dtype {dtype!r} is not a numpy dtype") from err
-    shape = schema.get("shape")
-    if shape is not None and (not isinstance(shape, list) or len(shape) != 3
-                              or not all(isinstance(d, int) and d > 0 for d in shape)):
+    shape = schema["shape"]
+    if shape is not None and (len(shape) != 3 or not all(d > 0 for d in shape)):
         raise IntegrityError(f"{path}: sample_schema.shape is {shape!r}, expected [C, H, W] or null")
-    label_map = _field(doc, "label_map", dict, path)
-    if not all(isinstance(v, int) for v in label_map.values()):
-        raise IntegrityError(f"{path}: label_map values must be integers")
-    entries = _field(doc, f"splits.{split}.shards", list, path)
+    shapes = schema["shapes"]
+    if not all(len(s) == 3 for v in shapes.values() for s in v):
+        raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected {{source: [[C, H, W], ...]}}")
     shards = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise IntegrityError(f"{path}: splits.{split}.shards[{i}] is not an object")
-        file = _safe_relative(_field(entry, "file", str, path), path)
-        count = _field(entry, "samples", int, path)
-        size = _field(entry, "bytes", int, path)
-        if count < 0 or size < 0:
-            raise IntegrityError(f"{path}: splits.{split}.shards[{i}] has a negative size or count")
-        digest = _field(entry, "sha256", str, path)
-        if isinstance(path, Path):
-            shards.append(ShardInfo(file=file, path=(path.parent / file).resolve(), bytes=size, sha256=digest,
-                                    samples=count))
+    for entry in doc.shards(split):
+        where = doc.locate(entry.file)
+        if isinstance(where, Path):
+            shards.append(ShardInfo(file=entry.file, path=where.resolve(), bytes=entry.bytes, sha256=entry.sha256,
+                                    samples=entry.samples))
         else:
-            shards.append(ShardInfo(file=file, path=Path(file), bytes=size, sha256=digest, samples=count,
-                                    url=storage.join_url(path.rsplit("/", 1)[0], file),
-                                    storage_options=dict(storage_options or {})))
-    total = _field(doc, f"splits.{split}.samples", int, path)
+            shards.append(ShardInfo(file=entry.file, path=Path(entry.file), bytes=entry.bytes, sha256=entry.sha256,
+                                    samples=entry.samples, url=where, storage_options=dict(storage_options or {})))
+    total = doc.splits[split]["samples"]
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
                              f"{sum(s.samples for s in shards)}")
-    shapes = schema.get("shapes") or {}
-    if not isinstance(shapes, dict) or not all(
-            isinstance(v, list) and all(isinstance(s, list) and len(s) == 3 for s in v) for v in shapes.values()):
-        raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected {{source: [[C, H, W], ...]}}")
-    index = doc.get("index")
-    if index is not None and not (isinstance(index, dict) and isinstance(index.get("file"), str)
-                                  and isinstance(index.get("sha256"), str)):
-        raise IntegrityError(f"{path}: index is {index!r}, expected {{file, sha256, bytes, rows}}")
-    if index is not None:
-        _safe_relative(index["file"], path)
-    return SplitInfo(manifest=path, name=str(doc.get("name", "")), version=str(doc.get("version", "")),
-                     format=fmt, split=split, label_map=dict(label_map), dtype=dtype,
+    return SplitInfo(manifest=path, name=doc.name, version=doc.version, format=doc.format, split=split,
+                     label_map=dict(doc.label_map), dtype=dtype,
                      shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
                      shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
-                     index=index, storage_options=dict(storage_options or {}))
+                     index=doc.index, storage_options=dict(storage_options or {}))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ task completion order, so the worker count and scheduler do not matter.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -42,6 +41,8 @@ from packer.manifest import (
     MANIFEST_FILE,
     config_hash,
     library_versions,
+    read_dataset_hash,
+    read_manifest,
     seal_manifest,
     write_manifest,
 )
@@ -266,7 +267,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         published = publish_version(version_dir, remote, storage_options=options.storage_options,
                                     quiet=options.quiet)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
-                       manifest=_read_json(version_dir / MANIFEST_FILE),
+                       manifest=read_manifest(version_dir / MANIFEST_FILE).data,
                        issues=sorted_issues, reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
@@ -277,19 +278,6 @@ def _decoders() -> dict[str, str]:
     from packer.read.dicom import decoder_table
 
     return dict(sorted(decoder_table().items()))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
-def _recorded_hash(path: Path) -> str | None:
-    """The dataset_hash an existing manifest records, or None if absent or unreadable."""
-    try:
-        return str(_read_json(path).get("dataset_hash"))
-    except (OSError, ValueError):
-        return None
 
 
 def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
@@ -374,7 +362,7 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool
 
     Returns True when the version folder already held this exact dataset (nothing replaced).
     """
-    if _recorded_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
+    if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
         shutil.rmtree(staging)
         return True
     if version_dir.exists():  # incomplete or damaged: a folder without a valid manifest is not a dataset
@@ -399,7 +387,7 @@ def write_manifest_copy(target: Path, manifest_file: Path) -> None:
     An existing copy of the same dataset is left alone, so a rebuild does not churn the
     committed registry with a new ``created_at``.
     """
-    if _recorded_hash(target) == _recorded_hash(manifest_file):
+    if read_dataset_hash(target) == read_dataset_hash(manifest_file):
         return
     with atomic_output(target) as fh:
         fh.write(manifest_file.read_bytes())

@@ -1,0 +1,131 @@
+"""The one Manifest model: read_manifest strict and lenient, local, file:// and fsspec URLs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from loader_fixtures import build_dataset
+
+from packer.errors import IntegrityError
+from packer.files import canonical_json
+from packer.loader.readers import load_split
+from packer.manifest import ShardEntry, read_dataset_hash, read_manifest
+from packer.verify import verify_dataset
+
+
+@pytest.fixture
+def version(tmp_path: Path) -> Path:
+    """A version folder: two tar shards (5 + 3 samples) and a sealed manifest."""
+    return build_dataset(tmp_path / "v", shard_sizes=(5, 3)).parent
+
+
+def edit(folder: Path, change: Any) -> dict[str, Any]:
+    """Apply ``change(manifest)`` to the folder's manifest.json without re-sealing it."""
+    doc = json.loads((folder / "manifest.json").read_text())
+    change(doc)
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_a_strict_read_returns_the_manifest_and_its_shards(version: Path) -> None:
+    doc = json.loads((version / "manifest.json").read_text())
+    for location in (version, version / "manifest.json", str(version)):
+        manifest = read_manifest(location)
+        assert manifest.data == doc and manifest.path == version / "manifest.json"
+        assert manifest.location == str(version / "manifest.json") and manifest.problems == ()
+    # the hash, computed here from its definition: sha256 of the canonical JSON without three fields
+    body = {k: v for k, v in doc.items() if k not in ("created_at", "version", "dataset_hash")}
+    assert manifest.content_hash == hashlib.sha256(canonical_json(body)).hexdigest() == doc["dataset_hash"]
+    assert manifest.hash_matches is True and manifest.version == doc["dataset_hash"][:12]
+    shards = [ShardEntry(s["file"], (version / s["file"]).stat().st_size,
+                         hashlib.sha256((version / s["file"]).read_bytes()).hexdigest(), s["samples"])
+              for s in doc["splits"]["train"]["shards"]]
+    assert manifest.shards("train") == tuple(shards) and [s.samples for s in shards] == [5, 3]
+    assert manifest.locate(shards[1].file) == version / "train-000001.tar"
+    assert (manifest.format, manifest.label_map, manifest.sample_schema["shape"]) == (
+        "webdataset", {"c0": 0, "c1": 1, "c2": 2}, [1, 4, 4])
+
+
+def test_an_edited_manifest_fails_a_strict_read_and_is_a_warning_of_a_lenient_one(version: Path) -> None:
+    edit(version, lambda doc: doc["inputs"].update(files=99))  # in schema, but no longer what was hashed
+    with pytest.raises(IntegrityError, match="dataset_hash does not match the manifest's content.*edited"):
+        read_manifest(version)
+    lenient = read_manifest(version, strict=False)
+    assert [p.kind for p in lenient.problems] == ["dataset_hash"] and lenient.hash_matches is False
+    assert lenient.data["inputs"]["files"] == 99
+    assert lenient.warnings == (f"{version / 'manifest.json'}: {lenient.problems[0].detail}",)
+    assert read_manifest(version, check_hash=False).content_hash is None
+    assert read_dataset_hash(version) is None
+    # the loader does not check the hash (verify does): it still reads the split
+    assert load_split(version, "train").samples == 8
+    report = verify_dataset(version)
+    assert not report.ok and any("dataset_hash does not match" in p.message for p in report.problems)
+
+
+def test_a_schema_violation_names_the_field_and_what_was_expected(version: Path) -> None:
+    edit(version, lambda doc: doc["splits"]["train"]["shards"][1].update(sha256="not-hex"))
+    with pytest.raises(IntegrityError, match=r"manifest field splits/train/shards/1/sha256: 'not-hex' does not "
+                                             r"match '\^\[0-9a-f\]\{64\}\$'"):
+        read_manifest(version, check_hash=False)
+    lenient = read_manifest(version, strict=False)
+    assert [p.kind for p in lenient.problems] == ["schema", "dataset_hash"]
+    assert lenient.problems[0].detail.startswith("manifest field splits/train/shards/1/sha256:")
+    with pytest.raises(IntegrityError, match="splits/train/shards/1/sha256"):
+        load_split(version, "train")
+
+
+def test_a_file_outside_the_version_folder_and_a_newer_format_are_refused_with_their_reason(version: Path) -> None:
+    edit(version, lambda doc: doc["splits"]["train"]["shards"][0].update(file="../../etc/x.tar"))
+    with pytest.raises(IntegrityError, match=r"splits\.train\.shards\[0\]\.file '\.\./\.\./etc/x\.tar' is not a "
+                                             "plain path inside the version folder"):
+        read_manifest(version)
+    edit(version, lambda doc: doc.update(format_version=2))
+    with pytest.raises(IntegrityError, match="format_version 2; this packer reads version 1: upgrade packer"):
+        read_manifest(version)
+    assert [p.kind for p in read_manifest(version, strict=False).problems][:2] == ["format_version", "unsafe_file"]
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (None, "cannot read the manifest"), (b"{not json", "not valid JSON"), (b"[1, 2]", "a manifest is a JSON object"),
+    (b"\xff\xfe{}", "not UTF-8"),
+])
+def test_an_unreadable_manifest_raises_in_either_mode(version: Path, content: bytes | None, expected: str) -> None:
+    if content is None:
+        (version / "manifest.json").unlink()
+    else:
+        (version / "manifest.json").write_bytes(content)
+    for strict in (True, False):
+        with pytest.raises(IntegrityError, match=expected):
+            read_manifest(version, strict=strict)
+    assert read_dataset_hash(version) is None
+
+
+def test_file_urls_are_local_paths(version: Path) -> None:
+    local = read_manifest(version)
+    for url in (f"file://{version}", f"file://{version}/manifest.json"):
+        manifest = read_manifest(url)
+        assert (manifest.data, manifest.path, manifest.location) == (local.data, local.path, local.location)
+    assert load_split(f"file://{version}", "train").shards == load_split(version, "train").shards
+
+
+def test_an_fsspec_url_is_read_through_the_store(version: Path) -> None:
+    store = fsspec.filesystem("memory")
+    base = "memory://packer-test-manifest/demo/v1"
+    for path in version.iterdir():
+        store.pipe(f"{base}/{path.name}", path.read_bytes())
+    try:
+        manifest = read_manifest(base)  # a URL not ending in .json is the version folder
+        assert manifest.data == read_manifest(version).data and manifest.path is None
+        assert manifest.location == f"{base}/manifest.json" and manifest.folder == base
+        assert manifest.locate("train-000000.tar") == f"{base}/train-000000.tar"
+        info = load_split(f"{base}/manifest.json", "train")
+        assert [s.url for s in info.shards] == [f"{base}/train-000000.tar", f"{base}/train-000001.tar"]
+        with pytest.raises(IntegrityError, match="cannot read the manifest \\(not found\\)"):
+            read_manifest(f"{base}/missing.json")
+    finally:
+        store.rm(base, recursive=True)
