@@ -37,7 +37,7 @@ from packer import __version__, storage
 from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, canonical_json
 from packer.schemas import load_schema
-from packer.storage import MANIFEST_FILE  # defined by storage, which reads and publishes version folders
+from packer.storage import MANIFEST_FILE  # defined by storage, which reads version folders
 
 FORMAT_VERSION = 1
 INDEX_FILE = "_index.parquet"
@@ -321,12 +321,13 @@ def _plain_file(file: str) -> bool:
     return bool(file) and not file.startswith(("/", "\\")) and ".." not in parts and ":" not in file
 
 
-def read_dataset_hash(location: str | os.PathLike[str]) -> str | None:
+def read_dataset_hash(location: str | os.PathLike[str], *,
+                      storage_options: Mapping[str, Any] | None = None) -> str | None:
     """The ``dataset_hash`` of the manifest at ``location`` when it can be read, passes the
     schema and its content still hashes to it; None otherwise (absent, unreadable, damaged or
     edited), so a build never takes such a manifest for the dataset it describes."""
     try:
-        manifest = read_manifest(location, strict=False)
+        manifest = read_manifest(location, storage_options=storage_options, strict=False)
     except PackerError:
         return None
     return None if manifest.problems else manifest.dataset_hash

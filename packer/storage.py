@@ -1,10 +1,10 @@
 """Storage: local paths and fsspec URLs (``file://``, ``s3://``, ...) for built versions.
 
 Builds always run in a local folder. When the output is a URL, the finished version folder
-is published with :func:`publish_version`: the shards and tables first, each checked after
-upload, and ``manifest.json`` last, so a remote folder without a manifest is never taken
-for a dataset. Readers (``packer verify``, :class:`packer.loader.ShardDataset`) open remote
-versions through :class:`VersionFolder` and :func:`filesystem_for`.
+is published (:func:`packer.pipeline.publish.publish_version`) through :class:`VersionFolder`:
+the shards and tables first, each checked after upload, and ``manifest.json`` last, so a
+remote folder without a manifest is never taken for a dataset. Readers (``packer verify``,
+:class:`packer.loader.ShardDataset`) open remote versions through :class:`VersionFolder` and :func:`filesystem_for`.
 
 Where a store is configured: the environment first (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL`` and ``AWS_DEFAULT_REGION``
@@ -25,13 +25,12 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
-from packer.errors import ConfigError, IntegrityError, PackerError
+from packer.errors import ConfigError, PackerError
 from packer.files import TMP_SUFFIX
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
@@ -360,8 +359,8 @@ class VersionFolder:
             entries = self._fs.ls(self._root, detail=True)
             return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
 
-    # Writing is for publish_version only, and only to remote folders; errors are not translated.
-    def _upload(self, sources: list[Path], names: list[str]) -> None:
+    # Writing is for publishing (packer.pipeline.publish) only; errors are not translated.
+    def upload(self, sources: list[Path], names: list[str]) -> None:
         if self.local is not None:
             self.local.mkdir(parents=True, exist_ok=True)
             for source, name in zip(sources, names, strict=True):
@@ -373,128 +372,9 @@ class VersionFolder:
             self._fs.put([str(s) for s in sources], [self._remote(n) for n in names])
         self._fs.invalidate_cache(self._root)
 
-    def _remove(self, name: str) -> None:
+    def remove(self, name: str) -> None:
         if self.local is not None:
             (self.local / name).unlink(missing_ok=True)
             return
         self._fs.rm_file(self._remote(name))
         self._fs.invalidate_cache(self._root)
-
-
-# -- publishing ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PublishResult:
-    """Where a version was published and what was sent.
-
-    ``url``: the remote version folder; ``manifest_url``: its manifest. ``skipped``: the
-    remote manifest already held this ``dataset_hash``, nothing was uploaded. ``uploaded``:
-    file names in upload order (``manifest.json`` last); ``bytes``: their total size.
-    """
-
-    url: str
-    manifest_url: str
-    skipped: bool
-    uploaded: tuple[str, ...] = ()
-    bytes: int = 0
-
-
-def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
-    """Shards (manifest order), then the tables and other side files, manifest excluded."""
-    shards = [s["file"] for split in manifest["splits"].values() for s in split["shards"]]
-    rest = sorted(n for n in names if n not in shards and n != MANIFEST_FILE)
-    return [n for n in shards if n in names] + rest
-
-
-def _recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
-    """sha256 the manifest records for each file it lists (shards, index, splits table)."""
-    recorded = {s["file"]: s["sha256"] for split in manifest["splits"].values() for s in split["shards"]}
-    for value in manifest.values():
-        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("sha256"), str):
-            recorded[value["file"]] = value["sha256"]
-    return recorded
-
-
-def _remote_hash(folder: VersionFolder) -> tuple[bool, str | None]:
-    """(a remote manifest exists, the dataset_hash it records or None if unreadable)."""
-    try:
-        doc = json.loads(folder.read_bytes(MANIFEST_FILE))
-    except FileNotFoundError:
-        return False, None
-    except (ValueError, UnicodeDecodeError):
-        return True, None
-    return True, (str(doc["dataset_hash"]) if isinstance(doc, dict) and "dataset_hash" in doc else None)
-
-
-def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
-                    include_local_only: bool = False, quiet: bool = True) -> PublishResult:
-    """Upload a built version folder to ``<remote_url>/<name>/<version>/``, manifest last.
-
-    ``local_version_dir`` holds a finished build (``manifest.json`` included). Uploads every
-    file except stale ``*.partial`` temporaries and, unless ``include_local_only``, the
-    files that name raw paths (:data:`LOCAL_ONLY`: the bad-sample report, ``leakage.json``,
-    ``report.html``). Order: shards, then the tables, then — only after every object was
-    read back and matched the manifest's size and sha256 — ``manifest.json``. A remote
-    folder that already holds a manifest with the same ``dataset_hash`` is left alone
-    (``skipped``); a damaged or different remote manifest is deleted before anything is
-    uploaded, so readers never see a manifest over half-replaced shards. An interrupted
-    publish leaves objects without a manifest; publishing again replaces them.
-
-    Raises ``ConfigError`` (bucket missing, no credentials, access denied, endpoint
-    unreachable), ``IntegrityError`` when an uploaded object reads back different from the
-    manifest (the remote folder then has no manifest), ``PackerError`` for other failures.
-    """
-    local_version_dir = Path(local_version_dir)
-    manifest_bytes = (local_version_dir / MANIFEST_FILE).read_bytes()
-    manifest: dict[str, Any] = json.loads(manifest_bytes)
-    target = join_url(remote_url, manifest["name"], manifest["version"])
-    folder = VersionFolder(target, storage_options)
-    target, result_url = folder.where(), folder.where(MANIFEST_FILE)
-    say: Callable[[str], None] = (lambda _: None) if quiet else (lambda m: print(f"packer: {m}", flush=True))
-    try:
-        exists, remote_hash = _remote_hash(folder)
-        if remote_hash == manifest["dataset_hash"]:
-            say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
-            return PublishResult(url=target, manifest_url=result_url, skipped=True)
-        if exists:
-            say(f"{result_url} holds another or a damaged manifest: removing it before uploading")
-            folder._remove(MANIFEST_FILE)
-        names = [p.name for p in sorted(local_version_dir.iterdir())
-                 if p.is_file() and not p.name.endswith(TMP_SUFFIX)
-                 and (include_local_only or p.name not in LOCAL_ONLY)]
-        order = _upload_order(names, manifest)
-        recorded = _recorded_hashes(manifest)
-        total = _upload(folder, local_version_dir, order, recorded)
-        folder._upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
-        if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
-            folder._remove(MANIFEST_FILE)
-            raise IntegrityError(f"{result_url}: the uploaded manifest reads back different from "
-                                 f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
-    except remote_errors() as err:
-        raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
-    say(f"published {len(order) + 1} files ({(total + len(manifest_bytes)) / 2**20:.1f} MiB) to {target}/, "
-        "each read back and checked")
-    return PublishResult(url=target, manifest_url=result_url, skipped=False, uploaded=(*order, MANIFEST_FILE),
-                         bytes=total + len(manifest_bytes))
-
-
-def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str]) -> int:
-    """Upload ``order`` (concurrently where the filesystem can), then read each back and check it."""
-    folder._upload([local / n for n in order], order)
-    total = 0
-    for name in order:
-        size = (local / name).stat().st_size
-        remote_size = folder.size(name)
-        if remote_size != size:
-            raise IntegrityError(f"{folder.where(name)}: {remote_size} bytes after upload, {local / name} has "
-                                 f"{size}; nothing was published (no manifest): rerun the build to upload again")
-        expected = recorded.get(name)
-        if expected is None:  # not a file the manifest hashes (e.g. report.html): compare with the local copy
-            with open(local / name, "rb") as fh:
-                expected = hashlib.file_digest(fh, "sha256").hexdigest()
-        _, digest = folder.sha256(name)
-        if digest != expected:
-            raise IntegrityError(f"{folder.where(name)}: sha256 {digest[:16]}… after upload, the manifest records "
-                                 f"{expected[:16]}…; nothing was published (no manifest): check "
-                                 f"{local / name} with `packer verify {local}` and rebuild or rerun")
-        total += size
-    return total

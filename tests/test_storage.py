@@ -18,7 +18,8 @@ import pytest
 from packer.config import load_job
 from packer.errors import ConfigError, IntegrityError, PackerError
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from packer.storage import LOCAL_ONLY, parse_storage_options, publish_version, resolve_output
+from packer.pipeline.publish import publish_version
+from packer.storage import LOCAL_ONLY, parse_storage_options, resolve_output
 from packer.verify import verify_dataset
 from tests.helpers import demo_job_doc, write_job
 from tests.s3_store import Store, running_store

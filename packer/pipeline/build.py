@@ -50,13 +50,20 @@ from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
-from packer.pipeline.publish import IndexColumns, release_table_memory, write_index, write_splits_table
+from packer.pipeline.publish import (
+    IndexColumns,
+    PublishResult,
+    publish_version,
+    release_table_memory,
+    write_index,
+    write_splits_table,
+)
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import remove_stale_temporaries
 from packer.pipeline.stages import run_stages
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
-from packer.storage import WORK_DIR_ENV, PublishResult, build_cache_dir, publish_version, resolve_output
+from packer.storage import WORK_DIR_ENV, build_cache_dir, resolve_output
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
 #: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
@@ -69,7 +76,7 @@ class BuildOptions:
 
     ``out``: a folder, or a URL (``s3://bucket/prefix``) to build under ``work_dir``
     (default ``$PACKER_WORK_DIR`` or ``~/.cache/packer/work``) and then publish to
-    (``packer.storage.publish_version``). ``storage_options`` configure every store the build
+    (:func:`packer.pipeline.publish.publish_version`). ``storage_options`` configure every store the build
     reaches through a URL: that output's, and the raw inputs' (sources given as URLs), on the
     client and, sent with each task, on the workers.
 

@@ -1,15 +1,21 @@
-"""Write a version folder's per-sample tables: ``_index.parquet`` and ``_splits.parquet``.
+"""Publish a version folder: its per-sample tables, and (for a URL output) the upload.
 
-Build-side only: the pipeline gathers the index shard by shard while it packs (:class:`IndexColumns`),
-then writes both tables into the staging folder before the manifest, which records their size
-and sha256. Their columns are the format (:data:`packer.manifest.INDEX_SCHEMA`,
-:data:`packer.manifest.SPLITS_SCHEMA`); readers find them through the manifest.
+``_index.parquet`` and ``_splits.parquet`` are build-side only: the pipeline gathers the index
+shard by shard while it packs (:class:`IndexColumns`), then writes both tables into the staging
+folder before the manifest, which records their size and sha256. Their columns are the format
+(:data:`packer.manifest.INDEX_SCHEMA`, :data:`packer.manifest.SPLITS_SCHEMA`); readers find them
+through the manifest.
+
+:func:`publish_version` uploads a finished local version folder to a store
+(:class:`packer.storage.VersionFolder`): the shards and tables first, each read back and
+checked against the manifest, ``manifest.json`` last, so a remote folder without a manifest is
+never taken for a dataset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +24,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.errors import IntegrityError
 from packer.files import atomic_output, file_sha256
-from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA, read_dataset_hash, read_manifest
 from packer.pipeline.sampletable import as_table
 from packer.shards.writer import ShardWrite
+from packer.storage import (
+    LOCAL_ONLY,
+    MANIFEST_FILE,
+    TMP_SUFFIX,
+    VersionFolder,
+    join_url,
+    remote_errors,
+    storage_error,
+)
 
 
 class IndexColumns:
@@ -140,3 +156,120 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
     table = pa.table([columns[field.name].cast(field.type) for field in SPLITS_SCHEMA], schema=SPLITS_SCHEMA)
     del columns
     return _write_table(folder / SPLITS_FILE, table)
+
+
+# -- publishing a finished version folder to a remote store ---------------------------------
+@dataclass(frozen=True)
+class PublishResult:
+    """Where a version was published and what was sent.
+
+    ``url``: the remote version folder; ``manifest_url``: its manifest. ``skipped``: the
+    remote manifest already held this ``dataset_hash``, nothing was uploaded. ``uploaded``:
+    file names in upload order (``manifest.json`` last); ``bytes``: their total size.
+    """
+
+    url: str
+    manifest_url: str
+    skipped: bool
+    uploaded: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
+    """Shards (manifest order), then the tables and other side files, manifest excluded."""
+    shards = [s["file"] for split in manifest["splits"].values() for s in split["shards"]]
+    rest = sorted(n for n in names if n not in shards and n != MANIFEST_FILE)
+    return [n for n in shards if n in names] + rest
+
+
+def _recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
+    """sha256 the manifest records for each file it lists (shards, index, splits table)."""
+    recorded = {s["file"]: s["sha256"] for split in manifest["splits"].values() for s in split["shards"]}
+    for value in manifest.values():
+        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("sha256"), str):
+            recorded[value["file"]] = value["sha256"]
+    return recorded
+
+
+def _remote_hash(folder: VersionFolder, storage_options: Mapping[str, Any] | None) -> tuple[bool, str | None]:
+    """(a remote manifest exists, the dataset_hash it records, or None when it is damaged or edited)."""
+    try:
+        if MANIFEST_FILE not in folder.files():
+            return False, None
+    except FileNotFoundError:  # no such folder yet
+        return False, None
+    return True, read_dataset_hash(folder.where(MANIFEST_FILE), storage_options=storage_options)
+
+
+def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
+                    include_local_only: bool = False, quiet: bool = True) -> PublishResult:
+    """Upload a built version folder to ``<remote_url>/<name>/<version>/``, manifest last.
+
+    ``local_version_dir`` holds a finished build (``manifest.json`` included). Uploads every
+    file except stale ``*.partial`` temporaries and, unless ``include_local_only``, the
+    files that name raw paths (:data:`LOCAL_ONLY`: the bad-sample report, ``leakage.json``,
+    ``report.html``). Order: shards, then the tables, then — only after every object was
+    read back and matched the manifest's size and sha256 — ``manifest.json``. A remote
+    folder that already holds a manifest with the same ``dataset_hash`` is left alone
+    (``skipped``); a damaged or different remote manifest is deleted before anything is
+    uploaded, so readers never see a manifest over half-replaced shards. An interrupted
+    publish leaves objects without a manifest; publishing again replaces them.
+
+    Raises ``ConfigError`` (bucket missing, no credentials, access denied, endpoint
+    unreachable), ``IntegrityError`` when an uploaded object reads back different from the
+    manifest (the remote folder then has no manifest), ``PackerError`` for other failures.
+    """
+    local_version_dir = Path(local_version_dir)
+    manifest_bytes = (local_version_dir / MANIFEST_FILE).read_bytes()
+    manifest = read_manifest(local_version_dir / MANIFEST_FILE).data
+    target = join_url(remote_url, manifest["name"], manifest["version"])
+    folder = VersionFolder(target, storage_options)
+    target, result_url = folder.where(), folder.where(MANIFEST_FILE)
+    say: Callable[[str], None] = (lambda _: None) if quiet else (lambda m: print(f"packer: {m}", flush=True))
+    try:
+        exists, remote_hash = _remote_hash(folder, storage_options)
+        if remote_hash == manifest["dataset_hash"]:
+            say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
+            return PublishResult(url=target, manifest_url=result_url, skipped=True)
+        if exists:
+            say(f"{result_url} holds another or a damaged manifest: removing it before uploading")
+            folder.remove(MANIFEST_FILE)
+        names = [p.name for p in sorted(local_version_dir.iterdir())
+                 if p.is_file() and not p.name.endswith(TMP_SUFFIX)
+                 and (include_local_only or p.name not in LOCAL_ONLY)]
+        order = _upload_order(names, manifest)
+        recorded = _recorded_hashes(manifest)
+        total = _upload(folder, local_version_dir, order, recorded)
+        folder.upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
+        if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
+            folder.remove(MANIFEST_FILE)
+            raise IntegrityError(f"{result_url}: the uploaded manifest reads back different from "
+                                 f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
+    except remote_errors() as err:
+        raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
+    say(f"published {len(order) + 1} files ({(total + len(manifest_bytes)) / 2**20:.1f} MiB) to {target}/, "
+        "each read back and checked")
+    return PublishResult(url=target, manifest_url=result_url, skipped=False, uploaded=(*order, MANIFEST_FILE),
+                         bytes=total + len(manifest_bytes))
+
+
+def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str]) -> int:
+    """Upload ``order`` (concurrently where the filesystem can), then read each back and check it."""
+    folder.upload([local / n for n in order], order)
+    total = 0
+    for name in order:
+        size = (local / name).stat().st_size
+        remote_size = folder.size(name)
+        if remote_size != size:
+            raise IntegrityError(f"{folder.where(name)}: {remote_size} bytes after upload, {local / name} has "
+                                 f"{size}; nothing was published (no manifest): rerun the build to upload again")
+        expected = recorded.get(name)
+        if expected is None:  # not a file the manifest hashes (e.g. report.html): compare with the local copy
+            expected = file_sha256(local / name)[1]
+        _, digest = folder.sha256(name)
+        if digest != expected:
+            raise IntegrityError(f"{folder.where(name)}: sha256 {digest[:16]}… after upload, the manifest records "
+                                 f"{expected[:16]}…; nothing was published (no manifest): check "
+                                 f"{local / name} with `packer verify {local}` and rebuild or rerun")
+        total += size
+    return total
