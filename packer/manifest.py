@@ -161,11 +161,6 @@ class Manifest:
         return tuple(f"{self.location}: {p.detail}" for p in self.problems)
 
     @property
-    def hash_matches(self) -> bool | None:
-        """Whether the content still hashes to the recorded ``dataset_hash`` (None: not checked)."""
-        return None if self.content_hash is None else self.content_hash == self.data.get("dataset_hash")
-
-    @property
     def folder(self) -> Path | str:
         """The version folder: a local path, or the URL of a remote one."""
         return self.path.parent if self.path is not None else self.location.rsplit("/", 1)[0]

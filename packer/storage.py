@@ -288,10 +288,6 @@ class VersionFolder:
             self._fs, self._root = filesystem_for(self.url, storage_options)
             self._root = self._root.rstrip("/")
 
-    @property
-    def is_remote(self) -> bool:
-        return self.local is None
-
     def where(self, name: str = "") -> str:
         """The folder (``name=""``) or one of its files, as a user would type it."""
         if self.local is not None:
