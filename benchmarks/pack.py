@@ -15,7 +15,7 @@ start (under ``--data``, first on every process's path), so edits made while the
 runs do not mix versions; the git commit and the uncommitted files are recorded.
 
 Each build runs in a fresh spawned process (so ``ru_maxrss`` is that build's client peak) with a
-fresh output folder (so the spill cache never makes a run free; deleted afterwards), through
+fresh output folder and build-cache folder (so the spill cache never makes a run free; both deleted afterwards), through
 ``packer.pipeline.build.build(job, BuildOptions(workers=n, quiet=True, out=...))`` on the default dask
 LocalCluster. Measured per run: wall time of ``build()`` (LocalCluster start and stop
 included), samples/s, MB/s of shards written (sum of shard bytes / wall time), the time spent
@@ -269,7 +269,9 @@ def build_once(job_path: str, workers: int, out: str, tune_malloc: bool = True) 
         busy0, steal0 = cpu_ticks()
         cpu0, client0 = our_cpu(), resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
-        result = build(job, BuildOptions(workers=workers, quiet=True, out=Path(out)))
+        # the build cache lives outside the output tree (in the work folder by default): a folder of
+        # its own beside the output, deleted with it, so no round reuses another's decoded samples
+        result = build(job, BuildOptions(workers=workers, quiet=True, out=Path(out), cache_dir=Path(out + "-cache")))
         wall = time.perf_counter() - start
         busy1, steal1 = cpu_ticks()
         cpu1, client1 = our_cpu(), resource.getrusage(resource.RUSAGE_SELF)
@@ -297,14 +299,16 @@ def build_once(job_path: str, workers: int, out: str, tune_malloc: bool = True) 
 
 
 def run_build(job: Path, workers: int, out: Path, *, tune_malloc: bool = True) -> dict[str, Any]:
-    if out.exists():
-        shutil.rmtree(out)
+    for stale in (out, Path(f"{out}-cache")):
+        if stale.exists():
+            shutil.rmtree(stale)
     context = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(1, mp_context=context) as pool:
             run = pool.submit(build_once, str(job), workers, str(out), tune_malloc).result()
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(f"{out}-cache", ignore_errors=True)
     if run["bad"] or run["files_decoded"] != run["files"]:
         raise SystemExit(f"benchmark build is not clean: {run['bad']} bad samples, "
                          f"{run['files_decoded']} of {run['files']} files decoded")
