@@ -224,10 +224,10 @@ def page_cache_limit(paths: list[Path], runs: int) -> dict[str, Any]:
 
 def profile_epoch(version: Path, split: str, top: int = 12) -> dict[str, Any]:
     """cProfile of one single-process epoch (DataLoader, num_workers 0) of tar ShardDataset."""
-    from packer.loader import ShardDataset, collate_stack
+    from packer.loader import ShardDataset, collate_list
 
     dataset = ShardDataset(version, split, seed=0, rank=0, world_size=1)
-    loader = DataLoader(dataset, batch_size=BATCH, num_workers=0, collate_fn=collate_stack)
+    loader = DataLoader(dataset, batch_size=BATCH, num_workers=0, collate_fn=collate_list)
     for _ in loader:  # warm-up: imports, first-touch of the tar index
         pass
     dataset.set_epoch(1)
@@ -251,7 +251,7 @@ def profile_epoch(version: Path, split: str, top: int = 12) -> dict[str, Any]:
     stages = {"np.load (npy parse + copy)": cum("format.py") or cum(" load"),
               "read_tar (all reading)": cum(" read_tar"),
               "to_item (tensor wrap)": cum(" to_item"),
-              "collate_stack (torch.stack)": cum(" collate_stack")}
+              "collate_list (one flat tensor)": cum(" collate_list")}
     return {"samples": count, "wall_s": wall, "profiled_s": total, "samples_per_s_profiled": count / wall,
             "top": rows[:top], "stages_cum_s": stages}
 
@@ -260,7 +260,7 @@ def profile_epoch(version: Path, split: str, top: int = 12) -> dict[str, Any]:
 
 
 def run(data: Path, samples: int, runs: int, raw_files: int, split: str) -> tuple[str, dict[str, Any]]:
-    from packer.loader import ShardDataset, collate_stack, make_loader
+    from packer.loader import ShardDataset, collate_list, make_loader
 
     builds = ensure_builds(data, samples)
     tree = builds["tree"]
@@ -277,19 +277,19 @@ def run(data: Path, samples: int, runs: int, raw_files: int, split: str) -> tupl
 
     def plain(fmt: str, workers: int) -> Callable[[], Any]:
         return lambda: DataLoader(shard_dataset(fmt), batch_size=BATCH, num_workers=workers,
-                                  collate_fn=collate_stack, persistent_workers=workers > 0)
+                                  collate_fn=collate_list, persistent_workers=workers > 0)
 
     def packer_loader(fmt: str, workers: int) -> Callable[[], Any]:
-        return lambda: make_loader(shard_dataset(fmt), BATCH, workers, pin_memory=False)
+        return lambda: make_loader(shard_dataset(fmt), BATCH, workers, pin_memory=False, collate="list")
 
     def naive(workers: int) -> Callable[[], Any]:
         return lambda: DataLoader(RawFileDataset(files), batch_size=BATCH, num_workers=workers, shuffle=True,
-                                  collate_fn=collate_stack, persistent_workers=workers > 0,
+                                  collate_fn=collate_list, persistent_workers=workers > 0,
                                   generator=torch.Generator().manual_seed(0))
 
     def in_memory(workers: int, mixed: bool) -> Callable[[], Any]:
         return lambda: DataLoader(InMemoryDataset(n_split, mixed=mixed), batch_size=BATCH, num_workers=workers,
-                                  collate_fn=collate_stack, persistent_workers=workers > 0)
+                                  collate_fn=collate_list, persistent_workers=workers > 0)
 
     def reshuffle(loader: Any, epoch: int) -> None:
         loader.dataset.set_epoch(epoch)
