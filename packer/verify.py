@@ -74,7 +74,7 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class VerifyReport:
+class VerifyResult:
     """What :func:`verify_dataset` checked and found. ``ok`` is True when ``problems`` is
     empty; ``warnings`` (stale temporaries) never make a dataset fail."""
 
@@ -103,7 +103,7 @@ class VerifyReport:
 
 @dataclass
 class _Findings:
-    """Mutable accumulator used while verifying; frozen into a VerifyReport at the end."""
+    """Mutable accumulator used while verifying; frozen into a VerifyResult at the end."""
 
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
@@ -136,7 +136,7 @@ def _locate(manifest_path: str | Path, storage_options: Mapping[str, Any] | None
 
 
 def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool = True,
-                   stream: TextIO | None = None, storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
+                   stream: TextIO | None = None, storage_options: Mapping[str, Any] | None = None) -> VerifyResult:
     """Check a built version (``manifest.json`` or its folder) against its recorded hashes.
 
     ``manifest_path`` is a local path, a ``file://`` URL or an fsspec URL (``s3://...``,
@@ -151,7 +151,7 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
     found = _Findings()
     manifest = _read_manifest(folder, name, storage_options, found)
     if manifest is None:
-        return _report(file, None, deep, found)
+        return _result(file, None, deep, found)
     _check_manifest_counts(name, manifest, found)
     shards = [(split, entry) for split in SPLITS for entry in manifest["splits"].get(split, {}).get("shards", [])]
     side = _side_files(manifest)
@@ -174,11 +174,11 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
     progress.close()
     if deep:
         _verify_samples(folder, manifest, present, index_rows, found, quiet=quiet, stream=stream)
-    return _report(file, manifest, deep, found)
+    return _result(file, manifest, deep, found)
 
 
-def _report(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyReport:
-    return VerifyReport(manifest=file, name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
+def _result(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyResult:
+    return VerifyResult(manifest=file, name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
                         deep=deep, problems=tuple(found.problems), warnings=tuple(found.warnings),
                         files_checked=found.files, bytes_checked=found.bytes, samples_checked=found.samples)
 
@@ -569,11 +569,11 @@ def _check_array(array: np.ndarray, source: str | None, expect: _Expect, bad: Ca
             f"{sorted(list(s) for s in expect.shapes[source])}")
 
 
-def format_report(report: VerifyReport, *, per_shard: int = 20) -> str:
+def format_result(report: VerifyResult, *, per_shard: int = 20) -> str:
     """The human-readable report ``packer verify`` prints: a summary line, then each finding.
 
     At most ``per_shard`` sample-level findings are listed per file; the rest are counted
-    (``VerifyReport.to_json`` always lists all of them).
+    (``VerifyResult.to_json`` always lists all of them).
     """
     mode = "deep" if report.deep else "hashes"
     samples = f", {report.samples_checked} samples decoded" if report.deep else ""

@@ -32,13 +32,13 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
     where known, the sample key. Exits 0 when everything matches, 5 on any integrity failure.
     """
     from packer.storage import is_url, parse_storage_options
-    from packer.verify import format_report, verify_dataset
+    from packer.verify import format_result, verify_dataset
 
     if not is_url(manifest) and not Path(manifest).exists():
         raise click.BadParameter(f"{manifest!r} does not exist", param_hint="'MANIFEST'")
     report = verify_dataset(manifest if is_url(manifest) else Path(manifest), deep=deep, quiet=quiet,
                             storage_options=parse_storage_options(storage_option))
-    click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_report(report))
+    click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_result(report))
     if not report.ok:
         raise IntegrityError(f"{report.manifest}: {len(report.problems)} integrity problem(s); restore the named "
                              "files from a good copy or rebuild the version with `packer build`")
