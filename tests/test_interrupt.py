@@ -47,7 +47,8 @@ class Build:
         self.out, self.work = out, work
         self.proc = subprocess.Popen([str(PACKER), "build", str(job), "--out", str(out), "--workers", "2", *args],
                                      env={**os.environ, "PACKER_WORK_DIR": str(work)}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     preexec_fn=_terminal_sigint)
         self.started = time.monotonic()
         self.lines: list[str] = []
         self.workers: list[psutil.Process] = []  # dask's worker processes when SIGINT was sent
@@ -93,6 +94,22 @@ class Build:
         """Build cache files matching ``pattern``, wherever this packer keeps the cache (under
         $PACKER_WORK_DIR, or in the output tree as older packers did)."""
         return [*self.work.rglob(pattern), *self.out.rglob(pattern)]
+
+
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's foreground job has it. A suite started
+    in the background by a non-interactive shell inherits SIGINT ignored, and an ignored signal
+    stays ignored across exec; packer then rightly never sees the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def python_sigint() -> Any:
+    """Python's own SIGINT handler (KeyboardInterrupt) in this process for one test, whatever
+    the suite inherited (see :func:`_terminal_sigint`); the inherited one is put back after."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
 
 
 def _cmdline(process: psutil.Process) -> str:
@@ -191,7 +208,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_same_command_resumes(
         assert reused and int(reused.group(1)) > 0, f"the chunks cached before Ctrl-C were decoded again:\n{again}"
 
 
-def test_local_cluster_workers_block_sigint_and_packer_does_not() -> None:
+def test_local_cluster_workers_block_sigint_and_packer_does_not(python_sigint: None) -> None:
     """The mechanism: the worker processes start with SIGINT blocked (a terminal's Ctrl-C never
     reaches them), while packer's main thread still takes it as KeyboardInterrupt, which closes
     the cluster and leaves Python's SIGINT handler as it found it."""
