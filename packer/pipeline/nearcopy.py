@@ -359,17 +359,46 @@ def _fine(grey: np.ndarray, sigma: float = 1.0) -> np.ndarray:
 def _correlation_ratio(a: np.ndarray, b: np.ndarray) -> float:
     """η²(A|B): the share of A's variance explained by a function of B. B's values (0-255) are
     grouped into equal-count bins by their cumulative histogram; equal values share a bin."""
-    values = a.ravel().astype(np.float64)
-    spread = float(((values - values.mean()) ** 2).sum())
-    if spread == 0.0:
+    return _ratio(_Explained.of(a), _Bins.of(b))
+
+
+class _Explained:
+    """A's side of :func:`_correlation_ratio`: its values as float64, their mean and spread."""
+
+    __slots__ = ("values", "mean", "spread")
+
+    def __init__(self, values: np.ndarray, mean: float, spread: float) -> None:
+        self.values, self.mean, self.spread = values, mean, spread
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> _Explained:
+        values = a.ravel().astype(np.float64)
+        mean = values.mean()
+        return cls(values, mean, float(((values - mean) ** 2).sum()))
+
+
+class _Bins:
+    """B's side of :func:`_correlation_ratio`: each pixel's equal-count bin, and the bins' sizes."""
+
+    __slots__ = ("bin_of", "counts")
+
+    def __init__(self, bin_of: np.ndarray, counts: np.ndarray) -> None:
+        self.bin_of, self.counts = bin_of, counts
+
+    @classmethod
+    def of(cls, b: np.ndarray) -> _Bins:
+        levels = np.clip(np.rint(b.ravel()), 0, 255).astype(np.intp)
+        histogram = np.bincount(levels, minlength=256)
+        before = np.cumsum(histogram) - histogram
+        bin_of = (before * _BINS // len(levels))[levels]
+        return cls(bin_of, np.bincount(bin_of, minlength=_BINS))
+
+
+def _ratio(a: _Explained, b: _Bins) -> float:
+    if a.spread == 0.0:
         return 0.0
-    levels = np.clip(np.rint(b.ravel()), 0, 255).astype(np.intp)
-    histogram = np.bincount(levels, minlength=256)
-    before = np.cumsum(histogram) - histogram
-    bin_of = (before * _BINS // len(levels))[levels]
-    counts = np.bincount(bin_of, minlength=_BINS)
-    means = np.bincount(bin_of, weights=values, minlength=_BINS) / np.maximum(counts, 1)
-    return float(((means[bin_of] - values.mean()) ** 2).sum() / spread)
+    means = np.bincount(b.bin_of, weights=a.values, minlength=_BINS) / np.maximum(b.counts, 1)
+    return float(((means[b.bin_of] - a.mean) ** 2).sum() / a.spread)
 
 
 def _ncc(a: np.ndarray, b: np.ndarray) -> float:
@@ -382,17 +411,34 @@ def _ncc(a: np.ndarray, b: np.ndarray) -> float:
 class Prepared:
     """A thumbnail's views the verification reuses across pairs: float, fine structure, zoomed fines."""
 
-    __slots__ = ("grey", "template", "_zoomed")
+    __slots__ = ("grey", "template", "flat", "_zoomed", "_greys", "_inner")
 
     def __init__(self, thumb: np.ndarray) -> None:
         self.grey = thumb.astype(np.float32)
         m = VERIFY_SHIFT
         self.template = _fine(self.grey)[m:-m, m:-m]
+        self.flat = float(self.template.std()) == 0.0
         self._zoomed: dict[float, np.ndarray] = {}
+        self._greys: dict[float, np.ndarray] = {1.0: self.grey}
+        self._inner: tuple[_Explained, _Bins] | None = None
+
+    def grey_at(self, zoom: float) -> np.ndarray:
+        """The thumbnail magnified by ``zoom`` (:func:`zoomed`), made once."""
+        if zoom not in self._greys:
+            self._greys[zoom] = zoomed(self.grey, zoom)
+        return self._greys[zoom]
+
+    def inner(self) -> tuple[_Explained, _Bins]:
+        """Both sides of :func:`_correlation_ratio` for the unmoved thumbnail's inner part."""
+        if self._inner is None:
+            m = VERIFY_SHIFT
+            part = self.grey[m:-m, m:-m]
+            self._inner = (_Explained.of(part), _Bins.of(part))
+        return self._inner
 
     def fine_at(self, zoom: float) -> np.ndarray:
         if zoom not in self._zoomed:
-            self._zoomed[zoom] = _fine(self.grey if zoom == 1.0 else zoomed(self.grey, zoom))
+            self._zoomed[zoom] = _fine(self.grey_at(zoom))
         return self._zoomed[zoom]
 
 
@@ -402,7 +448,7 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
     curvature = left - 2.0 * centre + right
     if curvature >= 0:
         return 0.0, 0.0
-    offset = float(np.clip(0.5 * (left - right) / curvature, -0.5, 0.5))
+    offset = float(min(max(0.5 * (left - right) / curvature, -0.5), 0.5))  # np.clip's value, without its cost
     return offset, float(-0.25 * (left - right) * offset)
 
 
@@ -433,7 +479,7 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
     first = a if isinstance(a, Prepared) else Prepared(a)
     second = b if isinstance(b, Prepared) else Prepared(b)
     m = VERIFY_SHIFT
-    if float(first.template.std()) == 0.0:
+    if first.flat:
         return Evidence(0.0, 0.0, 0.0, 1.0, 0, 0)
 
     def at(zoom: float) -> tuple[float, float, float]:
@@ -450,9 +496,9 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
     if floor > 0.0:
         value, y, x = tried[coarse]
         y, x = int(round(y)) + m, int(round(x)) + m
-        view = second.grey if coarse == 1.0 else zoomed(second.grey, coarse)
-        inner, aligned = first.grey[m:-m, m:-m], view[y:y + THUMB - 2 * m, x:x + THUMB - 2 * m]
-        quick = min(_correlation_ratio(inner, aligned), _correlation_ratio(aligned, inner))
+        aligned = second.grey_at(coarse)[y:y + THUMB - 2 * m, x:x + THUMB - 2 * m]
+        explained, bins = first.inner()
+        quick = min(_ratio(explained, _Bins.of(aligned)), _ratio(_Explained.of(aligned), bins))
         if quick < floor:
             return Evidence(round(value, 4), 0.0, round(quick, 4), coarse, y - m, x - m)
     for zoom in (round(coarse - _FINE_STEP, 2), round(coarse + _FINE_STEP, 2)):
