@@ -374,7 +374,8 @@ class _Explained:
     def of(cls, a: np.ndarray) -> _Explained:
         values = a.ravel().astype(np.float64)
         mean = values.mean()
-        return cls(values, mean, float(((values - mean) ** 2).sum()))
+        # kept as float32 (the thumbnail's own values, exactly): bincount weighs in float64 anyway
+        return cls(a.ravel().astype(np.float32), mean, float(((values - mean) ** 2).sum()))
 
 
 class _Bins:
@@ -390,7 +391,7 @@ class _Bins:
         levels = np.clip(np.rint(b.ravel()), 0, 255).astype(np.intp)
         histogram = np.bincount(levels, minlength=256)
         before = np.cumsum(histogram) - histogram
-        bin_of = (before * _BINS // len(levels))[levels]
+        bin_of = (before * _BINS // len(levels))[levels].astype(np.uint8)  # _BINS <= 256: one byte a pixel
         return cls(bin_of, np.bincount(bin_of, minlength=_BINS))
 
 
@@ -411,7 +412,7 @@ def _ncc(a: np.ndarray, b: np.ndarray) -> float:
 class Prepared:
     """A thumbnail's views the verification reuses across pairs: float, fine structure, zoomed fines."""
 
-    __slots__ = ("grey", "template", "flat", "_zoomed", "_greys", "_inner")
+    __slots__ = ("grey", "template", "flat", "_zoomed", "_inner")
 
     def __init__(self, thumb: np.ndarray) -> None:
         self.grey = thumb.astype(np.float32)
@@ -419,14 +420,11 @@ class Prepared:
         self.template = _fine(self.grey)[m:-m, m:-m]
         self.flat = float(self.template.std()) == 0.0
         self._zoomed: dict[float, np.ndarray] = {}
-        self._greys: dict[float, np.ndarray] = {1.0: self.grey}
         self._inner: tuple[_Explained, _Bins] | None = None
 
     def grey_at(self, zoom: float) -> np.ndarray:
-        """The thumbnail magnified by ``zoom`` (:func:`zoomed`), made once."""
-        if zoom not in self._greys:
-            self._greys[zoom] = zoomed(self.grey, zoom)
-        return self._greys[zoom]
+        """The thumbnail magnified by ``zoom`` (:func:`zoomed`); not kept, to keep a task's memory small."""
+        return self.grey if zoom == 1.0 else zoomed(self.grey, zoom)
 
     def inner(self) -> tuple[_Explained, _Bins]:
         """Both sides of :func:`_correlation_ratio` for the unmoved thumbnail's inner part."""
