@@ -97,6 +97,34 @@ def test_verification_is_deterministic_and_skipping_refinement_changes_no_decisi
             assert (floored.score >= nearcopy.MIN_SCORE) == (full.score >= nearcopy.MIN_SCORE)
 
 
+def test_a_verification_task_gives_each_pair_its_own_evidence_however_few_thumbnails_it_keeps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task's cache of prepared thumbnails is bounded (PREPARED_LIMIT); what it evicts and
+    prepares again must not change any pair's evidence, nor must the shared eta-squared halves."""
+    rows = [signature_of(photo(s)) for s in range(5)] + [signature_of(jpeg(photo(0))), signature_of(photo(1)[4:, 4:])]
+    files = []
+    for half in (rows[:4], rows[4:]):
+        files.append(tmp_path / f"{len(files)}.sig.npy")
+        nearcopy.write_signatures(files[-1], half)
+    where = [(0, r) for r in range(4)] + [(1, r) for r in range(3)]
+    pairs = [(a, b) for a in range(len(rows)) for b in range(len(rows)) if a != b]
+
+    def task() -> nearcopy.VerifyTask:
+        return nearcopy.VerifyTask(index=0, files=tuple(map(str, files)),
+                                   a_file=np.array([where[a][0] for a, _ in pairs]),
+                                   a_row=np.array([where[a][1] for a, _ in pairs]),
+                                   b_file=np.array([where[b][0] for _, b in pairs]),
+                                   b_row=np.array([where[b][1] for _, b in pairs]), floor=0.884)
+
+    roomy = nearcopy.verify_task(task())
+    monkeypatch.setattr(nearcopy, "PREPARED_LIMIT", 1)
+    tight = nearcopy.verify_task(task())
+    alone = [nearcopy.verify(rows[a]["thumb"], rows[b]["thumb"], floor=0.884) for a, b in pairs]
+    for field in ("structure", "detail", "intensity", "zoom", "dy", "dx"):
+        assert np.array_equal(getattr(roomy, field), getattr(tight, field)), field
+        assert getattr(roomy, field).tolist() == pytest.approx([getattr(e, field) for e in alone]), field
+
+
 def test_a_flat_thumbnail_verifies_as_nothing() -> None:
     flat = np.zeros((64, 64), dtype=np.uint8)
     assert nearcopy.verify(flat, signature_of(photo(1))["thumb"]).score == 0.0
