@@ -201,3 +201,20 @@ def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() ->
     unlucky = Assignment(split={k: "train" if i < 95 else "test" for i, k in enumerate(keys)}, fold={},
                          groups=singles, dropped=(), pinned={})
     assert balance_warning(unlucky, BY_ENTITY) is None  # no group explains it: chance, not a cause
+
+
+def test_one_requested_split_cannot_collapse_however_large_a_group_is() -> None:
+    """ratios {train: 1.0}: every group lands in train, so a giant group (a family of look-alike
+    phantoms, say) fails no balance rule; with two splits the same group does."""
+    from packer.pipeline.split import Assignment, SplitGroup, measure_balance
+
+    keys = [f"k{i}" for i in range(100)]
+    giant = SplitGroup(members=tuple(range(60)), entities=tuple(f"E{i}" for i in range(20)))
+    rest = tuple(SplitGroup(members=(i,), entities=(f"F{i}",)) for i in range(60, 100))
+    everything_train = Assignment(split={k: "train" for k in keys}, fold={}, groups=(giant, *rest), dropped=(),
+                                  pinned={})
+    only_train = replace(BY_ENTITY, ratios=(("train", 1.0),))
+    assert measure_balance(everything_train, only_train).collapsed is None
+    assert measure_balance(everything_train, replace(BY_ENTITY, ratios=(("train", 1.0), ("valid", 0.0),
+                                                                        ("test", 0.0)))).collapsed is None
+    assert measure_balance(everything_train, BY_ENTITY).collapsed == "group"

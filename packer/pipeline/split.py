@@ -194,9 +194,11 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
     largest = max(assignment.groups, key=lambda g: (len(g.members), -g.members[0]), default=None)
     largest_share = len(largest.members) / total if largest is not None and total else 0.0
     collapsed = None
-    if largest is not None and len(largest.entities) > 1 and largest_share > cfg.max_group_share:
+    # with one split asked for (ratios {train: 1.0}) every group lands there: nothing can collapse
+    splitting = sum(1 for _, ratio in cfg.ratios if ratio > 0) > 1
+    if splitting and largest is not None and len(largest.entities) > 1 and largest_share > cfg.max_group_share:
         collapsed = "group"
-    elif miss > allowed:
+    elif splitting and miss > allowed:
         collapsed = "ratios"
     return Balance(shares=shares, requested=requested, worst=worst, miss=miss, allowed=allowed, largest=largest,
                    largest_share=largest_share, collapsed=collapsed)
