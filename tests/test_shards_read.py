@@ -117,6 +117,39 @@ def test_a_link_or_a_refused_name_ends_the_scan_with_the_reason(tmp_path: Path) 
     assert index.defect is not None and "'b.npy' is not a regular file" in index.defect
 
 
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(1, 5), cut=st.one_of(st.none(), st.integers(0, 6000)),
+       flips=st.lists(st.tuples(st.integers(0, 6000), st.integers(1, 255)), max_size=3),
+       fmt=st.sampled_from(["packer", "pax", "gnu"]))
+def test_the_header_walk_finds_what_tarfile_finds_on_any_shard(tmp_path_factory: pytest.TempPathFactory, count: int,
+                                                              cut: int | None, flips: list[tuple[int, int]],
+                                                              fmt: str) -> None:
+    """scan_tar walks a packer shard's ustar headers itself (speed); on every shard, clean,
+    cut short, with flipped bytes, or written by tarfile in PAX or GNU format, what it finds (samples,
+    offsets, members, defect) is what the walk by stock tarfile finds."""
+    from packer.shards.tar import _scan_tarfile, _scan_ustar
+
+    path = tmp_path_factory.mktemp("walk") / "train-000000.tar"
+    packed = [sample(i, (1, 3, 4), "uint8")[0] for i in range(count)]
+    if fmt == "packer":
+        write_tar_shard(path, packed)
+    else:
+        with tarfile.open(path, "w", format=tarfile.PAX_FORMAT if fmt == "pax" else tarfile.GNU_FORMAT) as tar:
+            for s in packed:
+                for ext, data in (("cls", str(s.label).encode()), ("npy", s.pixels)):
+                    info = tarfile.TarInfo(f"{s.key}.{ext}")
+                    info.size, info.pax_headers = len(data), {"comment": "x"} if fmt == "pax" else {}
+                    tar.addfile(info, io.BytesIO(data))
+    data = bytearray(path.read_bytes())
+    for at, value in flips:
+        if at < len(data):
+            data[at] ^= value
+    path.write_bytes(bytes(data[:cut] if cut is not None else data))
+    assert scan_tar(path) == _scan_tarfile(path)
+    if fmt == "packer" and cut is None and not flips:
+        assert _scan_ustar(path) is not None  # a clean packer shard takes the fast walk
+
+
 def test_parquet_reader_returns_what_was_packed_and_fails_a_wrong_row_count(tmp_path: Path) -> None:
     packed = [sample(i, (1, 2 + i, 3), "uint16") for i in range(5)]
     path = tmp_path / "train-000000.parquet"

@@ -193,7 +193,53 @@ def scan_tar(path: Path) -> TarIndex:
     Stops at the first defect: an unreadable header, a member that is not a regular file,
     a name :func:`~packer.shards.members.parse_member_name` refuses, a key seen again after
     another key, or data that runs past the end of the file. Samples before the defect are kept.
+
+    A shard as packer writes it (plain ustar headers, nothing wrong) is walked by
+    :func:`parse_member_header`, one positioned read per header; anything else (a defect, PAX or
+    GNU extension headers, a signed checksum) is walked again by :mod:`tarfile`, whose reading
+    is then the answer, defect and all.
     """
+    fast = _scan_ustar(path)
+    return fast if fast is not None else _scan_tarfile(path)
+
+
+def _scan_ustar(path: Path) -> TarIndex | None:
+    """:func:`scan_tar` of a clean packer shard, or None for anything else."""
+    samples: list[TarSample] = []
+    seen: set[str] = set()
+    current: TarSample | None = None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position + BLOCK <= size:
+            try:
+                header = parse_member_header(os.pread(fd, BLOCK, position))
+            except tarfile.HeaderError:
+                return None
+            if header is None:
+                return TarIndex(samples=tuple(samples), defect=None)
+            name, data_size, regular = header
+            parsed = parse_member_name(name)
+            data_at = position + BLOCK
+            if isinstance(parsed, str) or not regular or data_at + data_size > size:
+                return None
+            key, ext = parsed
+            if current is None or key != current.key:
+                if key in seen:
+                    return None
+                seen.add(key)
+                current = TarSample(key=key, offset=position, members={})
+                samples.append(current)
+            current.members[ext] = (data_at, data_size)
+            position = data_at + -(-data_size // BLOCK) * BLOCK
+        return None  # no end-of-archive block: let tarfile say what it makes of the end
+    finally:
+        os.close(fd)
+
+
+def _scan_tarfile(path: Path) -> TarIndex:
+    """:func:`scan_tar` by :mod:`tarfile`: any tar it reads, and the defect where it stops."""
     samples: list[TarSample] = []
     seen: set[str] = set()
     current: TarSample | None = None
