@@ -208,7 +208,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     prepared, label_map, shards, written = run.prepared, run.label_map, run.shards, run.written
     del run
     samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
-    cached_files = sum(c.files for c in prepared.chunks if c.reused)
+    cached_files = prepared.files_cached
 
     index = IndexColumns()
     label_codes, label_values = samples.codes("label")

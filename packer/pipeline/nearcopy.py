@@ -373,10 +373,11 @@ class _Explained:
 
     @classmethod
     def of(cls, a: np.ndarray) -> _Explained:
-        values = a.ravel().astype(np.float64)
+        flat = a.ravel()
+        values = flat.astype(np.float64)
         mean = values.mean()
         # kept as float32 (the thumbnail's own values, exactly): bincount weighs in float64 anyway
-        return cls(a.ravel().astype(np.float32), mean, float(((values - mean) ** 2).sum()))
+        return cls(flat.astype(np.float32, copy=False), mean, float(((values - mean) ** 2).sum()))
 
 
 class _Bins:

@@ -80,6 +80,11 @@ class Prepared:
     def files_decoded(self) -> int:
         return sum(c.files for c in self.chunks if not c.reused) if self.decoded else 0
 
+    @property
+    def files_cached(self) -> int:
+        """Files whose samples came from the build cache (their spill checked out)."""
+        return sum(c.files for c in self.chunks if c.reused)
+
 
 def _make_cache_folder(cache_dir: Path) -> None:
     """Create the build cache folder (outside the output: in the work folder or ``--cache-dir``);
@@ -183,9 +188,8 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     """
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
                       storage_options=storage_options)
-    cached_files = sum(c.files for c in prepared.chunks if c.reused)
-    if cached_files and not quiet:
-        print(f"packer: reused {cached_files} of {prepared.inputs} files from the build cache "
+    if prepared.files_cached and not quiet:
+        print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their spill files' hashes checked out)", flush=True)
     if through == "audit":
         return StageRun(prepared)

@@ -203,11 +203,29 @@ def scan_tar(path: Path) -> TarIndex:
     return fast if fast is not None else _scan_tarfile(path)
 
 
+class _Grouping:
+    """Members, in the order a scan meets them, grouped into samples by key."""
+
+    def __init__(self) -> None:
+        self.samples: list[TarSample] = []
+        self._seen: set[str] = set()
+        self._current: TarSample | None = None
+
+    def add(self, key: str, ext: str, *, header_at: int, data_at: int, size: int) -> bool:
+        """Add one member; False (and nothing added) when ``key`` comes again after another key."""
+        if self._current is None or key != self._current.key:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self._current = TarSample(key=key, offset=header_at, members={})
+            self.samples.append(self._current)
+        self._current.members[ext] = (data_at, size)
+        return True
+
+
 def _scan_ustar(path: Path) -> TarIndex | None:
     """:func:`scan_tar` of a clean packer shard, or None for anything else."""
-    samples: list[TarSample] = []
-    seen: set[str] = set()
-    current: TarSample | None = None
+    found = _Grouping()
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -218,20 +236,14 @@ def _scan_ustar(path: Path) -> TarIndex | None:
             except tarfile.HeaderError:
                 return None
             if header is None:
-                return TarIndex(samples=tuple(samples), defect=None)
+                return TarIndex(samples=tuple(found.samples), defect=None)
             name, data_size, regular = header
             parsed = parse_member_name(name)
             data_at = position + BLOCK
             if isinstance(parsed, str) or not regular or data_at + data_size > size:
                 return None
-            key, ext = parsed
-            if current is None or key != current.key:
-                if key in seen:
-                    return None
-                seen.add(key)
-                current = TarSample(key=key, offset=position, members={})
-                samples.append(current)
-            current.members[ext] = (data_at, data_size)
+            if not found.add(*parsed, header_at=position, data_at=data_at, size=data_size):
+                return None
             position = data_at + -(-data_size // BLOCK) * BLOCK
         return None  # no end-of-archive block: let tarfile say what it makes of the end
     finally:
@@ -240,9 +252,7 @@ def _scan_ustar(path: Path) -> TarIndex | None:
 
 def _scan_tarfile(path: Path) -> TarIndex:
     """:func:`scan_tar` by :mod:`tarfile`: any tar it reads, and the defect where it stops."""
-    samples: list[TarSample] = []
-    seen: set[str] = set()
-    current: TarSample | None = None
+    found = _Grouping()
     defect: str | None = None
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -256,18 +266,13 @@ def _scan_tarfile(path: Path) -> TarIndex:
                     if member.offset_data + member.size > size:
                         defect = f"member {member.name!r} runs past the end of the file"
                         break
-                    key, ext = parsed
-                    if current is None or key != current.key:
-                        if key in seen:
-                            defect = f"key {key!r} appears twice"
-                            break
-                        seen.add(key)
-                        current = TarSample(key=key, offset=member.offset, members={})
-                        samples.append(current)
-                    current.members[ext] = (member.offset_data, member.size)
+                    if not found.add(*parsed, header_at=member.offset, data_at=member.offset_data,
+                                     size=member.size):
+                        defect = f"key {parsed[0]!r} appears twice"
+                        break
         except tarfile.TarError as err:
             defect = f"unreadable tar header ({err})"
-    return TarIndex(samples=tuple(samples), defect=defect)
+    return TarIndex(samples=tuple(found.samples), defect=defect)
 
 
 #: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
