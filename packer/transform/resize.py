@@ -4,7 +4,16 @@
 - ``fit``: scale to fit inside the target, keeping aspect, and pad (letterbox) with ``pad_value``.
 - ``crop``: scale to cover the target, keeping aspect, and cut the centre.
 
-Downscaling uses ``cv2.INTER_AREA`` (no aliasing), upscaling ``cv2.INTER_LINEAR``.
+Downscaling uses ``cv2.INTER_AREA`` (no aliasing), upscaling ``cv2.INTER_LINEAR``
+(``interpolation="auto"``). Label arrays (segmentation masks) use ``interpolation="nearest"``:
+``cv2.INTER_NEAREST_EXACT``, which takes source pixel ``floor((i + 0.5) · src / dst)``, the one
+under the output pixel's centre, so it lines up with the centre-aligned AREA/LINEAR image.
+(``cv2.INTER_NEAREST`` takes ``floor(i · src / dst)``, (s − 1)/2 source pixels toward the
+origin for a shrink by s: 8 → 4 picks [0, 2, 4, 6] where EXACT picks [1, 3, 5, 7].) It never
+makes new values. One exception to "centre-aligned" is OpenCV's, not ours: when ``stretch``
+shrinks one axis and grows the other, cv2's INTER_AREA falls back to a 2-tap filter at
+``floor(i · s)`` (12 → 4 samples 0.67, 3.67, … instead of 1, 4, …), so such images sit
+about half a source pixel (0.58 at 12 → 5) toward the origin on the shrunk axis.
 """
 
 from __future__ import annotations
@@ -13,48 +22,57 @@ import cv2
 import numpy as np
 
 POLICIES = ("stretch", "fit", "crop")
+INTERPOLATIONS = ("auto", "nearest")
 
 
-def _interp(src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> int:
+def _interp(src_hw: tuple[int, int], dst_hw: tuple[int, int], interpolation: str = "auto") -> int:
+    if interpolation == "nearest":
+        return cv2.INTER_NEAREST_EXACT
     shrinking = dst_hw[0] < src_hw[0] or dst_hw[1] < src_hw[1]
     return cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
 
 
-def _scale(image: np.ndarray, height: int, width: int) -> np.ndarray:
+def _scale(image: np.ndarray, height: int, width: int, interpolation: str = "auto") -> np.ndarray:
     """cv2.resize that keeps the channel axis even for one channel (cv2 drops it)."""
     src = image.shape[:2]
     if src == (height, width):
         return image
-    out = cv2.resize(image, (width, height), interpolation=_interp(src, (height, width)))
+    out = cv2.resize(image, (width, height), interpolation=_interp(src, (height, width), interpolation))
     if out.ndim == 2 and image.ndim == 3:
         out = out[:, :, None]
     return out
 
 
 def resize_image(image: np.ndarray, size: tuple[int, int], policy: str = "stretch",
-                 pad_value: float = 0.0) -> np.ndarray:
+                 pad_value: float = 0.0, *, interpolation: str = "auto") -> np.ndarray:
     """Resize H×W×C ``image`` to ``size`` = (height, width); dtype and channel count are kept.
 
-    ``cv2`` handles at most 512 channels; packer's images have a handful.
+    ``interpolation``: ``auto`` (AREA shrinking, LINEAR growing) for pixel values, ``nearest``
+    (INTER_NEAREST_EXACT, see the module docstring) for class ids: every output value is a
+    source value. ``fit`` pads with ``pad_value`` either way. ``cv2`` handles at most 512
+    channels; packer's images have a handful. Raises ValueError on an unknown policy or
+    interpolation, or an array that is not H×W×C.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown resize policy {policy!r}; expected one of {POLICIES}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; expected one of {INTERPOLATIONS}")
     if image.ndim != 3:
         raise ValueError(f"resize_image expects H×W×C, got shape {image.shape}")
     height, width = size
     src_h, src_w = image.shape[:2]
     if policy == "stretch":
-        return _scale(image, height, width)
+        return _scale(image, height, width, interpolation)
     if policy == "fit":
         scale = min(height / src_h, width / src_w)
         new_h, new_w = max(1, round(src_h * scale)), max(1, round(src_w * scale))
-        scaled = _scale(image, new_h, new_w)
+        scaled = _scale(image, new_h, new_w, interpolation)
         out = np.full((height, width, image.shape[2]), pad_value, dtype=image.dtype)
         top, left = (height - new_h) // 2, (width - new_w) // 2
         out[top:top + new_h, left:left + new_w] = scaled
         return out
     scale = max(height / src_h, width / src_w)
     new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
-    scaled = _scale(image, new_h, new_w)
+    scaled = _scale(image, new_h, new_w, interpolation)
     top, left = (new_h - height) // 2, (new_w - width) // 2
     return np.ascontiguousarray(scaled[top:top + height, left:left + width])

@@ -1,0 +1,298 @@
+"""Segmentation masks: decode a mask file, check it against its image, and give it exactly the
+geometry the image transforms give their image (pure array functions).
+
+A mask is a grid of class ids (non-negative integers) drawn on the image's *stored* pixel grid:
+mask pixel (r, c) labels stored image pixel (r, c). It follows its image step for step, but is
+never windowed or colour-converted and is resized with nearest-neighbour
+(``cv2.INTER_NEAREST_EXACT``, centre-aligned like the image's AREA/LINEAR resize, see
+:mod:`packer.transform.resize`), so no new class id ever appears:
+
+- :func:`transform_mask_image` mirrors :func:`packer.transform.image.transform_image`:
+  orientation, resize (size and policy), tiles.
+- :func:`transform_mask_dicom` mirrors the geometry of :func:`packer.transform.dicom.finish_image`:
+  resample to a pixel spacing, then resize.
+
+Defects of a mask raise :class:`MaskError` with a reason code (:data:`MASK_REASONS`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+from packer.config import ImageTransformConfig
+from packer.transform.dicom import spacing_size
+from packer.transform.image import orient_image, tile_origins
+from packer.transform.resize import resize_image
+
+#: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
+#: (declared) class ids, or its shape is not its image's.
+MASK_REASONS = ("mask_unreadable", "mask_values", "mask_size")
+#: Largest class id: packed masks are uint8, or uint16 when an id exceeds 255.
+MAX_CLASS_ID = 65535
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+_TIFF = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+_NPY = b"\x93NUMPY"
+_JPEG = b"\xff\xd8\xff"
+_TIFF_ORIENTATION = 0x0112
+_SHOWN_IDS = 10
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+class MaskError(Exception):
+    """A defect of one mask: ``reason`` is one of :data:`MASK_REASONS`, ``message`` says what,
+    where and how to fix it."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def decode_mask(data: bytes, name: str) -> np.ndarray:
+    """The bytes of a mask file → its class ids: an integer array H×W, or F×H×W for a multi-page
+    TIFF or a 3-D ``.npy`` (frames first). ``name`` is only used in messages.
+
+    The format comes from the file's signature: PNG and TIFF (any page count) are decoded by
+    OpenCV unchanged (16-bit values kept) and *never oriented*: a TIFF's Orientation tag is
+    ignored, since the mask labels the image's stored grid and follows the image's orientation
+    later (:func:`transform_mask_image`). ``.npy`` is loaded without pickles. A 3-channel image
+    whose channels are equal counts as one channel; an opaque alpha channel is dropped.
+    The dtype is the file's (uint8/uint16 for images; floats become int64).
+
+    Raises :class:`MaskError`: ``mask_unreadable`` (not PNG/TIFF/NPY, or undecodable),
+    ``mask_values`` (colour, transparent, negative, non-integer or non-finite values, ids above
+    65535), ``mask_size`` (not 2-D or 3-D, or TIFF pages of different sizes).
+    """
+    head = bytes(data[:8])
+    if head.startswith(_NPY):
+        mask = _load_npy(data, name)
+    elif head.startswith(_PNG):
+        mask = _one_channel(_imdecode(data, name, "PNG"), name)
+    elif head[:4] in _TIFF:
+        mask = _decode_tiff(data, name)
+    elif head.startswith(_JPEG):
+        raise MaskError("mask_unreadable", f"{name}: a JPEG mask; JPEG is lossy and invents class ids along every "
+                                           "edge; save masks as PNG, TIFF or .npy")
+    else:
+        raise MaskError("mask_unreadable", f"{name}: not a PNG, TIFF or .npy file (starts with {head.hex()}); "
+                                           "save masks as single-channel PNG, TIFF or .npy")
+    return _class_ids(mask, name)
+
+
+def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
+               classes: Sequence[int] | None) -> np.ndarray:
+    """Check a decoded mask (H×W or F×H×W) against its image *before* any transform and return it
+    as F×H×W (F = 1 for a single frame), C-contiguous, uint8, or uint16 when an id can exceed
+    255 (the largest declared id when ``classes`` is given, else the mask's largest value).
+
+    ``height``/``width`` are the image's stored size (before orientation), ``frames`` its frame
+    or page count. ``classes``: the declared class ids, or ``None`` to accept any id.
+
+    Raises :class:`MaskError`: ``mask_size`` when the frames, height or width differ from the
+    image's (the message gives both), ``mask_values`` for an id not in ``classes`` (the first
+    10 such ids are named) or a value that is no class id. Raises ValueError when ``classes``
+    holds an id outside 0-65535 (a defect of the job, not of the mask).
+    """
+    stack = mask[None] if mask.ndim == 2 else mask
+    if stack.ndim != 3 or stack.shape != (frames, height, width):
+        got = "×".join(str(n) for n in mask.shape)
+        raise MaskError("mask_size", f"mask is {got} ({'frames×' if mask.ndim == 3 else ''}height×width) but its "
+                                     f"image is {frames}×{height}×{width} (frames×height×width, as stored, before "
+                                     "orientation and resize); a mask must label the image's pixels one to one")
+    stack = _class_ids(stack, "mask")
+    if classes is not None:
+        declared = np.unique(np.asarray(classes, dtype=np.int64))
+        if declared.size and (declared[0] < 0 or declared[-1] > MAX_CLASS_ID):
+            raise ValueError(f"class ids must be in 0-{MAX_CLASS_ID}, got {declared.tolist()}")
+        found = np.unique(stack)
+        extra = np.setdiff1d(found, declared, assume_unique=True)
+        if extra.size:
+            shown = ", ".join(str(v) for v in extra[:_SHOWN_IDS].tolist())
+            more = f" and {extra.size - _SHOWN_IDS} more" if extra.size > _SHOWN_IDS else ""
+            raise MaskError("mask_values", f"mask holds class ids {shown}{more}, which are not declared "
+                                           f"(declared: {_listed(declared)}); declare them or fix the mask")
+        peak = int(declared[-1]) if declared.size else 0
+    else:
+        peak = int(stack.max()) if stack.size else 0
+    return np.ascontiguousarray(stack, dtype=np.uint8 if peak <= 255 else np.uint16)
+
+
+def transform_mask_image(mask: np.ndarray, cfg: ImageTransformConfig, orientation: int = 1,
+                         pad_value: int = 0) -> list[np.ndarray]:
+    """An H×W mask (uint8 or uint16 class ids) → one 1×H'×W' array per output of
+    :func:`packer.transform.image.transform_image` ``(image, cfg, orientation)``, same dtype,
+    C-contiguous: the same orientation, the same ``cfg.size`` and ``cfg.resize`` policy (nearest
+    neighbour; ``fit`` pads with ``pad_value``), the same tiles in the same (row-major) order.
+
+    ``orientation`` is the image file's Orientation value (1-8), whether or not OpenCV applied
+    it to the image while decoding: the mask labels the stored grid. Raises ValueError when
+    ``mask`` is not 2-D or ``cfg.resize`` is unknown.
+    """
+    if mask.ndim != 2:
+        raise ValueError(f"transform_mask_image expects an H×W mask, got shape {mask.shape}")
+    out = orient_image(mask, orientation)[:, :, None]
+    if cfg.size:
+        out = resize_image(np.ascontiguousarray(out), cfg.size, cfg.resize, pad_value=pad_value,
+                           interpolation="nearest")
+    if cfg.tile_size is None:
+        return [np.ascontiguousarray(out.transpose(2, 0, 1))]
+    th, tw = cfg.tile_size
+    return [np.ascontiguousarray(out[r:r + th, c:c + tw].transpose(2, 0, 1))
+            for r, c in tile_origins(out.shape[0], out.shape[1], cfg.tile_size, cfg.tile_stride)]
+
+
+def transform_mask_dicom(mask: np.ndarray, *, pixel_spacing: tuple[float, float] | None,
+                         spacing: tuple[float, float] | None, size: tuple[int, int] | None,
+                         policy: str, pad_value: int = 0) -> np.ndarray:
+    """One frame's H×W mask → 1×H'×W' (same dtype, C-contiguous) with the geometry
+    :func:`packer.transform.dicom.finish_image` gives that frame: resampled from ``pixel_spacing``
+    to ``spacing`` (row, column mm; when both are given) to :func:`spacing_size`, then resized to
+    ``size`` under ``policy`` (``fit`` pads with ``pad_value``), all nearest neighbour.
+
+    Raises ValueError when ``mask`` is not 2-D or ``policy`` is unknown.
+    """
+    if mask.ndim != 2:
+        raise ValueError(f"transform_mask_dicom expects an H×W mask, got shape {mask.shape}")
+    out = np.ascontiguousarray(mask)[:, :, None]
+    if spacing is not None and pixel_spacing is not None:
+        out = resize_image(out, spacing_size(out.shape[0], out.shape[1], pixel_spacing, spacing), "stretch",
+                           interpolation="nearest")
+    if size is not None:
+        out = resize_image(out, size, policy, pad_value=pad_value, interpolation="nearest")
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def _listed(ids: np.ndarray) -> str:
+    shown = ", ".join(str(v) for v in ids[:_SHOWN_IDS].tolist())
+    return shown + (f", … ({ids.size} ids)" if ids.size > _SHOWN_IDS else "") if ids.size else "none"
+
+
+def _imdecode(data: bytes, name: str, fmt: str) -> np.ndarray:
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as err:
+        raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this {fmt} mask: {err}") from err
+    if image is None:
+        raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this {fmt} mask; re-export it")
+    return image
+
+
+def _decode_tiff(data: bytes, name: str) -> np.ndarray:
+    """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
+    try:
+        ok, pages = cv2.imdecodemulti(np.frombuffer(_unoriented_tiff(data), np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as err:
+        raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
+    if not ok or not pages:
+        raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
+    planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
+    shapes = {plane.shape for plane in planes}
+    if len(shapes) > 1:
+        listed = ", ".join(f"{plane.shape[0]}×{plane.shape[1]}" for plane in planes)
+        raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes ({listed}); every page "
+                                     "labels one frame of the same image, so all must have its size")
+    return planes[0] if len(planes) == 1 else np.stack(planes)
+
+
+def _unoriented_tiff(data: bytes) -> bytes:
+    """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored).
+
+    OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
+    IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
+    the OpenCV version. Anything the walk cannot follow is left as it is, for OpenCV to judge.
+    """
+    out = bytearray(data)
+    order = "<" if out[:2] == b"II" else ">"
+    big = out[2:4] in (b"+\x00", b"\x00+")
+    count_fmt, entry_size, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
+    count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
+    offset = struct.unpack_from(order + offset_fmt, out, 8 if big else 4)[0] if len(out) >= (16 if big else 8) else 0
+    seen: set[int] = set()
+    while offset and offset not in seen and offset + count_size <= len(out):
+        seen.add(offset)
+        entries = int(struct.unpack_from(order + count_fmt, out, offset)[0])
+        first, end = offset + count_size, offset + count_size + entries * entry_size
+        if end + offset_size > len(out):
+            break
+        for at in range(first, end, entry_size):
+            tag, kind = struct.unpack_from(order + "HH", out, at)
+            if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
+                struct.pack_into(order + "H", out, at + 4 + offset_size, 1)
+        offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
+    return bytes(out)
+
+
+def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
+    """A decoded H×W or H×W×C image → H×W: drop an opaque alpha, merge equal colour channels."""
+    if image.ndim == 2:
+        return image
+    if image.shape[2] in (2, 4):
+        alpha = image[:, :, -1]
+        opaque = np.iinfo(image.dtype).max if image.dtype.kind in "iu" else 1.0
+        if not bool((alpha == opaque).all()):
+            raise MaskError("mask_values", f"{name}: the mask has transparent pixels (alpha channel); class ids "
+                                           "must not depend on transparency; save a single-channel mask")
+        image = image[:, :, :-1]
+    first = image[:, :, 0]
+    if image.shape[2] > 1:
+        differ = np.argwhere((image != first[:, :, None]).any(axis=2))
+        if differ.size:
+            r, c = (int(v) for v in differ[0])
+            bgr = image[r, c].tolist()
+            raise MaskError("mask_values", f"{name}: a colour mask (pixel row {r}, column {c} is RGB "
+                                           f"{bgr[::-1]}); class ids are read from one channel: map each colour "
+                                           "to its id and save a single-channel (grey) mask")
+    return first
+
+
+def _load_npy(data: bytes, name: str) -> np.ndarray:
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version not in _NPY_HEADERS:  # 3.0 exists only for structured dtypes with non-latin-1 names
+            raise ValueError(f"format version {version[0]}.{version[1]}; expected 1.0 or 2.0")
+        shape, _, dtype = _NPY_HEADERS[version](stream)
+        # np.load allocates the whole array before reading it: a header must not promise more than the file holds
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > len(data):
+            raise ValueError(f"its header promises a {'×'.join(map(str, shape))} {dtype} array, more than the "
+                             f"file's {len(data)} bytes")
+        stream.seek(0)
+        return np.asarray(np.load(stream, allow_pickle=False))
+    except (ValueError, OSError, EOFError, TypeError) as err:
+        raise MaskError("mask_unreadable", f"{name}: not a readable .npy mask: {err}; save it with "
+                                           "numpy.save(path, mask) from an integer array") from err
+
+
+def _class_ids(mask: np.ndarray, name: str) -> np.ndarray:
+    """Check that ``mask`` holds class ids (non-negative integers up to 65535, 2-D or 3-D);
+    bool becomes uint8, floats int64. Raises MaskError."""
+    if mask.ndim not in (2, 3) or mask.size == 0:
+        raise MaskError("mask_size", f"{name}: the mask has shape {mask.shape}; expected H×W or F×H×W "
+                                     "(frames first), none of them 0")
+    if mask.dtype.kind == "b":
+        return mask.astype(np.uint8)
+    if mask.dtype.kind not in "iuf":
+        raise MaskError("mask_values", f"{name}: a {mask.dtype} mask holds no class ids; expected integers")
+    if mask.dtype.kind == "f":
+        finite = np.isfinite(mask)
+        if not bool(finite.all()):
+            raise MaskError("mask_values", f"{name}: the mask holds NaN or infinite values; expected class ids")
+        fractional = np.argwhere(mask != np.floor(mask))
+        if fractional.size:
+            where = tuple(int(v) for v in fractional[0])
+            raise MaskError("mask_values", f"{name}: the float mask holds non-integer values ({mask[where]!r} at "
+                                           f"index {where}); class ids are integers: threshold or round it first")
+    low, high = mask.min(), mask.max()
+    if low < 0:
+        raise MaskError("mask_values", f"{name}: the mask holds negative values (smallest {low!r}); class ids are "
+                                       "0 (background) and up")
+    if high > MAX_CLASS_ID:
+        raise MaskError("mask_values", f"{name}: the mask holds values up to {high!r}; class ids must be at most "
+                                       f"{MAX_CLASS_ID} (uint16)")
+    return mask.astype(np.int64) if mask.dtype.kind == "f" else mask
