@@ -68,6 +68,42 @@ class WindowSpec:
 
 
 @dataclass(frozen=True)
+class TargetConfig:
+    """A source's ``label:``: where each sample's training target comes from and what it is
+    (see :mod:`packer.targets`). ``origin``: ``table`` (columns of the label table), ``folder``
+    (the first path component under the root, the ImageFolder layout), ``attribute`` (a DICOM
+    header attribute) or ``none`` (unlabeled). ``kind``: class, multilabel, numeric or none.
+    ``value_map``: raw value → class name (a value the map lacks is ``unknown_label``)."""
+
+    kind: str = "class"
+    origin: str = "table"
+    columns: tuple[str, ...] = ("label",)
+    attribute: str | None = None
+    value_map: tuple[tuple[str, str], ...] = ()
+    separator: str | None = None
+
+    @property
+    def is_default(self) -> bool:
+        return self == TargetConfig()
+
+    def to_json(self) -> Any:
+        if self.origin in ("none", "folder") and not self.value_map:
+            return self.origin
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.origin == "table":
+            out["columns"] = list(self.columns)
+        elif self.origin == "attribute":
+            out["attribute"] = self.attribute
+        else:
+            out["folder"] = True
+        if self.value_map:
+            out["map"] = dict(self.value_map)
+        if self.separator is not None:
+            out["separator"] = self.separator
+        return out
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """One raw source. ``root``, ``labels`` and ``table`` are local paths (resolved against the
     job file) or URL strings (``s3://...``, read through :mod:`packer.pipeline.rawstore`); the ``*_spec``
@@ -83,6 +119,13 @@ class SourceConfig:
     labels_spec: str | None = None
     table: Path | str | None = None
     table_spec: str | None = None
+    target: TargetConfig = field(default_factory=TargetConfig)
+
+    @property
+    def label_table(self) -> Path | str | None:
+        """The CSV that gives this source's labels (and, for images, entities): ``labels`` for
+        DICOM, ``table`` for images; None where there is none."""
+        return self.labels if self.kind == "dicom" else self.table
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
@@ -91,6 +134,8 @@ class SourceConfig:
             out["labels"] = self.labels_spec
         if self.table_spec:
             out["table"] = self.table_spec
+        if not self.target.is_default:  # only when set, so jobs that do not use it keep their config_hash
+            out["label"] = self.target.to_json()
         return out
 
 
@@ -334,9 +379,14 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     if kind == "image" and "labels" in raw:
         raise ConfigError(f"{where}.labels: image sources take labels from 'table: FILE.csv' "
                           "(path,label,entity,timestamp), not 'labels'")
-    if kind == "image" and "table" not in raw:
-        raise ConfigError(f"{where}.table: image sources need a table (path,label,entity,timestamp) "
-                          "naming each image's label and entity")
+    target = _parse_target(raw.get("label"), kind, f"{where}.label")
+    if kind == "image" and "table" not in raw and target.origin == "table":
+        raise ConfigError(f"{where}.table: image sources need a table (path,label,entity,timestamp) naming each "
+                          "image's label and entity, or 'label: folder' (root/<class>/<file>, the ImageFolder "
+                          "layout) or 'label: none' (unlabeled)")
+    if kind == "dicom" and target.origin != "table" and "labels" in raw:
+        raise ConfigError(f"{where}.labels: the label table is unused with label: {target.to_json()}; remove "
+                          "'labels:' or the 'label:' setting")
     return SourceConfig(
         kind=kind,
         name=raw.get("name") or _default_name(root) or f"source{index}",
@@ -348,7 +398,63 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         labels_spec=raw.get("labels"),
         table=_location(base, raw["table"], f"{where}.table") if "table" in raw else None,
         table_spec=raw.get("table"),
+        target=target,
     )
+
+
+def _parse_target(raw: Any, kind: str, where: str) -> TargetConfig:
+    """A source's ``label:`` setting (shapes in ``schemas/job.schema.json``) as a TargetConfig."""
+    if raw is None:
+        return TargetConfig()
+    if raw == "none":
+        return TargetConfig(kind="none", origin="none", columns=())
+    if raw == "folder":
+        return TargetConfig(origin="folder", columns=())
+    target_kind = raw.get("kind", "class")
+    value_map = tuple(sorted((str(k), str(v)) for k, v in (raw.get("map") or {}).items()))
+    if value_map and target_kind != "class":
+        raise ConfigError(f"{where}.map: a value map names classes; it needs kind: class, not {target_kind}")
+    origins = [key for key in ("column", "columns", "attribute", "folder") if key in raw]
+    if len(origins) != 1:
+        raise ConfigError(f"{where}: give exactly one of column, columns, attribute or folder: true "
+                          f"(got {', '.join(origins) or 'none of them'})")
+    separator = raw.get("separator")
+    if separator is not None and not (target_kind == "multilabel" and "column" in raw):
+        raise ConfigError(f"{where}.separator: only a multilabel target read from one column has a separator")
+    if "attribute" in raw:
+        return _attribute_target(raw["attribute"], kind, target_kind, value_map, where)
+    if "folder" in raw:
+        if raw["folder"] is not True or target_kind != "class":
+            raise ConfigError(f"{where}.folder: folder names are class labels: use folder: true with kind: class")
+        return TargetConfig(origin="folder", columns=(), value_map=value_map)
+    columns = (raw["column"],) if "column" in raw else tuple(raw["columns"])
+    if len(set(columns)) != len(columns):
+        raise ConfigError(f"{where}.columns: {sorted(c for c in columns if columns.count(c) > 1)[0]!r} is listed "
+                          "twice")
+    if target_kind == "class" and len(columns) != 1:
+        raise ConfigError(f"{where}.columns: a class label comes from one column; for several 0/1 columns use "
+                          "kind: multilabel")
+    if target_kind == "multilabel" and "column" in raw:
+        separator = separator if separator is not None else "|"
+        if not separator:
+            raise ConfigError(f"{where}.separator: must not be empty")
+    return TargetConfig(kind=target_kind, origin="table", columns=columns, value_map=value_map, separator=separator)
+
+
+def _attribute_target(keyword: str, source_kind: str, target_kind: str, value_map: tuple[tuple[str, str], ...],
+                      where: str) -> TargetConfig:
+    from packer.targets import LABEL_ATTRIBUTES
+
+    if source_kind != "dicom":
+        raise ConfigError(f"{where}.attribute: only DICOM files have header attributes; an image source takes "
+                          "labels from its table or its folders")
+    if target_kind != "class":
+        raise ConfigError(f"{where}.attribute: a header attribute gives a class label; kind must be class")
+    if keyword not in LABEL_ATTRIBUTES:
+        raise ConfigError(f"{where}.attribute: {keyword!r} may not be a label: labels are written into every "
+                          "shard and the manifest, so only descriptive attributes that identify nobody are "
+                          f"allowed: {', '.join(LABEL_ATTRIBUTES)}")
+    return TargetConfig(origin="attribute", columns=(), attribute=keyword, value_map=value_map)
 
 
 def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
@@ -450,6 +556,9 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         channels=raw_image.get("channels", transform.get("channels")),
     )
     _check_channels(sources, dicom, image)
+    split = _parse_split(doc["split"], base)
+    labels = tuple(doc.get("labels") or ())
+    _check_targets(sources, split, labels)
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],
@@ -472,7 +581,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         dates=raw_phi.get("dates", _default("phi.dates")),
     )
     return JobConfig(
-        labels=tuple(doc.get("labels") or ()),
+        labels=labels,
         limits=limits,
         safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation",
                                                                 _default("safety.burned_in_annotation")),
@@ -480,7 +589,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         phi=phi,
         name=doc["name"],
         sources=sources,
-        split=_parse_split(doc["split"], base),
+        split=split,
         dicom=dicom,
         image=image,
         pack=pack,
@@ -513,6 +622,31 @@ def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConf
                else f"transform.image.color gives 1 (gray, replicated) or 3 (rgb) channels, not {image.channels}")
         check_channels(image.channels, natural, where=f"transform.image.color ({image.color})",
                        sources=image_sources, fix=fix)
+
+
+def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels: tuple[str, ...]) -> None:
+    """A dataset has one target kind: the sources must agree on it (and on the names of
+    numeric or 0/1-column targets), and the split must be able to use it."""
+    first = sources[0]
+    for index, source in enumerate(sources):
+        where = f"sources[{index}].label"
+        if source.target.kind != first.target.kind:
+            raise ConfigError(f"{where}: source {source.name!r} gives {source.target.kind} targets, source "
+                              f"{first.name!r} gives {first.target.kind}; a dataset has one target kind, so "
+                              "build them as two datasets (ShardDataset reads each; MixedDataset-style mixing "
+                              "is for the loader)")
+        if source.target.kind == "numeric" and source.target.columns != first.target.columns:
+            raise ConfigError(f"{where}.columns: {list(source.target.columns)} differs from source {first.name!r}'s "
+                              f"{list(first.target.columns)}; the numeric targets of one dataset have one order")
+        if source.kind == "image" and source.table is None and split.by == "time":
+            raise ConfigError(f"sources[{index}].table: splitting by time needs each image's time, from a table "
+                              "(path,entity,timestamp); add one, or split by entity")
+        if split.stratify == "label" and source.target.kind in ("none", "numeric"):
+            raise ConfigError(f"split.stratify: label: source {source.name!r} has "
+                              f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "
+                              "by; remove stratify")
+    if labels and first.target.kind in ("none", "numeric"):
+        raise ConfigError(f"labels: a {first.target.kind} target has no class names to list; remove 'labels:'")
 
 
 def _modality_windows(raw: dict[str, Any]) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:

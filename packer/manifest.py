@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pyarrow as pa
 
 from packer import __version__, storage
@@ -340,6 +341,19 @@ INDEX_SCHEMA = pa.schema([
     pa.field("entity_id", pa.string(), nullable=False),
     pa.field("source", pa.string(), nullable=False),
 ])
+
+
+
+def index_schema(*, has_label: bool, target: np.dtype | None) -> pa.Schema:
+    """``_index.parquet``'s columns: :data:`INDEX_SCHEMA` for a class dataset (its bytes as ever);
+    without a class target ``label`` is null, and a multi-label or numeric dataset adds ``target``
+    (the sample's vector, as its shard holds it)."""
+    if has_label and target is None:
+        return INDEX_SCHEMA
+    fields = [pa.field("label", pa.int64(), nullable=True) if f.name == "label" else f for f in INDEX_SCHEMA]
+    if target is not None:
+        fields.append(pa.field("target", pa.list_(pa.from_numpy_dtype(target)), nullable=False))
+    return pa.schema(fields)
 
 
 SPLITS_SCHEMA = pa.schema([

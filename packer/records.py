@@ -31,6 +31,7 @@ REASONS = (
     "constant_image",
     "missing_label",
     "unknown_label",
+    "bad_target",
     "missing_entity",
     "missing_time",
     "straddles_cutoff",

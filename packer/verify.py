@@ -48,9 +48,10 @@ from packer.errors import PackerError
 from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, read_manifest
 from packer.progress import Progress
-from packer.shards.members import KEY_PATTERN, MEMBER_EXTENSIONS, irregular_member, parse_member_name
+from packer.shards.members import KEY_PATTERN, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
 from packer.storage import VersionFolder, local_path, manifest_url
+from packer.targets import Target
 
 SHARD_SUFFIXES = {"webdataset": ".tar", "parquet": ".parquet"}
 _REBUILD = "rebuild the version with `packer build` or restore the file from a good copy"
@@ -119,7 +120,7 @@ class _Findings:
 class _Expect:
     """What the manifest says every sample must look like."""
 
-    labels: dict[int, str]
+    target: Target
     dtype: str | None
     shape: tuple[int, ...] | None
     shapes: dict[str, set[tuple[int, ...]]]
@@ -221,7 +222,7 @@ def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings
         total += entry["samples"]
         if listed != entry["samples"]:
             found.add(name, f"splits.{split}: the shards hold {listed} samples but samples says {entry['samples']}")
-        if sum(entry["class_counts"].values()) != entry["samples"]:
+        if Target.of_manifest(manifest).kind == "class" and sum(entry["class_counts"].values()) != entry["samples"]:
             found.add(name, f"splits.{split}: class_counts add up to {sum(entry['class_counts'].values())}, "
                             f"not samples {entry['samples']}")
         for shard in entry["shards"]:
@@ -281,14 +282,15 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
     except (pa.ArrowException, OSError) as err:
         found.add(INDEX_FILE, f"unreadable as Parquet ({err}); {_REBUILD}")
         return {}
-    missing = [name for name in INDEX_SCHEMA.names if name not in table.column_names]
+    wanted = [*INDEX_SCHEMA.names, *(["target"] if Target.of_manifest(manifest).has_vector else [])]
+    missing = [name for name in wanted if name not in table.column_names]
     if missing:
         found.add(INDEX_FILE, f"lacks the columns {missing}; {_REBUILD}")
         return {}
     if table.num_rows != manifest["index"]["rows"]:
         found.add(INDEX_FILE, f"{table.num_rows} rows, the manifest records {manifest['index']['rows']}")
     by_shard: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in table.select(INDEX_SCHEMA.names).to_pylist():
+    for row in table.select(wanted).to_pylist():
         by_shard[row["shard"]].append(row)
     split_of = {entry["file"]: split for split, entry in shards}
     for shard, rows in sorted(by_shard.items()):
@@ -338,7 +340,7 @@ def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings
 
 def _expectations(manifest: dict[str, Any]) -> _Expect:
     schema = manifest["sample_schema"]
-    return _Expect(labels={index: name for name, index in manifest["label_map"].items()}, dtype=schema["dtype"],
+    return _Expect(target=Target.of_manifest(manifest), dtype=schema["dtype"],
                    shape=tuple(schema["shape"]) if schema["shape"] is not None else None,
                    shapes={src: {tuple(s) for s in shapes} for src, shapes in schema["shapes"].items()})
 
@@ -442,7 +444,7 @@ def _parquet_samples(folder: VersionFolder, shard: str,
             found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
             return
         rows = handle.metadata.num_rows
-        for name in PARQUET_SCHEMA.names:
+        for name in [*PARQUET_SCHEMA.names, *(["target"] if "target" in handle.schema_arrow.names else [])]:
             if name not in handle.schema_arrow.names:
                 found.add(shard, f"lacks column {name!r}; {_REBUILD}")
                 columns[name] = None
@@ -472,26 +474,45 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
         bad("sample is not in _index.parquet")
     if "row" in sample:
         label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)
+        cell = sample["row"].get("target")
+        vector = np.asarray(cell) if cell is not None else None
     else:
-        label, source, pixels, digest = _check_tar_sample(sample, split, bad)
+        label, source, pixels, digest = _check_tar_sample(sample, split, expect.target, bad)
+        vector = _tar_target(sample, bad)
     if pixels is not None:
         _check_array(pixels, source or (row or {}).get("source"), expect, bad)
-    if label is not None and label not in expect.labels:
-        bad(f"label index {label} is out of range of label_map (0..{len(expect.labels) - 1})")
+    problem = expect.target.problem(label, vector)
+    if problem is not None:
+        bad(problem)
     if row is None:
         return
     if row["position"] != sample["offset"]:
         bad(f"found at position {sample['offset']}, _index.parquet records {row['position']}")
     if label is not None and row["label"] != label:
         bad(f"label {label}, _index.parquet records {row['label']}")
+    if vector is not None and "target" in row and not np.array_equal(np.asarray(row["target"]), vector):
+        bad(f"target {vector.tolist()}, _index.parquet records {row['target']}")
     if digest is not None and digest != row["sha256"]:
         bad(f"pixel bytes have sha256 {digest[:16]}…, _index.parquet records {row['sha256'][:16]}…: the sample "
             f"changed after the build; {_REBUILD}")
 
 
-def _check_tar_sample(sample: dict[str, Any], split: str,
+def _tar_target(sample: dict[str, Any], bad: Callable[[str], None]) -> np.ndarray | None:
+    """The ``.target.npy`` member as numpy loads it (None: absent or unloadable, said through ``bad``)."""
+    if "target.npy" not in sample:
+        return None
+    try:
+        return np.asarray(np.load(io.BytesIO(sample["target.npy"]), allow_pickle=False))
+    except (ValueError, OSError, EOFError) as err:
+        bad(f".target.npy member does not load with numpy.load(allow_pickle=False) ({err})")
+        return None
+
+
+def _check_tar_sample(sample: dict[str, Any], split: str, target: Target,
                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
-    for ext in MEMBER_EXTENSIONS:
+    required = ["json", "npy", *(["cls"] if target.kind == "class" else []),
+                *(["target.npy"] if target.has_vector else [])]
+    for ext in required:
         if ext not in sample:
             bad(f"lacks its .{ext} member")
     label: int | None = None

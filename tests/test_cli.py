@@ -82,8 +82,8 @@ def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monk
 
     real = stages_module.assign_splits
 
-    def leaky(samples: Any, cfg: Any, edges: Any) -> Any:
-        honest = real(samples, cfg, edges)
+    def leaky(samples: Any, cfg: Any, edges: Any, **options: Any) -> Any:
+        honest = real(samples, cfg, edges, **options)
         split = {s.key: ("train", "test")[i % 2] for i, s in enumerate(samples)}
         return dataclasses.replace(honest, split=split)
 

@@ -14,6 +14,7 @@ from loader_fixtures import build_dataset, sample_image, split_keys, write_manif
 
 from packer.errors import IntegrityError
 from packer.loader import ShardDataset, ShardReadError, make_loader
+from packer.targets import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -286,7 +287,7 @@ def test_reading_pixels_straight_into_the_image_agrees_with_whole_member_reads(t
     members = [("a.cls", b"1"), ("a.json", b"{}"), ("a.npy", member),
                ("b.cls", b"one"), ("b.json", b"{}"), ("b.npy", member)]       # b: an unreadable label
     write_raw_tar(tmp_path, "train-000000.tar", members, samples=2)
-    check = SampleCheck(dtype=dtype, shape=None, labels=frozenset({0, 1, 2}))
+    check = SampleCheck(dtype=dtype, shape=None, target=Target("class", ("a", "b", "c")))
     (a_pos, a_whole), (b_pos, b_whole) = decode_both_ways(tmp_path / "train-000000.tar", check, monkeypatch)
     assert_same_outcome(a_pos, a_whole)
     assert_same_outcome(b_pos, b_whole)
@@ -313,7 +314,7 @@ def test_a_member_cut_short_after_the_scan_is_truncated_either_way(tmp_path, mon
     cut = {"cls": cls_at, "npy header": npy_at + 20, "npy data": npy_at + 128 + 50}[where]
     cut_copy = tmp_path / "cut.tar"
     cut_copy.write_bytes(shard.read_bytes()[:cut])
-    check = readers.SampleCheck(dtype="uint8", shape=(3, 8, 8), labels=frozenset({0, 1, 2}))
+    check = readers.SampleCheck(dtype="uint8", shape=(3, 8, 8), target=Target("class", ("a", "b", "c")))
     outcomes = decode_both_ways(cut_copy, check, monkeypatch, index_of=shard)
     ext = "cls" if where == "cls" else "npy"
     assert outcomes[1] == (("truncated", f"s00001.{ext} is cut short"),) * 2

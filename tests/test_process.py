@@ -18,7 +18,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packer.config import JobConfig, WindowSpec
+from packer.config import JobConfig, TargetConfig, WindowSpec
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Issue, SampleRef
@@ -195,6 +195,12 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "sources.time": _source("time", st.lists(NAMES, max_size=2).map(tuple)),
     "sources.labels_spec": _source("labels_spec", st.none() | NAMES),
     "sources.table_spec": _source("table_spec", st.none() | NAMES),
+    # where labels come from: a header attribute's value is read (and checked) by the worker
+    "sources.target": _source("target", st.sampled_from([
+        TargetConfig(kind="none", origin="none", columns=()), TargetConfig(origin="folder", columns=()),
+        TargetConfig(origin="attribute", columns=(), attribute="BodyPartExamined"),
+        TargetConfig(origin="attribute", columns=(), attribute="Modality", value_map=(("CT", "ct"),)),
+        TargetConfig(kind="numeric", columns=("age",))])),
     "split.by": _setting("split", "by", st.sampled_from(["entity", "time"])),  # time splits need a time
     "dicom.windows": _setting("dicom", "windows", WINDOWS),
     "dicom.fallback_window": _setting("dicom", "fallback_window", st.none() | WINDOW),

@@ -153,13 +153,22 @@ def describe_mixed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence
     return ", ".join(parts)
 
 
-def _labels(items: Sequence[Item]) -> torch.Tensor:
-    return torch.stack([item["label"] for item in items]) if items else torch.zeros(0, dtype=torch.int64)
+def _targets(items: Sequence[Item]) -> dict[str, torch.Tensor]:
+    """The batch's targets: ``label`` int64 (B,) for a class dataset, ``target`` float32 (B, L)
+    for a multi-label or numeric one, neither for an unlabeled one (the items say which)."""
+    if not items:
+        return {"label": torch.zeros(0, dtype=torch.int64)}
+    out: dict[str, torch.Tensor] = {}
+    for name in ("label", "target"):
+        if name in items[0]:
+            out[name] = torch.stack([item[name] for item in items])
+    return out
 
 
 def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None
                   ) -> dict[str, Any]:
-    """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,), ``key`` a list of str.
+    """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,) (class datasets) or
+    ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``key`` a list of str.
 
     The default collate of :func:`make_loader`. Images of different shapes raise
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
@@ -174,7 +183,7 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     shared = get_worker_info() is not None and packable(images)
     out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
     image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
-    return {"image": image, "label": _labels(items), "key": [item["key"] for item in items]}
+    return {"image": image, **_targets(items), "key": [item["key"] for item in items]}
 
 
 def collate_list(items: list[Item]) -> dict[str, Any]:
@@ -187,7 +196,7 @@ def collate_list(items: list[Item]) -> dict[str, Any]:
     images = [item["image"] for item in items]
     shared = get_worker_info() is not None and packable(images)
     batch = ImageBatch.packed(images, shared=True) if shared else ImageBatch(images)
-    return {"image": batch, "label": _labels(items), "key": [item["key"] for item in items]}
+    return {"image": batch, **_targets(items), "key": [item["key"] for item in items]}
 
 
 def collate_pad(items: list[Item]) -> dict[str, Any]:
@@ -201,7 +210,7 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     images = [item["image"] for item in items]
     if not images:
         return {"image": torch.zeros(0, dtype=torch.uint8), "size": torch.zeros((0, 2), dtype=torch.int64),
-                "label": _labels(items), "key": []}
+                **_targets(items), "key": []}
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
@@ -214,7 +223,7 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     for i, im in enumerate(images):
         image[i, :, :im.shape[1], :im.shape[2]].copy_(im)
     size = torch.tensor([[im.shape[1], im.shape[2]] for im in images], dtype=torch.int64)
-    return {"image": image, "size": size, "label": _labels(items), "key": [item["key"] for item in items]}
+    return {"image": image, "size": size, **_targets(items), "key": [item["key"] for item in items]}
 
 
 #: ``make_loader(collate=...)`` by name.

@@ -158,8 +158,7 @@ class ShardDataset(IterableDataset):
         self.samples = int(self._offsets[-1])
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
         self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
-        self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape,
-                                  labels=frozenset(self.info.label_map.values()))
+        self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target)
         self._orders: dict[int, EpochOrder] = {}
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
@@ -315,9 +314,13 @@ class ShardDataset(IterableDataset):
         if self.transform is not None:
             with seeded_rng(derive_seed(self.seed, epoch, sample_id)):
                 image = self.transform(image)
-        # from_numpy of a 0-d array: a third of what torch.tensor(label) costs per sample
-        label = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
-        return {"image": image, "label": label, "key": decoded.key}
+        item: Item = {"image": image, "key": decoded.key}
+        if decoded.label is not None:
+            # from_numpy of a 0-d array: a third of what torch.tensor(label) costs per sample
+            item["label"] = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
+        if decoded.target is not None:  # multi-hot or numbers, float32 as losses take them
+            item["target"] = torch.from_numpy(decoded.target.astype(np.float32))
+        return item
 
     def _skip(self, description: str) -> None:
         """Count a skipped sample; raise past ``max_skipped``."""

@@ -54,6 +54,7 @@ from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import TarIndex, read_tar_sample, scan_tar, stream_tar_samples
+from packer.targets import Target
 
 PARQUET_ROWS = 64
 #: A remote shard read with ``verify`` is held in memory up to this size, then on disk.
@@ -100,7 +101,7 @@ class ShardInfo:
 class SplitInfo:
     """The manifest fields the loader reads, for one split.
 
-    ``label_map``: label name → index. ``dtype``/``shape``: the sample schema (``shape``
+    ``label_map``: label name → index (class or multi-hot position). ``dtype``/``shape``: the sample schema (``shape``
     is ``None`` when samples vary in size); ``shapes``: each source's shapes (the schema's
     ``shapes``; empty where the manifest has none). ``shards`` in manifest order. ``index``:
     the manifest's ``_index.parquet`` entry (file, sha256, bytes), ``None`` where it has none.
@@ -119,6 +120,8 @@ class SplitInfo:
     shapes: Mapping[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     index: Mapping[str, Any] | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: The dataset's target (``packer.targets``): what ``label``/``target`` a sample carries.
+    target: Target = field(default_factory=lambda: Target("class"))
 
     def shape_of(self, sources: Sequence[str] | None = None) -> tuple[int, ...] | None:
         """The one C×H×W shape of the samples of ``sources`` (all: None), by the manifest; None
@@ -185,7 +188,8 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
                      label_map=dict(doc.label_map), dtype=dtype,
                      shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
                      shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
-                     index=doc.index, storage_options=dict(storage_options or {}))
+                     index=doc.index, storage_options=dict(storage_options or {}),
+                     target=Target.of_manifest(doc.data))
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,9 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
                               f"{sorted(info.shapes)}")
     label_ids: set[int] | None = None
     label_names: tuple[str, ...] | None = None
+    if labels is not None and info.target.kind in ("none", "numeric"):
+        raise ConfigError(f"labels={list(labels)!r}: this dataset's target is {info.target.kind}, so it has no "
+                          "labels to filter by; filter by sources= instead")
     if labels is not None:
         if isinstance(labels, str):
             raise ConfigError(f"labels={labels!r}: pass a list of label names, e.g. labels=[{labels!r}]")
@@ -262,8 +269,9 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         label_names = tuple(dict.fromkeys(names))
         label_ids = {info.label_map[n] for n in label_names}
     try:
+        multilabel = label_ids is not None and info.target.kind == "multilabel"
         table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
-                              columns=["split", "shard", "position", "source", "label"])
+                              columns=["split", "shard", "position", "source", "target" if multilabel else "label"])
     except (pa.ArrowException, KeyError) as err:
         raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
@@ -273,7 +281,10 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     keep = np.ones(len(table), dtype=bool)
     if wanted_sources is not None:
         keep &= np.isin(table["source"].to_numpy(zero_copy_only=False).astype(str), list(wanted_sources))
-    if label_ids is not None:
+    if label_ids is not None and multilabel:  # a sample with any of the labels
+        hot = np.asarray(table["target"].combine_chunks().flatten().to_numpy(zero_copy_only=False))
+        keep &= hot.reshape(len(table), len(info.target.names))[:, sorted(label_ids)].any(axis=1)
+    elif label_ids is not None:
         keep &= np.isin(table["label"].to_numpy(), sorted(label_ids))
     order = np.lexsort((position, shard))
     shard, keep = shard[order], keep[order]
@@ -294,28 +305,27 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
 
 @dataclass(frozen=True)
 class SampleCheck:
-    """What every decoded sample must satisfy: dtype, CHW shape (or any), a known label."""
+    """What every decoded sample must satisfy: dtype, CHW shape (or any), the dataset's target
+    (a known class index, a target vector of the right length: :meth:`Target.problem`)."""
 
     dtype: str
     shape: tuple[int, ...] | None
-    labels: frozenset[int]
+    target: Target
 
-    def problem(self, image: np.ndarray, label: int) -> str | None:
+    def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None) -> str | None:
         if image.dtype != np.dtype(self.dtype):
             return f"dtype {image.dtype}, expected {self.dtype}"
         if image.ndim != 3:
             return f"shape {image.shape} is not C×H×W"
         if self.shape is not None and tuple(image.shape) != self.shape:
             return f"shape {tuple(image.shape)}, expected {self.shape}"
-        if label not in self.labels:
-            return f"label {label} is not in the manifest's label_map"
-        return None
+        return self.target.problem(label, vector)
 
     def outcome(self, result: Decoded | SampleDefect) -> Decoded | SampleDefect:
         """``result`` of a shard reader, or a ``bad_sample`` defect when the decoded sample fails this check."""
         if isinstance(result, SampleDefect):
             return result
-        problem = self.problem(result.image, result.label)
+        problem = self.problem(result.image, result.label, result.target)
         return result if problem is None else SampleDefect("bad_sample", problem, result.key)
 
 

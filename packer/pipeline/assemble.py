@@ -25,6 +25,7 @@ from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import write_tar_shard
 from packer.shards.writer import ShardWrite
+from packer.targets import Target
 
 WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 
@@ -32,7 +33,7 @@ WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 @dataclass(frozen=True)
 class ShardTask:
     plan: ShardPlan
-    label_map: dict[str, int]
+    target: Target
     cache_dir: str
     folder: str
     format: str
@@ -62,7 +63,7 @@ def write_shard(task: ShardTask) -> ShardWrite:
         for sample in task.plan.samples:
             pixels, metadata = files.read(sample)
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
-                                pixels=pixels, metadata=metadata, split=task.plan.split, label_map=task.label_map,
+                                pixels=pixels, metadata=metadata, split=task.plan.split, target=task.target,
                                 sha256=sample.sha256)
 
     start = time.perf_counter()
@@ -73,14 +74,14 @@ def write_shard(task: ShardTask) -> ShardWrite:
     return replace(written, seconds=time.perf_counter() - start)
 
 
-def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, label_map: dict[str, int],
+def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, target: Target,
               cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
     """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
     spill files under ``cache_dir``; return what each writer reported, by shard file."""
     def task_of(i: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
         shard = shards[i]
         plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
-        return ShardTask(plan=plan, label_map=label_map, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
+        return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
 
     progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}

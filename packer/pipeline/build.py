@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
@@ -40,6 +41,7 @@ from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     config_hash,
+    index_schema,
     library_versions,
     read_dataset_hash,
     read_manifest,
@@ -64,6 +66,7 @@ from packer.pipeline.stages import run_stages
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, resolve_output
+from packer.targets import Target
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
 #: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
@@ -139,22 +142,64 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
     }
 
 
-def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard],
-                   written: dict[str, ShardWrite]) -> dict[str, Any]:
-    label_codes, labels = samples.codes("label")
+def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite],
+                   targets: TargetColumns) -> dict[str, Any]:
+    """Per split: samples, entities, the label balance (``class_counts``: samples per class, or
+    per label of a multi-label target) and, for numeric targets, ``target_stats`` per name."""
     entity_codes, _ = samples.codes("entity")
+    target = targets.target
     summary: dict[str, Any] = {}
     for split in SPLITS:
         mine = [s for s in shards if s.split == split]
         rows = np.concatenate([s.rows for s in mine]) if mine else np.zeros(0, dtype=np.int64)
-        counts = np.bincount(label_codes[rows], minlength=len(labels))
-        summary[split] = {
-            "samples": int(rows.size),
-            "entities": int(np.unique(entity_codes[rows]).size),
-            "class_counts": dict(sorted((labels[code], int(n)) for code, n in enumerate(counts.tolist()) if n)),
-            "shards": [written[s.file].to_entry() for s in mine],
-        }
+        entry: dict[str, Any] = {"samples": int(rows.size), "entities": int(np.unique(entity_codes[rows]).size)}
+        if target.kind == "class":
+            counts = np.bincount(targets.labels[rows], minlength=len(target.names))
+            entry["class_counts"] = dict(sorted((target.names[i], int(n)) for i, n in enumerate(counts.tolist()) if n))
+        elif target.kind == "multilabel":
+            hot = targets.vectors[rows].sum(axis=0, dtype=np.int64).tolist()
+            entry["class_counts"] = dict(sorted((name, int(n)) for name, n in zip(target.names, hot, strict=True)))
+        else:
+            entry["class_counts"] = {}
+        if target.kind == "numeric":
+            values = targets.vectors[rows]
+            entry["target_stats"] = {
+                name: ({"min": float(values[:, i].min()), "mean": round(float(values[:, i].mean()), 6),
+                        "max": float(values[:, i].max())} if rows.size else {})
+                for i, name in enumerate(target.names)}
+        entry["shards"] = [written[s.file].to_entry() for s in mine]
+        summary[split] = entry
     return summary
+
+
+@dataclass(frozen=True)
+class TargetColumns:
+    """Every packed sample's target as arrays (row = sample table row): ``labels`` the class
+    index (-1 without a class target), ``vectors`` the N×L target vectors (N×0 without)."""
+
+    target: Target
+    labels: np.ndarray
+    vectors: np.ndarray
+
+    @classmethod
+    def of(cls, samples: SampleTable, target: Target) -> TargetColumns:
+        codes, texts = samples.codes("label")
+        encoded = [target.encode(text, where=f"label {text!r}") for text in texts]  # once per distinct text
+        labels = np.array([-1 if label is None else label for label, _ in encoded], dtype=np.int64)
+        width = len(target.names) if target.has_vector else 0
+        vectors = np.array([v if v is not None else np.zeros(width) for _, v in encoded],
+                           dtype=target.vector_dtype).reshape(len(encoded), width)
+        return cls(target=target, labels=labels[codes], vectors=vectors[codes])
+
+    def index_schema(self) -> pa.Schema:
+        return index_schema(has_label=self.target.kind == "class",
+                            target=self.target.vector_dtype if self.target.has_vector else None)
+
+    def index_labels(self, rows: np.ndarray) -> Sequence[int | None]:
+        return self.labels[rows].tolist() if self.target.kind == "class" else [None] * len(rows)
+
+    def index_targets(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        return list(self.vectors[rows]) if self.target.has_vector else None
 
 
 def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
@@ -205,19 +250,18 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
                          storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root)
         description = executor.description
-    prepared, label_map, shards, written = run.prepared, run.label_map, run.shards, run.written
+    prepared, target, shards, written = run.prepared, run.target, run.shards, run.written
     del run
     samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
     cached_files = prepared.files_cached
 
-    index = IndexColumns()
-    label_codes, label_values = samples.codes("label")
-    label_index = np.array([label_map[label or ""] for label in label_values], dtype=np.int64)
+    targets = TargetColumns.of(samples, target)
+    index = IndexColumns(targets.index_schema())
     for shard in shards:
         table = samples.take(shard.rows)
         index.add_shard(written[shard.file], split=shard.split, keys=table.arrow("key"),
-                        labels=label_index[label_codes[shard.rows]], entity_ids=table.arrow("entity").fill_null(""),
-                        sources=table.arrow("source"))
+                        labels=targets.index_labels(shard.rows), entity_ids=table.arrow("entity").fill_null(""),
+                        sources=table.arrow("source"), targets=targets.index_targets(shard.rows))
     index_entry = write_index(staging, index)
     del index
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
@@ -234,8 +278,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "decoders": _decoders(),
         "format": job.pack.format,
         "sample_schema": _sample_schema(samples),
-        "label_map": label_map,
-        "splits": _split_summary(samples, shards, written),
+        "label_map": target.label_map,
+        **({"target": target.to_json()} if target.kind != "class" else {}),  # absent: class, as before kinds
+        "splits": _split_summary(samples, shards, written, targets),
         "inputs": {"files": prepared.inputs, "samples": len(samples)},
         "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),
         "audit": prepared.audit.to_json(listed=False),

@@ -25,9 +25,10 @@ from datetime import date, datetime
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from packer.config import JobConfig, SourceConfig
+from packer.config import JobConfig, SourceConfig, TargetConfig
 from packer.errors import ConfigError
 from packer.phi import Pseudonymizer
+from packer.pipeline.labels import Refused, from_folder, from_row, target_columns
 from packer.pipeline.rawstore import (
     RawObject,
     RemoteFile,
@@ -154,12 +155,16 @@ def escapes_root(relpath: str) -> bool:
 
 @dataclass(frozen=True)
 class TableRow:
+    """One row of a label table. ``label``: the target's text (:mod:`packer.targets`), None where
+    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value)."""
+
     row: int
     label: str | None
     entity: str | None
     time: str | None
     raw_time: str | None
     extra: tuple[tuple[str, str], ...]
+    refused: Refused | None = None
 
 
 @contextlib.contextmanager
@@ -180,10 +185,11 @@ def _open_table(path: Path | str, storage_options: Mapping[str, Any] | None) -> 
 
 
 def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: str | None = None,
-               time_column: str | None = None,
+               time_column: str | None = None, target: TargetConfig | None = None, known: tuple[str, ...] = (),
                storage_options: Mapping[str, Any] | None = None) -> dict[str, TableRow]:
     """Read a CSV keyed by its ``path`` column (relative to the source root). ``path`` is a
-    local file or a URL (read through fsspec with ``storage_options``).
+    local file or a URL (read through fsspec with ``storage_options``). ``target``: how a row's
+    label is read (default: a class name in column ``label``); ``known``: the job's ``labels:``.
 
     Raises ConfigError for an unreadable file, a missing column or a duplicated path.
     """
@@ -196,16 +202,20 @@ def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: st
                 raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; the header row has "
                                   f"{', '.join(columns) or 'nothing'}")
             rows: dict[str, TableRow] = {}
-            fixed = {"path", "label", entity_column, time_column}
+            target = target or TargetConfig()
+            fixed = {"path", "label", entity_column, time_column, *target_columns(target)}
             for number, record in enumerate(reader, start=2):
                 rel = _relpath(record.get("path") or "", path, number)
                 if rel in rows:
                     raise ConfigError(f"{path}: row {number}, column 'path': {rel!r} is listed twice "
                                       f"(first on row {rows[rel].row}); keep one row per file")
                 raw_time = (record.get(time_column) or "").strip() if time_column else None
+                label = from_row(target, record, f"{path} row {number}", known) if target_columns(target) else ""
+                refused = label if isinstance(label, Refused) and label.reason != "missing_label" else None
                 rows[rel] = TableRow(
                     row=number,
-                    label=(record.get("label") or "").strip() or None,
+                    label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe
+                    refused=refused,
                     entity=((record.get(entity_column) or "").strip() or None) if entity_column else None,
                     time=normalize_time(raw_time),
                     raw_time=raw_time or None,
@@ -234,18 +244,19 @@ def _outside_root(path: Path, real_root: Path) -> bool:
         return True
 
 
-def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None
+def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None, known: tuple[str, ...] = ()
               ) -> tuple[Path | str | None, dict[str, TableRow]]:
     """The source's label table (``labels`` for DICOM, ``table`` for images) and its rows."""
+    table = source.label_table
+    if table is None:
+        return None, {}
+    columns = ("path", *target_columns(source.target))
     if source.kind == "dicom":
-        if source.labels is None:
-            return None, {}
-        return source.labels, read_table(source.labels, required=("path", "label"), storage_options=storage_options)
-    if source.table is None:  # parse_job guarantees a table; keep the type checker honest
-        raise ConfigError(f"sources.{source.name}.table: image sources need a table")
-    return source.table, read_table(source.table, required=("path", "label", source.entity),
-                                    entity_column=source.entity, time_column=source.time[0],
-                                    storage_options=storage_options)
+        return table, read_table(table, required=columns, target=source.target, known=known,
+                                 storage_options=storage_options)
+    return table, read_table(table, required=(*columns, source.entity), entity_column=source.entity,
+                             time_column=source.time[0], target=source.target, known=known,
+                             storage_options=storage_options)
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None
@@ -271,7 +282,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     if not isinstance(source.root, str) and not source.root.is_dir():
         what = "is a file, not a folder" if source.root.exists() else "does not exist"
         raise ConfigError(f"sources.{source.name}.root: folder {source.root} {what} ({as_written})")
-    table_path, labels = _table_of(source, storage_options)  # a bad table fails before a long listing
+    table_path, labels = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
     files, listed = _listed_files(source, allow_outside, storage_options)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
@@ -285,21 +296,27 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     listed_refs = TableBuilder(RefTable)
     issues: list[Issue] = []
     real_root = None if remote or allow_outside else Path(source.root).resolve()
+    origin = source.target.origin
     for rel, path in files:  # sorted by relative path
         row = labels.get(rel)
+        label: str | Refused | None = row.refused or row.label if row else None
+        if origin == "none":
+            label = ""
+        elif origin == "folder":
+            label = from_folder(source.target, rel, str(source.root), known_labels)
         if source.kind == "dicom":  # entity and time come from the header
             ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
-                            path=path, relpath=rel, label=row.label if row else None)
+                            path=path, relpath=rel, label=label if isinstance(label, str) else None)
+        elif source.table is None:  # label: folder or none without a table: each image is its own entity
+            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
+                            path=path, relpath=rel, label=label if isinstance(label, str) else None, entity=rel)
         else:
             ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
-                            path=path, relpath=rel, label=row.label if row else None,
+                            path=path, relpath=rel, label=label if isinstance(label, str) else None,
                             entity=row.entity if row else None, time=row.time if row else None,
                             extra=row.extra if row else ())
-        if known_labels and ref.label is not None and ref.label not in known_labels:
-            issues.append(Issue.of(ref, stage="discover", reason="unknown_label",
-                                   message=f"{table_path} row {labels[ref.relpath].row}, column 'label': "
-                                           f"{ref.label!r} is not in the job's labels ({', '.join(known_labels)}); "
-                                           "fix the row or add the label"))
+        if isinstance(label, Refused):
+            issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
         elif real_root is not None and _outside_root(Path(ref.path), real_root):
             # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",

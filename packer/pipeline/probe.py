@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from packer.config import JobConfig
+from packer.pipeline.labels import Refused, from_attribute
 from packer.records import Issue, SampleRef
 
 
@@ -19,7 +20,8 @@ def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
     """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
-                        message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table")
+                        message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
+                                "(or, for unlabeled data, set the source's 'label: none')")
     if ref.entity is None:
         return Issue.of(ref, stage="discover", reason="missing_entity",
                         message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
@@ -58,10 +60,16 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[Sample
     dataset = None
     if ref.kind == "dicom":
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
-                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels)
+                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels,
+                             label_keyword=source.target.attribute)
         if isinstance(header, Issue):
             return header
         ref = replace(ref, entity=header.entity, time=header.time)
+        if source.target.origin == "attribute":
+            label = from_attribute(source.target, header.label_value, ref.path, job.labels)
+            if isinstance(label, Refused):
+                return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
+            ref = replace(ref, label=label)
         dataset = header.dataset
     else:
         image_header = probe_image(ref, limits=job.limits)

@@ -48,12 +48,16 @@ class IndexColumns:
     becomes a small Arrow table at once, so no per-row Python objects pile up on the client.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, schema: pa.Schema = INDEX_SCHEMA) -> None:
         self._parts: list[tuple[tuple[str, str], pa.Table]] = []
+        self.schema = schema
 
-    def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int],
-                  entity_ids: Sequence[str], sources: Sequence[str]) -> None:
-        """Add one shard's rows; the sequences list its samples in the order they were written."""
+    def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
+                  entity_ids: Sequence[str], sources: Sequence[str],
+                  targets: Sequence[np.ndarray] | None = None) -> None:
+        """Add one shard's rows; the sequences list its samples in the order they were written.
+        ``labels``: class indices (None without a class target); ``targets``: the samples'
+        target vectors where the schema has a ``target`` column."""
         count = written.samples
         if not len(keys) == len(labels) == len(entity_ids) == len(sources) == count:
             raise ValueError(f"shard {written.file}: the writer reported {count} samples, the plan lists "
@@ -61,7 +65,7 @@ class IndexColumns:
                              f"{len(sources)} sources")
         if any(b <= a for a, b in zip(written.positions, written.positions[1:], strict=False)):
             raise ValueError(f"shard {written.file}: the writer reported positions out of order")
-        self._parts.append(((split, written.file), pa.table({
+        columns = {
             "key": pa.array(keys, pa.string()),
             "split": pa.array([split] * count, pa.string()),
             "shard": pa.array([written.file] * count, pa.string()),
@@ -71,12 +75,15 @@ class IndexColumns:
             "label": pa.array(labels, pa.int64()),
             "entity_id": pa.array(entity_ids, pa.string()),
             "source": pa.array(sources, pa.string()),
-        }, schema=INDEX_SCHEMA)))
+        }
+        if "target" in self.schema.names:
+            columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
+        self._parts.append(((split, written.file), pa.table(columns, schema=self.schema)))
 
     def table(self) -> pa.Table:
         """All rows, ordered by split, shard and position (one chunk per column)."""
         if not self._parts:
-            return INDEX_SCHEMA.empty_table()
+            return self.schema.empty_table()
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
         # parts orders the rows, without the copy a row sort makes of every column.
         return pa.concat_tables([part for _, part in sorted(self._parts, key=lambda p: p[0])]).combine_chunks()

@@ -57,10 +57,14 @@ CACHE_FORMAT = 8
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
     """The parts of the job that change what a raw file turns into, samples or bad-sample verdict:
     sources, transforms, ``split.by`` (a time split needs a time), the size ``limits`` and the
-    burned-in-annotation policy, both applied by the worker. Not split ratios, packing or PHI."""
+    burned-in-annotation policy, both applied by the worker, and the job's ``labels`` where the
+    worker checks header labels against them. Not split ratios, packing or PHI."""
     identity = job.identity()
-    return {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by,
-            "limits": identity["limits"], "burned_in_annotation": job.safety.burned_in_annotation}
+    shaping = {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by,
+               "limits": identity["limits"], "burned_in_annotation": job.safety.burned_in_annotation}
+    if any(s.target.origin == "attribute" for s in job.sources):  # the worker checks header labels against it
+        shaping["labels"] = identity["labels"]
+    return shaping
 
 
 def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str],

@@ -35,6 +35,7 @@ from packer.pipeline.dedup import UnionFind, exact_groups
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
 from packer.pipeline.sampletable import as_table
 from packer.records import Issue, SpilledSample
+from packer.targets import SEPARATOR
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -260,16 +261,24 @@ def _group_time(group: SplitGroup, times_of: Sequence[str | None]) -> str:
 
 
 def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cfg: SplitConfig,
-                fixed: Mapping[int, str]) -> dict[int, str]:
+                fixed: Mapping[int, str], *, multilabel: bool = False) -> dict[int, str]:
     """Greedy group-aware stratification: each group goes to the split whose quota of the
-    group's labels is most behind. Large groups first; ties broken by the seeded hash."""
-    labels = sorted({label or "" for label in label_of})
+    group's labels is most behind. Large groups first; ties broken by the seeded hash.
+
+    ``multilabel``: a sample's target text holds several names (``a|b``); it counts once under
+    each of them (and a sample with none under the empty name), so every label's quota is
+    tracked, the greedy form of iterative stratification (Sechidis et al., 2011) over groups."""
+    def names(text: str | None) -> list[str]:
+        return (text or "").split(SEPARATOR) if multilabel else [text or ""]
+
+    labels = sorted({name for text in set(label_of) for name in names(text)})
     column = {label: k for k, label in enumerate(labels)}
     ratios = np.array([r for _, r in cfg.ratios], dtype=np.float64)
     counts = np.zeros((len(groups), len(labels)))
     for g, group in enumerate(groups):
         for i in group.members:
-            counts[g, column[label_of[i] or ""]] += 1
+            for name in names(label_of[i]):
+                counts[g, column[name]] += 1
     target = ratios[:, None] * counts.sum(axis=0)[None, :]
     have = np.zeros_like(target)
     out: dict[int, str] = {}
@@ -288,9 +297,11 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
     return out
 
 
-def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None) -> Assignment:
+def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
+                  multilabel: bool = False) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
-    pinned table conflicts with itself or with the time policy."""
+    pinned table conflicts with itself or with the time policy. ``multilabel``: the samples'
+    targets are multi-label (``stratify: label`` then balances each label)."""
     table = as_table(samples)
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty())
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
@@ -314,7 +325,7 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
                                   f"record falls in {by_time} under the time cutoffs; unpin it or move the cutoff")
             group_split[g] = by_time
     elif cfg.stratify == "label":
-        group_split = _stratified(groups, table.column("label"), cfg, fixed)
+        group_split = _stratified(groups, table.column("label"), cfg, fixed, multilabel=multilabel)
     else:
         for g, group in enumerate(groups):
             group_split[g] = fixed.get(g) or split_for_unit(entity_unit(group.representative, cfg.seed), cfg.ratios)

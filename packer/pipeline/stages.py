@@ -39,6 +39,7 @@ from packer.pipeline.assemble import pack_shards
 from packer.pipeline.audit import LeakageAudit, audit_assignment, raise_on_leakage, write_leakage
 from packer.pipeline.cluster import Executor, WorkerLost
 from packer.pipeline.discover import discover
+from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
@@ -48,6 +49,7 @@ from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
+from packer.targets import Target
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "split", "audit", "plan", "pack")
@@ -129,7 +131,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
-    assignment = assign_splits(samples, split_cfg, links)
+    assignment = assign_splits(samples, split_cfg, links,
+                               multilabel=job.sources[0].target.kind == "multilabel")
     balance = balance_warning(assignment, split_cfg)
     if balance is not None:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
@@ -167,10 +170,11 @@ def _verify_on(executor: Executor) -> RunVerify:
 @dataclass(frozen=True)
 class StageRun:
     """What :func:`run_stages` did: the checked samples (``prepared``) and, when it went through
-    packing, the label map, the planned shards and what each shard's writer reported."""
+    packing, the dataset's target (its kind and label names), the planned shards and what each
+    shard's writer reported."""
 
     prepared: Prepared
-    label_map: dict[str, int] = field(default_factory=dict)
+    target: Target = field(default_factory=lambda: Target("class"))
     shards: tuple[PlannedShard, ...] = ()
     written: dict[str, ShardWrite] = field(default_factory=dict)
 
@@ -199,11 +203,10 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         write_leakage(leakage_dir, prepared.audit)
         raise_on_leakage(prepared.audit)
     samples = prepared.samples
-    names = job.labels or tuple(sorted({label or "" for label in samples.codes("label")[1]}))
-    label_map = {name: index for index, name in enumerate(names)}
+    target = dataset_target(job, samples.codes("label")[1])
     shards = plan_shards(samples, prepared.assignment.split, job.pack)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    written = pack_shards(shards, samples, executor, label_map, cache_dir, staging, job.pack.format, quiet)
-    return StageRun(prepared, label_map=label_map, shards=tuple(shards), written=written)
+    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet)
+    return StageRun(prepared, target=target, shards=tuple(shards), written=written)

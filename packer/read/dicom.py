@@ -125,6 +125,8 @@ class DicomHeader:
     photometric_interpretation: str = ""
     pixel_spacing: tuple[float, float] | None = None
     dataset: Dataset | None = field(default=None, compare=False, repr=False)
+    #: The value of the attribute the source's labels come from (``label: {attribute: ...}``)
+    label_value: str | None = None
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,7 @@ def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: Limi
 
 def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...],
                 limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
-                keep_pixels: bool = False) -> DicomHeader | Issue:
+                keep_pixels: bool = False, label_keyword: str | None = None) -> DicomHeader | Issue:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -408,7 +410,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     if isinstance(ds, Issue):
         if keep_pixels:
             return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
-                               allow_burned_in=allow_burned_in)
+                               allow_burned_in=allow_burned_in, label_keyword=label_keyword)
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
@@ -431,6 +433,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         photometric_interpretation=geometry.photometric,
         pixel_spacing=spacing,
         dataset=ds if keep_pixels else None,
+        label_value=text_value(ds, label_keyword) if label_keyword else None,
     )
 
 

@@ -1,8 +1,10 @@
 """What one packed sample is made of, and how its pieces decode (tar and Parquet alike).
 
-A tar shard holds, per sample, the members ``<key>.cls`` (the label index as ASCII digits),
-``<key>.json`` (the sample record) and ``<key>.npy`` (``numpy.save`` bytes of the C×H×W
-pixels); a Parquet shard holds the same record, label and pixels as columns of one row.
+A tar shard holds, per sample, the members ``<key>.cls`` (the class index as ASCII digits,
+only in datasets with a class target), ``<key>.json`` (the sample record), ``<key>.npy``
+(``numpy.save`` bytes of the C×H×W pixels) and ``<key>.target.npy`` (the multi-label or
+numeric target vector, only in datasets with one; :mod:`packer.targets`); a Parquet shard
+holds the same record, target and pixels as columns of one row.
 :func:`parse_member_name` is the one rule for member names: the loader, the HTML report
 and ``packer verify --deep`` all refuse what it refuses.
 
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: The members packer writes for every sample of a tar shard, in the order it writes them.
-MEMBER_EXTENSIONS = ("cls", "json", "npy")
+#: The members packer writes for a sample of a tar shard, in the order it writes them
+#: (``cls`` only with a class target, ``target.npy`` only with a vector target).
+MEMBER_EXTENSIONS = ("cls", "json", "npy", "target.npy")
 #: What a sample key may hold: it is a member's name prefix, so never a path.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -37,7 +40,7 @@ def parse_member_name(name: str) -> tuple[str, str] | str:
         return f"unsafe member name {name!r} (a path, not <key>.<ext>); refuse to extract this shard"
     key, _, ext = name.partition(".")
     if KEY_PATTERN.fullmatch(key) is None or ext not in MEMBER_EXTENSIONS:
-        return f"member {name!r} is not <key>.cls|json|npy with a key of [A-Za-z0-9_-]"
+        return f"member {name!r} is not <key>.{'|'.join(MEMBER_EXTENSIONS)} with a key of [A-Za-z0-9_-]"
     return key, ext
 
 
@@ -48,16 +51,19 @@ def irregular_member(name: str) -> str:
 
 @dataclass(frozen=True)
 class Decoded:
-    """One readable sample: ``image`` as stored (C×H×W, native byte order), ``label`` an index.
+    """One readable sample: ``image`` as stored (C×H×W, native byte order), ``label`` its class
+    index (None without a ``.cls`` member or label cell), ``target`` its target vector (None
+    without one). Whether those fit the dataset is the reader's check (``Target.problem``).
 
     ``record``: the sample's JSON record (the ``.json`` member or ``metadata`` cell), only where
     the reader was asked for it (the loader never is).
     """
 
     key: str
-    label: int
+    label: int | None
     image: np.ndarray
     record: str | bytes | None = None
+    target: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -149,19 +155,32 @@ def decode_label(key: str, data: bytes) -> int | SampleDefect:
         return SampleDefect("bad_label", f"{key}.cls holds {data[:20]!r}, not an integer", key)
 
 
+def decode_target(key: str, data: bytes) -> np.ndarray | SampleDefect:
+    """The target vector in a ``.target.npy`` member, or why it is not one (a 1-D numeric array)."""
+    try:
+        vector = load_npy(data)
+    except (ValueError, OSError, EOFError) as err:
+        return SampleDefect("undecodable", f"{key}.target.npy: {err}", key)
+    if not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.dtype.kind not in "uif":
+        return SampleDefect("undecodable", f"{key}.target.npy holds no 1-D numeric array", key)
+    return vector
+
+
 def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDefect:
-    """The sample ``key`` from its member bytes by extension (``cls`` and ``npy`` are read;
-    ``json`` is the caller's to parse if it wants the record)."""
-    for ext in ("cls", "npy"):
-        if ext not in members:
-            return SampleDefect("missing_member", f"no {key}.{ext} member", key)
-    label = decode_label(key, members["cls"])
+    """The sample ``key`` from its member bytes by extension (``cls``, ``npy`` and ``target.npy``
+    are read; ``json`` is the caller's to parse if it wants the record). Only ``npy`` must be there."""
+    if "npy" not in members:
+        return SampleDefect("missing_member", f"no {key}.npy member", key)
+    label = decode_label(key, members["cls"]) if "cls" in members else None
     if isinstance(label, SampleDefect):
         return label
+    target = decode_target(key, members["target.npy"]) if "target.npy" in members else None
+    if isinstance(target, SampleDefect):
+        return target
     try:
         image = load_npy(members["npy"])
     except (ValueError, OSError, EOFError) as err:
         return SampleDefect("undecodable", f"{key}.npy: {err}", key)
     if not isinstance(image, np.ndarray):
         return SampleDefect("undecodable", f"{key}.npy holds no array", key)
-    return Decoded(key=key, label=label, image=image)
+    return Decoded(key=key, label=label, image=image, target=target)

@@ -1,8 +1,10 @@
 """Write Parquet shards byte-reproducibly: one row per sample, one row group per shard; read them back.
 
-Columns (documented in ``schemas/parquet_shard.schema.json`` and the README): key, label,
-label_name, entity_id, split, source, shape, dtype, image (raw C-order bytes, uncompressed
-so readers can map them straight into tensors), sha256 (of ``image``), metadata (JSON).
+Columns (documented in the README): key, label,
+label_name (null without a class target), entity_id, split, source, shape, dtype, image (raw
+C-order bytes, uncompressed so readers can map them straight into tensors), sha256 (of
+``image``), metadata (JSON), and target (multi-label or numeric datasets only, see
+:func:`shard_schema`).
 Writer options are fixed here so the bytes depend only on the data and pyarrow's version.
 
 Reading (:func:`read_parquet_samples`, for packer's loader and HTML report; ``packer verify
@@ -44,26 +46,45 @@ SCHEMA = pa.schema([
 _SMALL_COLUMNS = ["key", "label", "label_name", "entity_id", "split", "source", "dtype", "sha256"]
 
 
+def shard_schema(*, has_label: bool, target: np.dtype | None) -> pa.Schema:
+    """The columns of a shard: :data:`SCHEMA` for a class dataset (its bytes as ever); without a
+    class target ``label``/``label_name`` are null, and a multi-label or numeric dataset adds
+    ``target``, a list of uint8 (multi-hot) or float32 (numbers), as ``.target.npy`` holds it."""
+    if has_label and target is None:
+        return SCHEMA
+    fields = [pa.field(f.name, f.type, nullable=not has_label) if f.name in ("label", "label_name") else f
+              for f in SCHEMA]
+    if target is not None:
+        fields.append(pa.field("target", pa.list_(pa.from_numpy_dtype(target)), nullable=False))
+    return pa.schema(fields)
+
+
 def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
     """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
-    sample, its row number and the size and sha256 of its ``image`` cell."""
-    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    sample, its row number and the size and sha256 of its ``image`` cell. The samples of a
+    dataset share one target kind, so the first one decides the schema (:func:`shard_schema`)."""
+    columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target"]}
     written = WrittenSamples()
+    schema = SCHEMA
     for position, sample in enumerate(samples):
+        if position == 0:
+            schema = shard_schema(has_label=sample.label is not None,
+                                  target=sample.target.dtype if sample.target is not None else None)
         digest = sample.pixels_sha256
         for name, value in (("key", sample.key), ("label", sample.label), ("label_name", sample.label_name),
                             ("entity_id", sample.entity_id), ("split", sample.split), ("source", sample.source),
                             ("shape", list(sample.shape)), ("dtype", sample.dtype), ("image", sample.pixels),
-                            ("sha256", digest), ("metadata", canonical_json(sample.info).decode())):
+                            ("sha256", digest), ("metadata", canonical_json(sample.info).decode()),
+                            ("target", sample.target)):
             columns[name].append(value)
         written.add(position=position, size=len(sample.pixels), sha256=bytes.fromhex(digest))
-    table = pa.Table.from_pydict(columns, schema=SCHEMA)
+    table = pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)
     with atomic_output(path) as fh:
         pq.write_table(
             table, fh,
             row_group_size=max(1, table.num_rows),
-            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape"] else "none")
-                         for name in SCHEMA.names},
+            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target"] else "none")
+                         for name in schema.names},
             use_dictionary=_SMALL_COLUMNS,
             write_statistics=_SMALL_COLUMNS,
             data_page_version="2.0",
@@ -103,6 +124,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         parquet = pq.ParquetFile(source)
         count = parquet.metadata.num_rows
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
+        if "target" in parquet.schema_arrow.names:
+            columns = [*columns, "target"]
     except (OSError, pa.ArrowException) as err:
         yield from _fail(rows, "bad_shard", f"not a readable Parquet file ({err})")
         return
@@ -121,6 +144,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
             if i < len(want) and want[i] < end_row:
                 keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
                 metadata = batch.column("metadata") if records else None
+                targets = batch.column("target") if "target" in columns else None
                 images = batch.column("image")
                 buffers = images.buffers()
                 offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
@@ -134,9 +158,11 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                         yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
                                                 key)
                     else:
-                        yield row, Decoded(key=key, label=int(labels[r].as_py()),
+                        label = labels[r].as_py()
+                        yield row, Decoded(key=key, label=None if label is None else int(label),
                                            image=image_view(buffers[2], start, stop, dtype, shape),
-                                           record=metadata[r].as_py() if metadata is not None else None)
+                                           record=metadata[r].as_py() if metadata is not None else None,
+                                           target=_target_cell(targets, r))
                     i += 1
             row0 = end_row
             if i >= len(want):
@@ -145,6 +171,13 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         yield from _fail(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
         return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
+
+
+def _target_cell(targets: pa.Array | None, r: int) -> np.ndarray | None:
+    """Row ``r`` of a ``target`` column as a 1-D array in the column's value type (None: no column or null)."""
+    if targets is None or not targets[r].is_valid:
+        return None
+    return np.asarray(targets[r].values.to_numpy(zero_copy_only=False))
 
 
 def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:

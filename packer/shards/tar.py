@@ -45,6 +45,7 @@ from packer.shards.members import (
     SampleDefect,
     decode_label,
     decode_members,
+    decode_target,
     irregular_member,
     npy_layout,
     npy_size_problem,
@@ -119,15 +120,22 @@ def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
 
 
 def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | memoryview]]]:
-    """The (member name, pieces of its bytes) of one sample, in the sorted order they are
-    written: ``.cls`` (the label index), ``.json`` (the sample record) and ``.npy`` (the
-    ``numpy.save`` bytes of the pixels: header, then the raw C-order buffer)."""
+    """The (member name, pieces of its bytes) of one sample, in the order they are written:
+    ``.cls`` (the class index; only with a class target), ``.json`` (the sample record), ``.npy``
+    (the ``numpy.save`` bytes of the pixels: header, then the raw C-order buffer) and
+    ``.target.npy`` (the multi-label or numeric target vector; only with one)."""
     header = npy_header(tuple(sample.shape), sample.dtype)
-    return [
-        (f"{sample.key}.cls", (str(sample.label).encode(),)),
+    members: list[tuple[str, Sequence[bytes | memoryview]]] = []
+    if sample.label is not None:
+        members.append((f"{sample.key}.cls", (str(sample.label).encode(),)))
+    members += [
         (f"{sample.key}.json", (canonical_json(sample.info),)),
         (f"{sample.key}.npy", (header, sample.pixels)),
     ]
+    if sample.target is not None:
+        vector = np.ascontiguousarray(sample.target)
+        members.append((f"{sample.key}.target.npy", (npy_header(vector.shape, vector.dtype.str), vector.tobytes())))
+    return members
 
 
 def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
@@ -147,7 +155,8 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
                     out.write(piece)
                 if size % BLOCK:
                     out.write(_ZEROS[:BLOCK - size % BLOCK])
-            npy = members[-1][1]  # the .npy member is the last one
+            pixels_member = f"{sample.key}.npy"
+            npy = next(pieces for name, pieces in members if name == pixels_member)
             npy_digest = hashlib.sha256()
             for piece in npy:
                 npy_digest.update(piece)
@@ -298,7 +307,8 @@ def read_member_bytes(fh: BinaryIO, sample: TarSample, exts: Sequence[str]) -> d
 
 
 def read_tar_sample(fh: BinaryIO, sample: TarSample) -> Decoded | SampleDefect:
-    """Decode one scanned sample's ``.cls`` and ``.npy`` members from the open shard ``fh``.
+    """Decode one scanned sample's ``.npy`` member and, where present, its ``.cls`` and
+    ``.target.npy`` members from the open shard ``fh``.
 
     Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_pread_sample`: the pixels are
     copied once, from the page cache into the image. Elsewhere each member is read whole
@@ -306,8 +316,14 @@ def read_tar_sample(fh: BinaryIO, sample: TarSample) -> Decoded | SampleDefect:
     """
     if _PREAD:
         return _pread_sample(fh.fileno(), sample)
-    data = read_member_bytes(fh, sample, ("cls", "npy"))
+    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", "target.npy") if ext in sample.members]
+                             or ["npy"])
     return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
+
+
+def _pread_member(fd: int, key: str, ext: str, at: int, size: int) -> bytes | SampleDefect:
+    data = os.pread(fd, size, at)
+    return data if len(data) == size else SampleDefect("truncated", f"{key}.{ext} is cut short", key)
 
 
 def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
@@ -316,33 +332,46 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
     One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
     they lie far apart); for packer's own npy header (:func:`~packer.shards.members.npy_layout`)
     the pixels are then read by ``preadv`` straight into the ``np.empty`` array that becomes
-    the image, byte-swapped in place if the file's byte order is not the machine's. Any other
-    npy form is read whole and goes through ``decode_members``, with the same messages.
+    the image, byte-swapped in place if the file's byte order is not the machine's. A
+    ``.target.npy`` member (a few bytes) is read whole. Any other pixel npy form is read whole
+    and goes through ``decode_members``, with the same messages.
     """
     key, members = sample.key, sample.members
-    for ext in ("cls", "npy"):
-        if ext not in members:
-            return SampleDefect("missing_member", f"no {key}.{ext} member", key)
-    (cls_at, cls_size), (npy_at, npy_size) = members["cls"], members["npy"]
+    if "npy" not in members:
+        return SampleDefect("missing_member", f"no {key}.npy member", key)
+    npy_at, npy_size = members["npy"]
     head_size = min(npy_size, NPY_HEAD)
-    if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
-        span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
-        cls, head = span[:cls_size], span[npy_at - cls_at:]
+    cls: bytes | None = None
+    if "cls" in members:
+        cls_at, cls_size = members["cls"]
+        if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
+            span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
+            cls, head = span[:cls_size], span[npy_at - cls_at:]
+        else:
+            cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
+        if len(cls) != cls_size:
+            return SampleDefect("truncated", f"{key}.cls is cut short", key)
     else:
-        cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
-    if len(cls) != cls_size:
-        return SampleDefect("truncated", f"{key}.cls is cut short", key)
+        head = os.pread(fd, head_size, npy_at)
     if len(head) != head_size:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
+    target_bytes = _pread_member(fd, key, "target.npy", *members["target.npy"]) if "target.npy" in members else None
+    if isinstance(target_bytes, SampleDefect):
+        return target_bytes
     layout = npy_layout(head)
     if layout is None:
-        data = os.pread(fd, npy_size, npy_at)
-        if len(data) != npy_size:
-            return SampleDefect("truncated", f"{key}.npy is cut short", key)
-        return decode_members(key, {"cls": cls, "npy": data})
-    label = decode_label(key, cls)
+        data = _pread_member(fd, key, "npy", npy_at, npy_size)
+        if isinstance(data, SampleDefect):
+            return data
+        whole = {"npy": data, **({"cls": cls} if cls is not None else {}),
+                 **({"target.npy": target_bytes} if target_bytes is not None else {})}
+        return decode_members(key, whole)
+    label = decode_label(key, cls) if cls is not None else None
     if isinstance(label, SampleDefect):
         return label
+    target = decode_target(key, target_bytes) if target_bytes is not None else None
+    if isinstance(target, SampleDefect):
+        return target
     dtype, shape, start = layout
     problem = npy_size_problem(npy_size - start, dtype, shape)
     if problem is not None:
@@ -352,7 +381,7 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     if not dtype.isnative:
         image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
-    return Decoded(key=key, label=label, image=image)
+    return Decoded(key=key, label=label, image=image, target=target)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:

@@ -1,0 +1,296 @@
+"""Every kind of training target, built from real files and read back by stock readers and ShardDataset.
+
+A source's ``label:`` says where a sample's target comes from (a table column, the ImageFolder
+folder, a DICOM header attribute, nowhere) and what it is (one class, several labels, numbers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+import torch
+import webdataset as wds
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.demo import render_photo, write_ct_slice, write_demo_key, write_photo
+from packer.errors import ConfigError
+from packer.loader import ShardDataset, make_loader
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.verify import verify_dataset
+from tests.helpers import write_job
+
+
+def _job(tmp: Path, sources: list[dict[str, Any]], fmt: str = "webdataset", **extra: Any) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "name": "targets",
+        "sources": sources,
+        "split": {"by": "entity", "ratios": {"train": 1.0}},
+        "transform": {"dicom": {"size": [32, 32]}, "image": {"size": [32, 32]}},
+        "pack": {"format": fmt},
+        "output": str(tmp / "out"),
+        "phi": {"key_file": str(write_demo_key(tmp, 7))},
+        **extra,
+    }
+    return write_job(tmp / "job", doc)
+
+
+def _build(job: Path) -> BuildResult:
+    return build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+
+def _ct(root: Path, name: str, patient: str, seed: int, **overrides: Any) -> None:
+    rng = np.random.default_rng(seed)
+    hu = rng.normal(0, 300, size=(32, 32)).astype(np.float32)
+    hu[8:24, 8 + seed % 8:16 + seed % 8] = 800  # a bright block, unlike any other file's
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    write_ct_slice(root / name, patient_id=patient, study_date="20240101", pixels_hu=hu, **overrides)
+
+
+def _photo(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_photo(path, render_photo(np.random.default_rng(seed), ("circle", "square")[seed % 2], height=48, width=64))
+
+
+def _samples(result: BuildResult, split: str = "train") -> list[dict[str, Any]]:
+    ds = ShardDataset(result.manifest_path, split, shuffle=False)
+    return sorted(iter(ds), key=lambda item: item["key"])
+
+
+def _wds(result: BuildResult) -> list[dict[str, Any]]:
+    urls = sorted(str(p) for p in result.version_dir.glob("train-*.tar"))
+    return list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode())
+
+
+def _parquet(result: BuildResult) -> pads.Dataset:
+    return pads.dataset(sorted(str(p) for p in result.version_dir.glob("train-*.parquet")), format="parquet")
+
+
+def _manifest(result: BuildResult) -> dict[str, Any]:
+    return json.loads(result.manifest_path.read_text())
+
+
+def _deep_ok(result: BuildResult) -> None:
+    outcome = verify_dataset(result.manifest_path, deep=True)
+    assert outcome.ok, [p.message for p in outcome.problems]
+
+
+# -- none: unlabeled ------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_an_unlabeled_dicom_folder_packs_every_file_without_a_label(tmp_path: Path, fmt: str) -> None:
+    raw = tmp_path / "raw"
+    for i in range(6):
+        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}], fmt))
+    manifest = _manifest(result)
+    assert manifest["target"] == {"kind": "none", "names": []} and manifest["label_map"] == {}
+    assert manifest["splits"]["train"]["samples"] == 6 and manifest["bad_samples"]["total"] == 0
+    items = _samples(result)
+    assert len(items) == 6 and all("label" not in item and "target" not in item for item in items)
+    batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=4)))
+    assert set(batch) == {"image", "key"} and batch["image"].shape[0] == 4
+    if fmt == "webdataset":
+        assert all("cls" not in s and "npy" in s for s in _wds(result))
+    else:
+        table = _parquet(result).to_table(columns=["label", "label_name"])
+        assert table.num_rows == 6 and table["label"].null_count == 6
+    _deep_ok(result)
+
+
+def test_a_dicom_file_without_a_label_says_how_to_pack_unlabeled_data(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _ct(raw, "a.dcm", "P0", 0)
+    _ct(raw, "b.dcm", "P1", 1)
+    (tmp_path / "labels.csv").write_text("path,label\na.dcm,x\n")
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "labels": str(tmp_path / "labels.csv")}],
+                         validate={"max_bad_fraction": 0.5}))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "missing_label" and "label: none" in record["message"]
+
+
+def test_stratifying_an_unlabeled_source_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _ct(raw, "a.dcm", "P0", 0)
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "name": "export", "label": "none"}],
+               split={"by": "entity", "ratios": {"train": 1.0}, "stratify": "label"})
+    with pytest.raises(ConfigError, match="stratify.*'export' has no labels"):
+        load_job(job)
+
+
+# -- folder: the ImageFolder layout ---------------------------------------------------------
+@pytest.mark.parametrize("kind", ["image", "dicom"])
+def test_an_imagefolder_tree_takes_each_class_from_its_folder(tmp_path: Path, kind: str) -> None:
+    raw = tmp_path / "raw"
+    for i in range(6):
+        cls = ("cat", "dog", "eel")[i % 3]
+        if kind == "image":
+            _photo(raw / cls / f"{i}.png", i)
+        else:
+            _ct(raw, f"{cls}/{i}.dcm", f"P{i}", i)
+    if kind == "image":
+        _photo(raw / "loose.png", 99)  # directly under the root: no class folder
+    else:
+        _ct(raw, "loose.dcm", "P99", 99)
+    result = _build(_job(tmp_path, [{"kind": kind, "root": str(raw), "label": "folder"}],
+                         validate={"max_bad_fraction": 0.5}))
+    manifest = _manifest(result)
+    assert manifest["label_map"] == {"cat": 0, "dog": 1, "eel": 2} and "target" not in manifest
+    assert manifest["splits"]["train"]["class_counts"] == {"cat": 2, "dog": 2, "eel": 2}
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "missing_label" and record["path"].endswith("loose." + ("png" if kind == "image" else
+                                                                                       "dcm"))
+    assert "class folder" in record["message"]
+    names = {v: k for k, v in manifest["label_map"].items()}
+    records = {s["__key__"]: s for s in _wds(result)}
+    for item in _samples(result):
+        assert names[int(item["label"])] == records[item["key"]]["json"]["label"]
+    _deep_ok(result)
+
+
+# -- a DICOM attribute ----------------------------------------------------------------------
+def test_a_header_attribute_with_a_value_map_labels_each_file(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    parts = {"a": "CHEST", "b": "THORAX", "c": "ABDOMEN", "d": "HEAD", "e": None}
+    for i, (name, part) in enumerate(parts.items()):
+        _ct(raw, f"{name}.dcm", f"P{i}", i, BodyPartExamined=part)
+    source = {"kind": "dicom", "root": str(raw),
+              "label": {"attribute": "BodyPartExamined", "map": {"CHEST": "chest", "THORAX": "chest",
+                                                                  "ABDOMEN": "abdomen"}}}
+    result = _build(_job(tmp_path, [source], validate={"max_bad_fraction": 0.5}))
+    manifest = _manifest(result)
+    assert manifest["label_map"] == {"abdomen": 0, "chest": 1}
+    assert manifest["splits"]["train"]["class_counts"] == {"abdomen": 1, "chest": 2}
+    bad = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert bad["d.dcm"]["reason"] == "unknown_label" and "'HEAD'" in bad["d.dcm"]["message"]
+    assert bad["e.dcm"]["reason"] == "missing_label" and "BodyPartExamined" in bad["e.dcm"]["message"]
+    _deep_ok(result)
+
+
+@pytest.mark.parametrize("attribute", ["PatientName", "PatientID", "AccessionNumber", "StudyDate"])
+def test_an_identifying_attribute_may_not_be_a_label(tmp_path: Path, attribute: str) -> None:
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(tmp_path), "label": {"attribute": attribute}}])
+    with pytest.raises(ConfigError, match=f"{attribute}.*may not be a label.*BodyPartExamined"):
+        load_job(job)
+
+
+# -- several labels -------------------------------------------------------------------------
+def _photo_table(tmp: Path, rows: list[dict[str, str]]) -> Path:
+    raw = tmp / "raw"
+    for i, row in enumerate(rows):
+        _photo(raw / row["path"], i)
+    columns = list(rows[0])
+    lines = [",".join(columns)] + [",".join(row[c] for c in columns) for row in rows]
+    (raw / "table.csv").write_text("\n".join(lines) + "\n")
+    return raw
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_a_column_of_names_becomes_a_multi_hot_vector(tmp_path: Path, fmt: str) -> None:
+    findings = ["effusion|nodule", "", "nodule", "effusion", "mass|nodule|effusion", "bad|name"]
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "findings": f, "entity": f"E{i}", "timestamp": "2024-01-01"}
+                                  for i, f in enumerate(findings)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "multilabel", "column": "findings"}}
+    result = _build(_job(tmp_path, [source], fmt, labels=["effusion", "mass", "nodule"],
+                         validate={"max_bad_fraction": 0.5}))
+    manifest = _manifest(result)
+    assert manifest["target"] == {"kind": "multilabel", "names": ["effusion", "mass", "nodule"]}
+    assert manifest["splits"]["train"]["class_counts"] == {"effusion": 3, "mass": 1, "nodule": 3}
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "unknown_label" and "'bad'" in record["message"]
+    expected = [[1, 0, 1], [0, 0, 0], [0, 0, 1], [1, 0, 0], [1, 1, 1]]
+    by_key = {}
+    for item in _samples(result):
+        assert item["target"].dtype == torch.float32 and "label" not in item
+        by_key[item["key"]] = item["target"].tolist()
+    assert sorted(by_key.values()) == sorted(expected)
+    if fmt == "webdataset":
+        for sample in _wds(result):
+            vector = sample["target.npy"]
+            assert vector.dtype == np.uint8 and vector.tolist() == by_key[sample["__key__"]]
+            assert sample["json"]["labels"] == [n for n, v in zip(manifest["target"]["names"], vector, strict=True) if v]
+    else:
+        table = _parquet(result).to_table(columns=["key", "target"])
+        assert dict(zip(table["key"].to_pylist(), table["target"].to_pylist(), strict=True)) == by_key
+    index = pq.read_table(result.version_dir / "_index.parquet")
+    assert index["label"].null_count == index.num_rows and index["target"].to_pylist() == [
+        by_key[k] for k in index["key"].to_pylist()]
+    # a view: the samples with any of these labels, read from the index without decoding the rest
+    view = ShardDataset(result.manifest_path, "train", labels=["mass", "effusion"], shuffle=False)
+    assert sorted(v for v in (item["target"].tolist() for item in view)) == [[1, 0, 0], [1, 0, 1], [1, 1, 1]]
+    batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=5)))
+    assert batch["target"].shape == (5, 3) and batch["target"].dtype == torch.float32 and "label" not in batch
+    _deep_ok(result)
+
+
+def test_zero_one_columns_become_a_multi_hot_vector_in_the_columns_order(tmp_path: Path) -> None:
+    rows = [{"path": "0.png", "nodule": "1", "effusion": "0", "entity": "E0", "timestamp": "2024-01-01"},
+            {"path": "1.png", "nodule": "0", "effusion": "1", "entity": "E1", "timestamp": "2024-01-01"},
+            {"path": "2.png", "nodule": "1", "effusion": "1", "entity": "E2", "timestamp": "2024-01-01"},
+            {"path": "3.png", "nodule": "yes?", "effusion": "1", "entity": "E3", "timestamp": "2024-01-01"}]
+    raw = _photo_table(tmp_path, rows)
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "multilabel", "columns": ["nodule", "effusion"]}}
+    result = _build(_job(tmp_path, [source], validate={"max_bad_fraction": 0.5}))
+    manifest = _manifest(result)
+    assert manifest["target"]["names"] == ["nodule", "effusion"]
+    assert manifest["label_map"] == {"nodule": 0, "effusion": 1}
+    assert sorted(item["target"].tolist() for item in _samples(result)) == [[0, 1], [1, 0], [1, 1]]
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "bad_target" and "'yes?' is not 0 or 1" in record["message"]
+
+
+# -- numbers --------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_numeric_columns_become_a_float32_target_vector(tmp_path: Path, fmt: str) -> None:
+    values = [("63", "1.5"), ("41.25", "0.125"), ("70", "2"), ("abc", "1"), ("", "3"), ("55", "inf")]
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "age": a, "dose": d, "entity": f"E{i}",
+                                   "timestamp": "2024-01-01"} for i, (a, d) in enumerate(values)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "numeric", "columns": ["age", "dose"]}}
+    result = _build(_job(tmp_path, [source], fmt, validate={"max_bad_fraction": 0.6}))
+    manifest = _manifest(result)
+    assert manifest["target"] == {"kind": "numeric", "names": ["age", "dose"]} and manifest["label_map"] == {}
+    stats = manifest["splits"]["train"]["target_stats"]
+    assert stats["age"]["min"] == 41.25 and stats["age"]["max"] == 70 and stats["dose"]["max"] == 2
+    bad = sorted(r["reason"] for r in read_bad_samples(result.version_dir / "bad_samples.jsonl"))
+    assert bad == ["bad_target"] * 3
+    got = sorted(item["target"].tolist() for item in _samples(result))
+    assert got == [[41.25, 0.125], [63.0, 1.5], [70.0, 2.0]]
+    if fmt == "webdataset":
+        assert sorted(s["target.npy"].tolist() for s in _wds(result)) == got
+        assert all(s["target.npy"].dtype == np.float32 for s in _wds(result))
+    _deep_ok(result)
+
+
+def test_numeric_targets_cannot_be_stratified_or_given_class_names(tmp_path: Path) -> None:
+    source = {"kind": "image", "root": str(tmp_path), "table": "t.csv", "name": "ages",
+              "label": {"kind": "numeric", "columns": ["age"]}}
+    with pytest.raises(ConfigError, match="'ages' has numeric targets"):
+        load_job(_job(tmp_path, [source], split={"by": "entity", "ratios": {"train": 1.0}, "stratify": "label"}))
+    with pytest.raises(ConfigError, match="labels: a numeric target has no class names"):
+        load_job(_job(tmp_path, [source], labels=["a"]))
+
+
+def test_sources_of_one_dataset_share_one_target_kind(tmp_path: Path) -> None:
+    sources = [{"kind": "dicom", "root": str(tmp_path), "name": "ct", "label": "none"},
+               {"kind": "image", "root": str(tmp_path), "name": "photos", "label": "folder"}]
+    with pytest.raises(ConfigError, match="'photos' gives class targets, source 'ct' gives none"):
+        load_job(_job(tmp_path, sources))
+
+
+def test_a_multilabel_build_is_byte_reproducible(tmp_path: Path) -> None:
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "findings": ("a|b", "b", "")[i % 3], "entity": f"E{i}",
+                                   "timestamp": "2024-01-01"} for i in range(6)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "multilabel", "column": "findings"}}
+    first = _build(_job(tmp_path / "one", [source], "parquet"))
+    second = _build(_job(tmp_path / "two", [source], "parquet"))
+    assert _manifest(first)["dataset_hash"] == _manifest(second)["dataset_hash"]
