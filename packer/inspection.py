@@ -4,7 +4,11 @@ differ (``diff``) and which versions a registry folder keeps (``ls``).
 Everything here reads manifests through :func:`packer.manifest.read_manifest` (strict), so an
 edited or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
 also reads each version's ``_index.parquet`` (after checking its sha256 against the
-manifest) to compare samples by key and per-sample sha256.
+manifest) to compare samples by key, per-sample sha256 and target.
+
+Each view follows the dataset's target kind (:mod:`packer.targets`): class counts for a class
+target, samples holding each label for multi-label, min/mean/max for numeric targets, nothing
+for an unlabeled dataset.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -23,8 +28,12 @@ from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256, human_bytes
 from packer.manifest import Manifest, read_manifest
+from packer.targets import Target
 
 DEFAULT_REGISTRY = Path("manifests")
+#: the heading of ``inspect``'s per-split target column, by target kind
+TARGET_COLUMN = {"class": "classes", "multilabel": "labels: samples holding each", "numeric": "targets",
+                 "none": "targets"}
 
 
 def inspect_dataset(manifest_path: str | Path) -> dict[str, Any]:
@@ -42,23 +51,43 @@ def _size_stats(sizes: list[int]) -> dict[str, int] | None:
     return {"min": min(sizes), "median": int(statistics.median(sizes)), "max": max(sizes)}
 
 
-def _classes(counts: dict[str, int]) -> dict[str, dict[str, float | int]]:
-    total = sum(counts.values())
+def _classes(counts: dict[str, int], samples: int | None = None) -> dict[str, dict[str, float | int]]:
+    """Per label its count and percent: of all the counts (one class per sample), or of ``samples``
+    (multi-label: a sample may hold several labels, so the counts do not add up to the samples)."""
+    total = sum(counts.values()) if samples is None else samples
     return {label: {"count": n, "percent": round(100 * n / total, 1) if total else 0.0}
             for label, n in sorted(counts.items())}
+
+
+def _pooled_stats(per_split: list[tuple[int, dict[str, dict[str, float]]]]) -> dict[str, dict[str, float]]:
+    """One numeric target_stats over several splits' (samples, target_stats): min of the minima,
+    max of the maxima, the mean weighted by samples."""
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(n for _, stats in per_split for n in stats):
+        parts = [(samples, stats[name]) for samples, stats in per_split if name in stats]
+        weight = sum(samples for samples, _ in parts)
+        out[name] = {"min": min(s["min"] for _, s in parts), "max": max(s["max"] for _, s in parts),
+                     "mean": (sum(samples * s["mean"] for samples, s in parts) / weight) if weight else
+                     statistics.fmean(s["mean"] for _, s in parts)}
+    return out
 
 
 def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The numbers ``packer inspect`` shows, taken from a loaded manifest (no file access).
 
     Keys: name, version, dataset_hash, created_at, format, format_version, packer_version,
-    libraries, decoders, label_map, sample_schema, splits (per split samples, entities,
-    shards, bytes, shard_bytes min/median/max, classes count/percent), totals, inputs,
-    bad_samples, audit (passed + the manifest's audit record), config_hash, config.
+    libraries, decoders, label_map, target (kind and names, :meth:`Target.to_json`),
+    sample_schema, splits (per split samples, entities, shards, bytes, shard_bytes
+    min/median/max, classes count/percent: per class of all samples, per multi-label label of
+    the samples holding it; numeric targets add target_stats min/mean/max per name), totals,
+    inputs, bad_samples, audit (passed + the manifest's audit record), config_hash, config.
     """
+    target = Target.of_manifest(manifest)
+    several = target.kind == "multilabel"
     splits: dict[str, Any] = {}
     all_sizes: list[int] = []
     all_classes: Counter[str] = Counter()
+    all_stats: list[tuple[int, dict[str, dict[str, float]]]] = []
     for split in [s for s in SPLITS if s in manifest["splits"]]:
         entry = manifest["splits"][split]
         sizes = [shard["bytes"] for shard in entry["shards"]]
@@ -66,19 +95,25 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         all_classes.update(entry["class_counts"])
         splits[split] = {"samples": entry["samples"], "entities": entry["entities"], "shards": len(sizes),
                          "bytes": sum(sizes), "shard_bytes": _size_stats(sizes),
-                         "classes": _classes(entry["class_counts"])}
+                         "classes": _classes(entry["class_counts"], entry["samples"] if several else None)}
+        if target.kind == "numeric":
+            splits[split]["target_stats"] = entry.get("target_stats", {})
+            all_stats.append((entry["samples"], splits[split]["target_stats"]))
     bad = manifest["bad_samples"]
     audit = manifest["audit"]
+    samples = sum(s["samples"] for s in splits.values())
+    totals: dict[str, Any] = {"samples": samples, "entities": sum(s["entities"] for s in splits.values()),
+                              "shards": len(all_sizes), "bytes": sum(all_sizes), "shard_bytes": _size_stats(all_sizes),
+                              "classes": _classes(dict(all_classes), samples if several else None)}
+    if target.kind == "numeric":
+        totals["target_stats"] = _pooled_stats(all_stats)
     return {
         "name": manifest["name"], "version": manifest["version"], "dataset_hash": manifest["dataset_hash"],
         "created_at": manifest["created_at"], "format": manifest["format"],
         "format_version": manifest["format_version"], "packer_version": manifest["packer_version"],
         "libraries": manifest["libraries"], "decoders": manifest["decoders"], "label_map": manifest["label_map"],
-        "sample_schema": manifest["sample_schema"], "splits": splits,
-        "totals": {"samples": sum(s["samples"] for s in splits.values()),
-                   "entities": sum(s["entities"] for s in splits.values()),
-                   "shards": len(all_sizes), "bytes": sum(all_sizes), "shard_bytes": _size_stats(all_sizes),
-                   "classes": _classes(dict(all_classes))},
+        "target": target.to_json(), "sample_schema": manifest["sample_schema"], "splits": splits,
+        "totals": totals,
         "inputs": manifest["inputs"],
         "bad_samples": {k: bad[k] for k in ("total", "fraction", "max_fraction", "by_reason", "by_stage")},
         "audit": {"passed": audit.get("passed") if isinstance(audit.get("passed"), bool) else None,
@@ -144,12 +179,41 @@ def _by_value(item: tuple[str, int]) -> int:
     return item[1]
 
 
+def _target_line(summary: dict[str, Any]) -> str:
+    """What ``inspect`` says of the dataset's target: its kind and names."""
+    target = summary.get("target") or {"kind": "class"}
+    kind, names = target["kind"], ", ".join(target.get("names", ()))
+    if kind == "class":
+        return "class: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["label_map"].items(), key=_by_value))
+    if kind == "multilabel":
+        return f"multilabel: {names or '-'} (a sample holds any number of them)"
+    if kind == "numeric":
+        return f"numeric: {names or '-'}"
+    return "none: unlabeled (no targets)"
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, int | float) else "-"
+
+
+def _target_cells(kind: str, entry: dict[str, Any]) -> str:
+    """One split's target column of the ``inspect`` table."""
+    if kind == "numeric":
+        stats = entry.get("target_stats") or {}
+        return "; ".join(f"{name} min {_number(s.get('min'))} mean {_number(s.get('mean'))} max "
+                         f"{_number(s.get('max'))}" for name, s in stats.items()) or "-"
+    if kind == "none":
+        return "unlabeled"
+    return ", ".join(f"{k} {v['count']} ({v['percent']:.1f}%)" for k, v in entry["classes"].items()) or "-"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The text ``packer inspect`` prints for a :func:`summarize_manifest` dict."""
     libs = ", ".join(f"{k} {v}" for k, v in sorted(summary["libraries"].items()) if k != "packer")
     by_decoder = Counter(summary["decoders"].values())
     schema = summary["sample_schema"]
     shapes = "; ".join(f"{src} {', '.join(map(str, s))}" for src, s in sorted(schema["shapes"].items()))
+    kind = (summary.get("target") or {}).get("kind", "class")
     lines = [
         f"dataset {summary['name']} version {summary['version']}",
         f"  dataset_hash  {summary['dataset_hash']}",
@@ -158,15 +222,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  packer        {summary['packer_version']}; {libs}",
         "  decoders      " + (", ".join(f"{d} ({n} transfer syntaxes)" for d, n in sorted(by_decoder.items())) or "-"),
         f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}",
-        "  labels        " + ", ".join(f"{k} {v}" for k, v in sorted(summary["label_map"].items(), key=_by_value)),
+        f"  target        {_target_line(summary)}",
         "",
-        f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   classes",
+        f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   {TARGET_COLUMN.get(kind, kind)}",
     ]
     rows = [*summary["splits"].items(), ("total", summary["totals"])]
     for split, entry in rows:
-        classes = ", ".join(f"{k} {v['count']} ({v['percent']:.1f}%)" for k, v in entry["classes"].items()) or "-"
         lines.append(f"  {split:<7}{entry['samples']:>8}{entry['entities']:>10}{entry['shards']:>8}"
-                     f"{human_bytes(entry['bytes']):>12}   {classes}")
+                     f"{human_bytes(entry['bytes']):>12}   {_target_cells(kind, entry)}")
     sizes = summary["totals"]["shard_bytes"]
     if sizes:
         lines.append(f"  shard size    min {human_bytes(sizes['min'])}  median {human_bytes(sizes['median'])}  "
@@ -195,19 +258,40 @@ def format_summary(summary: dict[str, Any]) -> str:
 # -- diff -------------------------------------------------------------------------------------------
 
 
+#: Target values of one sample, name → value: 0/1 per label (multilabel), the numbers (numeric).
+TargetValues = tuple[tuple[str, float], ...]
+#: ``by_label``'s name for a multi-label sample that holds none of the labels
+NO_LABEL = "(none)"
+
+
 @dataclass(frozen=True)
 class SampleChange:
-    """One sample present in either version: where it was and where it is (None: absent)."""
+    """One sample present in either version: where it was and where it is (None: absent).
+
+    ``old_label``/``new_label``: its target as text (the class name, the labels held, the numbers;
+    :meth:`Target.describe`); ``old_target``/``new_target``: a multi-label or numeric sample's values.
+    """
 
     key: str
     old_split: str | None
     new_split: str | None
     old_label: str | None
     new_label: str | None
+    old_target: TargetValues | None = None
+    new_target: TargetValues | None = None
 
-    def to_json(self) -> dict[str, str | None]:
-        return {"key": self.key, "old_split": self.old_split, "new_split": self.new_split,
-                "old_label": self.old_label, "new_label": self.new_label}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "old_split": self.old_split, "new_split": self.new_split,
+                               "old_label": self.old_label, "new_label": self.new_label}
+        if self.old_target is not None or self.new_target is not None:
+            out["old_target"] = None if self.old_target is None else dict(self.old_target)
+            out["new_target"] = None if self.new_target is None else dict(self.new_target)
+        return out
+
+
+def _held(values: TargetValues | None) -> set[str]:
+    """The labels a multi-label sample holds."""
+    return {name for name, value in values or () if value}
 
 
 @dataclass(frozen=True)
@@ -228,7 +312,9 @@ class DatasetDiff:
     """What changed from ``old`` to ``new``. Sample lists are sorted by key.
 
     ``changed``: same key, different per-sample sha256 (only when ``content_compared``);
-    ``moved``: same key, different split; ``relabeled``: same key, different label name.
+    ``moved``: same key, different split; ``relabeled``: same key, different target (class name,
+    set of labels held, numbers). ``target_kind`` is the versions' target kind, ``mixed`` when
+    they differ (then no sample counts as relabeled; ``notes`` says so).
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
     """
 
@@ -244,6 +330,7 @@ class DatasetDiff:
     config: tuple[ValueChange, ...]
     versions: tuple[ValueChange, ...]
     notes: tuple[str, ...]
+    target_kind: str = "class"
 
     @property
     def empty(self) -> bool:
@@ -263,15 +350,40 @@ class DatasetDiff:
         return {split: dict(sorted(out[split].items())) for split in sorted(out, key=_split_order)}
 
     def by_label(self) -> dict[str, dict[str, int]]:
-        """Per label name: added, removed, changed, relabeled_in, relabeled_out."""
+        """Per label name: added, removed, changed, relabeled_in, relabeled_out.
+
+        class: by the sample's class. multilabel: a sample counts under each label it holds
+        (``NO_LABEL`` when none); relabeled_in counts the samples that gained the label,
+        relabeled_out those that lost it. numeric: per target name, ``relabeled`` counts the
+        samples whose value of it changed. Empty for unlabeled datasets and mixed kinds.
+        """
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
-                                  ("changed", self.changed, "new")):
-            for item in items:
-                out[str(getattr(item, f"{side}_label"))][kind] += 1
-        for item in self.relabeled:
-            out[str(item.new_label)]["relabeled_in"] += 1
-            out[str(item.old_label)]["relabeled_out"] += 1
+        if self.target_kind == "multilabel":
+            for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
+                                      ("changed", self.changed, "new")):
+                for item in items:
+                    for name in _held(getattr(item, f"{side}_target")) or {NO_LABEL}:
+                        out[name][kind] += 1
+            for item in self.relabeled:
+                old, new = _held(item.old_target), _held(item.new_target)
+                for name in new - old:
+                    out[name]["relabeled_in"] += 1
+                for name in old - new:
+                    out[name]["relabeled_out"] += 1
+        elif self.target_kind == "numeric":
+            for item in self.relabeled:
+                before, after = dict(item.old_target or ()), dict(item.new_target or ())
+                for name in sorted(before.keys() | after.keys()):
+                    if before.get(name) != after.get(name):
+                        out[name]["relabeled"] += 1
+        elif self.target_kind == "class":
+            for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
+                                      ("changed", self.changed, "new")):
+                for item in items:
+                    out[str(getattr(item, f"{side}_label"))][kind] += 1
+            for item in self.relabeled:
+                out[str(item.new_label)]["relabeled_in"] += 1
+                out[str(item.old_label)]["relabeled_out"] += 1
         return {label: dict(sorted(out[label].items())) for label in sorted(out)}
 
     def to_json(self) -> dict[str, Any]:
@@ -304,9 +416,11 @@ def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[ValueChange, 
 
 
 def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
-    """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, sha256}}`` with label
-    names; None when the file is absent (a registry copy). IntegrityError when it does not
-    match the manifest's recorded sha256."""
+    """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, target, sha256}}``:
+    ``label`` the sample's target as text (class name, labels held, numbers), ``target`` a
+    multi-label or numeric sample's :data:`TargetValues` (None for other kinds); None when the
+    file is absent (a registry copy). IntegrityError when it does not match the manifest's
+    recorded sha256, or when a multi-label or numeric dataset's index has no ``target`` column."""
     entry = manifest.data["index"]
     path = Path(manifest.locate(entry["file"]))
     if not path.is_file():
@@ -315,19 +429,52 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     if (size, digest) != (entry["bytes"], entry["sha256"]):
         raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
                              f"{manifest.folder}` and rebuild the version")
+    target = Target.of_manifest(manifest.data)
+    columns = ["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
     try:
-        rows = pq.read_table(path, columns=["key", "split", "label", "sha256"]).to_pylist()
+        if target.has_vector and "target" not in pq.read_schema(path).names:
+            raise IntegrityError(f"{path}: no target column, but the manifest's target kind is {target.kind}; "
+                                 f"rebuild the version with this packer")
+        rows = pq.read_table(path, columns=columns).to_pylist()
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
+    if target.has_vector:
+        return {row["key"]: {"split": row["split"], "sha256": row["sha256"], **_vector_target(target, row["target"])}
+                for row in rows}
+    if target.kind == "none":
+        return {row["key"]: {"split": row["split"], "label": target.describe(None, None), "target": None,
+                             "sha256": row["sha256"]} for row in rows}
     names = {index: name for name, index in manifest.label_map.items()}
     return {row["key"]: {"split": row["split"], "label": names.get(row["label"], str(row["label"])),
-                         "sha256": row["sha256"]} for row in rows}
+                         "target": None, "sha256": row["sha256"]} for row in rows}
+
+
+def _vector_target(target: Target, vector: list[float] | None) -> dict[str, Any]:
+    """The ``label`` (text) and ``target`` (:data:`TargetValues`) of an index row's target vector."""
+    if vector is None:
+        return {"label": "(no target)", "target": ()}
+    values = np.asarray(vector, dtype=target.vector_dtype)
+    pairs: TargetValues
+    if target.kind == "multilabel":
+        pairs = tuple((name, int(v)) for name, v in zip(target.names, values.tolist(), strict=False))
+    else:  # float32 numbers by their shortest text (0.1, not 0.10000000149011612): one float32, one value
+        pairs = tuple((name, float(str(v))) for name, v in zip(target.names, values, strict=False))
+    return {"label": target.describe(None, values), "target": pairs}
+
+
+def _relabeled(kind: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a sample's target differs between two versions of one target kind."""
+    if kind == "multilabel":
+        return _held(old["target"]) != _held(new["target"])
+    if kind == "numeric":
+        return dict(old["target"]) != dict(new["target"])
+    return bool(old["label"] != new["label"])
 
 
 def _side(manifest: Manifest) -> dict[str, Any]:
     return {"manifest": manifest.location, "name": manifest.name, "version": manifest.version,
             "dataset_hash": manifest.dataset_hash, "format": manifest.format,
-            "samples": manifest.data["inputs"]["samples"]}
+            "samples": manifest.data["inputs"]["samples"], "target": Target.of_manifest(manifest.data).to_json()}
 
 
 def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
@@ -351,12 +498,18 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     if not content:
         notes.append(f"formats differ ({old['format']} vs {new['format']}): per-sample sha256 hash different "
                      "bytes (.npy member vs raw image), so content changes are not compared")
+    old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
+    kind = old_target.kind if old_target.kind == new_target.kind else "mixed"
+    if kind == "mixed":
+        notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
+                     "targets are not compared per sample, so none is listed as relabeled")
     lists: dict[str, list[SampleChange]] = defaultdict(list)
     if old_rows is not None and new_rows is not None:
         for key in sorted(set(old_rows) | set(new_rows)):
             a, b = old_rows.get(key), new_rows.get(key)
             change = SampleChange(key, old_split=a["split"] if a else None, new_split=b["split"] if b else None,
-                                  old_label=a["label"] if a else None, new_label=b["label"] if b else None)
+                                  old_label=a["label"] if a else None, new_label=b["label"] if b else None,
+                                  old_target=a["target"] if a else None, new_target=b["target"] if b else None)
             if a is None:
                 lists["added"].append(change)
             elif b is None:
@@ -366,7 +519,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                     lists["changed"].append(change)
                 if a["split"] != b["split"]:
                     lists["moved"].append(change)
-                if a["label"] != b["label"]:
+                if kind != "mixed" and _relabeled(kind, a, b):
                     lists["relabeled"].append(change)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
@@ -376,7 +529,12 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        samples_compared=old_rows is not None and new_rows is not None, content_compared=content,
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
-                       config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes))
+                       config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
+                       target_kind=kind)
+
+
+def _target_text(target: Target) -> str:
+    return f"{target.kind}" + (f" ({', '.join(target.names)})" if target.names else "")
 
 
 def _value(value: Any) -> str:

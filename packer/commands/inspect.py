@@ -24,9 +24,11 @@ def inspect_command(manifest: Path, as_json: bool) -> None:
     """Summarise a built dataset: MANIFEST is its manifest.json, the version folder, or a registry copy.
 
     Shows name, version, dataset_hash, created_at, format, packer and library versions, DICOM
-    decoders, per split samples/entities/shards/bytes and class balance, shard sizes, the
-    sample schema, bad-sample reasons, the split audit and the config. Reads only the manifest;
-    exits 5 if it fails its hash (run `packer verify` to check the shards too).
+    decoders, the target kind and names, per split samples/entities/shards/bytes and targets
+    (class balance; samples holding each label for multi-label; min/mean/max for numeric
+    targets; "unlabeled"), shard sizes, the sample schema, bad-sample reasons, the split audit
+    and the config. Reads only the manifest; exits 5 if it fails its hash (run `packer verify`
+    to check the shards too).
     """
     from packer.inspection import format_summary, inspect_dataset
 
@@ -48,8 +50,10 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     """Compare two built versions OLD and NEW (manifests or version folders).
 
     Samples added, removed and changed (by key; content by the per-sample sha256 in each
-    _index.parquet), samples that moved split or changed label, per split and per label; then
-    the config differences (key paths) and packer/library/decoder version differences.
+    _index.parquet), samples that moved split or changed target (class, multi-label labels or
+    numbers: "relabeled"), per split and per label; then the config differences (key paths) and
+    packer/library/decoder version differences. Versions of different target kinds are
+    compared without per-sample targets, with a note saying so.
     A difference is not an error: exits 0 (5 only if a manifest or index fails its hash).
     """
     from packer.inspection import diff_datasets, format_diff

@@ -16,8 +16,9 @@ from packer.commands import exits
 @exits
 def report(manifest: Path, output: Path | None) -> None:
     """Write one self-contained HTML report of the dataset version at MANIFEST (its manifest.json
-    or the version folder): summary, splits and label balance, contact sheets, intensity
-    histograms, bad samples and the leakage audit.
+    or the version folder): summary, splits and targets (label balance, per-label shares for
+    multi-label, value histograms for numeric targets), contact sheets, intensity histograms,
+    bad samples and the leakage audit.
 
     \b
     The file has inline CSS and images, no scripts and no network access, so it opens from

@@ -3,11 +3,12 @@
 One file, inline CSS and SVG, thumbnails as PNG data URIs, no script and no network
 (a Content-Security-Policy forbids any fetch), so it opens from ``file://`` anywhere.
 Sections, each an ``<h2>`` with a stable id: ``summary``, ``splits``, ``contact-sheets``,
-``intensities``, ``bad-samples``, ``leakage-audit``.
+``intensities``, ``bad-samples``, ``leakage-audit``. What the splits section and the contact
+sheets say of the targets follows the dataset's target kind (``balance.py``, ``collect.py``).
 
 Contact sheets and histograms read a bounded, seeded selection of samples through the
 sample index, so the file's size (≈ ≤ 10 MB) and most of its build time do not grow with the
-dataset. What it shows is what the shards already hold (keys, labels, entity ids as stored,
+dataset. What it shows is what the shards already hold (keys, targets, entity ids as stored,
 pixels, window names), plus the manifest; raw paths appear only in the bad-samples section,
 which is marked sensitive, because ``bad_samples.jsonl`` holds them.
 """

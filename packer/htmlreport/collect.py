@@ -3,9 +3,13 @@
 Everything here is bounded independently of the dataset's size except the index, which stays
 in Arrow columns and numpy arrays (tens of bytes a sample, no Python object per sample): at most
 ``histogram_samples`` samples per split are decoded for histograms and at most
-``sheet_columns × sheet_rows`` per (split, label) for contact sheets, and only those and the
+``sheet_columns × sheet_rows`` per (split, group) for contact sheets, and only those and the
 duplicate-group members become :class:`IndexEntry` objects. Arrays are dropped as soon as they
 are counted and encoded.
+
+A contact-sheet group follows the dataset's target (:mod:`packer.targets`): the class label; each
+label a multi-label sample holds (it appears under each, under ``NO_LABEL`` when it holds none);
+the source for numeric and unlabeled datasets.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ import numpy as np
 from packer.badsamples import REPORT_FILE, read_bad_samples
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
-from packer.htmlreport.stats import ChannelHistograms, channel_counts
+from packer.htmlreport.stats import ChannelHistograms, ValueHistogram, channel_counts, value_histograms
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
+from packer.targets import Target
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 SPLIT_ORDER = ("train", "valid", "test")
 SMALL_PX = 64
+NO_LABEL = "(no label)"  # the contact-sheet group of multi-label samples that hold none of the labels
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class ReportLimits:
     thumb_px: int = 128             # longest side of every thumbnail
     sheet_columns: int = 8
     sheet_rows: int = 4
-    labels_per_split: int = 12      # contact-sheet grids per split (the most frequent labels)
+    labels_per_split: int = 12      # contact-sheet grids per split (the most frequent labels or sources)
     histogram_samples: int = 2000   # samples per split counted into the histograms
     bad_rows: int = 500             # bad-sample table rows
     listed_rows: int = 500          # entity-overlap and duplicate-pair rows
@@ -57,7 +63,8 @@ class ReportLimits:
 
 @dataclass(frozen=True)
 class SheetItem:
-    """One contact-sheet cell: the sample's identity and its panes.
+    """One contact-sheet cell: the sample's identity, its target as text (:meth:`ReportData.describe`)
+    and its panes.
 
     ``small`` holds the same panes at half the size (at most 64 px) for sheets that would
     overrun the image budget at full size; it is ``panes`` itself when those are already small.
@@ -93,13 +100,24 @@ class ReportData:
     # key; not every row: a dict of all of them was most of the report's memory on a large dataset
     entries: dict[str, IndexEntry] = field(default_factory=dict)
     sheets: dict[tuple[str, str], list[SheetItem]] = field(default_factory=dict)
+    # per split, samples per contact-sheet group (a multi-label sample counts under each label it holds)
     label_totals: dict[str, Counter[str]] = field(default_factory=dict)
+    split_totals: dict[str, int] = field(default_factory=dict)  # samples per split in the index
     histograms: dict[tuple[str, str, int], ChannelHistograms] = field(default_factory=dict)
     histogram_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # split -> (counted, all)
     duplicate_panes: dict[str, Pane] = field(default_factory=dict)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     bad_records: list[dict[str, Any]] | None = None
     bad_note: str | None = None
+    target: Target = field(default_factory=lambda: Target("class"))
+    value_histograms: list[ValueHistogram] = field(default_factory=list)  # numeric targets, from the index
+
+    def describe(self, entry: IndexEntry) -> str:
+        """The target of the sample ``entry`` as text: its class name, its labels, its numbers."""
+        if self.target.kind == "class":
+            return str(entry.label) if entry.label is None else self.label_names.get(entry.label, str(entry.label))
+        vector = None if entry.target is None else np.asarray(entry.target)
+        return self.target.describe(None, vector)
 
 
 def ordered_splits(manifest: dict[str, Any]) -> list[str]:
@@ -118,24 +136,50 @@ def _first_per_group(ranked: np.ndarray, group: np.ndarray, limit: int) -> np.nd
     return ranked[keep]
 
 
-def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
-    """Histogram keys (first N per split) and contact-sheet keys (first M per split and label).
+def _groups(index: SampleIndex, data: ReportData) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
+    """What the contact sheets group samples by: the row of each member (None: member i is row i),
+    the group number of each member and the groups' names.
 
-    "First" is the order of ``selection_rank``; labels count per split into ``data.label_totals``
-    in the order they first occur in the index (``most_common`` breaks ties by it). Works on
-    per-row codes, so only the selected keys become Python objects.
+    class: its label (by ``label_names``); multilabel: one member per label it holds, by row then
+    label position, or one in ``NO_LABEL``; numeric and none: its source.
+    """
+    if data.target.kind == "class":
+        label_code, label_values = index.codes("label")
+        return None, label_code, [data.label_names.get(value, str(value)) for value in label_values]
+    if data.target.kind != "multilabel":
+        source_code, sources = index.codes("source")
+        return None, source_code, [str(source) for source in sources]
+    rows, positions = index.positives()
+    names = list(data.target.names)
+    names += [str(p) for p in range(len(names), int(positions.max(initial=-1)) + 1)]  # beyond the manifest's
+    unlabeled = np.ones(len(index), dtype=bool)
+    unlabeled[rows] = False
+    none_rows = np.flatnonzero(unlabeled)
+    member_rows = np.concatenate((rows, none_rows))
+    member_codes = np.concatenate((positions, np.full(len(none_rows), len(names), dtype=np.int64)))
+    order = np.lexsort((member_codes, member_rows))
+    return member_rows[order], member_codes[order], [*names, NO_LABEL]
+
+
+def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
+    """Histogram keys (first N per split) and contact-sheet keys (first M per split and group, see
+    :func:`_groups`).
+
+    "First" is the order of ``selection_rank``; groups count per split into ``data.label_totals``
+    in the order they first occur in the index (``most_common`` breaks ties by it), samples per
+    split into ``data.split_totals``. Works on per-row codes, so only the selected keys become
+    Python objects.
     """
     limits = data.limits
     ranked = index.rank_order(str(data.manifest.get("dataset_hash", "")))  # first: its peak is the largest
     split_code, split_names = index.codes("split")
-    label_code, label_values = index.codes("label")
-    pairs, first, pair_of_row, counts = np.unique(split_code * len(label_values) + label_code, return_index=True,
-                                                  return_inverse=True, return_counts=True)
-    del label_code
-    pair_cells: list[tuple[str, str]] = []
-    for pair in pairs.tolist():
-        value = label_values[pair % len(label_values)]
-        pair_cells.append((split_names[pair // len(label_values)], data.label_names.get(value, str(value))))
+    member_rows, group_code, group_names = _groups(index, data)
+    width = len(group_names)
+    member_split = split_code if member_rows is None else split_code[member_rows]
+    pairs, first, pair_of_member, counts = np.unique(member_split * width + group_code, return_index=True,
+                                                     return_inverse=True, return_counts=True)
+    del group_code, member_split
+    pair_cells = [(split_names[pair // width], group_names[pair % width]) for pair in pairs.tolist()]
     for p in np.argsort(first, kind="stable").tolist():
         split, label = pair_cells[p]
         data.label_totals.setdefault(split, Counter())[label] += int(counts[p])
@@ -144,13 +188,24 @@ def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[
     number = {cell: i for i, cell in enumerate(shown)}
     cell_of_pair = np.array([number.get(cell, -1) for cell in pair_cells], dtype=np.int64)  # -1: no sheet
     histogram = set(index.keys_at(_first_per_group(ranked, split_code, limits.histogram_samples)))
-    cell_of_row = cell_of_pair[pair_of_row]
-    sheet_rows = _first_per_group(ranked[cell_of_row[ranked] >= 0], cell_of_row, limits.per_sheet)
+    cell_of_member = cell_of_pair[pair_of_member]
+    if member_rows is None:
+        ranked_members = ranked
+    else:  # a row's members in the row's rank, in member order among themselves
+        rank_of_row = np.empty(len(ranked), dtype=np.int64)
+        rank_of_row[ranked] = np.arange(len(ranked))
+        ranked_members = np.argsort(rank_of_row[member_rows], kind="stable")
+    sheet_members = _first_per_group(ranked_members[cell_of_member[ranked_members] >= 0], cell_of_member,
+                                     limits.per_sheet)
+    sheet_rows = sheet_members if member_rows is None else member_rows[sheet_members]
     sheets: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for cell, key in zip(cell_of_row[sheet_rows].tolist(), index.keys_at(sheet_rows), strict=True):
+    for cell, key in zip(cell_of_member[sheet_members].tolist(), index.keys_at(sheet_rows), strict=True):
         sheets[shown[cell]].append(key)
+    splits, split_first, split_counts = np.unique(split_code, return_index=True, return_counts=True)
+    data.split_totals = {split_names[splits[i]]: int(split_counts[i])
+                         for i in np.argsort(split_first, kind="stable").tolist()}
     data.histogram_totals = {split: (min(limits.histogram_samples, total), total)
-                             for split, total in ((s, sum(t.values())) for s, t in data.label_totals.items())}
+                             for split, total in data.split_totals.items()}
     return histogram, dict(sheets)
 
 
@@ -162,18 +217,22 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         manifest=manifest, folder=folder, limits=limits, splits=ordered_splits(manifest),
         kinds={str(s.get("name")): str(s.get("kind")) for s in config.get("sources", []) if isinstance(s, dict)},
         label_names={int(v): str(k) for k, v in manifest.get("label_map", {}).items()},
-        audit=read_audit(manifest, folder), warnings=list(warnings or []))
+        audit=read_audit(manifest, folder), warnings=list(warnings or []), target=_target(manifest))
     index, data.index_note = load_index(folder, manifest)
     data.index_size = len(index)
     histogram_keys, sheet_keys = _select(index, data)
-    sheet_of = {key: cell for cell, keys in sheet_keys.items() for key in keys}
+    if data.target.kind == "numeric":
+        split_code, split_names = index.codes("split")
+        data.value_histograms = value_histograms(data.target.names, index.vectors(len(data.target.names)),
+                                                 split_code, split_names)
+    on_sheets = {key for keys in sheet_keys.values() for key in keys}
     members = {m.key for g in data.audit.groups for m in g.members}
-    data.entries = index.entries(histogram_keys | sheet_of.keys() | members)
+    data.entries = index.entries(histogram_keys | on_sheets | members)
     del index  # the columns are not needed past this point
     data.audit.groups = [_locate(g, data.entries) for g in data.audit.groups]
     duplicate_keys = {m.key for g in data.audit.groups[: limits.duplicate_thumbs]
                       for m in g.members[: limits.group_members]} & data.entries.keys()
-    wanted = histogram_keys | sheet_of.keys() | duplicate_keys
+    wanted = histogram_keys | on_sheets | duplicate_keys
     items: dict[str, SheetItem] = {}
     kinds, px = data.kinds, limits.thumb_px
 
@@ -181,17 +240,26 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         if not isinstance(result, PackedSample):
             return result
         return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
-                       sheet=result.entry.key in sheet_of, duplicate=result.entry.key in duplicate_keys)
+                       sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys)
 
     samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
     for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
         if not isinstance(rendered, _Rendered):
             data.unreadable.append((rendered[0].key, rendered[1]))
             continue
-        _add_rendered(data, rendered, sheet_of, items)
+        _add_rendered(data, rendered, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
     return data
+
+
+def _target(manifest: dict[str, Any]) -> Target:
+    """The manifest's target; a class target when its ``target`` record is not one this packer
+    knows (the report still shows what it can, under the manifest's warning)."""
+    try:
+        return Target.of_manifest(manifest)
+    except (ValueError, KeyError, TypeError):
+        return Target.of_manifest({"label_map": manifest.get("label_map", {})})
 
 
 def _locate(group: DuplicateGroup, by_key: Mapping[str, IndexEntry]) -> DuplicateGroup:
@@ -233,8 +301,7 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
                      panes=panes, small=small, duplicate=composite_pane(chw, thumb_px) if duplicate else None)
 
 
-def _add_rendered(data: ReportData, rendered: _Rendered, sheet_of: dict[str, tuple[str, str]],
-                  items: dict[str, SheetItem]) -> None:
+def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
     entry = rendered.entry
     if rendered.counts is not None:
         slot = (entry.split, entry.source, rendered.channels)
@@ -242,7 +309,7 @@ def _add_rendered(data: ReportData, rendered: _Rendered, sheet_of: dict[str, tup
             data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
         data.histograms[slot].add_counts(rendered.counts, rendered.dtype)
     if rendered.panes is not None and rendered.small is not None:
-        items[entry.key] = SheetItem(key=entry.key, label=sheet_of[entry.key][1], entity_id=entry.entity_id,
+        items[entry.key] = SheetItem(key=entry.key, label=data.describe(entry), entity_id=entry.entity_id,
                                      source=entry.source, channels=rendered.names, panes=rendered.panes,
                                      small=rendered.small)
     if rendered.duplicate is not None:

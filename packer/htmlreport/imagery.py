@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packer.htmlreport.collect import ReportData, SheetItem
+from packer.htmlreport.collect import NO_LABEL, ReportData, SheetItem
 from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
 from packer.htmlreport.sections import section
 from packer.htmlreport.stats import ChannelHistograms
@@ -10,6 +10,8 @@ from packer.htmlreport.svg import histogram_chart
 from packer.htmlreport.thumbs import Pane
 
 DISPLAY_PX = 96  # largest displayed side of a pane (thumbnails keep up to thumb_px pixels)
+# how a caption names the sample's target, per target kind (an unlabeled sample's caption has none)
+CAPTION_FIELD = {"class": "label", "multilabel": "labels", "numeric": "target"}
 
 
 def _display_size(pane: Pane) -> tuple[int, int]:
@@ -17,8 +19,10 @@ def _display_size(pane: Pane) -> tuple[int, int]:
     return round(pane.width * scale), round(pane.height * scale)
 
 
-def _cell(item: SheetItem, small: bool) -> str:
-    caption = f"{item.key}\nlabel: {item.label}\nentity_id: {item.entity_id}\nsource: {item.source}"
+def _cell(item: SheetItem, small: bool, kind: str) -> str:
+    field = CAPTION_FIELD.get(kind)
+    caption = (f"{item.key}\n" + (f"{field}: {item.label}\n" if field else "")
+               + f"entity_id: {item.entity_id}\nsource: {item.source}")
     if len(item.panes) > 1 or item.panes[0].name not in ("RGB", "grey"):
         caption += f"\nchannels: {', '.join(item.channels)}"
     imgs = []
@@ -55,8 +59,22 @@ def _fit(items: list[SheetItem], budget: int) -> tuple[list[SheetItem], bool, in
     return shown, True, used
 
 
+def _sheet_words(kind: str) -> tuple[str, str, str, str]:
+    """For a target kind: what a grid groups by, its heading's prefix, what hovering shows of the
+    target, and a sentence of the lead about the grouping."""
+    if kind == "multilabel":
+        return "label", "", "labels", f" A sample appears under each label it holds; {NO_LABEL} holds those with none."
+    if kind == "numeric":
+        return "source", "source ", "target values", ""
+    if kind == "none":
+        return "source", "source ", "source", " The dataset is unlabeled (no targets)."
+    return "label", "", "label", ""
+
+
 def render_contact_sheets(data: ReportData) -> str:
     limits = data.limits
+    kind = data.target.kind
+    group, prefix, hover, grouping = _sheet_words(kind)
     budget = int(limits.image_bytes * (1 - limits.duplicate_share))
     grids_left = sum(1 for items in data.sheets.values() if items)
     blocks = []
@@ -75,21 +93,22 @@ def render_contact_sheets(data: ReportData) -> str:
             dropped = len(items) - len(shown)
             extra = (" · reduced thumbnails" if small and any(i.small is not i.panes for i in shown) else "")
             extra += f" · {dropped} not shown (report size budget)" if dropped else ""
-            parts.append(f'<div class="sheet"><h4>{esc(label)} <span class="muted">{len(shown)} of {count:,} shown'
-                         f'{extra}</span></h4>{"<br>".join(legends)}'
-                         f'<div class="grid">{"".join(_cell(i, small) for i in shown)}</div></div>')
+            parts.append(f'<div class="sheet"><h4>{esc(prefix + label)} <span class="muted">{len(shown)} of {count:,} '
+                         f'shown{extra}</span></h4>{"<br>".join(legends)}'
+                         f'<div class="grid">{"".join(_cell(i, small, kind) for i in shown)}</div></div>')
         hidden = len(totals) - min(len(totals), limits.labels_per_split)
-        more = note(f"{hidden} less frequent labels not shown.", "muted") if hidden > 0 else ""
+        more = note(f"{hidden} less frequent {group}s not shown.", "muted") if hidden > 0 else ""
+        samples = data.split_totals.get(split, sum(totals.values()))
         blocks.append(f'<details open class="split"><summary><i class="dot" style="background:{split_color(split)}">'
-                      f'</i>{esc(split)} <span class="muted">{sum(totals.values()):,} samples</span></summary>'
+                      f'</i>{esc(split)} <span class="muted">{samples:,} samples</span></summary>'
                       f'{"".join(parts)}{more}</details>')
     unreadable = ""
     if data.unreadable:
         first = "; ".join(f"{esc(k)} ({esc(r)})" for k, r in data.unreadable[:10])
         unreadable = note(f"{len(data.unreadable):,} selected samples could not be read: {first}", "warn")
-    lead = (f"Up to {limits.sheet_columns}×{limits.sheet_rows} samples per split and label, picked by "
-            "sha256(dataset_hash, key) so the same dataset always shows the same samples. Multi-channel DICOM "
-            "samples show each window in grey, then a colour composite. Hover a thumbnail for its key, label, "
+    lead = (f"Up to {limits.sheet_columns}×{limits.sheet_rows} samples per split and {group}, picked by "
+            f"sha256(dataset_hash, key) so the same dataset always shows the same samples.{grouping} Multi-channel "
+            f"DICOM samples show each window in grey, then a colour composite. Hover a thumbnail for its key, {hover}, "
             "entity and windows.")
     if data.index_note:
         unreadable += note(esc(data.index_note), "warn")

@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from packer.files import human_bytes
+from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
 from packer.htmlreport.findings import DuplicateGroup
-from packer.htmlreport.markup import esc, note, num, palette, split_color, swatch_legend, table
-from packer.htmlreport.svg import bar_chart, share_chart, timeline_chart
+from packer.htmlreport.markup import esc, note, num, split_color, table
+from packer.htmlreport.svg import bar_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
 from packer.storage import is_url
 
@@ -28,7 +29,6 @@ SECTION_IDS = {
     "bad-samples": "Bad samples",
     "leakage-audit": "Leakage audit",
 }
-LABEL_ROWS = 50
 
 
 def section(ident: str, body: str, lead: str = "") -> str:
@@ -63,6 +63,7 @@ def render_summary(data: ReportData) -> str:
     schema = m.get("sample_schema", {})
     shapes = "; ".join(f"{esc(src)} {' / '.join('×'.join(map(str, s)) for s in shp)}"
                        for src, shp in schema.get("shapes", {}).items()) or "-"
+    target_name, target_value, target_field = target_fact(data)
     facts = [
         _fact("Name", esc(m.get("name", "?")), field="name"),
         _fact("Version", esc(m.get("version", "?")), field="version", mono=True),
@@ -74,7 +75,7 @@ def render_summary(data: ReportData) -> str:
               f'{int(inputs.get("files", 0)):,} input files</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
-        _fact("Labels", esc(", ".join(m.get("label_map", {})) or "-"), field="label_map"),
+        _fact(target_name, target_value, field=target_field),
         _fact("Sample schema", f'{esc(schema.get("dtype") or "mixed")} {esc(schema.get("layout", ""))}: {shapes}'),
         _fact("packer", esc(m.get("packer_version", "?")), field="packer_version"),
     ]
@@ -153,10 +154,6 @@ def render_splits(data: ReportData) -> str:
     m = data.manifest
     splits = m.get("splits", {})
     ranges = data.audit.time_ranges
-    labels = list(m.get("label_map", {}))
-    for split in data.splits:
-        labels += [k for k in splits[split].get("class_counts", {}) if k not in labels]
-    colors = palette(labels)
     rows = []
     for split in data.splits:
         entry = splits[split]
@@ -167,20 +164,7 @@ def render_splits(data: ReportData) -> str:
                     + (f"<td>{when}</td>" if ranges else "") + "</tr>")
     headers = ["split", "samples", "entities"] + (["time range (first → last record)"] if ranges else [])
     overview = table(headers, rows, table_id="splits-table", cls="data", numeric=(1, 2))
-    share = share_chart([(s, [(lab, int(splits[s].get("class_counts", {}).get(lab, 0))) for lab in labels])
-                         for s in data.splits], colors, label="label balance per split")
-    label_rows = []
-    for lab in labels[:LABEL_ROWS]:
-        cells = [int(splits[s].get("class_counts", {}).get(lab, 0)) for s in data.splits]
-        label_rows.append(f'<tr><th scope="row"><i class="dot" style="background:{colors[lab]}"></i>{esc(lab)}</th>'
-                          + "".join(num(c) for c in cells) + num(sum(cells)) + "</tr>")
-    more = note(f"{len(labels) - LABEL_ROWS:,} more labels not listed.", "muted") if len(labels) > LABEL_ROWS else ""
-    counts = table(["label", *data.splits, "total"], label_rows, table_id="label-counts", cls="data compact",
-                   numeric=tuple(range(1, len(data.splits) + 2)))
-    legend = swatch_legend({k: colors[k] for k in labels[:LABEL_ROWS]})
-    body = (f"{overview}<h3>Label balance</h3>{legend}{share}"
-            f"<details><summary>Samples per label and split</summary>{counts}{more}</details>{_timeline(data)}")
-    return section("splits", body)
+    return section("splits", f"{overview}{render_balance(data)}{_timeline(data)}")
 
 
 def common_folder(paths: Sequence[str]) -> str:

@@ -9,6 +9,9 @@ The index stays in Arrow columns (:class:`SampleIndex`, about 60 bytes a row) an
 and grouped in numpy; only the rows the report names become Python objects. One
 :class:`IndexEntry` per row, with its strings and its sha256 digest, held ~250 bytes a sample
 through the whole report (~400 while ranking) and made it the peak of a large build's memory.
+
+A multi-label or numeric dataset's index also has a ``target`` column (the sample's vector,
+:mod:`packer.targets`); it is read with the other columns, a few bytes a row.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from packer.manifest import INDEX_SCHEMA
 from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, load_npy
 from packer.shards.parquet import read_parquet_samples
 from packer.shards.tar import read_member_bytes, read_sample_at, scan_tar
+from packer.targets import Target
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
 _INDEX_SCHEMA = pa.schema([INDEX_SCHEMA.field(name) for name in _INDEX_COLUMNS])  # the build's, these columns
+_TARGET = "target"  # the vector column of a multi-label or numeric dataset's index
 _FEW_VALUES = ["split", "shard", "entity_id", "source"]  # read dictionary-encoded: 4 bytes a row each
 _RANK_BATCH = 4096  # keys (and digests) held as Python objects at a time while ranking
 _PARQUET_ROWS = 64  # rows per record batch when reading a Parquet shard's selected samples
@@ -47,9 +52,11 @@ class IndexEntry:
     split: str
     shard: str
     position: int
-    label: int
+    label: int | None  # the class index; None without a class target
     entity_id: str
     source: str
+    #: the multi-label (0/1) or numeric target vector; None without one
+    target: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,13 @@ class SampleIndex:
 
     @classmethod
     def from_entries(cls, entries: Sequence[IndexEntry]) -> SampleIndex:
-        """The columnar form of index rows rebuilt by :func:`scan_index`."""
-        return cls(pa.table({name: pa.array([getattr(e, name) for e in entries], _INDEX_SCHEMA.field(name).type)
-                             for name in _INDEX_COLUMNS}, schema=_INDEX_SCHEMA))
+        """The columnar form of index rows rebuilt by :func:`scan_index` (with a ``target`` column
+        when any row has a target vector)."""
+        table = pa.table({name: pa.array([getattr(e, name) for e in entries], _INDEX_SCHEMA.field(name).type)
+                          for name in _INDEX_COLUMNS}, schema=_INDEX_SCHEMA)
+        if any(e.target is not None for e in entries):
+            table = table.append_column(_TARGET, pa.array([e.target for e in entries], pa.list_(pa.float64())))
+        return cls(table)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -109,8 +120,37 @@ class SampleIndex:
         wanted = pa.array(sorted(set(keys)), column.type)
         rows = np.flatnonzero(pc.is_in(column, value_set=wanted).to_numpy(zero_copy_only=False))
         cols = self.table.take(pa.array(rows, pa.int64())).to_pydict()
+        targets = [None if t is None else tuple(t) for t in cols[_TARGET]] if _TARGET in cols else [None] * len(rows)
         return {entry.key: entry for entry in
-                (IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), strict=True))}
+                (IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), targets, strict=True))}
+
+    def positives(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per nonzero value of the ``target`` column (a multi-label dataset's labels held): its row
+        number and its position in the row's vector, by row then position; empty without the column.
+        Works on the flat values, so no dense n × labels matrix is made."""
+        if _TARGET not in self.table.column_names or not len(self):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        column = self.column(_TARGET)
+        ends = np.cumsum(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+        flat = pc.list_flatten(column)
+        hits = np.flatnonzero(pc.fill_null(pc.not_equal(flat, pa.scalar(0, flat.type)), False)
+                              .to_numpy(zero_copy_only=False))
+        rows = np.searchsorted(ends, hits, side="right")
+        starts = np.concatenate((np.zeros(1, np.int64), ends[:-1]))
+        return rows, hits - starts[rows]
+
+    def vectors(self, width: int) -> np.ndarray:
+        """The ``target`` column as an n × ``width`` float64 matrix; a row without a vector of
+        ``width`` values (or an index without the column) is all NaN."""
+        matrix = np.full((len(self), width), np.nan)
+        if _TARGET not in self.table.column_names or not len(self):
+            return matrix
+        column = self.column(_TARGET)
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = pc.list_flatten(column).cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        fits = lengths == width
+        matrix[fits] = flat[np.repeat(fits, lengths)].reshape(-1, width)
+        return matrix
 
     def rank_order(self, dataset_hash: str) -> np.ndarray:
         """Row numbers sorted by ``selection_rank(dataset_hash, key)``, a key listed twice in row order,
@@ -135,7 +175,7 @@ def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[SampleIndex, str
     try:
         # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose import
         # alone adds 37 MiB to the process (the build's client never needs it otherwise)
-        table = _read_columns(path, _INDEX_COLUMNS, read_dictionary=_FEW_VALUES)
+        table = _read_columns(path, _INDEX_COLUMNS, read_dictionary=_FEW_VALUES, optional=[_TARGET])
     except (OSError, ValueError) as err:
         return (SampleIndex.from_entries(scan_index(folder, manifest)),
                 f"{path.name} unreadable ({err}); the shards were scanned instead")
@@ -144,14 +184,14 @@ def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[SampleIndex, str
     return SampleIndex(table), None
 
 
-def _read_columns(path: Path, columns: list[str], **options: Any) -> pa.Table:
-    """``columns`` of the Parquet file ``path``; ValueError naming any that it lacks
-    (``ParquetFile.read`` would silently leave it out)."""
+def _read_columns(path: Path, columns: list[str], *, optional: Sequence[str] = (), **options: Any) -> pa.Table:
+    """``columns`` of the Parquet file ``path``, and those of ``optional`` that it has; ValueError
+    naming any of ``columns`` that it lacks (``ParquetFile.read`` would silently leave it out)."""
     names = pq.read_schema(path).names
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"no column {', '.join(missing)}")
-    return pq.ParquetFile(path, **options).read(columns=columns)
+    return pq.ParquetFile(path, **options).read(columns=columns + [c for c in optional if c in names])
 
 
 def _shard_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
@@ -163,26 +203,46 @@ def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
     """Rebuild index rows by reading every shard (used only when ``_index.parquet`` is gone).
 
     A tar shard is scanned up to its first defect (:func:`packer.shards.tar.scan_tar`); a
-    sample without a ``.json`` member has no row.
+    sample without a ``.json`` member has no row. A tar sample's target vector is rebuilt from
+    its record (``labels`` or ``target``, :func:`packer.shards.encode.encode_sample`).
     """
+    target = Target.of_manifest(manifest)
     rows: list[IndexEntry] = []
     for split, name in _shard_files(manifest):
         path = folder / name
         if not path.exists():
             continue
         if name.endswith(".parquet"):
-            cols = _read_columns(path, ["key", "label", "entity_id", "source"]).to_pydict()
-            rows.extend(IndexEntry(k, split, name, i, lab, ent, src) for i, (k, lab, ent, src) in
-                        enumerate(zip(cols["key"], cols["label"], cols["entity_id"], cols["source"], strict=True)))
+            cols = _read_columns(path, ["key", "label", "entity_id", "source"], optional=[_TARGET]).to_pydict()
+            vectors = cols.get(_TARGET, [None] * len(cols["key"]))
+            rows.extend(IndexEntry(k, split, name, i, lab, ent, src, None if vec is None else tuple(vec))
+                        for i, (k, lab, ent, src, vec) in
+                        enumerate(zip(cols["key"], cols["label"], cols["entity_id"], cols["source"], vectors,
+                                      strict=True)))
             continue
         with open(path, "rb") as fh:
             for sample in scan_tar(path).samples:
                 members = read_member_bytes(fh, sample, ["json"]) if "json" in sample.members else None
                 if isinstance(members, dict):
                     info = json.loads(members["json"])
-                    rows.append(IndexEntry(sample.key, split, name, sample.offset, int(info.get("label_index", -1)),
-                                           str(info.get("entity_id", "")), str(info.get("source", ""))))
+                    label = info.get("label_index", -1 if target.kind == "class" else None)
+                    rows.append(IndexEntry(sample.key, split, name, sample.offset,
+                                           None if label is None else int(label),
+                                           str(info.get("entity_id", "")), str(info.get("source", "")),
+                                           _record_target(target, info)))
     return rows
+
+
+def _record_target(target: Target, info: dict[str, Any]) -> tuple[float, ...] | None:
+    """The target vector a sample record states (``labels``: the multi-label names held;
+    ``target``: name → number), in ``target.names`` order; None for a kind without one."""
+    if target.kind == "multilabel":
+        held = set(info.get("labels") or ())
+        return tuple(1.0 if name in held else 0.0 for name in target.names)
+    if target.kind == "numeric":
+        values = info.get("target") or {}
+        return tuple(float(values.get(name, np.nan)) for name in target.names)
+    return None
 
 
 def _packed(entry: IndexEntry, members: dict[str, bytes]) -> PackedSample:

@@ -1,8 +1,11 @@
-"""Per-channel 256-bin intensity histograms of packed samples, grouped by split and source."""
+"""Per-channel 256-bin intensity histograms of packed samples, grouped by split and source; and
+histograms of a numeric target's values per split."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import cv2
 import numpy as np
@@ -10,6 +13,7 @@ import numpy as np
 from packer.htmlreport.thumbs import as_chw, to_display
 
 SATURATION_SHARE = 0.5
+VALUE_BINS = 24  # bins of a numeric target's histogram
 
 
 @dataclass
@@ -61,3 +65,40 @@ def channel_counts(image: np.ndarray) -> np.ndarray:
         else:
             counts[c] = np.bincount(plane.ravel(), minlength=256)
     return counts
+
+
+@dataclass(frozen=True)
+class ValueHistogram:
+    """One numeric target's values per split, counted over bins shared by every split.
+
+    ``edges``: ``VALUE_BINS + 1`` ascending float64 edges from the smallest to the largest value
+    of any split; ``counts``: per split, int64 counts per bin; ``stats``: per split, (values
+    counted, min, mean, max). Values that are not finite (a damaged index) are left out.
+    """
+
+    name: str
+    edges: np.ndarray
+    counts: dict[str, np.ndarray]
+    stats: dict[str, tuple[int, float, float, float]]
+
+
+def value_histograms(names: Sequence[str], values: np.ndarray, split_code: np.ndarray, split_names: Sequence[Any],
+                     bins: int = VALUE_BINS) -> list[ValueHistogram]:
+    """A :class:`ValueHistogram` per name of ``names``: ``values`` is the n × len(names) float
+    matrix of every sample's target, ``split_code`` each row's number in ``split_names``."""
+    out = []
+    for k, name in enumerate(names):
+        column = values[:, k]
+        finite = np.isfinite(column)
+        low, high = (float(column[finite].min()), float(column[finite].max())) if finite.any() else (0.0, 1.0)
+        if low == high:  # one value: a bin around it
+            low, high = low - 0.5, high + 0.5
+        edges = np.linspace(low, high, bins + 1)
+        counts, stats = {}, {}
+        for code, split in enumerate(split_names):
+            held = column[finite & (split_code == code)]
+            counts[str(split)] = np.histogram(held, edges)[0].astype(np.int64)
+            if held.size:
+                stats[str(split)] = (int(held.size), float(held.min()), float(held.mean()), float(held.max()))
+        out.append(ValueHistogram(name=name, edges=edges, counts=counts, stats=stats))
+    return out

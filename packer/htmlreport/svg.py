@@ -1,4 +1,5 @@
-"""Hand-written inline SVG charts: horizontal bars, 100 % stacked bars, histograms, a timeline.
+"""Hand-written inline SVG charts: horizontal bars, 100 % stacked bars, grouped share bars,
+histograms, a timeline.
 
 Every function returns one ``<svg>`` element as a string. Text goes through ``html.escape``;
 each mark carries a ``<title>`` so hovering shows the exact number (no JavaScript). Inline
@@ -90,26 +91,69 @@ def share_chart(rows: Sequence[tuple[str, Sequence[tuple[str, int]]]], colors: M
     return "".join(parts)
 
 
-def histogram_chart(series: Sequence[tuple[str, Sequence[int], str]], *, label: str, width: int = 340,
-                    height: int = 130) -> str:
-    """Overlaid 256-bin histograms (name, counts, colour) on a square-root count axis.
+def prevalence_chart(rows: Sequence[tuple[str, Sequence[tuple[str, int, int]]]], colors: Mapping[str, str], *,
+                     label: str, width: int = 760, label_width: int = 150, bar_height: int = 9,
+                     gap: int = 10) -> str:
+    """Per row (e.g. a label) one thin bar per series (e.g. a split) of ``(series, count, total)``:
+    the share ``count / total`` on one 0-100 % axis, coloured by ``colors[series]``.
 
-    The axis is scaled to the tallest inner bin (1-254) over all channels, so the shapes
-    compare and a spike at 0 or 255 (clipping, background) does not flatten everything else:
-    a taller end bin is cut at the top (its share belongs in the text next to the chart).
+    Unlike :func:`share_chart` the rows' shares need not add up (a sample may hold several
+    labels); each bar's ``<title>`` gives count, total and share.
+    """
+    span = width - label_width - 48
+    block = max((len(series) for _, series in rows), default=0) * bar_height
+    height = gap + len(rows) * (block + gap) + 14
+    parts = [_open(width, height, label)]
+    for share in (0.0, 0.5, 1.0):
+        x = label_width + span * share
+        parts.append(f'<line x1="{_f(x)}" y1="{gap - 4}" x2="{_f(x)}" y2="{height - 14}" stroke="{GRID}"/>'
+                     f'<text x="{_f(x)}" y="{height - 3}" text-anchor="middle" fill="{MUTED}" '
+                     f'font-size="10">{share:.0%}</text>')
+    for i, (name, series) in enumerate(rows):
+        y0 = gap + i * (block + gap)
+        parts.append(f'<text x="{label_width - 10}" y="{_f(y0 + block / 2 + 4)}" text-anchor="end" '
+                     f'fill="#1f2933">{escape(_clip(name, 22))}</text>')
+        for j, (part, count, total) in enumerate(series):
+            share = count / total if total else 0.0
+            y = y0 + j * bar_height
+            w = span * share
+            parts.append(f"<g><title>{escape(name)} · {escape(part)}: {count:,} of {total:,} samples ({share:.1%})"
+                         f'</title><rect x="{label_width}" y="{y}" width="{_f(max(w, 1.0 if count else 0.0))}" '
+                         f'height="{bar_height - 1}" fill="{colors.get(part, "#999")}"/>'
+                         f'<text x="{_f(label_width + w + 4)}" y="{_f(y + bar_height - 1.5)}" fill="{MUTED}" '
+                         f'font-size="9">{share:.0%}</text></g>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def histogram_chart(series: Sequence[tuple[str, Sequence[int], str]], *, label: str, width: int = 340,
+                    height: int = 130, ticks: Sequence[tuple[float, str]] | None = None,
+                    clip_ends: bool = True) -> str:
+    """Overlaid histograms (name, counts, colour) on a square-root count axis: by default of 256
+    bins of pixel values, ticked 0-255.
+
+    With ``clip_ends`` the axis is scaled to the tallest inner bin (1-254) over all channels, so
+    the shapes compare and a spike at 0 or 255 (clipping, background) does not flatten everything
+    else: a taller end bin is cut at the top (its share belongs in the text next to the chart).
+    Other values (a numeric target's) pass ``ticks``, (position 0-1 along the axis, text) each,
+    and ``clip_ends=False``: their end bins are the smallest and largest values, not clipping.
     """
     left, right, top_pad, bottom = 8, 12, 6, 18
     plot_w, plot_h = width - left - right, height - top_pad - bottom
-    inner = [max(c[1:-1]) for _, c, _ in series if len(c) > 2]
+    inner = [max(c[1:-1]) for _, c, _ in series if len(c) > 2] if clip_ends else []
     peak = max(inner, default=0) or max((max(c) for _, c, _ in series if len(c)), default=0) or 1
     root = math.sqrt(peak)
     parts = [_open(width, height, label),
              f'<rect x="{left}" y="{top_pad}" width="{plot_w}" height="{plot_h}" fill="#fafbfc" stroke="{GRID}"/>']
-    for tick in (0, 64, 128, 192, 255):
-        x = left + plot_w * tick / 255
+    marks = [(plot_w * tick / 255, str(tick)) for tick in (0, 64, 128, 192, 255)] if ticks is None else [
+        (plot_w * where, text) for where, text in ticks]
+    for offset, text in marks:
+        x = left + offset
+        anchor = "start" if ticks is not None and offset <= 0 else (
+            "end" if ticks is not None and offset >= plot_w else "middle")
         parts.append(f'<line x1="{_f(x)}" y1="{top_pad}" x2="{_f(x)}" y2="{top_pad + plot_h}" stroke="{GRID}"/>'
-                     f'<text x="{_f(x)}" y="{height - 4}" text-anchor="middle" fill="{MUTED}" '
-                     f'font-size="10">{tick}</text>')
+                     f'<text x="{_f(x)}" y="{height - 4}" text-anchor="{anchor}" fill="{MUTED}" '
+                     f'font-size="10">{escape(text)}</text>')
     for name, counts, color in series:
         n = len(counts)
         if not n:
