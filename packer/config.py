@@ -104,6 +104,27 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
+class MaskConfig:
+    """A source's ``mask:``: each sample's segmentation mask is the file its table's ``column``
+    names (relative to the source root). ``classes``: the declared class ids (None: any id up to
+    255); ``empty``: ``keep`` an all-zero mask, or make its file a ``mask_empty`` bad sample;
+    ``pad``: the id ``fit`` pads with. Masks are uint8, uint16 when a declared id exceeds 255."""
+
+    column: str
+    classes: tuple[int, ...] | None = None
+    empty: str = "keep"
+    pad: int = 0
+
+    @property
+    def dtype(self) -> str:
+        return "uint16" if self.classes and max(self.classes) > 255 else "uint8"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"column": self.column, "classes": list(self.classes) if self.classes is not None else None,
+                "empty": self.empty, "pad": self.pad}
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """One raw source. ``root``, ``labels`` and ``table`` are local paths (resolved against the
     job file) or URL strings (``s3://...``, read through :mod:`packer.pipeline.rawstore`); the ``*_spec``
@@ -120,6 +141,7 @@ class SourceConfig:
     table: Path | str | None = None
     table_spec: str | None = None
     target: TargetConfig = field(default_factory=TargetConfig)
+    mask: MaskConfig | None = None
 
     @property
     def label_table(self) -> Path | str | None:
@@ -136,6 +158,8 @@ class SourceConfig:
             out["table"] = self.table_spec
         if not self.target.is_default:  # only when set, so jobs that do not use it keep their config_hash
             out["label"] = self.target.to_json()
+        if self.mask is not None:
+            out["mask"] = self.mask.to_json()
         return out
 
 
@@ -387,7 +411,9 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     if kind == "dicom" and target.origin != "table" and "labels" in raw:
         raise ConfigError(f"{where}.labels: the label table is unused with label: {target.to_json()}; remove "
                           "'labels:' or the 'label:' setting")
+    mask = _parse_mask(raw, root, kind, f"{where}.mask") if "mask" in raw else None
     return SourceConfig(
+        mask=mask,
         kind=kind,
         name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
@@ -400,6 +426,23 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         table_spec=raw.get("table"),
         target=target,
     )
+
+
+def _parse_mask(raw: dict[str, Any], root: Path | str, kind: str, where: str) -> MaskConfig:
+    spec = raw["mask"]
+    table = "labels" if kind == "dicom" else "table"
+    if table not in raw:
+        raise ConfigError(f"{where}: masks are named by a column of the source's table; add '{table}: FILE.csv' "
+                          f"with a column {spec['column']!r} naming each file's mask")
+    if isinstance(root, str):
+        raise ConfigError(f"{where}: masks are read from a local source root; {root} is a URL. Copy the source "
+                          "(images and masks) to a local folder, or pack it without masks")
+    classes = tuple(sorted(set(int(c) for c in spec["classes"]))) if spec.get("classes") is not None else None
+    pad = int(spec.get("pad", 0))
+    if classes is not None and pad not in classes:
+        raise ConfigError(f"{where}.pad: {pad} is not one of the declared classes {list(classes)}; 'fit' pads masks "
+                          "with it, so declare it (0, background, usually) or choose a declared id")
+    return MaskConfig(column=spec["column"], classes=classes, empty=spec.get("empty", "keep"), pad=pad)
 
 
 def _parse_target(raw: Any, kind: str, where: str) -> TargetConfig:
@@ -645,6 +688,15 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
             raise ConfigError(f"split.stratify: label: source {source.name!r} has "
                               f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "
                               "by; remove stratify")
+    masked = [s.name for s in sources if s.mask is not None]
+    if masked and len(masked) != len(sources):
+        bare = next(s.name for s in sources if s.mask is None)
+        raise ConfigError(f"sources: {', '.join(repr(m) for m in masked)} pack masks but {bare!r} does not; every "
+                          "sample of a dataset has a mask or none does (a batch stacks them), so give every source "
+                          "a 'mask:' or build two datasets")
+    if len({s.mask.dtype for s in sources if s.mask is not None}) > 1:
+        raise ConfigError("sources: the masks' declared classes give uint8 masks for some sources and uint16 for "
+                          "others; declare classes up to the same range (ids above 255 make uint16 masks)")
     if labels and first.target.kind in ("none", "numeric"):
         raise ConfigError(f"labels: a {first.target.kind} target has no class names to list; remove 'labels:'")
 

@@ -32,6 +32,11 @@ REASONS = (
     "missing_label",
     "unknown_label",
     "bad_target",
+    "mask_missing",
+    "mask_unreadable",
+    "mask_size",
+    "mask_values",
+    "mask_empty",
     "missing_entity",
     "missing_time",
     "straddles_cutoff",
@@ -120,6 +125,9 @@ class Sample:
     ref: SampleRef
     image: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: The segmentation mask, F×H×W class ids on the image's H×W grid (F: 1, or the frames of
+    #: a ``frames: stack`` sample), where the source has masks
+    mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +149,9 @@ class SpilledSample:
     sha256: str
     signature: str = ""
     sig_row: int = -1
+    #: Bytes of the sample's mask (``.npy``), after its metadata in the spill; 0 without one
+    mask_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
-        return self.pixel_bytes + self.meta_bytes
+        return self.pixel_bytes + self.meta_bytes + self.mask_bytes

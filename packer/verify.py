@@ -121,6 +121,7 @@ class _Expect:
     """What the manifest says every sample must look like."""
 
     target: Target
+    mask: dict[str, Any] | None
     dtype: str | None
     shape: tuple[int, ...] | None
     shapes: dict[str, set[tuple[int, ...]]]
@@ -340,7 +341,7 @@ def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings
 
 def _expectations(manifest: dict[str, Any]) -> _Expect:
     schema = manifest["sample_schema"]
-    return _Expect(target=Target.of_manifest(manifest), dtype=schema["dtype"],
+    return _Expect(target=Target.of_manifest(manifest), mask=manifest.get("mask"), dtype=schema["dtype"],
                    shape=tuple(schema["shape"]) if schema["shape"] is not None else None,
                    shapes={src: {tuple(s) for s in shapes} for src, shapes in schema["shapes"].items()})
 
@@ -444,7 +445,8 @@ def _parquet_samples(folder: VersionFolder, shard: str,
             found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
             return
         rows = handle.metadata.num_rows
-        for name in [*PARQUET_SCHEMA.names, *(["target"] if "target" in handle.schema_arrow.names else [])]:
+        extra = [n for n in ("target", "mask", "mask_shape", "mask_dtype") if n in handle.schema_arrow.names]
+        for name in [*PARQUET_SCHEMA.names, *extra]:
             if name not in handle.schema_arrow.names:
                 found.add(shard, f"lacks column {name!r}; {_REBUILD}")
                 columns[name] = None
@@ -476,11 +478,17 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
         label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)
         cell = sample["row"].get("target")
         vector = np.asarray(cell) if cell is not None else None
+        mask = _parquet_mask(sample["row"], bad)
     else:
-        label, source, pixels, digest = _check_tar_sample(sample, split, expect.target, bad)
-        vector = _tar_target(sample, bad)
+        label, source, pixels, digest = _check_tar_sample(sample, split, expect, bad)
+        vector = _tar_npy(sample, "target.npy", bad)
+        mask = _tar_npy(sample, "mask.npy", bad)
     if pixels is not None:
         _check_array(pixels, source or (row or {}).get("source"), expect, bad)
+    if expect.mask is not None:
+        _check_mask(mask, pixels, expect.mask, bad)
+    elif mask is not None:
+        bad("carries a mask, but the manifest records no masks")
     problem = expect.target.problem(label, vector)
     if problem is not None:
         bad(problem)
@@ -497,21 +505,52 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
             f"changed after the build; {_REBUILD}")
 
 
-def _tar_target(sample: dict[str, Any], bad: Callable[[str], None]) -> np.ndarray | None:
-    """The ``.target.npy`` member as numpy loads it (None: absent or unloadable, said through ``bad``)."""
-    if "target.npy" not in sample:
+def _tar_npy(sample: dict[str, Any], ext: str, bad: Callable[[str], None]) -> np.ndarray | None:
+    """The ``.<ext>`` member as numpy loads it (None: absent or unloadable, said through ``bad``)."""
+    if ext not in sample:
         return None
     try:
-        return np.asarray(np.load(io.BytesIO(sample["target.npy"]), allow_pickle=False))
+        return np.asarray(np.load(io.BytesIO(sample[ext]), allow_pickle=False))
     except (ValueError, OSError, EOFError) as err:
-        bad(f".target.npy member does not load with numpy.load(allow_pickle=False) ({err})")
+        bad(f".{ext} member does not load with numpy.load(allow_pickle=False) ({err})")
         return None
 
 
-def _check_tar_sample(sample: dict[str, Any], split: str, target: Target,
+def _parquet_mask(row: dict[str, Any], bad: Callable[[str], None]) -> np.ndarray | None:
+    """The row's mask from its ``mask``, ``mask_shape`` and ``mask_dtype`` cells (None: no mask columns)."""
+    data, shape, dtype = row.get("mask"), row.get("mask_shape"), row.get("mask_dtype")
+    if data is None or shape is None or dtype is None:
+        return None
+    try:
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+    except (TypeError, ValueError) as err:
+        bad(f"mask cells do not hold {dtype} {shape} ({err})")
+        return None
+
+
+def _check_mask(mask: np.ndarray | None, pixels: np.ndarray | None, expect: dict[str, Any],
+                bad: Callable[[str], None]) -> None:
+    """A sample's mask against the manifest's ``mask``: there, F×H×W on its image's grid, the
+    recorded dtype, only declared class ids."""
+    if mask is None:
+        bad("has no mask, but the manifest says every sample has one")
+        return
+    if str(mask.dtype) != expect["dtype"] or mask.ndim != 3:
+        bad(f"mask is {mask.dtype} {tuple(mask.shape)}, the manifest says {expect['dtype']} F×H×W")
+        return
+    if pixels is not None and pixels.ndim == 3 and mask.shape[1:] != pixels.shape[1:]:
+        bad(f"mask is {mask.shape[1]}×{mask.shape[2]}, its image {pixels.shape[1]}×{pixels.shape[2]}")
+    if expect["classes"] is not None:
+        extra = np.setdiff1d(np.unique(mask), np.asarray(expect["classes"]))
+        if extra.size:
+            bad(f"mask holds class ids {extra[:10].tolist()} the manifest does not declare")
+
+
+def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
+    target = expect.target
     required = ["json", "npy", *(["cls"] if target.kind == "class" else []),
-                *(["target.npy"] if target.has_vector else [])]
+                *(["target.npy"] if target.has_vector else []), *(["mask.npy"] if expect.mask else [])]
     for ext in required:
         if ext not in sample:
             bad(f"lacks its .{ext} member")

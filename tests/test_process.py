@@ -18,7 +18,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packer.config import JobConfig, TargetConfig, WindowSpec
+from packer.config import JobConfig, MaskConfig, TargetConfig, WindowSpec
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Issue, SampleRef
@@ -201,6 +201,10 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
         TargetConfig(origin="attribute", columns=(), attribute="BodyPartExamined"),
         TargetConfig(origin="attribute", columns=(), attribute="Modality", value_map=(("CT", "ct"),)),
         TargetConfig(kind="numeric", columns=("age",))])),
+    # a mask is part of what a file turns into (its file's stat joins the key as well)
+    "sources.mask": _source("mask", st.sampled_from([
+        MaskConfig(column="mask"), MaskConfig(column="seg", classes=(0, 1, 2)), MaskConfig(column="mask", empty="bad"),
+        MaskConfig(column="mask", classes=(0, 300))])),
     "split.by": _setting("split", "by", st.sampled_from(["entity", "time"])),  # time splits need a time
     "dicom.windows": _setting("dicom", "windows", WINDOWS),
     "dicom.fallback_window": _setting("dicom", "fallback_window", st.none() | WINDOW),

@@ -215,7 +215,8 @@ def test_a_column_of_names_becomes_a_multi_hot_vector(tmp_path: Path, fmt: str) 
         for sample in _wds(result):
             vector = sample["target.npy"]
             assert vector.dtype == np.uint8 and vector.tolist() == by_key[sample["__key__"]]
-            assert sample["json"]["labels"] == [n for n, v in zip(manifest["target"]["names"], vector, strict=True) if v]
+            names = manifest["target"]["names"]
+            assert sample["json"]["labels"] == [n for n, v in zip(names, vector, strict=True) if v]
     else:
         table = _parquet(result).to_table(columns=["key", "target"])
         assert dict(zip(table["key"].to_pylist(), table["target"].to_pylist(), strict=True)) == by_key

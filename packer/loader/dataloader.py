@@ -159,7 +159,7 @@ def _targets(items: Sequence[Item]) -> dict[str, torch.Tensor]:
     if not items:
         return {"label": torch.zeros(0, dtype=torch.int64)}
     out: dict[str, torch.Tensor] = {}
-    for name in ("label", "target"):
+    for name in ("label", "target"):  # a mask is stacked with its image (each collate's own shape rule)
         if name in items[0]:
             out[name] = torch.stack([item[name] for item in items])
     return out
@@ -168,7 +168,8 @@ def _targets(items: Sequence[Item]) -> dict[str, torch.Tensor]:
 def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None
                   ) -> dict[str, Any]:
     """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,) (class datasets) or
-    ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``key`` a list of str.
+    ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``mask`` B×F×H×W
+    (datasets with masks), ``key`` a list of str.
 
     The default collate of :func:`make_loader`. Images of different shapes raise
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
@@ -183,7 +184,12 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     shared = get_worker_info() is not None and packable(images)
     out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
     image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
-    return {"image": image, **_targets(items), "key": [item["key"] for item in items]}
+    masks = [item["mask"] for item in items if "mask" in item]
+    if masks and any(m.shape != masks[0].shape for m in masks):  # images alike, masks not: frames differ
+        raise MixedShapesError(f"this batch's masks have shapes {sorted({tuple(m.shape) for m in masks})}; "
+                               f"{MIXED_FIXES}")
+    return {"image": image, **({"mask": torch.stack(masks)} if masks else {}), **_targets(items),
+            "key": [item["key"] for item in items]}
 
 
 def collate_list(items: list[Item]) -> dict[str, Any]:
@@ -196,7 +202,9 @@ def collate_list(items: list[Item]) -> dict[str, Any]:
     images = [item["image"] for item in items]
     shared = get_worker_info() is not None and packable(images)
     batch = ImageBatch.packed(images, shared=True) if shared else ImageBatch(images)
-    return {"image": batch, **_targets(items), "key": [item["key"] for item in items]}
+    masks = [item["mask"] for item in items if "mask" in item]
+    return {"image": batch, **({"mask": masks} if masks else {}), **_targets(items),
+            "key": [item["key"] for item in items]}
 
 
 def collate_pad(items: list[Item]) -> dict[str, Any]:
@@ -223,7 +231,15 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     for i, im in enumerate(images):
         image[i, :, :im.shape[1], :im.shape[2]].copy_(im)
     size = torch.tensor([[im.shape[1], im.shape[2]] for im in images], dtype=torch.int64)
-    return {"image": image, "size": size, **_targets(items), "key": [item["key"] for item in items]}
+    out: dict[str, Any] = {"image": image, "size": size, **_targets(items), "key": [item["key"] for item in items]}
+    masks = [item["mask"] for item in items if "mask" in item]
+    if masks:  # padded like the images, with 0 (background) outside each mask
+        frames = max(m.shape[0] for m in masks)
+        mask = masks[0].new_zeros((len(masks), frames, height, width))
+        for i, m in enumerate(masks):
+            mask[i, :m.shape[0], :m.shape[1], :m.shape[2]].copy_(m)
+        out["mask"] = mask
+    return out
 
 
 #: ``make_loader(collate=...)`` by name.

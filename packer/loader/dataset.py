@@ -88,7 +88,12 @@ class ShardDataset(IterableDataset):
     """Samples of one split, each delivered exactly once per epoch across ranks × workers.
 
     Items are dicts: ``image`` (torch tensor C×H×W in the schema dtype, uint8 by default,
-    or whatever ``transform(image)`` returns), ``label`` (int64 scalar tensor), ``key`` (str).
+    or whatever ``transform(image)`` returns), ``key`` (str) and the dataset's targets
+    (:mod:`packer.targets`): ``label`` (int64 scalar tensor) for a class target, ``target``
+    (float32 L: multi-hot, or the numbers) for a multi-label or numeric one, neither when the
+    dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
+    uint8, or int32 for 16-bit ids). ``transform`` touches the image only: augment an image
+    and its mask together on the batch (the same flip, crop or affine for both).
 
     ``manifest``: path to ``manifest.json`` or its folder, or a URL of either
     (``s3://bucket/prefix/name/version/manifest.json``, ``file:///...``; remote shards are
@@ -158,7 +163,8 @@ class ShardDataset(IterableDataset):
         self.samples = int(self._offsets[-1])
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
         self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
-        self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target)
+        self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
+                                  mask_dtype=self.info.mask["dtype"] if self.info.mask else None)
         self._orders: dict[int, EpochOrder] = {}
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
@@ -320,6 +326,9 @@ class ShardDataset(IterableDataset):
             item["label"] = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
         if decoded.target is not None:  # multi-hot or numbers, float32 as losses take them
             item["target"] = torch.from_numpy(decoded.target.astype(np.float32))
+        if decoded.mask is not None:  # class ids as stored (uint8, or uint16 viewed as int32): .long() for a loss
+            mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
+            item["mask"] = torch.from_numpy(mask)
         return item
 
     def _skip(self, description: str) -> None:

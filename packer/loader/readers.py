@@ -122,6 +122,8 @@ class SplitInfo:
     storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     #: The dataset's target (``packer.targets``): what ``label``/``target`` a sample carries.
     target: Target = field(default_factory=lambda: Target("class"))
+    #: The manifest's ``mask`` (dtype, classes) where every sample carries a mask, else None.
+    mask: Mapping[str, Any] | None = None
 
     def shape_of(self, sources: Sequence[str] | None = None) -> tuple[int, ...] | None:
         """The one C×H×W shape of the samples of ``sources`` (all: None), by the manifest; None
@@ -189,7 +191,7 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
                      shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
                      shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
                      index=doc.index, storage_options=dict(storage_options or {}),
-                     target=Target.of_manifest(doc.data))
+                     target=Target.of_manifest(doc.data), mask=doc.data.get("mask"))
 
 
 @dataclass(frozen=True)
@@ -311,21 +313,30 @@ class SampleCheck:
     dtype: str
     shape: tuple[int, ...] | None
     target: Target
+    #: The masks' dtype where the dataset has masks (every sample then needs one), else None
+    mask_dtype: str | None = None
 
-    def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None) -> str | None:
+    def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None,
+                mask: np.ndarray | None = None) -> str | None:
         if image.dtype != np.dtype(self.dtype):
             return f"dtype {image.dtype}, expected {self.dtype}"
         if image.ndim != 3:
             return f"shape {image.shape} is not C×H×W"
         if self.shape is not None and tuple(image.shape) != self.shape:
             return f"shape {tuple(image.shape)}, expected {self.shape}"
+        if self.mask_dtype is not None:
+            if mask is None:
+                return "no mask (.mask.npy member or mask cell), but the manifest says every sample has one"
+            if mask.ndim != 3 or mask.shape[1:] != image.shape[1:] or mask.dtype != np.dtype(self.mask_dtype):
+                return (f"mask {mask.dtype} {tuple(mask.shape)} is not {self.mask_dtype} F×{image.shape[1]}×"
+                        f"{image.shape[2]} on the image's grid")
         return self.target.problem(label, vector)
 
     def outcome(self, result: Decoded | SampleDefect) -> Decoded | SampleDefect:
         """``result`` of a shard reader, or a ``bad_sample`` defect when the decoded sample fails this check."""
         if isinstance(result, SampleDefect):
             return result
-        problem = self.problem(result.image, result.label, result.target)
+        problem = self.problem(result.image, result.label, result.target, result.mask)
         return result if problem is None else SampleDefect("bad_sample", problem, result.key)
 
 

@@ -46,7 +46,7 @@ class _SpillFiles:
         self.cache_dir = cache_dir
         self.handles: dict[str, BinaryIO] = {}
 
-    def read(self, sample: SpilledSample) -> tuple[bytes, dict]:
+    def read(self, sample: SpilledSample) -> tuple[bytes, dict, bytes]:
         return read_spilled(self.cache_dir, sample, self.handles)
 
     def close(self) -> None:
@@ -61,10 +61,10 @@ def write_shard(task: ShardTask) -> ShardWrite:
 
     def encoded() -> Iterator[EncodedSample]:
         for sample in task.plan.samples:
-            pixels, metadata = files.read(sample)
+            pixels, metadata, mask = files.read(sample)
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
                                 pixels=pixels, metadata=metadata, split=task.plan.split, target=task.target,
-                                sha256=sample.sha256)
+                                sha256=sample.sha256, mask=mask)
 
     start = time.perf_counter()
     try:

@@ -172,6 +172,14 @@ def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written
     return summary
 
 
+def _mask_schema(job: JobConfig) -> dict[str, Any]:
+    """What every sample's mask is (the manifest's ``mask``): its dtype and declared class ids
+    (the union over the sources; null where a source accepts any id)."""
+    masks = [s.mask for s in job.sources if s.mask is not None]
+    declared = None if any(m.classes is None for m in masks) else sorted({c for m in masks for c in m.classes or ()})
+    return {"dtype": masks[0].dtype, "classes": declared, "layout": "FHW"}
+
+
 @dataclass(frozen=True)
 class TargetColumns:
     """Every packed sample's target as arrays (row = sample table row): ``labels`` the class
@@ -280,6 +288,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "sample_schema": _sample_schema(samples),
         "label_map": target.label_map,
         **({"target": target.to_json()} if target.kind != "class" else {}),  # absent: class, as before kinds
+        **({"mask": _mask_schema(job)} if any(s.mask is not None for s in job.sources) else {}),
         "splits": _split_summary(samples, shards, written, targets),
         "inputs": {"files": prepared.inputs, "samples": len(samples)},
         "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),

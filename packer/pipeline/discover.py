@@ -271,6 +271,42 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
     return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside)], {}
 
 
+def _mask_cell(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
+    """A DICOM ref's extra: only the mask column's cell, where the source has masks (a DICOM
+    label table's other columns stay out of the samples' records, as before masks)."""
+    if source.mask is None or row is None:
+        return ()
+    return tuple((k, v) for k, v in row.extra if k == source.mask.column)
+
+
+def _mask_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]:
+    """The relative paths the table's mask column names (normalized like table paths)."""
+    if source.mask is None:
+        return set()
+    column = source.mask.column
+    named = (dict(row.extra).get(column, "").strip() for row in rows.values())
+    return {posixpath.normpath(rel) for rel in named if rel}
+
+
+def _mask_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None
+                  ) -> Issue | None:
+    """``mask_missing`` for a file of a masked source whose table row names no mask, and
+    ``outside_root`` for a mask path that leaves the source root."""
+    if source.mask is None:
+        return None
+    column = source.mask.column
+    relpath = dict(ref.extra).get(column, "").strip()
+    if not relpath:
+        where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
+        return Issue.of(ref, stage="discover", reason="mask_missing",
+                        message=f"{ref.path}: no mask ({where}); name the file's mask, or leave the file out")
+    if escapes_root(relpath):
+        return Issue.of(ref, stage="discover", reason="outside_root",
+                        message=f"{table} row {row.row if row else '?'}, column {column!r}: mask {relpath!r} leaves "
+                                "the source root; give a path inside the root")
+    return None
+
+
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
                  ) -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
@@ -297,7 +333,10 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     issues: list[Issue] = []
     real_root = None if remote or allow_outside else Path(source.root).resolve()
     origin = source.target.origin
+    masks = _mask_files(source, labels)
     for rel, path in files:  # sorted by relative path
+        if rel in masks:  # a mask beside the images is the table's, not a sample of its own
+            continue
         row = labels.get(rel)
         label: str | Refused | None = row.refused or row.label if row else None
         if origin == "none":
@@ -306,7 +345,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
             label = from_folder(source.target, rel, str(source.root), known_labels)
         if source.kind == "dicom":  # entity and time come from the header
             ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
-                            path=path, relpath=rel, label=label if isinstance(label, str) else None)
+                            path=path, relpath=rel, label=label if isinstance(label, str) else None,
+                            extra=_mask_cell(source, row))
         elif source.table is None:  # label: folder or none without a table: each image is its own entity
             ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
                             path=path, relpath=rel, label=label if isinstance(label, str) else None, entity=rel)
@@ -315,8 +355,11 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                             path=path, relpath=rel, label=label if isinstance(label, str) else None,
                             entity=row.entity if row else None, time=row.time if row else None,
                             extra=row.extra if row else ())
+        unmasked = _mask_problem(source, ref, table_path, row)
         if isinstance(label, Refused):
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
+        elif unmasked is not None:
+            issues.append(unmasked)
         elif real_root is not None and _outside_root(Path(ref.path), real_root):
             # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",

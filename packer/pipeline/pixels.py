@@ -32,6 +32,7 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.masks import with_masks
 from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_ref
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
@@ -40,6 +41,7 @@ from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.records import Issue, Sample, SampleRef, SpilledSample
+from packer.shards.tar import npy_bytes
 from packer.storage import is_url
 from packer.transform.channels import match_channels
 
@@ -159,7 +161,11 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] 
         problem = find_sample_issue(sample, job)
         if problem is not None:
             return problem  # one record per raw file: its first defect
-    return _with_channels(result, job)
+    shaped = _with_channels(result, job)
+    if isinstance(shaped, Issue):
+        return shaped
+    source = next(s for s in job.sources if s.name == ref.source)
+    return with_masks(shaped, source, job) if source.mask is not None else shaped
 
 
 def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
@@ -266,9 +272,10 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 digest = hashlib.sha256(pixels)
                 sig = signature(image) if sig_dir is not None else None
                 clock.switch("spill")
+                mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
                           meta=canonical_json(sample.metadata), shape=tuple(int(d) for d in image.shape),
-                          dtype=image.dtype.name, signature=sig)
+                          dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues)
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),

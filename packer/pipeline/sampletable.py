@@ -308,7 +308,7 @@ class SampleTable(_Columns[SpilledSample]):
     TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256")
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
-    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q"}
+    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q"}
 
     @staticmethod
     def _field(record: SpilledSample, name: str) -> Any:
@@ -321,8 +321,8 @@ class SampleTable(_Columns[SpilledSample]):
 
     @property
     def nbytes(self) -> np.ndarray:
-        """Spilled bytes of each sample (pixels + metadata), int64."""
-        return self.numbers["pixel_bytes"] + self.numbers["meta_bytes"]
+        """Spilled bytes of each sample (pixels + metadata + mask), int64."""
+        return self.numbers["pixel_bytes"] + self.numbers["meta_bytes"] + self.numbers["mask_bytes"]
 
     def sorted_by_key(self) -> SampleTable:
         keys = self.column("key")

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from packer.config import JobConfig
+from packer.config import JobConfig, SourceConfig
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json
 from packer.pipeline.nearcopy import read_signatures, write_signatures
@@ -74,6 +74,7 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
     stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
     listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
     files = []
+    masks = {s.name: s for s in job.sources if s.mask is not None}
     for ref in refs:
         fingerprint: list[Any]
         if is_url(ref.path):
@@ -87,11 +88,30 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
                 fingerprint = [local.st_size, local.st_mtime_ns]
             except OSError:
                 fingerprint = ["missing"]
+        if ref.source in masks:  # a mask is part of what the file turns into
+            fingerprint.append(["mask", *_stat_fingerprint(mask_path(masks[ref.source], ref))])
         # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
         files.append([{name: getattr(ref, name) for name in REF_FIELDS}, fingerprint])
     payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
                "files": files}
     return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
+
+
+def mask_path(source: SourceConfig, ref: SampleRef) -> str | None:
+    """The local path of ``ref``'s mask file (its table's mask column, under the source root),
+    None where the row names none."""
+    if source.mask is None:
+        return None
+    relpath = dict(ref.extra).get(source.mask.column, "").strip()
+    return os.path.join(os.fspath(source.root), relpath) if relpath else None
+
+
+def _stat_fingerprint(path: str | None) -> list[Any]:
+    try:
+        local = os.stat(path) if path is not None else None
+    except OSError:
+        local = None
+    return [local.st_size, local.st_mtime_ns] if local is not None else ["missing"]
 
 
 def _ref_from_json(data: dict[str, Any]) -> SampleRef:
@@ -168,6 +188,8 @@ def _spill_digest(spill: Path, samples: Sequence[SpilledSample]) -> str | None:
                 return None
             chain.update(pixels.digest())
             chain.update(fh.read(sample.meta_bytes))
+            if sample.mask_bytes:
+                chain.update(fh.read(sample.mask_bytes))
     return chain.hexdigest()
 
 
@@ -182,8 +204,9 @@ class _Discard(contextlib.AbstractContextManager["_Discard"]):
 
 
 def read_spilled(cache_dir: Path, sample: SpilledSample,
-                 handles: dict[str, BinaryIO] | None = None) -> tuple[bytes, dict[str, Any]]:
-    """The pixel bytes and metadata of one spilled sample; ``handles`` caches open files."""
+                 handles: dict[str, BinaryIO] | None = None) -> tuple[bytes, dict[str, Any], bytes]:
+    """The pixel bytes, metadata and mask (``.npy`` bytes; empty without one) of one spilled
+    sample; ``handles`` caches open files."""
     handles = {} if handles is None else handles
     fh = handles.get(sample.spill)
     if fh is None:
@@ -191,11 +214,12 @@ def read_spilled(cache_dir: Path, sample: SpilledSample,
     fh.seek(sample.offset)
     pixels = fh.read(sample.pixel_bytes)
     meta = fh.read(sample.meta_bytes)
-    if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes:
+    mask = fh.read(sample.mask_bytes) if sample.mask_bytes else b""
+    if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes or len(mask) != sample.mask_bytes:
         raise OSError(f"{cache_dir / sample.spill}: spill file is shorter than its records say; "
                       "delete the build cache folder and rebuild")
     metadata: dict[str, Any] = json.loads(meta)
-    return pixels, metadata
+    return pixels, metadata, mask
 
 
 class SpillWriter:
@@ -226,8 +250,9 @@ class SpillWriter:
         self._stack.__exit__(*exc)  # type: ignore[arg-type]
 
     def add(self, *, key: str, ref: SampleRef, pixels: bytes, digest: Any, meta: bytes, shape: tuple[int, ...],
-            dtype: str, signature: np.void | None) -> None:
-        """Append one sample: its pixel bytes, sha256 object ``digest`` of them, and metadata JSON."""
+            dtype: str, signature: np.void | None, mask: bytes = b"") -> None:
+        """Append one sample: its pixel bytes, sha256 object ``digest`` of them, metadata JSON
+        and, where the source has masks, the mask's ``.npy`` bytes."""
         if signature is not None:
             self._signatures.append(signature)
         self._fh.write(pixels)
@@ -235,11 +260,14 @@ class SpillWriter:
         # the spill's digest chains the samples' own digests: no second pass over the pixels
         self._chain.update(digest.digest())
         self._chain.update(meta)
+        if mask:
+            self._fh.write(mask)
+            self._chain.update(mask)
         self.samples.append(SpilledSample(
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
-            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1))
-        self._offset += len(pixels) + len(meta)
+            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask)))
+        self._offset += len(pixels) + len(meta) + len(mask)
 
     def finish(self, *, files: int, issues: Sequence[Issue]) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file."""

@@ -32,6 +32,8 @@ class EncodedSample:
     #: sha256 of ``pixels`` when already known (the pixel pass hashed them); else computed
     known_sha256: str | None = None
     target: np.ndarray | None = None
+    #: The segmentation mask's ``.npy`` bytes (as spilled), None without masks
+    mask: bytes | None = None
 
     @property
     def pixels_sha256(self) -> str:
@@ -40,7 +42,7 @@ class EncodedSample:
 
 def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: str, pixels: bytes,
                   metadata: dict[str, Any], split: str, target: Target,
-                  sha256: str | None = None) -> EncodedSample:
+                  sha256: str | None = None, mask: bytes | None = None) -> EncodedSample:
     """Attach split and target to a transformed sample's bytes (raw C-order pixels).
 
     The record (``.json``) says the target as a reader wants it: ``label`` and ``label_index``
@@ -72,4 +74,4 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
         info["extra"] = dict(ref.extra)
     return EncodedSample(key=key, split=split, label=label, label_name=ref.label if label is not None else None,
                          entity_id=ref.entity, source=ref.source, shape=shape, dtype=dtype, pixels=pixels,
-                         info=info, known_sha256=sha256, target=vector)
+                         info=info, known_sha256=sha256, target=vector, mask=mask or None)

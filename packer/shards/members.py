@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 #: The members packer writes for a sample of a tar shard, in the order it writes them
-#: (``cls`` only with a class target, ``target.npy`` only with a vector target).
-MEMBER_EXTENSIONS = ("cls", "json", "npy", "target.npy")
+#: (``cls`` only with a class target, ``mask.npy`` only with masks, ``target.npy`` only with a
+#: vector target).
+MEMBER_EXTENSIONS = ("cls", "json", "npy", "mask.npy", "target.npy")
 #: What a sample key may hold: it is a member's name prefix, so never a path.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -64,6 +65,8 @@ class Decoded:
     image: np.ndarray
     record: str | bytes | None = None
     target: np.ndarray | None = None
+    #: The segmentation mask (F×H×W class ids on the image's grid), None without one
+    mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -166,9 +169,21 @@ def decode_target(key: str, data: bytes) -> np.ndarray | SampleDefect:
     return vector
 
 
+def decode_mask_member(key: str, data: bytes) -> np.ndarray | SampleDefect:
+    """The mask in a ``.mask.npy`` member, or why it is not one (a 3-D unsigned integer array)."""
+    try:
+        mask = load_npy(data)
+    except (ValueError, OSError, EOFError) as err:
+        return SampleDefect("undecodable", f"{key}.mask.npy: {err}", key)
+    if not isinstance(mask, np.ndarray) or mask.ndim != 3 or mask.dtype.kind != "u":
+        return SampleDefect("undecodable", f"{key}.mask.npy holds no F×H×W unsigned integer array", key)
+    return mask
+
+
 def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDefect:
-    """The sample ``key`` from its member bytes by extension (``cls``, ``npy`` and ``target.npy``
-    are read; ``json`` is the caller's to parse if it wants the record). Only ``npy`` must be there."""
+    """The sample ``key`` from its member bytes by extension (``cls``, ``npy``, ``mask.npy`` and
+    ``target.npy`` are read; ``json`` is the caller's to parse if it wants the record). Only
+    ``npy`` must be there."""
     if "npy" not in members:
         return SampleDefect("missing_member", f"no {key}.npy member", key)
     label = decode_label(key, members["cls"]) if "cls" in members else None
@@ -177,10 +192,13 @@ def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDe
     target = decode_target(key, members["target.npy"]) if "target.npy" in members else None
     if isinstance(target, SampleDefect):
         return target
+    mask = decode_mask_member(key, members["mask.npy"]) if "mask.npy" in members else None
+    if isinstance(mask, SampleDefect):
+        return mask
     try:
         image = load_npy(members["npy"])
     except (ValueError, OSError, EOFError) as err:
         return SampleDefect("undecodable", f"{key}.npy: {err}", key)
     if not isinstance(image, np.ndarray):
         return SampleDefect("undecodable", f"{key}.npy holds no array", key)
-    return Decoded(key=key, label=label, image=image, target=target)
+    return Decoded(key=key, label=label, image=image, target=target, mask=mask)

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
 from packer.shards.encode import EncodedSample
-from packer.shards.members import Decoded, SampleDefect
+from packer.shards.members import NPY_HEAD, Decoded, SampleDefect, npy_layout
 from packer.shards.writer import ShardWrite, WrittenSamples
 
 SCHEMA = pa.schema([
@@ -46,30 +46,46 @@ SCHEMA = pa.schema([
 _SMALL_COLUMNS = ["key", "label", "label_name", "entity_id", "split", "source", "dtype", "sha256"]
 
 
-def shard_schema(*, has_label: bool, target: np.dtype | None) -> pa.Schema:
-    """The columns of a shard: :data:`SCHEMA` for a class dataset (its bytes as ever); without a
-    class target ``label``/``label_name`` are null, and a multi-label or numeric dataset adds
-    ``target``, a list of uint8 (multi-hot) or float32 (numbers), as ``.target.npy`` holds it."""
-    if has_label and target is None:
+def shard_schema(*, has_label: bool, target: np.dtype | None, mask: bool = False) -> pa.Schema:
+    """The columns of a shard: :data:`SCHEMA` for a class dataset without masks (its bytes as
+    ever); without a class target ``label``/``label_name`` are null; a multi-label or numeric
+    dataset adds ``target``, a list of uint8 (multi-hot) or float32 (numbers), as ``.target.npy``
+    holds it; a dataset with masks adds ``mask`` (raw C-order bytes, uncompressed like ``image``),
+    ``mask_shape`` and ``mask_dtype``."""
+    if has_label and target is None and not mask:
         return SCHEMA
     fields = [pa.field(f.name, f.type, nullable=not has_label) if f.name in ("label", "label_name") else f
               for f in SCHEMA]
     if target is not None:
         fields.append(pa.field("target", pa.list_(pa.from_numpy_dtype(target)), nullable=False))
+    if mask:
+        fields += [pa.field("mask", pa.binary(), nullable=False),
+                   pa.field("mask_shape", pa.list_(pa.int32()), nullable=False),
+                   pa.field("mask_dtype", pa.string(), nullable=False)]
     return pa.schema(fields)
+
+
+def _mask_cells(data: bytes) -> tuple[bytes, list[int], str]:
+    """A mask's ``.npy`` bytes (packer's own form) as (raw bytes, shape, dtype name)."""
+    layout = npy_layout(data[:NPY_HEAD])
+    if layout is None:
+        raise ValueError("a mask's .npy bytes are not in packer's own header form")
+    dtype, shape, start = layout
+    return data[start:], list(shape), dtype.name
 
 
 def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
     """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
     sample, its row number and the size and sha256 of its ``image`` cell. The samples of a
     dataset share one target kind, so the first one decides the schema (:func:`shard_schema`)."""
-    columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target"]}
+    columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target", "mask", "mask_shape", "mask_dtype"]}
     written = WrittenSamples()
     schema = SCHEMA
     for position, sample in enumerate(samples):
         if position == 0:
             schema = shard_schema(has_label=sample.label is not None,
-                                  target=sample.target.dtype if sample.target is not None else None)
+                                  target=sample.target.dtype if sample.target is not None else None,
+                                  mask=sample.mask is not None)
         digest = sample.pixels_sha256
         for name, value in (("key", sample.key), ("label", sample.label), ("label_name", sample.label_name),
                             ("entity_id", sample.entity_id), ("split", sample.split), ("source", sample.source),
@@ -77,13 +93,19 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
                             ("sha256", digest), ("metadata", canonical_json(sample.info).decode()),
                             ("target", sample.target)):
             columns[name].append(value)
+        if sample.mask is not None:
+            data, shape, dtype = _mask_cells(sample.mask)
+            columns["mask"].append(data)
+            columns["mask_shape"].append(shape)
+            columns["mask_dtype"].append(dtype)
         written.add(position=position, size=len(sample.pixels), sha256=bytes.fromhex(digest))
     table = pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)
     with atomic_output(path) as fh:
         pq.write_table(
             table, fh,
             row_group_size=max(1, table.num_rows),
-            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target"] else "none")
+            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target", "mask_shape",
+                                                                  "mask_dtype"] else "none")
                          for name in schema.names},
             use_dictionary=_SMALL_COLUMNS,
             write_statistics=_SMALL_COLUMNS,
@@ -124,8 +146,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         parquet = pq.ParquetFile(source)
         count = parquet.metadata.num_rows
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
-        if "target" in parquet.schema_arrow.names:
-            columns = [*columns, "target"]
+        columns += [name for name in ("target", "mask", "mask_shape", "mask_dtype")
+                    if name in parquet.schema_arrow.names]
     except (OSError, pa.ArrowException) as err:
         yield from _fail(rows, "bad_shard", f"not a readable Parquet file ({err})")
         return
@@ -145,6 +167,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
                 metadata = batch.column("metadata") if records else None
                 targets = batch.column("target") if "target" in columns else None
+                masks = [batch.column(n) for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in columns else None
                 images = batch.column("image")
                 buffers = images.buffers()
                 offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
@@ -162,7 +185,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                         yield row, Decoded(key=key, label=None if label is None else int(label),
                                            image=image_view(buffers[2], start, stop, dtype, shape),
                                            record=metadata[r].as_py() if metadata is not None else None,
-                                           target=_target_cell(targets, r))
+                                           target=_target_cell(targets, r), mask=_mask_cell(masks, r))
                     i += 1
             row0 = end_row
             if i >= len(want):
@@ -178,6 +201,14 @@ def _target_cell(targets: pa.Array | None, r: int) -> np.ndarray | None:
     if targets is None or not targets[r].is_valid:
         return None
     return np.asarray(targets[r].values.to_numpy(zero_copy_only=False))
+
+
+def _mask_cell(masks: list[pa.Array] | None, r: int) -> np.ndarray | None:
+    """Row ``r``'s mask (a copy, so it does not hold its batch) from the mask columns (None: none)."""
+    if masks is None:
+        return None
+    data, shape, dtype = (column[r].as_py() for column in masks)
+    return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
 
 
 def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:

@@ -44,6 +44,7 @@ from packer.shards.members import (
     Decoded,
     SampleDefect,
     decode_label,
+    decode_mask_member,
     decode_members,
     decode_target,
     irregular_member,
@@ -119,10 +120,17 @@ def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     return buffer.getvalue()
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The bytes ``numpy.save`` writes for ``array`` (C order): :func:`npy_header`, then the data."""
+    array = np.ascontiguousarray(array)
+    return npy_header(tuple(array.shape), array.dtype.str) + array.tobytes()
+
+
 def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | memoryview]]]:
     """The (member name, pieces of its bytes) of one sample, in the order they are written:
     ``.cls`` (the class index; only with a class target), ``.json`` (the sample record), ``.npy``
     (the ``numpy.save`` bytes of the pixels: header, then the raw C-order buffer) and
+    ``.mask.npy`` (the segmentation mask, ``numpy.save`` bytes; only with masks) and
     ``.target.npy`` (the multi-label or numeric target vector; only with one)."""
     header = npy_header(tuple(sample.shape), sample.dtype)
     members: list[tuple[str, Sequence[bytes | memoryview]]] = []
@@ -132,9 +140,10 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
         (f"{sample.key}.json", (canonical_json(sample.info),)),
         (f"{sample.key}.npy", (header, sample.pixels)),
     ]
+    if sample.mask is not None:
+        members.append((f"{sample.key}.mask.npy", (sample.mask,)))
     if sample.target is not None:
-        vector = np.ascontiguousarray(sample.target)
-        members.append((f"{sample.key}.target.npy", (npy_header(vector.shape, vector.dtype.str), vector.tobytes())))
+        members.append((f"{sample.key}.target.npy", (npy_bytes(sample.target),)))
     return members
 
 
@@ -316,8 +325,8 @@ def read_tar_sample(fh: BinaryIO, sample: TarSample) -> Decoded | SampleDefect:
     """
     if _PREAD:
         return _pread_sample(fh.fileno(), sample)
-    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", "target.npy") if ext in sample.members]
-                             or ["npy"])
+    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", "mask.npy", "target.npy")
+                                          if ext in sample.members] or ["npy"])
     return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
 
 
@@ -355,23 +364,28 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
         head = os.pread(fd, head_size, npy_at)
     if len(head) != head_size:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
-    target_bytes = _pread_member(fd, key, "target.npy", *members["target.npy"]) if "target.npy" in members else None
-    if isinstance(target_bytes, SampleDefect):
-        return target_bytes
+    extras: dict[str, bytes] = {}  # the small members: a mask, a target vector, read whole
+    for ext in ("mask.npy", "target.npy"):
+        if ext in members:
+            member = _pread_member(fd, key, ext, *members[ext])
+            if isinstance(member, SampleDefect):
+                return member
+            extras[ext] = member
     layout = npy_layout(head)
     if layout is None:
         data = _pread_member(fd, key, "npy", npy_at, npy_size)
         if isinstance(data, SampleDefect):
             return data
-        whole = {"npy": data, **({"cls": cls} if cls is not None else {}),
-                 **({"target.npy": target_bytes} if target_bytes is not None else {})}
-        return decode_members(key, whole)
+        return decode_members(key, {"npy": data, **({"cls": cls} if cls is not None else {}), **extras})
     label = decode_label(key, cls) if cls is not None else None
     if isinstance(label, SampleDefect):
         return label
-    target = decode_target(key, target_bytes) if target_bytes is not None else None
+    target = decode_target(key, extras["target.npy"]) if "target.npy" in extras else None
     if isinstance(target, SampleDefect):
         return target
+    mask = decode_mask_member(key, extras["mask.npy"]) if "mask.npy" in extras else None
+    if isinstance(mask, SampleDefect):
+        return mask
     dtype, shape, start = layout
     problem = npy_size_problem(npy_size - start, dtype, shape)
     if problem is not None:
@@ -381,7 +395,7 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     if not dtype.isnative:
         image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
-    return Decoded(key=key, label=label, image=image, target=target)
+    return Decoded(key=key, label=label, image=image, target=target, mask=mask)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:

@@ -1,0 +1,287 @@
+"""Segmentation masks: packed next to their image, with exactly the image's geometry, and read back.
+
+Every image here is drawn from its own mask (each class id a block of one intensity), so after
+any transform a mask pixel must sit on an image pixel of its class's intensity: wherever the
+mask is uniform around a pixel, the image value there is a function of the mask id alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.demo import write_ct_slice
+from packer.errors import ConfigError
+from packer.loader import ShardDataset, make_loader
+from packer.verify import verify_dataset
+from tests.test_targets import _build, _job, _manifest
+
+GREYS = {0: 20, 1: 90, 2: 160, 3: 230}  # class id -> grey of its block in a photo
+HU = {0: -500, 1: 0, 2: 500, 3: 1000}   # class id -> HU of its block in a CT slice
+
+
+def _blocks(height: int, width: int, seed: int, block: int = 12) -> np.ndarray:
+    """A class-id map of ``block``-sized rectangles (non-square layout: transposes show)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = -(-height // block), -(-width // (block + 4))
+    ids = rng.integers(0, 4, size=(rows, cols)).astype(np.uint8)
+    ids[0, 0], ids[-1, -1] = 1, 2  # never one class only
+    return np.repeat(np.repeat(ids, block, axis=0), block + 4, axis=1)[:height, :width].copy()
+
+
+def _png(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, data = cv2.imencode(".png", array)
+    assert ok
+    path.write_bytes(data.tobytes())
+
+
+def _uniform(mask: np.ndarray, radius: int = 2) -> np.ndarray:
+    """Pixels of a 2-D mask whose (2·radius+1)² neighbourhood holds one id (edges excluded)."""
+    h, w = mask.shape
+    out = np.zeros_like(mask, dtype=bool)
+    inner = mask[radius:h - radius, radius:w - radius]
+    same = np.ones_like(inner, dtype=bool)
+    for dr in range(-radius, radius + 1):
+        for dc in range(-radius, radius + 1):
+            same &= mask[radius + dr:h - radius + dr, radius + dc:w - radius + dc] == inner
+    out[radius:h - radius, radius:w - radius] = same
+    return out
+
+
+def _assert_aligned(image: np.ndarray, mask: np.ndarray, seen: dict[int, set[int]]) -> None:
+    """On every pixel inside a uniform mask region, the image value is one per mask id (±1):
+    the mask labels the image's own pixels. ``seen`` gathers each id's value across samples."""
+    assert mask.shape[-2:] == image.shape[-2:]
+    for channel in range(image.shape[0]):
+        for frame in range(mask.shape[0]):
+            inside = _uniform(mask[frame])
+            for cls in np.unique(mask[frame][inside]):
+                found = image[channel][inside & (mask[frame] == cls)].astype(int)
+                assert found.max() - found.min() <= 1, (cls, found.min(), found.max())
+                seen.setdefault(int(cls), set()).add(int(found.min()))
+
+
+def _check_seen(seen: dict[int, set[int]]) -> None:
+    """Across samples each id kept its value (±1), and the ids' values differ."""
+    assert len(seen) >= 3
+    for values in seen.values():
+        assert max(values) - min(values) <= 1, seen
+    lowest = [min(v) for v in seen.values()]
+    assert len(set(lowest)) == len(lowest), seen
+
+
+def _photo_set(tmp: Path, sizes: list[tuple[int, int]]) -> Path:
+    raw = tmp / "raw"
+    rows = ["path,mask,entity,timestamp,label"]
+    for i, (h, w) in enumerate(sizes):
+        ids = _blocks(h, w, i)
+        grey = np.vectorize(GREYS.get)(ids).astype(np.uint8)
+        _png(raw / "img" / f"{i}.png", grey)
+        _png(raw / "masks" / f"{i}.png", ids)
+        rows.append(f"img/{i}.png,masks/{i}.png,E{i},2024-01-01,x")
+    (raw / "table.csv").write_text("\n".join(rows) + "\n")
+    return raw
+
+
+def _photo_source(raw: Path, **mask: Any) -> dict[str, Any]:
+    return {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+            "mask": {"column": "mask", "classes": [0, 1, 2, 3, 255], "pad": 255, **mask}}
+
+
+@pytest.mark.parametrize("image", [
+    {"size": [40, 40], "resize": "fit", "color": "gray"},
+    {"size": [40, 40], "resize": "crop", "color": "gray"},
+    {"size": [30, 50], "resize": "stretch", "color": "gray"},
+    {"size": [96, 96], "resize": "fit", "color": "rgb"},  # upscaling
+    {"size": [64, 64], "color": "gray", "tile": {"size": [32, 32], "stride": [16, 16]}},
+])
+def test_image_masks_follow_every_resize_and_tile(tmp_path: Path, image: dict[str, Any]) -> None:
+    raw = _photo_set(tmp_path, [(60, 90), (90, 60), (48, 48)])
+    result = _build(_job(tmp_path, [_photo_source(raw)], transform={"image": image}))
+    manifest = _manifest(result)
+    assert manifest["mask"] == {"dtype": "uint8", "classes": [0, 1, 2, 3, 255], "layout": "FHW"}
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    tiles = 9 if "tile" in image else 1
+    assert len(items) == 3 * tiles and not (result.version_dir / "bad_samples.jsonl").read_text()
+    seen: dict[int, set[int]] = {}
+    for item in items:
+        assert item["mask"].dtype.is_floating_point is False and item["mask"].shape[0] == 1
+        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+    _check_seen(seen)
+    assert verify_dataset(result.manifest_path, deep=True).ok
+
+
+def test_an_exif_rotated_photo_and_its_mask_turn_together(tmp_path: Path) -> None:
+    raw = _photo_set(tmp_path, [(40, 70)])
+    png = raw / "img" / "0.png"
+    # the same pixels as a TIFF whose Orientation (6: rotate 90° clockwise to view) the transform applies
+    tiff = raw / "img" / "0.tif"
+    ok, data = cv2.imencode(".tif", cv2.imread(str(png), cv2.IMREAD_UNCHANGED))
+    assert ok
+    tiff.write_bytes(_with_orientation(data.tobytes(), 6))
+    png.unlink()
+    (raw / "table.csv").write_text("path,mask,entity,timestamp,label\nimg/0.tif,masks/0.png,E0,2024-01-01,x\n")
+    result = _build(_job(tmp_path, [_photo_source(raw)], transform={"image": {"color": "gray"}}))
+    (item,) = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert tuple(item["image"].shape) == (1, 70, 40)  # turned upright
+    seen: dict[int, set[int]] = {}
+    _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+    _check_seen(seen)
+
+
+def _with_orientation(tiff: bytes, orientation: int) -> bytes:
+    """``tiff`` (little-endian, as OpenCV writes it) with an Orientation tag of ``orientation``
+    added to its first IFD (rewritten at the end of the file)."""
+    import struct
+
+    assert tiff[:4] == b"II*\x00"
+    ifd = struct.unpack_from("<I", tiff, 4)[0]
+    count = struct.unpack_from("<H", tiff, ifd)[0]
+    entries = [tiff[ifd + 2 + 12 * i: ifd + 14 + 12 * i] for i in range(count)]
+    entries = [e for e in entries if struct.unpack_from("<H", e)[0] != 0x0112]
+    entries.append(struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0))
+    entries.sort(key=lambda e: struct.unpack_from("<H", e)[0])
+    new_ifd = len(tiff) + len(tiff) % 2
+    body = tiff + b"\0" * (new_ifd - len(tiff))
+    body += struct.pack("<H", len(entries)) + b"".join(entries) + struct.pack("<I", 0)
+    return body[:4] + struct.pack("<I", new_ifd) + body[8:]
+
+
+def _ct_set(tmp: Path, frames: int, size: int = 48) -> Path:
+    raw = tmp / "raw"
+    rows = ["path,label,mask"]
+    for i in range(3):
+        ids = np.stack([_blocks(size, size, 10 * i + f, block=8) for f in range(frames)])
+        hu = np.vectorize(HU.get)(ids).astype(np.float32)
+        (raw / "ct").mkdir(parents=True, exist_ok=True)
+        write_ct_slice(raw / "ct" / f"{i}.dcm", patient_id=f"P{i}", study_date="20240101",
+                       pixels_hu=hu if frames > 1 else hu[0])
+        (raw / "masks").mkdir(parents=True, exist_ok=True)
+        if frames > 1:
+            np.save(raw / "masks" / f"{i}.npy", ids)
+            rows.append(f"ct/{i}.dcm,x,masks/{i}.npy")
+        else:
+            _png(raw / "masks" / f"{i}.png", ids[0])
+            rows.append(f"ct/{i}.dcm,x,masks/{i}.png")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    return raw
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+@pytest.mark.parametrize("dicom", [
+    {"size": [32, 40], "resize": "fit"},
+    {"size": [40, 40], "resize": "crop", "spacing": [11.0, 9.0]},  # resampled from the file's spacing first
+])
+def test_dicom_masks_follow_spacing_and_resize(tmp_path: Path, fmt: str, dicom: dict[str, Any]) -> None:
+    raw = _ct_set(tmp_path, frames=1)
+    source = {"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"),
+              "mask": {"column": "mask", "classes": [0, 1, 2, 3, 255], "pad": 255}}
+    windows = {"windows": [{"center": 250, "width": 2000}], **dicom}
+    result = _build(_job(tmp_path, [source], fmt, transform={"dicom": windows}))
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert len(items) == 3
+    seen: dict[int, set[int]] = {}
+    for item in items:
+        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+    _check_seen(seen)
+    batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=3)))
+    assert batch["mask"].shape == (3, 1, *batch["image"].shape[-2:])
+    if fmt == "webdataset":
+        urls = sorted(str(p) for p in result.version_dir.glob("train-*.tar"))
+        for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
+            assert sample["mask.npy"].dtype == np.uint8 and sample["mask.npy"].shape[-2:] == sample["npy"].shape[-2:]
+    else:
+        for path in result.version_dir.glob("train-*.parquet"):
+            for row in pq.read_table(path, columns=["mask", "mask_shape", "mask_dtype", "shape"]).to_pylist():
+                assert row["mask_dtype"] == "uint8" and row["mask_shape"][1:] == row["shape"][1:]
+                assert len(row["mask"]) == int(np.prod(row["mask_shape"]))
+    assert verify_dataset(result.manifest_path, deep=True).ok
+
+
+def test_a_multi_frame_dicom_split_into_frames_gives_each_frame_its_own_mask(tmp_path: Path) -> None:
+    raw = _ct_set(tmp_path, frames=3)
+    source = {"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"), "mask": {"column": "mask"}}
+    result = _build(_job(tmp_path, [source], transform={"dicom": {"windows": [{"center": 250, "width": 2000}],
+                                                                  "size": [40, 40], "frames": "split"}}))
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert len(items) == 9 and all(item["key"].endswith(("-f0000", "-f0001", "-f0002")) for item in items)
+    masks, seen = set(), {}
+    for item in items:
+        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+        masks.add(item["mask"].numpy().tobytes())
+    _check_seen(seen)
+    assert len(masks) == 9  # each frame got its own frame's mask
+
+
+def test_bad_masks_are_reason_coded_bad_samples(tmp_path: Path) -> None:
+    raw = _photo_set(tmp_path, [(40, 60)] * 6)
+    _png(raw / "masks" / "1.png", _blocks(40, 50, 1))                      # wrong size
+    bad_ids = _blocks(40, 60, 2)
+    bad_ids[0, 0] = 7
+    _png(raw / "masks" / "2.png", bad_ids)                                 # an undeclared class id
+    (raw / "masks" / "3.png").unlink()                                     # no such file
+    _png(raw / "masks" / "4.png", np.zeros((40, 60), np.uint8))            # all background
+    table = (raw / "table.csv").read_text().replace("img/5.png,masks/5.png", "img/5.png,")  # no mask named
+    (raw / "table.csv").write_text(table)
+    result = _build(_job(tmp_path, [_photo_source(raw, empty="bad")], validate={"max_bad_fraction": 0.9}))
+    reasons = {Path(r["path"]).name: (r["reason"], r["message"])
+               for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert {name: reason for name, (reason, _) in reasons.items()} == {
+        "1.png": "mask_size", "2.png": "mask_values", "3.png": "mask_missing", "4.png": "mask_empty",
+        "5.png": "mask_missing"}
+    assert "40×50" in reasons["1.png"][1] and "40×60" in reasons["1.png"][1]
+    assert "7" in reasons["2.png"][1]
+    assert _manifest(result)["splits"]["train"]["samples"] == 1
+
+
+def test_mask_settings_are_checked_when_the_job_is_read(tmp_path: Path) -> None:
+    raw = _photo_set(tmp_path, [(40, 60)])
+    with pytest.raises(ConfigError, match="pad: 9 is not one of the declared classes"):
+        load_job(_job(tmp_path, [_photo_source(raw, pad=9)]))
+    masked, bare = _photo_source(raw), {**_photo_source(raw), "name": "other"}
+    bare.pop("mask")
+    with pytest.raises(ConfigError, match="pack masks but 'other' does not"):
+        load_job(_job(tmp_path, [{**masked, "name": "seg"}, bare]))
+    folder = {"kind": "image", "root": str(raw), "label": "folder", "mask": {"column": "mask"}}
+    with pytest.raises(ConfigError, match="masks are named by a column of the source's table"):
+        load_job(_job(tmp_path, [folder]))
+
+
+def test_a_changed_mask_file_is_decoded_again(tmp_path: Path) -> None:
+    raw = _photo_set(tmp_path, [(40, 60), (40, 60)])
+    job = _job(tmp_path, [_photo_source(raw)])
+    first = _build(job)
+    changed = _blocks(40, 60, 99)
+    _png(raw / "masks" / "0.png", changed)
+    second = _build(job)
+    assert _manifest(first)["dataset_hash"] != _manifest(second)["dataset_hash"]
+    again = _build(job)
+    assert _manifest(again)["dataset_hash"] == _manifest(second)["dataset_hash"]
+    assert _manifest(again)["mask"]["classes"] == [0, 1, 2, 3, 255]
+
+
+def test_a_16_bit_mask_needs_its_ids_declared(tmp_path: Path) -> None:
+    raw = _photo_set(tmp_path, [(40, 60), (40, 60)])
+    ids = _blocks(40, 60, 0).astype(np.uint16) * 100  # ids 0, 100, 200, 300
+    np.save(raw / "masks" / "0.npy", ids)
+    (raw / "masks" / "0.png").unlink()  # no longer named by the table: it would be listed as an image
+    (raw / "table.csv").write_text((raw / "table.csv").read_text().replace("masks/0.png", "masks/0.npy"))
+    result = _build(_job(tmp_path, [{**_photo_source(raw), "mask": {"column": "mask"}}],
+                         validate={"max_bad_fraction": 0.9}))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "mask_values" and "mask.classes" in record["message"]
+    declared = {**_photo_source(raw), "mask": {"column": "mask", "classes": [0, 1, 2, 3, 100, 200, 300]}}
+    # (1.png's ids 0-3 fit the declared list too)
+    result = _build(_job(tmp_path / "declared", [declared]))
+    assert _manifest(result)["mask"]["dtype"] == "uint16"
+    masks = [item["mask"] for item in ShardDataset(result.manifest_path, "train", shuffle=False)]
+    assert {int(v) for m in masks for v in m.unique()} >= {100, 300}
