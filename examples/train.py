@@ -1,4 +1,4 @@
-"""Train a small CNN from packed shards: one process, or DDP under torchrun.
+"""Train a small CNN from packed shards, for whatever target the dataset has: one process, or DDP under torchrun.
 
     make demo                                          # builds build/demo/<version>/
     python examples/train.py --manifest build/demo/<version> --epochs 1
@@ -14,6 +14,19 @@ manifest lists them under ``sample_schema.shapes``), ``--sources`` trains on a v
 sources (``ShardDataset(..., sources=[...])``, which skips the others without reading them);
 without it, this script stops and names the shapes.
 
+What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses it:
+- class: a class per image, cross-entropy on ``batch["label"]``.
+- multilabel: one logit per label, binary cross-entropy on the multi-hot ``batch["target"]``.
+- numeric: one output per number, MSE on ``batch["target"]`` standardised by the train split's
+  ``target_stats``: ``(value - mean) / (max - min)`` per name (min/mean/max is what the
+  manifest records; the range stands in for a standard deviation it does not record).
+- none (unlabeled): self-supervised denoising: from the image plus Gaussian noise, predict the
+  clean image average-pooled to 8×8 (MSE).
+- masks (any target kind): segmentation: a tiny fully-convolutional net, per-pixel
+  cross-entropy on ``batch["mask"][:, 0]`` over ``max(classes) + 1`` classes (256 when the
+  manifest's ``mask.classes`` is null). One mask frame only: F > 1 stops with a message.
+Each epoch's line says which (``class: 3 classes``, ``numeric: age, dose``, ...).
+
 What to copy into a real training script:
 - ``init_process_group`` when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
   reads rank and world size from torch.distributed, and ``uneven="pad"`` gives every rank
@@ -28,18 +41,22 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn import functional as F
 
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+from packer.manifest import read_manifest
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--manifest", required=True, help="manifest.json or the dataset version folder")
     parser.add_argument("--split", default="train")
     parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
@@ -64,6 +81,63 @@ def build_model(channels: int, classes: int) -> nn.Module:
         nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
     )
+
+
+def build_segmenter(channels: int, classes: int) -> nn.Module:
+    """A tiny fully-convolutional net: per-pixel class logits on the image's own H×W grid."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, classes, 1),
+    )
+
+
+@dataclass
+class Objective:
+    """What train() optimises: ``model``, and ``loss(model, batch)`` (model as called, DDP or not)."""
+
+    summary: str  # printed each epoch: "class: 3 classes", "unlabeled: denoising reconstruction", ...
+    model: nn.Module
+    loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
+
+
+def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -> Objective:
+    """Head and loss for the dataset's masks, else for its target kind (see the module docstring)."""
+    target, mask = dataset.info.target, dataset.info.mask
+    if mask is not None:
+        classes = max(mask["classes"]) + 1 if mask["classes"] else 256
+
+        def segmentation(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+            if batch["mask"].shape[1] != 1:
+                raise SystemExit(f"train.py: the masks have {batch['mask'].shape[1]} frames; this example "
+                                 "segments one mask frame per image")
+            return F.cross_entropy(model(batch["image"]), batch["mask"][:, 0].long())
+
+        return Objective(f"segmentation: {classes} classes", build_segmenter(channels, classes), segmentation)
+    if target.kind == "class":
+        classes = max(dataset.info.label_map.values()) + 1
+        return Objective(f"class: {classes} classes", build_model(channels, classes),
+                         lambda model, batch: F.cross_entropy(model(batch["image"]), batch["label"]))
+    outputs = len(target.names)
+    if target.kind == "multilabel":
+        return Objective(f"multilabel: {outputs} labels", build_model(channels, outputs),
+                         lambda model, batch: F.binary_cross_entropy_with_logits(model(batch["image"]),
+                                                                                 batch["target"]))
+    if target.kind == "numeric":
+        # standardised by the train split's stats: the manifest records min/mean/max per name
+        stats = read_manifest(dataset.info.manifest, check_hash=False).splits["train"]["target_stats"]
+        mean = torch.tensor([stats[n]["mean"] for n in target.names], device=device)
+        scale = torch.tensor([(stats[n]["max"] - stats[n]["min"]) or 1.0 for n in target.names], device=device)
+        return Objective(f"numeric: {', '.join(target.names)}", build_model(channels, outputs),
+                         lambda model, batch: F.mse_loss(model(batch["image"]), (batch["target"] - mean) / scale))
+
+    # unlabeled: self-supervised denoising; from the image plus noise, reconstruct the clean one pooled to 8×8
+    def denoising(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        image = batch["image"]
+        return F.mse_loss(model(image + 0.5 * torch.randn_like(image)), F.adaptive_avg_pool2d(image, 8))
+
+    model = nn.Sequential(build_model(channels, channels * 64), nn.Unflatten(1, (channels, 8, 8)))
+    return Objective("unlabeled: denoising reconstruction", model, denoising)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -105,7 +179,8 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
     batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
-    model: nn.Module = build_model(channels, max(dataset.info.label_map.values()) + 1).to(device)
+    objective = pick_objective(dataset, channels, device)
+    model: nn.Module = objective.model.to(device)
     optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step, start_epoch = 0, 0
     if args.resume and args.checkpoint and args.checkpoint.exists():
@@ -129,7 +204,7 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         batches.set_epoch(epoch)
         model.train()
         for batch in batches:
-            loss = nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+            loss = objective.loss(model, batch)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
@@ -140,11 +215,11 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
                 checkpoint()
             if args.max_steps and step >= args.max_steps:
                 checkpoint()
-                return {"steps": step, "losses": losses, "keys": keys, "rank": rank}
+                return {"steps": step, "losses": losses, "keys": keys, "rank": rank, "objective": objective.summary}
         if rank == 0 and losses:
-            print(f"epoch {epoch}: step {step}, last loss {losses[-1]:.4f}", flush=True)
+            print(f"epoch {epoch}: step {step}, last loss {losses[-1]:.4f} ({objective.summary})", flush=True)
         checkpoint()
-    return {"steps": step, "losses": losses, "keys": keys, "rank": rank}
+    return {"steps": step, "losses": losses, "keys": keys, "rank": rank, "objective": objective.summary}
 
 
 if __name__ == "__main__":
