@@ -445,7 +445,7 @@ def _prepare_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     readme = root / "README.txt"
     if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
-        for sub in ("ct", "photos", "exports"):
+        for sub in ("ct", "photos", "exports", "targets"):
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub)
         return
@@ -598,6 +598,11 @@ def _write_readme(tree: DemoTree, seed: int, kind: str) -> None:
         f"photos/         {tree.images} good images per subject folder",
         "photos/labels.csv  path,label,entity,timestamp (path relative to photos/)",
         "phi.key         the demo's pseudonymization key (derived from the seed: NOT secret, demo only)",
+        "targets/        examples for every target kind (workflows/targets-*.yaml build them):",
+        "  folders/<class>/*.png         an ImageFolder tree (label: folder)",
+        "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric)",
+        "  segmentation/ + table.csv     grey images with shapes, and their masks (0 background, 1 disk, 2 square);",
+        "                                planted: images/022.png -> mask_missing, images/023.png -> mask_size",
         "",
         "Planted defects (relpath -> reason code the build must report):" if tree.defects else "No planted defects.",
         *(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
@@ -641,10 +646,80 @@ def write_demo_tree(
     _write_table(root / "ct_labels.csv", ct_rows + broken_ct_rows, ("path", "label"))
     _write_table(root / "photos" / "labels.csv", photo_rows + broken_photo_rows,
                  ("path", "label", "entity", "timestamp"))
+    write_target_examples(root, seed, photo_rows, broken_photo_rows)
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo")
     return tree
+
+
+#: Segmentation example: mask class ids (0 is background).
+SEGMENT_CLASSES = {"disk": 1, "square": 2}
+
+
+def write_target_examples(root: Path, seed: int, photo_rows: Sequence[_Row],
+                          broken_rows: Sequence[_Row] = ()) -> list[PlantedDefect]:
+    """``targets/``: one example per target kind, for ``workflows/targets-*.yaml``.
+
+    - ``folders/<circle|square>/NNN.png``: an ImageFolder tree (64×64 photos);
+    - ``photos.csv``: the demo photos (``photos/``) with targets measured from their own pixels:
+      ``findings`` (multi-label: the shape, ``bright`` when the mean grey is above 0.5,
+      ``textured`` when its standard deviation is above 0.2) and ``brightness``/``contrast``
+      (numeric: that mean and standard deviation, in [0, 1]); the planted broken photos
+      (``broken_rows``) are listed with empty cells, as a real table lists files it cannot measure;
+    - ``segmentation/images/NNN.png`` with ``segmentation/masks/NNN.png`` (class ids:
+      :data:`SEGMENT_CLASSES`, drawn with the image's own shapes) and ``segmentation/table.csv``
+      (path,mask,entity,timestamp); one mask of the wrong size and one missing mask are planted.
+
+    Returns the planted defects (relative to ``targets/segmentation``).
+    """
+    base = root / "targets"
+    for rel in range(24):
+        label = PHOTO_LABELS[rel % 2]
+        write_photo(base / "folders" / label / f"{rel:03d}.png",
+                    render_photo(seeded_rng(seed, "folder-photo", rel), label, height=64, width=64))
+    rows = []
+    for row in sorted([*photo_rows, *broken_rows], key=lambda r: r.path):
+        grey = cv2.imread(str(root / "photos" / row.path), cv2.IMREAD_GRAYSCALE) if row in photo_rows else None
+        if grey is None:
+            rows.append([row.path, "", "", "", row.entity, row.timestamp])
+            continue
+        bright, contrast = float(grey.mean()) / 255.0, float(grey.std()) / 255.0
+        findings = [row.label] + (["bright"] if bright > 0.5 else []) + (["textured"] if contrast > 0.2 else [])
+        rows.append([row.path, "|".join(findings), f"{bright:.4f}", f"{contrast:.4f}", row.entity, row.timestamp])
+    _write_csv(base / "photos.csv", ["path", "findings", "brightness", "contrast", "entity", "timestamp"], rows)
+    seg = base / "segmentation"
+    seg_rows = []
+    for n in range(24):
+        rng = seeded_rng(seed, "segmentation", n)
+        image = np.full((64, 64), int(rng.integers(20, 80)), dtype=np.uint8)
+        mask = np.zeros((64, 64), dtype=np.uint8)
+        for shape, cls in SEGMENT_CLASSES.items():
+            half = int(rng.integers(6, 12))
+            x, y = (int(v) for v in rng.integers(half, 64 - half, size=2))
+            layer = np.zeros_like(mask)
+            if shape == "disk":
+                cv2.circle(layer, (x, y), half, 1, thickness=-1)
+            else:
+                cv2.rectangle(layer, (x - half, y - half), (x + half, y + half), 1, thickness=-1)
+            image[layer > 0] = 120 + 60 * cls + int(rng.integers(-10, 10))
+            mask[layer > 0] = cls
+        noisy = np.clip(image.astype(np.int16) + rng.integers(-8, 9, size=image.shape), 0, 255).astype(np.uint8)
+        write_photo(seg / "images" / f"{n:03d}.png", noisy)
+        if n != 22:  # planted: 22's mask is missing
+            write_photo(seg / "masks" / f"{n:03d}.png", mask if n != 23 else mask[:, :48])  # 23: wrong size
+        seg_rows.append([f"images/{n:03d}.png", f"masks/{n:03d}.png", f"S{n // 2:03d}", f"2024-01-{n + 1:02d}"])
+    _write_csv(seg / "table.csv", ["path", "mask", "entity", "timestamp"], seg_rows)
+    return [PlantedDefect("images/022.png", "mask_missing"), PlantedDefect("images/023.png", "mask_size")]
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(buf.getvalue(), encoding="utf-8")
 
 
 def write_demo_key(root: Path, seed: int) -> Path:
