@@ -24,7 +24,8 @@ What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses
   clean image average-pooled to 8×8 (MSE).
 - masks (any target kind): segmentation: a tiny fully-convolutional net, per-pixel
   cross-entropy on ``batch["mask"][:, 0]`` over ``max(classes) + 1`` classes (256 when the
-  manifest's ``mask.classes`` is null). One mask frame only: F > 1 stops with a message.
+  manifest's ``mask.classes`` is null); a non-zero ``mask.pad`` (what ``resize: fit`` padded
+  with) is the loss's ignore index, not a class. One mask frame only: F > 1 stops with a message.
 Each epoch's line says which (``class: 3 classes``, ``numeric: age, dose``, ...).
 
 What to copy into a real training script:
@@ -105,13 +106,16 @@ def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -
     """Head and loss for the dataset's masks, else for its target kind (see the module docstring)."""
     target, mask = dataset.info.target, dataset.info.mask
     if mask is not None:
-        classes = max(mask["classes"]) + 1 if mask["classes"] else 256
+        pad = int(mask.get("pad", 0))  # what resize "fit" filled in: not a class when the job padded with another id
+        ids = sorted(set(mask["classes"] or range(256)) - ({pad} if pad else set()))
+        classes = max(ids) + 1
 
         def segmentation(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
             if batch["mask"].shape[1] != 1:
                 raise SystemExit(f"train.py: the masks have {batch['mask'].shape[1]} frames; this example "
                                  "segments one mask frame per image")
-            return F.cross_entropy(model(batch["image"]), batch["mask"][:, 0].long())
+            return F.cross_entropy(model(batch["image"]), batch["mask"][:, 0].long(),
+                                   ignore_index=pad if pad else -100)
 
         return Objective(f"segmentation: {classes} classes", build_segmenter(channels, classes), segmentation)
     if target.kind == "class":

@@ -694,6 +694,9 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
         raise ConfigError(f"sources: {', '.join(repr(m) for m in masked)} pack masks but {bare!r} does not; every "
                           "sample of a dataset has a mask or none does (a batch stacks them), so give every source "
                           "a 'mask:' or build two datasets")
+    if len({s.mask.pad for s in sources if s.mask is not None}) > 1:
+        raise ConfigError("sources: the masks' pad ids differ; 'fit' must pad every mask of a dataset with one id "
+                          "(the manifest records it, so a loss can ignore it)")
     if len({s.mask.dtype for s in sources if s.mask is not None}) > 1:
         raise ConfigError("sources: the masks' declared classes give uint8 masks for some sources and uint16 for "
                           "others; declare classes up to the same range (ids above 255 make uint16 masks)")

@@ -108,7 +108,7 @@ def test_image_masks_follow_every_resize_and_tile(tmp_path: Path, image: dict[st
     raw = _photo_set(tmp_path, [(60, 90), (90, 60), (48, 48)])
     result = _build(_job(tmp_path, [_photo_source(raw)], transform={"image": image}))
     manifest = _manifest(result)
-    assert manifest["mask"] == {"dtype": "uint8", "classes": [0, 1, 2, 3, 255], "layout": "FHW"}
+    assert manifest["mask"] == {"dtype": "uint8", "classes": [0, 1, 2, 3, 255], "layout": "FHW", "pad": 255}
     items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
     tiles = 9 if "tile" in image else 1
     assert len(items) == 3 * tiles and not (result.version_dir / "bad_samples.jsonl").read_text()

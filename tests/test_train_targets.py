@@ -64,7 +64,7 @@ def _masks(tmp: Path) -> Path:
     (_multilabel, "multilabel: 3 labels"),
     (_numeric, "numeric: age, dose"),
     (_unlabeled, "unlabeled: denoising reconstruction"),
-    (_masks, "segmentation: 256 classes"),  # mask classes [0, 1, 2, 3, 255]: ids 0..255
+    (_masks, "segmentation: 4 classes"),  # mask classes [0, 1, 2, 3] and 255, the pad: ignored, not a class
 ])
 def test_the_example_trains_an_epoch_on_every_target_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch, job: Any,

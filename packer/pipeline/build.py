@@ -173,11 +173,12 @@ def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written
 
 
 def _mask_schema(job: JobConfig) -> dict[str, Any]:
-    """What every sample's mask is (the manifest's ``mask``): its dtype and declared class ids
-    (the union over the sources; null where a source accepts any id)."""
+    """What every sample's mask is (the manifest's ``mask``): its dtype, declared class ids
+    (the union over the sources; null where a source accepts any id) and the id ``fit`` pads
+    with (a loss may ignore it)."""
     masks = [s.mask for s in job.sources if s.mask is not None]
     declared = None if any(m.classes is None for m in masks) else sorted({c for m in masks for c in m.classes or ()})
-    return {"dtype": masks[0].dtype, "classes": declared, "layout": "FHW"}
+    return {"dtype": masks[0].dtype, "classes": declared, "layout": "FHW", "pad": masks[0].pad}
 
 
 @dataclass(frozen=True)
