@@ -8,7 +8,8 @@ manifest) to compare samples by key, per-sample sha256 and target.
 
 Each view follows the dataset's target kind (:mod:`packer.targets`): class counts for a class
 target, samples holding each label for multi-label, min/mean/max for numeric targets, nothing
-for an unlabeled dataset.
+for an unlabeled dataset. ``inspect`` also says whether the samples carry segmentation masks
+(the manifest's ``mask``: dtype, declared class ids, pad id).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
 
     Keys: name, version, dataset_hash, created_at, format, format_version, packer_version,
     libraries, decoders, label_map, target (kind and names, :meth:`Target.to_json`),
+    mask (the manifest's mask record: dtype, classes, layout and pad; None without masks),
     sample_schema, splits (per split samples, entities, shards, bytes, shard_bytes
     min/median/max, classes count/percent: per class of all samples, per multi-label label of
     the samples holding it; numeric targets add target_stats min/mean/max per name), totals,
@@ -112,7 +114,8 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         "created_at": manifest["created_at"], "format": manifest["format"],
         "format_version": manifest["format_version"], "packer_version": manifest["packer_version"],
         "libraries": manifest["libraries"], "decoders": manifest["decoders"], "label_map": manifest["label_map"],
-        "target": target.to_json(), "sample_schema": manifest["sample_schema"], "splits": splits,
+        "target": target.to_json(), "mask": manifest.get("mask"), "sample_schema": manifest["sample_schema"],
+        "splits": splits,
         "totals": totals,
         "inputs": manifest["inputs"],
         "bad_samples": {k: bad[k] for k in ("total", "fraction", "max_fraction", "by_reason", "by_stage")},
@@ -192,6 +195,18 @@ def _target_line(summary: dict[str, Any]) -> str:
     return "none: unlabeled (no targets)"
 
 
+def _mask_line(mask: dict[str, Any], fmt: str) -> str:
+    """What ``inspect`` says of a dataset's masks: dtype, layout, where they are, declared class
+    ids, pad id."""
+    classes = mask.get("classes")
+    declared = ("classes " + ", ".join(map(str, classes)) if isinstance(classes, list)
+                else "classes not declared (any id)")
+    pad = f"; fit pads with {mask['pad']}" if mask.get("pad") else ""
+    where = "mask columns" if fmt == "parquet" else "<key>.mask.npy"
+    return f"{mask.get('dtype', '?')} {mask.get('layout', 'FHW')}, one per sample ({where}); {declared} " \
+           f"(0 background){pad}"
+
+
 def _number(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, int | float) else "-"
 
@@ -223,6 +238,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         "  decoders      " + (", ".join(f"{d} ({n} transfer syntaxes)" for d, n in sorted(by_decoder.items())) or "-"),
         f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}",
         f"  target        {_target_line(summary)}",
+        *([f"  masks         {_mask_line(summary['mask'], summary['format'])}"]
+          if isinstance(summary.get("mask"), dict) else []),
         "",
         f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   {TARGET_COLUMN.get(kind, kind)}",
     ]

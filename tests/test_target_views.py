@@ -192,6 +192,7 @@ def test_an_unlabeled_report_says_so_and_shows_no_balance(builds: Builds, tmp_pa
     assert sheet_keys(parsed) == Counter(rows.keys())
     assert set(captions(text)) == set(rows)
     assert all("label" not in caption and "target" not in caption for caption in captions(text).values())
+    assert "mask" not in text  # no masks: no legend, no masks table, no overlay (tests/test_report_masks.py)
 
 
 @pytest.mark.parametrize("kind", ["multilabel", "numeric"])
@@ -247,6 +248,9 @@ def test_inspect_shows_each_target_kind(builds: Builds) -> None:
     assert "target        none: unlabeled" in text
     assert json.loads(invoke("inspect", builds.unlabeled, "--json").output)["target"] == {"kind": "none",
                                                                                           "names": []}
+    for version in (builds.multilabel, builds.numeric, builds.unlabeled):  # none has masks
+        assert json.loads(invoke("inspect", version, "--json").output)["mask"] is None
+        assert "  masks " not in invoke("inspect", version).output
 
 
 # -- diff -----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ One file, inline CSS and SVG, thumbnails as PNG data URIs, no script and no netw
 (a Content-Security-Policy forbids any fetch), so it opens from ``file://`` anywhere.
 Sections, each an ``<h2>`` with a stable id: ``summary``, ``splits``, ``contact-sheets``,
 ``intensities``, ``bad-samples``, ``leakage-audit``. What the splits section and the contact
-sheets say of the targets follows the dataset's target kind (``balance.py``, ``collect.py``).
+sheets say of the targets follows the dataset's target kind (``balance.py``, ``collect.py``). A
+dataset with segmentation masks also gets its masks drawn over the contact sheets, with a legend,
+and the share of mask pixels per class id per split (``masks.py``); one without keeps its bytes.
 
 Contact sheets and histograms read a bounded, seeded selection of samples through the
 sample index, so the file's size (≈ ≤ 10 MB) and most of its build time do not grow with the

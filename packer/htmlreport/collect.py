@@ -10,6 +10,11 @@ are counted and encoded.
 A contact-sheet group follows the dataset's target (:mod:`packer.targets`): the class label; each
 label a multi-label sample holds (it appears under each, under ``NO_LABEL`` when it holds none);
 the source for numeric and unlabeled datasets.
+
+A dataset with segmentation masks (the manifest's ``mask``, :class:`MaskSchema`) has each
+sheet sample's mask drawn over its thumbnail (:func:`packer.htmlreport.thumbs.mask_overlay`) and
+the masks of the histogram samples counted per split (:class:`MaskCounts`): the same bounded,
+seeded selection, so every mask of a split up to ``histogram_samples`` samples.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ import numpy as np
 from packer.badsamples import REPORT_FILE, read_bad_samples
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
-from packer.htmlreport.stats import ChannelHistograms, ValueHistogram, channel_counts, value_histograms
+from packer.htmlreport.stats import (
+    ChannelHistograms,
+    MaskCounts,
+    ValueHistogram,
+    channel_counts,
+    mask_pixel_counts,
+    value_histograms,
+)
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
 from packer.targets import Target
 
@@ -62,6 +74,36 @@ class ReportLimits:
 
 
 @dataclass(frozen=True)
+class MaskSchema:
+    """What every mask of a dataset with masks is (the manifest's ``mask``): its dtype, the class
+    ids its sources declare (None: any), the id ``fit`` pads with (None where not recorded)."""
+
+    dtype: str
+    classes: tuple[int, ...] | None
+    pad: int | None
+
+    @classmethod
+    def of_manifest(cls, manifest: dict[str, Any]) -> MaskSchema | None:
+        """The manifest's mask record; None without masks (or a record this packer cannot read).
+        The pad id comes from the record, else from the first masked source of the job config."""
+        record = manifest.get("mask")
+        if not isinstance(record, dict):
+            return None
+        classes = record.get("classes")
+        pad = record.get("pad")
+        if pad is None:
+            sources = manifest.get("config", {}).get("sources", [])
+            pads = [s["mask"].get("pad") for s in sources if isinstance(s, dict) and isinstance(s.get("mask"), dict)]
+            pad = pads[0] if pads else None
+        try:
+            return cls(dtype=str(record.get("dtype", "?")),
+                       classes=None if classes is None else tuple(sorted(int(c) for c in classes)),
+                       pad=None if pad is None else int(pad))
+        except (TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class SheetItem:
     """One contact-sheet cell: the sample's identity, its target as text (:meth:`ReportData.describe`)
     and its panes.
@@ -77,6 +119,7 @@ class SheetItem:
     channels: tuple[str, ...]
     panes: tuple[Pane, ...]
     small: tuple[Pane, ...]
+    mask: str | None = None  # the class ids its mask holds, as text (None: no mask)
 
     def nbytes(self, small: bool = False) -> int:
         return sum(p.nbytes for p in (self.small if small else self.panes))
@@ -111,6 +154,9 @@ class ReportData:
     bad_note: str | None = None
     target: Target = field(default_factory=lambda: Target("class"))
     value_histograms: list[ValueHistogram] = field(default_factory=list)  # numeric targets, from the index
+    mask: MaskSchema | None = None  # the dataset's masks; None without
+    mask_counts: dict[str, MaskCounts] = field(default_factory=dict)  # per split, over the histogram samples
+    mask_ids: set[int] = field(default_factory=set)  # class ids in any mask the report read
 
     def describe(self, entry: IndexEntry) -> str:
         """The target of the sample ``entry`` as text: its class name, its labels, its numbers."""
@@ -217,7 +263,8 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         manifest=manifest, folder=folder, limits=limits, splits=ordered_splits(manifest),
         kinds={str(s.get("name")): str(s.get("kind")) for s in config.get("sources", []) if isinstance(s, dict)},
         label_names={int(v): str(k) for k, v in manifest.get("label_map", {}).items()},
-        audit=read_audit(manifest, folder), warnings=list(warnings or []), target=_target(manifest))
+        audit=read_audit(manifest, folder), warnings=list(warnings or []), target=_target(manifest),
+        mask=MaskSchema.of_manifest(manifest))
     index, data.index_note = load_index(folder, manifest)
     data.index_size = len(index)
     histogram_keys, sheet_keys = _select(index, data)
@@ -235,12 +282,14 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     wanted = histogram_keys | on_sheets | duplicate_keys
     items: dict[str, SheetItem] = {}
     kinds, px = data.kinds, limits.thumb_px
+    masked, pad = data.mask is not None, data.mask.pad if data.mask is not None else None
 
     def render(result: PackedSample | tuple[IndexEntry, str]) -> _Rendered | tuple[IndexEntry, str]:
         if not isinstance(result, PackedSample):
             return result
         return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
-                       sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys)
+                       sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys,
+                       masked=masked, pad=pad)
 
     samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
     for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
@@ -282,23 +331,29 @@ class _Rendered:
     panes: tuple[Pane, ...] | None
     small: tuple[Pane, ...] | None
     duplicate: Pane | None
+    mask_pixels: dict[int, int] | None = None  # pixels per class id of its mask (None: no mask)
 
 
 def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, counted: bool, sheet: bool,
-            duplicate: bool) -> _Rendered:
-    """Histogram counts and thumbnails of one sample: pure, and mostly OpenCV calls that release
-    the GIL, so samples render on a thread pool."""
+            duplicate: bool, masked: bool = False, pad: int | None = None) -> _Rendered:
+    """Histogram counts, thumbnails and, ``masked`` (the manifest records masks), mask counts and
+    overlays of one sample: pure, and mostly OpenCV and numpy calls that release the GIL, so
+    samples render on a thread pool."""
     entry = sample.entry
     kind = str(sample.info.get("kind") or kinds.get(entry.source, ""))
     chw = as_chw(sample.image)
+    mask = sample.mask if masked and sample.mask is not None and sample.mask.ndim == 3 and len(sample.mask) else None
+    frame = mask[0] if mask is not None else None  # the sheets show frame 0 of an F×H×W mask
     panes = small = None
     if sheet:
-        panes = tuple(sample_panes(chw, sample.info, kind, thumb_px))
+        panes = tuple(sample_panes(chw, sample.info, kind, thumb_px, mask=frame, pad=pad))
         small_px = min(SMALL_PX, thumb_px // 2)
-        small = panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px))
+        small = panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px,
+                                                                                 mask=frame, pad=pad))
     return _Rendered(entry=entry, names=tuple(channel_names(sample.info, kind, chw.shape[0])), channels=chw.shape[0],
                      dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
-                     panes=panes, small=small, duplicate=composite_pane(chw, thumb_px) if duplicate else None)
+                     panes=panes, small=small, duplicate=composite_pane(chw, thumb_px) if duplicate else None,
+                     mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None)
 
 
 def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
@@ -308,10 +363,17 @@ def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetI
         if slot not in data.histograms:
             data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
         data.histograms[slot].add_counts(rendered.counts, rendered.dtype)
+        if rendered.mask_pixels is not None:
+            pad = data.mask.pad if data.mask is not None else None
+            data.mask_counts.setdefault(entry.split, MaskCounts()).add(rendered.mask_pixels, pad)
+    if rendered.mask_pixels is not None:
+        data.mask_ids.update(rendered.mask_pixels)
     if rendered.panes is not None and rendered.small is not None:
+        held = (None if rendered.mask_pixels is None else
+                ", ".join(str(i) for i in sorted(rendered.mask_pixels) if i) or "empty (all 0)")
         items[entry.key] = SheetItem(key=entry.key, label=data.describe(entry), entity_id=entry.entity_id,
                                      source=entry.source, channels=rendered.names, panes=rendered.panes,
-                                     small=rendered.small)
+                                     small=rendered.small, mask=held)
     if rendered.duplicate is not None:
         data.duplicate_panes[entry.key] = rendered.duplicate
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from packer.htmlreport.collect import NO_LABEL, ReportData, SheetItem
 from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
+from packer.htmlreport.masks import render_mask_legend
 from packer.htmlreport.sections import section
 from packer.htmlreport.stats import ChannelHistograms
 from packer.htmlreport.svg import histogram_chart
@@ -23,8 +24,10 @@ def _cell(item: SheetItem, small: bool, kind: str) -> str:
     field = CAPTION_FIELD.get(kind)
     caption = (f"{item.key}\n" + (f"{field}: {item.label}\n" if field else "")
                + f"entity_id: {item.entity_id}\nsource: {item.source}")
-    if len(item.panes) > 1 or item.panes[0].name not in ("RGB", "grey"):
+    if len(item.panes) > 1 or item.panes[0].name.removesuffix(" + mask") not in ("RGB", "grey"):
         caption += f"\nchannels: {', '.join(item.channels)}"
+    if item.mask is not None:
+        caption += f"\nmask: {item.mask}"
     imgs = []
     for pane in item.small if small else item.panes:
         w, h = _display_size(pane)
@@ -110,9 +113,14 @@ def render_contact_sheets(data: ReportData) -> str:
             f"sha256(dataset_hash, key) so the same dataset always shows the same samples.{grouping} Multi-channel "
             f"DICOM samples show each window in grey, then a colour composite. Hover a thumbnail for its key, {hover}, "
             "entity and windows.")
+    if data.mask is not None:
+        lead += (" Each sample's segmentation mask (frame 0 of a multi-frame mask) is drawn over its last thumbnail, "
+                 "one colour per class id as the legend below says; hover for the ids its mask holds.")
     if data.index_note:
         unreadable += note(esc(data.index_note), "warn")
-    return section("contact-sheets", unreadable + "".join(blocks) or note("No packed samples.", "muted"), lead)
+    body = unreadable + "".join(blocks)
+    return section("contact-sheets", render_mask_legend(data) + body if body else note("No packed samples.", "muted"),
+                   lead)
 
 
 def _saturation_note(hist_sat: list[tuple[str, float, float]], flagged: set[str]) -> str:

@@ -17,6 +17,7 @@ from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
 from packer.htmlreport.findings import DuplicateGroup
 from packer.htmlreport.markup import esc, note, num, split_color, table
+from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
 from packer.storage import is_url
@@ -79,6 +80,9 @@ def render_summary(data: ReportData) -> str:
         _fact("Sample schema", f'{esc(schema.get("dtype") or "mixed")} {esc(schema.get("layout", ""))}: {shapes}'),
         _fact("packer", esc(m.get("packer_version", "?")), field="packer_version"),
     ]
+    masks = mask_fact(data)
+    if masks is not None:  # after the sample schema
+        facts.insert(10, _fact("Masks", masks, field="mask"))
     phi = m.get("phi")
     if isinstance(phi, dict):
         facts.insert(9, _fact("PHI", esc(", ".join(f"{k} {v}" for k, v in phi.items() if k != "key_fingerprint")
@@ -164,7 +168,7 @@ def render_splits(data: ReportData) -> str:
                     + (f"<td>{when}</td>" if ranges else "") + "</tr>")
     headers = ["split", "samples", "entities"] + (["time range (first → last record)"] if ranges else [])
     overview = table(headers, rows, table_id="splits-table", cls="data", numeric=(1, 2))
-    return section("splits", f"{overview}{render_balance(data)}{_timeline(data)}")
+    return section("splits", f"{overview}{render_balance(data)}{render_mask_classes(data)}{_timeline(data)}")
 
 
 def common_folder(paths: Sequence[str]) -> str:

@@ -11,7 +11,8 @@ and grouped in numpy; only the rows the report names become Python objects. One
 through the whole report (~400 while ranking) and made it the peak of a large build's memory.
 
 A multi-label or numeric dataset's index also has a ``target`` column (the sample's vector,
-:mod:`packer.targets`); it is read with the other columns, a few bytes a row.
+:mod:`packer.targets`); it is read with the other columns, a few bytes a row. A sample of a
+dataset with masks comes with its mask (``<key>.mask.npy``, the ``mask`` columns), read with it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.manifest import INDEX_SCHEMA
-from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, load_npy
+from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, decode_mask_member, load_npy
 from packer.shards.parquet import read_parquet_samples
 from packer.shards.tar import read_member_bytes, read_sample_at, scan_tar
 from packer.targets import Target
@@ -61,11 +62,13 @@ class IndexEntry:
 
 @dataclass(frozen=True)
 class PackedSample:
-    """One sample as stored: ``image`` is the C×H×W array, ``info`` its JSON record."""
+    """One sample as stored: ``image`` is the C×H×W array, ``info`` its JSON record, ``mask`` its
+    F×H×W segmentation mask (None without one)."""
 
     entry: IndexEntry
     image: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
+    mask: np.ndarray | None = None
 
 
 def selection_rank(dataset_hash: str, key: str) -> bytes:
@@ -245,10 +248,14 @@ def _record_target(target: Target, info: dict[str, Any]) -> tuple[float, ...] | 
     return None
 
 
-def _packed(entry: IndexEntry, members: dict[str, bytes]) -> PackedSample:
-    """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` if present)."""
+def _packed(entry: IndexEntry, members: dict[str, bytes]) -> PackedSample | tuple[IndexEntry, str]:
+    """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` and
+    ``mask.npy`` if present), or why its mask member cannot be read."""
     raw = members.get("json")
-    return PackedSample(entry, load_npy(members["npy"]), json.loads(raw) if raw else {})
+    mask = decode_mask_member(entry.key, members["mask.npy"]) if "mask.npy" in members else None
+    if isinstance(mask, SampleDefect):
+        return entry, f"{mask.reason}: {mask.message}"
+    return PackedSample(entry, load_npy(members["npy"]), json.loads(raw) if raw else {}, mask)
 
 
 def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
@@ -291,7 +298,8 @@ def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSampl
         if isinstance(result, SampleDefect):
             yield by_row[row], f"{result.reason}: {result.message}"
         else:
-            yield PackedSample(by_row[row], result.image, json.loads(result.record) if result.record else {})
+            yield PackedSample(by_row[row], result.image, json.loads(result.record) if result.record else {},
+                               result.mask)
 
 
 def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:

@@ -1,8 +1,9 @@
-"""Per-channel 256-bin intensity histograms of packed samples, grouped by split and source; and
-histograms of a numeric target's values per split."""
+"""Per-channel 256-bin intensity histograms of packed samples, grouped by split and source;
+histograms of a numeric target's values per split; and pixels per segmentation-mask class id."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,3 +103,30 @@ def value_histograms(names: Sequence[str], values: np.ndarray, split_code: np.nd
                 stats[str(split)] = (int(held.size), float(held.min()), float(held.mean()), float(held.max()))
         out.append(ValueHistogram(name=name, edges=edges, counts=counts, stats=stats))
     return out
+
+
+def mask_pixel_counts(mask: np.ndarray) -> dict[int, int]:
+    """Pixels per class id (those present) of one F×H×W mask, every frame counted."""
+    counts = np.bincount(np.ascontiguousarray(mask).ravel())
+    return {int(i): int(counts[i]) for i in np.flatnonzero(counts).tolist()}
+
+
+@dataclass
+class MaskCounts:
+    """Over the masks of ``samples`` samples of one split: pixels per class id, and how many of
+    those masks are empty (hold no id but 0, and the id ``fit`` pads with)."""
+
+    pixels: Counter[int] = field(default_factory=Counter)
+    samples: int = 0
+    empty: int = 0
+
+    def add(self, counts: dict[int, int], pad: int | None = None) -> None:
+        """Add one mask's :func:`mask_pixel_counts`."""
+        self.pixels.update(counts)
+        self.samples += 1
+        self.empty += not (set(counts) - {0, pad})
+
+    def shares(self) -> dict[int, float]:
+        """Share of the counted pixels per class id, by id."""
+        total = sum(self.pixels.values())
+        return {i: (self.pixels[i] / total if total else 0.0) for i in sorted(self.pixels)}

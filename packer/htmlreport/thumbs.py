@@ -7,6 +7,11 @@ Display rules (the contact sheet states them too):
 - otherwise (DICOM windows, or any other multi-channel sample) each channel is shown in
   grey side by side, followed by a composite: C=2 puts the channels in R and G with
   B = their mean, C≥3 shows the first three channels as RGB.
+
+A sample with a segmentation mask shows it over its last pane (the sole one, the RGB image or the
+composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
+colour per id (:data:`MASK_COLORS`: Okabe and Ito's seven, then Paul Tol's muted nine), background
+0 transparent, the id that ``fit`` pads with in grey; of an F×H×W mask, frame 0.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ import cv2
 import numpy as np
 
 MAX_SIDE = 128
+#: Colours of mask class ids 1, 2, …: Okabe & Ito (2008) without black, then Paul Tol's "muted";
+#: they repeat from id 17 on (:func:`mask_color`)
+MASK_COLORS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
+               "#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499")
+PAD_COLOR = "#BBBBBB"  # the id resize ``fit`` pads masks with, where it is not 0
+MASK_ALPHA = 0.45      # opacity of a mask's colour over its image
 
 
 @dataclass(frozen=True)
@@ -117,23 +128,65 @@ def composite(image: np.ndarray) -> np.ndarray:
     return np.dstack([image[0], image[1], image[2]])
 
 
+def mask_color(class_id: int, pad: int | None = None) -> str | None:
+    """The colour of mask class ``class_id`` (None: 0, the background, is not drawn); ``pad``: the
+    id ``fit`` pads with, drawn grey unless it is 0."""
+    if class_id == 0:
+        return None
+    if pad is not None and class_id == pad:
+        return PAD_COLOR
+    return MASK_COLORS[(class_id - 1) % len(MASK_COLORS)]
+
+
+def _rgb(color: str) -> tuple[int, int, int]:
+    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
+
+
+def mask_overlay(display: np.ndarray, mask: np.ndarray, max_side: int = MAX_SIDE,
+                 pad: int | None = None) -> np.ndarray:
+    """H×W×3 RGB uint8: ``display`` (H×W grey or H×W×3 RGB uint8) shrunk to ``max_side`` as
+    :func:`png_data_uri` shrinks it, with ``mask`` (H×W class ids on its grid, shrunk by nearest
+    neighbour) blended over it at :data:`MASK_ALPHA` in each id's :func:`mask_color`."""
+    h, w = display.shape[:2]
+    if mask.shape != (h, w):
+        raise ValueError(f"a {mask.shape} mask does not lie on a {(h, w)} image")
+    if max(h, w) > max_side:
+        scale = max_side / max(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        display = cv2.resize(display, size, interpolation=cv2.INTER_AREA)
+        mask = cv2.resize(np.ascontiguousarray(mask), size, interpolation=cv2.INTER_NEAREST_EXACT)
+    rgb = np.dstack([display] * 3) if display.ndim == 2 else display
+    out = rgb.astype(np.float32)
+    for class_id in np.unique(mask).tolist():
+        color = mask_color(int(class_id), pad)
+        if color is not None:
+            where = mask == class_id
+            out[where] = out[where] * (1 - MASK_ALPHA) + np.array(_rgb(color), np.float32) * MASK_ALPHA
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
 def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: int = MAX_SIDE,
-                 max_channels: int = 4) -> list[Pane]:
-    """The panes that show one sample (see the module docstring for the rules)."""
+                 max_channels: int = 4, mask: np.ndarray | None = None, pad: int | None = None) -> list[Pane]:
+    """The panes that show one sample (see the module docstring for the rules); ``mask``: the
+    sample's H×W class ids, drawn over the last pane (named ``… + mask``)."""
     chw = to_display(as_chw(image))
     mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
+    shown: list[tuple[str, np.ndarray]]
     if isinstance(mapped, dict) and mapped.get("rule") == "replicate":
         # transform.channels repeated one channel: show it once, named for what it was
-        name = channel_names(info, kind, 1)[0]
-        return [_named(png_data_uri(chw[0], max_side), f"{name} ×{chw.shape[0]}")]
-    names = channel_names(info, kind, chw.shape[0])
-    if chw.shape[0] == 1:
-        return [_named(png_data_uri(chw[0], max_side), names[0])]
-    if kind == "image" and chw.shape[0] in (3, 4):
-        return [_named(png_data_uri(composite(chw), max_side), "RGB")]
-    panes = [_named(png_data_uri(chw[c], max_side), names[c]) for c in range(min(chw.shape[0], max_channels))]
-    panes.append(_named(png_data_uri(composite(chw), max_side), "composite"))
-    return panes
+        shown = [(f"{channel_names(info, kind, 1)[0]} ×{chw.shape[0]}", chw[0])]
+    elif chw.shape[0] == 1:
+        shown = [(channel_names(info, kind, 1)[0], chw[0])]
+    elif kind == "image" and chw.shape[0] in (3, 4):
+        shown = [("RGB", composite(chw))]
+    else:
+        names = channel_names(info, kind, chw.shape[0])
+        shown = [(names[c], chw[c]) for c in range(min(chw.shape[0], max_channels))]
+        shown.append(("composite", composite(chw)))
+    if mask is not None and mask.shape == chw.shape[1:]:
+        name, last = shown[-1]
+        shown[-1] = (f"{name} + mask", mask_overlay(last, mask, max_side, pad))
+    return [_named(png_data_uri(array, max_side), name) for name, array in shown]
 
 
 def composite_pane(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
