@@ -201,6 +201,23 @@ class SplitConfig:
 
 
 @dataclass(frozen=True)
+class SeriesConfig:
+    """``transform.dicom.series``: how series are checked when samples are made from series
+    (``sample: {neighbors: k}``). ``gap_tolerance``: a step between slices may differ from the
+    series' median step by at most this fraction; ``drop_localizers``: localizer or derived
+    images in a series are left out (each reported) rather than failing it; ``min_slices``:
+    fewer slices fail the series."""
+
+    gap_tolerance: float = 0.1
+    drop_localizers: bool = True
+    min_slices: int = 3
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gap_tolerance": self.gap_tolerance, "drop_localizers": self.drop_localizers,
+                "min_slices": self.min_slices}
+
+
+@dataclass(frozen=True)
 class DicomTransformConfig:
     """``transform.dicom``. ``modality_windows`` maps a Modality (0008,0060) value, upper case,
     to the windows files of that modality get instead of ``windows`` (CT presets mean nothing
@@ -215,6 +232,17 @@ class DicomTransformConfig:
     frames: str = "split"
     modality_windows: tuple[tuple[str, tuple[WindowSpec, ...]], ...] = ()
     channels: int | None = None
+    #: ``slice`` (every slice its own sample) or ``neighbors`` (each slice with ``neighbors``
+    #: spatial neighbours on each side as channels, from its assembled series)
+    sample: str = "slice"
+    neighbors: int = 0
+    edge: str = "replicate"
+    series: SeriesConfig = field(default_factory=SeriesConfig)
+
+    @property
+    def by_series(self) -> bool:
+        """True when samples are made from assembled series rather than file by file."""
+        return self.sample != "slice"
 
     def windows_for(self, modality: str | None) -> tuple[WindowSpec, ...]:
         """The windows for a file whose Modality is ``modality`` (any case, None: absent)."""
@@ -228,6 +256,9 @@ class DicomTransformConfig:
             if self.modality_windows else {})
         if self.channels is not None:  # likewise: only when set
             extra["channels"] = self.channels
+        if self.by_series:  # likewise
+            extra["sample"] = {"neighbors": self.neighbors, "edge": self.edge}
+            extra["series"] = self.series.to_json()
         return {
             "windows": [w.to_json() for w in self.windows],
             **extra,
@@ -584,6 +615,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         frames=raw_dicom.get("frames", _default("transform.dicom.frames")),
         modality_windows=_modality_windows(raw_dicom.get("modality_windows") or {}),
         channels=raw_dicom.get("channels", transform.get("channels")),
+        **_sampling(raw_dicom),
     )
     raw_image = transform.get("image") or {}
     tile = raw_image.get("tile")
@@ -601,7 +633,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     _check_channels(sources, dicom, image)
     split = _parse_split(doc["split"], base)
     labels = tuple(doc.get("labels") or ())
-    _check_targets(sources, split, labels)
+    _check_targets(sources, split, labels, dicom)
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],
@@ -667,7 +699,24 @@ def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConf
                        sources=image_sources, fix=fix)
 
 
-def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels: tuple[str, ...]) -> None:
+def _sampling(raw: dict[str, Any]) -> dict[str, Any]:
+    """``transform.dicom.sample`` and ``series`` as DicomTransformConfig fields."""
+    sample = raw.get("sample", "slice")
+    if sample == "slice":
+        if "series" in raw:
+            raise ConfigError("transform.dicom.series: series are assembled only for sample: {neighbors: k}; "
+                              "remove series, or set sample")
+        return {}
+    series = raw.get("series") or {}
+    return {"sample": "neighbors", "neighbors": int(sample["neighbors"]), "edge": sample.get("edge", "replicate"),
+            "series": SeriesConfig(
+                gap_tolerance=float(series.get("gap_tolerance", _default("transform.dicom.series.gap_tolerance"))),
+                drop_localizers=bool(series.get("drop_localizers", _default("transform.dicom.series.drop_localizers"))),
+                min_slices=int(series.get("min_slices", _default("transform.dicom.series.min_slices"))))}
+
+
+def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels: tuple[str, ...],
+                   dicom: DicomTransformConfig) -> None:
     """A dataset has one target kind: the sources must agree on it (and on the names of
     numeric or 0/1-column targets), and the split must be able to use it."""
     first = sources[0]
@@ -689,6 +738,13 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
                               f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "
                               "by; remove stratify")
     masked = [s.name for s in sources if s.mask is not None]
+    if dicom.by_series and dicom.frames == "stack":
+        raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but sample: "
+                          "{neighbors: k} stacks a slice's neighbours; a multi-frame file's frames are its series' "
+                          "slices, so use frames: split")
+    if dicom.by_series and any(s.mask is not None for s in sources if s.kind == "dicom"):
+        raise ConfigError("transform.dicom.sample: neighbour stacks are built from series; masks of DICOM sources "
+                          "are packed per slice only (sample: slice) for now")
     if masked and len(masked) != len(sources):
         bare = next(s.name for s in sources if s.mask is None)
         raise ConfigError(f"sources: {', '.join(repr(m) for m in masked)} pack masks but {bare!r} does not; every "

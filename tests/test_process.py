@@ -18,7 +18,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packer.config import JobConfig, MaskConfig, TargetConfig, WindowSpec
+from packer.config import JobConfig, MaskConfig, SeriesConfig, TargetConfig, WindowSpec
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Issue, SampleRef
@@ -184,6 +184,14 @@ def _source(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit
     return st.tuples(st.integers(0, 7), values).map(edit)
 
 
+def _stacked(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit]:
+    """Edits ``job.dicom.<name>`` with neighbour samples on (the sampling fields count only then)."""
+    def edit(value: Any) -> Edit:
+        fields = {"sample": "neighbors", "neighbors": 1, name: value}
+        return lambda job: replace(job, dicom=replace(job.dicom, **fields))
+    return values.map(edit)
+
+
 #: Settings that change what a raw file turns into: each is part of the key. (A source's
 #: ``root``, ``labels`` and ``table`` are the resolved ``*_spec``: the refs' paths and table
 #: values carry them.)
@@ -217,6 +225,12 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
         st.tuples(st.sampled_from(["CR", "DX", "MR", "CT"]), WINDOWS), max_size=2,
         unique_by=lambda p: p[0]).map(tuple)),
     "dicom.channels": _setting("dicom", "channels", CHANNELS),
+    # neighbour stacks: what a series chunk turns into (the series' files are the chunk's refs)
+    "dicom.sample": _stacked("sample", st.just("neighbors")),
+    "dicom.neighbors": _stacked("neighbors", st.integers(2, 4)),
+    "dicom.edge": _stacked("edge", st.sampled_from(["skip"])),
+    "dicom.series": _stacked("series", st.builds(SeriesConfig, gap_tolerance=st.floats(0.01, 0.09),
+                                                 drop_localizers=st.just(False), min_slices=st.integers(4, 9))),
     "image.size": _setting("image", "size", SIZES),
     "image.resize": _setting("image", "resize", RESIZE),
     "image.color": _setting("image", "color", st.sampled_from(["rgb", "gray"])),

@@ -308,7 +308,8 @@ def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups
     del a, b
     order = np.argsort(key, kind="stable")
     key = key[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    # (no pairs at all, e.g. every sample in one split group: np.r_[True] would still start one)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, dtype=np.int64)
     best = np.maximum.reduceat(similarity[order], starts) if len(starts) else similarity[:0]
     key = key[starts]
     return Candidates((key >> 32).astype(np.int32), (key & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,12 +34,14 @@ from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.masks import with_masks
 from packer.pipeline.nearcopy import signature
-from packer.pipeline.probe import probe_for_read, probe_ref
+from packer.pipeline.probe import probe_for_read, probe_ref, probe_series
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
+from packer.pipeline.series import Assembled, assemble, stack_neighbors
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
+from packer.read.dicom_series import SliceGeometry
 from packer.records import Issue, Sample, SampleRef, SpilledSample
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
@@ -73,6 +75,9 @@ class ChunkTask:
     sig_dir: str | None = None
     # repr=False: dask logs a failed task with its arguments; the options may hold secrets
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    #: A chunk that is one assembled series (``sample: {neighbors: k}``): its slices in order
+    #: as (index into ``refs``, frame) and the steps between them (mm)
+    series: tuple[tuple[tuple[int, int], ...], tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,8 @@ def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
         return replace(outcome, path=ref.path, message=outcome.message.replace(local, ref.path))
     if isinstance(outcome, SampleRef):
         return replace(outcome, path=ref.path)
+    if isinstance(outcome, tuple):  # a probed ref with its series geometry
+        return (replace(outcome[0], path=ref.path), outcome[1])
     samples: list[Sample] = outcome
     return [replace(s, ref=replace(s.ref, path=ref.path)) for s in samples]
 
@@ -222,6 +229,33 @@ def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObje
             return local
         named: T = _named_by(read(local), ref, local.path)
         return named
+
+
+def probe_geometries(task: ChunkTask) -> tuple[tuple[SampleRef, SliceGeometry] | Issue, ...]:
+    """Dask task: each DICOM file's probed ref and series geometry (header only), or its Issue."""
+    listed = dict(task.listed)
+    return tuple(_on_local_file(ref, task, listed, lambda local: probe_series(local, task.job), headers_only=True)
+                 for ref in task.refs)
+
+
+def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: StageClock) -> list[Sample] | list[Issue]:
+    """The neighbour stacks of the series ``task`` holds, or (when one of its files cannot be
+    read) that file's Issue and ``series_incomplete`` for the others."""
+    if task.series is None:
+        raise ValueError("_series_samples needs a series chunk")
+    slices_of, steps = task.series
+    per_file: list[list[Sample]] = []
+    for ref in task.refs:
+        outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
+        if isinstance(outcome, Issue):
+            others = [Issue.of(r, stage="validate", reason="series_incomplete",
+                               message=f"{r.path}: another file of its series, {ref.path}, is bad ({outcome.reason}); "
+                                       "a series with a missing slice is not packed")
+                      for r in task.refs if r.sample_id != ref.sample_id]
+            return [outcome, *others]
+        per_file.append(outcome)
+    clock.switch("decode+transform")
+    return stack_neighbors([per_file[i][frame] for i, frame in slices_of], steps, task.job.dicom)
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -259,9 +293,15 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     listed = dict(task.listed)
     issues: list[Issue] = []
     clock = StageClock()
+    if task.series is not None:
+        made = _series_samples(task, listed, clock)
+        outcomes: Iterable[list[Sample] | Issue] = (
+            [made] if not made or isinstance(made[0], Sample) else made)  # type: ignore[list-item]
+    else:
+        outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
+                    for ref in task.refs)
     with SpillWriter(cache_dir, task.key, sig_dir=sig_dir) as spill:
-        for ref in task.refs:
-            outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
+        for outcome in outcomes:
             if isinstance(outcome, Issue):
                 issues.append(outcome)
                 continue
@@ -337,20 +377,35 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     # Tasks are made as the executor submits them, each from its rows of the ref table: made all
     # at once, they would keep every ref alive as objects through the whole pass.
     table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
+    results: list[ChunkResult] = []
+    series_tasks: list[ChunkTask] = []
+    if decode and job.dicom.by_series:  # DICOM files become series first; a series is one chunk
+        dicom = [i for i, kind in enumerate(table.column("kind")) if kind == "dicom"]
+        assembled, early = _assemble_series(executor, [task_of(tuple(table[i] for i in dicom[a:b]))
+                                                       for a, b in chunk_bounds([table[i].sample_id for i in dicom])],
+                                            job, nonce, quiet)
+        results.append(settle.chunk(early))
+        series_tasks = [replace(task_of(series.refs), series=(series.slices, series.steps))
+                        for series in assembled.series]
+        table = table.take([i for i, kind in enumerate(table.column("kind")) if kind != "dicom"])
     ids = table.column("sample_id")
     bounds = chunk_bounds(ids)
-    size = group_size(len(bounds), executor.threads())
+    size = group_size(len(bounds) + len(series_tasks), executor.threads())
     spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
+    series_spans = [series_tasks[i:i + size] for i in range(0, len(series_tasks), size)]
     names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
+    names += [f"series-{span[0].refs[0].sample_id}-{len(span)}-{nonce}" for span in series_spans]
     del ids
 
     def group_of(index: int) -> ChunkGroup:
+        if index >= len(spans):
+            return ChunkGroup(tuple(series_spans[index - len(spans)]))
         return ChunkGroup(tuple(task_of(tuple(table[start:stop])) for start, stop in spans[index]))
 
-    progress = Progress("process" if decode else "headers", len(table), quiet=quiet)
-    results: list[ChunkResult] = []
+    files = len(table) + sum(len(task.refs) for task in series_tasks)
+    progress = Progress("process" if decode else "headers", files, quiet=quiet)
     lost: list[ChunkTask] = []
-    groups = LazySequence(len(spans), group_of)
+    groups = LazySequence(len(spans) + len(series_spans), group_of)
     for group, done in executor.map_unordered(process_group, groups, names):
         if isinstance(done, WorkerLost):
             lost.extend(group.tasks)
@@ -358,7 +413,8 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         for result in done:
             results.append(settle.chunk(result))
             progress.update(result.files, bad=len(result.issues))
-    singles = [task_of((ref,)) for task in lost for ref in task.refs]
+    singles = [task_of((ref,)) if task.series is None else task for task in lost
+               for ref in (task.refs if task.series is None else task.refs[:1])]  # a series stays whole
     suspects: list[ChunkTask] = []
     for task, outcome in executor.map_unordered(process_chunk, singles,
                                                 [f"isolate-{t.refs[0].sample_id}-{nonce}" for t in singles]):
@@ -371,15 +427,40 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
                                                     [f"isolate-alone-{suspect.refs[0].sample_id}-{nonce}"])
         if isinstance(outcome, WorkerLost):
-            ref, key = task.refs[0], chunk_key(task.refs, job, libraries, listed)
-            outcome = ChunkResult(key=key, samples=(), files=1, issues=(Issue.of(
+            key = chunk_key(task.refs, job, libraries, listed)
+            what = "this file alone" if len(task.refs) == 1 else f"this file's series ({len(task.refs)} files)"
+            outcome = ChunkResult(key=key, samples=(), files=len(task.refs), issues=tuple(Issue.of(
                 ref, stage="read", reason="decoder_crash",
-                message=f"{ref.path}: reading this file alone killed the worker process every time it was tried "
-                        f"({outcome}); a native decoder crash. The file was isolated and the build went on"),))
+                message=f"{ref.path}: reading {what} killed the worker process every time it was tried "
+                        f"({outcome}); a native decoder crash. The file was isolated and the build went on")
+                for ref in task.refs))
         results.append(settle.chunk(outcome))
         progress.update(outcome.files, bad=len(outcome.issues))
     progress.close()
     return sorted(results, key=lambda r: r.key), settle.table.finish()
+
+
+def _assemble_series(executor: Executor, tasks: Sequence[ChunkTask], job: JobConfig, nonce: str,
+                     quiet: bool) -> tuple[Assembled, ChunkResult]:
+    """The header pass of ``sample: {neighbors: k}``: every DICOM file's series geometry on the
+    workers, then :func:`packer.pipeline.series.assemble` here. Returns the series and a result
+    holding the files refused on the way (bad headers, bad series, localizers left out)."""
+    progress = Progress("series", sum(len(t.refs) for t in tasks), quiet=quiet)
+    placed: list[tuple[SampleRef, SliceGeometry]] = []
+    issues: list[Issue] = []
+    for task, outcome in executor.map_unordered(probe_geometries, tasks,
+                                                [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks]):
+        found = (probe_geometries(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
+        for item in found:
+            (issues if isinstance(item, Issue) else placed).append(item)  # type: ignore[arg-type]
+        progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
+    progress.close()
+    assembled = assemble(placed, job.dicom.series)
+    refused = (*issues, *assembled.issues)
+    in_series = sum(len(series.refs) for series in assembled.series)
+    key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
+    files = len(placed) + len(issues) - in_series  # the files this result speaks for
+    return assembled, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files)
 
 
 def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from packer.config import JobConfig
 from packer.pipeline.labels import Refused, from_attribute
+from packer.read.dicom_series import SliceGeometry
 from packer.records import Issue, SampleRef
 
 
@@ -42,6 +43,15 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
     return probed if isinstance(probed, Issue) else probed[0]
 
 
+def probe_series(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, SliceGeometry] | Issue:
+    """:func:`probe_ref` of a DICOM file, plus its place in a series (UIDs, positions,
+    orientation, grid) for :func:`packer.pipeline.series.assemble`. Header only."""
+    probed = _probe(ref, job, keep_pixels=False, geometry=True)
+    if isinstance(probed, Issue):
+        return probed
+    return probed[0], probed[1]
+
+
 def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
     """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
 
@@ -52,16 +62,19 @@ def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Is
     return _probe(ref, job, keep_pixels=True)
 
 
-def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[SampleRef, Any] | Issue:
+def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool, geometry: bool = False
+           ) -> tuple[SampleRef, Any] | Issue:
+    """The probed ref and, for a DICOM file, its parsed dataset (``keep_pixels``) or, with
+    ``geometry``, its :class:`SliceGeometry` instead; or the file's Issue."""
     from packer.read.dicom import probe_dicom
     from packer.read.image import probe_image
 
     source = next(s for s in job.sources if s.name == ref.source)
-    dataset = None
+    extra: Any = None
     if ref.kind == "dicom":
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels,
-                             label_keyword=source.target.attribute)
+                             label_keyword=source.target.attribute, placement=geometry)
         if isinstance(header, Issue):
             return header
         ref = replace(ref, entity=header.entity, time=header.time)
@@ -70,10 +83,10 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool) -> tuple[Sample
             if isinstance(label, Refused):
                 return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
             ref = replace(ref, label=label)
-        dataset = header.dataset
+        extra = header.geometry if geometry else header.dataset
     else:
         image_header = probe_image(ref, limits=job.limits)
         if isinstance(image_header, Issue):
             return image_header
     problem = check_identity(ref, needs_time=job.split.by == "time")
-    return problem if problem is not None else (ref, dataset)
+    return problem if problem is not None else (ref, extra)

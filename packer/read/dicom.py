@@ -51,6 +51,7 @@ from packer.read.dicom_attrs import (
     text_value,
 )
 from packer.read.dicom_render import GRAYSCALE, render_samples
+from packer.read.dicom_series import SliceGeometry, slice_geometry
 from packer.read.limits import (
     DEFAULT_LIMITS,
     BoundedFile,
@@ -127,6 +128,8 @@ class DicomHeader:
     dataset: Dataset | None = field(default=None, compare=False, repr=False)
     #: The value of the attribute the source's labels come from (``label: {attribute: ...}``)
     label_value: str | None = None
+    #: Its place in a series, where the probe was asked for it (``probe_dicom(placement=True)``)
+    geometry: SliceGeometry | None = None
 
 
 @dataclass(frozen=True)
@@ -390,7 +393,8 @@ def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: Limi
 
 def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...],
                 limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
-                keep_pixels: bool = False, label_keyword: str | None = None) -> DicomHeader | Issue:
+                keep_pixels: bool = False, label_keyword: str | None = None,
+                placement: bool = False) -> DicomHeader | Issue:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -410,7 +414,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     if isinstance(ds, Issue):
         if keep_pixels:
             return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
-                               allow_burned_in=allow_burned_in, label_keyword=label_keyword)
+                               allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement)
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
@@ -420,6 +424,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         return problem
     try:
         spacing = pixel_spacing(ds, 0)
+        placed = slice_geometry(ds) if placement else None
     except DamagedElement as err:
         return _damaged(ref, err)
     return DicomHeader(
@@ -434,6 +439,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         pixel_spacing=spacing,
         dataset=ds if keep_pixels else None,
         label_value=text_value(ds, label_keyword) if label_keyword else None,
+        geometry=placed,
     )
 
 

@@ -1,0 +1,187 @@
+"""Series: group DICOM files into series, order their slices in space, check them, and stack neighbours.
+
+Used when ``transform.dicom.sample`` is ``{neighbors: k}``. On the client, :func:`assemble`
+turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry`) into series:
+
+- **grouping**: files of one entity with the same Study and Series Instance UID; a multi-frame
+  file is a series of its own, its frames the slices (positions from the functional groups);
+- **order**: by Image Position (Patient) projected on the slice normal (row × column cosines
+  of Image Orientation (Patient)): never by Instance Number or file name, which need not
+  follow position (dcm2niix, nibabel; ``../shared/DOMAIN-series-targets.md`` §1);
+- **checks**, each failure a reason of its own, given to every file of the series:
+  ``series_localizer`` (localizer or derived images among original ones: left out and
+  reported, or with ``drop_localizers: false`` the series fails), ``series_no_position``
+  (a slice without position or orientation), ``series_orientation`` (orientations differ by
+  more than 1e-4 per cosine), ``series_geometry`` (rows, columns or pixel spacing differ),
+  ``series_duplicate_position`` (two slices within 1e-3 mm along the normal),
+  ``series_gap`` (a step differs from the median step by more than ``gap_tolerance``),
+  ``series_too_short`` (fewer than ``min_slices``).
+
+On a worker, :func:`stack_neighbors` makes each slice of an assembled series a sample whose
+channels are its slices ``-k .. +k`` (sorted along the normal), each slice's windows in the
+job's order. Neighbours are by index, as the RSNA winners took them; the checks above make
+the index steps equal in millimetres within ``gap_tolerance``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from packer.config import DicomTransformConfig, SeriesConfig
+from packer.read.dicom_series import SliceGeometry
+from packer.records import Issue, Sample, SampleRef
+
+#: Two orientations agree when every cosine differs by at most this (DS values are rounded
+#: to 16 characters; dcm2niix uses 1e-4).
+ORIENTATION_TOLERANCE = 1e-4
+#: Two slices closer than this along the normal (mm) share a position.
+POSITION_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class Series:
+    """An assembled series: ``refs`` its files (in the order their first slice comes),
+    ``slices`` its slices in order along the normal as (index into ``refs``, frame),
+    ``steps`` the distances between consecutive slices (mm), ``uid_key`` a short digest of
+    its UIDs (never the UIDs: they identify the study)."""
+
+    uid_key: str
+    refs: tuple[SampleRef, ...]
+    slices: tuple[tuple[int, int], ...]
+    steps: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """Every series that passed, and one bad-sample record per file of every one that did not
+    (and per localizer left out)."""
+
+    series: tuple[Series, ...]
+    issues: tuple[Issue, ...]
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
+
+
+def _normal(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
+    row, col = np.asarray(orientation[:3], dtype=np.float64), np.asarray(orientation[3:6], dtype=np.float64)
+    normal = np.cross(row, col)
+    length = np.linalg.norm(normal)
+    return normal / length if length > 0 else normal
+
+
+def _is_localizer(geometry: SliceGeometry) -> bool:
+    """Image Type marks a localizer (value 3, PS3.3 C.8.2.1.1.1) or a derived image."""
+    return "LOCALIZER" in geometry.image_type or (bool(geometry.image_type) and geometry.image_type[0] == "DERIVED")
+
+
+def _fail(refs: Sequence[SampleRef], reason: str, what: str, uid_key: str) -> list[Issue]:
+    return [Issue.of(ref, stage="validate", reason=reason,
+                     message=f"{ref.path}: series {uid_key} ({len(refs)} files): {what}; the series is not packed")
+            for ref in refs]
+
+
+def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig) -> Assembled:
+    """Group, order and check (see the module docstring). ``files``: probed refs (entity set)
+    with their geometry, in any order: the result does not depend on it."""
+    groups: dict[tuple[str, ...], list[tuple[SampleRef, SliceGeometry]]] = {}
+    for ref, geometry in files:
+        key: tuple[str, ...] = (ref.entity or "", geometry.study_uid, geometry.series_uid)
+        if geometry.frames > 1:  # a multi-frame object is a series of its own
+            key = (*key, ref.sample_id)
+        groups.setdefault(key, []).append((ref, geometry))
+    series: list[Series] = []
+    issues: list[Issue] = []
+    for key in sorted(groups):
+        members = sorted(groups[key], key=lambda m: m[0].sample_id)
+        outcome = _check(members, cfg, _digest(*key))
+        if isinstance(outcome, Series):
+            series.append(outcome)
+        else:
+            issues.extend(outcome)
+        issues.extend(_left_out(members, outcome if isinstance(outcome, Series) else None, cfg, _digest(*key)))
+    return Assembled(series=tuple(series), issues=tuple(issues))
+
+
+def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series | None, cfg: SeriesConfig,
+              uid_key: str) -> list[Issue]:
+    """The localizers a kept series left out (with ``drop_localizers``), one record each."""
+    if kept is None or not cfg.drop_localizers:
+        return []
+    inside = {ref.sample_id for ref in kept.refs}
+    return [Issue.of(ref, stage="validate", reason="series_localizer",
+                     message=f"{ref.path}: a localizer or derived image (Image Type {'/'.join(g.image_type)}) in "
+                             f"series {uid_key}; left out of the series (series.drop_localizers)")
+            for ref, g in members if ref.sample_id not in inside and _is_localizer(g)]
+
+
+def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> Series | list[Issue]:
+    refs = [ref for ref, _ in members]
+    originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
+    if len(originals) != len(members) and originals:
+        if not cfg.drop_localizers:
+            return _fail(refs, "series_localizer", f"{len(members) - len(originals)} localizer or derived image(s) "
+                                                   "among its slices (series.drop_localizers is false)", uid_key)
+        members, refs = originals, [ref for ref, _ in originals]
+    first = members[0][1]
+    if any(g.orientation is None or any(p is None for p in g.positions) for _, g in members):
+        return _fail(refs, "series_no_position", "a slice has no Image Position or Image Orientation (Patient), "
+                                                 "so the slices cannot be ordered in space", uid_key)
+    base = np.asarray(first.orientation, dtype=np.float64)
+    if any(np.abs(np.asarray(g.orientation) - base).max() > ORIENTATION_TOLERANCE for _, g in members):
+        return _fail(refs, "series_orientation", "its slices have different Image Orientation (Patient)", uid_key)
+    grid = {(g.rows, g.columns, g.spacing) for _, g in members}
+    if len(grid) > 1:
+        shown = ", ".join(f"{r}×{c} at {s}" for r, c, s in sorted(grid, key=str))
+        return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
+                     uid_key)
+    normal = _normal(base)
+    slices = sorted(((float(np.dot(normal, np.asarray(pos))), i, frame) for i, (_, g) in enumerate(members)
+                     for frame, pos in enumerate(g.positions)), key=lambda s: (s[0], s[1], s[2]))
+    if len(slices) < cfg.min_slices:
+        return _fail(refs, "series_too_short", f"{len(slices)} slice(s), fewer than series.min_slices "
+                                               f"({cfg.min_slices})", uid_key)
+    steps = np.diff([s[0] for s in slices])
+    if (steps < POSITION_TOLERANCE).any():
+        at = int(np.argmax(steps < POSITION_TOLERANCE))
+        return _fail(refs, "series_duplicate_position", f"two slices share the position {slices[at][0]:.3f} mm "
+                                                        "along the slice normal", uid_key)
+    median = float(np.median(steps))
+    off = np.abs(steps - median) > cfg.gap_tolerance * median
+    if off.any():
+        at = int(np.argmax(off))
+        return _fail(refs, "series_gap", f"a step of {steps[at]:.3f} mm between slices {at} and {at + 1} where the "
+                                         f"median step is {median:.3f} mm (series.gap_tolerance "
+                                         f"{cfg.gap_tolerance:g}): a missing or extra slice", uid_key)
+    order = []  # files in the order their first slice comes
+    for _, i, _ in slices:
+        if i not in order:
+            order.append(i)
+    index = {i: n for n, i in enumerate(order)}
+    return Series(uid_key=uid_key, refs=tuple(refs[i] for i in order),
+                  slices=tuple((index[i], frame) for _, i, frame in slices), steps=tuple(float(s) for s in steps))
+
+
+def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], cfg: DicomTransformConfig) -> list[Sample]:
+    """Each of ``slices`` (one series, in order) as a sample whose channels are its slices
+    ``-k .. +k``, each with its windows; ``edge``: ``replicate`` repeats the end slice where a
+    neighbour is missing, ``skip`` makes no sample of a slice without all its neighbours.
+    Every slice must have the same shape (a series has one grid)."""
+    k = cfg.neighbors
+    out = []
+    offsets = np.concatenate([[0.0], np.cumsum(steps)])
+    for i, centre in enumerate(slices):
+        if cfg.edge == "skip" and (i - k < 0 or i + k >= len(slices)):
+            continue
+        chosen = [min(max(i + d, 0), len(slices) - 1) for d in range(-k, k + 1)]
+        image = np.ascontiguousarray(np.concatenate([slices[j].image for j in chosen], axis=0))
+        neighbours = {"k": k, "edge": cfg.edge, "slice": i, "slices": len(slices),
+                      "offsets_mm": [round(float(offsets[j] - offsets[i]), 4) for j in chosen],
+                      "channels_per_slice": int(centre.image.shape[0])}
+        out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours}))
+    return out

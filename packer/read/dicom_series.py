@@ -1,0 +1,73 @@
+"""What a DICOM file's header says about its place in a series: UIDs, positions, orientation, grid.
+
+:func:`slice_geometry` reads, from a parsed dataset (header only is enough), what series
+assembly (:mod:`packer.pipeline.series`) needs to group files into series, order their slices
+and check them: Study/Series Instance UID, Frame of Reference, Image Position and Orientation
+(Patient) (for an enhanced multi-frame object, per frame from the functional groups: PS3.3
+C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation), Rows/Columns, Pixel Spacing and
+Image Type. Nothing is judged here: a missing value is ``None`` and assembly decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydicom.dataset import Dataset
+
+from packer.read.dicom_attrs import element, floats, functional_item, pixel_spacing
+
+
+@dataclass(frozen=True)
+class SliceGeometry:
+    """One file's series facts. ``positions``: Image Position (Patient) per frame (one entry for
+    a single-frame file; ``None`` where a frame has none); ``orientation``: the six direction
+    cosines (row, then column) of frame 0; ``spacing``: (row, column) mm; ``image_type``: the
+    Image Type values, upper case."""
+
+    study_uid: str
+    series_uid: str
+    frame_of_reference: str
+    positions: tuple[tuple[float, float, float] | None, ...]
+    orientation: tuple[float, ...] | None
+    rows: int
+    columns: int
+    spacing: tuple[float, float] | None
+    image_type: tuple[str, ...]
+
+    @property
+    def frames(self) -> int:
+        return len(self.positions)
+
+
+def _position(source: Dataset | None) -> tuple[float, float, float] | None:
+    values = floats(element(source, "ImagePositionPatient")) if source is not None else ()
+    return (values[0], values[1], values[2]) if len(values) == 3 else None
+
+
+def _orientation(source: Dataset | None) -> tuple[float, ...] | None:
+    values = floats(element(source, "ImageOrientationPatient")) if source is not None else ()
+    return values if len(values) == 6 else None
+
+
+def slice_geometry(ds: Dataset) -> SliceGeometry:
+    """The series facts of a parsed file (see :class:`SliceGeometry`). Raises
+    :class:`~packer.read.dicom_attrs.DamagedElement` for an element that cannot be decoded."""
+    frames = int(first or 1) if (first := element(ds, "NumberOfFrames")) not in (None, "") else 1
+    positions = []
+    for frame in range(max(frames, 1)):
+        item = functional_item(ds, frame, "PlanePositionSequence")
+        positions.append(_position(item) or (_position(ds) if frames == 1 else None))
+    plane = functional_item(ds, 0, "PlaneOrientationSequence")
+    orientation = _orientation(plane) or _orientation(ds)
+    image_type = tuple(str(v).strip().upper() for v in (element(ds, "ImageType") or ()))
+    return SliceGeometry(
+        study_uid=str(element(ds, "StudyInstanceUID") or ""),
+        series_uid=str(element(ds, "SeriesInstanceUID") or ""),
+        frame_of_reference=str(element(ds, "FrameOfReferenceUID") or ""),
+        positions=tuple(positions),
+        orientation=orientation,
+        rows=int(element(ds, "Rows") or 0),
+        columns=int(element(ds, "Columns") or 0),
+        spacing=pixel_spacing(ds, 0),
+        image_type=image_type,
+    )

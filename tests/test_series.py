@@ -1,0 +1,285 @@
+"""Series assembly and 2.5D neighbour stacks: slices ordered in space, bad series refused by name.
+
+The reference for order is independent of packer: each file read with pydicom, sorted by its
+Image Position projected on the normal of its Image Orientation. File names and Instance
+Numbers are shuffled on purpose: neither may decide the order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+
+from packer.badsamples import read_bad_samples
+from packer.config import SeriesConfig, load_job
+from packer.errors import ConfigError
+from packer.loader import ShardDataset
+from packer.pipeline.series import assemble
+from packer.read.dicom_series import SliceGeometry
+from packer.records import SampleRef
+from tests.dicom_files import ct_dataset, enhanced_ct_dataset, save
+from tests.test_targets import _build, _job
+
+AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _oblique(degrees: float) -> tuple[float, ...]:
+    """Axial turned about the x axis: the normal tilts toward y."""
+    a = np.radians(degrees)
+    return (1.0, 0.0, 0.0, 0.0, float(np.cos(a)), float(np.sin(a)))
+
+
+def _geometry(z: float | None, *, orientation: tuple[float, ...] | None = AXIAL, series: str = "S1",
+              rows: int = 16, spacing: tuple[float, float] = (0.5, 0.5), image_type: tuple[str, ...] = (
+                  "ORIGINAL", "PRIMARY", "AXIAL"), frames: list[float] | None = None) -> SliceGeometry:
+    normal = np.cross(orientation[:3], orientation[3:]) if orientation else np.array([0, 0, 1.0])
+    def at(d: float) -> tuple[float, float, float]:
+        p = np.array([-4.0, -4.0, 0.0]) + d * normal
+        return (float(p[0]), float(p[1]), float(p[2]))
+    positions = tuple(at(d) for d in frames) if frames is not None else ((at(z) if z is not None else None),)
+    return SliceGeometry(study_uid="1.2.3", series_uid=series, frame_of_reference="9", positions=positions,
+                         orientation=orientation, rows=rows, columns=16, spacing=spacing, image_type=image_type)
+
+
+def _ref(i: int, entity: str = "P1") -> SampleRef:
+    return SampleRef(sample_id=f"id{i:03d}", source="ct", kind="dicom", path=f"/raw/{i}.dcm", relpath=f"{i}.dcm",
+                     label="", entity=entity)
+
+
+CFG = SeriesConfig(gap_tolerance=0.1, drop_localizers=True, min_slices=3)
+
+
+def _one(files: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig = CFG) -> Any:
+    out = assemble(files, cfg)
+    return out.series[0] if out.series else {i.reason for i in out.issues}
+
+
+@given(st.permutations(range(8)), st.sampled_from([AXIAL, _oblique(20.0), _oblique(-35.0)]))
+@settings(max_examples=60, deadline=None)
+def test_slices_are_ordered_by_position_along_the_normal_whatever_the_file_order(order: list[int],
+                                                                              orientation: tuple) -> None:
+    files = [(_ref(i), _geometry(2.5 * i, orientation=orientation)) for i in order]
+    series = _one(files)
+    assert [series.refs[f].sample_id for f, _ in series.slices] == [f"id{i:03d}" for i in range(8)]
+    assert np.allclose(series.steps, 2.5)
+    assert assemble(list(reversed(files)), CFG) == assemble(files, CFG)
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (lambda fs: fs[:3] + fs[4:], "series_gap"),                                           # a missing slice
+    (lambda fs: fs + [(_ref(50), _geometry(5.0))], "series_duplicate_position"),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, orientation=_oblique(10.0)))], "series_orientation"),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, rows=32))], "series_geometry"),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, spacing=(0.7, 0.7)))], "series_geometry"),
+    (lambda fs: fs[:2], "series_too_short"),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(None))], "series_no_position"),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, orientation=None))], "series_no_position"),
+])
+def test_a_bad_series_is_refused_with_its_own_reason_for_every_file(bad: Any, reason: str) -> None:
+    files = bad([(_ref(i), _geometry(2.5 * i)) for i in range(8)])
+    out = assemble(files, CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {reason}
+    assert sorted(i.sample_id for i in out.issues) == sorted(r.sample_id for r, _ in files)
+    assert all("series " in i.message and "not packed" in i.message for i in out.issues)
+
+
+def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:
+    files = [(_ref(i), _geometry(2.5 * i)) for i in range(6)]
+    files.append((_ref(9), _geometry(0.0, orientation=(0.0, 1.0, 0.0, 0.0, 0.0, -1.0),
+                                     image_type=("ORIGINAL", "PRIMARY", "LOCALIZER"))))
+    out = assemble(files, CFG)
+    (series,) = out.series
+    assert len(series.slices) == 6
+    assert [(i.sample_id, i.reason) for i in out.issues] == [("id009", "series_localizer")]
+    strict = assemble(files, replace(CFG, drop_localizers=False))
+    assert strict.series == () and {i.reason for i in strict.issues} == {"series_localizer"}
+
+
+def test_series_are_grouped_by_entity_study_and_series_uid() -> None:
+    files = [(_ref(i), _geometry(2.5 * i, series="A")) for i in range(4)]
+    files += [(_ref(10 + i), _geometry(2.5 * i, series="B")) for i in range(4)]
+    files += [(_ref(20 + i, entity="P2"), _geometry(2.5 * i, series="A")) for i in range(4)]
+    out = assemble(files, CFG)
+    assert len(out.series) == 3 and not out.issues
+
+
+def test_a_multi_frame_object_is_a_series_of_its_own_ordered_by_its_frame_positions() -> None:
+    frames = [5.0, 0.0, 7.5, 2.5]  # the creator's frame order is not the spatial order
+    out = assemble([(_ref(1), _geometry(None, frames=frames))], CFG)
+    (series,) = out.series
+    assert series.slices == ((0, 1), (0, 3), (0, 0), (0, 2))
+
+
+# -- end to end -------------------------------------------------------------------------------
+def _write_series(folder: Path, *, slices: int = 6, orientation: tuple[float, ...] = AXIAL, seed: int = 0,
+                  patient: str = "P1", series_uid: str | None = None, positions: list[float] | None = None,
+                  overrides: dict[int, dict[str, Any]] | None = None) -> list[Path]:
+    """One CT series, file names and Instance Numbers shuffled; each slice a distinct image."""
+    rng = random.Random(seed)
+    zs = positions if positions is not None else [3.0 * i for i in range(slices)]
+    numbers = list(range(1, len(zs) + 1))
+    rng.shuffle(numbers)
+    names = [f"{rng.getrandbits(40):010x}.dcm" for _ in zs]
+    normal = np.cross(orientation[:3], orientation[3:])
+    uid = series_uid or f"1.2.826.0.1.{seed}.{abs(hash(patient)) % 1000}"
+    paths = []
+    for i, z in enumerate(zs):
+        pixels = np.full((16, 16), 100 * i, dtype=np.int16)
+        pixels[i % 16, :] = 3000  # a bright row, unique per slice
+        ds = ct_dataset(pixels, center=1000.0, width=3000.0, PatientID=patient, InstanceNumber=numbers[i],
+                        StudyInstanceUID=f"{uid}.0", SeriesInstanceUID=uid, ImageOrientationPatient=list(orientation),
+                        ImagePositionPatient=[float(v) for v in np.array([-4.0, -4.0, 0.0]) + z * normal],
+                        ImageType=["ORIGINAL", "PRIMARY", "AXIAL"])
+        for keyword, value in (overrides or {}).get(i, {}).items():
+            if value is None:
+                delattr(ds, keyword)
+            else:
+                setattr(ds, keyword, value)
+        paths.append(save(ds, folder / names[i]))
+    return paths
+
+
+def _reference_order(paths: list[Path]) -> list[Path]:
+    def along(path: Path) -> float:
+        ds = pydicom.dcmread(path)
+        iop = np.array(ds.ImageOrientationPatient, dtype=float)
+        return float(np.dot(np.cross(iop[:3], iop[3:]), np.array(ds.ImagePositionPatient, dtype=float)))
+    return sorted(paths, key=along)
+
+
+def _series_job(tmp: Path, raw: Path, **dicom: Any) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "size": [16, 16],
+                                     "sample": {"neighbors": 1}, **dicom}},
+                validate={"max_bad_fraction": 0.9})
+
+
+def test_neighbour_stacks_are_the_slices_in_spatial_order_around_each_slice(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    straight = _write_series(raw / "a", seed=1, patient="P1")
+    tilted = _write_series(raw / "b", seed=2, patient="P2", orientation=_oblique(25.0))
+    slice_build = _build(_job(tmp_path / "slices", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                              transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "size": [16, 16]}}))
+    by_key = {item["key"]: item["image"].numpy() for item in ShardDataset(slice_build.manifest_path, "train",
+                                                                         shuffle=False)}
+    job = _series_job(tmp_path, raw)
+    stacked = _build(job)
+    items = {item["key"]: item["image"].numpy() for item in ShardDataset(stacked.manifest_path, "train",
+                                                                        shuffle=False)}
+    assert len(items) == 12 and set(items) == set(by_key)
+    records = _records(stacked)
+    for paths in (straight, tilted):
+        order = [_key_of(job, p) for p in _reference_order(paths)]
+        for i, key in enumerate(order):
+            around = [order[max(0, min(len(order) - 1, j))] for j in (i - 1, i, i + 1)]  # edges replicate
+            assert np.array_equal(items[key], np.concatenate([by_key[k] for k in around])), (i, key)
+            assert records[key]["metadata"]["neighbors"]["offsets_mm"] == pytest.approx(
+                [3.0 * (j - i) for j in (max(0, i - 1), i, min(len(order) - 1, i + 1))], abs=1e-3)
+
+
+def _records(result: Any) -> dict[str, dict[str, Any]]:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in result.version_dir.glob("*-*.tar"))
+    return {s["__key__"]: s["json"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode()}
+
+
+def _key_of(job: Path, path: Path) -> str:
+    """The sample id packer gives ``path`` (keyed by the job's pseudonymization key)."""
+    from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import make_sample_id
+
+    relpath = path.relative_to(path.parents[1]).as_posix()
+    return make_sample_id("raw", relpath, pseudonymizer_for(load_job(job).phi))
+
+
+def test_skip_makes_no_sample_of_an_edge_slice(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _write_series(raw / "a", seed=1, slices=5)
+    result = _build(_series_job(tmp_path, raw, sample={"neighbors": 2, "edge": "skip"}))
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert len(items) == 1 and items[0]["image"].shape[0] == 5
+
+
+def test_every_broken_series_is_reported_by_reason_and_the_good_ones_pack(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _write_series(raw / "good", seed=1, patient="G")
+    gap = _write_series(raw / "gap", seed=2, patient="A", positions=[0.0, 3.0, 6.0, 12.0, 15.0, 18.0])
+    dup = _write_series(raw / "dup", seed=3, patient="B", positions=[0.0, 3.0, 6.0, 6.0, 9.0, 12.0])
+    mixed = _write_series(raw / "mixed", seed=4, patient="C",
+                          overrides={2: {"ImageOrientationPatient": list(_oblique(15.0))}})
+    nopos = _write_series(raw / "nopos", seed=5, patient="D", overrides={1: {"ImagePositionPatient": None}})
+    short = _write_series(raw / "short", seed=6, patient="E", slices=2)
+    scout = _write_series(raw / "scout", seed=7, patient="F",
+                          overrides={0: {"ImageType": ["ORIGINAL", "PRIMARY", "LOCALIZER"],
+                                         "ImagePositionPatient": [0.0, 0.0, 40.0]}})
+    result = _build(_series_job(tmp_path, raw))
+    reasons: dict[str, set[str]] = {}
+    for record in read_bad_samples(result.version_dir / "bad_samples.jsonl"):
+        reasons.setdefault(Path(record["path"]).parent.name, set()).add(record["reason"])
+    assert reasons == {"gap": {"series_gap"}, "dup": {"series_duplicate_position"},
+                       "mixed": {"series_orientation"}, "nopos": {"series_no_position"},
+                       "short": {"series_too_short"}, "scout": {"series_localizer"}}
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sum(Path(r["path"]).parent.name == "gap" for r in bad) == len(gap)  # every file, by name
+    assert len(dup) + len(mixed) + len(nopos) + len(short) + 1 == sum(
+        Path(r["path"]).parent.name in ("dup", "mixed", "nopos", "short", "scout") for r in bad)
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["samples"] == 6 + len(scout) - 1
+
+
+def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: Path) -> None:
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    ds = enhanced_ct_dataset(frames, [None] * 4, [None] * 4, shared_rescale=(1.0, -1024.0))
+    order = [2.0, 0.0, 3.0, 1.0]  # frame i sits at 2.5 * order[i] mm
+    plane = Dataset()
+    plane.ImageOrientationPatient = list(AXIAL)
+    ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence = DicomSequence([plane])
+    for group, at in zip(ds.PerFrameFunctionalGroupsSequence, order, strict=True):
+        position = Dataset()
+        position.ImagePositionPatient = [0.0, 0.0, 2.5 * at]
+        group.PlanePositionSequence = DicomSequence([position])
+    ds.PatientID = "E1"
+    save(ds, tmp_path / "raw" / "enhanced.dcm")
+    result = _build(_series_job(tmp_path, tmp_path / "raw"))
+    items = sorted(ShardDataset(result.manifest_path, "train", shuffle=False), key=lambda item: item["key"])
+    assert [item["key"][-5:] for item in items] == ["f0000", "f0001", "f0002", "f0003"]
+    centre = {item["key"][-1]: [int(item["image"][c].float().mean()) for c in range(3)] for item in items}
+    value = {f: int(np.mean(items[f]["image"][1].numpy())) for f in range(4)}
+    by_position = sorted(range(4), key=lambda f: order[f])   # frames 1, 3, 0, 2 along the normal
+    for n, frame in enumerate(by_position):
+        below = by_position[max(0, n - 1)]
+        above = by_position[min(3, n + 1)]
+        assert centre[str(frame)] == [value[below], value[frame], value[above]]
+
+
+def test_neighbours_need_split_frames_and_no_channel_mapping(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with pytest.raises(ConfigError, match="frames: split"):
+        load_job(_series_job(tmp_path, raw, frames="stack"))
+    with pytest.raises(ConfigError, match="series are assembled only for sample"):
+        load_job(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                      transform={"dicom": {"series": {"min_slices": 4}}}))
+
+
+def test_series_bytes_do_not_depend_on_worker_count_or_listing_order(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    for n in range(3):
+        _write_series(raw / f"s{n}", seed=10 + n, patient=f"P{n}")
+    first = _build(_series_job(tmp_path / "one", raw))
+    second = _build(_series_job(tmp_path / "two", raw))
+    assert first.manifest["dataset_hash"] == second.manifest["dataset_hash"]
+    assert list(itertools.islice(ShardDataset(first.manifest_path, "train"), 1))
