@@ -445,7 +445,7 @@ def _prepare_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     readme = root / "README.txt"
     if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
-        for sub in ("ct", "photos", "exports", "targets"):
+        for sub in ("ct", "photos", "exports", "targets", "series"):
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub)
         return
@@ -601,6 +601,8 @@ def _write_readme(tree: DemoTree, seed: int, kind: str) -> None:
         "targets/        examples for every target kind (workflows/targets-*.yaml build them):",
         "  folders/<class>/*.png         an ImageFolder tree (label: folder)",
         "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric)",
+        "series/         CT series for 2.5D neighbour stacks (workflows/series-neighbors.yaml): good ones, one",
+        "                oblique, and one broken series of each kind (see SERIES below)",
         "  segmentation/ + table.csv     grey images with shapes, and their masks (0 background, 1 disk, 2 square);",
         "                                planted: images/022.png -> mask_missing, images/023.png -> mask_size",
         "",
@@ -647,6 +649,7 @@ def write_demo_tree(
     _write_table(root / "photos" / "labels.csv", photo_rows + broken_photo_rows,
                  ("path", "label", "entity", "timestamp"))
     write_target_examples(root, seed, photo_rows, broken_photo_rows)
+    write_series_examples(root, seed)
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo")
@@ -711,6 +714,65 @@ def write_target_examples(root: Path, seed: int, photo_rows: Sequence[_Row],
         seg_rows.append([f"images/{n:03d}.png", f"masks/{n:03d}.png", f"S{n // 2:03d}", f"2024-01-{n + 1:02d}"])
     _write_csv(seg / "table.csv", ["path", "mask", "entity", "timestamp"], seg_rows)
     return [PlantedDefect("images/022.png", "mask_missing"), PlantedDefect("images/023.png", "mask_size")]
+
+
+#: The demo's series (``series/<patient>/``): how each was made, and the reason a build gives
+#: its files (None: it packs). File names and Instance Numbers are shuffled in every one.
+SERIES = {
+    "SER01": ("8 axial slices, 3 mm apart", None),
+    "SER02": ("8 axial slices, 3 mm apart", None),
+    "SER03": ("8 axial slices, 3 mm apart", None),
+    "SER04": ("8 slices tilted 20 degrees (oblique)", None),
+    "SER05": ("8 axial slices plus a localizer (left out)", "series_localizer"),
+    "BAD01": ("slice 4 missing", "series_gap"),
+    "BAD02": ("two slices at one position", "series_duplicate_position"),
+    "BAD03": ("one slice in another orientation", "series_orientation"),
+    "BAD04": ("two slices only", "series_too_short"),
+    "BAD05": ("one slice without Image Position", "series_no_position"),
+}
+
+
+def write_series_examples(root: Path, seed: int, size: int = 48) -> None:
+    """``series/<patient>/*.dcm``: the series of :data:`SERIES` (48×48 CT phantoms whose anatomy
+    moves with position, so neighbouring slices differ), for ``workflows/series-neighbors.yaml``."""
+    for patient, (_, broken) in SERIES.items():
+        rng = seeded_rng(seed, "series", patient)
+        zs = [3.0 * k for k in range(8)]
+        tilt = np.radians(20.0) if patient == "SER04" else 0.0
+        orientations = [[1.0, 0.0, 0.0, 0.0, float(np.cos(tilt)), float(np.sin(tilt))] for _ in zs]
+        positions: list[list[float] | None] = []
+        if broken == "series_gap":
+            zs = zs[:4] + zs[5:]
+        elif broken == "series_duplicate_position":
+            zs = zs[:5] + [zs[4]] + zs[6:]
+        elif broken == "series_too_short":
+            zs = zs[:2]
+        orientations = orientations[:len(zs)]
+        if broken == "series_orientation":
+            orientations[3] = [1.0, 0.0, 0.0, 0.0, 0.9659258, 0.2588190]  # 15 degrees off
+        normal = np.cross(orientations[0][:3], orientations[0][3:])
+        for z in zs:
+            positions.append([float(v) for v in np.array([-_FIELD_OF_VIEW_MM / 2] * 2 + [0.0]) + z * normal])
+        if broken == "series_no_position":
+            positions[2] = None
+        numbers = rng.permutation(len(zs)) + 1
+        for k, z in enumerate(zs):
+            anatomy = seeded_rng(seed, "series-anatomy", patient)  # the same for every slice of the patient
+            hu = render_ct_phantom(seeded_rng(seed, "series-slice", patient, k), size=size, z=-1.0 + z / 12.0,
+                                   nodule=False, anatomy=anatomy)
+            name = f"{int(rng.integers(0, 2**32)):08x}.dcm"
+            overrides: dict[str, Any] = {"ImageOrientationPatient": orientations[k],
+                                         "ImagePositionPatient": positions[k]}
+            write_ct_slice(root / "series" / patient / name, patient_id=patient, study_date="20240301",
+                           pixels_hu=hu, uids=make_uids(seed, patient, k, study=1), instance_number=int(numbers[k]),
+                           slice_location_mm=z, **overrides)
+        if broken == "series_localizer":
+            hu = render_ct_phantom(seeded_rng(seed, "series-scout", patient), size=size, z=0.0, nodule=False)
+            write_ct_slice(root / "series" / patient / "scout.dcm", patient_id=patient, study_date="20240301",
+                           pixels_hu=hu, uids=make_uids(seed, patient, 99, study=1), instance_number=99,
+                           ImageType=["ORIGINAL", "PRIMARY", "LOCALIZER"],
+                           ImageOrientationPatient=[0.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                           ImagePositionPatient=[0.0, -_FIELD_OF_VIEW_MM / 2, 100.0])
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

@@ -283,3 +283,27 @@ def test_series_bytes_do_not_depend_on_worker_count_or_listing_order(tmp_path: P
     second = _build(_series_job(tmp_path / "two", raw))
     assert first.manifest["dataset_hash"] == second.manifest["dataset_hash"]
     assert list(itertools.islice(ShardDataset(first.manifest_path, "train"), 1))
+
+
+def test_the_demo_series_workflow_packs_the_good_series_and_names_each_broken_one(demo_raw: Any,
+                                                                                 tmp_path: Path) -> None:
+    """`make demo` writes demo-raw/series; workflows/series-neighbors.yaml builds it as the README says."""
+    import shutil
+
+    from packer.demo import SERIES
+    from tests.demo_version import REPO
+
+    (tmp_path / "workflows").mkdir()
+    shutil.copy(REPO / "workflows" / "series-neighbors.yaml", tmp_path / "workflows")
+    (tmp_path / "demo-raw").symlink_to(demo_raw.root)
+    result = _build(tmp_path / "workflows" / "series-neighbors.yaml")
+    found: dict[str, set[str]] = {}
+    for record in read_bad_samples(result.version_dir / "bad_samples.jsonl"):
+        found.setdefault(Path(record["path"]).parent.name, set()).add(record["reason"])
+    assert found == {patient: {reason} for patient, (_, reason) in SERIES.items() if reason}
+    manifest = json.loads(result.manifest_path.read_text())
+    packed = sum(1 for _, reason in SERIES.values() if reason in (None, "series_localizer"))
+    assert manifest["inputs"]["samples"] == 8 * packed
+    assert manifest["sample_schema"]["shape"] == [9, 48, 48]
+    for split in ("train", "valid", "test"):
+        assert manifest["splits"][split]["samples"] > 0
