@@ -1,0 +1,75 @@
+"""examples/train3d.py: trains on packed volumes (CDHW), and sends a 2-D dataset to examples/train.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO
+from tests.test_series import _write_series
+from tests.test_targets import _build, _ct, _job
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+VOLUME = {"dicom": {"windows": [{"center": 1000, "width": 3000}],
+                    "sample": {"volume": {"spacing": [3, 1, 1], "size": [6, 16, 16]}}}}
+
+
+@pytest.fixture
+def example(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """examples/train3d.py as a module; it imports examples/train.py, found beside it as when run as a script."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    spec = importlib.util.spec_from_file_location("packer_example_train3d", REPO / "examples" / "train3d.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _volumes(tmp: Path, source: dict[str, Any]) -> Path:
+    for i in range(3):
+        _write_series(tmp / "raw" / ("ab"[i % 2]) / f"s{i}", seed=i, patient=f"P{i}")
+    return _build(_job(tmp, [{"kind": "dicom", "root": str(tmp / "raw"), **source}], transform=VOLUME)).version_dir
+
+
+def _run(example: ModuleType, version: Path, *extra: str) -> dict[str, Any]:
+    return example.main(["--manifest", str(version), "--epochs", "1", "--batch-size", "2", "--workers", "0",
+                         "--device", "cpu", *extra])
+
+
+def test_unlabeled_volumes_train_an_epoch_of_denoising(tmp_path: Path, example: ModuleType,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    done = _run(example, _volumes(tmp_path, {"label": "none"}))
+    assert done["objective"] == "unlabeled: denoising reconstruction"
+    assert done["steps"] == 2 and len(done["keys"]) == 3  # 3 series, batches of 2
+    assert all(math.isfinite(loss) for loss in done["losses"])
+    assert re.search(r"^epoch 0: step 2, last loss [0-9.]+ \(unlabeled: denoising reconstruction\)$",
+                     capsys.readouterr().out, flags=re.M)
+
+
+def test_class_volumes_train_with_cross_entropy_and_resume(tmp_path: Path, example: ModuleType) -> None:
+    version = _volumes(tmp_path, {"label": {"folder": True}})
+    ckpt = tmp_path / "ckpt.pt"
+    first = _run(example, version, "--checkpoint", str(ckpt), "--max-steps", "1")
+    assert first["objective"] == "class: 2 classes" and first["steps"] == 1
+    rest = _run(example, version, "--checkpoint", str(ckpt), "--resume")
+    assert rest["steps"] == 2 and sorted(first["keys"] + rest["keys"]) == sorted(_run(example, version)["keys"])
+    assert all(math.isfinite(loss) for loss in first["losses"] + rest["losses"])
+
+
+def test_a_2d_dataset_is_refused_with_a_pointer_to_train_py(tmp_path: Path, example: ModuleType) -> None:
+    raw = tmp_path / "raw"
+    for i in range(2):
+        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}]))
+    with pytest.raises(SystemExit, match=r"holds 2-D samples \(layout CHW.*examples/train\.py"):
+        _run(example, result.version_dir)
