@@ -174,6 +174,9 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact",
                            sources=args.sources)
     rank = dataset.rank
+    if dataset.info.layout != "CHW":
+        raise SystemExit(f"train.py: {args.manifest} holds {dataset.info.layout} volumes (sample: volume); this "
+                         "example trains 2-D models: use examples/train3d.py")
     if dataset.shape is None:
         raise SystemExit(
             f"train.py: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "

@@ -232,12 +232,15 @@ class DicomTransformConfig:
     frames: str = "split"
     modality_windows: tuple[tuple[str, tuple[WindowSpec, ...]], ...] = ()
     channels: int | None = None
-    #: ``slice`` (every slice its own sample) or ``neighbors`` (each slice with ``neighbors``
-    #: spatial neighbours on each side as channels, from its assembled series)
+    #: ``slice`` (every slice its own sample), ``neighbors`` (each slice with ``neighbors``
+    #: spatial neighbours on each side as channels, from its assembled series) or ``volume``
+    #: (one C×D×H×W sample per series, at ``volume_spacing`` (z, y, x mm) and ``volume_size``)
     sample: str = "slice"
     neighbors: int = 0
     edge: str = "replicate"
     series: SeriesConfig = field(default_factory=SeriesConfig)
+    volume_spacing: tuple[float, float, float] | None = None
+    volume_size: tuple[int, int, int] | None = None
 
     @property
     def by_series(self) -> bool:
@@ -256,8 +259,12 @@ class DicomTransformConfig:
             if self.modality_windows else {})
         if self.channels is not None:  # likewise: only when set
             extra["channels"] = self.channels
-        if self.by_series:  # likewise
+        if self.sample == "neighbors":  # likewise
             extra["sample"] = {"neighbors": self.neighbors, "edge": self.edge}
+        elif self.sample == "volume":
+            extra["sample"] = {"volume": {"spacing": list(self.volume_spacing) if self.volume_spacing else None,
+                                          "size": list(self.volume_size) if self.volume_size else None}}
+        if self.by_series:
             extra["series"] = self.series.to_json()
         return {
             "windows": [w.to_json() for w in self.windows],
@@ -313,10 +320,15 @@ class LimitsConfig:
     max_pixels: int = 2**28
     max_frames: int = 10_000
     max_decoded_bytes: int = 4 * 2**30
+    #: voxels of one volume (``sample: volume``), before and after resampling, per channel
+    max_voxels: int = 2**29
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_pixels": self.max_pixels, "max_frames": self.max_frames,
-                "max_decoded_bytes": self.max_decoded_bytes}
+        out: dict[str, Any] = {"max_pixels": self.max_pixels, "max_frames": self.max_frames,
+                               "max_decoded_bytes": self.max_decoded_bytes}
+        if self.max_voxels != LimitsConfig.max_voxels:  # only when set, so other jobs keep their config_hash
+            out["max_voxels"] = self.max_voxels
+        return out
 
 
 @dataclass(frozen=True)
@@ -645,6 +657,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         max_pixels=int(raw_limits.get("max_pixels", _default("limits.max_pixels"))),
         max_frames=int(raw_limits.get("max_frames", _default("limits.max_frames"))),
         max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", _default("limits.max_decoded_bytes"))),
+        max_voxels=int(raw_limits.get("max_voxels", _default("limits.max_voxels"))),
     )
     raw_safety = doc.get("safety") or {}
     raw_phi = doc.get("phi") or {}
@@ -708,7 +721,17 @@ def _sampling(raw: dict[str, Any]) -> dict[str, Any]:
                               "remove series, or set sample")
         return {}
     series = raw.get("series") or {}
-    return {"sample": "neighbors", "neighbors": int(sample["neighbors"]), "edge": sample.get("edge", "replicate"),
+    if sample == "volume" or "volume" in sample:
+        if raw.get("size") or raw.get("spacing"):
+            raise ConfigError("transform.dicom.size/spacing: a volume's size and spacing are 3-D; give them as "
+                              "sample: {volume: {spacing: [z, y, x], size: [D, H, W]}}")
+        volume = (sample.get("volume") or {}) if isinstance(sample, dict) else {}
+        mode: dict[str, Any] = {"sample": "volume",
+                "volume_spacing": tuple(float(v) for v in volume["spacing"]) if volume.get("spacing") else None,
+                "volume_size": tuple(int(v) for v in volume["size"]) if volume.get("size") else None}
+    else:
+        mode = {"sample": "neighbors", "neighbors": int(sample["neighbors"]), "edge": sample.get("edge", "replicate")}
+    return {**mode,
             "series": SeriesConfig(
                 gap_tolerance=float(series.get("gap_tolerance", _default("transform.dicom.series.gap_tolerance"))),
                 drop_localizers=bool(series.get("drop_localizers", _default("transform.dicom.series.drop_localizers"))),

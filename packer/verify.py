@@ -122,6 +122,7 @@ class _Expect:
 
     target: Target
     mask: dict[str, Any] | None
+    layout: str
     dtype: str | None
     shape: tuple[int, ...] | None
     shapes: dict[str, set[tuple[int, ...]]]
@@ -341,7 +342,8 @@ def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings
 
 def _expectations(manifest: dict[str, Any]) -> _Expect:
     schema = manifest["sample_schema"]
-    return _Expect(target=Target.of_manifest(manifest), mask=manifest.get("mask"), dtype=schema["dtype"],
+    return _Expect(target=Target.of_manifest(manifest), mask=manifest.get("mask"), layout=schema["layout"],
+                   dtype=schema["dtype"],
                    shape=tuple(schema["shape"]) if schema["shape"] is not None else None,
                    shapes={src: {tuple(s) for s in shapes} for src, shapes in schema["shapes"].items()})
 
@@ -617,8 +619,8 @@ def _check_array(array: np.ndarray, source: str | None, expect: _Expect, bad: Ca
     if expect.dtype is not None and str(array.dtype) != expect.dtype:
         bad(f"dtype {array.dtype}, sample_schema says {expect.dtype}")
     shape = tuple(int(n) for n in array.shape)
-    if len(shape) != 3:
-        bad(f"shape {list(shape)} is not C×H×W")
+    if len(shape) != len(expect.layout):
+        bad(f"shape {list(shape)} is not {'×'.join(expect.layout)}")
     elif expect.shape is not None:
         if shape != expect.shape:
             bad(f"shape {list(shape)}, sample_schema says {list(expect.shape)}")

@@ -11,6 +11,7 @@ from packer.config import (
     DicomTransformConfig,
     ImageTransformConfig,
     JobConfig,
+    LimitsConfig,
     PackConfig,
     SeriesConfig,
     SplitConfig,
@@ -75,8 +76,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     for path, default in schema_defaults("job").items():
         if path == "split.entity_policy" and split["by"] != "time":
             continue  # only a time split has (and records) an entity policy
-        if path.startswith("transform.dicom.series."):
-            continue  # only neighbour samples assemble (and record) series; checked below
+        if path.startswith("transform.dicom.series.") or path == "limits.max_voxels":
+            continue  # only series samples assemble (and record) series; checked below; max_voxels when set
         want = normalise.get(path, lambda v: v)(default)
         assert _at(identity, path) == want, path
         checked += 1
@@ -87,7 +88,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
                       pack=PackConfig(format="webdataset"), output=Path("out")).identity()
     for path, default in schema_defaults("job").items():
         if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",
-                        "limits.max_decoded_bytes") and not path.startswith("transform.dicom.series."):
+                        "limits.max_decoded_bytes", "limits.max_voxels") and not path.startswith(
+                            "transform.dicom.series."):
             assert _at(built, path) == default, path
     assert built["pack"]["max_bytes"] == parse_byte_size(schema_defaults("job")["pack.max_bytes"])
     assert built["limits"]["max_decoded_bytes"] == parse_byte_size(schema_defaults("job")["limits.max_decoded_bytes"])
@@ -97,6 +99,7 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     series_defaults = {p: d for p, d in schema_defaults("job").items() if p.startswith("transform.dicom.series.")}
     assert len(series_defaults) == 3 and all(_at(stacked, p) == d for p, d in series_defaults.items())
     assert SeriesConfig().to_json() == {p.rsplit(".", 1)[1]: d for p, d in series_defaults.items()}
+    assert LimitsConfig().max_voxels == schema_defaults("job")["limits.max_voxels"]  # recorded only when set
 
 
 def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> None:

@@ -41,6 +41,19 @@ def test_prefetcher_converts_and_normalises_on_cpu(manifest):
     assert torch.allclose(out["image"], torch.full((2, 1, 4, 4), 0.5)) and float(floats[0, 0, 0, 0]) == 0.75
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 3, 6, 4, 5)])   # B×C×H×W and B×C×D×H×W (volumes)
+def test_per_channel_mean_and_std_follow_the_channel_axis_of_images_and_volumes(shape):
+    channels = torch.arange(3, dtype=torch.uint8).view(1, 3, *(1,) * (len(shape) - 2)) * 100
+    batch = {"image": channels.expand(*shape).contiguous(), "key": ["a", "b"]}
+    mean, std = (0.0, 0.2, 0.4), (1.0, 2.0, 4.0)
+    (out,) = DevicePrefetcher([batch], "cpu", mean=mean, std=std)
+    for c in range(3):
+        assert torch.allclose(out["image"][:, c], torch.tensor((100 * c / 255 - mean[c]) / std[c]))
+    listed = {"image": list(batch["image"]), "key": ["a", "b"]}   # collate="list": C first in each image
+    (each,) = DevicePrefetcher([listed], "cpu", mean=mean, std=std)
+    assert all(torch.allclose(image, out["image"][i]) for i, image in enumerate(each["image"]))
+
+
 def test_tiny_model_trains_from_shards(manifest):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))

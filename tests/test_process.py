@@ -187,7 +187,7 @@ def _source(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit
 def _stacked(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit]:
     """Edits ``job.dicom.<name>`` with neighbour samples on (the sampling fields count only then)."""
     def edit(value: Any) -> Edit:
-        fields = {"sample": "neighbors", "neighbors": 1, name: value}
+        fields = {"sample": "volume" if name.startswith("volume") else "neighbors", "neighbors": 1, name: value}
         return lambda job: replace(job, dicom=replace(job.dicom, **fields))
     return values.map(edit)
 
@@ -229,6 +229,8 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "dicom.sample": _stacked("sample", st.just("neighbors")),
     "dicom.neighbors": _stacked("neighbors", st.integers(2, 4)),
     "dicom.edge": _stacked("edge", st.sampled_from(["skip"])),
+    "dicom.volume_spacing": _stacked("volume_spacing", st.tuples(*[st.floats(0.5, 3)] * 3)),
+    "dicom.volume_size": _stacked("volume_size", st.tuples(*[st.integers(4, 64)] * 3)),
     "dicom.series": _stacked("series", st.builds(SeriesConfig, gap_tolerance=st.floats(0.01, 0.09),
                                                  drop_localizers=st.just(False), min_slices=st.integers(4, 9))),
     "image.size": _setting("image", "size", SIZES),
@@ -285,6 +287,8 @@ VERDICT_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "limits.max_pixels": _setting("limits", "max_pixels", st.integers(1, 2**40)),
     "limits.max_frames": _setting("limits", "max_frames", st.integers(1, 10**6)),
     "limits.max_decoded_bytes": _setting("limits", "max_decoded_bytes", st.integers(1, 2**40)),
+    # checked on the client while series are assembled (a series over it is never a chunk); in the key all the same
+    "limits.max_voxels": _setting("limits", "max_voxels", st.integers(1, 2**28)),
     "safety.burned_in_annotation": _setting("safety", "burned_in_annotation", st.sampled_from(["reject", "allow"])),
 }
 

@@ -71,12 +71,20 @@ def to_display(image: np.ndarray) -> np.ndarray:
 
 
 def as_chw(image: np.ndarray) -> np.ndarray:
-    """A 2-D array becomes 1×H×W; a 3-D array is taken as C×H×W (packer's layout)."""
+    """A 2-D array becomes 1×H×W; a 3-D array is taken as C×H×W (packer's layout); a 4-D one as
+    a C×D×H×W volume, shown by its three middle planes side by side (axial D, coronal H,
+    sagittal W, each resized to H×W by nearest neighbour so the panes line up)."""
     arr = np.asarray(image)
     if arr.ndim == 2:
         return arr[None]
+    if arr.ndim == 4:
+        _, d, h, w = arr.shape
+        planes = [arr[:, d // 2], arr[:, :, h // 2], arr[:, :, :, w // 2]]
+        rows = [np.clip(np.round(np.linspace(0, p.shape[1] - 1, h)), 0, None).astype(int) for p in planes]
+        cols = [np.clip(np.round(np.linspace(0, p.shape[2] - 1, w)), 0, None).astype(int) for p in planes]
+        return np.concatenate([p[:, r][:, :, c] for p, r, c in zip(planes, rows, cols, strict=True)], axis=2)
     if arr.ndim != 3:
-        raise ValueError(f"expected an H×W or C×H×W array, got shape {arr.shape}")
+        raise ValueError(f"expected an H×W, C×H×W or C×D×H×W array, got shape {arr.shape}")
     return arr
 
 

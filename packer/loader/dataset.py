@@ -164,7 +164,8 @@ class ShardDataset(IterableDataset):
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
         self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
-                                  mask_dtype=self.info.mask["dtype"] if self.info.mask else None)
+                                  mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
+                                  layout=self.info.layout)
         self._orders: dict[int, EpochOrder] = {}
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()

@@ -71,13 +71,15 @@ class DevicePrefetcher:
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
         self._state = None
 
-    def _normalise(self, image: torch.Tensor) -> torch.Tensor:
+    def _normalise(self, image: torch.Tensor, channel_axis: int) -> torch.Tensor:
+        """``image`` as float in [0, 1], minus ``mean``, over ``std``, per channel along
+        ``channel_axis`` (1 for a batch, B×C×H×W or B×C×D×H×W; 0 for one image of a list)."""
         out = image.to(torch.float32)
         if out.data_ptr() == image.data_ptr():
             out = out.clone()        # float32 in (CPU pass-through): never normalise the caller's tensor in place
         out.div_(_scale_for(image.dtype))
         if self._mean is not None or self._std is not None:
-            shape = (-1, 1, 1)
+            shape = (-1, *(1,) * (image.ndim - channel_axis - 1))
             if self._mean is not None:
                 out.sub_(self._mean.view(shape))
             if self._std is not None:
@@ -95,9 +97,9 @@ class DevicePrefetcher:
         moved = {name: self._move(value) for name, value in batch.items()}
         image = moved.get("image")
         if isinstance(image, torch.Tensor):
-            moved["image"] = self._normalise(image)
+            moved["image"] = self._normalise(image, channel_axis=1)
         elif isinstance(image, list):
-            moved["image"] = [self._normalise(im) for im in image]
+            moved["image"] = [self._normalise(im, channel_axis=0) for im in image]
         return moved
 
     def _record(self, value: Any, stream: Any) -> None:

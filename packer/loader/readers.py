@@ -124,6 +124,8 @@ class SplitInfo:
     target: Target = field(default_factory=lambda: Target("class"))
     #: The manifest's ``mask`` (dtype, classes) where every sample carries a mask, else None.
     mask: Mapping[str, Any] | None = None
+    #: ``CHW``, or ``CDHW`` for volumes (``sample: volume``)
+    layout: str = "CHW"
 
     def shape_of(self, sources: Sequence[str] | None = None) -> tuple[int, ...] | None:
         """The one C×H×W shape of the samples of ``sources`` (all: None), by the manifest; None
@@ -168,11 +170,14 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     except TypeError as err:
         raise IntegrityError(f"{path}: sample_schema.dtype {dtype!r} is not a numpy dtype") from err
     shape = schema["shape"]
-    if shape is not None and (len(shape) != 3 or not all(d > 0 for d in shape)):
-        raise IntegrityError(f"{path}: sample_schema.shape is {shape!r}, expected [C, H, W] or null")
+    axes = len(schema["layout"])  # CHW, or CDHW for volumes
+    if shape is not None and (len(shape) != axes or not all(d > 0 for d in shape)):
+        raise IntegrityError(f"{path}: sample_schema.shape is {shape!r}, expected [{', '.join(schema['layout'])}] "
+                             "or null")
     shapes = schema["shapes"]
-    if not all(len(s) == 3 for v in shapes.values() for s in v):
-        raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected {{source: [[C, H, W], ...]}}")
+    if not all(len(s) == axes for v in shapes.values() for s in v):
+        raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected "
+                             f"{{source: [[{', '.join(schema['layout'])}], ...]}}")
     shards = []
     for entry in doc.shards(split):
         where = doc.locate(entry.file)
@@ -191,7 +196,7 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
                      shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
                      shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
                      index=doc.index, storage_options=dict(storage_options or {}),
-                     target=Target.of_manifest(doc.data), mask=doc.data.get("mask"))
+                     target=Target.of_manifest(doc.data), mask=doc.data.get("mask"), layout=schema["layout"])
 
 
 @dataclass(frozen=True)
@@ -315,13 +320,15 @@ class SampleCheck:
     target: Target
     #: The masks' dtype where the dataset has masks (every sample then needs one), else None
     mask_dtype: str | None = None
+    #: ``CHW``, or ``CDHW`` for volumes
+    layout: str = "CHW"
 
     def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None,
                 mask: np.ndarray | None = None) -> str | None:
         if image.dtype != np.dtype(self.dtype):
             return f"dtype {image.dtype}, expected {self.dtype}"
-        if image.ndim != 3:
-            return f"shape {image.shape} is not C×H×W"
+        if image.ndim != len(self.layout):
+            return f"shape {image.shape} is not {'×'.join(self.layout)}"
         if self.shape is not None and tuple(image.shape) != self.shape:
             return f"shape {tuple(image.shape)}, expected {self.shape}"
         if self.mask_dtype is not None:

@@ -136,7 +136,7 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
     all_shapes = {s for shapes in by_source.values() for s in shapes}
     return {
         "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
-        "layout": "CHW",
+        "layout": "CDHW" if any(len(shape) == 4 for shape in all_shapes) else "CHW",
         "shape": list(next(iter(all_shapes))) if len(all_shapes) == 1 else None,
         "shapes": {src: sorted(list(s) for s in shapes) for src, shapes in sorted(by_source.items())},
     }

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.files import canonical_json
@@ -37,7 +39,7 @@ from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_ref, probe_series
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
-from packer.pipeline.series import Assembled, assemble, stack_neighbors
+from packer.pipeline.series import Assembled, Series, assemble, stack_neighbors, stack_volume, volume_size
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
@@ -75,9 +77,9 @@ class ChunkTask:
     sig_dir: str | None = None
     # repr=False: dask logs a failed task with its arguments; the options may hold secrets
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
-    #: A chunk that is one assembled series (``sample: {neighbors: k}``): its slices in order
-    #: as (index into ``refs``, frame) and the steps between them (mm)
-    series: tuple[tuple[tuple[int, int], ...], tuple[float, ...]] | None = None
+    #: A chunk that is one assembled series (``sample: {neighbors: k}`` or ``volume``); its
+    #: ``refs`` are the series' files
+    series: Series | None = None
 
 
 @dataclass(frozen=True)
@@ -239,14 +241,17 @@ def probe_geometries(task: ChunkTask) -> tuple[tuple[SampleRef, SliceGeometry] |
 
 
 def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: StageClock) -> list[Sample] | list[Issue]:
-    """The neighbour stacks of the series ``task`` holds, or (when one of its files cannot be
-    read) that file's Issue and ``series_incomplete`` for the others."""
-    if task.series is None:
+    """The neighbour stacks (or the volume) of the series ``task`` holds, or (when one of its
+    files cannot be read) that file's Issue and ``series_incomplete`` for the others."""
+    series = task.series
+    if series is None:
         raise ValueError("_series_samples needs a series chunk")
-    slices_of, steps = task.series
+    job = task.job
+    if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
+        job = replace(job, dicom=replace(job.dicom, size=None, spacing=None))
     per_file: list[list[Sample]] = []
     for ref in task.refs:
-        outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
+        outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, job, clock), clock)
         if isinstance(outcome, Issue):
             others = [Issue.of(r, stage="validate", reason="series_incomplete",
                                message=f"{r.path}: another file of its series, {ref.path}, is bad ({outcome.reason}); "
@@ -255,7 +260,10 @@ def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Sta
             return [outcome, *others]
         per_file.append(outcome)
     clock.switch("decode+transform")
-    return stack_neighbors([per_file[i][frame] for i, frame in slices_of], steps, task.job.dicom)
+    slices = [per_file[i][frame] for i, frame in series.slices]
+    if job.dicom.sample == "volume":
+        return stack_volume(slices, series, job.dicom)
+    return stack_neighbors(slices, series.steps, job.dicom)
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -310,7 +318,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 image = sample.image
                 pixels = image.tobytes(order="C")
                 digest = hashlib.sha256(pixels)
-                sig = signature(image) if sig_dir is not None else None
+                # a volume's near-copy signature is its middle slice's (C×D×H×W: the middle of D)
+                sig = (signature(image if image.ndim == 3 else image[:, image.shape[1] // 2])
+                       if sig_dir is not None else None)
                 clock.switch("spill")
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
@@ -385,8 +395,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
                                                        for a, b in chunk_bounds([table[i].sample_id for i in dicom])],
                                             job, nonce, quiet)
         results.append(settle.chunk(early))
-        series_tasks = [replace(task_of(series.refs), series=(series.slices, series.steps))
-                        for series in assembled.series]
+        series_tasks = [replace(task_of(series.refs), series=series) for series in assembled.series]
         table = table.take([i for i, kind in enumerate(table.column("kind")) if kind != "dicom"])
     ids = table.column("sample_id")
     bounds = chunk_bounds(ids)
@@ -456,7 +465,22 @@ def _assemble_series(executor: Executor, tasks: Sequence[ChunkTask], job: JobCon
         progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
     progress.close()
     assembled = assemble(placed, job.dicom.series)
-    refused = (*issues, *assembled.issues)
+    refused = [*issues, *assembled.issues]
+    if job.dicom.sample == "volume":  # limits.max_voxels, from the headers, before a pixel is decoded
+        fits = []
+        for series in assembled.series:
+            shape = (len(series.slices), series.rows, series.columns)
+            resampled = volume_size(series, job.dicom)
+            worst = max(int(np.prod(shape)), int(np.prod(resampled)))
+            if worst <= job.limits.max_voxels:
+                fits.append(series)
+                continue
+            refused.extend(Issue.of(ref, stage="read", reason="too_large", message=(
+                f"{ref.path}: its series ({len(series.refs)} files) makes a {'×'.join(map(str, shape))} volume "
+                f"({'×'.join(map(str, resampled))} resampled): {worst} voxels, over limits.max_voxels "
+                f"({job.limits.max_voxels}); raise the limit or resample to a coarser spacing"))
+                for ref in series.refs)
+        assembled = replace(assembled, series=tuple(fits))
     in_series = sum(len(series.refs) for series in assembled.series)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
     files = len(placed) + len(issues) - in_series  # the files this result speaks for

@@ -34,6 +34,7 @@ import numpy as np
 from packer.config import DicomTransformConfig, SeriesConfig
 from packer.read.dicom_series import SliceGeometry
 from packer.records import Issue, Sample, SampleRef
+from packer.transform.volume import build_volume, resampled_shape, stack_affine
 
 #: Two orientations agree when every cosine differs by at most this (DS values are rounded
 #: to 16 characters; dcm2niix uses 1e-4).
@@ -53,6 +54,19 @@ class Series:
     refs: tuple[SampleRef, ...]
     slices: tuple[tuple[int, int], ...]
     steps: tuple[float, ...]
+    #: Image Position (Patient) of the first slice, the orientation's six cosines, the pixel
+    #: spacing (row, column mm), the grid, and the mean step between slices as a vector (mm)
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    orientation: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+    pixel_spacing: tuple[float, float] | None = None
+    rows: int = 0
+    columns: int = 0
+    step: tuple[float, float, float] = (0.0, 0.0, 1.0)
+
+    def affine(self) -> np.ndarray:
+        """The stack's 4×4 affine as assembled (D along the sorted normal, H down, W across)."""
+        return stack_affine(np.asarray(self.origin), np.asarray(self.orientation), self.pixel_spacing or (1.0, 1.0),
+                            np.asarray(self.step))
 
 
 @dataclass(frozen=True)
@@ -163,8 +177,35 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         if i not in order:
             order.append(i)
     index = {i: n for n, i in enumerate(order)}
+    first_pos = np.asarray(members[slices[0][1]][1].positions[slices[0][2]], dtype=np.float64)
+    last_pos = np.asarray(members[slices[-1][1]][1].positions[slices[-1][2]], dtype=np.float64)
+    step = (last_pos - first_pos) / (len(slices) - 1) if len(slices) > 1 else normal
     return Series(uid_key=uid_key, refs=tuple(refs[i] for i in order),
-                  slices=tuple((index[i], frame) for _, i, frame in slices), steps=tuple(float(s) for s in steps))
+                  slices=tuple((index[i], frame) for _, i, frame in slices), steps=tuple(float(s) for s in steps),
+                  origin=(float(first_pos[0]), float(first_pos[1]), float(first_pos[2])),
+                  orientation=tuple(float(v) for v in base), pixel_spacing=first.spacing, rows=first.rows,
+                  columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])))
+
+
+def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, int]:
+    """(D, H, W) of the volume ``series`` makes under ``cfg``, before any crop or pad, from the
+    headers alone (for ``limits.max_voxels``, before a pixel is decoded)."""
+    return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
+
+
+def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformConfig) -> list[Sample]:
+    """One sample of a whole series: its slices (each C×H×W, windowed, at native size) stacked
+    to C×D×H×W, made canonical, resampled and cropped or padded (:mod:`packer.transform.volume`),
+    with the affine and spacing in its metadata. Keyed by its first file's sample id."""
+    stacked = np.stack([s.image for s in slices], axis=1)
+    volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size)
+    first = slices[0]
+    metadata = {**first.metadata, "volume": {
+        "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
+        "spacing": [round(v, 6) for v in volume.spacing], "layout": "CDHW", "frame": "LPS"}}
+    metadata.pop("frame", None)
+    return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
+                    metadata=metadata)]
 
 
 def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], cfg: DicomTransformConfig) -> list[Sample]:

@@ -1,0 +1,157 @@
+"""Volumes: a stack of windowed slices → one C×D×H×W array in a canonical orientation, at a chosen
+spacing and size, with the affine that maps its voxels back to patient space (pure array maths).
+
+:func:`build_volume` runs, in this order:
+
+1. **place**: the affine of the stack as assembled (axes: D along the sorted slice normal, H
+   down the rows, W along the columns). Voxel (d, h, w) sits at ``origin + w·col_spacing·row_cos
+   + h·row_spacing·col_cos + d·step`` in DICOM's patient coordinates (LPS, mm): Image Position
+   (Patient) is the centre of the first voxel, Pixel Spacing is (row spacing, column spacing)
+   (PS3.3 C.7.6.2.1.1; nibabel's ``dicom_orientation``).
+2. **reorient** (:func:`canonical`): permute and flip the three axes so that D, H and W run
+   along the patient axes closest to +z (superior), +y (posterior), +x (left): for an axial
+   series in the usual orientation nothing moves. Like nibabel's ``as_closest_canonical``
+   (permutes and flips only; an oblique series stays oblique, its affine says how).
+3. **resample** (:func:`resample_linear`) to ``spacing`` (z, y, x mm) with separable linear
+   interpolation on the windowed values, centre-aligned: the new grid spans the same extent,
+   ``n' = round(n · s / s')`` voxels, so the recorded spacing is ``s · n / n'`` (within half a
+   voxel of the request over the volume) and the origin moves by ``(n/n' - 1)/2`` old voxels.
+4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding with 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A C×D×H×W array and its 4×4 affine (voxel (d, h, w, 1) → patient LPS mm)."""
+
+    array: np.ndarray
+    affine: np.ndarray
+
+    @property
+    def spacing(self) -> tuple[float, float, float]:
+        """(D, H, W) voxel spacing in mm: the lengths of the affine's first three columns."""
+        d, h, w = (float(np.linalg.norm(self.affine[:3, i])) for i in range(3))
+        return (d, h, w)
+
+
+def stack_affine(origin: np.ndarray, orientation: np.ndarray, pixel_spacing: tuple[float, float],
+                 step: np.ndarray) -> np.ndarray:
+    """The affine of a stack: columns D (``step``, mm between slices along the sorted normal), H
+    (column cosines × row spacing), W (row cosines × column spacing), translation ``origin``."""
+    row_cos, col_cos = orientation[:3], orientation[3:6]
+    affine = np.eye(4)
+    affine[:3, 0] = step
+    affine[:3, 1] = col_cos * pixel_spacing[0]
+    affine[:3, 2] = row_cos * pixel_spacing[1]
+    affine[:3, 3] = origin
+    return affine
+
+
+def canonical_order(affine: np.ndarray) -> tuple[int, int, int]:
+    """Which of the array's axes (0 = D, 1 = H, 2 = W) runs most along patient z, y and x: the
+    order :func:`canonical` puts them in (each axis used once)."""
+    directions = affine[:3, :3]
+    order: list[int] = []
+    for world in (2, 1, 0):
+        weights = np.abs(directions[world]).copy()
+        weights[order] = -1.0
+        order.append(int(np.argmax(weights)))
+    return (order[0], order[1], order[2])
+
+
+def resampled_shape(shape: tuple[int, int, int], affine: np.ndarray,
+                    spacing: tuple[float, float, float] | None) -> tuple[int, int, int]:
+    """(D, H, W) of a ``shape`` stack with ``affine`` once canonical and resampled to ``spacing``
+    (before any crop or pad): from the geometry alone, so a size limit is checked before decoding."""
+    order = canonical_order(affine)
+    dims = tuple(shape[a] for a in order)
+    if spacing is None:
+        return (dims[0], dims[1], dims[2])
+    old = tuple(float(np.linalg.norm(affine[:3, a])) for a in order)
+    d, h, w = (max(1, round(n * s / t)) for n, s, t in zip(dims, old, spacing, strict=True))
+    return (d, h, w)
+
+
+def canonical(volume: Volume) -> Volume:
+    """``volume`` with D, H, W permuted and flipped to run along the patient axes closest to
+    +z, +y, +x (LPS), the affine updated to match; the voxels are the same, only their order."""
+    order = canonical_order(volume.affine)
+    array = np.transpose(volume.array, (0, *(1 + a for a in order)))
+    affine = np.eye(4)
+    affine[:3, :3] = volume.affine[:3, :3][:, order]
+    affine[:3, 3] = volume.affine[:3, 3]
+    for axis, world in enumerate((2, 1, 0)):
+        if affine[world, axis] < 0:  # runs the wrong way: flip it, the origin moves to the far end
+            n = array.shape[1 + axis]
+            affine[:3, 3] += affine[:3, axis] * (n - 1)
+            affine[:3, axis] *= -1
+            array = np.flip(array, axis=1 + axis)
+    return Volume(np.ascontiguousarray(array), affine)
+
+
+def _linear_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """Centre-aligned linear resampling of ``array`` along ``axis`` to ``size`` samples."""
+    n = array.shape[axis]
+    if n == size:
+        return array
+    x = np.clip((np.arange(size) + 0.5) * (n / size) - 0.5, 0, n - 1)
+    low = np.floor(x).astype(np.int64)
+    high = np.minimum(low + 1, n - 1)
+    weight = (x - low).astype(np.float32)
+    shape = [1] * array.ndim
+    shape[axis] = size
+    weight = weight.reshape(shape)
+    return np.take(array, low, axis=axis) * (1 - weight) + np.take(array, high, axis=axis) * weight
+
+
+def resample_linear(volume: Volume, spacing: tuple[float, float, float]) -> Volume:
+    """``volume`` (float values) at about ``spacing`` (D, H, W mm): see the module docstring."""
+    array = volume.array.astype(np.float32, copy=False)
+    affine = volume.affine.copy()
+    for axis, (old, new) in enumerate(zip(volume.spacing, spacing, strict=True)):
+        n = array.shape[1 + axis]
+        size = max(1, round(n * old / new))
+        array = _linear_axis(array, 1 + axis, size)
+        factor = n / size
+        direction = affine[:3, axis].copy()
+        affine[:3, 3] += direction * (factor - 1) / 2
+        affine[:3, axis] = direction * factor
+    return Volume(np.ascontiguousarray(array), affine)
+
+
+def crop_or_pad(volume: Volume, size: tuple[int, int, int]) -> Volume:
+    """``volume`` centre-cropped or zero-padded to ``size`` (D, H, W); the origin follows."""
+    array = volume.array
+    affine = volume.affine.copy()
+    for axis, want in enumerate(size):
+        n = array.shape[1 + axis]
+        if n > want:
+            start = (n - want) // 2
+            array = np.take(array, np.arange(start, start + want), axis=1 + axis)
+            affine[:3, 3] += affine[:3, axis] * start
+        elif n < want:
+            before = (want - n) // 2
+            pads = [(0, 0)] * array.ndim
+            pads[1 + axis] = (before, want - n - before)
+            array = np.pad(array, pads)
+            affine[:3, 3] -= affine[:3, axis] * before
+    return Volume(np.ascontiguousarray(array), affine)
+
+
+def build_volume(slices: np.ndarray, affine: np.ndarray, *, spacing: tuple[float, float, float] | None,
+                 size: tuple[int, int, int] | None) -> Volume:
+    """C×D×H×W windowed slices (uint8, as rendered) and their stack affine → the finished
+    volume (uint8): canonical, resampled, cropped or padded (module docstring, steps 2-4)."""
+    volume = canonical(Volume(slices, affine))
+    if spacing is not None:
+        volume = resample_linear(volume, spacing)
+        volume = Volume(np.rint(np.clip(volume.array, 0, 255)).astype(np.uint8), volume.affine)
+    if size is not None:
+        volume = crop_or_pad(volume, size)
+    return volume

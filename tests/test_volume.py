@@ -1,0 +1,182 @@
+"""Volumes from DICOM series: voxels where a pydicom + numpy reference puts them, in patient space.
+
+The reference is built here, not by packer's volume code: the series' files read with pydicom,
+sorted by Image Position projected on the slice normal, each slice as packer renders it in
+``sample: slice`` mode, and a voxel's patient position from the DICOM definitions (PS3.3
+C.7.6.2.1.1). A packed volume must agree voxel for voxel through its own affine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.loader import ShardDataset, make_loader
+from packer.verify import verify_dataset
+from tests.test_series import _oblique, _write_series
+from tests.test_targets import _build, _job
+
+WINDOW = {"windows": [{"center": 1000, "width": 3000}]}
+SAGITTAL = (0.0, 1.0, 0.0, 0.0, 0.0, -1.0)   # rows run +y (anterior→posterior), columns run -z
+
+
+def _volume_job(tmp: Path, raw: Path, volume: Any = "volume", **extra: Any) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                transform={"dicom": {**WINDOW, "sample": volume}}, validate={"max_bad_fraction": 0.9}, **extra)
+
+
+def _reference(tmp: Path, raw: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """The series as the reference sees it: slices (packer's own slice rendering) stacked in
+    order of position along the normal, C×D×H×W, and a 4×4 (d, h, w) → LPS mm map."""
+    built = _build(_job(tmp / "ref", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                        transform={"dicom": WINDOW}))
+    images = {item["key"]: item["image"].numpy() for item in ShardDataset(built.manifest_path, "train",
+                                                                         shuffle=False)}
+    headers = [pydicom.dcmread(p) for p in paths]
+    iop = np.array(headers[0].ImageOrientationPatient, dtype=float)
+    row, col = iop[:3], iop[3:]
+    normal = np.cross(row, col)
+    ordered = sorted(zip(headers, paths, strict=True), key=lambda hp: float(np.dot(normal, hp[0].ImagePositionPatient)))
+    from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import make_sample_id
+
+    phi = pseudonymizer_for(load_job(tmp / "ref" / "job" / "job.yaml").phi)
+    stack = np.stack([images[make_sample_id("raw", p.relative_to(raw).as_posix(), phi)] for _, p in ordered], axis=1)
+    first = np.array(ordered[0][0].ImagePositionPatient, dtype=float)
+    last = np.array(ordered[-1][0].ImagePositionPatient, dtype=float)
+    spacing = [float(v) for v in ordered[0][0].PixelSpacing]
+    affine = np.eye(4)
+    affine[:3, 0] = (last - first) / (len(ordered) - 1)
+    affine[:3, 1] = col * spacing[0]
+    affine[:3, 2] = row * spacing[1]
+    affine[:3, 3] = first
+    return stack, affine
+
+
+def _packed(result: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    (item,) = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in result.version_dir.glob("train-*.tar"))
+    (record,) = [s["json"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode()]
+    return item["image"].numpy(), np.array(record["metadata"]["volume"]["affine"]), record["metadata"]["volume"]
+
+
+def _assert_same_voxels(volume: np.ndarray, affine: np.ndarray, reference: np.ndarray, ref_affine: np.ndarray) -> None:
+    """Every voxel of ``volume`` holds the reference voxel at the same patient position."""
+    grid = np.stack(np.meshgrid(*(np.arange(n) for n in volume.shape[1:]), indexing="ij"), axis=-1).reshape(-1, 3)
+    world = grid @ affine[:3, :3].T + affine[:3, 3]
+    back = np.linalg.solve(ref_affine[:3, :3], (world - ref_affine[:3, 3]).T).T
+    index = np.rint(back).astype(int)
+    assert np.abs(back - index).max() < 1e-3  # no resampling: the grids coincide
+    assert ((index >= 0) & (index < np.array(reference.shape[1:]))).all()
+    expected = reference[:, index[:, 0], index[:, 1], index[:, 2]].reshape(volume.shape)
+    assert np.array_equal(volume, expected)
+
+
+@pytest.mark.parametrize("orientation,canonical_diagonal", [
+    ((1.0, 0.0, 0.0, 0.0, 1.0, 0.0), True),   # axial: nothing moves
+    (SAGITTAL, True),                         # permuted and flipped onto z, y, x
+    (_oblique(25.0), False),                  # oblique: reordered, still oblique
+])
+def test_a_volume_holds_the_reference_voxels_at_their_patient_positions(tmp_path: Path, orientation: Any,
+                                                                       canonical_diagonal: bool) -> None:
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "s", seed=3, slices=7, orientation=orientation)
+    result = _build(_volume_job(tmp_path, raw))
+    volume, affine, info = _packed(result)
+    reference, ref_affine = _reference(tmp_path, raw, paths)
+    assert volume.shape[0] == 1 and sorted(volume.shape[1:]) == sorted(reference.shape[1:])
+    _assert_same_voxels(volume, affine, reference, ref_affine)
+    directions = affine[:3, :3]
+    assert directions[2, 0] > 0 and directions[1, 1] > 0 and directions[0, 2] > 0  # D→+z, H→+y, W→+x (LPS)
+    if canonical_diagonal:  # only those three entries: each axis along one patient axis
+        others = directions.copy()
+        others[2, 0] = others[1, 1] = others[0, 2] = 0.0
+        assert np.allclose(others, 0.0, atol=1e-6)
+    assert sorted(info["spacing"]) == pytest.approx(sorted([3.0, 0.5, 0.5]), abs=1e-3)
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["sample_schema"]["layout"] == "CDHW" and len(manifest["sample_schema"]["shape"]) == 4
+    assert verify_dataset(result.manifest_path, deep=True).ok
+
+
+def test_resampling_is_linear_along_each_axis_and_keeps_patient_space(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "s", seed=4, slices=7)  # slice i holds 100·i HU (+ one bright row)
+    result = _build(_volume_job(tmp_path, raw, {"volume": {"spacing": [1.5, 1.0, 1.0]}}))
+    volume, affine, info = _packed(result)
+    reference, ref_affine = _reference(tmp_path, raw, paths)
+    assert info["spacing"] == pytest.approx([1.5, 1.0, 1.0], rel=0.1)
+    assert volume.shape[1:] == (14, 8, 8)  # 7 × 3 mm / 1.5, 16 × 0.5 / 1.0
+    # along D, at a column away from the bright rows: the voxel is the reference interpolated at its z
+    z_ref = ref_affine[2, 3] + ref_affine[2, 0] * np.arange(reference.shape[1])
+    profile_ref = reference[0, :, 12, 2].astype(float)   # reference row 12 is bright only in slice 12: none here
+    for d in range(1, volume.shape[1] - 1):
+        z = affine[2, 3] + affine[2, 0] * d
+        expected = np.interp(z, z_ref, profile_ref)
+        assert abs(float(volume[0, d, 6, 1]) - expected) <= 1.01, d
+
+
+def test_crop_and_pad_keep_each_voxel_at_its_patient_position(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "s", seed=5, slices=7)
+    result = _build(_volume_job(tmp_path, raw, {"volume": {"size": [4, 20, 10]}}))
+    volume, affine, _ = _packed(result)
+    reference, ref_affine = _reference(tmp_path, raw, paths)
+    assert volume.shape[1:] == (4, 20, 10)
+    grid = np.stack(np.meshgrid(*(np.arange(n) for n in volume.shape[1:]), indexing="ij"), axis=-1).reshape(-1, 3)
+    world = grid @ affine[:3, :3].T + affine[:3, 3]
+    back = np.rint(np.linalg.solve(ref_affine[:3, :3], (world - ref_affine[:3, 3]).T).T).astype(int)
+    inside = ((back >= 0) & (back < np.array(reference.shape[1:]))).all(axis=1)
+    flat = volume.reshape(1, -1)
+    assert np.array_equal(flat[0, inside], reference[0, back[inside, 0], back[inside, 1], back[inside, 2]])
+    assert (flat[0, ~inside] == 0).all() and (~inside).any() and inside.any()   # padded H, cropped D and W
+
+
+def test_a_volume_over_max_voxels_is_refused_before_decoding(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=6, slices=7)
+    _write_series(raw / "t", seed=7, slices=3, patient="P2")
+    result = _build(_volume_job(tmp_path, raw, limits={"max_voxels": 16 * 16 * 5}))
+    reasons = {Path(r["path"]).parent.name: r["reason"] for r in read_bad_samples(result.version_dir /
+                                                                                 "bad_samples.jsonl")}
+    assert reasons == {"s": "too_large"}
+    assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 1
+
+
+def test_volumes_batch_and_refuse_2d_size_settings(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    for n in range(3):
+        _write_series(raw / f"s{n}", seed=10 + n, patient=f"P{n}", slices=5)
+    result = _build(_volume_job(tmp_path, raw, {"volume": {"spacing": [3, 1, 1], "size": [6, 8, 8]}}))
+    batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=3)))
+    assert batch["image"].shape == (3, 1, 6, 8, 8)
+    with pytest.raises(ConfigError, match="a volume's size and spacing are 3-D"):
+        load_job(_job(tmp_path / "bad", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                      transform={"dicom": {**WINDOW, "sample": "volume", "size": [32, 32]}}))
+
+
+def test_the_demo_volume_workflow_packs_one_canonical_volume_per_good_series(demo_raw: Any, tmp_path: Path) -> None:
+    import shutil
+
+    from packer.demo import SERIES
+    from tests.demo_version import REPO
+
+    (tmp_path / "workflows").mkdir()
+    shutil.copy(REPO / "workflows" / "series-volume.yaml", tmp_path / "workflows")
+    (tmp_path / "demo-raw").symlink_to(demo_raw.root)
+    result = _build(tmp_path / "workflows" / "series-volume.yaml")
+    manifest = json.loads(result.manifest_path.read_text())
+    good = sum(1 for _, reason in SERIES.values() if reason in (None, "series_localizer"))
+    assert manifest["inputs"]["samples"] == good
+    assert manifest["sample_schema"] == {"dtype": "uint8", "layout": "CDHW", "shape": [3, 16, 48, 48],
+                                         "shapes": {"series": [[3, 16, 48, 48]]}}
+    assert verify_dataset(result.manifest_path, deep=True).ok
