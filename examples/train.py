@@ -56,16 +56,17 @@ from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.manifest import read_manifest
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size: int = 32,
+               lr: float = 0.05) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--manifest", required=True, help="manifest.json or the dataset version folder")
     parser.add_argument("--split", default="train")
     parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
                         help="train on these sources only (comma-separated names, as in the job file)")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
@@ -75,12 +76,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_model(channels: int, classes: int) -> nn.Module:
-    """A tiny CNN for any image size: conv → ReLU → conv → global average pool → linear."""
+def build_model(channels: int, classes: int, dims: int = 2) -> nn.Module:
+    """A tiny CNN for any image (``dims`` 2) or volume (3) size: conv → ReLU → conv → global
+    average pool → linear. A volume's first conv strides too: volumes are big."""
+    conv, pool = (nn.Conv2d, nn.AdaptiveAvgPool2d) if dims == 2 else (nn.Conv3d, nn.AdaptiveAvgPool3d)
     return nn.Sequential(
-        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
+        conv(channels, 16, 3, padding=1, stride=1 if dims == 2 else 2), nn.ReLU(),
+        conv(16, 32, 3, padding=1, stride=2), nn.ReLU(),
+        pool(1), nn.Flatten(), nn.Linear(32, classes),
     )
 
 
@@ -103,8 +106,12 @@ class Objective:
 
 
 def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -> Objective:
-    """Head and loss for the dataset's masks, else for its target kind (see the module docstring)."""
+    """Head and loss for the dataset's masks, else for its target kind (see the module docstring);
+    a 3-D network for volumes (``layout: CDHW``)."""
     target, mask = dataset.info.target, dataset.info.mask
+    dims = 3 if dataset.info.layout == "CDHW" else 2
+    if mask is not None and dims == 3:
+        raise SystemExit("train: this dataset has segmentation masks; masks come with 2-D samples only")
     if mask is not None:
         pad = int(mask.get("pad", 0))  # what resize "fit" filled in: not a class when the job padded with another id
         ids = sorted(set(mask["classes"] or range(256)) - ({pad} if pad else set()))
@@ -120,11 +127,11 @@ def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -
         return Objective(f"segmentation: {classes} classes", build_segmenter(channels, classes), segmentation)
     if target.kind == "class":
         classes = max(dataset.info.label_map.values()) + 1
-        return Objective(f"class: {classes} classes", build_model(channels, classes),
+        return Objective(f"class: {classes} classes", build_model(channels, classes, dims),
                          lambda model, batch: F.cross_entropy(model(batch["image"]), batch["label"]))
     outputs = len(target.names)
     if target.kind == "multilabel":
-        return Objective(f"multilabel: {outputs} labels", build_model(channels, outputs),
+        return Objective(f"multilabel: {outputs} labels", build_model(channels, outputs, dims),
                          lambda model, batch: F.binary_cross_entropy_with_logits(model(batch["image"]),
                                                                                  batch["target"]))
     if target.kind == "numeric":
@@ -132,15 +139,20 @@ def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -
         stats = read_manifest(dataset.info.manifest, check_hash=False).splits["train"]["target_stats"]
         mean = torch.tensor([stats[n]["mean"] for n in target.names], device=device)
         scale = torch.tensor([(stats[n]["max"] - stats[n]["min"]) or 1.0 for n in target.names], device=device)
-        return Objective(f"numeric: {', '.join(target.names)}", build_model(channels, outputs),
+        return Objective(f"numeric: {', '.join(target.names)}", build_model(channels, outputs, dims),
                          lambda model, batch: F.mse_loss(model(batch["image"]), (batch["target"] - mean) / scale))
 
-    # unlabeled: self-supervised denoising; from the image plus noise, reconstruct the clean one pooled to 8×8
+    # unlabeled: self-supervised denoising; from the image plus noise, reconstruct the clean one
+    # pooled to 8×8 (a volume: to 4×4×4)
+    side = 8 if dims == 2 else 4
+    pool = F.adaptive_avg_pool2d if dims == 2 else F.adaptive_avg_pool3d
+
     def denoising(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         image = batch["image"]
-        return F.mse_loss(model(image + 0.5 * torch.randn_like(image)), F.adaptive_avg_pool2d(image, 8))
+        return F.mse_loss(model(image + 0.5 * torch.randn_like(image)), pool(image, side))
 
-    model = nn.Sequential(build_model(channels, channels * 64), nn.Unflatten(1, (channels, 8, 8)))
+    model = nn.Sequential(build_model(channels, channels * side ** dims, dims),
+                          nn.Unflatten(1, (channels,) + (side,) * dims))
     return Objective("unlabeled: denoising reconstruction", model, denoising)
 
 
@@ -153,7 +165,12 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train; return what happened (steps, losses, keys seen) for tests and logs."""
-    args = parse_args(argv)
+    return run(parse_args(argv))
+
+
+def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str = "train.py") -> dict[str, Any]:
+    """Train as ``args`` say, on a dataset whose layout is one of ``layouts`` (``name`` says who refuses another)."""
+    args.layouts, args.script = layouts, name
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
     device = torch.device(args.device)
@@ -174,9 +191,11 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact",
                            sources=args.sources)
     rank = dataset.rank
-    if dataset.info.layout != "CHW":
-        raise SystemExit(f"train.py: {args.manifest} holds {dataset.info.layout} volumes (sample: volume); this "
-                         "example trains 2-D models: use examples/train3d.py")
+    if dataset.info.layout not in args.layouts:
+        other = "examples/train3d.py" if dataset.info.layout == "CDHW" else "examples/train.py"
+        kind = "volumes" if dataset.info.layout == "CDHW" else "2-D samples"
+        raise SystemExit(f"{args.script}: {args.manifest} holds {kind} (layout {dataset.info.layout}: "
+                         f"{dataset.info.describe_shapes()}); train them with {other}")
     if dataset.shape is None:
         raise SystemExit(
             f"train.py: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "

@@ -71,3 +71,13 @@ def write_job(folder: Path, doc: dict[str, Any], name: str = "job.yaml") -> Path
     path = folder / name
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def copy_without_index(version: Path, folder: Path) -> Path:
+    """A copy of a built version folder at ``folder`` whose ``_index.parquet`` is gone (readers
+    must then scan the shards)."""
+    import shutil
+
+    shutil.copytree(version, folder)
+    (folder / "_index.parquet").unlink()
+    return folder

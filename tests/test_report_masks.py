@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from packer.demo import write_ct_slice
 from packer.htmlreport import ReportLimits, render_html_report
 from packer.htmlreport.thumbs import MASK_ALPHA, MASK_COLORS, PAD_COLOR
 from packer.loader import ShardDataset
+from tests.helpers import copy_without_index
 from tests.test_htmlreport import ReportParser, decode_data_uri, parse
 from tests.test_masks import _blocks, _photo_set, _photo_source, _png
 from tests.test_targets import _build, _job
@@ -221,10 +221,7 @@ def test_a_stacked_multi_frame_mask_shows_frame_0_and_counts_every_frame(builds:
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 def test_without_the_index_the_shards_give_the_same_masks(builds: Builds, fmt: str, tmp_path: Path) -> None:
     version = getattr(builds, fmt)
-    folder = tmp_path / "v"
-    shutil.copytree(version, folder)
-    (folder / "_index.parquet").unlink()
-    scanned = render_html_report(folder)
+    scanned = render_html_report(copy_without_index(version, tmp_path / "v"))
     assert "the shards were scanned instead" in scanned
     original = render_html_report(version)
     assert mask_cells(parse(scanned)) == mask_cells(parse(original))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from packer.commands.report import report
 from packer.htmlreport import ReportLimits, render_html_report
 from packer.htmlreport.collect import NO_LABEL, collect_report_data
 from packer.htmlreport.shards import SampleIndex
+from tests.helpers import copy_without_index
 from tests.test_htmlreport import ReportParser, parse
 from tests.test_targets import _build, _ct, _job, _photo_table
 
@@ -198,10 +198,7 @@ def test_an_unlabeled_report_says_so_and_shows_no_balance(builds: Builds, tmp_pa
 @pytest.mark.parametrize("kind", ["multilabel", "numeric"])
 def test_without_the_index_the_shards_give_the_same_targets(builds: Builds, kind: str, tmp_path: Path) -> None:
     version = getattr(builds, kind)
-    folder = tmp_path / "v"
-    shutil.copytree(version, folder)
-    (folder / "_index.parquet").unlink()
-    scanned = render_html_report(folder)
+    scanned = render_html_report(copy_without_index(version, tmp_path / "v"))
     assert "the shards were scanned instead" in scanned
     original = render_html_report(version)
     assert sheet_keys(parse(scanned)) == sheet_keys(parse(original))

@@ -180,3 +180,24 @@ def test_the_demo_volume_workflow_packs_one_canonical_volume_per_good_series(dem
     assert manifest["sample_schema"] == {"dtype": "uint8", "layout": "CDHW", "shape": [3, 16, 48, 48],
                                          "shapes": {"series": [[3, 16, 48, 48]]}}
     assert verify_dataset(result.manifest_path, deep=True).ok
+
+
+def test_a_volume_agrees_with_simpleitks_series_reader(tmp_path: Path) -> None:
+    """ITK reads the same series (GDCM orders it by position): same origin, spacing and
+    direction, and its Hounsfield units through the job's window are packer's voxels."""
+    sitk = pytest.importorskip("SimpleITK")
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=8, slices=7)
+    result = _build(_volume_job(tmp_path, raw))
+    volume, affine, info = _packed(result)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(raw / "s")))
+    image = reader.Execute()
+    hu = sitk.GetArrayFromImage(image).astype(np.float64)          # D×H×W (ITK's z, y, x)
+    assert np.allclose(affine[:3, 3], image.GetOrigin(), atol=1e-3)
+    assert info["spacing"] == pytest.approx(list(reversed(image.GetSpacing())), abs=1e-3)
+    direction = np.array(image.GetDirection()).reshape(3, 3)       # columns: ITK's x, y, z axes
+    assert np.allclose(affine[:3, :3] / np.array(info["spacing"]), direction[:, ::-1], atol=1e-6)
+    centre, width = 1000.0, 3000.0                                 # PS3.3 C.11.2.1.2.1, LINEAR
+    unit = np.clip((hu - (centre - 0.5)) / (width - 1) + 0.5, 0.0, 1.0)
+    assert np.abs(volume[0].astype(int) - np.rint(unit * 255)).max() <= 1

@@ -180,12 +180,10 @@ def decode_mask_member(key: str, data: bytes) -> np.ndarray | SampleDefect:
     return mask
 
 
-def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDefect:
-    """The sample ``key`` from its member bytes by extension (``cls``, ``npy``, ``mask.npy`` and
-    ``target.npy`` are read; ``json`` is the caller's to parse if it wants the record). Only
-    ``npy`` must be there."""
-    if "npy" not in members:
-        return SampleDefect("missing_member", f"no {key}.npy member", key)
+def decode_small_members(key: str, members: Mapping[str, bytes]
+                         ) -> tuple[int | None, np.ndarray | None, np.ndarray | None] | SampleDefect:
+    """(label, target, mask) from a sample's ``cls``, ``target.npy`` and ``mask.npy`` member bytes
+    (each None where absent), or the first defect among them."""
     label = decode_label(key, members["cls"]) if "cls" in members else None
     if isinstance(label, SampleDefect):
         return label
@@ -195,6 +193,19 @@ def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDe
     mask = decode_mask_member(key, members["mask.npy"]) if "mask.npy" in members else None
     if isinstance(mask, SampleDefect):
         return mask
+    return label, target, mask
+
+
+def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDefect:
+    """The sample ``key`` from its member bytes by extension (``cls``, ``npy``, ``mask.npy`` and
+    ``target.npy`` are read; ``json`` is the caller's to parse if it wants the record). Only
+    ``npy`` must be there."""
+    if "npy" not in members:
+        return SampleDefect("missing_member", f"no {key}.npy member", key)
+    decoded = decode_small_members(key, members)
+    if isinstance(decoded, SampleDefect):
+        return decoded
+    label, target, mask = decoded
     try:
         image = load_npy(members["npy"])
     except (ValueError, OSError, EOFError) as err:

@@ -43,10 +43,8 @@ from packer.shards.members import (
     NPY_HEAD,
     Decoded,
     SampleDefect,
-    decode_label,
-    decode_mask_member,
     decode_members,
-    decode_target,
+    decode_small_members,
     irregular_member,
     npy_layout,
     npy_size_problem,
@@ -377,15 +375,10 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
         if isinstance(data, SampleDefect):
             return data
         return decode_members(key, {"npy": data, **({"cls": cls} if cls is not None else {}), **extras})
-    label = decode_label(key, cls) if cls is not None else None
-    if isinstance(label, SampleDefect):
-        return label
-    target = decode_target(key, extras["target.npy"]) if "target.npy" in extras else None
-    if isinstance(target, SampleDefect):
-        return target
-    mask = decode_mask_member(key, extras["mask.npy"]) if "mask.npy" in extras else None
-    if isinstance(mask, SampleDefect):
-        return mask
+    small = decode_small_members(key, {**({"cls": cls} if cls is not None else {}), **extras})
+    if isinstance(small, SampleDefect):
+        return small
+    label, target, mask = small
     dtype, shape, start = layout
     problem = npy_size_problem(npy_size - start, dtype, shape)
     if problem is not None:
