@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pydicom
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
@@ -201,3 +203,76 @@ def test_a_volume_agrees_with_simpleitks_series_reader(tmp_path: Path) -> None:
     centre, width = 1000.0, 3000.0                                 # PS3.3 C.11.2.1.2.1, LINEAR
     unit = np.clip((hu - (centre - 0.5)) / (width - 1) + 0.5, 0.0, 1.0)
     assert np.abs(volume[0].astype(int) - np.rint(unit * 255)).max() <= 1
+
+
+def _numpy_linear(array: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """The straightforward centre-aligned linear resampling along one axis (the definition)."""
+    n = array.shape[axis]
+    x = np.clip((np.arange(size) + 0.5) * (n / size) - 0.5, 0, n - 1)
+    low = np.floor(x).astype(int)
+    high = np.minimum(low + 1, n - 1)
+    shape = [1] * array.ndim
+    shape[axis] = size
+    w = (x - low).reshape(shape)
+    return np.take(array, low, axis=axis) * (1 - w) + np.take(array, high, axis=axis) * w
+
+
+@given(st.tuples(st.integers(2, 9), st.integers(2, 17), st.integers(2, 17)),
+       st.tuples(*[st.floats(0.3, 3.0)] * 3), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_fast_resampling_is_the_separable_linear_definition(shape: tuple[int, int, int],
+                                                            spacing: tuple[float, float, float], seed: int) -> None:
+    from packer.transform.volume import Volume, resample_linear
+
+    array = np.random.default_rng(seed).uniform(0, 255, size=(2, *shape)).astype(np.float32)
+    volume = Volume(array, np.diag([1.0, 1.0, 1.0, 1.0]))
+    fast = resample_linear(volume, spacing)
+    slow = array.astype(np.float64)
+    for axis in range(3):
+        slow = _numpy_linear(slow, 1 + axis, fast.array.shape[1 + axis])
+    assert fast.array.shape == slow.shape
+    assert np.abs(fast.array - slow).max() < 1e-3
+
+
+def test_an_enhanced_multi_frame_ct_becomes_one_volume_ordered_by_its_frame_positions(tmp_path: Path) -> None:
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence as DicomSequence
+
+    from tests.dicom_files import enhanced_ct_dataset, save
+
+    frames = np.stack([np.full((8, 8), 600 + 300 * i, dtype=np.int16) for i in range(4)])  # -424 + 300·i HU
+    ds = enhanced_ct_dataset(frames, [None] * 4, [None] * 4, shared_rescale=(1.0, -1024.0))
+    plane = Dataset()
+    plane.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence = DicomSequence([plane])
+    at = [2.0, 0.0, 3.0, 1.0]  # the creator's frame order is not the spatial order
+    for group, z in zip(ds.PerFrameFunctionalGroupsSequence, at, strict=True):
+        position = Dataset()
+        position.ImagePositionPatient = [0.0, 0.0, 2.0 * z]
+        group.PlanePositionSequence = DicomSequence([position])
+    ds.PatientID = "E1"
+    save(ds, tmp_path / "raw" / "enhanced.dcm")
+    result = _build(_volume_job(tmp_path, tmp_path / "raw"))
+    volume, affine, info = _packed(result)
+    assert volume.shape == (1, 4, 8, 8) and info["spacing"] == pytest.approx([2.0, 0.5, 0.5])
+    # along +z the frames come 1, 3, 0, 2; each through the window (PS3.3 LINEAR, c 1000, w 3000)
+    hu = [-424.0 + 300 * frame for frame in (1, 3, 0, 2)]
+    expected = [round(255 * min(1.0, max(0.0, (v - 999.5) / 2999 + 0.5))) for v in hu]
+    assert [int(volume[0, d, 4, 4]) for d in range(4)] == expected
+    assert affine[2, 3] == pytest.approx(0.0) and affine[2, 0] == pytest.approx(2.0)
+
+
+def test_the_report_shows_a_volumes_three_middle_planes(tmp_path: Path) -> None:
+    from packer.config import load_job as load
+    from packer.pipeline.build import BuildOptions, build
+
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=9, slices=5)
+    result = build(load(_volume_job(tmp_path, raw, {"volume": {"size": [5, 16, 12]}})),
+                   BuildOptions(scheduler="sync", quiet=True))
+    html = (result.version_dir / "report.html").read_text(encoding="utf-8")
+    assert "data:image/png;base64," in html
+    from packer.htmlreport.thumbs import as_chw
+
+    planes = as_chw(np.arange(5 * 16 * 12, dtype=np.uint8).reshape(1, 5, 16, 12))
+    assert planes.shape == (1, 16, 36)  # axial, coronal and sagittal middles side by side, each 16×12
