@@ -240,19 +240,25 @@ def test_every_broken_series_is_reported_by_reason_and_the_good_ones_pack(tmp_pa
     assert manifest["inputs"]["samples"] == 6 + len(scout) - 1
 
 
-def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: Path) -> None:
-    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
-    ds = enhanced_ct_dataset(frames, [None] * 4, [None] * 4, shared_rescale=(1.0, -1024.0))
-    order = [2.0, 0.0, 3.0, 1.0]  # frame i sits at 2.5 * order[i] mm
+def write_enhanced_ct(path: Path, frames: np.ndarray, z: list[float]) -> Path:
+    """An Enhanced CT (PS3.3 C.7.6.16) whose frame i sits at ``z[i]`` mm (axial, shared orientation,
+    per-frame Plane Position): the creator's frame order need not be the spatial one."""
+    ds = enhanced_ct_dataset(frames, [None] * len(z), [None] * len(z), shared_rescale=(1.0, -1024.0))
     plane = Dataset()
     plane.ImageOrientationPatient = list(AXIAL)
     ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence = DicomSequence([plane])
-    for group, at in zip(ds.PerFrameFunctionalGroupsSequence, order, strict=True):
+    for group, at in zip(ds.PerFrameFunctionalGroupsSequence, z, strict=True):
         position = Dataset()
-        position.ImagePositionPatient = [0.0, 0.0, 2.5 * at]
+        position.ImagePositionPatient = [0.0, 0.0, at]
         group.PlanePositionSequence = DicomSequence([position])
     ds.PatientID = "E1"
-    save(ds, tmp_path / "raw" / "enhanced.dcm")
+    return save(ds, path)
+
+
+def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: Path) -> None:
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    order = [2.0, 0.0, 3.0, 1.0]  # frame i sits at 2.5 * order[i] mm
+    write_enhanced_ct(tmp_path / "raw" / "enhanced.dcm", frames, [2.5 * at for at in order])
     result = _build(_series_job(tmp_path, tmp_path / "raw"))
     items = sorted(ShardDataset(result.manifest_path, "train", shuffle=False), key=lambda item: item["key"])
     assert [item["key"][-5:] for item in items] == ["f0000", "f0001", "f0002", "f0003"]

@@ -235,23 +235,10 @@ def test_fast_resampling_is_the_separable_linear_definition(shape: tuple[int, in
 
 
 def test_an_enhanced_multi_frame_ct_becomes_one_volume_ordered_by_its_frame_positions(tmp_path: Path) -> None:
-    from pydicom.dataset import Dataset
-    from pydicom.sequence import Sequence as DicomSequence
-
-    from tests.dicom_files import enhanced_ct_dataset, save
+    from tests.test_series import write_enhanced_ct
 
     frames = np.stack([np.full((8, 8), 600 + 300 * i, dtype=np.int16) for i in range(4)])  # -424 + 300·i HU
-    ds = enhanced_ct_dataset(frames, [None] * 4, [None] * 4, shared_rescale=(1.0, -1024.0))
-    plane = Dataset()
-    plane.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
-    ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence = DicomSequence([plane])
-    at = [2.0, 0.0, 3.0, 1.0]  # the creator's frame order is not the spatial order
-    for group, z in zip(ds.PerFrameFunctionalGroupsSequence, at, strict=True):
-        position = Dataset()
-        position.ImagePositionPatient = [0.0, 0.0, 2.0 * z]
-        group.PlanePositionSequence = DicomSequence([position])
-    ds.PatientID = "E1"
-    save(ds, tmp_path / "raw" / "enhanced.dcm")
+    write_enhanced_ct(tmp_path / "raw" / "enhanced.dcm", frames, [4.0, 0.0, 6.0, 2.0])  # not the frame order
     result = _build(_volume_job(tmp_path, tmp_path / "raw"))
     volume, affine, info = _packed(result)
     assert volume.shape == (1, 4, 8, 8) and info["spacing"] == pytest.approx([2.0, 0.5, 0.5])
