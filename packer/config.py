@@ -20,30 +20,17 @@ from typing import Any
 import yaml
 
 from packer.errors import ConfigError
+from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 
 SPLITS = ("train", "valid", "test")
-
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def _default(path: str) -> Any:
     """The default ``schemas/job.schema.json`` declares for the key at dotted ``path`` (the schema is
     the one place defaults are written; defaults that depend on the source's kind stay in code)."""
     return schema_defaults("job")[path]
-
-
-def parse_byte_size(value: int | str) -> int:
-    """``256MiB`` → 268435456; integers pass through. Raises ConfigError on junk."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
-    if not match:
-        raise ConfigError(f"pack.max_bytes: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "B").upper()])
 
 
 @dataclass(frozen=True)

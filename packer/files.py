@@ -7,11 +7,15 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from packer.errors import ConfigError, blocking_file, refused_write
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 #: Suffix of a file being written; renamed away when complete (:func:`atomic_output`).
 TMP_SUFFIX = ".partial"
@@ -89,3 +93,14 @@ def file_sha256(path: Path) -> tuple[int, str]:
     with open(path, "rb") as fh:
         digest = hashlib.file_digest(fh, "sha256")
         return fh.tell(), digest.hexdigest()
+
+
+def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
+    """``256MiB`` → 268435456; integers pass through. Raises ConfigError naming ``where`` on junk."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"{where}: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "B").upper()])

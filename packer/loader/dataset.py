@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
+from packer.loader.cache import cache_from
 from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, load_view, read_shard
 from packer.loader.sharding import (
     UNEVEN,
@@ -97,7 +98,10 @@ class ShardDataset(IterableDataset):
 
     ``manifest``: path to ``manifest.json`` or its folder, or a URL of either
     (``s3://bucket/prefix/name/version/manifest.json``, ``file:///...``; remote shards are
-    read through fsspec with ``storage_options``, e.g. ``{"endpoint_url": ...}``). ``shuffle``: permute shard order
+    read through fsspec with ``storage_options``, e.g. ``{"endpoint_url": ...}``; with ``cache_dir``,
+    or ``$PACKER_SHARD_CACHE``, remote shards are downloaded once per machine into that folder,
+    kept under ``cache_limit`` bytes, and the next ``read_ahead`` shards of a worker's plan
+    download while it reads: :mod:`packer.loader.cache`). ``shuffle``: permute shard order
     and pass samples through a ``shuffle_buffer``-slot buffer, deterministically for
     ``(seed, epoch)``; ``set_epoch(e)`` before each epoch. ``rank``/``world_size``: default
     from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else one process. ``uneven``:
@@ -139,7 +143,8 @@ class ShardDataset(IterableDataset):
                  verify: bool = False, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
                  storage_options: Mapping[str, Any] | None = None, sources: Sequence[str] | None = None,
-                 labels: Sequence[str | int] | None = None) -> None:
+                 labels: Sequence[str | int] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | str | None = None, read_ahead: int = 2) -> None:
         super().__init__()
         if uneven not in UNEVEN:
             raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
@@ -147,7 +152,9 @@ class ShardDataset(IterableDataset):
             raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
         if shuffle_buffer < 1 or max_skipped < 0:
             raise ConfigError("shuffle_buffer must be >= 1 and max_skipped >= 0")
-        self.info = load_split(manifest, split, storage_options=storage_options)
+        #: The local shard cache remote shards are read through (None: streamed, or a local dataset)
+        self.cache = cache_from(cache_dir, cache_limit, read_ahead)
+        self.info = load_split(manifest, split, storage_options=storage_options, cache=self.cache)
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.verify, self.transform, self.uneven = verify, transform, uneven
@@ -242,9 +249,14 @@ class ShardDataset(IterableDataset):
         shard_of = np.searchsorted(self._offsets, read, side="right") - 1
         bounds = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(read)]
 
+        shard_order = [int(shard_of[lo]) for lo in bounds[:-1]]
+
         def source() -> Iterator[tuple[int, Decoded | Failure]]:
-            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            for n, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
                 k = int(shard_of[lo])
+                if self.cache is not None:  # read-ahead: the next shards of this worker's plan download meanwhile
+                    ahead = [self.info.shards[j] for j in shard_order[n + 1:n + 1 + self.cache.read_ahead]]
+                    self.cache.prefetch([s.download for s in ahead if s.url is not None])
                 base = int(self._offsets[k])
                 positions = read[lo:hi] - base
                 if self.view is None:

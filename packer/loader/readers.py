@@ -42,8 +42,8 @@ import hashlib
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +52,7 @@ import numpy as np
 from packer import storage
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
+from packer.loader.cache import ShardCache
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import TarIndex, read_tar_sample, scan_tar, stream_tar_samples
 from packer.targets import Target
@@ -80,7 +81,8 @@ class ShardInfo:
     """One shard of a split, as the manifest lists it.
 
     A local shard has an absolute ``path`` and ``url`` None; a remote one has its ``url``
-    (read with ``storage_options``) and ``path`` is only its file name.
+    (read with ``storage_options``) and ``path`` is only its file name; with a ``cache`` a
+    remote shard is read from its local cache entry (:mod:`packer.loader.cache`).
     """
 
     file: str
@@ -90,6 +92,12 @@ class ShardInfo:
     samples: int
     url: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    cache: ShardCache | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def download(self) -> tuple[str, str, int, str, Any]:
+        """What :meth:`ShardCache.prefetch` needs of a remote shard: url, sha256, bytes, file, options."""
+        return (self.url or "", self.sha256, self.bytes, self.file, dict(self.storage_options))
 
     @property
     def location(self) -> str:
@@ -142,7 +150,7 @@ class SplitInfo:
 
 
 def load_split(manifest: str | os.PathLike[str], split: str, *,
-               storage_options: Mapping[str, Any] | None = None) -> SplitInfo:
+               storage_options: Mapping[str, Any] | None = None, cache: ShardCache | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
@@ -186,7 +194,8 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
                                     samples=entry.samples))
         else:
             shards.append(ShardInfo(file=entry.file, path=Path(entry.file), bytes=entry.bytes, sha256=entry.sha256,
-                                    samples=entry.samples, url=where, storage_options=dict(storage_options or {})))
+                                    samples=entry.samples, url=where, storage_options=dict(storage_options or {}),
+                                    cache=cache))
     total = doc.splits[split]["samples"]
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
@@ -430,6 +439,9 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
     readable prefix is still read). ``verify``: compare the sha256 first. An I/O error
     fails the positions not yet read. A remote shard is streamed (:func:`read_remote`).
     """
+    if info.url is not None and info.cache is not None:
+        yield from _read_cached(read_tar, info, positions, check, strict=strict, verify=verify)
+        return
     if info.url is not None:
         yield from read_remote(info, positions, check, strict=strict, verify=verify)
         return
@@ -466,6 +478,9 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
     """Samples at ``positions`` (ascending) of a Parquet shard, memory-mapped, in record batches."""
     import pyarrow as pa
 
+    if info.url is not None and info.cache is not None:
+        yield from _read_cached(read_parquet, info, positions, check, strict=strict, verify=verify)
+        return
     if info.url is not None:
         yield from read_remote(info, positions, check, strict=strict, verify=verify)
         return
@@ -474,6 +489,23 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
         yield from _fail(info, positions, "bad_shard", problem)
         return
     yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check)
+
+
+def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]], info: ShardInfo,
+                 positions: Sequence[int], check: SampleCheck, *, strict: bool,
+                 verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """A remote shard read from its cache entry (downloaded once per machine, held while read)."""
+    if info.cache is None or info.url is None:
+        raise ValueError("_read_cached needs a remote shard with a cache")
+    with contextlib.ExitStack() as stack:
+        try:
+            path = stack.enter_context(info.cache.reading(info.url, info.sha256, info.bytes, info.file,
+                                                          info.storage_options))
+        except (OSError, IntegrityError) as err:
+            yield from _fail(info, positions, "unreadable", f"through the shard cache {info.cache.folder}: {err}")
+            return
+        yield from reader(replace(info, path=path, url=None, cache=None), positions, check, strict=strict,
+                          verify=verify)
 
 
 def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:

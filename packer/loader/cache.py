@@ -1,0 +1,214 @@
+"""The local shard cache: a remote shard downloaded once per machine, verified, kept, evicted least recently used.
+
+``ShardDataset(manifest, split, cache_dir=..., cache_limit="50GB")`` (or the environment
+variables ``PACKER_SHARD_CACHE`` and ``PACKER_SHARD_CACHE_LIMIT``) reads a remote dataset's
+shards through :class:`ShardCache`:
+
+- **keyed by content**: an entry is ``<sha256><suffix>``, the shard's sha256 from the manifest,
+  so a replaced object is never served stale and two dataset versions share identical shards;
+- **downloaded once per machine**: the ranks and workers of one machine share the folder; a
+  download holds an exclusive ``flock`` on the entry's lock file, and a reader that finds the
+  lock taken waits for it, then uses the entry rather than fetching it again;
+- **never half-written**: bytes go to a ``.partial`` file, hashed as they arrive, and are
+  renamed into place only when size and sha256 match the manifest (a process killed mid-way
+  leaves a ``.partial`` that the next download of that shard replaces);
+- **verified once**: at download; afterwards an entry whose size or modification time changed
+  on disk is fetched again (``verify=True`` on the dataset hashes it on every read as well);
+- **retried**: a failed or cut-short download is retried with exponential backoff
+  (``retries`` times), then fails naming the URL;
+- **bounded**: after each download, entries beyond ``limit`` bytes are deleted least recently
+  used first (by access time, which every read sets), skipping any entry a reader holds (a
+  shared ``flock`` while it reads).
+
+:meth:`ShardCache.prefetch` downloads the next shards of a worker's plan on a background thread
+(``read_ahead`` at a time), so after warm-up the loader does not wait on the store's latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer import storage
+from packer.errors import ConfigError, IntegrityError
+from packer.files import parse_byte_size
+
+#: Environment defaults for ``ShardDataset(cache_dir=, cache_limit=)``.
+CACHE_ENV = "PACKER_SHARD_CACHE"
+LIMIT_ENV = "PACKER_SHARD_CACHE_LIMIT"
+_CHUNK = 4 << 20
+
+
+@dataclass
+class ShardCache:
+    """A cache folder (see the module docstring). ``limit``: bytes kept (None: no limit);
+    ``retries``: extra attempts per download; ``read_ahead``: shards downloaded ahead."""
+
+    folder: Path
+    limit: int | None = None
+    retries: int = 4
+    backoff: float = 0.5
+    read_ahead: int = 2
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False, compare=False)
+    _pending: dict[str, Future[Path]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        if self.limit is not None and self.limit <= 0:
+            raise ConfigError(f"cache_limit must be positive, got {self.limit}")
+
+    def __getstate__(self) -> dict[str, Any]:  # to DataLoader workers: the settings, not the threads
+        return {"folder": self.folder, "limit": self.limit, "retries": self.retries, "backoff": self.backoff,
+                "read_ahead": self.read_ahead}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def entry(self, sha256: str, file: str) -> Path:
+        """Where the shard with this sha256 (and this file name's suffix) lives in the cache."""
+        return self.folder / f"{sha256}{Path(file).suffix}"
+
+    @contextlib.contextmanager
+    def reading(self, url: str, sha256: str, size: int, file: str,
+                storage_options: Any = None) -> Iterator[Path]:
+        """The local path of the shard, downloaded first if needed, held (a shared lock) while the
+        caller reads it so eviction leaves it alone. Raises ``OSError`` naming ``url`` when the
+        download keeps failing, and IntegrityError when the store's bytes are not the manifest's."""
+        path = self._pending_result(sha256) or self.fetch(url, sha256, size, file, storage_options)
+        with open(self._lock_path(sha256), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            if not self._valid(path, size):  # evicted or altered between fetch and lock: fetch again
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                path = self.fetch(url, sha256, size, file, storage_options)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            # recently used: the access time says so (the modification time is the entry's stamp)
+            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+            yield path
+
+    def fetch(self, url: str, sha256: str, size: int, file: str, storage_options: Any = None) -> Path:
+        """The shard's cache entry, downloaded (once per machine) if it is not there or not intact."""
+        path = self.entry(sha256, file)
+        if self._valid(path, size):
+            return path
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_path(sha256), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process downloading it: wait, then use its entry
+            if not self._valid(path, size):
+                self._download(url, sha256, size, path, storage_options)
+        self.evict(keep=(sha256,))
+        return path
+
+    def prefetch(self, shards: Sequence[tuple[str, str, int, str, Any]]) -> None:
+        """Start downloading up to ``read_ahead`` of ``shards`` (url, sha256, size, file,
+        storage options) on a background thread; :meth:`reading` waits for them."""
+        if self.read_ahead <= 0:
+            return
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-read-ahead")
+            for url, sha256, size, file, options in list(shards)[:self.read_ahead]:
+                if sha256 not in self._pending and not self._valid(self.entry(sha256, file), size):
+                    self._pending[sha256] = self._pool.submit(self.fetch, url, sha256, size, file, options)
+
+    def _pending_result(self, sha256: str) -> Path | None:
+        with self._lock:
+            future = self._pending.pop(sha256, None)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        except (OSError, IntegrityError):
+            return None  # fetched again in the foreground, where the error is raised to the reader
+
+    def _lock_path(self, sha256: str) -> Path:
+        return self.folder / f".{sha256}.lock"
+
+    def _valid(self, path: Path, size: int) -> bool:
+        """An entry is intact when it is there with the manifest's size and the modification time
+        it had when its download was verified (recorded in its ``.ok`` stamp)."""
+        try:
+            stat = path.stat()
+            stamp = (self.folder / f".{path.name}.ok").read_text()
+        except OSError:
+            return False
+        return stat.st_size == size and stamp == str(stat.st_mtime_ns)
+
+    def _download(self, url: str, sha256: str, size: int, path: Path, storage_options: Any) -> None:
+        partial = self.folder / f".{path.name}.{os.getpid()}.partial"
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                fs, remote = storage.filesystem_for(url, storage_options)
+                digest, got = hashlib.sha256(), 0
+                with fs.open(remote, "rb") as src, open(partial, "wb") as dst:
+                    while chunk := src.read(_CHUNK):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                        got += len(chunk)
+                if got != size or digest.hexdigest() != sha256:
+                    partial.unlink(missing_ok=True)
+                    raise IntegrityError(f"{url}: the store holds {got} bytes with sha256 {digest.hexdigest()[:16]}…, "
+                                         f"the manifest says {size} bytes, {sha256[:16]}…; restore the shard or "
+                                         "republish the dataset")
+                os.replace(partial, path)
+                (self.folder / f".{path.name}.ok").write_text(str(path.stat().st_mtime_ns))
+                return
+            except storage.remote_errors() as err:
+                last = err
+                partial.unlink(missing_ok=True)
+        why = storage.describe_error(url, last) if last is not None else "no attempt made"
+        raise OSError(f"{url}: download failed {self.retries + 1} times ({why}); "
+                      "check the store and the network, or read the shards from a local copy") from last
+
+    def evict(self, keep: Sequence[str] = ()) -> None:
+        """Delete entries, least recently used first, until the cache holds at most ``limit``
+        bytes; an entry a reader holds (shared lock) or named in ``keep`` stays."""
+        if self.limit is None:
+            return
+        entries = []
+        for path in self.folder.iterdir():
+            if path.name.startswith(".") or path.name.split(".", 1)[0] in keep:
+                continue
+            with contextlib.suppress(OSError):
+                stat = path.stat()
+                entries.append((stat.st_atime_ns, stat.st_size, path))
+        total = sum(size for _, size, _ in entries) + sum(
+            p.stat().st_size for p in self.folder.iterdir() if p.name.split(".", 1)[0] in keep and p.is_file()
+            and not p.name.startswith("."))
+        for _, size, path in sorted(entries):
+            if total <= self.limit:
+                return
+            sha256 = path.name.split(".", 1)[0]
+            with open(self._lock_path(sha256), "a+b") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a reader holds it
+                path.unlink(missing_ok=True)
+                (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
+                total -= size
+
+
+def cache_from(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
+               read_ahead: int) -> ShardCache | None:
+    """The cache a dataset reads remote shards through: ``cache_dir`` or ``$PACKER_SHARD_CACHE``
+    (None: no cache), ``cache_limit`` or ``$PACKER_SHARD_CACHE_LIMIT`` (bytes, or "50GB")."""
+    folder = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
+    if folder is None:
+        return None
+    limit = cache_limit if cache_limit is not None else os.environ.get(LIMIT_ENV) or None
+    if isinstance(limit, str):
+        limit = parse_byte_size(limit, where="cache_limit")
+    return ShardCache(Path(folder), limit=limit, read_ahead=read_ahead)

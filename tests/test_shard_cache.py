@@ -1,0 +1,158 @@
+"""The local shard cache for remote datasets: one download per shard per machine, verified, bounded.
+
+Remote here is fsspec's in-memory store (``memory://``), reached through the same
+``packer.storage.filesystem_for`` as s3://; every open of a remote shard is counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from packer import storage
+from packer.errors import IntegrityError
+from packer.loader import ShardDataset
+from packer.loader.cache import ShardCache
+from tests.test_targets import _build, _ct, _job
+
+
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Remote opens by path: every ``filesystem_for(url)`` whose file is then opened."""
+    counted: Counter[str] = Counter()
+    real = storage.filesystem_for
+
+    def counting(url: str, options: Any = None) -> Any:
+        fs, path = real(url, options)
+        original = fs.open
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fs, name)
+
+            def open(self, p: str, *args: Any, **kwargs: Any) -> Any:
+                counted[p] += 1
+                return original(p, *args, **kwargs)
+
+        return Counted(), path
+
+    monkeypatch.setattr(storage, "filesystem_for", counting)
+    return counted
+
+
+def _object(name: str, data: bytes) -> tuple[str, str, int]:
+    url = f"memory://shards/{name}"
+    fsspec.filesystem("memory").pipe(f"/shards/{name}", data)
+    return url, hashlib.sha256(data).hexdigest(), len(data)
+
+
+def test_a_shard_is_downloaded_once_and_then_read_from_disk(tmp_path: Path, opens: Counter[str]) -> None:
+    url, sha, size = _object("a.tar", b"x" * 5000)
+    cache = ShardCache(tmp_path / "cache")
+    first = cache.fetch(url, sha, size, "a.tar")
+    again = cache.fetch(url, sha, size, "a.tar")
+    assert first == again == tmp_path / "cache" / f"{sha}.tar" and first.read_bytes() == b"x" * 5000
+    assert opens["/shards/a.tar"] == 1
+    assert not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_an_entry_altered_on_disk_is_fetched_again(tmp_path: Path, opens: Counter[str]) -> None:
+    url, sha, size = _object("b.tar", b"y" * 4000)
+    cache = ShardCache(tmp_path / "cache")
+    path = cache.fetch(url, sha, size, "b.tar")
+    path.write_bytes(b"y" * 3999 + b"z")  # same size, new bytes: its modification time tells
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert cache.fetch(url, sha, size, "b.tar").read_bytes() == b"y" * 4000
+    assert opens["/shards/b.tar"] == 2
+
+
+def test_a_store_that_holds_other_bytes_is_refused_and_nothing_is_cached(tmp_path: Path) -> None:
+    url, sha, size = _object("c.tar", b"right bytes")
+    fsspec.filesystem("memory").pipe("/shards/c.tar", b"wrong bytes")
+    cache = ShardCache(tmp_path / "cache", retries=0)
+    with pytest.raises(IntegrityError, match="the manifest says 11 bytes"):
+        cache.fetch(url, sha, size, "c.tar")
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_failing_store_is_retried_then_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, sha, size = _object("d.tar", b"d" * 100)
+    real = storage.filesystem_for
+    failures = iter([True, True, False])
+
+    def flaky(u: str, options: Any = None) -> Any:
+        if next(failures, False):
+            raise ConnectionError("connection reset by peer")
+        return real(u, options)
+
+    monkeypatch.setattr(storage, "filesystem_for", flaky)
+    cache = ShardCache(tmp_path / "cache", retries=2, backoff=0.0)
+    assert cache.fetch(url, sha, size, "d.tar").read_bytes() == b"d" * 100
+    monkeypatch.setattr(storage, "filesystem_for", lambda u, o=None: (_ for _ in ()).throw(ConnectionError("down")))
+    with pytest.raises(OSError, match="memory://shards/e.tar: download failed 3 times"):
+        ShardCache(tmp_path / "other", retries=2, backoff=0.0).fetch("memory://shards/e.tar", "0" * 64, 1, "e.tar")
+
+
+def test_the_cache_stays_under_its_limit_and_keeps_an_entry_being_read(tmp_path: Path) -> None:
+    shards = [_object(f"{n}.tar", bytes([n]) * 1000) for n in range(4)]
+    cache = ShardCache(tmp_path / "cache", limit=2500)
+    with cache.reading(*shards[0], "0.tar"):  # held while the others arrive: never evicted
+        for n in (1, 2, 3):
+            cache.fetch(*shards[n], f"{n}.tar")
+    kept = {p.name.split(".")[0] for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")}
+    assert shards[0][1] in kept and shards[3][1] in kept and len(kept) == 2
+    assert sum(p.stat().st_size for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) <= 2500
+
+
+def _fetch_in_child(args: tuple[str, str, str, int]) -> bool:
+    folder, url, sha, size = args
+    path = Path(folder) / f"{sha}.tar"
+    before = path.exists()
+    ShardCache(Path(folder)).fetch(url, sha, size, "f.tar")
+    return not before
+
+
+def test_concurrent_processes_download_a_shard_once(tmp_path: Path) -> None:
+    """Readers on one machine share the folder: one downloads, the others wait and use its entry."""
+    source = tmp_path / "remote" / "f.tar"
+    source.parent.mkdir()
+    source.write_bytes(os.urandom(3 << 20))
+    url = f"file://{source}"
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    folder = tmp_path / "cache"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        fetched = pool.map(_fetch_in_child, [(str(folder), url, sha, source.stat().st_size)] * 8)
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and entries[0].read_bytes() == source.read_bytes()
+    stamp = (folder / f".{entries[0].name}.ok").read_text()
+    assert stamp == str(entries[0].stat().st_mtime_ns)  # written once, by the one download
+    assert sum(fetched) >= 1
+
+
+def test_a_remote_dataset_reads_through_the_cache_and_epoch_two_makes_no_request(tmp_path: Path,
+                                                                                 opens: Counter[str]) -> None:
+    raw = tmp_path / "raw"
+    for i in range(6):
+        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
+    built = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                        pack={"format": "webdataset", "max_samples": 2}))
+    memory = fsspec.filesystem("memory")
+    for path in built.version_dir.iterdir():
+        memory.pipe(f"/remote/v/{path.name}", path.read_bytes())
+    local = {item["key"]: item["image"] for item in ShardDataset(built.manifest_path, "train", shuffle=False)}
+    remote = ShardDataset("memory://remote/v/manifest.json", "train", shuffle=False, cache_dir=tmp_path / "c",
+                          cache_limit="1GB")
+    first = {item["key"]: item["image"] for item in remote}
+    shard_opens = {p: n for p, n in opens.items() if p.endswith(".tar")}
+    assert len(shard_opens) == 3 and set(shard_opens.values()) == {1}   # each shard downloaded once
+    second = {item["key"]: item["image"] for item in remote}
+    assert {p: n for p, n in opens.items() if p.endswith(".tar")} == shard_opens  # epoch 2: no request
+    assert first.keys() == second.keys() == local.keys()
+    assert all(bool((first[k] == local[k]).all()) for k in local)
