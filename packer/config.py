@@ -106,6 +106,11 @@ class MaskConfig:
     def dtype(self) -> str:
         return "uint16" if self.classes and max(self.classes) > 255 else "uint8"
 
+    def relpath(self, extra: tuple[tuple[str, str], ...]) -> str:
+        """The mask file a table row names (its ``column`` cell, relative to the source root;
+        ``""`` where the row names none), from the row's extra columns."""
+        return dict(extra).get(self.column, "").strip()
+
     def to_json(self) -> dict[str, Any]:
         return {"column": self.column, "classes": list(self.classes) if self.classes is not None else None,
                 "empty": self.empty, "pad": self.pad}

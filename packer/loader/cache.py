@@ -177,16 +177,15 @@ class ShardCache:
         bytes; an entry a reader holds (shared lock) or named in ``keep`` stays."""
         if self.limit is None:
             return
-        entries = []
+        entries, total = [], 0
         for path in self.folder.iterdir():
-            if path.name.startswith(".") or path.name.split(".", 1)[0] in keep:
+            if path.name.startswith("."):  # lock files, stamps, partial downloads
                 continue
             with contextlib.suppress(OSError):
                 stat = path.stat()
-                entries.append((stat.st_atime_ns, stat.st_size, path))
-        total = sum(size for _, size, _ in entries) + sum(
-            p.stat().st_size for p in self.folder.iterdir() if p.name.split(".", 1)[0] in keep and p.is_file()
-            and not p.name.startswith("."))
+                total += stat.st_size
+                if path.name.split(".", 1)[0] not in keep:
+                    entries.append((stat.st_atime_ns, stat.st_size, path))
         for _, size, path in sorted(entries):
             if total <= self.limit:
                 return

@@ -283,8 +283,7 @@ def _mask_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]:
     """The relative paths the table's mask column names (normalized like table paths)."""
     if source.mask is None:
         return set()
-    column = source.mask.column
-    named = (dict(row.extra).get(column, "").strip() for row in rows.values())
+    named = (source.mask.relpath(row.extra) for row in rows.values())
     return {posixpath.normpath(rel) for rel in named if rel}
 
 
@@ -295,7 +294,7 @@ def _mask_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None
     if source.mask is None:
         return None
     column = source.mask.column
-    relpath = dict(ref.extra).get(column, "").strip()
+    relpath = source.mask.relpath(ref.extra)
     if not relpath:
         where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
         return Issue.of(ref, stage="discover", reason="mask_missing",

@@ -240,9 +240,11 @@ def probe_geometries(task: ChunkTask) -> tuple[tuple[SampleRef, SliceGeometry] |
                  for ref in task.refs)
 
 
-def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: StageClock) -> list[Sample] | list[Issue]:
-    """The neighbour stacks (or the volume) of the series ``task`` holds, or (when one of its
-    files cannot be read) that file's Issue and ``series_incomplete`` for the others."""
+def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject],
+                    clock: StageClock) -> list[list[Sample] | Issue]:
+    """The outcomes of the series ``task`` holds, as per-file outcomes come: its neighbour
+    stacks (or its volume) as one list of samples, or (when one of its files cannot be read)
+    that file's Issue and ``series_incomplete`` for each of the others."""
     series = task.series
     if series is None:
         raise ValueError("_series_samples needs a series chunk")
@@ -262,8 +264,8 @@ def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Sta
     clock.switch("decode+transform")
     slices = [per_file[i][frame] for i, frame in series.slices]
     if job.dicom.sample == "volume":
-        return stack_volume(slices, series, job.dicom)
-    return stack_neighbors(slices, series.steps, job.dicom)
+        return [stack_volume(slices, series, job.dicom)]
+    return [stack_neighbors(slices, series.steps, job.dicom)]
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -301,10 +303,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     listed = dict(task.listed)
     issues: list[Issue] = []
     clock = StageClock()
+    outcomes: Iterable[list[Sample] | Issue]
     if task.series is not None:
-        made = _series_samples(task, listed, clock)
-        outcomes: Iterable[list[Sample] | Issue] = (
-            [made] if not made or isinstance(made[0], Sample) else made)  # type: ignore[list-item]
+        outcomes = _series_samples(task, listed, clock)
     else:
         outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
@@ -390,13 +391,14 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     results: list[ChunkResult] = []
     series_tasks: list[ChunkTask] = []
     if decode and job.dicom.by_series:  # DICOM files become series first; a series is one chunk
-        dicom = [i for i, kind in enumerate(table.column("kind")) if kind == "dicom"]
+        kinds = table.column("kind")
+        dicom = [i for i, kind in enumerate(kinds) if kind == "dicom"]
         assembled, early = _assemble_series(executor, [task_of(tuple(table[i] for i in dicom[a:b]))
                                                        for a, b in chunk_bounds([table[i].sample_id for i in dicom])],
                                             job, nonce, quiet)
         results.append(settle.chunk(early))
         series_tasks = [replace(task_of(series.refs), series=series) for series in assembled.series]
-        table = table.take([i for i, kind in enumerate(table.column("kind")) if kind != "dicom"])
+        table = table.take([i for i, kind in enumerate(kinds) if kind != "dicom"])
     ids = table.column("sample_id")
     bounds = chunk_bounds(ids)
     size = group_size(len(bounds) + len(series_tasks), executor.threads())

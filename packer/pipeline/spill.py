@@ -102,7 +102,7 @@ def mask_path(source: SourceConfig, ref: SampleRef) -> str | None:
     None where the row names none."""
     if source.mask is None:
         return None
-    relpath = dict(ref.extra).get(source.mask.column, "").strip()
+    relpath = source.mask.relpath(ref.extra)
     return os.path.join(os.fspath(source.root), relpath) if relpath else None
 
 
