@@ -27,7 +27,7 @@ import numpy as np
 from packer.config import ImageTransformConfig
 from packer.transform.dicom import spacing_size
 from packer.transform.image import orient_image, tile_origins
-from packer.transform.resize import resize_image
+from packer.transform.resize import POLICIES, resize_image, resize_plan
 
 #: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
 #: (declared) class ids, or its shape is not its image's.
@@ -153,19 +153,46 @@ def transform_mask_dicom(mask: np.ndarray, *, pixel_spacing: tuple[float, float]
     """One frame's H×W mask → 1×H'×W' (same dtype, C-contiguous) with the geometry
     :func:`packer.transform.dicom.finish_image` gives that frame: resampled from ``pixel_spacing``
     to ``spacing`` (row, column mm; when both are given) to :func:`spacing_size`, then resized to
-    ``size`` under ``policy`` (``fit`` pads with ``pad_value``), all nearest neighbour.
+    ``size`` under ``policy`` (``fit`` pads with ``pad_value``), nearest neighbour.
+
+    When both steps apply, the mask is not resized twice (two nearest steps round twice and
+    can put an edge half an intermediate pixel off the image's): each output pixel takes the
+    source pixel under its centre through both steps at once (:func:`_through`).
 
     Raises ValueError when ``mask`` is not 2-D or ``policy`` is unknown.
     """
     if mask.ndim != 2:
         raise ValueError(f"transform_mask_dicom expects an H×W mask, got shape {mask.shape}")
     out = np.ascontiguousarray(mask)[:, :, None]
-    if spacing is not None and pixel_spacing is not None:
-        out = resize_image(out, spacing_size(out.shape[0], out.shape[1], pixel_spacing, spacing), "stretch",
-                           interpolation="nearest")
+    resampled = (spacing_size(out.shape[0], out.shape[1], pixel_spacing, spacing)
+                 if spacing is not None and pixel_spacing is not None else None)
+    if resampled is not None and size is not None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown resize policy {policy!r}; expected one of {POLICIES}")
+        scaled, offset = resize_plan(resampled, size, policy)
+        rows, cols = (_through(n0, n1, n2, o, want) for n0, n1, n2, o, want in
+                      zip(mask.shape, resampled, scaled, offset, size, strict=True))
+        picked = mask[np.clip(rows, 0, None)[:, None], np.clip(cols, 0, None)[None, :]]
+        picked[(rows < 0)[:, None] | (cols < 0)[None, :]] = pad_value
+        return np.ascontiguousarray(picked[None])
+    if resampled is not None:
+        out = resize_image(out, resampled, "stretch", interpolation="nearest")
     if size is not None:
         out = resize_image(out, size, policy, pad_value=pad_value, interpolation="nearest")
     return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def _through(source: int, middle: int, scaled: int, offset: int, out: int) -> np.ndarray:
+    """For each of ``out`` output pixels along one axis, the source pixel under its centre when
+    ``source`` pixels are resampled to ``middle``, then scaled to ``scaled`` and placed at
+    ``offset`` (:func:`~packer.transform.resize.resize_plan`); -1 where it falls outside (padding).
+    Both steps are centre-aligned, as the image's AREA/LINEAR resizes are, so the composite is
+    ``floor((j + 0.5) · middle/scaled · source/middle)`` for scaled pixel ``j``."""
+    j = np.arange(out) - offset
+    index = np.floor((j + 0.5) * (middle / scaled) * (source / middle)).astype(np.int64)
+    index = np.minimum(index, source - 1)
+    index[(j < 0) | (j >= scaled)] = -1
+    return index
 
 
 def _listed(ids: np.ndarray) -> str:

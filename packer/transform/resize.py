@@ -60,19 +60,30 @@ def resize_image(image: np.ndarray, size: tuple[int, int], policy: str = "stretc
     if image.ndim != 3:
         raise ValueError(f"resize_image expects H×W×C, got shape {image.shape}")
     height, width = size
-    src_h, src_w = image.shape[:2]
+    (new_h, new_w), (top, left) = resize_plan(image.shape[:2], size, policy)
+    scaled = _scale(image, new_h, new_w, interpolation)
     if policy == "stretch":
-        return _scale(image, height, width, interpolation)
+        return scaled
+    if policy == "fit":
+        out = np.full((height, width, image.shape[2]), pad_value, dtype=image.dtype)
+        out[top:top + new_h, left:left + new_w] = scaled
+        return out
+    return np.ascontiguousarray(scaled[-top:-top + height, -left:-left + width])
+
+
+def resize_plan(src_hw: tuple[int, ...], size: tuple[int, int], policy: str
+                ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """What :func:`resize_image` does to an H×W grid: the size it scales to, and where that
+    scaled grid's (0, 0) lands in the output (``fit``: the padding, >= 0; ``crop``: minus the
+    cut, <= 0; ``stretch``: (0, 0))."""
+    height, width = size
+    src_h, src_w = src_hw[0], src_hw[1]
+    if policy == "stretch":
+        return (height, width), (0, 0)
     if policy == "fit":
         scale = min(height / src_h, width / src_w)
         new_h, new_w = max(1, round(src_h * scale)), max(1, round(src_w * scale))
-        scaled = _scale(image, new_h, new_w, interpolation)
-        out = np.full((height, width, image.shape[2]), pad_value, dtype=image.dtype)
-        top, left = (height - new_h) // 2, (width - new_w) // 2
-        out[top:top + new_h, left:left + new_w] = scaled
-        return out
+        return (new_h, new_w), ((height - new_h) // 2, (width - new_w) // 2)
     scale = max(height / src_h, width / src_w)
     new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
-    scaled = _scale(image, new_h, new_w, interpolation)
-    top, left = (new_h - height) // 2, (new_w - width) // 2
-    return np.ascontiguousarray(scaled[top:top + height, left:left + width])
+    return (new_h, new_w), (-((new_h - height) // 2), -((new_w - width) // 2))
