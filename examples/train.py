@@ -5,6 +5,7 @@
     python examples/train.py --manifest build/demo/<version> --epochs 2 --checkpoint ckpt.pt
     python examples/train.py --manifest build/demo/<version> --checkpoint ckpt.pt --resume
     python examples/train.py --manifest build/demo/<version> --sources photos   # one source's samples only
+    python examples/train.py --mix build/demo/<version>=0.7 --mix build/targets-imagefolder/<version>=0.3
     torchrun --nproc-per-node 2 examples/train.py --manifest build/demo/<version> --checkpoint ckpt.pt
 
 The model takes one channel count, so the samples it reads must have one shape. The demo job
@@ -13,6 +14,12 @@ builds them so (``transform.channels: 3``: its 1-channel radiograph is replicate
 manifest lists them under ``sample_schema.shapes``), ``--sources`` trains on a view of some
 sources (``ShardDataset(..., sources=[...])``, which skips the others without reading them);
 without it, this script stops and names the shapes.
+
+``--mix PATH=WEIGHT`` (twice or more, instead of ``--manifest``) trains on a weighted mix of
+datasets (:class:`packer.loader.MixedDataset`): each epoch gives every dataset its weight's
+share of the samples, ends when the first runs out (``--mix-length longest`` oversamples the
+others instead, ``--mix-length N`` makes N samples), and class labels are matched by name
+across the datasets. The checkpoint records the mix, and ``--resume`` with another mix stops.
 
 What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses it:
 - class: a class per image, cross-entropy on ``batch["label"]``.
@@ -52,14 +59,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+from packer.errors import ConfigError
+from packer.loader import DevicePrefetcher, MixedDataset, ShardDataset, make_loader
 from packer.manifest import read_manifest
 
 
 def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size: int = 32,
                lr: float = 0.05) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--manifest", required=True, help="manifest.json or the dataset version folder")
+    data = parser.add_mutually_exclusive_group(required=True)
+    data.add_argument("--manifest", help="manifest.json or the dataset version folder")
+    data.add_argument("--mix", action="append", type=mix_member, metavar="PATH=WEIGHT",
+                      help="a dataset of a weighted mix (give two or more; weights need not add up to 1)")
+    parser.add_argument("--mix-length", type=mix_length, default="shortest",
+                        help="a mix's epoch: shortest (ends when the first dataset runs out; default), longest "
+                             "(when the last does; the others are repeated) or a number of samples")
     parser.add_argument("--split", default="train")
     parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
                         help="train on these sources only (comma-separated names, as in the job file)")
@@ -74,6 +88,37 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps in total (0: no limit)")
     return parser.parse_args(argv)
+
+
+def mix_member(text: str) -> tuple[str, float]:
+    """``PATH=WEIGHT`` of ``--mix``."""
+    path, sep, weight = text.rpartition("=")
+    try:
+        if not sep or not path:
+            raise ValueError(text)
+        return path, float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--mix takes PATH=WEIGHT (e.g. build/demo/<version>=0.7), got {text!r}") from None
+
+
+def mix_length(text: str) -> str | int:
+    """``--mix-length``: shortest, longest or a number of samples."""
+    return text if text in ("shortest", "longest") else int(text)
+
+
+def open_dataset(args: argparse.Namespace, uneven: str) -> ShardDataset | MixedDataset:
+    """The --manifest dataset (a view of --sources), or the --mix of datasets."""
+    if not args.mix:
+        return ShardDataset(args.manifest, args.split, seed=args.seed, uneven=uneven, sources=args.sources)
+    if args.sources:
+        raise SystemExit(f"{args.script}: --sources names sources of one dataset; it does not apply to --mix")
+    members = [(ShardDataset(path, args.split, seed=args.seed), weight) for path, weight in args.mix]
+    mix = MixedDataset(members, epoch_length=args.mix_length, seed=args.seed, uneven=uneven)
+    if mix.rank == 0:
+        shares = ", ".join(f"{name} {count}" for name, count in mix.counts().items())
+        print(f"mix: {shares} samples an epoch", flush=True)
+    return mix
 
 
 def build_model(channels: int, classes: int, dims: int = 2) -> nn.Module:
@@ -105,7 +150,7 @@ class Objective:
     loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
 
 
-def pick_objective(dataset: ShardDataset, channels: int, device: torch.device) -> Objective:
+def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: torch.device) -> Objective:
     """Head and loss for the dataset's masks, else for its target kind (see the module docstring);
     a 3-D network for volumes (``layout: CDHW``)."""
     target, mask = dataset.info.target, dataset.info.mask
@@ -188,13 +233,13 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
 
 def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> dict[str, Any]:
     torch.manual_seed(args.seed)
-    dataset = ShardDataset(args.manifest, args.split, seed=args.seed, uneven="pad" if distributed else "exact",
-                           sources=args.sources)
+    dataset = open_dataset(args, "pad" if distributed else "exact")
+    what = args.manifest or " + ".join(path for path, _ in args.mix)
     rank = dataset.rank
     if dataset.info.layout not in args.layouts:
         other = "examples/train3d.py" if dataset.info.layout == "CDHW" else "examples/train.py"
         kind = "volumes" if dataset.info.layout == "CDHW" else "2-D samples"
-        raise SystemExit(f"{args.script}: {args.manifest} holds {kind} (layout {dataset.info.layout}: "
+        raise SystemExit(f"{args.script}: {what} holds {kind} (layout {dataset.info.layout}: "
                          f"{dataset.info.describe_shapes()}); train them with {other}")
     if dataset.shape is None:
         raise SystemExit(
@@ -213,7 +258,10 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         ckpt = torch.load(args.checkpoint, map_location=device, weights_only=True)
         model.load_state_dict(ckpt["model"])
         optim.load_state_dict(ckpt["optim"])
-        batches.load_state_dict(ckpt["loader"])
+        try:
+            batches.load_state_dict(ckpt["loader"])
+        except ConfigError as err:  # another dataset, split, view or mix than the checkpoint's
+            raise SystemExit(f"{args.script}: cannot resume from {args.checkpoint}: {err}") from None
         step, start_epoch = ckpt["step"], ckpt["loader"]["epoch"]
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

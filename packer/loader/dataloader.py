@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
-from packer.loader.dataset import Item, ShardDataset
+from packer.loader.dataset import Item, PlannedDataset
 from packer.loader.readers import ShardReadError
 from packer.loader.sharding import Segment, derive_seed
 
@@ -262,7 +262,7 @@ class _Refused:
 class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
-    def __init__(self, *, dataset: ShardDataset, batch_size: int, drop_last: bool,
+    def __init__(self, *, dataset: PlannedDataset, batch_size: int, drop_last: bool,
                  collate: Callable[[list[Item]], dict[str, Any]]) -> None:
         super().__init__()
         self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
@@ -276,7 +276,7 @@ class _BatchStream(IterableDataset):
             yield _Refused(str(err)), ()
 
 
-def _collate_for(dataset: ShardDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
+def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
                  ) -> Callable[[list[Item]], dict[str, Any]]:
     """The collate function for ``collate`` (a name in :data:`COLLATES` or a callable); the
     stacking one knows the manifest's shapes per source, to name them in its error."""
@@ -285,7 +285,7 @@ def _collate_for(dataset: ShardDataset, collate: str | Callable[[list[Item]], di
     if collate not in COLLATES:
         raise ConfigError(f"collate={collate!r}; expected one of {sorted(COLLATES)} or a function of a list of items")
     if collate == "stack":
-        return functools.partial(collate_stack, shapes=dataset.info.shapes)
+        return functools.partial(collate_stack, shapes=dataset.shapes)
     return COLLATES[collate]
 
 
@@ -293,7 +293,7 @@ def seed_worker(worker_id: int) -> None:
     """``worker_init_fn``: seed ``random``, numpy and torch from (seed, epoch, rank, worker)."""
     info = get_worker_info()
     dataset = getattr(info.dataset, "dataset", info.dataset) if info is not None else None
-    if not isinstance(dataset, ShardDataset):
+    if not isinstance(dataset, PlannedDataset):
         return
     seed = derive_seed(dataset.seed, dataset.epoch, dataset.rank, worker_id)
     random.seed(seed)
@@ -322,7 +322,7 @@ class ShardLoader:
     ``skipped``/``skipped_samples``: samples skipped so far in this run (``on_error="skip"``).
     """
 
-    def __init__(self, *, dataset: ShardDataset, batch_size: int, num_workers: int = 0,
+    def __init__(self, *, dataset: PlannedDataset, batch_size: int, num_workers: int = 0,
                  prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                  persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
                  multiprocessing_context: Any = None,
@@ -434,13 +434,7 @@ class ShardLoader:
         ds = self.dataset
         return {
             "format": STATE_FORMAT,
-            "split": ds.info.split,
-            "samples": ds.samples,
-            "sources": list(ds.view.sources) if ds.view is not None and ds.view.sources is not None else None,
-            "labels": list(ds.view.labels) if ds.view is not None and ds.view.labels is not None else None,
-            "seed": ds.seed,
-            "shuffle": ds.shuffle,
-            "shuffle_buffer": ds.shuffle_buffer,
+            **ds.identity(),
             "epoch": self._state.epoch,
             "rank": ds.rank,
             "segment": self._segment(self._state.consumed).to_json(),
@@ -459,15 +453,16 @@ class ShardLoader:
         ds = self.dataset
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a packer loader state (format {state.get('format')!r}, expected {STATE_FORMAT})")
-        view = ds.view
-        expected = {"split": ds.info.split, "samples": ds.samples, "seed": ds.seed, "shuffle": ds.shuffle,
-                    "shuffle_buffer": ds.shuffle_buffer,
-                    "sources": list(view.sources) if view is not None and view.sources is not None else None,
-                    "labels": list(view.labels) if view is not None and view.labels is not None else None}
+        expected = ds.identity()
         wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        if ("mix" in state) != ("mix" in expected):
+            kinds = ("a MixedDataset", "a ShardDataset")
+            then, now = kinds if "mix" in state else kinds[::-1]
+            raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
-                              + ", ".join(f"{k} saved {s!r}, now {v!r}" for k, (s, v) in wrong.items()))
+                              + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"
+                                          for k, (s, v) in wrong.items()))
         try:
             saved = Segment.from_json(state["segment"])
             history = tuple(Segment.from_json(seg) for seg in state["history"])
@@ -482,7 +477,17 @@ class ShardLoader:
         self._resume_pending = True
 
 
-def make_loader(dataset: ShardDataset, batch_size: int, num_workers: int = 0, *,
+def _state_text(key: str, value: Any) -> str:
+    """A loader-state value for a message: a mix as ``name@version:split[view]×weight + ...``."""
+    if key != "mix" or not isinstance(value, list):
+        return repr(value)
+    return " + ".join(f"{m.get('as')}={m.get('name')}@{m.get('version')}:{m.get('split')}"
+                      f"{'[' + ','.join(m['view']) + ']' if m.get('view') else ''}"
+                      f"{'[labels ' + ','.join(map(str, m['labels'])) + ']' if m.get('labels') else ''}"
+                      f"×{m.get('weight')}" for m in value if isinstance(m, dict))
+
+
+def make_loader(dataset: PlannedDataset, batch_size: int, num_workers: int = 0, *,
                 prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
                 multiprocessing_context: Any = None,

@@ -85,7 +85,208 @@ def seeded_rng(seed: int) -> Iterator[None]:
         random.setstate(py_state)
 
 
-class ShardDataset(IterableDataset):
+class PlannedDataset(IterableDataset):
+    """What :class:`ShardDataset` and :class:`packer.loader.mix.MixedDataset` share: an epoch
+    order over a global sample index space, this rank's plan of it, the worker split, resume
+    progress in shared memory, bad-sample handling and batching. Subclasses say what the
+    order is (``epoch_order``), how a worker's samples are read (``_worker_results``), how a
+    decoded sample becomes an item (``_item``), and what identifies them in a loader state
+    (``identity``).
+    """
+
+    seed: int
+    rank: int
+    world_size: int
+    uneven: str
+    on_error: str
+    max_skipped: int
+    #: Samples in one epoch of this dataset (every rank together).
+    samples: int
+    #: The one sample shape, or None when samples have several.
+    shape: tuple[int, ...] | None
+
+    def _init_progress(self, *, uneven: str, on_error: str, max_skipped: int) -> None:
+        if uneven not in UNEVEN:
+            raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
+        if max_skipped < 0:
+            raise ConfigError("max_skipped must be >= 0")
+        self.uneven, self.on_error, self.max_skipped = uneven, on_error, int(max_skipped)
+        self.skipped = 0
+        self.skipped_samples: list[str] = []
+        self._orders: dict[int, Any] = {}
+        # [epoch, consumed, len(history), history segments...]: shared with worker processes.
+        self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
+
+    # -- what a subclass says --------------------------------------------------------
+    def epoch_order(self, epoch: int) -> EpochOrder:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _worker_results(self, order: EpochOrder, plan: RankPlan,
+                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:  # pragma: no cover
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        """What a saved loader state must match to resume here (JSON-able)."""
+        raise NotImplementedError
+
+    @property
+    def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
+        """Each source's sample shapes, to name them when a batch cannot be stacked."""
+        return {}
+
+    def describe_shapes(self) -> str:
+        """The shapes per source, for messages."""
+        return "; ".join(f"{source} {', '.join('×'.join(map(str, s)) for s in shapes)}"
+                         for source, shapes in sorted(self.shapes.items())) or "(no shapes listed)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_orders"] = {}
+        return state
+
+    # -- epoch and progress ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (also in persistent workers)."""
+        self.set_progress(epoch=epoch, consumed=0, history=())
+
+    def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
+        """Resume ``epoch`` after ``consumed`` positions of this rank's sequence, after ``history``.
+
+        Used by :class:`packer.loader.ShardLoader`; raises ``ConfigError`` past
+        ``MAX_HISTORY`` world-size changes within one epoch.
+        """
+        if len(history) > MAX_HISTORY:
+            raise ConfigError(f"the world size changed {len(history)} times within one epoch; "
+                              f"at most {MAX_HISTORY} are supported")
+        values = [epoch, consumed, len(history)]
+        for seg in history:
+            values += [seg.world_size, UNEVEN.index(seg.uneven), int(seg.drop_last), seg.batch_size, seg.consumed]
+        values += [0] * (self._shared.numel() - len(values))
+        self._shared.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def _progress(self, *, batch_size: int, drop_last: bool) -> tuple[int, Segment, list[Segment]]:
+        values = self._shared.tolist()
+        epoch, consumed, count = values[0], values[1], values[2]
+        history = []
+        for i in range(count):
+            w, u, d, b, c = values[3 + _SEGMENT_WIDTH * i:3 + _SEGMENT_WIDTH * (i + 1)]
+            history.append(Segment(world_size=w, uneven=UNEVEN[u], drop_last=bool(d), batch_size=b, consumed=c))
+        current = Segment(world_size=self.world_size, uneven=self.uneven, drop_last=drop_last,
+                          batch_size=batch_size, consumed=consumed)
+        return epoch, current, history
+
+    def plan(self, *, batch_size: int = 1, drop_last: bool = False) -> tuple[EpochOrder, RankPlan]:
+        """This rank's remaining global sample ids for the current epoch and progress."""
+        epoch, current, history = self._progress(batch_size=batch_size, drop_last=drop_last)
+        order = self.epoch_order(epoch)
+        return order, plan_rank(order, rank=self.rank, current=current, history=history)
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a whole epoch (before ``drop_last`` in a loader)."""
+        n, w, r = self.samples, self.world_size, self.rank
+        if self.uneven == "exact":
+            return (r + 1) * n // w - r * n // w
+        return -(-n // w) if self.uneven == "pad" else n // w
+
+    def _filled_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray
+                        ) -> Iterator[tuple[int, int, Decoded | None, str | None]]:
+        """(index into ``plan.ids``, sample id, decoded or None, skip description or None).
+
+        A failure raises (``on_error="raise"``) or is described. With ``uneven`` ``pad`` or
+        ``drop`` a failure carries a stand-in instead of None: the last readable sample of
+        this worker, or, before the first one, the next (the failures wait for it).
+        """
+        fill = self.uneven != "exact"
+        last: tuple[int, Decoded] | None = None
+        waiting: list[tuple[int, str]] = []
+        for i, result in self._worker_results(order, plan, indices):
+            if isinstance(result, Failure):
+                if self.on_error == "raise":
+                    raise result.error()
+                if not fill:
+                    yield i, int(plan.ids[i]), None, result.describe()
+                elif last is None:
+                    waiting.append((i, result.describe()))
+                else:
+                    yield i, last[0], last[1], result.describe() + f"; replaced by a repeat of {last[1].key}"
+                continue
+            sample_id = int(plan.ids[i])
+            for j, why in waiting:
+                yield j, sample_id, result, why + f"; replaced by a repeat of {result.key}"
+            waiting = []
+            last = (sample_id, result)
+            yield i, sample_id, result, None
+        if waiting:
+            raise ShardReadError(
+                f"none of the {len(waiting)} samples of this worker's share of the epoch could be read "
+                f"(uneven={self.uneven!r} needs one readable sample to stand in for the skipped ones, so "
+                f"that every rank yields the same number of batches); last: {waiting[-1][1]}")
+
+    def _skip(self, description: str) -> None:
+        """Count a skipped sample; raise past ``max_skipped``."""
+        self.skipped += 1
+        self.skipped_samples.append(description)
+        log.warning("skipped %s", description)
+        if self.skipped > self.max_skipped:
+            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
+                                 f"last: {description}")
+
+    @staticmethod
+    def _worker() -> tuple[int, int]:
+        info = get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
+
+    def __iter__(self) -> Iterator[Item]:
+        order, plan = self.plan()
+        worker, workers = self._worker()
+        indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
+        for _, sample_id, decoded, skipped in self._filled_results(order, plan, indices):
+            if skipped is not None:
+                self._skip(skipped)
+            if decoded is not None:
+                yield self._item(order, sample_id, decoded)
+
+    def iter_batches(self, *, batch_size: int, drop_last: bool,
+                     collate: Callable[[list[Item]], dict[str, Any]]
+                     ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+        """This worker's batches: (collated batch, descriptions of the samples skipped in it).
+
+        Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
+        samples were all skipped (``uneven="exact"`` only; ``pad``/``drop`` fill skipped
+        places, see the class) is still yielded (empty), so batches stay countable.
+        With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
+        """
+        order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
+        worker, workers = self._worker()
+        indices = worker_indices(len(plan.ids), batch_size=batch_size, num_workers=workers, worker=worker)
+        items: list[Item] = []
+        skipped: list[str] = []
+        current = -1
+        for i, sample_id, decoded, why in self._filled_results(order, plan, indices):
+            batch = i // batch_size
+            if batch != current:
+                if current >= 0:
+                    yield collate(items), tuple(skipped)
+                items, skipped, current = [], [], batch
+            if why is not None:
+                skipped.append(why)
+            if decoded is not None:
+                items.append(self._item(order, sample_id, decoded))
+        if current >= 0:
+            yield collate(items), tuple(skipped)
+
+
+
+class ShardDataset(PlannedDataset):
     """Samples of one split, each delivered exactly once per epoch across ranks × workers.
 
     Items are dicts: ``image`` (torch tensor C×H×W in the schema dtype, uint8 by default,
@@ -146,21 +347,15 @@ class ShardDataset(IterableDataset):
                  labels: Sequence[str | int] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | str | None = None, read_ahead: int = 2) -> None:
         super().__init__()
-        if uneven not in UNEVEN:
-            raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
-        if shuffle_buffer < 1 or max_skipped < 0:
-            raise ConfigError("shuffle_buffer must be >= 1 and max_skipped >= 0")
+        self._init_progress(uneven=uneven, on_error=on_error, max_skipped=max_skipped)
+        if shuffle_buffer < 1:
+            raise ConfigError("shuffle_buffer must be >= 1")
         #: The local shard cache remote shards are read through (None: streamed, or a local dataset)
         self.cache = cache_from(cache_dir, cache_limit, read_ahead)
         self.info = load_split(manifest, split, storage_options=storage_options, cache=self.cache)
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.verify, self.transform, self.uneven = verify, transform, uneven
-        self.on_error, self.max_skipped = on_error, int(max_skipped)
-        self.skipped = 0
-        self.skipped_samples: list[str] = []
+        self.verify, self.transform = verify, transform
         self.view = (load_view(self.info, sources=sources, labels=labels, verify=verify)
                      if sources is not None or labels is not None else None)
         self._counts = ([len(p) for p in self.view.positions] if self.view is not None
@@ -173,49 +368,17 @@ class ShardDataset(IterableDataset):
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout)
-        self._orders: dict[int, EpochOrder] = {}
-        # [epoch, consumed, len(history), history segments...]: shared with worker processes.
-        self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_orders"] = {}
-        return state
-
-    # -- epoch and progress ---------------------------------------------------------
     @property
-    def epoch(self) -> int:
-        return int(self._shared[0])
+    def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
+        return self.info.shapes
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning (also in persistent workers)."""
-        self.set_progress(epoch=epoch, consumed=0, history=())
-
-    def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
-        """Resume ``epoch`` after ``consumed`` positions of this rank's sequence, after ``history``.
-
-        Used by :class:`packer.loader.ShardLoader`; raises ``ConfigError`` past
-        ``MAX_HISTORY`` world-size changes within one epoch.
-        """
-        if len(history) > MAX_HISTORY:
-            raise ConfigError(f"the world size changed {len(history)} times within one epoch; "
-                              f"at most {MAX_HISTORY} are supported")
-        values = [epoch, consumed, len(history)]
-        for seg in history:
-            values += [seg.world_size, UNEVEN.index(seg.uneven), int(seg.drop_last), seg.batch_size, seg.consumed]
-        values += [0] * (self._shared.numel() - len(values))
-        self._shared.copy_(torch.tensor(values, dtype=torch.int64))
-
-    def _progress(self, *, batch_size: int, drop_last: bool) -> tuple[int, Segment, list[Segment]]:
-        values = self._shared.tolist()
-        epoch, consumed, count = values[0], values[1], values[2]
-        history = []
-        for i in range(count):
-            w, u, d, b, c = values[3 + _SEGMENT_WIDTH * i:3 + _SEGMENT_WIDTH * (i + 1)]
-            history.append(Segment(world_size=w, uneven=UNEVEN[u], drop_last=bool(d), batch_size=b, consumed=c))
-        current = Segment(world_size=self.world_size, uneven=self.uneven, drop_last=drop_last,
-                          batch_size=batch_size, consumed=consumed)
-        return epoch, current, history
+    def identity(self) -> dict[str, Any]:
+        view = self.view
+        return {"split": self.info.split, "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer,
+                "sources": list(view.sources) if view is not None and view.sources is not None else None,
+                "labels": list(view.labels) if view is not None and view.labels is not None else None}
 
     def epoch_order(self, epoch: int) -> EpochOrder:
         """The whole split's order for ``epoch`` (cached for the last two epochs)."""
@@ -225,19 +388,6 @@ class ShardDataset(IterableDataset):
             self._orders[epoch] = epoch_order(self._counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                                               buffer=self.shuffle_buffer)
         return self._orders[epoch]
-
-    def plan(self, *, batch_size: int = 1, drop_last: bool = False) -> tuple[EpochOrder, RankPlan]:
-        """This rank's remaining global sample ids for the current epoch and progress."""
-        epoch, current, history = self._progress(batch_size=batch_size, drop_last=drop_last)
-        order = self.epoch_order(epoch)
-        return order, plan_rank(order, rank=self.rank, current=current, history=history)
-
-    def __len__(self) -> int:
-        """Samples this rank yields in a whole epoch (before ``drop_last`` in a loader)."""
-        n, w, r = self.samples, self.world_size, self.rank
-        if self.uneven == "exact":
-            return (r + 1) * n // w - r * n // w
-        return -(-n // w) if self.uneven == "pad" else n // w
 
     # -- reading --------------------------------------------------------------------
     def _read_in_order(self, order: EpochOrder, ids: np.ndarray) -> Iterator[Decoded | Failure]:
@@ -293,39 +443,8 @@ class ShardDataset(IterableDataset):
             results = self._read_in_order(order, plan.ids[part])
             yield from zip(part.tolist(), results, strict=True)
 
-    def _filled_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray
-                        ) -> Iterator[tuple[int, int, Decoded | None, str | None]]:
-        """(index into ``plan.ids``, sample id, decoded or None, skip description or None).
-
-        A failure raises (``on_error="raise"``) or is described. With ``uneven`` ``pad`` or
-        ``drop`` a failure carries a stand-in instead of None: the last readable sample of
-        this worker, or, before the first one, the next (the failures wait for it).
-        """
-        fill = self.uneven != "exact"
-        last: tuple[int, Decoded] | None = None
-        waiting: list[tuple[int, str]] = []
-        for i, result in self._worker_results(order, plan, indices):
-            if isinstance(result, Failure):
-                if self.on_error == "raise":
-                    raise result.error()
-                if not fill:
-                    yield i, int(plan.ids[i]), None, result.describe()
-                elif last is None:
-                    waiting.append((i, result.describe()))
-                else:
-                    yield i, last[0], last[1], result.describe() + f"; replaced by a repeat of {last[1].key}"
-                continue
-            sample_id = int(plan.ids[i])
-            for j, why in waiting:
-                yield j, sample_id, result, why + f"; replaced by a repeat of {result.key}"
-            waiting = []
-            last = (sample_id, result)
-            yield i, sample_id, result, None
-        if waiting:
-            raise ShardReadError(
-                f"none of the {len(waiting)} samples of this worker's share of the epoch could be read "
-                f"(uneven={self.uneven!r} needs one readable sample to stand in for the skipped ones, so "
-                f"that every rank yields the same number of batches); last: {waiting[-1][1]}")
+    def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:
+        return self.to_item(order.epoch, sample_id, decoded)
 
     def to_item(self, epoch: int, sample_id: int, decoded: Decoded) -> Item:
         """Tensors for one decoded sample; ``transform`` applied under a per-sample seed."""
@@ -343,57 +462,4 @@ class ShardDataset(IterableDataset):
             mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
             item["mask"] = torch.from_numpy(mask)
         return item
-
-    def _skip(self, description: str) -> None:
-        """Count a skipped sample; raise past ``max_skipped``."""
-        self.skipped += 1
-        self.skipped_samples.append(description)
-        log.warning("skipped %s", description)
-        if self.skipped > self.max_skipped:
-            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
-                                 f"last: {description}")
-
-    @staticmethod
-    def _worker() -> tuple[int, int]:
-        info = get_worker_info()
-        return (0, 1) if info is None else (info.id, info.num_workers)
-
-    def __iter__(self) -> Iterator[Item]:
-        order, plan = self.plan()
-        worker, workers = self._worker()
-        indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
-        for _, sample_id, decoded, skipped in self._filled_results(order, plan, indices):
-            if skipped is not None:
-                self._skip(skipped)
-            if decoded is not None:
-                yield self.to_item(order.epoch, sample_id, decoded)
-
-    def iter_batches(self, *, batch_size: int, drop_last: bool,
-                     collate: Callable[[list[Item]], dict[str, Any]]
-                     ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
-        """This worker's batches: (collated batch, descriptions of the samples skipped in it).
-
-        Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
-        samples were all skipped (``uneven="exact"`` only; ``pad``/``drop`` fill skipped
-        places, see the class) is still yielded (empty), so batches stay countable.
-        With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
-        """
-        order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
-        worker, workers = self._worker()
-        indices = worker_indices(len(plan.ids), batch_size=batch_size, num_workers=workers, worker=worker)
-        items: list[Item] = []
-        skipped: list[str] = []
-        current = -1
-        for i, sample_id, decoded, why in self._filled_results(order, plan, indices):
-            batch = i // batch_size
-            if batch != current:
-                if current >= 0:
-                    yield collate(items), tuple(skipped)
-                items, skipped, current = [], [], batch
-            if why is not None:
-                skipped.append(why)
-            if decoded is not None:
-                items.append(self.to_item(order.epoch, sample_id, decoded))
-        if current >= 0:
-            yield collate(items), tuple(skipped)
 

@@ -1,0 +1,269 @@
+"""``MixedDataset``: several packed datasets (or views of them) read as one, each by its weight.
+
+    from packer.loader import MixedDataset, ShardDataset, make_loader
+
+    mix = MixedDataset([(ShardDataset("build/hospital-a/<version>", "train"), 0.7),
+                        (ShardDataset("build/public/<version>", "train"), 0.3)], seed=0)
+    loader = make_loader(mix, batch_size=64, num_workers=4)   # state_dict/resume as for one dataset
+
+The epoch. Member ``i`` (weight share ``p_i``, ``n_i`` samples) contributes exactly
+``c_i = round(L * p_i)`` samples to an epoch of ``L`` samples (largest remainders, so the
+``c_i`` add up to ``L``), and its ``c_i`` positions are spread over the epoch by a seeded
+permutation. ``L`` is ``epoch_length``:
+
+- ``"shortest"`` (the default): the epoch ends when the first member runs out, ``L = min_i n_i / p_i``.
+  No sample is repeated: each member's share is a prefix of its own shuffled order, the member
+  that bounds the epoch is read whole.
+- ``"longest"``: the epoch ends when the last member runs out, ``L = max_i n_i / p_i``; the
+  others are repeated (oversampled).
+- an int ``N``: exactly ``N`` samples.
+
+A member whose share exceeds its size goes through its samples in *passes*: every sample once
+per pass, each pass in a fresh order; a share is ``c_i // n_i`` whole passes and the start of
+one more. So within each member's share, every sample is delivered once before any is repeated.
+
+Everything :class:`~packer.loader.ShardDataset` promises holds for the mix: the order is a pure
+function of (seed, epoch, the members' per-shard counts, the weights); ranks take contiguous
+chunks of it and workers whole batches (``uneven`` as for one dataset); a loader's
+``state_dict`` resumes mid-epoch. The state carries the mix's identity (each member's dataset
+name, version, split, view and weight, the epoch length, the seed), and a state saved for
+another mix is refused by name.
+
+Items. ``key`` is ``<member name>/<sample key>`` (keys are unique within one dataset only).
+Class labels are remapped by *name* into the mix's ``label_map``: the first member's map, then
+each further member's new names appended in order, so one index means one class in every
+member. Multi-label and numeric members must name the same labels/numbers in the same order;
+every member must have the same dtype, layout, target kind and the same mask setting (a
+:class:`~packer.errors.ConfigError` names the member and the field otherwise). Members whose
+sample shapes differ meet the collate rules of one mixed-shape dataset (``collate="stack"``
+names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
+
+Each member's ``transform`` and ``shuffle_buffer`` apply to its own samples; the mix's
+``seed``, ``shuffle``, ``rank``/``world_size``, ``uneven`` and ``on_error``/``max_skipped``
+replace the members' own (the members are read through the mix, not on their own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer.errors import ConfigError
+from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
+from packer.loader.readers import Decoded, Failure
+from packer.loader.sharding import EpochOrder, RankPlan, derive_seed, epoch_order, random_u64
+from packer.targets import Target
+
+EPOCH_LENGTHS = ("shortest", "longest")
+
+
+def shares(sizes: Sequence[int], weights: Sequence[float], length: str | int) -> tuple[int, list[int]]:
+    """The epoch's length ``L`` and each member's share ``c_i`` (see the module doc); the shares add up to ``L``."""
+    total = float(sum(weights))
+    probs = [w / total for w in weights]
+    if isinstance(length, str):
+        bounds = [n / p for n, p in zip(sizes, probs, strict=True)]
+        # 1e-9: n / p * p must not fall a hair short of n by rounding
+        L = int(math.floor(min(bounds) + 1e-9) if length == "shortest" else math.ceil(max(bounds) - 1e-9))
+    else:
+        L = int(length)
+    exact = [L * p for p in probs]
+    counts = [int(math.floor(x)) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[:L - sum(counts)]:
+        counts[i] += 1
+    if length == "shortest":  # the bounding member is read whole, never past its end
+        counts = [min(c, n) for c, n in zip(counts, sizes, strict=True)]
+        L = sum(counts)
+    return L, counts
+
+
+@dataclass(frozen=True)
+class MixOrder(EpochOrder):
+    """One epoch of a mix. ``sequence`` is the mix positions ``0..L-1`` (what ranks and workers
+    split); position ``q`` is sample ``local[q]`` of member ``member[q]`` in its pass
+    ``passes[q]``, whose order is ``orders[member][pass]``."""
+
+    member: np.ndarray
+    local: np.ndarray
+    passes: np.ndarray
+    orders: tuple[tuple[EpochOrder, ...], ...]
+
+
+class MixedDataset(PlannedDataset):
+    """Several :class:`ShardDataset` s (datasets, splits or views) as one, sampled by weight (see module doc).
+
+    ``members``: ``(dataset, weight)`` pairs, weights > 0 (normalised; they need not add up
+    to 1). ``epoch_length``: ``"shortest"``, ``"longest"`` or a number of samples. ``names``:
+    one per member, used in keys and messages (default: each dataset's name, ``.2``, ``.3``
+    appended to repeats). ``counts(epoch)`` says how many samples each member gives an epoch.
+    """
+
+    def __init__(self, members: Sequence[tuple[ShardDataset, float]], *, epoch_length: str | int = "shortest",
+                 seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
+                 names: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self._init_progress(uneven=uneven, on_error=on_error, max_skipped=max_skipped)
+        if not members:
+            raise ConfigError("MixedDataset needs at least one (ShardDataset, weight) pair")
+        self.members = [dataset for dataset, _ in members]
+        self.weights = [float(weight) for _, weight in members]
+        for dataset, weight in zip(self.members, self.weights, strict=True):
+            if not isinstance(dataset, ShardDataset):
+                raise ConfigError("MixedDataset members are (ShardDataset, weight) pairs, "
+                                  f"got {type(dataset).__name__}")
+            if not weight > 0 or not math.isfinite(weight):
+                raise ConfigError(f"MixedDataset: {dataset.info.name} has weight {weight}; weights must be > 0")
+            if dataset.samples == 0:
+                raise ConfigError(f"MixedDataset: {dataset.info.name} split {dataset.info.split!r} has no samples "
+                                  "(of its view); a member with nothing to give cannot be mixed by weight")
+            dataset.on_error, dataset.max_skipped = on_error, max_skipped  # the mix counts and raises
+        self.names = list(names) if names is not None else _default_names(self.members)
+        if len(self.names) != len(self.members) or len(set(self.names)) != len(self.names):
+            raise ConfigError(f"MixedDataset: names {self.names} must be unique, one per member")
+        if epoch_length not in EPOCH_LENGTHS and not (isinstance(epoch_length, int) and epoch_length > 0):
+            raise ConfigError(f"epoch_length={epoch_length!r}; expected one of {EPOCH_LENGTHS} or a number of "
+                              "samples > 0")
+        self.epoch_length = epoch_length
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.info, self._label_remap = _mixed_info(self.members, self.names)
+        self.samples, self._counts = shares([m.samples for m in self.members], self.weights, epoch_length)
+        shapes = {m.shape for m in self.members}
+        self.shape = next(iter(shapes)) if len(shapes) == 1 else None
+
+    @property
+    def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
+        return self.info.shapes
+
+    def counts(self) -> dict[str, int]:
+        """Samples each member gives one epoch, by name (the same every epoch)."""
+        return dict(zip(self.names, self._counts, strict=True))
+
+    def identity(self) -> dict[str, Any]:
+        return {"mix": [{"name": m.info.name, "version": m.info.version, "split": m.info.split,
+                         "view": m.identity()["sources"], "labels": m.identity()["labels"],
+                         "samples": m.samples, "weight": w, "as": n}
+                        for m, w, n in zip(self.members, self.weights, self.names, strict=True)],
+                "epoch_length": self.epoch_length, "samples": self.samples, "seed": self.seed,
+                "shuffle": self.shuffle}
+
+    # -- the order ---------------------------------------------------------------------
+    def _member_order(self, i: int, epoch: int, npass: int) -> EpochOrder:
+        member = self.members[i]
+        key = derive_seed(epoch, npass) & 0x7FFF_FFFF_FFFF_FFFF if npass else epoch
+        return epoch_order(member._counts, seed=derive_seed(self.seed, i), epoch=key, shuffle=self.shuffle,
+                           buffer=member.shuffle_buffer)
+
+    def epoch_order(self, epoch: int) -> MixOrder:
+        """Epoch ``epoch`` of the mix (cached for the last two epochs)."""
+        if epoch in self._orders:
+            return self._orders[epoch]  # type: ignore[no-any-return]
+        total = self.samples
+        member = np.repeat(np.arange(len(self.members), dtype=np.int16), self._counts)
+        if self.shuffle and total > 1:
+            member = member[np.argsort(random_u64(derive_seed(self.seed, epoch, 3), total), kind="stable")]
+        local = np.empty(total, dtype=np.int64)
+        passes = np.empty(total, dtype=np.int32)
+        orders = []
+        for i, (m, count) in enumerate(zip(self.members, self._counts, strict=True)):
+            where = np.flatnonzero(member == i)
+            draws = np.arange(count, dtype=np.int64)
+            passes[where] = draws // m.samples
+            member_orders = tuple(self._member_order(i, epoch, p) for p in range(-(-count // m.samples)))
+            if member_orders:
+                sequences = np.concatenate([o.sequence for o in member_orders])
+                local[where] = sequences[:count]
+            orders.append(member_orders)
+        order = MixOrder(epoch=epoch, shard_order=np.zeros(0, dtype=np.int64),
+                         sequence=np.arange(total, dtype=np.int64), stream_pos=np.zeros(0, dtype=np.int64),
+                         member=member, local=local, passes=passes, orders=tuple(orders))
+        if len(self._orders) >= 2:
+            self._orders.pop(next(iter(self._orders)))
+        self._orders[epoch] = order
+        return order
+
+    # -- reading -----------------------------------------------------------------------
+    def _member_results(self, order: MixOrder, i: int, local: np.ndarray,
+                        passes: np.ndarray) -> Iterator[Decoded | Failure]:
+        """Member ``i``'s results for ``local`` ids (of ``passes``) in that order: each run of one
+        pass read by the member in its own stream order."""
+        bounds = [0, *(np.flatnonzero(np.diff(passes)) + 1).tolist(), len(local)]
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            yield from self.members[i]._read_in_order(order.orders[i][int(passes[lo])], local[lo:hi])
+
+    def _worker_results(self, order: EpochOrder, plan: RankPlan,
+                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:
+        assert isinstance(order, MixOrder)
+        for part in (indices[indices < plan.pad_from], indices[indices >= plan.pad_from]):
+            positions = plan.ids[part]
+            member = order.member[positions]
+            streams = {int(i): self._member_results(order, int(i), order.local[positions[member == i]],
+                                                    order.passes[positions[member == i]])
+                       for i in np.unique(member)}
+            for j, i in zip(part.tolist(), member.tolist(), strict=True):
+                yield j, next(streams[i])
+
+    def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:
+        assert isinstance(order, MixOrder)
+        i, npass = int(order.member[sample_id]), int(order.passes[sample_id])
+        item = self.members[i].to_item(order.orders[i][npass].epoch, int(order.local[sample_id]), decoded)
+        item["key"] = f"{self.names[i]}/{item['key']}"
+        remap = self._label_remap[i]
+        if remap is not None and "label" in item:
+            item["label"] = torch.from_numpy(np.array(remap[int(item["label"])], dtype=np.int64))
+        return item
+
+
+def _default_names(members: Sequence[ShardDataset]) -> list[str]:
+    names: list[str] = []
+    for m in members:
+        name, n = m.info.name, 1
+        while name in names:
+            n += 1
+            name = f"{m.info.name}.{n}"
+        names.append(name)
+    return names
+
+
+def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[Any, list[dict[int, int] | None]]:
+    """The mix's SplitInfo (what its samples are: target, labels, layout, mask, shapes by
+    ``member/source``; no shards) and each member's class-index remap (None: identity)."""
+    first = members[0].info
+    label_map = dict(first.label_map)
+    remaps: list[dict[int, int] | None] = []
+    for m, name in zip(members, names, strict=True):
+        info = m.info
+        for field, mine, theirs in (("dtype", info.dtype, first.dtype), ("layout", info.layout, first.layout),
+                                    ("target kind", info.target.kind, first.target.kind),
+                                    ("mask", bool(info.mask), bool(first.mask))):
+            if mine != theirs:
+                raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "
+                                  "mixed members must deliver the same kind of sample (rebuild one of them, or "
+                                  "train on them separately)")
+        if info.target.kind != "class":
+            if list(info.target.names) != list(first.target.names):
+                raise ConfigError(f"MixedDataset: {name}'s {info.target.kind} target names {list(info.target.names)} "
+                                  f"differ from {names[0]}'s {list(first.target.names)}; a {info.target.kind} target "
+                                  "is a vector whose positions must mean the same thing in every member")
+            remaps.append(None)
+            continue
+        for label in sorted(info.label_map, key=info.label_map.__getitem__):
+            label_map.setdefault(label, len(label_map))
+        remap = {index: label_map[label] for label, index in info.label_map.items()}
+        remaps.append(None if all(k == v for k, v in remap.items()) else remap)
+    shapes = {f"{name}/{source}": tuple(found) for m, name in zip(members, names, strict=True)
+              for source, found in m.info.shapes.items()}
+    target = (Target("class", tuple(sorted(label_map, key=label_map.__getitem__))) if first.target.kind == "class"
+              else first.target)
+    mixed = dataclasses.replace(first, name="+".join(names), version="", shards=(), target=target,
+                                samples=sum(m.samples for m in members), label_map=label_map, shapes=shapes,
+                                shape=first.shape if all(m.info.shape == first.shape for m in members) else None)
+    return mixed, remaps
