@@ -156,3 +156,73 @@ def test_a_remote_dataset_reads_through_the_cache_and_epoch_two_makes_no_request
     assert {p: n for p, n in opens.items() if p.endswith(".tar")} == shard_opens  # epoch 2: no request
     assert first.keys() == second.keys() == local.keys()
     assert all(bool((first[k] == local[k]).all()) for k in local)
+
+
+_TRICKLE_CHILD = """
+import sys, time
+from pathlib import Path
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from packer.loader.cache import ShardCache
+
+class Trickle(LocalFileSystem):  # a slow store: 256 KiB per read, 0.2 s apart
+    protocol = "trickle"
+
+    def _open(self, path, mode="rb", **kwargs):
+        real = open(self._strip_protocol(path), mode)
+
+        class Slow:
+            def read(self, n=-1):
+                time.sleep(0.2)
+                return real.read(min(n, 256 << 10) if n and n > 0 else 256 << 10)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                real.close()
+
+        return Slow()
+
+fsspec.register_implementation("trickle", Trickle, clobber=True)
+folder, url, sha, size = sys.argv[1:5]
+ShardCache(Path(folder), retries=0).fetch(url, sha, int(size), url)
+"""
+
+
+def test_a_download_killed_midway_leaves_no_entry_and_the_next_one_completes(tmp_path: Path) -> None:
+    """kill -9 while a shard is half downloaded: no entry, no stamp; the lock dies with the process,
+    and the next download (another process) overwrites the leftover .partial and lands the entry."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = os.urandom(3 << 20)
+    sha, folder = hashlib.sha256(data).hexdigest(), tmp_path / "cache"
+    source = tmp_path / "remote" / "train-000000.tar"
+    source.parent.mkdir()
+    source.write_bytes(data)
+    child = subprocess.Popen([sys.executable, "-c", _TRICKLE_CHILD, str(folder), f"trickle://{source}", sha,
+                              str(len(data))])
+    partial = folder / f".{sha}.tar.partial"
+    try:
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size >= 512 << 10) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert partial.exists(), "the child never started writing its download"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == -signal.SIGKILL
+    entry = folder / f"{sha}.tar"
+    assert not entry.exists() and not (folder / f".{entry.name}.ok").exists()
+    assert [p.name for p in folder.iterdir() if not p.name.startswith(".")] == []
+
+    assert 0 < partial.stat().st_size < len(data)          # the half-written download, invisible as an entry
+    cache = ShardCache(folder)
+    with cache.reading(f"file://{source}", sha, len(data), source.name) as path:
+        assert path == entry and path.read_bytes() == data
+    assert not partial.exists()

@@ -144,7 +144,9 @@ class ShardCache:
         return stat.st_size == size and stamp == str(stat.st_mtime_ns)
 
     def _download(self, url: str, sha256: str, size: int, path: Path, storage_options: Any) -> None:
-        partial = self.folder / f".{path.name}.{os.getpid()}.partial"
+        # one name per entry: the caller holds the entry's exclusive lock, so a .partial found here
+        # was left by a killed download (its lock died with it) and is overwritten
+        partial = self.folder / f".{path.name}.partial"
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             if attempt:
