@@ -225,3 +225,32 @@ def test_local_cluster_workers_block_sigint_and_packer_does_not(python_sigint: N
     assert executor.interrupted
     assert client.status == "closed"
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_finished_build_silences_its_workers_loggers_before_closing_the_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker heartbeat that meets a scheduler already closing logs a CommClosedError traceback
+    (dask/distributed #9032) under a build that succeeded: packer's own workers are silenced
+    first, then the client and the cluster close."""
+    from distributed import Client
+
+    from packer.pipeline import cluster as cluster_module
+
+    calls: list[str] = []
+    run, close = Client.run, Client.close
+
+    def spy_run(self: Client, function: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(function, "__name__", repr(function)))
+        return run(self, function, *args, **kwargs)
+
+    def spy_close(self: Client, *args: Any, **kwargs: Any) -> Any:
+        calls.append("close")
+        return close(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "run", spy_run)
+    monkeypatch.setattr(Client, "close", spy_close)
+    with cluster_module.open_executor(None, 1) as executor:
+        assert executor.client is not None
+        client = executor.client
+    assert client.status == "closed"
+    assert calls[:2] == ["_quiet_worker", "close"], calls
