@@ -242,11 +242,13 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         raise SystemExit(f"{args.script}: {what} holds {kind} (layout {dataset.info.layout}: "
                          f"{dataset.info.describe_shapes()}); train them with {other}")
     if dataset.shape is None:
+        one_source = args.sources is not None and len(args.sources) == 1
+        fix = ("build the dataset with transform.channels" if one_source or args.mix
+               else "pass --sources NAME to train on one source, or build the dataset with transform.channels")
         raise SystemExit(
-            f"train.py: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "
-            f"several shapes ({dataset.info.describe_shapes()}), and this model takes one channel count; "
-            "pass --sources NAME to train on one source, or build the dataset with transform.channels "
-            "(README, 'Mixed shapes')")
+            f"{args.script}: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "
+            f"several shapes ({dataset.info.describe_shapes(args.sources)}), and this model takes one channel "
+            f"count; {fix} (README, 'Mixed shapes')")
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
     batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))

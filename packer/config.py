@@ -681,6 +681,13 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     )
 
 
+def _windows_fix(channels: int, where: str) -> str:
+    """How to make the windows give ``channels`` channels: ``list 3 windows (or 1, replicated)``."""
+    if channels == 1:
+        return f"list 1 window{where}"
+    return f"list {channels} windows{where} (or 1, replicated)"
+
+
 def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConfig,
                     image: ImageTransformConfig) -> None:
     """Where the job file fixes a kind's channel count, it must map to ``channels``
@@ -690,11 +697,11 @@ def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConf
     dicom_sources = [s.name for s in sources if s.kind == "dicom"]
     if dicom_sources and dicom.channels is not None and dicom.output != "float16" and dicom.frames != "stack":
         check_channels(dicom.channels, len(dicom.windows), where="transform.dicom.windows", sources=dicom_sources,
-                       fix=f"list {dicom.channels} windows (or 1, replicated)")
+                       fix=_windows_fix(dicom.channels, ""))
         for modality, windows in dicom.modality_windows:
             check_channels(dicom.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
                            sources=[f"{name} (Modality {modality})" for name in dicom_sources],
-                           fix=f"list {dicom.channels} windows for {modality} (or 1, replicated)")
+                           fix=_windows_fix(dicom.channels, f" for {modality}"))
     image_sources = [s.name for s in sources if s.kind == "image"]
     if image_sources and image.channels is not None:
         natural = 1 if image.color == "gray" else 3

@@ -334,3 +334,14 @@ def test_big_endian_samples_load_as_native_arrays(tmp_path):
     for item, array in zip(items, values, strict=True):
         assert item["image"].dtype == torch.uint16
         np.testing.assert_array_equal(item["image"].numpy(), array.astype(np.uint16))
+
+
+def test_bench_loader_on_an_empty_split_says_so_instead_of_a_table_of_zeros(tmp_path):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    manifest = build_dataset(tmp_path / "empty", shard_sizes=())
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.1", "--workers", "0"])
+    assert result.exit_code == 2
+    assert "split 'train' has no samples; nothing to measure" in result.output and "samples/s" not in result.output

@@ -224,6 +224,19 @@ def test_bench_loader_measures_a_mixed_split_with_the_list_collate_and_says_so(m
     assert "mixes image shapes" in refused.output
 
 
+def test_the_shape_note_of_a_one_source_view_names_that_source_and_not_the_view_as_the_fix(mixed: BuildResult) -> None:
+    """ct alone mixes a 1-channel radiograph with 2-window slices: the note lists ct's shapes only,
+    and points at transform.channels, not at --sources (the view already is one source)."""
+    from packer.loader.bench import choose_collate
+
+    ct = ShardDataset(mixed.manifest_path, "train", sources=["ct"])
+    collate, note = choose_collate(ct, None)
+    assert collate == "list" and note is not None
+    assert "ct 1×64×64, 2×64×64" in note and "photos" not in note
+    assert "transform.channels" in note and "--sources" not in note
+    assert "photos 3×64×64" in ct.info.describe_shapes() and "photos" not in ct.info.describe_shapes(["ct"])
+
+
 @pytest.mark.slow   # examples/train.py in two subprocesses
 def test_train_example_names_the_shapes_or_trains_on_a_view(mixed: BuildResult) -> None:
     script = REPO / "examples" / "train.py"

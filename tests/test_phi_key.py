@@ -181,13 +181,15 @@ def test_key_new_writes_a_private_random_key_and_the_printed_job_line_builds(
     text = key_file.read_text()
     assert re.fullmatch(r"[0-9a-f]{64}\n", text)
     lines = result.output.splitlines()
-    assert "  phi: {key_file: secrets/phi.key}" in lines
+    assert f"  phi: {{key_file: {key_file}}}" in lines      # absolute: right from any job file's folder
     assert "  export PACKER_PHI_KEY=$(cat secrets/phi.key)" in lines
     assert "relative to the job file" in result.output
     assert "out of the repository" in result.output and "rebuilding a dataset needs the key" in result.output
     assert fingerprint_of(text.strip()) in result.output and text.strip() not in result.output
-    # the printed line, pasted into a job next to it, builds (the job file sits in tmp_path)
-    job = ct_job(tmp_path, yaml.safe_load(next(line for line in lines if line.startswith("  phi:")))["phi"])
+    # the printed line, pasted into a job in another folder than the one the command ran in, builds
+    elsewhere = tmp_path / "workflows"
+    elsewhere.mkdir()
+    job = ct_job(elsewhere, yaml.safe_load(next(line for line in lines if line.startswith("  phi:")))["phi"])
     code, output = build(job, env_key="")
     assert code == 0, output
     assert f"phi key   from phi.key_file {key_file}; fingerprint {fingerprint_of(text.strip())}" in output

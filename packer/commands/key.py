@@ -54,11 +54,12 @@ def new_command(file: Path, force: bool) -> None:
     key = secrets.token_hex(KEY_BYTES)
     _write_key(file, (key + "\n").encode(), force=force)
     fingerprint = Pseudonymizer(mode="pseudonymize", dates="shift", key=key.encode()).fingerprint
-    typed = str(file)
-    yaml_path = typed if _PLAIN_YAML.fullmatch(typed) else json.dumps(typed)
+    typed, absolute = str(file), str(file.resolve())
+    yaml_path = absolute if _PLAIN_YAML.fullmatch(absolute) else json.dumps(absolute)
     click.echo("\n".join([
         f"wrote a new PHI key to {typed} (mode 0600, fingerprint {fingerprint}; manifests record this fingerprint)",
-        "use it in the job file (a relative key_file is relative to the job file, not to this folder):",
+        "use it in the job file (this absolute path works from any job file; a relative key_file is "
+        "relative to the job file, not to this folder):",
         f"  phi: {{key_file: {yaml_path}}}",
         "or in the environment (not both with different keys: that is an error):",
         f"  export {ENV_KEY}=$(cat {shlex.quote(typed)})",

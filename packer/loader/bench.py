@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from packer.errors import ConfigError
 from packer.loader.dataloader import make_loader
 from packer.loader.dataset import ShardDataset
 from packer.loader.device import DevicePrefetcher
@@ -168,9 +169,10 @@ def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str
         return "stack", None
     view = dataset.view.sources if dataset.view is not None else None
     which = f"sources {', '.join(view)} of " if view else ""
-    return "list", (f"the samples of {which}this split have several shapes ({dataset.info.describe_shapes()}), so "
-                    "batches were measured with collate=\"list\"; measure one source with --sources NAME, or build "
-                    "with transform.channels for one shape")
+    fix = ("build with transform.channels for one shape" if view is not None and len(view) == 1
+           else "measure one source with --sources NAME, or build with transform.channels for one shape")
+    return "list", (f"the samples of {which}this split have several shapes ({dataset.info.describe_shapes(view)}), "
+                    f"so batches were measured with collate=\"list\"; {fix}")
 
 
 def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = "cpu",
@@ -193,6 +195,10 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
     if not workers or not batch_sizes or not pin_memory:
         raise ValueError("workers, batch_sizes and pin_memory each need at least one value")
     dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources)
+    if dataset.samples == 0:
+        which = f"sources {', '.join(sources)} of " if sources else ""
+        raise ConfigError(f"{manifest}: {which}split {split!r} has no samples; nothing to measure (choose another "
+                          "split with --split)")
     collate, note = choose_collate(dataset, collate)
     info = dataset.info
     base = (max(workers), batch_sizes[0], bool(pin_memory[0]))     # (num_workers, batch_size, pin_memory)

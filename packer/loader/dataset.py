@@ -139,11 +139,6 @@ class PlannedDataset(IterableDataset):
         """Each source's sample shapes, to name them when a batch cannot be stacked."""
         return {}
 
-    def describe_shapes(self) -> str:
-        """The shapes per source, for messages."""
-        return "; ".join(f"{source} {', '.join('×'.join(map(str, s)) for s in shapes)}"
-                         for source, shapes in sorted(self.shapes.items())) or "(no shapes listed)"
-
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_orders"] = {}

@@ -143,10 +143,12 @@ class SplitInfo:
         shapes = {shape for source in sources for shape in self.shapes.get(source, ())}
         return next(iter(shapes)) if len(shapes) == 1 else None
 
-    def describe_shapes(self) -> str:
-        """``ct 1×64×64, 2×64×64; photos 3×64×64``: each source's shapes, as the manifest lists them."""
+    def describe_shapes(self, sources: Sequence[str] | None = None) -> str:
+        """``ct 1×64×64, 2×64×64; photos 3×64×64``: each source's shapes (of ``sources`` only,
+        when given: a view's), as the manifest lists them."""
         return "; ".join(f"{source} {', '.join('×'.join(map(str, s)) for s in shapes)}"
-                         for source, shapes in sorted(self.shapes.items())) or "(the manifest lists no shapes)"
+                         for source, shapes in sorted(self.shapes.items())
+                         if sources is None or source in sources) or "(the manifest lists no shapes)"
 
 
 def load_split(manifest: str | os.PathLike[str], split: str, *,
