@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,13 @@ def test_every_planted_copy_is_grouped_with_its_source_and_no_patients_are_joine
     assert not prepared.audit.failed
     spans = prepared.audit.rule("duplicates_span_entities")
     assert spans.count == 18  # each copy's entity with its source's patient, and nothing else
+    # the evidence of every link that joined two entities is in the audit (leakage.json), also when all is well
+    near = [f for f in spans.findings if f["near_links"]]
+    assert sum(f["near_links"] for f in near) == sum(len(f["evidence"]) for f in near) >= 14  # DICOM copies: exact
+    for finding in near:
+        for link in finding["evidence"]:
+            assert {"a", "b", "score", "structure", "intensity", "zoom", "shift"} <= set(link)
+            assert link["intensity"] >= job.split.near_min_score and link["a"]["entity_id"] in finding["entities"]
 
 
 @pytest.mark.slow   # 300 patients × 4 slices through a local dask cluster
@@ -237,6 +245,7 @@ def test_a_split_that_collapses_fails_the_build_naming_the_group_and_its_links(s
     assert result.exit_code == 4, result.output
     message = result.output
     assert "split_balance" in message and "one split group holds" in message
+    assert re.search(r"of \d+ entities \((PAT|CPY|X)\d+, (PAT|CPY|X)\d+, (PAT|CPY|X)\d+, \.\.\.\)", message), message
     assert "joined by" in message and "score" in message and "split.balance.accept: true" in message
     assert not list((tmp_path / "collapse" / "out" / "copies").glob("*/manifest.json"))  # no dataset written
     leakage = json.loads((tmp_path / "collapse" / "out" / "copies" / "leakage.json").read_text())

@@ -257,3 +257,22 @@ def test_one_requested_split_cannot_collapse_however_large_a_group_is() -> None:
     assert measure_balance(everything_train, replace(BY_ENTITY, ratios=(("train", 1.0), ("valid", 0.0),
                                                                         ("test", 0.0)))).collapsed is None
     assert measure_balance(everything_train, BY_ENTITY).collapsed == "group"
+
+
+def test_shares_off_the_ratios_beyond_tolerance_and_chance_collapse_by_ratios() -> None:
+    """No group is large, yet the shares miss the request by more than the tolerance and more than
+    4 sigma of what the group sizes explain: a split that collapsed for another reason still fails."""
+    from packer.pipeline.split import Assignment, SplitGroup, measure_balance
+
+    keys = [f"k{i}" for i in range(1000)]
+    singles = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(1000))
+    lopsided = Assignment(split={k: "train" if i < 950 else "test" for i, k in enumerate(keys)}, fold={},
+                          groups=singles, dropped=(), pinned={})
+    balance = measure_balance(lopsided, BY_ENTITY)
+    assert balance.collapsed == "ratios" and balance.worst == "train" and balance.miss == pytest.approx(0.15)
+    assert balance.allowed == pytest.approx(4 * (0.8 * 0.2 * 1000) ** 0.5 / 1000)  # 4 sigma of chance: 5.06 points
+    near = Assignment(split={k: "train" if i < 830 else ("valid" if i < 900 else "test") for i, k in enumerate(keys)},
+                      fold={}, groups=singles, dropped=(), pinned={})
+    assert measure_balance(near, BY_ENTITY).collapsed is None              # 3 points off: within tolerance
+    accepting = replace(BY_ENTITY, balance_tolerance=0.2)
+    assert measure_balance(lopsided, accepting).collapsed is None

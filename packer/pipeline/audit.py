@@ -164,20 +164,32 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
                               "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors})
 
 
+#: Near links listed with their evidence per group of duplicates that spans entities (the weakest first).
+MAX_EVIDENCE = 50
+
+
 def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     from packer.pipeline.dedup import cluster_duplicates
 
     exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256) for k in range(len(g) - 1))
     edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))
     clusters: dict[int, list[int]] = defaultdict(list)
-    for index, root in enumerate(cluster_duplicates(len(samples), edges)):
+    roots = cluster_duplicates(len(samples), edges)
+    for index, root in enumerate(roots):
         clusters[root].append(index)
+    # each near link between two entities, with its evidence, under the cluster it joins
+    evidence: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
+        if samples.entity[i] != samples.entity[j]:
+            evidence[roots[i]].append({"a": samples.where(i), "b": samples.where(j), **links.describe(k)})
     findings: list[dict[str, Any]] = []
-    for members in clusters.values():
+    for root, members in clusters.items():
         entities = sorted({samples.entity[i] or "" for i in members})
         if len(members) > 1 and len(entities) > 1:
+            near = sorted(evidence.get(root, []), key=lambda link: float(link["score"]))  # the weakest first
             findings.append({"entities": entities, "size": len(members),
-                             "samples": [samples.where(i) for i in members[:20]]})
+                             "samples": [samples.where(i) for i in members[:20]],
+                             "near_links": len(near), "evidence": near[:MAX_EVIDENCE]})
     findings.sort(key=lambda f: f["entities"])
     return RuleResult("duplicates_span_entities", "report", len(findings), tuple(findings))
 
@@ -223,12 +235,14 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
         if len({entity_of[i] for i in pair}) > 1:
             formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})
     formed.sort(key=lambda f: float(f.get("score", 9.0)))
+    named = ", ".join(group.entities[:3]) + (", ..." if len(group.entities) > 3 else "")
     why = (f"one split group holds {len(group.members):,} samples ({balance.largest_share:.0%}, over "
-           f"split.balance.max_group_share {cfg.max_group_share:.0%}) of {len(group.entities):,} entities"
+           f"split.balance.max_group_share {cfg.max_group_share:.0%}) of {len(group.entities):,} entities ({named})"
            if balance.collapsed == "group" else
            f"split {balance.worst} holds {balance.shares[balance.worst]:.1%} of the samples against the requested "
            f"{balance.requested[balance.worst]:.0%} (allowed: {balance.allowed:.1%}); the largest split group holds "
-           f"{len(group.members):,} samples ({balance.largest_share:.0%}) of {len(group.entities):,} entities")
+           f"{len(group.members):,} samples ({balance.largest_share:.0%}) of {len(group.entities):,} entities "
+           f"({named})")
     finding = {"reason": balance.collapsed, "summary": why, "group_size": len(group.members),
                "group_share": round(balance.largest_share, 4), "entities": len(group.entities),
                "entity_ids": list(group.entities[:20]), "links": len(formed), "formed_by": formed[:20]}
