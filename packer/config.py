@@ -173,6 +173,10 @@ class SplitConfig:
     near_neighbors: int = 16
     near_min_score: float = 0.984
     near_max_cross_split: int = 0
+    #: The rival test's largest residual ratio (None: off); ``near_max_ratio_set``: the job set it
+    #: (only then is it part of the config's identity, so jobs that do not keep their hashes)
+    near_max_ratio: float | None = 0.5
+    near_max_ratio_set: bool = False
     balance_tolerance: float = 0.05
     max_group_share: float = 0.2
     accept_imbalance: bool = False
@@ -186,6 +190,8 @@ class SplitConfig:
             "balance": {"tolerance": self.balance_tolerance, "max_group_share": self.max_group_share,
                         "accept": self.accept_imbalance},
         }
+        if self.near_max_ratio_set:
+            out["near_duplicates"]["max_ratio"] = self.near_max_ratio
         if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
             out["entity_policy"] = self.entity_policy
@@ -578,6 +584,9 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         near_neighbors=int(near.get("neighbors", _default("split.near_duplicates.neighbors"))),
         near_min_score=float(near.get("min_score", _default("split.near_duplicates.min_score"))),
         near_max_cross_split=int(near.get("max_cross_split", _default("split.near_duplicates.max_cross_split"))),
+        near_max_ratio=(float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
+        if "max_ratio" in near else float(_default("split.near_duplicates.max_ratio")),
+        near_max_ratio_set="max_ratio" in near,
         balance_tolerance=float(balance.get("tolerance", _default("split.balance.tolerance"))),
         max_group_share=float(balance.get("max_group_share", _default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", _default("split.balance.accept"))),

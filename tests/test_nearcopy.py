@@ -240,7 +240,7 @@ def test_three_hundred_similar_patients_split_within_five_points_with_every_copy
 
 def test_a_split_that_collapses_fails_the_build_naming_the_group_and_its_links(small_tree: CopiesTree,
                                                                              tmp_path: Path) -> None:
-    job = copies_job(small_tree, tmp_path / "collapse", near_duplicates={"min_score": 0.5})
+    job = copies_job(small_tree, tmp_path / "collapse", near_duplicates={"min_score": 0.5, "max_ratio": None})
     result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert result.exit_code == 4, result.output
     message = result.output
@@ -256,7 +256,7 @@ def test_a_split_that_collapses_fails_the_build_naming_the_group_and_its_links(s
     checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
     assert checked.exit_code == 4 and "split_balance" in checked.output
     # and a job can accept it explicitly: built, with the rule reported and a warning
-    accepted = copies_job(small_tree, tmp_path / "accepted", near_duplicates={"min_score": 0.5},
+    accepted = copies_job(small_tree, tmp_path / "accepted", near_duplicates={"min_score": 0.5, "max_ratio": None},
                           balance={"accept": True})
     built = build(load_job(accepted), BuildOptions(scheduler="sync", quiet=True, html_report=False))
     rule = built.manifest["audit"]["rules"]["split_balance"]
@@ -281,3 +281,44 @@ def test_a_job_that_still_sets_a_dhash_threshold_is_told_what_replaced_it(tmp_pa
     job = copies_job(tree, tmp_path / "job", near_duplicates={"threshold": 4})
     with pytest.raises(ConfigError, match=r"near_duplicates.threshold: .*min_score.*neighbors"):
         load_job(job)
+
+
+def test_the_rival_test_keeps_copies_that_stand_out_and_drops_a_look_alike_among_look_alikes() -> None:
+    """S has two copies, C1 and C2, under two more entities (never paired by the candidate search,
+    so their pair is verified on demand); L1, L2, L3 are look-alikes of one another, L1 and L2
+    just above min_score. Copies keep a small share of their rivals' disagreement, L1~L2 most of it."""
+    S, C1, C2, L1, L2, L3 = range(6)
+    scores = {(S, C1): 0.995, (S, C2): 0.994, (S, L1): 0.975, (C1, L1): 0.970, (C2, L2): 0.970,
+              (L1, L2): 0.985, (L1, L3): 0.982, (L2, L3): 0.983}
+    pairs = sorted(scores)
+    candidates = nearcopy.Candidates(np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]),
+                                     np.zeros(len(pairs), dtype=np.float32))
+    score = np.array([scores[p] for p in pairs])
+    groups = np.arange(6)
+    passed = np.flatnonzero(score >= 0.984)
+    asked: list[tuple[int, int]] = []
+
+    def verify_more(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        asked.extend(zip(i.tolist(), j.tolist(), strict=True))
+        return np.array([0.996 if {a, b} == {C1, C2} else 0.9 for a, b in zip(i.tolist(), j.tolist(), strict=True)])
+
+    rival = nearcopy.rival_test(candidates, score, groups, passed, min_score=0.984, max_ratio=0.5,
+                                verify_more=verify_more)
+    by_pair = {pairs[k]: (float(r), float(nearcopy.residual_ratio(score[k], r)))
+               for k, r in zip(passed, rival, strict=True)}
+    assert asked == [(C1, C2)]                              # the copies' own pair: a copy is no rival
+    assert by_pair[(S, C1)][0] == pytest.approx(0.975) and by_pair[(S, C1)][1] == pytest.approx(0.2)
+    assert by_pair[(S, C2)][0] == pytest.approx(0.975) and by_pair[(S, C2)][1] <= 0.5
+    assert by_pair[(L1, L2)][0] == pytest.approx(0.983) and by_pair[(L1, L2)][1] > 0.5   # 0.015 of 0.017
+    off = nearcopy.rival_test(candidates, score, groups, passed, min_score=0.984, max_ratio=None,
+                              verify_more=verify_more)
+    assert not off.any()
+
+
+def test_max_ratio_enters_the_config_identity_only_when_a_job_sets_it(small_tree: CopiesTree, tmp_path: Path) -> None:
+    plain = load_job(copies_job(small_tree, tmp_path / "plain"))
+    stricter = load_job(copies_job(small_tree, tmp_path / "strict", near_duplicates={"max_ratio": 0.3}))
+    off = load_job(copies_job(small_tree, tmp_path / "off", near_duplicates={"max_ratio": None}))
+    assert "max_ratio" not in plain.identity()["split"]["near_duplicates"] and plain.split.near_max_ratio == 0.5
+    assert stricter.identity()["split"]["near_duplicates"]["max_ratio"] == 0.3
+    assert off.identity()["split"]["near_duplicates"]["max_ratio"] is None and off.split.near_max_ratio is None

@@ -161,7 +161,9 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
     return RuleResult("near_duplicates_across_splits", severity, effective, tuple(crossing),
                       detail={"pairs": count, "tolerated": cfg.near_max_cross_split, "enabled": cfg.near_enabled,
                               "links": len(links), "candidates_verified": links.candidates,
-                              "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors})
+                              "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors,
+                              # as in the config's identity: named where the job sets it (default 0.5)
+                              **({"max_ratio": cfg.near_max_ratio} if cfg.near_max_ratio_set else {})})
 
 
 #: Near links listed with their evidence per group of duplicates that spans entities (the weakest first).
@@ -299,7 +301,8 @@ def raise_on_leakage(report: LeakageAudit) -> None:
                                   for link in finding["formed_by"][:3])
                 examples.append(f"{finding['summary']}, joined by {finding['links']} duplicate link(s)"
                                 + (f", e.g. {links}" if links else "")
-                                + "; raise split.near_duplicates.min_score, review the links, or accept the split "
+                                + "; raise split.near_duplicates.min_score (or lower max_ratio), review the links, "
+                                  "or accept the split "
                                   "with split.balance.accept: true")
             elif "entity_id" in finding:
                 examples.append(f"{finding['entity_id']} ({'+'.join(finding['splits'])})")

@@ -22,17 +22,27 @@ So a link is made in two steps, and only a verified pair is a link:
    image's variance that the other's intensities explain through any function
    (``intensity``: the correlation ratio η² over 128 equal-count intensity bins, so a
    re-windowed copy, whose intensities are a monotone function of the source's, still scores
-   high, while two patients' slices leave their differing anatomy unexplained). A pair is a
-   copy when ``intensity`` reaches ``split.near_duplicates.min_score`` (default 0.984) and
+   high, while two patients' slices leave their differing anatomy unexplained). A pair passes
+   when ``intensity`` reaches ``split.near_duplicates.min_score`` (default 0.984) and
    ``structure`` reaches 0.6.
+3. **The rival test** (:func:`rival_test`): a passing pair is a link only when it stands out from
+   everything else its samples resemble: its disagreement ``1 - score`` is at most
+   ``split.near_duplicates.max_ratio`` (default 0.5) of the disagreement with the best *rival*,
+   the highest-scoring candidate of either sample from a third entity that is not itself a copy
+   of the other side (the ratio test of feature matching). Among thousands of look-alike
+   patients, the best look-alike of a slice scores about as high as the next one (ratios 0.61
+   and up, measured); a copy leaves every look-alike far behind (0.38 and below).
 
 Signatures are computed once, in the pixel pass, from the packed output (:func:`signature`) and
 kept in the build cache, not in the shards: per sample a 64×64 uint8 thumbnail and a float16
 embedding at three zooms (:data:`SIGNATURE_DTYPE`, 5,572 bytes), one file per chunk.
 
-Transitivity: verified links are joined (a copy of a copy is a copy), but a link is strong
-evidence on its own, not a chain of weak ones; each link's evidence is in ``leakage.json``,
-and a split group that still grows past ``split.balance.max_group_share`` fails the build.
+Transitivity: links are joined (a copy of a copy is a copy), and what bounds the chains is
+that a link is strong evidence on its own: a look-alike among look-alikes fails the rival test,
+which is exactly where chains of chance links grow (a giant group needs about one chance link
+per sample; 0 in 12,090 were made at 3,000 similar patients). Each link's evidence (scores,
+alignment, rival) is in ``leakage.json``, and a split group that still grows past
+``split.balance.max_group_share`` fails the build.
 """
 
 from __future__ import annotations
@@ -279,6 +289,16 @@ class Candidates:
         return len(self.i)
 
 
+def _best_per_pair(key: np.ndarray, similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct pair key once, ascending, with its highest similarity."""
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    # (no pairs at all, e.g. every sample in one split group: np.r_[True] would still start one)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, dtype=np.int64)
+    best = np.maximum.reduceat(similarity[order], starts) if len(starts) else similarity[:0]
+    return key[starts], best.astype(np.float32)
+
+
 def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
     """Each sample's ``k`` nearest samples of other groups (entities), by the best cosine over
     its query zooms: the pairs to verify, each once.
@@ -294,24 +314,20 @@ def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups
         return Candidates(empty, empty, np.zeros(0, dtype=np.float32))
     zoom_of = embeddings if callable(embeddings) else (lambda z: embeddings[:, z])
     base = zoom_of(0)
-    parts = []
+    key = np.zeros(0, dtype=np.int64)
+    best = np.zeros(0, dtype=np.float32)
     for z in range(len(QUERY_ZOOMS)):
         # at its own size a sample looks for its k nearest; zoomed, for the few a crop would make nearest
         index, score = nearest(base, base if z == 0 else zoom_of(z), groups, groups, k if z == 0 else max(2, k // 8))
-        source = np.arange(n, dtype=np.int32)[:, None].repeat(index.shape[1], axis=1)
         keep = index >= 0
-        parts.append((source[keep], index[keep], score[keep]))
-    a, b = (np.concatenate([part[f] for part in parts]).astype(np.int64) for f in range(2))
-    similarity = np.concatenate([part[2] for part in parts])
-    del parts
-    key = (np.minimum(a, b) << 32) | np.maximum(a, b)  # one int64 per pair: each pair once, in (i, j) order
-    del a, b
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    # (no pairs at all, e.g. every sample in one split group: np.r_[True] would still start one)
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, dtype=np.int64)
-    best = np.maximum.reduceat(similarity[order], starts) if len(starts) else similarity[:0]
-    key = key[starts]
+        a = np.nonzero(keep)[0]                      # the query of each kept neighbour (row-major, as index[keep])
+        b = index[keep].astype(np.int64)
+        found = (np.minimum(a, b) << 32) | np.maximum(a, b)  # one int64 per pair: each pair once, in (i, j) order
+        similarity = score[keep]
+        del index, score, keep, a, b
+        # merged zoom by zoom, so that only one zoom's neighbours are held besides the pairs so far
+        key, best = _best_per_pair(np.concatenate([key, found]), np.concatenate([best, similarity]))
+        del found, similarity
     return Candidates((key >> 32).astype(np.int32), (key & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32))
 
 
@@ -621,6 +637,8 @@ class NearLinks:
     similarity: np.ndarray
     evidence: EvidenceArrays
     candidates: int = 0
+    #: Per link, the best rival's score (:func:`rival_test`); 0 where none was measured.
+    rival: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.i)
@@ -631,11 +649,16 @@ class NearLinks:
         return cls(none, none, np.zeros(0, dtype=np.float32), EvidenceArrays.of([]))
 
     def describe(self, k: int) -> dict[str, float | list[int]]:
-        """Link ``k``'s evidence as JSON numbers."""
+        """Link ``k``'s evidence as JSON numbers: the candidate similarity, the verification
+        (score, structure, detail, intensity at zoom and shift) and the rival test (the best
+        rival's score, and the link's residual as a share of the rival's)."""
         e = self.evidence
-        return {"similarity": round(float(self.similarity[k]), 4), "score": float(e.score[k]),
+        rival = float(self.rival[k]) if self.rival is not None else 0.0
+        score = float(e.score[k])
+        return {"similarity": round(float(self.similarity[k]), 4), "score": score,
                 "structure": float(e.structure[k]), "detail": float(e.detail[k]),
-                "intensity": float(e.intensity[k]), "zoom": float(e.zoom[k]), "shift": [int(e.dy[k]), int(e.dx[k])]}
+                "intensity": float(e.intensity[k]), "zoom": float(e.zoom[k]), "shift": [int(e.dy[k]), int(e.dx[k])],
+                "rival": round(rival, 4), "residual_ratio": round(residual_ratio(score, rival), 4)}
 
 
 def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, zoom: int) -> np.ndarray:
@@ -652,7 +675,7 @@ def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
 
 def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, groups: np.ndarray, *,
                     neighbors: int, min_score: float, run: Callable[[Sequence[VerifyTask]], Iterable[
-                        tuple[VerifyTask, EvidenceArrays]]]) -> NearLinks:
+                        tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
     ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
     score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
@@ -668,6 +691,97 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
              for t, lo in enumerate(range(0, len(candidates), PAIRS_PER_TASK))]
     parts: dict[int, EvidenceArrays] = dict((task.index, result) for task, result in run(tasks))
     evidence = EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
-    keep = evidence.score >= min_score
+    score = evidence.score
+    passed = np.flatnonzero(score >= min_score)
+
+    def verify_more(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        task = VerifyTask(index=-1, files=tuple(files), a_file=file_of[i], a_row=row_of[i], b_file=file_of[j],
+                          b_row=row_of[j])
+        return verify_task(task).score
+
+    rival = rival_test(candidates, score, groups, passed, min_score=min_score, max_ratio=max_ratio,
+                       verify_more=verify_more)
+    keep = passed[residual_ratio(score[passed], rival) <= max_ratio] if max_ratio is not None else passed
+    rival_of = dict(zip(passed.tolist(), rival.tolist(), strict=True))
     return NearLinks(candidates.i[keep], candidates.j[keep], candidates.similarity[keep], evidence.take(keep),
-                     candidates=len(candidates))
+                     candidates=len(candidates), rival=np.array([rival_of[k] for k in keep.tolist()], dtype=np.float32))
+
+
+def residual_ratio(score: float | np.ndarray, rival: float | np.ndarray) -> Any:
+    """``(1 - score) / (1 - rival)``: how much of the best rival's disagreement a link keeps (0 for
+    identical images; 1 when the rival agrees as well as the partner does)."""
+    return (1.0 - np.asarray(score, dtype=np.float64)) / np.maximum(1e-9, 1.0 - np.asarray(rival, dtype=np.float64))
+
+
+def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, passed: np.ndarray, *,
+               min_score: float, max_ratio: float | None,
+               verify_more: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """The best rival's score for each passed candidate pair ``passed[k]`` = (a, b): the highest
+    score between ``a`` and a sample ``p`` of a third entity (not ``a``'s, not ``b``'s), or between
+    ``b`` and such a ``p``, where ``p`` is not itself a copy of the other side (``p``–``b``, resp.
+    ``p``–``a``, verified below ``min_score``). 0 where there is none.
+
+    A copy stands out from everything else its sample resembles; a look-alike among look-alikes
+    does not. A link is kept when its residual ``1 - score`` is at most ``max_ratio`` of its best
+    rival's (:func:`residual_ratio`): the ratio test of feature matching. A rival that is a copy
+    of the other side (one image exported twice, under two more entities) is no rival; where
+    that pair was not a candidate it is verified here (``verify_more(p, q)`` → scores), so the
+    answer never depends on the candidate search having paired them. ``max_ratio`` None:
+    nothing is searched, every rival is 0."""
+    rival = np.zeros(len(passed), dtype=np.float64)
+    if max_ratio is None or len(passed) == 0:
+        return rival
+    n = len(groups)
+    pair_key = (candidates.i.astype(np.int64) << 32) | candidates.j.astype(np.int64)  # ascending
+    a = np.concatenate([candidates.i, candidates.j]).astype(np.int64)
+    b = np.concatenate([candidates.j, candidates.i]).astype(np.int64)
+    s = np.concatenate([score, score])
+    order = np.lexsort((-s, a))                    # each sample's candidates, the best first
+    a, b, s = a[order], b[order], s[order]
+    starts = np.searchsorted(a, np.arange(n + 1))
+    extra: dict[int, float] = {}                   # rivals' pairs with the other side, verified here
+
+    def scored(p: int, q: int) -> float | None:
+        key = (min(p, q) << 32) | max(p, q)
+        at = int(np.searchsorted(pair_key, key))
+        if at < len(pair_key) and pair_key[at] == key:
+            return float(score[at])
+        return extra.get(key)
+
+    def rivals(k: int, missing: list[tuple[int, int]] | None) -> float:
+        """Link ``passed[k]``'s best rival; with ``missing``, list instead the rivals' pairs with the
+        other side that would decide it and were never verified."""
+        link = int(passed[k])
+        x0, y0 = int(candidates.i[link]), int(candidates.j[link])
+        # a rival scoring above this rejects the link: only such rivals need their copy check verified
+        bound = 1.0 - (1.0 - float(score[link])) / max_ratio
+        best = 0.0
+        for x, other in ((x0, y0), (y0, x0)):
+            for at in range(int(starts[x]), int(starts[x + 1])):  # the best first
+                p, sp = int(b[at]), float(s[at])
+                if sp <= best:
+                    break
+                if p == other or groups[p] == groups[x] or groups[p] == groups[other]:
+                    continue
+                copy_of_other = scored(p, other)
+                if copy_of_other is None and missing is not None:
+                    if sp > bound:  # it would decide: verify it before deciding
+                        missing.append((p, other))
+                    continue
+                # a look-alike of x that is no copy of the other side (or, never verified with it, one
+                # that scores too low to decide: reported as the rival, it cannot reject the link)
+                if copy_of_other is None or copy_of_other < min_score:
+                    best = sp
+                    break
+        return best
+
+    missing: list[tuple[int, int]] = []
+    for k in range(len(passed)):
+        rivals(k, missing)
+    if missing:
+        unique = sorted({(min(p, q), max(p, q)) for p, q in missing})
+        got = verify_more(np.array([p for p, _ in unique]), np.array([q for _, q in unique]))
+        extra.update({(p << 32) | q: float(v) for (p, q), v in zip(unique, got.tolist(), strict=True)})
+    for k in range(len(passed)):
+        rival[k] = rivals(k, None)
+    return rival

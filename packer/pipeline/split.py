@@ -126,7 +126,8 @@ def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path
     missing = np.array([entity is None for entity in entities], dtype=bool)[entity_codes]
     groups[missing] = -1 - np.flatnonzero(missing)
     return find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
-                           neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run)
+                           neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run,
+                           max_ratio=cfg.near_max_ratio)
 
 
 def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks) -> list[SplitGroup]:
