@@ -104,7 +104,7 @@ def run(data: Path, sizes: list[int], search: list[int], workers: int) -> tuple[
         "lungs, heart, aorta, vessels; 4 slices of 256×256 each) with 90 planted copies of slices under other "
         "entities, 10 of each kind; packed at 64×64 (CT: lung + mediastinum windows; exports: grey). "
         "`packer.pipeline.stages.run_stages` on a local dask cluster of "
-        f"{workers} workers, default `split.near_duplicates` (neighbors 16, min_score 0.984).",
+        f"{workers} workers, default `split.near_duplicates` (neighbors 16, min_score 0.984, max_ratio 0.5).",
         "",
         "| patients | samples | copies grouped with their source | linked directly | false links "
         "(different patients) | per verified pair | groups with >1 patient | split train/valid/test | "
@@ -131,6 +131,20 @@ def run(data: Path, sizes: list[int], search: list[int], workers: int) -> tuple[
             total = sum(getattr(r["outcome"], attr)[kind][1] for r in results)
             cells.append(f"{hit}/{total}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Precision: of the links a copy of each kind made (to its source or to anything else), those that "
+              "joined it to its source's patient; `patients`: links between the CT patients' own slices (a slice and "
+              "a neighbour of the same patient is no leak; two patients are a false link). All sizes together:", "",
+              "| | " + " | ".join([*COPY_KINDS, "patients", "all"]) + " |",
+              "|---|" + "---:|" * (len(COPY_KINDS) + 2)]
+    cells = []
+    for kind in [*COPY_KINDS, "patients"]:
+        hit = sum(r["outcome"].precision.get(kind, (0, 0))[0] for r in results)
+        total = sum(r["outcome"].precision.get(kind, (0, 0))[1] for r in results)
+        cells.append(f"{hit}/{total}")
+    hit = sum(h for r in results for h, _ in r["outcome"].precision.values())
+    total = sum(t for r in results for _, t in r["outcome"].precision.values())
+    cells.append(f"{hit}/{total} ({hit / total:.1%})" if total else "0/0")
+    lines.append("| precision | " + " | ".join(cells) + " |")
     scale = search_scale(search)
     lines += ["", "Candidate search alone (`nearcopy.candidate_pairs`: 16 neighbours at the sample's size and 2 at "
               "±6 % zoom; exact up to 30,000 samples, an inverted file of 4·√n clusters with 24 probed above), "

@@ -19,7 +19,7 @@ import io
 import shutil
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -962,7 +962,9 @@ class CopiesOutcome:
     group with their source (``grouped``) and how many were linked to it directly (``linked``);
     the near links between different patients (``false_links``, a copy counting as its source's
     patient) and the groups holding more than one patient (``mixed_groups``, with the largest's
-    patient count), out of ``near_links`` links and ``candidates`` verified pairs."""
+    patient count), out of ``near_links`` links and ``candidates`` verified pairs. ``precision``:
+    per copy kind, (links of a copy of that kind that join it to its source's patient, all links
+    of such copies); ``patients`` for links between two samples of the CT patients themselves."""
 
     grouped: dict[str, tuple[int, int]]
     linked: dict[str, tuple[int, int]]
@@ -971,6 +973,7 @@ class CopiesOutcome:
     candidates: int
     mixed_groups: int
     largest_mixed: int
+    precision: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -1004,10 +1007,16 @@ class CopiesTree:
             linked.setdefault(copy.kind, []).append(found and (min(a, b), max(a, b)) in pairs)
         false_links = sum(patient[a] != patient[b] for a, b in pairs)
         mixed = [len({patient[m] for m in members}) for members in groups]
+        kind_of = {index[(copy.copy_source, copy.copy)]: copy.kind for copy in self.copies
+                   if (copy.copy_source, copy.copy) in index}
+        precision: dict[str, list[bool]] = {}
+        for a, b in sorted(pairs):
+            precision.setdefault(kind_of.get(a) or kind_of.get(b) or "patients", []).append(patient[a] == patient[b])
         return CopiesOutcome(grouped={k: (sum(v), len(v)) for k, v in grouped.items()},
                              linked={k: (sum(v), len(v)) for k, v in linked.items()},
                              false_links=false_links, near_links=len(pairs), candidates=candidates,
-                             mixed_groups=sum(m > 1 for m in mixed), largest_mixed=max(mixed, default=0))
+                             mixed_groups=sum(m > 1 for m in mixed), largest_mixed=max(mixed, default=0),
+                             precision={k: (sum(v), len(v)) for k, v in precision.items()})
 
 
 def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int = 0, slices: int = 4,

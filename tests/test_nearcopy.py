@@ -209,6 +209,8 @@ def test_every_planted_copy_is_grouped_with_its_source_and_no_patients_are_joine
     assert outcome.grouped == {kind: (2, 2) for kind in COPY_KINDS}
     assert outcome.linked == {kind: (2, 2) for kind in COPY_KINDS}  # each copy to its very source slice
     assert outcome.false_links == 0 and outcome.mixed_groups == 0
+    assert all(hit == total for hit, total in outcome.precision.values()), outcome.precision  # precision 1
+    assert sum(total for _, total in outcome.precision.values()) == outcome.near_links
     assert outcome.candidates > 10 * 60  # look-alikes of other patients were verified, and refused
     assert not prepared.audit.failed
     spans = prepared.audit.rule("duplicates_span_entities")
