@@ -226,3 +226,30 @@ def test_a_download_killed_midway_leaves_no_entry_and_the_next_one_completes(tmp
     with cache.reading(f"file://{source}", sha, len(data), source.name) as path:
         assert path == entry and path.read_bytes() == data
     assert not partial.exists()
+
+
+def test_a_fetch_never_blocks_on_a_reader_holding_the_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that found an entry not yet valid (another's download was finishing) must not wait
+    on the entry's lock: a reader may hold it, shared, across a pause in its own iteration while
+    its DataLoader waits for this worker's batch (the deadlock the remote benchmark hit)."""
+    import threading
+
+    url, sha, size = _object("held.tar", os.urandom(1 << 16))
+    cache = ShardCache(tmp_path / "cache")
+    real_valid = ShardCache._valid
+    first = {"left": 1}
+
+    def valid_after_first(self: ShardCache, path: Path, want: int) -> bool:
+        if first["left"] and threading.current_thread().name == "late":
+            first["left"] -= 1
+            return False  # the race: the entry was checked just before its download was stamped
+        return real_valid(self, path, want)
+
+    with cache.reading(url, sha, size, "held.tar") as held:     # a reader holds the entry (shared lock)
+        monkeypatch.setattr(ShardCache, "_valid", valid_after_first)
+        got: list[Path] = []
+        late = threading.Thread(target=lambda: got.append(cache.fetch(url, sha, size, "held.tar")), name="late")
+        late.start()
+        late.join(timeout=10)
+        assert not late.is_alive(), "fetch waited on a lock a reader holds"
+        assert got == [held]

@@ -8,7 +8,8 @@ shards through :class:`ShardCache`:
   so a replaced object is never served stale and two dataset versions share identical shards;
 - **downloaded once per machine**: the ranks and workers of one machine share the folder; a
   download holds an exclusive ``flock`` on the entry's lock file, and a reader that finds the
-  lock taken waits for it, then uses the entry rather than fetching it again;
+  lock taken polls until the entry is there, then uses it rather than fetching it again (never
+  blocking on the lock: a reader holding it shared may be waiting for this one's batch);
 - **never half-written**: bytes go to a ``.partial`` file, hashed as they arrive, and are
   renamed into place only when size and sha256 match the manifest (a process killed mid-way
   leaves a ``.partial`` that the next download of that shard replaces);
@@ -46,6 +47,8 @@ from packer.files import parse_byte_size
 CACHE_ENV = "PACKER_SHARD_CACHE"
 LIMIT_ENV = "PACKER_SHARD_CACHE_LIMIT"
 _CHUNK = 4 << 20
+#: Seconds between tries of a cache entry's lock that another process holds.
+_POLL_S = 0.02
 
 
 @dataclass
@@ -102,7 +105,18 @@ class ShardCache:
             return path
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self._lock_path(sha256), "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process downloading it: wait, then use its entry
+            # Never block on the lock: besides a download, a reader may hold it (shared) across a
+            # pause in its own iteration, and that reader's DataLoader may be waiting for this very
+            # worker's next batch (a deadlock, seen with two workers). Poll instead, and use the
+            # entry as soon as another process's download has made it valid.
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self._valid(path, size):
+                        return path
+                    time.sleep(_POLL_S)
             if not self._valid(path, size):
                 self._download(url, sha256, size, path, storage_options)
         self.evict(keep=(sha256,))
@@ -110,12 +124,12 @@ class ShardCache:
 
     def prefetch(self, shards: Sequence[tuple[str, str, int, str, Any]]) -> None:
         """Start downloading up to ``read_ahead`` of ``shards`` (url, sha256, size, file,
-        storage options) on a background thread; :meth:`reading` waits for them."""
+        storage options) on background threads, one each; :meth:`reading` waits for them."""
         if self.read_ahead <= 0:
             return
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-read-ahead")
+            if self._pool is None:  # one thread a shard ahead: a download waits on the store's latency, not the CPU
+                self._pool = ThreadPoolExecutor(max_workers=self.read_ahead, thread_name_prefix="packer-read-ahead")
             for url, sha256, size, file, options in list(shards)[:self.read_ahead]:
                 if sha256 not in self._pending and not self._valid(self.entry(sha256, file), size):
                     self._pending[sha256] = self._pool.submit(self.fetch, url, sha256, size, file, options)
@@ -154,7 +168,9 @@ class ShardCache:
             try:
                 fs, remote = storage.filesystem_for(url, storage_options)
                 digest, got = hashlib.sha256(), 0
-                with fs.open(remote, "rb") as src, open(partial, "wb") as dst:
+                # the manifest knows the size: s3fs need not ask the store for it (one request less)
+                known = {"size": size} if "s3" in _protocols(fs) else {}
+                with fs.open(remote, "rb", **known) as src, open(partial, "wb") as dst:
                     while chunk := src.read(_CHUNK):
                         digest.update(chunk)
                         dst.write(chunk)
@@ -200,6 +216,11 @@ class ShardCache:
                 path.unlink(missing_ok=True)
                 (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
                 total -= size
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def cache_from(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
