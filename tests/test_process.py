@@ -267,6 +267,8 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "split.near_neighbors": _setting("split", "near_neighbors", st.integers(1, 64)),
     "split.near_min_score": _setting("split", "near_min_score", st.floats(0, 1)),
     "split.near_max_cross_split": _setting("split", "near_max_cross_split", st.integers(0, 10)),
+    "split.near_max_ratio": _setting("split", "near_max_ratio", st.none() | st.floats(0.01, 1)),
+    "split.near_max_ratio_set": _setting("split", "near_max_ratio_set", st.booleans()),
     "split.balance_tolerance": _setting("split", "balance_tolerance", st.floats(0, 1)),
     "split.max_group_share": _setting("split", "max_group_share", st.floats(0, 1)),
     "split.accept_imbalance": _setting("split", "accept_imbalance", st.booleans()),
