@@ -97,3 +97,20 @@ def test_the_readme_job_example_builds_when_pasted_in_order(newcomer: tuple[Path
     assert key.stat().st_mode & 0o777 == 0o600
     built = list((home / "build" / "my-job").glob("*/manifest.json"))
     assert len(built) == 1
+
+
+def test_the_training_example_trains_a_weighted_mix_of_the_demo_and_a_second_dataset(
+        newcomer: tuple[Path, str]) -> None:
+    """README, 'Several datasets at once': build the ImageFolder job next to the demo, then
+    train on 0.7 demo + 0.3 ImageFolder with --mix."""
+    home, version = newcomer
+    shutil.copy(REPO / "workflows" / "targets-imagefolder.yaml", home / "workflows" / "targets-imagefolder.yaml")
+    built = run([PACKER, "build", "workflows/targets-imagefolder.yaml"], home)
+    second = re.search(r"^dataset targets-imagefolder version ([0-9a-f]{12})$", built.stdout, flags=re.M)
+    assert second is not None, built.stdout
+    done = run([sys.executable, str(REPO / "examples" / "train.py"), "--mix", f"build/demo/{version}=0.7",
+                "--mix", f"build/targets-imagefolder/{second[1]}=0.3", "--epochs", "1", "--device", "cpu"], home)
+    shares = re.search(r"^mix: demo (\d+), targets-imagefolder (\d+) samples an epoch$", done.stdout, flags=re.M)
+    assert shares is not None, done.stdout
+    demo, other = int(shares[1]), int(shares[2])
+    assert abs(demo / (demo + other) - 0.7) <= 1 / (demo + other) and "epoch 0: step" in done.stdout
