@@ -74,15 +74,20 @@ def one_size(data: Path, patients: int, workers: int) -> dict[str, Any]:
 
 def search_scale(sizes: list[int], neighbors: int = 16) -> list[dict[str, Any]]:
     """The candidate search alone on random unit signatures of ``n`` samples (entities of 4),
-    one zoom made at a time as the build reads them from the signature files."""
+    made block by block as the build reads them from the signature files (the base whole, the
+    other zooms :data:`~packer.pipeline.nearcopy.QUERY_BLOCK` rows at a time)."""
     rows = []
+    step = 65536  # QUERY_BLOCK is a multiple: a block of rows is made from whole steps
     for n in sizes:
-        def zoom(z: int, n: int = n) -> np.ndarray:
-            rng = np.random.default_rng([n, z])
-            out = np.empty((n, EMBED_DIM), dtype=np.float16)
-            for start in range(0, n, 65536):  # float16 as the signature files hold them, made a block at a time
-                block = rng.standard_normal((min(65536, n - start), EMBED_DIM), dtype=np.float32)
-                out[start:start + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+        def zoom(z: int, part: slice, n: int = n) -> np.ndarray:
+            start, stop = part.start or 0, n if part.stop is None else part.stop
+            out = np.empty((stop - start, EMBED_DIM), dtype=np.float16)
+            for lo in range(start - start % step, stop, step):  # float16 as the signature files hold them
+                block = np.random.default_rng([n, z, lo]).standard_normal((min(step, n - lo), EMBED_DIM),
+                                                                          dtype=np.float32)
+                block /= np.linalg.norm(block, axis=1, keepdims=True)
+                a, b = max(lo, start), min(lo + len(block), stop)
+                out[a - start:b - start] = block[a - lo:b - lo]
             return out
 
         groups = np.arange(n) // 4
@@ -147,9 +152,9 @@ def run(data: Path, sizes: list[int], search: list[int], workers: int) -> tuple[
     lines.append("| precision | " + " | ".join(cells) + " |")
     scale = search_scale(search)
     lines += ["", "Candidate search alone (`nearcopy.candidate_pairs`: 16 neighbours at the sample's size and 2 at "
-              "±6 % zoom; exact up to 30,000 samples, an inverted file of 4·√n clusters with 24 probed above), "
-              "random unit signatures (the worst case for the inverted file's clusters), one zoom in memory at a "
-              "time:", "",
+              "±6 % zoom; exact up to 30,000 samples, an inverted file of 4·√n clusters with 24 probed above, built "
+              "once), random unit signatures (the worst case for the inverted file's clusters), the base zoom in "
+              "memory and the others read 131,072 rows at a time:", "",
               "| samples | seconds | pairs | signatures (all zooms, on disk) | peak traced memory |",
               "|---:|---:|---:|---:|---:|"]
     for row in scale:

@@ -157,7 +157,7 @@ def read_signatures(path: Path) -> np.ndarray:
 #: Score-matrix elements computed at once (float32): 16M, 64 MB.
 _BLOCK_ELEMENTS = 1 << 24
 #: Up to this many samples the nearest neighbours are exact; above, an inverted-file index
-#: (:func:`_ivf_nearest`) compares each query with the members of its nearest clusters only.
+#: (:class:`InvertedFile`) compares each query with the members of its nearest clusters only.
 EXACT_LIMIT = 30_000
 #: Clusters searched per query in the inverted file.
 PROBES = 24
@@ -189,16 +189,17 @@ def _best_k(scores: np.ndarray, columns: np.ndarray, query_group: np.ndarray, ba
 
 
 def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
-            k: int) -> tuple[np.ndarray, np.ndarray]:
+            k: int, index: InvertedFile | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For each query, the ``k`` base rows of the highest cosine whose group differs from its own.
 
     ``base`` (n×d) and ``queries`` (m×d) hold unit vectors; returns (indices m×k, similarities
     m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise matrix products,
     O(n·m·d) time, 64 MB of scores at a time) up to :data:`EXACT_LIMIT` base rows; beyond, an
-    inverted file (:func:`_ivf_nearest`): approximate, O(m·√n·d).
+    inverted file (:class:`InvertedFile`, ``index`` when already built on ``base``):
+    approximate, O(m·√n·d).
     """
     if len(base) > EXACT_LIMIT:
-        return _ivf_nearest(base, queries, query_group, base_group, k)
+        return (index or InvertedFile.build(base, base_group)).query(base, queries, query_group, base_group, k)
     m = len(queries)
     skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max()) if len(base_group) else 0
     out_index = np.full((m, k), -1, dtype=np.int32)
@@ -246,35 +247,49 @@ def _assign(vectors: np.ndarray, centroids: np.ndarray, probes: int = 1) -> np.n
     return out[:, 0] if probes == 1 else out
 
 
-def _ivf_nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
-                 k: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`nearest` through an inverted file: base rows in ``4·√n`` clusters (spherical
-    k-means), each query compared with the members of its :data:`PROBES` nearest clusters."""
-    clusters = int(min(len(base), max(1, round(4 * np.sqrt(len(base))))))
-    centroids = _kmeans(base, clusters)
-    home = _assign(base, centroids)
-    members = np.argsort(home, kind="stable")
-    starts = np.searchsorted(home[members], np.arange(clusters + 1))
-    probe = _assign(queries, centroids, min(PROBES, clusters))
-    skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max())
-    best_index = np.full((len(queries), k), -1, dtype=np.int32)
-    best_score = np.full((len(queries), k), -np.inf, dtype=np.float32)
-    by_cluster = np.argsort(probe.ravel(), kind="stable")
-    bounds = np.searchsorted(probe.ravel()[by_cluster], np.arange(clusters + 1))
-    for c in range(clusters):
-        asking = by_cluster[bounds[c]:bounds[c + 1]] // probe.shape[1]
-        listed = members[starts[c]:starts[c + 1]]
-        if len(asking) == 0 or len(listed) == 0:
-            continue
-        scores = np.asarray(queries[asking], dtype=np.float32) @ np.asarray(base[listed], dtype=np.float32).T
-        index, score = _best_k(scores, listed, query_group[asking], base_group, k, skip)
-        merged_index = np.concatenate([best_index[asking], index], axis=1)
-        merged_score = np.concatenate([best_score[asking], score], axis=1)
-        order = np.lexsort((np.where(merged_index < 0, np.iinfo(np.int32).max, merged_index), -merged_score),
-                           axis=1)[:, :k]
-        best_index[asking] = np.take_along_axis(merged_index, order, axis=1)
-        best_score[asking] = np.take_along_axis(merged_score, order, axis=1)
-    return best_index, best_score
+@dataclass(frozen=True)
+class InvertedFile:
+    """Base rows in ``4·√n`` clusters (spherical k-means); a query is compared with the members
+    of its :data:`PROBES` nearest clusters (:meth:`query`). Built once, queried block by block."""
+
+    centroids: np.ndarray
+    members: np.ndarray   # base rows, cluster by cluster
+    starts: np.ndarray    # cluster c's members: members[starts[c]:starts[c + 1]]
+    skip: int             # the largest group's size: how many rows one query may have to pass over
+
+    @classmethod
+    def build(cls, base: np.ndarray, base_group: np.ndarray) -> InvertedFile:
+        clusters = int(min(len(base), max(1, round(4 * np.sqrt(len(base))))))
+        centroids = _kmeans(base, clusters)
+        home = _assign(base, centroids)
+        members = np.argsort(home, kind="stable").astype(np.int32)
+        starts = np.searchsorted(home[members], np.arange(clusters + 1))
+        skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max())
+        return cls(centroids, members, starts, skip)
+
+    def query(self, base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
+              k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`nearest` through this index (built on ``base``)."""
+        clusters = len(self.centroids)
+        probe = _assign(queries, self.centroids, min(PROBES, clusters))
+        best_index = np.full((len(queries), k), -1, dtype=np.int32)
+        best_score = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        by_cluster = np.argsort(probe.ravel(), kind="stable")
+        bounds = np.searchsorted(probe.ravel()[by_cluster], np.arange(clusters + 1))
+        for c in range(clusters):
+            asking = by_cluster[bounds[c]:bounds[c + 1]] // probe.shape[1]
+            listed = self.members[self.starts[c]:self.starts[c + 1]]
+            if len(asking) == 0 or len(listed) == 0:
+                continue
+            scores = np.asarray(queries[asking], dtype=np.float32) @ np.asarray(base[listed], dtype=np.float32).T
+            index, score = _best_k(scores, listed, query_group[asking], base_group, k, self.skip)
+            merged_index = np.concatenate([best_index[asking], index], axis=1)
+            merged_score = np.concatenate([best_score[asking], score], axis=1)
+            order = np.lexsort((np.where(merged_index < 0, np.iinfo(np.int32).max, merged_index), -merged_score),
+                               axis=1)[:, :k]
+            best_index[asking] = np.take_along_axis(merged_index, order, axis=1)
+            best_score[asking] = np.take_along_axis(merged_score, order, axis=1)
+        return best_index, best_score
 
 
 @dataclass(frozen=True)
@@ -299,35 +314,46 @@ def _best_per_pair(key: np.ndarray, similarity: np.ndarray) -> tuple[np.ndarray,
     return key[starts], best.astype(np.float32)
 
 
-def candidate_pairs(embeddings: np.ndarray | Callable[[int], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
+#: Query rows searched at once: bounds the search's working arrays (probes, neighbour lists) at any n.
+QUERY_BLOCK = 1 << 17
+
+
+def candidate_pairs(embeddings: np.ndarray | Callable[[int, slice], np.ndarray], groups: np.ndarray,
+                    k: int) -> Candidates:
     """Each sample's ``k`` nearest samples of other groups (entities), by the best cosine over
     its query zooms: the pairs to verify, each once.
 
     ``embeddings``: n × zooms × d (the signatures' ``embedding`` field; zoom 0 is 1.0, the one
-    searched), or a function giving zoom ``z``'s n × d embeddings (float16 kept as such: one
-    zoom in memory at a time besides the base); ``groups`` an int per sample (samples of one
-    group are never paired).
+    searched), or a function giving zoom ``z``'s embeddings of the rows in a slice (float16 kept
+    as such): the base (zoom 0) is held whole, the other zooms are read :data:`QUERY_BLOCK` rows
+    at a time; ``groups`` an int per sample (samples of one group are never paired).
     """
     n = len(groups)
     if n < 2 or k < 1:
         empty = np.zeros(0, dtype=np.int64)
         return Candidates(empty, empty, np.zeros(0, dtype=np.float32))
-    zoom_of = embeddings if callable(embeddings) else (lambda z: embeddings[:, z])
-    base = zoom_of(0)
+    rows_of = embeddings if callable(embeddings) else (lambda z, rows: embeddings[rows, z])
+    base = rows_of(0, slice(0, n))
+    index = InvertedFile.build(base, groups) if n > EXACT_LIMIT else None
     key = np.zeros(0, dtype=np.int64)
     best = np.zeros(0, dtype=np.float32)
     for z in range(len(QUERY_ZOOMS)):
         # at its own size a sample looks for its k nearest; zoomed, for the few a crop would make nearest
-        index, score = nearest(base, base if z == 0 else zoom_of(z), groups, groups, k if z == 0 else max(2, k // 8))
-        keep = index >= 0
-        a = np.nonzero(keep)[0]                      # the query of each kept neighbour (row-major, as index[keep])
-        b = index[keep].astype(np.int64)
-        found = (np.minimum(a, b) << 32) | np.maximum(a, b)  # one int64 per pair: each pair once, in (i, j) order
-        similarity = score[keep]
-        del index, score, keep, a, b
-        # merged zoom by zoom, so that only one zoom's neighbours are held besides the pairs so far
-        key, best = _best_per_pair(np.concatenate([key, found]), np.concatenate([best, similarity]))
-        del found, similarity
+        wanted = k if z == 0 else max(2, k // 8)
+        keys, similarities = [key], [best]
+        for start in range(0, n, QUERY_BLOCK):
+            rows = slice(start, min(n, start + QUERY_BLOCK))
+            queries = base[rows] if z == 0 else rows_of(z, rows)
+            found, score = nearest(base, queries, groups[rows], groups, wanted, index)
+            keep = found >= 0
+            a = np.nonzero(keep)[0] + start  # the query of each kept neighbour (row-major, as found[keep])
+            b = found[keep].astype(np.int64)
+            keys.append((np.minimum(a, b) << 32) | np.maximum(a, b))  # one int64 per pair, in (i, j) order
+            similarities.append(score[keep])
+            del found, score, keep, a, b, queries
+        # merged zoom by zoom: each pair once, with its best similarity
+        key, best = _best_per_pair(np.concatenate(keys), np.concatenate(similarities))
+        del keys, similarities
     return Candidates((key >> 32).astype(np.int32), (key & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32))
 
 
@@ -682,7 +708,8 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
     ``files[file_of[s]]``. The result does not depend on how tasks are run or ordered."""
     if len(file_of) < 2 or neighbors < 1:
         return NearLinks.empty()
-    candidates = candidate_pairs(lambda zoom: load_embeddings(files, file_of, row_of, zoom), groups, neighbors)
+    candidates = candidate_pairs(lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom),
+                                 groups, neighbors)
     tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
                         a_row=row_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
                         b_file=file_of[candidates.j[lo:lo + PAIRS_PER_TASK]],
