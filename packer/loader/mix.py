@@ -102,7 +102,7 @@ class MixedDataset(PlannedDataset):
     ``members``: ``(dataset, weight)`` pairs, weights > 0 (normalised; they need not add up
     to 1). ``epoch_length``: ``"shortest"``, ``"longest"`` or a number of samples. ``names``:
     one per member, used in keys and messages (default: each dataset's name, ``.2``, ``.3``
-    appended to repeats). ``counts(epoch)`` says how many samples each member gives an epoch.
+    appended to repeats). ``counts()`` says how many samples each member gives an epoch.
     """
 
     def __init__(self, members: Sequence[tuple[ShardDataset, float]], *, epoch_length: str | int = "shortest",
