@@ -722,9 +722,13 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
     passed = np.flatnonzero(score >= min_score)
 
     def verify_more(i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        task = VerifyTask(index=-1, files=tuple(files), a_file=file_of[i], a_row=row_of[i], b_file=file_of[j],
-                          b_row=row_of[j])
-        return verify_task(task).score
+        """Scores of more pairs, verified as the candidates were (on the cluster, the same floor)."""
+        more = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
+                           a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
+                           b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=max(0.0, min_score - REFINE_MARGIN))
+                for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
+        done = dict((task.index, result) for task, result in run(more))
+        return EvidenceArrays.concat([done[t] for t in range(len(more))]).score
 
     rival = rival_test(candidates, score, groups, passed, min_score=min_score, max_ratio=max_ratio,
                        verify_more=verify_more)
