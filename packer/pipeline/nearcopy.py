@@ -787,6 +787,7 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
         # a rival scoring above this rejects the link: only such rivals need their copy check verified
         bound = 1.0 - (1.0 - float(score[link])) / max_ratio
         best = 0.0
+        wanted: list[tuple[int, int]] = []
         for x, other in ((x0, y0), (y0, x0)):
             for at in range(int(starts[x]), int(starts[x + 1])):  # the best first
                 p, sp = int(b[at]), float(s[at])
@@ -797,13 +798,15 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
                 copy_of_other = scored(p, other)
                 if copy_of_other is None and missing is not None:
                     if sp > bound:  # it would decide: verify it before deciding
-                        missing.append((p, other))
+                        wanted.append((p, other))
                     continue
                 # a look-alike of x that is no copy of the other side (or, never verified with it, one
                 # that scores too low to decide: reported as the rival, it cannot reject the link)
                 if copy_of_other is None or copy_of_other < min_score:
                     best = sp
                     break
+        if missing is not None and best <= bound:  # a known rival that rejects it already: nothing to verify
+            missing.extend(wanted)
         return best
 
     missing: list[tuple[int, int]] = []
