@@ -196,7 +196,7 @@ def serve(latency: float, bandwidth: float, parent: int, ready: Any, stop: Any) 
 
         server = Server(("127.0.0.1", 0), Proxy)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    except BaseException:
+    except Exception:  # reported to the benchmark, which raises it there
         ready.put({"error": traceback.format_exc()})
         return
     ready.put({"moto": f"http://{upstream[0]}:{upstream[1]}", "proxy": f"http://127.0.0.1:{server.server_address[1]}"})

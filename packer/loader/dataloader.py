@@ -454,11 +454,11 @@ class ShardLoader:
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a packer loader state (format {state.get('format')!r}, expected {STATE_FORMAT})")
         expected = ds.identity()
-        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if ("mix" in state) != ("mix" in expected):
             kinds = ("a MixedDataset", "a ShardDataset")
             then, now = kinds if "mix" in state else kinds[::-1]
             raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
+        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
                               + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"

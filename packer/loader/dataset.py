@@ -115,12 +115,20 @@ class PlannedDataset(IterableDataset):
         self.uneven, self.on_error, self.max_skipped = uneven, on_error, int(max_skipped)
         self.skipped = 0
         self.skipped_samples: list[str] = []
-        self._orders: dict[int, Any] = {}
+        self._orders: dict[int, EpochOrder] = {}
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
 
+    def epoch_order(self, epoch: int) -> EpochOrder:
+        """Epoch ``epoch``'s order (:meth:`_make_order`), cached for the last two epochs."""
+        if epoch not in self._orders:
+            if len(self._orders) >= 2:
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[epoch] = self._make_order(epoch)
+        return self._orders[epoch]
+
     # -- what a subclass says --------------------------------------------------------
-    def epoch_order(self, epoch: int) -> EpochOrder:  # pragma: no cover - abstract
+    def _make_order(self, epoch: int) -> EpochOrder:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _worker_results(self, order: EpochOrder, plan: RankPlan,
@@ -280,7 +288,6 @@ class PlannedDataset(IterableDataset):
             yield collate(items), tuple(skipped)
 
 
-
 class ShardDataset(PlannedDataset):
     """Samples of one split, each delivered exactly once per epoch across ranks × workers.
 
@@ -375,14 +382,10 @@ class ShardDataset(PlannedDataset):
                 "sources": list(view.sources) if view is not None and view.sources is not None else None,
                 "labels": list(view.labels) if view is not None and view.labels is not None else None}
 
-    def epoch_order(self, epoch: int) -> EpochOrder:
-        """The whole split's order for ``epoch`` (cached for the last two epochs)."""
-        if epoch not in self._orders:
-            if len(self._orders) >= 2:
-                self._orders.pop(next(iter(self._orders)))
-            self._orders[epoch] = epoch_order(self._counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                                              buffer=self.shuffle_buffer)
-        return self._orders[epoch]
+    def _make_order(self, epoch: int) -> EpochOrder:
+        """The whole split's order for ``epoch``."""
+        return epoch_order(self._counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                           buffer=self.shuffle_buffer)
 
     # -- reading --------------------------------------------------------------------
     def _read_in_order(self, order: EpochOrder, ids: np.ndarray) -> Iterator[Decoded | Failure]:

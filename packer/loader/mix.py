@@ -149,9 +149,9 @@ class MixedDataset(PlannedDataset):
 
     def identity(self) -> dict[str, Any]:
         return {"mix": [{"name": m.info.name, "version": m.info.version, "split": m.info.split,
-                         "view": m.identity()["sources"], "labels": m.identity()["labels"],
-                         "samples": m.samples, "weight": w, "as": n}
-                        for m, w, n in zip(self.members, self.weights, self.names, strict=True)],
+                         "view": own["sources"], "labels": own["labels"], "samples": m.samples, "weight": w, "as": n}
+                        for m, w, n, own in zip(self.members, self.weights, self.names,
+                                                (m.identity() for m in self.members), strict=True)],
                 "epoch_length": self.epoch_length, "samples": self.samples, "seed": self.seed,
                 "shuffle": self.shuffle}
 
@@ -162,10 +162,8 @@ class MixedDataset(PlannedDataset):
         return epoch_order(member._counts, seed=derive_seed(self.seed, i), epoch=key, shuffle=self.shuffle,
                            buffer=member.shuffle_buffer)
 
-    def epoch_order(self, epoch: int) -> MixOrder:
-        """Epoch ``epoch`` of the mix (cached for the last two epochs)."""
-        if epoch in self._orders:
-            return self._orders[epoch]  # type: ignore[no-any-return]
+    def _make_order(self, epoch: int) -> MixOrder:
+        """Epoch ``epoch`` of the mix (see the module doc)."""
         total = self.samples
         member = np.repeat(np.arange(len(self.members), dtype=np.int16), self._counts)
         if self.shuffle and total > 1:
@@ -182,13 +180,9 @@ class MixedDataset(PlannedDataset):
                 sequences = np.concatenate([o.sequence for o in member_orders])
                 local[where] = sequences[:count]
             orders.append(member_orders)
-        order = MixOrder(epoch=epoch, shard_order=np.zeros(0, dtype=np.int64),
-                         sequence=np.arange(total, dtype=np.int64), stream_pos=np.zeros(0, dtype=np.int64),
-                         member=member, local=local, passes=passes, orders=tuple(orders))
-        if len(self._orders) >= 2:
-            self._orders.pop(next(iter(self._orders)))
-        self._orders[epoch] = order
-        return order
+        return MixOrder(epoch=epoch, shard_order=np.zeros(0, dtype=np.int64),
+                        sequence=np.arange(total, dtype=np.int64), stream_pos=np.zeros(0, dtype=np.int64),
+                        member=member, local=local, passes=passes, orders=tuple(orders))
 
     # -- reading -----------------------------------------------------------------------
     def _member_results(self, order: MixOrder, i: int, local: np.ndarray,

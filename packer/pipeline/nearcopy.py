@@ -710,32 +710,26 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
         return NearLinks.empty()
     candidates = candidate_pairs(lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom),
                                  groups, neighbors)
-    tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
-                        a_row=row_of[candidates.i[lo:lo + PAIRS_PER_TASK]],
-                        b_file=file_of[candidates.j[lo:lo + PAIRS_PER_TASK]],
-                        b_row=row_of[candidates.j[lo:lo + PAIRS_PER_TASK]],
-                        floor=max(0.0, min_score - REFINE_MARGIN))
-             for t, lo in enumerate(range(0, len(candidates), PAIRS_PER_TASK))]
-    parts: dict[int, EvidenceArrays] = dict((task.index, result) for task, result in run(tasks))
-    evidence = EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
+    floor = max(0.0, min_score - REFINE_MARGIN)
+
+    def verified(i: np.ndarray, j: np.ndarray) -> EvidenceArrays:
+        """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks."""
+        tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
+                            a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
+                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor)
+                 for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
+        parts = dict((task.index, result) for task, result in run(tasks))
+        return EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
+
+    evidence = verified(candidates.i, candidates.j)
     score = evidence.score
     passed = np.flatnonzero(score >= min_score)
-
-    def verify_more(i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """Scores of more pairs, verified as the candidates were (on the cluster, the same floor)."""
-        more = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
-                           a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
-                           b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=max(0.0, min_score - REFINE_MARGIN))
-                for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
-        done = dict((task.index, result) for task, result in run(more))
-        return EvidenceArrays.concat([done[t] for t in range(len(more))]).score
-
     rival = rival_test(candidates, score, groups, passed, min_score=min_score, max_ratio=max_ratio,
-                       verify_more=verify_more)
-    keep = passed[residual_ratio(score[passed], rival) <= max_ratio] if max_ratio is not None else passed
-    rival_of = dict(zip(passed.tolist(), rival.tolist(), strict=True))
+                       verify_more=lambda i, j: verified(i, j).score)
+    kept = residual_ratio(score[passed], rival) <= max_ratio if max_ratio is not None else np.ones(len(passed), bool)
+    keep = passed[kept]
     return NearLinks(candidates.i[keep], candidates.j[keep], candidates.similarity[keep], evidence.take(keep),
-                     candidates=len(candidates), rival=np.array([rival_of[k] for k in keep.tolist()], dtype=np.float32))
+                     candidates=len(candidates), rival=rival[kept].astype(np.float32))
 
 
 def residual_ratio(score: float | np.ndarray, rival: float | np.ndarray) -> Any:
