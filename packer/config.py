@@ -170,6 +170,8 @@ class SplitConfig:
     pinned_spec: str | None = None
     duplicates: str = "group"
     near_enabled: bool = True
+    #: ``enabled: auto`` (the default) decided ``near_enabled`` from the splits (not part of the identity)
+    near_auto: bool = False
     near_neighbors: int = 16
     near_min_score: float = 0.984
     near_max_cross_split: int = 0
@@ -580,7 +582,9 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
         duplicates=raw.get("duplicates", _default("split.duplicates")),
-        near_enabled=bool(near.get("enabled", _default("split.near_duplicates.enabled"))),
+        near_enabled=_near_enabled(near.get("enabled", _default("split.near_duplicates.enabled")), by=by,
+                                   ratios=ordered, folds=raw.get("folds"), pinned=bool(raw.get("pinned"))),
+        near_auto=near.get("enabled", _default("split.near_duplicates.enabled")) == "auto",
         near_neighbors=int(near.get("neighbors", _default("split.near_duplicates.neighbors"))),
         near_min_score=float(near.get("min_score", _default("split.near_duplicates.min_score"))),
         near_max_cross_split=int(near.get("max_cross_split", _default("split.near_duplicates.max_cross_split"))),
@@ -591,6 +595,16 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         max_group_share=float(balance.get("max_group_share", _default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", _default("split.balance.accept"))),
     )
+
+
+def _near_enabled(value: bool | str, *, by: str, ratios: tuple[tuple[str, float], ...], folds: int | None,
+                  pinned: bool) -> bool:
+    """``split.near_duplicates.enabled`` resolved: ``auto`` is on when samples can land in two or more
+    splits (a time split, folds, pinned entities, or two ratios above 0) and off for a one-split job,
+    where no copy can leak across splits (nothing else in the build depends on the links)."""
+    if value == "auto":
+        return by == "time" or folds is not None or pinned or sum(1 for _, r in ratios if r > 0) > 1
+    return bool(value)
 
 
 def _size(raw: Any) -> tuple[int, int] | None:

@@ -184,3 +184,30 @@ def test_raising_a_size_limit_decodes_the_files_it_refused_instead_of_reusing_th
     second = build_demo(demo_raw, tmp_path, out)  # the default limits, same output, same cache folder
     assert not [i for i in second.issues if i.reason == "too_large"]
     assert second.files_decoded >= len(refused) and second.manifest["inputs"]["samples"] > 0
+
+
+def test_a_one_split_job_keeps_no_signatures_reuses_its_cache_and_says_why_near_copies_were_not_searched(
+        demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    """``near_duplicates.enabled: auto`` in a one-split job: no near-copy search, no signature
+    files in the cache, and the cache still serves a second build; asking for the check
+    (``enabled: true``) then decodes again, since those entries carry no signatures."""
+    out = tmp_path / "out"
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    one = {**doc, "split": {**doc["split"], "ratios": {"train": 1.0}}}
+    job = load_job(write_job(tmp_path / "one", one))
+    first = build(job, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False))
+    cache = expected_cache(work / "cache", out)
+    assert first.files_decoded > 0 and not list(cache.glob("*.sig.npy"))
+    rule = first.manifest["audit"]["rules"]["near_duplicates_across_splits"]
+    assert rule["enabled"] is False and rule["off"].startswith("one split")
+    assert set(first.manifest["splits"]) == {"train"} or all(
+        s["samples"] == 0 for name, s in first.manifest["splits"].items() if name != "train")
+
+    second = build(job, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False))
+    assert second.files_decoded == 0 and second.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+
+    checked = load_job(write_job(tmp_path / "on", {**one, "split": {**one["split"], "near_duplicates": {
+        "enabled": True}}}))
+    third = build(checked, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False))
+    assert third.files_decoded == first.files_decoded and list(cache.glob("*.sig.npy"))
+    assert third.manifest["audit"]["rules"]["near_duplicates_across_splits"]["enabled"] is True

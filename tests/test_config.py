@@ -58,6 +58,25 @@ def test_minimal_job_gets_defaults(tmp_path: Path) -> None:
     assert job.sources[0].entity == "entity" and job.sources[0].time == ("timestamp",)
 
 
+@pytest.mark.parametrize(("split", "enabled", "on"), [
+    ({"by": "entity", "ratios": {"train": 1.0}}, "auto", False),
+    ({"by": "entity", "ratios": {"train": 0.9, "valid": 0.1}}, "auto", True),
+    ({"by": "entity", "ratios": {"train": 1.0}, "folds": 5}, "auto", True),
+    ({"by": "entity", "ratios": {"train": 1.0}, "pinned": "pinned.csv"}, "auto", True),
+    ({"by": "time", "ratios": {"train": 1.0}, "cutoffs": {"test": "2024-01-01"}}, "auto", True),
+    ({"by": "entity", "ratios": {"train": 1.0}}, True, True),
+    ({"by": "entity", "ratios": {"train": 0.8, "test": 0.2}}, False, False),
+])
+def test_near_copies_auto_runs_only_where_samples_can_land_in_two_splits(tmp_path: Path, split: dict,
+                                                                          enabled: object, on: bool) -> None:
+    """``near_duplicates.enabled: auto`` (the default) is off for a one-split job only: there no copy
+    can leak, and the identity (config hash) records what was decided, not the word auto."""
+    job = load_job(write_job(tmp_path, {**MINIMAL, "split": {**split, "near_duplicates": {"enabled": enabled}},
+                                        "sources": [{"kind": "dicom", "root": "raw"}], "phi": {"mode": "keep"}}))
+    assert job.split.near_enabled is on and job.split.near_auto is (enabled == "auto")
+    assert job.identity()["split"]["near_duplicates"]["enabled"] is on
+
+
 def _at(doc: dict, path: str) -> object:
     for part in path.split("."):
         doc = doc[part]
@@ -71,7 +90,9 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
                                         "sources": [{"kind": "dicom", "root": "raw"}], "phi": {"mode": "keep"}}))
     identity = job.identity()
     normalise = {"pack.max_bytes": parse_byte_size, "limits.max_decoded_bytes": parse_byte_size,
-                 "transform.dicom.windows": lambda names: [{"file": 0} for _ in names]}
+                 "transform.dicom.windows": lambda names: [{"file": 0} for _ in names],
+                 # auto is recorded resolved: both splits here (80/10/10, a time split) put samples in several
+                 "split.near_duplicates.enabled": lambda v: True if v == "auto" else v}
     checked = 0
     for path, default in schema_defaults("job").items():
         if path == "split.entity_policy" and split["by"] != "time":
@@ -94,7 +115,7 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     for path, default in schema_defaults("job").items():
         if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",
                         "limits.max_decoded_bytes", "limits.max_voxels",
-                        "split.near_duplicates.max_ratio") and not path.startswith(
+                        "split.near_duplicates.max_ratio", "split.near_duplicates.enabled") and not path.startswith(
                             "transform.dicom.series."):
             assert _at(built, path) == default, path
     assert built["pack"]["max_bytes"] == parse_byte_size(schema_defaults("job")["pack.max_bytes"])

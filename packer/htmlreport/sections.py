@@ -269,7 +269,7 @@ def render_bad_samples(data: ReportData) -> str:
 RULE_TEXT = {
     "entity_overlap": "an entity with samples in two splits",
     "exact_duplicates_across_splits": "the same packed pixels in two splits",
-    "near_duplicates_across_splits": "near-identical images (dHash) in two splits",
+    "near_duplicates_across_splits": "verified near copies in two splits",
     "exact_duplicates_within_split": "the same packed pixels twice in one split",
     "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
     "time_order": "valid/test records not after the latest train record",

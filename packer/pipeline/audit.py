@@ -162,8 +162,17 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
                       detail={"pairs": count, "tolerated": cfg.near_max_cross_split, "enabled": cfg.near_enabled,
                               "links": len(links), "candidates_verified": links.candidates,
                               "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors,
+                              **({} if cfg.near_enabled else {"off": _near_off(cfg)}),
                               # as in the config's identity: named where the job sets it (default 0.5)
                               **({"max_ratio": cfg.near_max_ratio} if cfg.near_max_ratio_set else {})})
+
+
+def _near_off(cfg: SplitConfig) -> str:
+    """Why the near-copy check did not run (for the rule's detail and the HTML report)."""
+    if cfg.near_auto:
+        return ("one split: no copy can leak across splits, so near copies were not searched (enabled: auto); "
+                "set split.near_duplicates.enabled: true for the duplicates_span_entities evidence")
+    return "split.near_duplicates.enabled: false, or packer validate --quick (headers only)"
 
 
 #: Near links listed with their evidence per group of duplicates that spans entities (the weakest first).

@@ -57,11 +57,14 @@ CACHE_FORMAT = 8
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
     """The parts of the job that change what a raw file turns into, samples or bad-sample verdict:
     sources, transforms, ``split.by`` (a time split needs a time), the size ``limits`` and the
-    burned-in-annotation policy, both applied by the worker, and the job's ``labels`` where the
-    worker checks header labels against them. Not split ratios, packing or PHI."""
+    burned-in-annotation policy, both applied by the worker, the job's ``labels`` where the
+    worker checks header labels against them, and whether near-copy signatures are kept. Not
+    split ratios, packing or PHI."""
     identity = job.identity()
     shaping = {"sources": identity["sources"], "transform": identity["transform"], "split_by": job.split.by,
                "limits": identity["limits"], "burned_in_annotation": job.safety.burned_in_annotation}
+    if not job.split.near_enabled:  # its entries carry no near-copy signatures (only then: keys stay as they were)
+        shaping["signatures"] = False
     if any(s.target.origin == "attribute" for s in job.sources):  # the worker checks header labels against it
         shaping["labels"] = identity["labels"]
     return shaping
@@ -167,7 +170,9 @@ def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
                         for s in data["samples"])
         if data.get("spill_digest") != _spill_digest(spill, samples):
             return None
-        if samples and len(read_signatures(cache_dir / signature_name(key))) != len(samples):
+        signed = [s for s in samples if s.signature]  # none where the job skips near copies
+        if signed and (len(signed) != len(samples) or
+                       len(read_signatures(cache_dir / signature_name(key))) != len(samples)):
             return None
         issues = tuple(Issue(**i) for i in data["issues"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -127,7 +127,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         samples = table.sorted_by_key()
         del table
         issues.extend(i for c in chunks for i in c.issues)
-        split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False)
+        split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
+                                                     near_auto=False)
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
