@@ -114,3 +114,29 @@ def test_the_client_gives_freed_large_buffers_back() -> None:
 
     assert returned("default") < 5      # heap holes between live blocks: nothing comes back
     assert returned("tuned") >= 18      # each freed MiB was its own mapping
+
+
+def _tuned_here(items: list) -> list[tuple[int, bool]]:
+    """Collate that reports (this process's id, whether packer tuned its allocator)."""
+    import packer.allocator as allocator
+
+    return [(os.getpid(), allocator._tuned_pid == os.getpid())]
+
+
+@glibc_only
+def test_dataloader_workers_reading_shards_are_tuned_and_the_main_process_is_left_alone(tmp_path) -> None:
+    """A loader worker reads one buffer per sample: tuned, it reuses freed ones (on the peer
+    harness's data 3,000 -> 3,650 samples/s with 2 workers); the training process is the user's."""
+    import torch
+
+    import packer.allocator as allocator
+    from packer.loader import ShardDataset
+    from tests.loader_fixtures import build_dataset
+
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(4, 4))
+    before = allocator._tuned_pid
+    loader = torch.utils.data.DataLoader(ShardDataset(manifest, "train"), batch_size=2, num_workers=2,
+                                         collate_fn=_tuned_here)
+    seen = {pid: tuned for batch in loader for pid, tuned in batch}
+    assert len(seen) == 2 and os.getpid() not in seen and all(seen.values())
+    assert [_ for _ in ShardDataset(manifest, "train")] and allocator._tuned_pid == before  # in-process: untouched

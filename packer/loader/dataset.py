@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.allocator import tune_allocator
 from packer.errors import ConfigError
 from packer.loader.cache import cache_from
 from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, load_view, read_shard
@@ -245,8 +246,14 @@ class PlannedDataset(IterableDataset):
 
     @staticmethod
     def _worker() -> tuple[int, int]:
+        """(this worker's id, workers). In a DataLoader worker process the C library's allocator is
+        tuned first (:func:`packer.allocator.tune_allocator`): each sample's buffer then reuses a
+        freed one instead of faulting in fresh pages (the main process is the user's and is left alone)."""
         info = get_worker_info()
-        return (0, 1) if info is None else (info.id, info.num_workers)
+        if info is None:
+            return 0, 1
+        tune_allocator()
+        return info.id, info.num_workers
 
     def __iter__(self) -> Iterator[Item]:
         order, plan = self.plan()
