@@ -18,6 +18,7 @@ from packer.shards.encode import EncodedSample
 from packer.shards.members import Decoded, SampleDefect, parse_member_name
 from packer.shards.parquet import read_parquet_samples, write_parquet_shard
 from packer.shards.tar import (
+    map_shard,
     parse_member_header,
     read_sample_at,
     read_tar_sample,
@@ -51,10 +52,14 @@ def test_every_tar_reader_returns_what_was_packed(tmp_path_factory: pytest.TempP
     assert [s.offset for s in index.samples] == list(written.positions) == [m.offset for m in members[::3]]
     assert [s.members["npy"] for s in index.samples] == [(m.offset_data, m.size) for m in members[2::3]]
     with open(path, "rb", buffering=0) as fh:
+        mapped = map_shard(fh)
         for scanned, (encoded, image), position in zip(index.samples, packed, written.positions, strict=True):
             decoded = read_tar_sample(fh, scanned)
             assert isinstance(decoded, Decoded) and decoded.label == encoded.label
             assert decoded.image.dtype == image.dtype and np.array_equal(decoded.image, image)
+            viewed = read_tar_sample(fh, scanned, mapped)
+            assert isinstance(viewed, Decoded) and viewed.label == encoded.label
+            assert viewed.image.dtype == image.dtype and np.array_equal(viewed.image, image)
             at = read_sample_at(fh, position, encoded.key)
             assert sorted(at) == ["cls", "json", "npy"] and json.loads(at["json"]) == encoded.info
             assert np.array_equal(np.load(io.BytesIO(at["npy"])), image)
@@ -182,3 +187,43 @@ def test_the_format_imports_none_of_its_users() -> None:
             "bad = sorted(m for m in sys.modules if m.startswith('packer.pipeline'))\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_images_read_through_the_map_are_writable_views_whose_writes_never_reach_the_shard(tmp_path: Path) -> None:
+    """The loader reads tar images as views of a private map (no copy until the collate): a
+    training step that writes into a sample (in-place augmentation) changes its own copy of that
+    page only, never the shard, and the image keeps the machine's byte order."""
+    path = tmp_path / "train-000000.tar"
+    packed = [sample(i, (2, 64, 64), "uint16") for i in range(3)]
+    write_tar_shard(path, [s for s, _ in packed])
+    before = path.read_bytes()
+    index = scan_tar(path)
+    with open(path, "rb", buffering=0) as fh:
+        mapped = map_shard(fh)
+        assert mapped is not None
+        decoded = [read_tar_sample(fh, s, mapped) for s in index.samples]
+    for item, (_, image) in zip(decoded, packed, strict=True):
+        assert isinstance(item, Decoded) and item.image.flags.writeable and item.image.dtype.isnative
+        assert item.image.base is not None  # a view, not a copy
+        assert np.array_equal(item.image, image)
+        item.image[...] = 7
+    assert path.read_bytes() == before
+    with open(path, "rb", buffering=0) as fh:
+        again = [read_tar_sample(fh, s, map_shard(fh)) for s in index.samples]
+    assert all(isinstance(a, Decoded) and np.array_equal(a.image, image)
+               for a, (_, image) in zip(again, packed, strict=True))
+
+
+def test_packer_tar_mmap_0_reads_with_positional_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "train-000000.tar"
+    write_tar_shard(path, [sample(0, (1, 4, 4), "uint8")[0]])
+    monkeypatch.setenv("PACKER_TAR_MMAP", "0")
+    with open(path, "rb") as fh:
+        assert map_shard(fh) is None
+    monkeypatch.delenv("PACKER_TAR_MMAP")
+    with open(path, "rb") as fh:
+        assert map_shard(fh) is not None
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    with open(empty, "rb") as fh:
+        assert map_shard(fh) is None

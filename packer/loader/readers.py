@@ -12,12 +12,14 @@ Every reader yields exactly one ``(position, Decoded | Failure)`` per requested 
 in ascending position order, whatever is wrong with the file: the caller decides whether a
 :class:`Failure` raises (:class:`ShardReadError`) or is skipped and counted.
 
-Tar images are copied once: the shard is opened unbuffered and, for packer's own ``.npy``
-header (numpy's version-1.0 header of a C-order numeric array), one ``pread`` fetches the
-``.cls`` member and the npy header together, and ``preadv`` reads the pixels from the page
-cache straight into the ``np.empty`` array that becomes the image (and, in turn, the
-tensor) (:func:`packer.shards.tar.read_tar_sample`). Any other npy form is read whole and
-decoded by ``np.load(allow_pickle=False)``.
+Tar images are not copied at all: the shard is memory-mapped privately (copy-on-write,
+:func:`packer.shards.tar.map_shard`) and, for packer's own ``.npy`` header (numpy's
+version-1.0 header of a C-order numeric array), the image (and, in turn, the tensor) is a
+view of the map; the collate's stack is the one copy out of the page cache
+(:func:`packer.shards.tar.read_tar_sample`). Where a shard cannot be mapped (or with
+``PACKER_TAR_MMAP=0``), one ``pread`` fetches the ``.cls`` member and the npy header
+together and ``preadv`` reads the pixels straight into the ``np.empty`` array that becomes
+the image. Any other npy form is read whole and decoded by ``np.load(allow_pickle=False)``.
 
 Parquet images are zero-copy views (:func:`packer.shards.parquet.read_parquet_samples`): the
 shard is opened with ``pa.memory_map``, read in record batches of ``PARQUET_ROWS`` rows, and
@@ -54,7 +56,7 @@ from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.members import Decoded, SampleDefect, decode_members
-from packer.shards.tar import TarIndex, read_tar_sample, scan_tar, stream_tar_samples
+from packer.shards.tar import TarIndex, map_shard, read_tar_sample, scan_tar, stream_tar_samples
 from packer.targets import Target
 
 PARQUET_ROWS = 64
@@ -458,6 +460,7 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
             return
         found = len(index.samples)
         with open(info.path, "rb", buffering=0) as fh:
+            mapped = map_shard(fh)  # images become views of it: the collate's stack is their one copy
             for pos in positions:
                 if pos >= found:
                     outcome: Decoded | Failure = Failure(
@@ -466,7 +469,7 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:
                     sample = index.samples[pos]
-                    result = check.outcome(read_tar_sample(fh, sample))
+                    result = check.outcome(read_tar_sample(fh, sample, mapped))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
                 done += 1
                 yield pos, outcome

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import mmap
 import os
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -313,35 +314,67 @@ def read_member_bytes(fh: BinaryIO, sample: TarSample, exts: Sequence[str]) -> d
     return data
 
 
-def read_tar_sample(fh: BinaryIO, sample: TarSample) -> Decoded | SampleDefect:
+def map_shard(fh: BinaryIO) -> mmap.mmap | None:
+    """A private (copy-on-write) memory map of the open shard ``fh``, for :func:`read_tar_sample`;
+    None where the file is empty or cannot be mapped, or with ``PACKER_TAR_MMAP=0``.
+
+    Images read through it are views of the page cache: nothing is copied until the collate
+    stacks them (or the caller writes to one, which copies that page for this process only).
+    The map lives as long as the last image of it; a shard file must not be truncated in
+    place while it is read (packer replaces files by rename, which leaves open maps intact).
+    """
+    if os.environ.get(MMAP_SWITCH, "1") == "0":
+        return None
+    try:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return None
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+
+
+#: Set to ``0`` to read tar shards with positional reads instead of memory maps.
+MMAP_SWITCH = "PACKER_TAR_MMAP"
+
+
+def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None) -> Decoded | SampleDefect:
     """Decode one scanned sample's ``.npy`` member and, where present, its ``.cls`` and
     ``.target.npy`` members from the open shard ``fh``.
 
-    Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_pread_sample`: the pixels are
+    With ``mapped`` (:func:`map_shard` of ``fh``) the image is a view of the map: no copy at
+    all. Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_pread_sample`: the pixels are
     copied once, from the page cache into the image. Elsewhere each member is read whole
     (seek + read) and decoded by :func:`~packer.shards.members.decode_members`.
     """
-    if _PREAD:
-        return _pread_sample(fh.fileno(), sample)
+    if mapped is not None or _PREAD:
+        return _pread_sample(fh.fileno(), sample, mapped)
     data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", "mask.npy", "target.npy")
                                           if ext in sample.members] or ["npy"])
     return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
 
 
-def _pread_member(fd: int, key: str, ext: str, at: int, size: int) -> bytes | SampleDefect:
-    data = os.pread(fd, size, at)
+def _bytes_at(fd: int, mapped: mmap.mmap | None, size: int, at: int) -> bytes:
+    """``size`` bytes of the shard from ``at`` (fewer where it ends first): from the map, else by ``pread``."""
+    return os.pread(fd, size, at) if mapped is None else mapped[at:at + size]
+
+
+def _pread_member(fd: int, key: str, ext: str, at: int, size: int,
+                  mapped: mmap.mmap | None = None) -> bytes | SampleDefect:
+    data = _bytes_at(fd, mapped, size, at)
     return data if len(data) == size else SampleDefect("truncated", f"{key}.{ext} is cut short", key)
 
 
-def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
-    """Decode one sample from the shard open as ``fd``, copying its pixels once.
+def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -> Decoded | SampleDefect:
+    """Decode one sample from the shard open as ``fd``, copying its pixels once (or, from the
+    map ``mapped``, not at all).
 
     One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
     they lie far apart); for packer's own npy header (:func:`~packer.shards.members.npy_layout`)
     the pixels are then read by ``preadv`` straight into the ``np.empty`` array that becomes
-    the image, byte-swapped in place if the file's byte order is not the machine's. A
-    ``.target.npy`` member (a few bytes) is read whole. Any other pixel npy form is read whole
-    and goes through ``decode_members``, with the same messages.
+    the image, byte-swapped in place if the file's byte order is not the machine's. With a map
+    the same bytes are sliced from it and the image is a view of the map (a copy only to swap
+    bytes). A ``.target.npy`` member (a few bytes) is read whole. Any other pixel npy form is
+    read whole and goes through ``decode_members``, with the same messages.
     """
     key, members = sample.key, sample.members
     if "npy" not in members:
@@ -352,26 +385,26 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
     if "cls" in members:
         cls_at, cls_size = members["cls"]
         if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
-            span = os.pread(fd, npy_at + head_size - cls_at, cls_at)
+            span = _bytes_at(fd, mapped, npy_at + head_size - cls_at, cls_at)
             cls, head = span[:cls_size], span[npy_at - cls_at:]
         else:
-            cls, head = os.pread(fd, cls_size, cls_at), os.pread(fd, head_size, npy_at)
+            cls, head = _bytes_at(fd, mapped, cls_size, cls_at), _bytes_at(fd, mapped, head_size, npy_at)
         if len(cls) != cls_size:
             return SampleDefect("truncated", f"{key}.cls is cut short", key)
     else:
-        head = os.pread(fd, head_size, npy_at)
+        head = _bytes_at(fd, mapped, head_size, npy_at)
     if len(head) != head_size:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     extras: dict[str, bytes] = {}  # the small members: a mask, a target vector, read whole
     for ext in ("mask.npy", "target.npy"):
         if ext in members:
-            member = _pread_member(fd, key, ext, *members[ext])
+            member = _pread_member(fd, key, ext, *members[ext], mapped=mapped)
             if isinstance(member, SampleDefect):
                 return member
             extras[ext] = member
     layout = npy_layout(head)
     if layout is None:
-        data = _pread_member(fd, key, "npy", npy_at, npy_size)
+        data = _pread_member(fd, key, "npy", npy_at, npy_size, mapped=mapped)
         if isinstance(data, SampleDefect):
             return data
         return decode_members(key, {"npy": data, **({"cls": cls} if cls is not None else {}), **extras})
@@ -383,11 +416,29 @@ def _pread_sample(fd: int, sample: TarSample) -> Decoded | SampleDefect:
     problem = npy_size_problem(npy_size - start, dtype, shape)
     if problem is not None:
         return SampleDefect("undecodable", f"{key}.npy: {problem}", key)
+    if mapped is not None:
+        return _mapped_image(mapped, key, label, target, mask, dtype, shape, npy_at + start)
     image = np.empty(shape, dtype)
     if _read_into(fd, image, npy_at + start) != image.nbytes:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     if not dtype.isnative:
         image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return Decoded(key=key, label=label, image=image, target=target, mask=mask)
+
+
+def _mapped_image(mapped: mmap.mmap, key: str, label: int | None, target: np.ndarray | None,
+                  mask: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...], at: int) -> Decoded | SampleDefect:
+    """The image of a sample whose pixels start at ``at`` of the map: a writable view of the
+    private map (a byte-swapped copy where the file's byte order is not the machine's)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    if at + count * dtype.itemsize > len(mapped):
+        return SampleDefect("truncated", f"{key}.npy is cut short", key)
+    if count == 0:
+        image = np.empty(shape, dtype)
+    else:
+        image = np.frombuffer(mapped, dtype=dtype, count=count, offset=at).reshape(shape)
+    if not dtype.isnative:
+        image = image.byteswap().view(dtype.newbyteorder("="))
     return Decoded(key=key, label=label, image=image, target=target, mask=mask)
 
 
