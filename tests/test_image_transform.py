@@ -111,6 +111,15 @@ def test_percentile_window_with_equal_ends() -> None:
     np.testing.assert_array_equal(window_percentiles(values, 10, 50), [0, 0, 0, 0, 1])
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_to_uint8_of_values_known_finite_skips_only_a_pass_that_changes_nothing(seed: int) -> None:
+    """Integer pixels stay finite through scaling, windows and resizing: ``finite=True`` gives the same bytes."""
+    rng = np.random.default_rng(seed)
+    unit = (rng.integers(0, 256, (37, 41, 3)).astype(np.float32) / np.float32(255) * rng.uniform(0.5, 2.0)
+            - rng.uniform(0, 0.5)).astype(np.float32)
+    np.testing.assert_array_equal(to_uint8(unit, finite=True), to_uint8(unit))
+
+
 def test_to_uint8_rounds_and_clips() -> None:
     unit = np.array([-1.0, 0.0, 0.5, 1 / 255 * 2.5, 1.0, 2.0, np.nan], dtype=np.float32)
     np.testing.assert_array_equal(to_uint8(unit), [0, 0, 128, 2, 255, 255, 0])

@@ -170,10 +170,13 @@ def window_percentiles(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.clip((values - np.float32(low)) / np.float32(high - low), 0.0, 1.0, dtype=np.float32)
 
 
-def to_uint8(unit: np.ndarray) -> np.ndarray:
-    """Float in [0, 1] (NaN → 0, out of range clipped) → uint8 ``rint(x · 255)``, same shape."""
+def to_uint8(unit: np.ndarray, *, finite: bool = False) -> np.ndarray:
+    """Float in [0, 1] (NaN → 0, out of range clipped) → uint8 ``rint(x · 255)``, same shape.
+    ``finite``: the caller knows ``unit`` holds no NaN or infinity (it came from integer pixels),
+    so the NaN pass, which would change nothing, is skipped."""
     scaled = np.multiply(unit, np.float32(255.0), dtype=np.float32)
-    np.nan_to_num(scaled, copy=False, nan=0.0)
+    if not finite:
+        np.nan_to_num(scaled, copy=False, nan=0.0)
     np.clip(scaled, 0.0, 255.0, out=scaled)
     np.rint(scaled, out=scaled)
     return scaled.astype(np.uint8)
@@ -220,7 +223,7 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
         unit = window_percentiles(values, window[1], window[2])
     if cfg.size:
         unit = resize_image(np.ascontiguousarray(unit, dtype=np.float32), cfg.size, cfg.resize)
-    out = to_uint8(unit)
+    out = to_uint8(unit, finite=image.dtype.kind in "ui")  # integer pixels: finite through every step
     if cfg.tile_size is None:
         return [Tile(None, np.ascontiguousarray(out.transpose(2, 0, 1)))]
     th, tw = cfg.tile_size
