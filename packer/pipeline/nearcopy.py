@@ -154,8 +154,9 @@ def read_signatures(path: Path) -> np.ndarray:
 
 # -- candidates --------------------------------------------------------------------------------
 
-#: Score-matrix elements computed at once (float32): 16M, 64 MB.
-_BLOCK_ELEMENTS = 1 << 24
+#: Score-matrix elements computed at once (float32): 4M, 16 MB (with the selection's int64
+#: indices, about 50 MB a block; 16M elements peaked at 490 MB at 10,000 samples).
+_BLOCK_ELEMENTS = 1 << 22
 #: Up to this many samples the nearest neighbours are exact; above, an inverted-file index
 #: (:class:`InvertedFile`) compares each query with the members of its nearest clusters only.
 EXACT_LIMIT = 30_000
@@ -168,13 +169,14 @@ def _best_k(scores: np.ndarray, columns: np.ndarray, query_group: np.ndarray, ba
     """Per row of ``scores`` (rows × columns), the ``k`` best columns of another group than the
     row's, as (base indices, scores), -1/-inf where fewer qualify. Scores are rounded to 1e-5
     and ties go to the lower index, so BLAS rounding does not reorder near-ties. ``skip``: the
-    largest group size (the most same-group columns that can precede the k wanted)."""
+    largest group size (the most same-group columns that can precede the k wanted). ``scores``
+    is the caller's temporary: it is rounded and negated in place (no copies of a block)."""
     rows, width = scores.shape
     take = min(width, k + skip)
-    rounded = np.round(scores, 5)
-    part = np.argpartition(-rounded, take - 1, axis=1)[:, :take] if take < width else \
+    negated = np.negative(np.round(scores, 5, out=scores), out=scores)
+    part = np.argpartition(negated, take - 1, axis=1)[:, :take] if take < width else \
         np.broadcast_to(np.arange(width), (rows, width)).copy()
-    part_scores = np.take_along_axis(rounded, part, axis=1)
+    part_scores = -np.take_along_axis(negated, part, axis=1)
     part_index = columns[part]
     part_scores[base_group[part_index] == query_group[:, None]] = -np.inf
     order = np.lexsort((part_index, -part_scores), axis=1)[:, :k]
