@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import math
 import mmap
 import os
 import tarfile
@@ -430,7 +431,7 @@ def _mapped_image(mapped: mmap.mmap, key: str, label: int | None, target: np.nda
                   mask: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...], at: int) -> Decoded | SampleDefect:
     """The image of a sample whose pixels start at ``at`` of the map: a writable view of the
     private map (a byte-swapped copy where the file's byte order is not the machine's)."""
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if at + count * dtype.itemsize > len(mapped):
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     if count == 0:
