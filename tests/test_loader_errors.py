@@ -205,6 +205,13 @@ def test_load_npy_equals_numpy_for_every_header_form(array: np.ndarray) -> None:
     got = load_npy(buffer.getvalue())
     np.testing.assert_array_equal(got, array)
     assert got.shape == array.shape and got.flags.writeable and got.dtype.isnative
+    # without a copy, from a view (the HTML report reads members of a mapped shard): the same values
+    source = bytearray(buffer.getvalue())
+    view = load_npy(memoryview(source), copy=False)
+    np.testing.assert_array_equal(view, array)
+    assert view.shape == array.shape and view.dtype.isnative
+    if array.dtype.isnative and array.flags.c_contiguous and array.size:
+        assert np.shares_memory(view, np.frombuffer(source, np.uint8))  # packer's own layout: not copied
 
 
 def test_load_npy_refuses_cut_data_and_pickles() -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.shards.encode import EncodedSample
-from packer.shards.members import Decoded, SampleDefect, parse_member_name
+from packer.shards.members import Decoded, SampleDefect, load_npy, parse_member_name
 from packer.shards.parquet import read_parquet_samples, write_parquet_shard
 from packer.shards.tar import (
     map_shard,
@@ -63,6 +63,9 @@ def test_every_tar_reader_returns_what_was_packed(tmp_path_factory: pytest.TempP
             at = read_sample_at(fh, position, encoded.key)
             assert sorted(at) == ["cls", "json", "npy"] and json.loads(at["json"]) == encoded.info
             assert np.array_equal(np.load(io.BytesIO(at["npy"])), image)
+            in_map = read_sample_at(fh, position, encoded.key, mapped)  # views of the map, the same bytes
+            assert {ext: bytes(v) for ext, v in in_map.items()} == at
+            assert np.array_equal(load_npy(in_map["npy"], copy=False), image)
     with open(path, "rb") as fh:
         streamed = list(stream_tar_samples(fh, len(packed) - 1))
     samples = [item for item in streamed if not isinstance(item, str)]  # a string would be a defect

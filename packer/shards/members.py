@@ -129,8 +129,10 @@ def npy_size_problem(data_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -
     return f"npy data holds {data_bytes} bytes, the header promises {count * dtype.itemsize} for shape {shape} {dtype}"
 
 
-def load_npy(data: bytes) -> np.ndarray:
-    """Decode ``.npy`` bytes into a writable array in native byte order, never unpickling.
+def load_npy(data: bytes | memoryview, *, copy: bool = True) -> np.ndarray:
+    """Decode ``.npy`` bytes into an array in native byte order, never unpickling: writable
+    (its own copy), or with ``copy`` False a view of ``data`` where its layout allows (read-only
+    where ``data`` is; the caller only reads it).
 
     packer's own shards carry numpy's version-1.0 header for a C-order numeric array; that
     header is matched by one strict regular expression (:func:`npy_layout`) and the data
@@ -138,15 +140,18 @@ def load_npy(data: bytes) -> np.ndarray:
     of reading a 256×256 sample). Anything else goes through ``np.load(allow_pickle=False)``.
     Raises ValueError for bytes that are not a valid array.
     """
-    layout = npy_layout(data)
+    # npy_layout keys its cache by the header's bytes: a view's header is copied (a long one
+    # that does not end within NPY_HEAD bytes goes through np.load)
+    layout = npy_layout(bytes(data[:NPY_HEAD]) if isinstance(data, memoryview) else data)
     if layout is not None:
         dtype, shape, start = layout
         problem = npy_size_problem(len(data) - start, dtype, shape)
         if problem is not None:
             raise ValueError(problem)
-        image = np.frombuffer(bytearray(memoryview(data)[start:]), dtype=dtype).reshape(shape)
+        pixels = memoryview(data)[start:]
+        image = np.frombuffer(bytearray(pixels) if copy else pixels, dtype=dtype).reshape(shape)
         return image if dtype.isnative else image.astype(dtype.newbyteorder("="))
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
 
 
 # -- a sample from its members ---------------------------------------------------------------

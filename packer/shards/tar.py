@@ -522,26 +522,33 @@ def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
     return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace"), size, regular
 
 
-def read_sample_at(fh: BinaryIO, position: int, key: str) -> dict[str, bytes]:
+def read_sample_at(fh: BinaryIO, position: int, key: str,
+                   mapped: mmap.mmap | None = None) -> dict[str, bytes | memoryview]:
     """The bytes, by extension, of the consecutive members of sample ``key`` whose first header
     sits at ``position`` (the position ``_index.parquet`` records); empty when none does.
+    With ``mapped`` (:func:`map_shard` of ``fh``) each member is a view of the map, not a copy.
 
     Reading stops at the first header of another key, a refused name or a member that is
     not a regular file. Raises
     ``tarfile.TarError`` when ``position`` holds no member header or a member is cut short:
     the caller falls back to :func:`scan_tar`.
     """
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | memoryview] = {}
+    view = memoryview(mapped) if mapped is not None else None
     while True:
-        fh.seek(position)
-        header = parse_member_header(fh.read(BLOCK))
+        if view is None:
+            fh.seek(position)
+            block = fh.read(BLOCK)
+        else:
+            block = bytes(view[position:position + BLOCK])
+        header = parse_member_header(block)
         if header is None:
             return members
         name, size, regular = header
         parsed = parse_member_name(name)
         if isinstance(parsed, str) or parsed[0] != key or not regular:
             return members
-        data = fh.read(size)
+        data = fh.read(size) if view is None else view[position + BLOCK:position + BLOCK + size]
         if len(data) != size:
             raise tarfile.ReadError(f"member {name!r} cut short")
         members[parsed[1]] = data
