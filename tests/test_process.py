@@ -263,7 +263,7 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "split.pinned": _setting("split", "pinned", st.none() | NAMES.map(Path)),
     "split.pinned_spec": _setting("split", "pinned_spec", st.none() | NAMES),
     "split.duplicates": _setting("split", "duplicates", st.sampled_from(["group", "fail", "report"])),
-    "split.near_enabled": _setting("split", "near_enabled", st.booleans()),
+    "split.near_auto": _setting("split", "near_auto", st.booleans()),  # how near_enabled was decided
     "split.near_neighbors": _setting("split", "near_neighbors", st.integers(1, 64)),
     "split.near_min_score": _setting("split", "near_min_score", st.floats(0, 1)),
     "split.near_max_cross_split": _setting("split", "near_max_cross_split", st.integers(0, 10)),
@@ -283,8 +283,8 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
 }
 
 #: Settings the worker applies while it reads a chunk's files (a file over a limit, or with
-#: burned-in text, becomes a bad sample there, and the cache keeps that verdict): they belong in
-#: the key, and the key leaves them out.
+#: burned-in text, becomes a bad sample there, and the cache keeps that verdict), and whether the
+#: entry keeps near-copy signatures: they belong in the key.
 VERDICT_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "limits.max_pixels": _setting("limits", "max_pixels", st.integers(1, 2**40)),
     "limits.max_frames": _setting("limits", "max_frames", st.integers(1, 10**6)),
@@ -292,6 +292,8 @@ VERDICT_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     # checked on the client while series are assembled (a series over it is never a chunk); in the key all the same
     "limits.max_voxels": _setting("limits", "max_voxels", st.integers(1, 2**28)),
     "safety.burned_in_annotation": _setting("safety", "burned_in_annotation", st.sampled_from(["reject", "allow"])),
+    # not a verdict, but what the entry holds: near-copy signatures only where the check runs
+    "split.near_enabled": _setting("split", "near_enabled", st.booleans()),
 }
 
 
