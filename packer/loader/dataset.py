@@ -247,8 +247,9 @@ class PlannedDataset(IterableDataset):
     @staticmethod
     def _worker() -> tuple[int, int]:
         """(this worker's id, workers). In a DataLoader worker process the C library's allocator is
-        tuned first (:func:`packer.allocator.tune_allocator`): each sample's buffer then reuses a
-        freed one instead of faulting in fresh pages (the main process is the user's and is left alone)."""
+        tuned first (:func:`packer.allocator.tune_allocator`): where samples are copied (positional
+        reads, remote shards) each sample's buffer then reuses a freed one instead of faulting in
+        fresh pages (the main process is the user's and is left alone)."""
         info = get_worker_info()
         if info is None:
             return 0, 1
