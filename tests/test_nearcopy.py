@@ -354,3 +354,35 @@ def test_the_exact_candidate_search_holds_a_bounded_block_of_scores_whatever_the
         scores[groups == groups[query]] = -np.inf
         best = np.lexsort((np.arange(n), -scores))[:4]
         assert all((min(query, int(b)), max(query, int(b))) in pairs for b in best)
+
+
+def test_verification_reads_each_thumbnail_it_needs_and_refuses_what_is_not_a_signature(tmp_path: Path) -> None:
+    """Tasks read thumbnails with positional reads (not maps whose touched rows stay resident):
+    the same bytes as ``read_signatures`` gives, from more files than it keeps open, and a file
+    that is not a signature array or lacks the row is a ValueError naming the file."""
+    rng = np.random.default_rng(3)
+    files = []
+    for f in range(5):
+        rows = [np.zeros((), dtype=nearcopy.SIGNATURE_DTYPE) for _ in range(3 + f)]
+        for row in rows:
+            row["thumb"] = rng.integers(0, 256, (nearcopy.THUMB, nearcopy.THUMB), dtype=np.uint8)
+        path = tmp_path / f"c{f}.sig.npy"
+        nearcopy.write_signatures(path, rows)
+        files.append(str(path))
+    reader = nearcopy._ThumbReader(files)
+    reader.OPEN_FILES = 2  # fewer than the files: older ones are closed and opened again
+    try:
+        for _ in range(2):
+            for f, path in enumerate(files):
+                stored = nearcopy.read_signatures(Path(path))
+                for r in range(len(stored)):
+                    assert np.array_equal(reader.thumb(f, r), stored[r]["thumb"])
+        assert len(reader._open) <= 2
+        with pytest.raises(ValueError, match=r"c0\.sig\.npy: no signature row 3"):
+            reader.thumb(0, 3)
+    finally:
+        reader.close()
+    other = tmp_path / "other.npy"
+    np.save(other, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="not a packer signature file"):
+        nearcopy._ThumbReader([str(other)]).thumb(0, 0)

@@ -47,6 +47,7 @@ alignment, rival) is in ``leakage.json``, and a split group that still grows pas
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -635,17 +636,81 @@ class EvidenceArrays:
 PREPARED_LIMIT = 384
 
 
+class _ThumbReader:
+    """Thumbnails read one by one from signature files with positional reads: a task holds the
+    thumbnails it prepared, not the pages of every signature row it touched (memory-mapped, a
+    task of 4,096 pairs kept up to 8,192 rows resident, about 45 MB). The files' headers are
+    checked as :func:`read_signatures` checks them; at most ``OPEN_FILES`` stay open."""
+
+    OPEN_FILES = 64
+    _THUMB_AT = SIGNATURE_DTYPE.fields["thumb"][1] if SIGNATURE_DTYPE.fields else 0  # byte offset in a row
+
+    def __init__(self, files: Sequence[str]) -> None:
+        self.files = files
+        self._open: OrderedDict[int, tuple[int, int, int]] = OrderedDict()  # file -> (fd, data offset, rows)
+
+    def _opened(self, file: int) -> tuple[int, int, int]:
+        found = self._open.get(file)
+        if found is not None:
+            self._open.move_to_end(file)
+            return found
+        path = self.files[file]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with open(fd, "rb", closefd=False) as fh:
+                version = np.lib.format.read_magic(fh)
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f"{path}: not a packer signature file (npy format {version})")
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(fh)
+                start = fh.tell()
+            if dtype != SIGNATURE_DTYPE or fortran or len(shape) != 1:
+                raise ValueError(f"{path}: not a packer signature file (dtype {dtype})")
+        except BaseException:
+            os.close(fd)
+            raise
+        found = self._open[file] = (fd, start, int(shape[0]))
+        if len(self._open) > self.OPEN_FILES:
+            os.close(self._open.popitem(last=False)[1][0])
+        return found
+
+    def thumb(self, file: int, row: int) -> np.ndarray:
+        """Row ``row``'s 64×64 uint8 thumbnail in signature file ``file``. Raises ValueError when
+        the file does not hold that row."""
+        fd, start, rows = self._opened(file)
+        if not 0 <= row < rows:
+            raise ValueError(f"{self.files[file]}: no signature row {row} (the file holds {rows})")
+        size = THUMB * THUMB
+        data = os.pread(fd, size, start + row * SIGNATURE_DTYPE.itemsize + self._THUMB_AT)
+        if len(data) != size:
+            raise ValueError(f"{self.files[file]}: signature row {row} is cut short")
+        return np.frombuffer(data, dtype=np.uint8).reshape(THUMB, THUMB)
+
+    def close(self) -> None:
+        for fd, _, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
+
+
 def verify_task(task: VerifyTask) -> EvidenceArrays:
     """Dask task: :func:`verify` every pair of ``task``; a thumbnail is prepared once while it
     stays among the :data:`PREPARED_LIMIT` most recently used (the evidence does not depend on it)."""
-    arrays = {f: read_signatures(Path(path)) for f, path in enumerate(task.files)}
+    thumbs = _ThumbReader(task.files)
+    try:
+        return _verify_pairs(task, thumbs)
+    finally:
+        thumbs.close()
+
+
+def _verify_pairs(task: VerifyTask, thumbs: _ThumbReader) -> EvidenceArrays:
     prepared: OrderedDict[tuple[int, int], Prepared] = OrderedDict()
 
     def get(file: int, row: int) -> Prepared:
         key = (file, row)
         found = prepared.get(key)
         if found is None:
-            found = prepared[key] = Prepared(np.asarray(arrays[file][row]["thumb"]))
+            found = prepared[key] = Prepared(thumbs.thumb(file, row))
             if len(prepared) > PREPARED_LIMIT:
                 prepared.popitem(last=False)
         else:
