@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from packer.manifest import INDEX_SCHEMA
 from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, decode_mask_member, load_npy
 from packer.shards.parquet import read_parquet_samples
-from packer.shards.tar import map_shard, read_member_bytes, read_sample_at, scan_tar
+from packer.shards.tar import read_member_bytes, read_sample_at, scan_tar
 from packer.targets import Target
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
@@ -248,10 +248,10 @@ def _record_target(target: Target, info: dict[str, Any]) -> tuple[float, ...] | 
     return None
 
 
-def _packed(entry: IndexEntry, members: Mapping[str, bytes | memoryview]) -> PackedSample | tuple[IndexEntry, str]:
+def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray]) -> PackedSample | tuple[IndexEntry, str]:
     """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` and
-    ``mask.npy`` if present), or why its mask member cannot be read. The image may be a view of
-    the member (the report only reads it)."""
+    ``mask.npy`` if present), or why its mask member cannot be read. The image is a view of its
+    member's bytes where they are packer's own layout (read once, never copied again)."""
     raw = members.get("json")
     mask = decode_mask_member(entry.key, bytes(members["mask.npy"])) if "mask.npy" in members else None
     if isinstance(mask, SampleDefect):
@@ -265,11 +265,10 @@ def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | 
     by_key = {e.key: e for e in entries}
     found: set[str] = set()
     with open(path, "rb") as fh:
-        mapped = map_shard(fh)  # the images are views of it: no copy of a sample's pixels
         if all(e.position >= 0 for e in entries):
             for entry in sorted(entries, key=lambda e: e.position):
                 try:
-                    members = read_sample_at(fh, entry.position, entry.key, mapped)
+                    members = read_sample_at(fh, entry.position, entry.key)
                 except tarfile.TarError:
                     continue  # not a member header at this offset: the scan below looks for it
                 if "npy" in members:

@@ -129,10 +129,10 @@ def npy_size_problem(data_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -
     return f"npy data holds {data_bytes} bytes, the header promises {count * dtype.itemsize} for shape {shape} {dtype}"
 
 
-def load_npy(data: bytes | memoryview, *, copy: bool = True) -> np.ndarray:
+def load_npy(data: bytes | bytearray | memoryview, *, copy: bool = True) -> np.ndarray:
     """Decode ``.npy`` bytes into an array in native byte order, never unpickling: writable
-    (its own copy), or with ``copy`` False a view of ``data`` where its layout allows (read-only
-    where ``data`` is; the caller only reads it).
+    (its own copy), or with ``copy`` False a view of ``data`` where its layout allows (writable
+    where ``data`` is, as a ``bytearray`` is).
 
     packer's own shards carry numpy's version-1.0 header for a C-order numeric array; that
     header is matched by one strict regular expression (:func:`npy_layout`) and the data
@@ -140,9 +140,9 @@ def load_npy(data: bytes | memoryview, *, copy: bool = True) -> np.ndarray:
     of reading a 256×256 sample). Anything else goes through ``np.load(allow_pickle=False)``.
     Raises ValueError for bytes that are not a valid array.
     """
-    # npy_layout keys its cache by the header's bytes: a view's header is copied (a long one
-    # that does not end within NPY_HEAD bytes goes through np.load)
-    layout = npy_layout(bytes(data[:NPY_HEAD]) if isinstance(data, memoryview) else data)
+    # npy_layout keys its cache by the header's bytes: another buffer's header is copied (a long
+    # one that does not end within NPY_HEAD bytes goes through np.load)
+    layout = npy_layout(data if isinstance(data, bytes) else bytes(data[:NPY_HEAD]))
     if layout is not None:
         dtype, shape, start = layout
         problem = npy_size_problem(len(data) - start, dtype, shape)

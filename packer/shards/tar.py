@@ -34,7 +34,7 @@ import tarfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, BinaryIO, Protocol
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -522,34 +522,41 @@ def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
     return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace"), size, regular
 
 
-def read_sample_at(fh: BinaryIO, position: int, key: str,
-                   mapped: mmap.mmap | None = None) -> dict[str, bytes | memoryview]:
+class _ReadInto(Protocol):
+    """A binary file ``read_sample_at`` reads: seek, read and readinto (any ``open(..., "rb")``)."""
+
+    def seek(self, offset: int, whence: int = ..., /) -> int: ...
+    def read(self, size: int = ..., /) -> bytes: ...
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def read_sample_at(fh: _ReadInto, position: int, key: str) -> dict[str, bytearray]:
     """The bytes, by extension, of the consecutive members of sample ``key`` whose first header
-    sits at ``position`` (the position ``_index.parquet`` records); empty when none does.
-    With ``mapped`` (:func:`map_shard` of ``fh``) each member is a view of the map, not a copy.
+    sits at ``position`` (the position ``_index.parquet`` records); empty when none does. Each
+    member is read once into a ``bytearray`` of its own (``load_npy(..., copy=False)`` then
+    decodes the pixels without a second copy).
 
     Reading stops at the first header of another key, a refused name or a member that is
     not a regular file. Raises
     ``tarfile.TarError`` when ``position`` holds no member header or a member is cut short:
     the caller falls back to :func:`scan_tar`.
     """
-    members: dict[str, bytes | memoryview] = {}
-    view = memoryview(mapped) if mapped is not None else None
+    members: dict[str, bytearray] = {}
     while True:
-        if view is None:
-            fh.seek(position)
-            block = fh.read(BLOCK)
-        else:
-            block = bytes(view[position:position + BLOCK])
-        header = parse_member_header(block)
+        fh.seek(position)
+        header = parse_member_header(fh.read(BLOCK))
         if header is None:
             return members
         name, size, regular = header
         parsed = parse_member_name(name)
         if isinstance(parsed, str) or parsed[0] != key or not regular:
             return members
-        data = fh.read(size) if view is None else view[position + BLOCK:position + BLOCK + size]
-        if len(data) != size:
-            raise tarfile.ReadError(f"member {name!r} cut short")
+        data = bytearray(size)
+        view, got = memoryview(data), 0
+        while got < size:
+            n = fh.readinto(view[got:])
+            if not n:
+                raise tarfile.ReadError(f"member {name!r} cut short")
+            got += n
         members[parsed[1]] = data
         position += BLOCK + -(-size // BLOCK) * BLOCK
