@@ -567,6 +567,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     if "entity_policy" in raw and by != "time":
         raise ConfigError("split.entity_policy: only meaningful with 'by: time'")
     near = raw.get("near_duplicates") or {}
+    near_enabled = near.get("enabled", _default("split.near_duplicates.enabled"))
     if "threshold" in near:
         raise ConfigError("split.near_duplicates.threshold: near duplicates are no longer pairs of dHashes within a "
                           "Hamming distance (look-alike images of different patients fell within it and chained them "
@@ -582,9 +583,9 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
         duplicates=raw.get("duplicates", _default("split.duplicates")),
-        near_enabled=_near_enabled(near.get("enabled", _default("split.near_duplicates.enabled")), by=by,
-                                   ratios=ordered, folds=raw.get("folds"), pinned=bool(raw.get("pinned"))),
-        near_auto=near.get("enabled", _default("split.near_duplicates.enabled")) == "auto",
+        near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
+                                   pinned=bool(raw.get("pinned"))),
+        near_auto=near_enabled == "auto",
         near_neighbors=int(near.get("neighbors", _default("split.near_duplicates.neighbors"))),
         near_min_score=float(near.get("min_score", _default("split.near_duplicates.min_score"))),
         near_max_cross_split=int(near.get("max_cross_split", _default("split.near_duplicates.max_cross_split"))),

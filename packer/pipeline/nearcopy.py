@@ -655,22 +655,17 @@ class _ThumbReader:
             self._open.move_to_end(file)
             return found
         path = self.files[file]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            with open(fd, "rb", closefd=False) as fh:
-                version = np.lib.format.read_magic(fh)
-                if version not in ((1, 0), (2, 0)):
-                    raise ValueError(f"{path}: not a packer signature file (npy format {version})")
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(fh)
-                start = fh.tell()
-            if dtype != SIGNATURE_DTYPE or fortran or len(shape) != 1:
-                raise ValueError(f"{path}: not a packer signature file (dtype {dtype})")
-        except BaseException:
-            os.close(fd)
-            raise
-        found = self._open[file] = (fd, start, int(shape[0]))
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"{path}: not a packer signature file (npy format {version})")
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(fh)
+            start = fh.tell()
+        if dtype != SIGNATURE_DTYPE or fortran or len(shape) != 1:
+            raise ValueError(f"{path}: not a packer signature file (dtype {dtype})")
+        found = self._open[file] = (os.open(path, os.O_RDONLY), start, int(shape[0]))
         if len(self._open) > self.OPEN_FILES:
             os.close(self._open.popitem(last=False)[1][0])
         return found

@@ -300,8 +300,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
                                reused=True)
     # near-copy signatures only where the check runs (split.near_duplicates resolved it: a one-split job has none)
-    sig_dir = None if not task.job.split.near_enabled else cache_dir if cache_dir is not None \
-        else Path(task.sig_dir) if task.sig_dir else None
+    sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
+    if not task.job.split.near_enabled:
+        sig_dir = None
     listed = dict(task.listed)
     issues: list[Issue] = []
     clock = StageClock()

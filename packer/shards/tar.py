@@ -315,6 +315,10 @@ def read_member_bytes(fh: BinaryIO, sample: TarSample, exts: Sequence[str]) -> d
     return data
 
 
+#: Set to ``0`` to read tar shards with positional reads instead of memory maps.
+MMAP_SWITCH = "PACKER_TAR_MMAP"
+
+
 def map_shard(fh: BinaryIO) -> mmap.mmap | None:
     """A private (copy-on-write) memory map of the open shard ``fh``, for :func:`read_tar_sample`;
     None where the file is empty or cannot be mapped, or with ``PACKER_TAR_MMAP=0``.
@@ -332,10 +336,6 @@ def map_shard(fh: BinaryIO) -> mmap.mmap | None:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
     except (OSError, ValueError):
         return None
-
-
-#: Set to ``0`` to read tar shards with positional reads instead of memory maps.
-MMAP_SWITCH = "PACKER_TAR_MMAP"
 
 
 def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None) -> Decoded | SampleDefect:
