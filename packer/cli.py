@@ -105,8 +105,15 @@ def _print_summary(result: Any) -> None:
 @click.option("--resume/--fresh", default=True, show_default=True,
               help="--resume (the default) reuses the build cache: after a crash or kill -9, files already "
                    "decoded and spilled (their hashes checked) are not decoded again, and the result is "
-                   "byte-identical to an uninterrupted build. --fresh deletes the cache first (and an old one "
-                   "left at <output>/<name>/.cache).")
+                   "byte-identical to an uninterrupted build; a rebuild decodes only new or changed files, "
+                   "reading the rest back from the last version's shards. --fresh deletes the cache first (and "
+                   "an old one left at <output>/<name>/.cache).")
+@click.option("--keep-spill", is_flag=True,
+              help="Keep the decoded samples in the build cache after packing. By default the pack pass frees "
+                   "them as it copies them into shards, so a build needs about one shard per worker of extra "
+                   "disk, and a rebuild reads unchanged samples back from the last version's shards (if that "
+                   "version folder is deleted, they are decoded again). --keep-spill costs a second full copy "
+                   "of the dataset on disk, and rebuilds then reuse samples whatever happens to the output.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Keep the build cache under DIR/<name>-<hash>/ instead of $PACKER_WORK_DIR/cache (default "
                    "~/.cache/packer/work/cache). It names raw paths, ids and dates: keep it outside the output. "
@@ -114,7 +121,8 @@ def _print_summary(result: Any) -> None:
                    "mounts at the same path. Does not change the dataset hash.")
 @exits
 def build(job: Path, out: str | None, workers: int | None, scheduler: str | None, quiet: bool,
-          no_report: bool, resume: bool, storage_option: tuple[str, ...], cache_dir: Path | None) -> None:
+          no_report: bool, resume: bool, keep_spill: bool, storage_option: tuple[str, ...],
+          cache_dir: Path | None) -> None:
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
@@ -131,6 +139,7 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     target = None if out is None else out if is_url(out) else Path(out)
     result = run_build(config, BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=quiet,
                                             html_report=not no_report, fresh=not resume, cache_dir=cache_dir,
+                                            keep_spill=keep_spill,
                                             storage_options=parse_storage_options(storage_option)))
     _print_summary(result)
     check_bad_fraction(result)

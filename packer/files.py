@@ -1,9 +1,11 @@
 """General helpers every layer may use, below every stage: atomic file output, fsync, file
-digests, canonical JSON and human-readable sizes. Nothing here knows about samples or shards."""
+digests, canonical JSON, human-readable sizes and freeing a file's blocks in place. Nothing here
+knows about samples or shards."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -104,3 +106,43 @@ def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
         raise ConfigError(f"{where}: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
     number, unit = match.groups()
     return int(float(number) * _UNITS[(unit or "B").upper()])
+
+
+#: fallocate(2) mode: free the range's blocks and keep the file's size (Linux's
+#: FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
+_PUNCH_HOLE = 0x02 | 0x01
+
+
+def _libc_fallocate() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError):  # not glibc/musl (macOS): no fallocate to call
+        return None
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fallocate.restype = ctypes.c_int
+    return fallocate
+
+
+_fallocate: Any = _libc_fallocate() if os.name == "posix" else None
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Give the blocks of bytes ``offset:offset+length`` of the open file ``fd`` back to the
+    file system, keeping the file's size (the range then reads as zeros). Only whole blocks
+    inside the range are freed. Returns False where the platform or file system cannot
+    (no fallocate, EOPNOTSUPP, ENOSYS): the caller then frees space by deleting whole files.
+    Other errors (EBADF, EIO) raise OSError."""
+    if _fallocate is None or length <= 0:
+        return _fallocate is not None
+    if _fallocate(fd, _PUNCH_HOLE, offset, length) == 0:
+        return True
+    import ctypes
+
+    code = ctypes.get_errno()
+    if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(code, os.strerror(code))

@@ -51,10 +51,11 @@ def test_the_default_cache_is_in_the_work_folder_and_a_second_build_decodes_noth
     first = build_demo(demo_raw, tmp_path, out)
     cache = expected_cache(work / "cache", out)
     assert first.files_decoded > 0
-    # per chunk: its records, its spill and its near-copy signatures
+    # per chunk: its records, its near-copy signatures and where its samples are now (the
+    # pack pass freed the spill: tests/test_spill_consumption.py)
     names = [p.name for p in cache.iterdir()]
     chunks = {name.split(".")[0] for name in names}
-    assert sorted(names) == sorted(f"{c}{suffix}" for c in chunks for suffix in (".json", ".spill", ".sig.npy"))
+    assert sorted(names) == sorted(f"{c}{suffix}" for c in chunks for suffix in (".json", ".packed.json", ".sig.npy"))
     assert re.fullmatch(r"demo-[0-9a-f]{12}", cache.name)  # nothing from the raw tree in its name
     assert [p.name for p in (work / "cache").iterdir()] == [cache.name]
     # the output holds the version folder and nothing else: no cache, no spill, no hidden folder
@@ -104,7 +105,7 @@ def test_cache_dir_puts_the_cache_under_it_and_warns_when_that_is_inside_the_out
     out = tmp_path / "out"
     result = build_demo(demo_raw, tmp_path, out, cache_dir=out / "caches")
     cache = expected_cache(out / "caches", out)
-    assert any(p.suffix == ".spill" for p in cache.iterdir())
+    assert any(p.name.endswith(".packed.json") for p in cache.iterdir())
     assert not (work / "cache").exists()
     assert f"the build cache {cache} (--cache-dir) is inside the output folder {out.resolve()}" \
         in capsys.readouterr().err
@@ -166,7 +167,7 @@ def test_packer_build_cache_dir_option_keeps_the_cache_there(demo_raw: Any, tmp_
     done = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet", "--no-report",
                                      "--cache-dir", str(caches)])
     assert done.exit_code == 0, done.output
-    assert any(p.suffix == ".spill" for p in expected_cache(caches, out).iterdir())
+    assert any(p.name.endswith(".packed.json") for p in expected_cache(caches, out).iterdir())
     assert not (work / "cache").exists() and not list(out.rglob("*.spill"))
 
 

@@ -136,7 +136,7 @@ def test_chunks_grouped_into_fewer_tasks_give_the_same_bytes(demo_raw: Any, refe
 
     monkeypatch.setattr(process, "group_size", recording)
     result = run(demo_raw, tmp_path, None, workers=2)
-    assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "cache").glob("*/*.spill")))
+    assert max(seen) > 1 and sum(seen) == len(list((tmp_path / "cache").glob("*/*.packed.json")))
     assert result.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
     assert shard_bytes(result) == shard_bytes(reference)
 

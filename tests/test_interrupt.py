@@ -146,12 +146,19 @@ def chunk_cached(build: Build) -> bool:
     return any(spill.with_suffix(".json").is_file() for spill in build.cache_files("*.spill"))
 
 
+def shard_packed(build: Build) -> bool:
+    """Mid pack pass: a shard is complete in the staging folder, so its samples' spill bytes are
+    being freed (the resumed build decodes those chunks again)."""
+    return bool(list(build.out.glob("demo/.staging-*/*.tar")))
+
+
 MOMENTS: dict[str, Callable[[Build], bool]] = {
     "one-second-in": one_second_in,
     "workers-starting": worker_processes_starting,
     "pixel-pass-started": pixel_pass_started,
     "chunk-being-spilled": chunk_being_spilled,
     "chunk-cached": chunk_cached,
+    "shard-packed": shard_packed,
 }
 
 

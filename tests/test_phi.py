@@ -132,7 +132,7 @@ def test_no_planted_identifier_reaches_any_shared_output(tmp_path: Path, fmt: st
     assert phi_hits(texts) == []
     # the scan would catch the cache: it names raw ids, and it was written outside the output tree
     cache = tree_files(tmp_path / "work" / "cache")
-    assert any(path.suffix == ".spill" for path in cache)
+    assert any(path.name.endswith(".packed.json") for path in cache)  # records, signatures, pointers
     assert phi_hits({str(path): path.read_bytes().decode("latin-1") for path in cache})
 
 

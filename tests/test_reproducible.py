@@ -87,7 +87,7 @@ def test_a_damaged_cache_entry_is_recomputed_not_trusted(demo_raw: Any, referenc
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
     job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
-    build(job, BuildOptions(scheduler="sync", quiet=True))
+    build(job, BuildOptions(scheduler="sync", quiet=True, keep_spill=True))  # damaged shards: test_spill_consumption
     spill = next((tmp_path / "work" / "cache").glob("*/*.spill"))
     record = json.loads(spill.with_suffix(".json").read_text())
     sample = record["samples"][-1]

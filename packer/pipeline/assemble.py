@@ -11,16 +11,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
 
 from packer.allocator import tune_allocator
 from packer.errors import PackerError
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.plan import PlannedShard, ShardPlan
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import read_spilled
+from packer.pipeline.spill import SpillConsumer, SpillReader
 from packer.progress import Progress
-from packer.records import SpilledSample
 from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import write_tar_shard
@@ -39,25 +37,10 @@ class ShardTask:
     format: str
 
 
-class _SpillFiles:
-    """Keeps spill files open while a shard is assembled (samples of a shard share few files)."""
-
-    def __init__(self, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
-        self.handles: dict[str, BinaryIO] = {}
-
-    def read(self, sample: SpilledSample) -> tuple[bytes, dict, bytes]:
-        return read_spilled(self.cache_dir, sample, self.handles)
-
-    def close(self) -> None:
-        for handle in self.handles.values():
-            handle.close()
-
-
 def write_shard(task: ShardTask) -> ShardWrite:
     """Dask task: stream the plan's samples from the spill files into the shard file."""
     tune_allocator()
-    files = _SpillFiles(Path(task.cache_dir))
+    files = SpillReader(Path(task.cache_dir))
 
     def encoded() -> Iterator[EncodedSample]:
         for sample in task.plan.samples:
@@ -75,11 +58,19 @@ def write_shard(task: ShardTask) -> ShardWrite:
 
 
 def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, target: Target,
-              cache_dir: Path, staging: Path, fmt: str, quiet: bool) -> dict[str, ShardWrite]:
+                cache_dir: Path, staging: Path, fmt: str, quiet: bool,
+                consumer: SpillConsumer | None = None) -> dict[str, ShardWrite]:
     """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
-    spill files under ``cache_dir``; return what each writer reported, by shard file."""
-    def task_of(i: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
-        shard = shards[i]
+    spill files under ``cache_dir``; return what each writer reported, by shard file.
+
+    Shards are submitted in the order of their first sample (the table is in key order, and so
+    are the chunks), so the splits advance through the spill together; ``consumer`` frees each
+    shard's spilled bytes once its task has returned (a task that fails or dies is retried on
+    bytes still there)."""
+    order = sorted(range(len(shards)), key=lambda i: (int(shards[i].rows[0]) if len(shards[i].rows) else -1, i))
+
+    def task_of(j: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
+        shard = shards[order[j]]
         plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
         return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
 
@@ -87,12 +78,15 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
     written: dict[str, ShardWrite] = {}
     nonce = uuid.uuid4().hex[:8]
     tasks = LazySequence(len(shards), task_of)
-    for task, shard in executor.map_unordered(write_shard, tasks, [f"pack-{s.file}-{nonce}" for s in shards]):
+    for task, shard in executor.map_unordered(write_shard, tasks,
+                                              [f"pack-{shards[i].file}-{nonce}" for i in order]):
         if isinstance(shard, WorkerLost):
             raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
                               "this happens only when copying already-decoded bytes, so check the worker's memory "
                               "limit and the disk under the output folder")
         written[shard.file] = shard
+        if consumer is not None:
+            consumer.packed(task.plan.samples)
         progress.update(shard.samples)
     progress.close()
     return written

@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ from packer.pipeline.publish import (
     write_splits_table,
 )
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import remove_stale_temporaries
+from packer.pipeline.spill import chunk_of, remove_stale_temporaries, write_packed_pointers
 from packer.pipeline.stages import run_stages
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
@@ -100,6 +100,11 @@ class BuildOptions:
     work_dir: Path | None = None
     storage_options: dict[str, Any] | None = None
     cache_dir: Path | None = None
+    #: keep every chunk's spill in the build cache after packing: a second full copy of the
+    #: dataset on disk, in exchange for rebuilds that reuse samples without the version folder
+    #: (by default the pack pass frees the spill and rebuilds read reused samples back from
+    #: the published shards: :mod:`packer.pipeline.spill`)
+    keep_spill: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,8 +231,9 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     except _ReportNotWritten:
         raise
     except FileSystemError as err:
-        raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache; the next build "
-                              "into the same output folder decodes only the rest") from err
+        raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache (but for samples "
+                              "already copied into shards); the next build into the same output folder decodes "
+                              "only the rest") from err
 
 
 class _ReportNotWritten(FileSystemError):
@@ -257,7 +263,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers) as executor:
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
-                         storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root)
+                         storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root,
+                         keep_spill=options.keep_spill)
         description = executor.description
     prepared, target, shards, written = run.prepared, run.target, run.shards, run.written
     del run
@@ -301,6 +308,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
+    if options.keep_cache:
+        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written),
+                              skip={chunk_of(name) for name in prepared.partial_spills})
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
     used_chunks = {c.key for c in prepared.chunks}
@@ -334,6 +344,15 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                        registry_copy=registry_copy, executor=description, html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
                        stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source)
+
+
+def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite]
+            ) -> Iterator[tuple[str, str, str, int]]:
+    """(chunk key, sample key, shard file, position) of every packed sample."""
+    keys, spills = samples.column("key"), samples.column("spill")
+    for shard in shards:
+        for row, position in zip(shard.rows.tolist(), written[shard.file].positions, strict=True):
+            yield chunk_of(spills[row]), keys[row], shard.file, position
 
 
 def _decoders() -> dict[str, str]:

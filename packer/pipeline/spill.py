@@ -9,6 +9,15 @@ all named by the chunk's key:
   the chunk's issues), with the spill's size and a digest chained over the samples' digests;
 - ``<key>.sig.npy``: the near-copy signatures (:mod:`packer.pipeline.nearcopy`).
 
+The spill is a second copy of the dataset, so a build consumes it: as each shard is written,
+the client frees its samples' spill bytes (:class:`SpillConsumer`: holes punched, a chunk's
+spill deleted once all of it is packed), and after publishing writes ``<key>.packed.json``
+(:func:`write_packed_pointers`): where each of the chunk's samples now sits in the published
+version. A later build reuses the chunk by reading its samples back from those shards, checked
+against the same digests (:func:`load_cached_chunk`), so "decode only what is new" survives
+without a full copy on disk. ``packer build --keep-spill`` keeps the spill instead (reuse then
+does not depend on the version folder, at the cost of that second copy).
+
 The key (:func:`chunk_key`) covers :data:`CACHE_FORMAT`, the library versions, the parts of the
 job that shape samples and each file's path, table values and fingerprint, so an entry is
 reused only for the same source version and processing config. :func:`load_cached_chunk`
@@ -20,21 +29,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packer.config import JobConfig, SourceConfig
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
-from packer.files import TMP_SUFFIX, atomic_output, canonical_json
+from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Issue, SampleRef, SpilledSample
+from packer.shards.members import NPY_HEAD, npy_layout
+from packer.shards.tar import npy_header, read_sample_at
 from packer.storage import is_url
 
 
@@ -155,20 +171,45 @@ def cache_output(path: Path) -> Iterator[Any]:
         raise FileSystemError(str(err).replace(OUTPUT_ELSEWHERE, CACHE_ELSEWHERE)) from err
 
 
+SPILL_SUFFIX = ".spill"
+#: A chunk's pointer into the published version that holds its samples (:func:`write_packed_pointers`)
+PACKED_SUFFIX = ".packed.json"
+
+
+def spill_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"{key}{SPILL_SUFFIX}"
+
+
+def packed_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"{key}{PACKED_SUFFIX}"
+
+
+def chunk_of(spill_name: str) -> str:
+    """The chunk key of a sample's ``spill`` (``<key>.spill`` or ``<key>.packed.json``)."""
+    return spill_name.split(".", 1)[0]
+
+
 def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
-    """The chunk's records if its records file is complete and its spill file's size and
-    sha256 check out, else None (the chunk is then processed again)."""
+    """The chunk's records if its records file is complete and its samples' bytes check out
+    (sizes, each sample's sha256 and the digest chained over them), else None (the chunk is
+    then processed again). The bytes are the spill file's or, once a build consumed the spill,
+    the published shards' its ``.packed.json`` names; the samples returned say which."""
     records = records_path(cache_dir, key)
-    spill = cache_dir / f"{key}.spill"
-    if not (records.is_file() and spill.is_file()):
+    spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
+    if not records.is_file():
         return None
     try:
         data = json.loads(records.read_text(encoding="utf-8"))
-        if data.get("spill_bytes") != spill.stat().st_size:
-            return None
         samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
                         for s in data["samples"])
-        if data.get("spill_digest") != _spill_digest(spill, samples):
+        if spill.is_file():
+            if data.get("spill_bytes") != spill.stat().st_size:
+                return None
+        elif packed.is_file():
+            samples = tuple(replace(s, spill=packed.name) for s in samples)
+        else:
+            return None
+        if data.get("spill_digest") != _chained_digest(cache_dir, samples):
             return None
         signed = [s for s in samples if s.signature]  # none where the job skips near copies
         if signed and (len(signed) != len(samples) or
@@ -180,21 +221,26 @@ def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
     return CachedChunk(samples=samples, issues=issues, files=data["files"])
 
 
-def _spill_digest(spill: Path, samples: Sequence[SpilledSample]) -> str | None:
-    """The spill file's digest as :class:`SpillWriter` records it (sha256 over each sample's
-    pixel sha256 and metadata bytes, in order), or None when a sample's pixels do not match
-    its own sha256. Reads and hashes the whole file once, as a plain sha256 of it would."""
+def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample]) -> str | None:
+    """The digest :class:`SpillWriter` recorded for ``samples`` (sha256 over each sample's pixel
+    sha256, metadata bytes and mask bytes, in order), recomputed from where their bytes are now
+    (the spill file, or the published shards a pointer names); None when a sample's pixels do
+    not match its own sha256 or its bytes are missing, short or unreadable (a spill with holes
+    punched by an interrupted pack pass reads as zeros: its pixels no longer match)."""
     chain = hashlib.sha256()
-    with open(spill, "rb") as fh:
+    with SpillReader(cache_dir) as reader:
         for sample in samples:
-            fh.seek(sample.offset)
-            pixels = hashlib.sha256(fh.read(sample.pixel_bytes))
-            if pixels.hexdigest() != sample.sha256:
+            try:
+                pixels, meta, mask = reader.read_bytes(sample)
+            except (OSError, ValueError, KeyError, TypeError, tarfile.TarError, pa.ArrowException):
                 return None
-            chain.update(pixels.digest())
-            chain.update(fh.read(sample.meta_bytes))
-            if sample.mask_bytes:
-                chain.update(fh.read(sample.mask_bytes))
+            digest = hashlib.sha256(pixels)
+            if digest.hexdigest() != sample.sha256:
+                return None
+            chain.update(digest.digest())
+            chain.update(meta)
+            if mask:
+                chain.update(mask)
     return chain.hexdigest()
 
 
@@ -208,23 +254,164 @@ class _Discard(contextlib.AbstractContextManager["_Discard"]):
         return None
 
 
-def read_spilled(cache_dir: Path, sample: SpilledSample,
-                 handles: dict[str, BinaryIO] | None = None) -> tuple[bytes, dict[str, Any], bytes]:
-    """The pixel bytes, metadata and mask (``.npy`` bytes; empty without one) of one spilled
-    sample; ``handles`` caches open files."""
-    handles = {} if handles is None else handles
-    fh = handles.get(sample.spill)
-    if fh is None:
-        fh = handles[sample.spill] = open(cache_dir / sample.spill, "rb")  # noqa: SIM115 - closed by the caller
-    fh.seek(sample.offset)
-    pixels = fh.read(sample.pixel_bytes)
-    meta = fh.read(sample.meta_bytes)
-    mask = fh.read(sample.mask_bytes) if sample.mask_bytes else b""
-    if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes or len(mask) != sample.mask_bytes:
-        raise OSError(f"{cache_dir / sample.spill}: spill file is shorter than its records say; "
-                      "delete the build cache folder and rebuild")
-    metadata: dict[str, Any] = json.loads(meta)
-    return pixels, metadata, mask
+class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
+    """Reads spilled samples, keeping files open while a shard is assembled (its samples share
+    few files). A sample whose ``spill`` is a ``.packed.json`` pointer is read back from the
+    published shard that pointer names: its pixels (the ``.npy`` member's data or the
+    ``image`` cell), its metadata (the record's ``metadata``, in canonical JSON as spilled) and
+    its mask (``.npy`` bytes), exactly the bytes the spill held."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self._files: dict[str, io.BufferedReader] = {}
+        self._pointers: dict[str, tuple[Path, dict[str, list[Any]]]] = {}
+        self._tables: dict[str, pa.Table] = {}  # the last Parquet shard read back (one at a time)
+
+    def read(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes]:
+        """The pixel bytes, metadata and mask (``.npy`` bytes; empty without one) of ``sample``."""
+        pixels, meta, mask = self.read_bytes(sample)
+        metadata: dict[str, Any] = json.loads(meta)
+        return pixels, metadata, mask
+
+    def read_bytes(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes]:
+        """Pixel bytes, metadata JSON bytes and mask bytes of ``sample``, as spilled."""
+        if sample.spill.endswith(PACKED_SUFFIX):
+            pixels, meta, mask, where = self._read_packed(sample)
+        else:
+            where = self.cache_dir / sample.spill
+            fh = self._open(str(where))
+            fh.seek(sample.offset)
+            pixels, meta = fh.read(sample.pixel_bytes), fh.read(sample.meta_bytes)
+            mask = fh.read(sample.mask_bytes) if sample.mask_bytes else b""
+        if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes or len(mask) != sample.mask_bytes:
+            raise OSError(f"{where}: sample {sample.key} is not what the build cache's records say; delete the "
+                          "build cache folder and rebuild")
+        return pixels, meta, mask
+
+    def _open(self, path: str) -> io.BufferedReader:
+        fh = self._files.get(path)
+        if fh is None:
+            fh = self._files[path] = open(path, "rb")  # noqa: SIM115 - closed by close()
+        return fh
+
+    def _read_packed(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes, Path]:
+        pointer = self._pointers.get(sample.spill)
+        if pointer is None:
+            data = json.loads((self.cache_dir / sample.spill).read_text(encoding="utf-8"))
+            pointer = self._pointers[sample.spill] = (Path(data["version"]), data["samples"])
+        version, where = pointer
+        file, position = where[sample.key]
+        path = version / file
+        if path.suffix == ".parquet":
+            table = self._tables.get(str(path))
+            if table is None:
+                self._tables.clear()
+                table = self._tables[str(path)] = pq.read_table(path, memory_map=True)
+            if table["key"][position].as_py() != sample.key:
+                raise KeyError(f"{path}: row {position} is not sample {sample.key}")
+            pixels = table["image"][position].as_py()
+            info = json.loads(table["metadata"][position].as_py())
+            mask = b""
+            if sample.mask_bytes:
+                shape, dtype = table["mask_shape"][position].as_py(), table["mask_dtype"][position].as_py()
+                mask = npy_header(tuple(shape), np.dtype(dtype).str) + table["mask"][position].as_py()
+            return pixels, canonical_json(info["metadata"]), mask, path
+        members = read_sample_at(self._open(str(path)), position, sample.key)
+        npy = members["npy"]
+        layout = npy_layout(bytes(npy[:NPY_HEAD]))
+        if layout is None:
+            raise ValueError(f"{path}: sample {sample.key}'s .npy member is not in packer's own form")
+        info = json.loads(members["json"])
+        return bytes(npy[layout[2]:]), canonical_json(info["metadata"]), bytes(members.get("mask.npy", b"")), path
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
+        self._tables.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[tuple[str, str, str, int]],
+                          skip: Iterable[str] = ()) -> int:
+    """After a version is published: for each chunk whose samples are in it, write
+    ``<key>.packed.json`` (the version folder and, per sample key, its shard file and position)
+    so that a later build reuses the chunk from those shards once its spill is gone.
+    ``placed``: (chunk key, sample key, shard file, position) of every packed sample; ``skip``:
+    chunks with samples that were not packed (their spill, or an older pointer, stays the
+    source). A pointer that does not match its records is refused when it is loaded
+    (:func:`load_cached_chunk`), never trusted. Returns how many were written."""
+    by_chunk: dict[str, dict[str, list[Any]]] = defaultdict(dict)
+    for chunk, key, file, position in placed:
+        by_chunk[chunk][key] = [file, position]
+    skipped = set(skip)
+    version = os.fspath(version_dir.resolve())
+    written = 0
+    for chunk, samples in sorted(by_chunk.items()):
+        if chunk in skipped:
+            continue
+        with cache_output(packed_path(cache_dir, chunk)) as fh:
+            fh.write(canonical_json({"version": version, "samples": samples}))
+        written += 1
+    return written
+
+
+class SpillConsumer:
+    """Frees the spill as the pack pass copies it into shards (client side, after each shard's
+    task has returned): the blocks of the packed samples' byte ranges are punched out of their
+    spill files (:func:`packer.files.punch_hole`) and a spill file whose samples are all packed
+    is deleted. So a build needs about one shard per worker of extra disk, not a second copy of
+    the dataset. Spill files listed in ``keep`` (chunks with samples that are not packed, e.g.
+    dropped by the split) are left whole. Where holes cannot be punched, only whole files go."""
+
+    def __init__(self, cache_dir: Path, spills: Sequence[str], keep: Iterable[str] = ()) -> None:
+        self.cache_dir = cache_dir
+        kept = set(keep)
+        self._left: dict[str, int] = defaultdict(int)
+        for name in spills:
+            if name.endswith(SPILL_SUFFIX) and name not in kept:
+                self._left[name] += 1
+        self._punch = True
+        self.freed = 0  # bytes given back (holes and deleted files)
+
+    def packed(self, samples: Iterable[SpilledSample]) -> None:
+        """``samples`` are now in a complete shard: free their spill bytes."""
+        ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for sample in samples:
+            if sample.spill in self._left:
+                ranges[sample.spill].append((sample.offset, sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes))
+        for name, spans in ranges.items():
+            self._left[name] -= len(spans)
+            path = self.cache_dir / name
+            if self._left[name] <= 0:
+                del self._left[name]
+                with contextlib.suppress(FileNotFoundError):
+                    self.freed += path.stat().st_blocks * 512
+                    path.unlink()
+            elif self._punch:
+                self._punch_out(path, spans)
+
+    def _punch_out(self, path: Path, spans: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for offset, size in sorted(spans):
+            if merged and merged[-1][0] + merged[-1][1] == offset:
+                merged[-1][1] += size
+            else:
+                merged.append([offset, size])
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except FileNotFoundError:
+            return
+        try:
+            for offset, size in merged:
+                if not punch_hole(fd, offset, size):
+                    self._punch = False
+                    return
+                self.freed += size
+        finally:
+            os.close(fd)
 
 
 class SpillWriter:
@@ -237,7 +424,7 @@ class SpillWriter:
 
     def __init__(self, cache_dir: Path | None, key: str, *, sig_dir: Path | None) -> None:
         self.cache_dir, self.key, self.sig_dir = cache_dir, key, sig_dir
-        self.spill_name = f"{key}.spill"
+        self.spill_name = f"{key}{SPILL_SUFFIX}"
         self.sig_name = signature_name(key) if sig_dir is not None else ""
         self.samples: list[SpilledSample] = []
         self._signatures: list[np.void] = []

@@ -44,7 +44,7 @@ from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, veri
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import CACHE_ELSEWHERE
+from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
@@ -77,6 +77,9 @@ class Prepared:
     phi: Pseudonymizer = Pseudonymizer(mode="keep", dates="keep", key=None)
     links: NearLinks = field(default_factory=NearLinks.empty)
     near_seconds: float = 0.0
+    #: spill files holding a sample that is not packed (dropped by the split): the pack pass
+    #: leaves them whole, since no published shard can stand in for them later
+    partial_spills: frozenset[str] = frozenset()
 
     @property
     def files_decoded(self) -> int:
@@ -141,9 +144,13 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                              show_dates=phi.dates == "keep")
     issues.extend(assignment.dropped)
     split = assignment.split
-    kept = samples.take([i for i, key in enumerate(samples.column("key")) if key in split])
+    keys = samples.column("key")
+    kept = samples.take([i for i, key in enumerate(keys) if key in split])
+    spills = samples.column("spill")
+    partial = frozenset(spills[i] for i, key in enumerate(keys) if key not in split)
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
-                    chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds)
+                    chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
+                    partial_spills=partial)
 
 
 def _scratch_folder() -> Path:
@@ -183,19 +190,21 @@ class StageRun:
 def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", "pack"],
                cache_dir: Path | None, decode: bool = True, quiet: bool = False,
                storage_options: dict[str, Any] | None = None, staging: Path | None = None,
-               leakage_dir: Path | None = None) -> StageRun:
+               leakage_dir: Path | None = None, keep_spill: bool = False) -> StageRun:
     """Run :data:`STAGES` of ``job`` on ``executor`` in order, up to and including ``through``.
 
     ``through="audit"`` (``packer validate``): nothing is written; ``cache_dir`` None keeps no
     spill (``decode`` False reads headers only). ``through="pack"`` (``packer build``): a failed
     audit writes ``leakage.json`` into ``leakage_dir`` and raises LeakageError; otherwise the
-    shards are written into ``staging`` (emptied first) from the spill under ``cache_dir``.
+    shards are written into ``staging`` (emptied first) from the spill under ``cache_dir``, which
+    the pack pass frees as it goes (:class:`~packer.pipeline.spill.SpillConsumer`) unless
+    ``keep_spill``.
     """
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
                       storage_options=storage_options)
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
-              "(their spill files' hashes checked out)", flush=True)
+              "(their bytes' hashes checked out)", flush=True)
     if through == "audit":
         return StageRun(prepared)
     if cache_dir is None or staging is None or leakage_dir is None:
@@ -209,5 +218,6 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet)
+    consumer = None if keep_spill else SpillConsumer(cache_dir, samples.column("spill"), keep=prepared.partial_spills)
+    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer)
     return StageRun(prepared, target=target, shards=tuple(shards), written=written)

@@ -1,0 +1,198 @@
+"""A build does not keep a second copy of the dataset: the pack pass frees the spill.
+
+As each shard's task returns, the client punches its samples' byte ranges out of their spill
+files and deletes a spill file once all of it is packed (``SpillConsumer``); after publishing it
+writes each chunk's ``<key>.packed.json``, where its samples now sit. A rebuild reads unchanged
+samples back from those shards, checked against the same digests the spill was, so it decodes
+only what is new and gives the same bytes as a fresh build. ``keep_spill`` keeps the old way."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packer.config import load_job
+from packer.files import punch_hole
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.spill import SpillConsumer, SpillReader, load_cached_chunk
+from packer.records import SampleRef, SpilledSample
+from packer.shards.tar import scan_tar
+from tests.helpers import demo_job_doc, write_job
+
+
+def run(demo_raw: Any, tmp_path: Path, out: Path, work: Path, monkeypatch: pytest.MonkeyPatch, *,
+        seed: int | None = None, fmt: str | None = None, keep_spill: bool = False) -> BuildResult:
+    """The demo job into ``out`` with its cache under ``work``, optionally with another split seed
+    (another version from the same samples) or shard format."""
+    monkeypatch.setenv("PACKER_WORK_DIR", str(work))
+    doc = demo_job_doc(demo_raw.root, out)
+    if seed is not None:
+        doc["split"] = {**doc["split"], "seed": seed}
+    if fmt is not None:
+        doc["pack"] = {**doc.get("pack", {}), "format": fmt}
+    job = load_job(write_job(tmp_path / f"job-{seed}-{fmt}", doc))
+    return build(job, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False, keep_spill=keep_spill))
+
+
+def shard_bytes(result: BuildResult) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(result.version_dir.iterdir()) if p.suffix in (".tar", ".parquet")}
+
+
+def cache_files(work: Path) -> list[Path]:
+    (cache,) = (work / "cache").iterdir()
+    return sorted(cache.iterdir())
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_a_build_frees_its_spill_and_a_rebuild_reads_unchanged_samples_back_from_the_last_version(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch, fmt=fmt)
+    names = [p.name for p in cache_files(work)]
+    assert first.files_decoded > 0
+    assert not [n for n in names if n.endswith(".spill")]  # no second copy of the dataset left behind
+    pointers = [p for p in cache_files(work) if p.name.endswith(".packed.json")]
+    assert len(pointers) == len([n for n in names if n.endswith(".sig.npy")])  # one per chunk
+    pointer = json.loads(pointers[0].read_text())
+    assert Path(pointer["version"]) == first.version_dir.resolve()
+    assert all((first.version_dir / file).is_file() for file, _ in pointer["samples"].values())
+
+    # another split seed: a new version of the same samples, none of them decoded again
+    second = run(demo_raw, tmp_path, out, work, monkeypatch, seed=5, fmt=fmt)
+    assert second.version_dir != first.version_dir
+    assert second.files_decoded == 0 and second.files_cached == first.files_decoded
+    # ... and byte for byte what a fresh build of that job gives
+    fresh = run(demo_raw, tmp_path / "fresh", tmp_path / "fresh" / "out", tmp_path / "fresh" / "work", monkeypatch,
+                seed=5, fmt=fmt)
+    assert fresh.files_decoded == first.files_decoded
+    assert second.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+    assert shard_bytes(second) == shard_bytes(fresh)
+    # the pointers now name the newest version
+    assert {Path(json.loads(p.read_text())["version"]) for p in cache_files(work)
+            if p.name.endswith(".packed.json")} == {second.version_dir.resolve()}
+
+
+def test_a_deleted_version_folder_means_its_samples_are_decoded_again(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch)
+    shutil.rmtree(first.version_dir)
+    again = run(demo_raw, tmp_path, out, work, monkeypatch)
+    assert again.files_decoded == first.files_decoded and again.files_cached == 0
+    assert again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+
+
+@pytest.mark.parametrize("member", ["npy", "json"])
+def test_a_changed_byte_in_a_published_shard_makes_only_its_chunk_decode_again(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, member: str) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch)
+    pointer_file = next(p for p in cache_files(work) if p.name.endswith(".packed.json"))
+    records = json.loads(pointer_file.with_name(pointer_file.name.replace(".packed.json", ".json")).read_text())
+    key, (file, position) = next(iter(json.loads(pointer_file.read_text())["samples"].items()))
+    shard = first.version_dir / file
+    (sample,) = [s for s in scan_tar(shard).samples if s.offset == position]
+    assert sample.key == key
+    start, size = sample.members[member]
+    data = bytearray(shard.read_bytes())
+    if member == "npy":
+        at = start + size - 1  # the last pixel byte
+    else:  # the first letter of the sample's metadata (the record's other fields are not what was spilled)
+        at = data.index(b'"metadata":{"', start, start + size) + len(b'"metadata":{"')
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+    again = run(demo_raw, tmp_path, out, work, monkeypatch, seed=5)  # a new version: the damaged one is not kept
+    assert again.files_decoded == records["files"]
+    fresh = run(demo_raw, tmp_path / "fresh", tmp_path / "fresh" / "out", tmp_path / "fresh" / "work", monkeypatch,
+                seed=5)
+    assert again.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+
+
+def test_keep_spill_keeps_every_chunks_spill_and_rebuilds_from_it(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch, keep_spill=True)
+    spills = [p for p in cache_files(work) if p.name.endswith(".spill")]
+    assert len(spills) == len([p for p in cache_files(work) if p.name.endswith(".sig.npy")])
+    records = [json.loads(p.with_suffix(".json").read_text()) for p in spills]
+    assert all(p.stat().st_size == r["spill_bytes"] for p, r in zip(spills, records, strict=True))
+    shutil.rmtree(first.version_dir)  # the spill alone serves the rebuild
+    again = run(demo_raw, tmp_path, out, work, monkeypatch)
+    assert again.files_decoded == 0 and again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+    assert not [p for p in cache_files(work) if p.name.endswith(".spill")]  # that build consumed it
+
+
+def _spill(folder: Path, name: str, sizes: list[int]) -> list[SpilledSample]:
+    """A spill file of random bytes holding samples of ``sizes`` bytes, and their records."""
+    data = os.urandom(sum(sizes))
+    (folder / name).write_bytes(data)
+    ref = SampleRef(sample_id="s", source="s", kind="image", path="/raw/s.png", relpath="s.png", label="a",
+                    entity="e")
+    samples, offset = [], 0
+    for i, size in enumerate(sizes):
+        samples.append(SpilledSample(key=f"{name.split('.')[0]}-{i}", ref=ref, spill=name, offset=offset,
+                                     pixel_bytes=size - 10, meta_bytes=10, shape=(1, 1, size - 10), dtype="uint8",
+                                     sha256="0" * 64))
+        offset += size
+    return samples
+
+
+def _punching_works(folder: Path) -> bool:
+    probe = folder / "probe"
+    probe.write_bytes(b"x" * 65536)
+    with open(probe, "r+b") as fh:
+        works = punch_hole(fh.fileno(), 0, 65536)
+    probe.unlink()
+    return works
+
+
+def test_the_consumer_frees_packed_bytes_deletes_finished_spills_and_leaves_kept_ones(tmp_path: Path) -> None:
+    mib = 1 << 20
+    a = _spill(tmp_path, "aaaa.spill", [mib, mib, mib, mib])
+    b = _spill(tmp_path, "bbbb.spill", [mib, mib])
+    kept = _spill(tmp_path, "kkkk.spill", [mib, mib])
+    before_b = (tmp_path / "bbbb.spill").read_bytes()
+    os.sync()
+    consumer = SpillConsumer(tmp_path, [s.spill for s in [*a, *b, *kept]], keep=["kkkk.spill"])
+
+    consumer.packed([a[0], a[1], b[0], kept[0]])  # one shard's samples
+    spill_a = tmp_path / "aaaa.spill"
+    assert spill_a.stat().st_size == 4 * mib  # holes keep the size
+    if _punching_works(tmp_path):
+        assert spill_a.stat().st_blocks * 512 <= 2 * mib + 8192
+        with open(spill_a, "rb") as fh:
+            assert fh.read(2 * mib) == bytes(2 * mib)  # the packed samples' bytes are gone ...
+        spill_b = (tmp_path / "bbbb.spill").read_bytes()
+        assert spill_b[:mib] == bytes(mib) and spill_b[mib:] == before_b[mib:]  # ... the others untouched
+        assert consumer.freed >= 3 * mib
+    consumer.packed([a[2], a[3], b[1], kept[1]])
+    assert not spill_a.exists() and not (tmp_path / "bbbb.spill").exists()  # all packed: deleted
+    assert (tmp_path / "kkkk.spill").stat().st_size == 2 * mib  # a kept spill stays whole
+    assert consumer.freed >= 6 * mib
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_a_sample_read_back_from_a_shard_is_the_spilled_sample_byte_for_byte(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    run(demo_raw, tmp_path, out, work, monkeypatch, keep_spill=True, fmt=fmt)  # spill and pointers both kept
+    (cache,) = (work / "cache").iterdir()
+    chunks = [p.name.split(".")[0] for p in cache.glob("*.spill")]
+    compared = 0
+    with SpillReader(cache) as reader:
+        for chunk in chunks:
+            entry = load_cached_chunk(cache, chunk)
+            assert entry is not None
+            for sample in entry.samples:
+                as_spilled = reader.read_bytes(sample)
+                back = reader.read_bytes(replace(sample, spill=f"{chunk}.packed.json"))
+                assert back == as_spilled, sample.key
+                compared += 1
+    assert compared == sum(len(json.loads((cache / f"{c}.json").read_text())["samples"]) for c in chunks)
