@@ -22,6 +22,11 @@ process, and reports the samples/s of each epoch (the first includes worker star
   sources=[s]), 64, num_workers=0)``, packer's stacking collate, one source after the other.
 - ``packer, no workers, collate="list"``: the images handed over as views (no byte is read
   until the caller reads it; listed to show what the stack costs).
+- ``... one view per source, allocator tuned``: the view-per-source case again after
+  :func:`packer.allocator.tune_allocator` in this (the training) process, so that each batch's
+  buffer reuses freed heap memory instead of being mapped and faulted in afresh (run last: the
+  setting stays for the process). A batch of 64 CT samples is 32 MiB, at glibc's largest mmap
+  threshold, so it is still mapped; with ``THP_MEM_ALLOC_ENABLE=1`` torch asks for huge pages there.
 
 Set ``THP_MEM_ALLOC_ENABLE=1`` in the environment to give torch's large allocations huge pages
 (a torch setting, not packer's).
@@ -91,6 +96,7 @@ def main() -> None:
     sys.path.insert(0, str(args.bench.resolve()))
     import common  # the harness's collate, as its adapters use it
 
+    from packer.allocator import tune_allocator
     from packer.loader import ShardDataset, make_loader
 
     manifest = json.loads((args.manifest / "manifest.json").read_text())
@@ -131,9 +137,14 @@ def main() -> None:
             dataset = ShardDataset(args.manifest, split, shuffle=False)
             yield from (len(b["key"]) for b in make_loader(dataset, batch_size=BATCH, num_workers=0, collate="list"))
 
+    def tuned_views() -> Iterator[int]:
+        tune_allocator()
+        yield from packer_views()
+
     cases = [("ideal reader, 2 workers", ideal_loader(2)), ("the same, no workers", ideal_loader(0)),
              ("packer, 2 workers", packer_workers), ("packer, no workers, one view per source", packer_views),
-             ('packer, no workers, collate="list"', packer_list)]
+             ('packer, no workers, collate="list"', packer_list),
+             ("packer, no workers, one view per source, allocator tuned", tuned_views)]
     print(f"{total} samples ({ct} CT), batch {BATCH}, "
           f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, torch {torch.__version__}")
     print("| case | epoch 1 | epoch 2 | epoch 3 |\n|---|---:|---:|---:|")

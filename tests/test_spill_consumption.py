@@ -196,3 +196,21 @@ def test_a_sample_read_back_from_a_shard_is_the_spilled_sample_byte_for_byte(
                 assert back == as_spilled, sample.key
                 compared += 1
     assert compared == sum(len(json.loads((cache / f"{c}.json").read_text())["samples"]) for c in chunks)
+
+
+def test_a_block_shared_by_two_samples_packed_apart_is_freed_once_both_are(tmp_path: Path) -> None:
+    """Holes free whole blocks only: the consumer punches each file's packed ranges merged, so
+    the block two neighbouring samples share goes once the second of them is packed."""
+    if not _punching_works(tmp_path):
+        pytest.skip("this file system cannot punch holes (whole spill files are still deleted)")
+    block = os.statvfs(tmp_path).f_bsize
+    samples = _spill(tmp_path, "cccc.spill", [block + 904, block + 904, 8 * block])  # not block-aligned
+    spill = tmp_path / "cccc.spill"
+    os.sync()
+    full = spill.stat().st_blocks * 512
+    consumer = SpillConsumer(tmp_path, [s.spill for s in samples])
+    consumer.packed([samples[0]])  # one shard
+    assert full - spill.stat().st_blocks * 512 == block  # [0, block + 904): one whole block
+    consumer.packed([samples[1]])  # another shard
+    assert full - spill.stat().st_blocks * 512 == 2 * block  # [0, 2 block + 1808) merged: two
+    assert consumer.freed == 2 * block

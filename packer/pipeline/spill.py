@@ -364,7 +364,11 @@ class SpillConsumer:
     spill files (:func:`packer.files.punch_hole`) and a spill file whose samples are all packed
     is deleted. So a build needs about one shard per worker of extra disk, not a second copy of
     the dataset. Spill files listed in ``keep`` (chunks with samples that are not packed, e.g.
-    dropped by the split) are left whole. Where holes cannot be punched, only whole files go."""
+    dropped by the split) are left whole. Where holes cannot be punched, only whole files go.
+
+    A hole frees only the file system blocks wholly inside it, so each file's packed ranges are
+    kept merged and punched as one: a block shared by two samples packed into different shards
+    (neighbours in a chunk, split apart) is freed once both are packed."""
 
     def __init__(self, cache_dir: Path, spills: Sequence[str], keep: Iterable[str] = ()) -> None:
         self.cache_dir = cache_dir
@@ -373,43 +377,52 @@ class SpillConsumer:
         for name in spills:
             if name.endswith(SPILL_SUFFIX) and name not in kept:
                 self._left[name] += 1
+        self._packed: dict[str, list[list[int]]] = defaultdict(list)  # merged [start, end) ranges per file
         self._punch = True
-        self.freed = 0  # bytes given back (holes and deleted files)
+        self.freed = 0  # bytes given back (blocks of holes and of deleted files)
 
     def packed(self, samples: Iterable[SpilledSample]) -> None:
         """``samples`` are now in a complete shard: free their spill bytes."""
         ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for sample in samples:
             if sample.spill in self._left:
-                ranges[sample.spill].append((sample.offset, sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes))
+                end = sample.offset + sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes
+                ranges[sample.spill].append((sample.offset, end))
         for name, spans in ranges.items():
             self._left[name] -= len(spans)
             path = self.cache_dir / name
             if self._left[name] <= 0:
                 del self._left[name]
+                self._packed.pop(name, None)
                 with contextlib.suppress(FileNotFoundError):
                     self.freed += path.stat().st_blocks * 512
                     path.unlink()
             elif self._punch:
-                self._punch_out(path, spans)
+                self._punch_out(path, self._merge(name, spans))
 
-    def _punch_out(self, path: Path, spans: list[tuple[int, int]]) -> None:
+    def _merge(self, name: str, spans: list[tuple[int, int]]) -> list[list[int]]:
+        """Add ``spans`` to the file's packed ranges; return the merged ranges they touch."""
         merged: list[list[int]] = []
-        for offset, size in sorted(spans):
-            if merged and merged[-1][0] + merged[-1][1] == offset:
-                merged[-1][1] += size
+        for start, end in sorted([*map(tuple, self._packed[name]), *spans]):
+            if merged and merged[-1][1] >= start:
+                merged[-1][1] = max(merged[-1][1], end)
             else:
-                merged.append([offset, size])
+                merged.append([start, end])
+        self._packed[name] = merged
+        return [r for r in merged if any(r[0] <= start and end <= r[1] for start, end in spans)]
+
+    def _punch_out(self, path: Path, ranges: list[list[int]]) -> None:
         try:
             fd = os.open(path, os.O_WRONLY)
         except FileNotFoundError:
             return
         try:
-            for offset, size in merged:
-                if not punch_hole(fd, offset, size):
+            before = os.fstat(fd).st_blocks
+            for start, end in ranges:
+                if not punch_hole(fd, start, end - start):
                     self._punch = False
-                    return
-                self.freed += size
+                    break
+            self.freed += (before - os.fstat(fd).st_blocks) * 512
         finally:
             os.close(fd)
 
