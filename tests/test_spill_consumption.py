@@ -214,3 +214,24 @@ def test_a_block_shared_by_two_samples_packed_apart_is_freed_once_both_are(tmp_p
     consumer.packed([samples[1]])  # another shard
     assert full - spill.stat().st_blocks * 512 == 2 * block  # [0, 2 block + 1808) merged: two
     assert consumer.freed == 2 * block
+
+
+def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_pointer_and_the_fix(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack pass reads reused samples back after the pixel pass checked them; a version
+    folder changed in between (by hand, during the build) is a clear error, never wrong bytes."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch)
+    (cache,) = (work / "cache").iterdir()
+    chunk = next(cache.glob("*.packed.json")).name.split(".")[0]
+    entry = load_cached_chunk(cache, chunk)
+    assert entry is not None and all(s.spill == f"{chunk}.packed.json" for s in entry.samples)
+    for shard in first.version_dir.glob("*.tar"):
+        shard.write_bytes(shard.read_bytes()[:1024])  # cut short, under the build's feet
+    with SpillReader(cache) as reader, pytest.raises(OSError) as caught:
+        for sample in entry.samples:
+            reader.read_bytes(sample)
+    message = str(caught.value)
+    assert message.startswith(f"{cache / chunk}.packed.json: sample ")
+    assert "could not be read back from the version folder" in message and "Run the build again" in message
+    assert load_cached_chunk(cache, chunk) is None  # and the next build decodes that chunk

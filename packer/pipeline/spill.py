@@ -232,7 +232,7 @@ def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample]) -> str | 
         for sample in samples:
             try:
                 pixels, meta, mask = reader.read_bytes(sample)
-            except (OSError, ValueError, KeyError, TypeError, tarfile.TarError, pa.ArrowException):
+            except OSError:  # read_bytes says every failure to read back as an OSError
                 return None
             digest = hashlib.sha256(pixels)
             if digest.hexdigest() != sample.sha256:
@@ -276,7 +276,13 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
     def read_bytes(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes]:
         """Pixel bytes, metadata JSON bytes and mask bytes of ``sample``, as spilled."""
         if sample.spill.endswith(PACKED_SUFFIX):
-            pixels, meta, mask, where = self._read_packed(sample)
+            try:
+                pixels, meta, mask, where = self._read_packed(sample)
+            except (KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
+                raise OSError(f"{self.cache_dir / sample.spill}: sample {sample.key} could not be read back from the "
+                              f"version folder the build cache points to ({type(err).__name__}: {err}); was it "
+                              "changed or deleted during the build? Run the build again: it decodes those files "
+                              "anew") from err
         else:
             where = self.cache_dir / sample.spill
             fh = self._open(str(where))
