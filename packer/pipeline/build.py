@@ -5,8 +5,10 @@
    file decoded once; sample bytes go to spill files in the build cache, small records back.
 3. split + audit (client): on the records; no pixels on the client.
 4. plan (client): shard boundaries from exact sizes (``pack.plan``).
-5. pack (dask, one task per shard): copy spilled bytes into tar/Parquet shards, hash them.
-6. index, bad-sample report, manifest (written last), registry copy.
+5. pack (dask, one task per shard): copy spilled bytes into tar/Parquet shards, hash them;
+   the client frees each shard's spill as its task returns (unless ``keep_spill``).
+6. index, bad-sample report, manifest (written last), registry copy; each cache entry then
+   points at the published shards that now hold its samples, for the next build to reuse.
 
 The bytes depend only on the inputs and the job: sorting happens on the client, never by
 task completion order, so the worker count and scheduler do not matter.
@@ -231,9 +233,9 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     except _ReportNotWritten:
         raise
     except FileSystemError as err:
-        raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache (but for samples "
-                              "already copied into shards); the next build into the same output folder decodes "
-                              "only the rest") from err
+        raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
+                              "samples were already copied into shards; the next build into the same output "
+                              "folder decodes only the rest") from err
 
 
 class _ReportNotWritten(FileSystemError):
