@@ -8,21 +8,27 @@ only what is new and gives the same bytes as a fresh build. ``keep_spill`` keeps
 
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from packer.config import load_job
-from packer.files import punch_hole
+from packer.files import canonical_json, punch_hole
+from packer.pipeline.assemble import ShardTask, write_shard
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from packer.pipeline.spill import SpillConsumer, SpillReader, load_cached_chunk
+from packer.pipeline.plan import ShardPlan
+from packer.pipeline.spill import SpillConsumer, SpillFreed, SpillReader, SpillWriter, load_cached_chunk
 from packer.records import SampleRef, SpilledSample
 from packer.shards.tar import scan_tar
+from packer.targets import Target
 from tests.helpers import demo_job_doc, write_job
 
 
@@ -235,3 +241,89 @@ def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_poin
     assert message.startswith(f"{cache / chunk}.packed.json: sample ")
     assert "could not be read back from the version folder" in message and "Run the build again" in message
     assert load_cached_chunk(cache, chunk) is None  # and the next build decodes that chunk
+
+
+def _real_chunk(cache: Path, key: str, count: int) -> list[SpilledSample]:
+    """``count`` samples spilled through the real writer: random uint8 images of unaligned sizes."""
+    rng = np.random.default_rng(7)
+    with SpillWriter(cache, key, sig_dir=None) as writer:
+        for i in range(count):
+            shape = (1, 37, 41 + i)
+            pixels = rng.integers(0, 256, size=shape, dtype=np.uint8).tobytes()
+            ref = SampleRef(sample_id=f"src-{i:03d}", source="src", kind="image", path=f"/raw/{i}.png",
+                            relpath=f"{i}.png", label="a", entity=f"E{i}")
+            writer.add(key=f"src-{i:03d}", ref=ref, pixels=pixels, digest=hashlib.sha256(pixels),
+                       meta=canonical_json({"index": i}), shape=shape, dtype="uint8", signature=None)
+    writer.finish(files=count, issues=[])
+    return writer.samples
+
+
+def _die_after(samples_written: int, task: ShardTask) -> None:
+    """In a child process: write ``task``'s shard and die (no clean-up, like SIGKILL or the OOM
+    killer) right after the shard file took its ``samples_written``-th sample."""
+    import packer.pipeline.assemble as assemble
+
+    real = assemble.write_tar_shard
+    seen = [0]
+
+    def dying(path: Path, samples: Any, after_each: Any = None) -> Any:
+        def then_die(sample: Any) -> None:
+            after_each(sample)
+            seen[0] += 1
+            if seen[0] == samples_written:
+                os._exit(9)
+        return real(path, samples, after_each=then_die)
+
+    assemble.write_tar_shard = dying
+    assemble.write_shard(task)
+    os._exit(0)  # not reached when the kill point is inside the shard
+
+
+def test_a_shard_task_that_dies_mid_shard_is_retried_from_the_samples_its_partial_file_holds(tmp_path: Path) -> None:
+    """A tar shard's task frees each sample's spill as soon as the shard file holds it. A worker
+    that dies there leaves the partial file; the retried task finds the freed samples in it,
+    checks them against their sha256 and writes the shard a clean run writes, then removes it."""
+    cache, staging, reference = tmp_path / "cache", tmp_path / "staging", tmp_path / "reference"
+    for folder in (cache, staging, reference):
+        folder.mkdir()
+    samples = _real_chunk(cache, "chunk", 12)
+    plan = ShardPlan(file="train-000000.tar", split="train", index=0, samples=samples)
+    target = Target("class", ("a",))
+    clean = write_shard(ShardTask(plan=plan, target=target, cache_dir=str(cache), folder=str(reference),
+                                  format="webdataset"))  # frees nothing
+    task = ShardTask(plan=plan, target=target, cache_dir=str(cache), folder=str(staging), format="webdataset",
+                     free_spill=True)
+
+    child = multiprocessing.get_context("fork").Process(target=_die_after, args=(5, task))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 9
+    assert [p.name for p in staging.iterdir()] == ["train-000000.tar.partial"]  # what the dead attempt left
+    with SpillReader(cache) as reader:  # its first five samples are gone from the spill ...
+        with pytest.raises(SpillFreed):
+            reader.read(samples[4])
+        reader.read(samples[5])  # ... the rest are not
+    assert load_cached_chunk(cache, "chunk") is None  # a later build would decode this chunk again
+
+    retried = write_shard(task)
+    assert [p.name for p in staging.iterdir()] == ["train-000000.tar"]  # the earlier attempt's file is gone
+    assert (staging / "train-000000.tar").read_bytes() == (reference / "train-000000.tar").read_bytes()
+    assert (retried.sha256, list(retried.positions)) == (clean.sha256, list(clean.positions))
+    with SpillReader(cache) as reader, pytest.raises(SpillFreed):
+        reader.read(samples[11])  # the retry freed the rest
+
+
+def test_a_retry_without_the_earlier_attempts_file_stops_with_the_fix(tmp_path: Path) -> None:
+    cache, staging = tmp_path / "cache", tmp_path / "staging"
+    cache.mkdir()
+    staging.mkdir()
+    samples = _real_chunk(cache, "chunk", 4)
+    plan = ShardPlan(file="train-000000.tar", split="train", index=0, samples=samples)
+    task = ShardTask(plan=plan, target=Target("class", ("a",)), cache_dir=str(cache), folder=str(staging),
+                     format="webdataset", free_spill=True)
+    write_shard(task)
+    (staging / "train-000000.tar").unlink()  # freed spill, and no shard to read it back from
+    with pytest.raises(OSError, match=r"spilled bytes were freed by an earlier attempt at writing this shard, "
+                                      r"which left no whole copy of them; run the build again"):
+        write_shard(task)
+    assert not list(staging.glob("*.partial"))

@@ -2,58 +2,146 @@
 
 :func:`pack_shards` runs on the client and submits one :func:`write_shard` dask task per shard;
 each task streams its samples out of the spill (:mod:`packer.pipeline.spill`) through the
-shard format's writer (:mod:`packer.shards`)."""
+shard format's writer (:mod:`packer.shards`).
+
+The spill is freed as it is packed, so that a build does not keep a second copy of the
+dataset. A tar shard's task punches each sample's spilled bytes out as soon as the shard file
+holds them (:class:`~packer.pipeline.spill.SpillPuncher`); a Parquet shard is written whole at
+its end, so its samples are freed by the client when the task returns, which also deletes
+each spill file once all of it is packed (:class:`~packer.pipeline.spill.SpillConsumer`). A
+worker that dies mid-shard leaves its partial file behind; dask runs the task again, and the
+new attempt finds the samples the dead one had freed in that file (:class:`_EarlierAttempts`:
+renamed aside first, read back and checked against each sample's sha256, removed once the
+shard is complete)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from packer.allocator import tune_allocator
 from packer.errors import PackerError
+from packer.files import TMP_SUFFIX
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.plan import PlannedShard, ShardPlan
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import SpillConsumer, SpillReader
+from packer.pipeline.spill import SpillConsumer, SpillFreed, SpillPuncher, SpillReader, tar_sample_as_spilled
 from packer.progress import Progress
+from packer.records import SpilledSample
 from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.parquet import write_parquet_shard
-from packer.shards.tar import write_tar_shard
+from packer.shards.tar import scan_tar, write_tar_shard
 from packer.shards.writer import ShardWrite
 from packer.targets import Target
-
-WRITERS = {"webdataset": write_tar_shard, "parquet": write_parquet_shard}
 
 
 @dataclass(frozen=True)
 class ShardTask:
+    """One shard to write. ``free_spill``: free each sample's spilled bytes once the shard holds
+    them (tar), except in the spill files of ``keep``."""
+
     plan: ShardPlan
     target: Target
     cache_dir: str
     folder: str
     format: str
+    free_spill: bool = False
+    keep: frozenset[str] = field(default_factory=frozenset)
+
+
+class _EarlierAttempts:
+    """What earlier attempts at a shard left in the staging folder: the ``.partial`` file of a
+    worker that died while writing it (or the finished shard of one that died just after),
+    holding the samples whose spilled bytes it had freed. Renamed to ``<file>.attempt-<n>``
+    before this attempt writes; :meth:`read` gives a sample back from them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.files = sorted(path.parent.glob(f"{path.name}.attempt-*"))
+        for left in (path.with_name(path.name + TMP_SUFFIX), path):
+            if left.exists():
+                aside = path.with_name(f"{path.name}.attempt-{len(self.files)}")
+                left.rename(aside)
+                self.files.append(aside)
+        self._where: dict[str, list[tuple[Path, int]]] | None = None
+        self._handles: dict[Path, Any] = {}
+
+    def read(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes]:
+        """``sample``'s pixels, metadata and mask from the latest earlier attempt that holds it
+        whole and matching its sha256; OSError naming the fix where none does."""
+        if self._where is None:
+            self._where = {}
+            for attempt in reversed(self.files):  # the latest first
+                for found in scan_tar(attempt).samples:
+                    self._where.setdefault(found.key, []).append((attempt, found.offset))
+        for attempt, position in self._where.get(sample.key, []):
+            handle = self._handles.get(attempt)
+            if handle is None:
+                handle = self._handles[attempt] = open(attempt, "rb")  # noqa: SIM115 - closed by close()
+            try:
+                pixels, meta, mask = tar_sample_as_spilled(handle, attempt, position, sample.key)
+            except (KeyError, ValueError, tarfile.TarError):  # cut short there: a later attempt died mid-sample
+                continue
+            if hashlib.sha256(pixels).hexdigest() == sample.sha256:
+                return pixels, json.loads(meta), mask
+        raise OSError(f"{self.path}: sample {sample.key}'s spilled bytes were freed by an earlier attempt at writing "
+                      "this shard, which left no whole copy of them; run the build again: it decodes those files "
+                      "anew")
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+
+    def remove(self) -> None:
+        self.close()
+        for attempt in self.files:
+            attempt.unlink(missing_ok=True)
 
 
 def write_shard(task: ShardTask) -> ShardWrite:
     """Dask task: stream the plan's samples from the spill files into the shard file."""
     tune_allocator()
+    path = Path(task.folder) / task.plan.file
+    earlier = _EarlierAttempts(path)
     files = SpillReader(Path(task.cache_dir))
+    puncher = SpillPuncher(Path(task.cache_dir), task.keep) if task.free_spill and task.format == "webdataset" else None
+    latest: list[SpilledSample] = []
 
     def encoded() -> Iterator[EncodedSample]:
         for sample in task.plan.samples:
-            pixels, metadata, mask = files.read(sample)
+            try:
+                pixels, metadata, mask = files.read(sample)
+            except SpillFreed:
+                pixels, metadata, mask = earlier.read(sample)
+            latest[:] = [sample]
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
                                 pixels=pixels, metadata=metadata, split=task.plan.split, target=task.target,
                                 sha256=sample.sha256, mask=mask)
 
+    def written_out(_: EncodedSample) -> None:  # the shard file holds the latest sample now
+        if puncher is not None:
+            puncher.punch(latest[0])
+
     start = time.perf_counter()
     try:
-        written = WRITERS[task.format](Path(task.folder) / task.plan.file, encoded())
+        if task.format == "webdataset":
+            written = write_tar_shard(path, encoded(), after_each=written_out if puncher is not None else None)
+        else:
+            written = write_parquet_shard(path, encoded())
     finally:
         files.close()
+        earlier.close()
+        if puncher is not None:
+            puncher.close()
+    earlier.remove()
     return replace(written, seconds=time.perf_counter() - start)
 
 
@@ -64,15 +152,19 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
     spill files under ``cache_dir``; return what each writer reported, by shard file.
 
     Shards are submitted in the order of their first sample (the table is in key order, and so
-    are the chunks), so the splits advance through the spill together; ``consumer`` frees each
-    shard's spilled bytes once its task has returned (a task that fails or dies is retried on
-    bytes still there)."""
+    are the chunks), so the splits advance through the spill together. With a ``consumer``, tar
+    shard tasks free their samples' spilled bytes as they write them, and the consumer frees
+    what is left of each shard's samples (and deletes finished spill files) once its task has
+    returned."""
     order = sorted(range(len(shards)), key=lambda i: (int(shards[i].rows[0]) if len(shards[i].rows) else -1, i))
 
     def task_of(j: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
         shard = shards[order[j]]
-        plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=samples.take(shard.rows))
-        return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt)
+        mine = samples.take(shard.rows)
+        plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=mine)
+        keep = consumer.keep.intersection(mine.column("spill")) if consumer is not None else frozenset()
+        return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt,
+                         free_spill=consumer is not None, keep=keep)
 
     progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}

@@ -254,6 +254,11 @@ class _Discard(contextlib.AbstractContextManager["_Discard"]):
         return None
 
 
+class SpillFreed(OSError):
+    """A sample's spilled bytes were already freed (punched out) by an earlier attempt at
+    writing its shard; that attempt's output holds them (:mod:`packer.pipeline.assemble`)."""
+
+
 class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
     """Reads spilled samples, keeping files open while a shard is assembled (its samples share
     few files). A sample whose ``spill`` is a ``.packed.json`` pointer is read back from the
@@ -289,6 +294,9 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             fh.seek(sample.offset)
             pixels, meta = fh.read(sample.pixel_bytes), fh.read(sample.meta_bytes)
             mask = fh.read(sample.mask_bytes) if sample.mask_bytes else b""
+            if meta and not meta.strip(b"\0"):  # JSON text never holds a NUL: a punched range reads as zeros
+                raise SpillFreed(f"{where}: sample {sample.key}'s spilled bytes were already freed by an earlier "
+                                 "attempt at writing its shard")
         if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes or len(mask) != sample.mask_bytes:
             raise OSError(f"{where}: sample {sample.key} is not what the build cache's records say; delete the "
                           "build cache folder and rebuild")
@@ -322,13 +330,7 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
                 shape, dtype = table["mask_shape"][position].as_py(), table["mask_dtype"][position].as_py()
                 mask = npy_header(tuple(shape), np.dtype(dtype).str) + table["mask"][position].as_py()
             return pixels, canonical_json(info["metadata"]), mask, path
-        members = read_sample_at(self._open(str(path)), position, sample.key)
-        npy = members["npy"]
-        layout = npy_layout(bytes(npy[:NPY_HEAD]))
-        if layout is None:
-            raise ValueError(f"{path}: sample {sample.key}'s .npy member is not in packer's own form")
-        info = json.loads(members["json"])
-        return bytes(npy[layout[2]:]), canonical_json(info["metadata"]), bytes(members.get("mask.npy", b"")), path
+        return (*tar_sample_as_spilled(self._open(str(path)), path, position, sample.key), path)
 
     def close(self) -> None:
         for handle in self._files.values():
@@ -338,6 +340,47 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def tar_sample_as_spilled(fh: io.BufferedReader, path: Path, position: int, key: str) -> tuple[bytes, bytes, bytes]:
+    """Sample ``key`` of the tar shard ``path`` (open as ``fh``; its first header at
+    ``position``) as the spill held it: the pixel bytes (the ``.npy`` member's data), the
+    metadata in canonical JSON (the record's ``metadata``) and the mask's ``.npy`` bytes. Raises
+    KeyError, ValueError or ``tarfile.TarError`` where the shard does not hold it whole."""
+    members = read_sample_at(fh, position, key)
+    npy = members["npy"]
+    layout = npy_layout(bytes(npy[:NPY_HEAD]))
+    if layout is None:
+        raise ValueError(f"{path}: sample {key}'s .npy member is not in packer's own form")
+    info = json.loads(members["json"])
+    return bytes(npy[layout[2]:]), canonical_json(info["metadata"]), bytes(members.get("mask.npy", b""))
+
+
+class SpillPuncher:
+    """Worker side of freeing the spill: a shard task punches each sample's spilled bytes out as
+    soon as the shard file it is writing holds them (flushed to the kernel), so a build's extra
+    disk is not a shard per worker but about nothing. Spill files in ``keep`` are left whole;
+    ``.packed.json`` samples have nothing to free. Where holes cannot be punched it stops
+    trying (the client still deletes finished spill files)."""
+
+    def __init__(self, cache_dir: Path, keep: Iterable[str] = ()) -> None:
+        self.cache_dir = cache_dir
+        self._keep = set(keep)
+        self._fds: dict[str, int] = {}
+        self._works = True
+
+    def punch(self, sample: SpilledSample) -> None:
+        if not self._works or not sample.spill.endswith(SPILL_SUFFIX) or sample.spill in self._keep:
+            return
+        fd = self._fds.get(sample.spill)
+        if fd is None:
+            fd = self._fds[sample.spill] = os.open(self.cache_dir / sample.spill, os.O_WRONLY)
+        self._works = punch_hole(fd, sample.offset, sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[tuple[str, str, str, int]],
@@ -378,10 +421,10 @@ class SpillConsumer:
 
     def __init__(self, cache_dir: Path, spills: Sequence[str], keep: Iterable[str] = ()) -> None:
         self.cache_dir = cache_dir
-        kept = set(keep)
+        self.keep = frozenset(keep)
         self._left: dict[str, int] = defaultdict(int)
         for name in spills:
-            if name.endswith(SPILL_SUFFIX) and name not in kept:
+            if name.endswith(SPILL_SUFFIX) and name not in self.keep:
                 self._left[name] += 1
         self._packed: dict[str, list[list[int]]] = defaultdict(list)  # merged [start, end) ranges per file
         self._punch = True

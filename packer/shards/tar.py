@@ -31,7 +31,7 @@ import math
 import mmap
 import os
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, Protocol
@@ -147,9 +147,14 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
     return members
 
 
-def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
+def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
+                    after_each: Callable[[EncodedSample], None] | None = None) -> ShardWrite:
     """Stream ``samples`` into the tar shard ``path``; return its size, sha256 and, per sample,
     the tar offset of its first member header and the size and sha256 of its ``.npy`` member.
+
+    ``after_each(sample)`` is called once a sample's members have been handed to the kernel
+    (flushed; not yet fsynced): from then on the file being written holds them, even if this
+    process dies (see :mod:`packer.pipeline.assemble`, which frees their spilled bytes there).
     """
     written = WrittenSamples()
     with atomic_output(path) as raw:
@@ -170,6 +175,9 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
             for piece in npy:
                 npy_digest.update(piece)
             written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_digest.digest())
+            if after_each is not None:
+                raw.flush()
+                after_each(sample)
         out.write(_ZEROS[:2 * BLOCK])
         if out.size % RECORD:
             out.write(_ZEROS[:RECORD - out.size % RECORD])
@@ -537,14 +545,18 @@ def read_sample_at(fh: _ReadInto, position: int, key: str) -> dict[str, bytearra
     decodes the pixels without a second copy).
 
     Reading stops at the first header of another key, a refused name or a member that is
-    not a regular file. Raises
+    not a regular file, or at the end of the file right after one of the sample's members (a
+    shard cut short there, such as an unfinished one, still holds the sample whole). Raises
     ``tarfile.TarError`` when ``position`` holds no member header or a member is cut short:
     the caller falls back to :func:`scan_tar`.
     """
     members: dict[str, bytearray] = {}
     while True:
         fh.seek(position)
-        header = parse_member_header(fh.read(BLOCK))
+        block = fh.read(BLOCK)
+        if not block and members:  # the file ends right after the sample's last member (a partial shard)
+            return members
+        header = parse_member_header(block)
         if header is None:
             return members
         name, size, regular = header
