@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import os
 import shutil
 import zlib
 from collections.abc import Iterator, Sequence
@@ -653,7 +654,24 @@ def write_demo_tree(
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo")
+    _settle_mtimes(root)
     return tree
+
+
+#: Every file of a demo tree gets this modification time (2024-01-01 00:00:00 UTC): the tree is
+#: a pure function of its seed, so writing it again (``make demo`` does, every time) leaves each
+#: file's size and mtime, and so the build cache's key, as they were: the rebuild decodes nothing.
+DEMO_MTIME = 1_704_067_200
+
+
+def _settle_mtimes(root: Path) -> None:
+    """Give the files the demo tree writes under ``root`` :data:`DEMO_MTIME`."""
+    owned = [root / name for name in ("ct_labels.csv", "README.txt", "phi.key")]
+    for sub in ("ct", "photos", "exports", "targets", "series"):
+        owned.extend(path for path in (root / sub).rglob("*") if path.is_file())
+    for path in owned:
+        if path.is_file():
+            os.utime(path, (DEMO_MTIME, DEMO_MTIME))
 
 
 #: Segmentation example: mask class ids (0 is background).

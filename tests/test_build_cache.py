@@ -212,3 +212,24 @@ def test_a_one_split_job_keeps_no_signatures_reuses_its_cache_and_says_why_near_
     third = build(checked, BuildOptions(out=out, scheduler="sync", quiet=True, html_report=False))
     assert third.files_decoded == first.files_decoded and list(cache.glob("*.sig.npy"))
     assert third.manifest["audit"]["rules"]["near_duplicates_across_splits"]["enabled"] is True
+
+
+@pytest.mark.slow  # two demo trees and two builds
+def test_make_demo_twice_decodes_nothing_the_second_time(tmp_path: Path, work: Path) -> None:
+    """`make demo` writes the demo tree afresh every time, then builds. The tree is a pure
+    function of its seed, mtimes included, so the second build's cache keys match the first's."""
+    from packer.demo import write_demo_tree
+
+    raw = tmp_path / "demo-raw"
+    listing = []
+    for _ in range(2):
+        tree = write_demo_tree(raw, seed=0)
+        listing.append(sorted((p.relative_to(raw).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                              for p in raw.rglob("*") if p.is_file()))
+    assert listing[0] == listing[1]
+
+    first = build_demo(tree, tmp_path, tmp_path / "out")
+    write_demo_tree(raw, seed=0)
+    second = build_demo(tree, tmp_path, tmp_path / "out")
+    assert first.files_decoded > 0 and second.files_decoded == 0
+    assert second.files_cached == first.files_decoded

@@ -240,6 +240,7 @@ def test_three_hundred_similar_patients_split_within_five_points_with_every_copy
     assert all(abs(shares[name] - ratio) <= 0.05 for name, ratio in (("train", .8), ("valid", .1), ("test", .1)))
 
 
+@pytest.mark.slow   # 8 s: two builds of the copies tree; make test-fast stays under two minutes
 def test_a_split_that_collapses_fails_the_build_naming_the_group_and_its_links(small_tree: CopiesTree,
                                                                              tmp_path: Path) -> None:
     job = copies_job(small_tree, tmp_path / "collapse", near_duplicates={"min_score": 0.5, "max_ratio": None})

@@ -55,6 +55,7 @@ def cache_files(work: Path) -> list[Path]:
     return sorted(cache.iterdir())
 
 
+@pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 def test_a_build_frees_its_spill_and_a_rebuild_reads_unchanged_samples_back_from_the_last_version(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
@@ -94,6 +95,7 @@ def test_a_deleted_version_folder_means_its_samples_are_decoded_again(
     assert again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
 
 
+@pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes
 @pytest.mark.parametrize("member", ["npy", "json"])
 def test_a_changed_byte_in_a_published_shard_makes_only_its_chunk_decode_again(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, member: str) -> None:
@@ -121,6 +123,7 @@ def test_a_changed_byte_in_a_published_shard_makes_only_its_chunk_decode_again(
     assert again.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
 
 
+@pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes
 def test_keep_spill_keeps_every_chunks_spill_and_rebuilds_from_it(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
@@ -184,6 +187,7 @@ def test_the_consumer_frees_packed_bytes_deletes_finished_spills_and_leaves_kept
     assert consumer.freed >= 6 * mib
 
 
+@pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 def test_a_sample_read_back_from_a_shard_is_the_spilled_sample_byte_for_byte(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
