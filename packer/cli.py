@@ -110,8 +110,8 @@ def _print_summary(result: Any) -> None:
                    "an old one left at <output>/<name>/.cache).")
 @click.option("--keep-spill", is_flag=True,
               help="Keep the decoded samples in the build cache after packing. By default the pack pass frees "
-                   "them as it copies them into shards, so a build needs about one shard per worker of extra "
-                   "disk, and a rebuild reads unchanged samples back from the last version's shards (if that "
+                   "them as it copies them into shards, so a build needs almost no disk beyond the dataset, "
+                   "and a rebuild reads unchanged samples back from the last version's shards (if that "
                    "version folder is deleted, they are decoded again). --keep-spill costs a second full copy "
                    "of the dataset on disk, and rebuilds then reuse samples whatever happens to the output.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",

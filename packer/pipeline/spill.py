@@ -9,9 +9,10 @@ all named by the chunk's key:
   the chunk's issues), with the spill's size and a digest chained over the samples' digests;
 - ``<key>.sig.npy``: the near-copy signatures (:mod:`packer.pipeline.nearcopy`).
 
-The spill is a second copy of the dataset, so a build consumes it: as each shard is written,
-the client frees its samples' spill bytes (:class:`SpillConsumer`: holes punched, a chunk's
-spill deleted once all of it is packed), and after publishing writes ``<key>.packed.json``
+The spill is a second copy of the dataset, so a build consumes it: a tar shard's task frees
+each sample's spilled bytes once the shard holds them (:class:`SpillPuncher`), the client frees
+the rest as each shard's task returns and deletes a chunk's spill once all of it is packed
+(:class:`SpillConsumer`), and after publishing writes ``<key>.packed.json``
 (:func:`write_packed_pointers`): where each of the chunk's samples now sits in the published
 version. A later build reuses the chunk by reading its samples back from those shards, checked
 against the same digests (:func:`load_cached_chunk`), so "decode only what is new" survives
@@ -408,12 +409,13 @@ def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[t
 
 
 class SpillConsumer:
-    """Frees the spill as the pack pass copies it into shards (client side, after each shard's
-    task has returned): the blocks of the packed samples' byte ranges are punched out of their
+    """Frees what is left of the spill as the pack pass copies it into shards (client side,
+    after each shard's task has returned): the blocks of the packed samples' byte ranges are punched out of their
     spill files (:func:`packer.files.punch_hole`) and a spill file whose samples are all packed
-    is deleted. So a build needs about one shard per worker of extra disk, not a second copy of
-    the dataset. Spill files listed in ``keep`` (chunks with samples that are not packed, e.g.
-    dropped by the split) are left whole. Where holes cannot be punched, only whole files go.
+    is deleted. With :class:`SpillPuncher` freeing tar shards' samples as they are written, a
+    build needs almost no disk beyond the dataset. Spill files listed in ``keep`` (chunks with
+    samples that are not packed, e.g. dropped by the split) are left whole. Where holes cannot
+    be punched, only whole files go.
 
     A hole frees only the file system blocks wholly inside it, so each file's packed ranges are
     kept merged and punched as one: a block shared by two samples packed into different shards
