@@ -85,14 +85,19 @@ def test_a_build_frees_its_spill_and_a_rebuild_reads_unchanged_samples_back_from
             if p.name.endswith(".packed.json")} == {second.version_dir.resolve()}
 
 
-def test_a_deleted_version_folder_means_its_samples_are_decoded_again(
-        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_deleted_version_folder_means_its_samples_are_decoded_again_and_the_build_says_why(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     first = run(demo_raw, tmp_path, out, work, monkeypatch)
     shutil.rmtree(first.version_dir)
-    again = run(demo_raw, tmp_path, out, work, monkeypatch)
+    capsys.readouterr()
+    job = load_job(write_job(tmp_path / "again", demo_job_doc(demo_raw.root, out)))
+    again = build(job, BuildOptions(out=out, scheduler="sync", quiet=False, html_report=False))
     assert again.files_decoded == first.files_decoded and again.files_cached == 0
     assert again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
+    assert (f"packer: decoded {first.files_decoded} files again: the build cache read their samples back from "
+            f"{first.version_dir.resolve()}, which is gone or changed (packer build --keep-spill keeps a copy in "
+            "the cache instead)") in capsys.readouterr().out
 
 
 @pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes

@@ -384,6 +384,22 @@ class SpillPuncher:
         self._fds.clear()
 
 
+def lost_versions(cache_dir: Path, decoded: Iterable[str]) -> dict[str, str]:
+    """Of the chunks ``decoded`` (processed again rather than reused), those whose
+    ``.packed.json`` pointed at a version folder, mapped to that folder: their samples were to
+    be read back from it, and it is gone or changed. For the build's message."""
+    lost: dict[str, str] = {}
+    for key in decoded:
+        pointer = packed_path(cache_dir, key)
+        if not pointer.is_file():
+            continue
+        try:
+            lost[key] = str(json.loads(pointer.read_text(encoding="utf-8"))["version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            lost[key] = str(pointer)
+    return lost
+
+
 def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[tuple[str, str, str, int]],
                           skip: Iterable[str] = ()) -> int:
     """After a version is published: for each chunk whose samples are in it, write

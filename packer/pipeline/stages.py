@@ -44,7 +44,7 @@ from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, veri
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer
+from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
@@ -205,6 +205,13 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
+    if cache_dir is not None and not quiet:
+        lost = lost_versions(cache_dir, [c.key for c in prepared.chunks if not c.reused])
+        if lost:
+            files = sum(c.files for c in prepared.chunks if not c.reused and c.key in lost)
+            print(f"packer: decoded {files} files again: the build cache read their samples back from "
+                  f"{', '.join(sorted(set(lost.values())))}, which is gone or changed (packer build --keep-spill "
+                  "keeps a copy in the cache instead)", flush=True)
     if through == "audit":
         return StageRun(prepared)
     if cache_dir is None or staging is None or leakage_dir is None:
