@@ -13,19 +13,29 @@ import json
 import multiprocessing
 import os
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from packer.config import load_job
 from packer.files import canonical_json, punch_hole
 from packer.pipeline.assemble import ShardTask, write_shard
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.pipeline.plan import ShardPlan
-from packer.pipeline.spill import SpillConsumer, SpillFreed, SpillReader, SpillWriter, load_cached_chunk
+from packer.pipeline.spill import (
+    SpillConsumer,
+    SpillFreed,
+    SpillPuncher,
+    SpillReader,
+    SpillWriter,
+    load_cached_chunk,
+)
 from packer.records import SampleRef, SpilledSample
 from packer.shards.tar import scan_tar
 from packer.targets import Target
@@ -336,3 +346,37 @@ def test_a_retry_without_the_earlier_attempts_file_stops_with_the_fix(tmp_path: 
                                       r"which left no whole copy of them; run the build again"):
         write_shard(task)
     assert not list(staging.glob("*.partial"))
+
+
+@given(sizes=st.lists(st.integers(11, 20_000), min_size=1, max_size=24), data=st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_freeing_packed_samples_never_touches_a_sample_not_yet_packed(tmp_path: Path, sizes: list[int],
+                                                                      data: st.DataObject) -> None:
+    """Whatever the sample sizes (aligned to blocks or not), however they are grouped into shards
+    and in whatever order the shards finish, punching the packed samples out (the shard task's
+    per-sample punches, then the client's merged ranges) leaves every other sample's bytes as
+    they were, and the spill file goes once all of it is packed."""
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    samples = _spill(folder, "ffff.spill", sizes)
+    original = (folder / "ffff.spill").read_bytes()
+    shard_of = data.draw(st.lists(st.integers(0, 4), min_size=len(samples), max_size=len(samples)))
+    shards = [[s for s, k in zip(samples, shard_of, strict=True) if k == shard] for shard in sorted(set(shard_of))]
+    order = data.draw(st.permutations(range(len(shards))))
+    consumer = SpillConsumer(folder, [s.spill for s in samples])
+    puncher = SpillPuncher(folder)
+    packed: set[str] = set()
+    for index in order:
+        for sample in shards[index]:  # the task frees each sample once the shard holds it ...
+            puncher.punch(sample)
+            packed.add(sample.key)
+        consumer.packed(shards[index])  # ... and the client what is left when the task returns
+        spill = folder / "ffff.spill"
+        if len(packed) == len(samples):
+            assert not spill.exists()
+            break
+        now = spill.read_bytes()
+        for sample in samples:
+            if sample.key not in packed:
+                end = sample.offset + sample.pixel_bytes + sample.meta_bytes
+                assert now[sample.offset:end] == original[sample.offset:end], sample.key
+    puncher.close()
