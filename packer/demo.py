@@ -437,6 +437,10 @@ class _Row:
     timestamp: str = ""
 
 
+#: The folders a demo tree owns: cleared when it is written again, their files given DEMO_MTIME.
+_TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series")
+
+
 def _prepare_root(root: Path) -> None:
     """Create ``root``; clear ``ct/`` and ``photos/`` only when a previous demo tree owns them.
 
@@ -446,7 +450,7 @@ def _prepare_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     readme = root / "README.txt"
     if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
-        for sub in ("ct", "photos", "exports", "targets", "series"):
+        for sub in _TREE_FOLDERS:
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub)
         return
@@ -667,7 +671,7 @@ DEMO_MTIME = 1_704_067_200
 def _settle_mtimes(root: Path) -> None:
     """Give the files the demo tree writes under ``root`` :data:`DEMO_MTIME`."""
     owned = [root / name for name in ("ct_labels.csv", "README.txt", "phi.key")]
-    for sub in ("ct", "photos", "exports", "targets", "series"):
+    for sub in _TREE_FOLDERS:
         owned.extend(path for path in (root / sub).rglob("*") if path.is_file())
     for path in owned:
         if path.is_file():

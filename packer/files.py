@@ -113,21 +113,25 @@ def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
 _PUNCH_HOLE = 0x02 | 0x01
 
 
+_fallocate: Any = None  # this process's C library's fallocate, found on first use (False: there is none)
+
+
 def _libc_fallocate() -> Any:
-    import ctypes
-    import ctypes.util
+    """fallocate(2) from this process's own C library (no ldconfig subprocess, as
+    ``ctypes.util.find_library`` would run), or False where there is none (macOS, Windows)."""
+    global _fallocate
+    if _fallocate is None:
+        import ctypes
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        fallocate = libc.fallocate
-    except (OSError, AttributeError):  # not glibc/musl (macOS): no fallocate to call
-        return None
-    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fallocate.restype = ctypes.c_int
-    return fallocate
-
-
-_fallocate: Any = _libc_fallocate() if os.name == "posix" else None
+        try:
+            fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+        except (OSError, AttributeError, TypeError):  # no C library to load by None, or no fallocate in it
+            _fallocate = False
+        else:
+            fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fallocate.restype = ctypes.c_int
+            _fallocate = fallocate
+    return _fallocate
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:
@@ -136,9 +140,10 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     inside the range are freed. Returns False where the platform or file system cannot
     (no fallocate, EOPNOTSUPP, ENOSYS): the caller then frees space by deleting whole files.
     Other errors (EBADF, EIO) raise OSError."""
-    if _fallocate is None or length <= 0:
-        return _fallocate is not None
-    if _fallocate(fd, _PUNCH_HOLE, offset, length) == 0:
+    fallocate = _libc_fallocate()
+    if not fallocate or length <= 0:
+        return bool(fallocate)
+    if fallocate(fd, _PUNCH_HOLE, offset, length) == 0:
         return True
     import ctypes
 

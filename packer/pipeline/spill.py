@@ -376,7 +376,7 @@ class SpillPuncher:
         fd = self._fds.get(sample.spill)
         if fd is None:
             fd = self._fds[sample.spill] = os.open(self.cache_dir / sample.spill, os.O_WRONLY)
-        self._works = punch_hole(fd, sample.offset, sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes)
+        self._works = punch_hole(fd, sample.offset, sample.nbytes)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -426,9 +426,9 @@ def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[t
 
 class SpillConsumer:
     """Frees what is left of the spill as the pack pass copies it into shards (client side,
-    after each shard's task has returned): the blocks of the packed samples' byte ranges are punched out of their
-    spill files (:func:`packer.files.punch_hole`) and a spill file whose samples are all packed
-    is deleted. With :class:`SpillPuncher` freeing tar shards' samples as they are written, a
+    after each shard's task has returned): the blocks of the packed samples' byte ranges are
+    punched out of their spill files (:func:`packer.files.punch_hole`) and a spill file whose
+    samples are all packed is deleted. With :class:`SpillPuncher` freeing tar shards' samples as they are written, a
     build needs almost no disk beyond the dataset. Spill files listed in ``keep`` (chunks with
     samples that are not packed, e.g. dropped by the split) are left whole. Where holes cannot
     be punched, only whole files go.
@@ -453,8 +453,7 @@ class SpillConsumer:
         ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for sample in samples:
             if sample.spill in self._left:
-                end = sample.offset + sample.pixel_bytes + sample.meta_bytes + sample.mask_bytes
-                ranges[sample.spill].append((sample.offset, end))
+                ranges[sample.spill].append((sample.offset, sample.offset + sample.nbytes))
         for name, spans in ranges.items():
             self._left[name] -= len(spans)
             path = self.cache_dir / name
