@@ -154,6 +154,8 @@ class SpilledSample:
     meta_bytes: int
     shape: tuple[int, ...]
     dtype: str
+    #: What ``_index.parquet`` records for the sample in the job's shard format
+    #: (:func:`packer.shards.encode.pixels_digest`); exact duplicates are grouped by it
     sha256: str
     signature: str = ""
     sig_row: int = -1

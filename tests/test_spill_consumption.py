@@ -13,12 +13,14 @@ import json
 import multiprocessing
 import os
 import shutil
+import tarfile
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,6 +39,7 @@ from packer.pipeline.spill import (
     load_cached_chunk,
 )
 from packer.records import SampleRef, SpilledSample
+from packer.shards.encode import pixels_digest
 from packer.shards.tar import scan_tar
 from packer.targets import Target
 from tests.helpers import demo_job_doc, write_job
@@ -93,6 +96,37 @@ def test_a_build_frees_its_spill_and_a_rebuild_reads_unchanged_samples_back_from
     # the pointers now name the newest version
     assert {Path(json.loads(p.read_text())["version"]) for p in cache_files(work)
             if p.name.endswith(".packed.json")} == {second.version_dir.resolve()}
+
+
+@pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes
+@pytest.mark.parametrize(("first_fmt", "then_fmt"), [("webdataset", "parquet"), ("parquet", "webdataset")])
+def test_another_shard_format_reuses_every_cached_sample_with_that_formats_sha256(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_fmt: str, then_fmt: str) -> None:
+    """A sample's sha256 is the one its shard format records (the .npy member in a tar, the raw
+    pixels in Parquet), made once by the pixel pass; a chunk cached by a build of the other
+    format is still reused, re-hashed for this one, and the version is byte for byte a fresh one."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = run(demo_raw, tmp_path, out, work, monkeypatch, fmt=first_fmt)
+    then = run(demo_raw, tmp_path, out, work, monkeypatch, seed=5, fmt=then_fmt)
+    assert then.files_decoded == 0 and then.files_cached == first.files_decoded
+    fresh = run(demo_raw, tmp_path / "fresh", tmp_path / "fresh" / "out", tmp_path / "fresh" / "work", monkeypatch,
+                seed=5, fmt=then_fmt)
+    assert then.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+    assert shard_bytes(then) == shard_bytes(fresh)
+    # the index's sha256 is what a stock reader gets by hashing the member or the cell
+    index = pq.read_table(then.version_dir / "_index.parquet").to_pylist()
+    found = 0
+    for shard in (p for p in then.version_dir.iterdir() if p.suffix in (".tar", ".parquet") and p.name[0] != "_"):
+        if shard.suffix == ".tar":
+            with tarfile.open(shard) as tar:
+                held = {m.name.split(".", 1)[0]: tar.extractfile(m).read()  # type: ignore[union-attr]
+                        for m in tar.getmembers() if m.name.split(".", 1)[1] == "npy"}
+        else:
+            held = dict(zip(*pq.read_table(shard, columns=["key", "image"]).to_pydict().values(), strict=True))
+        for row in (r for r in index if r["shard"] == shard.name):
+            assert hashlib.sha256(held[row["key"]]).hexdigest() == row["sha256"], row["key"]
+            found += 1
+    assert found == len(index) > 0
 
 
 def test_a_deleted_version_folder_means_its_samples_are_decoded_again_and_the_build_says_why(
@@ -213,7 +247,7 @@ def test_a_sample_read_back_from_a_shard_is_the_spilled_sample_byte_for_byte(
     compared = 0
     with SpillReader(cache) as reader:
         for chunk in chunks:
-            entry = load_cached_chunk(cache, chunk)
+            entry = load_cached_chunk(cache, chunk, fmt)
             assert entry is not None
             for sample in entry.samples:
                 as_spilled = reader.read_bytes(sample)
@@ -249,7 +283,7 @@ def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_poin
     first = run(demo_raw, tmp_path, out, work, monkeypatch)
     (cache,) = (work / "cache").iterdir()
     chunk = next(cache.glob("*.packed.json")).name.split(".")[0]
-    entry = load_cached_chunk(cache, chunk)
+    entry = load_cached_chunk(cache, chunk, "webdataset")
     assert entry is not None and all(s.spill == f"{chunk}.packed.json" for s in entry.samples)
     for shard in first.version_dir.glob("*.tar"):
         shard.write_bytes(shard.read_bytes()[:1024])  # cut short, under the build's feet
@@ -259,19 +293,20 @@ def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_poin
     message = str(caught.value)
     assert message.startswith(f"{cache / chunk}.packed.json: sample ")
     assert "could not be read back from the version folder" in message and "Run the build again" in message
-    assert load_cached_chunk(cache, chunk) is None  # and the next build decodes that chunk
+    assert load_cached_chunk(cache, chunk, "webdataset") is None  # and the next build decodes that chunk
 
 
 def _real_chunk(cache: Path, key: str, count: int) -> list[SpilledSample]:
     """``count`` samples spilled through the real writer: random uint8 images of unaligned sizes."""
     rng = np.random.default_rng(7)
-    with SpillWriter(cache, key, sig_dir=None) as writer:
+    with SpillWriter(cache, key, sig_dir=None, fmt="webdataset") as writer:
         for i in range(count):
             shape = (1, 37, 41 + i)
             pixels = rng.integers(0, 256, size=shape, dtype=np.uint8).tobytes()
             ref = SampleRef(sample_id=f"src-{i:03d}", source="src", kind="image", path=f"/raw/{i}.png",
                             relpath=f"{i}.png", label="a", entity=f"E{i}")
-            writer.add(key=f"src-{i:03d}", ref=ref, pixels=pixels, digest=hashlib.sha256(pixels),
+            digest = pixels_digest(pixels, shape=shape, dtype="uint8", fmt="webdataset")
+            writer.add(key=f"src-{i:03d}", ref=ref, pixels=pixels, digest=digest,
                        meta=canonical_json({"index": i}), shape=shape, dtype="uint8", signature=None)
     writer.finish(files=count, issues=[])
     return writer.samples
@@ -322,7 +357,7 @@ def test_a_shard_task_that_dies_mid_shard_is_retried_from_the_samples_its_partia
         with pytest.raises(SpillFreed):
             reader.read(samples[4])
         reader.read(samples[5])  # ... the rest are not
-    assert load_cached_chunk(cache, "chunk") is None  # a later build would decode this chunk again
+    assert load_cached_chunk(cache, "chunk", "webdataset") is None  # a later build would decode this chunk again
 
     retried = write_shard(task)
     assert [p.name for p in staging.iterdir()] == ["train-000000.tar"]  # the earlier attempt's file is gone

@@ -16,7 +16,6 @@ shard is complete)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tarfile
 import time
@@ -35,7 +34,7 @@ from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, SpillFreed, SpillPuncher, SpillReader, tar_sample_as_spilled
 from packer.progress import Progress
 from packer.records import SpilledSample
-from packer.shards.encode import EncodedSample, encode_sample
+from packer.shards.encode import EncodedSample, encode_sample, pixels_digest
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import scan_tar, write_tar_shard
 from packer.shards.writer import ShardWrite
@@ -89,7 +88,9 @@ class _EarlierAttempts:
                 pixels, meta, mask = tar_sample_as_spilled(handle, attempt, position, sample.key)
             except (KeyError, ValueError, tarfile.TarError):  # cut short there: a later attempt died mid-sample
                 continue
-            if hashlib.sha256(pixels).hexdigest() == sample.sha256:
+            # only tar shards free their samples as they go, so only a tar's attempts are read here
+            digest = pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt="webdataset")
+            if digest.hexdigest() == sample.sha256:
                 return pixels, json.loads(meta), mask
         raise OSError(f"{self.path}: sample {sample.key}'s spilled bytes were freed by an earlier attempt at writing "
                       "this shard, which left no whole copy of them; run the build again: it decodes those files "

@@ -45,6 +45,7 @@ from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.dicom_series import SliceGeometry
 from packer.records import Issue, Sample, SampleRef, SpilledSample
+from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
 from packer.transform.channels import match_channels
@@ -295,7 +296,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     tune_allocator()
     cache_dir = Path(task.cache_dir) if task.cache_dir else None
     if cache_dir is not None:
-        cached = load_cached_chunk(cache_dir, task.key)
+        cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format)
         if cached is not None:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
                                reused=True)
@@ -312,7 +313,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     else:
         outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
-    with SpillWriter(cache_dir, task.key, sig_dir=sig_dir) as spill:
+    fmt = task.job.pack.format
+    with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt) as spill:
         for outcome in outcomes:
             if isinstance(outcome, Issue):
                 issues.append(outcome)
@@ -321,14 +323,15 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 clock.switch("hash+signature")
                 image = sample.image
                 pixels = image.tobytes(order="C")
-                digest = hashlib.sha256(pixels)
+                shape = tuple(int(d) for d in image.shape)
+                digest = pixels_digest(pixels, shape=shape, dtype=image.dtype.name, fmt=fmt)  # the only pass
                 # a volume's near-copy signature is its middle slice's (C×D×H×W: the middle of D)
                 sig = (signature(image if image.ndim == 3 else image[:, image.shape[1] // 2])
                        if sig_dir is not None else None)
                 clock.switch("spill")
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
-                          meta=canonical_json(sample.metadata), shape=tuple(int(d) for d in image.shape),
+                          meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues)

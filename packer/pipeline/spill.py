@@ -50,8 +50,9 @@ from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Issue, SampleRef, SpilledSample
-from packer.shards.members import NPY_HEAD, npy_layout
-from packer.shards.tar import npy_header, read_sample_at
+from packer.shards.encode import pixels_digest
+from packer.shards.members import NPY_HEAD, npy_header, npy_layout
+from packer.shards.tar import read_sample_at
 from packer.storage import is_url
 
 
@@ -67,8 +68,9 @@ class CachedChunk:
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
 #: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
 #: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
-#: 8: the signature embedding gains the equalised spectrum).
-CACHE_FORMAT = 8
+#: 8: the signature embedding gains the equalised spectrum; 9: each sample's sha256 is the one its
+#: shard format records, :func:`~packer.shards.encode.pixels_digest`).
+CACHE_FORMAT = 9
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -190,11 +192,15 @@ def chunk_of(spill_name: str) -> str:
     return spill_name.split(".", 1)[0]
 
 
-def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
+def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None:
     """The chunk's records if its records file is complete and its samples' bytes check out
     (sizes, each sample's sha256 and the digest chained over them), else None (the chunk is
     then processed again). The bytes are the spill file's or, once a build consumed the spill,
-    the published shards' its ``.packed.json`` names; the samples returned say which."""
+    the published shards' its ``.packed.json`` names; the samples returned say which.
+
+    The samples come with their sha256 for shard format ``fmt``: a chunk cached by a build of
+    the other format is reused too (the key leaves packing out), its samples hashed once more
+    for this one (:func:`~packer.shards.encode.pixels_digest`)."""
     records = records_path(cache_dir, key)
     spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
     if not records.is_file():
@@ -210,8 +216,11 @@ def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
             samples = tuple(replace(s, spill=packed.name) for s in samples)
         else:
             return None
-        if data.get("spill_digest") != _chained_digest(cache_dir, samples):
+        checked = _chained_digest(cache_dir, samples, data["shard_format"], fmt)
+        if checked is None or data.get("spill_digest") != checked[0]:
             return None
+        if data["shard_format"] != fmt:
+            samples = tuple(replace(s, sha256=digest) for s, digest in zip(samples, checked[1], strict=True))
         signed = [s for s in samples if s.signature]  # none where the job skips near copies
         if signed and (len(signed) != len(samples) or
                        len(read_signatures(cache_dir / signature_name(key))) != len(samples)):
@@ -222,27 +231,33 @@ def load_cached_chunk(cache_dir: Path, key: str) -> CachedChunk | None:
     return CachedChunk(samples=samples, issues=issues, files=data["files"])
 
 
-def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample]) -> str | None:
-    """The digest :class:`SpillWriter` recorded for ``samples`` (sha256 over each sample's pixel
-    sha256, metadata bytes and mask bytes, in order), recomputed from where their bytes are now
-    (the spill file, or the published shards a pointer names); None when a sample's pixels do
+def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
+                    wanted: str) -> tuple[str, list[str]] | None:
+    """The digest :class:`SpillWriter` recorded for ``samples`` (sha256 over each sample's own
+    sha256, :func:`~packer.shards.encode.pixels_digest` for shard format ``fmt``, its metadata
+    bytes and mask bytes, in order), recomputed from where their bytes are now
+    (the spill file, or the published shards a pointer names), with each sample's sha256 for
+    shard format ``wanted`` (their own where ``wanted`` is ``fmt``); None when a sample's pixels do
     not match its own sha256 or its bytes are missing, short or unreadable (a spill with holes
     punched by an interrupted pack pass reads as zeros: its pixels no longer match)."""
     chain = hashlib.sha256()
+    digests: list[str] = []
     with SpillReader(cache_dir) as reader:
         for sample in samples:
             try:
                 pixels, meta, mask = reader.read_bytes(sample)
             except OSError:  # read_bytes says every failure to read back as an OSError
                 return None
-            digest = hashlib.sha256(pixels)
+            digest = pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=fmt)
             if digest.hexdigest() != sample.sha256:
                 return None
             chain.update(digest.digest())
             chain.update(meta)
             if mask:
                 chain.update(mask)
-    return chain.hexdigest()
+            digests.append(sample.sha256 if wanted == fmt else
+                           pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=wanted).hexdigest())
+    return chain.hexdigest(), digests
 
 
 class _Discard(contextlib.AbstractContextManager["_Discard"]):
@@ -498,11 +513,12 @@ class SpillWriter:
 
     Without a cache folder (``packer validate``) the bytes go nowhere, but the records (sizes,
     sha256s) are made exactly as in a build. Use as a context manager around the samples;
-    :meth:`finish` after it writes the signatures and the records file.
+    :meth:`finish` after it writes the signatures and the records file. ``fmt``: the shard
+    format the samples' sha256s are made for (:func:`~packer.shards.encode.pixels_digest`).
     """
 
-    def __init__(self, cache_dir: Path | None, key: str, *, sig_dir: Path | None) -> None:
-        self.cache_dir, self.key, self.sig_dir = cache_dir, key, sig_dir
+    def __init__(self, cache_dir: Path | None, key: str, *, sig_dir: Path | None, fmt: str) -> None:
+        self.cache_dir, self.key, self.sig_dir, self.fmt = cache_dir, key, sig_dir, fmt
         self.spill_name = f"{key}{SPILL_SUFFIX}"
         self.sig_name = signature_name(key) if sig_dir is not None else ""
         self.samples: list[SpilledSample] = []
@@ -522,7 +538,8 @@ class SpillWriter:
 
     def add(self, *, key: str, ref: SampleRef, pixels: bytes, digest: Any, meta: bytes, shape: tuple[int, ...],
             dtype: str, signature: np.void | None, mask: bytes = b"") -> None:
-        """Append one sample: its pixel bytes, sha256 object ``digest`` of them, metadata JSON
+        """Append one sample: its pixel bytes, sha256 object ``digest`` of them (made by
+        :func:`~packer.shards.encode.pixels_digest` for this writer's format), metadata JSON
         and, where the source has masks, the mask's ``.npy`` bytes."""
         if signature is not None:
             self._signatures.append(signature)
@@ -547,6 +564,7 @@ class SpillWriter:
                 write_signatures(fh, self._signatures)
         if self.cache_dir is not None:
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
+                      "shard_format": self.fmt,
                       "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues]}
             with cache_output(records_path(self.cache_dir, self.key)) as fh:
                 fh.write(canonical_json(record))

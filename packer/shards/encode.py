@@ -1,4 +1,5 @@
-"""Encode one sample into the bytes that go into a shard (the same for tar and Parquet)."""
+"""Encode one sample into the bytes that go into a shard (the same for tar and Parquet), and
+say what its per-sample sha256 covers in each format (:func:`pixels_digest`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from packer.records import SampleRef
+from packer.shards.members import npy_header
 from packer.targets import Target
 
 
@@ -29,7 +31,8 @@ class EncodedSample:
     dtype: str
     pixels: bytes
     info: dict[str, Any]
-    #: sha256 of ``pixels`` when already known (the pixel pass hashed them); else computed
+    #: The per-sample sha256 (:func:`pixels_digest` for the shard's format) when already known:
+    #: the pixel pass hashed the pixels as they were produced; else the writer computes it
     known_sha256: str | None = None
     target: np.ndarray | None = None
     #: The segmentation mask's ``.npy`` bytes (as spilled), None without masks
@@ -37,7 +40,21 @@ class EncodedSample:
 
     @property
     def pixels_sha256(self) -> str:
+        """The Parquet image cell's sha256 (the raw pixels): :attr:`known_sha256`, or computed."""
         return self.known_sha256 or hashlib.sha256(self.pixels).hexdigest()
+
+
+def pixels_digest(pixels: bytes | memoryview, *, shape: tuple[int, ...], dtype: str, fmt: str) -> hashlib._Hash:
+    """The sha256 (a hashlib object) that ``_index.parquet`` records for a sample with these
+    pixels (raw C-order bytes) in a shard of format ``fmt``: of its ``.npy`` member, header then
+    pixels, in a tar shard (``webdataset``); of its ``image`` cell, the raw pixels, in Parquet.
+
+    The pixel pass computes it once, as the bytes are produced; the shard writers take it from
+    there instead of hashing every sample again. Exact duplicates are grouped by it too, so
+    in a tar dataset two samples are exact copies when their pixels, shape and dtype agree."""
+    digest = hashlib.sha256(npy_header(tuple(shape), dtype)) if fmt == "webdataset" else hashlib.sha256()
+    digest.update(pixels)
+    return digest
 
 
 def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: str, pixels: bytes,

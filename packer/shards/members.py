@@ -14,6 +14,7 @@ own header form directly and hands anything else to ``np.load(allow_pickle=False
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 #: The members packer writes for a sample of a tar shard, in the order it writes them
 #: (``cls`` only with a class target, ``mask.npy`` only with masks, ``target.npy`` only with a
@@ -119,6 +121,20 @@ def npy_layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int] | None:
             _LAYOUTS.clear()
         _LAYOUTS[header] = layout
     return layout
+
+
+@functools.lru_cache(maxsize=64)
+def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    """The bytes ``numpy.save`` writes before the data of a C-contiguous ``shape`` × ``dtype``
+    array (format 1.0, or 2.0 when the header does not fit 1.0's 16-bit length)."""
+    fields = {"descr": npy_format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    buffer = io.BytesIO()
+    try:
+        npy_format.write_array_header_1_0(buffer, fields)
+    except ValueError:  # numpy.save moves to format 2.0 when the header outgrows 1.0
+        buffer = io.BytesIO()
+        npy_format.write_array_header_2_0(buffer, fields)
+    return buffer.getvalue()
 
 
 def npy_size_problem(data_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:

@@ -24,9 +24,7 @@ extracts anything to disk.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 import math
 import mmap
 import os
@@ -37,7 +35,6 @@ from pathlib import Path
 from typing import IO, BinaryIO, Protocol
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from packer.files import atomic_output, canonical_json
 from packer.shards.encode import EncodedSample
@@ -48,6 +45,7 @@ from packer.shards.members import (
     decode_members,
     decode_small_members,
     irregular_member,
+    npy_header,
     npy_layout,
     npy_size_problem,
     parse_member_name,
@@ -106,20 +104,6 @@ def member_header(name: str, size: int) -> bytes:
     return bytes(block)
 
 
-@functools.lru_cache(maxsize=64)
-def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
-    """The bytes ``numpy.save`` writes before the data of a C-contiguous ``shape`` × ``dtype``
-    array (format 1.0, or 2.0 when the header does not fit 1.0's 16-bit length)."""
-    fields = {"descr": npy_format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
-    buffer = io.BytesIO()
-    try:
-        npy_format.write_array_header_1_0(buffer, fields)
-    except ValueError:  # numpy.save moves to format 2.0 when the header outgrows 1.0
-        buffer = io.BytesIO()
-        npy_format.write_array_header_2_0(buffer, fields)
-    return buffer.getvalue()
-
-
 def npy_bytes(array: np.ndarray) -> bytes:
     """The bytes ``numpy.save`` writes for ``array`` (C order): :func:`npy_header`, then the data."""
     array = np.ascontiguousarray(array)
@@ -150,7 +134,8 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
 def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
                     after_each: Callable[[EncodedSample], None] | None = None) -> ShardWrite:
     """Stream ``samples`` into the tar shard ``path``; return its size, sha256 and, per sample,
-    the tar offset of its first member header and the size and sha256 of its ``.npy`` member.
+    the tar offset of its first member header and the size and sha256 of its ``.npy`` member
+    (a sample's ``known_sha256`` where it has one: :func:`~packer.shards.encode.pixels_digest`).
 
     ``after_each(sample)`` is called once a sample's members have been handed to the kernel
     (flushed; not yet fsynced): from then on the file being written holds them, even if this
@@ -171,10 +156,14 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
                     out.write(_ZEROS[:BLOCK - size % BLOCK])
             pixels_member = f"{sample.key}.npy"
             npy = next(pieces for name, pieces in members if name == pixels_member)
-            npy_digest = hashlib.sha256()
-            for piece in npy:
-                npy_digest.update(piece)
-            written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_digest.digest())
+            if sample.known_sha256 is not None:  # the pixel pass hashed the member's bytes already
+                npy_sha256 = bytes.fromhex(sample.known_sha256)
+            else:
+                npy_digest = hashlib.sha256()
+                for piece in npy:
+                    npy_digest.update(piece)
+                npy_sha256 = npy_digest.digest()
+            written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_sha256)
             if after_each is not None:
                 raw.flush()
                 after_each(sample)
