@@ -372,6 +372,9 @@ from packer.transform.dicom import (  # noqa: E402
     Lut,
     ModalityTransform,
     VoiTransform,
+    finish_image,
+    finish_stored,
+    keeps_geometry,
     render_grayscale,
     render_stored,
     to_modality_values,
@@ -428,6 +431,26 @@ def test_stored_value_table_gives_the_direct_paths_bits(frame: tuple) -> None:
     tabled = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding)
     assert tabled.dtype == direct.dtype == np.float32 and tabled.shape == direct.shape
     assert tabled.tobytes() == direct.tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(_stored_frames(), st.sampled_from(["uint8", "uint16"]), st.sampled_from(["own", "other", None]),
+       st.sampled_from(["stretch", "fit", "crop"]), st.sampled_from([None, (0.5, 0.5), (0.7, 0.7)]))
+def test_finishing_from_stored_values_gives_the_bytes_of_render_then_finish(
+        frame: tuple, output: str, size_kind: str | None, policy: str, spacing: tuple[float, float] | None) -> None:
+    """finish_stored quantises the table where the pixel grid is kept (its own size, a spacing
+    equal to the frame's); elsewhere it renders then finishes. Either way: the same bytes."""
+    stored, modality, vois, monochrome1, padding = frame
+    height, width = stored.shape
+    size = {"own": (height, width), "other": (height // 2 + 3, width + 5), None: None}[size_kind]
+    geometry = {"pixel_spacing": (0.5, 0.5), "spacing": spacing, "size": size}
+    expected = finish_image(render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding),
+                            policy=policy, output=output, **geometry)
+    got = finish_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=None, policy=policy,
+                        output=output, **geometry)
+    assert got.dtype == expected.dtype and got.shape == expected.shape and got.flags.c_contiguous
+    assert got.tobytes() == expected.tobytes()
+    assert keeps_geometry(height, width, **geometry) == (spacing in (None, (0.5, 0.5)) and size_kind != "other")
 
 
 def test_stored_value_table_is_used_only_where_it_pays() -> None:

@@ -31,9 +31,9 @@ from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
     finish_image,
+    finish_stored,
     render_color,
     render_modality_float,
-    render_stored,
     spacing_size,
     to_modality_values,
 )
@@ -142,11 +142,18 @@ def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
 
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
-                  ) -> tuple[np.ndarray, float, dict[str, Any]] | Issue:
-    """One frame → (H×W×C float32, fit pad value, frame metadata) or an Issue."""
+                  resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
+    """One frame → (its C×H×W output array, frame metadata) or an Issue. ``resample_from``: the
+    Pixel Spacing a ``transform.dicom.spacing`` resample starts from (this frame's, or frame 0's
+    for a stack)."""
     spacing = pixel_spacing(ds, frame)
+
+    def finish(image: np.ndarray, pad_value: float = 0.0) -> np.ndarray:
+        return finish_image(image, pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size,
+                            policy=cfg.resize, output=cfg.output, pad_value=pad_value)
+
     if photometric not in GRAYSCALE:
-        return render_color(stored, color_bits), 0.0, _frame_metadata(ds, frame, None, (), spacing)
+        return finish(render_color(stored, color_bits)), _frame_metadata(ds, frame, None, (), spacing)
     if mask is None:
         mask = np.zeros(stored.shape[:2], dtype=bool)
     try:
@@ -161,13 +168,14 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         except ValueError as err:
             return _issue(ref, "transform", "unsupported",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
-        return image, float(image.min()), _frame_metadata(ds, frame, modality, (), spacing)
+        return finish(image, float(image.min())), _frame_metadata(ds, frame, modality, (), spacing)
     vois = _resolve_vois(ref, ds, frame, modality, cfg)
     if isinstance(vois, Issue):
         return vois
-    image = render_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
-                          padding=padding_values(ds), mask=mask)
-    return image, 0.0, _frame_metadata(ds, frame, modality, vois, spacing)
+    array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
+                          padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
+                          size=cfg.size, policy=cfg.resize, output=cfg.output)
+    return array, _frame_metadata(ds, frame, modality, vois, spacing)
 
 
 def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,
@@ -215,14 +223,12 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
     spacing0 = pixel_spacing(ds, 0)
     for frame in range(frames):
+        spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
-                                 photometric, color_bits)
+                                 photometric, color_bits, resample_from=spacing)
         if isinstance(rendered, Issue):
             return rendered
-        image, pad, meta = rendered
-        spacing = spacing0 if stack else pixel_spacing(ds, frame)
-        array = finish_image(image, pixel_spacing=spacing, spacing=cfg.spacing, size=cfg.size,
-                             policy=cfg.resize, output=cfg.output, pad_value=pad)
+        array, meta = rendered
         if cfg.spacing is not None and spacing is not None:
             meta["output_spacing"] = list(cfg.spacing)
         outputs.append((array, meta))

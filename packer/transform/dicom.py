@@ -148,20 +148,67 @@ def render_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     frame is looked up in that table: the same float32 bits as the direct path, without its
     float64 passes over the whole frame.
     """
-    if stored.dtype.kind in "iu" and stored.dtype.itemsize <= 4 and stored.size >= TABLE_MIN_PIXELS:
-        low, high = int(stored.min()), int(stored.max())
-        if high - low < stored.size // 4:
-            domain = np.arange(low, high + 1, dtype=np.int64).astype(stored.dtype)[None, :]
-            table = np.ascontiguousarray(render_grayscale(to_modality_values(domain, modality), vois,
-                                                          monochrome1=monochrome1,
-                                                          padding=padding_mask(domain, *padding))[0])
-            # rows of the table as single opaque items: one flat take, 15× faster than table[index]
-            rows = table.view(np.dtype((np.void, table.shape[1] * table.itemsize))).reshape(-1)
-            picked = rows.take(np.subtract(stored, low, dtype=np.intp))
-            return picked.view(np.float32).reshape(*stored.shape, table.shape[1])
+    lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding)
+    if lookup is not None:
+        table, rows = lookup
+        # rows of the table as single opaque items: one flat take, 15× faster than table[index]
+        items = table.view(np.dtype((np.void, table.shape[1] * table.itemsize))).reshape(-1)
+        return items.take(rows).view(np.float32).reshape(*rows.shape, table.shape[1])
     if mask is None:
         mask = padding_mask(stored, *padding)
     return render_grayscale(to_modality_values(stored, modality), vois, monochrome1=monochrome1, padding=mask)
+
+
+def _stored_table(stored: np.ndarray, modality: ModalityTransform, vois: tuple[VoiTransform, ...], *,
+                  monochrome1: bool, padding: tuple[int | None, int | None]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(table, rows) with ``table[rows]`` what :func:`render_stored` gives: the display values of
+    every stored value of the frame's range (V×C float32, row 0 its minimum) and each pixel's
+    row (H×W intp); None where a table does not pay (see :func:`render_stored`)."""
+    if stored.dtype.kind not in "iu" or stored.dtype.itemsize > 4 or stored.size < TABLE_MIN_PIXELS:
+        return None
+    low, high = int(stored.min()), int(stored.max())
+    if high - low >= stored.size // 4:
+        return None
+    domain = np.arange(low, high + 1, dtype=np.int64).astype(stored.dtype)[None, :]
+    table = np.ascontiguousarray(render_grayscale(to_modality_values(domain, modality), vois, monochrome1=monochrome1,
+                                                  padding=padding_mask(domain, *padding))[0])
+    return table, np.subtract(stored, low, dtype=np.intp)
+
+
+def keeps_geometry(height: int, width: int, *, pixel_spacing: tuple[float, float] | None,
+                   spacing: tuple[float, float] | None, size: tuple[int, int] | None) -> bool:
+    """Whether :func:`finish_image` leaves an H×W frame's pixel grid as it is: no resampling to
+    ``spacing`` changes its size, and ``size`` (any policy) is its own or unset."""
+    if spacing is not None and pixel_spacing is not None and spacing_size(height, width, pixel_spacing,
+                                                                          spacing) != (height, width):
+        return False
+    return size is None or tuple(size) == (height, width)
+
+
+def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[VoiTransform, ...], *,
+                  monochrome1: bool, padding: tuple[int | None, int | None], mask: np.ndarray | None,
+                  pixel_spacing: tuple[float, float] | None, spacing: tuple[float, float] | None,
+                  size: tuple[int, int] | None, policy: str, output: str) -> np.ndarray:
+    """:func:`render_stored`, then :func:`finish_image`: a grayscale frame's stored values (H×W)
+    → its C×H'×W' output array, the same bytes.
+
+    Where the output keeps the frame's pixel grid (:func:`keeps_geometry`) and the frame
+    renders through a table of its stored values, quantising is a function of the stored value
+    too: the table is quantised (4,096 rows for a 12-bit slice) instead of every pixel, and each
+    channel is taken from it straight into the output, with no float32 frame in between.
+    """
+    if output in ("uint8", "uint16") and keeps_geometry(*stored.shape[:2], pixel_spacing=pixel_spacing,
+                                                        spacing=spacing, size=size):
+        lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding)
+        if lookup is not None:
+            table, rows = lookup
+            levels = quantise(table[None], output)[0]
+            out = np.empty((table.shape[1], *rows.shape), dtype=levels.dtype)
+            for channel in range(table.shape[1]):  # every row index is in range: "clip" only skips a buffered copy
+                np.take(np.ascontiguousarray(levels[:, channel]), rows, out=out[channel], mode="clip")
+            return out
+    image = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=mask)
+    return finish_image(image, pixel_spacing=pixel_spacing, spacing=spacing, size=size, policy=policy, output=output)
 
 
 def render_modality_float(values: np.ndarray, *, padding: np.ndarray) -> np.ndarray:
