@@ -8,6 +8,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packer.config import ImageTransformConfig
 from packer.read.image import read_image
@@ -22,6 +24,7 @@ from packer.transform.image import (
     window_center_width,
     window_percentiles,
 )
+from packer.transform.resize import resize_image
 
 RNG = np.random.default_rng(7)
 
@@ -218,3 +221,44 @@ def test_no_full_tile_is_an_issue(tmp_path: Path) -> None:
 def test_transform_image_rejects_float_without_window() -> None:
     with pytest.raises(ValueError, match="window"):
         transform_image(np.zeros((2, 2), np.float32), ImageTransformConfig())
+
+
+def _converted_first(image: np.ndarray, cfg: ImageTransformConfig) -> list[np.ndarray]:
+    """The steps in the module docstring's order, with BGR → RGB done first on the input: what
+    transform_image gives, written out by hand."""
+    values = cv2.cvtColor(image, cv2.COLOR_BGR2RGB).astype(np.float32)
+    peak = np.float32(255.0 if image.dtype == np.uint8 else 65535.0)
+    if not cfg.window:
+        unit = values * np.float32(1.0 / peak)
+    elif cfg.window[0][0] == "percentiles":
+        unit = window_percentiles(values, *cfg.window[0][1])
+    else:
+        unit = window_center_width(values, dict(cfg.window)["center"], dict(cfg.window)["width"])
+    if cfg.size:
+        unit = resize_image(np.ascontiguousarray(unit), cfg.size, cfg.resize)
+    out = to_uint8(unit)
+    if cfg.tile_size is None:
+        return [np.ascontiguousarray(out.transpose(2, 0, 1))]
+    th, tw = cfg.tile_size
+    return [np.ascontiguousarray(out[r:r + th, c:c + tw].transpose(2, 0, 1))
+            for r, c in tile_origins(out.shape[0], out.shape[1], cfg.tile_size)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(dtype=st.sampled_from([np.uint8, np.uint16]), height=st.integers(8, 90), width=st.integers(8, 90),
+       size=st.sampled_from([None, (32, 32), (17, 45), (120, 64)]), policy=st.sampled_from(["stretch", "fit", "crop"]),
+       window=st.sampled_from([(), (("center", 100.0), ("width", 150.0)), (("percentiles", (2.0, 98.0)),)]),
+       tile=st.sampled_from([None, (8, 8)]), seed=st.integers(0, 2**32 - 1))
+def test_a_colour_image_swapped_to_rgb_at_the_end_gives_the_bytes_of_swapping_first(
+        dtype: type, height: int, width: int, size: tuple[int, int] | None, policy: str, window: tuple,
+        tile: tuple[int, int] | None, seed: int) -> None:
+    """transform_image swaps BGR to RGB as it copies the output to C×H×W, not on the input: the
+    window, the resize and the rounding treat every channel alike, so the bytes are the same."""
+    top = 256 if dtype is np.uint8 else 65536
+    image = np.random.default_rng(seed).integers(0, top, size=(height, width, 3)).astype(dtype)
+    cfg = ImageTransformConfig(size=size, resize=policy, color="rgb", window=window, tile_size=tile)
+    got = [t.image for t in transform_image(image, cfg)]
+    expected = _converted_first(image, cfg)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.flags.c_contiguous and a.dtype == np.uint8 and a.tobytes() == b.tobytes()

@@ -8,6 +8,8 @@
    full-range maximum: 255, 65535, 1.0 for floats). Done in float32 on the stored scale.
 3. :func:`convert_color`: BGR → RGB; ``rgb`` gives 3 channels (grey images are repeated),
    ``gray`` gives 1 channel of luminance 0.299 R + 0.587 G + 0.114 B (``cv2.COLOR_BGR2GRAY``).
+   A 3-channel image into ``rgb`` skips this step: its channels are swapped as the output is
+   copied to C×H×W (steps 4-6 treat every channel alike, so the bytes are the same).
 4. To float32 in [0, 1]: the configured window (:func:`window_center_width`, like DICOM
    LINEAR_EXACT, or :func:`window_percentiles`), else the full range of the stored dtype
    (uint8 / 255, uint16 / 65535: a 16-bit image is *scaled*, not shifted). Float images have
@@ -210,20 +212,24 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
     hwc = orient_image(image, orientation)
     if hwc.ndim == 2:
         hwc = hwc[:, :, None]
-    if hwc.shape[2] == 3 and cfg.color == "rgb":
-        # BGR -> RGB is an exact channel swap: swap the integer pixels (4x fewer bytes than float32)
-        values = cv2.cvtColor(np.ascontiguousarray(hwc), cv2.COLOR_BGR2RGB).astype(np.float32)
-    else:
-        values = convert_color(remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0), cfg.color)
-    if window is None:
-        unit = np.multiply(values, np.float32(1.0 / (peak or 1.0)), out=values)
+    # BGR -> RGB is an exact channel swap, and every step up to the output treats the channels
+    # alike (a window maps each value, percentiles pool all channels, the resize is per channel):
+    # the swap is left to the C×H×W copy at the end, on the output's pixels instead of the input's
+    swap = hwc.shape[2] == 3 and cfg.color == "rgb"
+    values = hwc if swap else convert_color(remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0), cfg.color)
+    if window is None:  # integer pixels: to float32 and onto [0, 1] in one pass, the same float32 products
+        scale = np.float32(1.0 / (peak or 1.0))
+        unit = (np.multiply(values, scale, out=values) if values.dtype == np.float32
+                else np.multiply(values, scale, dtype=np.float32))
     elif window[0] == "center_width":
-        unit = window_center_width(values, window[1], window[2])
+        unit = window_center_width(values.astype(np.float32, copy=False), window[1], window[2])
     else:
-        unit = window_percentiles(values, window[1], window[2])
+        unit = window_percentiles(values.astype(np.float32, copy=False), window[1], window[2])
     if cfg.size:
         unit = resize_image(np.ascontiguousarray(unit, dtype=np.float32), cfg.size, cfg.resize)
     out = to_uint8(unit, finite=image.dtype.kind in "ui")  # integer pixels: finite through every step
+    if swap:
+        out = out[:, :, ::-1]
     if cfg.tile_size is None:
         return [Tile(None, np.ascontiguousarray(out.transpose(2, 0, 1)))]
     th, tw = cfg.tile_size
