@@ -41,7 +41,8 @@ class EncodedSample:
     @property
     def pixels_sha256(self) -> str:
         """The Parquet image cell's sha256 (the raw pixels): :attr:`known_sha256`, or computed."""
-        return self.known_sha256 or hashlib.sha256(self.pixels).hexdigest()
+        return self.known_sha256 or pixels_digest(self.pixels, shape=self.shape, dtype=self.dtype,
+                                                  fmt="parquet").hexdigest()
 
 
 def pixels_digest(pixels: bytes | memoryview, *, shape: tuple[int, ...], dtype: str, fmt: str) -> hashlib._Hash:

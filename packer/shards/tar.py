@@ -37,7 +37,7 @@ from typing import IO, BinaryIO, Protocol
 import numpy as np
 
 from packer.files import atomic_output, canonical_json
-from packer.shards.encode import EncodedSample
+from packer.shards.encode import EncodedSample, pixels_digest
 from packer.shards.members import (
     NPY_HEAD,
     Decoded,
@@ -156,13 +156,9 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
                     out.write(_ZEROS[:BLOCK - size % BLOCK])
             pixels_member = f"{sample.key}.npy"
             npy = next(pieces for name, pieces in members if name == pixels_member)
-            if sample.known_sha256 is not None:  # the pixel pass hashed the member's bytes already
-                npy_sha256 = bytes.fromhex(sample.known_sha256)
-            else:
-                npy_digest = hashlib.sha256()
-                for piece in npy:
-                    npy_digest.update(piece)
-                npy_sha256 = npy_digest.digest()
+            npy_sha256 = (bytes.fromhex(sample.known_sha256) if sample.known_sha256 is not None  # the pixel pass's
+                          else pixels_digest(sample.pixels, shape=tuple(sample.shape), dtype=sample.dtype,
+                                             fmt="webdataset").digest())
             written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_sha256)
             if after_each is not None:
                 raw.flush()
