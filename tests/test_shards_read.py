@@ -107,6 +107,26 @@ def test_one_member_name_rule(name: str, accepted: bool) -> None:
     assert isinstance(parsed, tuple) == accepted
     if accepted:
         assert parsed == tuple(name.split(".", 1))
+    assert_one_rule(name)
+
+
+def assert_one_rule(name: str) -> None:
+    """The header walk's byte pattern (MEMBER_NAME) accepts exactly the names parse_member_name does,
+    and splits them the same way."""
+    from packer.shards.members import MEMBER_NAME
+
+    parsed = parse_member_name(name)
+    matched = MEMBER_NAME.fullmatch(name.encode("utf-8", "surrogatepass"))
+    assert (matched is not None) == isinstance(parsed, tuple), name
+    if matched is not None:
+        assert (matched[1].decode(), matched[2].decode()) == parsed
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.sampled_from(["a", "b0", "_", "-", ".", "/", "\\", " ", "é", "\0", ".cls", ".json", ".npy",
+                                         ".mask.npy", ".target.npy", ".npy.gz", ".."]), max_size=6))
+def test_the_header_walk_and_the_name_rule_agree_on_any_name(parts: list[str]) -> None:
+    assert_one_rule("".join(parts))
 
 
 def test_a_link_or_a_refused_name_ends_the_scan_with_the_reason(tmp_path: Path) -> None:

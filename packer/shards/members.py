@@ -30,6 +30,10 @@ from numpy.lib import format as npy_format
 MEMBER_EXTENSIONS = ("cls", "json", "npy", "mask.npy", "target.npy")
 #: What a sample key may hold: it is a member's name prefix, so never a path.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+#: The names :func:`parse_member_name` accepts, as bytes: groups key and extension (for a
+#: reader that matches header bytes without decoding them first).
+MEMBER_NAME = re.compile(b"(" + KEY_PATTERN.pattern.encode() + rb")\.("
+                         + b"|".join(re.escape(ext.encode()) for ext in MEMBER_EXTENSIONS) + b")")
 
 
 def parse_member_name(name: str) -> tuple[str, str] | str:
