@@ -65,6 +65,9 @@ def test_every_tar_reader_returns_what_was_packed(tmp_path_factory: pytest.TempP
             assert np.array_equal(np.load(io.BytesIO(at["npy"])), image)
             viewed = load_npy(at["npy"], copy=False)  # the member's own bytearray: no second copy
             assert np.array_equal(viewed, image) and (viewed.base is not None or viewed.size == 0)
+            in_map = read_sample_at(fh, position, encoded.key, mapped)  # views of the map: the same bytes
+            assert {ext: bytes(data) for ext, data in in_map.items()} == {ext: bytes(data) for ext, data in at.items()}
+            assert mapped is None or all(isinstance(data, memoryview) for data in in_map.values())
     with open(path, "rb") as fh:
         streamed = list(stream_tar_samples(fh, len(packed) - 1))
     samples = [item for item in streamed if not isinstance(item, str)]  # a string would be a defect
@@ -84,10 +87,17 @@ def test_member_headers_are_parsed_like_tarfile_and_a_bad_checksum_is_refused(tm
     raw = path.read_bytes()
     assert parse_member_header(raw[:512]) == ("k1.cls", 1, True)
     with open(path, "rb") as fh:
-        assert read_sample_at(fh, 0, "k1") == {"cls": b"3", "npy": b"x" * 700}
-        assert read_sample_at(fh, 2560, "k2") == {"cls": b"1"}  # k1: 2 headers, 512 + 1024 of padded data
-        with pytest.raises(tarfile.HeaderError):
-            read_sample_at(fh, 100, "k1")  # not a header: the caller falls back to scanning
+        for mapped in (None, map_shard(fh)):
+            assert read_sample_at(fh, 0, "k1", mapped) == {"cls": b"3", "npy": b"x" * 700}
+            assert read_sample_at(fh, 2560, "k2", mapped) == {"cls": b"1"}  # k1: 2 headers, 512 + 1024 of data
+            with pytest.raises(tarfile.HeaderError):
+                read_sample_at(fh, 100, "k1", mapped)  # not a header: the caller falls back to scanning
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(raw[:512 + 512 + 512 + 300])  # k1.npy's data cut short
+    with open(cut, "rb") as fh:
+        for mapped in (None, map_shard(fh)):
+            with pytest.raises(tarfile.ReadError, match="cut short"):
+                read_sample_at(fh, 0, "k1", mapped)
     assert parse_member_header(b"\0" * 512) is None
     broken = bytearray(raw[:512])
     broken[0] ^= 1

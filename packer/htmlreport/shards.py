@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from packer.manifest import INDEX_SCHEMA
 from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, decode_mask_member, load_npy
 from packer.shards.parquet import read_parquet_samples
-from packer.shards.tar import read_member_bytes, read_sample_at, scan_tar
+from packer.shards.tar import map_shard, read_member_bytes, read_sample_at, scan_tar
 from packer.targets import Target
 
 _INDEX_COLUMNS = ["key", "split", "shard", "position", "label", "entity_id", "source"]
@@ -248,7 +248,8 @@ def _record_target(target: Target, info: dict[str, Any]) -> tuple[float, ...] | 
     return None
 
 
-def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray]) -> PackedSample | tuple[IndexEntry, str]:
+def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray | memoryview]
+            ) -> PackedSample | tuple[IndexEntry, str]:
     """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` and
     ``mask.npy`` if present), or why its mask member cannot be read. The image is a view of its
     member's bytes where they are packer's own layout (read once, never copied again)."""
@@ -261,14 +262,17 @@ def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray]) -> Pack
 
 def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
     """The samples ``entries`` of a tar shard: each read at the position the index records;
-    those not found there (stale positions) by scanning the shard's headers."""
+    those not found there (stale positions) by scanning the shard's headers. Images are views
+    of a private map of the shard (:func:`~packer.shards.tar.map_shard`) where it can be mapped:
+    the histograms and thumbnails read the page cache, nothing is copied first."""
     by_key = {e.key: e for e in entries}
     found: set[str] = set()
     with open(path, "rb") as fh:
+        mapped = map_shard(fh)
         if all(e.position >= 0 for e in entries):
             for entry in sorted(entries, key=lambda e: e.position):
                 try:
-                    members = read_sample_at(fh, entry.position, entry.key)
+                    members = read_sample_at(fh, entry.position, entry.key, mapped)
                 except tarfile.TarError:
                     continue  # not a member header at this offset: the scan below looks for it
                 if "npy" in members:

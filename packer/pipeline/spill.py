@@ -368,7 +368,7 @@ def tar_sample_as_spilled(fh: io.BufferedReader, path: Path, position: int, key:
     layout = npy_layout(bytes(npy[:NPY_HEAD]))
     if layout is None:
         raise ValueError(f"{path}: sample {key}'s .npy member is not in packer's own form")
-    info = json.loads(members["json"])
+    info = json.loads(bytes(members["json"]))
     return bytes(npy[layout[2]:]), canonical_json(info["metadata"]), bytes(members.get("mask.npy", b""))
 
 

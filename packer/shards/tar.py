@@ -574,11 +574,13 @@ class _ReadInto(Protocol):
     def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
-def read_sample_at(fh: _ReadInto, position: int, key: str) -> dict[str, bytearray]:
+def read_sample_at(fh: _ReadInto, position: int, key: str,
+                   mapped: mmap.mmap | None = None) -> dict[str, bytearray | memoryview]:
     """The bytes, by extension, of the consecutive members of sample ``key`` whose first header
     sits at ``position`` (the position ``_index.parquet`` records); empty when none does. Each
     member is read once into a ``bytearray`` of its own (``load_npy(..., copy=False)`` then
-    decodes the pixels without a second copy).
+    decodes the pixels without a second copy); with ``mapped`` (:func:`map_shard` of ``fh``)
+    each is a ``memoryview`` of the map instead, and nothing is copied at all.
 
     Reading stops at the first header of another key, a refused name or a member that is
     not a regular file, or at the end of the file right after one of the sample's members (a
@@ -586,10 +588,13 @@ def read_sample_at(fh: _ReadInto, position: int, key: str) -> dict[str, bytearra
     ``tarfile.TarError`` when ``position`` holds no member header or a member is cut short:
     the caller falls back to :func:`scan_tar`.
     """
-    members: dict[str, bytearray] = {}
+    members: dict[str, bytearray | memoryview] = {}
     while True:
-        fh.seek(position)
-        block = fh.read(BLOCK)
+        if mapped is not None:
+            block = mapped[position:position + BLOCK]
+        else:
+            fh.seek(position)
+            block = fh.read(BLOCK)
         if not block and members:  # the file ends right after the sample's last member (a partial shard)
             return members
         header = parse_member_header(block)
@@ -599,12 +604,26 @@ def read_sample_at(fh: _ReadInto, position: int, key: str) -> dict[str, bytearra
         parsed = parse_member_name(name)
         if isinstance(parsed, str) or parsed[0] != key or not regular:
             return members
-        data = bytearray(size)
-        view, got = memoryview(data), 0
-        while got < size:
-            n = fh.readinto(view[got:])
-            if not n:
-                raise tarfile.ReadError(f"member {name!r} cut short")
-            got += n
-        members[parsed[1]] = data
+        members[parsed[1]] = (_read_member(fh, name, size) if mapped is None else
+                              _mapped_member(mapped, name, position + BLOCK, size))
         position += BLOCK + -(-size // BLOCK) * BLOCK
+
+
+def _read_member(fh: _ReadInto, name: str, size: int) -> bytearray:
+    """The next ``size`` bytes of ``fh`` (member ``name``'s data) in a bytearray of their own."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = fh.readinto(view[got:])
+        if not n:
+            raise tarfile.ReadError(f"member {name!r} cut short")
+        got += n
+    return data
+
+
+def _mapped_member(mapped: mmap.mmap, name: str, at: int, size: int) -> memoryview:
+    """Member ``name``'s data, ``size`` bytes from ``at``, as a view of the map."""
+    if at + size > len(mapped):
+        raise tarfile.ReadError(f"member {name!r} cut short")
+    return memoryview(mapped)[at:at + size]
+
