@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import io
 import json
 import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -53,7 +56,7 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(tmp, "wb")  # noqa: SIM115 - closed below, inside the same try
+        fh = _DurableFile(open(tmp, "wb", buffering=0)) if durable else open(tmp, "wb")  # noqa: SIM115
     except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
         raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
                           "folder; remove it, or write elsewhere") from err
@@ -76,6 +79,57 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+#: A durable file asks the kernel to start writing back what it holds every this many bytes.
+WRITEBACK_BYTES = 8 << 20
+#: ``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writeback of the range's dirty pages, do not wait.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``sync_file_range`` from the C library, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only where a durable file is written
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    call.restype = ctypes.c_int
+    return call  # type: ignore[no-any-return]
+
+
+def start_writeback(fd: int) -> bool:
+    """Ask the kernel to start writing ``fd``'s dirty pages to disk now, without waiting for
+    them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``). False where that call does not
+    exist or the kernel refuses it. Only a hint: the ``fsync`` that makes the file durable still
+    follows; it then finds the disk busy with the early pages instead of starting them all."""
+    call = _sync_file_range()
+    return call is not None and call(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) == 0
+
+
+class _DurableFile(io.BufferedWriter):
+    """What :func:`atomic_output` writes a durable file through: every :data:`WRITEBACK_BYTES`
+    it hands the kernel what it buffered and starts its writeback (:func:`start_writeback`), so
+    the disk writes while the caller keeps producing bytes and the closing ``fsync`` waits only
+    for the tail (a 64 MiB shard: its ``fsync`` no longer waits for all 64 MiB at once)."""
+
+    def __init__(self, raw: io.RawIOBase) -> None:
+        super().__init__(raw)
+        self._unsynced = 0
+
+    def write(self, data: Any) -> int:
+        written = super().write(data)
+        self._unsynced += written
+        if self._unsynced >= WRITEBACK_BYTES:
+            self._unsynced = 0
+            self.flush()
+            start_writeback(self.fileno())
+        return written
 
 
 def fsync_dir(folder: Path) -> None:
