@@ -259,3 +259,27 @@ def test_packer_tar_mmap_0_reads_with_positional_reads(tmp_path: Path, monkeypat
     empty.write_bytes(b"")
     with open(empty, "rb") as fh:
         assert map_shard(fh) is None
+
+
+@pytest.mark.parametrize(("size_field", "defect"), [
+    (b"-0000000001", "member 'k000.json' has a negative size (-1)"),  # tarfile itself takes it as -1
+    (b" 0000000001", None), (b"0000_000001", None), (b"+0000000001", None),  # int() reads these; tarfile too
+])
+def test_a_size_field_packer_never_writes_is_walked_by_tarfile_and_a_negative_one_is_a_defect(
+        tmp_path: Path, size_field: bytes, defect: str | None) -> None:
+    from packer.shards.tar import _scan_tarfile, _scan_ustar
+
+    path = tmp_path / "train-000000.tar"
+    write_tar_shard(path, [sample(i, (1, 3, 4), "uint8")[0] for i in range(3)])
+    data = bytearray(path.read_bytes())
+    header = data[1024:1536]  # k000.json's header (k000.cls: header and one block of data before it)
+    assert bytes(header[:9]) == b"k000.json"
+    header[124:135] = size_field
+    header[148:156] = b" " * 8
+    header[148:155] = b"%06o\x00" % sum(header)  # a valid checksum: only the size field is odd
+    data[1024:1536] = header
+    path.write_bytes(bytes(data))
+    assert _scan_ustar(path) is None  # not packer's layout: tarfile's reading is the answer
+    index = scan_tar(path)
+    assert index == _scan_tarfile(path) and index.defect == defect
+    assert all(size >= 0 for s in index.samples for _, size in s.members.values())

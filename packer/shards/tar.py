@@ -275,11 +275,12 @@ def _scan_ustar(path: Path) -> TarIndex | None:
             named = name_field(header, 0, _NAME_FIELD)
             if named is None:
                 return _checked(found, headers) if not any(header) else None
-            if header[156] not in _REGULAR or header[345] != 0 or header[135] != 0:
+            size_field = header[124:135]
+            if header[156] not in _REGULAR or header[345] != 0 or header[135] != 0 or not size_field.isdigit():
                 return None
             try:
-                data_size = int(header[124:135], 8)
-            except ValueError:
+                data_size = int(size_field, 8)
+            except ValueError:  # an 8 or a 9
                 return None
             data_at = position + BLOCK
             if data_at + data_size > size:
@@ -324,6 +325,9 @@ def _scan_tarfile(path: Path) -> TarIndex:
                     parsed = _member_defect(member)
                     if isinstance(parsed, str):
                         defect = parsed
+                        break
+                    if member.size < 0:  # tarfile takes a size field of "-1" as it is
+                        defect = f"member {member.name!r} has a negative size ({member.size})"
                         break
                     if member.offset_data + member.size > size:
                         defect = f"member {member.name!r} runs past the end of the file"
