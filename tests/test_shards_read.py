@@ -283,3 +283,12 @@ def test_a_size_field_packer_never_writes_is_walked_by_tarfile_and_a_negative_on
     index = scan_tar(path)
     assert index == _scan_tarfile(path) and index.defect == defect
     assert all(size >= 0 for s in index.samples for _, size in s.members.values())
+    with open(path, "rb") as fh:
+        streamed = list(stream_tar_samples(fh, 2))  # a remote shard read front to back
+        assert (streamed[-1] == defect) if defect else len(streamed) == 3
+        for mapped in (None, map_shard(fh)):  # a sample read at its index position (the report, the cache)
+            if defect:
+                with pytest.raises(tarfile.HeaderError, match="negative member size"):
+                    read_sample_at(fh, 0, "k000", mapped)
+            else:
+                assert sorted(read_sample_at(fh, 0, "k000", mapped)) == ["cls", "json", "npy"]

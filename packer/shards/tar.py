@@ -194,10 +194,12 @@ class TarIndex:
 
 
 def _member_defect(member: tarfile.TarInfo) -> tuple[str, str] | str:
-    """(key, ext) of a member a reader may read, or why it may not (its name, or not a regular file)."""
+    """(key, ext) of a member a reader may read, or why it may not (its name, a negative size, not a regular file)."""
     parsed = parse_member_name(member.name)
     if isinstance(parsed, str):
         return parsed
+    if member.size < 0:  # tarfile takes a size field of "-1" as it is
+        return f"member {member.name!r} has a negative size ({member.size})"
     return parsed if member.isreg() else irregular_member(member.name)
 
 
@@ -325,9 +327,6 @@ def _scan_tarfile(path: Path) -> TarIndex:
                     parsed = _member_defect(member)
                     if isinstance(parsed, str):
                         defect = parsed
-                        break
-                    if member.size < 0:  # tarfile takes a size field of "-1" as it is
-                        defect = f"member {member.name!r} has a negative size ({member.size})"
                         break
                     if member.offset_data + member.size > size:
                         defect = f"member {member.name!r} runs past the end of the file"
@@ -551,7 +550,7 @@ def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
 
     The inverse of :func:`member_header` for the fields packer writes, for reading one sample at
     a known offset: a tenth of the cost of ``tarfile.open`` + ``TarInfo.frombuf`` per sample.
-    Raises ``tarfile.HeaderError`` for a short block, a bad checksum or a bad number.
+    Raises ``tarfile.HeaderError`` for a short block, a bad checksum, a bad number or a negative size.
     """
     if len(block) < BLOCK:
         raise tarfile.HeaderError("header block cut short")
@@ -562,6 +561,8 @@ def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
         size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
     except ValueError as err:
         raise tarfile.HeaderError(f"bad number in header ({err})") from err
+    if size < 0:
+        raise tarfile.HeaderError(f"negative member size ({size})")
     if stored != sum(block[:148]) + 8 * 0x20 + sum(block[156:BLOCK]):
         raise tarfile.HeaderError("header checksum does not match")
     name = block[:100].split(b"\0", 1)[0]
