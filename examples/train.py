@@ -36,7 +36,7 @@ What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses
 Each epoch's line says which (``class: 3 classes``, ``numeric: age, dose``, ...).
 
 What to copy into a real training script:
-- ``init_process_group`` when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
+- ``init_process_group`` under torchrun or when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
   reads rank and world size from torch.distributed, and ``uneven="pad"`` gives every rank
   the same number of batches, so no rank waits forever in an all-reduce.
 - ``set_epoch`` before every epoch (new shard and sample order).
@@ -217,7 +217,8 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
     """Train as ``args`` say, on a dataset whose layout is one of ``layouts`` (``name`` says who refuses another)."""
     args.layouts, args.script = layouts, name
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    distributed = world > 1
+    # torchrun means DDP, even with one process (one GPU): the same code path as on many
+    distributed = world > 1 or "TORCHELASTIC_RUN_ID" in os.environ
     device = torch.device(args.device)
     if distributed:
         if device.type == "cuda":

@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 #: (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``,
 #: ``AWS_DEFAULT_REGION``, ``AWS_CONFIG_FILE``, ...) and OpenCV's image-size limits.
 HERMETIC_PREFIXES = ("PACKER_", "AWS_", "CV_IO_MAX_IMAGE_")
-#: torchrun's variables: the loader takes its default rank and world size from them.
-HERMETIC_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: torchrun's variables: the loader takes its default rank and world size from them, the example
+#: training script a launch by torchrun from TORCHELASTIC_RUN_ID.
+HERMETIC_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID")
 #: Knobs of the suite itself, read when tests/test_fuzz.py is imported: a developer's opt-in.
 SUITE_KNOBS = ("PACKER_FUZZ_LONG", "PACKER_FUZZ_REPORT")
 

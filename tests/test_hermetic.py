@@ -33,6 +33,7 @@ HOSTILE = {
     "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",      # wins over AWS_ENDPOINT_URL in botocore and packer
     "RANK": "1",                                      # the loader would read half of each split
     "WORLD_SIZE": "2",
+    "TORCHELASTIC_RUN_ID": "hostile",                 # examples/train.py would start a process group
     "CV_IO_MAX_IMAGE_PIXELS": "16",                   # OpenCV would refuse every image
 }
 
@@ -49,6 +50,8 @@ SELECTION = (
     "tests/test_rawstore_quick.py::test_a_header_read_front_to_back_costs_few_requests",
     # RANK, WORLD_SIZE: ShardDataset's defaults
     "tests/test_loader.py::test_shuffle_decorrelates_packed_and_read_order",
+    # TORCHELASTIC_RUN_ID: the example takes it as a torchrun launch
+    "tests/test_loader_train.py::test_example_trains_checkpoints_and_resumes_mid_epoch",
     # TMPDIR (here a file: Python falls back to /tmp, the seeds are written to $TMPDIR itself),
     # CV_IO_MAX_IMAGE_PIXELS
     "tests/test_fuzz.py::test_unmutated_seeds_read_cleanly",

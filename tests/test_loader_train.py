@@ -108,6 +108,27 @@ def free_port() -> int:
 
 
 @pytest.mark.slow  # two spawned DDP processes (gloo)
+def test_the_example_under_torchrun_takes_the_ddp_path_even_with_one_process(manifest, monkeypatch):
+    """One GPU is one process: under torchrun the example still initialises the process group
+    (NCCL on CUDA; gloo here) and wraps the model in DDP, so a one-GPU machine exercises the
+    path a many-GPU one takes (benchmarks/gpu_check.py runs it so)."""
+    for name, value in {"TORCHELASTIC_RUN_ID": "one", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    backends: list[str] = []
+    real = torch.distributed.init_process_group
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda backend, **kw: (backends.append(backend), real(backend, **kw))[1])
+    wrapped: list[int] = []
+    real_ddp = torch.nn.parallel.DistributedDataParallel
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel",
+                        lambda module, **kw: (wrapped.append(1), real_ddp(module, **kw))[1])
+    result = load_example().main(["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "4",
+                                  "--workers", "0", "--device", "cpu"])
+    assert backends == ["gloo"] and wrapped == [1]
+    assert result["steps"] == 6 and not torch.distributed.is_initialized()  # 21 samples, batches of 4; torn down
+
+
 def test_two_process_gloo_ddp_with_padding(manifest, tmp_path):
     steps = 100                                              # more than two epochs: run both to the end
     try:
@@ -142,3 +163,4 @@ def test_bench_loader_reports_every_stage(manifest):
     json.dumps(result)
     table = format_table(result)
     assert "raw read" in table and "samples/s" in table
+
