@@ -164,3 +164,22 @@ def test_bench_loader_reports_every_stage(manifest):
     table = format_table(result)
     assert "raw read" in table and "samples/s" in table
 
+
+@pytest.mark.slow  # three subprocesses, one of them under torch.distributed.run
+def test_the_prepared_gpu_check_runs_every_step_on_the_cpu(manifest, tmp_path):
+    """benchmarks/gpu_check.py is what a session lent a GPU runs in one call: its CPU dry run
+    goes through the same three steps (the loader benchmark, the example, the example under
+    torchrun) and writes what RESULTS.md needs."""
+    import subprocess
+
+    out = tmp_path / "gpu"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--manifest",
+                           str(manifest.parent), "--out", str(out), "--device", "cpu", "--seconds", "0.3",
+                           "--batch-size", "4"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert [(s["step"], s["exit"]) for s in report["steps"]] == [("loader", 0), ("train", 0), ("ddp", 0)]
+    assert report["loader"]["dataset"]["samples"] == 21 and report["machine"]["device"] == "cpu"
+    table = (out / "gpu_check.md").read_text()
+    assert "| num_workers | 2 | False |" in table and "waiting for data" in table
+    assert "epoch 0:" in (out / "ddp.log").read_text()
