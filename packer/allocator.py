@@ -36,11 +36,12 @@ does not matter there; its retained pages would count in the build's peak.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import platform
 from collections.abc import Iterator
+
+from packer.files import libc_function
 
 log = logging.getLogger("packer.allocator")
 
@@ -88,12 +89,10 @@ def tune_client_allocator() -> bool:
 def _mallopt(settings: dict[int, int]) -> bool:
     if os.environ.get(ENV_SWITCH, "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # this process's own C library, no ldconfig subprocess
-    except (OSError, AttributeError) as err:
-        log.debug("glibc's mallopt is not reachable: %s", err)
+    mallopt = libc_function("mallopt", "c_int", "c_int")
+    if mallopt is None:
+        log.debug("glibc's mallopt is not reachable")
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     if not all(mallopt(option, value) for option, value in settings.items()):
         log.debug("mallopt refused %s", settings)
         return False

@@ -1,6 +1,6 @@
 """General helpers every layer may use, below every stage: atomic file output, fsync, file
-digests, canonical JSON, human-readable sizes and freeing a file's blocks in place. Nothing here
-knows about samples or shards."""
+digests, canonical JSON, human-readable sizes, freeing a file's blocks in place, and the C
+library calls those and the allocator settings need. Nothing here knows about samples or shards."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import io
 import json
 import os
 import re
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -88,19 +87,20 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 @functools.cache
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """Linux's ``sync_file_range`` from the C library, or None where there is none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes  # only where a durable file is written
+def libc_function(name: str, *argtypes: str) -> Any:
+    """The C library function ``name`` of this process (``ctypes.CDLL(None)``: no ldconfig
+    subprocess, as ``ctypes.util.find_library`` would run), taking the ``ctypes`` types named by
+    ``argtypes`` and returning an int that sets ``errno``; None where there is none (macOS has
+    no ``fallocate``, Windows no C library to load by None)."""
+    import ctypes  # only where such a function is called
 
     try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError, TypeError):
         return None
-    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    call.restype = ctypes.c_int
-    return call  # type: ignore[no-any-return]
+    function.argtypes = [getattr(ctypes, t) for t in argtypes]
+    function.restype = ctypes.c_int
+    return function
 
 
 def start_writeback(fd: int) -> bool:
@@ -108,7 +108,7 @@ def start_writeback(fd: int) -> bool:
     them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``). False where that call does not
     exist or the kernel refuses it. Only a hint: the ``fsync`` that makes the file durable still
     follows; it then finds the disk busy with the early pages instead of starting them all."""
-    call = _sync_file_range()
+    call = libc_function("sync_file_range", "c_int", "c_int64", "c_int64", "c_uint")
     return call is not None and call(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) == 0
 
 
@@ -167,36 +167,15 @@ def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
 _PUNCH_HOLE = 0x02 | 0x01
 
 
-_fallocate: Any = None  # this process's C library's fallocate, found on first use (False: there is none)
-
-
-def _libc_fallocate() -> Any:
-    """fallocate(2) from this process's own C library (no ldconfig subprocess, as
-    ``ctypes.util.find_library`` would run), or False where there is none (macOS, Windows)."""
-    global _fallocate
-    if _fallocate is None:
-        import ctypes
-
-        try:
-            fallocate = ctypes.CDLL(None, use_errno=True).fallocate
-        except (OSError, AttributeError, TypeError):  # no C library to load by None, or no fallocate in it
-            _fallocate = False
-        else:
-            fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-            fallocate.restype = ctypes.c_int
-            _fallocate = fallocate
-    return _fallocate
-
-
 def punch_hole(fd: int, offset: int, length: int) -> bool:
     """Give the blocks of bytes ``offset:offset+length`` of the open file ``fd`` back to the
     file system, keeping the file's size (the range then reads as zeros). Only whole blocks
     inside the range are freed. Returns False where the platform or file system cannot
     (no fallocate, EOPNOTSUPP, ENOSYS): the caller then frees space by deleting whole files.
     Other errors (EBADF, EIO) raise OSError."""
-    fallocate = _libc_fallocate()
-    if not fallocate or length <= 0:
-        return bool(fallocate)
+    fallocate = libc_function("fallocate", "c_int", "c_int", "c_int64", "c_int64")
+    if fallocate is None or length <= 0:
+        return fallocate is not None
     if fallocate(fd, _PUNCH_HOLE, offset, length) == 0:
         return True
     import ctypes
