@@ -62,12 +62,9 @@ def _print_summary(result: Any) -> None:
     holds = "local only: raw paths and messages of the bad files" if bad["total"] else "empty: no bad files"
     lines.append(f"  bad       {result.version_dir / bad['report']}  ({holds})")
     if result.html_report is not None:
-        # what htmlreport.sections.render_bad_samples shows: sample ids when pseudonymized, raw paths with keep
-        if phi.get("mode") == "pseudonymize":
-            shows = "pseudonymized: bad samples by sample id, no raw paths"
-        else:
-            shows = "phi.mode keep: raw entity ids" + ("; local only: lists bad-sample paths" if bad["total"] else "")
-        lines.append(f"  report    {result.html_report}  (open in a browser; {shows})")
+        from packer.htmlreport.sections import report_privacy
+
+        lines.append(f"  report    {result.html_report}  (open in a browser; {report_privacy(manifest)})")
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
     if result.published is not None:

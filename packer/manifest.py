@@ -34,7 +34,7 @@ import jsonschema
 import numpy as np
 
 from packer import __version__, storage
-from packer.errors import IntegrityError, PackerError
+from packer.errors import ConfigError, IntegrityError, PackerError
 from packer.files import atomic_output, canonical_json
 from packer.schemas import load_schema
 from packer.storage import MANIFEST_FILE  # defined by storage, which reads version folders
@@ -109,9 +109,58 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
 
 
 def resolve_manifest_path(path: str | Path) -> Path:
-    """Accept a manifest file or the version folder holding it."""
+    """The manifest file of ``path``: a ``manifest.json`` (or registry copy ``<version>.json``)
+    or the version folder holding one.
+
+    Raises ConfigError (a usage error, exit 2) when ``path`` is plainly not a version: it does not
+    exist, it is a file that is not JSON (a shard, say: the message names its version folder), or
+    a folder with neither a manifest nor a version's files; a dataset folder
+    (``<output>/<name>/``) gets the list of its versions. A version folder whose manifest is
+    missing is returned as is: reading it then fails as a damaged version (IntegrityError).
+    """
     candidate = Path(path)
-    return candidate / MANIFEST_FILE if candidate.is_dir() else candidate
+    if candidate.is_dir():
+        manifest = candidate / MANIFEST_FILE
+        if manifest.is_file() or _holds_version_files(candidate):
+            return manifest
+        raise ConfigError(f"{candidate}: {_not_a_version(candidate)}")
+    if candidate.is_file():
+        if candidate.suffix == ".json":
+            return candidate
+        beside = (f"; pass its version folder {candidate.parent}" if (candidate.parent / MANIFEST_FILE).is_file()
+                  else "")
+        raise ConfigError(f"{candidate}: not a manifest (a manifest is a {MANIFEST_FILE} or a registry copy "
+                          f"<version>.json){beside}")
+    if candidate.name == MANIFEST_FILE and _holds_version_files(candidate.parent):
+        return candidate
+    raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
+
+
+_PASS_A_VERSION = f"pass a version folder (<output>/<name>/<version>/) or its {MANIFEST_FILE}"
+
+
+def _holds_version_files(folder: Path) -> bool:
+    """True when ``folder`` holds what a build writes beside its manifest (the sample index,
+    the bad-sample report or shards): a version, even with its manifest gone."""
+    if not folder.is_dir():
+        return False
+    if any((folder / name).is_file() for name in (INDEX_FILE, SPLITS_FILE, "bad_samples.jsonl")):
+        return True
+    return any(entry.suffix in (".tar", ".parquet") for entry in folder.iterdir() if entry.is_file())
+
+
+def _not_a_version(folder: Path) -> str:
+    """Why ``folder`` (no manifest, no version files) is not a version, and what to pass instead."""
+    versions = sorted(entry.name for entry in folder.iterdir()
+                      if entry.is_dir() and (entry / MANIFEST_FILE).is_file())
+    if versions:
+        return (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)}; pass one of "
+                f"them, e.g. {folder / versions[-1]}")
+    copies = sorted(entry.name for entry in folder.iterdir() if entry.is_file() and entry.suffix == ".json")
+    if copies:
+        return (f"no {MANIFEST_FILE} here; it holds {', '.join(copies[:5])}{' …' if len(copies) > 5 else ''}: "
+                f"pass one of those files (a registry copy) or the version folder it describes")
+    return f"no {MANIFEST_FILE} and no dataset version here; {_PASS_A_VERSION}"
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -231,13 +280,14 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
     IntegrityError naming the manifest; otherwise they are returned in ``problems``.
 
     Always raises IntegrityError when the manifest cannot be read, is not UTF-8 JSON or is not
-    a JSON object; for a remote one ``ConfigError``/``PackerError`` when the store fails
+    a JSON object; ConfigError when a local ``location`` is plainly not a version
+    (:func:`resolve_manifest_path`); for a remote one ``ConfigError``/``PackerError`` when the store fails
     (:func:`packer.storage.storage_error`), ``ConfigError`` when its filesystem is not installed.
     """
     local = storage.local_path(location)
     path: Path | None = None
     if local is not None:
-        path = local / MANIFEST_FILE if local.is_dir() else local
+        path = resolve_manifest_path(local)
         where = str(path)
         try:
             raw = path.read_bytes()

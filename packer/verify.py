@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 from packer.config import SPLITS
 from packer.errors import PackerError
 from packer.files import TMP_SUFFIX
-from packer.manifest import INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE, read_manifest
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA, read_manifest, resolve_manifest_path
 from packer.progress import Progress
 from packer.shards.members import KEY_PATTERN, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
@@ -132,7 +132,7 @@ def _locate(manifest_path: str | Path, storage_options: Mapping[str, Any] | None
     """The version folder and the manifest's file name, for a path or URL of either."""
     local = local_path(manifest_path)
     if local is not None:
-        file = local / MANIFEST_FILE if local.is_dir() else local
+        file = resolve_manifest_path(local)
         return VersionFolder(file.parent), file.name
     base, name = manifest_url(str(manifest_path)).rsplit("/", 1)
     return VersionFolder(base, storage_options), name
@@ -144,7 +144,8 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
 
     ``manifest_path`` is a local path, a ``file://`` URL or an fsspec URL (``s3://...``,
     opened with ``storage_options``). Returns a report naming every problem; it never raises
-    for a defect of the data (``ConfigError`` when a URL's filesystem is not installed).
+    for a defect of the data (``ConfigError`` when a URL's filesystem is not installed, or when
+    a local path is plainly not a version: :func:`packer.manifest.resolve_manifest_path`).
     ``deep`` also decodes every sample (see the module docstring). ``quiet=False`` prints
     progress lines to ``stream`` (default stderr). A manifest that is unreadable or breaks
     the schema ends the check early: nothing else it says can be trusted.

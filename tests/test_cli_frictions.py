@@ -229,6 +229,7 @@ def test_the_summary_describes_the_report_as_it_is_in_each_phi_mode(tmp_path: Pa
     rows: list[tuple[str, np.ndarray | None, str]] = [(f"ok{i}.png", photo(i), f"E{i}") for i in range(6)]
     rows.append(("broken_Jane_Doe.png", None, "E9"))
     outputs: dict[str, tuple[str, str, str]] = {}
+    reports: dict[str, str] = {}
     for mode, key in (("keep", ""), ("pseudonymize", "f0" * 32)):
         job = photo_job(tmp_path / mode, rows, split={"by": "entity"}, max_bad=0.5)
         doc = yaml.safe_load(job.read_text())
@@ -240,8 +241,14 @@ def test_the_summary_describes_the_report_as_it_is_in_each_phi_mode(tmp_path: Pa
         (version,) = (tmp_path / mode / "out" / "photos").glob("*/manifest.json")
         outputs[mode] = (result.output, (version.parent / "report.html").read_text(),
                          (version.parent / "bad_samples.jsonl").read_text())
+        again = CliRunner().invoke(main, ["report", str(version.parent), "-o", str(tmp_path / f"{mode}.html")])
+        assert again.exit_code == 0, again.output
+        reports[mode] = again.output.strip()
     for mode, (summary, html, jsonl) in outputs.items():
         report_line = next(line for line in summary.splitlines() if line.startswith("  report "))
+        shows = report_line.rsplit("open in a browser; ", 1)[1].rstrip(")")
+        # `packer report` and the report's own footer say what the build summary says
+        assert reports[mode].endswith(f"; {shows})") and f"This report: {shows}." in html
         bad_line = next(line for line in summary.splitlines() if line.startswith("  bad       "))
         assert "broken_Jane_Doe.png" in jsonl and bad_line.endswith("(local only: raw paths and messages of the "
                                                                     "bad files)")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from loader_fixtures import build_dataset, sample_image, split_keys, write_manifest, write_raw_tar
 
-from packer.errors import IntegrityError
+from packer.errors import ConfigError, IntegrityError
 from packer.loader import ShardDataset, ShardReadError, make_loader
 from packer.targets import Target
 
@@ -192,6 +192,21 @@ def test_manifest_paths_cannot_leave_the_version_folder(tmp_path):
                               shards=[{"file": "../x.tar", "bytes": 1, "sha256": "0" * 64, "samples": 1}])
     with pytest.raises(IntegrityError, match="inside the version folder"):
         ShardDataset(manifest, "train")
+
+
+def test_a_registry_copy_without_shards_beside_it_is_refused_before_the_first_read(tmp_path):
+    """``manifests/<name>/<version>.json`` holds no shards: say so when the dataset is made,
+    with the folder to open instead, not as an unreadable shard in the first batch."""
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(3,))
+    copy = tmp_path / "manifests" / "abc123.json"
+    copy.parent.mkdir()
+    copy.write_bytes(manifest.read_bytes())
+    with pytest.raises(ConfigError, match=r"a registry copy of the manifest, without its shards beside it "
+                                          r"\(train-000000\.tar is not in .*manifests\); open the version folder"):
+        ShardDataset(copy, "train")
+    beside = manifest.parent / "abc123.json"  # a copy next to the shards reads them
+    beside.write_bytes(manifest.read_bytes())
+    assert len(list(ShardDataset(beside, "train", shuffle=False))) == 3
 
 
 @pytest.mark.parametrize("array", [np.zeros((2, 8, 8), np.uint8), np.arange(12, dtype=np.float16).reshape(3, 4),

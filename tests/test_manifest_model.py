@@ -11,10 +11,10 @@ import fsspec
 import pytest
 from loader_fixtures import build_dataset
 
-from packer.errors import IntegrityError
+from packer.errors import ConfigError, IntegrityError
 from packer.files import canonical_json
 from packer.loader.readers import load_split
-from packer.manifest import ShardEntry, read_dataset_hash, read_manifest
+from packer.manifest import ShardEntry, read_dataset_hash, read_manifest, resolve_manifest_path
 from packer.verify import verify_dataset
 
 
@@ -103,6 +103,38 @@ def test_an_unreadable_manifest_raises_in_either_mode(version: Path, content: by
         with pytest.raises(IntegrityError, match=expected):
             read_manifest(version, strict=strict)
     assert read_dataset_hash(version) is None
+
+
+def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to_pass(version: Path) -> None:
+    """The dataset folder, a shard, a registry folder, an empty folder or a typo: ConfigError
+    (exit 2) naming what to pass instead, never "restore the manifest" (exit 5)."""
+    dataset = version.parent
+    listed = f"a dataset folder, not a version: it holds the version\\(s\\) {version.name}; pass one of them"
+    with pytest.raises(ConfigError, match=f"{listed}, e.g. {version}"):
+        read_manifest(dataset)
+    shard = next(version.glob("*.tar"))
+    with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
+        read_manifest(shard)
+    registry = dataset.parent / "registry"
+    registry.mkdir()
+    (registry / "abc.json").write_bytes((version / "manifest.json").read_bytes())
+    with pytest.raises(ConfigError, match="it holds abc.json: pass one of those files"):
+        read_manifest(registry)
+    assert read_manifest(registry / "abc.json").data == read_manifest(version).data
+    empty = dataset.parent / "empty"
+    empty.mkdir()
+    for nowhere in (empty, dataset.parent / "missing", version / "typo.json"):
+        with pytest.raises(ConfigError, match="pass a version folder .* or its manifest.json"):
+            read_manifest(nowhere)
+    assert read_dataset_hash(empty) is None and read_dataset_hash(dataset) is None
+
+
+def test_a_version_folder_without_its_manifest_stays_a_damaged_version(version: Path) -> None:
+    (version / "manifest.json").unlink()
+    for location in (version, version / "manifest.json"):
+        assert resolve_manifest_path(location) == version / "manifest.json"
+        with pytest.raises(IntegrityError, match="cannot read the manifest"):
+            read_manifest(location)
 
 
 def test_file_urls_are_local_paths(version: Path) -> None:

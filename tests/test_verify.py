@@ -172,13 +172,29 @@ def test_an_edited_manifest_fails_its_dataset_hash(version: Path) -> None:
     assert "splits.train" in result.output
 
 
-def test_an_unreadable_manifest_or_folder_without_one_exits_5(version: Path, tmp_path: Path) -> None:
+def test_an_unreadable_or_missing_manifest_of_a_version_exits_5(version: Path) -> None:
     (version / "manifest.json").write_text("{not json")
     assert invoke(version).exit_code == 5
+    (version / "manifest.json").unlink()
+    result = invoke(version)
+    assert result.exit_code == 5 and "cannot read the manifest" in result.output
+
+
+def test_a_folder_that_is_not_a_version_exits_2_and_names_what_to_pass(version: Path, tmp_path: Path) -> None:
+    """A newcomer's likely slip: the dataset folder instead of the version folder under it."""
+    dataset = tmp_path / "demo"
+    shutil.copytree(version, dataset / version.name)
+    result = invoke(dataset)
+    assert result.exit_code == 2, result.output
+    assert f"it holds the version(s) {version.name}; pass one of them, e.g. {dataset / version.name}" in result.output
+    assert "restore" not in result.output
+    shard = next((dataset / version.name).glob("train-*"))
+    result = invoke(shard)
+    assert result.exit_code == 2 and f"pass its version folder {dataset / version.name}" in result.output
     empty = tmp_path / "empty"
     empty.mkdir()
     result = invoke(empty)
-    assert result.exit_code == 5 and "cannot read" in result.output
+    assert result.exit_code == 2 and "no manifest.json and no dataset version here" in result.output
 
 
 def test_deep_checks_content_independently_of_resealed_shard_hashes(version: Path) -> None:

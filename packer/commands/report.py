@@ -22,12 +22,15 @@ def report(manifest: Path, output: Path | None) -> None:
 
     \b
     The file has inline CSS and images, no scripts and no network access, so it opens from
-    file:// anywhere. Its bad-samples section lists raw paths: keep the file local.
-    Exits 5 when the manifest cannot be read.
+    file:// anywhere. A pseudonymized dataset's report names bad samples by sample id only;
+    under phi.mode keep it lists their raw paths and entity ids: keep that file local.
+    Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version.
     """
     from packer.files import human_bytes
     from packer.htmlreport import write_html_report
+    from packer.htmlreport.sections import report_privacy
+    from packer.manifest import read_manifest
 
     path = write_html_report(manifest, output)
-    click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; local only: the bad-samples section holds "
-               "raw paths)")
+    shows = report_privacy(read_manifest(manifest, strict=False, check_hash=False).data)
+    click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")

@@ -202,6 +202,16 @@ def _relative(path: str, root: str) -> str:
     return path
 
 
+def report_privacy(manifest: dict[str, Any]) -> str:
+    """What the HTML report of ``manifest`` shows of the people in the data, as the CLI and the
+    report's footer say it: :func:`render_bad_samples` lists sample ids when the dataset is
+    pseudonymized and raw paths (and raw entity ids) under ``phi.mode: keep``."""
+    if (manifest.get("phi") or {}).get("mode") == "pseudonymize":
+        return "pseudonymized: bad samples by sample id, no raw paths"
+    bad = int((manifest.get("bad_samples") or {}).get("total", 0))
+    return "phi.mode keep: raw entity ids" + ("; local only: lists bad-sample paths" if bad else "")
+
+
 def render_bad_samples(data: ReportData) -> str:
     bad = data.manifest.get("bad_samples", {})
     total, files = int(bad.get("total", 0)), int(data.manifest.get("inputs", {}).get("files", 0))

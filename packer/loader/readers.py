@@ -57,6 +57,7 @@ from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import TarIndex, map_shard, read_tar_sample, scan_tar, stream_tar_samples
+from packer.storage import MANIFEST_FILE
 from packer.targets import Target
 
 PARQUET_ROWS = 64
@@ -200,6 +201,10 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
             shards.append(ShardInfo(file=entry.file, path=Path(entry.file), bytes=entry.bytes, sha256=entry.sha256,
                                     samples=entry.samples, url=where, storage_options=dict(storage_options or {}),
                                     cache=cache))
+    if isinstance(path, Path) and path.name != MANIFEST_FILE and shards and not shards[0].path.exists():
+        raise ConfigError(f"{path}: a registry copy of the manifest, without its shards beside it ({shards[0].file} "
+                          f"is not in {path.parent}); open the version folder it describes instead, "
+                          f"<output>/{doc.name}/{doc.version}/ (the build printed where)")
     total = doc.splits[split]["samples"]
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
