@@ -114,3 +114,26 @@ def test_the_training_example_trains_a_weighted_mix_of_the_demo_and_a_second_dat
     assert shares is not None, done.stdout
     demo, other = int(shares[1]), int(shares[2])
     assert abs(demo / (demo + other) - 0.7) <= 1 / (demo + other) and "epoch 0: step" in done.stdout
+
+
+def test_the_readme_stock_reader_blocks_run_as_pasted(newcomer: tuple[Path, str]) -> None:
+    """README, 'Stock readers open the shards without packer': the tar block on the demo, the
+    Parquet block on the build of the job it names, each with the version filled in."""
+    home, version = newcomer
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("Stock readers open the shards without packer", 1)[1].split("\n## ", 1)[0]
+    tar_block, parquet_block = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    job = re.search(r"`packer build (workflows/[\w.-]+\.yaml)`", section)
+    assert job is not None and "train-*.tar" in tar_block and "train-*.parquet" in parquet_block
+    done = run([sys.executable, "-c", tar_block.replace("<version>", version) + "\nprint('tar', image.shape, label)\n"],
+               home)
+    assert re.search(r"^tar \(3, 64, 64\) \d+$", done.stdout, flags=re.M), done.stdout
+    shutil.copy(REPO / job[1], home / job[1])
+    built = run([PACKER, "build", job[1], "-q"], home)
+    name = re.search(r"name: ([\w-]+)", (home / job[1]).read_text())
+    assert name is not None
+    parquet = re.search(rf"^dataset {name[1]} version ([0-9a-f]{{12}})$", built.stdout, flags=re.M)
+    assert parquet is not None and f"build/{name[1]}/<version>/" in parquet_block, built.stdout
+    done = run([sys.executable, "-c", parquet_block.replace("<version>", parquet[1])
+                + "\nprint('parquet', image.shape, len(target), hf['train'].num_rows)\n"], home)
+    assert re.search(r"^parquet \(3, 64, 64\) 4 \d+$", done.stdout, flags=re.M), done.stdout
