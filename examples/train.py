@@ -246,10 +246,12 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         one_source = args.sources is not None and len(args.sources) == 1
         fix = ("build the dataset with transform.channels" if one_source or args.mix
                else "pass --sources NAME to train on one source, or build the dataset with transform.channels")
+        of = f"source{'s' if len(args.sources) > 1 else ''} {','.join(args.sources)}" if args.sources else "sources"
         raise SystemExit(
-            f"{args.script}: the {args.split} samples{' of ' + ','.join(args.sources) if args.sources else ''} have "
-            f"several shapes ({dataset.info.describe_shapes(args.sources)}), and this model takes one channel "
-            f"count; {fix} (README, 'Mixed shapes')")
+            f"{args.script}: this dataset's {of} hold samples of several shapes "
+            f"({dataset.info.describe_shapes(args.sources)}; the manifest lists shapes per source, over every "
+            f"split, so the {args.split} split may hold fewer), and this model takes one channel count; {fix} "
+            "(README, 'Mixed shapes')")
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
     batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
