@@ -592,28 +592,38 @@ def _write_table(path: Path, rows: Sequence[_Row], columns: Sequence[str]) -> No
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
-def _write_readme(tree: DemoTree, seed: int, kind: str) -> None:
-    """README.txt: what the tree is, how to use it, and the planted defects."""
+def _write_readme(tree: DemoTree, seed: int, kind: str, masks: Sequence[PlantedDefect] = (),
+                  series: bool = False) -> None:
+    """README.txt: what the tree is, how to use it, and the planted defects (``masks``: those of
+    ``targets/segmentation``; ``series``: the tree has ``series/`` of :data:`SERIES`)."""
     lines = [
         MARKER,
         "",
         f"A synthetic {kind} raw tree written by packer (seed {seed}); no real patients. Same seed, same bytes.",
         f"ct/             {tree.dicom_files} good DICOM files (CT slices PAT*/ST*/IM*.dcm, extra/ kinds)",
         "ct_labels.csv   path,label (path relative to ct/)",
-        f"photos/         {tree.images} good images per subject folder",
+        f"photos/         {tree.images} good images, one folder per subject",
         "photos/labels.csv  path,label,entity,timestamp (path relative to photos/)",
         "phi.key         the demo's pseudonymization key (derived from the seed: NOT secret, demo only)",
-        "targets/        examples for every target kind (workflows/targets-*.yaml build them):",
-        "  folders/<class>/*.png         an ImageFolder tree (label: folder)",
-        "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric)",
-        "series/         CT series for 2.5D neighbour stacks (workflows/series-neighbors.yaml): good ones, one",
-        "                oblique, and one broken series of each kind (see SERIES below)",
-        "  segmentation/ + table.csv     grey images with shapes, and their masks (0 background, 1 disk, 2 square);",
-        "                                planted: images/022.png -> mask_missing, images/023.png -> mask_size",
-        "",
-        "Planted defects (relpath -> reason code the build must report):" if tree.defects else "No planted defects.",
-        *(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
     ]
+    if masks:
+        lines += [
+            "targets/        examples for every target kind (workflows/targets-*.yaml build them):",
+            "  folders/<class>/*.png         an ImageFolder tree (label: folder)",
+            "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric)",
+            "  segmentation/ + table.csv     grey images with shapes, and their masks (0 background, 1 disk, 2 square)",
+        ]
+    if series:
+        lines += ["series/         CT series, one folder per patient, for 2.5D neighbour stacks and volumes",
+                  "                (workflows/series-neighbors.yaml, series-volume.yaml); file names and Instance",
+                  "                Numbers shuffled; -> the reason code a build gives the series' files (SER05: its",
+                  "                localizer only):"]
+        lines += [f"  {patient}         {how}" + (f" -> {reason}" if reason else "")
+                  for patient, (how, reason) in SERIES.items()]
+    defects = [*(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
+               *(f"  targets/segmentation/{d.relpath} -> {d.reason}" for d in masks)]
+    lines += ["", "Planted defects (relpath -> reason code the build must report):" if defects
+              else "No planted defects.", *defects]
     (tree.root / "README.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -653,11 +663,11 @@ def write_demo_tree(
     _write_table(root / "ct_labels.csv", ct_rows + broken_ct_rows, ("path", "label"))
     _write_table(root / "photos" / "labels.csv", photo_rows + broken_photo_rows,
                  ("path", "label", "entity", "timestamp"))
-    write_target_examples(root, seed, photo_rows, broken_photo_rows)
+    mask_defects = write_target_examples(root, seed, photo_rows, broken_photo_rows)
     write_series_examples(root, seed)
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
     write_demo_key(root, seed)
-    _write_readme(tree, seed, "demo")
+    _write_readme(tree, seed, "demo", masks=mask_defects, series=True)
     _settle_mtimes(root)
     return tree
 

@@ -13,7 +13,7 @@ import pydicom
 import pytest
 from pydicom.errors import InvalidDicomError
 
-from packer.demo import DemoTree, cut_jpeg, write_bench_tree, write_ct_slice, write_demo_tree
+from packer.demo import SERIES, DemoTree, cut_jpeg, write_bench_tree, write_ct_slice, write_demo_tree
 from packer.errors import ConfigError
 from packer.records import REASONS
 
@@ -177,6 +177,14 @@ def test_defects_list_and_readme(demo: DemoTree) -> None:
     assert all(d.reason in REASONS for d in demo.defects)
     readme = (demo.root / "README.txt").read_text(encoding="utf-8")
     assert all(f"{d.relpath} -> {d.reason}" in readme for d in demo.defects)
+    # and the defects planted outside ct/ and photos/: masks, and every broken series, by its folder
+    assert "targets/segmentation/images/022.png -> mask_missing" in readme
+    assert "targets/segmentation/images/023.png -> mask_size" in readme
+    for patient, (_, reason) in SERIES.items():
+        assert (demo.root / "series" / patient).is_dir()
+        line = next(line for line in readme.splitlines() if line.startswith(f"  {patient} "))
+        assert line.endswith(f" -> {reason}") if reason else "->" not in line
+    assert "see SERIES below" not in readme
 
 
 def test_ct_labels_list_every_good_file_once(demo: DemoTree) -> None:
