@@ -828,6 +828,7 @@ def load_job(path: str | Path) -> JobConfig:
         raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{job_path}: not valid YAML: {err}") from err
+    except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there
+        where = str(err).replace('"<unicode string>"', f'"{job_path}"')
+        raise ConfigError(f"{job_path}: not valid YAML: {where}") from err
     return parse_job(doc, job_path)

@@ -128,8 +128,14 @@ def load_key(cfg: PhiConfig) -> PhiKey | None:
     if cfg.key_file is not None:
         try:
             text = cfg.key_file.read_text(encoding="utf-8")
+        except FileNotFoundError as err:  # the job names the file: make that one (or point at the real key)
+            raise ConfigError(
+                f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); create it with: packer key new "
+                f"{cfg.key_file} (keep the file out of the repository, and keep it: rebuilding the dataset needs "
+                "it), or point phi.key_file at the key an earlier build of this dataset used") from err
         except OSError as err:
-            raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); {HOW_TO}") from err
+            raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); make it readable by this "
+                              f"user, or export {ENV_KEY} and remove phi.key_file from the job") from err
         file_key = _checked(text, file_where)
     if env_key is not None and file_key is not None:
         if not hmac.compare_digest(env_key, file_key):

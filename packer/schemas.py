@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import cache
@@ -205,8 +205,34 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
         # a required key the suggestion supplies is the same mistake, not one more
         fixed = {(u.where, u.suggestion) for u in unknown}
         rest = [e for e, keys in found if not keys and (tuple(e.absolute_path), _required_key(e)) not in fixed]
-        more = len(unknown) - 1 + len(rest)
-        raise ConfigError(unknown[0].message(source) + (f" (and {more} more problem(s))" if more else ""))
+        also = [u.message(source).removeprefix(f"{source}: ") for u in unknown[1:]]
+        raise ConfigError(unknown[0].message(source) + _also(also + [f"{_key_path(e)}: {e.message}" for e in rest]))
     best = jsonschema.exceptions.best_match(errors) or errors[0]
-    others = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    raise ConfigError(f"{source}: {_key_path(best)}: {best.message}{others}")
+    others = [f"{_key_path(e)}: {_what_is_wrong(e)}" for e in errors if e is not best]
+    raise ConfigError(f"{source}: {_key_path(best)}: {_what_is_wrong(best)}{_also(others)}")
+
+
+#: Checks of one value: where one fails, the schema's description of that value says what it takes.
+_VALUE_CHECKS = frozenset({"type", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum",
+                           "exclusiveMaximum", "minLength", "maxLength", "pattern", "enum", "const", "format"})
+
+
+def _what_is_wrong(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message, and for a value that fails a check of its own, the schema's
+    description of that value (``[64] is too short. Target [height, width] in pixels.``)."""
+    description = error.schema.get("description") if isinstance(error.schema, dict) else None
+    if error.validator in _VALUE_CHECKS and isinstance(description, str) and description:
+        return f"{error.message}. {description}"
+    return error.message
+
+
+#: How many further problems of a job file an error lists, one per line, after the first.
+ALSO_LISTED = 5
+
+
+def _also(problems: Sequence[str]) -> str:
+    """The further problems of a document, one per line after the first (the first
+    :data:`ALSO_LISTED`, then how many more), so that one run shows what to fix."""
+    shown = [f"\n  also {problem}" for problem in problems[:ALSO_LISTED]]
+    rest = len(problems) - len(shown)
+    return "".join(shown) + (f"\n  and {rest} more problem(s)" if rest else "")

@@ -121,8 +121,8 @@ def test_an_unknown_key_with_no_close_match_lists_the_keys_the_schema_allows_the
     result = CliRunner().invoke(main, ["build", str(job)])
     assert result.exit_code == 2
     allowed = ", ".join(sorted(load_schema("job")["properties"]["phi"]["properties"]))
-    assert result.output == (f"packer: error: {job}: phi.rotate_monthly: unknown key (the keys allowed in phi are "
-                             f"{allowed}) (and 1 more problem(s))\n")
+    assert result.output.startswith(f"packer: error: {job}: phi.rotate_monthly: unknown key (the keys allowed in phi "
+                                    f"are {allowed})\n  also pack.format: 'zip' is not one of ")
 
 
 # 2. an absolute root is not "relative to the job file" --------------------------------------------

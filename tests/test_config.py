@@ -178,8 +178,27 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         load_job(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as caught:
         load_job(bad)
+    assert f'in "{bad}", line 1' in str(caught.value) and "<unicode string>" not in str(caught.value)
+
+
+def test_every_problem_of_a_job_file_is_listed_and_a_bad_value_gets_its_description(tmp_path: Path) -> None:
+    """One run shows what to fix: the first problem, then each further one on its own line."""
+    job = tmp_path / "job.yaml"
+    job.write_text("name: x\nsources: []\n")
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    first, *also = str(caught.value).splitlines()
+    assert first == f"{job}: (top level): 'output' is a required property"
+    assert also == ["  also (top level): 'pack' is a required property",
+                    "  also (top level): 'split' is a required property", "  also sources: [] should be non-empty"]
+    job.write_text(yaml.safe_dump({"name": "x", "sources": [{"kind": "image", "root": "a", "table": "t.csv"}],
+                                   "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "o",
+                                   "transform": {"image": {"size": [64]}}}))
+    with pytest.raises(ConfigError, match=r"transform.image.size: \[64\] is too short. Target \[height, width\] "
+                                          r"in pixels.$"):
+        load_job(job)
 
 
 @pytest.mark.parametrize(("text", "value"), [("256MiB", 256 * 2**20), ("1GB", 10**9), ("512", 512),

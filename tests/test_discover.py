@@ -81,20 +81,24 @@ def test_a_root_with_no_raw_files_is_a_config_error_saying_what_was_looked_for(t
     job = load_job(make_tree(tmp_path, [], []))  # the table alone: a typo'd root would build an empty dataset
     with pytest.raises(ConfigError) as caught:
         discover(job)
-    assert str(caught.value) == (f"sources.raw.root: no image files under {tmp_path / 'raw'} (root: 'raw', relative "
-                                 "to the job file); looked for files named *.png, *.jpg, *.jpeg, *.tif, *.tiff, "
-                                 "*.bmp, in subfolders too. Check the root, or remove the source from the job")
+    # the job file and the source's place in it, as a schema error names them
+    assert str(caught.value) == (f"{tmp_path / 'job.yaml'}: sources[0].root (source 'raw'): no image files under "
+                                 f"{tmp_path / 'raw'} (root: 'raw', relative to the job file); looked for files named "
+                                 "*.png, *.jpg, *.jpeg, *.tif, *.tiff, *.bmp, in subfolders too. Check the root, or "
+                                 "remove the source from the job")
     (tmp_path / "ct").mkdir()
     (tmp_path / "ct" / "notes.txt").write_text("DICM" * 40)  # text is never DICOM, preamble or not
     dicom = replace(job, sources=(replace(job.sources[0], kind="dicom", name="ct", root=tmp_path / "ct",
                                           root_spec="ct", table=None),))
-    with pytest.raises(ConfigError, match=r"^sources.ct.root: no dicom files under .*looked for \*.dcm files, or "
-                                          r"other files \(not images, tables or text\) that start with the DICOM"):
+    with pytest.raises(ConfigError, match=r"job.yaml: sources\[0\].root \(source 'ct'\): no dicom files under "
+                                          r".*looked for \*.dcm files, or other files \(not images, tables or "
+                                          r"text\) that start with the DICOM"):
         discover(dicom)
     (tmp_path / "ct" / "notes.txt").rename(tmp_path / "ct.d")
     (tmp_path / "ct").rmdir()
     (tmp_path / "ct.d").rename(tmp_path / "ct")  # now a file where the root folder should be
-    with pytest.raises(ConfigError, match=f"sources.ct.root: folder {tmp_path / 'ct'} is a file, not a folder"):
+    with pytest.raises(ConfigError, match=f"sources\\[0\\].root \\(source 'ct'\\): folder {tmp_path / 'ct'} is a file, "
+                                          "not a folder"):
         discover(dicom)
 
 
@@ -223,3 +227,12 @@ def test_the_walk_lists_relative_posix_paths_sorted_without_hidden_files(tmp_pat
     assert walked == ["B.png", "a.png", "b/a b.dcm", "b/z.png", "c/d/e.jpg"]
     assert walked == sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
                             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(tmp_path).parts))
+
+
+def test_a_missing_label_table_names_the_job_file_and_the_key_that_names_the_table(tmp_path: Path) -> None:
+    job = load_job(make_tree(tmp_path, ["a/1.png,cat,S1,2023-01-05"], ["a/1.png"]))
+    (tmp_path / "raw" / "labels.csv").unlink()
+    with pytest.raises(ConfigError) as caught:
+        discover(job)
+    assert str(caught.value).startswith(f"{tmp_path / 'job.yaml'}: sources[0].table (source 'raw'): "
+                                         f"{tmp_path / 'raw' / 'labels.csv'}: cannot read the table")

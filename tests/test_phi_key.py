@@ -131,6 +131,15 @@ def test_an_empty_variable_counts_as_unset(tmp_path: Path, monkeypatch: pytest.M
 
 # packer build: the error and the summary ---------------------------------------------------------
 
+def test_a_key_file_the_job_names_but_that_is_missing_is_made_at_that_path(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix names the job's own path, not a generic ``phi.key`` beside the shell."""
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    missing = tmp_path / "keys" / "site.key"
+    with pytest.raises(ConfigError, match=f"cannot read {missing} .*create it with: packer key new {missing} "):
+        load_key(PhiConfig(key_file=missing))
+
+
 def test_build_refuses_two_different_keys_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "phi.key").write_text(KEY_A + "\n")
     code, output = build(ct_job(tmp_path, {"key_file": "phi.key"}), env_key=KEY_B)

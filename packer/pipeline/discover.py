@@ -307,23 +307,29 @@ def _mask_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None
 
 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
-                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None
-                 ) -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
+                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
+                 where: str = "sources[0]") -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
+    """The refs of one source, its table-only issues and its remote listing. ``where``: the
+    source's key path in the job file (``sources[1]``), for the ConfigErrors it raises."""
     remote = isinstance(source.root, str)
+    named = f"(source {source.name!r})"
     # an absolute path or a URL as written is not "relative to the job file": say so only when it is
     as_written = f"root: {source.root_spec!r}" + (
         "" if remote or "://" in source.root_spec or Path(source.root_spec).is_absolute()
         else ", relative to the job file")
     if not isinstance(source.root, str) and not source.root.is_dir():
         what = "is a file, not a folder" if source.root.exists() else "does not exist"
-        raise ConfigError(f"sources.{source.name}.root: folder {source.root} {what} ({as_written})")
-    table_path, labels = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
+        raise ConfigError(f"{where}.root {named}: folder {source.root} {what} ({as_written})")
+    try:
+        table_path, labels = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
+    except ConfigError as err:
+        raise ConfigError(f"{where}.{'labels' if source.kind == 'dicom' else 'table'} {named}: {err}") from err
     files, listed = _listed_files(source, allow_outside, storage_options)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
                       "preamble (DICM at byte 128)" if source.kind == "dicom"
                       else f"files named *{', *'.join(IMAGE_SUFFIXES)}")
-        raise ConfigError(f"sources.{source.name}.root: no {source.kind} files under {source.root} "
+        raise ConfigError(f"{where}.root {named}: no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {looked_for}, in subfolders too. Check the root, or remove "
                           "the source from the job")
     # Refs go into a table one at a time (packer.pipeline.sampletable): as a list of objects, 100k refs
@@ -424,9 +430,12 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     issues: list[Issue] = []
     listed: dict[str, RawObject] = {}
     allow_outside = job.safety.outside_root == "allow"
-    for source in job.sources:
-        source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
-                                                                 storage_options)
+    for index, source in enumerate(job.sources):
+        try:
+            source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
+                                                                     storage_options, where=f"sources[{index}]")
+        except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
+            raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(source_refs)
         issues.extend(source_issues)
         listed.update(source_listed)
