@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +195,7 @@ def test_key_new_writes_a_private_random_key_and_the_printed_job_line_builds(
     assert f"  phi: {{key_file: {key_file}}}" in lines      # absolute: right from any job file's folder
     assert "  export PACKER_PHI_KEY=$(cat secrets/phi.key)" in lines
     assert "relative to the job file" in result.output
-    assert "out of the repository" in result.output and "rebuilding a dataset needs the key" in result.output
+    assert "out of any repository" in result.output and "rebuilding a dataset needs the key" in result.output
     assert fingerprint_of(text.strip()) in result.output and text.strip() not in result.output
     # the printed line, pasted into a job in another folder than the one the command ran in, builds
     elsewhere = tmp_path / "workflows"
@@ -205,6 +207,17 @@ def test_key_new_writes_a_private_random_key_and_the_printed_job_line_builds(
     again = CliRunner().invoke(main, ["key", "new", "secrets/other.key"])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "secrets" / "other.key").read_text() != text  # random, not derived
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_key_new_says_whether_git_would_track_the_key(tmp_path: Path) -> None:
+    """Advice to add a key to .gitignore is right only where git would track it."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/keys/\n")
+    ignored = CliRunner().invoke(main, ["key", "new", str(tmp_path / "keys" / "a.key")])
+    assert ignored.exit_code == 0 and "git ignores it here" in ignored.output and ".gitignore" not in ignored.output
+    tracked = CliRunner().invoke(main, ["key", "new", str(tmp_path / "b.key")])
+    assert tracked.exit_code == 0 and "this git repository would track it: add it to .gitignore" in tracked.output
 
 
 def test_key_new_never_overwrites_unless_forced(tmp_path: Path) -> None:

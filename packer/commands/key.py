@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import shlex
+import subprocess
 from pathlib import Path
 
 import click
@@ -63,9 +64,24 @@ def new_command(file: Path, force: bool) -> None:
         f"  phi: {{key_file: {yaml_path}}}",
         "or in the environment (not both with different keys: that is an error):",
         f"  export {ENV_KEY}=$(cat {shlex.quote(typed)})",
-        "keep it out of the repository (add it to .gitignore), and keep it: the pseudonyms, the split and "
-        "the dataset_hash depend on it, so rebuilding a dataset needs the key it was built with",
+        f"{_repository_note(file)}, and keep it: the pseudonyms, the split and the dataset_hash depend on it, so "
+        "rebuilding a dataset needs the key it was built with",
     ]))
+
+
+def _repository_note(path: Path) -> str:
+    """What to do about git: nothing where the key is in a repository that ignores it, add it to
+    .gitignore where the repository would track it, and the general rule elsewhere."""
+    try:
+        checked = subprocess.run(["git", "check-ignore", "-q", path.name], cwd=path.parent, capture_output=True,
+                                 timeout=10)
+    except (OSError, subprocess.SubprocessError):  # no git here
+        return "keep it out of any repository"
+    if checked.returncode == 0:
+        return "git ignores it here; keep it out of the repository"
+    if checked.returncode == 1:
+        return "this git repository would track it: add it to .gitignore"
+    return "keep it out of any repository"  # 128: not in a repository
 
 
 def _write_key(path: Path, data: bytes, *, force: bool) -> None:
