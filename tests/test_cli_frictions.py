@@ -4,6 +4,7 @@ build summary says the report and bad-sample file hold."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -259,3 +260,21 @@ def test_the_summary_describes_the_report_as_it_is_in_each_phi_mode(tmp_path: Pa
         else:
             assert "broken_Jane_Doe.png" in html
             assert report_line.endswith("local only: lists bad-sample paths)")
+
+
+def test_the_progress_counts_and_the_first_line_add_up_to_the_summarys_bad_samples(tmp_path: Path) -> None:
+    """Files refused while listing (a table row without its file) never reach the pixel pass:
+    the first line counts them, so that it and the progress line's "bad" add up to the summary."""
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"ok{i}.png", photo(i), f"E{i}") for i in range(6)]
+    rows.append(("empty.png", None, "E8"))
+    job = photo_job(tmp_path, rows, split={"by": "entity"}, max_bad=0.5)
+    table = tmp_path / "raw" / "labels.csv"
+    table.write_text(table.read_text() + "gone.png,a,E9,2024-01-01\n")
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first.startswith("packer: photos: 8 input files (1 bad before decoding: missing_file 1), running on ")
+    process = re.search(r"^ process: 7/7 files .* bad (\d+) ", result.output, flags=re.M)
+    summary = re.search(r"bad samples: (\d+) of 8 files", result.output)
+    assert process is not None and summary is not None, result.output
+    assert 1 + int(process[1]) == int(summary[1]) == 2

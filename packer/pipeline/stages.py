@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,8 +117,11 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     del found
     inputs = len(refs) + len(issues)
-    if not quiet:
-        print(f"packer: {job.name}: {inputs} input files, running on {executor.description}", flush=True)
+    if not quiet:  # the files refused while listing are not in the progress lines' "bad" counts: say them here
+        listed_bad = Counter(issue.reason for issue in issues)
+        refused = (f" ({len(issues)} bad before decoding: "
+                   f"{', '.join(f'{reason} {n}' for reason, n in sorted(listed_bad.items()))})" if issues else "")
+        print(f"packer: {job.name}: {inputs} input files{refused}, running on {executor.description}", flush=True)
     if cache_dir is not None:
         _make_cache_folder(cache_dir)
     with contextlib.ExitStack() as stack:
