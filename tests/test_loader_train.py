@@ -155,14 +155,18 @@ def test_bench_loader_reports_every_stage(manifest):
     result = bench_loader(manifest, "train", workers=(0, 1), batch_sizes=(4, 8), pin_memory=(False,), seconds=0.05)
     assert set(result) == {"dataset", "config", "raw_read", "decode", "loader", "device"}
     assert result["dataset"]["samples"] == 21 and result["raw_read"]["bytes"] > 0
+    # the worker counts first; then the batch sizes around the fastest count (one pin_memory value: no row)
+    fastest = max(result["loader"][:2], key=lambda r: r["samples_per_s"])["num_workers"]
+    assert result["config"]["fastest_workers"] == fastest
     assert [(r["vary"], r["num_workers"], r["batch_size"]) for r in result["loader"]] == [
-        ("num_workers", 0, 4), ("num_workers", 1, 4), ("pin_memory", 1, 4), ("batch_size", 1, 4),
-        ("batch_size", 1, 8)]
+        ("num_workers", 0, 4), ("num_workers", 1, 4), ("batch_size", fastest, 4), ("batch_size", fastest, 8)]
     assert all(r["samples"] > 0 and r["samples_per_s"] > 0 for r in result["loader"])
     assert result["device"]["steps"] > 0 and "h2d_ms_per_batch" not in result["device"]
     json.dumps(result)
     table = format_table(result)
     assert "raw read" in table and "samples/s" in table
+    assert f"(num_workers {fastest} was the fastest: the pin_memory and batch_size rows and the device step use it)" \
+        in table
 
 
 @pytest.mark.slow  # three subprocesses, one of them under torch.distributed.run

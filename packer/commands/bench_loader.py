@@ -38,9 +38,10 @@ def _ints(text: str) -> tuple[int, ...]:
 def bench_loader_command(manifest: Path, split: str, device: str, workers: str, batch_sizes: str, seconds: float,
                          sources: str | None, collate: str | None, json_path: Path | None) -> None:
     """Measure MANIFEST's input pipeline one variable at a time: raw shard read MB/s, decode
-    samples/s in one process, DataLoader samples/s per num_workers, pin_memory on/off and batch
-    size; with --device cuda, host→device copy time and data-wait vs compute in a dummy step.
-    Prints a table. Use it before tuning: the slowest row is the one to fix.
+    samples/s in one process, DataLoader samples/s per num_workers, then, at the fastest
+    worker count, pin_memory on/off (with CUDA) and each of --batch-sizes; with --device cuda,
+    host→device copy time and data-wait vs compute in a dummy step. Prints a table. Use it
+    before tuning: the slowest row is the one to fix.
 
     A split whose samples have several shapes (say CT slices with 2 windows and RGB photos) is
     measured with the list collate unless --collate says otherwise, and the table says so;

@@ -5,11 +5,13 @@ Stages, each timed on its own so a stall can be pinned on one of them:
 1. ``raw_read``: the split's shard files read sequentially in 8 MiB blocks (MB/s). A
    second run on the same files mostly measures the page cache; the first cold run, disk.
 2. ``decode``: ShardDataset iterated in this process, no DataLoader (samples/s).
-3. ``loader``: make_loader samples/s, varying ``num_workers``, then ``pin_memory``, then
-   ``batch_size``, each against the baseline (most workers, first batch size, first
-   pin_memory value). ``first_batch_s`` is the time to the first batch (worker start-up).
-4. ``device``: DevicePrefetcher + a dummy step on ``device``: time blocked waiting for
-   data versus time computing, and on CUDA the host→device copy time of one batch.
+3. ``loader``: make_loader samples/s, varying ``num_workers`` (at the first batch size and
+   pin_memory value), then, around the fastest worker count, ``pin_memory`` and ``batch_size``
+   where more than one value of each is given. ``first_batch_s`` is the time to the first
+   batch (worker start-up).
+4. ``device``: DevicePrefetcher + a dummy step on ``device``, with the fastest worker count:
+   time blocked waiting for data versus time computing, and on CUDA the host→device copy time
+   of one batch.
 
 Every measurement loops over epochs until ``seconds`` have passed (at least one batch).
 
@@ -186,8 +188,9 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
     ``collate``: ``stack``, ``list`` or ``pad`` (see :func:`packer.loader.make_loader`); by
     default ``stack`` when the samples have one shape and ``list`` when they have several
     (said in ``config.collate_note``). Returns a JSON-able dict with keys ``dataset``,
-    ``config``, ``raw_read``, ``decode``, ``loader`` (a list of runs, each with ``vary``, the
-    three settings and ``samples_per_s``) and ``device``. Times are wall-clock seconds;
+    ``config`` (with ``fastest_workers``, the worker count the later runs use), ``raw_read``,
+    ``decode``, ``loader`` (a list of runs, each with ``vary``, the three settings and
+    ``samples_per_s``) and ``device``. Times are wall-clock seconds;
     nothing is asserted. Raises what ShardDataset raises for an unreadable manifest or shard.
     """
     if pin_memory is None:  # pinned memory matters only for copies to an accelerator
@@ -201,17 +204,23 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
                           "split with --split)")
     collate, note = choose_collate(dataset, collate)
     info = dataset.info
-    base = (max(workers), batch_sizes[0], bool(pin_memory[0]))     # (num_workers, batch_size, pin_memory)
-    runs: dict[tuple[int, int, bool], dict[str, Any]] = {}
+    runs: dict[tuple[int, int, bool], dict[str, Any]] = {}   # by (num_workers, batch_size, pin_memory)
     loader_rows = []
-    variations = ([("num_workers", (w, base[1], base[2])) for w in workers]
-                  + [("pin_memory", (base[0], base[1], bool(p))) for p in pin_memory]
-                  + [("batch_size", (base[0], b, base[2])) for b in batch_sizes])
-    for name, key in variations:
+
+    def measure(name: str, key: tuple[int, int, bool]) -> None:
         if key not in runs:
             runs[key] = _loader(dataset, num_workers=key[0], batch_size=key[1], pin_memory=key[2], seconds=seconds,
                                 collate=collate)
         loader_rows.append({"vary": name, **runs[key]})
+
+    for w in workers:
+        measure("num_workers", (w, batch_sizes[0], bool(pin_memory[0])))
+    fastest = max(loader_rows, key=lambda row: row["samples_per_s"])["num_workers"]  # first of equals
+    base = (fastest, batch_sizes[0], bool(pin_memory[0]))
+    for p in pin_memory if len(pin_memory) > 1 else ():
+        measure("pin_memory", (base[0], base[1], bool(p)))
+    for b in batch_sizes if len(batch_sizes) > 1 else ():
+        measure("batch_size", (base[0], b, base[2]))
     torch_device = torch.device(device)
     return {
         "dataset": {"manifest": str(info.manifest), "split": split, "format": info.format,
@@ -220,7 +229,7 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
                     "sources": list(sources) if sources is not None else None},
         "config": {"device": device, "workers": list(workers), "batch_sizes": list(batch_sizes),
                    "pin_memory": list(pin_memory), "seconds": seconds, "collate": collate,
-                   "collate_note": note, "cuda_available": torch.cuda.is_available()},
+                   "collate_note": note, "cuda_available": torch.cuda.is_available(), "fastest_workers": base[0]},
         "raw_read": _raw_read([str(s.path) for s in info.shards], seconds),
         "decode": _decode(dataset, seconds),
         "loader": loader_rows,
@@ -247,6 +256,10 @@ def format_table(result: dict[str, Any]) -> str:
         first = f"{row['first_batch_s']:.3f}" if row["first_batch_s"] is not None else "-"
         lines.append(f"{row['vary']:<12} {row['num_workers']:>7} {row['batch_size']:>6} "
                      f"{row['pin_memory']!s:>5} {row['samples_per_s']:>11.1f} {first:>14}")
+    if config.get("fastest_workers") is not None and len(config["workers"]) > 1:
+        rest = ("the pin_memory and batch_size rows and the device step use it"
+                if len(result["loader"]) > len(config["workers"]) else "the device step uses it")
+        lines.append(f"(num_workers {config['fastest_workers']} was the fastest: {rest})")
     dev = result["device"]
     lines += ["", f"device {dev['device']}: {dev['steps']} steps, waiting for data {dev['data_wait_s']:.3f} s, "
                   f"computing {dev['compute_s']:.3f} s ({dev['wait_fraction']:.0%} waiting)"]
