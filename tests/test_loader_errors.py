@@ -371,3 +371,11 @@ def test_bench_loader_on_an_empty_split_says_so_instead_of_a_table_of_zeros(tmp_
     result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.1", "--workers", "0"])
     assert result.exit_code == 2
     assert "split 'train' has no samples; nothing to measure" in result.output and "samples/s" not in result.output
+
+
+def test_a_missing_shard_is_named_by_its_full_path(tmp_path):
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2, 2))
+    gone = manifest.parent / "train-000001.tar"
+    gone.unlink()
+    with pytest.raises(ShardReadError, match=f"cannot open the shard {gone} .*restore it or rebuild the dataset"):
+        list(ShardDataset(manifest, "train", shuffle=False))

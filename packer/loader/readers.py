@@ -396,7 +396,7 @@ def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
     try:
         size = os.stat(info.path).st_size
     except OSError as err:
-        return f"cannot open the shard ({err.strerror})"
+        return f"cannot open the shard {info.path} ({err.strerror}); restore it or rebuild the dataset"
     if size != info.bytes:
         return (f"the shard is {size} bytes, the manifest says {info.bytes} (truncated or replaced); "
                 "restore it or rebuild the dataset")
