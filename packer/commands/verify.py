@@ -29,7 +29,8 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
     Re-hashes every shard and side file the manifest lists (size and sha256), checks the
     manifest's own dataset_hash and counts, and reports missing shards, unlisted shard-like
     files and stale *.partial temporaries (a warning). Every problem names the shard and,
-    where known, the sample key. Exits 0 when everything matches, 5 on any integrity failure.
+    where known, the sample key. Exits 0 when everything matches, 5 on any integrity failure,
+    2 when MANIFEST is not a dataset version (a dataset folder: the message lists its versions).
     """
     from packer.storage import is_url, parse_storage_options
     from packer.verify import format_result, verify_dataset
