@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, PackerError
 from packer.loader import DevicePrefetcher, MixedDataset, ShardDataset, make_loader
 from packer.manifest import read_manifest
 
@@ -227,6 +228,9 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         return train(args, device, distributed)
+    except PackerError as err:  # a wrong source, split or path, or damaged data: its message, not a traceback
+        print(f"{args.script}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
     finally:
         if distributed:
             dist.destroy_process_group()

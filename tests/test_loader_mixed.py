@@ -251,6 +251,11 @@ def test_train_example_names_the_shapes_or_trains_on_a_view(mixed: BuildResult) 
                              capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stderr
     assert "epoch 0: step" in trained.stdout
+    # a source the dataset does not have: the loader's message and its exit code (2), no traceback
+    unknown = subprocess.run([sys.executable, str(script), "--manifest", str(mixed.version_dir), "--epochs", "1",
+                              "--workers", "0", "--sources", "xray"], capture_output=True, text=True, timeout=300)
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.startswith("train.py: ") and "no source 'xray'" in unknown.stderr
 
 
 def test_pad_collate_pads_height_and_width_and_refuses_channel_mixes(mixed: BuildResult) -> None:

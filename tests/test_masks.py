@@ -21,6 +21,7 @@ from packer.config import load_job
 from packer.demo import write_ct_slice
 from packer.errors import ConfigError
 from packer.loader import ShardDataset, make_loader
+from packer.pipeline.discover import discover
 from packer.verify import verify_dataset
 from tests.test_targets import _build, _job, _manifest
 
@@ -311,3 +312,13 @@ def test_a_rebuild_reads_images_and_masks_back_from_the_published_shards(tmp_pat
     seen: dict[int, set[int]] = {}
     for item in ShardDataset(again.manifest_path, "train", shuffle=False):
         _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+
+
+def test_a_mask_column_the_table_lacks_is_a_config_error_naming_the_header(tmp_path: Path) -> None:
+    """A typo in mask.column is the job's mistake, said before anything is decoded, as a
+    misspelt label column is: not every image a mask_missing bad sample and every mask an input."""
+    raw = _photo_set(tmp_path, [(40, 60)] * 3)
+    job = load_job(_job(tmp_path, [_photo_source(raw, column="seg_mask")]))
+    with pytest.raises(ConfigError, match=r"sources\[0\].table .*table.csv: missing column\(s\) seg_mask; the header "
+                                          r"row has path, .*mask"):
+        discover(job)

@@ -250,7 +250,7 @@ def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None, k
     table = source.label_table
     if table is None:
         return None, {}
-    columns = ("path", *target_columns(source.target))
+    columns = ("path", *target_columns(source.target), *((source.mask.column,) if source.mask is not None else ()))
     if source.kind == "dicom":
         return table, read_table(table, required=columns, target=source.target, known=known,
                                  storage_options=storage_options)
