@@ -182,6 +182,12 @@ def test_the_demo_volume_workflow_packs_one_canonical_volume_per_good_series(dem
     assert manifest["sample_schema"] == {"dtype": "uint8", "layout": "CDHW", "shape": [3, 16, 48, 48],
                                          "shapes": {"series": [[3, 16, 48, 48]]}}
     assert verify_dataset(result.manifest_path, deep=True).ok
+    # the whole body is in every volume: nothing but air or padding along the in-plane edges
+    for split in ("train", "valid", "test"):
+        for batch in ShardDataset(result.manifest_path, split, shuffle=False):
+            volume = batch["image"].numpy()
+            edges = np.concatenate([volume[:, :, [0, -1], :].ravel(), volume[:, :, :, [0, -1]].ravel()])
+            assert edges.max() == 0, batch["key"]
 
 
 def test_a_volume_agrees_with_simpleitks_series_reader(tmp_path: Path) -> None:
