@@ -784,6 +784,11 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
                               f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "
                               "by; remove stratify")
     masked = [s.name for s in sources if s.mask is not None]
+    if dicom.by_series and not any(s.kind == "dicom" for s in sources):
+        made = "a volume" if dicom.sample == "volume" else "neighbour stacks"
+        raise ConfigError(f"transform.dicom.sample: {dicom.sample} makes {made} of DICOM series, but this job has no "
+                          "DICOM source (an image source packs one sample per image, or per tile); add the DICOM "
+                          "source, or remove sample")
     if dicom.by_series and dicom.frames == "stack":
         raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but sample: "
                           "{neighbors: k} stacks a slice's neighbours; a multi-frame file's frames are its series' "

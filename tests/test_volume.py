@@ -164,6 +164,11 @@ def test_volumes_batch_and_refuse_2d_size_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="a volume's size and spacing are 3-D"):
         load_job(_job(tmp_path / "bad", [{"kind": "dicom", "root": str(raw), "label": "none"}],
                       transform={"dicom": {**WINDOW, "sample": "volume", "size": [32, 32]}}))
+    # a job of images only would have packed 2-D images, silently
+    with pytest.raises(ConfigError, match="sample: volume makes a volume of DICOM series, but this job has no DICOM "
+                                          "source"):
+        load_job(_job(tmp_path / "photos", [{"kind": "image", "root": str(raw), "label": "folder"}],
+                      transform={"dicom": {"sample": "volume"}}))
 
 
 def test_the_demo_volume_workflow_packs_one_canonical_volume_per_good_series(demo_raw: Any, tmp_path: Path) -> None:
