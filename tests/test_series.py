@@ -313,3 +313,39 @@ def test_the_demo_series_workflow_packs_the_good_series_and_names_each_broken_on
     assert manifest["sample_schema"]["shape"] == [9, 48, 48]
     for split in ("train", "valid", "test"):
         assert manifest["splits"][split]["samples"] > 0
+
+
+@pytest.mark.parametrize("sample", [{"neighbors": 1}, {"neighbors": 2, "edge": "skip"}, "volume"])
+def test_validate_quick_assembles_and_checks_series_from_headers_as_the_full_pass_does(tmp_path: Path,
+                                                                                      sample: Any) -> None:
+    """The series checks are header checks: ``validate --quick`` runs them, and counts the
+    samples the build would make (keys, entities, split, bad files by reason), none decoded."""
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    for n in range(3):
+        _write_series(raw / f"good{n}", seed=20 + n, patient=f"G{n}", slices=5)
+    _write_series(raw / "gap", seed=2, patient="A", positions=[0.0, 3.0, 6.0, 12.0, 15.0])
+    _write_series(raw / "short", seed=6, patient="E", slices=2)
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    write_enhanced_ct(raw / "enhanced" / "enhanced.dcm", frames, [0.0, 2.5, 5.0, 7.5])
+    job = load_job(_series_job(tmp_path, raw, sample=sample) if sample != "volume" else _job(
+        tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}], validate={"max_bad_fraction": 0.9},
+        transform={"dicom": {"windows": [{"center": 1000, "width": 3000}],
+                             "sample": {"volume": {"spacing": [3, 1, 1], "size": [6, 16, 16]}}}}))
+    # three splits; duplicate grouping off, as quick mode has it (it needs pixels), so that the splits compare
+    job = replace(job, split=replace(job.split, ratios=(("train", 0.5), ("valid", 0.25), ("test", 0.25)),
+                                     duplicates="report", near_enabled=False, near_auto=False))
+    full, quick = (validate_job(job, quick=q, scheduler="sync", quiet=True).prepared for q in (False, True))
+
+    def seen(prepared: Any) -> tuple[Any, ...]:
+        keys = sorted(prepared.samples.column("key"))
+        return (keys, {k: prepared.assignment.split[k] for k in keys},
+                sorted((Path(i.path).parent.name, i.reason) for i in prepared.issues))
+
+    assert seen(quick) == seen(full)
+    assert {i.reason for i in quick.issues} == {"series_gap", "series_too_short"}
+    # volumes: one a series (3 good + the enhanced one); k=1: every slice (3 × 5 + 4 frames); k=2, skip:
+    # the 5-slice series' middle slice only, none of the 4 frames
+    expected = {"volume": 4, str({"neighbors": 1}): 19, str({"neighbors": 2, "edge": "skip"}): 3}[str(sample)]
+    assert len(quick.samples) == expected
