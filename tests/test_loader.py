@@ -250,3 +250,30 @@ def test_reading_a_tar_dataset_never_imports_pyarrow(tmp_path: Path) -> None:
             "from packer.manifest import INDEX_SCHEMA, SPLITS_SCHEMA\n"
             "assert INDEX_SCHEMA.names[:3] == ['key', 'split', 'shard'] and 'fold' in SPLITS_SCHEMA.names\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_records_true_delivers_each_samples_json_record_with_it(tmp_path: Path, fmt: str) -> None:
+    """The record the shard holds (``.json`` member, ``metadata`` cell), read locally, streamed from
+    a store, and batched by make_loader's workers; without ``records`` the items carry none."""
+    import fsspec
+
+    manifest = build_dataset(tmp_path / fmt, fmt=fmt, shard_sizes=(3, 4))
+    plain = next(iter(ShardDataset(manifest, "train", shuffle=False)))
+    assert "record" not in plain
+    items = list(ShardDataset(manifest, "train", shuffle=False, records=True))
+    assert [item["record"]["key"] for item in items] == [item["key"] for item in items]
+    assert all(item["record"]["entity_id"] == f"e{int(item['key'][1:])}" for item in items)
+    memory = fsspec.filesystem("memory")
+    for path in manifest.parent.iterdir():
+        memory.pipe(f"/records-{fmt}/v/{path.name}", path.read_bytes())
+    try:
+        streamed = list(ShardDataset(f"memory://records-{fmt}/v/manifest.json", "train", shuffle=False,
+                                     records=True))
+    finally:
+        memory.rm(f"/records-{fmt}", recursive=True)
+    assert [item["record"] for item in streamed] == [item["record"] for item in items]
+    batches = list(make_loader(ShardDataset(manifest, "train", records=True), batch_size=3, num_workers=2))
+    for batch in batches:
+        assert [record["key"] for record in batch["record"]] == batch["key"]
+    assert sum(len(batch["record"]) for batch in batches) == 7

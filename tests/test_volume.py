@@ -64,11 +64,12 @@ def _reference(tmp: Path, raw: Path, paths: list[Path]) -> tuple[np.ndarray, np.
 
 
 def _packed(result: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    (item,) = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    (item,) = list(ShardDataset(result.manifest_path, "train", shuffle=False, records=True))
     import webdataset as wds
 
     urls = sorted(str(p) for p in result.version_dir.glob("train-*.tar"))
     (record,) = [s["json"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode()]
+    assert item["record"] == record  # records=True hands over the record a stock reader sees: the affine with it
     return item["image"].numpy(), np.array(record["metadata"]["volume"]["affine"]), record["metadata"]["volume"]
 
 

@@ -153,15 +153,18 @@ def describe_mixed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence
     return ", ".join(parts)
 
 
-def _targets(items: Sequence[Item]) -> dict[str, torch.Tensor]:
+def _targets(items: Sequence[Item]) -> dict[str, Any]:
     """The batch's targets: ``label`` int64 (B,) for a class dataset, ``target`` float32 (B, L)
-    for a multi-label or numeric one, neither for an unlabeled one (the items say which)."""
+    for a multi-label or numeric one, neither for an unlabeled one (the items say which); and
+    ``record``, a list of the items' records, where they carry them (``records=True``)."""
     if not items:
         return {"label": torch.zeros(0, dtype=torch.int64)}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Any] = {}
     for name in ("label", "target"):  # a mask is stacked with its image (each collate's own shape rule)
         if name in items[0]:
             out[name] = torch.stack([item[name] for item in items])
+    if "record" in items[0]:
+        out["record"] = [item["record"] for item in items]
     return out
 
 

@@ -13,6 +13,7 @@ The epoch and the resume position live in a small shared-memory tensor, so
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -305,7 +306,12 @@ class ShardDataset(PlannedDataset):
     (float32 L: multi-hot, or the numbers) for a multi-label or numeric one, neither when the
     dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
     uint8, or int32 for 16-bit ids). ``transform`` touches the image only: augment an image
-    and its mask together on the batch (the same flip, crop or affine for both).
+    and its mask together on the batch (the same flip, crop or affine for both). With
+    ``records=True`` each item also holds ``record``: the sample's JSON record as a dict (the
+    ``.json`` member or ``metadata`` cell: key, source, entity, split, target, and under
+    ``metadata`` what the transform did: windows, spacing, and for a volume ``volume.affine``
+    and ``volume.spacing``, for a neighbour stack ``neighbors``), and a batch a list of them;
+    it costs one more small read per sample, so it is off by default.
 
     ``manifest``: path to ``manifest.json`` or its folder, or a URL of either
     (``s3://bucket/prefix/name/version/manifest.json``, ``file:///...``; remote shards are
@@ -355,7 +361,7 @@ class ShardDataset(PlannedDataset):
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
                  storage_options: Mapping[str, Any] | None = None, sources: Sequence[str] | None = None,
                  labels: Sequence[str | int] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 cache_limit: int | str | None = None, read_ahead: int = 2) -> None:
+                 cache_limit: int | str | None = None, read_ahead: int = 2, records: bool = False) -> None:
         super().__init__()
         self._init_progress(uneven=uneven, on_error=on_error, max_skipped=max_skipped)
         if shuffle_buffer < 1:
@@ -377,7 +383,7 @@ class ShardDataset(PlannedDataset):
         self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
-                                  layout=self.info.layout)
+                                  layout=self.info.layout, records=records)
 
     @property
     def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
@@ -467,5 +473,7 @@ class ShardDataset(PlannedDataset):
         if decoded.mask is not None:  # class ids as stored (uint8, or uint16 viewed as int32): .long() for a loss
             mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
             item["mask"] = torch.from_numpy(mask)
+        if decoded.record is not None:  # asked for with records=True
+            item["record"] = json.loads(decoded.record)
         return item
 

@@ -56,7 +56,7 @@ from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.members import Decoded, SampleDefect, decode_members
-from packer.shards.tar import TarIndex, map_shard, read_tar_sample, scan_tar, stream_tar_samples
+from packer.shards.tar import TarIndex, map_shard, read_member_bytes, read_tar_sample, scan_tar, stream_tar_samples
 from packer.storage import MANIFEST_FILE
 from packer.targets import Target
 
@@ -340,6 +340,8 @@ class SampleCheck:
     mask_dtype: str | None = None
     #: ``CHW``, or ``CDHW`` for volumes
     layout: str = "CHW"
+    #: Deliver each sample's JSON record too (:attr:`Decoded.record`): ``ShardDataset(records=True)``
+    records: bool = False
 
     def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None,
                 mask: np.ndarray | None = None) -> str | None:
@@ -475,6 +477,8 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                 else:
                     sample = index.samples[pos]
                     result = check.outcome(read_tar_sample(fh, sample, mapped))
+                    if check.records and isinstance(result, Decoded):
+                        result = _with_record(result, read_member_bytes(fh, sample, ["json"]))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
                 done += 1
                 yield pos, outcome
@@ -529,7 +533,8 @@ def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
     (a memory map or a seekable binary file) by :func:`packer.shards.parquet.read_parquet_samples`."""
     from packer.shards.parquet import read_parquet_samples  # pyarrow: imported by Parquet readers only
 
-    for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS):
+    for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS,
+                                            records=check.records):
         outcome = check.outcome(result)
         yield pos, outcome if isinstance(outcome, Decoded) else Failure.of(info.file, pos, outcome)
 
@@ -613,12 +618,20 @@ def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
         while i < len(want) and want[i] <= index:
             result = (check.outcome(decode_members(key, members)) if want[i] == index else
                       SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend"))
+            if check.records and isinstance(result, Decoded):
+                result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
+                    "missing_member", f"no {key}.json member", key))
             yield want[i], result if isinstance(result, Decoded) else Failure.of(info.file, want[i], result, key)
             i += 1
     for pos in want[i:]:
         yield pos, Failure(info.file, pos, None, "truncated",
                            f"the archive ends after {found} of the manifest's {info.samples} samples "
                            f"({defect or 'early end of archive'}); restore the shard or rebuild the dataset")
+
+
+def _with_record(decoded: Decoded, members: dict[str, bytes] | SampleDefect) -> Decoded | SampleDefect:
+    """``decoded`` with its ``.json`` member as its record, or why that member cannot be had."""
+    return members if isinstance(members, SampleDefect) else replace(decoded, record=members["json"])
 
 
 def read_shard(fmt: str, info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
