@@ -24,7 +24,7 @@ from packer.commands.report import report
 from packer.config import load_job
 from packer.htmlreport import SECTION_IDS, ReportLimits, render_html_report, write_html_report
 from packer.htmlreport.stats import ChannelHistograms
-from packer.htmlreport.thumbs import composite, png_data_uri, sample_panes
+from packer.htmlreport.thumbs import channel_names, composite, composite_pane, png_data_uri, sample_panes
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.helpers import demo_job_doc, write_job
 
@@ -465,3 +465,21 @@ def test_the_scanned_index_has_the_rows_of_the_index_file(built: BuildResult, tm
     read, _ = load_index(built.version_dir, built.manifest)
     assert note and len(scanned) == len(read) == built.manifest["inputs"]["samples"]
     assert scanned.entries(index_keys(built)) == read.entries(index_keys(built))
+
+
+def test_a_neighbour_stack_is_shown_by_slice_offset_with_its_centre_slices_composite() -> None:
+    """9 channels = slices -1, 0, +1 × (lung, mediastinum, bone): the panes name each slice by its
+    offset, and the composite (and a duplicate's thumbnail) is the centre slice's windows."""
+    windows = [{"name": "lung"}, {"name": "mediastinum"}, {"name": "bone_body"}]
+    info = {"metadata": {"windows": windows, "neighbors": {"k": 1, "channels_per_slice": 3, "edge": "replicate"}}}
+    values = [10, 20, 30, 100, 150, 200, 240, 245, 250]  # slice -1, the centre, slice +1
+    stack = np.stack([np.full((8, 8), v, np.uint8) for v in values])
+    assert channel_names(info, "dicom", 9)[3:6] == ["+0 lung", "+0 mediastinum", "+0 bone_body"]
+    panes = sample_panes(stack, info, "dicom")
+    assert [p.name for p in panes] == ["-1 lung", "+0 lung", "+1 lung", "+0 composite"]
+    for pane in (panes[-1], composite_pane(stack, info=info)):
+        rgb = cv2.cvtColor(decode_data_uri(pane.uri), cv2.COLOR_BGR2RGB)
+        assert tuple(int(v) for v in rgb[0, 0]) == (100, 150, 200)
+    # a record that does not add up (3 slices of 2 windows is not 9 channels) is shown as channels
+    odd = {"metadata": {"windows": windows[:2], "neighbors": {"k": 1, "channels_per_slice": 2}}}
+    assert channel_names(odd, "dicom", 9) == [f"ch{i}" for i in range(9)]

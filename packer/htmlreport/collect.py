@@ -350,9 +350,10 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
         small_px = min(SMALL_PX, thumb_px // 2)
         small = panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px,
                                                                                  mask=frame, pad=pad))
+    shown = composite_pane(chw, thumb_px, sample.info) if duplicate else None
     return _Rendered(entry=entry, names=tuple(channel_names(sample.info, kind, chw.shape[0])), channels=chw.shape[0],
                      dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
-                     panes=panes, small=small, duplicate=composite_pane(chw, thumb_px) if duplicate else None,
+                     panes=panes, small=small, duplicate=shown,
                      mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None)
 
 

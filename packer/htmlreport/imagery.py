@@ -42,6 +42,10 @@ def _channel_legend(item: SheetItem) -> str:
     if len(names) == 1:
         return ""
     ch = list(item.channels)
+    if names[-1].startswith("+0 composite"):  # a neighbour stack's composite: its centre slice's windows
+        ch = [name for name in ch if name.startswith("+0 ")] or ch
+    if len(ch) < 2 or not names[-1].split(" + mask")[0].endswith("composite"):  # no composite pane
+        return f'<span class="muted">{esc(item.source)}: {esc(" | ".join(names))}</span>'
     mix = (f"R = {ch[0]}, G = {ch[1]}, B = mean" if len(ch) == 2 else
            f"R = {ch[0]}, G = {ch[1]}, B = {ch[2]}")
     return f'<span class="muted">{esc(item.source)}: {esc(" | ".join(names))} (composite: {esc(mix)})</span>'

@@ -6,7 +6,10 @@ Display rules (the contact sheet states them too):
   replicated (metadata ``channels.rule: replicate``), once;
 - otherwise (DICOM windows, or any other multi-channel sample) each channel is shown in
   grey side by side, followed by a composite: C=2 puts the channels in R and G with
-  B = their mean, C≥3 shows the first three channels as RGB.
+  B = their mean, C≥3 shows the first three channels as RGB;
+- a 2.5D neighbour stack (metadata ``neighbors``: slices −k…+k, each with its windows) shows
+  each slice's first window, named by its offset (``-1 lung``, ``+0 lung``, ``+1 lung``), then
+  the composite of the centre slice's windows (``+0 composite``), which is what it is about.
 
 A sample with a segmentation mask shows it over its last pane (the sole one, the RGB image or the
 composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
@@ -108,10 +111,26 @@ def png_data_uri(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
                 width=int(image.shape[1]), height=int(image.shape[0]))
 
 
+def neighbour_layout(info: dict[str, Any], channels: int) -> tuple[int, int] | None:
+    """(k, channels per slice) of a 2.5D neighbour stack whose record says so and whose
+    ``channels`` agree (2k + 1 slices of that many channels each), else None."""
+    metadata = info.get("metadata")
+    stack = metadata.get("neighbors") if isinstance(metadata, dict) else None
+    if not isinstance(stack, dict):
+        return None
+    k, per_slice = stack.get("k"), stack.get("channels_per_slice")
+    if not isinstance(k, int) or not isinstance(per_slice, int) or k < 0 or per_slice < 1:
+        return None
+    return (k, per_slice) if (2 * k + 1) * per_slice == channels else None
+
+
 def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
-    """Names of the channels: DICOM window names from ``metadata.windows``, else R/G/B(/A), else ch0…"""
+    """Names of the channels: DICOM window names from ``metadata.windows``, each prefixed by its
+    slice's offset in a neighbour stack (``-1 lung``), else R/G/B(/A), else ch0…"""
     windows = (info.get("metadata") or {}).get("windows") if isinstance(info.get("metadata"), dict) else None
-    if isinstance(windows, list) and len(windows) == channels:
+    stack = neighbour_layout(info, channels)
+    per_slice = stack[1] if stack is not None else channels
+    if isinstance(windows, list) and len(windows) == per_slice:
         names = []
         for i, window in enumerate(windows):
             if isinstance(window, dict) and window.get("name"):
@@ -120,7 +139,11 @@ def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
                 names.append(f"C{window['center']:g} W{window['width']:g}")
             else:
                 names.append(f"ch{i}")
-        return names
+        if stack is None:
+            return names
+        return [f"{offset:+d} {name}" for offset in range(-stack[0], stack[0] + 1) for name in names]
+    if stack is not None:
+        return [f"{offset:+d} ch{c}" for offset in range(-stack[0], stack[0] + 1) for c in range(per_slice)]
     if kind == "image" and channels in (3, 4):
         return ["R", "G", "B", "A"][:channels]
     if channels == 1:
@@ -187,6 +210,15 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
         shown = [(channel_names(info, kind, 1)[0], chw[0])]
     elif kind == "image" and chw.shape[0] in (3, 4):
         shown = [("RGB", composite(chw))]
+    elif (stack := neighbour_layout(info, chw.shape[0])) is not None:
+        k, per_slice = stack
+        names = channel_names(info, kind, chw.shape[0])
+        slices = [(names[s * per_slice], chw[s * per_slice]) for s in range(2 * k + 1)]
+        centre = len(slices) // 2  # the centre and the nearest neighbours first, when not all fit
+        order = sorted(range(len(slices)), key=lambda s: (abs(s - centre), s))[:max_channels]
+        shown = [slices[s] for s in sorted(order)]
+        if per_slice > 1:
+            shown.append(("+0 composite", composite(centre_slice(chw, stack))))
     else:
         names = channel_names(info, kind, chw.shape[0])
         shown = [(names[c], chw[c]) for c in range(min(chw.shape[0], max_channels))]
@@ -197,9 +229,19 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
     return [_named(png_data_uri(array, max_side), name) for name, array in shown]
 
 
-def composite_pane(image: np.ndarray, max_side: int = MAX_SIDE) -> Pane:
-    """One pane for a sample: RGB composite for C ≥ 2, grey for C = 1."""
+def centre_slice(chw: np.ndarray, stack: tuple[int, int]) -> np.ndarray:
+    """The centre slice's channels of a neighbour stack of layout ``stack`` (k, channels per slice)."""
+    k, per_slice = stack
+    return chw[k * per_slice:(k + 1) * per_slice]
+
+
+def composite_pane(image: np.ndarray, max_side: int = MAX_SIDE, info: dict[str, Any] | None = None) -> Pane:
+    """One pane for a sample: RGB composite for C ≥ 2, grey for C = 1; of a neighbour stack
+    (``info``, its record, says so), its centre slice's."""
     chw = to_display(as_chw(image))
+    stack = neighbour_layout(info or {}, chw.shape[0])
+    if stack is not None:
+        chw = centre_slice(chw, stack)
     if chw.shape[0] == 1:
         return _named(png_data_uri(chw[0], max_side), "grey")
     return _named(png_data_uri(composite(chw), max_side), "composite")
