@@ -610,7 +610,9 @@ def _write_readme(tree: DemoTree, seed: int, kind: str, masks: Sequence[PlantedD
         lines += [
             "targets/        examples for every target kind (workflows/targets-*.yaml build them):",
             "  folders/<class>/*.png         an ImageFolder tree (label: folder)",
-            "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric)",
+            "  photos.csv                    photos/ again: findings (multi-label), brightness,contrast (numeric);",
+            "                                a broken photo's cells are empty (nothing to measure), so the numeric",
+            "                                job reports it as bad_target, before decoding, not by its own defect",
             "  segmentation/ + table.csv     grey images with shapes, and their masks (0 background, 1 disk, 2 square)",
         ]
     if series:

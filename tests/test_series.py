@@ -95,6 +95,19 @@ def test_a_bad_series_is_refused_with_its_own_reason_for_every_file(bad: Any, re
     assert all("series " in i.message and "not packed" in i.message for i in out.issues)
 
 
+def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
+    """A multi-frame object has its orientation but no per-frame positions: say that, not
+    "no Image Position or Image Orientation"."""
+    frames = replace(_geometry(0.0, frames=[0.0, 2.5, 5.0]), positions=(None, None, None))
+    (issue,) = assemble([(_ref(1), frames)], CFG).issues
+    assert issue.reason == "series_no_position"
+    assert ("/raw/1.dcm: series " in issue.message and "3 of the 3 frames of /raw/1.dcm have no Image Position "
+            "(Patient) (a multi-frame object gives one per frame" in issue.message)
+    files = [(_ref(i), _geometry(2.5 * i)) for i in range(4)] + [(_ref(9), _geometry(10.0, orientation=None))]
+    messages = {i.message for i in assemble(files, CFG).issues}
+    assert all("/raw/9.dcm has no Image Orientation (Patient), so the slices cannot be ordered" in m for m in messages)
+
+
 def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:
     files = [(_ref(i), _geometry(2.5 * i)) for i in range(6)]
     files.append((_ref(9), _geometry(0.0, orientation=(0.0, 1.0, 0.0, 0.0, 0.0, -1.0),

@@ -143,9 +143,16 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                    "among its slices (series.drop_localizers is false)", uid_key)
         members, refs = originals, [ref for ref, _ in originals]
     first = members[0][1]
-    if any(g.orientation is None or any(p is None for p in g.positions) for _, g in members):
-        return _fail(refs, "series_no_position", "a slice has no Image Position or Image Orientation (Patient), "
-                                                 "so the slices cannot be ordered in space", uid_key)
+    placeless = [(ref, g) for ref, g in members if g.orientation is None or any(p is None for p in g.positions)]
+    if placeless:
+        ref, g = placeless[0]
+        missing = [name for name, gone in (("Image Orientation (Patient)", g.orientation is None),
+                                           ("Image Position (Patient)", any(p is None for p in g.positions))) if gone]
+        where = (f"{sum(p is None for p in g.positions)} of the {g.frames} frames of {ref.path} have no "
+                 "Image Position (Patient) (a multi-frame object gives one per frame, in its Per-frame "
+                 "Functional Groups)" if g.frames > 1 and g.orientation is not None
+                 else f"{ref.path} has no {' and no '.join(missing)}")
+        return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key)
     base = np.asarray(first.orientation, dtype=np.float64)
     if any(np.abs(np.asarray(g.orientation) - base).max() > ORIENTATION_TOLERANCE for _, g in members):
         return _fail(refs, "series_orientation", "its slices have different Image Orientation (Patient)", uid_key)
