@@ -44,8 +44,9 @@ LABEL_ATTRIBUTES = (
 
 
 def number_text(values: Iterable[float]) -> str:
-    """The text form of a numeric target: each value as float32, ``repr``'d, joined by ``|``."""
-    return SEPARATOR.join(repr(float(np.float32(v))) for v in values)
+    """The text form of a numeric target: each value as float32, in the shortest decimal that
+    reads back as that float32 (``0.2054``, not float64's ``0.2054000049829483``), joined by ``|``."""
+    return SEPARATOR.join(str(np.float32(v)) for v in values)
 
 
 def names_text(names: Iterable[str]) -> str:

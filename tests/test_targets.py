@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import webdataset as wds
+from hypothesis import given
+from hypothesis import strategies as st
 
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
@@ -23,6 +25,7 @@ from packer.demo import render_photo, write_ct_slice, write_demo_key, write_phot
 from packer.errors import ConfigError
 from packer.loader import ShardDataset, make_loader
 from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.targets import Target, number_text
 from packer.verify import verify_dataset
 from tests.helpers import write_job
 
@@ -295,3 +298,14 @@ def test_a_multilabel_build_is_byte_reproducible(tmp_path: Path) -> None:
     first = _build(_job(tmp_path / "one", [source], "parquet"))
     second = _build(_job(tmp_path / "two", [source], "parquet"))
     assert _manifest(first)["dataset_hash"] == _manifest(second)["dataset_hash"]
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=4))
+def test_a_numeric_targets_text_is_the_shortest_that_reads_back_as_its_float32s(values: list[float]) -> None:
+    """The _splits.parquet label of a numeric sample: 0.2054, not 0.2054000049829483."""
+    text = number_text(values)
+    assert [np.float32(float(part)) for part in text.split("|")] == [np.float32(v) for v in values]
+    digits = [part.lstrip("-").split("e")[0].replace(".", "").strip("0") for part in text.split("|")]
+    assert all(len(d) <= 9 for d in digits)  # a float32 needs at most 9 significant digits, never float64's 17
+    _, vector = Target("numeric", tuple(f"t{i}" for i in range(len(values)))).encode(text)
+    assert vector is not None and vector.tolist() == [float(np.float32(v)) for v in values]
