@@ -701,7 +701,7 @@ def write_target_examples(root: Path, seed: int, photo_rows: Sequence[_Row],
     - ``folders/<circle|square>/NNN.png``: an ImageFolder tree (64×64 photos);
     - ``photos.csv``: the demo photos (``photos/``) with targets measured from their own pixels:
       ``findings`` (multi-label: the shape, ``bright`` when the mean grey is above 0.5,
-      ``textured`` when its standard deviation is above 0.2) and ``brightness``/``contrast``
+      ``textured`` when its standard deviation is above 0.15) and ``brightness``/``contrast``
       (numeric: that mean and standard deviation, in [0, 1]); the planted broken photos
       (``broken_rows``) are listed with empty cells, as a real table lists files it cannot measure;
     - ``segmentation/images/NNN.png`` with ``segmentation/masks/NNN.png`` (class ids:
@@ -722,7 +722,7 @@ def write_target_examples(root: Path, seed: int, photo_rows: Sequence[_Row],
             rows.append([row.path, "", "", "", row.entity, row.timestamp])
             continue
         bright, contrast = float(grey.mean()) / 255.0, float(grey.std()) / 255.0
-        findings = [row.label] + (["bright"] if bright > 0.5 else []) + (["textured"] if contrast > 0.2 else [])
+        findings = [row.label] + (["bright"] if bright > 0.5 else []) + (["textured"] if contrast > 0.15 else [])
         rows.append([row.path, "|".join(findings), f"{bright:.4f}", f"{contrast:.4f}", row.entity, row.timestamp])
     _write_csv(base / "photos.csv", ["path", "findings", "brightness", "contrast", "entity", "timestamp"], rows)
     seg = base / "segmentation"

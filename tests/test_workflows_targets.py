@@ -82,3 +82,5 @@ def test_the_multilabel_example_holds_the_labels_measured_from_each_photo(home: 
     for item in ShardDataset(result.manifest_path, "train", shuffle=False):
         circle, square = item["target"][:2].tolist()
         assert circle + square == 1  # every photo holds exactly one shape
+    # every label is there to learn: each one held by training samples of several subjects
+    assert all(count >= 3 for count in manifest["splits"]["train"]["class_counts"].values()), manifest["splits"]
