@@ -82,7 +82,8 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     sample_schema, splits (per split samples, entities, shards, bytes, shard_bytes
     min/median/max, classes count/percent: per class of all samples, per multi-label label of
     the samples holding it; numeric targets add target_stats min/mean/max per name), totals,
-    inputs, bad_samples, audit (passed + the manifest's audit record), config_hash, config.
+    inputs, bad_samples, audit (passed + the manifest's audit record), config_hash, config,
+    phi (mode, dates and the key's fingerprint; None in a manifest without one).
     """
     target = Target.of_manifest(manifest)
     several = target.kind == "multilabel"
@@ -122,7 +123,17 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         "audit": {"passed": audit.get("passed") if isinstance(audit.get("passed"), bool) else None,
                   "record": audit},
         "config_hash": manifest["config_hash"], "config": manifest["config"],
+        "phi": manifest.get("phi"),
     }
+
+
+def _phi_lines(phi: dict[str, Any] | None) -> list[str]:
+    """How ids were kept: the PHI mode and, pseudonymized, the key's fingerprint (a rebuild that
+    should give the same version needs the key with that fingerprint)."""
+    if not phi:
+        return []
+    key = f"; key fingerprint {phi['key_fingerprint']}" if phi.get("key_fingerprint") else ""
+    return [f"  phi           {phi.get('mode')}, dates {phi.get('dates')}{key}"]
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -257,6 +268,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples",
         f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}",
         *_audit_lines(summary["audit"]["record"]),
+        *_phi_lines(summary.get("phi")),
         f"  config        {summary['config_hash'][:16]}…",
     ]
     for section, value in summary["config"].items():
@@ -506,6 +518,11 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     notes: list[str] = []
     if old["name"] != new["name"]:
         notes.append(f"different datasets: {old['name']!r} vs {new['name']!r}")
+    old_key, new_key = ((m.get("phi") or {}).get("key_fingerprint") for m in (old, new))
+    if old_key != new_key:  # outside the config: the key is a secret, only its fingerprint is recorded
+        notes.append(f"PHI key fingerprints differ ({old_key or 'none'} vs {new_key or 'none'}): every sample id, "
+                     "entity pseudonym and so the split differ, so the samples do not match up; rebuild with the "
+                     "key the old version was built with to compare them")
     old_rows, new_rows = read_sample_index(old_manifest), read_sample_index(new_manifest)
     for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
         if rows is None:

@@ -244,3 +244,22 @@ def test_key_help_teaches_how_to_use_a_key() -> None:
         assert needed in group.output, needed
     new = CliRunner().invoke(main, ["key", "new", "--help"])
     assert new.exit_code == 0 and "0600" in new.output and "--force" in new.output
+
+
+def test_a_build_with_another_key_says_so_and_diff_and_inspect_name_the_fingerprints(tmp_path: Path) -> None:
+    """The wrong key file builds fine (exit 0) with every id and the split changed: the build
+    warns, diff says why nothing matches, inspect shows each version's key fingerprint."""
+    job = ct_job(tmp_path, None)
+    code, first = build(job, env_key=KEY_A)
+    assert code == 0, first
+    code, second = build(job, env_key=KEY_B)
+    assert code == 0, second
+    old, new = dataset_hash_in(first)[:12], dataset_hash_in(second)[:12]
+    assert (f"version(s) {old} were pseudonymized with the PHI key of fingerprint {fingerprint_of(KEY_A)}; this "
+            f"build used {fingerprint_of(KEY_B)}") in second
+    assert "pseudonymized with the PHI key" not in first
+    versions = tmp_path / "out" / "keys"
+    diff = CliRunner().invoke(main, ["diff", str(versions / old), str(versions / new)])
+    assert f"PHI key fingerprints differ ({fingerprint_of(KEY_A)} vs {fingerprint_of(KEY_B)})" in diff.output
+    shown = CliRunner().invoke(main, ["inspect", str(versions / new)])
+    assert f"  phi           pseudonymize, dates shift; key fingerprint {fingerprint_of(KEY_B)}" in shown.output

@@ -36,6 +36,7 @@ from packer.errors import (
     BadFractionError,
     ConfigError,
     FileSystemError,
+    PackerError,
     blocking_file,
 )
 from packer.files import atomic_output
@@ -321,6 +322,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
     sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
     phi_key_source = prepared.phi.key_source
+    _warn_other_keys(dataset_root, manifest)
     del prepared, samples, issues, assignment, shards, written, body
     html_report = None
     if options.html_report:
@@ -433,6 +435,29 @@ def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: b
           f"it (the cache is now kept in {cache_dir}, outside the output). It names raw file paths, entity ids "
           f"and dates: delete it (rm -r {legacy}) or build once with --fresh, which deletes it, before sharing "
           "the output folder")
+
+
+def _warn_other_keys(dataset_root: Path, manifest: dict[str, Any]) -> None:
+    """Warn when other versions of this dataset in the output were pseudonymized with another
+    PHI key: a build with the wrong key file exits 0 with every sample id, entity pseudonym and
+    so the split changed, and nothing else says why."""
+    key = (manifest.get("phi") or {}).get("key_fingerprint")
+    if key is None:
+        return
+    others: dict[str, list[str]] = defaultdict(list)
+    for folder in sorted(dataset_root.iterdir()):
+        if folder.name == manifest["version"] or not (folder / MANIFEST_FILE).is_file():
+            continue
+        try:
+            other = (read_manifest(folder, strict=False, check_hash=False).data.get("phi") or {}).get("key_fingerprint")
+        except PackerError:
+            continue  # not a readable version: verify's business, not this build's
+        if other is not None and other != key:
+            others[other].append(folder.name)
+    for fingerprint, versions in sorted(others.items()):
+        _warn(f"{dataset_root}: version(s) {', '.join(versions)} were pseudonymized with the PHI key of fingerprint "
+              f"{fingerprint}; this build used {key}, so every sample id, entity pseudonym and the split differ from "
+              "theirs. If that is not meant, rebuild with their key (packer inspect shows a version's fingerprint)")
 
 
 def _warn(message: str) -> None:
