@@ -152,9 +152,16 @@ def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_ar
     job_path = make_tree(tmp_path, ["a.png,cat,S1,", "alias.png,cat,S2,"], ["a.png"])
     root = tmp_path / "raw"
     (root / "alias.png").symlink_to(root / "a.png")  # a link that stays under the root
-    (root / "linked").symlink_to(elsewhere, target_is_directory=True)  # a folder link: not followed
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)  # a folder link: not followed, and said
+    (root / "sub").mkdir()
+    (root / "again").symlink_to(root / "sub", target_is_directory=True)  # inside the root: its files are listed
     found = discover(load_job(job_path))
-    assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
+    assert [r.relpath for r in found.refs] == ["a.png", "alias.png"]
+    (issue,) = found.issues
+    assert (issue.reason, issue.path) == ("outside_root", str(root / "linked"))
+    assert f"a link to the folder {elsewhere}, outside the source root" in issue.message
+    assert "its files were not read" in issue.message and (root / "linked" / "far.png").exists()
+    (root / "linked").unlink()
     # the root itself reached through a link: files under it are inside
     (tmp_path / "root-link").symlink_to(root, target_is_directory=True)
     doc = yaml.safe_load(job_path.read_text())

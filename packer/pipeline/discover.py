@@ -19,7 +19,7 @@ import io
 import os
 import posixpath
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from pathlib import Path, PurePosixPath
@@ -54,10 +54,11 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
     return f"{safe_key(source)}-{digest}"
 
 
-def _walk_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
     """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
-    Paths were the client's largest short-lived allocation."""
+    Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
+    folders are not entered; their relative paths go into ``links`` when given."""
     top = os.fspath(root)
     found: list[str] = []
     for folder, dirs, files in os.walk(top, followlinks=follow_links):
@@ -65,6 +66,8 @@ def _walk_relpaths(root: Path, follow_links: bool = False) -> list[str]:
         prefix = os.path.relpath(folder, top).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
         found.extend(prefix + name for name in files if not name.startswith("."))
+        if links is not None and not follow_links:
+            links.extend(prefix + d for d in dirs if os.path.islink(os.path.join(folder, d)))
     found.sort()
     return found
 
@@ -93,21 +96,22 @@ def _suffix(relpath: str) -> str:
     return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
 
 
-def dicom_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+def dicom_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
     """Relative paths of a DICOM source's files: every ``*.dcm``, plus files without an image or
-    table suffix that carry the DICM preamble; hidden files and folders are skipped."""
+    table suffix that carry the DICM preamble; hidden files and folders are skipped (``links``:
+    see :func:`_walk_relpaths`)."""
     out = []
-    for rel in _walk_relpaths(root, follow_links):
+    for rel in _walk_relpaths(root, follow_links, links):
         verdict = _dicom_by_suffix(_suffix(rel))
         if verdict or (verdict is None and _has_dicm_preamble(os.path.join(root, rel))):
             out.append(rel)
     return out
 
 
-def image_relpaths(root: Path, follow_links: bool = False) -> list[str]:
+def image_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
     """Relative paths of an image source's files: every file with an image suffix (png, jpg/jpeg,
-    tif/tiff, bmp); hidden files and folders are skipped."""
-    return [rel for rel in _walk_relpaths(root, follow_links) if _suffix(rel) in IMAGE_SUFFIXES]
+    tif/tiff, bmp); hidden files and folders are skipped (``links``: see :func:`_walk_relpaths`)."""
+    return [rel for rel in _walk_relpaths(root, follow_links, links) if _suffix(rel) in IMAGE_SUFFIXES]
 
 
 def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
@@ -259,16 +263,38 @@ def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None, k
                              storage_options=storage_options)
 
 
-def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None
-                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
+                  links: list[str] | None = None) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
-    what the listing said about each file (by URL)."""
+    what the listing said about each file (by URL). ``links``: where the links to folders that
+    were not entered go (without ``allow_outside``)."""
     if isinstance(source.root, str):
         remote = list_remote_source(source, storage_options)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     lister = dicom_relpaths if source.kind == "dicom" else image_relpaths
     root = os.fspath(source.root)
-    return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside)], {}
+    return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside, links=links)], {}
+
+
+def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None) -> list[Issue]:
+    """One ``outside_root`` record per link to a folder outside the source root: its files are
+    not read, and nothing may be dropped unsaid. A link to a folder inside the root is left out
+    quietly: its files are listed at their own paths."""
+    root = Path(source.root).resolve()
+    issues = []
+    for rel in links:
+        link = Path(source.root) / rel
+        try:
+            target = link.resolve()
+        except OSError:
+            target = link
+        if target.is_relative_to(root):
+            continue
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(link), stage="discover",
+                            reason="outside_root",
+                            message=f"{link} is a link to the folder {target}, outside the source root {source.root}; "
+                                    "its files were not read: move them in, or set safety.outside_root: allow"))
+    return issues
 
 
 def _mask_cell(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
@@ -324,7 +350,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         table_path, labels = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
     except ConfigError as err:
         raise ConfigError(f"{where}.{'labels' if source.kind == 'dicom' else 'table'} {named}: {err}") from err
-    files, listed = _listed_files(source, allow_outside, storage_options)
+    links: list[str] = []
+    files, listed = _listed_files(source, allow_outside, storage_options, links)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
                       "preamble (DICM at byte 128)" if source.kind == "dicom"
@@ -335,7 +362,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     # Refs go into a table one at a time (packer.pipeline.sampletable): as a list of objects, 100k refs
     # held 60 MiB at once, much of it never given back to the system after discovery.
     listed_refs = TableBuilder(RefTable)
-    issues: list[Issue] = []
+    issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
     real_root = None if remote or allow_outside else Path(source.root).resolve()
     origin = source.target.origin
     masks = _mask_files(source, labels)
