@@ -164,12 +164,13 @@ def _register() -> None:
     from packer.commands.bench_loader import bench_loader_command
     from packer.commands.inspect import diff_command, inspect_command, ls_command
     from packer.commands.key import key_command
+    from packer.commands.locate import locate_command
     from packer.commands.report import report as report_command
     from packer.commands.validate import validate_command
     from packer.commands.verify import verify_command
 
     for command in (validate_command, verify_command, inspect_command, diff_command, ls_command,
-                    report_command, bench_loader_command, key_command):
+                    report_command, bench_loader_command, key_command, locate_command):
         main.add_command(command)
 
 

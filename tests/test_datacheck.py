@@ -14,6 +14,7 @@ import cv2
 import jsonschema
 import numpy as np
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from packer.cli import main
@@ -76,6 +77,7 @@ def test_demo_validates_clean_with_schema_valid_json_and_junit(demo_raw: Any, tm
     assert report["bad_samples"]["total"] == len(demo_raw.defects)
     assert sum(s["samples"] for s in report["splits"].values()) == report["inputs"]["samples"]
     suite = ET.parse(tmp_path / "junit.xml").getroot()
+    assert suite[0].tag == "properties"  # first, as the JUnit schema orders a testsuite's children
     names = [c.get("name") for c in suite.iter("testcase")]
     assert names[0] == "bad_fraction" and "entity_overlap" in names and "near_duplicates_across_splits" in names
     assert suite.get("failures") == "0"
@@ -172,3 +174,37 @@ def test_the_ci_workflow_is_a_valid_github_workflow() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = workflow.read_text()
     assert "packer validate" in text and "--junit" in text
+
+
+def test_a_pseudonymized_leak_names_keys_and_packer_locate_finds_their_files(tmp_path: Path) -> None:
+    """Pseudonymized, the audit names samples by key (no raw path in a shareable report); the
+    summary says how to find the files, and `packer locate` does, with the job's key."""
+    from packer.phi import Pseudonymizer
+
+    key = "c3" * 32
+    pseudonyms = Pseudonymizer(mode="pseudonymize", dates="shift", key=key.encode())
+    by_split: dict[str, str] = {}  # the split goes by pseudonym: two raw ids whose pseudonyms part
+    for i in range(1000):
+        by_split.setdefault(split_for_unit(entity_unit(pseudonyms.entity(f"P{i:03d}"), 5), RATIOS), f"P{i:03d}")
+    first, second = by_split["train"], by_split["test"]
+    copy = photo(777)
+    job = image_job(tmp_path, [*base_rows(), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)],
+                    duplicates="fail")
+    doc = yaml.safe_load(job.read_text())
+    doc["phi"] = {"mode": "pseudonymize"}
+    job.write_text(yaml.safe_dump(doc))
+    env = {"PACKER_PHI_KEY": key}
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(out)], env=env)
+    assert result.exit_code == 4
+    assert f"`packer locate {job.resolve()} KEY ...` prints their files" in result.output
+    (finding,) = json.loads(out.read_text())["audit"]["rules"]["exact_duplicates_across_splits"]["findings"]
+    keys = [sample["key"] for sample in finding["samples"]]
+    assert all("path" not in sample for sample in finding["samples"])
+    located = CliRunner().invoke(main, ["locate", str(job), *keys], env=env)
+    assert located.exit_code == 0, located.output
+    assert sorted(line.split("\t")[1].rsplit("/raw/", 1)[1] for line in located.output.splitlines()) == [
+        "a/one.png", "b/two.png"]
+    # another key makes other ids: nothing found, exit 2, and the message says why it may be
+    other = CliRunner().invoke(main, ["locate", str(job), keys[0]], env={"PACKER_PHI_KEY": "d4" * 32})
+    assert other.exit_code == 2 and "built with another PHI key" in other.output

@@ -174,6 +174,11 @@ def format_summary(result: ValidateResult) -> str:
             for finding in findings[:SUMMARY_FINDINGS]:
                 lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
+    listed = any(result.prepared.audit.rule(name).findings for name, rule in doc["audit"]["rules"].items()
+                 if not rule["passed"])
+    if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
+        lines.append(f"  the findings name samples by key: `packer locate {result.job.job_path} KEY ...` prints "
+                     "their files (raw paths: keep them local)")
     outcome = {0: "clean", 3: "too many bad samples (exit 3)", 4: "leakage found (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
@@ -222,7 +227,8 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     suite.set("errors", "0")
     counts = Counter(i.reason for i in result.prepared.issues)
     suite.set("skipped", "0")
-    ET.SubElement(suite, "properties").extend(
-        [ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
+    properties = ET.Element("properties")  # before the test cases, where the JUnit schema puts them
+    properties.extend([ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
+    suite.insert(0, properties)
     with atomic_output(path) as fh:
         fh.write(ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n")

@@ -18,6 +18,7 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -489,4 +490,25 @@ def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
             ref = replace(ref, sample_id=sample_id)
         seen[sample_id] = ref
         out.append(ref)
+    return out
+
+
+#: A frame sample's key: its file's sample id and ``-f`` with the frame number (packer.read.dicom_render)
+_FRAME_KEY = re.compile(r"^(?P<id>.+)-f\d{4}$")
+
+
+def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
+                   storage_options: Mapping[str, Any] | None = None) -> dict[str, str | None]:
+    """The raw file (path or URL) of each sample key of ``job``, None for a key no file of its
+    sources makes: the sources are listed again and each file's sample id made as discovery
+    makes it (with ``phi``, the job's pseudonymizer: the key decides the ids). A frame's key
+    (``<id>-f0003``) and a volume's (its first file's id) name their file. Nothing is decoded."""
+    found = discover(job, phi, storage_options=storage_options)
+    files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
+    for issue in found.issues:  # files refused while listing (outside the root, no label) are files too
+        files.setdefault(issue.sample_id, issue.path)
+    out: dict[str, str | None] = {}
+    for key in keys:
+        frame = _FRAME_KEY.match(key)
+        out[key] = files.get(key) or (files.get(frame["id"]) if frame else None)
     return out

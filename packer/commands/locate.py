@@ -1,0 +1,46 @@
+"""``packer locate``: the raw file behind each sample key of a job (local, needs the job's PHI key)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from packer.commands import exits
+from packer.errors import ConfigError
+
+
+@click.command("locate")
+@click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Option for the store of sources given as URLs (repeatable).")
+@exits
+def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, ...]) -> None:
+    """Print the raw file behind each sample KEY of JOB, one "KEY<TAB>PATH" line per key.
+
+    A pseudonymized dataset, its leakage audit (leakage.json, validate --json/--junit) and its
+    report name samples by key, never by path. This lists JOB's sources again and makes each
+    file's sample id as the build does, so it needs the job's PHI key (the same key file or
+    PACKER_PHI_KEY); nothing is decoded. A frame's key (<id>-f0003) names its file.
+
+    \b
+    Its output names raw paths: keep it local. Exits 2 when a key is no file's of this job
+    (another job's sample, or the dataset was built with another PHI key).
+    """
+    from packer.config import load_job
+    from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import locate_samples
+    from packer.storage import parse_storage_options
+
+    loaded = load_job(job)
+    found = locate_samples(loaded, keys, pseudonymizer_for(loaded.phi),
+                           storage_options=parse_storage_options(storage_option))
+    for key, path in found.items():
+        if path is not None:
+            click.echo(f"{key}\t{path}")
+    missing = [key for key, path in found.items() if path is None]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: no file of {job} makes this sample key; it is another job's "
+                          "sample, or the dataset was built with another PHI key (packer inspect shows a version's "
+                          "key fingerprint)")
