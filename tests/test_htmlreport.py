@@ -483,3 +483,15 @@ def test_a_neighbour_stack_is_shown_by_slice_offset_with_its_centre_slices_compo
     # a record that does not add up (3 slices of 2 windows is not 9 channels) is shown as channels
     odd = {"metadata": {"windows": windows[:2], "neighbors": {"k": 1, "channels_per_slice": 2}}}
     assert channel_names(odd, "dicom", 9) == [f"ch{i}" for i in range(9)]
+
+
+def test_writing_the_same_report_again_leaves_the_file_alone(built: BuildResult, tmp_path: Path) -> None:
+    """A rebuild of a built version says "nothing rewritten": the report too (same inode)."""
+    target = tmp_path / "r.html"
+    write_html_report(built.version_dir, target)
+    before = target.stat()
+    write_html_report(built.version_dir, target)
+    assert (target.stat().st_ino, target.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    target.write_text("stale")
+    write_html_report(built.version_dir, target)
+    assert target.read_bytes() != b"stale" and target.stat().st_ino != before.st_ino

@@ -85,6 +85,8 @@ def _warning(problem: ManifestProblem, file_name: str) -> str:
 def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = None, *,
                       limits: ReportLimits | None = None) -> Path:
     """Write the report (default ``<version folder>/report.html``) atomically; return its path.
+    A file that already holds these exact bytes is left alone (a rebuild of a built version
+    rewrites nothing).
 
     Raises IntegrityError as :func:`render_html_report` does, OSError if ``output`` cannot be written.
     """
@@ -92,7 +94,17 @@ def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = No
 
     folder = resolve_manifest_path(manifest_path_or_dir).parent
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE
-    text = render_html_report(manifest_path_or_dir, limits=limits)
+    data = render_html_report(manifest_path_or_dir, limits=limits).encode("utf-8")
+    if _holds(target, data):
+        return target
     with atomic_output(target) as fh:
-        fh.write(text.encode("utf-8"))
+        fh.write(data)
     return target
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """True when the file ``path`` holds exactly ``data``; False when it differs, is absent or unreadable."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
