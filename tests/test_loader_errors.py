@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from loader_fixtures import build_dataset, sample_image, split_keys, write_manifest, write_raw_tar
 
 from packer.errors import ConfigError, IntegrityError
@@ -240,6 +242,40 @@ def test_load_npy_refuses_cut_data_and_pickles() -> None:
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):
         load_npy(pickled.getvalue())
+
+
+@given(st.integers(0, 127), st.sampled_from([b"X", b"(", b"'", b"\\", b"\n", b"{", b"9", b"\x00", b"}"]))
+def test_a_damaged_npy_header_is_a_value_error_or_an_array_never_numpys_parser_error(at: int, byte: bytes) -> None:
+    """Whatever a flipped header byte makes numpy's header parser raise (TokenError, SyntaxError,
+    ...), load_npy raises ValueError, which the readers turn into an ``undecodable`` sample:
+    ``on_error="skip"`` can skip it."""
+    from packer.shards.members import load_npy
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.arange(48, dtype=np.uint8).reshape(3, 4, 4))
+    data = bytearray(buffer.getvalue())
+    data[at:at + 1] = byte
+    try:
+        array = load_npy(bytes(data))
+    except ValueError:
+        return
+    assert isinstance(array, np.ndarray)
+
+
+@pytest.mark.parametrize("corrupt", [b"{'descr': '|u1', 'fortran_order': False, 'shape': (3, 4, 4), }  X\n",
+                                     b"{'descr': '|u1', 'fortran_order': False, 'shape': (3, 4, 4(, }   \n"])
+def test_skip_skips_a_sample_whose_npy_header_numpy_cannot_parse(tmp_path, corrupt):
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(3,))
+    shard = manifest.parent / "train-000000.tar"
+    data = bytearray(shard.read_bytes())
+    magic = data.find(b"\x93NUMPY")
+    header = data[magic + 10:data.index(b"\n", magic) + 1]
+    data[magic + 10:magic + 10 + len(header)] = corrupt.ljust(len(header))[:len(header) - 1] + b"\n"
+    shard.write_bytes(bytes(data))
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
+    assert len(list(dataset)) == 2 and dataset.skipped == 1
+    with pytest.raises(ShardReadError, match="undecodable"):
+        list(ShardDataset(manifest, "train", shuffle=False))
 
 
 def decode_both_ways(path: Path, check, monkeypatch: pytest.MonkeyPatch, *,

@@ -171,7 +171,12 @@ def load_npy(data: bytes | bytearray | memoryview, *, copy: bool = True) -> np.n
         pixels = memoryview(data)[start:]
         image = np.frombuffer(bytearray(pixels) if copy else pixels, dtype=dtype).reshape(shape)
         return image if dtype.isnative else image.astype(dtype.newbyteorder("="))
-    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    try:
+        return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    except ValueError:
+        raise
+    except Exception as err:  # a damaged header reaches numpy's parser: TokenError, SyntaxError, EOFError, ...
+        raise ValueError(f"not a valid .npy array ({type(err).__name__}: {err})") from err
 
 
 # -- a sample from its members ---------------------------------------------------------------
