@@ -415,3 +415,20 @@ def test_a_missing_shard_is_named_by_its_full_path(tmp_path):
     gone.unlink()
     with pytest.raises(ShardReadError, match=f"cannot open the shard {gone} .*restore it or rebuild the dataset"):
         list(ShardDataset(manifest, "train", shuffle=False))
+
+
+def test_skip_reads_a_shard_of_the_wrong_size_as_far_as_it_can_and_says_so(tmp_path, caplog):
+    """700 bytes cut from a tar shard's end take only its end-of-archive padding: every sample is
+    intact, and on_error='skip' delivers them, with one warning naming the shard and the sizes."""
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(3, 2))
+    shard = manifest.parent / "train-000001.tar"
+    size = shard.stat().st_size
+    os.truncate(shard, size - 700)
+    with caplog.at_level("WARNING", logger="packer.loader"):
+        items = list(ShardDataset(manifest, "train", shuffle=False, on_error="skip"))
+        list(ShardDataset(manifest, "train", shuffle=False, on_error="skip"))  # once per shard and process
+    assert len(items) == 5
+    said = [r.getMessage() for r in caplog.records if "still readable" in r.getMessage()]
+    assert len(said) == 1 and f"the shard is {size - 700} bytes, the manifest says {size}" in said[0]
+    with pytest.raises(ShardReadError, match="the manifest says"):
+        list(ShardDataset(manifest, "train", shuffle=False))

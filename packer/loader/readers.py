@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import tempfile
 from collections import OrderedDict
@@ -60,6 +61,7 @@ from packer.shards.tar import TarIndex, map_shard, read_member_bytes, read_tar_s
 from packer.storage import MANIFEST_FILE
 from packer.targets import Target
 
+log = logging.getLogger("packer.loader")
 PARQUET_ROWS = 64
 #: A remote shard read with ``verify`` is held in memory up to this size, then on disk.
 SPOOL_BYTES = 64 << 20
@@ -465,6 +467,8 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                 key = index.samples[pos].key if pos < len(index.samples) else None
                 yield pos, Failure(info.file, pos, key, "bad_shard", problem)
             return
+        if problem is not None:
+            _read_anyway(info, problem)
         found = len(index.samples)
         with open(info.path, "rb", buffering=0) as fh:
             mapped = map_shard(fh)  # images become views of it: the collate's stack is their one copy
@@ -502,6 +506,8 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
     if problem is not None and (strict or verify or not info.path.exists()):
         yield from _fail(info, positions, "bad_shard", problem)
         return
+    if problem is not None:
+        _read_anyway(info, problem)
     yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check)
 
 
@@ -591,6 +597,8 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
             if fh is None or (problem is not None and (strict or verify)):
                 yield from _fail(info, positions, "bad_shard", problem or "unreadable")
                 return
+            if problem is not None:
+                _read_anyway(info, problem)
             if info.file.endswith(".parquet"):
                 results = _read_parquet_file(info, fh, positions, check)
             else:
@@ -627,6 +635,19 @@ def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
         yield pos, Failure(info.file, pos, None, "truncated",
                            f"the archive ends after {found} of the manifest's {info.samples} samples "
                            f"({defect or 'early end of archive'}); restore the shard or rebuild the dataset")
+
+
+def _read_anyway(info: ShardInfo, problem: str) -> None:
+    """Say (once per shard and process) that a shard whose size differs from the manifest's is
+    read as far as it is readable, as ``on_error="skip"`` asks: its intact samples arrive, the
+    others are skipped and counted, and nothing about the shard itself would otherwise show."""
+    if info.location not in _WARNED:
+        _WARNED.add(info.location)
+        log.warning("%s: %s; reading the samples that are still readable (on_error='skip')", info.location, problem)
+
+
+#: The shards :func:`_read_anyway` spoke of in this process
+_WARNED: set[str] = set()
 
 
 def _with_record(decoded: Decoded, members: dict[str, bytes] | SampleDefect) -> Decoded | SampleDefect:
