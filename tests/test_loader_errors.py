@@ -432,3 +432,13 @@ def test_skip_reads_a_shard_of_the_wrong_size_as_far_as_it_can_and_says_so(tmp_p
     assert len(said) == 1 and f"the shard is {size - 700} bytes, the manifest says {size}" in said[0]
     with pytest.raises(ShardReadError, match="the manifest says"):
         list(ShardDataset(manifest, "train", shuffle=False))
+
+
+def test_drop_over_more_ranks_than_samples_warns_that_every_rank_gets_none(tmp_path, caplog):
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(5,))
+    with caplog.at_level("WARNING", logger="packer.loader"):
+        dropped = ShardDataset(manifest, "train", rank=0, world_size=8, uneven="drop")
+        ShardDataset(manifest, "train", rank=0, world_size=8, uneven="pad")
+    assert len(list(dropped)) == 0
+    (said,) = [r.getMessage() for r in caplog.records if "uneven='drop'" in r.getMessage()]
+    assert "5 samples over 8 ranks with uneven='drop' gives every rank floor(5/8) = 0 samples" in said

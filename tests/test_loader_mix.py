@@ -142,6 +142,11 @@ def test_resume_mid_epoch_and_refuse_another_mix(manifests: dict[str, Path]) -> 
     single = make_loader(ShardDataset(manifests["a"], "train"), batch_size=8)
     with pytest.raises(ConfigError, match="saved for a MixedDataset and this loader reads a ShardDataset"):
         single.load_state_dict(state)
+    # weights need not add up to 1: the same shares (5 and 5) are the same mix, and resume
+    scaled = make_loader(mix_of(manifests, {"a": 5.0, "c": 5.0}, seed=4, epoch_length="longest"), batch_size=8)
+    scaled.load_state_dict(state)
+    scaled.set_epoch(1)
+    assert [k for batch in scaled for k in batch["key"]] == rest
 
 
 def relabel(manifest: Path, names: list[str]) -> Path:
@@ -226,3 +231,13 @@ def test_train_example_trains_a_mix_and_refuses_to_resume_another(manifests: dic
         example.main([*other, *common, "--resume"])
     with pytest.raises(SystemExit, match="--sources names sources of one dataset"):
         example.main([*mix, *common, "--sources", "photos"])
+
+
+def test_ranks_are_the_mixes_and_a_member_made_for_another_rank_is_refused(manifests: dict[str, Path]) -> None:
+    """Members given rank=/world_size= while the mix is not would have handed every rank the whole mix."""
+    member = ShardDataset(manifests["a"], "train", rank=1, world_size=3)
+    with pytest.raises(ConfigError, match="member a was made as rank 1 of 3, the mix is rank 0 of 1; .* pass "
+                                          "rank=/world_size= to MixedDataset"):
+        MixedDataset([(member, 1.0)], names=["a"])
+    mix = MixedDataset([(member, 1.0)], names=["a"], rank=1, world_size=3)
+    assert (mix.rank, mix.world_size) == (1, 3)

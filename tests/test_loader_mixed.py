@@ -177,6 +177,11 @@ def test_unknown_sources_and_labels_are_config_errors_listing_what_exists(mixed:
         ShardDataset(mixed.manifest_path, "train", labels=["cat"])
     with pytest.raises(ConfigError, match=r"sources=\['ct'\]"):
         ShardDataset(mixed.manifest_path, "train", sources="ct")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"sources=\[\]: an empty view holds no sample; name at least one of "
+                                          r"\['ct', 'photos'\]"):
+        ShardDataset(mixed.manifest_path, "train", sources=[])
+    with pytest.raises(ConfigError, match=r"labels=\[\]: an empty view"):
+        ShardDataset(mixed.manifest_path, "train", labels=[])
 
 
 def test_a_view_needs_the_index_the_manifest_names(mixed: BuildResult, tmp_path: Path) -> None:

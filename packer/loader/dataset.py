@@ -121,6 +121,13 @@ class PlannedDataset(IterableDataset):
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
 
+    def _warn_if_dropped(self, what: str) -> None:
+        """Warn when ``uneven="drop"`` leaves every rank nothing: fewer samples than ranks."""
+        if self.uneven == "drop" and 0 < self.samples < self.world_size:
+            log.warning("%s: %d samples over %d ranks with uneven='drop' gives every rank floor(%d/%d) = 0 samples; "
+                        "use uneven='pad' (each rank gets one, repeating) or fewer ranks", what, self.samples,
+                        self.world_size, self.samples, self.world_size)
+
     def epoch_order(self, epoch: int) -> EpochOrder:
         """Epoch ``epoch``'s order (:meth:`_make_order`), cached for the last two epochs."""
         if epoch not in self._orders:
@@ -371,6 +378,8 @@ class ShardDataset(PlannedDataset):
         self.info = load_split(manifest, split, storage_options=storage_options, cache=self.cache)
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        #: rank or world_size was passed (not taken from torch.distributed): a mix checks it against its own
+        self.rank_given = rank is not None or world_size is not None
         self.verify, self.transform = verify, transform
         self.view = (load_view(self.info, sources=sources, labels=labels, verify=verify)
                      if sources is not None or labels is not None else None)
@@ -384,6 +393,7 @@ class ShardDataset(PlannedDataset):
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout, records=records)
+        self._warn_if_dropped(f"{self.info.manifest} split {split!r}")
 
     @property
     def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:

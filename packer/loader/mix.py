@@ -39,8 +39,10 @@ sample shapes differ meet the collate rules of one mixed-shape dataset (``collat
 names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
 
 Each member's ``transform`` and ``shuffle_buffer`` apply to its own samples; the mix's
-``seed``, ``shuffle``, ``rank``/``world_size``, ``uneven`` and ``on_error``/``max_skipped``
-replace the members' own (the members are read through the mix, not on their own).
+``seed``, ``shuffle``, ``uneven`` and ``on_error``/``max_skipped`` replace the members' own
+(the members are read through the mix, not on their own). Ranks are the mix's: a member given
+another ``rank``/``world_size`` than the mix's is refused (ConfigError), so that an explicit
+rank given to the members only cannot silently hand every rank the whole mix.
 """
 
 from __future__ import annotations
@@ -134,10 +136,17 @@ class MixedDataset(PlannedDataset):
         self.epoch_length = epoch_length
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        for dataset, name in zip(self.members, self.names, strict=True):
+            if dataset.rank_given and (dataset.rank, dataset.world_size) != (self.rank, self.world_size):
+                raise ConfigError(
+                    f"MixedDataset: member {name} was made as rank {dataset.rank} of {dataset.world_size}, the mix is "
+                    f"rank {self.rank} of {self.world_size}; the mix splits its epoch over the ranks itself, so pass "
+                    "rank=/world_size= to MixedDataset and leave the members' at their defaults")
         self.info, self._label_remap = _mixed_info(self.members, self.names)
         self.samples, self._counts = shares([m.samples for m in self.members], self.weights, epoch_length)
         shapes = {m.shape for m in self.members}
         self.shape = next(iter(shapes)) if len(shapes) == 1 else None
+        self._warn_if_dropped(f"MixedDataset {' + '.join(self.names)}")
 
     @property
     def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
@@ -148,8 +157,10 @@ class MixedDataset(PlannedDataset):
         return dict(zip(self.names, self._counts, strict=True))
 
     def identity(self) -> dict[str, Any]:
+        total = sum(self.weights)  # shares, not weights as given: 0.7/0.3 and 7/3 are the same mix
         return {"mix": [{"name": m.info.name, "version": m.info.version, "split": m.info.split,
-                         "view": own["sources"], "labels": own["labels"], "samples": m.samples, "weight": w, "as": n}
+                         "view": own["sources"], "labels": own["labels"], "samples": m.samples,
+                         "weight": round(w / total, 12), "as": n}
                         for m, w, n, own in zip(self.members, self.weights, self.names,
                                                 (m.identity() for m in self.members), strict=True)],
                 "epoch_length": self.epoch_length, "samples": self.samples, "seed": self.seed,

@@ -273,6 +273,9 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         if isinstance(sources, str):
             raise ConfigError(f"sources={sources!r}: pass a list of source names, e.g. sources=[{sources!r}]")
         wanted_sources = tuple(dict.fromkeys(str(s) for s in sources))
+        if not wanted_sources:
+            raise ConfigError(f"sources=[]: an empty view holds no sample; name at least one of "
+                              f"{sorted(info.shapes)}, or pass sources=None for the whole split")
         unknown = [s for s in wanted_sources if info.shapes and s not in info.shapes]
         if unknown:
             raise ConfigError(f"{where}: no source {unknown[0]!r} in this dataset; its sources are "
@@ -285,6 +288,9 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     if labels is not None:
         if isinstance(labels, str):
             raise ConfigError(f"labels={labels!r}: pass a list of label names, e.g. labels=[{labels!r}]")
+        if not labels:
+            raise ConfigError(f"labels=[]: an empty view holds no sample; name at least one of "
+                              f"{sorted(info.label_map)}, or pass labels=None for every label")
         by_index = {v: k for k, v in info.label_map.items()}
         names = []
         for label in labels:
