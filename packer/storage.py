@@ -114,8 +114,19 @@ def resolve_output(target: Location, work: Path | None = None) -> tuple[Path, st
     """
     path = local_path(target)
     if path is not None:
+        typo = _URL_TYPO.match(str(target))
+        if typo is not None:  # s3:/bucket or s3//bucket: a URL with a slash missing, not a folder named "s3:"
+            raise ConfigError(f"output {target!r} looks like a {typo['scheme']}:// URL with a slash missing; write "
+                              f"{typo['scheme']}://BUCKET/PREFIX to publish there, or ./{target} for a local folder")
         return path.resolve(), None
+    parts = urlsplit(str(target))
+    if not parts.netloc:
+        raise ConfigError(f"output {target!r} names no bucket; write {parts.scheme}://BUCKET/PREFIX")
     return work_dir(work).resolve(), str(target)
+
+
+#: A local path that is a URL with a slash missing: ``s3:/bucket``, ``s3//bucket``, ``gs:bucket``
+_URL_TYPO = re.compile(r"^(?P<scheme>s3|s3a|gs|gcs|az|abfs|http|https)(?::/?(?!/)|//)")
 
 
 # -- options and filesystems --------------------------------------------------------------
@@ -182,9 +193,23 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
     except ImportError as err:
         raise ConfigError(f"{url}: reading URLs needs fsspec: pip install 'packer[s3]'") from err
     try:
-        return fsspec.core.url_to_fs(url, **storage_options_for(url, storage_options))
+        fs, path = fsspec.core.url_to_fs(url, **storage_options_for(url, storage_options))
     except (ImportError, ValueError) as err:
         raise _protocol_error(url, err) from err
+    except TypeError as err:  # an option this filesystem does not take
+        raise _options_error(url, storage_options, err) from err
+    if hasattr(fs, "set_session"):  # s3fs makes its client on first use: a bad option would surface mid-build
+        try:
+            fs.connect()  # makes the client (no request); cached on the filesystem, which fsspec caches
+        except (TypeError, ValueError) as err:
+            raise _options_error(url, storage_options, err) from err
+    return fs, path
+
+
+def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Exception) -> ConfigError:
+    given = ", ".join(sorted(storage_options or {})) or "none"
+    return ConfigError(f"{url}: the storage options (given: {given}) are not accepted ({type(err).__name__}: "
+                       f"{err}); check each --storage-option KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
 
 
 def check_protocol(url: str) -> None:

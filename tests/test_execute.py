@@ -215,3 +215,14 @@ def test_a_lazy_task_list_is_made_one_item_at_a_time_as_tasks_are_submitted() ->
     results = Executor(None, "in-process").map_unordered(abs, items)
     assert next(results) == (0, 0) and made == [0]          # the rest not made yet
     assert [r for _, r in results] == list(range(1, 40)) and made == list(range(40))
+
+
+def test_a_scheduler_file_that_does_not_exist_is_a_config_error_that_says_so(tmp_path: Path) -> None:
+    """It was an internal error: dask took the path for an address ("missing port number")."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import open_executor
+
+    missing = tmp_path / "scheduler.json"
+    with pytest.raises(ConfigError, match=f"--scheduler {missing}: no such scheduler file"):
+        with open_executor(str(missing)):
+            pass

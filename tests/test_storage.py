@@ -351,6 +351,25 @@ def test_the_work_dir_defaults_to_packer_work_dir(monkeypatch: pytest.MonkeyPatc
     assert resolve_output(tmp_path / "out") == ((tmp_path / "out").resolve(), None)
 
 
+def test_an_output_url_without_a_bucket_or_with_a_slash_missing_is_refused(tmp_path: Path) -> None:
+    """Both built a local folder named "s3:" and reported it published."""
+    with pytest.raises(ConfigError, match="output 's3://' names no bucket; write s3://BUCKET/PREFIX"):
+        resolve_output("s3://")
+    for typo in ("s3:/datasets/pub", "s3//datasets/pub", "gs:bucket/x"):
+        with pytest.raises(ConfigError, match=f"output '{typo}' looks like a .*:// URL with a slash missing"):
+            resolve_output(typo)
+    assert resolve_output(f"./s3:/{tmp_path.name}")[1] is None  # a folder named so, on purpose
+
+
+def test_a_storage_option_the_store_does_not_take_is_a_config_error_before_any_request() -> None:
+    pytest.importorskip("s3fs")
+    from packer.storage import filesystem_for
+
+    for option, value in (("foo", "bar"), ("endpoint_url", "")):
+        with pytest.raises(ConfigError, match=rf"the storage options \(given: {option}\) are not accepted"):
+            filesystem_for(f"s3://bucket-{option}/x", {option: value})
+
+
 def test_storage_options_parse_from_key_value_pairs() -> None:
     options = parse_storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
                                      "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])

@@ -197,6 +197,10 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
         yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)"), starting,
                           client, cluster)
         return
+    a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
+    if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
+        raise ConfigError(f"--scheduler {scheduler}: no such scheduler file; give the file `dask scheduler "
+                          "--scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
     with _held_interrupts() as starting:
         try:
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
