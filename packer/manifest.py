@@ -297,11 +297,15 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
     else:
         where = storage.manifest_url(str(location))
         folder, name = where.rsplit("/", 1)
+        version = storage.VersionFolder(folder, storage_options)
         try:
-            raw = storage.VersionFolder(folder, storage_options).read_bytes(name)
+            raw = version.read_bytes(name)
         except FileNotFoundError as err:
-            raise IntegrityError(f"{where}: cannot read the manifest (not found); pass the URL of a manifest.json "
-                                 "or of its version folder") from err
+            if not _remote_files(version):  # nothing there: a wrong URL, as a wrong local path is
+                raise ConfigError(f"{where}: not found, and {folder}/ holds no file; {_PASS_A_VERSION} (a URL "
+                                  "ending in .json is the manifest, any other the version folder)") from err
+            raise IntegrityError(f"{where}: cannot read the manifest (not found) beside the version's other files; "
+                                 f"{_RESTORE}") from err
         except OSError as err:
             raise storage.storage_error(where, err, doing="reading the manifest") from err
     doc = _parse(raw, where)
@@ -315,6 +319,14 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
     if strict and problems:
         raise IntegrityError(f"{where}: {problems[0].detail}")
     return Manifest(data=doc, location=where, path=path, problems=tuple(problems), content_hash=content_hash)
+
+
+def _remote_files(version: storage.VersionFolder) -> list[str]:
+    """The files of a remote version folder; none where the folder (or its bucket) is not there."""
+    try:
+        return version.files()
+    except FileNotFoundError:
+        return []
 
 
 def _parse(raw: bytes, where: str) -> dict[str, Any]:

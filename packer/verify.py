@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.config import SPLITS
-from packer.errors import PackerError
+from packer.errors import ConfigError, PackerError
 from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, read_manifest, resolve_manifest_path
 from packer.progress import Progress
@@ -198,7 +198,9 @@ def _read_manifest(folder: VersionFolder, name: str, storage_options: Mapping[st
     findings; None when it cannot be read or its shape is wrong: nothing else it says can be trusted."""
     try:
         manifest = read_manifest(folder.where(name), storage_options=storage_options, strict=False)
-    except PackerError as err:  # unreadable, not a JSON object, or the store failed
+    except ConfigError:  # not a version, no credentials, a missing bucket: the caller's to fix (exit 2), not the data's
+        raise
+    except PackerError as err:  # unreadable, not a JSON object, or the store failed mid-read
         found.add(name, str(err))
         return None
     for problem in manifest.problems:

@@ -159,5 +159,11 @@ def test_an_fsspec_url_is_read_through_the_store(version: Path) -> None:
         assert [s.url for s in info.shards] == [f"{base}/train-000000.tar", f"{base}/train-000001.tar"]
         with pytest.raises(IntegrityError, match="cannot read the manifest \\(not found\\)"):
             read_manifest(f"{base}/missing.json")
+        # a URL where nothing is: a usage error (exit 2), as a wrong local path is, for verify too
+        for wrong in ("memory://packer-test-manifest/demo/nothing", "memory://no-such-place/v/manifest.json"):
+            with pytest.raises(ConfigError, match="holds no file; pass a version folder"):
+                read_manifest(wrong)
+            with pytest.raises(ConfigError, match="holds no file"):
+                verify_dataset(wrong)
     finally:
         store.rm(base, recursive=True)
