@@ -373,12 +373,17 @@ class VersionFolder:
 
     def files(self) -> list[str]:
         """Names of the plain files directly inside the folder, sorted."""
+        return sorted(self.sizes())
+
+    def sizes(self) -> dict[str, int]:
+        """Size of each plain file directly inside the folder, by name: one listing."""
         with self._translated(""):
             if self.local is not None:
-                return sorted(p.name for p in self.local.iterdir() if p.is_file())
+                return {p.name: p.stat().st_size for p in self.local.iterdir() if p.is_file()}
             self._fs.invalidate_cache(self._root)
             entries = self._fs.ls(self._root, detail=True)
-            return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+            return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                    for e in entries if e.get("type") == "file"}
 
     # Writing is for publishing (packer.pipeline.publish) only; errors are not translated.
     def upload(self, sources: list[Path], names: list[str]) -> None:

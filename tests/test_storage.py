@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -328,6 +329,15 @@ def test_file_urls_work_for_publish_verify_and_the_loader(built: Built, tmp_path
     assert copy.manifest_url == str(folder / "manifest.json")
     assert sorted(p.name for p in folder.iterdir()) == sorted([*_listed(built.local.manifest), "manifest.json"])
     assert publish_version(built.local.version_dir, f"file://{tmp_path}/mirror").skipped
+    # a published version that lost a shard (or holds a cut one) is published again, as verify's hint says
+    lost = built.local.manifest["splits"]["train"]["shards"][0]["file"]
+    (folder / lost).unlink()
+    assert not verify_dataset(folder).ok
+    again = publish_version(built.local.version_dir, f"file://{tmp_path}/mirror")
+    assert not again.skipped and lost in again.uploaded and verify_dataset(folder).ok
+    os.truncate(folder / lost, 1000)
+    assert not publish_version(built.local.version_dir, f"file://{tmp_path}/mirror").skipped
+    assert verify_dataset(folder).ok
     assert verify_dataset(f"file://{folder}/manifest.json", deep=True).ok
     assert resolve_output(f"file://{tmp_path}/out") == ((tmp_path / "out").resolve(), None)
     pytest.importorskip("torch", reason="the loader extra")

@@ -198,14 +198,30 @@ def _recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
     return recorded
 
 
-def _remote_hash(folder: VersionFolder, storage_options: Mapping[str, Any] | None) -> tuple[bool, str | None]:
-    """(a remote manifest exists, the dataset_hash it records, or None when it is damaged or edited)."""
+def _remote_hash(folder: VersionFolder, storage_options: Mapping[str, Any] | None,
+                 manifest: dict[str, Any]) -> tuple[bool, str | None]:
+    """(a remote manifest exists, the dataset_hash it records, or None when it is damaged or
+    edited, or when a file ``manifest`` lists is missing beside it or has another size: a
+    version to publish again, not to skip)."""
     try:
-        if MANIFEST_FILE not in folder.files():
-            return False, None
+        sizes = folder.sizes()
     except FileNotFoundError:  # no such folder yet
         return False, None
+    if MANIFEST_FILE not in sizes:
+        return False, None
+    listed = _recorded_sizes(manifest)
+    if any(sizes.get(name) != size for name, size in listed.items()):
+        return True, None
     return True, read_dataset_hash(folder.where(MANIFEST_FILE), storage_options=storage_options)
+
+
+def _recorded_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """Size in bytes the manifest records for each file it lists (shards, index, splits table)."""
+    recorded = {s["file"]: s["bytes"] for split in manifest["splits"].values() for s in split["shards"]}
+    for value in manifest.values():
+        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("bytes"), int):
+            recorded[value["file"]] = value["bytes"]
+    return recorded
 
 
 def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -218,8 +234,9 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     ``report.html``). Order: shards, then the tables, then — only after every object was
     read back and matched the manifest's size and sha256 — ``manifest.json``. A remote
     folder that already holds a manifest with the same ``dataset_hash`` is left alone
-    (``skipped``); a damaged or different remote manifest is deleted before anything is
-    uploaded, so readers never see a manifest over half-replaced shards. An interrupted
+    (``skipped``) unless a file it lists is missing there or has another size; a damaged or
+    different remote version has its manifest deleted before anything is uploaded, so readers
+    never see a manifest over half-replaced shards. An interrupted
     publish leaves objects without a manifest; publishing again replaces them.
 
     Raises ``ConfigError`` (bucket missing, no credentials, access denied, endpoint
@@ -234,12 +251,13 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     target, result_url = folder.where(), folder.where(MANIFEST_FILE)
     say: Callable[[str], None] = (lambda _: None) if quiet else (lambda m: print(f"packer: {m}", flush=True))
     try:
-        exists, remote_hash = _remote_hash(folder, storage_options)
+        exists, remote_hash = _remote_hash(folder, storage_options, manifest)
         if remote_hash == manifest["dataset_hash"]:
             say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
             return PublishResult(url=target, manifest_url=result_url, skipped=True)
         if exists:
-            say(f"{result_url} holds another or a damaged manifest: removing it before uploading")
+            say(f"{result_url} holds another or a damaged version (a different manifest, or a file it lists missing "
+                "or of another size): removing its manifest before uploading")
             folder.remove(MANIFEST_FILE)
         names = [p.name for p in sorted(local_version_dir.iterdir())
                  if p.is_file() and not p.name.endswith(TMP_SUFFIX)
