@@ -44,12 +44,16 @@ def test_packer_build_console_script_end_to_end(demo_raw: Any, tmp_path: Path) -
 
 
 def test_exit_3_when_bad_fraction_is_over_threshold_but_everything_is_written(demo_raw: Any, tmp_path: Path) -> None:
-    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01})
+    doc["registry"] = str(tmp_path / "registry")
+    job = write_job(tmp_path, doc)
     result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert result.exit_code == 3, result.output
     assert "max_bad_fraction" in result.output
     (manifest,) = (tmp_path / "out" / "demo").glob("*/manifest.json")
     assert (manifest.parent / "bad_samples.jsonl").is_file()
+    # a failed build is not a dataset version to list: nothing in the registry (packer ls showed a 0/0/0 one)
+    assert not (tmp_path / "registry").exists() and "  registry " not in result.output
 
 
 def test_exit_2_naming_the_file_where_the_output_folder_must_be(demo_raw: Any, tmp_path: Path) -> None:

@@ -335,7 +335,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                                     f"once there is room, `packer report {version_dir}` writes the report") from err
     _prune_cache(cache_dir, used_chunks, keep=options.keep_cache)
     registry_copy = None
-    if job.registry is not None:
+    if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
         write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     published = None
