@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,13 @@ TARGET_COLUMN = {"class": "classes", "multilabel": "labels: samples holding each
                  "none": "targets"}
 
 
-def inspect_dataset(manifest_path: str | Path) -> dict[str, Any]:
-    """Summarise the manifest at ``manifest_path`` (file or version folder) as a stable dict.
+def inspect_dataset(manifest_path: str | Path, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Summarise the manifest at ``manifest_path`` (file or version folder, a path or a URL read
+    with ``storage_options``) as a stable dict.
 
     Raises IntegrityError when the manifest is unreadable, breaks the schema or fails its hash.
     """
-    manifest = read_manifest(Path(manifest_path))
+    manifest = read_manifest(manifest_path, storage_options=storage_options)
     return {"manifest": manifest.location, **summarize_manifest(manifest.data)}
 
 

@@ -124,6 +124,23 @@ def test_inspect_refuses_an_edited_manifest(builds: Builds, tmp_path: Path) -> N
     assert result.exit_code == 5 and "dataset_hash" in result.output
 
 
+def test_inspect_reads_a_manifest_url_as_a_local_one(builds: Builds) -> None:
+    """The README says manifest paths may be URLs; inspect refused them as 'does not exist'."""
+    import fsspec
+
+    store = fsspec.filesystem("memory")
+    base = "memory://inspect-url/demo/v1"
+    for path in builds.first.iterdir():
+        store.pipe(f"{base}/{path.name}", path.read_bytes())
+    try:
+        remote, local = invoke("inspect", base, "--json"), invoke("inspect", builds.first, "--json")
+    finally:
+        store.rm("/inspect-url", recursive=True)
+    assert remote.exit_code == 0, remote.output
+    assert json.loads(remote.output) | {"manifest": ""} == json.loads(local.output) | {"manifest": ""}
+    assert invoke("inspect", "nowhere/at/all").exit_code == 2
+
+
 def test_diff_of_a_build_against_itself_is_empty(builds: Builds) -> None:
     result = invoke("diff", builds.first, builds.first / "manifest.json")
     assert result.exit_code == 0, result.output

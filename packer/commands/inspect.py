@@ -17,11 +17,14 @@ def _echo_json(value: Any) -> None:
 
 
 @click.command("inspect")
-@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.argument("manifest")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (a stable dict for scripts).")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="Option for the store of a MANIFEST URL (s3://...), e.g. endpoint_url=http://127.0.0.1:9000.")
 @exits
-def inspect_command(manifest: Path, as_json: bool) -> None:
-    """Summarise a built dataset: MANIFEST is its manifest.json, the version folder, or a registry copy.
+def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
+    """Summarise a built dataset: MANIFEST is its manifest.json, the version folder, or a registry
+    copy, as a local path or a URL (s3://bucket/prefix/name/version/).
 
     Shows name, version, dataset_hash, created_at, format, packer and library versions, DICOM
     decoders, the target kind and names, per split samples/entities/shards/bytes and targets
@@ -31,8 +34,11 @@ def inspect_command(manifest: Path, as_json: bool) -> None:
     to check the shards too).
     """
     from packer.inspection import format_summary, inspect_dataset
+    from packer.storage import is_url, parse_storage_options
 
-    summary = inspect_dataset(manifest)
+    if not is_url(manifest) and not Path(manifest).exists():
+        raise click.BadParameter(f"{manifest!r} does not exist", param_hint="'MANIFEST'")
+    summary = inspect_dataset(manifest, storage_options=parse_storage_options(storage_option))
     if as_json:
         _echo_json(summary)
     else:
