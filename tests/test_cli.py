@@ -169,3 +169,16 @@ def test_ctrl_c_while_the_command_line_is_still_loading_is_one_line_and_130(
     assert capsys.readouterr().err.strip() == "packer: interrupted"
     monkeypatch.undo()
     assert sys.modules["packer.cli"].main is main
+
+
+def test_an_output_url_the_build_cannot_use_fails_before_anything_is_decoded(demo_raw: Any, tmp_path: Path) -> None:
+    """An unknown protocol or a storage option the store does not take used to surface after the whole build."""
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work")}
+    unknown = CliRunner().invoke(main, ["build", str(job), "--out", "s5://bucket/x", "-q"], env=env)
+    assert unknown.exit_code == 2 and "Protocol not known: s5" in unknown.output
+    pytest.importorskip("s3fs")
+    wrong = CliRunner().invoke(main, ["build", str(job), "--out", "s3://bucket/x", "--storage-option", "foo=bar",
+                                      "-q"], env=env)
+    assert wrong.exit_code == 2 and "the storage options (given: foo) are not accepted" in wrong.output
+    assert not (tmp_path / "work").exists()  # no cache, no decoding
