@@ -189,12 +189,13 @@ def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
     return [n for n in shards if n in names] + rest
 
 
-def _recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
-    """sha256 the manifest records for each file it lists (shards, index, splits table)."""
-    recorded = {s["file"]: s["sha256"] for split in manifest["splits"].values() for s in split["shards"]}
+def _recorded(manifest: dict[str, Any], field: str) -> dict[str, Any]:
+    """What the manifest records under ``field`` (``sha256``, ``bytes``) for each file it lists
+    (shards, index, splits table), by file name."""
+    recorded = {s["file"]: s[field] for split in manifest["splits"].values() for s in split["shards"]}
     for value in manifest.values():
-        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("sha256"), str):
-            recorded[value["file"]] = value["sha256"]
+        if isinstance(value, dict) and isinstance(value.get("file"), str) and field in value:
+            recorded[value["file"]] = value[field]
     return recorded
 
 
@@ -209,19 +210,10 @@ def _remote_hash(folder: VersionFolder, storage_options: Mapping[str, Any] | Non
         return False, None
     if MANIFEST_FILE not in sizes:
         return False, None
-    listed = _recorded_sizes(manifest)
+    listed = _recorded(manifest, "bytes")
     if any(sizes.get(name) != size for name, size in listed.items()):
         return True, None
     return True, read_dataset_hash(folder.where(MANIFEST_FILE), storage_options=storage_options)
-
-
-def _recorded_sizes(manifest: dict[str, Any]) -> dict[str, int]:
-    """Size in bytes the manifest records for each file it lists (shards, index, splits table)."""
-    recorded = {s["file"]: s["bytes"] for split in manifest["splits"].values() for s in split["shards"]}
-    for value in manifest.values():
-        if isinstance(value, dict) and isinstance(value.get("file"), str) and isinstance(value.get("bytes"), int):
-            recorded[value["file"]] = value["bytes"]
-    return recorded
 
 
 def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -263,7 +255,7 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
                  if p.is_file() and not p.name.endswith(TMP_SUFFIX)
                  and (include_local_only or p.name not in LOCAL_ONLY)]
         order = _upload_order(names, manifest)
-        recorded = _recorded_hashes(manifest)
+        recorded = _recorded(manifest, "sha256")
         total = _upload(folder, local_version_dir, order, recorded)
         folder.upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
         if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
