@@ -226,3 +226,11 @@ def test_a_scheduler_file_that_does_not_exist_is_a_config_error_that_says_so(tmp
     with pytest.raises(ConfigError, match=f"--scheduler {missing}: no such scheduler file"):
         with open_executor(str(missing)):
             pass
+
+
+def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    from packer.pipeline.cluster import open_executor
+
+    with open_executor("sync", 3) as executor:
+        assert executor.description == "this one process (--scheduler sync)"
+    assert "packer: warning: --workers 3 sizes the local cluster only" in capsys.readouterr().err

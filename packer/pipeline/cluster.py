@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import FrameType
@@ -150,9 +151,13 @@ class Executor:
 @contextlib.contextmanager
 def open_executor(scheduler: str | None = None, workers: int | None = None) -> Iterator[Executor]:
     """``scheduler``: None → LocalCluster of ``workers`` processes; ``"sync"`` → in-process;
-    ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster."""
+    ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster (``workers``
+    given with a ``scheduler`` is ignored, with a warning on stderr)."""
+    if scheduler is not None and workers is not None:
+        print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
+              "the tasks run on that scheduler's own workers", file=sys.stderr, flush=True)
     if scheduler == "sync":
-        yield Executor(None, "in-process (sync)")
+        yield Executor(None, "this one process (--scheduler sync)")
         return
     with _no_message_logs():
         yield from _open_distributed(scheduler, workers)
