@@ -166,16 +166,16 @@ def format_summary(result: ValidateResult) -> str:
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
         lines.append(f"  warning: {warning['message']}")
+    listed = False
     for name, rule in doc["audit"]["rules"].items():
         state = "ok" if rule["passed"] else ("FAIL" if rule["severity"] == "fail" else "note")
         lines.append(f"  [{state:>4}] {name}: {rule['count']}")
         if not rule["passed"]:
             findings = result.prepared.audit.rule(name).findings
+            listed = listed or bool(findings)
             for finding in findings[:SUMMARY_FINDINGS]:
                 lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
-    listed = any(result.prepared.audit.rule(name).findings for name, rule in doc["audit"]["rules"].items()
-                 if not rule["passed"])
     if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
         lines.append(f"  the findings name samples by key: `packer locate {result.job.job_path} KEY ...` prints "
                      "their files (raw paths: keep them local)")

@@ -18,7 +18,6 @@ import hashlib
 import io
 import os
 import posixpath
-import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,7 +39,7 @@ from packer.pipeline.rawstore import (
     stat_remote,
 )
 from packer.pipeline.sampletable import RefTable, TableBuilder
-from packer.records import Issue, SampleRef, safe_key
+from packer.records import Issue, SampleRef, file_id_of, safe_key
 from packer.storage import remote_errors, storage_error
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -493,10 +492,6 @@ def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
     return out
 
 
-#: A frame sample's key: its file's sample id and ``-f`` with the frame number (packer.read.dicom_render)
-_FRAME_KEY = re.compile(r"^(?P<id>.+)-f\d{4}$")
-
-
 def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
                    storage_options: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     """The raw file (path or URL) of each sample key of ``job``, None for a key no file of its
@@ -509,6 +504,6 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
         files.setdefault(issue.sample_id, issue.path)
     out: dict[str, str | None] = {}
     for key in keys:
-        frame = _FRAME_KEY.match(key)
-        out[key] = files.get(key) or (files.get(frame["id"]) if frame else None)
+        file_id = file_id_of(key)
+        out[key] = files.get(key) or (files.get(file_id) if file_id else None)
     return out

@@ -45,7 +45,7 @@ from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.dicom_series import SliceGeometry
-from packer.records import Issue, Sample, SampleRef, SpilledSample
+from packer.records import Issue, Sample, SampleRef, SpilledSample, frame_key
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
@@ -473,7 +473,7 @@ def _series_headers(series: Sequence[Series], job: JobConfig) -> ChunkResult:
             k, count = job.dicom.neighbors, len(one.slices)
             frames = Counter(index for index, _ in one.slices)  # a file's slices: its frames in the series
             made = [(one.refs[index], one.refs[index].sample_id if frames[index] == 1
-                     else f"{one.refs[index].sample_id}-f{frame:04d}")
+                     else frame_key(one.refs[index].sample_id, frame))
                     for i, (index, frame) in enumerate(one.slices)
                     if job.dicom.edge != "skip" or k <= i < count - k]
         samples.extend(SpilledSample(key=key, ref=ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),

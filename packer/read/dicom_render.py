@@ -26,7 +26,7 @@ from packer.read.dicom_attrs import (
     slice_thickness,
     text_value,
 )
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Issue, Sample, SampleRef, frame_key
 from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
@@ -241,5 +241,5 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta)]
     if frames == 1:
         return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]})]
-    return [Sample(key=f"{ref.sample_id}-f{i:04d}", ref=ref, image=array,
+    return [Sample(key=frame_key(ref.sample_id, i), ref=ref, image=array,
                    metadata={**base_metadata, **meta, "frame": i}) for i, (array, meta) in enumerate(outputs)]
