@@ -10,11 +10,13 @@ TORCH  ?= torch==2.13.0
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: the byte-shaping libraries at the committed demo manifest's versions, so that
+# `make demo` on a fresh machine builds the version the README quotes.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[loader,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[loader,dev]"
 	touch $@
 
 demo: install

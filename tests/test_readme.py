@@ -36,6 +36,16 @@ def test_every_demo_version_and_hash_the_readme_quotes_is_the_committed_one() ->
             "after `make demo` changes the version, update the README's quoted output")
 
 
+def test_make_install_pins_the_byte_shaping_libraries_the_committed_demo_records() -> None:
+    """dataset_hash covers the library versions: an unpinned new release (opencv 5.1 did it) gives a
+    fresh `make demo` another version than the README quotes, with the same shard bytes."""
+    pinned = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    recorded = {name: version for name, version in committed_demo()["libraries"].items() if name != "packer"}
+    assert pinned == recorded
+    assert "-c constraints.txt" in (REPO / "Makefile").read_text()
+
+
 def test_the_quoted_make_demo_output_has_the_committed_counts() -> None:
     manifest = committed_demo()
     lines = re.findall(r"^\s+(train|valid|test)\s+(\d+) samples\s+(\d+) entities\s+(\d+) shards\s+\[(.*)\]$",
