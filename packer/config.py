@@ -11,8 +11,10 @@ folder or the worker count are kept out of it.
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from packer.storage import check_protocol, is_url, local_path
 SPLITS = ("train", "valid", "test")
 
 
-def _default(path: str) -> Any:
+def job_default(path: str) -> Any:
     """The default ``schemas/job.schema.json`` declares for the key at dotted ``path`` (the schema is
     the one place defaults are written; defaults that depend on the source's kind stay in code)."""
     return schema_defaults("job")[path]
@@ -35,10 +37,16 @@ def _default(path: str) -> Any:
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """One requested window. ``kind`` is ``preset``, ``explicit`` or ``file``.
+    """One requested output channel's intensity mapping. ``kind`` is ``preset``, ``explicit``
+    or ``file`` (a window: fixed values, CT's Hounsfield units), or ``percentiles`` or ``zscore``
+    (a normalisation from the image's own values, for MR and other uncalibrated modalities:
+    :mod:`packer.transform.intensity`).
 
-    ``file`` windows take the file's own Window Center/Width: ``selector`` is the index of
-    the pair (default 0) or its Window Center & Width Explanation text.
+    ``file`` windows take the file's own window (DICOM Window Center/Width, NIfTI
+    ``cal_min``/``cal_max``): ``selector`` is the index of the pair (default 0) or its Window
+    Center & Width Explanation text. ``percentiles``: ``low`` and ``high`` (0-100) become 0 and
+    1; ``zscore``: ``(x - mean) / std``; both take their statistics ``over`` all values or the
+    non-zero ones.
     """
 
     kind: str
@@ -47,10 +55,22 @@ class WindowSpec:
     width: float | None = None
     function: str = "LINEAR"
     selector: int | str = 0
+    low: float | None = None
+    high: float | None = None
+    over: str = ""
+
+    @property
+    def normalises(self) -> bool:
+        """True for a normalisation (percentiles, z-score): its values come from the image."""
+        return self.kind in ("percentiles", "zscore")
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "file":
             return {"file": self.selector}
+        if self.kind == "percentiles":
+            return {"percentiles": [self.low, self.high], "over": self.over}
+        if self.kind == "zscore":
+            return {"zscore": {"over": self.over}}
         return {"name": self.name, "center": self.center, "width": self.width, "function": self.function}
 
 
@@ -95,12 +115,15 @@ class MaskConfig:
     """A source's ``mask:``: each sample's segmentation mask is the file its table's ``column``
     names (relative to the source root). ``classes``: the declared class ids (None: any id up to
     255); ``empty``: ``keep`` an all-zero mask, or make its file a ``mask_empty`` bad sample;
-    ``pad``: the id ``fit`` pads with. Masks are uint8, uint16 when a declared id exceeds 255."""
+    ``pad``: the id ``fit`` pads with; ``grid``: for a volume's label map on another grid than
+    its image, ``require`` (a ``mask_geometry`` bad sample) or ``resample`` (nearest neighbour,
+    in world coordinates). Masks are uint8, uint16 when a declared id exceeds 255."""
 
     column: str
     classes: tuple[int, ...] | None = None
     empty: str = "keep"
     pad: int = 0
+    grid: str = "require"
 
     @property
     def dtype(self) -> str:
@@ -112,8 +135,11 @@ class MaskConfig:
         return dict(extra).get(self.column, "").strip()
 
     def to_json(self) -> dict[str, Any]:
-        return {"column": self.column, "classes": list(self.classes) if self.classes is not None else None,
-                "empty": self.empty, "pad": self.pad}
+        out = {"column": self.column, "classes": list(self.classes) if self.classes is not None else None,
+               "empty": self.empty, "pad": self.pad}
+        if self.grid != "require":  # only when set, so other jobs keep their config_hash
+            out["grid"] = self.grid
+        return out
 
 
 @dataclass(frozen=True)
@@ -134,12 +160,37 @@ class SourceConfig:
     table_spec: str | None = None
     target: TargetConfig = field(default_factory=TargetConfig)
     mask: MaskConfig | None = None
+    #: The kind's own source keys (:meth:`packer.read.kinds.SourceKind.parse_source`), sorted pairs
+    options: tuple[tuple[str, Any], ...] = ()
+    #: Table columns naming further files of a row's sample (a NIfTI case's other sequences):
+    #: their files are not samples of their own, and they are part of the sample's cache key
+    companions: tuple[str, ...] = ()
 
     @property
     def label_table(self) -> Path | str | None:
-        """The CSV that gives this source's labels (and, for images, entities): ``labels`` for
-        DICOM, ``table`` for images; None where there is none."""
-        return self.labels if self.kind == "dicom" else self.table
+        """The CSV that gives this source's labels (and, where the kind reads them from a table,
+        entities and times): ``labels`` or ``table``, whichever its kind takes; None where there
+        is none."""
+        return self.labels if self.labels is not None else self.table
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """The kind's own source key ``key`` (:attr:`options`), or ``default``."""
+        return dict(self.options).get(key, default)
+
+    def file_columns(self) -> tuple[str, ...]:
+        """The table columns whose cells name files that belong to a row's sample rather than
+        being samples: the mask column and the :attr:`companions`."""
+        return ((self.mask.column,) if self.mask is not None else ()) + self.companions
+
+    def row_file(self, extra: tuple[tuple[str, str], ...], column: str) -> str | None:
+        """The local path of the file a row's ``column`` names (relative to the root), None where
+        the cell is empty."""
+        relpath = dict(extra).get(column, "").strip()
+        return os.path.join(os.fspath(self.root), relpath) if relpath else None
+
+    def mask_file(self, extra: tuple[tuple[str, str], ...]) -> str | None:
+        """The local path of a row's mask file (``mask.column``), None where it names none."""
+        return self.row_file(extra, self.mask.column) if self.mask is not None else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
@@ -152,6 +203,10 @@ class SourceConfig:
             out["label"] = self.target.to_json()
         if self.mask is not None:
             out["mask"] = self.mask.to_json()
+        for key, value in self.options:  # likewise: only a kind that has options records them
+            out[key] = list(value) if isinstance(value, tuple) else value
+        if self.companions:  # likewise
+            out["companions"] = list(self.companions)
         return out
 
 
@@ -360,8 +415,9 @@ class JobConfig:
     name: str
     sources: tuple[SourceConfig, ...]
     split: SplitConfig
-    dicom: DicomTransformConfig
-    image: ImageTransformConfig
+    #: Each registered source kind's ``transform.<kind>`` settings, as (kind, settings) sorted by
+    #: kind (:meth:`packer.read.kinds.SourceKind.parse_settings`); :meth:`settings` reads one
+    transforms: tuple[tuple[str, Any], ...]
     pack: PackConfig
     output: Path | str  # a URL (s3://...) is kept as written: packer.storage publishes there
     max_bad_fraction: float = 0.05
@@ -371,6 +427,33 @@ class JobConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     phi: PhiConfig = field(default_factory=PhiConfig)
+    #: The kinds whose settings are in :meth:`identity` (the kinds a source uses, and those every
+    #: job records: :attr:`packer.read.kinds.SourceKind.always_recorded`)
+    recorded: tuple[str, ...] = ()
+
+    def settings(self, kind: str) -> Any:
+        """The ``transform.<kind>`` settings of source kind ``kind``. Raises KeyError for a kind
+        the job was not parsed with."""
+        for name, value in self.transforms:
+            if name == kind:
+                return value
+        raise KeyError(f"no transform settings for source kind {kind!r}")
+
+    def with_settings(self, kind: str, value: Any) -> JobConfig:
+        """This job with ``transform.<kind>`` replaced by ``value``."""
+        return replace(self, transforms=tuple((name, value if name == kind else old) for name, old in self.transforms))
+
+    @property
+    def dicom(self) -> DicomTransformConfig:
+        """``transform.dicom``: the DICOM kind's settings (for its reader and transforms)."""
+        value: DicomTransformConfig = self.settings("dicom")
+        return value
+
+    @property
+    def image(self) -> ImageTransformConfig:
+        """``transform.image``: the image kind's settings (for its reader and transforms)."""
+        value: ImageTransformConfig = self.settings("image")
+        return value
 
     def identity(self) -> dict[str, Any]:
         """The resolved config that defines the dataset: defaults filled, paths as written."""
@@ -378,7 +461,7 @@ class JobConfig:
             "name": self.name,
             "sources": [s.to_json() for s in self.sources],
             "split": self.split.to_json(),
-            "transform": {"dicom": self.dicom.to_json(), "image": self.image.to_json()},
+            "transform": {name: value.to_json() for name, value in self.transforms if name in self.recorded},
             "pack": self.pack.to_json(),
             "validate": {"max_bad_fraction": self.max_bad_fraction},
             "labels": list(self.labels),
@@ -388,16 +471,29 @@ class JobConfig:
         }
 
 
-def _parse_window(raw: Any, where: str) -> WindowSpec:
+def parse_window(raw: Any, where: str) -> WindowSpec:
     from packer.transform.window import PRESETS  # the preset table lives with the window maths
 
     if raw == "file":
         return WindowSpec(kind="file", name="file")
+    if raw == "zscore":
+        return WindowSpec(kind="zscore", name="zscore", over="nonzero")
+    if isinstance(raw, dict) and "zscore" in raw:
+        over = (raw["zscore"] or {}).get("over", "nonzero")
+        return WindowSpec(kind="zscore", name="zscore" if over == "nonzero" else f"zscore-{over}", over=over)
+    if isinstance(raw, dict) and "percentiles" in raw:
+        low, high = (float(v) for v in raw["percentiles"])
+        if not low < high:
+            raise ConfigError(f"{where}.percentiles: [{low:g}, {high:g}]: the low percentile must be below the high "
+                              "one, as in [0.5, 99.5]")
+        over = raw.get("over", "all")
+        return WindowSpec(kind="percentiles", name=f"p{low:g}-{high:g}" + ("" if over == "all" else f"-{over}"),
+                          low=low, high=high, over=over)
     if isinstance(raw, str):
         preset = PRESETS.get(raw)
         if preset is None:
-            raise ConfigError(f"{where}: unknown window preset {raw!r}; "
-                              f"known presets: {', '.join(sorted(PRESETS))}, or give {{center, width}} or 'file'")
+            raise ConfigError(f"{where}: unknown window preset {raw!r}; known presets: {', '.join(sorted(PRESETS))}, "
+                              "or give {center, width}, 'file', 'zscore' or {percentiles: [low, high]}")
         return WindowSpec(kind="preset", name=raw, center=float(preset.center), width=float(preset.width),
                           function=preset.function)
     if "file" in raw:
@@ -436,44 +532,55 @@ def _default_name(root: Path | str) -> str:
 
 
 def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
-    kind = raw["kind"]
+    from packer.read.kinds import source_kind  # the kinds register themselves there; they import this module
+
     where = f"sources[{index}]"
+    kind = source_kind(raw["kind"], f"{where}.kind")
     root = _location(base, raw["root"], f"{where}.root")
-    time_raw = raw.get("time", ["StudyDate", "StudyTime"] if kind == "dicom" else "timestamp")
+    time_raw = raw.get("time", list(kind.default_time) if len(kind.default_time) > 1 else kind.default_time[0])
     time = (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
-    if kind == "dicom" and "table" in raw:
-        raise ConfigError(f"{where}.table: dicom sources take labels from 'labels: FILE.csv' (path,label), not 'table'")
-    if kind == "image" and "labels" in raw:
-        raise ConfigError(f"{where}.labels: image sources take labels from 'table: FILE.csv' "
-                          "(path,label,entity,timestamp), not 'labels'")
-    target = _parse_target(raw.get("label"), kind, f"{where}.label")
-    if kind == "image" and "table" not in raw and target.origin == "table":
-        raise ConfigError(f"{where}.table: image sources need a table (path,label,entity,timestamp) naming each "
-                          "image's label and entity, or 'label: folder' (root/<class>/<file>, the ImageFolder "
+    other = "table" if kind.table_key == "labels" else "labels"
+    if other in raw:
+        raise ConfigError(f"{where}.{other}: {kind.name} sources take labels from '{kind.table_key}: FILE.csv' "
+                          f"({kind.table_columns}), not '{other}'")
+    target = _parse_target(raw.get("label"), kind.attribute_labels, f"{where}.label")
+    has_table = kind.table_key in raw
+    if not kind.identity_in_header and not has_table and target.origin == "table":
+        raise ConfigError(f"{where}.table: {kind.name} sources need a table ({kind.table_columns}) naming each "
+                          "file's label and entity, or 'label: folder' (root/<class>/<file>, the ImageFolder "
                           "layout) or 'label: none' (unlabeled)")
-    if kind == "dicom" and target.origin != "table" and "labels" in raw:
-        raise ConfigError(f"{where}.labels: the label table is unused with label: {target.to_json()}; remove "
-                          "'labels:' or the 'label:' setting")
-    mask = _parse_mask(raw, root, kind, f"{where}.mask") if "mask" in raw else None
+    if kind.identity_in_header and target.origin != "table" and has_table:
+        raise ConfigError(f"{where}.{kind.table_key}: the label table is unused with label: {target.to_json()}; "
+                          f"remove '{kind.table_key}:' or the 'label:' setting")
+    mask = _parse_mask(raw, root, kind.table_key, f"{where}.mask") if "mask" in raw else None
+    options, companions = kind.parse_source(raw, where)
+    if companions and not has_table:
+        raise ConfigError(f"{where}: {', '.join(companions)} name files by table columns; add "
+                          f"'{kind.table_key}: FILE.csv' with those columns")
+    if companions and isinstance(root, str):
+        raise ConfigError(f"{where}: the files a table row names beside its own ({', '.join(companions)}) are read "
+                          f"from a local source root; {root} is a URL. Copy the source to a local folder")
+    table_at = _location(base, raw[kind.table_key], f"{where}.{kind.table_key}") if has_table else None
     return SourceConfig(
         mask=mask,
-        kind=kind,
+        kind=kind.name,
         name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
         root_spec=raw["root"],
-        entity=raw.get("entity", "PatientID" if kind == "dicom" else "entity"),
+        entity=raw.get("entity", kind.default_entity),
         time=time,
-        labels=_location(base, raw["labels"], f"{where}.labels") if "labels" in raw else None,
+        labels=table_at if kind.table_key == "labels" else None,
         labels_spec=raw.get("labels"),
-        table=_location(base, raw["table"], f"{where}.table") if "table" in raw else None,
+        table=table_at if kind.table_key == "table" else None,
         table_spec=raw.get("table"),
         target=target,
+        options=options,
+        companions=companions,
     )
 
 
-def _parse_mask(raw: dict[str, Any], root: Path | str, kind: str, where: str) -> MaskConfig:
+def _parse_mask(raw: dict[str, Any], root: Path | str, table: str, where: str) -> MaskConfig:
     spec = raw["mask"]
-    table = "labels" if kind == "dicom" else "table"
     if table not in raw:
         raise ConfigError(f"{where}: masks are named by a column of the source's table; add '{table}: FILE.csv' "
                           f"with a column {spec['column']!r} naming each file's mask")
@@ -485,10 +592,11 @@ def _parse_mask(raw: dict[str, Any], root: Path | str, kind: str, where: str) ->
     if classes is not None and pad not in classes:
         raise ConfigError(f"{where}.pad: {pad} is not one of the declared classes {list(classes)}; 'fit' pads masks "
                           "with it, so declare it (0, background, usually) or choose a declared id")
-    return MaskConfig(column=spec["column"], classes=classes, empty=spec.get("empty", "keep"), pad=pad)
+    return MaskConfig(column=spec["column"], classes=classes, empty=spec.get("empty", "keep"), pad=pad,
+                      grid=spec.get("grid", "require"))
 
 
-def _parse_target(raw: Any, kind: str, where: str) -> TargetConfig:
+def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     """A source's ``label:`` setting (shapes in ``schemas/job.schema.json``) as a TargetConfig."""
     if raw is None:
         return TargetConfig()
@@ -508,7 +616,7 @@ def _parse_target(raw: Any, kind: str, where: str) -> TargetConfig:
     if separator is not None and not (target_kind == "multilabel" and "column" in raw):
         raise ConfigError(f"{where}.separator: only a multilabel target read from one column has a separator")
     if "attribute" in raw:
-        return _attribute_target(raw["attribute"], kind, target_kind, value_map, where)
+        return _attribute_target(raw["attribute"], attribute_labels, target_kind, value_map, where)
     if "folder" in raw:
         if raw["folder"] is not True or target_kind != "class":
             raise ConfigError(f"{where}.folder: folder names are class labels: use folder: true with kind: class")
@@ -527,12 +635,12 @@ def _parse_target(raw: Any, kind: str, where: str) -> TargetConfig:
     return TargetConfig(kind=target_kind, origin="table", columns=columns, value_map=value_map, separator=separator)
 
 
-def _attribute_target(keyword: str, source_kind: str, target_kind: str, value_map: tuple[tuple[str, str], ...],
+def _attribute_target(keyword: str, attribute_labels: bool, target_kind: str, value_map: tuple[tuple[str, str], ...],
                       where: str) -> TargetConfig:
     from packer.targets import LABEL_ATTRIBUTES
 
-    if source_kind != "dicom":
-        raise ConfigError(f"{where}.attribute: only DICOM files have header attributes; an image source takes "
+    if not attribute_labels:
+        raise ConfigError(f"{where}.attribute: only DICOM files have header attributes; this source takes "
                           "labels from its table or its folders")
     if target_kind != "class":
         raise ConfigError(f"{where}.attribute: a header attribute gives a class label; kind must be class")
@@ -545,7 +653,7 @@ def _attribute_target(keyword: str, source_kind: str, target_kind: str, value_ma
 
 def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     by = raw["by"]
-    ratios = raw.get("ratios", _default("split.ratios"))
+    ratios = raw.get("ratios", job_default("split.ratios"))
     total = sum(ratios.values())
     if abs(total - 1.0) > 1e-6:
         raise ConfigError(f"split.ratios: the ratios must add up to 1, they add up to {total:g}")
@@ -567,7 +675,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     if "entity_policy" in raw and by != "time":
         raise ConfigError("split.entity_policy: only meaningful with 'by: time'")
     near = raw.get("near_duplicates") or {}
-    near_enabled = near.get("enabled", _default("split.near_duplicates.enabled"))
+    near_enabled = near.get("enabled", job_default("split.near_duplicates.enabled"))
     if "threshold" in near:
         raise ConfigError("split.near_duplicates.threshold: near duplicates are no longer pairs of dHashes within a "
                           "Hamming distance (look-alike images of different patients fell within it and chained them "
@@ -576,25 +684,25 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
                           "neighbors (default 16)")
     balance = raw.get("balance") or {}
     return SplitConfig(
-        by=by, ratios=ordered, seed=int(raw.get("seed", _default("split.seed"))), cutoffs=cutoffs,
+        by=by, ratios=ordered, seed=int(raw.get("seed", job_default("split.seed"))), cutoffs=cutoffs,
         stratify=raw.get("stratify"),
-        entity_policy=raw.get("entity_policy", _default("split.entity_policy")),
+        entity_policy=raw.get("entity_policy", job_default("split.entity_policy")),
         folds=raw.get("folds"),
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
-        duplicates=raw.get("duplicates", _default("split.duplicates")),
+        duplicates=raw.get("duplicates", job_default("split.duplicates")),
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
                                    pinned=bool(raw.get("pinned"))),
         near_auto=near_enabled == "auto",
-        near_neighbors=int(near.get("neighbors", _default("split.near_duplicates.neighbors"))),
-        near_min_score=float(near.get("min_score", _default("split.near_duplicates.min_score"))),
-        near_max_cross_split=int(near.get("max_cross_split", _default("split.near_duplicates.max_cross_split"))),
+        near_neighbors=int(near.get("neighbors", job_default("split.near_duplicates.neighbors"))),
+        near_min_score=float(near.get("min_score", job_default("split.near_duplicates.min_score"))),
+        near_max_cross_split=int(near.get("max_cross_split", job_default("split.near_duplicates.max_cross_split"))),
         near_max_ratio=(float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
-        if "max_ratio" in near else float(_default("split.near_duplicates.max_ratio")),
+        if "max_ratio" in near else float(job_default("split.near_duplicates.max_ratio")),
         near_max_ratio_set="max_ratio" in near,
-        balance_tolerance=float(balance.get("tolerance", _default("split.balance.tolerance"))),
-        max_group_share=float(balance.get("max_group_share", _default("split.balance.max_group_share"))),
-        accept_imbalance=bool(balance.get("accept", _default("split.balance.accept"))),
+        balance_tolerance=float(balance.get("tolerance", job_default("split.balance.tolerance"))),
+        max_group_share=float(balance.get("max_group_share", job_default("split.balance.max_group_share"))),
+        accept_imbalance=bool(balance.get("accept", job_default("split.balance.accept"))),
     )
 
 
@@ -608,7 +716,7 @@ def _near_enabled(value: bool | str, *, by: str, ratios: tuple[tuple[str, float]
     return bool(value)
 
 
-def _size(raw: Any) -> tuple[int, int] | None:
+def parse_size(raw: Any) -> tuple[int, int] | None:
     return (int(raw[0]), int(raw[1])) if raw else None
 
 
@@ -622,6 +730,8 @@ def parse_job(doc: Any, job_path: Path) -> JobConfig:
 
 
 def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
+    from packer.read.kinds import source_kind, source_kinds
+
     base = job_path.parent.resolve()
     sources = tuple(_parse_source(s, base, i) for i, s in enumerate(doc["sources"]))
     names = [s.name for s in sources]
@@ -629,124 +739,80 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     if duplicates:
         raise ConfigError(f"sources: two sources are named {duplicates[0]!r}; give each a distinct 'name:'")
     transform = doc.get("transform") or {}
-    raw_dicom = transform.get("dicom") or {}
-    windows = tuple(_parse_window(w, f"transform.dicom.windows[{i}]")
-                    for i, w in enumerate(raw_dicom.get("windows", _default("transform.dicom.windows"))))
-    dicom = DicomTransformConfig(
-        windows=windows,
-        fallback_window=_parse_window(raw_dicom["fallback_window"], "transform.dicom.fallback_window")
-        if "fallback_window" in raw_dicom else None,
-        size=_size(raw_dicom.get("size")),
-        resize=raw_dicom.get("resize", _default("transform.dicom.resize")),
-        spacing=tuple(float(v) for v in raw_dicom["spacing"]) if raw_dicom.get("spacing") else None,  # type: ignore[arg-type]
-        output=raw_dicom.get("output", _default("transform.dicom.output")),
-        frames=raw_dicom.get("frames", _default("transform.dicom.frames")),
-        modality_windows=_modality_windows(raw_dicom.get("modality_windows") or {}),
-        channels=raw_dicom.get("channels", transform.get("channels")),
-        **_sampling(raw_dicom),
-    )
-    raw_image = transform.get("image") or {}
-    tile = raw_image.get("tile")
-    image = ImageTransformConfig(
-        size=_size(raw_image.get("size")),
-        resize=raw_image.get("resize", _default("transform.image.resize")),
-        color=raw_image.get("color", _default("transform.image.color")),
-        alpha=raw_image.get("alpha", _default("transform.image.alpha")),
-        window=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                            for k, v in (raw_image.get("window") or {}).items())),
-        tile_size=_size(tile["size"]) if tile else None,
-        tile_stride=_size(tile.get("stride")) if tile else None,
-        channels=raw_image.get("channels", transform.get("channels")),
-    )
-    _check_channels(sources, dicom, image)
+    kinds = source_kinds()
+    transforms = tuple((kind.name, kind.parse_settings(transform.get(kind.name) or {}, transform)) for kind in kinds)
+    used = {s.kind for s in sources}
+    recorded = tuple(kind.name for kind in kinds if kind.always_recorded or kind.name in used)
     split = _parse_split(doc["split"], base)
     labels = tuple(doc.get("labels") or ())
-    _check_targets(sources, split, labels, dicom)
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],
-        max_samples=int(raw_pack.get("max_samples", _default("pack.max_samples"))),
-        max_bytes=parse_byte_size(raw_pack.get("max_bytes", _default("pack.max_bytes"))),
+        max_samples=int(raw_pack.get("max_samples", job_default("pack.max_samples"))),
+        max_bytes=parse_byte_size(raw_pack.get("max_bytes", job_default("pack.max_bytes"))),
     )
     raw_limits = doc.get("limits") or {}
     limits = LimitsConfig(
-        max_pixels=int(raw_limits.get("max_pixels", _default("limits.max_pixels"))),
-        max_frames=int(raw_limits.get("max_frames", _default("limits.max_frames"))),
-        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", _default("limits.max_decoded_bytes"))),
-        max_voxels=int(raw_limits.get("max_voxels", _default("limits.max_voxels"))),
+        max_pixels=int(raw_limits.get("max_pixels", job_default("limits.max_pixels"))),
+        max_frames=int(raw_limits.get("max_frames", job_default("limits.max_frames"))),
+        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", job_default("limits.max_decoded_bytes"))),
+        max_voxels=int(raw_limits.get("max_voxels", job_default("limits.max_voxels"))),
     )
     raw_safety = doc.get("safety") or {}
     raw_phi = doc.get("phi") or {}
-    has_dicom = any(s.kind == "dicom" for s in sources)
+    identifying = any(source_kind(s.kind).pseudonymize_by_default for s in sources)
     phi = PhiConfig(
-        mode=raw_phi.get("mode", "pseudonymize" if has_dicom else "keep"),
+        mode=raw_phi.get("mode", "pseudonymize" if identifying else "keep"),
         key_file=_resolve(base, raw_phi["key_file"]) if raw_phi.get("key_file") else None,
         key_file_spec=raw_phi.get("key_file"),
-        dates=raw_phi.get("dates", _default("phi.dates")),
+        dates=raw_phi.get("dates", job_default("phi.dates")),
     )
-    return JobConfig(
+    job = JobConfig(
         labels=labels,
         limits=limits,
         safety=SafetyConfig(burned_in_annotation=raw_safety.get("burned_in_annotation",
-                                                                _default("safety.burned_in_annotation")),
-                            outside_root=raw_safety.get("outside_root", _default("safety.outside_root"))),
+                                                                job_default("safety.burned_in_annotation")),
+                            outside_root=raw_safety.get("outside_root", job_default("safety.outside_root"))),
         phi=phi,
         name=doc["name"],
         sources=sources,
         split=split,
-        dicom=dicom,
-        image=image,
+        transforms=transforms,
+        recorded=recorded,
         pack=pack,
         output=doc["output"] if is_url(doc["output"]) else _resolve(base, doc["output"]),
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
-                                                               _default("validate.max_bad_fraction"))),
+                                                               job_default("validate.max_bad_fraction"))),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
         job_path=job_path.resolve(),
     )
+    for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
+        kind.check_job(job, [s for s in sources if s.kind == kind.name])
+    _check_targets(sources, split, labels, {kind.name for kind in kinds if kind.identity_in_header})
+    return job
 
 
-def _windows_fix(channels: int, where: str) -> str:
+def windows_fix(channels: int, where: str) -> str:
     """How to make the windows give ``channels`` channels: ``list 3 windows (or 1, replicated)``."""
     if channels == 1:
         return f"list 1 window{where}"
     return f"list {channels} windows{where} (or 1, replicated)"
 
 
-def _check_channels(sources: tuple[SourceConfig, ...], dicom: DicomTransformConfig,
-                    image: ImageTransformConfig) -> None:
-    """Where the job file fixes a kind's channel count, it must map to ``channels``
-    (:mod:`packer.transform.channels`); counts only a file can tell are checked per sample."""
-    from packer.transform.channels import check_channels
-
-    dicom_sources = [s.name for s in sources if s.kind == "dicom"]
-    if dicom_sources and dicom.channels is not None and dicom.output != "float16" and dicom.frames != "stack":
-        check_channels(dicom.channels, len(dicom.windows), where="transform.dicom.windows", sources=dicom_sources,
-                       fix=_windows_fix(dicom.channels, ""))
-        for modality, windows in dicom.modality_windows:
-            check_channels(dicom.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
-                           sources=[f"{name} (Modality {modality})" for name in dicom_sources],
-                           fix=_windows_fix(dicom.channels, f" for {modality}"))
-    image_sources = [s.name for s in sources if s.kind == "image"]
-    if image_sources and image.channels is not None:
-        natural = 1 if image.color == "gray" else 3
-        fix = ("set transform.image.color: gray (its luminance)" if image.channels == 1
-               else f"transform.image.color gives 1 (gray, replicated) or 3 (rgb) channels, not {image.channels}")
-        check_channels(image.channels, natural, where=f"transform.image.color ({image.color})",
-                       sources=image_sources, fix=fix)
-
-
-def _sampling(raw: dict[str, Any]) -> dict[str, Any]:
-    """``transform.dicom.sample`` and ``series`` as DicomTransformConfig fields."""
+def parse_sampling(raw: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """``transform.<section>.sample`` and ``series`` as settings fields (``sample``,
+    ``neighbors``, ``edge``, ``series``, ``volume_spacing``, ``volume_size``), for the kinds that
+    make 2.5D stacks and volumes (DICOM series, NIfTI volumes)."""
     sample = raw.get("sample", "slice")
     if sample == "slice":
         if "series" in raw:
-            raise ConfigError("transform.dicom.series: series are assembled only for sample: {neighbors: k}; "
+            raise ConfigError(f"transform.{section}.series: series are assembled only for sample: {{neighbors: k}}; "
                               "remove series, or set sample")
         return {}
     series = raw.get("series") or {}
     if sample == "volume" or "volume" in sample:
         if raw.get("size") or raw.get("spacing"):
-            raise ConfigError("transform.dicom.size/spacing: a volume's size and spacing are 3-D; give them as "
+            raise ConfigError(f"transform.{section}.size/spacing: a volume's size and spacing are 3-D; give them as "
                               "sample: {volume: {spacing: [z, y, x], size: [D, H, W]}}")
         volume = (sample.get("volume") or {}) if isinstance(sample, dict) else {}
         mode: dict[str, Any] = {"sample": "volume",
@@ -754,17 +820,19 @@ def _sampling(raw: dict[str, Any]) -> dict[str, Any]:
                 "volume_size": tuple(int(v) for v in volume["size"]) if volume.get("size") else None}
     else:
         mode = {"sample": "neighbors", "neighbors": int(sample["neighbors"]), "edge": sample.get("edge", "replicate")}
+    defaults = "transform.dicom.series"  # the series checks' defaults (one schema entry for every kind)
     return {**mode,
             "series": SeriesConfig(
-                gap_tolerance=float(series.get("gap_tolerance", _default("transform.dicom.series.gap_tolerance"))),
-                drop_localizers=bool(series.get("drop_localizers", _default("transform.dicom.series.drop_localizers"))),
-                min_slices=int(series.get("min_slices", _default("transform.dicom.series.min_slices"))))}
+                gap_tolerance=float(series.get("gap_tolerance", job_default(f"{defaults}.gap_tolerance"))),
+                drop_localizers=bool(series.get("drop_localizers", job_default(f"{defaults}.drop_localizers"))),
+                min_slices=int(series.get("min_slices", job_default(f"{defaults}.min_slices"))))}
 
 
 def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels: tuple[str, ...],
-                   dicom: DicomTransformConfig) -> None:
+                   timed: set[str]) -> None:
     """A dataset has one target kind: the sources must agree on it (and on the names of
-    numeric or 0/1-column targets), and the split must be able to use it."""
+    numeric or 0/1-column targets), and the split must be able to use it. ``timed``: the source
+    kinds whose files carry their own time (the others need a table to split by time)."""
     first = sources[0]
     for index, source in enumerate(sources):
         where = f"sources[{index}].label"
@@ -776,26 +844,14 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
         if source.target.kind == "numeric" and source.target.columns != first.target.columns:
             raise ConfigError(f"{where}.columns: {list(source.target.columns)} differs from source {first.name!r}'s "
                               f"{list(first.target.columns)}; the numeric targets of one dataset have one order")
-        if source.kind == "image" and source.table is None and split.by == "time":
-            raise ConfigError(f"sources[{index}].table: splitting by time needs each image's time, from a table "
+        if source.kind not in timed and source.table is None and split.by == "time":
+            raise ConfigError(f"sources[{index}].table: splitting by time needs each file's time, from a table "
                               "(path,entity,timestamp); add one, or split by entity")
         if split.stratify == "label" and source.target.kind in ("none", "numeric"):
             raise ConfigError(f"split.stratify: label: source {source.name!r} has "
                               f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "
                               "by; remove stratify")
     masked = [s.name for s in sources if s.mask is not None]
-    if dicom.by_series and not any(s.kind == "dicom" for s in sources):
-        made = "a volume" if dicom.sample == "volume" else "neighbour stacks"
-        raise ConfigError(f"transform.dicom.sample: {dicom.sample} makes {made} of DICOM series, but this job has no "
-                          "DICOM source (an image source packs one sample per image, or per tile); add the DICOM "
-                          "source, or remove sample")
-    if dicom.by_series and dicom.frames == "stack":
-        raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but sample: "
-                          "{neighbors: k} stacks a slice's neighbours; a multi-frame file's frames are its series' "
-                          "slices, so use frames: split")
-    if dicom.by_series and any(s.mask is not None for s in sources if s.kind == "dicom"):
-        raise ConfigError("transform.dicom.sample: neighbour stacks are built from series; masks of DICOM sources "
-                          "are packed per slice only (sample: slice) for now")
     if masked and len(masked) != len(sources):
         bare = next(s.name for s in sources if s.mask is None)
         raise ConfigError(f"sources: {', '.join(repr(m) for m in masked)} pack masks but {bare!r} does not; every "
@@ -811,16 +867,17 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
         raise ConfigError(f"labels: a {first.target.kind} target has no class names to list; remove 'labels:'")
 
 
-def _modality_windows(raw: dict[str, Any]) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:
-    """``transform.dicom.modality_windows`` as sorted (MODALITY, windows) pairs; keys are
+def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
+                           ) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:
+    """``transform.<section>.modality_windows`` as sorted (MODALITY, windows) pairs; keys are
     compared upper case, so ``cr`` and ``CR`` may not both appear."""
     out: dict[str, tuple[WindowSpec, ...]] = {}
     for key, windows in raw.items():
         name = str(key).strip().upper()
-        where = f"transform.dicom.modality_windows.{key}"
+        where = f"transform.{section}.modality_windows.{key}"
         if name in out:
             raise ConfigError(f"{where}: modality {name} is given twice (keys are not case-sensitive); keep one")
-        out[name] = tuple(_parse_window(w, f"{where}[{i}]") for i, w in enumerate(windows))
+        out[name] = tuple(parse_window(w, f"{where}[{i}]") for i, w in enumerate(windows))
     return tuple(sorted(out.items()))
 
 

@@ -37,7 +37,7 @@ from packer.schemas import load_schema
 
 def job(dicom: DicomTransformConfig | None = None, image: ImageTransformConfig | None = None) -> JobConfig:
     return JobConfig(name="t", sources=(), split=SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0),
-                     dicom=dicom or config(), image=image or ImageTransformConfig(),
+                     transforms=(("dicom", dicom or config()), ("image", image or ImageTransformConfig())),
                      pack=PackConfig(format="webdataset"), output=Path("out"), limits=LimitsConfig(),
                      safety=SafetyConfig(burned_in_annotation="allow"))
 
@@ -95,7 +95,7 @@ def test_nan_is_non_finite() -> None:
     image[0, 1, 2] = np.nan
     issue_of(dicom_sample(image), job(config(output="float16")), "non_finite",
              "1 NaN and 0 infinite", "transform.dicom.output is float16",
-             "use transform.dicom.output uint8/uint16 with a window")
+             "use an integer output (uint8/uint16) with a window")
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf])

@@ -110,7 +110,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     assert checked >= 25
     # the dataclasses' own defaults (configs built in code) agree too
     built = JobConfig(name="t", sources=(), split=SplitConfig(by="entity", ratios=job.split.ratios, seed=0),
-                      dicom=DicomTransformConfig(windows=job.dicom.windows), image=ImageTransformConfig(),
+                      transforms=(("dicom", DicomTransformConfig(windows=job.dicom.windows)),
+                                  ("image", ImageTransformConfig())), recorded=("dicom", "image"),
                       pack=PackConfig(format="webdataset"), output=Path("out")).identity()
     for path, default in schema_defaults("job").items():
         if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",

@@ -15,12 +15,13 @@ from packer.errors import ConfigError
 from packer.pipeline.discover import (
     _suffix,
     _walk_relpaths,
-    dicom_relpaths,
     discover,
     make_sample_id,
     normalize_time,
+    source_relpaths,
 )
 from packer.pipeline.probe import check_identity
+from packer.read.kinds import source_kind
 from packer.records import SampleRef
 
 
@@ -107,7 +108,7 @@ def test_dicom_listing_uses_suffix_or_preamble(tmp_path: Path) -> None:
     (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
     (tmp_path / "notes").write_bytes(b"hello")
     (tmp_path / ".hidden.dcm").write_bytes(b"x")
-    assert dicom_relpaths(tmp_path) == ["IM0001", "a.dcm"]
+    assert source_relpaths(source_kind("dicom"), tmp_path) == ["IM0001", "a.dcm"]
 
 
 def test_identity_checks_in_order() -> None:

@@ -363,7 +363,8 @@ IMAGE_CONFIGS = (
 
 def job_for(dicom: DicomTransformConfig, image: ImageTransformConfig) -> JobConfig:
     return JobConfig(name="fuzz", sources=(), split=SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0),
-                     dicom=dicom, image=image, pack=PackConfig(format="webdataset"), output=Path("out"),
+                     transforms=(("dicom", dicom), ("image", image)), pack=PackConfig(format="webdataset"),
+                     output=Path("out"),
                      limits=LIMITS, safety=SafetyConfig(burned_in_annotation="allow"))
 
 

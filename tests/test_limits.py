@@ -319,7 +319,8 @@ def test_burned_in_annotation_no_reads(tmp_path: Path) -> None:
 
 def job(*, burned_in: str = "reject", limits: LimitsConfig = DEFAULT_LIMITS) -> JobConfig:
     return JobConfig(name="t", sources=(), split=SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0),
-                     dicom=config(), image=ImageTransformConfig(), pack=PackConfig(format="webdataset"),
+                     transforms=(("dicom", config()), ("image", ImageTransformConfig())),
+                     pack=PackConfig(format="webdataset"),
                      output=Path("out"), limits=limits, safety=SafetyConfig(burned_in_annotation=burned_in))
 
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from packer.config import JobConfig, MaskConfig, SeriesConfig, TargetConfig, WindowSpec
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
+from packer.read.kinds import source_kinds
 from packer.records import REF_FIELDS, Issue, SampleRef
 from tests.helpers import REPO, demo_job_doc, write_job
 
@@ -77,7 +78,7 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
             continue
         assert not isinstance(once, Issue) and once[0] == probed
         kept += once[1] is not None
-        got, want = read_sample(once[0], job, dataset=once[1]), read_sample(probed, job)
+        got, want = read_sample(once[0], job, state=once[1]), read_sample(probed, job)
         if isinstance(want, Issue):
             assert got == want
             continue
@@ -166,11 +167,18 @@ def lay_out(folder: Path, files: list[tuple[SampleRef, int | None]]) -> list[Sam
     return refs
 
 
+def job_kinds() -> list[tuple[str, object]]:
+    """(name, kind) of every registered source kind: each has a ``transform.<name>`` section."""
+    return [(kind.name, kind) for kind in source_kinds()]
+
+
 def _setting(section: str, name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edit]:
     """Edits setting ``job.<section>.<name>`` (``section`` empty: ``job.<name>``) to a drawn value."""
     def edit(value: Any) -> Edit:
         if not section:
             return lambda job: replace(job, **{name: value})
+        if section in dict(job_kinds()):  # a source kind's transform settings
+            return lambda job: job.with_settings(section, replace(job.settings(section), **{name: value}))
         return lambda job: replace(job, **{section: replace(getattr(job, section), **{name: value})})
     return values.map(edit)
 
@@ -188,7 +196,7 @@ def _stacked(name: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[Edi
     """Edits ``job.dicom.<name>`` with neighbour samples on (the sampling fields count only then)."""
     def edit(value: Any) -> Edit:
         fields = {"sample": "volume" if name.startswith("volume") else "neighbors", "neighbors": 1, name: value}
-        return lambda job: replace(job, dicom=replace(job.dicom, **fields))
+        return lambda job: job.with_settings("dicom", replace(job.dicom, **fields))
     return values.map(edit)
 
 
@@ -212,7 +220,12 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     # a mask is part of what a file turns into (its file's stat joins the key as well)
     "sources.mask": _source("mask", st.sampled_from([
         MaskConfig(column="mask"), MaskConfig(column="seg", classes=(0, 1, 2)), MaskConfig(column="mask", empty="bad"),
-        MaskConfig(column="mask", classes=(0, 300))])),
+        MaskConfig(column="mask", classes=(0, 300)), MaskConfig(column="mask", grid="resample")])),
+    # a kind's own source keys (a NIfTI case's other files) and the columns naming a case's files
+    "sources.options": _source("options", st.sampled_from([(("channel_files", ("t2",)),), (("axis", "coronal"),)])),
+    "sources.companions": _source("companions", st.sampled_from([("t2",), ("t2", "flair")])),
+    # which kinds' settings the identity records (every used kind's, and the always-recorded ones)
+    "recorded": _setting("", "recorded", st.sampled_from([("dicom",), ("dicom", "image", "nifti")])),
     "split.by": _setting("split", "by", st.sampled_from(["entity", "time"])),  # time splits need a time
     "dicom.windows": _setting("dicom", "windows", WINDOWS),
     "dicom.fallback_window": _setting("dicom", "fallback_window", st.none() | WINDOW),
@@ -306,12 +319,12 @@ REF_CHANGES: dict[str, st.SearchStrategy[Any]] = {
 
 def test_every_job_setting_is_classified_for_the_key(job: JobConfig) -> None:
     """A new job setting must be placed: part of the key, or not (and tested either way)."""
-    named = {f"{section}.{f.name}" for section in ("split", "dicom", "image", "pack", "limits", "safety", "phi")
-                 for f in fields(getattr(job, section))}
+    named = {f"{section}.{f.name}" for section in ("split", "pack", "limits", "safety", "phi")
+             for f in fields(getattr(job, section))}
+    named |= {f"{kind}.{f.name}" for kind, settings in job.transforms for f in fields(settings)}
     named |= {f"sources.{f.name}" for f in fields(job.sources[0])} - {"sources.root", "sources.labels",
                                                                           "sources.table"}
-    named |= {f.name for f in fields(job)} - {"sources", "split", "dicom", "image", "pack", "limits", "safety",
-                                                  "phi"}
+    named |= {f.name for f in fields(job)} - {"sources", "split", "transforms", "pack", "limits", "safety", "phi"}
     classified = [*PIXEL_SETTINGS, *OTHER_SETTINGS, *VERDICT_SETTINGS]
     assert len(classified) == len(set(classified))
     assert set(classified) == named
@@ -478,9 +491,9 @@ def test_raising_the_cache_format_changes_every_key(job: JobConfig, monkeypatch:
 
 def _tiled(job: JobConfig) -> JobConfig:
     """The demo job with the optional settings it leaves unset set: tiles, spacing, a fallback window."""
-    return replace(job, image=replace(job.image, tile_size=(32, 32), tile_stride=(16, 16)),
-                   dicom=replace(job.dicom, spacing=(0.5, 0.5), fallback_window=WindowSpec(
-                       kind="explicit", name="soft", center=40.0, width=400.0)))
+    return (job.with_settings("image", replace(job.image, tile_size=(32, 32), tile_stride=(16, 16)))
+            .with_settings("dicom", replace(job.dicom, spacing=(0.5, 0.5), fallback_window=WindowSpec(
+                kind="explicit", name="soft", center=40.0, width=400.0))))
 
 
 @pytest.mark.parametrize("setting", sorted(PIXEL_SETTINGS))

@@ -26,8 +26,8 @@ from packer.badsamples import read_bad_samples
 from packer.config import SeriesConfig, load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
-from packer.pipeline.series import assemble
 from packer.read.dicom_series import SliceGeometry
+from packer.read.series import assemble
 from packer.records import SampleRef
 from tests.dicom_files import ct_dataset, enhanced_ct_dataset, save
 from tests.test_targets import _build, _job

@@ -1,7 +1,8 @@
 """Turn packed C×H×W samples into small PNG data URIs: one pane per channel plus a composite.
 
 Display rules (the contact sheet states them too):
-- an image source with 3 or 4 channels is shown as its RGB image (alpha dropped);
+- a sample whose kind says its 3 or 4 channels are colour (an image source: its source kind's
+  ``rgb_channels``, :mod:`packer.read.kinds`) is shown as its RGB image (alpha dropped);
 - a single channel is shown as grey, and so is a sample whose one channel ``transform.channels``
   replicated (metadata ``channels.rule: replicate``), once;
 - otherwise (DICOM windows, or any other multi-channel sample) each channel is shown in
@@ -25,6 +26,8 @@ from typing import Any
 
 import cv2
 import numpy as np
+
+from packer.read.kinds import shows_rgb
 
 MAX_SIDE = 128
 #: Colours of mask class ids 1, 2, …: Okabe & Ito (2008) without black, then Paul Tol's "muted";
@@ -144,7 +147,7 @@ def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
         return [f"{offset:+d} {name}" for offset in range(-stack[0], stack[0] + 1) for name in names]
     if stack is not None:
         return [f"{offset:+d} ch{c}" for offset in range(-stack[0], stack[0] + 1) for c in range(per_slice)]
-    if kind == "image" and channels in (3, 4):
+    if shows_rgb(kind, channels):
         return ["R", "G", "B", "A"][:channels]
     if channels == 1:
         return ["grey"]
@@ -208,7 +211,7 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
         shown = [(f"{channel_names(info, kind, 1)[0]} ×{chw.shape[0]}", chw[0])]
     elif chw.shape[0] == 1:
         shown = [(channel_names(info, kind, 1)[0], chw[0])]
-    elif kind == "image" and chw.shape[0] in (3, 4):
+    elif shows_rgb(kind, chw.shape[0]):
         shown = [("RGB", composite(chw))]
     elif (stack := neighbour_layout(info, chw.shape[0])) is not None:
         k, per_slice = stack

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 from packer.config import JobConfig, SourceConfig, TargetConfig
@@ -39,12 +39,9 @@ from packer.pipeline.rawstore import (
     stat_remote,
 )
 from packer.pipeline.sampletable import RefTable, TableBuilder
+from packer.read.kinds import SourceKind, source_kind
 from packer.records import Issue, SampleRef, file_id_of, safe_key
 from packer.storage import remote_errors, storage_error
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-_NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", *IMAGE_SUFFIXES})
-_DICM_OFFSET = 128
 
 
 def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str:
@@ -72,21 +69,14 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     return found
 
 
-def _has_dicm_preamble(path: str | Path) -> bool:
+def _read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the file at ``path`` (fewer for a shorter one; none when it
+    cannot be read: the probe names that defect, a listing does not)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(_DICM_OFFSET + 4)
+            return fh.read(size)
     except OSError:
-        return False
-    return head[_DICM_OFFSET:] == b"DICM"
-
-
-def _dicom_by_suffix(suffix: str) -> bool | None:
-    """True for ``.dcm``, False for suffixes that are never DICOM (tables, text, images), None
-    when only the DICM preamble can tell."""
-    if suffix == ".dcm":
-        return True
-    return False if suffix in _NEVER_DICOM else None
+        return b""
 
 
 def _suffix(relpath: str) -> str:
@@ -96,40 +86,40 @@ def _suffix(relpath: str) -> str:
     return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
 
 
-def dicom_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
-    """Relative paths of a DICOM source's files: every ``*.dcm``, plus files without an image or
-    table suffix that carry the DICM preamble; hidden files and folders are skipped (``links``:
-    see :func:`_walk_relpaths`)."""
+def _verdict(kind: SourceKind, relpath: str) -> bool | None:
+    """Whether the file at ``relpath`` is one of ``kind``'s by its name, None when only its head can tell."""
+    return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
+
+
+def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None
+                    ) -> list[str]:
+    """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
+    the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
+    recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
+    files and folders are skipped (``links``: see :func:`_walk_relpaths`)."""
     out = []
     for rel in _walk_relpaths(root, follow_links, links):
-        verdict = _dicom_by_suffix(_suffix(rel))
-        if verdict or (verdict is None and _has_dicm_preamble(os.path.join(root, rel))):
+        verdict = _verdict(kind, rel)
+        if verdict or (verdict is None and kind.head_bytes
+                       and kind.sniff(_read_head(os.path.join(root, rel), kind.head_bytes))):
             out.append(rel)
     return out
 
 
-def image_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
-    """Relative paths of an image source's files: every file with an image suffix (png, jpg/jpeg,
-    tif/tiff, bmp); hidden files and folders are skipped (``links``: see :func:`_walk_relpaths`)."""
-    return [rel for rel in _walk_relpaths(root, follow_links, links) if _suffix(rel) in IMAGE_SUFFIXES]
-
-
 def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
-    """The raw files of a source whose root is a URL, by the rules of :func:`dicom_relpaths` /
-    :func:`image_relpaths`, sorted by relative path. Extension-less DICOM candidates cost one
-    ranged read of their first 132 bytes each (concurrent); ``*.dcm`` files are not read."""
+    """The raw files of a source whose root is a URL, by the rules of :func:`source_relpaths`,
+    sorted by relative path. Files only a head can tell (extension-less DICOM candidates) cost
+    one ranged read each (concurrent); the others are not read."""
     if not isinstance(source.root, str):
         raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
+    kind = source_kind(source.kind)
     files = list_remote_files(source.root, storage_options=storage_options, where=f"sources.{source.name}.root")
-    suffixes = [PurePosixPath(f.relpath).suffix.lower() for f in files]
-    if source.kind == "image":
-        return [f for f, suffix in zip(files, suffixes, strict=True) if suffix in IMAGE_SUFFIXES]
-    verdicts = [_dicom_by_suffix(suffix) for suffix in suffixes]
-    head = _DICM_OFFSET + 4
-    unsure = [f for f, verdict in zip(files, verdicts, strict=True) if verdict is None and f.stat.size >= head]
-    heads = read_heads(source.root, [f.relpath for f in unsure], head, storage_options)
-    preamble = {f.relpath for f, data in zip(unsure, heads, strict=True) if data[_DICM_OFFSET:] == b"DICM"}
-    return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in preamble]
+    verdicts = [_verdict(kind, f.relpath) for f in files]
+    unsure = [f for f, verdict in zip(files, verdicts, strict=True)
+              if verdict is None and kind.head_bytes and f.stat.size >= kind.head_bytes]
+    heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
+    recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
+    return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
 
 
 def normalize_time(value: str | None) -> str | None:
@@ -250,12 +240,13 @@ def _outside_root(path: Path, real_root: Path) -> bool:
 
 def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None, known: tuple[str, ...] = ()
               ) -> tuple[Path | str | None, dict[str, TableRow]]:
-    """The source's label table (``labels`` for DICOM, ``table`` for images) and its rows."""
+    """The source's label table (``labels`` or ``table``, as its kind takes it) and its rows. A
+    kind that reads entity and time from headers needs only the path, target and file columns."""
     table = source.label_table
     if table is None:
         return None, {}
-    columns = ("path", *target_columns(source.target), *((source.mask.column,) if source.mask is not None else ()))
-    if source.kind == "dicom":
+    columns = ("path", *target_columns(source.target), *source.file_columns())
+    if source_kind(source.kind).identity_in_header:
         return table, read_table(table, required=columns, target=source.target, known=known,
                                  storage_options=storage_options)
     return table, read_table(table, required=(*columns, source.entity), entity_column=source.entity,
@@ -271,9 +262,9 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
     if isinstance(source.root, str):
         remote = list_remote_source(source, storage_options)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
-    lister = dicom_relpaths if source.kind == "dicom" else image_relpaths
     root = os.fspath(source.root)
-    return [(rel, os.path.join(root, rel)) for rel in lister(source.root, follow_links=allow_outside, links=links)], {}
+    relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links)
+    return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
 
 
 def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None) -> list[Issue]:
@@ -297,112 +288,131 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
     return issues
 
 
-def _mask_cell(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
-    """A DICOM ref's extra: only the mask column's cell, where the source has masks (a DICOM
-    label table's other columns stay out of the samples' records, as before masks)."""
-    if source.mask is None or row is None:
+def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
+    """A header-identity ref's extra: only the cells naming its files (mask, other files of the
+    case), where the source has them (a DICOM label table's other columns stay out of the
+    samples' records, as before masks)."""
+    if row is None or not source.file_columns():
         return ()
-    return tuple((k, v) for k, v in row.extra if k == source.mask.column)
+    kept = set(source.file_columns())
+    return tuple((k, v) for k, v in row.extra if k in kept)
 
 
-def _mask_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]:
-    """The relative paths the table's mask column names (normalized like table paths)."""
-    if source.mask is None:
-        return set()
-    named = (source.mask.relpath(row.extra) for row in rows.values())
-    return {posixpath.normpath(rel) for rel in named if rel}
+def _named_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]:
+    """The relative paths the table's file columns name (masks, other files of a case),
+    normalized like table paths: they belong to a row's sample and are not samples themselves."""
+    named = set()
+    for column in source.file_columns():
+        for row in rows.values():
+            rel = dict(row.extra).get(column, "").strip()
+            if rel:
+                named.add(posixpath.normpath(rel))
+    return named
 
 
-def _mask_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None
-                  ) -> Issue | None:
-    """``mask_missing`` for a file of a masked source whose table row names no mask, and
-    ``outside_root`` for a mask path that leaves the source root."""
-    if source.mask is None:
-        return None
-    column = source.mask.column
-    relpath = source.mask.relpath(ref.extra)
-    if not relpath:
-        where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
-        return Issue.of(ref, stage="discover", reason="mask_missing",
-                        message=f"{ref.path}: no mask ({where}); name the file's mask, or leave the file out")
-    if escapes_root(relpath):
-        return Issue.of(ref, stage="discover", reason="outside_root",
-                        message=f"{table} row {row.row if row else '?'}, column {column!r}: mask {relpath!r} leaves "
-                                "the source root; give a path inside the root")
+def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None
+                       ) -> Issue | None:
+    """The first problem with the files a row names beside its own: ``mask_missing`` for a
+    masked source's row that names no mask, ``missing_file`` for a row without one of the case's
+    other files (:attr:`~packer.config.SourceConfig.companions`), ``outside_root`` for a path
+    that leaves the source root."""
+    for column in source.file_columns():
+        relpath = dict(ref.extra).get(column, "").strip()
+        what = "mask" if source.mask is not None and column == source.mask.column else "file"
+        if not relpath:
+            where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
+            reason = "mask_missing" if what == "mask" else "missing_file"
+            return Issue.of(ref, stage="discover", reason=reason,
+                            message=f"{ref.path}: no {what if what == 'mask' else column + ' file'} ({where}); name "
+                                    f"the file's {what if what == 'mask' else column}, or leave the file out")
+        if escapes_root(relpath):
+            return Issue.of(ref, stage="discover", reason="outside_root",
+                            message=f"{table} row {row.row if row else '?'}, column {column!r}: {what} {relpath!r} "
+                                    "leaves the source root; give a path inside the root")
     return None
 
 
-def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
-                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
-                 where: str = "sources[0]") -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
-    """The refs of one source, its table-only issues and its remote listing. ``where``: the
-    source's key path in the job file (``sources[1]``), for the ConfigErrors it raises."""
+def _check_root(source: SourceConfig, where: str) -> str:
+    """How the job file wrote the source's root, for messages (``root: 'raw', relative to the
+    job file``). Raises ConfigError for a local root that is missing or not a folder."""
     remote = isinstance(source.root, str)
-    named = f"(source {source.name!r})"
     # an absolute path or a URL as written is not "relative to the job file": say so only when it is
     as_written = f"root: {source.root_spec!r}" + (
         "" if remote or "://" in source.root_spec or Path(source.root_spec).is_absolute()
         else ", relative to the job file")
     if not isinstance(source.root, str) and not source.root.is_dir():
         what = "is a file, not a folder" if source.root.exists() else "does not exist"
-        raise ConfigError(f"{where}.root {named}: folder {source.root} {what} ({as_written})")
-    try:
-        table_path, labels = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
-    except ConfigError as err:
-        raise ConfigError(f"{where}.{'labels' if source.kind == 'dicom' else 'table'} {named}: {err}") from err
-    links: list[str] = []
-    files, listed = _listed_files(source, allow_outside, storage_options, links)
-    if not files:  # a typo in root would otherwise build an empty dataset and exit 0
-        looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM "
-                      "preamble (DICM at byte 128)" if source.kind == "dicom"
-                      else f"files named *{', *'.join(IMAGE_SUFFIXES)}")
-        raise ConfigError(f"{where}.root {named}: no {source.kind} files under {source.root} "
-                          f"({as_written}); looked for {looked_for}, in subfolders too. Check the root, or remove "
-                          "the source from the job")
-    # Refs go into a table one at a time (packer.pipeline.sampletable): as a list of objects, 100k refs
-    # held 60 MiB at once, much of it never given back to the system after discovery.
-    listed_refs = TableBuilder(RefTable)
-    issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
-    real_root = None if remote or allow_outside else Path(source.root).resolve()
+        raise ConfigError(f"{where}.root (source {source.name!r}): folder {source.root} {what} ({as_written})")
+    return as_written
+
+
+def _target_text(source: SourceConfig, rel: str, row: TableRow | None, known: tuple[str, ...]
+                 ) -> str | Refused | None:
+    """A listed file's target text (None: its table has no row for it), or why it has none."""
     origin = source.target.origin
-    masks = _mask_files(source, labels)
-    for rel, path in files:  # sorted by relative path
-        if rel in masks:  # a mask beside the images is the table's, not a sample of its own
+    if origin == "none":
+        return ""
+    if origin == "folder":
+        return from_folder(source.target, rel, str(source.root), known)
+    return (row.refused or row.label) if row else None
+
+
+def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: TableRow | None,
+              label: str | None, phi: Pseudonymizer | None) -> SampleRef:
+    """The unprobed ref of a listed file. A kind that reads entity and time from headers gets
+    them in the probe (the ref keeps only the cells naming its other files); otherwise they come
+    from the table row, and a table-less source gives each file its own entity."""
+    sample_id = make_sample_id(source.name, rel, phi)
+    if kind.identity_in_header:
+        return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
+                         extra=_row_cells(source, row))
+    if source.label_table is None:  # label: folder or none without a table: each file is its own entity
+        return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
+                         entity=rel)
+    return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
+                     entity=row.entity if row else None, time=row.time if row else None,
+                     extra=row.extra if row else ())
+
+
+def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], rows: Mapping[str, TableRow],
+                 table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
+                 real_root: Path | None, issues: list[Issue]) -> RefTable:
+    """The refs of the listed ``files`` (sorted by relative path), each file refused while
+    listing (no usable label, a missing mask, outside the root) appended to ``issues`` instead.
+    Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`): as a list of
+    objects, 100k refs held 60 MiB at once, much of it never given back after discovery."""
+    kind = source_kind(source.kind)
+    refs = TableBuilder(RefTable)
+    named = _named_files(source, rows)
+    for rel, path in files:
+        if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
             continue
-        row = labels.get(rel)
-        label: str | Refused | None = row.refused or row.label if row else None
-        if origin == "none":
-            label = ""
-        elif origin == "folder":
-            label = from_folder(source.target, rel, str(source.root), known_labels)
-        if source.kind == "dicom":  # entity and time come from the header
-            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="dicom",
-                            path=path, relpath=rel, label=label if isinstance(label, str) else None,
-                            extra=_mask_cell(source, row))
-        elif source.table is None:  # label: folder or none without a table: each image is its own entity
-            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
-                            path=path, relpath=rel, label=label if isinstance(label, str) else None, entity=rel)
-        else:
-            ref = SampleRef(sample_id=make_sample_id(source.name, rel, phi), source=source.name, kind="image",
-                            path=path, relpath=rel, label=label if isinstance(label, str) else None,
-                            entity=row.entity if row else None, time=row.time if row else None,
-                            extra=row.extra if row else ())
-        unmasked = _mask_problem(source, ref, table_path, row)
+        row = rows.get(rel)
+        label = _target_text(source, rel, row, known)
+        ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi)
         if isinstance(label, Refused):
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
-        elif unmasked is not None:
-            issues.append(unmasked)
+        elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
+            issues.append(unnamed)
         elif real_root is not None and _outside_root(Path(ref.path), real_root):
             # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
         else:
-            listed_refs.append(ref)
-    seen = {rel for rel, _ in files}
-    del files
-    outside: list[SampleRef] = []  # files a table names next to the root, where that is allowed
-    for rel, row in sorted(labels.items()):
+            refs.append(ref)
+    return refs.finish()
+
+
+def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
+                   phi: Pseudonymizer | None, allow_outside: bool, listed: dict[str, RawObject],
+                   storage_options: Mapping[str, Any] | None, issues: list[Issue]) -> list[SampleRef]:
+    """The table's rows for files the listing did not give: with ``safety.outside_root: allow``,
+    refs of existing files next to the root (their listing entries added to ``listed``); every
+    other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``."""
+    remote = isinstance(source.root, str)
+    outside: list[SampleRef] = []
+    for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
         target = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
@@ -410,7 +420,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
             if not allow_outside:
                 issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
                                     reason="outside_root",
-                                    message=f"{table_path} row {row.row}, column 'path': {rel!r} leaves the source "
+                                    message=f"{table} row {row.row}, column 'path': {rel!r} leaves the source "
                                             "root; give a path inside the root, or set safety.outside_root: allow"))
                 continue
             stat = stat_remote(target, storage_options) if remote else None
@@ -424,9 +434,34 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                 continue
         issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
                             reason="missing_file",
-                            message=f"{table_path} row {row.row} lists {rel!r}, but {target} does not exist "
+                            message=f"{table} row {row.row} lists {rel!r}, but {target} does not exist "
                                     "(or is not a supported file); fix the path or remove the row"))
-    refs = listed_refs.finish()
+    return outside
+
+
+def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
+                 known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
+                 where: str = "sources[0]") -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
+    """The refs of one source, its table-only issues and its remote listing. ``where``: the
+    source's key path in the job file (``sources[1]``), for the ConfigErrors it raises."""
+    as_written = _check_root(source, where)
+    kind = source_kind(source.kind)
+    try:
+        table, rows = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
+    except ConfigError as err:
+        raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
+    links: list[str] = []
+    files, listed = _listed_files(source, allow_outside, storage_options, links)
+    if not files:  # a typo in root would otherwise build an empty dataset and exit 0
+        raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
+                          f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
+                          "remove the source from the job")
+    issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
+    real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
+    refs = _listed_refs(source, files, rows, table, phi, known_labels, real_root, issues)
+    seen = {rel for rel, _ in files}
+    del files
+    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, issues)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         relpaths = refs.column("relpath")

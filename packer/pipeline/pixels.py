@@ -20,13 +20,10 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
-
-import numpy as np
 
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
@@ -35,17 +32,15 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
-from packer.pipeline.masks import with_masks
 from packer.pipeline.nearcopy import signature
-from packer.pipeline.probe import probe_for_read, probe_ref, probe_series
+from packer.pipeline.probe import probe_for_read, probe_placement, probe_ref
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
-from packer.pipeline.series import Assembled, Series, assemble, stack_neighbors, stack_volume, volume_size
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
-from packer.read.dicom_series import SliceGeometry
-from packer.records import Issue, Sample, SampleRef, SpilledSample, frame_key
+from packer.read.kinds import Grouping, source_kind
+from packer.records import Issue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
@@ -79,9 +74,10 @@ class ChunkTask:
     sig_dir: str | None = None
     # repr=False: dask logs a failed task with its arguments; the options may hold secrets
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
-    #: A chunk that is one assembled series (``sample: {neighbors: k}`` or ``volume``); its
-    #: ``refs`` are the series' files
-    series: Series | None = None
+    #: A chunk that is one group of files its kind assembled before decoding (a DICOM series for
+    #: ``sample: {neighbors: k}`` or ``volume``: :meth:`packer.read.kinds.SourceKind.grouping`);
+    #: its ``refs`` are the group's files
+    group: Any = None
 
 
 @dataclass(frozen=True)
@@ -157,12 +153,13 @@ class StageClock:
 
 
 def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue:
+    """One file's samples, checked, with the job's channel count and their masks; or its Issue."""
     clock.switch("header")
     probed = probe_for_read(ref, job)  # a DICOM file is parsed once, here, pixels included
     if isinstance(probed, Issue):
         return probed
     clock.switch("decode+transform")
-    result = read_sample(probed[0], job, dataset=probed[1])
+    result = read_sample(probed[0], job, state=probed[1])
     if isinstance(result, Issue):
         return result
     clock.switch("validate")
@@ -174,7 +171,7 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] 
     if isinstance(shaped, Issue):
         return shaped
     source = next(s for s in job.sources if s.name == ref.source)
-    return with_masks(shaped, source, job) if source.mask is not None else shaped
+    return source_kind(ref.kind).attach_masks(shaped, source, job) if source.mask is not None else shaped
 
 
 def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
@@ -182,14 +179,13 @@ def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issu
     :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""
     if not samples:
         return samples
-    target = job.dicom.channels if samples[0].ref.kind == "dicom" else job.image.channels
+    kind = source_kind(samples[0].ref.kind)
+    target = kind.channels(job)
     if target is None:
         return samples
     out = []
     for sample in samples:
-        photometric = str(sample.metadata.get("photometric_interpretation", ""))
-        color = sample.ref.kind == "dicom" and photometric not in ("", "MONOCHROME1", "MONOCHROME2")
-        mapped = match_channels(sample.image, target, color=color)
+        mapped = match_channels(sample.image, target, color=kind.colour(sample))
         if isinstance(mapped, str):
             return Issue.of(sample.ref, stage="transform", reason="bad_shape",
                             message=f"{sample.ref.path}: sample {sample.key}: {mapped} (frames: stack gives one "
@@ -235,24 +231,25 @@ def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObje
         return named
 
 
-def probe_geometries(task: ChunkTask) -> tuple[tuple[SampleRef, SliceGeometry] | Issue, ...]:
-    """Dask task: each DICOM file's probed ref and series geometry (header only), or its Issue."""
+def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue, ...]:
+    """Dask task: each file's probed ref and what its kind groups it by (header only), or its Issue."""
     listed = dict(task.listed)
-    return tuple(_on_local_file(ref, task, listed, lambda local: probe_series(local, task.job), headers_only=True)
+    return tuple(_on_local_file(ref, task, listed, lambda local: probe_placement(local, task.job), headers_only=True)
                  for ref in task.refs)
 
 
-def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject],
-                    clock: StageClock) -> list[list[Sample] | Issue]:
-    """The outcomes of the series ``task`` holds, as per-file outcomes come: its neighbour
-    stacks (or its volume) as one list of samples, or (when one of its files cannot be read)
-    that file's Issue and ``series_incomplete`` for each of the others."""
-    series = task.series
-    if series is None:
-        raise ValueError("_series_samples needs a series chunk")
-    job = task.job
-    if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
-        job = replace(job, dicom=replace(job.dicom, size=None, spacing=None))
+def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
+                   clock: StageClock) -> list[list[Sample] | Issue]:
+    """The outcomes of the group ``task`` holds (a DICOM series), as per-file outcomes come: its
+    samples as one list (its kind's :meth:`~packer.read.kinds.Grouping.combine` of its files'
+    samples), or (when one of its files cannot be read) that file's Issue and
+    ``series_incomplete`` for each of the others."""
+    if task.group is None:
+        raise ValueError("_group_samples needs a group chunk")
+    grouping = source_kind(task.refs[0].kind).grouping(task.job)
+    if grouping is None:
+        raise ValueError(f"source kind {task.refs[0].kind!r} does not group files under this job")
+    job = grouping.file_job(task.job)
     per_file: list[list[Sample]] = []
     for ref in task.refs:
         outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, job, clock), clock)
@@ -264,10 +261,7 @@ def _series_samples(task: ChunkTask, listed: Mapping[str, RawObject],
             return [outcome, *others]
         per_file.append(outcome)
     clock.switch("decode+transform")
-    slices = [per_file[i][frame] for i, frame in series.slices]
-    if job.dicom.sample == "volume":
-        return [stack_volume(slices, series, job.dicom)]
-    return [stack_neighbors(slices, series.steps, job.dicom)]
+    return [grouping.combine(task.group, per_file, task.job)]
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -309,8 +303,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     clock = StageClock()
     outcomes: Iterable[list[Sample] | Issue]
-    if task.series is not None:
-        outcomes = _series_samples(task, listed, clock)
+    if task.group is not None:
+        outcomes = _group_samples(task, listed, clock)
     else:
         outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
@@ -361,6 +355,25 @@ class _Settle:
         return replace(chunk, samples=())
 
 
+@dataclass(frozen=True)
+class _TaskMaker:
+    """Makes the :class:`ChunkTask` of some refs, with what every task of one pass shares (the
+    worker computes each chunk's cache key)."""
+
+    job: JobConfig
+    cache: str | None
+    decode: bool
+    listed: Mapping[str, RawObject]
+    libraries: tuple[tuple[str, str], ...]
+    sig_dir: str | None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+
+    def __call__(self, refs: Sequence[SampleRef], group: Any = None) -> ChunkTask:
+        return ChunkTask(key="", refs=refs, job=self.job, cache_dir=self.cache, decode=self.decode,
+                         listed=remote_listing(refs, self.listed), libraries=self.libraries, sig_dir=self.sig_dir,
+                         storage_options=self.storage_options, group=group)
+
+
 def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
                 decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
                 listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
@@ -375,58 +388,32 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     to fetch them with. ``sig_dir``: where the near-copy signatures go when there is no cache
     (``packer validate``).
 
-    A chunk whose worker process keeps dying (a native decoder crash takes the whole worker
-    down) is retried file by file; a file that still kills its worker becomes a
-    ``decoder_crash`` bad sample and the build goes on. Each result's samples are settled as
-    they arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
+    Files of a kind that groups them before decoding (DICOM series for 2.5D stacks and volumes)
+    are assembled first, from headers (:func:`_assemble_groups`); each group is one chunk. A
+    chunk whose worker process keeps dying (a native decoder crash takes the whole worker down)
+    is retried file by file (:func:`_isolate`). Each result's samples are settled as they
+    arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
-    libraries = library_versions()
-    library_pairs = tuple(sorted(libraries.items()))
     nonce = uuid.uuid4().hex[:8]
-    cache = str(cache_dir) if cache_dir is not None else None
-    listed = listed or {}
-
-    def task_of(chunk: Sequence[SampleRef]) -> ChunkTask:  # the worker computes the chunk's key
-        return ChunkTask(key="", refs=chunk, job=job, cache_dir=cache, decode=decode,
-                         listed=remote_listing(chunk, listed), libraries=library_pairs,
-                         sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
-
-    # Tasks are made as the executor submits them, each from its rows of the ref table: made all
-    # at once, they would keep every ref alive as objects through the whole pass.
+    make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
+                      listed=listed or {}, libraries=tuple(sorted(library_versions().items())),
+                      sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
     table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
     results: list[ChunkResult] = []
-    series_tasks: list[ChunkTask] = []
-    if job.dicom.by_series:  # DICOM files become series first (from headers); a series is one chunk
-        kinds = table.column("kind")
-        dicom = [i for i, kind in enumerate(kinds) if kind == "dicom"]
-        assembled, early = _assemble_series(executor, [task_of(tuple(table[i] for i in dicom[a:b]))
-                                                       for a, b in chunk_bounds([table[i].sample_id for i in dicom])],
-                                            job, nonce, quiet)
+    group_tasks: list[ChunkTask] = []
+    for grouping, rows in _grouped_rows(table, job):
+        grouped, early = _assemble_groups(executor, grouping, [table[i] for i in rows], make, nonce, quiet)
         results.append(settle.chunk(early))
         if decode:
-            series_tasks = [replace(task_of(series.refs), series=series) for series in assembled.series]
-        else:  # validate --quick: the series checks are header checks, so they run; the samples are counted
-            results.append(settle.chunk(_series_headers(assembled.series, job)))
-        table = table.take([i for i, kind in enumerate(kinds) if kind != "dicom"])
-    ids = table.column("sample_id")
-    bounds = chunk_bounds(ids)
-    size = group_size(len(bounds) + len(series_tasks), executor.threads())
-    spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
-    series_spans = [series_tasks[i:i + size] for i in range(0, len(series_tasks), size)]
-    names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
-    names += [f"series-{span[0].refs[0].sample_id}-{len(span)}-{nonce}" for span in series_spans]
-    del ids
-
-    def group_of(index: int) -> ChunkGroup:
-        if index >= len(spans):
-            return ChunkGroup(tuple(series_spans[index - len(spans)]))
-        return ChunkGroup(tuple(task_of(tuple(table[start:stop])) for start, stop in spans[index]))
-
-    files = len(table) + sum(len(task.refs) for task in series_tasks)
-    progress = Progress("process" if decode else "headers", files, quiet=quiet)
+            group_tasks.extend(make(group.refs, group) for group in grouped)
+        else:  # validate --quick: the grouping's checks are header checks, so they ran; the samples are counted
+            results.append(settle.chunk(_counted(grouping, grouped, job)))
+        table = table.take(sorted(set(range(len(table))).difference(rows)))
+    groups, names = _plan_groups(table, group_tasks, make, executor.threads(), nonce)
+    progress = Progress("process" if decode else "headers",
+                        len(table) + sum(len(task.refs) for task in group_tasks), quiet=quiet)
     lost: list[ChunkTask] = []
-    groups = LazySequence(len(spans) + len(series_spans), group_of)
     for group, done in executor.map_unordered(process_group, groups, names):
         if isinstance(done, WorkerLost):
             lost.extend(group.tasks)
@@ -434,90 +421,111 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         for result in done:
             results.append(settle.chunk(result))
             progress.update(result.files, bad=len(result.issues))
-    singles = [task_of((ref,)) if task.series is None else task for task in lost
-               for ref in (task.refs if task.series is None else task.refs[:1])]  # a series stays whole
+    for result in _isolate(executor, lost, make, nonce):
+        results.append(settle.chunk(result))
+        progress.update(result.files, bad=len(result.issues))
+    progress.close()
+    return sorted(results, key=lambda r: r.key), settle.table.finish()
+
+
+def _grouped_rows(table: RefTable, job: JobConfig) -> list[tuple[Grouping, list[int]]]:
+    """For each kind of the job that groups its files before decoding, its grouping and the rows
+    of ``table`` that hold its files."""
+    kinds = table.column("kind")
+    out = []
+    for name in sorted(set(kinds)):
+        grouping = source_kind(name).grouping(job)
+        if grouping is not None:
+            out.append((grouping, [i for i, kind in enumerate(kinds) if kind == name]))
+    return out
+
+
+def _plan_groups(table: RefTable, group_tasks: Sequence[ChunkTask], make: _TaskMaker, threads: int,
+                 nonce: str) -> tuple[LazySequence[ChunkGroup], list[str]]:
+    """The dask tasks of the pass and their names: the file refs of ``table`` cut into
+    content-defined chunks, then the group tasks, grouped :func:`group_size` chunks a task.
+    Tasks are made as the executor submits them, each from its rows of the ref table: made all
+    at once, they would keep every ref alive as objects through the whole pass."""
+    ids = table.column("sample_id")
+    bounds = chunk_bounds(ids)
+    size = group_size(len(bounds) + len(group_tasks), threads)
+    spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
+    group_spans = [group_tasks[i:i + size] for i in range(0, len(group_tasks), size)]
+    names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
+    names += [f"series-{span[0].refs[0].sample_id}-{len(span)}-{nonce}" for span in group_spans]
+
+    def group_of(index: int) -> ChunkGroup:
+        if index >= len(spans):
+            return ChunkGroup(tuple(group_spans[index - len(spans)]))
+        return ChunkGroup(tuple(make(tuple(table[start:stop])) for start, stop in spans[index]))
+
+    return LazySequence(len(spans) + len(group_spans), group_of), names
+
+
+def _isolate(executor: Executor, lost: Sequence[ChunkTask], make: _TaskMaker, nonce: str) -> Iterator[ChunkResult]:
+    """The results of the chunks whose worker died: each file retried alone (a group stays
+    whole), then each file whose retry died too, once more on its own, so that a death can only
+    be its doing; a file that still kills its worker is a ``decoder_crash`` bad sample."""
+    singles = [make((ref,)) if task.group is None else task for task in lost
+               for ref in (task.refs if task.group is None else task.refs[:1])]
     suspects: list[ChunkTask] = []
     for task, outcome in executor.map_unordered(process_chunk, singles,
                                                 [f"isolate-{t.refs[0].sample_id}-{nonce}" for t in singles]):
         if isinstance(outcome, WorkerLost):
             suspects.append(task)  # maybe only a bystander on a dying worker: retried alone below
             continue
-        results.append(settle.chunk(outcome))
-        progress.update(outcome.files, bad=len(outcome.issues))
+        yield outcome
     for suspect in suspects:  # one at a time, so a death can only be this file's doing
         ((task, outcome),) = executor.map_unordered(process_chunk, [suspect],
                                                     [f"isolate-alone-{suspect.refs[0].sample_id}-{nonce}"])
         if isinstance(outcome, WorkerLost):
-            key = chunk_key(task.refs, job, libraries, listed)
-            what = "this file alone" if len(task.refs) == 1 else f"this file's series ({len(task.refs)} files)"
-            outcome = ChunkResult(key=key, samples=(), files=len(task.refs), issues=tuple(Issue.of(
-                ref, stage="read", reason="decoder_crash",
-                message=f"{ref.path}: reading {what} killed the worker process every time it was tried "
-                        f"({outcome}); a native decoder crash. The file was isolated and the build went on")
-                for ref in task.refs))
-        results.append(settle.chunk(outcome))
-        progress.update(outcome.files, bad=len(outcome.issues))
-    progress.close()
-    return sorted(results, key=lambda r: r.key), settle.table.finish()
+            outcome = _crashed(task, outcome, make)
+        yield outcome
 
 
-def _series_headers(series: Sequence[Series], job: JobConfig) -> ChunkResult:
-    """The samples the assembled ``series`` make, from their headers (``validate --quick``): one
-    per series for a volume, one per slice for neighbour stacks (none for a slice without its
-    neighbours under ``edge: skip``), keyed as the pixel pass keys them; no content hashes."""
-    samples: list[SpilledSample] = []
-    for one in series:
-        if job.dicom.sample == "volume":
-            made = [(one.refs[0], one.refs[0].sample_id)]
-        else:
-            k, count = job.dicom.neighbors, len(one.slices)
-            frames = Counter(index for index, _ in one.slices)  # a file's slices: its frames in the series
-            made = [(one.refs[index], one.refs[index].sample_id if frames[index] == 1
-                     else frame_key(one.refs[index].sample_id, frame))
-                    for i, (index, frame) in enumerate(one.slices)
-                    if job.dicom.edge != "skip" or k <= i < count - k]
-        samples.extend(SpilledSample(key=key, ref=ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
-                                     dtype="", sha256=f"not-decoded:{key}") for ref, key in made)
+def _crashed(task: ChunkTask, death: WorkerLost, make: _TaskMaker) -> ChunkResult:
+    """The result of a chunk whose files killed their worker every time: ``decoder_crash`` each."""
+    key = chunk_key(task.refs, make.job, dict(make.libraries), make.listed)
+    what = "this file alone" if len(task.refs) == 1 else f"this file's series ({len(task.refs)} files)"
+    return ChunkResult(key=key, samples=(), files=len(task.refs), issues=tuple(Issue.of(
+        ref, stage="read", reason="decoder_crash",
+        message=f"{ref.path}: reading {what} killed the worker process every time it was tried "
+                f"({death}); a native decoder crash. The file was isolated and the build went on")
+        for ref in task.refs))
+
+
+def _counted(grouping: Grouping, groups: Sequence[Any], job: JobConfig) -> ChunkResult:
+    """The samples the assembled ``groups`` make, from their headers (``validate --quick``),
+    keyed as the pixel pass keys them (:meth:`~packer.read.kinds.Grouping.counted`); no content hashes."""
+    made = [pair for group in groups for pair in grouping.counted(group, job)]
+    samples = tuple(SpilledSample(key=key, ref=ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
+                                  dtype="", sha256=f"not-decoded:{key}") for ref, key in made)
     key = "series-headers-" + hashlib.sha256("".join(s.key for s in samples).encode()).hexdigest()[:24]
-    return ChunkResult(key=key, samples=tuple(samples), issues=(), files=sum(len(one.refs) for one in series))
+    return ChunkResult(key=key, samples=samples, issues=(), files=sum(len(group.refs) for group in groups))
 
 
-def _assemble_series(executor: Executor, tasks: Sequence[ChunkTask], job: JobConfig, nonce: str,
-                     quiet: bool) -> tuple[Assembled, ChunkResult]:
-    """The header pass of ``sample: {neighbors: k}``: every DICOM file's series geometry on the
-    workers, then :func:`packer.pipeline.series.assemble` here. Returns the series and a result
-    holding the files refused on the way (bad headers, bad series, localizers left out)."""
-    progress = Progress("series", sum(len(t.refs) for t in tasks), quiet=quiet)
-    placed: list[tuple[SampleRef, SliceGeometry]] = []
+def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[SampleRef], make: _TaskMaker,
+                     nonce: str, quiet: bool) -> tuple[tuple[Any, ...], ChunkResult]:
+    """The header pass of a kind that groups its files (DICOM series): every file's placement
+    on the workers, then :meth:`~packer.read.kinds.Grouping.assemble` here. Returns the groups
+    and a result holding the files refused on the way (bad headers, bad groups, files left out)."""
+    tasks = [make(tuple(refs[a:b])) for a, b in chunk_bounds([ref.sample_id for ref in refs])]
+    progress = Progress("series", len(refs), quiet=quiet)
+    placed: list[tuple[SampleRef, Any]] = []
     issues: list[Issue] = []
-    for task, outcome in executor.map_unordered(probe_geometries, tasks,
+    for task, outcome in executor.map_unordered(probe_placements, tasks,
                                                 [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks]):
-        found = (probe_geometries(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
+        found = (probe_placements(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
         for item in found:
             (issues if isinstance(item, Issue) else placed).append(item)  # type: ignore[arg-type]
         progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
     progress.close()
-    assembled = assemble(placed, job.dicom.series)
-    refused = [*issues, *assembled.issues]
-    if job.dicom.sample == "volume":  # limits.max_voxels, from the headers, before a pixel is decoded
-        fits = []
-        for series in assembled.series:
-            shape = (len(series.slices), series.rows, series.columns)
-            resampled = volume_size(series, job.dicom)
-            worst = max(int(np.prod(shape)), int(np.prod(resampled)))
-            if worst <= job.limits.max_voxels:
-                fits.append(series)
-                continue
-            refused.extend(Issue.of(ref, stage="read", reason="too_large", message=(
-                f"{ref.path}: its series ({len(series.refs)} files) makes a {'×'.join(map(str, shape))} volume "
-                f"({'×'.join(map(str, resampled))} resampled): {worst} voxels, over limits.max_voxels "
-                f"({job.limits.max_voxels}); raise the limit or resample to a coarser spacing"))
-                for ref in series.refs)
-        assembled = replace(assembled, series=tuple(fits))
-    in_series = sum(len(series.refs) for series in assembled.series)
+    groups, refused_groups = grouping.assemble(placed, make.job)
+    refused = [*issues, *refused_groups]
+    in_groups = sum(len(group.refs) for group in groups)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
-    files = len(placed) + len(issues) - in_series  # the files this result speaks for
-    return assembled, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files)
+    files = len(placed) + len(issues) - in_groups  # the files this result speaks for
+    return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files)
 
 
 def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 Discovery (:mod:`packer.pipeline.discover`, on the client) lists files and attaches what the
 label tables say; the probe runs inside the pixel pass's tasks and adds what only the file
-knows (a DICOM file's entity and time), after the identity checks every sample must pass.
+knows (a DICOM file's entity and time, through its kind: :mod:`packer.read.kinds`), then runs
+the identity checks every sample must pass.
 It never decodes pixels: ``packer validate --quick`` is this pass alone.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from packer.config import JobConfig
 from packer.pipeline.labels import Refused, from_attribute
-from packer.read.dicom_series import SliceGeometry
+from packer.read.kinds import source_kind
 from packer.records import Issue, SampleRef
 
 
@@ -36,57 +37,42 @@ def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
 def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
     """Read one file's header (never its pixels) and complete the ref, or say why it is bad.
 
-    DICOM entity and time come from the header; images got theirs from the table. The
-    header read catches unreadable, non-DICOM and pixel-less files before any decoding.
+    Where the kind reads entity and time from headers (DICOM), they come from there; others got
+    theirs from the table. The header read catches unreadable, foreign and pixel-less files
+    before any decoding.
     """
-    probed = _probe(ref, job, keep_pixels=False)
+    probed = _probe(ref, job, keep=False)
     return probed if isinstance(probed, Issue) else probed[0]
 
 
-def probe_series(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, SliceGeometry] | Issue:
-    """:func:`probe_ref` of a DICOM file, plus its place in a series (UIDs, positions,
-    orientation, grid) for :func:`packer.pipeline.series.assemble`. Header only."""
-    probed = _probe(ref, job, keep_pixels=False, geometry=True)
-    if isinstance(probed, Issue):
-        return probed
-    return probed[0], probed[1]
+def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
+    """:func:`probe_ref`, plus what the file's kind groups it by (a DICOM file's place in a
+    series: UIDs, positions, orientation, grid; :meth:`packer.read.kinds.Grouping.assemble`).
+    Header only."""
+    return _probe(ref, job, keep=False, placement=True)
 
 
 def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
     """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
 
     A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
-    ``read_sample(dataset=...)``), so the header is not parsed a second time. ``None`` in its
-    place for images, and for a DICOM file that only a header-only read could parse.
+    ``read_sample(state=...)``), so the header is not parsed a second time. ``None`` in its
+    place where the kind keeps nothing, and for a DICOM file that only a header-only read could parse.
     """
-    return _probe(ref, job, keep_pixels=True)
+    return _probe(ref, job, keep=True)
 
 
-def _probe(ref: SampleRef, job: JobConfig, *, keep_pixels: bool, geometry: bool = False
-           ) -> tuple[SampleRef, Any] | Issue:
-    """The probed ref and, for a DICOM file, its parsed dataset (``keep_pixels``) or, with
-    ``geometry``, its :class:`SliceGeometry` instead; or the file's Issue."""
-    from packer.read.dicom import probe_dicom
-    from packer.read.image import probe_image
-
+def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = False) -> tuple[SampleRef, Any] | Issue:
+    """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's Issue."""
     source = next(s for s in job.sources if s.name == ref.source)
-    extra: Any = None
-    if ref.kind == "dicom":
-        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
-                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep_pixels,
-                             label_keyword=source.target.attribute, placement=geometry)
-        if isinstance(header, Issue):
-            return header
-        ref = replace(ref, entity=header.entity, time=header.time)
-        if source.target.origin == "attribute":
-            label = from_attribute(source.target, header.label_value, ref.path, job.labels)
-            if isinstance(label, Refused):
-                return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
-            ref = replace(ref, label=label)
-        extra = header.geometry if geometry else header.dataset
-    else:
-        image_header = probe_image(ref, limits=job.limits)
-        if isinstance(image_header, Issue):
-            return image_header
+    probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement)
+    if isinstance(probed, Issue):
+        return probed
+    ref = probed.ref
+    if source.target.origin == "attribute":
+        label = from_attribute(source.target, probed.attribute, ref.path, job.labels)
+        if isinstance(label, Refused):
+            return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
+        ref = replace(ref, label=label)
     problem = check_identity(ref, needs_time=job.split.by == "time")
-    return problem if problem is not None else (ref, extra)
+    return problem if problem is not None else (ref, probed.state)

@@ -29,6 +29,7 @@ from typing import Any
 
 from packer.config import LimitsConfig
 from packer.errors import ConfigError, refused_write
+from packer.read.kinds import source_kind
 from packer.read.limits import file_size_problem
 from packer.records import Issue, SampleRef
 from packer.storage import describe_error, filesystem_for, remote_errors, storage_error
@@ -37,8 +38,6 @@ from packer.storage import describe_error, filesystem_for, remote_errors, storag
 #: no larger are fetched whole (one request either way). The DICOM probe reads this much of a
 #: file's head itself (``packer.read.dicom._check_inflated``), so it must stay >= 64 KiB.
 HEAD_BYTES = 64 * 1024
-#: Deflated Explicit VR Little Endian (PS3.5 A.5): the probe inflates the whole data set.
-_DEFLATED_UID = b"1.2.840.10008.1.2.1.99"
 
 #: Keys of an fsspec ``info`` dict that change when an object's bytes do, most telling first:
 #: S3/Azure ETag, GCS md5/generation, then modification times (stores without a content tag).
@@ -294,27 +293,6 @@ class _RangedObject:
             index = run_end
 
 
-def _rehearse_dicom(source: _RangedObject) -> bool:
-    """Read from ``source`` what :func:`packer.read.dicom.probe_dicom` (header only) reads from
-    the same file: the first 64 KiB (preamble, file meta), then what pydicom's
-    ``dcmread(stop_before_pixels=True)`` reads, which ends at the Pixel Data element. True,
-    having read no more, when the probe reads the whole file: the transfer syntax may be
-    deflated (the probe inflates the whole data set to size it)."""
-    import pydicom
-
-    head = source.read_at(0, HEAD_BYTES)
-    if head[128:132] != b"DICM":
-        return False  # the probe stops at the preamble: not_dicom
-    if _DEFLATED_UID in head:  # a superset of "the file meta names it"
-        return True
-    source.seek(0)
-    try:
-        pydicom.dcmread(source, stop_before_pixels=True)
-    except Exception:  # noqa: BLE001 - not reported here: the probe meets the same bytes on the copy
-        return False  # and reports the error itself
-    return False
-
-
 def _fetch_probed_ranges(ref: SampleRef, fs: Any, path: str, size: int, local: Path,
                          limits: LimitsConfig) -> bool:
     """Write ``local``: a sparse file of ``size`` bytes holding every byte the header probe of
@@ -328,22 +306,17 @@ def _fetch_probed_ranges(ref: SampleRef, fs: Any, path: str, size: int, local: P
     deterministic function of the bytes it reads and of the file size, so the probe on the
     copy (same size, same bytes wherever the rehearsal read) makes the same reads and returns
     what it returns on the whole file. It never sees a zero the whole file does not hold.
-    Images rehearse the probe itself (:func:`packer.read.image.probe_image_at`); DICOM files
-    rehearse its reads (:func:`_rehearse_dicom`). A DICOM head is thus only enough once
-    pydicom has met the Pixel Data tag in it (or failed on the bytes it holds).
+    Each source kind rehearses its own probe
+    (:meth:`packer.read.kinds.SourceKind.rehearse_probe`): images run the probe itself on the
+    object, DICOM files its reads, so a DICOM head is only enough once pydicom has met the Pixel
+    Data tag in it (or failed on the bytes it holds).
 
     Unlike a whole fetch, an object replaced at the same size between two of its range
     requests would be read as a mix of both versions; the next listing gives it a new version
     tag. The copy is sparse where the file system allows (ext4, xfs, tmpfs, APFS, ...).
     """
     source = _RangedObject(fs, path, size)
-    whole = False
-    if ref.kind == "dicom":
-        whole = _rehearse_dicom(source)
-    else:
-        from packer.read.image import probe_image_at
-
-        probe_image_at(ref, source.read_at, size, limits=limits)  # its outcome is that of the copy's probe
+    whole = source_kind(ref.kind).rehearse_probe(ref, source, limits)  # its outcome is that of the copy's probe
     if source.failure is not None and not isinstance(source.failure, _ObjectChanged):
         raise source.failure
     if whole or source.failure is not None:

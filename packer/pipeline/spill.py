@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.config import JobConfig, SourceConfig
+from packer.config import JobConfig
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
@@ -96,7 +96,7 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
     stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
     listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
     files = []
-    masks = {s.name: s for s in job.sources if s.mask is not None}
+    masked = {s.name: s for s in job.sources if s.mask is not None or s.companions}
     for ref in refs:
         fingerprint: list[Any]
         if is_url(ref.path):
@@ -110,22 +110,17 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
                 fingerprint = [local.st_size, local.st_mtime_ns]
             except OSError:
                 fingerprint = ["missing"]
-        if ref.source in masks:  # a mask is part of what the file turns into
-            fingerprint.append(["mask", *_stat_fingerprint(mask_path(masks[ref.source], ref))])
+        source = masked.get(ref.source)
+        if source is not None:  # a mask, and a case's other files, are part of what the file turns into
+            if source.mask is not None:
+                fingerprint.append(["mask", *_stat_fingerprint(source.mask_file(ref.extra))])
+            for column in source.companions:
+                fingerprint.append([column, *_stat_fingerprint(source.row_file(ref.extra, column))])
         # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
         files.append([{name: getattr(ref, name) for name in REF_FIELDS}, fingerprint])
     payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
                "files": files}
     return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
-
-
-def mask_path(source: SourceConfig, ref: SampleRef) -> str | None:
-    """The local path of ``ref``'s mask file (its table's mask column, under the source root),
-    None where the row names none."""
-    if source.mask is None:
-        return None
-    relpath = source.mask.relpath(ref.extra)
-    return os.path.join(os.fspath(source.root), relpath) if relpath else None
 
 
 def _stat_fingerprint(path: str | None) -> list[Any]:

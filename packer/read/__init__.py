@@ -3,8 +3,9 @@
 :func:`at_boundary` is the stage's one boundary for the unexpected: the only place on the read
 path that turns an exception a reader did not anticipate into a bad-sample record
 (``unexpected_error``). The readers' public entry points (:func:`packer.read.dicom.read_dicom`,
-:func:`packer.read.image.read_image`, and :func:`read_sample`, which dispatches to them) each
-pass through it exactly once; inside, the readers catch only the specific exceptions they
+:func:`packer.read.image.read_image`, :func:`packer.read.nifti.read_nifti`, and
+:func:`read_sample`, which asks the registry of source kinds, :mod:`packer.read.kinds`, for the
+reader) each pass through it exactly once; inside, the readers catch only the specific exceptions they
 expect, and report how far they got through a :class:`ReadProgress` instead of catching.
 """
 
@@ -45,19 +46,17 @@ def at_boundary(ref: SampleRef, read: Callable[[ReadProgress], list[Sample] | Is
                         message=f"{prefix}{type(err).__name__}: {err}")
 
 
-def read_sample(ref: SampleRef, job: JobConfig, *, dataset: Any = None) -> list[Sample] | Issue:
-    """Decode, validate and transform one raw file with the reader for its kind.
+def read_sample(ref: SampleRef, job: JobConfig, *, state: Any = None) -> list[Sample] | Issue:
+    """Decode, validate and transform one raw file with the reader its kind registered
+    (:mod:`packer.read.kinds`).
 
-    ``dataset``: the DICOM file as ``packer.pipeline.probe.probe_for_read`` parsed it (not parsed again).
+    ``state``: what the kind's probe kept for the read (a DICOM file as
+    ``packer.pipeline.probe.probe_for_read`` parsed it: not parsed again).
 
     An exception a reader did not anticipate becomes an ``unexpected_error`` issue naming its
     type (:func:`at_boundary`, which each reader passes through once), never a crashed job. An
-    unusable ``job.image`` raises :class:`~packer.errors.ConfigError`: a defect of the run.
+    unusable setting raises :class:`~packer.errors.ConfigError`: a defect of the run.
     """
-    from packer.read.dicom import read_dicom
-    from packer.read.image import read_image
+    from packer.read.kinds import source_kind
 
-    if ref.kind == "dicom":
-        return read_dicom(ref, job.dicom, limits=job.limits,
-                          allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=dataset)
-    return read_image(ref, job.image, limits=job.limits)
+    return source_kind(ref.kind).read(ref, job, state)

@@ -443,6 +443,31 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     )
 
 
+#: The probe reads this much of a file's head itself (:func:`_check_inflated`), so a rehearsal does too.
+_PROBE_HEAD = 1 << 16
+#: Deflated Explicit VR Little Endian (PS3.5 A.5): the probe inflates the whole data set.
+_DEFLATED_BYTES = _DEFLATED.encode()
+
+
+def rehearse_header_reads(handle: Any) -> bool:
+    """Read from ``handle`` (a binary file with ``read_at(offset, count)``, ``seek`` and ``read``)
+    what :func:`probe_dicom` (header only) reads from the same file: the first 64 KiB (preamble,
+    file meta), then what pydicom's ``dcmread(stop_before_pixels=True)`` reads, which ends at the
+    Pixel Data element. True, having read no more, when the probe reads the whole file: the
+    transfer syntax may be deflated (the probe inflates the whole data set to size it)."""
+    head = handle.read_at(0, _PROBE_HEAD)
+    if head[128:132] != b"DICM":
+        return False  # the probe stops at the preamble: not_dicom
+    if _DEFLATED_BYTES in head:  # a superset of "the file meta names it"
+        return True
+    handle.seek(0)
+    try:
+        pydicom.dcmread(handle, stop_before_pixels=True)
+    except Exception:  # noqa: BLE001 - not reported here: the probe meets the same bytes on the copy
+        return False  # and reports the error itself
+    return False
+
+
 def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,
                allow_burned_in: bool = False, dataset: Dataset | None = None) -> list[Sample] | Issue:
     """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.

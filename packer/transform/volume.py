@@ -82,18 +82,25 @@ def resampled_shape(shape: tuple[int, int, int], affine: np.ndarray,
 def canonical(volume: Volume) -> Volume:
     """``volume`` with D, H, W permuted and flipped to run along the patient axes closest to
     +z, +y, +x (LPS), the affine updated to match; the voxels are the same, only their order."""
-    order = canonical_order(volume.affine)
-    array = np.transpose(volume.array, (0, *(1 + a for a in order)))
-    affine = np.eye(4)
-    affine[:3, :3] = volume.affine[:3, :3][:, order]
-    affine[:3, 3] = volume.affine[:3, 3]
+    view = canonical_view(volume.array, volume.affine)
+    return Volume(np.ascontiguousarray(view.array), view.affine)
+
+
+def canonical_view(array: np.ndarray, affine: np.ndarray) -> Volume:
+    """:func:`canonical` of a C×D×H×W ``array`` with ``affine``, as a view of ``array`` (no copy:
+    permuted and flipped strides), so that a caller can copy it once, into the dtype it needs."""
+    order = canonical_order(affine)
+    out = np.transpose(array, (0, *(1 + a for a in order)))
+    placed = np.eye(4)
+    placed[:3, :3] = affine[:3, :3][:, order]
+    placed[:3, 3] = affine[:3, 3]
     for axis, world in enumerate((2, 1, 0)):
-        if affine[world, axis] < 0:  # runs the wrong way: flip it, the origin moves to the far end
-            n = array.shape[1 + axis]
-            affine[:3, 3] += affine[:3, axis] * (n - 1)
-            affine[:3, axis] *= -1
-            array = np.flip(array, axis=1 + axis)
-    return Volume(np.ascontiguousarray(array), affine)
+        if placed[world, axis] < 0:  # runs the wrong way: flip it, the origin moves to the far end
+            n = out.shape[1 + axis]
+            placed[:3, 3] += placed[:3, axis] * (n - 1)
+            placed[:3, axis] *= -1
+            out = np.flip(out, axis=1 + axis)
+    return Volume(out, placed)
 
 
 def _positions(n: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,16 +140,7 @@ def resample_linear(volume: Volume, spacing: tuple[float, float, float]) -> Volu
     Separable: in-plane per slice, and along D two source slices per output slice; the axis
     that grows goes last, so the work is done on the smaller array."""
     array = volume.array.astype(np.float32, copy=False)
-    affine = volume.affine.copy()
-    sizes = []
-    for axis, (old, new) in enumerate(zip(volume.spacing, spacing, strict=True)):
-        n = array.shape[1 + axis]
-        size = max(1, round(n * old / new))
-        sizes.append(size)
-        factor = n / size
-        direction = affine[:3, axis].copy()
-        affine[:3, 3] += direction * (factor - 1) / 2
-        affine[:3, axis] = direction * factor
+    sizes, affine = resampled_grid(volume, spacing)
     if sizes[0] > array.shape[1]:
         array = _resample_depth(_resample_plane(array, sizes[1], sizes[2]), sizes[0])
     else:
@@ -150,8 +148,61 @@ def resample_linear(volume: Volume, spacing: tuple[float, float, float]) -> Volu
     return Volume(np.ascontiguousarray(array), affine)
 
 
-def crop_or_pad(volume: Volume, size: tuple[int, int, int]) -> Volume:
-    """``volume`` centre-cropped or zero-padded to ``size`` (D, H, W); the origin follows."""
+def resampled_grid(volume: Volume, spacing: tuple[float, float, float]) -> tuple[tuple[int, int, int], np.ndarray]:
+    """(D', H', W') and the affine of ``volume`` resampled to about ``spacing`` (the grid of
+    :func:`resample_linear`: the same extent, ``n' = round(n · s / s')``, centre-aligned)."""
+    affine = volume.affine.copy()
+    sizes = []
+    for axis, (old, new) in enumerate(zip(volume.spacing, spacing, strict=True)):
+        n = volume.array.shape[1 + axis]
+        size = max(1, round(n * old / new))
+        sizes.append(size)
+        factor = n / size
+        direction = affine[:3, axis].copy()
+        affine[:3, 3] += direction * (factor - 1) / 2
+        affine[:3, axis] = direction * factor
+    return (sizes[0], sizes[1], sizes[2]), affine
+
+
+def _nearest(n: int, size: int) -> np.ndarray:
+    """Centre-aligned nearest-neighbour resampling of ``n`` samples to ``size``: the source index
+    under each output sample's centre (``x = (i + 0.5)·n/size − 0.5``, rounded, clamped): the grid
+    of :func:`_positions`, so a label map stays on its linearly resampled image."""
+    x = (np.arange(size) + 0.5) * (n / size) - 0.5
+    return np.clip(np.floor(x + 0.5), 0, n - 1).astype(np.intp)
+
+
+def resample_nearest(volume: Volume, spacing: tuple[float, float, float]) -> Volume:
+    """``volume`` (a C×D×H×W label map) at about ``spacing`` by nearest neighbour, on the grid
+    :func:`resample_linear` gives the image (same shape, same affine); the dtype is kept."""
+    (d, h, w), affine = resampled_grid(volume, spacing)
+    array = volume.array
+    rows, cols = _nearest(array.shape[2], h), _nearest(array.shape[3], w)
+    picked = array[:, _nearest(array.shape[1], d)][:, :, rows][:, :, :, cols]
+    return Volume(np.ascontiguousarray(picked), affine)
+
+
+def resample_to_grid(labels: Volume, shape: tuple[int, int, int], affine: np.ndarray, fill: int = 0) -> np.ndarray:
+    """``labels`` (a C×D×H×W label map with its own affine) on another grid, ``shape`` (D, H, W)
+    with ``affine``, in patient coordinates: each output voxel takes the label voxel nearest its
+    centre (``fill`` where it falls outside the label map). One output slice at a time, so the
+    index arrays stay the size of a slice. Returns C×D×H×W of ``labels``' dtype."""
+    to_labels = np.linalg.inv(labels.affine) @ affine
+    src = labels.array
+    out = np.full((src.shape[0], *shape), fill, dtype=src.dtype)
+    hh, ww = np.meshgrid(np.arange(shape[1]), np.arange(shape[2]), indexing="ij")
+    for d in range(shape[0]):
+        points = np.stack([np.full(hh.shape, d, dtype=np.float64), hh, ww, np.ones(hh.shape)], axis=0).reshape(4, -1)
+        index = np.floor(to_labels[:3] @ points + 0.5).astype(np.intp)
+        inside = ((index >= 0) & (index < np.asarray(src.shape[1:])[:, None])).all(axis=0)
+        flat = out[:, d].reshape(src.shape[0], -1)
+        flat[:, inside] = src[:, index[0, inside], index[1, inside], index[2, inside]]
+    return out
+
+
+def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float = 0) -> Volume:
+    """``volume`` centre-cropped or padded with ``fill`` (0: black, or a mask's pad id) to
+    ``size`` (D, H, W); the origin follows."""
     array = volume.array
     affine = volume.affine.copy()
     for axis, want in enumerate(size):
@@ -164,7 +215,7 @@ def crop_or_pad(volume: Volume, size: tuple[int, int, int]) -> Volume:
             before = (want - n) // 2
             pads = [(0, 0)] * array.ndim
             pads[1 + axis] = (before, want - n - before)
-            array = np.pad(array, pads)
+            array = np.pad(array, pads, constant_values=fill)
             affine[:3, 3] -= affine[:3, axis] * before
     return Volume(np.ascontiguousarray(array), affine)
 

@@ -215,20 +215,20 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
                     metadata=metadata)]
 
 
-def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], cfg: DicomTransformConfig) -> list[Sample]:
-    """Each of ``slices`` (one series, in order) as a sample whose channels are its slices
-    ``-k .. +k``, each with its windows; ``edge``: ``replicate`` repeats the end slice where a
-    neighbour is missing, ``skip`` makes no sample of a slice without all its neighbours.
-    Every slice must have the same shape (a series has one grid)."""
-    k = cfg.neighbors
+def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, edge: str) -> list[Sample]:
+    """Each of ``slices`` (one series, or one volume's slices, in order) as a sample whose
+    channels are its slices ``-k .. +k``, each with its windows; ``edge``: ``replicate`` repeats
+    the end slice where a neighbour is missing, ``skip`` makes no sample of a slice without all
+    its neighbours. Every slice must have the same shape (a series has one grid). A sample keeps
+    its centre slice's key, metadata and mask."""
     out = []
     offsets = np.concatenate([[0.0], np.cumsum(steps)])
     for i, centre in enumerate(slices):
-        if cfg.edge == "skip" and (i - k < 0 or i + k >= len(slices)):
+        if edge == "skip" and (i - k < 0 or i + k >= len(slices)):
             continue
         chosen = [min(max(i + d, 0), len(slices) - 1) for d in range(-k, k + 1)]
         image = np.ascontiguousarray(np.concatenate([slices[j].image for j in chosen], axis=0))
-        neighbours = {"k": k, "edge": cfg.edge, "slice": i, "slices": len(slices),
+        neighbours = {"k": k, "edge": edge, "slice": i, "slices": len(slices),
                       "offsets_mm": [round(float(offsets[j] - offsets[i]), 4) for j in chosen],
                       "channels_per_slice": int(centre.image.shape[0])}
         out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours}))

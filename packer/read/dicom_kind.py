@@ -1,0 +1,222 @@
+"""The ``dicom`` source kind: Part 10 files, their entity and time from headers, series for 2.5D and volumes.
+
+Lists every ``*.dcm`` and every file without an image, table or text suffix that carries the
+DICM preamble (PS3.10 7.1). The reader is :mod:`packer.read.dicom`; series assembly, neighbour
+stacks and volumes are :mod:`packer.read.series`, offered to the pixel pass as this kind's
+:class:`~packer.read.kinds.Grouping` when ``transform.dicom.sample`` is not ``slice``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from packer.config import (
+    DicomTransformConfig,
+    JobConfig,
+    LimitsConfig,
+    SourceConfig,
+    job_default,
+    parse_modality_windows,
+    parse_sampling,
+    parse_size,
+    parse_window,
+    windows_fix,
+)
+from packer.errors import ConfigError
+from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
+from packer.read.series import Series, assemble, stack_neighbors, stack_volume, volume_size
+from packer.records import Issue, Sample, SampleRef, frame_key
+from packer.transform.channels import check_channels
+from packer.transform.mask import transform_mask_dicom
+
+#: Suffixes a DICOM file never has (tables, text, images), so their heads are not read.
+_NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp"})
+_DICM_OFFSET = 128
+_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "float16": np.float16}
+_GREY = ("", "MONOCHROME1", "MONOCHROME2")
+
+
+class DicomKind(SourceKind):
+    name = "dicom"
+    table_key = "labels"
+    table_columns = "path,label"
+    identity_in_header = True
+    default_entity = "PatientID"
+    default_time = ("StudyDate", "StudyTime")
+    attribute_labels = True
+    pseudonymize_by_default = True
+    always_recorded = True
+    looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM preamble "
+                  "(DICM at byte 128)")
+    head_bytes = _DICM_OFFSET + 4
+
+    def lists(self, suffix: str) -> bool | None:
+        if suffix == ".dcm":
+            return True
+        return False if suffix in _NEVER_DICOM else None
+
+    def sniff(self, head: bytes) -> bool:
+        return head[_DICM_OFFSET:_DICM_OFFSET + 4] == b"DICM"
+
+    def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> DicomTransformConfig:
+        windows = tuple(parse_window(w, f"transform.dicom.windows[{i}]")
+                        for i, w in enumerate(raw.get("windows", job_default("transform.dicom.windows"))))
+        return DicomTransformConfig(
+            windows=windows,
+            fallback_window=parse_window(raw["fallback_window"], "transform.dicom.fallback_window")
+            if "fallback_window" in raw else None,
+            size=parse_size(raw.get("size")),
+            resize=raw.get("resize", job_default("transform.dicom.resize")),
+            spacing=(float(raw["spacing"][0]), float(raw["spacing"][1])) if raw.get("spacing") else None,
+            output=raw.get("output", job_default("transform.dicom.output")),
+            frames=raw.get("frames", job_default("transform.dicom.frames")),
+            modality_windows=parse_modality_windows(raw.get("modality_windows") or {}),
+            channels=raw.get("channels", shared.get("channels")),
+            **parse_sampling(raw, "dicom"),
+        )
+
+    def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
+        cfg = job.dicom
+        names = [s.name for s in sources]
+        if names and cfg.channels is not None and cfg.output != "float16" and cfg.frames != "stack":
+            check_channels(cfg.channels, len(cfg.windows), where="transform.dicom.windows", sources=names,
+                           fix=windows_fix(cfg.channels, ""))
+            for modality, windows in cfg.modality_windows:
+                check_channels(cfg.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
+                               sources=[f"{name} (Modality {modality})" for name in names],
+                               fix=windows_fix(cfg.channels, f" for {modality}"))
+        if cfg.by_series and not sources:
+            made = "a volume" if cfg.sample == "volume" else "neighbour stacks"
+            raise ConfigError(f"transform.dicom.sample: {cfg.sample} makes {made} of DICOM series, but this job has "
+                              "no DICOM source (an image source packs one sample per image, or per tile); add the "
+                              "DICOM source, or remove sample")
+        if cfg.by_series and cfg.frames == "stack":
+            raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but sample: "
+                              "{neighbors: k} stacks a slice's neighbours; a multi-frame file's frames are its "
+                              "series' slices, so use frames: split")
+        if cfg.by_series and any(s.mask is not None for s in sources):
+            raise ConfigError("transform.dicom.sample: neighbour stacks are built from series; masks of DICOM "
+                              "sources are packed per slice only (sample: slice) for now")
+
+    def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
+              placement: bool) -> Probed | Issue:
+        from packer.read.dicom import probe_dicom
+
+        header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
+                             allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,
+                             label_keyword=source.target.attribute, placement=placement)
+        if isinstance(header, Issue):
+            return header
+        return Probed(ref=replace(ref, entity=header.entity, time=header.time),
+                      state=header.geometry if placement else header.dataset, attribute=header.label_value)
+
+    def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
+        from packer.read.dicom import read_dicom
+
+        return read_dicom(ref, job.dicom, limits=job.limits,
+                          allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=state)
+
+    def rehearse_probe(self, ref: SampleRef, handle: RangedFile, limits: LimitsConfig) -> bool:
+        from packer.read.dicom import rehearse_header_reads
+
+        return rehearse_header_reads(handle)
+
+    def expected_dtype(self, sample: Sample, job: JobConfig) -> np.dtype:
+        """``transform.dicom.output``; colour DICOM comes out as RGB uint8 whatever the precision."""
+        image = sample.image
+        if image.ndim == 3 and image.shape[0] != 3:
+            return np.dtype(_DTYPES[job.dicom.output])
+        return np.dtype(np.uint8) if image.dtype == np.uint8 else np.dtype(_DTYPES[job.dicom.output])
+
+    def dtype_rule(self, job: JobConfig) -> str:
+        return f"transform.dicom.output is {job.dicom.output}; colour DICOM is always uint8"
+
+    def expected_size(self, job: JobConfig) -> tuple[int, ...] | None:
+        return job.dicom.size
+
+    def channels(self, job: JobConfig) -> int | None:
+        return job.dicom.channels
+
+    def colour(self, sample: Sample) -> bool:
+        return str(sample.metadata.get("photometric_interpretation", "")) not in _GREY
+
+    def mask_grid(self, metadata: Mapping[str, Any]) -> tuple[int, int, int]:
+        return int(metadata.get("number_of_frames") or 1), int(metadata["rows"]), int(metadata["columns"])
+
+    def place_masks(self, samples: Sequence[Sample], mask: np.ndarray, source: SourceConfig,
+                    job: JobConfig) -> list[np.ndarray]:
+        """Each sample's mask: its frame's (``frames: stack``: every frame's, stacked) through the
+        frame's pixel spacing, the spacing resample and the resize."""
+        cfg = job.dicom
+        pad = source.mask.pad if source.mask is not None else 0
+
+        def one(frame: int, spacing: list[float] | None) -> np.ndarray:
+            return transform_mask_dicom(mask[frame], pixel_spacing=(spacing[0], spacing[1]) if spacing else None,
+                                        spacing=cfg.spacing, size=cfg.size, policy=cfg.resize, pad_value=pad)
+
+        if cfg.frames == "stack":
+            spacing = samples[0].metadata.get("pixel_spacing")
+            return [np.ascontiguousarray(np.concatenate([one(f, spacing) for f in range(mask.shape[0])], axis=0))]
+        return [one(int(s.metadata.get("frame", 0)), s.metadata.get("pixel_spacing")) for s in samples]
+
+    def grouping(self, job: JobConfig) -> Grouping | None:
+        return DicomSeries() if job.dicom.by_series else None
+
+
+class DicomSeries(Grouping):
+    """DICOM files grouped into series (:mod:`packer.read.series`) for ``sample: {neighbors: k}``
+    and ``sample: volume``: each series is one unit of work."""
+
+    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
+                 ) -> tuple[tuple[Series, ...], tuple[Issue, ...]]:
+        """The series, and the files refused on the way (bad series, localizers left out, and
+        with ``sample: volume`` every file of a series over ``limits.max_voxels``, from headers)."""
+        assembled = assemble(placed, job.dicom.series)
+        refused = list(assembled.issues)
+        if job.dicom.sample != "volume":
+            return assembled.series, tuple(refused)
+        fits = []
+        for series in assembled.series:
+            shape = (len(series.slices), series.rows, series.columns)
+            resampled = volume_size(series, job.dicom)
+            worst = max(int(np.prod(shape)), int(np.prod(resampled)))
+            if worst <= job.limits.max_voxels:
+                fits.append(series)
+                continue
+            refused.extend(Issue.of(ref, stage="read", reason="too_large", message=(
+                f"{ref.path}: its series ({len(series.refs)} files) makes a {'×'.join(map(str, shape))} volume "
+                f"({'×'.join(map(str, resampled))} resampled): {worst} voxels, over limits.max_voxels "
+                f"({job.limits.max_voxels}); raise the limit or resample to a coarser spacing"))
+                for ref in series.refs)
+        return tuple(fits), tuple(refused)
+
+    def file_job(self, job: JobConfig) -> JobConfig:
+        if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
+            return job.with_settings("dicom", replace(job.dicom, size=None, spacing=None))
+        return job
+
+    def combine(self, group: Series, per_file: Sequence[list[Sample]], job: JobConfig) -> list[Sample]:
+        slices = [per_file[i][frame] for i, frame in group.slices]
+        if job.dicom.sample == "volume":
+            return stack_volume(slices, group, job.dicom)
+        return stack_neighbors(slices, group.steps, job.dicom.neighbors, job.dicom.edge)
+
+    def counted(self, group: Series, job: JobConfig) -> list[tuple[SampleRef, str]]:
+        """One sample per series for a volume, one per slice for neighbour stacks (none for a slice
+        without its neighbours under ``edge: skip``), keyed as :meth:`combine` keys them."""
+        if job.dicom.sample == "volume":
+            return [(group.refs[0], group.refs[0].sample_id)]
+        k, count = job.dicom.neighbors, len(group.slices)
+        frames = Counter(index for index, _ in group.slices)  # a file's slices: its frames in the series
+        return [(group.refs[index], group.refs[index].sample_id if frames[index] == 1
+                 else frame_key(group.refs[index].sample_id, frame))
+                for i, (index, frame) in enumerate(group.slices)
+                if job.dicom.edge != "skip" or k <= i < count - k]
+
+
+register(DicomKind())

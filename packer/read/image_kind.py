@@ -1,0 +1,115 @@
+"""The ``image`` source kind: PNG, JPEG, TIFF and BMP files, decoded with OpenCV, labelled by a table or folders.
+
+Lists every file with an image suffix. Entity and time come from the source's table (a file of a
+table-less ``label: folder`` or ``label: none`` source is its own entity). The reader is
+:mod:`packer.read.image`; its samples are uint8 RGB or grey, one per page (TIFF) or tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from packer.config import (
+    ImageTransformConfig,
+    JobConfig,
+    LimitsConfig,
+    SourceConfig,
+    job_default,
+    parse_size,
+)
+from packer.read.kinds import Probed, RangedFile, SourceKind, register
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.channels import check_channels
+from packer.transform.mask import transform_mask_image
+
+#: The suffixes an image source lists.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+
+
+class ImageKind(SourceKind):
+    name = "image"
+    always_recorded = True
+    looked_for = f"files named *{', *'.join(IMAGE_SUFFIXES)}"
+
+    def lists(self, suffix: str) -> bool | None:
+        return suffix in IMAGE_SUFFIXES
+
+    def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> ImageTransformConfig:
+        tile = raw.get("tile")
+        return ImageTransformConfig(
+            size=parse_size(raw.get("size")),
+            resize=raw.get("resize", job_default("transform.image.resize")),
+            color=raw.get("color", job_default("transform.image.color")),
+            alpha=raw.get("alpha", job_default("transform.image.alpha")),
+            window=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                for k, v in (raw.get("window") or {}).items())),
+            tile_size=parse_size(tile["size"]) if tile else None,
+            tile_stride=parse_size(tile.get("stride")) if tile else None,
+            channels=raw.get("channels", shared.get("channels")),
+        )
+
+    def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
+        cfg = job.image
+        if not sources or cfg.channels is None:
+            return
+        natural = 1 if cfg.color == "gray" else 3
+        fix = ("set transform.image.color: gray (its luminance)" if cfg.channels == 1
+               else f"transform.image.color gives 1 (gray, replicated) or 3 (rgb) channels, not {cfg.channels}")
+        check_channels(cfg.channels, natural, where=f"transform.image.color ({cfg.color})",
+                       sources=[s.name for s in sources], fix=fix)
+
+    def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
+              placement: bool) -> Probed | Issue:
+        from packer.read.image import probe_image
+
+        header = probe_image(ref, limits=job.limits)
+        return header if isinstance(header, Issue) else Probed(ref=ref)
+
+    def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
+        from packer.read.image import read_image
+
+        return read_image(ref, job.image, limits=job.limits)
+
+    def rehearse_probe(self, ref: SampleRef, handle: RangedFile, limits: LimitsConfig) -> bool:
+        from packer.read.image import probe_image_at
+
+        probe_image_at(ref, handle.read_at, handle.size, limits=limits)  # reads through the handle
+        return False
+
+    def expected_dtype(self, sample: Sample, job: JobConfig) -> np.dtype:
+        return np.dtype(np.uint8)
+
+    def dtype_rule(self, job: JobConfig) -> str:
+        return "images are always uint8"
+
+    def expected_size(self, job: JobConfig) -> tuple[int, ...] | None:
+        return job.image.tile_size or job.image.size
+
+    def channels(self, job: JobConfig) -> int | None:
+        return job.image.channels
+
+    def mask_grid(self, metadata: Mapping[str, Any]) -> tuple[int, int, int]:
+        return int(metadata.get("pages") or 1), int(metadata["source_height"]), int(metadata["source_width"])
+
+    def place_masks(self, samples: Sequence[Sample], mask: np.ndarray, source: SourceConfig,
+                    job: JobConfig) -> list[np.ndarray]:
+        """Each image sample's mask: its page's mask through the page's orientation, resize and tiles."""
+        pad = source.mask.pad if source.mask is not None else 0
+        by_page: dict[int, list[np.ndarray]] = {}
+        out = []
+        for sample in samples:
+            page = int(sample.metadata.get("page", 0))
+            if page not in by_page:  # tiles of one page come in transform_image's order
+                tiles = transform_mask_image(mask[page], job.image, int(sample.metadata.get("orientation", 1)), pad)
+                by_page[page] = list(reversed(tiles))
+            out.append(by_page[page].pop())
+        return out
+
+    def rgb_channels(self, channels: int) -> bool:
+        return channels in (3, 4)
+
+
+register(ImageKind())

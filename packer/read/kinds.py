@@ -1,0 +1,299 @@
+"""Source kinds: what packer can read, one registered class per kind, each answering the same questions.
+
+A source kind (``kind:`` of a source in the job file) is a subclass of :class:`SourceKind` in a
+module of this package whose name ends in ``_kind`` (``dicom_kind.py``, ``image_kind.py``,
+``nifti_kind.py``); the module registers an instance with :func:`register` when it is imported,
+and :func:`source_kind` imports every such module the first time it is asked. The rest of
+packer never compares kind strings: discovery asks a kind what it lists and where its table is,
+the probe and the pixel pass ask it to probe and read a file, the checks ask it what a sample
+must look like, the raw store asks which bytes its probe reads, and the HTML report asks how its
+channels are shown. A stage that needs more of a kind (DICOM series assembly) gets it through
+:meth:`SourceKind.grouping`. ``docs/ARCHITECTURE.md`` shows how to add a kind.
+
+The questions, in the order a file meets them:
+
+========================= ============================================================ ===========
+question                  answered by                                                  runs on
+========================= ============================================================ ===========
+what does it list?        :meth:`~SourceKind.lists` (suffix) and :meth:`~SourceKind.sniff` client
+what does its job say?    :meth:`~SourceKind.parse_settings` (``transform.<kind>``),   client
+                          :meth:`~SourceKind.parse_source` (its own source keys),
+                          :meth:`~SourceKind.check_job`
+what does its header say? :meth:`~SourceKind.probe` (identity, limits; no pixels)      worker
+what are its samples?     :meth:`~SourceKind.read`, :meth:`~SourceKind.attach_masks`   worker
+what must a sample be?    :meth:`~SourceKind.expected_dtype`, ``expected_size``, ...   worker
+grouped before decoding?  :meth:`~SourceKind.grouping` (:class:`Grouping`)             both
+which bytes are a header? :meth:`~SourceKind.rehearse_probe` (remote raw files)        worker
+how is it shown?          :meth:`~SourceKind.rgb_channels`                             report
+========================= ============================================================ ===========
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from packer.errors import ConfigError
+from packer.records import Issue, Sample, SampleRef
+
+if TYPE_CHECKING:
+    from packer.config import JobConfig, LimitsConfig, SourceConfig
+
+class RangedFile(Protocol):
+    """A read-only binary file of known ``size``: ``read_at(offset, count)`` (fewer at the end),
+    and ``read``/``seek``/``tell`` as a local file (what pydicom and the image probe read from)."""
+
+    size: int
+
+    def read_at(self, offset: int, count: int) -> bytes: ...
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def tell(self) -> int: ...
+
+
+_REGISTRY: dict[str, SourceKind] = {}
+_LOADED = False
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What a header probe learnt of one file: ``ref`` with the identity the header gives
+    (entity, time) filled in; ``state``: what :meth:`SourceKind.read` may reuse (a parsed file)
+    or a :class:`Grouping`'s placement facts, None otherwise; ``attribute``: the value of the
+    source's label attribute (``label: {attribute: ...}``), where the kind reads one."""
+
+    ref: SampleRef
+    state: Any = None
+    attribute: str | None = None
+
+
+class SourceKind:
+    """One kind of raw source. Subclass it in a ``read/<name>_kind.py`` module, set the class
+    attributes, override what differs, and ``register(YourKind())`` at the module's end.
+
+    Class attributes:
+
+    - ``name``: the ``kind:`` value in the job file, and ``SampleRef.kind``.
+    - ``table_key``: the source key naming its label table (``labels`` for DICOM, whose entity
+      and time come from headers; ``table`` otherwise); the other key is refused.
+    - ``table_columns``: the columns a table of this kind has, as its error messages name them.
+    - ``identity_in_header``: entity and time come from each file's header (``probe``), not from
+      table columns; a table-less source of a kind without it gives each file its own entity.
+    - ``default_entity``, ``default_time``: what ``entity:`` and ``time:`` default to.
+    - ``attribute_labels``: a class label may come from a header attribute (``label: {attribute}``).
+    - ``pseudonymize_by_default``: a job with a source of this kind pseudonymizes unless it says
+      ``phi.mode: keep`` (its headers carry patient identifiers).
+    - ``always_recorded``: its ``transform.<name>`` settings are in every job's identity, used or
+      not (DICOM and images: every dataset built before the registry recorded both, and their
+      ``config_hash`` must not move); other kinds' settings are recorded only where a source uses
+      the kind.
+    - ``looked_for``: what an empty listing says it looked for.
+    """
+
+    name: ClassVar[str]
+    table_key: ClassVar[str] = "table"
+    table_columns: ClassVar[str] = "path,label,entity,timestamp"
+    identity_in_header: ClassVar[bool] = False
+    default_entity: ClassVar[str] = "entity"
+    default_time: ClassVar[tuple[str, ...]] = ("timestamp",)
+    attribute_labels: ClassVar[bool] = False
+    pseudonymize_by_default: ClassVar[bool] = False
+    always_recorded: ClassVar[bool] = False
+    looked_for: ClassVar[str] = ""
+    #: Bytes of a file's head :meth:`sniff` needs (0: the suffix alone decides)
+    head_bytes: ClassVar[int] = 0
+
+    # -- listing (client) -------------------------------------------------------------------
+    def lists(self, suffix: str) -> bool | None:
+        """Whether a file whose lower-cased suffix is ``suffix`` (``.dcm``, ``.gz``, ``""``) is one
+        of this kind's: True, False, or None when only its first :attr:`head_bytes` can tell
+        (:meth:`sniff`). ``suffix`` of ``x.nii.gz`` is ``.gz``; :meth:`lists_name` sees the name."""
+        raise NotImplementedError
+
+    def lists_name(self, name: str, suffix: str) -> bool | None:
+        """:meth:`lists` for a file named ``name`` (lower case, no folder); override where the
+        suffix alone cannot tell (``.nii.gz``)."""
+        return self.lists(suffix)
+
+    def sniff(self, head: bytes) -> bool:
+        """Whether a file whose :meth:`lists` verdict was None is one, from its first bytes."""
+        return False
+
+    # -- the job file (client) --------------------------------------------------------------
+    def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> Any:
+        """This kind's ``transform.<name>`` section (``raw``, ``{}`` when absent) as its frozen
+        settings object (with ``to_json()``); ``shared``: the whole ``transform`` section, for
+        keys every kind reads (``channels``). Raises ConfigError naming the key."""
+        raise NotImplementedError
+
+    def parse_source(self, raw: Mapping[str, Any], where: str) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+        """This kind's own keys of one source (``raw``, the source as written; ``where``:
+        ``sources[2]``): (options as sorted pairs, recorded in the source's identity only when
+        non-empty; table columns that name further files of a row's sample, whose files are not
+        samples of their own). Default: none. Raises ConfigError."""
+        return (), ()
+
+    def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
+        """Refuse a job whose settings this kind cannot honour; ``sources``: its sources of this
+        kind (possibly none: settings that need one are refused then). Raises ConfigError."""
+
+    # -- header and pixels (worker) ---------------------------------------------------------
+    def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
+              placement: bool) -> Probed | Issue:
+        """Read ``ref``'s header (never its pixels, unless ``keep``: then the parsed file may be
+        kept for :meth:`read`) and say what it gives (:class:`Probed`: entity and time where the
+        kind reads them from headers; with ``placement``, the facts the kind's :class:`Grouping`
+        needs), or the file's Issue. Identity checks (label, entity, time) are the caller's."""
+        raise NotImplementedError
+
+    def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
+        """Decode, validate and transform one file into its samples, or its Issue (never None,
+        never an exception for a defect of the file). ``state``: what :meth:`probe` kept."""
+        raise NotImplementedError
+
+    def rehearse_probe(self, ref: SampleRef, handle: RangedFile, limits: LimitsConfig) -> bool:
+        """Make, through ``handle`` (a remote file that fetches what is read), every read the header
+        probe of ``ref`` makes, so that a remote file's header pass fetches only those ranges. True
+        when the probe needs the whole file anyway (the caller then fetches it whole). Default:
+        True (fetch it whole)."""
+        return True
+
+    # -- what a sample must be (worker) -----------------------------------------------------
+    def expected_dtype(self, sample: Sample, job: JobConfig) -> np.dtype:
+        """The dtype ``sample`` must have under ``job``."""
+        raise NotImplementedError
+
+    def dtype_rule(self, job: JobConfig) -> str:
+        """The job setting that decides a sample's dtype, as a message names it."""
+        raise NotImplementedError
+
+    def expected_size(self, job: JobConfig) -> tuple[int, ...] | None:
+        """The (H, W) (or (D, H, W)) every sample must have, None when the job leaves it free."""
+        return None
+
+    def sample_ndim(self, job: JobConfig) -> int:
+        """The dimensions of this kind's samples as :meth:`read` gives them: 3 (C×H×W), or 4
+        (C×D×H×W) where it makes volumes itself."""
+        return 3
+
+    def channels(self, job: JobConfig) -> int | None:
+        """The channel count the job asks of this kind's samples (``transform.channels``)."""
+        return None
+
+    def colour(self, sample: Sample) -> bool:
+        """Whether ``sample``'s three channels are R, G, B (so 3 → 1 may take the luminance)."""
+        return False
+
+    def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
+        """``samples`` (all of one file) each with its mask, or the file's mask defect. Called
+        only for a source with ``mask:``. Default: the 2-D rule of :mod:`packer.read.masks`."""
+        from packer.read.masks import attach_masks
+
+        return attach_masks(self, samples, source, job)
+
+    def mask_grid(self, metadata: Mapping[str, Any]) -> tuple[int, int, int]:
+        """(frames, height, width) a file's mask must have, from its first sample's metadata."""
+        raise NotImplementedError
+
+    def place_masks(self, samples: Sequence[Sample], mask: np.ndarray, source: SourceConfig,
+                    job: JobConfig) -> list[np.ndarray]:
+        """Each sample's mask, given the file's checked F×H×W ``mask``: through the geometry the
+        sample's metadata records (orientation, resample, resize, tiles, frames)."""
+        raise NotImplementedError
+
+    # -- grouped before decoding ------------------------------------------------------------
+    def grouping(self, job: JobConfig) -> Grouping | None:
+        """How files of this kind are grouped before any is decoded (DICOM series for 2.5D
+        stacks and volumes), or None: each file is its own unit of work."""
+        return None
+
+    # -- the report -------------------------------------------------------------------------
+    def rgb_channels(self, channels: int) -> bool:
+        """Whether a packed sample of this kind with ``channels`` channels shows as one colour
+        picture (R, G, B[, A]) rather than a picture per channel."""
+        return False
+
+
+class Grouping:
+    """Files of one kind grouped before decoding: the header facts of each file (on workers),
+    the groups from those (on the client), and a group's samples from its files' (on a worker).
+    A group is an object with ``refs`` (its files, in order) that pickles; one group is one
+    unit of work."""
+
+    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
+                 ) -> tuple[tuple[Any, ...], tuple[Issue, ...]]:
+        """The groups the probed files make, and one Issue per file refused on the way."""
+        raise NotImplementedError
+
+    def file_job(self, job: JobConfig) -> JobConfig:
+        """The job each file of a group is read with (a volume's slices at their own size)."""
+        return job
+
+    def combine(self, group: Any, per_file: Sequence[list[Sample]], job: JobConfig) -> list[Sample]:
+        """A group's samples from each of its files' samples (in ``group.refs`` order)."""
+        raise NotImplementedError
+
+    def counted(self, group: Any, job: JobConfig) -> list[tuple[SampleRef, str]]:
+        """(ref, key) of each sample the group would make, from headers alone (``validate --quick``)."""
+        raise NotImplementedError
+
+
+def register(kind: SourceKind) -> SourceKind:
+    """Add ``kind`` to the registry under ``kind.name``; registering a second kind of one name is
+    a packer bug (ValueError)."""
+    name = kind.name
+    if name in _REGISTRY and type(_REGISTRY[name]) is not type(kind):
+        raise ValueError(f"source kind {name!r} is registered twice ({type(_REGISTRY[name]).__name__}, "
+                         f"{type(kind).__name__})")
+    _REGISTRY[name] = kind
+    return kind
+
+
+def _load() -> None:
+    """Import every ``packer/read/*_kind.py`` module once: each registers its kind."""
+    global _LOADED
+    if _LOADED:
+        return
+    package = importlib.import_module("packer.read")
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_kind")):
+        importlib.import_module(f"packer.read.{module}")
+    _LOADED = True
+
+
+def source_kinds() -> tuple[SourceKind, ...]:
+    """Every registered kind, by name."""
+    _load()
+    return tuple(_REGISTRY[name] for name in sorted(_REGISTRY))
+
+
+def kind_names() -> tuple[str, ...]:
+    """The registered kind names, sorted (what ``kind:`` may say)."""
+    return tuple(kind.name for kind in source_kinds())
+
+
+def source_kind(name: str, where: str = "kind") -> SourceKind:
+    """The registered kind called ``name``. Raises ConfigError, naming ``where`` and listing the
+    registered kinds, for a name no kind has."""
+    _load()
+    kind = _REGISTRY.get(name)
+    if kind is None:
+        raise ConfigError(f"{where}: unknown source kind {name!r}; packer reads {', '.join(kind_names())}")
+    return kind
+
+
+
+def shows_rgb(name: str, channels: int) -> bool:
+    """Whether a packed sample of source kind ``name`` with ``channels`` channels shows as one
+    colour picture (:meth:`SourceKind.rgb_channels`); False for a kind this packer does not know
+    (a report of a version built by another)."""
+    _load()
+    kind = _REGISTRY.get(name)
+    return kind is not None and kind.rgb_channels(channels)
