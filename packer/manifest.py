@@ -23,7 +23,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -48,10 +48,12 @@ _BYTE_SHAPING = ("numpy", "opencv-python-headless", "pydicom", "pylibjpeg", "pyl
 _RESTORE = "restore the manifest from the registry copy or rebuild"
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of packer and of every library whose behaviour shapes the packed bytes."""
+def library_versions(extra: Iterable[str] = ()) -> dict[str, str]:
+    """Versions of packer and of every library whose behaviour shapes the packed bytes; ``extra``:
+    the libraries of the source kinds a job uses beyond those (``nibabel`` for NIfTI), recorded
+    only where used so that other datasets keep their ``dataset_hash``."""
     versions = {"packer": __version__}
-    for name in _BYTE_SHAPING:
+    for name in (*_BYTE_SHAPING, *sorted(set(extra) - set(_BYTE_SHAPING))):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -99,6 +99,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
             continue  # only a time split has (and records) an entity policy
         if path.startswith("transform.dicom.series.") or path == "limits.max_voxels":
             continue  # only series samples assemble (and record) series; checked below; max_voxels when set
+        if path.startswith("transform.nifti."):
+            continue  # recorded only where a source is NIfTI: checked below
         if path == "split.near_duplicates.max_ratio":  # in the identity when set (older hashes kept): checked below
             assert job.split.near_max_ratio == default and SplitConfig(by="entity", ratios=(), seed=0).near_max_ratio \
                 == default
@@ -117,8 +119,17 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
         if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",
                         "limits.max_decoded_bytes", "limits.max_voxels",
                         "split.near_duplicates.max_ratio", "split.near_duplicates.enabled") and not path.startswith(
-                            "transform.dicom.series."):
+                            ("transform.dicom.series.", "transform.nifti.")):
             assert _at(built, path) == default, path
+    nifti = load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "entity"}, "sources": [
+        {"kind": "nifti", "root": "raw", "label": "none"}]})).identity()
+    assert "nifti" not in identity["transform"]  # a job without NIfTI sources keeps its config hash
+    nifti_defaults = {p: d for p, d in schema_defaults("job").items() if p.startswith("transform.nifti.")}
+    assert len(nifti_defaults) >= 4
+    for path, default in nifti_defaults.items():
+        want = ([{"percentiles": d["percentiles"], "over": "all"} for d in default]
+                if path == "transform.nifti.windows" else default)
+        assert _at(nifti, path) == want, path
     assert built["pack"]["max_bytes"] == parse_byte_size(schema_defaults("job")["pack.max_bytes"])
     assert built["limits"]["max_decoded_bytes"] == parse_byte_size(schema_defaults("job")["limits.max_decoded_bytes"])
     stacked = load_job(write_job(tmp_path, {**MINIMAL, "split": split, "sources": [{"kind": "dicom", "root": "raw"}],

@@ -255,6 +255,28 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "image.tile_size": _setting("image", "tile_size", SIZES),
     "image.tile_stride": _setting("image", "tile_stride", SIZES),  # counts only with tiles: the "tiled" base
     "image.channels": _setting("image", "channels", CHANNELS),
+    # NIfTI settings count where a source is NIfTI (the identity records them only then: see the test)
+    "nifti.windows": _setting("nifti", "windows", WINDOWS),
+    "nifti.sample": _setting("nifti", "sample", st.sampled_from(["neighbors", "volume"])),
+    "nifti.neighbors": _setting("nifti", "neighbors", st.integers(1, 4)).map(
+        lambda edit: lambda job: edit(job).with_settings("nifti", replace(edit(job).settings("nifti"),
+                                                                          sample="neighbors"))),
+    "nifti.edge": _setting("nifti", "edge", st.just("skip")).map(
+        lambda edit: lambda job: edit(job).with_settings("nifti", replace(edit(job).settings("nifti"),
+                                                                          sample="neighbors"))),
+    "nifti.volume_spacing": _setting("nifti", "volume_spacing", st.tuples(*[st.floats(0.5, 3)] * 3)).map(
+        lambda edit: lambda job: edit(job).with_settings("nifti", replace(edit(job).settings("nifti"),
+                                                                          sample="volume"))),
+    "nifti.volume_size": _setting("nifti", "volume_size", st.tuples(*[st.integers(4, 64)] * 3)).map(
+        lambda edit: lambda job: edit(job).with_settings("nifti", replace(edit(job).settings("nifti"),
+                                                                          sample="volume"))),
+    "nifti.axis": _setting("nifti", "axis", st.sampled_from(["coronal", "sagittal"])),
+    "nifti.spacing": _setting("nifti", "spacing", st.tuples(st.floats(0.1, 5), st.floats(0.1, 5))),
+    "nifti.size": _setting("nifti", "size", SIZES),
+    "nifti.resize": _setting("nifti", "resize", RESIZE),
+    "nifti.output": _setting("nifti", "output", st.sampled_from(["uint16", "float16"])),
+    "nifti.channels_from": _setting("nifti", "channels_from", st.just("last_axis")),
+    "nifti.channels": _setting("nifti", "channels", CHANNELS),
 }
 
 #: Settings used before or after the pixel pass (discovery, split, packing, publishing,
@@ -504,6 +526,8 @@ def test_every_setting_that_shapes_the_pixels_is_part_of_the_key(job: JobConfig,
     """Changing a source's reading settings, split.by (a time split makes a missing time a bad
     sample) or any transform setting, to a value the job's identity tells apart, gives a new key."""
     start = job if base == "demo" else _tiled(job)
+    if setting.startswith("nifti."):  # the job has a NIfTI source: its settings are in the identity
+        start = replace(start, recorded=(*start.recorded, "nifti"))
     changed = data.draw(PIXEL_SETTINGS[setting], label="edit")(start)
     assume(changed.identity() != start.identity())
     refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]

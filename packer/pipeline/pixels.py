@@ -39,7 +39,7 @@ from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
-from packer.read.kinds import Grouping, source_kind
+from packer.read.kinds import Grouping, kind_libraries, source_kind
 from packer.records import Issue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
@@ -396,8 +396,9 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
     nonce = uuid.uuid4().hex[:8]
+    libraries = library_versions(kind_libraries([s.kind for s in job.sources]))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
-                      listed=listed or {}, libraries=tuple(sorted(library_versions().items())),
+                      listed=listed or {}, libraries=tuple(sorted(libraries.items())),
                       sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
     table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
     results: list[ChunkResult] = []

@@ -110,6 +110,9 @@ class SourceKind:
     looked_for: ClassVar[str] = ""
     #: Bytes of a file's head :meth:`sniff` needs (0: the suffix alone decides)
     head_bytes: ClassVar[int] = 0
+    #: The libraries whose versions shape this kind's samples beyond packer's own (recorded in the
+    #: manifest and the cache key of a job that uses the kind: ``nibabel`` for NIfTI)
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     # -- listing (client) -------------------------------------------------------------------
     def lists(self, suffix: str) -> bool | None:
@@ -297,3 +300,8 @@ def shows_rgb(name: str, channels: int) -> bool:
     _load()
     kind = _REGISTRY.get(name)
     return kind is not None and kind.rgb_channels(channels)
+
+
+def kind_libraries(kinds: Sequence[str]) -> tuple[str, ...]:
+    """The extra libraries (:attr:`SourceKind.libraries`) of the kinds named ``kinds``, sorted."""
+    return tuple(sorted({lib for name in set(kinds) for lib in source_kind(name).libraries}))

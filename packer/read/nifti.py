@@ -1,0 +1,308 @@
+"""Read NIfTI-1/2 files (``.nii``, ``.nii.gz``) with nibabel: a header probe, then the voxels in canonical LPS axes.
+
+The probe (:func:`probe_nifti`) reads the header only and refuses what cannot become samples
+before a voxel is inflated: a file nibabel cannot read as NIfTI (``unreadable``), a data type
+that is not a real number (RGB, complex: ``unsupported``), a 4th axis the job does not turn into
+channels, or a 5th (``unsupported_dimensions``), a size over the job's limits (``too_large``:
+dims × datatype against ``limits``, so a ``.nii.gz`` whose header promises 4 GB is never
+inflated), voxel data that cannot be where the header says (``vox_offset`` inside the header, or
+past the end of an uncompressed file: ``truncated``), and a geometry that places no voxel
+(``bad_geometry``: a zero, negative or non-finite voxel size where the affine comes from
+``pixdim``, a singular or non-finite affine).
+
+**Which affine** (recorded as ``nifti.affine_source``): the sform when ``sform_code`` is set,
+else the qform when ``qform_code`` is set, else ``pixdim`` alone (nibabel's ``get_best_affine``
+rule; ITK instead prefers the qform unless the sform is a scanner-anatomical rigid transform).
+When both are set and differ by more than :data:`AFFINE_TOLERANCE` mm anywhere (SPM edits only
+the sform), the sample records both (``nifti.qform``, ``nifti.forms_differ_mm``) and the build
+warns: the sform is used.
+
+**World axes.** NIfTI's world is RAS+ (x grows to the patient's Right, y Anterior, z Superior);
+packer's volumes are in DICOM's LPS+, so the affine's first two rows change sign
+(``LPS = diag(-1, -1, 1) · RAS``). The voxels are then permuted and flipped (never resampled)
+so that D, H, W run along the patient axes closest to +z (superior), +y (posterior) and +x
+(left), exactly as a DICOM series' volume (:func:`packer.transform.volume.canonical`):
+an axial slice ``D = d`` is then shown as a radiologist reads an axial CT (anterior up, the
+patient's right on the left of the picture).
+
+**Values.** The stored values times ``scl_slope`` plus ``scl_inter`` when the slope is set (non-zero
+and finite; 0 means "no scaling"), as float32: CT stored as int16 with ``scl_inter = -1024`` is
+then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
+the file ``non_finite``, a volume of one value ``constant_image``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.config import LimitsConfig
+from packer.read.limits import file_size_problem, limit_problem
+from packer.records import Issue, SampleRef
+from packer.transform.volume import Volume, canonical_view
+
+#: Largest difference (mm, any entry of the 3×4 part) between two affines that still place the
+#: same grid: float32 round-off of a 500 mm offset is about 3e-5 mm, dcm2niix writes both forms
+#: equal, and a real disagreement is a rotation or a shift of a voxel or more.
+AFFINE_TOLERANCE = 1e-3
+#: RAS+ → LPS+ (points, and the rows of an affine).
+RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: The suffixes a NIfTI source lists (``.nii.gz`` is seen as ``.gz`` plus the name's ``.nii``).
+SUFFIXES = (".nii", ".nii.gz")
+
+
+class NiftiDefect(Exception):
+    """A defect of the file: its reason code, stage and message (without the file's name)."""
+
+    def __init__(self, reason: str, message: str, stage: str = "read") -> None:
+        super().__init__(message)
+        self.reason, self.message, self.stage = reason, message, stage
+
+
+@dataclass(frozen=True)
+class NiftiHeader:
+    """What the header of one file says, checked. ``shape``: (X, Y, Z) as stored (a 2-D file has
+    Z = 1); ``channels``: the length of its 4th axis (1 for a 3-D file); ``affine``: voxel
+    (i, j, k) → RAS mm by the rule above; ``affine_source``: ``sform``, ``qform`` or ``pixdim``;
+    ``qform`` and ``forms_differ_mm``: the other form where both are set and differ; ``slope``
+    and ``inter``: the scaling (None: none); ``cal``: ``cal_min``/``cal_max`` where set."""
+
+    shape: tuple[int, int, int]
+    channels: int
+    dtype: str
+    affine: np.ndarray
+    affine_source: str
+    slope: float | None
+    inter: float | None
+    cal: tuple[float, float] | None
+    intent_code: int
+    version: int
+    qform: np.ndarray | None = None
+    forms_differ_mm: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The header facts a sample records (``metadata.nifti``)."""
+        out: dict[str, Any] = {
+            "version": self.version, "shape": list(self.shape), "datatype": self.dtype,
+            "affine_source": self.affine_source,
+            "affine_ras": [[round(float(v), 6) for v in row] for row in self.affine],
+            "scl_slope": self.slope, "scl_inter": self.inter,
+        }
+        if self.channels > 1:
+            out["channels"] = self.channels
+        if self.cal is not None:
+            out["cal"] = list(self.cal)
+        if self.intent_code:
+            out["intent_code"] = self.intent_code
+        if self.qform is not None:
+            out["qform_ras"] = [[round(float(v), 6) for v in row] for row in self.qform]
+            out["forms_differ_mm"] = round(float(self.forms_differ_mm or 0.0), 6)
+        return out
+
+
+def issue(ref: SampleRef, defect: NiftiDefect, name: str | None = None) -> Issue:
+    """The bad-sample record of ``defect`` in the file ``name`` (default: ``ref``'s)."""
+    return Issue.of(ref, stage=defect.stage, reason=defect.reason, message=f"{name or ref.path}: {defect.message}")
+
+
+def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -> tuple[Any, NiftiHeader]:
+    """The nibabel image of ``path`` (lazy: no voxel read) and its checked :class:`NiftiHeader`.
+    Raises :class:`NiftiDefect` (module docstring); ``channels_from``: ``last_axis`` lets a 4th
+    axis be channels, None refuses it."""
+    import nibabel as nib
+    from nibabel.filebasedimages import ImageFileError
+    from nibabel.spatialimages import HeaderDataError
+
+    try:
+        size = os.stat(path).st_size
+    except OSError as err:
+        raise NiftiDefect("unreadable", f"cannot open the file ({err.strerror or err})") from err
+    if size == 0:
+        raise NiftiDefect("unreadable", "the file is empty (0 bytes); replace it or remove it")
+    too_big = file_size_problem(size, limits)
+    if too_big is not None:
+        raise NiftiDefect("too_large", too_big)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nibabel warns of what it repairs; the checks below say it
+            img = nib.load(path)
+    except ImageFileError as err:
+        raise NiftiDefect("unreadable", "not a NIfTI-1 or NIfTI-2 file, or its header is cut short or compressed "
+                                        f"wrongly (nibabel: {err}); export it again as .nii or .nii.gz") from err
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise NiftiDefect("truncated", f"the gzip stream ends or breaks inside the header ({type(err).__name__}: "
+                                       f"{err}); copy the file again") from err
+    except (OSError, HeaderDataError, ValueError, TypeError, KeyError) as err:
+        raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err})") from err
+    if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
+        raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
+                                         "NIfTI-2 (.nii, .nii.gz): convert it")
+    return img, _check_header(img, path, size, limits, channels_from)
+
+
+def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels_from: str | None) -> NiftiHeader:
+    header = img.header
+    version = 2 if type(img).__name__ == "Nifti2Image" else 1
+    raw_shape = tuple(int(d) for d in header.get_data_shape())
+    if len(raw_shape) < 2 or any(d < 1 for d in raw_shape):
+        raise NiftiDefect("bad_shape", f"dim {list(raw_shape)}: every size must be at least 1, in 2 to 4 dimensions",
+                          stage="validate")
+    extra = raw_shape[3:]
+    if any(d > 1 for d in extra[1:]):
+        raise NiftiDefect("unsupported_dimensions", f"dim {list(raw_shape)}: a 5-D or higher file (vectors, "
+                                                    "tensors) is not an image packer can sample", stage="validate")
+    channels = extra[0] if extra else 1
+    if channels > 1 and channels_from != "last_axis":
+        raise NiftiDefect("unsupported_dimensions", f"dim {list(raw_shape)}: a 4-D file ({channels} volumes along "
+                                                    "its 4th axis: time, or stacked sequences); set "
+                                                    "transform.nifti.channels_from: last_axis to make them channels, "
+                                                    "or split the file", stage="validate")
+    shape = (raw_shape[0], raw_shape[1], raw_shape[2] if len(raw_shape) > 2 else 1)
+    dtype = header.get_data_dtype()
+    if dtype.fields is not None or dtype.kind not in "iuf":
+        what = "RGB" if dtype.fields is not None else "complex" if dtype.kind == "c" else str(dtype)
+        raise NiftiDefect("unsupported", f"datatype {int(header['datatype'])} ({what}) is not a real number per "
+                                         "voxel; packer reads integer and float NIfTI (convert colour to one "
+                                         "channel per file, complex to magnitude)", stage="validate")
+    voxels = shape[0] * shape[1] * shape[2]
+    decoded = voxels * channels * (dtype.itemsize + 4)
+    too_big = limit_problem(
+        limits, size_text=f"dim[1] {shape[0]} × dim[2] {shape[1]}", pixels=shape[0] * shape[1], decoded=decoded,
+        decoded_text=f"{voxels * channels} voxels × ({dtype.itemsize} bytes stored + 4 bytes as float32)",
+        frames=shape[2] * channels, frames_text="dim[3] slices × dim[4] volumes")
+    if too_big is None and voxels > limits.max_voxels:
+        too_big = (f"{'×'.join(map(str, shape))} = {voxels} voxels per channel, over limits.max_voxels "
+                   f"({limits.max_voxels}); raise the limit if the file is genuine")
+    if too_big is not None:
+        raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
+    _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
+    affine, source, qform, differ = _choose_affine(header, len(raw_shape))
+    slope, inter = header.get_slope_inter()
+    cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
+    cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
+    return NiftiHeader(shape=shape, channels=channels, dtype=str(dtype), affine=affine, affine_source=source,
+                       slope=None if slope is None else float(slope), inter=None if inter is None else float(inter),
+                       cal=cal, intent_code=int(header["intent_code"]), version=version, qform=qform,
+                       forms_differ_mm=differ)
+
+
+def _check_offset(offset: int, path: str, size: int, version: int, nbytes: int) -> None:
+    """A single-file NIfTI's voxels start at ``vox_offset`` (``offset``: as the file says it;
+    nibabel reads from byte 0 when it says 0), after the header (352 bytes for NIfTI-1, 544 for
+    NIfTI-2, extensions included); in an uncompressed file they must end by its end. A
+    ``.nii.gz``'s length is only known once inflated: the read finds it cut short."""
+    least = 352 if version == 1 else 544
+    if offset < least:
+        raise NiftiDefect("unreadable", f"vox_offset {offset} points inside the header (the voxels of a single-file "
+                                        f"NIfTI-{version} start at byte {least} or later); the header is damaged")
+    if not _gzipped(path) and offset + nbytes > size:
+        raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
+                                       f"dim × datatype), but the file has {size} bytes: it was cut short, or "
+                                       "vox_offset is wrong; copy it again")
+
+
+def _gzipped(path: str) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def _choose_affine(header: Any, ndim: int) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
+    """(affine, its source, the qform where it differs from the chosen sform, by how much)."""
+    pixdim = np.asarray(header["pixdim"][1:4], dtype=np.float64)[:max(2, min(ndim, 3))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nibabel repairs a zero pixdim with a warning: refused below instead
+        sform, scode = header.get_sform(coded=True)
+        qform, qcode = header.get_qform(coded=True)
+    if scode and scode > 0:
+        affine, source = np.asarray(sform, dtype=np.float64), "sform"
+    else:
+        if not (np.isfinite(pixdim).all() and (pixdim > 0).all()):
+            raise NiftiDefect("bad_geometry", f"pixdim[1:4] is {[float(v) for v in pixdim]}: voxel sizes must be "
+                                              "positive (and no sform is set to place the voxels instead)",
+                              stage="validate")
+        if qcode and qcode > 0:
+            affine, source = np.asarray(qform, dtype=np.float64), "qform"
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                affine, source = np.asarray(header.get_base_affine(), dtype=np.float64), "pixdim"
+    if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
+        raise NiftiDefect("bad_geometry", f"the {source} affine {np.round(affine[:3], 4).tolist()} is singular or "
+                                          "not finite: it places no voxel (a zero voxel size or a collapsed "
+                                          "direction); fix the header", stage="validate")
+    if source == "sform" and qcode and qcode > 0 and np.isfinite(qform).all():
+        differ = float(np.abs(np.asarray(qform, dtype=np.float64)[:3] - affine[:3]).max())
+        if differ > AFFINE_TOLERANCE:
+            return affine, source, np.asarray(qform, dtype=np.float64), differ
+    return affine, source, None, None
+
+
+def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
+    """The stored values of ``img`` as an (X, Y, Z, T) array (T = 1 for a 3-D file), not yet
+    scaled. Raises :class:`NiftiDefect`: ``truncated`` (the gzip stream or the file ends early),
+    ``decode_failed`` (a damaged gzip stream or a read nibabel refuses)."""
+    try:
+        raw = np.asanyarray(img.dataobj.get_unscaled())
+    except (EOFError, gzip.BadGzipFile) as err:
+        raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
+                                       "copy the file again") from err
+    except zlib.error as err:
+        raise NiftiDefect("decode_failed", f"the gzip stream is damaged (zlib: {err}); copy the file again") from err
+    except OSError as err:
+        raise NiftiDefect("truncated", f"the voxels are cut short ({err}); copy the file again") from err
+    except (ValueError, TypeError) as err:
+        raise NiftiDefect("decode_failed", f"the voxels cannot be read ({type(err).__name__}: {err})") from err
+    return raw.reshape(*header.shape, header.channels)
+
+
+def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
+    """``raw`` (X, Y, Z, T stored values) as a C×D×H×W volume in canonical LPS axes (module
+    docstring), copied once into ``dtype`` (float32: then scaled by ``scl_slope``/``scl_inter``;
+    an integer dtype, for label maps: unscaled), with its affine (voxel (d, h, w) → LPS mm)."""
+    lps = RAS_TO_LPS @ header.affine
+    as_dhw = np.eye(4)
+    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # array axes (T, K, J, I) = (C, D, H, W)
+    as_dhw[:, 3] = lps[:, 3]
+    view = canonical_view(raw.transpose(3, 2, 1, 0), as_dhw)
+    out = np.empty(view.array.shape, dtype=dtype)
+    np.copyto(out, view.array, casting="unsafe")
+    if np.dtype(dtype).kind == "f" and header.slope is not None:
+        out *= np.asarray(header.slope, dtype=dtype)
+        if header.inter:
+            out += np.asarray(header.inter, dtype=dtype)
+    return Volume(out, view.affine)
+
+
+def check_values(volume: Volume) -> None:
+    """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
+    value (``constant_image``): neither can be windowed or normalised into a usable sample."""
+    values = volume.array
+    finite = np.isfinite(values)
+    if not finite.all():
+        nan = int(np.isnan(values).sum())
+        raise NiftiDefect("non_finite", f"{nan} NaN and {values.size - int(finite.sum()) - nan} infinite voxel(s) "
+                                        "(a resampled or masked output?); replace them with a real value (0, or the "
+                                        "background) and export again", stage="validate")
+    if values.size and float(values.min()) == float(values.max()):
+        raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g}; the volume carries no "
+                                            "information", stage="validate")
+
+
+def same_grid(a: Volume, b: Volume) -> float | None:
+    """None when two canonical volumes lie on one grid (same D×H×W, affines within
+    :data:`AFFINE_TOLERANCE` mm), else how far apart their affines are (mm; inf for other shapes)."""
+    if a.array.shape[1:] != b.array.shape[1:]:
+        return float("inf")
+    differ = float(np.abs(a.affine[:3] - b.affine[:3]).max())
+    return None if differ <= AFFINE_TOLERANCE else differ
+
+
+def grid_text(volume: Volume) -> str:
+    """A grid as a message names it: D×H×W and the affine's 3×4 part, rounded."""
+    return f"{'×'.join(map(str, volume.array.shape[1:]))} with affine {np.round(volume.affine[:3], 3).tolist()}"

@@ -1,0 +1,323 @@
+"""The ``nifti`` source kind: NIfTI-1/2 volumes as slices, 2.5D stacks or volumes, with label maps.
+
+Most labelled volumetric data ships as NIfTI: the Medical Segmentation Decathlon, BraTS, KiTS,
+AMOS, TotalSegmentator, and the sets groups convert once with dcm2niix and label in ITK-SNAP or
+3D Slicer. One file is one unit of work: its header is probed (:mod:`packer.read.nifti`), its
+voxels read once, put in canonical LPS axes and sampled (:mod:`packer.read.nifti_samples`).
+Like an image source, entity and time come from the source's table (``path,entity,...``; a
+table-less ``label: folder`` or ``label: none`` source makes each file its own entity). A table
+may name, per row, further co-registered files of the case (``channel_files``: columns, one
+channel each after the row's own file, as BraTS' t1/t1ce/t2/flair) and its label map
+(``mask: {column}``); both must lie on the row's grid (``channel_geometry``, ``mask_geometry``),
+or with ``mask: {grid: resample}`` the label map is resampled to it in patient coordinates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.config import (
+    JobConfig,
+    MaskConfig,
+    SourceConfig,
+    WindowSpec,
+    job_default,
+    parse_sampling,
+    parse_size,
+    parse_window,
+)
+from packer.errors import ConfigError
+from packer.read import at_boundary
+from packer.read.kinds import Probed, SourceKind, register
+from packer.read.nifti import (
+    NiftiDefect,
+    NiftiHeader,
+    canonical_values,
+    check_values,
+    grid_text,
+    issue,
+    load_header,
+    read_voxels,
+    same_grid,
+)
+from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
+from packer.records import Issue, Sample, SampleRef
+from packer.transform.channels import check_channels
+from packer.transform.volume import Volume, resample_to_grid
+
+#: The name of a row's own file among a case's channels (the others are named by their columns).
+IMAGE_CHANNEL = "image"
+#: The windows a NIfTI job gets when it names none: a normalisation, since a NIfTI file need
+#: not be CT (and its own display range, cal_min/cal_max, is often unset).
+DEFAULT_WINDOWS = ({"percentiles": [0.5, 99.5]},)
+
+
+@dataclass(frozen=True)
+class NiftiTransformConfig:
+    """``transform.nifti``: how a NIfTI case becomes samples (:mod:`packer.read.nifti_samples`).
+
+    ``windows``: one output channel per input channel and window (HU presets, ``{center,
+    width}``, ``file`` = the file's ``cal_min``/``cal_max``, ``{percentiles: [low, high]}``,
+    ``zscore``); ``sample``: ``slice``, ``neighbors`` (``neighbors``, ``edge``) or ``volume``
+    (``volume_spacing`` (z, y, x mm), ``volume_size`` (D, H, W)); ``axis``: the slices' axis;
+    ``spacing`` (row, column mm), ``size``, ``resize``: each slice's, as a DICOM frame's;
+    ``output``: uint8, uint16 or float16 (z-scores need float16); ``channels_from``:
+    ``last_axis`` makes a 4-D file's volumes channels (None refuses 4-D files); ``channels``:
+    ``transform.channels`` for NIfTI sources."""
+
+    windows: tuple[WindowSpec, ...]
+    sample: str = "slice"
+    neighbors: int = 0
+    edge: str = "replicate"
+    volume_spacing: tuple[float, float, float] | None = None
+    volume_size: tuple[int, int, int] | None = None
+    axis: str = "axial"
+    spacing: tuple[float, float] | None = None
+    size: tuple[int, int] | None = None
+    resize: str = "stretch"
+    output: str = "uint8"
+    channels_from: str | None = None
+    channels: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"windows": [w.to_json() for w in self.windows], "axis": self.axis,
+                               "size": list(self.size) if self.size else None, "resize": self.resize,
+                               "spacing": list(self.spacing) if self.spacing else None, "output": self.output,
+                               "channels_from": self.channels_from, "channels": self.channels}
+        if self.sample == "neighbors":
+            out["sample"] = {"neighbors": self.neighbors, "edge": self.edge}
+        elif self.sample == "volume":
+            out["sample"] = {"volume": {"spacing": list(self.volume_spacing) if self.volume_spacing else None,
+                                        "size": list(self.volume_size) if self.volume_size else None}}
+        else:
+            out["sample"] = "slice"
+        return out
+
+    def slicing(self, pad: int) -> Slicing:
+        """What :mod:`packer.read.nifti_samples` needs of these settings; ``pad``: the mask's pad id."""
+        return Slicing(windows=self.windows, sample=self.sample, axis=self.axis, neighbors=self.neighbors,
+                       edge=self.edge, spacing=self.spacing, size=self.size, resize=self.resize, output=self.output,
+                       volume_spacing=self.volume_spacing, volume_size=self.volume_size, pad=pad)
+
+
+class NiftiKind(SourceKind):
+    name = "nifti"
+    libraries = ("nibabel",)
+    looked_for = "files named *.nii or *.nii.gz"
+
+    def lists(self, suffix: str) -> bool | None:
+        return suffix == ".nii"
+
+    def lists_name(self, name: str, suffix: str) -> bool | None:
+        return name.endswith(".nii") or name.endswith(".nii.gz")
+
+    def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> NiftiTransformConfig:
+        windows = tuple(parse_window(w, f"transform.nifti.windows[{i}]")
+                        for i, w in enumerate(raw.get("windows", DEFAULT_WINDOWS)))
+        sampling = parse_sampling(raw, "nifti")
+        sampling.pop("series", None)  # a NIfTI file is one grid: there is no series to check
+        if sampling.get("sample") == "volume" and "axis" in raw:
+            raise ConfigError("transform.nifti.axis: a volume keeps every axis; axis chooses the slices of sample: "
+                              "slice or {neighbors: k}. Remove axis")
+        return NiftiTransformConfig(
+            windows=windows,
+            axis=raw.get("axis", job_default("transform.nifti.axis")),
+            spacing=(float(raw["spacing"][0]), float(raw["spacing"][1])) if raw.get("spacing") else None,
+            size=parse_size(raw.get("size")),
+            resize=raw.get("resize", job_default("transform.nifti.resize")),
+            output=raw.get("output", job_default("transform.nifti.output")),
+            channels_from=raw.get("channels_from"),
+            channels=raw.get("channels", shared.get("channels")),
+            **sampling,
+        )
+
+    def parse_source(self, raw: Mapping[str, Any], where: str) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+        columns = tuple(raw.get("channel_files") or ())
+        taken = {"path", *([raw["mask"]["column"]] if "mask" in raw else [])}
+        clash = sorted(taken.intersection(columns))
+        if clash:
+            raise ConfigError(f"{where}.channel_files: column {clash[0]!r} already names the row's own file or its "
+                              "mask; list only the columns of the case's other files")
+        return (), columns
+
+    def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
+        cfg: NiftiTransformConfig = job.settings(self.name)
+        if not sources:
+            return
+        zscores = [w for w in cfg.windows if w.kind == "zscore"]
+        if zscores and cfg.output != "float16":
+            raise ConfigError(f"transform.nifti.output: a z-score is not in [0, 1] and cannot be {cfg.output}; set "
+                              "output: float16 (z-scores of MR, as nnU-Net trains on them), or use {percentiles: "
+                              "[0.5, 99.5]} to scale into [0, 1]")
+        if cfg.channels is not None and cfg.channels_from is None:
+            stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
+            for source in sources:
+                natural = (1 + len(source.companions)) * len(cfg.windows) * stacked
+                check_channels(cfg.channels, natural, where="transform.nifti.windows", sources=[source.name],
+                               fix=f"give {source.name!r} windows and channel_files that make {cfg.channels} "
+                                   "channels, or drop transform.channels")
+
+    def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
+              placement: bool) -> Probed | Issue:
+        cfg: NiftiTransformConfig = job.settings(self.name)
+        try:
+            img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)
+        except NiftiDefect as defect:
+            return issue(ref, defect)
+        return Probed(ref=ref, state=(img, header) if keep else None)
+
+    def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
+        return read_nifti(ref, job, state)
+
+    def expected_dtype(self, sample: Sample, job: JobConfig) -> np.dtype:
+        return np.dtype(job.settings(self.name).output)
+
+    def dtype_rule(self, job: JobConfig) -> str:
+        return f"transform.nifti.output is {job.settings(self.name).output}"
+
+    def expected_size(self, job: JobConfig) -> tuple[int, ...] | None:
+        cfg: NiftiTransformConfig = job.settings(self.name)
+        return cfg.volume_size if cfg.sample == "volume" else cfg.size
+
+    def sample_ndim(self, job: JobConfig) -> int:
+        return 4 if job.settings(self.name).sample == "volume" else 3
+
+    def channels(self, job: JobConfig) -> int | None:
+        return job.settings(self.name).channels
+
+    def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
+        return samples  # the reader cut each sample's mask from the case's label map, on the sample's grid
+
+
+def read_nifti(ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
+    """Decode one NIfTI case (the row's file, its ``channel_files`` and its label map) into its
+    samples (:mod:`packer.read.nifti_samples`), or the case's one Issue: every defect of
+    :func:`packer.read.nifti.load_header`, ``read_voxels`` and ``check_values`` (naming the file
+    it is in), ``channel_geometry`` (another file of the case on another grid),
+    ``missing_window`` (a ``file`` window without ``cal_min``/``cal_max``), and the label map's
+    ``mask_missing``, ``mask_unreadable``, ``mask_values``, ``mask_geometry``, ``mask_empty``.
+    ``state``: the row's file as the probe loaded it (its header is not read again)."""
+    return at_boundary(ref, lambda progress: _read(ref, job, state), name=ref.path)
+
+
+def _source_of(ref: SampleRef, job: JobConfig) -> SourceConfig:
+    return next(s for s in job.sources if s.name == ref.source)
+
+
+def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
+    cfg: NiftiTransformConfig = job.settings("nifti")
+    source = _source_of(ref, job)
+    files: list[tuple[str, str | None]] = [(IMAGE_CHANNEL, ref.path)]
+    files += [(column, source.row_file(ref.extra, column)) for column in source.companions]
+    volumes: list[Volume] = []
+    headers: list[NiftiHeader] = []
+    names: list[str] = []
+    cal: list[tuple[float, float] | None] = []
+    for name, path in files:
+        if path is None:
+            return Issue.of(ref, stage="read", reason="missing_file",
+                            message=f"{ref.path}: its table row names no {name} file; name it, or leave the case out")
+        try:
+            img, header = (state if state is not None and name == IMAGE_CHANNEL
+                           else load_header(path, job.limits, channels_from=cfg.channels_from))
+            volume = canonical_values(read_voxels(img, header), header)
+            check_values(volume)
+        except NiftiDefect as defect:
+            return issue(ref, defect, name=path)
+        except FileNotFoundError:
+            return Issue.of(ref, stage="read", reason="missing_file",
+                            message=f"{ref.path}: its {name} file {path} does not exist; fix the table's {name!r} "
+                                    "column or add the file")
+        if volumes and (gap := same_grid(volumes[0], volume)) is not None:
+            return Issue.of(ref, stage="validate", reason="channel_geometry",
+                            message=f"{path} ({name}) lies on {grid_text(volume)}, but {ref.path} on "
+                                    f"{grid_text(volumes[0])} (off by {gap:.4g} mm); a case's files must share one "
+                                    "grid: resample them to one (e.g. with ANTs or SimpleITK) before packing")
+        headers.append(header)
+        volumes.append(volume)
+        names.extend([name] if header.channels == 1 else [f"{name}[{t}]" for t in range(header.channels)])
+        cal.extend([header.cal] * header.channels)
+    first = headers[0]
+    values = volumes[0].array if len(volumes) == 1 else np.concatenate([v.array for v in volumes], axis=0)
+    affine = volumes[0].affine
+    del volumes
+    mask = _label_map(ref, source, source.mask, job, Volume(values, affine)) if source.mask is not None else None
+    if isinstance(mask, Issue):
+        return mask
+    case = Case(values=values, affine=affine, names=tuple(names), cal=tuple(cal), mask=mask)
+    base: dict[str, Any] = {"format": "nifti", "nifti": first.describe()}
+    if len(files) > 1:
+        base["channel_files"] = [name for name, _ in files]
+    if first.qform is not None:
+        base["warnings"] = [f"sform and qform differ by up to {first.forms_differ_mm:.3g} mm; the sform is used"]
+    plan = cfg.slicing(source.mask.pad if source.mask is not None else 0)
+    try:
+        if cfg.sample == "volume":
+            return volume_sample(ref, case, plan, base)
+        return slice_samples(ref, case, plan, base)
+    except MissingWindow as err:
+        return Issue.of(ref, stage="transform", reason="missing_window", message=f"{ref.path}: {err}")
+
+
+def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobConfig,
+               image: Volume) -> np.ndarray | Issue:
+    """The case's label map (``mask``, the source's) on the image's canonical grid (D×H×W, the
+    mask's dtype), or its defect."""
+    path = source.mask_file(ref.extra)
+    if path is None:
+        return Issue.of(ref, stage="read", reason="mask_missing",
+                        message=f"{ref.path}: its table row names no label map in column {mask.column!r}")
+    try:
+        img, header = load_header(path, job.limits, channels_from=None)
+        labels = canonical_values(read_voxels(img, header), header)
+    except FileNotFoundError:
+        return Issue.of(ref, stage="read", reason="mask_missing",
+                        message=f"{ref.path}: its label map {path} does not exist; fix the table's {mask.column!r} "
+                                "column or add the file")
+    except NiftiDefect as defect:
+        reason = "mask_missing" if defect.reason == "unreadable" and "cannot open" in defect.message \
+            else "mask_unreadable"
+        return Issue.of(ref, stage="transform", reason=reason,
+                        message=f"{ref.path}: label map {path}: {defect.reason}: {defect.message}")
+    values = labels.array[0]
+    whole = np.rint(values)
+    if not np.isfinite(values).all() or np.abs(values - whole).max(initial=0.0) > 1e-3:
+        return Issue.of(ref, stage="transform", reason="mask_values",
+                        message=f"{ref.path}: label map {path} holds values that are not whole numbers (or NaN); a "
+                                "label map holds class ids: export it with an integer datatype")
+    low, high = (int(whole.min()), int(whole.max())) if whole.size else (0, 0)
+    allowed = set(mask.classes) if mask.classes is not None else set(range(256))
+    if low < 0 or high > 65535:
+        stray = [low if low < 0 else high]
+    else:
+        present = np.flatnonzero(np.bincount(whole.astype(np.int64).reshape(-1), minlength=1))
+        stray = [int(i) for i in present if int(i) not in allowed]
+    if stray:
+        where = f"the declared classes {list(mask.classes)}" if mask.classes is not None else "0-255 (declare ids " \
+            "above 255 in mask.classes)"
+        return Issue.of(ref, stage="transform", reason="mask_values",
+                        message=f"{ref.path}: label map {path} holds class id(s) {stray[:8]} outside {where}")
+    ids_map = Volume(whole.astype(mask.dtype)[None], labels.affine)
+    gap = same_grid(image, ids_map)
+    if gap is not None:
+        if mask.grid != "resample":
+            return Issue.of(ref, stage="transform", reason="mask_geometry",
+                            message=f"{ref.path}: label map {path} lies on {grid_text(ids_map)}, the image on "
+                                    f"{grid_text(image)} (off by {gap:.4g} mm): the header may come from another "
+                                    "case. Fix it, or set mask.grid: resample to resample it to the image (nearest "
+                                    "neighbour, in patient coordinates)")
+        placed = resample_to_grid(ids_map, image.array.shape[1:], image.affine, fill=0)[0]
+    else:
+        placed = ids_map.array[0]
+    if mask.empty == "bad" and not placed.any():
+        return Issue.of(ref, stage="transform", reason="mask_empty",
+                        message=f"{ref.path}: label map {path} is all background (0) and the source's mask.empty is "
+                                "bad; fix it, or set empty: keep to pack it")
+    return np.ascontiguousarray(placed)
+
+
+register(NiftiKind())

@@ -1,0 +1,225 @@
+"""A NIfTI case's canonical voxels → its samples: slices, 2.5D stacks or a volume, each channel windowed.
+
+The case (:class:`Case`) is one or more co-registered files on one grid, in canonical LPS axes
+(:mod:`packer.read.nifti`): ``values`` C×D×H×W float32 (C: each file's volumes, files in the
+job's order) with its affine, each channel's name, and its label map where the source has one.
+Every output channel is one input channel through one of the job's windows, channel-major (the
+first file's windows first), as a DICOM ``frames: stack`` sample; a window is a fixed window
+(:func:`packer.transform.window.apply_window`: HU presets, explicit, or the file's own
+``cal_min``/``cal_max`` as ``file``) or a normalisation from the channel's own values
+(:mod:`packer.transform.intensity`). Statistics are taken over the channel's whole volume as
+stored (before any resampling), once per case, and each sample records them per channel
+(``metadata.windows``), so a prediction can be mapped back.
+
+Sampling (``transform.nifti.sample``):
+
+- ``slice``: one sample per slice along ``axis`` (``axial``: D; ``coronal``: H, shown with
+  superior up; ``sagittal``: W, superior up, anterior left), key ``<id>-fNNNN``, each slice
+  windowed, resampled to ``spacing`` and resized to ``size`` as a DICOM frame, with its place in
+  patient space (``slice.position`` of pixel (0, 0), ``slice.orientation`` as DICOM's Image
+  Orientation: the direction of increasing column, then of increasing row);
+- ``{neighbors: k}``: each slice with its ``k`` neighbours on either side as channels
+  (:func:`packer.read.series.stack_neighbors`);
+- ``volume``: one C×D×H×W sample, resampled (linear, on the values before windowing) to
+  ``spacing`` and centre-cropped or zero-padded to ``size``, its affine in ``metadata.volume``.
+
+A label map follows its image exactly: sliced the same way and resampled by nearest neighbour
+(:func:`packer.transform.mask.transform_mask_dicom` per slice, :func:`~packer.transform.volume.resample_nearest`
+for a volume), padded with the mask's ``pad`` id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.config import WindowSpec
+from packer.read.series import stack_neighbors
+from packer.records import Sample, SampleRef, frame_key
+from packer.transform.dicom import finish_image, quantise
+from packer.transform.intensity import Stats, apply_percentiles, apply_zscore, percentile_stats, zscore_stats
+from packer.transform.mask import transform_mask_dicom
+from packer.transform.volume import Volume, crop_or_pad, resample_linear, resample_nearest
+from packer.transform.window import apply_window
+
+#: The axes a slice may be taken along: the canonical axis it indexes (1 = D, 2 = H, 3 = W).
+AXES = {"axial": 1, "coronal": 2, "sagittal": 3}
+
+
+@dataclass(frozen=True)
+class Slicing:
+    """What the NIfTI kind's settings say about sampling (a view of its settings, so that this
+    module needs no job): the mode and its parameters, the slice geometry and the output."""
+
+    windows: tuple[WindowSpec, ...]
+    sample: str
+    axis: str
+    neighbors: int
+    edge: str
+    spacing: tuple[float, float] | None
+    size: tuple[int, int] | None
+    resize: str
+    output: str
+    volume_spacing: tuple[float, float, float] | None
+    volume_size: tuple[int, int, int] | None
+    pad: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case's voxels (C×D×H×W float32, canonical), affine (voxel (d, h, w) → LPS mm),
+    channel names and file display ranges (``cal``, for ``file`` windows, None where unset), and
+    its label map (D×H×W, the mask's dtype) or None."""
+
+    values: np.ndarray
+    affine: np.ndarray
+    names: tuple[str, ...]
+    cal: tuple[tuple[float, float] | None, ...]
+    mask: np.ndarray | None = None
+
+
+class MissingWindow(Exception):
+    """A ``file`` window of a channel whose file sets no ``cal_min``/``cal_max``."""
+
+
+def _stats(values: np.ndarray, spec: WindowSpec) -> Stats | None:
+    if spec.kind == "percentiles":
+        return percentile_stats(values, float(spec.low or 0.0), float(spec.high or 100.0), spec.over or "all")
+    if spec.kind == "zscore":
+        return zscore_stats(values, spec.over or "nonzero")
+    return None
+
+
+@dataclass(frozen=True)
+class _Channel:
+    """One output channel: input channel ``index`` through ``spec`` (with its ``stats``, or the
+    centre and width a fixed window uses)."""
+
+    index: int
+    spec: WindowSpec
+    stats: Stats | None
+    center: float | None
+    width: float | None
+    function: str
+    record: dict[str, Any]
+
+    def render(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (any shape, float32) → float32: [0, 1] for windows and percentiles, z for z-scores."""
+        if self.spec.kind == "percentiles" and self.stats is not None:
+            return apply_percentiles(values, self.stats)
+        if self.spec.kind == "zscore" and self.stats is not None:
+            return apply_zscore(values, self.stats)
+        return apply_window(values, float(self.center or 0.0), float(self.width or 1.0), self.function)
+
+
+def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
+    """Every output channel of ``case`` (input channels × windows), statistics taken over each
+    input channel's whole volume. Raises :class:`MissingWindow` for a ``file`` window of a file
+    without a display range."""
+    several = len(case.names) > 1
+    out = []
+    for index, name in enumerate(case.names):
+        for spec in windows:
+            stats = _stats(case.values[index], spec)
+            center, width, function = spec.center, spec.width, spec.function
+            if spec.kind == "file":
+                cal = case.cal[index]
+                if cal is None:
+                    raise MissingWindow(f"channel {name!r}: its file sets no display range (cal_min/cal_max) for "
+                                        "the 'file' window; give a preset, {center, width} or a normalisation")
+                center, width, function = (cal[0] + cal[1]) / 2, cal[1] - cal[0], "LINEAR_EXACT"
+            label = spec.name if spec.kind != "file" else "cal"
+            record: dict[str, Any] = {"name": f"{name} {label}" if several else label, "source": spec.kind,
+                                      "channel": name}
+            if stats is not None:
+                record.update(stats.to_json())
+            else:
+                record.update(center=center, width=width, function=function)
+            out.append(_Channel(index, spec, stats, center, width, function, record))
+    return out
+
+
+def _slice_view(array: np.ndarray, axis: str, index: int) -> np.ndarray:
+    """Slice ``index`` along ``axis`` of a (C×)D×H×W array, rows and columns as displayed: axial
+    H×W; coronal D×W and sagittal D×H with D reversed (superior up)."""
+    lead = array.ndim - 3
+    picked = np.take(array, index, axis=lead + AXES[axis] - 1)
+    return picked if axis == "axial" else np.flip(picked, axis=lead)
+
+
+def _slice_geometry(affine: np.ndarray, shape: tuple[int, int, int], axis: str, index: int
+                    ) -> dict[str, Any]:
+    """Where a slice lies: pixel (0, 0)'s centre in LPS mm, the directions of increasing column
+    and row (DICOM's Image Orientation order), and (row, column) spacing in mm."""
+    d, h, w = shape
+    cols = {"axial": affine[:3, 2], "coronal": affine[:3, 2], "sagittal": affine[:3, 1]}[axis]
+    rows = {"axial": affine[:3, 1], "coronal": -affine[:3, 0], "sagittal": -affine[:3, 0]}[axis]
+    corner = {"axial": (index, 0, 0), "coronal": (d - 1, index, 0), "sagittal": (d - 1, 0, index)}[axis]
+    origin = affine @ np.array([*corner, 1.0])
+    row_mm, col_mm = float(np.linalg.norm(rows)), float(np.linalg.norm(cols))
+    return {"position": [round(float(v), 6) for v in origin[:3]],
+            "orientation": [round(float(v), 6) for v in (*(cols / col_mm), *(rows / row_mm))],
+            "pixel_spacing": [round(row_mm, 6), round(col_mm, 6)]}
+
+
+def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any]) -> list[Sample]:
+    """One sample per slice along ``plan.axis`` (module docstring), or neighbour stacks of them."""
+    channels = plan_channels(case, plan.windows)
+    count = case.values.shape[AXES[plan.axis]]
+    shape = (case.values.shape[1], case.values.shape[2], case.values.shape[3])
+    out = []
+    for index in range(count):
+        values = _slice_view(case.values, plan.axis, index)
+        rendered = np.stack([channel.render(values[channel.index]) for channel in channels], axis=-1)
+        where = _slice_geometry(case.affine, shape, plan.axis, index)
+        spacing = (where["pixel_spacing"][0], where["pixel_spacing"][1])
+        image = finish_image(rendered, pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
+                             policy=plan.resize, output=plan.output)
+        metadata = {**base, "windows": [c.record for c in channels], "pixel_spacing": where.pop("pixel_spacing"),
+                    "slice": {"axis": plan.axis, "index": index, "count": count, **where}}
+        if plan.spacing is not None:
+            metadata["output_spacing"] = list(plan.spacing)
+        mask = None
+        if case.mask is not None:
+            mask = transform_mask_dicom(np.ascontiguousarray(_slice_view(case.mask, plan.axis, index)),
+                                        pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
+                                        policy=plan.resize, pad_value=plan.pad)
+        key = frame_key(ref.sample_id, index)
+        out.append(Sample(key=key, ref=ref, image=image, metadata=metadata, mask=mask))
+    if plan.sample != "neighbors":
+        return out
+    step = float(np.linalg.norm(case.affine[:3, AXES[plan.axis] - 1]))
+    return stack_neighbors(out, [step] * (len(out) - 1), plan.neighbors, plan.edge)
+
+
+def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any]) -> list[Sample]:
+    """The case as one C×D×H×W sample (module docstring), with its label map on the same grid."""
+    channels = plan_channels(case, plan.windows)
+    volume = Volume(case.values, case.affine)
+    if plan.volume_spacing is not None:
+        volume = resample_linear(volume, plan.volume_spacing)
+    depth = volume.array.shape[1]
+    rendered = np.empty((len(channels), *volume.array.shape[1:]), dtype=np.float32)
+    for c, channel in enumerate(channels):
+        for d in range(depth):  # a slice at a time: the window maths works in float64
+            rendered[c, d] = channel.render(volume.array[channel.index, d])
+    finished = Volume(rendered, volume.affine)
+    del volume, rendered
+    if plan.volume_size is not None:
+        finished = crop_or_pad(finished, plan.volume_size)
+    image = np.ascontiguousarray(quantise(finished.array, plan.output))
+    metadata = {**base, "windows": [c.record for c in channels], "volume": {
+        "slices": int(image.shape[1]), "affine": [[round(float(v), 6) for v in row] for row in finished.affine],
+        "spacing": [round(v, 6) for v in finished.spacing], "layout": "CDHW", "frame": "LPS"}}
+    mask = None
+    if case.mask is not None:
+        labels = Volume(case.mask[None], case.affine)
+        if plan.volume_spacing is not None:
+            labels = resample_nearest(labels, plan.volume_spacing)
+        if plan.volume_size is not None:
+            labels = crop_or_pad(labels, plan.volume_size, fill=plan.pad)
+        mask = np.ascontiguousarray(labels.array[0])
+    return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=metadata, mask=mask)]

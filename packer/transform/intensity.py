@@ -1,0 +1,118 @@
+"""Intensity normalisation where there is no calibrated unit (MR): percentile clipping and z-scores.
+
+CT values are Hounsfield units after the modality LUT (DICOM) or ``scl_slope`` (NIfTI), so a
+window (:mod:`packer.transform.window`) means the same on every scanner. MR values have no
+unit: they differ between scanners, sequences and sessions, and a fixed window means nothing.
+The two schemes the field uses instead, both computed from the image's own values:
+
+- **percentiles** (MONAI's ``ScaleIntensityRangePercentiles(lower, upper, 0, 1, clip=True)``):
+  the ``low`` and ``high`` percentiles of the values (numpy's default linear interpolation)
+  become 0 and 1; values outside are clipped. Output in [0, 1], so it quantises to uint8/uint16.
+- **z-score** (nnU-Net's scheme for every modality but CT, MONAI's
+  ``NormalizeIntensity(nonzero=True)``): ``(x - mean) / std``, with mean and std (population,
+  ``ddof=0``) over the non-zero voxels (``over="nonzero"``, the default) or all of them. With
+  ``nonzero``, voxels that are 0 stay 0 (nnU-Net's ``use_mask_for_norm``: the background
+  outside a skull-stripped brain stays background). Output is unbounded: float16 only.
+
+The statistics (:class:`Stats`) are what a prediction needs to be mapped back; every sample
+records them with its channel (``metadata.windows[i]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Where the statistics are taken: every value, or the non-zero ones (a background of exact 0).
+REGIONS = ("all", "nonzero")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one normalisation of one image used: ``kind`` (``percentiles`` or ``zscore``), the
+    region (``over``), the values that became 0 and 1 (``low``/``high``, percentiles) or the
+    ``mean`` and ``std`` (z-score), and how many values they were taken from (``count``)."""
+
+    kind: str
+    over: str
+    count: int
+    low: float | None = None
+    high: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    percentiles: tuple[float, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record of a sample's channel (``metadata.windows[i]``), rounded to float32's
+        precision so that it reads back as the values used."""
+        out: dict[str, Any] = {"over": self.over, "count": self.count}
+        if self.kind == "percentiles":
+            out.update(percentiles=list(self.percentiles or ()), low=_short(self.low), high=_short(self.high))
+        else:
+            out.update(mean=_short(self.mean), std=_short(self.std))
+        return out
+
+
+def _short(value: float | None) -> float | None:
+    return None if value is None else float(np.float32(value))
+
+
+def _region(values: np.ndarray, over: str) -> np.ndarray:
+    """The values the statistics are taken from, flattened (a copy only where it must be)."""
+    if over not in REGIONS:
+        raise ValueError(f"unknown region {over!r}; expected one of {REGIONS}")
+    flat = values.reshape(-1)
+    return flat[flat != 0] if over == "nonzero" else flat
+
+
+def percentile_stats(values: np.ndarray, low: float, high: float, over: str = "all") -> Stats:
+    """The ``low`` and ``high`` percentiles (0-100) of ``values`` over ``over``. An empty region
+    (``nonzero`` of an all-zero image) gives low = high = 0. Raises ValueError for a bad range."""
+    if not 0 <= low < high <= 100:
+        raise ValueError(f"percentiles [{low}, {high}] must satisfy 0 <= low < high <= 100")
+    region = _region(values, over)
+    if region.size == 0:
+        return Stats("percentiles", over, 0, low=0.0, high=0.0, percentiles=(low, high))
+    lo, hi = np.percentile(region, [low, high])
+    return Stats("percentiles", over, int(region.size), low=float(lo), high=float(hi), percentiles=(low, high))
+
+
+def zscore_stats(values: np.ndarray, over: str = "nonzero") -> Stats:
+    """Mean and population standard deviation (float64 sums) of ``values`` over ``over``; an
+    empty region gives mean 0 and std 0."""
+    region = _region(values, over)
+    if region.size == 0:
+        return Stats("zscore", over, 0, mean=0.0, std=0.0)
+    mean = float(np.mean(region, dtype=np.float64))
+    std = float(np.std(region, dtype=np.float64))
+    return Stats("zscore", over, int(region.size), mean=mean, std=std)
+
+
+def apply_percentiles(values: np.ndarray, stats: Stats) -> np.ndarray:
+    """``values`` clipped to [low, high] and scaled to [0, 1], float32 of the same shape; a
+    constant region (low == high) maps to 0 (nothing to scale)."""
+    lo, hi = float(stats.low or 0.0), float(stats.high or 0.0)
+    out = np.asarray(values, dtype=np.float32).astype(np.float32, copy=True)
+    if hi <= lo:
+        out.fill(0.0)
+        return out
+    out -= np.float32(lo)
+    out *= np.float32(1.0 / (hi - lo))
+    np.clip(out, 0.0, 1.0, out=out)
+    return out
+
+
+def apply_zscore(values: np.ndarray, stats: Stats) -> np.ndarray:
+    """``(values - mean) / std``, float32 of the same shape; with ``over == "nonzero"`` the
+    zero voxels stay 0. A zero std (a constant region) gives 0 where the statistics apply:
+    ``max(std, 1e-8)`` as nnU-Net divides."""
+    mean, std = float(stats.mean or 0.0), max(float(stats.std or 0.0), 1e-8)
+    out = np.asarray(values, dtype=np.float32).astype(np.float32, copy=True)
+    zero = out == 0 if stats.over == "nonzero" else None
+    out -= np.float32(mean)
+    out *= np.float32(1.0 / std)
+    if zero is not None:
+        out[zero] = 0.0
+    return out
