@@ -535,8 +535,8 @@ def _parquet_mask(row: dict[str, Any], bad: Callable[[str], None]) -> np.ndarray
 
 def _check_mask(mask: np.ndarray | None, pixels: np.ndarray | None, expect: dict[str, Any],
                 bad: Callable[[str], None]) -> None:
-    """A sample's mask against the manifest's ``mask``: there, F×H×W on its image's grid, the
-    recorded dtype, only declared class ids."""
+    """A sample's mask against the manifest's ``mask``: there, F×H×W on its image's grid (a
+    volume's D×H×W), the recorded dtype, only declared class ids."""
     if mask is None:
         bad("has no mask, but the manifest says every sample has one")
         return
@@ -545,6 +545,8 @@ def _check_mask(mask: np.ndarray | None, pixels: np.ndarray | None, expect: dict
         return
     if pixels is not None and pixels.ndim == 3 and mask.shape[1:] != pixels.shape[1:]:
         bad(f"mask is {mask.shape[1]}×{mask.shape[2]}, its image {pixels.shape[1]}×{pixels.shape[2]}")
+    if pixels is not None and pixels.ndim == 4 and mask.shape != pixels.shape[1:]:  # a volume's D×H×W label map
+        bad(f"mask is {'×'.join(map(str, mask.shape))}, its volume {'×'.join(map(str, pixels.shape[1:]))}")
     if expect["classes"] is not None:
         extra = np.setdiff1d(np.unique(mask), np.asarray(expect["classes"]))
         if extra.size:

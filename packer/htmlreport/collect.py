@@ -343,7 +343,9 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
     kind = str(sample.info.get("kind") or kinds.get(entry.source, ""))
     chw = as_chw(sample.image)
     mask = sample.mask if masked and sample.mask is not None and sample.mask.ndim == 3 and len(sample.mask) else None
-    frame = mask[0] if mask is not None else None  # the sheets show frame 0 of an F×H×W mask
+    frame = None  # the sheets show frame 0 of an F×H×W mask, a volume's label map in its three middle planes
+    if mask is not None:
+        frame = as_chw(mask[None])[0] if sample.image.ndim == 4 else mask[0]
     panes = small = None
     if sheet:
         panes = tuple(sample_panes(chw, sample.info, kind, thumb_px, mask=frame, pad=pad))

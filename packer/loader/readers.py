@@ -362,9 +362,11 @@ class SampleCheck:
         if self.mask_dtype is not None:
             if mask is None:
                 return "no mask (.mask.npy member or mask cell), but the manifest says every sample has one"
-            if mask.ndim != 3 or mask.shape[1:] != image.shape[1:] or mask.dtype != np.dtype(self.mask_dtype):
-                return (f"mask {mask.dtype} {tuple(mask.shape)} is not {self.mask_dtype} F×{image.shape[1]}×"
-                        f"{image.shape[2]} on the image's grid")
+            grid = tuple(mask.shape) == image.shape[1:] if image.ndim == 4 else mask.shape[1:] == image.shape[1:]
+            if mask.ndim != 3 or not grid or mask.dtype != np.dtype(self.mask_dtype):
+                wanted = "×".join(map(str, image.shape[1:])) if image.ndim == 4 else \
+                    f"F×{image.shape[1]}×{image.shape[2]}"
+                return f"mask {mask.dtype} {tuple(mask.shape)} is not {self.mask_dtype} {wanted} on the image's grid"
         return self.target.problem(label, vector)
 
     def outcome(self, result: Decoded | SampleDefect) -> Decoded | SampleDefect:

@@ -181,13 +181,14 @@ def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written
     return summary
 
 
-def _mask_schema(job: JobConfig) -> dict[str, Any]:
+def _mask_schema(job: JobConfig, sample_layout: str) -> dict[str, Any]:
     """What every sample's mask is (the manifest's ``mask``): its dtype, declared class ids
-    (the union over the sources; null where a source accepts any id) and the id ``fit`` pads
-    with (a loss may ignore it)."""
+    (the union over the sources; null where a source accepts any id), its layout (``FHW`` on a
+    C×H×W image, ``DHW`` on a C×D×H×W volume) and the id ``fit`` pads with (a loss may ignore it)."""
     masks = [s.mask for s in job.sources if s.mask is not None]
     declared = None if any(m.classes is None for m in masks) else sorted({c for m in masks for c in m.classes or ()})
-    return {"dtype": masks[0].dtype, "classes": declared, "layout": "FHW", "pad": masks[0].pad}
+    layout = "DHW" if sample_layout == "CDHW" else "FHW"
+    return {"dtype": masks[0].dtype, "classes": declared, "layout": layout, "pad": masks[0].pad}
 
 
 @dataclass(frozen=True)
@@ -299,10 +300,10 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "libraries": library_versions(kind_libraries([s.kind for s in job.sources])),
         "decoders": _decoders(),
         "format": job.pack.format,
-        "sample_schema": _sample_schema(samples),
+        "sample_schema": (schema := _sample_schema(samples)),
         "label_map": target.label_map,
         **({"target": target.to_json()} if target.kind != "class" else {}),  # absent: class, as before kinds
-        **({"mask": _mask_schema(job)} if any(s.mask is not None for s in job.sources) else {}),
+        **({"mask": _mask_schema(job, schema["layout"])} if any(s.mask is not None for s in job.sources) else {}),
         "splits": _split_summary(samples, shards, written, targets),
         "inputs": {"files": prepared.inputs, "samples": len(samples)},
         "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),

@@ -1,0 +1,256 @@
+"""NIfTI sources: what a job may say, what a case's files become, and what each defect of a case is.
+
+The geometry of the packed voxels against independent readers is ``tests/test_nifti_geometry.py``;
+this file holds the kind's job settings, discovery (``.nii``/``.nii.gz``, a case's other files
+and label maps are not samples), multi-file cases and 4-D files, and the build's records.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.discover import discover
+from tests.helpers import write_job
+
+AFFINE = np.array([[0.8, 0, 0, -20.0], [0, 0.9, 0, -18.0], [0, 0, 2.5, 10.0], [0, 0, 0, 1]])
+
+
+def phantom(shape: tuple[int, int, int] = (24, 20, 10), seed: int = 0, offset: int = 0) -> np.ndarray:
+    """An int16 body (HU about 40) in air (-1000), with a bright block placed by ``offset``."""
+    rng = np.random.default_rng(seed)
+    volume = np.full(shape, -1000, dtype=np.int16)
+    x, y, z = shape
+    volume[2:x - 2, 2:y - 2, :] = 40 + rng.integers(-10, 10, (x - 4, y - 4, z)).astype(np.int16)
+    volume[4 + offset:8 + offset, 5:9, 2:z - 2] = 700
+    return volume
+
+
+def save(path: Path, data: np.ndarray, affine: np.ndarray = AFFINE, **header: Any) -> Path:
+    img = nib.Nifti1Image(data, affine)
+    img.header.set_qform(affine, code=1)
+    img.header.set_sform(affine, code=1)
+    for key, value in header.items():
+        img.header[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(img, path)
+    return path
+
+
+def nifti_job(tmp_path: Path, rows: list[str], header: str = "path,entity", **settings: Any) -> Path:
+    root = tmp_path / "raw"
+    root.mkdir(exist_ok=True)
+    (root / "cases.csv").write_text("\n".join([header, *rows]) + "\n")
+    source: dict[str, Any] = {"kind": "nifti", "root": "raw", "table": "raw/cases.csv", "label": "none",
+                              **settings.pop("source", {})}
+    doc = {"name": "nt", "sources": [source],
+           "split": {"by": "entity", "ratios": {"train": 1.0}},
+           "transform": {"nifti": {"windows": ["abdomen"], **settings}},
+           "pack": {"format": "webdataset"}, "output": "out", "validate": {"max_bad_fraction": 0.9}}
+    return write_job(tmp_path, doc)
+
+
+def run(job: Path, tmp_path: Path) -> BuildResult:
+    return build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False,
+                                             work_dir=tmp_path / "work"))
+
+
+def records(result: BuildResult) -> dict[str, tuple[dict[str, Any], np.ndarray, np.ndarray | None]]:
+    """Every packed sample: key → (its JSON record, its array, its mask or None), with stock tarfile."""
+    out: dict[str, Any] = {}
+    for shard in sorted(result.version_dir.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+        for name, data in members.items():
+            if name.endswith(".json"):
+                key = name.removesuffix(".json")
+                mask = members.get(f"{key}.mask.npy")
+                out[key] = (json.loads(data), np.load(_io(members[f"{key}.npy"])),
+                            None if mask is None else np.load(_io(mask)))
+    return out
+
+
+def _io(data: bytes) -> Any:
+    import io
+
+    return io.BytesIO(data)
+
+
+# -- the job file -------------------------------------------------------------------------------
+
+def test_a_zscore_needs_float16_output(tmp_path: Path) -> None:
+    save(tmp_path / "raw" / "a.nii.gz", phantom())
+    with pytest.raises(ConfigError, match="transform.nifti.output: a z-score is not in \\[0, 1\\] and cannot be "
+                                          "uint8; set output: float16"):
+        load_job(nifti_job(tmp_path, ["a.nii.gz,P1"], windows=["zscore"]))
+    job = load_job(nifti_job(tmp_path, ["a.nii.gz,P1"], windows=["zscore", {"percentiles": [1, 99]}],
+                             output="float16"))
+    assert [w.to_json() for w in job.settings("nifti").windows] == [
+        {"zscore": {"over": "nonzero"}}, {"percentiles": [1.0, 99.0], "over": "all"}]
+
+
+def test_settings_a_volume_cannot_use_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="transform.nifti.axis: a volume keeps every axis"):
+        load_job(nifti_job(tmp_path, [], sample="volume", axis="coronal"))
+    with pytest.raises(ConfigError, match="transform.nifti.size/spacing: a volume's size and spacing are 3-D"):
+        load_job(nifti_job(tmp_path, [], sample="volume", size=[32, 32]))
+    with pytest.raises(ConfigError, match="percentiles: \\[99, 1\\]: the low percentile must be below"):
+        load_job(nifti_job(tmp_path, [], windows=[{"percentiles": [99, 1]}]))
+
+
+def test_channel_files_may_not_name_the_row_or_its_mask(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="channel_files: column 'seg' already names the row's own file or its mask"):
+        load_job(nifti_job(tmp_path, [], header="path,entity,seg", source={
+            "mask": {"column": "seg"}, "channel_files": ["t2", "seg"]}))
+
+
+def test_a_job_without_nifti_records_no_nifti_settings(tmp_path: Path) -> None:
+    """Only jobs that use the kind record its settings and nibabel's version: every other
+    dataset keeps its config_hash and dataset_hash."""
+    doc = {"name": "t", "sources": [{"kind": "image", "root": "raw", "label": "none"}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out"}
+    assert set(load_job(write_job(tmp_path, doc)).identity()["transform"]) == {"dicom", "image"}
+    assert set(load_job(nifti_job(tmp_path, [])).identity()["transform"]) == {"dicom", "image", "nifti"}
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+def test_nii_and_nii_gz_are_listed_and_a_case_s_other_files_are_not_samples(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    for name in ("a_t1.nii.gz", "a_t2.nii", "a_seg.nii.gz", "b_t1.NII.GZ", "notes.txt", "x.gz", "y.nii.bak"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    job = load_job(nifti_job(tmp_path, ["a_t1.nii.gz,P1,a_t2.nii,a_seg.nii.gz", "b_t1.NII.GZ,P2,,b_seg.nii.gz"],
+                             header="path,entity,t2,seg",
+                             source={"channel_files": ["t2"], "mask": {"column": "seg"}}))
+    found = discover(job)
+    assert [ref.relpath for ref in found.refs] == ["a_t1.nii.gz"]
+    assert [(i.relpath if hasattr(i, "relpath") else i.path.rsplit("/", 1)[-1], i.reason) for i in found.issues] == [
+        ("b_t1.NII.GZ", "missing_file")]
+    assert "no t2 file" in found.issues[0].message
+
+
+# -- what a case becomes ------------------------------------------------------------------------
+
+def test_slices_carry_their_place_and_the_case_its_header(tmp_path: Path) -> None:
+    save(tmp_path / "raw" / "a.nii.gz", phantom(), scl_slope=1.0, scl_inter=0.0)
+    result = run(nifti_job(tmp_path, ["a.nii.gz,P1"]), tmp_path)
+    packed = records(result)
+    assert len(packed) == 10  # one sample per axial slice (dim[3])
+    record, image, mask = packed[sorted(packed)[3]]
+    meta = record["metadata"]
+    assert image.shape == (1, 20, 24) and image.dtype == np.uint8 and mask is None
+    assert meta["slice"]["index"] == 3 and meta["slice"]["axis"] == "axial" and meta["slice"]["count"] == 10
+    assert meta["pixel_spacing"] == [0.9, 0.8]
+    assert meta["nifti"]["affine_source"] == "sform" and meta["nifti"]["shape"] == [24, 20, 10]
+    assert meta["windows"] == [{"name": "abdomen", "source": "preset", "channel": "image", "center": 50.0,
+                                "width": 400.0, "function": "LINEAR"}]
+    # LPS of pixel (0, 0): the canonical W axis runs to the patient's left, so column 0 is the RAS
+    # voxel with the largest x index; H runs posterior, so row 0 is the largest y index
+    ras = AFFINE @ np.array([23, 19, 3, 1.0])
+    assert meta["slice"]["position"] == pytest.approx([-ras[0], -ras[1], ras[2]], abs=1e-5)
+    assert meta["slice"]["orientation"] == pytest.approx([1, 0, 0, 0, 1, 0])
+
+
+def test_a_case_s_sequences_become_channels_in_the_table_s_order(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    volumes = {name: phantom(seed=n) + 100 * n for n, name in enumerate(("t1", "t1ce", "t2", "flair"))}
+    for name, data in volumes.items():
+        save(root / f"case_{name}.nii.gz", data)
+    result = run(nifti_job(tmp_path, ["case_t1.nii.gz,P1,case_t1ce.nii.gz,case_t2.nii.gz,case_flair.nii.gz"],
+                           header="path,entity,t1ce,t2,flair", source={"channel_files": ["t1ce", "t2", "flair"]},
+                           windows=[{"percentiles": [0, 100]}]), tmp_path)
+    record, image, _ = records(result)[sorted(records(result))[5]]
+    assert image.shape == (4, 20, 24)
+    assert [w["channel"] for w in record["metadata"]["windows"]] == ["image", "t1ce", "t2", "flair"]
+    assert record["metadata"]["channel_files"] == ["image", "t1ce", "t2", "flair"]
+    for c, name in enumerate(("t1", "t1ce", "t2", "flair")):  # each channel its own file's percentiles
+        low, high = float(volumes[name].min()), float(volumes[name].max())
+        assert record["metadata"]["windows"][c]["low"] == low and record["metadata"]["windows"][c]["high"] == high
+        axial = np.flip(volumes[name][:, :, 5].T, axis=(0, 1))  # canonical (H, W): y then x, both flipped
+        expected = np.rint((axial - low) / (high - low) * 255)
+        assert np.abs(image[c].astype(int) - expected).max() <= 1
+
+
+def test_a_case_whose_files_lie_on_two_grids_is_channel_geometry(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    save(root / "a_t1.nii.gz", phantom())
+    shifted = AFFINE.copy()
+    shifted[0, 3] += 1.6  # two voxels along x
+    save(root / "a_t2.nii.gz", phantom(), affine=shifted)
+    result = run(nifti_job(tmp_path, ["a_t1.nii.gz,P1,a_t2.nii.gz"], header="path,entity,t2",
+                           source={"channel_files": ["t2"]}), tmp_path)
+    (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "channel_geometry" and "a_t2.nii.gz (t2) lies on 10×20×24" in issue["message"]
+    assert "off by 1.6 mm" in issue["message"]
+
+
+def test_a_4d_file_is_refused_unless_its_last_axis_is_channels(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    four = np.stack([phantom(seed=s) for s in range(3)], axis=-1)
+    save(root / "dce.nii.gz", four)
+    refused = run(nifti_job(tmp_path, ["dce.nii.gz,P1"]), tmp_path)
+    (issue,) = read_bad_samples(refused.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "unsupported_dimensions" and "channels_from: last_axis" in issue["message"]
+    packed = run(nifti_job(tmp_path, ["dce.nii.gz,P1"], channels_from="last_axis"), tmp_path)
+    record, image, _ = records(packed)[sorted(records(packed))[0]]
+    assert image.shape == (3, 20, 24)
+    assert [w["channel"] for w in record["metadata"]["windows"]] == ["image[0]", "image[1]", "image[2]"]
+
+
+def test_a_sform_that_disagrees_with_the_qform_is_used_and_both_are_recorded(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    path = save(root / "a.nii.gz", phantom())
+    img = nib.load(path)
+    rotated = AFFINE.copy()
+    rotated[:3, 3] += [5.0, 0, 0]
+    img.header.set_qform(rotated, code=1)
+    nib.save(nib.Nifti1Image(np.asanyarray(img.dataobj), None, header=img.header), path)
+    result = run(nifti_job(tmp_path, ["a.nii.gz,P1"]), tmp_path)
+    meta = records(result)[sorted(records(result))[0]][0]["metadata"]
+    assert meta["nifti"]["affine_source"] == "sform" and meta["nifti"]["forms_differ_mm"] == pytest.approx(5.0)
+    assert meta["nifti"]["qform_ras"][0][3] == pytest.approx(-15.0)
+    assert meta["warnings"] == ["sform and qform differ by up to 5 mm; the sform is used"]
+
+
+def test_a_volume_s_label_map_is_packed_on_its_grid_and_loaded_with_it(tmp_path: Path) -> None:
+    """``sample: volume`` with a mask: the manifest says DHW, the loader and ``packer verify
+    --deep`` accept the D×H×W label map of each C×D×H×W volume, and the report draws it."""
+    from torch.utils.data import DataLoader
+
+    from packer.loader import ShardDataset
+    from packer.verify import verify_dataset
+
+    root = tmp_path / "raw"
+    for n in range(3):
+        data = phantom(seed=n, offset=n)
+        save(root / f"c{n}.nii.gz", data)
+        save(root / f"c{n}_seg.nii.gz", (data > 500).astype(np.uint8))
+    job = nifti_job(tmp_path, [f"c{n}.nii.gz,P{n},c{n}_seg.nii.gz" for n in range(3)], header="path,entity,seg",
+                    source={"mask": {"column": "seg", "classes": [0, 1], "pad": 0}},
+                    sample={"volume": {"spacing": [2.5, 1.6, 1.6], "size": [12, 16, 16]}})
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, work_dir=tmp_path / "work"))
+    assert result.manifest["mask"]["layout"] == "DHW"
+    assert result.manifest["sample_schema"] == {"dtype": "uint8", "layout": "CDHW", "shape": [1, 12, 16, 16],
+                                                "shapes": {"raw": [[1, 12, 16, 16]]}}
+    for _record, image, mask in records(result).values():
+        assert mask is not None and mask.shape == image.shape[1:]
+        # the block (700 HU, past the abdomen window) and its label share a centre within a voxel (the
+        # image is resampled linearly and saturates at its blurred edges, the label by nearest neighbour)
+        bright = np.argwhere(image[0] == 255).mean(axis=0)
+        labelled = np.argwhere(mask == 1).mean(axis=0)
+        assert np.abs(bright - labelled).max() <= 1.0, (bright, labelled)
+    batch = next(iter(DataLoader(ShardDataset(result.version_dir, "train"), batch_size=3)))
+    assert tuple(batch["image"].shape) == (3, 1, 12, 16, 16) and tuple(batch["mask"].shape) == (3, 12, 16, 16)
+    assert verify_dataset(result.version_dir, deep=True).ok
+    assert "mask" in (result.version_dir / "report.html").read_text(encoding="utf-8")
