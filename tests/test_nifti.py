@@ -208,7 +208,8 @@ def test_a_4d_file_is_refused_unless_its_last_axis_is_channels(tmp_path: Path) -
     assert [w["channel"] for w in record["metadata"]["windows"]] == ["image[0]", "image[1]", "image[2]"]
 
 
-def test_a_sform_that_disagrees_with_the_qform_is_used_and_both_are_recorded(tmp_path: Path) -> None:
+def test_a_sform_that_disagrees_with_the_qform_is_used_and_both_are_recorded(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "raw"
     path = save(root / "a.nii.gz", phantom())
     img = nib.load(path)
@@ -221,6 +222,12 @@ def test_a_sform_that_disagrees_with_the_qform_is_used_and_both_are_recorded(tmp
     assert meta["nifti"]["affine_source"] == "sform" and meta["nifti"]["forms_differ_mm"] == pytest.approx(5.0)
     assert meta["nifti"]["qform_ras"][0][3] == pytest.approx(-15.0)
     assert meta["warnings"] == ["sform and qform differ by up to 5 mm; the sform is used"]
+    warned = capsys.readouterr().err
+    assert "packer: warning: nt: 1 file(s) packed with a reader's warning, e.g. raw-" in warned
+    assert "sform and qform differ by up to 5 mm" in warned and "packer locate" in warned
+    assert str(tmp_path / "raw") not in warned  # ids, never paths
+    run(nifti_job(tmp_path, ["a.nii.gz,P1"]), tmp_path)  # from the build cache: the warning is kept there too
+    assert "sform and qform differ by up to 5 mm" in capsys.readouterr().err
 
 
 def test_a_volume_s_label_map_is_packed_on_its_grid_and_loaded_with_it(tmp_path: Path) -> None:

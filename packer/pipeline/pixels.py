@@ -82,12 +82,16 @@ class ChunkTask:
 
 @dataclass(frozen=True)
 class ChunkResult:
+    """What a chunk's task returns: its samples' records, its files' issues, and the warnings its
+    readers noted (``notes``: file id, text; a sample's ``metadata.warnings``, once per file)."""
+
     key: str
     samples: tuple[SpilledSample, ...]
     issues: tuple[Issue, ...]
     files: int
     reused: bool = False
     seconds: tuple[tuple[str, float], ...] = ()
+    notes: tuple[tuple[str, str], ...] = ()
 
 
 #: Chunks per dask task: at most MAX_GROUP, and small enough that every worker thread gets at
@@ -294,7 +298,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format)
         if cached is not None:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
-                               reused=True)
+                               reused=True, notes=cached.notes)
     # near-copy signatures only where the check runs (split.near_duplicates resolved it: a one-split job has none)
     sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
     if not task.job.split.near_enabled:
@@ -309,12 +313,15 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
     fmt = task.job.pack.format
+    notes: dict[tuple[str, str], None] = {}  # in order, once per file
     with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt) as spill:
         for outcome in outcomes:
             if isinstance(outcome, Issue):
                 issues.append(outcome)
                 continue
             for sample in outcome:
+                for warning in sample.metadata.get("warnings", ()):
+                    notes[(sample.ref.sample_id, str(warning))] = None
                 clock.switch("hash+signature")
                 image = sample.image
                 pixels = image.tobytes(order="C")
@@ -329,9 +336,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
-    spill.finish(files=len(task.refs), issues=issues)
+    spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes))
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
-                       seconds=clock.items())
+                       seconds=clock.items(), notes=tuple(notes))
 
 
 class _Settle:

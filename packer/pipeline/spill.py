@@ -58,11 +58,13 @@ from packer.storage import is_url
 
 @dataclass(frozen=True)
 class CachedChunk:
-    """A complete, verified cache entry: the chunk's samples and issues, and its file count."""
+    """A complete, verified cache entry: the chunk's samples and issues, its file count, and the
+    warnings its readers noted (file id, text: a NIfTI file's sform and qform that disagree)."""
 
     samples: tuple[SpilledSample, ...]
     issues: tuple[Issue, ...]
     files: int
+    notes: tuple[tuple[str, str], ...] = ()
 
 
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
@@ -221,9 +223,10 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
                        len(read_signatures(cache_dir / signature_name(key))) != len(samples)):
             return None
         issues = tuple(Issue(**i) for i in data["issues"])
-    except (OSError, ValueError, KeyError, TypeError):
+        notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
-    return CachedChunk(samples=samples, issues=issues, files=data["files"])
+    return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes)
 
 
 def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
@@ -552,8 +555,9 @@ class SpillWriter:
             sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask)))
         self._offset += len(pixels) + len(meta) + len(mask)
 
-    def finish(self, *, files: int, issues: Sequence[Issue]) -> None:
-        """Write the signatures (when kept) and, with a cache folder, the records file."""
+    def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = ()) -> None:
+        """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
+        the readers' warnings, kept only where there are some, so other entries keep their bytes)."""
         if self.sig_dir is not None:
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 write_signatures(fh, self._signatures)
@@ -561,5 +565,7 @@ class SpillWriter:
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
                       "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues]}
+            if notes:
+                record["notes"] = [list(note) for note in notes]
             with cache_output(records_path(self.cache_dir, self.key)) as fh:
                 fh.write(canonical_json(record))

@@ -131,6 +131,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
                                     listed=listed, storage_options=storage_options, sig_dir=sig_dir)
         del refs, listed  # the settled samples carry their own (probed) refs
+        warned = readers_warning(job, [note for chunk in chunks for note in chunk.notes])
+        if warned is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {warned}", file=sys.stderr, flush=True)
         samples = table.sorted_by_key()
         del table
         issues.extend(i for c in chunks for i in c.issues)
@@ -155,6 +158,19 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
                     partial_spills=partial)
+
+
+def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:
+    """One line for the files packed with a reader's warning (a NIfTI file whose sform and qform
+    disagree), or None: how many, the first one's id and text (ids, never paths: build logs are
+    shared; ``packer locate`` names the file)."""
+    if not notes:
+        return None
+    files = sorted({file_id for file_id, _ in notes})
+    first_id, text = sorted(notes)[0]
+    more = f" (and {len(notes) - 1} more warning(s))" if len(notes) > 1 else ""
+    return (f"{len(files)} file(s) packed with a reader's warning, e.g. {first_id}: {text}{more}; each sample "
+            f"records it in metadata.warnings, and `packer locate {job.job_path} {first_id}` names the file")
 
 
 def _scratch_folder() -> Path:
