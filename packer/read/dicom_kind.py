@@ -83,6 +83,14 @@ class DicomKind(SourceKind):
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         cfg = job.dicom
         names = [s.name for s in sources]
+        every = [*cfg.windows, *(w for _, windows in cfg.modality_windows for w in windows)]
+        if any(w.kind == "zscore" for w in every) and cfg.output != "float16":
+            raise ConfigError(f"transform.dicom.output: a z-score is not in [0, 1] and cannot be {cfg.output}; set "
+                              "output: float16 (then every window of a frame with a normalisation is a channel), "
+                              "or use {percentiles: [0.5, 99.5]} to scale into [0, 1]")
+        if cfg.fallback_window is not None and cfg.fallback_window.kind == "zscore":
+            raise ConfigError("transform.dicom.fallback_window: a z-score cannot stand in for a file's window (it "
+                              "is not in [0, 1]); give a preset, {center, width} or {percentiles: [low, high]}")
         if names and cfg.channels is not None and cfg.output != "float16" and cfg.frames != "stack":
             check_channels(cfg.channels, len(cfg.windows), where="transform.dicom.windows", sources=names,
                            fix=windows_fix(cfg.channels, ""))

@@ -9,6 +9,8 @@ metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from packer.records import Issue, Sample, SampleRef, frame_key
 from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
+    apply_voi,
     finish_image,
     finish_stored,
     render_color,
@@ -37,7 +40,8 @@ from packer.transform.dicom import (
     spacing_size,
     to_modality_values,
 )
-from packer.transform.window import padding_mask
+from packer.transform.intensity import apply_zscore, percentile_stats, zscore_stats
+from packer.transform.window import invert_monochrome1, padding_mask
 
 GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
 
@@ -91,11 +95,28 @@ def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
     return None
 
 
+def _normalised(spec: WindowSpec, values: np.ndarray, padding: np.ndarray, frame: int) -> VoiTransform | str:
+    """A percentiles window of one frame: the percentiles of its modality values (padding left
+    out) as the LINEAR_EXACT window from the low to the high one (which maps them to 0 and 1 and
+    clips outside: :mod:`packer.transform.intensity`), its statistics recorded; or why the frame
+    has none (every value of the region equal)."""
+    stats = percentile_stats(values[~padding], float(spec.low or 0.0), float(spec.high or 100.0), spec.over or "all")
+    low, high = float(stats.low or 0.0), float(stats.high or 0.0)
+    if not high > low:
+        return (f"its percentiles {list(stats.percentiles or ())} over {stats.over} values are both {low:g} "
+                f"({stats.count} values): nothing to scale")
+    return VoiTransform(name=spec.name, function="LINEAR_EXACT", source="percentiles", center=(low + high) / 2,
+                        width=high - low, stats=tuple(stats.to_json().items()))
+
+
 def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTransform,
-                  cfg: DicomTransformConfig) -> tuple[VoiTransform, ...] | Issue:
+                  cfg: DicomTransformConfig, stored: np.ndarray | None = None,
+                  padding: np.ndarray | None = None) -> tuple[VoiTransform, ...] | Issue:
     """The requested windows for ``frame``, in order; a ``file`` window the file cannot give is
-    replaced by ``cfg.fallback_window``, and without one the file is a ``missing_window`` issue."""
+    replaced by ``cfg.fallback_window``, and without one the file is a ``missing_window`` issue.
+    A percentiles window takes its statistics from the frame (``stored`` values, ``padding``)."""
     broken: str | None = None
+    values: np.ndarray | None = None
     try:
         offer = file_voi(ds, frame, modality)
     except DamagedElement:
@@ -104,8 +125,15 @@ def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTra
         offer, broken = NO_FILE_VOI, f"the file's (0028,3010) VOI LUT Sequence is malformed ({err})"
 
     def resolve(spec: WindowSpec, fallback: bool) -> VoiTransform | str:
+        nonlocal values
         if broken is not None and spec.kind == "file":
             return broken
+        if spec.kind == "percentiles":
+            if stored is None or padding is None:
+                raise ValueError("a percentiles window needs the frame's stored values")
+            if values is None:
+                values = to_modality_values(stored, modality)
+            return _normalised(spec, values, padding, frame)
         return resolve_window(spec, offer, fallback=fallback)
 
     vois = []
@@ -162,6 +190,9 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         raise
     except ValueError as err:
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
+    specs = cfg.windows_for(text_value(ds, "Modality"))
+    if cfg.output == "float16" and any(spec.normalises for spec in specs):
+        return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, photometric, spacing, finish)
     if cfg.output == "float16":
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask)
@@ -169,13 +200,48 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
             return _issue(ref, "transform", "unsupported",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
         return finish(image, float(image.min())), _frame_metadata(ds, frame, modality, (), spacing)
-    vois = _resolve_vois(ref, ds, frame, modality, cfg)
+    vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
         return vois
     array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
                           size=cfg.size, policy=cfg.resize, output=cfg.output)
     return array, _frame_metadata(ds, frame, modality, vois, spacing)
+
+
+def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, padding: np.ndarray,
+                       modality: ModalityTransform, cfg: DicomTransformConfig, photometric: str,
+                       spacing: tuple[float, float] | None,
+                       finish: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, dict[str, Any]] | Issue:
+    """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
+    a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
+    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels), padding
+    0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)"""
+    values = to_modality_values(stored, modality)
+    fixed = tuple(spec for spec in cfg.windows_for(text_value(ds, "Modality")) if spec.kind != "zscore")
+    vois = _resolve_vois(ref, ds, frame, modality, replace(cfg, windows=fixed, modality_windows=()), stored, padding) \
+        if fixed else ()
+    if isinstance(vois, Issue):
+        return vois
+    by_spec = dict(zip(fixed, vois, strict=True))
+    channels, records = [], []
+    for spec in cfg.windows_for(text_value(ds, "Modality")):
+        if spec.kind == "zscore":
+            stats = zscore_stats(values[~padding], spec.over or "nonzero")
+            channel = apply_zscore(values, stats)
+            records.append({"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
+                            **stats.to_json()})
+        else:
+            voi = by_spec[spec]
+            channel = apply_voi(values, voi)
+            if photometric == "MONOCHROME1":
+                channel = invert_monochrome1(channel)
+            records.append(voi.to_json())
+        channel[padding] = 0.0
+        channels.append(channel.astype(np.float32, copy=False))
+    meta = _frame_metadata(ds, frame, modality, (), spacing)
+    meta["windows"] = records
+    return finish(np.stack(channels, axis=-1)), meta
 
 
 def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,

@@ -84,12 +84,16 @@ class VoiTransform:
     center: float | None = None
     width: float | None = None
     lut: Lut | None = field(default=None, compare=False)
+    #: A normalisation's statistics (``source`` percentiles: the values that became 0 and 1, as a
+    #: LINEAR_EXACT window from ``low`` to ``high``), recorded with the channel
+    stats: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "center": self.center, "width": self.width,
                                "function": self.function, "source": self.source}
         if self.lut is not None and self.lut.explanation:
             out["explanation"] = self.lut.explanation
+        out.update(self.stats)
         return out
 
 
