@@ -261,3 +261,17 @@ def test_a_volume_s_label_map_is_packed_on_its_grid_and_loaded_with_it(tmp_path:
     assert tuple(batch["image"].shape) == (3, 1, 12, 16, 16) and tuple(batch["mask"].shape) == (3, 12, 16, 16)
     assert verify_dataset(result.version_dir, deep=True).ok
     assert "mask" in (result.version_dir / "report.html").read_text(encoding="utf-8")
+
+
+def test_the_report_lists_the_statistics_of_normalised_channels(tmp_path: Path) -> None:
+    """Each sample is scaled by its own statistics, so its histogram hides how far apart the inputs
+    were: the report lists the median and range of what the normalisation used, per channel."""
+    for n in range(2):
+        save(tmp_path / "raw" / f"c{n}.nii.gz", phantom(seed=n) + 100 * n)
+    job = nifti_job(tmp_path, ["c0.nii.gz,P0", "c1.nii.gz,P1"], windows=[{"percentiles": [0, 100]}])
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, work_dir=tmp_path / "work"))
+    html = (result.version_dir / "report.html").read_text(encoding="utf-8")
+    lows = [float(phantom(seed=n).min() + 100 * n) for n in range(2)]
+    highs = [float(phantom(seed=n).max() + 100 * n) for n in range(2)]
+    assert (f"p0-100: low {np.median(lows):.4g} ({min(lows):.4g} to {max(lows):.4g}), high {np.median(highs):.4g} "
+            f"({min(highs):.4g} to {max(highs):.4g}) over 20 sample(s)") in html

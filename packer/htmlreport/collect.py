@@ -39,6 +39,7 @@ from packer.htmlreport.stats import (
     ValueHistogram,
     channel_counts,
     mask_pixel_counts,
+    normalisation_stats,
     value_histograms,
 )
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
@@ -332,6 +333,7 @@ class _Rendered:
     small: tuple[Pane, ...] | None
     duplicate: Pane | None
     mask_pixels: dict[int, int] | None = None  # pixels per class id of its mask (None: no mask)
+    normalised: tuple[tuple[str, dict[str, float]], ...] = ()  # its normalised channels' statistics
 
 
 def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, counted: bool, sheet: bool,
@@ -353,10 +355,12 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
         small = panes if max(chw.shape[1:]) <= small_px else tuple(sample_panes(chw, sample.info, kind, small_px,
                                                                                  mask=frame, pad=pad))
     shown = composite_pane(chw, thumb_px, sample.info) if duplicate else None
-    return _Rendered(entry=entry, names=tuple(channel_names(sample.info, kind, chw.shape[0])), channels=chw.shape[0],
+    names = tuple(channel_names(sample.info, kind, chw.shape[0]))
+    return _Rendered(entry=entry, names=names, channels=chw.shape[0],
                      dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
                      panes=panes, small=small, duplicate=shown,
-                     mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None)
+                     mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None,
+                     normalised=tuple(normalisation_stats(sample.info, names)) if counted else ())
 
 
 def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
@@ -365,7 +369,7 @@ def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetI
         slot = (entry.split, entry.source, rendered.channels)
         if slot not in data.histograms:
             data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
-        data.histograms[slot].add_counts(rendered.counts, rendered.dtype)
+        data.histograms[slot].add_counts(rendered.counts, rendered.dtype, rendered.normalised)
         if rendered.mask_pixels is not None:
             pad = data.mask.pad if data.mask is not None else None
             data.mask_counts.setdefault(entry.split, MaskCounts()).add(rendered.mask_pixels, pad)

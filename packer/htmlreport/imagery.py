@@ -148,7 +148,18 @@ def _histogram_card(split: str, hist: ChannelHistograms) -> str:
             f'<i class="dot" style="background:{split_color(split)}"></i>{esc(split)} '
             f'<span class="muted">{hist.samples:,} samples{scaled}</span></div>'
             f'{histogram_chart(series, label=f"{split} histogram", width=326)}'
-            f"{_saturation_note(hist.saturation(), flagged)}</div>")
+            f"{_saturation_note(hist.saturation(), flagged)}{_normalisation_note(hist)}</div>")
+
+
+def _normalisation_note(hist: ChannelHistograms) -> str:
+    """The statistics the normalised channels used (percentiles' low/high, z-score mean/std): each
+    sample is scaled by its own, so the histogram alone hides how far apart its inputs were."""
+    lines = hist.normalisation_notes()
+    if not lines:
+        return ""
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f'<ul class="sat" data-normalised="{len(lines)}"><li class="muted">normalised by each sample\'s own ' \
+           f"statistics: median (range) of what they were</li>{items}</ul>"
 
 
 def render_intensities(data: ReportData) -> str:

@@ -25,6 +25,8 @@ class ChannelHistograms:
     counts: np.ndarray  # C×256 int64
     samples: int = 0
     dtypes: set[str] = field(default_factory=set)
+    #: Per normalised channel (percentiles, z-score), the statistics each counted sample recorded
+    normalised: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, names: list[str]) -> ChannelHistograms:
@@ -34,11 +36,28 @@ class ChannelHistograms:
         """Count one C×H×W sample (any dtype: non-uint8 goes through ``to_display``)."""
         self.add_counts(channel_counts(image), str(image.dtype))
 
-    def add_counts(self, counts: np.ndarray, dtype: str) -> None:
-        """Add one sample's :func:`channel_counts` (C×256) of a ``dtype`` image."""
+    def add_counts(self, counts: np.ndarray, dtype: str,
+                   normalised: Sequence[tuple[str, dict[str, float]]] = ()) -> None:
+        """Add one sample's :func:`channel_counts` (C×256) of a ``dtype`` image, and the statistics
+        of its normalised channels (:func:`normalisation_stats`)."""
         self.counts += counts
         self.samples += 1
         self.dtypes.add(dtype)
+        for name, stats in normalised:
+            self.normalised.setdefault(name, []).append(stats)
+
+    def normalisation_notes(self) -> list[str]:
+        """One line per normalised channel: the median (and range) over the counted samples of
+        the values its normalisation used (``low``/``high`` of percentiles, ``mean``/``std``)."""
+        lines = []
+        for name, seen in self.normalised.items():
+            parts = []
+            for field_name in ("low", "high", "mean", "std"):
+                values = [s[field_name] for s in seen if field_name in s]
+                if values:
+                    parts.append(f"{field_name} {np.median(values):.4g} ({min(values):.4g} to {max(values):.4g})")
+            lines.append(f"{name}: {', '.join(parts)} over {len(seen)} sample(s)")
+        return lines
 
     def saturation(self) -> list[tuple[str, float, float]]:
         """(channel, share of pixels at 0, share at 255) for each channel."""
@@ -130,3 +149,20 @@ class MaskCounts:
         """Share of the counted pixels per class id, by id."""
         total = sum(self.pixels.values())
         return {i: (self.pixels[i] / total if total else 0.0) for i in sorted(self.pixels)}
+
+
+def normalisation_stats(info: dict[str, Any], names: Sequence[str]) -> list[tuple[str, dict[str, float]]]:
+    """(channel name, statistics) of each channel of a packed sample that a percentiles or
+    z-score normalisation made, from its record's ``metadata.windows`` (in channel order: a
+    neighbour stack repeats its centre slice's; a replicated channel is one)."""
+    metadata = info.get("metadata") if isinstance(info.get("metadata"), dict) else {}
+    windows = metadata.get("windows") if isinstance(metadata, dict) else None
+    if not isinstance(windows, list):
+        return []
+    out = []
+    for name, window in zip(names, windows, strict=False):
+        if isinstance(window, dict) and window.get("source") in ("percentiles", "zscore"):
+            stats = {k: float(window[k]) for k in ("low", "high", "mean", "std")
+                     if isinstance(window.get(k), int | float)}
+            out.append((str(window.get("name") or name), stats))
+    return out
