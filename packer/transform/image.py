@@ -215,6 +215,9 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
     # BGR -> RGB is an exact channel swap, and every step up to the output treats the channels
     # alike (a window maps each value, percentiles pool all channels, the resize is per channel):
     # the swap is left to the C×H×W copy at the end, on the output's pixels instead of the input's
+    # (OpenCV's float resize may round a value 1 ulp differently by its channel's SIMD lane, so on
+    # some machines a value on a rounding boundary lands one level off what swapping first gives;
+    # the bytes are this order's, on every run)
     swap = hwc.shape[2] == 3 and cfg.color == "rgb"
     values = hwc if swap else convert_color(remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0), cfg.color)
     if window is None:  # integer pixels: to float32 and onto [0, 1] in one pass, the same float32 products
