@@ -275,3 +275,19 @@ def test_the_report_lists_the_statistics_of_normalised_channels(tmp_path: Path) 
     highs = [float(phantom(seed=n).max() + 100 * n) for n in range(2)]
     assert (f"p0-100: low {np.median(lows):.4g} ({min(lows):.4g} to {max(lows):.4g}), high {np.median(highs):.4g} "
             f"({min(highs):.4g} to {max(highs):.4g}) over 20 sample(s)") in html
+
+
+@pytest.mark.parametrize(("sample", "axis", "count"), [("slice", "axial", 10), ("slice", "coronal", 20),
+                                                        ("slice", "sagittal", 24), ({"neighbors": 2, "edge": "skip"},
+                                                                                    "axial", 6)])
+def test_validate_quick_counts_the_slices_the_build_makes(tmp_path: Path, sample: Any, axis: str,
+                                                          count: int) -> None:
+    """``packer validate --quick`` reads headers only, and counts each case's samples as the
+    build keys them: the slices along the axis (less the edges neighbour stacks skip)."""
+    from packer.pipeline.datacheck import validate_job
+
+    save(tmp_path / "raw" / "a.nii.gz", phantom())
+    job = load_job(nifti_job(tmp_path, ["a.nii.gz,P1"], sample=sample, axis=axis))
+    quick = validate_job(job, quick=True, scheduler="sync", quiet=True)
+    built = records(run(nifti_job(tmp_path, ["a.nii.gz,P1"], sample=sample, axis=axis), tmp_path))
+    assert len(quick.prepared.samples) == count == len(built)

@@ -33,7 +33,7 @@ from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.nearcopy import signature
-from packer.pipeline.probe import probe_for_read, probe_placement, probe_ref
+from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
@@ -273,12 +273,13 @@ def _headers_only(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     listed = dict(task.listed)
     for ref in task.refs:
-        probed = _on_local_file(ref, task, listed, lambda local: probe_ref(local, task.job), headers_only=True)
+        probed = _on_local_file(ref, task, listed, lambda local: probe_keys(local, task.job), headers_only=True)
         if isinstance(probed, Issue):
             issues.append(probed)
             continue
-        samples.append(SpilledSample(key=probed.sample_id, ref=probed, spill="", offset=0, pixel_bytes=0,
-                                     meta_bytes=0, shape=(), dtype="", sha256=f"not-decoded:{probed.sample_id}"))
+        found, keys = probed
+        samples.extend(SpilledSample(key=key, ref=found, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
+                                     dtype="", sha256=f"not-decoded:{key}") for key in keys)
     return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
 
 

@@ -45,6 +45,15 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
     return probed if isinstance(probed, Issue) else probed[0]
 
 
+def probe_keys(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, tuple[str, ...]] | Issue:
+    """:func:`probe_ref`, plus the keys of the samples the file would make, as far as its header
+    tells (``validate --quick``: a NIfTI file's slices; :meth:`packer.read.kinds.SourceKind.sample_keys`)."""
+    probed = _probe(ref, job, keep=False)
+    if isinstance(probed, Issue):
+        return probed
+    return probed[0], source_kind(ref.kind).sample_keys(probed[0], probed[1], job)
+
+
 def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
     """:func:`probe_ref`, plus what the file's kind groups it by (a DICOM file's place in a
     series: UIDs, positions, orientation, grid; :meth:`packer.read.kinds.Grouping.assemble`).

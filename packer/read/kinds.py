@@ -157,6 +157,11 @@ class SourceKind:
         needs), or the file's Issue. Identity checks (label, entity, time) are the caller's."""
         raise NotImplementedError
 
+    def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
+        """The keys of the samples the file would make, from what :meth:`probe` (``keep=False``)
+        gave (``state``): what ``packer validate --quick`` counts. Default: one, the file's id."""
+        return (ref.sample_id,)
+
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         """Decode, validate and transform one file into its samples, or its Issue (never None,
         never an exception for a defect of the file). ``state``: what :meth:`probe` kept."""

@@ -45,7 +45,7 @@ import numpy as np
 from packer.config import LimitsConfig
 from packer.read.limits import file_size_problem, limit_problem
 from packer.records import Issue, SampleRef
-from packer.transform.volume import Volume, canonical_view
+from packer.transform.volume import Volume, canonical_order, canonical_view
 
 #: Largest difference (mm, any entry of the 3×4 part) between two affines that still place the
 #: same grid: float32 round-off of a 500 mm offset is about 3e-5 mm, dcm2niix writes both forms
@@ -306,3 +306,15 @@ def same_grid(a: Volume, b: Volume) -> float | None:
 def grid_text(volume: Volume) -> str:
     """A grid as a message names it: D×H×W and the affine's 3×4 part, rounded."""
     return f"{'×'.join(map(str, volume.array.shape[1:]))} with affine {np.round(volume.affine[:3], 3).tolist()}"
+
+
+
+def slice_count(header: NiftiHeader, axis: str) -> int:
+    """How many slices the file has along ``axis`` (``axial``, ``coronal``, ``sagittal``) once
+    in canonical axes (:func:`canonical_values`), from its header alone."""
+    lps = RAS_TO_LPS @ header.affine
+    as_dhw = np.eye(4)
+    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the array axes canonical_values starts from: (K, J, I)
+    stored = (header.shape[2], header.shape[1], header.shape[0])
+    order = canonical_order(as_dhw)  # the stored axis that becomes D, H, W
+    return stored[order[{"axial": 0, "coronal": 1, "sagittal": 2}[axis]]]

@@ -43,9 +43,10 @@ from packer.read.nifti import (
     load_header,
     read_voxels,
     same_grid,
+    slice_count,
 )
 from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Issue, Sample, SampleRef, frame_key
 from packer.transform.channels import check_channels
 from packer.transform.volume import Volume, resample_to_grid
 
@@ -168,7 +169,17 @@ class NiftiKind(SourceKind):
             img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)
         except NiftiDefect as defect:
             return issue(ref, defect)
-        return Probed(ref=ref, state=(img, header) if keep else None)
+        return Probed(ref=ref, state=(img, header) if keep else header)
+
+    def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
+        """One per slice along the axis (the header's grid, in canonical axes; none of the edge
+        slices under ``edge: skip``), or one per volume."""
+        cfg: NiftiTransformConfig = job.settings(self.name)
+        if cfg.sample == "volume" or not isinstance(state, NiftiHeader):
+            return (ref.sample_id,)
+        count = slice_count(state, cfg.axis)
+        skipped = cfg.neighbors if cfg.sample == "neighbors" and cfg.edge == "skip" else 0
+        return tuple(frame_key(ref.sample_id, i) for i in range(skipped, count - skipped))
 
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         return read_nifti(ref, job, state)
