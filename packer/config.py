@@ -532,10 +532,19 @@ def _default_name(root: Path | str) -> str:
 
 
 def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
-    from packer.read.kinds import source_kind  # the kinds register themselves there; they import this module
+    from packer.read.kinds import source_kind, source_kinds  # the kinds register there; they import this module
 
     where = f"sources[{index}]"
     kind = source_kind(raw["kind"], f"{where}.kind")
+    for other_kind in source_kinds():
+        for key in other_kind.source_keys:
+            if key in raw and key not in kind.source_keys:
+                takers = [k.name for k in source_kinds() if key in k.source_keys]
+                raise ConfigError(f"{where}.{key}: only {' and '.join(takers)} sources take {key}; a source of "
+                                  f"kind {kind.name} does not read it: remove it")
+    if isinstance(raw.get("mask"), dict) and raw["mask"].get("grid", "require") != "require" and not kind.volume_masks:
+        raise ConfigError(f"{where}.mask.grid: {kind.name} masks are files of the image's stored size, not label "
+                          "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
     time_raw = raw.get("time", list(kind.default_time) if len(kind.default_time) > 1 else kind.default_time[0])
     time = (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)

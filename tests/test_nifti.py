@@ -291,3 +291,14 @@ def test_validate_quick_counts_the_slices_the_build_makes(tmp_path: Path, sample
     quick = validate_job(job, quick=True, scheduler="sync", quiet=True)
     built = records(run(nifti_job(tmp_path, ["a.nii.gz,P1"], sample=sample, axis=axis), tmp_path))
     assert len(quick.prepared.samples) == count == len(built)
+
+
+def test_nifti_only_keys_are_refused_on_other_kinds(tmp_path: Path) -> None:
+    base = {"name": "t", "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    image = {"kind": "image", "root": "raw", "table": "raw/t.csv"}
+    with pytest.raises(ConfigError, match="sources\\[0\\].channel_files: only nifti sources take channel_files; a "
+                                          "source of kind image does not read it"):
+        load_job(write_job(tmp_path, {**base, "sources": [{**image, "channel_files": ["t2"]}]}))
+    with pytest.raises(ConfigError, match="sources\\[0\\].mask.grid: image masks are files of the image's stored "
+                                          "size"):
+        load_job(write_job(tmp_path, {**base, "sources": [{**image, "mask": {"column": "m", "grid": "resample"}}]}))

@@ -110,6 +110,12 @@ class SourceKind:
     looked_for: ClassVar[str] = ""
     #: Bytes of a file's head :meth:`sniff` needs (0: the suffix alone decides)
     head_bytes: ClassVar[int] = 0
+    #: The source keys of the job file only this kind reads (:meth:`parse_source`); a source of
+    #: another kind that sets one is refused, naming the kinds that take it
+    source_keys: ClassVar[tuple[str, ...]] = ()
+    #: Its masks are label maps of volumes, which may be resampled to their image's grid
+    #: (``mask.grid: resample``); other kinds' masks are 2-D files on the image's stored size
+    volume_masks: ClassVar[bool] = False
     #: The libraries whose versions shape this kind's samples beyond packer's own (recorded in the
     #: manifest and the cache key of a job that uses the kind: ``nibabel`` for NIfTI)
     libraries: ClassVar[tuple[str, ...]] = ()

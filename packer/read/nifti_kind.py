@@ -108,6 +108,8 @@ class NiftiTransformConfig:
 class NiftiKind(SourceKind):
     name = "nifti"
     libraries = ("nibabel",)
+    source_keys = ("channel_files",)
+    volume_masks = True
     looked_for = "files named *.nii or *.nii.gz"
 
     def lists(self, suffix: str) -> bool | None:
