@@ -128,6 +128,22 @@ def test_resampling_is_linear_along_each_axis_and_keeps_patient_space(tmp_path: 
         assert abs(float(volume[0, d, 6, 1]) - expected) <= 1.01, d
 
 
+@pytest.mark.parametrize("output", ["uint16", "float16"])
+def test_a_resampled_volume_keeps_its_output_precision(tmp_path: Path, output: str) -> None:
+    """uint16 and float16 slices stay uint16 and float16 through the 3-D resample (it once clipped
+    every volume to 0-255 and uint8, whatever the job's output)."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=4, slices=7)  # slice i holds 100·i HU (+ one bright row)
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {**WINDOW, "output": output, "sample": {"volume": {"spacing": [1.5, 1.0, 1.0]}}}},
+               validate={"max_bad_fraction": 0.9})
+    volume, _, _ = _packed(_build(job))
+    assert volume.dtype == np.dtype(output)
+    values = volume.astype(np.float64)
+    assert values.max() > 255  # uint16: window levels up to 65535; float16: modality values (HU) up to 600+
+    assert len(np.unique(values)) > 5  # interpolated levels, not 0 and 255
+
+
 def test_crop_and_pad_keep_each_voxel_at_its_patient_position(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     paths = _write_series(raw / "s", seed=5, slices=7)

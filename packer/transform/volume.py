@@ -220,14 +220,24 @@ def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float = 0) -> 
     return Volume(np.ascontiguousarray(array), affine)
 
 
+def requantise(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Resampled float values back in ``dtype``: an integer dtype rounds half to even within its
+    range (uint8 0-255, uint16 0-65535), a float dtype is a plain cast."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.rint(np.clip(values, info.min, info.max)).astype(dtype)
+    return values.astype(dtype)
+
+
 def build_volume(slices: np.ndarray, affine: np.ndarray, *, spacing: tuple[float, float, float] | None,
                  size: tuple[int, int, int] | None) -> Volume:
-    """C×D×H×W windowed slices (uint8, as rendered) and their stack affine → the finished
-    volume (uint8): canonical, resampled, cropped or padded (module docstring, steps 2-4)."""
+    """C×D×H×W windowed slices (as rendered: uint8, uint16 or float16) and their stack affine →
+    the finished volume, in the slices' dtype: canonical, resampled, cropped or padded (module
+    docstring, steps 2-4)."""
     volume = canonical(Volume(slices, affine))
     if spacing is not None:
         volume = resample_linear(volume, spacing)
-        volume = Volume(np.rint(np.clip(volume.array, 0, 255)).astype(np.uint8), volume.affine)
+        volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
     if size is not None:
         volume = crop_or_pad(volume, size)
     return volume
