@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -44,6 +44,9 @@ from pydicom.uid import (
 )
 
 from packer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from packer.demo_nifti import NiftiDemo
 
 #: First line of README.txt; marks a folder this module may clear and rewrite.
 MARKER = "packer demo raw tree"
@@ -70,12 +73,15 @@ class PlantedDefect:
 
 @dataclass(frozen=True)
 class DemoTree:
-    """What was written: the root, counts of good files, and the planted defects."""
+    """What was written: the root, counts of good files, and the planted defects of the demo
+    job's sources (``ct/``, ``photos/``); ``nifti``: the NIfTI tree and its own planted defects
+    (:mod:`packer.demo_nifti`), where one was written."""
 
     root: Path
     dicom_files: int
     images: int
     defects: tuple[PlantedDefect, ...]
+    nifti: NiftiDemo | None = None
 
 
 @dataclass(frozen=True)
@@ -438,7 +444,7 @@ class _Row:
 
 
 #: The folders a demo tree owns: cleared when it is written again, their files given DEMO_MTIME.
-_TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series")
+_TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series", "nifti")
 
 
 def _prepare_root(root: Path) -> None:
@@ -622,8 +628,13 @@ def _write_readme(tree: DemoTree, seed: int, kind: str, masks: Sequence[PlantedD
                   "                localizer only):"]
         lines += [f"  {patient}         {how}" + (f" -> {reason}" if reason else "")
                   for patient, (how, reason) in SERIES.items()]
+    if tree.nifti is not None:
+        from packer.demo_nifti import readme_lines
+
+        lines += readme_lines(tree.nifti)
     defects = [*(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
-               *(f"  targets/segmentation/{d.relpath} -> {d.reason}" for d in masks)]
+               *(f"  targets/segmentation/{d.relpath} -> {d.reason}" for d in masks),
+               *(f"  nifti/{d.relpath} -> {d.reason}" for d in (tree.nifti.defects if tree.nifti else ()))]
     lines += ["", "Planted defects (relpath -> reason code the build must report):" if defects
               else "No planted defects.", *defects]
     (tree.root / "README.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -644,7 +655,8 @@ def write_demo_tree(
 
     Layout: ``ct/PAT0001/ST01/IM001.dcm`` (64×64 CT phantoms), ``ct/extra/`` (MONOCHROME1 CR,
     3-frame CT, RLE CT), ``ct/broken/`` (planted defects), ``ct_labels.csv``,
-    ``photos/S001/01.jpg|.png`` (96×128), ``photos/labels.csv``, ``README.txt``. A folder that
+    ``photos/S001/01.jpg|.png`` (96×128), ``photos/labels.csv``, ``README.txt``; the examples of
+    other jobs: ``targets/``, ``series/`` and ``nifti/`` (:mod:`packer.demo_nifti`). A folder that
     an earlier demo tree wrote is cleared first; ``ConfigError`` if ``ct/`` or ``photos/`` hold
     foreign files. Both CT labels and both photo labels are always present (photos needs
     ``photos_per_subject >= 2``). ValueError for a count below 1.
@@ -667,7 +679,10 @@ def write_demo_tree(
                  ("path", "label", "entity", "timestamp"))
     mask_defects = write_target_examples(root, seed, photo_rows, broken_photo_rows)
     write_series_examples(root, seed)
-    tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects))
+    from packer.demo_nifti import write_nifti_examples  # nibabel: only when a tree is written
+
+    nifti = write_nifti_examples(root / "nifti", seed)
+    tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects), nifti)
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo", masks=mask_defects, series=True)
     _settle_mtimes(root)

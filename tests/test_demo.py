@@ -63,8 +63,10 @@ def test_same_seed_same_bytes_other_seed_other_bytes(demo: DemoTree, tmp_path: P
 
 def test_rewrite_replaces_an_earlier_demo_tree(tmp_path: Path) -> None:
     write_demo_tree(tmp_path, seed=3)
+    (tmp_path / "nifti" / "ct" / "imagesTr" / "CT099_0000.nii.gz").write_bytes(b"left from an older demo")
     small = write_demo_tree(tmp_path, seed=3, patients=1, photo_subjects=1, photos_per_subject=2)
     assert not (tmp_path / "ct" / "PAT0005").exists()
+    assert not (tmp_path / "nifti" / "ct" / "imagesTr" / "CT099_0000.nii.gz").exists()
     assert len(list((tmp_path / "ct").rglob("IM*.dcm"))) == 1 * 2 * 3
     assert small.dicom_files == 6 + 3 and small.images == 2
 
@@ -79,6 +81,8 @@ def test_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
 
 def test_tree_is_small(demo: DemoTree) -> None:
     assert sum(p.stat().st_size for p in demo.root.rglob("*") if p.is_file()) < 3 * 1024 * 1024
+    # the NIfTI volumes (tests/test_demo_nifti.py): 8 CT cases, 4 MR sequences and small broken files
+    assert sum(p.stat().st_size for p in (demo.root / "nifti").rglob("*") if p.is_file()) < 1.25 * 1024 * 1024
 
 
 def test_every_good_ct_file_decodes_with_air_in_the_corner(demo: DemoTree) -> None:
