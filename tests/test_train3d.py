@@ -1,4 +1,5 @@
-"""examples/train3d.py: trains on packed volumes (CDHW), and sends a 2-D dataset to examples/train.py."""
+"""examples/train3d.py: trains on packed volumes (CDHW), DICOM series and NIfTI cases with label maps
+alike, and sends a 2-D dataset to examples/train.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 
 VOLUME = {"dicom": {"windows": [{"center": 1000, "width": 3000}],
                     "sample": {"volume": {"spacing": [3, 1, 1], "size": [6, 16, 16]}}}}
+#: workflows/nifti-volume.yaml's job, coarser (10×12×12 mm voxels) so that a CPU trains it in seconds
+NIFTI_VOLUME = {"nifti": {"windows": ["abdomen", "liver"],
+                          "sample": {"volume": {"spacing": [10, 12, 12], "size": [16, 32, 32]}}}}
 
 
 @pytest.fixture
@@ -73,3 +77,49 @@ def test_a_2d_dataset_is_refused_with_a_pointer_to_train_py(tmp_path: Path, exam
     result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}]))
     with pytest.raises(SystemExit, match=r"holds 2-D samples \(layout CHW.*examples/train\.py"):
         _run(example, result.version_dir)
+
+
+@pytest.fixture(scope="module")
+def nifti_volumes(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's NIfTI CT cases with their label maps as volumes (its broken files are bad samples)."""
+    ct = demo_raw.root / "nifti" / "ct"
+    source = {"kind": "nifti", "root": str(ct), "table": str(ct / "cases.csv"), "label": "none",
+              "mask": {"column": "mask", "classes": [0, 1, 2, 3]}}
+    tmp = tmp_path_factory.mktemp("nifti-volumes")
+    job = _job(tmp, [source], transform=NIFTI_VOLUME, validate={"max_bad_fraction": 0.5})
+    return _build(job).version_dir
+
+
+def test_nifti_volumes_with_label_maps_train_a_3d_segmentation(nifti_volumes: Path, example: ModuleType,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    done = _run(example, nifti_volumes, "--epochs", "3")
+    assert done["objective"] == "segmentation: 4 classes, 3-D"
+    assert done["steps"] == 15 and len(done["keys"]) == 27  # 9 cases packed (8 planted broken), batches of 2
+    assert all(math.isfinite(loss) for loss in done["losses"])
+    assert sum(done["losses"][-3:]) < sum(done["losses"][:3])  # it learns
+    assert re.search(r"^epoch 2: step 15, last loss [0-9.]+ \(segmentation: 4 classes, 3-D\)$",
+                     capsys.readouterr().out, flags=re.M)
+
+
+def test_the_3d_segmenter_gives_logits_on_the_masks_voxels(example: ModuleType) -> None:
+    import torch
+
+    model = example.UNet3d(channels=2, classes=4)
+    for shape in ((16, 32, 32), (7, 15, 13)):  # odd sizes too: the coarse level is upsampled to fit
+        assert tuple(model(torch.zeros(2, 2, *shape)).shape) == (2, 4, *shape)
+
+
+def test_soft_dice_is_zero_for_a_perfect_prediction_and_skips_the_ignored_id(example: ModuleType) -> None:
+    import torch
+
+    mask = torch.zeros(1, 4, 4, 4, dtype=torch.long)
+    mask[0, :2] = 1
+    mask[0, 3, 3, 3] = 2
+    perfect = torch.nn.functional.one_hot(mask, 3).movedim(-1, 1).float() * 50
+    assert example.soft_dice_loss(perfect, mask, 3, None).item() == pytest.approx(0.0, abs=1e-6)
+    wrong = perfect.roll(1, dims=1)  # every voxel predicted as the next class
+    assert example.soft_dice_loss(wrong, mask, 3, None).item() > 0.9
+    padded = mask.clone()
+    padded[0, 2] = 2                  # class 2 as the pad id: predictions there do not count
+    ignored, counted = (example.soft_dice_loss(perfect, padded, 3, pad).item() for pad in (2, None))
+    assert ignored < 0.01 < counted
