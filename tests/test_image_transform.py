@@ -255,8 +255,8 @@ def test_a_colour_image_swapped_to_rgb_at_the_end_gives_the_bytes_of_swapping_fi
     """transform_image swaps BGR to RGB as it copies the output to C×H×W, not on the input: the
     window, the resize and the rounding treat every channel alike, so the bytes are the same,
     except that OpenCV's float resize may round a value 1 ulp differently by its channel's lane
-    (seen on an AVX-512 machine: 26 of 3,072 values of an 8×8 → 32×32 upscale), which moves a
-    value sitting on a rounding boundary by one level."""
+    (seen on an AVX-512 machine: 26 of 3,072 values of an 8×8 → 32×32 upscale, 4% of another
+    size's), which moves a value sitting on a rounding boundary by one level."""
     top = 256 if dtype is np.uint8 else 65536
     image = np.random.default_rng(seed).integers(0, top, size=(height, width, 3)).astype(dtype)
     cfg = ImageTransformConfig(size=size, resize=policy, color="rgb", window=window, tile_size=tile)
@@ -267,6 +267,5 @@ def test_a_colour_image_swapped_to_rgb_at_the_end_gives_the_bytes_of_swapping_fi
         assert a.flags.c_contiguous and a.dtype == np.uint8 and a.shape == b.shape
         if size is None:
             assert a.tobytes() == b.tobytes()
-        else:  # the resize's lanes: at most one level, and rarely
-            off = np.abs(a.astype(int) - b.astype(int))
-            assert off.max() <= 1 and (off > 0).mean() < 0.02
+        else:  # the resize's lanes: at most one level (how often depends on the size and the CPU)
+            assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
