@@ -214,9 +214,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return run(parse_args(argv))
 
 
-def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str = "train.py") -> dict[str, Any]:
-    """Train as ``args`` say, on a dataset whose layout is one of ``layouts`` (``name`` says who refuses another)."""
-    args.layouts, args.script = layouts, name
+def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str = "train.py",
+        pick: Callable[[ShardDataset | MixedDataset, int, torch.device], Objective] | None = None) -> dict[str, Any]:
+    """Train as ``args`` say, on a dataset whose layout is one of ``layouts`` (``name`` says who
+    refuses another); ``pick``: chooses the head and loss (default :func:`pick_objective`)."""
+    args.layouts, args.script, args.pick = layouts, name, pick or pick_objective
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # torchrun means DDP, even with one process (one GPU): the same code path as on many
     distributed = world > 1 or "TORCHELASTIC_RUN_ID" in os.environ
@@ -259,7 +261,7 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
     batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
-    objective = pick_objective(dataset, channels, device)
+    objective = args.pick(dataset, channels, device)
     model: nn.Module = objective.model.to(device)
     optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step, start_epoch = 0, 0

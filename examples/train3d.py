@@ -34,8 +34,6 @@ Distributed training, ``set_epoch`` and the checkpoint (which holds the loader p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -104,30 +102,19 @@ def segmentation_objective(dataset: ShardDataset | MixedDataset, channels: int) 
     return shared.Objective(f"segmentation: {classes} classes, 3-D", UNet3d(channels, classes), loss)
 
 
-@contextmanager
-def volume_objectives() -> Iterator[None]:
-    """train.py's run with this file's 3-D segmentation for volumes with label maps (train.py
-    segments 2-D images only); every other dataset gets train.py's own objective."""
-    base: Callable[..., shared.Objective] = shared.pick_objective
-
-    def pick(dataset: ShardDataset | MixedDataset, channels: int, device: torch.device) -> shared.Objective:
-        if dataset.info.mask is not None and dataset.info.layout == "CDHW":
-            return segmentation_objective(dataset, channels)
-        return base(dataset, channels, device)
-
-    shared.pick_objective = pick
-    try:
-        yield
-    finally:
-        shared.pick_objective = base
+def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: torch.device) -> shared.Objective:
+    """This file's 3-D segmentation for volumes with label maps (train.py segments 2-D images
+    only); every other dataset gets train.py's own objective."""
+    if dataset.info.mask is not None and dataset.info.layout == "CDHW":
+        return segmentation_objective(dataset, channels)
+    return shared.pick_objective(dataset, channels, device)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train on volumes; return what happened (steps, losses, keys seen) for tests and logs."""
     # volumes are big: a few per batch, and a gentler step than train.py's for 2-D images
     args = shared.parse_args(argv, description=__doc__, batch_size=4, lr=0.01)
-    with volume_objectives():
-        return shared.run(args, layouts=("CDHW",), name="train3d.py")
+    return shared.run(args, layouts=("CDHW",), name="train3d.py", pick=pick_objective)
 
 
 if __name__ == "__main__":
