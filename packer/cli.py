@@ -36,15 +36,15 @@ def main() -> None:
 
 def _print_summary(result: Any) -> None:
     from packer.pipeline.datacheck import empty_splits
+    from packer.targets import Target
 
     manifest = result.manifest
     lines = [f"dataset {manifest['name']} version {manifest['version']}"
              + (" (already built: nothing rewritten)" if result.reused else "")]
+    target = Target.of_manifest(manifest)
     for split in SPLITS:
         entry = manifest["splits"][split]
-        classes = ", ".join(f"{k} {v}" for k, v in entry["class_counts"].items()) or ", ".join(
-            f"{name} {stats['min']:g}..{stats['max']:g}" for name, stats in entry.get("target_stats", {}).items()
-            if stats) or ("unlabeled" if (manifest.get("target") or {}).get("kind") == "none" else "-")
+        classes = target.brief(entry)
         lines.append(f"  {split:<5} {entry['samples']:>7} samples  {entry['entities']:>5} entities  "
                      f"{len(entry['shards']):>4} shards  [{classes}]")
     for empty in empty_splits(manifest["config"]["split"], manifest["splits"]):  # a warning: the build goes on

@@ -18,11 +18,10 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -30,12 +29,9 @@ from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256, human_bytes
 from packer.manifest import Manifest, read_manifest
-from packer.targets import Target
+from packer.targets import Target, TargetValues
 
 DEFAULT_REGISTRY = Path("manifests")
-#: the heading of ``inspect``'s per-split target column, by target kind
-TARGET_COLUMN = {"class": "classes", "multilabel": "labels: samples holding each", "numeric": "targets",
-                 "none": "targets"}
 
 
 def inspect_dataset(manifest_path: str | Path, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -54,27 +50,6 @@ def _size_stats(sizes: list[int]) -> dict[str, int] | None:
     return {"min": min(sizes), "median": int(statistics.median(sizes)), "max": max(sizes)}
 
 
-def _classes(counts: dict[str, int], samples: int | None = None) -> dict[str, dict[str, float | int]]:
-    """Per label its count and percent: of all the counts (one class per sample), or of ``samples``
-    (multi-label: a sample may hold several labels, so the counts do not add up to the samples)."""
-    total = sum(counts.values()) if samples is None else samples
-    return {label: {"count": n, "percent": round(100 * n / total, 1) if total else 0.0}
-            for label, n in sorted(counts.items())}
-
-
-def _pooled_stats(per_split: list[tuple[int, dict[str, dict[str, float]]]]) -> dict[str, dict[str, float]]:
-    """One numeric target_stats over several splits' (samples, target_stats): min of the minima,
-    max of the maxima, the mean weighted by samples."""
-    out: dict[str, dict[str, float]] = {}
-    for name in dict.fromkeys(n for _, stats in per_split for n in stats):
-        parts = [(samples, stats[name]) for samples, stats in per_split if name in stats]
-        weight = sum(samples for samples, _ in parts)
-        out[name] = {"min": min(s["min"] for _, s in parts), "max": max(s["max"] for _, s in parts),
-                     "mean": (sum(samples * s["mean"] for samples, s in parts) / weight) if weight else
-                     statistics.fmean(s["mean"] for _, s in parts)}
-    return out
-
-
 def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The numbers ``packer inspect`` shows, taken from a loaded manifest (no file access).
 
@@ -88,30 +63,20 @@ def summarize_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     phi (mode, dates and the key's fingerprint; None in a manifest without one).
     """
     target = Target.of_manifest(manifest)
-    several = target.kind == "multilabel"
     splits: dict[str, Any] = {}
     all_sizes: list[int] = []
-    all_classes: Counter[str] = Counter()
-    all_stats: list[tuple[int, dict[str, dict[str, float]]]] = []
-    for split in [s for s in SPLITS if s in manifest["splits"]]:
-        entry = manifest["splits"][split]
+    entries = [(split, manifest["splits"][split]) for split in SPLITS if split in manifest["splits"]]
+    for split, entry in entries:
         sizes = [shard["bytes"] for shard in entry["shards"]]
         all_sizes += sizes
-        all_classes.update(entry["class_counts"])
         splits[split] = {"samples": entry["samples"], "entities": entry["entities"], "shards": len(sizes),
-                         "bytes": sum(sizes), "shard_bytes": _size_stats(sizes),
-                         "classes": _classes(entry["class_counts"], entry["samples"] if several else None)}
-        if target.kind == "numeric":
-            splits[split]["target_stats"] = entry.get("target_stats", {})
-            all_stats.append((entry["samples"], splits[split]["target_stats"]))
+                         "bytes": sum(sizes), "shard_bytes": _size_stats(sizes), **target.summarize_split(entry)}
     bad = manifest["bad_samples"]
     audit = manifest["audit"]
-    samples = sum(s["samples"] for s in splits.values())
-    totals: dict[str, Any] = {"samples": samples, "entities": sum(s["entities"] for s in splits.values()),
+    totals: dict[str, Any] = {"samples": sum(s["samples"] for s in splits.values()),
+                              "entities": sum(s["entities"] for s in splits.values()),
                               "shards": len(all_sizes), "bytes": sum(all_sizes), "shard_bytes": _size_stats(all_sizes),
-                              "classes": _classes(dict(all_classes), samples if several else None)}
-    if target.kind == "numeric":
-        totals["target_stats"] = _pooled_stats(all_stats)
+                              **target.summarize_total([entry for _, entry in entries])}
     return {
         "name": manifest["name"], "version": manifest["version"], "dataset_hash": manifest["dataset_hash"],
         "created_at": manifest["created_at"], "format": manifest["format"],
@@ -191,23 +156,6 @@ def _audit_lines(audit: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _by_value(item: tuple[str, int]) -> int:
-    return item[1]
-
-
-def _target_line(summary: dict[str, Any]) -> str:
-    """What ``inspect`` says of the dataset's target: its kind and names."""
-    target = summary.get("target") or {"kind": "class"}
-    kind, names = target["kind"], ", ".join(target.get("names", ()))
-    if kind == "class":
-        return "class: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["label_map"].items(), key=_by_value))
-    if kind == "multilabel":
-        return f"multilabel: {names or '-'} (a sample holds any number of them)"
-    if kind == "numeric":
-        return f"numeric: {names or '-'}"
-    return "none: unlabeled (no targets)"
-
-
 def _mask_line(mask: dict[str, Any], fmt: str) -> str:
     """What ``inspect`` says of a dataset's masks: dtype, layout, where they are, declared class
     ids, pad id."""
@@ -220,28 +168,13 @@ def _mask_line(mask: dict[str, Any], fmt: str) -> str:
            f"(0 background){pad}"
 
 
-def _number(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, int | float) else "-"
-
-
-def _target_cells(kind: str, entry: dict[str, Any]) -> str:
-    """One split's target column of the ``inspect`` table."""
-    if kind == "numeric":
-        stats = entry.get("target_stats") or {}
-        return "; ".join(f"{name} min {_number(s.get('min'))} mean {_number(s.get('mean'))} max "
-                         f"{_number(s.get('max'))}" for name, s in stats.items()) or "-"
-    if kind == "none":
-        return "unlabeled"
-    return ", ".join(f"{k} {v['count']} ({v['percent']:.1f}%)" for k, v in entry["classes"].items()) or "-"
-
-
 def format_summary(summary: dict[str, Any]) -> str:
     """The text ``packer inspect`` prints for a :func:`summarize_manifest` dict."""
     libs = ", ".join(f"{k} {v}" for k, v in sorted(summary["libraries"].items()) if k != "packer")
     by_decoder = Counter(summary["decoders"].values())
     schema = summary["sample_schema"]
     shapes = "; ".join(f"{src} {', '.join(map(str, s))}" for src, s in sorted(schema["shapes"].items()))
-    kind = (summary.get("target") or {}).get("kind", "class")
+    target = Target.of_json(summary.get("target") or {"kind": "class"})
     lines = [
         f"dataset {summary['name']} version {summary['version']}",
         f"  dataset_hash  {summary['dataset_hash']}",
@@ -250,16 +183,16 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  packer        {summary['packer_version']}; {libs}",
         "  decoders      " + (", ".join(f"{d} ({n} transfer syntaxes)" for d, n in sorted(by_decoder.items())) or "-"),
         f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}",
-        f"  target        {_target_line(summary)}",
+        f"  target        {target.inspect_line(summary['label_map'])}",
         *([f"  masks         {_mask_line(summary['mask'], summary['format'])}"]
           if isinstance(summary.get("mask"), dict) else []),
         "",
-        f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   {TARGET_COLUMN.get(kind, kind)}",
+        f"  {'split':<7}{'samples':>8}{'entities':>10}{'shards':>8}{'bytes':>12}   {target.inspect_heading}",
     ]
     rows = [*summary["splits"].items(), ("total", summary["totals"])]
     for split, entry in rows:
         lines.append(f"  {split:<7}{entry['samples']:>8}{entry['entities']:>10}{entry['shards']:>8}"
-                     f"{human_bytes(entry['bytes']):>12}   {_target_cells(kind, entry)}")
+                     f"{human_bytes(entry['bytes']):>12}   {target.inspect_cells(entry)}")
     sizes = summary["totals"]["shard_bytes"]
     if sizes:
         lines.append(f"  shard size    min {human_bytes(sizes['min'])}  median {human_bytes(sizes['median'])}  "
@@ -289,12 +222,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 # -- diff -------------------------------------------------------------------------------------------
 
 
-#: Target values of one sample, name → value: 0/1 per label (multilabel), the numbers (numeric).
-TargetValues = tuple[tuple[str, float], ...]
-#: ``by_label``'s name for a multi-label sample that holds none of the labels
-NO_LABEL = "(none)"
-
-
 @dataclass(frozen=True)
 class SampleChange:
     """One sample present in either version: where it was and where it is (None: absent).
@@ -319,10 +246,9 @@ class SampleChange:
             out["new_target"] = None if self.new_target is None else dict(self.new_target)
         return out
 
-
-def _held(values: TargetValues | None) -> set[str]:
-    """The labels a multi-label sample holds."""
-    return {name for name, value in values or () if value}
+    def target_of(self, side: str) -> tuple[str | None, TargetValues | None]:
+        """(text, values) of the sample's target in the ``old`` or ``new`` version."""
+        return getattr(self, f"{side}_label"), getattr(self, f"{side}_target")
 
 
 @dataclass(frozen=True)
@@ -344,9 +270,10 @@ class DatasetDiff:
 
     ``changed``: same key, different per-sample sha256 (only when ``content_compared``);
     ``moved``: same key, different split; ``relabeled``: same key, different target (class name,
-    set of labels held, numbers). ``target_kind`` is the versions' target kind, ``mixed`` when
-    they differ (then no sample counts as relabeled; ``notes`` says so).
+    set of labels held, numbers).
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
+    ``target``: the versions' target; None when their kinds differ (then no sample counts as
+    relabeled; ``notes`` says so).
     """
 
     old: dict[str, Any]
@@ -361,7 +288,7 @@ class DatasetDiff:
     config: tuple[ValueChange, ...]
     versions: tuple[ValueChange, ...]
     notes: tuple[str, ...]
-    target_kind: str = "class"
+    target: Target | None = field(default_factory=lambda: Target("class"))
 
     @property
     def empty(self) -> bool:
@@ -383,38 +310,24 @@ class DatasetDiff:
     def by_label(self) -> dict[str, dict[str, int]]:
         """Per label name: added, removed, changed, relabeled_in, relabeled_out.
 
-        class: by the sample's class. multilabel: a sample counts under each label it holds
-        (``NO_LABEL`` when none); relabeled_in counts the samples that gained the label,
-        relabeled_out those that lost it. numeric: per target name, ``relabeled`` counts the
-        samples whose value of it changed. Empty for unlabeled datasets and mixed kinds.
+        The target kind says under which names a sample counts (:meth:`Target.diff_names`,
+        :meth:`Target.relabel_counts`). class: by the sample's class. multilabel: a sample counts
+        under each label it holds (``(none)`` when none); relabeled_in counts the samples that
+        gained the label, relabeled_out those that lost it. numeric: per target name,
+        ``relabeled`` counts the samples whose value of it changed. Empty for unlabeled datasets
+        and mixed kinds.
         """
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        if self.target_kind == "multilabel":
-            for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
-                                      ("changed", self.changed, "new")):
-                for item in items:
-                    for name in _held(getattr(item, f"{side}_target")) or {NO_LABEL}:
-                        out[name][kind] += 1
-            for item in self.relabeled:
-                old, new = _held(item.old_target), _held(item.new_target)
-                for name in new - old:
-                    out[name]["relabeled_in"] += 1
-                for name in old - new:
-                    out[name]["relabeled_out"] += 1
-        elif self.target_kind == "numeric":
-            for item in self.relabeled:
-                before, after = dict(item.old_target or ()), dict(item.new_target or ())
-                for name in sorted(before.keys() | after.keys()):
-                    if before.get(name) != after.get(name):
-                        out[name]["relabeled"] += 1
-        elif self.target_kind == "class":
-            for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
-                                      ("changed", self.changed, "new")):
-                for item in items:
-                    out[str(getattr(item, f"{side}_label"))][kind] += 1
-            for item in self.relabeled:
-                out[str(item.new_label)]["relabeled_in"] += 1
-                out[str(item.old_label)]["relabeled_out"] += 1
+        if self.target is None:
+            return {}
+        for change, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
+                                    ("changed", self.changed, "new")):
+            for item in items:
+                for name in self.target.diff_names(*item.target_of(side)):
+                    out[name][change] += 1
+        for item in self.relabeled:
+            for name, column in self.target.relabel_counts(item.target_of("old"), item.target_of("new")):
+                out[name][column] += 1
         return {label: dict(sorted(out[label].items())) for label in sorted(out)}
 
     def to_json(self) -> dict[str, Any]:
@@ -469,37 +382,11 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
         rows = pq.read_table(path, columns=columns).to_pylist()
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
-    if target.has_vector:
-        return {row["key"]: {"split": row["split"], "sha256": row["sha256"], **_vector_target(target, row["target"])}
-                for row in rows}
-    if target.kind == "none":
-        return {row["key"]: {"split": row["split"], "label": target.describe(None, None), "target": None,
-                             "sha256": row["sha256"]} for row in rows}
-    names = {index: name for name, index in manifest.label_map.items()}
-    return {row["key"]: {"split": row["split"], "label": names.get(row["label"], str(row["label"])),
-                         "target": None, "sha256": row["sha256"]} for row in rows}
-
-
-def _vector_target(target: Target, vector: list[float] | None) -> dict[str, Any]:
-    """The ``label`` (text) and ``target`` (:data:`TargetValues`) of an index row's target vector."""
-    if vector is None:
-        return {"label": "(no target)", "target": ()}
-    values = np.asarray(vector, dtype=target.vector_dtype)
-    pairs: TargetValues
-    if target.kind == "multilabel":
-        pairs = tuple((name, int(v)) for name, v in zip(target.names, values.tolist(), strict=False))
-    else:  # float32 numbers by their shortest text (0.1, not 0.10000000149011612): one float32, one value
-        pairs = tuple((name, float(str(v))) for name, v in zip(target.names, values, strict=False))
-    return {"label": target.describe(None, values), "target": pairs}
-
-
-def _relabeled(kind: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Whether a sample's target differs between two versions of one target kind."""
-    if kind == "multilabel":
-        return _held(old["target"]) != _held(new["target"])
-    if kind == "numeric":
-        return dict(old["target"]) != dict(new["target"])
-    return bool(old["label"] != new["label"])
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        label, values = target.index_target(row["label"], row.get("target"))
+        out[row["key"]] = {"split": row["split"], "label": label, "target": values, "sha256": row["sha256"]}
+    return out
 
 
 def _side(manifest: Manifest) -> dict[str, Any]:
@@ -535,8 +422,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
         notes.append(f"formats differ ({old['format']} vs {new['format']}): per-sample sha256 hash different "
                      "bytes (.npy member vs raw image), so content changes are not compared")
     old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
-    kind = old_target.kind if old_target.kind == new_target.kind else "mixed"
-    if kind == "mixed":
+    target = old_target if old_target.kind == new_target.kind else None
+    if target is None:
         notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
                      "targets are not compared per sample, so none is listed as relabeled")
     lists: dict[str, list[SampleChange]] = defaultdict(list)
@@ -555,7 +442,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                     lists["changed"].append(change)
                 if a["split"] != b["split"]:
                     lists["moved"].append(change)
-                if kind != "mixed" and _relabeled(kind, a, b):
+                if target is not None and target.relabeled((a["label"], a["target"]), (b["label"], b["target"])):
                     lists["relabeled"].append(change)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
@@ -566,7 +453,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
-                       target_kind=kind)
+                       target=target)
 
 
 def _target_text(target: Target) -> str:

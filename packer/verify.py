@@ -222,14 +222,15 @@ def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings
     suffix = SHARD_SUFFIXES[manifest["format"]]
     seen: set[str] = set()
     total = 0
+    target = Target.of_manifest(manifest)
     for split, entry in manifest["splits"].items():
         listed = sum(s["samples"] for s in entry["shards"])
         total += entry["samples"]
         if listed != entry["samples"]:
             found.add(name, f"splits.{split}: the shards hold {listed} samples but samples says {entry['samples']}")
-        if Target.of_manifest(manifest).kind == "class" and sum(entry["class_counts"].values()) != entry["samples"]:
-            found.add(name, f"splits.{split}: class_counts add up to {sum(entry['class_counts'].values())}, "
-                            f"not samples {entry['samples']}")
+        counts_problem = target.split_problem(entry)
+        if counts_problem is not None:
+            found.add(name, f"splits.{split}: {counts_problem}")
         for shard in entry["shards"]:
             if not shard["file"].startswith(f"{split}-") or not shard["file"].endswith(suffix):
                 found.add(name, f"splits.{split} lists {shard['file']}, which is not a {manifest['format']} shard "
@@ -556,7 +557,7 @@ def _check_mask(mask: np.ndarray | None, pixels: np.ndarray | None, expect: dict
 def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
     target = expect.target
-    required = ["json", "npy", *(["cls"] if target.kind == "class" else []),
+    required = ["json", "npy", *(["cls"] if target.has_label else []),
                 *(["target.npy"] if target.has_vector else []), *(["mask.npy"] if expect.mask else [])]
     for ext in required:
         if ext not in sample:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from packer.htmlreport import shards
 from packer.htmlreport.collect import ReportData, ReportLimits, _select
 from packer.htmlreport.shards import IndexEntry, SampleIndex, load_index, selection_rank
+from packer.targets import Target
 
 SPLITS = ["train", "valid", "test", "extra"]
 # label 1 is named "3", as an unmapped label 3 is: two label values share one contact sheet
@@ -52,7 +53,7 @@ def reference_select(entries: list[IndexEntry], limits: ReportLimits, label_name
 def columnar_select(index: SampleIndex, limits: ReportLimits, label_names: dict[int, str],
                     dataset_hash: str) -> dict[str, Any]:
     data = ReportData(manifest={"dataset_hash": dataset_hash}, folder=Path("."), limits=limits, splits=[],
-                      kinds={}, label_names=label_names)
+                      kinds={}, target=Target("class", tuple(label_names[i] for i in range(len(label_names)))))
     histogram, sheets = _select(index, data)
     return {"histogram": histogram, "sheets": sheets,
             "label_totals": [(split, list(counts.items())) for split, counts in data.label_totals.items()],

@@ -9,40 +9,50 @@ split and the min/mean/max; none: a note that the dataset is unlabeled.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from packer.htmlreport.collect import NO_LABEL, ReportData
 from packer.htmlreport.markup import esc, note, num, palette, split_color, swatch_legend, table
 from packer.htmlreport.stats import ValueHistogram
 from packer.htmlreport.svg import histogram_chart, prevalence_chart, share_chart
+from packer.targets import ClassTarget, MultiLabelTarget, NoTarget, NumericTarget
+from packer.targets.unlabeled import UNLABELED
 
 LABEL_ROWS = 50
-UNLABELED = "unlabeled (no targets)"
 
 
 def target_fact(data: ReportData) -> tuple[str, str, str]:
     """The summary's facts entry for the targets: (name, value HTML, ``data-field``)."""
-    target, label_map = data.target, data.manifest.get("label_map", {})
-    names = esc(", ".join(target.names) or "-")
-    if target.kind == "multilabel":
-        return "Labels", f'multilabel: {names} <span class="muted">(a sample holds any number)</span>', "target"
-    if target.kind == "numeric":
-        return "Targets", f"numeric: {names}", "target"
-    if target.kind == "none":
-        return "Labels", UNLABELED, "target"
-    return "Labels", esc(", ".join(label_map) or "-"), "label_map"
+    fact = data.target.report_fact(data.manifest.get("label_map", {}))
+    aside = f' <span class="muted">{esc(fact.aside)}</span>' if fact.aside else ""
+    return fact.name, esc(fact.value) + aside, fact.field
+
+
+@dataclass(frozen=True)
+class _Balance:
+    """The splits section's target part, one rendering per target kind (a
+    :class:`~packer.targets.TargetRenderer`)."""
+
+    data: ReportData
+
+    def render_class(self, target: ClassTarget) -> str:
+        return _class_balance(self.data)
+
+    def render_multilabel(self, target: MultiLabelTarget) -> str:
+        return _multilabel_balance(self.data)
+
+    def render_numeric(self, target: NumericTarget) -> str:
+        return _numeric_values(self.data)
+
+    def render_none(self, target: NoTarget) -> str:
+        return ('<h3>Label balance</h3><p class="muted" data-field="unlabeled">'
+                f"{UNLABELED}: the samples carry no label or target, so there is no balance to show.</p>")
 
 
 def render_balance(data: ReportData) -> str:
     """The part of the splits section that shows the targets (see the module's docstring)."""
-    if data.target.kind == "multilabel":
-        return _multilabel_balance(data)
-    if data.target.kind == "numeric":
-        return _numeric_values(data)
-    if data.target.kind == "none":
-        return ('<h3>Label balance</h3><p class="muted" data-field="unlabeled">'
-                f"{UNLABELED}: the samples carry no label or target, so there is no balance to show.</p>")
-    return _class_balance(data)
+    return data.target.render(_Balance(data))
 
 
 def _class_balance(data: ReportData) -> str:

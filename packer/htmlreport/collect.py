@@ -135,7 +135,6 @@ class ReportData:
     limits: ReportLimits
     splits: list[str]
     kinds: dict[str, str]
-    label_names: dict[int, str]
     audit: AuditFindings = field(default_factory=AuditFindings)
     warnings: list[str] = field(default_factory=list)
     index_note: str | None = None
@@ -161,10 +160,7 @@ class ReportData:
 
     def describe(self, entry: IndexEntry) -> str:
         """The target of the sample ``entry`` as text: its class name, its labels, its numbers."""
-        if self.target.kind == "class":
-            return str(entry.label) if entry.label is None else self.label_names.get(entry.label, str(entry.label))
-        vector = None if entry.target is None else np.asarray(entry.target)
-        return self.target.describe(None, vector)
+        return self.target.describe(entry.label, None if entry.target is None else np.asarray(entry.target))
 
 
 def ordered_splits(manifest: dict[str, Any]) -> list[str]:
@@ -183,34 +179,9 @@ def _first_per_group(ranked: np.ndarray, group: np.ndarray, limit: int) -> np.nd
     return ranked[keep]
 
 
-def _groups(index: SampleIndex, data: ReportData) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
-    """What the contact sheets group samples by: the row of each member (None: member i is row i),
-    the group number of each member and the groups' names.
-
-    class: its label (by ``label_names``); multilabel: one member per label it holds, by row then
-    label position, or one in ``NO_LABEL``; numeric and none: its source.
-    """
-    if data.target.kind == "class":
-        label_code, label_values = index.codes("label")
-        return None, label_code, [data.label_names.get(value, str(value)) for value in label_values]
-    if data.target.kind != "multilabel":
-        source_code, sources = index.codes("source")
-        return None, source_code, [str(source) for source in sources]
-    rows, positions = index.positives()
-    names = list(data.target.names)
-    names += [str(p) for p in range(len(names), int(positions.max(initial=-1)) + 1)]  # beyond the manifest's
-    unlabeled = np.ones(len(index), dtype=bool)
-    unlabeled[rows] = False
-    none_rows = np.flatnonzero(unlabeled)
-    member_rows = np.concatenate((rows, none_rows))
-    member_codes = np.concatenate((positions, np.full(len(none_rows), len(names), dtype=np.int64)))
-    order = np.lexsort((member_codes, member_rows))
-    return member_rows[order], member_codes[order], [*names, NO_LABEL]
-
-
 def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[str, str], list[str]]]:
-    """Histogram keys (first N per split) and contact-sheet keys (first M per split and group, see
-    :func:`_groups`).
+    """Histogram keys (first N per split) and contact-sheet keys (first M per split and group, as
+    the target kind groups them: :meth:`~packer.targets.Target.sheet_groups`).
 
     "First" is the order of ``selection_rank``; groups count per split into ``data.label_totals``
     in the order they first occur in the index (``most_common`` breaks ties by it), samples per
@@ -220,7 +191,7 @@ def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[
     limits = data.limits
     ranked = index.rank_order(str(data.manifest.get("dataset_hash", "")))  # first: its peak is the largest
     split_code, split_names = index.codes("split")
-    member_rows, group_code, group_names = _groups(index, data)
+    member_rows, group_code, group_names = data.target.sheet_groups(index, NO_LABEL)
     width = len(group_names)
     member_split = split_code if member_rows is None else split_code[member_rows]
     pairs, first, pair_of_member, counts = np.unique(member_split * width + group_code, return_index=True,
@@ -263,15 +234,14 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     data = ReportData(
         manifest=manifest, folder=folder, limits=limits, splits=ordered_splits(manifest),
         kinds={str(s.get("name")): str(s.get("kind")) for s in config.get("sources", []) if isinstance(s, dict)},
-        label_names={int(v): str(k) for k, v in manifest.get("label_map", {}).items()},
         audit=read_audit(manifest, folder), warnings=list(warnings or []), target=_target(manifest),
         mask=MaskSchema.of_manifest(manifest))
     index, data.index_note = load_index(folder, manifest)
     data.index_size = len(index)
     histogram_keys, sheet_keys = _select(index, data)
-    if data.target.kind == "numeric":
+    if data.target.value_names():  # numbers, drawn as histograms (numeric targets)
         split_code, split_names = index.codes("split")
-        data.value_histograms = value_histograms(data.target.names, index.vectors(len(data.target.names)),
+        data.value_histograms = value_histograms(data.target.value_names(), index.vectors(len(data.target.names)),
                                                  split_code, split_names)
     on_sheets = {key for keys in sheet_keys.values() for key in keys}
     members = {m.key for g in data.audit.groups for m in g.members}

@@ -9,10 +9,9 @@ from packer.htmlreport.sections import section
 from packer.htmlreport.stats import ChannelHistograms
 from packer.htmlreport.svg import histogram_chart
 from packer.htmlreport.thumbs import Pane
+from packer.targets import Target
 
 DISPLAY_PX = 96  # largest displayed side of a pane (thumbnails keep up to thumb_px pixels)
-# how a caption names the sample's target, per target kind (an unlabeled sample's caption has none)
-CAPTION_FIELD = {"class": "label", "multilabel": "labels", "numeric": "target"}
 
 
 def _display_size(pane: Pane) -> tuple[int, int]:
@@ -20,8 +19,8 @@ def _display_size(pane: Pane) -> tuple[int, int]:
     return round(pane.width * scale), round(pane.height * scale)
 
 
-def _cell(item: SheetItem, small: bool, kind: str) -> str:
-    field = CAPTION_FIELD.get(kind)
+def _cell(item: SheetItem, small: bool, target: Target) -> str:
+    field = target.caption_field  # how the caption names the target (an unlabeled sample's has none)
     caption = (f"{item.key}\n" + (f"{field}: {item.label}\n" if field else "")
                + f"entity_id: {item.entity_id}\nsource: {item.source}")
     if len(item.panes) > 1 or item.panes[0].name.removesuffix(" + mask") not in ("RGB", "grey"):
@@ -66,22 +65,11 @@ def _fit(items: list[SheetItem], budget: int) -> tuple[list[SheetItem], bool, in
     return shown, True, used
 
 
-def _sheet_words(kind: str) -> tuple[str, str, str, str]:
-    """For a target kind: what a grid groups by, its heading's prefix, what hovering shows of the
-    target, and a sentence of the lead about the grouping."""
-    if kind == "multilabel":
-        return "label", "", "labels", f" A sample appears under each label it holds; {NO_LABEL} holds those with none."
-    if kind == "numeric":
-        return "source", "source ", "target values", ""
-    if kind == "none":
-        return "source", "source ", "source", " The dataset is unlabeled (no targets)."
-    return "label", "", "label", ""
-
-
 def render_contact_sheets(data: ReportData) -> str:
     limits = data.limits
-    kind = data.target.kind
-    group, prefix, hover, grouping = _sheet_words(kind)
+    target = data.target
+    words = target.sheet_words(NO_LABEL)
+    group, prefix, hover, grouping = words.group, words.prefix, words.hover, words.grouping
     budget = int(limits.image_bytes * (1 - limits.duplicate_share))
     grids_left = sum(1 for items in data.sheets.values() if items)
     blocks = []
@@ -102,7 +90,7 @@ def render_contact_sheets(data: ReportData) -> str:
             extra += f" · {dropped} not shown (report size budget)" if dropped else ""
             parts.append(f'<div class="sheet"><h4>{esc(prefix + label)} <span class="muted">{len(shown)} of {count:,} '
                          f'shown{extra}</span></h4>{"<br>".join(legends)}'
-                         f'<div class="grid">{"".join(_cell(i, small, kind) for i in shown)}</div></div>')
+                         f'<div class="grid">{"".join(_cell(i, small, target) for i in shown)}</div></div>')
         hidden = len(totals) - min(len(totals), limits.labels_per_split)
         more = note(f"{hidden} less frequent {group}s not shown.", "muted") if hidden > 0 else ""
         samples = data.split_totals.get(split, sum(totals.values()))

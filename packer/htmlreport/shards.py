@@ -228,24 +228,12 @@ def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
                 members = read_member_bytes(fh, sample, ["json"]) if "json" in sample.members else None
                 if isinstance(members, dict):
                     info = json.loads(members["json"])
-                    label = info.get("label_index", -1 if target.kind == "class" else None)
+                    label = info.get("label_index", -1 if target.has_label else None)
                     rows.append(IndexEntry(sample.key, split, name, sample.offset,
                                            None if label is None else int(label),
                                            str(info.get("entity_id", "")), str(info.get("source", "")),
-                                           _record_target(target, info)))
+                                           target.record_vector(info)))
     return rows
-
-
-def _record_target(target: Target, info: dict[str, Any]) -> tuple[float, ...] | None:
-    """The target vector a sample record states (``labels``: the multi-label names held;
-    ``target``: name → number), in ``target.names`` order; None for a kind without one."""
-    if target.kind == "multilabel":
-        held = set(info.get("labels") or ())
-        return tuple(1.0 if name in held else 0.0 for name in target.names)
-    if target.kind == "numeric":
-        values = info.get("target") or {}
-        return tuple(float(values.get(name, np.nan)) for name in target.names)
-    return None
 
 
 def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray | memoryview]

@@ -60,7 +60,7 @@ from packer.errors import ConfigError
 from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
 from packer.loader.readers import Decoded, Failure
 from packer.loader.sharding import EpochOrder, RankPlan, derive_seed, epoch_order, random_u64
-from packer.targets import Target
+from packer.targets import TargetMismatch
 
 EPOCH_LENGTHS = ("shortest", "longest")
 
@@ -242,7 +242,7 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
     """The mix's SplitInfo (what its samples are: target, labels, layout, mask, shapes by
     ``member/source``; no shards) and each member's class-index remap (None: identity)."""
     first = members[0].info
-    label_map = dict(first.label_map)
+    target = first.target
     remaps: list[dict[int, int] | None] = []
     for m, name in zip(members, names, strict=True):
         info = m.info
@@ -253,22 +253,14 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
                 raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "
                                   "mixed members must deliver the same kind of sample (rebuild one of them, or "
                                   "train on them separately)")
-        if info.target.kind != "class":
-            if list(info.target.names) != list(first.target.names):
-                raise ConfigError(f"MixedDataset: {name}'s {info.target.kind} target names {list(info.target.names)} "
-                                  f"differ from {names[0]}'s {list(first.target.names)}; a {info.target.kind} target "
-                                  "is a vector whose positions must mean the same thing in every member")
-            remaps.append(None)
-            continue
-        for label in sorted(info.label_map, key=info.label_map.__getitem__):
-            label_map.setdefault(label, len(label_map))
-        remap = {index: label_map[label] for label, index in info.label_map.items()}
-        remaps.append(None if all(k == v for k, v in remap.items()) else remap)
+        try:  # the kind says how targets meet: class names merge (indices remapped), vector positions must agree
+            target, remap = target.join(info.target)
+        except TargetMismatch as err:
+            raise ConfigError(f"MixedDataset: {name} does not fit {names[0]}: {err}") from err
+        remaps.append(remap)
     shapes = {f"{name}/{source}": tuple(found) for m, name in zip(members, names, strict=True)
               for source, found in m.info.shapes.items()}
-    target = (Target("class", tuple(sorted(label_map, key=label_map.__getitem__))) if first.target.kind == "class"
-              else first.target)
     mixed = dataclasses.replace(first, name="+".join(names), version="", shards=(), target=target,
-                                samples=sum(m.samples for m in members), label_map=label_map, shapes=shapes,
+                                samples=sum(m.samples for m in members), label_map=target.label_map, shapes=shapes,
                                 shape=first.shape if all(m.info.shape == first.shape for m in members) else None)
     return mixed, remaps

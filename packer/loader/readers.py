@@ -282,7 +282,7 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
                               f"{sorted(info.shapes)}")
     label_ids: set[int] | None = None
     label_names: tuple[str, ...] | None = None
-    if labels is not None and info.target.kind in ("none", "numeric"):
+    if labels is not None and info.target.view_column is None:
         raise ConfigError(f"labels={list(labels)!r}: this dataset's target is {info.target.kind}, so it has no "
                           "labels to filter by; filter by sources= instead")
     if labels is not None:
@@ -301,10 +301,10 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
             names.append(name)
         label_names = tuple(dict.fromkeys(names))
         label_ids = {info.label_map[n] for n in label_names}
+    column = (info.target.view_column if label_ids is not None else None) or "label"  # the labels= filter's
     try:
-        multilabel = label_ids is not None and info.target.kind == "multilabel"
         table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
-                              columns=["split", "shard", "position", "source", "target" if multilabel else "label"])
+                              columns=["split", "shard", "position", "source", column])
     except (pa.ArrowException, KeyError) as err:
         raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
@@ -314,11 +314,11 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     keep = np.ones(len(table), dtype=bool)
     if wanted_sources is not None:
         keep &= np.isin(table["source"].to_numpy(zero_copy_only=False).astype(str), list(wanted_sources))
-    if label_ids is not None and multilabel:  # a sample with any of the labels
-        hot = np.asarray(table["target"].combine_chunks().flatten().to_numpy(zero_copy_only=False))
-        keep &= hot.reshape(len(table), len(info.target.names))[:, sorted(label_ids)].any(axis=1)
-    elif label_ids is not None:
-        keep &= np.isin(table["label"].to_numpy(), sorted(label_ids))
+    if label_ids is not None:  # the target kind says which rows hold any of the labels
+        values = table[column].combine_chunks()
+        if pa.types.is_list(values.type):  # a vector per row: its values, flat
+            values = values.flatten()
+        keep &= info.target.holding(np.asarray(values.to_numpy(zero_copy_only=False)), label_ids)
     order = np.lexsort((position, shard))
     shard, keep = shard[order], keep[order]
     files = np.array([s.file for s in info.shards], dtype=str)

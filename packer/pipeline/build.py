@@ -162,20 +162,7 @@ def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written
         mine = [s for s in shards if s.split == split]
         rows = np.concatenate([s.rows for s in mine]) if mine else np.zeros(0, dtype=np.int64)
         entry: dict[str, Any] = {"samples": int(rows.size), "entities": int(np.unique(entity_codes[rows]).size)}
-        if target.kind == "class":
-            counts = np.bincount(targets.labels[rows], minlength=len(target.names))
-            entry["class_counts"] = dict(sorted((target.names[i], int(n)) for i, n in enumerate(counts.tolist()) if n))
-        elif target.kind == "multilabel":
-            hot = targets.vectors[rows].sum(axis=0, dtype=np.int64).tolist()
-            entry["class_counts"] = dict(sorted((name, int(n)) for name, n in zip(target.names, hot, strict=True)))
-        else:
-            entry["class_counts"] = {}
-        if target.kind == "numeric":
-            values = targets.vectors[rows]
-            entry["target_stats"] = {
-                name: ({"min": float(values[:, i].min()), "mean": round(float(values[:, i].mean()), 6),
-                        "max": float(values[:, i].max())} if rows.size else {})
-                for i, name in enumerate(target.names)}
+        entry.update(target.split_counts(targets.labels[rows], targets.vectors[rows]))
         entry["shards"] = [written[s.file].to_entry() for s in mine]
         summary[split] = entry
     return summary
@@ -211,11 +198,11 @@ class TargetColumns:
         return cls(target=target, labels=labels[codes], vectors=vectors[codes])
 
     def index_schema(self) -> pa.Schema:
-        return index_schema(has_label=self.target.kind == "class",
+        return index_schema(has_label=self.target.has_label,
                             target=self.target.vector_dtype if self.target.has_vector else None)
 
     def index_labels(self, rows: np.ndarray) -> Sequence[int | None]:
-        return self.labels[rows].tolist() if self.target.kind == "class" else [None] * len(rows)
+        return self.labels[rows].tolist() if self.target.has_label else [None] * len(rows)
 
     def index_targets(self, rows: np.ndarray) -> list[np.ndarray] | None:
         return list(self.vectors[rows]) if self.target.has_vector else None
@@ -302,7 +289,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "format": job.pack.format,
         "sample_schema": (schema := _sample_schema(samples)),
         "label_map": target.label_map,
-        **({"target": target.to_json()} if target.kind != "class" else {}),  # absent: class, as before kinds
+        **({"target": record} if (record := target.manifest_record()) is not None else {}),
         **({"mask": _mask_schema(job, schema["layout"])} if any(s.mask is not None for s in job.sources) else {}),
         "splits": _split_summary(samples, shards, written, targets),
         "inputs": {"files": prepared.inputs, "samples": len(samples)},

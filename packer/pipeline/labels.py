@@ -13,23 +13,12 @@ into the reason code and message of a bad-sample record:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from packer.config import JobConfig, TargetConfig
-from packer.targets import SEPARATOR, Target, names_text, number_text
+from packer.targets import Refused, Target, mapped_name, target_class
 
-_TRUE = {"1", "1.0", "true", "yes"}
-_FALSE = {"0", "0.0", "false", "no"}
-
-
-@dataclass(frozen=True)
-class Refused:
-    """Why a sample has no usable target: a reason code and a message naming the value and the fix."""
-
-    reason: str
-    message: str
+__all__ = ["Refused", "dataset_target", "from_attribute", "from_folder", "from_row", "target_columns"]
 
 
 def target_columns(target: TargetConfig) -> tuple[str, ...]:
@@ -39,59 +28,17 @@ def target_columns(target: TargetConfig) -> tuple[str, ...]:
 
 def _mapped(target: TargetConfig, value: str, where: str, known: tuple[str, ...]) -> str | Refused:
     """A class value through the source's ``map`` and the job's ``labels:`` list."""
-    if target.value_map:
-        mapped = dict(target.value_map).get(value)
-        if mapped is None:
-            return Refused("unknown_label", f"{where}: {value!r} is not in the source's label map "
-                                            f"({', '.join(k for k, _ in target.value_map)}); add it to 'map:'")
-        value = mapped
-    if known and value not in known:
-        return Refused("unknown_label", f"{where}: {value!r} is not in the job's labels ({', '.join(known)}); "
-                                        "fix the value or add the label")
-    return value
+    return mapped_name(value, dict(target.value_map), known, where)
 
 
 def from_row(target: TargetConfig, record: Mapping[str, str | None], where: str,
              known: tuple[str, ...] = ()) -> str | Refused:
     """The target text of one table row (``record``: column → cell), or why there is none.
-    ``where`` names the table and row; ``known``: the job's ``labels:`` list (empty: any)."""
+    ``where`` names the table and row; ``known``: the job's ``labels:`` list (empty: any).
+    The target's kind reads the cells (:meth:`~packer.targets.Target.text_of_cells`)."""
     cells = {column: (record.get(column) or "").strip() for column in target.columns}
-    if target.kind == "class":
-        (column,) = target.columns
-        if not cells[column]:
-            return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class")
-        return _mapped(target, cells[column], f"{where}, column {column!r}", known)
-    if target.kind == "multilabel" and target.separator is not None:
-        (column,) = target.columns
-        names = [name.strip() for name in cells[column].split(target.separator)]
-        names = [name for name in names if name]
-        unknown = [name for name in names if known and name not in known]
-        if unknown:
-            return Refused("unknown_label", f"{where}, column {column!r}: {unknown[0]!r} is not in the job's labels "
-                                            f"({', '.join(known)}); fix the value or add the label")
-        if any(SEPARATOR in name for name in names):
-            return Refused("bad_target", f"{where}, column {column!r}: a label name may not contain {SEPARATOR!r}")
-        return names_text(names)
-    if target.kind == "multilabel":
-        positive = []
-        for column, cell in cells.items():
-            if cell.lower() in _TRUE:
-                positive.append(column)
-            elif cell.lower() not in _FALSE:
-                return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is not 0 or 1; a multi-label "
-                                             "column holds 0 or 1 for every sample")
-        return names_text(positive)
-    values = []
-    for column, cell in cells.items():
-        try:
-            value = float(cell)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            what = "empty" if not cell else f"{cell!r} is not a finite number"
-            return Refused("bad_target", f"{where}, column {column!r}: {what}; every sample needs a number here")
-        values.append(value)
-    return number_text(values)
+    return target_class(target.kind).text_of_cells(cells, where=where, separator=target.separator,
+                                                   value_map=dict(target.value_map), known=known)
 
 
 def from_folder(target: TargetConfig, relpath: str, root: str, known: tuple[str, ...] = ()) -> str | Refused:
@@ -114,22 +61,12 @@ def from_attribute(target: TargetConfig, value: str | None, path: str, known: tu
 
 def dataset_target(job: JobConfig, texts: Iterable[str | None]) -> Target:
     """The dataset's target from the job and the target texts of its packed samples: its kind
-    (the sources agree, :func:`packer.config.parse_job` checks) and names in a fixed order. Class
-    names and multi-label names: the job's ``labels:`` list, else the 0/1 columns in the order the
-    job lists them followed by the other names seen, sorted. Numeric: the columns, as listed."""
-    kind = job.sources[0].target.kind
-    if kind == "none":
-        return Target("none")
-    if kind == "numeric":
-        return Target("numeric", job.sources[0].target.columns)
-    if job.labels:
-        return Target(kind, job.labels)
-    seen = {name for text in texts
-            for name in ((text or "").split(SEPARATOR) if kind == "multilabel" else [text or ""])}
-    if kind == "class":
-        return Target("class", tuple(sorted(seen)))
-    listed: list[str] = []
+    (the sources agree, :func:`packer.config.parse_job` checks) names them in a fixed order
+    (:meth:`~packer.targets.Target.from_texts`): the job's ``labels:`` list, the columns of
+    the sources' tables (0/1 label columns, numeric targets' columns) in the order the job
+    lists them, and the names seen."""
+    columns: list[str] = []
     for source in job.sources:
         if source.target.origin == "table" and source.target.separator is None:
-            listed.extend(c for c in source.target.columns if c not in listed)
-    return Target("multilabel", (*listed, *sorted(seen.difference(listed, {""}))))
+            columns.extend(c for c in source.target.columns if c not in columns)
+    return target_class(job.sources[0].target.kind).from_texts(texts, labels=job.labels, columns=tuple(columns))

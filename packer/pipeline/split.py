@@ -35,7 +35,7 @@ from packer.pipeline.dedup import UnionFind, exact_groups
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
 from packer.pipeline.sampletable import as_table
 from packer.records import Issue, SpilledSample
-from packer.targets import SEPARATOR
+from packer.targets import ClassTarget
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -98,6 +98,8 @@ class Assignment:
 
 
 RunVerify = Callable[[Sequence[VerifyTask]], Iterable[tuple[VerifyTask, EvidenceArrays]]]
+#: The names a sample's target text counts under when stratifying by label (:meth:`Target.held_names`).
+Strata = Callable[[str | None], Sequence[str]]
 
 
 def verify_in_process(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
@@ -262,16 +264,14 @@ def _group_time(group: SplitGroup, times_of: Sequence[str | None]) -> str:
 
 
 def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cfg: SplitConfig,
-                fixed: Mapping[int, str], *, multilabel: bool = False) -> dict[int, str]:
+                fixed: Mapping[int, str], *, names: Strata = ClassTarget.held_names) -> dict[int, str]:
     """Greedy group-aware stratification: each group goes to the split whose quota of the
     group's labels is most behind. Large groups first; ties broken by the seeded hash.
 
-    ``multilabel``: a sample's target text holds several names (``a|b``); it counts once under
-    each of them (and a sample with none under the empty name), so every label's quota is
-    tracked, the greedy form of iterative stratification (Sechidis et al., 2011) over groups."""
-    def names(text: str | None) -> list[str]:
-        return (text or "").split(SEPARATOR) if multilabel else [text or ""]
-
+    ``names``: the names a sample's target text counts under (:meth:`Target.held_names`). A
+    multi-label sample counts once under each label it holds (and one with none under the
+    empty name), so every label's quota is tracked, the greedy form of iterative
+    stratification (Sechidis et al., 2011) over groups."""
     labels = sorted({name for text in set(label_of) for name in names(text)})
     column = {label: k for k, label in enumerate(labels)}
     ratios = np.array([r for _, r in cfg.ratios], dtype=np.float64)
@@ -299,10 +299,11 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
 
 
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
-                  multilabel: bool = False) -> Assignment:
+                  strata: Strata = ClassTarget.held_names) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
-    pinned table conflicts with itself or with the time policy. ``multilabel``: the samples'
-    targets are multi-label (``stratify: label`` then balances each label)."""
+    pinned table conflicts with itself or with the time policy. ``strata``: the names a
+    sample's target text counts under for ``stratify: label``, the target kind's
+    :meth:`~packer.targets.Target.held_names` (a multi-label target balances each label)."""
     table = as_table(samples)
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty())
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
@@ -326,7 +327,7 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
                                   f"record falls in {by_time} under the time cutoffs; unpin it or move the cutoff")
             group_split[g] = by_time
     elif cfg.stratify == "label":
-        group_split = _stratified(groups, table.column("label"), cfg, fixed, multilabel=multilabel)
+        group_split = _stratified(groups, table.column("label"), cfg, fixed, names=strata)
     else:
         for g, group in enumerate(groups):
             group_split[g] = fixed.get(g) or split_for_unit(entity_unit(group.representative, cfg.seed), cfg.ratios)

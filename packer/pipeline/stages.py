@@ -50,7 +50,7 @@ from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
-from packer.targets import Target
+from packer.targets import Target, target_class
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "split", "audit", "plan", "pack")
@@ -142,8 +142,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
-    assignment = assign_splits(samples, split_cfg, links,
-                               multilabel=job.sources[0].target.kind == "multilabel")
+    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names)
     balance = balance_warning(assignment, split_cfg)
     if balance is not None:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)

@@ -75,12 +75,7 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
         "source": ref.source,
         "kind": ref.kind,
     }
-    if label is not None:
-        info.update(label=ref.label, label_index=label)
-    elif vector is not None and target.kind == "multilabel":
-        info["labels"] = [name for name, on in zip(target.names, vector, strict=True) if on]
-    elif vector is not None:
-        info["target"] = dict(zip(target.names, vector.tolist(), strict=True))
+    info.update(target.record_fields(ref.label, label, vector))
     info.update({
         "entity_id": ref.entity,
         "split": split,

@@ -1,0 +1,210 @@
+"""``multilabel``: any number of the dataset's label names per sample, stored multi-hot.
+
+A shard holds a uint8 vector with a 1 at each label held (``.target.npy``, Parquet ``target``
+list<float32>), the loader's batch ``target`` float32 (B, L). Counts do not add up: a sample
+counts under each label it holds, so a split's ``class_counts`` say how many samples hold each
+label and the report draws each label's share of the split's samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packer.targets.base import (
+    SEPARATOR,
+    Refused,
+    SampleGroups,
+    SheetWords,
+    T_co,
+    Target,
+    TargetFact,
+    TargetRenderer,
+    TargetValues,
+    count_shares,
+    counts_text,
+    join_same_names,
+    names_text,
+    register_target_kind,
+    shares_text,
+)
+
+#: The by-label name ``packer diff`` counts a sample under that holds none of the labels.
+NO_LABEL = "(none)"
+_TRUE = {"1", "1.0", "true", "yes"}
+_FALSE = {"0", "0.0", "false", "no"}
+
+
+def _held(values: TargetValues | None) -> set[str]:
+    """The labels a multi-label sample holds."""
+    return {name for name, value in values or () if value}
+
+
+@register_target_kind
+class MultiLabelTarget(Target):
+    """Any number of labels per sample; ``names`` are the multi-hot positions."""
+
+    KIND: ClassVar[str] = "multilabel"
+    has_vector: ClassVar[bool] = True
+    vector_dtype: ClassVar[np.dtype] = np.dtype(np.uint8)
+    inspect_heading: ClassVar[str] = "labels: samples holding each"
+    caption_field: ClassVar[str | None] = "labels"
+    view_column: ClassVar[str | None] = "target"
+
+    @property
+    def label_map(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+    def manifest_record(self) -> dict[str, Any] | None:
+        return self.to_json()
+
+    # -- one sample ----------------------------------------------------------------------------------
+
+    @classmethod
+    def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
+                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
+        """One column of names split at ``separator``, or 0/1 columns named by their labels."""
+        if separator is not None:
+            (column,) = cells
+            names = [name.strip() for name in cells[column].split(separator)]
+            names = [name for name in names if name]
+            unknown = [name for name in names if known and name not in known]
+            if unknown:
+                return Refused("unknown_label", f"{where}, column {column!r}: {unknown[0]!r} is not in the job's "
+                                                f"labels ({', '.join(known)}); fix the value or add the label")
+            if any(SEPARATOR in name for name in names):
+                return Refused("bad_target", f"{where}, column {column!r}: a label name may not contain "
+                                             f"{SEPARATOR!r}")
+            return names_text(names)
+        positive = []
+        for column, cell in cells.items():
+            if cell.lower() in _TRUE:
+                positive.append(column)
+            elif cell.lower() not in _FALSE:
+                return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is not 0 or 1; a multi-label "
+                                             "column holds 0 or 1 for every sample")
+        return names_text(positive)
+
+    @classmethod
+    def held_names(cls, text: str | None) -> list[str]:
+        """Each label the text holds (``a|b``), so that every label's quota is tracked; a
+        sample holding none counts under the empty name."""
+        return (text or "").split(SEPARATOR)
+
+    def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
+        vector = np.zeros(len(self.names), dtype=np.uint8)
+        positions = self.label_map
+        for name in filter(None, text.split(SEPARATOR)):
+            if name not in positions:
+                raise ValueError(f"{where}: label {name!r} is not one of {list(self.names)}")
+            vector[positions[name]] = 1
+        return None, vector
+
+    def record_fields(self, text: str, label: int | None, vector: np.ndarray | None) -> dict[str, Any]:
+        if vector is None:
+            return {}
+        return {"labels": [name for name, on in zip(self.names, vector, strict=True) if on]}
+
+    def record_vector(self, record: Mapping[str, Any]) -> tuple[float, ...] | None:
+        held = set(record.get("labels") or ())
+        return tuple(1.0 if name in held else 0.0 for name in self.names)
+
+    def describe(self, label: int | None, vector: np.ndarray | None) -> str:
+        if vector is None:
+            return "unlabeled"
+        return ", ".join(n for n, v in zip(self.names, vector, strict=False) if v) or NO_LABEL
+
+    def _vector_problem(self, vector: np.ndarray) -> str | None:
+        if not np.isin(vector, (0, 1)).all():
+            return "multi-label target holds values other than 0 and 1"
+        return None
+
+    # -- the dataset ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str | None], *, labels: tuple[str, ...],
+                   columns: tuple[str, ...]) -> Target:
+        """The job's ``labels:`` in their order, else the 0/1 columns in job order followed by
+        the other names seen, sorted."""
+        if labels:
+            return Target(cls.KIND, labels)
+        seen = {name for text in texts for name in (text or "").split(SEPARATOR)}
+        return Target(cls.KIND, (*columns, *sorted(seen.difference(columns, {""}))))
+
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+        hot = vectors.sum(axis=0, dtype=np.int64).tolist()
+        return {"class_counts": dict(sorted((name, int(n)) for name, n in zip(self.names, hot, strict=True)))}
+
+    # -- what people read -----------------------------------------------------------------------------
+
+    def brief(self, entry: Mapping[str, Any]) -> str:
+        return counts_text(entry)
+
+    def summarize_split(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """Per label the samples holding it and their percent of the split's samples (a sample may
+        hold several labels or none, so the counts do not add up to the samples)."""
+        return {"classes": count_shares(entry["class_counts"], entry["samples"])}
+
+    def inspect_line(self, label_map: Mapping[str, int]) -> str:
+        return f"multilabel: {', '.join(self.names) or '-'} (a sample holds any number of them)"
+
+    def inspect_cells(self, summary: Mapping[str, Any]) -> str:
+        return shares_text(summary)
+
+    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+        if vector is None:
+            return "(no target)", ()
+        values = np.asarray(vector, dtype=self.vector_dtype)
+        pairs = tuple((name, int(v)) for name, v in zip(self.names, values.tolist(), strict=False))
+        return self.describe(None, values), pairs
+
+    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
+                  ) -> bool:
+        return _held(old[1]) != _held(new[1])
+
+    def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
+        """Each label the sample holds (:data:`NO_LABEL` when none)."""
+        return tuple(_held(values)) or (NO_LABEL,)
+
+    def relabel_counts(self, old: tuple[str | None, TargetValues | None],
+                       new: tuple[str | None, TargetValues | None]) -> list[tuple[str, str]]:
+        """``relabeled_in`` for each label the sample gained, ``relabeled_out`` for each it lost."""
+        before, after = _held(old[1]), _held(new[1])
+        return ([(name, "relabeled_in") for name in after - before]
+                + [(name, "relabeled_out") for name in before - after])
+
+    def report_fact(self, label_map: Iterable[str]) -> TargetFact:
+        return TargetFact("Labels", f"multilabel: {', '.join(self.names) or '-'}", "(a sample holds any number)",
+                          "target")
+
+    def sheet_words(self, no_label: str) -> SheetWords:
+        return SheetWords(group="label", prefix="", hover="labels",
+                          grouping=f" A sample appears under each label it holds; {no_label} holds those with none.")
+
+    def sheet_groups(self, index: SampleGroups, no_label: str) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
+        """One member per label a sample holds, by row then label position, or one in
+        ``no_label`` for a sample that holds none."""
+        rows, positions = index.positives()
+        names = list(self.names)
+        names += [str(p) for p in range(len(names), int(positions.max(initial=-1)) + 1)]  # beyond the manifest's
+        unlabeled = np.ones(len(index), dtype=bool)
+        unlabeled[rows] = False
+        none_rows = np.flatnonzero(unlabeled)
+        member_rows = np.concatenate((rows, none_rows))
+        member_codes = np.concatenate((positions, np.full(len(none_rows), len(names), dtype=np.int64)))
+        order = np.lexsort((member_codes, member_rows))
+        return member_rows[order], member_codes[order], [*names, no_label]
+
+    def render(self, renderer: TargetRenderer[T_co]) -> T_co:
+        return renderer.render_multilabel(self)
+
+    # -- the loader ------------------------------------------------------------------------------------
+
+    def holding(self, column: np.ndarray, label_ids: Iterable[int]) -> np.ndarray:
+        """The rows holding any of ``label_ids`` (``column``: the rows' multi-hot vectors, flat)."""
+        return np.asarray(np.asarray(column).reshape(-1, len(self.names))[:, sorted(label_ids)].any(axis=1))
+
+    def join(self, other: Target) -> tuple[Target, dict[int, int] | None]:
+        return join_same_names(self, other)

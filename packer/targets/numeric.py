@@ -1,0 +1,182 @@
+"""``numeric``: one float32 per name of the dataset's targets (regression targets).
+
+A shard holds the float32 vector (``.target.npy``, Parquet ``target`` list<float32>), the
+loader's batch ``target`` float32 (B, K). There is nothing to count: a split's statistics are
+each name's ``target_stats`` (min, mean, max), and the report draws each name's histogram.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packer.targets.base import (
+    SEPARATOR,
+    Refused,
+    SampleGroups,
+    SheetWords,
+    T_co,
+    Target,
+    TargetFact,
+    TargetRenderer,
+    TargetValues,
+    count_shares,
+    groups_by_source,
+    join_same_names,
+    number_text,
+    register_target_kind,
+)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, int | float) else "-"
+
+
+def pooled_stats(per_split: Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]) -> dict[str, dict[str, float]]:
+    """One ``target_stats`` over several splits' (samples, target_stats): min of the minima,
+    max of the maxima, the mean weighted by samples (unweighted where no split has samples)."""
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(n for _, stats in per_split for n in stats):
+        parts = [(samples, stats[name]) for samples, stats in per_split if name in stats]
+        weight = sum(samples for samples, _ in parts)
+        out[name] = {"min": min(s["min"] for _, s in parts), "max": max(s["max"] for _, s in parts),
+                     "mean": (sum(samples * s["mean"] for samples, s in parts) / weight) if weight else
+                     statistics.fmean(s["mean"] for _, s in parts)}
+    return out
+
+
+@register_target_kind
+class NumericTarget(Target):
+    """Numbers per sample; ``names`` name the vector's positions, in the job's column order."""
+
+    KIND: ClassVar[str] = "numeric"
+    has_vector: ClassVar[bool] = True
+    inspect_heading: ClassVar[str] = "targets"
+    caption_field: ClassVar[str | None] = "target"
+
+    def manifest_record(self) -> dict[str, Any] | None:
+        return self.to_json()
+
+    # -- one sample ----------------------------------------------------------------------------------
+
+    @classmethod
+    def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
+                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
+        """Every cell a finite number (``bad_target`` names the first that is not)."""
+        values = []
+        for column, cell in cells.items():
+            try:
+                value = float(cell)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value):
+                what = "empty" if not cell else f"{cell!r} is not a finite number"
+                return Refused("bad_target", f"{where}, column {column!r}: {what}; every sample needs a number here")
+            values.append(value)
+        return number_text(values)
+
+    def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
+        values = np.array([float(v) for v in text.split(SEPARATOR)] if text else [], dtype=np.float32)
+        if len(values) != len(self.names):
+            raise ValueError(f"{where}: {len(values)} numbers for the {len(self.names)} targets {list(self.names)}")
+        return None, values
+
+    def record_fields(self, text: str, label: int | None, vector: np.ndarray | None) -> dict[str, Any]:
+        if vector is None:
+            return {}
+        return {"target": dict(zip(self.names, vector.tolist(), strict=True))}
+
+    def record_vector(self, record: Mapping[str, Any]) -> tuple[float, ...] | None:
+        values = record.get("target") or {}
+        return tuple(float(values.get(name, np.nan)) for name in self.names)
+
+    def describe(self, label: int | None, vector: np.ndarray | None) -> str:
+        if vector is None:
+            return "unlabeled"
+        return ", ".join(f"{n}={float(v):g}" for n, v in zip(self.names, vector, strict=False))
+
+    # -- the dataset ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str | None], *, labels: tuple[str, ...],
+                   columns: tuple[str, ...]) -> Target:
+        """The columns, as the job lists them (every source lists the same, in the same order)."""
+        return Target(cls.KIND, columns)
+
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+        """No class counts; per name min, mean (6 decimals) and max of the float32 values ({}
+        for a split without samples)."""
+        stats = {name: ({"min": float(vectors[:, i].min()), "mean": round(float(vectors[:, i].mean()), 6),
+                         "max": float(vectors[:, i].max())} if len(vectors) else {})
+                 for i, name in enumerate(self.names)}
+        return {"class_counts": {}, "target_stats": stats}
+
+    # -- what people read -----------------------------------------------------------------------------
+
+    def brief(self, entry: Mapping[str, Any]) -> str:
+        return ", ".join(f"{name} {stats['min']:g}..{stats['max']:g}"
+                         for name, stats in entry.get("target_stats", {}).items() if stats) or "-"
+
+    def summarize_split(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """No classes; ``target_stats`` as the manifest records them."""
+        return {"classes": count_shares(entry["class_counts"], sum(entry["class_counts"].values())),
+                "target_stats": entry.get("target_stats", {})}
+
+    def summarize_total(self, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The splits' ``target_stats`` pooled (:func:`pooled_stats`)."""
+        return {**super().summarize_total(entries),
+                "target_stats": pooled_stats([(e["samples"], e.get("target_stats", {})) for e in entries])}
+
+    def inspect_line(self, label_map: Mapping[str, int]) -> str:
+        return f"numeric: {', '.join(self.names) or '-'}"
+
+    def inspect_cells(self, summary: Mapping[str, Any]) -> str:
+        stats = summary.get("target_stats") or {}
+        return "; ".join(f"{name} min {_number(s.get('min'))} mean {_number(s.get('mean'))} max "
+                         f"{_number(s.get('max'))}" for name, s in stats.items()) or "-"
+
+    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+        if vector is None:
+            return "(no target)", ()
+        values = np.asarray(vector, dtype=self.vector_dtype)
+        # float32 numbers by their shortest text (0.1, not 0.10000000149011612): one float32, one value
+        pairs = tuple((name, float(str(v))) for name, v in zip(self.names, values, strict=False))
+        return self.describe(None, values), pairs
+
+    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
+                  ) -> bool:
+        return dict(old[1] or ()) != dict(new[1] or ())
+
+    def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
+        return ()  # numbers are not counted by name; only their changes are (relabel_counts)
+
+    def relabel_counts(self, old: tuple[str | None, TargetValues | None],
+                       new: tuple[str | None, TargetValues | None]) -> list[tuple[str, str]]:
+        """``relabeled`` for each name whose value changed."""
+        before, after = dict(old[1] or ()), dict(new[1] or ())
+        return [(name, "relabeled") for name in sorted(before.keys() | after.keys())
+                if before.get(name) != after.get(name)]
+
+    def report_fact(self, label_map: Iterable[str]) -> TargetFact:
+        return TargetFact("Targets", f"numeric: {', '.join(self.names) or '-'}", "", "target")
+
+    def sheet_words(self, no_label: str) -> SheetWords:
+        return SheetWords(group="source", prefix="source ", hover="target values", grouping="")
+
+    def sheet_groups(self, index: SampleGroups, no_label: str) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
+        return groups_by_source(index)
+
+    def value_names(self) -> tuple[str, ...]:
+        return self.names
+
+    def render(self, renderer: TargetRenderer[T_co]) -> T_co:
+        return renderer.render_numeric(self)
+
+    # -- the loader ------------------------------------------------------------------------------------
+
+    def join(self, other: Target) -> tuple[Target, dict[int, int] | None]:
+        return join_same_names(self, other)
