@@ -302,3 +302,24 @@ def test_nifti_only_keys_are_refused_on_other_kinds(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="sources\\[0\\].mask.grid: image masks are files of the image's stored "
                                           "size"):
         load_job(write_job(tmp_path, {**base, "sources": [{**image, "mask": {"column": "m", "grid": "resample"}}]}))
+
+
+@pytest.mark.parametrize(("settings", "limit", "words"), [
+    ({"sample": {"volume": {"spacing": [0.1, 0.1, 0.1]}}}, {"max_voxels": 10**6}, "over limits.max_voxels"),
+    ({"spacing": [0.01, 0.01]}, {"max_pixels": 10**6}, "over limits.max_pixels"),
+])
+def test_a_resample_past_the_limits_is_too_large_from_the_header(tmp_path: Path, settings: dict[str, Any],
+                                                                  limit: dict[str, int], words: str) -> None:
+    """A voxel size of 1 m (a header that says mm where it means µm, or a hostile one) resampled
+    to a fine spacing would ask for a huge grid: refused before a voxel is read."""
+    import yaml
+
+    huge = AFFINE.copy()
+    huge[:3, :3] *= 1000
+    save(tmp_path / "raw" / "a.nii.gz", phantom(), affine=huge)
+    doc = nifti_job(tmp_path, ["a.nii.gz,P1"], **settings)
+    job_doc = yaml.safe_load(doc.read_text())
+    job_doc["limits"] = limit
+    doc.write_text(yaml.safe_dump(job_doc))
+    (issue,) = read_bad_samples(run(doc, tmp_path).version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "too_large" and words in issue["message"] and "nothing was decoded" in issue["message"]

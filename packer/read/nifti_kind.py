@@ -22,6 +22,7 @@ import numpy as np
 
 from packer.config import (
     JobConfig,
+    LimitsConfig,
     MaskConfig,
     SourceConfig,
     WindowSpec,
@@ -34,6 +35,7 @@ from packer.errors import ConfigError
 from packer.read import at_boundary
 from packer.read.kinds import Probed, SourceKind, register
 from packer.read.nifti import (
+    RAS_TO_LPS,
     NiftiDefect,
     NiftiHeader,
     canonical_values,
@@ -48,7 +50,7 @@ from packer.read.nifti import (
 from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
 from packer.records import Issue, Sample, SampleRef, frame_key
 from packer.transform.channels import check_channels
-from packer.transform.volume import Volume, resample_to_grid
+from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
 
 #: The name of a row's own file among a case's channels (the others are named by their columns).
 IMAGE_CHANNEL = "image"
@@ -169,6 +171,7 @@ class NiftiKind(SourceKind):
         cfg: NiftiTransformConfig = job.settings(self.name)
         try:
             img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)
+            check_resampled_size(header, cfg, job.limits)
         except NiftiDefect as defect:
             return issue(ref, defect)
         return Probed(ref=ref, state=(img, header) if keep else header)
@@ -204,6 +207,36 @@ class NiftiKind(SourceKind):
 
     def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
         return samples  # the reader cut each sample's mask from the case's label map, on the sample's grid
+
+
+def check_resampled_size(header: NiftiHeader, cfg: NiftiTransformConfig, limits: LimitsConfig) -> None:
+    """Raise ``too_large`` (:class:`NiftiDefect`) where resampling would make the case bigger
+    than the limits allow, from its header, before a voxel is read: a volume over
+    ``limits.max_voxels`` at ``sample.volume.spacing``, or a slice over ``limits.max_pixels`` at
+    ``spacing`` (a 1000 mm voxel size in a header asks for a 2000× larger grid at 0.5 mm)."""
+    lps = RAS_TO_LPS @ header.affine
+    as_dhw = np.eye(4)
+    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the array axes (K, J, I), as canonical_values takes them
+    stored = (header.shape[2], header.shape[1], header.shape[0])
+    if cfg.sample == "volume" and cfg.volume_spacing is not None:
+        shape = resampled_shape(stored, as_dhw, cfg.volume_spacing)
+        if int(np.prod(shape)) > limits.max_voxels:
+            voxels = int(np.prod(shape))
+            raise NiftiDefect("too_large", f"resampled to {list(cfg.volume_spacing)} mm its "
+                                           f"{'×'.join(map(str, stored))} voxels become "
+                                           f"{'×'.join(map(str, shape))} = {voxels}, over limits.max_voxels "
+                                           f"({limits.max_voxels}); nothing was decoded. Fix the header's voxel "
+                                           "sizes, choose a coarser spacing, or raise the limit")
+    if cfg.sample != "volume" and cfg.spacing is not None:
+        order = canonical_order(as_dhw)
+        mm = [float(np.linalg.norm(as_dhw[:3, a])) for a in order]  # D, H, W voxel sizes, canonical
+        dims = [stored[a] for a in order]
+        plane = {"axial": (1, 2), "coronal": (0, 2), "sagittal": (0, 1)}[cfg.axis]
+        rows, cols = (max(1, round(dims[a] * mm[a] / cfg.spacing[n])) for n, a in enumerate(plane))
+        if rows * cols > limits.max_pixels:
+            raise NiftiDefect("too_large", f"a {cfg.axis} slice resampled to {list(cfg.spacing)} mm is {rows}×{cols} "
+                                           f"= {rows * cols} pixels, over limits.max_pixels ({limits.max_pixels}); "
+                                           "nothing was decoded. Fix the header's voxel sizes, or raise the limit")
 
 
 def read_nifti(ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
