@@ -183,13 +183,25 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
         raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
     _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
     affine, source, qform, differ = _choose_affine(header, len(raw_shape))
-    slope, inter = header.get_slope_inter()
+    slope, inter = _scaling(img)
     cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
     cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
     return NiftiHeader(shape=shape, channels=channels, dtype=str(dtype), affine=affine, affine_source=source,
-                       slope=None if slope is None else float(slope), inter=None if inter is None else float(inter),
+                       slope=slope, inter=inter,
                        cal=cal, intent_code=int(header["intent_code"]), version=version, qform=qform,
                        forms_differ_mm=differ)
+
+
+def _scaling(img: Any) -> tuple[float | None, float | None]:
+    """(scl_slope, scl_inter) as the file sets them, or (None, None) where it sets no scaling.
+
+    Not ``img.header.get_slope_inter()``: loading an image, nibabel moves the scaling out of the
+    image's header into its data proxy and resets the header's fields to NaN (``AnalyzeImage``
+    "consumes" them, as it does ``vox_offset``), so that header always says "no scaling". The
+    proxy keeps the file's values, already reduced to (1, 0) where the slope is 0 or not
+    finite (nibabel's ``get_slope_inter``: 0 means "no scaling")."""
+    slope, inter = float(img.dataobj.slope), float(img.dataobj.inter)
+    return (None, None) if (slope, inter) == (1.0, 0.0) else (slope, inter)
 
 
 def _check_offset(offset: int, path: str, size: int, version: int, nbytes: int) -> None:
