@@ -182,7 +182,7 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     if too_big is not None:
         raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
     _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
-    affine, source, qform, differ = _choose_affine(header, len(raw_shape))
+    affine, source, qform, differ = _choose_affine(header, len(raw_shape), _stored_pixdim(path, header))
     slope, inter = _scaling(img)
     cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
     cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
@@ -224,9 +224,28 @@ def _gzipped(path: str) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def _choose_affine(header: Any, ndim: int) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
-    """(affine, its source, the qform where it differs from the chosen sform, by how much)."""
-    pixdim = np.asarray(header["pixdim"][1:4], dtype=np.float64)[:max(2, min(ndim, 3))]
+def _stored_pixdim(path: str, header: Any) -> np.ndarray:
+    """``pixdim[1:4]`` as the file stores them.
+
+    Not the loaded header's: loading it, nibabel *repairs* them (``check_fix``: a voxel size of 0
+    becomes 1, a negative one its absolute value, said only in a log message), so a file whose
+    header gives no usable voxel size would be placed on an invented 1 mm grid. The header block
+    is read again, unrepaired (``check=False``): 348 bytes (540 for NIfTI-2), inflated from the
+    start of a ``.nii.gz`` only."""
+    try:
+        with (gzip.open(path, "rb") if _gzipped(path) else open(path, "rb")) as fh:
+            block = fh.read(header.sizeof_hdr)
+        stored = type(header)(block, check=False)
+    except (OSError, EOFError, zlib.error, ValueError) as err:
+        raise NiftiDefect("unreadable", f"the header cannot be read again ({type(err).__name__}: {err})") from err
+    return np.asarray(stored["pixdim"][1:4], dtype=np.float64)
+
+
+def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
+                   ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
+    """(affine, its source, the qform where it differs from the chosen sform, by how much);
+    ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_pixdim`)."""
+    pixdim = stored_pixdim[:max(2, min(ndim, 3))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nibabel repairs a zero pixdim with a warning: refused below instead
         sform, scode = header.get_sform(coded=True)
