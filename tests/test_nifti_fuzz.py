@@ -223,3 +223,13 @@ def test_zero_or_negative_voxel_size_without_sform_is_bad_geometry(fuzz_dir: Pat
         write_nifti(fuzz_dir / name, values, GRID.affine, form=Form(sform, forms.qform_code),
                     fields={("pixdim", 1): pixdim[0], ("pixdim", 2): pixdim[1], ("pixdim", 3): pixdim[2]})
         assert reason(outcome(fuzz_dir, name)) == want, (sform, pixdim)
+
+
+def test_a_quaternion_that_is_no_rotation_never_escapes(fuzz_dir: Path) -> None:
+    """A qform whose quaternion has b² + c² + d² > 1 (no rotation has it; nibabel's
+    ``get_qform`` raises ValueError, which escaped packer's probe and ended the build): beside
+    an sform, which places the voxels, it is ignored and the file reads; alone, nibabel cannot
+    load the file (its affine would be the qform): ``unreadable``."""
+    for seed, want in (("float32.nii.gz", "ok"), ("qform_only.nii.gz", "unreadable")):
+        name = write_seed(fuzz_dir, f"quaternion-{seed}", with_fields(seed, quatern_b=3.0))
+        assert reason(outcome(fuzz_dir, name)) == want, seed

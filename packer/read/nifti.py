@@ -245,11 +245,16 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
                    ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
     """(affine, its source, the qform where it differs from the chosen sform, by how much);
     ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_pixdim`)."""
+    from nibabel.spatialimages import HeaderDataError
+
     pixdim = stored_pixdim[:max(2, min(ndim, 3))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nibabel repairs a zero pixdim with a warning: refused below instead
         sform, scode = header.get_sform(coded=True)
-        qform, qcode = header.get_qform(coded=True)
+        try:
+            qform, qcode = header.get_qform(coded=True)
+        except (ValueError, HeaderDataError):  # a quaternion that is no rotation (b² + c² + d² > 1):
+            qform, qcode = None, 0  # nibabel could load the file only by its sform, which is used below too
     if scode and scode > 0:
         affine, source = np.asarray(sform, dtype=np.float64), "sform"
     else:
@@ -267,7 +272,7 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
         raise NiftiDefect("bad_geometry", f"the {source} affine {np.round(affine[:3], 4).tolist()} is singular or "
                                           "not finite: it places no voxel (a zero voxel size or a collapsed "
                                           "direction); fix the header", stage="validate")
-    if source == "sform" and qcode and qcode > 0 and np.isfinite(qform).all():
+    if source == "sform" and qcode and qcode > 0 and qform is not None and np.isfinite(qform).all():
         differ = float(np.abs(np.asarray(qform, dtype=np.float64)[:3] - affine[:3]).max())
         if differ > AFFINE_TOLERANCE:
             return affine, source, np.asarray(qform, dtype=np.float64), differ
