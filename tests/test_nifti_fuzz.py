@@ -233,3 +233,11 @@ def test_a_quaternion_that_is_no_rotation_never_escapes(fuzz_dir: Path) -> None:
     for seed, want in (("float32.nii.gz", "ok"), ("qform_only.nii.gz", "unreadable")):
         name = write_seed(fuzz_dir, f"quaternion-{seed}", with_fields(seed, quatern_b=3.0))
         assert reason(outcome(fuzz_dir, name)) == want, seed
+
+
+def test_an_infinite_vox_offset_is_unreadable(fuzz_dir: Path) -> None:
+    """``vox_offset = inf`` (nibabel's ``int(vox_offset)`` raises OverflowError inside
+    ``nib.load``, which escaped the probe): ``unreadable``."""
+    for suffix in (".nii", ".nii.gz"):
+        name = write_seed(fuzz_dir, f"offset-inf{suffix}", with_fields(f"float32{suffix}", vox_offset=np.inf))
+        assert reason(outcome(fuzz_dir, name)) == "unreadable"

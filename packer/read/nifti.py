@@ -138,7 +138,8 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise NiftiDefect("truncated", f"the gzip stream ends or breaks inside the header ({type(err).__name__}: "
                                        f"{err}); copy the file again") from err
-    except (OSError, HeaderDataError, ValueError, TypeError, KeyError) as err:
+    except (OSError, HeaderDataError, ValueError, TypeError, KeyError, OverflowError) as err:
+        # OverflowError: nibabel's int(vox_offset) of an infinite vox_offset
         raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err})") from err
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
