@@ -10,6 +10,8 @@ import gzip
 import logging
 import os
 import signal
+import time
+import tracemalloc
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -241,3 +243,26 @@ def test_an_infinite_vox_offset_is_unreadable(fuzz_dir: Path) -> None:
     for suffix in (".nii", ".nii.gz"):
         name = write_seed(fuzz_dir, f"offset-inf{suffix}", with_fields(f"float32{suffix}", vox_offset=np.inf))
         assert reason(outcome(fuzz_dir, name)) == "unreadable"
+
+
+def test_a_tiny_nii_gz_promising_a_huge_volume_is_refused_without_inflating(fuzz_dir: Path) -> None:
+    """A 4 KB ``.nii.gz`` whose header promises 2000³ float32 voxels (32 GB, over the default
+    limits): ``too_large``; one promising 1000×1000×300 (1.2 GB, within them) cannot hold it
+    (DEFLATE inflates at most 1032:1): ``truncated``. Both from the header, in milliseconds and
+    without allocating the promised array."""
+    default_limits = make_job(fuzz_dir, "slices", "image", limits={})
+    for dim, want in (([3, 2000, 2000, 2000, 1, 1, 1, 1], "too_large"), ([3, 1000, 1000, 300, 1, 1, 1, 1],
+                                                                         "truncated")):
+        name = write_seed(fuzz_dir, f"promise-{dim[1]}.nii.gz", with_fields("float32.nii.gz", dim=dim))
+        assert (fuzz_dir / name).stat().st_size < 10_000
+        tracemalloc.start()
+        started = time.perf_counter()
+        try:
+            got = outcome(fuzz_dir, name, job=default_limits)
+            seconds = time.perf_counter() - started
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert reason(got) == want
+        assert seconds < 0.5, f"{seconds:.2f} s: the stream was inflated"
+        assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated for a {dim} promise"

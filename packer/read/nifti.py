@@ -6,7 +6,8 @@ that is not a real number (RGB, complex: ``unsupported``), a 4th axis the job do
 channels, or a 5th (``unsupported_dimensions``), a size over the job's limits (``too_large``:
 dims × datatype against ``limits``, so a ``.nii.gz`` whose header promises 4 GB is never
 inflated), voxel data that cannot be where the header says (``vox_offset`` inside the header, or
-past the end of an uncompressed file: ``truncated``), and a geometry that places no voxel
+past the end of an uncompressed file, or more than a ``.nii.gz`` of its size can inflate to:
+``truncated``), and a geometry that places no voxel
 (``bad_geometry``: a zero, negative or non-finite voxel size where the affine comes from
 ``pixdim``, a singular or non-finite affine).
 
@@ -53,6 +54,9 @@ from packer.transform.volume import Volume, canonical_view
 AFFINE_TOLERANCE = 1e-3
 #: RAS+ → LPS+ (points, and the rows of an affine).
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: DEFLATE's largest compression ratio: a 258-byte match coded in 2 bits (the zlib manual's
+#: 1032:1), so a gzip file of n bytes inflates to at most 1032·n bytes.
+MAX_DEFLATE_RATIO = 1032
 #: The suffixes a NIfTI source lists (``.nii.gz`` is seen as ``.gz`` plus the name's ``.nii``).
 SUFFIXES = (".nii", ".nii.gz")
 
@@ -209,15 +213,26 @@ def _check_offset(offset: int, path: str, size: int, version: int, nbytes: int) 
     """A single-file NIfTI's voxels start at ``vox_offset`` (``offset``: as the file says it;
     nibabel reads from byte 0 when it says 0), after the header (352 bytes for NIfTI-1, 544 for
     NIfTI-2, extensions included); in an uncompressed file they must end by its end. A
-    ``.nii.gz``'s length is only known once inflated: the read finds it cut short."""
+    ``.nii.gz``'s length is only known once inflated, but it cannot exceed
+    :data:`MAX_DEFLATE_RATIO` times the file's: a header that promises more (a few KB claiming
+    a gigabyte, within the limits) is refused here, before nibabel allocates the promised array
+    and inflates the whole stream into it only to find it short; a shorter stream is found
+    cut short by the read."""
     least = 352 if version == 1 else 544
     if offset < least:
         raise NiftiDefect("unreadable", f"vox_offset {offset} points inside the header (the voxels of a single-file "
                                         f"NIfTI-{version} start at byte {least} or later); the header is damaged")
-    if not _gzipped(path) and offset + nbytes > size:
-        raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
-                                       f"dim × datatype), but the file has {size} bytes: it was cut short, or "
-                                       "vox_offset is wrong; copy it again")
+    if not _gzipped(path):
+        if offset + nbytes > size:
+            raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
+                                           f"dim × datatype), but the file has {size} bytes: it was cut short, or "
+                                           "vox_offset is wrong; copy it again")
+    elif offset + nbytes > MAX_DEFLATE_RATIO * size:
+        raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} once inflated "
+                                       f"(vox_offset + dim × datatype), but a gzip file of {size} bytes inflates to "
+                                       f"at most {MAX_DEFLATE_RATIO * size} (DEFLATE's largest ratio, "
+                                       f"{MAX_DEFLATE_RATIO}:1): it was cut short, or its dim or datatype are wrong; "
+                                       "nothing was inflated")
 
 
 def _gzipped(path: str) -> bool:
