@@ -13,6 +13,7 @@ import signal
 import time
 import tracemalloc
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -243,6 +244,50 @@ def test_an_infinite_vox_offset_is_unreadable(fuzz_dir: Path) -> None:
     for suffix in (".nii", ".nii.gz"):
         name = write_seed(fuzz_dir, f"offset-inf{suffix}", with_fields(f"float32{suffix}", vox_offset=np.inf))
         assert reason(outcome(fuzz_dir, name)) == "unreadable"
+
+
+@pytest.mark.parametrize("where", ["crc", "length", "stream"])
+def test_a_damaged_gzip_stream_is_decode_failed_not_wrong_voxels(fuzz_dir: Path, where: str) -> None:
+    """A ``.nii.gz`` whose CRC-32 or length trailer does not match, or with a bit flipped inside
+    its deflate stream that zlib still decodes: ``decode_failed``. (nibabel inflates only up to
+    the last voxel and never reaches the trailer: such a file read as wrong voxels, silently.)"""
+    data = bytearray(seeds()["float32.nii.gz"][0])
+    if where == "stream":  # a flip that still inflates to as many bytes, other ones: only the CRC can tell
+        raw = gzip.decompress(bytes(data))
+        for at in range(len(data) // 2, len(data) - 8):
+            flipped = bytearray(data)
+            flipped[at] ^= 0x01
+            inflater = zlib.decompressobj(-zlib.MAX_WBITS)  # the bare deflate stream: no CRC to check
+            try:
+                inflated = inflater.decompress(bytes(flipped[10:-8]))
+            except zlib.error:
+                continue
+            if inflater.eof and len(inflated) == len(raw) and inflated != raw:
+                data = flipped
+                break
+        else:
+            pytest.fail("no flipped bit inflates silently")
+    else:
+        data[-8 if where == "crc" else -4] ^= 0xFF
+    name = write_seed(fuzz_dir, f"damaged-{where}.nii.gz", bytes(data))
+    assert reason(outcome(fuzz_dir, name)) == "decode_failed"
+
+
+def test_gzip_members_and_trailing_bytes_read_as_one_stream(fuzz_dir: Path) -> None:
+    """The same voxels whether the ``.nii.gz`` is one gzip member, several (bgzip, ``cat a.gz
+    b.gz``), or one followed by junk or zero padding (ignored, as gunzip does)."""
+    data = seeds()["float32.nii.gz"][0]
+    raw = gzip.decompress(data)
+    variants = {"one": data, "members": b"".join(gzip.compress(raw[i:i + 1000], mtime=0)
+                                                 for i in range(0, len(raw), 1000)),
+                "junk": data + b"not gzip at all", "zeros": data + bytes(7)}
+    images = []
+    for label, variant in variants.items():
+        got = outcome(fuzz_dir, write_seed(fuzz_dir, f"stream-{label}.nii.gz", variant))
+        assert not isinstance(got, Issue), (label, got)
+        images.append(got[0].image)
+    for image in images[1:]:
+        np.testing.assert_array_equal(image, images[0])
 
 
 def test_a_tiny_nii_gz_promising_a_huge_volume_is_refused_without_inflating(fuzz_dir: Path) -> None:

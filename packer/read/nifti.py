@@ -298,9 +298,15 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
 def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
     """The stored values of ``img`` as an (X, Y, Z, T) array (T = 1 for a 3-D file), not yet
     scaled. Raises :class:`NiftiDefect`: ``truncated`` (the gzip stream or the file ends early),
-    ``decode_failed`` (a damaged gzip stream or a read nibabel refuses)."""
+    ``decode_failed`` (a damaged gzip stream, one whose CRC-32 or length does not match, or a
+    read nibabel refuses)."""
     try:
-        raw = np.asanyarray(img.dataobj.get_unscaled())
+        path = img.get_filename()
+        if path is not None and _gzipped(path):
+            data = _inflate(path, int(img.dataobj.offset), int(np.prod(img.shape)) * img.get_data_dtype().itemsize)
+            raw = np.frombuffer(data, dtype=img.get_data_dtype()).reshape(img.shape, order="F")
+        else:
+            raw = np.asanyarray(img.dataobj.get_unscaled())
     except (EOFError, gzip.BadGzipFile) as err:
         raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
                                        "copy the file again") from err
@@ -311,6 +317,51 @@ def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
     except (ValueError, TypeError) as err:
         raise NiftiDefect("decode_failed", f"the voxels cannot be read ({type(err).__name__}: {err})") from err
     return raw.reshape(*header.shape, header.channels)
+
+
+#: Compressed bytes read, and most bytes inflated, at a time (:func:`_inflate`).
+_CHUNK = 1 << 20
+
+
+def _inflate(path: str, offset: int, nbytes: int) -> bytearray:
+    """Bytes ``offset`` to ``offset + nbytes`` of a gzip file's inflated stream (its voxels),
+    the stream inflated to its end so that zlib checks each member's CRC-32 and length.
+
+    Not nibabel's read: it inflates only up to the last voxel and never reaches the gzip
+    trailer, so a flipped bit inside the deflate stream that zlib can still decode gave wrong
+    voxels without a word. Several members (bgzip, concatenated files) are one stream; bytes
+    after the last member that do not start another (junk appended) are ignored, as gunzip
+    does. Raises EOFError (the stream ends before the last voxel, or inside a member) and
+    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data)."""
+    out = bytearray(nbytes)
+    end, position = offset + nbytes, 0
+    with open(path, "rb") as fh:
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # | 16: the gzip wrapper, trailer checked
+        pending = fh.read(_CHUNK)
+        while True:
+            piece = inflater.decompress(pending, _CHUNK)
+            low, high = max(position, offset), min(position + len(piece), end)
+            if low < high:
+                out[low - offset:high - offset] = memoryview(piece)[low - position:high - position]
+            position += len(piece)
+            if inflater.eof:  # a member ended, its CRC-32 and length checked: another, or the end
+                pending = inflater.unused_data
+                if len(pending) < 2:
+                    pending += fh.read(_CHUNK)
+                if pending[:2] != b"\x1f\x8b":
+                    break  # the end of the file, or junk after the last member
+                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            elif inflater.unconsumed_tail:
+                pending = inflater.unconsumed_tail
+            else:
+                pending = fh.read(_CHUNK)
+                if not pending and not piece:
+                    break  # no input left, and none held back
+    if not inflater.eof:
+        raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated")
+    if position < end:
+        raise EOFError(f"the inflated stream has {position} bytes; the voxels end at byte {end}")
+    return out
 
 
 def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
