@@ -129,7 +129,7 @@ class Form:
 
 def write_nifti(path: Path, data: np.ndarray, affine: np.ndarray, *, form: Form = Form(),
                 zooms: Sequence[float] | None = None, slope: float | None = None, inter: float | None = None,
-                version: int = 1, endian: str = "<", fields: Mapping[str, Any] | None = None,
+                version: int = 1, endian: str = "<", fields: Mapping[Any, Any] | None = None,
                 intent_code: int = 0) -> Path:
     """Write ``data`` (stored values, X×Y×Z[×T]) to ``path`` (``.nii`` or ``.nii.gz``) with the
     header built field by field: pixdim from ``zooms`` (default: the affine's column lengths),
@@ -176,7 +176,7 @@ def header_view(raw: bytearray, *, version: int = 1, endian: str = "<") -> np.nd
     return np.ndarray((), dtype=dtype, buffer=raw)
 
 
-def patch_header(raw: bytearray, edits: Mapping[str, Any], *, version: int = 1, endian: str = "<") -> None:
+def patch_header(raw: bytearray, edits: Mapping[Any, Any], *, version: int = 1, endian: str = "<") -> None:
     """Set header fields of an uncompressed file's bytes in place (``dim`` as a whole array, or
     ``("dim", 3)`` for one element)."""
     view = header_view(raw, version=version, endian=endian)

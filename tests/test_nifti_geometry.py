@@ -308,8 +308,9 @@ DISPLAY = {  # (X: direction of increasing column, Y: of increasing row), in LPS
 
 
 def picture(built: Built, name: str, axis: str, at: float) -> np.ndarray:
-    """The abdomen-window picture of the packed slice of ``name`` nearest LPS coordinate ``at``
-    along the slice axis (x sagittal, y coronal, z axial), and whether each pixel is bright."""
+    """Which pixels are bright (the box or the sphere through the abdomen window) in the packed
+    slice of ``name`` nearest LPS coordinate ``at`` along the slice axis (x sagittal, y coronal,
+    z axial)."""
     along = {"axial": 2, "coronal": 1, "sagittal": 0}[axis]
     keys = built.packed.of_entity(name)
     key = min(keys, key=lambda k: abs(built.packed.records[k]["metadata"]["slice"]["position"][along] - at))
@@ -338,8 +339,9 @@ def test_slices_are_shown_as_radiologists_read_them(slices: Callable[[str], Buil
         if axis == "coronal":
             bright = picture(built, name, axis, 0.0)  # through the box only
             assert bright[:, bright.shape[1] // 2:].sum() > 20 and not bright[:, : bright.shape[1] // 2].any(), name
-            rows = np.nonzero(picture(built, name, axis, -24.0))[0]  # through the sphere (RAS y = 24)
-            assert len(rows) > 10 and rows.mean() < picture(built, name, axis, -24.0).shape[0] / 2, name
+            bright = picture(built, name, axis, -24.0)  # through the sphere (RAS y = 24)
+            rows = np.nonzero(bright)[0]
+            assert len(rows) > 10 and rows.mean() < bright.shape[0] / 2, f"{name}: the superior sphere is not up"
         if axis == "sagittal":
             bright = picture(built, name, axis, -6.0)  # through the sphere (RAS x = 6)
             rows, cols = np.nonzero(bright)
@@ -436,8 +438,8 @@ def test_resampled_volume_is_trilinear_in_patient_space(resampled: Built, name: 
     """``sample: {volume: {spacing, size}}``: each packed voxel, placed by the recorded affine,
     holds the trilinear interpolation of the file's values at that point (values interpolated
     before windowing; at the volume's edge the edge value), ±1; voxels outside the file
-    (the zero padding) are 0. The spacing is within half a voxel of the request over the
-    volume, and the size is the request."""
+    (the zero padding) are 0. The size is the request, and each recorded spacing keeps the
+    file's extent along that axis in round(extent / requested spacing) voxels."""
     key = resampled.only(name)
     image, record = resampled.packed.images[key], resampled.packed.records[key]
     assert image.shape == (2, *VOLUME_SIZE)
