@@ -6,7 +6,8 @@ that is not a real number (RGB, complex: ``unsupported``), a 4th axis the job do
 channels, or a 5th (``unsupported_dimensions``), a size over the job's limits (``too_large``:
 dims × datatype against ``limits``, so a ``.nii.gz`` whose header promises 4 GB is never
 inflated), voxel data that cannot be where the header says (``vox_offset`` inside the header, or
-past the end of an uncompressed file: ``truncated``), and a geometry that places no voxel
+past the end of an uncompressed file, or more than a ``.nii.gz`` of its size can inflate to:
+``truncated``), and a geometry that places no voxel
 (``bad_geometry``: a zero, negative or non-finite voxel size where the affine comes from
 ``pixdim``, a singular or non-finite affine).
 
@@ -53,6 +54,9 @@ from packer.transform.volume import Volume, canonical_order, canonical_view
 AFFINE_TOLERANCE = 1e-3
 #: RAS+ → LPS+ (points, and the rows of an affine).
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: DEFLATE's largest compression ratio: a 258-byte match coded in 2 bits (the zlib manual's
+#: 1032:1), so a gzip file of n bytes inflates to at most 1032·n bytes.
+MAX_DEFLATE_RATIO = 1032
 #: The suffixes a NIfTI source lists (``.nii.gz`` is seen as ``.gz`` plus the name's ``.nii``).
 SUFFIXES = (".nii", ".nii.gz")
 
@@ -138,7 +142,8 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise NiftiDefect("truncated", f"the gzip stream ends or breaks inside the header ({type(err).__name__}: "
                                        f"{err}); copy the file again") from err
-    except (OSError, HeaderDataError, ValueError, TypeError, KeyError) as err:
+    except (OSError, HeaderDataError, ValueError, TypeError, KeyError, OverflowError) as err:
+        # OverflowError: nibabel's int(vox_offset) of an infinite vox_offset
         raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err})") from err
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
@@ -182,29 +187,52 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     if too_big is not None:
         raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
     _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
-    affine, source, qform, differ = _choose_affine(header, len(raw_shape))
-    slope, inter = header.get_slope_inter()
+    affine, source, qform, differ = _choose_affine(header, len(raw_shape), _stored_pixdim(path, header))
+    slope, inter = _scaling(img)
     cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
     cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
     return NiftiHeader(shape=shape, channels=channels, dtype=str(dtype), affine=affine, affine_source=source,
-                       slope=None if slope is None else float(slope), inter=None if inter is None else float(inter),
+                       slope=slope, inter=inter,
                        cal=cal, intent_code=int(header["intent_code"]), version=version, qform=qform,
                        forms_differ_mm=differ)
+
+
+def _scaling(img: Any) -> tuple[float | None, float | None]:
+    """(scl_slope, scl_inter) as the file sets them, or (None, None) where it sets no scaling.
+
+    Not ``img.header.get_slope_inter()``: loading an image, nibabel moves the scaling out of the
+    image's header into its data proxy and resets the header's fields to NaN (``AnalyzeImage``
+    "consumes" them, as it does ``vox_offset``), so that header always says "no scaling". The
+    proxy keeps the file's values, already reduced to (1, 0) where the slope is 0 or not
+    finite (nibabel's ``get_slope_inter``: 0 means "no scaling")."""
+    slope, inter = float(img.dataobj.slope), float(img.dataobj.inter)
+    return (None, None) if (slope, inter) == (1.0, 0.0) else (slope, inter)
 
 
 def _check_offset(offset: int, path: str, size: int, version: int, nbytes: int) -> None:
     """A single-file NIfTI's voxels start at ``vox_offset`` (``offset``: as the file says it;
     nibabel reads from byte 0 when it says 0), after the header (352 bytes for NIfTI-1, 544 for
     NIfTI-2, extensions included); in an uncompressed file they must end by its end. A
-    ``.nii.gz``'s length is only known once inflated: the read finds it cut short."""
+    ``.nii.gz``'s length is only known once inflated, but it cannot exceed
+    :data:`MAX_DEFLATE_RATIO` times the file's: a header that promises more (a few KB claiming
+    a gigabyte, within the limits) is refused here, before nibabel allocates the promised array
+    and inflates the whole stream into it only to find it short; a shorter stream is found
+    cut short by the read."""
     least = 352 if version == 1 else 544
     if offset < least:
         raise NiftiDefect("unreadable", f"vox_offset {offset} points inside the header (the voxels of a single-file "
                                         f"NIfTI-{version} start at byte {least} or later); the header is damaged")
-    if not _gzipped(path) and offset + nbytes > size:
-        raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
-                                       f"dim × datatype), but the file has {size} bytes: it was cut short, or "
-                                       "vox_offset is wrong; copy it again")
+    if not _gzipped(path):
+        if offset + nbytes > size:
+            raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
+                                           f"dim × datatype), but the file has {size} bytes: it was cut short, or "
+                                           "vox_offset is wrong; copy it again")
+    elif offset + nbytes > MAX_DEFLATE_RATIO * size:
+        raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} once inflated "
+                                       f"(vox_offset + dim × datatype), but a gzip file of {size} bytes inflates to "
+                                       f"at most {MAX_DEFLATE_RATIO * size} (DEFLATE's largest ratio, "
+                                       f"{MAX_DEFLATE_RATIO}:1): it was cut short, or its dim or datatype are wrong; "
+                                       "nothing was inflated")
 
 
 def _gzipped(path: str) -> bool:
@@ -212,13 +240,37 @@ def _gzipped(path: str) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def _choose_affine(header: Any, ndim: int) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
-    """(affine, its source, the qform where it differs from the chosen sform, by how much)."""
-    pixdim = np.asarray(header["pixdim"][1:4], dtype=np.float64)[:max(2, min(ndim, 3))]
+def _stored_pixdim(path: str, header: Any) -> np.ndarray:
+    """``pixdim[1:4]`` as the file stores them.
+
+    Not the loaded header's: loading it, nibabel *repairs* them (``check_fix``: a voxel size of 0
+    becomes 1, a negative one its absolute value, said only in a log message), so a file whose
+    header gives no usable voxel size would be placed on an invented 1 mm grid. The header block
+    is read again, unrepaired (``check=False``): 348 bytes (540 for NIfTI-2), inflated from the
+    start of a ``.nii.gz`` only."""
+    try:
+        with (gzip.open(path, "rb") if _gzipped(path) else open(path, "rb")) as fh:
+            block = fh.read(header.sizeof_hdr)
+        stored = type(header)(block, check=False)
+    except (OSError, EOFError, zlib.error, ValueError) as err:
+        raise NiftiDefect("unreadable", f"the header cannot be read again ({type(err).__name__}: {err})") from err
+    return np.asarray(stored["pixdim"][1:4], dtype=np.float64)
+
+
+def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
+                   ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
+    """(affine, its source, the qform where it differs from the chosen sform, by how much);
+    ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_pixdim`)."""
+    from nibabel.spatialimages import HeaderDataError
+
+    pixdim = stored_pixdim[:max(2, min(ndim, 3))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nibabel repairs a zero pixdim with a warning: refused below instead
         sform, scode = header.get_sform(coded=True)
-        qform, qcode = header.get_qform(coded=True)
+        try:
+            qform, qcode = header.get_qform(coded=True)
+        except (ValueError, HeaderDataError):  # a quaternion that is no rotation (b² + c² + d² > 1):
+            qform, qcode = None, 0  # nibabel could load the file only by its sform, which is used below too
     if scode and scode > 0:
         affine, source = np.asarray(sform, dtype=np.float64), "sform"
     else:
@@ -236,7 +288,7 @@ def _choose_affine(header: Any, ndim: int) -> tuple[np.ndarray, str, np.ndarray 
         raise NiftiDefect("bad_geometry", f"the {source} affine {np.round(affine[:3], 4).tolist()} is singular or "
                                           "not finite: it places no voxel (a zero voxel size or a collapsed "
                                           "direction); fix the header", stage="validate")
-    if source == "sform" and qcode and qcode > 0 and np.isfinite(qform).all():
+    if source == "sform" and qcode and qcode > 0 and qform is not None and np.isfinite(qform).all():
         differ = float(np.abs(np.asarray(qform, dtype=np.float64)[:3] - affine[:3]).max())
         if differ > AFFINE_TOLERANCE:
             return affine, source, np.asarray(qform, dtype=np.float64), differ
@@ -246,9 +298,15 @@ def _choose_affine(header: Any, ndim: int) -> tuple[np.ndarray, str, np.ndarray 
 def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
     """The stored values of ``img`` as an (X, Y, Z, T) array (T = 1 for a 3-D file), not yet
     scaled. Raises :class:`NiftiDefect`: ``truncated`` (the gzip stream or the file ends early),
-    ``decode_failed`` (a damaged gzip stream or a read nibabel refuses)."""
+    ``decode_failed`` (a damaged gzip stream, one whose CRC-32 or length does not match, or a
+    read nibabel refuses)."""
     try:
-        raw = np.asanyarray(img.dataobj.get_unscaled())
+        path = img.get_filename()
+        if path is not None and _gzipped(path):
+            data = _inflate(path, int(img.dataobj.offset), int(np.prod(img.shape)) * img.get_data_dtype().itemsize)
+            raw = np.frombuffer(data, dtype=img.get_data_dtype()).reshape(img.shape, order="F")
+        else:
+            raw = np.asanyarray(img.dataobj.get_unscaled())
     except (EOFError, gzip.BadGzipFile) as err:
         raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
                                        "copy the file again") from err
@@ -259,6 +317,51 @@ def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
     except (ValueError, TypeError) as err:
         raise NiftiDefect("decode_failed", f"the voxels cannot be read ({type(err).__name__}: {err})") from err
     return raw.reshape(*header.shape, header.channels)
+
+
+#: Compressed bytes read, and most bytes inflated, at a time (:func:`_inflate`).
+_CHUNK = 1 << 20
+
+
+def _inflate(path: str, offset: int, nbytes: int) -> bytearray:
+    """Bytes ``offset`` to ``offset + nbytes`` of a gzip file's inflated stream (its voxels),
+    the stream inflated to its end so that zlib checks each member's CRC-32 and length.
+
+    Not nibabel's read: it inflates only up to the last voxel and never reaches the gzip
+    trailer, so a flipped bit inside the deflate stream that zlib can still decode gave wrong
+    voxels without a word. Several members (bgzip, concatenated files) are one stream; bytes
+    after the last member that do not start another (junk appended) are ignored, as gunzip
+    does. Raises EOFError (the stream ends before the last voxel, or inside a member) and
+    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data)."""
+    out = bytearray(nbytes)
+    end, position = offset + nbytes, 0
+    with open(path, "rb") as fh:
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # | 16: the gzip wrapper, trailer checked
+        pending = fh.read(_CHUNK)
+        while True:
+            piece = inflater.decompress(pending, _CHUNK)
+            low, high = max(position, offset), min(position + len(piece), end)
+            if low < high:
+                out[low - offset:high - offset] = memoryview(piece)[low - position:high - position]
+            position += len(piece)
+            if inflater.eof:  # a member ended, its CRC-32 and length checked: another, or the end
+                pending = inflater.unused_data
+                if len(pending) < 2:
+                    pending += fh.read(_CHUNK)
+                if pending[:2] != b"\x1f\x8b":
+                    break  # the end of the file, or junk after the last member
+                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            elif inflater.unconsumed_tail:
+                pending = inflater.unconsumed_tail
+            else:
+                pending = fh.read(_CHUNK)
+                if not pending and not piece:
+                    break  # no input left, and none held back
+    if not inflater.eof:
+        raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated")
+    if position < end:
+        raise EOFError(f"the inflated stream has {position} bytes; the voxels end at byte {end}")
+    return out
 
 
 def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
