@@ -192,9 +192,6 @@ def _read(path: Path) -> Any:
     return canonical_values(read_voxels(img, header), header)
 
 
-@pytest.mark.xfail(strict=True, reason="packer/read/nifti.py _check_header takes scl_slope/scl_inter from the "
-                                       "loaded image's header, which nibabel resets to (None, None); the scaling "
-                                       "is in img.dataobj.slope/inter. The demo stores HU unscaled until it is fixed")
 def test_ct_stored_with_scl_inter_reads_in_hu(tmp_path: Path) -> None:
     stored = np.full((8, 8, 4), 1024, dtype=np.int16)
     stored[2:6, 2:6] = 1084                                   # 60 HU
@@ -205,10 +202,6 @@ def test_ct_stored_with_scl_inter_reads_in_hu(tmp_path: Path) -> None:
     assert float(_read(tmp_path / "scaled.nii").array.max()) == 60.0
 
 
-@pytest.mark.xfail(strict=True, reason="nib.load repairs a zero pixdim to 1 (header check_fix, logged, not "
-                                       "warned) before packer/read/nifti.py _choose_affine checks it, so a "
-                                       "qform-only file with a zero voxel size packs as 1 mm; the demo's "
-                                       "zero_pixdim.nii.gz has a zero sform column too, which is refused")
 def test_a_zero_pixdim_with_a_qform_only_is_bad_geometry(tmp_path: Path) -> None:
     from packer.read.nifti import NiftiDefect
 

@@ -499,10 +499,6 @@ def test_a_tiny_nii_gz_promising_a_huge_volume_is_refused_without_inflating(fuzz
         assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated for a {dim} promise"
 
 
-@pytest.mark.xfail(strict=True, reason="packer/read/nifti_kind.py checks no resampled size against the limits "
-                                       "(DICOM does: dicom_kind.py, dicom_render._check_resampled): the volume "
-                                       "reaches resample_linear (numpy ValueError), the slices cv2.resize (cv2.error), "
-                                       "both unexpected_error")
 @pytest.mark.parametrize("sample", ["volume", "slice"])
 def test_resampling_to_an_absurd_grid_is_too_large(fuzz_dir: Path, sample: str) -> None:
     """An sform with a 1e30 mm voxel, resampled to 5 mm (``sample: {volume: {spacing}}``) or
@@ -521,9 +517,6 @@ def test_resampling_to_an_absurd_grid_is_too_large(fuzz_dir: Path, sample: str) 
     assert reason(got) == "too_large", getattr(got, "message", got)
 
 
-@pytest.mark.xfail(strict=True, reason="packer/read/nifti_kind.py checks limits.max_voxels against the file's grid "
-                                       "only, not the grid sample: {volume: {spacing}} resamples it to (DICOM "
-                                       "series are checked both ways: dicom_kind.py, DicomKind.assemble)")
 def test_a_volume_resampled_past_max_voxels_is_too_large(fuzz_dir: Path) -> None:
     """``limits.max_voxels`` bounds a volume "before and after resampling" (config.LimitsConfig):
     a 21×17×9 file (3,213 voxels, within a limit of 10,000) resampled from 6×6×9 mm to 3 mm

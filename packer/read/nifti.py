@@ -121,6 +121,7 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     axis be channels, None refuses it."""
     import nibabel as nib
     from nibabel.filebasedimages import ImageFileError
+    from nibabel.imageglobals import LoggingOutputSuppressor
     from nibabel.spatialimages import HeaderDataError
 
     try:
@@ -133,8 +134,10 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     if too_big is not None:
         raise NiftiDefect("too_large", too_big)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nibabel warns of what it repairs; the checks below say it
+        # nibabel repairs some header fields as it loads (a zero pixdim, a low vox_offset), warning
+        # or logging (to stderr, without the file's name); the checks below refuse them instead
+        with warnings.catch_warnings(), LoggingOutputSuppressor():
+            warnings.simplefilter("ignore")
             img = nib.load(path)
     except ImageFileError as err:
         raise NiftiDefect("unreadable", "not a NIfTI-1 or NIfTI-2 file, or its header is cut short or compressed "

@@ -174,6 +174,9 @@ class NiftiKind(SourceKind):
             check_resampled_size(header, cfg, job.limits)
         except NiftiDefect as defect:
             return issue(ref, defect)
+        except Exception as err:  # noqa: BLE001 - the probe's one boundary: one bad header must not end the job
+            return Issue.of(ref, stage="read", reason="unexpected_error",
+                            message=f"{ref.path}: {type(err).__name__}: {err}")
         return Probed(ref=ref, state=(img, header) if keep else header)
 
     def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
