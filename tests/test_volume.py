@@ -262,6 +262,26 @@ def test_fast_resampling_is_the_separable_linear_definition(shape: tuple[int, in
     assert np.abs(fast.array - slow).max() < 1e-3
 
 
+@given(st.integers(1, 3), st.integers(3, 12), st.integers(2, 40), st.integers(2, 40), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_resampling_slice_by_slice_gives_the_bytes_of_the_whole_volume_two_step(
+        channels: int, depth: int, height: int, width: int, seed: int) -> None:
+    """D shrinking while H, W change: resample_linear makes each D slice and resizes it at once;
+    its bytes are those of resampling the whole volume along D, then every slice in-plane."""
+    from packer.transform.volume import Volume, _resample_depth, _resample_plane, resample_linear
+
+    rng = np.random.default_rng(seed)
+    array = rng.uniform(-1024, 3071, size=(channels, depth, height, width)).astype(np.float32)
+    spacing = (float(rng.uniform(1.05, 2.5)), float(rng.uniform(0.3, 3.0)), float(rng.uniform(0.3, 3.0)))
+    fast = resample_linear(Volume(array, np.eye(4)), spacing).array
+    d, h, w = fast.shape[1:]
+    if d == depth or (h, w) == (height, width):
+        return  # the one-pass path is for D shrinking with H, W changing
+    whole = _resample_plane(_resample_depth(array, d), h, w)
+    assert fast.dtype == whole.dtype and fast.shape == whole.shape
+    assert fast.tobytes() == whole.tobytes()
+
+
 def test_an_enhanced_multi_frame_ct_becomes_one_volume_ordered_by_its_frame_positions(tmp_path: Path) -> None:
     from tests.test_series import write_enhanced_ct
 

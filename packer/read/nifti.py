@@ -389,13 +389,16 @@ def check_values(volume: Volume) -> None:
     """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
     value (``constant_image``): neither can be windowed or normalised into a usable sample."""
     values = volume.array
-    finite = np.isfinite(values)
-    if not finite.all():
+    if not values.size:
+        return
+    low, high = float(values.min()), float(values.max())  # a NaN makes both NaN; ±inf is an end
+    if not (np.isfinite(low) and np.isfinite(high)):  # counted only then: no voxel-sized mask for a good file
+        finite = np.isfinite(values)
         nan = int(np.isnan(values).sum())
         raise NiftiDefect("non_finite", f"{nan} NaN and {values.size - int(finite.sum()) - nan} infinite voxel(s) "
                                         "(a resampled or masked output?); replace them with a real value (0, or the "
                                         "background) and export again", stage="validate")
-    if values.size and float(values.min()) == float(values.max()):
+    if low == high:
         raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g}; the volume carries no "
                                             "information", stage="validate")
 

@@ -202,15 +202,19 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
     if plan.volume_spacing is not None:
         volume = resample_linear(volume, plan.volume_spacing)
     depth = volume.array.shape[1]
-    rendered = np.empty((len(channels), *volume.array.shape[1:]), dtype=np.float32)
+    # A slice at a time, windowed (in float64) and quantised at once: no float32 copy of the
+    # rendered volume. Quantising before the crop or pad is the same: padding is 0 either way.
+    quantised = np.empty((len(channels), *volume.array.shape[1:]), dtype=np.dtype(plan.output))
+    rendered = np.empty(volume.array.shape[2:], dtype=np.float32)
     for c, channel in enumerate(channels):
-        for d in range(depth):  # a slice at a time: the window maths works in float64
-            rendered[c, d] = channel.render(volume.array[channel.index, d])
-    finished = Volume(rendered, volume.affine)
-    del volume, rendered
+        for d in range(depth):
+            rendered[...] = channel.render(volume.array[channel.index, d])
+            quantised[c, d] = quantise(rendered, plan.output)
+    finished = Volume(quantised, volume.affine)
+    del volume, quantised
     if plan.volume_size is not None:
         finished = crop_or_pad(finished, plan.volume_size)
-    image = np.ascontiguousarray(quantise(finished.array, plan.output))
+    image = np.ascontiguousarray(finished.array)
     metadata = {**base, "windows": [c.record for c in channels], "volume": {
         "slices": int(image.shape[1]), "affine": [[round(float(v), 6) for v in row] for row in finished.affine],
         "spacing": [round(v, 6) for v in finished.spacing], "layout": "CDHW", "frame": "LPS"}}

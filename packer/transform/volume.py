@@ -135,14 +135,35 @@ def _resample_plane(array: np.ndarray, height: int, width: int) -> np.ndarray:
     return out
 
 
+def _resample_depth_then_plane(array: np.ndarray, size: int, height: int, width: int) -> np.ndarray:
+    """``_resample_plane(_resample_depth(array, size), height, width)``, the same float32
+    operations in the same order (so the same bytes), one output slice at a time: each slice
+    along D is made in a C×H×W scratch buffer and resized at once, so the C×size×H×W
+    intermediate (most of a volume when D shrinks a little and H, W a lot) never exists."""
+    low, high, weight = _positions(array.shape[1], size)
+    out = np.empty((array.shape[0], size, height, width), dtype=np.float32)
+    mixed = np.empty((array.shape[0], *array.shape[2:]), dtype=np.float32)
+    upper = np.empty_like(mixed)
+    for j in range(size):
+        np.multiply(array[:, low[j]], 1.0 - weight[j], out=mixed)
+        np.multiply(array[:, high[j]], weight[j], out=upper)
+        mixed += upper
+        for c in range(array.shape[0]):
+            out[c, j] = cv2.resize(mixed[c], (width, height), interpolation=cv2.INTER_LINEAR)
+    return out
+
+
 def resample_linear(volume: Volume, spacing: tuple[float, float, float]) -> Volume:
     """``volume`` (float values) at about ``spacing`` (D, H, W mm): see the module docstring.
     Separable: in-plane per slice, and along D two source slices per output slice; the axis
-    that grows goes last, so the work is done on the smaller array."""
+    that grows goes last, so the work is done on the smaller array. When D shrinks and H or W
+    change, each D slice is resized as soon as it is made (:func:`_resample_depth_then_plane`)."""
     array = volume.array.astype(np.float32, copy=False)
     sizes, affine = resampled_grid(volume, spacing)
     if sizes[0] > array.shape[1]:
         array = _resample_depth(_resample_plane(array, sizes[1], sizes[2]), sizes[0])
+    elif sizes[0] < array.shape[1] and array.shape[2:] != (sizes[1], sizes[2]):
+        array = _resample_depth_then_plane(array, sizes[0], sizes[1], sizes[2])
     else:
         array = _resample_plane(_resample_depth(array, sizes[0]), sizes[1], sizes[2])
     return Volume(np.ascontiguousarray(array), affine)
