@@ -323,3 +323,30 @@ def test_a_resample_past_the_limits_is_too_large_from_the_header(tmp_path: Path,
     doc.write_text(yaml.safe_dump(job_doc))
     (issue,) = read_bad_samples(run(doc, tmp_path).version_dir / "bad_samples.jsonl")
     assert issue["reason"] == "too_large" and words in issue["message"] and "nothing was decoded" in issue["message"]
+
+
+@pytest.mark.parametrize("affine", [AFFINE, np.diag([-0.8, 0.9, -2.5, 1.0]),
+                                    np.array([[0, 0, 2.5, 0], [0.9, 0, 0, 0], [0, -0.8, 0, 0], [0, 0, 0, 1.0]])])
+@pytest.mark.parametrize("dtype", [np.int16, ">i2", np.float32, np.uint8])
+@pytest.mark.parametrize("chunk", [1 << 20, 1000, 7 * 480])  # whole, pieces across slices, several slices
+def test_the_streamed_read_is_the_whole_read(tmp_path: Path, affine: np.ndarray, dtype: Any, chunk: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .nii.gz inflated a few slices at a time straight into its canonical places holds what
+    reading it whole and reordering gives, for any stored axes, byte order, 4-D channels and
+    pieces that end anywhere in a slice."""
+    from packer.read import nifti
+
+    monkeypatch.setattr(nifti, "_CHUNK", chunk)
+
+    volume = np.stack([phantom(seed=s) for s in range(2)], axis=-1).astype(dtype)
+    path = save(tmp_path / "a.nii.gz", volume, affine=affine, scl_slope=2.0, scl_inter=-5.0)
+    img, header = nifti.load_header(str(path), nifti.LimitsConfig(), channels_from="last_axis")
+    whole = nifti.canonical_values(nifti.read_voxels(img, header), header)
+    streamed = nifti.read_canonical(img, header)
+    assert streamed.array.tobytes() == whole.array.tobytes() and np.array_equal(streamed.affine, whole.affine)
+    cut = tmp_path / "cut.nii.gz"
+    cut.write_bytes(path.read_bytes()[:-200])
+    img, header = nifti.load_header(str(cut), nifti.LimitsConfig(), channels_from="last_axis")
+    with pytest.raises(nifti.NiftiDefect) as refused:
+        nifti.read_canonical(img, header)
+    assert refused.value.reason in ("truncated", "decode_failed")

@@ -38,6 +38,7 @@ import gzip
 import os
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ import numpy as np
 from packer.config import LimitsConfig
 from packer.read.limits import file_size_problem, limit_problem
 from packer.records import Issue, SampleRef
-from packer.transform.volume import Volume, canonical_order, canonical_view
+from packer.transform.volume import Volume, canonical_order, canonical_plan, canonical_view
 
 #: Largest difference (mm, any entry of the 3×4 part) between two affines that still place the
 #: same grid: float32 round-off of a 500 mm offset is about 3e-5 mm, dcm2niix writes both forms
@@ -327,16 +328,28 @@ _CHUNK = 1 << 20
 
 
 def _inflate(path: str, offset: int, nbytes: int) -> bytearray:
-    """Bytes ``offset`` to ``offset + nbytes`` of a gzip file's inflated stream (its voxels),
-    the stream inflated to its end so that zlib checks each member's CRC-32 and length.
+    """Bytes ``offset`` to ``offset + nbytes`` of a gzip file's inflated stream (its voxels), in
+    one buffer (:func:`_inflated_voxels`)."""
+    out = bytearray(nbytes)
+    at = 0
+    for piece in _inflated_voxels(path, offset, nbytes):
+        out[at:at + len(piece)] = piece
+        at += len(piece)
+    return out
+
+
+def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview]:
+    """Bytes ``offset`` to ``offset + nbytes`` of a gzip file's inflated stream (its voxels), in
+    order, a piece at a time (at most :data:`_CHUNK` bytes), the stream inflated to its end so
+    that zlib checks each member's CRC-32 and length.
 
     Not nibabel's read: it inflates only up to the last voxel and never reaches the gzip
     trailer, so a flipped bit inside the deflate stream that zlib can still decode gave wrong
     voxels without a word. Several members (bgzip, concatenated files) are one stream; bytes
     after the last member that do not start another (junk appended) are ignored, as gunzip
     does. Raises EOFError (the stream ends before the last voxel, or inside a member) and
-    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data)."""
-    out = bytearray(nbytes)
+    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data), possibly
+    after the last piece: a caller consumes the whole iterator before trusting what it gave."""
     end, position = offset + nbytes, 0
     with open(path, "rb") as fh:
         inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # | 16: the gzip wrapper, trailer checked
@@ -345,7 +358,7 @@ def _inflate(path: str, offset: int, nbytes: int) -> bytearray:
             piece = inflater.decompress(pending, _CHUNK)
             low, high = max(position, offset), min(position + len(piece), end)
             if low < high:
-                out[low - offset:high - offset] = memoryview(piece)[low - position:high - position]
+                yield memoryview(piece)[low - position:high - position]
             position += len(piece)
             if inflater.eof:  # a member ended, its CRC-32 and length checked: another, or the end
                 pending = inflater.unused_data
@@ -364,7 +377,58 @@ def _inflate(path: str, offset: int, nbytes: int) -> bytearray:
         raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated")
     if position < end:
         raise EOFError(f"the inflated stream has {position} bytes; the voxels end at byte {end}")
-    return out
+
+
+def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
+    """:func:`canonical_values` of :func:`read_voxels`, the same values and affine, without the
+    stored volume ever existing whole: a ``.nii.gz``'s voxels are inflated a few slices at a
+    time straight into their canonical places in the ``dtype`` volume (the stored int16 CT of
+    a 512×512×200 file was 100 MiB alive beside its 200 MiB float32 copy). An uncompressed file
+    is mapped by nibabel, so its stored values cost no copy anyway. Raises :class:`NiftiDefect`
+    as :func:`read_voxels` does."""
+    path = img.get_filename()
+    if path is None or not _gzipped(path):
+        return canonical_values(read_voxels(img, header), header, dtype=dtype)
+    stored = img.get_data_dtype()
+    x, y, z = header.shape
+    lps = RAS_TO_LPS @ header.affine
+    as_dhw = np.eye(4)
+    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the stored volume in C order is (T, K, J, I) = (C, D, H, W)
+    as_dhw[:, 3] = lps[:, 3]
+    plan = canonical_plan(as_dhw, (z, y, x))
+    canonical_shape = tuple((z, y, x)[a] for a in plan.order)
+    out = np.empty((header.channels, *canonical_shape), dtype=dtype)
+    stored_order = plan.stored_view(out)  # out, seen as (T, K, J, I): a slice written here lands in place
+    slice_bytes = x * y * stored.itemsize
+    slices = max(1, _CHUNK // max(1, slice_bytes))
+    buffer = bytearray(slices * slice_bytes)
+    filled, done = 0, 0
+    try:
+        for piece in _inflated_voxels(path, int(img.dataobj.offset), slice_bytes * z * header.channels):
+            while len(piece):
+                take = min(len(piece), len(buffer) - filled)
+                buffer[filled:filled + take] = piece[:take]
+                piece, filled = piece[take:], filled + take
+                if filled == len(buffer) or done * slice_bytes + filled == slice_bytes * z * header.channels:
+                    count = filled // slice_bytes
+                    chunk = np.frombuffer(buffer, dtype=stored, count=count * x * y).reshape(count, y, x)
+                    for n in range(count):
+                        t, k = divmod(done + n, z)
+                        np.copyto(stored_order[t, k], chunk[n], casting="unsafe")
+                    del chunk
+                    done, filled = done + count, 0
+    except (EOFError, gzip.BadGzipFile) as err:
+        raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
+                                       "copy the file again") from err
+    except zlib.error as err:
+        raise NiftiDefect("decode_failed", f"the gzip stream is damaged (zlib: {err}); copy the file again") from err
+    except OSError as err:
+        raise NiftiDefect("truncated", f"the voxels are cut short ({err}); copy the file again") from err
+    if np.dtype(dtype).kind == "f" and header.slope is not None:
+        out *= np.asarray(header.slope, dtype=dtype)
+        if header.inter:
+            out += np.asarray(header.inter, dtype=dtype)
+    return Volume(out, plan.affine)
 
 
 def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:

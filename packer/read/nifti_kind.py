@@ -38,12 +38,11 @@ from packer.read.nifti import (
     RAS_TO_LPS,
     NiftiDefect,
     NiftiHeader,
-    canonical_values,
     check_values,
     grid_text,
     issue,
     load_header,
-    read_voxels,
+    read_canonical,
     same_grid,
     slice_count,
 )
@@ -245,7 +244,7 @@ def check_resampled_size(header: NiftiHeader, cfg: NiftiTransformConfig, limits:
 def read_nifti(ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
     """Decode one NIfTI case (the row's file, its ``channel_files`` and its label map) into its
     samples (:mod:`packer.read.nifti_samples`), or the case's one Issue: every defect of
-    :func:`packer.read.nifti.load_header`, ``read_voxels`` and ``check_values`` (naming the file
+    :func:`packer.read.nifti.load_header`, ``read_canonical`` and ``check_values`` (naming the file
     it is in), ``channel_geometry`` (another file of the case on another grid),
     ``missing_window`` (a ``file`` window without ``cal_min``/``cal_max``), and the label map's
     ``mask_missing``, ``mask_unreadable``, ``mask_values``, ``mask_geometry``, ``mask_empty``.
@@ -273,7 +272,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
         try:
             img, header = (state if state is not None and name == IMAGE_CHANNEL
                            else load_header(path, job.limits, channels_from=cfg.channels_from))
-            volume = canonical_values(read_voxels(img, header), header)
+            volume = read_canonical(img, header)
             check_values(volume)
         except NiftiDefect as defect:
             return issue(ref, defect, name=path)
@@ -322,7 +321,7 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
                         message=f"{ref.path}: its table row names no label map in column {mask.column!r}")
     try:
         img, header = load_header(path, job.limits, channels_from=None)
-        labels = canonical_values(read_voxels(img, header), header)
+        labels = read_canonical(img, header)
     except FileNotFoundError:
         return Issue.of(ref, stage="read", reason="mask_missing",
                         message=f"{ref.path}: its label map {path} does not exist; fix the table's {mask.column!r} "

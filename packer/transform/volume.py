@@ -86,21 +86,52 @@ def canonical(volume: Volume) -> Volume:
     return Volume(np.ascontiguousarray(view.array), view.affine)
 
 
-def canonical_view(array: np.ndarray, affine: np.ndarray) -> Volume:
-    """:func:`canonical` of a C×D×H×W ``array`` with ``affine``, as a view of ``array`` (no copy:
-    permuted and flipped strides), so that a caller can copy it once, into the dtype it needs."""
+@dataclass(frozen=True)
+class CanonicalPlan:
+    """How :func:`canonical` reorders a D×H×W grid with a given affine: output axis ``i`` is
+    input axis ``order[i]``, reversed where ``flips[i]``; ``affine`` is the output's."""
+
+    order: tuple[int, int, int]
+    flips: tuple[bool, bool, bool]
+    affine: np.ndarray
+
+    def view(self, array: np.ndarray) -> np.ndarray:
+        """A C×D×H×W ``array`` (input axes) as the canonical C×D×H×W view (no copy)."""
+        out = np.transpose(array, (0, *(1 + a for a in self.order)))
+        flipped = tuple(1 + axis for axis, flip in enumerate(self.flips) if flip)
+        return np.flip(out, axis=flipped) if flipped else out
+
+    def stored_view(self, canonical_array: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`view`: a canonical C×D×H×W array seen in the input's axes (no
+        copy), so that writing the input's values into it puts each at its canonical place."""
+        flipped = tuple(1 + axis for axis, flip in enumerate(self.flips) if flip)
+        unflipped = np.flip(canonical_array, axis=flipped) if flipped else canonical_array
+        return np.transpose(unflipped, (0, *(1 + int(a) for a in np.argsort(self.order))))
+
+
+def canonical_plan(affine: np.ndarray, shape: tuple[int, int, int]) -> CanonicalPlan:
+    """The :class:`CanonicalPlan` of a D×H×W grid ``shape`` with ``affine``: permute the axes by
+    :func:`canonical_order`, then flip each that runs the wrong way (the origin moves to its far end)."""
     order = canonical_order(affine)
-    out = np.transpose(array, (0, *(1 + a for a in order)))
     placed = np.eye(4)
     placed[:3, :3] = affine[:3, :3][:, order]
     placed[:3, 3] = affine[:3, 3]
+    flips = []
     for axis, world in enumerate((2, 1, 0)):
-        if placed[world, axis] < 0:  # runs the wrong way: flip it, the origin moves to the far end
-            n = out.shape[1 + axis]
+        flip = bool(placed[world, axis] < 0)
+        if flip:
+            n = shape[order[axis]]
             placed[:3, 3] += placed[:3, axis] * (n - 1)
             placed[:3, axis] *= -1
-            out = np.flip(out, axis=1 + axis)
-    return Volume(out, placed)
+        flips.append(flip)
+    return CanonicalPlan(order, (flips[0], flips[1], flips[2]), placed)
+
+
+def canonical_view(array: np.ndarray, affine: np.ndarray) -> Volume:
+    """:func:`canonical` of a C×D×H×W ``array`` with ``affine``, as a view of ``array`` (no copy:
+    permuted and flipped strides), so that a caller can copy it once, into the dtype it needs."""
+    plan = canonical_plan(affine, (array.shape[1], array.shape[2], array.shape[3]))
+    return Volume(plan.view(array), plan.affine)
 
 
 def _positions(n: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
