@@ -555,3 +555,16 @@ def test_every_setting_that_decides_a_files_verdict_is_part_of_the_key(job: JobC
     assume(changed != job)
     refs = [SampleRef(sample_id="s-1", source="photos", kind="image", path="/nowhere/a.png", relpath="a.png")]
     assert key(refs, changed) != key(refs, job)
+
+
+def test_files_of_a_kind_that_works_per_file_are_chunks_of_their_own() -> None:
+    """A NIfTI volume is seconds of work: each is a chunk alone (the workers share them one by one),
+    and the content-defined chunks of the other files around them keep their rule."""
+    ids = [f"s-{n:04d}" for n in range(40)]
+    alone = [10 <= n < 14 for n in range(40)]
+    bounds = chunk_bounds(ids, alone)
+    assert [(a, b) for a, b in bounds if 10 <= a < 14] == [(10, 11), (11, 12), (12, 13), (13, 14)]
+    assert [b for _, b in bounds][-1] == 40 and all(a < b for a, b in bounds)
+    assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]  # contiguous, nothing lost
+    plain = chunk_bounds(ids[:10])
+    assert [(a, b) for a, b in bounds if b <= 10] == plain[:-1] + [(plain[-1][0], 10)]

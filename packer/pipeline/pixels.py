@@ -121,13 +121,21 @@ def process_group(group: ChunkGroup) -> tuple[ChunkResult, ...]:
     return tuple(process_chunk(task) for task in group.tasks)
 
 
-def chunk_bounds(sample_ids: Sequence[str]) -> list[tuple[int, int]]:
+def chunk_bounds(sample_ids: Sequence[str], alone: Sequence[bool] | None = None) -> list[tuple[int, int]]:
     """``(start, stop)`` of each chunk of the sorted refs whose ids are ``sample_ids``: a chunk
     closes after an id whose hash hits 1 in :data:`BOUNDARY` (content-defined, so adding a file
-    changes only its own chunk), or at :data:`MAX_CHUNK` refs."""
+    changes only its own chunk), or at :data:`MAX_CHUNK` refs. A ref marked ``alone`` (a file of
+    a kind whose every file is a unit of work: a NIfTI volume) is a chunk of its own, so that
+    the workers share such files one by one and the cache reuses each."""
     bounds: list[tuple[int, int]] = []
     start = 0
     for index, sample_id in enumerate(sample_ids):
+        if alone is not None and alone[index]:
+            if start < index:
+                bounds.append((start, index))
+            bounds.append((index, index + 1))
+            start = index + 1
+            continue
         hit = int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) % BOUNDARY == 0
         if hit or index + 1 - start >= MAX_CHUNK:
             bounds.append((start, index + 1))
@@ -456,7 +464,8 @@ def _plan_groups(table: RefTable, group_tasks: Sequence[ChunkTask], make: _TaskM
     Tasks are made as the executor submits them, each from its rows of the ref table: made all
     at once, they would keep every ref alive as objects through the whole pass."""
     ids = table.column("sample_id")
-    bounds = chunk_bounds(ids)
+    alone_kinds = {name for name in set(table.column("kind")) if source_kind(name).file_per_task}
+    bounds = chunk_bounds(ids, [kind in alone_kinds for kind in table.column("kind")] if alone_kinds else None)
     size = group_size(len(bounds) + len(group_tasks), threads)
     spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
     group_spans = [group_tasks[i:i + size] for i in range(0, len(group_tasks), size)]

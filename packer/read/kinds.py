@@ -116,6 +116,10 @@ class SourceKind:
     #: Its masks are label maps of volumes, which may be resampled to their image's grid
     #: (``mask.grid: resample``); other kinds' masks are 2-D files on the image's stored size
     volume_masks: ClassVar[bool] = False
+    #: Each file is a unit of work of its own (a volume: seconds of inflating and resampling), so
+    #: the pixel pass gives it a chunk of its own instead of cutting files into content-defined
+    #: chunks of about 32: the workers then share the files one by one
+    file_per_task: ClassVar[bool] = False
     #: The libraries whose versions shape this kind's samples beyond packer's own (recorded in the
     #: manifest and the cache key of a job that uses the kind: ``nibabel`` for NIfTI)
     libraries: ClassVar[tuple[str, ...]] = ()

@@ -111,6 +111,7 @@ class NiftiKind(SourceKind):
     libraries = ("nibabel",)
     source_keys = ("channel_files",)
     volume_masks = True
+    file_per_task = True
     looked_for = "files named *.nii or *.nii.gz"
 
     def lists(self, suffix: str) -> bool | None:
