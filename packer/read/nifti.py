@@ -34,6 +34,7 @@ the file ``non_finite``, a volume of one value ``constant_image``.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import warnings
@@ -304,13 +305,23 @@ def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
     scaled. Raises :class:`NiftiDefect`: ``truncated`` (the gzip stream or the file ends early),
     ``decode_failed`` (a damaged gzip stream, one whose CRC-32 or length does not match, or a
     read nibabel refuses)."""
-    try:
+    with _reading_voxels():
         path = img.get_filename()
         if path is not None and _gzipped(path):
             data = _inflate(path, int(img.dataobj.offset), int(np.prod(img.shape)) * img.get_data_dtype().itemsize)
             raw = np.frombuffer(data, dtype=img.get_data_dtype()).reshape(img.shape, order="F")
         else:
             raw = np.asanyarray(img.dataobj.get_unscaled())
+    return raw.reshape(*header.shape, header.channels)
+
+
+@contextlib.contextmanager
+def _reading_voxels() -> Iterator[None]:
+    """What a read of the voxels raises, as the file's :class:`NiftiDefect`: ``truncated`` (the
+    gzip stream or the file ends early), ``decode_failed`` (a damaged stream, or a read nibabel
+    refuses)."""
+    try:
+        yield
     except (EOFError, gzip.BadGzipFile) as err:
         raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
                                        "copy the file again") from err
@@ -320,7 +331,6 @@ def read_voxels(img: Any, header: NiftiHeader) -> np.ndarray:
         raise NiftiDefect("truncated", f"the voxels are cut short ({err}); copy the file again") from err
     except (ValueError, TypeError) as err:
         raise NiftiDefect("decode_failed", f"the voxels cannot be read ({type(err).__name__}: {err})") from err
-    return raw.reshape(*header.shape, header.channels)
 
 
 #: Compressed bytes read, and most bytes inflated, at a time (:func:`_inflate`).
@@ -403,7 +413,7 @@ def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) ->
     slices = max(1, _CHUNK // max(1, slice_bytes))
     buffer = bytearray(slices * slice_bytes)
     filled, done = 0, 0
-    try:
+    with _reading_voxels():
         for piece in _inflated_voxels(path, int(img.dataobj.offset), slice_bytes * z * header.channels):
             while len(piece):
                 take = min(len(piece), len(buffer) - filled)
@@ -417,18 +427,17 @@ def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) ->
                         np.copyto(stored_order[t, k], chunk[n], casting="unsafe")
                     del chunk
                     done, filled = done + count, 0
-    except (EOFError, gzip.BadGzipFile) as err:
-        raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
-                                       "copy the file again") from err
-    except zlib.error as err:
-        raise NiftiDefect("decode_failed", f"the gzip stream is damaged (zlib: {err}); copy the file again") from err
-    except OSError as err:
-        raise NiftiDefect("truncated", f"the voxels are cut short ({err}); copy the file again") from err
-    if np.dtype(dtype).kind == "f" and header.slope is not None:
-        out *= np.asarray(header.slope, dtype=dtype)
-        if header.inter:
-            out += np.asarray(header.inter, dtype=dtype)
+    _scale(out, header)
     return Volume(out, plan.affine)
+
+
+def _scale(values: np.ndarray, header: NiftiHeader) -> None:
+    """``values`` (stored values, canonical) × ``scl_slope`` + ``scl_inter`` in place, where the
+    header sets a slope and ``values`` are floats (a label map's integers stay as stored)."""
+    if values.dtype.kind == "f" and header.slope is not None:
+        values *= np.asarray(header.slope, dtype=values.dtype)
+        if header.inter:
+            values += np.asarray(header.inter, dtype=values.dtype)
 
 
 def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
@@ -442,10 +451,7 @@ def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.fl
     view = canonical_view(raw.transpose(3, 2, 1, 0), as_dhw)
     out = np.empty(view.array.shape, dtype=dtype)
     np.copyto(out, view.array, casting="unsafe")
-    if np.dtype(dtype).kind == "f" and header.slope is not None:
-        out *= np.asarray(header.slope, dtype=dtype)
-        if header.inter:
-            out += np.asarray(header.inter, dtype=dtype)
+    _scale(out, header)
     return Volume(out, view.affine)
 
 
