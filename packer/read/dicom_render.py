@@ -111,12 +111,13 @@ def _normalised(spec: WindowSpec, values: np.ndarray, padding: np.ndarray, frame
 
 def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTransform,
                   cfg: DicomTransformConfig, stored: np.ndarray | None = None,
-                  padding: np.ndarray | None = None) -> tuple[VoiTransform, ...] | Issue:
+                  padding: np.ndarray | None = None, values: np.ndarray | None = None
+                  ) -> tuple[VoiTransform, ...] | Issue:
     """The requested windows for ``frame``, in order; a ``file`` window the file cannot give is
     replaced by ``cfg.fallback_window``, and without one the file is a ``missing_window`` issue.
-    A percentiles window takes its statistics from the frame (``stored`` values, ``padding``)."""
+    A percentiles window takes its statistics from the frame (``stored`` values, ``padding``;
+    ``values``: their modality values, where the caller has them already)."""
     broken: str | None = None
-    values: np.ndarray | None = None
     try:
         offer = file_voi(ds, frame, modality)
     except DamagedElement:
@@ -192,7 +193,8 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
-        return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, photometric, spacing, finish)
+        return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
+                                  finish)
     if cfg.output == "float16":
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask)
@@ -210,22 +212,23 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
 
 
 def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, padding: np.ndarray,
-                       modality: ModalityTransform, cfg: DicomTransformConfig, photometric: str,
-                       spacing: tuple[float, float] | None,
+                       modality: ModalityTransform, cfg: DicomTransformConfig, specs: tuple[WindowSpec, ...],
+                       photometric: str, spacing: tuple[float, float] | None,
                        finish: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
     a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
     the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels), padding
-    0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)"""
+    0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)
+    ``specs``: the frame's windows (``cfg.windows_for`` its Modality)."""
     values = to_modality_values(stored, modality)
-    fixed = tuple(spec for spec in cfg.windows_for(text_value(ds, "Modality")) if spec.kind != "zscore")
-    vois = _resolve_vois(ref, ds, frame, modality, replace(cfg, windows=fixed, modality_windows=()), stored, padding) \
-        if fixed else ()
+    fixed = tuple(spec for spec in specs if spec.kind != "zscore")
+    vois = _resolve_vois(ref, ds, frame, modality, replace(cfg, windows=fixed, modality_windows=()), stored, padding,
+                         values) if fixed else ()
     if isinstance(vois, Issue):
         return vois
     by_spec = dict(zip(fixed, vois, strict=True))
     channels, records = [], []
-    for spec in cfg.windows_for(text_value(ds, "Modality")):
+    for spec in specs:
         if spec.kind == "zscore":
             stats = zscore_stats(values[~padding], spec.over or "nonzero")
             channel = apply_zscore(values, stats)

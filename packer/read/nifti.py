@@ -66,9 +66,11 @@ SUFFIXES = (".nii", ".nii.gz")
 class NiftiDefect(Exception):
     """A defect of the file: its reason code, stage and message (without the file's name)."""
 
-    def __init__(self, reason: str, message: str, stage: str = "read") -> None:
+    def __init__(self, reason: str, message: str, stage: str = "read", *, opened: bool = True) -> None:
         super().__init__(message)
         self.reason, self.message, self.stage = reason, message, stage
+        #: False where the file could not be opened at all (it is not there, or not readable)
+        self.opened = opened
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     try:
         size = os.stat(path).st_size
     except OSError as err:
-        raise NiftiDefect("unreadable", f"cannot open the file ({err.strerror or err})") from err
+        raise NiftiDefect("unreadable", f"cannot open the file ({err.strerror or err})", opened=False) from err
     if size == 0:
         raise NiftiDefect("unreadable", "the file is empty (0 bytes); replace it or remove it")
     too_big = file_size_problem(size, limits)
@@ -401,11 +403,8 @@ def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) ->
         return canonical_values(read_voxels(img, header), header, dtype=dtype)
     stored = img.get_data_dtype()
     x, y, z = header.shape
-    lps = RAS_TO_LPS @ header.affine
-    as_dhw = np.eye(4)
-    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the stored volume in C order is (T, K, J, I) = (C, D, H, W)
-    as_dhw[:, 3] = lps[:, 3]
-    plan = canonical_plan(as_dhw, (z, y, x))
+    affine, grid = stored_grid(header)  # the stored volume in C order is (T, K, J, I) = (C, D, H, W)
+    plan = canonical_plan(affine, grid)
     canonical_shape = tuple((z, y, x)[a] for a in plan.order)
     out = np.empty((header.channels, *canonical_shape), dtype=dtype)
     stored_order = plan.stored_view(out)  # out, seen as (T, K, J, I): a slice written here lands in place
@@ -444,11 +443,7 @@ def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.fl
     """``raw`` (X, Y, Z, T stored values) as a C×D×H×W volume in canonical LPS axes (module
     docstring), copied once into ``dtype`` (float32: then scaled by ``scl_slope``/``scl_inter``;
     an integer dtype, for label maps: unscaled), with its affine (voxel (d, h, w) → LPS mm)."""
-    lps = RAS_TO_LPS @ header.affine
-    as_dhw = np.eye(4)
-    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # array axes (T, K, J, I) = (C, D, H, W)
-    as_dhw[:, 3] = lps[:, 3]
-    view = canonical_view(raw.transpose(3, 2, 1, 0), as_dhw)
+    view = canonical_view(raw.transpose(3, 2, 1, 0), stored_grid(header)[0])  # (T, K, J, I) = (C, D, H, W)
     out = np.empty(view.array.shape, dtype=dtype)
     np.copyto(out, view.array, casting="unsafe")
     _scale(out, header)
@@ -491,9 +486,16 @@ def grid_text(volume: Volume) -> str:
 def slice_count(header: NiftiHeader, axis: str) -> int:
     """How many slices the file has along ``axis`` (``axial``, ``coronal``, ``sagittal``) once
     in canonical axes (:func:`canonical_values`), from its header alone."""
-    lps = RAS_TO_LPS @ header.affine
-    as_dhw = np.eye(4)
-    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the array axes canonical_values starts from: (K, J, I)
-    stored = (header.shape[2], header.shape[1], header.shape[0])
-    order = canonical_order(as_dhw)  # the stored axis that becomes D, H, W
+    affine, stored = stored_grid(header)
+    order = canonical_order(affine)  # the stored axis that becomes D, H, W
     return stored[order[{"axial": 0, "coronal": 1, "sagittal": 2}[axis]]]
+
+
+def stored_grid(header: NiftiHeader) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """The file's voxels as :func:`canonical_values` starts from them: the 4×4 affine of the
+    stored array's axes in C order, (K, J, I), to LPS mm, and their sizes (Z, Y, X)."""
+    lps = RAS_TO_LPS @ header.affine
+    affine = np.eye(4)
+    affine[:, :3] = lps[:, [2, 1, 0]]
+    affine[:, 3] = lps[:, 3]
+    return affine, (header.shape[2], header.shape[1], header.shape[0])

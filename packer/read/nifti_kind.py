@@ -35,7 +35,6 @@ from packer.errors import ConfigError
 from packer.read import at_boundary
 from packer.read.kinds import Probed, SourceKind, register
 from packer.read.nifti import (
-    RAS_TO_LPS,
     NiftiDefect,
     NiftiHeader,
     check_values,
@@ -45,6 +44,7 @@ from packer.read.nifti import (
     read_canonical,
     same_grid,
     slice_count,
+    stored_grid,
 )
 from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
 from packer.records import Issue, Sample, SampleRef, frame_key
@@ -217,10 +217,7 @@ def check_resampled_size(header: NiftiHeader, cfg: NiftiTransformConfig, limits:
     than the limits allow, from its header, before a voxel is read: a volume over
     ``limits.max_voxels`` at ``sample.volume.spacing``, or a slice over ``limits.max_pixels`` at
     ``spacing`` (a 1000 mm voxel size in a header asks for a 2000× larger grid at 0.5 mm)."""
-    lps = RAS_TO_LPS @ header.affine
-    as_dhw = np.eye(4)
-    as_dhw[:, :3] = lps[:, [2, 1, 0]]  # the array axes (K, J, I), as canonical_values takes them
-    stored = (header.shape[2], header.shape[1], header.shape[0])
+    as_dhw, stored = stored_grid(header)
     if cfg.sample == "volume" and cfg.volume_spacing is not None:
         shape = resampled_shape(stored, as_dhw, cfg.volume_spacing)
         if int(np.prod(shape)) > limits.max_voxels:
@@ -277,10 +274,6 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
             check_values(volume)
         except NiftiDefect as defect:
             return issue(ref, defect, name=path)
-        except FileNotFoundError:
-            return Issue.of(ref, stage="read", reason="missing_file",
-                            message=f"{ref.path}: its {name} file {path} does not exist; fix the table's {name!r} "
-                                    "column or add the file")
         if volumes and (gap := same_grid(volumes[0], volume)) is not None:
             return Issue.of(ref, stage="validate", reason="channel_geometry",
                             message=f"{path} ({name}) lies on {grid_text(volume)}, but {ref.path} on "
@@ -323,13 +316,8 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
     try:
         img, header = load_header(path, job.limits, channels_from=None)
         labels = read_canonical(img, header)
-    except FileNotFoundError:
-        return Issue.of(ref, stage="read", reason="mask_missing",
-                        message=f"{ref.path}: its label map {path} does not exist; fix the table's {mask.column!r} "
-                                "column or add the file")
     except NiftiDefect as defect:
-        reason = "mask_missing" if defect.reason == "unreadable" and "cannot open" in defect.message \
-            else "mask_unreadable"
+        reason = "mask_unreadable" if defect.opened else "mask_missing"
         return Issue.of(ref, stage="transform", reason=reason,
                         message=f"{ref.path}: label map {path}: {defect.reason}: {defect.message}")
     values = labels.array[0]
