@@ -27,6 +27,15 @@ from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 
 SPLITS = ("train", "valid", "test")
+#: The cells of a multilabel 0/1 column that mean "uncertain" unless ``uncertain_values:`` says
+#: otherwise (CheXpert's labeler writes -1.0)
+UNCERTAIN_VALUES = ("-1", "-1.0")
+#: What ``uncertain:`` may make of an uncertain 0/1 cell, and ``blank:`` of an empty one
+UNCERTAIN_POLICIES = ("ones", "zeros", "ignore", "bad")
+BLANK_POLICIES = ("bad", "zeros", "ignore")
+#: A 0/1 cell read as a positive or a negative (lower-cased)
+TRUE_CELLS = ("1", "1.0", "true", "yes")
+FALSE_CELLS = ("0", "0.0", "false", "no")
 
 
 def job_default(path: str) -> Any:
@@ -80,18 +89,49 @@ class TargetConfig:
     (see :mod:`packer.targets`). ``origin``: ``table`` (columns of the label table), ``folder``
     (the first path component under the root, the ImageFolder layout), ``attribute`` (a DICOM
     header attribute) or ``none`` (unlabeled). ``kind``: class, multilabel, numeric or none.
-    ``value_map``: raw value → class name (a value the map lacks is ``unknown_label``)."""
+    ``value_map``: raw value → class name (a value the map lacks is ``unknown_label``), or, for
+    a multilabel column of names, raw token → label name or None (the token is dropped; a token
+    the map lacks is kept as it is).
+
+    Cell policies (each only where it applies, empty/default otherwise, so a job that does not
+    use them keeps its config_hash): ``missing``, numeric cells that mean "no value"
+    (``missing_label``); ``uncertain``, for multilabel 0/1 columns, (column or ``default``,
+    policy) pairs saying what an uncertain cell (one of ``uncertain_values``, default
+    :data:`UNCERTAIN_VALUES`) becomes: ``ones``, ``zeros``, ``ignore`` (masked out of the loss,
+    ``target_mask``) or ``bad`` (a ``bad_target`` sample, as without ``uncertain``); ``blank``,
+    what an empty 0/1 cell becomes (``bad``, ``zeros``, ``ignore``)."""
 
     kind: str = "class"
     origin: str = "table"
     columns: tuple[str, ...] = ("label",)
     attribute: str | None = None
-    value_map: tuple[tuple[str, str], ...] = ()
+    value_map: tuple[tuple[str, str | None], ...] = ()
     separator: str | None = None
+    missing: tuple[str, ...] = ()
+    uncertain: tuple[tuple[str, str], ...] = ()
+    uncertain_values: tuple[str, ...] | None = None
+    blank: str = "bad"
 
     @property
     def is_default(self) -> bool:
         return self == TargetConfig()
+
+    @property
+    def class_map(self) -> dict[str, str]:
+        """The value map of a class target (raw value → class name); config parsing refuses a
+        null name there, so none is dropped."""
+        return {raw: name for raw, name in self.value_map if name is not None}
+
+    def uncertain_policy(self, column: str) -> str:
+        """What an uncertain cell of the 0/1 ``column`` becomes: its own policy, else the
+        ``default`` one, else ``bad``."""
+        policies = dict(self.uncertain)
+        return policies.get(column, policies.get("default", "bad"))
+
+    @property
+    def ignores(self) -> bool:
+        """Whether some cell may become an ignored label (a target mask entry of 0)."""
+        return self.blank == "ignore" or any(policy == "ignore" for _, policy in self.uncertain)
 
     def to_json(self) -> Any:
         if self.origin in ("none", "folder") and not self.value_map:
@@ -107,6 +147,15 @@ class TargetConfig:
             out["map"] = dict(self.value_map)
         if self.separator is not None:
             out["separator"] = self.separator
+        if self.missing:
+            out["missing"] = list(self.missing)
+        if self.uncertain:
+            policies = dict(self.uncertain)
+            out["uncertain"] = policies["default"] if list(policies) == ["default"] else policies
+        if self.uncertain_values is not None:
+            out["uncertain_values"] = list(self.uncertain_values)
+        if self.blank != "bad":
+            out["blank"] = self.blank
         return out
 
 
@@ -614,9 +663,7 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     if raw == "folder":
         return TargetConfig(origin="folder", columns=())
     target_kind = raw.get("kind", "class")
-    value_map = tuple(sorted((str(k), str(v)) for k, v in (raw.get("map") or {}).items()))
-    if value_map and target_kind != "class":
-        raise ConfigError(f"{where}.map: a value map names classes; it needs kind: class, not {target_kind}")
+    value_map = _parse_value_map(raw, target_kind, where)
     origins = [key for key in ("column", "columns", "attribute", "folder") if key in raw]
     if len(origins) != 1:
         raise ConfigError(f"{where}: give exactly one of column, columns, attribute or folder: true "
@@ -624,6 +671,14 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     separator = raw.get("separator")
     if separator is not None and not (target_kind == "multilabel" and "column" in raw):
         raise ConfigError(f"{where}.separator: only a multilabel target read from one column has a separator")
+    if "missing" in raw and target_kind != "numeric":
+        raise ConfigError(f"{where}.missing: only numeric targets have missing-value tokens (a {target_kind} "
+                          "target's empty cell already says so); remove 'missing:'")
+    zero_one = target_kind == "multilabel" and "columns" in raw
+    for key in ("uncertain", "uncertain_values", "blank"):
+        if key in raw and not zero_one:
+            raise ConfigError(f"{where}.{key}: only multilabel 0/1 columns ('kind: multilabel' with 'columns:') "
+                              f"have uncertain or blank cells; remove '{key}:'")
     if "attribute" in raw:
         return _attribute_target(raw["attribute"], attribute_labels, target_kind, value_map, where)
     if "folder" in raw:
@@ -641,10 +696,77 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
         separator = separator if separator is not None else "|"
         if not separator:
             raise ConfigError(f"{where}.separator: must not be empty")
-    return TargetConfig(kind=target_kind, origin="table", columns=columns, value_map=value_map, separator=separator)
+    if zero_one:
+        if value_map:
+            raise ConfigError(f"{where}.map: 0/1 columns are named by their column; a value map is for a "
+                              "multilabel column of names ('column:'); rename the columns in the table instead")
+        _check_label_names(columns, f"{where}.columns")
+    target = TargetConfig(kind=target_kind, origin="table", columns=columns, value_map=value_map,
+                          separator=separator, missing=tuple(str(token) for token in raw.get("missing") or ()))
+    return _parse_cell_policies(raw, target, where) if zero_one else target
 
 
-def _attribute_target(keyword: str, attribute_labels: bool, target_kind: str, value_map: tuple[tuple[str, str], ...],
+def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tuple[tuple[str, str | None], ...]:
+    """``map:`` as sorted (raw value, name or None) pairs: class names for a class target, label
+    names or null (the token is dropped) for a multilabel column of names."""
+    value_map = tuple(sorted((str(k), None if v is None else str(v)) for k, v in (raw.get("map") or {}).items()))
+    if value_map and target_kind not in ("class", "multilabel"):
+        raise ConfigError(f"{where}.map: a value map names classes or labels; a {target_kind} target has none "
+                          "(use 'missing:' for tokens that mean no value)")
+    if target_kind == "class" and any(name is None for _, name in value_map):
+        dropped = next(k for k, name in value_map if name is None)
+        raise ConfigError(f"{where}.map.{dropped}: null drops a token of a multilabel column; a class target "
+                          "needs a class for every value: name one, or leave the sample out of the table")
+    if target_kind == "multilabel":
+        _check_label_names([name for _, name in value_map if name is not None], f"{where}.map")
+    return value_map
+
+
+def _check_label_names(names: Any, where: str) -> None:
+    """Refuse label names that the target's text form cannot carry: a leading ``?`` marks an
+    ignored label, ``|`` joins the names."""
+    for name in names:
+        if str(name).startswith("?") or "|" in str(name):
+            raise ConfigError(f"{where}: label name {name!r} may not start with '?' (it marks an ignored label) "
+                              "or contain '|' (it joins labels); rename it")
+
+
+def _parse_cell_policies(raw: Mapping[str, Any], target: TargetConfig, where: str) -> TargetConfig:
+    """``uncertain:``, ``uncertain_values:`` and ``blank:`` of a multilabel target read from 0/1 columns."""
+    spec = raw.get("uncertain")
+    policies: dict[str, str] = {}
+    if isinstance(spec, str):
+        policies["default"] = spec
+    elif spec is not None:
+        policies = {str(column): str(policy) for column, policy in spec.items()}
+        unknown = sorted(set(policies).difference(target.columns, {"default"}))
+        if unknown:
+            raise ConfigError(f"{where}.uncertain.{unknown[0]}: not one of the target's columns "
+                              f"({', '.join(target.columns)}) or 'default'; fix the name or add the column")
+        if not policies:
+            raise ConfigError(f"{where}.uncertain: empty; give a policy ({', '.join(UNCERTAIN_POLICIES)}) or a "
+                              "mapping column -> policy")
+    for column, policy in policies.items():
+        if policy not in UNCERTAIN_POLICIES:
+            raise ConfigError(f"{where}.uncertain{'' if isinstance(spec, str) else '.' + column}: {policy!r} is "
+                              f"not one of {', '.join(UNCERTAIN_POLICIES)}")
+    values = raw.get("uncertain_values")
+    uncertain_values = None if values is None else tuple(str(v) for v in values)
+    clash = [v for v in (uncertain_values or ()) if v.lower() in TRUE_CELLS + FALSE_CELLS or not v]
+    if clash:
+        raise ConfigError(f"{where}.uncertain_values: {clash[0]!r} already means 0, 1 or blank; list only the "
+                          "cells that mean uncertain (CheXpert: -1.0)")
+    if uncertain_values is not None and not policies:
+        raise ConfigError(f"{where}.uncertain_values: there is no 'uncertain:' policy to apply to them; add "
+                          f"'uncertain: {'|'.join(UNCERTAIN_POLICIES[:3])}'")
+    blank = str(raw.get("blank", "bad"))
+    if blank not in BLANK_POLICIES:
+        raise ConfigError(f"{where}.blank: {blank!r} is not one of {', '.join(BLANK_POLICIES)}")
+    return replace(target, uncertain=tuple(sorted(policies.items())), uncertain_values=uncertain_values, blank=blank)
+
+
+def _attribute_target(keyword: str, attribute_labels: bool, target_kind: str,
+                      value_map: tuple[tuple[str, str | None], ...],
                       where: str) -> TargetConfig:
     from packer.targets import LABEL_ATTRIBUTES
 
@@ -874,6 +996,8 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
                           "others; declare classes up to the same range (ids above 255 make uint16 masks)")
     if labels and first.target.kind in ("none", "numeric"):
         raise ConfigError(f"labels: a {first.target.kind} target has no class names to list; remove 'labels:'")
+    if first.target.kind == "multilabel":
+        _check_label_names(labels, "labels")
 
 
 def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"

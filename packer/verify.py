@@ -451,7 +451,11 @@ def _parquet_samples(folder: VersionFolder, shard: str,
             found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
             return
         rows = handle.metadata.num_rows
-        extra = [n for n in ("target", "mask", "mask_shape", "mask_dtype") if n in handle.schema_arrow.names]
+        extra = [n for n in ("target", "target_mask", "mask", "mask_shape", "mask_dtype")
+                 if n in handle.schema_arrow.names]
+        if "target_mask" in extra and handle.schema_arrow.field("target_mask").type != pa.list_(pa.uint8()):
+            found.add(shard, f"column 'target_mask' is {handle.schema_arrow.field('target_mask').type}, not "
+                             f"list<uint8>; {_REBUILD}")
         for name in [*PARQUET_SCHEMA.names, *extra]:
             if name not in handle.schema_arrow.names:
                 found.add(shard, f"lacks column {name!r}; {_REBUILD}")
@@ -484,10 +488,13 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
         label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)
         cell = sample["row"].get("target")
         vector = np.asarray(cell) if cell is not None else None
+        mask_cell = sample["row"].get("target_mask")  # the column's type is checked once per shard
+        target_mask = np.asarray(mask_cell, dtype=np.uint8) if mask_cell is not None else None
         mask = _parquet_mask(sample["row"], bad)
     else:
         label, source, pixels, digest = _check_tar_sample(sample, split, expect, bad)
         vector = _tar_npy(sample, "target.npy", bad)
+        target_mask = _tar_npy(sample, "target_mask.npy", bad)
         mask = _tar_npy(sample, "mask.npy", bad)
     if pixels is not None:
         _check_array(pixels, source or (row or {}).get("source"), expect, bad)
@@ -496,6 +503,9 @@ def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any
     elif mask is not None:
         bad("carries a mask, but the manifest records no masks")
     problem = expect.target.problem(label, vector)
+    if problem is not None:
+        bad(problem)
+    problem = expect.target.mask_problem(target_mask)
     if problem is not None:
         bad(problem)
     if row is None:
@@ -558,7 +568,8 @@ def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
                       bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
     target = expect.target
     required = ["json", "npy", *(["cls"] if target.has_label else []),
-                *(["target.npy"] if target.has_vector else []), *(["mask.npy"] if expect.mask else [])]
+                *(["target.npy"] if target.has_vector else []), *(["target_mask.npy"] if target.masked else []),
+                *(["mask.npy"] if expect.mask else [])]
     for ext in required:
         if ext not in sample:
             bad(f"lacks its .{ext} member")

@@ -155,12 +155,13 @@ def describe_mixed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence
 
 def _targets(items: Sequence[Item]) -> dict[str, Any]:
     """The batch's targets: ``label`` int64 (B,) for a class dataset, ``target`` float32 (B, L)
-    for a multi-label or numeric one, neither for an unlabeled one (the items say which); and
-    ``record``, a list of the items' records, where they carry them (``records=True``)."""
+    for a multi-label or numeric one, neither for an unlabeled one (the items say which), and
+    ``target_mask`` float32 (B, L) where the target is masked (1: use the entry, 0: skip it);
+    and ``record``, a list of the items' records, where they carry them (``records=True``)."""
     if not items:
         return {"label": torch.zeros(0, dtype=torch.int64)}
     out: dict[str, Any] = {}
-    for name in ("label", "target"):  # a mask is stacked with its image (each collate's own shape rule)
+    for name in ("label", "target", "target_mask"):  # a mask is stacked with its image (each collate's own rule)
         if name in items[0]:
             out[name] = torch.stack([item[name] for item in items])
     if "record" in items[0]:
@@ -171,8 +172,9 @@ def _targets(items: Sequence[Item]) -> dict[str, Any]:
 def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None
                   ) -> dict[str, Any]:
     """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,) (class datasets) or
-    ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``mask`` B×F×H×W
-    (datasets with masks), ``key`` a list of str.
+    ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``target_mask``
+    float32 B×L (masked targets: 1 use the entry, 0 skip it), ``mask`` B×F×H×W (datasets with
+    masks), ``key`` a list of str.
 
     The default collate of :func:`make_loader`. Images of different shapes raise
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per

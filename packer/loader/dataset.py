@@ -310,8 +310,9 @@ class ShardDataset(PlannedDataset):
     Items are dicts: ``image`` (torch tensor C×H×W in the schema dtype, uint8 by default,
     or whatever ``transform(image)`` returns), ``key`` (str) and the dataset's targets
     (:mod:`packer.targets`): ``label`` (int64 scalar tensor) for a class target, ``target``
-    (float32 L: multi-hot, or the numbers) for a multi-label or numeric one, neither when the
-    dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
+    (float32 L: multi-hot, or the numbers) for a multi-label or numeric one, with
+    ``target_mask`` (float32 L, 1: use the entry, 0: a loss skips it) where the target is
+    masked, neither when the dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
     uint8, or int32 for 16-bit ids). ``transform`` touches the image only: augment an image
     and its mask together on the batch (the same flip, crop or affine for both). With
     ``records=True`` each item also holds ``record``: the sample's JSON record as a dict (the
@@ -480,6 +481,8 @@ class ShardDataset(PlannedDataset):
             item["label"] = torch.from_numpy(np.array(decoded.label, dtype=np.int64))
         if decoded.target is not None:  # multi-hot or numbers, float32 as losses take them
             item["target"] = torch.from_numpy(decoded.target.astype(np.float32))
+        if decoded.target_mask is not None:  # 1: use the target entry, 0: skip it; float32 to multiply a loss by
+            item["target_mask"] = torch.from_numpy(decoded.target_mask.astype(np.float32))
         if decoded.mask is not None:  # class ids as stored (uint8, or uint16 viewed as int32): .long() for a loss
             mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
             item["mask"] = torch.from_numpy(mask)

@@ -248,6 +248,7 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
         info = m.info
         for field, mine, theirs in (("dtype", info.dtype, first.dtype), ("layout", info.layout, first.layout),
                                     ("target kind", info.target.kind, first.target.kind),
+                                    ("target mask", info.target.masked, first.target.masked),
                                     ("mask", bool(info.mask), bool(first.mask))):
             if mine != theirs:
                 raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "

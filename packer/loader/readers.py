@@ -339,7 +339,8 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
 @dataclass(frozen=True)
 class SampleCheck:
     """What every decoded sample must satisfy: dtype, CHW shape (or any), the dataset's target
-    (a known class index, a target vector of the right length: :meth:`Target.problem`)."""
+    (a known class index, a target vector of the right length: :meth:`Target.problem`; a
+    target mask where the target is masked: :meth:`Target.mask_problem`)."""
 
     dtype: str
     shape: tuple[int, ...] | None
@@ -352,7 +353,7 @@ class SampleCheck:
     records: bool = False
 
     def problem(self, image: np.ndarray, label: int | None, vector: np.ndarray | None = None,
-                mask: np.ndarray | None = None) -> str | None:
+                mask: np.ndarray | None = None, target_mask: np.ndarray | None = None) -> str | None:
         if image.dtype != np.dtype(self.dtype):
             return f"dtype {image.dtype}, expected {self.dtype}"
         if image.ndim != len(self.layout):
@@ -367,13 +368,13 @@ class SampleCheck:
                 wanted = "×".join(map(str, image.shape[1:])) if image.ndim == 4 else \
                     f"F×{image.shape[1]}×{image.shape[2]}"
                 return f"mask {mask.dtype} {tuple(mask.shape)} is not {self.mask_dtype} {wanted} on the image's grid"
-        return self.target.problem(label, vector)
+        return self.target.problem(label, vector) or self.target.mask_problem(target_mask)
 
     def outcome(self, result: Decoded | SampleDefect) -> Decoded | SampleDefect:
         """``result`` of a shard reader, or a ``bad_sample`` defect when the decoded sample fails this check."""
         if isinstance(result, SampleDefect):
             return result
-        problem = self.problem(result.image, result.label, result.target, result.mask)
+        problem = self.problem(result.image, result.label, result.target, result.mask, result.target_mask)
         return result if problem is None else SampleDefect("bad_sample", problem, result.key)
 
 

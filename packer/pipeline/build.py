@@ -154,7 +154,8 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
 def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite],
                    targets: TargetColumns) -> dict[str, Any]:
     """Per split: samples, entities, the label balance (``class_counts``: samples per class, or
-    per label of a multi-label target) and, for numeric targets, ``target_stats`` per name."""
+    per label of a multi-label target; a masked target adds ``ignored_counts`` and
+    ``negative_counts``) and, for numeric targets, ``target_stats`` per name."""
     entity_codes, _ = samples.codes("entity")
     target = targets.target
     summary: dict[str, Any] = {}
@@ -162,7 +163,8 @@ def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written
         mine = [s for s in shards if s.split == split]
         rows = np.concatenate([s.rows for s in mine]) if mine else np.zeros(0, dtype=np.int64)
         entry: dict[str, Any] = {"samples": int(rows.size), "entities": int(np.unique(entity_codes[rows]).size)}
-        entry.update(target.split_counts(targets.labels[rows], targets.vectors[rows]))
+        entry.update(target.split_counts(targets.labels[rows], targets.vectors[rows],
+                                         None if targets.masks is None else targets.masks[rows]))
         entry["shards"] = [written[s.file].to_entry() for s in mine]
         summary[split] = entry
     return summary
@@ -181,11 +183,13 @@ def _mask_schema(job: JobConfig, sample_layout: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class TargetColumns:
     """Every packed sample's target as arrays (row = sample table row): ``labels`` the class
-    index (-1 without a class target), ``vectors`` the N×L target vectors (N×0 without)."""
+    index (-1 without a class target), ``vectors`` the N×L target vectors (N×0 without),
+    ``masks`` the N×L uint8 target masks of a masked target (None without)."""
 
     target: Target
     labels: np.ndarray
     vectors: np.ndarray
+    masks: np.ndarray | None = None
 
     @classmethod
     def of(cls, samples: SampleTable, target: Target) -> TargetColumns:
@@ -195,7 +199,11 @@ class TargetColumns:
         width = len(target.names) if target.has_vector else 0
         vectors = np.array([v if v is not None else np.zeros(width) for _, v in encoded],
                            dtype=target.vector_dtype).reshape(len(encoded), width)
-        return cls(target=target, labels=labels[codes], vectors=vectors[codes])
+        masks = None
+        if target.masked:
+            masks = np.array([target.encode_mask(text, where=f"label {text!r}") for text in texts],
+                             dtype=np.uint8).reshape(len(texts), width)[codes]
+        return cls(target=target, labels=labels[codes], vectors=vectors[codes], masks=masks)
 
     def index_schema(self) -> pa.Schema:
         return index_schema(has_label=self.target.has_label,

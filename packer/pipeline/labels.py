@@ -4,21 +4,23 @@ A source's ``label:`` setting (:class:`~packer.config.TargetConfig`) says where 
 from; this module turns that one place into the target's text form (:mod:`packer.targets`) or
 into the reason code and message of a bad-sample record:
 
-- ``missing_label``: no value where the target should be (an empty class cell, a file directly
-  under the root of a ``label: folder`` source, a header without the attribute);
+- ``missing_label``: no value where the target should be (an empty class cell, a numeric cell
+  holding one of the source's ``missing:`` tokens, a file directly under the root of a
+  ``label: folder`` source, a header without the attribute);
 - ``unknown_label``: a value the source's ``map`` (or the job's ``labels:`` list) does not name;
 - ``bad_target``: a value the target's kind cannot hold (a multi-label cell that is not 0 or 1,
-  a number that does not parse or is not finite).
+  or is uncertain or blank without a policy for it; a number that does not parse or is not finite).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
-from packer.config import JobConfig, TargetConfig
-from packer.targets import Refused, Target, mapped_name, target_class
+from packer.config import UNCERTAIN_VALUES, JobConfig, TargetConfig
+from packer.targets import CellPolicy, Refused, Target, mapped_name, target_class
 
-__all__ = ["Refused", "dataset_target", "from_attribute", "from_folder", "from_row", "target_columns"]
+__all__ = ["Refused", "cell_policy", "dataset_target", "from_attribute", "from_folder", "from_row", "target_columns"]
 
 
 def target_columns(target: TargetConfig) -> tuple[str, ...]:
@@ -28,7 +30,7 @@ def target_columns(target: TargetConfig) -> tuple[str, ...]:
 
 def _mapped(target: TargetConfig, value: str, where: str, known: tuple[str, ...]) -> str | Refused:
     """A class value through the source's ``map`` and the job's ``labels:`` list."""
-    return mapped_name(value, dict(target.value_map), known, where)
+    return mapped_name(value, target.class_map, known, where)
 
 
 def from_row(target: TargetConfig, record: Mapping[str, str | None], where: str,
@@ -38,7 +40,16 @@ def from_row(target: TargetConfig, record: Mapping[str, str | None], where: str,
     The target's kind reads the cells (:meth:`~packer.targets.Target.text_of_cells`)."""
     cells = {column: (record.get(column) or "").strip() for column in target.columns}
     return target_class(target.kind).text_of_cells(cells, where=where, separator=target.separator,
-                                                   value_map=dict(target.value_map), known=known)
+                                                   value_map=dict(target.value_map), known=known,
+                                                   policy=cell_policy(target))
+
+
+def cell_policy(target: TargetConfig) -> CellPolicy:
+    """How the source's missing, uncertain and blank cells read (its ``label:`` settings)."""
+    uncertain = {column: target.uncertain_policy(column) for column in target.columns} if target.uncertain else None
+    values = target.uncertain_values if target.uncertain_values is not None else UNCERTAIN_VALUES
+    return CellPolicy(missing=frozenset(target.missing), uncertain=uncertain, uncertain_values=frozenset(values),
+                      blank=target.blank)
 
 
 def from_folder(target: TargetConfig, relpath: str, root: str, known: tuple[str, ...] = ()) -> str | Refused:
@@ -69,4 +80,6 @@ def dataset_target(job: JobConfig, texts: Iterable[str | None]) -> Target:
     for source in job.sources:
         if source.target.origin == "table" and source.target.separator is None:
             columns.extend(c for c in source.target.columns if c not in columns)
-    return target_class(job.sources[0].target.kind).from_texts(texts, labels=job.labels, columns=tuple(columns))
+    target = target_class(job.sources[0].target.kind).from_texts(texts, labels=job.labels, columns=tuple(columns))
+    # a target mask only where a source may ignore entries, so every other dataset's shards stay as they were
+    return replace(target, masked=True) if any(source.target.ignores for source in job.sources) else target

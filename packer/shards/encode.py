@@ -19,7 +19,8 @@ class EncodedSample:
     """A sample ready to be written: its target, its JSON record and its pixel bytes.
 
     ``label``/``label_name``: the class index and name (None without a class target);
-    ``target``: the multi-label or numeric vector (None for other kinds)."""
+    ``target``: the multi-label or numeric vector (None for other kinds); ``target_mask``: its
+    uint8 mask, 1 per entry to use and 0 per entry to skip (None unless the target is masked)."""
 
     key: str
     split: str
@@ -37,6 +38,7 @@ class EncodedSample:
     target: np.ndarray | None = None
     #: The segmentation mask's ``.npy`` bytes (as spilled), None without masks
     mask: bytes | None = None
+    target_mask: np.ndarray | None = None
 
     @property
     def pixels_sha256(self) -> str:
@@ -69,6 +71,7 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
     if ref.label is None or ref.entity is None:
         raise ValueError(f"{ref.path}: sample {key} reached packing without label/entity")
     label, vector = target.encode(ref.label, where=f"{ref.path}: sample {key}")
+    target_mask = target.encode_mask(ref.label, where=f"{ref.path}: sample {key}")
     info: dict[str, Any] = {
         "key": key,
         "sample_id": ref.sample_id,
@@ -87,4 +90,5 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
         info["extra"] = dict(ref.extra)
     return EncodedSample(key=key, split=split, label=label, label_name=ref.label if label is not None else None,
                          entity_id=ref.entity, source=ref.source, shape=shape, dtype=dtype, pixels=pixels,
-                         info=info, known_sha256=sha256, target=vector, mask=mask or None)
+                         info=info, known_sha256=sha256, target=vector, mask=mask or None,
+                         target_mask=target_mask)

@@ -2,8 +2,10 @@
 
 A tar shard holds, per sample, the members ``<key>.cls`` (the class index as ASCII digits,
 only in datasets with a class target), ``<key>.json`` (the sample record), ``<key>.npy``
-(``numpy.save`` bytes of the C×H×W pixels) and ``<key>.target.npy`` (the multi-label or
-numeric target vector, only in datasets with one; :mod:`packer.targets`); a Parquet shard
+(``numpy.save`` bytes of the C×H×W pixels), ``<key>.target.npy`` (the multi-label or
+numeric target vector, only in datasets with one; :mod:`packer.targets`) and
+``<key>.target_mask.npy`` (uint8, 1 per target entry to use, 0 per entry a loss skips; only
+in datasets whose target is masked); a Parquet shard
 holds the same record, target and pixels as columns of one row.
 :func:`parse_member_name` is the one rule for member names: the loader, the HTML report
 and ``packer verify --deep`` all refuse what it refuses.
@@ -26,8 +28,10 @@ from numpy.lib import format as npy_format
 
 #: The members packer writes for a sample of a tar shard, in the order it writes them
 #: (``cls`` only with a class target, ``mask.npy`` only with masks, ``target.npy`` only with a
-#: vector target).
-MEMBER_EXTENSIONS = ("cls", "json", "npy", "mask.npy", "target.npy")
+#: vector target, ``target_mask.npy`` only with a masked target).
+MEMBER_EXTENSIONS = ("cls", "json", "npy", "mask.npy", "target.npy", "target_mask.npy")
+#: The members a reader decodes besides the pixels: each a few bytes, read whole.
+SMALL_MEMBERS = ("mask.npy", "target.npy", "target_mask.npy")
 #: What a sample key may hold: it is a member's name prefix, so never a path.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 #: The names :func:`parse_member_name` accepts, as bytes: groups key and extension (for a
@@ -73,6 +77,26 @@ class Decoded:
     target: np.ndarray | None = None
     #: The segmentation mask (F×H×W class ids on the image's grid), None without one
     mask: np.ndarray | None = None
+    #: The target mask (uint8 (L,), 1: use the target entry, 0: skip it), None without one
+    target_mask: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, key: str, image: np.ndarray, small: SmallMembers) -> Decoded:
+        """The sample ``key`` with pixels ``image`` and what its small members hold."""
+        return cls(key=key, label=small.label, image=image, target=small.target, mask=small.mask,
+                   target_mask=small.target_mask)
+
+
+@dataclass(frozen=True)
+class SmallMembers:
+    """What a sample's members other than its pixels hold (each None where absent): its class
+    index (``.cls``), target vector (``.target.npy``), mask (``.mask.npy``) and target mask
+    (``.target_mask.npy``)."""
+
+    label: int | None = None
+    target: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    target_mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -188,14 +212,15 @@ def decode_label(key: str, data: bytes) -> int | SampleDefect:
         return SampleDefect("bad_label", f"{key}.cls holds {data[:20]!r}, not an integer", key)
 
 
-def decode_target(key: str, data: bytes) -> np.ndarray | SampleDefect:
-    """The target vector in a ``.target.npy`` member, or why it is not one (a 1-D numeric array)."""
+def decode_target(key: str, data: bytes, ext: str = "target.npy") -> np.ndarray | SampleDefect:
+    """The target vector in a ``.target.npy`` member (or target mask in a ``.target_mask.npy``
+    one, ``ext``), or why it is not one (a 1-D numeric array)."""
     try:
         vector = load_npy(data)
     except (ValueError, OSError, EOFError) as err:
-        return SampleDefect("undecodable", f"{key}.target.npy: {err}", key)
+        return SampleDefect("undecodable", f"{key}.{ext}: {err}", key)
     if not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.dtype.kind not in "uif":
-        return SampleDefect("undecodable", f"{key}.target.npy holds no 1-D numeric array", key)
+        return SampleDefect("undecodable", f"{key}.{ext} holds no 1-D numeric array", key)
     return vector
 
 
@@ -210,10 +235,9 @@ def decode_mask_member(key: str, data: bytes) -> np.ndarray | SampleDefect:
     return mask
 
 
-def decode_small_members(key: str, members: Mapping[str, bytes]
-                         ) -> tuple[int | None, np.ndarray | None, np.ndarray | None] | SampleDefect:
-    """(label, target, mask) from a sample's ``cls``, ``target.npy`` and ``mask.npy`` member bytes
-    (each None where absent), or the first defect among them."""
+def decode_small_members(key: str, members: Mapping[str, bytes]) -> SmallMembers | SampleDefect:
+    """What a sample's ``cls``, ``target.npy``, ``mask.npy`` and ``target_mask.npy`` member
+    bytes hold (each None where absent), or the first defect among them."""
     label = decode_label(key, members["cls"]) if "cls" in members else None
     if isinstance(label, SampleDefect):
         return label
@@ -223,23 +247,26 @@ def decode_small_members(key: str, members: Mapping[str, bytes]
     mask = decode_mask_member(key, members["mask.npy"]) if "mask.npy" in members else None
     if isinstance(mask, SampleDefect):
         return mask
-    return label, target, mask
+    target_mask = (decode_target(key, members["target_mask.npy"], "target_mask.npy")
+                   if "target_mask.npy" in members else None)
+    if isinstance(target_mask, SampleDefect):
+        return target_mask
+    return SmallMembers(label=label, target=target, mask=mask, target_mask=target_mask)
 
 
 def decode_members(key: str, members: Mapping[str, bytes]) -> Decoded | SampleDefect:
-    """The sample ``key`` from its member bytes by extension (``cls``, ``npy``, ``mask.npy`` and
-    ``target.npy`` are read; ``json`` is the caller's to parse if it wants the record). Only
-    ``npy`` must be there."""
+    """The sample ``key`` from its member bytes by extension (``cls``, ``npy``, ``mask.npy``,
+    ``target.npy`` and ``target_mask.npy`` are read; ``json`` is the caller's to parse if it
+    wants the record). Only ``npy`` must be there."""
     if "npy" not in members:
         return SampleDefect("missing_member", f"no {key}.npy member", key)
-    decoded = decode_small_members(key, members)
-    if isinstance(decoded, SampleDefect):
-        return decoded
-    label, target, mask = decoded
+    small = decode_small_members(key, members)
+    if isinstance(small, SampleDefect):
+        return small
     try:
         image = load_npy(members["npy"])
     except (ValueError, OSError, EOFError) as err:
         return SampleDefect("undecodable", f"{key}.npy: {err}", key)
     if not isinstance(image, np.ndarray):
         return SampleDefect("undecodable", f"{key}.npy holds no array", key)
-    return Decoded(key=key, label=label, image=image, target=target, mask=mask)
+    return Decoded.of(key, image, small)

@@ -3,7 +3,8 @@
 Columns (documented in the README): key, label,
 label_name (null without a class target), entity_id, split, source, shape, dtype, image (raw
 C-order bytes, uncompressed so readers can map them straight into tensors), sha256 (of
-``image``), metadata (JSON), and target (multi-label or numeric datasets only, see
+``image``), metadata (JSON), target (multi-label or numeric datasets only) and target_mask
+(masked targets only), see
 :func:`shard_schema`).
 Writer options are fixed here so the bytes depend only on the data and pyarrow's version.
 
@@ -46,18 +47,22 @@ SCHEMA = pa.schema([
 _SMALL_COLUMNS = ["key", "label", "label_name", "entity_id", "split", "source", "dtype", "sha256"]
 
 
-def shard_schema(*, has_label: bool, target: np.dtype | None, mask: bool = False) -> pa.Schema:
+def shard_schema(*, has_label: bool, target: np.dtype | None, mask: bool = False,
+                 target_mask: bool = False) -> pa.Schema:
     """The columns of a shard: :data:`SCHEMA` for a class dataset without masks (its bytes as
     ever); without a class target ``label``/``label_name`` are null; a multi-label or numeric
     dataset adds ``target``, a list of uint8 (multi-hot) or float32 (numbers), as ``.target.npy``
-    holds it; a dataset with masks adds ``mask`` (raw C-order bytes, uncompressed like ``image``),
-    ``mask_shape`` and ``mask_dtype``."""
+    holds it, and a masked target ``target_mask`` (list<uint8>, 1: use the entry, 0: skip it),
+    as ``.target_mask.npy`` holds it; a dataset with masks adds ``mask`` (raw C-order bytes,
+    uncompressed like ``image``), ``mask_shape`` and ``mask_dtype``."""
     if has_label and target is None and not mask:
         return SCHEMA
     fields = [pa.field(f.name, f.type, nullable=not has_label) if f.name in ("label", "label_name") else f
               for f in SCHEMA]
     if target is not None:
         fields.append(pa.field("target", pa.list_(pa.from_numpy_dtype(target)), nullable=False))
+    if target_mask:
+        fields.append(pa.field("target_mask", pa.list_(pa.uint8()), nullable=False))
     if mask:
         fields += [pa.field("mask", pa.binary(), nullable=False),
                    pa.field("mask_shape", pa.list_(pa.int32()), nullable=False),
@@ -78,20 +83,21 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
     """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
     sample, its row number and the size and sha256 of its ``image`` cell. The samples of a
     dataset share one target kind, so the first one decides the schema (:func:`shard_schema`)."""
-    columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target", "mask", "mask_shape", "mask_dtype"]}
+    columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target", "target_mask", "mask", "mask_shape",
+                                                       "mask_dtype"]}
     written = WrittenSamples()
     schema = SCHEMA
     for position, sample in enumerate(samples):
         if position == 0:
             schema = shard_schema(has_label=sample.label is not None,
                                   target=sample.target.dtype if sample.target is not None else None,
-                                  mask=sample.mask is not None)
+                                  mask=sample.mask is not None, target_mask=sample.target_mask is not None)
         digest = sample.pixels_sha256
         for name, value in (("key", sample.key), ("label", sample.label), ("label_name", sample.label_name),
                             ("entity_id", sample.entity_id), ("split", sample.split), ("source", sample.source),
                             ("shape", list(sample.shape)), ("dtype", sample.dtype), ("image", sample.pixels),
                             ("sha256", digest), ("metadata", canonical_json(sample.info).decode()),
-                            ("target", sample.target)):
+                            ("target", sample.target), ("target_mask", sample.target_mask)):
             columns[name].append(value)
         if sample.mask is not None:
             data, shape, dtype = _mask_cells(sample.mask)
@@ -104,8 +110,8 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
         pq.write_table(
             table, fh,
             row_group_size=max(1, table.num_rows),
-            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target", "mask_shape",
-                                                                  "mask_dtype"] else "none")
+            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target", "target_mask",
+                                                                  "mask_shape", "mask_dtype"] else "none")
                          for name in schema.names},
             use_dictionary=_SMALL_COLUMNS,
             write_statistics=_SMALL_COLUMNS,
@@ -146,7 +152,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         parquet = pq.ParquetFile(source)
         count = parquet.metadata.num_rows
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
-        columns += [name for name in ("target", "mask", "mask_shape", "mask_dtype")
+        columns += [name for name in ("target", "target_mask", "mask", "mask_shape", "mask_dtype")
                     if name in parquet.schema_arrow.names]
     except (OSError, pa.ArrowException) as err:
         yield from _fail(rows, "bad_shard", f"not a readable Parquet file ({err})")
@@ -167,6 +173,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
                 metadata = batch.column("metadata") if records else None
                 targets = batch.column("target") if "target" in columns else None
+                target_masks = batch.column("target_mask") if "target_mask" in columns else None
                 masks = [batch.column(n) for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in columns else None
                 images = batch.column("image")
                 buffers = images.buffers()
@@ -185,7 +192,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                         yield row, Decoded(key=key, label=None if label is None else int(label),
                                            image=image_view(buffers[2], start, stop, dtype, shape),
                                            record=metadata[r].as_py() if metadata is not None else None,
-                                           target=_target_cell(targets, r), mask=_mask_cell(masks, r))
+                                           target=_target_cell(targets, r), mask=_mask_cell(masks, r),
+                                           target_mask=_target_cell(target_masks, r))
                     i += 1
             row0 = end_row
             if i >= len(want):
@@ -197,7 +205,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
 
 
 def _target_cell(targets: pa.Array | None, r: int) -> np.ndarray | None:
-    """Row ``r`` of a ``target`` column as a 1-D array in the column's value type (None: no column or null)."""
+    """Row ``r`` of a ``target`` (or ``target_mask``) column as a 1-D array in the column's
+    value type (None: no column or null)."""
     if targets is None or not targets[r].is_valid:
         return None
     return np.asarray(targets[r].values.to_numpy(zero_copy_only=False))

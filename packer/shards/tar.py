@@ -43,8 +43,10 @@ from packer.shards.encode import EncodedSample, pixels_digest
 from packer.shards.members import (
     MEMBER_NAME,
     NPY_HEAD,
+    SMALL_MEMBERS,
     Decoded,
     SampleDefect,
+    SmallMembers,
     decode_members,
     decode_small_members,
     irregular_member,
@@ -118,7 +120,8 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
     ``.cls`` (the class index; only with a class target), ``.json`` (the sample record), ``.npy``
     (the ``numpy.save`` bytes of the pixels: header, then the raw C-order buffer) and
     ``.mask.npy`` (the segmentation mask, ``numpy.save`` bytes; only with masks) and
-    ``.target.npy`` (the multi-label or numeric target vector; only with one)."""
+    ``.target.npy`` (the multi-label or numeric target vector; only with one) and
+    ``.target_mask.npy`` (its uint8 mask; only with a masked target)."""
     header = npy_header(tuple(sample.shape), sample.dtype)
     members: list[tuple[str, Sequence[bytes | memoryview]]] = []
     if sample.label is not None:
@@ -131,6 +134,8 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
         members.append((f"{sample.key}.mask.npy", (sample.mask,)))
     if sample.target is not None:
         members.append((f"{sample.key}.target.npy", (npy_bytes(sample.target),)))
+    if sample.target_mask is not None:
+        members.append((f"{sample.key}.target_mask.npy", (npy_bytes(sample.target_mask),)))
     return members
 
 
@@ -396,7 +401,7 @@ def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = 
     """
     if mapped is not None or _PREAD:
         return _pread_sample(fh.fileno(), sample, mapped)
-    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", "mask.npy", "target.npy")
+    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", *SMALL_MEMBERS)
                                           if ext in sample.members] or ["npy"])
     return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
 
@@ -421,8 +426,9 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -
     the pixels are then read by ``preadv`` straight into the ``np.empty`` array that becomes
     the image, byte-swapped in place if the file's byte order is not the machine's. With a map
     the same bytes are sliced from it and the image is a view of the map (a copy only to swap
-    bytes). A ``.target.npy`` member (a few bytes) is read whole. Any other pixel npy form is
-    read whole and goes through ``decode_members``, with the same messages.
+    bytes). The ``.mask.npy``, ``.target.npy`` and ``.target_mask.npy`` members are read whole.
+    Any other pixel npy form is read whole and goes through ``decode_members``, with the same
+    messages.
     """
     key, members = sample.key, sample.members
     if "npy" not in members:
@@ -443,8 +449,8 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -
         head = _bytes_at(fd, mapped, head_size, npy_at)
     if len(head) != head_size:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
-    extras: dict[str, bytes] = {}  # the small members: a mask, a target vector, read whole
-    for ext in ("mask.npy", "target.npy"):
+    extras: dict[str, bytes] = {}  # the small members: a mask, a target vector and its mask, read whole
+    for ext in SMALL_MEMBERS:
         if ext in members:
             member = _pread_member(fd, key, ext, *members[ext], mapped=mapped)
             if isinstance(member, SampleDefect):
@@ -459,23 +465,22 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -
     small = decode_small_members(key, {**({"cls": cls} if cls is not None else {}), **extras})
     if isinstance(small, SampleDefect):
         return small
-    label, target, mask = small
     dtype, shape, start = layout
     problem = npy_size_problem(npy_size - start, dtype, shape)
     if problem is not None:
         return SampleDefect("undecodable", f"{key}.npy: {problem}", key)
     if mapped is not None:
-        return _mapped_image(mapped, key, label, target, mask, dtype, shape, npy_at + start)
+        return _mapped_image(mapped, key, small, dtype, shape, npy_at + start)
     image = np.empty(shape, dtype)
     if _read_into(fd, image, npy_at + start) != image.nbytes:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
     if not dtype.isnative:
         image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
-    return Decoded(key=key, label=label, image=image, target=target, mask=mask)
+    return Decoded.of(key, image, small)
 
 
-def _mapped_image(mapped: mmap.mmap, key: str, label: int | None, target: np.ndarray | None,
-                  mask: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...], at: int) -> Decoded | SampleDefect:
+def _mapped_image(mapped: mmap.mmap, key: str, small: SmallMembers, dtype: np.dtype, shape: tuple[int, ...],
+                  at: int) -> Decoded | SampleDefect:
     """The image of a sample whose pixels start at ``at`` of the map: a writable view of the
     private map (a byte-swapped copy where the file's byte order is not the machine's)."""
     count = math.prod(shape)
@@ -487,7 +492,7 @@ def _mapped_image(mapped: mmap.mmap, key: str, label: int | None, target: np.nda
         image = np.frombuffer(mapped, dtype=dtype, count=count, offset=at).reshape(shape)
     if not dtype.isnative:
         image = image.byteswap().view(dtype.newbyteorder("="))
-    return Decoded(key=key, label=label, image=image, target=target, mask=mask)
+    return Decoded.of(key, image, small)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:

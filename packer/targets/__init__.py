@@ -35,8 +35,11 @@ it); the kind's row in the README's target section; and, for the job file, its p
 """
 
 from packer.targets.base import (
+    IGNORED,
     LABEL_ATTRIBUTES,
+    NO_POLICY,
     SEPARATOR,
+    CellPolicy,
     Refused,
     SampleGroups,
     SheetWords,
@@ -61,8 +64,8 @@ from packer.targets.unlabeled import NoTarget
 KINDS = target_kinds()
 
 __all__ = [
-    "KINDS", "LABEL_ATTRIBUTES", "SEPARATOR", "ClassTarget", "MultiLabelTarget", "NoTarget", "NumericTarget",
-    "Refused", "SampleGroups", "SheetWords", "Target", "TargetFact", "TargetMismatch", "TargetRenderer",
-    "TargetValues", "mapped_name", "names_text", "number_text", "register_target_kind", "target_class",
-    "target_kinds",
+    "IGNORED", "KINDS", "LABEL_ATTRIBUTES", "NO_POLICY", "SEPARATOR", "CellPolicy", "ClassTarget", "MultiLabelTarget",
+    "NoTarget", "NumericTarget", "Refused", "SampleGroups", "SheetWords", "Target", "TargetFact", "TargetMismatch",
+    "TargetRenderer", "TargetValues", "mapped_name", "names_text", "number_text", "register_target_kind",
+    "target_class", "target_kinds",
 ]

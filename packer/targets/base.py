@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # the kinds import this module; the renderer protocol only na
 
 #: How the names of a multi-label target are joined in its text form.
 SEPARATOR = "|"
+#: What marks an ignored label in a multi-label target's text form (``Edema|?Cardiomegaly``):
+#: the sample neither holds nor lacks it, and its ``target_mask`` entry is 0.
+IGNORED = "?"
 
 #: DICOM attributes a class label may be read from: descriptive, never identifying (PS3.15
 #: Annex E's profile keeps or cleans them; none is a direct identifier). Free-text ones
@@ -77,6 +80,29 @@ def names_text(names: Iterable[str]) -> str:
 
 
 @dataclass(frozen=True)
+class CellPolicy:
+    """How a source's table cells that are neither a value nor its negation read (the source's
+    ``label:`` settings, :class:`packer.config.TargetConfig`): ``missing``, numeric cells that
+    mean no value (``missing_label``); ``uncertain``, per multi-label 0/1 column, what an
+    uncertain cell (one of ``uncertain_values``) becomes (``ones``, ``zeros``, ``ignore``,
+    ``bad``); ``blank``, what an empty 0/1 cell becomes (``bad``, ``zeros``, ``ignore``). The
+    default reads every such cell as a bad target."""
+
+    missing: frozenset[str] = frozenset()
+    uncertain: Mapping[str, str] | None = None
+    uncertain_values: frozenset[str] = frozenset()
+    blank: str = "bad"
+
+    def uncertain_policy(self, column: str) -> str:
+        """The policy of ``column``'s uncertain cells (``bad`` where none is set)."""
+        return (self.uncertain or {}).get(column, "bad")
+
+
+#: Every missing, uncertain or blank cell is a bad target.
+NO_POLICY = CellPolicy()
+
+
+@dataclass(frozen=True)
 class Refused:
     """Why a sample has no usable target: a reason code (``missing_label``, ``unknown_label``,
     ``bad_target``) and a message naming the value and the fix."""
@@ -85,13 +111,13 @@ class Refused:
     message: str
 
 
-def mapped_name(value: str, value_map: Mapping[str, str], known: Sequence[str], where: str) -> str | Refused:
+def mapped_name(value: str, value_map: Mapping[str, str | None], known: Sequence[str], where: str) -> str | Refused:
     """A class name read from a table cell, a folder or a header attribute, through the source's
     ``map`` (raw value → class name; empty: none) and the job's ``labels:`` list (``known``;
     empty: any name). ``unknown_label`` names ``where`` and what is allowed."""
     if value_map:
         mapped = value_map.get(value)
-        if mapped is None:
+        if mapped is None:  # not in the map (config parsing refuses a null class name)
             return Refused("unknown_label", f"{where}: {value!r} is not in the source's label map "
                                             f"({', '.join(value_map)}); add it to 'map:'")
         value = mapped
@@ -202,6 +228,10 @@ class Target:
 
     kind: str
     names: tuple[str, ...] = ()
+    #: each sample also carries a target mask, 1 per target entry to use and 0 per entry a
+    #: loss must skip (``.target_mask.npy``, column ``target_mask``, batch ``target_mask``);
+    #: only kinds with :attr:`maskable` targets, and only where a source may ignore entries
+    masked: bool = False
 
     #: the name this class is registered under
     KIND: ClassVar[str] = ""
@@ -217,15 +247,19 @@ class Target:
     caption_field: ClassVar[str | None] = None
     #: the ``_index.parquet`` column a ``labels=`` view filters on (None: the kind has no labels)
     view_column: ClassVar[str | None] = None
+    #: a target of this kind may carry a target mask (:attr:`masked`)
+    maskable: ClassVar[bool] = False
 
-    def __new__(cls, kind: str, names: tuple[str, ...] = ()) -> Target:
+    def __new__(cls, kind: str, names: tuple[str, ...] = (), masked: bool = False) -> Target:
         chosen = target_class(kind)
         if not issubclass(chosen, cls):
             raise ValueError(f"{cls.__name__} holds {cls.KIND} targets, not {kind!r}; use Target({kind!r}, names)")
+        if masked and not chosen.maskable:
+            raise ValueError(f"a {kind} target has no entries to mask; only multilabel targets carry a target mask")
         return object.__new__(chosen)
 
-    def __reduce__(self) -> tuple[Any, tuple[str, tuple[str, ...]]]:
-        return Target, (self.kind, self.names)
+    def __reduce__(self) -> tuple[Any, tuple[str, tuple[str, ...], bool]]:
+        return Target, (self.kind, self.names, self.masked)
 
     # -- what a target is ------------------------------------------------------------------------
 
@@ -235,12 +269,14 @@ class Target:
         return {}
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "names": list(self.names)}
+        """``kind`` and ``names``, and ``target_mask: true`` only for a masked target (so every
+        other dataset's manifest reads as before)."""
+        return {"kind": self.kind, "names": list(self.names), **({"target_mask": True} if self.masked else {})}
 
     @classmethod
     def of_json(cls, record: Mapping[str, Any]) -> Target:
         """The target a ``to_json`` record names. ValueError for a kind not registered."""
-        return Target(str(record["kind"]), tuple(record.get("names", ())))
+        return Target(str(record["kind"]), tuple(record.get("names", ())), bool(record.get("target_mask", False)))
 
     @classmethod
     def of_manifest(cls, manifest: Mapping[str, Any]) -> Target:
@@ -262,11 +298,12 @@ class Target:
     @classmethod
     @per_kind
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
-                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
+                      value_map: Mapping[str, str | None], known: Sequence[str],
+                      policy: CellPolicy = NO_POLICY) -> str | Refused:
         """The target text of one table row, from the stripped ``cells`` (column → text) of the
         source's target columns, or why there is none. ``where`` names the table and row;
         ``separator`` splits a multi-label cell; ``value_map`` and ``known`` as for
-        :func:`mapped_name`."""
+        :func:`mapped_name`; ``policy``: how missing, uncertain and blank cells read."""
         raise NotImplementedError
 
     @classmethod
@@ -287,6 +324,11 @@ class Target:
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
         """:meth:`encode` of a sample that has a target text."""
         raise NotImplementedError
+
+    def encode_mask(self, text: str | None, where: str = "") -> np.ndarray | None:
+        """The target mask (uint8, one entry per name: 1 use, 0 skip) of a sample whose target
+        text is ``text``; None unless the target is :attr:`masked`."""
+        return None
 
     @per_kind
     def record_fields(self, text: str, label: int | None, vector: np.ndarray | None) -> dict[str, Any]:
@@ -328,6 +370,19 @@ class Target:
         """What is wrong with a target vector of the right shape, or None (any value is fine)."""
         return None
 
+    def mask_problem(self, mask: np.ndarray | None) -> str | None:
+        """Why a read sample's target mask does not fit this dataset's target, or None: a masked
+        target needs a uint8 0/1 vector of one entry per name; any other needs none."""
+        if not self.masked:
+            return None if mask is None else "a target mask, but this dataset's manifest records none"
+        if mask is None:
+            return "no target mask (.target_mask.npy member or target_mask cell) for a dataset with target masks"
+        if mask.shape != (len(self.names),):
+            return f"target mask has shape {tuple(mask.shape)}, the manifest's target has {len(self.names)} entries"
+        if mask.dtype != np.uint8 or not np.isin(mask, (0, 1)).all():
+            return f"target mask must be uint8 0/1, got {mask.dtype} {sorted(set(mask.tolist()))}"
+        return None
+
     # -- a dataset's target and its statistics -----------------------------------------------------
 
     @classmethod
@@ -340,10 +395,12 @@ class Target:
         raise NotImplementedError
 
     @per_kind
-    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
+                     ) -> dict[str, Any]:
         """A manifest split entry's target statistics over its samples' class indices
-        (``labels``, int64) and target vectors (``vectors``, N×L): ``class_counts`` and, for
-        some kinds, more (numeric targets' ``target_stats``)."""
+        (``labels``, int64), target vectors (``vectors``, N×L) and, for a masked target, target
+        masks (``masks``, N×L uint8): ``class_counts`` and, for some kinds, more (numeric
+        targets' ``target_stats``, masked targets' ``ignored_counts``)."""
         raise NotImplementedError
 
     def split_problem(self, entry: Mapping[str, Any]) -> str | None:

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packer.targets.base import (
+    NO_POLICY,
+    CellPolicy,
     Refused,
     SampleGroups,
     SheetWords,
@@ -58,7 +60,8 @@ class ClassTarget(Target):
 
     @classmethod
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
-                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
+                      value_map: Mapping[str, str | None], known: Sequence[str],
+                      policy: CellPolicy = NO_POLICY) -> str | Refused:
         (column,) = cells
         if not cells[column]:
             return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class")
@@ -84,7 +87,8 @@ class ClassTarget(Target):
         """The job's ``labels:`` in their order, else the class names seen, sorted."""
         return Target(cls.KIND, labels or tuple(sorted({text or "" for text in texts})))
 
-    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
+                     ) -> dict[str, Any]:
         counts = np.bincount(labels, minlength=len(self.names))
         return {"class_counts": dict(sorted((self.names[i], int(n)) for i, n in enumerate(counts.tolist()) if n))}
 

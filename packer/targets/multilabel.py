@@ -8,13 +8,17 @@ label and the report draws each label's share of the split's samples.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from packer.targets.base import (
+    IGNORED,
+    NO_POLICY,
     SEPARATOR,
+    CellPolicy,
     Refused,
     SampleGroups,
     SheetWords,
@@ -42,6 +46,26 @@ def _held(values: TargetValues | None) -> set[str]:
     return {name for name, value in values or () if value}
 
 
+def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[str, str | None],
+                     known: Sequence[str]) -> str | Refused:
+    """The target text of a multi-label column of names joined by ``separator``: each token
+    through ``value_map`` (a name; None drops it; absent: the token itself), then checked
+    against the job's labels (``known``) and the text form's reserved characters."""
+    names = []
+    for token in filter(None, (token.strip() for token in cell.split(separator))):
+        name = value_map[token] if token in value_map else token
+        if name is None:
+            continue
+        if known and name not in known:
+            return Refused("unknown_label", f"{where}: {name!r} is not in the job's labels ({', '.join(known)}); "
+                                            "fix the value, add the label, or map the token ('map:')")
+        if SEPARATOR in name or name.startswith(IGNORED):
+            return Refused("bad_target", f"{where}: label name {name!r} may not contain {SEPARATOR!r} or start with "
+                                         f"{IGNORED!r}; map the token to another name ('map:')")
+        names.append(name)
+    return names_text(names)
+
+
 @register_target_kind
 class MultiLabelTarget(Target):
     """Any number of labels per sample; ``names`` are the multi-hot positions."""
@@ -52,6 +76,7 @@ class MultiLabelTarget(Target):
     inspect_heading: ClassVar[str] = "labels: samples holding each"
     caption_field: ClassVar[str | None] = "labels"
     view_column: ClassVar[str | None] = "target"
+    maskable: ClassVar[bool] = True
 
     @property
     def label_map(self) -> dict[str, int]:
@@ -64,48 +89,85 @@ class MultiLabelTarget(Target):
 
     @classmethod
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
-                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
-        """One column of names split at ``separator``, or 0/1 columns named by their labels."""
+                      value_map: Mapping[str, str | None], known: Sequence[str],
+                      policy: CellPolicy = NO_POLICY) -> str | Refused:
+        """One column of names split at ``separator`` (each token through ``value_map``: a label
+        name, or None to drop it; a token the map lacks stays as it is), or 0/1 columns named by
+        their labels, whose uncertain and blank cells read as ``policy`` says: a positive, a
+        negative, an ignored label (``?name``) or ``bad_target``."""
         if separator is not None:
             (column,) = cells
-            names = [name.strip() for name in cells[column].split(separator)]
-            names = [name for name in names if name]
-            unknown = [name for name in names if known and name not in known]
-            if unknown:
-                return Refused("unknown_label", f"{where}, column {column!r}: {unknown[0]!r} is not in the job's "
-                                                f"labels ({', '.join(known)}); fix the value or add the label")
-            if any(SEPARATOR in name for name in names):
-                return Refused("bad_target", f"{where}, column {column!r}: a label name may not contain "
-                                             f"{SEPARATOR!r}")
-            return names_text(names)
+            return _names_of_column(cells[column], f"{where}, column {column!r}", separator, value_map, known)
         positive = []
         for column, cell in cells.items():
-            if cell.lower() in _TRUE:
-                positive.append(column)
-            elif cell.lower() not in _FALSE:
+            value = cell.lower()
+            if value in _TRUE:
+                read = "ones"
+            elif value in _FALSE:
+                read = "zeros"
+            elif not cell:
+                read = policy.blank
+                if read == "bad":
+                    return Refused("bad_target", f"{where}, column {column!r}: empty; a multi-label column holds 0 "
+                                                 "or 1 for every sample (or set 'blank: zeros' or 'blank: ignore')")
+            elif cell in policy.uncertain_values:
+                read = policy.uncertain_policy(column)
+                if read == "bad":
+                    return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is uncertain and the source "
+                                                 "has no uncertain policy for this column; set 'uncertain: ones', "
+                                                 "'zeros' or 'ignore' (for all columns or this one)")
+            else:
                 return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is not 0 or 1; a multi-label "
                                              "column holds 0 or 1 for every sample")
+            if read == "ones":
+                positive.append(column)
+            elif read == "ignore":
+                positive.append(IGNORED + column)
         return names_text(positive)
 
     @classmethod
     def held_names(cls, text: str | None) -> list[str]:
         """Each label the text holds (``a|b``), so that every label's quota is tracked; a
-        sample holding none counts under the empty name."""
-        return (text or "").split(SEPARATOR)
+        sample holding none counts under the empty name. An ignored label (``?a``) is not held."""
+        return [name for name in (text or "").split(SEPARATOR) if not name.startswith(IGNORED)] or [""]
 
-    def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
-        vector = np.zeros(len(self.names), dtype=np.uint8)
+    def _positions(self, text: str, where: str) -> tuple[list[int], list[int]]:
+        """The positions of the labels ``text`` holds and of those it ignores (``?name``)."""
+        held: list[int] = []
+        ignored: list[int] = []
         positions = self.label_map
         for name in filter(None, text.split(SEPARATOR)):
-            if name not in positions:
-                raise ValueError(f"{where}: label {name!r} is not one of {list(self.names)}")
-            vector[positions[name]] = 1
+            bare = name.removeprefix(IGNORED)
+            if bare not in positions:
+                raise ValueError(f"{where}: label {bare!r} is not one of {list(self.names)}")
+            (ignored if name.startswith(IGNORED) else held).append(positions[bare])
+        return held, ignored
+
+    def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
+        """The multi-hot uint8 vector: 1 for each label held; 0 for those ignored (the mask says so)."""
+        vector = np.zeros(len(self.names), dtype=np.uint8)
+        held, ignored = self._positions(text, where)
+        if ignored and not self.masked:
+            raise ValueError(f"{where}: ignored labels {text!r} in a dataset without target masks")
+        vector[held] = 1
         return None, vector
+
+    def encode_mask(self, text: str | None, where: str = "") -> np.ndarray | None:
+        """uint8 (L,): 0 at each label the text ignores (``?name``), 1 elsewhere; None unless masked."""
+        if not self.masked:
+            return None
+        if text is None:
+            raise ValueError(f"{where}: the sample has no target")
+        mask = np.ones(len(self.names), dtype=np.uint8)
+        mask[self._positions(text, where)[1]] = 0
+        return mask
 
     def record_fields(self, text: str, label: int | None, vector: np.ndarray | None) -> dict[str, Any]:
         if vector is None:
             return {}
-        return {"labels": [name for name, on in zip(self.names, vector, strict=True) if on]}
+        ignored = [name.removeprefix(IGNORED) for name in text.split(SEPARATOR) if name.startswith(IGNORED)]
+        return {"labels": [name for name, on in zip(self.names, vector, strict=True) if on],
+                **({"ignored_labels": sorted(ignored, key=self.label_map.__getitem__)} if ignored else {})}
 
     def record_vector(self, record: Mapping[str, Any]) -> tuple[float, ...] | None:
         held = set(record.get("labels") or ())
@@ -130,28 +192,56 @@ class MultiLabelTarget(Target):
         the other names seen, sorted."""
         if labels:
             return Target(cls.KIND, labels)
-        seen = {name for text in texts for name in (text or "").split(SEPARATOR)}
+        seen = {name.removeprefix(IGNORED) for text in texts for name in (text or "").split(SEPARATOR)}
         return Target(cls.KIND, (*columns, *sorted(seen.difference(columns, {""}))))
 
-    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
+                     ) -> dict[str, Any]:
+        """``class_counts``: per label the samples holding it; for a masked target also
+        ``ignored_counts`` (samples whose entry is masked out) and ``negative_counts`` (the rest)."""
         hot = vectors.sum(axis=0, dtype=np.int64).tolist()
-        return {"class_counts": dict(sorted((name, int(n)) for name, n in zip(self.names, hot, strict=True)))}
+        counts: dict[str, Any] = {"class_counts": dict(sorted((name, int(n)) for name, n in zip(self.names, hot,
+                                                                                               strict=True)))}
+        if self.masked:
+            ignored = ((masks if masks is not None else np.ones_like(vectors)) == 0).sum(axis=0, dtype=np.int64)
+            counts["ignored_counts"] = dict(sorted(zip(self.names, map(int, ignored), strict=True)))
+            counts["negative_counts"] = dict(sorted((name, len(vectors) - int(n) - int(i))
+                                                    for name, n, i in zip(self.names, hot, ignored, strict=True)))
+        return counts
 
     # -- what people read -----------------------------------------------------------------------------
 
     def brief(self, entry: Mapping[str, Any]) -> str:
-        return counts_text(entry)
+        ignored = {name: n for name, n in entry.get("ignored_counts", {}).items() if n}
+        return counts_text(entry) + (f" (ignored: {', '.join(f'{k} {v}' for k, v in ignored.items())})"
+                                     if ignored else "")
 
     def summarize_split(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Per label the samples holding it and their percent of the split's samples (a sample may
-        hold several labels or none, so the counts do not add up to the samples)."""
-        return {"classes": count_shares(entry["class_counts"], entry["samples"])}
+        hold several labels or none, so the counts do not add up to the samples); for a masked
+        target also ``ignored``, the samples whose entry is masked out, likewise."""
+        out = {"classes": count_shares(entry["class_counts"], entry["samples"])}
+        if "ignored_counts" in entry:
+            out["ignored"] = count_shares(entry["ignored_counts"], entry["samples"])
+        return out
+
+    def summarize_total(self, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """:meth:`summarize_split` of the splits' counts added up."""
+        total: dict[str, Any] = {"samples": sum(e["samples"] for e in entries)}
+        for name in ("class_counts", "ignored_counts"):
+            if name == "class_counts" or any(name in e for e in entries):
+                counts: Counter[str] = Counter()
+                for entry in entries:
+                    counts.update(entry.get(name, {}))
+                total[name] = dict(counts)
+        return self.summarize_split(total)
 
     def inspect_line(self, label_map: Mapping[str, int]) -> str:
         return f"multilabel: {', '.join(self.names) or '-'} (a sample holds any number of them)"
 
     def inspect_cells(self, summary: Mapping[str, Any]) -> str:
-        return shares_text(summary)
+        ignored = {name: share for name, share in summary.get("ignored", {}).items() if share["count"]}
+        return shares_text(summary) + (f"; ignored: {shares_text({'classes': ignored})}" if ignored else "")
 
     def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
         if vector is None:

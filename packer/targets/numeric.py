@@ -15,7 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packer.targets.base import (
+    NO_POLICY,
     SEPARATOR,
+    CellPolicy,
     Refused,
     SampleGroups,
     SheetWords,
@@ -65,10 +67,16 @@ class NumericTarget(Target):
 
     @classmethod
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
-                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
-        """Every cell a finite number (``bad_target`` names the first that is not)."""
+                      value_map: Mapping[str, str | None], known: Sequence[str],
+                      policy: CellPolicy = NO_POLICY) -> str | Refused:
+        """Every cell a finite number (``bad_target`` names the first that is not); a cell equal
+        to one of ``policy.missing`` is ``missing_label`` naming the column and the token."""
         values = []
         for column, cell in cells.items():
+            if cell in policy.missing:
+                return Refused("missing_label", f"{where}, column {column!r}: {cell!r} is one of the source's "
+                                                "missing-value tokens ('missing:'); the sample has no value here: "
+                                                "fill it in, or leave the sample out")
             try:
                 value = float(cell)
             except ValueError:
@@ -107,7 +115,8 @@ class NumericTarget(Target):
         """The columns, as the job lists them (every source lists the same, in the same order)."""
         return Target(cls.KIND, columns)
 
-    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
+                     ) -> dict[str, Any]:
         """No class counts; per name min, mean (6 decimals) and max of the float32 values ({}
         for a split without samples)."""
         stats = {name: ({"min": float(vectors[:, i].min()), "mean": round(float(vectors[:, i].mean()), 6),

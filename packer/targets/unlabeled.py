@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packer.targets.base import (
+    NO_POLICY,
+    CellPolicy,
     Refused,
     SampleGroups,
     SheetWords,
@@ -41,7 +43,8 @@ class NoTarget(Target):
 
     @classmethod
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
-                      value_map: Mapping[str, str], known: Sequence[str]) -> str | Refused:
+                      value_map: Mapping[str, str | None], known: Sequence[str],
+                      policy: CellPolicy = NO_POLICY) -> str | Refused:
         return ""  # the text form of an unlabeled sample, whatever its row holds
 
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
@@ -58,7 +61,8 @@ class NoTarget(Target):
                    columns: tuple[str, ...]) -> Target:
         return Target(cls.KIND)
 
-    def split_counts(self, labels: np.ndarray, vectors: np.ndarray) -> dict[str, Any]:
+    def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
+                     ) -> dict[str, Any]:
         return {"class_counts": {}}
 
     def brief(self, entry: Mapping[str, Any]) -> str:
