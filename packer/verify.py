@@ -453,9 +453,9 @@ def _parquet_samples(folder: VersionFolder, shard: str,
         rows = handle.metadata.num_rows
         extra = [n for n in ("target", "target_mask", "mask", "mask_shape", "mask_dtype")
                  if n in handle.schema_arrow.names]
-        if "target_mask" in extra and handle.schema_arrow.field("target_mask").type != pa.list_(pa.uint8()):
-            found.add(shard, f"column 'target_mask' is {handle.schema_arrow.field('target_mask').type}, not "
-                             f"list<uint8>; {_REBUILD}")
+        mask_type = handle.schema_arrow.field("target_mask").type if "target_mask" in extra else None
+        if mask_type is not None and not (pa.types.is_list(mask_type) and mask_type.value_type == pa.uint8()):
+            found.add(shard, f"column 'target_mask' is {mask_type}, not list<uint8>; {_REBUILD}")
         for name in [*PARQUET_SCHEMA.names, *extra]:
             if name not in handle.schema_arrow.names:
                 found.add(shard, f"lacks column {name!r}; {_REBUILD}")

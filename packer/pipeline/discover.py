@@ -205,7 +205,7 @@ def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: st
                                       f"(first on row {rows[rel].row}); keep one row per file")
                 raw_time = (record.get(time_column) or "").strip() if time_column else None
                 label = from_row(target, record, f"{path} row {number}", known) if target_columns(target) else ""
-                refused = label if isinstance(label, Refused) and label.reason != "missing_label" else None
+                refused = label if isinstance(label, Refused) and not label.empty else None
                 rows[rel] = TableRow(
                     row=number,
                     label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe

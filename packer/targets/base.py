@@ -105,10 +105,13 @@ NO_POLICY = CellPolicy()
 @dataclass(frozen=True)
 class Refused:
     """Why a sample has no usable target: a reason code (``missing_label``, ``unknown_label``,
-    ``bad_target``) and a message naming the value and the fix."""
+    ``bad_target``) and a message naming the value and the fix. ``empty``: the target's cell is
+    empty, which discovery leaves to the probe's own ``missing_label`` check (made after the
+    file's other identity checks); any other refusal is the sample's bad-sample record as it is."""
 
     reason: str
     message: str
+    empty: bool = False
 
 
 def mapped_name(value: str, value_map: Mapping[str, str | None], known: Sequence[str], where: str) -> str | Refused:

@@ -64,7 +64,7 @@ class ClassTarget(Target):
                       policy: CellPolicy = NO_POLICY) -> str | Refused:
         (column,) = cells
         if not cells[column]:
-            return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class")
+            return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class", empty=True)
         return mapped_name(cells[column], value_map, known, f"{where}, column {column!r}")
 
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
