@@ -23,7 +23,9 @@ across the datasets. The checkpoint records the mix, and ``--resume`` with anoth
 
 What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses it:
 - class: a class per image, cross-entropy on ``batch["label"]``.
-- multilabel: one logit per label, binary cross-entropy on the multi-hot ``batch["target"]``.
+- multilabel: one logit per label, binary cross-entropy on the multi-hot ``batch["target"]``;
+  with ``batch["target_mask"]`` (a source's ``uncertain: ignore`` or ``blank: ignore``) the
+  entries it zeroes are left out of the mean: ``(bce * mask).sum() / mask.sum().clamp(min=1)``.
 - numeric: one output per number, MSE on ``batch["target"]`` standardised by the train split's
   ``target_stats``: ``(value - mean) / (max - min)`` per name (min/mean/max is what the
   manifest records; the range stands in for a standard deviation it does not record).
@@ -151,6 +153,18 @@ class Objective:
     loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
 
 
+def masked_bce(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """Binary cross-entropy of one logit per label against the multi-hot ``batch["target"]``;
+    where the batch has a ``target_mask`` (an ignore policy: uncertain or blank cells), the mean
+    over the entries it keeps (1), so an ignored label neither rewards nor punishes the model."""
+    logits = model(batch["image"])
+    if "target_mask" not in batch:
+        return F.binary_cross_entropy_with_logits(logits, batch["target"])
+    bce = F.binary_cross_entropy_with_logits(logits, batch["target"], reduction="none")
+    mask = batch["target_mask"]
+    return (bce * mask).sum() / mask.sum().clamp(min=1)
+
+
 def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: torch.device) -> Objective:
     """Head and loss for the dataset's masks, else for its target kind (see the module docstring);
     a 3-D network for volumes (``layout: CDHW``)."""
@@ -177,9 +191,8 @@ def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: 
                          lambda model, batch: F.cross_entropy(model(batch["image"]), batch["label"]))
     outputs = len(target.names)
     if target.kind == "multilabel":
-        return Objective(f"multilabel: {outputs} labels", build_model(channels, outputs, dims),
-                         lambda model, batch: F.binary_cross_entropy_with_logits(model(batch["image"]),
-                                                                                 batch["target"]))
+        return Objective(f"multilabel: {outputs} labels{' (masked)' if target.masked else ''}",
+                         build_model(channels, outputs, dims), masked_bce)
     if target.kind == "numeric":
         # standardised by the train split's stats: the manifest records min/mean/max per name
         stats = read_manifest(dataset.info.manifest, check_hash=False).splits["train"]["target_stats"]

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from tests.helpers import REPO
 from tests.test_masks import _ct_set, _photo_set, _photo_source
@@ -41,6 +42,14 @@ def _multilabel(tmp: Path) -> Path:
                        "label": {"kind": "multilabel", "column": "findings"}}], labels=["effusion", "mass", "nodule"])
 
 
+def _masked_multilabel(tmp: Path) -> Path:
+    raw = _photo_table(tmp, _rows({"effusion": ["1.0", "-1.0", "0.0", "", "1.0", "-1.0"],
+                                   "nodule": ["", "1.0", "-1.0", "0.0", "0.0", "1.0"]}))
+    return _job(tmp, [{"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+                       "label": {"kind": "multilabel", "columns": ["effusion", "nodule"], "uncertain": "ignore",
+                                 "blank": "zeros"}}])
+
+
 def _numeric(tmp: Path) -> Path:
     raw = _photo_table(tmp, _rows({"age": ["63", "41.25", "70", "55", "38", "80"],
                                    "dose": ["1.5", "0.125", "2", "1", "3", "0.5"]}))
@@ -62,6 +71,7 @@ def _masks(tmp: Path) -> Path:
 
 @pytest.mark.parametrize(("job", "objective"), [
     (_multilabel, "multilabel: 3 labels"),
+    (_masked_multilabel, "multilabel: 2 labels (masked)"),
     (_numeric, "numeric: age, dose"),
     (_unlabeled, "unlabeled: denoising reconstruction"),
     (_masks, "segmentation: 4 classes"),  # mask classes [0, 1, 2, 3] and 255, the pad: ignored, not a class
@@ -89,3 +99,21 @@ def test_masks_of_several_frames_stop_with_a_message(tmp_path: Path, monkeypatch
     result = _build(_job(tmp_path, [source], transform={"dicom": stacked}))
     with pytest.raises(SystemExit, match="masks have 2 frames; this example segments one"):
         _example().main(["--manifest", str(result.version_dir), "--epochs", "1", "--workers", "0", "--device", "cpu"])
+
+
+def test_the_masked_loss_averages_only_the_entries_the_mask_keeps() -> None:
+    logits = torch.tensor([[10.0, -10.0], [0.0, 0.0]])
+    batch = {"image": torch.zeros(2, 1), "target": torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+             "target_mask": torch.tensor([[1.0, 0.0], [1.0, 1.0]])}
+
+    def model(image: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    # BCE with logits of (10, 1) is log(1 + e^-10); of (0, 0) log 2; the masked (-10, 1) entry (about 10) is left out
+    expected = (math.log1p(math.exp(-10)) + 2 * math.log(2)) / 3
+    assert _example().masked_bce(model, batch).item() == pytest.approx(expected, rel=1e-6)
+    unmasked = {k: v for k, v in batch.items() if k != "target_mask"}
+    everything = (math.log1p(math.exp(-10)) + math.log1p(math.exp(10)) + 2 * math.log(2)) / 4
+    assert _example().masked_bce(model, unmasked).item() == pytest.approx(everything, rel=1e-6)
+    nothing = {**batch, "target_mask": torch.zeros(2, 2)}
+    assert _example().masked_bce(model, nothing).item() == 0.0
