@@ -14,6 +14,12 @@ numeric    NumericTarget    one float per name of ``names``      ``.target.npy``
 none       NoTarget         nothing (unlabeled)                  no ``.cls``; ``label`` null no ``label`` or ``target``
 ========== ================ ==================================== =========================== ==========================
 
+A multilabel target may be ``masked`` (``Target(kind, names, masked=True)``; the manifest's
+``target_mask: true``): each sample then also carries a uint8 target mask, 1 per entry to use
+and 0 per entry a loss skips (``.target_mask.npy``, Parquet ``target_mask`` list<uint8>, batch
+``target_mask`` float32 (B, L)). Only a job with an ``ignore`` policy makes one, so every other
+dataset's shards are as they were.
+
 ``Target(kind, names)`` (and :meth:`Target.of_manifest`) gives the kind's class. Everything
 that differs by kind is a method of it: how a table row becomes the target's text and a
 shard's bytes (:meth:`Target.encode`), what the manifest records per split, what ``inspect``,
@@ -23,7 +29,9 @@ name (``tests/test_target_kinds.py`` keeps it so).
 
 On the client a sample's target travels as text in ``SampleRef.label`` (one column of the
 sample table, whatever the kind): the class name; the multi-label names joined by ``|`` in
-sorted order (``""``: none of them); the numbers as ``repr`` of their float32 values joined by
+sorted order (``""``: none of them; a name prefixed by ``?``, :data:`IGNORED`, is a label the
+sample neither holds nor lacks: an uncertain or blank cell under an ``ignore`` policy, 0 in the
+target and in the target mask); the numbers as ``repr`` of their float32 values joined by
 ``|``; ``""`` for an unlabeled sample. :meth:`Target.encode` turns that text into what a shard
 holds; ``None`` is a sample without a target, which discovery reports as ``missing_label``.
 

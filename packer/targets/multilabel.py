@@ -4,6 +4,11 @@ A shard holds a uint8 vector with a 1 at each label held (``.target.npy``, Parqu
 list<float32>), the loader's batch ``target`` float32 (B, L). Counts do not add up: a sample
 counts under each label it holds, so a split's ``class_counts`` say how many samples hold each
 label and the report draws each label's share of the split's samples.
+
+A masked target (a source with ``uncertain: ignore`` or ``blank: ignore``) also holds, per
+sample, a uint8 mask with a 0 at each label the sample ignores (``?name`` in its text form):
+``.target_mask.npy``, Parquet ``target_mask``, batch ``target_mask``; a split then also counts
+per label the samples ignoring it (``ignored_counts``) and those lacking it (``negative_counts``).
 """
 
 from __future__ import annotations
