@@ -25,6 +25,7 @@ from packer.errors import ConfigError
 from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
+from packer.where import Condition, parse_where
 
 SPLITS = ("train", "valid", "test")
 
@@ -166,6 +167,12 @@ class SourceConfig:
     #: their files are not samples of their own, and they are part of the sample's cache key
     companions: tuple[str, ...] = ()
 
+    #: ``where:`` conditions on table columns (rows that fail are filtered out while listing)
+    where: tuple[Condition, ...] = ()
+    #: ``where:`` conditions on header attributes (:meth:`packer.read.kinds.SourceKind.header_keys`:
+    #: files that fail are filtered out by the probe, before any pixel is decoded)
+    header_where: tuple[Condition, ...] = ()
+
     @property
     def label_table(self) -> Path | str | None:
         """The CSV that gives this source's labels (and, where the kind reads them from a table,
@@ -207,6 +214,8 @@ class SourceConfig:
             out[key] = list(value) if isinstance(value, tuple) else value
         if self.companions:  # likewise
             out["companions"] = list(self.companions)
+        if self.where or self.header_where:  # likewise
+            out["where"] = {c.key: c.to_json() for c in sorted((*self.where, *self.header_where), key=lambda c: c.key)}
         return out
 
 
@@ -570,7 +579,17 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         raise ConfigError(f"{where}: the files a table row names beside its own ({', '.join(companions)}) are read "
                           f"from a local source root; {root} is a URL. Copy the source to a local folder")
     table_at = _location(base, raw[kind.table_key], f"{where}.{kind.table_key}") if has_table else None
+    conditions = parse_where(raw.get("where"), f"{where}.where")
+    in_header = set(kind.header_keys([c.key for c in conditions]))
+    row_where = tuple(c for c in conditions if c.key not in in_header)
+    if row_where and not has_table:
+        raise ConfigError(f"{where}.where: {', '.join(c.key for c in row_where)} "
+                          f"{'is not a header attribute' if kind.identity_in_header else 'names a table column'} "
+                          f"of {kind.name} files, and the source has no table; add '{kind.table_key}: FILE.csv', or "
+                          "remove the condition")
     return SourceConfig(
+        where=row_where,
+        header_where=tuple(c for c in conditions if c.key in in_header),
         mask=mask,
         kind=kind.name,
         name=raw.get("name") or _default_name(root) or f"source{index}",
