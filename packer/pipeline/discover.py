@@ -540,6 +540,8 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     for issue in found.issues:  # files refused while listing (outside the root, no label) are files too
         files.setdefault(issue.sample_id, issue.path)
+    for left_out in found.excluded:  # and so are files left out on purpose (filtered, not in the table)
+        files.setdefault(left_out.sample_id, left_out.path)
     out: dict[str, str | None] = {}
     for key in keys:
         file_id = file_id_of(key)
