@@ -52,6 +52,8 @@ REASONS = (
     "missing_time",
     "straddles_cutoff",
     "missing_file",
+    "ambiguous_path",
+    "join_unmatched",
     "missing_window",
     "unsupported",
     "unsupported_transfer_syntax",
@@ -137,6 +139,38 @@ class Issue:
             "reason": self.reason,
             "message": self.message,
         }
+
+
+#: Why a file is left out of the dataset without being a bad sample (counted and listed, never
+#: packed, never against ``max_bad_fraction``): ``not_in_table`` (a ``files: table`` source's
+#: file its table does not name), ``filtered`` (a row or header a ``where:`` condition leaves
+#: out), ``not_image`` (a DICOM object without an image: SR, presentation state, RT plan, ...),
+#: ``not_requested`` (an image object a job packs only when its ``where:`` asks: RT Dose, a
+#: secondary capture).
+EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested")
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A file left out on purpose: its path (or URL), the stage that decided, why
+    (:data:`EXCLUSIONS`) and a detail a person can act on (``ViewPosition is LL``,
+    ``Modality SR (Basic Text SR Storage)``)."""
+
+    sample_id: str
+    path: str
+    stage: str
+    why: str
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r}; expected one of {STAGES}")
+        if self.why not in EXCLUSIONS:
+            raise ValueError(f"unknown exclusion {self.why!r}; expected one of {EXCLUSIONS}")
+
+    def to_json(self) -> dict[str, str]:
+        return {"sample_id": self.sample_id, "path": self.path, "stage": self.stage, "why": self.why,
+                "detail": self.detail}
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,12 @@ class SourceKind:
         samples of their own). Default: none. Raises ConfigError."""
         return (), ()
 
+    def header_keys(self, keys: Sequence[str]) -> tuple[str, ...]:
+        """Which of a source's ``where:`` keys name header attributes of this kind's files (tested
+        by the probe, before decoding) rather than table columns (tested while listing). Default:
+        none (a kind without header attributes filters table rows only)."""
+        return ()
+
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         """Refuse a job whose settings this kind cannot honour; ``sources``: its sources of this
         kind (possibly none: settings that need one are refused then). Raises ConfigError."""
