@@ -377,3 +377,11 @@ def test_a_target_mask_is_only_for_a_multilabel_target() -> None:
     assert Target.of_json({"kind": "multilabel", "names": ["a"]}).masked is False
     with pytest.raises(ValueError, match="only multilabel targets carry a target mask"):
         Target("numeric", ("a",), True)
+
+
+def test_rows_joined_by_union_hold_a_label_any_row_holds_and_ignore_only_what_none_holds() -> None:
+    united = Target("multilabel", ("a", "b", "c"), True)
+    text = type(united).union_text(["a|?b", "?a|?c", None, "b"])
+    assert text == "?c|a|b"
+    assert united.encode(text)[1].tolist() == [1, 1, 0] and united.encode_mask(text).tolist() == [1, 1, 0]
+    assert type(Target("class", ("a",))).union_text(["a", "a"]) is None  # class rows must agree instead

@@ -42,7 +42,7 @@ from packer.pipeline.labels import Refused, from_row, target_columns
 from packer.pipeline.rawstore import read_remote_bytes
 from packer.read.kinds import source_kind
 from packer.storage import remote_errors, storage_error
-from packer.targets import IGNORED, SEPARATOR
+from packer.targets import SEPARATOR, target_class
 from packer.where import failed
 
 Record = dict[str, str]
@@ -441,12 +441,10 @@ def _merge(source: SourceConfig, path: Path | str, rel: str, rows: list[TableRow
             if a != b:
                 return Refused("bad_target", f"{path} rows {first.row} and {other.row} name {rel!r} with "
                                              f"{what} {a!r} and {b!r}; rows of one file must agree")
-    if table.repeated == "union" and source.target.kind == "multilabel":
-        named = {name for r in rows for name in (r.label or "").split(SEPARATOR) if name}
-        # a label one row holds is held, though another row ignores it (?name: uncertain or blank, policy ignore)
-        held = sorted(n for n in named if not (n.startswith(IGNORED) and n.removeprefix(IGNORED) in named))
-        from packer.targets.base import names_text
-        return TableRow(row=first.row, label=names_text(held), entity=first.entity, time=first.time,
+    united = target_class(source.target.kind).union_text([r.label for r in rows]) if table.repeated == "union" \
+        else None
+    if united is not None:
+        return TableRow(row=first.row, label=united, entity=first.entity, time=first.time,
                         raw_time=first.raw_time, extra=first.extra)
     for other in rows[1:]:
         if other.label != first.label:

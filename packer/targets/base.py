@@ -315,6 +315,13 @@ class Target:
         stratifies by label: the text itself, one name per sample, unless the kind says otherwise."""
         return [text or ""]
 
+    @classmethod
+    def union_text(cls, texts: Sequence[str | None]) -> str | None:
+        """The target text of a file that several table rows name with these texts, holding
+        every row's targets (``repeated: union``); None where the kind cannot join targets (the
+        rows must then agree)."""
+        return None
+
     def encode(self, text: str | None, where: str = "") -> tuple[int | None, np.ndarray | None]:
         """(class index, target vector) of a sample whose target text is ``text``; ``None`` where
         the kind has none. Raises ValueError, naming ``where``, for text this target cannot hold

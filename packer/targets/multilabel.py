@@ -136,6 +136,13 @@ class MultiLabelTarget(Target):
         sample holding none counts under the empty name. An ignored label (``?a``) is not held."""
         return [name for name in (text or "").split(SEPARATOR) if not name.startswith(IGNORED)] or [""]
 
+    @classmethod
+    def union_text(cls, texts: Sequence[str | None]) -> str | None:
+        """Every label any text holds; a label one text ignores (``?name``) stays ignored only
+        where no other text holds it."""
+        named = {name for text in texts for name in (text or "").split(SEPARATOR) if name}
+        return names_text(n for n in named if not (n.startswith(IGNORED) and n.removeprefix(IGNORED) in named))
+
     def _positions(self, text: str, where: str) -> tuple[list[int], list[int]]:
         """The positions of the labels ``text`` holds and of those it ignores (``?name``)."""
         held: list[int] = []
