@@ -34,9 +34,6 @@ UNCERTAIN_VALUES = ("-1", "-1.0")
 #: What ``uncertain:`` may make of an uncertain 0/1 cell, and ``blank:`` of an empty one
 UNCERTAIN_POLICIES = ("ones", "zeros", "ignore", "bad")
 BLANK_POLICIES = ("bad", "zeros", "ignore")
-#: A 0/1 cell read as a positive or a negative (lower-cased)
-TRUE_CELLS = ("1", "1.0", "true", "yes")
-FALSE_CELLS = ("0", "0.0", "false", "no")
 
 
 def job_default(path: str) -> Any:
@@ -947,7 +944,9 @@ def _parse_cell_policies(raw: Mapping[str, Any], target: TargetConfig, where: st
                               f"not one of {', '.join(UNCERTAIN_POLICIES)}")
     values = raw.get("uncertain_values")
     uncertain_values = None if values is None else tuple(str(v) for v in values)
-    clash = [v for v in (uncertain_values or ()) if v.lower() in TRUE_CELLS + FALSE_CELLS or not v]
+    from packer.targets.multilabel import FALSE_CELLS, TRUE_CELLS
+
+    clash = [v for v in (uncertain_values or ()) if v.lower() in TRUE_CELLS | FALSE_CELLS or not v]
     if clash:
         raise ConfigError(f"{where}.uncertain_values: {clash[0]!r} already means 0, 1 or blank; list only the "
                           "cells that mean uncertain (CheXpert: -1.0)")

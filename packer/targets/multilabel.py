@@ -42,8 +42,9 @@ from packer.targets.base import (
 
 #: The by-label name ``packer diff`` counts a sample under that holds none of the labels.
 NO_LABEL = "(none)"
-_TRUE = {"1", "1.0", "true", "yes"}
-_FALSE = {"0", "0.0", "false", "no"}
+#: The cells of a 0/1 column read as a positive and as a negative (lower-cased)
+TRUE_CELLS = frozenset({"1", "1.0", "true", "yes"})
+FALSE_CELLS = frozenset({"0", "0.0", "false", "no"})
 
 
 def _held(values: TargetValues | None) -> set[str]:
@@ -106,9 +107,9 @@ class MultiLabelTarget(Target):
         positive = []
         for column, cell in cells.items():
             value = cell.lower()
-            if value in _TRUE:
+            if value in TRUE_CELLS:
                 read = "ones"
-            elif value in _FALSE:
+            elif value in FALSE_CELLS:
                 read = "zeros"
             elif not cell:
                 read = policy.blank
