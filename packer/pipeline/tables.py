@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import gzip
 import io
 import json
 import os
@@ -113,9 +114,12 @@ class Placed:
 
 @contextlib.contextmanager
 def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
-    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole."""
+    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole. A name
+    ending in ``.gz`` is gunzipped as it is read (MIMIC-CXR-JPG ships its tables as ``.csv.gz``)."""
+    gzipped = str(path).lower().endswith(".gz")
     if isinstance(path, Path):
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if gzipped
+              else open(path, newline="", encoding="utf-8-sig")) as fh:
             yield fh
         return
     try:
@@ -125,6 +129,10 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
                           "or upload the table") from err
     except remote_errors() as err:
         raise storage_error(path, err, doing="reading the table") from err
+    try:
+        data = gzip.decompress(data) if gzipped else data
+    except (OSError, EOFError) as err:
+        raise ConfigError(f"{path}: cannot read the table: not a whole gzip file ({err})") from err
     yield io.StringIO(data.decode("utf-8-sig"), newline="")
 
 
@@ -166,7 +174,7 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
         with _open_text(path, storage_options) as fh:
-            if name.lower().endswith(".json") or records_key is not None:
+            if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
             reader = csv.DictReader(fh)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
@@ -176,8 +184,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
+    except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
+        raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
 
 
 def closest(name: str, choices: Sequence[str]) -> str | None:
