@@ -301,7 +301,8 @@ def write_mimic(data: Path) -> MimicTree:
             elif study == no_labels:
                 cells = None
             else:
-                cells = tuple(str(v) for v in rng.choice(["1.0", "0.0", "-1.0", ""], size=14, p=[0.25, 0.15, 0.15, 0.45]))
+                cells = tuple(str(v) for v in rng.choice(["1.0", "0.0", "-1.0", ""], size=14,
+                                                         p=[0.25, 0.15, 0.15, 0.45]))
             if cells is not None:
                 labels.append([subject, study, *cells])
             day += 1
@@ -451,21 +452,22 @@ def write_decathlon(data: Path) -> DecathlonTree:
     root = data / "Task02_Heart"
     affine = np.diag([-1.25, -1.25, 1.37, 1.0])
     training, test, apple = [], [], []
-    for case, depth in (("la_003", 5), ("la_004", 6), ("la_005", 5), ("la_007", 4), ("la_009", 5), ("la_010", 6),
-                        ("la_011", 4), ("la_014", 5)):
+    # every published case is 320×320 in plane (1.25 mm), 90-130 slices of 1.37 mm: a few slices here
+    for case, depth in (("la_003", 3), ("la_004", 4), ("la_005", 3), ("la_007", 2), ("la_009", 3), ("la_010", 4),
+                        ("la_011", 2)):
         image = f"imagesTr/{case}.nii.gz"
-        volume = _pixels((12, 10, depth), image).astype(np.int16) * 3 + 40
+        volume = _pixels((320, 320, depth), image).astype(np.int16) * 3 + 40
         write_nifti(_mkdirs(root / image), volume, affine)
         grid = np.indices(volume.shape)
-        centre = np.array(volume.shape) / 2 - 0.5 + np.array([int(case[-1]) % 3 - 1, 0, 0])
-        atrium = (((grid[0] - centre[0]) / 4) ** 2 + ((grid[1] - centre[1]) / 3) ** 2
-                  + ((grid[2] - centre[2]) / 2) ** 2) <= 1
+        centre = np.array(volume.shape) / 2 - 0.5 + np.array([8 * (int(case[-1]) % 3 - 1), 0, 0])
+        atrium = (((grid[0] - centre[0]) / 40) ** 2 + ((grid[1] - centre[1]) / 30) ** 2
+                  + ((grid[2] - centre[2]) / 1.5) ** 2) <= 1
         write_nifti(_mkdirs(root / "labelsTr" / f"{case}.nii.gz"), atrium.astype(np.uint8), affine)
         training.append(DecathlonCase(case, image, f"labelsTr/{case}.nii.gz", int(atrium.sum()), depth))
     for case in ("la_001", "la_002", "la_006"):
         image = f"imagesTs/{case}.nii.gz"
-        write_nifti(_mkdirs(root / image), _pixels((12, 10, 5), image).astype(np.int16), affine)
-        test.append(DecathlonCase(case, image, None, 0, 5))
+        write_nifti(_mkdirs(root / image), _pixels((320, 320, 2), image).astype(np.int16), affine)
+        test.append(DecathlonCase(case, image, None, 0, 2))
     for case in training[:3]:
         for folder in ("imagesTr", "labelsTr"):
             rel = f"{folder}/._{case.case}.nii.gz"
