@@ -31,6 +31,7 @@ from packer.config import load_job
 from packer.loader import ShardDataset
 from packer.phi import pseudonymizer_for
 from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.discover import discover
 from tests import recipe_trees as trees
 from tests.demo_version import REPO
 
@@ -112,6 +113,24 @@ def _once(values: Iterable[str]) -> list[str]:
     counted = Counter(values)
     assert all(n == 1 for n in counted.values()), [v for v, n in counted.items() if n > 1]
     return sorted(counted)
+
+
+def test_every_recipe_is_documented_and_reads_the_data_where_the_readme_says() -> None:
+    names = sorted(p.name for p in RECIPES.glob("*.yaml"))
+    assert names == ["chexpert-u-ignore.yaml", "chexpert-u-ones.yaml", "decathlon-heart.yaml", "mimic-cxr-jpg.yaml",
+                     "nih-chestxray14.yaml", "rsna-pneumonia.yaml"]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Recipes: public datasets as they ship", 1)[1].split("\n### ", 1)[0]
+    for name in names:
+        assert f"`{name}`" in section, name
+        job = _recipe(name[:-5])
+        assert job["output"] == "../../build"
+        for source in job["sources"]:
+            folder = source["root"].removeprefix("../../data/").split("/", 1)[0]
+            assert source["root"].startswith("../../data/") and f"data/{folder}/" in section, (name, folder)
+            table = source.get("table", source.get("labels"))
+            assert table["file"].startswith(source["root"].rsplit("/", 1)[0] if name.startswith("rsna")
+                                            else source["root"]), name
 
 
 # -- NIH ChestX-ray14 ----------------------------------------------------------------------------------------------
@@ -237,6 +256,32 @@ def test_mimic_cxr_jpg_packs_the_frontal_views_with_their_study_labels_on_the_of
     _audited(result.version_dir, given="column")
     for key, item in _loaded(result).items():
         assert item["target_mask"].tolist() == samples[key]["target_mask.npy"].tolist()
+
+
+def test_the_mimic_tables_are_read_gzipped_as_published_and_place_every_frontal_image(tmp_path: Path) -> None:
+    """The recipe's table, joins and filter, run by discovery alone: the three .csv.gz tables are
+    read as they ship, each path is built from the ids, and each image is placed or left out by
+    the filters. (The target and the split are the build test's: here they are set aside.)"""
+    tree = _home(tmp_path, trees.write_mimic, "mimic-cxr-jpg")
+    assert all(p.read_bytes()[:2] == b"\x1f\x8b" for p in tree.root.glob("*.csv.gz"))  # gzip, as published
+    doc = _recipe("mimic-cxr-jpg")
+    doc["sources"][0]["label"], doc["split"] = "none", {"by": "entity"}
+    job = tmp_path / "workflows" / "recipes" / "mimic-cxr-jpg.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    found = discover(load_job(job))
+    assert found.issues == []
+    kept = sorted(im.relpath for im in tree.images if im.view in ("PA", "AP") and im.cells is not None)
+    assert _once(ref.relpath for ref in found.refs) == kept
+    images = {im.relpath: im for im in tree.images}
+    # each image's row carries its study's labels and its split, joined on the ids
+    for ref in found.refs:
+        row = dict(ref.extra)
+        assert (row["split"], row["study_id"]) == (images[ref.relpath].split, images[ref.relpath].study)
+        assert tuple(row[c] for c in trees.MIMIC_LABELS) == images[ref.relpath].cells
+    left_out = sorted(im.relpath for im in tree.images if im.relpath not in kept)
+    assert sorted(e.path.split("/2.0.0/", 1)[1] for e in found.excluded) == left_out
+    assert {e.why for e in found.excluded} == {"filtered"}
+    assert {ref.entity for ref in found.refs} <= {im.subject for im in tree.images}
 
 
 # -- RSNA Pneumonia Detection Challenge ----------------------------------------------------------------------------
