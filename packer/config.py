@@ -583,13 +583,14 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     in_header = set(kind.header_keys([c.key for c in conditions]))
     row_where = tuple(c for c in conditions if c.key not in in_header)
     if row_where and not has_table:
+        hints = "".join(kind.header_key_hint(c.key) for c in row_where)
         raise ConfigError(f"{where}.where: {', '.join(c.key for c in row_where)} "
                           f"{'is not a header attribute' if kind.identity_in_header else 'names a table column'} "
-                          f"of {kind.name} files, and the source has no table; add '{kind.table_key}: FILE.csv', or "
-                          "remove the condition")
+                          f"of {kind.name} files, and the source has no table{hints}; add "
+                          f"'{kind.table_key}: FILE.csv', or remove the condition")
     return SourceConfig(
         where=row_where,
-        header_where=tuple(c for c in conditions if c.key in in_header),
+        header_where=kind.header_conditions(tuple(c for c in conditions if c.key in in_header), f"{where}.where"),
         mask=mask,
         kind=kind.name,
         name=raw.get("name") or _default_name(root) or f"source{index}",

@@ -40,7 +40,7 @@ from packer.pipeline.rawstore import (
 )
 from packer.pipeline.sampletable import RefTable, TableBuilder
 from packer.read.kinds import SourceKind, source_kind
-from packer.records import Issue, SampleRef, file_id_of, safe_key
+from packer.records import Excluded, Issue, SampleRef, file_id_of, safe_key
 from packer.storage import remote_errors, storage_error
 
 
@@ -478,6 +478,8 @@ class Discovery:
     refs: RefTable
     issues: list[Issue]
     listed: dict[str, RawObject] = field(default_factory=dict)
+    #: files left out on purpose while listing (``not_in_table``, ``filtered`` rows): never refs
+    excluded: list[Excluded] = field(default_factory=list)
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
