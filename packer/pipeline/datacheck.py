@@ -24,6 +24,7 @@ from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, LeakageError
+from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import Prepared, run_stages
@@ -97,7 +98,7 @@ class ValidateResult:
 
     @property
     def bad(self) -> dict[str, Any]:
-        return summarize_issues(self.prepared.issues, inputs=self.prepared.inputs,
+        return summarize_issues(self.prepared.issues, inputs=self.prepared.considered,
                                 max_fraction=self.job.max_bad_fraction)
 
     @property
@@ -141,11 +142,22 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "inputs": {"files": prepared.inputs, "samples": len(prepared.samples)},
         "splits": per_split,
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
+        "excluded": _excluded_summary(prepared),
         "audit": prepared.audit.to_json(listed=True),
         "warnings": [w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)],
     }
     validate_document(doc, "validate", source="packer validate --json")
     return doc
+
+
+def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
+    """The files left out on purpose: how many, per why, modality and SOP class, and the first
+    1000 records (:mod:`packer.exclusions`)."""
+    counts = exclusion_counts(prepared.excluded)
+    return {"total": len(prepared.excluded), "by_why": counts.get("excluded", {}),
+            "by_modality": counts.get("excluded_by_modality", {}),
+            "by_sop_class": counts.get("excluded_by_sop_class", {}),
+            "records": [e.to_json() for e in prepared.excluded[:1000]]}
 
 
 def format_summary(result: ValidateResult) -> str:
@@ -164,6 +176,13 @@ def format_summary(result: ValidateResult) -> str:
     for issue in issues[:SUMMARY_ISSUES]:
         lines.append(f"    {issue.reason:<22} {issue.path}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
+    excluded = result.prepared.excluded
+    if excluded:  # counted, never silent; never against the bad fraction
+        lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
+                     "samples")
+        for record in excluded[:SUMMARY_ISSUES]:
+            lines.append(f"    {record.why:<22} {record.path}: {record.detail}")
+        lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
         lines.append(f"  warning: {warning['message']}")
     listed = False
