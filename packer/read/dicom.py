@@ -310,10 +310,12 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
+        why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
+               if classify(ds, (), slices=False).why == "not_image" else
+               "yet its SOP class is an image's (or unknown): the file is damaged or was exported without its "
+               "pixels; export it again from the archive")
         return _issue(ref, "validate", "no_pixel_data",
-                      f"{sop} has no image: {', '.join(missing)} missing (Image Pixel module, PS3.3 C.7.6.3), "
-                      "though its SOP class is an image's (or unknown); the file may be cut short or exported "
-                      "without its pixels: export it again from the archive")
+                      f"{sop} has no image: {', '.join(missing)} missing (Image Pixel module, PS3.3 C.7.6.3); {why}")
     raw_frames = ds.get("NumberOfFrames", 1)
     try:
         frames = int(str(raw_frames).strip()) if raw_frames not in (None, "") else 1
