@@ -540,10 +540,10 @@ def _write_broken_dicom(root: Path, seed: int) -> tuple[list[_Row], list[Planted
     truncate_file(truncated, truncated.stat().st_size - hu.size)  # keeps half of the 2-byte pixels
     # a CT slice exported without its image (Image Pixel module and Pixel Data gone): a real defect.
     # A report (SR) or a plan is no defect: packer leaves such objects out (not_image), never bad.
+    lost: dict[str, Any] = dict.fromkeys(("PixelData", "Rows", "Columns", "BitsAllocated", "BitsStored", "HighBit",
+                                          "PixelRepresentation", "SamplesPerPixel", "PhotometricInterpretation"))
     write_ct_slice(broken / "no_pixels.dcm", patient_id="BRK0002", study_date=date_str,
-                   pixels_hu=render_ct_phantom(rng), uids=make_uids(seed, "BRK0002", 1, 1, study=1),
-                   **dict.fromkeys(("PixelData", "Rows", "Columns", "BitsAllocated", "BitsStored", "HighBit",
-                                    "PixelRepresentation", "SamplesPerPixel", "PhotometricInterpretation")))
+                   pixels_hu=render_ct_phantom(rng), uids=make_uids(seed, "BRK0002", 1, 1, study=1), **lost)
     defects = [
         PlantedDefect("ct/broken/zero_byte.dcm", "unreadable"),
         PlantedDefect("ct/broken/truncated.dcm", "truncated"),

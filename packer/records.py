@@ -52,6 +52,8 @@ REASONS = (
     "missing_time",
     "straddles_cutoff",
     "missing_file",
+    "ambiguous_path",
+    "join_unmatched",
     "missing_window",
     "unsupported",
     "unsupported_transfer_syntax",

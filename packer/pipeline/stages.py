@@ -127,15 +127,17 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     found = discover(job, phi, storage_options=storage_options)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
+    for said in found.warnings:  # a warning, not progress: printed under --quiet too
+        print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
     del found
     inputs = len(refs) + len(issues) + len(excluded)
     if not quiet:  # the files refused while listing are not in the progress lines' "bad" counts: say them here
         listed_bad = Counter(issue.reason for issue in issues)
-        said = [f"{len(issues)} bad before decoding: {describe_counts(listed_bad)}"] if issues else []
+        counted = [f"{len(issues)} bad before decoding: {describe_counts(listed_bad)}"] if issues else []
         if excluded:
-            said.append(f"{len(excluded)} left out while listing: "
-                        f"{describe_counts(Counter(e.why for e in excluded))}")
-        refused = f" ({'; '.join(said)})" if said else ""
+            counted.append(f"{len(excluded)} left out while listing: "
+                           f"{describe_counts(Counter(e.why for e in excluded))}")
+        refused = f" ({'; '.join(counted)})" if counted else ""
         print(f"packer: {job.name}: {inputs} input files{refused}, running on {executor.description}", flush=True)
     if cache_dir is not None:
         _make_cache_folder(cache_dir)
@@ -266,5 +268,6 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     consumer = None if keep_spill else SpillConsumer(cache_dir, samples.column("spill"), keep=prepared.partial_spills)
-    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer)
+    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer,
+                          raw_paths=job.phi.mode == "keep")
     return StageRun(prepared, target=target, shards=tuple(shards), written=written)
