@@ -26,8 +26,10 @@ from packer.cli import main
 from packer.config import SPLITS, load_job
 from packer.errors import ConfigError, LeakageError
 from packer.manifest import config_hash
+from packer.phi import pseudonymizer_for
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.pipeline.discover import make_sample_id
+from packer.pipeline.splitlists import stem_of
 from tests.helpers import write_job
 
 SOURCE = "xray"
@@ -133,9 +135,8 @@ def test_nih_lists_of_bare_names_are_reproduced_and_valid_is_carved_whole_by_pat
     assert result.issues == ()
     recorded = result.manifest["config"]["split"]
     assert recorded["lists"] == {
-        "train": {"file": "train_val_list.txt", "sha256": hashlib.sha256(
-            (folder / "train_val_list.txt").read_bytes()).hexdigest()},
-        "test": {"file": "test_list.txt", "sha256": hashlib.sha256((folder / "test_list.txt").read_bytes()).hexdigest()}}
+        name: {"file": file, "sha256": hashlib.sha256((folder / file).read_bytes()).hexdigest()}
+        for name, file in (("train", "train_val_list.txt"), ("test", "test_list.txt"))}
     assert recorded["match"] == "name" and recorded["carve"] == {"valid": {"from": "train", "ratio": 0.3}}
     assert "ratios" not in recorded and recorded["accept_leaks"] is False
     assert result.manifest["audit"]["passed"] is True
@@ -197,6 +198,27 @@ def test_lists_by_path_from_a_csv_column_and_by_entity(tmp_path: Path) -> None:
     assert built_splits(by_entity) == {key(rel): where[entity] for rel, (entity, _) in visits.items()}
 
 
+def test_a_split_csv_of_dicom_ids_names_files_by_stem(tmp_path: Path) -> None:
+    """MIMIC-CXR's split CSV names each image by its dicom_id, the file name without .jpg."""
+    ids = {f"files/p10/p1000{p}/s5{p}/{p:02d}aa804e-bde0afdd-{k}.jpg": (f"1000{p}", 10 * p + k)
+           for p in range(4) for k in range(2)}
+    write_tree(tmp_path, ids)
+    official = ("train", "train", "validate", "test")
+    rows = [(rel.rsplit("/", 1)[1][:-4], official[int(e[-1])]) for rel, (e, _) in ids.items()]
+    for split, wanted in (("train", "train"), ("valid", "validate"), ("test", "test")):
+        (tmp_path / f"{split}.csv").write_text("dicom_id,study_id,subject_id,split\n" + "".join(
+            f"{dicom_id},5,1,{value}\n" for dicom_id, value in rows if value == wanted))
+    result = run_build(job_file(tmp_path, {"by": "list", "match": "stem", "lists": {
+        s: {"file": f"{s}.csv", "column": "dicom_id"} for s in SPLITS}}))
+    where = {"0": "train", "1": "train", "2": "valid", "3": "test"}
+    assert built_splits(result) == {key(rel): where[e[-1]] for rel, (e, _) in ids.items()}
+
+
+def test_a_stem_is_the_name_without_its_extension() -> None:
+    assert [stem_of(n) for n in ("00000001_000.png", "la_003.nii.gz", "1.2.840.10008.5.dcm", "README", ".hidden")] \
+        == ["00000001_000", "la_003", "1.2.840.10008.5", "README", ".hidden"]
+
+
 # ---------------------------------------------------------------------------------------------
 # MIMIC-CXR: a split column with "validate"
 
@@ -209,6 +231,30 @@ def test_a_table_column_gives_the_split_and_map_renames_its_values(tmp_path: Pat
     assert built_splits(result) == {key(rel): {"validate": "valid"}.get(s, s) for rel, s in official.items()}
     assert result.manifest["config"]["split"]["column"] == "split"
     assert result.manifest["config"]["split"]["map"] == {"validate": "valid"}
+
+
+def test_under_pseudonymization_the_column_and_raw_entity_lists_still_decide(tmp_path: Path) -> None:
+    """Pseudonyms replace entity ids and table cells before the split: the split cell is kept
+    (train/valid/test names nobody), and listed raw ids are pseudonymized like the samples'."""
+    files = {f"{p}/{k}.png": (p, 10 * i + k) for i, p in enumerate(["MRN001", "MRN002", "MRN003"]) for k in range(2)}
+    official = {"MRN001": "train", "MRN002": "validate", "MRN003": "test"}
+    write_tree(tmp_path, files, columns={"split": {rel: official[e] for rel, (e, _) in files.items()}})
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("MRN001\n")
+    (tmp_path / "valid.txt").write_text("MRN002\n")
+    (tmp_path / "test.txt").write_text("MRN003\n")
+    splits = {"column": {"by": "column", "column": "split", "map": {"validate": "valid"}},
+              "entity": {"by": "list", "match": "entity", "lists": {s: f"{s}.txt" for s in SPLITS}}}
+    for name, split in splits.items():
+        job_path = job_file(tmp_path, split, f"{name}.yaml")
+        doc = yaml.safe_load(job_path.read_text())
+        doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+        job = load_job(write_job(tmp_path, doc, f"{name}.yaml"))
+        phi = pseudonymizer_for(job.phi)
+        result = build(job, BuildOptions(scheduler="sync", quiet=True))
+        assert built_splits(result) == {make_sample_id(SOURCE, rel, phi): {"validate": "valid"}.get(official[e],
+                                                                                                   official[e])
+                                        for rel, (e, _) in files.items()}, name
 
 
 def test_a_column_value_that_is_no_split_is_a_config_error_with_the_closest_split(tmp_path: Path) -> None:
@@ -260,7 +306,8 @@ def test_an_official_split_that_leaks_an_exact_copy_under_another_patient_is_rep
         run_build(job_file(tmp_path, split, "strict.yaml"))
     result = run_build(job_file(tmp_path, {**split, "accept_leaks": True}))
     # the copy stays where dan's list puts it: a given split is never regrouped
-    assert built_splits(result) == {key(rel): "train" if e in ("ann", "bob") else "test" for rel, (e, _) in files.items()}
+    assert built_splits(result) == {key(rel): "train" if e in ("ann", "bob") else "test"
+                                    for rel, (e, _) in files.items()}
     rules = result.manifest["audit"]["rules"]
     exact = rules["exact_duplicates_across_splits"]
     assert exact["count"] == 1 and exact["severity"] == "report"
@@ -282,7 +329,8 @@ def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_close
     (tmp_path / "test.txt").write_text("img/004.png\nimg/005.png\n")
     result = run_build(job_file(tmp_path, {"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}}))
     err = capsys.readouterr().err
-    assert "split.lists.train (train.txt): 2 of its 6 items name no sample (by path), e.g. line 5: 'img/0040.png'" in err
+    assert ("split.lists.train (train.txt): 2 of its 6 items name no sample (by path), e.g. line 5: "
+            "'img/0040.png'") in err
     assert "the closest existing path is 'img/004.png'" in err
     assert len(built_splits(result)) == 6
 
