@@ -149,6 +149,103 @@ class MaskConfig:
 
 
 @dataclass(frozen=True)
+class JoinConfig:
+    """One more table joined onto a source's table (``table.join``): its rows are matched to the
+    table's rows by the ``on`` columns, and their other columns added. ``missing``: a table row
+    without a match is a ``join_unmatched`` bad sample (``bad``) or filtered out (``drop``)."""
+
+    file: Path | str
+    file_spec: str
+    on: tuple[str, ...]
+    missing: str = "bad"
+    repeated: str = "refuse"
+    records: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file_spec, "on": list(self.on), "missing": self.missing,
+                               "repeated": self.repeated}
+        if self.records is not None:
+            out["records"] = self.records
+        return out
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """How a source's table names its files and rows (``table:`` or ``labels:`` as an object).
+
+    ``path``: the column naming each file, or ``template``: a file name built from columns
+    (``{dicom_id}.jpg``, Python format syntax); ``path_base``: the folder the paths are relative
+    to (default: the source root); ``find``: ``path`` (a relative path) or ``name`` (a bare
+    file name, found anywhere under the root; a name found twice is ``ambiguous_path``);
+    ``files``: ``root`` (every file under the root is the dataset's, one without a row is a
+    ``missing_label`` bad sample) or ``table`` (the table says which files are in it; the rest
+    are counted as not in the table); ``repeated``: rows naming one file are refused
+    (``refuse``), kept when they agree on the target (``same``), or their multi-label targets
+    united (``union``); ``records``: for a JSON table, the key of its list of records (the
+    Medical Segmentation Decathlon's ``training``); ``join``: more tables joined on columns."""
+
+    file: Path | str
+    file_spec: str
+    path: str = "path"
+    template: str | None = None
+    path_base: Path | str | None = None
+    path_base_spec: str | None = None
+    find: str = "path"
+    files: str = "root"
+    repeated: str = "refuse"
+    records: str | None = None
+    join: tuple[JoinConfig, ...] = ()
+
+    @property
+    def is_plain(self) -> bool:
+        """A table given as a file name only (every setting at its default)."""
+        return self == TableConfig(file=self.file, file_spec=self.file_spec)
+
+    def to_json(self) -> Any:
+        if self.is_plain:  # as before tables had settings: the same config_hash
+            return self.file_spec
+        out: dict[str, Any] = {"file": self.file_spec, "find": self.find, "files": self.files,
+                               "repeated": self.repeated}
+        out["path"] = {"template": self.template} if self.template is not None else self.path
+        if self.path_base_spec is not None:
+            out["path_base"] = self.path_base_spec
+        if self.records is not None:
+            out["records"] = self.records
+        if self.join:
+            out["join"] = [j.to_json() for j in self.join]
+        return out
+
+
+@dataclass(frozen=True)
+class PathField:
+    """A value read from each file's path relative to the root (``entity: {path: REGEX}``,
+    ``{component: N}``): the regular expression's group named like the field (else its first
+    group, else the whole match), or the path's ``component``-th folder or file name (0 is
+    the first folder under the root, -1 the file name)."""
+
+    name: str
+    pattern: str | None = None
+    component: int | None = None
+
+    def value(self, relpath: str) -> str | None:
+        """The field's value in ``relpath``, None where the pattern does not match or the
+        path has no such component."""
+        if self.component is not None:
+            parts = relpath.split("/")
+            return parts[self.component] if -len(parts) <= self.component < len(parts) else None
+        assert self.pattern is not None
+        found = re.search(self.pattern, relpath)
+        if found is None:
+            return None
+        if self.name in found.re.groupindex:
+            return found.group(self.name)
+        return found.group(1) if found.re.groups else found.group(0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.pattern} if self.pattern is not None else {"component": self.component}
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """One raw source. ``root``, ``labels`` and ``table`` are local paths (resolved against the
     job file) or URL strings (``s3://...``, read through :mod:`packer.pipeline.rawstore`); the ``*_spec``
@@ -172,6 +269,13 @@ class SourceConfig:
     #: their files are not samples of their own, and they are part of the sample's cache key
     companions: tuple[str, ...] = ()
 
+    #: How the table names files and rows (None: no table; a plain file: every default)
+    table_map: TableConfig | None = None
+    #: ``entity:`` / ``time:`` read from each file's path instead of a column
+    entity_path: PathField | None = None
+    time_path: PathField | None = None
+    #: ``fields:`` more values read from each file's path, as extra columns of its row
+    fields: tuple[PathField, ...] = ()
     #: ``where:`` conditions on table columns (rows that fail are filtered out while listing)
     where: tuple[Condition, ...] = ()
     #: ``where:`` conditions on header attributes (:meth:`packer.read.kinds.SourceKind.header_keys`:
@@ -206,11 +310,15 @@ class SourceConfig:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
-                               "entity": self.entity, "time": list(self.time)}
+                               "entity": self.entity_path.to_json() if self.entity_path else self.entity,
+                               "time": self.time_path.to_json() if self.time_path else list(self.time)}
+        table = self.table_map.to_json() if self.table_map is not None else None
         if self.labels_spec:
-            out["labels"] = self.labels_spec
+            out["labels"] = table
         if self.table_spec:
-            out["table"] = self.table_spec
+            out["table"] = table
+        if self.fields:  # only when set, so other jobs keep their config_hash
+            out["fields"] = {f.name: f.to_json() for f in self.fields}
         if not self.target.is_default:  # only when set, so jobs that do not use it keep their config_hash
             out["label"] = self.target.to_json()
         if self.mask is not None:
@@ -635,7 +743,17 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
     time_raw = raw.get("time", list(kind.default_time) if len(kind.default_time) > 1 else kind.default_time[0])
-    time = (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
+    entity_path = _path_field("entity", raw.get("entity"), f"{where}.entity")
+    time_path = _path_field("time", time_raw, f"{where}.time")
+    if (entity_path or time_path) and kind.identity_in_header:
+        raise ConfigError(f"{where}.{'entity' if entity_path else 'time'}: {kind.name} files name their entity and "
+                          "time in their headers; give a header keyword (PatientID, StudyDate), not a path pattern")
+    time = (kind.default_time[0],) if time_path else (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
+    fields = tuple(_path_field(str(name), spec, f"{where}.fields.{name}") or PathField(str(name))
+                   for name, spec in sorted((raw.get("fields") or {}).items()))
+    if fields and kind.identity_in_header:
+        raise ConfigError(f"{where}.fields: {kind.name} sources read their files' facts from headers; fields from "
+                          "paths are for image and nifti sources")
     other = "table" if kind.table_key == "labels" else "labels"
     if other in raw:
         raise ConfigError(f"{where}.{other}: {kind.name} sources take labels from '{kind.table_key}: FILE.csv' "
@@ -657,11 +775,13 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     if companions and isinstance(root, str):
         raise ConfigError(f"{where}: the files a table row names beside its own ({', '.join(companions)}) are read "
                           f"from a local source root; {root} is a URL. Copy the source to a local folder")
-    table_at = _location(base, raw[kind.table_key], f"{where}.{kind.table_key}") if has_table else None
+    table_map = _parse_table(raw[kind.table_key], base, f"{where}.{kind.table_key}") if has_table else None
+    table_at = table_map.file if table_map is not None else None
     conditions = parse_where(raw.get("where"), f"{where}.where")
     in_header = set(kind.header_keys([c.key for c in conditions]))
     row_where = tuple(c for c in conditions if c.key not in in_header)
-    if row_where and not has_table:
+    field_names = {f.name for f in fields}
+    if row_where and not has_table and not all(c.key in field_names for c in row_where):
         raise ConfigError(f"{where}.where: {', '.join(c.key for c in row_where)} "
                           f"{'is not a header attribute' if kind.identity_in_header else 'names a table column'} "
                           f"of {kind.name} files, and the source has no table; add '{kind.table_key}: FILE.csv', or "
@@ -674,16 +794,72 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
         root_spec=raw["root"],
-        entity=raw.get("entity", kind.default_entity),
+        entity=kind.default_entity if entity_path else raw.get("entity", kind.default_entity),
+        entity_path=entity_path,
         time=time,
+        time_path=time_path,
+        fields=fields,
+        table_map=table_map,
         labels=table_at if kind.table_key == "labels" else None,
-        labels_spec=raw.get("labels"),
+        labels_spec=table_map.file_spec if table_map is not None and kind.table_key == "labels" else None,
         table=table_at if kind.table_key == "table" else None,
-        table_spec=raw.get("table"),
+        table_spec=table_map.file_spec if table_map is not None and kind.table_key == "table" else None,
         target=target,
         options=options,
         companions=companions,
     )
+
+
+def _path_field(name: str, raw: Any, where: str) -> PathField | None:
+    """``{path: REGEX}`` or ``{component: N}`` as a PathField; None for a column or keyword name."""
+    if not isinstance(raw, Mapping):
+        return None
+    if "component" in raw:
+        return PathField(name, component=int(raw["component"]))
+    pattern = str(raw["path"])
+    try:
+        compiled = re.compile(pattern)
+    except re.error as err:
+        raise ConfigError(f"{where}.path: {pattern!r} is not a regular expression ({err})") from err
+    if not compiled.groups and "(" in pattern:
+        raise ConfigError(f"{where}.path: {pattern!r} has no capturing group; name one (?P<{name}>...)")
+    return PathField(name, pattern=pattern)
+
+
+def _parse_table(raw: Any, base: Path, where: str) -> TableConfig:
+    """A source's ``table:``/``labels:``: a file, or an object saying how it names files."""
+    if isinstance(raw, str):
+        return TableConfig(file=_location(base, raw, where), file_spec=raw)
+    path = raw.get("path", "path")
+    template = path.get("template") if isinstance(path, Mapping) else None
+    if template is not None:
+        _check_template(str(template), f"{where}.path.template")
+    base_spec = raw.get("path_base")
+    joins = []
+    for i, join in enumerate(raw.get("join") or ()):
+        on = (join["on"],) if isinstance(join["on"], str) else tuple(join["on"])
+        joins.append(JoinConfig(file=_location(base, join["file"], f"{where}.join[{i}].file"), file_spec=join["file"],
+                                on=on, missing=join.get("missing", "bad"), repeated=join.get("repeated", "refuse"),
+                                records=join.get("records")))
+    return TableConfig(
+        file=_location(base, raw["file"], f"{where}.file"), file_spec=raw["file"],
+        path="path" if template is not None else str(path), template=template,
+        path_base=_location(base, base_spec, f"{where}.path_base") if base_spec is not None else None,
+        path_base_spec=base_spec, find=raw.get("find", "path"), files=raw.get("files", "root"),
+        repeated=raw.get("repeated", "refuse"), records=raw.get("records"), join=tuple(joins))
+
+
+def _check_template(template: str, where: str) -> None:
+    import string
+
+    try:
+        names = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as err:
+        raise ConfigError(f"{where}: {template!r} is not a file-name template ({err}); write columns in braces, "
+                          "as in 'files/p{subject_id:.2}/p{subject_id}/{dicom_id}.jpg'") from err
+    if not names or any(not name for name in names):
+        raise ConfigError(f"{where}: {template!r} names no column; write each column in braces, as in "
+                          "'{dicom_id}.jpg'")
 
 
 def _parse_mask(raw: dict[str, Any], root: Path | str, table: str, where: str) -> MaskConfig:

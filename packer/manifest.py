@@ -101,12 +101,26 @@ def validate_manifest(manifest: Mapping[str, Any], *, source: str) -> None:
         raise IntegrityError(f"{source}: {problem}")
 
 
+def _file_order(value: Any, key: str = "") -> Any:
+    """``value`` with every object's keys sorted, except ``label_map``'s, which follow their
+    positions: a reader looping over its keys meets the names in position order (the
+    ``dataset_hash`` is over canonical, sorted JSON, so the order on disk does not change it)."""
+    if isinstance(value, dict):
+        if key == "label_map" and all(isinstance(v, int) for v in value.values()):
+            return dict(sorted(value.items(), key=lambda item: (item[1], item[0])))
+        return {k: _file_order(value[k], k) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_file_order(v) for v in value]
+    return value
+
+
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
-    """Validate and write ``folder/manifest.json`` atomically (sorted keys, 2-space indent)."""
+    """Validate and write ``folder/manifest.json`` atomically (sorted keys, ``label_map`` in
+    position order, 2-space indent)."""
     validate_manifest(manifest, source=str(folder / MANIFEST_FILE))
     path = folder / MANIFEST_FILE
     with atomic_output(path) as fh:
-        fh.write(json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
+        fh.write(json.dumps(_file_order(manifest), indent=2).encode() + b"\n")
     return path
 
 

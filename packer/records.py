@@ -53,6 +53,8 @@ REASONS = (
     "straddles_cutoff",
     "not_in_split",
     "missing_file",
+    "ambiguous_path",
+    "join_unmatched",
     "missing_window",
     "unsupported",
     "unsupported_transfer_syntax",

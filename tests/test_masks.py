@@ -319,6 +319,7 @@ def test_a_mask_column_the_table_lacks_is_a_config_error_naming_the_header(tmp_p
     misspelt label column is: not every image a mask_missing bad sample and every mask an input."""
     raw = _photo_set(tmp_path, [(40, 60)] * 3)
     job = load_job(_job(tmp_path, [_photo_source(raw, column="seg_mask")]))
-    with pytest.raises(ConfigError, match=r"sources\[0\].table .*table.csv: missing column\(s\) seg_mask; the header "
+    with pytest.raises(ConfigError, match=r"sources\[0\].table .*table.csv: missing column .seg_mask. .*did you "
+                                          r"mean .mask.*the header "
                                           r"row has path, .*mask"):
         discover(job)

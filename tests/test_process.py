@@ -18,11 +18,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packer.config import JobConfig, MaskConfig, SeriesConfig, TargetConfig, WindowSpec
+from packer.config import JobConfig, MaskConfig, PathField, SeriesConfig, TableConfig, TargetConfig, WindowSpec
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
 from packer.read.kinds import source_kinds
 from packer.records import REF_FIELDS, Issue, SampleRef
+from packer.where import Condition
 from tests.helpers import REPO, demo_job_doc, write_job
 
 
@@ -224,6 +225,18 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     # a kind's own source keys (a NIfTI case's other files) and the columns naming a case's files
     "sources.options": _source("options", st.sampled_from([(("channel_files", ("t2",)),), (("axis", "coronal"),)])),
     "sources.companions": _source("companions", st.sampled_from([("t2",), ("t2", "flair")])),
+    # which rows and files a source keeps, and where a row's file, entity, time and fields come from
+    "sources.where": _source("where", st.sampled_from([(Condition("view", "in", ("PA",)),),
+                                                       (Condition("view", "not", ("LL", "LAT")),)])),
+    "sources.header_where": _source("header_where", st.sampled_from([(Condition("Modality", "in", ("CT",)),),
+                                                                     (Condition("ImageType", "match", ("LOC",)),)])),
+    "sources.table_map": _source("table_map", st.sampled_from([
+        TableConfig(file=Path("t.csv"), file_spec="t.csv", find="name"),
+        TableConfig(file=Path("t.csv"), file_spec="t.csv", path="Path", path_base=Path("."), path_base_spec=".")])),
+    "sources.entity_path": _source("entity_path", st.sampled_from([PathField("entity", pattern=r"(p\d+)/"),
+                                                                   PathField("entity", component=0)])),
+    "sources.time_path": _source("time_path", st.sampled_from([PathField("time", pattern=r"(\d{4}-\d\d-\d\d)")])),
+    "sources.fields": _source("fields", st.sampled_from([(PathField("view", component=-2),)])),
     # which kinds' settings the identity records (every used kind's, and the always-recorded ones)
     "recorded": _setting("", "recorded", st.sampled_from([("dicom",), ("dicom", "image", "nifti")])),
     "split.by": _setting("split", "by", st.sampled_from(["entity", "time"])),  # time splits need a time

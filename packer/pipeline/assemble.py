@@ -53,6 +53,9 @@ class ShardTask:
     format: str
     free_spill: bool = False
     keep: frozenset[str] = field(default_factory=frozenset)
+    #: each record names its raw file (``path``, relative to the source root): ``phi.mode: keep``
+    #: only, since folder and file names can identify a patient
+    raw_paths: bool = False
 
 
 class _EarlierAttempts:
@@ -125,7 +128,8 @@ def write_shard(task: ShardTask) -> ShardWrite:
             latest[:] = [sample]
             yield encode_sample(key=sample.key, ref=sample.ref, shape=sample.shape, dtype=sample.dtype,
                                 pixels=pixels, metadata=metadata, split=task.plan.split, target=task.target,
-                                sha256=sample.sha256, mask=mask)
+                                sha256=sample.sha256, mask=mask,
+                                relpath=sample.ref.relpath if task.raw_paths else None)
 
     def written_out(_: EncodedSample) -> None:  # the shard file holds the latest sample now
         if puncher is not None:
@@ -148,7 +152,7 @@ def write_shard(task: ShardTask) -> ShardWrite:
 
 def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, target: Target,
                 cache_dir: Path, staging: Path, fmt: str, quiet: bool,
-                consumer: SpillConsumer | None = None) -> dict[str, ShardWrite]:
+                consumer: SpillConsumer | None = None, raw_paths: bool = False) -> dict[str, ShardWrite]:
     """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
     spill files under ``cache_dir``; return what each writer reported, by shard file.
 
@@ -156,7 +160,7 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
     are the chunks), so the splits advance through the spill together. With a ``consumer``, tar
     shard tasks free their samples' spilled bytes as they write them, and the consumer frees
     what is left of each shard's samples (and deletes finished spill files) once its task has
-    returned."""
+    returned. ``raw_paths``: records name their raw files (:attr:`ShardTask.raw_paths`)."""
     order = sorted(range(len(shards)), key=lambda i: (int(shards[i].rows[0]) if len(shards[i].rows) else -1, i))
 
     def task_of(j: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
@@ -165,7 +169,7 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
         plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=mine)
         keep = consumer.keep.intersection(mine.column("spill")) if consumer is not None else frozenset()
         return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt,
-                         free_spill=consumer is not None, keep=keep)
+                         free_spill=consumer is not None, keep=keep, raw_paths=raw_paths)
 
     progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}

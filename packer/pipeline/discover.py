@@ -12,36 +12,40 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import hashlib
-import io
 import os
 import posixpath
+import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from packer.config import JobConfig, SourceConfig, TargetConfig
+from packer.config import JobConfig, SourceConfig
 from packer.errors import ConfigError
 from packer.phi import Pseudonymizer
-from packer.pipeline.labels import Refused, from_folder, from_row, target_columns
+from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
     RawObject,
     RemoteFile,
     join_relpath,
     list_remote_files,
     read_heads,
-    read_remote_bytes,
     stat_remote,
 )
 from packer.pipeline.sampletable import RefTable, TableBuilder
+from packer.pipeline.tables import (
+    Placed,
+    TableRow,
+    escapes_root,
+    normalize_time,
+    place_rows,
+    read_records,
+)
 from packer.read.kinds import SourceKind, source_kind
-from packer.records import Issue, SampleRef, file_id_of, safe_key
-from packer.storage import remote_errors, storage_error
+from packer.records import Excluded, Issue, SampleRef, file_id_of, safe_key
+from packer.where import failed
 
 
 def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str:
@@ -122,108 +126,6 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
 
 
-def normalize_time(value: str | None) -> str | None:
-    """An ISO date or datetime string, or None when empty or unreadable."""
-    if value is None or not str(value).strip():
-        return None
-    text = str(value).strip()
-    try:
-        if len(text) == 10:
-            return date.fromisoformat(text).isoformat()
-        return datetime.fromisoformat(text).replace(tzinfo=None).isoformat()
-    except ValueError:
-        return None
-
-
-def _relpath(raw: str, table: Path | str, row: int) -> str:
-    text = raw.strip().replace("\\", "/")
-    if not text:
-        raise ConfigError(f"{table}: row {row}, column 'path' is empty; give the file's path relative to the root")
-    return posixpath.normpath(text)
-
-
-def escapes_root(relpath: str) -> bool:
-    """True for a table path that leaves the source root (``..``) or is absolute."""
-    return relpath == ".." or relpath.startswith("../") or posixpath.isabs(relpath)
-
-
-@dataclass(frozen=True)
-class TableRow:
-    """One row of a label table. ``label``: the target's text (:mod:`packer.targets`), None where
-    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value)."""
-
-    row: int
-    label: str | None
-    entity: str | None
-    time: str | None
-    raw_time: str | None
-    extra: tuple[tuple[str, str], ...]
-    refused: Refused | None = None
-
-
-@contextlib.contextmanager
-def _open_table(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
-    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole."""
-    if isinstance(path, Path):
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            yield fh
-        return
-    try:
-        data = read_remote_bytes(path, storage_options)
-    except FileNotFoundError as err:
-        raise ConfigError(f"{path}: cannot read the table: there is no such object; fix the URL "
-                          "or upload the table") from err
-    except remote_errors() as err:
-        raise storage_error(path, err, doing="reading the table") from err
-    yield io.StringIO(data.decode("utf-8-sig"), newline="")
-
-
-def read_table(path: Path | str, *, required: tuple[str, ...], entity_column: str | None = None,
-               time_column: str | None = None, target: TargetConfig | None = None, known: tuple[str, ...] = (),
-               storage_options: Mapping[str, Any] | None = None) -> dict[str, TableRow]:
-    """Read a CSV keyed by its ``path`` column (relative to the source root). ``path`` is a
-    local file or a URL (read through fsspec with ``storage_options``). ``target``: how a row's
-    label is read (default: a class name in column ``label``); ``known``: the job's ``labels:``.
-
-    Raises ConfigError for an unreadable file, a missing column or a duplicated path.
-    """
-    try:
-        with _open_table(path, storage_options) as fh:
-            reader = csv.DictReader(fh)
-            columns = reader.fieldnames or []
-            missing = [c for c in required if c not in columns]
-            if missing:
-                raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; the header row has "
-                                  f"{', '.join(columns) or 'nothing'}")
-            rows: dict[str, TableRow] = {}
-            target = target or TargetConfig()
-            fixed = {"path", "label", entity_column, time_column, *target_columns(target)}
-            for number, record in enumerate(reader, start=2):
-                rel = _relpath(record.get("path") or "", path, number)
-                if rel in rows:
-                    raise ConfigError(f"{path}: row {number}, column 'path': {rel!r} is listed twice "
-                                      f"(first on row {rows[rel].row}); keep one row per file")
-                raw_time = (record.get(time_column) or "").strip() if time_column else None
-                label = from_row(target, record, f"{path} row {number}", known) if target_columns(target) else ""
-                refused = label if isinstance(label, Refused) and label.reason != "missing_label" else None
-                rows[rel] = TableRow(
-                    row=number,
-                    label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe
-                    refused=refused,
-                    entity=((record.get(entity_column) or "").strip() or None) if entity_column else None,
-                    time=normalize_time(raw_time),
-                    raw_time=raw_time or None,
-                    extra=tuple(sorted((k, v or "") for k, v in record.items()
-                                       if k is not None and k not in fixed)),
-                )
-            return rows
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                          "save the table as UTF-8") from err
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
-
-
 def _outside_root(path: Path, real_root: Path) -> bool:
     """A listed file whose real location (symlinks resolved) is not under ``real_root`` (the
     root, resolved).
@@ -236,22 +138,6 @@ def _outside_root(path: Path, real_root: Path) -> bool:
         return path.is_symlink() and not path.resolve().is_relative_to(real_root)
     except OSError:
         return True
-
-
-def _table_of(source: SourceConfig, storage_options: Mapping[str, Any] | None, known: tuple[str, ...] = ()
-              ) -> tuple[Path | str | None, dict[str, TableRow]]:
-    """The source's label table (``labels`` or ``table``, as its kind takes it) and its rows. A
-    kind that reads entity and time from headers needs only the path, target and file columns."""
-    table = source.label_table
-    if table is None:
-        return None, {}
-    columns = ("path", *target_columns(source.target), *source.file_columns())
-    if source_kind(source.kind).identity_in_header:
-        return table, read_table(table, required=columns, target=source.target, known=known,
-                                 storage_options=storage_options)
-    return table, read_table(table, required=(*columns, source.entity), entity_column=source.entity,
-                             time_column=source.time[0], target=source.target, known=known,
-                             storage_options=storage_options)
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
@@ -357,39 +243,72 @@ def _target_text(source: SourceConfig, rel: str, row: TableRow | None, known: tu
     return (row.refused or row.label) if row else None
 
 
+def _path_facts(source: SourceConfig, rel: str) -> tuple[str | None, str | None, tuple[tuple[str, str], ...]]:
+    """The entity, time and fields a file's path gives (``entity: {path: ...}``, ``fields:``)."""
+    entity = source.entity_path.value(rel) if source.entity_path is not None else None
+    time = normalize_time(source.time_path.value(rel)) if source.time_path is not None else None
+    fields = tuple((f.name, f.value(rel) or "") for f in source.fields)
+    return entity, time, fields
+
+
 def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: TableRow | None,
               label: str | None, phi: Pseudonymizer | None) -> SampleRef:
     """The unprobed ref of a listed file. A kind that reads entity and time from headers gets
     them in the probe (the ref keeps only the cells naming its other files); otherwise they come
-    from the table row, and a table-less source gives each file its own entity."""
+    from the path (``entity: {path: ...}``) or the table row, and a table-less source gives each
+    file its own entity."""
     sample_id = make_sample_id(source.name, rel, phi)
     if kind.identity_in_header:
         return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
                          extra=_row_cells(source, row))
-    if source.label_table is None:  # label: folder or none without a table: each file is its own entity
-        return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
-                         entity=rel)
+    entity, time, fields = _path_facts(source, rel)
+    if source.entity_path is None:
+        entity = (row.entity if row else None) if source.label_table is not None else rel
+    if source.time_path is None:
+        time = row.time if row else None
+    extra = row.extra if row else fields  # a row holds its path's fields already (tables.place_rows)
     return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
-                     entity=row.entity if row else None, time=row.time if row else None,
-                     extra=row.extra if row else ())
+                     entity=entity, time=time, extra=extra)
 
 
-def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], rows: Mapping[str, TableRow],
+def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
-                 real_root: Path | None, issues: list[Issue]) -> RefTable:
+                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded]) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
-    listing (no usable label, a missing mask, outside the root) appended to ``issues`` instead.
-    Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`): as a list of
-    objects, 100k refs held 60 MiB at once, much of it never given back after discovery."""
+    listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
+    file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
+    ``excluded`` instead. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
+    as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
+    discovery."""
     kind = source_kind(source.kind)
     refs = TableBuilder(RefTable)
+    rows = placed.rows
     named = _named_files(source, rows)
+    only_table = source.table_map is not None and source.table_map.files == "table"
     for rel, path in files:
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
             continue
+        sample_id = make_sample_id(source.name, rel, phi)
+        if rel in placed.filtered:
+            excluded.append(Excluded(sample_id, path, "discover", "filtered", placed.filtered[rel]))
+            continue
+        if rel in placed.refused:
+            refused = placed.refused[rel]
+            issues.append(Issue(sample_id=sample_id, path=path, stage="discover", reason=refused.reason,
+                                message=refused.message))
+            continue
         row = rows.get(rel)
+        if row is None and only_table:
+            excluded.append(Excluded(sample_id, path, "discover", "not_in_table",
+                                     f"{table} names no such file (files: table)"))
+            continue
         label = _target_text(source, rel, row, known)
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi)
+        if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
+            # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
+            excluded.append(Excluded(sample_id, path, "discover", "filtered",
+                                     f"{miss.key} is {dict(ref.extra).get(miss.key, '')!r}; where: {miss.describe()}"))
+            continue
         if isinstance(label, Refused):
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
         elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
@@ -420,7 +339,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
             if not allow_outside:
                 issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
                                     reason="outside_root",
-                                    message=f"{table} row {row.row}, column 'path': {rel!r} leaves the source "
+                                    message=f"{table} row {row.row}: {rel!r} leaves the source "
                                             "root; give a path inside the root, or set safety.outside_root: allow"))
                 continue
             stat = stat_remote(target, storage_options) if remote else None
@@ -439,15 +358,30 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     return outside
 
 
+def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: str) -> None:
+    """Raise ConfigError for a path pattern (entity, time, a field) that matches no listed file,
+    showing one: a typo there would otherwise make every file a bad sample."""
+    for field_spec in (source.entity_path, source.time_path, *source.fields):
+        if field_spec is None or not relpaths:
+            continue
+        if not any(field_spec.value(rel) for rel in relpaths):
+            said = f"path: {field_spec.pattern!r}" if field_spec.pattern is not None else \
+                f"component: {field_spec.component}"
+            key = field_spec.name if field_spec.name in ("entity", "time") else f"fields.{field_spec.name}"
+            raise ConfigError(f"{where}.{key} (source {source.name!r}): {said} matches none of the "
+                              f"{len(relpaths)} files; a file's path relative to the root is {relpaths[0]!r}")
+
+
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
-                 where: str = "sources[0]") -> tuple[RefTable, list[Issue], dict[str, RawObject]]:
-    """The refs of one source, its table-only issues and its remote listing. ``where``: the
-    source's key path in the job file (``sources[1]``), for the ConfigErrors it raises."""
+                 where: str = "sources[0]") -> SourceFound:
+    """The refs of one source, its table-only issues, what it left out, and its remote listing.
+    ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors."""
     as_written = _check_root(source, where)
     kind = source_kind(source.kind)
+    table = source.label_table
     try:
-        table, rows = _table_of(source, storage_options, known_labels)  # a bad table fails before a long listing
+        records = read_records(source, storage_options) if table is not None else None  # before a long listing
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
@@ -456,56 +390,125 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
                           "remove the source from the job")
+    relpaths = [rel for rel, _ in files]
+    _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
+    placed: Placed = Placed()
+    unplaced: list[tuple[str, int, str, str]] = []
+    if records is not None:
+        try:
+            placed, unplaced = place_rows(source, records, relpaths, known_labels)
+        except ConfigError as err:
+            raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
+    for cell, _row, reason, message in unplaced:
+        issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
+                            reason=reason, message=message))
+    excluded: list[Excluded] = []
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
-    refs = _listed_refs(source, files, rows, table, phi, known_labels, real_root, issues)
-    seen = {rel for rel, _ in files}
-    del files
-    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, issues)
+    refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded)
+    seen = set(relpaths)
+    del files, relpaths
+    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
+        ordered = refs.column("relpath")
+        refs = refs.take(sorted(range(len(refs)), key=ordered.__getitem__))
+    warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else ()),) if w]
+    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered)
+
+
+@dataclass(frozen=True)
+class SourceFound:
+    """What one source's listing found (:func:`_source_refs`)."""
+
+    refs: RefTable
+    issues: list[Issue]
+    listed: dict[str, RawObject]
+    excluded: list[Excluded]
+    warnings: list[str]
+    rows_filtered: int
+
+
+_PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
+_PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
+
+
+def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str]) -> str | None:
+    """A warning when every file of a source is its own entity while a table column or a part of
+    the paths looks like a patient id: leakage protection is then off, most likely by mistake
+    (``entity: path``, or a table whose patient column the job does not name). None otherwise,
+    and for a kind that reads entities from headers."""
+    if source_kind(source.kind).identity_in_header or len(refs) < 2:
+        return None
+    entities = refs.column("entity")
+    if len(set(entities)) != len(entities):
+        return None
+    hints = [f"column {c!r}" for c in columns if _PATIENT_COLUMN.search(c) and c != source.entity]
+    if not hints:
         relpaths = refs.column("relpath")
-        refs = refs.take(sorted(range(len(refs)), key=relpaths.__getitem__))
-    return refs, issues, listed
+        for part in range(-len(relpaths[0].split("/")), -1):
+            values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
+            if all(_PATIENT_PART.match(v) for v in values) and len(set(values)) < len(values):
+                example = values[0]
+                hints.append(f"the path part {example!r} (entity: {{component: {len(relpaths[0].split('/')) + part}}})")
+                break
+    if not hints:
+        return None
+    return (f"source {source.name!r}: each of its {len(entities)} files is its own entity, so leakage protection is "
+            f"off: no patient can be kept in one split. {hints[0][0].upper() + hints[0][1:]} looks like a patient "
+            "id: name it in 'entity:'")
 
 
 @dataclass(frozen=True)
 class Discovery:
     """What discovery found: ``refs`` (sorted by source, then relative path), the table-only
-    ``issues``, and ``listed``: for each remote file (by URL) the size and version tag its
-    listing gave, which the build cache keys it by (a local file is keyed by its stat)."""
+    ``issues``, ``excluded``: files left out on purpose (a ``where:`` filter, not in a
+    ``files: table`` table), ``warnings`` to print, ``rows_filtered``: table rows a filter left
+    out (counted; only those naming a listed file are in ``excluded``), and ``listed``: for each
+    remote file (by URL) the size and version tag its listing gave, which the build cache keys it
+    by (a local file is keyed by its stat)."""
 
     refs: RefTable
     issues: list[Issue]
     listed: dict[str, RawObject] = field(default_factory=dict)
+    excluded: list[Excluded] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    rows_filtered: int = 0
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
              storage_options: Mapping[str, Any] | None = None) -> Discovery:
     """List every source's raw files, local or behind URLs (read with ``storage_options``):
-    refs sorted by source, then relative path, the table-only issues, and the remote listing.
+    refs sorted by source, then relative path, the table-only issues, what was left out on
+    purpose, warnings, and the remote listing.
 
     Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
     cannot be listed (missing bucket, credentials, endpoint; the message says which).
     """
     tables: list[RefTable] = []
     issues: list[Issue] = []
+    excluded: list[Excluded] = []
+    said: list[str] = []
     listed: dict[str, RawObject] = {}
+    rows_filtered = 0
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
-            source_refs, source_issues, source_listed = _source_refs(source, phi, allow_outside, job.labels,
-                                                                     storage_options, where=f"sources[{index}]")
+            found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]")
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
-        tables.append(source_refs)
-        issues.extend(source_issues)
-        listed.update(source_listed)
+        tables.append(found.refs)
+        issues.extend(found.issues)
+        listed.update(found.listed)
+        excluded.extend(found.excluded)
+        said.extend(found.warnings)
+        rows_filtered += found.rows_filtered
     refs = RefTable.concat(tables)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
         refs = RefTable.of(unique_ids(list(refs)))
-    return Discovery(refs=refs, issues=issues, listed=listed)
+    return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
+                     rows_filtered=rows_filtered)
 
 
 def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
@@ -537,6 +540,8 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     for issue in found.issues:  # files refused while listing (outside the root, no label) are files too
         files.setdefault(issue.sample_id, issue.path)
+    for left_out in found.excluded:  # and so are files left out on purpose (filtered, not in the table)
+        files.setdefault(left_out.sample_id, left_out.path)
     out: dict[str, str | None] = {}
     for key in keys:
         file_id = file_id_of(key)

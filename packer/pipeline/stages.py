@@ -116,6 +116,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
+    for said in found.warnings:  # a warning, not progress: printed under --quiet too
+        print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
     del found
     inputs = len(refs) + len(issues)
     if not quiet:  # the files refused while listing are not in the progress lines' "bad" counts: say them here
@@ -248,5 +250,6 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     consumer = None if keep_spill else SpillConsumer(cache_dir, samples.column("spill"), keep=prepared.partial_spills)
-    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer)
+    written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer,
+                          raw_paths=job.phi.mode == "keep")
     return StageRun(prepared, target=target, shards=tuple(shards), written=written)

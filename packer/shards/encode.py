@@ -60,12 +60,13 @@ def pixels_digest(pixels: bytes | memoryview, *, shape: tuple[int, ...], dtype: 
 
 def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: str, pixels: bytes,
                   metadata: dict[str, Any], split: str, target: Target,
-                  sha256: str | None = None, mask: bytes | None = None) -> EncodedSample:
+                  sha256: str | None = None, mask: bytes | None = None, relpath: str | None = None) -> EncodedSample:
     """Attach split and target to a transformed sample's bytes (raw C-order pixels).
 
     The record (``.json``) says the target as a reader wants it: ``label`` and ``label_index``
     for a class, ``labels`` (the names) for multi-label, ``target`` (name → number) for numeric,
-    nothing for an unlabeled sample."""
+    nothing for an unlabeled sample. ``relpath``: the raw file's path relative to its source root,
+    recorded as ``path`` (given under ``phi.mode: keep`` only)."""
     if ref.label is None or ref.entity is None:
         raise ValueError(f"{ref.path}: sample {key} reached packing without label/entity")
     label, vector = target.encode(ref.label, where=f"{ref.path}: sample {key}")
@@ -75,6 +76,8 @@ def encode_sample(*, key: str, ref: SampleRef, shape: tuple[int, ...], dtype: st
         "source": ref.source,
         "kind": ref.kind,
     }
+    if relpath is not None:
+        info["path"] = relpath
     info.update(target.record_fields(ref.label, label, vector))
     info.update({
         "entity_id": ref.entity,

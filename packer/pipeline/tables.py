@@ -1,0 +1,484 @@
+"""Tables: read a source's label table as it ships and place each row on the file it names.
+
+Public datasets ship tables in their own shapes: a ``Path`` column relative to the folder above
+the root (CheXpert), bare file names of images spread over ``images_001/images/`` folders
+(NIH ChestX-ray14), several tables joined on ids with paths built from them (MIMIC-CXR-JPG),
+one row per box (RSNA Pneumonia), a JSON list of records (the Medical Segmentation Decathlon).
+A source's ``table:`` object (:class:`~packer.config.TableConfig`) says which shape, and this
+module does two things with it, for :mod:`packer.pipeline.discover`:
+
+1. :func:`read_records` reads the table and its joined tables into plain records (column →
+   cell), checking every column the job names against the header row (a misspelt column is a
+   config error with the closest name), before any file is listed;
+2. :func:`place_rows` puts each record on a file of the listing: it builds the file's relative
+   path (a path, a template, a bare name looked up in one index of the listing), reads fields
+   from that path, applies the ``where:`` filter and the repeated-rows rule, and reads the
+   row's label, entity and time into a :class:`TableRow`.
+
+What cannot be placed is said, never dropped: a name two files share is ``ambiguous_path`` for
+both files, a row without a match in a joined table is ``join_unmatched`` for its file, and a
+table none of whose rows names a listed file is a config error that shows an example of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import difflib
+import io
+import json
+import os
+import posixpath
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from packer.config import JoinConfig, SourceConfig, TableConfig, TargetConfig
+from packer.errors import ConfigError
+from packer.pipeline.labels import Refused, from_row, target_columns
+from packer.pipeline.rawstore import read_remote_bytes
+from packer.read.kinds import source_kind
+from packer.storage import remote_errors, storage_error
+from packer.targets import SEPARATOR
+from packer.where import failed
+
+Record = dict[str, str]
+
+
+def normalize_time(value: str | None) -> str | None:
+    """An ISO date or datetime string, or None when empty or unreadable."""
+    if value is None or not str(value).strip():
+        return None
+    text = str(value).strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+        return datetime.fromisoformat(text).replace(tzinfo=None).isoformat()
+    except ValueError:
+        return None
+
+
+def escapes_root(relpath: str) -> bool:
+    """True for a table path that leaves the source root (``..``) or is absolute."""
+    return relpath == ".." or relpath.startswith("../") or posixpath.isabs(relpath)
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One row of a label table. ``label``: the target's text (:mod:`packer.targets`), None where
+    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value)."""
+
+    row: int
+    label: str | None
+    entity: str | None
+    time: str | None
+    raw_time: str | None
+    extra: tuple[tuple[str, str], ...]
+    refused: Refused | None = None
+
+
+@dataclass(frozen=True)
+class Records:
+    """A source's table as read: its records in file order (``number``: the row as the file
+    counts it, 2 for a CSV's first data row, 1 for a JSON table's first record), its column
+    names, and per record number why a joined table refused it (``join_unmatched``) or left it
+    out (``missing: drop``)."""
+
+    path: Path | str
+    columns: tuple[str, ...]
+    records: tuple[tuple[int, Record], ...]
+    unmatched: Mapping[int, str] = field(default_factory=dict)
+    dropped: Mapping[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Placed:
+    """The rows of a source placed on files. ``rows``: by relative path under the root;
+    ``refused``: files the table makes bad samples (ambiguous name, no joined row, rows that
+    disagree), by relative path; ``filtered``: files a ``where:`` condition left out, with the
+    condition; ``unplaced``: (cell, row, reason, message) of rows naming no file the listing has
+    (``missing_file``, ``outside_root``: :mod:`~packer.pipeline.discover` decides which)."""
+
+    rows: dict[str, TableRow] = field(default_factory=dict)
+    refused: dict[str, Refused] = field(default_factory=dict)
+    filtered: dict[str, str] = field(default_factory=dict)
+    rows_filtered: int = 0
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
+    """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole."""
+    if isinstance(path, Path):
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            yield fh
+        return
+    try:
+        data = read_remote_bytes(path, storage_options)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: cannot read the table: there is no such object; fix the URL "
+                          "or upload the table") from err
+    except remote_errors() as err:
+        raise storage_error(path, err, doing="reading the table") from err
+    yield io.StringIO(data.decode("utf-8-sig"), newline="")
+
+
+def _cell(value: Any) -> str:
+    """A JSON value as a table cell (numbers as written, lists joined by the label separator)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list):
+        return SEPARATOR.join(_cell(v) for v in value)
+    return str(value)
+
+
+def _json_records(fh: IO[str], path: Path | str, key: str | None) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    try:
+        doc = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not a JSON document ({err.msg} at line {err.lineno}); fix the file") from err
+    items = doc.get(key) if isinstance(doc, dict) and key is not None else doc
+    if key is not None and not isinstance(doc, dict):
+        raise ConfigError(f"{path}: records: {key!r} needs a JSON object holding the list; the file holds a "
+                          f"{type(doc).__name__}")
+    if items is None:
+        keys = ", ".join(repr(k) for k, v in doc.items() if isinstance(v, list)) if isinstance(doc, dict) else ""
+        raise ConfigError(f"{path}: records: no key {key!r}; the object's lists are {keys or 'none'}")
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        hint = "" if key is not None else "; name the key of the list with records: (MSD: training)"
+        raise ConfigError(f"{path}: expected a list of records (objects){hint}")
+    columns: list[str] = []
+    for item in items:
+        columns.extend(k for k in item if k not in columns)
+    return tuple(columns), [(n, {k: _cell(v) for k, v in item.items()}) for n, item in enumerate(items, start=1)]
+
+
+def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None
+               ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list)."""
+    name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
+    try:
+        with _open_text(path, storage_options) as fh:
+            if name.lower().endswith(".json") or records_key is not None:
+                return _json_records(fh, path, records_key)
+            reader = csv.DictReader(fh)
+            columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
+            rows = [(n, {k: (v or "") for k, v in record.items() if k is not None})
+                    for n, record in enumerate(reader, start=2)]
+            return columns, rows
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "save the table as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the table ({err.strerror or err})") from err
+
+
+def closest(name: str, choices: Sequence[str]) -> str | None:
+    """The choice a misspelt ``name`` most likely meant (same letters in another case first)."""
+    same = [c for c in choices if c.lower() == name.lower()]
+    if same:
+        return same[0]
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str]) -> None:
+    """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
+    the header lacks, with the closest column the header has."""
+    for column, key in wanted.items():
+        if column in columns:
+            continue
+        near = closest(column, columns)
+        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
+        raise ConfigError(f"{path}: missing column {column!r} (named by {key}){hint}; the header row has "
+                          f"{', '.join(columns) or 'nothing'}")
+
+
+def _template_columns(template: str) -> list[str]:
+    import string
+
+    return [name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name]
+
+
+def wanted_columns(source: SourceConfig) -> dict[str, str]:
+    """The columns a source's table must have, each with the job key that names it."""
+    table = source.table_map
+    assert table is not None
+    key = source_kind(source.kind).table_key
+    wanted: dict[str, str] = {}
+    if table.template is not None:
+        for column in _template_columns(table.template):
+            wanted[column] = f"{key}.path.template"
+    else:
+        wanted[table.path] = f"{key}.path"
+    for column in target_columns(source.target):
+        wanted.setdefault(column, "label")
+    for column in source.file_columns():
+        wanted.setdefault(column, "mask.column" if source.mask is not None and column == source.mask.column
+                          else "companions")
+    if not source_kind(source.kind).identity_in_header:
+        if source.entity_path is None:
+            wanted.setdefault(source.entity, "entity")
+    fields = {f.name for f in source.fields}
+    for condition in source.where:
+        if condition.key not in fields:
+            wanted.setdefault(condition.key, "where")
+    return wanted
+
+
+def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: list[tuple[int, Record]],
+          storage_options: Mapping[str, Any] | None) -> Records:
+    """``rows`` of the table at ``path`` with every ``table.join`` table's columns added."""
+    unmatched: dict[int, str] = {}
+    dropped: dict[int, str] = {}
+    all_columns = list(columns)
+    for join in table.join:
+        join_columns, join_rows = _read_file(join.file, join.records, storage_options)
+        _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
+        _check_columns(join.file, join_columns, {c: "join.on" for c in join.on})
+        shared = [c for c in join_columns if c in all_columns and c not in join.on]
+        if shared:
+            raise ConfigError(f"{join.file}: column {shared[0]!r} is in {path} too; join on it (on: "
+                              f"[{', '.join([*join.on, shared[0]])}]) or drop it from one table")
+        index = _join_index(join, join_rows)
+        all_columns.extend(c for c in join_columns if c not in join.on)
+        for number, record in rows:
+            if number in unmatched or number in dropped:
+                continue
+            key = tuple(record.get(c, "").strip() for c in join.on)
+            match = index.get(key)
+            if match is None:
+                said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True))
+                message = f"{path} row {number}: no row of {join.file} has {said}"
+                (dropped if join.missing == "drop" else unmatched)[number] = message
+                continue
+            record.update((k, v) for k, v in match.items() if k not in join.on)
+    return Records(path=path, columns=tuple(all_columns), records=tuple(rows), unmatched=unmatched, dropped=dropped)
+
+
+def _join_index(join: JoinConfig, rows: list[tuple[int, Record]]) -> dict[tuple[str, ...], Record]:
+    index: dict[tuple[str, ...], Record] = {}
+    first: dict[tuple[str, ...], int] = {}
+    for number, record in rows:
+        key = tuple(record.get(c, "").strip() for c in join.on)
+        if key in index:
+            if join.repeated == "same" and index[key] == record:
+                continue
+            said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True))
+            fix = ("they differ; fix the table" if join.repeated == "same"
+                   else "keep one row per key, or set repeated: same where the rows repeat one another")
+            raise ConfigError(f"{join.file}: rows {first[key]} and {number} both have {said}; {fix}")
+        index[key], first[key] = record, number
+    return index
+
+
+def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> Records:
+    """The records of ``source``'s table, joined with its ``join`` tables. Raises ConfigError for
+    an unreadable table, a column the job names that the header lacks (with the closest one),
+    or two joined rows with one key."""
+    table = source.table_map
+    assert table is not None
+    columns, rows = _read_file(table.file, table.records, storage_options)
+    joined = _join(table, table.file, columns, rows, storage_options)
+    _check_columns(table.file, joined.columns, wanted_columns(source))
+    return joined
+
+
+# -- placing -------------------------------------------------------------------------------------
+
+
+def _rebase(cell: str, table: TableConfig, root: Path | str) -> str:
+    """A table cell's path relative to the root (it is written relative to ``path_base``)."""
+    text = posixpath.normpath(cell.strip().replace("\\", "/"))
+    if table.path_base is None:
+        return text
+    base, top = os.fspath(table.path_base), os.fspath(root)
+    if "://" in top:  # a URL root: compare the paths after the protocol
+        base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
+    return posixpath.relpath(posixpath.normpath(posixpath.join(base, text)), top)
+
+
+def _cell_of(table: TableConfig, record: Record) -> str:
+    if table.template is None:
+        return record.get(table.path, "")
+    return table.template.format_map({k: v.strip() for k, v in record.items()})
+
+
+class NameIndex:
+    """The listed files of a source by file name, for tables of bare names (``find: name``)."""
+
+    def __init__(self, relpaths: Sequence[str]) -> None:
+        self._by_name: dict[str, list[str]] = defaultdict(list)
+        for rel in relpaths:
+            self._by_name[rel.rsplit("/", 1)[-1]].append(rel)
+
+    def find(self, name: str) -> list[str]:
+        return self._by_name.get(name.strip().rsplit("/", 1)[-1], [])
+
+
+def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
+    """Why no row names a listed file, with an example of each and the likely fix."""
+    table = source.table_map
+    assert table is not None
+    cell, rel = cells[0], listed[0]
+    key = source_kind(source.kind).table_key
+    names = {r.rsplit("/", 1)[-1] for r in listed}
+    if table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
+        if "/" not in cell:
+            fix = f"the cells are bare file names in subfolders: set {key}.find: name"
+        else:
+            fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
+                   f"from (e.g. the folder above the root), or {key}.find: name")
+    else:
+        fix = (f"check {key}.path (the column naming the files: {table.path!r}) and that the table belongs to "
+               "this root")
+    return ConfigError(f"{records.path}: none of the table's {len(cells)} rows names a file under {source.root}: "
+                       f"row {records.records[0][0]} gives {cell!r} and a file under the root is {rel!r}; {fix}")
+
+
+def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = ()
+               ) -> tuple[Placed, list[tuple[str, int, str, str]]]:
+    """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
+    Returns the placement and the rows that name no listed file, as (relative path or cell,
+    row number, reason, message): ``missing_file`` or ``join_unmatched``; rows left out by
+    a join with ``missing: drop`` are counted as filtered."""
+    table = source.table_map
+    assert table is not None
+    names = NameIndex(listed) if table.find == "name" else None
+    listed_set = set(listed)
+    placed = Placed()
+    unplaced: list[tuple[str, int, str, str]] = []
+    by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
+    cells: list[str] = []
+    for number, record in records.records:
+        cell = _cell_of(table, record).strip()
+        if not cell:
+            raise ConfigError(f"{records.path}: row {number}, column {table.path!r} is empty; give the file's "
+                              "path relative to the root")
+        cells.append(cell)
+        if names is not None:
+            found = names.find(cell)
+            if len(found) > 1:
+                for rel in found:
+                    placed.refused[rel] = Refused("ambiguous_path", (
+                        f"{records.path} row {number} names {cell!r}, and {len(found)} files under the root have "
+                        f"that name ({', '.join(found[:3])}); give the table paths (find: path) or keep one"))
+                continue
+            rel = found[0] if found else _rebase(cell, table, source.root)
+        else:
+            rel = _rebase(cell, table, source.root)
+        if number in records.dropped:
+            placed.rows_filtered += 1
+            if rel in listed_set:
+                placed.filtered[rel] = records.dropped[number]
+            continue
+        if number in records.unmatched:
+            if rel in listed_set:
+                placed.refused[rel] = Refused("join_unmatched", records.unmatched[number] +
+                                              "; add the row there, or set join missing: drop")
+            else:
+                unplaced.append((rel, number, "join_unmatched", records.unmatched[number]))
+            continue
+        by_file[rel].append((number, record))
+    if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
+        raise _no_match_error(source, records, cells, listed)
+    for rel, rows in by_file.items():
+        _place(source, records, rel, rows, known, placed)
+    return placed, unplaced
+
+
+def _place(source: SourceConfig, records: Records, rel: str, rows: list[tuple[int, Record]],
+           known: tuple[str, ...], placed: Placed) -> None:
+    """Place the rows naming one file: fields from its path, the where filter, repeated rows."""
+    table = source.table_map
+    assert table is not None
+    fields = {f.name: f.value(rel) or "" for f in source.fields}
+    kept: list[tuple[int, Record]] = []
+    for number, record in rows:
+        record = {**record, **fields}
+        miss = failed(source.where, {k: (v,) for k, v in record.items()})
+        if miss is not None:
+            placed.rows_filtered += 1
+            placed.filtered[rel] = f"{miss.key} is {record.get(miss.key, '')!r}; where: {miss.describe()}"
+            continue
+        kept.append((number, record))
+    if not kept:
+        return
+    placed.filtered.pop(rel, None)  # another row of the file is kept
+    if len(kept) > 1 and table.repeated == "refuse":
+        raise ConfigError(f"{records.path}: row {kept[1][0]}: {rel!r} is listed twice (first on row {kept[0][0]}); "
+                          "keep one row per file, or set repeated: same (rows that agree, one per box) or union "
+                          "(a multi-label target holding every row's labels)")
+    rows_made = [_row(source, records.path, number, record, known) for number, record in kept]
+    first = rows_made[0]
+    if len(rows_made) > 1:
+        merged = _merge(source, records.path, rel, rows_made)
+        if isinstance(merged, Refused):
+            placed.refused[rel] = merged
+            return
+        first = merged
+    placed.rows[rel] = first
+
+
+def _merge(source: SourceConfig, path: Path | str, rel: str, rows: list[TableRow]) -> TableRow | Refused:
+    """One row for a file named by several: the first, when they agree on target, entity and
+    time (``same``), or holding every row's labels (``union``, multi-label)."""
+    table = source.table_map
+    assert table is not None
+    first = rows[0]
+    refused = next((r.refused for r in rows if r.refused is not None), None)
+    if refused is not None:
+        return refused
+    for other in rows[1:]:
+        for what, a, b in (("entity", first.entity, other.entity), ("time", first.raw_time, other.raw_time)):
+            if a != b:
+                return Refused("bad_target", f"{path} rows {first.row} and {other.row} name {rel!r} with "
+                                             f"{what} {a!r} and {b!r}; rows of one file must agree")
+    if table.repeated == "union" and source.target.kind == "multilabel":
+        held = sorted({name for r in rows for name in (r.label or "").split(SEPARATOR) if name})
+        from packer.targets.base import names_text
+        return TableRow(row=first.row, label=names_text(held), entity=first.entity, time=first.time,
+                        raw_time=first.raw_time, extra=first.extra)
+    for other in rows[1:]:
+        if other.label != first.label:
+            return Refused("bad_target", f"{path} rows {first.row} and {other.row} name {rel!r} with the targets "
+                                         f"{first.label!r} and {other.label!r}; rows of one file must agree "
+                                         f"(repeated: {table.repeated})")
+    return first
+
+
+def _row(source: SourceConfig, path: Path | str, number: int, record: Record, known: tuple[str, ...]) -> TableRow:
+    """A record as a TableRow: its target, entity and time, and its other cells."""
+    target: TargetConfig = source.target
+    table = source.table_map
+    assert table is not None
+    header = source_kind(source.kind).identity_in_header
+    entity_column = None if header or source.entity_path is not None else source.entity
+    time_column = None if header or source.time_path is not None else source.time[0]
+    label = from_row(target, record, f"{path} row {number}", known) if target_columns(target) else ""
+    refused = label if isinstance(label, Refused) and label.reason != "missing_label" else None
+    raw_time = (record.get(time_column) or "").strip() if time_column else None
+    fixed = {table.path, "label", entity_column, time_column, *target_columns(target)} - set(source.file_columns())
+    extra = []
+    for k, v in record.items():
+        if k in fixed:
+            continue
+        if k in source.file_columns() and v.strip():
+            v = _rebase(v, table, source.root)  # a mask named like the row's file, from the same base
+        extra.append((k, v or ""))
+    return TableRow(
+        row=number,
+        label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe
+        refused=refused,
+        entity=((record.get(entity_column) or "").strip() or None) if entity_column else None,
+        time=normalize_time(raw_time),
+        raw_time=raw_time or None,
+        extra=tuple(sorted(extra)),
+    )

@@ -1,0 +1,367 @@
+"""Tables as they ship: a source's ``table:`` object places each row on its file without edits.
+
+Each test writes a tree in a published layout (CheXpert's ``Path`` relative to the folder above
+the root, NIH's bare names under ``images_00N/images/``, MIMIC-CXR-JPG's ids joined over tables,
+RSNA's row per box, the Decathlon's dataset.json) and checks what discovery makes of it: every
+file is a sample, a bad sample with a reason, or left out on purpose, and nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.build import BuildOptions, build
+from packer.pipeline.discover import Discovery, discover
+
+
+def _files(root: Path, relpaths: list[str], real: bool = False) -> None:
+    for i, rel in enumerate(relpaths):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if real:  # a decodable image, different per file (no planted duplicates)
+            rng = np.random.default_rng(i)
+            cv2.imwrite(str(path), rng.integers(0, 255, (24, 24), dtype=np.uint8))
+        else:
+            path.write_bytes(b"\x89PNG fake")
+
+
+def _job(tmp_path: Path, source: dict[str, Any], **extra: Any) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "image", **source}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out", **extra}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _csv(path: Path, header: str, rows: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([header, *rows]) + "\n")
+
+
+def _by_path(found: Discovery) -> dict[str, Any]:
+    return {ref.relpath: ref for ref in found.refs}
+
+
+# -- CheXpert: Path from the folder above the root, patient in the path, frontal only -------------
+
+CHEXPERT = ["train/patient00001/study1/view1_frontal.jpg", "train/patient00001/study1/view2_lateral.jpg",
+            "train/patient00002/study1/view1_frontal.jpg", "train/patient00002/study2/view1_frontal.jpg",
+            "train/patient00003/study1/view1_frontal.jpg"]
+
+
+def _chexpert(tmp_path: Path, real: bool = False) -> Path:
+    root = tmp_path / "CheXpert-v1.0-small"
+    _files(root, CHEXPERT, real)
+    view = {"frontal": "Frontal", "lateral": "Lateral"}
+    rows = [f"CheXpert-v1.0-small/{rel},Female,68,{view[rel.rsplit('_', 1)[1][:-4]]},AP,{i % 2}.0,{(i + 1) % 2}.0"
+            for i, rel in enumerate(CHEXPERT)]
+    _csv(root / "train.csv", "Path,Sex,Age,Frontal/Lateral,AP/PA,Cardiomegaly,Edema", rows)
+    return _job(tmp_path, {
+        "root": "CheXpert-v1.0-small", "table": {"file": "CheXpert-v1.0-small/train.csv", "path": "Path",
+                                                 "path_base": "."},
+        "entity": {"path": r"(?P<entity>patient\d+)/"}, "where": {"Frontal/Lateral": "Frontal"},
+        "label": {"kind": "multilabel", "columns": ["Cardiomegaly", "Edema"]}})
+
+
+def test_chexpert_paths_from_the_folder_above_the_root_place_every_row(tmp_path: Path) -> None:
+    found = discover(load_job(_chexpert(tmp_path)))
+    refs = _by_path(found)
+    frontal = [rel for rel in CHEXPERT if "lateral" not in rel]
+    assert sorted(refs) == frontal and found.issues == []
+    assert [refs[rel].entity for rel in frontal] == ["patient00001", "patient00002", "patient00002", "patient00003"]
+    assert refs[frontal[0]].label == "Edema" and refs[frontal[1]].label == "Edema"  # rows 0 and 2: Edema 1.0
+    assert refs[frontal[2]].label == "Cardiomegaly"
+    # the lateral view is left out by the filter, counted and said, not a bad sample
+    assert [(Path(e.path).name, e.why, e.stage) for e in found.excluded] == [
+        ("view2_lateral.jpg", "filtered", "discover")]
+    assert "Frontal/Lateral is 'Lateral'" in found.excluded[0].detail
+    assert found.rows_filtered == 1
+
+
+def _build_records(job: Path, **phi: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    doc = yaml.safe_load(job.read_text())
+    doc["labels"] = ["Edema", "Cardiomegaly"]  # positions not in alphabetical order
+    if phi:
+        doc["phi"] = phi
+    job.write_text(yaml.safe_dump(doc))
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    assert list(read_bad_samples(result.version_dir / "bad_samples.jsonl")) == []
+    records = []
+    for shard in sorted(result.version_dir.rglob("*.tar")):
+        with tarfile.open(shard) as tar:
+            records += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
+    return json.loads(result.manifest_path.read_text()), records
+
+
+def test_a_chexpert_build_packs_the_frontal_views_and_records_their_paths(tmp_path: Path) -> None:
+    manifest, records = _build_records(_chexpert(tmp_path, real=True))
+    assert sum(s["samples"] for s in manifest["splits"].values()) == 4
+    # phi: keep (an image job's default): each record names its raw file, relative to the root
+    assert sorted(r["path"] for r in records) == [rel for rel in CHEXPERT if "lateral" not in rel]
+    # the label map's keys are written in position order: a loop over them meets position 0 first
+    assert list(manifest["label_map"].items()) == [("Edema", 0), ("Cardiomegaly", 1)]
+
+
+def test_pseudonymized_records_never_name_their_raw_files(tmp_path: Path) -> None:
+    (tmp_path / "phi.key").write_text("k" * 64)
+    _, records = _build_records(_chexpert(tmp_path, real=True), mode="pseudonymize", key_file="phi.key")
+    assert len(records) == 4 and all("path" not in r for r in records)
+    assert not any("patient0000" in json.dumps(r) for r in records)
+
+
+def test_a_path_pattern_that_matches_nothing_shows_a_path(tmp_path: Path) -> None:
+    job = _chexpert(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["entity"] = {"path": r"(?P<entity>pid\d+)"}
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.entity .*pid.*matches none of the 5 files; a file's path "
+                                          r"relative to the root is 'train/patient00001/study1/view1_frontal.jpg'"):
+        discover(load_job(job))
+
+
+def test_without_path_base_the_error_says_where_the_paths_start(tmp_path: Path) -> None:
+    job = _chexpert(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    del doc["sources"][0]["table"]["path_base"]
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"none of the table's 5 rows names a file .*row 2 gives "
+                                          r"'CheXpert-v1.0-small/train/.*path_base"):
+        discover(load_job(job))
+
+
+def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_path: Path) -> None:
+    job = _chexpert(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["path"] = "path"
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"missing column 'path' \(named by table.path\); did you mean 'Path'\? "
+                                          r"\(set table.path: Path\)"):
+        discover(load_job(job))
+
+
+# -- NIH ChestX-ray14: bare names under images_00N/images/, entity from a column -------------------
+
+
+def _nih(tmp_path: Path, extra_file: str | None = None) -> Path:
+    root = tmp_path / "nih"
+    names = ["00000001_000.png", "00000001_001.png", "00000002_000.png", "00000003_000.png"]
+    files = [f"images_00{1 + i // 2}/images/{n}" for i, n in enumerate(names)]
+    _files(root, files + ([extra_file] if extra_file else []))
+    rows = [f"{n},Cardiomegaly|Effusion,0,{n[:8].lstrip('0')},58,M,PA,2682,2749,0.143,0.143," for n in names[:2]]
+    rows += [f"{n},Effusion,0,{n[:8].lstrip('0')},81,F,PA,2500,2048,0.168,0.168," for n in names[2:]]
+    _csv(root / "Data_Entry_2017.csv", "Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,"
+         "Patient Gender,View Position,OriginalImage[Width,Height],,OriginalImagePixelSpacing[x,y],", rows)
+    return _job(tmp_path, {
+        "root": "nih", "table": {"file": "nih/Data_Entry_2017.csv", "path": "Image Index", "find": "name"},
+        "entity": "Patient ID", "label": {"kind": "multilabel", "column": "Finding Labels"}})
+
+
+def test_nih_bare_names_are_found_under_the_root(tmp_path: Path) -> None:
+    found = discover(load_job(_nih(tmp_path)))
+    refs = _by_path(found)
+    assert sorted(refs) == ["images_001/images/00000001_000.png", "images_001/images/00000001_001.png",
+                            "images_002/images/00000002_000.png", "images_002/images/00000003_000.png"]
+    assert [r.entity for r in refs.values()] == ["1", "1", "2", "3"]
+    assert refs["images_001/images/00000001_000.png"].label == "Cardiomegaly|Effusion"
+    assert found.issues == [] and found.excluded == []
+
+
+def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:
+    found = discover(load_job(_nih(tmp_path, extra_file="images_009/images/00000002_000.png")))
+    ambiguous = sorted((i.path.split("/nih/")[1], i.reason) for i in found.issues)
+    assert ambiguous == [("images_002/images/00000002_000.png", "ambiguous_path"),
+                         ("images_009/images/00000002_000.png", "ambiguous_path")]
+    assert "2 files under the root have that name" in found.issues[0].message
+    assert len(found.refs) == 3  # each file counted once: a sample or a bad sample, never both
+
+
+def test_bare_names_without_find_name_say_to_set_it(tmp_path: Path) -> None:
+    job = _nih(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    del doc["sources"][0]["table"]["find"]
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"row 2 gives '00000001_000.png' .*bare file names in subfolders: set "
+                                          r"table.find: name"):
+        discover(load_job(job))
+
+
+def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
+    job = _nih(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["entity"] = "Image Index"
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert len(found.warnings) == 1
+    assert "each of its 4 files is its own entity" in found.warnings[0]
+    assert "leakage protection is off" in found.warnings[0] and "'Patient ID'" in found.warnings[0]
+    doc["sources"][0]["entity"] = "Patient ID"
+    job.write_text(yaml.safe_dump(doc))
+    assert discover(load_job(job)).warnings == []
+
+
+# -- MIMIC-CXR-JPG: paths built from ids, labels joined from another table -------------------------
+
+
+def _mimic(tmp_path: Path, *, drop: bool = False) -> Path:
+    root = tmp_path / "mimic"
+    studies = [("10000032", "50414267", "02aa804e-bde0afdd", "PA"),
+               ("10000032", "50414267", "174413ec-4ec4c1f7", "LATERAL"),
+               ("10000764", "57375967", "096052b7-d256dc40", "AP"),
+               ("10000898", "50771383", "0c4eb1e1-b801903c", "PA")]
+    _files(root, [f"files/p{s[:2]}/p{s}/s{st}/{d}.jpg" for s, st, d, _ in studies])
+    _csv(root / "mimic-cxr-2.0.0-metadata.csv", "dicom_id,subject_id,study_id,ViewPosition,Rows,Columns",
+         [f"{d},{s},{st},{v},3056,2544" for s, st, d, v in studies])
+    # the labels of the last study are missing from the chexpert table
+    _csv(root / "mimic-cxr-2.0.0-chexpert.csv", "subject_id,study_id,Cardiomegaly,Edema",
+         ["10000032,50414267,1.0,0.0", "10000764,57375967,0.0,1.0"])
+    return _job(tmp_path, {
+        "root": "mimic",
+        "table": {"file": "mimic/mimic-cxr-2.0.0-metadata.csv",
+                  "path": {"template": "files/p{subject_id:.2}/p{subject_id}/s{study_id}/{dicom_id}.jpg"},
+                  "join": [{"file": "mimic/mimic-cxr-2.0.0-chexpert.csv", "on": ["subject_id", "study_id"],
+                            **({"missing": "drop"} if drop else {})}]},
+        "entity": "subject_id", "where": {"ViewPosition": ["PA", "AP"]},
+        "label": {"kind": "multilabel", "columns": ["Cardiomegaly", "Edema"]}})
+
+
+def test_mimic_paths_are_built_from_ids_and_labels_joined_from_the_chexpert_table(tmp_path: Path) -> None:
+    found = discover(load_job(_mimic(tmp_path)))
+    refs = _by_path(found)
+    assert sorted(refs) == ["files/p10/p10000032/s50414267/02aa804e-bde0afdd.jpg",
+                            "files/p10/p10000764/s57375967/096052b7-d256dc40.jpg"]
+    assert [r.label for r in refs.values()] == ["Cardiomegaly", "Edema"]
+    assert [r.entity for r in refs.values()] == ["10000032", "10000764"]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("174413ec-4ec4c1f7.jpg", "filtered")]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("0c4eb1e1-b801903c.jpg", "join_unmatched")]
+    assert "no row of" in found.issues[0].message and "subject_id='10000898'" in found.issues[0].message
+
+
+def test_a_join_with_missing_drop_filters_the_unmatched_rows(tmp_path: Path) -> None:
+    found = discover(load_job(_mimic(tmp_path, drop=True)))
+    assert found.issues == []
+    assert sorted((Path(e.path).name, e.why) for e in found.excluded) == [
+        ("0c4eb1e1-b801903c.jpg", "filtered"), ("174413ec-4ec4c1f7.jpg", "filtered")]
+
+
+def test_a_join_key_the_joined_table_lacks_is_a_config_error(tmp_path: Path) -> None:
+    job = _mimic(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["join"][0]["on"] = ["subject_id", "studyid"]
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"missing column 'studyid' \(named by join.on\); did you mean 'study_id'"):
+        discover(load_job(job))
+
+
+# -- RSNA Pneumonia: one row per box --------------------------------------------------------------
+
+
+def _rsna(tmp_path: Path, repeated: str, rows: list[str]) -> Path:
+    root = tmp_path / "rsna"
+    _files(root, ["stage_2_train_images/a1.png", "stage_2_train_images/b2.png", "stage_2_train_images/c3.png"])
+    _csv(root / "stage_2_train_labels.csv", "patientId,x,y,width,height,Target", rows)
+    return _job(tmp_path, {
+        "root": "rsna", "table": {"file": "rsna/stage_2_train_labels.csv",
+                                  "path": {"template": "stage_2_train_images/{patientId}.png"}, "repeated": repeated},
+        "entity": "patientId", "label": {"column": "Target"}})
+
+
+def test_rows_of_one_image_that_agree_make_one_sample(tmp_path: Path) -> None:
+    found = discover(load_job(_rsna(tmp_path, "same", ["a1,264,152,213,379,1", "a1,562,152,256,453,1",
+                                                        "b2,,,,,0", "c3,10,10,5,5,1"])))
+    assert [(r.relpath, r.label) for r in found.refs] == [("stage_2_train_images/a1.png", "1"),
+                                                           ("stage_2_train_images/b2.png", "0"),
+                                                           ("stage_2_train_images/c3.png", "1")]
+    assert found.issues == []
+
+
+def test_rows_of_one_image_that_disagree_are_a_bad_target(tmp_path: Path) -> None:
+    found = discover(load_job(_rsna(tmp_path, "same", ["a1,264,152,213,379,1", "a1,,,,,0", "b2,,,,,0",
+                                                        "c3,,,,,0"])))
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("a1.png", "bad_target")]
+    assert "rows 2 and 3" in found.issues[0].message
+
+
+def test_repeated_rows_are_refused_unless_the_job_says_how_to_take_them(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"row 3: 'stage_2_train_images/a1.png' is listed twice .*repeated: same"):
+        discover(load_job(_rsna(tmp_path, "refuse", ["a1,1,1,1,1,1", "a1,2,2,2,2,1", "b2,,,,,0", "c3,,,,,0"])))
+
+
+def test_repeated_rows_united_give_every_row_s_labels(tmp_path: Path) -> None:
+    root = tmp_path / "vindr"
+    _files(root, ["a.png", "b.png"])
+    _csv(root / "annotations.csv", "image_id,class_name,rad_id",
+         ["a,Nodule/Mass,R8", "a,Aortic enlargement,R9", "a,Nodule/Mass,R10", "b,No finding,R8"])
+    found = discover(load_job(_job(tmp_path, {
+        "root": "vindr", "table": {"file": "vindr/annotations.csv", "path": {"template": "{image_id}.png"},
+                                   "repeated": "union"},
+        "entity": "image_id", "label": {"kind": "multilabel", "column": "class_name"}})))
+    assert [r.label for r in found.refs] == ["Aortic enlargement|Nodule/Mass", "No finding"]
+
+
+# -- the Medical Segmentation Decathlon: a JSON list of records ------------------------------------
+
+
+def test_a_dataset_json_is_a_table_of_records(tmp_path: Path) -> None:
+    root = tmp_path / "Task02_Heart"
+    root.mkdir()
+    for case in ("la_003", "la_007"):
+        for folder in ("imagesTr", "labelsTr"):
+            (root / folder).mkdir(exist_ok=True)
+            (root / folder / f"{case}.nii.gz").write_bytes(b"fake")
+    (root / "imagesTs").mkdir()
+    (root / "imagesTs" / "la_001.nii.gz").write_bytes(b"fake")
+    (root / "dataset.json").write_text(json.dumps({
+        "name": "LeftAtrium", "labels": {"0": "background", "1": "left atrium"}, "numTraining": 2,
+        "training": [{"image": "./imagesTr/la_007.nii.gz", "label": "./labelsTr/la_007.nii.gz"},
+                     {"image": "./imagesTr/la_003.nii.gz", "label": "./labelsTr/la_003.nii.gz"}],
+        "test": ["./imagesTs/la_001.nii.gz"]}))
+    job = _job(tmp_path, {
+        "root": "Task02_Heart", "table": {"file": "Task02_Heart/dataset.json", "records": "training",
+                                          "path": "image", "files": "table"},
+        "entity": {"path": r"(?P<entity>la_\d+)"}, "label": "none",
+        "mask": {"column": "label", "classes": [0, 1]}})
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["kind"] = "nifti"
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert [(r.relpath, r.entity, dict(r.extra)["label"]) for r in found.refs] == [
+        ("imagesTr/la_003.nii.gz", "la_003", "labelsTr/la_003.nii.gz"),
+        ("imagesTr/la_007.nii.gz", "la_007", "labelsTr/la_007.nii.gz")]
+    # the test image has no labels: out of the dataset, counted, not bad; label maps are the rows' masks
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("la_001.nii.gz", "not_in_table")]
+    assert found.issues == []
+
+
+def test_a_json_table_without_its_records_key_names_the_lists_it_holds(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    _files(root, ["a.png"])
+    (root / "dataset.json").write_text(json.dumps({"training": [{"image": "a.png"}], "test": []}))
+    job = _job(tmp_path, {"root": "t", "table": {"file": "t/dataset.json", "records": "train", "path": "image"},
+                          "label": "none", "entity": {"component": -1}})
+    with pytest.raises(ConfigError, match=r"records: no key 'train'; the object's lists are 'training', 'test'"):
+        discover(load_job(job))
+
+
+# -- identity: a plain table keeps its config ------------------------------------------------------
+
+
+def test_a_table_given_as_a_file_keeps_the_config_it_had(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    _files(root, ["a.png"])
+    _csv(root / "labels.csv", "path,label,entity", ["a.png,cat,S1"])
+    plain = load_job(_job(tmp_path, {"root": "raw", "table": "raw/labels.csv"}))
+    assert plain.identity()["sources"][0]["table"] == "raw/labels.csv"
+    assert "fields" not in plain.identity()["sources"][0] and "where" not in plain.identity()["sources"][0]
+    same = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/labels.csv"}}))
+    assert same.identity() == plain.identity()
