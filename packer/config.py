@@ -1167,8 +1167,8 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
 
 
 def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:
-    """``by: column`` reads each sample's split from its table row: every source needs a table
-    whose cells reach the samples. ``headed``: the kinds that read identity from file headers
+    """``by: column`` reads each sample's split from its table row (or a field read from its path):
+    every source needs a table whose cells reach the samples, or that field. ``headed``: the kinds that read identity from file headers
     (DICOM), whose table rows keep only the cells naming files."""
     if split.by != "column":
         return
@@ -1178,10 +1178,11 @@ def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, h
                               f"table row, but a {source.kind} source's rows keep only the cells naming its files; "
                               "give the split as lists instead, e.g. split: {by: list, match: stem, lists: {train: "
                               "{file: train.csv, column: dicom_id}, ...}}")
-        if source.label_table is None:
+        if source.label_table is None and split.column not in {f.name for f in source.fields}:
             raise ConfigError(f"sources[{index}] (source {source.name!r}): by: column reads the split from column "
-                              f"{split.column!r} of the source's table, and this source has none; add a table, or "
-                              "give the split as lists (by: list)")
+                              f"{split.column!r} of the source's table (or a field of that name read from each "
+                              "path, fields:), and this source has neither; add a table or the field, or give the "
+                              "split as lists (by: list)")
 
 
 def windows_fix(channels: int, where: str) -> str:

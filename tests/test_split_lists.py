@@ -233,6 +233,20 @@ def test_a_table_column_gives_the_split_and_map_renames_its_values(tmp_path: Pat
     assert result.manifest["config"]["split"]["map"] == {"validate": "valid"}
 
 
+def test_a_split_read_from_each_files_folder_is_a_column_too(tmp_path: Path) -> None:
+    """Datasets that ship as train/ val/ test/ folders: fields: {split: {component: 0}}."""
+    files = {f"{folder}/{patient}_{k}.png": (patient, 10 * i + k)
+             for i, (folder, patient) in enumerate([("train", "a"), ("train", "b"), ("val", "c"), ("test", "d")])
+             for k in range(2)}
+    raw = write_tree(tmp_path, files)
+    doc = yaml.safe_load(job_file(tmp_path, {"by": "column", "column": "split", "map": {"val": "valid"}}).read_text())
+    doc["sources"] = [{"name": SOURCE, "kind": "image", "root": str(raw), "label": "none",
+                       "entity": {"path": "/([a-z])_"}, "fields": {"split": {"component": 0}}}]
+    result = run_build(write_job(tmp_path, doc, "folders.yaml"))
+    assert built_splits(result) == {key(rel): {"val": "valid"}.get(rel.split("/")[0], rel.split("/")[0])
+                                    for rel in files}
+
+
 def test_under_pseudonymization_the_column_and_raw_entity_lists_still_decide(tmp_path: Path) -> None:
     """Pseudonyms replace entity ids and table cells before the split: the split cell is kept
     (train/valid/test names nobody), and listed raw ids are pseudonymized like the samples'."""
