@@ -1168,8 +1168,9 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
 
 def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:
     """``by: column`` reads each sample's split from its table row (or a field read from its path):
-    every source needs a table whose cells reach the samples, or that field. ``headed``: the kinds that read identity from file headers
-    (DICOM), whose table rows keep only the cells naming files."""
+    every source needs a table whose cells reach the samples, or that field. ``headed``: the
+    kinds that read identity from file headers (DICOM), whose table rows keep only the cells
+    naming files."""
     if split.by != "column":
         return
     for index, source in enumerate(sources):
