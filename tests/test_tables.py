@@ -365,3 +365,24 @@ def test_a_table_given_as_a_file_keeps_the_config_it_had(tmp_path: Path) -> None
     assert "fields" not in plain.identity()["sources"][0] and "where" not in plain.identity()["sources"][0]
     same = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/labels.csv"}}))
     assert same.identity() == plain.identity()
+
+
+def test_a_field_from_the_path_filters_like_a_column(tmp_path: Path) -> None:
+    job = _chexpert(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["fields"] = {"view": {"path": r"view\d+_(?P<view>frontal|lateral)"}}
+    doc["sources"][0]["where"] = {"view": "frontal"}
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert len(found.refs) == 4 and all(dict(r.extra)["view"] == "frontal" for r in found.refs)
+    assert [e.detail for e in found.excluded] == ["view is 'lateral'; where: view = frontal"]
+
+
+def test_a_table_less_source_filters_on_its_paths(tmp_path: Path) -> None:
+    root = tmp_path / "folders"
+    _files(root, ["cat/a_frontal.png", "cat/b_lateral.png", "dog/c_frontal.png"])
+    found = discover(load_job(_job(tmp_path, {
+        "root": "folders", "label": "folder", "fields": {"view": {"path": r"_(frontal|lateral)\."}},
+        "where": {"view": {"not": "lateral"}}})))
+    assert [(r.relpath, r.label) for r in found.refs] == [("cat/a_frontal.png", "cat"), ("dog/c_frontal.png", "dog")]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("b_lateral.png", "filtered")]

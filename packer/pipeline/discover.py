@@ -252,12 +252,12 @@ def _path_facts(source: SourceConfig, rel: str) -> tuple[str | None, str | None,
 
 
 def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: TableRow | None,
-              label: str | None, phi: Pseudonymizer | None) -> SampleRef:
+              label: str | None, phi: Pseudonymizer | None, sample_id: str | None = None) -> SampleRef:
     """The unprobed ref of a listed file. A kind that reads entity and time from headers gets
     them in the probe (the ref keeps only the cells naming its other files); otherwise they come
     from the path (``entity: {path: ...}``) or the table row, and a table-less source gives each
-    file its own entity."""
-    sample_id = make_sample_id(source.name, rel, phi)
+    file its own entity. ``sample_id``: the file's id when the caller made it already."""
+    sample_id = sample_id or make_sample_id(source.name, rel, phi)
     if kind.identity_in_header:
         return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
                          extra=_row_cells(source, row))
@@ -303,7 +303,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                                      f"{table} names no such file (files: table)"))
             continue
         label = _target_text(source, rel, row, known)
-        ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi)
+        ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
         if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
             # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
             excluded.append(Excluded(sample_id, path, "discover", "filtered",
