@@ -51,6 +51,7 @@ REASONS = (
     "missing_entity",
     "missing_time",
     "straddles_cutoff",
+    "not_in_split",
     "missing_file",
     "ambiguous_path",
     "join_unmatched",

@@ -65,14 +65,23 @@ def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[s
     by_time = split_config.get("by") == "time"
     ratios = split_config.get("ratios") or {}
     cutoffs = split_config.get("cutoffs") or {}
+    # a given split (by: list or column) asks samples only of the splits it carves (a listed split
+    # that names no sample is a config error before this)
+    carve = split_config.get("carve") or {}
     entities = sum(int(entry.get("entities", 0)) for entry in splits.values())
     found = []
     for split in SPLITS:
-        asked = (split == "train" or split in cutoffs) if by_time else float(ratios.get(split, 0)) > 0
+        asked = (split == "train" or split in cutoffs) if by_time else (
+            split in carve if "carve" in split_config else float(ratios.get(split, 0)) > 0)
         if not asked or int(splits.get(split, {}).get("samples", 0)) > 0:
             continue
         why = _WHY_NOT_EMPTY[split]
-        if by_time:
+        if split in carve:
+            message = (f"split {split} has 0 samples (carved from {carve[split]['from']} at ratio "
+                       f"{float(carve[split]['ratio']):g}; {entities} entities in all), so {why}. Each entity goes "
+                       f"whole, so a few entities can leave it empty: raise split.carve.{split}.ratio, or try "
+                       "another split.seed")
+        elif by_time:
             given = ", ".join(f"{name} {cutoffs[name]}" for name in SPLITS if name in cutoffs)
             message = (f"split {split} has 0 samples (by time, cutoffs {given}: no entity's first record falls in "
                        f"{split}'s period), so {why}; move split.cutoffs, or add records from that period")

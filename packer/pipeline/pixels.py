@@ -376,14 +376,18 @@ class _Settle:
     each); the chunk result keeps its counts and seconds, not its samples.
     """
 
-    def __init__(self, phi: Pseudonymizer) -> None:
+    def __init__(self, phi: Pseudonymizer, keep: str | None = None) -> None:
         self._phi = phi
+        #: the one table cell kept under PHI: a ``by: column`` split's (train/valid/test, nobody's identity)
+        self._keep = keep
         self.table = TableBuilder(SampleTable)
 
     def chunk(self, chunk: ChunkResult) -> ChunkResult:
         for sample in chunk.samples:
             if self._phi.active and sample.ref.entity is not None:
-                sample = replace(sample, ref=replace(sample.ref, entity=self._phi.entity(sample.ref.entity), extra=()))
+                kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
+                entity = self._phi.entity(sample.ref.entity)
+                sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
             self.table.append(sample)
         return replace(chunk, samples=())
 
@@ -427,7 +431,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     is retried file by file (:func:`_isolate`). Each result's samples are settled as they
     arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
     """
-    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
+    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None), keep=job.split.column)
     nonce = uuid.uuid4().hex[:8]
     libraries = library_versions(kind_libraries([s.kind for s in job.sources]))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,

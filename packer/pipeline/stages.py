@@ -5,7 +5,8 @@
     discover      client: list raw files, read label tables        pipeline.discover
     pixels        dask: probe, read, check, transform, spill       pipeline.pixels (+ probe, checks, spill)
     near copies   client + dask: candidates, verification          pipeline.nearcopy
-    split         client: entity/time split over duplicate groups  pipeline.split
+    split         client: entity/time split over duplicate groups, pipeline.split
+                  or the given split (lists, a table column)      pipeline.splitlists
     audit         client: leakage rules on the assignment          pipeline.audit
     ── packer validate stops here (through="audit") ──
     gate          a failed audit writes leakage.json and raises (exit 4)
@@ -38,7 +39,7 @@ from packer.errors import refused_write
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
-from packer.pipeline.audit import LeakageAudit, audit_assignment, raise_on_leakage, write_leakage
+from packer.pipeline.audit import LeakageAudit, accepted_leaks, audit_assignment, raise_on_leakage, write_leakage
 from packer.pipeline.cluster import Executor, WorkerLost
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
@@ -165,12 +166,14 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
-    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names)
+    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names,
+                               pseudonym=phi.entity if phi.active else None)
     balance = balance_warning(assignment, split_cfg)
-    if balance is not None:  # a warning, not progress: printed under --quiet too
-        print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep")
+    for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg)):
+        if warning is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
     issues.extend(assignment.dropped)
     split = assignment.split
     keys = samples.column("key")
