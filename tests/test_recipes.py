@@ -28,6 +28,7 @@ import yaml
 
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
+from packer.exclusions import read_excluded
 from packer.loader import ShardDataset
 from packer.phi import pseudonymizer_for
 from packer.pipeline.build import BuildOptions, BuildResult, build
@@ -40,7 +41,6 @@ T = TypeVar("T")
 
 #: a feature the recipe needs that is still being built on another branch; the mark goes when it lands
 NEEDS_POLICIES = "label policies (map: {No Finding: null}, uncertain:, blank:, target_mask) not on main yet"
-NEEDS_GIVEN_SPLITS = "given splits (split: by: list with carve, by: column with map) not on main yet"
 
 
 def _home(tmp_path: Path, write: Callable[[Path], T], *jobs: str) -> T:
@@ -104,6 +104,26 @@ def _nothing_bad(result: BuildResult) -> None:
     assert list(read_bad_samples(result.version_dir / "bad_samples.jsonl")) == []
 
 
+def _left_out(result: BuildResult, root: Path) -> dict[str, str]:
+    """excluded.jsonl as relative path → why (each file once), for the files under ``root``."""
+    path = result.version_dir / "excluded.jsonl"
+    records = read_excluded(path) if path.exists() else []
+    relpaths = [Path(r["path"]).relative_to(root).as_posix() for r in records]
+    assert _once(relpaths) == sorted(relpaths)
+    return {rel: r["why"] for rel, r in zip(relpaths, records, strict=True)}
+
+
+def _every_file_once(result: BuildResult, root: Path, packed: Iterable[str], files: Iterable[str]) -> dict[str, str]:
+    """Every input file is packed or left out on purpose, once (nothing is bad here), and the
+    manifest counts each once; returns the files left out, with why."""
+    left_out, files = _left_out(result, root), sorted(files)
+    assert _once([*packed, *left_out]) == files
+    inputs = json.loads(result.manifest_path.read_text())["inputs"]
+    assert inputs["files"] == len(files)
+    assert sum(inputs.get("excluded", {}).values()) == len(left_out)
+    return left_out
+
+
 def _hot(names: Iterable[str], order: Iterable[str]) -> list[int]:
     held = set(names)
     return [int(name in held) for name in order]
@@ -145,7 +165,7 @@ def _carved(entities: Iterable[str], seed: int, origin: str, ratio: float) -> se
     return {e for e in entities if unit(e) < ratio}
 
 
-@pytest.mark.xfail(reason=f"{NEEDS_POLICIES}; {NEEDS_GIVEN_SPLITS}", strict=True)
+@pytest.mark.xfail(reason=NEEDS_POLICIES, strict=True)
 def test_nih_chestxray14_packs_every_image_with_its_findings_on_the_official_split(tmp_path: Path) -> None:
     tree = _home(tmp_path, trees.write_nih, "nih-chestxray14")
     result = _build(tmp_path, "nih-chestxray14")
@@ -156,8 +176,7 @@ def test_nih_chestxray14_packs_every_image_with_its_findings_on_the_official_spl
     by_path = {s["json"]["path"]: s for s in samples.values()}
     images = {im.relpath: im for im in tree.images}
     # every PNG once (the RGBA one too), found by its bare name under images_00N/images/
-    assert _once(by_path) == sorted(images)
-    assert manifest["inputs"]["files"] == len(images)
+    assert _every_file_once(result, tree.root, by_path, images) == {}
     for relpath, sample in by_path.items():
         assert sample["target.npy"].tolist() == _hot(images[relpath].findings, trees.NIH_FINDINGS), relpath
         assert sample["json"]["entity_id"] == images[relpath].patient
@@ -193,7 +212,7 @@ def _chexpert_expected(cells: tuple[str, ...], policy: str) -> tuple[list[int], 
     return [int(c == "1.0") for c in cells], [int(c in ("1.0", "0.0")) for c in cells]
 
 
-@pytest.mark.xfail(reason=f"{NEEDS_POLICIES}; {NEEDS_GIVEN_SPLITS}", strict=True)
+@pytest.mark.xfail(reason=NEEDS_POLICIES, strict=True)
 @pytest.mark.parametrize("policy", ["u-ones", "u-ignore"])
 def test_chexpert_packs_the_frontal_views_under_each_uncertainty_policy(tmp_path: Path, policy: str) -> None:
     job = f"chexpert-{policy}"
@@ -204,9 +223,7 @@ def test_chexpert_packs_the_frontal_views_under_each_uncertainty_policy(tmp_path
     by_path = {s["json"]["path"]: s for s in samples.values()}
     images = {im.relpath: im for im in tree.images}
     frontal = sorted(im.relpath for im in tree.images if im.frontal)
-    assert _once(by_path) == frontal and len(frontal) < len(images)
-    # each file is one source's: the other source's table does not name it, so it is no input there
-    assert json.loads(result.manifest_path.read_text())["inputs"]["files"] == len(frontal)
+    assert _once(by_path) == frontal and len(frontal) < len(images)  # counting the left out: the test below
     masked = 0
     for relpath, sample in by_path.items():
         target, mask = _chexpert_expected(images[relpath].cells, policy)
@@ -252,7 +269,7 @@ def test_chexpert_counts_each_file_once_across_its_two_tables(tmp_path: Path) ->
 # -- MIMIC-CXR-JPG 2.0.0 -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason=f"{NEEDS_POLICIES}; {NEEDS_GIVEN_SPLITS}", strict=True)
+@pytest.mark.xfail(reason=NEEDS_POLICIES, strict=True)
 def test_mimic_cxr_jpg_packs_the_frontal_views_with_their_study_labels_on_the_official_split(tmp_path: Path) -> None:
     tree = _home(tmp_path, trees.write_mimic, "mimic-cxr-jpg")
     result = _build(tmp_path, "mimic-cxr-jpg")
@@ -262,8 +279,10 @@ def test_mimic_cxr_jpg_packs_the_frontal_views_with_their_study_labels_on_the_of
     images = {im.relpath: im for im in tree.images}
     kept = sorted(im.relpath for im in tree.images if im.view in ("PA", "AP") and im.cells is not None)
     assert _once(by_path) == kept
-    assert json.loads(result.manifest_path.read_text())["inputs"]["files"] == len(kept)
-    assert {images[p].view for p in images if p not in by_path} >= {"LATERAL", "LL", ""}
+    left_out = _every_file_once(result, tree.root, by_path, images)
+    assert set(left_out.values()) == {"filtered"}  # by the view, or by the study's missing label row
+    assert {images[p].view for p in left_out} >= {"LATERAL", "LL", ""}
+    assert any(images[p].cells is None and images[p].view in ("PA", "AP") for p in left_out)
     for relpath, sample in by_path.items():
         cells = images[relpath].cells
         assert cells is not None
@@ -329,7 +348,8 @@ def test_rsna_pneumonia_packs_one_sample_per_image_with_its_class_whatever_its_b
         assert sample["json"]["entity_id"] == phi.entity(image.patient_id)  # from the header's PatientID
         assert "path" not in sample["json"]
     assert all(image.patient_id not in json.dumps(s["json"]) for s in samples.values() for image in tree.images)
-    assert manifest["inputs"]["files"] == len(tree.images)  # the unlabelled test images are not this job's
+    # the unlabelled test images are not under this job's root; every train image is packed
+    assert manifest["inputs"]["files"] == len(tree.images) and "excluded" not in manifest["inputs"]
     _no_entity_in_two_splits(result.version_dir)
     _audited(result.version_dir, given=None)
     assert {key: int(item["label"]) for key, item in _loaded(result).items()} == {
@@ -359,13 +379,10 @@ def test_decathlon_heart_packs_every_training_slice_with_its_label_map(tmp_path:
         assert masks.shape == (case.slices, 1, 320, 320) and set(np.unique(masks).tolist()) <= {0, 1}
         assert int(masks.sum()) == case.foreground
         assert all(s["npy"].shape == (1, 320, 320) and s["npy"].dtype == np.float16 for s in slices)
-    manifest = json.loads(result.manifest_path.read_text())
-    assert manifest["inputs"]["files"] == len(tree.training)
     # the test images: each left out once, as not in dataset.json; the AppleDouble ._* files are
     # hidden files, which discovery never lists (so never reads as NIfTI)
-    excluded = discover(load_job(tmp_path / "workflows" / "recipes" / "decathlon-heart.yaml")).excluded
-    assert _once(e.path.split("/Task02_Heart/", 1)[1] for e in excluded) == sorted(case.image for case in tree.test)
-    assert {e.why for e in excluded} == {"not_in_table"} and tree.apple_double
+    left_out = _every_file_once(result, tree.root, per_case, [c.image for c in (*tree.training, *tree.test)])
+    assert left_out == {case.image: "not_in_table" for case in tree.test} and tree.apple_double
     _no_entity_in_two_splits(result.version_dir)
     _audited(result.version_dir, given=None)
     loaded = _loaded(result)

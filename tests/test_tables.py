@@ -386,3 +386,17 @@ def test_a_table_less_source_filters_on_its_paths(tmp_path: Path) -> None:
         "where": {"view": {"not": "lateral"}}})))
     assert [(r.relpath, r.label) for r in found.refs] == [("cat/a_frontal.png", "cat"), ("dog/c_frontal.png", "dog")]
     assert [(Path(e.path).name, e.why) for e in found.excluded] == [("b_lateral.png", "filtered")]
+
+
+def test_a_misspelt_where_key_on_a_dicom_table_suggests_the_column_and_the_keyword(tmp_path: Path) -> None:
+    root = tmp_path / "ct"
+    root.mkdir()
+    _csv(tmp_path / "labels.csv", "path,label,Site", ["a.dcm,nodule,x"])
+    job = _job(tmp_path, {"root": "ct", "labels": "labels.csv", "where": {"modality": "CT"}})
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["kind"] = "dicom"
+    doc["phi"] = {"mode": "keep"}
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"missing column 'modality' \(named by where\); or, did you mean the "
+                                          r"DICOM keyword 'Modality'\?"):
+        discover(load_job(job))

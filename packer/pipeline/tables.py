@@ -31,7 +31,7 @@ import json
 import os
 import posixpath
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from pathlib import Path
@@ -198,14 +198,19 @@ def closest(name: str, choices: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
-def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str]) -> None:
+def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
+                   header_hint: Callable[[str], str] | None = None) -> None:
     """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
-    the header lacks, with the closest column the header has."""
+    the header lacks, with the closest column the header has; ``header_hint``: for a ``where``
+    key, the source kind's hint at a header attribute it may have meant (DICOM keywords)."""
     for column, key in wanted.items():
         if column in columns:
             continue
         near = closest(column, columns)
         hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
+        said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
+        if said:
+            hint += f"; or, {said}"
         raise ConfigError(f"{path}: missing column {column!r} (named by {key}){hint}; the header row has "
                           f"{', '.join(columns) or 'nothing'}")
 
@@ -296,7 +301,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     assert table is not None
     columns, rows = _read_file(table.file, table.records, storage_options)
     joined = _join(table, table.file, columns, rows, storage_options)
-    _check_columns(table.file, joined.columns, wanted_columns(source))
+    _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint)
     return joined
 
 
