@@ -130,7 +130,8 @@ def _hot(names: Iterable[str], order: Iterable[str]) -> list[int]:
 
 
 def _once(values: Iterable[str]) -> list[str]:
-    counted = Counter(values)
+    """The values, sorted, asserting none comes twice (a mapping: its keys)."""
+    counted = Counter(list(values))
     assert all(n == 1 for n in counted.values()), [v for v, n in counted.items() if n > 1]
     return sorted(counted)
 
