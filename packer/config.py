@@ -1276,6 +1276,19 @@ def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
     return tuple(sorted(out.items()))
 
 
+class JobLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` and ``false`` (any case).
+    YAML 1.1 also reads ``on``, ``off``, ``yes`` and ``no`` as booleans, so a join's ``on:`` key
+    became ``True`` and ``where: {flag: no}`` would test ``false``."""
+
+
+JobLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+JobLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                list("tTfF"))
+
+
 def load_job(path: str | Path) -> JobConfig:
     """Read and validate a job file. Raises ConfigError naming the file and key path."""
     job_path = Path(path)
@@ -1284,7 +1297,7 @@ def load_job(path: str | Path) -> JobConfig:
     except OSError as err:
         raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=JobLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err

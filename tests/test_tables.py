@@ -400,3 +400,28 @@ def test_a_misspelt_where_key_on_a_dicom_table_suggests_the_column_and_the_keywo
     with pytest.raises(ConfigError, match=r"missing column 'modality' \(named by where\); or, did you mean the "
                                           r"DICOM keyword 'Modality'\?"):
         discover(load_job(job))
+
+
+def test_a_hand_written_join_may_say_on_unquoted(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``on`` as true; job files follow YAML 1.2, where only true and false are."""
+    _mimic(tmp_path)
+    (tmp_path / "job.yaml").write_text("""\
+name: t
+sources:
+  - kind: image
+    root: mimic
+    table:
+      file: mimic/mimic-cxr-2.0.0-metadata.csv
+      path: {template: 'files/p{subject_id:.2}/p{subject_id}/s{study_id}/{dicom_id}.jpg'}
+      join: [{file: mimic/mimic-cxr-2.0.0-chexpert.csv, on: [subject_id, study_id], missing: drop}]
+    entity: subject_id
+    where: {ViewPosition: [PA, AP], Rows: {not: [no, off]}}
+    label: {kind: multilabel, columns: [Cardiomegaly, Edema]}
+split: {by: entity}
+pack: {format: webdataset}
+output: out
+""")
+    job = load_job(tmp_path / "job.yaml")
+    assert job.sources[0].table_map is not None and job.sources[0].table_map.join[0].on == ("subject_id", "study_id")
+    assert [c.values for c in job.sources[0].where if c.key == "Rows"] == [("no", "off")]
+    assert len(discover(job).refs) == 2
