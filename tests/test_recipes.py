@@ -247,9 +247,6 @@ def test_chexpert_packs_the_frontal_views_under_each_uncertainty_policy(tmp_path
             assert item["target_mask"].tolist() == samples[key]["target_mask.npy"].tolist()
 
 
-@pytest.mark.xfail(reason="packer: two sources over one root, each with files: table, list each other's files as "
-                          "not_in_table (and the other table's laterals twice), so the recipe's official split by "
-                          "its two tables counts files twice", strict=True)
 def test_chexpert_counts_each_file_once_across_its_two_tables(tmp_path: Path) -> None:
     """Every file is packed by the source whose table names it, or left out once, with one reason."""
     tree = _home(tmp_path, trees.write_chexpert, "chexpert-u-ones")

@@ -504,11 +504,28 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
     refs = RefTable.concat(tables)
+    excluded = _once(excluded, refs, issues)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
         refs = RefTable.of(unique_ids(list(refs)))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered)
+
+
+def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:
+    """The exclusions, each file once: sources over one root with a table each (CheXpert's
+    train.csv and valid.csv, ``files: table``) each list the other's files as not in their
+    table; such a file is the other source's sample, bad sample or exclusion, and counted there."""
+    if not any(e.why == "not_in_table" for e in excluded):
+        return excluded
+    placed = set(refs.column("path")) | {i.path for i in issues} | {e.path for e in excluded if e.why != "not_in_table"}
+    out, seen = [], set()
+    for item in excluded:
+        if item.why == "not_in_table" and (item.path in placed or item.path in seen):
+            continue
+        seen.add(item.path)
+        out.append(item)
+    return out
 
 
 def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
