@@ -51,7 +51,16 @@ def _print_summary(result: Any) -> None:
         lines.append(f"  warning: {empty.message}")
     bad = manifest["bad_samples"]
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
-    lines.append(f"  bad samples: {bad['total']} of {manifest['inputs']['files']} files "
+    inputs = manifest["inputs"]
+    left_out = inputs.get("excluded", {})
+    excluded = sum(left_out.values())
+    if excluded:  # every input file once: packed, bad or left out on purpose
+        from packer.exclusions import EXCLUDED_FILE, describe_counts
+
+        lines.append(f"  inputs: {inputs['files']} files: {inputs['files'] - bad['total'] - excluded} packed, "
+                     f"{bad['total']} bad, {excluded} left out on purpose ({describe_counts(left_out)}; not bad "
+                     f"samples, listed in {result.version_dir / EXCLUDED_FILE})")
+    lines.append(f"  bad samples: {bad['total']} of {inputs['files'] - excluded} files "
                  f"({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     phi = manifest.get("phi") or {}

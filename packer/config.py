@@ -11,6 +11,7 @@ folder or the worker count are kept out of it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -34,6 +35,10 @@ UNCERTAIN_VALUES = ("-1", "-1.0")
 #: What ``uncertain:`` may make of an uncertain 0/1 cell, and ``blank:`` of an empty one
 UNCERTAIN_POLICIES = ("ones", "zeros", "ignore", "bad")
 BLANK_POLICIES = ("bad", "zeros", "ignore")
+#: The split policies whose assignment is given by the data (official lists, a table column).
+GIVEN = ("list", "column")
+#: What a split list's items name (``split.match``).
+MATCHES = ("path", "name", "stem", "entity")
 
 
 def job_default(path: str) -> Any:
@@ -374,8 +379,49 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class SplitList:
+    """``split.lists.<split>``: a file naming the samples of one split (``by: list``).
+
+    ``path``: the file, resolved against the job folder; ``spec``: as written; ``column``: the
+    CSV column that holds the items (None: plain text, one item a line, blank lines and ``#``
+    comments ignored); ``sha256``: of the file's bytes when the job was loaded (the dataset's
+    identity: a changed list is another dataset)."""
+
+    split: str
+    path: Path
+    spec: str
+    column: str | None
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.spec, "sha256": self.sha256}
+        if self.column is not None:
+            out["column"] = self.column
+        return out
+
+
+@dataclass(frozen=True)
+class Carve:
+    """``split.carve.<split>``: a split made from a listed one by entity (``by: list`` or
+    ``column``): about ``ratio`` of the split groups of ``origin`` (an entity and its copies,
+    kept whole) move to ``split``, chosen by the seeded hash."""
+
+    split: str
+    origin: str
+    ratio: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.origin, "ratio": self.ratio}
+
+
+@dataclass(frozen=True)
 class SplitConfig:
-    """How samples are assigned to splits and audited for leakage (see ``packer.pipeline.split``)."""
+    """How samples are assigned to splits and audited for leakage (see ``packer.pipeline.split``).
+
+    ``by: list`` and ``by: column`` are *given* splits (a dataset's official split,
+    :mod:`packer.pipeline.splitlists`): ``lists`` and ``match``, or the table ``column`` and its
+    value ``value_map``, say each sample's split; ``carve`` makes the splits they lack;
+    ``accept_leaks`` reports an official split's leaks instead of failing on them."""
 
     by: str
     ratios: tuple[tuple[str, float], ...]
@@ -400,8 +446,21 @@ class SplitConfig:
     balance_tolerance: float = 0.05
     max_group_share: float = 0.2
     accept_imbalance: bool = False
+    lists: tuple[SplitList, ...] = ()
+    match: str = "path"
+    column: str | None = None
+    value_map: tuple[tuple[str, str], ...] = ()
+    carve: tuple[Carve, ...] = ()
+    accept_leaks: bool = False
+
+    @property
+    def given(self) -> bool:
+        """Whether the split is given (``by: list`` or ``column``) rather than made by packer."""
+        return self.by in GIVEN
 
     def to_json(self) -> dict[str, Any]:
+        if self.given:
+            return self._given_json()
         out: dict[str, Any] = {
             "by": self.by, "ratios": dict(self.ratios), "seed": self.seed, "stratify": self.stratify,
             "folds": self.folds, "pinned": self.pinned_spec, "duplicates": self.duplicates,
@@ -415,6 +474,26 @@ class SplitConfig:
         if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
             out["entity_policy"] = self.entity_policy
+        return out
+
+    def _given_json(self) -> dict[str, Any]:
+        """A given split's identity: its own keys (no ratios, stratify or pinned table: the lists or
+        the column decide), each list with its file's sha256. A new shape, so the other splits'
+        ``to_json`` and every existing job's config_hash stay as they were."""
+        out: dict[str, Any] = {
+            "by": self.by, "seed": self.seed, "folds": self.folds, "duplicates": self.duplicates,
+            "near_duplicates": {"enabled": self.near_enabled, "neighbors": self.near_neighbors,
+                                "min_score": self.near_min_score, "max_cross_split": self.near_max_cross_split},
+            "carve": {c.split: c.to_json() for c in self.carve}, "accept_leaks": self.accept_leaks,
+        }
+        if self.near_max_ratio_set:
+            out["near_duplicates"]["max_ratio"] = self.near_max_ratio
+        if self.by == "list":
+            out["lists"] = {entry.split: entry.to_json() for entry in self.lists}
+            out["match"] = self.match
+        else:
+            out["column"] = self.column
+            out["map"] = dict(self.value_map)
         return out
 
 
@@ -749,13 +828,14 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     row_where = tuple(c for c in conditions if c.key not in in_header)
     field_names = {f.name for f in fields}
     if row_where and not has_table and not all(c.key in field_names for c in row_where):
+        hints = "".join(kind.header_key_hint(c.key) for c in row_where)
         raise ConfigError(f"{where}.where: {', '.join(c.key for c in row_where)} "
                           f"{'is not a header attribute' if kind.identity_in_header else 'names a table column'} "
-                          f"of {kind.name} files, and the source has no table; add '{kind.table_key}: FILE.csv', or "
-                          "remove the condition")
+                          f"of {kind.name} files, and the source has no table{hints}; add "
+                          f"'{kind.table_key}: FILE.csv', or remove the condition")
     return SourceConfig(
         where=row_where,
-        header_where=tuple(c for c in conditions if c.key in in_header),
+        header_where=kind.header_conditions(tuple(c for c in conditions if c.key in in_header), f"{where}.where"),
         mask=mask,
         kind=kind.name,
         name=raw.get("name") or _default_name(root) or f"source{index}",
@@ -978,6 +1058,12 @@ def _attribute_target(keyword: str, attribute_labels: bool, target_kind: str,
 
 def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
     by = raw["by"]
+    if by in GIVEN:
+        return _parse_given(raw, base)
+    for key in ("lists", "match", "carve", "column", "map", "accept_leaks"):
+        if key in raw:
+            raise ConfigError(f"split.{key}: only meaningful with a given split (by: list or by: column); "
+                              f"remove it, or set split.by")
     ratios = raw.get("ratios", job_default("split.ratios"))
     total = sum(ratios.values())
     if abs(total - 1.0) > 1e-6:
@@ -1029,6 +1115,90 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         max_group_share=float(balance.get("max_group_share", job_default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", job_default("split.balance.accept"))),
     )
+
+
+def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
+    """``by: list`` or ``by: column``: the split is given; what packer would choose (ratios, a
+    stratified or time split, pinned entities) does not apply, and carving makes the rest."""
+    by = raw["by"]
+    for key in ("ratios", "stratify", "cutoffs", "entity_policy", "pinned", "balance"):
+        if key in raw:
+            raise ConfigError(f"split.{key}: a given split (by: {by}) puts each sample where its "
+                              f"{'list' if by == 'list' else 'table cell'} says, so {key} does not apply; remove it"
+                              + (" (to make a split the data lacks, use split.carve)" if key == "ratios" else ""))
+    for key in (("column", "map") if by == "list" else ("lists", "match")):
+        if key in raw:
+            other = "column" if by == "list" else "list"
+            raise ConfigError(f"split.{key}: only meaningful with by: {other}; remove it, or set split.by: {other}")
+    lists: tuple[SplitList, ...] = ()
+    column = None
+    value_map: tuple[tuple[str, str], ...] = ()
+    if by == "list":
+        given = raw.get("lists") or {}
+        if not given:
+            raise ConfigError("split.lists: by: list needs a file per split, e.g. "
+                              "{train: train_val_list.txt, test: test_list.txt}")
+        lists = tuple(_split_list(name, given[name], base) for name in SPLITS if name in given)
+    else:
+        column = raw.get("column")
+        if not column:
+            raise ConfigError("split.column: by: column needs the table column that holds each file's split, "
+                              "e.g. column: split")
+        value_map = tuple(sorted((str(k), str(v)) for k, v in (raw.get("map") or {}).items()))
+    carve = _parse_carve(raw.get("carve") or {}, listed={e.split for e in lists} if by == "list" else None)
+    near = raw.get("near_duplicates") or {}
+    near_enabled = near.get("enabled", job_default("split.near_duplicates.enabled"))
+    return SplitConfig(
+        by=by, ratios=tuple((s, 0.0) for s in SPLITS), seed=int(raw.get("seed", job_default("split.seed"))),
+        folds=raw.get("folds"), duplicates=raw.get("duplicates", job_default("split.duplicates")),
+        # auto: on, since a given split puts samples in several splits (or says nothing about it)
+        near_enabled=True if near_enabled == "auto" else bool(near_enabled), near_auto=near_enabled == "auto",
+        near_neighbors=int(near.get("neighbors", job_default("split.near_duplicates.neighbors"))),
+        near_min_score=float(near.get("min_score", job_default("split.near_duplicates.min_score"))),
+        near_max_cross_split=int(near.get("max_cross_split", job_default("split.near_duplicates.max_cross_split"))),
+        near_max_ratio=(float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
+        if "max_ratio" in near else float(job_default("split.near_duplicates.max_ratio")),
+        near_max_ratio_set="max_ratio" in near,
+        lists=lists, match=raw.get("match", job_default("split.match")), column=column, value_map=value_map,
+        carve=carve, accept_leaks=bool(raw.get("accept_leaks", job_default("split.accept_leaks"))),
+    )
+
+
+def _split_list(split: str, raw: str | dict[str, Any], base: Path) -> SplitList:
+    """One ``split.lists`` entry: a file (plain text), or ``{file, column}`` (a CSV column)."""
+    spec, column = (raw, None) if isinstance(raw, str) else (raw["file"], raw.get("column"))
+    path = _resolve(base, spec)
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        raise ConfigError(f"split.lists.{split}: cannot read {path} ({err.strerror or err}; {spec!r} is relative "
+                          "to the job file); fix the path") from err
+    return SplitList(split=split, path=path, spec=spec, column=column, sha256=digest)
+
+
+def _parse_carve(raw: dict[str, Any], listed: set[str] | None) -> tuple[Carve, ...]:
+    """``split.carve``: ``{valid: {from: train, ratio: 0.1}}``. ``listed``: the splits that have a
+    list (``by: list``; None for ``by: column``, where any split may hold samples)."""
+    carves = tuple(Carve(split=name, origin=raw[name]["from"], ratio=float(raw[name]["ratio"]))
+                   for name in SPLITS if name in raw)
+    for carve in carves:
+        where = f"split.carve.{carve.split}"
+        if carve.origin == carve.split:
+            raise ConfigError(f"{where}.from: a split cannot be carved from itself; name another split")
+        if listed is not None and carve.split in listed:
+            raise ConfigError(f"{where}: split {carve.split} has a list (split.lists.{carve.split}); carve only "
+                              "the splits that have none, or remove the list")
+        if listed is not None and carve.origin not in listed:
+            raise ConfigError(f"{where}.from: split {carve.origin} has no list to carve from; name a listed split "
+                              f"({', '.join(s for s in SPLITS if s in listed)})")
+        if any(other.split == carve.origin for other in carves):
+            raise ConfigError(f"{where}.from: {carve.origin} is itself carved; carve from a split the data gives")
+    for origin in {c.origin for c in carves}:
+        total = sum(c.ratio for c in carves if c.origin == origin)
+        if total >= 1:
+            raise ConfigError(f"split.carve: the ratios carved from {origin} add up to {total:g}; they must leave "
+                              f"some of {origin} (add up to less than 1)")
+    return carves
 
 
 def _near_enabled(value: bool | str, *, by: str, ratios: tuple[tuple[str, float], ...], folds: int | None,
@@ -1114,7 +1284,28 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
     for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
         kind.check_job(job, [s for s in sources if s.kind == kind.name])
     _check_targets(sources, split, labels, {kind.name for kind in kinds if kind.identity_in_header})
+    _check_split_column(sources, split, {kind.name for kind in kinds if kind.identity_in_header})
     return job
+
+
+def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:
+    """``by: column`` reads each sample's split from its table row (or a field read from its path):
+    every source needs a table whose cells reach the samples, or that field. ``headed``: the
+    kinds that read identity from file headers (DICOM), whose table rows keep only the cells
+    naming files."""
+    if split.by != "column":
+        return
+    for index, source in enumerate(sources):
+        if source.kind in headed:
+            raise ConfigError(f"sources[{index}] (source {source.name!r}): by: column reads the split from the "
+                              f"table row, but a {source.kind} source's rows keep only the cells naming its files; "
+                              "give the split as lists instead, e.g. split: {by: list, match: stem, lists: {train: "
+                              "{file: train.csv, column: dicom_id}, ...}}")
+        if source.label_table is None and split.column not in {f.name for f in source.fields}:
+            raise ConfigError(f"sources[{index}] (source {source.name!r}): by: column reads the split from column "
+                              f"{split.column!r} of the source's table (or a field of that name read from each "
+                              "path, fields:), and this source has neither; add a table or the field, or give the "
+                              "split as lists (by: list)")
 
 
 def windows_fix(channels: int, where: str) -> str:
@@ -1208,6 +1399,19 @@ def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
     return tuple(sorted(out.items()))
 
 
+class JobLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` and ``false`` (any case).
+    YAML 1.1 also reads ``on``, ``off``, ``yes`` and ``no`` as booleans, so a join's ``on:`` key
+    became ``True`` and ``where: {flag: no}`` would test ``false``."""
+
+
+JobLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+JobLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                list("tTfF"))
+
+
 def load_job(path: str | Path) -> JobConfig:
     """Read and validate a job file. Raises ConfigError naming the file and key path."""
     job_path = Path(path)
@@ -1216,7 +1420,7 @@ def load_job(path: str | Path) -> JobConfig:
     except OSError as err:
         raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=JobLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err

@@ -32,10 +32,8 @@ import pydicom
 from numpy.typing import NDArray
 from pydicom.datadict import tag_for_keyword
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import (
     UID,
-    BasicTextSRStorage,
     ComputedRadiographyImageStorage,
     CTImageStorage,
     ExplicitVRLittleEndian,
@@ -378,27 +376,6 @@ def write_cr_image(
     _save(ds, path, None)
 
 
-def write_text_sr(path: Path, *, patient_id: str, study_date: str, uids: DicomUids, text: str) -> None:
-    """Write a Basic Text SR: a valid DICOM file with no Image Pixel module and no Pixel Data."""
-    ds = _new_dataset(BasicTextSRStorage, uids, modality="SR")
-    _set_patient_study(ds, patient_id=patient_id, study_date=study_date, study_time="120000")
-    ds.InstanceNumber = 1
-    ds.ValueType = "CONTAINER"
-    ds.ContinuityOfContent = "SEPARATE"
-    ds.CompletionFlag = "COMPLETE"
-    ds.VerificationFlag = "UNVERIFIED"
-    title = Dataset()
-    title.CodeValue, title.CodingSchemeDesignator, title.CodeMeaning = "18748-4", "LN", "Diagnostic imaging report"
-    ds.ConceptNameCodeSequence = DicomSequence([title])
-    item = Dataset()
-    item.RelationshipType, item.ValueType, item.TextValue = "CONTAINS", "TEXT", text
-    finding = Dataset()
-    finding.CodeValue, finding.CodingSchemeDesignator, finding.CodeMeaning = "121071", "DCM", "Finding"
-    item.ConceptNameCodeSequence = DicomSequence([finding])
-    ds.ContentSequence = DicomSequence([item])
-    _save(ds, path, None)
-
-
 def truncate_file(path: Path, keep: int) -> None:
     """Cut ``path`` to its first ``keep`` bytes (a transfer that stopped midway)."""
     path.write_bytes(path.read_bytes()[:keep])
@@ -561,8 +538,12 @@ def _write_broken_dicom(root: Path, seed: int) -> tuple[list[_Row], list[Planted
     write_ct_slice(truncated, patient_id="BRK0001", study_date=date_str, pixels_hu=hu,
                    uids=make_uids(seed, "BRK0001", 1, 1, study=1))
     truncate_file(truncated, truncated.stat().st_size - hu.size)  # keeps half of the 2-byte pixels
-    write_text_sr(broken / "no_pixels.dcm", patient_id="BRK0002", study_date=date_str,
-                  uids=make_uids(seed, "BRK0002", 1, 1, study=1), text="No acute findings.")
+    # a CT slice exported without its image (Image Pixel module and Pixel Data gone): a real defect.
+    # A report (SR) or a plan is no defect: packer leaves such objects out (not_image), never bad.
+    lost: dict[str, Any] = dict.fromkeys(("PixelData", "Rows", "Columns", "BitsAllocated", "BitsStored", "HighBit",
+                                          "PixelRepresentation", "SamplesPerPixel", "PhotometricInterpretation"))
+    write_ct_slice(broken / "no_pixels.dcm", patient_id="BRK0002", study_date=date_str,
+                   pixels_hu=render_ct_phantom(rng), uids=make_uids(seed, "BRK0002", 1, 1, study=1), **lost)
     defects = [
         PlantedDefect("ct/broken/zero_byte.dcm", "unreadable"),
         PlantedDefect("ct/broken/truncated.dcm", "truncated"),

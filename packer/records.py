@@ -51,6 +51,7 @@ REASONS = (
     "missing_entity",
     "missing_time",
     "straddles_cutoff",
+    "not_in_split",
     "missing_file",
     "ambiguous_path",
     "join_unmatched",
@@ -154,13 +155,16 @@ EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested")
 class Excluded:
     """A file left out on purpose: its path (or URL), the stage that decided, why
     (:data:`EXCLUSIONS`) and a detail a person can act on (``ViewPosition is LL``,
-    ``Modality SR (Basic Text SR Storage)``)."""
+    ``Modality SR (Basic Text SR Storage)``). ``modality`` and ``sop_class`` (its name): what a
+    DICOM file's header says, for the counts per modality and SOP class; empty elsewhere."""
 
     sample_id: str
     path: str
     stage: str
     why: str
     detail: str
+    modality: str = ""
+    sop_class: str = ""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -169,8 +173,19 @@ class Excluded:
             raise ValueError(f"unknown exclusion {self.why!r}; expected one of {EXCLUSIONS}")
 
     def to_json(self) -> dict[str, str]:
-        return {"sample_id": self.sample_id, "path": self.path, "stage": self.stage, "why": self.why,
-                "detail": self.detail}
+        out = {"sample_id": self.sample_id, "path": self.path, "stage": self.stage, "why": self.why,
+               "detail": self.detail}
+        if self.modality:  # a table row's exclusion has no header
+            out["modality"] = self.modality
+        if self.sop_class:
+            out["sop_class"] = self.sop_class
+        return out
+
+    @classmethod
+    def of(cls, ref: SampleRef, *, stage: str, why: str, detail: str, modality: str = "",
+           sop_class: str = "") -> Excluded:
+        return cls(sample_id=ref.sample_id, path=ref.path, stage=stage, why=why, detail=detail, modality=modality,
+                   sop_class=sop_class)
 
 
 @dataclass(frozen=True)

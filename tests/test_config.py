@@ -97,6 +97,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     for path, default in schema_defaults("job").items():
         if path == "split.entity_policy" and split["by"] != "time":
             continue  # only a time split has (and records) an entity policy
+        if path in ("split.match", "split.accept_leaks"):
+            continue  # only a given split (by: list or column) has (and records) them: checked below
         if path.startswith("transform.dicom.series.") or path == "limits.max_voxels":
             continue  # only series samples assemble (and record) series; checked below; max_voxels when set
         if path.startswith("transform.nifti."):
@@ -116,8 +118,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
                                   ("image", ImageTransformConfig())), recorded=("dicom", "image"),
                       pack=PackConfig(format="webdataset"), output=Path("out")).identity()
     for path, default in schema_defaults("job").items():
-        if path not in ("split.entity_policy", "split.ratios", "transform.dicom.windows", "pack.max_bytes",
-                        "limits.max_decoded_bytes", "limits.max_voxels",
+        if path not in ("split.entity_policy", "split.ratios", "split.match", "split.accept_leaks",
+                        "transform.dicom.windows", "pack.max_bytes", "limits.max_decoded_bytes", "limits.max_voxels",
                         "split.near_duplicates.max_ratio", "split.near_duplicates.enabled") and not path.startswith(
                             ("transform.dicom.series.", "transform.nifti.")):
             assert _at(built, path) == default, path
@@ -139,6 +141,12 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     assert len(series_defaults) == 3 and all(_at(stacked, p) == d for p, d in series_defaults.items())
     assert SeriesConfig().to_json() == {p.rsplit(".", 1)[1]: d for p, d in series_defaults.items()}
     assert LimitsConfig().max_voxels == schema_defaults("job")["limits.max_voxels"]  # recorded only when set
+    (tmp_path / "train.txt").write_text("a.png\n")
+    given = load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "list", "lists": {"train": "train.txt"}}}))
+    for path in ("split.match", "split.accept_leaks"):  # a given split records them
+        assert _at(given.identity(), path) == schema_defaults("job")[path], path
+    assert (SplitConfig(by="list", ratios=(), seed=0).match, SplitConfig(by="list", ratios=(), seed=0).accept_leaks) \
+        == (schema_defaults("job")["split.match"], schema_defaults("job")["split.accept_leaks"])
 
 
 def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> None:

@@ -151,8 +151,9 @@ def test_planted_dicom_defects(demo: DemoTree) -> None:
     with pytest.raises(ValueError, match="less than expected"):
         _ = full.pixel_array
 
-    sr = pydicom.dcmread(broken / "no_pixels.dcm")
-    assert "PixelData" not in sr and "Rows" not in sr and sr.SOPClassUID == pydicom.uid.BasicTextSRStorage
+    # an image object without its image (a defect), not a report or plan (packer leaves those out: not_image)
+    lost = pydicom.dcmread(broken / "no_pixels.dcm")
+    assert "PixelData" not in lost and "Rows" not in lost and lost.SOPClassUID == pydicom.uid.CTImageStorage
 
 
 def test_planted_photo_defects(demo: DemoTree) -> None:

@@ -34,12 +34,13 @@ from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
 import packer.read.dicom as reader
 from packer.read.dicom import DicomHeader, decoder_table, probe_dicom, read_dicom
-from packer.records import Issue, Sample
+from packer.records import Excluded, Issue, Sample
+from packer.where import Condition
 
 TIME = ("StudyDate", "StudyTime")
 
 
-def probe(path: Path, entity: str = "PatientID", time: tuple[str, ...] = TIME) -> DicomHeader | Issue:
+def probe(path: Path, entity: str = "PatientID", time: tuple[str, ...] = TIME) -> DicomHeader | Issue | Excluded:
     return probe_dicom(make_ref(path), entity_keyword=entity, time_keywords=time)
 
 
@@ -109,14 +110,19 @@ def test_garbage_after_the_preamble_is_unreadable(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- header checks
 
 
-def test_rt_plan_has_no_pixel_data_and_names_its_sop_class() -> None:
-    for result in (probe(shipped("rtplan.dcm")), read(shipped("rtplan.dcm"))):
-        found = issue_of(result, "no_pixel_data")
-        assert "RT Plan Storage" in found.message and "(0028,0010)" in found.message
+def test_an_rt_plan_is_left_out_by_the_probe_and_refused_by_a_bare_read_naming_its_sop_class() -> None:
+    probed = probe(shipped("rtplan.dcm"))
+    assert isinstance(probed, Excluded) and probed.why == "not_image" and "RT Plan Storage" in probed.detail
+    found = issue_of(read(shipped("rtplan.dcm")), "no_pixel_data")  # read_dicom without its probe
+    assert "RT Plan Storage" in found.message and "(0028,0010)" in found.message
+    assert "not an image object" in found.message and "export it again" not in found.message
 
 
 def test_non_integer_number_of_frames_is_bad_shape(tmp_path: Path) -> None:
-    issue_of(probe(shipped("badVR.dcm")), "bad_shape")
+    dose = shipped("badVR.dcm")  # an RT Dose: checked only where the job asks for RT Dose (else Excluded)
+    asked = probe_dicom(make_ref(dose), entity_keyword="PatientID", time_keywords=TIME,
+                        where=(Condition("Modality", "in", ("RTDOSE",)),))
+    issue_of(asked, "bad_shape")
     ds = ct_dataset()
     ds.NumberOfFrames = "2"
     path = save(ds, tmp_path / "frames.dcm")

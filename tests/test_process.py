@@ -18,7 +18,17 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packer.config import JobConfig, MaskConfig, PathField, SeriesConfig, TableConfig, TargetConfig, WindowSpec
+from packer.config import (
+    Carve,
+    JobConfig,
+    MaskConfig,
+    PathField,
+    SeriesConfig,
+    SplitList,
+    TableConfig,
+    TargetConfig,
+    WindowSpec,
+)
 from packer.pipeline.pixels import BOUNDARY, MAX_CHUNK, chunk_bounds
 from packer.pipeline.rawstore import RawObject
 from packer.read.kinds import source_kinds
@@ -320,6 +330,15 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "split.balance_tolerance": _setting("split", "balance_tolerance", st.floats(0, 1)),
     "split.max_group_share": _setting("split", "max_group_share", st.floats(0, 1)),
     "split.accept_imbalance": _setting("split", "accept_imbalance", st.booleans()),
+    # a given split (lists, a column, a carve) is decided on the client, after the pixel pass
+    "split.lists": _setting("split", "lists", st.sampled_from([
+        (SplitList("test", Path("test.txt"), "test.txt", None, "0" * 64),),
+        (SplitList("train", Path("t.csv"), "t.csv", "name", "1" * 64),)])),
+    "split.match": _setting("split", "match", st.sampled_from(["path", "name", "stem", "entity"])),
+    "split.column": _setting("split", "column", st.none() | NAMES),
+    "split.value_map": _setting("split", "value_map", st.sampled_from([(("validate", "valid"),)])),
+    "split.carve": _setting("split", "carve", st.sampled_from([(Carve("valid", "train", 0.1),)])),
+    "split.accept_leaks": _setting("split", "accept_leaks", st.booleans()),
     "pack.format": _setting("pack", "format", st.sampled_from(["webdataset", "parquet"])),
     "pack.max_samples": _setting("pack", "max_samples", st.integers(1, 10**6)),
     "pack.max_bytes": _setting("pack", "max_bytes", st.integers(1, 2**40)),

@@ -365,3 +365,63 @@ def test_a_table_given_as_a_file_keeps_the_config_it_had(tmp_path: Path) -> None
     assert "fields" not in plain.identity()["sources"][0] and "where" not in plain.identity()["sources"][0]
     same = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/labels.csv"}}))
     assert same.identity() == plain.identity()
+
+
+def test_a_field_from_the_path_filters_like_a_column(tmp_path: Path) -> None:
+    job = _chexpert(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["fields"] = {"view": {"path": r"view\d+_(?P<view>frontal|lateral)"}}
+    doc["sources"][0]["where"] = {"view": "frontal"}
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert len(found.refs) == 4 and all(dict(r.extra)["view"] == "frontal" for r in found.refs)
+    assert [e.detail for e in found.excluded] == ["view is 'lateral'; where: view = frontal"]
+
+
+def test_a_table_less_source_filters_on_its_paths(tmp_path: Path) -> None:
+    root = tmp_path / "folders"
+    _files(root, ["cat/a_frontal.png", "cat/b_lateral.png", "dog/c_frontal.png"])
+    found = discover(load_job(_job(tmp_path, {
+        "root": "folders", "label": "folder", "fields": {"view": {"path": r"_(frontal|lateral)\."}},
+        "where": {"view": {"not": "lateral"}}})))
+    assert [(r.relpath, r.label) for r in found.refs] == [("cat/a_frontal.png", "cat"), ("dog/c_frontal.png", "dog")]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("b_lateral.png", "filtered")]
+
+
+def test_a_misspelt_where_key_on_a_dicom_table_suggests_the_column_and_the_keyword(tmp_path: Path) -> None:
+    root = tmp_path / "ct"
+    root.mkdir()
+    _csv(tmp_path / "labels.csv", "path,label,Site", ["a.dcm,nodule,x"])
+    job = _job(tmp_path, {"root": "ct", "labels": "labels.csv", "where": {"modality": "CT"}})
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["kind"] = "dicom"
+    doc["phi"] = {"mode": "keep"}
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"missing column 'modality' \(named by where\); or, did you mean the "
+                                          r"DICOM keyword 'Modality'\?"):
+        discover(load_job(job))
+
+
+def test_a_hand_written_join_may_say_on_unquoted(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``on`` as true; job files follow YAML 1.2, where only true and false are."""
+    _mimic(tmp_path)
+    (tmp_path / "job.yaml").write_text("""\
+name: t
+sources:
+  - kind: image
+    root: mimic
+    table:
+      file: mimic/mimic-cxr-2.0.0-metadata.csv
+      path: {template: 'files/p{subject_id:.2}/p{subject_id}/s{study_id}/{dicom_id}.jpg'}
+      join: [{file: mimic/mimic-cxr-2.0.0-chexpert.csv, on: [subject_id, study_id], missing: drop}]
+    entity: subject_id
+    where: {ViewPosition: [PA, AP], Rows: {not: [no, off]}}
+    label: {kind: multilabel, columns: [Cardiomegaly, Edema]}
+split: {by: entity}
+pack: {format: webdataset}
+output: out
+""")
+    job = load_job(tmp_path / "job.yaml")
+    assert job.sources[0].table_map is not None and job.sources[0].table_map.join[0].on == ("subject_id", "study_id")
+    assert [c.values for c in job.sources[0].where if c.key == "Rows"] == [("no", "off")]
+    assert len(discover(job).refs) == 2

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from packer.badsamples import REPORT_FILE, read_bad_samples
+from packer.exclusions import EXCLUDED_FILE, read_excluded
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
 from packer.htmlreport.stats import (
@@ -152,6 +153,9 @@ class ReportData:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     bad_records: list[dict[str, Any]] | None = None
     bad_note: str | None = None
+    # the files left out on purpose (excluded.jsonl), read only where the manifest counts some
+    excluded_records: list[dict[str, Any]] | None = None
+    excluded_note: str | None = None
     target: Target = field(default_factory=lambda: Target("class"))
     value_histograms: list[ValueHistogram] = field(default_factory=list)  # numeric targets, from the index
     mask: MaskSchema | None = None  # the dataset's masks; None without
@@ -270,6 +274,8 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
         _add_rendered(data, rendered, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
+    if (manifest.get("inputs") or {}).get("excluded"):
+        data.excluded_records, data.excluded_note = _excluded_records(folder)
     return data
 
 
@@ -369,6 +375,15 @@ def _ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int) -> I
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+def _excluded_records(folder: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
+    try:
+        return list(read_excluded(folder / EXCLUDED_FILE)), None
+    except FileNotFoundError:
+        return None, f"{EXCLUDED_FILE} is missing from the version folder"
+    except (OSError, ValueError) as err:
+        return None, f"{EXCLUDED_FILE} could not be read: {err}"
 
 
 def _bad_records(folder: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:

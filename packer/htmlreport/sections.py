@@ -214,7 +214,9 @@ def report_privacy(manifest: dict[str, Any]) -> str:
 
 def render_bad_samples(data: ReportData) -> str:
     bad = data.manifest.get("bad_samples", {})
-    total, files = int(bad.get("total", 0)), int(data.manifest.get("inputs", {}).get("files", 0))
+    inputs = data.manifest.get("inputs", {})
+    excluded = sum(int(n) for n in (inputs.get("excluded") or {}).values())
+    total, files = int(bad.get("total", 0)), int(inputs.get("files", 0)) - excluded
     banner = ('<p class="sensitive" role="note"><strong>Sensitive: local only, contains raw paths.</strong> '
               "Raw folder and file names may carry patient names or record numbers; do not share this section "
               "outside the team that built the dataset.</p>")
@@ -273,7 +275,57 @@ def render_bad_samples(data: ReportData) -> str:
                            cls="data bad", numeric=(0,))
                    + (note(f'<span data-field="bad-rows-not-shown">{rest:,}</span> more records not shown '
                            f"(first {len(shown):,} listed).", "muted") if rest > 0 else ""))
-    return section("bad-samples", banner + status + charts + listing)
+    return section("bad-samples", banner + status + charts + listing + _render_excluded(data))
+
+
+def _render_excluded(data: ReportData) -> str:
+    """The files left out on purpose (not bad samples): counts by why, modality and SOP class,
+    and their list (by sample id in a pseudonymized dataset, as the bad samples are). Nothing
+    where no file was left out, so such datasets' reports keep their bytes."""
+    inputs = data.manifest.get("inputs", {})
+    by_why = inputs.get("excluded") or {}
+    if not by_why:
+        return ""
+    total = sum(int(n) for n in by_why.values())
+    counts = []
+    for title, key in (("Why", "excluded"), ("Modality", "excluded_by_modality"),
+                       ("SOP class", "excluded_by_sop_class")):
+        found = sorted((inputs.get(key) or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        if found:
+            rows = [f"<tr><td>{esc(name)}</td><td class=\"num\">{int(n):,}</td></tr>" for name, n in found]
+            counts.append(f"<div><h4>{title}</h4>"
+                          + table([title, "files"], rows, table_id=f"excluded-{key}", cls="data", numeric=(1,))
+                          + "</div>")
+    head = (f'<h3 id="excluded">Left out on purpose <span class="muted">({total:,} files)</span></h3>'
+            '<p class="muted">Files the job does not pack by design: not bad samples, never counted against '
+            "max_bad_fraction. not_image: a DICOM object without an image (report, presentation state, plan, "
+            "structure set, segmentation); not_requested: an image packed only when the source's where: asks (RT "
+            "Dose, secondary capture, localizer); filtered: left out by the source's where:; not_in_table: a file "
+            "the source's table does not name.</p>"
+            f'<div class="cols">{"".join(counts)}</div>')
+    records = data.excluded_records
+    if records is None:
+        return head + note(esc(data.excluded_note or "no list of excluded files"), "muted")
+    shown = records[: data.limits.bad_rows]
+    pseudonymized = (data.manifest.get("phi") or {}).get("mode") == "pseudonymize"
+    rows = []
+    root = "" if pseudonymized else common_folder([str(r.get("path", "")) for r in records])
+    for i, r in enumerate(shown, 1):
+        if pseudonymized:  # raw paths, and details that may name them, stay in excluded.jsonl
+            name = f'<td class="mono">{esc(r.get("sample_id", ""))}</td>'
+            detail = ""
+        else:
+            path = str(r.get("path", ""))
+            name = f'<td class="mono path" title="{esc(path)}">{esc(_relative(path, root))}</td>'
+            detail = f'<td class="msg">{esc(r.get("detail", ""))}</td>'
+        rows.append(f'<tr><td class="num">{i}</td>{name}<td><span class="tag">{esc(r.get("why", ""))}</span></td>'
+                    f'<td>{esc(r.get("modality", ""))}</td><td>{esc(r.get("sop_class", ""))}</td>{detail}</tr>')
+    columns = (["#", "sample_id", "why", "modality", "SOP class"] if pseudonymized
+               else ["#", "path", "why", "modality", "SOP class", "detail"])
+    rest = len(records) - len(shown)
+    return (head + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
+            + (note(f"{rest:,} more records not shown (first {len(shown):,} listed; all in excluded.jsonl).",
+                    "muted") if rest > 0 else ""))
 
 
 RULE_TEXT = {

@@ -20,6 +20,12 @@ manifest but do not fail. The rules:
   ``balance.max_group_share`` of the samples, or a split's share misses its ratio by more than
   the tolerance and than chance explains (:func:`packer.pipeline.split.measure_balance`). The finding
   names the largest group and the links that formed it, with their evidence.
+
+A given split (``by: list`` or ``column``, a dataset's official split) is audited sample by
+sample as given: every entity, exact copy and verified near copy that crosses it is found with
+the severities above, and ``split.accept_leaks: true`` makes the three crossing rules report
+instead of fail (their detail says ``accepted``). ``split_balance`` only reports there: nothing
+was asked of the split's shares.
 """
 
 from __future__ import annotations
@@ -122,14 +128,20 @@ class _Samples:
         return where
 
 
-def _entity_overlap(samples: _Samples) -> RuleResult:
+def _entity_overlap(samples: _Samples, cfg: SplitConfig) -> RuleResult:
     splits_of: dict[str, set[str]] = defaultdict(set)
     for entity, split in zip(samples.entity, samples.split, strict=True):
         if split is not None and entity is not None:
             splits_of[entity].add(split)
     findings = [{"entity_id": e, "splits": sorted(s, key=SPLITS.index)}
                 for e, s in sorted(splits_of.items()) if len(s) > 1]
-    return RuleResult("entity_overlap", "fail", len(findings), tuple(findings))
+    return RuleResult("entity_overlap", "report" if cfg.accept_leaks else "fail", len(findings), tuple(findings),
+                      detail=_given(cfg))
+
+
+def _given(cfg: SplitConfig) -> dict[str, Any]:
+    """The crossing rules' detail under a given split (none otherwise, as before given splits)."""
+    return {"given": cfg.by, "accepted": cfg.accept_leaks} if cfg.given else {}
 
 
 def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
@@ -144,8 +156,8 @@ def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
             across.append(finding)
         elif len(placed) > 1:
             within.append(finding)
-    severity = "report" if cfg.duplicates == "report" else "fail"
-    return [RuleResult("exact_duplicates_across_splits", severity, len(across), tuple(across)),
+    severity = "report" if cfg.duplicates == "report" or cfg.accept_leaks else "fail"
+    return [RuleResult("exact_duplicates_across_splits", severity, len(across), tuple(across), detail=_given(cfg)),
             RuleResult("exact_duplicates_within_split", "report", len(within), tuple(within))]
 
 
@@ -154,7 +166,7 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
     crossing = [{"a": samples.where(i), "b": samples.where(j), **links.describe(k)}
                 for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True))
                 if split[i] is not None and split[j] is not None and split[i] != split[j] and sha256[i] != sha256[j]]
-    severity = "report" if cfg.duplicates == "report" or not cfg.near_enabled else "fail"
+    severity = "report" if cfg.duplicates == "report" or not cfg.near_enabled or cfg.accept_leaks else "fail"
     count = len(crossing)
     # max_cross_split pairs are tolerated: the rule fails only beyond them
     effective = count if count > cfg.near_max_cross_split else 0
@@ -164,7 +176,8 @@ def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
                               "min_score": cfg.near_min_score, "neighbors": cfg.near_neighbors,
                               **({} if cfg.near_enabled else {"off": _near_off(cfg)}),
                               # as in the config's identity: named where the job sets it (default 0.5)
-                              **({"max_ratio": cfg.near_max_ratio} if cfg.near_max_ratio_set else {})})
+                              **({"max_ratio": cfg.near_max_ratio} if cfg.near_max_ratio_set else {}),
+                              **_given(cfg)})
 
 
 def _near_off(cfg: SplitConfig) -> str:
@@ -227,11 +240,14 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
 def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links: NearLinks) -> RuleResult:
     """``split_balance``: one finding when the split collapsed (see the module docstring)."""
     balance = measure_balance(assignment, cfg)
+    if cfg.given:  # nothing was asked of the shares: they are reported, as given
+        return RuleResult("split_balance", "report", 0, (), {
+            "shares": {k: round(v, 4) for k, v in balance.shares.items()}, "given": cfg.by})
     detail: dict[str, Any] = {"shares": {k: round(v, 4) for k, v in balance.shares.items()},
                               "requested": balance.requested, "tolerance": cfg.balance_tolerance,
                               "max_group_share": cfg.max_group_share, "accepted": cfg.accept_imbalance,
                               "largest_group_share": round(balance.largest_share, 4)}
-    severity = "report" if cfg.accept_imbalance else "fail"
+    severity = "report" if cfg.accept_imbalance or cfg.given else "fail"
     if balance.collapsed is None or balance.largest is None:
         return RuleResult("split_balance", severity, 0, (), detail)
     group = balance.largest
@@ -271,14 +287,31 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
     fields = _Samples.of(samples, assignment.split, show_paths)
     links = links if links is not None else NearLinks.empty()
     time_rule, ranges = _time_order(fields, cfg, show_dates)
-    rules = [_entity_overlap(fields), *_exact(fields, cfg), _near(fields, cfg, links), _span_entities(fields, links),
-             time_rule, _balance(fields, assignment, cfg, links)]
+    rules = [_entity_overlap(fields, cfg), *_exact(fields, cfg), _near(fields, cfg, links),
+             _span_entities(fields, links), time_rule, _balance(fields, assignment, cfg, links)]
     entities: dict[str, set[str]] = defaultdict(set)
     for split, entity in zip(fields.split, fields.entity, strict=True):
         if split is not None:
             entities[split].add(entity or "")
     return LeakageAudit(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
                        time_ranges=ranges if show_dates else {})
+
+
+#: The rules that find a sample crossing the splits (what ``split.accept_leaks`` accepts).
+CROSSING = ("entity_overlap", "exact_duplicates_across_splits", "near_duplicates_across_splits")
+
+
+def accepted_leaks(report: LeakageAudit, cfg: SplitConfig) -> str | None:
+    """A warning for a given split whose leaks ``split.accept_leaks`` accepted, or None: what
+    crossed the splits, by rule, and where it is listed."""
+    if not cfg.accept_leaks:
+        return None
+    found = [(rule.rule, rule.detail.get("pairs", rule.count)) for rule in report.rules if rule.rule in CROSSING]
+    found = [(name, count) for name, count in found if count]
+    if not found:
+        return None
+    return (f"the given split (by: {cfg.by}) leaks, accepted by split.accept_leaks: "
+            + ", ".join(f"{name} {count}" for name, count in found) + " (each finding is listed in leakage.json)")
 
 
 LEAKAGE_FILE = "leakage.json"
@@ -321,8 +354,11 @@ def raise_on_leakage(report: LeakageAudit) -> None:
                 examples.append(f"{_name(finding['a'])} [{finding['a']['split']}] ~ "
                                 f"{_name(finding['b'])} [{finding['b']['split']}] ({_evidence(finding)})")
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
+    given = any(r.detail.get("given") for r in failed if r.rule in CROSSING)
     raise LeakageError("leakage audit failed: " + " | ".join(parts)
-                       + " (every finding is listed in leakage.json)")
+                       + " (every finding is listed in leakage.json)"
+                       + ("; the split is given (an official split reproduced exactly): to build it as it is, "
+                          "leaks and all, set split.accept_leaks: true" if given else ""))
 
 
 def _evidence(link: dict[str, Any]) -> str:

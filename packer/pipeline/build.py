@@ -39,6 +39,7 @@ from packer.errors import (
     PackerError,
     blocking_file,
 )
+from packer.exclusions import exclusion_counts, write_excluded
 from packer.files import atomic_output
 from packer.manifest import (
     FORMAT_VERSION,
@@ -285,6 +286,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
+    if prepared.excluded:  # only where files were left out: a dataset without any keeps its folder as it was
+        write_excluded(staging, prepared.excluded)
     release_table_memory()
     body = {
         "format_version": FORMAT_VERSION,
@@ -300,8 +303,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         **({"target": record} if (record := target.manifest_record()) is not None else {}),
         **({"mask": _mask_schema(job, schema["layout"])} if any(s.mask is not None for s in job.sources) else {}),
         "splits": _split_summary(samples, shards, written, targets),
-        "inputs": {"files": prepared.inputs, "samples": len(samples)},
-        "bad_samples": summarize_issues(issues, inputs=prepared.inputs, max_fraction=job.max_bad_fraction),
+        "inputs": {"files": prepared.inputs, "samples": len(samples), **exclusion_counts(prepared.excluded)},
+        "bad_samples": summarize_issues(issues, inputs=prepared.considered, max_fraction=job.max_bad_fraction),
         "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,
         "splits_table": splits_entry,
@@ -504,7 +507,10 @@ def check_bad_fraction(result: BuildResult) -> None:
     """Raise BadFractionError (exit 3) when the bad fraction exceeds the job's threshold."""
     bad = result.manifest["bad_samples"]
     if result.over_threshold:
+        inputs = result.manifest["inputs"]
+        excluded = sum(inputs.get("excluded", {}).values())
+        left_out = f" (and {excluded} left out on purpose, which do not count)" if excluded else ""
         raise BadFractionError(
-            f"{bad['total']} of {result.manifest['inputs']['files']} input files are bad "
+            f"{bad['total']} of {inputs['files'] - excluded} input files are bad{left_out} "
             f"({bad['fraction']:.1%} > max_bad_fraction {bad['max_fraction']:.1%}); "
             f"see {result.version_dir / bad['report']}")

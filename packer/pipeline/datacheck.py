@@ -24,6 +24,7 @@ from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, LeakageError
+from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import Prepared, run_stages
@@ -64,14 +65,23 @@ def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[s
     by_time = split_config.get("by") == "time"
     ratios = split_config.get("ratios") or {}
     cutoffs = split_config.get("cutoffs") or {}
+    # a given split (by: list or column) asks samples only of the splits it carves (a listed split
+    # that names no sample is a config error before this)
+    carve = split_config.get("carve") or {}
     entities = sum(int(entry.get("entities", 0)) for entry in splits.values())
     found = []
     for split in SPLITS:
-        asked = (split == "train" or split in cutoffs) if by_time else float(ratios.get(split, 0)) > 0
+        asked = (split == "train" or split in cutoffs) if by_time else (
+            split in carve if "carve" in split_config else float(ratios.get(split, 0)) > 0)
         if not asked or int(splits.get(split, {}).get("samples", 0)) > 0:
             continue
         why = _WHY_NOT_EMPTY[split]
-        if by_time:
+        if split in carve:
+            message = (f"split {split} has 0 samples (carved from {carve[split]['from']} at ratio "
+                       f"{float(carve[split]['ratio']):g}; {entities} entities in all), so {why}. Each entity goes "
+                       f"whole, so a few entities can leave it empty: raise split.carve.{split}.ratio, or try "
+                       "another split.seed")
+        elif by_time:
             given = ", ".join(f"{name} {cutoffs[name]}" for name in SPLITS if name in cutoffs)
             message = (f"split {split} has 0 samples (by time, cutoffs {given}: no entity's first record falls in "
                        f"{split}'s period), so {why}; move split.cutoffs, or add records from that period")
@@ -97,7 +107,7 @@ class ValidateResult:
 
     @property
     def bad(self) -> dict[str, Any]:
-        return summarize_issues(self.prepared.issues, inputs=self.prepared.inputs,
+        return summarize_issues(self.prepared.issues, inputs=self.prepared.considered,
                                 max_fraction=self.job.max_bad_fraction)
 
     @property
@@ -141,11 +151,22 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "inputs": {"files": prepared.inputs, "samples": len(prepared.samples)},
         "splits": per_split,
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
+        "excluded": _excluded_summary(prepared),
         "audit": prepared.audit.to_json(listed=True),
         "warnings": [w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)],
     }
     validate_document(doc, "validate", source="packer validate --json")
     return doc
+
+
+def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
+    """The files left out on purpose: how many, per why, modality and SOP class, and the first
+    1000 records (:mod:`packer.exclusions`)."""
+    counts = exclusion_counts(prepared.excluded)
+    return {"total": len(prepared.excluded), "by_why": counts.get("excluded", {}),
+            "by_modality": counts.get("excluded_by_modality", {}),
+            "by_sop_class": counts.get("excluded_by_sop_class", {}),
+            "records": [e.to_json() for e in prepared.excluded[:1000]]}
 
 
 def format_summary(result: ValidateResult) -> str:
@@ -164,6 +185,13 @@ def format_summary(result: ValidateResult) -> str:
     for issue in issues[:SUMMARY_ISSUES]:
         lines.append(f"    {issue.reason:<22} {issue.path}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
+    excluded = result.prepared.excluded
+    if excluded:  # counted, never silent; never against the bad fraction
+        lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
+                     "samples")
+        for record in excluded[:SUMMARY_ISSUES]:
+            lines.append(f"    {record.why:<22} {record.path}: {record.detail}")
+        lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
         lines.append(f"  warning: {warning['message']}")
     listed = False

@@ -252,12 +252,12 @@ def _path_facts(source: SourceConfig, rel: str) -> tuple[str | None, str | None,
 
 
 def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: TableRow | None,
-              label: str | None, phi: Pseudonymizer | None) -> SampleRef:
+              label: str | None, phi: Pseudonymizer | None, sample_id: str | None = None) -> SampleRef:
     """The unprobed ref of a listed file. A kind that reads entity and time from headers gets
     them in the probe (the ref keeps only the cells naming its other files); otherwise they come
     from the path (``entity: {path: ...}``) or the table row, and a table-less source gives each
-    file its own entity."""
-    sample_id = make_sample_id(source.name, rel, phi)
+    file its own entity. ``sample_id``: the file's id when the caller made it already."""
+    sample_id = sample_id or make_sample_id(source.name, rel, phi)
     if kind.identity_in_header:
         return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
                          extra=_row_cells(source, row))
@@ -303,7 +303,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                                      f"{table} names no such file (files: table)"))
             continue
         label = _target_text(source, rel, row, known)
-        ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi)
+        ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
         if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
             # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
             excluded.append(Excluded(sample_id, path, "discover", "filtered",
@@ -504,11 +504,28 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
     refs = RefTable.concat(tables)
+    excluded = _once(excluded, refs, issues)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
         refs = RefTable.of(unique_ids(list(refs)))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered)
+
+
+def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:
+    """The exclusions, each file once: sources over one root with a table each (CheXpert's
+    train.csv and valid.csv, ``files: table``) each list the other's files as not in their
+    table; such a file is the other source's sample, bad sample or exclusion, and counted there."""
+    if not any(e.why == "not_in_table" for e in excluded):
+        return excluded
+    placed = set(refs.column("path")) | {i.path for i in issues} | {e.path for e in excluded if e.why != "not_in_table"}
+    out, seen = [], set()
+    for item in excluded:
+        if item.why == "not_in_table" and (item.path in placed or item.path in seen):
+            continue
+        seen.add(item.path)
+        out.append(item)
+    return out
 
 
 def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:

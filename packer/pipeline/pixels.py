@@ -40,7 +40,7 @@ from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.kinds import Grouping, kind_libraries, source_kind
-from packer.records import Issue, Sample, SampleRef, SpilledSample
+from packer.records import Excluded, Issue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
@@ -82,8 +82,9 @@ class ChunkTask:
 
 @dataclass(frozen=True)
 class ChunkResult:
-    """What a chunk's task returns: its samples' records, its files' issues, and the warnings its
-    readers noted (``notes``: file id, text; a sample's ``metadata.warnings``, once per file)."""
+    """What a chunk's task returns: its samples' records, its files' issues, the warnings its
+    readers noted (``notes``: file id, text; a sample's ``metadata.warnings``, once per file), and
+    the files its probe left out on purpose (``excluded``: never samples, never bad)."""
 
     key: str
     samples: tuple[SpilledSample, ...]
@@ -92,6 +93,7 @@ class ChunkResult:
     reused: bool = False
     seconds: tuple[tuple[str, float], ...] = ()
     notes: tuple[tuple[str, str], ...] = ()
+    excluded: tuple[Excluded, ...] = ()
 
 
 #: Chunks per dask task: at most MAX_GROUP, and small enough that every worker thread gets at
@@ -164,11 +166,12 @@ class StageClock:
         return tuple(sorted(self.seconds.items()))
 
 
-def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue:
-    """One file's samples, checked, with the job's channel count and their masks; or its Issue."""
+def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue | Excluded:
+    """One file's samples, checked, with the job's channel count and their masks; or its Issue,
+    or its Excluded record (its header leaves it out: nothing is decoded)."""
     clock.switch("header")
     probed = probe_for_read(ref, job)  # a DICOM file is parsed once, here, pixels included
-    if isinstance(probed, Issue):
+    if isinstance(probed, (Issue, Excluded)):
         return probed
     clock.switch("decode+transform")
     result = read_sample(probed[0], job, state=probed[1])
@@ -212,10 +215,12 @@ def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issu
 
 
 def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
-    """``outcome`` (samples, a probed ref or an issue) of ``local``, the local copy of the remote
-    file ``ref``, with the URL put back wherever the copy's path went."""
+    """``outcome`` (samples, a probed ref, an issue or an exclusion) of ``local``, the local copy of
+    the remote file ``ref``, with the URL put back wherever the copy's path went."""
     if isinstance(outcome, Issue):
         return replace(outcome, path=ref.path, message=outcome.message.replace(local, ref.path))
+    if isinstance(outcome, Excluded):
+        return replace(outcome, path=ref.path, detail=outcome.detail.replace(local, ref.path))
     if isinstance(outcome, SampleRef):
         return replace(outcome, path=ref.path)
     if isinstance(outcome, tuple):  # a probed ref with its series geometry
@@ -243,19 +248,21 @@ def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObje
         return named
 
 
-def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue, ...]:
-    """Dask task: each file's probed ref and what its kind groups it by (header only), or its Issue."""
+def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue | Excluded, ...]:
+    """Dask task: each file's probed ref and what its kind groups it by (header only), or its
+    Issue, or its Excluded record (a file left out joins no group)."""
     listed = dict(task.listed)
     return tuple(_on_local_file(ref, task, listed, lambda local: probe_placement(local, task.job), headers_only=True)
                  for ref in task.refs)
 
 
 def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
-                   clock: StageClock) -> list[list[Sample] | Issue]:
+                   clock: StageClock) -> list[list[Sample] | Issue | Excluded]:
     """The outcomes of the group ``task`` holds (a DICOM series), as per-file outcomes come: its
     samples as one list (its kind's :meth:`~packer.read.kinds.Grouping.combine` of its files'
-    samples), or (when one of its files cannot be read) that file's Issue and
-    ``series_incomplete`` for each of the others."""
+    samples), or (when one of its files cannot be read) that file's Issue (or Excluded record:
+    the header pass kept it, so only a file changed since can be) and ``series_incomplete`` for
+    each of the others."""
     if task.group is None:
         raise ValueError("_group_samples needs a group chunk")
     grouping = source_kind(task.refs[0].kind).grouping(task.job)
@@ -265,9 +272,10 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
     per_file: list[list[Sample]] = []
     for ref in task.refs:
         outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, job, clock), clock)
-        if isinstance(outcome, Issue):
+        if isinstance(outcome, (Issue, Excluded)):
+            state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
             others = [Issue.of(r, stage="validate", reason="series_incomplete",
-                               message=f"{r.path}: another file of its series, {ref.path}, is bad ({outcome.reason}); "
+                               message=f"{r.path}: another file of its series, {ref.path}, is bad ({state}); "
                                        "a series with a missing slice is not packed")
                       for r in task.refs if r.sample_id != ref.sample_id]
             return [outcome, *others]
@@ -279,16 +287,21 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
 def _headers_only(task: ChunkTask) -> ChunkResult:
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
+    excluded: list[Excluded] = []
     listed = dict(task.listed)
     for ref in task.refs:
         probed = _on_local_file(ref, task, listed, lambda local: probe_keys(local, task.job), headers_only=True)
         if isinstance(probed, Issue):
             issues.append(probed)
             continue
+        if isinstance(probed, Excluded):
+            excluded.append(probed)
+            continue
         found, keys = probed
         samples.extend(SpilledSample(key=key, ref=found, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
                                      dtype="", sha256=f"not-decoded:{key}") for key in keys)
-    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs))
+    return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
+                       excluded=tuple(excluded))
 
 
 def process_chunk(task: ChunkTask) -> ChunkResult:
@@ -307,15 +320,16 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format)
         if cached is not None:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
-                               reused=True, notes=cached.notes)
+                               reused=True, notes=cached.notes, excluded=cached.excluded)
     # near-copy signatures only where the check runs (split.near_duplicates resolved it: a one-split job has none)
     sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
     if not task.job.split.near_enabled:
         sig_dir = None
     listed = dict(task.listed)
     issues: list[Issue] = []
+    excluded: list[Excluded] = []
     clock = StageClock()
-    outcomes: Iterable[list[Sample] | Issue]
+    outcomes: Iterable[list[Sample] | Issue | Excluded]
     if task.group is not None:
         outcomes = _group_samples(task, listed, clock)
     else:
@@ -327,6 +341,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         for outcome in outcomes:
             if isinstance(outcome, Issue):
                 issues.append(outcome)
+                continue
+            if isinstance(outcome, Excluded):
+                excluded.append(outcome)
                 continue
             for sample in outcome:
                 for warning in sample.metadata.get("warnings", ()):
@@ -345,9 +362,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
-    spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes))
+    spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded)
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
-                       seconds=clock.items(), notes=tuple(notes))
+                       seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded))
 
 
 class _Settle:
@@ -359,14 +376,18 @@ class _Settle:
     each); the chunk result keeps its counts and seconds, not its samples.
     """
 
-    def __init__(self, phi: Pseudonymizer) -> None:
+    def __init__(self, phi: Pseudonymizer, keep: str | None = None) -> None:
         self._phi = phi
+        #: the one table cell kept under PHI: a ``by: column`` split's (train/valid/test, nobody's identity)
+        self._keep = keep
         self.table = TableBuilder(SampleTable)
 
     def chunk(self, chunk: ChunkResult) -> ChunkResult:
         for sample in chunk.samples:
             if self._phi.active and sample.ref.entity is not None:
-                sample = replace(sample, ref=replace(sample.ref, entity=self._phi.entity(sample.ref.entity), extra=()))
+                kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
+                entity = self._phi.entity(sample.ref.entity)
+                sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
             self.table.append(sample)
         return replace(chunk, samples=())
 
@@ -410,7 +431,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     is retried file by file (:func:`_isolate`). Each result's samples are settled as they
     arrive (:class:`_Settle`: pseudonymized under ``phi``, into columns).
     """
-    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None))
+    settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None), keep=job.split.column)
     nonce = uuid.uuid4().hex[:8]
     libraries = library_versions(kind_libraries([s.kind for s in job.sources]))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
@@ -531,19 +552,26 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
     progress = Progress("series", len(refs), quiet=quiet)
     placed: list[tuple[SampleRef, Any]] = []
     issues: list[Issue] = []
+    excluded: list[Excluded] = []
     for task, outcome in executor.map_unordered(probe_placements, tasks,
                                                 [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks]):
         found = (probe_placements(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
         for item in found:
-            (issues if isinstance(item, Issue) else placed).append(item)  # type: ignore[arg-type]
+            if isinstance(item, Issue):
+                issues.append(item)
+            elif isinstance(item, Excluded):  # joins no series
+                excluded.append(item)
+            else:
+                placed.append(item)
         progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
     progress.close()
     groups, refused_groups = grouping.assemble(placed, make.job)
     refused = [*issues, *refused_groups]
     in_groups = sum(len(group.refs) for group in groups)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
-    files = len(placed) + len(issues) - in_groups  # the files this result speaks for
-    return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files)
+    files = len(placed) + len(issues) + len(excluded) - in_groups  # the files this result speaks for
+    return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files,
+                               excluded=tuple(sorted(excluded, key=lambda e: (e.path, e.sample_id))))
 
 
 def stage_seconds(chunks: Sequence[ChunkResult]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from typing import Any
 from packer.config import JobConfig
 from packer.pipeline.labels import Refused, from_attribute
 from packer.read.kinds import source_kind
-from packer.records import Issue, SampleRef
+from packer.records import Excluded, Issue, SampleRef
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
@@ -34,34 +34,35 @@ def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
     return None
 
 
-def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue:
-    """Read one file's header (never its pixels) and complete the ref, or say why it is bad.
+def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue | Excluded:
+    """Read one file's header (never its pixels) and complete the ref, or say why it is bad, or
+    (:class:`~packer.records.Excluded`) why it is left out on purpose.
 
     Where the kind reads entity and time from headers (DICOM), they come from there; others got
     theirs from the table. The header read catches unreadable, foreign and pixel-less files
     before any decoding.
     """
     probed = _probe(ref, job, keep=False)
-    return probed if isinstance(probed, Issue) else probed[0]
+    return probed if isinstance(probed, (Issue, Excluded)) else probed[0]
 
 
-def probe_keys(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, tuple[str, ...]] | Issue:
+def probe_keys(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, tuple[str, ...]] | Issue | Excluded:
     """:func:`probe_ref`, plus the keys of the samples the file would make, as far as its header
     tells (``validate --quick``: a NIfTI file's slices; :meth:`packer.read.kinds.SourceKind.sample_keys`)."""
     probed = _probe(ref, job, keep=False)
-    if isinstance(probed, Issue):
+    if isinstance(probed, (Issue, Excluded)):
         return probed
     return probed[0], source_kind(ref.kind).sample_keys(probed[0], probed[1], job)
 
 
-def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
+def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | Excluded:
     """:func:`probe_ref`, plus what the file's kind groups it by (a DICOM file's place in a
     series: UIDs, positions, orientation, grid; :meth:`packer.read.kinds.Grouping.assemble`).
     Header only."""
     return _probe(ref, job, keep=False, placement=True)
 
 
-def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue:
+def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | Excluded:
     """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
 
     A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
@@ -71,11 +72,13 @@ def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Is
     return _probe(ref, job, keep=True)
 
 
-def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = False) -> tuple[SampleRef, Any] | Issue:
-    """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's Issue."""
+def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
+           placement: bool = False) -> tuple[SampleRef, Any] | Issue | Excluded:
+    """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's
+    Issue, or its Excluded record (before any identity check: a file left out needs no label)."""
     source = next(s for s in job.sources if s.name == ref.source)
     probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement)
-    if isinstance(probed, Issue):
+    if isinstance(probed, (Issue, Excluded)):
         return probed
     ref = probed.ref
     if source.target.origin == "attribute":

@@ -49,7 +49,7 @@ from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
-from packer.records import REF_FIELDS, Issue, SampleRef, SpilledSample
+from packer.records import REF_FIELDS, Excluded, Issue, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.members import NPY_HEAD, npy_header, npy_layout
 from packer.shards.tar import read_sample_at
@@ -65,14 +65,16 @@ class CachedChunk:
     issues: tuple[Issue, ...]
     files: int
     notes: tuple[tuple[str, str], ...] = ()
+    excluded: tuple[Excluded, ...] = ()
 
 
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
 #: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
 #: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
 #: 8: the signature embedding gains the equalised spectrum; 9: each sample's sha256 is the one its
-#: shard format records, :func:`~packer.shards.encode.pixels_digest`).
-CACHE_FORMAT = 9
+#: shard format records, :func:`~packer.shards.encode.pixels_digest`; 10: DICOM objects without an
+#: image, RT Dose, secondary captures and localizers are Excluded records, not samples or issues).
+CACHE_FORMAT = 10
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -224,9 +226,10 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
             return None
         issues = tuple(Issue(**i) for i in data["issues"])
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
+        excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
-    return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes)
+    return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded)
 
 
 def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
@@ -555,9 +558,11 @@ class SpillWriter:
             sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask)))
         self._offset += len(pixels) + len(meta) + len(mask)
 
-    def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = ()) -> None:
+    def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
+               excluded: Sequence[Excluded] = ()) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
-        the readers' warnings, kept only where there are some, so other entries keep their bytes)."""
+        the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
+        where there are some, so other entries keep their bytes)."""
         if self.sig_dir is not None:
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 write_signatures(fh, self._signatures)
@@ -567,5 +572,7 @@ class SpillWriter:
                       "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues]}
             if notes:
                 record["notes"] = [list(note) for note in notes]
+            if excluded:
+                record["excluded"] = [asdict(e) for e in excluded]
             with cache_output(records_path(self.cache_dir, self.key)) as fh:
                 fh.write(canonical_json(record))

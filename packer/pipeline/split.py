@@ -13,6 +13,10 @@ so look-alike images of different patients are not chained). A group then goes t
 - ``by: time``: the group goes where its earliest record falls; with
   ``entity_policy: drop_straddlers`` records falling after a later cutoff are dropped.
 - A pinned table forces entities into splits; a conflict fails the build.
+- ``by: list`` / ``by: column``: the split is given (a dataset's official split,
+  :mod:`packer.pipeline.splitlists`) and reproduced sample by sample, leaks included; ``carve``
+  then moves about ``ratio`` of a given split's groups, chosen by the seeded hash of their
+  smallest entity id, whole into a split the data lacks.
 
 The audit (``packer.pipeline.audit``) then checks the result from scratch, and :func:`measure_balance`
 says whether the split is what was asked (the audit's ``split_balance`` rule).
@@ -33,7 +37,8 @@ from packer.config import SPLITS, SplitConfig
 from packer.errors import ConfigError
 from packer.pipeline.dedup import UnionFind, exact_groups
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
-from packer.pipeline.sampletable import as_table
+from packer.pipeline.sampletable import SampleTable, as_table
+from packer.pipeline.splitlists import split_from_column, split_from_lists
 from packer.records import Issue, SpilledSample
 from packer.targets import ClassTarget
 
@@ -87,7 +92,8 @@ class SplitGroup:
 class Assignment:
     """Per sample key: its split and (for non-test samples, with ``folds``) its fold.
 
-    ``dropped`` holds the ``straddles_cutoff`` issues of samples left out of every split.
+    ``dropped`` holds the ``straddles_cutoff`` and ``not_in_split`` issues of samples left out
+    of every split; ``warnings``, sentences for the user (list items that name no sample).
     """
 
     split: dict[str, str]
@@ -95,6 +101,7 @@ class Assignment:
     groups: tuple[SplitGroup, ...]
     dropped: tuple[Issue, ...]
     pinned: dict[str, str]
+    warnings: tuple[str, ...] = ()
 
 
 RunVerify = Callable[[Sequence[VerifyTask]], Iterable[tuple[VerifyTask, EvidenceArrays]]]
@@ -189,6 +196,9 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
     placed = [len(g.members) for g in assignment.groups]
     squares = float(sum(size * size for size in placed))
     worst, miss, allowed = "train", 0.0, 1.0
+    if cfg.given:  # nothing was asked of a given split: it is what the data says
+        return Balance(shares=shares, requested={}, worst="train", miss=0.0, allowed=1.0, largest=None,
+                       largest_share=0.0, collapsed=None)
     if total and cfg.by == "entity" and cfg.pinned is None:
         def allowed_for(ratio: float) -> float:
             return max(cfg.balance_tolerance, 4.0 * float(np.sqrt(ratio * (1 - ratio) * squares)) / total)
@@ -214,7 +224,7 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
     single large entity, or a small data set's luck of the draw; else ``None``.
     """
     total = len(assignment.split)
-    if total == 0 or cfg.by == "time":
+    if total == 0 or cfg.by == "time" or cfg.given:
         return None
     balance = measure_balance(assignment, cfg)
     worst = max(cfg.ratios, key=lambda item: abs(balance.shares[item[0]] - item[1]))
@@ -299,13 +309,18 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
 
 
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
-                  strata: Strata = ClassTarget.held_names) -> Assignment:
+                  strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None
+                  ) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
-    pinned table conflicts with itself or with the time policy. ``strata``: the names a
+    pinned table conflicts with itself or with the time policy, or a given split's lists or
+    column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
     sample's target text counts under for ``stratify: label``, the target kind's
-    :meth:`~packer.targets.Target.held_names` (a multi-label target balances each label)."""
+    :meth:`~packer.targets.Target.held_names` (a multi-label target balances each label).
+    ``pseudonym``: under PHI, what turns a listed entity id into the samples' pseudonym."""
     table = as_table(samples)
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty())
+    if cfg.given:
+        return _assign_given(table, cfg, groups, pseudonym)
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
@@ -353,3 +368,47 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
                 fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
     return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
                       pinned={e: s for e, s in pins.items()})
+
+
+def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
+                  pseudonym: Callable[[str], str] | None) -> Assignment:
+    """A given split: each sample where its list or table cell says (leaks included: the audit
+    reports them), then each ``carve``, then folds by group. Samples without a split are
+    ``not_in_split`` issues in ``dropped``."""
+    given = split_from_lists(table, cfg, pseudonym) if cfg.by == "list" else split_from_column(table, cfg)
+    split_of = carve_splits(given.split, groups, cfg)
+    keys = table.column("key")
+    split = {keys[i]: name for i, name in enumerate(split_of) if name is not None}
+    fold: dict[str, int] = {}
+    if cfg.folds:
+        for group in groups:
+            unit = entity_unit(f"fold\x00{group.representative}", cfg.seed)
+            for i in group.members:
+                if split_of[i] not in (None, "test"):
+                    fold[keys[i]] = int(unit * cfg.folds)
+    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=given.unlisted, pinned={},
+                      warnings=given.warnings)
+
+
+def carve_splits(given: Sequence[str | None], groups: Sequence[SplitGroup], cfg: SplitConfig) -> list[str | None]:
+    """``cfg.carve`` applied to the given split of each sample (by index): for each split carved
+    from ``origin``, a group's members in ``origin`` move to it when the seeded hash of the
+    group's smallest entity id falls in its share (carves from one origin take consecutive
+    intervals of [0, 1), in train/valid/test order). A group moves whole, so no entity or copy
+    is split by the carve; the result depends only on the seed and the groups."""
+    out = list(given)
+    for origin in sorted({c.origin for c in cfg.carve}, key=SPLITS.index):
+        carves = [(c.split, c.ratio) for c in cfg.carve if c.origin == origin]
+        for group in groups:
+            members = [i for i in group.members if out[i] == origin]
+            if not members:
+                continue
+            unit = entity_unit(f"carve\x00{origin}\x00{group.representative}", cfg.seed)
+            cumulative = 0.0
+            for name, ratio in carves:
+                cumulative += ratio
+                if unit < cumulative:
+                    for i in members:
+                        out[i] = name
+                    break
+    return out

@@ -5,7 +5,8 @@
     discover      client: list raw files, read label tables        pipeline.discover
     pixels        dask: probe, read, check, transform, spill       pipeline.pixels (+ probe, checks, spill)
     near copies   client + dask: candidates, verification          pipeline.nearcopy
-    split         client: entity/time split over duplicate groups  pipeline.split
+    split         client: entity/time split over duplicate groups, pipeline.split
+                  or the given split (lists, a table column)      pipeline.splitlists
     audit         client: leakage rules on the assignment          pipeline.audit
     ── packer validate stops here (through="audit") ──
     gate          a failed audit writes leakage.json and raises (exit 4)
@@ -35,9 +36,10 @@ from typing import Any, Literal
 from packer.badsamples import sort_issues
 from packer.config import JobConfig
 from packer.errors import refused_write
+from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
-from packer.pipeline.audit import LeakageAudit, audit_assignment, raise_on_leakage, write_leakage
+from packer.pipeline.audit import LeakageAudit, accepted_leaks, audit_assignment, raise_on_leakage, write_leakage
 from packer.pipeline.cluster import Executor, WorkerLost
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
@@ -47,7 +49,7 @@ from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
-from packer.records import Issue
+from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
 from packer.targets import Target, target_class
@@ -61,7 +63,9 @@ class Prepared:
     """What the client knows after the pixel pass, the split and the audit.
 
     ``samples`` are the ones assigned to a split, sorted by key, in columns; ``issues`` include
-    the discover, read, validate and split stages; ``inputs`` counts the raw files considered;
+    the discover, read, validate and split stages; ``inputs`` counts the raw files found, each
+    once: a file that gave samples, a bad one (``issues``) or one left out on purpose
+    (``excluded``: discovery's and the probe's, never against ``max_bad_fraction``);
     ``chunks`` are the pixel pass's results without their samples (counts, cache use, seconds);
     ``links`` the verified near copies, indices into the samples *before* unassigned ones were
     dropped (the assignment's groups use the same indices), found in ``near_seconds`` (wall time
@@ -81,6 +85,14 @@ class Prepared:
     #: spill files holding a sample that is not packed (dropped by the split): the pack pass
     #: leaves them whole, since no published shard can stand in for them later
     partial_spills: frozenset[str] = frozenset()
+    #: the files left out on purpose, sorted by path (:mod:`packer.exclusions`)
+    excluded: tuple[Excluded, ...] = ()
+
+    @property
+    def considered(self) -> int:
+        """The input files that could be samples: all but the excluded ones (the bad fraction's
+        denominator, so that files left out on purpose neither count as bad nor dilute it)."""
+        return self.inputs - len(self.excluded)
 
     @property
     def files_decoded(self) -> int:
@@ -115,14 +127,18 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
+    excluded = list(found.excluded)
     for said in found.warnings:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
     del found
-    inputs = len(refs) + len(issues)
+    inputs = len(refs) + len(issues) + len(excluded)
     if not quiet:  # the files refused while listing are not in the progress lines' "bad" counts: say them here
         listed_bad = Counter(issue.reason for issue in issues)
-        refused = (f" ({len(issues)} bad before decoding: "
-                   f"{', '.join(f'{reason} {n}' for reason, n in sorted(listed_bad.items()))})" if issues else "")
+        counted = [f"{len(issues)} bad before decoding: {describe_counts(listed_bad)}"] if issues else []
+        if excluded:
+            counted.append(f"{len(excluded)} left out while listing: "
+                           f"{describe_counts(Counter(e.why for e in excluded))}")
+        refused = f" ({'; '.join(counted)})" if counted else ""
         print(f"packer: {job.name}: {inputs} input files{refused}, running on {executor.description}", flush=True)
     if cache_dir is not None:
         _make_cache_folder(cache_dir)
@@ -139,17 +155,25 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         samples = table.sorted_by_key()
         del table
         issues.extend(i for c in chunks for i in c.issues)
+        probed_out = [e for c in chunks for e in c.excluded]
+        if probed_out and not quiet:  # not bad samples: the progress lines did not count them
+            print(f"packer: {job.name}: {len(probed_out)} files left out on purpose by their headers "
+                  f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
+                  f"{EXCLUDED_FILE}", flush=True)
+        excluded.extend(probed_out)
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
-    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names)
+    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names,
+                               pseudonym=phi.entity if phi.active else None)
     balance = balance_warning(assignment, split_cfg)
-    if balance is not None:  # a warning, not progress: printed under --quiet too
-        print(f"packer: warning: {job.name}: {balance}", file=sys.stderr, flush=True)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep")
+    for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg)):
+        if warning is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
     issues.extend(assignment.dropped)
     split = assignment.split
     keys = samples.column("key")
@@ -158,7 +182,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     partial = frozenset(spills[i] for i, key in enumerate(keys) if key not in split)
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
-                    partial_spills=partial)
+                    partial_spills=partial, excluded=tuple(sort_excluded(excluded)))
 
 
 def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:

@@ -27,6 +27,7 @@ import io
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -50,6 +51,7 @@ from packer.read.dicom_attrs import (
     sop_class_name,
     text_value,
 )
+from packer.read.dicom_objects import classify, header_failure
 from packer.read.dicom_render import GRAYSCALE, render_samples
 from packer.read.dicom_series import SliceGeometry, slice_geometry
 from packer.read.limits import (
@@ -60,7 +62,8 @@ from packer.read.limits import (
     inflated_size_exceeds,
     limit_problem,
 )
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.where import Condition
 
 _PYDICOM, _PYLIBJPEG = "pydicom", "pylibjpeg"
 
@@ -307,9 +310,12 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
+        why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
+               if classify(ds, (), slices=False).why == "not_image" else
+               "yet its SOP class is an image's (or unknown): the file is damaged or was exported without its "
+               "pixels; export it again from the archive")
         return _issue(ref, "validate", "no_pixel_data",
-                      f"{sop} has no image: {', '.join(missing)} missing (Image Pixel module, PS3.3 C.7.6.3); "
-                      "drop non-image objects from the source")
+                      f"{sop} has no image: {', '.join(missing)} missing (Image Pixel module, PS3.3 C.7.6.3); {why}")
     raw_frames = ds.get("NumberOfFrames", 1)
     try:
         frames = int(str(raw_frames).strip()) if raw_frames not in (None, "") else 1
@@ -394,7 +400,8 @@ def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: Limi
 def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str, ...],
                 limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
                 keep_pixels: bool = False, label_keyword: str | None = None,
-                placement: bool = False) -> DicomHeader | Issue:
+                placement: bool = False, where: Sequence[Condition] = (),
+                slices: bool = True) -> DicomHeader | Issue | Excluded:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -403,6 +410,12 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     inflated size, Number of Frames, Rows × Columns or the decoded size over ``limits``),
     ``burned_in_annotation`` ((0028,0301) is YES and ``allow_burned_in`` is False). A missing
     entity or time is not an issue here: those fields are ``None`` and discovery decides.
+
+    Before any of those checks, the header decides what the file is
+    (:mod:`packer.read.dicom_objects`): one the source's header conditions ``where`` leave out is
+    Excluded ``filtered``; an object without an image (SR, PR, KO, RT Plan, RTSTRUCT, SEG, ...)
+    ``not_image``; an RT Dose, a secondary capture or (``slices``: a job of single files) a
+    localizer that ``where`` does not ask for, ``not_requested``. None of them is a bad sample.
 
     ``keep_pixels``: parse the whole file once and keep it in ``DicomHeader.dataset`` for
     :func:`read_dicom` (the pixel pass; saves a second parse of every header). When the whole
@@ -414,8 +427,12 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     if isinstance(ds, Issue):
         if keep_pixels:
             return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
-                               allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement)
+                               allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
+                               where=where, slices=slices)
         return ds
+    excluded = _excluded(ref, ds, where, slices=slices)
+    if excluded is not None:
+        return excluded
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
         return geometry
@@ -441,6 +458,21 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         label_value=text_value(ds, label_keyword) if label_keyword else None,
         geometry=placed,
     )
+
+
+def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool) -> Excluded | None:
+    """The file's Excluded record when its header leaves it out on purpose (see :func:`probe_dicom`)."""
+    if len(ds) == 0:
+        return None  # no data set at all: _check_image calls it unreadable
+    kind = classify(ds, where, slices=slices)
+    failure = header_failure(ds, where)
+    if failure is not None:
+        return Excluded.of(ref, stage="read", why="filtered", detail=failure, modality=kind.modality,
+                           sop_class=kind.sop_class)
+    if kind.why is not None:
+        return Excluded.of(ref, stage="read", why=kind.why, detail=kind.detail, modality=kind.modality,
+                           sop_class=kind.sop_class)
+    return None
 
 
 #: The probe reads this much of a file's head itself (:func:`_check_inflated`), so a rehearsal does too.

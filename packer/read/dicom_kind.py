@@ -28,11 +28,13 @@ from packer.config import (
     windows_fix,
 )
 from packer.errors import ConfigError
+from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
 from packer.read.series import Series, assemble, stack_neighbors, stack_volume, volume_size
-from packer.records import Issue, Sample, SampleRef, frame_key
+from packer.records import Excluded, Issue, Sample, SampleRef, frame_key
 from packer.transform.channels import check_channels
 from packer.transform.mask import transform_mask_dicom
+from packer.where import Condition
 
 #: Suffixes a DICOM file never has (tables, text, images), so their heads are not read.
 _NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp"})
@@ -80,6 +82,18 @@ class DicomKind(SourceKind):
             **parse_sampling(raw, "dicom"),
         )
 
+    def header_keys(self, keys: Sequence[str]) -> tuple[str, ...]:
+        """The keys that are DICOM keywords of pydicom's data dictionary (``Modality``,
+        ``SOPClassUID``, ``ImageType``): tested on each file's header by the probe."""
+        return tuple(key for key in keys if is_header_keyword(key))
+
+    def header_conditions(self, conditions: tuple[Condition, ...], where: str) -> tuple[Condition, ...]:
+        return check_header_conditions(conditions, where)
+
+    def header_key_hint(self, key: str) -> str:
+        close = keyword_suggestion(key)
+        return f" (did you mean the DICOM keyword {close!r}?)" if close else ""
+
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         cfg = job.dicom
         names = [s.name for s in sources]
@@ -112,13 +126,14 @@ class DicomKind(SourceKind):
                               "sources are packed per slice only (sample: slice) for now")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue:
+              placement: bool) -> Probed | Issue | Excluded:
         from packer.read.dicom import probe_dicom
 
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,
-                             label_keyword=source.target.attribute, placement=placement)
-        if isinstance(header, Issue):
+                             label_keyword=source.target.attribute, placement=placement,
+                             where=source.header_where, slices=not job.dicom.by_series)
+        if isinstance(header, (Issue, Excluded)):
             return header
         return Probed(ref=replace(ref, entity=header.entity, time=header.time),
                       state=header.geometry if placement else header.dataset, attribute=header.label_value)

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.where import Condition
 
 if TYPE_CHECKING:
     from packer.config import JobConfig, LimitsConfig, SourceConfig
@@ -160,17 +161,29 @@ class SourceKind:
         none (a kind without header attributes filters table rows only)."""
         return ()
 
+    def header_conditions(self, conditions: tuple[Condition, ...], where: str) -> tuple[Condition, ...]:
+        """The header conditions (those :meth:`header_keys` named) as the probe tests them (a
+        DICOM SOP class given by name becomes its UID). Default: as given. Raises ConfigError."""
+        return conditions
+
+    def header_key_hint(self, key: str) -> str:
+        """A hint for a ``where:`` key that names neither a header attribute nor (the source has
+        no table) a table column: ``" (did you mean the DICOM keyword 'Modality'?)"``, or ``""``."""
+        return ""
+
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         """Refuse a job whose settings this kind cannot honour; ``sources``: its sources of this
         kind (possibly none: settings that need one are refused then). Raises ConfigError."""
 
     # -- header and pixels (worker) ---------------------------------------------------------
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue:
+              placement: bool) -> Probed | Issue | Excluded:
         """Read ``ref``'s header (never its pixels, unless ``keep``: then the parsed file may be
         kept for :meth:`read`) and say what it gives (:class:`Probed`: entity and time where the
         kind reads them from headers; with ``placement``, the facts the kind's :class:`Grouping`
-        needs), or the file's Issue. Identity checks (label, entity, time) are the caller's."""
+        needs), or the file's Issue, or (a file its header leaves out on purpose: the source's
+        header ``where:``, an object that is no image) its Excluded record, before any pixel is
+        decoded. Identity checks (label, entity, time) are the caller's."""
         raise NotImplementedError
 
     def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:

@@ -1,0 +1,71 @@
+"""Report: write the files left out on purpose as ``excluded.jsonl`` and count them.
+
+A file left out on purpose (:class:`~packer.records.Excluded`: not in the table, filtered by
+the source's ``where:``, a DICOM object without an image, an image the job packs only when
+asked) is neither a sample nor a bad sample: it is counted here and listed, never against
+``max_bad_fraction``. Like ``bad_samples.jsonl`` the list names raw paths, so it stays next to
+the shards for the people who built them and is not hashed into the dataset's identity; the
+counts (:func:`exclusion_counts`) go into the manifest's ``inputs``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from packer.files import atomic_output
+from packer.records import Excluded
+from packer.schemas import load_schema
+
+EXCLUDED_FILE = "excluded.jsonl"
+
+
+def sort_excluded(excluded: Iterable[Excluded]) -> list[Excluded]:
+    """Deterministic order: by path, then sample id."""
+    return sorted(excluded, key=lambda e: (e.path, e.sample_id, e.why))
+
+
+def write_excluded(folder: Path, excluded: Iterable[Excluded]) -> Path:
+    """Write one schema-valid JSON record per line (``schemas/excluded.schema.json``) to
+    ``folder/excluded.jsonl``; raises if a record breaks the schema."""
+    validator = jsonschema.Draft202012Validator(load_schema("excluded"))
+    path = folder / EXCLUDED_FILE
+    with atomic_output(path) as fh:
+        for record in sort_excluded(excluded):
+            data = record.to_json()
+            validator.validate(data)
+            fh.write(json.dumps(data, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return path
+
+
+def read_excluded(path: Path) -> list[dict[str, str]]:
+    """The records of an ``excluded.jsonl``."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def exclusion_counts(excluded: Sequence[Excluded]) -> dict[str, Any]:
+    """The manifest's ``inputs`` fields for ``excluded`` (empty when nothing was excluded, so a
+    dataset without exclusions keeps the manifest, and hash, it had before they were counted):
+    ``excluded`` (why → files), ``excluded_by_modality`` and ``excluded_by_sop_class`` (files
+    per DICOM Modality and SOP class, of the files whose header says; each only when non-empty)."""
+    if not excluded:
+        return {}
+    out: dict[str, Any] = {"excluded": dict(sorted(Counter(e.why for e in excluded).items()))}
+    modality = Counter(e.modality for e in excluded if e.modality)
+    if modality:
+        out["excluded_by_modality"] = dict(sorted(modality.items()))
+    sop = Counter(e.sop_class for e in excluded if e.sop_class)
+    if sop:
+        out["excluded_by_sop_class"] = dict(sorted(sop.items()))
+    return out
+
+
+def describe_counts(counts: Mapping[str, int]) -> str:
+    """``not_image 2, not_requested 1``."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))

@@ -1,0 +1,235 @@
+"""Given splits: a dataset's official split, read from list files or from a table column.
+
+Public datasets ship their split: NIH ChestX-ray14 two lists of file names, MIMIC-CXR a CSV
+with a ``split`` column, the Medical Segmentation Decathlon ``training`` and ``test`` lists.
+``by: list`` reads one file per split (plain text, one item a line, or a CSV column) whose
+items name samples by ``match``: their ``path`` relative to the source root, their file
+``name``, its ``stem`` (the name without its extension, ``.nii.gz`` as one) or their
+``entity``. ``by: column`` reads each sample's split from a column of its table row, its values
+renamed by ``map``. Either way each sample goes exactly where the data says, even where that
+leaks: the audit (:mod:`packer.pipeline.audit`) then checks the given assignment sample by
+sample. Carving the splits the data lacks is :func:`packer.pipeline.split.assign_splits`'s part.
+
+What is refused, and how:
+
+- an item in two lists: ConfigError naming both lists and lines;
+- a list none of whose items names a sample, or a table value that is no split: ConfigError
+  with an example and the closest name (the usual mistake: lists of names read as paths);
+- a list some of whose items name no sample (a partial download, a file left out as bad): a
+  warning saying how many, an example line and the closest existing name;
+- a sample no list names (or whose split cell is empty): a ``not_in_split`` bad sample, never
+  dropped unsaid.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import hashlib
+import io
+import posixpath
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from packer.config import MATCHES, SPLITS, SplitConfig, SplitList
+from packer.errors import ConfigError
+from packer.pipeline.sampletable import SampleTable
+from packer.records import Issue
+
+
+@dataclass(frozen=True)
+class GivenSplit:
+    """The split the data gives each sample (by index into the sample table; None: none given),
+    the ``not_in_split`` records of the samples without one, and warnings for the user."""
+
+    split: list[str | None]
+    unlisted: tuple[Issue, ...]
+    warnings: tuple[str, ...]
+
+
+def stem_of(name: str) -> str:
+    """A file name without its extension: ``a.png`` → ``a``, ``la_003.nii.gz`` → ``la_003``;
+    a name without one is its own stem (a DICOM file named by its SOP Instance UID keeps its dots
+    but the last)."""
+    if name.endswith(".gz"):
+        name = name[:-3]
+    head, dot, _ = name.rpartition(".")
+    return head if dot and head else name
+
+
+def name_of(relpath: str, entity: str | None, match: str) -> str:
+    """What a list item must say to name a sample, under ``match`` (:data:`packer.config.MATCHES`)."""
+    if match == "entity":
+        return entity or ""
+    path = posixpath.normpath(relpath)
+    if match == "path":
+        return path
+    name = posixpath.basename(path)
+    return stem_of(name) if match == "stem" else name
+
+
+def item_of(text: str, match: str) -> str:
+    """A list item as written, in the form :func:`name_of` gives (``./a/b.png`` names ``a/b.png``)."""
+    return posixpath.normpath(text) if match == "path" else text
+
+
+def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
+    """(line number, item) of every item of one split list, in file order: plain text (blank
+    lines and lines starting with ``#`` skipped, spaces around an item dropped) or, with
+    ``column``, that CSV column's non-empty cells (line 1 is the header).
+
+    Raises ConfigError when the file cannot be read, is not UTF-8, lacks the column, or changed
+    since the job was loaded (its sha256 is the dataset's identity).
+    """
+    where = f"split.lists.{entry.split} ({entry.path})"
+    try:
+        data = entry.path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read the list ({err.strerror or err})") from err
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise ConfigError(f"{where}: the list changed while the job ran (its sha256 is part of the dataset's "
+                          "identity); run again")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from err
+    if entry.column is None:
+        return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
+                if line.strip() and not line.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    columns = [c for c in reader.fieldnames or [] if c is not None]
+    if entry.column not in columns:
+        close = difflib.get_close_matches(entry.column, columns, n=1)
+        raise ConfigError(f"{where}: no column {entry.column!r}; the header row has {', '.join(columns) or 'nothing'}"
+                          + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return [(number, cell) for number, row in enumerate(reader, start=2)
+            if (cell := (row.get(entry.column) or "").strip())]
+
+
+def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str]) -> dict[str, list[tuple[str, int, str]]]:
+    """Every listed name (in :func:`name_of`'s form; entities through ``entity_name``) with the
+    (split, line, item as written) of each list line naming it. ConfigError when two lists name
+    one item, naming both lists and lines, or when a list names nothing."""
+    items: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
+    for entry in cfg.lists:
+        lines = read_split_list(entry)
+        if not lines:
+            raise ConfigError(f"split.lists.{entry.split} ({entry.path}): the list names no sample; give it "
+                              "one item a line, or remove the list")
+        for number, text in lines:
+            name = item_of(text, cfg.match)
+            name = entity_name(name) if cfg.match == "entity" else name
+            seen = items[name]
+            other = next((s for s in seen if s[0] != entry.split), None)
+            if other is not None:
+                first = next(e for e in cfg.lists if e.split == other[0])
+                raise ConfigError(f"{text!r} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
+                                  f"{other[1]} and split.lists.{entry.split} ({entry.spec}) line {number}; a sample "
+                                  "goes to one split: remove one of the lines")
+            seen.append((entry.split, number, text))
+    return items
+
+
+def _hint(example: str, match: str, names_by_match: Callable[[str], set[str]]) -> str:
+    """Why the items may name nothing: another ``match`` under which ``example`` names a sample."""
+    for other in MATCHES:
+        if other != match and item_of(example, other) in names_by_match(other):
+            return f"; the items look like {other}s: set split.match: {other}"
+    return ""
+
+
+def split_from_lists(table: SampleTable, cfg: SplitConfig,
+                     pseudonym: Callable[[str], str] | None = None) -> GivenSplit:
+    """``by: list``: each sample's split from the lists (:func:`read_split_list`) under
+    ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
+    what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
+    See the module docstring for what is refused."""
+    items = _read_items(cfg, pseudonym or (lambda raw: raw))
+    relpaths, entities = table.column("relpath"), table.column("entity")
+
+    def names_by_match(match: str) -> set[str]:
+        return {name_of(r, e, match) for r, e in zip(relpaths, entities, strict=True)}
+
+    names = [name_of(r, e, cfg.match) for r, e in zip(relpaths, entities, strict=True)]
+    split = [items[n][0][0] if n in items else None for n in names]
+    present = set(names)
+    warnings: list[str] = []
+    # a pseudonym close to another says nothing to the user who wrote the raw id
+    pseudonyms = cfg.match == "entity" and pseudonym is not None
+    for entry in cfg.lists:
+        listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
+        missing = sorted((line, text, name) for line, text, name in listed if name not in present)
+        if not missing:
+            continue
+        line, text, name = missing[0]
+        close = [] if pseudonyms else difflib.get_close_matches(name, present, n=1)
+        nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
+        said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
+                f"sample (by {cfg.match}), e.g. line {line}: {text!r}{nearest}")
+        if len(missing) == len(listed):
+            raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
+        warnings.append(said + " (a file that is missing, or was a bad sample, is not packed)")
+    unlisted = _unlisted(table, split, lambda ref: (
+        f"{ref.path}: no split list names it (by {cfg.match}: "
+        f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "
+        f"{', '.join(f'{e.split} {e.spec}' for e in cfg.lists)}); add it to a list, or leave the file out"))
+    if unlisted:
+        warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. {unlisted[0].path}: each is a "
+                        "not_in_split bad sample")
+    return GivenSplit(split=split, unlisted=unlisted, warnings=tuple(warnings))
+
+
+def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
+    """``by: column``: each sample's split from the ``cfg.column`` cell of its table row, renamed
+    by ``cfg.value_map``. An empty cell is a ``not_in_split`` bad sample; a value that is no
+    split (after the map) is a ConfigError listing every such value with a count, an example
+    file and the closest split; a source whose rows lack the column is a ConfigError."""
+    column = cfg.column or ""
+    mapping = dict(cfg.value_map)
+    split: list[str | None] = []
+    wrong: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    lacking: dict[str, list[str]] = {}
+    for source, extra, path in zip(table.column("source"), table.column("extra"), table.column("path"), strict=True):
+        cells = dict(extra)
+        if column not in cells:
+            lacking.setdefault(source, sorted(cells))
+            split.append(None)
+            continue
+        value = cells[column].strip()
+        value = mapping.get(value, value)
+        if value and value not in SPLITS:
+            wrong[value] += 1
+            example.setdefault(value, path)
+        split.append(value if value in SPLITS else None)
+    if lacking:
+        source, has = next(iter(sorted(lacking.items())))
+        raise ConfigError(f"split.column: the table of source {source!r} has no column {column!r} (its rows carry "
+                          f"{', '.join(has) or 'no other column'}); add the column, or fix split.column")
+    if wrong:
+        parts, fixes = [], []
+        for value, count in sorted(wrong.items()):
+            close = difflib.get_close_matches(value, SPLITS, n=1, cutoff=0.5)
+            parts.append(f"{value!r} ({count:,} file(s), e.g. {example[value]}"
+                         + (f"; did you mean {close[0]}?" if close else "") + ")")
+            fixes.append(f"{value}: {close[0] if close else '<split>'}")
+        fix = ", ".join(fixes)
+        raise ConfigError(f"split.column {column!r}: values that are no split ({', '.join(SPLITS)}): "
+                          f"{'; '.join(parts)}; rename them with split.map, e.g. map: {{{fix}}}")
+    unlisted = _unlisted(table, split, lambda ref: (
+        f"{ref.path}: its table row's {column!r} cell is empty; give its split ({', '.join(SPLITS)})"))
+    warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {unlisted[0].path}: each is a "
+                "not_in_split bad sample",) if unlisted else ()
+    return GivenSplit(split=split, unlisted=unlisted, warnings=warnings)
+
+
+def _unlisted(table: SampleTable, split: Sequence[str | None], say: Callable[..., str]) -> tuple[Issue, ...]:
+    """One ``not_in_split`` record per file with samples but no split (a multi-frame file's
+    frames share one record)."""
+    issues: dict[str, Issue] = {}
+    for i in (i for i, s in enumerate(split) if s is None):
+        ref = table[i].ref
+        if ref.sample_id not in issues:
+            issues[ref.sample_id] = Issue.of(ref, stage="split", reason="not_in_split", message=say(ref))
+    return tuple(issues.values())

@@ -1,0 +1,210 @@
+"""What a DICOM object is, from its header: an image to pack, not an image, or an image a job packs only when asked.
+
+Exports from a PACS or a radiotherapy system hold more than images: structured reports (SR),
+presentation states (PR), key-object selections (KO), RT plans and treatment records, RT
+structure sets and segmentations (masks of other images), encapsulated PDFs, raw data. None of
+them is a defect of the export, so none is a bad sample: :func:`exclusion` makes each an
+:class:`~packer.records.Excluded` record (``not_image``), counted and listed, never packed.
+
+Some objects are images but not what an image job means by default: an RT Dose grid (Gy, not
+HU: windowed as CT it silently pollutes a CT training set), a secondary capture (a screenshot,
+often with burned-in text) and, in a slice job, a CT localizer (a projection scout among axial
+slices). They are ``not_requested`` unless the source's ``where:`` asks for them by a positive
+condition (equality, membership or match, not ``not``) on the attribute that names them and
+that holds for the file: ``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`` for RT Dose,
+``SOPClassUID`` for a secondary capture (its Modality is often that of the images it shows),
+``ImageType: LOCALIZER`` for a localizer. Series jobs leave localizers to the series rule
+(``transform.dicom.series.drop_localizers``).
+
+The source's ``where:`` header conditions (:func:`header_failure`) are tested first, from the
+header alone: a file they leave out is ``filtered``, whatever its class.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydicom.datadict import dictionary_VR, keyword_dict
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+from pydicom.uid import UID_dictionary
+
+from packer.errors import ConfigError
+from packer.read.dicom_attrs import sop_class_name
+from packer.where import Condition, failed
+
+#: RT Dose Storage (PS3.4 B.5): a dose grid, Gy after Dose Grid Scaling, not HU.
+RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
+#: Secondary Capture Image Storage and its multi-frame classes (PS3.4 B.5).
+SECONDARY_CAPTURE = frozenset({
+    "1.2.840.10008.5.1.4.1.1.7",    # Secondary Capture Image Storage
+    "1.2.840.10008.5.1.4.1.1.7.1",  # Multi-frame Single Bit Secondary Capture Image Storage
+    "1.2.840.10008.5.1.4.1.1.7.2",  # Multi-frame Grayscale Byte Secondary Capture Image Storage
+    "1.2.840.10008.5.1.4.1.1.7.3",  # Multi-frame Grayscale Word Secondary Capture Image Storage
+    "1.2.840.10008.5.1.4.1.1.7.4",  # Multi-frame True Color Secondary Capture Image Storage
+})
+#: Objects that describe other images (masks, contours), pixel data or not: not images of their own.
+#: A later issue packs them as masks; for now they are not_image.
+MASK_CLASSES = frozenset({
+    "1.2.840.10008.5.1.4.1.1.66.4",   # Segmentation Storage (SEG: binary or fractional frames)
+    "1.2.840.10008.5.1.4.1.1.66.5",   # Surface Segmentation Storage
+    "1.2.840.10008.5.1.4.1.1.481.3",  # RT Structure Set Storage (RTSTRUCT: contours)
+})
+#: Modality values (PS3.3 C.7.3.1.1.1) of objects that hold no image to train on.
+NOT_IMAGE_MODALITIES = frozenset({"SR", "PR", "KO", "RTPLAN", "RTRECORD", "RTSTRUCT", "SEG", "DOC", "REG", "FID",
+                                  "PLAN", "RWV", "ECG", "HD", "AU", "RESP"})
+_PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+
+
+@functools.cache
+def _sop_names() -> dict[str, str]:
+    """Lower-cased SOP class name and keyword → UID, from pydicom's UID dictionary."""
+    out: dict[str, str] = {}
+    for uid, (name, kind, _info, _retired, keyword) in UID_dictionary.items():
+        if kind == "SOP Class":
+            out.setdefault(name.lower(), uid)
+            out.setdefault(keyword.lower(), uid)
+    return out
+
+
+def sop_class_uid(text: str) -> str | None:
+    """The SOP Class UID ``text`` names: a UID (digits and dots, returned as given), or a name
+    or keyword pydicom knows (``RT Dose Storage``, ``RTDoseStorage``, any case); None otherwise."""
+    text = text.strip()
+    if text and all(part.isdigit() for part in text.split(".")):
+        return text
+    return _sop_names().get(text.lower())
+
+
+def is_header_keyword(key: str) -> bool:
+    """Whether ``key`` is a DICOM keyword of pydicom's data dictionary (``Modality``, ``ImageType``)."""
+    return key in keyword_dict
+
+
+def keyword_suggestion(key: str) -> str | None:
+    """The DICOM keyword closest to ``key`` (``modality`` → ``Modality``), None when none is close."""
+    lowered = {k.lower(): k for k in keyword_dict}
+    if key.lower() in lowered:
+        return lowered[key.lower()]
+    close = difflib.get_close_matches(key, list(keyword_dict), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def check_header_conditions(conditions: Sequence[Condition], where: str) -> tuple[Condition, ...]:
+    """The ``where:`` header conditions as the probe tests them: SOPClassUID values given by name
+    become UIDs. Raises ConfigError for a sequence attribute (no value to compare) or a SOP
+    class name pydicom does not know (naming close ones)."""
+    out = []
+    for condition in conditions:
+        if dictionary_VR(condition.key) == "SQ":
+            raise ConfigError(f"{where}.{condition.key}: a sequence has no value to compare; name an attribute "
+                              "with a value (e.g. Modality, SOPClassUID, ImageType, SeriesDescription)")
+        if condition.key != "SOPClassUID" or condition.op == "match":
+            out.append(condition)
+            continue
+        uids = []
+        for value in condition.values:
+            uid = sop_class_uid(value)
+            if uid is None:
+                names = [name for name in _sop_names() if " " in name]
+                close = [UID_dictionary[_sop_names()[c]][0]
+                         for c in difflib.get_close_matches(value.lower(), names, n=3, cutoff=0.6)]
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ConfigError(f"{where}.SOPClassUID: {value!r} is neither a UID nor a SOP class name pydicom "
+                                  f"knows (e.g. 'RT Dose Storage', 'CT Image Storage'){hint}")
+            uids.append(uid)
+        out.append(Condition(condition.key, condition.op, tuple(uids)))
+    return tuple(out)
+
+
+def header_values(ds: Dataset, keyword: str) -> list[str]:
+    """The values of ``keyword`` in ``ds`` as text, every value of a multi-valued attribute
+    (ImageType: ``ORIGINAL``, ``PRIMARY``, ``LOCALIZER``); the SOP Class UID also by its name,
+    so that ``match`` can find ``Secondary Capture``. Empty when absent or undecodable."""
+    try:
+        value = ds.get(keyword)
+    except (KeyError, ValueError, TypeError):
+        return []
+    if value is None:
+        return []
+    values = [str(v) for v in value] if isinstance(value, (MultiValue, list, tuple)) else [str(value)]
+    if keyword == "SOPClassUID" and values:
+        values.append(sop_class_name(values[0]))
+    return values
+
+
+def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
+    """Why ``ds`` fails the source's header ``conditions`` (``Modality is RTDOSE, where: Modality
+    = CT``), None when it meets them all."""
+    lookup = {c.key: header_values(ds, c.key) for c in conditions}
+    condition = failed(conditions, lookup)
+    if condition is None:
+        return None
+    shown = [v for v in lookup[condition.key] if v.strip()]
+    if condition.key == "SOPClassUID" and shown:
+        shown = [sop_class_name(shown[0])]
+    has = f"{condition.key} is {'/'.join(shown)}" if shown else f"{condition.key} is absent"
+    return f"{has}, where: {condition.describe()}"
+
+
+@dataclass(frozen=True)
+class ObjectClass:
+    """What a DICOM object is: ``modality`` and SOP class (``sop_class``: its name, or the UID
+    pydicom does not know), and where it is left out by default, ``why`` (``not_image``,
+    ``not_requested``) with ``detail`` (what it is, and for ``not_requested`` how to ask for it)."""
+
+    modality: str
+    sop_class: str
+    why: str | None = None
+    detail: str = ""
+
+
+def _asked(conditions: Iterable[Condition], keys: Sequence[str], ds: Dataset) -> bool:
+    """Whether a positive condition (not ``not``) on one of ``keys`` holds for ``ds``."""
+    return any(c.op != "not" and c.key in keys and c.holds(header_values(ds, c.key)) for c in conditions)
+
+
+def has_pixels(ds: Dataset) -> bool:
+    """Whether ``ds`` has an Image Pixel module or pixel data (PS3.3 C.7.6.3)."""
+    return any(k in ds for k in _PIXEL_KEYWORDS) or ("Rows" in ds and "Columns" in ds)
+
+
+def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> ObjectClass:
+    """What ``ds`` is, and whether an image job leaves it out by default (see the module doc).
+
+    ``conditions``: the source's header ``where:`` (checked already: here they only ask for
+    RT Dose, secondary captures, localizers); ``slices``: the job packs single files (not
+    series, whose localizers the series rule handles). A file of an image SOP class without
+    pixel data is no exclusion: the read calls it ``no_pixel_data``, a real defect.
+    """
+    uid = next(iter(header_values(ds, "SOPClassUID")), "").strip()
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    name = sop_class_name(uid)
+    what = f"Modality {modality or '(none)'} ({name})"
+    known = UID_dictionary.get(uid)
+    non_image_class = known is not None and known[1] == "SOP Class" and "Image" not in known[0] and uid != RT_DOSE
+    if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not has_pixels(ds)):
+        mask = " (masks from RTSTRUCT/SEG are not packed yet)" if uid in MASK_CLASSES or modality in (
+            "RTSTRUCT", "SEG") else ""
+        return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")
+    if uid == RT_DOSE or modality == "RTDOSE":
+        if not _asked(conditions, ("Modality", "SOPClassUID"), ds):
+            return ObjectClass(modality, name, "not_requested",
+                               f"{what}: a dose grid (Gy, not {modality or 'image'} values) is packed only when "
+                               "asked; to pack it add to the source where: {Modality: RTDOSE} (or list RTDOSE "
+                               "among the modalities)")
+    elif uid in SECONDARY_CAPTURE:
+        if not _asked(conditions, ("SOPClassUID",), ds):
+            return ObjectClass(modality, name, "not_requested",
+                               f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
+                               f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}}")
+    elif slices and "LOCALIZER" in [v.strip().upper() for v in header_values(ds, "ImageType")]:
+        if not _asked(conditions, ("ImageType",), ds):
+            return ObjectClass(modality, name, "not_requested",
+                               f"{what} is a localizer (Image Type {'/'.join(header_values(ds, 'ImageType'))}), a "
+                               "scout, not a slice; to pack localizers add to the source where: "
+                               "{ImageType: LOCALIZER}")
+    return ObjectClass(modality, name)

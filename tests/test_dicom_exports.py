@@ -1,0 +1,244 @@
+"""DICOM exports as they ship: a CT series beside an RT Dose, a report, a plan, a localizer and a screenshot.
+
+A PACS or radiotherapy export holds objects that are no CT slice. None of them is a defect, so
+none may be a bad sample, and none may be packed as CT unless the job asks: the build packs
+exactly the CT originals, leaves every other file out on purpose (``excluded.jsonl``, the
+manifest's ``inputs``, the report, ``packer validate``), counts every input file once, and
+deletes nothing. A source's ``where:`` on header attributes asks for what the defaults leave out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pydicom
+import pytest
+from click.testing import CliRunner
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import BasicTextSRStorage, ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+
+from packer.badsamples import read_bad_samples
+from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.exclusions import EXCLUDED_FILE, read_excluded
+from packer.loader import ShardDataset
+from packer.read.dicom import probe_dicom
+from packer.records import Excluded, Issue
+from packer.schemas import load_schema
+from tests.dicom_files import ct_dataset, image_dataset, make_ref, save, shipped
+from tests.test_series import _key_of, _write_series
+from tests.test_targets import _build, _job
+
+CT_WINDOWS = {"windows": ["lung", "mediastinum"], "size": [16, 16]}
+
+
+def write_text_sr(path: Path, patient: str) -> Path:
+    """A Basic Text SR (PS3.3 A.35.1): a report with a content sequence and no image."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = BasicTextSRStorage
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
+    ds.SOPClassUID = BasicTextSRStorage
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    ds.PatientID, ds.StudyDate, ds.StudyTime, ds.Modality = patient, "20230504", "101112", "SR"
+    ds.ValueType, ds.ContinuityOfContent = "CONTAINER", "SEPARATE"
+    title = Dataset()
+    title.CodeValue, title.CodingSchemeDesignator, title.CodeMeaning = "18748-4", "LN", "Diagnostic imaging report"
+    ds.ConceptNameCodeSequence = DicomSequence([title])
+    item = Dataset()
+    item.RelationshipType, item.ValueType, item.TextValue = "CONTAINS", "TEXT", "No acute findings."
+    ds.ContentSequence = DicomSequence([item])
+    return save(ds, path)
+
+
+def write_export(raw: Path) -> dict[str, Path]:
+    """The mixed export: a 3-slice CT series (P1), and beside it an RT Dose (15 frames), a Basic
+    Text SR, an RT Plan, a CT localizer and a secondary capture with pixels."""
+    ct = _write_series(raw / "ct", slices=3, seed=1, patient="P1")
+    (raw / "rt").mkdir(parents=True)
+    files = {f"ct{i}": path for i, path in enumerate(sorted(ct))}
+    files["dose"] = Path(shutil.copy(shipped("rtdose.dcm"), raw / "rt" / "dose.dcm"))
+    files["plan"] = Path(shutil.copy(shipped("rtplan.dcm"), raw / "rt" / "plan.dcm"))
+    files["sr"] = write_text_sr(raw / "reports" / "report.dcm", "P1")
+    scout = np.random.default_rng(5).integers(0, 3000, (16, 16), dtype=np.int16)
+    files["localizer"] = save(ct_dataset(scout, PatientID="P1", ImageType=["ORIGINAL", "PRIMARY", "LOCALIZER"]),
+                              raw / "ct-scout" / "scout.dcm")
+    screen = np.random.default_rng(6).integers(0, 255, (16, 16), dtype=np.uint8)
+    files["capture"] = save(image_dataset(screen, modality="OT", sop_class=SecondaryCaptureImageStorage,
+                                          PatientID="P1", BurnedInAnnotation="NO"), raw / "screens" / "shot.dcm")
+    return files
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def export_job(tmp: Path, raw: Path, where: dict[str, Any] | None = None, **dicom: Any) -> Path:
+    source: dict[str, Any] = {"kind": "dicom", "root": str(raw), "label": "none"}
+    if where is not None:
+        source["where"] = where
+    return _job(tmp, [source], transform={"dicom": {**CT_WINDOWS, **dicom}})
+
+
+def packed_keys(result: Any) -> list[str]:
+    return sorted(str(item["key"]) for item in ShardDataset(result.manifest_path, "train", shuffle=False))
+
+
+@pytest.fixture()
+def export(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
+    raw = tmp_path / "raw"
+    return raw, write_export(raw)
+
+
+def test_a_mixed_export_packs_exactly_the_ct_originals_and_counts_every_other_file_as_left_out(
+        tmp_path: Path, export: tuple[Path, dict[str, Path]]) -> None:
+    raw, files = export
+    before = digests(raw)
+    job = export_job(tmp_path, raw)
+    run = CliRunner().invoke(main, ["build", str(job), "--workers", "2"])  # a real LocalCluster: records pickle
+    assert run.exit_code == 0, run.output
+
+    manifest = json.loads(next((tmp_path / "out" / "targets").glob("*/manifest.json")).read_text())
+    version = next((tmp_path / "out" / "targets").glob("*/manifest.json")).parent
+    ct = sorted(files[k] for k in ("ct0", "ct1", "ct2"))
+    others = {"dose": ("not_requested", "RTDOSE", "RT Dose Storage"),
+              "plan": ("not_image", "RTPLAN", "RT Plan Storage"),
+              "sr": ("not_image", "SR", "Basic Text SR Storage"),
+              "localizer": ("not_requested", "CT", "CT Image Storage"),
+              "capture": ("not_requested", "OT", "Secondary Capture Image Storage")}
+    # packed: the three CT slices, nothing else (not 15 dose frames, not the scout, not the screenshot)
+    assert manifest["inputs"]["samples"] == 3
+    keys = sorted(str(item["key"]) for item in ShardDataset(version / "manifest.json", "train", shuffle=False))
+    assert keys == sorted(_key_of(job, p) for p in ct)
+    # nothing bad: the bad-sample report is empty and the fraction is 0
+    assert read_bad_samples(version / "bad_samples.jsonl") == []
+    assert manifest["bad_samples"]["total"] == 0 and manifest["bad_samples"]["fraction"] == 0.0
+    # every other file is listed once, with why, modality and SOP class
+    records = read_excluded(version / EXCLUDED_FILE)
+    by_path = {r["path"]: r for r in records}
+    assert len(records) == len(by_path) == 5
+    assert {name: (by_path[str(files[name])]["why"], by_path[str(files[name])]["modality"],
+                   by_path[str(files[name])]["sop_class"]) for name in others} == others
+    assert "where: {Modality: RTDOSE}" in by_path[str(files["dose"])]["detail"]
+    assert "where: {ImageType: LOCALIZER}" in by_path[str(files["localizer"])]["detail"]
+    assert "SOPClassUID: Secondary Capture Image Storage" in by_path[str(files["capture"])]["detail"]
+    validator = jsonschema.Draft202012Validator(load_schema("excluded"))
+    for record in records:
+        validator.validate(record)
+    # every input file counted once: 3 packed + 0 bad + 5 left out = 8 files
+    assert manifest["inputs"]["files"] == 8 == len(before)
+    assert manifest["inputs"]["excluded"] == {"not_image": 2, "not_requested": 3}
+    assert manifest["inputs"]["excluded_by_modality"] == {"CT": 1, "OT": 1, "RTDOSE": 1, "RTPLAN": 1, "SR": 1}
+    assert manifest["inputs"]["excluded_by_sop_class"] == {
+        "Basic Text SR Storage": 1, "CT Image Storage": 1, "RT Dose Storage": 1, "RT Plan Storage": 1,
+        "Secondary Capture Image Storage": 1}
+    assert "8 files: 3 packed, 0 bad, 5 left out on purpose (not_image 2, not_requested 3" in run.output
+    assert "packer: targets: 8 input files, running on" in run.output
+    assert "5 files left out on purpose by their headers (not_image 2, not_requested 3)" in run.output
+    # the report lists each exclusion (by sample id: the dataset is pseudonymized) with its counts
+    report = (version / "report.html").read_text(encoding="utf-8")
+    assert 'id="excluded-table"' in report and "Left out on purpose" in report
+    for record in records:
+        assert record["sample_id"] in report
+        assert str(Path(record["path"]).parent) not in report  # no raw paths in a pseudonymized report
+    assert "RT Dose Storage" in report and "RTPLAN" in report
+    # nothing deleted or changed in the source
+    assert digests(raw) == before
+
+
+def test_validate_lists_what_it_left_out_and_passes(tmp_path: Path, export: tuple[Path, dict[str, Path]]) -> None:
+    raw, files = export
+    job = export_job(tmp_path, raw)
+    out = tmp_path / "validate.json"
+    run = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(out)])
+    assert run.exit_code == 0, run.output
+    doc = json.loads(out.read_text())
+    assert doc["inputs"] == {"files": 8, "samples": 3} and doc["bad_samples"]["total"] == 0
+    assert doc["excluded"]["total"] == 5 and doc["excluded"]["by_why"] == {"not_image": 2, "not_requested": 3}
+    assert {r["path"] for r in doc["excluded"]["records"]} == {str(files[k]) for k in
+                                                                ("dose", "plan", "sr", "localizer", "capture")}
+    assert "left out on purpose: 5 (not_image 2, not_requested 3); not bad samples" in run.output
+    assert f"not_image              {files['plan']}: Modality RTPLAN (RT Plan Storage)" in run.output
+
+
+def test_where_modality_rtdose_packs_the_dose_frames_and_filters_the_rest(
+        tmp_path: Path, export: tuple[Path, dict[str, Path]]) -> None:
+    raw, files = export
+    result = _build(export_job(tmp_path, raw, where={"Modality": "RTDOSE"}, windows=[{"percentiles": [1, 99]}]))
+    frames = int(pydicom.dcmread(files["dose"], stop_before_pixels=True).NumberOfFrames)
+    assert frames == 15
+    assert result.manifest["inputs"]["samples"] == frames and result.manifest["bad_samples"]["total"] == 0
+    assert result.manifest["inputs"]["excluded"] == {"filtered": 7}
+    records = {r["path"]: r for r in read_excluded(result.version_dir / EXCLUDED_FILE)}
+    assert records[str(files["ct0"])]["detail"] == "Modality is CT, where: Modality = RTDOSE"
+    assert records[str(files["sr"])]["detail"] == "Modality is SR, where: Modality = RTDOSE"
+
+
+def test_where_names_sop_classes_by_name_and_asks_for_what_the_defaults_leave_out(
+        tmp_path: Path, export: tuple[Path, dict[str, Path]]) -> None:
+    raw, files = export
+    job = export_job(tmp_path, raw, where={"SOPClassUID": ["CT Image Storage", "Secondary Capture Image Storage"]})
+    assert load_job(job).sources[0].header_where[0].values == ("1.2.840.10008.5.1.4.1.1.2",
+                                                               "1.2.840.10008.5.1.4.1.1.7")
+    result = _build(job)
+    # the CT slices and the screenshot (asked for by its SOP class); the localizer is CT Image
+    # Storage too, but only ImageType asks for localizers
+    assert packed_keys(result) == sorted(_key_of(job, files[k]) for k in ("ct0", "ct1", "ct2", "capture"))
+    records = {r["path"]: r["why"] for r in read_excluded(result.version_dir / EXCLUDED_FILE)}
+    assert records == {str(files["dose"]): "filtered", str(files["plan"]): "filtered", str(files["sr"]): "filtered",
+                       str(files["localizer"]): "not_requested"}
+    scouts = _build(export_job(tmp_path / "scouts", raw, where={"ImageType": "LOCALIZER"}))
+    assert packed_keys(scouts) == [_key_of(job, files["localizer"])]
+
+
+def test_a_header_where_on_a_series_job_keeps_left_out_files_out_of_every_series(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    axial = _write_series(raw / "a", slices=4, seed=1, patient="P1")
+    _write_series(raw / "b", slices=4, seed=2, patient="P2", overrides={i: {"SeriesDescription": "COR"}
+                                                                      for i in range(4)})
+    write_text_sr(raw / "a" / "report.dcm", "P1")  # same folder and patient as the kept series
+    shutil.copy(shipped("rtdose.dcm"), raw / "a" / "dose.dcm")
+    job = export_job(tmp_path, raw, where={"SeriesDescription": {"not": "COR"}}, sample={"neighbors": 1})
+    result = _build(job)
+    assert packed_keys(result) == sorted(_key_of(job, p) for p in axial)
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []  # no series_* refusal of any kind
+    assert result.manifest["inputs"]["files"] == 10
+    assert result.manifest["inputs"]["excluded"] == {"filtered": 4, "not_image": 1, "not_requested": 1}
+
+
+def test_a_file_of_an_image_class_without_pixel_data_stays_a_bad_sample(tmp_path: Path) -> None:
+    ds = ct_dataset()
+    for keyword in ("PixelData", "Rows", "Columns", "BitsAllocated"):
+        delattr(ds, keyword)
+    found = probe_dicom(make_ref(save(ds, tmp_path / "cut.dcm")), entity_keyword="PatientID", time_keywords=())
+    assert isinstance(found, Issue) and found.reason == "no_pixel_data"
+    assert "export it again" in found.message and "drop" not in found.message
+    report = probe_dicom(make_ref(write_text_sr(tmp_path / "sr.dcm", "P1")), entity_keyword="PatientID",
+                         time_keywords=())
+    assert isinstance(report, Excluded) and (report.why, report.modality) == ("not_image", "SR")
+
+
+def test_a_where_key_that_is_no_dicom_keyword_is_refused_with_the_close_keyword(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.where: modality .*did you mean the DICOM keyword "
+                                          r"'Modality'\?"):
+        load_job(export_job(tmp_path / "a", raw, where={"modality": "CT"}))
+    with pytest.raises(ConfigError, match=r"SOPClassUID: 'RT Dose Storag' is neither .*did you mean 'RT Dose "
+                                          r"Storage'"):
+        load_job(export_job(tmp_path / "b", raw, where={"SOPClassUID": "RT Dose Storag"}))
+    with pytest.raises(ConfigError, match=r"ContentSequence: a sequence has no value"):
+        load_job(export_job(tmp_path / "c", raw, where={"ContentSequence": "x"}))
+    with pytest.raises(ConfigError, match=r"NoSuchThing is not a header attribute of dicom files, and the source "
+                                          r"has no table; add 'labels: FILE.csv'"):
+        load_job(export_job(tmp_path / "d", raw, where={"NoSuchThing": "x"}))
