@@ -7,17 +7,13 @@ dataset's identity.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
-from packer.files import atomic_output
+from packer.files import read_jsonl, write_jsonl
 from packer.records import Issue
-from packer.schemas import load_schema
 
 REPORT_FILE = "bad_samples.jsonl"
 
@@ -29,19 +25,11 @@ def sort_issues(issues: Iterable[Issue]) -> list[Issue]:
 
 def write_bad_samples(folder: Path, issues: Iterable[Issue]) -> Path:
     """Write one schema-valid JSON record per line; raises if a record breaks the schema."""
-    validator = jsonschema.Draft202012Validator(load_schema("bad_sample"))
-    path = folder / REPORT_FILE
-    with atomic_output(path) as fh:
-        for issue in sort_issues(issues):
-            record = issue.to_json()
-            validator.validate(record)
-            fh.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
-    return path
+    return write_jsonl(folder / REPORT_FILE, (issue.to_json() for issue in sort_issues(issues)), "bad_sample")
 
 
 def read_bad_samples(path: Path) -> list[dict[str, str]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(path)
 
 
 def over_limit(summary: Mapping[str, Any]) -> bool:

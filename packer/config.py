@@ -1105,16 +1105,25 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
                                    pinned=bool(raw.get("pinned"))),
         near_auto=near_enabled == "auto",
-        near_neighbors=int(near.get("neighbors", job_default("split.near_duplicates.neighbors"))),
-        near_min_score=float(near.get("min_score", job_default("split.near_duplicates.min_score"))),
-        near_max_cross_split=int(near.get("max_cross_split", job_default("split.near_duplicates.max_cross_split"))),
-        near_max_ratio=(float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
-        if "max_ratio" in near else float(job_default("split.near_duplicates.max_ratio")),
-        near_max_ratio_set="max_ratio" in near,
+        **_near_settings(near),
         balance_tolerance=float(balance.get("tolerance", job_default("split.balance.tolerance"))),
         max_group_share=float(balance.get("max_group_share", job_default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", job_default("split.balance.accept"))),
     )
+
+
+def _near_settings(near: Mapping[str, Any]) -> dict[str, Any]:
+    """``split.near_duplicates``' search and verification settings as SplitConfig fields, defaults
+    from the schema (whether the check runs is the caller's: it depends on the kind of split)."""
+    return {
+        "near_neighbors": int(near.get("neighbors", job_default("split.near_duplicates.neighbors"))),
+        "near_min_score": float(near.get("min_score", job_default("split.near_duplicates.min_score"))),
+        "near_max_cross_split": int(near.get("max_cross_split",
+                                             job_default("split.near_duplicates.max_cross_split"))),
+        "near_max_ratio": (float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
+        if "max_ratio" in near else float(job_default("split.near_duplicates.max_ratio")),
+        "near_max_ratio_set": "max_ratio" in near,
+    }
 
 
 def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
@@ -1153,12 +1162,7 @@ def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
         folds=raw.get("folds"), duplicates=raw.get("duplicates", job_default("split.duplicates")),
         # auto: on, since a given split puts samples in several splits (or says nothing about it)
         near_enabled=True if near_enabled == "auto" else bool(near_enabled), near_auto=near_enabled == "auto",
-        near_neighbors=int(near.get("neighbors", job_default("split.near_duplicates.neighbors"))),
-        near_min_score=float(near.get("min_score", job_default("split.near_duplicates.min_score"))),
-        near_max_cross_split=int(near.get("max_cross_split", job_default("split.near_duplicates.max_cross_split"))),
-        near_max_ratio=(float(near["max_ratio"]) if near.get("max_ratio") is not None else None)
-        if "max_ratio" in near else float(job_default("split.near_duplicates.max_ratio")),
-        near_max_ratio_set="max_ratio" in near,
+        **_near_settings(near),
         lists=lists, match=raw.get("match", job_default("split.match")), column=column, value_map=value_map,
         carve=carve, accept_leaks=bool(raw.get("accept_leaks", job_default("split.accept_leaks"))),
     )

@@ -10,17 +10,13 @@ counts (:func:`exclusion_counts`) go into the manifest's ``inputs``.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
-from packer.files import atomic_output
+from packer.files import read_jsonl, write_jsonl
 from packer.records import Excluded
-from packer.schemas import load_schema
 
 EXCLUDED_FILE = "excluded.jsonl"
 
@@ -33,20 +29,12 @@ def sort_excluded(excluded: Iterable[Excluded]) -> list[Excluded]:
 def write_excluded(folder: Path, excluded: Iterable[Excluded]) -> Path:
     """Write one schema-valid JSON record per line (``schemas/excluded.schema.json``) to
     ``folder/excluded.jsonl``; raises if a record breaks the schema."""
-    validator = jsonschema.Draft202012Validator(load_schema("excluded"))
-    path = folder / EXCLUDED_FILE
-    with atomic_output(path) as fh:
-        for record in sort_excluded(excluded):
-            data = record.to_json()
-            validator.validate(data)
-            fh.write(json.dumps(data, sort_keys=True, ensure_ascii=False).encode() + b"\n")
-    return path
+    return write_jsonl(folder / EXCLUDED_FILE, (e.to_json() for e in sort_excluded(excluded)), "excluded")
 
 
 def read_excluded(path: Path) -> list[dict[str, str]]:
     """The records of an ``excluded.jsonl``."""
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(path)
 
 
 def exclusion_counts(excluded: Sequence[Excluded]) -> dict[str, Any]:

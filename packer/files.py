@@ -12,7 +12,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -184,3 +184,24 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
         return False
     raise OSError(code, os.strerror(code))
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]], schema: str) -> Path:
+    """Write ``records`` to ``path`` atomically, one JSON object per line (sorted keys, UTF-8),
+    each validated against ``schemas/<schema>.schema.json`` first; raises if one breaks it."""
+    import jsonschema
+
+    from packer.schemas import load_schema
+
+    validator = jsonschema.Draft202012Validator(load_schema(schema))
+    with atomic_output(path) as fh:
+        for record in records:
+            validator.validate(record)
+            fh.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (blank lines skipped)."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

@@ -100,8 +100,9 @@ class Placed:
     """The rows of a source placed on files. ``rows``: by relative path under the root;
     ``refused``: files the table makes bad samples (ambiguous name, no joined row, rows that
     disagree), by relative path; ``filtered``: files a ``where:`` condition left out, with the
-    condition; ``unplaced``: (cell, row, reason, message) of rows naming no file the listing has
-    (``missing_file``, ``outside_root``: :mod:`~packer.pipeline.discover` decides which)."""
+    condition; ``rows_filtered``: the rows a filter (or a join's ``missing: drop``) left out,
+    whether or not their files are listed. Rows naming no listed file stay in ``rows``:
+    :mod:`~packer.pipeline.discover` makes them ``missing_file`` or ``outside_root``."""
 
     rows: dict[str, TableRow] = field(default_factory=dict)
     refused: dict[str, Refused] = field(default_factory=dict)
@@ -359,9 +360,9 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
 def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = ()
                ) -> tuple[Placed, list[tuple[str, int, str, str]]]:
     """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
-    Returns the placement and the rows that name no listed file, as (relative path or cell,
-    row number, reason, message): ``missing_file`` or ``join_unmatched``; rows left out by
-    a join with ``missing: drop`` are counted as filtered."""
+    Returns the placement and the rows without a joined row whose file is not listed either,
+    as (relative path, row number, ``join_unmatched``, message); rows left out by a join with
+    ``missing: drop`` are counted as filtered."""
     table = source.table_map
     assert table is not None
     names = NameIndex(listed) if table.find == "name" else None
@@ -409,8 +410,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
 
 
 class _RowReader:
-    """Reads the rows of one source's table into TableRows, with what every row shares worked
-    out once (at 100k rows the per-row lookups were a third of discovery)."""
+    """Reads the rows of one source's table into TableRows, with what every row shares (its
+    columns' roles, the source kind) worked out once rather than per row."""
 
     def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...]) -> None:
         assert source.table_map is not None
