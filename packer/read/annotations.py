@@ -1,0 +1,328 @@
+"""DICOM annotations (SEG, RTSTRUCT) as masks: what they reference, how their structures map to classes, how they paint.
+
+An annotation object is never a sample: it is the mask of the series it references. This
+module holds what the SEG reader (:mod:`packer.read.seg`) and the RTSTRUCT rasteriser
+(:mod:`packer.read.rtstruct`) share, and what series assembly links them by:
+
+- :class:`AnnotationRefs`: what an annotation's header says it references (series, instances,
+  frame of reference), read with the header probe, before any pixel is decoded
+  (:func:`annotation_refs`);
+- :class:`SlicePlace`: one slice of the referenced series on its native pixel grid, in the
+  series' order along the slice normal: what the readers paint onto;
+- :class:`StructureMap`: the job's ``mask.segments`` or ``mask.rois``, class name → id with
+  aliases (matched case- and punctuation-insensitively) and, for SEG, coded property types;
+- :class:`Painter`: one D×H×W label map, painted a structure and a slice at a time under the
+  job's overlap policy (``later_wins``: a class declared later in the map wins a voxel;
+  ``refuse``: a voxel claimed by two classes is ``mask_overlap``);
+- :class:`AnnotationError`: an annotation's defect, with its reason code.
+
+Structure names are free text typed by people and may hold names of people: they reach the
+bad-sample report (a local file, beside the raw paths it already names) so a user can fix the
+map, and never the shards or the manifest unless ``phi: keep``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+#: Modality of each annotation object packer reads as masks.
+ANNOTATION_MODALITIES = ("SEG", "RTSTRUCT")
+SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
+RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
+ANNOTATION_CLASSES = {SEG_STORAGE: "SEG", RTSTRUCT_STORAGE: "RTSTRUCT"}
+
+
+class AnnotationError(Exception):
+    """An annotation object that cannot become a mask: ``reason`` (a bad-sample reason code:
+    ``annotation_frames``, ``annotation_unmapped``, ``mask_overlap``, ``mask_geometry``,
+    ``mask_values``, ``contour_off_slice``, ``unreadable``) and a ``message`` naming the object,
+    what is wrong and the fix."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def normalise_name(name: str) -> str:
+    """A structure name as the map compares it: lower case, letters and digits only
+    (``Lung_L``, ``LUNG-L`` and ``lung l`` are one name)."""
+    return re.sub(r"[^a-z0-9]+", "", name.lower())
+
+
+def _code_key(code: str) -> str:
+    """A coded concept as the map compares it: ``SCT:10200004`` and ``10200004`` both give
+    ``10200004`` (SNOMED CT is the default scheme); another scheme keeps its designator."""
+    scheme, _, value = code.strip().rpartition(":")
+    scheme = scheme.strip().upper()
+    return value.strip() if scheme in ("", "SCT", "SRT", "SNM3") else f"{scheme}:{value.strip()}"
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One class of the job's map: its ``name`` (the map's key: what the manifest names), its
+    ``id`` in the mask, the ``aliases`` a structure may be called (the name itself among them),
+    and for SEG the ``codes`` of its Segmented Property Type (``SCT:10200004``)."""
+
+    name: str
+    id: int
+    aliases: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"id": self.id}
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        if self.codes:
+            out["codes"] = list(self.codes)
+        return out
+
+
+@dataclass(frozen=True)
+class StructureMap:
+    """The job's map from structure names (and codes) to class ids, in declared order: under
+    ``overlap: later_wins`` a class declared later wins a voxel both claim."""
+
+    structures: tuple[Structure, ...]
+    _names: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _codes: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for rank, structure in enumerate(self.structures):
+            for alias in (structure.name, *structure.aliases):
+                self._names.setdefault(normalise_name(alias), rank)
+            for code in structure.codes:
+                self._codes.setdefault(_code_key(code), rank)
+
+    def rank(self, structure: Structure) -> int:
+        """Its place in the declared order (0 first)."""
+        return self.structures.index(structure)
+
+    def by_name(self, name: str) -> Structure | None:
+        """The class a structure called ``name`` belongs to, None where the map names it nowhere."""
+        rank = self._names.get(normalise_name(name))
+        return self.structures[rank] if rank is not None else None
+
+    def by_code(self, scheme: str, value: str) -> Structure | None:
+        """The class whose ``codes`` hold the coded concept (``SCT``, ``10200004``), or None."""
+        rank = self._codes.get(_code_key(f"{scheme}:{value}"))
+        return self.structures[rank] if rank is not None else None
+
+    def names(self) -> tuple[str, ...]:
+        """Every name and alias the map matches, as written."""
+        return tuple(alias for s in self.structures for alias in (s.name, *s.aliases))
+
+    def suggestions(self, found: Iterable[str]) -> str:
+        """For an object none of whose structure names (``found``) is mapped: the closest pairs,
+        ``'LUNG LEFT' → lung_l (alias 'Lung_L')``, or ``""`` when none is close."""
+        written = {normalise_name(alias): (s, alias) for s in self.structures for alias in (s.name, *s.aliases)}
+        pairs = []
+        for name in found:
+            close = difflib.get_close_matches(normalise_name(name), list(written), n=1, cutoff=0.5)
+            if close:
+                structure, alias = written[close[0]]
+                via = f" (alias {alias!r})" if alias != structure.name else ""
+                pairs.append(f"{name!r} → {structure.name}{via}")
+        return "; ".join(pairs)
+
+    def to_json(self) -> dict[str, object]:
+        return {s.name: s.to_json() for s in self.structures}
+
+
+def unmapped_error(path: str, what: str, key: str, found: Sequence[str], structures: StructureMap) -> AnnotationError:
+    """The ``annotation_unmapped`` error of an object none of whose structures (``found``; ``what``:
+    ``segments``, ``ROIs``) the map (``mask.<key>``) names, with the closest names."""
+    close = structures.suggestions(found)
+    hint = f"closest: {close}; " if close else ""
+    return AnnotationError("annotation_unmapped", (
+        f"{path}: none of its {len(found)} {what} ({', '.join(repr(n) for n in found[:12])}"
+        f"{', ...' if len(found) > 12 else ''}) is named by mask.{key} ({', '.join(structures.names())}); "
+        f"{hint}add the names as aliases (names compare without case, spaces or punctuation)"))
+
+
+@dataclass(frozen=True)
+class SlicePlace:
+    """One slice of a series on its native grid: the SOP Instance UID of its file, its ``frame``
+    in that file (0-based; 0 for a single-frame file), Image Position (Patient) of its first
+    pixel's centre (mm, LPS), Image Orientation (Patient) (row direction X, then column direction
+    Y: six cosines), Pixel Spacing (between rows, between columns; mm) and its rows × columns."""
+
+    sop_uid: str
+    frame: int
+    position: tuple[float, float, float]
+    orientation: tuple[float, ...]
+    spacing: tuple[float, float]
+    rows: int
+    columns: int
+
+    def affine(self) -> np.ndarray:
+        """4×4 map from (row, column, 0, 1) pixel indices to patient mm: pixel (r, c) has its
+        centre at ``position + c·Δcol·X + r·Δrow·Y``."""
+        x = np.asarray(self.orientation[:3], dtype=np.float64)
+        y = np.asarray(self.orientation[3:6], dtype=np.float64)
+        out = np.eye(4)
+        out[:3, 0] = y * self.spacing[0]
+        out[:3, 1] = x * self.spacing[1]
+        out[:3, 2] = np.cross(x, y)
+        out[:3, 3] = self.position
+        return out
+
+    def normal(self) -> np.ndarray:
+        """The unit slice normal X × Y."""
+        n = np.cross(np.asarray(self.orientation[:3], dtype=np.float64), np.asarray(self.orientation[3:6],
+                                                                                   dtype=np.float64))
+        length = float(np.linalg.norm(n))
+        return n / length if length > 0 else n
+
+
+@dataclass
+class Painter:
+    """A D×H×W label map (D: the series' slices in order), painted one structure's boolean mask of
+    one slice at a time. A voxel claimed by two classes follows ``overlap``: ``later_wins`` (the
+    class declared later in ``structures`` keeps it, whatever order they are painted in) or
+    ``refuse`` (:class:`AnnotationError` ``mask_overlap``). Painting a class over itself (two ROIs
+    mapped to one class: ``Lung_L`` and ``Lung_R`` → lung) is their union, not an overlap."""
+
+    shape: tuple[int, int, int]
+    structures: StructureMap
+    overlap: str = "later_wins"
+    dtype: str = "uint8"
+    path: str = ""
+    labels: np.ndarray = field(init=False)
+    _rank: np.ndarray = field(init=False, repr=False)
+    #: class id → the source structure names painted into it (raw: PHI unless mapped out)
+    painted: dict[int, set[str]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.labels = np.zeros(self.shape, dtype=self.dtype)
+        self._rank = np.zeros(self.shape, dtype=np.uint16)  # 1 + the rank of the class holding a voxel; 0: none
+
+    def paint(self, structure: Structure, index: int, mask: np.ndarray, source: str) -> None:
+        """Paint ``structure`` where the H×W boolean ``mask`` holds on slice ``index``;
+        ``source``: the structure's name in the object (for the report and the overlap message)."""
+        if mask.shape != self.shape[1:]:
+            raise ValueError(f"a {mask.shape} mask painted on a {self.shape[1:]} slice")
+        self.painted.setdefault(structure.id, set()).add(source)
+        if not mask.any():
+            return
+        rank = self.structures.rank(structure) + 1
+        held = self._rank[index]
+        other = mask & (held != 0) & (self.labels[index] != structure.id)
+        if other.any():
+            if self.overlap == "refuse":
+                at = np.argwhere(other)[0]
+                owner = self.structures.structures[int(held[at[0], at[1]]) - 1]
+                raise AnnotationError("mask_overlap", (
+                    f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {index} at "
+                    f"row {int(at[0])}, column {int(at[1])} ({int(other.sum())} pixels on that slice); a multi-class "
+                    "mask holds one class a pixel: set mask.overlap: later_wins (the class declared later in the "
+                    "map wins) or fix the structures"))
+            mask = mask & ((held == 0) | (held <= rank))
+        self.labels[index][mask] = structure.id
+        held[mask] = rank
+
+
+@dataclass(frozen=True)
+class Painted:
+    """What one or more annotation objects gave a series: the label map (D×H×W on the series'
+    slices, in order), class id → the source structure names painted into it, the structure
+    names the map did not name (ignored), and notes on what was skipped (degenerate contours)."""
+
+    labels: np.ndarray
+    classes: tuple[tuple[int, tuple[str, ...]], ...]
+    unmapped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AnnotationRefs:
+    """What an annotation object's header says it references: its ``modality`` (``SEG``,
+    ``RTSTRUCT``), the Series Instance UIDs and SOP Instance UIDs of the images it was made on,
+    and the Frame of Reference UIDs it lies in (its own, and for RTSTRUCT the referenced ones).
+    ``structures``: how many segments or ROIs it holds."""
+
+    modality: str
+    study_uid: str
+    series_uids: tuple[str, ...]
+    instance_uids: tuple[str, ...]
+    frames_of_reference: tuple[str, ...]
+    structures: int = 0
+
+
+def _items(ds: Dataset | None, keyword: str) -> list[Dataset]:
+    if ds is None:
+        return []
+    value = ds.get(keyword)
+    return list(value) if value is not None else []
+
+
+def _uid(ds: Dataset, keyword: str) -> str:
+    return str(ds.get(keyword, "") or "").strip()
+
+
+def annotation_modality(ds: Dataset) -> str | None:
+    """``SEG`` or ``RTSTRUCT`` where ``ds`` is one (by SOP class, or Modality), else None."""
+    uid = _uid(ds, "SOPClassUID")
+    if uid in ANNOTATION_CLASSES:
+        return ANNOTATION_CLASSES[uid]
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    return modality if modality in ANNOTATION_MODALITIES else None
+
+
+def annotation_refs(ds: Dataset) -> AnnotationRefs:
+    """What the header of ``ds`` (a SEG or an RTSTRUCT, pixels not needed) references.
+
+    SEG: Referenced Series Sequence (series and instances), each frame's Derivation Image →
+    Source Image Sequence (instances), the Frame of Reference UID. RTSTRUCT: Referenced Frame of
+    Reference → RT Referenced Study → RT Referenced Series (series, Contour Image Sequence
+    instances), each contour's Contour Image Sequence, the Structure Set ROI Sequence's Referenced
+    Frame of Reference UIDs. Missing sequences give empty tuples: linking decides."""
+    modality = annotation_modality(ds) or ""
+    series: dict[str, None] = {}
+    instances: dict[str, None] = {}
+    frames: dict[str, None] = {}
+    if _uid(ds, "FrameOfReferenceUID"):
+        frames[_uid(ds, "FrameOfReferenceUID")] = None
+    structures = 0
+    if modality == "SEG":
+        structures = len(_items(ds, "SegmentSequence"))
+        for item in _items(ds, "ReferencedSeriesSequence"):
+            if _uid(item, "SeriesInstanceUID"):
+                series[_uid(item, "SeriesInstanceUID")] = None
+            for inst in _items(item, "ReferencedInstanceSequence"):
+                if _uid(inst, "ReferencedSOPInstanceUID"):
+                    instances[_uid(inst, "ReferencedSOPInstanceUID")] = None
+        for frame in _items(ds, "PerFrameFunctionalGroupsSequence"):
+            for derivation in _items(frame, "DerivationImageSequence"):
+                for source in _items(derivation, "SourceImageSequence"):
+                    if _uid(source, "ReferencedSOPInstanceUID"):
+                        instances[_uid(source, "ReferencedSOPInstanceUID")] = None
+    elif modality == "RTSTRUCT":
+        rois = _items(ds, "StructureSetROISequence")
+        structures = len(rois)
+        for roi in rois:
+            if _uid(roi, "ReferencedFrameOfReferenceUID"):
+                frames[_uid(roi, "ReferencedFrameOfReferenceUID")] = None
+        for ref in _items(ds, "ReferencedFrameOfReferenceSequence"):
+            if _uid(ref, "FrameOfReferenceUID"):
+                frames[_uid(ref, "FrameOfReferenceUID")] = None
+            for study in _items(ref, "RTReferencedStudySequence"):
+                for item in _items(study, "RTReferencedSeriesSequence"):
+                    if _uid(item, "SeriesInstanceUID"):
+                        series[_uid(item, "SeriesInstanceUID")] = None
+                    for image in _items(item, "ContourImageSequence"):
+                        if _uid(image, "ReferencedSOPInstanceUID"):
+                            instances[_uid(image, "ReferencedSOPInstanceUID")] = None
+        for roi_contour in _items(ds, "ROIContourSequence"):
+            for contour in _items(roi_contour, "ContourSequence"):
+                for image in _items(contour, "ContourImageSequence"):
+                    if _uid(image, "ReferencedSOPInstanceUID"):
+                        instances[_uid(image, "ReferencedSOPInstanceUID")] = None
+    return AnnotationRefs(modality=modality, study_uid=_uid(ds, "StudyInstanceUID"), series_uids=tuple(series),
+                          instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures)
