@@ -1,0 +1,463 @@
+"""RTSTRUCT contours painted as masks (packer.read.rtstruct).
+
+Structure sets are built with pydicom, written to disk and read back. The expected masks come
+from scikit-image's ``polygon`` (pixel centres inside, combined even-odd by XOR) or from a
+planted shape in patient millimetres, never from the module under test.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
+from skimage.draw import polygon as sk_polygon
+
+from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Painter, SlicePlace, Structure, StructureMap
+from packer.read.rtstruct import Drawn, fill_even_odd, paint_rtstruct
+
+ROWS, COLUMNS = 48, 64
+SPACING = (0.8, 0.6)  # between rows, between columns (mm)
+STEP = 2.5
+AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+MAP = StructureMap((
+    Structure("lung", 1, aliases=("Lung_L", "Lung_R", "LUNG LEFT", "lt lung")),
+    Structure("heart", 2, aliases=("Heart",)),
+    Structure("cord", 3, aliases=("SpinalCord",)),
+))
+
+Contour = tuple[np.ndarray, str, str | None]  # patient points N×3, geometric type, referenced SOP UID
+
+
+def rotation(axis: Sequence[float], degrees: float) -> np.ndarray:
+    a = np.asarray(axis, dtype=np.float64) / np.linalg.norm(axis)
+    t = math.radians(degrees)
+    k = np.array([[0, -a[2], a[1]], [a[2], 0, -a[0]], [-a[1], a[0], 0]])
+    return np.eye(3) + math.sin(t) * k + (1 - math.cos(t)) * k @ k
+
+
+def series(count: int = 16, orientation: Sequence[float] = AXIAL, origin: Sequence[float] = (-20.0, -15.0, -30.0),
+           missing: Sequence[int] = ()) -> list[SlicePlace]:
+    """Slices STEP mm apart along X × Y (those in ``missing`` left out: a gap)."""
+    x, y = np.asarray(orientation[:3]), np.asarray(orientation[3:])
+    n = np.cross(x, y)
+    def at(k: int) -> tuple[float, float, float]:
+        p = np.asarray(origin, dtype=np.float64) + k * STEP * n
+        return float(p[0]), float(p[1]), float(p[2])
+
+    return [SlicePlace(sop_uid=f"1.2.3.{k}", frame=0, position=at(k),
+                       orientation=tuple(orientation), spacing=SPACING, rows=ROWS, columns=COLUMNS)
+            for k in range(count) if k not in missing]
+
+
+def to_patient(place: SlicePlace, rc: np.ndarray, lift: float = 0.0) -> np.ndarray:
+    """Pixel (row, column) coordinates on ``place`` as patient mm, ``lift`` mm along the normal
+    (written out here, not taken from the module)."""
+    o = np.asarray(place.position)
+    x, y = np.asarray(place.orientation[:3]), np.asarray(place.orientation[3:])
+    rc = np.asarray(rc, dtype=np.float64)
+    return o + rc[:, 1:2] * place.spacing[1] * x + rc[:, 0:1] * place.spacing[0] * y + lift * np.cross(x, y)
+
+
+def rtstruct(rois: Sequence[tuple[str, Sequence[Contour]]], *, numbers: Sequence[int] | None = None) -> Dataset:
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = UID(RTSTRUCT_STORAGE)
+    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.SOPClassUID = RTSTRUCT_STORAGE
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID
+    ds.Modality = "RTSTRUCT"
+    ds.StudyInstanceUID = "1.2.3"
+    ds.SeriesInstanceUID = generate_uid()
+    frame_uid = "1.2.3.9"
+    image = Dataset()
+    image.ReferencedSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+    image.ReferencedSOPInstanceUID = "1.2.3.0"
+    ref_series = Dataset()
+    ref_series.SeriesInstanceUID = "1.2.3.4"
+    ref_series.ContourImageSequence = DicomSequence([image])
+    study = Dataset()
+    study.ReferencedSOPClassUID = "1.2.840.10008.3.1.2.3.1"
+    study.ReferencedSOPInstanceUID = "1.2.3"
+    study.RTReferencedSeriesSequence = DicomSequence([ref_series])
+    frame = Dataset()
+    frame.FrameOfReferenceUID = frame_uid
+    frame.RTReferencedStudySequence = DicomSequence([study])
+    ds.ReferencedFrameOfReferenceSequence = DicomSequence([frame])
+    set_items, contour_items = [], []
+    for k, (name, contours) in enumerate(rois):
+        number = numbers[k] if numbers else k + 1
+        roi = Dataset()
+        roi.ROINumber = number
+        roi.ROIName = name
+        roi.ReferencedFrameOfReferenceUID = frame_uid
+        set_items.append(roi)
+        roi_contour = Dataset()
+        roi_contour.ReferencedROINumber = k + 1
+        items = []
+        for points, kind, ref in contours:
+            item = Dataset()
+            item.ContourGeometricType = kind
+            item.NumberOfContourPoints = len(points)
+            item.ContourData = [f"{v:.6f}" for v in np.asarray(points).ravel()]
+            if ref is not None:
+                picture = Dataset()
+                picture.ReferencedSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+                picture.ReferencedSOPInstanceUID = ref
+                item.ContourImageSequence = DicomSequence([picture])
+            items.append(item)
+        roi_contour.ContourSequence = DicomSequence(items)
+        contour_items.append(roi_contour)
+    ds.StructureSetROISequence = DicomSequence(set_items)
+    ds.ROIContourSequence = DicomSequence(contour_items)
+    return ds
+
+
+def save(ds: Dataset, path: Path) -> str:
+    ds.save_as(path, enforce_file_format=True)
+    return str(path)
+
+
+def paint(tmp_path: Path, ds: Dataset, slices: Sequence[SlicePlace], overlap: str = "later_wins",
+          rois: StructureMap = MAP) -> tuple[np.ndarray, Drawn]:
+    path = save(ds, tmp_path / "rs.dcm")
+    painter = Painter(shape=(len(slices), slices[0].rows, slices[0].columns), structures=rois, overlap=overlap,
+                      path=path)
+    drawn = paint_rtstruct(path, slices, rois, painter)
+    return painter.labels, drawn
+
+
+def closed(place: SlicePlace, rc: Sequence[Sequence[float]], ref: str | None = None, lift: float = 0.0) -> Contour:
+    return to_patient(place, np.asarray(rc, dtype=np.float64), lift), "CLOSED_PLANAR", ref
+
+
+Polygons = Sequence[Sequence[Sequence[float]]] | Sequence[np.ndarray]
+
+
+def skimage_even_odd(polygons: Polygons, shape: tuple[int, int] = (ROWS, COLUMNS)) -> np.ndarray:
+    """The independent rasteriser: skimage's centre-inside polygon per contour, XOR-combined."""
+    out = np.zeros(shape, dtype=bool)
+    for poly in polygons:
+        p = np.asarray(poly, dtype=np.float64)
+        rr, cc = sk_polygon(p[:, 0], p[:, 1], shape)
+        one = np.zeros(shape, dtype=bool)
+        one[rr, cc] = True
+        out ^= one
+    return out
+
+
+def near_edges(polygons: Polygons, shape: tuple[int, int] = (ROWS, COLUMNS),
+               within: float = 0.5) -> np.ndarray:
+    """Boundary pixels: those whose centre is within ``within`` pixel of a polygon edge."""
+    r, c = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float64)
+    near = np.zeros(shape, dtype=bool)
+    for poly in polygons:
+        p = np.asarray(poly, dtype=np.float64)
+        for a, b in zip(p, np.roll(p, -1, axis=0), strict=True):
+            d = b - a
+            t = np.clip(((r - a[0]) * d[0] + (c - a[1]) * d[1]) / max(float(d @ d), 1e-12), 0, 1)
+            near |= np.hypot(r - a[0] - t * d[0], c - a[1] - t * d[1]) <= within
+    return near
+
+
+def assert_matches_skimage(mask: np.ndarray, polygons: Polygons) -> int:
+    """Equal off the boundary pixels; returns how many pixels differ at all."""
+    expected = skimage_even_odd(polygons, mask.shape)
+    boundary = near_edges(polygons, mask.shape)
+    assert np.array_equal(mask[~boundary], expected[~boundary])
+    differ = int((mask != expected).sum())
+    assert differ <= max(3, boundary.sum() // 50)
+    return differ
+
+
+RING_OUT = [(5.3, 6.2), (5.1, 40.7), (30.6, 41.4), (31.2, 5.6)]
+RING_IN = [(12.4, 14.3), (12.7, 30.1), (22.2, 29.6), (21.8, 13.9)]
+ISLAND_A = [(3.2, 45.4), (3.6, 60.1), (14.3, 52.2)]
+ISLAND_B = [(30.3, 48.8), (44.1, 49.3), (43.6, 61.7), (36.2, 55.1), (30.9, 62.4)]
+# a keyhole: outer square, a channel of width zero down to an inner square traced the other way
+KEYHOLE = [(20.5, 10.5), (20.5, 50.5), (44.5, 50.5), (44.5, 10.5), (32.5, 10.5), (32.5, 20.5), (40.5, 20.5),
+           (40.5, 40.5), (24.5, 40.5), (24.5, 20.5), (32.5, 20.5), (32.5, 10.5)]
+
+
+def test_ring_islands_and_keyhole_equal_skimage_even_odd_off_the_boundary(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Lung_L", [closed(slices[3], RING_OUT), closed(slices[3], RING_IN), closed(slices[5], ISLAND_A),
+                               closed(slices[5], ISLAND_B), closed(slices[9], KEYHOLE)])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert drawn == Drawn(unmapped=(), notes=())
+    assert labels[3, 17, 22] == 0 and labels[3, 8, 22] == 1  # the hole and the ring, by hand
+    assert labels[9, 30, 30] == 0 and labels[9, 22, 30] == 1  # the keyhole's hole and ring
+    differ = assert_matches_skimage(labels[3] == 1, [RING_OUT, RING_IN])
+    differ += assert_matches_skimage(labels[5] == 1, [ISLAND_A, ISLAND_B])
+    differ += assert_matches_skimage(labels[9] == 1, [KEYHOLE])
+    assert differ == 0  # no pixel centre lies on an edge here
+    assert set(np.flatnonzero(labels.reshape(len(slices), -1).any(axis=1))) == {3, 5, 9}
+
+
+def test_random_polygons_differ_from_skimage_only_on_centres_on_edges() -> None:
+    rng = np.random.default_rng(7)
+    differ = boundary = 0
+    for _ in range(60):
+        count = int(rng.integers(1, 4))
+        polygons = []
+        for _ in range(count):
+            n = int(rng.integers(3, 14))
+            angles = np.sort(rng.uniform(0, 2 * np.pi, n))
+            radius = rng.uniform(3, 20, n)
+            centre = rng.uniform([-5, -5], [ROWS + 5, COLUMNS + 5])
+            polygons.append(np.stack([centre[0] + radius * np.sin(angles), centre[1] + radius * np.cos(angles)], 1))
+        mask = fill_even_odd(polygons, ROWS, COLUMNS)
+        differ += assert_matches_skimage(mask, polygons)
+        boundary += int(near_edges(polygons).sum())
+    assert boundary > 1000 and differ == 0
+    # and on vertices at pixel centres, where centres do lie on edges: the top-left rule
+    square = np.array([(2.0, 2.0), (2.0, 6.0), (6.0, 6.0), (6.0, 2.0)])
+    mask = fill_even_odd([square], 10, 10)
+    assert np.array_equal(np.argwhere(mask.any(axis=1)).ravel(), [2, 3, 4, 5])  # top edge in, bottom out
+    assert np.array_equal(np.argwhere(mask.any(axis=0)).ravel(), [2, 3, 4, 5])  # left edge in, right out
+
+
+@pytest.mark.parametrize("axis, degrees", [((1.0, 0.0, 0.0), 30.0), ((0.3, 1.0, 0.2), -55.0)])
+def test_oblique_disc_in_patient_mm_lands_on_its_pixels(tmp_path: Path, axis: tuple[float, ...],
+                                                        degrees: float) -> None:
+    turn = rotation(axis, degrees)
+    orientation = tuple(float(v) for v in (*turn[:, 0], *turn[:, 1]))
+    slices = series(count=14, orientation=orientation, origin=(10.0, -40.0, 25.0))
+    place = slices[6]
+    x, y = turn[:, 0], turn[:, 1]
+    centre = np.asarray(place.position) + 22.0 * x + 15.0 * y  # 22 mm along rows' direction, 15 mm down
+    radius = 9.0
+    t = np.linspace(0, 2 * np.pi, 72, endpoint=False)
+    disc = centre + radius * (np.cos(t)[:, None] * x + np.sin(t)[:, None] * y) + 0.3 * np.cross(x, y)
+    ds = rtstruct([("Heart", [(disc, "CLOSED_PLANAR", place.sop_uid)])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert drawn.notes == ()
+    r, c = np.mgrid[0:ROWS, 0:COLUMNS]
+    offset = (c * SPACING[1])[..., None] * x + (r * SPACING[0])[..., None] * y + np.asarray(place.position) - centre
+    distance = np.linalg.norm(offset, axis=-1)
+    inscribed = radius * math.cos(math.pi / 72)
+    assert (labels[6][distance < inscribed - 1e-6] == 2).all()
+    assert (labels[6][distance > radius + 1e-6] == 0).all()
+    assert int((labels[6] == 2).sum()) == pytest.approx(math.pi * radius**2 / (SPACING[0] * SPACING[1]), rel=0.05)
+    assert labels.sum() == labels[6].sum()  # nothing on another slice
+
+
+def test_aliases_map_and_unmapped_are_counted(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("LUNG LEFT", [closed(slices[2], ISLAND_A)]), ("lt lung", [closed(slices[4], ISLAND_B)]),
+                   ("Lung_L", [closed(slices[6], RING_OUT)]), ("Couch", [closed(slices[6], ISLAND_B)]),
+                   ("dose 95%", [])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert drawn.unmapped == ("Couch", "dose 95%")
+    assert {int(v) for v in np.unique(labels)} == {0, 1}
+    assert labels[2].any() and labels[4].any() and labels[6].any()
+    assert not labels[6][skimage_even_odd([ISLAND_B]) & ~skimage_even_odd([RING_OUT])].any()  # Couch not painted
+
+
+def test_no_roi_mapped_is_annotation_unmapped_with_the_closest_names(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Lung-Lft", [closed(slices[2], ISLAND_A)]), ("Hearts", [closed(slices[2], ISLAND_B)])])
+    with pytest.raises(AnnotationError) as caught:
+        paint(tmp_path, ds, slices)
+    assert caught.value.reason == "annotation_unmapped"
+    assert "'Hearts' → heart" in caught.value.message and "mask.rois" in caught.value.message
+
+
+@pytest.mark.parametrize("where, missing", [(7.5, (7, 8)), (16.0, ()), (-1.0, ())])
+def test_contour_in_a_gap_or_beyond_the_series_is_off_slice(tmp_path: Path, where: float,
+                                                            missing: tuple[int, ...]) -> None:
+    slices = series(missing=missing)
+    place = series()[0]
+    contour = closed(place, ISLAND_A, lift=where * STEP)
+    with pytest.raises(AnnotationError) as caught:
+        paint(tmp_path, rtstruct([("Heart", [closed(slices[1], ISLAND_B), contour])]), slices)
+    assert caught.value.reason == "contour_off_slice"
+    assert "'Heart' contour 1" in caught.value.message and "half the slice spacing" in caught.value.message
+
+
+def test_contour_between_adjacent_slices_goes_to_the_nearer(tmp_path: Path) -> None:
+    slices = series()
+    labels, _ = paint(tmp_path, rtstruct([("Heart", [closed(slices[4], ISLAND_A, lift=0.4 * STEP)])]), slices)
+    assert labels[4].any() and not labels[5].any()
+
+
+def test_tilted_contour_is_off_slice(tmp_path: Path) -> None:
+    slices = series()
+    points = to_patient(slices[5], np.asarray(RING_OUT))
+    points[:, 2] += np.array([-2.0, -2.0, 2.0, 2.0])  # mean on slice 5, ends 2 mm off: another orientation
+    with pytest.raises(AnnotationError) as caught:
+        paint(tmp_path, rtstruct([("Heart", [(points, "CLOSED_PLANAR", None)])]), slices)
+    assert caught.value.reason == "contour_off_slice" and "not in the plane" in caught.value.message
+
+
+def test_single_slice_series_matches_within_half_a_pixel(tmp_path: Path) -> None:
+    slices = series(count=1)
+    labels, _ = paint(tmp_path, rtstruct([("Heart", [closed(slices[0], ISLAND_A, lift=0.2)])]), slices)
+    assert labels[0].any()
+    with pytest.raises(AnnotationError, match="one slice") as caught:
+        paint(tmp_path, rtstruct([("Heart", [closed(slices[0], ISLAND_A, lift=0.5)])]), slices)
+    assert caught.value.reason == "contour_off_slice"
+
+
+def test_degenerate_and_open_contours_are_skipped_and_a_bow_tie_is_filled_and_noted(tmp_path: Path) -> None:
+    slices = series()
+    bow_tie = [(5.2, 5.3), (30.7, 40.1), (5.4, 40.6), (30.1, 5.8)]
+    two = closed(slices[2], [(3.0, 3.0), (9.0, 9.0)])
+    flat = closed(slices[2], [(3.0, 3.0), (9.0, 9.0), (15.0, 15.0), (6.0, 6.0)])
+    repeated = closed(slices[2], [(3.0, 3.0), (9.0, 9.0), (9.0, 9.0), (3.0, 3.0)])
+    opened = (to_patient(slices[2], np.asarray(ISLAND_B)), "OPEN_PLANAR", None)
+    point = (to_patient(slices[2], np.asarray([(4.0, 4.0)])), "POINT", None)
+    ds = rtstruct([("Heart", [two, flat, repeated, opened, point, closed(slices[8], bow_tie)])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert not labels[2].any()
+    assert drawn.notes == (
+        "ROI 'Heart': 3 degenerate contours skipped (fewer than 3 distinct points, or all on one line): "
+        "contours 0, 1, 2",
+        "ROI 'Heart': 2 contours that are not CLOSED_PLANAR skipped (POINT and OPEN_* enclose no area): contours 3, 4",
+        "ROI 'Heart': 1 self-intersecting contours filled by the even-odd rule (check the drawing): contours 5")
+    assert assert_matches_skimage(labels[8] == 2, [bow_tie]) == 0
+    assert labels[8, 17, 10] == 2 and labels[8, 10, 22] == 0  # the left lobe, and above the crossing
+
+
+def test_contour_image_reference_is_not_trusted_position_wins(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Heart", [closed(slices[4], ISLAND_A, ref=slices[9].sop_uid),
+                              closed(slices[6], ISLAND_A, ref=slices[6].sop_uid)])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert labels[4].any() and labels[6].any() and not labels[9].any()
+    assert drawn.notes == ("ROI 'Heart': 1 contours' ContourImageSequence names another image than the slice at "
+                           "their position (first: contour 0 on slice 4); position used",)
+
+
+def test_two_rois_of_one_class_union(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Lung_L", [closed(slices[3], RING_OUT)]), ("Lung_R", [closed(slices[3], ISLAND_B)])])
+    labels, _ = paint(tmp_path, ds, slices, overlap="refuse")
+    assert np.array_equal(labels[3] == 1, skimage_even_odd([RING_OUT]) | skimage_even_odd([ISLAND_B]))
+
+
+def test_overlap_of_two_classes_refused_or_later_declared_wins(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Heart", [closed(slices[3], RING_IN)]), ("Lung_L", [closed(slices[3], RING_OUT)])])
+    with pytest.raises(AnnotationError) as caught:
+        paint(tmp_path, ds, slices, overlap="refuse")
+    assert caught.value.reason == "mask_overlap"
+    labels, _ = paint(tmp_path, ds, slices, overlap="later_wins")
+    inner = skimage_even_odd([RING_IN])
+    assert (labels[3][inner] == 2).all()  # heart is declared after lung in the map: it wins, painted first or not
+    assert (labels[3][skimage_even_odd([RING_OUT]) & ~near_edges([RING_IN]) & ~inner] == 1).all()
+
+
+def valid(tmp_path: Path) -> tuple[Dataset, list[SlicePlace]]:
+    slices = series()
+    return rtstruct([("Lung_L", [closed(slices[3], RING_OUT), closed(slices[3], RING_IN)]),
+                     ("Heart", [closed(slices[5], ISLAND_A)])]), slices
+
+
+def reason(path: str, slices: list[SlicePlace], dataset: Dataset | None = None) -> str:
+    painter = Painter(shape=(len(slices), ROWS, COLUMNS), structures=MAP, path=path)
+    with pytest.raises(AnnotationError) as caught:
+        paint_rtstruct(path, slices, MAP, painter, dataset=dataset)
+    assert path in caught.value.message
+    return caught.value.reason
+
+
+def test_truncated_file_is_unreadable(tmp_path: Path) -> None:
+    ds, slices = valid(tmp_path)
+    path = save(ds, tmp_path / "rs.dcm")
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) * 2 // 3])
+    assert reason(path, slices) == "unreadable"
+
+
+def test_contour_data_of_seven_values_or_missing_is_unreadable(tmp_path: Path) -> None:
+    ds, slices = valid(tmp_path)
+    ds.ROIContourSequence[1].ContourSequence[0].ContourData = ["1.0"] * 7
+    assert reason(save(ds, tmp_path / "seven.dcm"), slices) == "unreadable"
+    del ds.ROIContourSequence[1].ContourSequence[0].ContourData
+    assert reason(save(ds, tmp_path / "none.dcm"), slices) == "unreadable"
+
+
+def test_non_numeric_contour_data_is_unreadable(tmp_path: Path) -> None:
+    ds, slices = valid(tmp_path)
+    ds.ROIContourSequence[1].ContourSequence[0].ContourData[4] = "12.345678"
+    path = save(ds, tmp_path / "rs.dcm")
+    data = Path(path).read_bytes()
+    assert data.count(b"12.345678") == 1
+    Path(path).write_bytes(data.replace(b"12.345678", b"12.3x5678"))
+    assert reason(path, slices) == "unreadable"
+
+
+def test_contour_of_an_undeclared_roi_is_unreadable(tmp_path: Path) -> None:
+    slices = series()
+    ds = rtstruct([("Heart", [closed(slices[3], ISLAND_A)])], numbers=[5])
+    assert reason(save(ds, tmp_path / "rs.dcm"), slices) == "unreadable"
+
+
+def test_missing_contour_sequence_is_an_empty_roi_noted(tmp_path: Path) -> None:
+    # Contour Sequence (3006,0040) is Type 3 (PS3.3 C.8.8.6): an ROI without contours is legal
+    ds, slices = valid(tmp_path)
+    del ds.ROIContourSequence[1].ContourSequence
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert not (labels == 2).any() and (labels == 1).any()
+    assert drawn.notes == ("ROI 'Heart': has no contour (an empty Contour Sequence or none): nothing painted",)
+
+
+def test_missing_roi_sequences_are_unreadable(tmp_path: Path) -> None:
+    ds, slices = valid(tmp_path)
+    del ds.ROIContourSequence
+    assert reason(save(ds, tmp_path / "a.dcm"), slices) == "unreadable"
+    ds, _ = valid(tmp_path)
+    del ds.StructureSetROISequence
+    assert reason(save(ds, tmp_path / "b.dcm"), slices) == "unreadable"
+
+
+MUTATIONS = ("delete", "text", "truncate", "flip", "number")
+
+
+@settings(max_examples=int(os.environ.get("RT_FUZZ", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(MUTATIONS), seed=st.integers(0, 2**32 - 1))
+def test_mutated_structure_sets_give_drawn_or_annotation_error(tmp_path: Path, kind: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ds, slices = valid(tmp_path)
+    ds = copy.deepcopy(ds)
+    path = tmp_path / "m.dcm"
+    nested = [*ds.StructureSetROISequence, *ds.ROIContourSequence]
+    nested += [c for item in ds.ROIContourSequence for c in item.ContourSequence]
+    target = nested[int(rng.integers(len(nested)))]
+    keywords = [e.keyword for e in target if e.keyword]
+    if kind == "delete":
+        delattr(target, keywords[int(rng.integers(len(keywords)))])
+    elif kind == "number":
+        setattr(target, "ROINumber" if "ROINumber" in target else "ReferencedROINumber", int(rng.integers(-3, 9)))
+    elif kind == "text":
+        element = target[keywords[int(rng.integers(len(keywords)))]]
+        if element.VR != "SQ":
+            element.value = ["1", "2"] if element.VR in ("DS", "IS") else "x"
+    save(ds, path)
+    data = bytearray(path.read_bytes())
+    if kind == "truncate":
+        data = data[: int(rng.integers(0, len(data)))]
+    elif kind == "flip":
+        for at in rng.integers(132, len(data), size=int(rng.integers(1, 6))):
+            data[at] = int(rng.integers(256))
+    path.write_bytes(bytes(data))
+    painter = Painter(shape=(len(slices), ROWS, COLUMNS), structures=MAP, path=str(path))
+    try:
+        drawn = paint_rtstruct(str(path), slices, MAP, painter)
+    except AnnotationError as err:
+        assert err.reason in ("unreadable", "annotation_unmapped", "contour_off_slice", "mask_overlap")
+    else:
+        assert isinstance(drawn, Drawn)
