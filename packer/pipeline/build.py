@@ -178,7 +178,18 @@ def _mask_schema(job: JobConfig, sample_layout: str) -> dict[str, Any]:
     masks = [s.mask for s in job.sources if s.mask is not None]
     declared = None if any(m.classes is None for m in masks) else sorted({c for m in masks for c in m.classes or ()})
     layout = "DHW" if sample_layout == "CDHW" else "FHW"
-    return {"dtype": masks[0].dtype, "classes": declared, "layout": layout, "pad": masks[0].pad}
+    out: dict[str, Any] = {"dtype": masks[0].dtype, "classes": declared, "layout": layout, "pad": masks[0].pad}
+    named: dict[str, dict[str, Any]] = {}  # masks from DICOM: each class id's name and the structures it takes
+    for mask in masks:
+        for key, structures in (("segments", mask.segments), ("rois", mask.rois)):
+            for s in structures.structures if structures is not None else ():
+                entry = named.setdefault(str(s.id), {"name": s.name})
+                entry[key] = sorted({*entry.get(key, []), s.name, *s.aliases})
+                if s.codes:
+                    entry["codes"] = sorted({*entry.get("codes", []), *s.codes})
+    if named:
+        out["names"] = dict(sorted(named.items(), key=lambda item: int(item[0])))
+    return out
 
 
 @dataclass(frozen=True)
