@@ -67,7 +67,7 @@ from packer.pipeline.publish import (
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import chunk_of, remove_stale_temporaries, write_packed_pointers
 from packer.pipeline.stages import run_stages
-from packer.read.kinds import kind_libraries
+from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, filesystem_for, resolve_output
@@ -295,7 +295,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "packer_version": __version__,
         "config": identity,
         "config_hash": cfg_hash,
-        "libraries": library_versions(kind_libraries([s.kind for s in job.sources])),
+        "libraries": library_versions(source_libraries(job.sources)),
         "decoders": _decoders(),
         "format": job.pack.format,
         "sample_schema": (schema := _sample_schema(samples)),
