@@ -17,8 +17,9 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sr.codedict import codes
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from packer.read.annotations import AnnotationError, Painter, SlicePlace, Structure, StructureMap
+from packer.read.annotations import AnnotationError, Painter, SlicePlace
 from packer.read.seg import paint_seg
+from packer.structures import Structure, StructureMap
 
 SPHERE = Structure("sphere", 1, aliases=("Ball Thing",), codes=("SCT:10200004",))
 BOX = Structure("box", 2, aliases=("Cube_A",))

@@ -50,15 +50,8 @@ import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
-from packer.read.annotations import (
-    SEG_STORAGE,
-    AnnotationError,
-    Painter,
-    SlicePlace,
-    Structure,
-    StructureMap,
-    unmapped_error,
-)
+from packer.read.annotations import SEG_STORAGE, AnnotationError, Painter, SlicePlace, unmapped_error
+from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
 SEG_CLASSES = (SEG_STORAGE, "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map Segmentation
