@@ -241,7 +241,6 @@ def test_the_demo_tree_holds_the_annotated_tree(demo_raw: Any) -> None:
 
 
 @pytest.mark.parametrize("job", ["annotated-slices.yaml", "annotated-stacks.yaml", "annotated-volume.yaml"])
-@pytest.mark.xfail(strict=False, reason="mask.from: dicom lands with the integration")
 def test_the_job_files_load(job: str) -> None:
     from packer.config import load_job
 
