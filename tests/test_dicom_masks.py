@@ -58,6 +58,7 @@ def _write_series(folder: Path, patient: str, seed: int) -> list[Dataset]:
     out = []
     for k in range(SLICES):
         pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
+        pixels[::2, ::2] += 8  # not constant (a constant image is a bad sample); the mean still orders slices
         ds = ct_dataset(pixels, PatientID=patient, InstanceNumber=numbers[k], StudyInstanceUID=study,
                         SeriesInstanceUID=series, FrameOfReferenceUID=frame,
                         ImageOrientationPatient=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0],
