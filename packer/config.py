@@ -26,6 +26,7 @@ from packer.errors import ConfigError
 from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
+from packer.structures import Structure, StructureMap
 from packer.where import Condition, parse_where
 
 SPLITS = ("train", "valid", "test")
@@ -169,13 +170,42 @@ class MaskConfig:
     255); ``empty``: ``keep`` an all-zero mask, or make its file a ``mask_empty`` bad sample;
     ``pad``: the id ``fit`` pads with; ``grid``: for a volume's label map on another grid than
     its image, ``require`` (a ``mask_geometry`` bad sample) or ``resample`` (nearest neighbour,
-    in world coordinates). Masks are uint8, uint16 when a declared id exceeds 255."""
+    in world coordinates). Masks are uint8, uint16 when a declared id exceeds 255.
+
+    ``origin`` ``dicom`` (``mask: {from: dicom}``): the masks are the DICOM SEG and RTSTRUCT
+    objects of the source itself, each on the series it references
+    (:mod:`packer.read.annotations`); ``segments`` and ``rois`` map their structures to class
+    ids (``classes`` is then 0 and those ids), ``overlap`` says which class a voxel two claim
+    gets (``later_wins``: the class declared later; ``refuse``: ``mask_overlap``),
+    ``threshold`` where a FRACTIONAL SEG is on, and ``empty`` what a series that no annotation
+    references gets (``keep``: all-zero masks; ``bad``: ``mask_missing``); ``column`` is empty."""
 
     column: str
     classes: tuple[int, ...] | None = None
     empty: str = "keep"
     pad: int = 0
     grid: str = "require"
+    origin: str = "file"
+    segments: StructureMap | None = None
+    rois: StructureMap | None = None
+    overlap: str = "later_wins"
+    threshold: float = 0.5
+
+    @property
+    def from_dicom(self) -> bool:
+        """The masks come from the source's own SEG and RTSTRUCT objects."""
+        return self.origin == "dicom"
+
+    def structures(self) -> StructureMap:
+        """Every class of ``segments`` and ``rois`` in declared order (as the job file writes them):
+        the order ``overlap: later_wins`` ranks them by."""
+        maps = [m for m in (self.segments, self.rois) if m is not None]
+        if len(maps) == 2 and self.rois_first:
+            maps.reverse()
+        return StructureMap(tuple(s for m in maps for s in m.structures))
+
+    #: ``rois:`` is written before ``segments:`` in the job file (their classes rank first)
+    rois_first: bool = False
 
     @property
     def dtype(self) -> str:
@@ -187,10 +217,22 @@ class MaskConfig:
         return dict(extra).get(self.column, "").strip()
 
     def to_json(self) -> dict[str, Any]:
-        out = {"column": self.column, "classes": list(self.classes) if self.classes is not None else None,
-               "empty": self.empty, "pad": self.pad}
+        out: dict[str, Any] = {"column": self.column,
+                               "classes": list(self.classes) if self.classes is not None else None,
+                               "empty": self.empty, "pad": self.pad}
         if self.grid != "require":  # only when set, so other jobs keep their config_hash
             out["grid"] = self.grid
+        if self.from_dicom:  # likewise
+            del out["column"]
+            out["from"] = "dicom"
+            maps = [("segments", self.segments), ("rois", self.rois)]
+            for key, structures in (reversed(maps) if self.rois_first else maps):
+                if structures is not None:
+                    out[key] = structures.to_json()
+            out["overlap"] = self.overlap
+            # the rank order under later_wins, which a canonical (sorted-key) dump would lose
+            out["order"] = [structure.name for structure in self.structures().structures]
+            out["threshold"] = self.threshold
         return out
 
 
@@ -342,7 +384,7 @@ class SourceConfig:
     def file_columns(self) -> tuple[str, ...]:
         """The table columns whose cells name files that belong to a row's sample rather than
         being samples: the mask column and the :attr:`companions`."""
-        return ((self.mask.column,) if self.mask is not None else ()) + self.companions
+        return ((self.mask.column,) if self.mask is not None and self.mask.column else ()) + self.companions
 
     def row_file(self, extra: tuple[tuple[str, str], ...], column: str) -> str | None:
         """The local path of the file a row's ``column`` names (relative to the root), None where
@@ -352,7 +394,7 @@ class SourceConfig:
 
     def mask_file(self, extra: tuple[tuple[str, str], ...]) -> str | None:
         """The local path of a row's mask file (``mask.column``), None where it names none."""
-        return self.row_file(extra, self.mask.column) if self.mask is not None else None
+        return self.row_file(extra, self.mask.column) if self.mask is not None and self.mask.column else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
@@ -784,7 +826,8 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                 takers = [k.name for k in source_kinds() if key in k.source_keys]
                 raise ConfigError(f"{where}.{key}: only {' and '.join(takers)} sources take {key}; a source of "
                                   f"kind {kind.name} does not read it: remove it")
-    if isinstance(raw.get("mask"), dict) and raw["mask"].get("grid", "require") != "require" and not kind.volume_masks:
+    if (isinstance(raw.get("mask"), dict) and raw["mask"].get("grid", "require") != "require" and not kind.volume_masks
+            and raw["mask"].get("from") != "dicom"):
         raise ConfigError(f"{where}.mask.grid: {kind.name} masks are files of the image's stored size, not label "
                           "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
@@ -909,8 +952,81 @@ def _check_template(template: str, where: str) -> None:
                           "'{dicom_id}.jpg'")
 
 
+def _parse_structures(spec: Any, key: str, where: str) -> StructureMap:
+    """``mask.segments`` or ``mask.rois``: ``NAME: ID`` or ``NAME: {id, aliases, codes}``."""
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"{where}.{key}: map each structure to a class id, as in '{key}: {{liver: 1, tumour: "
+                          "{id: 2, aliases: [lesion]}}'")
+    out = []
+    for name, entry in spec.items():
+        at = f"{where}.{key}.{name}"
+        body = {"id": entry} if isinstance(entry, int) and not isinstance(entry, bool) else entry
+        if not isinstance(body, dict) or not isinstance(body.get("id"), int) or isinstance(body.get("id"), bool):
+            raise ConfigError(f"{at}: give the class id, as in '{name}: 1' or '{name}: {{id: 1, aliases: [...]}}'")
+        if not 1 <= body["id"] <= 65535:
+            raise ConfigError(f"{at}.id: {body['id']} is not a class id 1-65535 (0 is the background)")
+        if key == "rois" and body.get("codes"):
+            raise ConfigError(f"{at}.codes: RTSTRUCT ROIs are matched by name (ROI Name) only; codes match SEG "
+                              "segments: move the class to segments, or give aliases")
+        out.append(Structure(name=str(name), id=int(body["id"]),
+                             aliases=tuple(str(a) for a in body.get("aliases") or ()),
+                             codes=tuple(str(c) for c in body.get("codes") or ())))
+    return StructureMap(tuple(out))
+
+
+def _parse_dicom_mask(spec: dict[str, Any], root: Path | str, where: str) -> MaskConfig:
+    """``mask: {from: dicom, segments, rois, ...}``: the masks are the source's own SEG and RTSTRUCT."""
+    if "column" in spec:
+        raise ConfigError(f"{where}.column: masks from: dicom come from the source's SEG and RTSTRUCT objects, "
+                          "not files a table names; remove column (or from: dicom)")
+    if "classes" in spec:
+        raise ConfigError(f"{where}.classes: with from: dicom the class ids are those of segments and rois; "
+                          "remove classes")
+    if isinstance(root, str):
+        raise ConfigError(f"{where}: masks are read from a local source root; {root} is a URL. Copy the source "
+                          "(images and annotations) to a local folder, or pack it without masks")
+    if not spec.get("segments") and not spec.get("rois"):
+        raise ConfigError(f"{where}: from: dicom needs segments (SEG segment labels or codes → class ids) or rois "
+                          "(RTSTRUCT ROI names → class ids), as in 'rois: {lung: {id: 1, aliases: [Lung_L, "
+                          "Lung_R]}}'")
+    segments = _parse_structures(spec["segments"], "segments", where) if spec.get("segments") else None
+    rois = _parse_structures(spec["rois"], "rois", where) if spec.get("rois") else None
+    ids: dict[str, int] = {}
+    names: dict[int, str] = {}
+    for structure in (*(segments.structures if segments else ()), *(rois.structures if rois else ())):
+        if ids.setdefault(structure.name, structure.id) != structure.id:
+            raise ConfigError(f"{where}: class {structure.name!r} has id {ids[structure.name]} in one map and "
+                              f"{structure.id} in the other; one class, one id")
+        if names.setdefault(structure.id, structure.name) != structure.name:
+            raise ConfigError(f"{where}: classes {names[structure.id]!r} and {structure.name!r} share id "
+                              f"{structure.id}; give each class its own id, or list the second's names as aliases "
+                              "of the first")
+    pad = int(spec.get("pad", 0))
+    classes = tuple(sorted({0, *names}))
+    if pad not in classes:
+        raise ConfigError(f"{where}.pad: {pad} is not 0 or a class id of segments/rois {list(classes)}")
+    keys = list(spec)
+    rois_first = "rois" in keys and "segments" in keys and keys.index("rois") < keys.index("segments")
+    return MaskConfig(column="", classes=classes, empty=spec.get("empty", "keep"), pad=pad,
+                      grid=spec.get("grid", "require"), origin="dicom", segments=segments, rois=rois,
+                      overlap=spec.get("overlap", "later_wins"), threshold=float(spec.get("threshold", 0.5)),
+                      rois_first=rois_first)
+
+
 def _parse_mask(raw: dict[str, Any], root: Path | str, table: str, where: str) -> MaskConfig:
     spec = raw["mask"]
+    if spec.get("from") == "dicom":
+        if raw["kind"] != "dicom":
+            raise ConfigError(f"{where}.from: dicom masks are the SEG and RTSTRUCT objects of a DICOM source; a "
+                              f"{raw['kind']} source names its mask files by a table column ('column:')")
+        return _parse_dicom_mask(spec, root, where)
+    if "column" not in spec:
+        raise ConfigError(f"{where}: say where the masks are: 'column: NAME' (a table column naming each file's "
+                          "mask) or, in a DICOM source, 'from: dicom' (its SEG and RTSTRUCT objects)")
+    for key in ("segments", "rois", "overlap", "threshold"):
+        if key in spec:
+            raise ConfigError(f"{where}.{key}: only masks from: dicom (SEG and RTSTRUCT) have {key}; remove it "
+                              "or set from: dicom")
     if table not in raw:
         raise ConfigError(f"{where}: masks are named by a column of the source's table; add '{table}: FILE.csv' "
                           f"with a column {spec['column']!r} naming each file's mask")

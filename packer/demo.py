@@ -44,6 +44,7 @@ from pydicom.uid import (
 from packer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from packer.demo_annotations import AnnotatedDemo
     from packer.demo_nifti import NiftiDemo
 
 #: First line of README.txt; marks a folder this module may clear and rewrite.
@@ -73,13 +74,15 @@ class PlantedDefect:
 class DemoTree:
     """What was written: the root, counts of good files, and the planted defects of the demo
     job's sources (``ct/``, ``photos/``); ``nifti``: the NIfTI tree and its own planted defects
-    (:mod:`packer.demo_nifti`), where one was written."""
+    (:mod:`packer.demo_nifti`), ``annotated``: the CT series with SEG and RTSTRUCT masks and
+    theirs (:mod:`packer.demo_annotations`), where one was written."""
 
     root: Path
     dicom_files: int
     images: int
     defects: tuple[PlantedDefect, ...]
     nifti: NiftiDemo | None = None
+    annotated: AnnotatedDemo | None = None
 
 
 @dataclass(frozen=True)
@@ -421,7 +424,7 @@ class _Row:
 
 
 #: The folders a demo tree owns: cleared when it is written again, their files given DEMO_MTIME.
-_TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series", "nifti")
+_TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series", "nifti", "annotated")
 
 
 def _prepare_root(root: Path) -> None:
@@ -613,9 +616,14 @@ def _write_readme(tree: DemoTree, seed: int, kind: str, masks: Sequence[PlantedD
         from packer.demo_nifti import readme_lines
 
         lines += readme_lines(tree.nifti)
+    if tree.annotated is not None:
+        from packer.demo_annotations import readme_lines as annotated_lines
+
+        lines += annotated_lines(tree.annotated)
     defects = [*(f"  {d.relpath} -> {d.reason}" for d in tree.defects),
                *(f"  targets/segmentation/{d.relpath} -> {d.reason}" for d in masks),
-               *(f"  nifti/{d.relpath} -> {d.reason}" for d in (tree.nifti.defects if tree.nifti else ()))]
+               *(f"  nifti/{d.relpath} -> {d.reason}" for d in (tree.nifti.defects if tree.nifti else ())),
+               *(f"  annotated/{d.relpath} -> {d.reason}" for d in (tree.annotated.defects if tree.annotated else ()))]
     lines += ["", "Planted defects (relpath -> reason code the build must report):" if defects
               else "No planted defects.", *defects]
     (tree.root / "README.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -637,7 +645,8 @@ def write_demo_tree(
     Layout: ``ct/PAT0001/ST01/IM001.dcm`` (64×64 CT phantoms), ``ct/extra/`` (MONOCHROME1 CR,
     3-frame CT, RLE CT), ``ct/broken/`` (planted defects), ``ct_labels.csv``,
     ``photos/S001/01.jpg|.png`` (96×128), ``photos/labels.csv``, ``README.txt``; the examples of
-    other jobs: ``targets/``, ``series/`` and ``nifti/`` (:mod:`packer.demo_nifti`). A folder that
+    other jobs: ``targets/``, ``series/``, ``nifti/`` (:mod:`packer.demo_nifti`) and ``annotated/``
+    (:mod:`packer.demo_annotations`). A folder that
     an earlier demo tree wrote is cleared first; ``ConfigError`` if ``ct/`` or ``photos/`` hold
     foreign files. Both CT labels and both photo labels are always present (photos needs
     ``photos_per_subject >= 2``). ValueError for a count below 1.
@@ -663,7 +672,10 @@ def write_demo_tree(
     from packer.demo_nifti import write_nifti_examples  # nibabel: only when a tree is written
 
     nifti = write_nifti_examples(root / "nifti", seed)
-    tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects), nifti)
+    from packer.demo_annotations import write_annotated_examples  # highdicom: only when a tree is written
+
+    annotated = write_annotated_examples(root / "annotated", seed)
+    tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects), nifti, annotated)
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo", masks=mask_defects, series=True)
     _settle_mtimes(root)

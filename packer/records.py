@@ -39,6 +39,11 @@ REASONS = (
     "mask_values",
     "mask_empty",
     "mask_geometry",
+    "mask_overlap",
+    "annotation_orphan",
+    "annotation_unmapped",
+    "annotation_frames",
+    "contour_off_slice",
     "channel_geometry",
     "series_no_position",
     "series_orientation",
@@ -148,7 +153,7 @@ class Issue:
 #: out), ``not_image`` (a DICOM object without an image: SR, presentation state, RT plan, ...),
 #: ``not_requested`` (an image object a job packs only when its ``where:`` asks: RT Dose, a
 #: secondary capture).
-EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested")
+EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation")
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ def test_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
 
 
 def test_tree_is_small(demo: DemoTree) -> None:
-    assert sum(p.stat().st_size for p in demo.root.rglob("*") if p.is_file()) < 3 * 1024 * 1024
+    assert sum(p.stat().st_size for p in demo.root.rglob("*") if p.is_file()) < 4 * 1024 * 1024
+    # the annotated CT series (tests/test_demo_annotations.py): 62 slices of 64x64 or 56x56, 2 SEGs, 3 RTSTRUCTs
+    assert sum(p.stat().st_size for p in (demo.root / "annotated").rglob("*") if p.is_file()) < 1024 * 1024
     # the NIfTI volumes (tests/test_demo_nifti.py): 8 CT cases, 4 MR sequences and small broken files
     assert sum(p.stat().st_size for p in (demo.root / "nifti").rglob("*") if p.is_file()) < 1.25 * 1024 * 1024
 

@@ -301,7 +301,7 @@ def _render_excluded(data: ReportData) -> str:
             "max_bad_fraction. not_image: a DICOM object without an image (report, presentation state, plan, "
             "structure set, segmentation); not_requested: an image packed only when the source's where: asks (RT "
             "Dose, secondary capture, localizer); filtered: left out by the source's where:; not_in_table: a file "
-            "the source's table does not name.</p>"
+            "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask.</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:

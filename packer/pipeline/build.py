@@ -67,7 +67,7 @@ from packer.pipeline.publish import (
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import chunk_of, remove_stale_temporaries, write_packed_pointers
 from packer.pipeline.stages import run_stages
-from packer.read.kinds import kind_libraries
+from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, filesystem_for, resolve_output
@@ -178,7 +178,18 @@ def _mask_schema(job: JobConfig, sample_layout: str) -> dict[str, Any]:
     masks = [s.mask for s in job.sources if s.mask is not None]
     declared = None if any(m.classes is None for m in masks) else sorted({c for m in masks for c in m.classes or ()})
     layout = "DHW" if sample_layout == "CDHW" else "FHW"
-    return {"dtype": masks[0].dtype, "classes": declared, "layout": layout, "pad": masks[0].pad}
+    out: dict[str, Any] = {"dtype": masks[0].dtype, "classes": declared, "layout": layout, "pad": masks[0].pad}
+    named: dict[str, dict[str, Any]] = {}  # masks from DICOM: each class id's name and the structures it takes
+    for mask in masks:
+        for key, structures in (("segments", mask.segments), ("rois", mask.rois)):
+            for s in structures.structures if structures is not None else ():
+                entry = named.setdefault(str(s.id), {"name": s.name})
+                entry[key] = sorted({*entry.get(key, []), s.name, *s.aliases})
+                if s.codes:
+                    entry["codes"] = sorted({*entry.get("codes", []), *s.codes})
+    if named:
+        out["names"] = dict(sorted(named.items(), key=lambda item: int(item[0])))
+    return out
 
 
 @dataclass(frozen=True)
@@ -295,7 +306,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "packer_version": __version__,
         "config": identity,
         "config_hash": cfg_hash,
-        "libraries": library_versions(kind_libraries([s.kind for s in job.sources])),
+        "libraries": library_versions(source_libraries(job.sources)),
         "decoders": _decoders(),
         "format": job.pack.format,
         "sample_schema": (schema := _sample_schema(samples)),

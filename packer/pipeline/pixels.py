@@ -39,7 +39,7 @@ from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
-from packer.read.kinds import Grouping, kind_libraries, source_kind
+from packer.read.kinds import Grouping, source_kind, source_libraries
 from packer.records import Excluded, Issue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
@@ -270,7 +270,7 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
         raise ValueError(f"source kind {task.refs[0].kind!r} does not group files under this job")
     job = grouping.file_job(task.job)
     per_file: list[list[Sample]] = []
-    for ref in task.refs:
+    for ref in grouping.decoded(task.group):
         outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, job, clock), clock)
         if isinstance(outcome, (Issue, Excluded)):
             state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
@@ -281,7 +281,8 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
             return [outcome, *others]
         per_file.append(outcome)
     clock.switch("decode+transform")
-    return [grouping.combine(task.group, per_file, task.job)]
+    samples, records = grouping.combine(task.group, per_file, task.job)
+    return [samples, *records]
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -433,7 +434,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None), keep=job.split.column)
     nonce = uuid.uuid4().hex[:8]
-    libraries = library_versions(kind_libraries([s.kind for s in job.sources]))
+    libraries = library_versions(source_libraries(job.sources))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
                       listed=listed or {}, libraries=tuple(sorted(libraries.items())),
                       sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)

@@ -14,6 +14,7 @@ from typing import Any
 
 from packer.config import JobConfig
 from packer.pipeline.labels import Refused, from_attribute
+from packer.read.annotations import AnnotationRefs
 from packer.read.kinds import source_kind
 from packer.records import Excluded, Issue, SampleRef
 
@@ -81,6 +82,8 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
     if isinstance(probed, (Issue, Excluded)):
         return probed
     ref = probed.ref
+    if isinstance(probed.state, AnnotationRefs):  # a mask of a series, not a sample: no label, no identity
+        return ref, probed.state
     if source.target.origin == "attribute":
         label = from_attribute(source.target, probed.attribute, ref.path, job.labels)
         if isinstance(label, Refused):

@@ -9,8 +9,8 @@ module holds what the SEG reader (:mod:`packer.read.seg`) and the RTSTRUCT raste
   (:func:`annotation_refs`);
 - :class:`SlicePlace`: one slice of the referenced series on its native pixel grid, in the
   series' order along the slice normal: what the readers paint onto;
-- :class:`StructureMap`: the job's ``mask.segments`` or ``mask.rois``, class name → id with
-  aliases (matched case- and punctuation-insensitively) and, for SEG, coded property types;
+- :class:`~packer.structures.StructureMap` (:mod:`packer.structures`): the job's
+  ``mask.segments`` or ``mask.rois``, class name → id with aliases and, for SEG, codes;
 - :class:`Painter`: one D×H×W label map, painted a structure and a slice at a time under the
   job's overlap policy (``later_wins``: a class declared later in the map wins a voxel;
   ``refuse``: a voxel claimed by two classes is ``mask_overlap``);
@@ -23,13 +23,13 @@ map, and never the shards or the manifest unless ``phi: keep``.
 
 from __future__ import annotations
 
-import difflib
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydicom.dataset import Dataset
+
+from packer.structures import Structure, StructureMap
 
 #: Modality of each annotation object packer reads as masks.
 ANNOTATION_MODALITIES = ("SEG", "RTSTRUCT")
@@ -48,91 +48,6 @@ class AnnotationError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def normalise_name(name: str) -> str:
-    """A structure name as the map compares it: lower case, letters and digits only
-    (``Lung_L``, ``LUNG-L`` and ``lung l`` are one name)."""
-    return re.sub(r"[^a-z0-9]+", "", name.lower())
-
-
-def _code_key(code: str) -> str:
-    """A coded concept as the map compares it: ``SCT:10200004`` and ``10200004`` both give
-    ``10200004`` (SNOMED CT is the default scheme); another scheme keeps its designator."""
-    scheme, _, value = code.strip().rpartition(":")
-    scheme = scheme.strip().upper()
-    return value.strip() if scheme in ("", "SCT", "SRT", "SNM3") else f"{scheme}:{value.strip()}"
-
-
-@dataclass(frozen=True)
-class Structure:
-    """One class of the job's map: its ``name`` (the map's key: what the manifest names), its
-    ``id`` in the mask, the ``aliases`` a structure may be called (the name itself among them),
-    and for SEG the ``codes`` of its Segmented Property Type (``SCT:10200004``)."""
-
-    name: str
-    id: int
-    aliases: tuple[str, ...] = ()
-    codes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"id": self.id}
-        if self.aliases:
-            out["aliases"] = list(self.aliases)
-        if self.codes:
-            out["codes"] = list(self.codes)
-        return out
-
-
-@dataclass(frozen=True)
-class StructureMap:
-    """The job's map from structure names (and codes) to class ids, in declared order: under
-    ``overlap: later_wins`` a class declared later wins a voxel both claim."""
-
-    structures: tuple[Structure, ...]
-    _names: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _codes: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        for rank, structure in enumerate(self.structures):
-            for alias in (structure.name, *structure.aliases):
-                self._names.setdefault(normalise_name(alias), rank)
-            for code in structure.codes:
-                self._codes.setdefault(_code_key(code), rank)
-
-    def rank(self, structure: Structure) -> int:
-        """Its place in the declared order (0 first)."""
-        return self.structures.index(structure)
-
-    def by_name(self, name: str) -> Structure | None:
-        """The class a structure called ``name`` belongs to, None where the map names it nowhere."""
-        rank = self._names.get(normalise_name(name))
-        return self.structures[rank] if rank is not None else None
-
-    def by_code(self, scheme: str, value: str) -> Structure | None:
-        """The class whose ``codes`` hold the coded concept (``SCT``, ``10200004``), or None."""
-        rank = self._codes.get(_code_key(f"{scheme}:{value}"))
-        return self.structures[rank] if rank is not None else None
-
-    def names(self) -> tuple[str, ...]:
-        """Every name and alias the map matches, as written."""
-        return tuple(alias for s in self.structures for alias in (s.name, *s.aliases))
-
-    def suggestions(self, found: Iterable[str]) -> str:
-        """For an object none of whose structure names (``found``) is mapped: the closest pairs,
-        ``'LUNG LEFT' → lung_l (alias 'Lung_L')``, or ``""`` when none is close."""
-        written = {normalise_name(alias): (s, alias) for s in self.structures for alias in (s.name, *s.aliases)}
-        pairs = []
-        for name in found:
-            close = difflib.get_close_matches(normalise_name(name), list(written), n=1, cutoff=0.5)
-            if close:
-                structure, alias = written[close[0]]
-                via = f" (alias {alias!r})" if alias != structure.name else ""
-                pairs.append(f"{name!r} → {structure.name}{via}")
-        return "; ".join(pairs)
-
-    def to_json(self) -> dict[str, object]:
-        return {s.name: s.to_json() for s in self.structures}
 
 
 def unmapped_error(path: str, what: str, key: str, found: Sequence[str], structures: StructureMap) -> AnnotationError:
@@ -217,7 +132,7 @@ class Painter:
         if other.any():
             if self.overlap == "refuse":
                 at = np.argwhere(other)[0]
-                owner = self.structures.structures[int(held[at[0], at[1]]) - 1]
+                owner = self.structures.structures[int(held[at[0], at[1]]) - 1]  # ranks index the declared list
                 raise AnnotationError("mask_overlap", (
                     f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {index} at "
                     f"row {int(at[0])}, column {int(at[1])} ({int(other.sum())} pixels on that slice); a multi-class "

@@ -43,6 +43,7 @@ from pydicom.uid import UID
 
 from packer.config import DicomTransformConfig, LimitsConfig
 from packer.read import at_boundary
+from packer.read.annotations import AnnotationRefs, annotation_modality, annotation_refs
 from packer.read.dicom_attrs import (
     DamagedElement,
     first_float,
@@ -133,6 +134,9 @@ class DicomHeader:
     label_value: str | None = None
     #: Its place in a series, where the probe was asked for it (``probe_dicom(placement=True)``)
     geometry: SliceGeometry | None = None
+    #: What a SEG or RTSTRUCT references, where the job reads them as masks
+    #: (``probe_dicom(annotations=True)``); such a file has no image geometry
+    annotation: AnnotationRefs | None = None
 
 
 @dataclass(frozen=True)
@@ -401,7 +405,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
                 limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
                 keep_pixels: bool = False, label_keyword: str | None = None,
                 placement: bool = False, where: Sequence[Condition] = (),
-                slices: bool = True) -> DicomHeader | Issue | Excluded:
+                slices: bool = True, annotations: bool = False) -> DicomHeader | Issue | Excluded:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -417,6 +421,11 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     ``not_image``; an RT Dose, a secondary capture or (``slices``: a job of single files) a
     localizer that ``where`` does not ask for, ``not_requested``. None of them is a bad sample.
 
+    ``annotations``: the job reads the source's SEG and RTSTRUCT objects as masks
+    (``mask: {from: dicom}``): such an object is neither excluded nor checked as an image (nor
+    by ``where``, which selects images); its header gives what it references
+    (:attr:`DicomHeader.annotation`, :func:`packer.read.annotations.annotation_refs`).
+
     ``keep_pixels``: parse the whole file once and keep it in ``DicomHeader.dataset`` for
     :func:`read_dicom` (the pixel pass; saves a second parse of every header). When the whole
     file does not parse, the header-only read runs instead, so the outcome is exactly that of
@@ -428,8 +437,10 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         if keep_pixels:
             return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
                                allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
-                               where=where, slices=slices)
+                               where=where, slices=slices, annotations=annotations)
         return ds
+    if annotations and annotation_modality(ds) is not None:
+        return _annotation_header(ref, ds, entity_keyword, time_keywords)
     excluded = _excluded(ref, ds, where, slices=slices)
     if excluded is not None:
         return excluded
@@ -458,6 +469,21 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         label_value=text_value(ds, label_keyword) if label_keyword else None,
         geometry=placed,
     )
+
+
+def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
+                       time_keywords: Sequence[str]) -> DicomHeader | Issue:
+    """The header of a SEG or RTSTRUCT read as a mask: identity and what it references."""
+    try:
+        refs = annotation_refs(ds)
+    except DamagedElement as err:
+        return _damaged(ref, err)
+    except (AttributeError, TypeError, ValueError, KeyError) as err:  # a malformed sequence
+        return _issue(ref, "read", "unreadable", f"its {annotation_modality(ds)} references cannot be read "
+                                                 f"({type(err).__name__}: {err}); the annotation is not used")
+    return DicomHeader(entity=text_value(ds, entity_keyword), time=record_time(ds, tuple(time_keywords)), rows=0,
+                       columns=0, frames=0, samples_per_pixel=0, sop_class_uid=str(ds.get("SOPClassUID", "") or ""),
+                       transfer_syntax_uid="", modality=refs.modality, annotation=refs)
 
 
 def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool) -> Excluded | None:

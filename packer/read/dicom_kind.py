@@ -28,6 +28,17 @@ from packer.config import (
     windows_fix,
 )
 from packer.errors import ConfigError
+from packer.read.annotations import AnnotationRefs
+from packer.read.dicom_masks import (
+    AnnotatedSeries,
+    annotated,
+    annotated_sources,
+    link,
+    series_labels,
+    slice_masks,
+    volume_mask,
+    with_mask,
+)
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
 from packer.read.series import Series, assemble, stack_neighbors, stack_volume, volume_size
@@ -121,9 +132,14 @@ class DicomKind(SourceKind):
             raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but sample: "
                               "{neighbors: k} stacks a slice's neighbours; a multi-frame file's frames are its "
                               "series' slices, so use frames: split")
-        if cfg.by_series and any(s.mask is not None for s in sources):
-            raise ConfigError("transform.dicom.sample: neighbour stacks are built from series; masks of DICOM "
-                              "sources are packed per slice only (sample: slice) for now")
+        if cfg.by_series and any(s.mask is not None and not s.mask.from_dicom for s in sources):
+            raise ConfigError("transform.dicom.sample: neighbour stacks and volumes are built from series; mask "
+                              "files named by a table column are packed per slice only (sample: slice). Masks "
+                              "from the series' own SEG or RTSTRUCT objects (mask: {from: dicom}) follow every "
+                              "sample mode")
+        if cfg.frames == "stack" and any(s.mask is not None and s.mask.from_dicom for s in sources):
+            raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but masks "
+                              "from: dicom are painted on a series' slices; use frames: split")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool) -> Probed | Issue | Excluded:
@@ -132,9 +148,12 @@ class DicomKind(SourceKind):
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,
                              label_keyword=source.target.attribute, placement=placement,
-                             where=source.header_where, slices=not job.dicom.by_series)
+                             where=source.header_where, slices=not job.dicom.by_series,
+                             annotations=source.mask is not None and source.mask.from_dicom)
         if isinstance(header, (Issue, Excluded)):
             return header
+        if header.annotation is not None:  # a SEG or RTSTRUCT: the mask of the series it references
+            return Probed(ref=replace(ref, entity=header.entity, time=header.time), state=header.annotation)
         return Probed(ref=replace(ref, entity=header.entity, time=header.time),
                       state=header.geometry if placement else header.dataset, attribute=header.label_value)
 
@@ -168,6 +187,13 @@ class DicomKind(SourceKind):
     def colour(self, sample: Sample) -> bool:
         return str(sample.metadata.get("photometric_interpretation", "")) not in _GREY
 
+    def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
+        """Mask files named by the table (the 2-D rule); masks from the source's own SEG and
+        RTSTRUCT objects are painted per series instead (:meth:`DicomSeries.combine`)."""
+        if source.mask is not None and source.mask.from_dicom:
+            return samples
+        return super().attach_masks(samples, source, job)
+
     def mask_grid(self, metadata: Mapping[str, Any]) -> tuple[int, int, int]:
         return int(metadata.get("number_of_frames") or 1), int(metadata["rows"]), int(metadata["columns"])
 
@@ -188,27 +214,36 @@ class DicomKind(SourceKind):
         return [one(int(s.metadata.get("frame", 0)), s.metadata.get("pixel_spacing")) for s in samples]
 
     def grouping(self, job: JobConfig) -> Grouping | None:
-        return DicomSeries() if job.dicom.by_series else None
+        """Series for neighbour stacks and volumes, and for any job with masks from its SEG and
+        RTSTRUCT objects (an annotation paints a whole series, so the series is the unit of work)."""
+        return DicomSeries() if job.dicom.by_series or annotated(job) else None
 
 
 class DicomSeries(Grouping):
     """DICOM files grouped into series (:mod:`packer.read.series`) for ``sample: {neighbors: k}``
-    and ``sample: volume``: each series is one unit of work."""
+    and ``sample: volume``, and in every sample mode for masks from the source's own SEG and
+    RTSTRUCT objects (:mod:`packer.read.dicom_masks`: each series with its annotations, an
+    :class:`~packer.read.dicom_masks.AnnotatedSeries`): each series is one unit of work."""
 
     def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
-                 ) -> tuple[tuple[Series, ...], tuple[Issue, ...]]:
+                 ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue, ...]]:
         """The series, and the files refused on the way (bad series, localizers left out, and
-        with ``sample: volume`` every file of a series over ``limits.max_voxels``, from headers)."""
-        assembled = assemble(placed, job.dicom.series)
+        with ``sample: volume`` every file of a series over ``limits.max_voxels``, from headers).
+        With masks from DICOM, each series comes with the annotations that reference it, and
+        the annotations that reference none are refused (:func:`~packer.read.dicom_masks.link`)."""
+        images = [(ref, state) for ref, state in placed if not isinstance(state, AnnotationRefs)]
+        notes = [(ref, state) for ref, state in placed if isinstance(state, AnnotationRefs)]
+        settings = job.dicom.series
+        if not job.dicom.by_series:  # slices packed one by one: a series only places its annotations
+            settings = replace(settings, min_slices=1, gap_tolerance=float("inf"))
+        assembled = assemble(images, settings)
         refused = list(assembled.issues)
-        if job.dicom.sample != "volume":
-            return assembled.series, tuple(refused)
         fits = []
         for series in assembled.series:
             shape = (len(series.slices), series.rows, series.columns)
             resampled = volume_size(series, job.dicom)
             worst = max(int(np.prod(shape)), int(np.prod(resampled)))
-            if worst <= job.limits.max_voxels:
+            if job.dicom.sample != "volume" or worst <= job.limits.max_voxels:
                 fits.append(series)
                 continue
             refused.extend(Issue.of(ref, stage="read", reason="too_large", message=(
@@ -216,30 +251,56 @@ class DicomSeries(Grouping):
                 f"({'×'.join(map(str, resampled))} resampled): {worst} voxels, over limits.max_voxels "
                 f"({job.limits.max_voxels}); raise the limit or resample to a coarser spacing"))
                 for ref in series.refs)
-        return tuple(fits), tuple(refused)
+        masks = annotated_sources(job)
+        if not masks:
+            return tuple(fits), tuple(refused)
+        annotated = [s for s in fits if s.refs[0].source in masks]
+        plain = [s for s in fits if s.refs[0].source not in masks]
+        geometry = {ref.sample_id: state for ref, state in images}
+        linked, issues = link(annotated, geometry, notes, refused, masks)
+        return (*plain, *linked), (*refused, *issues)
 
     def file_job(self, job: JobConfig) -> JobConfig:
         if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
             return job.with_settings("dicom", replace(job.dicom, size=None, spacing=None))
         return job
 
-    def combine(self, group: Series, per_file: Sequence[list[Sample]], job: JobConfig) -> list[Sample]:
-        slices = [per_file[i][frame] for i, frame in group.slices]
-        if job.dicom.sample == "volume":
-            return stack_volume(slices, group, job.dicom)
-        return stack_neighbors(slices, group.steps, job.dicom.neighbors, job.dicom.edge)
+    def decoded(self, group: Series | AnnotatedSeries) -> Sequence[SampleRef]:
+        return group.series.refs if isinstance(group, AnnotatedSeries) else group.refs
 
-    def counted(self, group: Series, job: JobConfig) -> list[tuple[SampleRef, str]]:
-        """One sample per series for a volume, one per slice for neighbour stacks (none for a slice
-        without its neighbours under ``edge: skip``), keyed as :meth:`combine` keys them."""
+    def combine(self, group: Series | AnnotatedSeries, per_file: Sequence[list[Sample]], job: JobConfig
+                ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:
+        series = group.series if isinstance(group, AnnotatedSeries) else group
+        slices = [per_file[i][frame] for i, frame in series.slices]
+        records: tuple[Issue | Excluded, ...] = ()
+        if isinstance(group, AnnotatedSeries):
+            labels, metadata, records = series_labels(group, len(slices), job)
+            if labels is None:
+                return [], records
+            pad = next(s.mask.pad for s in job.sources if s.name == series.refs[0].source and s.mask is not None)
+            if job.dicom.sample == "volume":
+                (volume,) = stack_volume(slices, series, job.dicom)
+                return [with_mask(volume, volume_mask(labels, series.affine(), job.dicom, pad), metadata)], records
+            slices = slice_masks(slices, labels, job.dicom, pad, metadata)
+            if not job.dicom.by_series:
+                return slices, records
         if job.dicom.sample == "volume":
-            return [(group.refs[0], group.refs[0].sample_id)]
-        k, count = job.dicom.neighbors, len(group.slices)
-        frames = Counter(index for index, _ in group.slices)  # a file's slices: its frames in the series
-        return [(group.refs[index], group.refs[index].sample_id if frames[index] == 1
-                 else frame_key(group.refs[index].sample_id, frame))
-                for i, (index, frame) in enumerate(group.slices)
-                if job.dicom.edge != "skip" or k <= i < count - k]
+            return stack_volume(slices, series, job.dicom), records
+        return stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge), records
+
+    def counted(self, group: Series | AnnotatedSeries, job: JobConfig) -> list[tuple[SampleRef, str]]:
+        """One sample per series for a volume, one per slice for neighbour stacks (none for a slice
+        without its neighbours under ``edge: skip``) and for slices, keyed as :meth:`combine` keys them."""
+        series = group.series if isinstance(group, AnnotatedSeries) else group
+        if job.dicom.sample == "volume":
+            return [(series.refs[0], series.refs[0].sample_id)]
+        k, count = job.dicom.neighbors, len(series.slices)
+        skip = job.dicom.by_series and job.dicom.edge == "skip"
+        frames = Counter(index for index, _ in series.slices)  # a file's slices: its frames in the series
+        return [(series.refs[index], series.refs[index].sample_id if frames[index] == 1
+                 else frame_key(series.refs[index].sample_id, frame))
+                for i, (index, frame) in enumerate(series.slices)
+                if not skip or k <= i < count - k]
 
 
 register(DicomKind())

@@ -47,7 +47,8 @@ SECONDARY_CAPTURE = frozenset({
     "1.2.840.10008.5.1.4.1.1.7.4",  # Multi-frame True Color Secondary Capture Image Storage
 })
 #: Objects that describe other images (masks, contours), pixel data or not: not images of their own.
-#: A later issue packs them as masks; for now they are not_image.
+#: A job packs them as masks with ``mask: {from: dicom}`` (:mod:`packer.read.dicom_masks`); any
+#: other job leaves them out as not_image.
 MASK_CLASSES = frozenset({
     "1.2.840.10008.5.1.4.1.1.66.4",   # Segmentation Storage (SEG: binary or fractional frames)
     "1.2.840.10008.5.1.4.1.1.66.5",   # Surface Segmentation Storage
@@ -187,8 +188,8 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     known = UID_dictionary.get(uid)
     non_image_class = known is not None and known[1] == "SOP Class" and "Image" not in known[0] and uid != RT_DOSE
     if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not has_pixels(ds)):
-        mask = " (masks from RTSTRUCT/SEG are not packed yet)" if uid in MASK_CLASSES or modality in (
-            "RTSTRUCT", "SEG") else ""
+        mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
+                "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
         return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")
     if uid == RT_DOSE or modality == "RTDOSE":
         if not _asked(conditions, ("Modality", "SOPClassUID"), ds):

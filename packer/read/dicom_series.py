@@ -33,6 +33,8 @@ class SliceGeometry:
     columns: int
     spacing: tuple[float, float] | None
     image_type: tuple[str, ...]
+    #: SOP Instance UID: what an annotation's frames and contours reference
+    sop_uid: str = ""
 
     @property
     def frames(self) -> int:
@@ -70,4 +72,5 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         columns=int(element(ds, "Columns") or 0),
         spacing=pixel_spacing(ds, 0),
         image_type=image_type,
+        sop_uid=str(element(ds, "SOPInstanceUID") or ""),
     )

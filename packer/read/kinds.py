@@ -274,8 +274,16 @@ class Grouping:
         """The job each file of a group is read with (a volume's slices at their own size)."""
         return job
 
-    def combine(self, group: Any, per_file: Sequence[list[Sample]], job: JobConfig) -> list[Sample]:
-        """A group's samples from each of its files' samples (in ``group.refs`` order)."""
+    def decoded(self, group: Any) -> Sequence[SampleRef]:
+        """The files of ``group`` the pixel pass reads into samples, in order (default: all of
+        ``group.refs``); the others (a series' SEG and RTSTRUCT) are read by :meth:`combine`."""
+        return tuple(group.refs)
+
+    def combine(self, group: Any, per_file: Sequence[list[Sample]], job: JobConfig
+                ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:
+        """A group's samples from each of its :meth:`decoded` files' samples (in that order), and
+        the records of its other files (an annotation used: Excluded; a defect: Issues, and then
+        no samples)."""
         raise NotImplementedError
 
     def counted(self, group: Any, job: JobConfig) -> list[tuple[SampleRef, str]]:
@@ -339,3 +347,10 @@ def shows_rgb(name: str, channels: int) -> bool:
 def kind_libraries(kinds: Sequence[str]) -> tuple[str, ...]:
     """The extra libraries (:attr:`SourceKind.libraries`) of the kinds named ``kinds``, sorted."""
     return tuple(sorted({lib for name in set(kinds) for lib in source_kind(name).libraries}))
+
+
+def source_libraries(sources: Sequence[SourceConfig]) -> tuple[str, ...]:
+    """The extra libraries that shape the samples of ``sources``: their kinds' (:func:`kind_libraries`)
+    and ``highdicom`` where a source reads its masks from DICOM SEG objects (``mask: {from: dicom}``)."""
+    extra = {"highdicom"} if any(s.mask is not None and s.mask.from_dicom for s in sources) else set()
+    return tuple(sorted({*kind_libraries([s.kind for s in sources]), *extra}))

@@ -1,0 +1,321 @@
+"""Masks from a DICOM source's own SEG and RTSTRUCT objects: linked to their series, painted, and given to each sample.
+
+Used when a DICOM source says ``mask: {from: dicom, ...}``. The series is then the unit of work
+in every sample mode (:meth:`packer.read.dicom_kind.DicomKind.grouping`), because an annotation
+paints a whole series:
+
+1. **Link** (client, from headers only, before any pixel is decoded; :func:`link`). Each
+   annotation object (:class:`~packer.read.annotations.AnnotationRefs`) goes to the series it
+   references: by Referenced Series Instance UID, else by the SOP instances it references, else
+   by its Frame of Reference when exactly one series of the source lies in it. One that
+   references no series of the source, or only a series that was refused, is an
+   ``annotation_orphan`` bad sample. A series that no annotation references follows
+   ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``).
+2. **Paint** (worker; :func:`paint_series`). Every annotation of the series paints one label
+   map on the series' slices at their native grid (:class:`~packer.read.annotations.Painter`:
+   SEG through :mod:`packer.read.seg`, RTSTRUCT through :mod:`packer.read.rtstruct`). An
+   annotation's defect (:class:`~packer.read.annotations.AnnotationError`) is its bad-sample
+   record, and every file of the series gets the same reason: its mask cannot be right without
+   that annotation, so no slice of it is packed with a partial mask.
+3. **Place** (:func:`slice_masks`, :func:`volume_mask`). Each slice's label map follows the
+   slice's own geometry exactly as a mask file does (pixel spacing resample, resize, fit
+   padding; nearest neighbour), a neighbour stack keeps its centre slice's, and a volume's is
+   stacked, made canonical, resampled by nearest neighbour and cropped or padded with the image.
+
+A used annotation is an Excluded record (``why: annotation``): counted, never a sample, never bad.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pydicom
+
+from packer.config import DicomTransformConfig, JobConfig, MaskConfig, SourceConfig
+from packer.read.annotations import AnnotationError, AnnotationRefs, Painter, SlicePlace
+from packer.read.dicom_series import SliceGeometry
+from packer.read.series import Series
+from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.transform.mask import transform_mask_dicom
+from packer.transform.volume import Volume, canonical, crop_or_pad, resample_nearest
+
+
+def annotated_sources(job: JobConfig) -> dict[str, MaskConfig]:
+    """The DICOM sources of ``job`` whose masks come from their SEG and RTSTRUCT objects, by name."""
+    return {s.name: s.mask for s in job.sources if s.kind == "dicom" and s.mask is not None and s.mask.from_dicom}
+
+
+def annotated(job: JobConfig) -> bool:
+    """Whether some DICOM source of ``job`` reads its masks from its SEG and RTSTRUCT objects."""
+    return bool(annotated_sources(job))
+
+
+@dataclass(frozen=True)
+class AnnotatedSeries:
+    """A series with the annotation objects that paint its masks: ``series`` (its image files and
+    slice order), ``places`` (each slice on its native grid, in that order), ``annotations``
+    (each object's ref and modality; none: the series gets all-zero masks). ``refs``: every
+    file of the unit of work, the images then the annotations (the cache key covers both)."""
+
+    series: Series
+    places: tuple[SlicePlace, ...]
+    annotations: tuple[tuple[SampleRef, str], ...] = ()
+    refs: tuple[SampleRef, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.refs:
+            object.__setattr__(self, "refs", (*self.series.refs, *(ref for ref, _ in self.annotations)))
+
+
+def _digest(uid: str) -> str:
+    """A short digest naming a UID in messages (a UID identifies a study; its digest does not)."""
+    return hashlib.sha256(uid.encode()).hexdigest()[:12]
+
+
+@dataclass
+class _Found:
+    """What linking knows of one assembled series: its UIDs and instances, from its files' headers."""
+
+    series: Series
+    series_uid: str
+    frame_of_reference: str
+    instances: set[str]
+    places: tuple[SlicePlace, ...] | None
+    annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
+
+
+def _places(series: Series, geometry: Mapping[str, SliceGeometry]) -> tuple[SlicePlace, ...] | None:
+    """Each slice of ``series`` on its grid, in series order; None when the series has no pixel
+    spacing (an annotation in millimetres cannot be placed on it)."""
+    if series.pixel_spacing is None:
+        return None
+    out = []
+    for index, frame in series.slices:
+        ref = series.refs[index]
+        g = geometry[ref.sample_id]
+        position = g.positions[frame]
+        if position is None or g.orientation is None or g.spacing is None:
+            return None
+        out.append(SlicePlace(sop_uid=g.sop_uid, frame=frame, position=position, orientation=g.orientation,
+                              spacing=g.spacing, rows=g.rows, columns=g.columns))
+    return tuple(out)
+
+
+def _orphan(ref: SampleRef, refs: AnnotationRefs, why: str) -> Issue:
+    return Issue.of(ref, stage="validate", reason="annotation_orphan", message=(
+        f"{ref.path}: a {refs.modality} that {why}; it paints no mask. Put the series it was drawn on under the "
+        "source's root (or remove the annotation)"))
+
+
+def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
+         annotations: Sequence[tuple[SampleRef, AnnotationRefs]], refused: Sequence[Issue],
+         masks: Mapping[str, MaskConfig]) -> tuple[list[AnnotatedSeries], list[Issue]]:
+    """Each assembled series with the annotations that reference it (see the module docstring,
+    step 1), and the records of annotations that reference none, of series without annotation
+    under ``empty: bad``, and of series whose slices cannot be placed. ``geometry``: each image
+    file's header facts by sample id; ``refused``: the files series assembly refused (an
+    annotation of such a series is an orphan that says so); ``masks``: the annotated sources'
+    mask settings, by source name."""
+    found: list[_Found] = []
+    for s in series:
+        first = geometry[s.refs[0].sample_id]
+        found.append(_Found(series=s, series_uid=first.series_uid, frame_of_reference=first.frame_of_reference,
+                            instances={geometry[r.sample_id].sop_uid for r in s.refs},
+                            places=_places(s, geometry)))
+    by_series: dict[tuple[str, str], list[_Found]] = {}
+    for f in found:
+        by_series.setdefault((f.series.refs[0].source, f.series_uid), []).append(f)
+    refused_ids = {issue.sample_id for issue in refused}
+    issues: list[Issue] = []
+    for ref, refs in annotations:
+        mine = [f for f in found if f.series.refs[0].source == ref.source]
+        chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
+        if not chosen and refs.instance_uids:
+            wanted = set(refs.instance_uids)
+            chosen = [f for f in mine if f.instances & wanted]
+        if not chosen and not refs.series_uids and not refs.instance_uids:
+            chosen = [f for f in mine if f.frame_of_reference and f.frame_of_reference in refs.frames_of_reference]
+            if len(chosen) > 1:
+                issues.append(_orphan(ref, refs, f"names no series or instance, and {len(chosen)} series of the "
+                                                 "source share its Frame of Reference, so which one it was drawn "
+                                                 "on is unknown"))
+                continue
+        if not chosen:
+            what = (f"references series {', '.join(_digest(u) for u in refs.series_uids)} (UID digests)"
+                    if refs.series_uids else f"references {len(refs.instance_uids)} instance(s)"
+                    if refs.instance_uids else "names no series, no instance and no frame of reference shared by "
+                                               "a series")
+            gone = " that are not among the source's packed series" if refs.series_uids or refs.instance_uids else ""
+            if refused_ids and gone:
+                gone += " (files of the source that were refused may be the ones: see their records)"
+            issues.append(_orphan(ref, refs, f"{what}{gone}"))
+            continue
+        for f in {id(f): f for f in chosen}.values():
+            f.annotations.append((ref, refs.modality))
+    out: list[AnnotatedSeries] = []
+    for f in found:
+        cfg = masks[f.series.refs[0].source]
+        if f.annotations and f.places is None:
+            issues.extend(Issue.of(r, stage="validate", reason="mask_geometry", message=(
+                f"{r.path}: its series is annotated ({len(f.annotations)} object(s)) but has no pixel spacing or "
+                "slice positions, so annotations in patient millimetres cannot be placed on it"))
+                for r in (*f.series.refs, *(a for a, _ in f.annotations)))
+            continue
+        if not f.annotations and cfg.empty == "bad":
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files) "
+                "and mask.empty is bad; add its annotation, or set empty: keep to pack it with all-zero masks"))
+                for r in f.series.refs)
+            continue
+        places = f.places if f.places is not None else ()
+        out.append(AnnotatedSeries(series=f.series, places=places,
+                                   annotations=tuple(sorted(f.annotations, key=lambda a: a[0].sample_id))))
+    return out, issues
+
+
+@dataclass(frozen=True)
+class Painted:
+    """A series' label map (D×H×W on its slices, in series order, on their native grid), and what
+    each annotation gave: the Excluded record of each used object (``why: annotation``)."""
+
+    labels: np.ndarray
+    used: tuple[Excluded, ...]
+    metadata: dict[str, Any]
+
+
+def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg: MaskConfig,
+                     painter: Painter) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Paint one annotation object; (unmapped structure names, notes). Raises AnnotationError."""
+    try:
+        dataset = pydicom.dcmread(ref.path)
+    except Exception as err:  # noqa: BLE001 - any parse failure of the annotation is its record
+        raise AnnotationError("unreadable", f"{ref.path}: the {modality} cannot be parsed "
+                                            f"({type(err).__name__}: {err})") from err
+    if modality == "SEG":
+        from packer.read.seg import paint_seg
+
+        if cfg.segments is None:
+            raise AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
+                                                         "segments; add mask.segments (segment label → class id)")
+        drawn = paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid,
+                          dataset=dataset)
+    else:
+        from packer.read.rtstruct import paint_rtstruct
+
+        if cfg.rois is None:
+            raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
+                                                         "rois; add mask.rois (ROI name → class id, with aliases)")
+        drawn = paint_rtstruct(ref.path, group.places, cfg.rois, painter, dataset=dataset)
+    return tuple(drawn.unmapped), tuple(drawn.notes)
+
+
+def paint_series(group: AnnotatedSeries, source: SourceConfig, keep_names: bool) -> Painted | list[Issue]:
+    """The label map of ``group``'s slices from all its annotations (module docstring, step 2),
+    or the records that refuse the series: the failing annotation's, the same reason for each
+    image file, and ``series_incomplete`` for its other annotations. ``keep_names``: the
+    metadata may name the source structures (``phi: keep``; else only mapped class names)."""
+    cfg = source.mask
+    if cfg is None:
+        raise ValueError(f"source {source.name!r} has no mask")
+    first = group.places[0] if group.places else None
+    shape = (len(group.places), first.rows if first else 0, first.columns if first else 0)
+    painter = Painter(shape=shape, structures=cfg.structures(), overlap=cfg.overlap, dtype=cfg.dtype)
+    used: list[Excluded] = []
+    unmapped = 0
+    notes: list[str] = []
+    for ref, modality in group.annotations:
+        painter.path = ref.path
+        try:
+            names, noted = _read_annotation(ref, modality, group, cfg, painter)
+        except AnnotationError as err:
+            return _refused(group, ref, err)
+        unmapped += len(names)
+        notes.extend(noted)
+        detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
+                  f"files){f'; {len(names)} structure(s) the map does not name, ignored' if names else ''}"
+                  f"{f'; {len(noted)} note(s): ' + '; '.join(noted[:3]) if noted else ''}")
+        used.append(Excluded.of(ref, stage="transform", why="annotation", detail=detail, modality=modality,
+                                sop_class="Segmentation Storage" if modality == "SEG" else "RT Structure Set Storage"))
+    by_id = {s.id: s.name for s in cfg.structures().structures}
+    classes = {by_id[i]: sorted(names) if keep_names else None for i, names in sorted(painter.painted.items())}
+    metadata: dict[str, Any] = {"objects": [m for _, m in group.annotations],
+                                "classes": sorted(name for name in classes),
+                                "unmapped_structures": unmapped}
+    if keep_names:
+        metadata["structures"] = {name: names for name, names in sorted(classes.items())}
+    if notes:
+        metadata["notes"] = len(notes)
+    return Painted(labels=painter.labels, used=tuple(used), metadata=metadata)
+
+
+def _refused(group: AnnotatedSeries, failed: SampleRef, err: AnnotationError) -> list[Issue]:
+    out = [Issue.of(failed, stage="transform", reason=err.reason, message=err.message)]
+    out += [Issue.of(r, stage="transform", reason=err.reason, message=(
+        f"{r.path}: the mask of its series comes from {failed.path}, which is refused ({err.reason}); no slice of "
+        "the series is packed with a partial mask. Fix that annotation (its own record says how)"))
+        for r in group.series.refs]
+    out += [Issue.of(r, stage="transform", reason="series_incomplete", message=(
+        f"{r.path}: another annotation of its series, {failed.path}, is refused ({err.reason}); the series is not "
+        "packed")) for r, _ in group.annotations if r.sample_id != failed.sample_id]
+    return out
+
+
+def slice_masks(slices: Sequence[Sample], labels: np.ndarray, cfg: DicomTransformConfig, pad: int,
+                metadata: dict[str, Any]) -> list[Sample]:
+    """Each slice (series order, as read: windowed, resampled, resized) with its label map through
+    the slice's own geometry (:func:`~packer.transform.mask.transform_mask_dicom`), and the
+    annotation facts in its metadata."""
+    out = []
+    for index, sample in enumerate(slices):
+        spacing = sample.metadata.get("pixel_spacing")
+        mask = transform_mask_dicom(labels[index], pixel_spacing=(spacing[0], spacing[1]) if spacing else None,
+                                    spacing=cfg.spacing, size=cfg.size, policy=cfg.resize, pad_value=pad)
+        out.append(with_mask(sample, mask, metadata))
+    return out
+
+
+def with_mask(sample: Sample, mask: np.ndarray, metadata: dict[str, Any]) -> Sample:
+    """``sample`` with ``mask`` and the annotation facts (``metadata["annotations"]``)."""
+    return replace(sample, mask=mask, metadata={**sample.metadata, "annotations": metadata})
+
+
+def volume_mask(labels: np.ndarray, affine: np.ndarray, cfg: DicomTransformConfig, pad: int) -> np.ndarray:
+    """The D×H×W mask of a series' volume: its slices' label maps stacked (series order) with the
+    stack's ``affine``, made canonical, resampled by nearest neighbour and cropped or padded
+    (``pad``) exactly as :func:`packer.transform.volume.build_volume` treats the image."""
+    volume = canonical(Volume(labels[None], affine))
+    if cfg.volume_spacing is not None:
+        volume = resample_nearest(volume, cfg.volume_spacing)
+    if cfg.volume_size is not None:
+        volume = crop_or_pad(volume, cfg.volume_size, fill=pad)
+    return np.ascontiguousarray(volume.array[0])
+
+
+def series_labels(group: AnnotatedSeries, slices: int, job: JobConfig
+                  ) -> tuple[np.ndarray | None, dict[str, Any], tuple[Issue | Excluded, ...]]:
+    """The label map of ``group`` (``slices`` × rows × columns, series order, native grid), the
+    annotation facts for its samples' metadata, and the annotations' records (Excluded
+    ``annotation`` each); or None and the records refusing the series."""
+    source = next(s for s in job.sources if s.name == group.series.refs[0].source)
+    cfg = source.mask
+    if cfg is None:
+        raise ValueError(f"source {source.name!r} has no mask")
+    if group.annotations:
+        painted = paint_series(group, source, keep_names=job.phi.mode == "keep")
+        if isinstance(painted, list):
+            return None, {}, tuple(painted)
+        labels, used, metadata = painted.labels, painted.used, painted.metadata
+    else:
+        rows, columns = (group.places[0].rows, group.places[0].columns) if group.places else (
+            group.series.rows, group.series.columns)
+        labels = np.zeros((slices, rows, columns), dtype=cfg.dtype)
+        used, metadata = (), {"objects": [], "classes": [], "unmapped_structures": 0}
+    if cfg.empty == "bad" and not labels.any():
+        return None, {}, (*used, *(Issue.of(r, stage="transform", reason="mask_empty", message=(
+            f"{r.path}: its series' annotations paint no voxel of a mapped class and mask.empty is bad; fix the "
+            "map (segments, rois) or set empty: keep")) for r in group.series.refs))
+    return labels, metadata, used

@@ -1,0 +1,514 @@
+"""DICOM SEG → the label map of the series it references: one segment and one frame at a time.
+
+highdicom (:class:`highdicom.seg.Segmentation`) reads the object: it checks the SOP class and
+the multi-frame module, types the segment descriptions (label, coded property type), builds
+its frame table, unpacks BINARY bits (frames need not start on a byte) and decodes each frame
+on demand (``get_stored_frame``), so a 150-slice, 5-segment SEG is never decoded as one dense
+array. highdicom 0.28 has no public per-frame accessor for "which source slice, which segment,
+where", so this module reads those three values from the per-frame functional group items that
+highdicom has already typed (:func:`_frame_places`); it never touches Pixel Data itself.
+
+Rules (the README's, stated once here):
+
+- **Class of a segment**: its Segment Label through ``mask.segments`` (names and aliases,
+  compared without case, spaces or punctuation), else its Segmented Property Type code
+  (``SCT:10200004``). A segment in no class is *unmapped* (ignored, reported); a SEG none of
+  whose segments maps is ``annotation_unmapped``.
+- **Frame → slice**: by reference first (Derivation Image → Source Image: Referenced SOP
+  Instance UID, + Referenced Frame Number for a multi-frame source), when the references name
+  exactly one slice of the series; else by position: the slice whose centre lies within half
+  the series' slice spacing (the median gap) of the frame along the slice normal. A frame on no
+  slice, on two (exactly midway), or whose reference contradicts its position by more than half
+  a spacing is ``annotation_frames``.
+- **Same grid** (copied pixel for pixel): same rows and columns, orientation cosines within
+  1e-4, pixel spacing within 1e-4 relative, and the frame's first pixel within 1e-3 mm of the
+  slice's in the slice plane. Any other frame is on *another grid*: ``grid="require"`` →
+  ``mask_geometry``; ``grid="resample"`` → the whole segment is resampled by nearest neighbour.
+- **Resampling** (nearest neighbour in patient coordinates): each slice pixel centre takes the
+  SEG plane nearest along the SEG's normal, provided it lies within half the SEG's own slice
+  spacing (SpacingBetweenSlices, else the smallest gap between its frame planes, else
+  SliceThickness, else the series' spacing), since a SEG omits empty frames and a farther plane
+  says nothing about this point; then the SEG pixel whose centre is nearest in that plane
+  (``floor(x + 0.5)``: a centre exactly midway takes the higher index); 0 outside the frame.
+- **FRACTIONAL**: a voxel is on when ``stored / MaximumFractionalValue >= threshold``
+  (inclusive: 0.5 keeps a voxel stored at exactly half); a stored value above
+  MaximumFractionalValue is ``mask_values``. BINARY: on where the bit is 1. LABELMAP (highdicom
+  0.28 reads it): on where the stored value is the segment's number.
+- Source slices without a frame of a segment are empty for it. Overlaps between classes follow
+  the :class:`~packer.read.annotations.Painter`'s policy.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import highdicom as hd
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+
+from packer.read.annotations import SEG_STORAGE, AnnotationError, Painter, SlicePlace, unmapped_error
+from packer.structures import Structure, StructureMap
+
+GRID_POLICIES = ("require", "resample")
+SEG_CLASSES = (SEG_STORAGE, "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map Segmentation
+ORIENTATION_TOL = 1e-4  # cosines
+SPACING_RTOL = 1e-4  # relative
+IN_PLANE_TOL_MM = 1e-3
+
+# What highdicom and pydicom raise on a malformed file (a missing attribute, a short value, a
+# sequence without items, a frame past the pixel data): turned into ``unreadable`` with their text.
+_FILE_DEFECTS = (InvalidDicomError, OSError, EOFError, ValueError, TypeError, KeyError, AttributeError,
+                 IndexError, NotImplementedError, RuntimeError, struct.error)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What one annotation object painted: the structure names the map did not name (ignored),
+    and notes on what was skipped (a segment without frames, frames beyond the series)."""
+
+    unmapped: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """One SEG frame: its 0-based index, the segment number it holds (0 for a LABELMAP frame:
+    all), the source (SOP Instance UID, 0-based frame) pairs it derives from, and its plane."""
+
+    index: int
+    segment: int
+    sources: tuple[tuple[str, int], ...]
+    position: np.ndarray | None
+    orientation: np.ndarray
+    spacing: tuple[float, float]
+    between: float | None  # SpacingBetweenSlices of its pixel measures
+    thickness: float | None  # SliceThickness of its pixel measures
+
+
+def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, painter: Painter, *,
+              threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None) -> Drawn:
+    """Paint each mapped segment of the SEG at ``path`` onto ``painter`` (D×H×W, D = ``len(slices)``).
+
+    ``slices`` are the referenced series' slices in order along the normal (slice ``i`` is
+    ``painter.labels[i]``); ``segments`` maps segments to classes; ``threshold`` (0 < t ≤ 1) turns
+    a FRACTIONAL SEG on where ``stored / MaximumFractionalValue >= threshold``; ``grid``
+    (``require`` | ``resample``) says what a frame on another grid than its slice does;
+    ``dataset``: the file already parsed (not modified). Returns the unmapped segment labels and
+    notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
+    ``annotation_unmapped``, ``annotation_frames``, ``mask_geometry``, ``mask_values``, and
+    ``mask_overlap`` from the painter; ValueError for a bad ``threshold`` or ``grid`` (a caller's
+    error, not the file's).
+    """
+    if grid not in GRID_POLICIES:
+        raise ValueError(f"grid must be one of {GRID_POLICIES}, not {grid!r}")
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must lie in (0, 1], not {threshold!r}")
+    if painter.shape[0] != len(slices):
+        raise ValueError(f"a painter of {painter.shape[0]} slices for {len(slices)} slice places")
+    seg = _read(path, dataset)
+    try:
+        kind = str(seg.SegmentationType).upper()
+        classes, unmapped = _map_segments(path, seg, segments)
+        frames = _frame_places(path, seg, kind)
+        scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
+    except AnnotationError:
+        raise
+    except _FILE_DEFECTS as err:
+        raise _unreadable(path, err) from err
+    notes: list[str] = []
+    geometry = _Series(slices)
+    between = _seg_spacing(frames, geometry)
+    for number, (structure, label) in classes.items():
+        own = [f for f in frames if f.segment in (number, 0)]
+        if not own:
+            notes.append(f"segment {number} ({label!r}) has no frames: empty")
+            continue
+        placed = [(f, *geometry.place(f, seg.Rows, seg.Columns)) for f in own]
+        off = [p for p in placed if p[2] != "copy"]
+        if off and grid == "require":
+            raise _placement_error(path, off[0], geometry, seg, label)
+        pixels = _Pixels(path, seg, kind, number, scale, threshold)
+        if not off:
+            for frame, index, _ in placed:
+                assert index is not None  # "copy" always names its slice
+                painter.paint(structure, index, pixels.mask(frame), source=label)
+            continue
+        outside = _resample(path, own, pixels, slices, geometry, between, structure, painter, label)
+        if outside:
+            notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie beyond the "
+                         "series and were not painted")
+    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes))
+
+
+def _unreadable(path: str, err: BaseException) -> AnnotationError:
+    return AnnotationError("unreadable", (
+        f"{path}: not a readable DICOM SEG ({type(err).__name__}: {err}); re-export the segmentation "
+        "(a SEG is the Segmentation Storage multi-frame object) or drop the file"))
+
+
+def _read(path: str, dataset: Dataset | None) -> hd.seg.Segmentation:
+    """The SEG as highdicom reads it; the caller's ``dataset`` is copied, never retyped in place."""
+    try:
+        ds = dataset if dataset is not None else pydicom.dcmread(path)
+        sop_class = str(ds.get("SOPClassUID", "") or "")
+        if sop_class not in SEG_CLASSES:
+            raise AnnotationError("unreadable", (
+                f"{path}: SOP Class UID (0008,0016) {sop_class or 'missing'} is not Segmentation Storage "
+                f"({', '.join(SEG_CLASSES)}); only a DICOM SEG can be read as segments: link the right file"))
+        n_items = len(ds.get("PerFrameFunctionalGroupsSequence") or [])
+        frames = int(ds.get("NumberOfFrames") or 1)
+        if n_items != frames:
+            raise AnnotationError("annotation_frames", (
+                f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
+                f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
+        _check_pixel_length(path, ds, frames)
+        return hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
+    except AnnotationError:
+        raise
+    except _FILE_DEFECTS as err:
+        raise _unreadable(path, err) from err
+
+
+def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
+    """Native (uncompressed) Pixel Data must hold NumberOfFrames frames: a truncated file or a
+    wrong frame count would otherwise decode as a short or shifted frame."""
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is not None and pydicom.uid.UID(syntax).is_encapsulated:
+        return
+    pixel_data = ds.get("PixelData")
+    if pixel_data is None:
+        raise AnnotationError("unreadable", f"{path}: the SEG has no Pixel Data (7FE0,0010); re-export it")
+    bits = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel") or 1) * int(ds.BitsAllocated) * frames
+    if len(pixel_data) * 8 < bits:
+        raise AnnotationError("annotation_frames", (
+            f"{path}: Pixel Data (7FE0,0010) holds {len(pixel_data)} bytes but NumberOfFrames {frames} × "
+            f"{ds.Rows}×{ds.Columns} at {ds.BitsAllocated} bit needs {(bits + 7) // 8}; the file is truncated "
+            "or its frame count is wrong: re-export it"))
+
+
+def _map_segments(path: str, seg: hd.seg.Segmentation,
+                  segments: StructureMap) -> tuple[dict[int, tuple[Structure, str]], list[str]]:
+    """Segment number → (class, label) for mapped segments, and the labels of unmapped ones."""
+    mapped: dict[int, tuple[Structure, str]] = {}
+    unmapped: list[str] = []
+    labels: list[str] = []
+    for number in seg.segment_numbers:
+        description = seg.get_segment_description(number)
+        label = str(description.get("SegmentLabel", "") or "").strip() or f"segment {number}"
+        labels.append(label)
+        structure = segments.by_name(label)
+        if structure is None and description.get("SegmentedPropertyTypeCodeSequence"):
+            code = description.segmented_property_type
+            structure = segments.by_code(str(code.scheme_designator), str(code.value))
+        if structure is None:
+            unmapped.append(label)
+        else:
+            mapped[number] = (structure, label)
+    if not mapped:
+        raise unmapped_error(path, "segments", "segments", labels, segments)
+    return mapped, unmapped
+
+
+def _fractional_scale(path: str, seg: hd.seg.Segmentation) -> float:
+    maximum = int(seg.get("MaximumFractionalValue") or 0)
+    if maximum <= 0:
+        raise AnnotationError("mask_values", (
+            f"{path}: a FRACTIONAL SEG needs a positive MaximumFractionalValue (0062,000E), found {maximum}; "
+            "re-export it"))
+    return float(maximum)
+
+
+def _item(ds: Dataset | None, keyword: str) -> Dataset | None:
+    value = ds.get(keyword) if ds is not None else None
+    return value[0] if value else None
+
+
+def _frame_value(item: Dataset, shared: Dataset | None, group: str, keyword: str) -> object:
+    for where in (item, shared):
+        found = _item(where, group)
+        if found is not None and keyword in found:
+            return found.get(keyword)
+    return None
+
+
+def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str) -> list[_Frame]:
+    """Each frame's segment, sources and plane, from the functional groups highdicom typed."""
+    shared = _item(seg, "SharedFunctionalGroupsSequence")
+    out = []
+    for index, item in enumerate(seg.PerFrameFunctionalGroupsSequence):
+        segment = 0
+        if kind != "LABELMAP":
+            ident = _item(item, "SegmentIdentificationSequence") or _item(shared, "SegmentIdentificationSequence")
+            if ident is None or "ReferencedSegmentNumber" not in ident:
+                raise AnnotationError("annotation_frames", (
+                    f"{path}: frame {index + 1} has no Segment Identification Sequence (0062,000A) → "
+                    "Referenced Segment Number: which segment it holds is unknown; re-export the SEG"))
+            segment = int(ident.ReferencedSegmentNumber)
+        sources: list[tuple[str, int]] = []
+        for derivation in item.get("DerivationImageSequence") or []:
+            for source in derivation.get("SourceImageSequence") or []:
+                uid = str(source.get("ReferencedSOPInstanceUID", "") or "").strip()
+                numbers = source.get("ReferencedFrameNumber")
+                if numbers is None or numbers == "":
+                    sources.append((uid, 0))
+                else:
+                    many = numbers if isinstance(numbers, (list, pydicom.multival.MultiValue)) else [numbers]
+                    sources.extend((uid, int(n) - 1) for n in many)
+        position = _frame_value(item, shared, "PlanePositionSequence", "ImagePositionPatient")
+        orientation = _frame_value(item, shared, "PlaneOrientationSequence", "ImageOrientationPatient")
+        spacing = _frame_value(item, shared, "PixelMeasuresSequence", "PixelSpacing")
+        if orientation is None or spacing is None:
+            raise AnnotationError("annotation_frames", (
+                f"{path}: frame {index + 1} lacks Plane Orientation (0020,9116) or Pixel Measures (0028,9110) → "
+                "Pixel Spacing, shared or per frame; without them it cannot be placed: re-export the SEG"))
+        between, thickness = (_positive(_frame_value(item, shared, "PixelMeasuresSequence", keyword))
+                              for keyword in ("SpacingBetweenSlices", "SliceThickness"))
+        row_col = [float(v) for v in spacing]  # type: ignore[attr-defined]
+        out.append(_Frame(
+            index=index, segment=segment, sources=tuple(sources),
+            position=np.asarray([float(v) for v in position], dtype=np.float64)  # type: ignore[attr-defined]
+            if position is not None else None,
+            orientation=np.asarray([float(v) for v in orientation], dtype=np.float64),  # type: ignore[attr-defined]
+            spacing=(row_col[0], row_col[1]), between=between, thickness=thickness))
+    return out
+
+
+def _positive(value: object) -> float | None:
+    """A positive decimal string or number, else None."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+class _Series:
+    """The referenced series' slices: where each lies along the normal, and frame placement."""
+
+    def __init__(self, slices: Sequence[SlicePlace]) -> None:
+        self.slices = slices
+        self.normal = slices[0].normal() if slices else np.array([0.0, 0.0, 1.0])
+        self.depth = np.asarray([np.dot(s.position, self.normal) for s in slices], dtype=np.float64)
+        gaps = np.abs(np.diff(self.depth))
+        self.spacing = float(np.median(gaps)) if gaps.size else 0.0
+        self.by_source = {(s.sop_uid, s.frame): i for i, s in enumerate(slices)}
+
+    def half(self, fallback: float | None) -> float:
+        """Half the slice spacing (a one-slice series: half the SEG's, else 1e-3 mm)."""
+        spacing = self.spacing or fallback or 2e-3
+        return 0.5 * spacing
+
+    def place(self, frame: _Frame, rows: int, columns: int) -> tuple[int | None, str]:
+        """(slice index, status): ``copy`` (same grid), ``grid`` (another grid), ``outside``
+        (on no slice), ``ambiguous`` (on two), ``contradicts`` (its reference and position disagree)."""
+        half = self.half(frame.between or frame.thickness)
+        named = {self.by_source[s] for s in frame.sources if s in self.by_source}
+        if len(named) == 1:
+            index = named.pop()
+            if frame.position is not None and abs(float(np.dot(frame.position, self.normal)) - self.depth[index]) > (
+                    half * (1 + 1e-6)):
+                return index, "contradicts" if self._same_plane_grid(frame, index, rows, columns) else "grid"
+        elif frame.position is None:
+            return None, "ambiguous" if named else "outside"
+        else:
+            near = np.flatnonzero(np.abs(self.depth - float(np.dot(frame.position, self.normal))) <= half * (1 + 1e-6))
+            if near.size == 0:
+                return None, "outside" if self._same_plane_grid(frame, 0, rows, columns) else "grid"
+            if near.size > 1:
+                same = self._same_plane_grid(frame, int(near[0]), rows, columns)
+                return int(near[0]), "ambiguous" if same else "grid"
+            index = int(near[0])
+        return index, "copy" if self._same_grid(frame, index, rows, columns) else "grid"
+
+    def _same_plane_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
+        """Rows, columns, orientation and spacing equal (position along the normal aside)."""
+        if not self.slices:
+            return False
+        place = self.slices[index]
+        turned = float(np.max(np.abs(frame.orientation - np.asarray(place.orientation, dtype=np.float64))))
+        pairs = zip(frame.spacing, place.spacing, strict=True)
+        return ((rows, columns) == (place.rows, place.columns) and turned <= ORIENTATION_TOL
+                and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs))
+
+    def _same_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
+        if not self._same_plane_grid(frame, index, rows, columns):
+            return False
+        if frame.position is None:
+            return True  # placed by reference alone: its grid is its source's
+        place = self.slices[index]
+        offset = frame.position - np.asarray(place.position, dtype=np.float64)
+        x = np.asarray(place.orientation[:3], dtype=np.float64)
+        y = np.asarray(place.orientation[3:6], dtype=np.float64)
+        return abs(float(offset @ x)) < IN_PLANE_TOL_MM and abs(float(offset @ y)) < IN_PLANE_TOL_MM
+
+
+def _describe_frame(frame: _Frame, rows: int, columns: int) -> str:
+    where = "no position" if frame.position is None else "IPP " + _fmt(frame.position)
+    return (f"{rows}×{columns} at {frame.spacing[0]:g}×{frame.spacing[1]:g} mm, IOP {_fmt(frame.orientation)}, "
+            f"{where}")
+
+
+def _describe_slice(place: SlicePlace) -> str:
+    return (f"{place.rows}×{place.columns} at {place.spacing[0]:g}×{place.spacing[1]:g} mm, "
+            f"IOP {_fmt(place.orientation)}, IPP {_fmt(place.position)}")
+
+
+def _fmt(values: Sequence[float] | np.ndarray) -> str:
+    return "(" + ", ".join(f"{float(v):.4g}" for v in values) + ")"
+
+
+def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _Series,
+                     seg: hd.seg.Segmentation, label: str) -> AnnotationError:
+    """The error of the first frame that is not copied under ``grid: require``."""
+    frame, index, status = off
+    rows, columns = int(seg.Rows), int(seg.Columns)
+    head = f"{path}: segment {label!r}, frame {frame.index + 1}"
+    if status == "grid":
+        target = geometry.slices[index] if index is not None else (geometry.slices[0] if geometry.slices else None)
+        other = _describe_slice(target) if target is not None else "no slice"
+        return AnnotationError("mask_geometry", (
+            f"{head} lies on another grid ({_describe_frame(frame, rows, columns)}) than the series' slice "
+            f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
+    depth = ("" if frame.position is None
+             else f" at {float(np.dot(frame.position, geometry.normal)):.4g} mm along the normal")
+    span = (f"slices span {geometry.depth.min():.4g}..{geometry.depth.max():.4g} mm, every {geometry.spacing:.4g} mm"
+            if geometry.slices else "the series has no slices")
+    what = {"outside": "lies on no slice of the series", "ambiguous": "lies midway between two slices",
+            "contradicts": f"references slice {index} but lies more than half a spacing from it"}[status]
+    return AnnotationError("annotation_frames", (
+        f"{head}{depth} {what} ({span}); the SEG was made on other slices than this series: link it to "
+        "its own series, or set mask.grid: resample to resample it"))
+
+
+class _Pixels:
+    """One segment's frames as boolean masks, decoded a frame at a time by highdicom."""
+
+    def __init__(self, path: str, seg: hd.seg.Segmentation, kind: str, number: int, scale: float | None,
+                 threshold: float) -> None:
+        self.path, self.seg, self.kind, self.number = path, seg, kind, number
+        self.scale, self.threshold = scale, threshold
+
+    def mask(self, frame: _Frame) -> np.ndarray:
+        """Frame ``frame`` as a rows×columns bool mask of this segment."""
+        try:
+            stored = self.seg.get_stored_frame(frame.index, as_index=True)
+        except _FILE_DEFECTS as err:
+            raise _unreadable(self.path, err) from err
+        if stored.ndim != 2:
+            raise AnnotationError("unreadable", (
+                f"{self.path}: frame {frame.index + 1} decodes to shape {stored.shape}, not rows×columns; "
+                "a SEG is single-sample grayscale: re-export it"))
+        if self.kind == "LABELMAP":
+            return np.asarray(stored == self.number)
+        if self.scale is None:
+            return np.asarray(stored != 0)
+        top = int(stored.max()) if stored.size else 0
+        if top > self.scale:
+            raise AnnotationError("mask_values", (
+                f"{self.path}: frame {frame.index + 1} stores the fractional value {top}, above "
+                f"MaximumFractionalValue (0062,000E) {self.scale:g}; a FRACTIONAL SEG stores 0..max: re-export it"))
+        return np.asarray(stored.astype(np.float64) / self.scale >= self.threshold)
+
+
+def _seg_spacing(frames: Sequence[_Frame], geometry: _Series) -> float:
+    """The SEG's own slice spacing: SpacingBetweenSlices of its pixel measures, else the
+    smallest gap between its frame planes (gaps from omitted empty frames only widen the others),
+    else its SliceThickness, else the series' spacing."""
+    for frame in frames:
+        if frame.between:
+            return frame.between
+    if frames and frames[0].position is not None:
+        normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:6])
+        depths = np.unique(np.round([float(np.dot(f.position, normal)) for f in frames if f.position is not None], 3))
+        gaps = np.diff(depths)
+        if gaps.size:
+            return float(gaps.min())
+    for frame in frames:
+        if frame.thickness:
+            return frame.thickness
+    return geometry.spacing
+
+
+def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequence[SlicePlace],
+              geometry: _Series, between: float, structure: Structure, painter: Painter, label: str) -> int:
+    """Paint one segment resampled by nearest neighbour onto every slice; returns how many of
+    its frames no slice pixel took (beyond the series)."""
+    if any(f.position is None for f in frames):
+        raise AnnotationError("mask_geometry", (
+            f"{path}: segment {label!r} has frames without Plane Position (0020,9113) on another grid than "
+            "the series; without positions they cannot be resampled: re-export the SEG with positions"))
+    first = frames[0].orientation
+    if any(np.max(np.abs(f.orientation - first)) > ORIENTATION_TOL for f in frames):
+        raise AnnotationError("mask_geometry", (
+            f"{path}: segment {label!r} has frames in differing orientations; nearest-neighbour resampling "
+            "needs one stack of parallel planes: re-export the SEG"))
+    normal = np.cross(first[:3], first[3:6])
+    normal = normal / (np.linalg.norm(normal) or 1.0)
+    depth = np.asarray([float(np.dot(f.position, normal)) for f in frames])  # type: ignore[arg-type]
+    order = np.argsort(depth, kind="stable")
+    planes, plane_of = _planes(depth[order])
+    members: list[list[_Frame]] = [[] for _ in planes]
+    for rank, k in enumerate(order):
+        members[plane_of[rank]].append(frames[k])
+    half = 0.5 * between if between > 0 else geometry.half(None)
+    rows, columns = int(pixels.seg.Rows), int(pixels.seg.Columns)
+    cache: dict[int, np.ndarray] = {}
+    used: set[int] = set()
+    for index, place in enumerate(slices):
+        centres = _pixel_centres(place)  # H×W×3 mm
+        z = centres @ normal
+        nearest = _nearest_plane(planes, z)
+        ok = np.abs(z - planes[nearest]) <= half * (1 + 1e-6)
+        if not ok.any():
+            continue
+        out = np.zeros((place.rows, place.columns), dtype=bool)
+        for plane in np.unique(nearest[ok]):
+            chosen = ok & (nearest == plane)
+            points = centres[chosen]
+            for frame in members[int(plane)]:
+                assert frame.position is not None
+                offset = points - frame.position
+                col = np.floor(offset @ frame.orientation[:3] / frame.spacing[1] + 0.5).astype(np.int64)
+                row = np.floor(offset @ frame.orientation[3:6] / frame.spacing[0] + 0.5).astype(np.int64)
+                inside = (row >= 0) & (row < rows) & (col >= 0) & (col < columns)
+                if not inside.any():
+                    continue
+                used.add(frame.index)
+                if frame.index not in cache:
+                    cache[frame.index] = pixels.mask(frame)
+                hit = np.zeros(points.shape[0], dtype=bool)
+                hit[inside] = cache[frame.index][row[inside], col[inside]]
+                out[chosen] |= hit
+        painter.paint(structure, index, out, source=label)
+    return sum(1 for f in frames if f.index not in used)
+
+
+def _planes(sorted_depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Distinct plane depths (frames within 1e-3 mm share one) and each sorted frame's plane."""
+    planes: list[float] = []
+    plane_of: list[int] = []
+    for value in sorted_depth:
+        if not planes or value - planes[-1] > IN_PLANE_TOL_MM:
+            planes.append(float(value))
+        plane_of.append(len(planes) - 1)
+    return np.asarray(planes), plane_of
+
+
+def _nearest_plane(planes: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Index of the plane nearest each depth in ``z`` (a tie takes the lower plane)."""
+    right = np.clip(np.searchsorted(planes, z), 0, len(planes) - 1)
+    left = np.clip(right - 1, 0, len(planes) - 1)
+    return np.where(np.abs(z - planes[left]) <= np.abs(z - planes[right]), left, right)
+
+
+def _pixel_centres(place: SlicePlace) -> np.ndarray:
+    """rows×columns×3 patient coordinates (mm) of the slice's pixel centres."""
+    x = np.asarray(place.orientation[:3], dtype=np.float64)
+    y = np.asarray(place.orientation[3:6], dtype=np.float64)
+    r = np.arange(place.rows, dtype=np.float64)[:, None, None] * place.spacing[0] * y
+    c = np.arange(place.columns, dtype=np.float64)[None, :, None] * place.spacing[1] * x
+    return np.asarray(place.position, dtype=np.float64) + r + c

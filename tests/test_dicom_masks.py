@@ -1,0 +1,299 @@
+"""Masks from a DICOM source's own SEG and RTSTRUCT objects, end to end (``mask: {from: dicom}``).
+
+A CT series is written with pydicom, its SEG with highdicom's own writer and its RTSTRUCT with
+pydicom; the truth is planted in pixel indices of the slices (boxes whose edges lie half-way
+between pixel centres, so any boundary rule agrees) and mapped to patient millimetres through
+each slice's own geometry. Every build runs the real pipeline; the masks are read back with the
+stock loader and compared voxel for voxel, in slices, neighbour stacks and volumes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.loader import ShardDataset
+from tests.dicom_files import ct_dataset, save
+from tests.test_targets import _build, _job
+
+ROWS, COLUMNS, SLICES = 20, 24, 8
+SPACING = (0.8, 0.6)  # between rows, between columns (mm)
+STEP = 2.5
+#: class id → (first slice, last slice, first row, last row, first column, last column), inclusive
+BODY = (0, SLICES - 1, 2, 17, 2, 21)
+LUNG = (2, 5, 5, 10, 4, 12)
+LIVER = (3, 6, 12, 15, 14, 20)
+RTSTRUCT_ROIS = {"rois": {"body": {"id": 1, "aliases": ["BODY", "External"]},
+                          "lung": {"id": 2, "aliases": ["Lung_L", "LUNG LEFT"]}}}
+SEGMENTS = {"segments": {"liver": {"id": 4, "codes": ["SCT:10200004"]}}}
+
+
+def _truth() -> np.ndarray:
+    """The planted D×H×W label map in series order: body, then the lung and liver over it."""
+    labels = np.zeros((SLICES, ROWS, COLUMNS), dtype=np.uint8)
+    for cid, (z0, z1, r0, r1, c0, c1) in ((1, BODY), (2, LUNG), (4, LIVER)):
+        labels[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1] = cid
+    return labels
+
+
+def _write_series(folder: Path, patient: str, seed: int) -> list[Dataset]:
+    """An axial CT series, instance numbers and file names shuffled; returned in position order."""
+    rng = random.Random(seed)
+    numbers = list(range(1, SLICES + 1))
+    rng.shuffle(numbers)
+    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    out = []
+    for k in range(SLICES):
+        pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
+        pixels[::2, ::2] += 8  # not constant (a constant image is a bad sample); the mean still orders slices
+        ds = ct_dataset(pixels, PatientID=patient, InstanceNumber=numbers[k], StudyInstanceUID=study,
+                        SeriesInstanceUID=series, FrameOfReferenceUID=frame,
+                        ImageOrientationPatient=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+                        ImagePositionPatient=[-10.0, -8.0, 30.0 + STEP * k], PixelSpacing=list(SPACING),
+                        ImageType=["ORIGINAL", "PRIMARY", "AXIAL"], SeriesNumber=1, AccessionNumber="",
+                        ReferringPhysicianName="", PatientName="Doe^Jane", PatientSex="F",
+                        StudyID="1", Manufacturer="packer-tests", PositionReferenceIndicator="")
+        out.append(pydicom.dcmread(save(ds, folder / f"{rng.getrandbits(40):010x}.dcm")))
+    return out
+
+
+def _point(ds: Dataset, r: float, c: float) -> list[float]:
+    o = np.asarray(ds.ImagePositionPatient, dtype=float)
+    x, y = np.asarray(ds.ImageOrientationPatient[:3], dtype=float), np.asarray(ds.ImageOrientationPatient[3:],
+                                                                                dtype=float)
+    return [float(v) for v in o + c * SPACING[1] * x + r * SPACING[0] * y]
+
+
+def _box_contour(ds: Dataset, r0: int, r1: int, c0: int, c1: int) -> list[float]:
+    """A closed contour half a pixel outside the box's pixel centres."""
+    corners = [(r0 - 0.5, c0 - 0.5), (r0 - 0.5, c1 + 0.5), (r1 + 0.5, c1 + 0.5), (r1 + 0.5, c0 - 0.5)]
+    return [v for r, c in corners for v in _point(ds, r, c)]
+
+
+def write_rtstruct(path: Path, slices: list[Dataset], rois: dict[str, tuple[int, ...]],
+                   series_uid: str | None = None) -> Path:
+    """An RTSTRUCT over ``slices`` with one box ROI per entry of ``rois`` (name → box)."""
+    first = slices[0]
+    ds = Dataset()
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.481.3"
+    ds.SOPInstanceUID = generate_uid()
+    ds.Modality = "RTSTRUCT"
+    ds.PatientID, ds.PatientName = first.PatientID, first.PatientName
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = first.StudyInstanceUID, generate_uid()
+    ds.FrameOfReferenceUID = first.FrameOfReferenceUID
+    ds.StructureSetLabel = "test"
+    image_items = []
+    for s in slices:
+        item = Dataset()
+        item.ReferencedSOPClassUID, item.ReferencedSOPInstanceUID = s.SOPClassUID, s.SOPInstanceUID
+        image_items.append(item)
+    series = Dataset()
+    series.SeriesInstanceUID = series_uid or first.SeriesInstanceUID
+    series.ContourImageSequence = DicomSequence(image_items)
+    study = Dataset()
+    study.ReferencedSOPInstanceUID = first.StudyInstanceUID
+    study.RTReferencedSeriesSequence = DicomSequence([series])
+    frame = Dataset()
+    frame.FrameOfReferenceUID = first.FrameOfReferenceUID
+    frame.RTReferencedStudySequence = DicomSequence([study])
+    ds.ReferencedFrameOfReferenceSequence = DicomSequence([frame])
+    roi_items, contour_items = [], []
+    for number, (name, (z0, z1, r0, r1, c0, c1)) in enumerate(rois.items(), start=1):
+        roi = Dataset()
+        roi.ROINumber, roi.ROIName = number, name
+        roi.ReferencedFrameOfReferenceUID = first.FrameOfReferenceUID
+        roi_items.append(roi)
+        contours = []
+        for k in range(z0, z1 + 1):
+            contour = Dataset()
+            contour.ContourGeometricType = "CLOSED_PLANAR"
+            data = _box_contour(slices[k], r0, r1, c0, c1)
+            contour.NumberOfContourPoints = len(data) // 3
+            contour.ContourData = [round(v, 4) for v in data]
+            contours.append(contour)
+        item = Dataset()
+        item.ReferencedROINumber = number
+        item.ContourSequence = DicomSequence(contours)
+        contour_items.append(item)
+    ds.StructureSetROISequence = DicomSequence(roi_items)
+    ds.ROIContourSequence = DicomSequence(contour_items)
+    ds.file_meta = pydicom.dataset.FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    return save(ds, path)
+
+
+def write_seg(path: Path, slices: list[Dataset], label: str = "Liver", box: tuple[int, ...] = LIVER) -> Path:
+    """A BINARY SEG of one segment (a box) written by highdicom over ``slices``."""
+    z0, z1, r0, r1, c0, c1 = box
+    pixels = np.zeros((len(slices), ROWS, COLUMNS), dtype=bool)
+    pixels[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1] = True
+    description = hd.seg.SegmentDescription(
+        segment_number=1, segment_label=label,
+        segmented_property_category=hd.sr.CodedConcept("123037004", "SCT", "Anatomical Structure"),
+        segmented_property_type=hd.sr.CodedConcept("10200004", "SCT", "Liver"),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.MANUAL)
+    seg = hd.seg.Segmentation(source_images=slices, pixel_array=pixels,
+                              segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+                              segment_descriptions=[description], series_instance_uid=generate_uid(),
+                              series_number=2, sop_instance_uid=generate_uid(), instance_number=1,
+                              manufacturer="packer-tests", manufacturer_model_name="tests",
+                              software_versions="1", device_serial_number="1")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seg.save_as(path)
+    return path
+
+
+def _annotated_tree(raw: Path) -> dict[str, list[Dataset]]:
+    """Patient A: a series with a SEG and an RTSTRUCT; patient B: a series with none."""
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    write_rtstruct(raw / "A" / "RT" / "rt.dcm", a, {"External": BODY, "LUNG LEFT": LUNG, "Dr Who check": LUNG})
+    write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    b = _write_series(raw / "B" / "CT", "PB", seed=2)
+    return {"A": a, "B": b}
+
+
+def _mask_job(tmp: Path, raw: Path, mask: dict[str, Any], **dicom: Any) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none",
+                       "mask": {"from": "dicom", **mask}}],
+                transform={"dicom": {"windows": [{"center": 40, "width": 400}], **dicom}},
+                validate={"max_bad_fraction": 0.9})
+
+
+def _items(result: Any) -> list[dict[str, Any]]:
+    return list(ShardDataset(result.manifest_path, "train", shuffle=False))
+
+
+def _records(result: Any) -> dict[str, dict[str, Any]]:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in result.version_dir.glob("*-*.tar"))
+    return {s["__key__"]: s["json"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode()}
+
+
+@pytest.mark.slow
+def test_slices_carry_the_planted_structures_voxel_for_voxel(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    items = _items(result)
+    assert len(items) == 2 * SLICES  # every slice of both series; the annotations are no samples
+    truth = _truth()
+    # which slice an item is: its pixels hold 1000 + 40·k stored values, windowed, so k orders them
+    by_patient: dict[int, list[tuple[float, np.ndarray]]] = {}
+    for item in items:
+        mask = item["mask"].numpy()
+        assert mask.shape == (1, ROWS, COLUMNS) and mask.dtype == np.uint8
+        by_patient.setdefault(int(mask.any()), []).append((float(item["image"].float().mean()), mask[0]))
+    annotated = [m for _, m in sorted(by_patient[1], key=lambda pair: pair[0])]
+    assert len(annotated) == SLICES and len(by_patient[0]) == SLICES  # B: all-zero masks (empty: keep)
+    for k, mask in enumerate(annotated):
+        assert np.array_equal(mask, truth[k]), k
+    assert len(tree["B"]) == SLICES
+    excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    assert sorted(e["why"] for e in excluded) == ["annotation", "annotation"]
+    assert {e["modality"] for e in excluded} == {"SEG", "RTSTRUCT"}
+    assert "1 structure(s) the map does not name" in next(e["detail"] for e in excluded if e["modality"] == "RTSTRUCT")
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["libraries"].get("highdicom") == hd.__version__
+    # a structure name typed by a person ("Dr Who check") never reaches the shards under pseudonymize
+    everything = json.dumps(list(_records(result).values()))
+    assert "Dr Who" not in everything and "LUNG LEFT" not in everything and "External" not in everything
+    meta = next(iter(_records(result).values()))
+    assert "annotations" in meta["metadata"] or "annotations" in json.dumps(meta)
+
+
+@pytest.mark.slow
+def test_stacks_keep_the_centre_slice_mask_and_volumes_the_stacked_label_map(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    truth = _truth()
+    stacks = _build(_mask_job(tmp_path / "stacks", raw, {**RTSTRUCT_ROIS, **SEGMENTS}, sample={"neighbors": 1}))
+    annotated = sorted((item for item in _items(stacks) if item["mask"].numpy().any()),
+                       key=lambda item: float(item["image"][1].float().mean()))  # the centre slice's channel
+    assert len(annotated) == SLICES
+    for k, item in enumerate(annotated):
+        assert item["image"].shape[0] == 3
+        assert np.array_equal(item["mask"].numpy()[0], truth[k]), k
+    volumes = _build(_mask_job(tmp_path / "volume", raw, {**RTSTRUCT_ROIS, **SEGMENTS}, sample="volume"))
+    found = [item for item in _items(volumes) if item["mask"].numpy().any()]
+    assert len(found) == 1
+    mask = found[0]["mask"].numpy()
+    assert mask.shape == (SLICES, ROWS, COLUMNS)
+    # canonical LPS order for an axial series stored head-first with +z slices: D runs along z
+    assert np.array_equal(mask, truth) or np.array_equal(mask, truth[::-1])
+    assert found[0]["image"].shape[1:] == mask.shape
+
+
+@pytest.mark.slow
+def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    # an orphan: an RTSTRUCT over a series that is not in the source
+    ghost = _write_series(tmp_path / "elsewhere", "PG", seed=3)
+    write_rtstruct(raw / "orphan.dcm", ghost, {"BODY": BODY})
+    # overlapping classes under refuse: the lung box lies inside the body
+    result = _build(_mask_job(tmp_path / "refuse", raw, {**RTSTRUCT_ROIS, **SEGMENTS, "overlap": "refuse"}))
+    bad = {Path(b.path).name: b for b in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert bad["orphan.dcm"].reason == "annotation_orphan"
+    overlap = [b for b in bad.values() if b.reason == "mask_overlap"]
+    assert any(Path(b.path).name == "rt.dcm" or Path(b.path).name == "seg.dcm" for b in overlap)
+    assert len([b for b in overlap if Path(b.path).parent.name == "CT"]) == SLICES  # every slice of A, with reason
+    assert len(_items(result)) == SLICES  # B still packs, with empty masks
+    # empty: bad makes the unannotated series mask_missing
+    strict = _build(_mask_job(tmp_path / "strict", raw, {**RTSTRUCT_ROIS, **SEGMENTS, "empty": "bad"}))
+    reasons = {Path(b.path).parent.parent.name: b.reason
+               for b in read_bad_samples(strict.version_dir / "bad_samples.jsonl") if Path(b.path).parent.name == "CT"}
+    assert reasons == {"B": "mask_missing"}
+    assert len(tree["A"]) == SLICES
+
+
+@pytest.mark.slow
+def test_an_annotation_whose_structures_are_all_unmapped_names_the_closest(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    result = _build(_mask_job(tmp_path, raw, {"rois": {"lungs": {"id": 2, "aliases": ["Lung_Left"]}},
+                                              **SEGMENTS}))
+    bad = {Path(b.path).name: b for b in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert bad["rt.dcm"].reason == "annotation_unmapped"
+    assert "LUNG LEFT" in bad["rt.dcm"].message and "lungs" in bad["rt.dcm"].message
+
+
+def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with pytest.raises(ConfigError, match="segments .* or rois"):
+        load_job(_mask_job(tmp_path / "a", raw, {}))
+    with pytest.raises(ConfigError, match="share id"):
+        load_job(_mask_job(tmp_path / "b", raw, {"rois": {"lung": 1, "heart": 1}}))
+    with pytest.raises(ConfigError, match="codes match SEG"):
+        load_job(_mask_job(tmp_path / "c", raw, {"rois": {"lung": {"id": 1, "codes": ["SCT:39607008"]}}}))
+    with pytest.raises(ConfigError, match="from: dicom"):
+        load_job(_job(tmp_path / "d", [{"kind": "image", "root": str(raw), "label": "none",
+                                        "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
+    with pytest.raises(ConfigError, match="frames: split"):
+        load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
+
+
+def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    first = load_job(_mask_job(tmp_path / "a", raw, {"rois": {"body": 1, "lung": 2}}))
+    second = load_job(_mask_job(tmp_path / "b", raw, {"rois": {"lung": 2, "body": 1}}))
+    assert first.sources[0].mask is not None and second.sources[0].mask is not None
+    assert first.sources[0].mask.to_json()["order"] == ["body", "lung"]
+    assert second.sources[0].mask.to_json()["order"] == ["lung", "body"]
