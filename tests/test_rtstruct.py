@@ -22,8 +22,9 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 from skimage.draw import polygon as sk_polygon
 
-from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Painter, SlicePlace, Structure, StructureMap
+from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Painter, SlicePlace
 from packer.read.rtstruct import Drawn, fill_even_odd, paint_rtstruct
+from packer.structures import Structure, StructureMap
 
 ROWS, COLUMNS = 48, 64
 SPACING = (0.8, 0.6)  # between rows, between columns (mm)
@@ -274,7 +275,7 @@ def test_no_roi_mapped_is_annotation_unmapped_with_the_closest_names(tmp_path: P
     assert "'Hearts' → heart" in caught.value.message and "mask.rois" in caught.value.message
 
 
-@pytest.mark.parametrize("where, missing", [(7.5, (7, 8)), (16.0, ()), (-1.0, ())])
+@pytest.mark.parametrize("where, missing", [(7.3, (7, 8)), (16.0, ()), (-1.0, ())])
 def test_contour_in_a_gap_or_beyond_the_series_is_off_slice(tmp_path: Path, where: float,
                                                             missing: tuple[int, ...]) -> None:
     slices = series(missing=missing)
@@ -286,10 +287,15 @@ def test_contour_in_a_gap_or_beyond_the_series_is_off_slice(tmp_path: Path, wher
     assert "'Heart' contour 1" in caught.value.message and "half the slice spacing" in caught.value.message
 
 
-def test_contour_between_adjacent_slices_goes_to_the_nearer(tmp_path: Path) -> None:
+def test_contour_between_adjacent_slices_goes_to_the_nearer_and_halfway_is_on_neither(tmp_path: Path) -> None:
     slices = series()
     labels, _ = paint(tmp_path, rtstruct([("Heart", [closed(slices[4], ISLAND_A, lift=0.4 * STEP)])]), slices)
     assert labels[4].any() and not labels[5].any()
+    labels, _ = paint(tmp_path, rtstruct([("Heart", [closed(slices[5], ISLAND_A, lift=-0.4 * STEP)])]), slices)
+    assert labels[5].any() and not labels[4].any()
+    with pytest.raises(AnnotationError) as caught:
+        paint(tmp_path, rtstruct([("Heart", [closed(slices[4], ISLAND_A, lift=0.5 * STEP)])]), slices)
+    assert caught.value.reason == "contour_off_slice" and "halfway" in caught.value.message
 
 
 def test_tilted_contour_is_off_slice(tmp_path: Path) -> None:

@@ -10,12 +10,13 @@ contour on a slice of the referenced series by position and fills it there:
   orientation: a series' slices share it) is the mean of its points' ``P·n``; it belongs to the
   nearest slice when within the tolerance: half the slice spacing (the median step between
   consecutive slices along ``n``), or, for a series of one slice, half its smaller pixel spacing.
-  So a contour between two adjacent slices goes to the nearer one (a tie: the first in series
-  order); it is ``contour_off_slice`` only beyond the series' ends or in a gap where slices are
-  missing. A contour marked planar whose points stray from that slice by more than the tolerance
-  (drawn on another orientation) is ``contour_off_slice`` too: projecting it would paint a shape
-  nobody drew. Contour Image Sequence references are not trusted: position wins, and a reference
-  that names another image is noted.
+  So a contour between two adjacent slices goes to the nearer one; it is ``contour_off_slice``
+  beyond the series' ends, in a gap where slices are missing, or halfway between two slices
+  (within :data:`TIE_MM` of as near to both: it lies on neither, and picking one would shift the
+  structure by half a slice unnoticed). A contour marked planar whose points stray from that
+  slice by more than the tolerance (drawn on another orientation) is ``contour_off_slice`` too:
+  projecting it would paint a shape nobody drew. Contour Image Sequence references are not
+  trusted: position wins, and a reference that names another image is noted.
 - **Points to pixels.** On slice ``(o, X, Y, Δrow, Δcol)``: ``c = (P − o)·X / Δcol``,
   ``r = (P − o)·Y / Δrow``; pixel ``(r, c)`` has its centre at integer ``(r, c)``.
 - **Fill rule: even-odd at pixel centres.** All contours of one ROI on one slice are filled
@@ -58,19 +59,15 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from packer.read.annotations import (
-    AnnotationError,
-    Painter,
-    SlicePlace,
-    Structure,
-    StructureMap,
-    unmapped_error,
-)
+from packer.read.annotations import AnnotationError, Painter, SlicePlace, unmapped_error
+from packer.structures import Structure, StructureMap
 
 #: Contours with more points are filled without the self-intersection test (O(n²) in memory and time).
 SELF_INTERSECTION_POINTS = 512
 #: A coordinate farther than this from the origin (mm) is not a patient coordinate.
 MAX_COORDINATE_MM = 1e6
+#: A contour whose distances to its two nearest slices differ by at most this (mm) is halfway: on neither.
+TIE_MM = 1e-3
 CONTOUR_DATA = 0x30060050
 
 
@@ -276,15 +273,19 @@ def _place(contour: _Contour, grid: _Grid, slices: Sequence[SlicePlace], path: s
     along = contour.points @ grid.normal
     height = float(along.mean())
     gaps = np.abs(grid.heights - height)
-    nearest = int(np.argmin(gaps))
+    order = np.argsort(gaps, kind="stable")
+    nearest = int(order[0])
     where = (f"{path}: ROI {name!r} contour {contour.index} (ROIContourSequence → ContourSequence item "
              f"{contour.index + 1})")
-    if gaps[nearest] > grid.tolerance:
+    tie = len(order) > 1 and float(gaps[order[1]] - gaps[nearest]) <= TIE_MM
+    if gaps[nearest] > grid.tolerance or tie:
+        why = (f"as near to slice {int(order[1])} (a contour halfway between two slices lies on neither)" if tie
+               else f"farther than {grid.tolerance:.3g} mm ({grid.rule()})")
         raise AnnotationError("contour_off_slice", (
             f"{where} lies at {height:.3f} mm along the slice normal; the nearest slice ({nearest}, SOP "
-            f"{slices[nearest].sop_uid}) is at {grid.heights[nearest]:.3f} mm, farther than {grid.tolerance:.3g} mm "
-            f"({grid.rule()}); the structure set was drawn on another series, or the series misses slices: link it "
-            "to the series it was drawn on (its RTReferencedSeriesSequence names it) or restore the missing slices"))
+            f"{slices[nearest].sop_uid}) is at {grid.heights[nearest]:.3f} mm, {why}; the structure set was drawn "
+            "on another series, or the series misses slices: link it to the series it was drawn on (its "
+            "RTReferencedSeriesSequence names it) or restore the missing slices"))
     stray = float(np.abs(along - grid.heights[nearest]).max())
     if stray > grid.tolerance:
         raise AnnotationError("contour_off_slice", (
