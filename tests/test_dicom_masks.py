@@ -248,16 +248,18 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
     write_rtstruct(raw / "orphan.dcm", ghost, {"BODY": BODY})
     # overlapping classes under refuse: the lung box lies inside the body
     result = _build(_mask_job(tmp_path / "refuse", raw, {**RTSTRUCT_ROIS, **SEGMENTS, "overlap": "refuse"}))
-    bad = {Path(b.path).name: b for b in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
-    assert bad["orphan.dcm"].reason == "annotation_orphan"
-    overlap = [b for b in bad.values() if b.reason == "mask_overlap"]
-    assert any(Path(b.path).name == "rt.dcm" or Path(b.path).name == "seg.dcm" for b in overlap)
-    assert len([b for b in overlap if Path(b.path).parent.name == "CT"]) == SLICES  # every slice of A, with reason
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    bad = {Path(b["path"]).name: b for b in records}
+    assert bad["orphan.dcm"]["reason"] == "annotation_orphan"
+    overlap = [b for b in records if b["reason"] == "mask_overlap"]
+    assert {Path(b["path"]).name for b in overlap} & {"rt.dcm", "seg.dcm"}
+    assert len([b for b in overlap if Path(b["path"]).parent.name == "CT"]) == SLICES  # every slice of A
     assert len(_items(result)) == SLICES  # B still packs, with empty masks
     # empty: bad makes the unannotated series mask_missing
     strict = _build(_mask_job(tmp_path / "strict", raw, {**RTSTRUCT_ROIS, **SEGMENTS, "empty": "bad"}))
-    reasons = {Path(b.path).parent.parent.name: b.reason
-               for b in read_bad_samples(strict.version_dir / "bad_samples.jsonl") if Path(b.path).parent.name == "CT"}
+    reasons = {Path(b["path"]).parent.parent.name: b["reason"]
+               for b in read_bad_samples(strict.version_dir / "bad_samples.jsonl")
+               if Path(b["path"]).parent.name == "CT"}
     assert reasons == {"B": "mask_missing"}
     assert len(tree["A"]) == SLICES
 
@@ -266,11 +268,11 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
 def test_an_annotation_whose_structures_are_all_unmapped_names_the_closest(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     _annotated_tree(raw)
-    result = _build(_mask_job(tmp_path, raw, {"rois": {"lungs": {"id": 2, "aliases": ["Lung_Left"]}},
+    result = _build(_mask_job(tmp_path, raw, {"rois": {"lungs": {"id": 2, "aliases": ["Lung_Lt"]}},
                                               **SEGMENTS}))
-    bad = {Path(b.path).name: b for b in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
-    assert bad["rt.dcm"].reason == "annotation_unmapped"
-    assert "LUNG LEFT" in bad["rt.dcm"].message and "lungs" in bad["rt.dcm"].message
+    bad = {Path(b["path"]).name: b for b in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert bad["rt.dcm"]["reason"] == "annotation_unmapped"
+    assert "LUNG LEFT" in bad["rt.dcm"]["message"] and "lungs" in bad["rt.dcm"]["message"]
 
 
 def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) -> None:

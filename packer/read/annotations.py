@@ -124,35 +124,40 @@ class Painter:
         if mask.shape != self.shape[1:]:
             raise ValueError(f"a {mask.shape} mask painted on a {self.shape[1:]} slice")
         self.painted.setdefault(structure.id, set()).add(source)
-        if not mask.any():
+        rows = np.flatnonzero(mask.any(axis=1))
+        if rows.size == 0:
             return
+        cols = np.flatnonzero(mask.any(axis=0))
+        r0, c0 = int(rows[0]), int(cols[0])
+        box = (slice(r0, int(rows[-1]) + 1), slice(c0, int(cols[-1]) + 1))  # only the structure's bounding box
+        mask = mask[box]
         rank = self.structures.rank(structure) + 1
-        held = self._rank[index]
-        other = mask & (held != 0) & (self.labels[index] != structure.id)
+        held = self._rank[index][box]
+        labels = self.labels[index][box]
+        other = mask & (held != 0) & (labels != structure.id)
         if other.any():
             if self.overlap == "refuse":
                 at = np.argwhere(other)[0]
                 owner = self.structures.structures[int(held[at[0], at[1]]) - 1]  # ranks index the declared list
                 raise AnnotationError("mask_overlap", (
                     f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {index} at "
-                    f"row {int(at[0])}, column {int(at[1])} ({int(other.sum())} pixels on that slice); a multi-class "
-                    "mask holds one class a pixel: set mask.overlap: later_wins (the class declared later in the "
-                    "map wins) or fix the structures"))
+                    f"row {r0 + int(at[0])}, column {c0 + int(at[1])} ({int(other.sum())} pixels on that slice); a "
+                    "multi-class mask holds one class a pixel: set mask.overlap: later_wins (the class declared "
+                    "later in the map wins) or fix the structures"))
             mask = mask & ((held == 0) | (held <= rank))
-        self.labels[index][mask] = structure.id
+        labels[mask] = structure.id
         held[mask] = rank
 
 
 @dataclass(frozen=True)
-class Painted:
-    """What one or more annotation objects gave a series: the label map (D×H×W on the series'
-    slices, in order), class id → the source structure names painted into it, the structure
-    names the map did not name (ignored), and notes on what was skipped (degenerate contours)."""
+class Drawn:
+    """What painting one annotation object did besides the mask: the structure names the map
+    does not name (ignored, in file order), and ``notes`` on what was skipped or distrusted
+    (degenerate or self-intersecting contours, references that disagree with position, a
+    segment without frames), one line per structure and kind."""
 
-    labels: np.ndarray
-    classes: tuple[tuple[int, tuple[str, ...]], ...]
-    unmapped: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    unmapped: tuple[str, ...]
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from packer.read.annotations import AnnotationError, Painter, SlicePlace, unmapped_error
+from packer.read.annotations import AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
 from packer.structures import Structure, StructureMap
 
 #: Contours with more points are filled without the self-intersection test (O(n²) in memory and time).
@@ -69,17 +69,6 @@ MAX_COORDINATE_MM = 1e6
 #: A contour whose distances to its two nearest slices differ by at most this (mm) is halfway: on neither.
 TIE_MM = 1e-3
 CONTOUR_DATA = 0x30060050
-
-
-@dataclass(frozen=True)
-class Drawn:
-    """What painting one RTSTRUCT did besides the mask: the ROI names the map does not name
-    (ignored, in file order) and ``notes`` on what was skipped or distrusted (degenerate,
-    self-intersecting or non-closed contours, Contour Image references that disagree with
-    position), one line per ROI and kind."""
-
-    unmapped: tuple[str, ...]
-    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)

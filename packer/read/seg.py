@@ -50,7 +50,7 @@ import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
-from packer.read.annotations import SEG_STORAGE, AnnotationError, Painter, SlicePlace, unmapped_error
+from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
 from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
@@ -63,15 +63,6 @@ IN_PLANE_TOL_MM = 1e-3
 # sequence without items, a frame past the pixel data): turned into ``unreadable`` with their text.
 _FILE_DEFECTS = (InvalidDicomError, OSError, EOFError, ValueError, TypeError, KeyError, AttributeError,
                  IndexError, NotImplementedError, RuntimeError, struct.error)
-
-
-@dataclass(frozen=True)
-class Drawn:
-    """What one annotation object painted: the structure names the map did not name (ignored),
-    and notes on what was skipped (a segment without frames, frames beyond the series)."""
-
-    unmapped: tuple[str, ...]
-    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
