@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydicom.dataset import Dataset
 
+from packer.read.dicom_attrs import element
 from packer.structures import Structure, StructureMap
 
 #: Modality of each annotation object packer reads as masks.
@@ -178,12 +179,15 @@ class AnnotationRefs:
 def _items(ds: Dataset | None, keyword: str) -> list[Dataset]:
     if ds is None:
         return []
-    value = ds.get(keyword)
+    value = element(ds, keyword)
     return list(value) if value is not None else []
 
 
 def _uid(ds: Dataset, keyword: str) -> str:
-    return str(ds.get(keyword, "") or "").strip()
+    """The UID ``keyword`` of ``ds`` ("" where absent); raises
+    :class:`~packer.read.dicom_attrs.DamagedElement` when it cannot be decoded (a nested element
+    of a wrong length or VR is decoded only here, on access)."""
+    return str(element(ds, keyword, "") or "").strip()
 
 
 def annotation_modality(ds: Dataset) -> str | None:

@@ -40,6 +40,7 @@ Rules (the README's, stated once here):
 
 from __future__ import annotations
 
+import sqlite3
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ import highdicom as hd
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
-from pydicom.errors import InvalidDicomError
+from pydicom.errors import BytesLengthException, InvalidDicomError
 
 from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
 from packer.structures import Structure, StructureMap
@@ -60,9 +61,12 @@ SPACING_RTOL = 1e-4  # relative
 IN_PLANE_TOL_MM = 1e-3
 
 # What highdicom and pydicom raise on a malformed file (a missing attribute, a short value, a
-# sequence without items, a frame past the pixel data): turned into ``unreadable`` with their text.
+# sequence without items, a frame past the pixel data, a damaged element decoded on access; and
+# sqlite3's IntegrityError from the frame tables highdicom builds when a referenced series or
+# instance has no UID): turned into ``unreadable`` with their text.
 _FILE_DEFECTS = (InvalidDicomError, OSError, EOFError, ValueError, TypeError, KeyError, AttributeError,
-                 IndexError, NotImplementedError, RuntimeError, struct.error)
+                 IndexError, NotImplementedError, RuntimeError, struct.error, BytesLengthException,
+                 sqlite3.Error)
 
 
 @dataclass(frozen=True)
@@ -258,14 +262,29 @@ def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str) -> list[_Frame
                 "Pixel Spacing, shared or per frame; without them it cannot be placed: re-export the SEG"))
         between, thickness = (_positive(_frame_value(item, shared, "PixelMeasuresSequence", keyword))
                               for keyword in ("SpacingBetweenSlices", "SliceThickness"))
-        row_col = [float(v) for v in spacing]  # type: ignore[attr-defined]
+        row_col = _plane_values(path, index, "PixelSpacing", spacing, 2)
         out.append(_Frame(
             index=index, segment=segment, sources=tuple(sources),
-            position=np.asarray([float(v) for v in position], dtype=np.float64)  # type: ignore[attr-defined]
-            if position is not None else None,
-            orientation=np.asarray([float(v) for v in orientation], dtype=np.float64),  # type: ignore[attr-defined]
-            spacing=(row_col[0], row_col[1]), between=between, thickness=thickness))
+            position=_plane_values(path, index, "ImagePositionPatient", position, 3) if position is not None else None,
+            orientation=_plane_values(path, index, "ImageOrientationPatient", orientation, 6),
+            spacing=(float(row_col[0]), float(row_col[1])), between=between, thickness=thickness))
     return out
+
+
+def _plane_values(path: str, index: int, keyword: str, value: object, count: int) -> np.ndarray:
+    """``count`` finite numbers of a frame's plane attribute (a position of three, an orientation
+    of six, a positive spacing of two), else ``annotation_frames``: numpy would otherwise meet a
+    frame of four coordinates only when placing it (ValueError from ``dot``), and a zero spacing
+    when resampling it (a division by zero)."""
+    many = value if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
+    numbers = np.asarray([float(v) for v in many], dtype=np.float64)  # type: ignore[arg-type]
+    positive = keyword != "PixelSpacing" or bool((numbers > 0).all())
+    if numbers.shape != (count,) or not np.isfinite(numbers).all() or not positive:
+        what = f"{count} finite{' positive' if keyword == 'PixelSpacing' else ''} numbers"
+        raise AnnotationError("annotation_frames", (
+            f"{path}: frame {index + 1} has {keyword} {list(many)!r}, not {what}; it cannot be "
+            "placed: re-export the SEG"))
+    return numbers
 
 
 def _positive(value: object) -> float | None:
