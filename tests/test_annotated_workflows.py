@@ -17,6 +17,7 @@ from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.demo_annotations import CLASSES, PATIENTS, truth_labels
 from packer.htmlreport import render_html_report
+from packer.inspection import format_summary, inspect_dataset
 from packer.loader import ShardDataset
 from packer.phi import pseudonymizer_for
 from packer.pipeline.discover import make_sample_id
@@ -89,6 +90,7 @@ def test_the_slice_job_packs_every_planted_structure_and_refuses_the_broken(tmp_
     assert "Dr Smith" not in (result.version_dir / "manifest.json").read_text()
     report = render_html_report(result.version_dir)
     assert "5 tumour" in report and "Dr Smith" not in report  # the overlay legend names the classes
+    assert "4 liver, 5 tumour" in format_summary(inspect_dataset(result.manifest_path))
 
 
 def test_the_stack_and_volume_jobs_carry_the_same_masks(tmp_path: Path, demo_raw: Any) -> None:
