@@ -287,6 +287,10 @@ def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) 
     with pytest.raises(ConfigError, match="from: dicom"):
         load_job(_job(tmp_path / "d", [{"kind": "image", "root": str(raw), "label": "none",
                                         "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
+    (raw / "labels.csv").write_text("path,label\n")
+    with pytest.raises(ConfigError, match="header attribute"):
+        load_job(_job(tmp_path / "f", [{"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"),
+                                        "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
     with pytest.raises(ConfigError, match="frames: split"):
         load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
 
