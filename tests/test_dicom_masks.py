@@ -303,3 +303,18 @@ def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
     assert first.sources[0].mask is not None and second.sources[0].mask is not None
     assert first.sources[0].mask.to_json()["order"] == ["body", "lung"]
     assert second.sources[0].mask.to_json()["order"] == ["lung", "body"]
+
+
+def test_validate_quick_links_annotations_from_headers_and_counts_every_file(tmp_path: Path) -> None:
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    write_rtstruct(raw / "orphan.dcm", _write_series(tmp_path / "elsewhere", "PG", seed=3), {"BODY": BODY})
+    quick = validate_job(load_job(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS})), quick=True,
+                         scheduler="sync", quiet=True).prepared
+    assert len(quick.samples) == 2 * SLICES
+    assert [(Path(i.path).name, i.reason) for i in quick.issues] == [("orphan.dcm", "annotation_orphan")]
+    assert sorted((Path(e.path).name, e.why) for e in quick.excluded) == [("rt.dcm", "annotation"),
+                                                                          ("seg.dcm", "annotation")]
+
