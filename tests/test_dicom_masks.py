@@ -318,3 +318,76 @@ def test_validate_quick_links_annotations_from_headers_and_counts_every_file(tmp
     assert sorted((Path(e.path).name, e.why) for e in quick.excluded) == [("rt.dcm", "annotation"),
                                                                           ("seg.dcm", "annotation")]
 
+
+def _oblique_series(folder: Path, degrees: float) -> list[Dataset]:
+    """An oblique series (rotated about the row direction), returned in position order."""
+    a = np.radians(degrees)
+    row, col = np.array([1.0, 0.0, 0.0]), np.array([0.0, np.cos(a), np.sin(a)])
+    normal = np.cross(row, col)
+    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    out = []
+    for k in range(SLICES):
+        pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
+        pixels[::2, ::2] += 8
+        origin = np.array([-10.0, -8.0, 30.0]) + STEP * k * normal
+        ds = ct_dataset(pixels, PatientID="PO", InstanceNumber=SLICES - k, StudyInstanceUID=study,
+                        SeriesInstanceUID=series, FrameOfReferenceUID=frame,
+                        ImageOrientationPatient=[*row.tolist(), *col.tolist()],
+                        ImagePositionPatient=origin.tolist(), PixelSpacing=list(SPACING),
+                        ImageType=["ORIGINAL", "PRIMARY", "AXIAL"], SeriesNumber=1, AccessionNumber="",
+                        ReferringPhysicianName="", PatientName="Doe^Jane", PatientSex="F", StudyID="1",
+                        Manufacturer="packer-tests", PositionReferenceIndicator="", SliceThickness=STEP,
+                        ContentDate="20240101", ContentTime="101112", AcquisitionNumber=1)
+        out.append(ds)
+    return out
+
+
+@pytest.mark.slow
+def test_a_seg_over_an_oblique_multi_frame_source_packs_into_the_volume_in_patient_coordinates(
+        tmp_path: Path) -> None:
+    """The source is one Legacy Converted Enhanced CT (highdicom) of an oblique series: its frames
+    are the slices, the SEG's frames reference them by frame number. Every packed mask voxel of the
+    volume, mapped through the volume's affine to patient millimetres, holds the class planted at
+    that point of the source slices."""
+    singles = _oblique_series(tmp_path / "singles", 25.0)
+    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=singles, series_instance_uid=generate_uid(), series_number=3,
+        sop_instance_uid=generate_uid(), instance_number=1)
+    raw = tmp_path / "raw"
+    save(enhanced, raw / "ct" / "enhanced.dcm")
+    depth = [int(np.argmin([np.linalg.norm(np.subtract(item.PlanePositionSequence[0].ImagePositionPatient,
+                                                       s.ImagePositionPatient)) for s in singles]))
+             for item in enhanced.PerFrameFunctionalGroupsSequence]  # each frame's slice
+    z0, z1, r0, r1, c0, c1 = LIVER
+    planted = np.zeros((SLICES, ROWS, COLUMNS), dtype=bool)
+    planted[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1] = True
+    description = hd.seg.SegmentDescription(
+        segment_number=1, segment_label="Liver",
+        segmented_property_category=hd.sr.CodedConcept("123037004", "SCT", "Anatomical Structure"),
+        segmented_property_type=hd.sr.CodedConcept("10200004", "SCT", "Liver"),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.MANUAL)
+    seg = hd.seg.Segmentation(source_images=[enhanced], pixel_array=planted[depth],
+                              segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+                              segment_descriptions=[description], series_instance_uid=generate_uid(),
+                              series_number=4, sop_instance_uid=generate_uid(), instance_number=1,
+                              manufacturer="packer-tests", manufacturer_model_name="tests",
+                              software_versions="1", device_serial_number="1")
+    (raw / "seg").mkdir(parents=True)
+    seg.save_as(raw / "seg" / "seg.dcm")
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS, sample="volume"))
+    (item,) = _items(result)
+    mask = item["mask"].numpy()
+    meta = _records(result)[item["key"]]
+    affine = np.asarray(meta["metadata"]["volume"]["affine"])
+    # each source voxel's centre in patient mm, and where the packed volume holds that point
+    to_volume = np.linalg.inv(affine)
+    hits = 0
+    for k, s in enumerate(singles):
+        for r in range(ROWS):
+            for c in range(COLUMNS):
+                point = np.asarray(_point(s, r, c) + [1.0])
+                d, h, w = np.rint(to_volume @ point)[:3].astype(int)
+                assert mask[d, h, w] == (4 if planted[k, r, c] else 0), (k, r, c)
+                hits += int(planted[k, r, c])
+    assert hits == planted.sum() > 0
+
