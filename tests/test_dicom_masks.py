@@ -23,9 +23,15 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from packer.badsamples import read_bad_samples
-from packer.config import load_job
+from packer.config import MaskConfig, SeriesConfig, load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
+from packer.read.annotations import AnnotationRefs
+from packer.read.dicom_masks import link
+from packer.read.dicom_series import SliceGeometry
+from packer.read.series import assemble
+from packer.records import SampleRef
+from packer.structures import Structure, StructureMap
 from tests.dicom_files import ct_dataset, save
 from tests.test_targets import _build, _job
 
@@ -391,3 +397,45 @@ def test_a_seg_over_an_oblique_multi_frame_source_packs_into_the_volume_in_patie
                 hits += int(planted[k, r, c])
     assert hits == planted.sum() > 0
 
+
+
+# --------------------------------------------------------------------------- linking, from headers
+
+
+def _placed(series: str, frame_of_reference: str, patient: str, n: int = 4) -> list[tuple[SampleRef, SliceGeometry]]:
+    return [(SampleRef(sample_id=f"{series}-{k}", source="ct", kind="dicom", path=f"/raw/{series}/{k}.dcm",
+                       relpath=f"{series}/{k}.dcm", label="", entity=patient),
+             SliceGeometry(study_uid="1.2", series_uid=series, frame_of_reference=frame_of_reference,
+                           positions=((0.0, 0.0, 2.0 * k),), orientation=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0), rows=8,
+                           columns=8, spacing=(1.0, 1.0), image_type=("ORIGINAL", "PRIMARY"),
+                           sop_uid=f"{series}.{k}"))
+            for k in range(n)]
+
+
+def _note(name: str, **refs: Any) -> tuple[SampleRef, AnnotationRefs]:
+    fields = {"modality": "RTSTRUCT", "study_uid": "1.2", "series_uids": (), "instance_uids": (),
+              "frames_of_reference": (), **refs}
+    return (SampleRef(sample_id=name, source="ct", kind="dicom", path=f"/raw/{name}.dcm", relpath=f"{name}.dcm"),
+            AnnotationRefs(**fields))
+
+
+@pytest.mark.parametrize(("refs", "linked"), [
+    ({"series_uids": ("B",)}, "B"),                          # Referenced Series
+    ({"instance_uids": ("A.2", "A.3")}, "A"),                # only the instances it was drawn on
+    ({"frames_of_reference": ("FOR-B",)}, "B"),              # only its frame of reference, one series in it
+    ({"series_uids": ("gone",)}, None),                      # a series not in the source: an orphan
+    ({"frames_of_reference": ("FOR-A",)}, None),             # two series share the frame: which one is unknown
+    ({}, None),                                              # references nothing at all
+])
+def test_an_annotation_is_linked_from_its_header_to_the_series_it_references(refs: dict[str, Any],
+                                                                               linked: str | None) -> None:
+    placed = _placed("A", "FOR-A", "P1") + _placed("A2", "FOR-A", "P1") + _placed("B", "FOR-B", "P2")
+    assembled = assemble(placed, SeriesConfig(min_slices=1, gap_tolerance=float("inf")))
+    masks = {"ct": MaskConfig(column="", origin="dicom", rois=StructureMap((Structure("body", 1),)))}
+    groups, issues = link(assembled.series, {r.sample_id: g for r, g in placed}, [_note("n", **refs)], (), masks)
+    holding = [g.series.refs[0].relpath.split("/")[0] for g in groups if g.annotations]
+    assert holding == ([linked] if linked else [])
+    assert [i.reason for i in issues] == ([] if linked else ["annotation_orphan"])
+    assert len(groups) == 3  # every series is packed; one without annotation has all-zero masks (empty: keep)
+    every = [p for g in groups for p in g.places]
+    assert len(every) == 12 and all(p.sop_uid for p in every)
