@@ -1019,6 +1019,12 @@ def _parse_mask(raw: dict[str, Any], root: Path | str, table: str, where: str) -
         if raw["kind"] != "dicom":
             raise ConfigError(f"{where}.from: dicom masks are the SEG and RTSTRUCT objects of a DICOM source; a "
                               f"{raw['kind']} source names its mask files by a table column ('column:')")
+        if table in raw:
+            raise ConfigError(f"{where}.from: masks from dicom with a '{table}:' table: the table names image files, "
+                              "so the SEG and RTSTRUCT files it does not name would be refused before their headers "
+                              "are read; label the source from a header attribute (label: {attribute: "
+                              "BodyPartExamined}) or leave it unlabeled (label: none), or pack the labels and the "
+                              "masks as two datasets")
         return _parse_dicom_mask(spec, root, where)
     if "column" not in spec:
         raise ConfigError(f"{where}: say where the masks are: 'column: NAME' (a table column naming each file's "

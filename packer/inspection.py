@@ -160,8 +160,10 @@ def _mask_line(mask: dict[str, Any], fmt: str) -> str:
     """What ``inspect`` says of a dataset's masks: dtype, layout, where they are, declared class
     ids, pad id."""
     classes = mask.get("classes")
-    declared = ("classes " + ", ".join(map(str, classes)) if isinstance(classes, list)
-                else "classes not declared (any id)")
+    names: dict[str, Any] = mask["names"] if isinstance(mask.get("names"), dict) else {}
+    named = [f"{c} {names[str(c)]['name']}" if isinstance(names.get(str(c)), dict) else str(c)
+             for c in classes] if isinstance(classes, list) else []
+    declared = "classes " + ", ".join(named) if isinstance(classes, list) else "classes not declared (any id)"
     pad = f"; fit pads with {mask['pad']}" if mask.get("pad") else ""
     where = "mask columns" if fmt == "parquet" else "<key>.mask.npy"
     return f"{mask.get('dtype', '?')} {mask.get('layout', 'FHW')}, one per sample ({where}); {declared} " \

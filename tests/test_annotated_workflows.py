@@ -16,6 +16,8 @@ import pytest
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.demo_annotations import CLASSES, PATIENTS, truth_labels
+from packer.htmlreport import render_html_report
+from packer.inspection import format_summary, inspect_dataset
 from packer.loader import ShardDataset
 from packer.phi import pseudonymizer_for
 from packer.pipeline.discover import make_sample_id
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 def _job(tmp: Path, demo_raw: Any, name: str) -> Path:
+    """``workflows/<name>.yaml`` copied beside a link to the demo tree, as `make demo` lays them out."""
     (tmp / "workflows").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "workflows" / f"{name}.yaml", tmp / "workflows")
     if not (tmp / "demo-raw").exists():
@@ -85,6 +88,9 @@ def test_the_slice_job_packs_every_planted_structure_and_refuses_the_broken(tmp_
         if patient in truths:  # 64×64 as stored: no resize
             _agree(item["mask"].numpy()[0], truths[patient][k])
     assert "Dr Smith" not in (result.version_dir / "manifest.json").read_text()
+    report = render_html_report(result.version_dir)
+    assert "5 tumour" in report and "Dr Smith" not in report  # the overlay legend names the classes
+    assert "4 liver, 5 tumour" in format_summary(inspect_dataset(result.manifest_path))
 
 
 def test_the_stack_and_volume_jobs_carry_the_same_masks(tmp_path: Path, demo_raw: Any) -> None:

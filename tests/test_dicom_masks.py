@@ -23,9 +23,15 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from packer.badsamples import read_bad_samples
-from packer.config import load_job
+from packer.config import MaskConfig, SeriesConfig, load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
+from packer.read.annotations import AnnotationRefs
+from packer.read.dicom_masks import link
+from packer.read.dicom_series import SliceGeometry
+from packer.read.series import assemble
+from packer.records import SampleRef
+from packer.structures import Structure, StructureMap
 from tests.dicom_files import ct_dataset, save
 from tests.test_targets import _build, _job
 
@@ -287,6 +293,10 @@ def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) 
     with pytest.raises(ConfigError, match="from: dicom"):
         load_job(_job(tmp_path / "d", [{"kind": "image", "root": str(raw), "label": "none",
                                         "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
+    (raw / "labels.csv").write_text("path,label\n")
+    with pytest.raises(ConfigError, match="header attribute"):
+        load_job(_job(tmp_path / "f", [{"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"),
+                                        "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
     with pytest.raises(ConfigError, match="frames: split"):
         load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
 
@@ -299,3 +309,133 @@ def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
     assert first.sources[0].mask is not None and second.sources[0].mask is not None
     assert first.sources[0].mask.to_json()["order"] == ["body", "lung"]
     assert second.sources[0].mask.to_json()["order"] == ["lung", "body"]
+
+
+def test_validate_quick_links_annotations_from_headers_and_counts_every_file(tmp_path: Path) -> None:
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    write_rtstruct(raw / "orphan.dcm", _write_series(tmp_path / "elsewhere", "PG", seed=3), {"BODY": BODY})
+    quick = validate_job(load_job(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS})), quick=True,
+                         scheduler="sync", quiet=True).prepared
+    assert len(quick.samples) == 2 * SLICES
+    assert [(Path(i.path).name, i.reason) for i in quick.issues] == [("orphan.dcm", "annotation_orphan")]
+    assert sorted((Path(e.path).name, e.why) for e in quick.excluded) == [("rt.dcm", "annotation"),
+                                                                          ("seg.dcm", "annotation")]
+
+
+def _oblique_series(folder: Path, degrees: float) -> list[Dataset]:
+    """An oblique series (rotated about the row direction), returned in position order."""
+    a = np.radians(degrees)
+    row, col = np.array([1.0, 0.0, 0.0]), np.array([0.0, np.cos(a), np.sin(a)])
+    normal = np.cross(row, col)
+    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    out = []
+    for k in range(SLICES):
+        pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
+        pixels[::2, ::2] += 8
+        origin = np.array([-10.0, -8.0, 30.0]) + STEP * k * normal
+        ds = ct_dataset(pixels, PatientID="PO", InstanceNumber=SLICES - k, StudyInstanceUID=study,
+                        SeriesInstanceUID=series, FrameOfReferenceUID=frame,
+                        ImageOrientationPatient=[*row.tolist(), *col.tolist()],
+                        ImagePositionPatient=origin.tolist(), PixelSpacing=list(SPACING),
+                        ImageType=["ORIGINAL", "PRIMARY", "AXIAL"], SeriesNumber=1, AccessionNumber="",
+                        ReferringPhysicianName="", PatientName="Doe^Jane", PatientSex="F", StudyID="1",
+                        Manufacturer="packer-tests", PositionReferenceIndicator="", SliceThickness=STEP,
+                        ContentDate="20240101", ContentTime="101112", AcquisitionNumber=1)
+        out.append(ds)
+    return out
+
+
+@pytest.mark.slow
+def test_a_seg_over_an_oblique_multi_frame_source_packs_into_the_volume_in_patient_coordinates(
+        tmp_path: Path) -> None:
+    """The source is one Legacy Converted Enhanced CT (highdicom) of an oblique series: its frames
+    are the slices, the SEG's frames reference them by frame number. Every packed mask voxel of the
+    volume, mapped through the volume's affine to patient millimetres, holds the class planted at
+    that point of the source slices."""
+    singles = _oblique_series(tmp_path / "singles", 25.0)
+    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=singles, series_instance_uid=generate_uid(), series_number=3,
+        sop_instance_uid=generate_uid(), instance_number=1)
+    raw = tmp_path / "raw"
+    save(enhanced, raw / "ct" / "enhanced.dcm")
+    depth = [int(np.argmin([np.linalg.norm(np.subtract(item.PlanePositionSequence[0].ImagePositionPatient,
+                                                       s.ImagePositionPatient)) for s in singles]))
+             for item in enhanced.PerFrameFunctionalGroupsSequence]  # each frame's slice
+    z0, z1, r0, r1, c0, c1 = LIVER
+    planted = np.zeros((SLICES, ROWS, COLUMNS), dtype=bool)
+    planted[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1] = True
+    description = hd.seg.SegmentDescription(
+        segment_number=1, segment_label="Liver",
+        segmented_property_category=hd.sr.CodedConcept("123037004", "SCT", "Anatomical Structure"),
+        segmented_property_type=hd.sr.CodedConcept("10200004", "SCT", "Liver"),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.MANUAL)
+    seg = hd.seg.Segmentation(source_images=[enhanced], pixel_array=planted[depth],
+                              segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+                              segment_descriptions=[description], series_instance_uid=generate_uid(),
+                              series_number=4, sop_instance_uid=generate_uid(), instance_number=1,
+                              manufacturer="packer-tests", manufacturer_model_name="tests",
+                              software_versions="1", device_serial_number="1")
+    (raw / "seg").mkdir(parents=True)
+    seg.save_as(raw / "seg" / "seg.dcm")
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS, sample="volume"))
+    (item,) = _items(result)
+    mask = item["mask"].numpy()
+    meta = _records(result)[item["key"]]
+    affine = np.asarray(meta["metadata"]["volume"]["affine"])
+    # each source voxel's centre in patient mm, and where the packed volume holds that point
+    to_volume = np.linalg.inv(affine)
+    hits = 0
+    for k, s in enumerate(singles):
+        for r in range(ROWS):
+            for c in range(COLUMNS):
+                point = np.asarray(_point(s, r, c) + [1.0])
+                d, h, w = np.rint(to_volume @ point)[:3].astype(int)
+                assert mask[d, h, w] == (4 if planted[k, r, c] else 0), (k, r, c)
+                hits += int(planted[k, r, c])
+    assert hits == planted.sum() > 0
+
+
+
+# --------------------------------------------------------------------------- linking, from headers
+
+
+def _placed(series: str, frame_of_reference: str, patient: str, n: int = 4) -> list[tuple[SampleRef, SliceGeometry]]:
+    return [(SampleRef(sample_id=f"{series}-{k}", source="ct", kind="dicom", path=f"/raw/{series}/{k}.dcm",
+                       relpath=f"{series}/{k}.dcm", label="", entity=patient),
+             SliceGeometry(study_uid="1.2", series_uid=series, frame_of_reference=frame_of_reference,
+                           positions=((0.0, 0.0, 2.0 * k),), orientation=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0), rows=8,
+                           columns=8, spacing=(1.0, 1.0), image_type=("ORIGINAL", "PRIMARY"),
+                           sop_uid=f"{series}.{k}"))
+            for k in range(n)]
+
+
+def _note(name: str, **refs: Any) -> tuple[SampleRef, AnnotationRefs]:
+    fields = {"modality": "RTSTRUCT", "study_uid": "1.2", "series_uids": (), "instance_uids": (),
+              "frames_of_reference": (), **refs}
+    return (SampleRef(sample_id=name, source="ct", kind="dicom", path=f"/raw/{name}.dcm", relpath=f"{name}.dcm"),
+            AnnotationRefs(**fields))
+
+
+@pytest.mark.parametrize(("refs", "linked"), [
+    ({"series_uids": ("B",)}, "B"),                          # Referenced Series
+    ({"instance_uids": ("A.2", "A.3")}, "A"),                # only the instances it was drawn on
+    ({"frames_of_reference": ("FOR-B",)}, "B"),              # only its frame of reference, one series in it
+    ({"series_uids": ("gone",)}, None),                      # a series not in the source: an orphan
+    ({"frames_of_reference": ("FOR-A",)}, None),             # two series share the frame: which one is unknown
+    ({}, None),                                              # references nothing at all
+])
+def test_an_annotation_is_linked_from_its_header_to_the_series_it_references(refs: dict[str, Any],
+                                                                               linked: str | None) -> None:
+    placed = _placed("A", "FOR-A", "P1") + _placed("A2", "FOR-A", "P1") + _placed("B", "FOR-B", "P2")
+    assembled = assemble(placed, SeriesConfig(min_slices=1, gap_tolerance=float("inf")))
+    masks = {"ct": MaskConfig(column="", origin="dicom", rois=StructureMap((Structure("body", 1),)))}
+    groups, issues = link(assembled.series, {r.sample_id: g for r, g in placed}, [_note("n", **refs)], (), masks)
+    holding = [g.series.refs[0].relpath.split("/")[0] for g in groups if g.annotations]
+    assert holding == ([linked] if linked else [])
+    assert [i.reason for i in issues] == ([] if linked else ["annotation_orphan"])
+    assert len(groups) == 3  # every series is packed; one without annotation has all-zero masks (empty: keep)
+    every = [p for g in groups for p in g.places]
+    assert len(every) == 12 and all(p.sop_uid for p in every)

@@ -83,6 +83,8 @@ class MaskSchema:
     dtype: str
     classes: tuple[int, ...] | None
     pad: int | None
+    #: class id → its name, where the manifest names them (masks from DICOM SEG and RTSTRUCT)
+    names: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def of_manifest(cls, manifest: dict[str, Any]) -> MaskSchema | None:
@@ -98,9 +100,12 @@ class MaskSchema:
             pads = [s["mask"].get("pad") for s in sources if isinstance(s, dict) and isinstance(s.get("mask"), dict)]
             pad = pads[0] if pads else None
         try:
+            named: dict[str, Any] = record["names"] if isinstance(record.get("names"), dict) else {}
             return cls(dtype=str(record.get("dtype", "?")),
                        classes=None if classes is None else tuple(sorted(int(c) for c in classes)),
-                       pad=None if pad is None else int(pad))
+                       pad=None if pad is None else int(pad),
+                       names=tuple(sorted((int(k), str(v.get("name", ""))) for k, v in named.items()
+                                          if isinstance(v, dict))))
         except (TypeError, ValueError):
             return None
 

@@ -45,7 +45,8 @@ def _name(class_id: int, mask: MaskSchema) -> str:
         return "0 background"
     if mask.pad is not None and class_id == mask.pad:
         return f"{class_id} (pad)"
-    return str(class_id)
+    name = dict(mask.names).get(class_id)
+    return f"{class_id} {name}" if name else str(class_id)
 
 
 def _swatch(class_id: int, mask: MaskSchema, cls: str = "") -> str:

@@ -211,42 +211,38 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     series: dict[str, None] = {}
     instances: dict[str, None] = {}
     frames: dict[str, None] = {}
-    if _uid(ds, "FrameOfReferenceUID"):
-        frames[_uid(ds, "FrameOfReferenceUID")] = None
+
+    def add(found: dict[str, None], item: Dataset, keyword: str) -> None:
+        if _uid(item, keyword):
+            found[_uid(item, keyword)] = None
+
+    add(frames, ds, "FrameOfReferenceUID")
     structures = 0
     if modality == "SEG":
         structures = len(_items(ds, "SegmentSequence"))
         for item in _items(ds, "ReferencedSeriesSequence"):
-            if _uid(item, "SeriesInstanceUID"):
-                series[_uid(item, "SeriesInstanceUID")] = None
+            add(series, item, "SeriesInstanceUID")
             for inst in _items(item, "ReferencedInstanceSequence"):
-                if _uid(inst, "ReferencedSOPInstanceUID"):
-                    instances[_uid(inst, "ReferencedSOPInstanceUID")] = None
+                add(instances, inst, "ReferencedSOPInstanceUID")
         for frame in _items(ds, "PerFrameFunctionalGroupsSequence"):
             for derivation in _items(frame, "DerivationImageSequence"):
                 for source in _items(derivation, "SourceImageSequence"):
-                    if _uid(source, "ReferencedSOPInstanceUID"):
-                        instances[_uid(source, "ReferencedSOPInstanceUID")] = None
+                    add(instances, source, "ReferencedSOPInstanceUID")
     elif modality == "RTSTRUCT":
         rois = _items(ds, "StructureSetROISequence")
         structures = len(rois)
         for roi in rois:
-            if _uid(roi, "ReferencedFrameOfReferenceUID"):
-                frames[_uid(roi, "ReferencedFrameOfReferenceUID")] = None
+            add(frames, roi, "ReferencedFrameOfReferenceUID")
         for ref in _items(ds, "ReferencedFrameOfReferenceSequence"):
-            if _uid(ref, "FrameOfReferenceUID"):
-                frames[_uid(ref, "FrameOfReferenceUID")] = None
+            add(frames, ref, "FrameOfReferenceUID")
             for study in _items(ref, "RTReferencedStudySequence"):
                 for item in _items(study, "RTReferencedSeriesSequence"):
-                    if _uid(item, "SeriesInstanceUID"):
-                        series[_uid(item, "SeriesInstanceUID")] = None
+                    add(series, item, "SeriesInstanceUID")
                     for image in _items(item, "ContourImageSequence"):
-                        if _uid(image, "ReferencedSOPInstanceUID"):
-                            instances[_uid(image, "ReferencedSOPInstanceUID")] = None
+                        add(instances, image, "ReferencedSOPInstanceUID")
         for roi_contour in _items(ds, "ROIContourSequence"):
             for contour in _items(roi_contour, "ContourSequence"):
                 for image in _items(contour, "ContourImageSequence"):
-                    if _uid(image, "ReferencedSOPInstanceUID"):
-                        instances[_uid(image, "ReferencedSOPInstanceUID")] = None
+                    add(instances, image, "ReferencedSOPInstanceUID")
     return AnnotationRefs(modality=modality, study_uid=_uid(ds, "StudyInstanceUID"), series_uids=tuple(series),
                           instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures)

@@ -288,6 +288,14 @@ class DicomSeries(Grouping):
             return stack_volume(slices, series, job.dicom), records
         return stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge), records
 
+    def headers_only(self, group: Series | AnnotatedSeries) -> tuple[Excluded, ...]:
+        """A series' annotations, linked from their headers (``--quick`` does not paint them)."""
+        if not isinstance(group, AnnotatedSeries):
+            return ()
+        return tuple(Excluded.of(ref, stage="read", why="annotation", modality=modality, detail=(
+            f"{modality}: linked to a series of {len(group.places)} slices from its header (validate --quick "
+            "does not paint it)")) for ref, modality in group.annotations)
+
     def counted(self, group: Series | AnnotatedSeries, job: JobConfig) -> list[tuple[SampleRef, str]]:
         """One sample per series for a volume, one per slice for neighbour stacks (none for a slice
         without its neighbours under ``edge: skip``) and for slices, keyed as :meth:`combine` keys them."""

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pydicom
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig, SourceConfig
 from packer.read.annotations import AnnotationError, AnnotationRefs, Painter, SlicePlace
@@ -189,27 +188,22 @@ class Painted:
 
 def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg: MaskConfig,
                      painter: Painter) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Paint one annotation object; (unmapped structure names, notes). Raises AnnotationError."""
-    try:
-        dataset = pydicom.dcmread(ref.path)
-    except Exception as err:  # noqa: BLE001 - any parse failure of the annotation is its record
-        raise AnnotationError("unreadable", f"{ref.path}: the {modality} cannot be parsed "
-                                            f"({type(err).__name__}: {err})") from err
+    """Paint one annotation object (each reader parses its own file, so highdicom need not copy
+    a parsed one); (unmapped structure names, notes). Raises AnnotationError."""
     if modality == "SEG":
         from packer.read.seg import paint_seg
 
         if cfg.segments is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
                                                          "segments; add mask.segments (segment label → class id)")
-        drawn = paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid,
-                          dataset=dataset)
+        drawn = paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid)
     else:
         from packer.read.rtstruct import paint_rtstruct
 
         if cfg.rois is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
                                                          "rois; add mask.rois (ROI name → class id, with aliases)")
-        drawn = paint_rtstruct(ref.path, group.places, cfg.rois, painter, dataset=dataset)
+        drawn = paint_rtstruct(ref.path, group.places, cfg.rois, painter)
     return tuple(drawn.unmapped), tuple(drawn.notes)
 
 

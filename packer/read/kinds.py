@@ -286,6 +286,11 @@ class Grouping:
         no samples)."""
         raise NotImplementedError
 
+    def headers_only(self, group: Any) -> tuple[Excluded, ...]:
+        """``validate --quick``: the records of the group's files that are not :meth:`decoded`
+        (a series' annotations), as far as headers tell. Default: none."""
+        return ()
+
     def counted(self, group: Any, job: JobConfig) -> list[tuple[SampleRef, str]]:
         """(ref, key) of each sample the group would make, from headers alone (``validate --quick``)."""
         raise NotImplementedError
