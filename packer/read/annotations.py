@@ -119,19 +119,23 @@ class Painter:
         self.labels = np.zeros(self.shape, dtype=self.dtype)
         self._rank = np.zeros(self.shape, dtype=np.uint16)  # 1 + the rank of the class holding a voxel; 0: none
 
-    def paint(self, structure: Structure, index: int, mask: np.ndarray, source: str) -> None:
-        """Paint ``structure`` where the H×W boolean ``mask`` holds on slice ``index``;
-        ``source``: the structure's name in the object (for the report and the overlap message)."""
-        if mask.shape != self.shape[1:]:
-            raise ValueError(f"a {mask.shape} mask painted on a {self.shape[1:]} slice")
+    def paint(self, structure: Structure, index: int, mask: np.ndarray, source: str,
+              origin: tuple[int, int] = (0, 0)) -> None:
+        """Paint ``structure`` where the boolean ``mask`` holds on slice ``index``: the whole H×W
+        slice, or a window of it whose top-left pixel is ``origin``; ``source``: the structure's
+        name in the object (for the report and the overlap message)."""
+        top, left = origin
+        if top < 0 or left < 0 or top + mask.shape[0] > self.shape[1] or left + mask.shape[1] > self.shape[2]:
+            raise ValueError(f"a {mask.shape} mask at {origin} painted on a {self.shape[1:]} slice")
         self.painted.setdefault(structure.id, set()).add(source)
         rows = np.flatnonzero(mask.any(axis=1))
         if rows.size == 0:
             return
         cols = np.flatnonzero(mask.any(axis=0))
-        r0, c0 = int(rows[0]), int(cols[0])
-        box = (slice(r0, int(rows[-1]) + 1), slice(c0, int(cols[-1]) + 1))  # only the structure's bounding box
-        mask = mask[box]
+        mask = mask[int(rows[0]):int(rows[-1]) + 1, int(cols[0]):int(cols[-1]) + 1]
+        r0, c0 = top + int(rows[0]), left + int(cols[0])
+        rows, cols = rows - rows[0], cols - cols[0]
+        box = (slice(r0, r0 + mask.shape[0]), slice(c0, c0 + mask.shape[1]))  # only the structure's bounding box
         rank = self.structures.rank(structure) + 1
         held = self._rank[index][box]
         labels = self.labels[index][box]
@@ -206,7 +210,9 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     Source Image Sequence (instances), the Frame of Reference UID. RTSTRUCT: Referenced Frame of
     Reference → RT Referenced Study → RT Referenced Series (series, Contour Image Sequence
     instances), each contour's Contour Image Sequence, the Structure Set ROI Sequence's Referenced
-    Frame of Reference UIDs. Missing sequences give empty tuples: linking decides."""
+    Frame of Reference UIDs. The per-frame and per-contour references are read only where the
+    object names no series (a structure set of a thousand contours is then not walked twice).
+    Missing sequences give empty tuples: linking decides."""
     modality = annotation_modality(ds) or ""
     series: dict[str, None] = {}
     instances: dict[str, None] = {}
@@ -224,7 +230,7 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
             add(series, item, "SeriesInstanceUID")
             for inst in _items(item, "ReferencedInstanceSequence"):
                 add(instances, inst, "ReferencedSOPInstanceUID")
-        for frame in _items(ds, "PerFrameFunctionalGroupsSequence"):
+        for frame in _items(ds, "PerFrameFunctionalGroupsSequence") if not series else ():
             for derivation in _items(frame, "DerivationImageSequence"):
                 for source in _items(derivation, "SourceImageSequence"):
                     add(instances, source, "ReferencedSOPInstanceUID")
@@ -240,7 +246,7 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
                     add(series, item, "SeriesInstanceUID")
                     for image in _items(item, "ContourImageSequence"):
                         add(instances, image, "ReferencedSOPInstanceUID")
-        for roi_contour in _items(ds, "ROIContourSequence"):
+        for roi_contour in _items(ds, "ROIContourSequence") if not series else ():
             for contour in _items(roi_contour, "ContourSequence"):
                 for image in _items(contour, "ContourImageSequence"):
                     add(instances, image, "ReferencedSOPInstanceUID")

@@ -296,17 +296,27 @@ def contour_pixels(points: np.ndarray, place: SlicePlace) -> np.ndarray:
 
 
 def fill_even_odd(polygons: Sequence[np.ndarray], rows: int, columns: int) -> np.ndarray:
-    """A rows × columns boolean mask of the pixels whose centre lies inside ``polygons`` (each N×2
+    """:func:`fill_window` on the whole rows × columns grid."""
+    window, (top, left) = fill_window(polygons, rows, columns)
+    mask = np.zeros((rows, columns), dtype=bool)
+    mask[top:top + window.shape[0], left:left + window.shape[1]] = window
+    return mask
+
+
+def fill_window(polygons: Sequence[np.ndarray], rows: int, columns: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The pixels of a rows × columns grid whose centre lies inside ``polygons`` (each N×2
     float (row, column) vertices, closed implicitly) by the even-odd rule, all polygons together.
 
     A centre exactly on an edge is in on a left or top edge and out on a right or bottom one (an
     edge crosses row ``r`` when ``min(y0, y1) ≤ r < max(y0, y1)``; a crossing at column ``x``
     counts for centres with ``c ≥ x``). Vertices may lie outside the grid. Cost: one numpy pass
-    over the crossings of pixel rows with the edges, and a cumulative sum over the rows they span."""
-    mask = np.zeros((rows, columns), dtype=bool)
+    over the crossings of pixel rows with the edges, and a cumulative sum over the rows they span.
+    Returns the window of the grid the polygons cover (a boolean array) and its top-left pixel:
+    no pixel outside it is in."""
+    empty = (np.zeros((0, 0), dtype=bool), (0, 0))
     edges = [np.stack([p, np.roll(p, -1, axis=0)], axis=1) for p in polygons if len(p) >= 2]
     if not edges or rows <= 0 or columns <= 0:
-        return mask
+        return empty
     segments = np.concatenate(edges)  # E×2×2: (start, end) × (row, column)
     y0, x0 = segments[:, 0, 0], segments[:, 0, 1]
     y1, x1 = segments[:, 1, 0], segments[:, 1, 1]
@@ -315,7 +325,7 @@ def fill_even_odd(polygons: Sequence[np.ndarray], rows: int, columns: int) -> np
     counts = (stop - first).astype(np.int64)
     keep = counts > 0
     if not keep.any():
-        return mask
+        return empty
     y0, x0, y1, x1, first, counts = y0[keep], x0[keep], y1[keep], x1[keep], first[keep].astype(np.int64), counts[keep]
     edge = np.repeat(np.arange(counts.size), counts)
     starts = np.cumsum(counts) - counts
@@ -327,12 +337,11 @@ def fill_even_odd(polygons: Sequence[np.ndarray], rows: int, columns: int) -> np
     low, high = int(row.min()), int(row.max()) + 1
     left, right = int(column.min()), int(column.max())
     if right == left:
-        return mask
+        return empty
     width = right - left + 1
     toggles = np.bincount((row - low) * width + (column - left), minlength=(high - low) * width)
     parity = np.cumsum(toggles.reshape(high - low, width)[:, :-1], axis=1) & 1
-    mask[low:high, left:right] = parity.astype(bool)
-    return mask
+    return parity.astype(bool), (low, left)
 
 
 def _distinct(pixels: np.ndarray) -> np.ndarray:
@@ -466,5 +475,6 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
         notes.extend(_notes(name, tally, empty=not contours))
         for at in sorted(by_slice):
             place = slices[at]
-            painter.paint(structure, at, fill_even_odd(by_slice[at], place.rows, place.columns), source=name)
+            window, origin = fill_window(by_slice[at], place.rows, place.columns)
+            painter.paint(structure, at, window, source=name, origin=origin)
     return Drawn(unmapped=tuple(unmapped), notes=tuple(notes))
