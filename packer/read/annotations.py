@@ -117,7 +117,8 @@ class Painter:
 
     def __post_init__(self) -> None:
         self.labels = np.zeros(self.shape, dtype=self.dtype)
-        self._rank = np.zeros(self.shape, dtype=np.uint16)  # 1 + the rank of the class holding a voxel; 0: none
+        # 1 + the rank of the class holding a voxel (0: none); uint8 while there are under 255 classes
+        self._rank = np.zeros(self.shape, dtype=np.uint8 if len(self.structures.structures) < 255 else np.uint16)
 
     def paint(self, structure: Structure, index: int, mask: np.ndarray, source: str,
               origin: tuple[int, int] = (0, 0)) -> None:
