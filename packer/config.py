@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -28,6 +28,9 @@ from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 from packer.structures import Structure, StructureMap
 from packer.where import Condition, parse_where
+
+if TYPE_CHECKING:  # the kinds import this module; the mask parser only asks one what it reads
+    from packer.read.kinds import SourceKind
 
 SPLITS = ("train", "valid", "test")
 #: The cells of a multilabel 0/1 column that mean "uncertain" unless ``uncertain_values:`` says
@@ -194,7 +197,7 @@ class MaskConfig:
     @property
     def from_dicom(self) -> bool:
         """The masks come from the source's own SEG and RTSTRUCT objects."""
-        return self.origin == "dicom"
+        return self.origin != "file"
 
     def structures(self) -> StructureMap:
         """Every class of ``segments`` and ``rois`` in declared order (as the job file writes them):
@@ -827,7 +830,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                 raise ConfigError(f"{where}.{key}: only {' and '.join(takers)} sources take {key}; a source of "
                                   f"kind {kind.name} does not read it: remove it")
     if (isinstance(raw.get("mask"), dict) and raw["mask"].get("grid", "require") != "require" and not kind.volume_masks
-            and raw["mask"].get("from") != "dicom"):
+            and "from" not in raw["mask"]):
         raise ConfigError(f"{where}.mask.grid: {kind.name} masks are files of the image's stored size, not label "
                           "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
@@ -856,7 +859,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     if kind.identity_in_header and target.origin != "table" and has_table:
         raise ConfigError(f"{where}.{kind.table_key}: the label table is unused with label: {target.to_json()}; "
                           f"remove '{kind.table_key}:' or the 'label:' setting")
-    mask = _parse_mask(raw, root, kind.table_key, f"{where}.mask") if "mask" in raw else None
+    mask = _parse_mask(raw, root, kind, f"{where}.mask") if "mask" in raw else None
     options, companions = kind.parse_source(raw, where)
     if companions and not has_table:
         raise ConfigError(f"{where}: {', '.join(companions)} name files by table columns; add "
@@ -1013,12 +1016,13 @@ def _parse_dicom_mask(spec: dict[str, Any], root: Path | str, where: str) -> Mas
                       rois_first=rois_first)
 
 
-def _parse_mask(raw: dict[str, Any], root: Path | str, table: str, where: str) -> MaskConfig:
+def _parse_mask(raw: dict[str, Any], root: Path | str, kind: SourceKind, where: str) -> MaskConfig:
     spec = raw["mask"]
-    if spec.get("from") == "dicom":
-        if raw["kind"] != "dicom":
+    table = kind.table_key
+    if "from" in spec:  # the schema allows one value: dicom
+        if not kind.annotation_masks:
             raise ConfigError(f"{where}.from: dicom masks are the SEG and RTSTRUCT objects of a DICOM source; a "
-                              f"{raw['kind']} source names its mask files by a table column ('column:')")
+                              f"{kind.name} source names its mask files by a table column ('column:')")
         if table in raw:
             raise ConfigError(f"{where}.from: masks from dicom with a '{table}:' table: the table names image files, "
                               "so the SEG and RTSTRUCT files it does not name would be refused before their headers "

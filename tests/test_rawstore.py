@@ -104,8 +104,8 @@ def test_s3_inputs_build_the_same_shards_and_bad_samples_as_local_paths(builds: 
 def test_each_raw_file_is_fetched_once_and_the_cache_key_costs_no_request(builds: Builds, store: Store) -> None:
     prefix = "demo/raw/"
     objects = {o["Key"] for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
-    read = {key for key in objects if key[len(prefix):] not in NOT_READ
-            and not key[len(prefix):].startswith(("targets/", "series/", "nifti/"))}  # other jobs' sources
+    others = ("targets/", "series/", "nifti/", "annotated/")  # other jobs' sources
+    read = {key for key in objects if key[len(prefix):] not in NOT_READ and not key[len(prefix):].startswith(others)}
     fetched = builds.calls.whole_gets()
     assert set(fetched) == read  # the raw files (planted defects included) and the two tables
     assert set(fetched.values()) == {1}

@@ -67,6 +67,7 @@ class DicomKind(SourceKind):
     looked_for = ("*.dcm files, or other files (not images, tables or text) that start with the DICOM preamble "
                   "(DICM at byte 128)")
     head_bytes = _DICM_OFFSET + 4
+    annotation_masks = True
 
     def lists(self, suffix: str) -> bool | None:
         if suffix == ".dcm":

@@ -45,7 +45,7 @@ from packer.transform.volume import Volume, canonical, crop_or_pad, resample_nea
 
 def annotated_sources(job: JobConfig) -> dict[str, MaskConfig]:
     """The DICOM sources of ``job`` whose masks come from their SEG and RTSTRUCT objects, by name."""
-    return {s.name: s.mask for s in job.sources if s.kind == "dicom" and s.mask is not None and s.mask.from_dicom}
+    return {s.name: s.mask for s in job.sources if s.mask is not None and s.mask.from_dicom}
 
 
 def annotated(job: JobConfig) -> bool:

@@ -117,6 +117,9 @@ class SourceKind:
     #: Its masks are label maps of volumes, which may be resampled to their image's grid
     #: (``mask.grid: resample``); other kinds' masks are 2-D files on the image's stored size
     volume_masks: ClassVar[bool] = False
+    #: Its sources may read their masks from annotation objects among their own files
+    #: (``mask: {from: dicom}``: DICOM SEG and RTSTRUCT, :mod:`packer.read.dicom_masks`)
+    annotation_masks: ClassVar[bool] = False
     #: Each file is a unit of work of its own (a volume: seconds of inflating and resampling), so
     #: the pixel pass gives it a chunk of its own instead of cutting files into content-defined
     #: chunks of about 32: the workers then share the files one by one
