@@ -406,7 +406,7 @@ def packer_group(data: Path, patient: str) -> tuple[Any, Any]:
 def packer_paint(group: Any, source: Any) -> np.ndarray:
     from packer.read.dicom_masks import paint_series
 
-    painted = paint_series(group, source, keep_names=False)
+    painted = paint_series(group, source.mask, keep_names=False)
     assert not isinstance(painted, list), painted
     return painted.labels
 

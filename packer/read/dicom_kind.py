@@ -278,7 +278,7 @@ class DicomSeries(Grouping):
             labels, metadata, records = series_labels(group, len(slices), job)
             if labels is None:
                 return [], records
-            pad = next(s.mask.pad for s in job.sources if s.name == series.refs[0].source and s.mask is not None)
+            pad = annotated_sources(job)[series.refs[0].source].pad
             if job.dicom.sample == "volume":
                 (volume,) = stack_volume(slices, series, job.dicom)
                 return [with_mask(volume, volume_mask(labels, series.affine(), job.dicom, pad), metadata)], records

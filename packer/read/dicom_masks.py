@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.config import DicomTransformConfig, JobConfig, MaskConfig, SourceConfig
+from packer.config import DicomTransformConfig, JobConfig, MaskConfig
 from packer.read.annotations import AnnotationError, AnnotationRefs, Painter, SlicePlace
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
@@ -82,7 +82,6 @@ class _Found:
     series: Series
     series_uid: str
     frame_of_reference: str
-    instances: set[str]
     places: tuple[SlicePlace, ...] | None
     annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
 
@@ -120,24 +119,30 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
     annotation of such a series is an orphan that says so); ``masks``: the annotated sources'
     mask settings, by source name."""
     found: list[_Found] = []
+    # each series by (source, Series Instance UID), by (source, SOP Instance UID) of its files and by
+    # (source, Frame of Reference UID): one lookup an annotation, however many series the source holds
+    by_series: dict[tuple[str, str], list[_Found]] = {}
+    by_instance: dict[tuple[str, str], list[_Found]] = {}
+    by_frame: dict[tuple[str, str], list[_Found]] = {}
     for s in series:
         first = geometry[s.refs[0].sample_id]
-        found.append(_Found(series=s, series_uid=first.series_uid, frame_of_reference=first.frame_of_reference,
-                            instances={geometry[r.sample_id].sop_uid for r in s.refs},
-                            places=_places(s, geometry)))
-    by_series: dict[tuple[str, str], list[_Found]] = {}
-    for f in found:
-        by_series.setdefault((f.series.refs[0].source, f.series_uid), []).append(f)
-    refused_ids = {issue.sample_id for issue in refused}
+        f = _Found(series=s, series_uid=first.series_uid, frame_of_reference=first.frame_of_reference,
+                   places=_places(s, geometry))
+        found.append(f)
+        source = s.refs[0].source
+        by_series.setdefault((source, f.series_uid), []).append(f)
+        for uid in dict.fromkeys(geometry[r.sample_id].sop_uid for r in s.refs):
+            by_instance.setdefault((source, uid), []).append(f)
+        if f.frame_of_reference:
+            by_frame.setdefault((source, f.frame_of_reference), []).append(f)
     issues: list[Issue] = []
     for ref, refs in annotations:
-        mine = [f for f in found if f.series.refs[0].source == ref.source]
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
         if not chosen and refs.instance_uids:
-            wanted = set(refs.instance_uids)
-            chosen = [f for f in mine if f.instances & wanted]
+            chosen = [f for uid in refs.instance_uids for f in by_instance.get((ref.source, uid), [])]
         if not chosen and not refs.series_uids and not refs.instance_uids:
-            chosen = [f for f in mine if f.frame_of_reference and f.frame_of_reference in refs.frames_of_reference]
+            chosen = list({id(f): f for uid in refs.frames_of_reference
+                           for f in by_frame.get((ref.source, uid), [])}.values())
             if len(chosen) > 1:
                 issues.append(_orphan(ref, refs, f"names no series or instance, and {len(chosen)} series of the "
                                                  "source share its Frame of Reference, so which one it was drawn "
@@ -149,7 +154,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                     if refs.instance_uids else "names no series, no instance and no frame of reference shared by "
                                                "a series")
             gone = " that are not among the source's packed series" if refs.series_uids or refs.instance_uids else ""
-            if refused_ids and gone:
+            if refused and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
             issues.append(_orphan(ref, refs, f"{what}{gone}"))
             continue
@@ -207,14 +212,12 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
     return tuple(drawn.unmapped), tuple(drawn.notes)
 
 
-def paint_series(group: AnnotatedSeries, source: SourceConfig, keep_names: bool) -> Painted | list[Issue]:
-    """The label map of ``group``'s slices from all its annotations (module docstring, step 2),
-    or the records that refuse the series: the failing annotation's, the same reason for each
-    image file, and ``series_incomplete`` for its other annotations. ``keep_names``: the
-    metadata may name the source structures (``phi: keep``; else only mapped class names)."""
-    cfg = source.mask
-    if cfg is None:
-        raise ValueError(f"source {source.name!r} has no mask")
+def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> Painted | list[Issue]:
+    """The label map of ``group``'s slices from all its annotations under its source's mask
+    settings ``cfg`` (module docstring, step 2), or the records that refuse the series: the
+    failing annotation's, the same reason for each image file, and ``series_incomplete`` for its
+    other annotations. ``keep_names``: the metadata may name the source structures (``phi:
+    keep``; else only mapped class names)."""
     first = group.places[0] if group.places else None
     shape = (len(group.places), first.rows if first else 0, first.columns if first else 0)
     painter = Painter(shape=shape, structures=cfg.structures(), overlap=cfg.overlap, dtype=cfg.dtype)
@@ -294,12 +297,9 @@ def series_labels(group: AnnotatedSeries, slices: int, job: JobConfig
     """The label map of ``group`` (``slices`` × rows × columns, series order, native grid), the
     annotation facts for its samples' metadata, and the annotations' records (Excluded
     ``annotation`` each); or None and the records refusing the series."""
-    source = next(s for s in job.sources if s.name == group.series.refs[0].source)
-    cfg = source.mask
-    if cfg is None:
-        raise ValueError(f"source {source.name!r} has no mask")
+    cfg = annotated_sources(job)[group.series.refs[0].source]
     if group.annotations:
-        painted = paint_series(group, source, keep_names=job.phi.mode == "keep")
+        painted = paint_series(group, cfg, keep_names=job.phi.mode == "keep")
         if isinstance(painted, list):
             return None, {}, tuple(painted)
         labels, used, metadata = painted.labels, painted.used, painted.metadata
