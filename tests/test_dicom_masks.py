@@ -439,3 +439,21 @@ def test_an_annotation_is_linked_from_its_header_to_the_series_it_references(ref
     assert len(groups) == 3  # every series is packed; one without annotation has all-zero masks (empty: keep)
     every = [p for g in groups for p in g.places]
     assert len(every) == 12 and all(p.sop_uid for p in every)
+
+
+def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.read.rtstruct as rtstruct
+
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(rtstruct, "paint_rtstruct", broken)
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert {Path(b["path"]).name for b in records if b["reason"] == "unexpected_error"} >= {"rt.dcm"}
+    assert sum(b["reason"] == "unexpected_error" and Path(b["path"]).parent.name == "CT" for b in records) == SLICES
+    assert "RuntimeError: a bug" in next(b["message"] for b in records if Path(b["path"]).name == "rt.dcm")

@@ -230,6 +230,9 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
             names, noted = _read_annotation(ref, modality, group, cfg, painter)
         except AnnotationError as err:
             return _refused(group, ref, err)
+        except Exception as err:  # noqa: BLE001 - the annotation readers' boundary, as packer.read.at_boundary is
+            # the image readers': a reader bug is the series' unexpected_error record, never a crashed job
+            return _refused(group, ref, AnnotationError("unexpected_error", f"{ref.path}: {type(err).__name__}: {err}"))
         unmapped += len(names)
         notes.extend(noted)
         detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
