@@ -343,9 +343,9 @@ def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any]
     records, so the damage is located to samples without ``--deep``. An index from before
     per-sample checksums names none (the shard's own finding stands)."""
     name = entry["file"]
-    expected = {row["key"]: row.get(INDEX_COLUMN) for row in rows}
-    if not expected or None in expected.values():
+    if not rows or any(row.get(INDEX_COLUMN) is None for row in rows):
         return
+    expected: dict[str, int] = {row["key"]: int(row[INDEX_COLUMN]) for row in rows}
     seen: set[str] = set()
     try:
         for key, value in _sample_checksums(folder, fmt, name, entry["samples"]):
