@@ -81,6 +81,7 @@ _EXPORTS = {
     "make_loader": "dataloader",
     "resolve_rank": "dataset",
     "seed_worker": "dataloader",
+    "wds_dataset": "wds",
 }
 
 __all__ = sorted(_EXPORTS)

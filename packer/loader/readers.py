@@ -269,7 +269,7 @@ def _index_bytes(info: SplitInfo, *, verify: bool, fix: str = "") -> bytes:
     return data
 
 
-def _split_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool) -> tuple[Any, list[tuple[int, int]]]:
+def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool) -> tuple[Any, list[tuple[int, int]]]:
     """The split's rows of ``_index.parquet`` (``columns`` besides split, shard and position),
     ordered by shard (manifest order) and position, and each shard's (start, end) rows in it:
     row ``start + i`` is sample ``i`` of the shard. ``IntegrityError`` when the index is missing,
@@ -330,7 +330,7 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
         _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
                               "per-sample checksums)")
         return None
-    table, bounds = _split_rows(info, [INDEX_COLUMN], verify=False)  # hashed just above
+    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False)  # hashed just above
     sums = table[INDEX_COLUMN].to_numpy().astype(np.uint64)
     return tuple(sums[lo:hi] for lo, hi in bounds)
 
@@ -389,7 +389,7 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         label_names = tuple(dict.fromkeys(names))
         label_ids = {info.label_map[n] for n in label_names}
     column = (info.target.view_column if label_ids is not None else None) or "label"  # the labels= filter's
-    table, bounds = _split_rows(info, ["source", column], verify=verify)
+    table, bounds = split_index_rows(info, ["source", column], verify=verify)
     keep = np.ones(table.num_rows, dtype=bool)
     if wanted_sources is not None:
         keep &= np.isin(table["source"].to_numpy(zero_copy_only=False).astype(str), list(wanted_sources))
