@@ -75,11 +75,13 @@ def _decode(dataset: ShardDataset, seconds: float) -> dict[str, Any]:
         dataset.set_epoch(epoch)
         return dataset
 
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     for _ in _epochs(run, seconds):
         count += 1
-    elapsed = time.perf_counter() - start
-    return {"samples": count, "seconds": elapsed, "samples_per_s": count / elapsed if elapsed else 0.0}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    # CPU seconds of this process: on a shared machine a steadier measure of what a sample costs than wall time
+    return {"samples": count, "seconds": elapsed, "samples_per_s": count / elapsed if elapsed else 0.0,
+            "cpu_s": cpu, "samples_per_cpu_s": count / cpu if cpu else 0.0}
 
 
 def _loader(dataset: ShardDataset, *, num_workers: int, batch_size: int, pin_memory: bool,
@@ -171,14 +173,17 @@ def _h2d(loader: Any, device: torch.device, batches: int = 5) -> dict[str, Any]:
 def _verify_modes(manifest: str | os.PathLike[str], split: str, modes: Sequence[str], *, rounds: int,
                   seconds: float, seed: int, sources: Sequence[str] | None, num_workers: int, batch_size: int,
                   collate: str) -> dict[str, Any]:
-    """Decode and loader samples/s for each ``verify`` mode, interleaved over ``rounds``
-    rounds; medians, every run, and each mode's cost (1 - its samples/s ÷ the first mode's)."""
+    """Decode (samples per wall second and per CPU second of this process) and loader samples/s
+    for each ``verify`` mode, interleaved over ``rounds`` rounds; medians, every run, and each
+    mode's cost (1 - its samples/s ÷ the first mode's)."""
     datasets = {mode: ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources, verify=mode)
                 for mode in modes}
-    runs: dict[str, dict[str, list[float]]] = {mode: {"decode": [], "loader": []} for mode in modes}
+    runs: dict[str, dict[str, list[float]]] = {mode: {"decode": [], "decode_cpu": [], "loader": []} for mode in modes}
     for r in range(rounds):
         for mode in (modes if r % 2 == 0 else list(reversed(modes))):
-            runs[mode]["decode"].append(_decode(datasets[mode], seconds)["samples_per_s"])
+            decoded = _decode(datasets[mode], seconds)
+            runs[mode]["decode"].append(decoded["samples_per_s"])
+            runs[mode]["decode_cpu"].append(decoded["samples_per_cpu_s"])
             runs[mode]["loader"].append(_loader(datasets[mode], num_workers=num_workers, batch_size=batch_size,
                                                 pin_memory=False, seconds=seconds, collate=collate)["samples_per_s"])
     medians = {mode: {stage: statistics.median(values) for stage, values in stages.items()}
@@ -309,11 +314,13 @@ def format_table(result: dict[str, Any]) -> str:
         first = compared["modes"][0]
         lines += ["", f"verify modes, medians of {compared['rounds']} interleaved rounds (loader: "
                       f"{compared['num_workers']} workers, batch {compared['batch_size']}):",
-                  f"{'verify':<8} {'decode/s':>10} {'cost':>7} {'loader/s':>10} {'cost':>7}"]
+                  f"{'verify':<8} {'decode/s':>10} {'cost':>7} {'decode/cpu-s':>13} {'cost':>7} {'loader/s':>10} "
+                  f"{'cost':>7}"]
         for mode in compared["modes"]:
             med, cost = compared["median"][mode], compared["cost"][mode]
-            cells = [f"{med[stage]:>10.1f} {_percent(cost[stage]) if mode != first else '-':>7}"
-                     for stage in ("decode", "loader")]
+            cells = [f"{med[stage]:>{13 if stage == 'decode_cpu' else 10}.1f} "
+                     f"{_percent(cost[stage]) if mode != first else '-':>7}"
+                     for stage in ("decode", "decode_cpu", "loader")]
             lines.append(f"{mode:<8} {' '.join(cells)}")
         lines.append(f"(cost: fewer samples/s than verify={first})")
     return "\n".join(lines)

@@ -40,7 +40,8 @@ INDEX_COLUMN = "xxh3"
 PARQUET_FIELDS = ("label", "shape", "dtype", "image", "metadata", "target", "target_mask", "mask", "mask_shape",
                   "mask_dtype")
 
-Buffer = bytes | bytearray | memoryview | np.ndarray
+#: Anything with the buffer protocol: bytes, bytearray, memoryview, a C-contiguous numpy array
+Buffer = Any
 
 
 #: ``name NUL`` of each field name seen, so a sample's framing costs no encoding
@@ -71,16 +72,19 @@ class SampleHasher:
         """One field: ``name`` and its payload, the concatenation of ``pieces`` (any buffer)."""
         update = self._hash.update
         if len(pieces) == 1:
-            piece = pieces[0]
-            update(_head(name) + _LENGTH(len(piece) if type(piece) is bytes else memoryview(piece).nbytes))
-            update(piece)  # type: ignore[arg-type]  # numpy arrays and memoryviews are buffers
+            update(_head(name) + _LENGTH(_nbytes(pieces[0])))
+            update(pieces[0])
             return
-        update(_head(name) + _LENGTH(sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in pieces)))
+        update(_head(name) + _LENGTH(sum(_nbytes(piece) for piece in pieces)))
         for piece in pieces:
-            update(piece)  # type: ignore[arg-type]
+            update(piece)
 
     def value(self) -> int:
         return int(self._hash.intdigest())
+
+
+def _nbytes(piece: Buffer) -> int:
+    return len(piece) if type(piece) is bytes else memoryview(piece).nbytes
 
 
 def fields_checksum(key: str, fields: Iterable[tuple[str, Sequence[Buffer]]]) -> int:

@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
 from packer.shards.checksum import (
-    PARQUET_FIELDS,
     SampleHasher,
     int_bytes,
     little_endian,
@@ -258,22 +257,25 @@ def _mask_cell(cells: list[Any] | None) -> np.ndarray | None:
 def _row_checksum(key: str, label: int | None, shape: list[int], dtype: str, images: Any, start: int, stop: int,
                   record: str | None, target: np.ndarray | None, target_mask: np.ndarray | None,
                   mask_cells: list[Any] | None) -> int:
-    """The checksum of one row's cells as read (:data:`packer.shards.checksum.PARQUET_FIELDS`
-    order), the image hashed straight from the batch's Arrow buffer."""
+    """The checksum of one row's cells as read, in :data:`packer.shards.checksum.PARQUET_FIELDS`
+    order (a test keeps the two in step), the image hashed straight from the batch's Arrow buffer."""
     hasher = SampleHasher(key)
-    mask, mask_shape, mask_dtype = mask_cells if mask_cells is not None else (None, None, None)
-    image = memoryview(images)[start:stop] if images is not None else b""
-    payloads: dict[str, Any] = {
-        "label": int_bytes(label) if label is not None else None, "shape": shape_bytes(shape),
-        "dtype": dtype.encode("utf-8"), "image": image,
-        "metadata": record.encode("utf-8") if record is not None else None,
-        "target": little_endian(target) if target is not None else None,
-        "target_mask": little_endian(target_mask) if target_mask is not None else None,
-        "mask": mask, "mask_shape": shape_bytes(mask_shape) if mask_shape is not None else None,
-        "mask_dtype": mask_dtype.encode("utf-8") if mask_dtype is not None else None}
-    for name in PARQUET_FIELDS:
-        if payloads[name] is not None:
-            hasher.add(name, payloads[name])
+    if label is not None:
+        hasher.add("label", int_bytes(label))
+    hasher.add("shape", shape_bytes(shape))
+    hasher.add("dtype", dtype.encode("utf-8"))
+    hasher.add("image", memoryview(images)[start:stop] if images is not None else b"")
+    if record is not None:
+        hasher.add("metadata", record.encode("utf-8"))
+    if target is not None:
+        hasher.add("target", little_endian(target))
+    if target_mask is not None:
+        hasher.add("target_mask", little_endian(target_mask))
+    if mask_cells is not None:
+        mask, mask_shape, mask_dtype = mask_cells
+        hasher.add("mask", mask)
+        hasher.add("mask_shape", shape_bytes(mask_shape))
+        hasher.add("mask_dtype", mask_dtype.encode("utf-8"))
     return hasher.value()
 
 
