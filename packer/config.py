@@ -1345,19 +1345,19 @@ def parse_size(raw: Any) -> tuple[int, int] | None:
     return (int(raw[0]), int(raw[1])) if raw else None
 
 
-def parse_job(doc: Any, job_path: Path) -> JobConfig:
-    """Validate a parsed job document and build the JobConfig. Raises ConfigError naming the file."""
+def parse_job(doc: Any, job_path: Path, *, base: Path | None = None) -> JobConfig:
+    """Validate a parsed job document and build the JobConfig. Raises ConfigError naming
+    ``job_path``. Relative paths are relative to ``base``, by default the job file's folder."""
     doc = validate_document(doc, "job", source=str(job_path))
     try:
-        return _build_job(doc, job_path)
+        return _build_job(doc, job_path, job_path.parent.resolve() if base is None else base)
     except ConfigError as err:
         raise ConfigError(f"{job_path}: {err}") from err
 
 
-def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
+def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     from packer.read.kinds import source_kind, source_kinds
 
-    base = job_path.parent.resolve()
     sources = tuple(_parse_source(s, base, i) for i, s in enumerate(doc["sources"]))
     names = [s.name for s in sources]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -1409,7 +1409,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
                                                                job_default("validate.max_bad_fraction"))),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
-        job_path=job_path.resolve(),
+        job_path=job_path if job_path == MAPPING_JOB else job_path.resolve(),
     )
     for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
         kind.check_job(job, [s for s in sources if s.kind == kind.name])
@@ -1555,3 +1555,37 @@ def load_job(path: str | Path) -> JobConfig:
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err
     return parse_job(doc, job_path)
+
+
+#: What ``JobConfig.job_path`` is, and how messages name the job, for a job given as a mapping
+#: rather than a file (``packer.build({...})``): there is no file to name.
+MAPPING_JOB = Path("<dict>")
+
+
+def job_from_mapping(doc: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None) -> JobConfig:
+    """The job a job file would give, from the mapping its YAML parses to (``packer.build({...})``).
+
+    Validated against the same schema with the same messages as a file, naming the job
+    ``<dict>`` where they name the file. Relative paths (roots, tables, ``output``,
+    ``registry``, ``phi.key_file``) are relative to ``base_dir``, by default the current folder,
+    as a file's are to its folder. Values may be path objects and tuples: they are read as the
+    strings and lists YAML gives, so the same job as a file and as a mapping has the same
+    ``identity()`` and ``dataset_hash``. Raises ConfigError.
+    """
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{MAPPING_JOB}: a job is a mapping with name, sources, split, pack and output, "
+                          f"not a {type(doc).__name__}")
+    base = Path.cwd() if base_dir is None else Path(base_dir)
+    return parse_job(_as_yaml_values(doc), MAPPING_JOB, base=base.resolve())
+
+
+def _as_yaml_values(value: Any) -> Any:
+    """``value`` with mappings as dicts, tuples as lists and path objects as strings: the values
+    a YAML job file parses to."""
+    if isinstance(value, Mapping):
+        return {key: _as_yaml_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_yaml_values(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
