@@ -136,19 +136,14 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     same inputs and config always land in the same folder with the same bytes.
     Exits 3 (after writing everything) when the bad fraction exceeds validate.max_bad_fraction.
     """
-    from packer.config import load_job
-    from packer.pipeline.build import BuildOptions, check_bad_fraction
-    from packer.pipeline.build import build as run_build
-    from packer.storage import is_url, parse_storage_options
+    from packer.api import check_built, run_build
+    from packer.storage import parse_storage_options
 
-    config = load_job(job)
-    target = None if out is None else out if is_url(out) else Path(out)
-    result = run_build(config, BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=quiet,
-                                            html_report=not no_report, fresh=not resume, cache_dir=cache_dir,
-                                            keep_spill=keep_spill,
-                                            storage_options=parse_storage_options(storage_option)))
+    result = run_build(job, out=out, workers=workers, scheduler=scheduler, progress=not quiet, report=not no_report,
+                       resume=resume, keep_spill=keep_spill, cache_dir=cache_dir,
+                       storage_options=parse_storage_options(storage_option))
     _print_summary(result)
-    check_bad_fraction(result)
+    check_built(result)
 
 
 @main.command("demo-data")
