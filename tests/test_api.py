@@ -172,6 +172,10 @@ def test_a_missing_raw_root_raises_config_error_exit_2(tmp_path: Path) -> None:
     assert raised.value.exit_code == printed.exit_code == 2
     assert f"folder {tmp_path / 'gone'} does not exist" in str(raised.value)
     assert printed.output.strip() == f"packer: error: {raised.value}"
+    assert "(root: 'gone', relative to the job file)" in str(raised.value)
+    with pytest.raises(ConfigError) as from_dict:
+        packer.build(doc, base_dir=tmp_path, scheduler="sync", progress=False)
+    assert str(from_dict.value) == str(raised.value).replace(str(job), "<dict>").replace("the job file", "base_dir")
     assert not (tmp_path / "out").exists()
 
 
@@ -242,3 +246,13 @@ def test_the_readme_python_example_runs(demo_raw: Any, tmp_path: Path, monkeypat
     assert manifest.folder == tmp_path / "build" / "demo" / manifest.version
     assert (tmp_path / "manifests" / "demo" / f"{manifest.version}.json").is_file()
     assert len(namespace["train"]) == manifest.splits["train"]["samples"]
+
+
+def test_built_for_a_url_the_manifest_is_the_published_one(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    local = packer.build(job, scheduler="sync", progress=False, report=False)
+    published = packer.build(job, out="memory://packer-api/datasets", scheduler="sync", progress=False,
+                             report=False)
+    assert published.location == f"memory://packer-api/datasets/photos/{local.version}/manifest.json"
+    assert published.path is None and published.dataset_hash == local.dataset_hash
+    assert packer.open(published.folder).splits == local.splits
