@@ -19,7 +19,7 @@ __all__ = ["Manifest", "ValidationResult", "__version__", "build", "open", "vali
 #: importlib, and not even under TYPE_CHECKING: every module imports ``packer`` itself, and an
 #: import here would make each of them import the pipeline (import-linter counts type-only
 #: imports too, and the layers docs/ARCHITECTURE.md draws would break). Type checkers see
-#: these names as Any: ``from packer.api import build`` gives the typed signatures.
+#: these names as Any: ``from packer import api`` and ``api.build`` give the typed signatures.
 _LAZY = {"build": "packer.api", "validate": "packer.api", "open": "packer.api",
          "ValidationResult": "packer.api", "Manifest": "packer.manifest"}
 
