@@ -19,7 +19,7 @@ from click.testing import CliRunner
 import packer
 from packer.cli import main
 from packer.config import job_from_mapping
-from packer.errors import BadFractionError, ConfigError, IntegrityError, LeakageError, PackerError
+from packer.errors import BadFractionError, ConfigError, FileSystemError, IntegrityError, LeakageError, PackerError
 from packer.manifest import Manifest
 from tests.helpers import REPO
 from tests.test_cli_frictions import photo, photo_job
@@ -256,3 +256,24 @@ def test_built_for_a_url_the_manifest_is_the_published_one(tmp_path: Path) -> No
     assert published.location == f"memory://packer-api/datasets/photos/{local.version}/manifest.json"
     assert published.path is None and published.dataset_hash == local.dataset_hash
     assert packer.open(published.folder).splits == local.splits
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+def test_a_full_disk_raises_file_system_error_exit_6_as_the_command_reports_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import packer.files
+
+    def full_for_shards(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(file).endswith(".tar" + packer.files.TMP_SUFFIX):
+            return builtins.open("/dev/full", mode, *args, **kwargs)  # the kernel's own ENOSPC on write
+        return builtins.open(file, mode, *args, **kwargs)
+
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    monkeypatch.setattr(packer.files, "open", full_for_shards, raising=False)
+    with pytest.raises(FileSystemError) as raised:
+        packer.build(job, scheduler="sync", progress=False, report=False)
+    assert raised.value.exit_code == 6 and "the file system is full" in str(raised.value)
+    printed = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
+    assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {raised.value}\n")
