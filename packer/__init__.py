@@ -9,7 +9,10 @@ cheap (no job parser, no dask, no torch).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would triple the cost of `import packer`
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
