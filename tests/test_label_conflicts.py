@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.config import load_job
 from packer.demo import write_demo_key
-from packer.errors import LeakageError
+from packer.errors import ConfigError, LeakageError
 from packer.exclusions import read_excluded
 from packer.htmlreport import write_html_report
 from packer.pipeline.conflicts import mask_dice
@@ -119,11 +119,11 @@ def test_mask_dice_is_the_mean_over_the_classes_either_mask_holds() -> None:
 # -- class targets: warn (the default), fail, validate, the build summary ------------------------------------
 
 
-def _class_tree(tmp: Path) -> Path:
+def _class_tree(tmp: Path, other: str = "dog") -> Path:
     """Six photos of six entities; ``copy_a.png`` is ``0.png`` under another entity with another
-    class (a conflict), ``copy_b.png`` is ``1.png`` with the same class (no conflict)."""
+    class, ``other`` (a conflict), ``copy_b.png`` is ``1.png`` with the same class (no conflict)."""
     rows = [_row(f"{i}.png", f"E{i}", label=("cat", "dog")[i % 2]) for i in range(6)]
-    rows += [_row("copy_a.png", "E90", label="dog"), _row("copy_b.png", "E91", label="dog")]
+    rows += [_row("copy_a.png", "E90", label=other), _row("copy_b.png", "E91", label="dog")]
     return _tree(tmp, rows, {"copy_a.png": "0.png", "copy_b.png": "1.png"})
 
 
@@ -188,13 +188,14 @@ def test_validate_lists_the_conflict_as_a_finding_and_fails_only_under_fail(tmp_
 
 
 def test_the_report_lists_each_conflicting_group_with_its_labels(tmp_path: Path) -> None:
-    job = _job(tmp_path, [_source(_class_tree(tmp_path))])
+    job = _job(tmp_path, [_source(_class_tree(tmp_path, other="<b>dog</b>"))])
     result = _build(job)
     html = write_html_report(result.version_dir).read_text()
     keys = _keys(job)
     table = html[html.index('id="label-conflicts"'):]
     table = table[:table.index("</table>")]
-    assert keys["0.png"] in table and keys["copy_a.png"] in table and "cat" in table and "dog" in table
+    assert keys["0.png"] in table and keys["copy_a.png"] in table and "<td>cat</td>" in table
+    assert "&lt;b&gt;dog&lt;/b&gt;" in table and "<b>dog" not in html  # a label is text, never markup
     assert keys["copy_b.png"] not in table  # a copy that agrees is no conflict
 
 
@@ -305,3 +306,23 @@ def test_exact_copies_whose_masks_disagree_conflict_below_the_dice_threshold(tmp
     # validate keeps no spill: it says it did not compare masks, and finds nothing it cannot see
     checked = summary(validate_job(load_job(job), scheduler="sync", quiet=True))["audit"]["rules"]["label_conflicts"]
     assert checked["masks_compared"] is False and checked["count"] == 0
+
+
+# -- the job file ---------------------------------------------------------------------------------------------
+
+
+def test_duplicates_takes_its_mode_alone_or_with_the_label_conflict_settings(tmp_path: Path) -> None:
+    raw = _class_tree(tmp_path)
+
+    def split(duplicates: Any) -> Any:
+        return load_job(_job(tmp_path / str(abs(hash(repr(duplicates)))), [_source(raw)], split={
+            "by": "entity", "ratios": {"train": 1.0}, "duplicates": duplicates})).split
+
+    plain, spelled = split("report"), split({"mode": "report", "label_conflict": "warn"})
+    assert plain == spelled and plain.duplicates == "report" and plain.label_conflict == "warn"
+    assert "label_conflicts" not in plain.to_json()  # defaults: every existing job keeps its config_hash
+    dropping = split({"label_conflict": "drop_group", "mask_dice": 0.5})
+    assert dropping.duplicates == "group" and dropping.to_json()["label_conflicts"] == {
+        "policy": "drop_group", "tolerance": 0.0, "mask_dice": 0.5}
+    with pytest.raises(ConfigError, match="label_conflict"):
+        split({"label_conflict": "ignore"})
