@@ -26,8 +26,8 @@ from packer.demo import write_demo_key
 from packer.errors import ConfigError, LeakageError
 from packer.exclusions import read_excluded
 from packer.htmlreport import write_html_report
-from packer.pipeline.conflicts import mask_dice
 from packer.phi import pseudonymizer_for
+from packer.pipeline.conflicts import mask_dice
 from packer.pipeline.datacheck import format_summary, summary, validate_job
 from packer.pipeline.discover import make_sample_id
 from packer.schemas import load_schema, schema_registry
@@ -79,8 +79,8 @@ def _keys(job: Path) -> dict[str, str]:
     config = load_job(job)
     source = config.sources[0]
     phi = pseudonymizer_for(config.phi)
-    return {p.relative_to(source.root).as_posix(): make_sample_id(source.name, p.relative_to(source.root).as_posix(), phi)
-            for p in Path(source.root).rglob("*.png")}
+    paths = [p.relative_to(source.root).as_posix() for p in Path(source.root).rglob("*.png")]
+    return {path: make_sample_id(source.name, path, phi) for path in paths}
 
 
 def _packed(version: Path) -> set[str]:

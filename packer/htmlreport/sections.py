@@ -301,8 +301,9 @@ def _render_excluded(data: ReportData) -> str:
             "max_bad_fraction. not_image: a DICOM object without an image (report, presentation state, plan, "
             "structure set, segmentation); not_requested: an image packed only when the source's where: asks (RT "
             "Dose, secondary capture, localizer); filtered: left out by the source's where:; not_in_table: a file "
-            "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask; label_conflict: a "
-            "copy of an image whose copies' targets disagree, left out with its group (drop_group).</p>"
+            "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask; "
+            "label_conflict: a copy of an image whose copies' targets disagree, left out with its group "
+            "(drop_group).</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:
