@@ -21,17 +21,20 @@ import webdataset as wds
 from click.testing import CliRunner
 
 from packer.cli import main
-from packer.config import load_job
+from packer.config import SplitConfig, load_job
 from packer.demo import write_demo_key
 from packer.errors import ConfigError, LeakageError
 from packer.exclusions import read_excluded
 from packer.htmlreport import write_html_report
 from packer.phi import pseudonymizer_for
-from packer.pipeline.conflicts import mask_dice
+from packer.pipeline.conflicts import find_label_conflicts, mask_dice
 from packer.pipeline.datacheck import format_summary, summary, validate_job
 from packer.pipeline.discover import make_sample_id
+from packer.pipeline.sampletable import as_table
+from packer.pipeline.split import assign_splits, group_samples
 from packer.schemas import load_schema, schema_registry
 from packer.targets import target_class
+from tests.test_split import links, sample
 from tests.test_targets import _build, _job, _manifest, _photo
 
 
@@ -326,3 +329,25 @@ def test_duplicates_takes_its_mode_alone_or_with_the_label_conflict_settings(tmp
         "policy": "drop_group", "tolerance": 0.0, "mask_dice": 0.5}
     with pytest.raises(ConfigError, match="label_conflict"):
         split({"label_conflict": "ignore"})
+
+
+# -- near copies, and what drop_group does to the split groups ------------------------------------------------------
+
+
+def test_a_near_copy_with_another_class_conflicts_and_drop_group_unlinks_the_entities_it_joined() -> None:
+    # A's slice 0 and B's slice 2 are a verified near copy (not the same pixels) with different classes
+    samples = as_table([sample(0, "A", label="cat"), sample(1, "A", label="cat"), sample(2, "B", label="dog"),
+                        sample(3, "B", label="dog")])
+    near = links((0, 2))
+    cfg = SplitConfig(by="entity", ratios=(("train", 0.5), ("valid", 0.0), ("test", 0.5)), seed=0,
+                      label_conflict="drop_group")
+    found = find_label_conflicts(samples, near, cfg, target_class("class").conflicts, masks=None)
+    assert [(g.members, g.linked_by, g.targets) for g in found.groups] == [((0, 2), "near", True)]
+    assert sorted(g.members for g in group_samples(samples, cfg, near)) == [(0, 1, 2, 3)]  # one group by the copy
+    # left out before the split: the copy joins nothing, and A and B may land apart
+    assert sorted(g.members for g in group_samples(samples, cfg, near, leave_out=found.rows)) == [(1,), (3,)]
+    assignment = assign_splits(samples, cfg, near, leave_out=found.rows)
+    assert set(assignment.split) == {"s-000001", "s-000003"}
+    same = find_label_conflicts(as_table([sample(0, "A", label="cat"), sample(2, "B", label="cat")]), links((0, 1)),
+                                cfg, target_class("class").conflicts, masks=None)
+    assert same.groups == ()  # copies that agree are no conflict
