@@ -62,6 +62,11 @@ def _print_summary(result: Any) -> None:
                      f"samples, listed in {result.version_dir / EXCLUDED_FILE})")
     lines.append(f"  bad samples: {bad['total']} of {inputs['files'] - excluded} files "
                  f"({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}")
+    conflicts = manifest["audit"]["rules"].get("label_conflicts")  # recorded only where it found a group
+    if conflicts is not None and conflicts["count"]:
+        lines.append(f"  label conflicts: {conflicts['count']} group(s) of copies whose targets or masks differ "
+                     f"(policy {conflicts['policy']}, {conflicts['dropped']} samples dropped); listed under "
+                     f"label_conflicts in {result.version_dir / 'leakage.json'}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     phi = manifest.get("phi") or {}
     if result.phi_key_source is not None:  # where the key came from, never the key

@@ -497,6 +497,12 @@ class SplitConfig:
     value_map: tuple[tuple[str, str], ...] = ()
     carve: tuple[Carve, ...] = ()
     accept_leaks: bool = False
+    #: ``split.duplicates.label_conflict``: what a group of copies whose targets disagree does
+    #: (``warn``, ``fail``, ``drop_group``; :mod:`packer.pipeline.conflicts`), with the numeric
+    #: targets' ``label_tolerance`` and the masks' ``mask_dice``
+    label_conflict: str = "warn"
+    label_tolerance: float = 0.0
+    mask_dice: float = 0.8
 
     @property
     def given(self) -> bool:
@@ -516,10 +522,20 @@ class SplitConfig:
         }
         if self.near_max_ratio_set:
             out["near_duplicates"]["max_ratio"] = self.near_max_ratio
+        out.update(self._conflicts_json())
         if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
             out["entity_policy"] = self.entity_policy
         return out
+
+    def _conflicts_json(self) -> dict[str, Any]:
+        """The label-conflict settings where any differs from its default (so every job that does
+        not set them keeps its config_hash)."""
+        settings = {"policy": self.label_conflict, "tolerance": self.label_tolerance, "mask_dice": self.mask_dice}
+        defaults = {"policy": job_default("split.duplicates.label_conflict"),
+                    "tolerance": job_default("split.duplicates.label_tolerance"),
+                    "mask_dice": job_default("split.duplicates.mask_dice")}
+        return {} if settings == defaults else {"label_conflicts": settings}
 
     def _given_json(self) -> dict[str, Any]:
         """A given split's identity: its own keys (no ratios, stratify or pinned table: the lists or
@@ -533,6 +549,7 @@ class SplitConfig:
         }
         if self.near_max_ratio_set:
             out["near_duplicates"]["max_ratio"] = self.near_max_ratio
+        out.update(self._conflicts_json())
         if self.by == "list":
             out["lists"] = {entry.split: entry.to_json() for entry in self.lists}
             out["match"] = self.match
@@ -1227,7 +1244,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         folds=raw.get("folds"),
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
-        duplicates=raw.get("duplicates", job_default("split.duplicates")),
+        **_duplicates_settings(raw.get("duplicates", job_default("split.duplicates"))),
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
                                    pinned=bool(raw.get("pinned"))),
         near_auto=near_enabled == "auto",
@@ -1236,6 +1253,19 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         max_group_share=float(balance.get("max_group_share", job_default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", job_default("split.balance.accept"))),
     )
+
+
+def _duplicates_settings(raw: str | Mapping[str, Any]) -> dict[str, Any]:
+    """``split.duplicates`` as SplitConfig fields: the mode alone (``group``), or an object with
+    the mode and the label-conflict settings (``{mode: group, label_conflict: drop_group}``),
+    defaults from the schema."""
+    settings: Mapping[str, Any] = {"mode": raw} if isinstance(raw, str) else raw
+    return {
+        "duplicates": settings.get("mode", job_default("split.duplicates.mode")),
+        "label_conflict": settings.get("label_conflict", job_default("split.duplicates.label_conflict")),
+        "label_tolerance": float(settings.get("label_tolerance", job_default("split.duplicates.label_tolerance"))),
+        "mask_dice": float(settings.get("mask_dice", job_default("split.duplicates.mask_dice"))),
+    }
 
 
 def _near_settings(near: Mapping[str, Any]) -> dict[str, Any]:
@@ -1285,7 +1315,7 @@ def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
     near_enabled = near.get("enabled", job_default("split.near_duplicates.enabled"))
     return SplitConfig(
         by=by, ratios=tuple((s, 0.0) for s in SPLITS), seed=int(raw.get("seed", job_default("split.seed"))),
-        folds=raw.get("folds"), duplicates=raw.get("duplicates", job_default("split.duplicates")),
+        folds=raw.get("folds"), **_duplicates_settings(raw.get("duplicates", job_default("split.duplicates"))),
         # auto: on, since a given split puts samples in several splits (or says nothing about it)
         near_enabled=True if near_enabled == "auto" else bool(near_enabled), near_auto=near_enabled == "auto",
         **_near_settings(near),
