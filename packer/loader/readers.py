@@ -8,6 +8,12 @@ are never extracted to disk, and a member name that :func:`packer.shards.members
 refuses (``/``, ``..``, absolute paths) or a member that is not a regular file (a link) stops
 the scan as a defect of the shard.
 
+Per-sample checks: where a shard's :class:`ShardInfo` carries ``checksums`` (the dataset's
+``verify="sample"``, the default: :func:`load_checksums` reads them from ``_index.parquet``),
+every reader hashes each sample's bytes as it reads them (:mod:`packer.shards.checksum`; the
+pixels where they land, never read twice) and :func:`against_index` turns a mismatch into a
+``checksum_mismatch`` failure naming the shard, the key, the expected and the found checksum.
+
 Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
 in ascending position order, whatever is wrong with the file: the caller decides whether a
 :class:`Failure` raises (:class:`ShardReadError`) or is skipped and counted.
