@@ -28,6 +28,7 @@ from packer.config import (
     windows_fix,
 )
 from packer.errors import ConfigError
+from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.dicom_masks import (
     AnnotatedSeries,
@@ -42,7 +43,7 @@ from packer.read.dicom_masks import (
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
 from packer.read.series import Series, assemble, stack_neighbors, stack_volume, volume_size
-from packer.records import Excluded, Issue, Sample, SampleRef, frame_key
+from packer.records import Excluded, Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
 from packer.transform.mask import transform_mask_dicom
 from packer.where import Condition

@@ -18,6 +18,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from packer.config import DicomTransformConfig, WindowSpec
+from packer.keys import frame_key
 from packer.read.dicom_attrs import (
     NO_FILE_VOI,
     DamagedElement,
@@ -28,7 +29,7 @@ from packer.read.dicom_attrs import (
     slice_thickness,
     text_value,
 )
-from packer.records import Issue, Sample, SampleRef, frame_key
+from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
