@@ -303,8 +303,12 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         label_ids = {info.label_map[n] for n in label_names}
     column = (info.target.view_column if label_ids is not None else None) or "label"  # the labels= filter's
     try:
-        table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
-                              columns=["split", "shard", "position", "source", column])
+        # One small file, read on this thread. pq.read_table goes through the dataset scanner, which
+        # starts Arrow's thread pools (even with use_threads=False); a pool thread still joinable
+        # when the interpreter exits makes std::terminate abort the process: exit 134, "terminate
+        # called without an active exception" (apache/arrow#34314), in 1 of ~10 runs of a view.
+        table = pq.ParquetFile(pa.BufferReader(_index_bytes(info, verify=verify))).read(
+            columns=["split", "shard", "position", "source", column], use_threads=False)
     except (pa.ArrowException, KeyError) as err:
         raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
