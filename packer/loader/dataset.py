@@ -13,7 +13,6 @@ The epoch and the resume position live in a small shared-memory tensor, so
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -39,6 +38,7 @@ from packer.loader.readers import (
     load_view,
     read_shard,
 )
+from packer.loader.record import SampleRecord
 from packer.loader.sharding import (
     UNEVEN,
     EpochOrder,
@@ -337,8 +337,10 @@ class ShardDataset(PlannedDataset):
     masked, neither when the dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
     uint8, or int32 for 16-bit ids). ``transform`` touches the image only: augment an image
     and its mask together on the batch (the same flip, crop or affine for both). With
-    ``records=True`` each item also holds ``record``: the sample's JSON record as a dict (the
-    ``.json`` member or ``metadata`` cell: key, source, entity, split, target, and under
+    ``records=True`` each item also holds ``record``: the sample's JSON record, a
+    :class:`~packer.loader.record.SampleRecord` dict (the ``.json`` member or ``metadata``
+    cell: key, sample_id, source, kind, entity_id, split, shape, dtype, the target by name
+    (label/label_index, labels, or target), and under
     ``metadata`` what the transform did: windows, spacing, and for a volume ``volume.affine``
     and ``volume.spacing``, for a neighbour stack ``neighbors``), and a batch a list of them;
     it costs one more small read per sample, so it is off by default.
@@ -523,7 +525,7 @@ class ShardDataset(PlannedDataset):
         if decoded.mask is not None:  # class ids as stored (uint8, or uint16 viewed as int32): .long() for a loss
             mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
             item["mask"] = torch.from_numpy(mask)
-        if decoded.record is not None:  # asked for with records=True
-            item["record"] = json.loads(decoded.record)
+        if decoded.record is not None:  # asked for with records=True; batches as a list in any DataLoader
+            item["record"] = SampleRecord.of_json(decoded.record)
         return item
 

@@ -275,19 +275,26 @@ def _index_bytes(info: SplitInfo, *, verify: bool, fix: str = "") -> bytes:
     return data
 
 
-def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool) -> tuple[Any, list[tuple[int, int]]]:
+def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
+                     data: bytes | None = None) -> tuple[Any, list[tuple[int, int]]]:
     """The split's rows of ``_index.parquet`` (``columns`` besides split, shard and position),
     ordered by shard (manifest order) and position, and each shard's (start, end) rows in it:
     row ``start + i`` is sample ``i`` of the shard. ``IntegrityError`` when the index is missing,
-    unreadable, lacks a column or disagrees with the manifest."""
+    unreadable, lacks a column or disagrees with the manifest. ``data``: the index's bytes where
+    the caller has already read (and checked) them."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     where = f"{info.manifest}"
     try:
-        table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
-                              columns=list(dict.fromkeys(["split", "shard", "position", *columns])))
+        # One small file, read on this thread. pq.read_table goes through the dataset scanner, which
+        # starts Arrow's thread pools (even with use_threads=False); a pool thread still joinable
+        # when the interpreter exits makes std::terminate abort the process: exit 134, "terminate
+        # called without an active exception" (apache/arrow#34314), in 1 of ~10 runs of a view.
+        data = _index_bytes(info, verify=verify) if data is None else data
+        table = pq.ParquetFile(pa.BufferReader(data)).read(
+            columns=list(dict.fromkeys(["split", "shard", "position", *columns])), use_threads=False)
     except (pa.ArrowException, KeyError) as err:
         raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
@@ -328,7 +335,7 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
     import pyarrow as pa
 
     try:
-        names = pq.read_schema(pa.BufferReader(index_bytes)).names
+        names = pq.ParquetFile(pa.BufferReader(index_bytes)).schema_arrow.names
     except pa.ArrowException as err:
         raise IntegrityError(f"{info.manifest}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
@@ -336,7 +343,7 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
         _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
                               "per-sample checksums)")
         return None
-    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False)  # hashed just above
+    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
     sums = table[INDEX_COLUMN].to_numpy().astype(np.uint64)
     return tuple(sums[lo:hi] for lo, hi in bounds)
 
