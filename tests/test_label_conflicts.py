@@ -188,6 +188,7 @@ def test_validate_lists_the_conflict_as_a_finding_and_fails_only_under_fail(tmp_
         "by": "entity", "ratios": {"train": 1.0}, "duplicates": {"mode": "group", "label_conflict": "fail"}})),
         scheduler="sync", quiet=True)
     assert failing.exit_code == 4 and "[FAIL] label_conflicts: 1" in format_summary(failing)
+    assert "result: the split audit failed: label_conflicts (exit 4)" in format_summary(failing)
 
 
 def test_the_report_lists_each_conflicting_group_with_its_labels(tmp_path: Path) -> None:

@@ -207,7 +207,9 @@ def format_summary(result: ValidateResult) -> str:
     if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
         lines.append(f"  the findings name samples by key: `packer locate {result.job.job_path} KEY ...` prints "
                      "their files (raw paths: keep them local)")
-    outcome = {0: "clean", 3: "too many bad samples (exit 3)", 4: "leakage found (exit 4)"}[result.exit_code]
+    failed = [name for name, rule in doc["audit"]["rules"].items() if not rule["passed"] and rule["severity"] == "fail"]
+    outcome = {0: "clean", 3: "too many bad samples (exit 3)",
+               4: f"the split audit failed: {', '.join(failed) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else ""))
