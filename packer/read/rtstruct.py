@@ -37,9 +37,9 @@ contour on a slice of the referenced series by position and fills it there:
 - **Skipped and noted**, never errors: ``POINT`` and ``OPEN_*`` contours (they enclose no area),
   degenerate contours (fewer than three distinct points, or all points on one line), ROIs with
   no contour, and a ``NumberOfContourPoints`` that disagrees with ``ContourData`` (the data is
-  used). Self-intersection is looked for (an O(n²) test of proper edge crossings) only in
-  contours of at most :data:`SELF_INTERSECTION_POINTS` points; longer ones are filled by the same
-  rule without the note.
+  used). Self-intersection is looked for (proper crossings among the edge pairs whose bounding
+  boxes overlap) only in contours of at most :data:`SELF_INTERSECTION_POINTS` points; longer
+  ones are filled by the same rule without the note.
 
 Contour items are read from their raw bytes where they are plainly encoded
 (:mod:`packer.read.rtstruct_items`: pydicom would build a Dataset for each contour and each of
@@ -67,8 +67,11 @@ from packer.read.annotations import AnnotationError, Drawn, Painter, SlicePlace,
 from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
 
-#: Contours with more points are filled without the self-intersection test (O(n²) in memory and time).
+#: Contours with more points are filled without the self-intersection test (its pairs grow as n² at worst).
 SELF_INTERSECTION_POINTS = 512
+#: The convex shortcut of the self-intersection test is taken for contours within this many pixels
+#: of the grid's origin, where rounding stays far below the edge test's tolerance.
+CONVEX_EXTENT = 1e4
 #: A coordinate farther than this from the origin (mm) is not a patient coordinate.
 MAX_COORDINATE_MM = 1e6
 #: A contour whose distances to its two nearest slices differ by at most this (mm) is halfway: on neither.
@@ -392,19 +395,48 @@ def _degenerate(pixels: np.ndarray) -> bool:
     return float(np.abs(centred[:, 0] * far[1] - centred[:, 1] * far[0]).max()) / length < 1e-6
 
 
+def _convex(delta: np.ndarray) -> bool:
+    """Whether the closed polygon whose edge vectors are ``delta`` (in order, none zero) is
+    convex: every turn the same way, well clear of straight (by 1e-9 of the two edges' lengths'
+    product, far above rounding), and one full turn in all. Such a polygon is simple, so no
+    two of its edges cross: each of its vertices lies strictly on one side of every edge's line."""
+    following = np.roll(delta, -1, axis=0)
+    turn = delta[:, 0] * following[:, 1] - delta[:, 1] * following[:, 0]
+    margin = 1e-9 * np.hypot(delta[:, 0], delta[:, 1]) * np.hypot(following[:, 0], following[:, 1])
+    if not (bool((turn > margin).all()) or bool((turn < -margin).all())):
+        return False
+    dot = delta[:, 0] * following[:, 0] + delta[:, 1] * following[:, 1]
+    return abs(abs(float(np.arctan2(turn, dot).sum())) - 2 * np.pi) < 0.5  # a star winds 4π or more
+
+
 def _self_intersects(pixels: np.ndarray) -> bool:
     """Whether two edges of the closed polygon cross properly (touching and collinear overlaps,
-    as in a keyhole's channel, do not count). Edge pairs whose bounding boxes overlap are found
-    by an n × n comparison, and only those are tested: O(n²) booleans, so only for short contours."""
+    as in a keyhole's channel, do not count). None of a convex polygon's do (:func:`_convex`).
+    Otherwise only edge pairs whose bounding boxes overlap are
+    tested, found by sort and sweep: edges sorted by their lowest row, each paired with the
+    edges after it that start at or above its highest row, then kept where their column ranges
+    overlap too (the pairs of an n × n box comparison, at O(n log n) plus the pairs found)."""
     start = pixels
     end = np.roll(pixels, -1, axis=0)
+    delta = end - start
+    if float(np.abs(pixels).max()) <= CONVEX_EXTENT and _convex(delta):
+        return False
     low, high = np.minimum(start, end), np.maximum(start, end)
-    boxes = np.triu((low[:, None, 0] <= high[None, :, 0]) & (low[None, :, 0] <= high[:, None, 0])
-                    & (low[:, None, 1] <= high[None, :, 1]) & (low[None, :, 1] <= high[:, None, 1]), k=2)
-    i, j = np.nonzero(boxes)
+    n = len(pixels)
+    order = np.argsort(low[:, 0], kind="stable")
+    reach = np.searchsorted(low[order, 0], high[order, 0], side="right")  # sorted edges p+1 .. reach-1 overlap p
+    counts = reach - np.arange(n) - 1
+    total = int(counts.sum())
+    if not total:
+        return False
+    first = np.repeat(np.arange(n), counts)
+    second = first + 1 + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    a, b = order[first], order[second]
+    i, j = np.minimum(a, b), np.maximum(a, b)
+    keep = (j - i >= 2) & (low[i, 1] <= high[j, 1]) & (low[j, 1] <= high[i, 1])
+    i, j = i[keep], j[keep]
     if not i.size:
         return False
-    delta = end - start
     scale = 1e-9 * max(float(np.abs(delta).max()), 1.0) ** 2
 
     def side(edge: np.ndarray, point: np.ndarray) -> np.ndarray:
