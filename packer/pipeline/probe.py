@@ -80,7 +80,9 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
     """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's
     Issue, or its Excluded record (before any identity check: a file left out needs no label)."""
     source = next(s for s in job.sources if s.name == ref.source)
-    probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement, placed=placed)
+    # ``placed`` only where there is one: a kind whose grouping leaves nothing need not take it
+    extra = {"placed": placed} if placed is not None else {}
+    probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement, **extra)
     if isinstance(probed, (Issue, Excluded)):
         return probed
     ref = probed.ref

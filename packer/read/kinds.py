@@ -188,7 +188,8 @@ class SourceKind:
         header ``where:``, an object that is no image) its Excluded record, before any pixel is
         decoded. Identity checks (label, entity, time) are the caller's. ``placed``: what the
         placement probe of this file left for the pixel pass (:meth:`Grouping.placed`), which
-        may spare checks it made on the same bytes; None: probe it as any file."""
+        may spare checks it made on the same bytes; passed only where there is one (a kind whose
+        grouping leaves nothing, or that has none, need not take it)."""
         raise NotImplementedError
 
     def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
