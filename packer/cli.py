@@ -62,6 +62,11 @@ def _print_summary(result: Any) -> None:
                      f"samples, listed in {result.version_dir / EXCLUDED_FILE})")
     lines.append(f"  bad samples: {bad['total']} of {inputs['files'] - excluded} files "
                  f"({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}")
+    conflicts = manifest["audit"]["rules"].get("label_conflicts")  # recorded only where it found a group
+    if conflicts is not None and conflicts["count"]:
+        lines.append(f"  label conflicts: {conflicts['count']} group(s) of copies whose targets or masks differ "
+                     f"(policy {conflicts['policy']}, {conflicts['dropped']} samples dropped); listed under "
+                     f"label_conflicts in {result.version_dir / 'leakage.json'}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     phi = manifest.get("phi") or {}
     if result.phi_key_source is not None:  # where the key came from, never the key
@@ -136,19 +141,14 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     same inputs and config always land in the same folder with the same bytes.
     Exits 3 (after writing everything) when the bad fraction exceeds validate.max_bad_fraction.
     """
-    from packer.config import load_job
-    from packer.pipeline.build import BuildOptions, check_bad_fraction
-    from packer.pipeline.build import build as run_build
-    from packer.storage import is_url, parse_storage_options
+    from packer.api import check_built, run_build
+    from packer.storage import parse_storage_options
 
-    config = load_job(job)
-    target = None if out is None else out if is_url(out) else Path(out)
-    result = run_build(config, BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=quiet,
-                                            html_report=not no_report, fresh=not resume, cache_dir=cache_dir,
-                                            keep_spill=keep_spill,
-                                            storage_options=parse_storage_options(storage_option)))
+    result = run_build(job, out=out, workers=workers, scheduler=scheduler, progress=not quiet, report=not no_report,
+                       resume=resume, keep_spill=keep_spill, cache_dir=cache_dir,
+                       storage_options=parse_storage_options(storage_option))
     _print_summary(result)
-    check_bad_fraction(result)
+    check_built(result)
 
 
 @main.command("demo-data")

@@ -497,6 +497,12 @@ class SplitConfig:
     value_map: tuple[tuple[str, str], ...] = ()
     carve: tuple[Carve, ...] = ()
     accept_leaks: bool = False
+    #: ``split.duplicates.label_conflict``: what a group of copies whose targets disagree does
+    #: (``warn``, ``fail``, ``drop_group``; :mod:`packer.pipeline.conflicts`), with the numeric
+    #: targets' ``label_tolerance`` and the masks' ``mask_dice``
+    label_conflict: str = "warn"
+    label_tolerance: float = 0.0
+    mask_dice: float = 0.8
 
     @property
     def given(self) -> bool:
@@ -516,10 +522,20 @@ class SplitConfig:
         }
         if self.near_max_ratio_set:
             out["near_duplicates"]["max_ratio"] = self.near_max_ratio
+        out.update(self._conflicts_json())
         if self.by == "time":
             out["cutoffs"] = dict(self.cutoffs)
             out["entity_policy"] = self.entity_policy
         return out
+
+    def _conflicts_json(self) -> dict[str, Any]:
+        """The label-conflict settings where any differs from its default (so every job that does
+        not set them keeps its config_hash)."""
+        settings = {"policy": self.label_conflict, "tolerance": self.label_tolerance, "mask_dice": self.mask_dice}
+        defaults = {"policy": job_default("split.duplicates.label_conflict"),
+                    "tolerance": job_default("split.duplicates.label_tolerance"),
+                    "mask_dice": job_default("split.duplicates.mask_dice")}
+        return {} if settings == defaults else {"label_conflicts": settings}
 
     def _given_json(self) -> dict[str, Any]:
         """A given split's identity: its own keys (no ratios, stratify or pinned table: the lists or
@@ -533,6 +549,7 @@ class SplitConfig:
         }
         if self.near_max_ratio_set:
             out["near_duplicates"]["max_ratio"] = self.near_max_ratio
+        out.update(self._conflicts_json())
         if self.by == "list":
             out["lists"] = {entry.split: entry.to_json() for entry in self.lists}
             out["match"] = self.match
@@ -1227,7 +1244,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         folds=raw.get("folds"),
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
-        duplicates=raw.get("duplicates", job_default("split.duplicates")),
+        **_duplicates_settings(raw.get("duplicates", job_default("split.duplicates"))),
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
                                    pinned=bool(raw.get("pinned"))),
         near_auto=near_enabled == "auto",
@@ -1236,6 +1253,19 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         max_group_share=float(balance.get("max_group_share", job_default("split.balance.max_group_share"))),
         accept_imbalance=bool(balance.get("accept", job_default("split.balance.accept"))),
     )
+
+
+def _duplicates_settings(raw: str | Mapping[str, Any]) -> dict[str, Any]:
+    """``split.duplicates`` as SplitConfig fields: the mode alone (``group``), or an object with
+    the mode and the label-conflict settings (``{mode: group, label_conflict: drop_group}``),
+    defaults from the schema."""
+    settings: Mapping[str, Any] = {"mode": raw} if isinstance(raw, str) else raw
+    return {
+        "duplicates": settings.get("mode", job_default("split.duplicates.mode")),
+        "label_conflict": settings.get("label_conflict", job_default("split.duplicates.label_conflict")),
+        "label_tolerance": float(settings.get("label_tolerance", job_default("split.duplicates.label_tolerance"))),
+        "mask_dice": float(settings.get("mask_dice", job_default("split.duplicates.mask_dice"))),
+    }
 
 
 def _near_settings(near: Mapping[str, Any]) -> dict[str, Any]:
@@ -1285,7 +1315,7 @@ def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
     near_enabled = near.get("enabled", job_default("split.near_duplicates.enabled"))
     return SplitConfig(
         by=by, ratios=tuple((s, 0.0) for s in SPLITS), seed=int(raw.get("seed", job_default("split.seed"))),
-        folds=raw.get("folds"), duplicates=raw.get("duplicates", job_default("split.duplicates")),
+        folds=raw.get("folds"), **_duplicates_settings(raw.get("duplicates", job_default("split.duplicates"))),
         # auto: on, since a given split puts samples in several splits (or says nothing about it)
         near_enabled=True if near_enabled == "auto" else bool(near_enabled), near_auto=near_enabled == "auto",
         **_near_settings(near),
@@ -1345,19 +1375,19 @@ def parse_size(raw: Any) -> tuple[int, int] | None:
     return (int(raw[0]), int(raw[1])) if raw else None
 
 
-def parse_job(doc: Any, job_path: Path) -> JobConfig:
-    """Validate a parsed job document and build the JobConfig. Raises ConfigError naming the file."""
+def parse_job(doc: Any, job_path: Path, *, base: Path | None = None) -> JobConfig:
+    """Validate a parsed job document and build the JobConfig. Raises ConfigError naming
+    ``job_path``. Relative paths are relative to ``base``, by default the job file's folder."""
     doc = validate_document(doc, "job", source=str(job_path))
     try:
-        return _build_job(doc, job_path)
+        return _build_job(doc, job_path, job_path.parent.resolve() if base is None else base)
     except ConfigError as err:
         raise ConfigError(f"{job_path}: {err}") from err
 
 
-def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
+def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     from packer.read.kinds import source_kind, source_kinds
 
-    base = job_path.parent.resolve()
     sources = tuple(_parse_source(s, base, i) for i, s in enumerate(doc["sources"]))
     names = [s.name for s in sources]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -1409,7 +1439,7 @@ def _build_job(doc: dict[str, Any], job_path: Path) -> JobConfig:
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
                                                                job_default("validate.max_bad_fraction"))),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
-        job_path=job_path.resolve(),
+        job_path=job_path if job_path == MAPPING_JOB else job_path.resolve(),
     )
     for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
         kind.check_job(job, [s for s in sources if s.kind == kind.name])
@@ -1555,3 +1585,37 @@ def load_job(path: str | Path) -> JobConfig:
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err
     return parse_job(doc, job_path)
+
+
+#: What ``JobConfig.job_path`` is, and how messages name the job, for a job given as a mapping
+#: rather than a file (``packer.build({...})``): there is no file to name.
+MAPPING_JOB = Path("<dict>")
+
+
+def job_from_mapping(doc: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None) -> JobConfig:
+    """The job a job file would give, from the mapping its YAML parses to (``packer.build({...})``).
+
+    Validated against the same schema with the same messages as a file, naming the job
+    ``<dict>`` where they name the file. Relative paths (roots, tables, ``output``,
+    ``registry``, ``phi.key_file``) are relative to ``base_dir``, by default the current folder,
+    as a file's are to its folder. Values may be path objects and tuples: they are read as the
+    strings and lists YAML gives, so the same job as a file and as a mapping has the same
+    ``identity()`` and ``dataset_hash``. Raises ConfigError.
+    """
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{MAPPING_JOB}: a job is a mapping with name, sources, split, pack and output, "
+                          f"not a {type(doc).__name__}")
+    base = Path.cwd() if base_dir is None else Path(base_dir)
+    return parse_job(_as_yaml_values(doc), MAPPING_JOB, base=base.resolve())
+
+
+def _as_yaml_values(value: Any) -> Any:
+    """``value`` with mappings as dicts, tuples as lists and path objects as strings: the values
+    a YAML job file parses to."""
+    if isinstance(value, Mapping):
+        return {key: _as_yaml_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_yaml_values(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

@@ -23,9 +23,16 @@ class ConfigError(PackerError):
 
 
 class BadFractionError(PackerError):
-    """More bad samples than ``validate.max_bad_fraction`` allows (report still written)."""
+    """More bad samples than ``validate.max_bad_fraction`` allows (report still written).
+
+    ``version_dir``: the version folder a build wrote all the same (shards, bad-sample report,
+    manifest), for a caller to open; None where nothing was built (``packer validate``)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, version_dir: Path | None = None) -> None:
+        super().__init__(message)
+        self.version_dir = version_dir
 
 
 class LeakageError(PackerError):

@@ -152,8 +152,10 @@ class Issue:
 #: file its table does not name), ``filtered`` (a row or header a ``where:`` condition leaves
 #: out), ``not_image`` (a DICOM object without an image: SR, presentation state, RT plan, ...),
 #: ``not_requested`` (an image object a job packs only when its ``where:`` asks: RT Dose, a
-#: secondary capture).
-EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation")
+#: secondary capture), ``annotation`` (a SEG or RTSTRUCT read as its series' mask),
+#: ``label_conflict`` (a sample of a duplicate group whose targets disagree, left out with the
+#: whole group by ``split.duplicates.label_conflict: drop_group``).
+EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict")
 
 
 @dataclass(frozen=True)

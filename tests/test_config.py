@@ -108,6 +108,13 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
                 == default
             assert "max_ratio" not in identity["split"]["near_duplicates"]
             continue
+        if path.startswith("split.duplicates."):
+            # the mode is recorded as split.duplicates; the label-conflict settings only where the job
+            # changes them (so every older job keeps its hash)
+            field = {"mode": "duplicates"}.get(path.rsplit(".", 1)[1], path.rsplit(".", 1)[1])
+            assert getattr(job.split, field) == default == getattr(SplitConfig(by="entity", ratios=(), seed=0), field)
+            assert "label_conflicts" not in identity["split"]
+            continue
         want = normalise.get(path, lambda v: v)(default)
         assert _at(identity, path) == want, path
         checked += 1
@@ -121,7 +128,7 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
         if path not in ("split.entity_policy", "split.ratios", "split.match", "split.accept_leaks",
                         "transform.dicom.windows", "pack.max_bytes", "limits.max_decoded_bytes", "limits.max_voxels",
                         "split.near_duplicates.max_ratio", "split.near_duplicates.enabled") and not path.startswith(
-                            ("transform.dicom.series.", "transform.nifti.")):
+                            ("transform.dicom.series.", "transform.nifti.", "split.duplicates.")):
             assert _at(built, path) == default, path
     nifti = load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "entity"}, "sources": [
         {"kind": "nifti", "root": "raw", "label": "none"}]})).identity()

@@ -38,17 +38,16 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction
     · 4 leakage found · 1 internal error.
     """
-    from packer.config import load_job
-    from packer.pipeline.datacheck import format_summary, validate_job, write_json, write_junit
+    from packer.api import validate
     from packer.storage import parse_storage_options
 
-    result = validate_job(load_job(job), quick=quick, workers=workers, scheduler=scheduler, quiet=quiet,
-                          storage_options=parse_storage_options(storage_option))
-    click.echo(format_summary(result), err=True)
+    result = validate(job, quick=quick, workers=workers, scheduler=scheduler, progress=not quiet,
+                      storage_options=parse_storage_options(storage_option))
+    click.echo(result.summary(), err=True)
     if json_path is not None:
-        write_json(result, json_path)
+        result.write_json(json_path)
     if junit_path is not None:
-        write_junit(result, junit_path)
+        result.write_junit(junit_path)
     if result.exit_code != 0:
         # the summary above already says what failed: exit with its code and no "packer: error:" line
         # (a PackerError would add one); ``exits`` lets click's Exit through, click exits with its code

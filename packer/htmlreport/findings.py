@@ -53,6 +53,19 @@ class DuplicateGroup:
         return len({m.split for m in self.members if m.split}) > 1
 
 
+@dataclass(frozen=True)
+class LabelConflictGroup:
+    """Copies of one image whose targets (or masks) disagree (rule ``label_conflicts``): each
+    member with its target text; ``dice``, the lowest mask Dice where masks were compared;
+    ``dropped``: left out of the dataset (``drop_group``)."""
+
+    members: tuple[tuple[Member, str], ...]
+    size: int
+    linked_by: str
+    dice: float | None = None
+    dropped: bool = False
+
+
 @dataclass
 class AuditFindings:
     passed: bool | None = None
@@ -60,6 +73,7 @@ class AuditFindings:
     overlap: list[tuple[str, list[str]]] = field(default_factory=list)
     groups: list[DuplicateGroup] = field(default_factory=list)
     time_order: list[dict[str, Any]] = field(default_factory=list)
+    conflicts: list[LabelConflictGroup] = field(default_factory=list)
     entities_per_split: dict[str, int] = field(default_factory=dict)
     time_ranges: dict[str, list[str]] = field(default_factory=dict)
     note: str | None = None
@@ -68,7 +82,7 @@ class AuditFindings:
     def clean(self) -> bool:
         """True when no rule counted anything and nothing is listed."""
         return (not any(r.count for r in self.rules) and not self.overlap and not self.groups
-                and not self.time_order and self.passed is not False)
+                and not self.time_order and not self.conflicts and self.passed is not False)
 
 
 def _member(value: Any) -> Member | None:
@@ -104,12 +118,29 @@ def _group(rule: str, members: list[Any], evidence: str | None = None, size: int
     return DuplicateGroup(rule=rule, members=found, size=size or len(found), evidence=evidence)
 
 
+def _conflict(finding: dict[str, Any]) -> LabelConflictGroup | None:
+    """A ``label_conflicts`` finding: its members with their target texts."""
+    members = tuple((member, str(s.get("label") or "")) for s in finding.get("samples") or []
+                    if isinstance(s, dict) and (member := _member(s)) is not None)
+    if not members:
+        return None
+    dice = finding.get("mask_dice")
+    return LabelConflictGroup(members=members, size=int(finding.get("size") or len(members)),
+                              linked_by=str(finding.get("linked_by", "")),
+                              dice=float(dice) if isinstance(dice, int | float) else None,
+                              dropped=bool(finding.get("dropped")))
+
+
 def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
     for finding in findings:
         if not isinstance(finding, dict):
             continue
         group = None
-        if "entity_id" in finding and "splits" in finding:
+        if rule == "label_conflicts":
+            conflict = _conflict(finding)
+            if conflict is not None:
+                out.conflicts.append(conflict)
+        elif "entity_id" in finding and "splits" in finding:
             out.overlap.append((str(finding["entity_id"]), [str(s) for s in finding["splits"]]))
         elif "a" in finding and "b" in finding:
             group = _group(rule, [finding["a"], finding["b"]], _evidence(finding))

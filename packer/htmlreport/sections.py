@@ -15,7 +15,7 @@ from typing import Any
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
-from packer.htmlreport.findings import DuplicateGroup
+from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup
 from packer.htmlreport.markup import esc, note, num, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
@@ -301,7 +301,9 @@ def _render_excluded(data: ReportData) -> str:
             "max_bad_fraction. not_image: a DICOM object without an image (report, presentation state, plan, "
             "structure set, segmentation); not_requested: an image packed only when the source's where: asks (RT "
             "Dose, secondary capture, localizer); filtered: left out by the source's where:; not_in_table: a file "
-            "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask.</p>"
+            "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask; "
+            "label_conflict: a copy of an image whose copies' targets disagree, left out with its group "
+            "(drop_group).</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:
@@ -335,6 +337,7 @@ RULE_TEXT = {
     "exact_duplicates_within_split": "the same packed pixels twice in one split",
     "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
     "time_order": "valid/test records not after the latest train record",
+    "label_conflicts": "copies of one image whose targets (or masks) disagree",
     "duplicates": "duplicate pairs",
 }
 
@@ -362,6 +365,30 @@ def _group_card(data: ReportData, group: DuplicateGroup, panes: dict[str, Pane])
         facts.append(f"+{more} more")
     return (f'<div class="pair{" cross" if group.cross_split else ""}">{cells}'
             f'<div class="dist">{"<br>".join(facts)}</div></div>')
+
+
+def _conflicts_table(conflicts: list[LabelConflictGroup], limit: int) -> str:
+    """Rule ``label_conflicts``: one row per member of each group (key, target, split, entity),
+    the group's first row saying how it was linked, its size and its mask Dice."""
+    rows = []
+    for number, group in enumerate(conflicts[:limit], start=1):
+        facts = [group.linked_by, f"{group.size} copies"]
+        if group.dice is not None:
+            facts.append(f"mask Dice {group.dice:.2f}")
+        if group.dropped:
+            facts.append("left out (drop_group)")
+        for k, (member, label) in enumerate(group.members):
+            rows.append(f'<tr data-group="{number}"><td class="num">{number if k == 0 else ""}</td>'
+                        f'<td class="mono">{esc(member.key)}</td><td>{esc(label)}</td>'
+                        f'<td>{esc(member.split or "-")}</td><td class="mono">{esc(member.entity_id or "")}</td>'
+                        f'<td class="muted">{esc(", ".join(facts)) if k == 0 else ""}</td></tr>')
+    more = (note(f"{len(conflicts) - limit:,} more groups not listed (all in leakage.json).", "muted")
+            if len(conflicts) > limit else "")
+    return (f'<h3>Label conflicts <span class="muted">({len(conflicts):,} groups)</span></h3>'
+            '<p class="muted">Exact duplicates or verified near copies whose targets (or masks) differ: label noise, '
+            "or two patients mixed up (split.duplicates.label_conflict says what the build did).</p>"
+            + table(["group", "key", "target", "split", "entity_id", "group facts"], rows,
+                    table_id="label-conflicts", cls="data compact", numeric=(0,)) + more)
 
 
 def _rules_table(data: ReportData) -> str:
@@ -394,6 +421,7 @@ def render_leakage(data: ReportData) -> str:
     else:
         found = [f"{len(audit.overlap):,} entities in more than one split" if audit.overlap else "",
                  f"{len(audit.groups):,} duplicate groups" if audit.groups else "",
+                 f"{len(audit.conflicts):,} label conflicts" if audit.conflicts else "",
                  f"{len(audit.time_order):,} time-order findings" if audit.time_order else ""]
         counted = sum(r.count for r in audit.rules)
         text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
@@ -431,6 +459,8 @@ def render_leakage(data: ReportData) -> str:
         shown = len(cards)
         if len(audit.groups) > shown:
             parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
+    if audit.conflicts:
+        parts.append(_conflicts_table(audit.conflicts, limit))
     if audit.time_order:
         rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
                 f"<td>{esc(f.get('latest_train', ''))}</td></tr>" for f in audit.time_order[:limit]]

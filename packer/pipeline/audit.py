@@ -15,6 +15,11 @@ manifest but do not fail. The rules:
   likely identity error (one patient under two ids, or a mislabelled copy).
 - ``time_order`` (report, time splits): the latest train time precedes the earliest
   valid/test time.
+- ``label_conflicts`` (fail with ``split.duplicates.label_conflict: fail``, else report): a
+  group of exact duplicates or verified near copies whose members' targets (or exact copies'
+  masks) disagree (:mod:`packer.pipeline.conflicts`), each member with its target; under
+  ``drop_group`` the members are in no split. Recorded in the manifest only where it found a
+  group, so a dataset without conflicts keeps the manifest, and version, it had before the rule.
 - ``split_balance`` (fail; report with ``split.balance.accept``): the split is not what was
   asked: a group of several entities joined by duplicate links holds more than
   ``balance.max_group_share`` of the samples, or a split's share misses its ratio by more than
@@ -41,6 +46,7 @@ from typing import Any
 from packer.config import SPLITS, SplitConfig
 from packer.errors import LeakageError
 from packer.files import atomic_output
+from packer.pipeline.conflicts import LabelConflicts
 from packer.pipeline.dedup import exact_groups
 from packer.pipeline.nearcopy import NearLinks
 from packer.pipeline.sampletable import as_table
@@ -58,6 +64,9 @@ class RuleResult:
     count: int
     findings: tuple[dict[str, Any], ...] = ()
     detail: dict[str, Any] = field(default_factory=dict)
+    #: whether the manifest records the rule when it found nothing (a rule added later does not,
+    #: so every dataset it finds nothing in keeps its manifest and version)
+    recorded_clean: bool = True
 
     @property
     def passed(self) -> bool:
@@ -92,7 +101,8 @@ class LeakageAudit:
             "passed": not self.failed,
             "entities_per_split": dict(sorted(self.entities_per_split.items())),
             "time_ranges": {s: list(r) for s, r in sorted(self.time_ranges.items())},
-            "rules": {r.rule: r.to_json(listed=listed) for r in self.rules},
+            "rules": {r.rule: r.to_json(listed=listed) for r in self.rules
+                      if listed or r.count or r.recorded_clean},
         }
 
 
@@ -109,6 +119,7 @@ class _Samples:
     time: list[str | None]
     split: list[str | None]
     show_paths: bool
+    label: list[str | None] = field(default_factory=list)
 
     @classmethod
     def of(cls, samples: Sequence[SpilledSample], split: dict[str, str], show_paths: bool) -> _Samples:
@@ -116,7 +127,7 @@ class _Samples:
         keys = table.column("key")
         return cls(key=keys, source=table.column("source"), entity=table.column("entity"),
                    relpath=table.column("relpath"), sha256=table.column("sha256"), time=table.column("time"),
-                   split=[split.get(k) for k in keys], show_paths=show_paths)
+                   split=[split.get(k) for k in keys], show_paths=show_paths, label=table.column("label"))
 
     def __len__(self) -> int:
         return len(self.key)
@@ -218,6 +229,32 @@ def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     return RuleResult("duplicates_span_entities", "report", len(findings), tuple(findings))
 
 
+#: Members listed per conflicting group (the size is always complete).
+MAX_MEMBERS = 20
+
+
+def _label_conflicts(samples: _Samples, found: LabelConflicts, cfg: SplitConfig) -> RuleResult:
+    """``label_conflicts``: one finding per conflicting duplicate group, its members (by key,
+    entity pseudonym and split, as every finding) each with its target text."""
+    findings = []
+    for group in found.groups:
+        finding: dict[str, Any] = {
+            "size": len(group.members), "linked_by": group.linked_by, "targets_differ": group.targets,
+            "labels": sorted({samples.label[i] or "" for i in group.members}),
+            "samples": [{**samples.where(i), "label": samples.label[i]} for i in group.members[:MAX_MEMBERS]]}
+        if group.dice is not None:
+            finding["mask_dice"] = round(group.dice, 4)
+        if found.dropped:
+            finding["dropped"] = True
+        findings.append(finding)
+    detail: dict[str, Any] = {"policy": cfg.label_conflict, "tolerance": cfg.label_tolerance,
+                              "mask_dice": cfg.mask_dice, "dropped": len(found.dropped)}
+    if found.masks_compared is not None:
+        detail["masks_compared"] = found.masks_compared
+    return RuleResult("label_conflicts", "fail" if cfg.label_conflict == "fail" else "report", len(findings),
+                      tuple(findings), detail, recorded_clean=False)
+
+
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     times: dict[str, list[str]] = defaultdict(list)
     for split, time in zip(samples.split, samples.time, strict=True):
@@ -278,17 +315,20 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
 
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
                      links: NearLinks | None = None, *, show_paths: bool = True,
-                     show_dates: bool = True) -> LeakageAudit:
+                     show_dates: bool = True, conflicts: LabelConflicts | None = None) -> LeakageAudit:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
     calendar dates out of the findings; samples are then named by key and entity pseudonym.
+    ``conflicts``: the label conflicts found before the split (:mod:`packer.pipeline.conflicts`;
+    None: none).
     """
     fields = _Samples.of(samples, assignment.split, show_paths)
     links = links if links is not None else NearLinks.empty()
     time_rule, ranges = _time_order(fields, cfg, show_dates)
     rules = [_entity_overlap(fields, cfg), *_exact(fields, cfg), _near(fields, cfg, links),
-             _span_entities(fields, links), time_rule, _balance(fields, assignment, cfg, links)]
+             _span_entities(fields, links), _label_conflicts(fields, conflicts or LabelConflicts(), cfg), time_rule,
+             _balance(fields, assignment, cfg, links)]
     entities: dict[str, set[str]] = defaultdict(set)
     for split, entity in zip(fields.split, fields.entity, strict=True):
         if split is not None:
@@ -346,6 +386,9 @@ def raise_on_leakage(report: LeakageAudit) -> None:
                                 + "; raise split.near_duplicates.min_score (or lower max_ratio), review the links, "
                                   "or accept the split "
                                   "with split.balance.accept: true")
+            elif rule.rule == "label_conflicts":
+                examples.append(" = ".join(f"{_name(s)} [{s['label']}]" for s in finding["samples"][:3])
+                                + (f" (mask Dice {finding['mask_dice']:.2f})" if "mask_dice" in finding else ""))
             elif "entity_id" in finding:
                 examples.append(f"{finding['entity_id']} ({'+'.join(finding['splits'])})")
             elif "samples" in finding:
@@ -355,8 +398,12 @@ def raise_on_leakage(report: LeakageAudit) -> None:
                                 f"{_name(finding['b'])} [{finding['b']['split']}] ({_evidence(finding)})")
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
     given = any(r.detail.get("given") for r in failed if r.rule in CROSSING)
+    conflicting = any(r.rule == "label_conflicts" for r in failed)
     raise LeakageError("leakage audit failed: " + " | ".join(parts)
                        + " (every finding is listed in leakage.json)"
+                       + ("; label_conflicts: copies of one image carry different targets (label noise, or two "
+                          "patients mixed up): fix the labels, or set split.duplicates.label_conflict: drop_group to "
+                          "leave those groups out, or warn to build with them" if conflicting else "")
                        + ("; the split is given (an official split reproduced exactly): to build it as it is, "
                           "leaks and all, set split.accept_leaks: true" if given else ""))
 

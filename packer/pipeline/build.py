@@ -524,4 +524,4 @@ def check_bad_fraction(result: BuildResult) -> None:
         raise BadFractionError(
             f"{bad['total']} of {inputs['files'] - excluded} input files are bad{left_out} "
             f"({bad['fraction']:.1%} > max_bad_fraction {bad['max_fraction']:.1%}); "
-            f"see {result.version_dir / bad['report']}")
+            f"see {result.version_dir / bad['report']}", version_dir=result.version_dir)

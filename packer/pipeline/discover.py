@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from packer.config import JobConfig, SourceConfig
+from packer.config import MAPPING_JOB, JobConfig, SourceConfig
 from packer.errors import ConfigError
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
@@ -218,14 +218,15 @@ def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str |
     return None
 
 
-def _check_root(source: SourceConfig, where: str) -> str:
+def _check_root(source: SourceConfig, where: str, relative_to: str) -> str:
     """How the job file wrote the source's root, for messages (``root: 'raw', relative to the
-    job file``). Raises ConfigError for a local root that is missing or not a folder."""
+    job file``; ``relative_to``: what a relative path is relative to). Raises ConfigError for a
+    local root that is missing or not a folder."""
     remote = isinstance(source.root, str)
     # an absolute path or a URL as written is not "relative to the job file": say so only when it is
     as_written = f"root: {source.root_spec!r}" + (
         "" if remote or "://" in source.root_spec or Path(source.root_spec).is_absolute()
-        else ", relative to the job file")
+        else f", relative to {relative_to}")
     if not isinstance(source.root, str) and not source.root.is_dir():
         what = "is a file, not a folder" if source.root.exists() else "does not exist"
         raise ConfigError(f"{where}.root (source {source.name!r}): folder {source.root} {what} ({as_written})")
@@ -374,10 +375,11 @@ def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: 
 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
-                 where: str = "sources[0]") -> SourceFound:
+                 where: str = "sources[0]", relative_to: str = "the job file") -> SourceFound:
     """The refs of one source, its table-only issues, what it left out, and its remote listing.
-    ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors."""
-    as_written = _check_root(source, where)
+    ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors;
+    ``relative_to``: what its relative paths are relative to, for them too."""
+    as_written = _check_root(source, where, relative_to)
     kind = source_kind(source.kind)
     table = source.label_table
     try:
@@ -494,7 +496,8 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
-            found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]")
+            found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]",
+                                 relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file")
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(found.refs)

@@ -139,9 +139,12 @@ def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path
                            max_ratio=cfg.near_max_ratio)
 
 
-def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks) -> list[SplitGroup]:
+def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks,
+                  leave_out: frozenset[int] = frozenset()) -> list[SplitGroup]:
     """Union-find the samples into split groups: every sample of one entity, and with
-    ``duplicates: group`` every exact duplicate (same packed pixels) and verified near copy."""
+    ``duplicates: group`` every exact duplicate (same packed pixels) and verified near copy.
+    The rows in ``leave_out`` (label conflicts dropped before the split) are in no group, and
+    their duplicate links join nothing."""
     table = as_table(samples)
     entities = table.column("entity")
     forest = UnionFind(len(table))
@@ -151,13 +154,16 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     del first_of_entity
     if cfg.duplicates == "group":
         for group in exact_groups(table.column("sha256")):
-            for a, b in zip(group, group[1:], strict=False):
+            kept = [row for row in group if row not in leave_out]
+            for a, b in zip(kept, kept[1:], strict=False):
                 forest.union(a, b)
         for a, b in zip(links.i.tolist(), links.j.tolist(), strict=True):
-            forest.union(a, b)
+            if a not in leave_out and b not in leave_out:
+                forest.union(a, b)
     members: dict[int, list[int]] = defaultdict(list)
     for index, root in enumerate(forest.components()):
-        members[root].append(index)
+        if index not in leave_out:
+            members[root].append(index)
     return [SplitGroup(members=tuple(m), entities=tuple(sorted({entities[i] or "" for i in m})))
             for _, m in sorted(members.items())]
 
@@ -309,18 +315,20 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
 
 
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
-                  strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None
-                  ) -> Assignment:
+                  strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
+                  leave_out: frozenset[int] = frozenset()) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
     sample's target text counts under for ``stratify: label``, the target kind's
     :meth:`~packer.targets.Target.held_names` (a multi-label target balances each label).
-    ``pseudonym``: under PHI, what turns a listed entity id into the samples' pseudonym."""
+    ``pseudonym``: under PHI, what turns a listed entity id into the samples' pseudonym.
+    ``leave_out``: rows left out before the split (``label_conflict: drop_group``): in no
+    group and no split, as if they had not been found."""
     table = as_table(samples)
-    groups = group_samples(table, cfg, links if links is not None else NearLinks.empty())
+    groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
     if cfg.given:
-        return _assign_given(table, cfg, groups, pseudonym)
+        return _assign_given(table, cfg, groups, pseudonym, leave_out)
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
@@ -371,12 +379,16 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
-                  pseudonym: Callable[[str], str] | None) -> Assignment:
+                  pseudonym: Callable[[str], str] | None, leave_out: frozenset[int] = frozenset()) -> Assignment:
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
-    ``not_in_split`` issues in ``dropped``."""
+    ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue."""
     given = split_from_lists(table, cfg, pseudonym) if cfg.by == "list" else split_from_column(table, cfg)
-    split_of = carve_splits(given.split, groups, cfg)
+    unlisted = given.unlisted
+    if leave_out:
+        left_files = {table[row].ref.sample_id for row in leave_out}
+        unlisted = tuple(issue for issue in unlisted if issue.sample_id not in left_files)
+    split_of = carve_splits([None if i in leave_out else s for i, s in enumerate(given.split)], groups, cfg)
     keys = table.column("key")
     split = {keys[i]: name for i, name in enumerate(split_of) if name is not None}
     fold: dict[str, int] = {}
@@ -386,7 +398,7 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
             for i in group.members:
                 if split_of[i] not in (None, "test"):
                     fold[keys[i]] = int(unit * cfg.folds)
-    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=given.unlisted, pinned={},
+    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=unlisted, pinned={},
                       warnings=given.warnings)
 
 

@@ -5,6 +5,8 @@
     discover      client: list raw files, read label tables        pipeline.discover
     pixels        dask: probe, read, check, transform, spill       pipeline.pixels (+ probe, checks, spill)
     near copies   client + dask: candidates, verification          pipeline.nearcopy
+    conflicts     client: copies whose targets disagree (drop_group   pipeline.conflicts
+                  leaves them out here)
     split         client: entity/time split over duplicate groups, pipeline.split
                   or the given split (lists, a table column)      pipeline.splitlists
     audit         client: leakage rules on the assignment          pipeline.audit
@@ -34,13 +36,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from packer.badsamples import sort_issues
-from packer.config import JobConfig
+from packer.config import JobConfig, SplitConfig
 from packer.errors import refused_write
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
 from packer.pipeline.audit import LeakageAudit, accepted_leaks, audit_assignment, raise_on_leakage, write_leakage
 from packer.pipeline.cluster import Executor, WorkerLost
+from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
@@ -55,7 +58,7 @@ from packer.storage import work_dir
 from packer.targets import Target, target_class
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
-STAGES = ("discover", "pixels", "near copies", "split", "audit", "plan", "pack")
+STAGES = ("discover", "pixels", "near copies", "conflicts", "split", "audit", "plan", "pack")
 
 
 @dataclass(frozen=True)
@@ -166,12 +169,16 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         started = time.perf_counter()
         links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
         near_seconds = time.perf_counter() - started
-    assignment = assign_splits(samples, split_cfg, links, strata=target_class(job.sources[0].target.kind).held_names,
-                               pseudonym=phi.entity if phi.active else None)
+    kind = target_class(job.sources[0].target.kind)
+    conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None)
+    if conflicts.dropped:
+        excluded.extend(conflict_exclusions(samples, conflicts))
+    assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
+                               pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped)
     balance = balance_warning(assignment, split_cfg)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
-                             show_dates=phi.dates == "keep")
-    for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg)):
+                             show_dates=phi.dates == "keep", conflicts=conflicts)
+    for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg), conflicts_warning(conflicts)):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
     issues.extend(assignment.dropped)
@@ -183,6 +190,31 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)))
+
+
+def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
+                     cache_dir: Path | None) -> LabelConflicts:
+    """The duplicate groups whose targets (or exact copies' masks, read back from the build
+    cache ``cache_dir``; None: not compared) disagree; under ``label_conflict: drop_group``,
+    with every member to be left out of the split."""
+    masked = {s.name: s.mask.pad for s in job.sources if s.mask is not None}
+    found = find_label_conflicts(samples, links, cfg, target_class(job.sources[0].target.kind).conflicts,
+                                 masks=SpilledMasks(cache_dir, masked) if masked and cache_dir is not None else None,
+                                 has_masks=bool(masked))
+    return replace(found, dropped=found.rows) if cfg.label_conflict == "drop_group" else found
+
+
+def conflicts_warning(found: LabelConflicts) -> str | None:
+    """A sentence for the build's and validate's stderr when copies of one image disagree, or None."""
+    if not found.groups:
+        return None
+    samples = sum(len(group.members) for group in found.groups)
+    done = (f"{samples} samples left out before the split (label_conflict: drop_group; listed in {EXCLUDED_FILE})"
+            if found.dropped else "packed as they are (split.duplicates.label_conflict: warn; fail or drop_group "
+                                  "to stop it)")
+    return (f"{len(found.groups)} group(s) of copies of one image ({samples} samples) carry different targets or "
+            f"masks: label noise, or two patients mixed up; {done}; each group is listed under label_conflicts in "
+            "leakage.json")
 
 
 def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:

@@ -316,6 +316,15 @@ class Target:
         return [text or ""]
 
     @classmethod
+    @per_kind
+    def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
+        """Whether two copies of one image (exact duplicates or verified near copies) whose
+        target texts are ``a`` and ``b`` disagree: label noise, or two patients mixed up
+        (``label_conflicts``, :mod:`packer.pipeline.conflicts`). ``tolerance``: how far two
+        numbers may differ and still agree (absolute; only numeric targets have numbers)."""
+        raise NotImplementedError
+
+    @classmethod
     def union_text(cls, texts: Sequence[str | None]) -> str | None:
         """The target text of a file that several table rows name with these texts, holding
         every row's targets (``repeated: union``); None where the kind cannot join targets (the

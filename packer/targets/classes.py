@@ -67,6 +67,11 @@ class ClassTarget(Target):
             return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class", empty=True)
         return mapped_name(cells[column], value_map, known, f"{where}, column {column!r}")
 
+    @classmethod
+    def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
+        """Different classes."""
+        return a != b
+
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
         index = self.label_map.get(text)
         if index is None:

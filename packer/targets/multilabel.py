@@ -138,6 +138,19 @@ class MultiLabelTarget(Target):
         return [name for name in (text or "").split(SEPARATOR) if not name.startswith(IGNORED)] or [""]
 
     @classmethod
+    def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
+        """Different vectors: a label one text holds and the other lacks. A label either text
+        ignores (``?name``: an uncertain or blank cell under an ``ignore`` policy) says nothing,
+        so it never conflicts."""
+        def read(text: str | None) -> tuple[set[str], set[str]]:
+            names = [name for name in (text or "").split(SEPARATOR) if name]
+            return ({n for n in names if not n.startswith(IGNORED)},
+                    {n.removeprefix(IGNORED) for n in names if n.startswith(IGNORED)})
+
+        (held_a, ignored_a), (held_b, ignored_b) = read(a), read(b)
+        return bool((held_a ^ held_b) - ignored_a - ignored_b)
+
+    @classmethod
     def union_text(cls, texts: Sequence[str | None]) -> str | None:
         """Every label any text holds; a label one text ignores (``?name``) stays ignored only
         where no other text holds it."""

@@ -87,6 +87,14 @@ class NumericTarget(Target):
             values.append(value)
         return number_text(values)
 
+    @classmethod
+    def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
+        """A value differing by more than ``tolerance`` (or a different count of values)."""
+        values_a = [float(v) for v in (a or "").split(SEPARATOR) if v]
+        values_b = [float(v) for v in (b or "").split(SEPARATOR) if v]
+        return len(values_a) != len(values_b) or any(
+            abs(x - y) > tolerance for x, y in zip(values_a, values_b, strict=True))
+
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
         values = np.array([float(v) for v in text.split(SEPARATOR)] if text else [], dtype=np.float32)
         if len(values) != len(self.names):

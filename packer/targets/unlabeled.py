@@ -47,6 +47,11 @@ class NoTarget(Target):
                       policy: CellPolicy = NO_POLICY) -> str | Refused:
         return ""  # the text form of an unlabeled sample, whatever its row holds
 
+    @classmethod
+    def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
+        """Never: there is no target to disagree about (masks are compared on their own)."""
+        return False
+
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
         return None, None
 

@@ -1,0 +1,251 @@
+"""packer from Python: build, check and open datasets from pipelines and notebooks.
+
+    import packer
+
+    manifest = packer.build("workflows/demo.yaml", out="build", workers=2)   # -> Manifest
+    result = packer.validate("workflows/demo.yaml")                          # -> ValidationResult
+    manifest = packer.open("build/demo/2cb4c601fccb")                        # -> Manifest
+
+``packer build`` and ``packer validate`` are thin layers over :func:`run_build` and
+:func:`validate`: the same job, the same options, the same bytes, the same errors. A job is a
+job file's path, the mapping its YAML parses to (an orchestrator's task can write it in Python;
+relative paths are then relative to ``base_dir``) or a loaded :class:`~packer.config.JobConfig`.
+
+Errors are the command line's: every defect of the run raises a
+:class:`~packer.errors.PackerError` subclass whose ``exit_code`` is what ``packer`` exits with
+(``ConfigError`` 2, ``BadFractionError`` 3, ``LeakageError`` 4, ``IntegrityError`` 5,
+``FileSystemError`` 6, also for a full or read-only disk met inside a library's write). Nothing
+here exits the process; what is printed is progress (``progress=False`` silences it) and
+warnings, on stderr as the command line prints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from packer.config import JobConfig, job_from_mapping, load_job
+from packer.errors import BadFractionError, LeakageError, refused_write
+from packer.manifest import Manifest, read_manifest
+
+if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check runs, not on import
+    from packer.pipeline.build import BuildResult
+    from packer.pipeline.datacheck import ValidateResult
+    from packer.records import Issue
+
+__all__ = ["Job", "ValidationResult", "build", "check_built", "load", "open", "run_build", "validate"]
+
+#: What the calls take as a job: a job file (path), the mapping a job file's YAML parses to, or
+#: a loaded job.
+Job: TypeAlias = str | os.PathLike[str] | Mapping[str, Any] | JobConfig
+
+
+def load(job: Job, *, base_dir: str | os.PathLike[str] | None = None) -> JobConfig:
+    """The :class:`~packer.config.JobConfig` of ``job``: a job file (YAML), a mapping (what such
+    a file parses to: validated against the same schema, with the same messages, naming the job
+    ``<dict>``; relative paths are relative to ``base_dir``, by default the current folder) or a
+    JobConfig, returned as it is. Raises ConfigError (exit code 2)."""
+    if isinstance(job, JobConfig):
+        return job
+    if isinstance(job, Mapping):
+        return job_from_mapping(job, base_dir=base_dir)
+    if isinstance(job, (str, os.PathLike)):
+        return load_job(Path(job))
+    raise TypeError(f"job: a job file path, a mapping or a JobConfig, not a {type(job).__name__}")
+
+
+def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int | None = None,
+              scheduler: str | None = None, progress: bool = True, report: bool = True, resume: bool = True,
+              keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+              storage_options: Mapping[str, Any] | None = None,
+              base_dir: str | os.PathLike[str] | None = None) -> BuildResult:
+    """Build ``job`` and return the run's facts: what :func:`build` returns comes from its
+    manifest, and ``packer build`` prints its summary from them (reused or not, stage times,
+    the report, the registry copy, where it was published).
+
+    A bad fraction over ``validate.max_bad_fraction`` is not raised here: everything is written
+    and ``result.over_threshold`` says so; :func:`check_built` raises it. The options are
+    :func:`build`'s.
+    """
+    from packer.pipeline.build import BuildOptions
+    from packer.pipeline.build import build as build_job
+    from packer.storage import is_url
+
+    config = load(job, base_dir=base_dir)
+    target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
+    options = BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=not progress,
+                           html_report=report, fresh=not resume, keep_spill=keep_spill,
+                           cache_dir=None if cache_dir is None else Path(cache_dir),
+                           storage_options=None if storage_options is None else dict(storage_options))
+    with _typed_errors():
+        return build_job(config, options)
+
+
+def check_built(result: BuildResult) -> None:
+    """Raise BadFractionError (exit code 3) when the build's bad fraction is over the job's
+    ``validate.max_bad_fraction``; its ``version_dir`` is the version written all the same."""
+    from packer.pipeline.build import check_bad_fraction
+
+    check_bad_fraction(result)
+
+
+def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int | None = None,
+          scheduler: str | None = None, progress: bool = True, report: bool = True, resume: bool = True,
+          keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+          storage_options: Mapping[str, Any] | None = None,
+          base_dir: str | os.PathLike[str] | None = None) -> Manifest:
+    """Build the dataset ``job`` describes, as ``packer build`` does; return its manifest.
+
+    Writes ``<output>/<name>/<version>/`` (shards, ``_index.parquet``, ``bad_samples.jsonl``,
+    ``report.html`` and, last, ``manifest.json``); the same inputs and job give the same
+    version and bytes, whatever the options. ``out``: a folder instead of the job's ``output``,
+    or a URL (``s3://bucket/prefix``) to publish to. ``workers``: processes of the local dask
+    cluster (default one per core, at most 8); ``scheduler``: an existing dask scheduler's
+    address or ``"sync"`` (in-process). ``progress``: progress lines on stderr. ``report``:
+    write ``report.html``. ``resume``: reuse the build cache (False: ``--fresh``).
+    ``keep_spill``, ``cache_dir``, ``storage_options``: as ``packer build``'s
+    ``--keep-spill``, ``--cache-dir``, ``--storage-option``. ``base_dir``: for a job given as a
+    mapping, the folder its relative paths are relative to.
+
+    Returns the :class:`~packer.manifest.Manifest` (``location``, ``folder``, ``version``,
+    ``dataset_hash``, ``splits``, ``label_map``); ``ShardDataset(manifest.location, "train")``
+    loads it. Raises ConfigError (2), BadFractionError (3: everything was written, the error's
+    ``version_dir`` names it), LeakageError (4), FileSystemError (6).
+    """
+    result = run_build(job, out=out, workers=workers, scheduler=scheduler, progress=progress, report=report,
+                       resume=resume, keep_spill=keep_spill, cache_dir=cache_dir, storage_options=storage_options,
+                       base_dir=base_dir)
+    check_built(result)
+    if result.published is not None:  # the dataset lives at the URL now; the local folder was the work folder
+        return read_manifest(result.published.manifest_url, storage_options=storage_options)
+    return read_manifest(result.manifest_path)
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """What :func:`validate` found: the report ``packer validate --json`` writes, and the run.
+
+    ``report``: that JSON document (``schemas/validate.schema.json``), lists capped as the file
+    caps them. ``exit_code``: what ``packer validate`` exits with (0 clean, 3 bad fraction over
+    the limit, 4 leakage); ``passed``: it is 0. ``findings``: every finding of every audit rule,
+    by rule (the report lists the first 50 of each); ``issues``: every bad sample. ``check()``
+    raises the failure as the typed error, for a task that must fail on it.
+    """
+
+    data_check: ValidateResult = field(repr=False, compare=False)
+
+    @cached_property
+    def report(self) -> dict[str, Any]:
+        from packer.pipeline.datacheck import summary
+
+        return summary(self.data_check)
+
+    @property
+    def exit_code(self) -> int:
+        return self.data_check.exit_code
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def findings(self) -> dict[str, tuple[dict[str, Any], ...]]:
+        """Rule name → its findings (all of them), in the audit's rule order."""
+        audit = self.data_check.prepared.audit
+        return {name: audit.rule(name).findings for name in self.report["audit"]["rules"]}
+
+    @property
+    def issues(self) -> tuple[Issue, ...]:
+        """Every bad sample (path, stage, reason, message), in discovery order."""
+        return tuple(self.data_check.prepared.issues)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The warnings (a split asked for samples that got none); they do not fail the check."""
+        return tuple(w["message"] for w in self.report["warnings"])
+
+    def summary(self) -> str:
+        """The summary ``packer validate`` prints."""
+        from packer.pipeline.datacheck import format_summary
+
+        return format_summary(self.data_check)
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :attr:`report` as ``packer validate --json`` does. Raises FileSystemError (6)."""
+        from packer.pipeline.datacheck import write_json
+
+        with _typed_errors():
+            write_json(self.data_check, Path(path))
+
+    def write_junit(self, path: str | os.PathLike[str]) -> None:
+        """Write JUnit XML as ``packer validate --junit`` does. Raises FileSystemError (6)."""
+        from packer.pipeline.datacheck import write_junit
+
+        with _typed_errors():
+            write_junit(self.data_check, Path(path))
+
+    def check(self) -> None:
+        """Raise LeakageError (4) when an audit rule failed, else BadFractionError (3) when the
+        bad fraction is over the limit; return when the check passed (warnings do not fail it)."""
+        if self.exit_code == LeakageError.exit_code:
+            failed = [f"{name} ({rule['count']})" for name, rule in self.report["audit"]["rules"].items()
+                      if rule["severity"] == "fail" and not rule["passed"]]
+            raise LeakageError(f"{self.report['job']}: the split audit failed: {', '.join(failed)}; the "
+                               "findings say which entities or samples (ValidationResult.findings)")
+        if self.exit_code == BadFractionError.exit_code:
+            bad = self.report["bad_samples"]
+            raise BadFractionError(f"{self.report['job']}: {bad['total']} of {self.report['inputs']['files']} input "
+                                   f"files are bad ({bad['fraction']:.1%} > max_bad_fraction "
+                                   f"{bad['max_fraction']:.1%}); ValidationResult.issues lists them")
+
+
+def validate(job: Job, *, quick: bool = False, workers: int | None = None, scheduler: str | None = None,
+             progress: bool = True, storage_options: Mapping[str, Any] | None = None,
+             base_dir: str | os.PathLike[str] | None = None) -> ValidationResult:
+    """Check ``job``'s data without building, as ``packer validate`` does: every file read and
+    decoded (headers only with ``quick``), the split applied and audited. Writes nothing.
+
+    A failed check is returned, not raised: ``result.exit_code`` is ``packer validate``'s and
+    ``result.check()`` raises it. ``workers``, ``scheduler``, ``progress``, ``storage_options``,
+    ``base_dir``: as :func:`build`'s. Raises ConfigError (2) for a job that cannot run (a bad
+    job, a missing source folder, a malformed table).
+    """
+    from packer.pipeline.datacheck import validate_job
+
+    config = load(job, base_dir=base_dir)
+    with _typed_errors():
+        checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
+                               storage_options=None if storage_options is None else dict(storage_options))
+    return ValidationResult(data_check=checked)
+
+
+def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as tarfile.open: read qualified
+         storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """The manifest of a built version: ``location`` is its version folder, its ``manifest.json``
+    or a registry copy (``manifests/<name>/<version>.json``), a local path or a URL (``s3://...``,
+    read with ``storage_options``).
+
+    Checked as the loader and ``packer inspect`` check it: the schema, the format version, and
+    that the content still hashes to ``dataset_hash`` (the shards are not re-hashed: that is
+    ``packer verify``). Raises ConfigError (2) for a path that is not a version (a dataset
+    folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
+    """
+    return read_manifest(location, storage_options=storage_options)
+
+
+@contextlib.contextmanager
+def _typed_errors() -> Iterator[None]:
+    """An OSError of a full, over-quota or read-only file system met in a library's write
+    becomes FileSystemError, as the command line reports it; any other error stays what it is."""
+    try:
+        yield
+    except OSError as err:
+        refused = refused_write(err, err.filename or "a file")
+        if refused is None:
+            raise
+        raise refused from err

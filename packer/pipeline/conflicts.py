@@ -1,0 +1,185 @@
+"""Label conflicts: copies of one image whose targets disagree (label noise, or two patients mixed up).
+
+A *duplicate group* closes exact duplicates (the same packed pixels, :func:`~packer.pipeline.dedup.exact_groups`)
+and verified near copies (:mod:`packer.pipeline.nearcopy`) with union-find: the duplicate links
+the split groups by, without the entity links (two images of one patient may well differ in
+label). A group conflicts when two of its members' targets do, as the target kind says
+(:meth:`~packer.targets.Target.conflicts`: different classes, different multi-label vectors,
+numbers further apart than ``label_tolerance``), or when two exact copies' masks agree less than
+``mask_dice`` (:func:`mask_dice`). No model is needed: the groups and the targets are known
+before the split.
+
+Masks are compared between exact copies only: they lie on one grid, while a near copy may be
+shifted, zoomed or cropped, so its mask's Dice would measure the geometry rather than the
+annotation. The client reads them from the build cache (:class:`SpilledMasks`) only where two
+exact copies' mask bytes differ: a few copies, never the dataset. ``packer validate`` keeps no
+spill, so it compares targets only (the rule's detail says ``masks_compared: false``).
+
+``split.duplicates.label_conflict`` says what a conflicting group does: ``warn`` lists it (the
+audit's ``label_conflicts`` rule reports), ``fail`` fails the audit (exit 4), ``drop_group``
+leaves every member out before the split, each file recorded in ``excluded.jsonl``
+(:func:`conflict_exclusions`).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packer.config import SplitConfig
+from packer.pipeline.dedup import cluster_duplicates, exact_groups
+from packer.pipeline.nearcopy import NearLinks
+from packer.pipeline.sampletable import SampleTable
+from packer.pipeline.spill import SpillReader
+from packer.records import Excluded
+
+#: Whether two target texts disagree (:meth:`packer.targets.Target.conflicts`), given the tolerance.
+Compare = Callable[..., bool]
+#: Groups' members whose keys an exclusion's detail names.
+NAMED = 5
+
+
+def mask_dice(a: np.ndarray, b: np.ndarray, *, pad: int | None = None) -> float:
+    """How far two masks of one image agree: the mean over the class ids either holds (background
+    0 and ``pad``, the id ``fit`` pads with, left out) of Dice, 2·|A∩B| / (|A| + |B|), in [0, 1].
+    1.0 where neither holds a class; 0.0 where their shapes differ (no pixel can be compared)."""
+    if a.shape != b.shape:
+        return 0.0
+    ids = np.union1d(np.unique(a), np.unique(b))
+    ids = ids[(ids != 0) & (ids != pad)] if pad is not None else ids[ids != 0]
+    if ids.size == 0:
+        return 1.0
+    scores = []
+    for cls in ids.tolist():
+        in_a, in_b = a == cls, b == cls
+        scores.append(2.0 * np.count_nonzero(in_a & in_b) / (np.count_nonzero(in_a) + np.count_nonzero(in_b)))
+    return float(np.mean(scores))
+
+
+class SpilledMasks:
+    """The masks of spilled samples, read back from the build cache (``cache_dir``) as the
+    arrays the shards will hold; ``pads``: each source's ``mask.pad``."""
+
+    def __init__(self, cache_dir: Path, pads: Mapping[str, int]) -> None:
+        self.cache_dir, self.pads = cache_dir, dict(pads)
+
+    def lowest_dice(self, table: SampleTable, rows: Sequence[int]) -> float:
+        """The lowest :func:`mask_dice` between the masks of ``rows`` (distinct masks only)."""
+        distinct: dict[bytes, tuple[np.ndarray, str]] = {}
+        with SpillReader(self.cache_dir) as reader:
+            for row in rows:
+                sample = table[row]
+                _, _, npy = reader.read_bytes(sample)
+                if npy not in distinct:
+                    distinct[npy] = (np.load(io.BytesIO(npy), allow_pickle=False), sample.ref.source)
+        return min((mask_dice(a, b, pad=self.pads.get(source)) for (a, source), (b, _)
+                    in itertools.combinations(distinct.values(), 2)), default=1.0)
+
+
+@dataclass(frozen=True)
+class LabelConflict:
+    """One duplicate group whose members disagree: ``members``, rows of the sample table
+    (ascending); ``linked_by`` (``exact``, ``near`` or ``exact+near``); ``targets``, whether two
+    members' targets disagree; ``dice``, the lowest Dice between exact copies' masks where
+    masks were compared (None otherwise), and ``masks``, whether it is below ``mask_dice``."""
+
+    members: tuple[int, ...]
+    linked_by: str
+    targets: bool
+    dice: float | None = None
+    masks: bool = False
+
+
+@dataclass(frozen=True)
+class LabelConflicts:
+    """Every conflicting duplicate group; ``masks_compared``: whether masks were read (a build
+    of a job with masks) or could not be (``packer validate``: no spill; None: the job has no
+    masks); ``dropped``: the rows ``drop_group`` leaves out of the split."""
+
+    groups: tuple[LabelConflict, ...] = ()
+    masks_compared: bool | None = None
+    dropped: frozenset[int] = frozenset()
+
+    @property
+    def rows(self) -> frozenset[int]:
+        """Every member of every conflicting group."""
+        return frozenset(row for group in self.groups for row in group.members)
+
+
+def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfig, conflicts: Compare, *,
+                         masks: SpilledMasks | None, has_masks: bool = False) -> LabelConflicts:
+    """The duplicate groups of ``samples`` (exact copies and the verified near ``links``) whose
+    members disagree: two targets that ``conflicts`` (the target kind's
+    :meth:`~packer.targets.Target.conflicts`, with ``cfg.label_tolerance``) says differ, or two
+    exact copies' masks whose Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks
+    are not compared). ``has_masks``: the job's samples carry masks. Groups are ordered by
+    their first row, so the result depends only on the samples."""
+    exact = exact_groups(samples.column("sha256"))
+    if not exact and not len(links):
+        return LabelConflicts(masks_compared=(masks is not None) if has_masks else None)
+    edges = itertools.chain(((g[k], g[k + 1]) for g in exact for k in range(len(g) - 1)),
+                            zip(links.i.tolist(), links.j.tolist(), strict=True))
+    roots = cluster_duplicates(len(samples), edges)
+    linked: dict[int, set[str]] = defaultdict(set)
+    for group in exact:
+        linked[roots[group[0]]].add("exact")
+    for i in links.i.tolist():
+        linked[roots[i]].add("near")
+    members: dict[int, list[int]] = defaultdict(list)
+    for row in sorted({row for group in exact for row in group} | set(links.i.tolist()) | set(links.j.tolist())):
+        members[roots[row]].append(row)
+    labels = samples.column("label")
+    mask_bytes = samples.array("mask_bytes") if has_masks else None
+    exact_of = {group[0]: group for group in exact}
+    found = []
+    for root, rows in sorted(members.items()):
+        texts = list(dict.fromkeys(labels[row] for row in rows))
+        differ = any(conflicts(a, b, tolerance=cfg.label_tolerance) for a, b in itertools.combinations(texts, 2))
+        dice = None
+        if masks is not None and mask_bytes is not None:
+            for group in (exact_of[row] for row in rows if row in exact_of):
+                masked = [row for row in group if mask_bytes[row] > 0]
+                if len(masked) > 1:
+                    low = masks.lowest_dice(samples, masked)
+                    dice = low if dice is None else min(dice, low)
+        apart = dice is not None and dice < cfg.mask_dice
+        if differ or apart:
+            found.append(LabelConflict(members=tuple(rows), linked_by="+".join(sorted(linked[root])),
+                                       targets=differ, dice=dice, masks=apart))
+    return LabelConflicts(groups=tuple(found), masks_compared=(masks is not None) if has_masks else None)
+
+
+def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Excluded]:
+    """One ``label_conflict`` record (``excluded.jsonl``) per file whose samples ``drop_group``
+    left out (``found.dropped``): the samples' keys, the group's size, how it was linked and
+    what disagreed."""
+    keys, labels = samples.column("key"), samples.column("label")
+    paths: dict[str, str] = {}
+    dropped_keys: dict[str, list[str]] = defaultdict(list)
+    whys: dict[str, str] = {}
+    for group in found.groups:
+        dropped = [row for row in group.members if row in found.dropped]
+        if not dropped:
+            continue
+        texts = sorted({labels[row] or "" for row in group.members})
+        named = ", ".join(keys[row] for row in group.members[:NAMED]) + (", ..." if len(group.members) > NAMED else "")
+        what = [f"targets {', '.join(repr(t) for t in texts)}"] if group.targets else []
+        if group.masks and group.dice is not None:
+            what.append(f"masks (Dice {group.dice:.2f})")
+        why = (f"in a group of {len(group.members)} copies ({group.linked_by}: {named}) whose {' and '.join(what)} "
+               "disagree; left out with its whole group by split.duplicates.label_conflict: drop_group")
+        for row in dropped:
+            ref = samples[row].ref
+            paths[ref.sample_id] = ref.path
+            dropped_keys[ref.sample_id].append(keys[row])
+            whys.setdefault(ref.sample_id, why)
+    return [Excluded(sample_id=sample_id, path=paths[sample_id], stage="split", why="label_conflict",
+                     detail=f"sample{'s' if len(dropped_keys[sample_id]) > 1 else ''} "
+                            f"{', '.join(dropped_keys[sample_id])}: {whys[sample_id]}")
+            for sample_id in sorted(paths)]

@@ -1,0 +1,279 @@
+"""packer from Python: ``packer.build``, ``packer.validate`` and ``packer.open`` give what the
+command line gives (the same dataset, the same report, the same typed errors and exit codes),
+and ``import packer`` stays cheap."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import packer
+from packer.cli import main
+from packer.config import job_from_mapping
+from packer.errors import BadFractionError, ConfigError, FileSystemError, IntegrityError, LeakageError, PackerError
+from packer.manifest import Manifest
+from tests.helpers import REPO
+from tests.test_cli_frictions import photo, photo_job
+from tests.test_datacheck import base_rows, entities_in_different_splits, image_job
+from tests.test_datacheck import photo as textured
+
+ENTITY_SPLIT = {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 3}
+
+
+def photos(count: int, *, bad: int = 0) -> list[tuple[str, Any, str]]:
+    """``count`` photos of ``count // 2`` entities, then ``bad`` zero-byte files."""
+    rows: list[tuple[str, Any, str]] = [(f"p{i:02d}.png", photo(i), f"E{i // 2:02d}") for i in range(count)]
+    return rows + [(f"z{i}.png", None, f"Z{i}") for i in range(bad)]
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_import_packer_loads_no_job_parser_no_dask_no_torch() -> None:
+    """Orchestrators import packer in every task process: the import must not pull the pipeline in,
+    and naming packer.build loads the API, not dask or torch (they load when a build runs)."""
+    code = ("import sys, packer\n"
+            "first = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'torch', 'numpy')"
+            " or m in ('packer.config', 'packer.api'))\n"
+            "assert packer.build is packer.api.build and packer.open is packer.api.open\n"
+            "then = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'torch'))\n"
+            "print(first, then)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] []"
+
+
+def test_a_job_file_a_dict_and_the_command_line_build_the_same_dataset(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    job = photo_job(tmp_path, photos(12), split=ENTITY_SPLIT)  # relative paths: raw/, out
+    built = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
+    assert built.exit_code == 0, built.output
+    (manifest_file,) = (tmp_path / "out" / "photos").glob("*/manifest.json")
+    on_disk = json.loads(manifest_file.read_text())
+
+    from_file = packer.build(job, scheduler="sync", progress=False, report=False)
+    assert isinstance(from_file, Manifest)
+    assert from_file.dataset_hash == on_disk["dataset_hash"]
+    assert from_file.version == on_disk["dataset_hash"][:12]
+    assert from_file.folder == manifest_file.parent and from_file.path == manifest_file
+    assert {s: e["samples"] for s, e in from_file.splits.items()} == {
+        s: e["samples"] for s, e in on_disk["splits"].items()}
+    assert sum(e["samples"] for e in from_file.splits.values()) == 12
+    assert from_file.label_map == {"a": 0, "b": 1}
+
+    # the same job as the mapping its YAML parses to, its paths as path objects and relative to base_dir
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["root"] = Path("raw")
+    doc["transform"]["image"]["size"] = (32, 32)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a relative path in a mapping is relative to base_dir, not to the current folder
+    from_dict = packer.build(doc, base_dir=tmp_path, scheduler="sync", progress=False, report=False)
+    assert from_dict.dataset_hash == on_disk["dataset_hash"] and from_dict.path == manifest_file
+    assert not (elsewhere / "out").exists()
+
+
+def test_progress_is_printed_as_the_command_prints_it_and_silenced_by_progress_false(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    packer.validate(job, scheduler="sync", progress=False)
+    quiet = capfd.readouterr()
+    packer.validate(job, scheduler="sync")
+    loud = capfd.readouterr()
+    # warnings (this split misses its ratios: 3 entities) are printed either way, progress only when asked,
+    # where the command prints them: the first line on stdout, the progress lines and warnings on stderr
+    assert quiet.out == "" and quiet.err
+    assert all(line.startswith("packer: warning: ") for line in quiet.err.splitlines())
+    assert loud.out.startswith("packer: photos: 6 input files")
+    assert re.search(r"process: 6/6 files", loud.err) and quiet.err in loud.err, loud.err
+
+
+def test_validate_returns_what_packer_validate_json_writes(tmp_path: Path) -> None:
+    first, second = entities_in_different_splits(5)
+    copy = textured(777)
+    rows = [*base_rows(12), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)]
+    job = image_job(tmp_path, rows, duplicates="fail")
+    ran = cli("validate", str(job), "--scheduler", "sync", "-q", "--json", str(tmp_path / "cli.json"))
+    assert ran.exit_code == 4, ran.output
+    written = json.loads((tmp_path / "cli.json").read_text())
+
+    result = packer.validate(job, scheduler="sync", progress=False)
+    assert result.report == written
+    assert (result.exit_code, result.passed) == (4, False)
+    assert result.summary() in ran.output  # the summary the command printed
+    exact = result.findings["exact_duplicates_across_splits"]
+    assert [f for f in exact] == written["audit"]["rules"]["exact_duplicates_across_splits"]["findings"]
+    assert {s["path"] for s in exact[0]["samples"]} == {"a/one.png", "b/two.png"}
+    assert set(result.findings) == set(written["audit"]["rules"])
+    result.write_json(tmp_path / "api.json")
+    assert (tmp_path / "api.json").read_bytes() == (tmp_path / "cli.json").read_bytes()
+    with pytest.raises(LeakageError) as raised:
+        result.check()
+    assert raised.value.exit_code == 4 and "exact_duplicates_across_splits (1)" in str(raised.value)
+
+
+def test_a_clean_check_passes_and_counts_every_file(tmp_path: Path) -> None:
+    result = packer.validate(photo_job(tmp_path, photos(8, bad=0), split=ENTITY_SPLIT), scheduler="sync",
+                             progress=False)
+    assert (result.exit_code, result.passed, result.issues) == (0, True, ())
+    assert result.report["inputs"] == {"files": 8, "samples": 8}
+    result.check()  # returns: nothing failed
+
+
+def test_a_bad_job_file_raises_the_config_error_the_command_line_prints(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: x\nsources: []\nsplit: {by: entity}\npack: {format: webdataset}\noutput: out\n")
+    printed = cli("build", str(job))
+    assert printed.exit_code == 2
+    for call in (packer.build, packer.validate):
+        with pytest.raises(ConfigError) as raised:
+            call(job, scheduler="sync", progress=False)
+        assert raised.value.exit_code == 2
+        assert printed.output.strip() == f"packer: error: {raised.value}"
+    with pytest.raises(ConfigError) as missing:
+        packer.build(tmp_path / "no-such-job.yaml")
+    assert str(missing.value).startswith(f"{tmp_path / 'no-such-job.yaml'}: cannot read the job file")
+
+
+def test_a_dict_job_is_checked_by_the_same_schema_naming_dict_for_the_file(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    doc = yaml.safe_load(job.read_text())
+    doc["splt"] = doc.pop("split")
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as from_file:
+        packer.validate(job, scheduler="sync")
+    with pytest.raises(ConfigError) as from_dict:
+        packer.validate(doc, base_dir=tmp_path, scheduler="sync")
+    assert str(from_file.value).startswith(f"{job}: splt: unknown key")
+    assert str(from_dict.value) == str(from_file.value).replace(str(job), "<dict>")
+    with pytest.raises(ConfigError, match=r"^<dict>: a job is a mapping"):
+        job_from_mapping(["name", "x"])  # type: ignore[arg-type]
+
+
+def test_a_missing_raw_root_raises_config_error_exit_2(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["root"] = "gone"
+    job.write_text(yaml.safe_dump(doc))
+    printed = cli("build", str(job), "--scheduler", "sync", "-q")
+    with pytest.raises(ConfigError) as raised:
+        packer.build(job, scheduler="sync", progress=False)
+    assert raised.value.exit_code == printed.exit_code == 2
+    assert f"folder {tmp_path / 'gone'} does not exist" in str(raised.value)
+    assert printed.output.strip() == f"packer: error: {raised.value}"
+    assert "(root: 'gone', relative to the job file)" in str(raised.value)
+    with pytest.raises(ConfigError) as from_dict:
+        packer.build(doc, base_dir=tmp_path, scheduler="sync", progress=False)
+    assert str(from_dict.value) == str(raised.value).replace(str(job), "<dict>").replace("the job file", "base_dir")
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_many_bad_samples_raise_after_everything_is_written(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(8, bad=1), split=ENTITY_SPLIT)  # 1 of 9 bad > 5%
+    with pytest.raises(BadFractionError) as raised:
+        packer.build(job, scheduler="sync", progress=False, report=False)
+    err = raised.value
+    assert isinstance(err, PackerError) and err.exit_code == 3
+    assert err.version_dir is not None and "1 of 9 input files are bad" in str(err)
+    written = packer.open(err.version_dir)  # the version was written all the same
+    assert written.data["bad_samples"]["total"] == 1
+    assert [json.loads(line)["reason"] for line in (err.version_dir / "bad_samples.jsonl").read_text().splitlines()] \
+        == ["unreadable"]
+    printed = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
+    assert printed.exit_code == 3 and f"packer: error: {err}" in printed.output
+
+    checked = packer.validate(job, scheduler="sync", progress=False)
+    assert checked.exit_code == 3 and [i.reason for i in checked.issues] == ["unreadable"]
+    with pytest.raises(BadFractionError) as failed:
+        checked.check()
+    assert failed.value.exit_code == 3 and failed.value.version_dir is None
+
+
+def test_open_reads_a_version_folder_its_manifest_and_a_registry_copy(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    doc = yaml.safe_load(job.read_text())
+    doc["registry"] = "registry"
+    job.write_text(yaml.safe_dump(doc))
+    built = packer.build(job, scheduler="sync", progress=False, report=False)
+    version = tmp_path / "out" / "photos" / built.version
+    copy = tmp_path / "registry" / "photos" / f"{built.version}.json"
+    for location in (version, version / "manifest.json", str(version), copy):
+        opened = packer.open(location)
+        assert (opened.dataset_hash, opened.splits) == (built.dataset_hash, built.splits)
+    assert packer.open(version).folder == version
+
+    with pytest.raises(ConfigError) as dataset_folder:
+        packer.open(version.parent)
+    assert dataset_folder.value.exit_code == 2 and f"holds the version(s) {built.version}" in str(dataset_folder.value)
+    edited = json.loads((version / "manifest.json").read_text())
+    edited["splits"]["train"]["samples"] += 1
+    (version / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(IntegrityError) as damaged:
+        packer.open(version)
+    assert damaged.value.exit_code == 5 and "dataset_hash does not match" in str(damaged.value)
+
+
+def readme_python_example() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### From Python: `packer.build`", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert blocks, "the README's From Python section has no python example"
+    return "\n".join(blocks)
+
+
+@pytest.mark.slow  # the README's example: a real dask cluster, a validate and a build of the demo, torch
+def test_the_readme_python_example_runs(demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as written, from a checkout where `packer demo-data demo-raw` ran: workflows/demo.yaml
+    is the committed job (its registry re-pointed into the temporary folder by the layout)."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "demo.yaml").write_bytes((REPO / "workflows" / "demo.yaml").read_bytes())
+    (tmp_path / "demo-raw").symlink_to(demo_raw.root)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {}
+    exec(compile(readme_python_example(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    manifest = namespace["manifest"]
+    assert manifest.folder == tmp_path / "build" / "demo" / manifest.version
+    assert (tmp_path / "manifests" / "demo" / f"{manifest.version}.json").is_file()
+    assert len(namespace["train"]) == manifest.splits["train"]["samples"]
+
+
+def test_built_for_a_url_the_manifest_is_the_published_one(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    local = packer.build(job, scheduler="sync", progress=False, report=False)
+    published = packer.build(job, out="memory://packer-api/datasets", scheduler="sync", progress=False,
+                             report=False)
+    assert published.location == f"memory://packer-api/datasets/photos/{local.version}/manifest.json"
+    assert published.path is None and published.dataset_hash == local.dataset_hash
+    assert packer.open(published.folder).splits == local.splits
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+def test_a_full_disk_raises_file_system_error_exit_6_as_the_command_reports_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import packer.files
+
+    def full_for_shards(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(file).endswith(".tar" + packer.files.TMP_SUFFIX):
+            return builtins.open("/dev/full", mode, *args, **kwargs)  # the kernel's own ENOSPC on write
+        return builtins.open(file, mode, *args, **kwargs)
+
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    monkeypatch.setattr(packer.files, "open", full_for_shards, raising=False)
+    with pytest.raises(FileSystemError) as raised:
+        packer.build(job, scheduler="sync", progress=False, report=False)
+    assert raised.value.exit_code == 6 and "the file system is full" in str(raised.value)
+    printed = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
+    assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {raised.value}\n")
