@@ -429,6 +429,8 @@ def _index_schema() -> pa.Schema:
         pa.field("position", pa.int64(), nullable=False),
         pa.field("bytes", pa.int64(), nullable=False),
         pa.field("sha256", pa.string(), nullable=False),
+        # xxh3-64 over all the sample's packed members (packer.shards.checksum): the loader's per-sample check
+        pa.field("xxh3", pa.uint64(), nullable=False),
         pa.field("label", pa.int64(), nullable=False),
         pa.field("entity_id", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),

@@ -79,20 +79,6 @@ def safe_key(text: str) -> str:
     return _KEY_SAFE.sub("_", text).strip("_") or "x"
 
 
-def frame_key(sample_id: str, frame: int) -> str:
-    """The key of frame ``frame`` of a multi-frame file split into one sample per frame."""
-    return f"{sample_id}-f{frame:04d}"
-
-
-_FRAME_KEY = re.compile(r"^(?P<id>.+)-f\d{4}$")
-
-
-def file_id_of(key: str) -> str | None:
-    """The sample id of the file a :func:`frame_key` names, None for a key that is not a frame's."""
-    frame = _FRAME_KEY.match(key)
-    return frame["id"] if frame else None
-
-
 @dataclass(frozen=True, slots=True)
 class SampleRef:
     """One raw file the job will read, with everything known before decoding it.
@@ -199,7 +185,8 @@ class Excluded:
 class Sample:
     """A transformed, training-ready sample: ``image`` is C×H×W (uint8 by default).
 
-    ``key`` is the sample id, suffixed for frames (``-f0007``) or tiles (``-t0003_0512``).
+    ``key`` is the sample id, suffixed for frames (``-f0007``), pages (``-p00002``) or tiles
+    (``-t00128_00512``): the grammar of :mod:`packer.keys`.
     ``metadata`` holds JSON-serialisable values only.
     """
 

@@ -5,7 +5,10 @@ Plain checks (read every byte once, decode nothing):
 - the manifest (read by :func:`packer.manifest.read_manifest`, whose problems become
   findings): readable JSON, valid against ``schemas/manifest.schema.json``, its own
   ``dataset_hash`` matches its content, and its counts agree with each other;
-- every listed shard and ``_index.parquet``: present, size and sha256 as recorded;
+- every listed shard and ``_index.parquet``: present, size and sha256 as recorded; in a shard
+  whose sha256 does not match, each sample whose checksum (xxh3 over all its packed members,
+  :mod:`packer.shards.checksum`) differs from the index's is named, so the damage is located
+  to samples without decoding anything;
 - the index rows agree with the shard list (shard names, splits, samples per shard);
 - the version folder holds no unlisted shard-like files (``*.tar``, ``*.parquet``) that
   glob-based readers would pick up, and stale ``*.partial`` temporaries are reported as warnings.
@@ -48,8 +51,11 @@ from packer.errors import ConfigError, PackerError
 from packer.files import TMP_SUFFIX
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, read_manifest, resolve_manifest_path
 from packer.progress import Progress
+from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import KEY_PATTERN, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
+from packer.shards.parquet import read_parquet_samples
+from packer.shards.tar import scan_tar, stream_tar_samples, tar_sample_checksum
 from packer.storage import VersionFolder, local_path, manifest_url
 from packer.targets import Target
 
@@ -108,6 +114,8 @@ class _Findings:
 
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    #: Listed files whose sha256 does not match the manifest's
+    damaged: set[str] = field(default_factory=set)
     files: int = 0
     bytes: int = 0
     samples: int = 0
@@ -171,6 +179,9 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
         if _check_file(folder, entry, found):
             present.append((split, entry))
         progress.update(bad=len(found.problems) - before)
+    for _, entry in present:
+        if entry["file"] in found.damaged:
+            _name_damaged_samples(folder, manifest["format"], entry, index_rows.get(entry["file"], []), found)
     _check_extra_files(folder, {entry["file"] for _, entry in shards} | {e["file"] for e in side}, found)
     if shards and not present:
         found.add(name, f"none of the {len(shards)} listed shards is beside {file}; if this is a registry "
@@ -270,6 +281,7 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) 
     found.files += 1
     found.bytes += size
     if digest != entry["sha256"]:
+        found.damaged.add(entry["file"])
         found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: "
                                  f"the file was modified or corrupted after the build; {_REBUILD}")
     return True
@@ -289,6 +301,8 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
         found.add(INDEX_FILE, f"unreadable as Parquet ({err}); {_REBUILD}")
         return {}
     wanted = [*INDEX_SCHEMA.names, *(["target"] if Target.of_manifest(manifest).has_vector else [])]
+    if INDEX_COLUMN not in table.column_names:  # an index from before per-sample checksums: still a valid index
+        wanted.remove(INDEX_COLUMN)
     missing = [name for name in wanted if name not in table.column_names]
     if missing:
         found.add(INDEX_FILE, f"lacks the columns {missing}; {_REBUILD}")
@@ -320,6 +334,63 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
             found.add(INDEX_FILE, f"key listed {len(where)} times ({', '.join(sorted(where))}); keys must be unique",
                       key=key)
     return dict(by_shard)
+
+
+def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any], rows: list[dict[str, Any]],
+                          found: _Findings) -> None:
+    """For a shard whose sha256 does not match: name each sample whose checksum (the bytes of
+    all its members, :mod:`packer.shards.checksum`) is no longer the one ``_index.parquet``
+    records, so the damage is located to samples without ``--deep``. An index from before
+    per-sample checksums names none (the shard's own finding stands)."""
+    name = entry["file"]
+    if not rows or any(row.get(INDEX_COLUMN) is None for row in rows):
+        return
+    expected: dict[str, int] = {row["key"]: int(row[INDEX_COLUMN]) for row in rows}
+    seen: set[str] = set()
+    try:
+        for key, value in _sample_checksums(folder, fmt, name, entry["samples"]):
+            if key is None or key not in expected:
+                continue
+            seen.add(key)
+            if isinstance(value, str):
+                found.add(name, f"cannot be read to check its xxh3 ({value}); {_REBUILD}", key=key)
+            elif value != expected[key]:
+                found.add(name, f"xxh3 {describe(value)}, _index.parquet records {describe(expected[key])}: this "
+                                f"sample's bytes changed after the build; {_REBUILD}", key=key)
+    except (OSError, tarfile.TarError, pa.ArrowException) as err:
+        found.warnings.append(Problem(name, None, f"could not read the shard to name its damaged samples ({err}); "
+                                                  "packer verify --deep decodes every sample"))
+        return
+    unread = sorted(set(expected) - seen)
+    if unread:
+        found.add(name, f"{len(unread)} samples (from {unread[0]}) could not be reached in the damaged shard to check "
+                        f"them; {_REBUILD}")
+
+
+def _sample_checksums(folder: VersionFolder, fmt: str, name: str,
+                      samples: int) -> Iterator[tuple[str | None, int | str]]:
+    """(key, checksum or why it could not be had) of each sample of shard ``name``, as packer's
+    own readers hash it (the loader's check, here without the loader)."""
+    if fmt == "webdataset":
+        if folder.local is not None:
+            path = folder.local / name
+            index = scan_tar(path)
+            with open(path, "rb") as fh:
+                for sample in index.samples:
+                    value = tar_sample_checksum(fh, sample)
+                    yield sample.key, value if isinstance(value, int) else value.message
+            return
+        with folder.open(name) as stream:
+            for item in stream_tar_samples(stream, samples):
+                if isinstance(item, str):
+                    return
+                _, key, members = item
+                yield key, members_checksum(key, members)
+        return
+    with contextlib.ExitStack() as stack:
+        source = folder.local / name if folder.local is not None else stack.enter_context(folder.open(name))
+        for _, result in read_parquet_samples(source, range(samples), batch_rows=64, checksums=True):
+            yield result.key, result.checksum if result.checksum is not None else getattr(result, "message", "")
 
 
 def _side_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.manifest import config_hash, seal_manifest
+from packer.pipeline.publish import IndexColumns, write_index
 from packer.shards.encode import EncodedSample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import write_tar_shard
@@ -54,6 +55,7 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
     root.mkdir(parents=True, exist_ok=True)
     writer, ext = (write_tar_shard, "tar") if fmt == "webdataset" else (write_parquet_shard, "parquet")
     shards, counts, index = [], {f"c{c}": 0 for c in range(classes)}, 0
+    columns = IndexColumns()
     for k, size in enumerate(shard_sizes):
         samples = []
         for _ in range(size):
@@ -63,19 +65,24 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
             index += 1
         written = writer(root / f"{split}-{k:06d}.{ext}", samples)
         shards.append({"file": written.file, "bytes": written.bytes, "sha256": written.sha256, "samples": size})
+        columns.add_shard(written, split=split, keys=[s.key for s in samples], labels=[s.label for s in samples],
+                          entity_ids=[s.entity_id for s in samples], sources=[s.source for s in samples])
+    entry = write_index(root, columns)  # _index.parquet as a build writes it (with each sample's checksum)
     return write_manifest(root, fmt=fmt, shards=shards, split=split, classes=classes, class_counts=counts,
-                          shape=None if shapes else shape)
+                          shape=None if shapes else shape, index=entry)
 
 
 def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "train", classes: int = 3,
                    class_counts: dict[str, int] | None = None, shape: Sequence[int] | None = SHAPE,
-                   dtype: str = "uint8") -> Path:
+                   dtype: str = "uint8", index: dict | None = None) -> Path:
     """Write ``root/manifest.json`` for ``shards`` (entries with file, bytes, sha256, samples): a
     whole manifest, valid against schemas/manifest.schema.json and sealed as a build seals it.
 
     ``shape=None`` writes a null sample shape (samples of varying size); ``dtype`` the sample
-    dtype. The ``index`` and ``splits_table`` entries name files no fixture writes (only filtered
-    views read the index).
+    dtype. ``index``: the ``_index.parquet`` entry (:func:`build_dataset` writes a real one); without
+    it the ``index`` entry names a file no fixture writes, so such a dataset is read with
+    ``verify="off"`` (the default, ``"sample"``, needs each sample's checksum from the index). The
+    ``splits_table`` entry names a file no fixture writes.
     """
     total = sum(s["samples"] for s in shards)
     body = {
@@ -89,7 +96,7 @@ def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "tr
         "bad_samples": {"total": 0, "fraction": 0.0, "max_fraction": 0.0, "by_reason": {}, "by_stage": {},
                         "report": "bad_samples.jsonl"},
         "audit": {"passed": True, "rules": {}, "entities_per_split": {}, "time_ranges": {}},
-        "index": {"file": "_index.parquet", "bytes": 0, "sha256": "0" * 64, "rows": total},
+        "index": index or {"file": "_index.parquet", "bytes": 0, "sha256": "0" * 64, "rows": total},
         "splits_table": {"file": "_splits.parquet", "bytes": 0, "sha256": "0" * 64, "rows": total},
         "phi": {"mode": "keep", "dates": "keep", "key_fingerprint": None},
     }

@@ -21,7 +21,8 @@ from packer.shards.writer import ShardWrite
 def _shard(name: str, count: int, start: int) -> ShardWrite:
     positions = array("q", (start + 1536 * i for i in range(count)))
     return ShardWrite(file=name, bytes=1536 * count, sha256="0" * 64, positions=positions,
-                      sizes=array("q", [1024] * count), digests=bytes(range(32)) * count)
+                      sizes=array("q", [1024] * count), digests=bytes(range(32)) * count,
+                      checksums=array("Q", range(count)))
 
 
 @settings(max_examples=40, deadline=None)
@@ -47,7 +48,7 @@ def test_index_rows_are_ordered_by_split_shard_position_whatever_the_order_shard
 def test_index_refuses_a_shard_whose_positions_go_backwards() -> None:
     shard = _shard("train-000000.tar", 2, start=0)
     shard = ShardWrite(file=shard.file, bytes=shard.bytes, sha256=shard.sha256, positions=array("q", [1536, 0]),
-                       sizes=shard.sizes, digests=shard.digests)
+                       sizes=shard.sizes, digests=shard.digests, checksums=shard.checksums)
     with pytest.raises(ValueError, match="train-000000.tar: the writer reported positions out of order"):
         IndexColumns().add_shard(shard, split="train", keys=["a", "b"], labels=[0, 0], entity_ids=["e", "e"],
                                  sources=["ct", "ct"])

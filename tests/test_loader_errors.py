@@ -42,8 +42,10 @@ def test_verify_catches_a_flipped_byte_and_names_the_shard(tmp_path, fmt):
     shard = sorted(p for p in tmp_path.iterdir() if p.name.startswith("train-"))[1]
     assert keys_of(make_loader(ShardDataset(manifest, "train", verify=True), 4)) != []
     flip_pixel_byte(shard, 5)
-    # without verify the flipped pixel goes unnoticed: verify is what catches it
-    assert sorted(keys_of(make_loader(ShardDataset(manifest, "train"), 4))) == split_keys(15)
+    # with verify="off" the flipped pixel goes unnoticed; the default per-sample check names the sample
+    assert sorted(keys_of(make_loader(ShardDataset(manifest, "train", verify="off"), 4))) == split_keys(15)
+    with pytest.raises(ShardReadError, match=f"{shard.name}: sample s00005: checksum_mismatch"):
+        keys_of(make_loader(ShardDataset(manifest, "train"), 4))
     with pytest.raises(ShardReadError, match=shard.name) as err:
         keys_of(make_loader(ShardDataset(manifest, "train", verify=True), 4))
     assert err.value.shard == shard.name and "sha256" in str(err.value)
@@ -171,11 +173,11 @@ def good(key: str, label: int = 0) -> list[tuple[str, bytes]]:
 ])
 def test_undecodable_sample_names_shard_and_key_or_is_skipped(tmp_path, bad, reason):
     entry = write_raw_tar(tmp_path, "train-000000.tar", good("a") + bad + good("c", 2), samples=3)
-    manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry])
+    manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry])  # no index: read with verify="off"
     with pytest.raises(ShardReadError, match="train-000000.tar") as err:
-        list(ShardDataset(manifest, "train", shuffle=False))
+        list(ShardDataset(manifest, "train", shuffle=False, verify="off"))
     assert err.value.key == reason and "sample b" in str(err.value)
-    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip", verify="off")
     assert [item["key"] for item in dataset] == ["a", "c"] and dataset.skipped == 1
 
 
@@ -185,7 +187,7 @@ def test_member_names_outside_the_shard_are_rejected(tmp_path, name):
     entry = write_raw_tar(tmp_path, "train-000000.tar", members, samples=2)
     manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry])
     with pytest.raises(ShardReadError, match=r"unsafe member name .*\(a path, not <key>\.<ext>\)"):
-        list(ShardDataset(manifest, "train", shuffle=False))
+        list(ShardDataset(manifest, "train", shuffle=False, verify="off"))
     assert not (tmp_path.parent / "evil.npy").exists() and not Path("/tmp/evil.npy").exists()
 
 
@@ -391,7 +393,7 @@ def test_big_endian_samples_load_as_native_arrays(tmp_path):
         members += [(f"k{i}.cls", str(i % 3).encode()), (f"k{i}.json", b"{}"), (f"k{i}.npy", npy(array))]
     entry = write_raw_tar(tmp_path, "train-000000.tar", members, samples=3)
     manifest = write_manifest(tmp_path, fmt="webdataset", shards=[entry], shape=(2, 4, 4), dtype="uint16")
-    items = list(ShardDataset(manifest, "train", shuffle=False))
+    items = list(ShardDataset(manifest, "train", shuffle=False, verify="off"))  # a hand-made shard: no index
     assert [item["key"] for item in items] == ["k0", "k1", "k2"]
     for item, array in zip(items, values, strict=True):
         assert item["image"].dtype == torch.uint16

@@ -284,6 +284,83 @@ def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: 
         assert centre[str(frame)] == [value[below], value[frame], value[above]]
 
 
+AIR = np.zeros((16, 16), dtype=np.int16)  # stored 0 everywhere: -1024 HU, an all-air slice
+
+
+def _air_edge_series(raw: Path) -> tuple[list[Path], Path]:
+    """A 6-slice series whose lowest slice (z = 0) is all air, and that slice's path."""
+    paths = _write_series(raw / "a", seed=1, overrides={0: {"PixelData": AIR.tobytes()}})
+    return paths, paths[0]  # in the order of z: slice 0 is the lowest
+
+
+def _volume_series_job(tmp: Path, raw: Path) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": "volume"}},
+                validate={"max_bad_fraction": 0.9})
+
+
+@pytest.mark.parametrize("sample", [{"neighbors": 1}, {"neighbors": 1, "edge": "skip"}, "volume"],
+                         ids=["neighbors", "neighbors-skip", "volume"])
+def test_a_constant_edge_slice_is_packed_as_its_series_context_and_counted(tmp_path: Path, sample: Any) -> None:
+    """An all-air slice at the edge of a scan is context in a stack or a volume: the series packs
+    whole (no series_incomplete), the manifest counts the slice, and its sample's record says why."""
+    raw = tmp_path / "raw"
+    paths, air = _air_edge_series(raw)
+    job = _volume_series_job(tmp_path, raw) if sample == "volume" else _series_job(tmp_path, raw, sample=sample)
+    result = _build(job)
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["constant_slices"] == 1
+    items = {item["key"]: item for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True)}
+    if sample == "volume":
+        (item,) = items.values()
+        volume = item["image"].numpy()  # C×D×H×W
+        assert volume.shape[1] == len(paths)
+        # window 1000 ± 1500: -1024 HU is 0; every other slice has a bright row
+        empty = [d for d in range(volume.shape[1]) if not volume[:, d].any()]
+        assert len(empty) == 1
+        assert item["record"]["metadata"]["volume"]["constant_slices"] == 1
+        assert "warnings" not in item["record"]["metadata"]  # the slice's note is its file's, not the volume's
+        return
+    key = _key_of(job, air)
+    expected = len(paths) - (2 if sample.get("edge") == "skip" else 0)
+    assert len(items) == expected
+    if sample.get("edge") == "skip":  # the air slice is only a neighbour: the first stack's channel 0
+        assert key not in items
+        first = next(i for i in items.values() if i["record"]["metadata"]["neighbors"]["slice"] == 1)
+        assert not first["image"][0].numpy().any() and first["image"][1].numpy().any()
+        return
+    image = items[key]["image"].numpy()  # edge replicate: channels are slices 0, 0, 1
+    assert not image[0].any() and not image[1].any() and image[2].any()
+    (warning,) = items[key]["record"]["metadata"]["warnings"]
+    assert warning.startswith("constant slice: every pixel has the same stored value")
+
+
+def test_a_constant_slice_is_still_a_bad_sample_in_slice_mode(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    paths, air = _air_edge_series(raw)
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "size": [16, 16]}},
+               validate={"max_bad_fraction": 0.9})
+    result = _build(job)
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert [(Path(r["path"]), r["reason"]) for r in bad] == [(air, "constant_image")]
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["samples"] == len(paths) - 1 and "constant_slices" not in manifest["inputs"]
+
+
+def test_a_series_of_constant_slices_only_is_refused_as_constant(tmp_path: Path) -> None:
+    """Context needs something to be the context of: a series whose every slice is blank is
+    constant_image for each of its files, as one blank file is in slice mode."""
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "a", seed=1, slices=4, overrides={i: {"PixelData": AIR.tobytes()} for i in range(4)})
+    _write_series(raw / "b", seed=2, patient="P2")
+    result = _build(_series_job(tmp_path, raw))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]), r["reason"]) for r in bad) == sorted((p, "constant_image") for p in paths)
+    assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 6
+
+
 def test_neighbours_need_split_frames_and_no_channel_mapping(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()

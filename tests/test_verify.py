@@ -120,13 +120,14 @@ def test_a_fresh_build_verifies_plain_and_deep(built: Path) -> None:
     assert payload["ok"] is True and payload["problems"] == [] and payload["version"] == manifest["version"]
 
 
-def test_a_flipped_pixel_byte_names_the_shard_and_with_deep_the_sample(version: Path) -> None:
+def test_a_flipped_pixel_byte_names_the_shard_and_the_sample_plain_and_deep(version: Path) -> None:
     shard = version / shard_files(version)[1]
     offset, key = pixel_byte(shard)
     flip(shard, offset)
     plain = invoke(version)
     assert plain.exit_code == 5, plain.output
-    assert f"{shard.name}: sha256" in plain.output and key not in plain.output
+    # the shard's sha256, then the sample whose per-sample checksum (_index.parquet's xxh3) changed
+    assert f"{shard.name}: sha256" in plain.output and f"{shard.name} [{key}]: xxh3" in plain.output
     deep = invoke(version, "--deep")
     assert deep.exit_code == 5
     assert f"{shard.name} [{key}]" in deep.output
@@ -263,7 +264,9 @@ def test_any_single_flipped_byte_in_any_shard_is_caught(flip_target: Path, data:
     try:
         report = verify_dataset(flip_target)
         assert not report.ok
-        assert [p.shard for p in report.problems] == [name]
+        # the shard's sha256, and where the flip is in a sample, that sample (or those it hides) by name
+        assert {p.shard for p in report.problems} == {name} and report.problems[0].key is None
+        assert "sha256" in report.problems[0].message
     finally:
         path.write_bytes(original)
     assert verify_dataset(flip_target).ok

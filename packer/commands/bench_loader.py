@@ -32,11 +32,18 @@ def _ints(text: str) -> tuple[int, ...]:
               help="How batches are made: stack (one B×C×H×W tensor), list (a list of tensors, any shapes) or pad "
                    "(padded to the largest height and width). Default: stack when the samples have one shape, "
                    "list when they have several (the table says so).")
+@click.option("--verify", "verify", default="sample", show_default=True, metavar="MODE[,MODE]",
+              help="ShardDataset verify mode(s): off, sample (every sample's checksum) or shard (every shard's "
+                   "sha256). Several (e.g. off,sample) also compare them: decode and loader samples/s per mode, "
+                   "interleaved over --rounds rounds, medians and each mode's cost against the first.")
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Interleaved rounds when --verify names several modes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
 @exits
 def bench_loader_command(manifest: Path, split: str, device: str, workers: str, batch_sizes: str, seconds: float,
-                         sources: str | None, collate: str | None, json_path: Path | None) -> None:
+                         sources: str | None, collate: str | None, verify: str, rounds: int,
+                         json_path: Path | None) -> None:
     """Measure MANIFEST's input pipeline one variable at a time: raw shard read MB/s, decode
     samples/s in one process, DataLoader samples/s per num_workers, then, at the fastest
     worker count, pin_memory on/off (with CUDA) and each of --batch-sizes; with --device cuda,
@@ -45,12 +52,14 @@ def bench_loader_command(manifest: Path, split: str, device: str, workers: str, 
 
     A split whose samples have several shapes (say CT slices with 2 windows and RGB photos) is
     measured with the list collate unless --collate says otherwise, and the table says so;
-    --sources measures one source's samples alone."""
+    --sources measures one source's samples alone. --verify off,sample measures what the
+    default per-sample check costs, in the same run."""
     from packer.loader.bench import bench_loader, format_table
 
     names = [s.strip() for s in sources.split(",") if s.strip()] if sources else None
     result = bench_loader(manifest, split, device=device, workers=_ints(workers), batch_sizes=_ints(batch_sizes),
-                          seconds=seconds, sources=names, collate=collate)
+                          seconds=seconds, sources=names, collate=collate, rounds=rounds,
+                          verify=[m.strip() for m in verify.split(",") if m.strip()])
     click.echo(format_table(result))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

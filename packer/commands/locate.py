@@ -22,7 +22,8 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     A pseudonymized dataset, its leakage audit (leakage.json, validate --json/--junit) and its
     report name samples by key, never by path. This lists JOB's sources again and makes each
     file's sample id as the build does, so it needs the job's PHI key (the same key file or
-    PACKER_PHI_KEY); nothing is decoded. A frame's key (<id>-f0003) names its file.
+    PACKER_PHI_KEY); nothing is decoded. A frame's, page's or tile's key (<id>-f0003,
+    <id>-p00001, <id>-t00000_00128, <id>-p00001-t00000_00128) names its file.
 
     \b
     Its output names raw paths: keep it local. Exits 2 when a key is no file's of this job

@@ -13,6 +13,15 @@ sample index, so the file's size (≈ ≤ 10 MB) and most of its build time do n
 dataset. What it shows is what the shards already hold (keys, targets, entity ids as stored,
 pixels, window names), plus the manifest; raw paths appear only in the bad-samples section,
 which is marked sensitive, because ``bad_samples.jsonl`` holds them.
+
+Every string that did not come from this package (label, class and source names, entity ids,
+paths, messages, table and config values: anything a person, a table or a received manifest
+wrote) enters the markup through :func:`~packer.htmlreport.markup.esc` (``html.escape`` with
+quotes, so it is safe in text and in quoted attribute values); SVG text through
+``html.escape`` likewise. No user string goes into a URL, a ``style``, a tag or attribute
+name, or a script (there is none). ``tests/test_htmlreport_hostile.py`` plants script, attribute
+and ``javascript:`` payloads in a real build's labels, entities, file names and source name, and
+in every string of its manifest, and checks the parsed markup and headless Chromium's DOM.
 """
 
 from __future__ import annotations

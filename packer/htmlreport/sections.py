@@ -56,6 +56,12 @@ def without_paths(value: Any) -> Any:
     return value
 
 
+def _constant_slices(inputs: dict[str, Any]) -> str:
+    """The series slices packed though constant (an all-air edge slice), when there are some."""
+    count = int(inputs.get("constant_slices") or 0)
+    return f"; {count:,} constant slice{'s' if count != 1 else ''} packed as series context" if count else ""
+
+
 def render_summary(data: ReportData) -> str:
     m = data.manifest
     splits = m.get("splits", {})
@@ -73,7 +79,7 @@ def render_summary(data: ReportData) -> str:
         _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
         _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
         _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
-              f'{int(inputs.get("files", 0)):,} input files</span>', field="inputs.samples"),
+              f'{int(inputs.get("files", 0)):,} input files{_constant_slices(inputs)}</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
         _fact(target_name, target_value, field=target_field),

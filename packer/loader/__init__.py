@@ -37,9 +37,10 @@ consumed (assuming ranks stepped together, which DDP enforces) are split afresh 
 new ranks: exactly the remaining samples, in a different order. Transforms are seeded per
 sample from (seed, epoch, sample), so augmentations survive resumes too.
 
-Bad data. A shard that fails its size check (always) or sha256 (``verify=True``, checked
-before reading), a truncated archive or an undecodable sample raises
-:class:`ShardReadError` naming shard and key; ``on_error="skip"`` skips and counts them
+Bad data. A shard that fails its size check (always) or sha256 (``verify="shard"``, checked
+before reading), a sample whose checksum is not the one ``_index.parquet`` records
+(``verify="sample"``, the default: every sample, as it is read), a truncated archive or an
+undecodable sample raises :class:`ShardReadError` naming shard and key; ``on_error="skip"`` skips and counts them
 (``loader.skipped``, ``loader.skipped_samples``, in the state) up to ``max_skipped``.
 
 Memory. A worker holds fewer than ``shuffle_buffer`` decoded samples read ahead of their
@@ -81,6 +82,7 @@ _EXPORTS = {
     "make_loader": "dataloader",
     "resolve_rank": "dataset",
     "seed_worker": "dataloader",
+    "wds_dataset": "wds",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,6 +13,11 @@ Stages, each timed on its own so a stall can be pinned on one of them:
    time blocked waiting for data versus time computing, and on CUDA the host→device copy time
    of one batch.
 
+5. ``verify`` (only when several ``verify`` modes are given, e.g. ``off`` and ``sample``): the
+   decode and loader stages (at the fastest worker count) for each mode, interleaved over
+   ``rounds`` rounds (the order alternating), so that a noisy machine weighs on every mode
+   alike; the medians, and each mode's cost against the first.
+
 Every measurement loops over epochs until ``seconds`` have passed (at least one batch).
 
 A split whose samples have several shapes (a dataset mixing CT windows, radiographs and
@@ -24,6 +29,7 @@ a view of some sources instead.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -69,11 +75,13 @@ def _decode(dataset: ShardDataset, seconds: float) -> dict[str, Any]:
         dataset.set_epoch(epoch)
         return dataset
 
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     for _ in _epochs(run, seconds):
         count += 1
-    elapsed = time.perf_counter() - start
-    return {"samples": count, "seconds": elapsed, "samples_per_s": count / elapsed if elapsed else 0.0}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    # CPU seconds of this process: on a shared machine a steadier measure of what a sample costs than wall time
+    return {"samples": count, "seconds": elapsed, "samples_per_s": count / elapsed if elapsed else 0.0,
+            "cpu_s": cpu, "samples_per_cpu_s": count / cpu if cpu else 0.0}
 
 
 def _loader(dataset: ShardDataset, *, num_workers: int, batch_size: int, pin_memory: bool,
@@ -162,6 +170,31 @@ def _h2d(loader: Any, device: torch.device, batches: int = 5) -> dict[str, Any]:
             "h2d_gb_per_s": nbytes / 1e6 / mean_ms if mean_ms else None}
 
 
+def _verify_modes(manifest: str | os.PathLike[str], split: str, modes: Sequence[str], *, rounds: int,
+                  seconds: float, seed: int, sources: Sequence[str] | None, num_workers: int, batch_size: int,
+                  collate: str) -> dict[str, Any]:
+    """Decode (samples per wall second and per CPU second of this process) and loader samples/s
+    for each ``verify`` mode, interleaved over ``rounds`` rounds; medians, every run, and each
+    mode's cost (1 - its samples/s ÷ the first mode's)."""
+    datasets = {mode: ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources, verify=mode)
+                for mode in modes}
+    runs: dict[str, dict[str, list[float]]] = {mode: {"decode": [], "decode_cpu": [], "loader": []} for mode in modes}
+    for r in range(rounds):
+        for mode in (modes if r % 2 == 0 else list(reversed(modes))):
+            decoded = _decode(datasets[mode], seconds)
+            runs[mode]["decode"].append(decoded["samples_per_s"])
+            runs[mode]["decode_cpu"].append(decoded["samples_per_cpu_s"])
+            runs[mode]["loader"].append(_loader(datasets[mode], num_workers=num_workers, batch_size=batch_size,
+                                                pin_memory=False, seconds=seconds, collate=collate)["samples_per_s"])
+    medians = {mode: {stage: statistics.median(values) for stage, values in stages.items()}
+               for mode, stages in runs.items()}
+    base = medians[modes[0]]
+    return {"modes": list(modes), "rounds": rounds, "num_workers": num_workers, "batch_size": batch_size,
+            "runs": runs, "median": medians,
+            "cost": {mode: {stage: 1 - value / base[stage] if base[stage] else None for stage, value in m.items()}
+                     for mode, m in medians.items()}}
+
+
 def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str | None]:
     """The collate to measure ``dataset`` with, and a note when it was chosen for a mixed split:
     ``collate`` when given, else ``stack`` for one shape and ``list`` for several."""
@@ -180,7 +213,8 @@ def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str
 def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = "cpu",
                  workers: Sequence[int] = (0, 1, 2), batch_sizes: Sequence[int] = (32,),
                  pin_memory: Sequence[bool] | None = None, seconds: float = 3.0, seed: int = 0,
-                 sources: Sequence[str] | None = None, collate: str | None = None) -> dict[str, Any]:
+                 sources: Sequence[str] | None = None, collate: str | None = None,
+                 verify: Sequence[str] = ("sample",), rounds: int = 5) -> dict[str, Any]:
     """Measure input throughput of ``split`` (or of the view of ``sources``) one variable at a
     time (see module doc).
 
@@ -190,14 +224,18 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
     (said in ``config.collate_note``). Returns a JSON-able dict with keys ``dataset``,
     ``config`` (with ``fastest_workers``, the worker count the later runs use), ``raw_read``,
     ``decode``, ``loader`` (a list of runs, each with ``vary``, the three settings and
-    ``samples_per_s``) and ``device``. Times are wall-clock seconds;
+    ``samples_per_s``) and ``device``. ``verify``: the ``ShardDataset`` verify mode(s); the
+    stages run with the first, and with several a ``verify`` key compares them (see the
+    module doc; ``rounds`` interleaved rounds). Times are wall-clock seconds;
     nothing is asserted. Raises what ShardDataset raises for an unreadable manifest or shard.
     """
     if pin_memory is None:  # pinned memory matters only for copies to an accelerator
         pin_memory = (False, True) if torch.cuda.is_available() else (False,)
-    if not workers or not batch_sizes or not pin_memory:
-        raise ValueError("workers, batch_sizes and pin_memory each need at least one value")
-    dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources)
+    if not workers or not batch_sizes or not pin_memory or not verify:
+        raise ValueError("workers, batch_sizes, pin_memory and verify each need at least one value")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources, verify=verify[0])
     if dataset.samples == 0:
         which = f"sources {', '.join(sources)} of " if sources else ""
         raise ConfigError(f"{manifest}: {which}split {split!r} has no samples; nothing to measure (choose another "
@@ -222,6 +260,9 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
     for b in batch_sizes if len(batch_sizes) > 1 else ():
         measure("batch_size", (base[0], b, base[2]))
     torch_device = torch.device(device)
+    compared = (_verify_modes(manifest, split, list(dict.fromkeys(verify)), rounds=rounds, seconds=seconds, seed=seed,
+                              sources=sources, num_workers=base[0], batch_size=base[1], collate=collate)
+                if len(set(verify)) > 1 else None)
     return {
         "dataset": {"manifest": str(info.manifest), "split": split, "format": info.format,
                     "samples": dataset.samples, "shards": len(info.shards),
@@ -229,12 +270,14 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
                     "sources": list(sources) if sources is not None else None},
         "config": {"device": device, "workers": list(workers), "batch_sizes": list(batch_sizes),
                    "pin_memory": list(pin_memory), "seconds": seconds, "collate": collate,
-                   "collate_note": note, "cuda_available": torch.cuda.is_available(), "fastest_workers": base[0]},
+                   "collate_note": note, "cuda_available": torch.cuda.is_available(), "fastest_workers": base[0],
+                   "verify": dataset.verify},
         "raw_read": _raw_read([str(s.path) for s in info.shards], seconds),
         "decode": _decode(dataset, seconds),
         "loader": loader_rows,
         "device": _device(dataset, device=torch_device, num_workers=base[0], batch_size=base[1], seconds=seconds,
                           collate=collate),
+        **({"verify": compared} if compared is not None else {}),
     }
 
 
@@ -266,4 +309,22 @@ def format_table(result: dict[str, Any]) -> str:
     if dev.get("h2d_ms_per_batch") is not None:
         lines.append(f"host→device  {dev['h2d_ms_per_batch']:.3f} ms per batch of {dev['h2d_batch_bytes']} bytes "
                      f"({dev['h2d_gb_per_s']:.2f} GB/s)")
+    compared = result.get("verify")
+    if compared is not None:
+        first = compared["modes"][0]
+        lines += ["", f"verify modes, medians of {compared['rounds']} interleaved rounds (loader: "
+                      f"{compared['num_workers']} workers, batch {compared['batch_size']}):",
+                  f"{'verify':<8} {'decode/s':>10} {'cost':>7} {'decode/cpu-s':>13} {'cost':>7} {'loader/s':>10} "
+                  f"{'cost':>7}"]
+        for mode in compared["modes"]:
+            med, cost = compared["median"][mode], compared["cost"][mode]
+            cells = [f"{med[stage]:>{13 if stage == 'decode_cpu' else 10}.1f} "
+                     f"{_percent(cost[stage]) if mode != first else '-':>7}"
+                     for stage in ("decode", "decode_cpu", "loader")]
+            lines.append(f"{mode:<8} {' '.join(cells)}")
+        lines.append(f"(cost: fewer samples/s than verify={first})")
     return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"

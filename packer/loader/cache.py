@@ -14,7 +14,8 @@ shards through :class:`ShardCache`:
   renamed into place only when size and sha256 match the manifest (a process killed mid-way
   leaves a ``.partial`` that the next download of that shard replaces);
 - **verified once**: at download; afterwards an entry whose size or modification time changed
-  on disk is fetched again (``verify=True`` on the dataset hashes it on every read as well);
+  on disk is fetched again (``verify="shard"`` on the dataset hashes it on every read as well; the default,
+  ``verify="sample"``, checks every sample read from it against ``_index.parquet``);
 - **retried**: a failed or cut-short download is retried with exponential backoff
   (``retries`` times), then fails naming the URL;
 - **bounded**: after each download, entries beyond ``limit`` bytes are deleted least recently

@@ -13,12 +13,12 @@ The epoch and the resume position live in a small shared-memory tensor, so
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.allocator import tune_allocator
 from packer.errors import ConfigError
 from packer.loader.cache import cache_from
-from packer.loader.readers import Decoded, Failure, SampleCheck, ShardReadError, load_split, load_view, read_shard
+from packer.loader.readers import (
+    Decoded,
+    Failure,
+    SampleCheck,
+    ShardReadError,
+    load_checksums,
+    load_split,
+    load_view,
+    read_shard,
+)
+from packer.loader.record import SampleRecord
 from packer.loader.sharding import (
     UNEVEN,
     EpochOrder,
@@ -44,10 +54,22 @@ from packer.loader.sharding import (
 log = logging.getLogger("packer.loader")
 
 ON_ERROR = ("raise", "skip")
+#: ``verify``: no check beyond shard sizes; every sample's checksum (the default); every shard's sha256
+VERIFY = ("off", "sample", "shard")
 MAX_HISTORY = 8
 _SEGMENT_WIDTH = 5
 
 Item = dict[str, Any]
+
+
+def verify_mode(verify: str | bool) -> str:
+    """``verify`` as one of :data:`VERIFY`: ``True`` (what ``verify=True`` meant before there
+    were modes) is ``"shard"``, ``False`` is ``"off"``. ``ConfigError`` for anything else."""
+    if verify is True or verify is False:
+        return "shard" if verify else "off"
+    if verify not in VERIFY:
+        raise ConfigError(f"verify={verify!r}; expected one of {VERIFY} (or True for 'shard', False for 'off')")
+    return str(verify)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -315,8 +337,10 @@ class ShardDataset(PlannedDataset):
     masked, neither when the dataset is unlabeled; with masks also ``mask`` (F×H×W class ids on the image's grid,
     uint8, or int32 for 16-bit ids). ``transform`` touches the image only: augment an image
     and its mask together on the batch (the same flip, crop or affine for both). With
-    ``records=True`` each item also holds ``record``: the sample's JSON record as a dict (the
-    ``.json`` member or ``metadata`` cell: key, source, entity, split, target, and under
+    ``records=True`` each item also holds ``record``: the sample's JSON record, a
+    :class:`~packer.loader.record.SampleRecord` dict (the ``.json`` member or ``metadata``
+    cell: key, sample_id, source, kind, entity_id, split, shape, dtype, the target by name
+    (label/label_index, labels, or target), and under
     ``metadata`` what the transform did: windows, spacing, and for a volume ``volume.affine``
     and ``volume.spacing``, for a neighbour stack ``neighbors``), and a batch a list of them;
     it costs one more small read per sample, so it is off by default.
@@ -333,7 +357,15 @@ class ShardDataset(PlannedDataset):
     ``exact`` (every sample once; ranks may differ by one sample, so a DDP step can wait
     forever on the last batch), ``pad`` (every rank ``ceil(N/W)``, repeating samples from
     the start of the epoch order) or ``drop`` (every rank ``floor(N/W)``). ``verify``:
-    check each shard's sha256 before reading it (each worker hashes the shards it reads).
+    ``"sample"`` (the default) checks every sample it delivers against the checksum
+    ``_index.parquet`` records for it (xxh3-64 over all the sample's packed members:
+    :mod:`packer.shards.checksum`; a flipped byte in the pixels, the label, the record or the
+    mask is a ``checksum_mismatch`` naming the shard, the key, the expected and the found
+    checksum), for a few percent of read throughput; ``"shard"`` hashes each whole shard with
+    sha256 before reading it (each worker hashes the shards it reads); ``"off"`` checks only
+    shard sizes. ``True`` and ``False``, the values before there were modes, mean ``"shard"``
+    and ``"off"``. A dataset built before per-sample checksums is read unchecked under
+    ``"sample"``, with a warning.
     ``transform(image) -> tensor`` runs in the worker with torch/numpy/random seeded from
     ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
     ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
@@ -365,7 +397,7 @@ class ShardDataset(PlannedDataset):
 
     def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
                  shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
-                 verify: bool = False, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 verify: str | bool = "sample", transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
                  storage_options: Mapping[str, Any] | None = None, sources: Sequence[str] | None = None,
                  labels: Sequence[str | int] | None = None, cache_dir: str | os.PathLike[str] | None = None,
@@ -381,9 +413,15 @@ class ShardDataset(PlannedDataset):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         #: rank or world_size was passed (not taken from torch.distributed): a mix checks it against its own
         self.rank_given = rank is not None or world_size is not None
-        self.verify, self.transform = verify, transform
-        self.view = (load_view(self.info, sources=sources, labels=labels, verify=verify)
+        #: ``off``, ``sample`` or ``shard`` (:data:`VERIFY`)
+        self.verify, self.transform = verify_mode(verify), transform
+        self.view = (load_view(self.info, sources=sources, labels=labels, verify=self.verify != "off")
                      if sources is not None or labels is not None else None)
+        if self.verify == "sample":  # each shard's per-sample checksums travel with its ShardInfo to the workers
+            sums = load_checksums(self.info)
+            if sums is not None:
+                self.info = replace(self.info, shards=tuple(replace(shard, checksums=c)
+                                                            for shard, c in zip(self.info.shards, sums, strict=True)))
         self._counts = ([len(p) for p in self.view.positions] if self.view is not None
                         else [s.samples for s in self.info.shards])
         self._offsets = shard_offsets(self._counts)
@@ -434,13 +472,14 @@ class ShardDataset(PlannedDataset):
                 positions = read[lo:hi] - base
                 if self.view is None:
                     for pos, result in read_shard(self.info.format, self.info.shards[k], positions.tolist(),
-                                                  self._check, strict=self.on_error == "raise", verify=self.verify):
+                                                  self._check, strict=self.on_error == "raise",
+                                                  verify=self.verify == "shard"):
                         yield base + pos, result
                     continue
                 # a view: ask the shard for the chosen samples' own positions, hand out the view's
                 chosen = self.view.positions[k][positions].tolist()
                 results = read_shard(self.info.format, self.info.shards[k], chosen, self._check,
-                                     strict=self.on_error == "raise", verify=self.verify)
+                                     strict=self.on_error == "raise", verify=self.verify == "shard")
                 for pos, (_, result) in zip(positions.tolist(), results, strict=True):
                     yield base + pos, result
 
@@ -486,7 +525,7 @@ class ShardDataset(PlannedDataset):
         if decoded.mask is not None:  # class ids as stored (uint8, or uint16 viewed as int32): .long() for a loss
             mask = decoded.mask if decoded.mask.dtype == np.uint8 else decoded.mask.astype(np.int32)
             item["mask"] = torch.from_numpy(mask)
-        if decoded.record is not None:  # asked for with records=True
-            item["record"] = json.loads(decoded.record)
+        if decoded.record is not None:  # asked for with records=True; batches as a list in any DataLoader
+            item["record"] = SampleRecord.of_json(decoded.record)
         return item
 

@@ -8,6 +8,12 @@ are never extracted to disk, and a member name that :func:`packer.shards.members
 refuses (``/``, ``..``, absolute paths) or a member that is not a regular file (a link) stops
 the scan as a defect of the shard.
 
+Per-sample checks: where a shard's :class:`ShardInfo` carries ``checksums`` (the dataset's
+``verify="sample"``, the default: :func:`load_checksums` reads them from ``_index.parquet``),
+every reader hashes each sample's bytes as it reads them (:mod:`packer.shards.checksum`; the
+pixels where they land, never read twice) and :func:`against_index` turns a mismatch into a
+``checksum_mismatch`` failure naming the shard, the key, the expected and the found checksum.
+
 Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
 in ascending position order, whatever is wrong with the file: the caller decides whether a
 :class:`Failure` raises (:class:`ShardReadError`) or is skipped and counted.
@@ -40,6 +46,7 @@ bytes decoded are the bytes hashed. ``file://`` URLs are local paths.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -56,8 +63,17 @@ from packer import storage
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
+from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import Decoded, SampleDefect, decode_members
-from packer.shards.tar import TarIndex, map_shard, read_member_bytes, read_tar_sample, scan_tar, stream_tar_samples
+from packer.shards.tar import (
+    TarIndex,
+    map_shard,
+    read_member_bytes,
+    read_tar_sample,
+    scan_tar,
+    stream_tar_samples,
+    tar_sample_checksum,
+)
 from packer.storage import MANIFEST_FILE
 from packer.targets import Target
 
@@ -98,6 +114,9 @@ class ShardInfo:
     url: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     cache: ShardCache | None = field(default=None, compare=False, hash=False)
+    #: Each sample's checksum by its position in the shard (``_index.parquet``'s ``xxh3``
+    #: column), which the readers check every sample against; None: samples are not checked
+    checksums: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def download(self) -> tuple[str, str, int, str, Any]:
@@ -233,8 +252,9 @@ class View:
         return sum(len(p) for p in self.positions)
 
 
-def _index_bytes(info: SplitInfo, *, verify: bool) -> bytes:
-    """The bytes of the split's ``_index.parquet`` (checked against the manifest's sha256 with ``verify``)."""
+def _index_bytes(info: SplitInfo, *, verify: bool, fix: str = "") -> bytes:
+    """The bytes of the split's ``_index.parquet`` (checked against the manifest's sha256 with
+    ``verify``); ``fix``: what else the user may do, added to the messages."""
     if info.index is None:
         raise IntegrityError(f"{info.manifest}: the manifest lists no sample index (_index.parquet), which a "
                              "filtered view (sources=, labels=) needs; rebuild the dataset with packer build")
@@ -245,13 +265,95 @@ def _index_bytes(info: SplitInfo, *, verify: bool) -> bytes:
     try:
         data = version.read_bytes(info.index["file"])
     except FileNotFoundError as err:
-        raise IntegrityError(f"{where}: the sample index is missing; restore it or rebuild the dataset") from err
+        raise IntegrityError(f"{where}: the sample index is missing; restore it or rebuild the dataset"
+                             f"{', ' + fix if fix else ''}") from err
     except OSError as err:
-        raise IntegrityError(f"{where}: cannot read the sample index ({err})") from err
+        raise IntegrityError(f"{where}: cannot read the sample index ({err}){'; ' + fix if fix else ''}") from err
     if verify and hashlib.sha256(data).hexdigest() != info.index["sha256"]:
         raise IntegrityError(f"{where}: sha256 does not match the manifest's; the index is corrupt: restore it "
-                             "or rebuild the dataset")
+                             f"or rebuild the dataset{', ' + fix if fix else ''}")
     return data
+
+
+def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
+                     data: bytes | None = None) -> tuple[Any, list[tuple[int, int]]]:
+    """The split's rows of ``_index.parquet`` (``columns`` besides split, shard and position),
+    ordered by shard (manifest order) and position, and each shard's (start, end) rows in it:
+    row ``start + i`` is sample ``i`` of the shard. ``IntegrityError`` when the index is missing,
+    unreadable, lacks a column or disagrees with the manifest. ``data``: the index's bytes where
+    the caller has already read (and checked) them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    where = f"{info.manifest}"
+    try:
+        # One small file, read on this thread. pq.read_table goes through the dataset scanner, which
+        # starts Arrow's thread pools (even with use_threads=False); a pool thread still joinable
+        # when the interpreter exits makes std::terminate abort the process: exit 134, "terminate
+        # called without an active exception" (apache/arrow#34314), in 1 of ~10 runs of a view.
+        data = _index_bytes(info, verify=verify) if data is None else data
+        table = pq.ParquetFile(pa.BufferReader(data)).read(
+            columns=list(dict.fromkeys(["split", "shard", "position", *columns])), use_threads=False)
+    except (pa.ArrowException, KeyError) as err:
+        raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
+                             "rebuild the dataset") from err
+    table = table.filter(pc.equal(table["split"], info.split))
+    shard = table["shard"].to_numpy(zero_copy_only=False).astype(str)
+    order = np.lexsort((table["position"].to_numpy(), shard))
+    table, shard = table.take(pa.array(order)), shard[order]
+    files = np.array([s.file for s in info.shards], dtype=str)
+    starts = np.searchsorted(shard, files, side="left")
+    ends = np.searchsorted(shard, files, side="right")
+    bounds = []
+    for s, lo, hi in zip(info.shards, starts.tolist(), ends.tolist(), strict=True):
+        if hi - lo != s.samples:
+            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {s.file}, the manifest "
+                                 f"says {s.samples}; the index does not belong to this manifest: restore it or "
+                                 "rebuild the dataset")
+        bounds.append((lo, hi))
+    if int((ends - starts).sum()) != len(shard):
+        raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
+    return table, bounds
+
+
+def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
+    """Each shard's per-sample checksums (uint64, by position in the shard; manifest order),
+    from ``_index.parquet``'s ``xxh3`` column, the index checked against the manifest's sha256
+    first; what ``verify="sample"`` checks every sample against.
+
+    None (and a warning) for a dataset built before per-sample checksums (an index without the
+    column, or no index in the manifest): its samples cannot be checked one by one.
+    ``IntegrityError`` when the index is missing, damaged or does not belong to the manifest.
+    """
+    import pyarrow.parquet as pq
+
+    if info.index is None:
+        _warn_unchecked(info, "its manifest lists no sample index (_index.parquet)")
+        return None
+    index_bytes = _index_bytes(info, verify=True, fix="or pass verify='off' to read without per-sample checks")
+    import pyarrow as pa
+
+    try:
+        names = pq.ParquetFile(pa.BufferReader(index_bytes)).schema_arrow.names
+    except pa.ArrowException as err:
+        raise IntegrityError(f"{info.manifest}: the sample index is not a readable packer index ({err}); "
+                             "rebuild the dataset") from err
+    if INDEX_COLUMN not in names:
+        _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
+                              "per-sample checksums)")
+        return None
+    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
+    sums = table[INDEX_COLUMN].to_numpy().astype(np.uint64)
+    return tuple(sums[lo:hi] for lo, hi in bounds)
+
+
+def _warn_unchecked(info: SplitInfo, why: str) -> None:
+    """Say once per process that a dataset's samples are read without per-sample checks."""
+    if str(info.manifest) not in _WARNED:
+        _WARNED.add(str(info.manifest))
+        log.warning("%s: samples are not checked one by one (verify='sample'): %s; rebuild the dataset with this "
+                    "packer to check every sample, or pass verify='shard' to hash whole shards", info.manifest, why)
 
 
 def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: Sequence[str | int] | None = None,
@@ -264,8 +366,6 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     ``IntegrityError`` when the index is missing, unreadable or disagrees with the manifest.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     where = f"{info.manifest}"
     wanted_sources: tuple[str, ...] | None = None
@@ -302,16 +402,8 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         label_names = tuple(dict.fromkeys(names))
         label_ids = {info.label_map[n] for n in label_names}
     column = (info.target.view_column if label_ids is not None else None) or "label"  # the labels= filter's
-    try:
-        table = pq.read_table(pa.BufferReader(_index_bytes(info, verify=verify)),
-                              columns=["split", "shard", "position", "source", column])
-    except (pa.ArrowException, KeyError) as err:
-        raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
-                             "rebuild the dataset") from err
-    table = table.filter(pc.equal(table["split"], info.split))
-    shard = table["shard"].to_numpy(zero_copy_only=False).astype(str)
-    position = table["position"].to_numpy()
-    keep = np.ones(len(table), dtype=bool)
+    table, bounds = split_index_rows(info, ["source", column], verify=verify)
+    keep = np.ones(table.num_rows, dtype=bool)
     if wanted_sources is not None:
         keep &= np.isin(table["source"].to_numpy(zero_copy_only=False).astype(str), list(wanted_sources))
     if label_ids is not None:  # the target kind says which rows hold any of the labels
@@ -319,20 +411,7 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         if pa.types.is_list(values.type):  # a vector per row: its values, flat
             values = values.flatten()
         keep &= info.target.holding(np.asarray(values.to_numpy(zero_copy_only=False)), label_ids)
-    order = np.lexsort((position, shard))
-    shard, keep = shard[order], keep[order]
-    files = np.array([s.file for s in info.shards], dtype=str)
-    starts = np.searchsorted(shard, files, side="left")
-    ends = np.searchsorted(shard, files, side="right")
-    positions = []
-    for s, lo, hi in zip(info.shards, starts.tolist(), ends.tolist(), strict=True):
-        if hi - lo != s.samples:
-            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {s.file}, the manifest "
-                                 f"says {s.samples}; the index does not belong to this manifest: restore it or "
-                                 "rebuild the dataset")
-        positions.append(np.flatnonzero(keep[lo:hi]).astype(np.int64))
-    if int((ends - starts).sum()) != len(shard):
-        raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
+    positions = [np.flatnonzero(keep[lo:hi]).astype(np.int64) for lo, hi in bounds]
     return View(sources=wanted_sources, labels=label_names, positions=tuple(positions))
 
 
@@ -399,6 +478,35 @@ class Failure:
 
     def error(self) -> ShardReadError:
         return ShardReadError(self.describe(), shard=self.shard, key=self.key)
+
+
+def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect,
+                  recompute: Callable[[], int | SampleDefect] | None = None) -> Decoded | SampleDefect:
+    """``result`` (sample ``position`` of shard ``info`` as a reader gave it), or a
+    ``checksum_mismatch`` defect when the checksum of the bytes read is not the one
+    ``_index.parquet`` records for it (``info.checksums``).
+
+    Where ``result`` carries no checksum (a sample that did not decode, or a reader that does
+    not hash), ``recompute`` (the checksum of its members' bytes) gives it, so that damage after
+    the build is named as such rather than as whatever the decoder tripped on; a sample whose
+    bytes cannot be had at all keeps its defect."""
+    if info.checksums is None:
+        return result
+    found: int | SampleDefect | None = result.checksum
+    if found is None and recompute is not None:
+        found = recompute()
+    if found is None or isinstance(found, SampleDefect):
+        return result
+    expected = int(info.checksums[position])
+    if found == expected:
+        return result
+    also = f" (reading it also failed: {result.reason}: {result.message})" if isinstance(result, SampleDefect) else ""
+    return SampleDefect(
+        "checksum_mismatch",
+        f"expected xxh3 {describe(expected)} (recorded in _index.parquet at build time), found {describe(found)}: the "
+        f"sample's bytes changed after the build (disk, copy or cache damage){also}; restore {info.location} from a "
+        "good copy or rebuild the dataset, and run `packer verify` on the version folder to name every damaged "
+        "sample", result.key)
 
 
 def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
@@ -489,7 +597,10 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:
                     sample = index.samples[pos]
-                    result = check.outcome(read_tar_sample(fh, sample, mapped))
+                    result = read_tar_sample(fh, sample, mapped, checksum=info.checksums is not None)
+                    if info.checksums is not None:
+                        result = against_index(info, pos, result, functools.partial(tar_sample_checksum, fh, sample))
+                    result = check.outcome(result)
                     if check.records and isinstance(result, Decoded):
                         result = _with_record(result, read_member_bytes(fh, sample, ["json"]))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
@@ -549,8 +660,8 @@ def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
     from packer.shards.parquet import read_parquet_samples  # pyarrow: imported by Parquet readers only
 
     for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS,
-                                            records=check.records):
-        outcome = check.outcome(result)
+                                            records=check.records, checksums=info.checksums is not None):
+        outcome = check.outcome(against_index(info, pos, result) if info.checksums is not None else result)
         yield pos, outcome if isinstance(outcome, Decoded) else Failure.of(info.file, pos, outcome)
 
 
@@ -633,8 +744,13 @@ def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
         index, key, members = item
         found = index + 1
         while i < len(want) and want[i] <= index:
-            result = (check.outcome(decode_members(key, members)) if want[i] == index else
-                      SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend"))
+            if want[i] == index:
+                result = decode_members(key, members)
+                if info.checksums is not None:
+                    result = against_index(info, index, result, functools.partial(members_checksum, key, members))
+                result = check.outcome(result)
+            else:
+                result = SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend")
             if check.records and isinstance(result, Decoded):
                 result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
                     "missing_member", f"no {key}.json member", key))

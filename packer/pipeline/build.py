@@ -66,7 +66,7 @@ from packer.pipeline.publish import (
 )
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import chunk_of, remove_stale_temporaries, write_packed_pointers
-from packer.pipeline.stages import run_stages
+from packer.pipeline.stages import constant_slices, run_stages
 from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
@@ -314,7 +314,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         **({"target": record} if (record := target.manifest_record()) is not None else {}),
         **({"mask": _mask_schema(job, schema["layout"])} if any(s.mask is not None for s in job.sources) else {}),
         "splits": _split_summary(samples, shards, written, targets),
-        "inputs": {"files": prepared.inputs, "samples": len(samples), **exclusion_counts(prepared.excluded)},
+        "inputs": {"files": prepared.inputs, "samples": len(samples), **exclusion_counts(prepared.excluded),
+                   **({"constant_slices": n} if (n := constant_slices([note for chunk in prepared.chunks
+                                                                      for note in chunk.notes])) else {})},
         "bad_samples": summarize_issues(issues, inputs=prepared.considered, max_fraction=job.max_bad_fraction),
         "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,

@@ -24,6 +24,7 @@ from typing import Any
 
 from packer.config import MAPPING_JOB, JobConfig, SourceConfig
 from packer.errors import ConfigError
+from packer.keys import parse_key
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
@@ -44,7 +45,7 @@ from packer.pipeline.tables import (
     read_records,
 )
 from packer.read.kinds import SourceKind, source_kind
-from packer.records import Excluded, Issue, SampleRef, file_id_of, safe_key
+from packer.records import Excluded, Issue, SampleRef, safe_key
 from packer.where import failed
 
 
@@ -554,8 +555,9 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
                    storage_options: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     """The raw file (path or URL) of each sample key of ``job``, None for a key no file of its
     sources makes: the sources are listed again and each file's sample id made as discovery
-    makes it (with ``phi``, the job's pseudonymizer: the key decides the ids). A frame's key
-    (``<id>-f0003``) and a volume's (its first file's id) name their file. Nothing is decoded."""
+    makes it (with ``phi``, the job's pseudonymizer: the key decides the ids). A frame's, a page's
+    or a tile's key (``<id>-f0003``, ``<id>-p00001-t00000_00128``: :func:`packer.keys.parse_key`)
+    and a volume's (its first file's id) name their file. Nothing is decoded."""
     found = discover(job, phi, storage_options=storage_options)
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     for issue in found.issues:  # files refused while listing (outside the root, no label) are files too
@@ -564,6 +566,5 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
         files.setdefault(left_out.sample_id, left_out.path)
     out: dict[str, str | None] = {}
     for key in keys:
-        file_id = file_id_of(key)
-        out[key] = files.get(key) or (files.get(file_id) if file_id else None)
+        out[key] = files.get(key) or files.get(parse_key(key).file_id)
     return out

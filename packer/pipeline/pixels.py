@@ -258,13 +258,15 @@ def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue | E
                  for ref in task.refs)
 
 
-def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
-                   clock: StageClock) -> list[list[Sample] | Issue | Excluded]:
+def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: StageClock,
+                   notes: dict[tuple[str, str], None]) -> list[list[Sample] | Issue | Excluded]:
     """The outcomes of the group ``task`` holds (a DICOM series), as per-file outcomes come: its
     samples as one list (its kind's :meth:`~packer.read.kinds.Grouping.combine` of its files'
     samples), or (when one of its files cannot be read) that file's Issue (or Excluded record:
     the header pass kept it, so only a file changed since can be) and ``series_incomplete`` for
-    each of the others."""
+    each of the others. Each file's warnings go into ``notes`` (file id, text) as its samples
+    are read: a stack or a volume keeps one slice's metadata, and a slice that is only a
+    neighbour (``edge: skip``) is no sample's centre."""
     if task.group is None:
         raise ValueError("_group_samples needs a group chunk")
     grouping = source_kind(task.refs[0].kind).grouping(task.job)
@@ -282,9 +284,18 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject],
                       for r in task.refs if r.sample_id != ref.sample_id]
             return [outcome, *others]
         per_file.append(outcome)
+    for samples in per_file:
+        _note_warnings(samples, notes)
     clock.switch("decode+transform")
     samples, records = grouping.combine(task.group, per_file, task.job)
     return [samples, *records]
+
+
+def _note_warnings(samples: Iterable[Sample], notes: dict[tuple[str, str], None]) -> None:
+    """Each sample's ``metadata.warnings`` into ``notes``, once per file and text, in order."""
+    for sample in samples:
+        for warning in sample.metadata.get("warnings", ()):
+            notes[(sample.ref.sample_id, str(warning))] = None
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:
@@ -332,14 +343,14 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     excluded: list[Excluded] = []
     clock = StageClock()
+    notes: dict[tuple[str, str], None] = {}  # in order, once per file
     outcomes: Iterable[list[Sample] | Issue | Excluded]
     if task.group is not None:
-        outcomes = _group_samples(task, listed, clock)
+        outcomes = _group_samples(task, listed, clock, notes)
     else:
         outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
     fmt = task.job.pack.format
-    notes: dict[tuple[str, str], None] = {}  # in order, once per file
     with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt) as spill:
         for outcome in outcomes:
             if isinstance(outcome, Issue):
@@ -348,9 +359,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
             if isinstance(outcome, Excluded):
                 excluded.append(outcome)
                 continue
+            _note_warnings(outcome, notes)
             for sample in outcome:
-                for warning in sample.metadata.get("warnings", ()):
-                    notes[(sample.ref.sample_id, str(warning))] = None
                 clock.switch("hash+signature")
                 image = sample.image
                 pixels = image.tobytes(order="C")

@@ -59,6 +59,9 @@ class IndexColumns:
         ``labels``: class indices (None without a class target); ``targets``: the samples'
         target vectors where the schema has a ``target`` column."""
         count = written.samples
+        if len(written.checksums) != count:
+            raise ValueError(f"shard {written.file}: the writer reported {count} samples but "
+                             f"{len(written.checksums)} checksums")
         if not len(keys) == len(labels) == len(entity_ids) == len(sources) == count:
             raise ValueError(f"shard {written.file}: the writer reported {count} samples, the plan lists "
                              f"{len(keys)} keys, {len(labels)} labels, {len(entity_ids)} entities and "
@@ -72,6 +75,7 @@ class IndexColumns:
             "position": pa.array(written.positions, pa.int64()),
             "bytes": pa.array(written.sizes, pa.int64()),
             "sha256": hex_digests(written.digests, count),
+            "xxh3": pa.array(np.frombuffer(written.checksums, dtype=np.uint64, count=count), pa.uint64()),
             "label": pa.array(labels, pa.int64()),
             "entity_id": pa.array(entity_ids, pa.string()),
             "source": pa.array(sources, pa.string()),

@@ -52,6 +52,7 @@ from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
+from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
@@ -228,6 +229,12 @@ def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | N
     more = f" (and {len(notes) - 1} more warning(s))" if len(notes) > 1 else ""
     return (f"{len(files)} file(s) packed with a reader's warning, e.g. {first_id}: {text}{more}; each sample "
             f"records it in metadata.warnings, and `packer locate {job.job_path} {first_id}` names the file")
+
+
+def constant_slices(notes: Sequence[tuple[str, str]]) -> int:
+    """How many files were packed as constant slices of their series (their readers' notes,
+    :func:`packer.read.series.constant_slice_note`): the manifest's ``inputs.constant_slices``."""
+    return len({file_id for file_id, text in notes if is_constant_note(text)})
 
 
 def _scratch_folder() -> Path:

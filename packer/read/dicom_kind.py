@@ -28,6 +28,7 @@ from packer.config import (
     windows_fix,
 )
 from packer.errors import ConfigError
+from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.dicom_attrs import record_time, text_value
 from packer.read.dicom_masks import (
@@ -43,8 +44,8 @@ from packer.read.dicom_masks import (
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.dicom_series import HeaderFingerprint
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
-from packer.read.series import Series, assemble, stack_neighbors, stack_volume, volume_size
-from packer.records import Excluded, Issue, Sample, SampleRef, frame_key
+from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
+from packer.records import Excluded, Issue, Sample, SampleRef
 from packer.storage import is_url
 from packer.transform.channels import check_channels
 from packer.transform.mask import transform_mask_dicom
@@ -297,10 +298,15 @@ class DicomSeries(Grouping):
         series = group.series if isinstance(group, AnnotatedSeries) else group
         slices = [per_file[i][frame] for i, frame in series.slices]
         records: tuple[Issue | Excluded, ...] = ()
+        labels = None
         if isinstance(group, AnnotatedSeries):
             labels, metadata, records = series_labels(group, len(slices), job)
             if labels is None:
                 return [], records
+        blank = _blank_series(series, slices)
+        if blank:
+            return [], (*records, *blank)
+        if labels is not None:
             pad = annotated_sources(job)[series.refs[0].source].pad
             if job.dicom.sample == "volume":
                 (volume,) = stack_volume(slices, series, job.dicom)
@@ -333,6 +339,16 @@ class DicomSeries(Grouping):
                  else frame_key(series.refs[index].sample_id, frame))
                 for i, (index, frame) in enumerate(series.slices)
                 if not skip or k <= i < count - k]
+
+
+def _blank_series(series: Series, slices: Sequence[Sample]) -> tuple[Issue, ...]:
+    """``constant_image`` for every file of a series whose every slice is constant (each packed
+    alone as context, :func:`packer.read.dicom_render.render_samples`): context of nothing."""
+    if not slices or not all(is_constant_slice(s) for s in slices):
+        return ()
+    return tuple(Issue.of(ref, stage="validate", reason="constant_image", message=(
+        f"{ref.path}: every one of the {len(slices)} slices of its series has a single value; the series carries "
+        "no information, remove it")) for ref in series.refs)
 
 
 register(DicomKind())

@@ -18,6 +18,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from packer.config import DicomTransformConfig, WindowSpec
+from packer.keys import frame_key
 from packer.read.dicom_attrs import (
     NO_FILE_VOI,
     DamagedElement,
@@ -28,7 +29,8 @@ from packer.read.dicom_attrs import (
     slice_thickness,
     text_value,
 )
-from packer.records import Issue, Sample, SampleRef, frame_key
+from packer.read.series import constant_slice_note
+from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
@@ -276,14 +278,22 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     frames); ``stack`` one sample whose channels are frame-major (frame 0's windows first).
     Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``); when
     a resampled frame would exceed ``max_pixels`` the file is ``too_large`` before any rendering.
+
+    A file whose every pixel is equal is ``constant_image``, except a slice of a series
+    (``cfg.by_series``: neighbour stacks, volumes), where an all-air or all-padding slice at the
+    edge of a scan is context: it is rendered, and each of its samples says so in
+    ``metadata.warnings`` (:func:`packer.read.series.constant_slice_note`; a series of such slices only is refused when
+    it is stacked, :meth:`packer.read.dicom_kind.DicomSeries.combine`).
     """
     frames = pixels.shape[0]
     mask = None
     if photometric in GRAYSCALE:
         mask = padding_mask(pixels[..., 0], *padding_values(ds))
     why = _constant(pixels, mask)
-    if why is not None:
+    if why is not None and not cfg.by_series:
         return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
+    if why is not None:
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
     if max_pixels is not None:
         too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)

@@ -38,6 +38,7 @@ import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig, LimitsConfig
+from packer.keys import make_key, page_key
 from packer.read import ReadProgress, at_boundary
 from packer.read.image_structure import (
     FORMATS,
@@ -472,14 +473,15 @@ def _samples(ref: SampleRef, fmt: str, page: _Page, tiles: list[Tile], pages: in
     key = ref.sample_id
     if page.page is not None:
         metadata.update(page=page.page, pages=pages)
-        key = f"{key}-p{page.page:05d}"
+        key = page_key(key, page.page)
     samples = []
     for tile in tiles:
         if tile.origin is None:
             samples.append(Sample(key, ref, tile.image, metadata))
         else:
             row, col = tile.origin
-            samples.append(Sample(f"{key}-t{row:05d}_{col:05d}", ref, tile.image, {**metadata, "tile": [row, col]}))
+            samples.append(Sample(make_key(ref.sample_id, page=page.page, tile=(row, col)), ref, tile.image,
+                                  {**metadata, "tile": [row, col]}))
     return samples
 
 

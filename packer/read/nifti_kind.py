@@ -32,6 +32,7 @@ from packer.config import (
     parse_window,
 )
 from packer.errors import ConfigError
+from packer.keys import frame_key
 from packer.read import at_boundary
 from packer.read.kinds import Probed, SourceKind, register
 from packer.read.nifti import (
@@ -47,7 +48,7 @@ from packer.read.nifti import (
     stored_grid,
 )
 from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
-from packer.records import Issue, Sample, SampleRef, frame_key
+from packer.records import Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
 from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
 

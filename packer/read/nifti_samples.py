@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from packer.config import WindowSpec
+from packer.keys import frame_key
 from packer.read.series import stack_neighbors
-from packer.records import Sample, SampleRef, frame_key
+from packer.records import Sample, SampleRef
 from packer.transform.dicom import finish_image, quantise
 from packer.transform.intensity import Stats, apply_percentiles, apply_zscore, percentile_stats, zscore_stats
 from packer.transform.mask import transform_mask_dicom

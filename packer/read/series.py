@@ -203,16 +203,45 @@ def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, in
     return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
 
 
+#: How a slice's ``metadata.warnings`` says it is constant, packed as its series' context (the
+#: build counts these notes: the manifest's ``inputs.constant_slices``)
+CONSTANT_SLICE = "constant slice"
+
+
+def constant_slice_note(why: str) -> str:
+    """The warning a constant slice of a series carries (``why``: which value every pixel has)."""
+    return f"{CONSTANT_SLICE}: {why}; packed as context of its series"
+
+
+def is_constant_note(warning: str) -> bool:
+    """True for a :func:`constant_slice_note`."""
+    return warning.startswith(CONSTANT_SLICE + ":")
+
+
+def is_constant_slice(sample: Sample) -> bool:
+    """True for a series' slice whose every pixel is equal (its :func:`constant_slice_note`)."""
+    return any(is_constant_note(str(w)) for w in sample.metadata.get("warnings", ()))
+
+
 def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformConfig) -> list[Sample]:
     """One sample of a whole series: its slices (each C×H×W, windowed, at native size) stacked
     to C×D×H×W, made canonical, resampled and cropped or padded (:mod:`packer.transform.volume`),
-    with the affine and spacing in its metadata. Keyed by its first file's sample id."""
+    with the affine and spacing in its metadata. Keyed by its first file's sample id; its
+    ``volume.constant_slices``: how many slices are constant (present only when some are; each
+    slice's own note is its file's, not the volume's warning)."""
     stacked = np.stack([s.image for s in slices], axis=1)
     volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size)
     first = slices[0]
-    metadata = {**first.metadata, "volume": {
+    about: dict[str, object] = {
         "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
-        "spacing": [round(v, 6) for v in volume.spacing], "layout": "CDHW", "frame": "LPS"}}
+        "spacing": [round(v, 6) for v in volume.spacing], "layout": "CDHW", "frame": "LPS"}
+    constant = sum(is_constant_slice(s) for s in slices)
+    if constant:
+        about["constant_slices"] = constant
+    metadata = {**first.metadata, "volume": about}
+    warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
+    if warnings:
+        metadata["warnings"] = warnings
     metadata.pop("frame", None)
     return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
                     metadata=metadata)]

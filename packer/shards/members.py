@@ -79,12 +79,15 @@ class Decoded:
     mask: np.ndarray | None = None
     #: The target mask (uint8 (L,), 1: use the target entry, 0: skip it), None without one
     target_mask: np.ndarray | None = None
+    #: The sample's checksum (:mod:`packer.shards.checksum`) over the bytes read, where the
+    #: reader was asked for it (the loader's ``verify="sample"``), else None
+    checksum: int | None = None
 
     @classmethod
-    def of(cls, key: str, image: np.ndarray, small: SmallMembers) -> Decoded:
+    def of(cls, key: str, image: np.ndarray, small: SmallMembers, checksum: int | None = None) -> Decoded:
         """The sample ``key`` with pixels ``image`` and what its small members hold."""
         return cls(key=key, label=small.label, image=image, target=small.target, mask=small.mask,
-                   target_mask=small.target_mask)
+                   target_mask=small.target_mask, checksum=checksum)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class SampleDefect:
     reason: str
     message: str
     key: str | None = None
+    #: The sample's checksum over the bytes read, where the reader computed one before it
+    #: found the defect (a Parquet row; a tar sample's is computed by the caller), else None
+    checksum: int | None = None
 
 
 # -- .npy ---------------------------------------------------------------------------------

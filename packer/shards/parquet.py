@@ -26,6 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
+from packer.shards.checksum import (
+    SampleHasher,
+    int_bytes,
+    little_endian,
+    parquet_cells_checksum,
+    shape_bytes,
+)
 from packer.shards.encode import EncodedSample
 from packer.shards.members import NPY_HEAD, Decoded, SampleDefect, npy_layout
 from packer.shards.writer import ShardWrite, WrittenSamples
@@ -79,9 +86,17 @@ def _mask_cells(data: bytes) -> tuple[bytes, list[int], str]:
     return data[start:], list(shape), dtype.name
 
 
+def _as_stored(vector: np.ndarray | None, schema: pa.Schema, name: str) -> np.ndarray | None:
+    """A target (or target mask) vector in the value type its column stores (what a reader gets back)."""
+    if vector is None or name not in schema.names:
+        return None
+    return np.asarray(vector, dtype=schema.field(name).type.value_type.to_pandas_dtype())
+
+
 def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
     """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
-    sample, its row number and the size and sha256 of its ``image`` cell. The samples of a
+    sample, its row number, the size and sha256 of its ``image`` cell and the checksum of the
+    cells the loader decodes (:func:`packer.shards.checksum.parquet_cells_checksum`). The samples of a
     dataset share one target kind, so the first one decides the schema (:func:`shard_schema`)."""
     columns: dict[str, list] = {name: [] for name in [*SCHEMA.names, "target", "target_mask", "mask", "mask_shape",
                                                        "mask_dtype"]}
@@ -99,12 +114,18 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
                             ("sha256", digest), ("metadata", canonical_json(sample.info).decode()),
                             ("target", sample.target), ("target_mask", sample.target_mask)):
             columns[name].append(value)
+        mask: tuple[bytes, list[int], str] | tuple[None, None, None] = (None, None, None)
         if sample.mask is not None:
-            data, shape, dtype = _mask_cells(sample.mask)
-            columns["mask"].append(data)
-            columns["mask_shape"].append(shape)
-            columns["mask_dtype"].append(dtype)
-        written.add(position=position, size=len(sample.pixels), sha256=bytes.fromhex(digest))
+            mask = _mask_cells(sample.mask)
+            columns["mask"].append(mask[0])
+            columns["mask_shape"].append(mask[1])
+            columns["mask_dtype"].append(mask[2])
+        cells = {"label": sample.label, "shape": sample.shape, "dtype": sample.dtype, "image": sample.pixels,
+                 "metadata": columns["metadata"][-1], "target": _as_stored(sample.target, schema, "target"),
+                 "target_mask": _as_stored(sample.target_mask, schema, "target_mask"),
+                 "mask": mask[0], "mask_shape": mask[1], "mask_dtype": mask[2]}
+        written.add(position=position, size=len(sample.pixels), sha256=bytes.fromhex(digest),
+                    checksum=parquet_cells_checksum(sample.key, cells))
     table = pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)
     with atomic_output(path) as fh:
         pq.write_table(
@@ -135,7 +156,8 @@ def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[in
 
 
 def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int | None = None,
-                         records: bool = False, batch_rows: int) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+                         records: bool = False, batch_rows: int,
+                         checksums: bool = False) -> Iterator[tuple[int, Decoded | SampleDefect]]:
     """Exactly one ``(row, Decoded | SampleDefect)`` per row of ``rows`` (ascending) of a Parquet
     shard, in that order, whatever is wrong with the file.
 
@@ -145,9 +167,11 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
     shape. ``expect_rows``: the row count the manifest records (another count fails every row
     as ``bad_shard``). ``records``: also read the ``metadata`` column into ``Decoded.record``.
     An image whose bytes do not hold its dtype × shape is a ``bad_sample``; an unreadable file,
-    a missing column, a read error or an early end fails the rows not yet read.
+    a missing column, a read error or an early end fails the rows not yet read. ``checksums``:
+    also hash each row's cells (:mod:`packer.shards.checksum`; the ``metadata`` cell is then
+    read too) into ``Decoded.checksum`` (or the ``bad_sample`` defect's ``checksum``).
     """
-    columns = READ_COLUMNS + (["metadata"] if records else [])
+    columns = READ_COLUMNS + (["metadata"] if records or checksums else [])
     try:
         parquet = pq.ParquetFile(source)
         count = parquet.metadata.num_rows
@@ -171,7 +195,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
             end_row = row0 + batch.num_rows
             if i < len(want) and want[i] < end_row:
                 keys, labels, shapes, dtypes = (batch.column(n) for n in ("key", "label", "shape", "dtype"))
-                metadata = batch.column("metadata") if records else None
+                metadata = batch.column("metadata") if records or checksums else None
                 targets = batch.column("target") if "target" in columns else None
                 target_masks = batch.column("target_mask") if "target_mask" in columns else None
                 masks = [batch.column(n) for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in columns else None
@@ -181,19 +205,28 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 while i < len(want) and want[i] < end_row:
                     row, r = want[i], want[i] - row0
                     key = keys[r].as_py()
-                    shape = tuple(int(d) for d in shapes[r].as_py())
+                    shape_cell = shapes[r].as_py()
+                    shape = tuple(int(d) for d in shape_cell)
                     start, stop = int(offsets[r]), int(offsets[r + 1])
-                    dtype = np.dtype(dtypes[r].as_py())
+                    dtype_name = dtypes[r].as_py()
+                    dtype = np.dtype(dtype_name)
+                    label = labels[r].as_py()
+                    record = metadata[r].as_py() if metadata is not None else None
+                    target, target_mask = _target_cell(targets, r), _target_cell(target_masks, r)
+                    mask_cells = [column[r].as_py() for column in masks] if masks is not None else None
+                    checksum = None
+                    if checksums:
+                        checksum = _row_checksum(key, label, shape_cell, dtype_name, buffers[2], start, stop, record,
+                                                 target, target_mask, mask_cells)
                     if math.prod(shape) * dtype.itemsize != stop - start:
                         yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
-                                                key)
+                                                key, checksum=checksum)
                     else:
-                        label = labels[r].as_py()
                         yield row, Decoded(key=key, label=None if label is None else int(label),
                                            image=image_view(buffers[2], start, stop, dtype, shape),
-                                           record=metadata[r].as_py() if metadata is not None else None,
-                                           target=_target_cell(targets, r), mask=_mask_cell(masks, r),
-                                           target_mask=_target_cell(target_masks, r))
+                                           record=record if records else None,
+                                           target=target, mask=_mask_cell(mask_cells),
+                                           target_mask=target_mask, checksum=checksum)
                     i += 1
             row0 = end_row
             if i >= len(want):
@@ -212,12 +245,38 @@ def _target_cell(targets: pa.Array | None, r: int) -> np.ndarray | None:
     return np.asarray(targets[r].values.to_numpy(zero_copy_only=False))
 
 
-def _mask_cell(masks: list[pa.Array] | None, r: int) -> np.ndarray | None:
-    """Row ``r``'s mask (a copy, so it does not hold its batch) from the mask columns (None: none)."""
-    if masks is None:
+def _mask_cell(cells: list[Any] | None) -> np.ndarray | None:
+    """A row's mask (a copy, so it does not hold its batch) from its mask, mask_shape and
+    mask_dtype cells (None: no mask columns)."""
+    if cells is None:
         return None
-    data, shape, dtype = (column[r].as_py() for column in masks)
+    data, shape, dtype = cells
     return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+
+
+def _row_checksum(key: str, label: int | None, shape: list[int], dtype: str, images: Any, start: int, stop: int,
+                  record: str | None, target: np.ndarray | None, target_mask: np.ndarray | None,
+                  mask_cells: list[Any] | None) -> int:
+    """The checksum of one row's cells as read, in :data:`packer.shards.checksum.PARQUET_FIELDS`
+    order (a test keeps the two in step), the image hashed straight from the batch's Arrow buffer."""
+    hasher = SampleHasher(key)
+    if label is not None:
+        hasher.add("label", int_bytes(label))
+    hasher.add("shape", shape_bytes(shape))
+    hasher.add("dtype", dtype.encode("utf-8"))
+    hasher.add("image", memoryview(images)[start:stop] if images is not None else b"")
+    if record is not None:
+        hasher.add("metadata", record.encode("utf-8"))
+    if target is not None:
+        hasher.add("target", little_endian(target))
+    if target_mask is not None:
+        hasher.add("target_mask", little_endian(target_mask))
+    if mask_cells is not None:
+        mask, mask_shape, mask_dtype = mask_cells
+        hasher.add("mask", mask)
+        hasher.add("mask_shape", shape_bytes(mask_shape))
+        hasher.add("mask_dtype", mask_dtype.encode("utf-8"))
+    return hasher.value()
 
 
 def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:

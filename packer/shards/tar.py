@@ -32,13 +32,14 @@ import os
 import re
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, BinaryIO, Protocol
 
 import numpy as np
 
 from packer.files import atomic_output, canonical_json
+from packer.shards.checksum import SampleHasher, members_checksum
 from packer.shards.encode import EncodedSample, pixels_digest
 from packer.shards.members import (
     MEMBER_NAME,
@@ -46,7 +47,6 @@ from packer.shards.members import (
     SMALL_MEMBERS,
     Decoded,
     SampleDefect,
-    SmallMembers,
     decode_members,
     decode_small_members,
     irregular_member,
@@ -142,8 +142,9 @@ def sample_members(sample: EncodedSample) -> list[tuple[str, Sequence[bytes | me
 def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
                     after_each: Callable[[EncodedSample], None] | None = None) -> ShardWrite:
     """Stream ``samples`` into the tar shard ``path``; return its size, sha256 and, per sample,
-    the tar offset of its first member header and the size and sha256 of its ``.npy`` member
-    (a sample's ``known_sha256`` where it has one: :func:`~packer.shards.encode.pixels_digest`).
+    the tar offset of its first member header, the size and sha256 of its ``.npy`` member
+    (a sample's ``known_sha256`` where it has one: :func:`~packer.shards.encode.pixels_digest`)
+    and the checksum of all its members (:mod:`packer.shards.checksum`, hashed as they are written).
 
     ``after_each(sample)`` is called once a sample's members have been handed to the kernel
     (flushed; not yet fsynced): from then on the file being written holds them, even if this
@@ -155,8 +156,10 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
         for sample in samples:
             offset = out.size
             members = sample_members(sample)
+            hasher = SampleHasher(sample.key)
             for name, pieces in members:
                 size = sum(len(piece) for piece in pieces)
+                hasher.add(name[len(sample.key) + 1:], *pieces)
                 out.write(member_header(name, size))
                 for piece in pieces:
                     out.write(piece)
@@ -167,7 +170,8 @@ def write_tar_shard(path: Path, samples: Iterable[EncodedSample],
             npy_sha256 = (bytes.fromhex(sample.known_sha256) if sample.known_sha256 is not None  # the pixel pass's
                           else pixels_digest(sample.pixels, shape=tuple(sample.shape), dtype=sample.dtype,
                                              fmt="webdataset").digest())
-            written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_sha256)
+            written.add(position=offset, size=sum(len(piece) for piece in npy), sha256=npy_sha256,
+                        checksum=hasher.value())
             if after_each is not None:
                 raw.flush()
                 after_each(sample)
@@ -390,20 +394,37 @@ def map_shard(fh: BinaryIO) -> mmap.mmap | None:
         return None
 
 
-def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None) -> Decoded | SampleDefect:
+def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None, *,
+                    checksum: bool = False) -> Decoded | SampleDefect:
     """Decode one scanned sample's ``.npy`` member and, where present, its ``.cls`` and
     ``.target.npy`` members from the open shard ``fh``.
 
     With ``mapped`` (:func:`map_shard` of ``fh``) the image is a view of the map: no copy at
     all. Where ``os.preadv`` exists (Linux, the BSDs) see :func:`_pread_sample`: the pixels are
     copied once, from the page cache into the image. Elsewhere each member is read whole
-    (seek + read) and decoded by :func:`~packer.shards.members.decode_members`.
+    (seek + read) and decoded by :func:`~packer.shards.members.decode_members`. ``checksum``:
+    also read the ``.json`` member and hash every member as read into ``Decoded.checksum``
+    (:mod:`packer.shards.checksum`; the pixels are hashed where they land, not read twice).
     """
     if mapped is not None or _PREAD:
-        return _pread_sample(fh.fileno(), sample, mapped)
-    data = read_member_bytes(fh, sample, [ext for ext in ("cls", "npy", *SMALL_MEMBERS)
-                                          if ext in sample.members] or ["npy"])
-    return data if isinstance(data, SampleDefect) else decode_members(sample.key, data)
+        return _pread_sample(fh.fileno(), sample, mapped, checksum=checksum)
+    exts = list(sample.members) if checksum else [ext for ext in ("cls", "npy", *SMALL_MEMBERS)
+                                                     if ext in sample.members]
+    data = read_member_bytes(fh, sample, exts or ["npy"])
+    if isinstance(data, SampleDefect):
+        return data
+    decoded = decode_members(sample.key, data)
+    if checksum and isinstance(decoded, Decoded):
+        decoded = replace(decoded, checksum=members_checksum(sample.key, data))
+    return decoded
+
+
+def tar_sample_checksum(fh: BinaryIO, sample: TarSample) -> int | SampleDefect:
+    """The checksum (:mod:`packer.shards.checksum`) of a scanned sample's members as they are
+    in the open shard ``fh`` now, each read whole: for a sample that did not decode, and for
+    ``packer verify`` naming the damaged samples of a shard; a member cut short is a defect."""
+    data = read_member_bytes(fh, sample, list(sample.members))
+    return data if isinstance(data, SampleDefect) else members_checksum(sample.key, data)
 
 
 def _bytes_at(fd: int, mapped: mmap.mmap | None, size: int, at: int) -> bytes:
@@ -417,52 +438,62 @@ def _pread_member(fd: int, key: str, ext: str, at: int, size: int,
     return data if len(data) == size else SampleDefect("truncated", f"{key}.{ext} is cut short", key)
 
 
-def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -> Decoded | SampleDefect:
+def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *,
+                  checksum: bool = False) -> Decoded | SampleDefect:
     """Decode one sample from the shard open as ``fd``, copying its pixels once (or, from the
     map ``mapped``, not at all).
 
-    One ``pread`` fetches the ``.cls`` member and the start of the ``.npy`` member (two when
-    they lie far apart); for packer's own npy header (:func:`~packer.shards.members.npy_layout`)
-    the pixels are then read by ``preadv`` straight into the ``np.empty`` array that becomes
-    the image, byte-swapped in place if the file's byte order is not the machine's. With a map
-    the same bytes are sliced from it and the image is a view of the map (a copy only to swap
-    bytes). The ``.mask.npy``, ``.target.npy`` and ``.target_mask.npy`` members are read whole.
-    Any other pixel npy form is read whole and goes through ``decode_members``, with the same
-    messages.
+    One ``pread`` fetches the ``.cls`` member (and, with ``checksum``, the ``.json`` member) and
+    the start of the ``.npy`` member (more reads when they lie far apart); for packer's own npy
+    header (:func:`~packer.shards.members.npy_layout`) the pixels are then read by ``preadv``
+    straight into the ``np.empty`` array that becomes the image, byte-swapped in place if the
+    file's byte order is not the machine's. With a map the same bytes are sliced from it and
+    the image is a view of the map (a copy only to swap bytes). The ``.mask.npy``,
+    ``.target.npy`` and ``.target_mask.npy`` members are read whole. Any other pixel npy form
+    is read whole and goes through ``decode_members``, with the same
+    messages. ``checksum``: every member is hashed as read (the pixels before any byte swap).
     """
     key, members = sample.key, sample.members
     if "npy" not in members:
         return SampleDefect("missing_member", f"no {key}.npy member", key)
     npy_at, npy_size = members["npy"]
     head_size = min(npy_size, NPY_HEAD)
-    cls: bytes | None = None
-    if "cls" in members:
-        cls_at, cls_size = members["cls"]
-        if 0 <= npy_at - (cls_at + cls_size) <= _NEAR:
-            span = _bytes_at(fd, mapped, npy_at + head_size - cls_at, cls_at)
-            cls, head = span[:cls_size], span[npy_at - cls_at:]
-        else:
-            cls, head = _bytes_at(fd, mapped, cls_size, cls_at), _bytes_at(fd, mapped, head_size, npy_at)
-        if len(cls) != cls_size:
-            return SampleDefect("truncated", f"{key}.cls is cut short", key)
+    before: list[str] = [ext for ext in (("cls", "json") if checksum else ("cls",)) if ext in members]
+    got: dict[str, bytes] = {}  # the members read whole: the small ones before and after the pixels
+    if before and all(0 <= npy_at - (members[ext][0] + members[ext][1]) <= _NEAR for ext in before):
+        first = min(members[ext][0] for ext in before)
+        span = _bytes_at(fd, mapped, npy_at + head_size - first, first)
+        for ext in before:
+            at, size = members[ext]
+            got[ext] = span[at - first:at - first + size]
+        head = span[npy_at - first:]
     else:
+        for ext in before:
+            at, size = members[ext]
+            got[ext] = _bytes_at(fd, mapped, size, at)
         head = _bytes_at(fd, mapped, head_size, npy_at)
+    for ext in before:
+        if len(got[ext]) != members[ext][1]:
+            return SampleDefect("truncated", f"{key}.{ext} is cut short", key)
     if len(head) != head_size:
         return SampleDefect("truncated", f"{key}.npy is cut short", key)
-    extras: dict[str, bytes] = {}  # the small members: a mask, a target vector and its mask, read whole
-    for ext in SMALL_MEMBERS:
-        if ext in members:
-            member = _pread_member(fd, key, ext, *members[ext], mapped=mapped)
+    for small_ext in SMALL_MEMBERS:  # a mask, a target vector and its mask, read whole
+        if small_ext in members:
+            member = _pread_member(fd, key, small_ext, *members[small_ext], mapped=mapped)
             if isinstance(member, SampleDefect):
                 return member
-            extras[ext] = member
+            got[small_ext] = member
     layout = npy_layout(head)
     if layout is None:
         data = _pread_member(fd, key, "npy", npy_at, npy_size, mapped=mapped)
         if isinstance(data, SampleDefect):
             return data
-        return decode_members(key, {"npy": data, **({"cls": cls} if cls is not None else {}), **extras})
-    small = decode_small_members(key, {**({"cls": cls} if cls is not None else {}), **extras})
+        whole = {ext: data if ext == "npy" else got[ext] for ext in members if ext == "npy" or ext in got}
+        decoded = decode_members(key, {ext: value for ext, value in whole.items() if ext != "json"})
+        if checksum and isinstance(decoded, Decoded):
+            decoded = replace(decoded, checksum=members_checksum(key, whole))
+        return decoded
+    small = decode_small_members(key, {ext: value for ext, value in got.items() if ext != "json"})
     if isinstance(small, SampleDefect):
         return small
     dtype, shape, start = layout
@@ -470,29 +501,28 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None) -
     if problem is not None:
         return SampleDefect("undecodable", f"{key}.npy: {problem}", key)
     if mapped is not None:
-        return _mapped_image(mapped, key, small, dtype, shape, npy_at + start)
-    image = np.empty(shape, dtype)
-    if _read_into(fd, image, npy_at + start) != image.nbytes:
-        return SampleDefect("truncated", f"{key}.npy is cut short", key)
-    if not dtype.isnative:
-        image = image.byteswap(inplace=True).view(dtype.newbyteorder("="))
-    return Decoded.of(key, image, small)
-
-
-def _mapped_image(mapped: mmap.mmap, key: str, small: SmallMembers, dtype: np.dtype, shape: tuple[int, ...],
-                  at: int) -> Decoded | SampleDefect:
-    """The image of a sample whose pixels start at ``at`` of the map: a writable view of the
-    private map (a byte-swapped copy where the file's byte order is not the machine's)."""
-    count = math.prod(shape)
-    if at + count * dtype.itemsize > len(mapped):
-        return SampleDefect("truncated", f"{key}.npy is cut short", key)
-    if count == 0:
-        image = np.empty(shape, dtype)
+        count = math.prod(shape)
+        if npy_at + start + count * dtype.itemsize > len(mapped):
+            return SampleDefect("truncated", f"{key}.npy is cut short", key)
+        # a writable view of the private map (no copy); empty arrays cannot view a buffer
+        image = (np.frombuffer(mapped, dtype=dtype, count=count, offset=npy_at + start).reshape(shape) if count
+                 else np.empty(shape, dtype))
     else:
-        image = np.frombuffer(mapped, dtype=dtype, count=count, offset=at).reshape(shape)
+        image = np.empty(shape, dtype)
+        if _read_into(fd, image, npy_at + start) != image.nbytes:
+            return SampleDefect("truncated", f"{key}.npy is cut short", key)
+    found: int | None = None
+    if checksum:  # the pixels as they sit in the shard: before any byte swap
+        hasher = SampleHasher(key)
+        for name in members:
+            if name == "npy":
+                hasher.add(name, head[:start], image)
+            else:
+                hasher.add(name, got[name])
+        found = hasher.value()
     if not dtype.isnative:
-        image = image.byteswap().view(dtype.newbyteorder("="))
-    return Decoded.of(key, image, small)
+        image = (image.byteswap(inplace=mapped is None)).view(dtype.newbyteorder("="))
+    return Decoded.of(key, image, small, checksum=found)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:

@@ -13,10 +13,11 @@ class ShardWrite:
     """What writing one shard produced: file name (relative), size and sha256, and for each
     sample in the order written its ``position`` (the tar offset of its first member, or its
     Parquet row number), the size of its packed pixel bytes (the ``.npy`` member for tar, the
-    ``image`` cell for Parquet) and their sha256 (32 raw bytes a sample in ``digests``).
+    ``image`` cell for Parquet), their sha256 (32 raw bytes a sample in ``digests``) and the
+    checksum of all its packed members (:mod:`packer.shards.checksum`, uint64 in ``checksums``).
 
     Columnar on purpose: the client holds one per shard for the whole build, so a sample
-    costs it 48 bytes here; everything else an index row needs, its shard plan already has.
+    costs it 56 bytes here; everything else an index row needs, its shard plan already has.
     """
 
     file: str
@@ -25,6 +26,8 @@ class ShardWrite:
     positions: array
     sizes: array
     digests: builtins.bytes  # the field ``bytes`` shadows the builtin inside this class
+    #: Each sample's checksum (:mod:`packer.shards.checksum`), in the order written (typecode ``Q``)
+    checksums: array
     seconds: float = 0.0
 
     @property
@@ -46,14 +49,16 @@ class WrittenSamples:
     def __init__(self) -> None:
         self.positions = array("q")
         self.sizes = array("q")
+        self.checksums = array("Q")
         self._digests = bytearray()
 
-    def add(self, *, position: int, size: int, sha256: builtins.bytes) -> None:
-        """One sample: its position, packed size and raw 32-byte sha256 digest."""
+    def add(self, *, position: int, size: int, sha256: builtins.bytes, checksum: int) -> None:
+        """One sample: its position, packed size, raw 32-byte sha256 digest and checksum."""
         self.positions.append(position)
         self.sizes.append(size)
         self._digests += sha256
+        self.checksums.append(checksum)
 
     def result(self, *, file: str, size: int, sha256: str) -> ShardWrite:
         return ShardWrite(file=file, bytes=size, sha256=sha256, positions=self.positions, sizes=self.sizes,
-                          digests=bytes(self._digests))
+                          digests=bytes(self._digests), checksums=self.checksums)
