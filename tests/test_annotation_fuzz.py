@@ -58,6 +58,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.tag import BaseTag, Tag
+from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
 from test_fuzz import EXAMPLES, FUZZ, LIMITS, ODD_U16, SEEN, byte_mutations, check_outcome, timed
 from test_rtstruct import closed
 from test_rtstruct import rtstruct as build_rtstruct
@@ -69,6 +70,7 @@ from packer.read.annotations import AnnotationError, Drawn, Painter, SlicePlace
 from packer.read.dicom import DicomHeader, probe_dicom
 from packer.read.dicom_masks import AnnotatedSeries, link
 from packer.read.rtstruct import paint_rtstruct
+from packer.read.rtstruct_items import contour_items
 from packer.read.seg import paint_seg
 from packer.read.series import Series, assemble
 from packer.records import REASONS, Issue, SampleRef
@@ -603,3 +605,75 @@ def test_what_the_fuzzer_found(fuzz_dir: Path, series: Any, edit: Any, probed: s
     with pytest.raises(AnnotationError) as caught:
         paint_seg(str(path), places, SEGMENTS, painter)
     assert caught.value.reason == painted
+
+
+# ------------------------------------------------------------- the raw contour walk against pydicom
+
+UNDEFINED = ("none", "sequence", "items", "images")
+
+
+def _encoded(data: bytes, implicit: bool, undefined: str) -> bytes:
+    """The structure set ``data`` re-saved in implicit or explicit VR little endian, with its
+    Contour Sequences (``sequence``), their items (``items``) or their Contour Image Sequences
+    (``images``) of undefined length, or none (``none``)."""
+    ds = pydicom.dcmread(io.BytesIO(data))
+    ds.file_meta.TransferSyntaxUID = ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
+    for roi_contour in ds.ROIContourSequence:
+        roi_contour["ContourSequence"].is_undefined_length = undefined == "sequence"
+        for contour in roi_contour.ContourSequence:
+            contour.is_undefined_length_sequence_item = undefined == "items"
+            if "ContourImageSequence" in contour:
+                contour["ContourImageSequence"].is_undefined_length = undefined == "images"
+    out = io.BytesIO()
+    ds.save_as(out, enforce_file_format=True)
+    return out.getvalue()
+
+
+def _painted(path: Path, places: tuple[SlicePlace, ...], walk_raw: bool) -> tuple[Any, ...]:
+    """What painting ``path`` gives: the label map and Drawn, or the error's type, reason and message."""
+    painter = Painter(shape=(len(places), places[0].rows, places[0].columns), structures=ROIS, path=str(path))
+    try:
+        drawn = timed(lambda: paint_rtstruct(str(path), places, ROIS, painter, walk_raw=walk_raw))
+    except AnnotationError as err:
+        return "error", err.reason, err.message
+    except Exception as err:  # noqa: BLE001 - compared, not judged: check_paint judges the reasons
+        return "raised", type(err).__name__, str(err)
+    return "drawn", painter.labels.tobytes(), drawn
+
+
+@pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
+@pytest.mark.parametrize("undefined", UNDEFINED)
+def test_raw_contour_walk_reads_plain_sequences_and_leaves_the_rest_to_pydicom(
+        fuzz_dir: Path, series: Any, implicit: bool, undefined: str) -> None:
+    """The seed structure set in either VR encoding: its Contour Sequences are walked raw where
+    every length is defined, left to pydicom where one is not, and both paint the seed's mask."""
+    data = _encoded(annotation_seeds()["rtstruct.dcm"], implicit, undefined)
+    ds = pydicom.dcmread(io.BytesIO(data))
+    walked = [contour_items(roi_contour) for roi_contour in ds.ROIContourSequence]
+    counts = [None if w is None else len(w) for w in walked]  # BODY, Lung_L (ring), Heart (its image named)
+    assert counts == {"none": [6, 8, 1], "images": [6, 8, None]}.get(undefined, [None, None, None])
+    if undefined == "none":
+        heart = walked[2][0]  # type: ignore[index]
+        assert (heart.kind, heart.declared, heart.image_uids) == ("CLOSED_PLANAR", 3, (series[2][3].sop_uid,))
+    path = fuzz_dir / f"walk-{implicit}-{undefined}.dcm"
+    path.write_bytes(data)
+    raw, parsed = _painted(path, series[2], walk_raw=True), _painted(path, series[2], walk_raw=False)
+    assert raw[0] == "drawn" and raw == parsed
+
+
+@settings(FUZZ, max_examples=300 * EXAMPLES)
+@given(implicit=st.booleans(), undefined=st.sampled_from(UNDEFINED), how=st.sampled_from(["fields", "bytes", "both"]),
+       data=st.data())
+def test_raw_contour_walk_paints_what_pydicom_items_paint(fuzz_dir: Path, series: Any, implicit: bool,
+                                                         undefined: str, how: str, data: st.DataObject) -> None:
+    """Mutated structure sets (fields, bytes or both; either encoding; undefined lengths or none)
+    paint the same mask, notes and unmapped names, or fail with the same reason and message,
+    whether their contour items are walked raw or built by pydicom."""
+    mutated = _encoded(annotation_seeds()["rtstruct.dcm"], implicit, undefined)
+    if how != "bytes":
+        mutated = data.draw(annotation_field_mutations(mutated))
+    if how != "fields":
+        mutated = data.draw(byte_mutations(mutated))
+    path = fuzz_dir / "walk.dcm"
+    path.write_bytes(mutated)
+    assert _painted(path, series[2], walk_raw=True) == _painted(path, series[2], walk_raw=False)

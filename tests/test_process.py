@@ -100,6 +100,77 @@ def test_one_parse_per_dicom_file_gives_what_probe_then_read_gave(demo_raw: Any,
     assert kept > 30  # the datasets were really handed over
 
 
+def _same_outcome(got: Any, want: Any) -> None:
+    import numpy as np
+
+    if isinstance(want, Issue):
+        assert got == want
+        return
+    assert not isinstance(got, Issue) and [s.key for s in got] == [s.key for s in want]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.image, b.image)
+        assert a.metadata == b.metadata
+
+
+def test_a_file_the_header_pass_placed_is_read_as_the_full_probe_reads_it(demo_raw: Any, tmp_path: Path) -> None:
+    """In a series job the header pass probes each DICOM file (placement), and the pixel pass
+    reads it without probing its header again when the file is unchanged (same size and
+    mtime, nothing after its Pixel Data). On every file of the demo tree, planted defects
+    included, the outcome is the full probe's; a file changed after the header pass, or with
+    an element after its Pixel Data, is probed in full again."""
+    import pydicom
+
+    from packer.config import load_job
+    from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import discover
+    from packer.pipeline.probe import probe_for_read, probe_placement
+    from packer.read import read_sample
+    from packer.read.dicom import reread_placed
+    from packer.read.dicom_series import SliceGeometry
+
+    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    refs = [r for r in discover(job, pseudonymizer_for(job.phi)).refs if r.kind == "dicom"]
+    trusted: list[SampleRef] = []
+    for r in refs:
+        placed = probe_placement(r, job)
+        if isinstance(placed, Issue) or not isinstance(placed[1], SliceGeometry):
+            continue
+        fingerprint = placed[1].fingerprint
+        assert fingerprint is not None and fingerprint.size == os.path.getsize(r.path)
+        if reread_placed(placed[0], fingerprint) is not None:
+            trusted.append(placed[0])
+        once, full = probe_for_read(placed[0], job, fingerprint), probe_for_read(placed[0], job)
+        assert not isinstance(once, Issue) and not isinstance(full, Issue) and once[0] == full[0] == placed[0]
+        _same_outcome(read_sample(once[0], job, state=once[1]), read_sample(full[0], job, state=full[1]))
+    assert len(trusted) > 30
+
+    folder = tmp_path / "changed"
+    folder.mkdir()
+    source = trusted[0]
+    for case in ("burned_in", "trailing"):
+        path = folder / f"{case}.dcm"
+        shutil.copyfile(source.path, path)
+        moved = replace(source, path=str(path))
+        placed = probe_placement(moved, job)
+        assert not isinstance(placed, Issue)
+        ds = pydicom.dcmread(path)
+        if case == "burned_in":  # changed after the header pass: the read pass refuses it, as the probe does
+            ds.BurnedInAnnotation = "YES"
+            ds.save_as(path)
+            os.utime(path, ns=(0, placed[1].fingerprint.mtime_ns + 10**9))  # type: ignore[union-attr]
+        else:  # an element after the Pixel Data, which the header pass never saw
+            ds.add_new(0xFFFCFFFC, "OB", b"\0" * 8)
+            ds.save_as(path)
+            placed = probe_placement(moved, job)
+            assert not isinstance(placed, Issue)
+        fingerprint = placed[1].fingerprint  # type: ignore[union-attr]
+        assert reread_placed(moved, fingerprint) is None
+        once, full = probe_for_read(moved, job, fingerprint), probe_for_read(moved, job)
+        assert once == full if isinstance(full, Issue) else once[0] == full[0]  # type: ignore[index]
+        if case == "burned_in":
+            assert isinstance(once, Issue) and once.reason == "burned_in_annotation"
+
+
 def test_a_chunk_tasks_repr_leaves_out_the_storage_options() -> None:
     # dask logs a failed task with its arguments: the options may hold credentials
     from packer.pipeline.pixels import ChunkTask

@@ -467,3 +467,58 @@ def test_mutated_structure_sets_give_drawn_or_annotation_error(tmp_path: Path, k
         assert err.reason in ("unreadable", "annotation_unmapped", "contour_off_slice", "mask_overlap")
     else:
         assert isinstance(drawn, Drawn)
+
+
+def _crossing_pairs_n_squared(pixels: np.ndarray) -> bool:
+    """The self-intersection test as it was first written (every pair of edges compared by box,
+    n × n), to hold the sort-and-sweep version to it."""
+    start, end = pixels, np.roll(pixels, -1, axis=0)
+    low, high = np.minimum(start, end), np.maximum(start, end)
+    boxes = np.triu((low[:, None, 0] <= high[None, :, 0]) & (low[None, :, 0] <= high[:, None, 0])
+                    & (low[:, None, 1] <= high[None, :, 1]) & (low[None, :, 1] <= high[:, None, 1]), k=2)
+    i, j = np.nonzero(boxes)
+    delta = end - start
+    scale = 1e-9 * max(float(np.abs(delta).max()), 1.0) ** 2
+
+    def side(edge: np.ndarray, point: np.ndarray) -> np.ndarray:
+        value = delta[edge, 0] * (point - start[edge])[:, 1] - delta[edge, 1] * (point - start[edge])[:, 0]
+        return np.where(np.abs(value) <= scale, 0.0, np.sign(value))
+
+    return bool(((side(i, start[j]) * side(i, end[j]) < 0) & (side(j, start[i]) * side(j, end[i]) < 0)).any())
+
+
+@settings(max_examples=400, deadline=None)
+@given(points=st.integers(3, 40), grid=st.sampled_from([0.0, 1.0, 0.5]), shape=st.sampled_from(["random", "oval"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_self_intersection_test_finds_what_comparing_every_pair_finds(points: int, grid: float, shape: str,
+                                                                      seed: int) -> None:
+    """Random polygons (vertices on a coarse grid too, so that edges touch, share lines and
+    overlap collinearly, as a keyhole's channel does) and ovals (convex, or nearly: vertices
+    snapped to a grid, some turning back, wound once or twice): the note is given exactly when
+    some two edges cross properly, as the n × n comparison of every pair says."""
+    from packer.read.rtstruct import _self_intersects
+
+    rng = np.random.default_rng(seed)
+    if shape == "random":
+        pixels = rng.uniform(0, 12, size=(points, 2))
+    else:
+        turns = int(rng.integers(1, 3))
+        angles = np.sort(rng.uniform(0, 2 * np.pi * turns, size=points + 3)) * rng.choice([-1, 1])
+        pixels = np.stack([20 + rng.uniform(2, 15) * np.sin(angles), 30 + rng.uniform(2, 25) * np.cos(angles)], axis=1)
+    if grid:
+        pixels = np.round(pixels / grid) * grid
+    pixels = pixels[np.any(np.abs(np.diff(pixels, axis=0, append=pixels[:1])) > 1e-9, axis=1)]
+    if len(pixels) < 3:
+        return
+    assert _self_intersects(pixels) == _crossing_pairs_n_squared(pixels)
+
+
+def test_self_intersection_note_on_a_bow_tie_and_a_star_not_on_a_keyhole_or_an_ellipse() -> None:
+    from packer.read.rtstruct import _self_intersects
+
+    angles = np.linspace(0, 2 * np.pi, 96, endpoint=False)
+    ellipse = np.stack([20 + 15 * np.sin(angles), 30 + 25 * np.cos(angles)], axis=1)
+    star = np.stack([20 + 15 * np.sin(angles[::19] * 2), 30 + 15 * np.cos(angles[::19] * 2)], axis=1)  # {5/2}
+    bow_tie = np.array([(0.0, 0.0), (10.0, 10.0), (0.0, 10.0), (10.0, 0.0)])
+    assert not _self_intersects(ellipse) and not _self_intersects(np.asarray(KEYHOLE))
+    assert _self_intersects(bow_tie) and _self_intersects(star)

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -166,11 +167,12 @@ class StageClock:
         return tuple(sorted(self.seconds.items()))
 
 
-def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock) -> list[Any] | Issue | Excluded:
+def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock, placed: Any = None) -> list[Any] | Issue | Excluded:
     """One file's samples, checked, with the job's channel count and their masks; or its Issue,
-    or its Excluded record (its header leaves it out: nothing is decoded)."""
+    or its Excluded record (its header leaves it out: nothing is decoded). ``placed``: what the
+    file's placement probe left (a file of a group: :meth:`~packer.read.kinds.Grouping.placed`)."""
     clock.switch("header")
-    probed = probe_for_read(ref, job)  # a DICOM file is parsed once, here, pixels included
+    probed = probe_for_read(ref, job, placed)  # a DICOM file is parsed once, here, pixels included
     if isinstance(probed, (Issue, Excluded)):
         return probed
     clock.switch("decode+transform")
@@ -272,8 +274,8 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
         raise ValueError(f"source kind {task.refs[0].kind!r} does not group files under this job")
     job = grouping.file_job(task.job)
     per_file: list[list[Sample]] = []
-    for ref in grouping.decoded(task.group):
-        outcome = _on_local_file(ref, task, listed, lambda local: _samples_of(local, job, clock), clock)
+    for ref, placed in zip(grouping.decoded(task.group), grouping.placed(task.group), strict=True):
+        outcome = _on_local_file(ref, task, listed, partial(_samples_of, job=job, clock=clock, placed=placed), clock)
         if isinstance(outcome, (Issue, Excluded)):
             state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
             others = [Issue.of(r, stage="validate", reason="series_incomplete",

@@ -63,22 +63,26 @@ def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | I
     return _probe(ref, job, keep=False, placement=True)
 
 
-def probe_for_read(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | Excluded:
+def probe_for_read(ref: SampleRef, job: JobConfig, placed: Any = None) -> tuple[SampleRef, Any] | Issue | Excluded:
     """:func:`probe_ref` for the pixel pass: the same outcome, plus what the read can reuse.
 
     A DICOM file is parsed whole, once; the parsed dataset comes back (pass it to
     ``read_sample(state=...)``), so the header is not parsed a second time. ``None`` in its
     place where the kind keeps nothing, and for a DICOM file that only a header-only read could parse.
+    ``placed``: what this file's placement probe left (:meth:`packer.read.kinds.Grouping.placed`):
+    a DICOM file found unchanged since is not checked twice.
     """
-    return _probe(ref, job, keep=True)
+    return _probe(ref, job, keep=True, placed=placed)
 
 
 def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
-           placement: bool = False) -> tuple[SampleRef, Any] | Issue | Excluded:
+           placement: bool = False, placed: Any = None) -> tuple[SampleRef, Any] | Issue | Excluded:
     """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's
     Issue, or its Excluded record (before any identity check: a file left out needs no label)."""
     source = next(s for s in job.sources if s.name == ref.source)
-    probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement)
+    # ``placed`` only where there is one: a kind whose grouping leaves nothing need not take it
+    extra = {"placed": placed} if placed is not None else {}
+    probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement, **extra)
     if isinstance(probed, (Issue, Excluded)):
         return probed
     ref = probed.ref

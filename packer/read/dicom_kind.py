@@ -30,6 +30,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
+from packer.read.dicom_attrs import record_time, text_value
 from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
@@ -41,9 +42,11 @@ from packer.read.dicom_masks import (
     with_mask,
 )
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
+from packer.read.dicom_series import HeaderFingerprint
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
 from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
 from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.storage import is_url
 from packer.transform.channels import check_channels
 from packer.transform.mask import transform_mask_dicom
 from packer.where import Condition
@@ -144,8 +147,21 @@ class DicomKind(SourceKind):
                               "from: dicom are painted on a series' slices; use frames: split")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue | Excluded:
-        from packer.read.dicom import probe_dicom
+              placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
+        """The header probe (:func:`~packer.read.dicom.probe_dicom`). With ``placed`` (the file's
+        :class:`~packer.read.dicom_series.HeaderFingerprint`) and ``keep``, a file the header
+        pass probed and finds the same is parsed whole without its header checks again
+        (:func:`~packer.read.dicom.reread_placed`); its entity, time and label attribute are read
+        as the probe reads them."""
+        from packer.read.dicom import probe_dicom, reread_placed
+
+        if keep and isinstance(placed, HeaderFingerprint):
+            ds = reread_placed(ref, placed)
+            if ds is not None:
+                attribute = source.target.attribute
+                return Probed(ref=replace(ref, entity=text_value(ds, source.entity),
+                                          time=record_time(ds, tuple(source.time))), state=ds,
+                              attribute=text_value(ds, attribute) if attribute else None)
 
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,
@@ -269,6 +285,13 @@ class DicomSeries(Grouping):
 
     def decoded(self, group: Series | AnnotatedSeries) -> Sequence[SampleRef]:
         return group.series.refs if isinstance(group, AnnotatedSeries) else group.refs
+
+    def placed(self, group: Series | AnnotatedSeries) -> Sequence[HeaderFingerprint | None]:
+        """Each image file's fingerprint from the header pass (local files only: a remote file's
+        header was read from a copy of its ranges)."""
+        series = group.series if isinstance(group, AnnotatedSeries) else group
+        prints = series.fingerprints or (None,) * len(series.refs)
+        return [None if is_url(ref.path) else fp for ref, fp in zip(series.refs, prints, strict=True)]
 
     def combine(self, group: Series | AnnotatedSeries, per_file: Sequence[list[Sample]], job: JobConfig
                 ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:

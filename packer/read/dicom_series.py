@@ -18,6 +18,18 @@ from packer.read.dicom_attrs import element, floats, functional_item, pixel_spac
 
 
 @dataclass(frozen=True)
+class HeaderFingerprint:
+    """The file as the header pass read it: its ``size`` and ``mtime_ns`` (from a stat before the
+    read) and how many top-level ``elements`` its header held (up to the pixel data). The pixel
+    pass trusts the checks the header pass made on a file it finds the same
+    (:func:`packer.read.dicom.reread_placed`)."""
+
+    size: int
+    mtime_ns: int
+    elements: int
+
+
+@dataclass(frozen=True)
 class SliceGeometry:
     """One file's series facts. ``positions``: Image Position (Patient) per frame (one entry for
     a single-frame file; ``None`` where a frame has none); ``orientation``: the six direction
@@ -35,6 +47,8 @@ class SliceGeometry:
     image_type: tuple[str, ...]
     #: SOP Instance UID: what an annotation's frames and contours reference
     sop_uid: str = ""
+    #: The file as the header pass read it (None where it could not be stat'ed)
+    fingerprint: HeaderFingerprint | None = None
 
     @property
     def frames(self) -> int:

@@ -62,7 +62,7 @@ class ImageKind(SourceKind):
                        sources=[s.name for s in sources], fix=fix)
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue:
+              placement: bool, placed: Any = None) -> Probed | Issue:
         from packer.read.image import probe_image
 
         header = probe_image(ref, limits=job.limits)

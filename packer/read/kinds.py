@@ -180,13 +180,16 @@ class SourceKind:
 
     # -- header and pixels (worker) ---------------------------------------------------------
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue | Excluded:
+              placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
         """Read ``ref``'s header (never its pixels, unless ``keep``: then the parsed file may be
         kept for :meth:`read`) and say what it gives (:class:`Probed`: entity and time where the
         kind reads them from headers; with ``placement``, the facts the kind's :class:`Grouping`
         needs), or the file's Issue, or (a file its header leaves out on purpose: the source's
         header ``where:``, an object that is no image) its Excluded record, before any pixel is
-        decoded. Identity checks (label, entity, time) are the caller's."""
+        decoded. Identity checks (label, entity, time) are the caller's. ``placed``: what the
+        placement probe of this file left for the pixel pass (:meth:`Grouping.placed`), which
+        may spare checks it made on the same bytes; passed only where there is one (a kind whose
+        grouping leaves nothing, or that has none, need not take it)."""
         raise NotImplementedError
 
     def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
@@ -281,6 +284,12 @@ class Grouping:
         """The files of ``group`` the pixel pass reads into samples, in order (default: all of
         ``group.refs``); the others (a series' SEG and RTSTRUCT) are read by :meth:`combine`."""
         return tuple(group.refs)
+
+    def placed(self, group: Any) -> Sequence[Any]:
+        """For each :meth:`decoded` file of ``group``, in that order, what its placement probe
+        left for the pixel pass's probe (:meth:`SourceKind.probe`'s ``placed``), or None. Default:
+        nothing (each file is probed again as any file)."""
+        return [None] * len(self.decoded(group))
 
     def combine(self, group: Any, per_file: Sequence[list[Sample]], job: JobConfig
                 ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:

@@ -168,7 +168,7 @@ class NiftiKind(SourceKind):
                                    "channels, or drop transform.channels")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool) -> Probed | Issue:
+              placement: bool, placed: Any = None) -> Probed | Issue:
         cfg: NiftiTransformConfig = job.settings(self.name)
         try:
             img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)

@@ -37,9 +37,13 @@ contour on a slice of the referenced series by position and fills it there:
 - **Skipped and noted**, never errors: ``POINT`` and ``OPEN_*`` contours (they enclose no area),
   degenerate contours (fewer than three distinct points, or all points on one line), ROIs with
   no contour, and a ``NumberOfContourPoints`` that disagrees with ``ContourData`` (the data is
-  used). Self-intersection is looked for (an O(n²) test of proper edge crossings) only in
-  contours of at most :data:`SELF_INTERSECTION_POINTS` points; longer ones are filled by the same
-  rule without the note.
+  used). Self-intersection is looked for (proper crossings among the edge pairs whose bounding
+  boxes overlap) only in contours of at most :data:`SELF_INTERSECTION_POINTS` points; longer
+  ones are filled by the same rule without the note.
+
+Contour items are read from their raw bytes where they are plainly encoded
+(:mod:`packer.read.rtstruct_items`: pydicom would build a Dataset for each contour and each of
+its image references), and parsed by pydicom otherwise, with the same outcome.
 
 Every defect of the file raises :class:`~packer.read.annotations.AnnotationError` with a reason:
 ``unreadable`` (not parseable, a missing or malformed sequence or value, a contour naming an ROI
@@ -60,15 +64,18 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from packer.read.annotations import AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
 
-#: Contours with more points are filled without the self-intersection test (O(n²) in memory and time).
+#: Contours with more points are filled without the self-intersection test (its pairs grow as n² at worst).
 SELF_INTERSECTION_POINTS = 512
+#: The convex shortcut of the self-intersection test is taken for contours within this many pixels
+#: of the grid's origin, where rounding stays far below the edge test's tolerance.
+CONVEX_EXTENT = 1e4
 #: A coordinate farther than this from the origin (mm) is not a patient coordinate.
 MAX_COORDINATE_MM = 1e6
 #: A contour whose distances to its two nearest slices differ by at most this (mm) is halfway: on neither.
 TIE_MM = 1e-3
-CONTOUR_DATA = 0x30060050
 
 
 @dataclass(frozen=True)
@@ -149,22 +156,21 @@ def _number(ds: Dataset, keyword: str, path: str, where: str) -> int:
     return int(str(value).strip())
 
 
-def _coordinates(item: Dataset, path: str, where: str) -> np.ndarray:
+def _raw_values(value: bytes) -> np.ndarray:
+    """A DS value's raw text as float64 values (a few times faster than pydicom's DSfloat each)."""
+    text = value.decode("ascii").strip(" \x00")
+    return np.array(text.split("\\"), dtype=np.float64) if text else np.zeros(0)
+
+
+def _coordinates(item: Dataset | RawContour, path: str, where: str) -> np.ndarray:
     """ContourData as N×3 float64, parsed from the raw DS text where pydicom has not converted it
     yet (a few times faster than converting each value to DSfloat)."""
-    if CONTOUR_DATA not in item:
-        raise AnnotationError("unreadable", f"{path}: {where} has no ContourData (3006,0050) (Type 1); re-export it")
-    element = item.get_item(CONTOUR_DATA)
-    value = element.value if element is not None else None
-    if isinstance(element, RawDataElement) and isinstance(value, bytes):
-        text = value.decode("ascii").strip(" \x00")
-        flat = np.array(text.split("\\"), dtype=np.float64) if text else np.zeros(0)
-    elif value is None or value == "":
-        flat = np.zeros(0)
-    elif isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        flat = np.array([float(value)], dtype=np.float64)
+    if isinstance(item, RawContour):
+        if item.data is None:
+            raise _no_contour_data(path, where)
+        flat = _raw_values(item.data)
     else:
-        flat = np.array([float(v) for v in value], dtype=np.float64)
+        flat = _dataset_coordinates(item, path, where)
     if flat.size % 3:
         raise AnnotationError("unreadable", (
             f"{path}: {where} ContourData holds {flat.size} values, not x, y, z triplets; re-export the structure set"))
@@ -175,7 +181,28 @@ def _coordinates(item: Dataset, path: str, where: str) -> np.ndarray:
     return flat.reshape(-1, 3)
 
 
-def _contour(item: Dataset, index: int, path: str, where: str) -> _Contour:
+def _no_contour_data(path: str, where: str) -> AnnotationError:
+    return AnnotationError("unreadable", f"{path}: {where} has no ContourData (3006,0050) (Type 1); re-export it")
+
+
+def _dataset_coordinates(item: Dataset, path: str, where: str) -> np.ndarray:
+    if CONTOUR_DATA not in item:
+        raise _no_contour_data(path, where)
+    element = item.get_item(CONTOUR_DATA)
+    value = element.value if element is not None else None
+    if isinstance(element, RawDataElement) and isinstance(value, bytes):
+        return _raw_values(value)
+    if value is None or value == "":
+        return np.zeros(0)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return np.array([float(value)], dtype=np.float64)
+    return np.array([float(v) for v in value], dtype=np.float64)
+
+
+def _contour(item: Dataset | RawContour, index: int, path: str, where: str) -> _Contour:
+    if isinstance(item, RawContour):  # read from the raw bytes (packer.read.rtstruct_items)
+        return _Contour(index=index, kind=item.kind, points=_coordinates(item, path, where),
+                        image_uids=item.image_uids, image_frames=item.image_frames, declared=item.declared)
     kind = str(item.get("ContourGeometricType", "") or "").strip().upper()
     points = _coordinates(item, path, where)
     declared_raw = item.get("NumberOfContourPoints")
@@ -194,8 +221,11 @@ def _contour(item: Dataset, index: int, path: str, where: str) -> _Contour:
                     declared=declared)
 
 
-def _structure(ds: Dataset, path: str) -> tuple[list[tuple[int, str]], dict[int, list[Dataset]]]:
-    """The declared ROIs (number, name) in file order, and each ROI number's contour items."""
+def _structure(ds: Dataset, path: str, walk_raw: bool = True
+               ) -> tuple[list[tuple[int, str]], dict[int, list[Dataset | RawContour]]]:
+    """The declared ROIs (number, name) in file order, and each ROI number's contour items: read
+    from their raw bytes where :func:`~packer.read.rtstruct_items.contour_items` can (and
+    ``walk_raw``), else the Datasets pydicom builds."""
     declared: list[tuple[int, str]] = []
     seen: set[int] = set()
     for k, roi in enumerate(_items(ds, "StructureSetROISequence", path, "the structure set", required=True)):
@@ -210,7 +240,7 @@ def _structure(ds: Dataset, path: str) -> tuple[list[tuple[int, str]], dict[int,
         declared.append((number, name or f"(unnamed ROI {number})"))
     if not declared:
         raise AnnotationError("unreadable", f"{path}: its StructureSetROISequence declares no ROI; nothing to paint")
-    contours: dict[int, list[Dataset]] = {}
+    contours: dict[int, list[Dataset | RawContour]] = {}
     for k, roi_contour in enumerate(_items(ds, "ROIContourSequence", path, "the structure set", required=True)):
         where = f"ROIContourSequence item {k + 1}"
         number = _number(roi_contour, "ReferencedROINumber", path, where)
@@ -218,8 +248,9 @@ def _structure(ds: Dataset, path: str) -> tuple[list[tuple[int, str]], dict[int,
             raise AnnotationError("unreadable", (
                 f"{path}: {where} references ROINumber {number}, which StructureSetROISequence does not declare "
                 f"(it declares {sorted(seen)}); re-export the structure set"))
+        raw = contour_items(roi_contour) if walk_raw else None
         contours.setdefault(number, []).extend(
-            _items(roi_contour, "ContourSequence", path, where, required=False))
+            raw if raw is not None else _items(roi_contour, "ContourSequence", path, where, required=False))
     return declared, contours
 
 
@@ -364,19 +395,48 @@ def _degenerate(pixels: np.ndarray) -> bool:
     return float(np.abs(centred[:, 0] * far[1] - centred[:, 1] * far[0]).max()) / length < 1e-6
 
 
+def _convex(delta: np.ndarray) -> bool:
+    """Whether the closed polygon whose edge vectors are ``delta`` (in order, none zero) is
+    convex: every turn the same way, well clear of straight (by 1e-9 of the two edges' lengths'
+    product, far above rounding), and one full turn in all. Such a polygon is simple, so no
+    two of its edges cross: each of its vertices lies strictly on one side of every edge's line."""
+    following = np.roll(delta, -1, axis=0)
+    turn = delta[:, 0] * following[:, 1] - delta[:, 1] * following[:, 0]
+    margin = 1e-9 * np.hypot(delta[:, 0], delta[:, 1]) * np.hypot(following[:, 0], following[:, 1])
+    if not (bool((turn > margin).all()) or bool((turn < -margin).all())):
+        return False
+    dot = delta[:, 0] * following[:, 0] + delta[:, 1] * following[:, 1]
+    return abs(abs(float(np.arctan2(turn, dot).sum())) - 2 * np.pi) < 0.5  # a star winds 4π or more
+
+
 def _self_intersects(pixels: np.ndarray) -> bool:
     """Whether two edges of the closed polygon cross properly (touching and collinear overlaps,
-    as in a keyhole's channel, do not count). Edge pairs whose bounding boxes overlap are found
-    by an n × n comparison, and only those are tested: O(n²) booleans, so only for short contours."""
+    as in a keyhole's channel, do not count). None of a convex polygon's do (:func:`_convex`).
+    Otherwise only edge pairs whose bounding boxes overlap are
+    tested, found by sort and sweep: edges sorted by their lowest row, each paired with the
+    edges after it that start at or above its highest row, then kept where their column ranges
+    overlap too (the pairs of an n × n box comparison, at O(n log n) plus the pairs found)."""
     start = pixels
     end = np.roll(pixels, -1, axis=0)
+    delta = end - start
+    if float(np.abs(pixels).max()) <= CONVEX_EXTENT and _convex(delta):
+        return False
     low, high = np.minimum(start, end), np.maximum(start, end)
-    boxes = np.triu((low[:, None, 0] <= high[None, :, 0]) & (low[None, :, 0] <= high[:, None, 0])
-                    & (low[:, None, 1] <= high[None, :, 1]) & (low[None, :, 1] <= high[:, None, 1]), k=2)
-    i, j = np.nonzero(boxes)
+    n = len(pixels)
+    order = np.argsort(low[:, 0], kind="stable")
+    reach = np.searchsorted(low[order, 0], high[order, 0], side="right")  # sorted edges p+1 .. reach-1 overlap p
+    counts = reach - np.arange(n) - 1
+    total = int(counts.sum())
+    if not total:
+        return False
+    first = np.repeat(np.arange(n), counts)
+    second = first + 1 + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    a, b = order[first], order[second]
+    i, j = np.minimum(a, b), np.maximum(a, b)
+    keep = (j - i >= 2) & (low[i, 1] <= high[j, 1]) & (low[j, 1] <= high[i, 1])
+    i, j = i[keep], j[keep]
     if not i.size:
         return False
-    delta = end - start
     scale = 1e-9 * max(float(np.abs(delta).max()), 1.0) ** 2
 
     def side(edge: np.ndarray, point: np.ndarray) -> np.ndarray:
@@ -397,7 +457,7 @@ def _matches_reference(contour: _Contour, place: SlicePlace) -> bool:
     return not contour.image_frames or place.frame + 1 in contour.image_frames
 
 
-def _parse(name: str, items: list[Dataset], path: str) -> list[_Contour]:
+def _parse(name: str, items: list[Dataset | RawContour], path: str) -> list[_Contour]:
     return [_contour(item, index, path, f"ROI {name!r} ContourSequence item {index + 1}")
             for index, item in enumerate(items)]
 
@@ -432,7 +492,7 @@ def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace]
 
 
 def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, painter: Painter, *,
-                   dataset: Dataset | None = None) -> Drawn:
+                   dataset: Dataset | None = None, walk_raw: bool = True) -> Drawn:
     """Paint the RT Structure Set at ``path`` (or its already read ``dataset``) onto ``painter``,
     whose D slices are ``slices`` (the referenced series in order along its normal).
 
@@ -441,6 +501,10 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     source=ROIName)`` with the even-odd fill of all its closed contours there (see the module
     docstring for slice matching and the boundary rule). Two ROIs of one class are their union;
     an overlap of two classes is the painter's policy. Returns the unmapped ROI names and notes.
+
+    ``walk_raw``: read the contour items from their raw bytes where they are plainly encoded
+    (:mod:`packer.read.rtstruct_items`); False lets pydicom build a Dataset for each (the same
+    outcome, slower: what the raw walk is tested against).
 
     Raises :class:`AnnotationError` and nothing else for a defect of the file: ``unreadable``,
     ``annotation_unmapped`` (no ROI maps: with the closest names), ``contour_off_slice``,
@@ -452,7 +516,7 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     # pydicom parses a sequence and converts a value when first accessed, so a damaged file
     # fails here, with any exception a parser can raise: all of them are this file's defect
     try:
-        declared, items = _structure(ds, path)
+        declared, items = _structure(ds, path, walk_raw)
         for number, name in declared:
             structure = rois.by_name(name)
             if structure is None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.config import DicomTransformConfig, SeriesConfig
-from packer.read.dicom_series import SliceGeometry
+from packer.read.dicom_series import HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.volume import build_volume, resampled_shape, stack_affine
 
@@ -62,6 +62,8 @@ class Series:
     rows: int = 0
     columns: int = 0
     step: tuple[float, float, float] = (0.0, 0.0, 1.0)
+    #: Each file of ``refs`` as the header pass read it (:attr:`SliceGeometry.fingerprint`), where known
+    fingerprints: tuple[HeaderFingerprint | None, ...] = ()
 
     def affine(self) -> np.ndarray:
         """The stack's 4×4 affine as assembled (D along the sorted normal, H down, W across)."""
@@ -191,7 +193,8 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                   slices=tuple((index[i], frame) for _, i, frame in slices), steps=tuple(float(s) for s in steps),
                   origin=(float(first_pos[0]), float(first_pos[1]), float(first_pos[2])),
                   orientation=tuple(float(v) for v in base), pixel_spacing=first.spacing, rows=first.rows,
-                  columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])))
+                  columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])),
+                  fingerprints=tuple(members[i][1].fingerprint for i in order))
 
 
 def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, int]:
