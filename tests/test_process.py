@@ -392,6 +392,10 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "split.pinned": _setting("split", "pinned", st.none() | NAMES.map(Path)),
     "split.pinned_spec": _setting("split", "pinned_spec", st.none() | NAMES),
     "split.duplicates": _setting("split", "duplicates", st.sampled_from(["group", "fail", "report"])),
+    # label conflicts among copies are found on the client, from the pixel pass's digests and targets
+    "split.label_conflict": _setting("split", "label_conflict", st.sampled_from(["warn", "fail", "drop_group"])),
+    "split.label_tolerance": _setting("split", "label_tolerance", st.floats(0, 10)),
+    "split.mask_dice": _setting("split", "mask_dice", st.floats(0, 1)),
     "split.near_auto": _setting("split", "near_auto", st.booleans()),  # how near_enabled was decided
     "split.near_neighbors": _setting("split", "near_neighbors", st.integers(1, 64)),
     "split.near_min_score": _setting("split", "near_min_score", st.floats(0, 1)),
