@@ -226,7 +226,7 @@ def test_open_reads_a_version_folder_its_manifest_and_a_registry_copy(tmp_path: 
 
 def readme_python_example() -> str:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### From Python: `packer.build`", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("\n## From Python: `packer.build`", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert blocks, "the README's From Python section has no python example"
     return "\n".join(blocks)
