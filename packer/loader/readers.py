@@ -343,9 +343,71 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
         _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
                               "per-sample checksums)")
         return None
-    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
-    sums = table[INDEX_COLUMN].to_numpy().astype(np.uint64)
-    return tuple(sums[lo:hi] for lo, hi in bounds)
+    return _checksums_by_shard(info, index_bytes)
+
+
+#: numpy's spelling of the integer types an index's numeric and dictionary-index columns have
+_INTEGERS = {"int8": "<i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+             "uint8": "<u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8"}
+
+
+def _integers(column: Any, where: str) -> np.ndarray:
+    """An integer Arrow column without nulls as a numpy array, read from its value buffer.
+
+    Not ``to_numpy``: pyarrow's conversion imports pandas on first use (0.3-0.4 s of a fresh
+    process, measured), and this runs where every ``ShardDataset`` is made."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    dtype = _INTEGERS.get(str(array.type))
+    if dtype is None or array.null_count:
+        raise IntegrityError(f"{where}: _index.parquet has a {array.type} column with {array.null_count} nulls "
+                             "where packer writes whole integers; rebuild the dataset")
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array))[array.offset:]
+
+
+def _checksums_by_shard(info: SplitInfo, index_bytes: bytes) -> tuple[np.ndarray, ...]:
+    """Each of ``info``'s shards' checksums by position, from the index's bytes: the rows of
+    the split, ordered by (shard, position), checked against the manifest's sample counts as
+    :func:`split_index_rows` checks them, with the string columns read as dictionaries and no
+    array converted by ``to_numpy`` (see :func:`_integers`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = f"{info.manifest}"
+    try:
+        table = pq.ParquetFile(pa.BufferReader(index_bytes), read_dictionary=["split", "shard"]).read(
+            columns=["split", "shard", "position", INDEX_COLUMN], use_threads=False)
+    except (pa.ArrowException, KeyError) as err:
+        raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
+                             "rebuild the dataset") from err
+
+    def names_and_codes(name: str) -> tuple[list[str], np.ndarray]:
+        column = table[name].combine_chunks()
+        return [str(value.as_py()) for value in column.dictionary], _integers(column.indices, where)
+
+    splits, split_codes = names_and_codes("split")
+    rows = (np.flatnonzero(split_codes == splits.index(info.split)) if info.split in splits
+            else np.zeros(0, dtype=np.int64))
+    shard_names, shard_codes = names_and_codes("shard")
+    by_name = {name: code for code, name in enumerate(shard_names)}
+    codes, positions = shard_codes[rows], _integers(table["position"], where)[rows]
+    sums = _integers(table[INDEX_COLUMN], where)[rows].astype(np.uint64)
+    order = np.lexsort((positions, codes))  # by shard, then position
+    sorted_codes = codes[order]
+    per_shard, listed = [], 0
+    for shard in info.shards:
+        code = by_name.get(shard.file, -1)
+        lo, hi = (int(np.searchsorted(sorted_codes, code, side)) for side in ("left", "right"))
+        if hi - lo != shard.samples:
+            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {shard.file}, the "
+                                 f"manifest says {shard.samples}; the index does not belong to this manifest: "
+                                 "restore it or rebuild the dataset")
+        listed += hi - lo
+        per_shard.append(sums[order[lo:hi]])
+    if listed != len(rows):
+        raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
+    return tuple(per_shard)
 
 
 def _warn_unchecked(info: SplitInfo, why: str) -> None:
