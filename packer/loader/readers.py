@@ -281,9 +281,13 @@ def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
     ordered by shard (manifest order) and position, and each shard's (start, end) rows in it:
     row ``start + i`` is sample ``i`` of the shard. ``IntegrityError`` when the index is missing,
     unreadable, lacks a column or disagrees with the manifest. ``data``: the index's bytes where
-    the caller has already read (and checked) them."""
+    the caller has already read (and checked) them.
+
+    The split and shard columns are read as dictionaries and the row order is worked out on the
+    arrays' buffers (:func:`_integers`), never through ``to_numpy`` or a Python-valued compute
+    call: pyarrow imports pandas for those on first use, 0.3-0.4 s of a fresh process, and every
+    checked ``ShardDataset`` comes here."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     where = f"{info.manifest}"
@@ -293,28 +297,36 @@ def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
         # when the interpreter exits makes std::terminate abort the process: exit 134, "terminate
         # called without an active exception" (apache/arrow#34314), in 1 of ~10 runs of a view.
         data = _index_bytes(info, verify=verify) if data is None else data
-        table = pq.ParquetFile(pa.BufferReader(data)).read(
+        table = pq.ParquetFile(pa.BufferReader(data), read_dictionary=["split", "shard"]).read(
             columns=list(dict.fromkeys(["split", "shard", "position", *columns])), use_threads=False)
     except (pa.ArrowException, KeyError) as err:
         raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
                              "rebuild the dataset") from err
-    table = table.filter(pc.equal(table["split"], info.split))
-    shard = table["shard"].to_numpy(zero_copy_only=False).astype(str)
-    order = np.lexsort((table["position"].to_numpy(), shard))
-    table, shard = table.take(pa.array(order)), shard[order]
-    files = np.array([s.file for s in info.shards], dtype=str)
-    starts = np.searchsorted(shard, files, side="left")
-    ends = np.searchsorted(shard, files, side="right")
-    bounds = []
-    for s, lo, hi in zip(info.shards, starts.tolist(), ends.tolist(), strict=True):
-        if hi - lo != s.samples:
-            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {s.file}, the manifest "
+
+    def names_and_codes(name: str) -> tuple[list[str], np.ndarray]:
+        column = table[name].combine_chunks()
+        return [str(value.as_py()) for value in column.dictionary], _integers(column.indices, where)
+
+    splits, split_codes = names_and_codes("split")
+    rows = (np.flatnonzero(split_codes == splits.index(info.split)) if info.split in splits
+            else np.zeros(0, dtype=np.int64))
+    shard_names, shard_codes = names_and_codes("shard")
+    rank_of = {s.file: k for k, s in enumerate(info.shards)}  # a shard the manifest does not list ranks last
+    ranks = np.array([rank_of.get(name, len(info.shards)) for name in shard_names], dtype=np.int64)[shard_codes[rows]]
+    order = rows[np.lexsort((_integers(table["position"], where)[rows], ranks))].astype(np.int64)
+    counts = np.bincount(ranks, minlength=len(info.shards) + 1)
+    bounds, start = [], 0
+    for s, count in zip(info.shards, counts.tolist(), strict=False):
+        if count != s.samples:
+            raise IntegrityError(f"{where}: _index.parquet lists {count} samples of shard {s.file}, the manifest "
                                  f"says {s.samples}; the index does not belong to this manifest: restore it or "
                                  "rebuild the dataset")
-        bounds.append((lo, hi))
-    if int((ends - starts).sum()) != len(shard):
+        bounds.append((start, start + count))
+        start += count
+    if counts[len(info.shards)]:
         raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
-    return table, bounds
+    taken = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)])  # pa.array(numpy): pandas
+    return table.take(taken), bounds
 
 
 def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
@@ -343,7 +355,9 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
         _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
                               "per-sample checksums)")
         return None
-    return _checksums_by_shard(info, index_bytes)
+    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
+    sums = _integers(table[INDEX_COLUMN], f"{info.manifest}").astype(np.uint64)
+    return tuple(sums[lo:hi] for lo, hi in bounds)
 
 
 #: numpy's spelling of the integer types an index's numeric and dictionary-index columns have
@@ -363,51 +377,9 @@ def _integers(column: Any, where: str) -> np.ndarray:
     if dtype is None or array.null_count:
         raise IntegrityError(f"{where}: _index.parquet has a {array.type} column with {array.null_count} nulls "
                              "where packer writes whole integers; rebuild the dataset")
+    if not len(array):  # an empty array may have no value buffer at all
+        return np.zeros(0, dtype=dtype)
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array))[array.offset:]
-
-
-def _checksums_by_shard(info: SplitInfo, index_bytes: bytes) -> tuple[np.ndarray, ...]:
-    """Each of ``info``'s shards' checksums by position, from the index's bytes: the rows of
-    the split, ordered by (shard, position), checked against the manifest's sample counts as
-    :func:`split_index_rows` checks them, with the string columns read as dictionaries and no
-    array converted by ``to_numpy`` (see :func:`_integers`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    where = f"{info.manifest}"
-    try:
-        table = pq.ParquetFile(pa.BufferReader(index_bytes), read_dictionary=["split", "shard"]).read(
-            columns=["split", "shard", "position", INDEX_COLUMN], use_threads=False)
-    except (pa.ArrowException, KeyError) as err:
-        raise IntegrityError(f"{where}: the sample index is not a readable packer index ({err}); "
-                             "rebuild the dataset") from err
-
-    def names_and_codes(name: str) -> tuple[list[str], np.ndarray]:
-        column = table[name].combine_chunks()
-        return [str(value.as_py()) for value in column.dictionary], _integers(column.indices, where)
-
-    splits, split_codes = names_and_codes("split")
-    rows = (np.flatnonzero(split_codes == splits.index(info.split)) if info.split in splits
-            else np.zeros(0, dtype=np.int64))
-    shard_names, shard_codes = names_and_codes("shard")
-    by_name = {name: code for code, name in enumerate(shard_names)}
-    codes, positions = shard_codes[rows], _integers(table["position"], where)[rows]
-    sums = _integers(table[INDEX_COLUMN], where)[rows].astype(np.uint64)
-    order = np.lexsort((positions, codes))  # by shard, then position
-    sorted_codes = codes[order]
-    per_shard, listed = [], 0
-    for shard in info.shards:
-        code = by_name.get(shard.file, -1)
-        lo, hi = (int(np.searchsorted(sorted_codes, code, side)) for side in ("left", "right"))
-        if hi - lo != shard.samples:
-            raise IntegrityError(f"{where}: _index.parquet lists {hi - lo} samples of shard {shard.file}, the "
-                                 f"manifest says {shard.samples}; the index does not belong to this manifest: "
-                                 "restore it or rebuild the dataset")
-        listed += hi - lo
-        per_shard.append(sums[order[lo:hi]])
-    if listed != len(rows):
-        raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
-    return tuple(per_shard)
 
 
 def _warn_unchecked(info: SplitInfo, why: str) -> None:
@@ -563,12 +535,16 @@ def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect
     if found == expected:
         return result
     also = f" (reading it also failed: {result.reason}: {result.message})" if isinstance(result, SampleDefect) else ""
-    return SampleDefect(
-        "checksum_mismatch",
-        f"expected xxh3 {describe(expected)} (recorded in _index.parquet at build time), found {describe(found)}: the "
-        f"sample's bytes changed after the build (disk, copy or cache damage){also}; restore {info.location} from a "
-        "good copy or rebuild the dataset, and run `packer verify` on the version folder to name every damaged "
-        "sample", result.key)
+    return SampleDefect("checksum_mismatch", mismatch_message(expected, found, info.location, also), result.key)
+
+
+def mismatch_message(expected: int, found: int, location: str, also: str = "") -> str:
+    """What a ``checksum_mismatch`` says (after the shard and the key): the two checksums, what
+    happened, and the fix; ``location``: the shard's path or URL."""
+    return (f"expected xxh3 {describe(expected)} (recorded in _index.parquet at build time), found {describe(found)}: "
+            f"the sample's bytes changed after the build (disk, copy or cache damage){also}; restore {location} "
+            "from a good copy or rebuild the dataset, and run `packer verify` on the version folder to name every "
+            "damaged sample")
 
 
 def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from packer.errors import ConfigError
-from packer.loader.readers import ShardReadError, load_split, split_index_rows
-from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
+from packer.loader.readers import ShardReadError, load_split, mismatch_message, split_index_rows
+from packer.shards.checksum import INDEX_COLUMN, members_checksum
 
 
 def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verify: str = "sample",
@@ -83,11 +83,8 @@ def check_sample(sample: dict[str, Any], *, expected: Mapping[str, int] | None,
                                  "version; restore it or rebuild the dataset", shard=shard, key=key)
         found = members_checksum(key, members)
         if found != want:
-            raise ShardReadError(
-                f"{shard}: sample {key}: checksum_mismatch: expected xxh3 {describe(want)} (recorded in "
-                f"_index.parquet at build time), found {describe(found)}: the sample's bytes changed after the "
-                f"build; restore {sample.get('__url__')} from a good copy or rebuild the dataset, and run "
-                "`packer verify` on the version folder to name every damaged sample", shard=shard, key=key)
+            raise ShardReadError(f"{shard}: sample {key}: checksum_mismatch: "
+                                 f"{mismatch_message(want, found, str(sample.get('__url__')))}", shard=shard, key=key)
     if "cls" in members:
         sample["__label_name__"] = names.get(int(members["cls"]))
     return sample

@@ -27,11 +27,7 @@ import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
 from packer.shards.checksum import (
-    SampleHasher,
-    int_bytes,
-    little_endian,
     parquet_cells_checksum,
-    shape_bytes,
 )
 from packer.shards.encode import EncodedSample
 from packer.shards.members import NPY_HEAD, Decoded, SampleDefect, npy_layout
@@ -216,8 +212,12 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                     mask_cells = [column[r].as_py() for column in masks] if masks is not None else None
                     checksum = None
                     if checksums:
-                        checksum = _row_checksum(key, label, shape_cell, dtype_name, buffers[2], start, stop, record,
-                                                 target, target_mask, mask_cells)
+                        mask, mask_shape, mask_dtype = mask_cells if mask_cells is not None else (None, None, None)
+                        checksum = parquet_cells_checksum(key, {  # the image straight from the batch's buffer
+                            "label": label, "shape": shape_cell, "dtype": dtype_name,
+                            "image": memoryview(buffers[2])[start:stop] if buffers[2] is not None else b"",
+                            "metadata": record, "target": target, "target_mask": target_mask,
+                            "mask": mask, "mask_shape": mask_shape, "mask_dtype": mask_dtype})
                     if math.prod(shape) * dtype.itemsize != stop - start:
                         yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
                                                 key, checksum=checksum)
@@ -252,31 +252,6 @@ def _mask_cell(cells: list[Any] | None) -> np.ndarray | None:
         return None
     data, shape, dtype = cells
     return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
-
-
-def _row_checksum(key: str, label: int | None, shape: list[int], dtype: str, images: Any, start: int, stop: int,
-                  record: str | None, target: np.ndarray | None, target_mask: np.ndarray | None,
-                  mask_cells: list[Any] | None) -> int:
-    """The checksum of one row's cells as read, in :data:`packer.shards.checksum.PARQUET_FIELDS`
-    order (a test keeps the two in step), the image hashed straight from the batch's Arrow buffer."""
-    hasher = SampleHasher(key)
-    if label is not None:
-        hasher.add("label", int_bytes(label))
-    hasher.add("shape", shape_bytes(shape))
-    hasher.add("dtype", dtype.encode("utf-8"))
-    hasher.add("image", memoryview(images)[start:stop] if images is not None else b"")
-    if record is not None:
-        hasher.add("metadata", record.encode("utf-8"))
-    if target is not None:
-        hasher.add("target", little_endian(target))
-    if target_mask is not None:
-        hasher.add("target_mask", little_endian(target_mask))
-    if mask_cells is not None:
-        mask, mask_shape, mask_dtype = mask_cells
-        hasher.add("mask", mask)
-        hasher.add("mask_shape", shape_bytes(mask_shape))
-        hasher.add("mask_dtype", mask_dtype.encode("utf-8"))
-    return hasher.value()
 
 
 def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:
