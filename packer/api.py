@@ -4,7 +4,7 @@
 
     manifest = packer.build("workflows/demo.yaml", out="build", workers=2)   # -> Manifest
     result = packer.validate("workflows/demo.yaml")                          # -> ValidationResult
-    manifest = packer.open("build/demo/2cb4c601fccb")                        # -> Manifest
+    manifest = packer.open("build/demo/e06ad6a0d9d0")                        # -> Manifest
 
 ``packer build`` and ``packer validate`` are thin layers over :func:`run_build` and
 :func:`validate`: the same job, the same options, the same bytes, the same errors. A job is a
@@ -193,8 +193,9 @@ class ValidationResult:
         """Raise LeakageError (4) when an audit rule failed, else BadFractionError (3) when the
         bad fraction is over the limit; return when the check passed (warnings do not fail it)."""
         if self.exit_code == LeakageError.exit_code:
-            failed = [f"{name} ({rule['count']})" for name, rule in self.report["audit"]["rules"].items()
-                      if rule["severity"] == "fail" and not rule["passed"]]
+            from packer.pipeline.datacheck import failed_rules
+
+            failed = [f"{name} ({count})" for name, count in failed_rules(self.report).items()]
             raise LeakageError(f"{self.report['job']}: the split audit failed: {', '.join(failed)}; the "
                                "findings say which entities or samples (ValidationResult.findings)")
         if self.exit_code == BadFractionError.exit_code:

@@ -207,13 +207,18 @@ def format_summary(result: ValidateResult) -> str:
     if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
         lines.append(f"  the findings name samples by key: `packer locate {result.job.job_path} KEY ...` prints "
                      "their files (raw paths: keep them local)")
-    failed = [name for name, rule in doc["audit"]["rules"].items() if not rule["passed"] and rule["severity"] == "fail"]
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
-               4: f"the split audit failed: {', '.join(failed) or 'leakage'} (exit 4)"}[result.exit_code]
+               4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else ""))
     return "\n".join(lines)
+
+
+def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
+    """The audit rules that failed the check in ``doc`` (:func:`summary`'s report): name → count."""
+    return {name: rule["count"] for name, rule in doc["audit"]["rules"].items()
+            if rule["severity"] == "fail" and not rule["passed"]}
 
 
 def write_json(result: ValidateResult, path: Path) -> None:
