@@ -361,7 +361,8 @@ class ShardDataset(PlannedDataset):
     ``_index.parquet`` records for it (xxh3-64 over all the sample's packed members:
     :mod:`packer.shards.checksum`; a flipped byte in the pixels, the label, the record or the
     mask is a ``checksum_mismatch`` naming the shard, the key, the expected and the found
-    checksum), for a few percent of read throughput; ``"shard"`` hashes each whole shard with
+    checksum; what it costs is measured in ``benchmarks/RESULTS.md``: 2-22% of the peer
+    harness's read throughput over five runs, 16-30% of a one-process loader's); ``"shard"`` hashes each whole shard with
     sha256 before reading it (each worker hashes the shards it reads); ``"off"`` checks only
     shard sizes. ``True`` and ``False``, the values before there were modes, mean ``"shard"``
     and ``"off"``. A dataset built before per-sample checksums is read unchecked under
