@@ -362,11 +362,11 @@ class ShardDataset(PlannedDataset):
     :mod:`packer.shards.checksum`; a flipped byte in the pixels, the label, the record or the
     mask is a ``checksum_mismatch`` naming the shard, the key, the expected and the found
     checksum; what it costs is measured in ``benchmarks/RESULTS.md``: 2-22% of the peer
-    harness's read throughput over five runs, 16-30% of a one-process loader's); ``"shard"`` hashes each whole shard with
-    sha256 before reading it (each worker hashes the shards it reads); ``"off"`` checks only
-    shard sizes. ``True`` and ``False``, the values before there were modes, mean ``"shard"``
-    and ``"off"``. A dataset built before per-sample checksums is read unchecked under
-    ``"sample"``, with a warning.
+    harness's read throughput over five runs, 16-30% of a one-process loader's);
+    ``"shard"`` hashes each whole shard with sha256 before reading it (each worker hashes the
+    shards it reads); ``"off"`` checks only shard sizes. ``True`` and ``False``, the values
+    before there were modes, mean ``"shard"`` and ``"off"``. A dataset built before per-sample
+    checksums is read unchecked under ``"sample"``, with a warning.
     ``transform(image) -> tensor`` runs in the worker with torch/numpy/random seeded from
     ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
     ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
