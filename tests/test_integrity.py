@@ -22,12 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from loader_fixtures import make_sample, write_manifest
+from loader_fixtures import make_sample, sample_image, write_manifest
 
 from packer.errors import ConfigError, IntegrityError
 from packer.loader import ShardDataset, ShardReadError, make_loader
 from packer.manifest import seal_manifest
 from packer.pipeline.publish import IndexColumns, write_index
+from packer.shards.checksum import SampleHasher
 from packer.shards.encode import EncodedSample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import npy_bytes, write_tar_shard
@@ -198,6 +199,74 @@ def test_workers_check_too_and_an_intact_dataset_reads_whole(tmp_path, fmt):
     damage(manifest, fmt, "pixels")
     with pytest.raises(ShardReadError, match=f"sample {DAMAGED}: checksum_mismatch"):
         list(make_loader(ShardDataset(manifest, "train"), 2, 2))
+
+
+@pytest.mark.parametrize("what,workers", [("pixels", 0), ("mask", 0), ("label", 0), ("pixels", 2)])
+@pytest.mark.parametrize("fmt,read", [("webdataset", "mapped"), ("webdataset", "positional"), ("parquet", "mapped")])
+def test_where_the_batch_is_stacked_the_copy_is_checked_before_it_is_delivered(tmp_path, monkeypatch, fmt, read,
+                                                                              what, workers):
+    """make_loader's stacking collate: the check hashes each image where it is copied into the
+    batch (one read of the shard's bytes, not two); a flipped byte still raises the same error,
+    and under on_error="skip" the batch comes without the sample, its rows the intact images."""
+    manifest = build(tmp_path / "v", fmt)
+    expected = recorded(manifest, DAMAGED)
+    damage(manifest, fmt, what)
+    if read == "positional":
+        monkeypatch.setenv("PACKER_TAR_MMAP", "0")
+    with pytest.raises(ShardReadError) as err:
+        list(make_loader(ShardDataset(manifest, "train", shuffle=False), 4, workers))
+    message = str(err.value)
+    assert f"{SHARD[fmt]}: sample {DAMAGED}: checksum_mismatch" in message
+    assert f"expected xxh3 {expected:016x}" in message
+    if fmt == "webdataset":
+        assert f"found {framed(DAMAGED, tar_members(manifest.parent / SHARD[fmt], DAMAGED)):016x}" in message
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False, on_error="skip"), 4, workers)
+    batches = list(loader)
+    keys = [key for batch in batches for key in batch["key"]]
+    assert keys == [f"s{i:05d}" for i in range(sum(SIZES)) if i != 4]
+    assert [len(batch["key"]) for batch in batches] == [4, 2]  # the damaged sample's batch, rebuilt without it
+    assert loader.skipped == 1 and "checksum_mismatch" in loader.skipped_samples[0]
+    for batch in batches:
+        for key, image in zip(batch["key"], batch["image"], strict=True):
+            assert np.array_equal(image.numpy(), sample_image(int(key[1:])))
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_a_sample_in_a_stacked_batch_that_fails_its_check_is_replaced_as_uneven_pad_promises(tmp_path, fmt):
+    """uneven="pad" keeps every batch full: the damaged sample's place (the first of its batch)
+    is taken by a repeat of the sample read before it, and every image is still the intact one."""
+    manifest = build(tmp_path / "v", fmt)
+    damage(manifest, fmt, "pixels")
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False, on_error="skip", uneven="pad"), 4)
+    batches = list(loader)
+    assert [batch["key"] for batch in batches] == [["s00000", "s00001", "s00002", "s00003"],
+                                                   ["s00003", "s00005", "s00006"]]
+    assert loader.skipped == 1 and "replaced by a repeat of s00003" in loader.skipped_samples[0]
+    for batch in batches:
+        assert batch["image"].shape == (len(batch["key"]), *sample_image(0).shape)
+        for key, image in zip(batch["key"], batch["image"], strict=True):
+            assert np.array_equal(image.numpy(), sample_image(int(key[1:])))
+
+
+def test_a_deferred_payload_gives_the_checksum_of_the_fields_hashed_whole():
+    """The loader hashes a sample's pixels last, where it copies them into the batch: the value
+    is the definition's, over the original or any byte-for-byte copy, and any flip changes it."""
+    pixels = bytes(range(256)) * 3
+    whole = framed("s1", [("cls", b"2"), ("npy", b"HEAD" + pixels), ("mask.npy", b"mask")])
+    hasher = SampleHasher("s1")
+    hasher.add("cls", b"2")
+    hasher.defer("npy", b"HEAD", nbytes=len(pixels))
+    hasher.add("mask.npy", b"mask")  # a field after the deferred one waits for it
+    assert hasher.deferred
+    assert hasher.finish(pixels) == whole
+    assert hasher.finish(np.frombuffer(pixels, np.uint8).copy()) == whole  # again, over a copy
+    flipped = bytearray(pixels)
+    flipped[500] ^= 0x01
+    assert hasher.finish(flipped) != whole
+    with pytest.raises(ValueError, match="767 bytes given, 768 deferred"):
+        hasher.finish(pixels[:-1])
+    with pytest.raises(ValueError, match="use finish"):
+        hasher.value()
 
 
 def test_the_recorded_checksum_is_xxh3_over_every_member_in_shard_order(tmp_path):

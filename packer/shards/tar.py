@@ -34,7 +34,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, BinaryIO, Protocol
+from typing import IO, Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -395,7 +395,8 @@ def map_shard(fh: BinaryIO) -> mmap.mmap | None:
 
 
 def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None, *,
-                    checksum: bool = False) -> Decoded | SampleDefect:
+                    checksum: bool = False, defer: Callable[[SampleHasher], Any] | None = None
+                    ) -> Decoded | SampleDefect:
     """Decode one scanned sample's ``.npy`` member and, where present, its ``.cls`` and
     ``.target.npy`` members from the open shard ``fh``.
 
@@ -405,9 +406,10 @@ def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = 
     (seek + read) and decoded by :func:`~packer.shards.members.decode_members`. ``checksum``:
     also read the ``.json`` member and hash every member as read into ``Decoded.checksum``
     (:mod:`packer.shards.checksum`; the pixels are hashed where they land, not read twice).
+    ``defer``: see :func:`_pread_sample`.
     """
     if mapped is not None or _PREAD:
-        return _pread_sample(fh.fileno(), sample, mapped, checksum=checksum)
+        return _pread_sample(fh.fileno(), sample, mapped, checksum=checksum, defer=defer)
     exts = list(sample.members) if checksum else [ext for ext in ("cls", "npy", *SMALL_MEMBERS)
                                                      if ext in sample.members]
     data = read_member_bytes(fh, sample, exts or ["npy"])
@@ -439,7 +441,8 @@ def _pread_member(fd: int, key: str, ext: str, at: int, size: int,
 
 
 def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *,
-                  checksum: bool = False) -> Decoded | SampleDefect:
+                  checksum: bool = False, defer: Callable[[SampleHasher], Any] | None = None
+                    ) -> Decoded | SampleDefect:
     """Decode one sample from the shard open as ``fd``, copying its pixels once (or, from the
     map ``mapped``, not at all).
 
@@ -452,6 +455,10 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
     ``.target.npy`` and ``.target_mask.npy`` members are read whole. Any other pixel npy form
     is read whole and goes through ``decode_members``, with the same
     messages. ``checksum``: every member is hashed as read (the pixels before any byte swap).
+    ``defer`` (with ``checksum`` and ``mapped``): an image that is a view of the map (native byte
+    order) is not hashed here; ``Decoded.pending`` is ``defer(hasher)``, the hasher holding the
+    hash up to the image (:meth:`~packer.shards.checksum.SampleHasher.finish` over the image's
+    bytes is the checksum), and ``Decoded.checksum`` is None.
     """
     key, members = sample.key, sample.members
     if "npy" not in members:
@@ -512,17 +519,25 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
         if _read_into(fd, image, npy_at + start) != image.nbytes:
             return SampleDefect("truncated", f"{key}.npy is cut short", key)
     found: int | None = None
+    pending: SampleHasher | None = None
     if checksum:  # the pixels as they sit in the shard: before any byte swap
         hasher = SampleHasher(key)
+        # a view of the map, left for the loader to hash where it copies it (Decoded.pending)
+        later = defer is not None and mapped is not None and dtype.isnative and image.nbytes > 0
         for name in members:
-            if name == "npy":
+            if name == "npy" and later:
+                hasher.defer(name, head[:start], nbytes=image.nbytes)
+            elif name == "npy":
                 hasher.add(name, head[:start], image)
             else:
                 hasher.add(name, got[name])
-        found = hasher.value()
+        if defer is not None and later:
+            pending = defer(hasher)
+        else:
+            found = hasher.value()
     if not dtype.isnative:
         image = (image.byteswap(inplace=mapped is None)).view(dtype.newbyteorder("="))
-    return Decoded.of(key, image, small, checksum=found)
+    return Decoded.of(key, image, small, checksum=found, pending=pending)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
