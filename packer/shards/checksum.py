@@ -76,6 +76,23 @@ class SampleHasher:
         #: The bytes :meth:`finish` must be given
         self._owed = 0
 
+    @classmethod
+    def up_to(cls, key: str, before: Sequence[tuple[str, bytes]], name: str, head: bytes, nbytes: int,
+              after: Sequence[tuple[str, bytes]] = ()) -> SampleHasher:
+        """The hasher of sample ``key`` whose small fields ``before`` come first, then field
+        ``name`` (``head`` and ``nbytes`` deferred bytes: :meth:`defer`), then ``after``: what
+        ``add``/``defer`` would make, framed into one buffer and hashed in one call (the
+        loader does this for every sample it reads)."""
+        encoded = key.encode("utf-8")
+        hasher = cls.__new__(cls)
+        hasher._hash = xxhash.xxh3_64(b"".join([
+            b"key\0", _LENGTH(len(encoded)), encoded,
+            *[_head(field) + _LENGTH(len(data)) + data for field, data in before],
+            _head(name), _LENGTH(len(head) + nbytes), head]))
+        hasher._tail = [(field, (data,)) for field, data in after]
+        hasher._owed = nbytes
+        return hasher
+
     def add(self, name: str, *pieces: Buffer) -> None:
         """One field: ``name`` and its payload, the concatenation of ``pieces`` (any buffer)."""
         if self._tail is not None:

@@ -521,20 +521,16 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
     found: int | None = None
     pending: SampleHasher | None = None
     if checksum:  # the pixels as they sit in the shard: before any byte swap
-        hasher = SampleHasher(key)
-        # a view of the map, left for the loader to hash where it copies it (Decoded.pending)
-        later = defer is not None and mapped is not None and dtype.isnative and image.nbytes > 0
-        for name in members:
-            if name == "npy" and later:
-                hasher.defer(name, head[:start], nbytes=image.nbytes)
-            elif name == "npy":
-                hasher.add(name, head[:start], image)
-            else:
-                hasher.add(name, got[name])
-        if defer is not None and later:
-            pending = defer(hasher)
+        order = list(members)
+        at = order.index("npy")
+        before = [(name, got[name]) for name in order[:at]]
+        after = [(name, got[name]) for name in order[at + 1:]]
+        if defer is not None and mapped is not None and dtype.isnative and image.nbytes > 0:
+            # a view of the map: hashed by the loader where it copies it (Decoded.pending)
+            pending = defer(SampleHasher.up_to(key, before, "npy", bytes(head[:start]), image.nbytes, after))
         else:
-            found = hasher.value()
+            hasher = SampleHasher.up_to(key, before, "npy", bytes(head[:start]), image.nbytes, after)
+            found = hasher.finish(image)
     if not dtype.isnative:
         image = (image.byteswap(inplace=mapped is None)).view(dtype.newbyteorder("="))
     return Decoded.of(key, image, small, checksum=found, pending=pending)
