@@ -13,6 +13,11 @@ Per-sample checks: where a shard's :class:`ShardInfo` carries ``checksums`` (the
 every reader hashes each sample's bytes as it reads them (:mod:`packer.shards.checksum`; the
 pixels where they land, never read twice) and :func:`against_index` turns a mismatch into a
 ``checksum_mismatch`` failure naming the shard, the key, the expected and the found checksum.
+With ``defer`` (what :class:`~packer.loader.ShardDataset` asks for), an image that is a view of
+the shard's bytes (a memory-mapped tar member, an Arrow buffer) is not hashed here: the sample
+comes with a :class:`PendingCheck` that the dataset settles before handing the sample on, over
+the image where it is delivered, or over its row of the batch where make_loader's stacking
+collate copies it anyway (the bytes then come out of memory once, not twice).
 
 Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
 in ascending position order, whatever is wrong with the file: the caller decides whether a
