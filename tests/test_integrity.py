@@ -28,7 +28,6 @@ from packer.errors import ConfigError, IntegrityError
 from packer.loader import ShardDataset, ShardReadError, make_loader
 from packer.manifest import seal_manifest
 from packer.pipeline.publish import IndexColumns, write_index
-from packer.shards.checksum import SampleHasher
 from packer.shards.encode import EncodedSample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import npy_bytes, write_tar_shard
@@ -205,9 +204,10 @@ def test_workers_check_too_and_an_intact_dataset_reads_whole(tmp_path, fmt):
 @pytest.mark.parametrize("fmt,read", [("webdataset", "mapped"), ("webdataset", "positional"), ("parquet", "mapped")])
 def test_where_the_batch_is_stacked_the_copy_is_checked_before_it_is_delivered(tmp_path, monkeypatch, fmt, read,
                                                                               what, workers):
-    """make_loader's stacking collate: the check hashes each image where it is copied into the
-    batch (one read of the shard's bytes, not two); a flipped byte still raises the same error,
-    and under on_error="skip" the batch comes without the sample, its rows the intact images."""
+    """make_loader's stacking collate, in the main process and in workers: a flipped byte raises
+    the same error, and under on_error="skip" the batch comes without the sample, its rows the
+    intact images (what any change to where the check runs, such as hashing the batch's copy
+    of each image, must keep)."""
     manifest = build(tmp_path / "v", fmt)
     expected = recorded(manifest, DAMAGED)
     damage(manifest, fmt, what)
@@ -246,27 +246,6 @@ def test_a_sample_in_a_stacked_batch_that_fails_its_check_is_replaced_as_uneven_
         assert batch["image"].shape == (len(batch["key"]), *sample_image(0).shape)
         for key, image in zip(batch["key"], batch["image"], strict=True):
             assert np.array_equal(image.numpy(), sample_image(int(key[1:])))
-
-
-def test_a_deferred_payload_gives_the_checksum_of_the_fields_hashed_whole():
-    """The loader hashes a sample's pixels last, where it copies them into the batch: the value
-    is the definition's, over the original or any byte-for-byte copy, and any flip changes it."""
-    pixels = bytes(range(256)) * 3
-    whole = framed("s1", [("cls", b"2"), ("npy", b"HEAD" + pixels), ("mask.npy", b"mask")])
-    hasher = SampleHasher("s1")
-    hasher.add("cls", b"2")
-    hasher.defer("npy", b"HEAD", nbytes=len(pixels))
-    hasher.add("mask.npy", b"mask")  # a field after the deferred one waits for it
-    assert hasher.deferred
-    assert hasher.finish(pixels) == whole
-    assert hasher.finish(np.frombuffer(pixels, np.uint8).copy()) == whole  # again, over a copy
-    flipped = bytearray(pixels)
-    flipped[500] ^= 0x01
-    assert hasher.finish(flipped) != whole
-    with pytest.raises(ValueError, match="767 bytes given, 768 deferred"):
-        hasher.finish(pixels[:-1])
-    with pytest.raises(ValueError, match="use finish"):
-        hasher.value()
 
 
 def test_the_recorded_checksum_is_xxh3_over_every_member_in_shard_order(tmp_path):

@@ -160,20 +160,3 @@ def test_collate_outside_workers_keeps_the_items_tensors():
     batch = collate_list(items)
     assert type(batch["image"]) is ImageBatch
     assert all(a is it["image"] for a, it in zip(batch["image"], items, strict=True))
-
-
-def test_images_that_are_already_the_rows_of_one_tensor_are_that_tensor_not_a_copy():
-    """make_loader's dataset copies each checked image into its row of the batch; the stacking
-    collate then hands that tensor on instead of copying it again. Anything else is stacked."""
-    rows = torch.arange(48, dtype=torch.uint8).reshape(4, 3, 2, 2).clone()  # a tensor of its own, not a view
-    items = [{"image": rows[i], "label": torch.tensor(i), "key": f"k{i}"} for i in range(4)]
-    batch = collate_stack(items)
-    assert batch["image"].data_ptr() == rows.data_ptr() and torch.equal(batch["image"], rows)
-    first = collate_stack(items[:3])  # a batch that lost its last sample: the first rows
-    assert first["image"].data_ptr() == rows.data_ptr() and torch.equal(first["image"], rows[:3])
-    for others in ([items[1], items[0], items[2], items[3]], items[1:],
-                   [items[0], {**items[1], "image": rows[1].clone()}, items[2], items[3]]):
-        stacked = collate_stack(others)
-        assert stacked["image"].data_ptr() != rows.data_ptr()
-        assert torch.equal(stacked["image"], torch.stack([item["image"] for item in others]))
-    assert batch["key"] == ["k0", "k1", "k2", "k3"] and batch["label"].tolist() == [0, 1, 2, 3]

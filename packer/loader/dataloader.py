@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
-from packer.loader.dataset import Item, PlannedDataset, shared_empty
+from packer.loader.dataset import Item, PlannedDataset
 from packer.loader.readers import ShardReadError
 from packer.loader.sharding import Segment, derive_seed
 
@@ -71,7 +71,7 @@ class ImageBatch(list):  # type: ignore[type-arg]
         """Copy ``images`` (plain CPU tensors of one dtype, see :func:`packable`) into one flat
         tensor, in shared memory if ``shared``, and return the batch of its views."""
         total = sum(im.numel() for im in images)
-        flat = shared_empty((total,), images[0]) if shared else images[0].new_empty((total,))
+        flat = _shared_empty((total,), images[0]) if shared else images[0].new_empty((total,))
         batch = _views_of(flat, [tuple(im.shape) for im in images])
         for view, image in zip(batch, images, strict=True):
             view.copy_(image)
@@ -110,6 +110,13 @@ def _views_of(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> ImageBat
     batch = ImageBatch(views)
     batch._flat, batch._views = flat, tuple(views)
     return batch
+
+
+def _shared_empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of ``like``'s dtype in shared memory: what a DataLoader worker
+    fills so that handing it over is not one more copy (as torch's ``default_collate`` does)."""
+    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
+    return like.new(storage).resize_(shape)
 
 
 class MixedShapesError(ConfigError, RuntimeError):
@@ -173,43 +180,21 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
     source, their sources) and the three fixes, instead of torch's "stack expects each tensor
     to be equal size". In a DataLoader worker the batch is stacked straight into shared
-    memory, so it reaches the main process as one block. Images that are already the
-    consecutive rows of one tensor (:func:`make_loader`'s dataset copies them there as it
-    checks them) are that tensor, not copied again.
+    memory, so it reaches the main process as one block.
     """
     images = [item["image"] for item in items]
     if images and any(not isinstance(im, torch.Tensor) or im.shape != images[0].shape for im in images):
         raise MixedShapesError(f"this batch mixes image shapes {describe_mixed(items, shapes)}, which cannot be "
                                f"stacked into one tensor; {MIXED_FIXES}")
-    image = _rows_of_one(images)
-    if image is None:
-        shared = get_worker_info() is not None and packable(images)
-        out = shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
-        image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
+    shared = get_worker_info() is not None and packable(images)
+    out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
+    image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
     masks = [item["mask"] for item in items if "mask" in item]
     if masks and any(m.shape != masks[0].shape for m in masks):  # images alike, masks not: frames differ
         raise MixedShapesError(f"this batch's masks have shapes {sorted({tuple(m.shape) for m in masks})}; "
                                f"{MIXED_FIXES}")
     return {"image": image, **({"mask": torch.stack(masks)} if masks else {}), **_targets(items),
             "key": [item["key"] for item in items]}
-
-
-def _rows_of_one(images: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The tensor whose consecutive rows, from the first, ``images`` are (the batch
-    :meth:`~packer.loader.dataset.PlannedDataset.iter_batches` already copied them into, in
-    shared memory in a worker), or None: then they are stacked."""
-    if not images:
-        return None
-    base = images[0]._base
-    if base is None or not base.is_contiguous() or base.shape[1:] != images[0].shape or len(images) > base.shape[0]:
-        return None
-    if get_worker_info() is not None and not base.is_shared():
-        return None
-    step, start = math.prod(base.shape[1:]), base.storage_offset()
-    for n, im in enumerate(images):
-        if im._base is not base or im.storage_offset() != start + n * step or not im.is_contiguous():
-            return None
-    return base if len(images) == base.shape[0] else base[:len(images)]
 
 
 def collate_list(items: list[Item]) -> dict[str, Any]:
@@ -246,7 +231,7 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     height, width = max(im.shape[1] for im in images), max(im.shape[2] for im in images)
     shape = (len(images), images[0].shape[0], height, width)
     shared = get_worker_info() is not None and packable(images)
-    image = shared_empty(shape, images[0]) if shared else images[0].new_empty(shape)
+    image = _shared_empty(shape, images[0]) if shared else images[0].new_empty(shape)
     image.zero_()
     for i, im in enumerate(images):
         image[i, :, :im.shape[1], :im.shape[2]].copy_(im)
@@ -283,15 +268,13 @@ class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
     def __init__(self, *, dataset: PlannedDataset, batch_size: int, drop_last: bool,
-                 collate: Callable[[list[Item]], dict[str, Any]], stacked: bool = False) -> None:
+                 collate: Callable[[list[Item]], dict[str, Any]]) -> None:
         super().__init__()
         self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
-        #: ``collate`` is packer's stacking one (images may arrive as the rows of their batch)
-        self.stacked = stacked
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused, tuple[str, ...]]]:
         batches = self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
-                                            collate=self.collate, stacked=self.stacked)
+                                            collate=self.collate)
         try:
             yield from batches
         except MixedShapesError as err:
@@ -359,8 +342,7 @@ class ShardLoader:
         workers = num_workers > 0
         self.dataloader = DataLoader(
             _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last,
-                         collate=_collate_for(dataset, collate),
-                         stacked=collate == "stack" or collate is collate_stack),
+                         collate=_collate_for(dataset, collate)),
             batch_size=None,
             num_workers=num_workers,
             collate_fn=_passthrough,

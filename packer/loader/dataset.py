@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 from collections import Counter
@@ -38,7 +37,6 @@ from packer.loader.readers import (
     load_split,
     load_view,
     read_shard,
-    settle_now,
 )
 from packer.loader.record import SampleRecord
 from packer.loader.sharding import (
@@ -233,14 +231,10 @@ class PlannedDataset(IterableDataset):
             return (r + 1) * n // w - r * n // w
         return -(-n // w) if self.uneven == "pad" else n // w
 
-    def _filled_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray,
-                        place: Callable[[int, Decoded], Decoded | Failure] | None = None
+    def _filled_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray
                         ) -> Iterator[tuple[int, int, Decoded | None, str | None]]:
         """(index into ``plan.ids``, sample id, decoded or None, skip description or None).
 
-        A sample whose per-sample check the reader left pending (``Decoded.pending``) is
-        settled first, by ``place(index, decoded)`` (which copies its image into the batch and
-        checks the copy) or else over its own image: a mismatch is a failure like any other.
         A failure raises (``on_error="raise"``) or is described. With ``uneven`` ``pad`` or
         ``drop`` a failure carries a stand-in instead of None: the last readable sample of
         this worker, or, before the first one, the next (the failures wait for it).
@@ -249,8 +243,6 @@ class PlannedDataset(IterableDataset):
         last: tuple[int, Decoded] | None = None
         waiting: list[tuple[int, str]] = []
         for i, result in self._worker_results(order, plan, indices):
-            if type(result) is Decoded and result.pending is not None:
-                result = settle_now(result) if place is None else place(i, result)
             if isinstance(result, Failure):
                 if self.on_error == "raise":
                     raise result.error()
@@ -305,7 +297,7 @@ class PlannedDataset(IterableDataset):
                 yield self._item(order, sample_id, decoded)
 
     def iter_batches(self, *, batch_size: int, drop_last: bool,
-                     collate: Callable[[list[Item]], dict[str, Any]], stacked: bool = False
+                     collate: Callable[[list[Item]], dict[str, Any]]
                      ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
         """This worker's batches: (collated batch, descriptions of the samples skipped in it).
 
@@ -313,23 +305,14 @@ class PlannedDataset(IterableDataset):
         samples were all skipped (``uneven="exact"`` only; ``pad``/``drop`` fill skipped
         places, see the class) is still yielded (empty), so batches stay countable.
         With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
-
-        ``stacked``: ``collate`` stacks the images into one B×… tensor and takes images that
-        are already the consecutive rows of one (packer's stack collate). Then, where no
-        ``transform`` runs, each image whose check is pending is copied into its row of the
-        batch as it arrives and checked there, while the copy is in cache
-        (:class:`BatchRows`): the check and the batch's one copy read the shard's bytes once.
         """
         order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
         worker, workers = self._worker()
         indices = worker_indices(len(plan.ids), batch_size=batch_size, num_workers=workers, worker=worker)
-        rows = BatchRows(batch_size, len(plan.ids), shared=get_worker_info() is not None) \
-            if stacked and self._rows_allowed() else None
         items: list[Item] = []
         skipped: list[str] = []
         current = -1
-        for i, sample_id, decoded, why in self._filled_results(order, plan, indices,
-                                                               rows.place if rows is not None else None):
+        for i, sample_id, decoded, why in self._filled_results(order, plan, indices):
             batch = i // batch_size
             if batch != current:
                 if current >= 0:
@@ -338,85 +321,9 @@ class PlannedDataset(IterableDataset):
             if why is not None:
                 skipped.append(why)
             if decoded is not None:
-                item = self._item(order, sample_id, decoded)
-                if rows is not None:
-                    row = rows.row_of(i, decoded)
-                    if row is not None:
-                        item["image"] = row
-                items.append(item)
+                items.append(self._item(order, sample_id, decoded))
         if current >= 0:
             yield collate(items), tuple(skipped)
-
-    def _rows_allowed(self) -> bool:
-        """Whether an item's image is its decoded image as read, so that it may be a row of the
-        batch (:class:`BatchRows`): not where a ``transform`` makes it something else."""
-        return False
-
-
-class BatchRows:
-    """The rows of the batch being filled, for :meth:`PlannedDataset.iter_batches` with a
-    stacking collate: the one copy of each image the batch needs is made here, as the sample
-    arrives, and its pending check (:class:`~packer.loader.readers.PendingCheck`) hashes the
-    copy while it is in cache, instead of reading the shard's bytes once more before the
-    collate copies them. A sample delivered is always a checked one: a mismatch is a failure
-    before the sample is handed on (raised, or skipped and counted, as any other).
-
-    A batch's tensor is made when its first sample arrives, shaped by it (rows: what is left
-    of the rank's sequence, at most ``batch_size``), in shared memory in a DataLoader worker.
-    An image of another shape or dtype is checked over itself and left for the collate.
-    """
-
-    def __init__(self, batch_size: int, total: int, *, shared: bool) -> None:
-        self.batch_size, self.total, self.shared = batch_size, total, shared
-        self._batch = -1
-        self._tensor: torch.Tensor | None = None
-        self._array: np.ndarray | None = None
-        #: The decoded sample each row was filled from (None: not filled)
-        self._filled: list[Decoded | None] = []
-
-    def place(self, index: int, decoded: Decoded) -> Decoded | Failure:
-        """Copy sample ``index``'s image into its row and settle its pending check over the
-        copy: ``decoded``, or the ``checksum_mismatch`` failure."""
-        batch, row = divmod(index, self.batch_size)
-        image = decoded.image
-        if batch != self._batch:
-            self._start(batch, image)
-        array = self._array
-        if (array is None or image.shape != array.shape[1:] or image.dtype != array.dtype
-                or decoded.pending.settled):
-            return settle_now(decoded)
-        np.copyto(array[row], image, casting="no")
-        failure: Failure | None = decoded.pending.settle(decoded.key, array[row])
-        if failure is not None:
-            return failure
-        self._filled[row] = decoded
-        return decoded
-
-    def row_of(self, index: int, decoded: Decoded) -> torch.Tensor | None:
-        """The batch row that holds ``decoded``'s image (a view of the batch's tensor), or None
-        where it was not copied there (a stand-in repeat, another shape)."""
-        batch, row = divmod(index, self.batch_size)
-        if batch != self._batch or self._tensor is None or self._filled[row] is not decoded:
-            return None
-        return self._tensor[row]
-
-    def _start(self, batch: int, image: np.ndarray) -> None:
-        rows = min(self.batch_size, self.total - batch * self.batch_size)
-        self._batch, self._filled = batch, [None] * rows
-        self._tensor = self._array = None
-        if not image.dtype.isnative or rows <= 0:
-            return
-        like = torch.from_numpy(image.reshape(-1)[:0])  # torch's dtype for the image's
-        shape = (rows, *image.shape)
-        self._tensor = shared_empty(shape, like) if self.shared else torch.empty(shape, dtype=like.dtype)
-        self._array = self._tensor.numpy()
-
-
-def shared_empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor of ``like``'s dtype in shared memory: what a DataLoader worker
-    fills so that handing it over is not one more copy (as torch's ``default_collate`` does)."""
-    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
-    return like.new(storage).resize_(shape)
 
 
 class ShardDataset(PlannedDataset):
@@ -544,9 +451,6 @@ class ShardDataset(PlannedDataset):
         return epoch_order(self._counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                            buffer=self.shuffle_buffer)
 
-    def _rows_allowed(self) -> bool:
-        return self.transform is None
-
     # -- reading --------------------------------------------------------------------
     def _read_in_order(self, order: EpochOrder, ids: np.ndarray) -> Iterator[Decoded | Failure]:
         """Results for ``ids`` in that order; shards are read in stream order, the rest held."""
@@ -570,13 +474,13 @@ class ShardDataset(PlannedDataset):
                 if self.view is None:
                     for pos, result in read_shard(self.info.format, self.info.shards[k], positions.tolist(),
                                                   self._check, strict=self.on_error == "raise",
-                                                  verify=self.verify == "shard", defer=True):
+                                                  verify=self.verify == "shard"):
                         yield base + pos, result
                     continue
                 # a view: ask the shard for the chosen samples' own positions, hand out the view's
                 chosen = self.view.positions[k][positions].tolist()
                 results = read_shard(self.info.format, self.info.shards[k], chosen, self._check,
-                                     strict=self.on_error == "raise", verify=self.verify == "shard", defer=True)
+                                     strict=self.on_error == "raise", verify=self.verify == "shard")
                 for pos, (_, result) in zip(positions.tolist(), results, strict=True):
                     yield base + pos, result
 

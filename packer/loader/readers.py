@@ -13,11 +13,6 @@ Per-sample checks: where a shard's :class:`ShardInfo` carries ``checksums`` (the
 every reader hashes each sample's bytes as it reads them (:mod:`packer.shards.checksum`; the
 pixels where they land, never read twice) and :func:`against_index` turns a mismatch into a
 ``checksum_mismatch`` failure naming the shard, the key, the expected and the found checksum.
-With ``defer`` (what :class:`~packer.loader.ShardDataset` asks for), an image that is a view of
-the shard's bytes (a memory-mapped tar member, an Arrow buffer) is not hashed here: the sample
-comes with a :class:`PendingCheck` that the dataset settles before handing the sample on, over
-the image where it is delivered, or over its row of the batch where make_loader's stacking
-collate copies it anyway (the bytes then come out of memory once, not twice).
 
 Every reader yields exactly one ``(position, Decoded | Failure)`` per requested position,
 in ascending position order, whatever is wrong with the file: the caller decides whether a
@@ -68,7 +63,7 @@ from packer import storage
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
-from packer.shards.checksum import INDEX_COLUMN, SampleHasher, describe, members_checksum
+from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import (
     TarIndex,
@@ -531,8 +526,6 @@ def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect
     bytes cannot be had at all keeps its defect."""
     if info.checksums is None:
         return result
-    if isinstance(result, Decoded) and result.pending is not None:  # a PendingCheck: settled by the dataset
-        return result
     found: int | SampleDefect | None = result.checksum
     if found is None and recompute is not None:
         found = recompute()
@@ -543,69 +536,6 @@ def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect
         return result
     also = f" (reading it also failed: {result.reason}: {result.message})" if isinstance(result, SampleDefect) else ""
     return SampleDefect("checksum_mismatch", mismatch_message(expected, found, info.location, also), result.key)
-
-
-class PendingCheck:
-    """A sample's ``verify="sample"`` check with its pixels still to hash (``Decoded.pending``
-    after :func:`against_index`): the reader hashed everything else and left the pixels for the
-    one copy the loader makes of them anyway (the stacked batch), where they are in cache
-    (:meth:`packer.loader.dataset.PlannedDataset.iter_batches`), or, where no copy is made, for
-    a pass over the image itself (:meth:`settle`). The dataset settles it once, before the
-    sample goes anywhere: a mismatch is a ``checksum_mismatch`` :class:`Failure`, handled like
-    any other (raised, or skipped and counted)."""
-
-    __slots__ = ("hasher", "expected", "shard", "location", "position", "settled")
-
-    def __init__(self, hasher: SampleHasher, expected: int, shard: str, location: str, position: int) -> None:
-        self.hasher, self.expected, self.shard, self.location, self.position = (
-            hasher, expected, shard, location, position)
-        #: Whether :meth:`settle` has run (and found the sample good)
-        self.settled = False
-
-    def settle(self, key: str, pixels: np.ndarray) -> Failure | None:
-        """None when ``pixels`` (the image's bytes as stored, or a byte-for-byte copy of them)
-        complete the recorded checksum, else the ``checksum_mismatch`` failure naming the shard,
-        the key and both checksums."""
-        found = self.hasher.finish(pixels)
-        if found != self.expected:
-            return Failure(self.shard, self.position, key, "checksum_mismatch",
-                           mismatch_message(self.expected, found, self.location))
-        self.settled = True
-        return None
-
-
-def checked_outcome(check: SampleCheck, result: Decoded | SampleDefect) -> Decoded | SampleDefect:
-    """``check.outcome(result)``; where that refuses a sample whose checksum is still pending,
-    the pending check runs first, so that damage after the build is named as such
-    (``checksum_mismatch``) rather than as the shape or label the damage made wrong."""
-    outcome = check.outcome(result)
-    if isinstance(outcome, SampleDefect) and isinstance(result, Decoded) and result.pending is not None:
-        pending = result.pending
-        found = pending.hasher.finish(result.image)
-        if found != pending.expected:
-            also = f" (reading it also failed: {outcome.reason}: {outcome.message})"
-            return SampleDefect("checksum_mismatch", mismatch_message(pending.expected, found, pending.location, also),
-                                result.key)
-    return outcome
-
-
-def pending_check(info: ShardInfo, position: int, hasher: SampleHasher) -> PendingCheck:
-    """The pending check of sample ``position`` of shard ``info`` (which has ``checksums``),
-    from the reader's ``hasher`` with the pixels deferred: a shard reader's ``defer``."""
-    if info.checksums is None:
-        raise ValueError(f"{info.location}: no checksums to check sample {position} against")
-    return PendingCheck(hasher, int(info.checksums[position]), info.file, info.location, position)
-
-
-def settle_now(decoded: Decoded) -> Decoded | Failure:
-    """``decoded`` once its pending check (if any) has passed over its own image, else the
-    ``checksum_mismatch`` failure: for samples no packer collate copies (plain iteration, a
-    user's collate, a transform)."""
-    pending = decoded.pending
-    if pending is None or pending.settled:
-        return decoded
-    failure: Failure | None = pending.settle(decoded.key, decoded.image)
-    return decoded if failure is None else failure
 
 
 def mismatch_message(expected: int, found: int, location: str, also: str = "") -> str:
@@ -670,18 +600,15 @@ _TAR_INDEX = _IndexCache()
 
 
 def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
-             strict: bool, verify: bool, defer: bool = False) -> Iterator[tuple[int, Decoded | Failure]]:
+             strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of a tar shard, read front to back with skips.
 
     ``strict``: a size/hash mismatch fails every position (else, for size only, the
     readable prefix is still read). ``verify``: compare the sha256 first. An I/O error
     fails the positions not yet read. A remote shard is streamed (:func:`read_remote`).
-    ``defer`` (with ``info.checksums``): a sample whose image is a view of the shard's map comes
-    with its check pending (``Decoded.pending``, a :class:`PendingCheck`), for the caller to
-    settle before delivering it; any other sample is checked here.
     """
     if info.url is not None and info.cache is not None:
-        yield from _read_cached(read_tar, info, positions, check, strict=strict, verify=verify, defer=defer)
+        yield from _read_cached(read_tar, info, positions, check, strict=strict, verify=verify)
         return
     if info.url is not None:
         yield from read_remote(info, positions, check, strict=strict, verify=verify)
@@ -708,12 +635,10 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:
                     sample = index.samples[pos]
-                    result = read_tar_sample(fh, sample, mapped, checksum=info.checksums is not None,
-                                             defer=functools.partial(pending_check, info, pos)
-                                             if defer and info.checksums is not None else None)
+                    result = read_tar_sample(fh, sample, mapped, checksum=info.checksums is not None)
                     if info.checksums is not None:
                         result = against_index(info, pos, result, functools.partial(tar_sample_checksum, fh, sample))
-                    result = checked_outcome(check, result)
+                    result = check.outcome(result)
                     if check.records and isinstance(result, Decoded):
                         result = _with_record(result, read_member_bytes(fh, sample, ["json"]))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
@@ -725,13 +650,12 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
 
 
 def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
-                 strict: bool, verify: bool, defer: bool = False) -> Iterator[tuple[int, Decoded | Failure]]:
-    """Samples at ``positions`` (ascending) of a Parquet shard, memory-mapped, in record batches;
-    ``defer`` as in :func:`read_tar` (for images in native byte order)."""
+                 strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
+    """Samples at ``positions`` (ascending) of a Parquet shard, memory-mapped, in record batches."""
     import pyarrow as pa
 
     if info.url is not None and info.cache is not None:
-        yield from _read_cached(read_parquet, info, positions, check, strict=strict, verify=verify, defer=defer)
+        yield from _read_cached(read_parquet, info, positions, check, strict=strict, verify=verify)
         return
     if info.url is not None:
         yield from read_remote(info, positions, check, strict=strict, verify=verify)
@@ -742,12 +666,12 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
         return
     if problem is not None:
         _read_anyway(info, problem)
-    yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check, defer=defer)
+    yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check)
 
 
 def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]], info: ShardInfo,
                  positions: Sequence[int], check: SampleCheck, *, strict: bool,
-                 verify: bool, defer: bool = False) -> Iterator[tuple[int, Decoded | Failure]]:
+                 verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
     """A remote shard read from its cache entry (downloaded once per machine, held while read)."""
     if info.cache is None or info.url is None:
         raise ValueError("_read_cached needs a remote shard with a cache")
@@ -759,7 +683,7 @@ def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]],
             yield from _fail(info, positions, "unreadable", f"through the shard cache {info.cache.folder}: {err}")
             return
         yield from reader(replace(info, path=path, url=None, cache=None), positions, check, strict=strict,
-                          verify=verify, defer=defer)
+                          verify=verify)
 
 
 def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
@@ -767,18 +691,15 @@ def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) 
         yield pos, Failure(info.file, pos, None, reason, message)
 
 
-def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int], check: SampleCheck, *,
-                       defer: bool = False) -> Iterator[tuple[int, Decoded | Failure]]:
+def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
+                       check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of the Parquet shard ``info``, read from ``source``
     (a memory map or a seekable binary file) by :func:`packer.shards.parquet.read_parquet_samples`."""
     from packer.shards.parquet import read_parquet_samples  # pyarrow: imported by Parquet readers only
 
-    checked = info.checksums is not None
     for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS,
-                                            records=check.records, checksums=checked,
-                                            defer=functools.partial(pending_check, info) if defer and checked
-                                            else None):
-        outcome = checked_outcome(check, against_index(info, pos, result) if checked else result)
+                                            records=check.records, checksums=info.checksums is not None):
+        outcome = check.outcome(against_index(info, pos, result) if info.checksums is not None else result)
         yield pos, outcome if isinstance(outcome, Decoded) else Failure.of(info.file, pos, outcome)
 
 
@@ -898,7 +819,7 @@ def _with_record(decoded: Decoded, members: dict[str, bytes] | SampleDefect) -> 
 
 
 def read_shard(fmt: str, info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
-               strict: bool, verify: bool, defer: bool = False) -> Iterator[tuple[int, Decoded | Failure]]:
+               strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
     """Dispatch to :func:`read_tar` or :func:`read_parquet` by manifest ``format``."""
     reader = read_tar if fmt == "webdataset" else read_parquet
-    return reader(info, positions, check, strict=strict, verify=verify, defer=defer)
+    return reader(info, positions, check, strict=strict, verify=verify)

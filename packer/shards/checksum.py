@@ -60,91 +60,27 @@ class SampleHasher:
     """Feeds one sample's fields to xxh3-64 in order (see the module docstring); ``value()`` is
     the checksum. A field's payload may come in several pieces (an npy header, then the pixels),
     each hashed where it lies, never copied: hashing the concatenation in pieces gives the same
-    value as hashing it whole.
+    value as hashing it whole."""
 
-    One field's last ``nbytes`` may be left for later (:meth:`defer`): the loader hashes a
-    sample's pixels where it copies them anyway, into the batch (:meth:`finish`), instead of
-    reading them once more from the shard. The fields added after a deferred one wait for it."""
-
-    __slots__ = ("_hash", "_tail", "_owed")
+    __slots__ = ("_hash",)
 
     def __init__(self, key: str) -> None:
         encoded = key.encode("utf-8")
         self._hash = xxhash.xxh3_64(b"key\0" + _LENGTH(len(encoded)) + encoded)
-        #: The fields added after a deferred payload, in order (None: nothing deferred)
-        self._tail: list[tuple[str, tuple[Buffer, ...]]] | None = None
-        #: The bytes :meth:`finish` must be given
-        self._owed = 0
-
-    @classmethod
-    def up_to(cls, key: str, before: Sequence[tuple[str, bytes]], name: str, head: bytes, nbytes: int,
-              after: Sequence[tuple[str, bytes]] = ()) -> SampleHasher:
-        """The hasher of sample ``key`` whose small fields ``before`` come first, then field
-        ``name`` (``head`` and ``nbytes`` deferred bytes: :meth:`defer`), then ``after``: what
-        ``add``/``defer`` would make, framed into one buffer and hashed in one call (the
-        loader does this for every sample it reads)."""
-        encoded = key.encode("utf-8")
-        hasher = cls.__new__(cls)
-        hasher._hash = xxhash.xxh3_64(b"".join([
-            b"key\0", _LENGTH(len(encoded)), encoded,
-            *[_head(field) + _LENGTH(len(data)) + data for field, data in before],
-            _head(name), _LENGTH(len(head) + nbytes), head]))
-        hasher._tail = [(field, (data,)) for field, data in after]
-        hasher._owed = nbytes
-        return hasher
 
     def add(self, name: str, *pieces: Buffer) -> None:
         """One field: ``name`` and its payload, the concatenation of ``pieces`` (any buffer)."""
-        if self._tail is not None:
-            self._tail.append((name, pieces))
-            return
-        _feed(self._hash.update, name, pieces)
-
-    def defer(self, name: str, *pieces: Buffer, nbytes: int) -> None:
-        """One field whose payload is ``pieces`` then ``nbytes`` more bytes that :meth:`finish`
-        hashes later (the pixels after an npy header); the fields added meanwhile wait."""
-        if self._tail is not None:
-            raise ValueError(f"field {name!r}: a sample's checksum defers at most one payload")
         update = self._hash.update
-        update(_head(name) + _LENGTH(sum(_nbytes(piece) for piece in pieces) + nbytes))
+        if len(pieces) == 1:
+            update(_head(name) + _LENGTH(_nbytes(pieces[0])))
+            update(pieces[0])
+            return
+        update(_head(name) + _LENGTH(sum(_nbytes(piece) for piece in pieces)))
         for piece in pieces:
             update(piece)
-        self._tail, self._owed = [], nbytes
-
-    @property
-    def deferred(self) -> bool:
-        """Whether a payload is deferred (:meth:`finish` gives the value, :meth:`value` cannot)."""
-        return self._tail is not None
-
-    def finish(self, rest: Buffer) -> int:
-        """The checksum, with ``rest`` (C-contiguous, exactly the deferred ``nbytes``) as the
-        deferred payload's remaining bytes; the hasher is left as it was (call it again on
-        another copy of the same bytes and get the same value)."""
-        if self._tail is None:
-            raise ValueError("finish(): no payload was deferred; use value()")
-        if _nbytes(rest) != self._owed:
-            raise ValueError(f"finish(): {_nbytes(rest)} bytes given, {self._owed} deferred")
-        state = self._hash.copy()
-        state.update(rest)
-        for name, pieces in self._tail:
-            _feed(state.update, name, pieces)
-        return int(state.intdigest())
 
     def value(self) -> int:
-        if self._tail is not None:
-            raise ValueError("value(): a payload is deferred; use finish(rest)")
         return int(self._hash.intdigest())
-
-
-def _feed(update: Any, name: str, pieces: Sequence[Buffer]) -> None:
-    """Hash one field (framing, then its pieces) with ``update``."""
-    if len(pieces) == 1:
-        update(_head(name) + _LENGTH(_nbytes(pieces[0])))
-        update(pieces[0])
-        return
-    update(_head(name) + _LENGTH(sum(_nbytes(piece) for piece in pieces)))
-    for piece in pieces:
-        update(piece)
 
 
 def _nbytes(piece: Buffer) -> int:
@@ -186,13 +122,6 @@ def parquet_cells_checksum(key: str, cells: Mapping[str, Any]) -> int:
     ``mask_dtype``/``metadata`` str, ``image``/``mask`` bytes-like, ``target``/``target_mask``
     numpy arrays. The writer and ``packer verify`` use this; the loader's reader hashes the same
     bytes straight from Arrow's buffers."""
-    return parquet_cells_hasher(key, cells).value()
-
-
-def parquet_cells_hasher(key: str, cells: Mapping[str, Any], *, defer_image: bool = False) -> SampleHasher:
-    """:func:`parquet_cells_checksum`'s hasher with every cell added; ``defer_image``: the
-    ``image`` cell (a buffer, non-empty) is deferred (:meth:`SampleHasher.defer`), for the
-    loader to hash where it copies the image into a batch."""
     hasher = SampleHasher(key)
     for name in PARQUET_FIELDS:
         value = cells.get(name)
@@ -206,11 +135,9 @@ def parquet_cells_hasher(key: str, cells: Mapping[str, Any], *, defer_image: boo
             hasher.add(name, str(value).encode("utf-8"))
         elif name in ("target", "target_mask"):
             hasher.add(name, little_endian(np.asarray(value)))
-        elif name == "image" and defer_image:
-            hasher.defer(name, nbytes=_nbytes(value))
         else:
             hasher.add(name, value)
-    return hasher
+    return hasher.value()
 
 
 def describe(value: int) -> str:

@@ -22,7 +22,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -83,18 +82,12 @@ class Decoded:
     #: The sample's checksum (:mod:`packer.shards.checksum`) over the bytes read, where the
     #: reader was asked for it (the loader's ``verify="sample"``), else None
     checksum: int | None = None
-    #: Where the reader left the pixels' hash to whoever copies them next (``defer``): the
-    #: checksum's state up to ``image`` (a :class:`~packer.shards.checksum.SampleHasher`, whose
-    #: ``finish`` over ``image``'s bytes is the checksum), or the loader's pending check wrapping
-    #: it (``packer.loader.readers.PendingCheck``); None: nothing pending (``checksum`` says all)
-    pending: Any = None
 
     @classmethod
-    def of(cls, key: str, image: np.ndarray, small: SmallMembers, checksum: int | None = None,
-           pending: Any = None) -> Decoded:
+    def of(cls, key: str, image: np.ndarray, small: SmallMembers, checksum: int | None = None) -> Decoded:
         """The sample ``key`` with pixels ``image`` and what its small members hold."""
         return cls(key=key, label=small.label, image=image, target=small.target, mask=small.mask,
-                   target_mask=small.target_mask, checksum=checksum, pending=pending)
+                   target_mask=small.target_mask, checksum=checksum)
 
 
 @dataclass(frozen=True)

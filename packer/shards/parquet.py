@@ -17,7 +17,7 @@ cells once out of the page cache because Parquet stores byte arrays length-prefi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,7 @@ import pyarrow.parquet as pq
 
 from packer.files import atomic_output, canonical_json, file_sha256
 from packer.shards.checksum import (
-    SampleHasher,
     parquet_cells_checksum,
-    parquet_cells_hasher,
 )
 from packer.shards.encode import EncodedSample
 from packer.shards.members import NPY_HEAD, Decoded, SampleDefect, npy_layout
@@ -155,8 +153,7 @@ def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[in
 
 def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int | None = None,
                          records: bool = False, batch_rows: int,
-                         checksums: bool = False, defer: Callable[[int, SampleHasher], Any] | None = None
-                         ) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+                         checksums: bool = False) -> Iterator[tuple[int, Decoded | SampleDefect]]:
     """Exactly one ``(row, Decoded | SampleDefect)`` per row of ``rows`` (ascending) of a Parquet
     shard, in that order, whatever is wrong with the file.
 
@@ -169,9 +166,6 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
     a missing column, a read error or an early end fails the rows not yet read. ``checksums``:
     also hash each row's cells (:mod:`packer.shards.checksum`; the ``metadata`` cell is then
     read too) into ``Decoded.checksum`` (or the ``bad_sample`` defect's ``checksum``).
-    ``defer`` (with ``checksums``): a decodable image in native byte order is not hashed here;
-    ``Decoded.pending`` is ``defer(row, hasher)``, the hasher holding the hash up to the image
-    (its ``finish`` over the image's bytes is the checksum), and ``Decoded.checksum`` is None.
     """
     columns = READ_COLUMNS + (["metadata"] if records or checksums else [])
     try:
@@ -216,20 +210,14 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                     record = metadata[r].as_py() if metadata is not None else None
                     target, target_mask = _target_cell(targets, r), _target_cell(target_masks, r)
                     mask_cells = [column[r].as_py() for column in masks] if masks is not None else None
-                    checksum = pending = None
+                    checksum = None
                     if checksums:
                         mask, mask_shape, mask_dtype = mask_cells if mask_cells is not None else (None, None, None)
-                        fits = math.prod(shape) * dtype.itemsize == stop - start
-                        hasher = parquet_cells_hasher(key, {  # the image straight from the batch's buffer
+                        checksum = parquet_cells_checksum(key, {  # the image straight from the batch's buffer
                             "label": label, "shape": shape_cell, "dtype": dtype_name,
                             "image": memoryview(buffers[2])[start:stop] if buffers[2] is not None else b"",
                             "metadata": record, "target": target, "target_mask": target_mask,
-                            "mask": mask, "mask_shape": mask_shape, "mask_dtype": mask_dtype},
-                            defer_image=defer is not None and fits and dtype.isnative and stop > start)
-                        if defer is not None and hasher.deferred:
-                            pending = defer(row, hasher)
-                        else:
-                            checksum = hasher.value()
+                            "mask": mask, "mask_shape": mask_shape, "mask_dtype": mask_dtype})
                     if math.prod(shape) * dtype.itemsize != stop - start:
                         yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
                                                 key, checksum=checksum)
@@ -238,7 +226,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                                            image=image_view(buffers[2], start, stop, dtype, shape),
                                            record=record if records else None,
                                            target=target, mask=_mask_cell(mask_cells),
-                                           target_mask=target_mask, checksum=checksum, pending=pending)
+                                           target_mask=target_mask, checksum=checksum)
                     i += 1
             row0 = end_row
             if i >= len(want):

@@ -34,7 +34,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Protocol
+from typing import IO, BinaryIO, Protocol
 
 import numpy as np
 
@@ -395,8 +395,7 @@ def map_shard(fh: BinaryIO) -> mmap.mmap | None:
 
 
 def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = None, *,
-                    checksum: bool = False, defer: Callable[[SampleHasher], Any] | None = None
-                    ) -> Decoded | SampleDefect:
+                    checksum: bool = False) -> Decoded | SampleDefect:
     """Decode one scanned sample's ``.npy`` member and, where present, its ``.cls`` and
     ``.target.npy`` members from the open shard ``fh``.
 
@@ -406,10 +405,9 @@ def read_tar_sample(fh: BinaryIO, sample: TarSample, mapped: mmap.mmap | None = 
     (seek + read) and decoded by :func:`~packer.shards.members.decode_members`. ``checksum``:
     also read the ``.json`` member and hash every member as read into ``Decoded.checksum``
     (:mod:`packer.shards.checksum`; the pixels are hashed where they land, not read twice).
-    ``defer``: see :func:`_pread_sample`.
     """
     if mapped is not None or _PREAD:
-        return _pread_sample(fh.fileno(), sample, mapped, checksum=checksum, defer=defer)
+        return _pread_sample(fh.fileno(), sample, mapped, checksum=checksum)
     exts = list(sample.members) if checksum else [ext for ext in ("cls", "npy", *SMALL_MEMBERS)
                                                      if ext in sample.members]
     data = read_member_bytes(fh, sample, exts or ["npy"])
@@ -441,8 +439,7 @@ def _pread_member(fd: int, key: str, ext: str, at: int, size: int,
 
 
 def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *,
-                  checksum: bool = False, defer: Callable[[SampleHasher], Any] | None = None
-                    ) -> Decoded | SampleDefect:
+                  checksum: bool = False) -> Decoded | SampleDefect:
     """Decode one sample from the shard open as ``fd``, copying its pixels once (or, from the
     map ``mapped``, not at all).
 
@@ -455,10 +452,6 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
     ``.target.npy`` and ``.target_mask.npy`` members are read whole. Any other pixel npy form
     is read whole and goes through ``decode_members``, with the same
     messages. ``checksum``: every member is hashed as read (the pixels before any byte swap).
-    ``defer`` (with ``checksum`` and ``mapped``): an image that is a view of the map (native byte
-    order) is not hashed here; ``Decoded.pending`` is ``defer(hasher)``, the hasher holding the
-    hash up to the image (:meth:`~packer.shards.checksum.SampleHasher.finish` over the image's
-    bytes is the checksum), and ``Decoded.checksum`` is None.
     """
     key, members = sample.key, sample.members
     if "npy" not in members:
@@ -519,21 +512,17 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
         if _read_into(fd, image, npy_at + start) != image.nbytes:
             return SampleDefect("truncated", f"{key}.npy is cut short", key)
     found: int | None = None
-    pending: SampleHasher | None = None
     if checksum:  # the pixels as they sit in the shard: before any byte swap
-        order = list(members)
-        at = order.index("npy")
-        before = [(name, got[name]) for name in order[:at]]
-        after = [(name, got[name]) for name in order[at + 1:]]
-        if defer is not None and mapped is not None and dtype.isnative and image.nbytes > 0:
-            # a view of the map: hashed by the loader where it copies it (Decoded.pending)
-            pending = defer(SampleHasher.up_to(key, before, "npy", bytes(head[:start]), image.nbytes, after))
-        else:
-            hasher = SampleHasher.up_to(key, before, "npy", bytes(head[:start]), image.nbytes, after)
-            found = hasher.finish(image)
+        hasher = SampleHasher(key)
+        for name in members:
+            if name == "npy":
+                hasher.add(name, head[:start], image)
+            else:
+                hasher.add(name, got[name])
+        found = hasher.value()
     if not dtype.isnative:
         image = (image.byteswap(inplace=mapped is None)).view(dtype.newbyteorder("="))
-    return Decoded.of(key, image, small, checksum=found, pending=pending)
+    return Decoded.of(key, image, small, checksum=found)
 
 
 def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
