@@ -67,6 +67,7 @@ def _print_summary(result: Any) -> None:
         lines.append(f"  label conflicts: {conflicts['count']} group(s) of copies whose targets or masks differ "
                      f"(policy {conflicts['policy']}, {conflicts['dropped']} samples dropped); listed under "
                      f"label_conflicts in {result.version_dir / 'leakage.json'}")
+    lines.append(f"  {result.work_line}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     phi = manifest.get("phi") or {}
     if result.phi_key_source is not None:  # where the key came from, never the key

@@ -220,6 +220,8 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
             return None
         if data["shard_format"] != fmt:
             samples = tuple(replace(s, sha256=digest) for s, digest in zip(samples, checked[1], strict=True))
+        if any(not s.meta_sha256 for s in samples):  # an entry from before meta_sha256: filled from the bytes read
+            samples = tuple(replace(s, meta_sha256=digest) for s, digest in zip(samples, checked[2], strict=True))
         signed = [s for s in samples if s.signature]  # none where the job skips near copies
         if signed and (len(signed) != len(samples) or
                        len(read_signatures(cache_dir / signature_name(key))) != len(samples)):
@@ -233,16 +235,18 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
 
 
 def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
-                    wanted: str) -> tuple[str, list[str]] | None:
+                    wanted: str) -> tuple[str, list[str], list[str]] | None:
     """The digest :class:`SpillWriter` recorded for ``samples`` (sha256 over each sample's own
     sha256, :func:`~packer.shards.encode.pixels_digest` for shard format ``fmt``, its metadata
     bytes and mask bytes, in order), recomputed from where their bytes are now
     (the spill file, or the published shards a pointer names), with each sample's sha256 for
-    shard format ``wanted`` (their own where ``wanted`` is ``fmt``); None when a sample's pixels do
+    shard format ``wanted`` (their own where ``wanted`` is ``fmt``) and each sample's
+    :attr:`~packer.records.SpilledSample.meta_sha256`; None when a sample's pixels do
     not match its own sha256 or its bytes are missing, short or unreadable (a spill with holes
     punched by an interrupted pack pass reads as zeros: its pixels no longer match)."""
     chain = hashlib.sha256()
     digests: list[str] = []
+    metas: list[str] = []
     with SpillReader(cache_dir) as reader:
         for sample in samples:
             try:
@@ -256,9 +260,10 @@ def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
             chain.update(meta)
             if mask:
                 chain.update(mask)
+            metas.append(hashlib.sha256(meta + mask).hexdigest())
             digests.append(sample.sha256 if wanted == fmt else
                            pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=wanted).hexdigest())
-    return chain.hexdigest(), digests
+    return chain.hexdigest(), digests, metas
 
 
 class _Discard(contextlib.AbstractContextManager["_Discard"]):
@@ -552,10 +557,13 @@ class SpillWriter:
         if mask:
             self._fh.write(mask)
             self._chain.update(mask)
+        meta_digest = hashlib.sha256(meta)
+        meta_digest.update(mask)
         self.samples.append(SpilledSample(
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
-            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask)))
+            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask),
+            meta_sha256=meta_digest.hexdigest()))
         self._offset += len(pixels) + len(meta) + len(mask)
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
