@@ -19,7 +19,9 @@ import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
+from packer.cli import main
 from packer.config import load_job
 from packer.files import human_bytes
 from packer.loader import ShardDataset
@@ -138,8 +140,15 @@ def test_a_grown_dataset_links_its_unchanged_shards_and_equals_a_fresh_build(tmp
 
 def test_the_new_version_verifies_with_every_older_version_deleted(
         grown: tuple[Path, BuildResult, dict[str, str], BuildResult]) -> None:
-    _, first, _, second = grown
+    tmp, first, _, second = grown
     assert second.shards_reused == 5
+    # the same inputs once more, from the command line: its summary says what it did
+    job = tmp / "jobs" / "out" / "job.yaml"
+    said = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet", "--no-report",
+                                     "--cache-dir", str(tmp / "cache")])
+    assert said.exit_code == 0, said.output
+    total = sum((second.version_dir / f).stat().st_size for f in shard_files(second))
+    assert f"  decoded 0 of 26 files, wrote 0 of 7 shards (0 B), reused 7 ({human_bytes(total)})\n" in said.output
     shutil.rmtree(first.version_dir)
     assert [p.name for p in second.version_dir.parent.iterdir()] == [second.version_dir.name]
     result = verify_dataset(second.version_dir, deep=True)
