@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.files import canonical_json, clone_file, file_sha256
-from packer.manifest import FORMAT_VERSION, INDEX_FILE, MANIFEST_FILE, read_manifest
+from packer.manifest import FORMAT_VERSION, MANIFEST_FILE, read_manifest
 from packer.records import SpilledSample
 from packer.shards.encode import encode_sample
 from packer.shards.writer import ShardWrite
