@@ -83,8 +83,11 @@ def _print_summary(result: Any) -> None:
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
     if result.published is not None:
-        note = ("already there: nothing uploaded" if result.published.skipped
-                else f"{len(result.published.uploaded)} files uploaded, each read back and checked")
+        published = result.published
+        copied = (f" ({len(published.copied)} shards of them copied in the store from an earlier version)"
+                  if published.copied else "")
+        note = ("already there: nothing uploaded" if published.skipped
+                else f"{len(published.uploaded)} files uploaded{copied}, each read back and checked")
         lines.append(f"  remote    {result.published.manifest_url}  ({note})")
     elif result.remote_url is not None:
         lines.append(f"  remote    not published to {result.remote_url}: too many bad samples (exit 3)")

@@ -60,8 +60,9 @@ def job_doc(raw: Path, out: Path, fmt: str = "webdataset") -> dict[str, Any]:
             "pack": {"format": fmt, "max_samples": 4}, "output": str(out)}
 
 
-def run_build(tmp: Path, raw: Path, out: Path, fmt: str = "webdataset", **options: Any) -> BuildResult:
-    job = load_job(write_job(tmp / "jobs" / out.name, job_doc(raw, out, fmt)))
+def run_build(tmp: Path, raw: Path, output: Path, fmt: str = "webdataset", **options: Any) -> BuildResult:
+    """Build the job of ``raw`` into ``output`` (``options``: :class:`BuildOptions`' fields)."""
+    job = load_job(write_job(tmp / "jobs" / output.name, job_doc(raw, output, fmt)))
     return build(job, BuildOptions(**{"scheduler": "sync", "quiet": True, "html_report": False,
                                       "cache_dir": tmp / "cache", **options}))
 
@@ -238,3 +239,27 @@ def test_kill_9_during_an_incremental_build_then_a_rerun_gives_a_fresh_builds_by
     assert folder_digest(first.version_dir) == before
     assert sorted(p.name for p in out.joinpath("daily").iterdir()) == sorted(
         [first.version_dir.name, rerun.version_dir.name])  # no staging folder left
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_on_a_store_unchanged_shards_are_copied_in_the_store_and_the_new_version_stands_alone(
+        tmp_path: Path) -> None:
+    pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+    pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
+    from tests.s3_store import running_store
+
+    raw = tmp_path / "raw"
+    with running_store(tmp_path / "aws", "reuse") as store:
+        write_tree(raw, day_one())
+        first = run_build(tmp_path, raw, tmp_path / "unused", out="s3://reuse/datasets", work_dir=tmp_path / "work")
+        write_tree(raw, day_two())
+        second = run_build(tmp_path, raw, tmp_path / "unused", out="s3://reuse/datasets", work_dir=tmp_path / "work")
+        assert first.published is not None and second.published is not None
+        unchanged = [f for f in shard_files(first) if not f.startswith("test-")]
+        assert sorted(second.published.copied) == sorted(unchanged)
+        assert second.published.copied_bytes == sum(s["bytes"] for split in first.manifest["splits"].values()
+                                                    for s in split["shards"] if s["file"] in unchanged)
+        old = f"datasets/daily/{first.manifest['version']}/"
+        listed = store.client.list_objects_v2(Bucket="reuse", Prefix=old)["Contents"]
+        store.client.delete_objects(Bucket="reuse", Delete={"Objects": [{"Key": o["Key"]} for o in listed]})
+        assert verify_dataset(second.published.url).ok
