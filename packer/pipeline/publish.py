@@ -9,7 +9,10 @@ through the manifest.
 :func:`publish_version` uploads a finished local version folder to a store
 (:class:`packer.storage.VersionFolder`): the shards and tables first, each read back and
 checked against the manifest, ``manifest.json`` last, so a remote folder without a manifest is
-never taken for a dataset.
+never taken for a dataset. A shard that an earlier version of the dataset in the same store
+already holds (same sha256) is copied there inside the store instead of uploaded
+(:func:`_copy_earlier`; S3 CopyObject through fsspec's ``copy``), then read back and checked like
+the rest, so each remote version folder is complete on its own.
 """
 
 from __future__ import annotations
