@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.errors import PackerError
 from packer.files import canonical_json, clone_file, file_sha256
 from packer.manifest import FORMAT_VERSION, MANIFEST_FILE, read_manifest
 from packer.records import SpilledSample
@@ -103,22 +104,24 @@ class EarlierShards:
 
     Versions whose manifest does not read cleanly (schema, ``dataset_hash``) or whose format is
     not ``fmt`` are ignored; so is a version whose ``_index.parquet`` does not match its manifest.
-    Each version's index is read once, when one of its shards is first wanted."""
+    The newest version (``created_at``) is asked first, so a daily build reads one earlier index
+    however many versions are kept; each version's index is read once, when first wanted."""
 
     def __init__(self, dataset_root: Path, fmt: str) -> None:
         self._by_key: dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]] = {}
         self._rows: dict[Path, dict[str, dict[str, list[Any]]] | None] = {}
-        folders = sorted(dataset_root.iterdir()) if dataset_root.is_dir() else []
-        for folder in folders:
+        versions: list[tuple[str, Path, dict[str, Any]]] = []
+        for folder in sorted(dataset_root.iterdir()) if dataset_root.is_dir() else []:
             if folder.name.startswith(".") or not (folder / MANIFEST_FILE).is_file():
                 continue
             try:
                 manifest = read_manifest(folder, strict=False)
-            except Exception:  # noqa: BLE001 - any unreadable version is simply not a source
+            except (PackerError, OSError):  # not a readable version: simply not a source
                 continue
             data = manifest.data
-            if manifest.problems or data.get("format") != fmt or not isinstance(data.get("index"), dict):
-                continue
+            if not manifest.problems and data.get("format") == fmt and isinstance(data.get("index"), dict):
+                versions.append((str(data.get("created_at", "")), folder, data))
+        for _, folder, data in sorted(versions, key=lambda v: (v[0], v[1].name), reverse=True):
             for split in data["splits"].values():
                 for entry in split["shards"]:
                     if entry.get("content_key"):
