@@ -56,7 +56,8 @@ def _check_limits(bounds: list[tuple[int, int]], sizes: list[int], max_samples: 
                 unique_by=lambda row: row[0]),
        st.integers(1, 12), st.integers(1_000, 20_000))
 @settings(max_examples=150, deadline=None)
-def test_limits_are_hard_and_ends_follow_the_rule(rows: list[tuple[str, int]], max_samples: int, max_bytes: int) -> None:
+def test_limits_are_hard_and_ends_follow_the_rule(rows: list[tuple[str, int]], max_samples: int,
+                                                  max_bytes: int) -> None:
     rows.sort()
     keys, sizes = [k for k, _ in rows], [n for _, n in rows]
     bounds = shard_bounds(keys, sizes, fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
@@ -117,7 +118,8 @@ def test_an_inserted_or_removed_sample_rewrites_one_shard_almost_always() -> Non
         if edit % 2 == 0:
             pos = int(rng.integers(0, len(keys) + 1))
             new_key = (keys[pos - 1] if pos else "") + "+"          # sorts right after its left neighbour
-            keys2, sizes2 = keys[:pos] + [new_key] + keys[pos:], sizes[:pos] + [int(rng.integers(20_000, 60_000))] + sizes[pos:]
+            keys2 = keys[:pos] + [new_key] + keys[pos:]
+            sizes2 = sizes[:pos] + [int(rng.integers(20_000, 60_000))] + sizes[pos:]
         else:
             pos = int(rng.integers(0, len(keys)))
             keys2, sizes2 = keys[:pos] + keys[pos + 1:], sizes[:pos] + sizes[pos + 1:]
