@@ -105,7 +105,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
     """Carry out ``plan``: finish the leftover ``.trash-*`` folders, then remove each version
-    of ``plan.remove`` (renamed to ``.trash-*`` first, its manifest deleted next, then the rest).
+    of ``plan.remove``, oldest first (renamed to ``.trash-*`` first, its manifest deleted next,
+    then the rest).
 
     A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
     read-only file system to exit 6) when a folder cannot be renamed or removed; what was
@@ -115,7 +116,7 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
         _remove_tree(plan.root / name)
         if on_removed is not None:
             on_removed(name)
-    for version in plan.remove:
+    for version in reversed(plan.remove):  # oldest first: an interrupted gc leaves the newer ones
         path = plan.root / version.folder
         if not path.is_dir():
             continue

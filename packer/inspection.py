@@ -1,5 +1,6 @@
 """Read-only views of built datasets: what a version holds (``inspect``), how two versions
-differ (``diff``) and which versions a registry folder keeps (``ls``).
+differ (``diff``: samples, then shards reused, new and removed) and which versions a registry
+folder keeps (``ls``; a dataset folder's versions are :mod:`packer.versions`').
 
 Everything here reads manifests through :func:`packer.manifest.read_manifest` (strict), so an
 edited or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``

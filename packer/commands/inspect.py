@@ -112,7 +112,10 @@ def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
     if as_json:
         _echo_json([e.to_json() for e in entries])
     elif not entries:
-        click.echo(f"no manifests under {folder or DEFAULT_REGISTRY}" + (f" for {name!r}" if name else ""))
+        datasets = sorted(p.name for p in folder.iterdir() if is_dataset_folder(p)) if folder is not None else []
+        hint = (f"; it is an output folder: `packer ls {folder / datasets[0]}` lists the versions of "
+                f"{datasets[0]}" if datasets else "")
+        click.echo(f"no manifests under {folder or DEFAULT_REGISTRY}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
     broken = [e for e in entries if e.problem is not None]
