@@ -108,14 +108,15 @@ def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
             raise IntegrityError(f"{len(broken_versions)} version(s) fail their manifest check: "
                                  + ", ".join(str(v.path) for v in broken_versions) + "; run `packer verify` on them")
         return
-    entries = list_registry(folder or DEFAULT_REGISTRY, name=name)
+    registry = folder or DEFAULT_REGISTRY
+    entries = list_registry(registry, name=name)
     if as_json:
         _echo_json([e.to_json() for e in entries])
     elif not entries:
-        datasets = sorted(p.name for p in folder.iterdir() if is_dataset_folder(p)) if folder is not None else []
-        hint = (f"; it is an output folder: `packer ls {folder / datasets[0]}` lists the versions of "
+        datasets = sorted(p.name for p in registry.iterdir() if is_dataset_folder(p))
+        hint = (f"; it is an output folder: `packer ls {registry / datasets[0]}` lists the versions of "
                 f"{datasets[0]}" if datasets else "")
-        click.echo(f"no manifests under {folder or DEFAULT_REGISTRY}" + (f" for {name!r}" if name else "") + hint)
+        click.echo(f"no manifests under {registry}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
     broken = [e for e in entries if e.problem is not None]
