@@ -318,11 +318,11 @@ def report(args: argparse.Namespace, first: Build, change: dict[str, int], inc: 
     if inc.reuse_line:
         lines.append(f"- the build says: `{inc.reuse_line}`")
     if days:
-        lines += ["", "| day | files | wall | decoded | written | same shards / linked | disk by inode | "
-                  "as full versions |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| day | new files | wall | files decoded | bytes written | shards same as the day before "
+                  "| hard-linked | disk by inode | as full versions |", "|---|---|---|---|---|---|---|---|---|"]
         for day, (change_d, b, disk, full) in enumerate(days, start=1):
             lines.append(f"| {day} | +{change_d['added']} | {b.wall_s:.1f} s | {b.files_decoded} | "
-                         f"{gb(b.bytes_written)} | {b.shards_same}/{b.shards} / {b.shards_linked} | {gb(disk)} | "
+                         f"{gb(b.bytes_written)} | {b.shards_same} of {b.shards} | {b.shards_linked} | {gb(disk)} | "
                          f"{gb(full)} |")
         disk, full = days[-1][2], days[-1][3]
         lines.append(f"\nAfter {len(days)} days: {gb(disk)} on disk against {gb(full)} for "

@@ -156,7 +156,7 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
     for name in plan.trash:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (left by an interrupted gc)")
     lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "
-                 f"still links them: {human_bytes(plan.shared_bytes)}"
+                 f"(or a build's staging folder) still links them: {human_bytes(plan.shared_bytes)}"
                  + (f"; kept because linked outside {plan.root}: {human_bytes(plan.elsewhere_bytes)}"
                     if plan.elsewhere_bytes else ""))
     for v in plan.broken:

@@ -319,3 +319,18 @@ def test_a_build_after_gc_removed_the_version_its_cache_points_to_decodes_again(
     assert again.files_decoded == first.files_decoded > 0
     assert again.manifest["dataset_hash"] == second.manifest["dataset_hash"]
     assert verify_dataset(again.version_dir).ok
+
+
+def test_a_version_whose_manifest_fails_is_listed_as_broken_and_gc_leaves_it_alone(versions: Versions,
+                                                                                      tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    path = root / versions.base / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["inputs"]["samples"] += 1  # edited after the build: fails its dataset_hash
+    path.write_text(json.dumps(manifest))
+    listed = invoke("ls", root)
+    assert listed.exit_code == 5 and f"{versions.base}  BROKEN" in listed.output, listed.output
+    result = invoke("gc", root, "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert f"left alone: {versions.base}" in result.output
+    assert sorted(p.name for p in root.iterdir()) == sorted([versions.base, versions.grown])

@@ -34,8 +34,10 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
     - it cannot know whether a running reader (a training job) uses a version: one that has
       a shard open reads on, but one that opens a shard of a removed version fails. Keep the
       versions your jobs read (--keep), or run gc when none is running;
-    - a build running at the same time is not disturbed (its staging folder is left alone);
-      the build cache's pointers into a removed version no longer resolve, so the next build
+    - a build running at the same time keeps its .staging-* folder, and the shards it already
+      hard-linked from a removed version (a link keeps the file); start gc after it, or before
+      it, rather than during it;
+    - the build cache's pointers into a removed version no longer resolve, so the next build
       decodes those files again (it says so) and writes the same bytes;
     - registry copies (manifests/<name>/<version>.json) stay: the record of what was built;
     - local output folders only: an object store (s3://...) is refused with exit 2.

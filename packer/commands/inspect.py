@@ -102,7 +102,10 @@ def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
 
     if folder is not None and is_dataset_folder(folder):
         listing = list_versions(folder)
-        click.echo(json.dumps(listing.to_json(), indent=2, sort_keys=True) if as_json else format_versions(listing))
+        if as_json:
+            _echo_json(listing.to_json())
+        else:
+            click.echo(format_versions(listing))
         broken_versions = [v for v in listing.versions if v.problem is not None]
         if broken_versions:
             raise IntegrityError(f"{len(broken_versions)} version(s) fail their manifest check: "
