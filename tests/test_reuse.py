@@ -75,15 +75,18 @@ def day_one() -> dict[str, tuple[str, str, int]]:
     return files
 
 
+RELABELLED = "tst000.png"
+
+
 def day_two() -> dict[str, tuple[str, str, int]]:
-    """Day one plus two train images whose sample keys sort after every train key of day one,
-    so that today's plan (greedy, in key order) keeps the four train shards as they were and
-    adds a fifth; and one test image re-labelled, which changes the test shard. Valid is as it was."""
+    """Day one plus two train images whose sample keys sort after every train key of day one
+    (so the shards before them keep their samples, whatever the plan's rule), and one test image
+    re-labelled (its shard keeps its samples but not its bytes). Valid is as it was."""
     files = day_one()
     last = max(make_sample_id("xray", rel) for rel, (_, split, _) in files.items() if split == "train")
     added = [rel for rel in (f"new{n:03d}.png" for n in range(1000)) if make_sample_id("xray", rel) > last][:2]
     files.update({rel: ("a", "train", 300 + i) for i, rel in enumerate(added)})
-    files["tst000.png"] = ("b", "test", 200)
+    files[RELABELLED] = ("b", "test", 200)
     return files
 
 
@@ -93,6 +96,23 @@ def folder_digest(folder: Path) -> dict[str, str]:
 
 def shard_files(result: BuildResult) -> list[str]:
     return [s["file"] for split in result.manifest["splits"].values() for s in split["shards"]]
+
+
+def shard_samples(result: BuildResult) -> dict[str, tuple[str, ...]]:
+    """Shard file → its sample keys in order, as ``_index.parquet`` lists them."""
+    rows = pq.read_table(result.version_dir / "_index.parquet", columns=["key", "shard", "position"]).to_pylist()
+    shards: dict[str, list[tuple[int, str]]] = {}
+    for row in rows:
+        shards.setdefault(row["shard"], []).append((row["position"], row["key"]))
+    return {file: tuple(key for _, key in sorted(keys)) for file, keys in shards.items()}
+
+
+def unchanged_shards(first: BuildResult, second: BuildResult) -> dict[str, str]:
+    """The shards of ``second`` whose bytes ``first`` already holds, found without packer's
+    reuse: the same samples in the same order, none of them re-labelled (new file → old file)."""
+    relabelled = make_sample_id("xray", RELABELLED)
+    old = {keys: file for file, keys in shard_samples(first).items()}
+    return {file: old[keys] for file, keys in shard_samples(second).items() if keys in old and relabelled not in keys}
 
 
 @pytest.fixture
@@ -122,16 +142,18 @@ def test_a_grown_dataset_links_its_unchanged_shards_and_equals_a_fresh_build(tmp
     assert folder_digest(second.version_dir) == {
         name: digest for name, digest in folder_digest(fresh.version_dir).items() if name != MANIFEST_FILE
     } | {MANIFEST_FILE: folder_digest(second.version_dir)[MANIFEST_FILE]}  # created_at differs, nothing else
-    # train-000000..3, valid and test hold the same samples as yesterday: the same inode
-    unchanged = [f for f in shard_files(first) if not f.startswith("test-")]
-    for name in unchanged:
-        assert os.stat(second.version_dir / name).st_ino == os.stat(first.version_dir / name).st_ino, name
+    # the shards holding yesterday's samples, none re-labelled, are yesterday's files: the same inode
+    unchanged = unchanged_shards(first, second)
+    assert len(unchanged) >= 4 and any(f.startswith("valid-") for f in unchanged)
+    for new, old in unchanged.items():
+        assert os.stat(second.version_dir / new).st_ino == os.stat(first.version_dir / old).st_ino, new
     for name in set(shard_files(second)) - set(unchanged):
         assert os.stat(second.version_dir / name).st_nlink == 1, name
-    assert (second.shards_written, second.shards_reused) == (len(shard_files(second)) - len(unchanged), len(unchanged))
-    assert second.bytes_reused == sum((first.version_dir / f).stat().st_size for f in unchanged)
-    assert second.work_line == (f"decoded {second.files_decoded} of 26 files, wrote {second.shards_written} of 7 "
-                                f"shards ({human_bytes(second.bytes_written)}), reused {len(unchanged)} "
+    total = len(shard_files(second))
+    assert (second.shards_written, second.shards_reused) == (total - len(unchanged), len(unchanged))
+    assert second.bytes_reused == sum((first.version_dir / f).stat().st_size for f in unchanged.values())
+    assert second.work_line == (f"decoded {second.files_decoded} of 26 files, wrote {second.shards_written} of "
+                                f"{total} shards ({human_bytes(second.bytes_written)}), reused {len(unchanged)} "
                                 f"({human_bytes(second.bytes_reused)})")
     # every shard is read-only, the linked ones in both versions
     for version in (first.version_dir, second.version_dir):
@@ -142,7 +164,7 @@ def test_a_grown_dataset_links_its_unchanged_shards_and_equals_a_fresh_build(tmp
 def test_the_new_version_verifies_with_every_older_version_deleted(
         grown: tuple[Path, BuildResult, dict[str, str], BuildResult]) -> None:
     tmp, first, _, second = grown
-    assert second.shards_reused == 5
+    assert second.shards_reused == len(unchanged_shards(first, second)) >= 4
     shutil.rmtree(first.version_dir)
     assert [p.name for p in second.version_dir.parent.iterdir()] == [second.version_dir.name]
     result = verify_dataset(second.version_dir, deep=True)
@@ -155,7 +177,9 @@ def test_the_new_version_verifies_with_every_older_version_deleted(
                                      "--cache-dir", str(tmp / "cache")])
     assert said.exit_code == 0, said.output
     total = sum((second.version_dir / f).stat().st_size for f in shard_files(second))
-    assert f"  decoded 0 of 26 files, wrote 0 of 7 shards (0 B), reused 7 ({human_bytes(total)})\n" in said.output
+    count = len(shard_files(second))
+    assert f"  decoded 0 of 26 files, wrote 0 of {count} shards (0 B), reused {count} ({human_bytes(total)})\n" \
+        in said.output
 
 
 def test_no_build_changes_an_earlier_versions_bytes_and_its_open_reader_reads_on(tmp_path: Path) -> None:
@@ -170,7 +194,8 @@ def test_no_build_changes_an_earlier_versions_bytes_and_its_open_reader_reads_on
     second = run_build(tmp_path, raw, out)                 # links five of day one's shards
     again = run_build(tmp_path, raw, out)                  # the same inputs: nothing rewritten
     fresh = run_build(tmp_path, raw, out, fresh=True)      # the cache cleared: every file decoded again
-    assert second.shards_reused == 5 and again.reused and fresh.reused  # the version folder held it already
+    assert second.shards_reused == len(unchanged_shards(first, second)) >= 4
+    assert again.reused and fresh.reused  # the version folder held that version already
     assert fresh.files_decoded == 26 and fresh.version_dir == second.version_dir
     write_tree(raw, day_one())
     back = run_build(tmp_path, raw, out)                   # day one's inputs again: day one's version
@@ -187,7 +212,11 @@ def test_a_corrupted_earlier_shard_is_never_linked_and_is_written_anew(tmp_path:
     raw, out = tmp_path / "raw", tmp_path / "out"
     write_tree(raw, day_one())
     first = run_build(tmp_path, raw, out)
-    damaged = first.version_dir / "train-000001.tar"
+    write_tree(raw, day_two())  # which of day one's shards day two reuses: a fresh build elsewhere says
+    reference = run_build(tmp_path, raw, tmp_path / "reference")
+    write_tree(raw, day_one())
+    unchanged = unchanged_shards(first, reference)
+    damaged = first.version_dir / min(unchanged.values())
     recorded = next(s["sha256"] for s in first.manifest["splits"]["train"]["shards"] if s["file"] == damaged.name)
     os.chmod(damaged, 0o644)  # bit rot does not ask: flip one byte in place
     with open(damaged, "r+b") as fh:
@@ -200,11 +229,11 @@ def test_a_corrupted_earlier_shard_is_never_linked_and_is_written_anew(tmp_path:
     write_tree(raw, day_two())
     second = run_build(tmp_path, raw, out)
     warned = [line for line in capsys.readouterr().err.splitlines() if "not reused" in line]
-    assert len(warned) == 1 and str(damaged) in warned[0] and "train-000001.tar was written" in warned[0]
-    rewritten = second.version_dir / damaged.name
+    rewritten = second.version_dir / next(new for new, old in unchanged.items() if old == damaged.name)
+    assert len(warned) == 1 and str(damaged) in warned[0] and f"{rewritten.name} was written" in warned[0]
     assert os.stat(rewritten).st_ino != os.stat(damaged).st_ino
     assert hashlib.sha256(rewritten.read_bytes()).hexdigest() == recorded  # the bytes it should have had
-    assert second.shards_reused == 4  # the other unchanged ones
+    assert second.shards_reused == len(unchanged) - 1  # the other unchanged ones
     assert verify_dataset(second.version_dir).ok
     assert not verify_dataset(first.version_dir).ok  # left as it was found: reported, never repaired in place
 
@@ -236,7 +265,7 @@ def test_kill_9_during_an_incremental_build_then_a_rerun_gives_a_fresh_builds_by
     rerun = run_build(tmp_path, raw, out, scheduler=None, workers=2)  # and with two worker processes
     fresh = run_build(tmp_path, raw, tmp_path / "fresh")
     assert rerun.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
-    assert rerun.shards_reused == 5
+    assert rerun.shards_reused == len(unchanged_shards(first, fresh)) >= 4
     assert folder_digest(first.version_dir) == before
     assert sorted(p.name for p in out.joinpath("daily").iterdir()) == sorted(
         [first.version_dir.name, rerun.version_dir.name])  # no staging folder left
@@ -256,10 +285,10 @@ def test_on_a_store_unchanged_shards_are_copied_in_the_store_and_the_new_version
         write_tree(raw, day_two())
         second = run_build(tmp_path, raw, tmp_path / "unused", out="s3://reuse/datasets", work_dir=tmp_path / "work")
         assert first.published is not None and second.published is not None
-        unchanged = [f for f in shard_files(first) if not f.startswith("test-")]
-        assert sorted(second.published.copied) == sorted(unchanged)
+        unchanged = unchanged_shards(first, second)
+        assert sorted(second.published.copied) == sorted(unchanged) and len(unchanged) >= 4
         assert second.published.copied_bytes == sum(s["bytes"] for split in first.manifest["splits"].values()
-                                                    for s in split["shards"] if s["file"] in unchanged)
+                                                    for s in split["shards"] if s["file"] in unchanged.values())
         old = f"datasets/daily/{first.manifest['version']}/"
         listed = store.client.list_objects_v2(Bucket="reuse", Prefix=old)["Contents"]
         store.client.delete_objects(Bucket="reuse", Delete={"Objects": [{"Key": o["Key"]} for o in listed]})
