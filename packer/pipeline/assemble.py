@@ -12,7 +12,12 @@ each spill file once all of it is packed (:class:`~packer.pipeline.spill.SpillCo
 worker that dies mid-shard leaves its partial file behind; dask runs the task again, and the
 new attempt finds the samples the dead one had freed in that file (:class:`_EarlierAttempts`:
 renamed aside first, read back and checked against each sample's sha256, removed once the
-shard is complete)."""
+shard is complete).
+
+A shard that an earlier version of the output already holds (same content key,
+:mod:`packer.pipeline.reuse`) is not written: its task checks that file's bytes and links it
+into the staging folder, and the client takes its index rows from that version's index. Every
+shard file ends read-only."""
 
 from __future__ import annotations
 
