@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -155,3 +154,89 @@ def test_the_index_lists_only_kept_entries_and_damaged_bytes_are_decoded_again(
     assert second.files_decoded > 1  # the damaged entry's files were decoded, never copied
     same_as_fresh(tree, tmp_path, second, "damaged")
     assert len(np.load(cache / INDEX_NAME)) == FILES + 2
+
+
+def test_a_series_is_one_unit_a_new_slice_decodes_its_series_only_a_relabelled_one_nothing(tmp_path: Path) -> None:
+    """A kind that groups its files before decoding (DICOM series stacked with their neighbours)
+    reuses by group: a slice added to one series decodes that series, the others are copied; a
+    slice given a new label decodes nothing, and its sample packs the new label."""
+    from tests.test_series import _reference_order, _write_series
+    from tests.test_targets import _job
+
+    staged = _reference_order(_write_series(tmp_path / "staged", slices=7, seed=1, patient="P1"))
+    raw = tmp_path / "raw"
+    (raw / "a").mkdir(parents=True)
+    for path in staged[:6]:
+        path.rename(raw / "a" / path.name)
+    _write_series(raw / "b", seed=2, patient="P2")
+    _write_series(raw / "c", seed=3, patient="P3")
+    table = tmp_path / "labels.csv"
+
+    def label_all(relabel: str = "") -> None:
+        names = sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*.dcm"))
+        table.write_text("path,label\n" + "".join(f"{n},{'yes' if n == relabel else 'no'}\n" for n in names))
+
+    job = load_job(_job(tmp_path / "job", [{"kind": "dicom", "root": str(raw), "labels": str(table)}],
+                        transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "size": [16, 16],
+                                             "sample": {"neighbors": 1}}}))
+
+    def run(cache: str) -> BuildResult:
+        return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache))
+
+    label_all()
+    first = run("cache")
+    assert (first.files_decoded, first.files_cached) == (18, 0)
+    staged[6].rename(raw / "a" / staged[6].name)
+    label_all()
+    grown = run("cache")
+    assert (grown.files_decoded, grown.files_cached) == (7, 12)
+    assert grown.manifest["dataset_hash"] == run("fresh-grown").manifest["dataset_hash"]
+    assert grown.manifest["inputs"]["samples"] == 19
+
+    label_all(relabel=sorted(p.relative_to(raw).as_posix() for p in (raw / "b").iterdir())[2])
+    relabelled = run("cache")
+    assert (relabelled.files_decoded, relabelled.files_cached) == (0, 19)
+    assert relabelled.manifest["label_map"] != grown.manifest["label_map"]
+    fresh = run("fresh-relabelled")
+    assert fresh.files_cached == 0 and relabelled.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+
+
+def test_a_files_unit_key_leaves_out_only_what_decides_its_target(tree: PhotoTree, tmp_path: Path) -> None:
+    """The key of a file's unit changes with its bytes (size, mtime) and with every ref field the
+    worker reads, and stays put for its label's value and for the table cells that only reach
+    its record; a group's key covers all its files, in any order."""
+    from dataclasses import replace
+
+    from packer.pipeline.filecache import unit_keys
+    from packer.records import SampleRef
+
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
+                                          "table": str(tree.root / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [16, 16]}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    job = load_job(write_job(tmp_path / "jobs", doc))
+    libraries = {"numpy": "2.2.6"}
+    path = tree.root / "p0001.png"
+    ref = SampleRef(sample_id="f-1", source=job.sources[0].name, kind="image", path=str(path), relpath="p0001.png",
+                    label="a", entity="E1", time="2024-01-01", extra=(("site", "s1"),))
+
+    def key(*refs: SampleRef, group: bool = False) -> str:
+        (unit,) = unit_keys(refs, job, libraries, group=group)  # one file, or one group
+        return unit.key
+
+    before = key(ref)
+    assert key(replace(ref, label="b")) == before
+    assert key(replace(ref, extra=(("site", "elsewhere"),))) == before
+    assert key(replace(ref, label=None)) != before  # a missing label is a bad sample
+    for field, value in (("entity", "E2"), ("time", "2024-02-02"), ("relpath", "x.png"), ("sample_id", "f-2")):
+        assert key(replace(ref, **{field: value})) != before, field
+    assert unit_keys([ref], job, {"numpy": "2.3.0"}, group=False)[0].key != before
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    assert key(ref) != before
+
+    other = replace(ref, sample_id="f-2", path=str(tree.root / "p0002.png"), relpath="p0002.png")
+    group = key(ref, other, group=True)
+    assert key(other, ref, group=True) == group
+    assert key(replace(ref, label="b"), other, group=True) == group
+    os.utime(other.path, ns=(0, 10**9))
+    assert key(ref, other, group=True) != group

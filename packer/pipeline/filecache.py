@@ -40,8 +40,16 @@ from packer.config import JobConfig, SourceConfig
 from packer.files import canonical_json
 from packer.pipeline.nearcopy import read_signatures
 from packer.pipeline.rawstore import RawObject
-from packer.pipeline.spill import (CACHE_FORMAT, cache_output, checked_chain, file_fingerprint, masked_sources,
-                                   read_entry, sample_shaping_config, signature_name)
+from packer.pipeline.spill import (
+    CACHE_FORMAT,
+    cache_output,
+    checked_chain,
+    file_fingerprint,
+    masked_sources,
+    read_entry,
+    sample_shaping_config,
+    signature_name,
+)
 from packer.records import Excluded, Issue, SampleRef, SpilledSample
 
 #: The cache-wide index of units (:func:`write_file_index`), in the build cache folder.
