@@ -171,6 +171,7 @@ def demo_data(directory: Path, seed: int) -> None:
 
 def _register() -> None:
     from packer.commands.bench_loader import bench_loader_command
+    from packer.commands.gc import gc_command
     from packer.commands.inspect import diff_command, inspect_command, ls_command
     from packer.commands.key import key_command
     from packer.commands.locate import locate_command
@@ -178,7 +179,7 @@ def _register() -> None:
     from packer.commands.validate import validate_command
     from packer.commands.verify import verify_command
 
-    for command in (validate_command, verify_command, inspect_command, diff_command, ls_command,
+    for command in (validate_command, verify_command, inspect_command, diff_command, ls_command, gc_command,
                     report_command, bench_loader_command, key_command, locate_command):
         main.add_command(command)
 
