@@ -10,7 +10,9 @@
    whose content key an earlier version of the output holds is linked from it instead
    (:mod:`packer.pipeline.reuse`).
 6. index, bad-sample report, manifest (written last), registry copy; each cache entry then
-   points at the published shards that now hold its samples, for the next build to reuse.
+   points at the published shards that now hold its samples, for the next build to reuse, and
+   the cache's index of files lists what each entry holds (per-file reuse,
+   :mod:`packer.pipeline.filecache`).
 
 The bytes depend only on the inputs and the job: sorting happens on the client, never by
 task completion order, so the worker count and scheduler do not matter.
@@ -56,6 +58,7 @@ from packer.manifest import (
 )
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
+from packer.pipeline.filecache import INDEX_NAME, write_file_index
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
 from packer.pipeline.publish import (
@@ -350,6 +353,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
     used_chunks = {c.key for c in prepared.chunks}
+    used_units = [(c.key, c.units) for c in prepared.chunks if c.units]
     files_decoded, files_total = prepared.files_decoded, prepared.inputs
     reused_shards = [w for w in written.values() if w.reused]
     shards_reused, bytes_reused = len(reused_shards), sum(w.bytes for w in reused_shards)
@@ -370,6 +374,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
             raise _ReportNotWritten(f"{err}. The dataset itself is complete in {version_dir}, manifest included; "
                                     f"once there is room, `packer report {version_dir}` writes the report") from err
     _prune_cache(cache_dir, used_chunks, keep=options.keep_cache)
+    if options.keep_cache:  # after the prune: the index lists only entries that exist
+        write_file_index(cache_dir, used_units)
+    del used_units
     registry_copy = None
     if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
@@ -519,9 +526,11 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool
 
 
 def _prune_cache(cache_dir: Path, used: set[str], *, keep: bool) -> None:
-    """Drop cache entries this build did not use (or all of them when not keeping the cache)."""
+    """Drop cache entries this build did not use (or all of them when not keeping the cache);
+    a kept cache's index of files (:data:`~packer.pipeline.filecache.INDEX_NAME`) stays, for the
+    build to replace."""
     for path in cache_dir.iterdir():
-        if not keep or path.name.split(".")[0] not in used:
+        if not keep or (path.name.split(".")[0] not in used and path.name != INDEX_NAME):
             path.unlink()
     if not keep:
         cache_dir.rmdir()

@@ -104,12 +104,14 @@ class Prepared:
 
     @property
     def files_decoded(self) -> int:
-        return sum(c.files for c in self.chunks if not c.reused) if self.decoded else 0
+        """Files read by this run: all but those whose results came from the build cache."""
+        return sum(c.files - c.copied for c in self.chunks if not c.reused) if self.decoded else 0
 
     @property
     def files_cached(self) -> int:
-        """Files whose samples came from the build cache (their spill checked out)."""
-        return sum(c.files for c in self.chunks if c.reused)
+        """Files whose samples and records came from the build cache (their bytes checked out):
+        a whole entry reused, or a file copied out of an earlier entry (:mod:`packer.pipeline.filecache`)."""
+        return sum(c.files if c.reused else c.copied for c in self.chunks)
 
 
 def _make_cache_folder(cache_dir: Path) -> None:
