@@ -54,6 +54,7 @@ from packer.manifest import (
 )
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
+from packer.pipeline.paircache import PAIRS_STEM
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
 from packer.pipeline.publish import (
@@ -331,7 +332,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                               skip={chunk_of(name) for name in prepared.partial_spills})
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
-    used_chunks = {c.key for c in prepared.chunks}
+    used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM}  # the verified-pair cache stays too
     files_decoded = prepared.files_decoded
     seconds = {**stage_seconds(prepared.chunks),
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
