@@ -20,6 +20,7 @@ from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build, cache_location
+from packer.pipeline.paircache import PAIRS_FILE
 from packer.storage import build_cache_dir
 from tests.helpers import demo_job_doc, write_job
 
@@ -52,8 +53,9 @@ def test_the_default_cache_is_in_the_work_folder_and_a_second_build_decodes_noth
     cache = expected_cache(work / "cache", out)
     assert first.files_decoded > 0
     # per chunk: its records, its near-copy signatures and where its samples are now (the
-    # pack pass freed the spill: tests/test_spill_consumption.py)
-    names = [p.name for p in cache.iterdir()]
+    # pack pass freed the spill: tests/test_spill_consumption.py); and the verified near-copy pairs
+    names = [p.name for p in cache.iterdir() if p.name != PAIRS_FILE]
+    assert (cache / PAIRS_FILE).is_file()
     chunks = {name.split(".")[0] for name in names}
     assert sorted(names) == sorted(f"{c}{suffix}" for c in chunks for suffix in (".json", ".packed.json", ".sig.npy"))
     assert re.fullmatch(r"demo-[0-9a-f]{12}", cache.name)  # nothing from the raw tree in its name
