@@ -123,9 +123,12 @@ def _built(job: Path, out: Path, cache: Path, capsys: pytest.CaptureFixture[str]
     """(dataset_hash, leakage.json's bytes, pairs verified, pairs reused) of a build."""
     capsys.readouterr()
     result = build(load_job(job), BuildOptions(out=out, scheduler="sync", html_report=False, cache_dir=cache))
-    said = capsys.readouterr().out
-    counts = re.search(r"near copies: \d+ candidate pairs, (\d+) verified, (\d+) reused", said)
-    assert counts, said
+    said = capsys.readouterr()
+    counts = re.search(r"near copies: \d+ candidate pairs, (\d+) verified, (\d+) reused", said.out)
+    assert counts, said.out
+    # the verification shows its progress, counting only the pairs it verifies
+    progress = re.findall(r"nearcopy: (\d+)/(\d+) pairs", said.err)
+    assert progress[-1:] == ([(counts[1], counts[1])] if int(counts[1]) else []), said.err
     return (result.manifest["dataset_hash"], (result.version_dir / "leakage.json").read_bytes(),
             int(counts[1]), int(counts[2]))
 
