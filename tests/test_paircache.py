@@ -97,6 +97,10 @@ def test_the_file_holds_only_the_pairs_the_last_run_looked_at_and_a_damaged_one_
     older = json.loads(header) | {"version": nearcopy.VERIFY_VERSION + 1}
     path.write_bytes(json.dumps(older).encode() + b"\n" + body)
     assert "another version" in PairCache.open(tmp_path).ignored
+    path.write_bytes(path.read_bytes()[:20])  # cut inside its header
+    assert "damaged" in PairCache.open(tmp_path).ignored
+    path.write_bytes(b"\x93NUMPY something else")
+    assert PairCache.open(tmp_path).ignored == "not a pair cache"
 
 
 # ---------------------------------------------------------------- builds: cold, warm, grown

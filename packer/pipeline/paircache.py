@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,28 +74,31 @@ class PairCache:
 
     @classmethod
     def open(cls, cache_dir: Path) -> PairCache:
-        """The cache in ``cache_dir``; empty when there is no file or it does not check out."""
+        """The cache in ``cache_dir``, memory-mapped; empty when there is no file or it does not
+        check out (:attr:`ignored` says why)."""
         path = cache_dir / PAIRS_FILE
         empty = np.zeros(0, dtype=ROW_DTYPE)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as fh:
+                line = fh.readline(4096)
+                size = os.fstat(fh.fileno()).st_size
         except FileNotFoundError:
             return cls(path, empty)
-        line, _, body = data.partition(b"\n")
         try:
             header = json.loads(line)
-            fine = (isinstance(header, dict) and header.get("format") == _MAGIC
-                    and header.get("version") == VERIFY_VERSION and header.get("row_bytes") == ROW_DTYPE.itemsize
-                    and len(body) == header.get("rows", -1) * ROW_DTYPE.itemsize
-                    and hashlib.blake2b(body, digest_size=16).hexdigest() == header.get("digest"))
         except (ValueError, UnicodeDecodeError):
-            fine = False
-        if not fine:
-            why = ("written by another version of the verification"
-                   if isinstance(header, dict) and header.get("version") not in (None, VERIFY_VERSION)
-                   else "damaged or cut short") if line.startswith(b"{") else "not a pair cache"
-            return cls(path, empty, ignored=why)
-        return cls(path, np.frombuffer(body, dtype=ROW_DTYPE))
+            header = None
+        if not isinstance(header, dict) or header.get("format") != _MAGIC:
+            return cls(path, empty, ignored="damaged or cut short" if line.startswith(b"{") else "not a pair cache")
+        if header.get("version") != VERIFY_VERSION or header.get("row_bytes") != ROW_DTYPE.itemsize:
+            return cls(path, empty, ignored="written by another version of the verification")
+        rows = header.get("rows")
+        if not isinstance(rows, int) or size - len(line) != rows * ROW_DTYPE.itemsize:
+            return cls(path, empty, ignored="damaged or cut short")
+        known = np.memmap(path, dtype=ROW_DTYPE, mode="r", offset=len(line), shape=(rows,)) if rows else empty
+        if _digest(known) != header.get("digest"):
+            return cls(path, empty, ignored="damaged or cut short")
+        return cls(path, known)
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For pair keys (:data:`KEY_DTYPE`): which the file holds (bool mask) and their rows."""
@@ -117,12 +121,21 @@ class PairCache:
         not at all: written under a temporary name, then renamed)."""
         rows = np.concatenate(self.seen) if self.seen else np.zeros(0, dtype=ROW_DTYPE)
         _, first = np.unique(rows["key"], return_index=True)  # sorted by key
-        body = rows[first].tobytes()
+        kept = np.ascontiguousarray(rows[first])
         header = {"format": _MAGIC, "version": VERIFY_VERSION, "row_bytes": ROW_DTYPE.itemsize,
-                  "rows": len(first), "digest": hashlib.blake2b(body, digest_size=16).hexdigest()}
+                  "rows": len(kept), "digest": _digest(kept)}
         with cache_output(self.path) as fh:
             fh.write(json.dumps(header, sort_keys=True).encode() + b"\n")
-            fh.write(body)
+            fh.write(kept.tobytes())
+
+
+def _digest(rows: np.ndarray) -> str:
+    """blake2b of the rows' bytes, read 16 MB at a time (a memory-mapped file is not loaded whole)."""
+    data = rows.view(np.uint8) if len(rows) else np.zeros(0, dtype=np.uint8)
+    digest = hashlib.blake2b(digest_size=16)
+    for start in range(0, len(data), 1 << 24):
+        digest.update(data[start:start + (1 << 24)].data)
+    return digest.hexdigest()
 
 
 def _evidence(rows: np.ndarray) -> EvidenceArrays:
