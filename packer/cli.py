@@ -67,6 +67,7 @@ def _print_summary(result: Any) -> None:
         lines.append(f"  label conflicts: {conflicts['count']} group(s) of copies whose targets or masks differ "
                      f"(policy {conflicts['policy']}, {conflicts['dropped']} samples dropped); listed under "
                      f"label_conflicts in {result.version_dir / 'leakage.json'}")
+    lines.append(f"  {result.work_line}")
     lines.append(f"  dataset_hash {manifest['dataset_hash']}")
     phi = manifest.get("phi") or {}
     if result.phi_key_source is not None:  # where the key came from, never the key
@@ -82,8 +83,11 @@ def _print_summary(result: Any) -> None:
     if result.registry_copy is not None:
         lines.append(f"  registry  {result.registry_copy}")
     if result.published is not None:
-        note = ("already there: nothing uploaded" if result.published.skipped
-                else f"{len(result.published.uploaded)} files uploaded, each read back and checked")
+        published = result.published
+        copied = (f" ({len(published.copied)} shards of them copied in the store from an earlier version)"
+                  if published.copied else "")
+        note = ("already there: nothing uploaded" if published.skipped
+                else f"{len(published.uploaded)} files uploaded{copied}, each read back and checked")
         lines.append(f"  remote    {result.published.manifest_url}  ({note})")
     elif result.remote_url is not None:
         lines.append(f"  remote    not published to {result.remote_url}: too many bad samples (exit 3)")
@@ -171,6 +175,7 @@ def demo_data(directory: Path, seed: int) -> None:
 
 def _register() -> None:
     from packer.commands.bench_loader import bench_loader_command
+    from packer.commands.gc import gc_command
     from packer.commands.inspect import diff_command, inspect_command, ls_command
     from packer.commands.key import key_command
     from packer.commands.locate import locate_command
@@ -178,7 +183,7 @@ def _register() -> None:
     from packer.commands.validate import validate_command
     from packer.commands.verify import verify_command
 
-    for command in (validate_command, verify_command, inspect_command, diff_command, ls_command,
+    for command in (validate_command, verify_command, inspect_command, diff_command, ls_command, gc_command,
                     report_command, bench_loader_command, key_command, locate_command):
         main.add_command(command)
 

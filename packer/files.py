@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -55,6 +56,9 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # a new inode every time: a temporary left behind may be a hard link to a published
+        # shard (:func:`clone_file` killed before its rename), which "wb" would truncate in place
+        tmp.unlink(missing_ok=True)
         fh = _DurableFile(open(tmp, "wb", buffering=0)) if durable else open(tmp, "wb")  # noqa: SIM115
     except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
         raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
@@ -142,6 +146,64 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: ioctl(2) request that makes a file share another's blocks, copy-on-write (Linux's FICLONE:
+#: btrfs, XFS with reflink, bcachefs, OCFS2; other file systems refuse it)
+_FICLONE = 0x40049409
+#: Mode of a published shard: read-only for everyone, so that no write reaches the file any
+#: version links to (a build replaces a file by writing a new one and renaming it, never in place)
+READ_ONLY = 0o444
+
+
+def clone_file(source: Path, target: Path) -> str:
+    """Make ``target`` hold ``source``'s bytes without copying them where the file system can:
+    a reflink (a new inode sharing ``source``'s blocks, copy-on-write), else a hard link (the
+    same inode), else (another device, a refused link) a copy. Returns how: ``"reflink"``,
+    ``"hardlink"`` or ``"copy"``. ``target`` ends read-only (:data:`READ_ONLY`): a hard link
+    makes ``source`` read-only too, since they are one file. The link is made under a temporary
+    name, then renamed over ``target``, so an existing ``target`` is replaced, never written."""
+    tmp = target.with_name(target.name + TMP_SUFFIX)
+    tmp.unlink(missing_ok=True)
+    how = "reflink" if _reflink(source, tmp) else ""
+    if not how:
+        try:
+            os.link(source, tmp)
+            how = "hardlink"
+            if os.stat(tmp).st_mode & 0o777 != READ_ONLY:
+                os.chmod(tmp, READ_ONLY)  # the earlier version's file too: it is the same inode
+        except OSError:  # another device, a file system without links, a file owned by someone else
+            tmp.unlink(missing_ok=True)
+            with open(source, "rb") as src, open(tmp, "xb") as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
+                dst.flush()
+                os.fsync(dst.fileno())
+            how = "copy"
+    if how != "hardlink":
+        os.chmod(tmp, READ_ONLY)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+    return how
+
+
+def _reflink(source: Path, target: Path) -> bool:
+    """Create ``target`` as a reflink of ``source`` (:data:`_FICLONE`); False where the platform
+    or file system cannot (``target`` is then absent)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return False
+    with open(source, "rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.ioctl(fd, _FICLONE, src.fileno())
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            os.unlink(target)
+            return False
+        os.close(fd)
+    return True
 
 
 def file_sha256(path: Path) -> tuple[int, str]:

@@ -1,5 +1,6 @@
 """Read-only views of built datasets: what a version holds (``inspect``), how two versions
-differ (``diff``) and which versions a registry folder keeps (``ls``).
+differ (``diff``: samples, then shards reused, new and removed) and which versions a registry
+folder keeps (``ls``; a dataset folder's versions are :mod:`packer.versions`').
 
 Everything here reads manifests through :func:`packer.manifest.read_manifest` (strict), so an
 edited or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
@@ -32,6 +33,8 @@ from packer.manifest import Manifest, read_manifest
 from packer.targets import Target, TargetValues
 
 DEFAULT_REGISTRY = Path("manifests")
+#: How a shard of two versions compares (:class:`ShardChange`), in the order ``diff`` lists them.
+SHARD_KINDS = ("reused", "new", "removed")
 
 
 def inspect_dataset(manifest_path: str | Path, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -267,6 +270,32 @@ class ValueChange:
 
 
 @dataclass(frozen=True)
+class ShardChange:
+    """One shard of either version, matched by content (the manifests' sha256).
+
+    ``kind``: ``reused`` (the same bytes are a shard of both versions), ``new`` (only in NEW) or
+    ``removed`` (only in OLD). ``split``, ``file``, ``bytes``: the shard in NEW (in OLD for a removed
+    one); ``old_file``: a reused shard's file in OLD. ``same_inode``: whether a reused shard's two
+    files are one file on disk (hard-linked, stored once) or separate copies; None when that could
+    not be checked (a registry copy, a file missing).
+    """
+
+    kind: str
+    split: str
+    file: str
+    bytes: int
+    sha256: str
+    old_file: str | None = None
+    same_inode: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"split": self.split, "file": self.file, "bytes": self.bytes, "sha256": self.sha256}
+        if self.kind == "reused":
+            out.update(old_file=self.old_file, same_inode=self.same_inode)
+        return out
+
+
+@dataclass(frozen=True)
 class DatasetDiff:
     """What changed from ``old`` to ``new``. Sample lists are sorted by key.
 
@@ -275,7 +304,8 @@ class DatasetDiff:
     set of labels held, numbers).
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
     ``target``: the versions' target; None when their kinds differ (then no sample counts as
-    relabeled; ``notes`` says so).
+    relabeled; ``notes`` says so). ``shards``: every shard of either version, matched by sha256
+    (:class:`ShardChange`).
     """
 
     old: dict[str, Any]
@@ -291,11 +321,26 @@ class DatasetDiff:
     versions: tuple[ValueChange, ...]
     notes: tuple[str, ...]
     target: Target | None = field(default_factory=lambda: Target("class"))
+    shards: tuple[ShardChange, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed or self.moved or self.relabeled or self.config
-                    or self.versions)
+                    or self.versions or any(c.kind != "reused" for c in self.shards))
+
+    def shards_of(self, kind: str) -> tuple[ShardChange, ...]:
+        """The shards of one ``kind`` (reused, new, removed), in manifest order."""
+        return tuple(c for c in self.shards if c.kind == kind)
+
+    def shard_counts(self) -> dict[str, dict[str, int]]:
+        """Per kind (reused, new, removed): shards and bytes; ``linked``: the reused shards whose two
+        files are one inode (stored once), ``copied``: those stored twice."""
+        out = {kind: {"shards": len(items), "bytes": sum(c.bytes for c in items)}
+               for kind in SHARD_KINDS for items in [self.shards_of(kind)]}
+        for name, same in (("linked", True), ("copied", False)):
+            items = tuple(c for c in self.shards_of("reused") if c.same_inode is same)
+            out[name] = {"shards": len(items), "bytes": sum(c.bytes for c in items)}
+        return out
 
     def by_split(self) -> dict[str, dict[str, int]]:
         """Per split: added, removed, changed (counted where the sample is now), moved_in, moved_out."""
@@ -339,6 +384,8 @@ class DatasetDiff:
         return {"old": self.old, "new": self.new, "empty": self.empty,
                 "samples": {"compared": self.samples_compared, "content_compared": self.content_compared,
                             **samples, "by_split": self.by_split(), "by_label": self.by_label()},
+                "shards": {**{kind: [c.to_json() for c in self.shards_of(kind)] for kind in SHARD_KINDS},
+                           "counts": self.shard_counts()},
                 "config": [c.to_json() for c in self.config], "versions": [c.to_json() for c in self.versions],
                 "notes": list(self.notes)}
 
@@ -455,7 +502,45 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
-                       target=target)
+                       target=target, shards=diff_shards(old_manifest, new_manifest))
+
+
+def _manifest_shards(manifest: Manifest) -> list[tuple[str, dict[str, Any]]]:
+    return [(split, shard) for split in SPLITS if split in manifest.data["splits"]
+            for shard in manifest.data["splits"][split]["shards"]]
+
+
+def _same_file(a: Path | str, b: Path | str) -> bool | None:
+    """Whether two local paths are one inode; None when either cannot be stat'ed (or is a URL)."""
+    if not isinstance(a, Path) or not isinstance(b, Path):
+        return None
+    try:
+        return a.samefile(b)
+    except OSError:
+        return None
+
+
+def diff_shards(old: Manifest, new: Manifest) -> tuple[ShardChange, ...]:
+    """The shards of ``new`` (reused when ``old`` has a shard with the same sha256, else new),
+    then those of ``old`` that ``new`` lacks (removed). A reused shard is matched to the old shard
+    of the same file name when several hold its bytes. Reads the manifests and stats the files."""
+    by_digest: dict[str, list[str]] = defaultdict(list)
+    for _, shard in _manifest_shards(old):
+        by_digest[shard["sha256"]].append(shard["file"])
+    new_digests = set()
+    changes = []
+    for split, shard in _manifest_shards(new):
+        new_digests.add(shard["sha256"])
+        files = by_digest.get(shard["sha256"])
+        if not files:
+            changes.append(ShardChange("new", split, shard["file"], shard["bytes"], shard["sha256"]))
+            continue
+        old_file = shard["file"] if shard["file"] in files else files[0]
+        changes.append(ShardChange("reused", split, shard["file"], shard["bytes"], shard["sha256"], old_file=old_file,
+                                   same_inode=_same_file(old.locate(old_file), new.locate(shard["file"]))))
+    changes += [ShardChange("removed", split, shard["file"], shard["bytes"], shard["sha256"])
+                for split, shard in _manifest_shards(old) if shard["sha256"] not in new_digests]
+    return tuple(changes)
 
 
 def _target_text(target: Target) -> str:
@@ -495,10 +580,31 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                 lines.append(f"    {name:<9} {item.key}  ({detail})")
             if len(items) > limit:
                 lines.append(f"    {name:<9} ... and {len(items) - limit} more (--json lists all)")
+    lines += _shard_lines(diff, limit)
     for title, changes in (("config", diff.config), ("versions", diff.versions)):
         lines.append(f"  {title}: {len(changes) or 'no'} difference{'s' if len(changes) != 1 else ''}")
         lines += [f"    {c.path}: {_value(c.old)} -> {_value(c.new)}" for c in changes]
     return "\n".join(lines)
+
+
+def _shard_lines(diff: DatasetDiff, limit: int) -> list[str]:
+    """The shard view: counts and bytes of reused (stored once or twice), new and removed shards,
+    then the new and removed shards by name (reused ones only in ``--json``)."""
+    counts = diff.shard_counts()
+    reused, linked, copied = counts["reused"], counts["linked"], counts["copied"]
+    unchecked = reused["shards"] - linked["shards"] - copied["shards"]
+    storage = [f"{linked['shards']} hard-linked (stored once)", f"{copied['shards']} separate copies"]
+    if unchecked:
+        storage.append(f"{unchecked} not checked (files not here)")
+    lines = [f"  shards: {reused['shards']} reused ({human_bytes(reused['bytes'])}: {', '.join(storage)}), "
+             f"{counts['new']['shards']} new ({human_bytes(counts['new']['bytes'])}), "
+             f"{counts['removed']['shards']} removed ({human_bytes(counts['removed']['bytes'])})"]
+    for kind in ("new", "removed"):
+        items = diff.shards_of(kind)
+        lines += [f"    {kind:<9} {c.file}  ({c.split}, {human_bytes(c.bytes)})" for c in items[:limit]]
+        if len(items) > limit:
+            lines.append(f"    {kind:<9} ... and {len(items) - limit} more (--json lists all)")
+    return lines
 
 
 # -- registry ---------------------------------------------------------------------------------------

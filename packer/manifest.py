@@ -183,12 +183,14 @@ def _not_a_version(folder: Path) -> str:
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard as the manifest lists it: file name inside the version folder, size in bytes,
-    sha256 (hex) and number of samples."""
+    sha256 (hex), number of samples and its content key (:mod:`packer.pipeline.reuse`; None in
+    manifests written before it existed)."""
 
     file: str
     bytes: int
     sha256: str
     samples: int
+    content_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,8 @@ class Manifest:
 
     def shards(self, split: str) -> tuple[ShardEntry, ...]:
         """The shards of ``split`` in manifest order (KeyError for a split the manifest lacks)."""
-        return tuple(ShardEntry(file=s["file"], bytes=s["bytes"], sha256=s["sha256"], samples=s["samples"])
+        return tuple(ShardEntry(file=s["file"], bytes=s["bytes"], sha256=s["sha256"], samples=s["samples"],
+                                content_key=s.get("content_key"))
                      for s in self.splits[split]["shards"])
 
     @property

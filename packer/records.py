@@ -222,6 +222,11 @@ class SpilledSample:
     sig_row: int = -1
     #: Bytes of the sample's mask (``.npy``), after its metadata in the spill; 0 without one
     mask_bytes: int = 0
+    #: sha256 (hex) of the sample's metadata JSON bytes then its mask bytes, as spilled: with
+    #: ``sha256`` it fixes every byte the pack pass copies of this sample, so a planned shard's
+    #: content key (:mod:`packer.pipeline.reuse`) needs no spill read; ``""`` in a cache entry
+    #: written before it existed (its shards are then written, never reused)
+    meta_sha256: str = ""
 
     @property
     def nbytes(self) -> int:

@@ -31,7 +31,7 @@ from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from packer.errors import ConfigError, PackerError
-from packer.files import TMP_SUFFIX
+from packer.files import TMP_SUFFIX, clone_file
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
 CACHE_FOLDER = "cache"           # build caches live in <work_dir>/cache/<name>-<digest>/
@@ -397,6 +397,33 @@ class VersionFolder:
         if sources:
             self._fs.put([str(s) for s in sources], [self._remote(n) for n in names])
         self._fs.invalidate_cache(self._root)
+
+    def folders(self) -> list[str]:
+        """Names of the folders directly inside this one, sorted (none where it does not exist)."""
+        with self._translated(""):
+            if self.local is not None:
+                return sorted(p.name for p in self.local.iterdir() if p.is_dir()) if self.local.is_dir() else []
+            try:
+                self._fs.invalidate_cache(self._root)
+                entries = self._fs.ls(self._root, detail=True)
+            except FileNotFoundError:
+                return []
+            return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+    def copy_from(self, source: VersionFolder, source_name: str, name: str) -> bool:
+        """Copy ``source``'s file ``source_name`` to ``name`` here inside the store, without its
+        bytes passing through this machine (S3 CopyObject, GCS rewrite; a local folder links or
+        copies it, :func:`packer.files.clone_file`). False, and nothing done, where the two
+        folders are not on one store."""
+        if self.local is not None and source.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
+            clone_file(source.local / source_name, self.local / name)
+            return True
+        if self.local is not None or source.local is not None or type(self._fs) is not type(source._fs):
+            return False
+        self._fs.copy(source._remote(source_name), self._remote(name))
+        self._fs.invalidate_cache(self._root)
+        return True
 
     def remove(self, name: str) -> None:
         if self.local is not None:

@@ -58,3 +58,46 @@ def test_the_writeback_hint_reaches_the_kernel_on_linux(tmp_path: Path) -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_clone_file_links_read_only_and_replaces_the_target_without_writing_through_it(tmp_path: Path) -> None:
+    source = tmp_path / "old" / "train-000000.tar"
+    source.parent.mkdir()
+    source.write_bytes(b"shard bytes" * 100)
+    target = tmp_path / "new" / "train-000000.tar"
+    target.parent.mkdir()
+    target.write_bytes(b"an earlier attempt")  # what a killed attempt may have left
+    how = files.clone_file(source, target)
+    assert how in ("reflink", "hardlink")  # one file system: never a copy
+    assert target.read_bytes() == source.read_bytes()
+    assert os.stat(target).st_mode & 0o777 == 0o444
+    if how == "hardlink":  # one inode: the earlier version's file is read-only now too
+        assert os.stat(source).st_ino == os.stat(target).st_ino and os.stat(source).st_mode & 0o777 == 0o444
+    assert not list(target.parent.glob("*.partial"))
+
+
+def test_clone_file_copies_where_a_link_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, target = tmp_path / "a", tmp_path / "b"
+    source.write_bytes(b"x" * 5000)
+
+    def refuse(*_: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(files.os, "link", refuse)
+    monkeypatch.setattr(files, "_reflink", lambda *_: False)
+    assert files.clone_file(source, target) == "copy"
+    assert target.read_bytes() == source.read_bytes() and os.stat(target).st_ino != os.stat(source).st_ino
+    assert os.stat(target).st_mode & 0o777 == 0o444
+
+
+def test_atomic_output_never_writes_through_a_leftover_temporary_linked_to_another_file(tmp_path: Path) -> None:
+    published = tmp_path / "v1" / "train-000000.tar"
+    published.parent.mkdir()
+    published.write_bytes(b"version one's shard")
+    staging = tmp_path / "staging" / "train-000000.tar"
+    staging.parent.mkdir()
+    os.link(published, staging.with_name(staging.name + files.TMP_SUFFIX))  # a link a kill left half-made
+    with atomic_output(staging) as fh:
+        fh.write(b"a new shard")
+    assert staging.read_bytes() == b"a new shard"
+    assert published.read_bytes() == b"version one's shard"

@@ -1,8 +1,9 @@
 """A full, over-quota or read-only file system stops a run with a clear error (exit 6) that names
 the file and the fix, never as an internal error; work already done stays usable.
 
-The full disk is real: Linux's ``/dev/full`` answers every write with ENOSPC, and a writer is
-pointed at it through a symlink where its temporary file would be."""
+The full disk is real: Linux's ``/dev/full`` answers every write with ENOSPC, and a writer's
+open of its temporary file is pointed at it (not through a symlink left at the temporary's name:
+a writer removes whatever it finds there first, since that may be a link to a published shard)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,16 @@ def test_only_the_file_systems_answers_count_and_permission_only_when_opening() 
 
 
 @needs_dev_full
-def test_a_writer_on_a_full_disk_raises_the_error_and_leaves_no_file(tmp_path: Path) -> None:
+def test_a_writer_on_a_full_disk_raises_the_error_and_leaves_no_file(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.files
+
     target = tmp_path / "train-000000.tar"
-    (tmp_path / (target.name + TMP_SUFFIX)).symlink_to(FULL)
+
+    def full_for_it(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return builtins.open(FULL if str(file) == f"{target}{TMP_SUFFIX}" else file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(packer.files, "open", full_for_it, raising=False)
     with pytest.raises(FileSystemError, match=f"cannot write {target}: the file system is full") as caught:
         with atomic_output(target) as fh:
             fh.write(b"x" * (1 << 20))

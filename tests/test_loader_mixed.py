@@ -87,7 +87,7 @@ def test_a_view_never_reads_the_samples_it_leaves_out(mixed: BuildResult, tmp_pa
     """Every CT sample's image is made undecodable (same shard sizes): a photos view still reads
     cleanly with on_error="raise", while the whole split stops at the first CT sample."""
     copy_dir = tmp_path / "copy"
-    shutil.copytree(mixed.version_dir, copy_dir)
+    shutil.copytree(mixed.version_dir, copy_dir, copy_function=shutil.copyfile)  # writable: shards are 0444
     ct = [r for r in pq.read_table(copy_dir / "_index.parquet").to_pylist() if r["source"] == "ct"]
     if mixed.manifest["format"] == "webdataset":
         for shard in {r["shard"] for r in ct}:
@@ -186,7 +186,7 @@ def test_unknown_sources_and_labels_are_config_errors_listing_what_exists(mixed:
 
 def test_a_view_needs_the_index_the_manifest_names(mixed: BuildResult, tmp_path: Path) -> None:
     copy_dir = tmp_path / "copy"
-    shutil.copytree(mixed.version_dir, copy_dir)
+    shutil.copytree(mixed.version_dir, copy_dir, copy_function=shutil.copyfile)  # writable: shards are 0444
     (copy_dir / "_index.parquet").unlink()
     with pytest.raises(IntegrityError, match="_index.parquet: the sample index is missing"):
         ShardDataset(copy_dir, "train", sources=["ct"], verify="off")

@@ -164,10 +164,10 @@ def test_the_build_plan_respects_limits_and_keeps_split_and_key_order(
     for split in SPLITS:
         mine = [p for p in plans if p.split == split]
         assert [p.file for p in mine] == [f"{split}-{i:06d}.parquet" for i in range(len(mine))]
-        for before, after in zip(mine, mine[1:], strict=False):        # greedy: the next sample did not fit
+        for before, after in zip(mine, mine[1:], strict=False):        # 75% full by a limit, or the next did not fit
             used = sum(rows[r][0] + PER_SAMPLE_OVERHEAD["parquet"] for r in before.rows)
             first = rows[int(after.rows[0])][0] + PER_SAMPLE_OVERHEAD["parquet"]
-            assert len(before.rows) == max_samples or used + first > max_bytes
+            assert 4 * len(before.rows) >= 3 * max_samples or 4 * used >= 3 * max_bytes or used + first > max_bytes
     for p in plans:
         bytes_in = sum(rows[r][0] + PER_SAMPLE_OVERHEAD["parquet"] for r in p.rows)
         assert 0 < len(p.rows) <= max_samples and (len(p.rows) == 1 or bytes_in <= max_bytes)

@@ -163,6 +163,7 @@ def test_a_changed_byte_in_a_published_shard_makes_only_its_chunk_decode_again(
     else:  # the first letter of the sample's metadata (the record's other fields are not what was spilled)
         at = data.index(b'"metadata":{"', start, start + size) + len(b'"metadata":{"')
     data[at] ^= 0x01
+    shard.chmod(0o644)  # bit rot does not ask a published shard's mode (0444)
     shard.write_bytes(bytes(data))
 
     again = run(demo_raw, tmp_path, out, work, monkeypatch, seed=5)  # a new version: the damaged one is not kept
@@ -286,6 +287,7 @@ def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_poin
     entry = load_cached_chunk(cache, chunk, "webdataset")
     assert entry is not None and all(s.spill == f"{chunk}.packed.json" for s in entry.samples)
     for shard in first.version_dir.glob("*.tar"):
+        shard.chmod(0o644)  # by hand, past the published shard's read-only mode
         shard.write_bytes(shard.read_bytes()[:1024])  # cut short, under the build's feet
     with SpillReader(cache) as reader, pytest.raises(OSError) as caught:
         for sample in entry.samples:

@@ -46,7 +46,9 @@ def built(request: pytest.FixtureRequest, demo_raw: Any, tmp_path_factory: pytes
 
 @pytest.fixture()
 def version(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / built.name))
+    """A copy of the built version to damage: plain file copies, writable (published shards are
+    read-only, mode 0444; copyfile does not copy modes)."""
+    return Path(shutil.copytree(built, tmp_path / built.name, copy_function=shutil.copyfile))
 
 
 def manifest_of(folder: Path) -> dict[str, Any]:
@@ -246,7 +248,7 @@ def test_deep_names_forged_tar_contents(version: Path, edit: Callable[[str, byte
 
 @pytest.fixture(scope="module")
 def flip_target(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(shutil.copytree(built, tmp_path_factory.mktemp("flip") / built.name))
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("flip") / built.name, copy_function=shutil.copyfile))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

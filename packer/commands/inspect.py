@@ -72,25 +72,54 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
 
 
 @click.command("ls")
-@click.argument("registry", required=False, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", help="Only the dataset with this name.")
+@click.argument("folder", required=False, metavar="[REGISTRY | OUTPUT/NAME]",
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", help="Only the dataset with this name (registry form).")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @exits
-def ls_command(registry: Path | None, name: str | None, as_json: bool) -> None:
-    """List the manifests kept in a registry folder (REGISTRY, default ./manifests), newest first.
+def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
+    """List the versions of a dataset folder (OUTPUT/NAME), or the manifests kept in a registry
+    folder (REGISTRY, default ./manifests); newest created_at first.
 
-    The registry holds <name>/<version>.json copies written by `packer build` when the job
-    names a registry. Shows name, version, created_at, samples per split and the dataset_hash
-    prefix. Exits 2 when the folder does not exist, 5 when a listed manifest fails its hash.
+    \b
+    OUTPUT/NAME (a folder holding <version>/manifest.json folders): per version its samples,
+    shards, size on disk, the bytes only it holds ("own": what removing it alone frees) and the
+    bytes it shares with other versions or links elsewhere ("shared"), counted by inode, so
+    hard-linked shards count once; then the total on disk against the versions' sizes added up,
+    and the bytes of identical shards stored as separate copies (same sha256, different files).
+    Folders that are not versions (.staging-*: a build in progress or interrupted; .trash-*: left
+    by an interrupted `packer gc`) are listed after.
+
+    \b
+    REGISTRY (<name>/<version>.json copies written by `packer build` when the job names a
+    registry): name, version, created_at, samples per split and the dataset_hash prefix.
+
+    Exits 2 when the folder does not exist, 5 when a listed manifest fails its hash.
     """
     from packer.errors import IntegrityError
     from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry
+    from packer.versions import format_versions, is_dataset_folder, list_versions
 
-    entries = list_registry(registry or DEFAULT_REGISTRY, name=name)
+    if folder is not None and is_dataset_folder(folder):
+        listing = list_versions(folder)
+        if as_json:
+            _echo_json(listing.to_json())
+        else:
+            click.echo(format_versions(listing))
+        broken_versions = [v for v in listing.versions if v.problem is not None]
+        if broken_versions:
+            raise IntegrityError(f"{len(broken_versions)} version(s) fail their manifest check: "
+                                 + ", ".join(str(v.path) for v in broken_versions) + "; run `packer verify` on them")
+        return
+    registry = folder or DEFAULT_REGISTRY
+    entries = list_registry(registry, name=name)
     if as_json:
         _echo_json([e.to_json() for e in entries])
     elif not entries:
-        click.echo(f"no manifests under {registry or DEFAULT_REGISTRY}" + (f" for {name!r}" if name else ""))
+        datasets = sorted(p.name for p in registry.iterdir() if is_dataset_folder(p))
+        hint = (f"; it is an output folder: `packer ls {registry / datasets[0]}` lists the versions of "
+                f"{datasets[0]}" if datasets else "")
+        click.echo(f"no manifests under {registry}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
     broken = [e for e in entries if e.problem is not None]

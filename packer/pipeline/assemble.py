@@ -12,14 +12,22 @@ each spill file once all of it is packed (:class:`~packer.pipeline.spill.SpillCo
 worker that dies mid-shard leaves its partial file behind; dask runs the task again, and the
 new attempt finds the samples the dead one had freed in that file (:class:`_EarlierAttempts`:
 renamed aside first, read back and checked against each sample's sha256, removed once the
-shard is complete)."""
+shard is complete).
+
+A shard that an earlier version of the output already holds (same content key,
+:mod:`packer.pipeline.reuse`) is not written: its task checks that file's bytes and links it
+into the staging folder, and the client takes its index rows from that version's index. Every
+shard file ends read-only."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tarfile
 import time
 import uuid
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,9 +35,10 @@ from typing import Any
 
 from packer.allocator import tune_allocator
 from packer.errors import PackerError
-from packer.files import TMP_SUFFIX
+from packer.files import READ_ONLY, TMP_SUFFIX
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.plan import PlannedShard, ShardPlan
+from packer.pipeline.reuse import EarlierShards, ReuseSource, link_earlier, shard_content_key
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, SpillFreed, SpillPuncher, SpillReader, tar_sample_as_spilled
 from packer.progress import Progress
@@ -56,6 +65,11 @@ class ShardTask:
     #: each record names its raw file (``path``, relative to the source root): ``phi.mode: keep``
     #: only, since folder and file names can identify a patient
     raw_paths: bool = False
+    #: the shard's content key (:func:`~packer.pipeline.reuse.shard_content_key`; "" unknown)
+    content_key: str = ""
+    #: an earlier version's file with the same content key: linked instead of written once its
+    #: bytes check out (:func:`~packer.pipeline.reuse.link_earlier`)
+    reuse: ReuseSource | None = None
 
 
 class _EarlierAttempts:
@@ -114,6 +128,14 @@ def write_shard(task: ShardTask) -> ShardWrite:
     """Dask task: stream the plan's samples from the spill files into the shard file."""
     tune_allocator()
     path = Path(task.folder) / task.plan.file
+    start = time.perf_counter()
+    refused = ""
+    if task.reuse is not None:
+        how, refused = link_earlier(task.reuse, path)
+        if how:  # the client fills in the earlier index rows (:func:`pack_shards`)
+            return ShardWrite(file=task.plan.file, bytes=task.reuse.bytes, sha256=task.reuse.sha256,
+                              positions=array("q"), sizes=array("q"), digests=b"", checksums=array("Q"),
+                              seconds=time.perf_counter() - start, content_key=task.content_key, reused=how)
     earlier = _EarlierAttempts(path)
     files = SpillReader(Path(task.cache_dir))
     puncher = SpillPuncher(Path(task.cache_dir), task.keep) if task.free_spill and task.format == "webdataset" else None
@@ -135,7 +157,6 @@ def write_shard(task: ShardTask) -> ShardWrite:
         if puncher is not None:
             puncher.punch(latest[0])
 
-    start = time.perf_counter()
     try:
         if task.format == "webdataset":
             written = write_tar_shard(path, encoded(), after_each=written_out if puncher is not None else None)
@@ -147,14 +168,22 @@ def write_shard(task: ShardTask) -> ShardWrite:
         if puncher is not None:
             puncher.close()
     earlier.remove()
-    return replace(written, seconds=time.perf_counter() - start)
+    os.chmod(path, READ_ONLY)  # shards are immutable: a later version may link this very file
+    return replace(written, seconds=time.perf_counter() - start, content_key=task.content_key, refused=refused)
 
 
 def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, target: Target,
                 cache_dir: Path, staging: Path, fmt: str, quiet: bool,
-                consumer: SpillConsumer | None = None, raw_paths: bool = False) -> dict[str, ShardWrite]:
+                consumer: SpillConsumer | None = None, raw_paths: bool = False,
+                earlier: EarlierShards | None = None, libraries: dict[str, str] | None = None
+                ) -> dict[str, ShardWrite]:
     """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
     spill files under ``cache_dir``; return what each writer reported, by shard file.
+
+    With ``libraries`` (the manifest's) each shard gets its content key
+    (:mod:`packer.pipeline.reuse`); a shard that ``earlier`` finds in an earlier version is
+    linked from there (its task checks the file's bytes first) and reported with that version's
+    index rows, under its new name, so the index and manifest are the same as a fresh build's.
 
     Shards are submitted in the order of their first sample (the table is in key order, and so
     are the chunks), so the splits advance through the spill together. With a ``consumer``, tar
@@ -168,11 +197,18 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
         mine = samples.take(shard.rows)
         plan = ShardPlan(file=shard.file, split=shard.split, index=shard.index, samples=mine)
         keep = consumer.keep.intersection(mine.column("spill")) if consumer is not None else frozenset()
+        key = "" if libraries is None else shard_content_key(mine, split=shard.split, fmt=fmt, target=target,
+                                                              libraries=libraries, raw_paths=raw_paths)
+        found = earlier.find(key, mine.column("key")) if key and earlier is not None else None
+        if found is not None:
+            found_rows[shard.file] = found.columns
         return ShardTask(plan=plan, target=target, cache_dir=str(cache_dir), folder=str(staging), format=fmt,
-                         free_spill=consumer is not None, keep=keep, raw_paths=raw_paths)
+                         free_spill=consumer is not None, keep=keep, raw_paths=raw_paths, content_key=key,
+                         reuse=found.source if found is not None else None)
 
     progress = Progress("pack", sum(len(s.rows) for s in shards), unit="samples", quiet=quiet)
     written: dict[str, ShardWrite] = {}
+    found_rows: dict[str, ShardWrite] = {}
     nonce = uuid.uuid4().hex[:8]
     tasks = LazySequence(len(shards), task_of)
     for task, shard in executor.map_unordered(write_shard, tasks,
@@ -181,6 +217,11 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
             raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
                               "this happens only when copying already-decoded bytes, so check the worker's memory "
                               "limit and the disk under the output folder")
+        if shard.reused:
+            shard = replace(found_rows.pop(shard.file), file=shard.file, seconds=shard.seconds,
+                            content_key=shard.content_key, reused=shard.reused)
+        elif shard.refused:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {shard.refused}", file=sys.stderr, flush=True)
         written[shard.file] = shard
         if consumer is not None:
             consumer.packed(task.plan.samples)

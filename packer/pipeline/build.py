@@ -6,9 +6,13 @@
 3. split + audit (client): on the records; no pixels on the client.
 4. plan (client): shard boundaries from exact sizes (``pack.plan``).
 5. pack (dask, one task per shard): copy spilled bytes into tar/Parquet shards, hash them;
-   the client frees each shard's spill as its task returns (unless ``keep_spill``).
+   the client frees each shard's spill as its task returns (unless ``keep_spill``). A shard
+   whose content key an earlier version of the output holds is linked from it instead
+   (:mod:`packer.pipeline.reuse`).
 6. index, bad-sample report, manifest (written last), registry copy; each cache entry then
-   points at the published shards that now hold its samples, for the next build to reuse.
+   points at the published shards that now hold its samples, for the next build to reuse, and
+   the cache's index of files lists what each entry holds (per-file reuse,
+   :mod:`packer.pipeline.filecache`).
 
 The bytes depend only on the inputs and the job: sorting happens on the client, never by
 task completion order, so the worker count and scheduler do not matter.
@@ -40,7 +44,7 @@ from packer.errors import (
     blocking_file,
 )
 from packer.exclusions import exclusion_counts, write_excluded
-from packer.files import atomic_output
+from packer.files import atomic_output, human_bytes
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -54,6 +58,7 @@ from packer.manifest import (
 )
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
+from packer.pipeline.filecache import INDEX_NAME, write_file_index
 from packer.pipeline.paircache import PAIRS_STEM
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
@@ -129,10 +134,26 @@ class BuildResult:
     remote_url: str | None = None  # the output URL, when the output is one
     published: PublishResult | None = None  # set when remote_url is and the bad fraction is within limits
     phi_key_source: str | None = None  # where the PHI key came from (never the key); None without pseudonyms
+    files_total: int = 0  # the input files (the manifest's inputs.files)
+    #: shards written by this build, and those linked from an earlier version instead
+    #: (:mod:`packer.pipeline.reuse`), with their bytes
+    shards_written: int = 0
+    shards_reused: int = 0
+    bytes_written: int = 0
+    bytes_reused: int = 0
 
     @property
     def over_threshold(self) -> bool:
         return over_limit(self.manifest["bad_samples"])
+
+    @property
+    def work_line(self) -> str:
+        """What the build did, in one line: ``decoded N of M files, wrote K of S shards (X),
+        reused S-K (Y)``."""
+        shards = self.shards_written + self.shards_reused
+        return (f"decoded {self.files_decoded} of {self.files_total} files, wrote {self.shards_written} of {shards} "
+                f"shards ({human_bytes(self.bytes_written)}), reused {self.shards_reused} "
+                f"({human_bytes(self.bytes_reused)})")
 
 
 def _sample_schema(samples: SampleTable) -> dict[str, Any]:
@@ -333,7 +354,11 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
     used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM}  # the verified-pair cache stays too
-    files_decoded = prepared.files_decoded
+    used_units = [(c.key, c.units) for c in prepared.chunks if c.units]
+    files_decoded, files_total = prepared.files_decoded, prepared.inputs
+    reused_shards = [w for w in written.values() if w.reused]
+    shards_reused, bytes_reused = len(reused_shards), sum(w.bytes for w in reused_shards)
+    shards_written, bytes_written = len(written) - shards_reused, sum(w.bytes for w in written.values()) - bytes_reused
     seconds = {**stage_seconds(prepared.chunks),
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
     sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
@@ -350,6 +375,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
             raise _ReportNotWritten(f"{err}. The dataset itself is complete in {version_dir}, manifest included; "
                                     f"once there is room, `packer report {version_dir}` writes the report") from err
     _prune_cache(cache_dir, used_chunks, keep=options.keep_cache)
+    if options.keep_cache:  # after the prune: the index lists only entries that exist
+        write_file_index(cache_dir, used_units)
+    del used_units
     registry_copy = None
     if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
@@ -363,7 +391,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                        issues=sorted_issues, reused=reused,
                        registry_copy=registry_copy, executor=description, html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
-                       stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source)
+                       stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source,
+                       files_total=files_total, shards_written=shards_written, shards_reused=shards_reused,
+                       bytes_written=bytes_written, bytes_reused=bytes_reused)
 
 
 def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite]
@@ -497,9 +527,11 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool
 
 
 def _prune_cache(cache_dir: Path, used: set[str], *, keep: bool) -> None:
-    """Drop cache entries this build did not use (or all of them when not keeping the cache)."""
+    """Drop cache entries this build did not use (or all of them when not keeping the cache);
+    a kept cache's index of files (:data:`~packer.pipeline.filecache.INDEX_NAME`) stays, for the
+    build to replace."""
     for path in cache_dir.iterdir():
-        if not keep or path.name.split(".")[0] not in used:
+        if not keep or (path.name.split(".")[0] not in used and path.name != INDEX_NAME):
             path.unlink()
     if not keep:
         cache_dir.rmdir()

@@ -8,7 +8,9 @@ transforms the pixels (:mod:`packer.read`), runs the per-sample checks
 build cache (:mod:`packer.pipeline.spill`, which owns the cache's key and files). Only small
 records (:class:`SpilledSample`, :class:`Issue`) go back to the client; splitting and shard
 planning then work on exact sizes and content hashes, and the pack pass copies bytes out of
-the spill without decoding anything again.
+the spill without decoding anything again. A chunk whose entry is not in the cache still
+decodes only its new and changed files: the others' results are copied out of earlier entries
+(:mod:`packer.pipeline.filecache`).
 
 A raw file behind a URL (``s3://...``) is fetched once, by the task that decodes it, into a
 temporary local copy (:func:`packer.pipeline.rawstore.fetched`); the readers run on the copy and every
@@ -33,6 +35,7 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.filecache import CopiedUnit, Unit, copy_units, find_earlier, unit_keys
 from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
@@ -95,6 +98,12 @@ class ChunkResult:
     seconds: tuple[tuple[str, float], ...] = ()
     notes: tuple[tuple[str, str], ...] = ()
     excluded: tuple[Excluded, ...] = ()
+    #: files whose samples and records were copied from an earlier cache entry, not decoded
+    #: (:mod:`packer.pipeline.filecache`; a whole entry reused is ``reused``)
+    copied: int = 0
+    #: the keys of the entry's units of per-file reuse, 16 bytes each, concatenated (for the
+    #: cache's index, :func:`packer.pipeline.filecache.write_file_index`)
+    units: bytes = b""
 
 
 #: Chunks per dask task: at most MAX_GROUP, and small enough that every worker thread gets at
@@ -334,7 +343,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format)
         if cached is not None:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
-                               reused=True, notes=cached.notes, excluded=cached.excluded)
+                               reused=True, notes=cached.notes, excluded=cached.excluded, units=cached.units)
     # near-copy signatures only where the check runs (split.near_duplicates resolved it: a one-split job has none)
     sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
     if not task.job.split.near_enabled:
@@ -343,16 +352,25 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     issues: list[Issue] = []
     excluded: list[Excluded] = []
     clock = StageClock()
+    clock.switch("reuse")
+    units, copied = _copied_units(task, cache_dir, listed, signed=sig_dir is not None)
     notes: dict[tuple[str, str], None] = {}  # in order, once per file
-    outcomes: Iterable[list[Sample] | Issue | Excluded]
+    outcomes: Iterable[list[Sample] | Issue | Excluded | CopiedUnit]
     if task.group is not None:
-        outcomes = _group_samples(task, listed, clock, notes)
+        outcomes = [copied[units[0].key]] if units and units[0].key in copied else \
+            _group_samples(task, listed, clock, notes)
     else:
-        outcomes = (_on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
+        ready = {unit.sample_ids[0]: copied[unit.key] for unit in units if unit.key in copied}
+        outcomes = (ready[ref.sample_id] if ref.sample_id in ready else
+                    _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
     fmt = task.job.pack.format
     with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt) as spill:
         for outcome in outcomes:
+            if isinstance(outcome, CopiedUnit):
+                clock.switch("reuse")
+                _spill_copied(outcome, spill, issues, excluded, notes, fmt=fmt)
+                continue
             if isinstance(outcome, Issue):
                 issues.append(outcome)
                 continue
@@ -375,9 +393,42 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
-    spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded)
+    spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
+                 units=[(unit.key, unit.sample_ids) for unit in units])
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
-                       seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded))
+                       seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded),
+                       copied=sum(len(unit.sample_ids) for unit in units if unit.key in copied),
+                       units=b"".join(bytes.fromhex(unit.key) for unit in units))
+
+
+def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, RawObject], *,
+                  signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit]]:
+    """The units of ``task`` (none without a cache) and, by unit key, what earlier cache entries
+    hold for those that did not change (:mod:`packer.pipeline.filecache`). A copy without the
+    near-copy signatures the job needs (``signed``) is not taken: its unit is decoded."""
+    if cache_dir is None:
+        return [], {}
+    units = unit_keys(task.refs, task.job, dict(task.libraries), group=task.group is not None, listed=listed)
+    copied = copy_units(cache_dir, find_earlier(cache_dir, units, skip=task.key), task.refs, task.job)
+    if signed:
+        copied = {unit: held for unit, held in copied.items()
+                  if all(sample.signature is not None for sample in held.samples)}
+    return units, copied
+
+
+def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], excluded: list[Excluded],
+                  notes: dict[tuple[str, str], None], *, fmt: str) -> None:
+    """Add a unit copied from an earlier entry to this chunk's: its samples' bytes into the
+    spill (their sha256 for shard format ``fmt``), its records to the chunk's."""
+    issues.extend(copied.issues)
+    excluded.extend(copied.excluded)
+    notes.update(dict.fromkeys(copied.notes))
+    for sample in copied.samples:
+        held = sample.spilled
+        digest = pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt)
+        spill.add(key=held.key, ref=held.ref, pixels=sample.pixels, digest=digest, meta=sample.meta,
+                  shape=held.shape, dtype=held.dtype, signature=sample.signature if spill.sig_dir else None,
+                  mask=sample.mask)
 
 
 class _Settle:

@@ -1,11 +1,15 @@
 """Plan shard boundaries from exact sample sizes, before any shard is written.
 
-Boundaries are a pure function of one split's sorted sample list, the sample sizes and the
-pack limits, so they never depend on how many workers run or in which order tasks finish.
+Boundaries are a pure function of one split's ordered ``(key, size)`` list and the pack limits,
+so they never depend on how many workers run or in which order tasks finish. They are also
+local: where a shard ends depends on its own start and on the samples that could close it, not
+on the rest of the split, so an incremental build that adds or removes a few samples keeps the
+other shards' sample lists, and so their bytes (:func:`shard_bounds`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +24,15 @@ from packer.records import SpilledSample
 #: Parquet's per-row share of page and column overhead.
 PER_SAMPLE_OVERHEAD = {"webdataset": 3 * 512 + 3 * 511 + 64, "parquet": 64}
 EXTENSIONS = {"webdataset": "tar", "parquet": "parquet"}
+
+#: A shard may close once it is this full, in percent of ``max_bytes`` or of ``max_samples``
+#: (whichever it reaches first), so every shard but a split's last holds 75-100% of a limit:
+#: the ±25% size spread the incremental builds of issue 39 allow, and no tighter, because the
+#: wider the window of samples that may close a shard, the rarer an edit moves the next
+#: shard's start (``benchmarks/shard_plan.py``).
+MIN_FILL_PERCENT = 75
+
+_CUT_PERSON = b"packer-shard"  # blake2b personalisation: these hashes mean nothing else
 
 
 @dataclass(frozen=True)
@@ -37,22 +50,56 @@ def shard_file(split: str, index: int, fmt: str) -> str:
     return f"{split}-{index:06d}.{EXTENSIONS[fmt]}"
 
 
-def shard_bounds(sizes: Sequence[int], *, fmt: str, max_samples: int, max_bytes: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each shard over samples of ``sizes`` bytes (already in their final
-    order): a shard closes before it would exceed ``max_samples`` samples or ``max_bytes``
-    bytes (sample bytes plus the format's per-sample overhead); a sample larger than
-    ``max_bytes`` on its own gets a shard to itself."""
-    overhead = PER_SAMPLE_OVERHEAD[fmt]
+def cut_hashes(keys: Sequence[str]) -> np.ndarray:
+    """Each key's cut hash (uint64): the first 8 bytes of blake2b over the key's UTF-8 text,
+    the same on every machine, Python build and worker (never Python's salted ``hash``)."""
+    return np.array([int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=_CUT_PERSON).digest(), "big")
+                     for key in keys], dtype=np.uint64)
+
+
+def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_samples: int,
+                 max_bytes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each shard over samples with these ``keys`` and ``sizes`` in bytes
+    (one split, already in its final order), counting each sample's bytes plus the format's
+    per-sample overhead.
+
+    Hard limits: a shard never holds more than ``max_samples`` samples or ``max_bytes`` bytes,
+    except that a sample larger than ``max_bytes`` on its own gets a shard to itself.
+
+    Content-defined ends: from a shard's start, the samples after which it may close are those
+    where it is at least :data:`MIN_FILL_PERCENT` full (of ``max_bytes`` or of
+    ``max_samples``, whichever it reaches first) and still within both limits; it closes after
+    the one of them whose key has the smallest :func:`cut_hash <cut_hashes>`. So a shard's end
+    depends on its start and on the keys and sizes up to one shard ahead, nothing else: an
+    inserted or removed sample changes the shard it falls in and, where it moves that shard's
+    end, the shards after it until an end falls on the same key again (usually the next one;
+    the measured distribution is in ``benchmarks/RESULTS.md``). Where no sample can close the
+    shard in that window (a sample jumps from under the minimum to over a limit), it closes
+    after the last sample that fits. The samples left at the end of the split are one shard
+    when they fit in one.
+    """
+    if len(keys) != len(sizes):
+        raise ValueError(f"shard_bounds: {len(keys)} keys but {len(sizes)} sizes; pass one size per key")
+    count = len(keys)
+    ends = np.zeros(count + 1, dtype=np.int64)  # ends[i]: bytes of samples [0, i)
+    np.cumsum(np.asarray(sizes, dtype=np.int64) + PER_SAMPLE_OVERHEAD[fmt], out=ends[1:])
+    cuts = cut_hashes(keys)
+    min_samples = -(-max_samples * MIN_FILL_PERCENT // 100)
+    min_bytes = -(-max_bytes * MIN_FILL_PERCENT // 100)
     bounds: list[tuple[int, int]] = []
-    start, current_bytes = 0, 0
-    for index, nbytes in enumerate(sizes):
-        size = nbytes + overhead
-        if index > start and (index - start >= max_samples or current_bytes + size > max_bytes):
-            bounds.append((start, index))
-            start, current_bytes = index, 0
-        current_bytes += size
-    if start < len(sizes):
-        bounds.append((start, len(sizes)))
+    start = 0
+    while start < count:
+        base = int(ends[start])
+        if count - start <= max_samples and int(ends[count]) - base <= max_bytes:
+            bounds.append((start, count))
+            break
+        # stop: the most samples that fit (at least one); first: the fewest that reach the minimum
+        stop = max(start + 1, min(start + max_samples, int(np.searchsorted(ends, base + max_bytes, "right")) - 1))
+        first = max(start + 1, min(start + min_samples, int(np.searchsorted(ends, base + min_bytes, "left"))))
+        if first <= stop:
+            stop = first + int(np.argmin(cuts[first - 1:stop]))
+        bounds.append((start, stop))
+        start = stop
     return bounds
 
 
@@ -70,15 +117,16 @@ class PlannedShard:
 def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackConfig) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
     the table's (key) order, cut by :func:`shard_bounds` under ``pack``'s limits."""
+    keys = samples.column("key")
     rows: dict[str, list[int]] = defaultdict(list)
-    for row, key in enumerate(samples.column("key")):
+    for row, key in enumerate(keys):
         rows[split_of[key]].append(row)
     nbytes = samples.nbytes
     shards: list[PlannedShard] = []
     for split in SPLITS:
         mine = np.array(rows.pop(split, []), dtype=np.int64)
-        bounds = shard_bounds(nbytes[mine].tolist(), fmt=pack.format, max_samples=pack.max_samples,
-                              max_bytes=pack.max_bytes)
+        bounds = shard_bounds([keys[row] for row in mine], nbytes[mine].tolist(), fmt=pack.format,
+                              max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
                                    rows=mine[start:stop])
                       for index, (start, stop) in enumerate(bounds))

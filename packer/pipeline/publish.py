@@ -9,7 +9,10 @@ through the manifest.
 :func:`publish_version` uploads a finished local version folder to a store
 (:class:`packer.storage.VersionFolder`): the shards and tables first, each read back and
 checked against the manifest, ``manifest.json`` last, so a remote folder without a manifest is
-never taken for a dataset.
+never taken for a dataset. A shard that an earlier version of the dataset in the same store
+already holds (same sha256) is copied there inside the store instead of uploaded
+(:func:`_copy_earlier`; S3 CopyObject through fsspec's ``copy``), then read back and checked like
+the rest, so each remote version folder is complete on its own.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from packer.errors import IntegrityError
+from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, file_sha256
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA, read_dataset_hash, read_manifest
 from packer.pipeline.sampletable import as_table
@@ -184,6 +187,11 @@ class PublishResult:
     skipped: bool
     uploaded: tuple[str, ...] = ()
     bytes: int = 0
+    #: shards copied inside the store from an earlier version of the dataset that holds the same
+    #: bytes (same sha256) instead of uploaded, and their total size; read back and checked as
+    #: uploaded ones are (``uploaded`` lists them too)
+    copied: tuple[str, ...] = ()
+    copied_bytes: int = 0
 
 
 def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
@@ -260,7 +268,9 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
                  and (include_local_only or p.name not in LOCAL_ONLY)]
         order = _upload_order(names, manifest)
         recorded = _recorded(manifest, "sha256")
-        total = _upload(folder, local_version_dir, order, recorded)
+        copied = _copy_earlier(folder, VersionFolder(join_url(remote_url, manifest["name"]), storage_options),
+                               manifest, storage_options)
+        total = _upload(folder, local_version_dir, order, recorded, skip=set(copied))
         folder.upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
         if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
             folder.remove(MANIFEST_FILE)
@@ -268,15 +278,49 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
                                  f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
     except remote_errors() as err:
         raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
-    say(f"published {len(order) + 1} files ({(total + len(manifest_bytes)) / 2**20:.1f} MiB) to {target}/, "
-        "each read back and checked")
+    copied_bytes = sum(copied.values())
+    reused = f", {len(copied)} shards ({copied_bytes / 2**20:.1f} MiB) copied in the store from earlier versions" \
+        if copied else ""
+    say(f"published {len(order) + 1} files ({(total + len(manifest_bytes) - copied_bytes) / 2**20:.1f} MiB uploaded"
+        f"{reused}) to {target}/, each read back and checked")
     return PublishResult(url=target, manifest_url=result_url, skipped=False, uploaded=(*order, MANIFEST_FILE),
-                         bytes=total + len(manifest_bytes))
+                         bytes=total + len(manifest_bytes), copied=tuple(copied), copied_bytes=copied_bytes)
 
 
-def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str]) -> int:
-    """Upload ``order`` (concurrently where the filesystem can), then read each back and check it."""
-    folder.upload([local / n for n in order], order)
+def _copy_earlier(folder: VersionFolder, dataset: VersionFolder, manifest: dict[str, Any],
+                  storage_options: Mapping[str, Any] | None) -> dict[str, int]:
+    """Copy into ``folder``, inside the store, each shard of ``manifest`` that an earlier
+    version in ``dataset`` (the remote dataset folder) lists with the same sha256 and size,
+    instead of uploading it (the caller reads every object back and checks it, these too).
+    Versions whose manifest does not read cleanly are not used. Returns the copied shards'
+    sizes by name."""
+    wanted = {s["sha256"]: (s["file"], s["bytes"]) for split in manifest["splits"].values() for s in split["shards"]}
+    copied: dict[str, int] = {}
+    for name in dataset.folders():
+        if name == manifest["version"] or len(copied) == len(wanted):
+            continue
+        earlier = VersionFolder(join_url(dataset.url, name), storage_options)
+        try:
+            other = read_manifest(earlier.where(MANIFEST_FILE), storage_options=storage_options, strict=False)
+        except (PackerError, FileNotFoundError):
+            continue  # not a version (no manifest, or not one packer can read): nothing to copy from
+        if other.problems or other.data.get("format") != manifest["format"]:
+            continue
+        for split in other.data["splits"].values():
+            for shard in split["shards"]:
+                file, size = wanted.get(shard["sha256"], ("", -1))
+                if file and file not in copied and size == shard["bytes"] and \
+                        folder.copy_from(earlier, shard["file"], file):
+                    copied[file] = size
+    return copied
+
+
+def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str],
+            skip: set[str] | None = None) -> int:
+    """Upload ``order`` (concurrently where the filesystem can) but ``skip`` (already there: copied
+    in the store), then read each back, those too, and check it."""
+    sent = [n for n in order if n not in (skip or set())]
+    folder.upload([local / n for n in sent], sent)
     total = 0
     for name in order:
         size = (local / name).stat().st_size

@@ -35,7 +35,7 @@ import json
 import os
 import tarfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.config import JobConfig
+from packer.config import JobConfig, SourceConfig
 from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
@@ -66,6 +66,8 @@ class CachedChunk:
     files: int
     notes: tuple[tuple[str, str], ...] = ()
     excluded: tuple[Excluded, ...] = ()
+    #: the entry's units of reuse (:mod:`packer.pipeline.filecache`): each unit key (16 bytes) in turn
+    units: bytes = b""
 
 
 #: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
@@ -99,32 +101,41 @@ def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, st
     path, table values and fingerprint: a local file's size and mtime (files that cannot be
     stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
     listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
-    files = []
-    masked = {s.name: s for s in job.sources if s.mask is not None or s.companions}
-    for ref in refs:
-        fingerprint: list[Any]
-        if is_url(ref.path):
-            stat = (listed or {}).get(ref.path)
-            if stat is None:
-                raise ValueError(f"{ref.path}: not in discovery's listing; pass Discovery.listed to chunk_key")
-            fingerprint = ["object", stat.size, stat.version]
-        else:
-            try:
-                local = os.stat(ref.path)
-                fingerprint = [local.st_size, local.st_mtime_ns]
-            except OSError:
-                fingerprint = ["missing"]
-        source = masked.get(ref.source)
-        if source is not None:  # a mask, and a case's other files, are part of what the file turns into
-            if source.mask is not None:
-                fingerprint.append(["mask", *_stat_fingerprint(source.mask_file(ref.extra))])
-            for column in source.companions:
-                fingerprint.append([column, *_stat_fingerprint(source.row_file(ref.extra, column))])
-        # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
-        files.append([{name: getattr(ref, name) for name in REF_FIELDS}, fingerprint])
+    masked = masked_sources(job)
+    # the ref's fields, as dataclasses.asdict gives them (its fields are flat), at a fraction of the cost
+    files = [[{name: getattr(ref, name) for name in REF_FIELDS}, file_fingerprint(ref, masked, listed)]
+             for ref in refs]
     payload = {"format": CACHE_FORMAT, "libraries": libraries, "config": sample_shaping_config(job),
                "files": files}
     return hashlib.sha256(canonical_json(payload)).hexdigest()[:32]
+
+
+def masked_sources(job: JobConfig) -> dict[str, SourceConfig]:
+    """The job's sources whose files bring other files along (a mask, a case's companions), by name."""
+    return {s.name: s for s in job.sources if s.mask is not None or s.companions}
+
+
+def file_fingerprint(ref: SampleRef, masked: Mapping[str, SourceConfig],
+                     listed: Mapping[str, RawObject] | None = None) -> list[Any]:
+    """What says one raw file's bytes (and its mask's and companions') did not change, without
+    reading them: a local file's size and mtime (``["missing"]`` where it cannot be stat'ed), a
+    remote file's size and version tag from ``listed`` (no request is made). ``masked``:
+    :func:`masked_sources`. Raises ValueError for a URL that ``listed`` lacks."""
+    fingerprint: list[Any]
+    if is_url(ref.path):
+        stat = (listed or {}).get(ref.path)
+        if stat is None:
+            raise ValueError(f"{ref.path}: not in discovery's listing; pass Discovery.listed to chunk_key")
+        fingerprint = ["object", stat.size, stat.version]
+    else:
+        fingerprint = _stat_fingerprint(ref.path)
+    source = masked.get(ref.source)
+    if source is not None:  # a mask, and a case's other files, are part of what the file turns into
+        if source.mask is not None:
+            fingerprint.append(["mask", *_stat_fingerprint(source.mask_file(ref.extra))])
+        for column in source.companions:
+            fingerprint.append([column, *_stat_fingerprint(source.row_file(ref.extra, column))])
+    return fingerprint
 
 
 def _stat_fingerprint(path: str | None) -> list[Any]:
@@ -135,7 +146,7 @@ def _stat_fingerprint(path: str | None) -> list[Any]:
     return [local.st_size, local.st_mtime_ns] if local is not None else ["missing"]
 
 
-def _ref_from_json(data: dict[str, Any]) -> SampleRef:
+def ref_from_json(data: dict[str, Any]) -> SampleRef:
     return SampleRef(**{**data, "extra": tuple(tuple(pair) for pair in data.get("extra", ()))})
 
 
@@ -200,26 +211,18 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
     The samples come with their sha256 for shard format ``fmt``: a chunk cached by a build of
     the other format is reused too (the key leaves packing out), its samples hashed once more
     for this one (:func:`~packer.shards.encode.pixels_digest`)."""
-    records = records_path(cache_dir, key)
-    spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
-    if not records.is_file():
-        return None
     try:
-        data = json.loads(records.read_text(encoding="utf-8"))
-        samples = tuple(SpilledSample(**{**s, "ref": _ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
-                        for s in data["samples"])
-        if spill.is_file():
-            if data.get("spill_bytes") != spill.stat().st_size:
-                return None
-        elif packed.is_file():
-            samples = tuple(replace(s, spill=packed.name) for s in samples)
-        else:
+        entry = read_entry(cache_dir, key)
+        if entry is None:
             return None
+        data, samples = entry
         checked = _chained_digest(cache_dir, samples, data["shard_format"], fmt)
         if checked is None or data.get("spill_digest") != checked[0]:
             return None
         if data["shard_format"] != fmt:
             samples = tuple(replace(s, sha256=digest) for s, digest in zip(samples, checked[1], strict=True))
+        if any(not s.meta_sha256 for s in samples):  # an entry from before meta_sha256: filled from the bytes read
+            samples = tuple(replace(s, meta_sha256=digest) for s, digest in zip(samples, checked[2], strict=True))
         signed = [s for s in samples if s.signature]  # none where the job skips near copies
         if signed and (len(signed) != len(samples) or
                        len(read_signatures(cache_dir / signature_name(key))) != len(samples)):
@@ -227,22 +230,67 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         issues = tuple(Issue(**i) for i in data["issues"])
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
+        units = b"".join(bytes.fromhex(unit) for unit, _ in data["units"])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
-    return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded)
+    return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
+                       units=units)
+
+
+def read_entry(cache_dir: Path, key: str) -> tuple[dict[str, Any], tuple[SpilledSample, ...]] | None:
+    """A cache entry's records (the parsed ``<key>.json``) and its samples, each naming where its
+    bytes are now: the spill file, or (once a build consumed it) the ``.packed.json`` pointer
+    into the published shards. None when the records are missing or the bytes are nowhere (or
+    the spill is not the size recorded). Nothing is verified beyond that: the caller checks the
+    samples' digests. Raises OSError, ValueError, KeyError or TypeError for damaged records."""
+    records = records_path(cache_dir, key)
+    spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
+    if not records.is_file():
+        return None
+    data = json.loads(records.read_text(encoding="utf-8"))
+    samples = tuple(SpilledSample(**{**s, "ref": ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
+                    for s in data["samples"])
+    if spill.is_file():
+        if data.get("spill_bytes") != spill.stat().st_size:
+            return None
+    elif packed.is_file():
+        samples = tuple(replace(s, spill=packed.name) for s in samples)
+    else:
+        return None
+    return data, samples
 
 
 def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
-                    wanted: str) -> tuple[str, list[str]] | None:
+                    wanted: str) -> tuple[str, list[str], list[str]] | None:
     """The digest :class:`SpillWriter` recorded for ``samples`` (sha256 over each sample's own
     sha256, :func:`~packer.shards.encode.pixels_digest` for shard format ``fmt``, its metadata
     bytes and mask bytes, in order), recomputed from where their bytes are now
     (the spill file, or the published shards a pointer names), with each sample's sha256 for
-    shard format ``wanted`` (their own where ``wanted`` is ``fmt``); None when a sample's pixels do
+    shard format ``wanted`` (their own where ``wanted`` is ``fmt``) and each sample's
+    :attr:`~packer.records.SpilledSample.meta_sha256`; None when a sample's pixels do
     not match its own sha256 or its bytes are missing, short or unreadable (a spill with holes
     punched by an interrupted pack pass reads as zeros: its pixels no longer match)."""
-    chain = hashlib.sha256()
     digests: list[str] = []
+    metas: list[str] = []
+
+    def rehash(sample: SpilledSample, pixels: bytes, meta: bytes, mask: bytes) -> None:
+        metas.append(hashlib.sha256(meta + mask).hexdigest())
+        digests.append(sample.sha256 if wanted == fmt else
+                       pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=wanted).hexdigest())
+
+    chain = checked_chain(cache_dir, samples, fmt, visit=rehash)
+    return None if chain is None else (chain, digests, metas)
+
+
+def checked_chain(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str, *,
+                  visit: Callable[[SpilledSample, bytes, bytes, bytes], None]) -> str | None:
+    """The digest chained over ``samples`` as :class:`SpillWriter` made it (each sample's own
+    sha256 for shard format ``fmt``, then its metadata and mask bytes, in order), recomputed from
+    where their bytes are now; ``visit(sample, pixels, metadata, mask)`` is called for each
+    sample whose pixels match its sha256. None when a sample's pixels do not match or its bytes
+    are missing, short or unreadable (a spill with holes punched by an interrupted pack pass
+    reads as zeros): the caller must then discard what ``visit`` was given."""
+    chain = hashlib.sha256()
     with SpillReader(cache_dir) as reader:
         for sample in samples:
             try:
@@ -256,9 +304,8 @@ def _chained_digest(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
             chain.update(meta)
             if mask:
                 chain.update(mask)
-            digests.append(sample.sha256 if wanted == fmt else
-                           pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=wanted).hexdigest())
-    return chain.hexdigest(), digests
+            visit(sample, pixels, meta, mask)
+    return chain.hexdigest()
 
 
 class _Discard(contextlib.AbstractContextManager["_Discard"]):
@@ -552,24 +599,29 @@ class SpillWriter:
         if mask:
             self._fh.write(mask)
             self._chain.update(mask)
+        meta_digest = hashlib.sha256(meta)
+        meta_digest.update(mask)
         self.samples.append(SpilledSample(
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
-            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask)))
+            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask),
+            meta_sha256=meta_digest.hexdigest()))
         self._offset += len(pixels) + len(meta) + len(mask)
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
-               excluded: Sequence[Excluded] = ()) -> None:
+               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
         the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
-        where there are some, so other entries keep their bytes)."""
+        where there are some, so other entries keep their bytes; ``units``: each unit of
+        per-file reuse's key and the ids of its files, :mod:`packer.pipeline.filecache`)."""
         if self.sig_dir is not None:
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 write_signatures(fh, self._signatures)
         if self.cache_dir is not None:
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
-                      "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues]}
+                      "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues],
+                      "units": [[unit, list(ids)] for unit, ids in units]}
             if notes:
                 record["notes"] = [list(note) for note in notes]
             if excluded:

@@ -13,7 +13,8 @@
     ── packer validate stops here (through="audit") ──
     gate          a failed audit writes leakage.json and raises (exit 4)
     plan          client: shard boundaries from exact sizes        pipeline.plan
-    pack          dask: spilled bytes into shards, hashed          pipeline.assemble
+    pack          dask: spilled bytes into shards, hashed; a shard     pipeline.assemble
+                  an earlier version holds is linked from it      pipeline.reuse
 
 ``packer build`` (:mod:`packer.pipeline.build`) then publishes: index, splits table, bad-sample
 report, manifest, HTML report (:mod:`packer.pipeline.publish`). Everything the client keeps is
@@ -39,6 +40,7 @@ from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
 from packer.errors import refused_write
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
+from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
 from packer.pipeline.audit import LeakageAudit, accepted_leaks, audit_assignment, raise_on_leakage, write_leakage
@@ -50,10 +52,12 @@ from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, veri
 from packer.pipeline.paircache import PairCache, cached_verification
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
+from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.progress import Progress
+from packer.read.kinds import source_libraries
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
@@ -102,12 +106,14 @@ class Prepared:
 
     @property
     def files_decoded(self) -> int:
-        return sum(c.files for c in self.chunks if not c.reused) if self.decoded else 0
+        """Files read by this run: all but those whose results came from the build cache."""
+        return sum(c.files - c.copied for c in self.chunks if not c.reused) if self.decoded else 0
 
     @property
     def files_cached(self) -> int:
-        """Files whose samples came from the build cache (their spill checked out)."""
-        return sum(c.files for c in self.chunks if c.reused)
+        """Files whose samples and records came from the build cache (their bytes checked out):
+        a whole entry reused, or a file copied out of an earlier entry (:mod:`packer.pipeline.filecache`)."""
+        return sum(c.files if c.reused else c.copied for c in self.chunks)
 
 
 def _make_cache_folder(cache_dir: Path) -> None:
@@ -329,6 +335,9 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     consumer = None if keep_spill else SpillConsumer(cache_dir, samples.column("spill"), keep=prepared.partial_spills)
+    # the earlier versions in the dataset folder, whose identical shards are linked, not written
+    earlier = EarlierShards(staging.parent, job.pack.format)
     written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer,
-                          raw_paths=job.phi.mode == "keep")
+                          raw_paths=job.phi.mode == "keep", earlier=earlier,
+                          libraries=library_versions(source_libraries(job.sources)))
     return StageRun(prepared, target=target, shards=tuple(shards), written=written)

@@ -29,6 +29,15 @@ class ShardWrite:
     #: Each sample's checksum (:mod:`packer.shards.checksum`), in the order written (typecode ``Q``)
     checksums: array
     seconds: float = 0.0
+    #: The planned shard's content key (:mod:`packer.pipeline.reuse`), recorded in its manifest
+    #: entry so that a later build finds it; "" where none could be made (nothing is recorded)
+    content_key: str = ""
+    #: How the file came from an earlier version instead of being written (``reflink``,
+    #: ``hardlink``, ``copy``: :func:`packer.files.clone_file`); "" when it was written
+    reused: str = ""
+    #: Why an earlier version's file was not reused though its content key matched (its bytes
+    #: no longer match its manifest's sha256): a warning for the build to print; "" otherwise
+    refused: str = ""
 
     @property
     def samples(self) -> int:
@@ -40,7 +49,11 @@ class ShardWrite:
 
     def to_entry(self) -> dict[str, object]:
         """The shard's entry in the manifest."""
-        return {"file": self.file, "bytes": self.bytes, "sha256": self.sha256, "samples": self.samples}
+        entry: dict[str, object] = {"file": self.file, "bytes": self.bytes, "sha256": self.sha256,
+                                    "samples": self.samples}
+        if self.content_key:
+            entry["content_key"] = self.content_key
+        return entry
 
 
 class WrittenSamples:

@@ -1,0 +1,56 @@
+"""``packer gc``: remove old versions of a dataset (thin layer over packer.gc)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from packer.commands import exits
+
+
+@click.command("gc")
+@click.argument("folder", metavar="OUTPUT/NAME")
+@click.option("--keep", type=int, required=True, metavar="N",
+              help="Keep the N newest versions (by the manifest's created_at); N is at least 1.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (versions to remove, bytes freed, bytes kept because "
+                                              "shared) and change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@exits
+def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
+    """Remove all but the N newest versions of the dataset folder OUTPUT/NAME, and only the bytes
+    no kept version needs.
+
+    Newest means by the manifest's created_at (the time the version was built), not by folder
+    name or file times. A shard hard-linked into a kept version stays on disk (it is freed when
+    its last link goes); the plan says how many bytes that keeps. Left alone: a folder whose
+    manifest cannot be read, and .staging-* folders (a build in progress or interrupted).
+
+    \b
+    Safety:
+    - each removed version is first renamed to .trash-<version>-*, then its manifest is
+      deleted, then the rest: an interrupted gc leaves no half version that looks complete,
+      and the next gc removes the .trash-* folder;
+    - it cannot know whether a running reader (a training job) uses a version: one that has
+      a shard open reads on, but one that opens a shard of a removed version fails. Keep the
+      versions your jobs read (--keep), or run gc when none is running;
+    - a build running at the same time keeps its .staging-* folder, and the shards it already
+      hard-linked from a removed version (a link keeps the file); start gc after it, or before
+      it, rather than during it;
+    - the build cache's pointers into a removed version no longer resolve, so the next build
+      decodes those files again (it says so) and writes the same bytes;
+    - registry copies (manifests/<name>/<version>.json) stay: the record of what was built;
+    - local output folders only: an object store (s3://...) is refused with exit 2.
+
+    Exits 0, 2 for --keep below 1 or a FOLDER that is not a local dataset folder, 6 when the file
+    system refuses a removal (a rerun finishes it).
+    """
+    from packer.gc import format_gc, plan_gc, run_gc
+
+    plan = plan_gc(folder, keep=keep)
+    if not dry_run:
+        run_gc(plan)
+    if as_json:
+        click.echo(json.dumps({**plan.to_json(), "dry_run": dry_run}, indent=2, sort_keys=True))
+    else:
+        click.echo(format_gc(plan, dry_run=dry_run))

@@ -1,0 +1,168 @@
+"""``packer gc``: remove all but the newest versions of a dataset, and only the bytes no kept
+version needs.
+
+Which versions: the ``keep`` newest by their manifest's ``created_at`` (the version id breaks
+ties), never the newest one (``keep`` is at least 1). A folder whose manifest cannot be read is
+not counted as a version and is left alone, and so are a build's ``.staging-*`` folders (a
+build in progress, or interrupted: the next build of that job resumes from it or clears it).
+
+Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
+is freed only when its last link goes, so the plan counts, by inode, the files whose every link
+(``st_nlink``) is in the removed versions: those are freed; the others are kept because a kept
+version (or a staging folder, or a link outside the dataset folder) still links them. With
+copies there is nothing else to think of: each version's files are its own.
+
+How: each version folder is first renamed to ``.trash-<version>-<random>`` in the same folder
+(one atomic rename: from then on the version is gone, never half there), its manifest is
+deleted, then the rest. A gc interrupted mid-way leaves a ``.trash-*`` folder, which is no
+version (no manifest) and which the next gc removes first.
+
+What it cannot know: whether a reader (a training job) is using a version right now. A reader
+that has a shard open keeps reading it (the file lives until it is closed), but one that opens
+a shard of a removed version fails. And the build cache: its pointers into a removed version
+(``.packed.json``) no longer resolve, so the next build decodes those files again (the build
+says so); the bytes it writes are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.errors import ConfigError
+from packer.files import human_bytes
+from packer.manifest import MANIFEST_FILE
+from packer.versions import TRASH_PREFIX, VersionUsage, check_local_dataset_folder, list_versions
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    """What ``packer gc`` removes and keeps, computed before anything is removed.
+
+    ``freed_bytes``: the files whose every link is in ``remove`` (and in ``trash``); they go.
+    ``shared_bytes``: files of the removed versions a kept version (or a staging folder) still
+    links: kept. ``elsewhere_bytes``: files of the removed versions with links outside the
+    dataset folder: kept too. ``broken``: version folders whose manifest cannot be read, left
+    alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first.
+    """
+
+    root: Path
+    keep: tuple[VersionUsage, ...]
+    remove: tuple[VersionUsage, ...]
+    broken: tuple[VersionUsage, ...]
+    staging: tuple[str, ...]
+    trash: tuple[str, ...]
+    freed_bytes: int
+    shared_bytes: int
+    elsewhere_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
+                "remove": [v.to_json() for v in self.remove], "broken": [v.to_json() for v in self.broken],
+                "staging": list(self.staging), "trash": list(self.trash), "freed_bytes": self.freed_bytes,
+                "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
+
+
+def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
+    """The plan to keep the ``keep`` newest versions of the dataset folder ``folder``
+    (``<output>/<name>/``) and remove the others. Changes nothing.
+
+    Raises ConfigError when ``keep`` is below 1 (gc never removes every version: delete the
+    folder for that) or ``folder`` is not a local dataset folder (a URL, a version folder, an
+    output folder holding several datasets).
+    """
+    if keep < 1:
+        raise ConfigError(f"--keep {keep}: gc keeps at least the newest version (--keep 1); to remove every "
+                          f"version, delete the dataset folder {folder} itself")
+    check_local_dataset_folder(folder, command="gc")
+    listing = list_versions(folder)
+    readable = [v for v in listing.versions if v.problem is None]  # newest first
+    kept, removed = tuple(readable[:keep]), tuple(readable[keep:])
+    trash = tuple(o.folder for o in listing.others if o.kind == "trash")
+    gone = {v.folder for v in removed} | set(trash)
+    freed = shared = elsewhere = 0
+    for links in listing.files.values():
+        if not links.owners & gone:
+            continue
+        if links.owners <= gone and not links.linked_elsewhere:
+            freed += links.size
+        elif links.owners <= gone:
+            elsewhere += links.size
+        else:
+            shared += links.size
+    return GcPlan(root=listing.root, keep=kept, remove=removed,
+                  broken=tuple(v for v in listing.versions if v.problem is not None),
+                  staging=tuple(o.folder for o in listing.others if o.kind == "staging"), trash=trash,
+                  freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere)
+
+
+def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
+    """Carry out ``plan``: finish the leftover ``.trash-*`` folders, then remove each version
+    of ``plan.remove``, oldest first (renamed to ``.trash-*`` first, its manifest deleted next,
+    then the rest).
+
+    A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
+    read-only file system to exit 6) when a folder cannot be renamed or removed; what was
+    removed before stays removed, and a rerun finishes the rest.
+    """
+    for name in plan.trash:
+        _remove_tree(plan.root / name)
+        if on_removed is not None:
+            on_removed(name)
+    for version in reversed(plan.remove):  # oldest first: an interrupted gc leaves the newer ones
+        path = plan.root / version.folder
+        if not path.is_dir():
+            continue
+        trash = plan.root / f"{TRASH_PREFIX}{version.folder}-{secrets.token_hex(4)}"
+        os.rename(path, trash)  # atomic: from here on the folder is no version
+        (trash / MANIFEST_FILE).unlink(missing_ok=True)
+        _remove_tree(trash)
+        if on_removed is not None:
+            on_removed(version.folder)
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything under it, read-only folders included (shards and version
+    folders may be made read-only so that no write reaches them through a link)."""
+    def make_writable(function: Any, failed: str, info: Any) -> None:
+        parent = os.path.dirname(failed)
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+        function(failed)
+
+    if path.exists():
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=make_writable)
+        else:
+            shutil.rmtree(path, onerror=make_writable)
+
+
+def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
+    """What ``packer gc`` prints: the plan (``dry_run``) or what it did."""
+    verb = "would remove" if dry_run else "removed"
+    lines = [f"gc {plan.root}: keeping the {len(plan.keep)} newest version(s) by the manifest's created_at, "
+             f"{verb} {len(plan.remove)}"]
+    for v in plan.keep:
+        lines.append(f"  keep    {v.folder:<14}{v.created_at:<22}{human_bytes(v.bytes):>12}")
+    for v in plan.remove:
+        lines.append(f"  {'remove' if dry_run else 'removed':<8}{v.folder:<14}{v.created_at:<22}"
+                     f"{human_bytes(v.bytes):>12}")
+    for name in plan.trash:
+        lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (left by an interrupted gc)")
+    lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "
+                 f"(or a build's staging folder) still links them: {human_bytes(plan.shared_bytes)}"
+                 + (f"; kept because linked outside {plan.root}: {human_bytes(plan.elsewhere_bytes)}"
+                    if plan.elsewhere_bytes else ""))
+    for v in plan.broken:
+        lines.append(f"  left alone: {v.folder} (its manifest cannot be read: {v.problem})")
+    for name in plan.staging:
+        lines.append(f"  left alone: {name} (a build in progress, or interrupted)")
+    if dry_run:
+        lines.append("  dry run: nothing removed (run without --dry-run to remove)")
+    return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""Per-file reuse: a chunk whose cache key missed decodes only its new and changed files.
+
+A chunk's cache key (:func:`packer.pipeline.spill.chunk_key`) covers every file of the chunk,
+so one new, changed, removed or re-labelled file misses the whole entry. Its task then looks
+up each of its *units* in the cache-wide index and copies what an earlier entry holds for
+the unit instead of decoding it: the samples' bytes (read back from the spill or the
+published shards and checked against the entry's digests, as a whole-entry reuse checks
+them), their near-copy signature rows, and the unit's issues, exclusions and reader notes.
+
+- A **unit** is one file, or for a kind that groups its files before decoding
+  (:class:`~packer.read.kinds.Grouping`: a DICOM series for stacks and volumes) one group:
+  a series' samples are made from all its slices at once, so a new slice decodes its series.
+- A unit's **key** (:func:`unit_keys`) is what a file's decoded outcome depends on and
+  nothing else: :data:`~packer.pipeline.spill.CACHE_FORMAT`, the library versions, the
+  sample-shaping config, the file's fingerprint (size and mtime, or a remote object's size
+  and version; its mask's and companions' too) and the ref fields the worker reads
+  (:func:`keyed_fields`). It leaves out what only decides the file's target (its label's
+  value, the table's other cells): a re-labelled file is copied, and its samples take the new
+  ref's label and cells, so the packed bytes equal a fresh build's.
+- The **index** (``files.index.npy`` in the build cache, :func:`write_file_index`) maps each
+  unit key to the entry holding it: sorted 16-byte pairs, memory-mapped and binary-searched
+  by the workers. The client rewrites it after each build from the entries that build kept
+  (:func:`packer.pipeline.build._prune_cache` drops the others), so it stays as bounded as the
+  cache and lists only entries that exist; an entry it names that is gone or damaged is
+  simply decoded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.config import JobConfig, SourceConfig
+from packer.files import canonical_json
+from packer.pipeline.nearcopy import read_signatures
+from packer.pipeline.rawstore import RawObject
+from packer.pipeline.spill import (
+    CACHE_FORMAT,
+    cache_output,
+    checked_chain,
+    file_fingerprint,
+    masked_sources,
+    read_entry,
+    sample_shaping_config,
+    signature_name,
+)
+from packer.records import Excluded, Issue, SampleRef, SpilledSample
+
+#: The cache-wide index of units (:func:`write_file_index`), in the build cache folder.
+INDEX_NAME = "files.index.npy"
+#: Hex digits, not the 16 raw bytes: NumPy drops a fixed-width bytes value's trailing zero bytes.
+INDEX_DTYPE = np.dtype([("unit", "S32"), ("chunk", "S32")])
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of per-file reuse: its key (32 hex digits) and the ids of its files, in order."""
+
+    key: str
+    sample_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CopiedSample:
+    """One sample copied out of an earlier entry: its bytes as spilled (checked), its record
+    there (``spilled``, whose ``ref`` is already the new ref's) and its signature row."""
+
+    spilled: SpilledSample
+    pixels: bytes
+    meta: bytes
+    mask: bytes
+    signature: np.void | None
+
+
+@dataclass(frozen=True)
+class CopiedUnit:
+    """What an earlier entry holds for one unit, in the order that entry recorded it."""
+
+    samples: tuple[CopiedSample, ...]
+    issues: tuple[Issue, ...]
+    excluded: tuple[Excluded, ...]
+    notes: tuple[tuple[str, str], ...]
+
+
+def keyed_fields(ref: SampleRef, source: SourceConfig) -> dict[str, Any]:
+    """The fields of ``ref`` a unit's key covers, each because the worker reads it:
+
+    - ``sample_id``, ``source``, ``kind``, ``path``, ``relpath``: which file, which reader and
+      config; the records name them (sample keys, issue messages, a remote file's URL);
+    - ``entity``, ``time``: the probe checks them (``missing_entity``, ``missing_time``) and
+      they travel in the samples' refs;
+    - whether there is a label (``labelled``): a file without one is a ``missing_label`` issue
+      on the worker; the label's value is left out: it is the target only, applied when the
+      sample is packed (:func:`~packer.shards.encode.encode_sample`), and a source whose label is
+      a header attribute reads it from the file (which the fingerprint covers);
+    - the table cells naming the file's mask and companions (:meth:`SourceConfig.file_columns`):
+      the readers open those files. The other cells are left out: a ``where:`` on them is
+      applied by discovery on the client, and they reach only the packed record's ``extra``,
+      from the ref, at packing time.
+    """
+    files = set(source.file_columns())
+    return {"sample_id": ref.sample_id, "source": ref.source, "kind": ref.kind, "path": ref.path,
+            "relpath": ref.relpath, "entity": ref.entity, "time": ref.time, "labelled": ref.label is not None,
+            "cells": [[column, value] for column, value in ref.extra if column in files]}
+
+
+def unit_keys(refs: Sequence[SampleRef], job: JobConfig, libraries: Mapping[str, str], *, group: bool,
+              listed: Mapping[str, RawObject] | None = None) -> list[Unit]:
+    """The units of a chunk's ``refs``: one per file, or (``group``: the refs are one group of
+    files, a DICOM series) one for them all, keyed by their files' keys in id order. Stats each
+    file (:func:`~packer.pipeline.spill.file_fingerprint`); raises ValueError for a URL that
+    ``listed`` lacks."""
+    shared = hashlib.sha256(canonical_json({"format": CACHE_FORMAT, "libraries": dict(libraries),
+                                            "config": sample_shaping_config(job)})).digest()
+    sources = {s.name: s for s in job.sources}
+    masked = masked_sources(job)
+    keys = [hashlib.sha256(shared + canonical_json([keyed_fields(ref, sources[ref.source]),
+                                                    file_fingerprint(ref, masked, listed)])).hexdigest()[:32]
+            for ref in refs]
+    if not group:
+        return [Unit(key, (ref.sample_id,)) for ref, key in zip(refs, keys, strict=True)]
+    ordered = sorted(zip((ref.sample_id for ref in refs), keys, strict=True))
+    key = hashlib.sha256(canonical_json(["group", ordered])).hexdigest()[:32]
+    return [Unit(key, tuple(ref.sample_id for ref in refs))]
+
+
+def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[str, str]:
+    """Unit key → the key of the entry the index (:data:`INDEX_NAME`) lists for it, for those of
+    ``units`` it lists (never the entry ``skip``: the chunk being made). Empty when there is no
+    index or it cannot be read (per-file reuse is then simply not available)."""
+    try:
+        index = np.load(cache_dir / INDEX_NAME, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return {}
+    if index.dtype != INDEX_DTYPE or index.ndim != 1 or not len(index):
+        return {}
+    found: dict[str, str] = {}
+    column = index["unit"]
+    for unit in units:
+        wanted = unit.key.encode()
+        at = int(np.searchsorted(column, wanted))
+        if at < len(index) and column[at] == wanted:
+            chunk = bytes(index["chunk"][at]).decode()
+            if chunk != skip:
+                found[unit.key] = chunk
+    return found
+
+
+def copy_units(cache_dir: Path, found: Mapping[str, str], refs: Sequence[SampleRef], job: JobConfig
+               ) -> dict[str, CopiedUnit]:
+    """What the earlier entries ``found`` (:func:`find_earlier`) hold for each unit, checked: an
+    entry whose bytes do not match its digests (the sha256 of each sample, the digest chained
+    over all) or whose records are damaged gives nothing, and its units are decoded again. The
+    samples' refs become the matching ``refs``' (by file id) for what the unit key leaves out:
+    the label (unless the source reads it from a header attribute) and the table cells."""
+    by_chunk: dict[str, list[str]] = defaultdict(list)
+    for unit, chunk in found.items():
+        by_chunk[chunk].append(unit)
+    new_refs = {ref.sample_id: ref for ref in refs}
+    sources = {s.name: s for s in job.sources}
+    copied: dict[str, CopiedUnit] = {}
+    for chunk, wanted in sorted(by_chunk.items()):
+        try:
+            units = _copy_from(cache_dir, chunk, set(wanted))
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue  # a damaged entry: its units are decoded again
+        for unit, held in units.items():
+            copied[unit] = replace(held, samples=tuple(
+                replace(s, spilled=replace(s.spilled, ref=_relabelled(s.spilled.ref, new_refs, sources)))
+                for s in held.samples))
+    return copied
+
+
+def _relabelled(ref: SampleRef, new_refs: Mapping[str, SampleRef], sources: Mapping[str, SourceConfig]) -> SampleRef:
+    new = new_refs.get(ref.sample_id)
+    if new is None:
+        return ref
+    label = ref.label if sources[ref.source].target.origin == "attribute" else new.label
+    return replace(ref, label=label, extra=new.extra)
+
+
+def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, CopiedUnit]:
+    """The units ``wanted`` of entry ``chunk`` that it holds, its bytes checked whole."""
+    entry = read_entry(cache_dir, chunk)
+    if entry is None:
+        return {}
+    data, samples = entry
+    units = {str(unit): tuple(str(i) for i in ids) for unit, ids in data["units"]}
+    held = [unit for unit in wanted if unit in units]
+    if not held:
+        return {}
+    # an entry of one unit (a file, a group) gives all it holds: a group's records may name files
+    # beyond its own (an annotation object read as its series' mask)
+    whole = len(units) == 1
+    owner = {sample_id: unit for unit in held for sample_id in units[unit]}
+
+    def unit_of(sample_id: str) -> str | None:
+        return held[0] if whole else owner.get(sample_id)
+
+    kept: dict[int, tuple[bytes, bytes, bytes]] = {}
+    positions = {id(s): i for i, s in enumerate(samples)}
+
+    def keep(sample: SpilledSample, pixels: bytes, meta: bytes, mask: bytes) -> None:
+        if unit_of(sample.ref.sample_id) is not None:
+            kept[positions[id(sample)]] = (pixels, meta, mask)
+
+    chain = checked_chain(cache_dir, samples, data["shard_format"], visit=keep)
+    if chain is None or chain != data.get("spill_digest"):
+        return {}
+    signed = [s for s in samples if s.signature]
+    signatures = None
+    if signed:
+        signatures = read_signatures(cache_dir / signature_name(chunk))
+        if len(signed) != len(samples) or len(signatures) != len(samples):
+            return {}
+    out: dict[str, list[Any]] = {unit: [[], [], [], []] for unit in held}
+    for position, sample in enumerate(samples):
+        unit = unit_of(sample.ref.sample_id)
+        if unit is None:
+            continue
+        pixels, meta, mask = kept[position]
+        row = None if signatures is None else signatures[sample.sig_row:sample.sig_row + 1].copy()[0]
+        out[unit][0].append(CopiedSample(spilled=sample, pixels=pixels, meta=meta, mask=mask, signature=row))
+    for record in data["issues"]:
+        if (unit := unit_of(str(record["sample_id"]))) is not None:
+            out[unit][1].append(Issue(**record))
+    for record in data.get("excluded", ()):
+        if (unit := unit_of(str(record["sample_id"]))) is not None:
+            out[unit][2].append(Excluded(**record))
+    for note in data.get("notes", ()):
+        if (unit := unit_of(str(note[0]))) is not None:
+            out[unit][3].append((str(note[0]), str(note[1])))
+    return {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
+                             notes=tuple(parts[3])) for unit, parts in out.items()}
+
+
+def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> int:
+    """Write the index (:data:`INDEX_NAME`) of the entries ``entries`` ((entry key, its units'
+    keys, 16 bytes each, concatenated), the ones the build just kept), replacing the old one;
+    a unit held by two entries is listed with the first in key order. Returns the units listed."""
+    pairs: dict[bytes, bytes] = {}
+    for chunk, units in sorted(entries):
+        entry = chunk.encode()
+        for start in range(0, len(units), 16):
+            pairs.setdefault(units[start:start + 16].hex().encode(), entry)
+    index = np.array(sorted(pairs.items()), dtype=INDEX_DTYPE)
+    with cache_output(cache_dir / INDEX_NAME) as fh:
+        np.save(fh, index, allow_pickle=False)
+    return len(index)

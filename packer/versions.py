@@ -1,0 +1,292 @@
+"""The versions of one dataset in a local output folder (``<output>/<name>/``), and which bytes
+they share on disk (``packer ls OUTPUT/NAME``, and what ``packer gc`` plans from).
+
+Versions share bytes in two ways. An incremental build may hard-link an unchanged shard from an
+earlier version: the two folders then name the same inode, stored once. Or a shard may simply
+have the same content as an earlier one (same sha256 in both manifests) but sit in its own file:
+a copy, stored twice. Sharing on disk is counted by inode (``st_dev``, ``st_ino``); identical
+content by the manifests' sha256. Sizes are the files' lengths (``st_size``), as the manifest
+records them.
+
+A file's links outside the dataset folder (a user's own hard link, another output's) are seen
+only through ``st_nlink``: a file with more links than the dataset folder holds counts as shared
+("elsewhere"), never as the version's own, so what ``packer gc`` says it frees is never more than
+it frees.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.config import SPLITS
+from packer.errors import ConfigError, PackerError
+from packer.files import human_bytes
+from packer.manifest import MANIFEST_FILE, read_manifest
+from packer.storage import is_url
+
+#: Folder prefixes in a dataset folder that are not versions: a build's staging folder (a build
+#: in progress, or one that was interrupted: the next build of that job clears it) and a version
+#: ``packer gc`` was removing (renamed first, so an interrupted gc leaves no half version).
+STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".trash-"
+
+Inode = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class FileLinks:
+    """One inode under the dataset folder: its size, its link count (``st_nlink``) and how many of
+    those links each folder of the dataset holds."""
+
+    size: int
+    nlink: int
+    links: tuple[tuple[str, int], ...]
+
+    @property
+    def owners(self) -> frozenset[str]:
+        return frozenset(folder for folder, _ in self.links)
+
+    @property
+    def linked_elsewhere(self) -> bool:
+        """True when some link of the file lies outside the dataset folder."""
+        return self.nlink > sum(n for _, n in self.links)
+
+
+@dataclass(frozen=True)
+class VersionUsage:
+    """One version folder: what its manifest says and what its files take on disk.
+
+    ``folder``: the folder's name (the version, unless renamed by hand). ``bytes``: every file in
+    it (shards, index, reports), each inode once. ``unique_bytes``: the files no other folder
+    links, which removing this version alone would free. ``shared_bytes``: the rest (linked by
+    another version, a staging folder or a link outside the dataset). ``problem``: why the
+    manifest could not be read (then ``version``, ``created_at`` and the counts are best effort,
+    and ``packer gc`` leaves the folder alone).
+    """
+
+    folder: str
+    path: Path
+    version: str
+    created_at: str
+    dataset_hash: str
+    samples: int
+    shards: int
+    shard_bytes: int
+    bytes: int
+    unique_bytes: int
+    shared_bytes: int
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"folder": self.folder, "path": str(self.path), "version": self.version,
+                "created_at": self.created_at, "dataset_hash": self.dataset_hash, "samples": self.samples,
+                "shards": self.shards, "shard_bytes": self.shard_bytes, "bytes": self.bytes,
+                "unique_bytes": self.unique_bytes, "shared_bytes": self.shared_bytes, "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class OtherFolder:
+    """A folder in the dataset folder that is not a readable version: ``kind`` is ``staging`` (a
+    build in progress or interrupted), ``trash`` (a version an interrupted ``packer gc`` was
+    removing) or ``other``."""
+
+    folder: str
+    kind: str
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"folder": self.folder, "kind": self.kind, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class DatasetVersions:
+    """The versions of one dataset folder, newest ``created_at`` first, and its inodes.
+
+    ``disk_bytes``: every file of the versions stored once (each inode once); ``sum_bytes``: the
+    versions' sizes added up (what they would take as independent copies); ``linked_bytes``: the
+    difference, saved by hard links. ``copied_bytes``: bytes of shards stored more than once with
+    the same content (same sha256 in two manifests, different inodes), which links would save.
+    """
+
+    root: Path
+    name: str
+    versions: tuple[VersionUsage, ...]
+    others: tuple[OtherFolder, ...]
+    files: dict[Inode, FileLinks]
+    copied_bytes: int
+
+    @property
+    def disk_bytes(self) -> int:
+        versions = {v.folder for v in self.versions}
+        return sum(f.size for f in self.files.values() if f.owners & versions)
+
+    @property
+    def sum_bytes(self) -> int:
+        return sum(v.bytes for v in self.versions)
+
+    @property
+    def linked_bytes(self) -> int:
+        return self.sum_bytes - self.disk_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.name, "folder": str(self.root), "versions": [v.to_json() for v in self.versions],
+                "others": [o.to_json() for o in self.others], "disk_bytes": self.disk_bytes,
+                "sum_bytes": self.sum_bytes, "linked_bytes": self.linked_bytes, "copied_bytes": self.copied_bytes}
+
+
+def is_dataset_folder(folder: str | Path) -> bool:
+    """True when ``folder`` holds at least one version folder (``<version>/manifest.json``)."""
+    root = Path(folder)
+    return root.is_dir() and any(entry.is_dir() and not entry.name.startswith(".") and (entry / MANIFEST_FILE).is_file()
+                                 for entry in root.iterdir())
+
+
+def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
+    """``folder`` as a local dataset folder, or ConfigError naming what to pass instead: a URL
+    (these commands read inodes, which object stores do not have), a path that is not a folder,
+    a version folder (pass its parent) or a folder without versions."""
+    if is_url(str(folder)):
+        raise ConfigError(f"{folder}: `packer {command}` works on a local output folder only (it counts and removes "
+                          "hard-linked files by inode, which object stores do not have); for versions in an object "
+                          "store, list them with the store's tools and remove a version by deleting its "
+                          "<prefix>/<name>/<version>/ objects, manifest.json first")
+    root = Path(folder)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no such folder; pass a dataset folder <output>/<name>/ (it holds the version "
+                          "folders)")
+    if (root / MANIFEST_FILE).is_file():
+        raise ConfigError(f"{root}: a version folder; pass the dataset folder that holds it, {root.parent}")
+    if not is_dataset_folder(root):
+        datasets = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and is_dataset_folder(entry))
+        hint = (f"it is an output folder holding the dataset(s) {', '.join(datasets)}: pass one of them, e.g. "
+                f"{root / datasets[0]}") if datasets else "it holds no version folder (<version>/manifest.json)"
+        raise ConfigError(f"{root}: not a dataset folder; {hint}")
+    return root
+
+
+def _walk_files(folder: Path) -> Iterable[os.stat_result]:
+    """The stat of every regular file under ``folder`` (symbolic links neither followed nor counted);
+    files removed meanwhile are skipped."""
+    stack = [os.fspath(folder)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    yield entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+
+def scan_links(folders: dict[str, Path]) -> dict[Inode, FileLinks]:
+    """Every inode under ``folders`` (name → path): its size, link count and the links each
+    folder holds."""
+    sizes: dict[Inode, tuple[int, int]] = {}
+    links: dict[Inode, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for name, path in folders.items():
+        for st in _walk_files(path):
+            inode = (st.st_dev, st.st_ino)
+            sizes[inode] = (st.st_size, st.st_nlink)
+            links[inode][name] += 1
+    return {inode: FileLinks(size=size, nlink=nlink, links=tuple(sorted(links[inode].items())))
+            for inode, (size, nlink) in sizes.items()}
+
+
+def _other_kind(name: str) -> str:
+    return "staging" if name.startswith(STAGING_PREFIX) else "trash" if name.startswith(TRASH_PREFIX) else "other"
+
+
+def list_versions(folder: str | Path) -> DatasetVersions:
+    """The versions in the dataset folder ``folder`` (``<output>/<name>/``), newest ``created_at``
+    first (the version id breaks ties), with the bytes each holds alone and shares.
+
+    Reads each manifest strictly (a damaged one is listed with its ``problem``) and stats every
+    file under the folder's subfolders; reads no shard. Raises ConfigError when ``folder`` is not
+    a local dataset folder (:func:`check_local_dataset_folder`).
+    """
+    root = check_local_dataset_folder(folder, command="ls")
+    subfolders = {entry.name: entry for entry in sorted(root.iterdir()) if entry.is_dir()}
+    files = scan_links(subfolders)
+    by_folder: dict[str, list[FileLinks]] = defaultdict(list)
+    for links in files.values():
+        for owner in links.owners:
+            by_folder[owner].append(links)
+    versions, others, shard_files = [], [], {}
+    names: set[str] = set()
+    for name, path in subfolders.items():
+        size = sum(f.size for f in by_folder[name])
+        if name.startswith(".") or not (path / MANIFEST_FILE).is_file():
+            others.append(OtherFolder(folder=name, kind=_other_kind(name), bytes=size))
+            continue
+        unique = sum(f.size for f in by_folder[name] if f.owners == {name} and not f.linked_elsewhere)
+        try:
+            manifest = read_manifest(path).data
+        except PackerError as err:
+            versions.append(VersionUsage(folder=name, path=path, version=name, created_at="", dataset_hash="",
+                                         samples=0, shards=0, shard_bytes=0, bytes=size, unique_bytes=unique,
+                                         shared_bytes=size - unique, problem=str(err)))
+            continue
+        names.add(manifest["name"])
+        shards = [s for split in SPLITS if split in manifest["splits"] for s in manifest["splits"][split]["shards"]]
+        shard_files[name] = [(path / s["file"], s["sha256"], s["bytes"]) for s in shards]
+        versions.append(VersionUsage(folder=name, path=path, version=manifest["version"],
+                                     created_at=manifest["created_at"], dataset_hash=manifest["dataset_hash"],
+                                     samples=manifest["inputs"]["samples"], shards=len(shards),
+                                     shard_bytes=sum(s["bytes"] for s in shards), bytes=size, unique_bytes=unique,
+                                     shared_bytes=size - unique))
+    return DatasetVersions(root=root, name=", ".join(sorted(names)) or root.name,
+                           versions=tuple(sorted(versions, key=lambda v: (v.created_at, v.version), reverse=True)),
+                           others=tuple(others), files=files, copied_bytes=_copied_bytes(shard_files))
+
+
+def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
+    """Bytes of shards whose content (sha256) is stored in more than one inode: for each content,
+    its size times the number of inodes holding it beyond the first."""
+    inodes: dict[str, set[Inode]] = defaultdict(set)
+    sizes: dict[str, int] = {}
+    for shards in shard_files.values():
+        for path, sha256, size in shards:
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # a missing shard is verify's business; it is not stored at all
+            inodes[sha256].add((st.st_dev, st.st_ino))
+            sizes[sha256] = size
+    return sum(sizes[digest] * (len(held) - 1) for digest, held in inodes.items())
+
+
+_OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of its job clears it)",
+               "trash": "a version an interrupted `packer gc` was removing (the next gc finishes it)",
+               "other": "not a version (no manifest.json): left alone"}
+
+
+def format_versions(listing: DatasetVersions) -> str:
+    """The table ``packer ls OUTPUT/NAME`` prints."""
+    n = len(listing.versions)
+    lines = [f"dataset {listing.name} in {listing.root}: {n} version{'s' if n != 1 else ''}, newest first "
+             "(by the manifest's created_at)",
+             f"  {'version':<14}{'created_at':<22}{'samples':>8}{'shards':>8}{'size':>12}{'own':>12}{'shared':>12}"]
+    for v in listing.versions:
+        if v.problem is not None:
+            lines.append(f"  {v.folder:<14}BROKEN: {v.problem}")
+            continue
+        lines.append(f"  {v.folder:<14}{v.created_at:<22}{v.samples:>8}{v.shards:>8}{human_bytes(v.bytes):>12}"
+                     f"{human_bytes(v.unique_bytes):>12}{human_bytes(v.shared_bytes):>12}")
+    lines.append(f"  on disk {human_bytes(listing.disk_bytes)} for {human_bytes(listing.sum_bytes)} of versions "
+                 f"({human_bytes(listing.linked_bytes)} saved by hard links); identical shards stored as separate "
+                 f"copies: {human_bytes(listing.copied_bytes)}")
+    lines.append("  own: files no other folder links (what removing that version alone frees); shared: linked by "
+                 "another version or elsewhere")
+    for other in listing.others:
+        lines.append(f"  also {other.folder} ({human_bytes(other.bytes)}): {_OTHER_TEXT[other.kind]}")
+    return "\n".join(lines)

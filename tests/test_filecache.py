@@ -1,0 +1,242 @@
+"""Per-file reuse: a new version decodes only the files that are new or whose bytes changed.
+
+The build cache's entries hold content-defined chunks of about 32 files; a chunk whose key
+misses (one of its files is new, changed, removed or re-labelled) copies each unchanged file's
+samples and records out of the earlier entry that holds them (:mod:`packer.pipeline.filecache`)
+and decodes the rest. Whatever was reused, the version's bytes (its ``dataset_hash``) equal a
+build of the same inputs with an empty cache.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.config import load_job
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.filecache import INDEX_NAME
+from packer.pipeline.spill import records_path
+from tests.helpers import write_job
+
+FILES = 200
+
+
+def photo(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (24, 24, 3), dtype=np.uint8)
+
+
+class PhotoTree:
+    """A raw tree of ``FILES`` PNG photos and one empty file (a bad sample), with a label table
+    ``path,label,entity,timestamp,site`` (``site``: a cell that reaches only the records)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rows: dict[str, dict[str, str]] = {}
+        root.mkdir(parents=True)
+        for i in range(FILES):
+            self.add(f"p{i:04d}.png", seed=i, label="ab"[i % 2], entity=f"E{i // 2:04d}")
+        (root / "broken.png").write_bytes(b"")
+        self.rows["broken.png"] = {"label": "a", "entity": "E9999", "site": "s0"}
+        self.write_table()
+
+    def add(self, name: str, *, seed: int, label: str, entity: str) -> None:
+        cv2.imwrite(str(self.root / name), photo(seed))
+        self.rows[name] = {"label": label, "entity": entity, "site": f"s{seed % 3}"}
+
+    def write_table(self) -> None:
+        with open(self.root / "labels.csv", "w", newline="") as fh:
+            out = csv.writer(fh)
+            out.writerow(["path", "label", "entity", "timestamp", "site"])
+            for name, row in sorted(self.rows.items()):
+                out.writerow([name, row["label"], row["entity"], "2024-01-01", row["site"]])
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> PhotoTree:
+    return PhotoTree(tmp_path / "raw")
+
+
+def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str) -> BuildResult:
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
+                                          "table": str(tree.root / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 3},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset", "max_samples": 16},
+           "output": str(tmp_path / out), "validate": {"max_bad_fraction": 0.05}}
+    job = load_job(write_job(tmp_path / "jobs", doc))
+    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache))
+
+
+def same_as_fresh(tree: PhotoTree, tmp_path: Path, result: BuildResult, name: str) -> None:
+    fresh = build_tree(tree, tmp_path, f"fresh-{name}", f"cache-{name}")
+    assert fresh.files_cached == 0
+    assert result.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+
+
+@pytest.mark.slow  # ten builds of a 200-file tree
+def test_a_new_version_decodes_only_new_and_changed_files_and_equals_a_fresh_build(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    first = build_tree(tree, tmp_path, "out", "cache")
+    assert first.files_decoded == FILES + 1 and first.files_cached == 0
+    assert any(i.sample_id and i.path.endswith("broken.png") for i in first.issues)
+
+    # one new file (a new entity): that file is decoded, not its chunk
+    tree.add("p0100x.png", seed=1000, label="b", entity="E5000")
+    tree.write_table()
+    added = build_tree(tree, tmp_path, "out", "cache")
+    assert (added.files_decoded, added.files_cached) == (1, FILES + 1)
+    same_as_fresh(tree, tmp_path, added, "added")
+
+    # one file removed: nothing is decoded
+    (tree.root / "p0057.png").unlink()
+    del tree.rows["p0057.png"]
+    tree.write_table()
+    removed = build_tree(tree, tmp_path, "out", "cache")
+    assert (removed.files_decoded, removed.files_cached) == (0, FILES + 1)
+    same_as_fresh(tree, tmp_path, removed, "removed")
+
+    # one file re-labelled and one record cell changed: nothing is decoded, the new target is packed
+    tree.rows["p0120.png"].update(label="b" if tree.rows["p0120.png"]["label"] == "a" else "a")
+    tree.rows["p0150.png"].update(site="elsewhere")
+    tree.write_table()
+    relabelled = build_tree(tree, tmp_path, "out", "cache")
+    assert (relabelled.files_decoded, relabelled.files_cached) == (0, FILES + 1)
+    same_as_fresh(tree, tmp_path, relabelled, "relabelled")
+    assert relabelled.manifest["dataset_hash"] != removed.manifest["dataset_hash"]
+
+    # one file's pixels changed: that file alone is decoded
+    path = tree.root / "p0033.png"
+    cv2.imwrite(str(path), photo(4242))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    changed = build_tree(tree, tmp_path, "out", "cache")
+    assert (changed.files_decoded, changed.files_cached) == (1, FILES)
+    same_as_fresh(tree, tmp_path, changed, "changed")
+
+    # the bad file's row changes: it stays a bad sample, copied, not read again
+    tree.rows["broken.png"].update(label="b")
+    tree.write_table()
+    bad = build_tree(tree, tmp_path, "out", "cache")
+    assert (bad.files_decoded, bad.files_cached) == (0, FILES + 1)
+    assert [i.reason for i in bad.issues if i.path.endswith("broken.png")] == \
+        [i.reason for i in first.issues if i.path.endswith("broken.png")]
+    same_as_fresh(tree, tmp_path, bad, "bad")
+
+
+def cache_folder(tmp_path: Path, cache: str) -> Path:
+    (folder,) = (tmp_path / cache).iterdir()
+    return folder
+
+
+def test_the_index_lists_only_kept_entries_and_damaged_bytes_are_decoded_again(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    first = build_tree(tree, tmp_path, "out", "cache")
+    cache = cache_folder(tmp_path, "cache")
+    index = np.load(cache / INDEX_NAME)
+    entries = {p.name.split(".")[0] for p in cache.glob("*.json") if not p.name.endswith(".packed.json")}
+    assert len(index) == FILES + 1 and {bytes(c).decode() for c in index["chunk"]} == entries
+
+    # damage the shard holding one sample: its chunk's entry no longer checks out, so when a new
+    # file makes that chunk miss, its files are decoded again rather than copied
+    tree.add("p0000a.png", seed=999, label="a", entity="E7000")  # sorts right after p0000.png
+    tree.write_table()
+    owner = next(k for k in entries if "p0000.png" in records_path(cache, k).read_text())
+    pointer = (cache / f"{owner}.packed.json").read_text()
+    assert first.version_dir.name in pointer
+    # zero the owner's first shard wholly: every sample it holds fails its sha256
+    shards = sorted({part for part in pointer.split('"') if part.endswith(".tar")})
+    target = first.version_dir / shards[0]
+    target.write_bytes(b"\0" * target.stat().st_size)
+    second = build_tree(tree, tmp_path, "out", "cache")
+    assert second.files_decoded > 1  # the damaged entry's files were decoded, never copied
+    same_as_fresh(tree, tmp_path, second, "damaged")
+    assert len(np.load(cache / INDEX_NAME)) == FILES + 2
+
+
+def test_a_series_is_one_unit_a_new_slice_decodes_its_series_only_a_relabelled_one_nothing(tmp_path: Path) -> None:
+    """A kind that groups its files before decoding (DICOM series stacked with their neighbours)
+    reuses by group: a slice added to one series decodes that series, the others are copied; a
+    slice given a new label decodes nothing, and its sample packs the new label."""
+    from tests.test_series import _reference_order, _write_series
+    from tests.test_targets import _job
+
+    staged = _reference_order(_write_series(tmp_path / "staged", slices=7, seed=1, patient="P1"))
+    raw = tmp_path / "raw"
+    (raw / "a").mkdir(parents=True)
+    for path in staged[:6]:
+        path.rename(raw / "a" / path.name)
+    _write_series(raw / "b", seed=2, patient="P2")
+    _write_series(raw / "c", seed=3, patient="P3")
+    table = tmp_path / "labels.csv"
+
+    def label_all(relabel: str = "") -> None:
+        names = sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*.dcm"))
+        table.write_text("path,label\n" + "".join(f"{n},{'yes' if n == relabel else 'no'}\n" for n in names))
+
+    job = load_job(_job(tmp_path / "job", [{"kind": "dicom", "root": str(raw), "labels": str(table)}],
+                        transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "size": [16, 16],
+                                             "sample": {"neighbors": 1}}}))
+
+    def run(cache: str) -> BuildResult:
+        return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache))
+
+    label_all()
+    first = run("cache")
+    assert (first.files_decoded, first.files_cached) == (18, 0)
+    staged[6].rename(raw / "a" / staged[6].name)
+    label_all()
+    grown = run("cache")
+    assert (grown.files_decoded, grown.files_cached) == (7, 12)
+    assert grown.manifest["dataset_hash"] == run("fresh-grown").manifest["dataset_hash"]
+    assert grown.manifest["inputs"]["samples"] == 19
+
+    label_all(relabel=sorted(p.relative_to(raw).as_posix() for p in (raw / "b").iterdir())[2])
+    relabelled = run("cache")
+    assert (relabelled.files_decoded, relabelled.files_cached) == (0, 19)
+    assert relabelled.manifest["label_map"] != grown.manifest["label_map"]
+    fresh = run("fresh-relabelled")
+    assert fresh.files_cached == 0 and relabelled.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
+
+
+def test_a_files_unit_key_leaves_out_only_what_decides_its_target(tree: PhotoTree, tmp_path: Path) -> None:
+    """The key of a file's unit changes with its bytes (size, mtime) and with every ref field the
+    worker reads, and stays put for its label's value and for the table cells that only reach
+    its record; a group's key covers all its files, in any order."""
+    from dataclasses import replace
+
+    from packer.pipeline.filecache import unit_keys
+    from packer.records import SampleRef
+
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
+                                          "table": str(tree.root / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [16, 16]}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    job = load_job(write_job(tmp_path / "jobs", doc))
+    libraries = {"numpy": "2.2.6"}
+    path = tree.root / "p0001.png"
+    ref = SampleRef(sample_id="f-1", source=job.sources[0].name, kind="image", path=str(path), relpath="p0001.png",
+                    label="a", entity="E1", time="2024-01-01", extra=(("site", "s1"),))
+
+    def key(*refs: SampleRef, group: bool = False) -> str:
+        (unit,) = unit_keys(refs, job, libraries, group=group)  # one file, or one group
+        return unit.key
+
+    before = key(ref)
+    assert key(replace(ref, label="b")) == before
+    assert key(replace(ref, extra=(("site", "elsewhere"),))) == before
+    assert key(replace(ref, label=None)) != before  # a missing label is a bad sample
+    for field, value in (("entity", "E2"), ("time", "2024-02-02"), ("relpath", "x.png"), ("sample_id", "f-2")):
+        assert key(replace(ref, **{field: value})) != before, field
+    assert unit_keys([ref], job, {"numpy": "2.3.0"}, group=False)[0].key != before
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    assert key(ref) != before
+
+    other = replace(ref, sample_id="f-2", path=str(tree.root / "p0002.png"), relpath="p0002.png")
+    group = key(ref, other, group=True)
+    assert key(other, ref, group=True) == group
+    assert key(replace(ref, label="b"), other, group=True) == group
+    os.utime(other.path, ns=(0, 10**9))
+    assert key(ref, other, group=True) != group

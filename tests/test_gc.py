@@ -1,0 +1,336 @@
+"""packer ls OUTPUT/NAME, packer diff's shard view and packer gc on real demo builds.
+
+Versions share bytes as copies (the same shard sha256 in two version folders, two files) or as
+hard links (one inode in two folders). Builds today write every shard anew, so the tests make
+copies by building twice and links by linking a version's shards by hand (``os.link``), as an
+incremental build does. Every expected number comes from ``os.stat`` and ``hashlib`` over the
+folders, never from the code under test; ``packer verify`` checks each kept version after gc.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from packer.commands.gc import gc_command
+from packer.commands.inspect import diff_command, ls_command
+from packer.config import load_job
+from packer.demo import write_ct_slice, write_photo
+from packer.pipeline.build import BuildOptions, build
+from packer.verify import verify_dataset
+from tests.helpers import demo_job_doc, write_job
+
+CLI = click.Group(commands=[ls_command, diff_command, gc_command])
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(CLI, [str(a) for a in args])
+
+
+@dataclass(frozen=True)
+class Versions:
+    out: Path        # <out>/demo/<version>/ for the three versions below
+    base: str        # the demo tree as written
+    relimited: str   # the same inputs with another max_bad_fraction: every shard the same bytes, new files
+    grown: str       # + one CT patient and one photo subject, one photo's pixels replaced
+
+
+@pytest.fixture(scope="module")
+def versions(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Versions:
+    tmp = tmp_path_factory.mktemp("gc")
+    raw = Path(shutil.copytree(demo_raw.root, tmp / "raw"))
+
+    def run(**overrides: Any) -> str:
+        job = load_job(write_job(tmp / "job", demo_job_doc(raw, tmp / "out", **overrides)))
+        return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False)).version_dir.name
+
+    base = run()
+    relimited = run(validate={"max_bad_fraction": 0.2})
+    rng = np.random.default_rng(7)
+    write_ct_slice(raw / "ct" / "PAT0099" / "ST01" / "IM001.dcm", patient_id="PAT0099", study_date="20240301",
+                   pixels_hu=rng.uniform(-1000, 1000, size=(64, 64)))
+    with open(raw / "ct_labels.csv", "a", newline="") as fh:
+        csv.writer(fh).writerow(["PAT0099/ST01/IM001.dcm", "nodule"])
+    write_photo(raw / "photos" / "S099" / "01.png", rng.integers(0, 256, size=(96, 128, 3), dtype=np.uint8))
+    with open(raw / "photos" / "labels.csv", "a", newline="") as fh:
+        csv.writer(fh).writerow(["S099/01.png", "circle", "S099", "2024-03-01T10:00:00"])
+    grown = run(validate={"max_bad_fraction": 0.2})
+    return Versions(out=tmp / "out", base=base, relimited=relimited, grown=grown)
+
+
+def dataset_copy(versions: Versions, tmp_path: Path, *, created: dict[str, str] | None = None) -> Path:
+    """A copy of the dataset folder (files copied, no links), with ``created_at`` set per version
+    (outside the dataset hash, so the manifests still check out)."""
+    root = Path(shutil.copytree(versions.out / "demo", tmp_path / "out" / "demo"))
+    for version, when in (created or {}).items():
+        path = root / version / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["created_at"] = when
+        path.write_text(json.dumps(manifest))
+    return root
+
+
+def shard_digests(version: Path) -> dict[str, str]:
+    """Each shard file of a version folder by its sha256, hashed here."""
+    return {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in sorted(version.glob("*.tar"))}
+
+
+def link_same_shards(source: Path, target: Path) -> list[str]:
+    """Replace each shard of ``target`` whose bytes equal a shard of ``source`` by a hard link to
+    it, as an incremental build does; returns the linked file names (in ``target``)."""
+    theirs = shard_digests(source)
+    linked = []
+    for digest, name in shard_digests(target).items():
+        if digest in theirs:
+            (target / name).unlink()
+            os.link(source / theirs[digest], target / name)
+            linked.append(name)
+    return linked
+
+
+def inodes(*folders: Path) -> dict[tuple[int, int], int]:
+    """Every file's inode under ``folders`` with its size."""
+    out = {}
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                st = path.stat()
+                out[(st.st_dev, st.st_ino)] = st.st_size
+    return out
+
+
+def snapshot(root: Path) -> list[tuple[str, int, int, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in root.rglob("*"))
+
+
+CREATED = {"base": "2024-01-01T00:00:00Z", "relimited": "2024-02-01T00:00:00Z", "grown": "2024-03-01T00:00:00Z"}
+
+
+def created(versions: Versions, order: dict[str, str] = CREATED) -> dict[str, str]:
+    return {getattr(versions, name): when for name, when in order.items()}
+
+
+# -- ls ---------------------------------------------------------------------------------------------
+
+
+def test_ls_of_a_dataset_folder_counts_shared_bytes_by_inode(versions: Versions, tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    base, relimited = root / versions.base, root / versions.relimited
+    shard_bytes = sum(p.stat().st_size for p in base.glob("*.tar"))
+    copies = json.loads(invoke("ls", root, "--json").stdout)
+    assert [v["folder"] for v in copies["versions"]] == [versions.grown, versions.relimited, versions.base]
+    assert copies["copied_bytes"] >= shard_bytes  # base's shards are stored again in relimited, as copies
+    assert copies["linked_bytes"] == 0
+    assert all(v["unique_bytes"] == v["bytes"] and v["shared_bytes"] == 0 for v in copies["versions"])
+
+    linked = link_same_shards(base, relimited)
+    assert sorted(linked) == sorted(p.name for p in base.glob("*.tar"))
+    listing = json.loads(invoke("ls", root, "--json").stdout)
+    every = inodes(*(root / v for v in (versions.base, versions.relimited, versions.grown)))
+    by_folder = {v["folder"]: v for v in listing["versions"]}
+    assert listing["disk_bytes"] == sum(every.values())
+    assert listing["sum_bytes"] == sum(sum(inodes(root / v).values()) for v in by_folder)
+    assert listing["linked_bytes"] == shard_bytes
+    assert by_folder[versions.relimited]["shared_bytes"] == shard_bytes
+    assert by_folder[versions.relimited]["unique_bytes"] == sum(p.stat().st_size for p in relimited.iterdir()
+                                                                if p.suffix != ".tar")
+    assert by_folder[versions.base]["shared_bytes"] == shard_bytes
+    manifest = json.loads((relimited / "manifest.json").read_text())
+    assert by_folder[versions.relimited]["samples"] == manifest["inputs"]["samples"]
+    assert by_folder[versions.relimited]["shards"] == sum(len(s["shards"]) for s in manifest["splits"].values())
+
+    text = invoke("ls", root)
+    assert text.exit_code == 0, text.output
+    assert "3 versions, newest first (by the manifest's created_at)" in text.output
+    assert all(v in text.output for v in by_folder)
+
+
+def test_ls_keeps_the_registry_form_and_names_what_is_not_a_version(versions: Versions, tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path)
+    (root / ".staging-0123456789abcdef").mkdir()
+    (root / ".staging-0123456789abcdef" / "train-000000.tar").write_bytes(b"x" * 10)
+    result = invoke("ls", root)
+    assert result.exit_code == 0, result.output
+    assert ".staging-0123456789abcdef (10 B): a build in progress" in result.output
+    output = invoke("ls", tmp_path / "out")  # an output folder: no registry, and a hint
+    assert output.exit_code == 0 and "no manifests under" in output.output
+    assert f"`packer ls {root}` lists the versions of demo" in output.output
+    assert invoke("ls", tmp_path / "nowhere").exit_code == 2
+
+
+# -- diff ---------------------------------------------------------------------------------------------
+
+
+def test_diff_lists_reused_new_and_removed_shards(versions: Versions, tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path)
+    old, new = root / versions.relimited, root / versions.grown
+    old_digests, new_digests = shard_digests(old), shard_digests(new)
+    reused = {new_digests[d] for d in new_digests.keys() & old_digests.keys()}
+    added = {new_digests[d] for d in new_digests.keys() - old_digests.keys()}
+    removed = {old_digests[d] for d in old_digests.keys() - new_digests.keys()}
+    assert reused and added, "one new patient and one new subject change some shards, not all"
+
+    payload = json.loads(invoke("diff", old, new, "--json").stdout)["shards"]
+    assert {c["file"] for c in payload["reused"]} == reused
+    assert {c["file"] for c in payload["new"]} == added
+    assert {c["file"] for c in payload["removed"]} == removed
+    assert all(c["same_inode"] is False for c in payload["reused"])
+    assert payload["counts"]["new"] == {"shards": len(added), "bytes": sum((new / f).stat().st_size for f in added)}
+    assert payload["counts"]["copied"]["shards"] == len(reused)
+
+    link_same_shards(old, new)
+    payload = json.loads(invoke("diff", old, new, "--json").stdout)["shards"]
+    assert all(c["same_inode"] is True for c in payload["reused"])
+    assert payload["counts"]["linked"] == {"shards": len(reused),
+                                           "bytes": sum((new / f).stat().st_size for f in reused)}
+    text = invoke("diff", old, new).output
+    assert (f"shards: {len(reused)} reused" in text and f"{len(reused)} hard-linked (stored once)" in text
+            and f"{len(added)} new" in text and f"{len(removed)} removed" in text)
+    assert all(f"new       {name}" in text for name in added)
+
+
+# -- gc ---------------------------------------------------------------------------------------------
+
+
+def test_gc_keeps_the_newest_by_created_at_and_frees_only_unshared_inodes(versions: Versions,
+                                                                            tmp_path: Path) -> None:
+    # created_at order differs from the folders' name order and from the build order
+    order = {"relimited": "2024-01-01T00:00:00Z", "base": "2024-02-01T00:00:00Z", "grown": "2024-03-01T00:00:00Z"}
+    root = dataset_copy(versions, tmp_path, created=created(versions, order))
+    base, relimited, grown = (root / v for v in (versions.base, versions.relimited, versions.grown))
+    link_same_shards(relimited, base)  # base's shards are relimited's inodes
+    link_same_shards(relimited, grown)
+    kept_inodes = inodes(base, grown)
+    own = {inode: size for inode, size in inodes(relimited).items() if inode not in kept_inodes}
+    shared = sum(size for inode, size in inodes(relimited).items() if inode in kept_inodes)
+
+    result = invoke("gc", root, "--keep", "2", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert [v["folder"] for v in plan["keep"]] == [versions.grown, versions.base]
+    assert [v["folder"] for v in plan["remove"]] == [versions.relimited]
+    assert plan["freed_bytes"] == sum(own.values()) and plan["shared_bytes"] == shared > 0
+    assert not relimited.exists()
+    assert sorted(p.name for p in root.iterdir()) == sorted([versions.base, versions.grown])
+    assert inodes(base, grown) == kept_inodes  # every shard the kept versions link is still there
+    for version in (base, grown):
+        assert verify_dataset(version).ok
+
+    text = invoke("gc", root, "--keep", "1")  # base's shards linked by grown stay; the rest goes
+    assert text.exit_code == 0, text.output
+    assert f"removed {versions.base}" in text.output
+    assert sorted(p.name for p in root.iterdir()) == [versions.grown]
+    assert verify_dataset(grown).ok
+    assert all(os.stat(grown / name).st_nlink == 1 for name in os.listdir(grown))
+
+
+def test_gc_dry_run_prints_the_plan_and_changes_nothing(versions: Versions, tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    link_same_shards(root / versions.base, root / versions.relimited)
+    before = snapshot(root)
+    old = inodes(root / versions.base, root / versions.relimited)
+    kept = inodes(root / versions.grown)
+    result = invoke("gc", root, "--keep", "1", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert snapshot(root) == before
+    assert f"remove  {versions.base}" in result.output and f"remove  {versions.relimited}" in result.output
+    assert f"keep    {versions.grown}" in result.output
+    plan = json.loads(invoke("gc", root, "--keep", "1", "--dry-run", "--json").stdout)
+    assert plan["dry_run"] is True and plan["freed_bytes"] == sum(old.values()) and plan["shared_bytes"] == 0
+    assert not old.keys() & kept.keys()
+    assert snapshot(root) == before
+
+
+def test_gc_refuses_keep_0_urls_and_version_folders(versions: Versions, tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path)
+    before = snapshot(root)
+    for args, says in (((root, "--keep", "0"), "keeps at least the newest version"),
+                       (("s3://bucket/out/demo", "--keep", "1"), "local output folder only"),
+                       ((root / versions.base, "--keep", "1"), "a version folder; pass the dataset folder"),
+                       ((tmp_path / "out", "--keep", "1"), "pass one of them")):
+        result = invoke("gc", *args)
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert snapshot(root) == before
+
+
+def test_an_interrupted_gc_leaves_no_half_version_and_the_next_gc_finishes(versions: Versions, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    staging = root / ".staging-0123456789abcdef"
+    staging.mkdir()
+    (staging / "train-000000.tar").write_bytes(b"a build in progress")
+
+    def remounted_read_only(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    with monkeypatch.context() as patch:  # the file system turns read-only once the first version is renamed
+        patch.setattr(shutil, "rmtree", remounted_read_only)
+        failed = invoke("gc", root, "--keep", "1")
+    assert failed.exit_code == 6, failed.output
+    left = sorted(p.name for p in root.iterdir())
+    trash = [name for name in left if name.startswith(".trash-")]
+    assert len(trash) == 1 and trash[0].startswith(f".trash-{versions.base}-")  # the oldest goes first
+    assert not (root / versions.base).exists() and not (root / trash[0] / "manifest.json").exists()
+    assert (root / versions.relimited / "manifest.json").is_file()
+    listing = json.loads(invoke("ls", root, "--json").stdout)
+    assert {o["folder"]: o["kind"] for o in listing["others"]} == {trash[0]: "trash", staging.name: "staging"}
+
+    result = invoke("gc", root, "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in root.iterdir()) == sorted([versions.grown, staging.name])
+    assert (staging / "train-000000.tar").read_bytes() == b"a build in progress"
+
+
+def test_a_build_after_gc_removed_the_version_its_cache_points_to_decodes_again(demo_raw: Any,
+                                                                                 tmp_path: Path) -> None:
+    """The build cache reads reused samples back from the last version's shards; once gc removed
+    that version, the next build decodes those files again and writes the same dataset."""
+    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
+
+    def run(seed: int) -> Any:
+        doc = demo_job_doc(raw, tmp_path / "out")
+        doc["split"] = dict(doc["split"], seed=seed)
+        return build(load_job(write_job(tmp_path / "job", doc)),
+                     BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+    first = run(17)
+    second = run(18)  # every file reused from the cache, read back from first's shards; the cache now points here
+    assert second.files_decoded == 0
+    manifest = json.loads(second.manifest_path.read_text())
+    manifest["created_at"] = "2000-01-01T00:00:00Z"  # older than first, so gc --keep 1 removes it
+    second.manifest_path.write_text(json.dumps(manifest))
+    assert invoke("gc", tmp_path / "out" / "demo", "--keep", "1").exit_code == 0
+    assert not second.version_dir.exists() and first.version_dir.is_dir()
+
+    again = run(18)
+    assert again.files_decoded == first.files_decoded > 0
+    assert again.manifest["dataset_hash"] == second.manifest["dataset_hash"]
+    assert verify_dataset(again.version_dir).ok
+
+
+def test_a_version_whose_manifest_fails_is_listed_as_broken_and_gc_leaves_it_alone(versions: Versions,
+                                                                                      tmp_path: Path) -> None:
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    path = root / versions.base / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["inputs"]["samples"] += 1  # edited after the build: fails its dataset_hash
+    path.write_text(json.dumps(manifest))
+    listed = invoke("ls", root)
+    assert listed.exit_code == 5 and f"{versions.base}  BROKEN" in listed.output, listed.output
+    result = invoke("gc", root, "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert f"left alone: {versions.base}" in result.output
+    assert sorted(p.name for p in root.iterdir()) == sorted([versions.base, versions.grown])
