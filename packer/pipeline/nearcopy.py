@@ -498,6 +498,11 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
     return offset, float(-0.25 * (left - right) * offset)
 
 
+#: The version of :func:`verify`'s answer: part of every key of the verified-pair cache
+#: (:mod:`packer.pipeline.paircache`), which reuses a pair's evidence from the last build when its
+#: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`
+#: or the constants they read change what a pair's :class:`Evidence` is.
+VERIFY_VERSION = 1
 #: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
 _ZOOM_PREFERENCE = 0.005
 
@@ -521,7 +526,8 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
     tried is below it is not refined (its evidence is that first look): refinement raised a
     planted copy's intensity by at most 0.085 (a crop: zoom and a fraction of a pixel), so a
     floor :data:`REFINE_MARGIN` below the decision changes no decision and skips most of the
-    work for look-alikes."""
+    work for look-alikes. The answer is a pure function of the two thumbnails and ``floor``
+    (the pair cache relies on it: change it, raise :data:`VERIFY_VERSION`)."""
     first = a if isinstance(a, Prepared) else Prepared(a)
     second = b if isinstance(b, Prepared) else Prepared(b)
     m = VERIFY_SHIFT

@@ -49,12 +49,14 @@ from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exc
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
+from packer.pipeline.paircache import PairCache, cached_verification
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
+from packer.progress import Progress
 from packer.read.kinds import source_libraries
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
@@ -174,8 +176,19 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
-        links = near_links(samples, split_cfg, sig_dir, _verify_on(executor))
+        # a build keeps each verified pair's evidence in its cache: a pair of unchanged thumbnails is
+        # not verified again (packer.pipeline.paircache); the links are the same either way
+        pairs = PairCache.open(cache_dir) if cache_dir is not None and split_cfg.near_enabled else None
+        run = _verify_on(executor, quiet=quiet)
+        links = near_links(samples, split_cfg, sig_dir, run if pairs is None else cached_verification(run, pairs))
         near_seconds = time.perf_counter() - started
+        if pairs is not None:
+            pairs.save()
+            if not quiet and (pairs.reused or pairs.verified):
+                ignored = f"; the cache's file was not used: {pairs.ignored}" if pairs.ignored else ""
+                print(f"packer: near copies: {links.candidates} candidate pairs, {pairs.verified} verified, "
+                      f"{pairs.reused} reused from the build cache, {len(links)} links ({near_seconds:.1f}s)"
+                      f"{ignored}", flush=True)
     kind = target_class(job.sources[0].target.kind)
     conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None)
     if conflicts.dropped:
@@ -256,12 +269,18 @@ def _scratch_folder() -> Path:
     return folder
 
 
-def _verify_on(executor: Executor) -> RunVerify:
-    """Run near-copy verification tasks on ``executor``; a task whose worker died is run here."""
+def _verify_on(executor: Executor, *, quiet: bool = False) -> RunVerify:
+    """Run near-copy verification tasks on ``executor``; a task whose worker died is run here. A
+    progress line (``nearcopy``, pairs verified) follows the tasks as they return."""
     def run(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
+        if not tasks:
+            return
+        progress = Progress("nearcopy", sum(len(t.a_file) for t in tasks), unit="pairs", quiet=quiet)
         for task, result in executor.map_unordered(verify_task, tasks,
                                                    keys=[f"verify-{t.index}-{uuid.uuid4().hex[:8]}" for t in tasks]):
+            progress.update(len(task.a_file))
             yield task, verify_task(task) if isinstance(result, WorkerLost) else result
+        progress.close()
     return run
 
 
