@@ -155,8 +155,8 @@ def read_signatures(path: Path) -> np.ndarray:
 
 # -- candidates --------------------------------------------------------------------------------
 
-#: Score-matrix elements computed at once (float32): 4M, 16 MB (with the selection's int64
-#: indices, about 50 MB a block; 16M elements peaked at 490 MB at 10,000 samples).
+#: Score-matrix elements computed at once (float64 in the exact search): 4M, 32 MB (with the
+#: selection's int64 indices, about 70 MB a block; 16M elements peaked at 490 MB at 10,000 samples).
 _BLOCK_ELEMENTS = 1 << 22
 #: Up to this many samples the nearest neighbours are exact; above, an inverted-file index
 #: (:class:`InvertedFile`) compares each query with the members of its nearest clusters only.
@@ -169,14 +169,33 @@ def _best_k(scores: np.ndarray, columns: np.ndarray, query_group: np.ndarray, ba
             k: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``scores`` (rows × columns), the ``k`` best columns of another group than the
     row's, as (base indices, scores), -1/-inf where fewer qualify. Scores are rounded to 1e-5
-    and ties go to the lower index, so BLAS rounding does not reorder near-ties. ``skip``: the
-    largest group size (the most same-group columns that can precede the k wanted). ``scores``
-    is the caller's temporary: it is rounded and negated in place (no copies of a block)."""
+    and ties go to the lower index: the answer is a function of the rounded scores alone, not of
+    which block a row or column was scored in. ``skip``: the largest group size (the most
+    same-group columns that can precede the k wanted). ``scores`` is the caller's temporary: it
+    is rounded and negated in place (no copies of a block)."""
     rows, width = scores.shape
     take = min(width, k + skip)
     negated = np.negative(np.round(scores, 5, out=scores), out=scores)
-    part = np.argpartition(negated, take - 1, axis=1)[:, :take] if take < width else \
-        np.broadcast_to(np.arange(width), (rows, width)).copy()
+    if take < width:
+        part = np.argpartition(negated, take - 1, axis=1)[:, :take]
+        # equal scores across the partition's edge: which of them it kept is arbitrary, and the
+        # lower index must win, so such a row is ranked over every column (rare)
+        edge = np.take_along_axis(negated, part, axis=1).max(axis=1)
+        straddles = np.flatnonzero((negated <= edge[:, None]).sum(axis=1) > take)
+    else:
+        part = np.broadcast_to(np.arange(width), (rows, width)).copy()
+        straddles = np.zeros(0, dtype=np.int64)
+    best_index, best_score = _ranked(negated, part, columns, query_group, base_group, k)
+    every = np.arange(width)[None, :]
+    for row in straddles.tolist():
+        index, score = _ranked(negated[row:row + 1], every, columns, query_group[row:row + 1], base_group, k)
+        best_index[row], best_score[row] = index[0], score[0]
+    return best_index, best_score
+
+
+def _ranked(negated: np.ndarray, part: np.ndarray, columns: np.ndarray, query_group: np.ndarray,
+            base_group: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_best_k` among the columns ``part`` (per row) of the negated, rounded scores."""
     part_scores = -np.take_along_axis(negated, part, axis=1)
     part_index = columns[part]
     part_scores[base_group[part_index] == query_group[:, None]] = -np.inf
@@ -209,10 +228,13 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
     out_score = np.full((m, k), -np.inf, dtype=np.float32)
     block = max(1, _BLOCK_ELEMENTS // max(1, len(base)))
     columns = np.arange(len(base))
-    base32 = np.asarray(base, dtype=np.float32)
+    # float64: a float32 product's last bits depend on the block's shape (BLAS kernels), and
+    # rounded to 1e-5 that changed ~2% of the scores; in float64 a cosine of two float16 vectors
+    # is the same in any block, so an incremental search can merge scores of earlier builds
+    base64 = np.asarray(base, dtype=np.float64)
     for start in range(0, m, block):
         stop = min(m, start + block)
-        scores = np.asarray(queries[start:stop], dtype=np.float32) @ base32.T
+        scores = np.asarray(queries[start:stop], dtype=np.float64) @ base64.T
         out_index[start:stop], out_score[start:stop] = _best_k(scores, columns, query_group[start:stop], base_group,
                                                                k, skip)
     return out_index, out_score
