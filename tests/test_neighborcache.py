@@ -1,0 +1,88 @@
+"""The neighbour-list cache: an incremental candidate search gives exactly the full search's pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer.pipeline.nearcopy import EMBED_DIM, QUERY_ZOOMS, candidate_pairs
+from packer.pipeline.neighborcache import NEIGHBORS_FILE, NeighborCache, sample_identities, search_candidates
+
+
+def _unit(rng: np.random.Generator, n: int, centres: np.ndarray) -> np.ndarray:
+    """n × zooms × d float16 unit vectors near a few centres (look-alikes, so lists overlap), with
+    some exact repeats (equal cosines: ties the order must break by index)."""
+    pick = rng.integers(0, len(centres), n)
+    out = centres[pick][:, None, :] + rng.normal(0, 0.35, (n, len(QUERY_ZOOMS), EMBED_DIM))
+    repeat = rng.random(n) < 0.1
+    if n > 1:
+        out[repeat] = out[rng.integers(0, n, int(repeat.sum()))]
+    out /= np.linalg.norm(out, axis=2, keepdims=True)
+    return out.astype(np.float16)
+
+
+def _search(tmp: Path, keys: list[str], entities: list[str | None], emb: np.ndarray, k: int):
+    order = np.argsort(keys, kind="stable")  # a build's samples are sorted by key
+    keys = [keys[i] for i in order]
+    entities = [entities[i] for i in order]
+    emb = emb[order]
+    codes = {e: c for c, e in enumerate(sorted({e for e in entities if e is not None}))}
+    groups = np.array([codes[e] if e is not None else -1 - s for s, e in enumerate(entities)], dtype=np.int64)
+    rows_of = lambda z, rows: emb[rows, z]  # noqa: E731
+    cache = NeighborCache.open(tmp, k)
+    assert cache.ignored == ""
+    got = search_candidates(rows_of, groups, k, sample_identities(keys, entities, rows_of), cache)
+    cache.save()
+    want = candidate_pairs(emb, groups, k)
+    np.testing.assert_array_equal(got.i, want.i)
+    np.testing.assert_array_equal(got.j, want.j)
+    np.testing.assert_array_equal(got.similarity, want.similarity)
+    return cache.reused
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_search_equals_the_full_search_after_adds_removals_changes_and_moves(tmp_path: Path,
+                                                                                           seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    k = int(rng.choice([2, 4, 8, 16]))
+    n = int(rng.integers(20, 400))
+    centres = rng.normal(0, 1, (int(rng.integers(1, 6)), EMBED_DIM))
+    keys = [f"s{v:06d}" for v in rng.choice(10**6, n, replace=False)]
+    entities: list[str | None] = [None if rng.random() < 0.05 else f"e{rng.integers(0, max(2, n // 5))}"
+                                  for _ in range(n)]
+    emb = _unit(rng, n, centres)
+    assert _search(tmp_path, keys, entities, emb, k) == 0
+    for _ in range(3):  # three rebuilds, each from the last one's cache
+        n = len(keys)
+        keep = rng.random(n) >= rng.choice([0.0, 0.01, 0.1, 0.4])  # removed samples
+        keys = [key for key, kept in zip(keys, keep, strict=True) if kept]
+        entities = [e for e, kept in zip(entities, keep, strict=True) if kept]
+        emb = emb[keep]
+        changed = rng.random(len(keys)) < 0.03  # new pixels
+        emb[changed] = _unit(rng, int(changed.sum()), centres)
+        for s in np.flatnonzero(rng.random(len(keys)) < 0.03):  # moved to another (or a new) entity
+            entities[s] = f"e{rng.integers(0, max(2, n // 5) + 3)}"
+        added = int(rng.integers(0, max(2, n // 10)))  # new samples, keys anywhere in the order
+        keys += [f"s{v:06d}x" for v in rng.choice(10**6, added, replace=False)]
+        entities += [f"n{rng.integers(0, 1 + added // 3)}" for _ in range(added)]
+        emb = np.concatenate([emb, _unit(rng, added, centres)])
+        reused = _search(tmp_path, keys, entities, emb, k)
+        assert 0 <= reused <= len(keys)
+
+
+def test_an_unchanged_rebuild_reuses_every_list_and_a_damaged_file_is_ignored(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    n, k = 300, 8
+    keys = [f"k{s:04d}" for s in range(n)]
+    entities: list[str | None] = [f"e{s // 3}" for s in range(n)]
+    emb = _unit(rng, n, rng.normal(0, 1, (3, EMBED_DIM)))
+    _search(tmp_path, keys, entities, emb, k)
+    assert _search(tmp_path, keys, entities, emb, k) == n
+    path = tmp_path / NEIGHBORS_FILE
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert NeighborCache.open(tmp_path, k).ignored == "damaged or cut short"
+    assert NeighborCache.open(tmp_path, k + 1).ignored.startswith("written for other search parameters")
