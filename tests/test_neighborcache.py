@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_nearcopy import copies_job
+from test_paircache import _grow
 
+from packer.config import load_job
+from packer.demo import write_copies_tree
+from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.nearcopy import EMBED_DIM, QUERY_ZOOMS, candidate_pairs
 from packer.pipeline.neighborcache import NEIGHBORS_FILE, NeighborCache, sample_identities, search_candidates
 
@@ -86,3 +93,51 @@ def test_an_unchanged_rebuild_reuses_every_list_and_a_damaged_file_is_ignored(tm
     path.write_bytes(bytes(data))
     assert NeighborCache.open(tmp_path, k).ignored == "damaged or cut short"
     assert NeighborCache.open(tmp_path, k + 1).ignored.startswith("written for other search parameters")
+
+
+# ---------------------------------------------------------------- builds: cold and incremental
+
+
+def _lists_reused(job: Path, out: Path, cache: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, bytes, int, int]:
+    """(dataset_hash, leakage.json's bytes, samples whose lists were reused, samples) of a build."""
+    capsys.readouterr()
+    result = build(load_job(job), BuildOptions(out=out, scheduler="sync", html_report=False, cache_dir=cache))
+    said = capsys.readouterr().out
+    counts = re.search(r"(\d+) of (\d+) samples' neighbour lists reused", said)
+    assert counts, said
+    return (result.manifest["dataset_hash"], (result.version_dir / "leakage.json").read_bytes(),
+            int(counts[1]), int(counts[2]))
+
+
+@pytest.mark.slow  # four builds of a 270-sample tree (about 30 s)
+def test_an_incremental_search_gives_the_same_leakage_and_dataset_hash_as_a_cold_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = write_copies_tree(tmp_path / "raw", patients=60, copies=18, seed=3)
+    job = copies_job(tree, tmp_path / "job")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    first = _lists_reused(job, out, cache, capsys)
+    assert first[2] == 0
+
+    # the next day: new patients and a new copy, one file withdrawn, one file moved to another patient
+    _grow(tree.root, new=6)
+    labels = tree.root / "exports" / "labels.csv"
+    lines = labels.read_text(encoding="utf-8").splitlines()
+    (tree.root / "exports" / lines[5].split(",")[0]).unlink()
+    moved = lines[9].split(",")
+    moved[2] = "Y0001"  # a patient's file re-assigned to another patient
+    lines = lines[:5] + lines[6:9] + [",".join(moved)] + lines[10:]
+    labels.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    partly = _lists_reused(job, out, cache, capsys)
+    cold = _lists_reused(job, tmp_path / "elsewhere", tmp_path / "fresh-cache", capsys)
+    warm = _lists_reused(job, out, cache, capsys)
+    assert partly[0] == cold[0] == warm[0]  # dataset_hash
+    assert partly[1] == cold[1] == warm[1]  # leakage.json, byte for byte
+    assert partly[3] == cold[3] == warm[3] and cold[2] == 0
+    assert partly[3] // 2 < partly[2] < partly[3]  # most old samples' lists merged, the new ones searched
+    assert warm[2] == warm[3]
+    near = json.loads(cold[1])["rules"]["duplicates_span_entities"]["findings"]
+    assert any("Z0001" in finding["entities"] for finding in near)
+    # the file holds the last build's samples only (a merged list may be shorter than a searched one)
+    files = list(cache.glob(f"*/{NEIGHBORS_FILE}"))
+    assert len(files) == 1 and NeighborCache.open(files[0].parent, 16).rows.shape == (warm[3],)

@@ -794,15 +794,19 @@ def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
 
 def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, groups: np.ndarray, *,
                     neighbors: int, min_score: float, run: Callable[[Sequence[VerifyTask]], Iterable[
-                        tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None) -> NearLinks:
+                        tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None,
+                    search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None
+                    ) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
     ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
     score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
-    ``files[file_of[s]]``. The result does not depend on how tasks are run or ordered."""
+    ``files[file_of[s]]``. ``search``: the candidate search, :func:`candidate_pairs` unless given
+    (one that reuses the last build's lists must give the same pairs). The result does not depend
+    on how tasks are run or ordered."""
     if len(file_of) < 2 or neighbors < 1:
         return NearLinks.empty()
-    candidates = candidate_pairs(lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom),
-                                 groups, neighbors)
+    candidates = (search or candidate_pairs)(
+        lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom), groups, neighbors)
     floor = max(0.0, min_score - REFINE_MARGIN)
 
     def verified(i: np.ndarray, j: np.ndarray) -> EvidenceArrays:

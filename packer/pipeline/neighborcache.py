@@ -237,7 +237,8 @@ def _merged(old_index: np.ndarray, old_score: np.ndarray, old_complete: np.ndarr
     last = np.arange(rows)
     bound_score = np.full(rows, -np.inf, dtype=np.float32)
     bound_index = np.full(rows, big, dtype=np.int64)
-    for count, complete, idx, sc in ((k_count, old_complete, k_index, k_score), (f_count, f_complete, f_index, f_score)):
+    parts = ((k_count, old_complete, k_index, k_score), (f_count, f_complete, f_index, f_score))
+    for count, complete, idx, sc in parts:
         open_ = ~complete
         at = np.maximum(count - 1, 0)
         b_score = np.where(count > 0, sc[last, at], np.inf).astype(np.float32)  # nothing kept: nothing is exact
