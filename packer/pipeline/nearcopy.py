@@ -155,8 +155,8 @@ def read_signatures(path: Path) -> np.ndarray:
 
 # -- candidates --------------------------------------------------------------------------------
 
-#: Score-matrix elements computed at once (float64 in the exact search): 4M, 32 MB (with the
-#: selection's int64 indices, about 70 MB a block; 16M elements peaked at 490 MB at 10,000 samples).
+#: Score-matrix elements computed at once (float32): 4M, 16 MB (with the selection's int64
+#: indices, about 50 MB a block; 16M elements peaked at 490 MB at 10,000 samples).
 _BLOCK_ELEMENTS = 1 << 22
 #: Up to this many samples the nearest neighbours are exact; above, an inverted-file index
 #: (:class:`InvertedFile`) compares each query with the members of its nearest clusters only.
@@ -215,9 +215,11 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
     """For each query, the ``k`` base rows of the highest cosine whose group differs from its own.
 
     ``base`` (n×d) and ``queries`` (m×d) hold unit vectors; returns (indices m×k, similarities
-    m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise matrix products,
-    O(n·m·d) time, 64 MB of scores at a time) up to :data:`EXACT_LIMIT` base rows; beyond, an
-    inverted file (:class:`InvertedFile`, ``index`` when already built on ``base``):
+    m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise float32 matrix
+    products, O(n·m·d) time, 16 MB of scores at a time, then the columns near each row's k-th
+    rescored exactly: :func:`_best_k_exact`, the same answer in any block) up to
+    :data:`EXACT_LIMIT` base rows; beyond, an inverted file (:class:`InvertedFile`, ``index`` when
+    already built on ``base``):
     approximate, O(m·√n·d).
     """
     if len(base) > EXACT_LIMIT:

@@ -15,8 +15,8 @@ changed, and is merged with its scores against the new ones; the merged list is 
 first place where something unseen could rank (the last kept old entry, or the last new one
 when more new ones qualify than were kept). A list with fewer than ``w`` exact entries is
 searched again in full, as is every new or changed sample. The candidates are then the ones a
-full search gives, pair for pair and score for score (the cosines are float64 products of the
-float16 embeddings, the same in any block: :func:`~packer.pipeline.nearcopy.nearest`).
+full search gives, pair for pair and score for score (the cosines are exact sums of the float16
+embeddings' products, the same in any block: :func:`~packer.pipeline.nearcopy.nearest`).
 
 Above :data:`~packer.pipeline.nearcopy.EXACT_LIMIT` samples the search is an inverted file whose
 clusters are trained on all embeddings: its answer depends on every sample, so nothing is reused
