@@ -34,6 +34,7 @@ import yaml
 from decode import describe_machine, publish_run  # noqa: E402 - sibling script: one RESULTS.md writer
 
 from packer.pipeline.nearcopy import QUERY_ZOOMS, candidate_pairs, read_signatures
+from packer.pipeline.neighborcache import NeighborCache, sample_identities, search_candidates
 from packer.pipeline.paircache import thumb_digests
 from packer.schemas import schema_defaults
 
@@ -104,18 +105,19 @@ def build(job: Path, out: Path, cache: Path, workers: int, log: Path) -> dict[st
     if done.returncode not in (0, 3):
         raise RuntimeError(f"packer build failed ({done.returncode}); see {log}")
     near = re.search(r"near copies: (\d+) candidate pairs, (\d+) verified, (\d+) reused from the build cache, "
-                     r"(\d+) links \(([\d.]+)s\)", done.stdout)
+                     r"(\d+) of \d+ samples' neighbour lists reused, (\d+) links \(([\d.]+)s\)", done.stdout)
     if near is None:
         raise RuntimeError(f"no 'near copies:' line in {log}")
     manifests = sorted(out.glob("tiny/*/manifest.json"), key=lambda p: p.stat().st_mtime)
     manifest = json.loads(manifests[-1].read_text())
     progress = [line for line in done.stderr.splitlines() if line.lstrip().startswith("nearcopy:")]
     return {"wall_s": round(wall, 1), "candidates": int(near[1]), "verified": int(near[2]), "reused": int(near[3]),
-            "links": int(near[4]), "near_s": float(near[5]), "dataset_hash": manifest["dataset_hash"],
+            "lists_reused": int(near[4]), "links": int(near[5]), "near_s": float(near[6]),
+            "dataset_hash": manifest["dataset_hash"],
             "samples": manifest["inputs"]["samples"], "nearcopy_progress_lines": len(progress)}
 
 
-def search_alone(cache: Path) -> dict[str, Any]:
+def search_alone(cache: Path, root: Path) -> dict[str, Any]:
     """The candidate search and the thumbnails' digests, alone, on the signatures in ``cache``."""
     files = sorted(str(p) for p in cache.glob("*/*.sig.npy"))
     started = time.perf_counter()
@@ -125,11 +127,38 @@ def search_alone(cache: Path) -> dict[str, Any]:
     embeddings = np.concatenate([np.asarray(read_signatures(Path(name))["embedding"]) for name in files])
     # one group per 20 rows, not the samples' entities (the rows are in chunk order): right for timing only
     groups = np.arange(len(embeddings)) // PER_ENTITY
+    k = schema_defaults("job")["split.near_duplicates.neighbors"]
     started = time.perf_counter()
-    found = candidate_pairs(embeddings, groups, schema_defaults("job")["split.near_duplicates.neighbors"])
+    found = candidate_pairs(embeddings, groups, k)
     search_s = time.perf_counter() - started
-    return {"signatures": len(embeddings), "zooms": len(QUERY_ZOOMS), "search_s": round(search_s, 1),
-            "search_pairs": len(found), "digests_s": round(digests_s, 2)}
+    # the neighbour-list cache: lists of a tree without the last 1% of rows and with 0.5% more (later
+    # removed), then the whole tree searched from them; checked against the full search
+    n = len(embeddings)
+    gone = np.arange(n // 200) * 200 + 7
+    extra = np.concatenate([embeddings, embeddings[gone, ::-1]])  # rows n...: removed since, other vectors
+    every_group = np.concatenate([groups, groups[gone] + 10**6])
+    keys = [f"{row:09d}" for row in range(len(extra))]
+    entities = [str(g) for g in every_group.tolist()]
+    cache = NeighborCache.open(root, k)  # no file there: empty
+    timings = {}
+    before = np.r_[np.arange(n - n // 100), n + np.arange(len(gone))]
+    for name, rows in (("fresh", before), ("incremental", np.arange(n))):
+        view = extra[rows]
+
+        def rows_of(z: int, s: slice, view: np.ndarray = view) -> np.ndarray:
+            return view[s, z]
+        started = time.perf_counter()
+        ids = sample_identities([keys[r] for r in rows], [entities[r] for r in rows], rows_of)
+        got = search_candidates(rows_of, every_group[rows], k, ids, cache)
+        timings[name] = round(time.perf_counter() - started, 1)
+        assert cache.fresh is not None
+        cache.rows = cache.fresh
+    same = bool(np.array_equal(got.i, found.i) and np.array_equal(got.j, found.j)
+                and np.array_equal(got.similarity, found.similarity))
+    return {"signatures": n, "zooms": len(QUERY_ZOOMS), "search_s": round(search_s, 1),
+            "search_pairs": len(found), "digests_s": round(digests_s, 2), "lists_fresh_s": timings["fresh"],
+            "lists_incremental_s": timings["incremental"], "lists_reused": cache.reused,
+            "incremental_equals_full": same}
 
 
 def main() -> None:
@@ -157,7 +186,7 @@ def main() -> None:
     second = build(job, root / "out", root / "cache", args.workers, root / "build2.log")
     cold = (build(job, root / "out-cold", root / "cache-cold", args.workers, root / "build3.log")
             if args.fresh_check else None)
-    alone = search_alone(root / "cache")
+    alone = search_alone(root / "cache", root)
     record = {"machine": describe_machine(), "files": args.files, "added": added, "fresh": first,
               "incremental": second, "cold_of_grown": cold, "search_alone": alone}
     lines = [f"`benchmarks/nearcopy_reuse.py --files {args.files}`: {args.files:,} tiny {SIZE}×{SIZE} grey PNGs "
@@ -172,7 +201,10 @@ def main() -> None:
                          f"{run['candidates']:,} | {run['verified']:,} | {run['reused']:,} | {run['links']:,} |")
     lines += ["", f"Alone, on the grown tree's {alone['signatures']:,} signatures: the candidate search "
                   f"{alone['search_s']:.1f} s, the thumbnails' digests "
-                  f"{alone['digests_s']:.2f} s."]
+                  f"{alone['digests_s']:.2f} s. With the neighbour-list cache: the search of the tree less its last "
+                  f"1% (plus 0.5% since removed) {alone['lists_fresh_s']:.1f} s, then the whole tree from its lists "
+                  f"{alone['lists_incremental_s']:.1f} s ({alone['lists_reused']:,} samples' lists reused; "
+                  f"the same pairs and similarities as the full search: {alone['incremental_equals_full']})."]
     if cold is not None:
         lines.append(f"dataset_hash incremental == cold: {second['dataset_hash'] == cold['dataset_hash']}.")
     publish_run(SECTION, "\n".join(lines), started, record=record, write=not args.no_write)

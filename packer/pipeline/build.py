@@ -59,6 +59,7 @@ from packer.manifest import (
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
+from packer.pipeline.neighborcache import NEIGHBORS_STEM
 from packer.pipeline.paircache import PAIRS_STEM
 from packer.pipeline.pixels import stage_seconds
 from packer.pipeline.plan import PlannedShard
@@ -353,7 +354,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                               skip={chunk_of(name) for name in prepared.partial_spills})
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
-    used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM}  # the verified-pair cache stays too
+    used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM, NEIGHBORS_STEM}  # the near-copy caches stay too
     used_units = [(c.key, c.units) for c in prepared.chunks if c.units]
     files_decoded, files_total = prepared.files_decoded, prepared.inputs
     reused_shards = [w for w in written.values() if w.reused]

@@ -169,14 +169,33 @@ def _best_k(scores: np.ndarray, columns: np.ndarray, query_group: np.ndarray, ba
             k: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``scores`` (rows × columns), the ``k`` best columns of another group than the
     row's, as (base indices, scores), -1/-inf where fewer qualify. Scores are rounded to 1e-5
-    and ties go to the lower index, so BLAS rounding does not reorder near-ties. ``skip``: the
-    largest group size (the most same-group columns that can precede the k wanted). ``scores``
-    is the caller's temporary: it is rounded and negated in place (no copies of a block)."""
+    and ties go to the lower index: the answer is a function of the rounded scores alone, not of
+    which block a row or column was scored in. ``skip``: the largest group size (the most
+    same-group columns that can precede the k wanted). ``scores`` is the caller's temporary: it
+    is rounded and negated in place (no copies of a block)."""
     rows, width = scores.shape
     take = min(width, k + skip)
     negated = np.negative(np.round(scores, 5, out=scores), out=scores)
-    part = np.argpartition(negated, take - 1, axis=1)[:, :take] if take < width else \
-        np.broadcast_to(np.arange(width), (rows, width)).copy()
+    if take < width:
+        part = np.argpartition(negated, take - 1, axis=1)[:, :take]
+        # equal scores across the partition's edge: which of them it kept is arbitrary, and the
+        # lower index must win, so such a row is ranked over every column (rare)
+        edge = np.take_along_axis(negated, part, axis=1).max(axis=1)
+        straddles = np.flatnonzero((negated <= edge[:, None]).sum(axis=1) > take)
+    else:
+        part = np.broadcast_to(np.arange(width), (rows, width)).copy()
+        straddles = np.zeros(0, dtype=np.int64)
+    best_index, best_score = _ranked(negated, part, columns, query_group, base_group, k)
+    every = np.arange(width)[None, :]
+    for row in straddles.tolist():
+        index, score = _ranked(negated[row:row + 1], every, columns, query_group[row:row + 1], base_group, k)
+        best_index[row], best_score[row] = index[0], score[0]
+    return best_index, best_score
+
+
+def _ranked(negated: np.ndarray, part: np.ndarray, columns: np.ndarray, query_group: np.ndarray,
+            base_group: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_best_k` among the columns ``part`` (per row) of the negated, rounded scores."""
     part_scores = -np.take_along_axis(negated, part, axis=1)
     part_index = columns[part]
     part_scores[base_group[part_index] == query_group[:, None]] = -np.inf
@@ -196,9 +215,11 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
     """For each query, the ``k`` base rows of the highest cosine whose group differs from its own.
 
     ``base`` (n×d) and ``queries`` (m×d) hold unit vectors; returns (indices m×k, similarities
-    m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise matrix products,
-    O(n·m·d) time, 64 MB of scores at a time) up to :data:`EXACT_LIMIT` base rows; beyond, an
-    inverted file (:class:`InvertedFile`, ``index`` when already built on ``base``):
+    m×k), -1 / -inf where fewer than ``k`` rows qualify. Exact (blockwise float32 matrix
+    products, O(n·m·d) time, 16 MB of scores at a time, then the columns near each row's k-th
+    rescored exactly: :func:`_best_k_exact`, the same answer in any block) up to
+    :data:`EXACT_LIMIT` base rows; beyond, an inverted file (:class:`InvertedFile`, ``index`` when
+    already built on ``base``):
     approximate, O(m·√n·d).
     """
     if len(base) > EXACT_LIMIT:
@@ -208,14 +229,92 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
     out_index = np.full((m, k), -1, dtype=np.int32)
     out_score = np.full((m, k), -np.inf, dtype=np.float32)
     block = max(1, _BLOCK_ELEMENTS // max(1, len(base)))
-    columns = np.arange(len(base))
     base32 = np.asarray(base, dtype=np.float32)
+    exact = _ExactCosines(base, queries)
     for start in range(0, m, block):
         stop = min(m, start + block)
-        scores = np.asarray(queries[start:stop], dtype=np.float32) @ base32.T
-        out_index[start:stop], out_score[start:stop] = _best_k(scores, columns, query_group[start:stop], base_group,
-                                                               k, skip)
+        rough = np.asarray(queries[start:stop], dtype=np.float32) @ base32.T
+        out_index[start:stop], out_score[start:stop] = _best_k_exact(
+            rough, exact.scaled(queries[start:stop]), exact, query_group[start:stop], base_group, k, skip)
     return out_index, out_score
+
+
+#: How far below a row's ``k + skip``-th float32 cosine a column may be and still be rescored
+#: exactly: a float32 dot product of two unit vectors of :data:`EMBED_DIM` float16 values is within
+#: ``d·u`` ≈ 1.5e-5 of the exact one in any summation order, twice that plus a rounding step is
+#: below this slack, so no column of the exact top ``k`` is left out.
+_SLACK = 5e-5
+#: Column pairs rescored at once (bounds the gathered vectors: 16k × d × 8 bytes, twice).
+_RESCORE = 1 << 14
+
+
+class _ExactCosines:
+    """Cosines that are a function of the two vectors alone, not of the block they are computed
+    in (float32 and float64 matrix products are not: BLAS kernels sum in an order that depends on
+    the shapes, which changed ~2% of the float32 scores at the fifth decimal). float16 vectors
+    with components in [-1, 1] (every embedding) are integers times 2⁻²⁴, so their dot product is
+    an exact int64 sum; other inputs are summed in float64."""
+
+    def __init__(self, base: np.ndarray, queries: np.ndarray) -> None:
+        self.integer = _integral(base) and _integral(queries)
+        self.base = self.scaled(base)
+
+    def scaled(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` as :meth:`scores` takes them (int64 times 2²⁴, or float64)."""
+        if self.integer:
+            return (np.asarray(vectors, dtype=np.float64) * 2.0 ** 24).astype(np.int64)
+        return np.asarray(vectors, dtype=np.float64)
+
+    def scores(self, queries: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Rounded (1e-5) cosines of pairs (``rows[p]`` of ``queries``, :meth:`scaled`, and ``cols[p]``
+        of the base)."""
+        out = np.empty(len(rows), dtype=np.float64)
+        for lo in range(0, len(rows), _RESCORE):
+            hi = min(len(rows), lo + _RESCORE)
+            dots = (queries[rows[lo:hi]] * self.base[cols[lo:hi]]).sum(axis=1)
+            out[lo:hi] = dots * 2.0 ** -48 if self.integer else dots
+        return np.round(out, 5)
+
+
+def _integral(vectors: np.ndarray) -> bool:
+    array = np.asarray(vectors)
+    return bool(array.dtype == np.float16 and (array.size == 0 or float(np.abs(array).max()) <= 1.0))
+
+
+def _best_k_exact(rough: np.ndarray, queries: np.ndarray, exact: _ExactCosines, query_group: np.ndarray,
+                  base_group: np.ndarray, k: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_best_k` of a block of queries, ranked by exact cosines (:class:`_ExactCosines`):
+    the float32 scores ``rough`` pick the columns within :data:`_SLACK` of each row's
+    ``k + skip``-th best, which are rescored exactly, then the ``k`` best of another group by
+    (rounded cosine descending, index ascending). Equal inputs give equal answers in any block."""
+    rows, width = rough.shape
+    take = min(width, k + skip)
+    if take < width:
+        edge = np.partition(rough, width - take, axis=1)[:, width - take]
+        r, c = np.nonzero(rough >= (edge - _SLACK)[:, None])
+    else:
+        r, c = np.nonzero(np.ones((rows, width), dtype=bool))
+    qualifies = base_group[c] != query_group[r]
+    r, c = r[qualifies], c[qualifies]
+    # only columns within the slack of the row's k-th qualifying float32 score can be among its k best
+    values = rough[r, c]
+    order = np.lexsort((-values, r))
+    r, c, values = r[order], c[order], values[order]
+    first = np.searchsorted(r, np.arange(rows))
+    count = np.diff(np.r_[first, len(r)])
+    kth = np.where(count >= k, values[np.minimum(first + k - 1, max(0, len(r) - 1))] if len(r) else 0.0, -np.inf)
+    near = values >= kth[r] - _SLACK
+    r, c = r[near], c[near]
+    score = exact.scores(queries, r, c)
+    order = np.lexsort((c, -score, r))
+    r, c, score = r[order], c[order], score[order]
+    rank = np.arange(len(r)) - np.searchsorted(r, r)
+    keep = rank < k
+    best_index = np.full((rows, k), -1, dtype=np.int64)
+    best_score = np.full((rows, k), -np.inf, dtype=np.float32)
+    best_index[r[keep], rank[keep]] = c[keep]
+    best_score[r[keep], rank[keep]] = score[keep]
+    return best_index, best_score
 
 
 def _kmeans(vectors: np.ndarray, clusters: int, iterations: int = 8) -> np.ndarray:
@@ -772,15 +871,19 @@ def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
 
 def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, groups: np.ndarray, *,
                     neighbors: int, min_score: float, run: Callable[[Sequence[VerifyTask]], Iterable[
-                        tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None) -> NearLinks:
+                        tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None,
+                    search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None
+                    ) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
     ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
     score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
-    ``files[file_of[s]]``. The result does not depend on how tasks are run or ordered."""
+    ``files[file_of[s]]``. ``search``: the candidate search, :func:`candidate_pairs` unless given
+    (one that reuses the last build's lists must give the same pairs). The result does not depend
+    on how tasks are run or ordered."""
     if len(file_of) < 2 or neighbors < 1:
         return NearLinks.empty()
-    candidates = candidate_pairs(lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom),
-                                 groups, neighbors)
+    candidates = (search or candidate_pairs)(
+        lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom), groups, neighbors)
     floor = max(0.0, min_score - REFINE_MARGIN)
 
     def verified(i: np.ndarray, j: np.ndarray) -> EvidenceArrays:

@@ -36,7 +36,17 @@ import numpy as np
 from packer.config import SPLITS, SplitConfig
 from packer.errors import ConfigError
 from packer.pipeline.dedup import UnionFind, exact_groups
-from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, find_near_links, verify_task
+from packer.pipeline.nearcopy import (
+    EXACT_LIMIT,
+    Candidates,
+    EvidenceArrays,
+    NearLinks,
+    VerifyTask,
+    candidate_pairs,
+    find_near_links,
+    verify_task,
+)
+from packer.pipeline.neighborcache import NeighborCache, sample_identities, search_candidates
 from packer.pipeline.sampletable import SampleTable, as_table
 from packer.pipeline.splitlists import split_from_column, split_from_lists
 from packer.records import Issue, SpilledSample
@@ -116,12 +126,13 @@ def verify_in_process(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask,
 
 
 def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path | None,
-               run: RunVerify = verify_in_process) -> NearLinks:
+               run: RunVerify = verify_in_process, lists: NeighborCache | None = None) -> NearLinks:
     """Verified near copies between samples of different entities (:mod:`packer.pipeline.nearcopy`);
     none when disabled or when the samples carry no signatures (``validate --quick``).
 
     ``sig_dir``: the folder of the chunks' signature files (the build cache). A sample without
-    an entity is its own group.
+    an entity is its own group. ``lists``: the last build's neighbour lists
+    (:mod:`packer.pipeline.neighborcache`): the candidates are the same, found searching less.
     """
     table = as_table(samples)
     if not cfg.near_enabled or len(table) < 2 or sig_dir is None:
@@ -134,9 +145,31 @@ def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path
     groups = entity_codes.astype(np.int64)
     missing = np.array([entity is None for entity in entities], dtype=bool)[entity_codes]
     groups[missing] = -1 - np.flatnonzero(missing)
+    search = None
+    if lists is not None:
+        keys, sample_entities = table.column("key"), table.column("entity")
+
+        def search(embeddings: Callable[[int, slice], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
+            if len(groups) > EXACT_LIMIT:  # an inverted file trained on all samples: nothing to reuse
+                return candidate_pairs(embeddings, groups, k)
+            held = _held(embeddings)
+            return search_candidates(held, groups, k, sample_identities(keys, sample_entities, held), lists)
+
     return find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
                            neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run,
-                           max_ratio=cfg.near_max_ratio)
+                           max_ratio=cfg.near_max_ratio, search=search)
+
+
+def _held(embeddings: Callable[[int, slice], np.ndarray]) -> Callable[[int, slice], np.ndarray]:
+    """``embeddings`` with each zoom's whole read kept: the identities and the search read them both."""
+    whole: dict[tuple[int, int | None, int | None], np.ndarray] = {}
+
+    def read(zoom: int, rows: slice) -> np.ndarray:
+        key = (zoom, rows.start, rows.stop)
+        if key not in whole:
+            whole[key] = embeddings(zoom, rows)
+        return whole[key]
+    return read
 
 
 def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks,

@@ -49,6 +49,7 @@ from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exc
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
+from packer.pipeline.neighborcache import NeighborCache
 from packer.pipeline.paircache import PairCache, cached_verification
 from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
@@ -179,16 +180,25 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         # a build keeps each verified pair's evidence in its cache: a pair of unchanged thumbnails is
         # not verified again (packer.pipeline.paircache); the links are the same either way
         pairs = PairCache.open(cache_dir) if cache_dir is not None and split_cfg.near_enabled else None
+        # and each sample's neighbour lists: an unchanged sample is compared with the new ones only
+        # (packer.pipeline.neighborcache); the candidates are the same either way
+        lists = (NeighborCache.open(cache_dir, split_cfg.near_neighbors)
+                 if cache_dir is not None and split_cfg.near_enabled else None)
         run = _verify_on(executor, quiet=quiet)
-        links = near_links(samples, split_cfg, sig_dir, run if pairs is None else cached_verification(run, pairs))
+        links = near_links(samples, split_cfg, sig_dir, run if pairs is None else cached_verification(run, pairs),
+                           lists=lists)
         near_seconds = time.perf_counter() - started
+        if lists is not None:
+            lists.save()
         if pairs is not None:
             pairs.save()
             if not quiet and (pairs.reused or pairs.verified):
-                ignored = f"; the cache's file was not used: {pairs.ignored}" if pairs.ignored else ""
+                ignored = "; ".join(f"the cache's {what} file was not used: {why}" for what, why in
+                                    (("pair", pairs.ignored), ("neighbour", lists.ignored if lists else "")) if why)
                 print(f"packer: near copies: {links.candidates} candidate pairs, {pairs.verified} verified, "
-                      f"{pairs.reused} reused from the build cache, {len(links)} links ({near_seconds:.1f}s)"
-                      f"{ignored}", flush=True)
+                      f"{pairs.reused} reused from the build cache, "
+                      f"{lists.reused if lists else 0} of {len(samples)} samples' neighbour lists reused, "
+                      f"{len(links)} links ({near_seconds:.1f}s){'; ' + ignored if ignored else ''}", flush=True)
     kind = target_class(job.sources[0].target.kind)
     conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None)
     if conflicts.dropped:
