@@ -21,6 +21,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build, cache_location
 from packer.pipeline.filecache import INDEX_NAME
+from packer.pipeline.neighborcache import NEIGHBORS_FILE
 from packer.pipeline.paircache import PAIRS_FILE
 from packer.storage import build_cache_dir
 from tests.helpers import demo_job_doc, write_job
@@ -55,9 +56,11 @@ def test_the_default_cache_is_in_the_work_folder_and_a_second_build_decodes_noth
     assert first.files_decoded > 0
     # per chunk: its records, its near-copy signatures and where its samples are now (the
     # pack pass freed the spill: tests/test_spill_consumption.py), the index of the files
-    # each entry holds (per-file reuse: tests/test_filecache.py) and the verified near-copy pairs
-    names = [p.name for p in cache.iterdir() if p.name not in (INDEX_NAME, PAIRS_FILE)]
+    # each entry holds (per-file reuse: tests/test_filecache.py), the verified near-copy pairs
+    # and every sample's near-copy neighbour list (tests/test_neighborcache.py)
+    names = [p.name for p in cache.iterdir() if p.name not in (INDEX_NAME, PAIRS_FILE, NEIGHBORS_FILE)]
     assert (cache / PAIRS_FILE).is_file()
+    assert (cache / NEIGHBORS_FILE).is_file()
     chunks = {name.split(".")[0] for name in names}
     assert sorted(names) == sorted(f"{c}{suffix}" for c in chunks for suffix in (".json", ".packed.json", ".sig.npy"))
     assert (cache / INDEX_NAME).is_file()
