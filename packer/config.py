@@ -667,9 +667,14 @@ class PackConfig:
     format: str
     max_samples: int = 1000
     max_bytes: int = 256 * 2**20
+    #: each split's sample order in its shards: ``key`` or ``path`` (:func:`packer.pipeline.plan.split_order`)
+    order: str = "key"
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": self.format, "max_samples": self.max_samples, "max_bytes": self.max_bytes}
+        out: dict[str, Any] = {"format": self.format, "max_samples": self.max_samples, "max_bytes": self.max_bytes}
+        if self.order != "key":  # only when set, so other jobs keep their config_hash
+            out["order"] = self.order
+        return out
 
 
 @dataclass(frozen=True)
@@ -1405,6 +1410,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         format=raw_pack["format"],
         max_samples=int(raw_pack.get("max_samples", job_default("pack.max_samples"))),
         max_bytes=parse_byte_size(raw_pack.get("max_bytes", job_default("pack.max_bytes"))),
+        order=str(raw_pack.get("order", job_default("pack.order"))),
     )
     raw_limits = doc.get("limits") or {}
     limits = LimitsConfig(

@@ -53,16 +53,19 @@ def write_tree(raw: Path, files: dict[str, tuple[str, str, int]]) -> None:
     (raw / "labels.csv").write_text("\n".join(lines) + "\n")
 
 
-def job_doc(raw: Path, out: Path, fmt: str = "webdataset") -> dict[str, Any]:
+def job_doc(raw: Path, out: Path, fmt: str = "webdataset", order: str | None = None) -> dict[str, Any]:
+    pack: dict[str, Any] = {"format": fmt, "max_samples": 4} | ({"order": order} if order else {})
     return {"name": "daily", "sources": [{"name": "xray", "kind": "image", "root": str(raw),
                                           "table": str(raw / "labels.csv")}],
             "split": {"by": "column", "column": "split"}, "transform": {"image": {"size": [32, 32]}},
-            "pack": {"format": fmt, "max_samples": 4}, "output": str(out)}
+            "pack": pack, "output": str(out)}
 
 
-def run_build(tmp: Path, raw: Path, output: Path, fmt: str = "webdataset", **options: Any) -> BuildResult:
-    """Build the job of ``raw`` into ``output`` (``options``: :class:`BuildOptions`' fields)."""
-    job = load_job(write_job(tmp / "jobs" / output.name, job_doc(raw, output, fmt)))
+def run_build(tmp: Path, raw: Path, output: Path, fmt: str = "webdataset", order: str | None = None,
+              **options: Any) -> BuildResult:
+    """Build the job of ``raw`` into ``output`` (``order``: ``pack.order``, unset when None;
+    ``options``: :class:`BuildOptions`' fields)."""
+    job = load_job(write_job(tmp / "jobs" / output.name, job_doc(raw, output, fmt, order)))
     return build(job, BuildOptions(**{"scheduler": "sync", "quiet": True, "html_report": False,
                                       "cache_dir": tmp / "cache", **options}))
 
@@ -159,6 +162,39 @@ def test_a_grown_dataset_links_its_unchanged_shards_and_equals_a_fresh_build(tmp
     for version in (first.version_dir, second.version_dir):
         for name in shard_files(second if version == second.version_dir else first):
             assert stat.S_IMODE(os.stat(version / name).st_mode) == 0o444
+
+
+def test_in_path_order_files_added_under_later_paths_leave_every_earlier_shard_linked(tmp_path: Path) -> None:
+    # a day's new studies under names that sort last (a date folder, a rising accession number):
+    # in key order they land anywhere in the split; in path order only the split's last shards change
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    files = {f"2026-12-01/img{i:03d}.png": ("ab"[i % 2], "train", i) for i in range(24)}
+    files.update({f"2026-12-01/val{i:03d}.png": ("ab"[i % 2], "valid", 100 + i) for i in range(4)})
+    write_tree(raw, files)
+    first = run_build(tmp_path, raw, out, order="path")
+    files.update({f"2026-12-02/img{i:03d}.png": ("a", "train", 300 + i) for i in range(3)})
+    write_tree(raw, files)
+    second = run_build(tmp_path, raw, out, order="path")
+    fresh = run_build(tmp_path, raw, tmp_path / "fresh", order="path")
+
+    assert second.manifest["dataset_hash"] == fresh.manifest["dataset_hash"] != first.manifest["dataset_hash"]
+    assert second.manifest["config"]["pack"]["order"] == "path"
+    # every shard holds its samples in path order, and the splits' shards follow one another in it
+    path_of = {make_sample_id("xray", rel): rel for rel in files}
+    for split in ("train", "valid"):
+        keys = [key for file in shard_files(second) if file.startswith(split)
+                for key in shard_samples(second)[file]]
+        assert [path_of[k] for k in keys] == sorted(rel for rel, (_, s, _) in files.items() if s == split)
+    # every train shard of day one but its last is linked (content-defined ends: the last may grow
+    # or split), valid is untouched, and nothing else is
+    old_train = [f for f in shard_files(first) if f.startswith("train-")]
+    unchanged = unchanged_shards(first, second)
+    assert set(unchanged.values()) >= set(old_train[:-1]) | {f for f in shard_files(first) if f.startswith("valid-")}
+    assert second.shards_reused == len(unchanged) >= len(old_train) and second.files_decoded == 3
+    for new, old in unchanged.items():
+        assert os.stat(second.version_dir / new).st_ino == os.stat(first.version_dir / old).st_ino, new
+    # the default stays key order, and leaves the job's config (and so its version) as it was
+    assert "order" not in load_job(write_job(tmp_path / "jobs" / "plain", job_doc(raw, out))).pack.to_json()
 
 
 def test_the_new_version_verifies_with_every_older_version_deleted(

@@ -114,9 +114,23 @@ class PlannedShard:
     rows: np.ndarray
 
 
+def split_order(samples: SampleTable, rows: Sequence[int], order: str) -> np.ndarray:
+    """``rows`` of ``samples`` (one split's, in key order) in the order their shards hold them:
+    ``key`` keeps them; ``path`` sorts them by source, relative path and then key (a file's
+    frames, pages or tiles stay in key order), so files added under later-sorting paths go to
+    the split's end and leave the shards before them as they were."""
+    mine = np.asarray(rows, dtype=np.int64)
+    if order == "key":
+        return mine
+    if order != "path":
+        raise ValueError(f"pack.order is {order!r}; use key or path")
+    source, relpath, keys = samples.column("source"), samples.column("relpath"), samples.column("key")
+    return np.array(sorted(mine.tolist(), key=lambda row: (source[row], relpath[row] or "", keys[row])), dtype=np.int64)
+
+
 def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackConfig) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
-    the table's (key) order, cut by :func:`shard_bounds` under ``pack``'s limits."""
+    ``pack.order`` (:func:`split_order`), cut by :func:`shard_bounds` under ``pack``'s limits."""
     keys = samples.column("key")
     rows: dict[str, list[int]] = defaultdict(list)
     for row, key in enumerate(keys):
@@ -124,7 +138,7 @@ def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackCon
     nbytes = samples.nbytes
     shards: list[PlannedShard] = []
     for split in SPLITS:
-        mine = np.array(rows.pop(split, []), dtype=np.int64)
+        mine = split_order(samples, rows.pop(split, []), pack.order)
         bounds = shard_bounds([keys[row] for row in mine], nbytes[mine].tolist(), fmt=pack.format,
                               max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
