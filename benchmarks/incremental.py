@@ -215,7 +215,7 @@ def change_a_day(tree: Tree, rng: np.random.Generator, tag: str) -> dict[str, in
 # ---------------------------------------------------------------- builds
 
 
-def write_job(path: Path, raw: Path) -> Path:
+def write_job(path: Path, raw: Path, order: str = "key") -> Path:
     doc = {
         "name": "incremental",
         "sources": [
@@ -226,7 +226,8 @@ def write_job(path: Path, raw: Path) -> Path:
         "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 17},
         "transform": {"dicom": {"windows": ["lung", "mediastinum"], "size": [256, 256]},
                       "image": {"size": [256, 256], "color": "rgb"}},
-        "pack": {"format": "webdataset", "max_samples": 1000, "max_bytes": "64MiB"},
+        "pack": {"format": "webdataset", "max_samples": 1000, "max_bytes": "64MiB",
+                 **({"order": order} if order != "key" else {})},
         "output": str(path.parent / "unused-output"),
         "validate": {"max_bad_fraction": 0.0},
         "phi": {"mode": "keep"},
@@ -298,7 +299,8 @@ def report(args: argparse.Namespace, first: Build, change: dict[str, int], inc: 
            days: list[tuple[dict[str, int], Build, int, int]]) -> str:
     hashes = {b.dataset_hash for b in [inc, *fresh]}
     fresh2 = next(b for b in fresh if b.workers == args.workers)
-    lines = [f"`benchmarks/incremental.py --files {args.files} --days {args.days}` on {platform.node()} "
+    lines = [f"`benchmarks/incremental.py --files {args.files} --days {args.days} --order {args.order}` on "
+             f"{platform.node()} "
              f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. Change: +{change['added']} new files, "
              f"-{change['removed']}, {change['relabeled']} re-labelled, {change['changed']} with new pixels.",
              "",
@@ -313,7 +315,7 @@ def report(args: argparse.Namespace, first: Build, change: dict[str, int], inc: 
               "(target ≤ 10%)",
               f"- bytes written by the incremental build: {gb(inc.bytes_written)} of {gb(inc.bytes)} "
               f"({inc.bytes_written / max(inc.bytes, 1):.0%} of the version)",
-              f"- dataset_hash equal for incremental, fresh 1 worker and fresh 2 workers: "
+              f"- dataset_hash equal for incremental and the fresh builds ({args.fresh_workers} workers): "
               f"{'yes' if len(hashes) == 1 else 'NO: ' + ', '.join(sorted(h[:12] for h in hashes))}"]
     if inc.reuse_line:
         lines.append(f"- the build says: `{inc.reuse_line}`")
@@ -340,13 +342,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scratch", type=Path, default=Path("/work/bench-scratch/incremental"),
                         help="changed tree, outputs and caches (emptied first, deleted after unless --keep)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--order", choices=("key", "path"), default="key",
+                        help="the job's pack.order (path: new entities' folders, NEW..., sort together)")
+    parser.add_argument("--fresh-workers", default="1,2",
+                        help="worker counts of the fresh builds, comma-separated (default 1,2)")
     args = parser.parse_args(argv)
 
     base = ensure_tree(args.data, args.files, args.ct_size)
     if args.scratch.exists():
         shutil.rmtree(args.scratch)
     raw = Path(shutil.copytree(base, args.scratch / "raw"))
-    job = write_job(args.scratch / "job.yaml", raw)
+    job = write_job(args.scratch / "job.yaml", raw, args.order)
     out, cache = args.scratch / "out", args.scratch / "cache"
     try:
         first = measure(run_build("first", job, out, cache, args.workers), out, None)
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         change = change_a_day(tree, rng, "D0")
         inc = measure(run_build("incremental", job, out, cache, args.workers), out, first.version)
         fresh = []
-        for workers in sorted({1, 2, args.workers}):
+        for workers in sorted({int(w) for w in args.fresh_workers.split(",")} | {args.workers}):
             label = f"fresh, {workers} worker{'s' if workers > 1 else ''}"
             folder = args.scratch / f"fresh-{workers}"
             build = run_build(label, job, folder / "out", folder / "cache", workers)

@@ -131,7 +131,8 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
     for path, default in schema_defaults("job").items():
         if path not in ("split.entity_policy", "split.ratios", "split.match", "split.accept_leaks",
                         "transform.dicom.windows", "pack.max_bytes", "limits.max_decoded_bytes", "limits.max_voxels",
-                        "split.near_duplicates.max_ratio", "split.near_duplicates.enabled", "pack.order") and not path.startswith(
+                        "split.near_duplicates.max_ratio", "split.near_duplicates.enabled", "pack.order",
+                        ) and not path.startswith(
                             ("transform.dicom.series.", "transform.nifti.", "split.duplicates.")):
             assert _at(built, path) == default, path
     nifti = load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "entity"}, "sources": [
