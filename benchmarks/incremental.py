@@ -253,14 +253,22 @@ class Build:
     reuse_line: str = ""
 
 
+#: where each build's stdout and stderr go (``--logs``), None: nowhere
+LOGS: list[Path] = []
+
+
 def run_build(label: str, job: Path, out: Path, cache: Path, workers: int) -> Build:
-    """One ``packer build`` in its own process; the numbers from its summary and its output."""
+    """One ``packer build`` in its own process; the numbers from its summary and its output
+    (kept as ``<label>.log`` under ``--logs`` when given: the stage table, the near-copy line)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [*PACKER, "build", str(job), "--out", str(out), "--cache-dir", str(cache), "--workers", str(workers),
                "-q", "--no-report"]
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    for folder in LOGS:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{label.replace(' ', '-').replace(',', '')}.log").write_text(done.stdout + "\n" + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"{label}: packer build exited {done.returncode}\n{done.stdout}\n{done.stderr}")
     text = done.stdout
@@ -346,7 +354,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="the job's pack.order (path: new entities' folders, NEW..., sort together)")
     parser.add_argument("--fresh-workers", default="1,2",
                         help="worker counts of the fresh builds, comma-separated (default 1,2)")
+    parser.add_argument("--logs", type=Path, help="keep each build's output as LOGS/<label>.log")
     args = parser.parse_args(argv)
+    if args.logs is not None:
+        LOGS.append(args.logs)
 
     base = ensure_tree(args.data, args.files, args.ct_size)
     if args.scratch.exists():
