@@ -217,6 +217,26 @@ def test_a_lazy_task_list_is_made_one_item_at_a_time_as_tasks_are_submitted() ->
     assert [r for _, r in results] == list(range(1, 40)) and made == list(range(40))
 
 
+def test_on_a_cluster_each_lazy_item_is_made_once() -> None:
+    # making an item can cost (a shard's content key hashes every sample's record): submitting
+    # one must not make it twice
+    from distributed import Client, LocalCluster
+
+    from packer.pipeline.cluster import Executor, LazySequence
+
+    made: list[int] = []
+
+    def make(i: int) -> int:
+        made.append(i)
+        return i
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        results = sorted(Executor(client, "a thread cluster").map_unordered(abs, LazySequence(30, make)))
+    assert results == [(i, i) for i in range(30)]
+    assert sorted(made) == list(range(30))
+
+
 def test_a_scheduler_file_that_does_not_exist_is_a_config_error_that_says_so(tmp_path: Path) -> None:
     """It was an internal error: dask took the path for an address ("missing port number")."""
     from packer.errors import ConfigError

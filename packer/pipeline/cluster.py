@@ -124,8 +124,9 @@ class Executor:
 
         def submit_next() -> None:
             nonlocal submitted
-            future = client.submit(_run, fn, items[submitted], key=names[submitted], pure=False)
-            item_of[future.key] = items[submitted]
+            item = items[submitted]  # once: a LazySequence makes the item on each access
+            future = client.submit(_run, fn, item, key=names[submitted], pure=False)
+            item_of[future.key] = item
             running.add(future)
             submitted += 1
 
