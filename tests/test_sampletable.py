@@ -124,3 +124,20 @@ def test_concatenated_tables_hold_every_record_in_order(parts: list[list[Spilled
     flat = [record for part in parts for record in part]
     assert list(joined) == flat and joined.column("shape") == [r.shape for r in flat]
     assert list(pickle.loads(pickle.dumps(joined))) == flat
+
+
+def test_a_few_rows_taken_from_many_distinct_values_read_back_as_they_were() -> None:
+    # a shard's samples out of the build's table: their coded fields (entities, cells) are read
+    # from the values those rows use, not by decoding every distinct value of the whole table
+    records = [SpilledSample(key=f"k{i:04d}", ref=SampleRef(sample_id=f"s{i}", source="ct", kind="dicom",
+                                                             path=f"p{i}", relpath=f"p{i}", label="a", entity=f"e{i}",
+                                                             time=None, extra=(("site", f"S{i % 500}"),)),
+                             spill="a.spill", offset=i, pixel_bytes=1, meta_bytes=1, shape=(1, 2, 2), dtype="uint8",
+                             sha256="", signature="", sig_row=i)
+               for i in range(2000)]
+    rows = [1999, 3, 503, 3, 0]
+    taken = SampleTable.of(records).take(rows)
+    assert list(taken) == [records[i] for i in rows]
+    assert taken.column("entity") == [f"e{i}" for i in rows]
+    assert taken.column("extra") == [(("site", f"S{i % 500}"),) for i in rows]
+    assert taken.take([]).column("entity") == []

@@ -228,8 +228,16 @@ class _Columns(Generic[R], Sequence[R]):
         if name in self.text:
             return self.text[name].values()
         if name in self.coded:
-            codes, distinct = self.codes(name)
-            return [distinct[c] for c in codes.tolist()]
+            column = self.coded[name]
+            if 4 * len(column.codes) >= len(column.values):
+                codes, distinct = self.codes(name)
+                return [distinct[c] for c in codes.tolist()]
+            # a few rows taken from a table of many distinct values (a shard's samples, whose
+            # signatures and cells are nearly all distinct): decode only the values they use
+            used, inverse = np.unique(column.codes, return_inverse=True)
+            decode = _CODECS[column.codec].decode
+            texts = [decode(column.values.get(int(code))) for code in used.tolist()]
+            return [texts[i] for i in inverse.tolist()]
         if name in self.numbers:
             return self.numbers[name].tolist()  # type: ignore[no-any-return]
         raise KeyError(f"no field {name!r}; fields: {', '.join(self.fields())}")
