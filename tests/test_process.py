@@ -409,6 +409,7 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "pack.format": _setting("pack", "format", st.sampled_from(["webdataset", "parquet"])),
     "pack.max_samples": _setting("pack", "max_samples", st.integers(1, 10**6)),
     "pack.max_bytes": _setting("pack", "max_bytes", st.integers(1, 2**40)),
+    "pack.order": _setting("pack", "order", st.sampled_from(["key", "path"])),  # the client's shard plan
     "phi.mode": _setting("phi", "mode", st.sampled_from(["pseudonymize", "keep"])),
     "phi.key_file": _setting("phi", "key_file", st.none() | NAMES.map(Path)),
     "phi.key_file_spec": _setting("phi", "key_file_spec", st.none() | NAMES),
