@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/incremental.py                      # 20,000 files, 10 days (tens of minutes)
     .venv/bin/python benchmarks/incremental.py --files 500 --days 3  # a check that it runs end to end
+    .venv/bin/python benchmarks/incremental.py --order path --fresh-workers 2 --logs /tmp/inc-logs
+                     # the job with pack.order: path, one fresh build, each build's output kept
 
 Data: a ``packer.demo.write_bench_tree`` tree of ``--files`` good files (the bench mix: 512×512
 int16 CT slices and 640×480 JPEGs in the demo's proportions), written once under ``--data``
