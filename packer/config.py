@@ -667,7 +667,7 @@ class PackConfig:
     format: str
     max_samples: int = 1000
     max_bytes: int = 256 * 2**20
-    #: each split's sample order in its shards: ``key`` or ``path`` (:func:`packer.pipeline.plan.split_order`)
+    #: each split's sample order in its shards: ``key`` or ``path`` (:func:`packer.pipeline.plan.order_ranks`)
     order: str = "key"
 
     def to_json(self) -> dict[str, Any]:

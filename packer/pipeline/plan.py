@@ -114,31 +114,36 @@ class PlannedShard:
     rows: np.ndarray
 
 
-def split_order(samples: SampleTable, rows: Sequence[int], order: str) -> np.ndarray:
-    """``rows`` of ``samples`` (one split's, in key order) in the order their shards hold them:
-    ``key`` keeps them; ``path`` sorts them by source, relative path and then key (a file's
-    frames, pages or tiles stay in key order), so files added under later-sorting paths go to
-    the split's end and leave the shards before them as they were."""
-    mine = np.asarray(rows, dtype=np.int64)
+def order_ranks(samples: SampleTable, order: str) -> np.ndarray | None:
+    """Each row's rank in the order shards hold samples, or None for ``key`` (the table's own
+    order). ``path`` ranks rows by source, relative path and then key (a file's frames, pages
+    or tiles stay in key order), so files added under later-sorting paths go to their split's
+    end and leave the shards before them as they were."""
     if order == "key":
-        return mine
+        return None
     if order != "path":
         raise ValueError(f"pack.order is {order!r}; use key or path")
     source, relpath, keys = samples.column("source"), samples.column("relpath"), samples.column("key")
-    return np.array(sorted(mine.tolist(), key=lambda row: (source[row], relpath[row] or "", keys[row])), dtype=np.int64)
+    ranks = np.empty(samples.size, dtype=np.int64)
+    ranks[sorted(range(samples.size), key=lambda row: (source[row], relpath[row] or "", keys[row]))] = \
+        np.arange(samples.size, dtype=np.int64)
+    return ranks
 
 
 def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackConfig) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
-    ``pack.order`` (:func:`split_order`), cut by :func:`shard_bounds` under ``pack``'s limits."""
+    ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits."""
     keys = samples.column("key")
     rows: dict[str, list[int]] = defaultdict(list)
     for row, key in enumerate(keys):
         rows[split_of[key]].append(row)
     nbytes = samples.nbytes
+    ranks = order_ranks(samples, pack.order)
     shards: list[PlannedShard] = []
     for split in SPLITS:
-        mine = split_order(samples, rows.pop(split, []), pack.order)
+        mine = np.array(rows.pop(split, []), dtype=np.int64)
+        if ranks is not None:
+            mine = mine[np.argsort(ranks[mine], kind="stable")]
         bounds = shard_bounds([keys[row] for row in mine], nbytes[mine].tolist(), fmt=pack.format,
                               max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
