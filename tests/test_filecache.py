@@ -10,8 +10,11 @@ build of the same inputs with an empty cache.
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -20,7 +23,9 @@ import pytest
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.pipeline.filecache import INDEX_NAME
-from packer.pipeline.spill import records_path
+from packer.pipeline.nearcopy import SIGNATURE_DTYPE
+from packer.pipeline.spill import SpillWriter, checked_chain, load_cached_chunk, records_path, referenced_entries
+from packer.records import SpilledSample
 from tests.helpers import write_job
 
 FILES = 200
@@ -61,14 +66,15 @@ def tree(tmp_path: Path) -> PhotoTree:
     return PhotoTree(tmp_path / "raw")
 
 
-def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str) -> BuildResult:
+def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str, keep_spill: bool = False) -> BuildResult:
     doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
                                           "table": str(tree.root / "labels.csv")}],
            "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 3},
            "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset", "max_samples": 16},
            "output": str(tmp_path / out), "validate": {"max_bad_fraction": 0.05}}
     job = load_job(write_job(tmp_path / "jobs", doc))
-    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache))
+    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache,
+                                   keep_spill=keep_spill))
 
 
 def same_as_fresh(tree: PhotoTree, tmp_path: Path, result: BuildResult, name: str) -> None:
@@ -240,3 +246,88 @@ def test_a_files_unit_key_leaves_out_only_what_decides_its_target(tree: PhotoTre
     assert key(replace(ref, label="b"), other, group=True) == group
     os.utime(other.path, ns=(0, 10**9))
     assert key(ref, other, group=True) != group
+
+
+def entry_holding(cache: Path, name: str) -> dict[str, Any]:
+    """The records of the cache entry whose samples include file ``name``."""
+    for path in cache.glob("*.json"):
+        if path.name.endswith(".packed.json"):
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if any(s["ref"]["relpath"] == name for s in data["samples"]):
+            return {"key": path.name.split(".")[0], **data}
+    raise AssertionError(f"no cache entry holds {name}")
+
+
+def test_unchanged_files_of_a_changed_chunk_are_held_by_reference_not_copied_and_survive_the_old_version(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    """A chunk that misses because one of its files is new holds its other files' samples by
+    reference to where the published version has them (their bytes are not copied into its
+    spill); once the new version is published the entry reads them from there, so the older
+    version can go."""
+    first = build_tree(tree, tmp_path, "out", "cache")
+    cache = cache_folder(tmp_path, "cache")
+    tree.add("p0000a.png", seed=999, label="a", entity="E7000")  # sorts right after p0000.png: joins its chunk
+    tree.write_table()
+    second = build_tree(tree, tmp_path, "out", "cache")
+    assert (second.files_decoded, second.files_cached) == (1, FILES + 1)
+    entry = entry_holding(cache, "p0000a.png")
+    own = [s for s in entry["samples"] if ".via." not in s["spill"]]
+    held = [s for s in entry["samples"] if ".via." in s["spill"]]
+    assert [s["ref"]["relpath"] for s in own] == ["p0000a.png"] and len(held) >= 1
+    assert entry["spill_bytes"] == sum(s["pixel_bytes"] + s["meta_bytes"] + s["mask_bytes"] for s in own)
+    earlier = {s["spill"].split(".via.")[1].split(".")[0] for s in held}
+    assert not any((cache / f"{key}.json").exists() for key in earlier)  # pruned: this entry has its own pointer
+    assert (cache / f"{entry['key']}.packed.json").is_file()
+    same_as_fresh(tree, tmp_path, second, "referenced")
+
+    # the first version goes; the entry reads its samples from the second, so nothing is decoded again
+    shutil.rmtree(first.version_dir)
+    third = build_tree(tree, tmp_path, "out", "cache")
+    assert (third.files_decoded, third.files_cached) == (0, FILES + 2)
+    assert third.manifest["dataset_hash"] == second.manifest["dataset_hash"]
+    tree.add("p0000b.png", seed=998, label="b", entity="E7001")
+    tree.write_table()
+    fourth = build_tree(tree, tmp_path, "out", "cache")
+    assert (fourth.files_decoded, fourth.files_cached) == (1, FILES + 2)
+    same_as_fresh(tree, tmp_path, fourth, "after-removal")
+
+
+def test_with_the_spill_kept_unchanged_files_are_copied_not_referenced(tree: PhotoTree, tmp_path: Path) -> None:
+    """``--keep-spill`` keeps entries independent of the versions: copies, never references."""
+    build_tree(tree, tmp_path, "out", "cache", keep_spill=True)
+    cache = cache_folder(tmp_path, "cache")
+    tree.add("p0000a.png", seed=999, label="a", entity="E7000")
+    tree.write_table()
+    second = build_tree(tree, tmp_path, "out", "cache", keep_spill=True)
+    assert (second.files_decoded, second.files_cached) == (1, FILES + 1)
+    entry = entry_holding(cache, "p0000a.png")
+    assert len(entry["samples"]) > 1 and not any(".via." in s["spill"] for s in entry["samples"])
+    same_as_fresh(tree, tmp_path, second, "kept")
+
+
+def test_an_entry_of_references_only_has_no_spill_and_checks_out_while_the_pointer_it_names_resolves(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    """The entry format itself: an entry whose every sample is held by reference writes no spill
+    file, reads its samples through the earlier entry's pointer and checks out exactly as that
+    entry does; when the pointer is gone it is not reusable (its files are decoded again)."""
+    build_tree(tree, tmp_path, "out", "cache")
+    cache = cache_folder(tmp_path, "cache")
+    earlier = entry_holding(cache, "p0000.png")["key"]
+    loaded = load_cached_chunk(cache, earlier, "webdataset")
+    assert loaded is not None and loaded.samples[0].spill == f"{earlier}.packed.json"
+    kept: list[tuple[SpilledSample, bytes, bytes]] = []
+    checked_chain(cache, loaded.samples, "webdataset", visit=lambda s, _p, meta, mask: kept.append((s, meta, mask)))
+    with SpillWriter(cache, "f" * 32, sig_dir=cache, fmt="webdataset") as spill:
+        for sample, meta, mask in kept:
+            spill.refer(sample, ref=sample.ref, meta=meta, mask=mask, signature=np.zeros((), dtype=SIGNATURE_DTYPE))
+    spill.finish(files=len(kept), issues=())
+    assert not (cache / f"{'f' * 32}.spill").exists()
+    referenced = load_cached_chunk(cache, "f" * 32, "webdataset")
+    assert referenced is not None
+    assert {s.spill for s in referenced.samples} == {f"{'f' * 32}.via.{earlier}.packed.json"}
+    assert [s.sha256 for s in referenced.samples] == [s.sha256 for s in loaded.samples]
+    assert referenced_entries([s.spill for s in referenced.samples], ["f" * 32]) == {earlier}
+    assert referenced_entries([s.spill for s in referenced.samples], ["e" * 32]) == set()
+    (cache / f"{earlier}.packed.json").unlink()
+    assert load_cached_chunk(cache, "f" * 32, "webdataset") is None

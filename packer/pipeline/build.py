@@ -72,7 +72,7 @@ from packer.pipeline.publish import (
     write_splits_table,
 )
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import chunk_of, remove_stale_temporaries, write_packed_pointers
+from packer.pipeline.spill import chunk_of, referenced_entries, remove_stale_temporaries, write_packed_pointers
 from packer.pipeline.stages import constant_slices, run_stages
 from packer.read.kinds import source_libraries
 from packer.records import Issue
@@ -349,12 +349,14 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
+    unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
     if options.keep_cache:
-        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written),
-                              skip={chunk_of(name) for name in prepared.partial_spills})
+        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
     used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM, NEIGHBORS_STEM}  # the near-copy caches stay too
+    # a chunk that got no pointer still reads the samples it holds by reference through earlier entries' pointers
+    used_chunks |= referenced_entries({*samples.codes("spill")[1], *prepared.partial_spills}, unpointed)
     used_units = [(c.key, c.units) for c in prepared.chunks if c.units]
     files_decoded, files_total = prepared.files_decoded, prepared.inputs
     reused_shards = [w for w in written.values() if w.reused]

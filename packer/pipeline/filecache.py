@@ -69,13 +69,15 @@ class Unit:
 @dataclass(frozen=True)
 class CopiedSample:
     """One sample copied out of an earlier entry: its bytes as spilled (checked), its record
-    there (``spilled``, whose ``ref`` is already the new ref's) and its signature row."""
+    there (``spilled``, whose ``ref`` is already the new ref's; its ``spill`` says where its
+    bytes are now), its signature row and the shard format its sha256 was made for."""
 
     spilled: SpilledSample
     pixels: bytes
     meta: bytes
     mask: bytes
     signature: np.void | None
+    fmt: str
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,8 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
             continue
         pixels, meta, mask = kept[position]
         row = None if signatures is None else signatures[sample.sig_row:sample.sig_row + 1].copy()[0]
-        out[unit][0].append(CopiedSample(spilled=sample, pixels=pixels, meta=meta, mask=mask, signature=row))
+        out[unit][0].append(CopiedSample(spilled=sample, pixels=pixels, meta=meta, mask=mask, signature=row,
+                                         fmt=str(data["shard_format"])))
     for record in data["issues"]:
         if (unit := unit_of(str(record["sample_id"]))) is not None:
             out[unit][1].append(Issue(**record))

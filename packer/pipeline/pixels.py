@@ -40,7 +40,7 @@ from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
-from packer.pipeline.spill import SpillWriter, chunk_key, load_cached_chunk
+from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.kinds import Grouping, source_kind, source_libraries
@@ -82,6 +82,10 @@ class ChunkTask:
     #: ``sample: {neighbors: k}`` or ``volume``: :meth:`packer.read.kinds.SourceKind.grouping`);
     #: its ``refs`` are the group's files
     group: Any = None
+    #: Per-file reuse records an unchanged file's samples by reference where an earlier entry's
+    #: bytes sit in a published version, instead of copying them (:meth:`SpillWriter.refer`);
+    #: False when the build keeps its spill (``--keep-spill``: entries must not depend on versions)
+    refer: bool = True
 
 
 @dataclass(frozen=True)
@@ -369,7 +373,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
         for outcome in outcomes:
             if isinstance(outcome, CopiedUnit):
                 clock.switch("reuse")
-                _spill_copied(outcome, spill, issues, excluded, notes, fmt=fmt)
+                _spill_copied(outcome, spill, issues, excluded, notes, fmt=fmt, refer=task.refer)
                 continue
             if isinstance(outcome, Issue):
                 issues.append(outcome)
@@ -417,18 +421,25 @@ def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, 
 
 
 def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], excluded: list[Excluded],
-                  notes: dict[tuple[str, str], None], *, fmt: str) -> None:
-    """Add a unit copied from an earlier entry to this chunk's: its samples' bytes into the
-    spill (their sha256 for shard format ``fmt``), its records to the chunk's."""
+                  notes: dict[tuple[str, str], None], *, fmt: str, refer: bool) -> None:
+    """Add a unit copied from an earlier entry to this chunk's: its records to the chunk's, and
+    each sample's bytes into the spill (their sha256 for shard format ``fmt``) or, with
+    ``refer``, where the earlier entry's bytes sit in a published version and their sha256 is
+    already ``fmt``'s, a reference to them (:meth:`SpillWriter.refer`): the pack pass reads
+    them from there, so an unchanged file of a changed chunk is not copied twice."""
     issues.extend(copied.issues)
     excluded.extend(copied.excluded)
     notes.update(dict.fromkeys(copied.notes))
     for sample in copied.samples:
         held = sample.spilled
-        digest = pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt)
+        signature = sample.signature if spill.sig_dir else None
+        if sample.fmt == fmt and refer and held.spill.endswith(PACKED_SUFFIX):
+            spill.refer(held, ref=held.ref, meta=sample.meta, mask=sample.mask, signature=signature)
+            continue
+        digest = (KnownDigest(held.sha256) if sample.fmt == fmt else
+                  pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt))
         spill.add(key=held.key, ref=held.ref, pixels=sample.pixels, digest=digest, meta=sample.meta,
-                  shape=held.shape, dtype=held.dtype, signature=sample.signature if spill.sig_dir else None,
-                  mask=sample.mask)
+                  shape=held.shape, dtype=held.dtype, signature=signature, mask=sample.mask)
 
 
 class _Settle:
@@ -468,17 +479,18 @@ class _TaskMaker:
     libraries: tuple[tuple[str, str], ...]
     sig_dir: str | None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    refer: bool = True
 
     def __call__(self, refs: Sequence[SampleRef], group: Any = None) -> ChunkTask:
         return ChunkTask(key="", refs=refs, job=self.job, cache_dir=self.cache, decode=self.decode,
                          listed=remote_listing(refs, self.listed), libraries=self.libraries, sig_dir=self.sig_dir,
-                         storage_options=self.storage_options, group=group)
+                         storage_options=self.storage_options, group=group, refer=self.refer)
 
 
 def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
                 decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
                 listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
-                sig_dir: Path | None = None) -> tuple[list[ChunkResult], SampleTable]:
+                sig_dir: Path | None = None, refer: bool = True) -> tuple[list[ChunkResult], SampleTable]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
     Returns the chunk results in key order, without their samples, and every sample in a
@@ -487,7 +499,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
     to fetch them with. ``sig_dir``: where the near-copy signatures go when there is no cache
-    (``packer validate``).
+    (``packer validate``). ``refer``: :attr:`ChunkTask.refer`.
 
     Files of a kind that groups them before decoding (DICOM series for 2.5D stacks and volumes)
     are assembled first, from headers (:func:`_assemble_groups`); each group is one chunk. A
@@ -500,7 +512,8 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     libraries = library_versions(source_libraries(job.sources))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
                       listed=listed or {}, libraries=tuple(sorted(libraries.items())),
-                      sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options)
+                      sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options,
+                      refer=refer)
     table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
     results: list[ChunkResult] = []
     group_tasks: list[ChunkTask] = []

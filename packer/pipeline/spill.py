@@ -197,9 +197,33 @@ def packed_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"{key}{PACKED_SUFFIX}"
 
 
+#: Joins a chunk's key to an earlier entry's pointer in a sample's ``spill``: a sample of the chunk
+#: whose bytes it did not copy, read from where that entry's pointer says (:func:`referenced_name`)
+VIA = ".via."
+
+
 def chunk_of(spill_name: str) -> str:
-    """The chunk key of a sample's ``spill`` (``<key>.spill`` or ``<key>.packed.json``)."""
+    """The chunk key of a sample's ``spill`` (``<key>.spill``, ``<key>.packed.json`` or
+    ``<key>.via.<earlier>.packed.json``)."""
     return spill_name.split(".", 1)[0]
+
+
+def referenced_name(key: str, pointer: str) -> str:
+    """The ``spill`` of a sample that chunk ``key`` holds by reference: its bytes are where the
+    earlier entry's ``pointer`` (``<earlier>.packed.json``) says, in a published version."""
+    return f"{key}{VIA}{pointer}"
+
+
+def pointer_of(spill_name: str) -> str:
+    """The pointer file (``<key>.packed.json``) a packed or referenced sample's bytes are read through."""
+    return spill_name.split(VIA, 1)[1] if VIA in spill_name else spill_name
+
+
+def referenced_entries(spill_names: Iterable[str], chunks: Iterable[str]) -> set[str]:
+    """The earlier entries whose pointers the samples of ``chunks`` reference (of ``spill_names``,
+    the samples' ``spill`` values): they must outlive those chunks' spills."""
+    wanted = set(chunks)
+    return {chunk_of(pointer_of(name)) for name in spill_names if VIA in name and chunk_of(name) in wanted}
 
 
 def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None:
@@ -240,9 +264,11 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
 def read_entry(cache_dir: Path, key: str) -> tuple[dict[str, Any], tuple[SpilledSample, ...]] | None:
     """A cache entry's records (the parsed ``<key>.json``) and its samples, each naming where its
     bytes are now: the spill file, or (once a build consumed it) the ``.packed.json`` pointer
-    into the published shards. None when the records are missing or the bytes are nowhere (or
-    the spill is not the size recorded). Nothing is verified beyond that: the caller checks the
-    samples' digests. Raises OSError, ValueError, KeyError or TypeError for damaged records."""
+    into the published shards. A sample the entry holds by reference (:func:`referenced_name`)
+    is read through the earlier entry's pointer until a build publishes this one's. None when
+    the records are missing or the bytes are nowhere (or the spill is not the size recorded).
+    Nothing is verified beyond that: the caller checks the samples' digests. Raises OSError,
+    ValueError, KeyError or TypeError for damaged records."""
     records = records_path(cache_dir, key)
     spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
     if not records.is_file():
@@ -255,8 +281,8 @@ def read_entry(cache_dir: Path, key: str) -> tuple[dict[str, Any], tuple[Spilled
             return None
     elif packed.is_file():
         samples = tuple(replace(s, spill=packed.name) for s in samples)
-    else:
-        return None
+    elif data.get("spill_bytes") != 0 or any(VIA not in s.spill for s in samples):
+        return None  # an entry with bytes of its own has a spill file until its pointer is written
     return data, samples
 
 
@@ -348,10 +374,10 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             try:
                 pixels, meta, mask, where = self._read_packed(sample)
             except (KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
-                raise OSError(f"{self.cache_dir / sample.spill}: sample {sample.key} could not be read back from the "
-                              f"version folder the build cache points to ({type(err).__name__}: {err}); was it "
-                              "changed or deleted during the build? Run the build again: it decodes those files "
-                              "anew") from err
+                raise OSError(f"{self.cache_dir / pointer_of(sample.spill)}: sample {sample.key} could not be read "
+                              "back from the version folder the build cache points to "
+                              f"({type(err).__name__}: {err}); was it changed or deleted during the build? Run the "
+                              "build again: it decodes those files anew") from err
         else:
             where = self.cache_dir / sample.spill
             fh = self._open(str(where))
@@ -373,10 +399,11 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
         return fh
 
     def _read_packed(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes, Path]:
-        pointer = self._pointers.get(sample.spill)
+        name = pointer_of(sample.spill)
+        pointer = self._pointers.get(name)
         if pointer is None:
-            data = json.loads((self.cache_dir / sample.spill).read_text(encoding="utf-8"))
-            pointer = self._pointers[sample.spill] = (Path(data["version"]), data["samples"])
+            data = json.loads((self.cache_dir / name).read_text(encoding="utf-8"))
+            pointer = self._pointers[name] = (Path(data["version"]), data["samples"])
         version, where = pointer
         file, position = where[sample.key]
         path = version / file
@@ -556,6 +583,21 @@ class SpillConsumer:
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class KnownDigest:
+    """A sha256 already known (hex), standing in for the hash object :meth:`SpillWriter.add` takes:
+    a sample copied from an entry of the same shard format keeps the sha256 checked there, so its
+    pixels are not hashed a second time."""
+
+    hex: str
+
+    def digest(self) -> bytes:
+        return bytes.fromhex(self.hex)
+
+    def hexdigest(self) -> str:
+        return self.hex
+
+
 class SpillWriter:
     """Writes one chunk's cache entry: samples into the spill as they come, then the records.
 
@@ -608,6 +650,27 @@ class SpillWriter:
             meta_sha256=meta_digest.hexdigest()))
         self._offset += len(pixels) + len(meta) + len(mask)
 
+    def refer(self, held: SpilledSample, *, ref: SampleRef, meta: bytes, mask: bytes,
+              signature: np.void | None) -> None:
+        """Append a sample an earlier entry holds without copying its bytes: ``held`` as read from
+        that entry (its ``spill`` the pointer into the published version that holds it, its
+        sha256 made for this writer's format), with its checked metadata and mask bytes ``meta``
+        and ``mask``, under ``ref``. Its bytes are read from that version until a build publishes
+        this chunk's samples (:func:`write_packed_pointers`); the records chain its digest as
+        :meth:`add` would, so the entry checks out the same way."""
+        if signature is not None:
+            self._signatures.append(signature)
+        self._chain.update(bytes.fromhex(held.sha256))
+        self._chain.update(meta)
+        if mask:
+            self._chain.update(mask)
+        meta_digest = hashlib.sha256(meta)
+        meta_digest.update(mask)
+        self.samples.append(replace(
+            held, ref=ref, spill=referenced_name(self.key, pointer_of(held.spill)), signature=self.sig_name,
+            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1,
+            meta_sha256=meta_digest.hexdigest()))
+
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
                excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
@@ -618,6 +681,8 @@ class SpillWriter:
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 write_signatures(fh, self._signatures)
         if self.cache_dir is not None:
+            if self.samples and not self._offset:  # every sample held by reference: no spill file of its own
+                (self.cache_dir / self.spill_name).unlink(missing_ok=True)
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
                       "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues],

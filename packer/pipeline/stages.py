@@ -130,12 +130,13 @@ def _make_cache_folder(cache_dir: Path) -> None:
 
 
 def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
-            quiet: bool = False, storage_options: dict[str, Any] | None = None) -> Prepared:
+            quiet: bool = False, storage_options: dict[str, Any] | None = None, refer: bool = True) -> Prepared:
     """Stages discover to audit of ``job``. Does not raise on leakage: :func:`run_stages` decides.
 
     With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
     cannot run and are disabled for this audit. ``storage_options`` configure the stores of
-    raw inputs given as URLs (on the client and on the workers).
+    raw inputs given as URLs (on the client and on the workers). ``refer``: per-file reuse may
+    hold unchanged files' samples by reference (:attr:`~packer.pipeline.pixels.ChunkTask.refer`).
     """
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options)
@@ -160,7 +161,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
         chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
-                                    listed=listed, storage_options=storage_options, sig_dir=sig_dir)
+                                    listed=listed, storage_options=storage_options, sig_dir=sig_dir,
+                                    refer=refer)
         del refs, listed  # the settled samples carry their own (probed) refs
         warned = readers_warning(job, [note for chunk in chunks for note in chunk.notes])
         if warned is not None:  # a warning, not progress: printed under --quiet too
@@ -320,7 +322,7 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     ``keep_spill``.
     """
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
-                      storage_options=storage_options)
+                      storage_options=storage_options, refer=not keep_spill)
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
