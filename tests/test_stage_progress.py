@@ -1,0 +1,120 @@
+"""Progress on every long stage: a client stage prints its progress line (count, rate, ETA) on
+stderr only once it has run a few seconds, obeys ``quiet``, and never changes what is built."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from packer import progress as progress_module
+from packer.progress import STAGE_DELAY, Progress, stage_progress
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def delayed(clock: Clock, stream: io.StringIO, *, quiet: bool = False, total: int | None = 10) -> Progress:
+    return Progress("split", total, unit="groups", quiet=quiet, stream=stream, interval=10.0, delay=4.0,
+                    show_bad=False, clock=clock)
+
+
+def test_a_delayed_stage_that_ends_before_its_delay_prints_nothing() -> None:
+    clock, stream = Clock(), io.StringIO()
+    progress = delayed(clock, stream)
+    for _ in range(9):
+        clock.now += 0.4
+        progress.update()
+    progress.close()  # 3.6 s: under the 4 s delay
+    assert stream.getvalue() == ""
+
+
+def test_a_delayed_stage_prints_at_once_after_its_delay_then_every_interval_and_a_closing_line() -> None:
+    clock, stream = Clock(), io.StringIO()
+    progress = delayed(clock, stream)
+    clock.now += 3.9
+    progress.update(2)
+    assert stream.getvalue() == ""
+    clock.now += 0.1  # 4.0 s: the delay is over, and the next update says so at once
+    progress.update(2)
+    assert stream.getvalue() == "   split: 4/10 groups     1.0/s  eta     6s\n"
+    clock.now += 9.9  # within the interval: no new line
+    progress.update(1)
+    assert stream.getvalue().count("\n") == 1
+    clock.now += 0.1  # 14 s, one interval after the first line
+    progress.update(2)
+    clock.now += 1.0
+    progress.update(3)
+    progress.close()
+    assert stream.getvalue().splitlines() == ["   split: 4/10 groups     1.0/s  eta     6s",
+                                              "   split: 7/10 groups     0.5/s  eta     6s",
+                                              "   split: 10/10 groups     0.7/s  eta     0s  (15.0s)"]
+
+
+def test_a_stage_that_outlasts_its_delay_without_an_update_still_gets_its_closing_line() -> None:
+    clock, stream = Clock(), io.StringIO()
+    progress = delayed(clock, stream, total=None)  # an unknown total: count and rate, no ETA
+    progress.update(3)
+    clock.now += 6.0
+    progress.close()
+    assert stream.getvalue() == "   split: 3 groups     0.5/s  (6.0s)\n"
+
+
+def test_quiet_prints_nothing_however_long_the_stage_runs() -> None:
+    clock, stream = Clock(), io.StringIO()
+    progress = delayed(clock, stream, quiet=True)
+    for _ in range(10):
+        clock.now += 30.0
+        progress.update()
+    progress.close()
+    assert stream.getvalue() == ""
+
+
+def test_on_a_terminal_the_delayed_line_is_redrawn_in_place_and_an_error_ends_it() -> None:
+    clock, stream = Clock(), Terminal()
+    with pytest.raises(RuntimeError), delayed(clock, stream) as progress:
+        clock.now += 5.0
+        progress.update(5)
+        clock.now += 0.05  # under the terminal's 0.1 s redraw interval
+        progress.update(1)
+        clock.now += 0.1
+        progress.update(1)
+        raise RuntimeError("the stage failed")
+    assert stream.getvalue() == ("\r   split: 5/10 groups     1.0/s  eta     5s"
+                                 "\r   split: 7/10 groups     1.4/s  eta     2s\n")
+
+
+def test_without_a_delay_the_first_line_waits_one_interval_and_the_closing_line_always_comes() -> None:
+    clock, stream = Clock(), io.StringIO()  # the pixel pass's and the pack pass's lines, as before delays
+    progress = Progress("pack", 4, unit="samples", stream=stream, interval=10.0, clock=clock)
+    clock.now += 9.0
+    progress.update(2)
+    assert stream.getvalue() == ""
+    clock.now += 1.0
+    progress.update(1, bad=1)
+    clock.now += 0.5
+    progress.update(1)
+    progress.close()
+    assert stream.getvalue().splitlines() == ["    pack: 3/4 samples     0.3/s  eta     3s  bad 1",
+                                              "    pack: 4/4 samples     0.4/s  eta     0s  bad 1  (10.5s)"]
+
+
+def test_a_client_stage_waits_a_few_seconds_read_when_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert 3.0 <= STAGE_DELAY <= 5.0
+    assert stage_progress("audit", 8, unit="rules").delay == STAGE_DELAY
+    monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
+    made = stage_progress("audit", 8, unit="rules")
+    assert made.delay == 0.0 and not made.show_bad and made.stream is sys.stderr
