@@ -4,11 +4,16 @@ stderr only once it has run a few seconds, obeys ``quiet``, and never changes wh
 from __future__ import annotations
 
 import io
+import re
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from packer import progress as progress_module
+from packer.config import load_job
+from packer.pipeline.discover import discover
 from packer.progress import STAGE_DELAY, Progress, stage_progress
 
 
@@ -118,3 +123,56 @@ def test_a_client_stage_waits_a_few_seconds_read_when_it_starts(monkeypatch: pyt
     monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
     made = stage_progress("audit", 8, unit="rules")
     assert made.delay == 0.0 and not made.show_bad and made.stream is sys.stderr
+
+
+# -- the stages, with no delay: each prints its line with the right total ---------------------
+
+
+@pytest.fixture
+def no_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
+
+
+def last_line(stage: str, err: str) -> str:
+    """The stage's closing line (the one with its seconds)."""
+    lines = [line for line in err.splitlines() if re.match(rf"\s*{stage}: .*\(\d+\.\ds\)$", line)]
+    assert lines, f"no closing {stage} line in {err!r}"
+    return lines[-1].strip()
+
+
+def listed_tree(tmp_path: Path, files: int) -> Path:
+    """``files`` images in ``files // 3 + 1`` folders and a table naming them all, and a job over them."""
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(files):
+        rel = f"p{i // 3:02d}/{i:03d}.png"
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        (raw / rel).write_bytes(b"\x89PNG fake")
+        rows.append(f"{rel},{'ab'[i % 2]},P{i // 3:02d}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = {"name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    return tmp_path / "job.yaml"
+
+
+def test_discovery_shows_the_walk_the_table_and_the_files_with_their_counts(
+        tmp_path: Path, no_delay: None, capsys: pytest.CaptureFixture[str]) -> None:
+    job = load_job(listed_tree(tmp_path, 14))  # 14 images and labels.csv, which the walk finds too
+    assert len(discover(job).refs) == 14
+    err = capsys.readouterr().err
+    assert last_line("listing", err).startswith("listing: 15 files ")  # no total known while walking: no ETA
+    assert "eta" not in last_line("listing", err)
+    assert last_line("table", err).startswith("table: 14/14 files ")
+    assert last_line("discover", err).startswith("discover: 14/14 files ")  # the images: labels.csv is not one
+    assert "bad" not in err
+
+
+def test_discovery_under_quiet_or_shorter_than_the_delay_prints_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    job = load_job(listed_tree(tmp_path, 14))
+    discover(job)  # the real delay: a 15-file listing is far quicker
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
+    discover(job, quiet=True)
+    assert capsys.readouterr().err == ""
