@@ -8,12 +8,18 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
+from test_split import BY_ENTITY, sample
 
 from packer import progress as progress_module
 from packer.config import load_job
+from packer.pipeline import nearcopy
+from packer.pipeline.audit import RULES, audit_assignment
 from packer.pipeline.discover import discover
+from packer.pipeline.nearcopy import EMBED_DIM, QUERY_ZOOMS, candidate_pairs
+from packer.pipeline.split import assign_splits
 from packer.progress import STAGE_DELAY, Progress, stage_progress
 
 
@@ -176,3 +182,33 @@ def test_discovery_under_quiet_or_shorter_than_the_delay_prints_nothing(
     monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
     discover(job, quiet=True)
     assert capsys.readouterr().err == ""
+
+
+def test_the_split_counts_its_groups_and_the_audit_its_rules(no_delay: None,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    samples = [sample(i, f"P{i % 9}") for i in range(30)]  # 9 entities: 9 split groups
+    assignment = assign_splits(samples, BY_ENTITY)
+    audit = audit_assignment(samples, assignment, BY_ENTITY)
+    err = capsys.readouterr().err
+    assert last_line("split", err).startswith("split: 9/9 groups ")
+    assert len(audit.rules) == RULES == 8
+    assert last_line("audit", err).startswith("audit: 8/8 rules ")
+    assign_splits(samples, BY_ENTITY, quiet=True)
+    audit_assignment(samples, assignment, BY_ENTITY, quiet=True)
+    assert capsys.readouterr().err == ""
+
+
+def embeddings(n: int) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    out = rng.normal(0, 1, (n, len(QUERY_ZOOMS), EMBED_DIM))
+    return (out / np.linalg.norm(out, axis=2, keepdims=True)).astype(np.float16)
+
+
+@pytest.mark.parametrize("exact_limit", [nearcopy.EXACT_LIMIT, 20])  # 20: the inverted file answers
+def test_the_candidate_search_counts_one_query_per_sample_and_zoom(
+        exact_limit: int, no_delay: None, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nearcopy, "EXACT_LIMIT", exact_limit)
+    groups = np.arange(60) // 2
+    candidate_pairs(embeddings(60), groups, 4)
+    assert last_line("search", capsys.readouterr().err).startswith("search: 180/180 queries ")
