@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_cli_frictions import photo, photo_job
 from test_split import BY_ENTITY, sample
 
 from packer import progress as progress_module
 from packer.config import load_job
 from packer.pipeline import nearcopy
 from packer.pipeline.audit import RULES, audit_assignment
+from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.discover import discover
 from packer.pipeline.nearcopy import EMBED_DIM, QUERY_ZOOMS, candidate_pairs
 from packer.pipeline.split import assign_splits
@@ -212,3 +214,24 @@ def test_the_candidate_search_counts_one_query_per_sample_and_zoom(
     groups = np.arange(60) // 2
     candidate_pairs(embeddings(60), groups, 4)
     assert last_line("search", capsys.readouterr().err).startswith("search: 180/180 queries ")
+
+
+def test_a_build_shows_every_client_stage_without_changing_a_byte(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [(f"p{i:02d}.png", photo(i), f"E{i // 2:02d}") for i in range(12)]
+    job = load_job(photo_job(tmp_path, rows, split={"by": "entity", "ratios": {"train": 0.6, "valid": 0.2,
+                                                                                "test": 0.2}, "seed": 3}))
+    quiet = build(job, BuildOptions(out=tmp_path / "quiet", scheduler="sync", quiet=True))
+    # 6 entities miss the ratios: a warning, printed under quiet too; no progress line
+    assert all(line.startswith("packer: warning: ") for line in capsys.readouterr().err.splitlines())
+    monkeypatch.setattr(progress_module, "STAGE_DELAY", 0.0)
+    shown = build(job, BuildOptions(out=tmp_path / "shown", scheduler="sync"))
+    err = capsys.readouterr().err
+    shards = sum(len(split["shards"]) for split in shown.manifest["splits"].values())
+    assert last_line("index", err).startswith(f"index: {shards}/{shards} shards ")
+    assert last_line("search", err).startswith("search: 36/36 queries ")  # 12 samples, 3 zooms
+    assert last_line("split", err).startswith("split: 6/6 groups ")
+    assert last_line("audit", err).startswith("audit: 8/8 rules ")
+    assert last_line("discover", err).startswith("discover: 12/12 files ")
+    assert re.match(r"report: \d+/\d+ samples ", last_line("report", err))
+    assert shown.manifest["dataset_hash"] == quiet.manifest["dataset_hash"]
