@@ -50,7 +50,7 @@ HTML_REPORT_FILE = "report.html"
 
 
 def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None = None,
-                       limits: ReportLimits | None = None) -> str:
+                       limits: ReportLimits | None = None, quiet: bool = False) -> str:
     """Render the report of the dataset version at ``manifest_path_or_dir`` as one HTML string.
 
     ``manifest_path_or_dir`` is a ``manifest.json`` or its version folder; the shards, the
@@ -59,7 +59,8 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
     the current schema (an older or newer packer) or whose ``dataset_hash`` does not match its
     content is still reported, under a warning at the top; IntegrityError is raised only when
     the file cannot be read or is not a JSON object. The same inputs give the same bytes (no
-    clock is read).
+    clock is read). A long report shows a ``report`` progress line on stderr (samples read and
+    drawn) unless ``quiet``.
     """
     manifest_file = resolve_manifest_path(manifest_path_or_dir)
     warnings: list[str] = []
@@ -67,7 +68,7 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
         read = read_manifest(manifest_file, strict=False)
         manifest, warnings = read.data, [_warning(problem, manifest_file.name) for problem in read.problems]
     with system_arrow_pool():  # see packer.allocator: the report runs at the end of a build's client
-        data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings)
+        data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings, quiet=quiet)
     body = "".join([render_summary(data), render_splits(data), render_contact_sheets(data),
                     render_intensities(data), render_bad_samples(data), render_leakage(data)])
     name, version = str(manifest.get("name", "?")), str(manifest.get("version", "?"))
@@ -92,10 +93,10 @@ def _warning(problem: ManifestProblem, file_name: str) -> str:
 
 
 def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = None, *,
-                      limits: ReportLimits | None = None) -> Path:
+                      limits: ReportLimits | None = None, quiet: bool = False) -> Path:
     """Write the report (default ``<version folder>/report.html``) atomically; return its path.
     A file that already holds these exact bytes is left alone (a rebuild of a built version
-    rewrites nothing).
+    rewrites nothing). ``quiet``: no progress line (:func:`render_html_report`).
 
     Raises IntegrityError as :func:`render_html_report` does, OSError if ``output`` cannot be written.
     """
@@ -103,7 +104,7 @@ def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = No
 
     folder = resolve_manifest_path(manifest_path_or_dir).parent
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE
-    data = render_html_report(manifest_path_or_dir, limits=limits).encode("utf-8")
+    data = render_html_report(manifest_path_or_dir, limits=limits, quiet=quiet).encode("utf-8")
     if _holds(target, data):
         return target
     with atomic_output(target) as fh:

@@ -44,6 +44,7 @@ from packer.htmlreport.stats import (
     value_histograms,
 )
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
+from packer.progress import stage_progress
 from packer.targets import Target
 
 T = TypeVar("T")
@@ -237,8 +238,9 @@ def _select(index: SampleIndex, data: ReportData) -> tuple[set[str], dict[tuple[
 
 
 def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLimits,
-                        warnings: list[str] | None = None) -> ReportData:
-    """Read the index, the selected samples and the bad-sample report of a version folder."""
+                        warnings: list[str] | None = None, *, quiet: bool = False) -> ReportData:
+    """Read the index, the selected samples and the bad-sample report of a version folder. A
+    long read shows a ``report`` progress line (samples read and drawn) unless ``quiet``."""
     config = manifest.get("config", {})
     data = ReportData(
         manifest=manifest, folder=folder, limits=limits, splits=ordered_splits(manifest),
@@ -272,11 +274,13 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
                        masked=masked, pad=pad)
 
     samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
-    for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
-        if not isinstance(rendered, _Rendered):
-            data.unreadable.append((rendered[0].key, rendered[1]))
-            continue
-        _add_rendered(data, rendered, items)
+    with stage_progress("report", len(wanted), unit="samples", quiet=quiet) as progress:
+        for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
+            progress.update()
+            if not isinstance(rendered, _Rendered):
+                data.unreadable.append((rendered[0].key, rendered[1]))
+                continue
+            _add_rendered(data, rendered, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
     if (manifest.get("inputs") or {}).get("excluded"):

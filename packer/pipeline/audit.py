@@ -51,6 +51,7 @@ from packer.pipeline.dedup import exact_groups
 from packer.pipeline.nearcopy import NearLinks
 from packer.pipeline.sampletable import as_table
 from packer.pipeline.split import Assignment, measure_balance
+from packer.progress import stage_progress
 from packer.records import SpilledSample
 
 #: Findings listed per rule in leakage.json; the count is always complete.
@@ -313,22 +314,36 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     return RuleResult("split_balance", severity, 1, (finding,), detail)
 
 
+#: The rules :func:`audit_assignment` runs, in the order leakage.json lists them (``_exact`` gives two).
+RULES = 8
+
+
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
                      links: NearLinks | None = None, *, show_paths: bool = True,
-                     show_dates: bool = True, conflicts: LabelConflicts | None = None) -> LeakageAudit:
+                     show_dates: bool = True, conflicts: LabelConflicts | None = None,
+                     quiet: bool = False) -> LeakageAudit:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
     calendar dates out of the findings; samples are then named by key and entity pseudonym.
     ``conflicts``: the label conflicts found before the split (:mod:`packer.pipeline.conflicts`;
-    None: none).
+    None: none). A long audit shows an ``audit`` progress line (rules run, of :data:`RULES`)
+    unless ``quiet``.
     """
-    fields = _Samples.of(samples, assignment.split, show_paths)
-    links = links if links is not None else NearLinks.empty()
-    time_rule, ranges = _time_order(fields, cfg, show_dates)
-    rules = [_entity_overlap(fields, cfg), *_exact(fields, cfg), _near(fields, cfg, links),
-             _span_entities(fields, links), _label_conflicts(fields, conflicts or LabelConflicts(), cfg), time_rule,
-             _balance(fields, assignment, cfg, links)]
+    with stage_progress("audit", RULES, unit="rules", quiet=quiet) as progress:
+        def counted(found: list[RuleResult]) -> list[RuleResult]:
+            progress.update(len(found))
+            return found
+
+        fields = _Samples.of(samples, assignment.split, show_paths)
+        links = links if links is not None else NearLinks.empty()
+        time_rule, ranges = _time_order(fields, cfg, show_dates)
+        progress.update()
+        # each rule counted as it finishes (a list display runs its items in order), listed in leakage.json's order
+        rules = [*counted([_entity_overlap(fields, cfg)]), *counted(_exact(fields, cfg)),
+                 *counted([_near(fields, cfg, links)]), *counted([_span_entities(fields, links)]),
+                 *counted([_label_conflicts(fields, conflicts or LabelConflicts(), cfg)]), time_rule,
+                 *counted([_balance(fields, assignment, cfg, links)])]
     entities: dict[str, set[str]] = defaultdict(set)
     for split, entity in zip(fields.split, fields.entity, strict=True):
         if split is not None:

@@ -74,6 +74,7 @@ from packer.pipeline.publish import (
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import chunk_of, referenced_entries, remove_stale_temporaries, write_packed_pointers
 from packer.pipeline.stages import constant_slices, run_stages
+from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
@@ -308,16 +309,19 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     samples, issues, assignment = prepared.samples, list(prepared.issues), prepared.assignment
     cached_files = prepared.files_cached
 
-    targets = TargetColumns.of(samples, target)
-    index = IndexColumns(targets.index_schema())
-    for shard in shards:
-        table = samples.take(shard.rows)
-        index.add_shard(written[shard.file], split=shard.split, keys=table.arrow("key"),
-                        labels=targets.index_labels(shard.rows), entity_ids=table.arrow("entity").fill_null(""),
-                        sources=table.arrow("source"), targets=targets.index_targets(shard.rows))
-    index_entry = write_index(staging, index)
-    del index
-    splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
+    # a long index shows an "index" line: shards indexed, the index and splits tables' writing in its time
+    with stage_progress("index", len(shards), unit="shards", quiet=options.quiet) as progress:
+        targets = TargetColumns.of(samples, target)
+        index = IndexColumns(targets.index_schema())
+        for shard in shards:
+            table = samples.take(shard.rows)
+            index.add_shard(written[shard.file], split=shard.split, keys=table.arrow("key"),
+                            labels=targets.index_labels(shard.rows), entity_ids=table.arrow("entity").fill_null(""),
+                            sources=table.arrow("source"), targets=targets.index_targets(shard.rows))
+            progress.update()
+        index_entry = write_index(staging, index)
+        del index
+        splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
     if prepared.excluded:  # only where files were left out: a dataset without any keeps its folder as it was
@@ -373,7 +377,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         from packer.htmlreport import write_html_report
 
         try:
-            html_report = write_html_report(version_dir)
+            html_report = write_html_report(version_dir, quiet=options.quiet)
         except FileSystemError as err:
             raise _ReportNotWritten(f"{err}. The dataset itself is complete in {version_dir}, manifest included; "
                                     f"once there is room, `packer report {version_dir}` writes the report") from err

@@ -44,6 +44,7 @@ from packer.pipeline.tables import (
     place_rows,
     read_records,
 )
+from packer.progress import Progress, stage_progress
 from packer.read.kinds import SourceKind, source_kind
 from packer.records import Excluded, Issue, SampleRef, safe_key
 from packer.where import failed
@@ -56,18 +57,23 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
     return f"{safe_key(source)}-{digest}"
 
 
-def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None) -> list[str]:
+def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
+                   progress: Progress | None = None) -> list[str]:
     """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
     Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
-    folders are not entered; their relative paths go into ``links`` when given."""
+    folders are not entered; their relative paths go into ``links`` when given. ``progress``
+    counts the files found, folder by folder."""
     top = os.fspath(root)
     found: list[str] = []
     for folder, dirs, files in os.walk(top, followlinks=follow_links):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         prefix = os.path.relpath(folder, top).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
+        before = len(found)
         found.extend(prefix + name for name in files if not name.startswith("."))
+        if progress is not None:
+            progress.update(len(found) - before)
         if links is not None and not follow_links:
             links.extend(prefix + d for d in dirs if os.path.islink(os.path.join(folder, d)))
     found.sort()
@@ -96,18 +102,24 @@ def _verdict(kind: SourceKind, relpath: str) -> bool | None:
     return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
 
 
-def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None
-                    ) -> list[str]:
+def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
+                    quiet: bool = False) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
     recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
-    files and folders are skipped (``links``: see :func:`_walk_relpaths`)."""
+    files and folders are skipped (``links``: see :func:`_walk_relpaths`). A long walk shows a
+    ``listing`` progress line (files found), a long look at heads a ``sniffing`` one (files
+    looked at), unless ``quiet``."""
+    with stage_progress("listing", None, unit="files", quiet=quiet) as walking:
+        walked = _walk_relpaths(root, follow_links, links, walking)
     out = []
-    for rel in _walk_relpaths(root, follow_links, links):
-        verdict = _verdict(kind, rel)
-        if verdict or (verdict is None and kind.head_bytes
-                       and kind.sniff(_read_head(os.path.join(root, rel), kind.head_bytes))):
-            out.append(rel)
+    with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
+        for rel in walked:
+            verdict = _verdict(kind, rel)
+            if verdict or (verdict is None and kind.head_bytes
+                           and kind.sniff(_read_head(os.path.join(root, rel), kind.head_bytes))):
+                out.append(rel)
+            sniffing.update()
     return out
 
 
@@ -142,7 +154,8 @@ def _outside_root(path: Path, real_root: Path) -> bool:
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
-                  links: list[str] | None = None) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+                  links: list[str] | None = None, *, quiet: bool = False
+                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
     were not entered go (without ``allow_outside``)."""
@@ -150,7 +163,8 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
         remote = list_remote_source(source, storage_options)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     root = os.fspath(source.root)
-    relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links)
+    relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links,
+                               quiet=quiet)
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
 
 
@@ -275,19 +289,21 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
 
 def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
-                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded]) -> RefTable:
+                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress
+                 ) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
     listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
     file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
     ``excluded`` instead. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
     as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
-    discovery."""
+    discovery. ``progress`` counts the files, one by one."""
     kind = source_kind(source.kind)
     refs = TableBuilder(RefTable)
     rows = placed.rows
     named = _named_files(source, rows)
     only_table = source.table_map is not None and source.table_map.files == "table"
     for rel, path in files:
+        progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
             continue
         sample_id = make_sample_id(source.name, rel, phi)
@@ -376,10 +392,11 @@ def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: 
 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
-                 where: str = "sources[0]", relative_to: str = "the job file") -> SourceFound:
+                 where: str = "sources[0]", relative_to: str = "the job file", quiet: bool = False) -> SourceFound:
     """The refs of one source, its table-only issues, what it left out, and its remote listing.
     ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors;
-    ``relative_to``: what its relative paths are relative to, for them too."""
+    ``relative_to``: what its relative paths are relative to, for them too. ``quiet``: no
+    progress lines (:func:`~packer.progress.stage_progress`)."""
     as_written = _check_root(source, where, relative_to)
     kind = source_kind(source.kind)
     table = source.label_table
@@ -388,7 +405,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
-    files, listed = _listed_files(source, allow_outside, storage_options, links)
+    files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
@@ -400,7 +417,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     unplaced: list[tuple[str, int, str, str]] = []
     if records is not None:
         try:
-            placed, unplaced = place_rows(source, records, relpaths, known_labels)
+            placed, unplaced = place_rows(source, records, relpaths, known_labels, quiet=quiet)
         except ConfigError as err:
             raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     for cell, _row, reason, message in unplaced:
@@ -408,7 +425,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                             reason=reason, message=message))
     excluded: list[Excluded] = []
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
-    refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded)
+    with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
+        refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)
     seen = set(relpaths)
     del files, relpaths
     outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues)
@@ -480,10 +498,12 @@ class Discovery:
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
-             storage_options: Mapping[str, Any] | None = None) -> Discovery:
+             storage_options: Mapping[str, Any] | None = None, quiet: bool = False) -> Discovery:
     """List every source's raw files, local or behind URLs (read with ``storage_options``):
     refs sorted by source, then relative path, the table-only issues, what was left out on
-    purpose, warnings, and the remote listing.
+    purpose, warnings, and the remote listing. A step that runs long (the walk, the placement of
+    the table's rows, the refs) shows a progress line on stderr unless ``quiet``
+    (:func:`~packer.progress.stage_progress`).
 
     Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
     cannot be listed (missing bucket, credentials, endpoint; the message says which).
@@ -498,7 +518,8 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     for index, source in enumerate(job.sources):
         try:
             found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]",
-                                 relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file")
+                                 relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file",
+                                 quiet=quiet)
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(found.refs)

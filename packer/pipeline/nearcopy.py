@@ -57,6 +57,7 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from packer.progress import Progress, stage_progress
 from packer.schemas import schema_defaults
 
 #: Side of the verification thumbnail.
@@ -211,7 +212,8 @@ def _ranked(negated: np.ndarray, part: np.ndarray, columns: np.ndarray, query_gr
 
 
 def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
-            k: int, index: InvertedFile | None = None) -> tuple[np.ndarray, np.ndarray]:
+            k: int, index: InvertedFile | None = None, progress: Progress | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
     """For each query, the ``k`` base rows of the highest cosine whose group differs from its own.
 
     ``base`` (n×d) and ``queries`` (m×d) hold unit vectors; returns (indices m×k, similarities
@@ -220,10 +222,12 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
     rescored exactly: :func:`_best_k_exact`, the same answer in any block) up to
     :data:`EXACT_LIMIT` base rows; beyond, an inverted file (:class:`InvertedFile`, ``index`` when
     already built on ``base``):
-    approximate, O(m·√n·d).
+    approximate, O(m·√n·d). ``progress`` counts the queries answered, block by block (cluster by
+    cluster in the inverted file).
     """
     if len(base) > EXACT_LIMIT:
-        return (index or InvertedFile.build(base, base_group)).query(base, queries, query_group, base_group, k)
+        return (index or InvertedFile.build(base, base_group)).query(base, queries, query_group, base_group, k,
+                                                                     progress)
     m = len(queries)
     skip = int(np.bincount(np.unique(base_group, return_inverse=True)[1]).max()) if len(base_group) else 0
     out_index = np.full((m, k), -1, dtype=np.int32)
@@ -236,6 +240,8 @@ def nearest(base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base
         rough = np.asarray(queries[start:stop], dtype=np.float32) @ base32.T
         out_index[start:stop], out_score[start:stop] = _best_k_exact(
             rough, exact.scaled(queries[start:stop]), exact, query_group[start:stop], base_group, k, skip)
+        if progress is not None:
+            progress.update(stop - start)
     return out_index, out_score
 
 
@@ -370,8 +376,9 @@ class InvertedFile:
         return cls(centroids, members, starts, skip)
 
     def query(self, base: np.ndarray, queries: np.ndarray, query_group: np.ndarray, base_group: np.ndarray,
-              k: int) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`nearest` through this index (built on ``base``)."""
+              k: int, progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`nearest` through this index (built on ``base``); ``progress`` counts the queries
+        answered (a query asks several clusters: its share of each, as the clusters are searched)."""
         clusters = len(self.centroids)
         probe = _assign(queries, self.centroids, min(PROBES, clusters))
         best_index = np.full((len(queries), k), -1, dtype=np.int32)
@@ -380,6 +387,8 @@ class InvertedFile:
         bounds = np.searchsorted(probe.ravel()[by_cluster], np.arange(clusters + 1))
         for c in range(clusters):
             asking = by_cluster[bounds[c]:bounds[c + 1]] // probe.shape[1]
+            if progress is not None:  # bounds[c + 1] of the m × probes (query, cluster) pairs are searched
+                progress.update(int(bounds[c + 1]) // probe.shape[1] - int(bounds[c]) // probe.shape[1])
             listed = self.members[self.starts[c]:self.starts[c + 1]]
             if len(asking) == 0 or len(listed) == 0:
                 continue
@@ -421,19 +430,28 @@ QUERY_BLOCK = 1 << 17
 
 
 def candidate_pairs(embeddings: np.ndarray | Callable[[int, slice], np.ndarray], groups: np.ndarray,
-                    k: int) -> Candidates:
+                    k: int, *, quiet: bool = False) -> Candidates:
     """Each sample's ``k`` nearest samples of other groups (entities), by the best cosine over
     its query zooms: the pairs to verify, each once.
 
     ``embeddings``: n × zooms × d (the signatures' ``embedding`` field; zoom 0 is 1.0, the one
     searched), or a function giving zoom ``z``'s embeddings of the rows in a slice (float16 kept
     as such): the base (zoom 0) is held whole, the other zooms are read :data:`QUERY_BLOCK` rows
-    at a time; ``groups`` an int per sample (samples of one group are never paired).
+    at a time; ``groups`` an int per sample (samples of one group are never paired). A long
+    search shows a ``search`` progress line (queries: one per sample and zoom) unless ``quiet``.
     """
     n = len(groups)
     if n < 2 or k < 1:
         empty = np.zeros(0, dtype=np.int64)
         return Candidates(empty, empty, np.zeros(0, dtype=np.float32))
+    with stage_progress("search", n * len(QUERY_ZOOMS), unit="queries", quiet=quiet) as progress:
+        return _candidate_pairs(embeddings, groups, k, progress)
+
+
+def _candidate_pairs(embeddings: np.ndarray | Callable[[int, slice], np.ndarray], groups: np.ndarray, k: int,
+                     progress: Progress) -> Candidates:
+    """:func:`candidate_pairs` of at least two samples, counting its queries in ``progress``."""
+    n = len(groups)
     rows_of = embeddings if callable(embeddings) else (lambda z, rows: embeddings[rows, z])
     base = rows_of(0, slice(0, n))
     index = InvertedFile.build(base, groups) if n > EXACT_LIMIT else None
@@ -446,7 +464,7 @@ def candidate_pairs(embeddings: np.ndarray | Callable[[int, slice], np.ndarray],
         for start in range(0, n, QUERY_BLOCK):
             rows = slice(start, min(n, start + QUERY_BLOCK))
             queries = base[rows] if z == 0 else rows_of(z, rows)
-            found, score = nearest(base, queries, groups[rows], groups, wanted, index)
+            found, score = nearest(base, queries, groups[rows], groups, wanted, index, progress)
             keep = found >= 0
             a = np.nonzero(keep)[0] + start  # the query of each kept neighbour (row-major, as found[keep])
             b = found[keep].astype(np.int64)
@@ -872,17 +890,22 @@ def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
 def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, groups: np.ndarray, *,
                     neighbors: int, min_score: float, run: Callable[[Sequence[VerifyTask]], Iterable[
                         tuple[VerifyTask, EvidenceArrays]]], max_ratio: float | None = None,
-                    search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None
-                    ) -> NearLinks:
+                    search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None,
+                    quiet: bool = False) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
     ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
     score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
     ``files[file_of[s]]``. ``search``: the candidate search, :func:`candidate_pairs` unless given
     (one that reuses the last build's lists must give the same pairs). The result does not depend
-    on how tasks are run or ordered."""
+    on how tasks are run or ordered. ``quiet``: :func:`candidate_pairs` shows no progress line (a
+    ``search`` given shows its own, or none)."""
     if len(file_of) < 2 or neighbors < 1:
         return NearLinks.empty()
-    candidates = (search or candidate_pairs)(
+
+    def searched(embeddings: Callable[[int, slice], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
+        return candidate_pairs(embeddings, groups, k, quiet=quiet)
+
+    candidates = (search or searched)(
         lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom), groups, neighbors)
     floor = max(0.0, min_score - REFINE_MARGIN)
 

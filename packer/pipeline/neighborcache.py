@@ -42,6 +42,7 @@ import numpy as np
 
 from packer.pipeline.nearcopy import EMBED_DIM, EXACT_LIMIT, QUERY_ZOOMS, Candidates, candidate_pairs, nearest
 from packer.pipeline.spill import cache_output
+from packer.progress import Progress, stage_progress
 
 #: The cache's file in the build cache folder; its stem is what the cache's pruning keeps.
 NEIGHBORS_FILE = "near-neighbors.bin"
@@ -148,15 +149,25 @@ def _digest(rows: np.ndarray) -> str:
 
 
 def search_candidates(embeddings: Embeddings, groups: np.ndarray, k: int, identities: np.ndarray,
-                      cache: NeighborCache) -> Candidates:
+                      cache: NeighborCache, *, quiet: bool = False) -> Candidates:
     """:func:`~packer.pipeline.nearcopy.candidate_pairs` of the samples (``embeddings(zoom,
     rows)``, ``groups``), reusing the lists of ``cache.rows`` for samples whose
     ``identities`` (:func:`sample_identities`) are unchanged, and leaving this build's lists in
-    ``cache.fresh``. The answer equals ``candidate_pairs(embeddings, groups, k)``."""
+    ``cache.fresh``. The answer equals ``candidate_pairs(embeddings, groups, k)``. A long search
+    shows the same ``search`` progress line (queries: one per sample and zoom, a reused list
+    counted when merged) unless ``quiet``."""
     n = len(groups)
     if n < 2 or k < 1 or n > EXACT_LIMIT:
         cache.fresh = None if n > EXACT_LIMIT else np.zeros(0, dtype=_row_dtype(k))
-        return candidate_pairs(embeddings, groups, k)
+        return candidate_pairs(embeddings, groups, k, quiet=quiet)
+    with stage_progress("search", n * len(QUERY_ZOOMS), unit="queries", quiet=quiet) as progress:
+        return _search_candidates(embeddings, groups, k, identities, cache, progress)
+
+
+def _search_candidates(embeddings: Embeddings, groups: np.ndarray, k: int, identities: np.ndarray,
+                       cache: NeighborCache, progress: Progress) -> Candidates:
+    """:func:`search_candidates` of 2 to :data:`EXACT_LIMIT` samples, counting in ``progress``."""
+    n = len(groups)
     old = cache.rows
     old_at = {bytes(ident): row for row, ident in enumerate(old["ident"].tolist())}
     old_of = np.array([old_at.get(bytes(ident), -1) for ident in identities.tolist()], dtype=np.int64)
@@ -188,10 +199,11 @@ def search_candidates(embeddings: Embeddings, groups: np.ndarray, k: int, identi
             rows = kept[ok]
             index[rows], score[rows], complete[rows] = m_index[ok], m_score[ok], m_complete[ok]
             merged_ok[rows] = True
+            progress.update(len(rows))
         searched = np.flatnonzero(~merged_ok)
         reused[searched] = False
         if len(searched):
-            found, found_score = nearest(base, queries[searched], groups[searched], groups, width)
+            found, found_score = nearest(base, queries[searched], groups[searched], groups, width, progress=progress)
             index[searched], score[searched] = found, found_score
             complete[searched] = (found >= 0).sum(axis=1) < width
         fresh["index"][:, offset:offset + width] = index

@@ -49,6 +49,7 @@ from packer.pipeline.nearcopy import (
 from packer.pipeline.neighborcache import NeighborCache, sample_identities, search_candidates
 from packer.pipeline.sampletable import SampleTable, as_table
 from packer.pipeline.splitlists import split_from_column, split_from_lists
+from packer.progress import Progress, stage_progress
 from packer.records import Issue, SpilledSample
 from packer.targets import ClassTarget
 
@@ -126,13 +127,16 @@ def verify_in_process(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask,
 
 
 def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path | None,
-               run: RunVerify = verify_in_process, lists: NeighborCache | None = None) -> NearLinks:
+               run: RunVerify = verify_in_process, lists: NeighborCache | None = None, *,
+               quiet: bool = False) -> NearLinks:
     """Verified near copies between samples of different entities (:mod:`packer.pipeline.nearcopy`);
     none when disabled or when the samples carry no signatures (``validate --quick``).
 
     ``sig_dir``: the folder of the chunks' signature files (the build cache). A sample without
     an entity is its own group. ``lists``: the last build's neighbour lists
     (:mod:`packer.pipeline.neighborcache`): the candidates are the same, found searching less.
+    A long candidate search shows a ``search`` progress line unless ``quiet`` (``run`` shows the
+    verification's, if any).
     """
     table = as_table(samples)
     if not cfg.near_enabled or len(table) < 2 or sig_dir is None:
@@ -151,13 +155,14 @@ def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path
 
         def search(embeddings: Callable[[int, slice], np.ndarray], groups: np.ndarray, k: int) -> Candidates:
             if len(groups) > EXACT_LIMIT:  # an inverted file trained on all samples: nothing to reuse
-                return candidate_pairs(embeddings, groups, k)
+                return candidate_pairs(embeddings, groups, k, quiet=quiet)
             held = _held(embeddings)
-            return search_candidates(held, groups, k, sample_identities(keys, sample_entities, held), lists)
+            return search_candidates(held, groups, k, sample_identities(keys, sample_entities, held), lists,
+                                     quiet=quiet)
 
     return find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
                            neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run,
-                           max_ratio=cfg.near_max_ratio, search=search)
+                           max_ratio=cfg.near_max_ratio, search=search, quiet=quiet)
 
 
 def _held(embeddings: Callable[[int, slice], np.ndarray]) -> Callable[[int, slice], np.ndarray]:
@@ -349,7 +354,7 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
 
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
                   strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
-                  leave_out: frozenset[int] = frozenset()) -> Assignment:
+                  leave_out: frozenset[int] = frozenset(), quiet: bool = False) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
@@ -357,11 +362,22 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     :meth:`~packer.targets.Target.held_names` (a multi-label target balances each label).
     ``pseudonym``: under PHI, what turns a listed entity id into the samples' pseudonym.
     ``leave_out``: rows left out before the split (``label_conflict: drop_group``): in no
-    group and no split, as if they had not been found."""
-    table = as_table(samples)
+    group and no split, as if they had not been found. A long split shows a ``split`` progress
+    line (split groups placed, the grouping's time included) unless ``quiet``."""
+    with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
+        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress)
+
+
+def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strata: Strata,
+            pseudonym: Callable[[str], str] | None, leave_out: frozenset[int], progress: Progress) -> Assignment:
+    """:func:`assign_splits`, counting the groups placed in ``progress`` (its total set once the
+    groups are known; a given split's groups all at once)."""
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
+    progress.total = len(groups)
     if cfg.given:
-        return _assign_given(table, cfg, groups, pseudonym, leave_out)
+        given = _assign_given(table, cfg, groups, pseudonym, leave_out)
+        progress.update(len(groups))
+        return given
     pins = read_pinned(cfg.pinned) if cfg.pinned else {}
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
@@ -393,6 +409,7 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     dropped: list[Issue] = []
     keys = table.column("key")
     for g, group in enumerate(groups):
+        progress.update()
         for i in group.members:
             target, time = group_split[g], times[i]
             if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and time is not None:

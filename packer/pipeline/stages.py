@@ -139,7 +139,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     hold unchanged files' samples by reference (:attr:`~packer.pipeline.pixels.ChunkTask.refer`).
     """
     phi = pseudonymizer_for(job.phi)
-    found = discover(job, phi, storage_options=storage_options)
+    found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
     for said in found.warnings:  # a warning, not progress: printed under --quiet too
@@ -188,7 +188,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                  if cache_dir is not None and split_cfg.near_enabled else None)
         run = _verify_on(executor, quiet=quiet)
         links = near_links(samples, split_cfg, sig_dir, run if pairs is None else cached_verification(run, pairs),
-                           lists=lists)
+                           lists=lists, quiet=quiet)
         near_seconds = time.perf_counter() - started
         if lists is not None:
             lists.save()
@@ -206,10 +206,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     if conflicts.dropped:
         excluded.extend(conflict_exclusions(samples, conflicts))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
-                               pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped)
+                               pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet)
     balance = balance_warning(assignment, split_cfg)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
-                             show_dates=phi.dates == "keep", conflicts=conflicts)
+                             show_dates=phi.dates == "keep", conflicts=conflicts, quiet=quiet)
     for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg), conflicts_warning(conflicts)):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ from packer.config import JoinConfig, SourceConfig, TableConfig
 from packer.errors import ConfigError
 from packer.pipeline.labels import Refused, from_row, target_columns
 from packer.pipeline.rawstore import read_remote_bytes
+from packer.progress import stage_progress
 from packer.read.kinds import source_kind
 from packer.storage import remote_errors, storage_error
 from packer.targets import SEPARATOR, target_class
@@ -357,12 +358,13 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
                        f"row {records.records[0][0]} gives {cell!r} and a file under the root is {rel!r}; {fix}")
 
 
-def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = ()
-               ) -> tuple[Placed, list[tuple[str, int, str, str]]]:
+def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = (), *,
+               quiet: bool = False) -> tuple[Placed, list[tuple[str, int, str, str]]]:
     """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
     Returns the placement and the rows without a joined row whose file is not listed either,
     as (relative path, row number, ``join_unmatched``, message); rows left out by a join with
-    ``missing: drop`` are counted as filtered."""
+    ``missing: drop`` are counted as filtered. A long placement shows a ``table`` progress
+    line (files whose rows are read) unless ``quiet``."""
     table = source.table_map
     assert table is not None
     names = NameIndex(listed) if table.find == "name" else None
@@ -404,8 +406,10 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
         raise _no_match_error(source, records, cells, listed)
     reader = _RowReader(source, records, known)
-    for rel, rows in by_file.items():
-        reader.place(rel, rows, placed)
+    with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
+        for rel, rows in by_file.items():
+            reader.place(rel, rows, placed)
+            progress.update()
     return placed, unplaced
 
 
