@@ -6,6 +6,9 @@ up each of its *units* in the cache-wide index and copies what an earlier entry 
 the unit instead of decoding it: the samples' bytes (read back from the spill or the
 published shards and checked against the entry's digests, as a whole-entry reuse checks
 them), their near-copy signature rows, and the unit's issues, exclusions and reader notes.
+Samples whose bytes sit in a published version are not copied into the new entry's spill:
+it holds them by reference (:meth:`~packer.pipeline.spill.SpillWriter.refer`), and the pack
+pass reads them from that version.
 
 - A **unit** is one file, or for a kind that groups its files before decoding
   (:class:`~packer.read.kinds.Grouping`: a DICOM series for stacks and volumes) one group:
