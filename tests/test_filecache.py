@@ -143,7 +143,8 @@ def test_the_index_lists_only_kept_entries_and_damaged_bytes_are_decoded_again(
     cache = cache_folder(tmp_path, "cache")
     index = np.load(cache / INDEX_NAME)
     entries = {p.name.split(".")[0] for p in cache.glob("*.json") if not p.name.endswith(".packed.json")}
-    assert len(index) == FILES + 1 and {bytes(c).decode() for c in index["chunk"]} == entries
+    # each file's unit key and its move key (a file found again under another name)
+    assert len(index) == 2 * (FILES + 1) and {bytes(c).decode() for c in index["chunk"]} == entries
 
     # damage the shard holding one sample: its chunk's entry no longer checks out, so when a new
     # file makes that chunk miss, its files are decoded again rather than copied
@@ -159,7 +160,7 @@ def test_the_index_lists_only_kept_entries_and_damaged_bytes_are_decoded_again(
     second = build_tree(tree, tmp_path, "out", "cache")
     assert second.files_decoded > 1  # the damaged entry's files were decoded, never copied
     same_as_fresh(tree, tmp_path, second, "damaged")
-    assert len(np.load(cache / INDEX_NAME)) == FILES + 2
+    assert len(np.load(cache / INDEX_NAME)) == 2 * (FILES + 2)
 
 
 def test_a_series_is_one_unit_a_new_slice_decodes_its_series_only_a_relabelled_one_nothing(tmp_path: Path) -> None:
@@ -331,3 +332,36 @@ def test_an_entry_of_references_only_has_no_spill_and_checks_out_while_the_point
     assert referenced_entries([s.spill for s in referenced.samples], ["e" * 32]) == set()
     (cache / f"{earlier}.packed.json").unlink()
     assert load_cached_chunk(cache, "f" * 32, "webdataset") is None
+
+
+def test_a_moved_or_renamed_file_is_not_decoded_again_and_the_version_equals_a_fresh_build(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    """A file moved to another folder or renamed (the same inode, size and mtime) is the same
+    file: its samples are taken from the cache under their new keys, not decoded. A copy (a new
+    inode) or a moved file whose bytes changed is decoded."""
+    build_tree(tree, tmp_path, "out", "cache")
+    (tree.root / "moved").mkdir()
+    for old, new in (("p0040.png", "moved/p0040.png"), ("p0041.png", "p0041-renamed.png")):
+        os.rename(tree.root / old, tree.root / new)
+        tree.rows[new] = tree.rows.pop(old)
+    shutil.copy2(tree.root / "p0042.png", tree.root / "p0042-copy.png")  # a copy: another inode
+    tree.rows["p0042-copy.png"] = {**tree.rows["p0042.png"], "entity": "E8000"}
+    tree.write_table()
+    second = build_tree(tree, tmp_path, "out", "cache")
+    assert (second.files_decoded, second.files_cached) == (1, FILES + 1)
+    same_as_fresh(tree, tmp_path, second, "moved")
+    cache = cache_folder(tmp_path, "cache")
+    moved = entry_holding(cache, "moved/p0040.png")
+    (record,) = [s for s in moved["samples"] if s["ref"]["relpath"] == "moved/p0040.png"]
+    assert record["key"] == record["ref"]["sample_id"]  # keyed by the file's new id
+
+    # moved again, and its pixels changed on the way: decoded
+    os.rename(tree.root / "moved/p0040.png", tree.root / "p0040-back.png")
+    tree.rows["p0040-back.png"] = tree.rows.pop("moved/p0040.png")
+    path = tree.root / "p0040-back.png"
+    cv2.imwrite(str(path), photo(4040))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    tree.write_table()
+    third = build_tree(tree, tmp_path, "out", "cache")
+    assert (third.files_decoded, third.files_cached) == (1, FILES + 1)
+    same_as_fresh(tree, tmp_path, third, "moved-changed")

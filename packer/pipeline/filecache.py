@@ -20,8 +20,11 @@ pass reads them from that version.
   (:func:`keyed_fields`). It leaves out what only decides the file's target (its label's
   value, the table's other cells): a re-labelled file is copied, and its samples take the new
   ref's label and cells, so the packed bytes equal a fresh build's.
+- A file's **move key** (:func:`move_key`) is its key without its name, with its inode in its
+  fingerprint: a file moved or renamed (``mv`` keeps inode, size and mtime) misses its unit
+  key and is found by it; its samples are re-keyed from its new id (:func:`copy_units`).
 - The **index** (``files.index.npy`` in the build cache, :func:`write_file_index`) maps each
-  unit key to the entry holding it: sorted 16-byte pairs, memory-mapped and binary-searched
+  unit key (and move key) to the entry holding it: sorted 16-byte pairs, memory-mapped and binary-searched
   by the workers. The client rewrites it after each build from the entries that build kept
   (:func:`packer.pipeline.build._prune_cache` drops the others), so it stays as bounded as the
   cache and lists only entries that exist; an entry it names that is gone or damaged is
@@ -31,6 +34,7 @@ pass reads them from that version.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +45,7 @@ import numpy as np
 
 from packer.config import JobConfig, SourceConfig
 from packer.files import canonical_json
+from packer.keys import parse_key
 from packer.pipeline.nearcopy import read_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.pipeline.spill import (
@@ -54,6 +59,7 @@ from packer.pipeline.spill import (
     signature_name,
 )
 from packer.records import Excluded, Issue, SampleRef, SpilledSample
+from packer.storage import is_url
 
 #: The cache-wide index of units (:func:`write_file_index`), in the build cache folder.
 INDEX_NAME = "files.index.npy"
@@ -63,10 +69,16 @@ INDEX_DTYPE = np.dtype([("unit", "S32"), ("chunk", "S32")])
 
 @dataclass(frozen=True)
 class Unit:
-    """A unit of per-file reuse: its key (32 hex digits) and the ids of its files, in order."""
+    """A unit of per-file reuse: its key (32 hex digits) and the ids of its files, in order;
+    ``move``: its move key (:func:`move_key`), ``""`` where a move cannot be told."""
 
     key: str
     sample_ids: tuple[str, ...]
+    move: str = ""
+
+    def index_keys(self) -> bytes:
+        """What the index lists for this unit: its key and its move key, 16 bytes each."""
+        return bytes.fromhex(self.key) + (bytes.fromhex(self.move) if self.move else b"")
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,8 @@ class CopiedSample:
     mask: bytes
     signature: np.void | None
     fmt: str
+    #: re-keyed for a moved file (:func:`copy_units`): the earlier entry's pointer knows it by its old key
+    renamed: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,57 +143,131 @@ def unit_keys(refs: Sequence[SampleRef], job: JobConfig, libraries: Mapping[str,
                                                     file_fingerprint(ref, masked, listed)])).hexdigest()[:32]
             for ref in refs]
     if not group:
-        return [Unit(key, (ref.sample_id,)) for ref, key in zip(refs, keys, strict=True)]
+        return [Unit(key, (ref.sample_id,), move_key(shared, ref, sources[ref.source], masked))
+                for ref, key in zip(refs, keys, strict=True)]
     ordered = sorted(zip((ref.sample_id for ref in refs), keys, strict=True))
     key = hashlib.sha256(canonical_json(["group", ordered])).hexdigest()[:32]
     return [Unit(key, tuple(ref.sample_id for ref in refs))]
 
 
-def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[str, str]:
-    """Unit key → the key of the entry the index (:data:`INDEX_NAME`) lists for it, for those of
-    ``units`` it lists (never the entry ``skip``: the chunk being made). Empty when there is no
-    index or it cannot be read (per-file reuse is then simply not available)."""
+def move_key(shared: bytes, ref: SampleRef, source: SourceConfig, masked: Mapping[str, SourceConfig]) -> str:
+    """The key that finds a file again after it was moved or renamed (``mv`` keeps its inode and
+    mtime): what its unit key covers but its name (id, path, relpath), with the file's device
+    and inode in its fingerprint, so that a file at another path is the same file only if it is
+    the same inode with the same size and mtime. ``""`` (no move key: a moved file is decoded
+    again) for a remote file, a file with a mask or companions (they are named by path too) or
+    one that cannot be stat'ed."""
+    if is_url(ref.path) or ref.source in masked:
+        return ""
+    try:
+        stat = os.stat(ref.path)
+    except OSError:
+        return ""
+    named = keyed_fields(ref, source)
+    for field_name in ("sample_id", "path", "relpath"):
+        del named[field_name]
+    fingerprint = ["inode", stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns]
+    return hashlib.sha256(b"move" + shared + canonical_json([named, fingerprint])).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """Where an earlier entry holds a unit: the entry (``chunk``) and the key it lists the unit
+    under there (``held``): the same unit key, or (``moved``) the unit's move key, the same file
+    under another name."""
+
+    chunk: str
+    held: str
+    moved: bool = False
+
+
+def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[str, Earlier]:
+    """Unit key → where the index (:data:`INDEX_NAME`) lists it, by its key or else by its move
+    key (never in the entry ``skip``: the chunk being made), for those of ``units`` it lists.
+    Empty when there is no index or it cannot be read (per-file reuse is then simply not
+    available)."""
     try:
         index = np.load(cache_dir / INDEX_NAME, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
         return {}
     if index.dtype != INDEX_DTYPE or index.ndim != 1 or not len(index):
         return {}
-    found: dict[str, str] = {}
     column = index["unit"]
-    for unit in units:
-        wanted = unit.key.encode()
+
+    def listed(key: str) -> str | None:
+        wanted = key.encode()
         at = int(np.searchsorted(column, wanted))
         if at < len(index) and column[at] == wanted:
             chunk = bytes(index["chunk"][at]).decode()
-            if chunk != skip:
-                found[unit.key] = chunk
+            return chunk if chunk != skip else None
+        return None
+
+    found: dict[str, Earlier] = {}
+    for unit in units:
+        if (chunk := listed(unit.key)) is not None:
+            found[unit.key] = Earlier(chunk, unit.key)
+        elif unit.move and (chunk := listed(unit.move)) is not None:
+            found[unit.key] = Earlier(chunk, unit.move, moved=True)
     return found
 
 
-def copy_units(cache_dir: Path, found: Mapping[str, str], refs: Sequence[SampleRef], job: JobConfig
-               ) -> dict[str, CopiedUnit]:
-    """What the earlier entries ``found`` (:func:`find_earlier`) hold for each unit, checked: an
-    entry whose bytes do not match its digests (the sha256 of each sample, the digest chained
-    over all) or whose records are damaged gives nothing, and its units are decoded again. The
-    samples' refs become the matching ``refs``' (by file id) for what the unit key leaves out:
-    the label (unless the source reads it from a header attribute) and the table cells."""
-    by_chunk: dict[str, list[str]] = defaultdict(list)
-    for unit, chunk in found.items():
-        by_chunk[chunk].append(unit)
+def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Unit], refs: Sequence[SampleRef],
+               job: JobConfig) -> dict[str, CopiedUnit]:
+    """What the earlier entries ``found`` (:func:`find_earlier`) hold for each of ``units``,
+    checked: an entry whose bytes do not match its digests (the sha256 of each sample, the
+    digest chained over all) or whose records are damaged gives nothing, and its units are
+    decoded again. The samples' refs become the matching ``refs``' (by file id) for what the
+    unit key leaves out: the label (unless the source reads it from a header attribute) and the
+    table cells. A unit found by its move key (a file moved or renamed) takes the new ref whole
+    and its samples' keys are re-made from the new file id; only a unit that gave samples and
+    nothing else (no issue, exclusion or note, whose texts name the old path) is taken so."""
+    by_chunk: dict[str, set[str]] = defaultdict(set)
+    for place in found.values():
+        by_chunk[place.chunk].add(place.held)
+    held_units: dict[tuple[str, str], CopiedUnit] = {}
+    for chunk, wanted in sorted(by_chunk.items()):
+        try:
+            taken = _copy_from(cache_dir, chunk, wanted)
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue  # a damaged entry: its units are decoded again
+        held_units.update(((chunk, key), unit) for key, unit in taken.items())
     new_refs = {ref.sample_id: ref for ref in refs}
     sources = {s.name: s for s in job.sources}
     copied: dict[str, CopiedUnit] = {}
-    for chunk, wanted in sorted(by_chunk.items()):
-        try:
-            units = _copy_from(cache_dir, chunk, set(wanted))
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            continue  # a damaged entry: its units are decoded again
-        for unit, held in units.items():
-            copied[unit] = replace(held, samples=tuple(
+    for unit in units:
+        earlier = found.get(unit.key)
+        held = None if earlier is None else held_units.get((earlier.chunk, earlier.held))
+        if held is None or earlier is None:
+            continue
+        if not earlier.moved:
+            copied[unit.key] = replace(held, samples=tuple(
                 replace(s, spilled=replace(s.spilled, ref=_relabelled(s.spilled.ref, new_refs, sources)))
                 for s in held.samples))
+            continue
+        moved = _moved(held, new_refs[unit.sample_ids[0]], sources)
+        if moved is not None:
+            copied[unit.key] = moved
     return copied
+
+
+def _moved(held: CopiedUnit, ref: SampleRef, sources: Mapping[str, SourceConfig]) -> CopiedUnit | None:
+    """``held``, one file's samples, as the same file's at its new place ``ref``: each sample
+    keyed by the new file id with its own part suffix, its ref the new one (the label the file's
+    own, where the source reads it from a header attribute). None where ``held`` is not one
+    file's samples alone."""
+    if held.issues or held.excluded or held.notes or not held.samples:
+        return None
+    old_ids = {parse_key(s.spilled.key).file_id for s in held.samples}
+    if len(old_ids) != 1:
+        return None
+    (old_id,) = old_ids
+    samples = []
+    for sample in held.samples:
+        spilled = sample.spilled
+        label = spilled.ref.label if sources[ref.source].target.origin == "attribute" else ref.label
+        samples.append(replace(sample, renamed=True, spilled=replace(
+            spilled, key=ref.sample_id + spilled.key[len(old_id):], ref=replace(ref, label=label))))
+    return replace(held, samples=tuple(samples))
 
 
 def _relabelled(ref: SampleRef, new_refs: Mapping[str, SampleRef], sources: Mapping[str, SourceConfig]) -> SampleRef:
@@ -196,8 +284,12 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
     if entry is None:
         return {}
     data, samples = entry
-    units = {str(unit): tuple(str(i) for i in ids) for unit, ids in data["units"]}
-    held = [unit for unit in wanted if unit in units]
+    units = {str(listed[0]): tuple(str(i) for i in listed[1]) for listed in data["units"]}
+    # a wanted key is a unit's key or its move key (a third field, where the unit has one)
+    resolve = {**{str(listed[2]): str(listed[0]) for listed in data["units"] if len(listed) > 2 and listed[2]},
+               **{unit: unit for unit in units}}
+    asked = {key: resolve[key] for key in wanted if key in resolve}
+    held = sorted(set(asked.values()))
     if not held:
         return {}
     # an entry of one unit (a file, a group) gives all it holds: a group's records may name files
@@ -242,14 +334,16 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
     for note in data.get("notes", ()):
         if (unit := unit_of(str(note[0]))) is not None:
             out[unit][3].append((str(note[0]), str(note[1])))
-    return {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
-                             notes=tuple(parts[3])) for unit, parts in out.items()}
+    copied = {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
+                               notes=tuple(parts[3])) for unit, parts in out.items()}
+    return {key: copied[unit] for key, unit in asked.items()}
 
 
 def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> int:
     """Write the index (:data:`INDEX_NAME`) of the entries ``entries`` ((entry key, its units'
     keys, 16 bytes each, concatenated), the ones the build just kept), replacing the old one;
-    a unit held by two entries is listed with the first in key order. Returns the units listed."""
+    a unit held by two entries is listed with the first in key order (a unit's move key, listed
+    beside its key, likewise). Returns the keys listed."""
     pairs: dict[bytes, bytes] = {}
     for chunk, units in sorted(entries):
         entry = chunk.encode()

@@ -105,7 +105,7 @@ class ChunkResult:
     #: files whose samples and records were copied from an earlier cache entry, not decoded
     #: (:mod:`packer.pipeline.filecache`; a whole entry reused is ``reused``)
     copied: int = 0
-    #: the keys of the entry's units of per-file reuse, 16 bytes each, concatenated (for the
+    #: the keys of the entry's units of per-file reuse and their move keys, 16 bytes each, concatenated (for the
     #: cache's index, :func:`packer.pipeline.filecache.write_file_index`)
     units: bytes = b""
 
@@ -398,11 +398,11 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           dtype=image.dtype.name, signature=sig, mask=mask)
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
-                 units=[(unit.key, unit.sample_ids) for unit in units])
+                 units=[(unit.key, unit.sample_ids, unit.move) for unit in units])
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded),
                        copied=sum(len(unit.sample_ids) for unit in units if unit.key in copied),
-                       units=b"".join(bytes.fromhex(unit.key) for unit in units))
+                       units=b"".join(unit.index_keys() for unit in units))
 
 
 def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, RawObject], *,
@@ -413,7 +413,7 @@ def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, 
     if cache_dir is None:
         return [], {}
     units = unit_keys(task.refs, task.job, dict(task.libraries), group=task.group is not None, listed=listed)
-    copied = copy_units(cache_dir, find_earlier(cache_dir, units, skip=task.key), task.refs, task.job)
+    copied = copy_units(cache_dir, find_earlier(cache_dir, units, skip=task.key), units, task.refs, task.job)
     if signed:
         copied = {unit: held for unit, held in copied.items()
                   if all(sample.signature is not None for sample in held.samples)}
@@ -433,7 +433,7 @@ def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], e
     for sample in copied.samples:
         held = sample.spilled
         signature = sample.signature if spill.sig_dir else None
-        if sample.fmt == fmt and refer and held.spill.endswith(PACKED_SUFFIX):
+        if sample.fmt == fmt and refer and held.spill.endswith(PACKED_SUFFIX) and not sample.renamed:
             spill.refer(held, ref=held.ref, meta=sample.meta, mask=sample.mask, signature=signature)
             continue
         digest = (KnownDigest(held.sha256) if sample.fmt == fmt else

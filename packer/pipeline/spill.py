@@ -254,7 +254,9 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         issues = tuple(Issue(**i) for i in data["issues"])
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
-        units = b"".join(bytes.fromhex(unit) for unit, _ in data["units"])
+        # each unit's key, and its move key where it has one (packer.pipeline.filecache.Unit.index_keys)
+        units = b"".join(bytes.fromhex(listed[0]) + (bytes.fromhex(listed[2]) if len(listed) > 2 and listed[2] else b"")
+                         for listed in data["units"])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
@@ -672,11 +674,12 @@ class SpillWriter:
             meta_sha256=meta_digest.hexdigest()))
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
-               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
+               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str]] = ()) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
         the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
         where there are some, so other entries keep their bytes; ``units``: each unit of
-        per-file reuse's key and the ids of its files, :mod:`packer.pipeline.filecache`)."""
+        per-file reuse's key, the ids of its files and its move key, ``""`` for none,
+        :mod:`packer.pipeline.filecache`)."""
         if self.sig_dir is not None:
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 write_signatures(fh, self._signatures)
@@ -686,7 +689,7 @@ class SpillWriter:
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
                       "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues],
-                      "units": [[unit, list(ids)] for unit, ids in units]}
+                      "units": [[unit, list(ids), *([move] if move else [])] for unit, ids, move in units]}
             if notes:
                 record["notes"] = [list(note) for note in notes]
             if excluded:
