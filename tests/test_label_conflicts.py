@@ -27,9 +27,10 @@ from packer.errors import ConfigError, LeakageError
 from packer.exclusions import read_excluded
 from packer.htmlreport import write_html_report
 from packer.phi import pseudonymizer_for
-from packer.pipeline.conflicts import find_label_conflicts, mask_dice
+from packer.pipeline.conflicts import aligned_dice, find_label_conflicts, mask_dice
 from packer.pipeline.datacheck import format_summary, summary, validate_job
 from packer.pipeline.discover import make_sample_id
+from packer.pipeline.nearcopy import thumbnail, verify
 from packer.pipeline.sampletable import as_table
 from packer.pipeline.split import assign_splits, group_samples
 from packer.schemas import load_schema, schema_registry
@@ -352,3 +353,100 @@ def test_a_near_copy_with_another_class_conflicts_and_drop_group_unlinks_the_ent
     same = find_label_conflicts(as_table([sample(0, "A", label="cat"), sample(2, "B", label="cat")]), links((0, 1)),
                                 cfg, target_class("class").conflicts, masks=None)
     assert same.groups == ()  # copies that agree are no conflict
+
+
+# -- masks: Dice between near copies, through the alignment their verification found ---------------------------
+
+
+def _texture(seed: int, shape: tuple[int, int] = (160, 192)) -> np.ndarray:
+    """A grey image with structure at several scales (what the near-copy check can align)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.normal(size=(shape[0] // 8, shape[1] // 8)).astype(np.float32)
+    image = cv2.resize(coarse, (shape[1], shape[0]), interpolation=cv2.INTER_CUBIC)
+    image = cv2.normalize(image, None, 0, 240, cv2.NORM_MINMAX).astype(np.uint8)
+    return cv2.add(image, rng.integers(0, 12, shape, dtype=np.uint8))
+
+
+def _annotation(shape: tuple[int, int] = (160, 192), shift: int = 0) -> np.ndarray:
+    mask = np.zeros(shape, dtype=np.uint8)
+    cv2.circle(mask, (60 + shift, 70), 18, 1, -1)
+    cv2.rectangle(mask, (110 + shift, 30), (150 + shift, 60), 2, -1)
+    return mask
+
+
+def _warped(array: np.ndarray, zoom: float, dy: float, dx: float, interpolation: int) -> np.ndarray:
+    centre = ((array.shape[1] - 1) / 2, (array.shape[0] - 1) / 2)
+    matrix = cv2.getRotationMatrix2D(centre, 0.0, zoom)
+    matrix[0, 2] += dx
+    matrix[1, 2] += dy
+    return cv2.warpAffine(array, matrix, (array.shape[1], array.shape[0]), flags=interpolation,
+                          borderMode=cv2.BORDER_REFLECT)
+
+
+@pytest.mark.parametrize(("zoom", "dy", "dx"), [(1.0, 9, -6), (1.05, 5, 7), (0.95, -8, 4), (1.0, 0, 0)])
+def test_a_near_copys_mask_is_compared_on_its_sources_grid_through_the_verified_alignment(
+        zoom: float, dy: int, dx: int) -> None:
+    """A shifted or zoomed copy annotated alike agrees (Dice above the default 0.8) once its mask
+    is carried through the alignment the verification found, where a pixel-for-pixel Dice would
+    call it a conflict; the same copy carrying its source's mask unmoved (a misplaced annotation)
+    disagrees."""
+    image, mask = _texture(5), _annotation()
+    copy = _warped(image, zoom, dy, dx, cv2.INTER_LINEAR)
+    copy_mask = _warped(mask, zoom, dy, dx, cv2.INTER_NEAREST)
+    evidence = verify(thumbnail(image), thumbnail(copy))
+    assert evidence.score >= 0.9  # a near copy the check links
+    aligned = aligned_dice(mask, copy_mask, zoom=evidence.zoom, dy=evidence.dy, dx=evidence.dx)
+    assert aligned >= 0.9
+    if (dy, dx) != (0, 0):
+        assert mask_dice(mask, copy_mask) < 0.8  # unaligned, the geometry alone would look like a conflict
+        assert aligned_dice(mask, mask, zoom=evidence.zoom, dy=evidence.dy, dx=evidence.dx) < 0.8
+
+
+def test_aligned_dice_leaves_out_what_the_copy_does_not_show_and_takes_each_samples_own_size() -> None:
+    mask = _annotation()
+    half = cv2.resize(mask, (96, 80), interpolation=cv2.INTER_NEAREST)  # the same view at half the size
+    assert aligned_dice(mask, half, zoom=1.0, dy=0, dx=0) >= 0.9  # each side's pixels through its own size
+    assert aligned_dice(mask, np.zeros_like(half), zoom=1.0, dy=0, dx=0) == 0.0
+    assert aligned_dice(mask, half, zoom=1.0, dy=200, dx=0) == 1.0  # no overlap: nothing to compare
+    # a slice's 1×H×W and a volume's D×H×W masks: every leading index aligned alike
+    stacked = np.stack([mask, mask])
+    assert aligned_dice(stacked, np.stack([half, half]), zoom=1.0, dy=0, dx=0) >= 0.9
+    assert aligned_dice(stacked, half[None], zoom=1.0, dy=0, dx=0) == 0.0  # another depth: nothing agrees
+
+
+def _near_mask_tree(tmp: Path) -> Path:
+    """Four textures with masks, one entity each, and two shifted copies under other entities:
+    ``copy_same`` with its mask shifted alike, ``copy_misplaced`` with its source's mask unmoved."""
+    raw = tmp / "raw"
+    rows = ["path,mask,entity,timestamp"]
+    for i in range(4):
+        _png(raw / "img" / f"{i}.png", _texture(10 + i))
+        _png(raw / "masks" / f"{i}.png", _annotation(shift=4 * i))
+        rows.append(f"img/{i}.png,masks/{i}.png,E{i},2024-01-01")
+    for name, source, mask in (("copy_same", 0, _warped(_annotation(), 1.0, 6, 9, cv2.INTER_NEAREST)),
+                               ("copy_misplaced", 1, _annotation(shift=4))):
+        _png(raw / "img" / f"{name}.png", _warped(_texture(10 + source), 1.0, 6, 9, cv2.INTER_LINEAR))
+        _png(raw / "masks" / f"{name}.png", mask)
+        rows.append(f"img/{name}.png,masks/{name}.png,E9{source},2024-01-01")
+    (raw / "table.csv").write_text("\n".join(rows) + "\n")
+    return raw
+
+
+def test_a_near_copy_whose_mask_is_misplaced_conflicts_and_one_annotated_alike_does_not(tmp_path: Path) -> None:
+    raw = _near_mask_tree(tmp_path)
+    source = {**_source(raw), "label": "none", "mask": {"column": "mask", "classes": [0, 1, 2]}}
+    job = _job(tmp_path, [source], transform={"image": {"color": "gray"}},
+               split={"by": "entity", "ratios": {"train": 1.0}, "near_duplicates": {"enabled": True}})
+    result = _build(job)
+    keys = _keys(job)
+    leakage = _leakage(result.version_dir)
+    linked = {frozenset(s["key"] for s in finding["samples"])
+              for finding in leakage["rules"]["duplicates_span_entities"]["findings"]}
+    assert linked == {frozenset({keys["img/0.png"], keys["img/copy_same.png"]}),
+                      frozenset({keys["img/1.png"], keys["img/copy_misplaced.png"]})}
+    rule = leakage["rules"]["label_conflicts"]
+    _check_schema(rule)
+    assert rule["masks_compared"] is True and rule["count"] == 1
+    (finding,) = rule["findings"]
+    assert {s["key"] for s in finding["samples"]} == {keys["img/1.png"], keys["img/copy_misplaced.png"]}
+    assert finding["mask_dice"] < 0.8 and not finding["targets_differ"]

@@ -5,15 +5,20 @@ and verified near copies (:mod:`packer.pipeline.nearcopy`) with union-find: the 
 the split groups by, without the entity links (two images of one patient may well differ in
 label). A group conflicts when two of its members' targets do, as the target kind says
 (:meth:`~packer.targets.Target.conflicts`: different classes, different multi-label vectors,
-numbers further apart than ``label_tolerance``), or when two exact copies' masks agree less than
-``mask_dice`` (:func:`mask_dice`). No model is needed: the groups and the targets are known
-before the split.
+numbers further apart than ``label_tolerance``), or when two copies' masks agree less than
+``mask_dice`` (:func:`mask_dice`, :func:`aligned_dice`). No model is needed: the groups and the
+targets are known before the split.
 
-Masks are compared between exact copies only: they lie on one grid, while a near copy may be
-shifted, zoomed or cropped, so its mask's Dice would measure the geometry rather than the
-annotation. The client reads them from the build cache (:class:`SpilledMasks`) only where two
-exact copies' mask bytes differ: a few copies, never the dataset. ``packer validate`` keeps no
-spill, so it compares targets only (the rule's detail says ``masks_compared: false``).
+Exact copies' masks lie on one grid and are compared pixel for pixel. A near copy may be
+shifted, zoomed or cropped: its mask is first carried onto the other's grid through the
+alignment its verification found (:func:`aligned_dice`: the thumbnails' zoom and whole-pixel
+shift, scaled to each sample's size, nearest neighbour), and compared where the two overlap,
+so the Dice measures the annotation, not the geometry; the alignment is known to half a
+thumbnail pixel (``H / 128`` pixels of an H-pixel sample), which costs a copy with the same
+annotation a few hundredths of Dice on small structures. The client reads the masks from the
+build cache (:class:`SpilledMasks`) only where two copies both have one (and, for exact copies,
+their bytes differ): a few copies, never the dataset. ``packer validate`` keeps no spill, so it compares targets
+only (the rule's detail says ``masks_compared: false``).
 
 ``split.duplicates.label_conflict`` says what a conflicting group does: ``warn`` lists it (the
 audit's ``label_conflicts`` rule reports), ``fail`` fails the audit (exit 4), ``drop_group``
@@ -34,7 +39,7 @@ import numpy as np
 
 from packer.config import SplitConfig
 from packer.pipeline.dedup import cluster_duplicates, exact_groups
-from packer.pipeline.nearcopy import NearLinks
+from packer.pipeline.nearcopy import THUMB, NearLinks
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillReader
 from packer.records import Excluded
@@ -62,12 +67,58 @@ def mask_dice(a: np.ndarray, b: np.ndarray, *, pad: int | None = None) -> float:
     return float(np.mean(scores))
 
 
+def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: float,
+                 pad: int | None = None) -> float:
+    """:func:`mask_dice` of ``a`` and ``b``, two masks (…×H×W: a slice's 1×H×W, a volume's
+    D×H×W) of near copies whose thumbnails (:data:`~packer.pipeline.nearcopy.THUMB` square) the
+    verification aligned: ``b``'s thumbnail magnified by ``zoom`` about its centre and moved by
+    (``dy``, ``dx``) thumbnail pixels lines up with ``a``'s
+    (:class:`~packer.pipeline.nearcopy.Evidence`). Each pixel of ``a`` is mapped to ``b``'s grid
+    through both thumbnails (each sample's own size; every leading index alike) and takes
+    ``b``'s nearest pixel; pixels that land outside ``b`` (a crop, a shift) are left out. 1.0
+    where no pixel overlaps (nothing to compare); 0.0 where the leading shapes differ."""
+    if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or not a.size or not b.size:
+        return mask_dice(a, b, pad=pad)
+    centre = (THUMB - 1) / 2.0
+
+    def mapped(length_a: int, length_b: int, shift: float) -> np.ndarray:
+        thumb = (np.arange(length_a, dtype=np.float64) + 0.5) * THUMB / length_a - 0.5  # a's pixel on its thumbnail
+        other = centre + (thumb + shift - centre) / zoom  # the same point on b's thumbnail
+        return np.floor((other + 0.5) * length_b / THUMB).astype(np.int64)  # b's pixel holding it
+
+    rows, columns = mapped(a.shape[-2], b.shape[-2], dy), mapped(a.shape[-1], b.shape[-1], dx)
+    keep_rows = (rows >= 0) & (rows < b.shape[-2])
+    keep_columns = (columns >= 0) & (columns < b.shape[-1])
+    if not keep_rows.any() or not keep_columns.any():
+        return 1.0
+    carried = b[..., rows[keep_rows], :][..., columns[keep_columns]]
+    return mask_dice(a[..., keep_rows, :][..., keep_columns], carried, pad=pad)
+
+
 class SpilledMasks:
     """The masks of spilled samples, read back from the build cache (``cache_dir``) as the
     arrays the shards will hold; ``pads``: each source's ``mask.pad``."""
 
     def __init__(self, cache_dir: Path, pads: Mapping[str, int]) -> None:
         self.cache_dir, self.pads = cache_dir, dict(pads)
+
+    def near_dice(self, table: SampleTable, links: Sequence[tuple[int, int, float, float, float]]) -> float:
+        """The lowest :func:`aligned_dice` over near-copy ``links`` (rows i, j of ``table`` and
+        the alignment of j to i: zoom, dy, dx); 1.0 for none."""
+        lowest = 1.0
+        with SpillReader(self.cache_dir) as reader:
+            masks: dict[int, np.ndarray] = {}
+
+            def mask(row: int) -> np.ndarray:
+                if row not in masks:
+                    _, _, npy = reader.read_bytes(table[row])
+                    masks[row] = np.load(io.BytesIO(npy), allow_pickle=False)
+                return masks[row]
+
+            for i, j, zoom, dy, dx in links:
+                lowest = min(lowest, aligned_dice(mask(i), mask(j), zoom=zoom, dy=dy, dx=dx,
+                                                  pad=self.pads.get(table[i].ref.source)))
+        return lowest
 
     def lowest_dice(self, table: SampleTable, rows: Sequence[int]) -> float:
         """The lowest :func:`mask_dice` between the masks of ``rows`` (distinct masks only)."""
@@ -86,8 +137,9 @@ class SpilledMasks:
 class LabelConflict:
     """One duplicate group whose members disagree: ``members``, rows of the sample table
     (ascending); ``linked_by`` (``exact``, ``near`` or ``exact+near``); ``targets``, whether two
-    members' targets disagree; ``dice``, the lowest Dice between exact copies' masks where
-    masks were compared (None otherwise), and ``masks``, whether it is below ``mask_dice``."""
+    members' targets disagree; ``dice``, the lowest Dice between copies' masks (a near copy's
+    aligned) where masks were compared (None otherwise), and ``masks``, whether it is below
+    ``mask_dice``."""
 
     members: tuple[int, ...]
     linked_by: str
@@ -117,9 +169,10 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     """The duplicate groups of ``samples`` (exact copies and the verified near ``links``) whose
     members disagree: two targets that ``conflicts`` (the target kind's
     :meth:`~packer.targets.Target.conflicts`, with ``cfg.label_tolerance``) says differ, or two
-    exact copies' masks whose Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks
-    are not compared). ``has_masks``: the job's samples carry masks. Groups are ordered by
-    their first row, so the result depends only on the samples."""
+    exact copies' masks, or a near copy's aligned onto its source's (:func:`aligned_dice`), whose
+    Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks are not compared).
+    ``has_masks``: the job's samples carry masks. Groups are ordered by their first row, so the
+    result depends only on the samples."""
     exact = exact_groups(samples.column("sha256"))
     if not exact and not len(links):
         return LabelConflicts(masks_compared=(masks is not None) if has_masks else None)
@@ -137,6 +190,14 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     labels = samples.column("label")
     mask_bytes = samples.array("mask_bytes") if has_masks else None
     exact_of = {group[0]: group for group in exact}
+    near_of: dict[int, list[tuple[int, int, float, float, float]]] = defaultdict(list)
+    if masks is not None and mask_bytes is not None:
+        # equal mask bytes are compared too: on a shifted copy, the same mask is a misplaced one
+        evidence = links.evidence
+        for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
+            if mask_bytes[i] > 0 and mask_bytes[j] > 0:
+                near_of[roots[i]].append((i, j, float(evidence.zoom[k]), float(evidence.dy[k]),
+                                          float(evidence.dx[k])))
     found = []
     for root, rows in sorted(members.items()):
         texts = list(dict.fromkeys(labels[row] for row in rows))
@@ -148,6 +209,9 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
                 if len(masked) > 1:
                     low = masks.lowest_dice(samples, masked)
                     dice = low if dice is None else min(dice, low)
+            if near_of.get(root):
+                low = masks.near_dice(samples, near_of[root])
+                dice = low if dice is None else min(dice, low)
         apart = dice is not None and dice < cfg.mask_dice
         if differ or apart:
             found.append(LabelConflict(members=tuple(rows), linked_by="+".join(sorted(linked[root])),

@@ -226,8 +226,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
                      cache_dir: Path | None) -> LabelConflicts:
-    """The duplicate groups whose targets (or exact copies' masks, read back from the build
-    cache ``cache_dir``; None: not compared) disagree; under ``label_conflict: drop_group``,
+    """The duplicate groups whose targets (or masks, exact copies' and near copies' aligned,
+    read back from the build cache ``cache_dir``; None: not compared) disagree; under ``label_conflict: drop_group``,
     with every member to be left out of the split."""
     masked = {s.name: s.mask.pad for s in job.sources if s.mask is not None}
     found = find_label_conflicts(samples, links, cfg, target_class(job.sources[0].target.kind).conflicts,
