@@ -240,7 +240,7 @@ def test_the_readme_python_example_runs(demo_raw: Any, tmp_path: Path, monkeypat
     (tmp_path / "workflows" / "demo.yaml").write_bytes((REPO / "workflows" / "demo.yaml").read_bytes())
     (tmp_path / "demo-raw").symlink_to(demo_raw.root)
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__name__": "__main__"}  # run as the script it is written as
     exec(compile(readme_python_example(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
     manifest = namespace["manifest"]
     assert manifest.folder == tmp_path / "build" / "demo" / manifest.version
@@ -277,3 +277,15 @@ def test_a_full_disk_raises_file_system_error_exit_6_as_the_command_reports_it(
     assert raised.value.exit_code == 6 and "the file system is full" in str(raised.value)
     printed = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
     assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {raised.value}\n")
+
+
+@pytest.mark.slow  # a real local cluster from a subprocess script
+def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named(tmp_path: Path) -> None:
+    """The local cluster's workers import the calling script again (spawn): a call at the
+    script's top level keeps them from starting, and the error says to use the __main__ guard."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import packer\npacker.build({str(job)!r}, workers=1, progress=False, report=False)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]

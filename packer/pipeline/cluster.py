@@ -184,6 +184,12 @@ def _no_message_logs() -> Iterator[None]:
         yield
 
 
+#: Why a local cluster's worker processes fail to start when a script calls packer at import time.
+UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the script that started it again "
+                    "(Python's spawn start method), so a script that calls packer.build or packer.validate must "
+                    "do so under `if __name__ == \"__main__\":` (or from a function called there)")
+
+
 def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
 
@@ -192,9 +198,16 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
         # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
         # fixed glibc thresholds (packer.allocator), on this cluster and on any other
         with _held_interrupts() as starting:
-            cluster = _call_sigint_blocked(lambda: LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                silence_logs=logging.ERROR))
+            try:
+                cluster = _call_sigint_blocked(lambda: LocalCluster(
+                    n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                    silence_logs=logging.ERROR))
+            except RuntimeError as err:
+                if "failed to start" not in str(err):
+                    raise
+                raise PackerError(f"the local dask cluster's worker processes did not start "
+                                  f"({str(err).rstrip('.')}). If packer is called from a script: "
+                                  f"{UNGUARDED_SCRIPT}") from err
             try:
                 client = Client(cluster)
             except BaseException:
