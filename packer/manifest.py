@@ -149,6 +149,10 @@ def resolve_manifest_path(path: str | Path) -> Path:
                           f"<version>.json){beside}")
     if candidate.name == MANIFEST_FILE and _holds_version_files(candidate.parent):
         return candidate
+    # <dataset>/<version> or <dataset>/<version>/manifest.json, with a version that is not there
+    dataset = candidate.parent.parent if candidate.name == MANIFEST_FILE else candidate.parent
+    if dataset.is_dir() and _versions_newest_last(dataset):
+        raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
 
 
@@ -165,13 +169,28 @@ def _holds_version_files(folder: Path) -> bool:
     return any(entry.suffix in (".tar", ".parquet") for entry in folder.iterdir() if entry.is_file())
 
 
+def _versions_newest_last(folder: Path) -> list[str]:
+    """The version folders in ``folder`` (each holding a manifest), oldest first by the
+    manifest's ``created_at`` (unreadable ones first, by name)."""
+    found = []
+    for entry in folder.iterdir():
+        manifest = entry / MANIFEST_FILE
+        if not (entry.is_dir() and manifest.is_file()):
+            continue
+        try:
+            created = str(json.loads(manifest.read_text(encoding="utf-8")).get("created_at") or "")
+        except (OSError, ValueError, AttributeError):
+            created = ""
+        found.append((created, entry.name))
+    return [name for _, name in sorted(found)]
+
+
 def _not_a_version(folder: Path) -> str:
     """Why ``folder`` (no manifest, no version files) is not a version, and what to pass instead."""
-    versions = sorted(entry.name for entry in folder.iterdir()
-                      if entry.is_dir() and (entry / MANIFEST_FILE).is_file())
+    versions = _versions_newest_last(folder)
     if versions:
-        return (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)}; pass one of "
-                f"them, e.g. {folder / versions[-1]}")
+        return (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first); "
+                f"pass one of them, e.g. the newest, {folder / versions[-1]}")
     copies = sorted(entry.name for entry in folder.iterdir() if entry.is_file() and entry.suffix == ".json")
     if copies:
         return (f"no {MANIFEST_FILE} here; it holds {', '.join(copies[:5])}{' …' if len(copies) > 5 else ''}: "

@@ -109,9 +109,14 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
     """The dataset folder, a shard, a registry folder, an empty folder or a typo: ConfigError
     (exit 2) naming what to pass instead, never "restore the manifest" (exit 5)."""
     dataset = version.parent
-    listed = f"a dataset folder, not a version: it holds the version\\(s\\) {version.name}; pass one of them"
-    with pytest.raises(ConfigError, match=f"{listed}, e.g. {version}"):
+    listed = (f"a dataset folder, not a version: it holds the version\\(s\\) {version.name} \\(oldest first\\); "
+              "pass one of them")
+    with pytest.raises(ConfigError, match=f"{listed}, e.g. the newest, {version}"):
         read_manifest(dataset)
+    # the README's placeholder taken literally, or a version that is not there: the versions that are
+    for missing in (dataset / "<version>", dataset / "0123456789ab" / "manifest.json"):
+        with pytest.raises(ConfigError, match=f"{missing}: no such file or folder; {dataset} is {listed}"):
+            read_manifest(missing)
     shard = next(version.glob("*.tar"))
     with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
         read_manifest(shard)

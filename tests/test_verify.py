@@ -189,7 +189,8 @@ def test_a_folder_that_is_not_a_version_exits_2_and_names_what_to_pass(version: 
     shutil.copytree(version, dataset / version.name)
     result = invoke(dataset)
     assert result.exit_code == 2, result.output
-    assert f"it holds the version(s) {version.name}; pass one of them, e.g. {dataset / version.name}" in result.output
+    assert (f"it holds the version(s) {version.name} (oldest first); pass one of them, e.g. the newest, "
+            f"{dataset / version.name}") in result.output
     assert "restore" not in result.output
     shard = next((dataset / version.name).glob("train-*"))
     result = invoke(shard)
