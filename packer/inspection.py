@@ -153,6 +153,9 @@ def _audit_lines(audit: dict[str, Any]) -> list[str]:
                 status = "passed" if result.get("passed") else "FAILED"
                 lines.append(f"    {rule:<32} {status:<7} count {result.get('count', '-')} "
                              f"({result.get('severity', '-')})")
+        if "label_conflicts" not in rules:  # kept out of a manifest without conflicts, so its hash stays as it was
+            lines.append(f"    {'label_conflicts':<32} none recorded: the manifest holds this rule only where a "
+                         "group of copies conflicts (leakage.json lists it either way)")
     for key, value in sorted(audit.items()):
         if key not in ("passed", "rules"):
             lines.append(f"    {key:<32} {_compact(value)}")

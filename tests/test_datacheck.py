@@ -208,3 +208,11 @@ def test_a_pseudonymized_leak_names_keys_and_packer_locate_finds_their_files(tmp
     # another key makes other ids: nothing found, exit 2, and the message says why it may be
     other = CliRunner().invoke(main, ["locate", str(job), keys[0]], env={"PACKER_PHI_KEY": "d4" * 32})
     assert other.exit_code == 2 and "built with another PHI key" in other.output
+
+
+def test_a_cut_list_never_ends_in_and_1_more_it_shows_that_entry_instead() -> None:
+    from packer.pipeline.datacheck import _and_more, _cut
+
+    assert (_cut(6, 5), _and_more(6, 5)) == (6, [])  # one over the limit: listed whole
+    assert (_cut(7, 5), _and_more(7, 5, "  ")) == (5, ["  … and 2 more"])
+    assert (_cut(3, 5), _and_more(3, 5)) == (3, [])

@@ -99,6 +99,8 @@ def test_inspect_text_and_json_show_the_manifest_and_file_numbers(builds: Builds
     for reason, count in manifest["bad_samples"]["by_reason"].items():
         assert f"{reason} {count}" in text.output
     assert "audit         passed" in text.output
+    for rule in json.loads((builds.first / "leakage.json").read_text())["rules"]:  # every rule the audit ran is named
+        assert f"    {rule:<32} " in text.output
 
     summary = json.loads(invoke("inspect", builds.first / "manifest.json", "--json").stdout)
     sizes = {split: [(builds.first / s["file"]).stat().st_size for s in entry["shards"]]

@@ -94,8 +94,15 @@ def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[s
     return found
 
 
-def _and_more(total: int, listed: int, indent: str = "") -> list[str]:
-    """The line that says a list of ``total`` entries was cut to its first ``listed``, if it was."""
+def _cut(total: int, limit: int) -> int:
+    """How many of ``total`` entries a list of at most ``limit`` shows: all of them where one
+    more line would only say "… and 1 more"."""
+    return total if total <= limit + 1 else limit
+
+
+def _and_more(total: int, limit: int, indent: str = "") -> list[str]:
+    """The line that says a list of ``total`` entries was cut (:func:`_cut` of ``limit``), if it was."""
+    listed = _cut(total, limit)
     return [f"{indent}… and {total - listed} more"] if total > listed else []
 
 
@@ -182,14 +189,14 @@ def format_summary(result: ValidateResult) -> str:
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
     issues = result.prepared.issues
-    for issue in issues[:SUMMARY_ISSUES]:
+    for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
         lines.append(f"    {issue.reason:<22} {issue.path}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction
         lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
                      "samples")
-        for record in excluded[:SUMMARY_ISSUES]:
+        for record in excluded[:_cut(len(excluded), SUMMARY_ISSUES)]:
             lines.append(f"    {record.why:<22} {record.path}: {record.detail}")
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
@@ -201,7 +208,7 @@ def format_summary(result: ValidateResult) -> str:
         if not rule["passed"]:
             findings = result.prepared.audit.rule(name).findings
             listed = listed or bool(findings)
-            for finding in findings[:SUMMARY_FINDINGS]:
+            for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:
                 lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
     if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
@@ -245,14 +252,14 @@ def write_junit(result: ValidateResult, path: Path) -> None:
 
     bad = doc["bad_samples"]
     issues = result.prepared.issues
-    listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:MAX_LISTED]),
+    listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:_cut(len(issues), MAX_LISTED)]),
                         *_and_more(len(issues), MAX_LISTED)])
     case("bad_fraction", over_limit(bad),
          f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
          listed)
     for name, rule in doc["audit"]["rules"].items():
         findings = result.prepared.audit.rule(name).findings
-        body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:MAX_LISTED]),
+        body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:_cut(len(findings), MAX_LISTED)]),
                           *_and_more(len(findings), MAX_LISTED)])
         case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body)
     # a warning, not a failure: the case passes and says what it found (like a report rule's findings)
