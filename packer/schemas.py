@@ -221,9 +221,15 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
     """jsonschema's message, and for a value that fails a check of its own, the schema's
     description of that value (``[64] is too short. Target [height, width] in pixels.``)."""
     description = error.schema.get("description") if isinstance(error.schema, dict) else None
+    message = error.message
+    if error.validator == "enum" and isinstance(error.instance, str) and isinstance(error.validator_value, list):
+        named = {str(v).lower(): str(v) for v in error.validator_value if isinstance(v, str)}
+        close = difflib.get_close_matches(error.instance.lower(), list(named), n=1)
+        if close:
+            message += f" (did you mean {named[close[0]]!r}?)"
     if error.validator in _VALUE_CHECKS and isinstance(description, str) and description:
-        return f"{error.message}. {description}"
-    return error.message
+        return f"{message}. {description}"
+    return message
 
 
 #: How many further problems of a job file an error lists, one per line, after the first.

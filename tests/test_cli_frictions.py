@@ -102,6 +102,16 @@ def test_an_unknown_key_is_reported_first_with_the_closest_known_key(tmp_path: P
     assert result.output == f"packer: error: {job}: {where}: unknown key (did you mean {path[-1]!r}?)\n"
 
 
+def test_a_misspelt_choice_names_the_closest_allowed_value(tmp_path: Path) -> None:
+    doc = demo_doc()
+    doc["sources"][0]["kind"] = "dicm"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2
+    assert "sources[0].kind: 'dicm' is not one of ['dicom', 'image', 'nifti'] (did you mean 'dicom'?)" in result.output
+
+
 def test_an_unknown_key_inside_a_one_of_is_found_in_every_branch(tmp_path: Path) -> None:
     doc = demo_doc()
     doc["transform"]["dicom"]["windows"] = [{"centre": 40, "width": 400}]
@@ -144,21 +154,21 @@ def test_a_missing_root_says_relative_to_the_job_file_only_when_it_was(tmp_path:
 
 def test_the_validate_summary_says_how_many_bad_paths_it_left_out(tmp_path: Path) -> None:
     rows: list[tuple[str, np.ndarray | None, str]] = [(f"ok{i}.png", photo(i), f"E{i}") for i in range(10)]
-    rows += [(f"empty{i}.png", None, f"B{i}") for i in range(6)]
+    rows += [(f"empty{i}.png", None, f"B{i}") for i in range(7)]
     code, output, report, _ = validate(photo_job(tmp_path, rows, split={"by": "entity"}, max_bad=1.0))
     assert code == 0, output
-    assert report["bad_samples"]["total"] == 6
+    assert report["bad_samples"]["total"] == 7
     lines = output.splitlines()
     listed = [line for line in lines if line.strip().endswith(".png") and "empty" in line]
     assert len(listed) == 5
-    assert lines[lines.index(listed[-1]) + 1] == "    … and 1 more"
+    assert lines[lines.index(listed[-1]) + 1] == "    … and 2 more"  # never "… and 1 more": that one is listed
 
 
 def test_cut_junit_bodies_and_audit_findings_say_how_many_more(tmp_path: Path) -> None:
     seed, ratios = 5, {"train": 0.8, "valid": 0.1, "test": 0.1}
-    train, test = entities_in("train", ratios, seed, 4), entities_in("test", ratios, seed, 4)
+    train, test = entities_in("train", ratios, seed, 5), entities_in("test", ratios, seed, 5)
     rows: list[tuple[str, np.ndarray | None, str]] = []
-    for i in range(4):  # four images, each under one train and one test entity: four exact duplicates across
+    for i in range(5):  # five images, each under one train and one test entity: five exact duplicates across
         rows += [(f"t{i}.png", photo(100 + i), train[i]), (f"c{i}.png", photo(100 + i), test[i])]
     rows += [(f"empty{i:02d}.png", None, f"B{i}") for i in range(53)]
     job = photo_job(tmp_path, rows, split={"by": "entity", "seed": seed, "ratios": ratios, "duplicates": "fail"},
@@ -166,8 +176,8 @@ def test_cut_junit_bodies_and_audit_findings_say_how_many_more(tmp_path: Path) -
     code, output, _, junit = validate(job)
     assert code == 4, output
     lines = output.splitlines()
-    rule = lines.index("  [FAIL] exact_duplicates_across_splits: 4")
-    assert lines[rule + 4] == "         … and 1 more"
+    rule = lines.index("  [FAIL] exact_duplicates_across_splits: 5")
+    assert lines[rule + 4] == "         … and 2 more"
     assert "    … and 48 more" in lines  # 53 bad paths, 5 listed
     bodies = {case.get("name"): "".join(case.itertext()) for case in junit.iter("testcase")}
     assert bodies["bad_fraction"].splitlines()[-1] == "… and 3 more"  # 50 listed

@@ -181,7 +181,8 @@ def format_summary(result: ValidateResult) -> str:
     doc = summary(result)
     bad = doc["bad_samples"]
     lines = [f"packer validate {doc['name']}: {doc['inputs']['files']} files, {doc['inputs']['samples']} samples"
-             + (" (headers only: --quick)" if result.quick else "")]
+             + (" (headers only: --quick; files whose pixels do not decode, a truncated one say, are not found, "
+                "so counts can differ from a full check's)" if result.quick else "")]
     lines.append("  " + "  ".join(f"{s} {v['samples']} samples/{v['entities']} entities"
                                   for s, v in doc["splits"].items()))
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
