@@ -65,6 +65,10 @@ def test_text_file_named_dcm_is_not_dicom(tmp_path: Path) -> None:
     for result in (probe(path), read(path)):
         found = issue_of(result, "not_dicom", "read")
         assert "notes.dcm" in found.message and "DICM" in found.message
+    short = tmp_path / "short.dcm"
+    short.write_text("not an image\n")
+    for result in (probe(short), read(short)):
+        assert "the file is only 13 bytes long" in issue_of(result, "not_dicom", "read").message
 
 
 @pytest.mark.parametrize("name", ["README.txt", "test1.json", "crayons.icc", "zipMR.gz"])

@@ -177,9 +177,11 @@ def _check_preamble(ref: SampleRef, head: bytes | None = None) -> Issue | None:
     if not head:
         return _issue(ref, "read", "unreadable", "zero-byte file; re-copy it from the source")
     if len(head) < 132 or head[128:132] != b"DICM":
+        found = (f"the file is only {len(head)} bytes long, too short for the 128-byte preamble and b'DICM'"
+                 if len(head) < 132 else f"bytes 128-131 are {head[128:132]!r}, not b'DICM'")
         return _issue(ref, "read", "not_dicom",
-                      f"no DICOM Part 10 header: bytes 128-131 are {head[128:132]!r}, not b'DICM' "
-                      "(PS3.10 7.1); remove non-DICOM files from the source, or re-export raw datasets as Part 10")
+                      f"no DICOM Part 10 header: {found} (PS3.10 7.1); remove non-DICOM files from the source, or "
+                      "re-export raw datasets as Part 10")
     return None
 
 
