@@ -81,7 +81,8 @@ def _print_summary(result: Any) -> None:
 
         lines.append(f"  report    {result.html_report}  (open in a browser; {report_privacy(manifest)})")
     if result.registry_copy is not None:
-        lines.append(f"  registry  {result.registry_copy}")
+        lines.append(f"  registry  {result.registry_copy}"
+                     + ("" if result.registry_written else "  (already there: left as it was)"))
     if result.published is not None:
         published = result.published
         copied = (f" ({len(published.copied)} shards of them copied in the store from an earlier version)"

@@ -56,6 +56,18 @@ def test_exit_3_when_bad_fraction_is_over_threshold_but_everything_is_written(de
     assert not (tmp_path / "registry").exists() and "  registry " not in result.output
 
 
+def test_the_summary_says_when_the_registry_copy_was_already_there(demo_raw: Any, tmp_path: Path) -> None:
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["registry"] = str(tmp_path / "registry")
+    job = write_job(tmp_path, doc)
+    first = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    again = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert first.exit_code == again.exit_code == 0, first.output + again.output
+    (copy,) = (tmp_path / "registry" / "demo").glob("*.json")
+    assert f"  registry  {copy}\n" in first.output  # written by this build
+    assert f"  registry  {copy}  (already there: left as it was)\n" in again.output
+
+
 def test_exit_2_naming_the_file_where_the_output_folder_must_be(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
     (tmp_path / "a-file").write_text("not a folder")

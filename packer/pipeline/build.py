@@ -128,6 +128,8 @@ class BuildResult:
     issues: tuple[Issue, ...]
     reused: bool = False
     registry_copy: Path | None = None
+    #: whether this build wrote the registry copy (False: the copy of the same dataset was already there)
+    registry_written: bool = False
     executor: str = ""
     files_decoded: int = 0
     files_cached: int = 0  # files whose samples came from the build cache
@@ -385,10 +387,10 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if options.keep_cache:  # after the prune: the index lists only entries that exist
         write_file_index(cache_dir, used_units)
     del used_units
-    registry_copy = None
+    registry_copy, registry_written = None, False
     if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
-        write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
+        registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     published = None
     if remote is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) stays local
         published = publish_version(version_dir, remote, storage_options=options.storage_options,
@@ -396,7 +398,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=read_manifest(version_dir / MANIFEST_FILE).data,
                        issues=sorted_issues, reused=reused,
-                       registry_copy=registry_copy, executor=description, html_report=html_report,
+                       registry_copy=registry_copy, registry_written=registry_written, executor=description,
+                       html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
                        stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source,
                        files_total=files_total, shards_written=shards_written, shards_reused=shards_reused,
@@ -544,16 +547,17 @@ def _prune_cache(cache_dir: Path, used: set[str], *, keep: bool) -> None:
         cache_dir.rmdir()
 
 
-def write_manifest_copy(target: Path, manifest_file: Path) -> None:
+def write_manifest_copy(target: Path, manifest_file: Path) -> bool:
     """Copy a manifest into the registry folder (``manifests/<name>/<version>.json``).
 
     An existing copy of the same dataset is left alone, so a rebuild does not churn the
-    committed registry with a new ``created_at``.
+    committed registry with a new ``created_at``. Returns whether the copy was written.
     """
     if read_dataset_hash(target) == read_dataset_hash(manifest_file):
-        return
+        return False
     with atomic_output(target) as fh:
         fh.write(manifest_file.read_bytes())
+    return True
 
 
 def check_bad_fraction(result: BuildResult) -> None:
