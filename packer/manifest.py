@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -151,7 +152,7 @@ def resolve_manifest_path(path: str | Path) -> Path:
         return candidate
     # <dataset>/<version> or <dataset>/<version>/manifest.json, with a version that is not there
     dataset = candidate.parent.parent if candidate.name == MANIFEST_FILE else candidate.parent
-    if dataset.is_dir() and _versions_newest_last(dataset):
+    if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset)):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,16 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
               "pass one of them")
     with pytest.raises(ConfigError, match=f"{listed}, e.g. the newest, {version}"):
         read_manifest(dataset)
-    # the README's placeholder taken literally, or a version that is not there: the versions that are
-    for missing in (dataset / "<version>", dataset / "0123456789ab" / "manifest.json"):
-        with pytest.raises(ConfigError, match=f"{missing}: no such file or folder; {dataset} is {listed}"):
+    # the README's placeholder taken literally, or a version that is not there, beside versions named as
+    # a build names them (12 hex digits): the versions that are
+    named = dataset / "0123456789ab"
+    shutil.copytree(version, named)
+    versions = f"{version.name}, {named.name}|{named.name}, {version.name}"  # the same created_at: either order
+    for missing in (dataset / "<version>", dataset / "fedcba987654" / "manifest.json"):
+        with pytest.raises(ConfigError, match=f"{missing}: no such file or folder; {dataset} is a dataset folder, "
+                                              f"not a version: it holds the version\\(s\\) ({versions})"):
             read_manifest(missing)
+    shutil.rmtree(named)
     shard = next(version.glob("*.tar"))
     with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
         read_manifest(shard)

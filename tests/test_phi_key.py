@@ -263,3 +263,13 @@ def test_a_build_with_another_key_says_so_and_diff_and_inspect_name_the_fingerpr
     assert f"PHI key fingerprints differ ({fingerprint_of(KEY_A)} vs {fingerprint_of(KEY_B)})" in diff.output
     shown = CliRunner().invoke(main, ["inspect", str(versions / new)])
     assert f"  phi           pseudonymize, dates shift; key fingerprint {fingerprint_of(KEY_B)}" in shown.output
+    # the second build found every file of the first in the build cache under its new id (the same
+    # inode: per-file reuse's move key) and re-keyed its samples; a fresh build with key B gives its bytes
+    doc = yaml.safe_load(job.read_text())
+    doc["output"] = "fresh"
+    fresh_job = tmp_path / "fresh.yaml"
+    fresh_job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    fresh = CliRunner().invoke(main, ["build", str(fresh_job), "--scheduler", "sync", "-q", "--cache-dir",
+                                      str(tmp_path / "fresh-cache")], env={ENV_KEY: KEY_B})
+    assert fresh.exit_code == 0, fresh.output
+    assert dataset_hash_in(fresh.output) == dataset_hash_in(second)

@@ -252,9 +252,10 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
 
 def _moved(held: CopiedUnit, ref: SampleRef, sources: Mapping[str, SourceConfig]) -> CopiedUnit | None:
     """``held``, one file's samples, as the same file's at its new place ``ref``: each sample
-    keyed by the new file id with its own part suffix, its ref the new one (the label the file's
-    own, where the source reads it from a header attribute). None where ``held`` is not one
-    file's samples alone."""
+    keyed by the new file id with its own part suffix, its ref the one the worker made (what it
+    read from the file's header) under the new ref's id, path, relative path, label (the file's
+    own, where the source reads it from a header attribute) and cells. None where ``held`` is
+    not one file's samples alone."""
     if held.issues or held.excluded or held.notes or not held.samples:
         return None
     old_ids = {parse_key(s.spilled.key).file_id for s in held.samples}
@@ -264,9 +265,13 @@ def _moved(held: CopiedUnit, ref: SampleRef, sources: Mapping[str, SourceConfig]
     samples = []
     for sample in held.samples:
         spilled = sample.spilled
+        # the worker's ref (entity and time read from the file's header, where the source does) under
+        # the file's new names, with the target and cells the new ref gives (as for a re-labelled file)
         label = spilled.ref.label if sources[ref.source].target.origin == "attribute" else ref.label
+        moved = replace(spilled.ref, sample_id=ref.sample_id, path=ref.path, relpath=ref.relpath, label=label,
+                        extra=ref.extra)
         samples.append(replace(sample, renamed=True, spilled=replace(
-            spilled, key=ref.sample_id + spilled.key[len(old_id):], ref=replace(ref, label=label))))
+            spilled, key=ref.sample_id + spilled.key[len(old_id):], ref=moved)))
     return replace(held, samples=tuple(samples))
 
 
