@@ -66,19 +66,20 @@ def tree(tmp_path: Path) -> PhotoTree:
     return PhotoTree(tmp_path / "raw")
 
 
-def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str, keep_spill: bool = False) -> BuildResult:
+def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str, keep_spill: bool = False,
+               fmt: str = "webdataset") -> BuildResult:
     doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
                                           "table": str(tree.root / "labels.csv")}],
            "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 3},
-           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset", "max_samples": 16},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": fmt, "max_samples": 16},
            "output": str(tmp_path / out), "validate": {"max_bad_fraction": 0.05}}
     job = load_job(write_job(tmp_path / "jobs", doc))
     return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache,
                                    keep_spill=keep_spill))
 
 
-def same_as_fresh(tree: PhotoTree, tmp_path: Path, result: BuildResult, name: str) -> None:
-    fresh = build_tree(tree, tmp_path, f"fresh-{name}", f"cache-{name}")
+def same_as_fresh(tree: PhotoTree, tmp_path: Path, result: BuildResult, name: str, fmt: str = "webdataset") -> None:
+    fresh = build_tree(tree, tmp_path, f"fresh-{name}", f"cache-{name}", fmt=fmt)
     assert fresh.files_cached == 0
     assert result.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
 
@@ -260,17 +261,18 @@ def entry_holding(cache: Path, name: str) -> dict[str, Any]:
     raise AssertionError(f"no cache entry holds {name}")
 
 
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 def test_unchanged_files_of_a_changed_chunk_are_held_by_reference_not_copied_and_survive_the_old_version(
-        tree: PhotoTree, tmp_path: Path) -> None:
+        tree: PhotoTree, tmp_path: Path, fmt: str) -> None:
     """A chunk that misses because one of its files is new holds its other files' samples by
     reference to where the published version has them (their bytes are not copied into its
     spill); once the new version is published the entry reads them from there, so the older
     version can go."""
-    first = build_tree(tree, tmp_path, "out", "cache")
+    first = build_tree(tree, tmp_path, "out", "cache", fmt=fmt)
     cache = cache_folder(tmp_path, "cache")
     tree.add("p0000a.png", seed=999, label="a", entity="E7000")  # sorts right after p0000.png: joins its chunk
     tree.write_table()
-    second = build_tree(tree, tmp_path, "out", "cache")
+    second = build_tree(tree, tmp_path, "out", "cache", fmt=fmt)
     assert (second.files_decoded, second.files_cached) == (1, FILES + 1)
     entry = entry_holding(cache, "p0000a.png")
     own = [s for s in entry["samples"] if ".via." not in s["spill"]]
@@ -280,18 +282,18 @@ def test_unchanged_files_of_a_changed_chunk_are_held_by_reference_not_copied_and
     earlier = {s["spill"].split(".via.")[1].split(".")[0] for s in held}
     assert not any((cache / f"{key}.json").exists() for key in earlier)  # pruned: this entry has its own pointer
     assert (cache / f"{entry['key']}.packed.json").is_file()
-    same_as_fresh(tree, tmp_path, second, "referenced")
+    same_as_fresh(tree, tmp_path, second, "referenced", fmt=fmt)
 
     # the first version goes; the entry reads its samples from the second, so nothing is decoded again
     shutil.rmtree(first.version_dir)
-    third = build_tree(tree, tmp_path, "out", "cache")
+    third = build_tree(tree, tmp_path, "out", "cache", fmt=fmt)
     assert (third.files_decoded, third.files_cached) == (0, FILES + 2)
     assert third.manifest["dataset_hash"] == second.manifest["dataset_hash"]
     tree.add("p0000b.png", seed=998, label="b", entity="E7001")
     tree.write_table()
-    fourth = build_tree(tree, tmp_path, "out", "cache")
+    fourth = build_tree(tree, tmp_path, "out", "cache", fmt=fmt)
     assert (fourth.files_decoded, fourth.files_cached) == (1, FILES + 2)
-    same_as_fresh(tree, tmp_path, fourth, "after-removal")
+    same_as_fresh(tree, tmp_path, fourth, "after-removal", fmt=fmt)
 
 
 def test_with_the_spill_kept_unchanged_files_are_copied_not_referenced(tree: PhotoTree, tmp_path: Path) -> None:
