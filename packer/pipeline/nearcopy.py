@@ -763,7 +763,9 @@ class _ThumbReader:
     """Thumbnails read one by one from signature files with positional reads: a task holds the
     thumbnails it prepared, not the pages of every signature row it touched (memory-mapped, a
     task of 4,096 pairs kept up to 8,192 rows resident, about 45 MB). The files' headers are
-    checked as :func:`read_signatures` checks them; at most ``OPEN_FILES`` stay open."""
+    checked as :func:`read_signatures` checks them, once per file (a task that reads from more
+    files than it keeps open opens them again, and parsing a header costs as much as 50 reads);
+    at most ``OPEN_FILES`` stay open."""
 
     OPEN_FILES = 64
     _THUMB_AT = SIGNATURE_DTYPE.fields["thumb"][1] if SIGNATURE_DTYPE.fields else 0  # byte offset in a row
@@ -771,12 +773,21 @@ class _ThumbReader:
     def __init__(self, files: Sequence[str]) -> None:
         self.files = files
         self._open: OrderedDict[int, tuple[int, int, int]] = OrderedDict()  # file -> (fd, data offset, rows)
+        self._layout: dict[int, tuple[int, int]] = {}  # file -> (data offset, rows), checked
 
     def _opened(self, file: int) -> tuple[int, int, int]:
         found = self._open.get(file)
         if found is not None:
             self._open.move_to_end(file)
             return found
+        start, rows = self._layout.get(file) or self._checked(file)
+        found = self._open[file] = (os.open(self.files[file], os.O_RDONLY), start, rows)
+        if len(self._open) > self.OPEN_FILES:
+            os.close(self._open.popitem(last=False)[1][0])
+        return found
+
+    def _checked(self, file: int) -> tuple[int, int]:
+        """Signature file ``file``'s data offset and rows, from its checked header."""
         path = self.files[file]
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -788,10 +799,8 @@ class _ThumbReader:
             start = fh.tell()
         if dtype != SIGNATURE_DTYPE or fortran or len(shape) != 1:
             raise ValueError(f"{path}: not a packer signature file (dtype {dtype})")
-        found = self._open[file] = (os.open(path, os.O_RDONLY), start, int(shape[0]))
-        if len(self._open) > self.OPEN_FILES:
-            os.close(self._open.popitem(last=False)[1][0])
-        return found
+        self._layout[file] = (start, int(shape[0]))
+        return self._layout[file]
 
     def thumb(self, file: int, row: int) -> np.ndarray:
         """Row ``row``'s 64×64 uint8 thumbnail in signature file ``file``. Raises ValueError when
