@@ -48,6 +48,7 @@ alignment, rival) is in ``leakage.json``, and a split group that still grows pas
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -786,10 +787,24 @@ class _ThumbReader:
             os.close(self._open.popitem(last=False)[1][0])
         return found
 
+    #: The npy 1.0 header :func:`write_signatures` writes (numpy's own layout: keys sorted, the dict's
+    #: text padded with spaces to a multiple of 64 bytes), read without parsing the dict as Python.
+    _HEADER = re.compile(rb"\{'descr': " + re.escape(repr(np.lib.format.dtype_to_descr(SIGNATURE_DTYPE)).encode())
+                         + rb", 'fortran_order': False, 'shape': \((\d+),\), \} *\n")
+
     def _checked(self, file: int) -> tuple[int, int]:
-        """Signature file ``file``'s data offset and rows, from its checked header."""
+        """Signature file ``file``'s data offset and rows, from its checked header (a header that is
+        not exactly the one :func:`write_signatures` writes is parsed and checked in full)."""
         path = self.files[file]
         with open(path, "rb") as fh:
+            head = fh.read(10)
+            if head[:8] == b"\x93NUMPY\x01\x00":
+                size = int.from_bytes(head[8:10], "little")
+                found = self._HEADER.fullmatch(fh.read(size))
+                if found is not None:
+                    self._layout[file] = (10 + size, int(found.group(1)))
+                    return self._layout[file]
+            fh.seek(0)
             version = np.lib.format.read_magic(fh)
             if version not in ((1, 0), (2, 0)):
                 raise ValueError(f"{path}: not a packer signature file (npy format {version})")
