@@ -24,7 +24,11 @@ So a link is made in two steps, and only a verified pair is a link:
    re-windowed copy, whose intensities are a monotone function of the source's, still scores
    high, while two patients' slices leave their differing anatomy unexplained). A pair passes
    when ``intensity`` reaches ``split.near_duplicates.min_score`` (default 0.984) and
-   ``structure`` reaches 0.6.
+   ``structure`` reaches 0.6. A cheap first stage (:mod:`packer.pipeline.nearscreen`: the same
+   fine-structure agreement at half resolution, for a task's pairs at once) turns away, before
+   they are verified, the pairs that agree far less there than any copy measured; the pairs the
+   rival test reads are then verified in full (:func:`settle_rivals`), so the links are those of
+   verifying every candidate.
 3. **The rival test** (:func:`rival_test`): a passing pair is a link only when it stands out from
    everything else its samples resemble: its disagreement ``1 - score`` is at most
    ``split.near_duplicates.max_ratio`` (default 0.5) of the disagreement with the best *rival*,
@@ -58,6 +62,8 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from packer.pipeline.nearscreen import BLOCK as SCREEN_BLOCK
+from packer.pipeline.nearscreen import let_through
 from packer.progress import Progress, stage_progress
 from packer.schemas import schema_defaults
 
@@ -618,9 +624,10 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
 
 #: The version of :func:`verify`'s answer: part of every key of the verified-pair cache
 #: (:mod:`packer.pipeline.paircache`), which reuses a pair's evidence from the last build when its
-#: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`
-#: or the constants they read change what a pair's :class:`Evidence` is.
-VERIFY_VERSION = 1
+#: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`,
+#: the first stage (:mod:`packer.pipeline.nearscreen`) or the constants they read change what a
+#: pair's :class:`Evidence` is. 2: a task may turn a pair away by the first stage (:data:`SCREENED`).
+VERIFY_VERSION = 2
 #: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
 _ZOOM_PREFERENCE = 0.005
 
@@ -689,6 +696,11 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
 
 # -- verification tasks and links -------------------------------------------------------------
 
+#: The evidence of a pair the first stage turned away (:mod:`packer.pipeline.nearscreen`): never
+#: aligned (zoom 0, which no verification gives), score 0. Which pairs get it depends on their two
+#: thumbnails alone; :func:`find_near_links` verifies in full every such pair the rival test reads.
+SCREENED = Evidence(0.0, 0.0, 0.0, 0.0, 0, 0)
+
 #: Candidate pairs per verification task (a task reads the thumbnails it needs from the cache).
 PAIRS_PER_TASK = 4096
 
@@ -701,7 +713,8 @@ REFINE_MARGIN = 0.10
 class VerifyTask:
     """Pairs to verify: pair ``p`` is row ``a_row[p]`` of ``files[a_file[p]]`` against row
     ``b_row[p]`` of ``files[b_file[p]]`` (signature files, :func:`read_signatures`);
-    ``floor``: see :func:`verify`."""
+    ``floor``: see :func:`verify`; ``screen``: the first stage (:mod:`packer.pipeline.nearscreen`)
+    runs first, and a pair it turns away is not verified (its evidence is :data:`SCREENED`)."""
 
     index: int
     files: tuple[str, ...]
@@ -710,6 +723,7 @@ class VerifyTask:
     b_file: np.ndarray
     b_row: np.ndarray
     floor: float = 0.0
+    screen: bool = False
 
 
 @dataclass(frozen=True)
@@ -741,6 +755,20 @@ class EvidenceArrays:
     def take(self, keep: np.ndarray) -> EvidenceArrays:
         return EvidenceArrays(self.structure[keep], self.detail[keep], self.intensity[keep], self.zoom[keep],
                               self.dy[keep], self.dx[keep])
+
+    def replaced(self, where: np.ndarray, other: EvidenceArrays) -> EvidenceArrays:
+        """This evidence with pairs ``where`` (indices) replaced by ``other``'s, in that order."""
+        def column(name: str) -> np.ndarray:
+            out = getattr(self, name).copy()
+            out[where] = getattr(other, name)
+            return out
+
+        return EvidenceArrays(*(column(name) for name in ("structure", "detail", "intensity", "zoom", "dy", "dx")))
+
+    @property
+    def screened(self) -> np.ndarray:
+        """Which pairs the first stage turned away (:data:`SCREENED`: zoom 0)."""
+        return np.asarray(self.zoom == 0.0)
 
     @property
     def score(self) -> np.ndarray:
@@ -859,9 +887,28 @@ def _verify_pairs(task: VerifyTask, thumbs: _ThumbReader) -> EvidenceArrays:
             prepared.move_to_end(key)
         return found
 
-    return EvidenceArrays.of([verify(get(int(fa), int(ra)), get(int(fb), int(rb)), floor=task.floor)
-                              for fa, ra, fb, rb in zip(task.a_file, task.a_row, task.b_file, task.b_row,
-                                                        strict=True)])
+    wanted = _screened_in(task, thumbs) if task.screen else np.ones(len(task.a_file), dtype=bool)
+    return EvidenceArrays.of([verify(get(int(fa), int(ra)), get(int(fb), int(rb)), floor=task.floor) if keep
+                              else SCREENED
+                              for fa, ra, fb, rb, keep in zip(task.a_file, task.a_row, task.b_file, task.b_row,
+                                                              wanted.tolist(), strict=True)])
+
+
+def _screened_in(task: VerifyTask, thumbs: _ThumbReader) -> np.ndarray:
+    """Which of ``task``'s pairs the first stage lets through (bool per pair), screened
+    :data:`~packer.pipeline.nearscreen.BLOCK` pairs at a time, each distinct thumbnail of a block read once."""
+    wanted = np.ones(len(task.a_file), dtype=bool)
+    for lo in range(0, len(wanted), SCREEN_BLOCK):
+        block = slice(lo, lo + SCREEN_BLOCK)
+        sides = []
+        for files, rows in ((task.a_file, task.a_row), (task.b_file, task.b_row)):
+            key = (np.asarray(files[block], dtype=np.int64) << 32) | np.asarray(rows[block], dtype=np.int64)
+            distinct, at = np.unique(key, return_inverse=True)
+            stack = np.stack([thumbs.thumb(int(k >> 32), int(k & 0xFFFFFFFF)) for k in distinct.tolist()])
+            sides.append((stack, at.ravel()))
+        (firsts, first), (seconds, second) = sides
+        wanted[block] = let_through(firsts, seconds, first, second)
+    return wanted
 
 
 @dataclass(frozen=True)
@@ -917,8 +964,10 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
                     search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None,
                     quiet: bool = False) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
-    ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
-    score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
+    ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster) after the first
+    stage (:mod:`packer.pipeline.nearscreen`), kept where their score reaches ``min_score`` (and,
+    with ``max_ratio``, they pass :func:`rival_test`, whose pairs are verified in full:
+    :func:`settle_rivals`). Sample ``s``'s signature is row ``row_of[s]`` of
     ``files[file_of[s]]``. ``search``: the candidate search, :func:`candidate_pairs` unless given
     (one that reuses the last build's lists must give the same pairs). The result does not depend
     on how tasks are run or ordered. ``quiet``: :func:`candidate_pairs` shows no progress line (a
@@ -933,16 +982,19 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
         lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom), groups, neighbors)
     floor = max(0.0, min_score - REFINE_MARGIN)
 
-    def verified(i: np.ndarray, j: np.ndarray) -> EvidenceArrays:
-        """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks."""
+    def verified(i: np.ndarray, j: np.ndarray, screen: bool = False) -> EvidenceArrays:
+        """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks
+        (after the first stage, with ``screen``)."""
         tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
                             a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
-                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor)
+                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor, screen=screen)
                  for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
         parts = dict((task.index, result) for task, result in run(tasks))
         return EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
 
-    evidence = verified(candidates.i, candidates.j)
+    evidence = verified(candidates.i, candidates.j, screen=True)
+    if max_ratio is not None:
+        evidence = settle_rivals(candidates, evidence, min_score, verified)
     score = evidence.score
     passed = np.flatnonzero(score >= min_score)
     rival = rival_test(candidates, score, groups, passed, min_score=min_score, max_ratio=max_ratio,
@@ -951,6 +1003,26 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
     keep = passed[kept]
     return NearLinks(candidates.i[keep], candidates.j[keep], candidates.similarity[keep], evidence.take(keep),
                      candidates=len(candidates), rival=rival[kept].astype(np.float32))
+
+
+def settle_rivals(candidates: Candidates, evidence: EvidenceArrays, min_score: float,
+                  verify_full: Callable[[np.ndarray, np.ndarray], EvidenceArrays]) -> EvidenceArrays:
+    """``evidence`` of ``candidates`` with every pair the first stage turned away
+    (:attr:`EvidenceArrays.screened`) that shares a sample with a passing pair (score ≥
+    ``min_score``) verified in full by ``verify_full(i, j)``, until no such pair is left.
+
+    :func:`rival_test` reads the scores of every candidate of a passing pair's two samples (the
+    rival is the best of them, and its score is in ``leakage.json``), so those must be the full
+    verification's; the others' scores are read by nothing. With a first stage that turns away
+    no pair the full test passes, the passing pairs, their rivals and so the links are those of
+    verifying every candidate in full."""
+    while True:
+        passed = evidence.score >= min_score
+        ends = np.unique(np.concatenate([candidates.i[passed], candidates.j[passed]]))
+        redo = np.flatnonzero(evidence.screened & (np.isin(candidates.i, ends) | np.isin(candidates.j, ends)))
+        if len(redo) == 0:
+            return evidence
+        evidence = evidence.replaced(redo, verify_full(candidates.i[redo], candidates.j[redo]))
 
 
 def residual_ratio(score: float | np.ndarray, rival: float | np.ndarray) -> Any:
