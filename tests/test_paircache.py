@@ -4,6 +4,7 @@ that verifies every pair."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -77,6 +78,26 @@ def test_cached_answers_equal_verified_ones_cold_warm_and_partly_warm(tmp_path: 
     other = PairCache.open(tmp_path)
     _answers(cached_verification(verify_in_process, other), _tasks(files, later, 0.0))
     assert (other.verified, other.reused) == (6, 0)
+
+
+def test_a_pair_the_first_stage_turned_away_is_verified_in_full_when_asked_in_full(tmp_path: Path) -> None:
+    """The first stage's answer (SCREENED) is kept under its own key: a later request for the same
+    pair's full evidence (the rival test's) is verified, not answered from the cache."""
+    rows = [signature_of(photo(seed)) for seed in range(4)]
+    sigs = tmp_path / "chunk.sig.npy"
+    nearcopy.write_signatures(sigs, rows)
+    pairs = [(0, 1), (1, 2), (2, 3), (3, 0)]
+    floor = nearcopy.MIN_SCORE - nearcopy.REFINE_MARGIN
+    screened = [dataclasses.replace(task, screen=True) for task in _tasks((str(sigs),), pairs, floor)]
+    first = PairCache.open(tmp_path)
+    turned_away = _answers(cached_verification(verify_in_process, first), screened).screened
+    assert turned_away.all()  # four different photos: look-alikes at most
+    first.save()
+    again = PairCache.open(tmp_path)
+    _answers(cached_verification(verify_in_process, again), screened)
+    assert (again.verified, again.reused) == (0, 4)
+    full = _answers(cached_verification(verify_in_process, again), _tasks((str(sigs),), pairs, floor))
+    assert (again.verified, again.reused) == (4, 4) and not full.screened.any()
 
 
 def test_the_file_holds_only_the_pairs_the_last_run_looked_at_and_a_damaged_one_is_ignored(tmp_path: Path) -> None:

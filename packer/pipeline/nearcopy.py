@@ -24,7 +24,11 @@ So a link is made in two steps, and only a verified pair is a link:
    re-windowed copy, whose intensities are a monotone function of the source's, still scores
    high, while two patients' slices leave their differing anatomy unexplained). A pair passes
    when ``intensity`` reaches ``split.near_duplicates.min_score`` (default 0.984) and
-   ``structure`` reaches 0.6.
+   ``structure`` reaches 0.6. A cheap first stage (:mod:`packer.pipeline.nearscreen`: the same
+   fine-structure agreement at half resolution, for a task's pairs at once) turns away, before
+   they are verified, the pairs that agree far less there than any copy measured; the pairs the
+   rival test reads are then verified in full (:func:`settle_rivals`), so the links are those of
+   verifying every candidate.
 3. **The rival test** (:func:`rival_test`): a passing pair is a link only when it stands out from
    everything else its samples resemble: its disagreement ``1 - score`` is at most
    ``split.near_duplicates.max_ratio`` (default 0.5) of the disagreement with the best *rival*,
@@ -48,6 +52,7 @@ alignment, rival) is in ``leakage.json``, and a split group that still grows pas
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -57,6 +62,8 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from packer.pipeline.nearscreen import BLOCK as SCREEN_BLOCK
+from packer.pipeline.nearscreen import let_through
 from packer.progress import Progress, stage_progress
 from packer.schemas import schema_defaults
 
@@ -617,9 +624,10 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
 
 #: The version of :func:`verify`'s answer: part of every key of the verified-pair cache
 #: (:mod:`packer.pipeline.paircache`), which reuses a pair's evidence from the last build when its
-#: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`
-#: or the constants they read change what a pair's :class:`Evidence` is.
-VERIFY_VERSION = 1
+#: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`,
+#: the first stage (:mod:`packer.pipeline.nearscreen`) or the constants they read change what a
+#: pair's :class:`Evidence` is. 2: a task may turn a pair away by the first stage (:data:`SCREENED`).
+VERIFY_VERSION = 2
 #: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
 _ZOOM_PREFERENCE = 0.005
 
@@ -688,6 +696,11 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
 
 # -- verification tasks and links -------------------------------------------------------------
 
+#: The evidence of a pair the first stage turned away (:mod:`packer.pipeline.nearscreen`): never
+#: aligned (zoom 0, which no verification gives), score 0. Which pairs get it depends on their two
+#: thumbnails alone; :func:`find_near_links` verifies in full every such pair the rival test reads.
+SCREENED = Evidence(0.0, 0.0, 0.0, 0.0, 0, 0)
+
 #: Candidate pairs per verification task (a task reads the thumbnails it needs from the cache).
 PAIRS_PER_TASK = 4096
 
@@ -700,7 +713,8 @@ REFINE_MARGIN = 0.10
 class VerifyTask:
     """Pairs to verify: pair ``p`` is row ``a_row[p]`` of ``files[a_file[p]]`` against row
     ``b_row[p]`` of ``files[b_file[p]]`` (signature files, :func:`read_signatures`);
-    ``floor``: see :func:`verify`."""
+    ``floor``: see :func:`verify`; ``screen``: the first stage (:mod:`packer.pipeline.nearscreen`)
+    runs first, and a pair it turns away is not verified (its evidence is :data:`SCREENED`)."""
 
     index: int
     files: tuple[str, ...]
@@ -709,6 +723,7 @@ class VerifyTask:
     b_file: np.ndarray
     b_row: np.ndarray
     floor: float = 0.0
+    screen: bool = False
 
 
 @dataclass(frozen=True)
@@ -741,6 +756,20 @@ class EvidenceArrays:
         return EvidenceArrays(self.structure[keep], self.detail[keep], self.intensity[keep], self.zoom[keep],
                               self.dy[keep], self.dx[keep])
 
+    def replaced(self, where: np.ndarray, other: EvidenceArrays) -> EvidenceArrays:
+        """This evidence with pairs ``where`` (indices) replaced by ``other``'s, in that order."""
+        def column(name: str) -> np.ndarray:
+            out = getattr(self, name).copy()
+            out[where] = getattr(other, name)
+            return out
+
+        return EvidenceArrays(*(column(name) for name in ("structure", "detail", "intensity", "zoom", "dy", "dx")))
+
+    @property
+    def screened(self) -> np.ndarray:
+        """Which pairs the first stage turned away (:data:`SCREENED`: zoom 0)."""
+        return np.asarray(self.zoom == 0.0)
+
     @property
     def score(self) -> np.ndarray:
         """:attr:`Evidence.score` of every pair (float64)."""
@@ -763,7 +792,9 @@ class _ThumbReader:
     """Thumbnails read one by one from signature files with positional reads: a task holds the
     thumbnails it prepared, not the pages of every signature row it touched (memory-mapped, a
     task of 4,096 pairs kept up to 8,192 rows resident, about 45 MB). The files' headers are
-    checked as :func:`read_signatures` checks them; at most ``OPEN_FILES`` stay open."""
+    checked as :func:`read_signatures` checks them, once per file (a task that reads from more
+    files than it keeps open opens them again, and parsing a header costs as much as 50 reads);
+    at most ``OPEN_FILES`` stay open."""
 
     OPEN_FILES = 64
     _THUMB_AT = SIGNATURE_DTYPE.fields["thumb"][1] if SIGNATURE_DTYPE.fields else 0  # byte offset in a row
@@ -771,14 +802,37 @@ class _ThumbReader:
     def __init__(self, files: Sequence[str]) -> None:
         self.files = files
         self._open: OrderedDict[int, tuple[int, int, int]] = OrderedDict()  # file -> (fd, data offset, rows)
+        self._layout: dict[int, tuple[int, int]] = {}  # file -> (data offset, rows), checked
 
     def _opened(self, file: int) -> tuple[int, int, int]:
         found = self._open.get(file)
         if found is not None:
             self._open.move_to_end(file)
             return found
+        start, rows = self._layout.get(file) or self._checked(file)
+        found = self._open[file] = (os.open(self.files[file], os.O_RDONLY), start, rows)
+        if len(self._open) > self.OPEN_FILES:
+            os.close(self._open.popitem(last=False)[1][0])
+        return found
+
+    #: The npy 1.0 header :func:`write_signatures` writes (numpy's own layout: keys sorted, the dict's
+    #: text padded with spaces to a multiple of 64 bytes), read without parsing the dict as Python.
+    _HEADER = re.compile(rb"\{'descr': " + re.escape(repr(np.lib.format.dtype_to_descr(SIGNATURE_DTYPE)).encode())
+                         + rb", 'fortran_order': False, 'shape': \((\d+),\), \} *\n")
+
+    def _checked(self, file: int) -> tuple[int, int]:
+        """Signature file ``file``'s data offset and rows, from its checked header (a header that is
+        not exactly the one :func:`write_signatures` writes is parsed and checked in full)."""
         path = self.files[file]
         with open(path, "rb") as fh:
+            head = fh.read(10)
+            if head[:8] == b"\x93NUMPY\x01\x00":
+                size = int.from_bytes(head[8:10], "little")
+                found = self._HEADER.fullmatch(fh.read(size))
+                if found is not None:
+                    self._layout[file] = (10 + size, int(found.group(1)))
+                    return self._layout[file]
+            fh.seek(0)
             version = np.lib.format.read_magic(fh)
             if version not in ((1, 0), (2, 0)):
                 raise ValueError(f"{path}: not a packer signature file (npy format {version})")
@@ -788,10 +842,8 @@ class _ThumbReader:
             start = fh.tell()
         if dtype != SIGNATURE_DTYPE or fortran or len(shape) != 1:
             raise ValueError(f"{path}: not a packer signature file (dtype {dtype})")
-        found = self._open[file] = (os.open(path, os.O_RDONLY), start, int(shape[0]))
-        if len(self._open) > self.OPEN_FILES:
-            os.close(self._open.popitem(last=False)[1][0])
-        return found
+        self._layout[file] = (start, int(shape[0]))
+        return self._layout[file]
 
     def thumb(self, file: int, row: int) -> np.ndarray:
         """Row ``row``'s 64×64 uint8 thumbnail in signature file ``file``. Raises ValueError when
@@ -835,9 +887,28 @@ def _verify_pairs(task: VerifyTask, thumbs: _ThumbReader) -> EvidenceArrays:
             prepared.move_to_end(key)
         return found
 
-    return EvidenceArrays.of([verify(get(int(fa), int(ra)), get(int(fb), int(rb)), floor=task.floor)
-                              for fa, ra, fb, rb in zip(task.a_file, task.a_row, task.b_file, task.b_row,
-                                                        strict=True)])
+    wanted = _screened_in(task, thumbs) if task.screen else np.ones(len(task.a_file), dtype=bool)
+    return EvidenceArrays.of([verify(get(int(fa), int(ra)), get(int(fb), int(rb)), floor=task.floor) if keep
+                              else SCREENED
+                              for fa, ra, fb, rb, keep in zip(task.a_file, task.a_row, task.b_file, task.b_row,
+                                                              wanted.tolist(), strict=True)])
+
+
+def _screened_in(task: VerifyTask, thumbs: _ThumbReader) -> np.ndarray:
+    """Which of ``task``'s pairs the first stage lets through (bool per pair), screened
+    :data:`~packer.pipeline.nearscreen.BLOCK` pairs at a time, each distinct thumbnail of a block read once."""
+    wanted = np.ones(len(task.a_file), dtype=bool)
+    for lo in range(0, len(wanted), SCREEN_BLOCK):
+        block = slice(lo, lo + SCREEN_BLOCK)
+        sides = []
+        for files, rows in ((task.a_file, task.a_row), (task.b_file, task.b_row)):
+            key = (np.asarray(files[block], dtype=np.int64) << 32) | np.asarray(rows[block], dtype=np.int64)
+            distinct, at = np.unique(key, return_inverse=True)
+            stack = np.stack([thumbs.thumb(int(k >> 32), int(k & 0xFFFFFFFF)) for k in distinct.tolist()])
+            sides.append((stack, at.ravel()))
+        (firsts, first), (seconds, second) = sides
+        wanted[block] = let_through(firsts, seconds, first, second)
+    return wanted
 
 
 @dataclass(frozen=True)
@@ -893,8 +964,10 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
                     search: Callable[[Callable[[int, slice], np.ndarray], np.ndarray, int], Candidates] | None = None,
                     quiet: bool = False) -> NearLinks:
     """Candidates (:func:`candidate_pairs`) among samples of different ``groups``, verified by
-    ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster), kept where their
-    score reaches ``min_score``. Sample ``s``'s signature is row ``row_of[s]`` of
+    ``run`` (which maps :func:`verify_task` over tasks, e.g. on a dask cluster) after the first
+    stage (:mod:`packer.pipeline.nearscreen`), kept where their score reaches ``min_score`` (and,
+    with ``max_ratio``, they pass :func:`rival_test`, whose pairs are verified in full:
+    :func:`settle_rivals`). Sample ``s``'s signature is row ``row_of[s]`` of
     ``files[file_of[s]]``. ``search``: the candidate search, :func:`candidate_pairs` unless given
     (one that reuses the last build's lists must give the same pairs). The result does not depend
     on how tasks are run or ordered. ``quiet``: :func:`candidate_pairs` shows no progress line (a
@@ -909,16 +982,19 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
         lambda zoom, rows: load_embeddings(files, file_of[rows], row_of[rows], zoom), groups, neighbors)
     floor = max(0.0, min_score - REFINE_MARGIN)
 
-    def verified(i: np.ndarray, j: np.ndarray) -> EvidenceArrays:
-        """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks."""
+    def verified(i: np.ndarray, j: np.ndarray, screen: bool = False) -> EvidenceArrays:
+        """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks
+        (after the first stage, with ``screen``)."""
         tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
                             a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
-                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor)
+                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor, screen=screen)
                  for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
         parts = dict((task.index, result) for task, result in run(tasks))
         return EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
 
-    evidence = verified(candidates.i, candidates.j)
+    evidence = verified(candidates.i, candidates.j, screen=True)
+    if max_ratio is not None:
+        evidence = settle_rivals(candidates, evidence, min_score, verified)
     score = evidence.score
     passed = np.flatnonzero(score >= min_score)
     rival = rival_test(candidates, score, groups, passed, min_score=min_score, max_ratio=max_ratio,
@@ -927,6 +1003,26 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
     keep = passed[kept]
     return NearLinks(candidates.i[keep], candidates.j[keep], candidates.similarity[keep], evidence.take(keep),
                      candidates=len(candidates), rival=rival[kept].astype(np.float32))
+
+
+def settle_rivals(candidates: Candidates, evidence: EvidenceArrays, min_score: float,
+                  verify_full: Callable[[np.ndarray, np.ndarray], EvidenceArrays]) -> EvidenceArrays:
+    """``evidence`` of ``candidates`` with every pair the first stage turned away
+    (:attr:`EvidenceArrays.screened`) that shares a sample with a passing pair (score ≥
+    ``min_score``) verified in full by ``verify_full(i, j)``, until no such pair is left.
+
+    :func:`rival_test` reads the scores of every candidate of a passing pair's two samples (the
+    rival is the best of them, and its score is in ``leakage.json``), so those must be the full
+    verification's; the others' scores are read by nothing. With a first stage that turns away
+    no pair the full test passes, the passing pairs, their rivals and so the links are those of
+    verifying every candidate in full."""
+    while True:
+        passed = evidence.score >= min_score
+        ends = np.unique(np.concatenate([candidates.i[passed], candidates.j[passed]]))
+        redo = np.flatnonzero(evidence.screened & (np.isin(candidates.i, ends) | np.isin(candidates.j, ends)))
+        if len(redo) == 0:
+            return evidence
+        evidence = evidence.replaced(redo, verify_full(candidates.i[redo], candidates.j[redo]))
 
 
 def residual_ratio(score: float | np.ndarray, rival: float | np.ndarray) -> Any:

@@ -5,7 +5,8 @@ small-image build's audit: twelve pairs a sample. Its evidence is a pure functio
 64×64 thumbnails it reads, so a pair whose two thumbnails are the same as in the last build
 need not be verified again. :class:`PairCache` keys each pair by the blake2b digests of its two
 thumbnails (in the order the pair is verified: the evidence aligns the second to the first),
-the verification's ``floor`` and :data:`~packer.pipeline.nearcopy.VERIFY_VERSION`;
+the verification's ``floor``, whether the first stage ran (``screen``: a pair it turns away has
+other evidence than one verified in full) and :data:`~packer.pipeline.nearcopy.VERIFY_VERSION`;
 :func:`cached_verification` wraps a verification runner so that it verifies only the pairs the
 cache does not hold, and answers every task with the whole task's evidence, as if it had
 verified all of it. Everything after the verification (the rival test, the links, the split
@@ -14,7 +15,7 @@ and ``leakage.json``) sees the same numbers with a cold cache, a warm one or non
 The cache is one file in the build cache folder, :data:`PAIRS_FILE`: a JSON header line (format,
 version, rows, the digest of the rows) and the rows, sorted by key. It is written whole under a
 temporary name and renamed (:func:`~packer.pipeline.spill.cache_output`), and holds only the
-pairs the last build looked at, so it stays bounded by one build's candidates (58 bytes a pair,
+pairs the last build looked at, so it stays bounded by one build's candidates (59 bytes a pair,
 about 0.7 KB a sample). A file that does not check out (cut short, another version) is ignored:
 its pairs are verified again.
 """
@@ -40,8 +41,9 @@ PAIRS_STEM = PAIRS_FILE.split(".")[0]
 _MAGIC = "packer-near-pairs"
 #: Bytes of a thumbnail's digest.
 DIGEST_BYTES = 16
-#: A pair's key: the first thumbnail's digest, the second's, and the verification's floor (float64).
-KEY_DTYPE = np.dtype(f"V{2 * DIGEST_BYTES + 8}")
+#: A pair's key: the first thumbnail's digest, the second's, the verification's floor (float64) and
+#: whether the first stage ran (one byte, 0 or 1).
+KEY_DTYPE = np.dtype(f"V{2 * DIGEST_BYTES + 9}")
 ROW_DTYPE = np.dtype([("key", KEY_DTYPE), ("structure", "<f4"), ("detail", "<f4"), ("intensity", "<f4"),
                       ("zoom", "<f4"), ("dy", "i1"), ("dx", "i1")])
 _FIELDS = ("structure", "detail", "intensity", "zoom", "dy", "dx")
@@ -153,7 +155,7 @@ class _Digests:
 
     def pair_keys(self, task: VerifyTask) -> np.ndarray:
         """Each pair's key (:data:`KEY_DTYPE`) in ``task``: its thumbnails' digests in the task's
-        order, and the task's floor."""
+        order, the task's floor and its ``screen``."""
         if task.files != self.files:
             parts = [thumb_digests(name) for name in task.files]
             self.files = task.files
@@ -162,7 +164,8 @@ class _Digests:
         first = self.rows[self.starts[np.asarray(task.a_file, dtype=np.int64)] + task.a_row]
         second = self.rows[self.starts[np.asarray(task.b_file, dtype=np.int64)] + task.b_row]
         floor = np.full((len(first), 1), task.floor, dtype="<f8").view(np.uint8)
-        return np.ascontiguousarray(np.concatenate([first, second, floor], axis=1)).view(KEY_DTYPE)[:, 0]
+        screen = np.full((len(first), 1), int(task.screen), dtype=np.uint8)
+        return np.ascontiguousarray(np.concatenate([first, second, floor, screen], axis=1)).view(KEY_DTYPE)[:, 0]
 
 
 def cached_verification(run: RunVerify, cache: PairCache) -> RunVerify:
@@ -187,7 +190,7 @@ def cached_verification(run: RunVerify, cache: PairCache) -> RunVerify:
             pending[task.index] = (task, keys, found, rows)
             misses.append(VerifyTask(index=task.index, files=task.files, a_file=task.a_file[miss],
                                      a_row=task.a_row[miss], b_file=task.b_file[miss], b_row=task.b_row[miss],
-                                     floor=task.floor))
+                                     floor=task.floor, screen=task.screen))
         for sub, result in run(misses):
             task, keys, found, rows = pending.pop(sub.index)
             cache.verified += len(sub.a_file)
