@@ -323,7 +323,7 @@ def test_an_entry_of_references_only_has_no_spill_and_checks_out_while_the_point
     checked_chain(cache, loaded.samples, "webdataset", visit=lambda s, _p, meta, mask: kept.append((s, meta, mask)))
     with SpillWriter(cache, "f" * 32, sig_dir=cache, fmt="webdataset") as spill:
         for sample, meta, mask in kept:
-            spill.refer(sample, ref=sample.ref, meta=meta, mask=mask, signature=np.zeros((), dtype=SIGNATURE_DTYPE))
+            spill.refer(sample, meta=meta, mask=mask, signature=np.zeros((), dtype=SIGNATURE_DTYPE))
     spill.finish(files=len(kept), issues=())
     assert not (cache / f"{'f' * 32}.spill").exists()
     referenced = load_cached_chunk(cache, "f" * 32, "webdataset")

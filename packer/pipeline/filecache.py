@@ -57,6 +57,7 @@ from packer.pipeline.spill import (
     read_entry,
     sample_shaping_config,
     signature_name,
+    unit_records,
 )
 from packer.records import Excluded, Issue, SampleRef, SpilledSample
 from packer.storage import is_url
@@ -218,9 +219,10 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     digest chained over all) or whose records are damaged gives nothing, and its units are
     decoded again. The samples' refs become the matching ``refs``' (by file id) for what the
     unit key leaves out: the label (unless the source reads it from a header attribute) and the
-    table cells. A unit found by its move key (a file moved or renamed) takes the new ref whole
-    and its samples' keys are re-made from the new file id; only a unit that gave samples and
-    nothing else (no issue, exclusion or note, whose texts name the old path) is taken so."""
+    table cells. A unit found by its move key (a file moved or renamed) takes the new ref's id,
+    path and relative path too, and its samples' keys are re-made from the new file id
+    (:func:`_moved`); only a unit that gave samples and nothing else (no issue, exclusion or
+    note, whose texts name the old path) is taken so."""
     by_chunk: dict[str, set[str]] = defaultdict(set)
     for place in found.values():
         by_chunk[place.chunk].add(place.held)
@@ -289,10 +291,10 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
     if entry is None:
         return {}
     data, samples = entry
-    units = {str(listed[0]): tuple(str(i) for i in listed[1]) for listed in data["units"]}
-    # a wanted key is a unit's key or its move key (a third field, where the unit has one)
-    resolve = {**{str(listed[2]): str(listed[0]) for listed in data["units"] if len(listed) > 2 and listed[2]},
-               **{unit: unit for unit in units}}
+    records = unit_records(data)
+    units = {unit: ids for unit, ids, _ in records}
+    # a wanted key is a unit's key or its move key
+    resolve = {**{move: unit for unit, _, move in records if move}, **{unit: unit for unit in units}}
     asked = {key: resolve[key] for key in wanted if key in resolve}
     held = sorted(set(asked.values()))
     if not held:

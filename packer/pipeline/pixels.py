@@ -434,7 +434,7 @@ def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], e
         held = sample.spilled
         signature = sample.signature if spill.sig_dir else None
         if sample.fmt == fmt and refer and held.spill.endswith(PACKED_SUFFIX) and not sample.renamed:
-            spill.refer(held, ref=held.ref, meta=sample.meta, mask=sample.mask, signature=signature)
+            spill.refer(held, meta=sample.meta, mask=sample.mask, signature=signature)
             continue
         digest = (KnownDigest(held.sha256) if sample.fmt == fmt else
                   pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt))

@@ -255,12 +255,20 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
         # each unit's key, and its move key where it has one (packer.pipeline.filecache.Unit.index_keys)
-        units = b"".join(bytes.fromhex(listed[0]) + (bytes.fromhex(listed[2]) if len(listed) > 2 and listed[2] else b"")
-                         for listed in data["units"])
+        units = b"".join(bytes.fromhex(unit) + (bytes.fromhex(move) if move else b"")
+                         for unit, _, move in unit_records(data))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
                        units=units)
+
+
+def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
+    """A records file's units of per-file reuse (:meth:`SpillWriter.finish`): each unit's key,
+    the ids of its files and its move key (``""`` where it has none, as in entries written before
+    move keys). Raises KeyError, TypeError, ValueError or IndexError for damaged records."""
+    return [(str(listed[0]), tuple(str(i) for i in listed[1]), str(listed[2]) if len(listed) > 2 else "")
+            for listed in data["units"]]
 
 
 def read_entry(cache_dir: Path, key: str) -> tuple[dict[str, Any], tuple[SpilledSample, ...]] | None:
@@ -633,45 +641,41 @@ class SpillWriter:
         """Append one sample: its pixel bytes, sha256 object ``digest`` of them (made by
         :func:`~packer.shards.encode.pixels_digest` for this writer's format), metadata JSON
         and, where the source has masks, the mask's ``.npy`` bytes."""
-        if signature is not None:
-            self._signatures.append(signature)
         self._fh.write(pixels)
         self._fh.write(meta)
-        # the spill's digest chains the samples' own digests: no second pass over the pixels
-        self._chain.update(digest.digest())
-        self._chain.update(meta)
         if mask:
             self._fh.write(mask)
-            self._chain.update(mask)
-        meta_digest = hashlib.sha256(meta)
-        meta_digest.update(mask)
+        # the spill's digest chains the samples' own digests: no second pass over the pixels
+        meta_sha256, sig_row = self._chained(digest.digest(), meta, mask, signature)
         self.samples.append(SpilledSample(
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
-            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1, mask_bytes=len(mask),
-            meta_sha256=meta_digest.hexdigest()))
+            sig_row=sig_row, mask_bytes=len(mask), meta_sha256=meta_sha256))
         self._offset += len(pixels) + len(meta) + len(mask)
 
-    def refer(self, held: SpilledSample, *, ref: SampleRef, meta: bytes, mask: bytes,
-              signature: np.void | None) -> None:
+    def refer(self, held: SpilledSample, *, meta: bytes, mask: bytes, signature: np.void | None) -> None:
         """Append a sample an earlier entry holds without copying its bytes: ``held`` as read from
         that entry (its ``spill`` the pointer into the published version that holds it, its
-        sha256 made for this writer's format), with its checked metadata and mask bytes ``meta``
-        and ``mask``, under ``ref``. Its bytes are read from that version until a build publishes
-        this chunk's samples (:func:`write_packed_pointers`); the records chain its digest as
-        :meth:`add` would, so the entry checks out the same way."""
+        sha256 made for this writer's format, its ref already this build's), with its checked
+        metadata and mask bytes ``meta`` and ``mask``. Its bytes are read from that version until
+        a build publishes this chunk's samples (:func:`write_packed_pointers`); the records chain
+        its digest as :meth:`add` would, so the entry checks out the same way."""
+        meta_sha256, sig_row = self._chained(bytes.fromhex(held.sha256), meta, mask, signature)
+        self.samples.append(replace(held, spill=referenced_name(self.key, pointer_of(held.spill)),
+                                    signature=self.sig_name, sig_row=sig_row, meta_sha256=meta_sha256))
+
+    def _chained(self, digest: bytes, meta: bytes, mask: bytes, signature: np.void | None) -> tuple[str, int]:
+        """Chain a sample's pixel digest, metadata and mask into the entry's digest and keep its
+        signature row; its ``meta_sha256`` and signature row."""
         if signature is not None:
             self._signatures.append(signature)
-        self._chain.update(bytes.fromhex(held.sha256))
+        self._chain.update(digest)
         self._chain.update(meta)
         if mask:
             self._chain.update(mask)
         meta_digest = hashlib.sha256(meta)
         meta_digest.update(mask)
-        self.samples.append(replace(
-            held, ref=ref, spill=referenced_name(self.key, pointer_of(held.spill)), signature=self.sig_name,
-            sig_row=len(self._signatures) - 1 if self.sig_dir is not None else -1,
-            meta_sha256=meta_digest.hexdigest()))
+        return meta_digest.hexdigest(), len(self._signatures) - 1 if self.sig_dir is not None else -1
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
                excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str]] = ()) -> None:
