@@ -185,6 +185,29 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
         assert alive == 0, f"{alive} task arguments still held on the client after their tasks finished"
 
 
+def _worker_profiles(_: int) -> bool:
+    import dask
+
+    return bool(dask.config.get("distributed.worker.profile.enabled"))
+
+
+@pytest.mark.slow  # a real dask cluster
+def test_the_local_clusters_workers_run_without_dasks_statistical_profiler() -> None:
+    # sampling every task's stack every 10 ms cost a SEG + RTSTRUCT build a tenth of its worker
+    # CPU, for a dashboard page packer never reads; the setting must reach the worker processes
+    import dask
+
+    from packer.pipeline.cluster import open_executor
+
+    with open_executor(None, workers=1) as executor:
+        seen = [result for _, result in executor.map_unordered(_worker_profiles, [0])]
+        assert executor.client is not None
+        in_worker = executor.client.run(lambda: dask.config.get("distributed.worker.profile.enabled"))
+    assert seen == [False]
+    assert list(in_worker.values()) == [False]
+    assert dask.config.get("distributed.worker.profile.enabled") is True  # the caller's own config is left as it was
+
+
 @pytest.mark.slow  # two real dask clusters in a subprocess
 def test_a_second_local_cluster_in_the_same_process_starts() -> None:
     # a fresh interpreter, so that distributed is first imported by open_executor itself:

@@ -160,7 +160,7 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
     if scheduler == "sync":
         yield Executor(None, "this one process (--scheduler sync)")
         return
-    with _no_message_logs():
+    with _cluster_config():
         yield from _open_distributed(scheduler, workers)
 
 
@@ -171,16 +171,27 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
 #: a pass, growing with the dataset. packer runs with the log off.
 MESSAGE_LOG_LENGTH = 0
 
+#: dask's workers sample the running task's Python stack every 10 ms for the dashboard's profile
+#: page (``distributed.worker.profile``), and fold the samples into a call tree per task. packer
+#: never reads it. Measured on a 20-series SEG + RTSTRUCT build (one worker, four runs each way,
+#: interleaved): the worker's CPU seconds, median 36.2 with it and 33.3 without (runs spread
+#: 32.1-36.6), nothing measurable on a build without masks (benchmarks/RESULTS.md). A local
+#: cluster starts its workers with it off; a cluster given by --scheduler keeps its own settings
+#: (DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False where its workers start).
+WORKER_PROFILE = False
+
 
 @contextlib.contextmanager
-def _no_message_logs() -> Iterator[None]:
+def _cluster_config() -> Iterator[None]:
     import dask
     import distributed  # noqa: F401 - loads distributed's config defaults before the set below
 
     # dask.config.set undoes a key that did not exist by deleting it: set before distributed's
     # defaults were loaded, it took all of "distributed.*" with it on exit, and the next
-    # LocalCluster in the same process failed with KeyError: 'comm'
-    with dask.config.set({"distributed.admin.low-level-log-length": MESSAGE_LOG_LENGTH}):
+    # LocalCluster in the same process failed with KeyError: 'comm'. A local cluster's nannies
+    # hand the config in force when they start to their worker processes.
+    with dask.config.set({"distributed.admin.low-level-log-length": MESSAGE_LOG_LENGTH,
+                          "distributed.worker.profile.enabled": WORKER_PROFILE}):
         yield
 
 
