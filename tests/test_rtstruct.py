@@ -229,6 +229,39 @@ def test_random_polygons_differ_from_skimage_only_on_centres_on_edges() -> None:
     assert np.array_equal(np.argwhere(mask.any(axis=0)).ravel(), [2, 3, 4, 5])  # left edge in, right out
 
 
+def _fill_by_summing_every_pixel(polygons: list[np.ndarray], rows: int, columns: int) -> np.ndarray:
+    """The even-odd fill as fill_window made it before it wrote runs: a toggle per crossing,
+    summed along each row of the window, pixel by pixel (same crossings, same boundary rule)."""
+    mask = np.zeros((rows, columns), dtype=bool)
+    segments = np.concatenate([np.stack([p, np.roll(p, -1, axis=0)], axis=1) for p in polygons])
+    for (y0, x0), (y1, x1) in segments:
+        first = int(np.clip(np.ceil(min(y0, y1)), 0, rows))
+        stop = int(np.clip(np.ceil(max(y0, y1)), 0, rows))
+        for row in range(first, stop):
+            x = x0 + (row - y0) * ((x1 - x0) / (y1 - y0))
+            column = int(np.clip(np.ceil(x), 0, columns))
+            mask[row, column:] ^= True
+    return mask
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(1, 4), grid=st.sampled_from([0.0, 1.0, 0.5]), seed=st.integers(0, 2**32 - 1),
+       shape=st.sampled_from([(24, 31), (7, 5), (64, 64)]))
+def test_the_fill_written_as_runs_equals_summing_a_toggle_per_pixel(count: int, grid: float, seed: int,
+                                                                     shape: tuple[int, int]) -> None:
+    """Random polygons (self-intersecting, overlapping each other, reaching past the grid on
+    every side, vertices snapped to pixel centres or half pixels so that crossings coincide and
+    centres lie on edges): the runs between crossings give every pixel the summed toggles give."""
+    rng = np.random.default_rng(seed)
+    rows, columns = shape
+    polygons = []
+    for _ in range(count):
+        points = rng.uniform([-6, -6], [rows + 6, columns + 6], size=(int(rng.integers(3, 12)), 2))
+        polygons.append(np.round(points / grid) * grid if grid else points)
+    expected = _fill_by_summing_every_pixel(polygons, rows, columns)
+    assert np.array_equal(fill_even_odd(polygons, rows, columns), expected)
+
+
 @pytest.mark.parametrize("axis, degrees", [((1.0, 0.0, 0.0), 30.0), ((0.3, 1.0, 0.2), -55.0)])
 def test_oblique_disc_in_patient_mm_lands_on_its_pixels(tmp_path: Path, axis: tuple[float, ...],
                                                         degrees: float) -> None:
