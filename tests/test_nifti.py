@@ -195,6 +195,16 @@ def test_a_case_whose_files_lie_on_two_grids_is_channel_geometry(tmp_path: Path)
     assert "off by 1.6 mm" in issue["message"]
 
 
+def test_a_channel_file_the_row_names_but_the_disk_lacks_is_missing_file(tmp_path: Path) -> None:
+    # BraTS-style case whose flair was never copied: the README's missing_file, not "unreadable"
+    save(tmp_path / "raw" / "a_t1.nii.gz", phantom())
+    result = run(nifti_job(tmp_path, ["a_t1.nii.gz,P1,a_flair.nii.gz"], header="path,entity,flair",
+                           source={"channel_files": ["flair"]}), tmp_path)
+    (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "missing_file"
+    assert "a_flair.nii.gz (flair): cannot open the file" in issue["message"]
+
+
 def test_a_4d_file_is_refused_unless_its_last_axis_is_channels(tmp_path: Path) -> None:
     root = tmp_path / "raw"
     four = np.stack([phantom(seed=s) for s in range(3)], axis=-1)

@@ -274,6 +274,10 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
             volume = read_canonical(img, header)
             check_values(volume)
         except NiftiDefect as defect:
+            if name != IMAGE_CHANNEL and not defect.opened:  # the row names it, the disk has it not
+                return Issue.of(ref, stage="read", reason="missing_file",
+                                message=f"{path} ({name}): {defect.message}; the table row of {ref.path} names "
+                                        "it: copy the file there, or fix the row")
             return issue(ref, defect, name=path)
         if volumes and (gap := same_grid(volumes[0], volume)) is not None:
             return Issue.of(ref, stage="validate", reason="channel_geometry",
