@@ -1450,8 +1450,25 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
         kind.check_job(job, [s for s in sources if s.kind == kind.name])
     _check_targets(sources, split, labels, {kind.name for kind in kinds if kind.identity_in_header})
+    _check_free_text_labels(sources, labels, phi.mode)
     _check_split_column(sources, split, {kind.name for kind in kinds if kind.identity_in_header})
     return job
+
+
+def _check_free_text_labels(sources: tuple[SourceConfig, ...], labels: tuple[str, ...], mode: str) -> None:
+    """Under ``phi: pseudonymize`` a free-text header attribute (a Study Description may hold a
+    name) is a label only through names the job file gives: a ``map:`` or the job's ``labels:``."""
+    from packer.targets import FREE_TEXT_LABEL_ATTRIBUTES
+
+    if mode != "pseudonymize" or labels:
+        return
+    for index, source in enumerate(sources):
+        target = source.target
+        if target.origin == "attribute" and target.attribute in FREE_TEXT_LABEL_ATTRIBUTES and not target.value_map:
+            raise ConfigError(f"sources[{index}].label.attribute: {target.attribute} is free text that may name the "
+                              "patient, and its values would be written as class names into every shard, the "
+                              "manifest and the report; give a 'map:' from the values to class names (a value "
+                              "it lacks is unknown_label), or list the job's 'labels:', or set phi.mode: keep")
 
 
 def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:

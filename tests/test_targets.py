@@ -183,6 +183,17 @@ def test_an_identifying_attribute_may_not_be_a_label(tmp_path: Path, attribute: 
         load_job(job)
 
 
+@pytest.mark.parametrize("attribute", ["StudyDescription", "SeriesDescription", "ProtocolName"])
+def test_a_free_text_attribute_is_a_label_only_through_names_the_job_gives(tmp_path: Path, attribute: str) -> None:
+    # "CT chest for <patient name> follow-up": its raw value would be a class name in every shard
+    source: dict[str, Any] = {"kind": "dicom", "root": str(tmp_path), "label": {"attribute": attribute}}
+    with pytest.raises(ConfigError, match=f"{attribute} is free text that may name the patient.*map:"):
+        load_job(_job(tmp_path / "a", [source]))
+    load_job(_job(tmp_path / "b", [{**source, "label": {"attribute": attribute, "map": {"CT CHEST": "chest"}}}]))
+    load_job(_job(tmp_path / "c", [source], labels=["CT CHEST"]))
+    load_job(_job(tmp_path / "d", [source], phi={"mode": "keep"}))
+
+
 # -- several labels -------------------------------------------------------------------------
 def _photo_table(tmp: Path, rows: list[dict[str, str]]) -> Path:
     raw = tmp / "raw"

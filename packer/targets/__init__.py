@@ -43,6 +43,7 @@ it); the kind's row in the README's target section; and, for the job file, its p
 """
 
 from packer.targets.base import (
+    FREE_TEXT_LABEL_ATTRIBUTES,
     IGNORED,
     LABEL_ATTRIBUTES,
     NO_POLICY,
@@ -72,7 +73,8 @@ from packer.targets.unlabeled import NoTarget
 KINDS = target_kinds()
 
 __all__ = [
-    "IGNORED", "KINDS", "LABEL_ATTRIBUTES", "NO_POLICY", "SEPARATOR", "CellPolicy", "ClassTarget", "MultiLabelTarget",
+    "FREE_TEXT_LABEL_ATTRIBUTES", "IGNORED", "KINDS", "LABEL_ATTRIBUTES", "NO_POLICY", "SEPARATOR", "CellPolicy",
+    "ClassTarget", "MultiLabelTarget",
     "NoTarget", "NumericTarget", "Refused", "SampleGroups", "SheetWords", "Target", "TargetFact", "TargetMismatch",
     "TargetRenderer", "TargetValues", "mapped_name", "names_text", "number_text", "register_target_kind",
     "target_class", "target_kinds",

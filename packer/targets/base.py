@@ -40,6 +40,12 @@ LABEL_ATTRIBUTES = (
     "SequenceVariant", "SeriesDescription", "StudyDescription", "ViewPosition",
 )
 
+#: The :data:`LABEL_ATTRIBUTES` that are free text a technologist types (DICOM PS3.15 Annex E
+#: lists each: "CT chest for <patient name> follow-up" happens). Under ``phi: pseudonymize`` their
+#: raw values would become class names in every shard, the manifest and the report, so they are
+#: labels only through a ``map:`` (or the job's ``labels:`` list), whose names the job file gives.
+FREE_TEXT_LABEL_ATTRIBUTES = ("ContrastBolusAgent", "ProtocolName", "SeriesDescription", "StudyDescription")
+
 #: One sample's target as ``packer diff`` compares it, name → value: 0/1 per label
 #: (multilabel), the numbers (numeric).
 TargetValues = tuple[tuple[str, float], ...]
