@@ -205,6 +205,23 @@ def test_a_channel_file_the_row_names_but_the_disk_lacks_is_missing_file(tmp_pat
     assert "a_flair.nii.gz (flair): cannot open the file" in issue["message"]
 
 
+def test_nibabel_s_header_repairs_print_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a flipped byte gives sform_code 65: nibabel sets it to 0 and logs that to stderr, with no
+    # file name, from inside every worker (a worker has no root handler: logging's last resort
+    # prints it; caplog's root handler stands in for it here)
+    from packer.config import LimitsConfig
+    from packer.read.nifti import load_header
+
+    path = save(tmp_path / "a.nii", phantom())
+    data = bytearray(path.read_bytes())
+    data[254:256] = (65).to_bytes(2, "little")  # sform_code
+    path.write_bytes(bytes(data))
+    for _ in range(2):
+        _, header = load_header(str(path), LimitsConfig(), channels_from=None)
+        assert header.affine_source == "qform"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("nibabel")] == []
+
+
 def test_a_4d_file_is_refused_unless_its_last_axis_is_channels(tmp_path: Path) -> None:
     root = tmp_path / "raw"
     four = np.stack([phantom(seed=s) for s in range(3)], axis=-1)

@@ -119,13 +119,27 @@ def issue(ref: SampleRef, defect: NiftiDefect, name: str | None = None) -> Issue
     return Issue.of(ref, stage=defect.stage, reason=defect.reason, message=f"{name or ref.path}: {defect.message}")
 
 
+@contextlib.contextmanager
+def _nibabel_silent() -> Iterator[None]:
+    """nibabel's header-repair log ('sform_code 65 not valid; setting to 0') muted. Not nibabel's
+    ``LoggingOutputSuppressor``: it removes the handlers from the list it iterates and restores
+    none, and a logger left without handlers prints through logging's last-resort handler."""
+    from nibabel.imageglobals import logger
+
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -> tuple[Any, NiftiHeader]:
     """The nibabel image of ``path`` (lazy: no voxel read) and its checked :class:`NiftiHeader`.
     Raises :class:`NiftiDefect` (module docstring); ``channels_from``: ``last_axis`` lets a 4th
     axis be channels, None refuses it."""
     import nibabel as nib
     from nibabel.filebasedimages import ImageFileError
-    from nibabel.imageglobals import LoggingOutputSuppressor
     from nibabel.spatialimages import HeaderDataError
 
     try:
@@ -140,7 +154,7 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     try:
         # nibabel repairs some header fields as it loads (a zero pixdim, a low vox_offset), warning
         # or logging (to stderr, without the file's name); the checks below refuse them instead
-        with warnings.catch_warnings(), LoggingOutputSuppressor():
+        with warnings.catch_warnings(), _nibabel_silent():
             warnings.simplefilter("ignore")
             img = nib.load(path)
     except ImageFileError as err:
