@@ -12,12 +12,17 @@ a damaged one into :class:`DamagedElement` (a ``ValueError``) naming the tag.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import struct
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
+from pydicom import config as pydicom_config
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
@@ -30,6 +35,40 @@ from packer.transform.dicom import Lut, ModalityTransform, VoiTransform
 from packer.transform.window import check_window
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextlib.contextmanager
+def pydicom_quietly() -> Iterator[None]:
+    """Read with pydicom's own opinions of a header kept off stderr: its check of each value
+    against its VR's rules as the value is converted (``reading_validation_mode``, WARN by
+    default: a warning, never an error) is off, and the warnings its parser gives while it
+    recovers (``Expected explicit VR, but found implicit VR``) are dropped. On a damaged file
+    they were printed by every worker, without the file's name, between the progress lines, and
+    with the damaged bytes they quote, a patient's name among them. They change nothing packer
+    reads: what packer needs it checks itself, and a file it cannot use is a bad sample with its
+    reason. The setting is restored on leaving (a worker runs one task at a time)."""
+    before = pydicom_config.settings.reading_validation_mode
+    pydicom_config.settings.reading_validation_mode = pydicom_config.IGNORE
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"pydicom(\.|$)")
+            yield
+    finally:
+        pydicom_config.settings.reading_validation_mode = before
+
+
+def quiet(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run under :func:`pydicom_quietly`."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with pydicom_quietly():
+            return fn(*args, **kwargs)
+
+    return run
 
 # What pydicom raises when it decodes a damaged element on access (a sequence item cut short
 # raises OSError or EOFError; an unknown VR NotImplementedError; a bad length BytesLengthException).

@@ -30,7 +30,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
-from packer.read.dicom_attrs import record_time, text_value
+from packer.read.dicom_attrs import quiet, record_time, text_value
 from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
@@ -146,6 +146,7 @@ class DicomKind(SourceKind):
             raise ConfigError("transform.dicom.frames: stack makes one sample of a multi-frame file, but masks "
                               "from: dicom are painted on a series' slices; use frames: split")
 
+    @quiet
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
         """The header probe (:func:`~packer.read.dicom.probe_dicom`). With ``placed`` (the file's
@@ -175,12 +176,14 @@ class DicomKind(SourceKind):
         return Probed(ref=replace(ref, entity=header.entity, time=header.time),
                       state=header.geometry if placement else header.dataset, attribute=header.label_value)
 
+    @quiet
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         from packer.read.dicom import read_dicom
 
         return read_dicom(ref, job.dicom, limits=job.limits,
                           allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=state)
 
+    @quiet
     def rehearse_probe(self, ref: SampleRef, handle: RangedFile, limits: LimitsConfig) -> bool:
         from packer.read.dicom import rehearse_header_reads
 
@@ -293,6 +296,7 @@ class DicomSeries(Grouping):
         prints = series.fingerprints or (None,) * len(series.refs)
         return [None if is_url(ref.path) else fp for ref, fp in zip(series.refs, prints, strict=True)]
 
+    @quiet
     def combine(self, group: Series | AnnotatedSeries, per_file: Sequence[list[Sample]], job: JobConfig
                 ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:
         series = group.series if isinstance(group, AnnotatedSeries) else group
