@@ -288,3 +288,50 @@ def test_the_progress_counts_and_the_first_line_add_up_to_the_summarys_bad_sampl
     summary = re.search(r"bad samples: (\d+) of 8 files", result.output)
     assert process is not None and summary is not None, result.output
     assert 1 + int(process[1]) == int(summary[1]) == 2
+
+
+# 8. a dataset of several shapes says so in the build summary ---------------------------------------
+
+def test_a_source_of_several_sizes_is_a_warning_that_names_its_shapes_and_the_fixes(tmp_path: Path) -> None:
+    # torch's default collate (the README's first loader) fails on them naming no sample
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)]
+    job = photo_job(tmp_path, rows, split={"by": "entity", "ratios": {"train": 1.0}})
+    doc = yaml.safe_load(job.read_text())
+    del doc["transform"]["image"]["size"]
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cv2.imwrite(str(tmp_path / "raw" / "p3.png"), cv2.resize(photo(3), (40, 30)))
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert built.exit_code == 0, built.output
+    (warning,) = [line for line in built.output.splitlines() if "shapes" in line]
+    assert warning.startswith("  warning: source raw packs samples of 2 shapes (3×30×40, 3×48×64)")
+    assert "transform.<kind>.size" in warning and 'collate="list"' in warning
+
+    doc["transform"]["image"]["size"] = [32, 32]  # one shape: no warning
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert built.exit_code == 0 and "warning" not in built.output, built.output
+
+
+@pytest.mark.parametrize("shapes, expected", [
+    ({"ct": [[2, 64, 64]]}, []),
+    ({"ct": [[2, 64, 64]], "photos": [[2, 64, 64]]}, []),
+    ({"brats": [[1, 8, 16, 16], [2, 8, 16, 16]]},
+     ["source brats packs samples of 2 shapes (1×8×16×16, 2×8×16×16), which no batch can stack: make them one "
+      "channel count with transform.channels"]),
+    ({"ct": [[2, 64, 64]], "photos": [[3, 64, 64]]},
+     ["the sources' samples have different shapes (ct 2×64×64, photos 3×64×64), which no batch can stack: load one "
+      "source at a time (ShardDataset(..., sources=[...]))"]),
+    ({"photos": [[3, n, n] for n in range(10, 16)]},
+     ["source photos packs samples of 6 shapes (3×10×10, 3×11×11, 3×12×12, 3×13×13 and 2 more), which no batch can "
+      "stack: give the kind a size"]),
+])
+def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str, list[list[int]]],
+                                                                  expected: list[str]) -> None:
+    from packer.pipeline.build import several_shapes
+
+    everything = {tuple(s) for listed in shapes.values() for s in listed}
+    schema = {"shape": list(next(iter(everything))) if len(everything) == 1 else None, "shapes": shapes}
+    warnings = several_shapes(schema)
+    assert len(warnings) == len(expected)
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start), warning

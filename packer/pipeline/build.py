@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +176,40 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
         "shape": list(next(iter(all_shapes))) if len(all_shapes) == 1 else None,
         "shapes": {src: sorted(list(s) for s in shapes) for src, shapes in sorted(by_source.items())},
     }
+
+
+def several_shapes(schema: Mapping[str, Any]) -> list[str]:
+    """Warnings for a dataset whose samples have several shapes (the manifest's
+    ``sample_schema``): a batch stacks one shape, and torch's default collate, the README's
+    first loader, fails on them with a message that names no sample. One warning per source of
+    several shapes, with the setting that makes them one; where each source has one shape but
+    they differ, one warning naming each source's. Empty for a dataset of one shape."""
+    shapes: Mapping[str, list[list[int]]] = schema.get("shapes") or {}
+    if schema.get("shape") is not None or len({tuple(s) for listed in shapes.values() for s in listed}) <= 1:
+        return []
+    loaders = 'or batch them with make_loader(..., collate="list") or collate="pad"'
+    out = []
+    for source, listed in sorted(shapes.items()):
+        if len(listed) < 2:
+            continue
+        if len({len(s) for s in listed}) > 1 or len({s[0] for s in listed}) > 1:
+            fix = ("make them one channel count with transform.channels (or the kind's own channels setting: a "
+                   "file whose count cannot be made so becomes a bad_shape sample)")
+        else:
+            fix = "give the kind a size (transform.<kind>.size) so every sample is resized to it"
+        out.append(f"source {source} packs samples of {len(listed)} shapes ({_shapes_text(listed)}), which no batch "
+                   f"can stack: {fix}, {loaders}")
+    if not out:
+        each = ", ".join(f"{source} {_shapes_text(listed)}" for source, listed in sorted(shapes.items()))
+        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: load one source "
+                   "at a time (ShardDataset(..., sources=[...])), make them one channel count with "
+                   f"transform.channels, {loaders}")
+    return out
+
+
+def _shapes_text(shapes: Sequence[Sequence[int]], most: int = 4) -> str:
+    shown = ", ".join("×".join(str(n) for n in shape) for shape in shapes[:most])
+    return shown + (f" and {len(shapes) - most} more" if len(shapes) > most else "")
 
 
 def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite],
