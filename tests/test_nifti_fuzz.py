@@ -390,6 +390,24 @@ def test_zero_or_negative_voxel_size_without_sform_is_bad_geometry(fuzz_dir: Pat
         assert reason(outcome(fuzz_dir, name)) == want, (sform, pixdim)
 
 
+@pytest.mark.parametrize("where, value", [("column", 2.4e24), ("column", 2e5), ("origin", -3e8)])
+def test_an_affine_no_scanner_gives_is_bad_geometry(fuzz_dir: Path, where: str, value: float) -> None:
+    """A damaged sform (a flipped exponent bit: a 2.4e24 mm voxel column, or a first voxel 300 km
+    away) placed the voxels on that grid and packed with only the forms-differ warning, its
+    pixel spacing 2.4e24 mm in the metadata: ``bad_geometry``. A big but possible header (a
+    voxel of 1 m, an origin 10 m off) still reads."""
+    values = phantom().astype(np.float32)
+    for scale, want in ((1.0, "bad_geometry"), (None, "ok")):
+        affine = GRID.affine.copy()
+        column, origin = (value, affine[0, 3]) if where == "column" else (affine[0, 0], value)
+        if scale is None:  # the plausible neighbour of the same edit
+            column, origin = (1000.0, affine[0, 3]) if where == "column" else (affine[0, 0], 1e4)
+        affine[0, 0], affine[0, 3] = column, origin
+        name = f"affine-{where}-{value}-{want}.nii"
+        write_nifti(fuzz_dir / name, values, affine, form=Form(1, 0))
+        assert reason(outcome(fuzz_dir, name)) == want, (where, value, want)
+
+
 def test_a_quaternion_that_is_no_rotation_never_escapes(fuzz_dir: Path) -> None:
     """A qform whose quaternion has b² + c² + d² > 1 (no rotation has it; nibabel's
     ``get_qform`` raises ValueError, which escaped packer's probe and ended the build): beside
@@ -501,11 +519,12 @@ def test_a_tiny_nii_gz_promising_a_huge_volume_is_refused_without_inflating(fuzz
 
 @pytest.mark.parametrize("sample", ["volume", "slice"])
 def test_resampling_to_an_absurd_grid_is_too_large(fuzz_dir: Path, sample: str) -> None:
-    """An sform with a 1e30 mm voxel, resampled to 5 mm (``sample: {volume: {spacing}}``) or
-    slices to 2 mm (``spacing``), asks for an astronomically large grid: ``too_large`` (as a
-    DICOM series is, against ``limits.max_voxels`` / ``max_pixels``), never an attempt."""
+    """An sform with a 90 m voxel (within what ``bad_geometry`` lets through: a 1e30 mm one is
+    refused before this), resampled to 5 mm (``sample: {volume: {spacing}}``) or slices to
+    2 mm (``spacing``), asks for a grid far too large: ``too_large`` (as a DICOM series is,
+    against ``limits.max_voxels`` / ``max_pixels``), never an attempt."""
     affine = GRID.affine.copy()
-    affine[2, 2] = 1e30
+    affine[2, 2] = 9e4
     write_nifti(fuzz_dir / "absurd.nii.gz", phantom().astype(np.float32), affine)
     nifti = ({"windows": ["abdomen"], "sample": {"volume": {"spacing": [5.0, 5.0, 5.0]}}} if sample == "volume"
              else {"windows": ["abdomen"], "axis": "coronal", "spacing": [2.0, 2.0]})

@@ -54,6 +54,11 @@ from packer.transform.volume import Volume, canonical_order, canonical_plan, can
 #: same grid: float32 round-off of a 500 mm offset is about 3e-5 mm, dcm2niix writes both forms
 #: equal, and a real disagreement is a rotation or a shift of a voxel or more.
 AFFINE_TOLERANCE = 1e-3
+#: Largest voxel edge (mm) and farthest first-voxel centre from the origin (mm) an affine may
+#: give: a scanner's voxels are well under a metre and its field within metres of its origin,
+#: while a damaged header's exponent bits give 1e24 mm. Beyond either, the file is bad_geometry.
+MAX_VOXEL_MM = 1e5
+MAX_ORIGIN_MM = 1e7
 #: RAS+ → LPS+ (points, and the rows of an affine).
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
 #: DEFLATE's largest compression ratio: a 258-byte match coded in 2 bits (the zlib manual's
@@ -309,6 +314,14 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
         raise NiftiDefect("bad_geometry", f"the {source} affine {np.round(affine[:3], 4).tolist()} is singular or "
                                           "not finite: it places no voxel (a zero voxel size or a collapsed "
                                           "direction); fix the header", stage="validate")
+    voxel = np.linalg.norm(affine[:3, :3], axis=0)
+    if float(voxel.max()) > MAX_VOXEL_MM or float(np.abs(affine[:3, 3]).max()) > MAX_ORIGIN_MM:
+        sizes = [float(f"{v:.4g}") for v in voxel]
+        first = [float(f"{v:.4g}") for v in affine[:3, 3]]
+        raise NiftiDefect("bad_geometry", f"the {source} affine gives voxel sizes {sizes} mm and puts the first voxel "
+                                          f"at {first} mm: no scanner places voxels so (a voxel over {MAX_VOXEL_MM:g} "
+                                          f"mm, or one farther than {MAX_ORIGIN_MM:g} mm from the origin); the header "
+                                          "is damaged: fix it", stage="validate")
     if source == "sform" and qcode and qcode > 0 and qform is not None and np.isfinite(qform).all():
         differ = float(np.abs(np.asarray(qform, dtype=np.float64)[:3] - affine[:3]).max())
         if differ > AFFINE_TOLERANCE:
