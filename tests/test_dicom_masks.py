@@ -271,6 +271,29 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
 
 
 @pytest.mark.slow
+def test_a_constant_slice_is_its_own_bad_sample_and_the_rest_of_its_series_packs(tmp_path: Path) -> None:
+    # sample: slice packs slices one by one: an all-air slice at the edge of a scan is a constant_image
+    # bad sample, but it used to make every other slice of its series (and its SEG and RTSTRUCT)
+    # series_incomplete bad samples, dropping a whole annotated scan
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    edge = tree["A"][0]
+    edge.PixelData = np.full((ROWS, COLUMNS), 24, dtype=np.int16).tobytes()
+    edge.save_as(edge.filename)
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert [(Path(b["path"]).name, b["reason"]) for b in records] == [(Path(edge.filename).name, "constant_image")]
+    excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    assert sorted(e["why"] for e in excluded) == ["annotation", "annotation"]
+    annotated = sorted(((float(item["image"].float().mean()), item["mask"].numpy()[0]) for item in _items(result)
+                        if item["mask"].numpy().any()), key=lambda pair: pair[0])
+    truth = _truth()
+    assert len(annotated) == SLICES - 1
+    for k, (_, mask) in enumerate(annotated, start=1):
+        assert np.array_equal(mask, truth[k]), k
+
+
+@pytest.mark.slow
 def test_an_annotation_whose_structures_are_all_unmapped_names_the_closest(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     _annotated_tree(raw)

@@ -287,8 +287,14 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
         raise ValueError(f"source kind {task.refs[0].kind!r} does not group files under this job")
     job = grouping.file_job(task.job)
     per_file: list[list[Sample]] = []
+    alone = grouping.partial(task.job)
+    failed: list[Issue | Excluded] = []
     for ref, placed in zip(grouping.decoded(task.group), grouping.placed(task.group), strict=True):
         outcome = _on_local_file(ref, task, listed, partial(_samples_of, job=job, clock=clock, placed=placed), clock)
+        if isinstance(outcome, (Issue, Excluded)) and alone:  # this file's record; the others still pack
+            failed.append(outcome)
+            per_file.append([])
+            continue
         if isinstance(outcome, (Issue, Excluded)):
             state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
             others = [Issue.of(r, stage="validate", reason="series_incomplete",
@@ -301,7 +307,8 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
         _note_warnings(samples, notes)
     clock.switch("decode+transform")
     samples, records = grouping.combine(task.group, per_file, task.job)
-    return [samples, *records]
+    gone = {r.sample_id for r in failed}  # a file with its own record keeps that one
+    return [samples, *failed, *(r for r in records if r.sample_id not in gone)]
 
 
 def _note_warnings(samples: Iterable[Sample], notes: dict[tuple[str, str], None]) -> None:

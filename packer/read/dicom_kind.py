@@ -296,17 +296,24 @@ class DicomSeries(Grouping):
         prints = series.fingerprints or (None,) * len(series.refs)
         return [None if is_url(ref.path) else fp for ref, fp in zip(series.refs, prints, strict=True)]
 
+    def partial(self, job: JobConfig) -> bool:
+        """Slices packed one by one (a series only places its annotations): a slice that cannot be
+        read (a constant one, a truncated file) is its own bad sample, the others keep their masks."""
+        return not job.dicom.by_series
+
     @quiet
     def combine(self, group: Series | AnnotatedSeries, per_file: Sequence[list[Sample]], job: JobConfig
                 ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:
         series = group.series if isinstance(group, AnnotatedSeries) else group
-        slices = [per_file[i][frame] for i, frame in series.slices]
+        read = [n for n, (i, _) in enumerate(series.slices) if per_file[i]]  # all, unless partial()
+        slices = [per_file[i][frame] for i, frame in (series.slices[n] for n in read)]
         records: tuple[Issue | Excluded, ...] = ()
         labels = None
         if isinstance(group, AnnotatedSeries):
-            labels, metadata, records = series_labels(group, len(slices), job)
+            labels, metadata, records = series_labels(group, len(series.slices), job)
             if labels is None:
                 return [], records
+            labels = labels[read] if len(read) < len(series.slices) else labels
         blank = _blank_series(series, slices)
         if blank:
             return [], (*records, *blank)

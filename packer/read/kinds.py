@@ -295,8 +295,14 @@ class Grouping:
                 ) -> tuple[list[Sample], tuple[Issue | Excluded, ...]]:
         """A group's samples from each of its :meth:`decoded` files' samples (in that order), and
         the records of its other files (an annotation used: Excluded; a defect: Issues, and then
-        no samples)."""
+        no samples). Where :meth:`partial` holds, a file that could not be read has an empty list."""
         raise NotImplementedError
+
+    def partial(self, job: JobConfig) -> bool:
+        """Whether a group whose file cannot be read still packs its other files (each file its own
+        samples: the group only places what they share) rather than refusing them all as
+        ``series_incomplete``. Default: no."""
+        return False
 
     def headers_only(self, group: Any) -> tuple[Excluded, ...]:
         """``validate --quick``: the records of the group's files that are not :meth:`decoded`
