@@ -66,6 +66,15 @@ def _one(files: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig = CFG) 
     return out.series[0] if out.series else {i.reason for i in out.issues}
 
 
+def test_a_duplicate_position_names_the_two_files_that_share_it() -> None:
+    # an export holding one slice twice (a copy in another folder) refused every file of a 300-slice
+    # series with "two slices share the position 109.000 mm" and no word of which two files
+    files = [(_ref(i), _geometry(2.5 * i)) for i in range(8)] + [(_ref(50), _geometry(5.0))]
+    out = assemble(files, CFG)
+    assert {i.reason for i in out.issues} == {"series_duplicate_position"}
+    assert all("/raw/2.dcm and /raw/50.dcm" in i.message for i in out.issues)
+
+
 @given(st.permutations(range(8)), st.sampled_from([AXIAL, _oblique(20.0), _oblique(-35.0)]))
 @settings(max_examples=60, deadline=None)
 def test_slices_are_ordered_by_position_along_the_normal_whatever_the_file_order(order: list[int],

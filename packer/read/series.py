@@ -172,8 +172,10 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
     steps = np.diff([s[0] for s in slices])
     if (steps < POSITION_TOLERANCE).any():
         at = int(np.argmax(steps < POSITION_TOLERANCE))
+        both = " and ".join(_slice_name(members, slices[n]) for n in (at, at + 1))
         return _fail(refs, "series_duplicate_position", f"two slices share the position {slices[at][0]:.3f} mm "
-                                                        "along the slice normal", uid_key)
+                                                        f"along the slice normal ({both}: one file twice in the "
+                                                        "export, or two acquisitions in one series)", uid_key)
     median = float(np.median(steps))
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
@@ -195,6 +197,13 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                   orientation=tuple(float(v) for v in base), pixel_spacing=first.spacing, rows=first.rows,
                   columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])),
                   fingerprints=tuple(members[i][1].fingerprint for i in order))
+
+
+def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
+    """A slice of ``members`` (its (depth, file, frame) place) as a record names it: the file, and
+    its frame where the file holds several."""
+    ref, geometry = members[place[1]]
+    return f"{ref.path} frame {place[2] + 1}" if geometry.frames > 1 else ref.path
 
 
 def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, int]:
