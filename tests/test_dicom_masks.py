@@ -464,6 +464,19 @@ def test_an_annotation_is_linked_from_its_header_to_the_series_it_references(ref
     assert len(every) == 12 and all(p.sop_uid for p in every)
 
 
+def test_an_annotation_two_series_could_hold_says_how_to_name_one_not_to_add_a_series() -> None:
+    # both series are under the root: "Put the series it was drawn on under the source's root" sent
+    # the user looking for a series that was already there
+    placed = _placed("A", "FOR-A", "P1") + _placed("A2", "FOR-A", "P1")
+    assembled = assemble(placed, SeriesConfig(min_slices=1, gap_tolerance=float("inf")))
+    masks = {"ct": MaskConfig(column="", origin="dicom", rois=StructureMap((Structure("body", 1),)))}
+    _, issues = link(assembled.series, {r.sample_id: g for r, g in placed},
+                     [_note("n", frames_of_reference=("FOR-A",))], (), masks)
+    (issue,) = issues
+    assert issue.reason == "annotation_orphan" and "2 series of the source share" in issue.message
+    assert "under the source's root" not in issue.message and "Referenced Series Sequence" in issue.message
+
+
 def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import packer.read.rtstruct as rtstruct

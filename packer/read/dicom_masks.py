@@ -103,10 +103,10 @@ def _places(series: Series, geometry: Mapping[str, SliceGeometry]) -> tuple[Slic
     return tuple(out)
 
 
-def _orphan(ref: SampleRef, refs: AnnotationRefs, why: str) -> Issue:
+def _orphan(ref: SampleRef, refs: AnnotationRefs, why: str,
+            fix: str = "Put the series it was drawn on under the source's root (or remove the annotation)") -> Issue:
     return Issue.of(ref, stage="validate", reason="annotation_orphan", message=(
-        f"{ref.path}: a {refs.modality} that {why}; it paints no mask. Put the series it was drawn on under the "
-        "source's root (or remove the annotation)"))
+        f"{ref.path}: a {refs.modality} that {why}; it paints no mask. {fix}"))
 
 
 def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
@@ -146,7 +146,9 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             if len(chosen) > 1:
                 issues.append(_orphan(ref, refs, f"names no series or instance, and {len(chosen)} series of the "
                                                  "source share its Frame of Reference, so which one it was drawn "
-                                                 "on is unknown"))
+                                                 "on is unknown",
+                                      "Re-export it with its Referenced Series Sequence (or its frames' Source "
+                                      "Image references), or give each series its own source root"))
                 continue
         if not chosen:
             what = (f"references series {', '.join(_digest(u) for u in refs.series_uids)} (UID digests)"
