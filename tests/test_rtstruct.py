@@ -196,7 +196,7 @@ def test_ring_islands_and_keyhole_equal_skimage_even_odd_off_the_boundary(tmp_pa
     ds = rtstruct([("Lung_L", [closed(slices[3], RING_OUT), closed(slices[3], RING_IN), closed(slices[5], ISLAND_A),
                                closed(slices[5], ISLAND_B), closed(slices[9], KEYHOLE)])])
     labels, drawn = paint(tmp_path, ds, slices)
-    assert drawn == Drawn(unmapped=(), notes=())
+    assert drawn == Drawn(unmapped=(), notes=(), sop_class="RT Structure Set Storage")
     assert labels[3, 17, 22] == 0 and labels[3, 8, 22] == 1  # the hole and the ring, by hand
     assert labels[9, 30, 30] == 0 and labels[9, 22, 30] == 1  # the keyhole's hole and ring
     differ = assert_matches_skimage(labels[3] == 1, [RING_OUT, RING_IN])

@@ -376,8 +376,15 @@ def test_labelmap(tmp_path: Path, axial) -> None:
     grid, sources, _, planted = axial
     path = write_seg(tmp_path / "labelmap.dcm", sources, in_source_order(sources, grid, expected_labels(planted)),
                      ["Ball Thing", "Cube_A"], kind="LABELMAP")
-    labels, _ = paint(path, places(sources))
+    labels, drawn = paint(path, places(sources))
     np.testing.assert_array_equal(labels, expected_labels(planted))
+    # its own SOP class, as excluded.jsonl and the manifest's excluded_by_sop_class count it (pydicom
+    # 3.0 does not know the class: it is newer)
+    assert pydicom.dcmread(path).SOPClassUID == "1.2.840.10008.5.1.4.1.1.66.7"
+    assert drawn.sop_class == "Label Map Segmentation Storage"
+    _, binary = paint(write_seg(tmp_path / "binary.dcm", sources, in_source_order(sources, grid, planted),
+                                ["Ball Thing", "Cube_A"]), places(sources))
+    assert binary.sop_class == "Segmentation Storage"
 
 
 def test_defects_are_annotation_errors(tmp_path: Path, axial) -> None:

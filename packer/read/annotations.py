@@ -164,6 +164,9 @@ class Drawn:
 
     unmapped: tuple[str, ...]
     notes: tuple[str, ...]
+    #: the object's SOP class by name (``Segmentation Storage``, ``Label Map Segmentation Storage``,
+    #: ``RT Structure Set Storage``), as the excluded records count it
+    sop_class: str = ""
 
 
 @dataclass(frozen=True)

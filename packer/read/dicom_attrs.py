@@ -277,11 +277,15 @@ def slice_thickness(ds: Dataset, frame: int) -> float | None:
     return first_float(element(source, "SliceThickness"))
 
 
+#: SOP classes packer reads that are newer than the pydicom it pins (its UID dictionary has them not).
+NEWER_SOP_CLASSES = {"1.2.840.10008.5.1.4.1.1.66.7": "Label Map Segmentation Storage"}
+
+
 def sop_class_name(uid: str) -> str:
     """'RT Plan Storage' for its UID; the UID itself when pydicom does not know it."""
     if not uid:
         return "unknown SOP class (no (0008,0016) SOP Class UID)"
-    name = UID(uid).name
+    name = NEWER_SOP_CLASSES.get(uid) or UID(uid).name
     return name if name and name != uid else f"SOP class {uid}"
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig
-from packer.read.annotations import AnnotationError, AnnotationRefs, Painter, SlicePlace
+from packer.read.annotations import AnnotationError, AnnotationRefs, Drawn, Painter, SlicePlace
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
 from packer.records import Excluded, Issue, Sample, SampleRef
@@ -194,24 +194,23 @@ class Painted:
 
 
 def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg: MaskConfig,
-                     painter: Painter) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                     painter: Painter) -> Drawn:
     """Paint one annotation object (each reader parses its own file, so highdicom need not copy
-    a parsed one); (unmapped structure names, notes). Raises AnnotationError."""
+    a parsed one): its unmapped structure names, notes and SOP class. Raises AnnotationError."""
     if modality == "SEG":
         from packer.read.seg import paint_seg
 
         if cfg.segments is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
                                                          "segments; add mask.segments (segment label → class id)")
-        drawn = paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid)
+        return paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid)
     else:
         from packer.read.rtstruct import paint_rtstruct
 
         if cfg.rois is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
                                                          "rois; add mask.rois (ROI name → class id, with aliases)")
-        drawn = paint_rtstruct(ref.path, group.places, cfg.rois, painter)
-    return tuple(drawn.unmapped), tuple(drawn.notes)
+        return paint_rtstruct(ref.path, group.places, cfg.rois, painter)
 
 
 def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> Painted | list[Issue]:
@@ -229,19 +228,20 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
     for ref, modality in group.annotations:
         painter.path = ref.path
         try:
-            names, noted = _read_annotation(ref, modality, group, cfg, painter)
+            drawn = _read_annotation(ref, modality, group, cfg, painter)
         except AnnotationError as err:
             return _refused(group, ref, err)
         except Exception as err:  # noqa: BLE001 - the annotation readers' boundary, as packer.read.at_boundary is
             # the image readers': a reader bug is the series' unexpected_error record, never a crashed job
             return _refused(group, ref, AnnotationError("unexpected_error", f"{ref.path}: {type(err).__name__}: {err}"))
+        names, noted = drawn.unmapped, drawn.notes
         unmapped += len(names)
         notes.extend(noted)
         detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
                   f"files){f'; {len(names)} structure(s) the map does not name, ignored' if names else ''}"
                   f"{f'; {len(noted)} note(s): ' + '; '.join(noted[:3]) if noted else ''}")
         used.append(Excluded.of(ref, stage="transform", why="annotation", detail=detail, modality=modality,
-                                sop_class="Segmentation Storage" if modality == "SEG" else "RT Structure Set Storage"))
+                                sop_class=drawn.sop_class))
     by_id = {s.id: s.name for s in cfg.structures().structures}
     classes = {by_id[i]: sorted(names) if keep_names else None for i, names in sorted(painter.painted.items())}
     metadata: dict[str, Any] = {"objects": [m for _, m in group.annotations],

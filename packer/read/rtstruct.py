@@ -63,7 +63,8 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from packer.read.annotations import AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.dicom_attrs import sop_class_name
 from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
 
@@ -561,4 +562,4 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
             place = slices[at]
             window, origin = fill_window(by_slice[at], place.rows, place.columns)
             painter.paint(structure, at, window, source=name, origin=origin)
-    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes))
+    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(RTSTRUCT_STORAGE))

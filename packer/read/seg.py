@@ -52,6 +52,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException, InvalidDicomError
 
 from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.dicom_attrs import sop_class_name
 from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
@@ -136,7 +137,7 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         if outside:
             notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie beyond the "
                          "series and were not painted")
-    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes))
+    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)))
 
 
 def _unreadable(path: str, err: BaseException) -> AnnotationError:
