@@ -175,6 +175,18 @@ def test_nih_bare_names_are_found_under_the_root(tmp_path: Path) -> None:
     assert [r.entity for r in refs.values()] == ["1", "1", "2", "3"]
     assert refs["images_001/images/00000001_000.png"].label == "Cardiomegaly|Effusion"
     assert found.issues == [] and found.excluded == []
+    # the comma ending every line makes a column without a name or a value: it is not a cell of any
+    # record (it rode in every sample's record as "": "")
+    assert all("" not in dict(r.extra) for r in refs.values())
+    assert dict(refs["images_001/images/00000001_000.png"].extra)["Patient Age"] == "58"
+
+
+def test_an_unnamed_column_that_holds_values_is_kept(tmp_path: Path) -> None:
+    from packer.pipeline.tables import _without_trailing_commas
+
+    rows = [(2, {"a": "1", "": "x"}), (3, {"a": "2", "": ""})]
+    assert _without_trailing_commas(("a", ""), rows) == (("a", ""), rows)
+    assert _without_trailing_commas(("a", ""), [(2, {"a": "1", "": " "})]) == (("a",), [(2, {"a": "1"})])
 
 
 def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:

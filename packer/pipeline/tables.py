@@ -182,12 +182,25 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = [(n, {k: (v or "") for k, v in record.items() if k is not None})
                     for n, record in enumerate(reader, start=2)]
-            return columns, rows
+            return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
+
+
+def _without_trailing_commas(columns: tuple[str, ...], rows: list[tuple[int, Record]]
+                             ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    """``columns`` and ``rows`` without the columns that have no name and no value in any row:
+    what a comma at the end of every line makes (NIH ChestX-ray14's Data_Entry_2017.csv ends so).
+    Such a column cannot be named by a job, and its empty cells would ride in every sample's
+    record as ``"": ""``. An unnamed column that holds values is kept."""
+    blank = {c for c in columns if not c.strip() and not any(record.get(c, "").strip() for _, record in rows)}
+    if not blank:
+        return columns, rows
+    return (tuple(c for c in columns if c not in blank),
+            [(n, {k: v for k, v in record.items() if k not in blank}) for n, record in rows])
 
 
 def closest(name: str, choices: Sequence[str]) -> str | None:
