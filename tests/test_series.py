@@ -75,6 +75,24 @@ def test_a_duplicate_position_names_the_two_files_that_share_it() -> None:
     assert all("/raw/2.dcm and /raw/50.dcm" in i.message for i in out.issues)
 
 
+def test_one_image_exported_twice_packs_its_series_once_and_names_the_copy() -> None:
+    # the same SOP Instance at the same position in two files (a copy in another folder) refused the
+    # whole series as series_duplicate_position, and orphaned the SEG or RTSTRUCT drawn on it
+    files = [(_ref(i), replace(_geometry(2.5 * i), sop_uid=f"1.9.{i}")) for i in range(8)]
+    copy = (_ref(50), replace(_geometry(5.0), sop_uid="1.9.2"))
+    out = assemble([*files, copy], CFG)
+    (series,) = out.series
+    assert [r.sample_id for r in series.refs] == [f"id{i:03d}" for i in range(8)]
+    (issue,) = out.issues
+    assert issue.sample_id == "id050" and issue.reason == "series_duplicate_position"
+    assert "the same image as /raw/2.dcm" in issue.message and "remove one of them" in issue.message
+    assert assemble([copy, *reversed(files)], CFG) == out  # the first by sample id stays, whatever the order
+    # another image at the same place (its own SOP Instance UID) still refuses the series
+    other = (_ref(50), replace(_geometry(5.0), sop_uid="1.9.99"))
+    assert {i.reason for i in assemble([*files, other], CFG).issues} == {"series_duplicate_position"}
+    assert not assemble([*files, other], CFG).series
+
+
 @given(st.permutations(range(8)), st.sampled_from([AXIAL, _oblique(20.0), _oblique(-35.0)]))
 @settings(max_examples=60, deadline=None)
 def test_slices_are_ordered_by_position_along_the_normal_whatever_the_file_order(order: list[int],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +115,8 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
     series: list[Series] = []
     issues: list[Issue] = []
     for key in sorted(groups):
-        members = sorted(groups[key], key=lambda m: m[0].sample_id)
+        members, copies = _one_per_instance(sorted(groups[key], key=lambda m: m[0].sample_id), _digest(*key))
+        issues.extend(copies)
         outcome = _check(members, cfg, _digest(*key))
         if isinstance(outcome, Series):
             series.append(outcome)
@@ -122,6 +124,28 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
             issues.extend(outcome)
         issues.extend(_left_out(members, outcome if isinstance(outcome, Series) else None, cfg, _digest(*key)))
     return Assembled(series=tuple(series), issues=tuple(issues))
+
+
+def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
+                      ) -> tuple[list[tuple[SampleRef, SliceGeometry]], list[Issue]]:
+    """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
+    and the positions of an earlier one is the same image exported twice (a copy in another
+    folder). It was two slices at one position, which refused the whole series (and orphaned
+    its annotations); now the first copy stays and each later one is a bad sample naming it."""
+    seen: dict[tuple[str, tuple[Any, ...]], SampleRef] = {}
+    kept: list[tuple[SampleRef, SliceGeometry]] = []
+    copies: list[Issue] = []
+    for ref, geometry in members:
+        same = (geometry.sop_uid, geometry.positions)
+        first = seen.get(same) if geometry.sop_uid else None
+        if first is None:
+            seen.setdefault(same, ref)
+            kept.append((ref, geometry))
+            continue
+        copies.append(Issue.of(ref, stage="validate", reason="series_duplicate_position", message=(
+            f"{ref.path}: the same image as {first.path} (its SOP Instance UID and position), one file twice in the "
+            f"export; series {uid_key} is packed with {first.path}, not with this copy: remove one of them")))
+    return kept, copies
 
 
 def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series | None, cfg: SeriesConfig,
