@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packer.config import JobConfig, job_from_mapping, load_job
-from packer.errors import BadFractionError, LeakageError, refused_write
+from packer.errors import BadFractionError, ConfigError, LeakageError, refused_write
 from packer.manifest import Manifest, read_manifest
 
 if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check runs, not on import
@@ -76,6 +76,7 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
     from packer.pipeline.build import build as build_job
     from packer.storage import is_url
 
+    _check_workers(workers)
     config = load(job, base_dir=base_dir)
     target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
     options = BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=not progress,
@@ -218,6 +219,7 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
     """
     from packer.pipeline.datacheck import validate_job
 
+    _check_workers(workers)
     config = load(job, base_dir=base_dir)
     with _typed_errors():
         checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
@@ -237,6 +239,14 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
     """
     return read_manifest(location, storage_options=storage_options)
+
+
+def _check_workers(workers: object) -> None:
+    """``workers`` as ``--workers`` takes it (a whole number, at least 1) or None: 0 once meant
+    the default silently and a negative count waited forever for a cluster that never started."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers={workers!r}: the local cluster needs a whole number of worker processes, "
+                          "at least 1 (None: one per core, at most 8)")
 
 
 @contextlib.contextmanager

@@ -179,6 +179,19 @@ def test_a_missing_raw_root_raises_config_error_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("workers", [0, -1, 1.5, "2", True])
+def test_a_worker_count_the_command_line_refuses_is_a_config_error_not_a_hang(tmp_path: Path, workers: Any) -> None:
+    """``--workers`` takes 1 or more; ``workers=0`` once meant the default silently and
+    ``workers=-1`` waited forever for a local cluster of -1 processes."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    assert cli("validate", str(job), "--workers", "0", "-q").exit_code == 2  # what the command line does
+    for call in (packer.validate, packer.build):
+        with pytest.raises(ConfigError, match=rf"^workers={workers!r}: .* at least 1") as raised:
+            call(job, workers=workers, progress=False)
+        assert raised.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_too_many_bad_samples_raise_after_everything_is_written(tmp_path: Path) -> None:
     job = photo_job(tmp_path, photos(8, bad=1), split=ENTITY_SPLIT)  # 1 of 9 bad > 5%
     with pytest.raises(BadFractionError) as raised:
