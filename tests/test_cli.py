@@ -29,6 +29,16 @@ def test_every_command_has_help_and_is_in_the_readme(name: str) -> None:
     assert f"packer {name}" in (REPO / "README.md").read_text()
 
 
+def test_validate_help_lists_every_exit_code_the_readme_gives_it() -> None:
+    """README: validate exits 6 when its --json/--junit file cannot be written; --help left 6 out,
+    and called --scheduler a tcp address only (a scheduler file works, as for build)."""
+    text = " ".join(CliRunner().invoke(main, ["validate", "--help"]).output.split())
+    for code in ("0 clean", "2 usage/config error", "3 bad fraction", "4 leakage found", "6 the --json/--junit file",
+                 "1 internal error"):
+        assert code in text
+    assert "scheduler file" in text
+
+
 @pytest.mark.slow  # a subprocess build on a real dask cluster
 def test_packer_build_console_script_end_to_end(demo_raw: Any, tmp_path: Path) -> None:
     """The installed `packer` command on the demo tree: exit 0, summary, files where it says."""

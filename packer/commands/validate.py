@@ -18,7 +18,9 @@ from packer.commands import exits
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write JUnit XML (one test case per rule, plus empty_splits) for CI dashboards.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster.")
-@click.option("--scheduler", metavar="ADDRESS", help="tcp://host:port of a dask scheduler, or 'sync'.")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Run on an existing dask.distributed scheduler (tcp://host:port or a scheduler file), "
+                   "or 'sync' to run in-process for debugging.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Option for the store of sources given as URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
                    "(repeatable; AWS_* environment variables work too).")
@@ -36,7 +38,8 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
 
     \b
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction
-    · 4 leakage found · 1 internal error.
+    · 4 leakage found · 6 the --json/--junit file could not be written (disk full or read-only)
+    · 1 internal error.
     """
     from packer.api import validate
     from packer.storage import parse_storage_options
