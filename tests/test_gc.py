@@ -171,6 +171,15 @@ def test_ls_keeps_the_registry_form_and_names_what_is_not_a_version(versions: Ve
     assert invoke("ls", tmp_path / "nowhere").exit_code == 2
 
 
+def test_ls_of_a_version_folder_names_its_dataset_folder(versions: Versions, tmp_path: Path) -> None:
+    """`packer ls OUTPUT/NAME/VERSION` said only "no manifests under" a folder holding manifest.json."""
+    root = dataset_copy(versions, tmp_path)
+    result = invoke("ls", root / versions.base)
+    assert result.exit_code == 0, result.output
+    assert f"it is a version folder: `packer ls {root}` lists the versions of its dataset" in result.output
+    assert f"`packer inspect {root / versions.base}` shows this one" in result.output
+
+
 # -- diff ---------------------------------------------------------------------------------------------
 
 

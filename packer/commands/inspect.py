@@ -119,6 +119,9 @@ def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
         datasets = sorted(p.name for p in registry.iterdir() if is_dataset_folder(p))
         hint = (f"; it is an output folder: `packer ls {registry / datasets[0]}` lists the versions of "
                 f"{datasets[0]}" if datasets else "")
+        if (registry / "manifest.json").is_file():  # a version folder: its dataset folder is the parent
+            hint = (f"; it is a version folder: `packer ls {registry.parent}` lists the versions of its dataset, "
+                    f"`packer inspect {registry}` shows this one")
         click.echo(f"no manifests under {registry}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
