@@ -280,7 +280,8 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
         size = f"{len(largest.members):,} samples ({balance.largest_share:.0%})"
         if len(largest.entities) > 1:
             cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
-                     "duplicate links (listed under split_balance in leakage.json)")
+                     "duplicate links (each listed with its evidence under duplicates_span_entities in "
+                     "leakage.json)")
         else:
             cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
     if cause is None:
