@@ -118,6 +118,22 @@ def test_inspect_text_and_json_show_the_manifest_and_file_numbers(builds: Builds
     assert summary["libraries"] == manifest["libraries"] and summary["config"] == manifest["config"]
 
 
+def test_inspect_says_reported_not_failed_for_a_report_rule_with_findings() -> None:
+    """An audit that passed listed its report-only rules with findings as FAILED: "audit passed"
+    above "duplicates_span_entities FAILED"; packer validate calls them notes."""
+    from packer.inspection import _audit_lines
+
+    lines = _audit_lines({"passed": True, "rules": {
+        "duplicates_span_entities": {"passed": False, "count": 1, "severity": "report"},
+        "entity_overlap": {"passed": True, "count": 0, "severity": "fail"}}})
+    text = "\n".join(lines)
+    assert "audit         passed" in text and "FAILED" not in text
+    assert "duplicates_span_entities         reported count 1 (report)" in text
+    failed = "\n".join(_audit_lines({"passed": False, "rules": {
+        "entity_overlap": {"passed": False, "count": 2, "severity": "fail"}}}))
+    assert "entity_overlap                   FAILED   count 2 (fail)" in failed
+
+
 def test_inspect_refuses_an_edited_manifest(builds: Builds, tmp_path: Path) -> None:
     manifest = json.loads((builds.first / "manifest.json").read_text())
     manifest["inputs"]["samples"] += 1
