@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -27,6 +28,23 @@ def test_every_command_has_help_and_is_in_the_readme(name: str) -> None:
     assert result.exit_code == 0, result.output
     assert len(main.commands[name].help or "") > 40
     assert f"packer {name}" in (REPO / "README.md").read_text()
+
+
+def test_the_readme_synopsis_names_every_option_of_every_command() -> None:
+    """The README's "Commands and exit codes" block left out validate's --scheduler and --quiet,
+    verify's and locate's --storage-option and bench-loader's --batch-sizes, --seconds, --json."""
+    block = (REPO / "README.md").read_text().split("## Commands and exit codes", 1)[1].split("```", 2)[1]
+    lines: dict[str, str] = {}
+    for line in block.strip().splitlines():
+        lines[line.split()[1]] = lines.get(line.split()[1], "") + " " + line
+    assert set(lines) == set(main.commands)
+    for name, synopsis in lines.items():
+        command = main.commands[name]
+        command = command.commands["new"] if isinstance(command, click.Group) else command
+        for param in command.params:
+            if isinstance(param, click.Option) and "--help" not in param.opts:
+                assert any(f"{opt} " in synopsis + " " or f"{opt}]" in synopsis or f"{opt}|" in synopsis
+                           or f"{opt}=" in synopsis for opt in param.opts + param.secondary_opts), (name, param.opts)
 
 
 def test_validate_help_lists_every_exit_code_the_readme_gives_it() -> None:
