@@ -53,6 +53,7 @@ from packer.pipeline.spill import (
     cache_output,
     checked_chain,
     file_fingerprint,
+    index_keys,
     masked_sources,
     read_entry,
     sample_shaping_config,
@@ -79,7 +80,7 @@ class Unit:
 
     def index_keys(self) -> bytes:
         """What the index lists for this unit: its key and its move key, 16 bytes each."""
-        return bytes.fromhex(self.key) + (bytes.fromhex(self.move) if self.move else b"")
+        return index_keys(self.key, self.move)
 
 
 @dataclass(frozen=True)

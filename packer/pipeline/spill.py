@@ -254,13 +254,17 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         issues = tuple(Issue(**i) for i in data["issues"])
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
-        # each unit's key, and its move key where it has one (packer.pipeline.filecache.Unit.index_keys)
-        units = b"".join(bytes.fromhex(unit) + (bytes.fromhex(move) if move else b"")
-                         for unit, _, move in unit_records(data))
+        units = b"".join(index_keys(unit, move) for unit, _, move in unit_records(data))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None  # a damaged cache entry is simply recomputed
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
                        units=units)
+
+
+def index_keys(key: str, move: str) -> bytes:
+    """What the cache's file index lists for a unit of per-file reuse: its key and, where it
+    has one, its move key, 16 bytes each (:func:`packer.pipeline.filecache.write_file_index`)."""
+    return bytes.fromhex(key) + (bytes.fromhex(move) if move else b"")
 
 
 def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
