@@ -115,14 +115,15 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
     series: list[Series] = []
     issues: list[Issue] = []
     for key in sorted(groups):
-        members, copies = _one_per_instance(sorted(groups[key], key=lambda m: m[0].sample_id), _digest(*key))
+        uid_key = _digest(*key)
+        members, copies = _one_per_instance(sorted(groups[key], key=lambda m: m[0].sample_id), uid_key)
         issues.extend(copies)
-        outcome = _check(members, cfg, _digest(*key))
+        outcome = _check(members, cfg, uid_key)
         if isinstance(outcome, Series):
             series.append(outcome)
         else:
             issues.extend(outcome)
-        issues.extend(_left_out(members, outcome if isinstance(outcome, Series) else None, cfg, _digest(*key)))
+        issues.extend(_left_out(members, outcome if isinstance(outcome, Series) else None, cfg, uid_key))
     return Assembled(series=tuple(series), issues=tuple(issues))
 
 
@@ -130,8 +131,8 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
                       ) -> tuple[list[tuple[SampleRef, SliceGeometry]], list[Issue]]:
     """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
     and the positions of an earlier one is the same image exported twice (a copy in another
-    folder). It was two slices at one position, which refused the whole series (and orphaned
-    its annotations); now the first copy stays and each later one is a bad sample naming it."""
+    folder), not a second slice at that position. The first copy stays in the series; each
+    later one is a bad sample naming it."""
     seen: dict[tuple[str, tuple[Any, ...]], SampleRef] = {}
     kept: list[tuple[SampleRef, SliceGeometry]] = []
     copies: list[Issue] = []
@@ -139,7 +140,8 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
         same = (geometry.sop_uid, geometry.positions)
         first = seen.get(same) if geometry.sop_uid else None
         if first is None:
-            seen.setdefault(same, ref)
+            if geometry.sop_uid:
+                seen[same] = ref
             kept.append((ref, geometry))
             continue
         copies.append(Issue.of(ref, stage="validate", reason="series_duplicate_position", message=(
