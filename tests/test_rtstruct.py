@@ -262,6 +262,74 @@ def test_the_fill_written_as_runs_equals_summing_a_toggle_per_pixel(count: int, 
     assert np.array_equal(fill_even_odd(polygons, rows, columns), expected)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(1, 12), grid=st.sampled_from([0.0, 1.0, 0.5]), seed=st.integers(0, 2**32 - 1),
+       budget=st.sampled_from([1, 40, 700, 1 << 24]))
+def test_filling_a_roi_on_many_slices_at_once_equals_filling_each_slice_alone(count: int, grid: float, seed: int,
+                                                                               budget: int) -> None:
+    """One ROI's polygons on random slices of a series (several on a slice, past the grid's
+    edges, vertices on pixel centres so that crossings sit at a window's last column): the
+    windows over runs of slices, however few voxels each may hold, paint exactly what the
+    even-odd fill of each slice's polygons alone paints."""
+    from packer.read import rtstruct
+
+    rng = np.random.default_rng(seed)
+    slices = series(count=6)
+    polygons = [np.round(p / grid) * grid if grid else p
+                for p in (rng.uniform([-4, -4], [ROWS + 4, COLUMNS + 4], size=(int(rng.integers(3, 9)), 2))
+                          for _ in range(count))]
+    at = rng.integers(0, len(slices), size=count)
+    expected = np.stack([fill_even_odd([p for p, a in zip(polygons, at, strict=True) if a == k], ROWS, COLUMNS)
+                         for k in range(len(slices))])
+    painted = np.zeros_like(expected)
+    original = rtstruct.FILL_VOXELS
+    rtstruct.FILL_VOXELS = budget
+    try:
+        windows = rtstruct._fill_slices(rtstruct._Rings.of(polygons, 2), at, rtstruct._Grid.of(slices, "s"))
+    finally:
+        rtstruct.FILL_VOXELS = original
+    for first, window, (top, left) in windows:
+        box = painted[first:first + window.shape[0], top:top + window.shape[1], left:left + window.shape[2]]
+        assert not (box & window).any()  # the windows do not overlap
+        box |= window
+    assert np.array_equal(painted, expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), overlap=st.sampled_from(["later_wins", "refuse"]))
+def test_painting_a_stack_of_slices_equals_painting_them_one_by_one(seed: int, overlap: str) -> None:
+    """Painter.paint of a D×H×W window gives the labels and the painted names that painting its
+    slices one at a time gives, and refuses the same overlap (its slice, pixel and count). (A
+    refused painter is dropped with its series, so what it holds after refusing is not compared.)"""
+    rng = np.random.default_rng(seed)
+    structures = list(MAP.structures)
+    one, whole = (Painter(shape=(5, 12, 14), structures=MAP, overlap=overlap, path="p") for _ in range(2))
+
+    def outcome(painter: Painter, structure: Structure, first: int, stack: np.ndarray, origin: tuple[int, int],
+                by_slice: bool) -> str:
+        try:
+            if by_slice:
+                for k in range(stack.shape[0]):
+                    painter.paint(structure, first + k, stack[k], source="s", origin=origin)
+            else:
+                painter.paint(structure, first, stack, source="s", origin=origin)
+        except AnnotationError as err:
+            return f"{err.reason}: {err}"
+        return "painted"
+
+    for _ in range(int(rng.integers(1, 5))):
+        structure = structures[int(rng.integers(len(structures)))]
+        depth, rows, columns = int(rng.integers(1, 4)), int(rng.integers(1, 8)), int(rng.integers(1, 9))
+        first = int(rng.integers(0, 6 - depth))
+        origin = (int(rng.integers(0, 13 - rows)), int(rng.integers(0, 15 - columns)))
+        stack = rng.random((depth, rows, columns)) < 0.4
+        expected = outcome(one, structure, first, stack, origin, by_slice=True)
+        assert outcome(whole, structure, first, stack, origin, by_slice=False) == expected
+        if expected != "painted":
+            break
+        assert np.array_equal(whole.labels, one.labels) and whole.painted == one.painted
+
+
 @pytest.mark.parametrize("axis, degrees", [((1.0, 0.0, 0.0), 30.0), ((0.3, 1.0, 0.2), -55.0)])
 def test_oblique_disc_in_patient_mm_lands_on_its_pixels(tmp_path: Path, axis: tuple[float, ...],
                                                         degrees: float) -> None:

@@ -120,39 +120,54 @@ class Painter:
         # 1 + the rank of the class holding a voxel (0: none); uint8 while there are under 255 classes
         self._rank = np.zeros(self.shape, dtype=np.uint8 if len(self.structures.structures) < 255 else np.uint16)
 
+    def record(self, structure: Structure, source: str) -> None:
+        """Name ``source`` among the structures painted into ``structure``'s class (what
+        :meth:`paint` does first, even for an empty mask)."""
+        self.painted.setdefault(structure.id, set()).add(source)
+
     def paint(self, structure: Structure, index: int, mask: np.ndarray, source: str,
               origin: tuple[int, int] = (0, 0)) -> None:
-        """Paint ``structure`` where the boolean ``mask`` holds on slice ``index``: the whole H×W
-        slice, or a window of it whose top-left pixel is ``origin``; ``source``: the structure's
-        name in the object (for the report and the overlap message)."""
+        """Paint ``structure`` where the boolean ``mask`` holds: an H×W mask on slice ``index``
+        (the whole slice, or a window of it whose top-left pixel is ``origin``), or a D×H×W
+        mask on slices ``index`` to ``index + D − 1`` (the same window on each). ``source``: the
+        structure's name in the object (for the report and the overlap message). An overlap
+        refused is named by its first pixel in slice, row, column order, as painting the slices
+        one by one would find it; nothing of ``mask`` is painted then (the caller drops the map)."""
+        stack = mask if mask.ndim == 3 else mask[None]
         top, left = origin
-        if top < 0 or left < 0 or top + mask.shape[0] > self.shape[1] or left + mask.shape[1] > self.shape[2]:
-            raise ValueError(f"a {mask.shape} mask at {origin} painted on a {self.shape[1:]} slice")
-        self.painted.setdefault(structure.id, set()).add(source)
-        rows = np.flatnonzero(mask.any(axis=1))
-        if rows.size == 0:
+        if (index < 0 or top < 0 or left < 0 or index + stack.shape[0] > self.shape[0]
+                or top + stack.shape[1] > self.shape[1] or left + stack.shape[2] > self.shape[2]):
+            raise ValueError(f"a {mask.shape} mask at slice {index}, {origin} painted on a {self.shape} label map")
+        self.record(structure, source)
+        planes = np.flatnonzero(stack.any(axis=(1, 2)))
+        if planes.size == 0:
             return
-        cols = np.flatnonzero(mask.any(axis=0))
-        mask = mask[int(rows[0]):int(rows[-1]) + 1, int(cols[0]):int(cols[-1]) + 1]
-        r0, c0 = top + int(rows[0]), left + int(cols[0])
-        rows, cols = rows - rows[0], cols - cols[0]
-        box = (slice(r0, r0 + mask.shape[0]), slice(c0, c0 + mask.shape[1]))  # only the structure's bounding box
+        rows = np.flatnonzero(stack.any(axis=(0, 2)))
+        cols = np.flatnonzero(stack.any(axis=(0, 1)))
+        stack = stack[int(planes[0]):int(planes[-1]) + 1, int(rows[0]):int(rows[-1]) + 1,
+                      int(cols[0]):int(cols[-1]) + 1]
+        z0, r0, c0 = index + int(planes[0]), top + int(rows[0]), left + int(cols[0])
+        # only the structure's bounding box
+        box = (slice(z0, z0 + stack.shape[0]), slice(r0, r0 + stack.shape[1]), slice(c0, c0 + stack.shape[2]))
         rank = self.structures.rank(structure) + 1
-        held = self._rank[index][box]
-        labels = self.labels[index][box]
-        other = mask & (held != 0) & (labels != structure.id)
-        if other.any():
+        held = self._rank[box]
+        labels = self.labels[box]
+        # the voxel-by-voxel test only where it can find something: a claimed voxel in the box,
+        # and (later_wins) one claimed by a class that outranks this one
+        contested = bool((held > rank).any()) if self.overlap == "later_wins" else bool(held.any())
+        other = stack & (held != 0) & (labels != structure.id) if contested else None
+        if other is not None and other.any():
             if self.overlap == "refuse":
                 at = np.argwhere(other)[0]
-                owner = self.structures.structures[int(held[at[0], at[1]]) - 1]  # ranks index the declared list
+                owner = self.structures.structures[int(held[tuple(at)]) - 1]  # ranks index the declared list
                 raise AnnotationError("mask_overlap", (
-                    f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {index} at "
-                    f"row {r0 + int(at[0])}, column {c0 + int(at[1])} ({int(other.sum())} pixels on that slice); a "
-                    "multi-class mask holds one class a pixel: set mask.overlap: later_wins (the class declared "
-                    "later in the map wins) or fix the structures"))
-            mask = mask & ((held == 0) | (held <= rank))
-        labels[mask] = structure.id
-        held[mask] = rank
+                    f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {z0 + int(at[0])} "
+                    f"at row {r0 + int(at[1])}, column {c0 + int(at[2])} ({int(other[at[0]].sum())} pixels on that "
+                    "slice); a multi-class mask holds one class a pixel: set mask.overlap: later_wins (the class "
+                    "declared later in the map wins) or fix the structures"))
+            stack = stack & ((held == 0) | (held <= rank))
+        labels[stack] = structure.id
+        held[stack] = rank
 
 
 @dataclass(frozen=True)

@@ -257,12 +257,17 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
 
 @dataclass(frozen=True)
 class _Grid:
-    """The series' slices as the contours are matched to them."""
+    """The series' slices as the contours are matched to them and mapped to pixels."""
 
     normal: np.ndarray  # unit X × Y of the first slice
     heights: np.ndarray  # each slice's IPP·n, mm
     tolerance: float  # mm
     step: float  # the median spacing, 0 for one slice
+    positions: np.ndarray  # D×3: each slice's Image Position (Patient)
+    rows_axis: np.ndarray  # D×3: each slice's X (along a row)
+    columns_axis: np.ndarray  # D×3: each slice's Y (down a column)
+    spacing: np.ndarray  # D×2: each slice's Pixel Spacing (between rows, between columns)
+    shape: np.ndarray  # D×2 int64: each slice's rows, columns
 
     @classmethod
     def of(cls, slices: Sequence[SlicePlace], path: str) -> _Grid:
@@ -281,7 +286,12 @@ class _Grid:
         else:
             step = 0.0
             tolerance = min(slices[0].spacing) / 2
-        return cls(normal=normal, heights=heights, tolerance=tolerance, step=step)
+        orientation = np.array([s.orientation[:6] for s in slices], dtype=np.float64)
+        return cls(normal=normal, heights=heights, tolerance=tolerance, step=step,
+                   positions=np.array([s.position for s in slices], dtype=np.float64),
+                   rows_axis=orientation[:, :3], columns_axis=orientation[:, 3:6],
+                   spacing=np.array([s.spacing for s in slices], dtype=np.float64),
+                   shape=np.array([(s.rows, s.columns) for s in slices], dtype=np.int64))
 
     def rule(self) -> str:
         if self.step:
@@ -289,10 +299,80 @@ class _Grid:
         return "half the pixel spacing: the series has one slice"
 
 
-def _place(contour: _Contour, grid: _Grid, slices: Sequence[SlicePlace], path: str, name: str) -> int:
-    """The index of the slice ``contour`` lies on, or ``contour_off_slice``."""
-    along = contour.points @ grid.normal
-    height = float(along.mean())
+@dataclass(frozen=True)
+class _Rings:
+    """Closed polygons with their vertices concatenated: polygon ``k`` is
+    ``vertices[starts[k]:starts[k] + lengths[k]]``, closed implicitly (its last vertex joins its first).
+    One ROI's contours are checked, placed, mapped and filled as such arrays, not one by one: a
+    structure set holds hundreds of small contours per ROI, and per-contour numpy calls cost more
+    than their arithmetic."""
+
+    vertices: np.ndarray  # V×k float64
+    lengths: np.ndarray  # int64 per polygon (0 allowed only until :meth:`select` drops them)
+
+    @classmethod
+    def of(cls, polygons: Sequence[np.ndarray], width: int) -> _Rings:
+        if not polygons:
+            return cls(np.zeros((0, width)), np.zeros(0, dtype=np.int64))
+        return cls(np.concatenate(polygons), np.array([len(p) for p in polygons], dtype=np.int64))
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    def owner(self) -> np.ndarray:
+        """The polygon of each vertex."""
+        return np.repeat(np.arange(self.lengths.size), self.lengths)
+
+    def following(self) -> np.ndarray:
+        """The index of each vertex's successor in its polygon (the last vertex's: the first)."""
+        after = np.arange(1, len(self.vertices) + 1)
+        ends = self.lengths > 0
+        after[(self.starts + self.lengths - 1)[ends]] = self.starts[ends]
+        return after
+
+    def subset(self, keep: np.ndarray) -> _Rings:
+        """The polygons where ``keep`` (boolean, one per polygon) holds."""
+        return _Rings(self.vertices[np.repeat(keep, self.lengths)], self.lengths[keep])
+
+    def select(self, vertex: np.ndarray) -> _Rings:
+        """Each polygon with only the vertices where ``vertex`` (boolean, one per vertex) holds."""
+        return _Rings(self.vertices[vertex], np.bincount(self.owner()[vertex], minlength=self.lengths.size))
+
+    def distinct(self) -> _Rings:
+        """Each polygon without consecutive repeats (nor a last vertex repeating the first):
+        the vertices that differ from their successor by more than 1e-9 in a coordinate."""
+        moved = np.any(np.abs(self.vertices[self.following()] - self.vertices) > 1e-9, axis=1)
+        return self.select(moved)
+
+
+def _dot(vectors: np.ndarray, axis: np.ndarray) -> np.ndarray:
+    """Row-wise ``vectors · axis`` (N×3 each, or one axis for all), written out term by term so
+    that a vertex maps to the same coordinate whichever polygons share the call (a matrix
+    product's summation order depends on the operands' size)."""
+    axis = np.broadcast_to(axis, vectors.shape)
+    return vectors[:, 0] * axis[:, 0] + vectors[:, 1] * axis[:, 1] + vectors[:, 2] * axis[:, 2]
+
+
+def contour_pixels(points: np.ndarray, place: SlicePlace) -> np.ndarray:
+    """Patient points (N×3 mm) as N×2 float64 (row, column) pixel coordinates on ``place``:
+    ``c = (P − o)·X / Δcol``, ``r = (P − o)·Y / Δrow``; pixel (r, c) has its centre at integer (r, c).
+    The component along the slice normal is dropped (the caller checked it is within tolerance)."""
+    grid = _Grid.of([place], "")
+    return _pixels(np.asarray(points, dtype=np.float64), grid, np.zeros(len(points), dtype=np.int64))
+
+
+def _pixels(points: np.ndarray, grid: _Grid, at: np.ndarray) -> np.ndarray:
+    """:func:`contour_pixels` of each point on the slice ``at`` names (one slice index per point)."""
+    offset = points - grid.positions[at]
+    return np.stack([_dot(offset, grid.columns_axis[at]) / grid.spacing[at, 0],
+                     _dot(offset, grid.rows_axis[at]) / grid.spacing[at, 1]], axis=1)
+
+
+def _off_slice(contour: _Contour, along: np.ndarray, grid: _Grid, slices: Sequence[SlicePlace], path: str,
+               name: str) -> AnnotationError:
+    """Why ``contour`` (its points' places ``along`` the slice normal) lies on no slice."""
+    height = float(along.sum() / along.size)
     gaps = np.abs(grid.heights - height)
     order = np.argsort(gaps, kind="stable")
     nearest = int(order[0])
@@ -302,146 +382,110 @@ def _place(contour: _Contour, grid: _Grid, slices: Sequence[SlicePlace], path: s
     if gaps[nearest] > grid.tolerance or tie:
         why = (f"as near to slice {int(order[1])} (a contour halfway between two slices lies on neither)" if tie
                else f"farther than {grid.tolerance:.3g} mm ({grid.rule()})")
-        raise AnnotationError("contour_off_slice", (
+        return AnnotationError("contour_off_slice", (
             f"{where} lies at {height:.3f} mm along the slice normal; the nearest slice ({nearest}, SOP "
             f"{slices[nearest].sop_uid}) is at {grid.heights[nearest]:.3f} mm, {why}; the structure set was drawn "
             "on another series, or the series misses slices: link it to the series it was drawn on (its "
             "RTReferencedSeriesSequence names it) or restore the missing slices"))
-    stray = float(np.abs(along - grid.heights[nearest]).max())
-    if stray > grid.tolerance:
-        raise AnnotationError("contour_off_slice", (
-            f"{where} is not in the plane of slice {nearest}: its points spread from {float(along.min()):.3f} to "
-            f"{float(along.max()):.3f} mm along the slice normal (slice at {grid.heights[nearest]:.3f} mm, tolerance "
-            f"{grid.tolerance:.3g} mm: {grid.rule()}); it was drawn in another orientation: link the structure set "
-            "to the series it was drawn on"))
-    return nearest
+    return AnnotationError("contour_off_slice", (
+        f"{where} is not in the plane of slice {nearest}: its points spread from {float(along.min()):.3f} to "
+        f"{float(along.max()):.3f} mm along the slice normal (slice at {grid.heights[nearest]:.3f} mm, tolerance "
+        f"{grid.tolerance:.3g} mm: {grid.rule()}); it was drawn in another orientation: link the structure set "
+        "to the series it was drawn on"))
 
 
-def contour_pixels(points: np.ndarray, place: SlicePlace) -> np.ndarray:
-    """Patient points (N×3 mm) as N×2 float64 (row, column) pixel coordinates on ``place``:
-    ``c = (P − o)·X / Δcol``, ``r = (P − o)·Y / Δrow``; pixel (r, c) has its centre at integer (r, c).
-    The component along the slice normal is dropped (the caller checked it is within tolerance)."""
-    offset = points - np.asarray(place.position, dtype=np.float64)
-    x = np.asarray(place.orientation[:3], dtype=np.float64)
-    y = np.asarray(place.orientation[3:6], dtype=np.float64)
-    return np.stack([offset @ y / place.spacing[0], offset @ x / place.spacing[1]], axis=1)
+#: Contours compared with every slice at once, at most (a block of the contours × slices gap matrix).
+PLACE_BLOCK = 1 << 20
 
 
-def fill_even_odd(polygons: Sequence[np.ndarray], rows: int, columns: int) -> np.ndarray:
-    """:func:`fill_window` on the whole rows × columns grid."""
-    window, (top, left) = fill_window(polygons, rows, columns)
-    mask = np.zeros((rows, columns), dtype=bool)
-    mask[top:top + window.shape[0], left:left + window.shape[1]] = window
-    return mask
+def _place(rings: _Rings, along: np.ndarray, grid: _Grid) -> tuple[np.ndarray, np.ndarray]:
+    """The slice each contour of ``rings`` lies on (its points' mean place ``along`` the normal is
+    nearest that slice's), and whether it lies on none: farther than the tolerance, within
+    :data:`TIE_MM` of as near to a second slice, or a point off the slice's plane by more than the
+    tolerance."""
+    count = rings.lengths.size
+    height = np.bincount(rings.owner(), weights=along, minlength=count) / rings.lengths
+    nearest = np.zeros(count, dtype=np.int64)
+    off = np.zeros(count, dtype=bool)
+    block = max(1, PLACE_BLOCK // max(1, grid.heights.size))
+    for begin in range(0, count, block):
+        gaps = np.abs(grid.heights[None, :] - height[begin:begin + block, None])
+        near = np.argmin(gaps, axis=1)
+        gap = gaps[np.arange(len(near)), near]
+        tie = (np.partition(gaps, 1, axis=1)[:, 1] - gap <= TIE_MM) if grid.heights.size > 1 else False
+        nearest[begin:begin + block] = near
+        off[begin:begin + block] = (gap > grid.tolerance) | tie
+    if count:
+        stray = np.maximum.reduceat(np.abs(along - grid.heights[nearest][rings.owner()]), rings.starts)
+        off |= stray > grid.tolerance
+    return nearest, off
 
 
-def fill_window(polygons: Sequence[np.ndarray], rows: int, columns: int) -> tuple[np.ndarray, tuple[int, int]]:
-    """The pixels of a rows × columns grid whose centre lies inside ``polygons`` (each N×2
-    float (row, column) vertices, closed implicitly) by the even-odd rule, all polygons together.
-
-    A centre exactly on an edge is in on a left or top edge and out on a right or bottom one (an
-    edge crosses row ``r`` when ``min(y0, y1) ≤ r < max(y0, y1)``; a crossing at column ``x``
-    counts for centres with ``c ≥ x``). Vertices may lie outside the grid. Cost: one numpy pass
-    over the crossings of pixel rows with the edges, then the window written as runs of in and
-    out between consecutive crossings (:func:`_parity_runs`): 63 µs for a 96-point body contour
-    (a 240 × 340 window), where a cumulative sum over every pixel of the window took 670 µs.
-    Returns the window of the grid the polygons cover (a boolean array) and its top-left pixel:
-    no pixel outside it is in."""
-    empty = (np.zeros((0, 0), dtype=bool), (0, 0))
-    edges = [np.stack([p, np.roll(p, -1, axis=0)], axis=1) for p in polygons if len(p) >= 2]
-    if not edges or rows <= 0 or columns <= 0:
-        return empty
-    segments = np.concatenate(edges)  # E×2×2: (start, end) × (row, column)
-    y0, x0 = segments[:, 0, 0], segments[:, 0, 1]
-    y1, x1 = segments[:, 1, 0], segments[:, 1, 1]
-    first = np.clip(np.ceil(np.minimum(y0, y1)), 0, rows)
-    stop = np.clip(np.ceil(np.maximum(y0, y1)), 0, rows)  # rows first ≤ r < stop
-    counts = (stop - first).astype(np.int64)
-    keep = counts > 0
-    if not keep.any():
-        return empty
-    y0, x0, y1, x1, first, counts = y0[keep], x0[keep], y1[keep], x1[keep], first[keep].astype(np.int64), counts[keep]
-    edge = np.repeat(np.arange(counts.size), counts)
-    starts = np.cumsum(counts) - counts
-    row = first[edge] + (np.arange(edge.size) - starts[edge])
-    x = x0[edge] + (row - y0[edge]) * ((x1 - x0) / (y1 - y0))[edge]
-    column = np.clip(np.ceil(x), 0, columns).astype(np.int64)  # columns: the crossing is right of the grid
-    # each row holds an even number of crossings (a closed polygon, half-open rows): the parity is
-    # 0 left of a row's first and from its last on, so only the window they span is written
-    low, high = int(row.min()), int(row.max()) + 1
-    left, right = int(column.min()), int(column.max())
-    if right == left:
-        return empty
-    return _parity_runs(row - low, column - left, high - low, right - left), (low, left)
+def _degenerate(rings: _Rings) -> np.ndarray:
+    """Per polygon: fewer than three vertices, or all on one line (within 1e-6 pixel)."""
+    out = rings.lengths < 3
+    solid = rings.subset(~out)
+    if not solid.lengths.size:
+        return out
+    owner, starts = solid.owner(), solid.starts
+    centred = solid.vertices - solid.vertices[starts][owner]
+    square = centred[:, 0] * centred[:, 0] + centred[:, 1] * centred[:, 1]
+    farthest = np.maximum.reduceat(square, starts)
+    position = np.where(square == farthest[owner], np.arange(len(square)), len(square))
+    far = centred[np.minimum.reduceat(position, starts)]  # the first vertex farthest from the first
+    length = np.hypot(far[:, 0], far[:, 1])
+    spread = np.maximum.reduceat(np.abs(centred[:, 0] * far[owner, 1] - centred[:, 1] * far[owner, 0]), starts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[~out] = (length < 1e-9) | (spread / length < 1e-6)
+    return out
 
 
-def _parity_runs(row: np.ndarray, column: np.ndarray, rows: int, columns: int) -> np.ndarray:
-    """The rows × columns boolean window whose pixel ``(r, c)`` is in when an odd number of
-    crossings ``(row, column)`` lie in row ``r`` at columns ``≤ c`` (a crossing may sit at
-    ``columns``, right of every pixel: it toggles nothing in the window).
-
-    Each row holds an even number of crossings: an edge crosses row ``r`` when one end lies
-    at or above it (``y ≤ r``) and the other below (``y > r``), and going round a closed polygon
-    that side changes an even number of times. So the window's pixels, read row after row, are
-    runs of out and in that change at each crossing, and a crossing at the end of a row (column
-    ``columns``) is the start of the next, where the parity is even again either way. The
-    window is written run by run (``np.repeat``) instead of summing a toggle per pixel."""
-    flat = np.sort(row * columns + column)
-    # two crossings at one place make a run of length 0 between them: they cancel, as they should
-    edges = np.empty(flat.size + 2, dtype=np.int64)
-    edges[0], edges[1:-1], edges[-1] = 0, flat, rows * columns
-    lengths = np.diff(edges)
-    values = np.zeros(lengths.size, dtype=np.uint8)
-    values[1::2] = 1
-    return np.repeat(values, lengths).view(bool).reshape(rows, columns)
-
-
-def _distinct(pixels: np.ndarray) -> np.ndarray:
-    """The vertices without consecutive repeats (nor a last point repeating the first)."""
-    if len(pixels) < 2:
-        return pixels
-    moved = np.any(np.abs(np.diff(pixels, axis=0, append=pixels[:1])) > 1e-9, axis=1)
-    return pixels[moved]
-
-
-def _degenerate(pixels: np.ndarray) -> bool:
-    """Fewer than three distinct points, or all on one line (within 1e-6 pixel)."""
-    if len(pixels) < 3:
-        return True
-    centred = pixels - pixels[0]
-    far = centred[int(np.argmax(np.einsum("ij,ij->i", centred, centred)))]
-    length = float(np.hypot(far[0], far[1]))
-    if length < 1e-9:
-        return True
-    return float(np.abs(centred[:, 0] * far[1] - centred[:, 1] * far[0]).max()) / length < 1e-6
-
-
-def _convex(delta: np.ndarray) -> bool:
-    """Whether the closed polygon whose edge vectors are ``delta`` (in order, none zero) is
-    convex: every turn the same way, well clear of straight (by 1e-9 of the two edges' lengths'
-    product, far above rounding), and one full turn in all. Such a polygon is simple, so no
-    two of its edges cross: each of its vertices lies strictly on one side of every edge's line."""
-    following = np.roll(delta, -1, axis=0)
+def _convex(rings: _Rings) -> np.ndarray:
+    """Per polygon (each of three or more distinct vertices): whether it is convex: every turn the
+    same way, well clear of straight (by 1e-9 of the two edges' lengths' product, far above
+    rounding), and one full turn in all. Such a polygon is simple, so no two of its edges cross:
+    each of its vertices lies strictly on one side of every edge's line."""
+    after = rings.following()
+    delta = rings.vertices[after] - rings.vertices
+    following = delta[after]
     turn = delta[:, 0] * following[:, 1] - delta[:, 1] * following[:, 0]
     margin = 1e-9 * np.hypot(delta[:, 0], delta[:, 1]) * np.hypot(following[:, 0], following[:, 1])
-    if not (bool((turn > margin).all()) or bool((turn < -margin).all())):
-        return False
+    starts = rings.starts
+    one_way = np.logical_and.reduceat(turn > margin, starts) | np.logical_and.reduceat(turn < -margin, starts)
     dot = delta[:, 0] * following[:, 0] + delta[:, 1] * following[:, 1]
-    return abs(abs(float(np.arctan2(turn, dot).sum())) - 2 * np.pi) < 0.5  # a star winds 4π or more
+    winding = np.bincount(rings.owner(), weights=np.arctan2(turn, dot), minlength=rings.lengths.size)
+    return one_way & (np.abs(np.abs(winding) - 2 * np.pi) < 0.5)  # a star winds 4π or more
+
+
+def _self_intersecting(rings: _Rings) -> np.ndarray:
+    """Per polygon (each of three or more distinct vertices): whether two of its edges cross
+    properly (touching and collinear overlaps, as in a keyhole's channel, do not count). None of a
+    convex polygon's do (:func:`_convex`, for polygons within :data:`CONVEX_EXTENT` of the origin);
+    the others are swept one by one (:func:`_edges_cross`)."""
+    if not rings.lengths.size:
+        return np.zeros(0, dtype=bool)
+    near = np.maximum.reduceat(np.abs(rings.vertices).max(axis=1), rings.starts) <= CONVEX_EXTENT
+    out = np.zeros(rings.lengths.size, dtype=bool)
+    for k in np.flatnonzero(~(near & _convex(rings))):
+        start = int(rings.starts[k])
+        out[k] = _edges_cross(rings.vertices[start:start + int(rings.lengths[k])])
+    return out
 
 
 def _self_intersects(pixels: np.ndarray) -> bool:
-    """Whether two edges of the closed polygon cross properly (touching and collinear overlaps,
-    as in a keyhole's channel, do not count). None of a convex polygon's do (:func:`_convex`).
-    Otherwise only edge pairs whose bounding boxes overlap are
-    tested, found by sort and sweep: edges sorted by their lowest row, each paired with the
-    edges after it that start at or above its highest row, then kept where their column ranges
-    overlap too (the pairs of an n × n box comparison, at O(n log n) plus the pairs found)."""
+    """:func:`_self_intersecting` of one polygon."""
+    return bool(_self_intersecting(_Rings.of([pixels], 2))[0])
+
+
+def _edges_cross(pixels: np.ndarray) -> bool:
+    """Whether two edges of the closed polygon cross properly. Only edge pairs whose bounding
+    boxes overlap are tested, found by sort and sweep: edges sorted by their lowest row, each
+    paired with the edges after it that start at or above its highest row, then kept where their
+    column ranges overlap too (the pairs of an n × n box comparison, at O(n log n) plus the pairs
+    found)."""
     start = pixels
     end = np.roll(pixels, -1, axis=0)
     delta = end - start
-    if float(np.abs(pixels).max()) <= CONVEX_EXTENT and _convex(delta):
-        return False
     low, high = np.minimum(start, end), np.maximum(start, end)
     n = len(pixels)
     order = np.argsort(low[:, 0], kind="stable")
@@ -470,6 +514,126 @@ def _self_intersects(pixels: np.ndarray) -> bool:
     return bool(crosses.any())
 
 
+def fill_even_odd(polygons: Sequence[np.ndarray], rows: int, columns: int) -> np.ndarray:
+    """:func:`fill_window` on the whole rows × columns grid."""
+    window, (top, left) = fill_window(polygons, rows, columns)
+    mask = np.zeros((rows, columns), dtype=bool)
+    mask[top:top + window.shape[0], left:left + window.shape[1]] = window
+    return mask
+
+
+def _crossings(start: np.ndarray, end: np.ndarray, rows: np.ndarray | int,
+               columns: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the edges ``start → end`` (E×2 (row, column) each) cross the pixel rows of a rows ×
+    columns grid (per edge, or one for all): each crossing's edge, row and column, the column
+    rounded up to the first pixel centre at or right of it and held to ``0 … columns``. An edge
+    crosses row ``r`` when ``min(y0, y1) ≤ r < max(y0, y1)``."""
+    y0, x0, y1, x1 = start[:, 0], start[:, 1], end[:, 0], end[:, 1]
+    first = np.clip(np.ceil(np.minimum(y0, y1)), 0, rows)
+    stop = np.clip(np.ceil(np.maximum(y0, y1)), 0, rows)  # rows first ≤ r < stop
+    counts = (stop - first).astype(np.int64)
+    kept = np.flatnonzero(counts > 0)
+    y0, x0, y1, x1, counts = y0[kept], x0[kept], y1[kept], x1[kept], counts[kept]
+    edge = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    row = first[kept].astype(np.int64)[edge] + (np.arange(edge.size) - starts[edge])
+    x = x0[edge] + (row - y0[edge]) * ((x1 - x0) / (y1 - y0))[edge]
+    limit = columns[kept][edge] if isinstance(columns, np.ndarray) else columns
+    column = np.clip(np.ceil(x), 0, limit).astype(np.int64)  # columns: the crossing is right of the grid
+    return kept[edge], row, column
+
+
+def fill_window(polygons: Sequence[np.ndarray], rows: int, columns: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The pixels of a rows × columns grid whose centre lies inside ``polygons`` (each N×2
+    float (row, column) vertices, closed implicitly) by the even-odd rule, all polygons together.
+
+    A centre exactly on an edge is in on a left or top edge and out on a right or bottom one (an
+    edge crosses row ``r`` when ``min(y0, y1) ≤ r < max(y0, y1)``; a crossing at column ``x``
+    counts for centres with ``c ≥ x``). Vertices may lie outside the grid. Cost: one numpy pass
+    over the crossings of pixel rows with the edges (:func:`_crossings`), then the window written
+    as runs of in and out between consecutive crossings (:func:`_parity_runs`): 63 µs for a
+    96-point body contour (a 240 × 340 window), where a cumulative sum over every pixel of the
+    window took 670 µs. Returns the window of the grid the polygons cover (a boolean array) and
+    its top-left pixel: no pixel outside it is in."""
+    empty = (np.zeros((0, 0), dtype=bool), (0, 0))
+    rings = _Rings.of([p for p in polygons if len(p) >= 2], 2)
+    if not rings.lengths.size or rows <= 0 or columns <= 0:
+        return empty
+    _, row, column = _crossings(rings.vertices, rings.vertices[rings.following()], rows, columns)
+    if not row.size:
+        return empty
+    # each row holds an even number of crossings (a closed polygon, half-open rows): the parity is
+    # 0 left of a row's first and from its last on, so only the window they span is written
+    low, high = int(row.min()), int(row.max()) + 1
+    left, right = int(column.min()), int(column.max())
+    if right == left:
+        return empty
+    width = right - left
+    window = _parity_runs(np.sort((row - low) * width + column - left), (high - low) * width)
+    return window.reshape(high - low, width), (low, left)
+
+
+#: The fill of one ROI writes at most about this many voxels at once (a window over consecutive slices).
+FILL_VOXELS = 1 << 24
+
+
+def _fill_slices(rings: _Rings, at: np.ndarray, grid: _Grid) -> list[tuple[int, np.ndarray, tuple[int, int]]]:
+    """:func:`fill_window` of each slice's polygons (polygon ``k`` lies on slice ``at[k]``), many
+    slices at a time: ``(first slice, D×H×W window, (top, left))`` for runs of consecutive slices
+    (one window box for all, at most about :data:`FILL_VOXELS` voxels), where any pixel is in. A
+    pixel's parity counts only its own slice's crossings, as each slice alone would: every pixel
+    row of every slice holds an even number of them."""
+    if not rings.lengths.size:
+        return []
+    slice_of = at[rings.owner()]
+    edge, row, column = _crossings(rings.vertices, rings.vertices[rings.following()], grid.shape[slice_of, 0],
+                                   grid.shape[slice_of, 1])
+    if not row.size:
+        return []
+    depth = slice_of[edge]
+    low, high = int(row.min()), int(row.max()) + 1
+    left, right = int(column.min()), int(column.max())
+    if right == left:
+        return []
+    plane = (high - low) * (right - left)
+    run = max(1, FILL_VOXELS // plane)  # slices a window spans
+    top_slice = int(depth.min())
+    chunk = (depth - top_slice) // run
+    # each chunk's positions count from its own first voxel; a crossing at the end of a chunk's
+    # last row (its column right of every pixel) is its chunk's last position, not the next one's first
+    local = ((depth - top_slice - chunk * run) * (high - low) + row - low) * (right - left) + column - left
+    order = np.lexsort((local, chunk))
+    chunk, local = chunk[order], local[order]
+    bounds = np.flatnonzero(np.diff(chunk)) + 1
+    out = []
+    for part, positions in zip(np.split(chunk, bounds), np.split(local, bounds), strict=True):
+        first = top_slice + int(part[0]) * run
+        count = min(run, int(depth.max()) + 1 - first)
+        window = _parity_runs(positions, count * plane).reshape(count, high - low, right - left)
+        out.append((first, window, (low, left)))
+    return out
+
+
+def _parity_runs(positions: np.ndarray, size: int) -> np.ndarray:
+    """The ``size`` booleans whose ``p``-th is in when an odd number of the sorted crossing
+    ``positions`` are ``≤ p`` (a crossing may sit at ``size``: it toggles nothing), for a window
+    read row after row (``position = row × width + column``).
+
+    Each row holds an even number of crossings: an edge crosses row ``r`` when one end lies
+    at or above it (``y ≤ r``) and the other below (``y > r``), and going round a closed polygon
+    that side changes an even number of times. So the window's pixels, read row after row, are
+    runs of out and in that change at each crossing, and a crossing at the end of a row (column
+    ``width``) is the start of the next, where the parity is even again either way. The window
+    is written run by run (``np.repeat``) instead of summing a toggle per pixel."""
+    # two crossings at one place make a run of length 0 between them: they cancel, as they should
+    edges = np.empty(positions.size + 2, dtype=np.int64)
+    edges[0], edges[1:-1], edges[-1] = 0, positions, size
+    lengths = np.diff(edges)
+    values = np.zeros(lengths.size, dtype=np.uint8)
+    values[1::2] = 1
+    return np.repeat(values, lengths).view(bool)
+
+
 def _matches_reference(contour: _Contour, place: SlicePlace) -> bool:
     if not contour.image_uids:
         return True
@@ -484,32 +648,46 @@ def _parse(name: str, items: list[Dataset | RawContour], path: str) -> list[_Con
 
 
 def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace], grid: _Grid, path: str,
-               tally: _Tally) -> dict[int, list[np.ndarray]]:
-    """One ROI's closed contours as pixel polygons, by slice index."""
-    by_slice: dict[int, list[np.ndarray]] = {}
-    for contour in contours:
-        index = contour.index
+               tally: _Tally) -> tuple[_Rings, np.ndarray]:
+    """One ROI's closed contours as pixel polygons (in contour order) and the slice each lies
+    on. Skipped, in this order, and tallied: contours that are not CLOSED_PLANAR, those of fewer
+    than three distinct points in space, then (after placing) those degenerate in pixels; the
+    first contour (in order) on no slice raises ``contour_off_slice``."""
+    events: list[tuple[int, int, str, int]] = []  # (position, step, kind, contour index): tallied in this order
+    chosen: list[int] = []
+    for k, contour in enumerate(contours):
         if not contour.kind:
-            tally.add("no_type", index)
+            events.append((k, 0, "no_type", contour.index))
         elif contour.kind != "CLOSED_PLANAR":
-            tally.add("not_closed", index)
+            events.append((k, 0, "not_closed", contour.index))
             continue
         if contour.declared is not None and contour.declared != len(contour.points):
-            tally.add("count_mismatch", index)
-        if len(_distinct(contour.points)) < 3:
-            tally.add("degenerate", index)
-            continue
-        at = _place(contour, grid, slices, path, name)
-        pixels = _distinct(contour_pixels(contour.points, slices[at]))
-        if _degenerate(pixels):
-            tally.add("degenerate", index)
-            continue
-        if len(pixels) <= SELF_INTERSECTION_POINTS and _self_intersects(pixels):
-            tally.add("self_intersecting", index)
-        if not _matches_reference(contour, slices[at]):
-            tally.refs.append((index, at))
-        by_slice.setdefault(at, []).append(pixels)
-    return by_slice
+            events.append((k, 1, "count_mismatch", contour.index))
+        chosen.append(k)
+    space = _Rings.of([contours[k].points for k in chosen], 3)
+    solid = space.distinct().lengths >= 3
+    events.extend((chosen[k], 2, "degenerate", contours[chosen[k]].index) for k in np.flatnonzero(~solid))
+    chosen = [chosen[k] for k in np.flatnonzero(solid)]
+    space = space.subset(solid)
+    along = _dot(space.vertices, grid.normal)
+    at, off = _place(space, along, grid)
+    if off.any():
+        k = int(np.argmax(off))
+        start = int(space.starts[k])
+        raise _off_slice(contours[chosen[k]], along[start:start + int(space.lengths[k])], grid, slices, path, name)
+    plane = _Rings(_pixels(space.vertices, grid, at[space.owner()]), space.lengths).distinct()
+    flat = _degenerate(plane)
+    events.extend((chosen[k], 3, "degenerate", contours[chosen[k]].index) for k in np.flatnonzero(flat))
+    plane, at, chosen = plane.subset(~flat), at[~flat], [c for c, f in zip(chosen, flat, strict=True) if not f]
+    small = plane.lengths <= SELF_INTERSECTION_POINTS
+    crossing = np.zeros(plane.lengths.size, dtype=bool)
+    crossing[small] = _self_intersecting(plane.subset(small))
+    events.extend((chosen[k], 4, "self_intersecting", contours[chosen[k]].index) for k in np.flatnonzero(crossing))
+    for *_, kind, index in sorted(events):
+        tally.add(kind, index)
+    tally.refs.extend((contours[c].index, int(a)) for c, a in zip(chosen, at, strict=True)
+                      if not _matches_reference(contours[c], slices[int(a)]))
+    return plane, at
 
 
 def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, painter: Painter, *,
@@ -556,10 +734,10 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     notes: list[str] = []
     for name, structure, contours in mapped:
         tally = _Tally()
-        by_slice = _place_roi(name, contours, slices, grid, path, tally)
+        rings, at = _place_roi(name, contours, slices, grid, path, tally)
         notes.extend(_notes(name, tally, empty=not contours))
-        for at in sorted(by_slice):
-            place = slices[at]
-            window, origin = fill_window(by_slice[at], place.rows, place.columns)
-            painter.paint(structure, at, window, source=name, origin=origin)
+        if rings.lengths.size:
+            painter.record(structure, name)
+        for first, window, origin in _fill_slices(rings, at, grid):
+            painter.paint(structure, first, window, source=name, origin=origin)
     return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(RTSTRUCT_STORAGE))
