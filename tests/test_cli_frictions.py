@@ -335,3 +335,21 @@ def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str
     assert len(warnings) == len(expected)
     for warning, start in zip(warnings, expected, strict=True):
         assert warning.startswith(start), warning
+
+
+# 9. a report path the file system refuses ------------------------------------------------------------
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+def test_a_report_path_that_cannot_be_created_exits_6_naming_the_path_and_the_option(tmp_path: Path,
+                                                                                    option: str) -> None:
+    """A name the file system refuses (over NAME_MAX here; /proc or a name with ':' on a network
+    share fail the same way) is the path's fault: exit 6 with the path and the option to change,
+    after the summary, never an internal error's traceback."""
+    job = photo_job(tmp_path, [(f"ok{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity"})
+    target = tmp_path / ("r" * 300 + ".out")
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", option, str(target)])
+    assert result.exit_code == 6, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    assert f"packer: error: cannot write {target}: File name too long; give {option} a path in a writable folder" \
+        in result.output
+    assert "result: clean" in result.output  # the check ran and said so first

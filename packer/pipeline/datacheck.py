@@ -12,9 +12,10 @@ the check still passes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from xml.etree import ElementTree as ET
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, LeakageError
+from packer.errors import BadFractionError, FileSystemError, LeakageError
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
@@ -229,8 +230,22 @@ def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
             if rule["severity"] == "fail" and not rule["passed"]}
 
 
+@contextlib.contextmanager
+def _report_file(path: Path, option: str) -> Iterator[Any]:
+    """:func:`~packer.files.atomic_output` for a report the user named with ``option``: any
+    OSError creating or writing it (a folder that cannot hold files, such as /proc, a name the
+    file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
+    never a traceback."""
+    try:
+        with atomic_output(path) as fh:
+            yield fh
+    except OSError as err:
+        raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give {option} a path in a writable "
+                              "folder") from err
+
+
 def write_json(result: ValidateResult, path: Path) -> None:
-    with atomic_output(path) as fh:
+    with _report_file(path, "--json") as fh:
         fh.write(json.dumps(summary(result), indent=2, sort_keys=True).encode() + b"\n")
 
 
@@ -273,5 +288,5 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     properties = ET.Element("properties")  # before the test cases, where the JUnit schema puts them
     properties.extend([ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
     suite.insert(0, properties)
-    with atomic_output(path) as fh:
+    with _report_file(path, "--junit") as fh:
         fh.write(ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n")
