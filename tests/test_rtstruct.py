@@ -623,3 +623,20 @@ def test_self_intersection_note_on_a_bow_tie_and_a_star_not_on_a_keyhole_or_an_e
     bow_tie = np.array([(0.0, 0.0), (10.0, 10.0), (0.0, 10.0), (10.0, 0.0)])
     assert not _self_intersects(ellipse) and not _self_intersects(np.asarray(KEYHOLE))
     assert _self_intersects(bow_tie) and _self_intersects(star)
+
+
+@pytest.mark.parametrize("copy", ["same", "rotated", "reversed"])
+def test_a_contour_exported_twice_on_one_slice_is_painted_once_and_noted(tmp_path: Path, copy: str) -> None:
+    """Even-odd makes a contour inside another a hole; the same polygon again (a TPS copy, a
+    structure merged with itself; starting at another vertex or going the other way round) is
+    no hole but one drawing repeated: XOR-ing it with itself would erase the structure on that
+    slice. It is painted once and noted; a real hole (another outline) still is one."""
+    slices = series()
+    again = {"same": RING_OUT, "rotated": RING_OUT[2:] + RING_OUT[:2], "reversed": RING_OUT[::-1]}[copy]
+    ds = rtstruct([("Heart", [closed(slices[4], RING_OUT), closed(slices[4], again), closed(slices[4], RING_IN),
+                              closed(slices[6], RING_OUT)])])
+    labels, drawn = paint(tmp_path, ds, slices)
+    assert assert_matches_skimage(labels[4] == 2, [RING_OUT, RING_IN]) == 0  # the ring, its hole kept
+    assert assert_matches_skimage(labels[6] == 2, [RING_OUT]) == 0  # the same outline on another slice: no repeat
+    assert ("ROI 'Heart': 1 contours repeating an earlier contour of the ROI on the same slice painted once (the "
+            "even-odd rule would cancel the copy against the original): contours 1") in drawn.notes

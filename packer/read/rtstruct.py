@@ -36,8 +36,10 @@ contour on a slice of the referenced series by position and fills it there:
   up to one pixel: it differed from centre-inside on about 16 % of the filled pixels there.
 - **Skipped and noted**, never errors: ``POINT`` and ``OPEN_*`` contours (they enclose no area),
   degenerate contours (fewer than three distinct points, or all points on one line), ROIs with
-  no contour, and a ``NumberOfContourPoints`` that disagrees with ``ContourData`` (the data is
-  used). Self-intersection is looked for (proper crossings among the edge pairs whose bounding
+  no contour, a ``NumberOfContourPoints`` that disagrees with ``ContourData`` (the data is
+  used), and a contour repeating an earlier one of its ROI on its slice (the same vertices from
+  any start, in either direction: even-odd would cancel the copy against the original, erasing
+  the structure there). Self-intersection is looked for (proper crossings among the edge pairs whose bounding
   boxes overlap) only in contours of at most :data:`SELF_INTERSECTION_POINTS` points; longer
   ones are filled by the same rule without the note.
 
@@ -106,6 +108,8 @@ _NOTE_TEXT = {
     "self_intersecting": "self-intersecting contours filled by the even-odd rule (check the drawing)",
     "count_mismatch": "contours whose NumberOfContourPoints disagrees with ContourData (ContourData used)",
     "no_type": "contours without ContourGeometricType read as CLOSED_PLANAR",
+    "repeated": ("contours repeating an earlier contour of the ROI on the same slice painted once (the even-odd "
+                 "rule would cancel the copy against the original)"),
 }
 
 
@@ -647,12 +651,42 @@ def _parse(name: str, items: list[Dataset | RawContour], path: str) -> list[_Con
             for index, item in enumerate(items)]
 
 
+def _repeats(rings: _Rings, at: np.ndarray) -> np.ndarray:
+    """Per polygon: whether an earlier polygon on the same slice has the same vertices in the
+    same cyclic order, from any starting vertex and in either direction (an ROI exported twice,
+    a structure merged with its own copy). Filled even-odd, the copy would cancel the original:
+    a hole needs an outline of its own. Only polygons alike in slice, vertex count and bounding
+    box (which no reordering changes) are compared vertex by vertex."""
+    out = np.zeros(rings.lengths.size, dtype=bool)
+    if rings.lengths.size < 2:
+        return out
+    starts = rings.starts
+    low = np.minimum.reduceat(rings.vertices, starts)
+    high = np.maximum.reduceat(rings.vertices, starts)
+    alike: dict[bytes, list[int]] = {}
+    for k, key in enumerate(np.column_stack([at, rings.lengths, low.view(np.int64), high.view(np.int64)])):
+        alike.setdefault(key.tobytes(), []).append(k)
+    for group in alike.values():
+        seen: set[bytes] = set()
+        for k in group if len(group) > 1 else ():
+            ring = rings.vertices[starts[k]:starts[k] + rings.lengths[k]]
+            forms = []
+            for way in (ring, ring[::-1]):
+                first = int(np.lexsort((way[:, 1], way[:, 0]))[0])  # its least vertex (row, then column) first
+                forms.append(np.ascontiguousarray(np.roll(way, -first, axis=0)).tobytes())
+            form = min(forms)
+            out[k] = form in seen
+            seen.add(form)
+    return out
+
+
 def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace], grid: _Grid, path: str,
                tally: _Tally) -> tuple[_Rings, np.ndarray]:
     """One ROI's closed contours as pixel polygons (in contour order) and the slice each lies
     on. Skipped, in this order, and tallied: contours that are not CLOSED_PLANAR, those of fewer
-    than three distinct points in space, then (after placing) those degenerate in pixels; the
-    first contour (in order) on no slice raises ``contour_off_slice``."""
+    than three distinct points in space, then (after placing) those degenerate in pixels and
+    those repeating an earlier contour on their slice (:func:`_repeats`); the first contour (in
+    order) on no slice raises ``contour_off_slice``."""
     events: list[tuple[int, int, str, int]] = []  # (position, step, kind, contour index): tallied in this order
     chosen: list[int] = []
     for k, contour in enumerate(contours):
@@ -679,10 +713,13 @@ def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace]
     flat = _degenerate(plane)
     events.extend((chosen[k], 3, "degenerate", contours[chosen[k]].index) for k in np.flatnonzero(flat))
     plane, at, chosen = plane.subset(~flat), at[~flat], [c for c, f in zip(chosen, flat, strict=True) if not f]
+    again = _repeats(plane, at)
+    events.extend((chosen[k], 4, "repeated", contours[chosen[k]].index) for k in np.flatnonzero(again))
+    plane, at, chosen = plane.subset(~again), at[~again], [c for c, r in zip(chosen, again, strict=True) if not r]
     small = plane.lengths <= SELF_INTERSECTION_POINTS
     crossing = np.zeros(plane.lengths.size, dtype=bool)
     crossing[small] = _self_intersecting(plane.subset(small))
-    events.extend((chosen[k], 4, "self_intersecting", contours[chosen[k]].index) for k in np.flatnonzero(crossing))
+    events.extend((chosen[k], 5, "self_intersecting", contours[chosen[k]].index) for k in np.flatnonzero(crossing))
     for *_, kind, index in sorted(events):
         tally.add(kind, index)
     tally.refs.extend((contours[c].index, int(a)) for c, a in zip(chosen, at, strict=True)
