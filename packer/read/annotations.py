@@ -23,6 +23,7 @@ map, and never the shards or the manifest unless ``phi: keep``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -197,6 +198,11 @@ class AnnotationRefs:
     instance_uids: tuple[str, ...]
     frames_of_reference: tuple[str, ...]
     structures: int = 0
+
+
+def uid_digest(uid: str) -> str:
+    """A short digest naming a UID in messages (a UID identifies a study; its digest does not)."""
+    return hashlib.sha256(uid.encode()).hexdigest()[:12]
 
 
 def _items(ds: Dataset | None, keyword: str) -> list[Dataset]:

@@ -27,7 +27,6 @@ A used annotation is an Excluded record (``why: annotation``): counted, never a 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig
-from packer.read.annotations import AnnotationError, AnnotationRefs, Drawn, Painter, SlicePlace
+from packer.read.annotations import AnnotationError, AnnotationRefs, Drawn, Painter, SlicePlace, uid_digest
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
 from packer.records import Excluded, Issue, Sample, SampleRef
@@ -64,15 +63,12 @@ class AnnotatedSeries:
     places: tuple[SlicePlace, ...]
     annotations: tuple[tuple[SampleRef, str], ...] = ()
     refs: tuple[SampleRef, ...] = field(default=())
+    #: the series' Frame of Reference UID ("" where its files name none)
+    frame_of_reference: str = ""
 
     def __post_init__(self) -> None:
         if not self.refs:
             object.__setattr__(self, "refs", (*self.series.refs, *(ref for ref, _ in self.annotations)))
-
-
-def _digest(uid: str) -> str:
-    """A short digest naming a UID in messages (a UID identifies a study; its digest does not)."""
-    return hashlib.sha256(uid.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -151,7 +147,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                       "Image references), or give each series its own source root"))
                 continue
         if not chosen:
-            what = (f"references series {', '.join(_digest(u) for u in refs.series_uids)} (UID digests)"
+            what = (f"references series {', '.join(uid_digest(u) for u in refs.series_uids)} (UID digests)"
                     if refs.series_uids else f"references {len(refs.instance_uids)} instance(s)"
                     if refs.instance_uids else "names no series, no instance and no frame of reference shared by "
                                                "a series")
@@ -179,7 +175,8 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             continue
         places = f.places if f.places is not None else ()
         out.append(AnnotatedSeries(series=f.series, places=places,
-                                   annotations=tuple(sorted(f.annotations, key=lambda a: a[0].sample_id))))
+                                   annotations=tuple(sorted(f.annotations, key=lambda a: a[0].sample_id)),
+                                   frame_of_reference=f.frame_of_reference))
     return out, issues
 
 
@@ -210,7 +207,7 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
         if cfg.rois is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
                                                          "rois; add mask.rois (ROI name → class id, with aliases)")
-        return paint_rtstruct(ref.path, group.places, cfg.rois, painter)
+        return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference)
 
 
 def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> Painted | list[Issue]:

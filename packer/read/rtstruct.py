@@ -65,7 +65,15 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.annotations import (
+    RTSTRUCT_STORAGE,
+    AnnotationError,
+    Drawn,
+    Painter,
+    SlicePlace,
+    uid_digest,
+    unmapped_error,
+)
 from packer.read.dicom_attrs import sop_class_name
 from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
@@ -227,11 +235,12 @@ def _contour(item: Dataset | RawContour, index: int, path: str, where: str) -> _
 
 
 def _structure(ds: Dataset, path: str, walk_raw: bool = True
-               ) -> tuple[list[tuple[int, str]], dict[int, list[Dataset | RawContour]]]:
-    """The declared ROIs (number, name) in file order, and each ROI number's contour items: read
+               ) -> tuple[list[tuple[int, str, str]], dict[int, list[Dataset | RawContour]]]:
+    """The declared ROIs (number, name, Referenced Frame of Reference UID or "") in file order,
+    and each ROI number's contour items: read
     from their raw bytes where :func:`~packer.read.rtstruct_items.contour_items` can (and
     ``walk_raw``), else the Datasets pydicom builds."""
-    declared: list[tuple[int, str]] = []
+    declared: list[tuple[int, str, str]] = []
     seen: set[int] = set()
     for k, roi in enumerate(_items(ds, "StructureSetROISequence", path, "the structure set", required=True)):
         where = f"StructureSetROISequence item {k + 1}"
@@ -242,7 +251,8 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
                 "re-export the structure set"))
         seen.add(number)
         name = str(roi.get("ROIName", "") or "").strip()
-        declared.append((number, name or f"(unnamed ROI {number})"))
+        frame = str(roi.get("ReferencedFrameOfReferenceUID", "") or "").strip()
+        declared.append((number, name or f"(unnamed ROI {number})", frame))
     if not declared:
         raise AnnotationError("unreadable", f"{path}: its StructureSetROISequence declares no ROI; nothing to paint")
     contours: dict[int, list[Dataset | RawContour]] = {}
@@ -728,7 +738,7 @@ def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace]
 
 
 def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, painter: Painter, *,
-                   dataset: Dataset | None = None, walk_raw: bool = True) -> Drawn:
+                   dataset: Dataset | None = None, walk_raw: bool = True, frame_of_reference: str = "") -> Drawn:
     """Paint the RT Structure Set at ``path`` (or its already read ``dataset``) onto ``painter``,
     whose D slices are ``slices`` (the referenced series in order along its normal).
 
@@ -740,11 +750,15 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
 
     ``walk_raw``: read the contour items from their raw bytes where they are plainly encoded
     (:mod:`packer.read.rtstruct_items`); False lets pydicom build a Dataset for each (the same
-    outcome, slower: what the raw walk is tested against).
+    outcome, slower: what the raw walk is tested against). ``frame_of_reference``: the series'
+    Frame of Reference UID, where known: an ROI the map names whose Referenced Frame of
+    Reference UID is another one was drawn on another scan (a registered MR or PET; its points
+    are that scan's patient coordinates) and refuses the object, ``mask_geometry``.
 
     Raises :class:`AnnotationError` and nothing else for a defect of the file: ``unreadable``,
     ``annotation_unmapped`` (no ROI maps: with the closest names), ``contour_off_slice``,
-    ``mask_geometry`` (no slices), and the painter's ``mask_overlap``.
+    ``mask_geometry`` (no slices, or a mapped ROI in another frame of reference), and the
+    painter's ``mask_overlap``.
     """
     ds = _read(path, dataset)
     mapped: list[tuple[str, Structure, list[_Contour]]] = []
@@ -753,12 +767,19 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     # fails here, with any exception a parser can raise: all of them are this file's defect
     try:
         declared, items = _structure(ds, path, walk_raw)
-        for number, name in declared:
+        for number, name, frame in declared:
             structure = rois.by_name(name)
             if structure is None:
                 unmapped.append(name)
-            else:
-                mapped.append((name, structure, _parse(name, items.get(number, []), path)))
+                continue
+            if frame and frame_of_reference and frame != frame_of_reference:
+                raise AnnotationError("mask_geometry", (
+                    f"{path}: ROI {name!r} ({structure.name}) lies in frame of reference {uid_digest(frame)} (its "
+                    f"ReferencedFrameOfReferenceUID; UID digests), not the series' {uid_digest(frame_of_reference)}: "
+                    "its points are another scan's patient coordinates (a registered MR or PET), so painted on this "
+                    "series the structure would land wherever the two origins put it; export it registered to "
+                    "this series, or leave it out of mask.rois"))
+            mapped.append((name, structure, _parse(name, items.get(number, []), path)))
     except AnnotationError:
         raise
     except Exception as err:
@@ -766,7 +787,7 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
             f"{path}: malformed ROI or contour sequences ({type(err).__name__}: {err}); "
             "re-export the structure set")) from err
     if not mapped:
-        raise unmapped_error(path, "ROIs", "rois", [name for _, name in declared], rois)
+        raise unmapped_error(path, "ROIs", "rois", [name for _, name, _ in declared], rois)
     grid = _Grid.of(slices, path)
     notes: list[str] = []
     for name, structure, contours in mapped:
