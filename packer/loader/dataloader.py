@@ -224,6 +224,11 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     if not images:
         return {"image": torch.zeros(0, dtype=torch.uint8), "size": torch.zeros((0, 2), dtype=torch.int64),
                 **_targets(items), "key": []}
+    if all(isinstance(im, torch.Tensor) and im.ndim == 4 for im in images) and len({im.shape for im in images}) > 1:
+        raise MixedShapesError(f"collate='pad' pads the height and width of C×H×W images, and this batch holds "
+                               f"volumes of several sizes: {describe_mixed(items)}; give the volumes one size with "
+                               "sample: {volume: {size: [D, H, W]}} in the job file, or take them as a list: "
+                               "make_loader(dataset, batch_size, collate=\"list\")")
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
