@@ -324,6 +324,21 @@ def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) 
         load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
 
 
+def test_the_job_file_refuses_names_that_compare_equal_in_two_classes_or_compare_as_nothing(tmp_path: Path) -> None:
+    # names compare without case, spaces or punctuation, so Lung_L in one class and LUNG-L in another
+    # are one name: the first class would silently take every such ROI and the second none
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with pytest.raises(ConfigError, match="'LUNG-L' .* lung_left .* 'Lung_L' .* lung"):
+        load_job(_mask_job(tmp_path / "a", raw, {"rois": {"lung": {"id": 1, "aliases": ["Lung_L", "Lung_R"]},
+                                                          "lung_left": {"id": 2, "aliases": ["LUNG-L"]}}}))
+    with pytest.raises(ConfigError, match="'--' .* no letter or digit"):
+        load_job(_mask_job(tmp_path / "b", raw, {"segments": {"liver": {"id": 1, "aliases": ["--"]}}}))
+    # one class may list spellings that compare equal; the other map is another namespace
+    load_job(_mask_job(tmp_path / "c", raw, {"rois": {"lung": {"id": 1, "aliases": ["Lung_L", "LUNG L"]}},
+                                             "segments": {"tumour": {"id": 2, "aliases": ["lung l"]}}}))
+
+
 def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()
