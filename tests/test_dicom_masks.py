@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -490,6 +491,23 @@ def test_an_annotation_two_series_could_hold_says_how_to_name_one_not_to_add_a_s
     (issue,) = issues
     assert issue.reason == "annotation_orphan" and "2 series of the source share" in issue.message
     assert "under the source's root" not in issue.message and "Referenced Series Sequence" in issue.message
+
+
+def test_an_annotation_of_a_refused_series_names_that_series_refusal_and_a_file_of_it() -> None:
+    # the series' records name it by a digest of (entity, study, series), the orphan's message by a
+    # digest of the Series UID alone: "see their records" gave the user no way to tell which
+    placed = _placed("A", "FOR-A", "P1") + _placed("B", "FOR-B", "P2")
+    doubled = (replace(placed[1][0], sample_id="A-dup", path="/raw/A/dup.dcm", relpath="A/dup.dcm"),
+               replace(placed[1][1], sop_uid="A.dup"))
+    placed.append(doubled)  # a second image at slice 1's position: series A is refused
+    assembled = assemble(placed, SeriesConfig(min_slices=1, gap_tolerance=float("inf")))
+    assert {i.reason for i in assembled.issues} == {"series_duplicate_position"}
+    masks = {"ct": MaskConfig(column="", origin="dicom", rois=StructureMap((Structure("body", 1),)))}
+    _, issues = link(assembled.series, {r.sample_id: g for r, g in placed}, [_note("n", series_uids=("A",))],
+                     assembled.issues, masks)
+    (issue,) = issues
+    assert issue.reason == "annotation_orphan"
+    assert "series_duplicate_position" in issue.message and "/raw/A/" in issue.message, issue.message
 
 
 def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Path,
