@@ -26,7 +26,7 @@ from packer.errors import ConfigError
 from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
-from packer.structures import Structure, StructureMap
+from packer.structures import Structure, StructureMap, normalise_name
 from packer.where import Condition, parse_where
 
 if TYPE_CHECKING:  # the kinds import this module; the mask parser only asks one what it reads
@@ -996,7 +996,26 @@ def _parse_structures(spec: Any, key: str, where: str) -> StructureMap:
         out.append(Structure(name=str(name), id=int(body["id"]),
                              aliases=tuple(str(a) for a in body.get("aliases") or ()),
                              codes=tuple(str(c) for c in body.get("codes") or ())))
+    _check_names(out, key, where)
     return StructureMap(tuple(out))
+
+
+def _check_names(structures: list[Structure], key: str, where: str) -> None:
+    """Names compare without case, spaces or punctuation: one that compares as nothing would match
+    every other such name, and one that compares equal to another class's would give all its
+    structures to whichever class is declared first."""
+    seen: dict[str, tuple[str, Structure]] = {}
+    for structure in structures:
+        for alias in (structure.name, *structure.aliases):
+            compared = normalise_name(alias)
+            if not compared:
+                raise ConfigError(f"{where}.{key}.{structure.name}: {alias!r} has no letter or digit, and names "
+                                  "compare by their letters and digits only; give a name that has some")
+            first = seen.setdefault(compared, (alias, structure))
+            if first[1].id != structure.id:
+                raise ConfigError(f"{where}.{key}: {alias!r} of class {structure.name} and {first[0]!r} of class "
+                                  f"{first[1].name} compare as one name (case, spaces and punctuation are ignored), "
+                                  "so one class would take every structure so called; keep the name in one class")
 
 
 def _parse_dicom_mask(spec: dict[str, Any], root: Path | str, where: str) -> MaskConfig:

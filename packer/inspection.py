@@ -193,7 +193,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  format        {summary['format']} (format_version {summary['format_version']})",
         f"  packer        {summary['packer_version']}; {libs}",
         "  decoders      " + (", ".join(f"{d} ({n} transfer syntaxes)" for d, n in sorted(by_decoder.items())) or "-"),
-        f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}",
+        (f"  samples       {schema['dtype'] or 'mixed dtypes'} {schema['layout']}; {shapes or '-'}"
+         if schema["shapes"] else "  samples       none: the dataset has no samples (every input bad or left out)"),
         f"  target        {target.inspect_line(summary['label_map'])}",
         *([f"  masks         {_mask_line(summary['mask'], summary['format'])}"]
           if isinstance(summary.get("mask"), dict) else []),

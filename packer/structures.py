@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
 def normalise_name(name: str) -> str:
-    """A structure name as the map compares it: lower case, letters and digits only
-    (``Lung_L``, ``LUNG-L`` and ``lung l`` are one name)."""
-    return re.sub(r"[^a-z0-9]+", "", name.lower())
+    """A structure name as the map compares it: letters and digits only, of any script, case-folded
+    after NFKC (``Lung_L``, ``LUNG-L`` and ``lung l`` are one name; ``心臓`` and ``肝臓`` stay two,
+    and full-width ``ＬＵＮＧ`` is ``lung``). Dropping every letter outside a-z would make names in
+    Japanese, Chinese, Cyrillic or Greek one empty name."""
+    return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", name).casefold())
 
 
 def _code_key(code: str) -> str:

@@ -337,6 +337,18 @@ def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str
         assert warning.startswith(start), warning
 
 
+def test_volumes_of_several_sizes_are_told_the_volume_size_and_the_list_collate_only() -> None:
+    # transform.<kind>.size is a config error for a volume ("a volume's size and spacing are 3-D") and
+    # collate="pad" pads only C×H×W images: a warning that offers either sends the user to a dead end
+    from packer.pipeline.build import several_shapes
+
+    (warning,) = several_shapes({"shape": None, "shapes": {"ct": [[1, 4, 32, 40], [1, 4, 48, 24]]}})
+    assert warning.startswith("source ct packs samples of 2 shapes (1×4×32×40, 1×4×48×24), which no batch can stack: "
+                              "give the volumes one size with sample: {volume: {size: [D, H, W]}}"), warning
+    assert "transform.<kind>.size" not in warning and 'collate="pad"' not in warning
+    assert 'collate="list"' in warning
+
+
 # 9. a report path the file system refuses ------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--json", "--junit"])

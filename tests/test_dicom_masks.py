@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,21 @@ def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) 
         load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
 
 
+def test_the_job_file_refuses_names_that_compare_equal_in_two_classes_or_compare_as_nothing(tmp_path: Path) -> None:
+    # names compare without case, spaces or punctuation, so Lung_L in one class and LUNG-L in another
+    # are one name: the first class would silently take every such ROI and the second none
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with pytest.raises(ConfigError, match="'LUNG-L' .* lung_left .* 'Lung_L' .* lung"):
+        load_job(_mask_job(tmp_path / "a", raw, {"rois": {"lung": {"id": 1, "aliases": ["Lung_L", "Lung_R"]},
+                                                          "lung_left": {"id": 2, "aliases": ["LUNG-L"]}}}))
+    with pytest.raises(ConfigError, match="'--' .* no letter or digit"):
+        load_job(_mask_job(tmp_path / "b", raw, {"segments": {"liver": {"id": 1, "aliases": ["--"]}}}))
+    # one class may list spellings that compare equal; the other map is another namespace
+    load_job(_mask_job(tmp_path / "c", raw, {"rois": {"lung": {"id": 1, "aliases": ["Lung_L", "LUNG L"]}},
+                                             "segments": {"tumour": {"id": 2, "aliases": ["lung l"]}}}))
+
+
 def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -477,6 +493,23 @@ def test_an_annotation_two_series_could_hold_says_how_to_name_one_not_to_add_a_s
     assert "under the source's root" not in issue.message and "Referenced Series Sequence" in issue.message
 
 
+def test_an_annotation_of_a_refused_series_names_that_series_refusal_and_a_file_of_it() -> None:
+    # the series' records name it by a digest of (entity, study, series), the orphan's message by a
+    # digest of the Series UID alone: "see their records" gave the user no way to tell which
+    placed = _placed("A", "FOR-A", "P1") + _placed("B", "FOR-B", "P2")
+    doubled = (replace(placed[1][0], sample_id="A-dup", path="/raw/A/dup.dcm", relpath="A/dup.dcm"),
+               replace(placed[1][1], sop_uid="A.dup"))
+    placed.append(doubled)  # a second image at slice 1's position: series A is refused
+    assembled = assemble(placed, SeriesConfig(min_slices=1, gap_tolerance=float("inf")))
+    assert {i.reason for i in assembled.issues} == {"series_duplicate_position"}
+    masks = {"ct": MaskConfig(column="", origin="dicom", rois=StructureMap((Structure("body", 1),)))}
+    _, issues = link(assembled.series, {r.sample_id: g for r, g in placed}, [_note("n", series_uids=("A",))],
+                     assembled.issues, masks)
+    (issue,) = issues
+    assert issue.reason == "annotation_orphan"
+    assert "series_duplicate_position" in issue.message and "/raw/A/" in issue.message, issue.message
+
+
 def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import packer.read.rtstruct as rtstruct
@@ -493,3 +526,33 @@ def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Pat
     assert {Path(b["path"]).name for b in records if b["reason"] == "unexpected_error"} >= {"rt.dcm"}
     assert sum(b["reason"] == "unexpected_error" and Path(b["path"]).parent.name == "CT" for b in records) == SLICES
     assert "RuntimeError: a bug" in next(b["message"] for b in records if Path(b["path"]).name == "rt.dcm")
+
+
+def test_an_roi_in_another_frame_of_reference_refuses_its_structure_set_and_series(tmp_path: Path) -> None:
+    # a structure set can carry ROIs of a registered MR beside the CT's (StructureSetROISequence →
+    # ReferencedFrameOfReferenceUID): their points are in the MR's patient coordinates, and painting
+    # them on the CT's voxels puts them wherever the two frames' origins happen to be
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    path = write_rtstruct(raw / "A" / "RT" / "rt.dcm", a, {"External": BODY, "LUNG LEFT": LUNG})
+    b = _write_series(raw / "B" / "CT", "PB", seed=2)  # the CT's own ROIs, in its frame: painted as ever
+    write_rtstruct(raw / "B" / "RT" / "rt_b.dcm", b, {"External": BODY, "LUNG LEFT": LUNG})
+    ds = pydicom.dcmread(path)
+    other = generate_uid()
+    ds.StructureSetROISequence[1].ReferencedFrameOfReferenceUID = other  # LUNG LEFT was drawn on the MR
+    mr = Dataset()
+    mr.FrameOfReferenceUID = other
+    ds.ReferencedFrameOfReferenceSequence.append(mr)
+    ds.save_as(path)
+    result = _build(_mask_job(tmp_path, raw, RTSTRUCT_ROIS, sample="volume"))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    volumes = _records(result)
+    assert len(volumes) == 1  # B's volume; nothing of A is packed
+    (item,) = [i for split in ("train", "valid", "test") if split in result.manifest["splits"]
+               for i in ShardDataset(result.manifest_path, split, shuffle=False)]
+    assert int((item["mask"].numpy() == 2).sum())  # B's lung, drawn in B's own frame
+    mine = next(r for r in records if Path(r["path"]).name == "rt.dcm")
+    assert mine["reason"] == "mask_geometry"
+    assert "ROI 'LUNG LEFT' (lung) lies in frame of reference" in mine["message"]
+    assert other not in mine["message"]  # named by digest: a UID identifies a study
+    assert {r["reason"] for r in records} == {"mask_geometry"} and len(records) == len(a) + 1  # the series too

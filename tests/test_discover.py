@@ -244,3 +244,30 @@ def test_a_missing_label_table_names_the_job_file_and_the_key_that_names_the_tab
         discover(job)
     assert str(caught.value).startswith(f"{tmp_path / 'job.yaml'}: sources[0].table (source 'raw'): "
                                          f"{tmp_path / 'raw' / 'labels.csv'}: cannot read the table")
+
+
+def test_a_mask_or_channel_file_linked_from_outside_the_root_is_outside_root(tmp_path: Path) -> None:
+    # the image itself is checked for a link leaving the root; the files its row names beside it (a
+    # label map, a case's other sequences) were opened wherever their links led
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "m.png").write_bytes(b"\x89PNG fake")
+    (secret / "masks").mkdir()
+    (secret / "masks" / "b.png").write_bytes(b"\x89PNG fake")
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,,link.png", "b.png,cat,S2,,masks/b.png", "c.png,cat,S3,,own.png"],
+                         ["a.png", "b.png", "c.png", "own.png"], header="path,label,entity,timestamp,mask")
+    root = tmp_path / "raw"
+    (root / "link.png").symlink_to(secret / "m.png")  # the file is a link out
+    (root / "masks").symlink_to(secret / "masks", target_is_directory=True)  # a folder on its way is
+    doc = yaml.safe_load(job_path.read_text())
+    doc["sources"][0]["mask"] = {"column": "mask"}
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["c.png"]
+    assert sorted((i.reason, Path(i.path).name) for i in found.issues) == [
+        ("outside_root", "a.png"), ("outside_root", "b.png"), ("outside_root", "masks")]  # masks: the folder link
+    assert any("link.png" in i.message and "outside the source root" in i.message for i in found.issues)
+    doc["safety"] = {"outside_root": "allow"}  # on purpose: read them
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png", "b.png", "c.png"]

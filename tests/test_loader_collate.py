@@ -160,3 +160,24 @@ def test_collate_outside_workers_keeps_the_items_tensors():
     batch = collate_list(items)
     assert type(batch["image"]) is ImageBatch
     assert all(a is it["image"] for a, it in zip(batch["image"], items, strict=True))
+
+
+def test_the_pad_collate_refuses_volumes_of_several_sizes_naming_the_volume_size() -> None:
+    # one source, one channel count, one dtype: the fixes for "channel counts or dtypes" do not apply
+    items = [{"image": torch.zeros((1, 4, 32, 40), dtype=torch.uint8), "key": "a"},
+             {"image": torch.zeros((1, 4, 48, 24), dtype=torch.uint8), "key": "b"}]
+    with pytest.raises(MixedShapesError) as refused:
+        dataloader_module.collate_pad(items)
+    message = str(refused.value)
+    assert "channel counts or dtypes" not in message and "transform.channels" not in message, message
+    assert "1×4×32×40" in message and "sample: {volume: {size: [D, H, W]}}" in message and 'collate="list"' in message
+
+
+def test_a_batch_of_one_source_mixing_sizes_is_told_to_give_the_kind_a_size() -> None:
+    # a DICOM source without transform.dicom.size packs each series at its own rows × columns:
+    # a view of one source and one channel count change nothing; one size does
+    items = [{"image": torch.zeros((1, 32, 40), dtype=torch.uint8), "key": "a"},
+             {"image": torch.zeros((1, 48, 24), dtype=torch.uint8), "key": "b"}]
+    with pytest.raises(MixedShapesError) as refused:
+        collate_stack(items, shapes={"ct": [[1, 32, 40], [1, 48, 24]]})
+    assert "transform.<kind>.size" in str(refused.value), refused.value

@@ -444,3 +444,23 @@ def test_drop_over_more_ranks_than_samples_warns_that_every_rank_gets_none(tmp_p
     assert len(list(dropped)) == 0
     (said,) = [r.getMessage() for r in caplog.records if "uneven='drop'" in r.getMessage()]
     assert "5 samples over 8 ranks with uneven='drop' gives every rank floor(5/8) = 0 samples" in said
+
+
+def test_a_dataset_that_packed_nothing_is_said_to_be_empty_not_of_mixed_dtypes(tmp_path):
+    # a where: that keeps no file builds (exit 0: nothing is bad) a version of no samples, whose
+    # sample_schema.dtype is null because no sample has one; "mixed dtypes" sends the user hunting
+    # for samples that do not exist, as an integrity failure (exit 5)
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from tests.test_targets import _build, _ct, _job
+
+    _ct(tmp_path / "raw", "a.dcm", "P1", seed=1)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none",
+                                     "where": {"Modality": "MR"}}]))
+    with pytest.raises(ConfigError) as refused:
+        ShardDataset(result.manifest_path, "train")
+    assert "mixed dtypes" not in str(refused.value) and "has no samples" in str(refused.value)
+    assert "excluded.jsonl" in str(refused.value)
+    shown = CliRunner().invoke(main, ["inspect", str(result.version_dir)])
+    assert shown.exit_code == 0 and "mixed dtypes" not in shown.output and "no samples" in shown.output, shown.output

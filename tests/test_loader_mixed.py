@@ -273,3 +273,26 @@ def test_pad_collate_pads_height_and_width_and_refuses_channel_mixes(mixed: Buil
     with pytest.raises(MixedShapesError, match="pads height and width"):
         keys_of(make_loader(ShardDataset(mixed.manifest_path, "train", seed=1), 32, 0, collate="pad"))
     assert isinstance(batch["image"], torch.Tensor) and np.array_equal(batch["label"].shape, (5,))
+
+
+@pytest.mark.parametrize(("shapes", "wanted", "unwanted"), [
+    # one source of volumes of two sizes: neither a view nor a channel count makes them one shape
+    ({"ct": ((1, 4, 32, 40), (1, 4, 48, 24))}, "sample: {volume: {size: [D, H, W]}}",
+     ("--sources", "transform.channels")),
+    # one source of slices of two sizes: the kind's size does
+    ({"ct": ((1, 32, 40), (1, 48, 24))}, "transform.<kind>.size", ("--sources", "transform.channels")),
+    # two sources of one shape each, differing in channels: the view or the channel count (as before)
+    ({"ct": ((2, 64, 64),), "photos": ((3, 64, 64),)}, "--sources", ()),
+])
+def test_the_bench_shape_note_offers_only_fixes_that_give_one_shape(shapes: dict[str, tuple[tuple[int, ...], ...]],
+                                                                     wanted: str, unwanted: tuple[str, ...]) -> None:
+    from types import SimpleNamespace
+
+    from packer.loader.bench import choose_collate
+    from packer.loader.readers import SplitInfo
+
+    info = SimpleNamespace(shapes=shapes, describe_shapes=lambda sources=None: SplitInfo.describe_shapes(
+        SimpleNamespace(shapes=shapes), sources))
+    collate, note = choose_collate(SimpleNamespace(shape=None, view=None, info=info), None)
+    assert collate == "list" and note is not None and wanted in note, note
+    assert not any(text in note for text in unwanted), note

@@ -640,3 +640,23 @@ def test_a_contour_exported_twice_on_one_slice_is_painted_once_and_noted(tmp_pat
     assert assert_matches_skimage(labels[6] == 2, [RING_OUT]) == 0  # the same outline on another slice: no repeat
     assert ("ROI 'Heart': 1 contours repeating an earlier contour of the ROI on the same slice painted once (the "
             "even-odd rule would cancel the copy against the original): contours 1") in drawn.notes
+
+
+def test_roi_names_in_other_scripts_keep_their_letters_and_map_to_their_own_class(tmp_path: Path) -> None:
+    # a Japanese, Chinese, Korean, Russian or Greek export names its ROIs in its own script; dropping
+    # every letter outside a-z made 心臓 (heart), 肝臓 (liver) and 肺 (lung) one empty name, so the
+    # heart was painted with the liver's class and an unmapped ROI with it too
+    slices = series()
+    rois = StructureMap((Structure("liver", 1, aliases=("肝臓",)), Structure("heart", 2, aliases=("心臓",)),
+                         Structure("cord", 3, aliases=("Спинной мозг",)),
+                         Structure("kidney", 4, aliases=("ＫＩＤＮＥＹ",))))
+    ds = rtstruct([("肝臓", [closed(slices[2], ISLAND_A)]), ("心臓", [closed(slices[4], ISLAND_B)]),
+                   ("肺", [closed(slices[6], RING_OUT)]), ("спинной МОЗГ", [closed(slices[8], RING_IN)]),
+                   ("Kidney", [closed(slices[10], ISLAND_A)])])
+    ds.SpecificCharacterSet = "ISO_IR 192"  # UTF-8, as such exports declare
+    labels, drawn = paint(tmp_path, ds, slices, rois=rois)
+    assert drawn.unmapped == ("肺",)
+    assert set(np.unique(labels[2])) == {0, 1} and set(np.unique(labels[4])) == {0, 2}
+    assert not labels[6].any()
+    assert set(np.unique(labels[8])) == {0, 3}  # case folds in Cyrillic as in Latin
+    assert set(np.unique(labels[10])) == {0, 4}  # full-width letters (Japanese systems) are the same letters

@@ -204,8 +204,15 @@ def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str
         return "stack", None
     view = dataset.view.sources if dataset.view is not None else None
     which = f"sources {', '.join(view)} of " if view else ""
-    fix = ("build with transform.channels for one shape" if view is not None and len(view) == 1
-           else "measure one source with --sources NAME, or build with transform.channels for one shape")
+    scope = [shape for source, listed in dataset.info.shapes.items() if view is None or source in view
+             for shape in listed]
+    if len({(len(shape), shape[0]) for shape in scope}) == 1:  # one channel count: they differ in size only
+        fix = ("build with one volume size (sample: {volume: {size: [D, H, W]}}) for one shape"
+               if len(scope[0]) == 4 else "build with one size (transform.<kind>.size) for one shape")
+    elif (view is not None and len(view) == 1) or len(dataset.info.shapes) == 1:
+        fix = "build with transform.channels for one shape"
+    else:
+        fix = "measure one source with --sources NAME, or build with transform.channels for one shape"
     return "list", (f"the samples of {which}this split have several shapes ({dataset.info.describe_shapes(view)}), "
                     f"so batches were measured with collate=\"list\"; {fix}")
 

@@ -10,7 +10,7 @@ with any ``num_workers``.
 
 Batches of images of several shapes. A dataset may mix shapes (CT slices with two windows,
 radiographs with one, RGB photos). The default collate stacks, and refuses a mixed batch with
-a :class:`MixedShapesError` that names the shapes, their sources and the three fixes (a view
+a :class:`MixedShapesError` that names the shapes, their sources and the fixes (a view
 of one source, a build with ``transform.channels``, or another collate); ``collate="list"``
 hands over a list of tensors and ``collate="pad"`` pads height and width, for models that
 take inputs of several sizes::
@@ -128,9 +128,11 @@ class MixedShapesError(ConfigError, RuntimeError):
     """
 
 
-#: The three ways out of a mixed batch, for every message that meets one.
+#: The ways out of a mixed batch, for every message that meets one.
 MIXED_FIXES = ("load one source at a time: ShardDataset(manifest, split, sources=[...]); "
                "or build with one channel count: transform.channels: 3 in the job file; "
+               "or, where they differ in size only, build with one size: transform.<kind>.size "
+               "(a volume's: sample: {volume: {size: [D, H, W]}}); "
                "or take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
                "(collate=\"pad\" pads height and width)")
 
@@ -178,7 +180,7 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
 
     The default collate of :func:`make_loader`. Images of different shapes raise
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
-    source, their sources) and the three fixes, instead of torch's "stack expects each tensor
+    source, their sources) and the fixes, instead of torch's "stack expects each tensor
     to be equal size". In a DataLoader worker the batch is stacked straight into shared
     memory, so it reaches the main process as one block.
     """
@@ -224,6 +226,11 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     if not images:
         return {"image": torch.zeros(0, dtype=torch.uint8), "size": torch.zeros((0, 2), dtype=torch.int64),
                 **_targets(items), "key": []}
+    if all(isinstance(im, torch.Tensor) and im.ndim == 4 for im in images) and len({im.shape for im in images}) > 1:
+        raise MixedShapesError(f"collate='pad' pads the height and width of C×H×W images, and this batch holds "
+                               f"volumes of several sizes: {describe_mixed(items)}; give the volumes one size with "
+                               "sample: {volume: {size: [D, H, W]}} in the job file, or take them as a list: "
+                               "make_loader(dataset, batch_size, collate=\"list\")")
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "

@@ -196,6 +196,10 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
         raise ConfigError(f"{path}: no split {split!r}; the manifest has {sorted(doc.splits)}")
     schema = doc.sample_schema
     dtype = schema["dtype"]
+    if dtype is None and not schema["shapes"]:  # no sample anywhere: no dtype to record, nothing mixed
+        raise ConfigError(f"{path}: the dataset has no samples: every input file was bad or left out on purpose "
+                          "(bad_samples.jsonl and excluded.jsonl beside the manifest say why); there is nothing to "
+                          "load")
     if dtype is None:  # the build writes null for samples of mixed dtypes (and np.dtype(None) is float64)
         raise IntegrityError(f"{path}: sample_schema.dtype is null (samples of mixed dtypes); the loader reads "
                              "only datasets whose samples share one dtype")

@@ -187,7 +187,11 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
     shapes: Mapping[str, list[list[int]]] = schema.get("shapes") or {}
     if schema.get("shape") is not None or len({tuple(s) for listed in shapes.values() for s in listed}) <= 1:
         return []
-    loaders = 'or batch them with make_loader(..., collate="list") or collate="pad"'
+    # a volume (C×D×H×W) takes its size from sample: {volume: {size}} (transform.<kind>.size is refused
+    # there), and collate="pad" pads only C×H×W images
+    volumes = any(len(s) == 4 for listed in shapes.values() for s in listed)
+    loaders = ('or batch them with make_loader(..., collate="list")' if volumes
+               else 'or batch them with make_loader(..., collate="list") or collate="pad"')
     out = []
     for source, listed in sorted(shapes.items()):
         if len(listed) < 2:
@@ -195,6 +199,9 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
         if len({len(s) for s in listed}) > 1 or len({s[0] for s in listed}) > 1:
             fix = ("make them one channel count with transform.channels (or the kind's own channels setting: a "
                    "file whose count cannot be made so becomes a bad_shape sample)")
+        elif volumes:
+            fix = ("give the volumes one size with sample: {volume: {size: [D, H, W]}} (under transform.<kind>) so "
+                   "every volume is cropped or padded to it")
         else:
             fix = "give the kind a size (transform.<kind>.size) so every sample is resized to it"
         out.append(f"source {source} packs samples of {len(listed)} shapes ({_shapes_text(listed)}), which no batch "

@@ -233,6 +233,27 @@ def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str |
     return None
 
 
+def _row_file_outside(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None,
+                      real_root: Path) -> Issue | None:
+    """``outside_root`` for a file the row names beside its own (a mask, a case's other file) whose
+    real location is not under ``real_root``: a link, or a link to a folder on its way. These files
+    are not listed, so every folder between the root and the file may be a link: resolve it all."""
+    for column in source.file_columns():
+        relpath = dict(ref.extra).get(column, "").strip()
+        if not relpath:
+            continue
+        named = Path(source.root) / relpath
+        try:
+            real = named.resolve()
+        except OSError:
+            real = named
+        if not real.is_relative_to(real_root):
+            return Issue.of(ref, stage="discover", reason="outside_root", message=(
+                f"{table} row {row.row if row else '?'}, column {column!r}: {relpath!r} resolves to {real}, outside "
+                f"the source root {source.root}; move the file in, or set safety.outside_root: allow"))
+    return None
+
+
 def _check_root(source: SourceConfig, where: str, relative_to: str) -> str:
     """How the job file wrote the source's root, for messages (``root: 'raw', relative to the
     job file``; ``relative_to``: what a relative path is relative to). Raises ConfigError for a
@@ -331,6 +352,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
         elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
             issues.append(unnamed)
+        elif real_root is not None and (linked := _row_file_outside(source, ref, table, row, real_root)) is not None:
+            issues.append(linked)
         elif real_root is not None and _outside_root(Path(ref.path), real_root):
             # an object store has no symlinks: a listed object is always under its prefix
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",

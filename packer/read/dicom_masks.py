@@ -131,6 +131,15 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             by_instance.setdefault((source, uid), []).append(f)
         if f.frame_of_reference:
             by_frame.setdefault((source, f.frame_of_reference), []).append(f)
+    # the files series assembly refused, by the Series and SOP Instance UIDs an annotation may name:
+    # an annotation of a refused series says which refusal, and a file of it (the series' records
+    # name it by another digest, of entity, study and series, that the user cannot match to this one)
+    refused_by: dict[str, Issue] = {}  # UIDs are unique across sources: no source in the key
+    for issue in refused:
+        g = geometry.get(issue.sample_id)
+        if g is not None:
+            refused_by.setdefault(g.series_uid, issue)
+            refused_by.setdefault(g.sop_uid, issue)
     issues: list[Issue] = []
     for ref, refs in annotations:
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
@@ -152,6 +161,12 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                     if refs.instance_uids else "names no series, no instance and no frame of reference shared by "
                                                "a series")
             gone = " that are not among the source's packed series" if refs.series_uids or refs.instance_uids else ""
+            hit = next((refused_by[uid] for uid in (*refs.series_uids, *refs.instance_uids) if uid in refused_by), None)
+            if hit is not None:
+                issues.append(_orphan(ref, refs, f"{what}: its series is refused ({hit.reason}, e.g. {hit.path})",
+                                      "Fix that series (its files' records say why); the annotation is read once "
+                                      "the series packs"))
+                continue
             if refused and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
             issues.append(_orphan(ref, refs, f"{what}{gone}"))
