@@ -180,3 +180,24 @@ def test_dates_are_shifted_in_the_split_table(tmp_path: Path) -> None:
     photos = sorted(row["days_since_first"] for row in table if row["key"].startswith("photos"))
     assert photos[0] == 0.0 and max(photos) > 0
 
+
+
+@pytest.mark.parametrize(("phi", "mode"), [
+    ({}, "keep"),  # photos, NIfTI: no identities in headers, raw ids unless the job says otherwise
+    ({"key_file": "phi.key"}, "pseudonymize"),  # a key named is a key to use, not one to ignore
+    ({"key_file": "phi.key", "mode": "keep"}, "keep"),  # said outright
+])
+def test_a_job_without_dicom_pseudonymizes_when_it_names_a_key_file(tmp_path: Path, phi: dict[str, str],
+                                                                    mode: str) -> None:
+    """A NIfTI export's case folders are often named after the patient (DOE_JANE_MRN998877/t1.nii.gz):
+    a job that names phi.key_file and no mode must not write those raw ids because its sources
+    are not DICOM."""
+    from packer.config import load_job
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "phi.key").write_text(KEY + "\n")
+    doc = {"name": "nii", "sources": [{"kind": "nifti", "root": "raw", "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"nifti": {"sample": "slice"}},
+           "pack": {"format": "webdataset"}, "output": "out", **({"phi": phi} if phi else {})}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    assert load_job(tmp_path / "job.yaml").phi.mode == mode
