@@ -121,6 +121,19 @@ def test_image_masks_follow_every_resize_and_tile(tmp_path: Path, image: dict[st
     assert verify_dataset(result.manifest_path, deep=True).ok
 
 
+def test_the_pad_collate_pads_masks_with_the_datasets_pad_id(tmp_path: Path) -> None:
+    """Photos kept at their own sizes, batched with collate="pad": the images are padded with
+    zeros and the masks with the job's mask.pad (255 here, the id a loss ignores), as fit pads
+    them; background (0) there would train the padding as background."""
+    raw = _photo_set(tmp_path, [(30, 50), (44, 36), (48, 48)])
+    result = _build(_job(tmp_path, [_photo_source(raw)], transform={"image": {"color": "gray"}}))
+    batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train", shuffle=False), 3, 0, collate="pad")))
+    assert batch["mask"].shape == (3, 1, 48, 50)
+    for mask, (height, width) in zip(batch["mask"], batch["size"].tolist(), strict=True):
+        assert (mask[:, height:, :] == 255).all() and (mask[:, :, width:] == 255).all()
+        assert (mask[:, :height, :width] != 255).any()  # the mask itself, not padding
+
+
 def test_an_exif_rotated_photo_and_its_mask_turn_together(tmp_path: Path) -> None:
     raw = _photo_set(tmp_path, [(40, 70)])
     png = raw / "img" / "0.png"

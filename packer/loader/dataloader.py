@@ -214,10 +214,13 @@ def collate_list(items: list[Item]) -> dict[str, Any]:
             "key": [item["key"] for item in items]}
 
 
-def collate_pad(items: list[Item]) -> dict[str, Any]:
+def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     """Batch items of one channel count and dtype whose height and width vary: ``image``
     B×C×Hmax×Wmax with each image in the top-left corner and zeros elsewhere, ``size`` int64
-    B×2 (each image's own height, width), ``label`` and ``key`` as :func:`collate_stack`.
+    B×2 (each image's own height, width), ``label`` and ``key`` as :func:`collate_stack`;
+    ``mask`` B×F×Hmax×Wmax padded with ``mask_pad`` (:func:`make_loader` passes the manifest's
+    ``mask.pad``, the id ``fit`` pads with, so a loss that ignores it ignores the collate's
+    padding too; 0, background, by default).
 
     Channel counts or dtypes that differ raise :class:`MixedShapesError`: padding channels
     would invent data.
@@ -245,9 +248,9 @@ def collate_pad(items: list[Item]) -> dict[str, Any]:
     size = torch.tensor([[im.shape[1], im.shape[2]] for im in images], dtype=torch.int64)
     out: dict[str, Any] = {"image": image, "size": size, **_targets(items), "key": [item["key"] for item in items]}
     masks = [item["mask"] for item in items if "mask" in item]
-    if masks:  # padded like the images, with 0 (background) outside each mask
+    if masks:  # padded like the images, with ``mask_pad`` outside each mask
         frames = max(m.shape[0] for m in masks)
-        mask = masks[0].new_zeros((len(masks), frames, height, width))
+        mask = masks[0].new_full((len(masks), frames, height, width), mask_pad)
         for i, m in enumerate(masks):
             mask[i, :m.shape[0], :m.shape[1], :m.shape[2]].copy_(m)
         out["mask"] = mask
@@ -298,6 +301,8 @@ def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], 
         raise ConfigError(f"collate={collate!r}; expected one of {sorted(COLLATES)} or a function of a list of items")
     if collate == "stack":
         return functools.partial(collate_stack, shapes=dataset.shapes)
+    if collate == "pad":  # masks padded with the dataset's own pad id, as fit pads them
+        return functools.partial(collate_pad, mask_pad=dataset.mask_pad)
     return COLLATES[collate]
 
 

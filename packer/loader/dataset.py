@@ -176,7 +176,14 @@ class PlannedDataset(IterableDataset):
     @property
     def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
         """Each source's sample shapes, to name them when a batch cannot be stacked."""
-        return {}
+        info = getattr(self, "info", None)
+        return info.shapes if info is not None else {}
+
+    @property
+    def mask_pad(self) -> int:
+        """The class id masks are padded with where a collate pads them (``collate="pad"``)."""
+        info = getattr(self, "info", None)
+        return info.mask_pad if info is not None else 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -434,10 +441,6 @@ class ShardDataset(PlannedDataset):
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout, records=records)
         self._warn_if_dropped(f"{self.info.manifest} split {split!r}")
-
-    @property
-    def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
-        return self.info.shapes
 
     def identity(self) -> dict[str, Any]:
         view = self.view

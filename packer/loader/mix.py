@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +147,6 @@ class MixedDataset(PlannedDataset):
         shapes = {m.shape for m in self.members}
         self.shape = next(iter(shapes)) if len(shapes) == 1 else None
         self._warn_if_dropped(f"MixedDataset {' + '.join(self.names)}")
-
-    @property
-    def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
-        return self.info.shapes
 
     def counts(self) -> dict[str, int]:
         """Samples each member gives one epoch, by name (the same every epoch)."""

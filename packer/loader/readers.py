@@ -159,6 +159,12 @@ class SplitInfo:
     #: ``CHW``, or ``CDHW`` for volumes (``sample: volume``)
     layout: str = "CHW"
 
+    @property
+    def mask_pad(self) -> int:
+        """The class id the dataset's masks are padded with (the manifest's ``mask.pad``: the id
+        ``fit`` pads with, which a loss may ignore; 0, background, where it names none)."""
+        return int(self.mask.get("pad") or 0) if self.mask else 0
+
     def shape_of(self, sources: Sequence[str] | None = None) -> tuple[int, ...] | None:
         """The one C×H×W shape of the samples of ``sources`` (all: None), by the manifest; None
         when they have several (or the manifest does not say)."""
