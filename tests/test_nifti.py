@@ -142,6 +142,23 @@ def test_nii_and_nii_gz_are_listed_and_a_case_s_other_files_are_not_samples(tmp_
 
 # -- what a case becomes ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("name", ["Case.Nii.Gz", "Case.NII.GZ", "Case.nIi"])
+def test_a_suffix_in_any_case_reads_as_its_lower_case_twin(tmp_path: Path, name: str) -> None:
+    """nibabel renames a mixed-case suffix from its own case (Case.Nii.Gz -> Case.nii.Gz) and
+    then cannot open it: such a file, listed as NIfTI, must read as the same file named
+    .nii.gz does, not be "unreadable: No such file or directory"."""
+    first, second = tmp_path / "lower", tmp_path / "mixed"
+    suffix = ".nii.gz" if name.lower().endswith(".gz") else ".nii"
+    for folder in (first, second):
+        save(folder / "raw" / f"case{suffix}", phantom(), scl_slope=1.0, scl_inter=0.0)
+    (second / "raw" / f"case{suffix}").rename(second / "raw" / name)
+    expected = records(run(nifti_job(first, [f"case{suffix},P1"]), first))
+    got = records(run(nifti_job(second, [f"{name},P1"]), second))
+    assert len(got) == len(expected) == 10
+    for key_got, key_expected in zip(sorted(got), sorted(expected), strict=True):
+        assert np.array_equal(got[key_got][1], expected[key_expected][1])
+
+
 def test_slices_carry_their_place_and_the_case_its_header(tmp_path: Path) -> None:
     save(tmp_path / "raw" / "a.nii.gz", phantom(), scl_slope=1.0, scl_inter=0.0)
     result = run(nifti_job(tmp_path, ["a.nii.gz,P1"]), tmp_path)

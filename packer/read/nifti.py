@@ -139,6 +139,27 @@ def _nibabel_silent() -> Iterator[None]:
         logger.disabled = disabled
 
 
+def _nibabel_load(path: str) -> Any:
+    """``nibabel.load(path)``; for a file whose suffix mixes cases (``Case.Nii.Gz``), which
+    nibabel renames from its suffix's case (``Case.nii.Gz``, not there), the NIfTI-1 or NIfTI-2
+    image read through a file map naming the file itself (the header size tells which)."""
+    import nibabel as nib
+
+    try:
+        return nib.load(path)
+    except FileNotFoundError:
+        if not os.path.exists(path):
+            raise
+        first: Exception | None = None
+        for klass in (nib.Nifti1Image, nib.Nifti2Image):
+            try:
+                return klass.from_file_map(klass.make_file_map({"image": path, "header": path}))
+            except Exception as err:  # noqa: BLE001 - the other version's header, or the file's defect: raised below
+                first = first or err
+        assert first is not None
+        raise first from None
+
+
 def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -> tuple[Any, NiftiHeader]:
     """The nibabel image of ``path`` (lazy: no voxel read) and its checked :class:`NiftiHeader`.
     Raises :class:`NiftiDefect` (module docstring); ``channels_from``: ``last_axis`` lets a 4th
@@ -161,7 +182,7 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
         # or logging (to stderr, without the file's name); the checks below refuse them instead
         with warnings.catch_warnings(), _nibabel_silent():
             warnings.simplefilter("ignore")
-            img = nib.load(path)
+            img = _nibabel_load(path)
     except ImageFileError as err:
         raise NiftiDefect("unreadable", "not a NIfTI-1 or NIfTI-2 file, or its header is cut short or compressed "
                                         f"wrongly (nibabel: {err}); export it again as .nii or .nii.gz") from err
