@@ -504,3 +504,13 @@ def test_reading_from_memory_and_streaming_give_the_same_outcome(name: str, tmp_
         streamed = read_dicom(make_ref(path), cfg)
         monkeypatch.undo()
         assert _outcome(in_memory) == _outcome(streamed)
+
+
+def test_an_unknown_transfer_syntax_is_said_to_be_no_dicom_syntax_not_named_by_itself(tmp_path: Path) -> None:
+    path = save(ct_dataset(ct_pixels((8, 8))), tmp_path / "odd.dcm")
+    data = Path(path).read_bytes()
+    assert data.count(b"1.2.840.10008.1.2.1\0") == 1  # Explicit VR Little Endian, in the file meta
+    Path(path).write_bytes(data.replace(b"1.2.840.10008.1.2.1\0", b"1.2.840.10008.1.2.7\0"))  # no syntax's UID
+    found = issue_of(probe(path), "unsupported_transfer_syntax")
+    assert "1.2.840.10008.1.2.7 (not a transfer syntax DICOM defines)" in found.message
+    assert "1.2.840.10008.1.2.7 (1.2.840.10008.1.2.7)" not in found.message

@@ -356,8 +356,10 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       "the file meta has no (0002,0010) Transfer Syntax UID; re-export the file with one")
     plugin = _DECODERS.get(syntax)
     if plugin is None:
+        named = UID(syntax).name
+        what = f"{syntax} ({named})" if named != syntax else f"{syntax} (not a transfer syntax DICOM defines)"
         return _issue(ref, "read", "unsupported_transfer_syntax",
-                      f"transfer syntax {syntax} ({UID(syntax).name}) has no pinned decoder; "
+                      f"transfer syntax {what} has no pinned decoder; "
                       "transcode it to Explicit VR Little Endian (e.g. dcmconv +te or gdcmconv --raw)")
     if plugin != _PYDICOM and plugin not in get_decoder(syntax).available_plugins:
         return _issue(ref, "read", "unsupported_transfer_syntax",
