@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
@@ -244,3 +246,19 @@ def test_a_missing_label_table_names_the_job_file_and_the_key_that_names_the_tab
         discover(job)
     assert str(caught.value).startswith(f"{tmp_path / 'job.yaml'}: sources[0].table (source 'raw'): "
                                          f"{tmp_path / 'raw' / 'labels.csv'}: cannot read the table")
+
+
+def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_bytes_escaped(tmp_path: Path) -> None:
+    # A Latin-1 name from an old export (b"caf\xe9.png") used to crash discovery with a
+    # UnicodeEncodeError (exit 1) when its sample id was hashed: a bad file must be a record.
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,"], ["a.png"])
+    latin1 = os.fsencode(tmp_path / "raw") + b"/caf\xe9.png"
+    with open(latin1, "wb") as fh:
+        fh.write(b"\x89PNG fake")
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"]
+    assert [(i.reason, i.stage, Path(i.path).name) for i in found.issues] == [
+        ("unreadable", "discover", "caf\\xe9.png")]
+    issue = found.issues[0]
+    json.dumps(issue.to_json(), ensure_ascii=False).encode("utf-8")  # writable as bad_samples.jsonl is
+    assert "not valid UTF-8" in issue.message and "rename" in issue.message

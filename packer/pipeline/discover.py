@@ -189,6 +189,28 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
     return issues
 
 
+def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
+                       ) -> tuple[list[tuple[str, str]], list[Issue]]:
+    """The listed files whose names are text, and one ``unreadable`` record per file whose name
+    is not valid UTF-8 (a Latin-1 name copied from an old export): such a name cannot be hashed,
+    tabled or written into any record, so it is named with its bad bytes escaped (``caf\\xe9.png``)
+    rather than crash the job."""
+    kept, issues = [], []
+    for rel, path in files:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+            issues.append(Issue(sample_id=make_sample_id(source.name, shown, phi),
+                                path=os.fsencode(path).decode("utf-8", "backslashreplace"), stage="discover",
+                                reason="unreadable",
+                                message=f"the file name {shown!r} is not valid UTF-8; rename the file "
+                                        "(e.g. convmv -f latin1 -t utf-8)"))
+        else:
+            kept.append((rel, path))
+    return kept, issues
+
+
 def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
     """A header-identity ref's extra: only the cells naming its files (mask, other files of the
     case), where the source has them (a DICOM label table's other columns stay out of the
@@ -406,6 +428,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet)
+    files, unnamed = _undecodable_names(source, files, phi)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
@@ -413,6 +436,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     relpaths = [rel for rel, _ in files]
     _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
+    issues.extend(unnamed)
     placed: Placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
     if records is not None:
