@@ -185,6 +185,23 @@ def test_drop_straddlers_reports_the_dropped_records() -> None:
     assert [(i.sample_id, i.reason, i.stage) for i in assignment.dropped] == [("s-000001", "straddles_cutoff", "split")]
 
 
+def test_the_group_share_counts_only_the_records_a_split_holds_after_dropping_straddlers() -> None:
+    # Two entities, each with records in all three periods, joined by an exact copy: the group
+    # holds 10 records, but drop_straddlers keeps only the 4 before the first cutoff. The
+    # split_balance finding said "holds 10 samples (250%)": its size counted the dropped records,
+    # its share divided them by the kept ones.
+    months = ("2023-03-01", "2023-06-01", "2024-02-01", "2024-03-01", "2024-08-01")
+    samples = [sample(5 * e + k, entity, time=month, sha=f"{5 * e + k:064x}" if k else "c" * 64)
+               for e, entity in enumerate(("A", "B")) for k, month in enumerate(months)]
+    samples += [sample(10 + i, f"P{i}", time="2023-04-01") for i in range(4)]
+    cfg = replace(TIME, entity_policy="drop_straddlers")
+    assignment = assign_splits(samples, cfg)
+    assert len(assignment.split) == 8 and len(assignment.dropped) == 6
+    finding = audit_assignment(samples, assignment, cfg).rule("split_balance").findings[0]
+    assert (finding["group_size"], finding["group_share"]) == (4, 0.5)
+    assert "holds 4 samples (50%" in finding["summary"]
+
+
 def test_split_for_time_boundaries() -> None:
     cutoffs = {"valid": "2024-01-01", "test": "2024-07-01"}
     assert split_for_time("2023-12-31T23:59:59", cutoffs) == "train"
