@@ -8,6 +8,7 @@ file is a sample, a bad sample with a reason, or left out on purpose, and nothin
 
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
 from pathlib import Path
@@ -187,6 +188,22 @@ def test_an_unnamed_column_that_holds_values_is_kept(tmp_path: Path) -> None:
     rows = [(2, {"a": "1", "": "x"}), (3, {"a": "2", "": ""})]
     assert _without_trailing_commas(("a", ""), rows) == (("a", ""), rows)
     assert _without_trailing_commas(("a", ""), [(2, {"a": "1", "": " "})]) == (("a",), [(2, {"a": "1"})])
+
+
+@pytest.mark.parametrize("table", ["participants.tsv", "labels.tsv.gz", "labels.csv"])
+def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str) -> None:
+    # BIDS ships participants.tsv; a spreadsheet exported "as text" is tab-separated whatever its
+    # name. It used to be one column, and the error said "missing column 'path'" above a header
+    # that plainly has it.
+    _files(tmp_path / "raw", ["a/1.png", "b/2.png"])
+    text = "path\tlabel\tentity\tnote\n" "a/1.png\tcat\tS1\ta, b\n" "b/2.png\tdog\tS2\t\n"
+    path = tmp_path / "raw" / table
+    path.write_bytes(gzip.compress(text.encode()) if table.endswith(".gz") else text.encode())
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": f"raw/{table}"})))
+    refs = _by_path(found)
+    assert [(r.label, r.entity, r.extra) for r in refs.values()] == [("cat", "S1", (("note", "a, b"),)),
+                                                                     ("dog", "S2", (("note", ""),))]
+    assert found.issues == []
 
 
 def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:

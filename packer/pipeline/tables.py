@@ -27,6 +27,7 @@ import csv
 import difflib
 import gzip
 import io
+import itertools
 import json
 import os
 import posixpath
@@ -178,7 +179,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
         with _open_text(path, storage_options) as fh:
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
-            reader = csv.DictReader(fh)
+            header = fh.readline()
+            reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = [(n, {k: (v or "") for k, v in record.items() if k is not None})
                     for n, record in enumerate(reader, start=2)]
@@ -188,6 +190,15 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                           "save the table as UTF-8") from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
+
+
+def _delimiter(name: str, header: str) -> str:
+    """A tab for a tab-separated table (``.tsv``/``.tab``, gzipped or not, or a header line with
+    tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), else a
+    comma."""
+    if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) or ("\t" in header and "," not in header):
+        return "\t"
+    return ","
 
 
 def _without_trailing_commas(columns: tuple[str, ...], rows: list[tuple[int, Record]]
