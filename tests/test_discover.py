@@ -22,9 +22,9 @@ from packer.pipeline.discover import (
     normalize_time,
     source_relpaths,
 )
-from packer.pipeline.probe import check_identity
+from packer.pipeline.probe import check_identity, probe_ref
 from packer.read.kinds import source_kind
-from packer.records import SampleRef
+from packer.records import Issue, SampleRef
 
 
 def make_tree(tmp_path: Path, rows: list[str], files: list[str], header: str = "path,label,entity,timestamp") -> Path:
@@ -262,3 +262,21 @@ def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_byt
     issue = found.issues[0]
     json.dumps(issue.to_json(), ensure_ascii=False).encode("utf-8")  # writable as bad_samples.jsonl is
     assert "not valid UTF-8" in issue.message and "rename" in issue.message
+
+
+def test_links_in_a_loop_are_left_to_the_read_to_call_unreadable(tmp_path: Path) -> None:
+    # l1.png -> l2.png -> l1.png: resolving it raised RuntimeError ("Symlink loop") out of
+    # discovery, and the build exited 1 with a traceback
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "l1.png,cat,S2,", "self.png,cat,S3,"], ["a.png"])
+    root = tmp_path / "raw"
+    (root / "l1.png").symlink_to("l2.png")
+    (root / "l2.png").symlink_to("l1.png")
+    (root / "self.png").symlink_to("self.png")
+    job = load_job(job_path)
+    found = discover(job)
+    assert [r.relpath for r in found.refs] == ["a.png", "l1.png", "l2.png", "self.png"]
+    assert found.issues == []  # l2.png has no row: check_identity makes it missing_label
+    loop = next(r for r in found.refs if r.relpath == "l1.png")
+    issue = probe_ref(loop, job)
+    assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("unreadable", "read")
+

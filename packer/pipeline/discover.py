@@ -12,6 +12,7 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
@@ -149,8 +150,10 @@ def _outside_root(path: Path, real_root: Path) -> bool:
     """
     try:
         return path.is_symlink() and not path.resolve().is_relative_to(real_root)
-    except OSError:
-        return True
+    except RuntimeError:  # a loop of links (Python 3.11, 3.12): it leads nowhere; reading it is unreadable
+        return False
+    except OSError as err:
+        return err.errno != errno.ELOOP  # a loop (Python 3.13 on), as above
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
