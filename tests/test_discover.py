@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -25,6 +28,8 @@ from packer.pipeline.discover import (
 from packer.pipeline.probe import check_identity, probe_ref
 from packer.read.kinds import source_kind
 from packer.records import Issue, SampleRef
+
+T = TypeVar("T")
 
 
 def make_tree(tmp_path: Path, rows: list[str], files: list[str], header: str = "path,label,entity,timestamp") -> Path:
@@ -264,6 +269,20 @@ def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_byt
     assert "not valid UTF-8" in issue.message and "rename" in issue.message
 
 
+def _within(seconds: float, fifo: Path, call: Callable[[], T]) -> T:
+    """``call()``'s result, failing the test when it has not returned in ``seconds`` (it is then
+    blocked opening ``fifo``: a writer opened and closed here lets it return)."""
+    out: list[T] = []
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail(f"blocked on the named pipe {fifo.name}")
+    return out[0]
+
+
 def test_links_in_a_loop_are_left_to_the_read_to_call_unreadable(tmp_path: Path) -> None:
     # l1.png -> l2.png -> l1.png: resolving it raised RuntimeError ("Symlink loop") out of
     # discovery, and the build exited 1 with a traceback
@@ -280,3 +299,20 @@ def test_links_in_a_loop_are_left_to_the_read_to_call_unreadable(tmp_path: Path)
     issue = probe_ref(loop, job)
     assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("unreadable", "read")
 
+
+def test_a_named_pipe_named_like_an_image_is_unreadable_and_nothing_waits_on_it(tmp_path: Path) -> None:
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "pipe.png,cat,S2,"], ["a.png"])
+    fifo = tmp_path / "raw" / "pipe.png"
+    os.mkfifo(fifo)
+    job = load_job(job_path)
+    ref = next(r for r in discover(job).refs if r.relpath == "pipe.png")
+    issue = _within(10, fifo, lambda: probe_ref(ref, job))
+    assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("unreadable", "read")
+    assert "named pipe" in issue.message
+
+
+def test_a_named_pipe_among_dicom_files_without_a_suffix_does_not_hang_the_listing(tmp_path: Path) -> None:
+    (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
+    os.mkfifo(tmp_path / "IM0002")  # sniffing its head opened it for reading: it waited for a writer
+    relpaths = _within(10, tmp_path / "IM0002", lambda: source_relpaths(source_kind("dicom"), tmp_path))
+    assert relpaths == ["IM0001"]

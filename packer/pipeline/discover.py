@@ -83,10 +83,16 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
 
 def _read_head(path: str, size: int) -> bytes:
     """The first ``size`` bytes of the file at ``path`` (fewer for a shorter one; none when it
-    cannot be read: the probe names that defect, a listing does not)."""
+    cannot be read: the probe names that defect, a listing does not). Opened without blocking: a
+    named pipe among the files (``IM0001`` a FIFO) reads as empty instead of hanging the listing
+    until some writer opens it; a regular file reads as it always does."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(size)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return b""
+    try:
+        with open(fd, "rb") as fh:
+            return fh.read(size) or b""
     except OSError:
         return b""
 
