@@ -179,6 +179,24 @@ def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_ar
     assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
 
 
+def test_with_outside_root_allowed_a_link_back_up_the_tree_lists_each_file_once(tmp_path: Path) -> None:
+    # a/loop -> .. : followed, it was walked lap after lap until the path got too long, and
+    # every file became ~40 samples (a/loop/a/loop/.../x.png), each without a label row
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "far.png").write_bytes(b"\x89PNG fake")
+    (elsewhere / "back").symlink_to(elsewhere, target_is_directory=True)  # a loop outside the root too
+    job_path = make_tree(tmp_path, ["a/1.png,cat,S1,", "far/far.png,cat,S2,"], ["a/1.png"])
+    root = tmp_path / "raw"
+    (root / "a" / "loop").symlink_to(root, target_is_directory=True)
+    (root / "far").symlink_to(elsewhere, target_is_directory=True)
+    doc = yaml.safe_load(job_path.read_text())
+    doc["safety"] = {"outside_root": "allow"}
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a/1.png", "far/far.png"] and found.issues == []
+
+
 def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
     from packer.phi import Pseudonymizer
 

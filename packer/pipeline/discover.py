@@ -12,6 +12,7 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -64,11 +65,17 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
     Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
     folders are not entered; their relative paths go into ``links`` when given. ``progress``
-    counts the files found, folder by folder."""
+    counts the files found, folder by folder. With ``follow_links`` each real folder is walked
+    once, the first way the walk reaches it (real subfolders before links, at each level): a link
+    back to a folder above it (``a/loop -> ..``) is not walked again and again until the path
+    gets too long, listing every file once per lap."""
     top = os.fspath(root)
     found: list[str] = []
+    walked: set[tuple[int, int]] = set()
     for folder, dirs, files in os.walk(top, followlinks=follow_links):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if follow_links:
+            dirs[:] = _first_visits(folder, dirs, walked)
         prefix = os.path.relpath(folder, top).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
         before = len(found)
@@ -79,6 +86,25 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
             links.extend(prefix + d for d in dirs if os.path.islink(os.path.join(folder, d)))
     found.sort()
     return found
+
+
+def _first_visits(folder: str, dirs: list[str], walked: set[tuple[int, int]]) -> list[str]:
+    """The subfolders of ``folder`` whose real folder no walk has reached yet (by device and
+    inode, recorded in ``walked``; the root's is recorded on its first call), real ones first."""
+    if not walked:
+        with contextlib.suppress(OSError):
+            info = os.stat(folder)
+            walked.add((info.st_dev, info.st_ino))
+    kept = []
+    for name in sorted(dirs, key=lambda d: os.path.islink(os.path.join(folder, d))):
+        try:
+            info = os.stat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) not in walked:
+            walked.add((info.st_dev, info.st_ino))
+            kept.append(name)
+    return kept
 
 
 def _read_head(path: str, size: int) -> bytes:
