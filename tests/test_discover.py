@@ -68,6 +68,10 @@ def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
     (["a.png,cat,S1,", "a.png,dog,S2,"], "path,label,entity,timestamp", "listed twice"),
     (["a.png,cat"], "path,label", "missing column"),
     ([",cat,S1,"], "path,label,entity,timestamp", "column 'path' is empty"),
+    # an unquoted comma in a cell: the cells after it sat under the wrong columns, and the last
+    # one was dropped without a word
+    (["a.png,cat,S1,2024-01-01,Smith, J."], "path,label,entity,timestamp,reader",
+     r"row 2 has 6 cells but the header names 5 columns \(cells past the last: ' J\.'\)"),
 ])
 def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows: list[str], header: str,
                                                             match: str) -> None:

@@ -182,8 +182,15 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             header = fh.readline()
             reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
-            rows = [(n, {k: (v or "") for k, v in record.items() if k is not None})
-                    for n, record in enumerate(reader, start=2)]
+            rows = []
+            for n, record in enumerate(reader, start=2):
+                extra = [cell for cell in record.get(None) or () if cell.strip()]
+                if extra:  # misaligned: every cell after the stray separator is under the wrong column
+                    raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
+                                      f"but the header names {len(columns):,} columns (cells past the last: "
+                                      f"{', '.join(repr(c) for c in extra[:3])}); a value holding the separator "
+                                      "needs quotes (\"a, b\"), so its cells land under the right columns")
+                rows.append((n, {k: (v or "") for k, v in record.items() if k is not None}))
             return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
