@@ -64,6 +64,17 @@ def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
     assert "gone.png" in issues[0].message and "row 3" in issues[0].message
 
 
+def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
+    # a blank line and a quoted line break: the records were counted, so every later message
+    # pointed one or two lines above the row it meant
+    rows = ["a/1.png,cat,S1,", "", '"a/2.png",dog,S2,', "b/3.png,cat,S3,\"2024-01-01\"", "gone.png,cat,S1,"]
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png", "b/3.png"], header="path,label,entity,timestamp"))
+    assert "row 6 lists 'gone.png'" in discover(job).issues[0].message
+    rows = ['a/1.png,"cat",S1,', '"a/2.png",dog,"S\n2",', "gone.png,cat,S1,"]
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png"], header="path,label,entity,timestamp"))
+    assert "row 5 lists 'gone.png'" in discover(job).issues[0].message
+
+
 @pytest.mark.parametrize(("rows", "header", "match"), [
     (["a.png,cat,S1,", "a.png,dog,S2,"], "path,label,entity,timestamp", "listed twice"),
     (["a.png,cat"], "path,label", "missing column"),

@@ -183,7 +183,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = []
-            for n, record in enumerate(reader, start=2):
+            for record in reader:
+                n = reader.line_num  # the row as a text editor numbers it: blank lines and quoted line breaks count
                 extra = [cell for cell in record.get(None) or () if cell.strip()]
                 if extra:  # misaligned: every cell after the stray separator is under the wrong column
                     raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
