@@ -238,6 +238,10 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
     key, the source kind's hint at a header attribute it may have meant (DICOM keywords)."""
     for column, key in wanted.items():
         if column in columns:
+            if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
+                raise ConfigError(f"{path}: column {column!r} (named by {key}) is in the header "
+                                  f"{columns.count(column)} times, and only the last one's cells would be read; "
+                                  "rename the others")
             continue
         near = closest(column, columns)
         hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
