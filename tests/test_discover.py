@@ -170,6 +170,18 @@ def test_paths_leaving_the_root_are_outside_root_issues(tmp_path: Path) -> None:
     assert sorted(r.relpath for r in refs) == ["../secret.png", "a.png", "link.png"] and issues == []
 
 
+def test_absolute_table_paths_under_the_root_name_their_files(tmp_path: Path) -> None:
+    # a table made by a glob holds absolute paths: each was an outside_root record ("leaves the
+    # source root") while its file, under the root, was a missing_label one: two bad records,
+    # both wrong, for one good file
+    root = tmp_path / "raw"
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG fake")
+    rows = [f"{root}/a/1.png,cat,S1,", "../raw/b/2.png,dog,S2,", f"{tmp_path}/secret.png,cat,S3,"]
+    found = discover(load_job(make_tree(tmp_path, rows, ["a/1.png", "b/2.png"])))
+    assert [(r.relpath, r.label) for r in found.refs] == [("a/1.png", "cat"), ("b/2.png", "dog")]
+    assert [(i.reason, Path(i.path).name) for i in found.issues] == [("outside_root", "secret.png")]
+
+
 def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_are_not_entered(
         tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"

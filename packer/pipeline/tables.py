@@ -349,7 +349,13 @@ def _rebase(cell: str, table: TableConfig, root: Path | str) -> str:
     """A table cell's path relative to the root (it is written relative to ``path_base``)."""
     text = posixpath.normpath(cell.strip().replace("\\", "/"))
     if table.path_base is None:
-        return text
+        top = os.fspath(root)
+        if "://" in top or not (posixpath.isabs(text) or text.startswith("../")):
+            return text
+        # an absolute path (a table made by a glob), or one that leaves and re-enters the root:
+        # relative to the root where it lies under it (else it still starts with ../: outside_root)
+        top = posixpath.normpath(top.replace(os.sep, "/"))
+        return posixpath.relpath(posixpath.normpath(posixpath.join(top, text)), top)
     base, top = os.fspath(table.path_base), os.fspath(root)
     if "://" in top:  # a URL root: compare the paths after the protocol
         base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
