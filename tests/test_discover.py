@@ -83,6 +83,8 @@ def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
     # one was dropped without a word
     (["a.png,cat,S1,2024-01-01,Smith, J."], "path,label,entity,timestamp,reader",
      r"row 2 has 6 cells but the header names 5 columns \(cells past the last: ' J\.'\)"),
+    # a header and no rows (a cut download): every file was a missing_label, not one error
+    ([], "path,label,entity,timestamp", r"the table has no rows \(its header: path, label, entity, timestamp\)"),
     # two columns of one name: the reader silently took the second one's labels
     (["a.png,cat,S1,,dog"], "path,label,entity,timestamp,label",
      r"column 'label' \(named by label\) is in the header 2 times, and only the last one's cells would be read"),

@@ -415,6 +415,10 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
+    if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
+        raise ConfigError(f"{records.path}: the table has no rows (its header: "
+                          f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
+                          f"files under {source.root}; check that it is the whole table")
     for number, record in records.records:
         cell = _cell_of(table, record).strip()
         if not cell:
