@@ -73,6 +73,10 @@ def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
     rows = ['a/1.png,"cat",S1,', '"a/2.png",dog,"S\n2",', "gone.png,cat,S1,"]
     job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png"], header="path,label,entity,timestamp"))
     assert "row 5 lists 'gone.png'" in discover(job).issues[0].message
+    # blank lines above the header: the header was read as empty, and every row refused as
+    # having more cells than it
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png"], header="\n\npath,label,entity,timestamp"))
+    assert "row 7 lists 'gone.png'" in discover(job).issues[0].message
 
 
 @pytest.mark.parametrize(("rows", "header", "match"), [

@@ -179,12 +179,14 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
         with _open_text(path, storage_options) as fh:
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
-            header = fh.readline()
+            header, above = fh.readline(), 0
+            while header and not header.strip():  # blank lines above the header (an export's preamble)
+                header, above = fh.readline(), above + 1
             reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = []
             for record in reader:
-                n = reader.line_num  # the row as a text editor numbers it: blank lines and quoted line breaks count
+                n = above + reader.line_num  # the row as a text editor numbers it: blank lines count
                 extra = [cell for cell in record.get(None) or () if cell.strip()]
                 if extra:  # misaligned: every cell after the stray separator is under the wrong column
                     raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
