@@ -216,3 +216,26 @@ def test_a_cut_list_never_ends_in_and_1_more_it_shows_that_entry_instead() -> No
     assert (_cut(6, 5), _and_more(6, 5)) == (6, [])  # one over the limit: listed whole
     assert (_cut(7, 5), _and_more(7, 5, "  ")) == (5, ["  … and 2 more"])
     assert (_cut(3, 5), _and_more(3, 5)) == (3, [])
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+@pytest.mark.parametrize("flag", ["--json", "--junit"])
+def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_path: Path, flag: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fix said "choose another output folder (packer build --out DIR)": validate has no --out
+    import builtins
+
+    import packer.files
+
+    job = image_job(tmp_path, base_rows(4))
+    target = tmp_path / "reports" / "check.out"
+
+    def full_for_it(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return builtins.open("/dev/full" if str(file) == f"{target}.partial" else file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(packer.files, "open", full_for_it, raising=False)
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(target)])
+    assert result.exit_code == 6, result.output
+    assert f"cannot write {target}: the file system is full" in result.output
+    assert "free space there, or write the file elsewhere (another --json/--junit FILE)" in result.output
+    assert "packer build --out" not in result.output

@@ -229,8 +229,12 @@ def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
             if rule["severity"] == "fail" and not rule["passed"]}
 
 
+#: The fix for a --json or --junit file the file system refuses: there is no output folder to move.
+REPORT_ELSEWHERE = "write the file elsewhere (another --json/--junit FILE)"
+
+
 def write_json(result: ValidateResult, path: Path) -> None:
-    with atomic_output(path) as fh:
+    with atomic_output(path, elsewhere=REPORT_ELSEWHERE) as fh:
         fh.write(json.dumps(summary(result), indent=2, sort_keys=True).encode() + b"\n")
 
 
@@ -273,5 +277,5 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     properties = ET.Element("properties")  # before the test cases, where the JUnit schema puts them
     properties.extend([ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
     suite.insert(0, properties)
-    with atomic_output(path) as fh:
+    with atomic_output(path, elsewhere=REPORT_ELSEWHERE) as fh:
         fh.write(ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n")
