@@ -239,6 +239,22 @@ def test_pinned_entities_go_where_pinned_and_conflicts_fail(tmp_path: Path) -> N
         assign_splits(samples, replace(BY_ENTITY, pinned=pins))
 
 
+def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_warning(tmp_path: Path) -> None:
+    # under phi: pseudonymize the samples carry e-... pseudonyms while a frozen test table holds
+    # the raw ids: no pin matched, the test set was not frozen, and nothing said so
+    def pseudonym(raw: str) -> str:
+        return f"e-{raw.lower()}"
+
+    samples = [sample(i, pseudonym(f"P{i}")) for i in range(50)]
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nP1,test\nP2,test\ne-p3,valid\nP99,test\n")  # e-p3: copied from a manifest
+    assignment = assign_splits(samples, replace(BY_ENTITY, pinned=pins), pseudonym=pseudonym)
+    split = assignment.split
+    assert (split["s-000001"], split["s-000002"], split["s-000003"]) == ("test", "test", "valid")
+    (warning,) = assignment.warnings
+    assert "1 of its entities name no sample, e.g. 'P99'" in warning
+
+
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:
     from packer.pipeline.split import Assignment, SplitGroup, balance_warning
 

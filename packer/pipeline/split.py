@@ -386,7 +386,12 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         given = _assign_given(table, cfg, groups, pseudonym, leave_out)
         progress.update(len(groups))
         return given
-    pins = read_pinned(cfg.pinned) if cfg.pinned else {}
+    listed = read_pinned(cfg.pinned) if cfg.pinned else {}
+    pins = dict(listed)
+    if pseudonym is not None:  # the table names raw ids, as the data does (or pseudonyms, from a manifest)
+        pins = {**{pseudonym(e): s for e, s in listed.items()}, **listed}
+    known = {e for group in groups for e in group.entities}
+    stray = [e for e in listed if e not in known and (pseudonym is None or pseudonym(e) not in known)]
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
         wanted = {pins[e] for e in group.entities if e in pins}
@@ -435,8 +440,10 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                 fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
         if len(dropped) > before:
             groups[g] = replace(group, dropped=len(dropped) - before)
+    warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. {stray[0]!r}; "
+                "they are pinned nowhere (a typo, or an entity whose files were all bad samples)",) if stray else ()
     return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
-                      pinned={e: s for e, s in pins.items()})
+                      pinned={e: s for e, s in pins.items()}, warnings=warnings)
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
