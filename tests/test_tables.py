@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import tarfile
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,20 @@ def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str) -
     assert [(r.label, r.entity, r.extra) for r in refs.values()] == [("cat", "S1", (("note", "a, b"),)),
                                                                      ("dog", "S2", (("note", ""),))]
     assert found.issues == []
+
+
+@pytest.mark.parametrize("find", ["path", "name"])
+def test_a_table_names_a_file_whose_name_is_spelled_in_another_unicode_form(tmp_path: Path, find: str) -> None:
+    # the table is NFC text (é one code point); the files were made on macOS (é as e + U+0301):
+    # each such file was a missing_label and its row a missing_file, under one printed path
+    nfd = [unicodedata.normalize("NFD", n) for n in ("a/Zoë.png", "a/café.png")]
+    _files(tmp_path / "raw", [*nfd, "a/plain.png"])
+    cells = ["Zoë.png", "café.png", "plain.png"] if find == "name" else ["a/Zoë.png", "a/café.png", "a/plain.png"]
+    _csv(tmp_path / "raw" / "t.csv", "path,label,entity",
+         [f"{unicodedata.normalize('NFC', c)},x,E{i}" for i, c in enumerate(cells)])
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "find": find}})))
+    assert sorted(r.relpath for r in found.refs) == sorted([*nfd, "a/plain.png"])
+    assert all(r.label == "x" for r in found.refs) and found.issues == []
 
 
 def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:

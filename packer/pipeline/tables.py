@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import posixpath
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -370,16 +371,42 @@ def _cell_of(table: TableConfig, record: Record) -> str:
     return table.template.format_map({k: v.strip() for k, v in record.items()})
 
 
+class _UnicodeSpelling:
+    """A table path as the listing spells it, where the two differ only in Unicode normalisation:
+    a table written as NFC text names ``café.png`` with one code point for the é, while a file
+    made on macOS (or unzipped from an archive made there) is named with two (NFD). Built on
+    the first non-ASCII path the listing lacks; a path two files share once normalised stays as
+    the table spells it (never a guess)."""
+
+    def __init__(self, listed: Sequence[str]) -> None:
+        self._listed = listed
+        self._by_nfc: dict[str, str | None] | None = None
+
+    def __call__(self, rel: str) -> str:
+        if self._by_nfc is None:
+            self._by_nfc = {}
+            for name in self._listed:
+                if not name.isascii():
+                    key = unicodedata.normalize("NFC", name)
+                    self._by_nfc[key] = None if key in self._by_nfc else name
+        return self._by_nfc.get(unicodedata.normalize("NFC", rel)) or rel
+
+
 class NameIndex:
-    """The listed files of a source by file name, for tables of bare names (``find: name``)."""
+    """The listed files of a source by file name, for tables of bare names (``find: name``);
+    names compare in Unicode normal form C (:class:`_UnicodeSpelling`)."""
 
     def __init__(self, relpaths: Sequence[str]) -> None:
         self._by_name: dict[str, list[str]] = defaultdict(list)
         for rel in relpaths:
-            self._by_name[rel.rsplit("/", 1)[-1]].append(rel)
+            self._by_name[_nfc(rel.rsplit("/", 1)[-1])].append(rel)
 
     def find(self, name: str) -> list[str]:
-        return self._by_name.get(name.strip().rsplit("/", 1)[-1], [])
+        return self._by_name.get(_nfc(name.strip().rsplit("/", 1)[-1]), [])
+
+
+def _nfc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
@@ -417,6 +444,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
+    spelled = _UnicodeSpelling(listed)
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
                           f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
@@ -438,6 +466,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             rel = found[0] if found else _rebase(cell, table, source.root)
         else:
             rel = _rebase(cell, table, source.root)
+        if rel not in listed_set and not rel.isascii():
+            rel = spelled(rel)
         if number in records.dropped:
             placed.rows_filtered += 1
             if rel in listed_set:
