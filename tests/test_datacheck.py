@@ -239,3 +239,18 @@ def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_pat
     assert f"cannot write {target}: the file system is full" in result.output
     assert "free space there, or write the file elsewhere (another --json/--junit FILE)" in result.output
     assert "packer build --out" not in result.output
+
+
+def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(tmp_path: Path) -> None:
+    # a bell or escape byte in a raw file name went into the JUnit XML as it was: not XML 1.0,
+    # so the CI's test-report step refused the whole file
+    job = image_job(tmp_path, base_rows(6))
+    for name in ("bell\x07.png", "evil\x1b[31m.png"):
+        (tmp_path / "raw" / name).write_bytes((tmp_path / "raw" / "s000.png").read_bytes())
+    target = tmp_path / "junit.xml"
+    code, _, output = run_validate(job, "--quick", "--junit", str(target))
+    assert code == 3, output
+    suite = ET.parse(target).getroot()
+    (failure,) = (c.find("failure") for c in suite.iter("testcase") if c.get("name") == "bad_fraction")
+    text = failure.text if failure is not None else None
+    assert text is not None and "bell\\x07.png" in text and "evil\\x1b[31m.png" in text

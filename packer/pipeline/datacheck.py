@@ -13,6 +13,7 @@ the check still passes.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -238,6 +239,17 @@ def write_json(result: ValidateResult, path: Path) -> None:
         fh.write(json.dumps(summary(result), indent=2, sort_keys=True).encode() + b"\n")
 
 
+#: What XML 1.0 cannot hold, even escaped: C0 controls but tab, newline and carriage return
+#: (a raw file name may carry any of them: ``bell\x07.png``), and the non-characters U+FFFE/U+FFFF.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """``text`` with each character XML cannot hold written as its escape (``\x07``): ElementTree
+    writes them as they are, and a CI's JUnit reader then refuses the whole file."""
+    return _NOT_XML.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def write_junit(result: ValidateResult, path: Path) -> None:
     """JUnit XML: a ``bad_fraction`` case plus one case per audit rule; failures list samples."""
     doc = summary(result)
@@ -251,9 +263,9 @@ def write_junit(result: ValidateResult, path: Path) -> None:
         element = ET.SubElement(suite, "testcase", classname=f"packer.validate.{doc['name']}", name=name)
         if failed:
             failures += 1
-            ET.SubElement(element, "failure", message=message).text = body
+            ET.SubElement(element, "failure", message=_xml_text(message)).text = _xml_text(body)
         elif body:
-            ET.SubElement(element, "system-out").text = body
+            ET.SubElement(element, "system-out").text = _xml_text(body)
 
     bad = doc["bad_samples"]
     issues = result.prepared.issues
