@@ -254,3 +254,6 @@ def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(t
     (failure,) = (c.find("failure") for c in suite.iter("testcase") if c.get("name") == "bad_fraction")
     text = failure.text if failure is not None else None
     assert text is not None and "bell\\x07.png" in text and "evil\\x1b[31m.png" in text
+    # and the summary shows them escaped: printed as they were, they drove the terminal
+    assert "bell\\x07.png" in output and "evil\\x1b[31m.png" in output
+    assert "\x07" not in output and "\x1b" not in output

@@ -177,6 +177,16 @@ def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
             "records": [e.to_json() for e in prepared.excluded[:1000]]}
 
 
+#: Control characters (C0, DEL, C1): a raw file name may hold them, and printed as they are an
+#: escape sequence in one recolours, retitles or clears the terminal, a newline forges a line.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _shown(text: str) -> str:
+    """``text`` for a terminal or a CI log: each control character written as its escape."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def format_summary(result: ValidateResult) -> str:
     """A short human summary: counts by reason, per split, failing and reporting rules."""
     doc = summary(result)
@@ -192,14 +202,14 @@ def format_summary(result: ValidateResult) -> str:
                  f"{reasons}")
     issues = result.prepared.issues
     for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
-        lines.append(f"    {issue.reason:<22} {issue.path}")
+        lines.append(f"    {issue.reason:<22} {_shown(issue.path)}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction
         lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
                      "samples")
         for record in excluded[:_cut(len(excluded), SUMMARY_ISSUES)]:
-            lines.append(f"    {record.why:<22} {record.path}: {record.detail}")
+            lines.append(f"    {record.why:<22} {_shown(record.path)}: {_shown(record.detail)}")
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
         lines.append(f"  warning: {warning['message']}")
