@@ -191,13 +191,16 @@ def test_an_unnamed_column_that_holds_values_is_kept(tmp_path: Path) -> None:
     assert _without_trailing_commas(("a", ""), [(2, {"a": "1", "": " "})]) == (("a",), [(2, {"a": "1"})])
 
 
-@pytest.mark.parametrize("table", ["participants.tsv", "labels.tsv.gz", "labels.csv"])
-def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str) -> None:
+@pytest.mark.parametrize(("table", "sep"), [("participants.tsv", "\t"), ("labels.tsv.gz", "\t"), ("labels.csv", "\t"),
+                                            ("misnamed.tsv", ",")])
+def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, sep: str) -> None:
     # BIDS ships participants.tsv; a spreadsheet exported "as text" is tab-separated whatever its
     # name. It used to be one column, and the error said "missing column 'path'" above a header
-    # that plainly has it.
+    # that plainly has it. A header that has commas and no tab is a CSV whatever its name.
     _files(tmp_path / "raw", ["a/1.png", "b/2.png"])
     text = "path\tlabel\tentity\tnote\n" "a/1.png\tcat\tS1\ta, b\n" "b/2.png\tdog\tS2\t\n"
+    if sep == ",":
+        text = text.replace("a, b", '"a, b"').replace("\t", ",")
     path = tmp_path / "raw" / table
     path.write_bytes(gzip.compress(text.encode()) if table.endswith(".gz") else text.encode())
     found = discover(load_job(_job(tmp_path, {"root": "raw", "table": f"raw/{table}"})))

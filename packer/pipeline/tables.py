@@ -207,9 +207,9 @@ def _delimiter(name: str, header: str) -> str:
     """A tab for a tab-separated table (``.tsv``/``.tab``, gzipped or not, or a header line with
     tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), else a
     comma."""
-    if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) or ("\t" in header and "," not in header):
-        return "\t"
-    return ","
+    if ("\t" in header) != ("," in header):  # the header says which: one of the two and not the other
+        return "\t" if "\t" in header else ","
+    return "\t" if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) else ","
 
 
 def _without_trailing_commas(columns: tuple[str, ...], rows: list[tuple[int, Record]]
