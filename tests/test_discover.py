@@ -320,7 +320,14 @@ def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_byt
         ("unreadable", "discover", "caf\\xe9.png")]
     issue = found.issues[0]
     json.dumps(issue.to_json(), ensure_ascii=False).encode("utf-8")  # writable as bad_samples.jsonl is
-    assert "not valid UTF-8" in issue.message and "rename" in issue.message
+    assert "the file name 'caf\\xe9.png' is not valid UTF-8" in issue.message and "rename" in issue.message
+    # a files: table source: no table row can name it, so it is not in the table, never bad
+    doc = yaml.safe_load(job_path.read_text())
+    doc["sources"][0]["table"] = {"file": "raw/labels.csv", "files": "table"}
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"] and found.issues == []
+    assert [(e.why, Path(e.path).name) for e in found.excluded] == [("not_in_table", "caf\\xe9.png")]
 
 
 def _within(seconds: float, fifo: Path, call: Callable[[], T]) -> T:

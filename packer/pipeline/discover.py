@@ -225,25 +225,32 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
 
 
 def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
-                       ) -> tuple[list[tuple[str, str]], list[Issue]]:
+                       ) -> tuple[list[tuple[str, str]], list[Issue], list[Excluded]]:
     """The listed files whose names are text, and one ``unreadable`` record per file whose name
     is not valid UTF-8 (a Latin-1 name copied from an old export): such a name cannot be hashed,
     tabled or written into any record, so it is named with its bad bytes escaped (``caf\\xe9.png``)
-    rather than crash the job."""
-    kept, issues = [], []
+    rather than crash the job. On a ``files: table`` source no (UTF-8) table row can name such a
+    file, so it is *not in the table*, left out like any other file the table does not name."""
+    kept, issues, excluded = [], [], []
+    only_table = source.table_map is not None and source.table_map.files == "table"
     for rel, path in files:
         try:
             rel.encode("utf-8")
         except UnicodeEncodeError:
             shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            issues.append(Issue(sample_id=make_sample_id(source.name, shown, phi),
-                                path=os.fsencode(path).decode("utf-8", "backslashreplace"), stage="discover",
-                                reason="unreadable",
-                                message=f"the file name {shown!r} is not valid UTF-8; rename the file "
-                                        "(e.g. convmv -f latin1 -t utf-8)"))
+            sample_id = make_sample_id(source.name, shown, phi)
+            named = os.fsencode(path).decode("utf-8", "backslashreplace")
+            if only_table:
+                excluded.append(Excluded(sample_id, named, "discover", "not_in_table",
+                                         f"its name '{shown}' is not valid UTF-8, so no table row names it "
+                                         "(files: table)"))
+            else:
+                issues.append(Issue(sample_id=sample_id, path=named, stage="discover", reason="unreadable",
+                                    message=f"the file name '{shown}' is not valid UTF-8; rename the file "
+                                            "(e.g. convmv -f latin1 -t utf-8)"))
         else:
             kept.append((rel, path))
-    return kept, issues
+    return kept, issues, excluded
 
 
 def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
@@ -463,7 +470,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet)
-    files, unnamed = _undecodable_names(source, files, phi)
+    files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
@@ -482,7 +489,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     for cell, _row, reason, message in unplaced:
         issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
                             reason=reason, message=message))
-    excluded: list[Excluded] = []
+    excluded: list[Excluded] = list(unnamed_out)
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)
