@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packer.errors import ConfigError, blocking_file, refused_write
+from packer.errors import OUTPUT_ELSEWHERE, ConfigError, blocking_file, refused_write
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -42,7 +42,7 @@ def human_bytes(size: float) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, *, durable: bool = True, elsewhere: str = OUTPUT_ELSEWHERE) -> Iterator[BinaryIO]:
     """Open ``path.partial`` for writing; on success fsync and rename it to ``path``.
 
     On failure the temporary file is removed, so ``path`` is either absent or complete.
@@ -50,7 +50,8 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     work when a crash left them damaged (the spill cache), not for outputs.
 
     A full, read-only or over-quota file system (and, creating the file, a refused permission)
-    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix, from the OSError;
+    raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix (``elsewhere``: how
+    to put the file somewhere else, for a file the user named), from the OSError;
     a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
@@ -64,7 +65,7 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
         raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
                           "folder; remove it, or write elsewhere") from err
     except OSError as err:
-        refused = refused_write(err, path, opening=True)
+        refused = refused_write(err, path, opening=True, elsewhere=elsewhere)
         if refused is None:
             raise
         raise refused from err
@@ -77,7 +78,7 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and (refused := refused_write(err, path)) is not None:
+        if isinstance(err, OSError) and (refused := refused_write(err, path, elsewhere=elsewhere)) is not None:
             raise refused from err
         raise
     if durable:

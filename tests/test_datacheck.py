@@ -216,3 +216,44 @@ def test_a_cut_list_never_ends_in_and_1_more_it_shows_that_entry_instead() -> No
     assert (_cut(6, 5), _and_more(6, 5)) == (6, [])  # one over the limit: listed whole
     assert (_cut(7, 5), _and_more(7, 5, "  ")) == (5, ["  … and 2 more"])
     assert (_cut(3, 5), _and_more(3, 5)) == (3, [])
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+@pytest.mark.parametrize("flag", ["--json", "--junit"])
+def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_path: Path, flag: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fix said "choose another output folder (packer build --out DIR)": validate has no --out
+    import builtins
+
+    import packer.files
+
+    job = image_job(tmp_path, base_rows(4))
+    target = tmp_path / "reports" / "check.out"
+
+    def full_for_it(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return builtins.open("/dev/full" if str(file) == f"{target}.partial" else file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(packer.files, "open", full_for_it, raising=False)
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(target)])
+    assert result.exit_code == 6, result.output
+    assert f"cannot write {target}: the file system is full" in result.output
+    assert "free space there, or write the file elsewhere (another --json/--junit FILE)" in result.output
+    assert "packer build --out" not in result.output
+
+
+def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(tmp_path: Path) -> None:
+    # a bell or escape byte in a raw file name went into the JUnit XML as it was: not XML 1.0,
+    # so the CI's test-report step refused the whole file
+    job = image_job(tmp_path, base_rows(6))
+    for name in ("bell\x07.png", "evil\x1b[31m.png"):
+        (tmp_path / "raw" / name).write_bytes((tmp_path / "raw" / "s000.png").read_bytes())
+    target = tmp_path / "junit.xml"
+    code, _, output = run_validate(job, "--quick", "--junit", str(target))
+    assert code == 3, output
+    suite = ET.parse(target).getroot()
+    (failure,) = (c.find("failure") for c in suite.iter("testcase") if c.get("name") == "bad_fraction")
+    text = failure.text if failure is not None else None
+    assert text is not None and "bell\\x07.png" in text and "evil\\x1b[31m.png" in text
+    # and the summary shows them escaped: printed as they were, they drove the terminal
+    assert "bell\\x07.png" in output and "evil\\x1b[31m.png" in output
+    assert "\x07" not in output and "\x1b" not in output

@@ -22,7 +22,13 @@ import pytest
 from click.testing import CliRunner
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
-from pydicom.uid import BasicTextSRStorage, ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+from pydicom.uid import (
+    BasicTextSRStorage,
+    ExplicitVRLittleEndian,
+    MediaStorageDirectoryStorage,
+    SecondaryCaptureImageStorage,
+    generate_uid,
+)
 
 from packer.badsamples import read_bad_samples
 from packer.cli import main
@@ -226,6 +232,24 @@ def test_a_file_of_an_image_class_without_pixel_data_stays_a_bad_sample(tmp_path
     report = probe_dicom(make_ref(write_text_sr(tmp_path / "sr.dcm", "P1")), entity_keyword="PatientID",
                          time_keywords=())
     assert isinstance(report, Excluded) and (report.why, report.modality) == ("not_image", "SR")
+
+
+def test_the_dicomdir_at_the_root_of_an_export_is_left_out_as_not_image(tmp_path: Path) -> None:
+    # every CD/DVD export has one: its SOP class (Media Storage Directory Storage) is in the file
+    # meta only, so it read as a file of no class without pixels, a no_pixel_data bad sample
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = MediaStorageDirectoryStorage
+    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.FileSetID, ds.FileSetConsistencyFlag, ds.DirectoryRecordSequence = "EXPORT", 0, DicomSequence([])
+    ds.OffsetOfTheFirstDirectoryRecordOfTheRootDirectoryEntity = 0
+    ds.OffsetOfTheLastDirectoryRecordOfTheRootDirectoryEntity = 0
+    path = tmp_path / "DICOMDIR"
+    ds.save_as(path, enforce_file_format=True)
+    found = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=())
+    assert isinstance(found, Excluded) and found.why == "not_image", found
+    assert "Media Storage Directory Storage" in found.detail
 
 
 def test_a_where_key_that_is_no_dicom_keyword_is_refused_with_the_close_keyword(tmp_path: Path) -> None:

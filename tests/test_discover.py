@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -20,9 +25,11 @@ from packer.pipeline.discover import (
     normalize_time,
     source_relpaths,
 )
-from packer.pipeline.probe import check_identity
+from packer.pipeline.probe import check_identity, probe_ref
 from packer.read.kinds import source_kind
-from packer.records import SampleRef
+from packer.records import Issue, SampleRef
+
+T = TypeVar("T")
 
 
 def make_tree(tmp_path: Path, rows: list[str], files: list[str], header: str = "path,label,entity,timestamp") -> Path:
@@ -57,10 +64,34 @@ def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
     assert "gone.png" in issues[0].message and "row 3" in issues[0].message
 
 
+def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
+    # a blank line and a quoted line break: the records were counted, so every later message
+    # pointed one or two lines above the row it meant
+    rows = ["a/1.png,cat,S1,", "", '"a/2.png",dog,S2,', "b/3.png,cat,S3,\"2024-01-01\"", "gone.png,cat,S1,"]
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png", "b/3.png"], header="path,label,entity,timestamp"))
+    assert "row 6 lists 'gone.png'" in discover(job).issues[0].message
+    rows = ['a/1.png,"cat",S1,', '"a/2.png",dog,"S\n2",', "gone.png,cat,S1,"]
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png"], header="path,label,entity,timestamp"))
+    assert "row 5 lists 'gone.png'" in discover(job).issues[0].message
+    # blank lines above the header: the header was read as empty, and every row refused as
+    # having more cells than it
+    job = load_job(make_tree(tmp_path, rows, ["a/1.png", "a/2.png"], header="\n\npath,label,entity,timestamp"))
+    assert "row 7 lists 'gone.png'" in discover(job).issues[0].message
+
+
 @pytest.mark.parametrize(("rows", "header", "match"), [
     (["a.png,cat,S1,", "a.png,dog,S2,"], "path,label,entity,timestamp", "listed twice"),
     (["a.png,cat"], "path,label", "missing column"),
     ([",cat,S1,"], "path,label,entity,timestamp", "column 'path' is empty"),
+    # an unquoted comma in a cell: the cells after it sat under the wrong columns, and the last
+    # one was dropped without a word
+    (["a.png,cat,S1,2024-01-01,Smith, J."], "path,label,entity,timestamp,reader",
+     r"row 2 has 6 cells but the header names 5 columns \(cells past the last: ' J\.'\)"),
+    # a header and no rows (a cut download): every file was a missing_label, not one error
+    ([], "path,label,entity,timestamp", r"the table has no rows \(its header: path, label, entity, timestamp\)"),
+    # two columns of one name: the reader silently took the second one's labels
+    (["a.png,cat,S1,,dog"], "path,label,entity,timestamp,label",
+     r"column 'label' \(named by label\) is in the header 2 times, and only the last one's cells would be read"),
 ])
 def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows: list[str], header: str,
                                                             match: str) -> None:
@@ -145,6 +176,18 @@ def test_paths_leaving_the_root_are_outside_root_issues(tmp_path: Path) -> None:
     assert sorted(r.relpath for r in refs) == ["../secret.png", "a.png", "link.png"] and issues == []
 
 
+def test_absolute_table_paths_under_the_root_name_their_files(tmp_path: Path) -> None:
+    # a table made by a glob holds absolute paths: each was an outside_root record ("leaves the
+    # source root") while its file, under the root, was a missing_label one: two bad records,
+    # both wrong, for one good file
+    root = tmp_path / "raw"
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG fake")
+    rows = [f"{root}/a/1.png,cat,S1,", "../raw/b/2.png,dog,S2,", f"{tmp_path}/secret.png,cat,S3,"]
+    found = discover(load_job(make_tree(tmp_path, rows, ["a/1.png", "b/2.png"])))
+    assert [(r.relpath, r.label) for r in found.refs] == [("a/1.png", "cat"), ("b/2.png", "dog")]
+    assert [(i.reason, Path(i.path).name) for i in found.issues] == [("outside_root", "secret.png")]
+
+
 def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_are_not_entered(
         tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
@@ -170,6 +213,24 @@ def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_ar
     job_path.write_text(yaml.safe_dump(doc))
     found = discover(load_job(job_path))
     assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
+
+
+def test_with_outside_root_allowed_a_link_back_up_the_tree_lists_each_file_once(tmp_path: Path) -> None:
+    # a/loop -> .. : followed, it was walked lap after lap until the path got too long, and
+    # every file became ~40 samples (a/loop/a/loop/.../x.png), each without a label row
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "far.png").write_bytes(b"\x89PNG fake")
+    (elsewhere / "back").symlink_to(elsewhere, target_is_directory=True)  # a loop outside the root too
+    job_path = make_tree(tmp_path, ["a/1.png,cat,S1,", "far/far.png,cat,S2,"], ["a/1.png"])
+    root = tmp_path / "raw"
+    (root / "a" / "loop").symlink_to(root, target_is_directory=True)
+    (root / "far").symlink_to(elsewhere, target_is_directory=True)
+    doc = yaml.safe_load(job_path.read_text())
+    doc["safety"] = {"outside_root": "allow"}
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a/1.png", "far/far.png"] and found.issues == []
 
 
 def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
@@ -271,3 +332,75 @@ def test_a_mask_or_channel_file_linked_from_outside_the_root_is_outside_root(tmp
     job_path.write_text(yaml.safe_dump(doc))
     found = discover(load_job(job_path))
     assert [r.relpath for r in found.refs] == ["a.png", "b.png", "c.png"]
+
+
+def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_bytes_escaped(tmp_path: Path) -> None:
+    # A Latin-1 name from an old export (b"caf\xe9.png") used to crash discovery with a
+    # UnicodeEncodeError (exit 1) when its sample id was hashed: a bad file must be a record.
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,"], ["a.png"])
+    latin1 = os.fsencode(tmp_path / "raw") + b"/caf\xe9.png"
+    with open(latin1, "wb") as fh:
+        fh.write(b"\x89PNG fake")
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"]
+    assert [(i.reason, i.stage, Path(i.path).name) for i in found.issues] == [
+        ("unreadable", "discover", "caf\\xe9.png")]
+    issue = found.issues[0]
+    json.dumps(issue.to_json(), ensure_ascii=False).encode("utf-8")  # writable as bad_samples.jsonl is
+    assert "the file name 'caf\\xe9.png' is not valid UTF-8" in issue.message and "rename" in issue.message
+    # a files: table source: no table row can name it, so it is not in the table, never bad
+    doc = yaml.safe_load(job_path.read_text())
+    doc["sources"][0]["table"] = {"file": "raw/labels.csv", "files": "table"}
+    job_path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"] and found.issues == []
+    assert [(e.why, Path(e.path).name) for e in found.excluded] == [("not_in_table", "caf\\xe9.png")]
+
+
+def _within(seconds: float, fifo: Path, call: Callable[[], T]) -> T:
+    """``call()``'s result, failing the test when it has not returned in ``seconds`` (it is then
+    blocked opening ``fifo``: a writer opened and closed here lets it return)."""
+    out: list[T] = []
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail(f"blocked on the named pipe {fifo.name}")
+    return out[0]
+
+
+def test_links_in_a_loop_are_left_to_the_read_to_call_unreadable(tmp_path: Path) -> None:
+    # l1.png -> l2.png -> l1.png: resolving it raised RuntimeError ("Symlink loop") out of
+    # discovery, and the build exited 1 with a traceback
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "l1.png,cat,S2,", "self.png,cat,S3,"], ["a.png"])
+    root = tmp_path / "raw"
+    (root / "l1.png").symlink_to("l2.png")
+    (root / "l2.png").symlink_to("l1.png")
+    (root / "self.png").symlink_to("self.png")
+    job = load_job(job_path)
+    found = discover(job)
+    assert [r.relpath for r in found.refs] == ["a.png", "l1.png", "l2.png", "self.png"]
+    assert found.issues == []  # l2.png has no row: check_identity makes it missing_label
+    loop = next(r for r in found.refs if r.relpath == "l1.png")
+    issue = probe_ref(loop, job)
+    assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("unreadable", "read")
+
+
+def test_a_named_pipe_named_like_an_image_is_unreadable_and_nothing_waits_on_it(tmp_path: Path) -> None:
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "pipe.png,cat,S2,"], ["a.png"])
+    fifo = tmp_path / "raw" / "pipe.png"
+    os.mkfifo(fifo)
+    job = load_job(job_path)
+    ref = next(r for r in discover(job).refs if r.relpath == "pipe.png")
+    issue = _within(10, fifo, lambda: probe_ref(ref, job))
+    assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("unreadable", "read")
+    assert "named pipe" in issue.message
+
+
+def test_a_named_pipe_among_dicom_files_without_a_suffix_does_not_hang_the_listing(tmp_path: Path) -> None:
+    (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
+    os.mkfifo(tmp_path / "IM0002")  # sniffing its head opened it for reading: it waited for a writer
+    relpaths = _within(10, tmp_path / "IM0002", lambda: source_relpaths(source_kind("dicom"), tmp_path))
+    assert relpaths == ["IM0001"]

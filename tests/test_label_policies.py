@@ -385,3 +385,20 @@ def test_rows_joined_by_union_hold_a_label_any_row_holds_and_ignore_only_what_no
     assert text == "?c|a|b"
     assert united.encode(text)[1].tolist() == [1, 1, 0] and united.encode_mask(text).tolist() == [1, 1, 0]
     assert type(Target("class", ("a",))).union_text(["a", "a"]) is None  # class rows must agree instead
+
+
+@pytest.mark.parametrize(("cell", "read"), [
+    ("1.00", "a"), ("1e0", "a"), ("0.00", ""), ("-0", ""), ("-1.00", "?a"),  # numbers compare as numbers
+    ("1.0", "a"), ("yes", "a"), ("-1", "?a"), ("2", None), ("0.5", None), ("nan", None), ("x", None),
+])
+def test_a_zero_one_cell_is_read_by_its_number_not_its_spelling(cell: str, read: str | None) -> None:
+    # "1.00" (a spreadsheet's two decimals) was a bad_target while "1.0" was a positive
+    from packer.targets.base import CellPolicy, Refused
+
+    policy = CellPolicy(uncertain={"a": "ignore"}, uncertain_values=frozenset({"-1", "-1.0"}))
+    text = type(Target("multilabel", ("a",))).text_of_cells({"a": cell}, where="t.csv row 2", separator=None,
+                                                            value_map={}, known=(), policy=policy)
+    if read is None:
+        assert isinstance(text, Refused) and text.reason == "bad_target" and "is not 0 or 1" in text.message
+    else:
+        assert text == read

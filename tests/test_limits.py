@@ -127,6 +127,16 @@ def test_jpeg_sof_claiming_65500_squared_is_too_large(tmp_path: Path, no_decode:
         too_large(result, "JPEG SOF width 65500 × height 65500", f"{65_500 ** 2} pixels", "limits.max_pixels")
 
 
+def test_bmp_header_claiming_100000_squared_is_too_large_and_says_bmp_once(tmp_path: Path, no_decode: None) -> None:
+    path = tmp_path / "huge.bmp"
+    cv2.imwrite(str(path), np.zeros((4, 4), np.uint8))
+    data = bytearray(path.read_bytes())
+    data[18:26] = struct.pack("<ii", 100_000, 100_000)  # BITMAPINFOHEADER width, height
+    path.write_bytes(bytes(data))
+    too_large(probe_image(image_ref(path)), "huge.bmp: BMP width 100000 × height 100000",  # was "BMP BMP width"
+              f"{100_000 ** 2} pixels")
+
+
 def test_decoded_bytes_limit_counts_channels_depth_and_working_copies(tmp_path: Path, no_decode: None) -> None:
     # 4000×4000 RGBA 16-bit: 16e6 px (under max_pixels); decoded 16e6·4·2 = 128e6 bytes, plus
     # float32 working copies 2·16e6·4·4 = 512e6 bytes: 640e6 in all.

@@ -185,6 +185,23 @@ def test_drop_straddlers_reports_the_dropped_records() -> None:
     assert [(i.sample_id, i.reason, i.stage) for i in assignment.dropped] == [("s-000001", "straddles_cutoff", "split")]
 
 
+def test_the_group_share_counts_only_the_records_a_split_holds_after_dropping_straddlers() -> None:
+    # Two entities, each with records in all three periods, joined by an exact copy: the group
+    # holds 10 records, but drop_straddlers keeps only the 4 before the first cutoff. The
+    # split_balance finding said "holds 10 samples (250%)": its size counted the dropped records,
+    # its share divided them by the kept ones.
+    months = ("2023-03-01", "2023-06-01", "2024-02-01", "2024-03-01", "2024-08-01")
+    samples = [sample(5 * e + k, entity, time=month, sha=f"{5 * e + k:064x}" if k else "c" * 64)
+               for e, entity in enumerate(("A", "B")) for k, month in enumerate(months)]
+    samples += [sample(10 + i, f"P{i}", time="2023-04-01") for i in range(4)]
+    cfg = replace(TIME, entity_policy="drop_straddlers")
+    assignment = assign_splits(samples, cfg)
+    assert len(assignment.split) == 8 and len(assignment.dropped) == 6
+    finding = audit_assignment(samples, assignment, cfg).rule("split_balance").findings[0]
+    assert (finding["group_size"], finding["group_share"]) == (4, 0.5)
+    assert "holds 4 samples (50%" in finding["summary"]
+
+
 def test_split_for_time_boundaries() -> None:
     cutoffs = {"valid": "2024-01-01", "test": "2024-07-01"}
     assert split_for_time("2023-12-31T23:59:59", cutoffs) == "train"
@@ -220,6 +237,22 @@ def test_pinned_entities_go_where_pinned_and_conflicts_fail(tmp_path: Path) -> N
     pins.write_text("entity,split\nP1,holdout\n")
     with pytest.raises(ConfigError, match="row 2"):
         assign_splits(samples, replace(BY_ENTITY, pinned=pins))
+
+
+def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_warning(tmp_path: Path) -> None:
+    # under phi: pseudonymize the samples carry e-... pseudonyms while a frozen test table holds
+    # the raw ids: no pin matched, the test set was not frozen, and nothing said so
+    def pseudonym(raw: str) -> str:
+        return f"e-{raw.lower()}"
+
+    samples = [sample(i, pseudonym(f"P{i}")) for i in range(50)]
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nP1,test\nP2,test\ne-p3,valid\nP99,test\n")  # e-p3: copied from a manifest
+    assignment = assign_splits(samples, replace(BY_ENTITY, pinned=pins), pseudonym=pseudonym)
+    split = assignment.split
+    assert (split["s-000001"], split["s-000002"], split["s-000003"]) == ("test", "test", "valid")
+    (warning,) = assignment.warnings
+    assert "1 of its entities name no sample, e.g. 'P99'" in warning
 
 
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:

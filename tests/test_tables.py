@@ -8,8 +8,10 @@ file is a sample, a bad sample with a reason, or left out on purpose, and nothin
 
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +189,39 @@ def test_an_unnamed_column_that_holds_values_is_kept(tmp_path: Path) -> None:
     rows = [(2, {"a": "1", "": "x"}), (3, {"a": "2", "": ""})]
     assert _without_trailing_commas(("a", ""), rows) == (("a", ""), rows)
     assert _without_trailing_commas(("a", ""), [(2, {"a": "1", "": " "})]) == (("a",), [(2, {"a": "1"})])
+
+
+@pytest.mark.parametrize(("table", "sep"), [("participants.tsv", "\t"), ("labels.tsv.gz", "\t"), ("labels.csv", "\t"),
+                                            ("misnamed.tsv", ",")])
+def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, sep: str) -> None:
+    # BIDS ships participants.tsv; a spreadsheet exported "as text" is tab-separated whatever its
+    # name. It used to be one column, and the error said "missing column 'path'" above a header
+    # that plainly has it. A header that has commas and no tab is a CSV whatever its name.
+    _files(tmp_path / "raw", ["a/1.png", "b/2.png"])
+    text = "path\tlabel\tentity\tnote\n" "a/1.png\tcat\tS1\ta, b\n" "b/2.png\tdog\tS2\t\n"
+    if sep == ",":
+        text = text.replace("a, b", '"a, b"').replace("\t", ",")
+    path = tmp_path / "raw" / table
+    path.write_bytes(gzip.compress(text.encode()) if table.endswith(".gz") else text.encode())
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": f"raw/{table}"})))
+    refs = _by_path(found)
+    assert [(r.label, r.entity, r.extra) for r in refs.values()] == [("cat", "S1", (("note", "a, b"),)),
+                                                                     ("dog", "S2", (("note", ""),))]
+    assert found.issues == []
+
+
+@pytest.mark.parametrize("find", ["path", "name"])
+def test_a_table_names_a_file_whose_name_is_spelled_in_another_unicode_form(tmp_path: Path, find: str) -> None:
+    # the table is NFC text (é one code point); the files were made on macOS (é as e + U+0301):
+    # each such file was a missing_label and its row a missing_file, under one printed path
+    nfd = [unicodedata.normalize("NFD", n) for n in ("a/Zoë.png", "a/café.png")]
+    _files(tmp_path / "raw", [*nfd, "a/plain.png"])
+    cells = ["Zoë.png", "café.png", "plain.png"] if find == "name" else ["a/Zoë.png", "a/café.png", "a/plain.png"]
+    _csv(tmp_path / "raw" / "t.csv", "path,label,entity",
+         [f"{unicodedata.normalize('NFC', c)},x,E{i}" for i, c in enumerate(cells)])
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "find": find}})))
+    assert sorted(r.relpath for r in found.refs) == sorted([*nfd, "a/plain.png"])
+    assert all(r.label == "x" for r in found.refs) and found.issues == []
 
 
 def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:

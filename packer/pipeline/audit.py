@@ -301,14 +301,14 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
             formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})
     formed.sort(key=lambda f: float(f.get("score", 9.0)))
     named = ", ".join(group.entities[:3]) + (", ..." if len(group.entities) > 3 else "")
-    why = (f"one split group holds {len(group.members):,} samples ({balance.largest_share:.0%}, over "
+    why = (f"one split group holds {group.size:,} samples ({balance.largest_share:.0%}, over "
            f"split.balance.max_group_share {cfg.max_group_share:.0%}) of {len(group.entities):,} entities ({named})"
            if balance.collapsed == "group" else
            f"split {balance.worst} holds {balance.shares[balance.worst]:.1%} of the samples against the requested "
            f"{balance.requested[balance.worst]:.0%} (allowed: {balance.allowed:.1%}); the largest split group holds "
-           f"{len(group.members):,} samples ({balance.largest_share:.0%}) of {len(group.entities):,} entities "
+           f"{group.size:,} samples ({balance.largest_share:.0%}) of {len(group.entities):,} entities "
            f"({named})")
-    finding = {"reason": balance.collapsed, "summary": why, "group_size": len(group.members),
+    finding = {"reason": balance.collapsed, "summary": why, "group_size": group.size,
                "group_share": round(balance.largest_share, 4), "entities": len(group.entities),
                "entity_ids": list(group.entities[:20]), "links": len(formed), "formed_by": formed[:20]}
     return RuleResult("split_balance", severity, 1, (finding,), detail)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -177,6 +178,16 @@ def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
             "records": [e.to_json() for e in prepared.excluded[:1000]]}
 
 
+#: Control characters (C0, DEL, C1): a raw file name may hold them, and printed as they are an
+#: escape sequence in one recolours, retitles or clears the terminal, a newline forges a line.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _shown(text: str) -> str:
+    """``text`` for a terminal or a CI log: each control character written as its escape."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def format_summary(result: ValidateResult) -> str:
     """A short human summary: counts by reason, per split, failing and reporting rules."""
     doc = summary(result)
@@ -192,14 +203,14 @@ def format_summary(result: ValidateResult) -> str:
                  f"{reasons}")
     issues = result.prepared.issues
     for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
-        lines.append(f"    {issue.reason:<22} {issue.path}")
+        lines.append(f"    {issue.reason:<22} {_shown(issue.path)}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction
         lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
                      "samples")
         for record in excluded[:_cut(len(excluded), SUMMARY_ISSUES)]:
-            lines.append(f"    {record.why:<22} {record.path}: {record.detail}")
+            lines.append(f"    {record.why:<22} {_shown(record.path)}: {_shown(record.detail)}")
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:
         lines.append(f"  warning: {warning['message']}")
@@ -230,6 +241,10 @@ def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
             if rule["severity"] == "fail" and not rule["passed"]}
 
 
+#: The fix for a --json or --junit file the file system refuses: there is no output folder to move.
+REPORT_ELSEWHERE = "write the file elsewhere (another --json/--junit FILE)"
+
+
 @contextlib.contextmanager
 def _report_file(path: Path, option: str) -> Iterator[Any]:
     """:func:`~packer.files.atomic_output` for a report the user named with ``option``: any
@@ -237,7 +252,7 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
     never a traceback."""
     try:
-        with atomic_output(path) as fh:
+        with atomic_output(path, elsewhere=REPORT_ELSEWHERE) as fh:
             yield fh
     except OSError as err:
         raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give {option} a path in a writable "
@@ -247,6 +262,17 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
 def write_json(result: ValidateResult, path: Path) -> None:
     with _report_file(path, "--json") as fh:
         fh.write(json.dumps(summary(result), indent=2, sort_keys=True).encode() + b"\n")
+
+
+#: What XML 1.0 cannot hold, even escaped: C0 controls but tab, newline and carriage return
+#: (a raw file name may carry any of them: ``bell\x07.png``), and the non-characters U+FFFE/U+FFFF.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """``text`` with each character XML cannot hold written as its escape (``\x07``): ElementTree
+    writes them as they are, and a CI's JUnit reader then refuses the whole file."""
+    return _NOT_XML.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def write_junit(result: ValidateResult, path: Path) -> None:
@@ -262,9 +288,9 @@ def write_junit(result: ValidateResult, path: Path) -> None:
         element = ET.SubElement(suite, "testcase", classname=f"packer.validate.{doc['name']}", name=name)
         if failed:
             failures += 1
-            ET.SubElement(element, "failure", message=message).text = body
+            ET.SubElement(element, "failure", message=_xml_text(message)).text = _xml_text(body)
         elif body:
-            ET.SubElement(element, "system-out").text = body
+            ET.SubElement(element, "system-out").text = _xml_text(body)
 
     bad = doc["bad_samples"]
     issues = result.prepared.issues

@@ -12,6 +12,8 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import posixpath
@@ -63,11 +65,17 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
     Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
     folders are not entered; their relative paths go into ``links`` when given. ``progress``
-    counts the files found, folder by folder."""
+    counts the files found, folder by folder. With ``follow_links`` each real folder is walked
+    once, the first way the walk reaches it (real subfolders before links, at each level): a link
+    back to a folder above it (``a/loop -> ..``) is not walked again and again until the path
+    gets too long, listing every file once per lap."""
     top = os.fspath(root)
     found: list[str] = []
+    walked: set[tuple[int, int]] = set()
     for folder, dirs, files in os.walk(top, followlinks=follow_links):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if follow_links:
+            dirs[:] = _first_visits(folder, dirs, walked)
         prefix = os.path.relpath(folder, top).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
         before = len(found)
@@ -80,12 +88,37 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     return found
 
 
+def _first_visits(folder: str, dirs: list[str], walked: set[tuple[int, int]]) -> list[str]:
+    """The subfolders of ``folder`` whose real folder no walk has reached yet (by device and
+    inode, recorded in ``walked``; the root's is recorded on its first call), real ones first."""
+    if not walked:
+        with contextlib.suppress(OSError):
+            info = os.stat(folder)
+            walked.add((info.st_dev, info.st_ino))
+    kept = []
+    for name in sorted(dirs, key=lambda d: os.path.islink(os.path.join(folder, d))):
+        try:
+            info = os.stat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) not in walked:
+            walked.add((info.st_dev, info.st_ino))
+            kept.append(name)
+    return kept
+
+
 def _read_head(path: str, size: int) -> bytes:
     """The first ``size`` bytes of the file at ``path`` (fewer for a shorter one; none when it
-    cannot be read: the probe names that defect, a listing does not)."""
+    cannot be read: the probe names that defect, a listing does not). Opened without blocking: a
+    named pipe among the files (``IM0001`` a FIFO) reads as empty instead of hanging the listing
+    until some writer opens it; a regular file reads as it always does."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(size)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return b""
+    try:
+        with open(fd, "rb") as fh:
+            return fh.read(size) or b""
     except OSError:
         return b""
 
@@ -149,8 +182,10 @@ def _outside_root(path: Path, real_root: Path) -> bool:
     """
     try:
         return path.is_symlink() and not path.resolve().is_relative_to(real_root)
-    except OSError:
-        return True
+    except RuntimeError:  # a loop of links (Python 3.11, 3.12): it leads nowhere; reading it is unreadable
+        return False
+    except OSError as err:
+        return err.errno != errno.ELOOP  # a loop (Python 3.13 on), as above
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
@@ -187,6 +222,35 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
                             message=f"{link} is a link to the folder {target}, outside the source root {source.root}; "
                                     "its files were not read: move them in, or set safety.outside_root: allow"))
     return issues
+
+
+def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
+                       ) -> tuple[list[tuple[str, str]], list[Issue], list[Excluded]]:
+    """The listed files whose names are text, and one ``unreadable`` record per file whose name
+    is not valid UTF-8 (a Latin-1 name copied from an old export): such a name cannot be hashed,
+    tabled or written into any record, so it is named with its bad bytes escaped (``caf\\xe9.png``)
+    rather than crash the job. On a ``files: table`` source no (UTF-8) table row can name such a
+    file, so it is *not in the table*, left out like any other file the table does not name."""
+    kept, issues, excluded = [], [], []
+    only_table = source.table_map is not None and source.table_map.files == "table"
+    for rel, path in files:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+            sample_id = make_sample_id(source.name, shown, phi)
+            named = os.fsencode(path).decode("utf-8", "backslashreplace")
+            if only_table:
+                excluded.append(Excluded(sample_id, named, "discover", "not_in_table",
+                                         f"its name '{shown}' is not valid UTF-8, so no table row names it "
+                                         "(files: table)"))
+            else:
+                issues.append(Issue(sample_id=sample_id, path=named, stage="discover", reason="unreadable",
+                                    message=f"the file name '{shown}' is not valid UTF-8; rename the file "
+                                            "(e.g. convmv -f latin1 -t utf-8)"))
+        else:
+            kept.append((rel, path))
+    return kept, issues, excluded
 
 
 def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
@@ -429,6 +493,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet)
+    files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
@@ -436,6 +501,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     relpaths = [rel for rel, _ in files]
     _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
+    issues.extend(unnamed)
     placed: Placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
     if records is not None:
@@ -446,7 +512,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     for cell, _row, reason, message in unplaced:
         issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
                             reason=reason, message=message))
-    excluded: list[Excluded] = []
+    excluded: list[Excluded] = list(unnamed_out)
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)

@@ -9,6 +9,8 @@ It never decodes pixels: ``packer validate --quick`` is this pass alone.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +19,7 @@ from packer.pipeline.labels import Refused, from_attribute
 from packer.read.annotations import AnnotationRefs
 from packer.read.kinds import source_kind
 from packer.records import Excluded, Issue, SampleRef
+from packer.storage import is_url
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
@@ -33,6 +36,24 @@ def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
                         message=f"{ref.path}: no readable time, but the job splits by time; "
                                 "give an ISO date (YYYY-MM-DD) for this file")
     return None
+
+
+def _not_a_file(ref: SampleRef) -> Issue | None:
+    """``unreadable`` for a local path that is a named pipe, socket or device rather than a file
+    (a FIFO named ``scan.png``): opening one to read its header would wait for a writer forever
+    and hang the build. Anything ``os.stat`` fails on is left to the kind's probe to name."""
+    if is_url(ref.path):
+        return None
+    try:
+        mode = os.stat(ref.path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    what = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return Issue.of(ref, stage="read", reason="unreadable",
+                    message=f"{ref.path}: is {what}, not a regular file; nothing was read from it (reading "
+                            "would wait for a writer). Replace it with the file, or remove it")
 
 
 def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue | Excluded:
@@ -79,6 +100,9 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
            placement: bool = False, placed: Any = None) -> tuple[SampleRef, Any] | Issue | Excluded:
     """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's
     Issue, or its Excluded record (before any identity check: a file left out needs no label)."""
+    special = _not_a_file(ref)
+    if special is not None:
+        return special
     source = next(s for s in job.sources if s.name == ref.source)
     # ``placed`` only where there is one: a kind whose grouping leaves nothing need not take it
     extra = {"placed": placed} if placed is not None else {}

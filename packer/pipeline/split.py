@@ -28,7 +28,7 @@ import csv
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +89,17 @@ def split_for_time(time: str, cutoffs: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class SplitGroup:
-    """Samples that must share a split: indices into the sample list, their entities."""
+    """Samples that must share a split: indices into the sample list, their entities, and how
+    many of them no split holds (records dropped by ``entity_policy: drop_straddlers``)."""
 
     members: tuple[int, ...]
     entities: tuple[str, ...]
+    dropped: int = 0
+
+    @property
+    def size(self) -> int:
+        """The samples the group holds in its split: its members less those dropped."""
+        return len(self.members) - self.dropped
 
     @property
     def representative(self) -> str:
@@ -237,7 +244,7 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
         counts[name] += 1
     shares = {name: counts[name] / total if total else 0.0 for name, _ in cfg.ratios}
     requested = dict(cfg.ratios)
-    placed = [len(g.members) for g in assignment.groups]
+    placed = [g.size for g in assignment.groups]
     squares = float(sum(size * size for size in placed))
     worst, miss, allowed = "train", 0.0, 1.0
     if cfg.given:  # nothing was asked of a given split: it is what the data says
@@ -249,8 +256,8 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
 
         worst = max(requested, key=lambda name: abs(shares[name] - requested[name]) - allowed_for(requested[name]))
         miss, allowed = abs(shares[worst] - requested[worst]), allowed_for(requested[worst])
-    largest = max(assignment.groups, key=lambda g: (len(g.members), -g.members[0]), default=None)
-    largest_share = len(largest.members) / total if largest is not None and total else 0.0
+    largest = max(assignment.groups, key=lambda g: (g.size, -g.members[0]), default=None)
+    largest_share = largest.size / total if largest is not None and total else 0.0
     collapsed = None
     # with one split asked for (ratios {train: 1.0}) every group lands there: nothing can collapse
     splitting = sum(1 for _, ratio in cfg.ratios if ratio > 0) > 1
@@ -276,8 +283,8 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
         return None
     largest = balance.largest
     cause = None
-    if largest is not None and len(largest.members) > 2 * tolerance * total:
-        size = f"{len(largest.members):,} samples ({balance.largest_share:.0%})"
+    if largest is not None and largest.size > 2 * tolerance * total:
+        size = f"{largest.size:,} samples ({balance.largest_share:.0%})"
         if len(largest.entities) > 1:
             cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
                      "duplicate links (each listed with its evidence under duplicates_span_entities in "
@@ -379,7 +386,12 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         given = _assign_given(table, cfg, groups, pseudonym, leave_out)
         progress.update(len(groups))
         return given
-    pins = read_pinned(cfg.pinned) if cfg.pinned else {}
+    listed = read_pinned(cfg.pinned) if cfg.pinned else {}
+    pins = dict(listed)
+    if pseudonym is not None:  # the table names raw ids, as the data does (or pseudonyms, from a manifest)
+        pins = {**{pseudonym(e): s for e, s in listed.items()}, **listed}
+    known = {e for group in groups for e in group.entities}
+    stray = [e for e in listed if e not in known and (pseudonym is None or pseudonym(e) not in known)]
     fixed: dict[int, str] = {}
     for g, group in enumerate(groups):
         wanted = {pins[e] for e in group.entities if e in pins}
@@ -411,6 +423,7 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     keys = table.column("key")
     for g, group in enumerate(groups):
         progress.update()
+        before = len(dropped)
         for i in group.members:
             target, time = group_split[g], times[i]
             if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and time is not None:
@@ -425,8 +438,12 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
             split[keys[i]] = target
             if cfg.folds and target != "test":
                 fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+        if len(dropped) > before:
+            groups[g] = replace(group, dropped=len(dropped) - before)
+    warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. {stray[0]!r}; "
+                "they are pinned nowhere (a typo, or an entity whose files were all bad samples)",) if stray else ()
     return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
-                      pinned={e: s for e, s in pins.items()})
+                      pinned={e: s for e, s in pins.items()}, warnings=warnings)
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],

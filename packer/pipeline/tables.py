@@ -27,9 +27,11 @@ import csv
 import difflib
 import gzip
 import io
+import itertools
 import json
 import os
 import posixpath
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -178,16 +180,36 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
         with _open_text(path, storage_options) as fh:
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
-            reader = csv.DictReader(fh)
+            header, above = fh.readline(), 0
+            while header and not header.strip():  # blank lines above the header (an export's preamble)
+                header, above = fh.readline(), above + 1
+            reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
-            rows = [(n, {k: (v or "") for k, v in record.items() if k is not None})
-                    for n, record in enumerate(reader, start=2)]
+            rows = []
+            for record in reader:
+                n = above + reader.line_num  # the row as a text editor numbers it: blank lines count
+                extra = [cell for cell in record.get(None) or () if cell.strip()]
+                if extra:  # misaligned: every cell after the stray separator is under the wrong column
+                    raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
+                                      f"but the header names {len(columns):,} columns (cells past the last: "
+                                      f"{', '.join(repr(c) for c in extra[:3])}); a value holding the separator "
+                                      "needs quotes (\"a, b\"), so its cells land under the right columns")
+                rows.append((n, {k: (v or "") for k, v in record.items() if k is not None}))
             return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
+
+
+def _delimiter(name: str, header: str) -> str:
+    """A tab for a tab-separated table (``.tsv``/``.tab``, gzipped or not, or a header line with
+    tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), else a
+    comma."""
+    if ("\t" in header) != ("," in header):  # the header says which: one of the two and not the other
+        return "\t" if "\t" in header else ","
+    return "\t" if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) else ","
 
 
 def _without_trailing_commas(columns: tuple[str, ...], rows: list[tuple[int, Record]]
@@ -219,6 +241,10 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
     key, the source kind's hint at a header attribute it may have meant (DICOM keywords)."""
     for column, key in wanted.items():
         if column in columns:
+            if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
+                raise ConfigError(f"{path}: column {column!r} (named by {key}) is in the header "
+                                  f"{columns.count(column)} times, and only the last one's cells would be read; "
+                                  "rename the others")
             continue
         near = closest(column, columns)
         hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
@@ -326,7 +352,13 @@ def _rebase(cell: str, table: TableConfig, root: Path | str) -> str:
     """A table cell's path relative to the root (it is written relative to ``path_base``)."""
     text = posixpath.normpath(cell.strip().replace("\\", "/"))
     if table.path_base is None:
-        return text
+        top = os.fspath(root)
+        if "://" in top or not (posixpath.isabs(text) or text.startswith("../")):
+            return text
+        # an absolute path (a table made by a glob), or one that leaves and re-enters the root:
+        # relative to the root where it lies under it (else it still starts with ../: outside_root)
+        top = posixpath.normpath(top.replace(os.sep, "/"))
+        return posixpath.relpath(posixpath.normpath(posixpath.join(top, text)), top)
     base, top = os.fspath(table.path_base), os.fspath(root)
     if "://" in top:  # a URL root: compare the paths after the protocol
         base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
@@ -339,16 +371,42 @@ def _cell_of(table: TableConfig, record: Record) -> str:
     return table.template.format_map({k: v.strip() for k, v in record.items()})
 
 
+class _UnicodeSpelling:
+    """A table path as the listing spells it, where the two differ only in Unicode normalisation:
+    a table written as NFC text names ``café.png`` with one code point for the é, while a file
+    made on macOS (or unzipped from an archive made there) is named with two (NFD). Built on
+    the first non-ASCII path the listing lacks; a path two files share once normalised stays as
+    the table spells it (never a guess)."""
+
+    def __init__(self, listed: Sequence[str]) -> None:
+        self._listed = listed
+        self._by_nfc: dict[str, str | None] | None = None
+
+    def __call__(self, rel: str) -> str:
+        if self._by_nfc is None:
+            self._by_nfc = {}
+            for name in self._listed:
+                if not name.isascii():
+                    key = unicodedata.normalize("NFC", name)
+                    self._by_nfc[key] = None if key in self._by_nfc else name
+        return self._by_nfc.get(unicodedata.normalize("NFC", rel)) or rel
+
+
 class NameIndex:
-    """The listed files of a source by file name, for tables of bare names (``find: name``)."""
+    """The listed files of a source by file name, for tables of bare names (``find: name``);
+    names compare in Unicode normal form C (:class:`_UnicodeSpelling`)."""
 
     def __init__(self, relpaths: Sequence[str]) -> None:
         self._by_name: dict[str, list[str]] = defaultdict(list)
         for rel in relpaths:
-            self._by_name[rel.rsplit("/", 1)[-1]].append(rel)
+            self._by_name[_nfc(rel.rsplit("/", 1)[-1])].append(rel)
 
     def find(self, name: str) -> list[str]:
-        return self._by_name.get(name.strip().rsplit("/", 1)[-1], [])
+        return self._by_name.get(_nfc(name.strip().rsplit("/", 1)[-1]), [])
+
+
+def _nfc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
@@ -386,6 +444,11 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
+    spelled = _UnicodeSpelling(listed)
+    if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
+        raise ConfigError(f"{records.path}: the table has no rows (its header: "
+                          f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
+                          f"files under {source.root}; check that it is the whole table")
     for number, record in records.records:
         cell = _cell_of(table, record).strip()
         if not cell:
@@ -403,6 +466,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             rel = found[0] if found else _rebase(cell, table, source.root)
         else:
             rel = _rebase(cell, table, source.root)
+        if rel not in listed_set and not rel.isascii():
+            rel = spelled(rel)
         if number in records.dropped:
             placed.rows_filtered += 1
             if rel in listed_set:

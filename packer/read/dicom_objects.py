@@ -182,6 +182,8 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     pixel data is no exclusion: the read calls it ``no_pixel_data``, a real defect.
     """
     uid = next(iter(header_values(ds, "SOPClassUID")), "").strip()
+    if not uid:  # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
+        uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
     modality = str(ds.get("Modality", "") or "").strip().upper()
     name = sop_class_name(uid)
     what = f"Modality {modality or '(none)'} ({name})"

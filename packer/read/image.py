@@ -97,7 +97,7 @@ class _Sizes:
     @classmethod
     def of(cls, header: ImageHeader, buffer_pixels: int | None, where: str = "") -> _Sizes:
         fields = {"png": ("IHDR width", "height"), "jpeg": ("SOF width", "height"),
-                  "tiff": ("ImageWidth (256)", "ImageLength (257)"), "bmp": ("BMP width", "height")}[header.format]
+                  "tiff": ("ImageWidth (256)", "ImageLength (257)"), "bmp": ("width", "height")}[header.format]
         per_sample = min(8, max(1, -(-header.bit_depth // 8)))
         pixels = header.height * header.width
         return cls(f"{where}{header.format.upper()} {fields[0]} {header.width} × {fields[1]} {header.height}",

@@ -13,6 +13,7 @@ per label the samples ignoring it (``ignored_counts``) and those lacking it (``n
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -45,6 +46,15 @@ NO_LABEL = "(none)"
 #: The cells of a 0/1 column read as a positive and as a negative (lower-cased)
 TRUE_CELLS = frozenset({"1", "1.0", "true", "yes"})
 FALSE_CELLS = frozenset({"0", "0.0", "false", "no"})
+
+
+def _number(cell: str) -> float | None:
+    """The finite number a cell spells (``1.00``, ``-1.0``, ``1e0``), else None."""
+    try:
+        number = float(cell)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _held(values: TargetValues | None) -> set[str]:
@@ -105,18 +115,19 @@ class MultiLabelTarget(Target):
             (column,) = cells
             return _names_of_column(cells[column], f"{where}, column {column!r}", separator, value_map, known)
         positive = []
+        uncertain_numbers = {n for n in map(_number, policy.uncertain_values) if n is not None}
         for column, cell in cells.items():
-            value = cell.lower()
-            if value in TRUE_CELLS:
+            value, number = cell.lower(), _number(cell)
+            if value in TRUE_CELLS or number == 1:  # a number compares as one: 1.00 and 1e0 are 1
                 read = "ones"
-            elif value in FALSE_CELLS:
+            elif value in FALSE_CELLS or number == 0:
                 read = "zeros"
             elif not cell:
                 read = policy.blank
                 if read == "bad":
                     return Refused("bad_target", f"{where}, column {column!r}: empty; a multi-label column holds 0 "
                                                  "or 1 for every sample (or set 'blank: zeros' or 'blank: ignore')")
-            elif cell in policy.uncertain_values:
+            elif cell in policy.uncertain_values or (number is not None and number in uncertain_numbers):
                 read = policy.uncertain_policy(column)
                 if read == "bad":
                     return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is uncertain and the source "
