@@ -1440,10 +1440,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     )
     raw_safety = doc.get("safety") or {}
     raw_phi = doc.get("phi") or {}
-    # a job pseudonymizes unless it says keep, where a source's kind carries identities (DICOM
-    # headers) or where it names a key file: a key given and then ignored would leave raw ids
-    # (a NIfTI case folder named after its patient) in every output
-    identifying = any(source_kind(s.kind).pseudonymize_by_default for s in sources) or bool(raw_phi.get("key_file"))
+    identifying = any(source_kind(s.kind).pseudonymize_by_default for s in sources)
     phi = PhiConfig(
         mode=raw_phi.get("mode", "pseudonymize" if identifying else "keep"),
         key_file=_resolve(base, raw_phi["key_file"]) if raw_phi.get("key_file") else None,

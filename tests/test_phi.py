@@ -181,23 +181,28 @@ def test_dates_are_shifted_in_the_split_table(tmp_path: Path) -> None:
     assert photos[0] == 0.0 and max(photos) > 0
 
 
-
-@pytest.mark.parametrize(("phi", "mode"), [
-    ({}, "keep"),  # photos, NIfTI: no identities in headers, raw ids unless the job says otherwise
-    ({"key_file": "phi.key"}, "pseudonymize"),  # a key named is a key to use, not one to ignore
-    ({"key_file": "phi.key", "mode": "keep"}, "keep"),  # said outright
+@pytest.mark.parametrize(("phi", "warned"), [
+    ({"key_file": "phi.key"}, True),  # keep by default (no DICOM source): the key is not used, say so
+    ({"key_file": "phi.key", "mode": "keep"}, True),
+    ({"key_file": "phi.key", "mode": "pseudonymize"}, False),
+    ({}, False),  # keep, no key given: nothing to say
 ])
-def test_a_job_without_dicom_pseudonymizes_when_it_names_a_key_file(tmp_path: Path, phi: dict[str, str],
-                                                                    mode: str) -> None:
-    """A NIfTI export's case folders are often named after the patient (DOE_JANE_MRN998877/t1.nii.gz):
-    a job that names phi.key_file and no mode must not write those raw ids because its sources
-    are not DICOM."""
-    from packer.config import load_job
-
-    (tmp_path / "raw").mkdir()
+def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: Path, phi: dict[str, str],
+                                                                     warned: bool) -> None:
+    """A NIfTI export's case folders are often named after the patient (DOE_JANE_MRN998877/t1.nii.gz).
+    A job without a DICOM source keeps raw ids unless it says pseudonymize; one that names a key
+    file but keeps is warned that the key is not used, rather than left to think it pseudonymized."""
+    raw = tmp_path / "raw"
+    for i in range(2):
+        path = raw / f"DOE_JANE_MRN99887{i}" / "photo.png"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
     (tmp_path / "phi.key").write_text(KEY + "\n")
-    doc = {"name": "nii", "sources": [{"kind": "nifti", "root": "raw", "label": "none"}],
-           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"nifti": {"sample": "slice"}},
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": "raw", "label": "none", "entity": "path_part:0"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [16, 16]}},
            "pack": {"format": "webdataset"}, "output": "out", **({"phi": phi} if phi else {})}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    assert load_job(tmp_path / "job.yaml").phi.mode == mode
+    result = CliRunner().invoke(main, ["build", str(tmp_path / "job.yaml"), "--scheduler", "sync", "-q"])
+    assert result.exit_code == 0, result.output
+    said = "packer: warning: phi.key_file names phi.key, but phi.mode is keep" in result.output
+    assert said is warned, result.output
