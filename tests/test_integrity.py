@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loader_fixtures import make_sample, sample_image, write_manifest
 
 from packer.errors import ConfigError, IntegrityError
@@ -401,3 +403,24 @@ def test_making_a_checked_dataset_does_not_import_pandas(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(sum(SIZES)), "False"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.lists(st.sampled_from([0, 1, 7, 4095, 4096, 70_000]), min_size=1, max_size=3), max_size=5),
+       seed=st.integers(0, 2**32 - 1))
+def test_joining_small_pieces_hashes_what_feeding_them_one_by_one_hashes(sizes, seed):
+    """fields_checksum joins the framing and the small pieces into few updates: the value must be
+    the field-by-field SampleHasher's, for bytes, memoryviews and numpy arrays, empty pieces too."""
+    from packer.shards.checksum import SampleHasher, fields_checksum
+
+    rng = np.random.default_rng(seed)
+    kinds = [bytes, memoryview, np.asarray]
+    fields = [(f"m{i}", tuple(kinds[(i + j) % 3](rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+                                                 if kinds[(i + j) % 3] is not np.asarray
+                                                 else rng.integers(0, 256, size=n, dtype=np.uint8))
+                              for j, n in enumerate(pieces)))
+              for i, pieces in enumerate(sizes)]
+    hasher = SampleHasher("kéy-1")
+    for name, pieces in fields:
+        hasher.add(name, *pieces)
+    assert fields_checksum("kéy-1", fields) == hasher.value()

@@ -39,7 +39,7 @@ from typing import IO, BinaryIO, Protocol
 import numpy as np
 
 from packer.files import atomic_output, canonical_json
-from packer.shards.checksum import SampleHasher, members_checksum
+from packer.shards.checksum import SampleHasher, fields_checksum, members_checksum
 from packer.shards.encode import EncodedSample, pixels_digest
 from packer.shards.members import (
     MEMBER_NAME,
@@ -513,13 +513,8 @@ def _pread_sample(fd: int, sample: TarSample, mapped: mmap.mmap | None = None, *
             return SampleDefect("truncated", f"{key}.npy is cut short", key)
     found: int | None = None
     if checksum:  # the pixels as they sit in the shard: before any byte swap
-        hasher = SampleHasher(key)
-        for name in members:
-            if name == "npy":
-                hasher.add(name, head[:start], image)
-            else:
-                hasher.add(name, got[name])
-        found = hasher.value()
+        found = fields_checksum(key, ((name, (head[:start], image) if name == "npy" else (got[name],))
+                                      for name in members))
     if not dtype.isnative:
         image = (image.byteswap(inplace=mapped is None)).view(dtype.newbyteorder("="))
     return Decoded.of(key, image, small, checksum=found)
