@@ -150,6 +150,10 @@ def test_identity_checks_in_order() -> None:
     with_entity = replace(labelled, entity="E")
     assert check_identity(with_entity, needs_time=False) is None
     assert check_identity(with_entity, needs_time=True).reason == "missing_time"
+    # an unreadable cell reads as none: the message says which forms are read, and why 05/03/2024 is not
+    assert normalize_time("05/03/2024") is None and normalize_time("2024-03-05T14:30") == "2024-03-05T14:30:00"
+    assert "not ISO 8601 (2024-03-05 or 2024-03-05T14:30; a day/month order such as 05/03/2024 is ambiguous" in \
+        check_identity(with_entity, needs_time=True).message
 
 
 @pytest.mark.parametrize(("raw", "iso"), [("2024-01-02", "2024-01-02"), ("2024-01-02T03:04:05", "2024-01-02T03:04:05"),

@@ -33,8 +33,9 @@ def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
                         message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
     if needs_time and ref.time is None:
         return Issue.of(ref, stage="discover", reason="missing_time",
-                        message=f"{ref.path}: no readable time, but the job splits by time; "
-                                "give an ISO date (YYYY-MM-DD) for this file")
+                        message=f"{ref.path}: no readable time, but the job splits by time; its time cell is "
+                                "empty or not ISO 8601 (2024-03-05 or 2024-03-05T14:30; a day/month order such as "
+                                "05/03/2024 is ambiguous and not read): give an ISO date for this file")
     return None
 
 
