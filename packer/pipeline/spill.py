@@ -75,8 +75,10 @@ class CachedChunk:
 #: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
 #: 8: the signature embedding gains the equalised spectrum; 9: each sample's sha256 is the one its
 #: shard format records, :func:`~packer.shards.encode.pixels_digest`; 10: DICOM objects without an
-#: image, RT Dose, secondary captures and localizers are Excluded records, not samples or issues).
-CACHE_FORMAT = 10
+#: image, RT Dose, secondary captures and localizers are Excluded records, not samples or issues;
+#: 11: an RTSTRUCT contour repeated on its slice is painted once, an ROI in another frame of
+#: reference refuses its structure set, and structure names compare in every script).
+CACHE_FORMAT = 11
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
