@@ -181,7 +181,8 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
         progress.update(bad=len(found.problems) - before)
     for _, entry in present:
         if entry["file"] in found.damaged:
-            _name_damaged_samples(folder, manifest["format"], entry, index_rows.get(entry["file"], []), found)
+            _name_damaged_samples(folder, manifest["format"], entry, (index_rows or {}).get(entry["file"], []),
+                                  found)
     _check_extra_files(folder, {entry["file"] for _, entry in shards} | {e["file"] for e in side}, found)
     if shards and not present:
         found.add(name, f"none of the {len(shards)} listed shards is beside {file}; if this is a registry "
@@ -288,10 +289,12 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) 
 
 
 def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
-                 found: _Findings) -> dict[str, list[dict[str, Any]]]:
-    """Hash ``_index.parquet`` and check its rows against the shard list; rows by shard file."""
+                 found: _Findings) -> dict[str, list[dict[str, Any]]] | None:
+    """Hash ``_index.parquet`` and check its rows against the shard list; rows by shard file, or
+    None when the index is missing, damaged or unreadable (its one finding says so, and the
+    samples are then not compared with it one by one)."""
     if not _check_file(folder, manifest["index"], found):
-        return {}
+        return None
     try:
         if folder.local is not None:
             table = pq.read_table(folder.local / INDEX_FILE)
@@ -299,14 +302,14 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
             table = pq.read_table(pa.BufferReader(folder.read_bytes(INDEX_FILE)))
     except (pa.ArrowException, OSError) as err:
         found.add(INDEX_FILE, f"unreadable as Parquet ({err}); {_REBUILD}")
-        return {}
+        return None
     wanted = [*INDEX_SCHEMA.names, *(["target"] if Target.of_manifest(manifest).has_vector else [])]
     if INDEX_COLUMN not in table.column_names:  # an index from before per-sample checksums: still a valid index
         wanted.remove(INDEX_COLUMN)
     missing = [name for name in wanted if name not in table.column_names]
     if missing:
         found.add(INDEX_FILE, f"lacks the columns {missing}; {_REBUILD}")
-        return {}
+        return None
     if table.num_rows != manifest["index"]["rows"]:
         found.add(INDEX_FILE, f"{table.num_rows} rows, the manifest records {manifest['index']['rows']}")
     by_shard: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -424,16 +427,17 @@ def _expectations(manifest: dict[str, Any]) -> _Expect:
 
 
 def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],
-                    index_rows: dict[str, list[dict[str, Any]]], found: _Findings, *, quiet: bool,
+                    index_rows: dict[str, list[dict[str, Any]]] | None, found: _Findings, *, quiet: bool,
                     stream: TextIO | None) -> None:
-    """Decode every sample of every present shard; keys must be unique across the dataset."""
+    """Decode every sample of every present shard; keys must be unique across the dataset.
+    ``index_rows`` None (no usable index): the samples are checked without their index rows."""
     expect = _expectations(manifest)
     owner: dict[str, str] = {}
     progress = Progress("decode", sum(entry["samples"] for _, entry in shards), unit="samples", quiet=quiet,
                         stream=stream)
     for split, entry in shards:
         name = entry["file"]
-        rows = {row["key"]: row for row in index_rows.get(name, [])}
+        rows = {row["key"]: row for row in (index_rows or {}).get(name, [])}
         decode = _tar_samples if manifest["format"] == "webdataset" else _parquet_samples
         keys: list[str] = []
         for key, sample in decode(folder, name, found):
@@ -442,7 +446,8 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
                 keys.append(key)
                 if owner.setdefault(key, name) != name:
                     found.add(name, f"key also used in {owner[key]}; keys must be unique in a dataset", key=key)
-            _check_sample(name, split, key, sample, rows.get(key) if key is not None else None, expect, found)
+            _check_sample(name, split, key, sample, rows.get(key) if key is not None else None, expect, found,
+                          indexed=index_rows is not None)
             found.samples += 1
             progress.update(bad=len(found.problems) - before)
         if len(keys) != entry["samples"]:
@@ -546,14 +551,15 @@ def _parquet_samples(folder: VersionFolder, shard: str,
 
 
 def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any], row: dict[str, Any] | None,
-                  expect: _Expect, found: _Findings) -> None:
-    """Check one decoded sample against the manifest's schema and label map and its index row."""
+                  expect: _Expect, found: _Findings, *, indexed: bool = True) -> None:
+    """Check one decoded sample against the manifest's schema and label map and its index row
+    (``indexed`` False: there is no usable index to hold one)."""
     def bad(message: str) -> None:
         found.add(shard, message, key=key)
 
     if key is not None and KEY_PATTERN.fullmatch(key) is None:
         bad("key is not [A-Za-z0-9_-]+")
-    if key is not None and row is None:
+    if key is not None and row is None and indexed:
         bad("sample is not in _index.parquet")
     if "row" in sample:
         label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)

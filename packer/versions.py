@@ -140,9 +140,13 @@ class DatasetVersions:
 
 
 def is_dataset_folder(folder: str | Path) -> bool:
-    """True when ``folder`` holds at least one version folder (``<version>/manifest.json``)."""
+    """True when ``folder`` holds at least one version folder (``<version>/manifest.json``), or a
+    build's ``.staging-*`` or an interrupted gc's ``.trash-*`` folder: a dataset whose first
+    build was interrupted holds only its staging folder, and is still the dataset's folder."""
     root = Path(folder)
-    return root.is_dir() and any(entry.is_dir() and not entry.name.startswith(".") and (entry / MANIFEST_FILE).is_file()
+    return root.is_dir() and any(entry.is_dir() and (entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
+                                                     or not entry.name.startswith(".")
+                                                     and (entry / MANIFEST_FILE).is_file())
                                  for entry in root.iterdir())
 
 

@@ -137,6 +137,31 @@ def test_a_scheduler_elsewhere_needs_a_chosen_cache_folder(demo_raw: Any, tmp_pa
     assert chosen == (expected_cache(tmp_path / "shared-work" / "cache", out), "$PACKER_WORK_DIR")
 
 
+def test_a_second_build_of_the_job_into_the_same_output_is_refused_while_the_first_runs(
+        demo_raw: Any, tmp_path: Path, work: Path) -> None:
+    """Two builds at once (a cron job that overran) shared the staging folder and the build
+    cache: each deleted the other's temporaries and one died with an internal error (exit 1,
+    FileNotFoundError on a `.partial` or a staging shard). The folder's lock refuses the second."""
+    import fcntl
+
+    out = tmp_path / "out"
+    (out / "demo").mkdir(parents=True)
+    fd = os.open(out / "demo", os.O_RDONLY)  # what a running build holds
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="another `packer build` of demo into this folder is running"):
+            build_demo(demo_raw, tmp_path, out)
+        assert list((out / "demo").iterdir()) == [] and not (work / "cache").exists()  # touched nothing
+    finally:
+        os.close(fd)
+    assert build_demo(demo_raw, tmp_path, out).files_decoded > 0  # once it ended
+    refused = tmp_path / "refused"  # a job refused later leaves no folder made for the lock
+    with pytest.raises(ConfigError):
+        build(load_job(write_job(tmp_path / "job2", demo_job_doc(tmp_path / "nowhere", refused))),
+              BuildOptions(scheduler="sync", quiet=True))
+    assert not (refused / "demo").exists()
+
+
 def test_every_job_and_output_has_its_own_cache_folder(tmp_path: Path) -> None:
     base = tmp_path / "cache"
     folders = {build_cache_dir(name, location, base) for name in ("ct", "ct2", "mri")

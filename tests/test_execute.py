@@ -271,6 +271,18 @@ def test_a_scheduler_file_that_does_not_exist_is_a_config_error_that_says_so(tmp
             pass
 
 
+@pytest.mark.parametrize("address", ["bogus", "localhost", "tcp://"])
+def test_a_scheduler_address_without_a_port_is_a_config_error_that_says_so(address: str) -> None:
+    """`--scheduler localhost` (or a typo of `sync`) was an internal error: exit 1 and dask's
+    traceback ("missing port number in address")."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import open_executor
+
+    with pytest.raises(ConfigError, match=f"--scheduler {address}: not a dask scheduler address .*tcp://host:port"):
+        with open_executor(address):
+            pass
+
+
 def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
     from packer.pipeline.cluster import open_executor
 

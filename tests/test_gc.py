@@ -171,6 +171,24 @@ def test_ls_keeps_the_registry_form_and_names_what_is_not_a_version(versions: Ve
     assert invoke("ls", tmp_path / "nowhere").exit_code == 2
 
 
+def test_ls_of_a_dataset_whose_first_build_was_interrupted_lists_its_staging_folder(tmp_path: Path) -> None:
+    """A first build killed before its version was published leaves only `.staging-*`: `packer ls
+    OUTPUT/NAME` said "no manifests under" it (the registry form), hiding the staging bytes."""
+    root = tmp_path / "out" / "demo"
+    (root / ".staging-0123456789abcdef").mkdir(parents=True)
+    (root / ".staging-0123456789abcdef" / "train-000000.tar").write_bytes(b"x" * 10)
+    result = invoke("ls", root)
+    assert result.exit_code == 0, result.output
+    assert "0 versions" in result.output and "no manifests" not in result.output
+    assert ".staging-0123456789abcdef (10 B): a build in progress" in result.output
+    trash = tmp_path / "gc" / "demo" / ".trash-0123456789ab-x"  # gc finishes what an interrupted gc left
+    trash.mkdir(parents=True)
+    (trash / "train-000000.tar").write_bytes(b"y")
+    result = invoke("gc", trash.parent, "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert not trash.exists()
+
+
 def test_ls_of_a_version_folder_names_its_dataset_folder(versions: Versions, tmp_path: Path) -> None:
     """`packer ls OUTPUT/NAME/VERSION` said only "no manifests under" a folder holding manifest.json."""
     root = dataset_copy(versions, tmp_path)

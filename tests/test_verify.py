@@ -158,6 +158,21 @@ def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(vers
     assert f"{stray.name}: shard-like file the manifest does not list" in result.output
 
 
+def test_a_missing_index_is_one_problem_deep_too_not_one_per_sample(version: Path) -> None:
+    """--deep without _index.parquet named every sample "not in _index.parquet" (117 false
+    problems drowning the one real one); the samples are still decoded and checked."""
+    (version / "_index.parquet").unlink()
+    report = verify_dataset(version, deep=True)
+    assert [(p.shard, p.key) for p in report.problems] == [("_index.parquet", None)]
+    assert "missing from" in report.problems[0].message
+    assert report.samples_checked == manifest_of(version)["inputs"]["samples"]
+    shard = version / shard_files(version)[0]
+    flip(shard, pixel_byte(shard)[0])  # damage that decoding finds is still named without an index
+    problems = verify_dataset(version, deep=True).problems
+    assert {p.shard for p in problems} == {"_index.parquet", shard.name}
+    assert not any("not in _index.parquet" in p.message for p in problems)
+
+
 def test_a_stale_partial_is_a_warning_not_a_failure(version: Path) -> None:
     (version / f"{shard_files(version)[0]}.partial").write_bytes(b"half a shard")
     result = invoke(version)

@@ -20,6 +20,7 @@ task completion order, so the worker count and scheduler do not matter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -304,15 +305,53 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     and ``BuildResult.over_threshold`` says so (``check_bad_fraction`` raises it).
     """
     tune_client_allocator()  # see packer.allocator
+    options = options or BuildOptions()
     try:
-        with system_arrow_pool():
-            return _build(job, options or BuildOptions())
+        with system_arrow_pool(), _one_build_at_a_time(job, options):
+            return _build(job, options)
     except _ReportNotWritten:
         raise
     except FileSystemError as err:
         raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
                               "samples were already copied into shards; the next build into the same output "
                               "folder decodes only the rest") from err
+
+
+@contextlib.contextmanager
+def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None]:
+    """Hold an exclusive lock (``flock``) on the dataset folder ``<output>/<name>/`` while the
+    build runs. Two builds of one job into one output share its staging folder and build cache:
+    each deleted the other's temporaries, and one died with an internal error. The second is
+    refused instead (exit 2). The lock goes with the process (``kill -9`` included);
+    a file system without directory locks builds unguarded, as before. A folder made only to
+    hold the lock is removed again when the build left nothing in it."""
+    import fcntl
+
+    output, _ = resolve_output(options.out or job.output, options.work_dir)
+    folder = output / job.name
+    check_output_folder(folder, output=output, named_by="--out" if options.out else "the job's output")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a read-only or full disk: the build itself says so, as before
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise ConfigError(f"{folder}: another `packer build` of {job.name} into this folder is running (it "
+                              "holds the folder's lock); wait for it to end, then build again: what it decoded is "
+                              "in the build cache") from err
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):  # only while empty: a refused job leaves no trace
+            for path in made:
+                path.rmdir()
 
 
 class _ReportNotWritten(FileSystemError):

@@ -238,6 +238,10 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
         except OSError as err:
             raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
                               "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
+        except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
+            raise ConfigError(f"--scheduler {scheduler}: not a dask scheduler address ({err}); give tcp://host:port, "
+                              "the file `dask scheduler --scheduler-file FILE` wrote, or sync; omit --scheduler for "
+                              "a local cluster") from err
     dashboard = getattr(client, "dashboard_link", None)
     description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
     yield from _serve(Executor(client, description), starting, client)
