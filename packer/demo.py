@@ -427,8 +427,13 @@ class _Row:
 _TREE_FOLDERS = ("ct", "photos", "exports", "targets", "series", "nifti", "annotated")
 
 
-def _prepare_root(root: Path) -> None:
-    """Create ``root``; clear ``ct/`` and ``photos/`` only when a previous demo tree owns them.
+#: Where an earlier demo tree's folders wait while the tree is written again (:func:`_settle`).
+_PREVIOUS = ".previous-demo"
+
+
+def _prepare_root(root: Path, *, keep_previous: bool = False) -> None:
+    """Create ``root``; clear the folders a previous demo tree owns (``keep_previous``: move them
+    to :data:`_PREVIOUS`, for :func:`_settle` to keep the files that come out the same).
 
     Raises ConfigError when ``root`` holds any path this module writes but no README.txt
     marking it as a demo tree, so a user's own files are never overwritten.
@@ -436,8 +441,16 @@ def _prepare_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     readme = root / "README.txt"
     if readme.is_file() and readme.read_text(encoding="utf-8", errors="replace").startswith(MARKER):
+        previous = root / _PREVIOUS
+        if previous.exists():
+            shutil.rmtree(previous)  # left by a run that died before it settled
         for sub in _TREE_FOLDERS:
-            if (root / sub).is_dir():
+            if not (root / sub).is_dir():
+                continue
+            if keep_previous:
+                previous.mkdir(exist_ok=True)
+                (root / sub).rename(previous / sub)
+            else:
                 shutil.rmtree(root / sub)
         return
     clashes = [name for name in ("ct", "photos", "ct_labels.csv", "README.txt") if (root / name).exists()]
@@ -654,7 +667,7 @@ def write_demo_tree(
     _check_counts(patients=patients, studies_per_patient=studies_per_patient, slices_per_study=slices_per_study,
                   photo_subjects=photo_subjects, photos_per_subject=photos_per_subject)
     root = Path(root)
-    _prepare_root(root)
+    _prepare_root(root, keep_previous=True)
     ct_rows = list(_ct_series(root, seed, patients=patients, studies=studies_per_patient, slices=slices_per_study,
                               size=64, varied=True))
     ct_rows += _write_ct_extras(root, seed, first_patient=patients + 1)
@@ -678,24 +691,35 @@ def write_demo_tree(
     tree = DemoTree(root, good_dicom, good_images, tuple(ct_defects + photo_defects), nifti, annotated)
     write_demo_key(root, seed)
     _write_readme(tree, seed, "demo", masks=mask_defects, series=True)
-    _settle_mtimes(root)
+    _settle(root)
     return tree
 
 
 #: Every file of a demo tree gets this modification time (2024-01-01 00:00:00 UTC): the tree is
 #: a pure function of its seed, so writing it again (``make demo`` does, every time) leaves each
-#: file's size and mtime, and so the build cache's key, as they were: the rebuild decodes nothing.
+#: file's inode, size and mtime, and so the build cache's key, as they were (:func:`_settle`):
+#: the rebuild decodes nothing.
 DEMO_MTIME = 1_704_067_200
 
 
-def _settle_mtimes(root: Path) -> None:
-    """Give the files the demo tree writes under ``root`` :data:`DEMO_MTIME`."""
+def _settle(root: Path) -> None:
+    """Give the files the demo tree wrote under ``root`` :data:`DEMO_MTIME`, and where a file
+    came out byte for byte as the previous tree's (moved aside by :func:`_prepare_root`), keep
+    that file itself: its inode, which the build cache's key holds, stays the same."""
+    previous = root / _PREVIOUS
     owned = [root / name for name in ("ct_labels.csv", "README.txt", "phi.key")]
     for sub in _TREE_FOLDERS:
         owned.extend(path for path in (root / sub).rglob("*") if path.is_file())
     for path in owned:
-        if path.is_file():
-            os.utime(path, (DEMO_MTIME, DEMO_MTIME))
+        if not path.is_file():
+            continue
+        before = previous / path.relative_to(root)
+        if before.is_file() and before.stat().st_size == path.stat().st_size and \
+                before.read_bytes() == path.read_bytes():
+            os.replace(before, path)
+        os.utime(path, (DEMO_MTIME, DEMO_MTIME))
+    if previous.exists():
+        shutil.rmtree(previous)
 
 
 #: Segmentation example: mask class ids (0 is background).

@@ -71,6 +71,21 @@ def test_rewrite_replaces_an_earlier_demo_tree(tmp_path: Path) -> None:
     assert small.dicom_files == 6 + 3 and small.images == 2
 
 
+def test_writing_the_same_tree_again_keeps_each_files_inode_and_mtime(tmp_path: Path) -> None:
+    """make demo writes the tree every time; the build cache keys a file by its inode, size and
+    mtime, so an unchanged file must stay the same file, or every make demo decodes it again.
+    A file that comes out different (another seed) is a new file."""
+    write_demo_tree(tmp_path, seed=3, patients=1, photo_subjects=1, photos_per_subject=2)
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
+    write_demo_tree(tmp_path, seed=3, patients=1, photo_subjects=1, photos_per_subject=2)
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files} == before
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == files  # nothing left aside
+    write_demo_tree(tmp_path, seed=4, patients=1, photo_subjects=1, photos_per_subject=2)
+    slice_ = tmp_path / "ct" / "PAT0001" / "ST01" / "IM001.dcm"
+    assert slice_.stat().st_ino != before[slice_][0]
+
+
 def test_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
     (tmp_path / "ct").mkdir()
     (tmp_path / "ct" / "mine.dcm").write_bytes(b"precious")

@@ -367,3 +367,25 @@ def test_a_moved_or_renamed_file_is_not_decoded_again_and_the_version_equals_a_f
     third = build_tree(tree, tmp_path, "out", "cache")
     assert (third.files_decoded, third.files_cached) == (1, FILES + 1)
     same_as_fresh(tree, tmp_path, third, "moved-changed")
+
+
+def test_two_files_of_one_size_and_mtime_that_swap_names_are_not_given_each_others_samples(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    """A tar extraction or ``cp -p`` leaves many files one mtime, and uncompressed images of one
+    shape are one size: two such files that swap names keep every field of the old key but
+    their inodes. Each must pack its own pixels under its name, as a fresh build does."""
+    a, b = tree.root / "same-a.bmp", tree.root / "same-b.bmp"
+    for path, seed in ((a, 7001), (b, 7002)):
+        cv2.imwrite(str(path), photo(seed))
+        os.utime(path, ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9))
+        tree.rows[path.name] = {"label": "a", "entity": f"E-{path.stem}", "site": "s0"}
+    tree.write_table()
+    assert a.stat().st_size == b.stat().st_size and a.stat().st_mtime_ns == b.stat().st_mtime_ns
+    first = build_tree(tree, tmp_path, "out", "cache")
+    assert not [i for i in first.issues if "same-" in i.path]
+    os.rename(a, tree.root / "swap")
+    os.rename(b, a)
+    os.rename(tree.root / "swap", b)
+    second = build_tree(tree, tmp_path, "out", "cache")
+    assert second.files_decoded <= 2  # the two (or none: found by their inodes, were their rows alike)
+    same_as_fresh(tree, tmp_path, second, "swapped")

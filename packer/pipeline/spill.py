@@ -100,7 +100,7 @@ def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
 def chunk_key(refs: Sequence[SampleRef], job: JobConfig, libraries: dict[str, str],
               listed: Mapping[str, RawObject] | None = None) -> str:
     """Cache key of a chunk: format, library versions, sample-shaping config, and per file its
-    path, table values and fingerprint: a local file's size and mtime (files that cannot be
+    path, table values and fingerprint: a local file's size, mtime and inode (files that cannot be
     stat'ed key as missing), a remote file's size and version tag from ``listed`` (discovery's
     listing: no request is made here). Raises ValueError for a URL that ``listed`` lacks."""
     masked = masked_sources(job)
@@ -120,7 +120,7 @@ def masked_sources(job: JobConfig) -> dict[str, SourceConfig]:
 def file_fingerprint(ref: SampleRef, masked: Mapping[str, SourceConfig],
                      listed: Mapping[str, RawObject] | None = None) -> list[Any]:
     """What says one raw file's bytes (and its mask's and companions') did not change, without
-    reading them: a local file's size and mtime (``["missing"]`` where it cannot be stat'ed), a
+    reading them: a local file's size, mtime and inode (``["missing"]`` where it cannot be stat'ed), a
     remote file's size and version tag from ``listed`` (no request is made). ``masked``:
     :func:`masked_sources`. Raises ValueError for a URL that ``listed`` lacks."""
     fingerprint: list[Any]
@@ -141,11 +141,13 @@ def file_fingerprint(ref: SampleRef, masked: Mapping[str, SourceConfig],
 
 
 def _stat_fingerprint(path: str | None) -> list[Any]:
+    """A local file's size, mtime and inode: two files of one size and mtime that swap names
+    (tar extraction and ``cp -p`` give many files one mtime) differ by their inodes."""
     try:
         local = os.stat(path) if path is not None else None
     except OSError:
         local = None
-    return [local.st_size, local.st_mtime_ns] if local is not None else ["missing"]
+    return [local.st_size, local.st_mtime_ns, local.st_ino] if local is not None else ["missing"]
 
 
 def ref_from_json(data: dict[str, Any]) -> SampleRef:
