@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from loader_fixtures import build_dataset, sample_image, split_keys, write_manifest, write_raw_tar
 
 from packer.errors import ConfigError, IntegrityError
-from packer.loader import ShardDataset, ShardReadError, make_loader
+from packer.loader import ShardDataset, ShardLoader, ShardReadError, make_loader
 from packer.targets import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -464,3 +464,33 @@ def test_a_dataset_that_packed_nothing_is_said_to_be_empty_not_of_mixed_dtypes(t
     assert "excluded.jsonl" in str(refused.value)
     shown = CliRunner().invoke(main, ["inspect", str(result.version_dir)])
     assert shown.exit_code == 0 and "mixed dtypes" not in shown.output and "no samples" in shown.output, shown.output
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_a_loader_resumed_mid_epoch_fills_skipped_places_as_the_uninterrupted_epoch_did(tmp_path, uneven):
+    """Under pad/drop a skipped sample's place is taken by a repeat of a readable one. A loader
+    resumed from a state saved at any batch must deliver exactly the rest of the uninterrupted
+    epoch, repeats included: the stand-in cannot be one read before the resume point."""
+    import json
+
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    shard = tmp_path / "train-000001.tar"
+    original = shard.read_bytes()
+    shard.write_bytes(original[:int(len(original) * 0.3)])
+
+    def loader() -> ShardLoader:
+        dataset = ShardDataset(manifest, "train", uneven=uneven, on_error="skip", seed=5, shuffle=False)
+        return make_loader(dataset, 2, 0)
+
+    full = keys_of(loader())
+    for stop in range(1, len(full) // 2):
+        first = loader()
+        head: list[str] = []
+        for i, batch in enumerate(first):
+            head += batch["key"]
+            if i + 1 == stop:
+                break
+        state = json.loads(json.dumps(first.state_dict()))
+        second = loader()
+        second.load_state_dict(state)
+        assert head + keys_of(second) == full, stop

@@ -243,8 +243,11 @@ class PlannedDataset(IterableDataset):
         """(index into ``plan.ids``, sample id, decoded or None, skip description or None).
 
         A failure raises (``on_error="raise"``) or is described. With ``uneven`` ``pad`` or
-        ``drop`` a failure carries a stand-in instead of None: the last readable sample of
-        this worker, or, before the first one, the next (the failures wait for it).
+        ``drop`` a failure carries a stand-in instead of None: the next readable sample of this
+        worker (the failures wait for it), or, for failures at the end of its share, the last.
+        The next, not the last: a loader resumed mid-epoch (``load_state_dict``) has not read
+        the samples before its resume point, and must fill each place as the uninterrupted
+        epoch did.
         """
         fill = self.uneven != "exact"
         last: tuple[int, Decoded] | None = None
@@ -255,10 +258,8 @@ class PlannedDataset(IterableDataset):
                     raise result.error()
                 if not fill:
                     yield i, int(plan.ids[i]), None, result.describe()
-                elif last is None:
-                    waiting.append((i, result.describe()))
                 else:
-                    yield i, last[0], last[1], result.describe() + f"; replaced by a repeat of {last[1].key}"
+                    waiting.append((i, result.describe()))
                 continue
             sample_id = int(plan.ids[i])
             for j, why in waiting:
@@ -266,6 +267,10 @@ class PlannedDataset(IterableDataset):
             waiting = []
             last = (sample_id, result)
             yield i, sample_id, result, None
+        if waiting and last is not None:
+            for j, why in waiting:
+                yield j, last[0], last[1], why + f"; replaced by a repeat of {last[1].key}"
+            waiting = []
         if waiting:
             raise ShardReadError(
                 f"none of the {len(waiting)} samples of this worker's share of the epoch could be read "
@@ -381,8 +386,9 @@ class ShardDataset(PlannedDataset):
     more than ``max_skipped`` were skipped. With ``uneven="exact"`` a skipped sample is
     simply missing. With ``pad`` or ``drop``, which promise every rank the same number of
     samples so that DDP steps stay in lockstep, a skipped sample's place is taken by a
-    repeat of a readable sample of the same worker (the one read before it, or the next
-    one when none was), so no rank falls a batch behind because of bad data; a worker
+    repeat of a readable sample of the same worker (the next one read, or the last one for
+    failures at the end of its share, so that a resumed epoch fills each place as the
+    uninterrupted one did), so no rank falls a batch behind because of bad data; a worker
     with no readable sample at all raises.
 
     ``sources``/``labels``: a view of the split: only the samples of these sources (names as
