@@ -365,3 +365,21 @@ def test_a_report_path_that_cannot_be_created_exits_6_naming_the_path_and_the_op
     assert f"packer: error: cannot write {target}: File name too long; give {option} a path in a writable folder" \
         in result.output
     assert "result: clean" in result.output  # the check ran and said so first
+
+
+# 10. a report of a manifest without its version folder ----------------------------------------------
+
+def test_a_report_of_a_registry_copy_is_refused_and_names_the_version_folder(tmp_path: Path) -> None:
+    """A registry copy (manifests/<name>/<version>.json) has no index nor shards beside it: a
+    report of it would be an empty page with exit 0. It is a usage error that says what to pass."""
+    job = photo_job(tmp_path, [(f"ok{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity"})
+    assert CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"]).exit_code == 0
+    (version,) = (tmp_path / "out" / "photos").glob("*/manifest.json")
+    copy = tmp_path / "registry" / f"{version.parent.name}.json"
+    copy.parent.mkdir()
+    copy.write_bytes(version.read_bytes())
+    refused = CliRunner().invoke(main, ["report", str(copy), "-o", str(tmp_path / "r.html")])
+    assert refused.exit_code == 2, refused.output
+    assert "none of the" in refused.output and "pass the version folder" in refused.output
+    assert not (tmp_path / "r.html").exists()
+    assert CliRunner().invoke(main, ["report", str(version.parent), "-o", str(tmp_path / "r.html")]).exit_code == 0

@@ -24,13 +24,25 @@ def report(manifest: Path, output: Path | None) -> None:
     The file has inline CSS and images, no scripts and no network access, so it opens from
     file:// anywhere. A pseudonymized dataset's report names bad samples by sample id only;
     under phi.mode keep it lists their raw paths and entity ids: keep that file local.
-    Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version.
+    Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
+    copy, with neither index nor shards beside it, is not: pass the version folder).
     """
+    from packer.errors import ConfigError
     from packer.files import human_bytes
     from packer.htmlreport import write_html_report
     from packer.htmlreport.sections import report_privacy
-    from packer.manifest import read_manifest
+    from packer.manifest import read_manifest, resolve_manifest_path
 
+    located = resolve_manifest_path(manifest)
+    data = read_manifest(located, strict=False, check_hash=False).data
+    beside = [str((data.get("index") or {}).get("file") or "")] + [
+        str(shard.get("file") or "") for entry in (data.get("splits") or {}).values() if isinstance(entry, dict)
+        for shard in entry.get("shards") or () if isinstance(shard, dict)]
+    beside = [name for name in beside if name]
+    if beside and not any((located.parent / name).exists() for name in beside):
+        raise ConfigError(f"{manifest}: none of the {len(beside)} files this manifest lists (its index and shards) is "
+                          "beside it, so a report would show no samples; if this is a registry copy, pass the version "
+                          "folder it describes (<output>/<name>/<version>/)")
     path = write_html_report(manifest, output)
-    shows = report_privacy(read_manifest(manifest, strict=False, check_hash=False).data)
+    shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
