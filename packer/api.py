@@ -167,7 +167,9 @@ class ValidationResult:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """The warnings (a split asked for samples that got none); they do not fail the check."""
+        """The warnings, which do not fail the check: a split asked for samples that got none, and
+        what the stages warned of as they ran (every file its own entity, split shares off the
+        ratios, leaks a policy accepts, label conflicts; the --json report's ``warnings``)."""
         return tuple(w["message"] for w in self.report["warnings"])
 
     def summary(self) -> str:

@@ -34,7 +34,9 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
 
     A split whose ratio (or time cutoff) asked for samples but that got none is a warning: in
     the summary, in the --json report's "warnings" and as the JUnit case empty_splits (which
-    passes). Warnings do not change the exit code.
+    passes). So is what the stages warn of as they run (every file its own entity, split shares
+    off the ratios, leaks a policy accepts, label conflicts): printed then, and listed in the
+    --json report's "warnings" by code. Warnings do not change the exit code.
 
     \b
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction

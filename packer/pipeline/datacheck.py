@@ -162,7 +162,8 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
         "excluded": _excluded_summary(prepared),
         "audit": prepared.audit.to_json(listed=True),
-        "warnings": [w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)],
+        "warnings": [*(w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)),
+                     *({"code": code, "message": message} for code, message in prepared.warnings)],
     }
     validate_document(doc, "validate", source="packer validate --json")
     return doc
@@ -212,8 +213,9 @@ def format_summary(result: ValidateResult) -> str:
         for record in excluded[:_cut(len(excluded), SUMMARY_ISSUES)]:
             lines.append(f"    {record.why:<22} {_shown(record.path)}: {_shown(record.detail)}")
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
-    for warning in doc["warnings"]:
-        lines.append(f"  warning: {warning['message']}")
+    for warning in doc["warnings"]:  # the stages' own were printed as they ran
+        if warning["code"] == "empty_split":
+            lines.append(f"  warning: {warning['message']}")
     listed = False
     for name, rule in doc["audit"]["rules"].items():
         state = "ok" if rule["passed"] else ("FAIL" if rule["severity"] == "fail" else "note")

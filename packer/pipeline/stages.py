@@ -98,6 +98,11 @@ class Prepared:
     partial_spills: frozenset[str] = frozenset()
     #: the files left out on purpose, sorted by path (:mod:`packer.exclusions`)
     excluded: tuple[Excluded, ...] = ()
+    #: the warnings the stages printed, as (code, message): ``entities`` (every file its own entity
+    #: where a column looks like one), ``readers`` (files packed with a reader's warning),
+    #: ``split_shares``, ``split`` (the split's own: pins, groups), ``accepted_leaks``,
+    #: ``label_conflicts``; ``packer validate --json`` reports them
+    warnings: tuple[tuple[str, str], ...] = ()
 
     @property
     def considered(self) -> int:
@@ -142,7 +147,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
-    for said in found.warnings:  # a warning, not progress: printed under --quiet too
+    warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
+    for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
     del found
     inputs = len(refs) + len(issues) + len(excluded)
@@ -164,9 +170,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                                     listed=listed, storage_options=storage_options, sig_dir=sig_dir,
                                     refer=refer)
         del refs, listed  # the settled samples carry their own (probed) refs
-        warned = readers_warning(job, [note for chunk in chunks for note in chunk.notes])
-        if warned is not None:  # a warning, not progress: printed under --quiet too
-            print(f"packer: warning: {job.name}: {warned}", file=sys.stderr, flush=True)
+        readers = readers_warning(job, [note for chunk in chunks for note in chunk.notes])
+        if readers is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {readers}", file=sys.stderr, flush=True)
+            warned.append(("readers", readers))
         samples = table.sorted_by_key()
         del table
         issues.extend(i for c in chunks for i in c.issues)
@@ -210,9 +217,12 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     balance = balance_warning(assignment, split_cfg)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, quiet=quiet)
-    for warning in (balance, *assignment.warnings, accepted_leaks(audit, split_cfg), conflicts_warning(conflicts)):
+    for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
+                          ("accepted_leaks", accepted_leaks(audit, split_cfg)),
+                          ("label_conflicts", conflicts_warning(conflicts))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
+            warned.append((code, warning))
     issues.extend(assignment.dropped)
     split = assignment.split
     keys = samples.column("key")
@@ -221,7 +231,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     partial = frozenset(spills[i] for i, key in enumerate(keys) if key not in split)
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
-                    partial_spills=partial, excluded=tuple(sort_excluded(excluded)))
+                    partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
