@@ -494,3 +494,14 @@ def test_a_loader_resumed_mid_epoch_fills_skipped_places_as_the_uninterrupted_ep
         second = loader()
         second.load_state_dict(state)
         assert head + keys_of(second) == full, stop
+
+
+@pytest.mark.parametrize(("argument", "value"),
+                         [("seed", "x"), ("seed", 1.5), ("seed", True), ("shuffle_buffer", "64")])
+def test_a_seed_or_buffer_that_is_not_an_int_is_a_config_error_naming_it(tmp_path, argument, value):
+    """A seed read from a config file as text ("x", "1.5") used to fail inside int() with a bare
+    ValueError, or (1.5, True) be taken silently; it is the caller's setting to fix (exit 2)."""
+    manifest = build_dataset(tmp_path, shard_sizes=(3,))
+    with pytest.raises(ConfigError, match=f"{argument} must be an int"):
+        ShardDataset(manifest, "train", **{argument: value})
+    assert len(list(ShardDataset(manifest, "train", seed=np.int64(3)))) == 3  # numpy ints are ints

@@ -418,6 +418,9 @@ class ShardDataset(PlannedDataset):
                  cache_limit: int | str | None = None, read_ahead: int = 2, records: bool = False) -> None:
         super().__init__()
         self._init_progress(uneven=uneven, on_error=on_error, max_skipped=max_skipped)
+        for name, value in (("seed", seed), ("shuffle_buffer", shuffle_buffer)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ConfigError(f"{name} must be an int, not {type(value).__name__} {value!r}")
         if shuffle_buffer < 1:
             raise ConfigError("shuffle_buffer must be >= 1")
         #: The local shard cache remote shards are read through (None: streamed, or a local dataset)
