@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from tests.helpers import demo_job_doc, write_job
+from tests.helpers import REPO, demo_job_doc, write_job
 
 
 def run(demo_raw: Any, tmp_path: Path, scheduler: str | None, workers: int | None = None) -> BuildResult:
@@ -281,6 +281,20 @@ def test_a_scheduler_address_without_a_port_is_a_config_error_that_says_so(addre
     with pytest.raises(ConfigError, match=f"--scheduler {address}: not a dask scheduler address .*tcp://host:port"):
         with open_executor(address):
             pass
+
+
+def test_a_mistyped_scheduler_is_named_before_the_shared_cache_advice(tmp_path: Path) -> None:
+    """Without --cache-dir a real cluster needs a shared build cache, and the build says so; for
+    `--scheduler synk` that advice is beside the point: the address is named first."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    result = CliRunner().invoke(main, ["build", str(REPO / "workflows" / "demo.yaml"), "--scheduler", "synk",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "--scheduler synk: not a dask scheduler address" in result.output
+    assert "build cache" not in result.output
 
 
 def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:

@@ -58,7 +58,7 @@ from packer.manifest import (
     write_manifest,
 )
 from packer.pipeline.audit import write_leakage
-from packer.pipeline.cluster import open_executor
+from packer.pipeline.cluster import check_scheduler, open_executor
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
 from packer.pipeline.neighborcache import NEIGHBORS_STEM
 from packer.pipeline.paircache import PAIRS_STEM
@@ -365,6 +365,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     identity = job.identity()
     cfg_hash = config_hash(identity)
     dataset_root = output / job.name
+    check_scheduler(options.scheduler)  # a mistyped address first: the cache's advice is for a real cluster
     cache_dir, cache_named_by = cache_location(job.name, options, output=output, remote=remote)
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
 

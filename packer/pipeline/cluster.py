@@ -239,12 +239,32 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
             raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
                               "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
-            raise ConfigError(f"--scheduler {scheduler}: not a dask scheduler address ({err}); give tcp://host:port, "
-                              "the file `dask scheduler --scheduler-file FILE` wrote, or sync; omit --scheduler for "
-                              "a local cluster") from err
+            raise _not_an_address(scheduler, err) from err
     dashboard = getattr(client, "dashboard_link", None)
     description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
     yield from _serve(Executor(client, description), starting, client)
+
+
+def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
+    return ConfigError(f"--scheduler {scheduler}: not a dask scheduler address ({err}); give tcp://host:port, the "
+                       "file `dask scheduler --scheduler-file FILE` wrote, or sync; omit --scheduler for a local "
+                       "cluster")
+
+
+def check_scheduler(scheduler: str | None) -> None:
+    """Raise the ConfigError an address dask cannot parse gets at connection (``localhost``, a
+    typo of ``sync``), before anything else is checked or started: the other checks' advice (a
+    shared build cache for a cluster) would be beside the point."""
+    if scheduler is None or scheduler == "sync" or os.sep in scheduler or scheduler.endswith(".json"):
+        return
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(scheduler)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ValueError as err:
+        raise _not_an_address(scheduler, err) from err
 
 
 # Ctrl-C and the dask cluster.
