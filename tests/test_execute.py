@@ -283,13 +283,15 @@ def test_a_scheduler_address_without_a_port_is_a_config_error_that_says_so(addre
             pass
 
 
-def test_a_mistyped_scheduler_is_named_before_the_shared_cache_advice(tmp_path: Path) -> None:
+def test_a_mistyped_scheduler_is_named_before_the_shared_cache_advice(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --cache-dir a real cluster needs a shared build cache, and the build says so; for
     `--scheduler synk` that advice is beside the point: the address is named first."""
     from click.testing import CliRunner
 
     from packer.cli import main
 
+    monkeypatch.delenv("PACKER_WORK_DIR", raising=False)  # the default cache: in this user's home
     result = CliRunner().invoke(main, ["build", str(REPO / "workflows" / "demo.yaml"), "--scheduler", "synk",
                                        "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
