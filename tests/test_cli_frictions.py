@@ -386,3 +386,26 @@ def test_a_report_of_a_registry_copy_is_refused_and_names_the_version_folder(tmp
     assert "none of the" in refused.output and "pass the version folder" in refused.output
     assert not (tmp_path / "r.html").exists()
     assert CliRunner().invoke(main, ["report", str(version.parent), "-o", str(tmp_path / "r.html")]).exit_code == 0
+
+
+# 11. class names that differ only in case -------------------------------------------------------------
+
+def test_classes_that_differ_only_in_case_are_a_warning_in_validate_and_build(tmp_path: Path) -> None:
+    """A table typed by several people holds 'a' and 'A ': two classes to packer, rarely meant."""
+    rows: list[tuple[str, np.ndarray | None, str]] = [(f"p{i}.png", photo(i), f"E{i}") for i in range(6)]
+    job = photo_job(tmp_path, rows, split={"by": "entity"})
+    table = tmp_path / "raw" / "labels.csv"
+    lines = table.read_text().splitlines()
+    lines[1] = lines[1].replace(",a,", ",A ,", 1)  # the first photo's class, typed differently
+    table.write_text("\n".join(lines) + "\n")
+    code, output, report, _ = validate(job)
+    assert code == 0, output
+    (warning,) = [w for w in report["warnings"] if w["code"] == "labels"]
+    assert warning["message"].startswith("classes that differ only in case or spacing are separate classes: 'A' and "
+                                         "'a'") or "'A ' and 'a'" in warning["message"], warning["message"]
+    assert "labels:" in warning["message"] and warning["message"] in output
+    doc = yaml.safe_load(job.read_text())
+    doc["labels"] = ["a", "A", "b"]  # listed: the job says they are three
+    job.write_text(yaml.safe_dump(doc))
+    code, output, report, _ = validate(job)
+    assert code == 0 and not [w for w in report["warnings"] if w["code"] == "labels"], output

@@ -101,7 +101,8 @@ class Prepared:
     #: the warnings the stages printed, as (code, message): ``entities`` (every file its own entity
     #: where a column looks like one), ``readers`` (files packed with a reader's warning),
     #: ``split_shares``, ``split`` (the split's own: pins, groups), ``accepted_leaks``,
-    #: ``label_conflicts``; ``packer validate --json`` reports them
+    #: ``label_conflicts``, ``labels`` (class names differing only in case); ``packer validate
+    #: --json`` reports them
     warnings: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -219,7 +220,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                              show_dates=phi.dates == "keep", conflicts=conflicts, quiet=quiet)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg)),
-                          ("label_conflicts", conflicts_warning(conflicts))):
+                          ("label_conflicts", conflicts_warning(conflicts)),
+                          ("labels", case_twins_warning(job, samples.codes("label")[1]))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
             warned.append((code, warning))
@@ -244,6 +246,25 @@ def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg
                                  masks=SpilledMasks(cache_dir, masked) if masked and cache_dir is not None else None,
                                  has_masks=bool(masked))
     return replace(found, dropped=found.rows) if cfg.label_conflict == "drop_group" else found
+
+
+def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
+    """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
+    table typed by several people): each is a class of its own, which is rarely meant. None for
+    a job that lists its classes (``labels:`` decides then) or a target that is not one class."""
+    if job.labels or job.sources[0].target.kind != "class":
+        return None
+    groups: dict[str, list[str]] = {}
+    for name in sorted({str(n) for n in names if n}):
+        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+    twins = [group for group in groups.values() if len(group) > 1]
+    if not twins:
+        return None
+    shown = "; ".join(" and ".join(repr(n) for n in group) for group in twins[:5])
+    more = f" (and {len(twins) - 5} more such groups)" if len(twins) > 5 else ""
+    return (f"classes that differ only in case or spacing are separate classes: {shown}{more}; if each group is one "
+            "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
+            "job's labels:")
 
 
 def conflicts_warning(found: LabelConflicts) -> str | None:
