@@ -311,6 +311,25 @@ def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: 
         assert centre[str(frame)] == [value[below], value[frame], value[above]]
 
 
+
+def test_an_enhanced_object_whose_frames_turn_is_refused_for_its_orientation(tmp_path: Path) -> None:
+    """A three-plane scout saved as one Enhanced object: its frames' Plane Orientation differs
+    per frame, so frame 0's orientation is not the series' and no order along one normal exists."""
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    path = write_enhanced_ct(tmp_path / "raw" / "scout.dcm", frames, [0.0, 2.5, 5.0, 7.5])
+    ds = pydicom.dcmread(path)
+    for group in ds.PerFrameFunctionalGroupsSequence[2:]:
+        plane = Dataset()
+        plane.ImageOrientationPatient = [0.0, 1.0, 0.0, 0.0, 0.0, -1.0]  # sagittal
+        group.PlaneOrientationSequence = DicomSequence([plane])
+    save(ds, path)
+    _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
+    result = _build(_series_job(tmp_path, tmp_path / "raw"))
+    assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 6  # the good series only
+    assert [(Path(r["path"]).name, r["reason"]) for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")
+            ] == [("scout.dcm", "series_orientation")]
+
+
 AIR = np.zeros((16, 16), dtype=np.int16)  # stored 0 everywhere: -1024 HU, an all-air slice
 
 

@@ -182,7 +182,8 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                  else f"{ref.path} has no {' and no '.join(missing)}")
         return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key)
     base = np.asarray(first.orientation, dtype=np.float64)
-    if any(np.abs(np.asarray(g.orientation) - base).max() > ORIENTATION_TOLERANCE for _, g in members):
+    if any(np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE for _, g in members
+           for o in (g.orientation, *g.frame_orientations) if o is not None):
         return _fail(refs, "series_orientation", "its slices have different Image Orientation (Patient)", uid_key)
     grid = {(g.rows, g.columns, g.spacing) for _, g in members}
     if len(grid) > 1:
