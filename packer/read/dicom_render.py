@@ -301,6 +301,11 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
             return too_big
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
     spacing0 = pixel_spacing(ds, 0)
+    if cfg.spacing is not None and any(pixel_spacing(ds, frame) is None for frame in range(1 if stack else frames)):
+        # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (
+            f"no usable (0028,0030) Pixel Spacing: not resampled to transform.dicom.spacing {list(cfg.spacing)} mm, "
+            "only resized; its pixels' size in mm is not the other samples'")]}
     for frame in range(frames):
         spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
