@@ -219,7 +219,8 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
                        finish: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
     a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
-    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels), padding
+    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels, negated
+    for MONOCHROME1 so that bright means dense there too, its record ``inverted: true``), padding
     0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)
     ``specs``: the frame's windows (``cfg.windows_for`` its Modality)."""
     values = to_modality_values(stored, modality)
@@ -234,8 +235,12 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
         if spec.kind == "zscore":
             stats = zscore_stats(values[~padding], spec.over or "nonzero")
             channel = apply_zscore(values, stats)
-            records.append({"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
-                            **stats.to_json()})
+            record = {"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
+                      **stats.to_json()}
+            if photometric == "MONOCHROME1":  # inverted as its windows are: -z (a value is mean - z·std)
+                np.subtract(np.float32(0.0), channel, out=channel)  # +0.0 where z is 0, never -0.0
+                record["inverted"] = True
+            records.append(record)
         else:
             voi = by_spec[spec]
             channel = apply_voi(values, voi)
