@@ -135,6 +135,17 @@ def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     assert all("/raw/9.dcm has no Image Orientation (Patient), so the slices cannot be ordered" in m for m in messages)
 
 
+@pytest.mark.parametrize("orientation", [(0.0,) * 6, (1.0, 0.0, 0.0, 1.0, 0.0, 0.0), (2.0, 0.0, 0.0, 0.0, 2.0, 0.0)])
+def test_a_degenerate_orientation_is_no_orientation_not_a_duplicate_position(orientation: tuple[float, ...]) -> None:
+    """A broken export writes Image Orientation (Patient) as zeros (or twice the same cosine): no
+    normal orders its slices. Projected on none they all land at 0 mm, which is no proof of one
+    file exported twice; the record must say what is wrong."""
+    files = [(_ref(i), replace(_geometry(2.5 * i), orientation=orientation)) for i in range(6)]
+    out = assemble(files, CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {"series_no_position"}
+    assert all("are not two orthogonal unit vectors" in i.message for i in out.issues)
+
+
 def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:
     files = [(_ref(i), _geometry(2.5 * i)) for i in range(6)]
     files.append((_ref(9), _geometry(0.0, orientation=(0.0, 1.0, 0.0, 0.0, 0.0, -1.0),
