@@ -294,6 +294,19 @@ def test_constant_after_padding_mask(tmp_path: Path) -> None:
     assert "Padding" in issue_of(read(path), "constant_image").message
 
 
+def test_a_zero_rescale_slope_is_a_constant_image_not_a_flat_sample(tmp_path: Path) -> None:
+    """Rescale Slope 0 (a broken export) maps every stored value to the intercept: the packed
+    sample would be one flat grey whatever the scan showed. Its stored values differ, so only the
+    modality values can tell: the file is constant_image, naming the slope."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=0.0, intercept=-1024.0), tmp_path / "slope0.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "(0028,1053) Rescale Slope is 0" in found.message
+    enhanced = enhanced_ct_dataset(np.stack([ct_pixels((8, 8), seed=s) for s in range(2)]), [None, (0.0, 10.0)],
+                                   [None, None], shared_rescale=(1.0, -1024.0), shared_window=(40.0, 400.0))
+    found = issue_of(read(save(enhanced, tmp_path / "enhanced.dcm")), "constant_image")
+    assert "frame 1" in found.message
+
+
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
     ds = ct_dataset(ct_pixels((4, 4)), PhotometricInterpretation="HSV")
     found = issue_of(probe(save(ds, tmp_path / "hsv.dcm")), "unsupported", "validate")

@@ -193,6 +193,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         raise
     except ValueError as err:
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
+    if modality.lut is None and modality.slope == 0:
+        return _issue(ref, "validate", "constant_image",
+                      f"frame {frame}: (0028,1053) Rescale Slope is 0, so every stored value becomes the intercept "
+                      f"{modality.intercept:g}: the image would carry no information; fix the header")
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
         return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
