@@ -158,6 +158,21 @@ def test_rows_that_are_not_one_integer_are_bad_shape(tmp_path: Path, vr: str, va
         assert f"(0028,0010) Rows is {shown}" in found.message
 
 
+@pytest.mark.parametrize(("keyword", "value"), [("RescaleSlope", b"NaN "), ("RescaleIntercept", b"abc "),
+                                                ("RescaleIntercept", b"inf ")])
+def test_a_rescale_that_is_no_number_is_unreadable_not_taken_as_1_or_0(tmp_path: Path, keyword: str,
+                                                                        value: bytes) -> None:
+    """A CT intercept of 'abc' read as 0 packs every pixel 1024 HU off; a slope of 'NaN' read as 1
+    ignores the real one. Neither may pass silently: the file is unreadable, naming the element."""
+    ds = ct_dataset()
+    raw_element(ds, keyword, "DS", value)
+    found = issue_of(read(save(ds, tmp_path / "rescale.dcm")), "unreadable", "read")
+    assert f"{keyword} {value.decode().strip()!r} is not a finite number" in found.message
+    ds = ct_dataset()
+    raw_element(ds, "RescaleIntercept", "DS", b"")  # empty (Type 1 left blank): the default 0, as before
+    assert isinstance(read(save(ds, tmp_path / "empty.dcm")), list)
+
+
 def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None:
     path = save(ct_dataset(), tmp_path / "vr.dcm")
     raw = path.read_bytes()
