@@ -75,6 +75,21 @@ def test_a_zscore_is_float16_over_the_frame_s_region(tmp_path: Path, over: str) 
     assert zs["std"] == pytest.approx(region.std(), rel=1e-6) and fixed["center"] == 600
 
 
+def test_a_monochrome1_zscore_is_inverted_like_its_windows(tmp_path: Path) -> None:
+    """MONOCHROME1 shows its minimum white (PS3.3 C.7.6.3.1.2); packer inverts it so bright means
+    dense everywhere. A z-score channel stands in a window's place, so a MONOCHROME1 radiograph
+    and the same image stored MONOCHROME2 (values mirrored) give the same channels."""
+    stored = np.random.default_rng(3).integers(0, 4096, size=(32, 32)).astype(np.uint16)
+    mono1 = save(image_dataset(stored, modality="CR", photometric="MONOCHROME1", bits_stored=12),
+                 tmp_path / "m1.dcm")
+    mono2 = save(image_dataset((4095 - stored).astype(np.uint16), modality="CR", bits_stored=12),
+                 tmp_path / "m2.dcm")
+    specs = (zscore("all"), percentiles(0, 100))
+    one, two = (read(path, *specs, output="float16") for path in (mono1, mono2))
+    assert np.abs(one.image.astype(np.float64) - two.image.astype(np.float64)).max() <= 2 ** -8
+    assert one.metadata["windows"][0]["inverted"] is True and "inverted" not in two.metadata["windows"][0]
+
+
 def test_float16_without_a_normalisation_keeps_its_meaning(tmp_path: Path) -> None:
     """float16 with plain windows stays one channel of modality values (HU for CT)."""
     pixels = np.random.default_rng(1).integers(0, 3000, (16, 16)).astype(np.int16)

@@ -158,6 +158,21 @@ def test_rows_that_are_not_one_integer_are_bad_shape(tmp_path: Path, vr: str, va
         assert f"(0028,0010) Rows is {shown}" in found.message
 
 
+@pytest.mark.parametrize(("keyword", "value"), [("RescaleSlope", b"NaN "), ("RescaleIntercept", b"abc "),
+                                                ("RescaleIntercept", b"inf ")])
+def test_a_rescale_that_is_no_number_is_unreadable_not_taken_as_1_or_0(tmp_path: Path, keyword: str,
+                                                                        value: bytes) -> None:
+    """A CT intercept of 'abc' read as 0 packs every pixel 1024 HU off; a slope of 'NaN' read as 1
+    ignores the real one. Neither may pass silently: the file is unreadable, naming the element."""
+    ds = ct_dataset()
+    raw_element(ds, keyword, "DS", value)
+    found = issue_of(read(save(ds, tmp_path / "rescale.dcm")), "unreadable", "read")
+    assert f"{keyword} {value.decode().strip()!r} is not a finite number" in found.message
+    ds = ct_dataset()
+    raw_element(ds, "RescaleIntercept", "DS", b"")  # empty (Type 1 left blank): the default 0, as before
+    assert isinstance(read(save(ds, tmp_path / "empty.dcm")), list)
+
+
 def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None:
     path = save(ct_dataset(), tmp_path / "vr.dcm")
     raw = path.read_bytes()
@@ -292,6 +307,19 @@ def test_constant_after_padding_mask(tmp_path: Path) -> None:
     issue_of(read(path), "constant_image")
     path = save(ct_dataset(np.full((4, 4), -2000, np.int16), PixelPaddingValue=-2000), tmp_path / "all.dcm")
     assert "Padding" in issue_of(read(path), "constant_image").message
+
+
+def test_a_zero_rescale_slope_is_a_constant_image_not_a_flat_sample(tmp_path: Path) -> None:
+    """Rescale Slope 0 (a broken export) maps every stored value to the intercept: the packed
+    sample would be one flat grey whatever the scan showed. Its stored values differ, so only the
+    modality values can tell: the file is constant_image, naming the slope."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=0.0, intercept=-1024.0), tmp_path / "slope0.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "(0028,1053) Rescale Slope is 0" in found.message
+    enhanced = enhanced_ct_dataset(np.stack([ct_pixels((8, 8), seed=s) for s in range(2)]), [None, (0.0, 10.0)],
+                                   [None, None], shared_rescale=(1.0, -1024.0), shared_window=(40.0, 400.0))
+    found = issue_of(read(save(enhanced, tmp_path / "enhanced.dcm")), "constant_image")
+    assert "frame 1" in found.message
 
 
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:

@@ -215,6 +215,20 @@ def test_spacing_then_size_and_policies(tmp_path: Path) -> None:
     assert (fit[:5] == 0).all() and (fit[15:] == 0).all() and fit[5:15].any()  # letterboxed, black bars
 
 
+
+def test_a_file_without_pixel_spacing_is_only_resized_and_says_so(tmp_path: Path) -> None:
+    """A radiograph gives Imager Pixel Spacing (at the detector), no Pixel Spacing: nothing says
+    its pixels' size at the patient, so spacing cannot apply; the sample must not pass silently
+    as if it were at the job's spacing."""
+    stored = np.random.default_rng(0).integers(0, 4000, (32, 64)).astype(np.uint16)
+    ds = image_dataset(stored, modality="CR", WindowCenter=2000, WindowWidth=4000, ImagerPixelSpacing=[0.2, 0.2])
+    sample = read(save(ds, tmp_path / "cr.dcm"), file_window(), spacing=(0.4, 0.4))[0]
+    assert sample.image.shape == (1, 32, 64) and "output_spacing" not in sample.metadata
+    (warning,) = sample.metadata["warnings"]
+    assert "no usable (0028,0030) Pixel Spacing" in warning and "[0.4, 0.4]" in warning
+    assert "warnings" not in read(shipped("CT_small.dcm"), window(40, 400), spacing=(1.0, 1.0))[0].metadata
+
+
 # ---------------------------------------------------------------- frames
 
 

@@ -156,6 +156,16 @@ def test_identity_checks_in_order() -> None:
         check_identity(with_entity, needs_time=True).message
 
 
+def test_a_dicom_file_without_entity_or_time_is_told_which_header_attributes_to_fill() -> None:
+    """A DICOM source has no table cell: its records name the keywords its header lacked."""
+    ref = SampleRef(sample_id="s-1", source="s", kind="dicom", path="/r/IM1", relpath="IM1", label="a")
+    header = ("PatientID", ("StudyDate", "StudyTime"))
+    entity = check_identity(ref, needs_time=True, header=header)
+    assert entity.reason == "missing_entity" and "header's PatientID" in entity.message
+    time = check_identity(replace(ref, entity="E"), needs_time=True, header=header)
+    assert time.reason == "missing_time" and "StudyDate, StudyTime" in time.message and "cell" not in time.message
+
+
 @pytest.mark.parametrize(("raw", "iso"), [("2024-01-02", "2024-01-02"), ("2024-01-02T03:04:05", "2024-01-02T03:04:05"),
                                           ("2024-01-02 03:04", "2024-01-02T03:04:00"), ("", None), ("soon", None)])
 def test_normalize_time(raw: str, iso: str | None) -> None:

@@ -135,6 +135,17 @@ def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     assert all("/raw/9.dcm has no Image Orientation (Patient), so the slices cannot be ordered" in m for m in messages)
 
 
+@pytest.mark.parametrize("orientation", [(0.0,) * 6, (1.0, 0.0, 0.0, 1.0, 0.0, 0.0), (2.0, 0.0, 0.0, 0.0, 2.0, 0.0)])
+def test_a_degenerate_orientation_is_no_orientation_not_a_duplicate_position(orientation: tuple[float, ...]) -> None:
+    """A broken export writes Image Orientation (Patient) as zeros (or twice the same cosine): no
+    normal orders its slices. Projected on none they all land at 0 mm, which is no proof of one
+    file exported twice; the record must say what is wrong."""
+    files = [(_ref(i), replace(_geometry(2.5 * i), orientation=orientation)) for i in range(6)]
+    out = assemble(files, CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {"series_no_position"}
+    assert all("are not two orthogonal unit vectors" in i.message for i in out.issues)
+
+
 def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:
     files = [(_ref(i), _geometry(2.5 * i)) for i in range(6)]
     files.append((_ref(9), _geometry(0.0, orientation=(0.0, 1.0, 0.0, 0.0, 0.0, -1.0),
@@ -309,6 +320,25 @@ def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: 
         below = by_position[max(0, n - 1)]
         above = by_position[min(3, n + 1)]
         assert centre[str(frame)] == [value[below], value[frame], value[above]]
+
+
+
+def test_an_enhanced_object_whose_frames_turn_is_refused_for_its_orientation(tmp_path: Path) -> None:
+    """A three-plane scout saved as one Enhanced object: its frames' Plane Orientation differs
+    per frame, so frame 0's orientation is not the series' and no order along one normal exists."""
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    path = write_enhanced_ct(tmp_path / "raw" / "scout.dcm", frames, [0.0, 2.5, 5.0, 7.5])
+    ds = pydicom.dcmread(path)
+    for group in ds.PerFrameFunctionalGroupsSequence[2:]:
+        plane = Dataset()
+        plane.ImageOrientationPatient = [0.0, 1.0, 0.0, 0.0, 0.0, -1.0]  # sagittal
+        group.PlaneOrientationSequence = DicomSequence([plane])
+    save(ds, path)
+    _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
+    result = _build(_series_job(tmp_path, tmp_path / "raw"))
+    assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 6  # the good series only
+    assert [(Path(r["path"]).name, r["reason"]) for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")
+            ] == [("scout.dcm", "series_orientation")]
 
 
 AIR = np.zeros((16, 16), dtype=np.int16)  # stored 0 everywhere: -1024 HU, an all-air slice

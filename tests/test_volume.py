@@ -171,6 +171,23 @@ def test_a_volume_over_max_voxels_is_refused_before_decoding(tmp_path: Path) -> 
     assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 1
 
 
+def test_a_series_without_pixel_spacing_is_no_volume(tmp_path: Path) -> None:
+    """A volume's affine and spacing are in mm: a series whose slices give no Pixel Spacing has no
+    in-plane mm to put there (packing it at an assumed 1 mm would record invented geometry and
+    resample by it). Neighbour stacks, ordered by position alone, still pack it."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=6, slices=5, overrides={i: {"PixelSpacing": None} for i in range(5)})
+    _write_series(raw / "t", seed=7, slices=5, patient="P2")
+    result = _build(_volume_job(tmp_path, raw, volume={"volume": {"spacing": [2, 2, 2]}}))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert {(Path(r["path"]).parent.name, r["reason"]) for r in bad} == {("s", "series_geometry")} and len(bad) == 5
+    assert all("no (0028,0030) Pixel Spacing" in r["message"] for r in bad)
+    assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 1
+    stacks = _build(_job(tmp_path / "stacks", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                         transform={"dicom": {**WINDOW, "size": [16, 16], "sample": {"neighbors": 1}}}))
+    assert json.loads(stacks.manifest_path.read_text())["inputs"]["samples"] == 10
+
+
 def test_volumes_batch_and_refuse_2d_size_settings(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     for n in range(3):

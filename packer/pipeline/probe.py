@@ -22,15 +22,26 @@ from packer.records import Excluded, Issue, SampleRef
 from packer.storage import is_url
 
 
-def check_identity(ref: SampleRef, *, needs_time: bool) -> Issue | None:
-    """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time."""
+def check_identity(ref: SampleRef, *, needs_time: bool,
+                   header: tuple[str, tuple[str, ...]] | None = None) -> Issue | None:
+    """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time.
+
+    ``header``: (entity keyword, time keywords) where the kind reads them from each file's header
+    (DICOM), so that a record names the attributes to look at, not a table cell."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
                         message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
                                 "(or, for unlabeled data, set the source's 'label: none')")
     if ref.entity is None:
+        field = f"header's {header[0]} (the source's entity:) is" if header else "source's entity field is"
         return Issue.of(ref, stage="discover", reason="missing_entity",
-                        message=f"{ref.path}: no entity id; the source's entity field is empty for this file")
+                        message=f"{ref.path}: no entity id; the {field} empty for this file")
+    if needs_time and ref.time is None and header:
+        keywords = ", ".join(header[1])
+        return Issue.of(ref, stage="discover", reason="missing_time",
+                        message=f"{ref.path}: no readable time, but the job splits by time; its header's {keywords} "
+                                "(the source's time:) hold no valid DICOM date (DA YYYYMMDD, or a DT): set the "
+                                "source's time: to attributes this file fills (SeriesDate, AcquisitionDateTime)")
     if needs_time and ref.time is None:
         return Issue.of(ref, stage="discover", reason="missing_time",
                         message=f"{ref.path}: no readable time, but the job splits by time; its time cell is "
@@ -118,5 +129,6 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
         if isinstance(label, Refused):
             return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
         ref = replace(ref, label=label)
-    problem = check_identity(ref, needs_time=job.split.by == "time")
+    header = (source.entity, source.time) if source_kind(ref.kind).identity_in_header else None
+    problem = check_identity(ref, needs_time=job.split.by == "time", header=header)
     return problem if problem is not None else (ref, probed.state)

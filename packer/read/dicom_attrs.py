@@ -164,6 +164,17 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
                explanation=str(element(item, "LUTExplanation", "") or "").strip())
 
 
+def _rescale(source: Dataset, keyword: str) -> float | None:
+    """Rescale Slope or Intercept as a number, None when absent or empty; a value that is there
+    but no finite number (``NaN``, ``abc``) raises :class:`DamagedElement`: taking 1 or 0 in its
+    place would pack every pixel at a wrong modality value (HU off by the intercept)."""
+    raw = element(source, keyword)
+    value = first_float(raw)
+    if value is None and raw is not None and str(raw).strip() != "":
+        raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} {str(raw)!r} is not a finite number")
+    return value
+
+
 def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     """Stored → modality parameters for ``frame`` (PS3.3 C.11.1; C.7.6.16.2.9 for Enhanced).
 
@@ -177,8 +188,8 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
         lut = read_lut(ds.ModalityLUTSequence[0], signed_input=signed, little_endian=little)
     item = functional_item(ds, frame, "PixelValueTransformationSequence")
     source = item if item is not None and "RescaleSlope" in item else ds
-    slope = first_float(element(source, "RescaleSlope"))
-    intercept = first_float(element(source, "RescaleIntercept"))
+    slope = _rescale(source, "RescaleSlope")
+    intercept = _rescale(source, "RescaleIntercept")
     dose = None
     if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or "DoseGridScaling" in ds:
         dose = first_float(ds.get("DoseGridScaling"))

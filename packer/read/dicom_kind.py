@@ -261,6 +261,12 @@ class DicomSeries(Grouping):
         refused = list(assembled.issues)
         fits = []
         for series in assembled.series:
+            if job.dicom.sample == "volume" and series.pixel_spacing is None:
+                refused.extend(Issue.of(ref, stage="validate", reason="series_geometry", message=(
+                    f"{ref.path}: series {series.uid_key} ({len(series.refs)} files): its slices give no (0028,0030) "
+                    "Pixel Spacing, so a volume's affine and spacing would have no mm in-plane; the series is not "
+                    "packed (neighbour stacks need no spacing)")) for ref in series.refs)
+                continue
             shape = (len(series.slices), series.rows, series.columns)
             resampled = volume_size(series, job.dicom)
             worst = max(int(np.prod(shape)), int(np.prod(resampled)))

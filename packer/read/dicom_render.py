@@ -193,6 +193,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         raise
     except ValueError as err:
         return _issue(ref, "read", "decode_failed", f"(0028,3000) Modality LUT Sequence is malformed: {err}")
+    if modality.lut is None and modality.slope == 0:
+        return _issue(ref, "validate", "constant_image",
+                      f"frame {frame}: (0028,1053) Rescale Slope is 0, so every stored value becomes the intercept "
+                      f"{modality.intercept:g}: the image would carry no information; fix the header")
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
         return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
@@ -219,7 +223,8 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
                        finish: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
     a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
-    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels), padding
+    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels, negated
+    for MONOCHROME1 so that bright means dense there too, its record ``inverted: true``), padding
     0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)
     ``specs``: the frame's windows (``cfg.windows_for`` its Modality)."""
     values = to_modality_values(stored, modality)
@@ -234,8 +239,12 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
         if spec.kind == "zscore":
             stats = zscore_stats(values[~padding], spec.over or "nonzero")
             channel = apply_zscore(values, stats)
-            records.append({"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
-                            **stats.to_json()})
+            record = {"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
+                      **stats.to_json()}
+            if photometric == "MONOCHROME1":  # inverted as its windows are: -z (a value is mean - z·std)
+                np.subtract(np.float32(0.0), channel, out=channel)  # +0.0 where z is 0, never -0.0
+                record["inverted"] = True
+            records.append(record)
         else:
             voi = by_spec[spec]
             channel = apply_voi(values, voi)
@@ -301,6 +310,11 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
             return too_big
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
     spacing0 = pixel_spacing(ds, 0)
+    if cfg.spacing is not None and any(pixel_spacing(ds, frame) is None for frame in range(1 if stack else frames)):
+        # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (
+            f"no usable (0028,0030) Pixel Spacing: not resampled to transform.dicom.spacing {list(cfg.spacing)} mm, "
+            "only resized; its pixels' size in mm is not the other samples'")]}
     for frame in range(frames):
         spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,

@@ -49,6 +49,9 @@ class SliceGeometry:
     sop_uid: str = ""
     #: The file as the header pass read it (None where it could not be stat'ed)
     fingerprint: HeaderFingerprint | None = None
+    #: A multi-frame object's orientation per frame where its Per-frame Functional Groups give
+    #: one (PS3.3 C.7.6.16.2.4): frames need not share frame 0's (a three-plane scout)
+    frame_orientations: tuple[tuple[float, ...] | None, ...] = ()
 
     @property
     def frames(self) -> int:
@@ -75,6 +78,8 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         positions.append(_position(item) or (_position(ds) if frames == 1 else None))
     plane = functional_item(ds, 0, "PlaneOrientationSequence")
     orientation = _orientation(plane) or _orientation(ds)
+    frame_orientations = tuple(_orientation(functional_item(ds, frame, "PlaneOrientationSequence"))
+                               for frame in range(1, frames)) if frames > 1 else ()
     image_type = tuple(str(v).strip().upper() for v in (element(ds, "ImageType") or ()))
     return SliceGeometry(
         study_uid=str(element(ds, "StudyInstanceUID") or ""),
@@ -87,4 +92,5 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         spacing=pixel_spacing(ds, 0),
         image_type=image_type,
         sop_uid=str(element(ds, "SOPInstanceUID") or ""),
+        frame_orientations=frame_orientations,
     )

@@ -11,8 +11,9 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 - **checks**, each failure a reason of its own, given to every file of the series:
   ``series_localizer`` (localizer or derived images among original ones: left out and
   reported, or with ``drop_localizers: false`` the series fails), ``series_no_position``
-  (a slice without position or orientation), ``series_orientation`` (orientations differ by
-  more than 1e-4 per cosine), ``series_geometry`` (rows, columns or pixel spacing differ),
+  (a slice without position or orientation, or with cosines that are not orthonormal),
+  ``series_orientation`` (orientations differ by more than 1e-4 per cosine),
+  ``series_geometry`` (rows, columns or pixel spacing differ),
   ``series_duplicate_position`` (two slices within 1e-3 mm along the normal),
   ``series_gap`` (a step differs from the median step by more than ``gap_tolerance``),
   ``series_too_short`` (fewer than ``min_slices``).
@@ -90,6 +91,20 @@ def _normal(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
     normal = np.cross(row, col)
     length = np.linalg.norm(normal)
     return normal / length if length > 0 else normal
+
+
+#: How far an orientation's cosines may be from unit length and from orthogonal (DS values
+#: written with 3 decimals by old exports still pass; all zeros or two equal vectors do not).
+ORTHONORMAL_TOLERANCE = 1e-2
+
+
+def _orthonormal(orientation: np.ndarray) -> bool:
+    """Whether the six cosines are two unit vectors at right angles (PS3.3 C.7.6.2.1.1), within
+    :data:`ORTHONORMAL_TOLERANCE`."""
+    row, col = orientation[:3], orientation[3:6]
+    return bool(abs(np.linalg.norm(row) - 1) <= ORTHONORMAL_TOLERANCE
+                and abs(np.linalg.norm(col) - 1) <= ORTHONORMAL_TOLERANCE
+                and abs(float(np.dot(row, col))) <= ORTHONORMAL_TOLERANCE)
 
 
 def _is_localizer(geometry: SliceGeometry) -> bool:
@@ -182,7 +197,13 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                  else f"{ref.path} has no {' and no '.join(missing)}")
         return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key)
     base = np.asarray(first.orientation, dtype=np.float64)
-    if any(np.abs(np.asarray(g.orientation) - base).max() > ORIENTATION_TOLERANCE for _, g in members):
+    if not _orthonormal(base):
+        return _fail(refs, "series_no_position", f"{members[0][0].path} has an Image Orientation (Patient) "
+                                                 f"{[round(float(v), 6) for v in base]} whose row and column cosines "
+                                                 "are not two orthogonal unit vectors, so no slice normal orders "
+                                                 "the slices", uid_key)
+    if any(np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE for _, g in members
+           for o in (g.orientation, *g.frame_orientations) if o is not None):
         return _fail(refs, "series_orientation", "its slices have different Image Orientation (Patient)", uid_key)
     grid = {(g.rows, g.columns, g.spacing) for _, g in members}
     if len(grid) > 1:
