@@ -77,8 +77,10 @@ class CachedChunk:
 #: shard format records, :func:`~packer.shards.encode.pixels_digest`; 10: DICOM objects without an
 #: image, RT Dose, secondary captures and localizers are Excluded records, not samples or issues;
 #: 11: an RTSTRUCT contour repeated on its slice is painted once, an ROI in another frame of
-#: reference refuses its structure set, and structure names compare in every script).
-CACHE_FORMAT = 11
+#: reference refuses its structure set, and structure names compare in every script; 12: a zero
+#: or non-numeric Rescale Slope/Intercept, a MONOCHROME1 z-score channel and Enhanced frames of
+#: several orientations read as a trial found they should).
+CACHE_FORMAT = 12
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
