@@ -252,7 +252,7 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
     table typed by several people): each is a class of its own, which is rarely meant. None for
     a job that lists its classes (``labels:`` decides then) or a target that is not one class."""
-    if job.labels or job.sources[0].target.kind != "class":
+    if job.labels or not target_class(job.sources[0].target.kind).has_label:  # one class a sample: a label index
         return None
     groups: dict[str, list[str]] = {}
     for name in sorted({str(n) for n in names if n}):
