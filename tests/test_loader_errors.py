@@ -505,3 +505,23 @@ def test_a_seed_or_buffer_that_is_not_an_int_is_a_config_error_naming_it(tmp_pat
     with pytest.raises(ConfigError, match=f"{argument} must be an int"):
         ShardDataset(manifest, "train", **{argument: value})
     assert len(list(ShardDataset(manifest, "train", seed=np.int64(3)))) == 3  # numpy ints are ints
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:7" if torch.cuda.is_available() else "cuda"])
+def test_bench_loader_refuses_a_device_it_cannot_use_before_measuring(tmp_path, device, monkeypatch):
+    """--device names a torch device this machine has; any other (a typo, CUDA on a machine
+    without it, a GPU index past the last) is a usage error (exit 2) naming the option, given
+    before seconds of measuring, never a torch traceback (exit 1)."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.loader import bench
+
+    measured = []
+    monkeypatch.setattr(bench, "_raw_read", lambda *a, **k: measured.append(a) or {})
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.1", "--workers", "0",
+                                       "--device", device])
+    assert result.exit_code == 2, result.output
+    assert f"--device {device}" in result.output and "Traceback" not in result.output
+    assert not measured
