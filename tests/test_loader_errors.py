@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -525,3 +526,27 @@ def test_bench_loader_refuses_a_device_it_cannot_use_before_measuring(tmp_path, 
     assert result.exit_code == 2, result.output
     assert f"--device {device}" in result.output and "Traceback" not in result.output
     assert not measured
+
+
+def test_bench_loader_json_path_under_a_file_is_refused_before_measuring_and_a_new_folder_is_made(
+        tmp_path, monkeypatch):
+    """--json FILE is written as validate's --json is: its folders made, and a file standing
+    where a folder must be named up front (exit 2), not a traceback after the measurements."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.loader import bench
+
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    measured = []
+    real = bench._raw_read
+    monkeypatch.setattr(bench, "_raw_read", lambda *a, **k: measured.append(a) or real(*a, **k))
+    args = ["bench-loader", str(manifest), "--seconds", "0.05", "--workers", "0", "--json"]
+    refused = CliRunner().invoke(main, [*args, str(blocker / "bench.json")])
+    assert refused.exit_code == 2, refused.output
+    assert f"{blocker} is a file, not a folder" in refused.output and not measured
+    written = CliRunner().invoke(main, [*args, str(tmp_path / "new" / "bench.json")])
+    assert written.exit_code == 0, written.output
+    assert "loader" in json.loads((tmp_path / "new" / "bench.json").read_text())

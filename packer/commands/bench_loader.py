@@ -54,12 +54,18 @@ def bench_loader_command(manifest: Path, split: str, device: str, workers: str, 
     measured with the list collate unless --collate says otherwise, and the table says so;
     --sources measures one source's samples alone. --verify off,sample measures what the
     default per-sample check costs, in the same run."""
+    from packer.errors import ConfigError, blocking_file
+    from packer.files import atomic_output
     from packer.loader.bench import bench_loader, format_table
 
+    blocker = blocking_file(json_path.parent) if json_path is not None else None
+    if blocker is not None:  # say so now, not after the measurements
+        raise ConfigError(f"--json {json_path}: {blocker} is a file, not a folder; write the JSON elsewhere")
     names = [s.strip() for s in sources.split(",") if s.strip()] if sources else None
     result = bench_loader(manifest, split, device=device, workers=_ints(workers), batch_sizes=_ints(batch_sizes),
                           seconds=seconds, sources=names, collate=collate, rounds=rounds,
                           verify=[m.strip() for m in verify.split(",") if m.strip()])
     click.echo(format_table(result))
     if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        with atomic_output(json_path, elsewhere="write the file elsewhere (another --json FILE)") as fh:
+            fh.write(json.dumps(result, indent=2, sort_keys=True).encode() + b"\n")
