@@ -550,3 +550,19 @@ def test_bench_loader_json_path_under_a_file_is_refused_before_measuring_and_a_n
     written = CliRunner().invoke(main, [*args, str(tmp_path / "new" / "bench.json")])
     assert written.exit_code == 0, written.output
     assert "loader" in json.loads((tmp_path / "new" / "bench.json").read_text())
+
+
+@pytest.mark.parametrize("option", [["--workers", ""], ["--workers", ","], ["--batch-sizes", ""],
+                                    ["--verify", ""], ["--verify", " , "], ["--seconds", "0"], ["--seconds", "-1"]])
+def test_bench_loader_refuses_an_empty_list_or_no_time_as_a_usage_error(tmp_path, option):
+    """An option that leaves nothing to measure (no worker count, batch size or verify mode, or
+    no time per measurement) is a usage error naming the option (exit 2), never a ValueError
+    traceback (exit 1) nor a table of 0 steps."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--workers", "0", "--seconds", "0.05", *option])
+    assert result.exit_code == 2, result.output
+    assert option[0] in result.output and "Traceback" not in result.output and "samples/s" not in result.output
