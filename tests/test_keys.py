@@ -150,3 +150,14 @@ def test_locate_refuses_a_tile_key_the_job_cannot_make(tmp_path: Path, tiled: bo
     result = CliRunner().invoke(main, ["locate", str(job), file_id + suffix])
     assert result.exit_code == 2, result.output
     assert f"{file_id}{suffix}: no file of" in result.output
+
+
+def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
+    """Frames come from DICOM and NIfTI files, never from an image: '<png id>-f0001' is no
+    sample of the job (exit 2), while the same image's page and tile keys are located."""
+    job = _job(tmp_path, tiled=True)
+    keys = _reader_keys(job)
+    file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith("photo.png"))
+    result = CliRunner().invoke(main, ["locate", str(job), file_id + "-f0001"])
+    assert result.exit_code == 2, result.output
+    assert f"{file_id}-f0001: no file of" in result.output

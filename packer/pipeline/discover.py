@@ -26,7 +26,7 @@ from typing import Any
 
 from packer.config import MAPPING_JOB, JobConfig, SourceConfig
 from packer.errors import ConfigError
-from packer.keys import parse_key
+from packer.keys import KeyParts, parse_key
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
@@ -678,9 +678,19 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     out: dict[str, str | None] = {}
     for key in keys:
         parts = parse_key(key)
-        made = parts.tile is None or parts.file_id not in kinds or _cuts_tile(job, kinds[parts.file_id], parts.tile)
+        made = parts.file_id not in kinds or _makes_part(job, kinds[parts.file_id], parts)
         out[key] = files.get(key) or (files.get(parts.file_id) if made else None)
     return out
+
+
+def _makes_part(job: JobConfig, kind: str, parts: KeyParts) -> bool:
+    """Whether a file of ``kind`` can make the part ``parts`` names under ``job``: frames come
+    from DICOM, NIfTI and series files, pages and tiles from images only (:func:`packer.keys.make_key`)."""
+    if parts.frame is not None:
+        return kind != "image"
+    if parts.page is not None and kind != "image":
+        return False
+    return parts.tile is None or _cuts_tile(job, kind, parts.tile)
 
 
 def _cuts_tile(job: JobConfig, kind: str, tile: tuple[int, int]) -> bool:
