@@ -169,7 +169,11 @@ def demo_data(directory: Path, seed: int) -> None:
     build must report (zero-byte, truncated and text '.dcm' files, a DICOM without pixels, a
     truncated JPEG, a table row whose file is missing)."""
     from packer.demo import write_demo_tree
+    from packer.errors import ConfigError, blocking_file
 
+    blocker = blocking_file(directory)
+    if blocker is not None:
+        raise ConfigError(f"{directory}: {blocker} is a file, not a folder; choose another DIRECTORY")
     tree = write_demo_tree(directory, seed=seed)
     click.echo(f"wrote {tree.dicom_files} DICOM files, {tree.images} images and {len(tree.defects)} "
                f"planted defects under {tree.root}")

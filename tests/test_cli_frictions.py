@@ -409,3 +409,14 @@ def test_classes_that_differ_only_in_case_are_a_warning_in_validate_and_build(tm
     job.write_text(yaml.safe_dump(doc))
     code, output, report, _ = validate(job)
     assert code == 0 and not [w for w in report["warnings"] if w["code"] == "labels"], output
+
+
+def test_demo_data_under_a_file_names_the_file_instead_of_a_traceback(tmp_path: Path) -> None:
+    """DIRECTORY is made with its folders; a file standing where one must be is the user's path
+    (exit 2, naming it), not an internal error (exit 1, NotADirectoryError)."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    result = CliRunner().invoke(main, ["demo-data", str(blocker / "demo-raw")])
+    assert result.exit_code == 2, result.output
+    assert f"{blocker} is a file, not a folder" in result.output and "Traceback" not in result.output
+    assert blocker.read_text() == "x"

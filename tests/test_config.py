@@ -291,3 +291,16 @@ def test_a_job_without_modality_windows_keeps_its_identity(tmp_path: Path) -> No
     """The key appears in the identity only when set: older jobs keep their config_hash."""
     job = load_job(write_job(tmp_path, {**MINIMAL, "transform": {"dicom": {"windows": ["lung"]}}}))
     assert "modality_windows" not in job.identity()["transform"]["dicom"]
+
+
+@pytest.mark.parametrize("tile", [[40, 16], [16, 40], [40, 40]])
+def test_a_tile_larger_than_the_resized_image_is_a_config_error_before_any_work(tmp_path: Path, tile) -> None:
+    """With transform.image.size fixed, every image is resized to it, so a tile taller or wider
+    than that size fits no image: the job file's error (exit 2, naming both keys), not every
+    file decoded and then a bad sample (exit 3)."""
+    image = {"size": [32, 32], "tile": {"size": tile}}
+    with pytest.raises(ConfigError, match=r"transform\.image\.tile\.size.*transform\.image\.size"):
+        load_job(write_job(tmp_path, {**MINIMAL, "transform": {"image": image}}))
+    fits = {"size": [32, 32], "tile": {"size": [32, 16]}}
+    ok = load_job(write_job(tmp_path, {**MINIMAL, "transform": {"image": fits}}))
+    assert ok.image.tile_size == (32, 16)

@@ -136,3 +136,28 @@ def test_locate_still_refuses_a_suffixed_key_of_a_file_the_job_does_not_have(tmp
     result = CliRunner().invoke(main, ["locate", str(job), "image-0000000000000000-p00001-t00000_00032"])
     assert result.exit_code == 2
     assert "image-0000000000000000-p00001-t00000_00032: no file of" in result.output
+
+
+@pytest.mark.parametrize(("tiled", "suffix"), [(False, "-t00000_00000"), (True, "-t00016_00000"),
+                                               (True, "-t00000_00031")],
+                         ids=["untiled-job", "off-the-stride-row", "off-the-stride-col"])
+def test_locate_refuses_a_tile_key_the_job_cannot_make(tmp_path: Path, tiled: bool, suffix: str) -> None:
+    """A real file's id with a tile suffix the job's transform.image.tile never cuts (no tiles
+    at all, or a top-left pixel off the stride grid) is no sample of the job: exit 2, not the
+    file's path as if the key were real (a typo in a key from a report must not look found)."""
+    job = _job(tmp_path, tiled=tiled)
+    file_id = next(parse_key(key).file_id for key, path in _reader_keys(job).items() if path.endswith("photo.png"))
+    result = CliRunner().invoke(main, ["locate", str(job), file_id + suffix])
+    assert result.exit_code == 2, result.output
+    assert f"{file_id}{suffix}: no file of" in result.output
+
+
+def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
+    """Frames come from DICOM and NIfTI files, never from an image: '<png id>-f0001' is no
+    sample of the job (exit 2), while the same image's page and tile keys are located."""
+    job = _job(tmp_path, tiled=True)
+    keys = _reader_keys(job)
+    file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith("photo.png"))
+    result = CliRunner().invoke(main, ["locate", str(job), file_id + "-f0001"])
+    assert result.exit_code == 2, result.output
+    assert f"{file_id}-f0001: no file of" in result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -505,3 +506,63 @@ def test_a_seed_or_buffer_that_is_not_an_int_is_a_config_error_naming_it(tmp_pat
     with pytest.raises(ConfigError, match=f"{argument} must be an int"):
         ShardDataset(manifest, "train", **{argument: value})
     assert len(list(ShardDataset(manifest, "train", seed=np.int64(3)))) == 3  # numpy ints are ints
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:7" if torch.cuda.is_available() else "cuda"])
+def test_bench_loader_refuses_a_device_it_cannot_use_before_measuring(tmp_path, device, monkeypatch):
+    """--device names a torch device this machine has; any other (a typo, CUDA on a machine
+    without it, a GPU index past the last) is a usage error (exit 2) naming the option, given
+    before seconds of measuring, never a torch traceback (exit 1)."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.loader import bench
+
+    measured = []
+    monkeypatch.setattr(bench, "_raw_read", lambda *a, **k: measured.append(a) or {})
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.1", "--workers", "0",
+                                       "--device", device])
+    assert result.exit_code == 2, result.output
+    assert f"--device {device}" in result.output and "Traceback" not in result.output
+    assert not measured
+
+
+def test_bench_loader_json_path_under_a_file_is_refused_before_measuring_and_a_new_folder_is_made(
+        tmp_path, monkeypatch):
+    """--json FILE is written as validate's --json is: its folders made, and a file standing
+    where a folder must be named up front (exit 2), not a traceback after the measurements."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.loader import bench
+
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("x")
+    measured = []
+    real = bench._raw_read
+    monkeypatch.setattr(bench, "_raw_read", lambda *a, **k: measured.append(a) or real(*a, **k))
+    args = ["bench-loader", str(manifest), "--seconds", "0.05", "--workers", "0", "--json"]
+    refused = CliRunner().invoke(main, [*args, str(blocker / "bench.json")])
+    assert refused.exit_code == 2, refused.output
+    assert f"{blocker} is a file, not a folder" in refused.output and not measured
+    written = CliRunner().invoke(main, [*args, str(tmp_path / "new" / "bench.json")])
+    assert written.exit_code == 0, written.output
+    assert "loader" in json.loads((tmp_path / "new" / "bench.json").read_text())
+
+
+@pytest.mark.parametrize("option", [["--workers", ""], ["--workers", ","], ["--batch-sizes", ""],
+                                    ["--verify", ""], ["--verify", " , "], ["--seconds", "0"], ["--seconds", "-1"]])
+def test_bench_loader_refuses_an_empty_list_or_no_time_as_a_usage_error(tmp_path, option):
+    """An option that leaves nothing to measure (no worker count, batch size or verify mode, or
+    no time per measurement) is a usage error naming the option (exit 2), never a ValueError
+    traceback (exit 1) nor a table of 0 steps."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--workers", "0", "--seconds", "0.05", *option])
+    assert result.exit_code == 2, result.output
+    assert option[0] in result.output and "Traceback" not in result.output and "samples/s" not in result.output

@@ -83,6 +83,18 @@ def test_a_view_of_one_source_holds_exactly_its_samples_and_one_shape(mixed: Bui
         set(index_keys(mixed, "train", source="photos")) & set(index_keys(mixed, "train", label="circle")))
 
 
+
+def test_a_label_view_whose_samples_come_from_one_source_has_that_sources_shape(mixed: BuildResult) -> None:
+    """dataset.shape is the view's one shape by the manifest: a labels= view counts the sources
+    its samples come from (circle and square are photos' labels only), not every source."""
+    photos_only = ShardDataset(mixed.manifest_path, "train", labels=["circle", "square"])
+    assert {r["source"] for r in pq.read_table(mixed.version_dir / "_index.parquet").to_pylist()
+            if r["split"] == "train" and r["label"] in {mixed.manifest["label_map"][n] for n in ("circle", "square")}
+            } == {"photos"}
+    assert photos_only.shape == (3, 64, 64)
+    assert ShardDataset(mixed.manifest_path, "train", labels=["nodule"]).shape is None  # CT: 1 and 2 channels
+    assert ShardDataset(mixed.manifest_path, "train", labels=["normal", "circle"]).shape is None  # both sources
+
 def test_a_view_never_reads_the_samples_it_leaves_out(mixed: BuildResult, tmp_path: Path) -> None:
     """Every CT sample's image is made undecodable (same shard sizes): a photos view still reads
     cleanly with on_error="raise", while the whole split stops at the first CT sample."""

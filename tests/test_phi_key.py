@@ -236,6 +236,20 @@ def test_key_new_never_overwrites_unless_forced(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["phi.key"]  # no temporary left behind
 
 
+
+@pytest.mark.parametrize("under", ["k.key", "keys/k.key"], ids=["parent", "grandparent"])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_key_new_under_a_file_says_the_folder_is_a_file(tmp_path: Path, under: str, force: bool) -> None:
+    """A FILE whose folder (or a folder above) is a file cannot be created: exit 2 naming that
+    file, never "already exists" (nothing is there) nor a traceback (exit 1)."""
+    blocker = tmp_path / "labels.csv"
+    blocker.write_text("path,label\n")
+    result = CliRunner().invoke(main, ["key", "new", str(blocker / under), *(["--force"] if force else [])])
+    assert result.exit_code == 2, result.output
+    assert f"{blocker} is a file, not a folder" in result.output
+    assert "already exists" not in result.output and "Traceback" not in result.output
+    assert blocker.read_text() == "path,label\n"
+
 def test_key_help_teaches_how_to_use_a_key() -> None:
     group = CliRunner().invoke(main, ["key", "--help"])
     assert group.exit_code == 0

@@ -10,11 +10,15 @@ import click
 from packer.commands import exits
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(text: str, option: str) -> tuple[int, ...]:
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as err:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 0,1,2") from err
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 0,1,2",
+                                 param_hint=option) from err
+    if not values:
+        raise click.BadParameter(f"{text!r}: give at least one value, e.g. 0,1,2", param_hint=option)
+    return values
 
 
 @click.command("bench-loader")
@@ -24,7 +28,8 @@ def _ints(text: str) -> tuple[int, ...]:
               help="cpu, or cuda to also time host→device copies and data-wait vs compute.")
 @click.option("--workers", default="0,1,2", show_default=True, help="DataLoader num_workers values to try.")
 @click.option("--batch-sizes", default="32", show_default=True, help="Batch sizes to try.")
-@click.option("--seconds", type=float, default=3.0, show_default=True, help="Time budget per measurement.")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
+              help="Time budget per measurement (more than 0).")
 @click.option("--sources", metavar="NAME[,NAME]",
               help="Measure a view of these sources only (their samples found in _index.parquet, the others "
                    "never read), e.g. --sources ct.")
@@ -54,12 +59,22 @@ def bench_loader_command(manifest: Path, split: str, device: str, workers: str, 
     measured with the list collate unless --collate says otherwise, and the table says so;
     --sources measures one source's samples alone. --verify off,sample measures what the
     default per-sample check costs, in the same run."""
+    from packer.errors import ConfigError, blocking_file
+    from packer.files import atomic_output
     from packer.loader.bench import bench_loader, format_table
 
+    blocker = blocking_file(json_path.parent) if json_path is not None else None
+    if blocker is not None:  # say so now, not after the measurements
+        raise ConfigError(f"--json {json_path}: {blocker} is a file, not a folder; write the JSON elsewhere")
     names = [s.strip() for s in sources.split(",") if s.strip()] if sources else None
-    result = bench_loader(manifest, split, device=device, workers=_ints(workers), batch_sizes=_ints(batch_sizes),
+    modes = [m.strip() for m in verify.split(",") if m.strip()]
+    if not modes:
+        raise click.BadParameter(f"{verify!r}: give at least one of off, sample, shard", param_hint="--verify")
+    result = bench_loader(manifest, split, device=device, workers=_ints(workers, "--workers"),
+                          batch_sizes=_ints(batch_sizes, "--batch-sizes"),
                           seconds=seconds, sources=names, collate=collate, rounds=rounds,
-                          verify=[m.strip() for m in verify.split(",") if m.strip()])
+                          verify=modes)
     click.echo(format_table(result))
     if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        with atomic_output(json_path, elsewhere="write the file elsewhere (another --json FILE)") as fh:
+            fh.write(json.dumps(result, indent=2, sort_keys=True).encode() + b"\n")

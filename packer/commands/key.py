@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from packer.commands import exits
-from packer.errors import ConfigError, refused_write
+from packer.errors import ConfigError, blocking_file, refused_write
 
 #: Random bytes in a new key (written as twice as many hex characters).
 KEY_BYTES = 32
@@ -93,6 +93,10 @@ def _write_key(path: Path, data: bytes, *, force: bool) -> None:
     """
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; name the key file to create, e.g. {path / 'phi.key'}")
+    blocker = blocking_file(path.parent)
+    if blocker is not None:  # mkdir would fail with "File exists" or "Not a directory"
+        raise ConfigError(f"{blocker} is a file, not a folder, so {path} cannot be created under it; choose "
+                          "another FILE")
     if path.exists() and not force:
         raise ConfigError(f"{path} already exists; packer key new never overwrites a key, because datasets built "
                           "with it need it to be rebuilt identically. Choose another FILE, or pass --force to "

@@ -445,7 +445,7 @@ class ShardDataset(PlannedDataset):
         #: Samples in this view of the split (the whole split without ``sources``/``labels``).
         self.samples = int(self._offsets[-1])
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
-        self.shape = self.info.shape_of(self.view.sources if self.view is not None else None)
+        self.shape = self.info.shape_of(self.view.present if self.view is not None else None)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout, records=records)

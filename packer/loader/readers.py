@@ -256,6 +256,8 @@ class View:
     sources: tuple[str, ...] | None
     labels: tuple[str, ...] | None
     positions: tuple[np.ndarray, ...]
+    #: The sources the chosen samples come from (a labels= view may hold fewer than the dataset)
+    present: tuple[str, ...] | None = None
 
     @property
     def samples(self) -> int:
@@ -456,7 +458,8 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
             values = values.flatten()
         keep &= info.target.holding(np.asarray(values.to_numpy(zero_copy_only=False)), label_ids)
     positions = [np.flatnonzero(keep[lo:hi]).astype(np.int64) for lo, hi in bounds]
-    return View(sources=wanted_sources, labels=label_names, positions=tuple(positions))
+    present = tuple(sorted(set(table["source"].filter(pa.array(keep)).to_pylist())))
+    return View(sources=wanted_sources, labels=label_names, positions=tuple(positions), present=present)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 from packer.config import MAPPING_JOB, JobConfig, SourceConfig
 from packer.errors import ConfigError
-from packer.keys import parse_key
+from packer.keys import KeyParts, parse_key
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
@@ -670,11 +670,38 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     and a volume's (its first file's id) name their file. Nothing is decoded."""
     found = discover(job, phi, storage_options=storage_options)
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
+    kinds = dict(zip(found.refs.column("sample_id"), found.refs.column("kind"), strict=True))
     for issue in found.issues:  # files refused while listing (outside the root, no label) are files too
         files.setdefault(issue.sample_id, issue.path)
     for left_out in found.excluded:  # and so are files left out on purpose (filtered, not in the table)
         files.setdefault(left_out.sample_id, left_out.path)
     out: dict[str, str | None] = {}
     for key in keys:
-        out[key] = files.get(key) or files.get(parse_key(key).file_id)
+        parts = parse_key(key)
+        made = parts.file_id not in kinds or _makes_part(job, kinds[parts.file_id], parts)
+        out[key] = files.get(key) or (files.get(parts.file_id) if made else None)
     return out
+
+
+def _makes_part(job: JobConfig, kind: str, parts: KeyParts) -> bool:
+    """Whether a file of ``kind`` can make the part ``parts`` names under ``job``: frames come
+    from DICOM, NIfTI and series files, pages and tiles from images only (:func:`packer.keys.make_key`)."""
+    if parts.frame is not None:
+        return kind != "image"
+    if parts.page is not None and kind != "image":
+        return False
+    return parts.tile is None or _cuts_tile(job, kind, parts.tile)
+
+
+def _cuts_tile(job: JobConfig, kind: str, tile: tuple[int, int]) -> bool:
+    """Whether a file of ``kind`` can make a tile at top-left pixel ``tile`` under ``job``:
+    only image sources are tiled, only with ``transform.image.tile``, only on its stride grid
+    and, with a ``size``, only inside it (without one the file's size is not known undecoded)."""
+    if kind != "image" or job.image.tile_size is None:
+        return False
+    (height, width), (step_r, step_c) = job.image.tile_size, job.image.tile_stride or job.image.tile_size
+    row, col = tile
+    if row % step_r or col % step_c:
+        return False
+    size = job.image.size
+    return size is None or (row + height <= size[0] and col + width <= size[1])

@@ -20,6 +20,7 @@ from packer.config import (
     job_default,
     parse_size,
 )
+from packer.errors import ConfigError
 from packer.read.kinds import Probed, RangedFile, SourceKind, register
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
@@ -53,6 +54,12 @@ class ImageKind(SourceKind):
 
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         cfg = job.image
+        if sources and cfg.size is not None and cfg.tile_size is not None and (
+                cfg.tile_size[0] > cfg.size[0] or cfg.tile_size[1] > cfg.size[1]):
+            raise ConfigError(f"transform.image.tile.size {list(cfg.tile_size)} is larger than transform.image.size "
+                              f"{list(cfg.size)}, which every image of source(s) {', '.join(s.name for s in sources)} "
+                              "is resized to: no full tile fits any image. Fix: a tile.size within the size, or a "
+                              "larger size")
         if not sources or cfg.channels is None:
             return
         natural = 1 if cfg.color == "gray" else 3
