@@ -684,24 +684,11 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
 
 
 def _makes_part(job: JobConfig, kind: str, parts: KeyParts) -> bool:
-    """Whether a file of ``kind`` can make the part ``parts`` names under ``job``: frames come
-    from DICOM, NIfTI and series files, pages and tiles from images only (:func:`packer.keys.make_key`)."""
-    if parts.frame is not None:
-        return kind != "image"
-    if parts.page is not None and kind != "image":
+    """Whether a file of ``kind`` can make the part ``parts`` names under ``job``: its kind's
+    :attr:`~packer.read.kinds.SourceKind.key_parts` (frames from DICOM and NIfTI files, pages and
+    tiles from images: :func:`packer.keys.make_key`), a tile only where the job cuts it."""
+    maker = source_kind(kind)
+    if (parts.frame is not None and "frame" not in maker.key_parts) or (
+            parts.page is not None and "page" not in maker.key_parts):
         return False
-    return parts.tile is None or _cuts_tile(job, kind, parts.tile)
-
-
-def _cuts_tile(job: JobConfig, kind: str, tile: tuple[int, int]) -> bool:
-    """Whether a file of ``kind`` can make a tile at top-left pixel ``tile`` under ``job``:
-    only image sources are tiled, only with ``transform.image.tile``, only on its stride grid
-    and, with a ``size``, only inside it (without one the file's size is not known undecoded)."""
-    if kind != "image" or job.image.tile_size is None:
-        return False
-    (height, width), (step_r, step_c) = job.image.tile_size, job.image.tile_stride or job.image.tile_size
-    row, col = tile
-    if row % step_r or col % step_c:
-        return False
-    size = job.image.size
-    return size is None or (row + height <= size[0] and col + width <= size[1])
+    return parts.tile is None or ("tile" in maker.key_parts and maker.makes_tile(job, parts.tile))

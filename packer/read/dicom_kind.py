@@ -60,6 +60,7 @@ _GREY = ("", "MONOCHROME1", "MONOCHROME2")
 
 class DicomKind(SourceKind):
     name = "dicom"
+    key_parts = frozenset({"frame"})
     table_key = "labels"
     table_columns = "path,label"
     identity_in_header = True

@@ -32,6 +32,19 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 
 class ImageKind(SourceKind):
     name = "image"
+    key_parts = frozenset({"page", "tile"})
+
+    def makes_tile(self, job: JobConfig, tile: tuple[int, int]) -> bool:
+        """Only with ``transform.image.tile``, only on its stride grid and, with a ``size``, only
+        inside it (without one the file's size is not known undecoded)."""
+        if job.image.tile_size is None:
+            return False
+        (height, width), (step_r, step_c) = job.image.tile_size, job.image.tile_stride or job.image.tile_size
+        row, col = tile
+        if row % step_r or col % step_c:
+            return False
+        size = job.image.size
+        return size is None or (row + height <= size[0] and col + width <= size[1])
     always_recorded = True
     looked_for = f"files named *{', *'.join(IMAGE_SUFFIXES)}"
 

@@ -127,6 +127,14 @@ class SourceKind:
     #: The libraries whose versions shape this kind's samples beyond packer's own (recorded in the
     #: manifest and the cache key of a job that uses the kind: ``nibabel`` for NIfTI)
     libraries: ClassVar[tuple[str, ...]] = ()
+    #: The parts a sample key of this kind's files may carry after the file id
+    #: (:func:`packer.keys.make_key`): ``frame`` (a frame or slice of a file), ``page``, ``tile``
+    key_parts: ClassVar[frozenset[str]] = frozenset()
+
+    def makes_tile(self, job: JobConfig, tile: tuple[int, int]) -> bool:
+        """Whether a file of this kind can make the tile whose top-left pixel is ``tile``
+        under ``job`` (``packer locate`` refuses keys no reader makes). None are tiled here."""
+        return False
 
     # -- listing (client) -------------------------------------------------------------------
     def lists(self, suffix: str) -> bool | None:

@@ -109,6 +109,7 @@ class NiftiTransformConfig:
 
 class NiftiKind(SourceKind):
     name = "nifti"
+    key_parts = frozenset({"frame"})
     libraries = ("nibabel",)
     source_keys = ("channel_files",)
     volume_masks = True
