@@ -368,16 +368,11 @@ def _dot(vectors: np.ndarray, axis: np.ndarray) -> np.ndarray:
     return vectors[:, 0] * axis[:, 0] + vectors[:, 1] * axis[:, 1] + vectors[:, 2] * axis[:, 2]
 
 
-def contour_pixels(points: np.ndarray, place: SlicePlace) -> np.ndarray:
-    """Patient points (N×3 mm) as N×2 float64 (row, column) pixel coordinates on ``place``:
-    ``c = (P − o)·X / Δcol``, ``r = (P − o)·Y / Δrow``; pixel (r, c) has its centre at integer (r, c).
-    The component along the slice normal is dropped (the caller checked it is within tolerance)."""
-    grid = _Grid.of([place], "")
-    return _pixels(np.asarray(points, dtype=np.float64), grid, np.zeros(len(points), dtype=np.int64))
-
-
 def _pixels(points: np.ndarray, grid: _Grid, at: np.ndarray) -> np.ndarray:
-    """:func:`contour_pixels` of each point on the slice ``at`` names (one slice index per point)."""
+    """Patient points (N×3 mm) as N×2 float64 (row, column) pixel coordinates, each on the slice
+    ``at`` names (one slice index per point): ``c = (P − o)·X / Δcol``, ``r = (P − o)·Y / Δrow``;
+    pixel (r, c) has its centre at integer (r, c). The component along the slice normal is
+    dropped (the caller checked it is within tolerance)."""
     offset = points - grid.positions[at]
     return np.stack([_dot(offset, grid.columns_axis[at]) / grid.spacing[at, 0],
                      _dot(offset, grid.rows_axis[at]) / grid.spacing[at, 1]], axis=1)
