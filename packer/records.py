@@ -227,6 +227,10 @@ class SpilledSample:
     #: content key (:mod:`packer.pipeline.reuse`) needs no spill read; ``""`` in a cache entry
     #: written before it existed (its shards are then written, never reused)
     meta_sha256: str = ""
+    #: xxh3-64 of the pixel bytes as spilled (:func:`packer.pipeline.spill.pixels_check`): what a
+    #: later build's reuse checks the bytes against where they are now, instead of hashing them
+    #: with sha256 again; 0 in a cache entry written before it was recorded (sha256 is checked then)
+    pixels_xxh3: int = 0
 
     @property
     def nbytes(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -417,3 +418,43 @@ def test_freeing_packed_samples_never_touches_a_sample_not_yet_packed(tmp_path: 
                 end = sample.offset + sample.pixel_bytes + sample.meta_bytes
                 assert now[sample.offset:end] == original[sample.offset:end], sample.key
     puncher.close()
+
+
+def write_entry(cache: Path, key: str, images: list[np.ndarray]) -> None:
+    """A cache entry of ``images`` (one sample each) as the pixel pass writes it."""
+    with SpillWriter(cache, key, sig_dir=None, fmt="webdataset") as spill:
+        for n, image in enumerate(images):
+            pixels = image.tobytes()
+            ref = SampleRef(sample_id=f"f{n}", source="s", kind="image", path=f"/raw/{n}.png", relpath=f"{n}.png",
+                            label="a", entity=f"e{n}")
+            spill.add(key=f"k{n}", ref=ref, pixels=pixels, meta=b'{"n":%d}' % n, shape=image.shape,
+                      dtype=image.dtype.name, signature=None,
+                      digest=pixels_digest(pixels, shape=image.shape, dtype=image.dtype.name, fmt="webdataset"))
+    spill.finish(files=len(images), issues=())
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["xxh3 recorded", "entry from before xxh3"])
+@pytest.mark.parametrize("where", [0, 1, 4095, 4096 * 3 - 1])
+def test_a_reused_entry_checks_each_samples_pixels_and_any_changed_byte_refuses_it(
+        tmp_path: Path, recorded: bool, where: int) -> None:
+    """The pixels are checked against the xxh3 recorded with their sha256 (a sha256 over every byte
+    read back costs a rebuild seconds per GB); an entry written before it was recorded is
+    checked against the sha256 as before. Either way one changed byte anywhere refuses the entry."""
+    rng = np.random.default_rng(where)
+    images = [rng.integers(0, 255, (3, 32, 64), dtype=np.uint8) for _ in range(2)]
+    write_entry(tmp_path, "chunk", images)
+    records = tmp_path / "chunk.json"
+    data = json.loads(records.read_text())
+    assert [s["pixels_xxh3"] for s in data["samples"]] == [xxhash.xxh3_64_intdigest(i.tobytes()) for i in images]
+    if not recorded:
+        for sample in data["samples"]:
+            del sample["pixels_xxh3"]
+        records.write_text(canonical_json(data).decode())
+    entry = load_cached_chunk(tmp_path, "chunk", "webdataset")
+    assert entry is not None and [s.sha256 for s in entry.samples] == [s["sha256"] for s in data["samples"]]
+    spill = tmp_path / "chunk.spill"
+    raw = bytearray(spill.read_bytes())
+    offset = data["samples"][1]["offset"] + where % data["samples"][1]["pixel_bytes"]
+    raw[offset] ^= 0x01
+    spill.write_bytes(bytes(raw))
+    assert load_cached_chunk(tmp_path, "chunk", "webdataset") is None

@@ -316,7 +316,8 @@ class SampleTable(_Columns[SpilledSample]):
     TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256", "meta_sha256")
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
-    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q"}
+    NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",
+               "pixels_xxh3": "Q"}
 
     @staticmethod
     def _field(record: SpilledSample, name: str) -> Any:
