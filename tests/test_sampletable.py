@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import pickle
 import types
@@ -11,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.files import canonical_json
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder, as_table
+from packer.pipeline.spill import _sample_json
 from packer.records import SampleRef, SpilledSample
 
 text = st.text(min_size=0, max_size=12)
@@ -142,3 +145,11 @@ def test_a_few_rows_taken_from_many_distinct_values_read_back_as_they_were() -> 
     assert taken.column("entity") == [f"e{i}" for i in rows]
     assert taken.column("extra") == [(("site", f"S{i % 500}"),) for i in rows]
     assert taken.take([]).column("entity") == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples)
+def test_a_cache_entry_records_a_sample_as_dataclasses_asdict_does(record: SpilledSample) -> None:
+    """The records file's form of a sample (written for every chunk a build touches) is asdict's."""
+    assert _sample_json(record) == dataclasses.asdict(record)
+    assert canonical_json(_sample_json(record)) == canonical_json(dataclasses.asdict(record))

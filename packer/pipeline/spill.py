@@ -36,7 +36,7 @@ import os
 import tarfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -400,20 +400,18 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
 
     def read(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes]:
         """The pixel bytes, metadata and mask (``.npy`` bytes; empty without one) of ``sample``."""
+        if sample.spill.endswith(PACKED_SUFFIX):  # the record's metadata as parsed, not spelled out and parsed again
+            pixels, metadata, mask, where = self._packed(sample)
+            _sized(sample, where, pixels, None, mask)
+            return pixels, metadata, mask
         pixels, meta, mask = self.read_bytes(sample)
-        metadata: dict[str, Any] = json.loads(meta)
-        return pixels, metadata, mask
+        return pixels, json.loads(meta), mask
 
     def read_bytes(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes]:
         """Pixel bytes, metadata JSON bytes and mask bytes of ``sample``, as spilled."""
         if sample.spill.endswith(PACKED_SUFFIX):
-            try:
-                pixels, meta, mask, where = self._read_packed(sample)
-            except (KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
-                raise OSError(f"{self.cache_dir / pointer_of(sample.spill)}: sample {sample.key} could not be read "
-                              "back from the version folder the build cache points to "
-                              f"({type(err).__name__}: {err}); was it changed or deleted during the build? Run the "
-                              "build again: it decodes those files anew") from err
+            pixels, metadata, mask, where = self._packed(sample)
+            meta = canonical_json(metadata)
         else:
             where = self.cache_dir / sample.spill
             fh = self._open(str(where))
@@ -423,9 +421,7 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             if meta and not meta.strip(b"\0"):  # JSON text never holds a NUL: a punched range reads as zeros
                 raise SpillFreed(f"{where}: sample {sample.key}'s spilled bytes were already freed by an earlier "
                                  "attempt at writing its shard")
-        if len(pixels) != sample.pixel_bytes or len(meta) != sample.meta_bytes or len(mask) != sample.mask_bytes:
-            raise OSError(f"{where}: sample {sample.key} is not what the build cache's records say; delete the "
-                          "build cache folder and rebuild")
+        _sized(sample, where, pixels, meta, mask)
         return pixels, meta, mask
 
     def _open(self, path: str) -> io.BufferedReader:
@@ -434,7 +430,19 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             fh = self._files[path] = open(path, "rb")  # noqa: SIM115 - closed by close()
         return fh
 
-    def _read_packed(self, sample: SpilledSample) -> tuple[bytes, bytes, bytes, Path]:
+    def _packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
+        """:meth:`_read_packed`, its failures said as an OSError naming the pointer and the fix."""
+        try:
+            return self._read_packed(sample)
+        except (KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
+            raise OSError(f"{self.cache_dir / pointer_of(sample.spill)}: sample {sample.key} could not be read "
+                          "back from the version folder the build cache points to "
+                          f"({type(err).__name__}: {err}); was it changed or deleted during the build? Run the "
+                          "build again: it decodes those files anew") from err
+
+    def _read_packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
+        """The pixel bytes, the record's metadata and the mask's ``.npy`` bytes of a sample
+        read back from the published shard its pointer names, and that shard's path."""
         name = pointer_of(sample.spill)
         pointer = self._pointers.get(name)
         if pointer is None:
@@ -456,8 +464,8 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             if sample.mask_bytes:
                 shape, dtype = table["mask_shape"][position].as_py(), table["mask_dtype"][position].as_py()
                 mask = npy_header(tuple(shape), np.dtype(dtype).str) + table["mask"][position].as_py()
-            return pixels, canonical_json(info["metadata"]), mask, path
-        return (*tar_sample_as_spilled(self._open(str(path)), path, position, sample.key), path)
+            return pixels, info["metadata"], mask, path
+        return (*tar_sample_parts(self._open(str(path)), path, position, sample.key), path)
 
     def close(self) -> None:
         for handle in self._files.values():
@@ -469,18 +477,35 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
         self.close()
 
 
+def _sized(sample: SpilledSample, where: Path, pixels: bytes, meta: bytes | None, mask: bytes) -> None:
+    """Raise OSError naming ``where`` and the fix unless the bytes read back for ``sample`` have
+    the sizes its records say (``meta`` None: not compared)."""
+    if (len(pixels) != sample.pixel_bytes or len(mask) != sample.mask_bytes
+            or (meta is not None and len(meta) != sample.meta_bytes)):
+        raise OSError(f"{where}: sample {sample.key} is not what the build cache's records say; delete the "
+                      "build cache folder and rebuild")
+
+
 def tar_sample_as_spilled(fh: io.BufferedReader, path: Path, position: int, key: str) -> tuple[bytes, bytes, bytes]:
     """Sample ``key`` of the tar shard ``path`` (open as ``fh``; its first header at
     ``position``) as the spill held it: the pixel bytes (the ``.npy`` member's data), the
     metadata in canonical JSON (the record's ``metadata``) and the mask's ``.npy`` bytes. Raises
     KeyError, ValueError or ``tarfile.TarError`` where the shard does not hold it whole."""
+    pixels, metadata, mask = tar_sample_parts(fh, path, position, key)
+    return pixels, canonical_json(metadata), mask
+
+
+def tar_sample_parts(fh: io.BufferedReader, path: Path, position: int, key: str) -> tuple[bytes, dict[str, Any], bytes]:
+    """:func:`tar_sample_as_spilled` with the metadata as parsed from the record: the pixels
+    copied once out of the member read."""
     members = read_sample_at(fh, position, key)
     npy = members["npy"]
     layout = npy_layout(bytes(npy[:NPY_HEAD]))
     if layout is None:
         raise ValueError(f"{path}: sample {key}'s .npy member is not in packer's own form")
     info = json.loads(bytes(members["json"]))
-    return bytes(npy[layout[2]:]), canonical_json(info["metadata"]), bytes(members.get("mask.npy", b""))
+    metadata: dict[str, Any] = info["metadata"]
+    return bytes(memoryview(npy)[layout[2]:]), metadata, bytes(members.get("mask.npy", b""))
 
 
 class SpillPuncher:
@@ -634,6 +659,17 @@ class KnownDigest:
         return self.hex
 
 
+_SAMPLE_FIELDS = tuple(f.name for f in fields(SpilledSample) if f.name != "ref")
+
+
+def _sample_json(sample: SpilledSample) -> dict[str, Any]:
+    """``dataclasses.asdict(sample)`` (its fields and its ref's are flat: nothing to copy deeply),
+    at a fraction of the cost: an entry's records are written for every chunk a build touches."""
+    out = {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
+    out["ref"] = {name: getattr(sample.ref, name) for name in REF_FIELDS}
+    return out
+
+
 class SpillWriter:
     """Writes one chunk's cache entry: samples into the spill as they come, then the records.
 
@@ -718,7 +754,7 @@ class SpillWriter:
                 (self.cache_dir / self.spill_name).unlink(missing_ok=True)
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
-                      "samples": [asdict(s) for s in self.samples], "issues": [i.to_json() for i in issues],
+                      "samples": [_sample_json(s) for s in self.samples], "issues": [i.to_json() for i in issues],
                       "units": [[unit, list(ids), *([move] if move else [])] for unit, ids, move in units]}
             if notes:
                 record["notes"] = [list(note) for note in notes]
