@@ -167,3 +167,26 @@ def test_the_exact_search_answers_the_same_in_any_block_and_ties_go_to_the_lower
     assert (score[:, :-1] >= score[:, 1:]).all()
     tied = score[:, :-1] == score[:, 1:]
     assert tied.any() and (index[:, :-1][tied] < index[:, 1:][tied]).all()  # repeats: equal scores
+
+
+def test_a_new_sample_that_ranks_in_no_old_list_leaves_those_lists_as_they_were_without_ranking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An old list that no new sample can enter (every new cosine surely below its last kept
+    entry) is taken as it is: no ranking against the new samples, and still the full search's answer."""
+    from packer.pipeline import neighborcache
+
+    rng = np.random.default_rng(5)
+    centres = rng.normal(0, 1, (3, EMBED_DIM))
+    n = 300
+    keys = [f"s{i:06d}" for i in range(n)]
+    entities: list[str | None] = [f"e{i // 4}" for i in range(n)]
+    emb = _unit(rng, n, centres)
+    _search(tmp_path, keys, entities, emb, 8)
+    far = -centres.sum(axis=0)  # opposite every centre: below every kept entry of every list
+    new = np.repeat((far / np.linalg.norm(far))[None, None, :], len(QUERY_ZOOMS), axis=1).astype(np.float16)
+    ranked: list[int] = []
+    real = neighborcache._merged_in_full
+    monkeypatch.setattr(neighborcache, "_merged_in_full",
+                        lambda old_index, *rest: ranked.append(len(old_index)) or real(old_index, *rest))
+    assert _search(tmp_path, [*keys, "s999999"], [*entities, "new"], np.concatenate([emb, new]), 8) == n
+    assert ranked == []
