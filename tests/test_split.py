@@ -252,7 +252,19 @@ def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_wa
     split = assignment.split
     assert (split["s-000001"], split["s-000002"], split["s-000003"]) == ("test", "test", "valid")
     (warning,) = assignment.warnings
-    assert "1 of its entities name no sample, e.g. 'P99'" in warning
+    # the raw id stays out of the warning (printed, and in packer validate --json): the row names it
+    assert "1 of its entities name no sample, e.g. the one at row 5;" in warning and "P99" not in warning
+    pins.write_text("entity,split\nP1,test\nP99,test\n")
+    kept = assign_splits([sample(i, f"P{i}") for i in range(50)], replace(BY_ENTITY, pinned=pins))
+    assert "e.g. the one at row 3: 'P99';" in kept.warnings[0]  # phi: keep writes raw ids anyway
+
+
+def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nMRN0042,test\nP2,valid\nMRN0042,train\n")
+    with pytest.raises(ConfigError, match="row 4: its entity is pinned at row 2 too, to another split") as err:
+        assign_splits([sample(i, f"P{i}") for i in range(5)], replace(BY_ENTITY, pinned=pins))
+    assert "MRN0042" not in str(err.value)
 
 
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:

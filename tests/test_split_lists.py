@@ -333,6 +333,28 @@ def test_an_official_split_that_leaks_an_exact_copy_under_another_patient_is_rep
 # the lists themselves: missing files, the wrong match, one file in two lists
 
 
+def test_under_pseudonymization_a_listed_raw_id_stays_out_of_messages(tmp_path: Path) -> None:
+    """split.match: entity lists raw patient ids; under PHI a message names the list and line of
+    an item (the user holds the list), never the raw id, which would reach CI logs and the JSON."""
+    files = {f"{p}/{k}.png": (p, 10 * i + k) for i, p in enumerate(["MRN001", "MRN002", "MRN003"]) for k in range(2)}
+    write_tree(tmp_path, files)
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("MRN001\nMRN002\nMRN0077-GHOST\n")
+    (tmp_path / "test.txt").write_text("MRN003\n")
+    split = {"by": "list", "match": "entity", "lists": {"train": "train.txt", "test": "test.txt"}}
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == 0, output
+    assert "1 of its 3 items name no sample (by entity), e.g. line 3 (a file" in output
+    (tmp_path / "test.txt").write_text("MRN003\nMRN002\n")
+    code, _, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == ConfigError.exit_code
+    assert ("an entity is listed in two splits: split.lists.train (train.txt) line 2 and split.lists.test "
+            "(test.txt) line 2") in " ".join(output.split())
+    assert not any(raw in output + json.dumps(report) for raw in ("MRN00", "GHOST"))
+
+
 def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_closest_name(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = {f"img/{i:03d}.png": (f"P{i}", i) for i in range(6)}

@@ -107,10 +107,12 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
             if (cell := (row.get(entry.column) or "").strip())]
 
 
-def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str]) -> dict[str, list[tuple[str, int, str]]]:
+def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
+                hidden: bool = False) -> dict[str, list[tuple[str, int, str]]]:
     """Every listed name (in :func:`name_of`'s form; entities through ``entity_name``) with the
     (split, line, item as written) of each list line naming it. ConfigError when two lists name
-    one item, naming both lists and lines, or when a list names nothing."""
+    one item, naming both lists and lines (``hidden``: not the item, a raw entity id under
+    PHI), or when a list names nothing."""
     items: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
     for entry in cfg.lists:
         lines = read_split_list(entry)
@@ -124,7 +126,8 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str]) -> dict[str
             other = next((s for s in seen if s[0] != entry.split), None)
             if other is not None:
                 first = next(e for e in cfg.lists if e.split == other[0])
-                raise ConfigError(f"{text!r} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
+                item = "an entity" if hidden else repr(text)
+                raise ConfigError(f"{item} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
                                   f"{other[1]} and split.lists.{entry.split} ({entry.spec}) line {number}; a sample "
                                   "goes to one split: remove one of the lines")
             seen.append((entry.split, number, text))
@@ -145,7 +148,9 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
     See the module docstring for what is refused."""
-    items = _read_items(cfg, pseudonym or (lambda raw: raw))
+    # a listed raw entity id under PHI is named by its list and line only, like a pinned one
+    pseudonyms = cfg.match == "entity" and pseudonym is not None
+    items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=pseudonyms)
     relpaths, entities = table.column("relpath"), table.column("entity")
 
     def names_by_match(match: str) -> set[str]:
@@ -155,18 +160,17 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     split = [items[n][0][0] if n in items else None for n in names]
     present = set(names)
     warnings: list[str] = []
-    # a pseudonym close to another says nothing to the user who wrote the raw id
-    pseudonyms = cfg.match == "entity" and pseudonym is not None
     for entry in cfg.lists:
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
         missing = sorted((line, text, name) for line, text, name in listed if name not in present)
         if not missing:
             continue
         line, text, name = missing[0]
+        # a pseudonym close to another says nothing to the user who wrote the raw id
         close = [] if pseudonyms else difflib.get_close_matches(name, present, n=1)
         nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
         said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
-                f"sample (by {cfg.match}), e.g. line {line}: {text!r}{nearest}")
+                f"sample (by {cfg.match}), e.g. line {line}{'' if pseudonyms else f': {text!r}'}{nearest}")
         if len(missing) == len(listed):
             raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
         warnings.append(said + " (a file that is missing, or was a bad sample, is not packed)")
