@@ -206,3 +206,29 @@ def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: P
     assert result.exit_code == 0, result.output
     said = "packer: warning: phi.key_file names phi.key, but phi.mode is keep" in result.output
     assert said is warned, result.output
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
+def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(tmp_path: Path, mode: str,
+                                                                              shown: bool) -> None:
+    """Every file its own entity while folders look like patient ids (patient0042/...): the
+    warning says where the id is; under PHI it does not quote the folder, a raw id."""
+    from packer.config import load_job
+    from packer.phi import Pseudonymizer
+    from packer.pipeline.discover import discover
+
+    raw = tmp_path / "raw"
+    for i in range(4):
+        path = raw / f"patient00{42 + i % 2}" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
+    doc = {"name": "own", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    (warning,) = discover(load_job(job), phi).warnings
+    assert "leakage protection is off" in warning and "entity: {component: 0}" in warning
+    assert ("patient0042" in warning) is shown
