@@ -355,6 +355,29 @@ def test_under_pseudonymization_a_listed_raw_id_stays_out_of_messages(tmp_path: 
     assert not any(raw in output + json.dumps(report) for raw in ("MRN00", "GHOST"))
 
 
+@pytest.mark.parametrize("by", ["list", "column"])
+def test_under_pseudonymization_a_file_in_no_split_is_named_by_key_in_the_warning(tmp_path: Path, by: str) -> None:
+    """The warning for files a given split leaves out is printed (and kept in validate --json):
+    under PHI it names the sample key, which packer locate maps to the file, not the raw path,
+    whose folders carry the patient's name."""
+    files = {f"Doe^John_MRN00{i}/{k}.png": (f"P{i}", 10 * i + k) for i in range(3) for k in range(2)}
+    cells = {rel: ("train", "test", "")[int(entity[1:])] for rel, (entity, _) in files.items()}
+    write_tree(tmp_path, files, columns={"split": cells})
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("".join(f"{rel}\n" for rel, s in cells.items() if s == "train"))
+    (tmp_path / "test.txt").write_text("".join(f"{rel}\n" for rel, s in cells.items() if s == "test"))
+    split = ({"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}} if by == "list" else
+             {"by": "column", "column": "split"})
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code in (0, 3), output
+    (warning,) = [w["message"] for w in report["warnings"] if "not_in_split" in w["message"]]
+    assert f"e.g. sample {SOURCE}-" in warning and "packer locate" in warning
+    assert "Doe" not in json.dumps(report["warnings"])
+    assert not [line for line in output.splitlines() if "warning" in line and "Doe" in line]
+
+
 def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_closest_name(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = {f"img/{i:03d}.png": (f"P{i}", i) for i in range(6)}

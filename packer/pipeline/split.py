@@ -462,7 +462,8 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
     ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue."""
-    given = split_from_lists(table, cfg, pseudonym) if cfg.by == "list" else split_from_column(table, cfg)
+    given = (split_from_lists(table, cfg, pseudonym) if cfg.by == "list"
+             else split_from_column(table, cfg, hide_paths=pseudonym is not None))
     unlisted = given.unlisted
     if leave_out:
         left_files = {table[row].ref.sample_id for row in leave_out}

@@ -179,16 +179,17 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "
         f"{', '.join(f'{e.split} {e.spec}' for e in cfg.lists)}); add it to a list, or leave the file out"))
     if unlisted:
-        warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. {unlisted[0].path}: each is a "
-                        "not_in_split bad sample")
+        warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. "
+                        f"{_example(unlisted[0], pseudonym is not None)}: each is a not_in_split bad sample")
     return GivenSplit(split=split, unlisted=unlisted, warnings=tuple(warnings))
 
 
-def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
+def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = False) -> GivenSplit:
     """``by: column``: each sample's split from the ``cfg.column`` cell of its table row, renamed
-    by ``cfg.value_map``. An empty cell is a ``not_in_split`` bad sample; a value that is no
-    split (after the map) is a ConfigError listing every such value with a count, an example
-    file and the closest split; a source whose rows lack the column is a ConfigError."""
+    by ``cfg.value_map``. An empty cell is a ``not_in_split`` bad sample (``hide_paths``, under
+    PHI: the warning names one by sample key); a value that is no split (after the map) is a
+    ConfigError listing every such value with a count, an example file and the closest split; a
+    source whose rows lack the column is a ConfigError."""
     column = cfg.column or ""
     mapping = dict(cfg.value_map)
     split: list[str | None] = []
@@ -223,9 +224,15 @@ def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
                           f"{'; '.join(parts)}; rename them with split.map, e.g. map: {{{fix}}}")
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: its table row's {column!r} cell is empty; give its split ({', '.join(SPLITS)})"))
-    warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {unlisted[0].path}: each is a "
-                "not_in_split bad sample",) if unlisted else ()
+    warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {_example(unlisted[0], hide_paths)}: "
+                "each is a not_in_split bad sample",) if unlisted else ()
     return GivenSplit(split=split, unlisted=unlisted, warnings=warnings)
+
+
+def _example(issue: Issue, hide_paths: bool) -> str:
+    """A bad sample as a printed warning names it: its raw path, or under PHI (whose folders may
+    carry a patient's name) its sample key, which ``packer locate`` maps to the file."""
+    return f"sample {issue.sample_id} (packer locate JOB KEY prints its file)" if hide_paths else issue.path
 
 
 def _unlisted(table: SampleTable, split: Sequence[str | None], say: Callable[..., str]) -> tuple[Issue, ...]:
