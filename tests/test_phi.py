@@ -232,3 +232,21 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     (warning,) = discover(load_job(job), phi).warnings
     assert "leakage protection is off" in warning and "entity: {component: 0}" in warning
     assert ("patient0042" in warning) is shown
+
+
+def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
+    """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
+    sample key (packer locate maps them back), as the report does; --json keeps their paths."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", None)))
+    report = tmp_path / "v.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "--json", str(report)],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    (bad,) = json.loads(report.read_text())["bad_samples"]["records"]
+    assert PHI["accession"] in bad["path"]  # the local JSON keeps the path
+    assert f"not_dicom              {bad['sample_id']}" in result.output
+    assert "packer locate" in result.output
+    assert phi_hits({"<validate output>": result.output}) == []
