@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from dataclasses import replace
@@ -176,6 +177,15 @@ def test_time_split_puts_whole_entity_where_it_first_appears() -> None:
     assert assignment.split == {"s-000000": "train", "s-000001": "train", "s-000002": "valid", "s-000003": "test"}
     report = audit_assignment(samples, assignment, TIME)
     assert report.rule("time_order").count == 2  # A's 2024-08 record sits in train after both cutoffs
+    # each finding names the train records that do (by key and entity, as every finding; no date
+    # under PHI), so the user can see whose later studies are in train, and how to drop them
+    for finding in report.rule("time_order").findings:
+        assert finding["train_samples_after"] == 1
+        assert [(s["key"], s["entity_id"]) for s in finding["train_samples"]] == [("s-000001", "A")]
+        assert "drop_straddlers" in finding["fix"]
+    hidden = audit_assignment(samples, assignment, TIME, show_paths=False, show_dates=False)
+    assert all("2024" not in json.dumps(f) for f in hidden.rule("time_order").findings)
+    assert hidden.rule("time_order").findings[0]["train_samples"][0]["key"] == "s-000001"
 
 
 def test_drop_straddlers_reports_the_dropped_records() -> None:

@@ -312,9 +312,19 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
     findings = []
     if cfg.by == "time" and "train" in ranges:
         train_max = ranges["train"][1]
+        train = [i for i, (split, time) in enumerate(zip(samples.split, samples.time, strict=True))
+                 if split == "train" and time is not None]
         for later in ("valid", "test"):
             if later in ranges and ranges[later][0] <= train_max:
-                finding: dict[str, Any] = {"split": later}
+                # the train records from the later split's period on: an entity's later studies,
+                # kept in train by entity_policy: first_seen (named by key and entity, as every finding)
+                after = sorted((i for i in train if (samples.time[i] or "") >= ranges[later][0]),
+                               key=lambda i: (samples.time[i] or "", samples.key[i]), reverse=True)
+                finding: dict[str, Any] = {
+                    "split": later, "train_samples_after": len(after),
+                    "train_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
+                    "fix": f"these train records fall in {later}'s period (each entity is split whole, where its "
+                           "first record falls): split.entity_policy: drop_straddlers drops them instead"}
                 if show_dates:
                     finding.update(earliest=ranges[later][0], latest_train=train_max)
                 findings.append(finding)
