@@ -140,8 +140,13 @@ def test_the_scan_finds_identifiers_when_phi_is_kept(tmp_path: Path) -> None:
     """The scan can fail: with phi: keep and dates: keep the raw ids and dates do reach outputs."""
     code, out, logs = build(tmp_path, {"mode": "keep", "dates": "keep"})
     assert code == 0, logs
-    hits = {needle for _, needle in phi_hits(output_texts(out, logs))}
+    texts = output_texts(out, logs)
+    hits = {needle for _, needle in phi_hits(texts)}
     assert PHI["mrn"] in hits and PHI["photo_subject"] in hits and "2024-01-05" in hits
+    # as the README says of keep: raw relative paths travel in the shards' records, header PHI never does
+    records = "".join(text for name, text in texts.items() if name.endswith(".json") and ".tar:" in name)
+    assert PHI["name_in_path"] in records and PHI["accession"] in records
+    assert not any(PHI[k] in records for k in ("name", "birth_date", "institution"))  # the address is a table cell
 
 
 def test_a_dicom_job_without_a_key_refuses_to_run_and_says_how(tmp_path: Path) -> None:
