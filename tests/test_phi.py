@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.demo import encode_photo, render_ct_phantom, render_photo, write_ct_slice
+from packer.phi import Pseudonymizer
 
 PHI = {
     "name": "DOE^JOHNATHAN",
@@ -219,7 +220,6 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     """Every file its own entity while folders look like patient ids (patient0042/...): the
     warning says where the id is; under PHI it does not quote the folder, a raw id."""
     from packer.config import load_job
-    from packer.phi import Pseudonymizer
     from packer.pipeline.discover import discover
 
     raw = tmp_path / "raw"
@@ -255,3 +255,24 @@ def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_pa
     assert f"not_dicom              {bad['sample_id']}" in result.output
     assert "packer locate" in result.output
     assert phi_hits({"<validate output>": result.output}) == []
+
+
+def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path) -> None:
+    """CI publishes the JUnit file as test results (the README's recipe, the data-check workflow's
+    artifact): under PHI its bad_fraction case lists bad files by reason and sample key, not by
+    raw path and message."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", None)))
+    junit = tmp_path / "v.xml"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--junit", str(junit)],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    text = junit.read_text()
+    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=KEY.encode())
+    broken = f"{PHI['name_in_path']}_{PHI['mrn']}/{PHI['accession']}_broken.dcm"
+    assert f"not_dicom: ct-{phi.path_digest('ct', broken)}" in text
+    assert phi_hits({"<junit>": text}) == []
+    workflow = (Path(__file__).parent.parent / ".github" / "workflows" / "validate-data.yml").read_text()
+    assert "path: validate-reports/*.xml" in workflow  # the JSON, which lists raw paths, stays on the runner

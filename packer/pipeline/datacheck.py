@@ -311,7 +311,11 @@ def write_junit(result: ValidateResult, path: Path) -> None:
 
     bad = doc["bad_samples"]
     issues = result.prepared.issues
-    listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:_cut(len(issues), MAX_LISTED)]),
+    # CI publishes this file as test results: under PHI a bad file is its reason and sample key (packer
+    # locate maps it back), never its raw path or message, which may name the patient; --json keeps those
+    hidden = result.prepared.phi.active
+    listed = "\n".join([*(f"{i.reason}: {i.sample_id}" if hidden else f"{i.reason}: {i.path}: {i.message}"
+                          for i in issues[:_cut(len(issues), MAX_LISTED)]),
                         *_and_more(len(issues), MAX_LISTED)])
     case("bad_fraction", over_limit(bad),
          f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
