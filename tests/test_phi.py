@@ -276,3 +276,25 @@ def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path
     assert phi_hits({"<junit>": text}) == []
     workflow = (Path(__file__).parent.parent / ".github" / "workflows" / "validate-data.yml").read_text()
     assert "path: validate-reports/*.xml" in workflow  # the JSON, which lists raw paths, stays on the runner
+
+
+@pytest.mark.parametrize("where", [{"PatientID": {"not": ["MRN0099"]}}, {"PatientName": {"match": "DOE"}},
+                                   {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}}])
+def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymization(
+        tmp_path: Path, where: dict[str, Any]) -> None:
+    """Leaving out a withdrawn patient with where: {PatientID: {not: [MRN0099]}} wrote the raw MRN
+    into the manifest's and the report's config under phi: pseudonymize, which promises that no
+    raw entity id is written anywhere. It is a config error naming the key and the fixes."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    doc = job_doc(tmp_path / "raw", tmp_path / "out", {"key_file": "phi.key"})
+    doc["sources"][0]["where"] = where
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    (keyword,) = where
+    with pytest.raises(ConfigError, match=rf"sources\[0\]\.where\.{keyword}: .*identif.*manifest"):
+        load_job(job)
+    doc["phi"] = {"mode": "keep"}  # keep writes raw ids anyway: allowed
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).sources[0].header_where
