@@ -1505,17 +1505,20 @@ IDENTIFYING_ATTRIBUTES = frozenset({
 
 def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> None:
     """Under ``phi: pseudonymize`` a ``where:`` on a header attribute that identifies a patient
-    (``PatientID: {not: [MRN0099]}``, to leave out a withdrawn patient) is refused: its values
-    are raw identifiers, and the job's config is written into the manifest and the report."""
+    (``PatientID: {not: [MRN0099]}``, to leave out a withdrawn patient), or on the table column
+    holding a source's entity ids, is refused: its values are raw identifiers, and the job's
+    config is written into the manifest and the report."""
     from packer.read.kinds import source_kind
 
     if mode != "pseudonymize":
         return
     for index, source in enumerate(sources):
-        for condition in source.header_where:
-            if condition.key in IDENTIFYING_ATTRIBUTES:
+        for condition in (*source.header_where, *source.where):
+            # a header attribute that identifies, or the table column that holds the entity ids
+            if condition.key in IDENTIFYING_ATTRIBUTES or condition.key == source.entity:
                 raise ConfigError(
-                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study, and "
+                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (a "
+                    "header attribute of PS3.15 Annex E, or the source's entity column), and "
                     "the job's config, where: values included, is written into the manifest and the report, which "
                     "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
                     f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "

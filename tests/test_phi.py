@@ -279,7 +279,8 @@ def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path
 
 
 @pytest.mark.parametrize("where", [{"PatientID": {"not": ["MRN0099"]}}, {"PatientName": {"match": "DOE"}},
-                                   {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}}])
+                                   {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}},
+                                   {"entity": {"not": ["SUBJ-MARIA-LOPEZ-1"]}}])
 def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymization(
         tmp_path: Path, where: dict[str, Any]) -> None:
     """Leaving out a withdrawn patient with where: {PatientID: {not: [MRN0099]}} wrote the raw MRN
@@ -289,12 +290,14 @@ def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymiz
     from packer.errors import ConfigError
 
     doc = job_doc(tmp_path / "raw", tmp_path / "out", {"key_file": "phi.key"})
-    doc["sources"][0]["where"] = where
+    (keyword,) = where
+    index = 1 if keyword == "entity" else 0  # the photos source's entity column
+    doc["sources"][index]["where"] = where
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
-    (keyword,) = where
-    with pytest.raises(ConfigError, match=rf"sources\[0\]\.where\.{keyword}: .*identif.*manifest"):
+    with pytest.raises(ConfigError, match=rf"sources\[{index}\]\.where\.{keyword}: .*identif.*manifest"):
         load_job(job)
     doc["phi"] = {"mode": "keep"}  # keep writes raw ids anyway: allowed
     job.write_text(yaml.safe_dump(doc))
-    assert load_job(job).sources[0].header_where
+    source = load_job(job).sources[index]
+    assert source.header_where or source.where
