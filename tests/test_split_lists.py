@@ -378,6 +378,24 @@ def test_under_pseudonymization_a_file_in_no_split_is_named_by_key_in_the_warnin
     assert not [line for line in output.splitlines() if "warning" in line and "Doe" in line]
 
 
+def test_under_pseudonymization_no_closest_name_from_the_data_is_printed(tmp_path: Path) -> None:
+    """The closest existing name is a raw path of the data (folders named after patients): under
+    PHI the warning gives the list's line, not that name."""
+    files = {f"Doe^John_MRN00{i}/{k}.png": (f"P{i}", 10 * i + k) for i in range(2) for k in range(2)}
+    write_tree(tmp_path, files)
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("Doe^John_MRN000/0.png\nDoe^John_MRN000/1.png\nDoe^John_MRN000/11.png\n")
+    (tmp_path / "test.txt").write_text("Doe^John_MRN001/0.png\nDoe^John_MRN001/1.png\n")
+    split = {"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}}
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == 0, output
+    (warning,) = [w["message"] for w in report["warnings"] if "name no sample" in w["message"]]
+    assert "e.g. line 3: 'Doe^John_MRN000/11.png'" in warning  # the list's own line, which the user wrote
+    assert "closest" not in warning
+
+
 def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_closest_name(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = {f"img/{i:03d}.png": (f"P{i}", i) for i in range(6)}

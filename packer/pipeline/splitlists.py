@@ -166,8 +166,9 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         if not missing:
             continue
         line, text, name = missing[0]
-        # a pseudonym close to another says nothing to the user who wrote the raw id
-        close = [] if pseudonyms else difflib.get_close_matches(name, present, n=1)
+        # a pseudonym close to another says nothing to the user who wrote the raw id; and under PHI a
+        # close path, name or stem is the data's, whose folders may name the patient: not printed
+        close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
         nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
         said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
                 f"sample (by {cfg.match}), e.g. line {line}{'' if pseudonyms else f': {text!r}'}{nearest}")
