@@ -279,6 +279,13 @@ def test_a_column_value_that_is_no_split_is_a_config_error_with_the_closest_spli
     assert code == ConfigError.exit_code
     assert "'validate' (2 file(s)" in output and "did you mean valid?" in output
     assert "map: {validate: valid}" in output
+    # under PHI the example file is its sample key: a config error goes to CI logs too
+    doc = yaml.safe_load(job_file(tmp_path, {"by": "column", "column": "split"}).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    code, _, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == ConfigError.exit_code
+    assert f"'validate' (2 file(s), e.g. sample {SOURCE}-" in output and "p1.png" not in output
 
 
 # ---------------------------------------------------------------------------------------------

@@ -197,7 +197,8 @@ def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = F
     wrong: Counter[str] = Counter()
     example: dict[str, str] = {}
     lacking: dict[str, list[str]] = {}
-    for source, extra, path in zip(table.column("source"), table.column("extra"), table.column("path"), strict=True):
+    shown = table.column("key") if hide_paths else table.column("path")  # under PHI a file is its key
+    for source, extra, path in zip(table.column("source"), table.column("extra"), shown, strict=True):
         cells = dict(extra)
         if column not in cells:
             lacking.setdefault(source, sorted(cells))
@@ -217,7 +218,7 @@ def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = F
         parts, fixes = [], []
         for value, count in sorted(wrong.items()):
             close = difflib.get_close_matches(value, SPLITS, n=1, cutoff=0.5)
-            parts.append(f"{value!r} ({count:,} file(s), e.g. {example[value]}"
+            parts.append(f"{value!r} ({count:,} file(s), e.g. {'sample ' if hide_paths else ''}{example[value]}"
                          + (f"; did you mean {close[0]}?" if close else "") + ")")
             fixes.append(f"{value}: {close[0] if close else '<split>'}")
         fix = ", ".join(fixes)
