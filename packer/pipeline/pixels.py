@@ -463,15 +463,22 @@ class _Settle:
         #: the one table cell kept under PHI: a ``by: column`` split's (train/valid/test, nobody's identity)
         self._keep = keep
         self.table = TableBuilder(SampleTable)
-        #: the output entity ids under each lookalike form (:meth:`Pseudonymizer.lookalike`: keyed
-        #: under PHI, so that no raw id outlives the chunk it came in)
-        self._forms: dict[str, set[str]] = {}
+        #: the first output entity id under each lookalike form (:meth:`Pseudonymizer.lookalike`:
+        #: keyed under PHI, so that no raw id outlives the chunk it came in), the form held as 64
+        #: bits (a few dozen bytes an entity, for hundreds of thousands of them), and every id of
+        #: the forms that several ids share
+        self._forms: dict[int, str] = {}
+        self._twins: dict[int, set[str]] = {}
 
     def chunk(self, chunk: ChunkResult) -> ChunkResult:
         for sample in chunk.samples:
             if sample.ref.entity is not None:
                 entity = self._phi.entity(sample.ref.entity)
-                self._forms.setdefault(self._phi.lookalike(sample.ref.entity), set()).add(entity)
+                form = int.from_bytes(hashlib.blake2b(self._phi.lookalike(sample.ref.entity).encode(),
+                                                      digest_size=8).digest(), "big")
+                first = self._forms.setdefault(form, entity)
+                if first != entity:
+                    self._twins.setdefault(form, {first}).add(entity)
                 if self._phi.active:
                     kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
                     sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
@@ -481,7 +488,7 @@ class _Settle:
     def lookalikes(self) -> tuple[tuple[str, ...], ...]:
         """The groups of two or more entity ids (as written to outputs) whose raw ids differ only
         in case, spacing or leading zeros, each sorted, in sorted order."""
-        return tuple(sorted(tuple(sorted(ids)) for ids in self._forms.values() if len(ids) > 1))
+        return tuple(sorted(tuple(sorted(ids)) for ids in self._twins.values()))
 
 
 @dataclass(frozen=True)
