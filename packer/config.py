@@ -1470,6 +1470,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         kind.check_job(job, [s for s in sources if s.kind == kind.name])
     _check_targets(sources, split, labels, {kind.name for kind in kinds if kind.identity_in_header})
     _check_free_text_labels(sources, labels, phi.mode)
+    _check_identifying_where(sources, phi.mode)
     _check_split_column(sources, split, {kind.name for kind in kinds if kind.identity_in_header})
     return job
 
@@ -1488,6 +1489,40 @@ def _check_free_text_labels(sources: tuple[SourceConfig, ...], labels: tuple[str
                               "patient, and its values would be written as class names into every shard, the "
                               "manifest and the report; give a 'map:' from the values to class names (a value "
                               "it lacks is unknown_label), or list the job's 'labels:', or set phi.mode: keep")
+
+
+#: DICOM attributes that identify the patient or the study (PS3.15 Annex E's names, ids, birth
+#: date, address, accession number, UIDs): a ``where:`` value on one is a raw identifier.
+IDENTIFYING_ATTRIBUTES = frozenset({
+    "PatientName", "PatientID", "OtherPatientIDs", "OtherPatientIDsSequence", "OtherPatientNames",
+    "IssuerOfPatientID", "PatientBirthDate", "PatientBirthTime", "PatientBirthName", "PatientMotherBirthName",
+    "PatientAddress", "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID",
+    "StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "FrameOfReferenceUID", "ReferringPhysicianName",
+    "PerformingPhysicianName", "OperatorsName", "InstitutionName", "InstitutionAddress", "RequestingPhysician",
+    "PatientComments", "AdditionalPatientHistory", "MilitaryRank", "BranchOfService", "EthnicGroup", "Occupation",
+})
+
+
+def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> None:
+    """Under ``phi: pseudonymize`` a ``where:`` on a header attribute that identifies a patient
+    (``PatientID: {not: [MRN0099]}``, to leave out a withdrawn patient), or on the table column
+    holding a source's entity ids, is refused: its values are raw identifiers, and the job's
+    config is written into the manifest and the report."""
+    from packer.read.kinds import source_kind
+
+    if mode != "pseudonymize":
+        return
+    for index, source in enumerate(sources):
+        for condition in (*source.header_where, *source.where):
+            # a header attribute that identifies, or the table column that holds the entity ids
+            if condition.key in IDENTIFYING_ATTRIBUTES or condition.key == source.entity:
+                raise ConfigError(
+                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (a "
+                    "header attribute of PS3.15 Annex E, or the source's entity column), and "
+                    "the job's config, where: values included, is written into the manifest and the report, which "
+                    "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
+                    f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "
+                    "and filter on it (where: {withdrawn: {not: [yes]}}), or set phi.mode: keep")
 
 
 def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:

@@ -143,6 +143,11 @@ def _compact(value: Any, prefix: str = "") -> str:
     return " ".join(p for p in parts if p and p != "-") or "-"
 
 
+#: The audit rules a manifest records only where they found something, and what they find.
+_RECORDED_WHEN_FOUND = {"label_conflicts": "a group of copies conflicts",
+                        "entity_lookalikes": "entity ids differ only in case, spacing or leading zeros"}
+
+
 def _audit_lines(audit: dict[str, Any]) -> list[str]:
     passed = audit.get("passed")
     lines = [f"  audit         {'passed' if passed is True else 'FAILED' if passed is False else 'recorded'}"]
@@ -156,9 +161,10 @@ def _audit_lines(audit: dict[str, Any]) -> list[str]:
                           "FAILED" if result.get("severity") == "fail" else "reported")
                 lines.append(f"    {rule:<32} {status:<8} count {result.get('count', '-')} "
                              f"({result.get('severity', '-')})")
-        if "label_conflicts" not in rules:  # kept out of a manifest without conflicts, so its hash stays as it was
-            lines.append(f"    {'label_conflicts':<32} none recorded: the manifest holds this rule only where a "
-                         "group of copies conflicts (leakage.json lists it either way)")
+        for rule, found in _RECORDED_WHEN_FOUND.items():  # kept out of a manifest without findings, so its
+            if rule not in rules:                          # hash stays as it was before the rule
+                lines.append(f"    {rule:<32} none recorded: the manifest holds this rule only where {found} "
+                             "(leakage.json lists it either way)")
     for key, value in sorted(audit.items()):
         if key not in ("passed", "rules"):
             lines.append(f"    {key:<32} {_compact(value)}")

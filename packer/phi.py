@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
@@ -74,6 +75,13 @@ class Pseudonymizer:
         """The entity id written to outputs: ``e-`` + 20 hex of HMAC, or the raw id with ``keep``."""
         return f"e-{self._mac('entity', raw)[:20]}" if self.active else raw
 
+    def lookalike(self, raw: str) -> str:
+        """What tells entity ids apart that differ only in case, spacing or leading zeros
+        (:func:`entity_form`): under pseudonymization a keyed digest of that form, so the client
+        holds no raw id; the form itself with ``keep``."""
+        form = entity_form(raw)
+        return self._mac("entity-form", form)[:20] if self.active else form
+
     def path_digest(self, source: str, relpath: str) -> str:
         """16 hex identifying a raw file: keyed when pseudonymizing, plain sha256 otherwise."""
         if self.active:
@@ -88,6 +96,18 @@ class Pseudonymizer:
         if first is None:
             return None
         return round((_parse(value) - _parse(first)).total_seconds() / 86400.0, 4)
+
+
+_LEADING_ZEROS = re.compile(r"(?<![0-9])0+(?=[0-9])")
+
+
+def entity_form(raw: str) -> str:
+    """An entity id with case, whitespace and the leading zeros of each run of digits removed:
+    ``MRN0042``, ``mrn0042``, `` MRN 42`` and ``MRN00042`` share one form, the way one record
+    number looks when two systems export it. Two ids with one form are likely one patient, so
+    the audit reports them (``entity_lookalikes``); they are never merged, since only the data's
+    owner can tell."""
+    return _LEADING_ZEROS.sub("", "".join(raw.split()).casefold())
 
 
 def _parse(value: str) -> datetime:

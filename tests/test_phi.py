@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.demo import encode_photo, render_ct_phantom, render_photo, write_ct_slice
+from packer.phi import Pseudonymizer
 
 PHI = {
     "name": "DOE^JOHNATHAN",
@@ -140,8 +141,13 @@ def test_the_scan_finds_identifiers_when_phi_is_kept(tmp_path: Path) -> None:
     """The scan can fail: with phi: keep and dates: keep the raw ids and dates do reach outputs."""
     code, out, logs = build(tmp_path, {"mode": "keep", "dates": "keep"})
     assert code == 0, logs
-    hits = {needle for _, needle in phi_hits(output_texts(out, logs))}
+    texts = output_texts(out, logs)
+    hits = {needle for _, needle in phi_hits(texts)}
     assert PHI["mrn"] in hits and PHI["photo_subject"] in hits and "2024-01-05" in hits
+    # as the README says of keep: raw relative paths travel in the shards' records, header PHI never does
+    records = "".join(text for name, text in texts.items() if name.endswith(".json") and ".tar:" in name)
+    assert PHI["name_in_path"] in records and PHI["accession"] in records
+    assert not any(PHI[k] in records for k in ("name", "birth_date", "institution"))  # the address is a table cell
 
 
 def test_a_dicom_job_without_a_key_refuses_to_run_and_says_how(tmp_path: Path) -> None:
@@ -206,3 +212,92 @@ def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: P
     assert result.exit_code == 0, result.output
     said = "packer: warning: phi.key_file names phi.key, but phi.mode is keep" in result.output
     assert said is warned, result.output
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
+def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(tmp_path: Path, mode: str,
+                                                                              shown: bool) -> None:
+    """Every file its own entity while folders look like patient ids (patient0042/...): the
+    warning says where the id is; under PHI it does not quote the folder, a raw id."""
+    from packer.config import load_job
+    from packer.pipeline.discover import discover
+
+    raw = tmp_path / "raw"
+    for i in range(4):
+        path = raw / f"patient00{42 + i % 2}" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
+    doc = {"name": "own", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    (warning,) = discover(load_job(job), phi).warnings
+    assert "leakage protection is off" in warning and "entity: {component: 0}" in warning
+    assert ("patient0042" in warning) is shown
+
+
+def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
+    """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
+    sample key (packer locate maps them back), as the report does; --json keeps their paths."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", None)))
+    report = tmp_path / "v.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "--json", str(report)],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    (bad,) = json.loads(report.read_text())["bad_samples"]["records"]
+    assert PHI["accession"] in bad["path"]  # the local JSON keeps the path
+    assert f"not_dicom              {bad['sample_id']}" in result.output
+    assert "packer locate" in result.output
+    assert phi_hits({"<validate output>": result.output}) == []
+
+
+def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path) -> None:
+    """CI publishes the JUnit file as test results (the README's recipe, the data-check workflow's
+    artifact): under PHI its bad_fraction case lists bad files by reason and sample key, not by
+    raw path and message."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", None)))
+    junit = tmp_path / "v.xml"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--junit", str(junit)],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    text = junit.read_text()
+    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=KEY.encode())
+    broken = f"{PHI['name_in_path']}_{PHI['mrn']}/{PHI['accession']}_broken.dcm"
+    assert f"not_dicom: ct-{phi.path_digest('ct', broken)}" in text
+    assert phi_hits({"<junit>": text}) == []
+    workflow = (Path(__file__).parent.parent / ".github" / "workflows" / "validate-data.yml").read_text()
+    assert "path: validate-reports/*.xml" in workflow  # the JSON, which lists raw paths, stays on the runner
+
+
+@pytest.mark.parametrize("where", [{"PatientID": {"not": ["MRN0099"]}}, {"PatientName": {"match": "DOE"}},
+                                   {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}},
+                                   {"entity": {"not": ["SUBJ-MARIA-LOPEZ-1"]}}])
+def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymization(
+        tmp_path: Path, where: dict[str, Any]) -> None:
+    """Leaving out a withdrawn patient with where: {PatientID: {not: [MRN0099]}} wrote the raw MRN
+    into the manifest's and the report's config under phi: pseudonymize, which promises that no
+    raw entity id is written anywhere. It is a config error naming the key and the fixes."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    doc = job_doc(tmp_path / "raw", tmp_path / "out", {"key_file": "phi.key"})
+    (keyword,) = where
+    index = 1 if keyword == "entity" else 0  # the photos source's entity column
+    doc["sources"][index]["where"] = where
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=rf"sources\[{index}\]\.where\.{keyword}: .*identif.*manifest"):
+        load_job(job)
+    doc["phi"] = {"mode": "keep"}  # keep writes raw ids anyway: allowed
+    job.write_text(yaml.safe_dump(doc))
+    source = load_job(job).sources[index]
+    assert source.header_where or source.where

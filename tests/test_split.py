@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from dataclasses import replace
@@ -176,6 +177,15 @@ def test_time_split_puts_whole_entity_where_it_first_appears() -> None:
     assert assignment.split == {"s-000000": "train", "s-000001": "train", "s-000002": "valid", "s-000003": "test"}
     report = audit_assignment(samples, assignment, TIME)
     assert report.rule("time_order").count == 2  # A's 2024-08 record sits in train after both cutoffs
+    # each finding names the train records that do (by key and entity, as every finding; no date
+    # under PHI), so the user can see whose later studies are in train, and how to drop them
+    for finding in report.rule("time_order").findings:
+        assert finding["train_samples_after"] == 1
+        assert [(s["key"], s["entity_id"]) for s in finding["train_samples"]] == [("s-000001", "A")]
+        assert "drop_straddlers" in finding["fix"]
+    hidden = audit_assignment(samples, assignment, TIME, show_paths=False, show_dates=False)
+    assert all("2024" not in json.dumps(f) for f in hidden.rule("time_order").findings)
+    assert hidden.rule("time_order").findings[0]["train_samples"][0]["key"] == "s-000001"
 
 
 def test_drop_straddlers_reports_the_dropped_records() -> None:
@@ -252,7 +262,19 @@ def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_wa
     split = assignment.split
     assert (split["s-000001"], split["s-000002"], split["s-000003"]) == ("test", "test", "valid")
     (warning,) = assignment.warnings
-    assert "1 of its entities name no sample, e.g. 'P99'" in warning
+    # the raw id stays out of the warning (printed, and in packer validate --json): the row names it
+    assert "1 of its entities name no sample, e.g. the one at row 5;" in warning and "P99" not in warning
+    pins.write_text("entity,split\nP1,test\nP99,test\n")
+    kept = assign_splits([sample(i, f"P{i}") for i in range(50)], replace(BY_ENTITY, pinned=pins))
+    assert "e.g. the one at row 3: 'P99';" in kept.warnings[0]  # phi: keep writes raw ids anyway
+
+
+def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nMRN0042,test\nP2,valid\nMRN0042,train\n")
+    with pytest.raises(ConfigError, match="row 4: its entity is pinned at row 2 too, to another split") as err:
+        assign_splits([sample(i, f"P{i}") for i in range(5)], replace(BY_ENTITY, pinned=pins))
+    assert "MRN0042" not in str(err.value)
 
 
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:

@@ -279,6 +279,13 @@ def test_a_column_value_that_is_no_split_is_a_config_error_with_the_closest_spli
     assert code == ConfigError.exit_code
     assert "'validate' (2 file(s)" in output and "did you mean valid?" in output
     assert "map: {validate: valid}" in output
+    # under PHI the example file is its sample key: a config error goes to CI logs too
+    doc = yaml.safe_load(job_file(tmp_path, {"by": "column", "column": "split"}).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    code, _, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == ConfigError.exit_code
+    assert f"'validate' (2 file(s), e.g. sample {SOURCE}-" in output and "p1.png" not in output
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +338,69 @@ def test_an_official_split_that_leaks_an_exact_copy_under_another_patient_is_rep
 
 # ---------------------------------------------------------------------------------------------
 # the lists themselves: missing files, the wrong match, one file in two lists
+
+
+def test_under_pseudonymization_a_listed_raw_id_stays_out_of_messages(tmp_path: Path) -> None:
+    """split.match: entity lists raw patient ids; under PHI a message names the list and line of
+    an item (the user holds the list), never the raw id, which would reach CI logs and the JSON."""
+    files = {f"{p}/{k}.png": (p, 10 * i + k) for i, p in enumerate(["MRN001", "MRN002", "MRN003"]) for k in range(2)}
+    write_tree(tmp_path, files)
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("MRN001\nMRN002\nMRN0077-GHOST\n")
+    (tmp_path / "test.txt").write_text("MRN003\n")
+    split = {"by": "list", "match": "entity", "lists": {"train": "train.txt", "test": "test.txt"}}
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == 0, output
+    assert "1 of its 3 items name no sample (by entity), e.g. line 3 (a file" in output
+    (tmp_path / "test.txt").write_text("MRN003\nMRN002\n")
+    code, _, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == ConfigError.exit_code
+    assert ("an entity is listed in two splits: split.lists.train (train.txt) line 2 and split.lists.test "
+            "(test.txt) line 2") in " ".join(output.split())
+    assert not any(raw in output + json.dumps(report) for raw in ("MRN00", "GHOST"))
+
+
+@pytest.mark.parametrize("by", ["list", "column"])
+def test_under_pseudonymization_a_file_in_no_split_is_named_by_key_in_the_warning(tmp_path: Path, by: str) -> None:
+    """The warning for files a given split leaves out is printed (and kept in validate --json):
+    under PHI it names the sample key, which packer locate maps to the file, not the raw path,
+    whose folders carry the patient's name."""
+    files = {f"Doe^John_MRN00{i}/{k}.png": (f"P{i}", 10 * i + k) for i in range(3) for k in range(2)}
+    cells = {rel: ("train", "test", "")[int(entity[1:])] for rel, (entity, _) in files.items()}
+    write_tree(tmp_path, files, columns={"split": cells})
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("".join(f"{rel}\n" for rel, s in cells.items() if s == "train"))
+    (tmp_path / "test.txt").write_text("".join(f"{rel}\n" for rel, s in cells.items() if s == "test"))
+    split = ({"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}} if by == "list" else
+             {"by": "column", "column": "split"})
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code in (0, 3), output
+    (warning,) = [w["message"] for w in report["warnings"] if "not_in_split" in w["message"]]
+    assert f"e.g. sample {SOURCE}-" in warning and "packer locate" in warning
+    assert "Doe" not in json.dumps(report["warnings"])
+    assert not [line for line in output.splitlines() if "warning" in line and "Doe" in line]
+
+
+def test_under_pseudonymization_no_closest_name_from_the_data_is_printed(tmp_path: Path) -> None:
+    """The closest existing name is a raw path of the data (folders named after patients): under
+    PHI the warning gives the list's line, not that name."""
+    files = {f"Doe^John_MRN00{i}/{k}.png": (f"P{i}", 10 * i + k) for i in range(2) for k in range(2)}
+    write_tree(tmp_path, files)
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    (tmp_path / "train.txt").write_text("Doe^John_MRN000/0.png\nDoe^John_MRN000/1.png\nDoe^John_MRN000/11.png\n")
+    (tmp_path / "test.txt").write_text("Doe^John_MRN001/0.png\nDoe^John_MRN001/1.png\n")
+    split = {"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}}
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == 0, output
+    (warning,) = [w["message"] for w in report["warnings"] if "name no sample" in w["message"]]
+    assert "e.g. line 3: 'Doe^John_MRN000/11.png'" in warning  # the list's own line, which the user wrote
+    assert "closest" not in warning
 
 
 def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_closest_name(

@@ -193,8 +193,8 @@ def test_the_split_counts_its_groups_and_the_audit_its_rules(no_delay: None,
     audit = audit_assignment(samples, assignment, BY_ENTITY)
     err = capsys.readouterr().err
     assert last_line("split", err).startswith("split: 9/9 groups ")
-    assert len(audit.rules) == RULES == 8
-    assert last_line("audit", err).startswith("audit: 8/8 rules ")
+    assert len(audit.rules) == RULES == 9
+    assert last_line("audit", err).startswith("audit: 9/9 rules ")
     assign_splits(samples, BY_ENTITY, quiet=True)
     audit_assignment(samples, assignment, BY_ENTITY, quiet=True)
     assert capsys.readouterr().err == ""
@@ -231,7 +231,7 @@ def test_a_build_shows_every_client_stage_without_changing_a_byte(
     assert last_line("index", err).startswith(f"index: {shards}/{shards} shards ")
     assert last_line("search", err).startswith("search: 36/36 queries ")  # 12 samples, 3 zooms
     assert last_line("split", err).startswith("split: 6/6 groups ")
-    assert last_line("audit", err).startswith("audit: 8/8 rules ")
+    assert last_line("audit", err).startswith("audit: 9/9 rules ")
     assert last_line("discover", err).startswith("discover: 12/12 files ")
     assert re.match(r"report: \d+/\d+ samples ", last_line("report", err))
     assert shown.manifest["dataset_hash"] == quiet.manifest["dataset_hash"]

@@ -344,6 +344,7 @@ RULE_TEXT = {
     "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
     "time_order": "valid/test records not after the latest train record",
     "label_conflicts": "copies of one image whose targets (or masks) disagree",
+    "entity_lookalikes": "entity ids that differ only in case, spacing or leading zeros (likely one patient)",
     "duplicates": "duplicate pairs",
 }
 

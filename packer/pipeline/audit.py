@@ -20,6 +20,12 @@ manifest but do not fail. The rules:
   masks) disagree (:mod:`packer.pipeline.conflicts`), each member with its target; under
   ``drop_group`` the members are in no split. Recorded in the manifest only where it found a
   group, so a dataset without conflicts keeps the manifest, and version, it had before the rule.
+- ``entity_lookalikes`` (report): entity ids that differ only in case, spacing or leading
+  zeros (``MRN0042`` and ``mrn0042``, ``0045`` and ``45``; :func:`packer.phi.entity_form`),
+  likely one patient exported by two systems, each split as its own entity. Each finding lists
+  the entities (pseudonyms under PHI) with their splits and a sample key, and whether they
+  cross splits. Never merged (only the data's owner can tell), and recorded in the manifest only
+  where found, like ``label_conflicts``.
 - ``split_balance`` (fail; report with ``split.balance.accept``): the split is not what was
   asked: a group of several entities joined by duplicate links holds more than
   ``balance.max_group_share`` of the samples, or a split's share misses its ratio by more than
@@ -256,6 +262,47 @@ def _label_conflicts(samples: _Samples, found: LabelConflicts, cfg: SplitConfig)
                       tuple(findings), detail, recorded_clean=False)
 
 
+def _entity_lookalikes(samples: _Samples, groups: Sequence[Sequence[str]]) -> RuleResult:
+    """``entity_lookalikes``: one finding per group of entity ids whose raw ids differ only in
+    case, spacing or leading zeros (found while the raw ids were at hand, :class:`_Settle`),
+    each entity with the splits it went to and its first sample (by key: ``packer locate`` maps
+    it to its file)."""
+    first: dict[str, int] = {}
+    splits_of: dict[str, set[str]] = defaultdict(set)
+    for i, (entity, split) in enumerate(zip(samples.entity, samples.split, strict=True)):
+        if entity is not None:
+            first.setdefault(entity, i)
+            if split is not None:
+                splits_of[entity].add(split)
+    findings = []
+    for group in groups:
+        present = [entity for entity in group if entity in first]
+        if len(present) < 2:
+            continue
+        entities = [{**{k: v for k, v in samples.where(first[e]).items() if k != "split"},
+                     "splits": sorted(splits_of[e], key=SPLITS.index)} for e in present]
+        findings.append({"entities": entities,
+                         "across_splits": len({s for e in present for s in splits_of[e]}) > 1})
+    return RuleResult("entity_lookalikes", "report", len(findings), tuple(findings), recorded_clean=False)
+
+
+def lookalikes_warning(report: LeakageAudit) -> str | None:
+    """A warning naming the entity ids that differ only in case, spacing or leading zeros
+    (pseudonyms and sample keys under PHI), or None when there are none."""
+    rule = report.rule("entity_lookalikes")
+    if not rule.count:
+        return None
+    crossing = [f for f in rule.findings if f["across_splits"]]
+    shown = (crossing or list(rule.findings))[0]["entities"]
+    example = " and ".join(f"{e['entity_id']} [{'+'.join(e['splits']) or 'no split'}] ({_name(e)})"
+                           for e in shown[:3])
+    return (f"{rule.count} group(s) of entity ids differ only in case, spacing or leading zeros, {len(crossing)} "
+            f"of them across splits, e.g. {example}: likely one patient under two ids (two systems' exports), "
+            "split as two entities, so the same patient can be in train and in test. Make the ids agree at the "
+            "source (or pin each group to one split with split.pinned); every group is listed under "
+            "entity_lookalikes in leakage.json")
+
+
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     times: dict[str, list[str]] = defaultdict(list)
     for split, time in zip(samples.split, samples.time, strict=True):
@@ -265,9 +312,19 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
     findings = []
     if cfg.by == "time" and "train" in ranges:
         train_max = ranges["train"][1]
+        train = [i for i, (split, time) in enumerate(zip(samples.split, samples.time, strict=True))
+                 if split == "train" and time is not None]
         for later in ("valid", "test"):
             if later in ranges and ranges[later][0] <= train_max:
-                finding: dict[str, Any] = {"split": later}
+                # the train records from the later split's period on: an entity's later studies,
+                # kept in train by entity_policy: first_seen (named by key and entity, as every finding)
+                after = sorted((i for i in train if (samples.time[i] or "") >= ranges[later][0]),
+                               key=lambda i: (samples.time[i] or "", samples.key[i]), reverse=True)
+                finding: dict[str, Any] = {
+                    "split": later, "train_samples_after": len(after),
+                    "train_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
+                    "fix": f"these train records fall in {later}'s period (each entity is split whole, where its "
+                           "first record falls): split.entity_policy: drop_straddlers drops them instead"}
                 if show_dates:
                     finding.update(earliest=ranges[later][0], latest_train=train_max)
                 findings.append(finding)
@@ -315,20 +372,21 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
 
 
 #: The rules :func:`audit_assignment` runs, in the order leakage.json lists them (``_exact`` gives two).
-RULES = 8
+RULES = 9
 
 
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
                      links: NearLinks | None = None, *, show_paths: bool = True,
                      show_dates: bool = True, conflicts: LabelConflicts | None = None,
-                     quiet: bool = False) -> LeakageAudit:
+                     lookalikes: Sequence[Sequence[str]] = (), quiet: bool = False) -> LeakageAudit:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
     calendar dates out of the findings; samples are then named by key and entity pseudonym.
     ``conflicts``: the label conflicts found before the split (:mod:`packer.pipeline.conflicts`;
-    None: none). A long audit shows an ``audit`` progress line (rules run, of :data:`RULES`)
-    unless ``quiet``.
+    None: none). ``lookalikes``: the groups of entity ids whose raw ids differ only in case,
+    spacing or leading zeros (:func:`packer.pipeline.pixels.process_all`). A long audit shows an
+    ``audit`` progress line (rules run, of :data:`RULES`) unless ``quiet``.
     """
     with stage_progress("audit", RULES, unit="rules", quiet=quiet) as progress:
         def counted(found: list[RuleResult]) -> list[RuleResult]:
@@ -342,7 +400,8 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
         # each rule counted as it finishes (a list display runs its items in order), listed in leakage.json's order
         rules = [*counted([_entity_overlap(fields, cfg)]), *counted(_exact(fields, cfg)),
                  *counted([_near(fields, cfg, links)]), *counted([_span_entities(fields, links)]),
-                 *counted([_label_conflicts(fields, conflicts or LabelConflicts(), cfg)]), time_rule,
+                 *counted([_label_conflicts(fields, conflicts or LabelConflicts(), cfg)]),
+                 *counted([_entity_lookalikes(fields, lookalikes)]), time_rule,
                  *counted([_balance(fields, assignment, cfg, links)])]
     entities: dict[str, set[str]] = defaultdict(set)
     for split, entity in zip(fields.split, fields.entity, strict=True):

@@ -30,6 +30,7 @@ from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import Prepared, run_stages
+from packer.records import Excluded
 from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.
@@ -202,16 +203,20 @@ def format_summary(result: ValidateResult) -> str:
     verdict = "over" if over_limit(bad) else "within"
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
+    # the summary goes to CI logs: under PHI files are named by sample key (their folders may carry
+    # a patient's name; a detail may quote a header), as the report names them; --json keeps the paths
+    hidden = result.prepared.phi.active
     issues = result.prepared.issues
     for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
-        lines.append(f"    {issue.reason:<22} {_shown(issue.path)}")
+        lines.append(f"    {issue.reason:<22} {issue.sample_id if hidden else _shown(issue.path)}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction
         lines.append(f"  left out on purpose: {len(excluded)} ({describe_counts(doc['excluded']['by_why'])}); not bad "
                      "samples")
         for record in excluded[:_cut(len(excluded), SUMMARY_ISSUES)]:
-            lines.append(f"    {record.why:<22} {_shown(record.path)}: {_shown(record.detail)}")
+            lines.append(f"    {record.why:<22} " + (_hidden_excluded(record) if hidden else
+                                                      f"{_shown(record.path)}: {_shown(record.detail)}"))
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:  # the stages' own were printed as they ran
         if warning["code"] == "empty_split":
@@ -226,15 +231,25 @@ def format_summary(result: ValidateResult) -> str:
             for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:
                 lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
-    if listed and result.job.phi.mode == "pseudonymize":  # the findings name samples by key, never by path
-        lines.append(f"  the findings name samples by key: `packer locate {result.job.job_path} KEY ...` prints "
-                     "their files (raw paths: keep them local)")
+    if hidden and (listed or issues or excluded):  # samples named by key, never by path
+        lines.append(f"  {'the findings and files above' if issues or excluded else 'the findings'} name samples by "
+                     f"key: `packer locate {result.job.job_path} KEY ...` prints their files"
+                     + (" (--json FILE lists the bad and left-out files' paths)" if issues or excluded else "")
+                     + " (raw paths: keep them local)")
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else ""))
     return "\n".join(lines)
+
+
+def _hidden_excluded(record: Excluded) -> str:
+    """A file left out on purpose as the summary names it under PHI: its sample key and what its
+    header's class says (modality, SOP class), not its detail, which may quote a table cell or a
+    free-text header value."""
+    said = " ".join(part for part in (record.modality, f"({record.sop_class})" if record.sop_class else "") if part)
+    return f"{record.sample_id}: {said}" if said else record.sample_id
 
 
 def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
@@ -296,7 +311,11 @@ def write_junit(result: ValidateResult, path: Path) -> None:
 
     bad = doc["bad_samples"]
     issues = result.prepared.issues
-    listed = "\n".join([*(f"{i.reason}: {i.path}: {i.message}" for i in issues[:_cut(len(issues), MAX_LISTED)]),
+    # CI publishes this file as test results: under PHI a bad file is its reason and sample key (packer
+    # locate maps it back), never its raw path or message, which may name the patient; --json keeps those
+    hidden = result.prepared.phi.active
+    listed = "\n".join([*(f"{i.reason}: {i.sample_id}" if hidden else f"{i.reason}: {i.path}: {i.message}"
+                          for i in issues[:_cut(len(issues), MAX_LISTED)]),
                         *_and_more(len(issues), MAX_LISTED)])
     case("bad_fraction", over_limit(bad),
          f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",

@@ -523,7 +523,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         ordered = refs.column("relpath")
         refs = refs.take(sorted(range(len(refs)), key=ordered.__getitem__))
-    warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else ()),) if w]
+    warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
+                                                hide_ids=phi is not None and phi.active),) if w]
     return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered)
 
 
@@ -543,11 +544,13 @@ _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?
 _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
 
 
-def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str]) -> str | None:
+def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str], *,
+                   hide_ids: bool = False) -> str | None:
     """A warning when every file of a source is its own entity while a table column or a part of
     the paths looks like a patient id: leakage protection is then off, most likely by mistake
     (``entity: path``, or a table whose patient column the job does not name). None otherwise,
-    and for a kind that reads entities from headers."""
+    and for a kind that reads entities from headers. ``hide_ids`` (PHI pseudonymization): a
+    path part is named by its place only, not quoted: it is the raw patient id."""
     if source_kind(source.kind).identity_in_header or len(refs) < 2:
         return None
     entities = refs.column("entity")
@@ -559,8 +562,9 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str])
         for part in range(-len(relpaths[0].split("/")), -1):
             values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
             if all(_PATIENT_PART.match(v) for v in values) and len(set(values)) < len(values):
-                example = values[0]
-                hints.append(f"the path part {example!r} (entity: {{component: {len(relpaths[0].split('/')) + part}}})")
+                component = len(relpaths[0].split("/")) + part
+                example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
+                hints.append(f"{example} (entity: {{component: {component}}})")
                 break
     if not hints:
         return None

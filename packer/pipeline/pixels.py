@@ -463,15 +463,32 @@ class _Settle:
         #: the one table cell kept under PHI: a ``by: column`` split's (train/valid/test, nobody's identity)
         self._keep = keep
         self.table = TableBuilder(SampleTable)
+        #: the first output entity id under each lookalike form (:meth:`Pseudonymizer.lookalike`:
+        #: keyed under PHI, so that no raw id outlives the chunk it came in), the form held as 64
+        #: bits (a few dozen bytes an entity, for hundreds of thousands of them), and every id of
+        #: the forms that several ids share
+        self._forms: dict[int, str] = {}
+        self._twins: dict[int, set[str]] = {}
 
     def chunk(self, chunk: ChunkResult) -> ChunkResult:
         for sample in chunk.samples:
-            if self._phi.active and sample.ref.entity is not None:
-                kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
+            if sample.ref.entity is not None:
                 entity = self._phi.entity(sample.ref.entity)
-                sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
+                form = int.from_bytes(hashlib.blake2b(self._phi.lookalike(sample.ref.entity).encode(),
+                                                      digest_size=8).digest(), "big")
+                first = self._forms.setdefault(form, entity)
+                if first != entity:
+                    self._twins.setdefault(form, {first}).add(entity)
+                if self._phi.active:
+                    kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
+                    sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
             self.table.append(sample)
         return replace(chunk, samples=())
+
+    def lookalikes(self) -> tuple[tuple[str, ...], ...]:
+        """The groups of two or more entity ids (as written to outputs) whose raw ids differ only
+        in case, spacing or leading zeros, each sorted, in sorted order."""
+        return tuple(sorted(tuple(sorted(ids)) for ids in self._twins.values()))
 
 
 @dataclass(frozen=True)
@@ -497,11 +514,13 @@ class _TaskMaker:
 def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *, cache_dir: Path | None,
                 decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
                 listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
-                sig_dir: Path | None = None, refer: bool = True) -> tuple[list[ChunkResult], SampleTable]:
+                sig_dir: Path | None = None,
+                refer: bool = True) -> tuple[list[ChunkResult], SampleTable, tuple[tuple[str, ...], ...]]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
-    Returns the chunk results in key order, without their samples, and every sample in a
-    table, in the order the results arrived.
+    Returns the chunk results in key order, without their samples, every sample in a table, in
+    the order the results arrived, and the groups of entity ids that differ only in case, spacing
+    or leading zeros (:meth:`_Settle.lookalikes`).
 
     Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
@@ -547,7 +566,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         results.append(settle.chunk(result))
         progress.update(result.files, bad=len(result.issues))
     progress.close()
-    return sorted(results, key=lambda r: r.key), settle.table.finish()
+    return sorted(results, key=lambda r: r.key), settle.table.finish(), settle.lookalikes()
 
 
 def _grouped_rows(table: RefTable, job: JobConfig) -> list[tuple[Grouping, list[int]]]:

@@ -300,7 +300,14 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
 
 def read_pinned(path: Path) -> dict[str, str]:
     """Read ``entity,split`` rows; ConfigError naming the row for a bad split or a repeat."""
-    pins: dict[str, str] = {}
+    return {entity: split for entity, (split, _) in read_pinned_rows(path).items()}
+
+
+def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
+    """Read ``entity,split`` rows: entity → (split, its first row's number). ConfigError naming
+    the row for a bad split or a repeat; never the entity's raw id (a patient's record number,
+    which a message would carry into CI logs): the row tells the user which it is."""
+    pins: dict[str, tuple[str, int]] = {}
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
@@ -310,9 +317,10 @@ def read_pinned(path: Path) -> dict[str, str]:
                 entity, split = (row["entity"] or "").strip(), (row["split"] or "").strip()
                 if split not in SPLITS:
                     raise ConfigError(f"{path}: row {number}, column 'split': {split!r} is not one of {SPLITS}")
-                if entity in pins and pins[entity] != split:
-                    raise ConfigError(f"{path}: row {number}: entity {entity!r} is pinned twice")
-                pins[entity] = split
+                if entity in pins and pins[entity][0] != split:
+                    raise ConfigError(f"{path}: row {number}: its entity is pinned at row {pins[entity][1]} too, to "
+                                      f"another split ({pins[entity][0]}, here {split}); keep one of the two rows")
+                pins.setdefault(entity, (split, number))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the pinned table ({err.strerror})") from err
     return pins
@@ -386,7 +394,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         given = _assign_given(table, cfg, groups, pseudonym, leave_out)
         progress.update(len(groups))
         return given
-    listed = read_pinned(cfg.pinned) if cfg.pinned else {}
+    rows = read_pinned_rows(cfg.pinned) if cfg.pinned else {}
+    listed = {entity: split for entity, (split, _) in rows.items()}
     pins = dict(listed)
     if pseudonym is not None:  # the table names raw ids, as the data does (or pseudonyms, from a manifest)
         pins = {**{pseudonym(e): s for e, s in listed.items()}, **listed}
@@ -440,8 +449,10 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                 fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
         if len(dropped) > before:
             groups[g] = replace(group, dropped=len(dropped) - before)
-    warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. {stray[0]!r}; "
-                "they are pinned nowhere (a typo, or an entity whose files were all bad samples)",) if stray else ()
+    # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
+    warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. the one at row "
+                f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
+                "(a typo, or an entity whose files were all bad samples)",) if stray else ()
     return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
                       pinned={e: s for e, s in pins.items()}, warnings=warnings)
 
@@ -451,7 +462,8 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
     ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue."""
-    given = split_from_lists(table, cfg, pseudonym) if cfg.by == "list" else split_from_column(table, cfg)
+    given = (split_from_lists(table, cfg, pseudonym) if cfg.by == "list"
+             else split_from_column(table, cfg, hide_paths=pseudonym is not None))
     unlisted = given.unlisted
     if leave_out:
         left_files = {table[row].ref.sample_id for row in leave_out}

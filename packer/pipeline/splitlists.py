@@ -107,10 +107,12 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
             if (cell := (row.get(entry.column) or "").strip())]
 
 
-def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str]) -> dict[str, list[tuple[str, int, str]]]:
+def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
+                hidden: bool = False) -> dict[str, list[tuple[str, int, str]]]:
     """Every listed name (in :func:`name_of`'s form; entities through ``entity_name``) with the
     (split, line, item as written) of each list line naming it. ConfigError when two lists name
-    one item, naming both lists and lines, or when a list names nothing."""
+    one item, naming both lists and lines (``hidden``: not the item, a raw entity id under
+    PHI), or when a list names nothing."""
     items: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
     for entry in cfg.lists:
         lines = read_split_list(entry)
@@ -124,7 +126,8 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str]) -> dict[str
             other = next((s for s in seen if s[0] != entry.split), None)
             if other is not None:
                 first = next(e for e in cfg.lists if e.split == other[0])
-                raise ConfigError(f"{text!r} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
+                item = "an entity" if hidden else repr(text)
+                raise ConfigError(f"{item} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
                                   f"{other[1]} and split.lists.{entry.split} ({entry.spec}) line {number}; a sample "
                                   "goes to one split: remove one of the lines")
             seen.append((entry.split, number, text))
@@ -145,7 +148,9 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
     See the module docstring for what is refused."""
-    items = _read_items(cfg, pseudonym or (lambda raw: raw))
+    # a listed raw entity id under PHI is named by its list and line only, like a pinned one
+    pseudonyms = cfg.match == "entity" and pseudonym is not None
+    items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=pseudonyms)
     relpaths, entities = table.column("relpath"), table.column("entity")
 
     def names_by_match(match: str) -> set[str]:
@@ -155,18 +160,18 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     split = [items[n][0][0] if n in items else None for n in names]
     present = set(names)
     warnings: list[str] = []
-    # a pseudonym close to another says nothing to the user who wrote the raw id
-    pseudonyms = cfg.match == "entity" and pseudonym is not None
     for entry in cfg.lists:
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
         missing = sorted((line, text, name) for line, text, name in listed if name not in present)
         if not missing:
             continue
         line, text, name = missing[0]
-        close = [] if pseudonyms else difflib.get_close_matches(name, present, n=1)
+        # a pseudonym close to another says nothing to the user who wrote the raw id; and under PHI a
+        # close path, name or stem is the data's, whose folders may name the patient: not printed
+        close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
         nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
         said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
-                f"sample (by {cfg.match}), e.g. line {line}: {text!r}{nearest}")
+                f"sample (by {cfg.match}), e.g. line {line}{'' if pseudonyms else f': {text!r}'}{nearest}")
         if len(missing) == len(listed):
             raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
         warnings.append(said + " (a file that is missing, or was a bad sample, is not packed)")
@@ -175,23 +180,25 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "
         f"{', '.join(f'{e.split} {e.spec}' for e in cfg.lists)}); add it to a list, or leave the file out"))
     if unlisted:
-        warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. {unlisted[0].path}: each is a "
-                        "not_in_split bad sample")
+        warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. "
+                        f"{_example(unlisted[0], pseudonym is not None)}: each is a not_in_split bad sample")
     return GivenSplit(split=split, unlisted=unlisted, warnings=tuple(warnings))
 
 
-def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
+def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = False) -> GivenSplit:
     """``by: column``: each sample's split from the ``cfg.column`` cell of its table row, renamed
-    by ``cfg.value_map``. An empty cell is a ``not_in_split`` bad sample; a value that is no
-    split (after the map) is a ConfigError listing every such value with a count, an example
-    file and the closest split; a source whose rows lack the column is a ConfigError."""
+    by ``cfg.value_map``. An empty cell is a ``not_in_split`` bad sample (``hide_paths``, under
+    PHI: the warning names one by sample key); a value that is no split (after the map) is a
+    ConfigError listing every such value with a count, an example file and the closest split; a
+    source whose rows lack the column is a ConfigError."""
     column = cfg.column or ""
     mapping = dict(cfg.value_map)
     split: list[str | None] = []
     wrong: Counter[str] = Counter()
     example: dict[str, str] = {}
     lacking: dict[str, list[str]] = {}
-    for source, extra, path in zip(table.column("source"), table.column("extra"), table.column("path"), strict=True):
+    shown = table.column("key") if hide_paths else table.column("path")  # under PHI a file is its key
+    for source, extra, path in zip(table.column("source"), table.column("extra"), shown, strict=True):
         cells = dict(extra)
         if column not in cells:
             lacking.setdefault(source, sorted(cells))
@@ -211,7 +218,7 @@ def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
         parts, fixes = [], []
         for value, count in sorted(wrong.items()):
             close = difflib.get_close_matches(value, SPLITS, n=1, cutoff=0.5)
-            parts.append(f"{value!r} ({count:,} file(s), e.g. {example[value]}"
+            parts.append(f"{value!r} ({count:,} file(s), e.g. {'sample ' if hide_paths else ''}{example[value]}"
                          + (f"; did you mean {close[0]}?" if close else "") + ")")
             fixes.append(f"{value}: {close[0] if close else '<split>'}")
         fix = ", ".join(fixes)
@@ -219,9 +226,15 @@ def split_from_column(table: SampleTable, cfg: SplitConfig) -> GivenSplit:
                           f"{'; '.join(parts)}; rename them with split.map, e.g. map: {{{fix}}}")
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: its table row's {column!r} cell is empty; give its split ({', '.join(SPLITS)})"))
-    warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {unlisted[0].path}: each is a "
-                "not_in_split bad sample",) if unlisted else ()
+    warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {_example(unlisted[0], hide_paths)}: "
+                "each is a not_in_split bad sample",) if unlisted else ()
     return GivenSplit(split=split, unlisted=unlisted, warnings=warnings)
+
+
+def _example(issue: Issue, hide_paths: bool) -> str:
+    """A bad sample as a printed warning names it: its raw path, or under PHI (whose folders may
+    carry a patient's name) its sample key, which ``packer locate`` maps to the file."""
+    return f"sample {issue.sample_id} (packer locate JOB KEY prints its file)" if hide_paths else issue.path
 
 
 def _unlisted(table: SampleTable, split: Sequence[str | None], say: Callable[..., str]) -> tuple[Issue, ...]:

@@ -43,7 +43,14 @@ from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
-from packer.pipeline.audit import LeakageAudit, accepted_leaks, audit_assignment, raise_on_leakage, write_leakage
+from packer.pipeline.audit import (
+    LeakageAudit,
+    accepted_leaks,
+    audit_assignment,
+    lookalikes_warning,
+    raise_on_leakage,
+    write_leakage,
+)
 from packer.pipeline.cluster import Executor, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.discover import discover
@@ -167,9 +174,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         # without a cache (packer validate), the near-copy signatures live for this run only
         sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
-        chunks, table = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode, quiet=quiet, phi=phi,
-                                    listed=listed, storage_options=storage_options, sig_dir=sig_dir,
-                                    refer=refer)
+        chunks, table, lookalikes = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode,
+                                                quiet=quiet, phi=phi, listed=listed,
+                                                storage_options=storage_options, sig_dir=sig_dir, refer=refer)
         del refs, listed  # the settled samples carry their own (probed) refs
         readers = readers_warning(job, [note for chunk in chunks for note in chunk.notes])
         if readers is not None:  # a warning, not progress: printed under --quiet too
@@ -217,10 +224,12 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet)
     balance = balance_warning(assignment, split_cfg)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
-                             show_dates=phi.dates == "keep", conflicts=conflicts, quiet=quiet)
+                             show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
+                             quiet=quiet)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg)),
                           ("label_conflicts", conflicts_warning(conflicts)),
+                          ("entity_lookalikes", lookalikes_warning(audit)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1]))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)

@@ -1,0 +1,89 @@
+"""One patient under two ids that differ only in case, spacing or leading zeros (``MRN0042`` and
+``mrn0042``, ``0045`` and ``45``: two systems exporting one record number) is split as two
+entities, and may land in two splits. packer cannot know they are one patient, so it does not
+merge them; it reports them (``entity_lookalikes`` in the audit) and warns, naming them by
+pseudonym and sample key, never by raw id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.demo import render_ct_phantom, write_ct_slice
+from packer.phi import Pseudonymizer
+
+KEY = "0123456789abcdef" * 4
+#: two lookalike pairs, a lone id, and two unrelated ids that merely look alike to a person
+IDS = ["MRN0042", "mrn0042", "0045", "45", "MRN0099", "MRN0100", "MRN0101"]
+
+
+def ct_job(tmp_path: Path) -> Path:
+    root = tmp_path / "raw"
+    rows = ["path,label"]
+    for i, patient in enumerate(IDS):
+        for k in range(2):
+            name = f"p{i}/{k}.dcm"
+            write_ct_slice(root / name, patient_id=patient, study_date="20240105", instance_number=k + 1,
+                           pixels_hu=render_ct_phantom(np.random.default_rng(10 * i + k), z=k / 2))
+            rows.append(f"{name},{'ab'[k]}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    doc: dict[str, Any] = {
+        "name": "twins",
+        "sources": [{"kind": "dicom", "root": str(root), "labels": str(tmp_path / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
+                  "balance": {"accept": True}, "near_duplicates": {"enabled": False}},
+        "transform": {"dicom": {"windows": ["lung"], "size": [16, 16]}},
+        "pack": {"format": "webdataset", "max_samples": 8},
+        "output": str(tmp_path / "out"),
+    }
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    return job
+
+
+def test_ids_equal_but_for_case_spacing_or_leading_zeros_are_reported_by_pseudonym(tmp_path: Path) -> None:
+    job = ct_job(tmp_path)
+    report = tmp_path / "v.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(report)],
+                                env={"PACKER_PHI_KEY": KEY})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    rule = doc["audit"]["rules"]["entity_lookalikes"]
+    assert rule["severity"] == "report" and rule["count"] == 2
+    phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=KEY.encode())
+    groups = sorted(sorted(e["entity_id"] for e in finding["entities"]) for finding in rule["findings"])
+    assert groups == sorted([sorted([phi.entity("MRN0042"), phi.entity("mrn0042")]),
+                             sorted([phi.entity("0045"), phi.entity("45")])])
+    for finding in rule["findings"]:  # each entity with its splits and a key packer locate maps to a file
+        assert all(e["splits"] and e["key"].startswith("raw-") for e in finding["entities"])
+    warning = next(w["message"] for w in doc["warnings"] if "case, spacing or leading zeros" in w["message"])
+    assert "entity_lookalikes" in warning
+    text = result.output + json.dumps(doc)
+    assert not any(raw in text for raw in ("MRN0042", "mrn0042", "MRN0099", "'45'", "0045"))
+
+
+def test_a_build_records_lookalikes_in_leakage_json_the_manifest_and_its_output(tmp_path: Path) -> None:
+    job = ct_job(tmp_path)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    version = next((tmp_path / "out" / "twins").glob("*/manifest.json")).parent
+    leakage = json.loads((version / "leakage.json").read_text())
+    assert leakage["rules"]["entity_lookalikes"]["count"] == 2
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["audit"]["rules"]["entity_lookalikes"]["count"] == 2
+    assert "case, spacing or leading zeros" in result.output
+
+
+def test_unrelated_ids_are_not_lookalikes() -> None:
+    from packer.phi import entity_form
+
+    assert entity_form("MRN0042") == entity_form(" mrn 42") == entity_form("MRN00042")
+    assert entity_form("0045") == entity_form("45")
+    assert len({entity_form(e) for e in ("MRN0099", "MRN0100", "MRN0101", "450", "4.5", "MRN-42")}) == 6
