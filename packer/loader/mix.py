@@ -32,7 +32,10 @@ another mix is refused by name.
 Items. ``key`` is ``<member name>/<sample key>`` (keys are unique within one dataset only).
 Class labels are remapped by *name* into the mix's ``label_map``: the first member's map, then
 each further member's new names appended in order, so one index means one class in every
-member. Multi-label and numeric members must name the same labels/numbers in the same order;
+member. With ``records=True`` a record's ``label_index`` is in that map too (the batch's
+``label``); its ``label`` name and every other field are the member's record as stored (its
+``key`` without the ``<member name>/``). Multi-label and numeric members must name the same
+labels/numbers in the same order;
 every member must have the same dtype, layout, target kind and the same mask setting (a
 :class:`~packer.errors.ConfigError` names the member and the field otherwise). Members whose
 sample shapes differ meet the collate rules of one mixed-shape dataset (``collate="stack"``
@@ -59,6 +62,7 @@ import torch
 from packer.errors import ConfigError
 from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
 from packer.loader.readers import Decoded, Failure
+from packer.loader.record import SampleRecord
 from packer.loader.sharding import EpochOrder, RankPlan, derive_seed, epoch_order, random_u64
 from packer.targets import TargetMismatch
 
@@ -220,6 +224,10 @@ class MixedDataset(PlannedDataset):
         remap = self._label_remap[i]
         if remap is not None and "label" in item:
             item["label"] = torch.from_numpy(np.array(remap[int(item["label"])], dtype=np.int64))
+        record = item.get("record")
+        if remap is not None and record is not None and isinstance(record.get("label_index"), int):
+            # the record names the class in the mix's map too, as the batch's label does
+            item["record"] = SampleRecord({**record, "label_index": remap[record["label_index"]]})
         return item
 
 
