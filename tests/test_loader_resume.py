@@ -114,3 +114,38 @@ def test_state_for_another_configuration_is_refused(manifest):
     other = make_loader(ShardDataset(manifest, "train", seed=8, shuffle_buffer=5), 3)
     with pytest.raises(ConfigError, match="seed"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_datasets_set_epoch_reshuffles_a_make_loader_as_the_loaders_does(manifest, workers):
+    """``dataset.set_epoch(e)`` (what a plain DataLoader needs, and what torch habit calls) on
+    a dataset that make_loader drives was overwritten by the loader's own epoch at the next
+    iter(): every epoch came in epoch 0's order, with epoch 0's augmentations."""
+    def fresh():
+        dataset = ShardDataset(manifest, "train", seed=7, shuffle_buffer=5)
+        return dataset, make_loader(dataset, 3, workers)
+
+    dataset, loader = fresh()
+    epoch0 = take(loader, 0)
+    dataset.set_epoch(1)
+    by_dataset = take(loader, 0)
+    _, reference = fresh()
+    reference.set_epoch(1)
+    assert by_dataset == take(reference, 0) != epoch0
+    loader.set_epoch(0)  # the later call wins, whichever object it is made on
+    assert take(loader, 0) == epoch0
+    dataset.set_epoch(1)
+    assert take(loader, 0) == by_dataset and loader.epoch == 1
+    state = loader.state_dict()
+    for closing in (loader, reference):
+        closing.close()
+    # a resume is kept when the dataset's set_epoch names the saved epoch, as the loader's does
+    dataset, resumed = fresh()
+    stopped = make_loader(ShardDataset(manifest, "train", seed=7, shuffle_buffer=5), 3, workers)
+    stopped.set_epoch(1)
+    head = take(stopped, 2)
+    resumed.load_state_dict(stopped.state_dict())
+    dataset.set_epoch(1)
+    assert head + take(resumed, 0) == by_dataset and state["epoch"] == 1
+    for closing in (stopped, resumed):
+        closing.close()

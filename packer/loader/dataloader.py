@@ -351,6 +351,8 @@ class ShardLoader:
         self.skipped_samples: list[str] = []
         self._state = LoaderState(epoch=dataset.epoch, consumed=0, history=())
         self._resume_pending = False
+        # the dataset's set_epoch calls this loader has taken into account (see __iter__)
+        self._epoch_calls_seen = dataset.epoch_calls
         workers = num_workers > 0
         self.dataloader = DataLoader(
             _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last,
@@ -371,10 +373,12 @@ class ShardLoader:
         return self._state.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` next; keeps a pending resume when it is for the same epoch."""
+        """Run ``epoch`` next; keeps a pending resume when it is for the same epoch. The
+        dataset's own ``set_epoch`` does the same when made later (adopted at the next ``iter()``)."""
         if not (self._resume_pending and epoch == self._state.epoch):
             self._state = LoaderState(epoch=epoch, consumed=0, history=())
             self._resume_pending = False
+        self._epoch_calls_seen = self.dataset.epoch_calls
 
     def _segment(self, consumed: int) -> Segment:
         return Segment(world_size=self.dataset.world_size, uneven=self.dataset.uneven, drop_last=self.drop_last,
@@ -386,6 +390,10 @@ class ShardLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.dataset.epoch_calls != self._epoch_calls_seen:
+            # dataset.set_epoch() since this loader's last set_epoch: torch habit (a sampler's or
+            # a plain DataLoader's dataset's set_epoch) must not be overwritten by our own epoch
+            self.set_epoch(self.dataset.epoch_asked)
         if not self._resume_pending:
             self._state = LoaderState(epoch=self._state.epoch, consumed=0, history=())
         self._resume_pending = False
@@ -492,6 +500,7 @@ class ShardLoader:
             self._state = LoaderState(epoch=epoch, consumed=0, history=(*history, saved))
         self.skipped = int(state.get("skipped", 0))
         self._resume_pending = True
+        self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
 
 
 def _state_text(key: str, value: Any) -> str:

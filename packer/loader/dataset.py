@@ -140,6 +140,8 @@ class PlannedDataset(IterableDataset):
         self.skipped = 0
         self.skipped_samples: list[str] = []
         self._orders: dict[int, EpochOrder] = {}
+        #: set_epoch() calls so far and the epoch the last one asked for (a ShardLoader adopts it)
+        self.epoch_calls, self.epoch_asked = 0, 0
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
 
@@ -196,7 +198,11 @@ class PlannedDataset(IterableDataset):
         return int(self._shared[0])
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning (also in persistent workers)."""
+        """Start epoch ``epoch`` from its beginning (also in persistent workers). A
+        :class:`~packer.loader.ShardLoader` driving this dataset takes the call as its own
+        ``set_epoch`` at its next ``iter()`` (the later of the two calls wins)."""
+        self.epoch_calls += 1
+        self.epoch_asked = int(epoch)
         self.set_progress(epoch=epoch, consumed=0, history=())
 
     def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
