@@ -149,3 +149,28 @@ def test_the_datasets_set_epoch_reshuffles_a_make_loader_as_the_loaders_does(man
     assert head + take(resumed, 0) == by_dataset and state["epoch"] == 1
     for closing in (stopped, resumed):
         closing.close()
+
+
+def test_set_epoch_that_drops_a_loaded_mid_epoch_position_says_so(manifest):
+    """``load_state_dict`` then ``set_epoch`` of another epoch (a loop restarted at 0, or at the
+    checkpoint's epoch + 1 by the script's own count) threw the resume position away without a
+    word: the saved epoch's rest was never trained, or epochs were trained twice."""
+    stopped = loader_for(manifest, workers=0, epoch=1)
+    take(stopped, 2)
+    state = stopped.state_dict()
+    resumed = loader_for(manifest, workers=0, epoch=0)
+    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(0\) discards the loader state loaded for epoch 1 "
+                                         r"\(6 of its 20 samples consumed\)"):
+        resumed.set_epoch(0)
+    assert sorted(k for b in resumed for k in b["key"]) == split_keys(sum(SIZES))  # epoch 0, whole
+    # the saved epoch itself keeps it, and a state saved at an epoch's end has nothing to lose
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    ended = loader_for(manifest, workers=0, epoch=1)
+    [b for b in ended]
+    resumed.load_state_dict(ended.state_dict())
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.set_epoch(2)

@@ -26,6 +26,7 @@ import functools
 import logging
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -376,9 +377,22 @@ class ShardLoader:
         """Run ``epoch`` next; keeps a pending resume when it is for the same epoch. The
         dataset's own ``set_epoch`` does the same when made later (adopted at the next ``iter()``)."""
         if not (self._resume_pending and epoch == self._state.epoch):
+            self._warn_if_resume_dropped(epoch)
             self._state = LoaderState(epoch=epoch, consumed=0, history=())
             self._resume_pending = False
         self._epoch_calls_seen = self.dataset.epoch_calls
+
+    def _warn_if_resume_dropped(self, epoch: int) -> None:
+        """Warn when ``set_epoch(epoch)`` throws away a state loaded for another epoch that had
+        samples left (a loop restarted at 0, or at the saved epoch + 1 by the script's own count)."""
+        state, total = self._state, len(self.dataset)
+        if not self._resume_pending or not (state.history or 0 < state.consumed < total):
+            return
+        done = f"{min(state.consumed, total)} of its {total} samples consumed" if not state.history else (
+            "mid-epoch, under another world size")
+        warnings.warn(f"set_epoch({epoch}) discards the loader state loaded for epoch {state.epoch} ({done}): the "
+                      f"rest of epoch {state.epoch} will not be read; to resume it call set_epoch({state.epoch}) "
+                      "first (loop from the state's 'epoch')", UserWarning, stacklevel=3)
 
     def _segment(self, consumed: int) -> Segment:
         return Segment(world_size=self.dataset.world_size, uneven=self.dataset.uneven, drop_last=self.drop_last,
