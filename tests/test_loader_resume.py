@@ -174,3 +174,22 @@ def test_set_epoch_that_drops_a_loaded_mid_epoch_position_says_so(manifest):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.set_epoch(2)
+
+
+def test_state_for_another_dataset_version_is_refused_by_name(manifest, tmp_path):
+    """Only split, sample count, seed and view were compared, so a checkpoint taken on one
+    dataset resumed into another of the same size (a rebuilt version, another dataset) and
+    "the rest of the epoch" was the rest of another order: samples seen twice, others never."""
+    fmt = "parquet" if manifest.parent.joinpath("train-000000.parquet").exists() else "webdataset"
+    other = build_dataset(tmp_path / "other", fmt=fmt, shard_sizes=SIZES, classes=2)  # same count, other data
+    stopped = loader_for(manifest, workers=0)
+    take(stopped, 2)
+    resumed = make_loader(ShardDataset(other, "train", seed=7, shuffle_buffer=5), 3)
+    mine, theirs = (json.loads(p.read_text()) for p in (manifest, other))
+    with pytest.raises(ConfigError, match=f"dataset saved '{mine['name']}@{mine['version']}', now "
+                                          f"'{theirs['name']}@{theirs['version']}'"):
+        resumed.load_state_dict(stopped.state_dict())
+    old = {k: v for k, v in stopped.state_dict().items() if k != "dataset"}  # a state saved before versions were
+    same = loader_for(manifest, workers=0)
+    same.load_state_dict(old)                                                 # recorded still resumes
+    assert len([k for b in same for k in b["key"]]) == sum(SIZES) - 6

@@ -487,7 +487,8 @@ class ShardLoader:
         Same world size (and ``uneven``, and batch size where ``drop_last``): the same
         order as the uninterrupted epoch. Otherwise the samples no rank had consumed are
         split afresh over the new ranks (the same set, another order). Raises
-        ``ConfigError`` when the state belongs to another split, seed or shuffle setting.
+        ``ConfigError`` when the state belongs to another dataset version (``name@version``),
+        split, view, seed or shuffle setting.
         """
         ds = self.dataset
         if state.get("format") != STATE_FORMAT:
@@ -497,7 +498,9 @@ class ShardLoader:
             kinds = ("a MixedDataset", "a ShardDataset")
             then, now = kinds if "mix" in state else kinds[::-1]
             raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
-        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        # a state saved before its dataset's name@version was recorded cannot be checked for it
+        wrong = {k: (state.get(k), v) for k, v in expected.items()
+                 if state.get(k) != v and not (k in UNRECORDED_BEFORE and k not in state)}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
                               + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"
@@ -515,6 +518,10 @@ class ShardLoader:
         self.skipped = int(state.get("skipped", 0))
         self._resume_pending = True
         self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
+
+
+#: Identity fields that states saved by older packers lack (not checked when absent).
+UNRECORDED_BEFORE = ("dataset",)
 
 
 def _state_text(key: str, value: Any) -> str:

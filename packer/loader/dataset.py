@@ -459,7 +459,8 @@ class ShardDataset(PlannedDataset):
 
     def identity(self) -> dict[str, Any]:
         view = self.view
-        return {"split": self.info.split, "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
+        return {"dataset": f"{self.info.name}@{self.info.version}", "split": self.info.split,
+                "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer,
                 "sources": list(view.sources) if view is not None and view.sources is not None else None,
                 "labels": list(view.labels) if view is not None and view.labels is not None else None}
