@@ -194,6 +194,15 @@ def test_a_records_label_index_is_the_mixes_like_the_batch_label(tmp_path: Path)
     assert seen == {"a": 6, "b": 6}
 
 
+def test_members_that_disagree_on_records_are_refused_by_name(manifests: dict[str, Path]) -> None:
+    """One member with records=True and one without: the first batch holding both died in the
+    collate with a bare KeyError: 'record'."""
+    with pytest.raises(ConfigError, match=r"MixedDataset: b has records=False but a has records=True; .*"
+                                          r"records=True"):
+        MixedDataset([(ShardDataset(manifests["a"], "train", records=True), 1),
+                      (ShardDataset(manifests["b"], "train"), 1)], names=["a", "b"])
+
+
 def test_members_transform_applies_to_its_own_samples(manifests: dict[str, Path]) -> None:
     a = ShardDataset(manifests["a"], "train", transform=lambda image: image.float() * 0)
     b = ShardDataset(manifests["b"], "train", transform=lambda image: image.float() + 1000)

@@ -452,6 +452,8 @@ class ShardDataset(PlannedDataset):
         self.samples = int(self._offsets[-1])
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
         self.shape = self.info.shape_of(self.view.present if self.view is not None else None)
+        #: Whether items carry ``record`` (``records=True``)
+        self.records = bool(records)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout, records=records)

@@ -36,7 +36,7 @@ member. With ``records=True`` a record's ``label_index`` is in that map too (the
 ``label``); its ``label`` name and every other field are the member's record as stored (its
 ``key`` without the ``<member name>/``). Multi-label and numeric members must name the same
 labels/numbers in the same order;
-every member must have the same dtype, layout, target kind and the same mask setting (a
+every member must have the same dtype, layout, target kind, mask setting and ``records`` (a
 :class:`~packer.errors.ConfigError` names the member and the field otherwise). Members whose
 sample shapes differ meet the collate rules of one mixed-shape dataset (``collate="stack"``
 names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
@@ -146,6 +146,12 @@ class MixedDataset(PlannedDataset):
                     f"MixedDataset: member {name} was made as rank {dataset.rank} of {dataset.world_size}, the mix is "
                     f"rank {self.rank} of {self.world_size}; the mix splits its epoch over the ranks itself, so pass "
                     "rank=/world_size= to MixedDataset and leave the members' at their defaults")
+        for dataset, name in zip(self.members[1:], self.names[1:], strict=True):
+            if dataset.records != self.members[0].records:
+                raise ConfigError(
+                    f"MixedDataset: {name} has records={dataset.records} but {self.names[0]} has "
+                    f"records={self.members[0].records}; a batch holds each sample's record or none: make every "
+                    "member with records=True, or none")
         self.info, self._label_remap = _mixed_info(self.members, self.names)
         self.samples, self._counts = shares([m.samples for m in self.members], self.weights, epoch_length)
         shapes = {m.shape for m in self.members}
