@@ -171,7 +171,9 @@ SAGITTAL_TO_RIGHT = (0.0, 1.0, 0.0, 0.0, 0.0, -1.0)  # row × column = -x: point
 
 
 @pytest.mark.parametrize("orientation,axis", [(AXIAL, 2), (FEET_FIRST, 2), (SAGITTAL_TO_RIGHT, 0),
-                                              ((0.0, 1.0, 0.0, 0.0, 0.0, 1.0), 0)])
+                                              ((0.0, 1.0, 0.0, 0.0, 0.0, 1.0), 0),
+                                              ((1.0, 0.0, 0.0, 0.0, 0.0, -1.0), 1),    # coronal: normal +y
+                                              ((-1.0, 0.0, 0.0, 0.0, 0.0, -1.0), 1)])  # coronal: normal -y
 def test_a_series_runs_along_the_positive_patient_axis_whatever_its_normal_points_to(
         orientation: tuple[float, ...], axis: int) -> None:
     """Axial stacks run inferior→superior (+z in LPS), sagittal right→left (+x), whichever way
