@@ -354,6 +354,7 @@ class ShardLoader:
         self._resume_pending = False
         # the dataset's set_epoch calls this loader has taken into account (see __iter__)
         self._epoch_calls_seen = dataset.epoch_calls
+        _warn_if_ranks_step_apart(dataset, batch_size, drop_last)
         workers = num_workers > 0
         self.dataloader = DataLoader(
             _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last,
@@ -518,6 +519,24 @@ class ShardLoader:
         self.skipped = int(state.get("skipped", 0))
         self._resume_pending = True
         self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
+
+
+def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_last: bool) -> None:
+    """Warn when, under an initialised ``torch.distributed``, the ranks of ``dataset`` get
+    different numbers of batches (``uneven="exact"`` with a sample count the ranks do not share
+    evenly): in DDP the rank that runs out first leaves the others waiting forever in the next
+    collective (the gradient all-reduce), a hang with no message."""
+    if dataset.world_size < 2 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    n, w = dataset.samples, dataset.world_size
+    per_rank = {(r + 1) * n // w - r * n // w for r in range(w)} if dataset.uneven == "exact" else {len(dataset)}
+    batches = sorted({m // batch_size if drop_last else -(-m // batch_size) for m in per_rank}, reverse=True)
+    if len(batches) > 1:
+        warnings.warn(
+            f"ranks get {' or '.join(map(str, batches))} batches of {batch_size} (uneven={dataset.uneven!r}: "
+            f"{n} samples over {w} ranks); in DDP the rank with fewer batches leaves the others waiting "
+            "forever in the next all-reduce. Pass uneven='pad' (every rank the same count, a few samples "
+            "repeated) or uneven='drop' to the dataset for training", UserWarning, stacklevel=3)
 
 
 #: Identity fields that states saved by older packers lack (not checked when absent).
