@@ -42,6 +42,8 @@ What to copy into a real training script:
   reads rank and world size from torch.distributed, and ``uneven="pad"`` gives every rank
   the same number of batches, so no rank waits forever in an all-reduce.
 - ``set_epoch`` before every epoch (new shard and sample order).
+- Integer samples (uint8) are scaled to 0..1 and centred (mean 0.5, std 0.25) on the device;
+  float samples (z-scores of an MR job with ``output: float16``) are fed as stored.
 - The checkpoint holds the loader position (``DevicePrefetcher.state_dict()``), taken from
   the prefetcher so the batch it has prefetched is not counted as consumed; ``--resume``
   continues mid-epoch with exactly the batches that were left.
@@ -273,7 +275,10 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
             "(README, 'Mixed shapes')")
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)
-    batches = DevicePrefetcher(loader, device, mean=(0.5,), std=(0.25,))
+    # integer samples (uint8 windows) become 0..1 and are centred; float ones (an MR job's
+    # z-scores, output: float16) are already in the units a model wants and pass as stored
+    integer = not torch.empty(0, dtype=getattr(torch, dataset.info.dtype)).is_floating_point()
+    batches = DevicePrefetcher(loader, device, **({"mean": (0.5,), "std": (0.25,)} if integer else {}))
     objective = args.pick(dataset, channels, device)
     model: nn.Module = objective.model.to(device)
     optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -5,7 +5,8 @@ folder keeps (``ls``; a dataset folder's versions are :mod:`packer.versions`').
 Everything here reads manifests through :func:`packer.manifest.read_manifest` (strict), so an
 edited or damaged manifest raises IntegrityError (exit 5) instead of being summarised. ``diff``
 also reads each version's ``_index.parquet`` (after checking its sha256 against the
-manifest) to compare samples by key, per-sample sha256 and target.
+manifest) to compare samples by key, per-sample sha256 and target; across formats it reads
+the Parquet side's pixels to hash them as the tar side's index does (:func:`as_tar_digests`).
 
 Each view follows the dataset's target kind (:mod:`packer.targets`): class counts for a class
 target, samples holding each label for multi-label, min/mean/max for numeric targets, nothing
@@ -451,6 +452,44 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+#: The shard format whose index sha256 is of the raw pixels (the tar format's is of the .npy member).
+PARQUET = "parquet"
+
+
+def as_tar_digests(manifest: Manifest, rows: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """Rewrite ``rows`` (:func:`read_sample_index` of the Parquet version ``manifest``) so that
+    each sample's ``sha256`` is the one a WebDataset build of the same pixels records (of the
+    ``.npy`` member: header, then pixels; :func:`~packer.shards.encode.pixels_digest`), reading
+    every shard's ``key``, ``shape``, ``dtype`` and ``image`` cells. Returns (shards read, bytes
+    of those shards). IntegrityError, naming the shard and key, when a shard is missing or
+    unreadable, or when a cell's pixels do not hash to the sha256 the index records for it."""
+    from packer.shards.encode import pixels_digest
+
+    shards = size = 0
+    for _, shard in _manifest_shards(manifest):
+        path = Path(manifest.locate(shard["file"]))
+        try:
+            batches = pq.ParquetFile(path).iter_batches(columns=["key", "shape", "dtype", "image"], batch_size=64)
+            for batch in batches:
+                for key, shape, dtype, image in zip(*(batch.column(n).to_pylist() for n in batch.schema.names),
+                                                    strict=True):
+                    found = pixels_digest(image, shape=tuple(shape), dtype=dtype, fmt=PARQUET).hexdigest()
+                    row = rows.get(key)
+                    if row is None or row["sha256"] != found:
+                        why = "_index.parquet has no row for it" if row is None else "not what _index.parquet records"
+                        raise IntegrityError(
+                            f"{path}: sample {key}: its image cell hashes to sha256 {found[:16]}…, {why}; run "
+                            f"`packer verify {manifest.folder}` and rebuild the version")
+                    row["sha256"] = pixels_digest(image, shape=tuple(shape), dtype=dtype,
+                                                  fmt="webdataset").hexdigest()
+        except (pa.ArrowException, OSError) as err:
+            raise IntegrityError(f"{path}: shard unreadable as Parquet ({err}); diff across formats reads the "
+                                 f"Parquet side's pixels: pass a version folder that holds its shards") from err
+        shards += 1
+        size += int(shard["bytes"])
+    return shards, size
+
+
 def _side(manifest: Manifest) -> dict[str, Any]:
     return {"manifest": manifest.location, "name": manifest.name, "version": manifest.version,
             "dataset_hash": manifest.dataset_hash, "format": manifest.format,
@@ -480,9 +519,14 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
             notes.append(f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
                          "not compared; pass the version folders")
     content = old["format"] == new["format"]
-    if not content:
-        notes.append(f"formats differ ({old['format']} vs {new['format']}): per-sample sha256 hash different "
-                     "bytes (.npy member vs raw image), so content changes are not compared")
+    if not content and old_rows is not None and new_rows is not None:
+        parquet = old_manifest if old["format"] == PARQUET else new_manifest
+        shards, size = as_tar_digests(parquet, old_rows if parquet is old_manifest else new_rows)
+        content = True
+        notes.append(f"formats differ ({old['format']} vs {new['format']}): the index's per-sample sha256 hashes "
+                     f"the .npy member in one and the raw pixels in the other, so the {PARQUET} side's pixels were "
+                     f"read from its {shards} shard(s) ({human_bytes(size)}) and hashed as a tar shard's .npy member "
+                     "to compare content")
     old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
     target = old_target if old_target.kind == new_target.kind else None
     if target is None:

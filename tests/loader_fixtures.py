@@ -32,22 +32,25 @@ def sample_image(index: int, shape: Sequence[int] = SHAPE) -> np.ndarray:
 
 
 def make_sample(index: int, *, split: str = "train", classes: int = 3,
-                shape: Sequence[int] = SHAPE) -> EncodedSample:
-    """One EncodedSample as packer's encoder would make it."""
+                shape: Sequence[int] = SHAPE, dtype: str = "uint8") -> EncodedSample:
+    """One EncodedSample as packer's encoder would make it. A float ``dtype`` stores the image
+    as z-score-like values, ``pixel / 10 - 5`` (not in 0..1, as an MR job's z-scores)."""
     image = sample_image(index, shape)
+    if dtype != "uint8":
+        image = (image.astype(np.float32) / 10 - 5).astype(dtype)
     label = index % classes
     key = f"s{index:05d}"
     info = {"key": key, "sample_id": key, "source": "synthetic", "kind": "image", "label": f"c{label}",
             "label_index": label, "entity_id": f"e{index}", "split": split, "shape": list(image.shape),
-            "dtype": "uint8", "metadata": {}}
+            "dtype": dtype, "metadata": {}}
     return EncodedSample(key=key, split=split, label=label, label_name=f"c{label}", entity_id=f"e{index}",
-                         source="synthetic", shape=tuple(image.shape), dtype="uint8", pixels=image.tobytes(),
+                         source="synthetic", shape=tuple(image.shape), dtype=dtype, pixels=image.tobytes(),
                          info=info)
 
 
 def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[int] = (5, 3, 4),
                   split: str = "train", classes: int = 3, shape: Sequence[int] | None = SHAPE,
-                  shapes: Sequence[Sequence[int]] | None = None) -> Path:
+                  shapes: Sequence[Sequence[int]] | None = None, dtype: str = "uint8") -> Path:
     """Write shards of ``shard_sizes`` samples and a manifest.json into ``root``; return the manifest path.
 
     ``shapes``: per-sample shapes (cycled) for a variable-size dataset (``shape`` then null).
@@ -60,7 +63,7 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
         samples = []
         for _ in range(size):
             sample_shape = shapes[index % len(shapes)] if shapes else (shape or SHAPE)
-            samples.append(make_sample(index, split=split, classes=classes, shape=sample_shape))
+            samples.append(make_sample(index, split=split, classes=classes, shape=sample_shape, dtype=dtype))
             counts[f"c{index % classes}"] += 1
             index += 1
         written = writer(root / f"{split}-{k:06d}.{ext}", samples)
@@ -69,7 +72,7 @@ def build_dataset(root: Path, *, fmt: str = "webdataset", shard_sizes: Sequence[
                           entity_ids=[s.entity_id for s in samples], sources=[s.source for s in samples])
     entry = write_index(root, columns)  # _index.parquet as a build writes it (with each sample's checksum)
     return write_manifest(root, fmt=fmt, shards=shards, split=split, classes=classes, class_counts=counts,
-                          shape=None if shapes else shape, index=entry)
+                          shape=None if shapes else shape, index=entry, dtype=dtype)
 
 
 def write_manifest(root: Path, *, fmt: str, shards: list[dict], split: str = "train", classes: int = 3,

@@ -48,6 +48,7 @@ class Builds:
     first: Path        # the demo tree as written
     grown: Path        # + one new CT patient, + one new photo subject, one photo's pixels replaced
     reseeded: Path     # grown tree, split seed 18
+    grown_parquet: Path  # grown tree packed as Parquet
     registry: Path
     added: frozenset[str]
     changed: str
@@ -65,8 +66,8 @@ def builds(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Builds:
     key = (raw / "phi.key").read_text().strip().encode()
     registry = tmp / "manifests"
 
-    def run(**overrides: Any) -> Path:
-        doc = demo_job_doc(raw, tmp / "out", registry=str(registry), **overrides)
+    def run(*, to_registry: bool = True, **overrides: Any) -> Path:
+        doc = demo_job_doc(raw, tmp / "out", **({"registry": str(registry)} if to_registry else {}), **overrides)
         return build(load_job(write_job(tmp / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
 
     first = run()
@@ -81,7 +82,8 @@ def builds(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Builds:
     grown = run()
     split = dict(demo_job_doc(raw, tmp)["split"], seed=18)
     reseeded = run(split=split)
-    return Builds(first=first, grown=grown, reseeded=reseeded, registry=registry,
+    grown_parquet = run(to_registry=False, pack=dict(demo_job_doc(raw, tmp)["pack"], format="parquet"))
+    return Builds(first=first, grown=grown, reseeded=reseeded, grown_parquet=grown_parquet, registry=registry,
                   added=frozenset({key_of("ct", "PAT0099/ST01/IM001.dcm", key), key_of("photos", "S099/01.png", key)}),
                   changed=key_of("photos", f"S001/{first_photo.name}", key))
 
@@ -186,6 +188,43 @@ def test_diff_names_exactly_the_added_and_changed_samples(builds: Builds) -> Non
     text = invoke("diff", builds.first, builds.grown).output
     assert "2 added, 0 removed, 1 changed, 0 moved split" in text
     assert all(key in text for key in builds.added | {builds.changed})
+
+
+def test_diff_across_formats_compares_each_samples_pixels(builds: Builds) -> None:
+    """A WebDataset version against a Parquet one: the index's per-sample sha256 hashes the
+    .npy member in one and the raw pixels in the other, so diff said "0 changed" without
+    comparing any content. It must name the sample whose pixels changed, and find none changed
+    between the same tree packed both ways."""
+    same = json.loads(invoke("diff", builds.grown, builds.grown_parquet, "--json").stdout)
+    assert same["samples"]["content_compared"] is True
+    assert all(same["samples"][kind] == [] for kind in ("added", "removed", "changed", "moved", "relabeled"))
+    assert [c["path"] for c in same["config"]] == ["pack.format"]
+    payload = json.loads(invoke("diff", builds.first, builds.grown_parquet, "--json").stdout)
+    assert payload["samples"]["content_compared"] is True
+    assert [c["key"] for c in payload["samples"]["changed"]] == [builds.changed]
+    assert {c["key"] for c in payload["samples"]["added"]} == builds.added
+    back = json.loads(invoke("diff", builds.grown_parquet, builds.first, "--json").stdout)
+    assert [c["key"] for c in back["samples"]["changed"]] == [builds.changed]
+    text = invoke("diff", builds.first, builds.grown_parquet).output
+    assert "2 added, 0 removed, 1 changed, 0 moved split" in text
+    assert "formats differ (webdataset vs parquet)" in text and "pixels were read from its" in text
+
+
+def test_diff_across_formats_refuses_a_parquet_shard_whose_pixels_its_index_does_not_record(
+        builds: Builds, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    copy = Path(shutil.copytree(builds.grown_parquet, tmp_path / "v"))
+    shard = sorted(copy.glob("train-*.parquet"))[0]
+    table = pq.read_table(shard)
+    images = table.column("image").to_pylist()
+    images[0] = bytes(255 - b for b in images[0])
+    pq.write_table(table.set_column(table.schema.get_field_index("image"), "image",
+                                    pa.array(images, pa.binary())), shard)
+    result = invoke("diff", builds.grown, copy)
+    assert result.exit_code == 5
+    assert f"{shard}: sample {table.column('key')[0].as_py()}: its image cell hashes to sha256" in result.output
+    assert "not what _index.parquet records" in result.output and "packer verify" in result.output
 
 
 def test_diff_reports_config_changes_and_samples_that_moved_split(builds: Builds) -> None:

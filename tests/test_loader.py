@@ -279,3 +279,29 @@ def test_records_true_delivers_each_samples_json_record_with_it(tmp_path: Path, 
     for batch in batches:
         assert [record["key"] for record in batch["record"]] == batch["key"]
     assert sum(len(batch["record"]) for batch in batches) == 7
+
+
+def test_exact_under_torch_distributed_warns_when_ranks_get_different_batch_counts(tmp_path: Path) -> None:
+    """ShardDataset's default uneven="exact" under DDP: 20 samples over 3 ranks are 6, 7 and 7,
+    in batches of 2 that is 3, 4 and 4 batches, and the rank with fewer leaves its peers waiting
+    forever in the gradient all-reduce, without a word. make_loader must say so up front."""
+    import warnings
+
+    import torch.distributed as dist
+
+    manifest = build_dataset(tmp_path / "d", shard_sizes=(10, 10))             # 20 samples
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        uneven = ShardDataset(manifest, "train", rank=0, world_size=3)        # 6, 7, 7 samples
+        with pytest.warns(UserWarning, match=r"ranks get 4 or 3 batches of 2 \(uneven='exact': 20 samples over "
+                                             r"3 ranks\).*uneven='pad'"):
+            make_loader(uneven, batch_size=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            make_loader(ShardDataset(manifest, "train", rank=0, world_size=3), batch_size=4)  # 2 batches each
+            make_loader(ShardDataset(manifest, "train", rank=0, world_size=3, uneven="pad"), batch_size=2)
+    finally:
+        dist.destroy_process_group()
+    with warnings.catch_warnings():  # outside torch.distributed (a script splitting work itself): no warning
+        warnings.simplefilter("error")
+        make_loader(ShardDataset(manifest, "train", rank=0, world_size=3), batch_size=2)

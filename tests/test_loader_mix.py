@@ -174,6 +174,35 @@ def test_class_labels_are_remapped_by_name(tmp_path: Path) -> None:
         assert names[int(item["label"])] == own[member][int(key[1:]) % 3]
 
 
+def test_a_records_label_index_is_the_mixes_like_the_batch_label(tmp_path: Path) -> None:
+    """With ``records=True`` a record's ``label_index`` is in the mix's label map, the map the
+    batch's ``label`` uses: a member's own index would name another class (b's 1 is "other",
+    the mix's 1 is "c1")."""
+    a = build_dataset(tmp_path / "a", shard_sizes=(6,), classes=3)               # c0 c1 c2
+    b = relabel(build_dataset(tmp_path / "b", shard_sizes=(6,), classes=3), ["c2", "other", "c0"])
+    mix = MixedDataset([(ShardDataset(a, "train", records=True), 1), (ShardDataset(b, "train", records=True), 1)],
+                       names=["a", "b"])
+    loader = make_loader(mix, batch_size=4, num_workers=0)
+    seen = Counter()
+    for batch in loader:
+        for label, record, key in zip(batch["label"].tolist(), batch["record"], batch["key"], strict=True):
+            member = key.split("/")[0]
+            own = int(key.rsplit("/s", 1)[1]) % 3               # the member's own index (fixture: i % 3)
+            expected = own if member == "a" else {0: 2, 1: 3, 2: 0}[own]   # b's c2/other/c0 in the mix's map
+            assert record["label_index"] == label == expected, (key, record["label_index"], label)
+            seen[member] += 1
+    assert seen == {"a": 6, "b": 6}
+
+
+def test_members_that_disagree_on_records_are_refused_by_name(manifests: dict[str, Path]) -> None:
+    """One member with records=True and one without: the first batch holding both died in the
+    collate with a bare KeyError: 'record'."""
+    with pytest.raises(ConfigError, match=r"MixedDataset: b has records=False but a has records=True; .*"
+                                          r"records=True"):
+        MixedDataset([(ShardDataset(manifests["a"], "train", records=True), 1),
+                      (ShardDataset(manifests["b"], "train"), 1)], names=["a", "b"])
+
+
 def test_members_transform_applies_to_its_own_samples(manifests: dict[str, Path]) -> None:
     a = ShardDataset(manifests["a"], "train", transform=lambda image: image.float() * 0)
     b = ShardDataset(manifests["b"], "train", transform=lambda image: image.float() + 1000)

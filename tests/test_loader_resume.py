@@ -114,3 +114,82 @@ def test_state_for_another_configuration_is_refused(manifest):
     other = make_loader(ShardDataset(manifest, "train", seed=8, shuffle_buffer=5), 3)
     with pytest.raises(ConfigError, match="seed"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_datasets_set_epoch_reshuffles_a_make_loader_as_the_loaders_does(manifest, workers):
+    """``dataset.set_epoch(e)`` (what a plain DataLoader needs, and what torch habit calls) on
+    a dataset that make_loader drives was overwritten by the loader's own epoch at the next
+    iter(): every epoch came in epoch 0's order, with epoch 0's augmentations."""
+    def fresh():
+        dataset = ShardDataset(manifest, "train", seed=7, shuffle_buffer=5)
+        return dataset, make_loader(dataset, 3, workers)
+
+    dataset, loader = fresh()
+    epoch0 = take(loader, 0)
+    dataset.set_epoch(1)
+    by_dataset = take(loader, 0)
+    _, reference = fresh()
+    reference.set_epoch(1)
+    assert by_dataset == take(reference, 0) != epoch0
+    loader.set_epoch(0)  # the later call wins, whichever object it is made on
+    assert take(loader, 0) == epoch0
+    dataset.set_epoch(1)
+    assert take(loader, 0) == by_dataset and loader.epoch == 1
+    state = loader.state_dict()
+    for closing in (loader, reference):
+        closing.close()
+    # a resume is kept when the dataset's set_epoch names the saved epoch, as the loader's does
+    dataset, resumed = fresh()
+    stopped = make_loader(ShardDataset(manifest, "train", seed=7, shuffle_buffer=5), 3, workers)
+    stopped.set_epoch(1)
+    head = take(stopped, 2)
+    resumed.load_state_dict(stopped.state_dict())
+    dataset.set_epoch(1)
+    assert head + take(resumed, 0) == by_dataset and state["epoch"] == 1
+    for closing in (stopped, resumed):
+        closing.close()
+
+
+def test_set_epoch_that_drops_a_loaded_mid_epoch_position_says_so(manifest):
+    """``load_state_dict`` then ``set_epoch`` of another epoch (a loop restarted at 0, or at the
+    checkpoint's epoch + 1 by the script's own count) threw the resume position away without a
+    word: the saved epoch's rest was never trained, or epochs were trained twice."""
+    stopped = loader_for(manifest, workers=0, epoch=1)
+    take(stopped, 2)
+    state = stopped.state_dict()
+    resumed = loader_for(manifest, workers=0, epoch=0)
+    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(0\) discards the loader state loaded for epoch 1 "
+                                         r"\(6 of its 20 samples consumed\)"):
+        resumed.set_epoch(0)
+    assert sorted(k for b in resumed for k in b["key"]) == split_keys(sum(SIZES))  # epoch 0, whole
+    # the saved epoch itself keeps it, and a state saved at an epoch's end has nothing to lose
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    ended = loader_for(manifest, workers=0, epoch=1)
+    [b for b in ended]
+    resumed.load_state_dict(ended.state_dict())
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.set_epoch(2)
+
+
+def test_state_for_another_dataset_version_is_refused_by_name(manifest, tmp_path):
+    """Only split, sample count, seed and view were compared, so a checkpoint taken on one
+    dataset resumed into another of the same size (a rebuilt version, another dataset) and
+    "the rest of the epoch" was the rest of another order: samples seen twice, others never."""
+    fmt = "parquet" if manifest.parent.joinpath("train-000000.parquet").exists() else "webdataset"
+    other = build_dataset(tmp_path / "other", fmt=fmt, shard_sizes=SIZES, classes=2)  # same count, other data
+    stopped = loader_for(manifest, workers=0)
+    take(stopped, 2)
+    resumed = make_loader(ShardDataset(other, "train", seed=7, shuffle_buffer=5), 3)
+    mine, theirs = (json.loads(p.read_text()) for p in (manifest, other))
+    with pytest.raises(ConfigError, match=f"dataset saved '{mine['name']}@{mine['version']}', now "
+                                          f"'{theirs['name']}@{theirs['version']}'"):
+        resumed.load_state_dict(stopped.state_dict())
+    old = {k: v for k, v in stopped.state_dict().items() if k != "dataset"}  # a state saved before versions were
+    same = loader_for(manifest, workers=0)
+    same.load_state_dict(old)                                                 # recorded still resumes
+    assert len([k for b in same for k in b["key"]]) == sum(SIZES) - 6

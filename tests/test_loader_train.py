@@ -86,6 +86,37 @@ def load_example():
     return module
 
 
+def test_example_feeds_float_samples_as_stored_and_normalises_integer_ones(tmp_path, monkeypatch):
+    """A float16 dataset holds z-scores (an MR job's ``output: float16``: "as nnU-Net trains on
+    them"); train.py normalised every dataset with mean 0.5, std 0.25 as if it were 0..1, so the
+    model saw (z - 0.5) × 4. Integer samples keep that normalisation."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    example = load_example()
+    seen = {}
+
+    def pick(dataset, channels, device):
+        objective = example.pick_objective(dataset, channels, device)
+
+        def loss(model, batch):
+            seen.setdefault(dataset.info.dtype, (batch["image"].clone(), list(batch["key"])))
+            return objective.loss(model, batch)
+
+        return example.Objective(objective.summary, objective.model, loss)
+
+    for dtype in ("float16", "uint8"):
+        manifest = build_dataset(tmp_path / dtype, shard_sizes=(4,), dtype=dtype)
+        args = example.parse_args(["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "4",
+                                   "--workers", "0", "--device", "cpu"])
+        example.run(args, pick=pick)
+    from loader_fixtures import sample_image
+
+    for dtype, (images, keys) in seen.items():
+        stored = torch.stack([torch.from_numpy(sample_image(int(k[1:]))).float() for k in keys])
+        expected = stored / 10 - 5 if dtype == "float16" else (stored / 255 - 0.5) / 0.25
+        assert torch.allclose(images, expected, atol=1e-2), dtype
+
+
 def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)

@@ -166,6 +166,27 @@ def test_series_are_grouped_by_entity_study_and_series_uid() -> None:
     assert len(out.series) == 3 and not out.issues
 
 
+FEET_FIRST = (-1.0, 0.0, 0.0, 0.0, 1.0, 0.0)   # typical FFS axial: row × column points to the feet
+SAGITTAL_TO_RIGHT = (0.0, 1.0, 0.0, 0.0, 0.0, -1.0)  # row × column = -x: points to the patient's right
+
+
+@pytest.mark.parametrize("orientation,axis", [(AXIAL, 2), (FEET_FIRST, 2), (SAGITTAL_TO_RIGHT, 0),
+                                              ((0.0, 1.0, 0.0, 0.0, 0.0, 1.0), 0),
+                                              ((1.0, 0.0, 0.0, 0.0, 0.0, -1.0), 1),    # coronal: normal +y
+                                              ((-1.0, 0.0, 0.0, 0.0, 0.0, -1.0), 1)])  # coronal: normal -y
+def test_a_series_runs_along_the_positive_patient_axis_whatever_its_normal_points_to(
+        orientation: tuple[float, ...], axis: int) -> None:
+    """Axial stacks run inferior→superior (+z in LPS), sagittal right→left (+x), whichever way
+    row × column points: a feet-first scan must not reverse a 2.5D stack's channels."""
+    files = [(_ref(i), _geometry(2.5 * i, orientation=orientation)) for i in range(6)]
+    series = _one(files)
+    position = {ref.sample_id: geometry.positions[0] for ref, geometry in files}
+    coordinate = [position[series.refs[f].sample_id][axis] for f, _ in series.slices]
+    assert coordinate == sorted(coordinate) and coordinate[0] < coordinate[-1]
+    assert series.step[axis] == pytest.approx(2.5) and series.origin[axis] == pytest.approx(min(coordinate))
+    assert np.allclose(series.steps, 2.5)
+
+
 def test_a_multi_frame_object_is_a_series_of_its_own_ordered_by_its_frame_positions() -> None:
     frames = [5.0, 0.0, 7.5, 2.5]  # the creator's frame order is not the spatial order
     out = assemble([(_ref(1), _geometry(None, frames=frames))], CFG)
@@ -238,6 +259,54 @@ def test_neighbour_stacks_are_the_slices_in_spatial_order_around_each_slice(tmp_
             assert np.array_equal(items[key], np.concatenate([by_key[k] for k in around])), (i, key)
             assert records[key]["metadata"]["neighbors"]["offsets_mm"] == pytest.approx(
                 [3.0 * (j - i) for j in (max(0, i - 1), i, min(len(order) - 1, i + 1))], abs=1e-3)
+
+
+def _write_anatomy(folder: Path, orientation: tuple[float, ...], patient: str) -> None:
+    """Six 16×16 axial slices, 3 mm apart, of one synthetic anatomy defined in patient space
+    (stored value 1000 + 60·z + 40·x + 10·y at each pixel's LPS centre), sampled on the grid that
+    ``orientation`` gives: the head-first and the feet-first scan of the same body."""
+    row, col = np.asarray(orientation[:3]), np.asarray(orientation[3:])
+    corner = np.array([-4.0, -4.0, 0.0])  # the grid covers x, y in [-4, 3.5] mm either way
+    corner = corner + np.where(row < 0, 7.5, 0.0) + np.where(col < 0, 7.5, 0.0)
+    r, c = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    for i in range(6):
+        origin = corner + np.array([0.0, 0.0, 3.0 * i])
+        centres = origin + c[..., None] * 0.5 * row + r[..., None] * 0.5 * col
+        stored = 1000 + 60 * centres[..., 2] + 40 * centres[..., 0] + 10 * centres[..., 1]
+        ds = ct_dataset(np.rint(stored).astype(np.int16), center=1000.0, width=3000.0, PatientID=patient,
+                        InstanceNumber=6 - i, StudyInstanceUID=f"1.2.826.0.7.{len(patient)}",
+                        SeriesInstanceUID=f"1.2.826.0.8.{len(patient)}", ImageOrientationPatient=list(orientation),
+                        ImagePositionPatient=[float(v) for v in origin], ImageType=["ORIGINAL", "PRIMARY", "AXIAL"])
+        save(ds, folder / f"{i:02d}.dcm")
+
+
+def test_a_feet_first_series_stacks_the_same_channels_as_a_head_first_one(tmp_path: Path) -> None:
+    """The same anatomy scanned head first (row × column points up) and feet first (it points
+    down, columns mirrored): each 2.5D stack holds the same slices in the same order, inferior
+    first; a volume is the same array at the same affine."""
+    stacks: dict[str, dict[bytes, np.ndarray]] = {}
+    volumes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, orientation in (("head", AXIAL), ("feet", FEET_FIRST)):
+        raw = tmp_path / name / "raw"
+        _write_anatomy(raw / "s", orientation, "P1")
+        built = _build(_series_job(tmp_path / name, raw))
+        items = list(ShardDataset(built.manifest_path, "train", shuffle=False))
+        # 2.5D stacks stay in the stored in-plane order: undo the feet-first scan's mirrored rows
+        images = [item["image"].numpy()[..., ::-1] if name == "feet" else item["image"].numpy() for item in items]
+        stacks[name] = {np.ascontiguousarray(image[1]).tobytes(): image for image in images}  # keyed by the centre
+        volume = _build(_job(tmp_path / name / "volume", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                             transform={"dicom": {"windows": [{"center": 1000, "width": 3000}],
+                                                  "sample": "volume"}}))
+        (item,) = list(ShardDataset(volume.manifest_path, "train", shuffle=False, records=True))
+        volumes[name] = (item["image"].numpy(), np.array(item["record"]["metadata"]["volume"]["affine"]))
+    assert len(stacks["head"]) == 6 and stacks["head"].keys() == stacks["feet"].keys()
+    for centre, stack in stacks["head"].items():
+        assert np.array_equal(stacks["feet"][centre], stack)
+        means = [float(channel.mean()) for channel in stack]  # an end slice repeats (edge: replicate)
+        assert means[0] <= means[1] <= means[2] and means[0] < means[2]  # inferior (lower z: darker) first
+    assert np.array_equal(volumes["head"][0], volumes["feet"][0])
+    assert np.allclose(volumes["head"][1], volumes["feet"][1])
+    assert np.allclose(volumes["head"][1][:3, 3], [-4.0, -4.0, 0.0])  # the inferior right anterior voxel
 
 
 def _records(result: Any) -> dict[str, dict[str, Any]]:

@@ -59,8 +59,9 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     _index.parquet), samples that moved split or changed target (class, multi-label labels or
     numbers: "relabeled"), per split and per label; then the config differences (key paths) and
     packer/library/decoder version differences. Versions of different target kinds are
-    compared without per-sample targets, with a note saying so.
-    A difference is not an error: exits 0 (5 only if a manifest or index fails its hash).
+    compared without per-sample targets, with a note saying so. A WebDataset version against
+    a Parquet one reads the Parquet side's pixels to compare content, with a note saying so.
+    A difference is not an error: exits 0 (5 only if a manifest, index or shard fails its hash).
     """
     from packer.inspection import diff_datasets, format_diff
 

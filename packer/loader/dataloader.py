@@ -26,6 +26,7 @@ import functools
 import logging
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -351,6 +352,9 @@ class ShardLoader:
         self.skipped_samples: list[str] = []
         self._state = LoaderState(epoch=dataset.epoch, consumed=0, history=())
         self._resume_pending = False
+        # the dataset's set_epoch calls this loader has taken into account (see __iter__)
+        self._epoch_calls_seen = dataset.epoch_calls
+        _warn_if_ranks_step_apart(dataset, batch_size, drop_last)
         workers = num_workers > 0
         self.dataloader = DataLoader(
             _BatchStream(dataset=dataset, batch_size=batch_size, drop_last=drop_last,
@@ -371,10 +375,25 @@ class ShardLoader:
         return self._state.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` next; keeps a pending resume when it is for the same epoch."""
+        """Run ``epoch`` next; keeps a pending resume when it is for the same epoch. The
+        dataset's own ``set_epoch`` does the same when made later (adopted at the next ``iter()``)."""
         if not (self._resume_pending and epoch == self._state.epoch):
+            self._warn_if_resume_dropped(epoch)
             self._state = LoaderState(epoch=epoch, consumed=0, history=())
             self._resume_pending = False
+        self._epoch_calls_seen = self.dataset.epoch_calls
+
+    def _warn_if_resume_dropped(self, epoch: int) -> None:
+        """Warn when ``set_epoch(epoch)`` throws away a state loaded for another epoch that had
+        samples left (a loop restarted at 0, or at the saved epoch + 1 by the script's own count)."""
+        state, total = self._state, len(self.dataset)
+        if not self._resume_pending or not (state.history or 0 < state.consumed < total):
+            return
+        done = f"{min(state.consumed, total)} of its {total} samples consumed" if not state.history else (
+            "mid-epoch, under another world size")
+        warnings.warn(f"set_epoch({epoch}) discards the loader state loaded for epoch {state.epoch} ({done}): the "
+                      f"rest of epoch {state.epoch} will not be read; to resume it call set_epoch({state.epoch}) "
+                      "first (loop from the state's 'epoch')", UserWarning, stacklevel=3)
 
     def _segment(self, consumed: int) -> Segment:
         return Segment(world_size=self.dataset.world_size, uneven=self.dataset.uneven, drop_last=self.drop_last,
@@ -386,6 +405,10 @@ class ShardLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.dataset.epoch_calls != self._epoch_calls_seen:
+            # dataset.set_epoch() since this loader's last set_epoch: torch habit (a sampler's or
+            # a plain DataLoader's dataset's set_epoch) must not be overwritten by our own epoch
+            self.set_epoch(self.dataset.epoch_asked)
         if not self._resume_pending:
             self._state = LoaderState(epoch=self._state.epoch, consumed=0, history=())
         self._resume_pending = False
@@ -465,7 +488,8 @@ class ShardLoader:
         Same world size (and ``uneven``, and batch size where ``drop_last``): the same
         order as the uninterrupted epoch. Otherwise the samples no rank had consumed are
         split afresh over the new ranks (the same set, another order). Raises
-        ``ConfigError`` when the state belongs to another split, seed or shuffle setting.
+        ``ConfigError`` when the state belongs to another dataset version (``name@version``),
+        split, view, seed or shuffle setting.
         """
         ds = self.dataset
         if state.get("format") != STATE_FORMAT:
@@ -475,7 +499,9 @@ class ShardLoader:
             kinds = ("a MixedDataset", "a ShardDataset")
             then, now = kinds if "mix" in state else kinds[::-1]
             raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
-        wrong = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
+        # a state saved before its dataset's name@version was recorded cannot be checked for it
+        wrong = {k: (state.get(k), v) for k, v in expected.items()
+                 if state.get(k) != v and not (k in UNRECORDED_BEFORE and k not in state)}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
                               + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"
@@ -492,6 +518,29 @@ class ShardLoader:
             self._state = LoaderState(epoch=epoch, consumed=0, history=(*history, saved))
         self.skipped = int(state.get("skipped", 0))
         self._resume_pending = True
+        self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
+
+
+def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_last: bool) -> None:
+    """Warn when, under an initialised ``torch.distributed``, the ranks of ``dataset`` get
+    different numbers of batches (``uneven="exact"`` with a sample count the ranks do not share
+    evenly): in DDP the rank that runs out first leaves the others waiting forever in the next
+    collective (the gradient all-reduce), a hang with no message."""
+    if dataset.world_size < 2 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    n, w = dataset.samples, dataset.world_size
+    per_rank = {(r + 1) * n // w - r * n // w for r in range(w)} if dataset.uneven == "exact" else {len(dataset)}
+    batches = sorted({m // batch_size if drop_last else -(-m // batch_size) for m in per_rank}, reverse=True)
+    if len(batches) > 1:
+        warnings.warn(
+            f"ranks get {' or '.join(map(str, batches))} batches of {batch_size} (uneven={dataset.uneven!r}: "
+            f"{n} samples over {w} ranks); in DDP the rank with fewer batches leaves the others waiting "
+            "forever in the next all-reduce. Pass uneven='pad' (every rank the same count, a few samples "
+            "repeated) or uneven='drop' to the dataset for training", UserWarning, stacklevel=3)
+
+
+#: Identity fields that states saved by older packers lack (not checked when absent).
+UNRECORDED_BEFORE = ("dataset",)
 
 
 def _state_text(key: str, value: Any) -> str:

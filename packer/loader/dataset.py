@@ -140,6 +140,8 @@ class PlannedDataset(IterableDataset):
         self.skipped = 0
         self.skipped_samples: list[str] = []
         self._orders: dict[int, EpochOrder] = {}
+        #: set_epoch() calls so far and the epoch the last one asked for (a ShardLoader adopts it)
+        self.epoch_calls, self.epoch_asked = 0, 0
         # [epoch, consumed, len(history), history segments...]: shared with worker processes.
         self._shared = torch.zeros(3 + _SEGMENT_WIDTH * MAX_HISTORY, dtype=torch.int64).share_memory_()
 
@@ -196,7 +198,11 @@ class PlannedDataset(IterableDataset):
         return int(self._shared[0])
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning (also in persistent workers)."""
+        """Start epoch ``epoch`` from its beginning (also in persistent workers). A
+        :class:`~packer.loader.ShardLoader` driving this dataset takes the call as its own
+        ``set_epoch`` at its next ``iter()`` (the later of the two calls wins)."""
+        self.epoch_calls += 1
+        self.epoch_asked = int(epoch)
         self.set_progress(epoch=epoch, consumed=0, history=())
 
     def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
@@ -446,6 +452,8 @@ class ShardDataset(PlannedDataset):
         self.samples = int(self._offsets[-1])
         #: The one C×H×W shape of this view's samples by the manifest, or None when they have several.
         self.shape = self.info.shape_of(self.view.present if self.view is not None else None)
+        #: Whether items carry ``record`` (``records=True``)
+        self.records = bool(records)
         self._check = SampleCheck(dtype=self.info.dtype, shape=self.info.shape, target=self.info.target,
                                   mask_dtype=self.info.mask["dtype"] if self.info.mask else None,
                                   layout=self.info.layout, records=records)
@@ -453,7 +461,8 @@ class ShardDataset(PlannedDataset):
 
     def identity(self) -> dict[str, Any]:
         view = self.view
-        return {"split": self.info.split, "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
+        return {"dataset": f"{self.info.name}@{self.info.version}", "split": self.info.split,
+                "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer,
                 "sources": list(view.sources) if view is not None and view.sources is not None else None,
                 "labels": list(view.labels) if view is not None and view.labels is not None else None}

@@ -32,8 +32,11 @@ another mix is refused by name.
 Items. ``key`` is ``<member name>/<sample key>`` (keys are unique within one dataset only).
 Class labels are remapped by *name* into the mix's ``label_map``: the first member's map, then
 each further member's new names appended in order, so one index means one class in every
-member. Multi-label and numeric members must name the same labels/numbers in the same order;
-every member must have the same dtype, layout, target kind and the same mask setting (a
+member. With ``records=True`` a record's ``label_index`` is in that map too (the batch's
+``label``); its ``label`` name and every other field are the member's record as stored (its
+``key`` without the ``<member name>/``). Multi-label and numeric members must name the same
+labels/numbers in the same order;
+every member must have the same dtype, layout, target kind, mask setting and ``records`` (a
 :class:`~packer.errors.ConfigError` names the member and the field otherwise). Members whose
 sample shapes differ meet the collate rules of one mixed-shape dataset (``collate="stack"``
 names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
@@ -59,6 +62,7 @@ import torch
 from packer.errors import ConfigError
 from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
 from packer.loader.readers import Decoded, Failure
+from packer.loader.record import SampleRecord
 from packer.loader.sharding import EpochOrder, RankPlan, derive_seed, epoch_order, random_u64
 from packer.targets import TargetMismatch
 
@@ -142,6 +146,12 @@ class MixedDataset(PlannedDataset):
                     f"MixedDataset: member {name} was made as rank {dataset.rank} of {dataset.world_size}, the mix is "
                     f"rank {self.rank} of {self.world_size}; the mix splits its epoch over the ranks itself, so pass "
                     "rank=/world_size= to MixedDataset and leave the members' at their defaults")
+        for dataset, name in zip(self.members[1:], self.names[1:], strict=True):
+            if dataset.records != self.members[0].records:
+                raise ConfigError(
+                    f"MixedDataset: {name} has records={dataset.records} but {self.names[0]} has "
+                    f"records={self.members[0].records}; a batch holds each sample's record or none: make every "
+                    "member with records=True, or none")
         self.info, self._label_remap = _mixed_info(self.members, self.names)
         self.samples, self._counts = shares([m.samples for m in self.members], self.weights, epoch_length)
         shapes = {m.shape for m in self.members}
@@ -220,6 +230,10 @@ class MixedDataset(PlannedDataset):
         remap = self._label_remap[i]
         if remap is not None and "label" in item:
             item["label"] = torch.from_numpy(np.array(remap[int(item["label"])], dtype=np.int64))
+        record = item.get("record")
+        if remap is not None and record is not None and isinstance(record.get("label_index"), int):
+            # the record names the class in the mix's map too, as the batch's label does
+            item["record"] = SampleRecord({**record, "label_index": remap[record["label_index"]]})
         return item
 
 

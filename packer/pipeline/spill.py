@@ -80,8 +80,10 @@ class CachedChunk:
 #: 11: an RTSTRUCT contour repeated on its slice is painted once, an ROI in another frame of
 #: reference refuses its structure set, and structure names compare in every script; 12: a zero
 #: or non-numeric Rescale Slope/Intercept, a MONOCHROME1 z-score channel and Enhanced frames of
-#: several orientations read as a trial found they should).
-CACHE_FORMAT = 12
+#: several orientations read as a trial found they should; 13: a series' slices are ordered along
+#: its normal turned to point to +x, +y or +z (its dominant LPS component positive), so a
+#: feet-first series stacks inferior → superior like a head-first one).
+CACHE_FORMAT = 13
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -6,8 +6,10 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 - **grouping**: files of one entity with the same Study and Series Instance UID; a multi-frame
   file is a series of its own, its frames the slices (positions from the functional groups);
 - **order**: by Image Position (Patient) projected on the slice normal (row × column cosines
-  of Image Orientation (Patient)): never by Instance Number or file name, which need not
-  follow position (dcm2niix, nibabel; ``../shared/DOMAIN-series-targets.md`` §1);
+  of Image Orientation (Patient)), turned so that its dominant component is positive in LPS
+  (:func:`stacking_direction`: axial inferior → superior, sagittal right → left, coronal
+  anterior → posterior, head first or feet first alike): never by Instance Number or file
+  name, which need not follow position (dcm2niix, nibabel; ``../shared/DOMAIN-series-targets.md`` §1);
 - **checks**, each failure a reason of its own, given to every file of the series:
   ``series_localizer`` (localizer or derived images among original ones: left out and
   reported, or with ``drop_localizers: false`` the series fails), ``series_no_position``
@@ -91,6 +93,17 @@ def _normal(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
     normal = np.cross(row, col)
     length = np.linalg.norm(normal)
     return normal / length if length > 0 else normal
+
+
+def stacking_direction(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The unit direction a series' slices are ordered along: the slice normal (row × column
+    cosines), turned so that its dominant component (largest absolute value; the first of equal
+    ones) is positive in DICOM patient space (LPS). Axial stacks then run inferior → superior,
+    sagittal right → left and coronal anterior → posterior whatever the patient position: a
+    feet-first scan (typical IOP ``[-1,0,0,0,1,0]``, row × column pointing to the feet) stacks
+    its 2.5D channels in the same anatomical order as a head-first one."""
+    normal = _normal(orientation)
+    return -normal if normal[int(np.argmax(np.abs(normal)))] < 0 else normal
 
 
 #: How far an orientation's cosines may be from unit length and from orthogonal (DS values
@@ -210,7 +223,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         shown = ", ".join(f"{r}×{c} at {s}" for r, c, s in sorted(grid, key=str))
         return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
                      uid_key)
-    normal = _normal(base)
+    normal = stacking_direction(base)
     slices = sorted(((float(np.dot(normal, np.asarray(pos))), i, frame) for i, (_, g) in enumerate(members)
                      for frame, pos in enumerate(g.positions)), key=lambda s: (s[0], s[1], s[2]))
     if len(slices) < cfg.min_slices:
