@@ -194,6 +194,28 @@ def test_a_free_text_attribute_is_a_label_only_through_names_the_job_gives(tmp_p
     load_job(_job(tmp_path / "d", [source], phi={"mode": "keep"}))
 
 
+# -- class ids as names ---------------------------------------------------------------------
+def test_class_ids_written_as_numbers_keep_their_numeric_order(tmp_path: Path) -> None:
+    """A Kaggle table's integer class column (0..11): without ``labels:``, "10" must not sort
+    between "1" and "2", or every label index from 2 on would differ from the table's id."""
+    rows = [{"path": f"{i}.png", "label": str(i % 12), "entity": f"E{i}", "timestamp": "2024-01-01"}
+            for i in range(12)]
+    raw = _photo_table(tmp_path, rows)
+    result = _build(_job(tmp_path, [{"kind": "image", "root": str(raw), "table": str(raw / "table.csv")}]))
+    assert _manifest(result)["label_map"] == {str(i): i for i in range(12)}
+    for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True):
+        assert item["label"] == int(item["record"]["label"]) == item["record"]["label_index"]
+
+
+def test_class_names_that_are_numbers_sort_by_value_and_others_as_text() -> None:
+    from packer.targets.classes import ClassTarget
+
+    assert ClassTarget.from_texts(["10", "2", "-1.0", "0.5", "1"], labels=(), columns=()).names == (
+        "-1.0", "0.5", "1", "2", "10")
+    assert ClassTarget.from_texts(["10", "2", "b", "a"], labels=(), columns=()).names == ("10", "2", "a", "b")
+    assert ClassTarget.from_texts(["10", "2"], labels=("2", "10"), columns=()).names == ("2", "10")
+
+
 # -- several labels -------------------------------------------------------------------------
 def _photo_table(tmp: Path, rows: list[dict[str, str]]) -> Path:
     raw = tmp / "raw"

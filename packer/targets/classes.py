@@ -7,6 +7,7 @@ A shard holds the index (``.cls`` ASCII integer, Parquet ``label`` int64), the l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -33,6 +34,24 @@ from packer.targets.base import (
 
 def _by_value(item: tuple[str, int]) -> int:
     return item[1]
+
+
+def _class_order(names: set[str]) -> tuple[str, ...]:
+    """``names`` by numeric value (ties as text) where every one is a finite number, else as text.
+
+    As text, class ids ``0`` … ``11`` would order ``0, 1, 10, 11, 2, …``: label index 2 would be
+    class 10, and a model trained on the indices would answer in another numbering than the
+    table's."""
+    values = {}
+    for name in names:
+        try:
+            value = float(name)
+        except ValueError:
+            return tuple(sorted(names))
+        if not math.isfinite(value):
+            return tuple(sorted(names))
+        values[name] = value
+    return tuple(sorted(names, key=lambda name: (values[name], name)))
 
 
 @register_target_kind
@@ -89,8 +108,10 @@ class ClassTarget(Target):
     @classmethod
     def from_texts(cls, texts: Iterable[str | None], *, labels: tuple[str, ...],
                    columns: tuple[str, ...]) -> Target:
-        """The job's ``labels:`` in their order, else the class names seen, sorted."""
-        return Target(cls.KIND, labels or tuple(sorted({text or "" for text in texts})))
+        """The job's ``labels:`` in their order, else the class names seen, sorted: by value
+        where every name is a number (a table's class ids ``0`` … ``11``: ``10`` after ``9``, so
+        each id is its label index), else as text."""
+        return Target(cls.KIND, labels or _class_order({text or "" for text in texts}))
 
     def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
                      ) -> dict[str, Any]:
