@@ -243,6 +243,22 @@ def test_bare_names_without_find_name_say_to_set_it(tmp_path: Path) -> None:
         discover(load_job(job))
 
 
+@pytest.mark.parametrize(("layout", "fix"), [
+    # Kaggle: train.csv's id names train_images/<id>.png (RSNA: <patientId>.dcm)
+    ("", r"set table.path: \{template: '\{image_id\}.png'\}"),
+    # the same ids, with the images spread over subfolders
+    ("part1/", r"set table.path: \{template: '\{image_id\}.png'\} and table.find: name"),
+])
+def test_ids_without_the_file_extension_say_the_template_that_adds_it(tmp_path: Path, layout: str,
+                                                                         fix: str) -> None:
+    _files(tmp_path / "raw", [f"{layout}1000015157.png", f"{layout}1000201771.png"])
+    _csv(tmp_path / "train.csv", "image_id,label,entity", ["1000015157,0,E1", "1000201771,1,E2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "train.csv", "path": "image_id"}})
+    with pytest.raises(ConfigError, match=r"row 2 gives '1000015157' .*the cells are file names without their "
+                                          r"extension \(.png\): " + fix):
+        discover(load_job(job))
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

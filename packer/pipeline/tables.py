@@ -409,6 +409,17 @@ def _nfc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
+def _missing_suffix(cells: Sequence[str], names: set[str]) -> str | None:
+    """The extension (``.png``, ``.nii.gz``) that makes a cell's last part a listed file's name,
+    where the cells are ids without it; None where none does."""
+    stems: dict[str, str] = {}
+    for name in names:
+        for i in range(max(1, len(name) - 8), len(name)):
+            if name[i] == ".":
+                stems.setdefault(name[:i], name[i:])
+    return next((stems[part] for part in (c.rsplit("/", 1)[-1] for c in cells[:1000]) if part in stems), None)
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
     """Why no row names a listed file, with an example of each and the likely fix."""
     table = source.table_map
@@ -416,7 +427,14 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     cell, rel = cells[0], listed[0]
     key = source_kind(source.kind).table_key
     names = {r.rsplit("/", 1)[-1] for r in listed}
-    if table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
+    suffix = _missing_suffix(cells, names) if table.template is None else None
+    if suffix is not None:  # Kaggle's image_id, RSNA's patientId: the file's name without its extension
+        listed_set = set(listed)
+        where = "" if any(f"{c}{suffix}" in listed_set for c in cells[:1000]) else (
+            f" and {key}.find: name" if table.find == "path" and "/" not in cell else f" and check {key}.path_base")
+        fix = (f"the cells are file names without their extension ({suffix}): set {key}.path: "
+               f"{{template: '{{{table.path}}}{suffix}'}}{where}")
+    elif table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
         if "/" not in cell:
             fix = f"the cells are bare file names in subfolders: set {key}.find: name"
         else:
