@@ -259,6 +259,20 @@ def test_ids_without_the_file_extension_say_the_template_that_adds_it(tmp_path: 
         discover(load_job(job))
 
 
+def test_a_job_whose_every_file_is_left_out_is_a_config_error_naming_why(tmp_path: Path) -> None:
+    """RSNA's files are all Secondary Captures, left out unless asked; a where: that no row meets
+    does the same. Packing nothing is never a clean result: the build said 'clean' and advised
+    more entities or another seed for the empty splits."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["a.png", "b.png"], real=True)
+    _csv(tmp_path / "t.csv", "path,label,entity,view", ["a.png,x,E1,AP", "b.png,y,E2,AP"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"view": "PA"}}))
+    with pytest.raises(ConfigError, match=r"no sample to pack: all 2 files of the job are left out on purpose "
+                                          r"\(filtered 2\); the first, .*a.png: view is 'AP'; where: view = PA"):
+        validate_job(job, scheduler="sync", quiet=True)
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
-from packer.errors import refused_write
+from packer.errors import ConfigError, refused_write
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
@@ -184,6 +184,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                   f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
                   f"{EXCLUDED_FILE}", flush=True)
         excluded.extend(probed_out)
+        if not len(samples) and not issues and excluded:
+            raise _nothing_to_pack(job, excluded, show_paths=not phi.active)
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
@@ -234,6 +236,19 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
+
+
+def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], *, show_paths: bool) -> ConfigError:
+    """The error for a job whose every file was left out on purpose (RSNA's secondary captures
+    without a where: asking for them, a where: no row meets): an empty dataset is no result,
+    and its empty splits would otherwise be warned of as a matter of ratios and seeds. The
+    first file is named by its path, or by its sample id where paths are pseudonymized."""
+    first = sort_excluded(list(excluded))[0]
+    named = first.path if show_paths else f"sample {first.sample_id}"
+    return ConfigError(f"{job.job_path}: no sample to pack: all {len(excluded)} files of the job are left out on "
+                       f"purpose ({describe_counts(Counter(e.why for e in excluded))}); the first, {named}: "
+                       f"{first.detail}. Change what leaves them out (the source's where:, its table's files:), "
+                       "or remove the source")
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
