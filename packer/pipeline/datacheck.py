@@ -203,8 +203,9 @@ def format_summary(result: ValidateResult) -> str:
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
     issues = result.prepared.issues
-    for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
-        lines.append(f"    {issue.reason:<22} {_shown(issue.path)}")
+    for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:  # the message names the fix; most start with the path
+        said = issue.message if issue.message.startswith(issue.path) else f"{issue.path}: {issue.message}"
+        lines.append(f"    {issue.reason:<22} {_shown(said)}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction
