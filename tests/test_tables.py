@@ -273,6 +273,34 @@ def test_a_job_whose_every_file_is_left_out_is_a_config_error_naming_why(tmp_pat
         validate_job(job, scheduler="sync", quiet=True)
 
 
+def test_an_empty_entity_cell_names_its_row_column_and_fix(tmp_path: Path) -> None:
+    """ISIC 2019's metadata leaves lesion_id blank for some images: the record said only "the
+    source's entity field is empty for this file"."""
+    _files(tmp_path / "raw", ["ISIC_0000000.jpg", "ISIC_0000001.jpg"])
+    _csv(tmp_path / "meta.csv", "image,label,lesion_id", ["ISIC_0000000,MEL,", "ISIC_0000001,NV,BCN_0000001"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "meta.csv", "path": {"template": "{image}.jpg"}},
+                          "entity": "lesion_id"})
+    found = discover(load_job(job))
+    assert [r.relpath for r in found.refs] == ["ISIC_0000001.jpg"]
+    (issue,) = found.issues
+    assert issue.reason == "missing_entity" and issue.path.endswith("ISIC_0000000.jpg")
+    assert issue.message == (f"{tmp_path / 'meta.csv'} row 2, column 'lesion_id' (the source's entity:): empty, so "
+                             "the file has no entity to keep it in one split; fill the cell, or leave such rows out "
+                             "with where: {lesion_id: {match: '.'}}")
+
+
+def test_a_where_value_that_is_empty_is_a_config_error_saying_what_drops_empty_cells(tmp_path: Path) -> None:
+    """An empty cell is no value: {not: [""]} kept every empty row, silently."""
+    _files(tmp_path / "raw", ["a.png"])
+    _csv(tmp_path / "t.csv", "path,label,entity", ["a.png,x,E1"])
+    for spec in ({"not": [""]}, "", ["A", " "]):
+        job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"entity": spec}})
+        with pytest.raises(ConfigError, match=r"sources\[0\].where.entity: an empty value never matches: an empty "
+                                              r"cell is no value.*to leave out the rows whose entity is empty, write "
+                                              r"entity: \{match: '.'\}"):
+            load_job(job)
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

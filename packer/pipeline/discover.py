@@ -414,6 +414,12 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             continue
         if isinstance(label, Refused):
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
+        elif row is not None and ref.entity is None and isinstance(label, str) and not kind.identity_in_header \
+                and source.entity_path is None:
+            issues.append(Issue.of(ref, stage="discover", reason="missing_entity", message=(
+                f"{table} row {row.row}, column {source.entity!r} (the source's entity:): empty, so the file has "
+                "no entity to keep it in one split; fill the cell, or leave such rows out with where: "
+                f"{{{source.entity}: {{match: '.'}}}}")))
         elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
             issues.append(unnamed)
         elif real_root is not None and (linked := _row_file_outside(source, ref, table, row, real_root)) is not None:
