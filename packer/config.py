@@ -129,6 +129,17 @@ class TargetConfig:
         null name there, so none is dropped."""
         return {raw: name for raw, name in self.value_map if name is not None}
 
+    @property
+    def named_columns(self) -> tuple[str, ...]:
+        """The target names this source's columns stand for, in job order: 0/1 multilabel and
+        numeric columns by their names, one-hot class columns by their classes (through the
+        map); none for a column of names or of class values, whose names are the cells'."""
+        if self.origin != "table" or self.separator is not None or (self.kind == "class" and len(self.columns) == 1):
+            return ()
+        if self.kind == "class":
+            return tuple(dict.fromkeys(self.class_map.get(column, column) for column in self.columns))
+        return self.columns
+
     def uncertain_policy(self, column: str) -> str:
         """What an uncertain cell of the 0/1 ``column`` becomes: its own policy, else the
         ``default`` one, else ``bad``."""
@@ -1128,9 +1139,10 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     if len(set(columns)) != len(columns):
         raise ConfigError(f"{where}.columns: {sorted(c for c in columns if columns.count(c) > 1)[0]!r} is listed "
                           "twice")
-    if target_kind == "class" and len(columns) != 1:
-        raise ConfigError(f"{where}.columns: a class label comes from one column; for several 0/1 columns use "
-                          "kind: multilabel")
+    if target_kind == "class" and "columns" in raw and len(columns) == 1:
+        raise ConfigError(f"{where}.columns: a class from one column is 'column: {columns[0]}'; 'columns:' lists "
+                          "the one-hot 0/1 columns of a class (exactly one 1 per row), or, with kind: multilabel, "
+                          "several labels")
     if target_kind == "multilabel" and "column" in raw:
         separator = separator if separator is not None else "|"
         if not separator:
@@ -1191,7 +1203,7 @@ def _parse_cell_policies(raw: Mapping[str, Any], target: TargetConfig, where: st
                               f"not one of {', '.join(UNCERTAIN_POLICIES)}")
     values = raw.get("uncertain_values")
     uncertain_values = None if values is None else tuple(str(v) for v in values)
-    from packer.targets.multilabel import FALSE_CELLS, TRUE_CELLS
+    from packer.targets.base import FALSE_CELLS, TRUE_CELLS
 
     clash = [v for v in (uncertain_values or ()) if v.lower() in TRUE_CELLS | FALSE_CELLS or not v]
     if clash:

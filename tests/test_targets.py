@@ -216,6 +216,39 @@ def test_class_names_that_are_numbers_sort_by_value_and_others_as_text() -> None
     assert ClassTarget.from_texts(["10", "2"], labels=("2", "10"), columns=()).names == ("2", "10")
 
 
+def test_one_hot_columns_give_one_class_in_the_columns_order(tmp_path: Path) -> None:
+    """ISIC 2019's ground truth: one 0/1 column per diagnosis (written 1.0 / 0.0), exactly one 1
+    per image. A single-label task: one class each, indexed in the table's column order."""
+    onehot = [("0.0", "1.0", "0.0"), ("1.0", "0.0", "0.0"), ("0.0", "0.0", "1"), ("0.0", "1.0", "0.0"),
+              ("0.0", "0.0", "0.0"), ("1.0", "1.0", "0.0"), ("0.0", "", "1.0"), ("0.0", "0.5", "1.0")]
+    # UNK: a class no training image holds (as in ISIC 2019), still a class of the label map
+    rows = [{"path": f"{i}.png", "MEL": m, "NV": n, "BCC": b, "UNK": "0.0", "entity": f"E{i}",
+             "timestamp": "2024-01-01"} for i, (m, n, b) in enumerate(onehot)]
+    raw = _photo_table(tmp_path, rows)
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"columns": ["MEL", "NV", "BCC", "UNK"]}}
+    result = _build(_job(tmp_path, [source], validate={"max_bad_fraction": 0.6}))
+    assert _manifest(result)["label_map"] == {"MEL": 0, "NV": 1, "BCC": 2, "UNK": 3}
+    got = {item["record"]["path"]: item["label"]
+           for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True)}
+    assert got == {"0.png": 1, "1.png": 0, "2.png": 2, "3.png": 1}
+    bad = {r["path"].rsplit("/", 1)[1]: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert {k: r["reason"] for k, r in bad.items()} == {"4.png": "bad_target", "5.png": "bad_target",
+                                                        "6.png": "bad_target", "7.png": "bad_target"}
+    assert "row 6: no column of MEL, NV, BCC, UNK holds 1; a one-hot row names exactly one class" in \
+        bad["4.png"]["message"]
+    assert "kind: multilabel" in bad["4.png"]["message"]
+    assert "row 7: MEL and NV both hold 1" in bad["5.png"]["message"]
+    assert "row 8, column 'NV': empty" in bad["6.png"]["message"]
+    assert "row 9, column 'NV': '0.5' is not 0 or 1" in bad["7.png"]["message"]
+
+
+def test_one_hot_needs_two_columns(tmp_path: Path) -> None:
+    source = {"kind": "image", "root": str(tmp_path), "table": str(tmp_path / "t.csv"), "label": {"columns": ["MEL"]}}
+    with pytest.raises(ConfigError, match=r"label.columns: a class from one column is 'column: MEL'"):
+        load_job(_job(tmp_path, [source]))
+
+
 # -- several labels -------------------------------------------------------------------------
 def _photo_table(tmp: Path, rows: list[dict[str, str]]) -> Path:
     raw = tmp / "raw"
