@@ -301,6 +301,24 @@ def test_a_where_value_that_is_empty_is_a_config_error_saying_what_drops_empty_c
             load_job(job)
 
 
+def test_a_kaggle_table_without_path_or_entity_columns_says_which_keys_to_set(tmp_path: Path) -> None:
+    """Kaggle's Diabetic Retinopathy trainLabels.csv is 'image,level': neither the default 'path'
+    nor 'entity' column is there, and no column is close to either name."""
+    _files(tmp_path / "train", ["10_left.jpeg", "10_right.jpeg"])
+    _csv(tmp_path / "trainLabels.csv", "image,level", ["10_left,0", "10_right,2"])
+    plain = _job(tmp_path, {"root": "train", "table": "trainLabels.csv"})
+    with pytest.raises(ConfigError, match=r"missing column 'path' \(named by table.path\); name the column that "
+                                          r"holds each file's name: table: \{file: trainLabels.csv, path: COLUMN\}"):
+        discover(load_job(plain))
+    named = _job(tmp_path, {"root": "train", "table": {"file": "trainLabels.csv", "path": {"template": "{image}.jpeg"}},
+                            "label": {"column": "level"}})
+    with pytest.raises(ConfigError, match=r"missing column 'entity' \(named by entity\); set the source's entity: to "
+                                          r"the column holding the patient id, read it from each file's path \(entity: "
+                                          r"\{path: REGEX\} or \{component: N\}\), or, where each file is its own "
+                                          r"patient, entity: image"):
+        discover(load_job(named))
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

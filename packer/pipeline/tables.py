@@ -235,10 +235,11 @@ def closest(name: str, choices: Sequence[str]) -> str | None:
 
 
 def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
-                   header_hint: Callable[[str], str] | None = None) -> None:
+                   header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
-    the header lacks, with the closest column the header has; ``header_hint``: for a ``where``
-    key, the source kind's hint at a header attribute it may have meant (DICOM keywords)."""
+    the header lacks, with the closest column the header has, else the fix ``fixes`` gives for
+    its key; ``header_hint``: for a ``where`` key, the source kind's hint at a header attribute
+    it may have meant (DICOM keywords)."""
     for column, key in wanted.items():
         if column in columns:
             if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
@@ -247,7 +248,8 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   "rename the others")
             continue
         near = closest(column, columns)
-        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
+        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else \
+            f"; {fixes[key]}" if fixes and key in fixes else ""
         said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
         if said:
             hint += f"; or, {said}"
@@ -341,8 +343,24 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     assert table is not None
     columns, rows = _read_file(table.file, table.records, storage_options)
     joined = _join(table, table.file, columns, rows, storage_options)
-    _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint)
+    _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
+                   _column_fixes(source))
     return joined
+
+
+def _column_fixes(source: SourceConfig) -> dict[str, str]:
+    """What to set where the header lacks the default file or entity column and has none close to
+    it (Kaggle's 'image,level'), by the job key naming the column."""
+    table = source.table_map
+    assert table is not None
+    key = source_kind(source.kind).table_key
+    name = os.fspath(table.file).replace("\\", "/").rsplit("/", 1)[-1]
+    file_column = (_template_columns(table.template) or ["COLUMN"])[0] if table.template is not None else table.path
+    return {f"{key}.path": (f"name the column that holds each file's name: {key}: {{file: {name}, path: COLUMN}} "
+                            "(ids without the extension: path: {template: '{COLUMN}.png'})"),
+            "entity": ("set the source's entity: to the column holding the patient id, read it from each file's path "
+                       "(entity: {path: REGEX} or {component: N}), or, where each file is its own patient, entity: "
+                       f"{file_column}")}
 
 
 # -- placing -------------------------------------------------------------------------------------
