@@ -284,7 +284,9 @@ class TableConfig:
     are counted as not in the table); ``repeated``: rows naming one file are refused
     (``refuse``), kept when they agree on the target (``same``), or their multi-label targets
     united (``union``); ``records``: for a JSON table, the key of its list of records (the
-    Medical Segmentation Decathlon's ``training``); ``join``: more tables joined on columns."""
+    Medical Segmentation Decathlon's ``training``); ``join``: more tables joined on columns;
+    ``missing``: a row naming no file under the root is a ``missing_file`` bad sample (``bad``) or,
+    for a partial download, left out as ``not_downloaded`` (``drop``)."""
 
     file: Path | str
     file_spec: str
@@ -297,6 +299,7 @@ class TableConfig:
     repeated: str = "refuse"
     records: str | None = None
     join: tuple[JoinConfig, ...] = ()
+    missing: str = "bad"
 
     @property
     def is_plain(self) -> bool:
@@ -315,6 +318,8 @@ class TableConfig:
             out["records"] = self.records
         if self.join:
             out["join"] = [j.to_json() for j in self.join]
+        if self.missing != "bad":  # absent at its default: the config_hash of a job without it is unchanged
+            out["missing"] = self.missing
         return out
 
 
@@ -972,7 +977,8 @@ def _parse_table(raw: Any, base: Path, where: str) -> TableConfig:
         path="path" if template is not None else str(path), template=template,
         path_base=_location(base, base_spec, f"{where}.path_base") if base_spec is not None else None,
         path_base_spec=base_spec, find=raw.get("find", "path"), files=raw.get("files", "root"),
-        repeated=raw.get("repeated", "refuse"), records=raw.get("records"), join=tuple(joins))
+        repeated=raw.get("repeated", "refuse"), records=raw.get("records"), join=tuple(joins),
+        missing=raw.get("missing", "bad"))
 
 
 def _check_template(template: str, where: str) -> None:

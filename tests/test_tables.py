@@ -319,6 +319,29 @@ def test_a_kaggle_table_without_path_or_entity_columns_says_which_keys_to_set(tm
         discover(load_job(named))
 
 
+def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp_path: Path) -> None:
+    """NIH ships its images in 12 archives; with images_002/ not downloaded, every row naming one of
+    its files was a missing_file 'root/<name> does not exist', though find: name looks everywhere."""
+    job = _nih(tmp_path)
+    for png in (tmp_path / "nih" / "images_002").rglob("*.png"):
+        png.unlink()
+    found = discover(load_job(job))
+    assert sorted(i.reason for i in found.issues) == ["missing_file", "missing_file"]
+    assert found.issues[0].message == (f"{tmp_path / 'nih' / 'Data_Entry_2017.csv'} row 4 lists '00000002_000.png', "
+                                       f"but no file of that name is under {tmp_path / 'nih'} (find: name); fix the "
+                                       "row, or, where part of the dataset is not downloaded, set table.missing: drop")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["missing"] = "drop"
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert sorted(_by_path(found)) == ["images_001/images/00000001_000.png", "images_001/images/00000001_001.png"]
+    assert found.issues == []
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("00000002_000.png", "not_downloaded"),
+                                                                    ("00000003_000.png", "not_downloaded")]
+    assert "row 4 names '00000002_000.png', and no such file is under the root (table.missing: drop)" in \
+        found.excluded[0].detail
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -436,10 +436,15 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
 
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
                    phi: Pseudonymizer | None, allow_outside: bool, listed: dict[str, RawObject],
-                   storage_options: Mapping[str, Any] | None, issues: list[Issue]) -> list[SampleRef]:
+                   storage_options: Mapping[str, Any] | None, issues: list[Issue],
+                   excluded: list[Excluded]) -> list[SampleRef]:
     """The table's rows for files the listing did not give: with ``safety.outside_root: allow``,
     refs of existing files next to the root (their listing entries added to ``listed``); every
-    other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``."""
+    other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
+    under the table's ``missing: drop`` (a partial download), a row naming no file under the
+    root is a ``not_downloaded`` record appended to ``excluded``."""
+    by_name = source.table_map is not None and source.table_map.find == "name"
+    drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
     outside: list[SampleRef] = []
     for rel, row in sorted(rows.items()):
@@ -462,10 +467,18 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          kind=source.kind, path=target, relpath=rel, label=row.label,
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
-        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
-                            reason="missing_file",
-                            message=f"{table} row {row.row} lists {rel!r}, but {target} does not exist "
-                                    "(or is not a supported file); fix the path or remove the row"))
+        sample_id = make_sample_id(source.name, rel, phi)
+        if drop:
+            excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
+                                     f"{table} row {row.row} names {rel!r}, and no such file is under the root "
+                                     "(table.missing: drop)"))
+            continue
+        key = source_kind(source.kind).table_key
+        said = (f"no file of that name is under {source.root} (find: name)" if by_name else
+                f"{target} does not exist (or is not a supported file)")
+        issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
+                            message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
+                                    f"of the dataset is not downloaded, set {key}.missing: drop"))
     return outside
 
 
@@ -524,7 +537,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)
     seen = set(relpaths)
     del files, relpaths
-    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues)
+    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues,
+                             excluded)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         ordered = refs.column("relpath")
