@@ -267,5 +267,6 @@ def test_the_summary_shows_each_listed_bad_sample_with_its_message_and_fix(tmp_p
     code, _, output = run_validate(job)
     assert code == 3
     line = next(line for line in output.splitlines() if line.strip().startswith("missing_label"))
-    assert f"{tmp_path / 'raw' / 'unlisted.png'}: no label; add a row for 'unlisted.png'" in line
-    assert "set the source's 'label: none'" in line
+    assert f"{tmp_path / 'raw' / 'unlisted.png'}: no label: no row of {tmp_path / 'raw' / 'labels.csv'} names " \
+           "'unlisted.png'; add its row, or, where the table names only the dataset's files, set table.files: " \
+           "table" in line

@@ -342,6 +342,26 @@ def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp
         found.excluded[0].detail
 
 
+def test_a_missing_label_says_whether_the_row_is_missing_or_its_cell_is_empty(tmp_path: Path) -> None:
+    """CheXpert's Edema as a class column: a blank cell said "no label; add a row for ... to the
+    source's label table", though train.csv has the row; and a file without a row (the Decathlon's
+    imagesTs/) was not told of files: table."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png", "extra/d.png"], real=True)
+    _csv(tmp_path / "t.csv", "Path,Edema,entity", ["a.png,1.0,E1", "b.png,,E2", "c.png,0.0,E3"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv", "path": "Path"},
+                                   "label": {"column": "Edema"}}, validate={"max_bad_fraction": 1.0}))
+    issues = {Path(i.path).name: i for i in validate_job(job, scheduler="sync", quiet=True).prepared.issues}
+    assert {name: i.reason for name, i in issues.items()} == {"b.png": "missing_label", "d.png": "missing_label"}
+    assert issues["b.png"].message == (f"{tmp_path / 'raw' / 'b.png'}: {tmp_path / 't.csv'} row 3, column 'Edema': "
+                                       "empty; give the sample's class")
+    assert issues["d.png"].message == (
+        f"{tmp_path / 'raw' / 'extra' / 'd.png'}: no label: no row of {tmp_path / 't.csv'} names 'extra/d.png'; add "
+        "its row, or, where the table names only the dataset's files, set table.files: table (or, for unlabeled "
+        "data, the source's 'label: none')")
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

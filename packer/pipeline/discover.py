@@ -374,12 +374,14 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
 
 def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
-                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress
-                 ) -> RefTable:
+                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress,
+                 unlabeled: dict[str, str]) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
     listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
     file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
-    ``excluded`` instead. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
+    ``excluded`` instead; a file the table gives no label (no row, or an empty cell: the probe's
+    ``missing_label``, reported after the file's own defects) gets its message in ``unlabeled``,
+    by path. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
     as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
     discovery. ``progress`` counts the files, one by one."""
     kind = source_kind(source.kind)
@@ -407,6 +409,11 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             continue
         label = _target_text(source, rel, row, known)
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
+        if label is None and table is not None and source.target.origin == "table":
+            unlabeled[path] = f"{path}: " + (row.unlabeled if row is not None and row.unlabeled else (
+                f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
+                f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
+                "'label: none')"))
         if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
             # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
             excluded.append(Excluded(sample_id, path, "discover", "filtered",
@@ -534,7 +541,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     excluded: list[Excluded] = list(unnamed_out)
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
-        refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)
+        unlabeled: dict[str, str] = {}
+        refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress,
+                            unlabeled)
     seen = set(relpaths)
     del files, relpaths
     outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues,
@@ -544,7 +553,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         ordered = refs.column("relpath")
         refs = refs.take(sorted(range(len(refs)), key=ordered.__getitem__))
     warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else ()),) if w]
-    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered)
+    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
 
 
 @dataclass(frozen=True)
@@ -557,6 +566,7 @@ class SourceFound:
     excluded: list[Excluded]
     warnings: list[str]
     rows_filtered: int
+    unlabeled: dict[str, str]
 
 
 _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
@@ -594,7 +604,9 @@ class Discovery:
     """What discovery found: ``refs`` (sorted by source, then relative path), the table-only
     ``issues``, ``excluded``: files left out on purpose (a ``where:`` filter, not in a
     ``files: table`` table), ``warnings`` to print, ``rows_filtered``: table rows a filter left
-    out (counted; only those naming a listed file are in ``excluded``), and ``listed``: for each
+    out (counted; only those naming a listed file are in ``excluded``), ``unlabeled``: by path,
+    the message of a file its table gives no label (no row, an empty cell) for the probe's
+    ``missing_label`` record, and ``listed``: for each
     remote file (by URL) the size and version tag its listing gave, which the build cache keys it
     by (a local file is keyed by its stat)."""
 
@@ -604,6 +616,7 @@ class Discovery:
     excluded: list[Excluded] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     rows_filtered: int = 0
+    unlabeled: dict[str, str] = field(default_factory=dict)
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
@@ -623,6 +636,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     said: list[str] = []
     listed: dict[str, RawObject] = {}
     rows_filtered = 0
+    unlabeled: dict[str, str] = {}
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
@@ -637,13 +651,14 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         excluded.extend(found.excluded)
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
+        unlabeled.update(found.unlabeled)
     refs = RefTable.concat(tables)
     excluded = _once(excluded, refs, issues)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
         refs = RefTable.of(unique_ids(list(refs)))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
-                     rows_filtered=rows_filtered)
+                     rows_filtered=rows_filtered, unlabeled=unlabeled)
 
 
 def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:

@@ -148,6 +148,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
+    unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
     warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
     for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
@@ -177,7 +178,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             warned.append(("readers", readers))
         samples = table.sorted_by_key()
         del table
-        issues.extend(i for c in chunks for i in c.issues)
+        issues.extend(replace(i, message=unlabeled[i.path]) if i.reason == "missing_label" and i.path in unlabeled
+                      else i for c in chunks for i in c.issues)
         probed_out = [e for c in chunks for e in c.excluded]
         if probed_out and not quiet:  # not bad samples: the progress lines did not count them
             print(f"packer: {job.name}: {len(probed_out)} files left out on purpose by their headers "

@@ -73,7 +73,8 @@ def escapes_root(relpath: str) -> bool:
 @dataclass(frozen=True)
 class TableRow:
     """One row of a label table. ``label``: the target's text (:mod:`packer.targets`), None where
-    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value)."""
+    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value);
+    ``unlabeled``: where the cell is empty, the message naming the table, row and column."""
 
     row: int
     label: str | None
@@ -82,6 +83,7 @@ class TableRow:
     raw_time: str | None
     extra: tuple[tuple[str, str], ...]
     refused: Refused | None = None
+    unlabeled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -617,6 +619,7 @@ class _RowReader:
             row=number,
             label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe
             refused=refused,
+            unlabeled=label.message if isinstance(label, Refused) and label.empty else None,
             entity=((record.get(self.entity_column) or "").strip() or None) if self.entity_column else None,
             time=normalize_time(raw_time),
             raw_time=raw_time or None,
