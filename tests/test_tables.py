@@ -507,6 +507,14 @@ def test_a_dataset_json_is_a_table_of_records(tmp_path: Path) -> None:
     # the test image has no labels: out of the dataset, counted, not bad; label maps are the rows' masks
     assert [(Path(e.path).name, e.why) for e in found.excluded] == [("la_001.nii.gz", "not_in_table")]
     assert found.issues == []
+    # without files: table the test image is a bad sample, whose record says how to leave it out
+    del doc["sources"][0]["table"]["files"]
+    job.write_text(yaml.safe_dump(doc))
+    (issue,) = discover(load_job(job)).issues
+    assert issue.reason == "mask_missing" and issue.message == (
+        f"{root / 'imagesTs' / 'la_001.nii.gz'}: no mask ({root / 'dataset.json'} has no row for it); add its row, or, "
+        "where the table names only the dataset's files (the Decathlon's imagesTs/ has no labels), set table.files: "
+        "table")
 
 
 def test_a_json_table_without_its_records_key_names_the_lists_it_holds(tmp_path: Path) -> None:

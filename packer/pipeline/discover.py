@@ -287,9 +287,11 @@ def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str |
         if not relpath:
             where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
             reason = "mask_missing" if what == "mask" else "missing_file"
+            fix = (f"name the file's {what if what == 'mask' else column}, or leave the file out" if row else
+                   "add its row, or, where the table names only the dataset's files (the Decathlon's imagesTs/ has "
+                   f"no labels), set {source_kind(source.kind).table_key}.files: table")
             return Issue.of(ref, stage="discover", reason=reason,
-                            message=f"{ref.path}: no {what if what == 'mask' else column + ' file'} ({where}); name "
-                                    f"the file's {what if what == 'mask' else column}, or leave the file out")
+                            message=f"{ref.path}: no {what if what == 'mask' else column + ' file'} ({where}); {fix}")
         if escapes_root(relpath):
             return Issue.of(ref, stage="discover", reason="outside_root",
                             message=f"{table} row {row.row if row else '?'}, column {column!r}: {what} {relpath!r} "
