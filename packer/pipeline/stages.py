@@ -64,6 +64,7 @@ from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
 from packer.targets import Target, target_class
+from packer.targets.base import cell_number
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "conflicts", "split", "audit", "plan", "pack")
@@ -267,19 +268,24 @@ def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg
 
 def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
-    table typed by several people): each is a class of its own, which is rarely meant. None for
+    table typed by several people), or that spell one number (``1`` and ``1.0``): each is a
+    class of its own, which is rarely meant. None for
     a job that lists its classes (``labels:`` decides then) or a target that is not one class."""
     if job.labels or not target_class(job.sources[0].target.kind).has_label:  # one class a sample: a label index
         return None
     groups: dict[str, list[str]] = {}
     for name in sorted({str(n) for n in names if n}):
-        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+        number = cell_number(name)
+        groups.setdefault(repr(number) if number is not None else " ".join(name.casefold().split()), []).append(name)
     twins = [group for group in groups.values() if len(group) > 1]
     if not twins:
         return None
     shown = "; ".join(" and ".join(repr(n) for n in group) for group in twins[:5])
     more = f" (and {len(twins) - 5} more such groups)" if len(twins) > 5 else ""
-    return (f"classes that differ only in case or spacing are separate classes: {shown}{more}; if each group is one "
+    # a class id written 1 and 1.0 (a pandas column with a blank cell turns ints into floats)
+    how = "case, spacing or how a number is written" if any(
+        cell_number(group[0]) is not None for group in twins) else "case or spacing"
+    return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
             "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
             "job's labels:")
 
