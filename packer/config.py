@@ -381,6 +381,9 @@ class SourceConfig:
     #: ``entity:`` / ``time:`` read from each file's path instead of a column
     entity_path: PathField | None = None
     time_path: PathField | None = None
+    #: ``entity: {column, empty}``: a row whose entity cell is empty is ``bad`` (``missing_entity``)
+    #: or its file is its own entity (``file``: ISIC's images without a lesion id)
+    entity_empty: str = "bad"
     #: ``fields:`` more values read from each file's path, as extra columns of its row
     fields: tuple[PathField, ...] = ()
     #: ``where:`` conditions on table columns (rows that fail are filtered out while listing)
@@ -417,7 +420,8 @@ class SourceConfig:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
-                               "entity": self.entity_path.to_json() if self.entity_path else self.entity,
+                               "entity": self.entity_path.to_json() if self.entity_path else self.entity if
+                               self.entity_empty == "bad" else {"column": self.entity, "empty": self.entity_empty},
                                "time": self.time_path.to_json() if self.time_path else list(self.time)}
         table = self.table_map.to_json() if self.table_map is not None else None
         if self.labels_spec:
@@ -873,7 +877,12 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
     time_raw = raw.get("time", list(kind.default_time) if len(kind.default_time) > 1 else kind.default_time[0])
-    entity_path = _path_field("entity", raw.get("entity"), f"{where}.entity")
+    entity_raw = raw.get("entity", kind.default_entity)
+    entity_column = isinstance(entity_raw, Mapping) and "column" in entity_raw
+    if entity_column and kind.identity_in_header:
+        raise ConfigError(f"{where}.entity: {kind.name} files name their entity in their headers; give a header "
+                          "keyword (PatientID), not a column")
+    entity_path = None if entity_column else _path_field("entity", entity_raw, f"{where}.entity")
     time_path = _path_field("time", time_raw, f"{where}.time")
     if (entity_path or time_path) and kind.identity_in_header:
         raise ConfigError(f"{where}.{'entity' if entity_path else 'time'}: {kind.name} files name their entity and "
@@ -925,8 +934,9 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
         root_spec=raw["root"],
-        entity=kind.default_entity if entity_path else raw.get("entity", kind.default_entity),
+        entity=kind.default_entity if entity_path else str(entity_raw["column"]) if entity_column else entity_raw,
         entity_path=entity_path,
+        entity_empty=entity_raw.get("empty", "bad") if entity_column else "bad",
         time=time,
         time_path=time_path,
         fields=fields,

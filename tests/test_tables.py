@@ -285,8 +285,21 @@ def test_an_empty_entity_cell_names_its_row_column_and_fix(tmp_path: Path) -> No
     (issue,) = found.issues
     assert issue.reason == "missing_entity" and issue.path.endswith("ISIC_0000000.jpg")
     assert issue.message == (f"{tmp_path / 'meta.csv'} row 2, column 'lesion_id' (the source's entity:): empty, so "
-                             "the file has no entity to keep it in one split; fill the cell, or leave such rows out "
-                             "with where: {lesion_id: {match: '.'}}")
+                             "the file has no entity to keep it in one split; fill the cell, make each such file its "
+                             "own entity (entity: {column: lesion_id, empty: file}), or leave such rows out with "
+                             "where: {lesion_id: {match: '.'}}")
+    # ISIC's images without a lesion id: each its own entity, by the job's word
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["entity"] = {"column": "lesion_id", "empty": "file"}
+    job.write_text(yaml.safe_dump(doc))
+    loaded = load_job(job)
+    assert loaded.sources[0].to_json()["entity"] == {"column": "lesion_id", "empty": "file"}
+    found = discover(loaded)
+    assert found.issues == [] and sorted((r.relpath, r.entity) for r in found.refs) == [
+        ("ISIC_0000000.jpg", "ISIC_0000000.jpg"), ("ISIC_0000001.jpg", "BCN_0000001")]
+    doc["sources"][0]["entity"] = {"column": "lesion_id"}  # empty: bad, the default, is the plain column
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).sources[0].to_json()["entity"] == "lesion_id"
 
 
 def test_a_where_value_that_is_empty_is_a_config_error_saying_what_drops_empty_cells(tmp_path: Path) -> None:

@@ -367,6 +367,8 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
     entity, time, fields = _path_facts(source, rel)
     if source.entity_path is None:
         entity = (row.entity if row else None) if source.label_table is not None else rel
+        if entity is None and row is not None and source.entity_empty == "file":  # entity: {column, empty: file}
+            entity = rel
     if source.time_path is None:
         time = row.time if row else None
     extra = row.extra if row else fields  # a row holds its path's fields already (tables.place_rows)
@@ -427,7 +429,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 and source.entity_path is None:
             issues.append(Issue.of(ref, stage="discover", reason="missing_entity", message=(
                 f"{table} row {row.row}, column {source.entity!r} (the source's entity:): empty, so the file has "
-                "no entity to keep it in one split; fill the cell, or leave such rows out with where: "
+                "no entity to keep it in one split; fill the cell, make each such file its own entity (entity: "
+                f"{{column: {source.entity}, empty: file}}), or leave such rows out with where: "
                 f"{{{source.entity}: {{match: '.'}}}}")))
         elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
             issues.append(unnamed)
