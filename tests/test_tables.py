@@ -248,12 +248,16 @@ def test_bare_names_without_find_name_say_to_set_it(tmp_path: Path) -> None:
     ("", r"set table.path: \{template: '\{image_id\}.png'\}"),
     # the same ids, with the images spread over subfolders
     ("part1/", r"set table.path: \{template: '\{image_id\}.png'\} and table.find: name"),
+    # ... where the job has find: name already: the template is all it lacks
+    ("part1/find", r"set table.path: \{template: '\{image_id\}.png'\}$"),
 ])
 def test_ids_without_the_file_extension_say_the_template_that_adds_it(tmp_path: Path, layout: str,
                                                                          fix: str) -> None:
-    _files(tmp_path / "raw", [f"{layout}1000015157.png", f"{layout}1000201771.png"])
+    folder, find = layout.removesuffix("find"), layout.endswith("find")
+    _files(tmp_path / "raw", [f"{folder}1000015157.png", f"{folder}1000201771.png"])
     _csv(tmp_path / "train.csv", "image_id,label,entity", ["1000015157,0,E1", "1000201771,1,E2"])
-    job = _job(tmp_path, {"root": "raw", "table": {"file": "train.csv", "path": "image_id"}})
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "train.csv", "path": "image_id",
+                                                   **({"find": "name"} if find else {})}})
     with pytest.raises(ConfigError, match=r"row 2 gives '1000015157' .*the cells are file names without their "
                                           r"extension \(.png\): " + fix):
         discover(load_job(job))

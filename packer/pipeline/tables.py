@@ -450,7 +450,7 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     suffix = _missing_suffix(cells, names) if table.template is None else None
     if suffix is not None:  # Kaggle's image_id, RSNA's patientId: the file's name without its extension
         listed_set = set(listed)
-        where = "" if any(f"{c}{suffix}" in listed_set for c in cells[:1000]) else (
+        where = "" if table.find == "name" or any(f"{c}{suffix}" in listed_set for c in cells[:1000]) else (
             f" and {key}.find: name" if table.find == "path" and "/" not in cell else f" and check {key}.path_base")
         fix = (f"the cells are file names without their extension ({suffix}): set {key}.path: "
                f"{{template: '{{{table.path}}}{suffix}'}}{where}")
