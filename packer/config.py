@@ -136,8 +136,8 @@ class TargetConfig:
         map); none for a column of names or of class values, whose names are the cells'."""
         if self.origin != "table" or self.separator is not None or (self.kind == "class" and len(self.columns) == 1):
             return ()
-        if self.kind == "class":
-            return tuple(dict.fromkeys(self.class_map.get(column, column) for column in self.columns))
+        if self.kind == "class" and self.class_map:  # a column the map lacks is unknown_label: no class
+            return tuple(dict.fromkeys(self.class_map[column] for column in self.columns if column in self.class_map))
         return self.columns
 
     def uncertain_policy(self, column: str) -> str:

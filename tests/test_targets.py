@@ -243,6 +243,17 @@ def test_one_hot_columns_give_one_class_in_the_columns_order(tmp_path: Path) -> 
     assert "row 9, column 'NV': '0.5' is not 0 or 1" in bad["7.png"]["message"]
 
 
+def test_one_hot_columns_through_a_map_name_their_classes_in_the_columns_order() -> None:
+    from packer.config import _parse_target
+
+    target = _parse_target({"columns": ["MEL", "NV", "BCC"], "map": {"MEL": "melanoma", "NV": "nevus", "BCC": "bcc"}},
+                           False, "label")
+    assert target.named_columns == ("melanoma", "nevus", "bcc")
+    assert _parse_target({"columns": ["MEL", "NV"], "map": {"NV": "nevus"}}, False, "label").named_columns == (
+        "nevus",)  # MEL is unknown_label: no class of its own
+    assert _parse_target({"column": "dx"}, False, "label").named_columns == ()
+
+
 def test_one_hot_needs_two_columns(tmp_path: Path) -> None:
     source = {"kind": "image", "root": str(tmp_path), "table": str(tmp_path / "t.csv"), "label": {"columns": ["MEL"]}}
     with pytest.raises(ConfigError, match=r"label.columns: a class from one column is 'column: MEL'"):
