@@ -457,9 +457,14 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     elif table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
         if "/" not in cell:
             fix = f"the cells are bare file names in subfolders: set {key}.find: name"
+        elif cell.split("/", 1)[0] == os.fspath(source.root).rstrip("/").rsplit("/", 1)[-1]:
+            fix = (f"the cells start with the root's own folder name ({cell.split('/', 1)[0] + '/'!r}): set "
+                   f"{key}.path_base to the folder above the root")
         else:
+            # find: name only where the file names tell the files apart (CheXpert's are view1_frontal.jpg ...)
+            shared = sum(1 for r in listed if r.rsplit("/", 1)[-1] == cell.rsplit("/", 1)[-1]) > 1
             fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
-                   f"from (e.g. the folder above the root), or {key}.find: name")
+                   "from (e.g. the folder above the root)" + ("" if shared else f", or {key}.find: name"))
     else:
         fix = (f"check {key}.path (the column naming the files: {table.path!r}) and that the table belongs to "
                "this root")
