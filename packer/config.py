@@ -129,6 +129,17 @@ class TargetConfig:
         null name there, so none is dropped."""
         return {raw: name for raw, name in self.value_map if name is not None}
 
+    @property
+    def named_columns(self) -> tuple[str, ...]:
+        """The target names this source's columns stand for, in job order: 0/1 multilabel and
+        numeric columns by their names, one-hot class columns by their classes (through the
+        map); none for a column of names or of class values, whose names are the cells'."""
+        if self.origin != "table" or self.separator is not None or (self.kind == "class" and len(self.columns) == 1):
+            return ()
+        if self.kind == "class" and self.class_map:  # a column the map lacks is unknown_label: no class
+            return tuple(dict.fromkeys(self.class_map[column] for column in self.columns if column in self.class_map))
+        return self.columns
+
     def uncertain_policy(self, column: str) -> str:
         """What an uncertain cell of the 0/1 ``column`` becomes: its own policy, else the
         ``default`` one, else ``bad``."""
@@ -273,7 +284,9 @@ class TableConfig:
     are counted as not in the table); ``repeated``: rows naming one file are refused
     (``refuse``), kept when they agree on the target (``same``), or their multi-label targets
     united (``union``); ``records``: for a JSON table, the key of its list of records (the
-    Medical Segmentation Decathlon's ``training``); ``join``: more tables joined on columns."""
+    Medical Segmentation Decathlon's ``training``); ``join``: more tables joined on columns;
+    ``missing``: a row naming no file under the root is a ``missing_file`` bad sample (``bad``) or,
+    for a partial download, left out as ``not_downloaded`` (``drop``)."""
 
     file: Path | str
     file_spec: str
@@ -286,6 +299,7 @@ class TableConfig:
     repeated: str = "refuse"
     records: str | None = None
     join: tuple[JoinConfig, ...] = ()
+    missing: str = "bad"
 
     @property
     def is_plain(self) -> bool:
@@ -304,6 +318,8 @@ class TableConfig:
             out["records"] = self.records
         if self.join:
             out["join"] = [j.to_json() for j in self.join]
+        if self.missing != "bad":  # absent at its default: the config_hash of a job without it is unchanged
+            out["missing"] = self.missing
         return out
 
 
@@ -365,6 +381,9 @@ class SourceConfig:
     #: ``entity:`` / ``time:`` read from each file's path instead of a column
     entity_path: PathField | None = None
     time_path: PathField | None = None
+    #: ``entity: {column, empty}``: a row whose entity cell is empty is ``bad`` (``missing_entity``)
+    #: or its file is its own entity (``file``: ISIC's images without a lesion id)
+    entity_empty: str = "bad"
     #: ``fields:`` more values read from each file's path, as extra columns of its row
     fields: tuple[PathField, ...] = ()
     #: ``where:`` conditions on table columns (rows that fail are filtered out while listing)
@@ -401,7 +420,8 @@ class SourceConfig:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "root": self.root_spec,
-                               "entity": self.entity_path.to_json() if self.entity_path else self.entity,
+                               "entity": self.entity_path.to_json() if self.entity_path else self.entity if
+                               self.entity_empty == "bad" else {"column": self.entity, "empty": self.entity_empty},
                                "time": self.time_path.to_json() if self.time_path else list(self.time)}
         table = self.table_map.to_json() if self.table_map is not None else None
         if self.labels_spec:
@@ -857,7 +877,12 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "maps of a volume that could be resampled to its grid: remove grid")
     root = _location(base, raw["root"], f"{where}.root")
     time_raw = raw.get("time", list(kind.default_time) if len(kind.default_time) > 1 else kind.default_time[0])
-    entity_path = _path_field("entity", raw.get("entity"), f"{where}.entity")
+    entity_raw = raw.get("entity", kind.default_entity)
+    entity_column = isinstance(entity_raw, Mapping) and "column" in entity_raw
+    if entity_column and kind.identity_in_header:
+        raise ConfigError(f"{where}.entity: {kind.name} files name their entity in their headers; give a header "
+                          "keyword (PatientID), not a column")
+    entity_path = None if entity_column else _path_field("entity", entity_raw, f"{where}.entity")
     time_path = _path_field("time", time_raw, f"{where}.time")
     if (entity_path or time_path) and kind.identity_in_header:
         raise ConfigError(f"{where}.{'entity' if entity_path else 'time'}: {kind.name} files name their entity and "
@@ -909,8 +934,9 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         name=raw.get("name") or _default_name(root) or f"source{index}",
         root=root,
         root_spec=raw["root"],
-        entity=kind.default_entity if entity_path else raw.get("entity", kind.default_entity),
+        entity=kind.default_entity if entity_path else str(entity_raw["column"]) if entity_column else entity_raw,
         entity_path=entity_path,
+        entity_empty=entity_raw.get("empty", "bad") if entity_column else "bad",
         time=time,
         time_path=time_path,
         fields=fields,
@@ -961,7 +987,8 @@ def _parse_table(raw: Any, base: Path, where: str) -> TableConfig:
         path="path" if template is not None else str(path), template=template,
         path_base=_location(base, base_spec, f"{where}.path_base") if base_spec is not None else None,
         path_base_spec=base_spec, find=raw.get("find", "path"), files=raw.get("files", "root"),
-        repeated=raw.get("repeated", "refuse"), records=raw.get("records"), join=tuple(joins))
+        repeated=raw.get("repeated", "refuse"), records=raw.get("records"), join=tuple(joins),
+        missing=raw.get("missing", "bad"))
 
 
 def _check_template(template: str, where: str) -> None:
@@ -1128,9 +1155,10 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     if len(set(columns)) != len(columns):
         raise ConfigError(f"{where}.columns: {sorted(c for c in columns if columns.count(c) > 1)[0]!r} is listed "
                           "twice")
-    if target_kind == "class" and len(columns) != 1:
-        raise ConfigError(f"{where}.columns: a class label comes from one column; for several 0/1 columns use "
-                          "kind: multilabel")
+    if target_kind == "class" and "columns" in raw and len(columns) == 1:
+        raise ConfigError(f"{where}.columns: a class from one column is 'column: {columns[0]}'; 'columns:' lists "
+                          "the one-hot 0/1 columns of a class (exactly one 1 per row), or, with kind: multilabel, "
+                          "several labels")
     if target_kind == "multilabel" and "column" in raw:
         separator = separator if separator is not None else "|"
         if not separator:
@@ -1191,7 +1219,7 @@ def _parse_cell_policies(raw: Mapping[str, Any], target: TargetConfig, where: st
                               f"not one of {', '.join(UNCERTAIN_POLICIES)}")
     values = raw.get("uncertain_values")
     uncertain_values = None if values is None else tuple(str(v) for v in values)
-    from packer.targets.multilabel import FALSE_CELLS, TRUE_CELLS
+    from packer.targets.base import FALSE_CELLS, TRUE_CELLS
 
     clash = [v for v in (uncertain_values or ()) if v.lower() in TRUE_CELLS | FALSE_CELLS or not v]
     if clash:

@@ -140,8 +140,10 @@ class Issue:
 #: ``not_requested`` (an image object a job packs only when its ``where:`` asks: RT Dose, a
 #: secondary capture), ``annotation`` (a SEG or RTSTRUCT read as its series' mask),
 #: ``label_conflict`` (a sample of a duplicate group whose targets disagree, left out with the
-#: whole group by ``split.duplicates.label_conflict: drop_group``).
-EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict")
+#: whole group by ``split.duplicates.label_conflict: drop_group``), ``not_downloaded`` (a table
+#: row naming no file under the root, under the table's ``missing: drop``: a partial download).
+EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
+              "not_downloaded")
 
 
 @dataclass(frozen=True)

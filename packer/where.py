@@ -110,6 +110,10 @@ def parse_where(raw: Mapping[str, Any] | None, where: str) -> tuple[Condition, .
         values = tuple(_text(v) for v in (value if isinstance(value, list) else [value]))
         if not values:
             raise ConfigError(f"{at}: an empty list keeps nothing; list the values to keep, or remove the key")
+        if not all(values):  # "" would read as "keep (or drop) the empty cells", and did neither
+            raise ConfigError(f"{at}: an empty value never matches: an empty cell is no value (it meets {{not: "
+                              f"[...]}} whatever the list holds, and no listed value); to leave out the rows whose "
+                              f"{key} is empty, write {key}: {{match: '.'}}")
         out.append(Condition(str(key), op, values))
     return tuple(sorted(out, key=lambda c: c.key))
 

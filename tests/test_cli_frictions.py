@@ -159,7 +159,7 @@ def test_the_validate_summary_says_how_many_bad_paths_it_left_out(tmp_path: Path
     assert code == 0, output
     assert report["bad_samples"]["total"] == 7
     lines = output.splitlines()
-    listed = [line for line in lines if line.strip().endswith(".png") and "empty" in line]
+    listed = [line for line in lines if re.search(r"/empty\d\.png: ", line)]  # each with its message
     assert len(listed) == 5
     assert lines[lines.index(listed[-1]) + 1] == "    … and 2 more"  # never "… and 1 more": that one is listed
 
@@ -420,3 +420,18 @@ def test_demo_data_under_a_file_names_the_file_instead_of_a_traceback(tmp_path: 
     assert result.exit_code == 2, result.output
     assert f"{blocker} is a file, not a folder" in result.output and "Traceback" not in result.output
     assert blocker.read_text() == "x"
+
+
+def test_class_ids_written_two_ways_are_a_warning() -> None:
+    """A pandas-written column with a blank cell turns 1 into '1.0': '1' and '1.0' are then two
+    classes (and two label indices) of one class id."""
+    from packer.config import parse_job
+    from packer.pipeline.stages import case_twins_warning
+
+    job = parse_job({"name": "j", "sources": [{"kind": "image", "root": ".", "table": "t.csv"}],
+                     "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"},
+                    Path("job.yaml"))
+    warning = case_twins_warning(job, ["1", "1.0", "0", "2"])
+    assert warning is not None and warning.startswith(
+        "classes that differ only in case, spacing or how a number is written are separate classes: '1' and '1.0'")
+    assert case_twins_warning(job, ["1", "0", "10"]) is None

@@ -257,3 +257,16 @@ def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(t
     # and the summary shows them escaped: printed as they were, they drove the terminal
     assert "bell\\x07.png" in output and "evil\\x1b[31m.png" in output
     assert "\x07" not in output and "\x1b" not in output
+
+
+def test_the_summary_shows_each_listed_bad_sample_with_its_message_and_fix(tmp_path: Path) -> None:
+    """The bad samples' messages name the fix (CheXpert's blank cells: 'set blank: zeros'); the
+    summary printed only their paths, leaving the fix in --json or bad_samples.jsonl."""
+    job = image_job(tmp_path, base_rows(4))
+    (tmp_path / "raw" / "unlisted.png").write_bytes((tmp_path / "raw" / "s000.png").read_bytes())
+    code, _, output = run_validate(job)
+    assert code == 3
+    line = next(line for line in output.splitlines() if line.strip().startswith("missing_label"))
+    assert f"{tmp_path / 'raw' / 'unlisted.png'}: no label: no row of {tmp_path / 'raw' / 'labels.csv'} names " \
+           "'unlisted.png'; add its row, or, where the table names only the dataset's files, set table.files: " \
+           "table" in line

@@ -380,3 +380,40 @@ def test_decathlon_heart_packs_every_training_slice_with_its_label_map(tmp_path:
     loaded = _loaded(result)
     assert sorted(loaded) == sorted(samples)
     assert all(np.array_equal(item["mask"].numpy(), samples[key]["mask.npy"]) for key, item in loaded.items())
+
+
+def test_the_readme_brats_snippet_writes_the_case_table_a_nifti_source_packs(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """BraTS ships one folder per case and no table: the README's snippet, run as printed in the
+    case folder, writes the table its nifti example reads (t1 the row's file, three more
+    sequences as channels, _seg the mask), so no _seg file is packed as an image."""
+    from tests.nifti_files import write_nifti
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    snippet = readme.split("cd data/brats && python - <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    root = tmp_path / "brats"
+    cases = ("BraTS20_Training_001", "BraTS20_Training_002")
+    affine = np.diag([-1.0, -1.0, 1.0, 1.0])
+    for n, case in enumerate(cases):
+        for i, seq in enumerate(("t1", "t1ce", "t2", "flair")):
+            write_nifti(_mkdir(root / case) / f"{case}_{seq}.nii.gz",
+                        np.arange(8 * 8 * 2, dtype=np.int16).reshape(8, 8, 2) * (i + 1) + n, affine)
+        write_nifti(root / case / f"{case}_seg.nii.gz", np.tile(np.array([0, 1, 2, 4], np.uint8), 32).reshape(8, 8, 2),
+                    affine)
+    monkeypatch.chdir(root)
+    exec(compile(snippet, "README.md", "exec"), {})  # noqa: S102 - the README's own code, as a user runs it
+    doc = {"name": "brats", "sources": [{"kind": "nifti", "root": str(root), "table": str(root / "cases.csv"),
+                                         "label": "none", "channel_files": ["t1ce", "t2", "flair"],
+                                         "mask": {"column": "seg", "classes": [0, 1, 2, 4]}}],
+           "split": {"by": "entity"}, "transform": {"nifti": {"windows": ["zscore"], "output": "float16"}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert found.issues == [] and found.excluded == []
+    assert sorted((r.relpath, r.entity) for r in found.refs) == [(f"{c}/{c}_t1.nii.gz", c) for c in cases]
+    assert dict(found.refs[0].extra)["seg"] == f"{cases[0]}/{cases[0]}_seg.nii.gz"
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -138,8 +138,12 @@ def test_without_path_base_the_error_says_where_the_paths_start(tmp_path: Path) 
     del doc["sources"][0]["table"]["path_base"]
     job.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"none of the table's 5 rows names a file .*row 2 gives "
-                                          r"'CheXpert-v1.0-small/train/.*path_base"):
+                                          r"'CheXpert-v1.0-small/train/.*path_base") as raised:
         discover(load_job(job))
+    # the cells start with the root's own folder: the fix is exact, and find: name, which the
+    # many view1_frontal.jpg files would make ambiguous_path, is not offered
+    assert str(raised.value).endswith("the cells start with the root's own folder name ('CheXpert-v1.0-small/'): "
+                                      "set table.path_base to the folder above the root")
 
 
 def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_path: Path) -> None:
@@ -241,6 +245,142 @@ def test_bare_names_without_find_name_say_to_set_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"row 2 gives '00000001_000.png' .*bare file names in subfolders: set "
                                           r"table.find: name"):
         discover(load_job(job))
+
+
+@pytest.mark.parametrize(("layout", "fix"), [
+    # Kaggle: train.csv's id names train_images/<id>.png (RSNA: <patientId>.dcm)
+    ("", r"set table.path: \{template: '\{image_id\}.png'\}"),
+    # the same ids, with the images spread over subfolders
+    ("part1/", r"set table.path: \{template: '\{image_id\}.png'\} and table.find: name"),
+    # ... where the job has find: name already: the template is all it lacks
+    ("part1/find", r"set table.path: \{template: '\{image_id\}.png'\}$"),
+])
+def test_ids_without_the_file_extension_say_the_template_that_adds_it(tmp_path: Path, layout: str,
+                                                                         fix: str) -> None:
+    folder, find = layout.removesuffix("find"), layout.endswith("find")
+    _files(tmp_path / "raw", [f"{folder}1000015157.png", f"{folder}1000201771.png"])
+    _csv(tmp_path / "train.csv", "image_id,label,entity", ["1000015157,0,E1", "1000201771,1,E2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "train.csv", "path": "image_id",
+                                                   **({"find": "name"} if find else {})}})
+    with pytest.raises(ConfigError, match=r"row 2 gives '1000015157' .*the cells are file names without their "
+                                          r"extension \(.png\): " + fix):
+        discover(load_job(job))
+
+
+def test_a_job_whose_every_file_is_left_out_is_a_config_error_naming_why(tmp_path: Path) -> None:
+    """RSNA's files are all Secondary Captures, left out unless asked; a where: that no row meets
+    does the same. Packing nothing is never a clean result: the build said 'clean' and advised
+    more entities or another seed for the empty splits."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["a.png", "b.png"], real=True)
+    _csv(tmp_path / "t.csv", "path,label,entity,view", ["a.png,x,E1,AP", "b.png,y,E2,AP"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"view": "PA"}}))
+    with pytest.raises(ConfigError, match=r"no sample to pack: all 2 files of the job are left out on purpose "
+                                          r"\(filtered 2\); the first, .*a.png: view is 'AP'; where: view = PA"):
+        validate_job(job, scheduler="sync", quiet=True)
+
+
+def test_an_empty_entity_cell_names_its_row_column_and_fix(tmp_path: Path) -> None:
+    """ISIC 2019's metadata leaves lesion_id blank for some images: the record said only "the
+    source's entity field is empty for this file"."""
+    _files(tmp_path / "raw", ["ISIC_0000000.jpg", "ISIC_0000001.jpg"])
+    _csv(tmp_path / "meta.csv", "image,label,lesion_id", ["ISIC_0000000,MEL,", "ISIC_0000001,NV,BCN_0000001"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "meta.csv", "path": {"template": "{image}.jpg"}},
+                          "entity": "lesion_id"})
+    found = discover(load_job(job))
+    assert [r.relpath for r in found.refs] == ["ISIC_0000001.jpg"]
+    (issue,) = found.issues
+    assert issue.reason == "missing_entity" and issue.path.endswith("ISIC_0000000.jpg")
+    assert issue.message == (f"{tmp_path / 'meta.csv'} row 2, column 'lesion_id' (the source's entity:): empty, so "
+                             "the file has no entity to keep it in one split; fill the cell, make each such file its "
+                             "own entity (entity: {column: lesion_id, empty: file}), or leave such rows out with "
+                             "where: {lesion_id: {match: '.'}}")
+    # ISIC's images without a lesion id: each its own entity, by the job's word
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["entity"] = {"column": "lesion_id", "empty": "file"}
+    job.write_text(yaml.safe_dump(doc))
+    loaded = load_job(job)
+    assert loaded.sources[0].to_json()["entity"] == {"column": "lesion_id", "empty": "file"}
+    found = discover(loaded)
+    assert found.issues == [] and sorted((r.relpath, r.entity) for r in found.refs) == [
+        ("ISIC_0000000.jpg", "ISIC_0000000.jpg"), ("ISIC_0000001.jpg", "BCN_0000001")]
+    doc["sources"][0]["entity"] = {"column": "lesion_id"}  # empty: bad, the default, is the plain column
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).sources[0].to_json()["entity"] == "lesion_id"
+
+
+def test_a_where_value_that_is_empty_is_a_config_error_saying_what_drops_empty_cells(tmp_path: Path) -> None:
+    """An empty cell is no value: {not: [""]} kept every empty row, silently."""
+    _files(tmp_path / "raw", ["a.png"])
+    _csv(tmp_path / "t.csv", "path,label,entity", ["a.png,x,E1"])
+    for spec in ({"not": [""]}, "", ["A", " "]):
+        job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"entity": spec}})
+        with pytest.raises(ConfigError, match=r"sources\[0\].where.entity: an empty value never matches: an empty "
+                                              r"cell is no value.*to leave out the rows whose entity is empty, write "
+                                              r"entity: \{match: '.'\}"):
+            load_job(job)
+
+
+def test_a_kaggle_table_without_path_or_entity_columns_says_which_keys_to_set(tmp_path: Path) -> None:
+    """Kaggle's Diabetic Retinopathy trainLabels.csv is 'image,level': neither the default 'path'
+    nor 'entity' column is there, and no column is close to either name."""
+    _files(tmp_path / "train", ["10_left.jpeg", "10_right.jpeg"])
+    _csv(tmp_path / "trainLabels.csv", "image,level", ["10_left,0", "10_right,2"])
+    plain = _job(tmp_path, {"root": "train", "table": "trainLabels.csv"})
+    with pytest.raises(ConfigError, match=r"missing column 'path' \(named by table.path\); name the column that "
+                                          r"holds each file's name: table: \{file: trainLabels.csv, path: COLUMN\}"):
+        discover(load_job(plain))
+    named = _job(tmp_path, {"root": "train", "table": {"file": "trainLabels.csv", "path": {"template": "{image}.jpeg"}},
+                            "label": {"column": "level"}})
+    with pytest.raises(ConfigError, match=r"missing column 'entity' \(named by entity\); set the source's entity: to "
+                                          r"the column holding the patient id, read it from each file's path \(entity: "
+                                          r"\{path: REGEX\} or \{component: N\}\), or, where each file is its own "
+                                          r"patient, entity: image"):
+        discover(load_job(named))
+
+
+def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp_path: Path) -> None:
+    """NIH ships its images in 12 archives; with images_002/ not downloaded, every row naming one of
+    its files was a missing_file 'root/<name> does not exist', though find: name looks everywhere."""
+    job = _nih(tmp_path)
+    for png in (tmp_path / "nih" / "images_002").rglob("*.png"):
+        png.unlink()
+    found = discover(load_job(job))
+    assert sorted(i.reason for i in found.issues) == ["missing_file", "missing_file"]
+    assert found.issues[0].message == (f"{tmp_path / 'nih' / 'Data_Entry_2017.csv'} row 4 lists '00000002_000.png', "
+                                       f"but no file of that name is under {tmp_path / 'nih'} (find: name); fix the "
+                                       "row, or, where part of the dataset is not downloaded, set table.missing: drop")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["missing"] = "drop"
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert sorted(_by_path(found)) == ["images_001/images/00000001_000.png", "images_001/images/00000001_001.png"]
+    assert found.issues == []
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("00000002_000.png", "not_downloaded"),
+                                                                    ("00000003_000.png", "not_downloaded")]
+    assert "row 4 names '00000002_000.png', and no such file is under the root (table.missing: drop)" in \
+        found.excluded[0].detail
+
+
+def test_a_missing_label_says_whether_the_row_is_missing_or_its_cell_is_empty(tmp_path: Path) -> None:
+    """CheXpert's Edema as a class column: a blank cell said "no label; add a row for ... to the
+    source's label table", though train.csv has the row; and a file without a row (the Decathlon's
+    imagesTs/) was not told of files: table."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png", "extra/d.png"], real=True)
+    _csv(tmp_path / "t.csv", "Path,Edema,entity", ["a.png,1.0,E1", "b.png,,E2", "c.png,0.0,E3"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv", "path": "Path"},
+                                   "label": {"column": "Edema"}}, validate={"max_bad_fraction": 1.0}))
+    issues = {Path(i.path).name: i for i in validate_job(job, scheduler="sync", quiet=True).prepared.issues}
+    assert {name: i.reason for name, i in issues.items()} == {"b.png": "missing_label", "d.png": "missing_label"}
+    assert issues["b.png"].message == (f"{tmp_path / 'raw' / 'b.png'}: {tmp_path / 't.csv'} row 3, column 'Edema': "
+                                       "empty; give the sample's class")
+    assert issues["d.png"].message == (
+        f"{tmp_path / 'raw' / 'extra' / 'd.png'}: no label: no row of {tmp_path / 't.csv'} names 'extra/d.png'; add "
+        "its row, or, where the table names only the dataset's files, set table.files: table (or, for unlabeled "
+        "data, the source's 'label: none')")
 
 
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
@@ -388,6 +528,14 @@ def test_a_dataset_json_is_a_table_of_records(tmp_path: Path) -> None:
     # the test image has no labels: out of the dataset, counted, not bad; label maps are the rows' masks
     assert [(Path(e.path).name, e.why) for e in found.excluded] == [("la_001.nii.gz", "not_in_table")]
     assert found.issues == []
+    # without files: table the test image is a bad sample, whose record says how to leave it out
+    del doc["sources"][0]["table"]["files"]
+    job.write_text(yaml.safe_dump(doc))
+    (issue,) = discover(load_job(job)).issues
+    assert issue.reason == "mask_missing" and issue.message == (
+        f"{root / 'imagesTs' / 'la_001.nii.gz'}: no mask ({root / 'dataset.json'} has no row for it); add its row, or, "
+        "where the table names only the dataset's files (the Decathlon's imagesTs/ has no labels), set table.files: "
+        "table")
 
 
 def test_a_json_table_without_its_records_key_names_the_lists_it_holds(tmp_path: Path) -> None:

@@ -194,6 +194,72 @@ def test_a_free_text_attribute_is_a_label_only_through_names_the_job_gives(tmp_p
     load_job(_job(tmp_path / "d", [source], phi={"mode": "keep"}))
 
 
+# -- class ids as names ---------------------------------------------------------------------
+def test_class_ids_written_as_numbers_keep_their_numeric_order(tmp_path: Path) -> None:
+    """A Kaggle table's integer class column (0..11): without ``labels:``, "10" must not sort
+    between "1" and "2", or every label index from 2 on would differ from the table's id."""
+    rows = [{"path": f"{i}.png", "label": str(i % 12), "entity": f"E{i}", "timestamp": "2024-01-01"}
+            for i in range(12)]
+    raw = _photo_table(tmp_path, rows)
+    result = _build(_job(tmp_path, [{"kind": "image", "root": str(raw), "table": str(raw / "table.csv")}]))
+    assert _manifest(result)["label_map"] == {str(i): i for i in range(12)}
+    for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True):
+        assert item["label"] == int(item["record"]["label"]) == item["record"]["label_index"]
+
+
+def test_class_names_that_are_numbers_sort_by_value_and_others_as_text() -> None:
+    from packer.targets.classes import ClassTarget
+
+    assert ClassTarget.from_texts(["10", "2", "-1.0", "0.5", "1"], labels=(), columns=()).names == (
+        "-1.0", "0.5", "1", "2", "10")
+    assert ClassTarget.from_texts(["10", "2", "b", "a"], labels=(), columns=()).names == ("10", "2", "a", "b")
+    assert ClassTarget.from_texts(["10", "2"], labels=("2", "10"), columns=()).names == ("2", "10")
+
+
+def test_one_hot_columns_give_one_class_in_the_columns_order(tmp_path: Path) -> None:
+    """ISIC 2019's ground truth: one 0/1 column per diagnosis (written 1.0 / 0.0), exactly one 1
+    per image. A single-label task: one class each, indexed in the table's column order."""
+    onehot = [("0.0", "1.0", "0.0"), ("1.0", "0.0", "0.0"), ("0.0", "0.0", "1"), ("0.0", "1.0", "0.0"),
+              ("0.0", "0.0", "0.0"), ("1.0", "1.0", "0.0"), ("0.0", "", "1.0"), ("0.0", "0.5", "1.0")]
+    # UNK: a class no training image holds (as in ISIC 2019), still a class of the label map
+    rows = [{"path": f"{i}.png", "MEL": m, "NV": n, "BCC": b, "UNK": "0.0", "entity": f"E{i}",
+             "timestamp": "2024-01-01"} for i, (m, n, b) in enumerate(onehot)]
+    raw = _photo_table(tmp_path, rows)
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"columns": ["MEL", "NV", "BCC", "UNK"]}}
+    result = _build(_job(tmp_path, [source], validate={"max_bad_fraction": 0.6}))
+    assert _manifest(result)["label_map"] == {"MEL": 0, "NV": 1, "BCC": 2, "UNK": 3}
+    got = {item["record"]["path"]: item["label"]
+           for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True)}
+    assert got == {"0.png": 1, "1.png": 0, "2.png": 2, "3.png": 1}
+    bad = {r["path"].rsplit("/", 1)[1]: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert {k: r["reason"] for k, r in bad.items()} == {"4.png": "bad_target", "5.png": "bad_target",
+                                                        "6.png": "bad_target", "7.png": "bad_target"}
+    assert "row 6: no column of MEL, NV, BCC, UNK holds 1; a one-hot row names exactly one class" in \
+        bad["4.png"]["message"]
+    assert "kind: multilabel" in bad["4.png"]["message"]
+    assert "row 7: MEL and NV both hold 1" in bad["5.png"]["message"]
+    assert "row 8, column 'NV': empty" in bad["6.png"]["message"]
+    assert "row 9, column 'NV': '0.5' is not 0 or 1" in bad["7.png"]["message"]
+
+
+def test_one_hot_columns_through_a_map_name_their_classes_in_the_columns_order() -> None:
+    from packer.config import _parse_target
+
+    target = _parse_target({"columns": ["MEL", "NV", "BCC"], "map": {"MEL": "melanoma", "NV": "nevus", "BCC": "bcc"}},
+                           False, "label")
+    assert target.named_columns == ("melanoma", "nevus", "bcc")
+    assert _parse_target({"columns": ["MEL", "NV"], "map": {"NV": "nevus"}}, False, "label").named_columns == (
+        "nevus",)  # MEL is unknown_label: no class of its own
+    assert _parse_target({"column": "dx"}, False, "label").named_columns == ()
+
+
+def test_one_hot_needs_two_columns(tmp_path: Path) -> None:
+    source = {"kind": "image", "root": str(tmp_path), "table": str(tmp_path / "t.csv"), "label": {"columns": ["MEL"]}}
+    with pytest.raises(ConfigError, match=r"label.columns: a class from one column is 'column: MEL'"):
+        load_job(_job(tmp_path, [source]))
+
+
 # -- several labels -------------------------------------------------------------------------
 def _photo_table(tmp: Path, rows: list[dict[str, str]]) -> Path:
     raw = tmp / "raw"

@@ -208,7 +208,12 @@ def format_summary(result: ValidateResult) -> str:
     hidden = result.prepared.phi.active
     issues = result.prepared.issues
     for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
-        lines.append(f"    {issue.reason:<22} {issue.sample_id if hidden else _shown(issue.path)}")
+        if hidden:
+            lines.append(f"    {issue.reason:<22} {issue.sample_id}")
+            continue
+        # the message names the fix; most start with the path
+        said = issue.message if issue.message.startswith(issue.path) else f"{issue.path}: {issue.message}"
+        lines.append(f"    {issue.reason:<22} {_shown(said)}")
     lines.extend(_and_more(len(issues), SUMMARY_ISSUES, "    "))
     excluded = result.prepared.excluded
     if excluded:  # counted, never silent; never against the bad fraction

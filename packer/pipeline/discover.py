@@ -287,9 +287,11 @@ def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str |
         if not relpath:
             where = f"{table} row {row.row}, column {column!r} is empty" if row else f"{table} has no row for it"
             reason = "mask_missing" if what == "mask" else "missing_file"
+            fix = (f"name the file's {what if what == 'mask' else column}, or leave the file out" if row else
+                   "add its row, or, where the table names only the dataset's files (the Decathlon's imagesTs/ has "
+                   f"no labels), set {source_kind(source.kind).table_key}.files: table")
             return Issue.of(ref, stage="discover", reason=reason,
-                            message=f"{ref.path}: no {what if what == 'mask' else column + ' file'} ({where}); name "
-                                    f"the file's {what if what == 'mask' else column}, or leave the file out")
+                            message=f"{ref.path}: no {what if what == 'mask' else column + ' file'} ({where}); {fix}")
         if escapes_root(relpath):
             return Issue.of(ref, stage="discover", reason="outside_root",
                             message=f"{table} row {row.row if row else '?'}, column {column!r}: {what} {relpath!r} "
@@ -365,6 +367,8 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
     entity, time, fields = _path_facts(source, rel)
     if source.entity_path is None:
         entity = (row.entity if row else None) if source.label_table is not None else rel
+        if entity is None and row is not None and source.entity_empty == "file":  # entity: {column, empty: file}
+            entity = rel
     if source.time_path is None:
         time = row.time if row else None
     extra = row.extra if row else fields  # a row holds its path's fields already (tables.place_rows)
@@ -374,12 +378,14 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
 
 def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
-                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress
-                 ) -> RefTable:
+                 real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress,
+                 unlabeled: dict[str, str]) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
     listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
     file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
-    ``excluded`` instead. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
+    ``excluded`` instead; a file the table gives no label (no row, or an empty cell: the probe's
+    ``missing_label``, reported after the file's own defects) gets its message in ``unlabeled``,
+    by path. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
     as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
     discovery. ``progress`` counts the files, one by one."""
     kind = source_kind(source.kind)
@@ -407,6 +413,11 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             continue
         label = _target_text(source, rel, row, known)
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
+        if label is None and table is not None and source.target.origin == "table":
+            unlabeled[path] = f"{path}: " + (row.unlabeled if row is not None and row.unlabeled else (
+                f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
+                f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
+                "'label: none')"))
         if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
             # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
             excluded.append(Excluded(sample_id, path, "discover", "filtered",
@@ -414,6 +425,13 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             continue
         if isinstance(label, Refused):
             issues.append(Issue.of(ref, stage="discover", reason=label.reason, message=label.message))
+        elif row is not None and ref.entity is None and isinstance(label, str) and not kind.identity_in_header \
+                and source.entity_path is None:
+            issues.append(Issue.of(ref, stage="discover", reason="missing_entity", message=(
+                f"{table} row {row.row}, column {source.entity!r} (the source's entity:): empty, so the file has "
+                "no entity to keep it in one split; fill the cell, make each such file its own entity (entity: "
+                f"{{column: {source.entity}, empty: file}}), or leave such rows out with where: "
+                f"{{{source.entity}: {{match: '.'}}}}")))
         elif (unnamed := _row_files_problem(source, ref, table, row)) is not None:
             issues.append(unnamed)
         elif real_root is not None and (linked := _row_file_outside(source, ref, table, row, real_root)) is not None:
@@ -430,10 +448,15 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
 
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
                    phi: Pseudonymizer | None, allow_outside: bool, listed: dict[str, RawObject],
-                   storage_options: Mapping[str, Any] | None, issues: list[Issue]) -> list[SampleRef]:
+                   storage_options: Mapping[str, Any] | None, issues: list[Issue],
+                   excluded: list[Excluded]) -> list[SampleRef]:
     """The table's rows for files the listing did not give: with ``safety.outside_root: allow``,
     refs of existing files next to the root (their listing entries added to ``listed``); every
-    other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``."""
+    other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
+    under the table's ``missing: drop`` (a partial download), a row naming no file under the
+    root is a ``not_downloaded`` record appended to ``excluded``."""
+    by_name = source.table_map is not None and source.table_map.find == "name"
+    drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
     outside: list[SampleRef] = []
     for rel, row in sorted(rows.items()):
@@ -456,10 +479,18 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          kind=source.kind, path=target, relpath=rel, label=row.label,
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
-        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
-                            reason="missing_file",
-                            message=f"{table} row {row.row} lists {rel!r}, but {target} does not exist "
-                                    "(or is not a supported file); fix the path or remove the row"))
+        sample_id = make_sample_id(source.name, rel, phi)
+        if drop:
+            excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
+                                     f"{table} row {row.row} names {rel!r}, and no such file is under the root "
+                                     "(table.missing: drop)"))
+            continue
+        key = source_kind(source.kind).table_key
+        said = (f"no file of that name is under {source.root} (find: name)" if by_name else
+                f"{target} does not exist (or is not a supported file)")
+        issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
+                            message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
+                                    f"of the dataset is not downloaded, set {key}.missing: drop"))
     return outside
 
 
@@ -515,17 +546,20 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     excluded: list[Excluded] = list(unnamed_out)
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
-        refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress)
+        unlabeled: dict[str, str] = {}
+        refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress,
+                            unlabeled)
     seen = set(relpaths)
     del files, relpaths
-    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues)
+    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues,
+                             excluded)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         ordered = refs.column("relpath")
         refs = refs.take(sorted(range(len(refs)), key=ordered.__getitem__))
     warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
                                                 hide_ids=phi is not None and phi.active),) if w]
-    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered)
+    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
 
 
 @dataclass(frozen=True)
@@ -538,6 +572,7 @@ class SourceFound:
     excluded: list[Excluded]
     warnings: list[str]
     rows_filtered: int
+    unlabeled: dict[str, str]
 
 
 _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
@@ -578,7 +613,9 @@ class Discovery:
     """What discovery found: ``refs`` (sorted by source, then relative path), the table-only
     ``issues``, ``excluded``: files left out on purpose (a ``where:`` filter, not in a
     ``files: table`` table), ``warnings`` to print, ``rows_filtered``: table rows a filter left
-    out (counted; only those naming a listed file are in ``excluded``), and ``listed``: for each
+    out (counted; only those naming a listed file are in ``excluded``), ``unlabeled``: by path,
+    the message of a file its table gives no label (no row, an empty cell) for the probe's
+    ``missing_label`` record, and ``listed``: for each
     remote file (by URL) the size and version tag its listing gave, which the build cache keys it
     by (a local file is keyed by its stat)."""
 
@@ -588,6 +625,7 @@ class Discovery:
     excluded: list[Excluded] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     rows_filtered: int = 0
+    unlabeled: dict[str, str] = field(default_factory=dict)
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
@@ -607,6 +645,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     said: list[str] = []
     listed: dict[str, RawObject] = {}
     rows_filtered = 0
+    unlabeled: dict[str, str] = {}
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
@@ -621,13 +660,14 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         excluded.extend(found.excluded)
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
+        unlabeled.update(found.unlabeled)
     refs = RefTable.concat(tables)
     excluded = _once(excluded, refs, issues)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
         refs = RefTable.of(unique_ids(list(refs)))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
-                     rows_filtered=rows_filtered)
+                     rows_filtered=rows_filtered, unlabeled=unlabeled)
 
 
 def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:

@@ -78,8 +78,7 @@ def dataset_target(job: JobConfig, texts: Iterable[str | None]) -> Target:
     lists them, and the names seen."""
     columns: list[str] = []
     for source in job.sources:
-        if source.target.origin == "table" and source.target.separator is None:
-            columns.extend(c for c in source.target.columns if c not in columns)
+        columns.extend(c for c in source.target.named_columns if c not in columns)
     target = target_class(job.sources[0].target.kind).from_texts(texts, labels=job.labels, columns=tuple(columns))
     # a target mask only where a source may ignore entries, so every other dataset's shards stay as they were
     return replace(target, masked=True) if any(source.target.ignores for source in job.sources) else target

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
-from packer.errors import refused_write
+from packer.errors import ConfigError, refused_write
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
@@ -71,6 +71,7 @@ from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import work_dir
 from packer.targets import Target, target_class
+from packer.targets.base import cell_number
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "conflicts", "split", "audit", "plan", "pack")
@@ -155,6 +156,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
+    unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
     warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
     for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
@@ -184,13 +186,16 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             warned.append(("readers", readers))
         samples = table.sorted_by_key()
         del table
-        issues.extend(i for c in chunks for i in c.issues)
+        issues.extend(replace(i, message=unlabeled[i.path]) if i.reason == "missing_label" and i.path in unlabeled
+                      else i for c in chunks for i in c.issues)
         probed_out = [e for c in chunks for e in c.excluded]
         if probed_out and not quiet:  # not bad samples: the progress lines did not count them
             print(f"packer: {job.name}: {len(probed_out)} files left out on purpose by their headers "
                   f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
                   f"{EXCLUDED_FILE}", flush=True)
         excluded.extend(probed_out)
+        if not len(samples) and not issues and excluded:
+            raise _nothing_to_pack(job, excluded, show_paths=not phi.active)
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
@@ -245,6 +250,19 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
 
 
+def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], *, show_paths: bool) -> ConfigError:
+    """The error for a job whose every file was left out on purpose (RSNA's secondary captures
+    without a where: asking for them, a where: no row meets): an empty dataset is no result,
+    and its empty splits would otherwise be warned of as a matter of ratios and seeds. The
+    first file is named by its path, or by its sample id where paths are pseudonymized."""
+    first = sort_excluded(list(excluded))[0]
+    named = first.path if show_paths else f"sample {first.sample_id}"
+    return ConfigError(f"{job.job_path}: no sample to pack: all {len(excluded)} files of the job are left out on "
+                       f"purpose ({describe_counts(Counter(e.why for e in excluded))}); the first, {named}: "
+                       f"{first.detail}. Change what leaves them out (the source's where:, its table's files:), "
+                       "or remove the source")
+
+
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
                      cache_dir: Path | None) -> LabelConflicts:
     """The duplicate groups whose targets (or masks, exact copies' and near copies' aligned,
@@ -259,19 +277,24 @@ def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg
 
 def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
-    table typed by several people): each is a class of its own, which is rarely meant. None for
+    table typed by several people), or that spell one number (``1`` and ``1.0``): each is a
+    class of its own, which is rarely meant. None for
     a job that lists its classes (``labels:`` decides then) or a target that is not one class."""
     if job.labels or not target_class(job.sources[0].target.kind).has_label:  # one class a sample: a label index
         return None
     groups: dict[str, list[str]] = {}
     for name in sorted({str(n) for n in names if n}):
-        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+        number = cell_number(name)
+        groups.setdefault(repr(number) if number is not None else " ".join(name.casefold().split()), []).append(name)
     twins = [group for group in groups.values() if len(group) > 1]
     if not twins:
         return None
     shown = "; ".join(" and ".join(repr(n) for n in group) for group in twins[:5])
     more = f" (and {len(twins) - 5} more such groups)" if len(twins) > 5 else ""
-    return (f"classes that differ only in case or spacing are separate classes: {shown}{more}; if each group is one "
+    # a class id written 1 and 1.0 (a pandas column with a blank cell turns ints into floats)
+    how = "case, spacing or how a number is written" if any(
+        cell_number(group[0]) is not None for group in twins) else "case or spacing"
+    return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
             "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
             "job's labels:")
 

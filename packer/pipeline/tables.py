@@ -73,7 +73,8 @@ def escapes_root(relpath: str) -> bool:
 @dataclass(frozen=True)
 class TableRow:
     """One row of a label table. ``label``: the target's text (:mod:`packer.targets`), None where
-    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value)."""
+    the cell is empty; ``refused``: why the row's target cannot be used (unknown or bad value);
+    ``unlabeled``: where the cell is empty, the message naming the table, row and column."""
 
     row: int
     label: str | None
@@ -82,6 +83,7 @@ class TableRow:
     raw_time: str | None
     extra: tuple[tuple[str, str], ...]
     refused: Refused | None = None
+    unlabeled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,10 +237,11 @@ def closest(name: str, choices: Sequence[str]) -> str | None:
 
 
 def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
-                   header_hint: Callable[[str], str] | None = None) -> None:
+                   header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
-    the header lacks, with the closest column the header has; ``header_hint``: for a ``where``
-    key, the source kind's hint at a header attribute it may have meant (DICOM keywords)."""
+    the header lacks, with the closest column the header has, else the fix ``fixes`` gives for
+    its key; ``header_hint``: for a ``where`` key, the source kind's hint at a header attribute
+    it may have meant (DICOM keywords)."""
     for column, key in wanted.items():
         if column in columns:
             if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
@@ -247,7 +250,8 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   "rename the others")
             continue
         near = closest(column, columns)
-        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else ""
+        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else \
+            f"; {fixes[key]}" if fixes and key in fixes else ""
         said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
         if said:
             hint += f"; or, {said}"
@@ -341,8 +345,24 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     assert table is not None
     columns, rows = _read_file(table.file, table.records, storage_options)
     joined = _join(table, table.file, columns, rows, storage_options)
-    _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint)
+    _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
+                   _column_fixes(source))
     return joined
+
+
+def _column_fixes(source: SourceConfig) -> dict[str, str]:
+    """What to set where the header lacks the default file or entity column and has none close to
+    it (Kaggle's 'image,level'), by the job key naming the column."""
+    table = source.table_map
+    assert table is not None
+    key = source_kind(source.kind).table_key
+    name = os.fspath(table.file).replace("\\", "/").rsplit("/", 1)[-1]
+    file_column = (_template_columns(table.template) or ["COLUMN"])[0] if table.template is not None else table.path
+    return {f"{key}.path": (f"name the column that holds each file's name: {key}: {{file: {name}, path: COLUMN}} "
+                            "(ids without the extension: path: {template: '{COLUMN}.png'})"),
+            "entity": ("set the source's entity: to the column holding the patient id, read it from each file's path "
+                       "(entity: {path: REGEX} or {component: N}), or, where each file is its own patient, entity: "
+                       f"{file_column}")}
 
 
 # -- placing -------------------------------------------------------------------------------------
@@ -409,6 +429,17 @@ def _nfc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
+def _missing_suffix(cells: Sequence[str], names: set[str]) -> str | None:
+    """The extension (``.png``, ``.nii.gz``) that makes a cell's last part a listed file's name,
+    where the cells are ids without it; None where none does."""
+    stems: dict[str, str] = {}
+    for name in names:
+        for i in range(max(1, len(name) - 8), len(name)):
+            if name[i] == ".":
+                stems.setdefault(name[:i], name[i:])
+    return next((stems[part] for part in (c.rsplit("/", 1)[-1] for c in cells[:1000]) if part in stems), None)
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
     """Why no row names a listed file, with an example of each and the likely fix."""
     table = source.table_map
@@ -416,12 +447,24 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     cell, rel = cells[0], listed[0]
     key = source_kind(source.kind).table_key
     names = {r.rsplit("/", 1)[-1] for r in listed}
-    if table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
+    suffix = _missing_suffix(cells, names) if table.template is None else None
+    if suffix is not None:  # Kaggle's image_id, RSNA's patientId: the file's name without its extension
+        listed_set = set(listed)
+        where = "" if table.find == "name" or any(f"{c}{suffix}" in listed_set for c in cells[:1000]) else (
+            f" and {key}.find: name" if table.find == "path" and "/" not in cell else f" and check {key}.path_base")
+        fix = (f"the cells are file names without their extension ({suffix}): set {key}.path: "
+               f"{{template: '{{{table.path}}}{suffix}'}}{where}")
+    elif table.find == "path" and any(c.rsplit("/", 1)[-1] in names for c in cells[:1000]):
         if "/" not in cell:
             fix = f"the cells are bare file names in subfolders: set {key}.find: name"
+        elif cell.split("/", 1)[0] == os.fspath(source.root).rstrip("/").rsplit("/", 1)[-1]:
+            fix = (f"the cells start with the root's own folder name ({cell.split('/', 1)[0] + '/'!r}): set "
+                   f"{key}.path_base to the folder above the root")
         else:
+            # find: name only where the file names tell the files apart (CheXpert's are view1_frontal.jpg ...)
+            shared = sum(1 for r in listed if r.rsplit("/", 1)[-1] == cell.rsplit("/", 1)[-1]) > 1
             fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
-                   f"from (e.g. the folder above the root), or {key}.find: name")
+                   "from (e.g. the folder above the root)" + ("" if shared else f", or {key}.find: name"))
     else:
         fix = (f"check {key}.path (the column naming the files: {table.path!r}) and that the table belongs to "
                "this root")
@@ -581,6 +624,7 @@ class _RowReader:
             row=number,
             label=label if isinstance(label, str) else None,  # an empty cell: missing_label after the probe
             refused=refused,
+            unlabeled=label.message if isinstance(label, Refused) and label.empty else None,
             entity=((record.get(self.entity_column) or "").strip() or None) if self.entity_column else None,
             time=normalize_time(raw_time),
             raw_time=raw_time or None,

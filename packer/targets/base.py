@@ -11,6 +11,7 @@ compares a kind's name.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,20 @@ def _undefined(kind: type[Target]) -> list[str]:
             if owner is Target:
                 missing.append(name)
     return missing
+
+
+#: The cells of a 0/1 column read as a positive and as a negative (lower-cased)
+TRUE_CELLS = frozenset({"1", "1.0", "true", "yes"})
+FALSE_CELLS = frozenset({"0", "0.0", "false", "no"})
+
+
+def cell_number(cell: str) -> float | None:
+    """The finite number a cell spells (``1.00``, ``-1.0``, ``1e0``), else None."""
+    try:
+        number = float(cell)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def number_text(values: Iterable[float]) -> str:

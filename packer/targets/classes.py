@@ -7,13 +7,16 @@ A shard holds the index (``.cls`` ASCII integer, Parquet ``label`` int64), the l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from packer.targets.base import (
+    FALSE_CELLS,
     NO_POLICY,
+    TRUE_CELLS,
     CellPolicy,
     Refused,
     SampleGroups,
@@ -23,6 +26,7 @@ from packer.targets.base import (
     TargetFact,
     TargetRenderer,
     TargetValues,
+    cell_number,
     count_shares,
     counts_text,
     mapped_name,
@@ -33,6 +37,47 @@ from packer.targets.base import (
 
 def _by_value(item: tuple[str, int]) -> int:
     return item[1]
+
+
+def _one_hot(cells: Mapping[str, str], *, where: str, value_map: Mapping[str, str | None],
+             known: Sequence[str]) -> str | Refused:
+    """The class of a one-hot row (ISIC's ``MEL,NV,…`` columns, ``1.0``/``0.0``): the one column
+    holding 1, through ``value_map``; ``bad_target`` for a cell that is not 0 or 1 (an empty one
+    included), and for a row where no column, or several, hold 1."""
+    held = []
+    for column, cell in cells.items():
+        number = cell_number(cell)
+        if cell.lower() in TRUE_CELLS or number == 1:
+            held.append(column)
+        elif not (cell.lower() in FALSE_CELLS or number == 0):
+            said = "empty" if not cell else f"{cell!r} is not 0 or 1"
+            return Refused("bad_target", f"{where}, column {column!r}: {said}; a one-hot column holds 0 or 1 for "
+                                         "every sample")
+    if len(held) == 1:
+        return mapped_name(held[0], value_map, known, f"{where}, column {held[0]!r}")
+    named = ", ".join(cells)
+    said = f"no column of {named} holds 1" if not held else f"{' and '.join(held)} both hold 1" if len(held) == 2 \
+        else f"{', '.join(held)} all hold 1"
+    return Refused("bad_target", f"{where}: {said}; a one-hot row names exactly one class (for none or several "
+                                 "labels per sample use kind: multilabel)")
+
+
+def _class_order(names: set[str]) -> tuple[str, ...]:
+    """``names`` by numeric value (ties as text) where every one is a finite number, else as text.
+
+    As text, class ids ``0`` … ``11`` would order ``0, 1, 10, 11, 2, …``: label index 2 would be
+    class 10, and a model trained on the indices would answer in another numbering than the
+    table's."""
+    values = {}
+    for name in names:
+        try:
+            value = float(name)
+        except ValueError:
+            return tuple(sorted(names))
+        if not math.isfinite(value):
+            return tuple(sorted(names))
+        values[name] = value
+    return tuple(sorted(names, key=lambda name: (values[name], name)))
 
 
 @register_target_kind
@@ -62,6 +107,8 @@ class ClassTarget(Target):
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
                       value_map: Mapping[str, str | None], known: Sequence[str],
                       policy: CellPolicy = NO_POLICY) -> str | Refused:
+        if len(cells) > 1:
+            return _one_hot(cells, where=where, value_map=value_map, known=known)
         (column,) = cells
         if not cells[column]:
             return Refused("missing_label", f"{where}, column {column!r}: empty; give the sample's class", empty=True)
@@ -89,8 +136,15 @@ class ClassTarget(Target):
     @classmethod
     def from_texts(cls, texts: Iterable[str | None], *, labels: tuple[str, ...],
                    columns: tuple[str, ...]) -> Target:
-        """The job's ``labels:`` in their order, else the class names seen, sorted."""
-        return Target(cls.KIND, labels or tuple(sorted({text or "" for text in texts})))
+        """The job's ``labels:`` in their order, else the classes of one-hot ``columns`` in job
+        order, held by a sample or not (ISIC's MEL, NV, …, UNK, which no training image holds),
+        then the other class names seen, sorted: by value where every name is a number (a
+        table's class ids ``0`` … ``11``: ``10`` after ``9``, so each id is its label index),
+        else as text."""
+        if labels:
+            return Target(cls.KIND, labels)
+        seen = {text or "" for text in texts}
+        return Target(cls.KIND, (*columns, *_class_order(seen.difference(columns))))
 
     def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
                      ) -> dict[str, Any]:

@@ -13,7 +13,6 @@ per label the samples ignoring it (``ignored_counts``) and those lacking it (``n
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -21,9 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packer.targets.base import (
+    FALSE_CELLS,
     IGNORED,
     NO_POLICY,
     SEPARATOR,
+    TRUE_CELLS,
     CellPolicy,
     Refused,
     SampleGroups,
@@ -33,6 +34,7 @@ from packer.targets.base import (
     TargetFact,
     TargetRenderer,
     TargetValues,
+    cell_number,
     count_shares,
     counts_text,
     join_same_names,
@@ -43,18 +45,6 @@ from packer.targets.base import (
 
 #: The by-label name ``packer diff`` counts a sample under that holds none of the labels.
 NO_LABEL = "(none)"
-#: The cells of a 0/1 column read as a positive and as a negative (lower-cased)
-TRUE_CELLS = frozenset({"1", "1.0", "true", "yes"})
-FALSE_CELLS = frozenset({"0", "0.0", "false", "no"})
-
-
-def _number(cell: str) -> float | None:
-    """The finite number a cell spells (``1.00``, ``-1.0``, ``1e0``), else None."""
-    try:
-        number = float(cell)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _held(values: TargetValues | None) -> set[str]:
@@ -115,9 +105,9 @@ class MultiLabelTarget(Target):
             (column,) = cells
             return _names_of_column(cells[column], f"{where}, column {column!r}", separator, value_map, known)
         positive = []
-        uncertain_numbers = {n for n in map(_number, policy.uncertain_values) if n is not None}
+        uncertain_numbers = {n for n in map(cell_number, policy.uncertain_values) if n is not None}
         for column, cell in cells.items():
-            value, number = cell.lower(), _number(cell)
+            value, number = cell.lower(), cell_number(cell)
             if value in TRUE_CELLS or number == 1:  # a number compares as one: 1.00 and 1e0 are 1
                 read = "ones"
             elif value in FALSE_CELLS or number == 0:
