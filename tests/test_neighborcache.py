@@ -187,6 +187,6 @@ def test_a_new_sample_that_ranks_in_no_old_list_leaves_those_lists_as_they_were_
     ranked: list[int] = []
     real = neighborcache._merged_in_full
     monkeypatch.setattr(neighborcache, "_merged_in_full",
-                        lambda old_index, *rest: ranked.append(len(old_index)) or real(old_index, *rest))
+                        lambda k_index, *rest: ranked.append(len(k_index)) or real(k_index, *rest))
     assert _search(tmp_path, [*keys, "s999999"], [*entities, "new"], np.concatenate([emb, new]), 8) == n
     assert ranked == []

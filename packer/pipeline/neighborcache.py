@@ -260,7 +260,7 @@ def _merged(old_index: np.ndarray, old_score: np.ndarray, old_complete: np.ndarr
     rest = np.flatnonzero(~settled)
     if len(rest):
         exact[rest], out_index[rest], out_score[rest], complete[rest] = _merged_in_full(
-            old_index[rest], old_score[rest], old_complete[rest], new_of_old, kept[rest], unchanged, base, queries,
+            k_index[rest], k_score[rest], k_count[rest], old_complete[rest], kept[rest], unchanged, base, queries,
             groups, width)
     return exact, out_index, out_score, complete
 
@@ -281,17 +281,13 @@ def _surely_below(queries: np.ndarray, base: np.ndarray, query_group: np.ndarray
     return out
 
 
-def _merged_in_full(old_index: np.ndarray, old_score: np.ndarray, old_complete: np.ndarray, new_of_old: np.ndarray,
+def _merged_in_full(k_index: np.ndarray, k_score: np.ndarray, k_count: np.ndarray, old_complete: np.ndarray,
                     kept: np.ndarray, unchanged: np.ndarray, base: np.ndarray, queries: np.ndarray,
                     groups: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_merged` of rows ``kept``, every row ranked against every new sample."""
+    """:func:`_merged` of rows ``kept``, every row ranked against every new sample: their old
+    entries still there (``k_index`` in this build's rows, ``k_score``, the first ``k_count`` of
+    each row; -1/-inf after) merged with their best ``width`` among the new samples."""
     rows = len(kept)
-    mapped = new_of_old[np.where(old_index >= 0, old_index, len(new_of_old) - 1)]
-    k_score = np.where(mapped >= 0, old_score, -np.inf).astype(np.float32)
-    order = np.argsort(mapped < 0, axis=1, kind="stable")  # the kept entries first, in their order
-    k_index = np.take_along_axis(mapped, order, axis=1)
-    k_score = np.take_along_axis(k_score, order, axis=1)
-    k_count = (k_index >= 0).sum(axis=1)
     others = np.flatnonzero(~unchanged)
     if len(others):
         found, f_score = nearest(base[others], queries[kept], groups[kept], groups[others], width)
