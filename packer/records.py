@@ -199,6 +199,10 @@ class Sample:
     #: The segmentation mask, F×H×W class ids on the image's H×W grid (F: 1, or the frames of
     #: a ``frames: stack`` sample), where the source has masks
     mask: np.ndarray | None = None
+    #: A digest of the stored pixels the sample was rendered from, where its reader knows them
+    #: (:func:`packer.read.dicom_render.stored_digest`; ``""`` elsewhere): two samples with equal
+    #: ones are exact duplicates whatever each was windowed to
+    stored_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +237,8 @@ class SpilledSample:
     #: later build's reuse checks the bytes against where they are now, instead of hashing them
     #: with sha256 again; 0 in a cache entry written before it was recorded (sha256 is checked then)
     pixels_xxh3: int = 0
+    #: :attr:`Sample.stored_digest` of the sample (``""`` where its reader knows no stored pixels)
+    stored_digest: str = ""
 
     @property
     def nbytes(self) -> int:

@@ -58,3 +58,19 @@ def test_union_find_reports_merges() -> None:
     assert not forest.union(1, 3)
     assert forest.find(3) == forest.find(1) != forest.find(0)
     assert forest.components() == [0, 1, 1, 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from(["", "x", "y", "z"])), max_size=30))
+def test_exact_groups_join_samples_by_either_digest(pairs: list[tuple[str, str]]) -> None:
+    """Two samples are exact duplicates when their packed pixels or (where known) the stored
+    pixels they were rendered from agree: the groups are the components of both relations."""
+    digests = [d for d, _ in pairs]
+    stored = [s for _, s in pairs]
+    edges = [(i, j) for i in range(len(pairs)) for j in range(i + 1, len(pairs))
+             if digests[i] == digests[j] or (stored[i] and stored[i] == stored[j])]
+    component = bfs_components(len(pairs), edges)
+    want = sorted([i for i in range(len(pairs)) if component[i] == c] for c in set(component)
+                  if component.count(c) > 1)
+    assert exact_groups(digests, stored) == want
+    assert exact_groups(digests, [""] * len(pairs)) == exact_groups(digests)

@@ -127,6 +127,8 @@ class _Samples:
     split: list[str | None]
     show_paths: bool
     label: list[str | None] = field(default_factory=list)
+    #: each sample's :attr:`~packer.records.SpilledSample.stored_digest` (exact duplicates by either)
+    stored: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, samples: Sequence[SpilledSample], split: dict[str, str], show_paths: bool) -> _Samples:
@@ -134,7 +136,8 @@ class _Samples:
         keys = table.column("key")
         return cls(key=keys, source=table.column("source"), entity=table.column("entity"),
                    relpath=table.column("relpath"), sha256=table.column("sha256"), time=table.column("time"),
-                   split=[split.get(k) for k in keys], show_paths=show_paths, label=table.column("label"))
+                   split=[split.get(k) for k in keys], show_paths=show_paths, label=table.column("label"),
+                   stored=table.column("stored_digest"))
 
     def __len__(self) -> int:
         return len(self.key)
@@ -165,7 +168,7 @@ def _given(cfg: SplitConfig) -> dict[str, Any]:
 def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
     across: list[dict[str, Any]] = []
     within: list[dict[str, Any]] = []
-    for group in exact_groups(samples.sha256):
+    for group in exact_groups(samples.sha256, samples.stored):
         placed = [i for i in group if samples.split[i] is not None]
         splits = {samples.split[i] for i in placed}
         finding = {"sha256": samples.sha256[placed[0] if placed else group[0]],
@@ -213,7 +216,7 @@ MAX_EVIDENCE = 50
 def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     from packer.pipeline.dedup import cluster_duplicates
 
-    exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256) for k in range(len(g) - 1))
+    exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256, samples.stored) for k in range(len(g) - 1))
     edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))
     clusters: dict[int, list[int]] = defaultdict(list)
     roots = cluster_duplicates(len(samples), edges)
@@ -352,7 +355,7 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
         if i in members and j in members and entity_of[i] != entity_of[j]:
             formed.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
-    for exact in exact_groups([samples.sha256[i] for i in group.members]):
+    for exact in exact_groups([samples.sha256[i] for i in group.members], [samples.stored[i] for i in group.members]):
         pair = [group.members[k] for k in exact]
         if len({entity_of[i] for i in pair}) > 1:
             formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})

@@ -1,6 +1,8 @@
 """Exact duplicates and the union-find that closes duplicate links into groups.
 
-Exact duplicates share the sha256 of their packed pixels (:func:`exact_groups`). Near copies
+Exact duplicates share the sha256 of their packed pixels, or the stored pixels a DICOM reader
+rendered them from (:func:`exact_groups`): a file saved again under another patient is one
+whatever window each copy was given. Near copies
 (re-encoded, resized, shifted, re-windowed) are found and verified by :mod:`packer.pipeline.nearcopy`;
 both kinds of link are joined into groups with :class:`UnionFind`, whose members must share a
 split.
@@ -11,12 +13,31 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 
-def exact_groups(digests: Sequence[str]) -> list[list[int]]:
-    """Indices sharing a digest: groups of size >= 2, each ascending, ordered by first index. O(n)."""
+def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None) -> list[list[int]]:
+    """Indices sharing a digest: groups of size >= 2, each ascending, ordered by first index. O(n).
+
+    With ``stored`` (each sample's :attr:`~packer.records.SpilledSample.stored_digest`, ``""``
+    where none is known), two samples are also exact duplicates when they were rendered from the
+    same stored pixels, and a group is every sample joined by either digest."""
     by_digest: dict[str, list[int]] = {}
     for index, digest in enumerate(digests):
         by_digest.setdefault(digest, []).append(index)
-    return sorted(group for group in by_digest.values() if len(group) > 1)
+    groups = [group for group in by_digest.values() if len(group) > 1]
+    by_stored: dict[str, list[int]] = {}
+    for index, digest in enumerate(stored or ()):
+        if digest:
+            by_stored.setdefault(digest, []).append(index)
+    joining = [group for group in by_stored.values() if len(group) > 1]
+    if not joining:
+        return sorted(groups)
+    forest = UnionFind(len(digests))
+    for group in (*groups, *joining):
+        for a, b in zip(group, group[1:], strict=False):
+            forest.union(a, b)
+    members: dict[int, list[int]] = {}
+    for index in sorted({i for group in (*groups, *joining) for i in group}):
+        members.setdefault(forest.find(index), []).append(index)
+    return sorted(members.values())
 
 
 class UnionFind:

@@ -402,7 +402,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
                           meta=canonical_json(sample.metadata), shape=shape,
-                          dtype=image.dtype.name, signature=sig, mask=mask)
+                          dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest)
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
                  units=[(unit.key, unit.sample_ids, unit.move) for unit in units])
@@ -446,7 +446,8 @@ def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], e
         digest = (KnownDigest(held.sha256) if sample.fmt == fmt else
                   pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt))
         spill.add(key=held.key, ref=held.ref, pixels=sample.pixels, digest=digest, meta=sample.meta,
-                  shape=held.shape, dtype=held.dtype, signature=signature, mask=sample.mask)
+                  shape=held.shape, dtype=held.dtype, signature=signature, mask=sample.mask,
+                  stored=held.stored_digest)
 
 
 class _Settle:

@@ -82,8 +82,9 @@ class CachedChunk:
 #: or non-numeric Rescale Slope/Intercept, a MONOCHROME1 z-score channel and Enhanced frames of
 #: several orientations read as a trial found they should; 13: a series' slices are ordered along
 #: its normal turned to point to +x, +y or +z (its dominant LPS component positive), so a
-#: feet-first series stacks inferior → superior like a head-first one).
-CACHE_FORMAT = 13
+#: feet-first series stacks inferior → superior like a head-first one; 14: a DICOM file's samples
+#: carry the digest of the stored pixels they were rendered from, ``stored_digest``).
+CACHE_FORMAT = 14
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -701,10 +702,11 @@ class SpillWriter:
         self._stack.__exit__(*exc)  # type: ignore[arg-type]
 
     def add(self, *, key: str, ref: SampleRef, pixels: bytes, digest: Any, meta: bytes, shape: tuple[int, ...],
-            dtype: str, signature: np.void | None, mask: bytes = b"") -> None:
+            dtype: str, signature: np.void | None, mask: bytes = b"", stored: str = "") -> None:
         """Append one sample: its pixel bytes, sha256 object ``digest`` of them (made by
         :func:`~packer.shards.encode.pixels_digest` for this writer's format), metadata JSON
-        and, where the source has masks, the mask's ``.npy`` bytes."""
+        and, where the source has masks, the mask's ``.npy`` bytes; ``stored``: its
+        :attr:`~packer.records.Sample.stored_digest`."""
         self._fh.write(pixels)
         self._fh.write(meta)
         if mask:
@@ -714,7 +716,8 @@ class SpillWriter:
         self.samples.append(SpilledSample(
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
-            sig_row=sig_row, mask_bytes=len(mask), meta_sha256=meta_sha256, pixels_xxh3=pixels_check(pixels)))
+            sig_row=sig_row, mask_bytes=len(mask), meta_sha256=meta_sha256, pixels_xxh3=pixels_check(pixels),
+            stored_digest=stored))
         self._offset += len(pixels) + len(meta) + len(mask)
 
     def refer(self, held: SpilledSample, *, meta: bytes, mask: bytes, signature: np.void | None) -> None:

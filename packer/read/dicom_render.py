@@ -8,6 +8,7 @@ metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Callable
 from dataclasses import replace
@@ -325,14 +326,30 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         if cfg.spacing is not None and spacing is not None:
             meta["output_spacing"] = list(cfg.spacing)
         outputs.append((array, meta))
+    def stored(part: np.ndarray) -> str:  # a slice of a series is one part of a stack or volume: none
+        return "" if cfg.by_series else stored_digest(part)
+
     if stack:
         image = np.ascontiguousarray(np.concatenate([a for a, _ in outputs], axis=0))
         meta = {**base_metadata, **outputs[0][1]}
         meta["windows"] = [{**w, "frame": i} for i, (_, m) in enumerate(outputs) for w in m["windows"]]
         if frames > 1:
             meta["frame_rescale"] = [[m["rescale_slope"], m["rescale_intercept"]] for _, m in outputs]
-        return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta)]
+        return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta, stored_digest=stored(pixels))]
     if frames == 1:
-        return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]})]
+        return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]},
+                       stored_digest=stored(pixels[0]))]
     return [Sample(key=frame_key(ref.sample_id, i), ref=ref, image=array,
-                   metadata={**base_metadata, **meta, "frame": i}) for i, (array, meta) in enumerate(outputs)]
+                   metadata={**base_metadata, **meta, "frame": i}, stored_digest=stored(pixels[i]))
+            for i, (array, meta) in enumerate(outputs)]
+
+
+def stored_digest(pixels: np.ndarray) -> str:
+    """A digest (32 hex) of decoded stored pixels (a frame, or a file's frames), their shape and
+    type included: a file saved again under another patient, with new UIDs, other window tags or
+    another lossless transfer syntax, has the same one, so the split keeps the two copies together
+    and the audit reports them as exact duplicates however each is windowed."""
+    array = np.ascontiguousarray(pixels)
+    digest = hashlib.blake2b(f"{array.dtype.str}{array.shape}".encode(), digest_size=16)
+    digest.update(array.data)
+    return digest.hexdigest()
