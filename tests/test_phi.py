@@ -301,3 +301,38 @@ def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymiz
     job.write_text(yaml.safe_dump(doc))
     source = load_job(job).sources[index]
     assert source.header_where or source.where
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
+@pytest.mark.parametrize("table", ["twice", "no_match"])
+def test_a_table_error_that_stops_the_job_names_rows_not_a_patients_folder_under_pseudonymization(
+        tmp_path: Path, mode: str, shown: bool, table: str) -> None:
+    """A label table that lists a file twice, or names none of the files: the job stops with a
+    config error printed where CI logs keep it; under PHI it names the rows, not the file's path
+    (its folder here is a patient's name), and still says the fix."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+    from packer.pipeline.discover import discover
+
+    raw = tmp_path / "raw"
+    (raw / PHI["name_in_path"]).mkdir(parents=True)
+    for i in range(2):
+        (raw / PHI["name_in_path"] / f"{i}.png").write_bytes(
+            encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
+    first = f"{PHI['name_in_path']}/0.png" if table == "twice" else f"elsewhere/{PHI['name_in_path']}/0.png"
+    rows = [f"{first},circle,S1", f"{PHI['name_in_path']}/1.png,circle,S2"]
+    if table == "twice":
+        rows.append(f"{first},circle,S1")
+    (raw / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows if table == "twice" else rows[:1]) + "\n")
+    doc = {"name": "tables", "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(tmp_path / "job.yaml"), phi)
+    message = str(caught.value)
+    assert ("listed twice" if table == "twice" else "names a file under") in message
+    assert "row " in message
+    assert (PHI["name_in_path"] in message) is shown

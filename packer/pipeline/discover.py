@@ -537,7 +537,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     unplaced: list[tuple[str, int, str, str]] = []
     if records is not None:
         try:
-            placed, unplaced = place_rows(source, records, relpaths, known_labels, quiet=quiet)
+            placed, unplaced = place_rows(source, records, relpaths, known_labels, quiet=quiet,
+                                          hide_paths=phi is not None and phi.active)
         except ConfigError as err:
             raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     for cell, _row, reason, message in unplaced:

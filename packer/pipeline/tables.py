@@ -440,8 +440,10 @@ def _missing_suffix(cells: Sequence[str], names: set[str]) -> str | None:
     return next((stems[part] for part in (c.rsplit("/", 1)[-1] for c in cells[:1000]) if part in stems), None)
 
 
-def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str]) -> ConfigError:
-    """Why no row names a listed file, with an example of each and the likely fix."""
+def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
+                    hide_paths: bool = False) -> ConfigError:
+    """Why no row names a listed file, with an example of each (not under PHI pseudonymization,
+    ``hide_paths``: a folder or file name may be a patient's) and the likely fix."""
     table = source.table_map
     assert table is not None
     cell, rel = cells[0], listed[0]
@@ -468,17 +470,22 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     else:
         fix = (f"check {key}.path (the column naming the files: {table.path!r}) and that the table belongs to "
                "this root")
+    example = (f"row {records.records[0][0]} names none (its cell and the files' paths are not shown under "
+               "phi: pseudonymize; compare them by hand)" if hide_paths else
+               f"row {records.records[0][0]} gives {cell!r} and a file under the root is {rel!r}")
     return ConfigError(f"{records.path}: none of the table's {len(cells)} rows names a file under {source.root}: "
-                       f"row {records.records[0][0]} gives {cell!r} and a file under the root is {rel!r}; {fix}")
+                       f"{example}; {fix}")
 
 
 def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = (), *,
-               quiet: bool = False) -> tuple[Placed, list[tuple[str, int, str, str]]]:
+               quiet: bool = False, hide_paths: bool = False) -> tuple[Placed, list[tuple[str, int, str, str]]]:
     """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
     Returns the placement and the rows without a joined row whose file is not listed either,
     as (relative path, row number, ``join_unmatched``, message); rows left out by a join with
     ``missing: drop`` are counted as filtered. A long placement shows a ``table`` progress
-    line (files whose rows are read) unless ``quiet``."""
+    line (files whose rows are read) unless ``quiet``. ``hide_paths`` (PHI pseudonymization):
+    the errors that stop the job, printed where CI logs keep them, name rows, not the files'
+    paths, whose folders may carry a patient's name."""
     table = source.table_map
     assert table is not None
     names = NameIndex(listed) if table.find == "name" else None
@@ -525,8 +532,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             continue
         by_file[rel].append((number, record))
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
-        raise _no_match_error(source, records, cells, listed)
-    reader = _RowReader(source, records, known)
+        raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
+    reader = _RowReader(source, records, known, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
         for rel, rows in by_file.items():
             reader.place(rel, rows, placed)
@@ -538,9 +545,11 @@ class _RowReader:
     """Reads the rows of one source's table into TableRows, with what every row shares (its
     columns' roles, the source kind) worked out once rather than per row."""
 
-    def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...]) -> None:
+    def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...], *,
+                 hide_paths: bool = False) -> None:
         assert source.table_map is not None
         self.source, self.table, self.path, self.known = source, source.table_map, records.path, known
+        self.hide_paths = hide_paths
         header = source_kind(source.kind).identity_in_header
         self.entity_column = None if header or source.entity_path is not None else source.entity
         self.time_column = None if header or source.time_path is not None else source.time[0]
@@ -568,7 +577,8 @@ class _RowReader:
                 return
             placed.filtered.pop(rel, None)  # another row of the file is kept
         if len(kept) > 1 and table.repeated == "refuse":
-            raise ConfigError(f"{self.path}: row {kept[1][0]}: {rel!r} is listed twice (first on row {kept[0][0]}); "
+            named = "its file" if self.hide_paths else repr(rel)  # under PHI: the rows say which
+            raise ConfigError(f"{self.path}: row {kept[1][0]}: {named} is listed twice (first on row {kept[0][0]}); "
                               "keep one row per file, or set repeated: same (rows that agree, one per box) or "
                               "union (a multi-label target holding every row's labels)")
         made = [self.row(number, record, rel) for number, record in kept]
