@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import pytest
 from distributed import Client, LocalCluster, WorkerPlugin
 
@@ -305,3 +306,39 @@ def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytes
     with open_executor("sync", 3) as executor:
         assert executor.description == "this one process (--scheduler sync)"
     assert "packer: warning: --workers 3 sizes the local cluster only" in capsys.readouterr().err
+
+
+def test_a_worker_with_another_packer_or_library_version_packs_nothing_and_the_run_says_which() -> None:
+    """A worker started from another environment (another packer, numpy or OpenCV) ran the tasks
+    like any other, and the manifest recorded the client's versions over its bytes: a mixed
+    dataset that claimed one set of versions."""
+    from distributed import Client, LocalCluster
+
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import Executor, check_workers, environment
+
+    ran: list[int] = []
+
+    def record(i: int) -> int:
+        ran.append(i)
+        return i
+
+    mine = dict(environment())
+    assert mine["packer"] and len(mine["packer code"]) == 16 and mine["numpy"] == np.__version__
+    client_side = tuple((name, "0.0.0-client" if name == "numpy" else version) for name, version in environment())
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        check_workers(client, environment())
+        assert sorted(Executor(client, "same", expected=environment()).map_unordered(record, range(3))) == [
+            (0, 0), (1, 1), (2, 2)]
+        ran.clear()
+        worker = next(iter(client.scheduler_info()["workers"]))
+        with pytest.raises(ConfigError) as before:  # when the build connects
+            check_workers(client, client_side)
+        with pytest.raises(ConfigError) as joined:  # a worker that joins later: its first task
+            list(Executor(client, "mixed", expected=client_side).map_unordered(record, range(3)))
+    assert ran == []
+    for caught in (before, joined):
+        message = str(caught.value)
+        assert message.startswith(f"dask worker {worker} (numpy {np.__version__} there, 0.0.0-client on the client)")
+        assert "packer 0" not in message and "so nothing was packed there" in message  # only what differs is named

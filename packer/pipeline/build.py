@@ -386,7 +386,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
-    with open_executor(options.scheduler, options.workers) as executor:
+    with open_executor(options.scheduler, options.workers, source_libraries(job.sources)) as executor:
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
                          storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root,
                          keep_spill=options.keep_spill)

@@ -8,6 +8,7 @@ output never depends on which worker finished first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from types import FrameType
 from typing import Any, TypeVar, overload
 
 from packer.errors import ConfigError, PackerError
+from packer.manifest import library_versions
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,8 +43,108 @@ class _RunDefect:
         self.error = error
 
 
-def _run(fn: Callable[[T], R], item: T) -> R | _RunDefect:
-    """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`."""
+Environment = tuple[tuple[str, str], ...]
+
+
+def _environment_probe(libraries: tuple[str, ...]) -> Callable[[], Environment]:
+    """A function that returns its process's environment: packer's version and a digest of its
+    code (16 hex digits of sha256 over its source files, relative path and bytes, in path order,
+    so two installs that report the same version but run different code, a development checkout
+    on another commit or an edited file, differ), and the version of each of ``libraries``.
+
+    It is nested and imports only the standard library inside, so cloudpickle ships it by value:
+    it runs on a worker with any packer, an older one that knows no such check included."""
+
+    def probe() -> tuple[tuple[str, str], ...]:
+        import hashlib
+        from importlib import import_module, metadata
+        from pathlib import Path
+
+        package = import_module("packer")
+        folder = Path(package.__file__ or "").resolve().parent
+        digest = hashlib.sha256()
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        found = {"packer": str(getattr(package, "__version__", "unknown")), "packer code": digest.hexdigest()[:16]}
+        for name in libraries:
+            try:
+                found[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                found[name] = "not installed"
+        return tuple(sorted(found.items()))
+
+    return probe
+
+
+@functools.cache
+def environment(extra: tuple[str, ...] = ()) -> Environment:
+    """What shapes packed bytes in this process (:func:`_environment_probe`) for the libraries the
+    manifest records (:func:`packer.manifest.library_versions`; ``extra``: a job's source-kind
+    libraries). A worker whose environment differs from the client's would pack other bytes under
+    the client's recorded versions: :func:`check_workers` and every task (:func:`_run`) refuse it."""
+    return _environment_probe(tuple(name for name in library_versions(extra) if name != "packer"))()
+
+
+def _library_names(expected: Environment) -> tuple[str, ...]:
+    return tuple(name for name, _ in expected if name not in ("packer", "packer code"))
+
+
+def _mismatch(where: str, expected: Environment, found: Environment) -> str | None:
+    """``<where>: <name> <theirs> there, <ours> on the client; ...`` for what differs, or None."""
+    theirs = dict(found)
+    differ = [f"{name} {theirs.get(name, 'not installed')} there, {ours} on the client"
+              for name, ours in expected if theirs.get(name, "not installed") != ours]
+    return f"{where} ({'; '.join(differ)})" if differ else None
+
+
+def _mixed_versions(mismatches: list[str]) -> ConfigError:
+    return ConfigError(f"{', '.join(mismatches)}: the cluster's workers must run the packer and libraries of the "
+                       "client that started the build, or shards would mix bytes from two versions under the "
+                       "client's recorded versions, so nothing was packed there. Install the client's environment "
+                       "on every worker (the same packer and constraints.txt) and restart it, or stop that worker")
+
+
+@functools.cache
+def _worker_environment(libraries: tuple[str, ...]) -> Environment:
+    return _environment_probe(libraries)()
+
+
+def _environment_mismatch(expected: Environment) -> ConfigError | None:
+    """The ConfigError for a worker whose environment is not ``expected`` (the client's)."""
+    from distributed import get_worker
+
+    try:
+        where = f"dask worker {get_worker().address}"
+    except ValueError:  # not in a worker (a test calls the task directly)
+        where = "this process"
+    mismatch = _mismatch(where, expected, _worker_environment(_library_names(expected)))
+    return None if mismatch is None else _mixed_versions([mismatch])
+
+
+def check_workers(client: Any, expected: Environment) -> None:
+    """Raise the ConfigError that names every worker of ``client``'s cluster whose environment is
+    not ``expected``, before any task runs (a worker that joins later is checked by its tasks)."""
+    found = client.run(_environment_probe(_library_names(expected)), on_error="return")
+    mismatches = []
+    for address, environment_there in sorted(found.items()):
+        if isinstance(environment_there, BaseException):
+            mismatches.append(f"dask worker {address} (its environment could not be read: {environment_there!r})")
+            continue
+        mismatch = _mismatch(f"dask worker {address}", expected, environment_there)
+        if mismatch is not None:
+            mismatches.append(mismatch)
+    if mismatches:
+        raise _mixed_versions(mismatches)
+
+
+def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None) -> R | _RunDefect:
+    """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`. With
+    ``expected`` (the client's :func:`environment`), a worker whose environment differs runs
+    nothing and returns the ConfigError that says so."""
+    if expected is not None:
+        mismatch = _environment_mismatch(expected)
+        if mismatch is not None:
+            return _RunDefect(mismatch)
     try:
         return fn(item)
     except PackerError as err:
@@ -76,9 +178,11 @@ class LazySequence(Sequence[T]):
 class Executor:
     """Maps a function over items on a dask client, or in-process when ``client`` is None."""
 
-    def __init__(self, client: Any | None, description: str) -> None:
+    def __init__(self, client: Any | None, description: str, *, expected: Environment | None = None) -> None:
         self.client = client
         self.description = description
+        #: The client's :func:`environment`, checked by every task on its worker (None: not checked)
+        self.expected = expected
         #: Set by a Ctrl-C while the cluster is open, even one Python could not raise (see
         #: :func:`_noted_interrupts`); :meth:`map_unordered` raises it at the next result.
         self.interrupted = False
@@ -125,7 +229,7 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, key=names[submitted], pure=False)
+            future = client.submit(_run, fn, item, self.expected, key=names[submitted], pure=False)
             item_of[future.key] = item
             running.add(future)
             submitted += 1
@@ -150,10 +254,14 @@ class Executor:
 
 
 @contextlib.contextmanager
-def open_executor(scheduler: str | None = None, workers: int | None = None) -> Iterator[Executor]:
+def open_executor(scheduler: str | None = None, workers: int | None = None,
+                  libraries: Iterable[str] = ()) -> Iterator[Executor]:
     """``scheduler``: None → LocalCluster of ``workers`` processes; ``"sync"`` → in-process;
     ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster (``workers``
-    given with a ``scheduler`` is ignored, with a warning on stderr)."""
+    given with a ``scheduler`` is ignored, with a warning on stderr). On a cluster every task
+    first checks that its worker runs this process's :func:`environment` (``libraries``: the
+    job's source-kind libraries beyond the manifest's usual ones), and fails the run with a
+    ConfigError where it does not."""
     if scheduler is not None and workers is not None:
         print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
               "the tasks run on that scheduler's own workers", file=sys.stderr, flush=True)
@@ -161,7 +269,7 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
         yield Executor(None, "this one process (--scheduler sync)")
         return
     with _cluster_config():
-        yield from _open_distributed(scheduler, workers)
+        yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))))
 
 
 #: dask keeps its last ``distributed.admin.low-level-log-length`` (default 1000) batches of comm
@@ -201,7 +309,7 @@ UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the s
                     "do so under `if __name__ == \"__main__\":` (or from a function called there)")
 
 
-def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Executor]:
+def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
 
     if scheduler is None:
@@ -224,7 +332,7 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
             except BaseException:
                 _close_quietly(None, cluster)
                 raise
-        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)"), starting,
+        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
                           client, cluster)
         return
     a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
@@ -240,9 +348,15 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
                               "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
+    try:
+        check_workers(client, expected)
+    except BaseException:
+        with _held_interrupts():
+            _close(client, None)
+        raise
     dashboard = getattr(client, "dashboard_link", None)
     description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
-    yield from _serve(Executor(client, description), starting, client)
+    yield from _serve(Executor(client, description, expected=expected), starting, client)
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
