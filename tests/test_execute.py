@@ -342,3 +342,47 @@ def test_a_worker_with_another_packer_or_library_version_packs_nothing_and_the_r
         message = str(caught.value)
         assert message.startswith(f"dask worker {worker} (numpy {np.__version__} there, 0.0.0-client on the client)")
         assert "packer 0" not in message and "so nothing was packed there" in message  # only what differs is named
+
+
+@pytest.mark.slow  # a CLI-started scheduler and worker
+def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`kill -9` of the scheduler mid-build was exit 1, "internal error (please report it)", after
+    dask's FutureCancelledError and its reconnection traceback: a bug report for an outage."""
+    import threading
+
+    from packer.errors import ClusterLostError
+    from packer.pipeline.cluster import open_executor
+
+    scheduler_file = tmp_path / "scheduler.json"
+    dask_cli = str(Path(sys.executable).with_name("dask"))
+    scheduler = subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                  "--scheduler-file", str(scheduler_file)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        worker = subprocess.Popen([dask_cli, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1",
+                                   "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+            client.wait_for_workers(1, timeout=60)
+        capfd.readouterr()
+        started = time.monotonic()
+        with pytest.raises(ClusterLostError) as caught:
+            with open_executor(str(scheduler_file)) as executor:
+                threading.Timer(1.0, scheduler.kill).start()
+                list(executor.map_unordered(time.sleep, [30.0, 30.0]))
+        assert time.monotonic() - started < 25  # not the tasks' 30 s, not a hang
+    finally:
+        for proc in (worker, scheduler):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert caught.value.exit_code == 7
+    assert str(caught.value).startswith(f"lost the connection to the dask scheduler of the dask cluster at "
+                                        f"{scheduler_file}")
+    assert "rerun the same command" in str(caught.value)
+    assert "Traceback" not in capfd.readouterr().err

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ConfigError, PackerError
+from packer.errors import ClusterLostError, ConfigError, PackerError
 from packer.manifest import library_versions
 
 T = TypeVar("T")
@@ -218,6 +218,7 @@ class Executor:
                 yield item, fn(item)
             return
         from distributed import as_completed
+        from distributed.client import FutureCancelledError
         from distributed.scheduler import KilledWorker
 
         client = self.client
@@ -249,6 +250,14 @@ class Executor:
                 yield item, result
             except KilledWorker as err:
                 yield item, WorkerLost(str(err))
+            except FutureCancelledError as err:
+                if client.status == "running":
+                    raise
+                raise ClusterLostError(
+                    f"lost the connection to the dask scheduler of the {self.description} mid-run "
+                    f"({err.reason}: the scheduler stopped, or the network to it broke); nothing was "
+                    "published. Start the scheduler and its workers again and rerun the same command: "
+                    "the build cache keeps every file decoded so far") from err
             finally:
                 future.release()
 
@@ -417,7 +426,9 @@ def _serve(executor: Executor, starting: _HeldInterrupt, client: Any, cluster: A
             yield executor
             if executor.interrupted:
                 raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ClusterLostError):
+            # a lost scheduler: dask would log its failed reconnection, with a traceback, while
+            # the client closes; the error on its way out says what happened
             with _held_interrupts():
                 _close_quietly(client, cluster)
             raise
