@@ -386,3 +386,52 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error
                                         f"{scheduler_file}")
     assert "rerun the same command" in str(caught.value)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_that_cannot_see_the_cache_or_a_raw_root_stops_the_build_naming_both(tmp_path: Path) -> None:
+    """A worker with another mount view (no shared cache folder: its own empty one at the same
+    path) ran tasks: the client then failed on a signature file it never wrote there, an internal
+    error with a FileNotFoundError traceback; a worker without the raw mount made every file it
+    read a missing_file bad sample."""
+    from distributed import Client, LocalCluster
+
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import Executor
+
+    probe, raw = tmp_path / "cache" / "shared-probe-1.partial", tmp_path / "raw"
+    probe.parent.mkdir()
+    probe.touch()
+    (raw / "ct").mkdir(parents=True)
+    seen = [(str(probe), "the build cache folder (--cache-dir)", "mount it on every worker", "file"),
+            (str(raw / "ct"), "the root of source 'ct'", "mount the raw data", "entries")]
+    ran: list[int] = []
+
+    def record(i: int) -> int:
+        ran.append(i)
+        return i
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        worker = next(iter(client.scheduler_info()["workers"]))
+        executor = Executor(client, "a thread cluster")
+        with pytest.raises(ConfigError) as empty:  # the raw root is there but empty: not mounted
+            executor.require_shared(seen)
+        (raw / "ct" / "a.dcm").write_bytes(b"x")
+        executor = Executor(client, "a thread cluster")
+        executor.require_shared(seen)
+        assert sorted(executor.map_unordered(record, range(2))) == [(0, 0), (1, 1)]
+        ran.clear()
+        unseen = (str(tmp_path / "cache" / "shared-probe-2.partial"), "the build cache folder (--cache-dir)",
+                  "mount it on every worker", "file")
+        with pytest.raises(ConfigError) as missing:  # when the build starts
+            Executor(client, "a thread cluster").require_shared([unseen])
+        executor.shared = (unseen,)  # a worker that joins later: its first task checks
+        with pytest.raises(ConfigError) as joined:
+            list(executor.map_unordered(record, range(2)))
+    assert ran == []
+    assert str(empty.value) == (f"dask worker {worker} cannot see the root of source 'ct' {raw / 'ct'} (it is "
+                                "missing or empty there: the raw data is not mounted at that path); mount the raw data")
+    for caught in (missing, joined):
+        assert str(caught.value) == (f"dask worker {worker} cannot see the build cache folder (--cache-dir) "
+                                     f"{tmp_path / 'cache'} (the probe file this build wrote there is missing, so it "
+                                     "is another folder there); mount it on every worker")

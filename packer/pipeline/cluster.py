@@ -137,14 +137,72 @@ def check_workers(client: Any, expected: Environment) -> None:
         raise _mixed_versions(mismatches)
 
 
-def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None) -> R | _RunDefect:
+#: A path every worker must see as the client does: (path, what it is, the fix, ``file`` for a
+#: file the client wrote there or ``entries`` for a folder that must hold something).
+SharedPath = tuple[str, str, str, str]
+
+
+def _shared_path_probe(shared: tuple[SharedPath, ...]) -> Callable[[], list[str]]:
+    """A function that returns what its process cannot see of ``shared`` (:func:`_unseen`'s
+    messages, without the worker's name). Nested, so that cloudpickle ships it by value."""
+
+    def probe() -> list[str]:
+        import os
+
+        unseen = []
+        for path, what, fix, kind in shared:
+            if kind == "file":
+                seen = os.path.isfile(path)
+                why = "the probe file this build wrote there is missing, so it is another folder there"
+            else:
+                try:
+                    with os.scandir(path) as entries:
+                        seen = next(entries, None) is not None
+                except OSError:
+                    seen = False
+                why = "it is missing or empty there: the raw data is not mounted at that path"
+            if not seen:
+                unseen.append(f"cannot see {what} {os.path.dirname(path) if kind == 'file' else path} ({why}); {fix}")
+        return unseen
+
+    return probe
+
+
+#: Shared paths this worker process has already seen: checked once per process, not per task.
+_SEEN_SHARED: set[SharedPath] = set()
+
+
+def _unseen_shared(shared: tuple[SharedPath, ...]) -> ConfigError | None:
+    """The ConfigError for the first of ``shared`` this worker process cannot see, or None."""
+    todo = tuple(entry for entry in shared if entry not in _SEEN_SHARED)
+    if not todo:
+        return None
+    unseen = _shared_path_probe(todo)()
+    if not unseen:
+        _SEEN_SHARED.update(todo)
+        return None
+    from distributed import get_worker
+
+    try:
+        where = f"dask worker {get_worker().address}"
+    except ValueError:
+        where = "this process"
+    return ConfigError(f"{where} {unseen[0]}")
+
+
+def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
+         shared: tuple[SharedPath, ...] = ()) -> R | _RunDefect:
     """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`. With
     ``expected`` (the client's :func:`environment`), a worker whose environment differs runs
-    nothing and returns the ConfigError that says so."""
+    nothing and returns the ConfigError that says so; likewise a worker that cannot see one of
+    ``shared`` (:meth:`Executor.require_shared`)."""
     if expected is not None:
         mismatch = _environment_mismatch(expected)
         if mismatch is not None:
             return _RunDefect(mismatch)
+    unseen = _unseen_shared(shared)
+    if unseen is not None:
+        return _RunDefect(unseen)
     try:
         return fn(item)
     except PackerError as err:
@@ -183,9 +241,26 @@ class Executor:
         self.description = description
         #: The client's :func:`environment`, checked by every task on its worker (None: not checked)
         self.expected = expected
+        #: Paths every worker must see as the client does (:meth:`require_shared`)
+        self.shared: tuple[SharedPath, ...] = ()
         #: Set by a Ctrl-C while the cluster is open, even one Python could not raise (see
         #: :func:`_noted_interrupts`); :meth:`map_unordered` raises it at the next result.
         self.interrupted = False
+
+    def require_shared(self, paths: Iterable[SharedPath]) -> None:
+        """Check that every worker sees ``paths`` as this client does (a file the client wrote,
+        or a folder with entries), now and in each later task (a worker that joins later):
+        ConfigError naming the worker, the path and the fix where one does not. In-process: nothing
+        to check."""
+        if self.client is None:
+            return
+        self.shared = (*self.shared, *paths)
+        found = self.client.run(_shared_path_probe(self.shared), on_error="return")
+        unseen = [f"dask worker {address} {problem if isinstance(problem, str) else repr(problem)}"
+                  for address, problems in sorted(found.items())
+                  for problem in (problems if isinstance(problems, list) else [problems])]
+        if unseen:
+            raise ConfigError("; ".join(unseen))
 
     def threads(self) -> int:
         """Worker threads of the cluster now; 0 in-process."""
@@ -230,7 +305,8 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, self.expected, key=names[submitted], pure=False)
+            future = client.submit(_run, fn, item, self.expected, self.shared, key=names[submitted],
+                                   pure=False)
             item_of[future.key] = item
             running.add(future)
             submitted += 1
