@@ -433,5 +433,30 @@ def test_a_worker_that_cannot_see_the_cache_or_a_raw_root_stops_the_build_naming
                                 "missing or empty there: the raw data is not mounted at that path); mount the raw data")
     for caught in (missing, joined):
         assert str(caught.value) == (f"dask worker {worker} cannot see the build cache folder (--cache-dir) "
-                                     f"{tmp_path / 'cache'} (the probe file this build wrote there is missing, so it "
+                                     f"{tmp_path / 'cache'} (the probe file this run wrote there is missing, so it "
                                      "is another folder there); mount it on every worker")
+
+
+def test_validate_asks_the_workers_for_its_signature_folder_and_the_raw_roots(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`packer validate --scheduler` on a cluster whose workers have their own $PACKER_WORK_DIR was
+    an internal error (FileNotFoundError on a signature file a worker wrote on its own disk)."""
+    from packer.pipeline.cluster import Executor
+    from packer.pipeline.datacheck import validate_job
+
+    asked: list[tuple[str, str, str, str]] = []
+
+    def record(self: Executor, paths: Any) -> None:
+        for path, what, fix, kind in paths:
+            assert kind != "file" or Path(path).is_file()  # the probe is there while the workers are asked
+            asked.append((path, what, fix, kind))
+
+    monkeypatch.setattr(Executor, "require_shared", record)
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    validate_job(job, scheduler="sync", quiet=True)
+    work = Path(os.environ["PACKER_WORK_DIR"])
+    (probe, what, fix, kind), *roots = asked
+    assert Path(probe).parent.parent == work and kind == "file" and not Path(probe).exists()  # removed after
+    assert what == "the work folder's signature folder ($PACKER_WORK_DIR)"
+    assert fix.startswith("set PACKER_WORK_DIR to a folder every worker mounts at the same path")
+    assert [(path, kind) for path, _, _, kind in roots] == [(str(s.root), "entries") for s in job.sources]

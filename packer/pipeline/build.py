@@ -82,12 +82,12 @@ from packer.pipeline.spill import (
     remove_stale_temporaries,
     write_packed_pointers,
 )
-from packer.pipeline.stages import constant_slices, run_stages
+from packer.pipeline.stages import constant_slices, run_stages, shared_roots
 from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
-from packer.storage import WORK_DIR_ENV, build_cache_dir, filesystem_for, is_url, resolve_output
+from packer.storage import WORK_DIR_ENV, build_cache_dir, filesystem_for, resolve_output
 from packer.targets import Target
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
@@ -542,12 +542,7 @@ def _shared_paths(job: JobConfig, probe: Path, cache_named_by: str) -> list[Shar
     paths: list[SharedPath] = [(str(probe), f"the build cache folder ({cache_named_by})",
                                 "mount it at the same path on every worker, or choose a folder they all share "
                                 "(packer build --cache-dir DIR, or PACKER_WORK_DIR)", "file")]
-    for source in job.sources:
-        if not is_url(str(source.root)):
-            paths.append((str(source.root), f"the root of source {source.name!r}",
-                          "mount the raw data at the same path on every worker, or give the root as a URL "
-                          "(s3://..., see Running on a cluster)", "entries"))
-    return paths
+    return [*paths, *shared_roots(job)]
 
 
 def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:

@@ -153,7 +153,7 @@ def _shared_path_probe(shared: tuple[SharedPath, ...]) -> Callable[[], list[str]
         for path, what, fix, kind in shared:
             if kind == "file":
                 seen = os.path.isfile(path)
-                why = "the probe file this build wrote there is missing, so it is another folder there"
+                why = "the probe file this run wrote there is missing, so it is another folder there"
             else:
                 try:
                     with os.scandir(path) as entries:
