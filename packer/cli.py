@@ -3,7 +3,7 @@
 Exit codes: 0 success · 1 internal error · 2 usage or config error · 3 too many bad samples
 (report and manifest still written) · 4 leakage found by the split audit · 5 integrity
 failure (a shard or manifest does not match its hash) · 6 a file system refused a write (full,
-over quota, read-only).
+over quota, read-only) · 7 the connection to the dask scheduler was lost · 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def main() -> None:
       packer build workflows/demo.yaml   # discover, validate, split, transform, pack, hash
 
     Exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 too many bad samples,
-    4 leakage found, 5 integrity failure, 6 disk full or read-only (the message names the file).
+    4 leakage found, 5 integrity failure, 6 disk full or read-only (the message names the file),
+    7 the dask scheduler was lost (rerun: the build cache keeps what was decoded), 130 Ctrl-C.
     """
 
 

@@ -54,6 +54,13 @@ class FileSystemError(PackerError):
     exit_code = 6
 
 
+class ClusterLostError(PackerError):
+    """The connection to the dask scheduler broke mid-run (the scheduler stopped, or the network
+    between it and packer did): nothing was published, and rerunning resumes from the cache."""
+
+    exit_code = 7
+
+
 #: errno → (what the file system said, the fix): conditions of the machine, not of packer or of
 #: the data, that stop a write. Only errnos that writing (or creating) a file raises are here, so
 #: an error met while *reading* inside a writer's body is never blamed on the output. ``{elsewhere}``

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import pytest
 from distributed import Client, LocalCluster, WorkerPlugin
 
@@ -305,3 +306,157 @@ def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytes
     with open_executor("sync", 3) as executor:
         assert executor.description == "this one process (--scheduler sync)"
     assert "packer: warning: --workers 3 sizes the local cluster only" in capsys.readouterr().err
+
+
+def test_a_worker_with_another_packer_or_library_version_packs_nothing_and_the_run_says_which() -> None:
+    """A worker started from another environment (another packer, numpy or OpenCV) ran the tasks
+    like any other, and the manifest recorded the client's versions over its bytes: a mixed
+    dataset that claimed one set of versions."""
+    from distributed import Client, LocalCluster
+
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import Executor, check_workers, environment
+
+    ran: list[int] = []
+
+    def record(i: int) -> int:
+        ran.append(i)
+        return i
+
+    mine = dict(environment())
+    assert mine["packer"] and len(mine["packer code"]) == 16 and mine["numpy"] == np.__version__
+    client_side = tuple((name, "0.0.0-client" if name == "numpy" else version) for name, version in environment())
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        check_workers(client, environment())
+        assert sorted(Executor(client, "same", expected=environment()).map_unordered(record, range(3))) == [
+            (0, 0), (1, 1), (2, 2)]
+        ran.clear()
+        worker = next(iter(client.scheduler_info()["workers"]))
+        with pytest.raises(ConfigError) as before:  # when the build connects
+            check_workers(client, client_side)
+        with pytest.raises(ConfigError) as joined:  # a worker that joins later: its first task
+            list(Executor(client, "mixed", expected=client_side).map_unordered(record, range(3)))
+    assert ran == []
+    for caught in (before, joined):
+        message = str(caught.value)
+        assert message.startswith(f"dask worker {worker} (numpy {np.__version__} there, 0.0.0-client on the client)")
+        assert "packer 0" not in message and "so nothing was packed there" in message  # only what differs is named
+
+
+@pytest.mark.slow  # a CLI-started scheduler and worker
+def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`kill -9` of the scheduler mid-build was exit 1, "internal error (please report it)", after
+    dask's FutureCancelledError and its reconnection traceback: a bug report for an outage."""
+    import threading
+
+    from packer.errors import ClusterLostError
+    from packer.pipeline.cluster import open_executor
+
+    scheduler_file = tmp_path / "scheduler.json"
+    dask_cli = str(Path(sys.executable).with_name("dask"))
+    scheduler = subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                  "--scheduler-file", str(scheduler_file)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        worker = subprocess.Popen([dask_cli, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1",
+                                   "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+            client.wait_for_workers(1, timeout=60)
+        capfd.readouterr()
+        started = time.monotonic()
+        with pytest.raises(ClusterLostError) as caught:
+            with open_executor(str(scheduler_file)) as executor:
+                threading.Timer(1.0, scheduler.kill).start()
+                list(executor.map_unordered(time.sleep, [30.0, 30.0]))
+        assert time.monotonic() - started < 25  # not the tasks' 30 s, not a hang
+    finally:
+        for proc in (worker, scheduler):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert caught.value.exit_code == 7
+    assert str(caught.value).startswith(f"lost the connection to the dask scheduler of the dask cluster at "
+                                        f"{scheduler_file}")
+    assert "rerun the same command" in str(caught.value)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_that_cannot_see_the_cache_or_a_raw_root_stops_the_build_naming_both(tmp_path: Path) -> None:
+    """A worker with another mount view (no shared cache folder: its own empty one at the same
+    path) ran tasks: the client then failed on a signature file it never wrote there, an internal
+    error with a FileNotFoundError traceback; a worker without the raw mount made every file it
+    read a missing_file bad sample."""
+    from distributed import Client, LocalCluster
+
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import Executor
+
+    probe, raw = tmp_path / "cache" / "shared-probe-1.partial", tmp_path / "raw"
+    probe.parent.mkdir()
+    probe.touch()
+    (raw / "ct").mkdir(parents=True)
+    seen = [(str(probe), "the build cache folder (--cache-dir)", "mount it on every worker", "file"),
+            (str(raw / "ct"), "the root of source 'ct'", "mount the raw data", "entries")]
+    ran: list[int] = []
+
+    def record(i: int) -> int:
+        ran.append(i)
+        return i
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        worker = next(iter(client.scheduler_info()["workers"]))
+        executor = Executor(client, "a thread cluster")
+        with pytest.raises(ConfigError) as empty:  # the raw root is there but empty: not mounted
+            executor.require_shared(seen)
+        (raw / "ct" / "a.dcm").write_bytes(b"x")
+        executor = Executor(client, "a thread cluster")
+        executor.require_shared(seen)
+        assert sorted(executor.map_unordered(record, range(2))) == [(0, 0), (1, 1)]
+        ran.clear()
+        unseen = (str(tmp_path / "cache" / "shared-probe-2.partial"), "the build cache folder (--cache-dir)",
+                  "mount it on every worker", "file")
+        with pytest.raises(ConfigError) as missing:  # when the build starts
+            Executor(client, "a thread cluster").require_shared([unseen])
+        executor.shared = (unseen,)  # a worker that joins later: its first task checks
+        with pytest.raises(ConfigError) as joined:
+            list(executor.map_unordered(record, range(2)))
+    assert ran == []
+    assert str(empty.value) == (f"dask worker {worker} cannot see the root of source 'ct' {raw / 'ct'} (it is "
+                                "missing or empty there: the raw data is not mounted at that path); mount the raw data")
+    for caught in (missing, joined):
+        assert str(caught.value) == (f"dask worker {worker} cannot see the build cache folder (--cache-dir) "
+                                     f"{tmp_path / 'cache'} (the probe file this run wrote there is missing, so it "
+                                     "is another folder there); mount it on every worker")
+
+
+def test_validate_asks_the_workers_for_its_signature_folder_and_the_raw_roots(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`packer validate --scheduler` on a cluster whose workers have their own $PACKER_WORK_DIR was
+    an internal error (FileNotFoundError on a signature file a worker wrote on its own disk)."""
+    from packer.pipeline.cluster import Executor
+    from packer.pipeline.datacheck import validate_job
+
+    asked: list[tuple[str, str, str, str]] = []
+
+    def record(self: Executor, paths: Any) -> None:
+        for path, what, fix, kind in paths:
+            assert kind != "file" or Path(path).is_file()  # the probe is there while the workers are asked
+            asked.append((path, what, fix, kind))
+
+    monkeypatch.setattr(Executor, "require_shared", record)
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    validate_job(job, scheduler="sync", quiet=True)
+    work = Path(os.environ["PACKER_WORK_DIR"])
+    (probe, what, fix, kind), *roots = asked
+    assert Path(probe).parent.parent == work and kind == "file" and not Path(probe).exists()  # removed after
+    assert what == "the work folder's signature folder ($PACKER_WORK_DIR)"
+    assert fix.startswith("set PACKER_WORK_DIR to a folder every worker mounts at the same path")
+    assert [(path, kind) for path, _, _, kind in roots] == [(str(s.root), "entries") for s in job.sources]

@@ -24,6 +24,7 @@ import contextlib
 import os
 import shutil
 import sys
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,9 +44,10 @@ from packer.errors import (
     FileSystemError,
     PackerError,
     blocking_file,
+    refused_write,
 )
 from packer.exclusions import exclusion_counts, write_excluded
-from packer.files import atomic_output, human_bytes
+from packer.files import TMP_SUFFIX, atomic_output, human_bytes
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -58,7 +60,7 @@ from packer.manifest import (
     write_manifest,
 )
 from packer.pipeline.audit import write_leakage
-from packer.pipeline.cluster import check_scheduler, open_executor
+from packer.pipeline.cluster import SharedPath, check_scheduler, open_executor
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
 from packer.pipeline.neighborcache import NEIGHBORS_STEM
 from packer.pipeline.paircache import PAIRS_STEM
@@ -73,8 +75,14 @@ from packer.pipeline.publish import (
     write_splits_table,
 )
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import chunk_of, referenced_entries, remove_stale_temporaries, write_packed_pointers
-from packer.pipeline.stages import constant_slices, run_stages
+from packer.pipeline.spill import (
+    CACHE_ELSEWHERE,
+    chunk_of,
+    referenced_entries,
+    remove_stale_temporaries,
+    write_packed_pointers,
+)
+from packer.pipeline.stages import constant_slices, run_stages, shared_roots
 from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
 from packer.records import Issue
@@ -386,7 +394,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
-    with open_executor(options.scheduler, options.workers) as executor:
+    with open_executor(options.scheduler, options.workers, source_libraries(job.sources)) as executor, \
+            _shared_probe(cache_dir) as probe:
+        executor.require_shared(_shared_paths(job, probe, cache_named_by))
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
                          storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root,
                          keep_spill=options.keep_spill)
@@ -504,6 +514,35 @@ def _decoders() -> dict[str, str]:
     from packer.read.dicom import decoder_table
 
     return dict(sorted(decoder_table().items()))
+
+
+@contextlib.contextmanager
+def _shared_probe(cache_dir: Path) -> Iterator[Path]:
+    """A file with a fresh name in the build cache folder while the body runs: a worker that
+    sees it sees this client's cache folder. It ends in ``.partial``, so a build killed before
+    removing it has it removed by the next one, as other stale temporaries."""
+    probe = cache_dir / f"shared-probe-{uuid.uuid4().hex}{TMP_SUFFIX}"
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+    except OSError as err:
+        refused = refused_write(err, probe, opening=True, elsewhere=CACHE_ELSEWHERE)
+        if refused is None:
+            raise
+        raise refused from err
+    try:
+        yield probe
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _shared_paths(job: JobConfig, probe: Path, cache_named_by: str) -> list[SharedPath]:
+    """What every worker must see at the client's paths: the build cache (through ``probe``) and
+    each local source root (README, Running on a cluster: Storage)."""
+    paths: list[SharedPath] = [(str(probe), f"the build cache folder ({cache_named_by})",
+                                "mount it at the same path on every worker, or choose a folder they all share "
+                                "(packer build --cache-dir DIR, or PACKER_WORK_DIR)", "file")]
+    return [*paths, *shared_roots(job)]
 
 
 def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:

@@ -8,6 +8,7 @@ output never depends on which worker finished first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -17,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ConfigError, PackerError
+from packer.errors import ClusterLostError, ConfigError, PackerError
+from packer.manifest import library_versions
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,8 +43,166 @@ class _RunDefect:
         self.error = error
 
 
-def _run(fn: Callable[[T], R], item: T) -> R | _RunDefect:
-    """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`."""
+Environment = tuple[tuple[str, str], ...]
+
+
+def _environment_probe(libraries: tuple[str, ...]) -> Callable[[], Environment]:
+    """A function that returns its process's environment: packer's version and a digest of its
+    code (16 hex digits of sha256 over its source files, relative path and bytes, in path order,
+    so two installs that report the same version but run different code, a development checkout
+    on another commit or an edited file, differ), and the version of each of ``libraries``.
+
+    It is nested and imports only the standard library inside, so cloudpickle ships it by value:
+    it runs on a worker with any packer, an older one that knows no such check included."""
+
+    def probe() -> tuple[tuple[str, str], ...]:
+        import hashlib
+        from importlib import import_module, metadata
+        from pathlib import Path
+
+        package = import_module("packer")
+        folder = Path(package.__file__ or "").resolve().parent
+        digest = hashlib.sha256()
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        found = {"packer": str(getattr(package, "__version__", "unknown")), "packer code": digest.hexdigest()[:16]}
+        for name in libraries:
+            try:
+                found[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                found[name] = "not installed"
+        return tuple(sorted(found.items()))
+
+    return probe
+
+
+@functools.cache
+def environment(extra: tuple[str, ...] = ()) -> Environment:
+    """What shapes packed bytes in this process (:func:`_environment_probe`) for the libraries the
+    manifest records (:func:`packer.manifest.library_versions`; ``extra``: a job's source-kind
+    libraries). A worker whose environment differs from the client's would pack other bytes under
+    the client's recorded versions: :func:`check_workers` and every task (:func:`_run`) refuse it."""
+    return _environment_probe(tuple(name for name in library_versions(extra) if name != "packer"))()
+
+
+def _library_names(expected: Environment) -> tuple[str, ...]:
+    return tuple(name for name, _ in expected if name not in ("packer", "packer code"))
+
+
+def _mismatch(where: str, expected: Environment, found: Environment) -> str | None:
+    """``<where>: <name> <theirs> there, <ours> on the client; ...`` for what differs, or None."""
+    theirs = dict(found)
+    differ = [f"{name} {theirs.get(name, 'not installed')} there, {ours} on the client"
+              for name, ours in expected if theirs.get(name, "not installed") != ours]
+    return f"{where} ({'; '.join(differ)})" if differ else None
+
+
+def _mixed_versions(mismatches: list[str]) -> ConfigError:
+    return ConfigError(f"{', '.join(mismatches)}: the cluster's workers must run the packer and libraries of the "
+                       "client that started the build, or shards would mix bytes from two versions under the "
+                       "client's recorded versions, so nothing was packed there. Install the client's environment "
+                       "on every worker (the same packer and constraints.txt) and restart it, or stop that worker")
+
+
+@functools.cache
+def _worker_environment(libraries: tuple[str, ...]) -> Environment:
+    return _environment_probe(libraries)()
+
+
+def _environment_mismatch(expected: Environment) -> ConfigError | None:
+    """The ConfigError for a worker whose environment is not ``expected`` (the client's)."""
+    from distributed import get_worker
+
+    try:
+        where = f"dask worker {get_worker().address}"
+    except ValueError:  # not in a worker (a test calls the task directly)
+        where = "this process"
+    mismatch = _mismatch(where, expected, _worker_environment(_library_names(expected)))
+    return None if mismatch is None else _mixed_versions([mismatch])
+
+
+def check_workers(client: Any, expected: Environment) -> None:
+    """Raise the ConfigError that names every worker of ``client``'s cluster whose environment is
+    not ``expected``, before any task runs (a worker that joins later is checked by its tasks)."""
+    found = client.run(_environment_probe(_library_names(expected)), on_error="return")
+    mismatches = []
+    for address, environment_there in sorted(found.items()):
+        if isinstance(environment_there, BaseException):
+            mismatches.append(f"dask worker {address} (its environment could not be read: {environment_there!r})")
+            continue
+        mismatch = _mismatch(f"dask worker {address}", expected, environment_there)
+        if mismatch is not None:
+            mismatches.append(mismatch)
+    if mismatches:
+        raise _mixed_versions(mismatches)
+
+
+#: A path every worker must see as the client does: (path, what it is, the fix, ``file`` for a
+#: file the client wrote there or ``entries`` for a folder that must hold something).
+SharedPath = tuple[str, str, str, str]
+
+
+def _shared_path_probe(shared: tuple[SharedPath, ...]) -> Callable[[], list[str]]:
+    """A function that returns what its process cannot see of ``shared`` (:func:`_unseen`'s
+    messages, without the worker's name). Nested, so that cloudpickle ships it by value."""
+
+    def probe() -> list[str]:
+        import os
+
+        unseen = []
+        for path, what, fix, kind in shared:
+            if kind == "file":
+                seen = os.path.isfile(path)
+                why = "the probe file this run wrote there is missing, so it is another folder there"
+            else:
+                try:
+                    with os.scandir(path) as entries:
+                        seen = next(entries, None) is not None
+                except OSError:
+                    seen = False
+                why = "it is missing or empty there: the raw data is not mounted at that path"
+            if not seen:
+                unseen.append(f"cannot see {what} {os.path.dirname(path) if kind == 'file' else path} ({why}); {fix}")
+        return unseen
+
+    return probe
+
+
+#: Shared paths this worker process has already seen: checked once per process, not per task.
+_SEEN_SHARED: set[SharedPath] = set()
+
+
+def _unseen_shared(shared: tuple[SharedPath, ...]) -> ConfigError | None:
+    """The ConfigError for the first of ``shared`` this worker process cannot see, or None."""
+    todo = tuple(entry for entry in shared if entry not in _SEEN_SHARED)
+    if not todo:
+        return None
+    unseen = _shared_path_probe(todo)()
+    if not unseen:
+        _SEEN_SHARED.update(todo)
+        return None
+    from distributed import get_worker
+
+    try:
+        where = f"dask worker {get_worker().address}"
+    except ValueError:
+        where = "this process"
+    return ConfigError(f"{where} {unseen[0]}")
+
+
+def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
+         shared: tuple[SharedPath, ...] = ()) -> R | _RunDefect:
+    """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`. With
+    ``expected`` (the client's :func:`environment`), a worker whose environment differs runs
+    nothing and returns the ConfigError that says so; likewise a worker that cannot see one of
+    ``shared`` (:meth:`Executor.require_shared`)."""
+    if expected is not None:
+        mismatch = _environment_mismatch(expected)
+        if mismatch is not None:
+            return _RunDefect(mismatch)
+    unseen = _unseen_shared(shared)
+    if unseen is not None:
+        return _RunDefect(unseen)
     try:
         return fn(item)
     except PackerError as err:
@@ -76,12 +236,31 @@ class LazySequence(Sequence[T]):
 class Executor:
     """Maps a function over items on a dask client, or in-process when ``client`` is None."""
 
-    def __init__(self, client: Any | None, description: str) -> None:
+    def __init__(self, client: Any | None, description: str, *, expected: Environment | None = None) -> None:
         self.client = client
         self.description = description
+        #: The client's :func:`environment`, checked by every task on its worker (None: not checked)
+        self.expected = expected
+        #: Paths every worker must see as the client does (:meth:`require_shared`)
+        self.shared: tuple[SharedPath, ...] = ()
         #: Set by a Ctrl-C while the cluster is open, even one Python could not raise (see
         #: :func:`_noted_interrupts`); :meth:`map_unordered` raises it at the next result.
         self.interrupted = False
+
+    def require_shared(self, paths: Iterable[SharedPath]) -> None:
+        """Check that every worker sees ``paths`` as this client does (a file the client wrote,
+        or a folder with entries), now and in each later task (a worker that joins later):
+        ConfigError naming the worker, the path and the fix where one does not. In-process: nothing
+        to check."""
+        if self.client is None:
+            return
+        self.shared = (*self.shared, *paths)
+        found = self.client.run(_shared_path_probe(self.shared), on_error="return")
+        unseen = [f"dask worker {address} {problem if isinstance(problem, str) else repr(problem)}"
+                  for address, problems in sorted(found.items())
+                  for problem in (problems if isinstance(problems, list) else [problems])]
+        if unseen:
+            raise ConfigError("; ".join(unseen))
 
     def threads(self) -> int:
         """Worker threads of the cluster now; 0 in-process."""
@@ -114,6 +293,7 @@ class Executor:
                 yield item, fn(item)
             return
         from distributed import as_completed
+        from distributed.client import FutureCancelledError
         from distributed.scheduler import KilledWorker
 
         client = self.client
@@ -125,7 +305,8 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, key=names[submitted], pure=False)
+            future = client.submit(_run, fn, item, self.expected, self.shared, key=names[submitted],
+                                   pure=False)
             item_of[future.key] = item
             running.add(future)
             submitted += 1
@@ -145,15 +326,27 @@ class Executor:
                 yield item, result
             except KilledWorker as err:
                 yield item, WorkerLost(str(err))
+            except FutureCancelledError as err:
+                if client.status == "running":
+                    raise
+                raise ClusterLostError(
+                    f"lost the connection to the dask scheduler of the {self.description} mid-run "
+                    f"({err.reason}: the scheduler stopped, or the network to it broke); nothing was "
+                    "published. Start the scheduler and its workers again and rerun the same command: "
+                    "the build cache keeps every file decoded so far") from err
             finally:
                 future.release()
 
 
 @contextlib.contextmanager
-def open_executor(scheduler: str | None = None, workers: int | None = None) -> Iterator[Executor]:
+def open_executor(scheduler: str | None = None, workers: int | None = None,
+                  libraries: Iterable[str] = ()) -> Iterator[Executor]:
     """``scheduler``: None → LocalCluster of ``workers`` processes; ``"sync"`` → in-process;
     ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster (``workers``
-    given with a ``scheduler`` is ignored, with a warning on stderr)."""
+    given with a ``scheduler`` is ignored, with a warning on stderr). On a cluster every task
+    first checks that its worker runs this process's :func:`environment` (``libraries``: the
+    job's source-kind libraries beyond the manifest's usual ones), and fails the run with a
+    ConfigError where it does not."""
     if scheduler is not None and workers is not None:
         print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
               "the tasks run on that scheduler's own workers", file=sys.stderr, flush=True)
@@ -161,7 +354,7 @@ def open_executor(scheduler: str | None = None, workers: int | None = None) -> I
         yield Executor(None, "this one process (--scheduler sync)")
         return
     with _cluster_config():
-        yield from _open_distributed(scheduler, workers)
+        yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))))
 
 
 #: dask keeps its last ``distributed.admin.low-level-log-length`` (default 1000) batches of comm
@@ -201,7 +394,7 @@ UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the s
                     "do so under `if __name__ == \"__main__\":` (or from a function called there)")
 
 
-def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Executor]:
+def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
 
     if scheduler is None:
@@ -224,7 +417,7 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
             except BaseException:
                 _close_quietly(None, cluster)
                 raise
-        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)"), starting,
+        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
                           client, cluster)
         return
     a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
@@ -240,9 +433,15 @@ def _open_distributed(scheduler: str | None, workers: int | None) -> Iterator[Ex
                               "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
+    try:
+        check_workers(client, expected)
+    except BaseException:
+        with _held_interrupts():
+            _close(client, None)
+        raise
     dashboard = getattr(client, "dashboard_link", None)
     description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
-    yield from _serve(Executor(client, description), starting, client)
+    yield from _serve(Executor(client, description, expected=expected), starting, client)
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
@@ -303,7 +502,9 @@ def _serve(executor: Executor, starting: _HeldInterrupt, client: Any, cluster: A
             yield executor
             if executor.interrupted:
                 raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ClusterLostError):
+            # a lost scheduler: dask would log its failed reconnection, with a traceback, while
+            # the client closes; the error on its way out says what happened
             with _held_interrupts():
                 _close_quietly(client, cluster)
             raise

@@ -30,6 +30,7 @@ from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import Prepared, run_stages
+from packer.read.kinds import source_libraries
 from packer.records import Excluded
 from packer.schemas import validate_document
 
@@ -133,7 +134,7 @@ def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = N
                  quiet: bool = False, storage_options: dict[str, Any] | None = None) -> ValidateResult:
     """Run discover → read/validate → split → audit on ``job``; write nothing. ``storage_options``
     configure the stores of sources given as URLs."""
-    with open_executor(scheduler, workers) as executor:
+    with open_executor(scheduler, workers, source_libraries(job.sources)) as executor:
         run = run_stages(job, executor, through="audit", cache_dir=None, decode=not quick, quiet=quiet,
                          storage_options=storage_options)
     return ValidateResult(job=job, prepared=run.prepared, quick=quick)

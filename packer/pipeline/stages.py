@@ -51,7 +51,7 @@ from packer.pipeline.audit import (
     raise_on_leakage,
     write_leakage,
 )
-from packer.pipeline.cluster import Executor, WorkerLost
+from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
@@ -69,7 +69,7 @@ from packer.read.kinds import source_libraries
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
-from packer.storage import work_dir
+from packer.storage import is_url, work_dir
 from packer.targets import Target, target_class
 from packer.targets.base import cell_number
 
@@ -176,6 +176,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         # without a cache (packer validate), the near-copy signatures live for this run only
         sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
+        if cache_dir is None:  # packer validate (packer build checks its cache and roots itself)
+            executor.require_shared([*_shared_scratch(sig_dir), *shared_roots(job)])
         chunks, table, lookalikes = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode,
                                                 quiet=quiet, phi=phi, listed=listed,
                                                 storage_options=storage_options, sig_dir=sig_dir, refer=refer)
@@ -329,6 +331,26 @@ def constant_slices(notes: Sequence[tuple[str, str]]) -> int:
     """How many files were packed as constant slices of their series (their readers' notes,
     :func:`packer.read.series.constant_slice_note`): the manifest's ``inputs.constant_slices``."""
     return len({file_id for file_id, text in notes if is_constant_note(text)})
+
+
+def shared_roots(job: JobConfig) -> list[SharedPath]:
+    """Each local source root of ``job``, which every worker must see at the client's path
+    (:meth:`Executor.require_shared`; README, Running on a cluster: Storage)."""
+    return [(str(source.root), f"the root of source {source.name!r}",
+             "mount the raw data at the same path on every worker, or give the root as a URL (s3://..., see "
+             "Running on a cluster)", "entries") for source in job.sources if not is_url(str(source.root))]
+
+
+def _shared_scratch(sig_dir: Path | None) -> list[SharedPath]:
+    """The run's signature folder in the local work folder (``packer validate``), through a probe
+    file in it (removed with the folder), which every worker must see."""
+    if sig_dir is None:
+        return []
+    probe = sig_dir / "shared-probe"
+    probe.touch()
+    return [(str(probe), "the work folder's signature folder ($PACKER_WORK_DIR)",
+             "set PACKER_WORK_DIR to a folder every worker mounts at the same path (the near-copy check's "
+             "signatures go there), or validate with --quick (no pixels, no signatures)", "file")]
 
 
 def _scratch_folder() -> Path:
