@@ -173,6 +173,16 @@ def load_key(cfg: PhiConfig) -> PhiKey | None:
     raise ConfigError(f"phi.mode is pseudonymize (the default for DICOM sources) but no key was given; {HOW_TO}")
 
 
+def unused_key_warning(cfg: PhiConfig) -> str | None:
+    """The warning for a job that names ``phi.key_file`` but keeps raw ids (``phi.mode: keep``):
+    the key is not used, and the job's author may think the outputs pseudonymized. None otherwise."""
+    if cfg.mode != "keep" or cfg.key_file is None:
+        return None
+    return (f"phi.key_file names {cfg.key_file_spec}, but phi.mode is keep (the default for a job without a "
+            "DICOM source): entity ids, sample ids and paths are written raw and the key is not used; set phi: "
+            "{mode: pseudonymize} to pseudonymize with it (a NIfTI case folder often carries its patient's name)")
+
+
 def pseudonymizer_for(cfg: PhiConfig) -> Pseudonymizer:
     """The job's :class:`Pseudonymizer`, its key loaded by :func:`load_key` (whose errors it raises)."""
     loaded = load_key(cfg)

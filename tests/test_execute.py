@@ -305,7 +305,12 @@ def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytes
 
     with open_executor("sync", 3) as executor:
         assert executor.description == "this one process (--scheduler sync)"
-    assert "packer: warning: --workers 3 sizes the local cluster only" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "packer: warning: --workers 3 sizes the local cluster only" in said
+    # sync has no workers: the warning said the tasks ran on "that scheduler's own workers"
+    # beside the line saying they run in this one process
+    assert "with --scheduler sync every task runs in this one process" in said
+    assert "own workers" not in said
 
 
 def test_a_worker_with_another_packer_or_library_version_packs_nothing_and_the_run_says_which() -> None:

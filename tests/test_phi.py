@@ -187,6 +187,7 @@ def test_dates_are_shifted_in_the_split_table(tmp_path: Path) -> None:
     assert photos[0] == 0.0 and max(photos) > 0
 
 
+@pytest.mark.parametrize("command", ["build", "validate"])
 @pytest.mark.parametrize(("phi", "warned"), [
     ({"key_file": "phi.key"}, True),  # keep by default (no DICOM source): the key is not used, say so
     ({"key_file": "phi.key", "mode": "keep"}, True),
@@ -194,10 +195,11 @@ def test_dates_are_shifted_in_the_split_table(tmp_path: Path) -> None:
     ({}, False),  # keep, no key given: nothing to say
 ])
 def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: Path, phi: dict[str, str],
-                                                                     warned: bool) -> None:
+                                                                     warned: bool, command: str) -> None:
     """A NIfTI export's case folders are often named after the patient (DOE_JANE_MRN998877/t1.nii.gz).
     A job without a DICOM source keeps raw ids unless it says pseudonymize; one that names a key
-    file but keeps is warned that the key is not used, rather than left to think it pseudonymized."""
+    file but keeps is warned that the key is not used, rather than left to think it pseudonymized.
+    packer validate, the check CI runs on the job file, says it too (only build did)."""
     raw = tmp_path / "raw"
     for i in range(2):
         path = raw / f"DOE_JANE_MRN99887{i}" / "photo.png"
@@ -208,7 +210,7 @@ def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: P
            "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [16, 16]}},
            "pack": {"format": "webdataset"}, "output": "out", **({"phi": phi} if phi else {})}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    result = CliRunner().invoke(main, ["build", str(tmp_path / "job.yaml"), "--scheduler", "sync", "-q"])
+    result = CliRunner().invoke(main, [command, str(tmp_path / "job.yaml"), "--scheduler", "sync", "-q"])
     assert result.exit_code == 0, result.output
     said = "packer: warning: phi.key_file names phi.key, but phi.mode is keep" in result.output
     assert said is warned, result.output

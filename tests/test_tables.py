@@ -281,6 +281,25 @@ def test_a_job_whose_every_file_is_left_out_is_a_config_error_naming_why(tmp_pat
         validate_job(job, scheduler="sync", quiet=True)
 
 
+@pytest.mark.parametrize("max_bad", [0.05, 1.0])
+def test_a_job_whose_files_are_left_out_but_for_a_bad_one_is_the_same_config_error(tmp_path: Path,
+                                                                                    max_bad: float) -> None:
+    """A real export has a broken file or two: with them, a where: that no row meets said 'too many
+    bad samples (exit 3)', 100% bad, and under a lenient max_bad_fraction built an empty dataset
+    with exit 0, advising more entities or another seed; what packed nothing was the where:."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["a.png", "b.png"], real=True)
+    (tmp_path / "raw" / "c.png").write_bytes(b"")  # unreadable, and view PA: not filtered
+    _csv(tmp_path / "t.csv", "path,label,entity,view", ["a.png,x,E1,AP", "b.png,y,E2,AP", "c.png,z,E3,PA"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"view": "PA"}},
+                        validate={"max_bad_fraction": max_bad}))
+    with pytest.raises(ConfigError, match=r"no sample to pack: 2 of the job's 3 files are left out on purpose "
+                                          r"\(filtered 2\) and the other 1 is bad \(unreadable 1\); the first left "
+                                          r"out, .*a.png: view is 'AP'; where: view = PA"):
+        validate_job(job, scheduler="sync", quiet=True)
+
+
 def test_an_empty_entity_cell_names_its_row_column_and_fix(tmp_path: Path) -> None:
     """ISIC 2019's metadata leaves lesion_id blank for some images: the record said only "the
     source's entity field is empty for this file"."""

@@ -59,6 +59,7 @@ from packer.manifest import (
     seal_manifest,
     write_manifest,
 )
+from packer.phi import unused_key_warning
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import SharedPath, check_scheduler, open_executor
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
@@ -383,10 +384,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     check_output_folder(dataset_root, output=output, named_by=chosen_by)
     check_cache_folder(cache_dir, named_by=cache_named_by)
     _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet)
-    if job.phi.mode == "keep" and job.phi.key_file is not None:
-        _warn(f"phi.key_file names {job.phi.key_file_spec}, but phi.mode is keep (the default for a job without a "
-              "DICOM source): entity ids, sample ids and paths are written raw and the key is not used; set phi: "
-              "{mode: pseudonymize} to pseudonymize with it (a NIfTI case folder often carries its patient's name)")
+    unused_key = unused_key_warning(job.phi)
+    if unused_key is not None:
+        _warn(unused_key)
     if remote is None and cache_dir.is_relative_to(output):
         _warn(f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder {output}: it names raw "
               "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "

@@ -348,8 +348,10 @@ def open_executor(scheduler: str | None = None, workers: int | None = None,
     job's source-kind libraries beyond the manifest's usual ones), and fails the run with a
     ConfigError where it does not."""
     if scheduler is not None and workers is not None:
+        runs = ("every task runs in this one process" if scheduler == "sync"
+                else "the tasks run on that scheduler's own workers")
         print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
-              "the tasks run on that scheduler's own workers", file=sys.stderr, flush=True)
+              f"{runs}", file=sys.stderr, flush=True)
     if scheduler == "sync":
         yield Executor(None, "this one process (--scheduler sync)")
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from packer.config import SPLITS, JobConfig
 from packer.errors import BadFractionError, FileSystemError, LeakageError
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
+from packer.phi import unused_key_warning
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import Prepared, run_stages
 from packer.read.kinds import source_libraries
@@ -134,6 +136,9 @@ def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = N
                  quiet: bool = False, storage_options: dict[str, Any] | None = None) -> ValidateResult:
     """Run discover → read/validate → split → audit on ``job``; write nothing. ``storage_options``
     configure the stores of sources given as URLs."""
+    unused_key = unused_key_warning(job.phi)
+    if unused_key is not None:  # a warning, not progress: printed under --quiet too, as packer build does
+        print(f"packer: warning: {unused_key}", file=sys.stderr, flush=True)
     with open_executor(scheduler, workers, source_libraries(job.sources)) as executor:
         run = run_stages(job, executor, through="audit", cache_dir=None, decode=not quick, quiet=quiet,
                          storage_options=storage_options)

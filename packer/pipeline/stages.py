@@ -196,8 +196,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                   f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
                   f"{EXCLUDED_FILE}", flush=True)
         excluded.extend(probed_out)
-        if not len(samples) and not issues and excluded:
-            raise _nothing_to_pack(job, excluded, show_paths=not phi.active)
+        # a broken file or two beside them does not make the left-out files' cause a bad fraction
+        if not len(samples) and excluded and len(excluded) >= len(issues):
+            raise _nothing_to_pack(job, excluded, issues, show_paths=not phi.active)
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
@@ -252,17 +253,25 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
 
 
-def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], *, show_paths: bool) -> ConfigError:
+def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Sequence[Issue], *,
+                     show_paths: bool) -> ConfigError:
     """The error for a job whose every file was left out on purpose (RSNA's secondary captures
-    without a where: asking for them, a where: no row meets): an empty dataset is no result,
-    and its empty splits would otherwise be warned of as a matter of ratios and seeds. The
-    first file is named by its path, or by its sample id where paths are pseudonymized."""
+    without a where: asking for them, a where: no row meets), or all but ``issues``, bad files
+    fewer than those left out: an empty dataset is no result, and its empty splits would otherwise
+    be warned of as a matter of ratios and seeds, or its few bad files be 100% of a bad fraction.
+    The first file left out is named by its path, or by its sample id where paths are
+    pseudonymized; the bad ones are counted by reason only."""
     first = sort_excluded(list(excluded))[0]
     named = first.path if show_paths else f"sample {first.sample_id}"
-    return ConfigError(f"{job.job_path}: no sample to pack: all {len(excluded)} files of the job are left out on "
-                       f"purpose ({describe_counts(Counter(e.why for e in excluded))}); the first, {named}: "
-                       f"{first.detail}. Change what leaves them out (the source's where:, its table's files:), "
-                       "or remove the source")
+    why = describe_counts(Counter(e.why for e in excluded))
+    if issues:
+        bad = describe_counts(Counter(i.reason for i in issues))
+        which = (f"{len(excluded)} of the job's {len(excluded) + len(issues)} files are left out on purpose ({why}) "
+                 f"and the other {len(issues)} {'is' if len(issues) == 1 else 'are'} bad ({bad}); the first left out")
+    else:
+        which = f"all {len(excluded)} files of the job are left out on purpose ({why}); the first"
+    return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {first.detail}. Change what leaves "
+                       "them out (the source's where:, its table's files:), or remove the source")
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
