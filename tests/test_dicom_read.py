@@ -322,6 +322,26 @@ def test_a_zero_rescale_slope_is_a_constant_image_not_a_flat_sample(tmp_path: Pa
     assert "frame 1" in found.message
 
 
+@pytest.mark.parametrize(("slope", "intercept"), [(1.0, 1e308), (1.0, 1e20), (1e-300, -1024.0), (1e-30, -1024.0)])
+def test_a_rescale_that_rounds_every_value_to_one_is_a_constant_image(tmp_path: Path, slope: float,
+                                                                         intercept: float) -> None:
+    """A Rescale Intercept of 1e20 (or a slope of 1e-30) is a number, yet in float64 every stored
+    value plus it (or times it) is the same modality value: the sample would be one flat grey
+    under any window, as with a slope of 0. The file is constant_image naming both attributes."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=slope, intercept=intercept), tmp_path / "flat.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "(0028,1053) Rescale Slope" in found.message and "(0028,1052) Rescale Intercept" in found.message
+
+
+@pytest.mark.parametrize(("slope", "intercept"), [(1e308, 0.0), (1e308, -1e308), (-1e308, 0.0)])
+def test_a_rescale_that_overflows_float64_is_non_finite(tmp_path: Path, slope: float, intercept: float) -> None:
+    """Stored values times a Rescale Slope of 1e308 are inf: windowed, every pixel would be white
+    (or NaN), a flat sample packed as if it were an image. The file is non_finite."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=slope, intercept=intercept), tmp_path / "inf.dcm")
+    found = issue_of(read(path), "non_finite", "validate")
+    assert "(0028,1053) Rescale Slope" in found.message and "flat.dcm" not in found.message
+
+
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
     ds = ct_dataset(ct_pixels((4, 4)), PhotometricInterpretation="HSV")
     found = issue_of(probe(save(ds, tmp_path / "hsv.dcm")), "unsupported", "validate")

@@ -83,7 +83,7 @@ class CachedChunk:
 #: several orientations read as a trial found they should; 13: a series' slices are ordered along
 #: its normal turned to point to +x, +y or +z (its dominant LPS component positive), so a
 #: feet-first series stacks inferior → superior like a head-first one).
-CACHE_FORMAT = 13
+CACHE_FORMAT = 14
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

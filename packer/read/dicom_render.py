@@ -171,6 +171,32 @@ def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
     return meta
 
 
+def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
+                    frame: int) -> Issue | None:
+    """A Rescale Slope/Intercept that are numbers yet no usable map for this frame's stored values
+    (H×W; ``padding`` marks pixels left out): one that overflows float64 (a slope of 1e308:
+    ``non_finite``, every windowed pixel white), or one under which the lowest and the highest
+    stored value land on the same float64 (an intercept of 1e20, a slope of 1e-30:
+    ``constant_image``, one flat grey under any window, as with a slope of 0). The map is linear,
+    so the extremes decide for every pixel; a frame whose stored values are all equal is left to
+    the constant check of its stored values."""
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0:
+        return None
+    low, high = real.min(), real.max()
+    with np.errstate(over="ignore", invalid="ignore"):
+        ends = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)[0]
+    where = (f"frame {frame}: (0028,1053) Rescale Slope {modality.slope:g} and (0028,1052) Rescale Intercept "
+             f"{modality.intercept:g} take stored values {low:g}..{high:g} to {ends[0]:g}..{ends[1]:g}")
+    if not np.isfinite(ends).all():
+        return _issue(ref, "validate", "non_finite", f"{where}, beyond float64: the header is corrupt, fix it")
+    if low != high and ends[0] == ends[1]:
+        return _issue(ref, "validate", "constant_image",
+                      f"{where}: every pixel becomes the same value and the image would carry no information; "
+                      "the header is corrupt, fix it")
+    return None
+
+
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
                   resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
@@ -197,6 +223,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         return _issue(ref, "validate", "constant_image",
                       f"frame {frame}: (0028,1053) Rescale Slope is 0, so every stored value becomes the intercept "
                       f"{modality.intercept:g}: the image would carry no information; fix the header")
+    if modality.lut is None:
+        flat = _rescale_defect(ref, stored[:, :, 0], mask, modality, frame)
+        if flat is not None:
+            return flat
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
         return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
