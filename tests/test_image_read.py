@@ -364,6 +364,21 @@ def test_truncated_png(tmp_path: Path) -> None:
         assert "IEND" in issue.message
 
 
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_png_cut_inside_its_iend_chunk_is_truncated(tmp_path: Path, cut: int) -> None:
+    """The IEND chunk is 12 bytes (length, type, CRC): a file missing the last 1-3 bytes of its CRC
+    has the IEND type yet is cut short, and libpng refuses it. It is truncated (copy it again), not
+    decode_failed (re-export it)."""
+    data = write_image(tmp_path / "full.png", noise((20, 20, 3))).read_bytes()
+    path = tmp_path / "cut.png"
+    path.write_bytes(data[:-cut])
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert "IEND" in issue.message and "cut.png" in issue.message
+    probed = probe_image(make_ref(path))
+    assert not isinstance(probed, Issue) or probed.reason == "truncated"
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

@@ -388,6 +388,9 @@ def check_complete(fmt: str, data: bytes) -> int:
         while pos + 8 <= len(data):
             length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
             if kind == b"IEND":
+                if pos + 12 > len(data):  # length, type and a 4-byte CRC: libpng refuses a cut one
+                    raise Defect("truncated", f"PNG ends at byte {len(data)} inside its IEND chunk (which ends at "
+                                               f"byte {pos + 12}); the file was cut short, copy or export it again")
                 return orientation
             if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
                 exif_seen = True
