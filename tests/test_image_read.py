@@ -379,6 +379,18 @@ def test_a_png_cut_inside_its_iend_chunk_is_truncated(tmp_path: Path, cut: int) 
     assert not isinstance(probed, Issue) or probed.reason == "truncated"
 
 
+@pytest.mark.parametrize(("name", "head"), [("soi.jpg", b"\xff\xd8"), ("sig.png", b"\x89PNG\r\n"),
+                                            ("sig.png", b"\x89P"), ("sig.tif", b"II*")])
+def test_a_file_cut_inside_its_signature_is_truncated_not_unsupported(tmp_path: Path, name: str, head: bytes) -> None:
+    """A JPEG cut after its SOI marker (FF D8) begins as a JPEG does: the message must not say its
+    first bytes are no JPEG signature, and the fix is to copy it again, not to convert it."""
+    path = tmp_path / name
+    path.write_bytes(head)
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert name in issue.message and "signature" in issue.message and "cut short" in issue.message
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

@@ -81,6 +81,24 @@ def sniff_format(head: bytes) -> str | None:
     return None
 
 
+#: Each format's signature, as :func:`sniff_format` matches it (TIFF: its little- and big-endian
+#: forms, classic and BigTIFF).
+_SIGNATURES = {"png": (_PNG_SIGNATURE,), "jpeg": (b"\xff\xd8\xff",),
+               "tiff": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")}
+
+
+def cut_signature(data: bytes) -> str | None:
+    """The format whose signature a whole file of 2 bytes or more is a proper beginning of (a JPEG
+    cut after its SOI marker FF D8), or ``None``: such a file is cut short, not of an unknown
+    format. (BMP's signature is 2 bytes, so no BMP file ends inside it.)"""
+    if len(data) < 2:
+        return None
+    for fmt, signatures in _SIGNATURES.items():
+        if any(len(data) < len(sig) and sig.startswith(data) for sig in signatures):
+            return fmt
+    return None
+
+
 # --- headers ---------------------------------------------------------------------------------
 
 def _png_header(data: bytes) -> ImageHeader:
