@@ -274,6 +274,28 @@ def test_encapsulated_frame_without_end_marker_is_truncated(tmp_path: Path) -> N
     issue_of(read(save(ds, tmp_path / "half.dcm")), "truncated")
 
 
+@pytest.mark.parametrize("syntax", [JPEG2000Lossless, RLELossless, "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.50"])
+def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_truncated(tmp_path: Path,
+                                                                                     syntax: str) -> None:
+    """A whole native file whose file meta was relabelled with a compressed transfer syntax (a
+    broken converter): its Pixel Data holds raw pixels, not the items an encapsulated syntax
+    requires. Nothing is cut short, so 'truncated, copy it again' is the wrong verdict and the
+    wrong fix: it is decode_failed, naming the element, what it starts with and the syntax."""
+    path = save(ct_dataset(ct_pixels((16, 16))), tmp_path / "relabelled.dcm")
+    data = path.read_bytes()
+    native = b"1.2.840.10008.1.2.1\0"  # Explicit VR Little Endian, 20 bytes in the file meta
+    assert data.count(native) == 1
+    uid = syntax.encode() + (b"\0" if len(syntax) % 2 else b"")
+    group_length = struct.unpack_from("<I", data, 140)[0] + len(uid) - len(native)
+    head = data[:data.index(native)].replace(b"\x10\x00UI\x14\x00", b"\x10\x00UI" + struct.pack("<H", len(uid)))
+    relabelled = head[:140] + struct.pack("<I", group_length) + head[144:] + uid + data[data.index(native) + 20:]
+    path.write_bytes(relabelled)
+    assert str(pydicom.dcmread(path).file_meta.TransferSyntaxUID) == syntax
+    found = issue_of(read(path), "decode_failed", "read")
+    assert "relabelled.dcm" in found.message and "(7FE0,0010)" in found.message and syntax in found.message
+    assert "not encapsulated" in found.message
+
+
 def test_corrupt_encapsulated_frame_is_decode_failed(tmp_path: Path) -> None:
     ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
     frame = next(generate_frames(ds.PixelData, number_of_frames=1))

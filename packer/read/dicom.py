@@ -630,6 +630,10 @@ def _expected_native_bytes(geometry: _Geometry) -> int:
     return count * per_pixel * geometry.bits_allocated // 8
 
 
+#: The (FFFE,E000) Item tag, little endian: encapsulated Pixel Data starts with it (its Basic
+#: Offset Table item, PS3.5 A.4).
+_ITEM_TAG = b"\xfe\xff\x00\xe0"
+
 _CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (FFFE,E0DD) sequence delimiter: "
                      "the file was cut short; copy it again from the source")
 
@@ -718,6 +722,13 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
                           f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
     else:
+        value = ds[keyword].value or b""
+        if len(value) >= 4 and value[:4] != _ITEM_TAG:
+            return _issue(ref, "read", "decode_failed",
+                          f"{ds[keyword].tag} {keyword} is not encapsulated: it starts with {value[:4].hex(' ')}, "
+                          f"not the Item tag (FFFE,E000) that transfer syntax {geometry.transfer_syntax} "
+                          f"({UID(geometry.transfer_syntax).name}) requires; the file meta names a compressed "
+                          "syntax its pixels are not in (a broken converter?): re-export the file")
         problem = _check_frames(ref, ds, geometry)
         if problem is not None:
             return problem
