@@ -364,6 +364,21 @@ def test_a_rescale_that_overflows_float64_is_non_finite(tmp_path: Path, slope: f
     assert "(0028,1053) Rescale Slope" in found.message and "flat.dcm" not in found.message
 
 
+@pytest.mark.parametrize("width", [1e30, 1e12])
+def test_a_file_window_so_wide_that_every_pixel_is_one_grey_is_a_constant_image(tmp_path: Path, width: float) -> None:
+    """A Window Width of 1e30 in the file is a valid LINEAR width (>= 1), yet it maps the stored
+    values 0..3000 to 0.5 ± 1e-27: every packed pixel is 128, a flat grey square packed as if it
+    were an image. When the file's own windows turn every pixel of a frame into one level while
+    its stored values differ, the file is constant_image, naming the window. A window the job
+    asks for is its choice (a CT window on a radiograph may be flat too): a usable one beside the
+    file's keeps the file."""
+    path = save(ct_dataset(ct_pixels((16, 16)), center=40.0, width=width), tmp_path / "wide.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "wide.dcm" in found.message and "Window Width" in found.message and "128" in found.message
+    assert isinstance(read(path, file_window(), window(40.0, 400.0)), list)
+    assert isinstance(read(path, window(-5000.0, 2.0)), list)  # flat too, but asked for
+
+
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
     ds = ct_dataset(ct_pixels((4, 4)), PhotometricInterpretation="HSV")
     found = issue_of(probe(save(ds, tmp_path / "hsv.dcm")), "unsupported", "validate")

@@ -37,6 +37,7 @@ from packer.transform.dicom import (
     apply_voi,
     finish_image,
     finish_stored,
+    quantise,
     render_color,
     render_modality_float,
     spacing_size,
@@ -197,6 +198,35 @@ def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, mod
     return None
 
 
+def _flat_windows(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
+                  vois: tuple[VoiTransform, ...], output: str, frame: int) -> Issue | None:
+    """``constant_image`` when the file's own windows (Window Center/Width, every channel's)
+    turn every real pixel of the frame (stored H×W, ``padding`` left out) into one output level
+    although its stored values differ: a Window Width of 1e30 maps them all to 128, a flat grey
+    square, a damaged header. Rescale and windows are monotone, so the lowest and the highest
+    stored value decide for every pixel. Not judged: a window the job names (a preset, an
+    explicit or fallback one: a CT window on a radiograph may be flat, but it is the job's
+    choice), a Modality or VOI LUT (no such order), ``float16`` output (no levels)."""
+    if (output not in ("uint8", "uint16") or modality.lut is not None
+            or any(voi.source != "file" or voi.lut is not None for voi in vois)):
+        return None
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0 or real.min() == real.max():
+        return None
+    low, high = real.min(), real.max()
+    values = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)
+    levels = [quantise(apply_voi(values, voi)[:, :, None], output)[0, :, 0].tolist() for voi in vois]
+    if any(pair[0] != pair[1] for pair in levels):
+        return None
+    named = ", ".join(f"Window Center {voi.center:g} / Window Width {voi.width:g} → {pair[0]}"
+                      for voi, pair in zip(vois, levels, strict=True))
+    return _issue(ref, "validate", "constant_image",
+                  f"frame {frame}: its stored values {low:g}..{high:g} (modality values {values[0, 0]:g}.."
+                  f"{values[0, 1]:g}) all come out as one level under the file's (0028,1050)/(0028,1051) window(s): "
+                  f"{named}; the sample would carry no information; fix the file's window, or request a preset "
+                  "or explicit window")
+
+
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
                   resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
@@ -241,6 +271,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
         return vois
+    if not cfg.by_series:  # a series' blank slice is context, as a constant one is
+        flat = _flat_windows(ref, stored[:, :, 0], mask, modality, vois, cfg.output, frame)
+        if flat is not None:
+            return flat
     array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
                           size=cfg.size, policy=cfg.resize, output=cfg.output)
