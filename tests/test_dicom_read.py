@@ -379,6 +379,36 @@ def test_a_file_window_so_wide_that_every_pixel_is_one_grey_is_a_constant_image(
     assert isinstance(read(path, window(-5000.0, 2.0)), list)  # flat too, but asked for
 
 
+def _damaged_variant(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / f"{name}.dcm"
+    if name == "dangling_link":
+        path.symlink_to(tmp_path / "gone.dcm")
+        return path
+    overrides: dict[str, Any] = {"rows_0": {"Rows": 0}, "photometric_xyz": {"PhotometricInterpretation": "XYZ"},
+                                 "rgb_of_one_sample": {"PhotometricInterpretation": "RGB"},
+                                 "bits_stored_20": {"BitsStored": 20},
+                                 "bits_allocated_1": {"BitsAllocated": 1, "BitsStored": 1, "HighBit": 0},
+                                 "pixel_representation_2": {"PixelRepresentation": 2}, "no_pixels": {}}[name]
+    ds = ct_dataset(ct_pixels((16, 16)))
+    for keyword, value in overrides.items():
+        setattr(ds, keyword, value)
+    if name == "no_pixels":
+        del ds.PixelData
+    return save(ds, path)
+
+
+@pytest.mark.parametrize("name", ["dangling_link", "rows_0", "photometric_xyz", "rgb_of_one_sample", "bits_stored_20",
+                                  "bits_allocated_1", "pixel_representation_2", "no_pixels"])
+def test_every_damaged_header_message_names_the_file_and_ends_with_the_fix(tmp_path: Path, name: str) -> None:
+    """A bad-sample record is read by whoever has to repair the data: its message names the file,
+    the field, and (its last clause) what to do, as the truncated and not_dicom ones always did."""
+    found = read(_damaged_variant(name, tmp_path))
+    assert isinstance(found, Issue) and found.reason != "unexpected_error", found
+    assert found.message.startswith(f"{name}.dcm: ")
+    fix = found.message.rsplit(";", 1)[-1]
+    assert any(word in fix for word in ("fix", "re-export", "copy", "convert", "remove", "replace")), found.message
+
+
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
     ds = ct_dataset(ct_pixels((4, 4)), PhotometricInterpretation="HSV")
     found = issue_of(probe(save(ds, tmp_path / "hsv.dcm")), "unsupported", "validate")

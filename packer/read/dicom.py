@@ -162,7 +162,8 @@ def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
 
 
 def _cannot_open(ref: SampleRef, err: OSError) -> Issue:
-    return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err})")
+    return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err}); "
+                                             "fix its permissions or the link it is, or remove it from the source")
 
 
 def _check_preamble(ref: SampleRef, head: bytes | None = None) -> Issue | None:
@@ -285,9 +286,11 @@ def _parse(ref: SampleRef, *, header_only: bool, limits: LimitsConfig) -> Datase
             ds = pydicom.dcmread(handle, stop_before_pixels=header_only)
         return _convert_elements(ref, ds)
     except OSError as err:
-        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err})")
+        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
+                                                 "copy it again from the source")
     except _PARSE_ERRORS as err:
-        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err})")
+        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
+                                                 "the file is corrupt, copy it again or re-export it")
 
 
 _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
@@ -340,16 +343,19 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
     if frames < 1 or rows < 1 or columns < 1 or samples not in (1, 3) or bits_allocated not in (1, 8, 16, 32, 64):
         return _issue(ref, "validate", "bad_shape",
                       f"unusable image shape: Rows {rows}, Columns {columns}, Number of Frames {frames}, "
-                      f"Samples per Pixel {samples} (1 or 3), Bits Allocated {bits_allocated} (1/8/16/32/64)")
+                      f"Samples per Pixel {samples} (1 or 3), Bits Allocated {bits_allocated} (1/8/16/32/64); "
+                      "fix the header or re-export the file")
     photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     expected_samples = 3 if photometric in RGB_DECODED else 1
     if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
         return _issue(ref, "validate", "unsupported",
                       f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
-                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}")
+                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}; fix the header, or convert "
+                      "the file to one of these")
     if samples != expected_samples:
         return _issue(ref, "validate", "bad_shape",
-                      f"(0028,0002) Samples per Pixel is {samples} but {photometric} needs {expected_samples}")
+                      f"(0028,0002) Samples per Pixel is {samples} but (0028,0004) {photometric} needs "
+                      f"{expected_samples}; fix the header or re-export the file")
     syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
     if not syntax:
         return _issue(ref, "read", "unsupported_transfer_syntax",
@@ -711,7 +717,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
         return _issue(ref, "validate", "no_pixel_data",
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has an Image Pixel module but no "
-                      "(7FE0,0010) Pixel Data element (the file may have been cut short)")
+                      "(7FE0,0010) Pixel Data element (the file may have been cut short); copy it again, or "
+                      "re-export it with its pixels")
     if not encapsulated:
         have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
         if keyword != "PixelData":
@@ -748,13 +755,15 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"encapsulated pixel data is cut short (a frame lacks its end marker) and {plugin} "
                           f"failed: {type(err).__name__}: {err}; copy the file again")
         return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
-                                                    f"pixel data: {type(err).__name__}: {err}")
+                                                    f"pixel data: {type(err).__name__}: {err}; fix the Image Pixel "
+                                                    "attributes it names, or re-export the file")
     samples = 3 if geometry.photometric == PALETTE else geometry.samples
     want_size = geometry.frames * geometry.rows * geometry.columns * samples
     if arr.size != want_size:
         return _issue(ref, "validate", "bad_shape",
                       f"decoded {arr.shape} ({arr.size} values) but the header describes {geometry.frames} frame(s) "
-                      f"of {geometry.rows}×{geometry.columns}×{samples}")
+                      f"of {geometry.rows}×{geometry.columns}×{samples}; fix (0028,0008) Number of Frames, Rows, "
+                      "Columns or Bits Allocated, or re-export the file")
     arr = arr.reshape(geometry.frames, geometry.rows, geometry.columns, samples)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
