@@ -391,6 +391,18 @@ def test_a_file_cut_inside_its_signature_is_truncated_not_unsupported(tmp_path: 
         assert name in issue.message and "signature" in issue.message and "cut short" in issue.message
 
 
+@pytest.mark.parametrize("cut", [8, 20, 32])
+def test_a_png_cut_inside_its_ihdr_says_what_to_do(tmp_path: Path, cut: int) -> None:
+    """The header probe stops at the IHDR chunk; its truncated record must give the fix as the
+    read's does (the read finds no IEND first)."""
+    data = write_image(tmp_path / "full.png", noise((20, 20, 3))).read_bytes()
+    path = tmp_path / "head.png"
+    path.write_bytes(data[:cut])
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert "head.png" in issue.message and issue.message.endswith("copy or export it again"), issue.message
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

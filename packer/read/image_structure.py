@@ -103,7 +103,8 @@ def cut_signature(data: bytes) -> str | None:
 
 def _png_header(data: bytes) -> ImageHeader:
     if len(data) < 33:
-        raise Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33)")
+        raise Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33); "
+                                   "the file was cut short, copy or export it again")
     if data[12:16] != b"IHDR":
         raise Defect("decode_failed", f"PNG's first chunk is {data[12:16]!r}; expected IHDR")
     width, height = struct.unpack_from(">II", data, 16)
