@@ -374,6 +374,23 @@ def test_a_wrong_vox_offset_is_unreadable_or_truncated(fuzz_dir: Path, suffix: s
     assert reason(outcome(fuzz_dir, name)) == ("unreadable" if offset < 352 else "truncated")
 
 
+@pytest.mark.parametrize(("seed", "fields", "want"), [
+    ("float32.nii", {"dim": {0: 9}}, "unreadable"), ("float32.nii", {"datatype": 999}, "unreadable"),
+    ("float32.nii", {"dim": {1: 0}}, "bad_shape"), ("float32.nii.gz", {"dim": {2: -5}}, "bad_shape"),
+    ("ct_int16.nii.gz", {"scl_slope": 1e-38}, "constant_image")], ids=["dim0", "datatype", "dim1", "dim2", "slope"])
+def test_a_damaged_header_field_message_names_the_file_and_ends_with_the_fix(fuzz_dir: Path, seed: str,
+                                                                             fields: dict[str, Any], want: str) -> None:
+    """dim[0] of 9 (nibabel then guesses the other byte order and complains of vox_offset), an
+    unknown datatype, a zero or negative size, a slope that flattens every voxel: each record
+    names the file and, in its last clause, what to do, as the truncated ones do."""
+    name = write_seed(fuzz_dir, f"field-{next(iter(fields))}-{seed}", with_fields(seed, **fields))
+    found = outcome(fuzz_dir, name)
+    assert isinstance(found, Issue) and found.reason == want, found
+    assert name in found.message
+    fix = found.message.rsplit(";", 1)[-1]
+    assert any(word in fix for word in ("fix", "export", "copy", "remove", "replace")), found.message
+
+
 @pytest.mark.parametrize("forms", [Form(0, 1), Form(0, 0)], ids=["qform", "pixdim_only"])
 @pytest.mark.parametrize("pixdim", [(0.0, 6.0, 9.0), (6.0, -6.0, 9.0), (6.0, 6.0, float("nan"))])
 def test_zero_or_negative_voxel_size_without_sform_is_bad_geometry(fuzz_dir: Path, forms: Form,

@@ -191,7 +191,9 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
                                        f"{err}); copy the file again") from err
     except (OSError, HeaderDataError, ValueError, TypeError, KeyError, OverflowError) as err:
         # OverflowError: nibabel's int(vox_offset) of an infinite vox_offset
-        raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err})") from err
+        raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err}; a dim[0] outside "
+                                        "1-7 also makes nibabel read the header in the wrong byte order); the header "
+                                        "is corrupt, copy the file again or export it again") from err
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
                                          "NIfTI-2 (.nii, .nii.gz): convert it")
@@ -203,8 +205,8 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     version = 2 if type(img).__name__ == "Nifti2Image" else 1
     raw_shape = tuple(int(d) for d in header.get_data_shape())
     if len(raw_shape) < 2 or any(d < 1 for d in raw_shape):
-        raise NiftiDefect("bad_shape", f"dim {list(raw_shape)}: every size must be at least 1, in 2 to 4 dimensions",
-                          stage="validate")
+        raise NiftiDefect("bad_shape", f"dim {list(raw_shape)}: every size must be at least 1, in 2 to 4 dimensions; "
+                                       "fix the header's dim field or export the file again", stage="validate")
     extra = raw_shape[3:]
     if any(d > 1 for d in extra[1:]):
         raise NiftiDefect("unsupported_dimensions", f"dim {list(raw_shape)}: a 5-D or higher file (vectors, "
@@ -512,8 +514,9 @@ def check_values(volume: Volume) -> None:
                                         "(a resampled or masked output?); replace them with a real value (0, or the "
                                         "background) and export again", stage="validate")
     if low == high:
-        raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g}; the volume carries no "
-                                            "information", stage="validate")
+        raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
+                                            "the volume carries no information; fix the scaling fields if they are "
+                                            "wrong, or remove the file", stage="validate")
 
 
 def same_grid(a: Volume, b: Volume) -> float | None:
