@@ -20,6 +20,7 @@ from dicom_files import (
     enhanced_ct_dataset,
     file_window,
     image_dataset,
+    lut_item,
     make_ref,
     save,
     shipped,
@@ -29,6 +30,7 @@ from pydicom.datadict import tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
+from pydicom.sequence import Sequence as DicomSequence
 from pydicom.tag import Tag
 from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
@@ -407,6 +409,27 @@ def test_every_damaged_header_message_names_the_file_and_ends_with_the_fix(tmp_p
     assert found.message.startswith(f"{name}.dcm: ")
     fix = found.message.rsplit(";", 1)[-1]
     assert any(word in fix for word in ("fix", "re-export", "copy", "convert", "remove", "replace")), found.message
+
+
+@pytest.mark.parametrize(("first_mapped", "flat"), [(-1024, True), (-30000, True), (0, False)])
+def test_a_file_voi_lut_that_maps_every_pixel_to_one_entry_is_a_constant_image(tmp_path: Path, first_mapped: int,
+                                                                              flat: bool) -> None:
+    """Behind a Modality LUT (whose output is unsigned) a VOI LUT whose first mapped value is
+    read as 64512 (-1024 in 16 bits) or 35536 (-30000) puts every modality value 0..5998 before its first
+    entry: windows: [file] packed an all-black square. A LUT need not be monotone, so the
+    rendered frame itself tells: every channel one value while the stored values differ, all from
+    the file's own LUTs, is constant_image. A LUT that starts at 0 renders the image."""
+    ds = ct_dataset(ct_pixels((12, 10)), center=None, width=None)
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 6000, 2)))])
+    ds.VOILUTSequence = DicomSequence([lut_item(first_mapped, 12, list(range(0, 4096, 4)), "SOFT")])
+    del ds.RescaleSlope, ds.RescaleIntercept
+    path = save(ds, tmp_path / "lut.dcm")
+    found = read(path)
+    if flat:
+        found_issue = issue_of(found, "constant_image", "validate")
+        assert "lut.dcm" in found_issue.message and "VOI LUT" in found_issue.message
+    else:
+        assert isinstance(found, list) and found[0].image.min() < found[0].image.max()
 
 
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:

@@ -145,7 +145,9 @@ def dicom_seeds() -> dict[str, bytes]:
                                    shared_window=(50.0, 350.0))
     luts = ct_dataset(ct_pixels((12, 10)), center=None, width=None)
     luts.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 6000, 2)))])
-    luts.VOILUTSequence = DicomSequence([lut_item(-1024, 12, list(range(0, 4096, 4)), "SOFT")])
+    # first mapped 0: behind the Modality LUT (unsigned output) -1024 would read as 64512, before
+    # every value, and render the seed flat (constant_image)
+    luts.VOILUTSequence = DicomSequence([lut_item(0, 12, list(range(0, 4096, 4)), "SOFT")])
     del luts.RescaleSlope, luts.RescaleIntercept
     for name, ds in (("enhanced_ct.dcm", enhanced), ("lut_ct.dcm", luts)):
         out = io.BytesIO()

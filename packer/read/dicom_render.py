@@ -227,6 +227,30 @@ def _flat_windows(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modal
                   "or explicit window")
 
 
+def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, padding: np.ndarray,
+                    modality: ModalityTransform, vois: tuple[VoiTransform, ...], frame: int) -> Issue | None:
+    """:func:`_flat_windows` where a LUT is in play (a Modality LUT, or a VOI LUT of the file),
+    which need not be monotone: judged on the rendered frame (``array``, C×H×W): every channel
+    one value, the stored values (``padding`` left out) not, every channel from the file's own
+    windows or VOI LUTs: ``constant_image``. (Padding, rendered 0, keeps such a frame: no verdict
+    then.)"""
+    if (not vois or (modality.lut is None and not any(voi.lut is not None for voi in vois))
+            or any(voi.source not in ("file", "file_lut") for voi in vois)
+            or array.dtype.kind not in "ui" or not all(channel.min() == channel.max() for channel in array)):
+        return None
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0 or real.min() == real.max():
+        return None
+    named = ", ".join(f"the VOI LUT {voi.name!r}" if voi.lut is not None else
+                      f"Window Center {voi.center:g} / Window Width {voi.width:g}" for voi in vois)
+    behind = " behind its (0028,3000) Modality LUT" if modality.lut is not None else ""
+    return _issue(ref, "validate", "constant_image",
+                  f"frame {frame}: its stored values {real.min():g}..{real.max():g} all come out as one level under "
+                  f"the file's own {named}{behind} (output {[int(c.flat[0]) for c in array]}); the sample would "
+                  "carry no information; fix the file's (0028,3010) VOI LUT Sequence or window, or request a preset "
+                  "or explicit window")
+
+
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
                   resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
@@ -278,6 +302,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
                           size=cfg.size, policy=cfg.resize, output=cfg.output)
+    if not cfg.by_series:
+        flat = _flat_file_luts(ref, array, stored[:, :, 0], mask, modality, vois, frame)
+        if flat is not None:
+            return flat
     return array, _frame_metadata(ds, frame, modality, vois, spacing)
 
 
