@@ -403,6 +403,31 @@ def test_a_png_cut_inside_its_ihdr_says_what_to_do(tmp_path: Path, cut: int) -> 
         assert "head.png" in issue.message and issue.message.endswith("copy or export it again"), issue.message
 
 
+@pytest.mark.parametrize("cut", [1, 2, 5])
+def test_a_tiff_cut_inside_the_sample_format_it_keeps_last_is_truncated(tmp_path: Path, cut: int) -> None:
+    """OpenCV writes an RGB TIFF's three SampleFormat (339) values after the IFD, at the end of the
+    file: cut there, libtiff cannot read it and the record said decode_failed ('re-export it')
+    though the file is only cut short, as a cut inside its BitsPerSample values already said."""
+    data = write_image(tmp_path / "full.tif", noise((6, 5, 3))).read_bytes()
+    assert struct.unpack_from("<I", data, len(data) - 6)[0] == 0x10001  # SampleFormat 1, 1, 1 last
+    path = tmp_path / "rgb.tif"
+    path.write_bytes(data[:-cut])
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert "rgb.tif" in issue.message and "339" in issue.message and issue.message.endswith("export it again")
+
+
+@pytest.mark.parametrize("head", [b"II*\x00", b"MM\x00*\x00\x00", b"II+\x00\x08\x00\x00\x00\x00\x00"])
+def test_a_tiff_cut_inside_its_8_or_16_byte_header_is_truncated(tmp_path: Path, head: bytes) -> None:
+    """'II*\\0' is a TIFF's byte order and version: a file that ends before its first-IFD offset was
+    cut short; the record said 'TIFF header 49492a00 is not II/MM + version', which is false."""
+    path = tmp_path / "head.tif"
+    path.write_bytes(head)
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert "head.tif" in issue.message and "cut short" in issue.message
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

@@ -32,6 +32,11 @@ _TIFF_SUBFILE = 254  # NewSubfileType
 # what the IFD chain walk reads of every IFD
 _TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
                     TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
+#: Tags whose values libtiff must read to decode a page, often kept out of line after the IFD
+#: (BitsPerSample, ColorMap, ExtraSamples, SampleFormat): values cut off by the end of the file
+#: make the file truncated, not decode_failed (another tag's values past the end are left alone:
+#: libtiff decodes past a broken private tag)
+_TIFF_DECODE_VALUES = {_TIFF_BITS, 320, 338, 339}
 _JPEG_PROBE_START = 64 * 1024
 
 Reader = Callable[[int, int], bytes]
@@ -179,10 +184,14 @@ def _exif_orientation(tiff: bytes) -> int:
 def _tiff_layout(read: Reader) -> tuple[str, int, int]:
     """(byte order ``<`` or ``>``, version 42 or 43 (BigTIFF), offset of the first IFD)."""
     head = read(0, 16)
-    if len(head) < 8 or head[:2] not in (b"II", b"MM"):
+    if len(head) < 4 or head[:2] not in (b"II", b"MM"):
         raise Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
     order = "<" if head[:2] == b"II" else ">"
     version = _u16(head, 2, order)
+    if len(head) < (16 if version == 43 else 8):
+        raise Defect("truncated", f"TIFF ends at byte {len(head)}, inside its {16 if version == 43 else 8}-byte "
+                                   "header (before the first IFD's offset); the file was cut short, copy or export it "
+                                   "again")
     if version == 43 and len(head) >= 16:
         return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
     if version == 42:
@@ -206,13 +215,14 @@ def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, i
     # exceed what seek() accepts, and read(n) allocates n bytes first.
     raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
     if len(raw_count) < count_size:
-        raise Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes)")
+        raise Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes); "
+                                   "the file was cut short, copy or export it again")
     n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
     fits = ifd + count_size + n_entries * entry_size <= size
     entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
     if len(entries) < n_entries * entry_size:
         raise Defect("truncated", f"TIFF {where} ({n_entries} entries at byte {ifd}) runs past the end "
-                                   f"of the file ({size} bytes)")
+                                   f"of the file ({size} bytes); the file was cut short, copy or export it again")
     value_count_fmt = "Q" if version == 43 else "I"
     parsed = count_size + n_entries * entry_size
     tags: _Tags = {}
@@ -236,7 +246,7 @@ def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, i
             if len(raw) < nbytes:
                 in_ifd = "" if index == 0 else f" in IFD {index}"
                 raise Defect("truncated", f"TIFF tag {tag} values{in_ifd} ({nbytes} bytes) lie past the end "
-                                           "of the file")
+                                           "of the file; the file was cut short, copy or export it again")
             values[offset, kind, count] = struct.unpack(order + item * count, raw)
             parsed += nbytes
         tags[tag] = values[offset, kind, count]
@@ -418,7 +428,8 @@ def check_complete(fmt: str, data: bytes) -> int:
         raise Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
                                    "copy or export it again")
     if fmt == "tiff":
-        tags = tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {TIFF_ORIENTATION})
+        tags = tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {TIFF_ORIENTATION}
+                         | _TIFF_DECODE_VALUES)
         _check_tiff_data(tags, len(data), 0)
         orientation = tags.get(TIFF_ORIENTATION, (1,))[0]
         return orientation if 1 <= orientation <= 8 else 1
