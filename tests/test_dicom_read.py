@@ -186,6 +186,27 @@ def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None
         assert "(0008,0016)" in found.message and "Unknown Value Representation" in found.message
 
 
+@pytest.mark.parametrize("sop_class_in_data_set", [False, True])
+def test_unknown_vr_of_a_file_meta_element_is_unreadable_not_a_crashed_build(tmp_path: Path,
+                                                                             sop_class_in_data_set: bool) -> None:
+    """The long fuzz run: a bit flip turned (0002,0002) Media Storage SOP Class UID's VR 'UI' into
+    'TI'. pydicom converts file meta elements lazily too, and the probe reads that one for a file
+    without (0008,0016) (as a DICOMDIR names its class): NotImplementedError escaped probe_dicom
+    and ended the whole build with exit 1. Every file meta element is converted at the parse now:
+    one unreadable record naming the element, whatever the data set holds."""
+    ds = ct_dataset()
+    if not sop_class_in_data_set:
+        del ds.SOPClassUID
+    path = save(ds, tmp_path / "meta.dcm")
+    raw = path.read_bytes()
+    media_class = b"\x02\x00\x02\x00UI"
+    assert raw.count(media_class) == 1
+    path.write_bytes(raw.replace(media_class, b"\x02\x00\x02\x00TI"))
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unreadable", "read")
+        assert "meta.dcm" in found.message and "(0002,0002)" in found.message
+
+
 def test_damaged_functional_group_item_is_unreadable(tmp_path: Path) -> None:
     ds = enhanced_ct_dataset(ct_pixels((2, 8, 8)), rescales=[None, None], windows=[(40.0, 400.0), None],
                              shared_rescale=(1.0, -1024.0), shared_window=(40.0, 80.0))

@@ -223,14 +223,18 @@ def _check_inflated(ref: SampleRef, handle: BoundedFile | _InMemory, limits: Lim
 
 
 def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = None) -> Dataset | Issue:
-    """Convert every public top-level element now (or those of ``tags``): pydicom converts lazily,
-    on first access, so a damaged VR or value length would otherwise raise wherever the element
-    is first read."""
-    for tag in list(ds.keys()) if tags is None else [BaseTag(t) for t in tags]:
+    """Convert every public top-level element now, and every file meta element (or those of
+    ``tags``): pydicom converts lazily, on first access, so a damaged VR or value length would
+    otherwise raise wherever the element is first read (the probe reads (0002,0002) Media Storage
+    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build)."""
+    meta = getattr(ds, "file_meta", None) if tags is None else None
+    targets = [(ds, tag) for tag in (list(ds.keys()) if tags is None else [BaseTag(t) for t in tags])]
+    targets += [(meta, tag) for tag in list(meta.keys())] if meta is not None else []
+    for holder, tag in targets:
         if tag.is_private:
             continue  # never read by packer
         try:
-            ds[tag]
+            holder[tag]
         except _PARSE_ERRORS as err:
             return _issue(ref, "read", "unreadable",
                           f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
