@@ -428,6 +428,19 @@ def test_a_tiff_cut_inside_its_8_or_16_byte_header_is_truncated(tmp_path: Path, 
         assert "head.tif" in issue.message and "cut short" in issue.message
 
 
+@pytest.mark.parametrize("first_ifd", [0, 4, 7])
+def test_a_tiff_whose_first_ifd_offset_points_into_its_header_is_decode_failed(tmp_path: Path, first_ifd: int) -> None:
+    """The long fuzz run: a TIFF header whose first-IFD offset is 0 (or inside the 8-byte header)
+    names no image directory. The probe read an 'IFD' at byte 0 ('II' = 18761 entries) and called
+    the file truncated; the read walked an empty chain into max() of nothing, unexpected_error.
+    Both now say decode_failed: the header is damaged."""
+    path = tmp_path / "noifd.tif"
+    path.write_bytes(b"II*\x00" + struct.pack("<I", first_ifd) + bytes(range(200)))
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("decode_failed", "read"), issue
+        assert "noifd.tif" in issue.message and "first IFD" in issue.message
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

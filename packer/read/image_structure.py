@@ -192,11 +192,14 @@ def _tiff_layout(read: Reader) -> tuple[str, int, int]:
         raise Defect("truncated", f"TIFF ends at byte {len(head)}, inside its {16 if version == 43 else 8}-byte "
                                    "header (before the first IFD's offset); the file was cut short, copy or export it "
                                    "again")
-    if version == 43 and len(head) >= 16:
-        return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
-    if version == 42:
-        return order, version, int(struct.unpack_from(order + "I", head, 4)[0])
-    raise Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+    if version not in (42, 43):
+        raise Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+    header_size = 16 if version == 43 else 8
+    first = int(struct.unpack_from(order + ("Q" if version == 43 else "I"), head, header_size // 2)[0])
+    if first < header_size:  # 0: "no IFD", which a TIFF must have; the walk would find no page at all
+        raise Defect("decode_failed", f"TIFF header gives byte {first} as its first IFD, inside the {header_size}-byte "
+                                       "header: the file names no image directory (a damaged header); re-export it")
+    return order, version, first
 
 
 def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, index: int, wanted: set[int],
