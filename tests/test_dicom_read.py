@@ -20,6 +20,7 @@ from dicom_files import (
     enhanced_ct_dataset,
     file_window,
     image_dataset,
+    lut_item,
     make_ref,
     save,
     shipped,
@@ -29,6 +30,7 @@ from pydicom.datadict import tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
+from pydicom.sequence import Sequence as DicomSequence
 from pydicom.tag import Tag
 from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
@@ -184,6 +186,27 @@ def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None
         assert "(0008,0016)" in found.message and "Unknown Value Representation" in found.message
 
 
+@pytest.mark.parametrize("sop_class_in_data_set", [False, True])
+def test_unknown_vr_of_a_file_meta_element_is_unreadable_not_a_crashed_build(tmp_path: Path,
+                                                                             sop_class_in_data_set: bool) -> None:
+    """The long fuzz run: a bit flip turned (0002,0002) Media Storage SOP Class UID's VR 'UI' into
+    'TI'. pydicom converts file meta elements lazily too, and the probe reads that one for a file
+    without (0008,0016) (as a DICOMDIR names its class): NotImplementedError escaped probe_dicom
+    and ended the whole build with exit 1. Every file meta element is converted at the parse now:
+    one unreadable record naming the element, whatever the data set holds."""
+    ds = ct_dataset()
+    if not sop_class_in_data_set:
+        del ds.SOPClassUID
+    path = save(ds, tmp_path / "meta.dcm")
+    raw = path.read_bytes()
+    media_class = b"\x02\x00\x02\x00UI"
+    assert raw.count(media_class) == 1
+    path.write_bytes(raw.replace(media_class, b"\x02\x00\x02\x00TI"))
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unreadable", "read")
+        assert "meta.dcm" in found.message and "(0002,0002)" in found.message
+
+
 def test_damaged_functional_group_item_is_unreadable(tmp_path: Path) -> None:
     ds = enhanced_ct_dataset(ct_pixels((2, 8, 8)), rescales=[None, None], windows=[(40.0, 400.0), None],
                              shared_rescale=(1.0, -1024.0), shared_window=(40.0, 80.0))
@@ -274,6 +297,28 @@ def test_encapsulated_frame_without_end_marker_is_truncated(tmp_path: Path) -> N
     issue_of(read(save(ds, tmp_path / "half.dcm")), "truncated")
 
 
+@pytest.mark.parametrize("syntax", [JPEG2000Lossless, RLELossless, "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.50"])
+def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_truncated(tmp_path: Path,
+                                                                                     syntax: str) -> None:
+    """A whole native file whose file meta was relabelled with a compressed transfer syntax (a
+    broken converter): its Pixel Data holds raw pixels, not the items an encapsulated syntax
+    requires. Nothing is cut short, so 'truncated, copy it again' is the wrong verdict and the
+    wrong fix: it is decode_failed, naming the element, what it starts with and the syntax."""
+    path = save(ct_dataset(ct_pixels((16, 16))), tmp_path / "relabelled.dcm")
+    data = path.read_bytes()
+    native = b"1.2.840.10008.1.2.1\0"  # Explicit VR Little Endian, 20 bytes in the file meta
+    assert data.count(native) == 1
+    uid = syntax.encode() + (b"\0" if len(syntax) % 2 else b"")
+    group_length = struct.unpack_from("<I", data, 140)[0] + len(uid) - len(native)
+    head = data[:data.index(native)].replace(b"\x10\x00UI\x14\x00", b"\x10\x00UI" + struct.pack("<H", len(uid)))
+    relabelled = head[:140] + struct.pack("<I", group_length) + head[144:] + uid + data[data.index(native) + 20:]
+    path.write_bytes(relabelled)
+    assert str(pydicom.dcmread(path).file_meta.TransferSyntaxUID) == syntax
+    found = issue_of(read(path), "decode_failed", "read")
+    assert "relabelled.dcm" in found.message and "(7FE0,0010)" in found.message and syntax in found.message
+    assert "not encapsulated" in found.message
+
+
 def test_corrupt_encapsulated_frame_is_decode_failed(tmp_path: Path) -> None:
     ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
     frame = next(generate_frames(ds.PixelData, number_of_frames=1))
@@ -320,6 +365,92 @@ def test_a_zero_rescale_slope_is_a_constant_image_not_a_flat_sample(tmp_path: Pa
                                    [None, None], shared_rescale=(1.0, -1024.0), shared_window=(40.0, 400.0))
     found = issue_of(read(save(enhanced, tmp_path / "enhanced.dcm")), "constant_image")
     assert "frame 1" in found.message
+
+
+@pytest.mark.parametrize(("slope", "intercept"), [(1.0, 1e308), (1.0, 1e20), (1e-300, -1024.0), (1e-30, -1024.0)])
+def test_a_rescale_that_rounds_every_value_to_one_is_a_constant_image(tmp_path: Path, slope: float,
+                                                                         intercept: float) -> None:
+    """A Rescale Intercept of 1e20 (or a slope of 1e-30) is a number, yet in float64 every stored
+    value plus it (or times it) is the same modality value: the sample would be one flat grey
+    under any window, as with a slope of 0. The file is constant_image naming both attributes."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=slope, intercept=intercept), tmp_path / "flat.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "(0028,1053) Rescale Slope" in found.message and "(0028,1052) Rescale Intercept" in found.message
+
+
+@pytest.mark.parametrize(("slope", "intercept"), [(1e308, 0.0), (1e308, -1e308), (-1e308, 0.0)])
+def test_a_rescale_that_overflows_float64_is_non_finite(tmp_path: Path, slope: float, intercept: float) -> None:
+    """Stored values times a Rescale Slope of 1e308 are inf: windowed, every pixel would be white
+    (or NaN), a flat sample packed as if it were an image. The file is non_finite."""
+    path = save(ct_dataset(ct_pixels((16, 16)), slope=slope, intercept=intercept), tmp_path / "inf.dcm")
+    found = issue_of(read(path), "non_finite", "validate")
+    assert "(0028,1053) Rescale Slope" in found.message and "flat.dcm" not in found.message
+
+
+@pytest.mark.parametrize("width", [1e30, 1e12])
+def test_a_file_window_so_wide_that_every_pixel_is_one_grey_is_a_constant_image(tmp_path: Path, width: float) -> None:
+    """A Window Width of 1e30 in the file is a valid LINEAR width (>= 1), yet it maps the stored
+    values 0..3000 to 0.5 ± 1e-27: every packed pixel is 128, a flat grey square packed as if it
+    were an image. When the file's own windows turn every pixel of a frame into one level while
+    its stored values differ, the file is constant_image, naming the window. A window the job
+    asks for is its choice (a CT window on a radiograph may be flat too): a usable one beside the
+    file's keeps the file."""
+    path = save(ct_dataset(ct_pixels((16, 16)), center=40.0, width=width), tmp_path / "wide.dcm")
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "wide.dcm" in found.message and "Window Width" in found.message and "128" in found.message
+    assert isinstance(read(path, file_window(), window(40.0, 400.0)), list)
+    assert isinstance(read(path, window(-5000.0, 2.0)), list)  # flat too, but asked for
+
+
+def _damaged_variant(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / f"{name}.dcm"
+    if name == "dangling_link":
+        path.symlink_to(tmp_path / "gone.dcm")
+        return path
+    overrides: dict[str, Any] = {"rows_0": {"Rows": 0}, "photometric_xyz": {"PhotometricInterpretation": "XYZ"},
+                                 "rgb_of_one_sample": {"PhotometricInterpretation": "RGB"},
+                                 "bits_stored_20": {"BitsStored": 20},
+                                 "bits_allocated_1": {"BitsAllocated": 1, "BitsStored": 1, "HighBit": 0},
+                                 "pixel_representation_2": {"PixelRepresentation": 2}, "no_pixels": {}}[name]
+    ds = ct_dataset(ct_pixels((16, 16)))
+    for keyword, value in overrides.items():
+        setattr(ds, keyword, value)
+    if name == "no_pixels":
+        del ds.PixelData
+    return save(ds, path)
+
+
+@pytest.mark.parametrize("name", ["dangling_link", "rows_0", "photometric_xyz", "rgb_of_one_sample", "bits_stored_20",
+                                  "bits_allocated_1", "pixel_representation_2", "no_pixels"])
+def test_every_damaged_header_message_names_the_file_and_ends_with_the_fix(tmp_path: Path, name: str) -> None:
+    """A bad-sample record is read by whoever has to repair the data: its message names the file,
+    the field, and (its last clause) what to do, as the truncated and not_dicom ones always did."""
+    found = read(_damaged_variant(name, tmp_path))
+    assert isinstance(found, Issue) and found.reason != "unexpected_error", found
+    assert found.message.startswith(f"{name}.dcm: ")
+    fix = found.message.rsplit(";", 1)[-1]
+    assert any(word in fix for word in ("fix", "re-export", "copy", "convert", "remove", "replace")), found.message
+
+
+@pytest.mark.parametrize(("first_mapped", "flat"), [(-1024, True), (-30000, True), (0, False)])
+def test_a_file_voi_lut_that_maps_every_pixel_to_one_entry_is_a_constant_image(tmp_path: Path, first_mapped: int,
+                                                                              flat: bool) -> None:
+    """Behind a Modality LUT (whose output is unsigned) a VOI LUT whose first mapped value is
+    read as 64512 (-1024 in 16 bits) or 35536 (-30000) puts every modality value 0..5998 before its first
+    entry: windows: [file] packed an all-black square. A LUT need not be monotone, so the
+    rendered frame itself tells: every channel one value while the stored values differ, all from
+    the file's own LUTs, is constant_image. A LUT that starts at 0 renders the image."""
+    ds = ct_dataset(ct_pixels((12, 10)), center=None, width=None)
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 6000, 2)))])
+    ds.VOILUTSequence = DicomSequence([lut_item(first_mapped, 12, list(range(0, 4096, 4)), "SOFT")])
+    del ds.RescaleSlope, ds.RescaleIntercept
+    path = save(ds, tmp_path / "lut.dcm")
+    found = read(path)
+    if flat:
+        found_issue = issue_of(found, "constant_image", "validate")
+        assert "lut.dcm" in found_issue.message and "VOI LUT" in found_issue.message
+    else:
+        assert isinstance(found, list) and found[0].image.min() < found[0].image.max()
 
 
 def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:

@@ -162,6 +162,10 @@ def test_a_dicom_file_without_entity_or_time_is_told_which_header_attributes_to_
     header = ("PatientID", ("StudyDate", "StudyTime"))
     entity = check_identity(ref, needs_time=True, header=header)
     assert entity.reason == "missing_entity" and "header's PatientID" in entity.message
+    # and what to do, as the missing_time record says: fill the attribute or name another one
+    assert "fill PatientID" in entity.message and "set the source's entity:" in entity.message
+    table = check_identity(replace(ref, kind="image"), needs_time=False)
+    assert table.reason == "missing_entity" and "give this file an entity" in table.message
     time = check_identity(replace(ref, entity="E"), needs_time=True, header=header)
     assert time.reason == "missing_time" and "StudyDate, StudyTime" in time.message and "cell" not in time.message
 

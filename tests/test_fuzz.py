@@ -11,6 +11,11 @@ header / list of Samples / an Issue whose reason is in REASONS, never raise, nev
 runs under a ``signal`` timer; a native hang is caught by ``faulthandler``), and never fall back
 to ``unexpected_error``: every crash the fuzzer found became a proper reason in the readers.
 
+One test builds a whole tree of good files and seeded mutants of them (plus the defects a
+trial found packed or misnamed) and checks the build's promise: one record per bad file or its
+samples, never both; the good files' members byte for byte those of a build without the bad
+ones; and ``max_bad_fraction`` failing the build only after the report is written.
+
 The default run is sized for CI (well under 60 s); ``PACKER_FUZZ_LONG=1`` runs 20× the examples
 with a random seed. ``PACKER_FUZZ_REPORT=1`` prints the reasons seen at the end.
 
@@ -28,9 +33,12 @@ from __future__ import annotations
 
 import faulthandler
 import io
+import json
 import os
+import random
 import signal
 import struct
+import tarfile
 import warnings
 import zlib
 from collections import Counter
@@ -137,7 +145,9 @@ def dicom_seeds() -> dict[str, bytes]:
                                    shared_window=(50.0, 350.0))
     luts = ct_dataset(ct_pixels((12, 10)), center=None, width=None)
     luts.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 6000, 2)))])
-    luts.VOILUTSequence = DicomSequence([lut_item(-1024, 12, list(range(0, 4096, 4)), "SOFT")])
+    # first mapped 0: behind the Modality LUT (unsigned output) -1024 would read as 64512, before
+    # every value, and render the seed flat (constant_image)
+    luts.VOILUTSequence = DicomSequence([lut_item(0, 12, list(range(0, 4096, 4)), "SOFT")])
     del luts.RescaleSlope, luts.RescaleIntercept
     for name, ds in (("enhanced_ct.dcm", enhanced), ("lut_ct.dcm", luts)):
         out = io.BytesIO()
@@ -530,3 +540,137 @@ def test_timer_catches_a_hang() -> None:
             timed(lambda: time.sleep(2))
     finally:
         CALL_BUDGET_S = saved
+
+
+# ------------------------------------------------------------------------- a whole build
+
+def _mutant(data: bytes, rng: random.Random) -> bytes:
+    """1-3 seeded byte mutations of ``data`` (flip a bit, overwrite 1-4 bytes, cut), biased to
+    the first 1 KiB where the headers are: the build-level twin of :func:`byte_mutations`."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        offset = rng.randrange(min(len(out), 1024)) if rng.random() < 0.7 else rng.randrange(len(out))
+        kind = rng.choice(["flip", "overwrite", "cut"])
+        if kind == "flip":
+            out[offset] ^= 1 << rng.randrange(8)
+        elif kind == "overwrite":
+            out[offset:offset + 4] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+        else:
+            del out[max(offset, 1):]
+        if len(out) < 2:
+            break
+    return bytes(out)
+
+
+def _mixed_tree(raw: Path, *, bad: bool) -> dict[str, str | None]:
+    """Good CT slices and PNG/JPEG photos under ``raw/ct`` and ``raw/photos``; with ``bad``, also
+    seeded mutants of them and the defects a trial found packed or misnamed. Returns
+    {source/relpath: the reason it must get, or None for a mutant (any outcome but a crash)}."""
+    (raw / "ct").mkdir(parents=True)
+    (raw / "photos").mkdir()
+    rng = np.random.default_rng(5)
+    good: dict[str, str | None] = {}
+    for i in range(4):
+        write_ct_slice(raw / "ct" / f"good{i}.dcm", patient_id=f"P{i}", study_date="20240102",
+                       pixels_hu=rng.normal(0, 300, (16, 16)), WindowCenter=40, WindowWidth=400)
+        good[f"ct/good{i}.dcm"] = "packed"
+    for i in range(3):
+        (raw / "photos" / f"good{i}.png").write_bytes(_encode(".png", rng.integers(0, 256, (12, 14, 3), np.uint8)))
+        good[f"photos/good{i}.png"] = "packed"
+    (raw / "photos" / "good.jpg").write_bytes(_encode(".jpg", rng.integers(0, 256, (12, 14, 3), np.uint8)))
+    good["photos/good.jpg"] = "packed"
+    if not bad:
+        return good
+    expected: dict[str, str | None] = dict(good)
+    mutate = random.Random(11)
+    for i in range(16):
+        name = sorted(good)[i % len(good)]
+        folder, stem = name.split("/")
+        target = f"{folder}/m{i}-{stem}"
+        (raw / target).write_bytes(_mutant((raw / name).read_bytes(), mutate))
+        expected[target] = None
+    ct = (raw / "ct" / "good0.dcm").read_bytes()
+    (raw / "ct" / "jpeg2000_label.dcm").write_bytes(with_transfer_syntax(ct, "1.2.840.10008.1.2.4.90"))
+    expected["ct/jpeg2000_label.dcm"] = "decode_failed"
+    for name, overrides in (("wide.dcm", {"WindowWidth": 1e30}), ("intercept.dcm", {"RescaleIntercept": 1e20})):
+        write_ct_slice(raw / "ct" / name, patient_id="PX", study_date="20240102",
+                       pixels_hu=rng.normal(0, 300, (16, 16)), WindowCenter=40, **{"WindowWidth": 400, **overrides})
+        expected[f"ct/{name}"] = "constant_image"
+    png = (raw / "photos" / "good0.png").read_bytes()
+    (raw / "photos" / "soi.jpg").write_bytes(b"\xff\xd8")
+    (raw / "photos" / "iend.png").write_bytes(png[:-2])
+    expected.update({"photos/soi.jpg": "truncated", "photos/iend.png": "truncated"})
+    return expected
+
+
+def _build_mixed(folder: Path, raw: Path, max_bad: float) -> Path:
+    from packer.config import load_job
+    from packer.pipeline.build import BuildOptions, build, check_bad_fraction
+
+    doc = {"name": "mixed", "sources": [{"kind": "dicom", "root": str(raw / "ct"), "label": "none"},
+                                        {"kind": "image", "root": str(raw / "photos"), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}, "near_duplicates": {"enabled": False}},
+           "transform": {"channels": 1, "dicom": {"windows": ["file"], "size": [16, 16]},
+                         "image": {"size": [16, 16], "color": "gray"}},
+           "pack": {"format": "webdataset"}, "output": str(folder / "out"), "phi": {"mode": "keep"},
+           "validate": {"max_bad_fraction": max_bad}}
+    job_file = folder / "job.yaml"
+    job_file.parent.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(json.dumps(doc))
+    result = build(load_job(job_file), BuildOptions(scheduler="sync", quiet=True, html_report=False, fresh=True,
+                                                    work_dir=folder / "work"))
+    check_bad_fraction(result)  # exit 3, as the CLI and packer.api do after the build
+    return Path(result.version_dir)
+
+
+def _packed(version: Path) -> dict[str, bytes]:
+    out = {}
+    for shard in sorted(version.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                handle = tar.extractfile(member)
+                assert handle is not None
+                out[member.name] = handle.read()
+    return out
+
+
+def test_a_mixed_tree_gives_one_record_per_bad_file_and_leaves_the_good_samples_as_they_were(tmp_path: Path) -> None:
+    """End to end over DICOM and images: every raw file is packed or exactly one bad-sample
+    record (the named defects under their reasons, each message naming its file), never both,
+    never neither; the good files' members (pixels and records) are byte for byte what a build
+    of the good files alone packs; and over the threshold the build fails (exit 3) only after
+    bad_samples.jsonl holds every record."""
+    from packer.config import PhiConfig
+    from packer.errors import BadFractionError
+    from packer.keys import parse_key
+    from packer.phi import pseudonymizer_for
+    from packer.pipeline.discover import make_sample_id
+
+    _mixed_tree(tmp_path / "raw-good", bad=False)
+    alone = _packed(_build_mixed(tmp_path / "alone", tmp_path / "raw-good", 1.0))
+    expected = _mixed_tree(tmp_path / "raw", bad=True)
+    version = _build_mixed(tmp_path / "mixed", tmp_path / "raw", 1.0)
+    mixed = _packed(version)
+    bad = [json.loads(line) for line in (version / "bad_samples.jsonl").read_text().splitlines()]
+    phi = pseudonymizer_for(PhiConfig(mode="keep"))
+    ids = {make_sample_id(name.split("/")[0], name.split("/", 1)[1], phi): name for name in expected}
+    rows = Counter(ids[row["sample_id"]] for row in bad)
+    packed = {ids[parse_key(member.split(".")[0]).file_id] for member in mixed}
+    for name, want in expected.items():
+        assert rows[name] + (name in packed) == 1, (name, rows[name], name in packed)
+        if want == "packed":
+            assert name in packed, name
+        elif want is not None:
+            [row] = [row for row in bad if ids[row["sample_id"]] == name]
+            assert row["reason"] == want, row
+    mutants = [name for name, want in expected.items() if want is None]
+    assert 0 < sum(rows[name] for name in mutants) < len(mutants)  # the seeded mutants both pack and fail
+    for row in bad:
+        assert Path(ids[row["sample_id"]]).name in row["message"] and row["reason"] in REASONS, row
+        assert row["reason"] != "unexpected_error", row
+    assert alone and all(mixed.get(member) == data for member, data in alone.items())
+    with pytest.raises(BadFractionError) as failed:
+        _build_mixed(tmp_path / "strict", tmp_path / "raw", 0.05)
+    strict = Path(failed.value.version_dir)
+    assert sorted((version / "bad_samples.jsonl").read_text().splitlines()) == sorted(
+        (strict / "bad_samples.jsonl").read_text().splitlines())

@@ -364,6 +364,83 @@ def test_truncated_png(tmp_path: Path) -> None:
         assert "IEND" in issue.message
 
 
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_png_cut_inside_its_iend_chunk_is_truncated(tmp_path: Path, cut: int) -> None:
+    """The IEND chunk is 12 bytes (length, type, CRC): a file missing the last 1-3 bytes of its CRC
+    has the IEND type yet is cut short, and libpng refuses it. It is truncated (copy it again), not
+    decode_failed (re-export it)."""
+    data = write_image(tmp_path / "full.png", noise((20, 20, 3))).read_bytes()
+    path = tmp_path / "cut.png"
+    path.write_bytes(data[:-cut])
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert "IEND" in issue.message and "cut.png" in issue.message
+    probed = probe_image(make_ref(path))
+    assert not isinstance(probed, Issue) or probed.reason == "truncated"
+
+
+@pytest.mark.parametrize(("name", "head"), [("soi.jpg", b"\xff\xd8"), ("sig.png", b"\x89PNG\r\n"),
+                                            ("sig.png", b"\x89P"), ("sig.tif", b"II*")])
+def test_a_file_cut_inside_its_signature_is_truncated_not_unsupported(tmp_path: Path, name: str, head: bytes) -> None:
+    """A JPEG cut after its SOI marker (FF D8) begins as a JPEG does: the message must not say its
+    first bytes are no JPEG signature, and the fix is to copy it again, not to convert it."""
+    path = tmp_path / name
+    path.write_bytes(head)
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert name in issue.message and "signature" in issue.message and "cut short" in issue.message
+
+
+@pytest.mark.parametrize("cut", [8, 20, 32])
+def test_a_png_cut_inside_its_ihdr_says_what_to_do(tmp_path: Path, cut: int) -> None:
+    """The header probe stops at the IHDR chunk; its truncated record must give the fix as the
+    read's does (the read finds no IEND first)."""
+    data = write_image(tmp_path / "full.png", noise((20, 20, 3))).read_bytes()
+    path = tmp_path / "head.png"
+    path.write_bytes(data[:cut])
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert "head.png" in issue.message and issue.message.endswith("copy or export it again"), issue.message
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5])
+def test_a_tiff_cut_inside_the_sample_format_it_keeps_last_is_truncated(tmp_path: Path, cut: int) -> None:
+    """OpenCV writes an RGB TIFF's three SampleFormat (339) values after the IFD, at the end of the
+    file: cut there, libtiff cannot read it and the record said decode_failed ('re-export it')
+    though the file is only cut short, as a cut inside its BitsPerSample values already said."""
+    data = write_image(tmp_path / "full.tif", noise((6, 5, 3))).read_bytes()
+    assert struct.unpack_from("<I", data, len(data) - 6)[0] == 0x10001  # SampleFormat 1, 1, 1 last
+    path = tmp_path / "rgb.tif"
+    path.write_bytes(data[:-cut])
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert "rgb.tif" in issue.message and "339" in issue.message and issue.message.endswith("export it again")
+
+
+@pytest.mark.parametrize("head", [b"II*\x00", b"MM\x00*\x00\x00", b"II+\x00\x08\x00\x00\x00\x00\x00"])
+def test_a_tiff_cut_inside_its_8_or_16_byte_header_is_truncated(tmp_path: Path, head: bytes) -> None:
+    """'II*\\0' is a TIFF's byte order and version: a file that ends before its first-IFD offset was
+    cut short; the record said 'TIFF header 49492a00 is not II/MM + version', which is false."""
+    path = tmp_path / "head.tif"
+    path.write_bytes(head)
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("truncated", "read"), issue
+        assert "head.tif" in issue.message and "cut short" in issue.message
+
+
+@pytest.mark.parametrize("first_ifd", [0, 4, 7])
+def test_a_tiff_whose_first_ifd_offset_points_into_its_header_is_decode_failed(tmp_path: Path, first_ifd: int) -> None:
+    """The long fuzz run: a TIFF header whose first-IFD offset is 0 (or inside the 8-byte header)
+    names no image directory. The probe read an 'IFD' at byte 0 ('II' = 18761 entries) and called
+    the file truncated; the read walked an empty chain into max() of nothing, unexpected_error.
+    Both now say decode_failed: the header is damaged."""
+    path = tmp_path / "noifd.tif"
+    path.write_bytes(b"II*\x00" + struct.pack("<I", first_ifd) + bytes(range(200)))
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and (issue.reason, issue.stage) == ("decode_failed", "read"), issue
+        assert "noifd.tif" in issue.message and "first IFD" in issue.message
+
+
 def test_truncated_tiff_and_bmp(tmp_path: Path) -> None:
     tiff = tiff_bytes(noise((20, 20)), big_endian=True)  # the IFD follows the 400 pixel bytes
     cut_tiff = tmp_path / "cut.tif"

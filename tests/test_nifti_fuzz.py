@@ -374,6 +374,38 @@ def test_a_wrong_vox_offset_is_unreadable_or_truncated(fuzz_dir: Path, suffix: s
     assert reason(outcome(fuzz_dir, name)) == ("unreadable" if offset < 352 else "truncated")
 
 
+@pytest.mark.parametrize("slope", [float("inf"), float("-inf")])
+@pytest.mark.parametrize("seed", ["ct_int16.nii.gz", "scaled_bigendian.nii", "float64_nifti2.nii.gz"])
+def test_an_infinite_scl_slope_is_unreadable_not_packed_unscaled(fuzz_dir: Path, seed: str, slope: float) -> None:
+    """nibabel reads a scl_slope that is not finite as "no scaling" (NaN is its own mark for
+    that), so a CT stored as int16 with scl_inter -1024 and a damaged slope of inf packed its
+    stored values as if they were HU: every voxel 1024 too bright, with no record. An infinite
+    slope is a damaged header: unreadable, naming the field. NaN keeps meaning "no scaling"."""
+    name = write_seed(fuzz_dir, f"slope-{slope}-{seed}", with_fields(seed, scl_slope=slope))
+    found = outcome(fuzz_dir, name)
+    assert isinstance(found, Issue) and (found.reason, found.stage) == ("unreadable", "read"), found
+    assert name in found.message and "scl_slope" in found.message and "inf" in found.message
+    unscaled = write_seed(fuzz_dir, f"slope-nan-{seed}", with_fields(seed, scl_slope=float("nan")))
+    assert isinstance(outcome(fuzz_dir, unscaled), list)
+
+
+@pytest.mark.parametrize(("seed", "fields", "want"), [
+    ("float32.nii", {"dim": {0: 9}}, "unreadable"), ("float32.nii", {"datatype": 999}, "unreadable"),
+    ("float32.nii", {"dim": {1: 0}}, "bad_shape"), ("float32.nii.gz", {"dim": {2: -5}}, "bad_shape"),
+    ("ct_int16.nii.gz", {"scl_slope": 1e-38}, "constant_image")], ids=["dim0", "datatype", "dim1", "dim2", "slope"])
+def test_a_damaged_header_field_message_names_the_file_and_ends_with_the_fix(fuzz_dir: Path, seed: str,
+                                                                             fields: dict[str, Any], want: str) -> None:
+    """dim[0] of 9 (nibabel then guesses the other byte order and complains of vox_offset), an
+    unknown datatype, a zero or negative size, a slope that flattens every voxel: each record
+    names the file and, in its last clause, what to do, as the truncated ones do."""
+    name = write_seed(fuzz_dir, f"field-{next(iter(fields))}-{seed}", with_fields(seed, **fields))
+    found = outcome(fuzz_dir, name)
+    assert isinstance(found, Issue) and found.reason == want, found
+    assert name in found.message
+    fix = found.message.rsplit(";", 1)[-1]
+    assert any(word in fix for word in ("fix", "export", "copy", "remove", "replace")), found.message
+
+
 @pytest.mark.parametrize("forms", [Form(0, 1), Form(0, 0)], ids=["qform", "pixdim_only"])
 @pytest.mark.parametrize("pixdim", [(0.0, 6.0, 9.0), (6.0, -6.0, 9.0), (6.0, 6.0, float("nan"))])
 def test_zero_or_negative_voxel_size_without_sform_is_bad_geometry(fuzz_dir: Path, forms: Form,

@@ -34,8 +34,11 @@ def check_identity(ref: SampleRef, *, needs_time: bool,
                                 "(or, for unlabeled data, set the source's 'label: none')")
     if ref.entity is None:
         field = f"header's {header[0]} (the source's entity:) is" if header else "source's entity field is"
+        fix = (f"fill {header[0]} in the file, or set the source's entity: to another attribute this file fills"
+               if header else
+               "give this file an entity in the source's table (its entity column), or fix the row's path")
         return Issue.of(ref, stage="discover", reason="missing_entity",
-                        message=f"{ref.path}: no entity id; the {field} empty for this file")
+                        message=f"{ref.path}: no entity id; the {field} empty for this file; {fix}")
     if needs_time and ref.time is None and header:
         keywords = ", ".join(header[1])
         return Issue.of(ref, stage="discover", reason="missing_time",

@@ -83,8 +83,10 @@ class CachedChunk:
 #: several orientations read as a trial found they should; 13: a series' slices are ordered along
 #: its normal turned to point to +x, +y or +z (its dominant LPS component positive), so a
 #: feet-first series stacks inferior → superior like a head-first one; 14: a DICOM file's samples
-#: carry the digest of the stored pixels they were rendered from, ``stored_digest``).
-CACHE_FORMAT = 14
+#: carry the digest of the stored pixels they were rendered from, ``stored_digest``; 15: a trial's
+#: mutated files: an overflowing or flattening rescale, a flat file window or VOI LUT and a
+#: damaged file-meta element are bad samples, several reasons renamed).
+CACHE_FORMAT = 15
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -162,7 +162,8 @@ def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
 
 
 def _cannot_open(ref: SampleRef, err: OSError) -> Issue:
-    return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err})")
+    return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err}); "
+                                             "fix its permissions or the link it is, or remove it from the source")
 
 
 def _check_preamble(ref: SampleRef, head: bytes | None = None) -> Issue | None:
@@ -222,14 +223,18 @@ def _check_inflated(ref: SampleRef, handle: BoundedFile | _InMemory, limits: Lim
 
 
 def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = None) -> Dataset | Issue:
-    """Convert every public top-level element now (or those of ``tags``): pydicom converts lazily,
-    on first access, so a damaged VR or value length would otherwise raise wherever the element
-    is first read."""
-    for tag in list(ds.keys()) if tags is None else [BaseTag(t) for t in tags]:
+    """Convert every public top-level element now, and every file meta element (or those of
+    ``tags``): pydicom converts lazily, on first access, so a damaged VR or value length would
+    otherwise raise wherever the element is first read (the probe reads (0002,0002) Media Storage
+    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build)."""
+    meta = getattr(ds, "file_meta", None) if tags is None else None
+    targets = [(ds, tag) for tag in (list(ds.keys()) if tags is None else [BaseTag(t) for t in tags])]
+    targets += [(meta, tag) for tag in list(meta.keys())] if meta is not None else []
+    for holder, tag in targets:
         if tag.is_private:
             continue  # never read by packer
         try:
-            ds[tag]
+            holder[tag]
         except _PARSE_ERRORS as err:
             return _issue(ref, "read", "unreadable",
                           f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
@@ -285,9 +290,11 @@ def _parse(ref: SampleRef, *, header_only: bool, limits: LimitsConfig) -> Datase
             ds = pydicom.dcmread(handle, stop_before_pixels=header_only)
         return _convert_elements(ref, ds)
     except OSError as err:
-        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err})")
+        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
+                                                 "copy it again from the source")
     except _PARSE_ERRORS as err:
-        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err})")
+        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
+                                                 "the file is corrupt, copy it again or re-export it")
 
 
 _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
@@ -340,16 +347,19 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
     if frames < 1 or rows < 1 or columns < 1 or samples not in (1, 3) or bits_allocated not in (1, 8, 16, 32, 64):
         return _issue(ref, "validate", "bad_shape",
                       f"unusable image shape: Rows {rows}, Columns {columns}, Number of Frames {frames}, "
-                      f"Samples per Pixel {samples} (1 or 3), Bits Allocated {bits_allocated} (1/8/16/32/64)")
+                      f"Samples per Pixel {samples} (1 or 3), Bits Allocated {bits_allocated} (1/8/16/32/64); "
+                      "fix the header or re-export the file")
     photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     expected_samples = 3 if photometric in RGB_DECODED else 1
     if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
         return _issue(ref, "validate", "unsupported",
                       f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
-                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}")
+                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}; fix the header, or convert "
+                      "the file to one of these")
     if samples != expected_samples:
         return _issue(ref, "validate", "bad_shape",
-                      f"(0028,0002) Samples per Pixel is {samples} but {photometric} needs {expected_samples}")
+                      f"(0028,0002) Samples per Pixel is {samples} but (0028,0004) {photometric} needs "
+                      f"{expected_samples}; fix the header or re-export the file")
     syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
     if not syntax:
         return _issue(ref, "read", "unsupported_transfer_syntax",
@@ -630,6 +640,10 @@ def _expected_native_bytes(geometry: _Geometry) -> int:
     return count * per_pixel * geometry.bits_allocated // 8
 
 
+#: The (FFFE,E000) Item tag, little endian: encapsulated Pixel Data starts with it (its Basic
+#: Offset Table item, PS3.5 A.4).
+_ITEM_TAG = b"\xfe\xff\x00\xe0"
+
 _CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (FFFE,E0DD) sequence delimiter: "
                      "the file was cut short; copy it again from the source")
 
@@ -707,7 +721,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
         return _issue(ref, "validate", "no_pixel_data",
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has an Image Pixel module but no "
-                      "(7FE0,0010) Pixel Data element (the file may have been cut short)")
+                      "(7FE0,0010) Pixel Data element (the file may have been cut short); copy it again, or "
+                      "re-export it with its pixels")
     if not encapsulated:
         have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
         if keyword != "PixelData":
@@ -718,6 +733,13 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
                           f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
     else:
+        value = ds[keyword].value or b""
+        if len(value) >= 4 and value[:4] != _ITEM_TAG:
+            return _issue(ref, "read", "decode_failed",
+                          f"{ds[keyword].tag} {keyword} is not encapsulated: it starts with {value[:4].hex(' ')}, "
+                          f"not the Item tag (FFFE,E000) that transfer syntax {geometry.transfer_syntax} "
+                          f"({UID(geometry.transfer_syntax).name}) requires; the file meta names a compressed "
+                          "syntax its pixels are not in (a broken converter?): re-export the file")
         problem = _check_frames(ref, ds, geometry)
         if problem is not None:
             return problem
@@ -737,13 +759,15 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"encapsulated pixel data is cut short (a frame lacks its end marker) and {plugin} "
                           f"failed: {type(err).__name__}: {err}; copy the file again")
         return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
-                                                    f"pixel data: {type(err).__name__}: {err}")
+                                                    f"pixel data: {type(err).__name__}: {err}; fix the Image Pixel "
+                                                    "attributes it names, or re-export the file")
     samples = 3 if geometry.photometric == PALETTE else geometry.samples
     want_size = geometry.frames * geometry.rows * geometry.columns * samples
     if arr.size != want_size:
         return _issue(ref, "validate", "bad_shape",
                       f"decoded {arr.shape} ({arr.size} values) but the header describes {geometry.frames} frame(s) "
-                      f"of {geometry.rows}×{geometry.columns}×{samples}")
+                      f"of {geometry.rows}×{geometry.columns}×{samples}; fix (0028,0008) Number of Frames, Rows, "
+                      "Columns or Bits Allocated, or re-export the file")
     arr = arr.reshape(geometry.frames, geometry.rows, geometry.columns, samples)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))

@@ -38,6 +38,7 @@ from packer.transform.dicom import (
     apply_voi,
     finish_image,
     finish_stored,
+    quantise,
     render_color,
     render_modality_float,
     spacing_size,
@@ -172,6 +173,85 @@ def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
     return meta
 
 
+def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
+                    frame: int) -> Issue | None:
+    """A Rescale Slope/Intercept that are numbers yet no usable map for this frame's stored values
+    (H×W; ``padding`` marks pixels left out): one that overflows float64 (a slope of 1e308:
+    ``non_finite``, every windowed pixel white), or one under which the lowest and the highest
+    stored value land on the same float64 (an intercept of 1e20, a slope of 1e-30:
+    ``constant_image``, one flat grey under any window, as with a slope of 0). The map is linear,
+    so the extremes decide for every pixel; a frame whose stored values are all equal is left to
+    the constant check of its stored values."""
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0:
+        return None
+    low, high = real.min(), real.max()
+    with np.errstate(over="ignore", invalid="ignore"):
+        ends = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)[0]
+    where = (f"frame {frame}: (0028,1053) Rescale Slope {modality.slope:g} and (0028,1052) Rescale Intercept "
+             f"{modality.intercept:g} take stored values {low:g}..{high:g} to {ends[0]:g}..{ends[1]:g}")
+    if not np.isfinite(ends).all():
+        return _issue(ref, "validate", "non_finite", f"{where}, beyond float64: the header is corrupt, fix it")
+    if low != high and ends[0] == ends[1]:
+        return _issue(ref, "validate", "constant_image",
+                      f"{where}: every pixel becomes the same value and the image would carry no information; "
+                      "the header is corrupt, fix it")
+    return None
+
+
+def _flat_windows(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
+                  vois: tuple[VoiTransform, ...], output: str, frame: int) -> Issue | None:
+    """``constant_image`` when the file's own windows (Window Center/Width, every channel's)
+    turn every real pixel of the frame (stored H×W, ``padding`` left out) into one output level
+    although its stored values differ: a Window Width of 1e30 maps them all to 128, a flat grey
+    square, a damaged header. Rescale and windows are monotone, so the lowest and the highest
+    stored value decide for every pixel. Not judged: a window the job names (a preset, an
+    explicit or fallback one: a CT window on a radiograph may be flat, but it is the job's
+    choice), a Modality or VOI LUT (no such order), ``float16`` output (no levels)."""
+    if (output not in ("uint8", "uint16") or modality.lut is not None
+            or any(voi.source != "file" or voi.lut is not None for voi in vois)):
+        return None
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0 or real.min() == real.max():
+        return None
+    low, high = real.min(), real.max()
+    values = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)
+    levels = [quantise(apply_voi(values, voi)[:, :, None], output)[0, :, 0].tolist() for voi in vois]
+    if any(pair[0] != pair[1] for pair in levels):
+        return None
+    named = ", ".join(f"Window Center {voi.center:g} / Window Width {voi.width:g} → {pair[0]}"
+                      for voi, pair in zip(vois, levels, strict=True))
+    return _issue(ref, "validate", "constant_image",
+                  f"frame {frame}: its stored values {low:g}..{high:g} (modality values {values[0, 0]:g}.."
+                  f"{values[0, 1]:g}) all come out as one level under the file's (0028,1050)/(0028,1051) window(s): "
+                  f"{named}; the sample would carry no information; fix the file's window, or request a preset "
+                  "or explicit window")
+
+
+def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, padding: np.ndarray,
+                    modality: ModalityTransform, vois: tuple[VoiTransform, ...], frame: int) -> Issue | None:
+    """:func:`_flat_windows` where a LUT is in play (a Modality LUT, or a VOI LUT of the file),
+    which need not be monotone: judged on the rendered frame (``array``, C×H×W): every channel
+    one value, the stored values (``padding`` left out) not, every channel from the file's own
+    windows or VOI LUTs: ``constant_image``. (Padding, rendered 0, keeps such a frame: no verdict
+    then.)"""
+    if (not vois or (modality.lut is None and not any(voi.lut is not None for voi in vois))
+            or any(voi.source not in ("file", "file_lut") for voi in vois)
+            or array.dtype.kind not in "ui" or not all(channel.min() == channel.max() for channel in array)):
+        return None
+    real = stored[~padding] if padding.any() else stored
+    if real.size == 0 or real.min() == real.max():
+        return None
+    named = ", ".join(f"the VOI LUT {voi.name!r}" if voi.lut is not None else
+                      f"Window Center {voi.center:g} / Window Width {voi.width:g}" for voi in vois)
+    behind = " behind its (0028,3000) Modality LUT" if modality.lut is not None else ""
+    return _issue(ref, "validate", "constant_image",
+                  f"frame {frame}: its stored values {real.min():g}..{real.max():g} all come out as one level under "
+                  f"the file's own {named}{behind} (output {[int(c.flat[0]) for c in array]}); the sample would "
+                  "carry no information; fix the file's (0028,3010) VOI LUT Sequence or window, or request a preset "
+                  "or explicit window")
+
+
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
                   resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
@@ -198,6 +278,10 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         return _issue(ref, "validate", "constant_image",
                       f"frame {frame}: (0028,1053) Rescale Slope is 0, so every stored value becomes the intercept "
                       f"{modality.intercept:g}: the image would carry no information; fix the header")
+    if modality.lut is None:
+        flat = _rescale_defect(ref, stored[:, :, 0], mask, modality, frame)
+        if flat is not None:
+            return flat
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
         return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
@@ -212,9 +296,17 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
         return vois
+    if not cfg.by_series:  # a series' blank slice is context, as a constant one is
+        flat = _flat_windows(ref, stored[:, :, 0], mask, modality, vois, cfg.output, frame)
+        if flat is not None:
+            return flat
     array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
                           size=cfg.size, policy=cfg.resize, output=cfg.output)
+    if not cfg.by_series:
+        flat = _flat_file_luts(ref, array, stored[:, :, 0], mask, modality, vois, frame)
+        if flat is not None:
+            return flat
     return array, _frame_metadata(ds, frame, modality, vois, spacing)
 
 

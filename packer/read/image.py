@@ -51,6 +51,7 @@ from packer.read.image_structure import (
     ImageHeader,
     Reader,
     check_complete,
+    cut_signature,
     file_header,
     sniff_format,
     tiff_buffer_pixels,
@@ -167,6 +168,13 @@ def _name(ref: SampleRef) -> str:
 
 
 def _unsupported(ref: SampleRef, head: bytes) -> Issue:
+    """The Issue of a file whose first bytes (``head``: up to 16, all of a shorter file) name no
+    format; ``truncated`` when the whole file is the start of a signature."""
+    cut = cut_signature(head)
+    if cut is not None:
+        return Issue.of(ref, stage="read", reason="truncated",
+                        message=f"{_name(ref)}: the file is only {len(head)} bytes long ({head.hex(' ')}), the start "
+                                f"of a {cut.upper()} signature: it was cut short, copy or export it again")
     ext = os.path.splitext(ref.path)[1] or "(none)"
     return Issue.of(ref, stage="read", reason="unsupported",
                     message=f"{_name(ref)}: first bytes {head[:8].hex(' ')} (extension {ext}) are not a PNG, "

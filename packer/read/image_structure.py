@@ -32,6 +32,11 @@ _TIFF_SUBFILE = 254  # NewSubfileType
 # what the IFD chain walk reads of every IFD
 _TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
                     TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
+#: Tags whose values libtiff must read to decode a page, often kept out of line after the IFD
+#: (BitsPerSample, ColorMap, ExtraSamples, SampleFormat): values cut off by the end of the file
+#: make the file truncated, not decode_failed (another tag's values past the end are left alone:
+#: libtiff decodes past a broken private tag)
+_TIFF_DECODE_VALUES = {_TIFF_BITS, 320, 338, 339}
 _JPEG_PROBE_START = 64 * 1024
 
 Reader = Callable[[int, int], bytes]
@@ -81,11 +86,30 @@ def sniff_format(head: bytes) -> str | None:
     return None
 
 
+#: Each format's signature, as :func:`sniff_format` matches it (TIFF: its little- and big-endian
+#: forms, classic and BigTIFF).
+_SIGNATURES = {"png": (_PNG_SIGNATURE,), "jpeg": (b"\xff\xd8\xff",),
+               "tiff": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")}
+
+
+def cut_signature(data: bytes) -> str | None:
+    """The format whose signature a whole file of 2 bytes or more is a proper beginning of (a JPEG
+    cut after its SOI marker FF D8), or ``None``: such a file is cut short, not of an unknown
+    format. (BMP's signature is 2 bytes, so no BMP file ends inside it.)"""
+    if len(data) < 2:
+        return None
+    for fmt, signatures in _SIGNATURES.items():
+        if any(len(data) < len(sig) and sig.startswith(data) for sig in signatures):
+            return fmt
+    return None
+
+
 # --- headers ---------------------------------------------------------------------------------
 
 def _png_header(data: bytes) -> ImageHeader:
     if len(data) < 33:
-        raise Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33)")
+        raise Defect("truncated", f"PNG ends at byte {len(data)}, before the end of its IHDR chunk (byte 33); "
+                                   "the file was cut short, copy or export it again")
     if data[12:16] != b"IHDR":
         raise Defect("decode_failed", f"PNG's first chunk is {data[12:16]!r}; expected IHDR")
     width, height = struct.unpack_from(">II", data, 16)
@@ -160,15 +184,22 @@ def _exif_orientation(tiff: bytes) -> int:
 def _tiff_layout(read: Reader) -> tuple[str, int, int]:
     """(byte order ``<`` or ``>``, version 42 or 43 (BigTIFF), offset of the first IFD)."""
     head = read(0, 16)
-    if len(head) < 8 or head[:2] not in (b"II", b"MM"):
+    if len(head) < 4 or head[:2] not in (b"II", b"MM"):
         raise Defect("decode_failed", f"TIFF header {head[:8].hex()} is not II/MM + version")
     order = "<" if head[:2] == b"II" else ">"
     version = _u16(head, 2, order)
-    if version == 43 and len(head) >= 16:
-        return order, version, int(struct.unpack_from(order + "Q", head, 8)[0])
-    if version == 42:
-        return order, version, int(struct.unpack_from(order + "I", head, 4)[0])
-    raise Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+    if len(head) < (16 if version == 43 else 8):
+        raise Defect("truncated", f"TIFF ends at byte {len(head)}, inside its {16 if version == 43 else 8}-byte "
+                                   "header (before the first IFD's offset); the file was cut short, copy or export it "
+                                   "again")
+    if version not in (42, 43):
+        raise Defect("decode_failed", f"TIFF version {version}; expected 42 (TIFF) or 43 (BigTIFF)")
+    header_size = 16 if version == 43 else 8
+    first = int(struct.unpack_from(order + ("Q" if version == 43 else "I"), head, header_size // 2)[0])
+    if first < header_size:  # 0: "no IFD", which a TIFF must have; the walk would find no page at all
+        raise Defect("decode_failed", f"TIFF header gives byte {first} as its first IFD, inside the {header_size}-byte "
+                                       "header: the file names no image directory (a damaged header); re-export it")
+    return order, version, first
 
 
 def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, index: int, wanted: set[int],
@@ -187,13 +218,14 @@ def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, i
     # exceed what seek() accepts, and read(n) allocates n bytes first.
     raw_count = read(ifd, count_size) if ifd + count_size <= size else b""
     if len(raw_count) < count_size:
-        raise Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes)")
+        raise Defect("truncated", f"TIFF {where} at byte {ifd} lies past the end of the file ({size} bytes); "
+                                   "the file was cut short, copy or export it again")
     n_entries = int(struct.unpack(order + count_fmt, raw_count)[0])
     fits = ifd + count_size + n_entries * entry_size <= size
     entries = read(ifd + count_size, n_entries * entry_size) if fits else b""
     if len(entries) < n_entries * entry_size:
         raise Defect("truncated", f"TIFF {where} ({n_entries} entries at byte {ifd}) runs past the end "
-                                   f"of the file ({size} bytes)")
+                                   f"of the file ({size} bytes); the file was cut short, copy or export it again")
     value_count_fmt = "Q" if version == 43 else "I"
     parsed = count_size + n_entries * entry_size
     tags: _Tags = {}
@@ -217,7 +249,7 @@ def _tiff_ifd(read: Reader, size: int, layout: tuple[str, int, int], ifd: int, i
             if len(raw) < nbytes:
                 in_ifd = "" if index == 0 else f" in IFD {index}"
                 raise Defect("truncated", f"TIFF tag {tag} values{in_ifd} ({nbytes} bytes) lie past the end "
-                                           "of the file")
+                                           "of the file; the file was cut short, copy or export it again")
             values[offset, kind, count] = struct.unpack(order + item * count, raw)
             parsed += nbytes
         tags[tag] = values[offset, kind, count]
@@ -388,6 +420,9 @@ def check_complete(fmt: str, data: bytes) -> int:
         while pos + 8 <= len(data):
             length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
             if kind == b"IEND":
+                if pos + 12 > len(data):  # length, type and a 4-byte CRC: libpng refuses a cut one
+                    raise Defect("truncated", f"PNG ends at byte {len(data)} inside its IEND chunk (which ends at "
+                                               f"byte {pos + 12}); the file was cut short, copy or export it again")
                 return orientation
             if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
                 exif_seen = True
@@ -396,7 +431,8 @@ def check_complete(fmt: str, data: bytes) -> int:
         raise Defect("truncated", f"PNG ends at byte {len(data)} without an IEND chunk; the file was cut short, "
                                    "copy or export it again")
     if fmt == "tiff":
-        tags = tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {TIFF_ORIENTATION})
+        tags = tiff_tags(read, len(data), {t for pair in _TIFF_DATA for t in pair} | {TIFF_ORIENTATION}
+                         | _TIFF_DECODE_VALUES)
         _check_tiff_data(tags, len(data), 0)
         orientation = tags.get(TIFF_ORIENTATION, (1,))[0]
         return orientation if 1 <= orientation <= 8 else 1

@@ -27,7 +27,8 @@ an axial slice ``D = d`` is then shown as a radiologist reads an axial CT (anter
 patient's right on the left of the picture).
 
 **Values.** The stored values times ``scl_slope`` plus ``scl_inter`` when the slope is set (non-zero
-and finite; 0 means "no scaling"), as float32: CT stored as int16 with ``scl_inter = -1024`` is
+and finite; 0 or NaN means "no scaling", an infinite slope is a damaged header: ``unreadable``),
+as float32: CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
 the file ``non_finite``, a volume of one value ``constant_image``.
 """
@@ -191,7 +192,9 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
                                        f"{err}); copy the file again") from err
     except (OSError, HeaderDataError, ValueError, TypeError, KeyError, OverflowError) as err:
         # OverflowError: nibabel's int(vox_offset) of an infinite vox_offset
-        raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err})") from err
+        raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err}; a dim[0] outside "
+                                        "1-7 also makes nibabel read the header in the wrong byte order); the header "
+                                        "is corrupt, copy the file again or export it again") from err
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
                                          "NIfTI-2 (.nii, .nii.gz): convert it")
@@ -203,8 +206,8 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     version = 2 if type(img).__name__ == "Nifti2Image" else 1
     raw_shape = tuple(int(d) for d in header.get_data_shape())
     if len(raw_shape) < 2 or any(d < 1 for d in raw_shape):
-        raise NiftiDefect("bad_shape", f"dim {list(raw_shape)}: every size must be at least 1, in 2 to 4 dimensions",
-                          stage="validate")
+        raise NiftiDefect("bad_shape", f"dim {list(raw_shape)}: every size must be at least 1, in 2 to 4 dimensions; "
+                                       "fix the header's dim field or export the file again", stage="validate")
     extra = raw_shape[3:]
     if any(d > 1 for d in extra[1:]):
         raise NiftiDefect("unsupported_dimensions", f"dim {list(raw_shape)}: a 5-D or higher file (vectors, "
@@ -234,7 +237,15 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     if too_big is not None:
         raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
     _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
-    affine, source, qform, differ = _choose_affine(header, len(raw_shape), _stored_pixdim(path, header))
+    stored = _stored_header(path, header)
+    affine, source, qform, differ = _choose_affine(header, len(raw_shape),
+                                                   np.asarray(stored["pixdim"][1:4], dtype=np.float64))
+    stored_slope = float(stored["scl_slope"])
+    if np.isinf(stored_slope):  # nibabel takes it for "no scaling", as it does 0 and NaN (its own mark for that)
+        raise NiftiDefect("unreadable", f"scl_slope is {stored_slope:g} (scl_inter {float(stored['scl_inter']):g}): "
+                                        "no voxel value can be scaled by it, and reading the file unscaled would "
+                                        "pack every voxel at a wrong value; the header is corrupt, fix scl_slope "
+                                        "(0 or NaN: no scaling) or export the file again")
     slope, inter = _scaling(img)
     cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
     cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
@@ -287,27 +298,28 @@ def _gzipped(path: str) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def _stored_pixdim(path: str, header: Any) -> np.ndarray:
-    """``pixdim[1:4]`` as the file stores them.
+def _stored_header(path: str, header: Any) -> Any:
+    """The header as the file stores it, its ``pixdim`` and ``scl_slope`` read from here.
 
-    Not the loaded header's: loading it, nibabel *repairs* them (``check_fix``: a voxel size of 0
-    becomes 1, a negative one its absolute value, said only in a log message), so a file whose
-    header gives no usable voxel size would be placed on an invented 1 mm grid. The header block
+    Not the loaded header's: loading it, nibabel *repairs* the voxel sizes (``check_fix``: a
+    voxel size of 0 becomes 1, a negative one its absolute value, said only in a log message), so
+    a file whose header gives no usable voxel size would be placed on an invented 1 mm grid; and
+    it resets the scaling to NaN (:func:`_scaling`), an infinite slope included. The header block
     is read again, unrepaired (``check=False``): 348 bytes (540 for NIfTI-2), inflated from the
     start of a ``.nii.gz`` only."""
     try:
         with (gzip.open(path, "rb") if _gzipped(path) else open(path, "rb")) as fh:
             block = fh.read(header.sizeof_hdr)
-        stored = type(header)(block, check=False)
+        return type(header)(block, check=False)
     except (OSError, EOFError, zlib.error, ValueError) as err:
-        raise NiftiDefect("unreadable", f"the header cannot be read again ({type(err).__name__}: {err})") from err
-    return np.asarray(stored["pixdim"][1:4], dtype=np.float64)
+        raise NiftiDefect("unreadable", f"the header cannot be read again ({type(err).__name__}: {err}); "
+                                        "copy the file again") from err
 
 
 def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
                    ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
     """(affine, its source, the qform where it differs from the chosen sform, by how much);
-    ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_pixdim`)."""
+    ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_header`)."""
     from nibabel.spatialimages import HeaderDataError
 
     pixdim = stored_pixdim[:max(2, min(ndim, 3))]
@@ -512,8 +524,9 @@ def check_values(volume: Volume) -> None:
                                         "(a resampled or masked output?); replace them with a real value (0, or the "
                                         "background) and export again", stage="validate")
     if low == high:
-        raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g}; the volume carries no "
-                                            "information", stage="validate")
+        raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
+                                            "the volume carries no information; fix the scaling fields if they are "
+                                            "wrong, or remove the file", stage="validate")
 
 
 def same_grid(a: Volume, b: Volume) -> float | None:
