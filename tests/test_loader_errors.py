@@ -448,17 +448,19 @@ def test_drop_over_more_ranks_than_samples_warns_that_every_rank_gets_none(tmp_p
 
 
 def test_a_dataset_that_packed_nothing_is_said_to_be_empty_not_of_mixed_dtypes(tmp_path):
-    # a where: that keeps no file builds (exit 0: nothing is bad) a version of no samples, whose
-    # sample_schema.dtype is null because no sample has one; "mixed dtypes" sends the user hunting
-    # for samples that do not exist, as an integrity failure (exit 5)
+    # a job whose every file is bad, under validate.max_bad_fraction: 1.0, builds (exit 0) a version
+    # of no samples, whose sample_schema.dtype is null because no sample has one; "mixed dtypes"
+    # sends the user hunting for samples that do not exist, as an integrity failure (exit 5).
+    # (A job whose files are all left out on purpose is refused before it builds: "no sample to pack".)
     from click.testing import CliRunner
 
     from packer.cli import main
-    from tests.test_targets import _build, _ct, _job
+    from tests.test_targets import _build, _job
 
-    _ct(tmp_path / "raw", "a.dcm", "P1", seed=1)
-    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none",
-                                     "where": {"Modality": "MR"}}]))
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.dcm").write_bytes(b"not a DICOM file at all" * 8)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+                         validate={"max_bad_fraction": 1.0}))
     with pytest.raises(ConfigError) as refused:
         ShardDataset(result.manifest_path, "train")
     assert "mixed dtypes" not in str(refused.value) and "has no samples" in str(refused.value)

@@ -282,6 +282,8 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "sources.name": _source("name", NAMES),
     "sources.root_spec": _source("root_spec", NAMES),
     "sources.entity": _source("entity", NAMES),
+    # a blank entity cell: a bad sample, or the file its own entity (entity: {column, empty: file})
+    "sources.entity_empty": _source("entity_empty", st.sampled_from(["file"])),
     "sources.time": _source("time", st.lists(NAMES, max_size=2).map(tuple)),
     "sources.labels_spec": _source("labels_spec", st.none() | NAMES),
     "sources.table_spec": _source("table_spec", st.none() | NAMES),
