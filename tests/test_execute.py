@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,10 @@ def reference(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> BuildR
     return run(demo_raw, tmp_path_factory.mktemp("sync"), "sync")
 
 
-@pytest.mark.slow  # a LocalCluster and a CLI-started scheduler and worker
-def test_in_process_local_cluster_and_cli_started_cluster_give_the_same_bytes(
-        demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
-    local = run(demo_raw, tmp_path / "local", None, workers=2)
+@contextlib.contextmanager
+def cli_cluster(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """A scheduler and one single-threaded worker started with the ``dask`` command, as on a real
+    cluster: (the scheduler file to connect to, the scheduler's process); both killed at the end."""
     scheduler_file = tmp_path / "scheduler.json"
     dask_cli = str(Path(sys.executable).with_name("dask"))
     scheduler = subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
@@ -53,12 +55,20 @@ def test_in_process_local_cluster_and_cli_started_cluster_give_the_same_bytes(
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
             client.wait_for_workers(1, timeout=60)
-        remote = run(demo_raw, tmp_path / "remote", str(scheduler_file))
+        yield scheduler_file, scheduler
     finally:
         for proc in (worker, scheduler):
             if proc is not None:
-                proc.terminate()
+                proc.kill()
                 proc.wait(timeout=30)
+
+
+@pytest.mark.slow  # a LocalCluster and a CLI-started scheduler and worker
+def test_in_process_local_cluster_and_cli_started_cluster_give_the_same_bytes(
+        demo_raw: Any, reference: BuildResult, tmp_path: Path) -> None:
+    local = run(demo_raw, tmp_path / "local", None, workers=2)
+    with cli_cluster(tmp_path) as (scheduler_file, _):
+        remote = run(demo_raw, tmp_path / "remote", str(scheduler_file))
     assert local.manifest["dataset_hash"] == remote.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
     assert shard_bytes(local) == shard_bytes(remote) == shard_bytes(reference)
 
@@ -359,21 +369,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error
     from packer.errors import ClusterLostError
     from packer.pipeline.cluster import open_executor
 
-    scheduler_file = tmp_path / "scheduler.json"
-    dask_cli = str(Path(sys.executable).with_name("dask"))
-    scheduler = subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                  "--scheduler-file", str(scheduler_file)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = None
-    try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        worker = subprocess.Popen([dask_cli, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1",
-                                   "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
-            client.wait_for_workers(1, timeout=60)
+    with cli_cluster(tmp_path) as (scheduler_file, scheduler):
         capfd.readouterr()
         started = time.monotonic()
         with pytest.raises(ClusterLostError) as caught:
@@ -381,11 +377,6 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error
                 threading.Timer(1.0, scheduler.kill).start()
                 list(executor.map_unordered(time.sleep, [30.0, 30.0]))
         assert time.monotonic() - started < 25  # not the tasks' 30 s, not a hang
-    finally:
-        for proc in (worker, scheduler):
-            if proc is not None:
-                proc.kill()
-                proc.wait(timeout=30)
     assert caught.value.exit_code == 7
     assert str(caught.value).startswith(f"lost the connection to the dask scheduler of the dask cluster at "
                                         f"{scheduler_file}")
