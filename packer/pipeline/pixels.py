@@ -472,19 +472,26 @@ class _Settle:
         self._twins: dict[int, set[str]] = {}
 
     def chunk(self, chunk: ChunkResult) -> ChunkResult:
+        settled: dict[str, str] = {}  # raw id -> output id, for this chunk only (its samples share few)
         for sample in chunk.samples:
             if sample.ref.entity is not None:
-                entity = self._phi.entity(sample.ref.entity)
-                form = int.from_bytes(hashlib.blake2b(self._phi.lookalike(sample.ref.entity).encode(),
-                                                      digest_size=8).digest(), "big")
-                first = self._forms.setdefault(form, entity)
-                if first != entity:
-                    self._twins.setdefault(form, {first}).add(entity)
+                entity = settled.get(sample.ref.entity)
+                if entity is None:
+                    entity = settled[sample.ref.entity] = self._entity(sample.ref.entity)
                 if self._phi.active:
                     kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
                     sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
             self.table.append(sample)
         return replace(chunk, samples=())
+
+    def _entity(self, raw: str) -> str:
+        """The output id of raw entity id ``raw``, its lookalike form noted."""
+        entity = self._phi.entity(raw)
+        form = int.from_bytes(hashlib.blake2b(self._phi.lookalike(raw).encode(), digest_size=8).digest(), "big")
+        first = self._forms.setdefault(form, entity)
+        if first != entity:
+            self._twins.setdefault(form, {first}).add(entity)
+        return entity
 
     def lookalikes(self) -> tuple[tuple[str, ...], ...]:
         """The groups of two or more entity ids (as written to outputs) whose raw ids differ only
