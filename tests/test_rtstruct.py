@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,10 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 from skimage.draw import polygon as sk_polygon
 
+import packer.read.rtstruct as rtstruct_module
 from packer.read.annotations import RTSTRUCT_STORAGE, AnnotationError, Painter, SlicePlace
 from packer.read.rtstruct import Drawn, fill_even_odd, paint_rtstruct
+from packer.read.rtstruct_items import RawContour
 from packer.structures import Structure, StructureMap
 
 ROWS, COLUMNS = 48, 64
@@ -271,8 +273,6 @@ def test_filling_a_roi_on_many_slices_at_once_equals_filling_each_slice_alone(co
     edges, vertices on pixel centres so that crossings sit at a window's last column): the
     windows over runs of slices, however few voxels each may hold, paint exactly what the
     even-odd fill of each slice's polygons alone paints."""
-    from packer.read import rtstruct
-
     rng = np.random.default_rng(seed)
     slices = series(count=6)
     polygons = [np.round(p / grid) * grid if grid else p
@@ -282,12 +282,13 @@ def test_filling_a_roi_on_many_slices_at_once_equals_filling_each_slice_alone(co
     expected = np.stack([fill_even_odd([p for p, a in zip(polygons, at, strict=True) if a == k], ROWS, COLUMNS)
                          for k in range(len(slices))])
     painted = np.zeros_like(expected)
-    original = rtstruct.FILL_VOXELS
-    rtstruct.FILL_VOXELS = budget
+    original = rtstruct_module.FILL_VOXELS
+    rtstruct_module.FILL_VOXELS = budget
     try:
-        windows = rtstruct._fill_slices(rtstruct._Rings.of(polygons, 2), at, rtstruct._Grid.of(slices, "s"))
+        windows = rtstruct_module._fill_slices(rtstruct_module._Rings.of(polygons, 2), at,
+                                               rtstruct_module._Grid.of(slices, "s"))
     finally:
-        rtstruct.FILL_VOXELS = original
+        rtstruct_module.FILL_VOXELS = original
     for first, window, (top, left) in windows:
         box = painted[first:first + window.shape[0], top:top + window.shape[1], left:left + window.shape[2]]
         assert not (box & window).any()  # the windows do not overlap
@@ -504,6 +505,43 @@ def test_non_numeric_contour_data_is_unreadable(tmp_path: Path) -> None:
     assert data.count(b"12.345678") == 1
     Path(path).write_bytes(data.replace(b"12.345678", b"12.3x5678"))
     assert reason(path, slices) == "unreadable"
+
+
+_DS_VALUE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64).map(repr),
+    st.floats(min_value=-1e4, max_value=1e4).map(lambda v: f"{v:.6g}"),
+    st.integers(-10**6, 10**6).map(str),
+    st.sampled_from([" 1.5", "1.5 ", "+1.5", "1E+05", ".5", "5.", "-0", "1_0", "\u0661", "\t1", "", "1,5", "x",
+                     "1e400", "0001.5", "1.2.3", "nan", "-inf", "1e", "0x10", "12\x00"]))
+
+
+def _outcome(parse: Callable[[], list[np.ndarray]]) -> list[np.ndarray] | tuple[type, str]:
+    try:
+        return parse()
+    except (AnnotationError, ValueError, UnicodeDecodeError) as err:
+        return type(err), str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(_DS_VALUE, max_size=9).map(lambda v: "\\".join(v))), max_size=6),
+       st.sampled_from([b"", b" ", b"\x00", b" \x00"]))
+def test_contour_data_parsed_at_once_equals_parsing_each_contour(texts: list[str | None], pad: bytes) -> None:
+    """The batch parse of an ROI's ContourData (Arrow's cast) gives each contour's values, or
+    the first error, exactly as numpy's item-by-item conversion does, for DS text valid or not."""
+    items: list[Dataset | RawContour] = [
+        RawContour(kind="CLOSED_PLANAR", declared=None, image_uids=(), image_frames=(),
+                   data=None if text is None else text.encode("utf-8") + pad) for text in texts]
+    where = "ROI 'r' ContourSequence item {}"
+    expected = _outcome(lambda: [rtstruct_module._contour(item, k, "rs.dcm", where.format(k + 1)).points
+                                 for k, item in enumerate(items)])
+    got = _outcome(lambda: [contour.points for contour in rtstruct_module._parse("r", items, "rs.dcm")])
+    if isinstance(expected, tuple):
+        assert got == expected
+        return
+    assert isinstance(got, list) and len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
 
 
 def test_contour_of_an_undeclared_roi_is_unreadable(tmp_path: Path) -> None:

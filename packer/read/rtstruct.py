@@ -60,6 +60,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pydicom
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
@@ -175,15 +177,40 @@ def _raw_values(value: bytes) -> np.ndarray:
     return np.array(text.split("\\"), dtype=np.float64) if text else np.zeros(0)
 
 
-def _coordinates(item: Dataset | RawContour, path: str, where: str) -> np.ndarray:
+def _batch_values(items: Sequence[Dataset | RawContour]) -> list[np.ndarray] | None:
+    """Each item's ContourData as :func:`_raw_values` gives it, all parsed at once by Arrow's
+    string-to-float cast (about five times faster than numpy's per-string conversion, which is
+    most of an ROI's parse); None where that cannot stand for :func:`_raw_values` exactly: an
+    item that is not a :class:`RawContour` with data, text that is not ASCII, or any value the
+    cast refuses. Arrow's cast is stricter than numpy's (it refuses surrounding whitespace,
+    underscores and non-ASCII digits, which numpy accepts) and never accepts a value numpy
+    refuses, and both round to the nearest double, so where it succeeds the values are
+    numpy's; where it does not, the caller parses item by item, with every error that gives."""
+    texts: list[bytes] = []
+    for item in items:
+        if not isinstance(item, RawContour) or item.data is None:
+            return None
+        texts.append(item.data.strip(b" \x00"))
+    joined = b"\\".join(text for text in texts if text)
+    if not joined:
+        return [np.zeros(0) for _ in texts]
+    try:
+        parsed = pc.cast(pc.split_pattern(pa.array([joined.decode("ascii")]), "\\").flatten(), pa.float64())
+    except (UnicodeDecodeError, pa.ArrowInvalid):
+        return None
+    counts = [text.count(b"\\") + 1 if text else 0 for text in texts]
+    values = parsed.to_numpy(zero_copy_only=False, writable=True)
+    if values.size != sum(counts):
+        return None
+    return np.split(values, np.cumsum(counts)[:-1])
+
+
+def _coordinates(item: Dataset | RawContour, path: str, where: str, flat: np.ndarray | None = None) -> np.ndarray:
     """ContourData as N×3 float64, parsed from the raw DS text where pydicom has not converted it
-    yet (a few times faster than converting each value to DSfloat)."""
-    if isinstance(item, RawContour):
-        if item.data is None:
-            raise _no_contour_data(path, where)
-        flat = _raw_values(item.data)
-    else:
-        flat = _dataset_coordinates(item, path, where)
+    yet (a few times faster than converting each value to DSfloat), or checked as ``flat`` where
+    :func:`_batch_values` parsed it already."""
+    if flat is None:
+        flat = _item_values(item, path, where)
     if flat.size % 3:
         raise AnnotationError("unreadable", (
             f"{path}: {where} ContourData holds {flat.size} values, not x, y, z triplets; re-export the structure set"))
@@ -192,6 +219,15 @@ def _coordinates(item: Dataset | RawContour, path: str, where: str) -> np.ndarra
             f"{path}: {where} ContourData holds a value that is not a finite patient coordinate "
             f"(within ±{MAX_COORDINATE_MM:g} mm); re-export the structure set"))
     return flat.reshape(-1, 3)
+
+
+def _item_values(item: Dataset | RawContour, path: str, where: str) -> np.ndarray:
+    """One item's ContourData as flat float64 values, from its raw text where it can be."""
+    if isinstance(item, RawContour):
+        if item.data is None:
+            raise _no_contour_data(path, where)
+        return _raw_values(item.data)
+    return _dataset_coordinates(item, path, where)
 
 
 def _no_contour_data(path: str, where: str) -> AnnotationError:
@@ -212,9 +248,9 @@ def _dataset_coordinates(item: Dataset, path: str, where: str) -> np.ndarray:
     return np.array([float(v) for v in value], dtype=np.float64)
 
 
-def _contour(item: Dataset | RawContour, index: int, path: str, where: str) -> _Contour:
+def _contour(item: Dataset | RawContour, index: int, path: str, where: str, flat: np.ndarray | None = None) -> _Contour:
     if isinstance(item, RawContour):  # read from the raw bytes (packer.read.rtstruct_items)
-        return _Contour(index=index, kind=item.kind, points=_coordinates(item, path, where),
+        return _Contour(index=index, kind=item.kind, points=_coordinates(item, path, where, flat),
                         image_uids=item.image_uids, image_frames=item.image_frames, declared=item.declared)
     kind = str(item.get("ContourGeometricType", "") or "").strip().upper()
     points = _coordinates(item, path, where)
@@ -652,7 +688,9 @@ def _matches_reference(contour: _Contour, place: SlicePlace) -> bool:
 
 
 def _parse(name: str, items: list[Dataset | RawContour], path: str) -> list[_Contour]:
-    return [_contour(item, index, path, f"ROI {name!r} ContourSequence item {index + 1}")
+    batch = _batch_values(items)
+    return [_contour(item, index, path, f"ROI {name!r} ContourSequence item {index + 1}",
+                     batch[index] if batch is not None else None)
             for index, item in enumerate(items)]
 
 
