@@ -12,6 +12,7 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import hashlib
@@ -454,11 +455,13 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     refs of existing files next to the root (their listing entries added to ``listed``); every
     other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
     under the table's ``missing: drop`` (a partial download), a row naming no file under the
-    root is a ``not_downloaded`` record appended to ``excluded``."""
+    root is a ``not_downloaded`` record appended to ``excluded``. A row naming a folder under a
+    local root is a ``missing_file`` record saying so, with or without ``missing: drop``."""
     by_name = source.table_map is not None and source.table_map.find == "name"
     drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
     outside: list[SampleRef] = []
+    listed_sorted: list[str] = []
     for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
@@ -479,6 +482,10 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          kind=source.kind, path=target, relpath=rel, label=row.label,
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
+        if not remote and Path(target).is_dir():  # it exists: a folder is neither missing nor a partial download
+            listed_sorted = listed_sorted or sorted(seen)
+            issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi))
+            continue
         sample_id = make_sample_id(source.name, rel, phi)
         if drop:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
@@ -492,6 +499,22 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {key}.missing: drop"))
     return outside
+
+
+def _folder_row_issue(source: SourceConfig, rel: str, row: TableRow, target: str, table: Path | str | None,
+                      listed: Sequence[str], phi: Pseudonymizer | None) -> Issue:
+    """The ``missing_file`` record of a table row whose path names a folder under the root, not a
+    file: it names the table, the row, the column and the folder, and a listed file inside it
+    (``listed``: the listing's relative paths, sorted) to point the column at, where there is one."""
+    assert source.table_map is not None
+    spec = source.table_map
+    column = f"column {spec.path!r}" if spec.template is None else f"the path template {spec.template!r}"
+    start = bisect.bisect_left(listed, rel.rstrip("/") + "/")
+    inside = listed[start] if start < len(listed) and listed[start].startswith(rel.rstrip("/") + "/") else None
+    example = f" (e.g. {inside!r})" if inside is not None else " (the listing found none of the source's files in it)"
+    return Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover", reason="missing_file",
+                 message=f"{table} row {row.row}, {column}: {rel!r} is the folder {target}, not a file; point the "
+                         f"{'column' if spec.template is None else 'template'} at a file inside it{example}")
 
 
 def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: str) -> None:
