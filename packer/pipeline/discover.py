@@ -477,8 +477,9 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     refs of existing files next to the root (their listing entries added to ``listed``); every
     other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
     under the table's ``missing: drop`` (a partial download), a row naming no file under the
-    root is a ``not_downloaded`` record appended to ``excluded``. A row naming a folder under a
-    local root is a ``missing_file`` record saying so, with or without ``missing: drop``."""
+    root is a ``not_downloaded`` record appended to ``excluded``. A row naming a folder, or a file
+    the listing does not give (``notes.txt``, a hidden file), under a local root is a
+    ``missing_file`` record saying so, with or without ``missing: drop``."""
     by_name = source.table_map is not None and source.table_map.find == "name"
     drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
@@ -509,17 +510,25 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
             issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi))
             continue
         sample_id = make_sample_id(source.name, rel, phi)
+        kind = source_kind(source.kind)
+        if not remote and not by_name and Path(target).is_file():  # there, but not one the listing gives
+            issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
+                                message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
+                                        f"source's files (it lists {kind.looked_for}; hidden files and folders are "
+                                        "skipped); point the row at one of them, or remove the row"))
+            continue
         if drop:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
                                      f"{table} row {row.row} names {rel!r}, and no such file is under the root "
                                      "(table.missing: drop)"))
             continue
-        key = source_kind(source.kind).table_key
+        # a URL root is not looked up (a request a row): the object may be there under a suffix not listed
         said = (f"no file of that name is under {source.root} (find: name)" if by_name else
-                f"{target} does not exist (or is not a supported file)")
+                f"{target} does not exist" + (f" (or is not one of the source's files: it lists {kind.looked_for})"
+                                              if remote else ""))
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
-                                    f"of the dataset is not downloaded, set {key}.missing: drop"))
+                                    f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
 
 
