@@ -141,9 +141,11 @@ class Issue:
 #: secondary capture), ``annotation`` (a SEG or RTSTRUCT read as its series' mask),
 #: ``label_conflict`` (a sample of a duplicate group whose targets disagree, left out with the
 #: whole group by ``split.duplicates.label_conflict: drop_group``), ``not_downloaded`` (a table
-#: row naming no file under the root, under the table's ``missing: drop``: a partial download).
+#: row naming no file under the root, under the table's ``missing: drop``: a partial download),
+#: ``unsupported_format`` (a file of a format its source's kind finds but does not read: a WebP or
+#: GIF under an image source; its detail says to convert it).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
-              "not_downloaded")
+              "not_downloaded", "unsupported_format")
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,18 @@ def test_extension_less_dicom_objects_are_found_by_their_preamble(store: Store, 
     assert issues == []
 
 
+def test_a_webp_object_under_an_image_root_is_left_out_as_unsupported_format_by_its_url(
+        store: Store, tmp_path: Path) -> None:
+    """Listed by suffix like a local root: a WebP object is no sample, and no silent drop either."""
+    for name, data in {"a.png": png_bytes(4), "b.webp": b"RIFF\0\0\0\0WEBPVP8 ", "README.txt": b"hi"}.items():
+        store.client.put_object(Bucket=BUCKET, Key=f"webp/{name}", Body=data)
+    doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{BUCKET}/webp", "label": "none"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    found = discover(load_job(write_job(tmp_path, doc)))
+    assert [r.path for r in found.refs] == [f"s3://{BUCKET}/webp/a.png"] and found.issues == []
+    assert [(e.path, e.why) for e in found.excluded] == [(f"s3://{BUCKET}/webp/b.webp", "unsupported_format")]
+    assert found.excluded[0].detail.startswith("a WebP image (.webp), which packer does not read")
+
 def test_table_paths_leaving_a_url_root_are_rejected_unless_allowed(store: Store, tmp_path: Path) -> None:
     store.client.put_object(Bucket=BUCKET, Key="outside/secret.png", Body=png_bytes(4))
     rows = ["a.png,cat,S1,", "../secret.png,cat,S2,", "../nothing.png,cat,S3,"]

@@ -382,6 +382,51 @@ def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp
         found.excluded[0].detail
 
 
+def test_a_row_naming_a_folder_says_it_is_a_folder_not_a_missing_file(tmp_path: Path) -> None:
+    """A row whose path names a folder (the case's folder instead of its image) was a missing_file
+    '<root>/case2 does not exist (or is not a supported file)': it exists, it is a folder."""
+    _files(tmp_path / "raw", ["case1/img.png", "case2/img.png"], real=True)
+    _csv(tmp_path / "t.csv", "image,label,entity", ["case1/img.png,a,E1", "case2,b,E2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv", "path": "image"}})
+    found = discover(load_job(job))
+    assert sorted(_by_path(found)) == ["case1/img.png", "case2/img.png"]
+    assert [(i.reason, i.path) for i in found.issues] == [("missing_file", str(tmp_path / "raw" / "case2"))]
+    assert found.issues[0].message == (
+        f"{tmp_path / 't.csv'} row 3, column 'image': 'case2' is the folder {tmp_path / 'raw' / 'case2'}, not a "
+        "file; point the column at a file inside it (e.g. 'case2/img.png')")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["missing"] = "drop"  # a folder is no partial download: still said, never dropped
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert [(i.reason, i.path) for i in found.issues] == [("missing_file", str(tmp_path / "raw" / "case2"))]
+    assert found.excluded == []
+
+
+def test_a_row_naming_a_file_the_source_does_not_list_says_which_it_is(tmp_path: Path) -> None:
+    """The message was '<path> does not exist (or is not a supported file)' for both; and under
+    missing: drop a file that is there was left out as not downloaded."""
+    _files(tmp_path / "raw", ["a.png"], real=True)
+    (tmp_path / "raw" / "notes.txt").write_text("not an image")
+    _csv(tmp_path / "t.csv", "path,label,entity", ["a.png,a,E1", "notes.txt,b,E2", "gone.png,b,E3"])
+    table, raw = tmp_path / "t.csv", tmp_path / "raw"
+    job = _job(tmp_path, {"root": "raw", "table": "t.csv"})
+    found = discover(load_job(job))
+    messages = {Path(i.path).name: (i.reason, i.message) for i in found.issues}
+    assert messages == {
+        "gone.png": ("missing_file", f"{table} row 4 lists 'gone.png', but {raw / 'gone.png'} does not exist; fix "
+                                     "the row, or, where part of the dataset is not downloaded, set "
+                                     "table.missing: drop"),
+        "notes.txt": ("missing_file", f"{table} row 3 lists 'notes.txt', but {raw / 'notes.txt'} is not one of the "
+                                      "source's files (it lists files named *.png, *.jpg, *.jpeg, *.tif, *.tiff, "
+                                      "*.bmp; hidden files and folders are skipped); point the row at one of them, "
+                                      "or remove the row")}
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"] = {"file": "t.csv", "missing": "drop"}
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert [Path(i.path).name for i in found.issues] == ["notes.txt"]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("gone.png", "not_downloaded")]
+
 def test_a_missing_label_says_whether_the_row_is_missing_or_its_cell_is_empty(tmp_path: Path) -> None:
     """CheXpert's Edema as a class column: a blank cell said "no label; add a row for ... to the
     source's label table", though train.csv has the row; and a file without a row (the Decathlon's

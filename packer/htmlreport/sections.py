@@ -309,7 +309,8 @@ def _render_excluded(data: ReportData) -> str:
             "Dose, secondary capture, localizer); filtered: left out by the source's where:; not_in_table: a file "
             "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask; "
             "label_conflict: a copy of an image whose copies' targets disagree, left out with its group "
-            "(drop_group); not_downloaded: a table row whose file is not under the root (missing: drop).</p>"
+            "(drop_group); not_downloaded: a table row whose file is not under the root (missing: drop); "
+            "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG.</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:

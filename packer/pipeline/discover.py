@@ -12,6 +12,7 @@ listing said about each remote file (size, version tag) for the build cache's ke
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import hashlib
@@ -19,6 +20,7 @@ import os
 import posixpath
 import re
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,14 +137,21 @@ def _verdict(kind: SourceKind, relpath: str) -> bool | None:
     return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
 
 
+def _unsupported(kind: SourceKind, relpath: str) -> str | None:
+    """What an unlisted file at ``relpath`` is, where ``kind`` finds but cannot read it (:meth:`unsupported`)."""
+    return kind.unsupported(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
+
+
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
-                    quiet: bool = False) -> list[str]:
+                    quiet: bool = False, unsupported: dict[str, str] | None = None) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
     recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
-    files and folders are skipped (``links``: see :func:`_walk_relpaths`). A long walk shows a
-    ``listing`` progress line (files found), a long look at heads a ``sniffing`` one (files
-    looked at), unless ``quiet``."""
+    files and folders are skipped (``links``: see :func:`_walk_relpaths`). The files of formats
+    the kind finds but cannot read (a WebP image: :meth:`unsupported`) go into ``unsupported``
+    (relative path → what it is and what to do), where given. A long walk shows a ``listing``
+    progress line (files found), a long look at heads a ``sniffing`` one (files looked at),
+    unless ``quiet``."""
     with stage_progress("listing", None, unit="files", quiet=quiet) as walking:
         walked = _walk_relpaths(root, follow_links, links, walking)
     out = []
@@ -152,14 +161,18 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
             if verdict or (verdict is None and kind.head_bytes
                            and kind.sniff(_read_head(os.path.join(root, rel), kind.head_bytes))):
                 out.append(rel)
+            elif unsupported is not None and (what := _unsupported(kind, rel)) is not None:
+                unsupported[rel] = what
             sniffing.update()
     return out
 
 
-def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> list[RemoteFile]:
-    """The raw files of a source whose root is a URL, by the rules of :func:`source_relpaths`,
-    sorted by relative path. Files only a head can tell (extension-less DICOM candidates) cost
-    one ranged read each (concurrent); the others are not read."""
+def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None, *,
+                       unsupported: list[tuple[str, str, str]] | None = None) -> list[RemoteFile]:
+    """The raw files of a source whose root is a URL, by the rules of :func:`source_relpaths`
+    (``unsupported``: (relative path, URL, what it is) of each, in order), sorted by relative
+    path. Files only a head can tell (extension-less DICOM candidates) cost one ranged read each
+    (concurrent); the others are not read."""
     if not isinstance(source.root, str):
         raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
     kind = source_kind(source.kind)
@@ -169,7 +182,12 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
               if verdict is None and kind.head_bytes and f.stat.size >= kind.head_bytes]
     heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
-    return [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
+    kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
+    if unsupported is not None:
+        taken = {f.relpath for f in kept}
+        unsupported.extend((f.relpath, f.url, what) for f in files
+                           if f.relpath not in taken and (what := _unsupported(kind, f.relpath)) is not None)
+    return kept
 
 
 def _outside_root(path: Path, real_root: Path) -> bool:
@@ -189,17 +207,22 @@ def _outside_root(path: Path, real_root: Path) -> bool:
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
-                  links: list[str] | None = None, *, quiet: bool = False
+                  links: list[str] | None = None, *, quiet: bool = False,
+                  unsupported: list[tuple[str, str, str]] | None = None
                   ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
-    were not entered go (without ``allow_outside``)."""
+    were not entered go (without ``allow_outside``); ``unsupported``: where (relative path, path
+    or URL, what it is) of each file of a format the source's kind cannot read goes, sorted."""
     if isinstance(source.root, str):
-        remote = list_remote_source(source, storage_options)
+        remote = list_remote_source(source, storage_options, unsupported=unsupported)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     root = os.fspath(source.root)
+    by_rel: dict[str, str] = {}
     relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links,
-                               quiet=quiet)
+                               quiet=quiet, unsupported=by_rel)
+    if unsupported is not None:
+        unsupported.extend((rel, os.path.join(root, rel), what) for rel, what in sorted(by_rel.items()))
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
 
 
@@ -454,11 +477,14 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     refs of existing files next to the root (their listing entries added to ``listed``); every
     other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
     under the table's ``missing: drop`` (a partial download), a row naming no file under the
-    root is a ``not_downloaded`` record appended to ``excluded``."""
+    root is a ``not_downloaded`` record appended to ``excluded``. A row naming a folder, or a file
+    the listing does not give (``notes.txt``, a hidden file), under a local root is a
+    ``missing_file`` record saying so, with or without ``missing: drop``."""
     by_name = source.table_map is not None and source.table_map.find == "name"
     drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
     outside: list[SampleRef] = []
+    listed_sorted: list[str] = []
     for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
@@ -479,19 +505,96 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          kind=source.kind, path=target, relpath=rel, label=row.label,
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
+        if not remote and Path(target).is_dir():  # it exists: a folder is neither missing nor a partial download
+            listed_sorted = listed_sorted or sorted(seen)
+            issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi))
+            continue
         sample_id = make_sample_id(source.name, rel, phi)
+        kind = source_kind(source.kind)
+        if not remote and not by_name and Path(target).is_file():  # there, but not one the listing gives
+            issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
+                                message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
+                                        f"source's files (it lists {kind.looked_for}; hidden files and folders are "
+                                        "skipped); point the row at one of them, or remove the row"))
+            continue
         if drop:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
                                      f"{table} row {row.row} names {rel!r}, and no such file is under the root "
                                      "(table.missing: drop)"))
             continue
-        key = source_kind(source.kind).table_key
+        # a URL root is not looked up (a request a row): the object may be there under a suffix not listed
         said = (f"no file of that name is under {source.root} (find: name)" if by_name else
-                f"{target} does not exist (or is not a supported file)")
+                f"{target} does not exist" + (f" (or is not one of the source's files: it lists {kind.looked_for})"
+                                              if remote else ""))
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
-                                    f"of the dataset is not downloaded, set {key}.missing: drop"))
+                                    f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
+
+
+def _folder_row_issue(source: SourceConfig, rel: str, row: TableRow, target: str, table: Path | str | None,
+                      listed: Sequence[str], phi: Pseudonymizer | None) -> Issue:
+    """The ``missing_file`` record of a table row whose path names a folder under the root, not a
+    file: it names the table, the row, the column and the folder, and a listed file inside it
+    (``listed``: the listing's relative paths, sorted) to point the column at, where there is one."""
+    assert source.table_map is not None
+    spec = source.table_map
+    column = f"column {spec.path!r}" if spec.template is None else f"the path template {spec.template!r}"
+    start = bisect.bisect_left(listed, rel.rstrip("/") + "/")
+    inside = listed[start] if start < len(listed) and listed[start].startswith(rel.rstrip("/") + "/") else None
+    example = f" (e.g. {inside!r})" if inside is not None else " (the listing found none of the source's files in it)"
+    return Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover", reason="missing_file",
+                 message=f"{table} row {row.row}, {column}: {rel!r} is the folder {target}, not a file; point the "
+                         f"{'column' if spec.template is None else 'template'} at a file inside it{example}")
+
+
+def _unsupported_note(unsupported: Sequence[tuple[str, str, str]]) -> str:
+    """For the error of a source without a file it reads: the files of formats it does not read
+    it found, counted by suffix (not named: a path may carry a patient's name), and what to do."""
+    if not unsupported:
+        return ""
+    suffixes = Counter(_suffix(rel) or rel.rsplit("/", 1)[-1] for rel, _, _ in unsupported)
+    counted = ", ".join(f"{n} {suffix}" for suffix, n in sorted(suffixes.items()))
+    return f"It found {len(unsupported)} file(s) of formats it does not read ({counted}): {unsupported[0][2]}. "
+
+
+def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, str, str]],
+                       rows: Mapping[str, TableRow], table: Path | str | None, phi: Pseudonymizer | None
+                       ) -> list[Excluded]:
+    """One ``unsupported_format`` record per file of a format the source's kind finds but cannot
+    read (a WebP image under an image source: :meth:`~packer.read.kinds.SourceKind.unsupported`),
+    its detail saying what it is and what to do. A file the table's file columns name (a mask)
+    is its row's, not left out; under ``files: table`` a file no row names is ``not_in_table``,
+    like any other such file. A name that is not valid UTF-8 is shown with its bad bytes escaped."""
+    named = _named_files(source, rows)
+    only_table = source.table_map is not None and source.table_map.files == "table"
+    by_name = source.table_map is not None and source.table_map.find == "name"
+    # under find: name a row naming a file that is not listed keeps the row's own path: match by name
+    row_names = {key.rsplit("/", 1)[-1] for key in rows} if only_table and by_name else set()
+    out = []
+    for rel, path, what in unsupported:
+        if rel in named:
+            continue
+        shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+        sample_id = make_sample_id(source.name, shown, phi)
+        at = os.fsencode(path).decode("utf-8", "backslashreplace")
+        if only_table and rel not in rows and rel.rsplit("/", 1)[-1] not in row_names:
+            out.append(Excluded(sample_id, at, "discover", "not_in_table",
+                                f"{table} names no such file (files: table)"))
+        else:
+            out.append(Excluded(sample_id, at, "discover", "unsupported_format", what))
+    return out
+
+
+def _rows_of_readable(source: SourceConfig, rows: Mapping[str, TableRow],
+                      unsupported: Sequence[tuple[str, str, str]]) -> dict[str, TableRow]:
+    """The table's rows less those naming a file of a format the source does not read (its
+    ``unsupported_format`` record says it; the row is no ``missing_file`` as well)."""
+    by_name = source.table_map is not None and source.table_map.find == "name"
+    paths = {rel for rel, _, _ in unsupported}
+    names = {rel.rsplit("/", 1)[-1] for rel in paths} if by_name else set()
+    return {rel: row for rel, row in rows.items()
+            if rel not in paths and not (by_name and rel.rsplit("/", 1)[-1] in names)}
 
 
 def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: str) -> None:
@@ -523,12 +626,13 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
-    files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet)
+    unsupported: list[tuple[str, str, str]] = []
+    files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
-                          f"({as_written}); looked for {kind.looked_for}, in subfolders too. Check the root, or "
-                          "remove the source from the job")
+                          f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
+                          + _unsupported_note(unsupported) + "Check the root, or remove the source from the job")
     relpaths = [rel for rel, _ in files]
     _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
@@ -545,6 +649,10 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
                             reason=reason, message=message))
     excluded: list[Excluded] = list(unnamed_out)
+    rows = placed.rows
+    if unsupported:
+        excluded.extend(_unsupported_files(source, unsupported, rows, table, phi))
+        rows = _rows_of_readable(source, rows, unsupported)  # an unsupported file's row is said by its record
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         unlabeled: dict[str, str] = {}
@@ -552,7 +660,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                             unlabeled)
     seen = set(relpaths)
     del files, relpaths
-    outside = _unlisted_rows(source, placed.rows, seen, table, phi, allow_outside, listed, storage_options, issues,
+    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, issues,
                              excluded)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
@@ -674,13 +782,18 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
 def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:
     """The exclusions, each file once: sources over one root with a table each (CheXpert's
     train.csv and valid.csv, ``files: table``) each list the other's files as not in their
-    table; such a file is the other source's sample, bad sample or exclusion, and counted there."""
-    if not any(e.why == "not_in_table" for e in excluded):
+    table; such a file is the other source's sample, bad sample or exclusion, and counted there.
+    Likewise a file of a format no source reads is one ``unsupported_format`` record however
+    many sources list its root (and none where another source took it)."""
+    if not any(e.why in ("not_in_table", "unsupported_format") for e in excluded):
         return excluded
-    placed = set(refs.column("path")) | {i.path for i in issues} | {e.path for e in excluded if e.why != "not_in_table"}
+    taken = set(refs.column("path")) | {i.path for i in issues}
+    placed = taken | {e.path for e in excluded if e.why != "not_in_table"}
     out, seen = [], set()
     for item in excluded:
         if item.why == "not_in_table" and (item.path in placed or item.path in seen):
+            continue
+        if item.why == "unsupported_format" and (item.path in taken or item.path in seen):
             continue
         seen.add(item.path)
         out.append(item)

@@ -1,7 +1,9 @@
 """The ``image`` source kind: PNG, JPEG, TIFF and BMP files, decoded with OpenCV, labelled by a table or folders.
 
-Lists every file with an image suffix. Entity and time come from the source's table (a file of a
-table-less ``label: folder`` or ``label: none`` source is its own entity). The reader is
+Lists every file with an image suffix; a file of another image format (WebP, GIF, ...) is left
+out as ``unsupported_format``, saying to convert it (:meth:`ImageKind.unsupported`). Entity and
+time come from the source's table (a file of a table-less ``label: folder`` or ``label: none``
+source is its own entity). The reader is
 :mod:`packer.read.image`; its samples are uint8 RGB or grey, one per page (TIFF) or tile.
 """
 
@@ -29,6 +31,23 @@ from packer.transform.mask import transform_mask_image
 #: The suffixes an image source lists.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 
+#: Image files an image source finds but does not read, by suffix: each is left out as
+#: ``unsupported_format`` (``excluded.jsonl``), never dropped unsaid. OpenCV decodes some of them
+#: (WebP, GIF, AVIF, JPEG 2000, Netpbm), but packer's reader checks a file's size and pages from
+#: its header before decoding (:mod:`packer.read.image_structure`: PNG, JPEG, TIFF and BMP only),
+#: and an animated GIF's frames would be lost to a first-frame decode; so they are converted.
+UNSUPPORTED_IMAGE_FORMATS = {
+    ".webp": "WebP", ".gif": "GIF", ".avif": "AVIF", ".heic": "HEIC", ".heif": "HEIF", ".jxl": "JPEG XL",
+    ".jp2": "JPEG 2000", ".j2k": "JPEG 2000", ".jpx": "JPEG 2000", ".jpf": "JPEG 2000",
+    ".pbm": "Netpbm", ".pgm": "Netpbm", ".ppm": "Netpbm", ".pnm": "Netpbm", ".pfm": "PFM",
+    ".exr": "OpenEXR", ".hdr": "Radiance HDR", ".ras": "Sun raster", ".sr": "Sun raster", ".tga": "TGA",
+    ".ico": "ICO", ".psd": "Photoshop", ".svg": "SVG", ".dng": "DNG raw", ".cr2": "Canon raw",
+    ".nef": "Nikon raw", ".arw": "Sony raw",
+}
+
+#: Suffixes of formats packer reads, under a name it does not list: renaming is the fix.
+RENAMED_IMAGE_SUFFIXES = {".jfif": ".jpg", ".jpe": ".jpg", ".dib": ".bmp"}
+
 
 class ImageKind(SourceKind):
     name = "image"
@@ -50,6 +69,18 @@ class ImageKind(SourceKind):
 
     def lists(self, suffix: str) -> bool | None:
         return suffix in IMAGE_SUFFIXES
+
+    def unsupported(self, name: str, suffix: str) -> str | None:
+        read = "image sources read PNG, JPEG, TIFF and BMP files (" + ", ".join(IMAGE_SUFFIXES) + ")"
+        if suffix in RENAMED_IMAGE_SUFFIXES:
+            return (f"a {suffix} file is not listed: {read}; if it is one of them, rename it to "
+                    f"{RENAMED_IMAGE_SUFFIXES[suffix]}")
+        what = UNSUPPORTED_IMAGE_FORMATS.get(suffix)
+        if what is None:
+            return None
+        frames = " (each frame of an animated one becomes its own PNG)" if suffix == ".gif" else ""
+        return (f"a {what} image ({suffix}), which packer does not read: {read}; convert it to PNG (lossless)"
+                f"{frames}, e.g. with ImageMagick: magick mogrify -format png *{suffix}")
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> ImageTransformConfig:
         tile = raw.get("tile")

@@ -16,6 +16,7 @@ The questions, in the order a file meets them:
 question                  answered by                                                  runs on
 ========================= ============================================================ ===========
 what does it list?        :meth:`~SourceKind.lists` (suffix) and :meth:`~SourceKind.sniff` client
+what can it not read?     :meth:`~SourceKind.unsupported` (its family's other formats) client
 what does its job say?    :meth:`~SourceKind.parse_settings` (``transform.<kind>``),   client
                           :meth:`~SourceKind.parse_source` (its own source keys),
                           :meth:`~SourceKind.check_job`
@@ -151,6 +152,15 @@ class SourceKind:
     def sniff(self, head: bytes) -> bool:
         """Whether a file whose :meth:`lists` verdict was None is one, from its first bytes."""
         return False
+
+    def unsupported(self, name: str, suffix: str) -> str | None:
+        """For a file this kind does not list (named ``name``, lower case, no folder; ``suffix``
+        as :meth:`lists` gets it): where it is a file of this kind's family that packer cannot
+        read (a WebP image under an image source), what it is and what to do, as the detail of its
+        ``unsupported_format`` record in ``excluded.jsonl`` (nothing is left out unsaid). None
+        (the default) for a file that is none of the kind's (``README.txt``, ``labels.csv``): it
+        stays unlisted."""
+        return None
 
     # -- the job file (client) --------------------------------------------------------------
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> Any:
