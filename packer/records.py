@@ -145,7 +145,7 @@ class Issue:
 #: ``unsupported_format`` (a file of a format its source's kind finds but does not read: a WebP or
 #: GIF under an image source; its detail says to convert it).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
-              "not_downloaded", "unsupported_format")
+              "not_downloaded", "unsupported_format", "label_map")
 
 
 @dataclass(frozen=True)

@@ -310,7 +310,9 @@ def _render_excluded(data: ReportData) -> str:
             "the source's table does not name; annotation: a SEG or RTSTRUCT read as its series' mask; "
             "label_conflict: a copy of an image whose copies' targets disagree, left out with its group "
             "(drop_group); not_downloaded: a table row whose file is not under the root (missing: drop); "
-            "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG.</p>"
+            "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG; "
+            "label_map: a file a source without a table would pack as an image, though its folder or name marks "
+            "it as a mask or label map (masks/, labelsTr/, *_seg).</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:

@@ -276,6 +276,63 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
     return kept, issues, excluded
 
 
+#: Folders whose files are masks or label maps (compared in lower case): ``masks/`` (Kvasir-SEG),
+#: ``labelsTr/`` (the Medical Segmentation Decathlon, nnU-Net), ``segmentations/`` (TotalSegmentator),
+#: ``Ground Truth/`` (CVC-ClinicDB)
+MASK_FOLDERS = frozenset({"mask", "masks", "labels", "labelstr", "labelsts", "labelsva", "seg", "segs", "segmentation",
+                          "segmentations", "ground truth", "ground_truth", "groundtruth", "gt"})
+#: A file name (its extension removed) ending in one of these words marks a mask or label map:
+#: ``_seg`` (BraTS), ``segmentation`` (KiTS), ``_segmentation`` (ISIC), ``_mask`` and ``_mask_1``
+#: (BUSI), ``_Segm`` (BraTS 2020's case 355); words are separated by ``_``, ``-``, ``.`` or a space
+MASK_NAME = re.compile(r"(?:^|[_\-. ])(mask|masks|seg|segm|segmentation|label|labels|labelmap|gt)(?:[_\-. ]?\d+)?$",
+                       re.IGNORECASE)
+
+
+def mask_named(relpath: str) -> str | None:
+    """Why the file at ``relpath`` is named as a mask or label map (``folder 'labelsTr'``,
+    ``name ending '_seg'``), or None where its name says nothing of the kind (:data:`MASK_FOLDERS`,
+    :data:`MASK_NAME`)."""
+    *folders, name = relpath.split("/")
+    for folder in folders:
+        if folder.lower() in MASK_FOLDERS:
+            return f"folder {folder!r}"
+    lower = name.lower()
+    stem = name[:-len(".nii.gz")] if lower.endswith(".nii.gz") else name.rsplit(".", 1)[0]
+    found = MASK_NAME.search(stem)
+    return f"name ending {stem[found.start():]!r}" if found is not None else None
+
+
+def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
+                        ) -> tuple[list[tuple[str, str]], list[Excluded]]:
+    """The listed files of a source without a table, less those named as masks or label maps
+    (:func:`mask_named`), each of those left out as ``label_map``: packed as images of their own,
+    a segmentation set's label maps would hand a model its answers as inputs (a BraTS folder's
+    ``_seg`` files, the Decathlon's ``labelsTr/``), and a ``label: folder`` source would make
+    ``masks`` a class. A table decides instead wherever there is one."""
+    kept: list[tuple[str, str]] = []
+    out: list[Excluded] = []
+    for rel, path in files:
+        why = mask_named(rel)
+        if why is None:
+            kept.append((rel, path))
+            continue
+        out.append(Excluded(make_sample_id(source.name, rel, phi), path, "discover", "label_map",
+                            f"{why}: named as a mask or label map, which the source, having no table, would pack as "
+                            "an image of its own; name it in a table's mask column to pack it as its image's mask, "
+                            "or list it in the source's table to pack it as an image"))
+    return kept, out
+
+
+def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded]) -> str:
+    if not masks_out:
+        return ""
+    whys = Counter(e.detail.split(":", 1)[0] for e in masks_out)
+    shown = ", ".join(f"{why} ({n})" for why, n in sorted(whys.items(), key=lambda item: (-item[1], item[0]))[:3])
+    return (f"source {source.name!r}: {len(masks_out)} file(s) named as masks or label maps left out (excluded.jsonl, "
+            f"why label_map; {shown}): a source without a table would pack each as an image of its own. To pack them "
+            "as the masks of their images, name both in a table (README: Targets; NIfTI volumes)")
+
+
 def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, str], ...]:
     """A header-identity ref's extra: only the cells naming its files (mask, other files of the
     case), where the source has them (a DICOM label table's other columns stay out of the
@@ -629,6 +686,15 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     unsupported: list[tuple[str, str, str]] = []
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
+    masks_out: list[Excluded] = []
+    if table is None and kind.names_masks:
+        files, masks_out = _without_mask_named(source, files, phi)
+        if not files and masks_out:
+            raise ConfigError(
+                f"{where}.root (source {source.name!r}): every {source.kind} file under {source.root} is named as a "
+                f"mask or label map ({len(masks_out)}, e.g. {masks_out[0].detail.split(':')[0]}), and a source without "
+                "a table packs no such file as an image. Name the images with their masks in a table (its mask "
+                "column; README: Targets), or, to pack these files as images, list them in the source's table")
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
@@ -648,7 +714,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     for cell, _row, reason, message in unplaced:
         issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
                             reason=reason, message=message))
-    excluded: list[Excluded] = list(unnamed_out)
+    excluded: list[Excluded] = [*unnamed_out, *masks_out]
     rows = placed.rows
     if unsupported:
         excluded.extend(_unsupported_files(source, unsupported, rows, table, phi))
@@ -667,7 +733,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         ordered = refs.column("relpath")
         refs = refs.take(sorted(range(len(refs)), key=ordered.__getitem__))
     warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
-                                                hide_ids=phi is not None and phi.active),) if w]
+                                                hide_ids=phi is not None and phi.active),
+                                 _mask_named_warning(source, masks_out)) if w]
     return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
 
 

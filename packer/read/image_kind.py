@@ -51,6 +51,7 @@ RENAMED_IMAGE_SUFFIXES = {".jfif": ".jpg", ".jpe": ".jpg", ".dib": ".bmp"}
 
 class ImageKind(SourceKind):
     name = "image"
+    names_masks = True
     key_parts = frozenset({"page", "tile"})
 
     def makes_tile(self, job: JobConfig, tile: tuple[int, int]) -> bool:

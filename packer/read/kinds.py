@@ -121,6 +121,10 @@ class SourceKind:
     #: Its sources may read their masks from annotation objects among their own files
     #: (``mask: {from: dicom}``: DICOM SEG and RTSTRUCT, :mod:`packer.read.dicom_masks`)
     annotation_masks: ClassVar[bool] = False
+    #: Its file names can mark a file as a mask or label map rather than an image (``masks/``,
+    #: ``labelsTr/``, ``*_seg.nii.gz``, ``*_mask.png``): without a table such files are left out
+    #: (``label_map``, :func:`packer.pipeline.discover.mask_named`), never packed as images
+    names_masks: ClassVar[bool] = False
     #: Each file is a unit of work of its own (a volume: seconds of inflating and resampling), so
     #: the pixel pass gives it a chunk of its own instead of cutting files into content-defined
     #: chunks of about 32: the workers then share the files one by one

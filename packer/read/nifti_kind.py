@@ -109,6 +109,7 @@ class NiftiTransformConfig:
 
 class NiftiKind(SourceKind):
     name = "nifti"
+    names_masks = True
     key_parts = frozenset({"frame"})
     libraries = ("nibabel",)
     source_keys = ("channel_files",)

@@ -1,0 +1,166 @@
+"""Files named as masks or label maps are never packed as images by a source without a table.
+
+A segmentation set ships its label maps beside its images: BraTS's ``<case>_seg.nii.gz`` in each
+case's folder, the Medical Segmentation Decathlon's ``labelsTr/``, KiTS's ``segmentation.nii.gz``,
+BUSI's ``benign (1)_mask.png`` next to ``benign (1).png``, Kvasir-SEG's ``masks/``. A ``kind: nifti``
+or ``kind: image`` source without a table used to pack each of them as an image of its own: a
+model trained on that build sees its answers as inputs, and under ``label: folder`` ``masks``
+became a class. Such files are now left out as ``label_map`` (listed in ``excluded.jsonl``,
+counted, warned about); where a source has a table, the table decides, as before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import cv2
+import jsonschema
+import nibabel as nib
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.exclusions import EXCLUDED_FILE, read_excluded
+from packer.pipeline.discover import discover, mask_named
+from packer.schemas import load_schema
+
+
+@pytest.mark.parametrize(("relpath", "why"), [
+    ("BraTS20_Training_001/BraTS20_Training_001_seg.nii.gz", "name ending '_seg'"),
+    ("BraTS20_Training_355/W39_1998.09.19_Segm.nii", "name ending '_Segm'"),
+    ("case_00000/segmentation.nii.gz", "name ending 'segmentation'"),
+    ("Task03_Liver/labelsTr/liver_0.nii.gz", "folder 'labelsTr'"),
+    ("s0000/segmentations/liver.nii.gz", "folder 'segmentations'"),
+    ("benign/benign (1)_mask.png", "name ending '_mask'"),
+    ("benign/benign (1)_mask_1.png", "name ending '_mask_1'"),
+    ("ISIC_0000000_segmentation.png", "name ending '_segmentation'"),
+    ("Kvasir-SEG/masks/cju0qkwl35piu0993l0dewei2.jpg", "folder 'masks'"),
+    ("CVC-ClinicDB/Ground Truth/1.tif", "folder 'Ground Truth'"),
+    ("DRIVE/training/1st_manual/21_manual1.gif", None),  # not named by these rules: packed
+    ("BraTS20_Training_001/BraTS20_Training_001_t1ce.nii.gz", None),
+    ("case_00000/imaging.nii.gz", None),
+    ("benign/benign (1).png", None),
+    ("Task03_Liver/imagesTr/liver_0.nii.gz", None),
+    ("chest/segment_normal_0001.png", None),
+    ("photos/gtx_1080.jpg", None),
+])
+def test_which_names_mark_a_mask_or_label_map(relpath: str, why: str | None) -> None:
+    assert mask_named(relpath) == why
+
+
+def _volume(path: Path, seed: int, *, labels: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 3, (8, 8, 4)).astype(np.uint8) if labels else rng.normal(0, 100, (8, 8, 4)).astype(np.int16)
+    nib.save(nib.Nifti1Image(data, np.diag([1.0, 1.0, 2.0, 1.0])), str(path))
+
+
+def _png(path: Path, seed: int, *, mask: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    pixels = (rng.integers(0, 2, (24, 24)) * 255).astype(np.uint8) if mask else \
+        rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
+    assert cv2.imwrite(str(path), pixels)
+
+
+def _job(tmp_path: Path, kind: str, root: Path, **source: Any) -> Path:
+    doc: dict[str, Any] = {
+        "name": "named", "sources": [{"kind": kind, "root": str(root), "label": "none", **source}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+        "transform": {"image": {"size": [16, 16]}} if kind == "image" else
+        {"nifti": {"windows": [{"center": 0, "width": 400}], "sample": "volume", "output": "uint8"}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"),
+        "validate": {"max_bad_fraction": 0.0}}
+    doc["sources"][0] = {k: v for k, v in doc["sources"][0].items() if v is not None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_a_brats_folder_without_a_table_packs_its_sequences_and_leaves_its_label_maps_out(tmp_path: Path) -> None:
+    root = tmp_path / "brats"
+    for case in range(3):
+        name = f"BraTS20_Training_{case:03d}"
+        for k, sequence in enumerate(("t1", "flair")):
+            _volume(root / name / f"{name}_{sequence}.nii.gz", 10 * case + k)
+        _volume(root / name / f"{name}_seg.nii.gz", 10 * case + 9, labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert sorted(Path(ref.relpath).name for ref in found.refs) == sorted(
+        f"BraTS20_Training_{c:03d}_{s}.nii.gz" for c in range(3) for s in ("t1", "flair"))
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [
+        (f"BraTS20_Training_{c:03d}_seg.nii.gz", "label_map") for c in range(3)]
+    assert found.excluded[0].detail.startswith("name ending '_seg': named as a mask or label map")
+    assert any("3 file(s) named as masks or label maps left out (excluded.jsonl, why label_map; name ending "
+               "'_seg' (3))" in warning for warning in found.warnings)
+
+
+def test_a_decathlon_folder_without_a_table_leaves_labels_tr_out_and_a_table_packs_what_it_names(
+        tmp_path: Path) -> None:
+    root = tmp_path / "Task03_Liver"
+    for case in range(2):
+        _volume(root / "imagesTr" / f"liver_{case}.nii.gz", case)
+        _volume(root / "labelsTr" / f"liver_{case}.nii.gz", 50 + case, labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert [ref.relpath for ref in found.refs] == ["imagesTr/liver_0.nii.gz", "imagesTr/liver_1.nii.gz"]
+    assert [(e.why, e.detail.split(":")[0]) for e in found.excluded] == [("label_map", "folder 'labelsTr'")] * 2
+    # with a table naming the label maps as masks, the table decides: nothing is left out, no warning
+    table = tmp_path / "cases.csv"
+    table.write_text("path,entity,mask\n" + "".join(
+        f"imagesTr/liver_{c}.nii.gz,liver_{c},labelsTr/liver_{c}.nii.gz\n" for c in range(2)))
+    tabled = discover(load_job(_job(tmp_path, "nifti", root, table=str(table),
+                                    mask={"column": "mask", "classes": [0, 1, 2]})))
+    assert [ref.relpath for ref in tabled.refs] == ["imagesTr/liver_0.nii.gz", "imagesTr/liver_1.nii.gz"]
+    assert tabled.excluded == [] and not any("label_map" in w for w in tabled.warnings)
+
+
+def test_a_table_that_lists_a_mask_named_file_as_an_image_packs_it(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    _png(root / "a.png", 0)
+    _png(root / "a_mask.png", 1)
+    table = tmp_path / "t.csv"
+    table.write_text("path,label,entity\na.png,x,E1\na_mask.png,y,E2\n")
+    found = discover(load_job(_job(tmp_path, "image", root, label=None, table=str(table))))
+    assert [ref.relpath for ref in found.refs] == ["a.png", "a_mask.png"] and found.excluded == []
+
+
+def test_a_busi_layout_under_label_folder_builds_two_classes_of_images_and_lists_the_masks_left_out(
+        tmp_path: Path) -> None:
+    root = tmp_path / "Dataset_BUSI_with_GT"
+    for k, label in enumerate(("benign", "malignant")):
+        for i in range(1, 4):
+            _png(root / label / f"{label} ({i}).png", 10 * k + i)
+            _png(root / label / f"{label} ({i})_mask.png", 100 + 10 * k + i, mask=True)
+        _png(root / label / f"{label} (1)_mask_1.png", 7, mask=True)  # BUSI's second mask of one image
+    run = CliRunner().invoke(main, ["build", str(_job(tmp_path, "image", root, label="folder")),
+                                    "--scheduler", "sync"])
+    assert run.exit_code == 0, run.output
+    assert "8 file(s) named as masks or label maps left out (excluded.jsonl, why label_map" in run.output
+    version = next((tmp_path / "out").rglob("manifest.json")).parent
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["inputs"]["samples"] == 6 and manifest["inputs"]["excluded"] == {"label_map": 8}
+    assert manifest["label_map"] == {"benign": 0, "malignant": 1}  # no "masks" class, no mask as a benign image
+    records = read_excluded(version / EXCLUDED_FILE)
+    assert sorted(Path(r["path"]).name for r in records) == sorted(
+        [f"{label} ({i})_mask.png" for label in ("benign", "malignant") for i in range(1, 4)]
+        + ["benign (1)_mask_1.png", "malignant (1)_mask_1.png"])
+    validator = jsonschema.Draft202012Validator(load_schema("excluded"))
+    for record in records:
+        validator.validate(record)
+        assert record["why"] == "label_map" and record["stage"] == "discover"
+
+
+def test_a_root_of_label_maps_only_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    root = tmp_path / "labelsTr"
+    for case in range(2):
+        _volume(root / "masks" / f"case_{case}.nii.gz", case, labels=True)
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(_job(tmp_path, "nifti", root)))
+    message = str(raised.value)
+    assert "every nifti file under" in message and "is named as a mask or label map (2, e.g. folder 'masks')" in message
+    assert "list them in the source's table" in message
