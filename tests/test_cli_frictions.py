@@ -435,3 +435,43 @@ def test_class_ids_written_two_ways_are_a_warning() -> None:
     assert warning is not None and warning.startswith(
         "classes that differ only in case, spacing or how a number is written are separate classes: '1' and '1.0'")
     assert case_twins_warning(job, ["1", "0", "10"]) is None
+
+
+def test_a_chexpert_column_read_as_classes_warns_that_minus_one_is_uncertain_there(tmp_path: Path) -> None:
+    """CheXpert's table writes 1.0, 0.0 and -1.0 (uncertain) per finding. Read as a class column
+    (``label: {column: Pneumonia}``), -1.0 is a third class; ``packer validate`` says so and how
+    to read it as uncertain. Not for other class ids, nor when the job lists its classes."""
+    import cv2
+    import numpy as np
+
+    from packer.config import parse_job
+    from packer.pipeline.stages import uncertain_class_warning
+
+    root = tmp_path / "CheXpert-v1.0-small"
+    rows = ["Path,Sex,Pneumonia"]
+    for i, value in enumerate(["1.0", "0.0", "-1.0", "0.0", "1.0", "-1.0"]):
+        rel = f"train/patient{i:05d}/study1/view1_frontal.jpg"
+        (root / rel).parent.mkdir(parents=True)
+        pixels = np.random.default_rng(i).integers(0, 255, (32, 32), dtype=np.uint8)
+        assert cv2.imwrite(str(root / rel), pixels)
+        rows.append(f"{rel},Female,{value}")
+    (root / "train.csv").write_text("\n".join(rows) + "\n")
+    doc = {"name": "chexpert", "sources": [{"kind": "image", "root": str(root), "table": {
+        "file": str(root / "train.csv"), "path": "Path"}, "entity": {"path": "(?P<entity>patient[0-9]+)/"},
+        "label": {"column": "Pneumonia"}}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+        "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "o")}
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", str(job_path), "--scheduler", "sync", "-q"])
+    assert result.exit_code == 0, result.output
+    assert ("class '-1.0' is a class of its own beside '0.0', '1.0': tables in CheXpert's convention (CheXpert, "
+            "MIMIC-CXR) write -1.0 for an uncertain finding. To read it as uncertain, make 'Pneumonia' a multilabel "
+            "target (label: {kind: multilabel, columns: [Pneumonia], uncertain: ones | zeros | ignore})"
+            in " ".join(result.output.split()))
+    job = parse_job(doc, job_path)
+    assert uncertain_class_warning(job, ["0", "1", "2"]) is None  # class ids
+    assert uncertain_class_warning(job, ["-1", "1"]) is not None
+    assert uncertain_class_warning(job, ["-1", "-2", "0"]) is None  # a scale, not the convention
+    assert uncertain_class_warning(parse_job({**doc, "labels": ["0.0", "1.0", "-1.0"]}, job_path),
+                                   ["-1.0", "0.0", "1.0"]) is None

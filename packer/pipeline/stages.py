@@ -238,7 +238,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                           ("accepted_leaks", accepted_leaks(audit, split_cfg)),
                           ("label_conflicts", conflicts_warning(conflicts)),
                           ("entity_lookalikes", lookalikes_warning(audit)),
-                          ("labels", case_twins_warning(job, samples.codes("label")[1]))):
+                          ("labels", case_twins_warning(job, samples.codes("label")[1])),
+                          ("labels", uncertain_class_warning(job, samples.codes("label")[1]))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
             warned.append((code, warning))
@@ -308,6 +309,29 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
             "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
             "job's labels:")
+
+
+def uncertain_class_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
+    """A warning for a class target whose classes are the numbers -1 and 0 or 1: CheXpert's and
+    MIMIC-CXR's tables write ``-1.0`` for an uncertain finding (and ``1.0``, ``0.0`` for positive
+    and negative), and a class column makes "uncertain" a class of its own, which a binary model
+    was rarely meant to learn. None for a job that lists its classes (``labels:`` decides then)
+    or a target that is not one class."""
+    if job.labels or not target_class(job.sources[0].target.kind).has_label:
+        return None
+    numbers = {name: cell_number(name) for name in {str(n) for n in names if n}}
+    values = set(numbers.values())
+    if None in values or -1.0 not in values or not values <= {-1.0, 0.0, 1.0} or len(values) < 2:
+        return None
+    uncertain = sorted(name for name, value in numbers.items() if value == -1.0)
+    others = sorted(name for name, value in numbers.items() if value != -1.0)
+    columns = sorted({c for source in job.sources if source.target.origin == "table" for c in source.target.columns})
+    column = columns[0] if len(columns) == 1 else "COLUMN"
+    return (f"class {uncertain[0]!r} is a class of its own beside {', '.join(map(repr, others))}: tables in "
+            f"CheXpert's convention (CheXpert, MIMIC-CXR) write -1.0 for an uncertain finding. To read it as "
+            f"uncertain, make {column!r} a multilabel target (label: {{kind: multilabel, columns: [{column}], "
+            "uncertain: ones | zeros | ignore}); to leave such rows out, use the source's where:; to keep it a "
+            "class, list the classes in the job's labels:")
 
 
 def conflicts_warning(found: LabelConflicts) -> str | None:
