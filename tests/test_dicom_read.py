@@ -36,6 +36,7 @@ from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
 import packer.read.dicom as reader
 from packer.read.dicom import DicomHeader, decoder_table, probe_dicom, read_dicom
+from packer.read.dicom_attrs import text_value
 from packer.records import Excluded, Issue, Sample
 from packer.where import Condition
 
@@ -269,6 +270,52 @@ def test_missing_entity_is_none_not_an_issue(tmp_path: Path) -> None:
     assert isinstance(header, DicomHeader) and header.entity is None
     header = probe(save(ds, tmp_path / "anon.dcm"), entity="OtherPatientIDs")
     assert isinstance(header, DicomHeader) and header.entity is None
+
+
+def _raw_patient_id(path: Path, raw: bytes, charset: str = "ISO_IR 192") -> Path:
+    """A CT file whose (0010,0020) Patient ID holds the bytes ``raw`` as they are, under ``charset``."""
+    ds = ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet=charset)
+    ds.add_new(0x00100020, "LO", raw)
+    saved = save(ds, path)
+    assert raw in saved.read_bytes()
+    return saved
+
+
+def test_ids_that_differ_only_in_bytes_invalid_in_utf8_stay_two_entities(tmp_path: Path) -> None:
+    """pydicom decodes what is not UTF-8 under ISO_IR 192 as U+FFFD (with a warning), so
+    MRN<FF>01 and MRN<FE>01 both read 'MRN\ufffd01': two patients became one entity. Each such
+    byte is kept as the text \\xNN instead, the same for the same bytes (padding aside)."""
+    paths = {name: _raw_patient_id(tmp_path / f"{name}.dcm", raw)
+             for name, raw in (("ff", b"MRN\xff01"), ("fe", b"MRN\xfe01"), ("ff-padded", b"MRN\xff01 "))}
+    entities = {}
+    for name, path in paths.items():
+        header = probe(path)
+        assert isinstance(header, DicomHeader)
+        entities[name] = header.entity
+        kept = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, keep_pixels=True)
+        assert isinstance(kept, DicomHeader) and kept.entity == header.entity  # the whole-file parse too
+        lazy = pydicom.dcmread(path)  # nothing converted yet: the pixel pass's reread of a placed file
+        assert text_value(lazy, "PatientID") == header.entity
+    assert entities == {"ff": "MRN\\xff01", "fe": "MRN\\xfe01", "ff-padded": "MRN\\xff01"}
+
+
+def test_a_valid_utf8_id_and_one_holding_u_fffd_itself_are_read_as_pydicom_reads_them(tmp_path: Path) -> None:
+    for text in ("Müller", "MRN\ufffd01", "山田"):
+        header = probe(_raw_patient_id(tmp_path / "ok.dcm", text.encode()))
+        assert isinstance(header, DicomHeader) and header.entity == text
+    header = probe(_raw_patient_id(tmp_path / "latin1.dcm", "Müller".encode("latin-1"), charset="ISO_IR 100"))
+    assert isinstance(header, DicomHeader) and header.entity == "Müller"
+
+
+def test_a_sample_whose_entity_kept_undecodable_bytes_says_so_without_the_id(tmp_path: Path) -> None:
+    bad = _raw_patient_id(tmp_path / "bad.dcm", b"MRN\xff01")
+    samples = read_dicom(make_ref(bad), config(), entity_keyword="PatientID")
+    assert isinstance(samples, list) and samples
+    (note,) = samples[0].metadata["warnings"]
+    assert note.startswith("(0010,0020) PatientID") and "ISO_IR 192" in note and "MRN" not in note
+    good = _raw_patient_id(tmp_path / "good.dcm", "Müller".encode())
+    samples = read_dicom(make_ref(good), config(), entity_keyword="PatientID")
+    assert isinstance(samples, list) and "warnings" not in samples[0].metadata
 
 
 # ---------------------------------------------------------------- truncation and decode failures

@@ -48,11 +48,13 @@ from packer.read import at_boundary
 from packer.read.annotations import AnnotationRefs, annotation_modality, annotation_refs
 from packer.read.dicom_attrs import (
     DamagedElement,
+    convert_faithfully,
     first_float,
     pixel_spacing,
     record_time,
     sop_class_name,
     text_value,
+    undecodable_note,
 )
 from packer.read.dicom_objects import classify, header_failure
 from packer.read.dicom_render import GRAYSCALE, render_samples
@@ -226,7 +228,8 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
     """Convert every public top-level element now, and every file meta element (or those of
     ``tags``): pydicom converts lazily, on first access, so a damaged VR or value length would
     otherwise raise wherever the element is first read (the probe reads (0002,0002) Media Storage
-    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build)."""
+    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build). Text
+    its declared character set cannot decode is kept as :func:`convert_faithfully` keeps it."""
     meta = getattr(ds, "file_meta", None) if tags is None else None
     targets = [(ds, tag) for tag in (list(ds.keys()) if tags is None else [BaseTag(t) for t in tags])]
     targets += [(meta, tag) for tag in list(meta.keys())] if meta is not None else []
@@ -234,7 +237,7 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
         if tag.is_private:
             continue  # never read by packer
         try:
-            holder[tag]
+            convert_faithfully(holder, tag)
         except _PARSE_ERRORS as err:
             return _issue(ref, "read", "unreadable",
                           f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
@@ -590,7 +593,8 @@ def rehearse_header_reads(handle: Any) -> bool:
 
 
 def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,
-               allow_burned_in: bool = False, dataset: Dataset | None = None) -> list[Sample] | Issue:
+               allow_burned_in: bool = False, dataset: Dataset | None = None,
+               entity_keyword: str | None = None) -> list[Sample] | Issue:
     """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.
 
     Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
@@ -601,14 +605,16 @@ def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfi
     are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
     with the file, the exception type and message (:func:`packer.read.at_boundary`, the read
     stage's one boundary). ``dataset``: the file as :func:`probe_dicom` parsed it with
-    ``keep_pixels`` (not parsed again).
+    ``keep_pixels`` (not parsed again). ``entity_keyword``: the source's ``entity:``; when its
+    element holds bytes the declared character set cannot decode, each sample says so in
+    ``metadata.warnings`` (:func:`~packer.read.dicom_attrs.undecodable_note`).
     """
-    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, allow_burned_in, dataset),
+    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, allow_burned_in, dataset, entity_keyword),
                        name=ref.relpath or ref.path)
 
 
 def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow_burned_in: bool,
-          dataset: Dataset | None = None) -> list[Sample] | Issue:
+          dataset: Dataset | None = None, entity_keyword: str | None = None) -> list[Sample] | Issue:
     ds = dataset if dataset is not None else _parse(ref, header_only=False, limits=limits)
     if isinstance(ds, Issue):
         return ds
@@ -624,9 +630,13 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     if isinstance(pixels, Issue):
         return pixels
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
+    metadata = _base_metadata(ds, geometry)
+    note = undecodable_note(ds, entity_keyword) if entity_keyword else None
+    if note is not None:
+        metadata["warnings"] = [note]
     try:
         return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
-                              base_metadata=_base_metadata(ds, geometry), max_pixels=limits.max_pixels)
+                              base_metadata=metadata, max_pixels=limits.max_pixels)
     except DamagedElement as err:
         return _damaged(ref, err)
 
