@@ -87,7 +87,8 @@ class CachedChunk:
 #: mutated files: an overflowing or flattening rescale, a flat file window or VOI LUT and a
 #: damaged file-meta element are bad samples, several reasons renamed; 16: header text whose bytes
 #: its character set cannot decode is read with each such byte as ``\xNN``, not U+FFFD, and a
-#: sample whose entity holds such bytes says so in ``metadata.warnings``).
+#: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
+#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream).
 CACHE_FORMAT = 16
 
 

@@ -490,17 +490,20 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
 
     ``keep_pixels``: parse the whole file once and keep it in ``DicomHeader.dataset`` for
     :func:`read_dicom` (the pixel pass; saves a second parse of every header). When the whole
-    file does not parse, the header-only read runs instead, so the outcome is exactly that of
-    a header-only probe (a file cut inside its pixel data still probes fine, and the read then
-    says ``truncated``).
+    file does not parse, or parses to no data set at all, the header-only read runs instead, so
+    the outcome is exactly that of a header-only probe (a file cut inside its pixel data still
+    probes fine, and the read then says ``truncated``; native Pixel Data of undefined length,
+    ``unreadable``).
     """
     before = _stat(ref.path) if placement and not keep_pixels else None
     ds = _parse(ref, header_only=not keep_pixels, limits=limits)
+    # An empty data set: pydicom drops the whole file, with a warning only, when it ends inside
+    # undefined-length Pixel Data; the header-only read sees what it can, and the read says why.
+    if keep_pixels and (isinstance(ds, Issue) or len(ds) == 0):
+        return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
+                           allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
+                           where=where, slices=slices, annotations=annotations)
     if isinstance(ds, Issue):
-        if keep_pixels:
-            return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
-                               allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
-                               where=where, slices=slices, annotations=annotations)
         return ds
     if annotations and annotation_modality(ds) is not None:
         return _annotation_header(ref, ds, entity_keyword, time_keywords)
@@ -599,7 +602,8 @@ def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfi
 
     Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
     ``<id>``) or one Sample with frames as channels (``frames: stack``), or one Issue:
-    read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``decode_failed``,
+    read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``unreadable``
+    (native Pixel Data of undefined length, which only encapsulated data may have), read/``decode_failed``,
     validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
     overflow), plus every issue of :func:`probe_dicom` (``too_large`` and ``burned_in_annotation``
     are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
@@ -620,8 +624,8 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
-        if geometry.reason in ("no_pixel_data", "unreadable") and _cut_inside_pixel_data(ref, limits):
-            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        if geometry.reason in ("no_pixel_data", "unreadable"):
+            return _cut_inside_pixel_data(ref, limits) or geometry
         return geometry
     problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
     if problem is not None:
@@ -658,21 +662,50 @@ _CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (F
                      "the file was cut short; copy it again from the source")
 
 
-def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> bool:
+def _native_undefined_length(ref: SampleRef, syntax: str) -> Issue:
+    """The issue of native (uncompressed) Pixel Data whose length is undefined (FFFFFFFF)."""
+    return _issue(ref, "read", "unreadable",
+                  f"(7FE0,0010) Pixel Data has an undefined length (FFFFFFFF), but transfer syntax {syntax} "
+                  f"({UID(syntax).name}) stores pixels uncompressed, and native Pixel Data must state its length "
+                  "(PS3.5 A.4 allows an undefined length only for encapsulated, compressed data): the writer of this "
+                  "file is broken, and where its pixels end is a guess. Re-export the file, or rewrite it with a "
+                  "converter that writes the length (e.g. dcmconv from DCMTK or gdcmconv from GDCM)")
+
+
+def _undefined_length_issue(ref: SampleRef, syntax: str) -> Issue:
+    """What an undefined-length (7FE0,0010) Pixel Data element that pydicom could not read says:
+    under a compressed syntax the encapsulated data lacks its end (the file was cut short); under a
+    native one the element may not have an undefined length at all."""
+    if syntax in _NATIVE:
+        return _native_undefined_length(ref, syntax)
+    return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+
+
+def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> Issue | None:
     """pydicom drops the *whole* dataset (with only a warning) when a file ends inside undefined-
-    length pixel data; the header read still sees the Image Pixel module then."""
+    length pixel data (found by looking for its sequence delimiter); the header read still sees the
+    Image Pixel module then. The issue of such a file (:func:`_undefined_length_issue`), or None."""
     head = _parse(ref, header_only=True, limits=limits)
-    if isinstance(head, Issue) or isinstance(_check_image(ref, head), Issue):
-        return False
-    return _has_encapsulated_pixel_tag(ref.path)
+    if isinstance(head, Issue):
+        return None
+    geometry = _check_image(ref, head)
+    if isinstance(geometry, Issue) or not _has_undefined_pixel_tag(ref.path):
+        return None
+    return _undefined_length_issue(ref, geometry.transfer_syntax)
 
 
-def _has_encapsulated_pixel_tag(path: str) -> bool:
+#: The start of an undefined-length (7FE0,0010) element: Explicit VR OB or OW, little and big
+#: endian, and Implicit VR Little Endian.
+_UNDEFINED_PIXEL_TAGS = (b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff", b"\xe0\x7f\x10\x00OW\x00\x00\xff\xff\xff\xff",
+                         b"\x7f\xe0\x00\x10OB\x00\x00\xff\xff\xff\xff", b"\x7f\xe0\x00\x10OW\x00\x00\xff\xff\xff\xff",
+                         b"\xe0\x7f\x10\x00\xff\xff\xff\xff")
+
+
+def _has_undefined_pixel_tag(path: str) -> bool:
     """Whether the file holds the start of an undefined-length (7FE0,0010) element (PS3.5 A.4)."""
     with open(path, "rb") as handle:
         data = handle.read()
-    return any(marker in data for marker in (b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff",
-                                              b"\xe0\x7f\x10\x00OW\x00\x00\xff\xff\xff\xff"))
+    return any(marker in data for marker in _UNDEFINED_PIXEL_TAGS)
 
 
 def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
@@ -727,13 +760,15 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
     encapsulated = geometry.transfer_syntax not in _NATIVE
     if keyword is None:
-        if encapsulated and _has_encapsulated_pixel_tag(ref.path):
-            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        if _has_undefined_pixel_tag(ref.path):
+            return _undefined_length_issue(ref, geometry.transfer_syntax)
         return _issue(ref, "validate", "no_pixel_data",
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has an Image Pixel module but no "
                       "(7FE0,0010) Pixel Data element (the file may have been cut short); copy it again, or "
                       "re-export it with its pixels")
     if not encapsulated:
+        if ds[keyword].is_undefined_length:  # pydicom found an end by looking for a sequence delimiter
+            return _native_undefined_length(ref, geometry.transfer_syntax)
         have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
         if keyword != "PixelData":
             want = geometry.rows * geometry.columns * geometry.frames * geometry.bits_allocated // 8
