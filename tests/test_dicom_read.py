@@ -32,10 +32,17 @@ from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.tag import Tag
-from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
+from pydicom.uid import (
+    JPEG2000,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    JPEG2000Lossless,
+    RLELossless,
+)
 
 import packer.read.dicom as reader
 from packer.read.dicom import DicomHeader, decoder_table, probe_dicom, read_dicom
+from packer.read.dicom_attrs import text_value
 from packer.records import Excluded, Issue, Sample
 from packer.where import Condition
 
@@ -271,6 +278,52 @@ def test_missing_entity_is_none_not_an_issue(tmp_path: Path) -> None:
     assert isinstance(header, DicomHeader) and header.entity is None
 
 
+def _raw_patient_id(path: Path, raw: bytes, charset: str = "ISO_IR 192") -> Path:
+    """A CT file whose (0010,0020) Patient ID holds the bytes ``raw`` as they are, under ``charset``."""
+    ds = ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet=charset)
+    ds.add_new(0x00100020, "LO", raw)
+    saved = save(ds, path)
+    assert raw in saved.read_bytes()
+    return saved
+
+
+def test_ids_that_differ_only_in_bytes_invalid_in_utf8_stay_two_entities(tmp_path: Path) -> None:
+    """pydicom decodes what is not UTF-8 under ISO_IR 192 as U+FFFD (with a warning), so
+    MRN<FF>01 and MRN<FE>01 both read 'MRN\ufffd01': two patients became one entity. Each such
+    byte is kept as the text \\xNN instead, the same for the same bytes (padding aside)."""
+    paths = {name: _raw_patient_id(tmp_path / f"{name}.dcm", raw)
+             for name, raw in (("ff", b"MRN\xff01"), ("fe", b"MRN\xfe01"), ("ff-padded", b"MRN\xff01 "))}
+    entities = {}
+    for name, path in paths.items():
+        header = probe(path)
+        assert isinstance(header, DicomHeader)
+        entities[name] = header.entity
+        kept = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, keep_pixels=True)
+        assert isinstance(kept, DicomHeader) and kept.entity == header.entity  # the whole-file parse too
+        lazy = pydicom.dcmread(path)  # nothing converted yet: the pixel pass's reread of a placed file
+        assert text_value(lazy, "PatientID") == header.entity
+    assert entities == {"ff": "MRN\\xff01", "fe": "MRN\\xfe01", "ff-padded": "MRN\\xff01"}
+
+
+def test_a_valid_utf8_id_and_one_holding_u_fffd_itself_are_read_as_pydicom_reads_them(tmp_path: Path) -> None:
+    for text in ("Müller", "MRN\ufffd01", "山田"):
+        header = probe(_raw_patient_id(tmp_path / "ok.dcm", text.encode()))
+        assert isinstance(header, DicomHeader) and header.entity == text
+    header = probe(_raw_patient_id(tmp_path / "latin1.dcm", "Müller".encode("latin-1"), charset="ISO_IR 100"))
+    assert isinstance(header, DicomHeader) and header.entity == "Müller"
+
+
+def test_a_sample_whose_entity_kept_undecodable_bytes_says_so_without_the_id(tmp_path: Path) -> None:
+    bad = _raw_patient_id(tmp_path / "bad.dcm", b"MRN\xff01")
+    samples = read_dicom(make_ref(bad), config(), entity_keyword="PatientID")
+    assert isinstance(samples, list) and samples
+    (note,) = samples[0].metadata["warnings"]
+    assert note.startswith("(0010,0020) PatientID") and "ISO_IR 192" in note and "MRN" not in note
+    good = _raw_patient_id(tmp_path / "good.dcm", "Müller".encode())
+    samples = read_dicom(make_ref(good), config(), entity_keyword="PatientID")
+    assert isinstance(samples, list) and "warnings" not in samples[0].metadata
+
+
 # ---------------------------------------------------------------- truncation and decode failures
 
 
@@ -281,6 +334,66 @@ def test_truncated_native_pixel_data(tmp_path: Path) -> None:
     found = issue_of(read(path), "truncated")
     assert "1748 bytes, 2048 expected" in found.message
     assert isinstance(probe(path), DicomHeader)  # the header pass cannot see it; the pixel pass does
+
+
+def _native_pixel_data_of_undefined_length(path: Path, syntax: str, delimiter: bool) -> Path:
+    """A native CT file as a broken writer makes it: its (7FE0,0010) length field FFFFFFFF, then the
+    pixel bytes, then (``delimiter``) a (FFFE,E0DD) Sequence Delimitation Item, as if encapsulated."""
+    ds = ct_dataset(ct_pixels((8, 8)))
+    ds.file_meta.TransferSyntaxUID = syntax
+    data = save(ds, path).read_bytes()
+    header = b"\xe0\x7f\x10\x00" + (b"OW\x00\x00" if syntax == ExplicitVRLittleEndian else b"")
+    at = data.rindex(header) + len(header)
+    assert struct.unpack_from("<I", data, at)[0] == 8 * 8 * 2 and len(data) == at + 4 + 128
+    path.write_bytes(data[:at] + b"\xff\xff\xff\xff" + data[at + 4:] + (b"\xfe\xff\xdd\xe0" + bytes(4)) * delimiter)
+    return path
+
+
+@pytest.mark.parametrize("delimiter", [True, False], ids=["delimited", "undelimited"])
+@pytest.mark.parametrize("syntax", [ExplicitVRLittleEndian, ImplicitVRLittleEndian], ids=["explicit", "implicit"])
+def test_native_pixel_data_of_undefined_length_is_unreadable_not_a_truncated_encapsulated_stream(
+        tmp_path: Path, syntax: str, delimiter: bool) -> None:
+    """PS3.5 A.4 allows an undefined length only for encapsulated Pixel Data. pydicom reads such
+    native data up to a sequence delimiter it finds (or drops the whole data set when there is
+    none), so the file was packed, or reported as a cut encapsulated stream, or as having no data
+    set. It is malformed: unreadable, naming the syntax and how to rewrite it, in both passes."""
+    path = _native_pixel_data_of_undefined_length(tmp_path / "undefined.dcm", syntax, delimiter)
+    header = probe(path)
+    kept = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, keep_pixels=True)
+    assert isinstance(header, DicomHeader) and isinstance(kept, DicomHeader)  # the header is sound
+    for result in (read(path), read_dicom(make_ref(path), config(), dataset=kept.dataset)):
+        found = issue_of(result, "unreadable", "read")
+        assert "(7FE0,0010) Pixel Data has an undefined length" in found.message
+        assert f"{syntax} ({syntax.name})" in found.message and "dcmconv" in found.message
+        assert "encapsulated (7FE0,0010)" not in found.message and "cut short" not in found.message
+
+
+def test_packer_validate_reports_native_pixel_data_of_undefined_length_as_bad_samples(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from helpers import write_job
+
+    from packer.cli import main
+
+    root = tmp_path / "raw"
+    for name in ("a", "b"):
+        save(ct_dataset(ct_pixels((8, 8), seed=ord(name)), PatientID=f"P-{name}"), root / f"{name}.dcm")
+    _native_pixel_data_of_undefined_length(root / "explicit.dcm", ExplicitVRLittleEndian, delimiter=False)
+    _native_pixel_data_of_undefined_length(root / "implicit.dcm", ImplicitVRLittleEndian, delimiter=True)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\na.dcm,x\nb.dcm,y\nexplicit.dcm,x\nimplicit.dcm,y\n")
+    job = write_job(tmp_path, {
+        "name": "undefined", "sources": [{"kind": "dicom", "root": str(root), "labels": str(labels)}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1, "balance": {"accept": True},
+                  "near_duplicates": {"enabled": False}},
+        "transform": {"dicom": {"windows": ["lung"], "size": [8, 8]}}, "pack": {"format": "webdataset"},
+        "output": str(tmp_path / "out"), "phi": {"mode": "keep"}, "validate": {"max_bad_fraction": 0.5}})
+    report = tmp_path / "v.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(report.read_text())["bad_samples"]["records"]
+    assert sorted((Path(r["path"]).name, r["reason"]) for r in records) == [("explicit.dcm", "unreadable"),
+                                                                           ("implicit.dcm", "unreadable")]
+    assert all("undefined length" in r["message"] for r in records)
 
 
 def test_encapsulated_file_cut_short_is_truncated(tmp_path: Path) -> None:

@@ -33,10 +33,15 @@ def ct_job(tmp_path: Path) -> Path:
                            pixels_hu=render_ct_phantom(np.random.default_rng(10 * i + k), z=k / 2))
             rows.append(f"{name},{'ab'[k]}")
     (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    return write_job(tmp_path, root)
+
+
+def write_job(tmp_path: Path, root: Path, ratios: dict[str, float] | None = None) -> Path:
+    """The job over ``root`` and ``tmp_path/labels.csv``, split by entity."""
     doc: dict[str, Any] = {
         "name": "twins",
         "sources": [{"kind": "dicom", "root": str(root), "labels": str(tmp_path / "labels.csv")}],
-        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
+        "split": {"by": "entity", "ratios": ratios or {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
                   "balance": {"accept": True}, "near_duplicates": {"enabled": False}},
         "transform": {"dicom": {"windows": ["lung"], "size": [16, 16]}},
         "pack": {"format": "webdataset", "max_samples": 8},
@@ -87,3 +92,32 @@ def test_unrelated_ids_are_not_lookalikes() -> None:
     assert entity_form("MRN0042") == entity_form(" mrn 42") == entity_form("MRN00042")
     assert entity_form("0045") == entity_form("45")
     assert len({entity_form(e) for e in ("MRN0099", "MRN0100", "MRN0101", "450", "4.5", "MRN-42")}) == 6
+
+
+def test_ids_that_differ_only_in_bytes_their_character_set_cannot_decode_are_two_entities(tmp_path: Path) -> None:
+    """Under (0008,0005) ISO_IR 192 (UTF-8), PatientIDs MRN<FF>01 and MRN<FE>01 are not UTF-8;
+    pydicom reads both as 'MRN\ufffd01', which made two patients one entity. They are two, named
+    by pseudonym only, and the build says which files hold such ids (by tag, never by value)."""
+    root = tmp_path / "raw"
+    rows = ["path,label"]
+    for i, raw in enumerate([b"MRN\xff01", b"MRN\xfe01", "Müller".encode()]):
+        for k in range(2):
+            name = f"p{i}/{k}.dcm"
+            write_ct_slice(root / name, patient_id="placeholder", study_date="20240105", instance_number=k + 1,
+                           pixels_hu=render_ct_phantom(np.random.default_rng(10 * i + k), z=k / 2),
+                           SpecificCharacterSet="ISO_IR 192", PatientID=raw)
+            assert raw in (root / name).read_bytes()
+            rows.append(f"{name},{'ab'[k]}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path, root, {"train": 0.34, "valid": 0.33, "test": 0.33})
+    report = tmp_path / "v.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(report)],
+                                env={"PACKER_PHI_KEY": KEY})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    assert sum(split["entities"] for split in doc["splits"].values()) == 3
+    assert sum(split["samples"] for split in doc["splits"].values()) == 6
+    warning = next(w["message"] for w in doc["warnings"] if "reader's warning" in w["message"])
+    assert "4 file(s)" in warning and "(0010,0020) PatientID" in warning
+    text = result.output + json.dumps(doc)
+    assert "MRN" not in text and "Müller" not in text

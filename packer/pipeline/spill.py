@@ -85,8 +85,11 @@ class CachedChunk:
 #: feet-first series stacks inferior → superior like a head-first one; 14: a DICOM file's samples
 #: carry the digest of the stored pixels they were rendered from, ``stored_digest``; 15: a trial's
 #: mutated files: an overflowing or flattening rescale, a flat file window or VOI LUT and a
-#: damaged file-meta element are bad samples, several reasons renamed).
-CACHE_FORMAT = 15
+#: damaged file-meta element are bad samples, several reasons renamed; 16: header text whose bytes
+#: its character set cannot decode is read with each such byte as ``\xNN``, not U+FFFD, and a
+#: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
+#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream).
+CACHE_FORMAT = 16
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

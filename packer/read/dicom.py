@@ -48,11 +48,13 @@ from packer.read import at_boundary
 from packer.read.annotations import AnnotationRefs, annotation_modality, annotation_refs
 from packer.read.dicom_attrs import (
     DamagedElement,
+    convert_faithfully,
     first_float,
     pixel_spacing,
     record_time,
     sop_class_name,
     text_value,
+    undecodable_note,
 )
 from packer.read.dicom_objects import classify, header_failure
 from packer.read.dicom_render import GRAYSCALE, render_samples
@@ -226,7 +228,8 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
     """Convert every public top-level element now, and every file meta element (or those of
     ``tags``): pydicom converts lazily, on first access, so a damaged VR or value length would
     otherwise raise wherever the element is first read (the probe reads (0002,0002) Media Storage
-    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build)."""
+    SOP Class UID of a file without (0008,0016): a flipped VR there ended the whole build). Text
+    its declared character set cannot decode is kept as :func:`convert_faithfully` keeps it."""
     meta = getattr(ds, "file_meta", None) if tags is None else None
     targets = [(ds, tag) for tag in (list(ds.keys()) if tags is None else [BaseTag(t) for t in tags])]
     targets += [(meta, tag) for tag in list(meta.keys())] if meta is not None else []
@@ -234,7 +237,7 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
         if tag.is_private:
             continue  # never read by packer
         try:
-            holder[tag]
+            convert_faithfully(holder, tag)
         except _PARSE_ERRORS as err:
             return _issue(ref, "read", "unreadable",
                           f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
@@ -487,17 +490,20 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
 
     ``keep_pixels``: parse the whole file once and keep it in ``DicomHeader.dataset`` for
     :func:`read_dicom` (the pixel pass; saves a second parse of every header). When the whole
-    file does not parse, the header-only read runs instead, so the outcome is exactly that of
-    a header-only probe (a file cut inside its pixel data still probes fine, and the read then
-    says ``truncated``).
+    file does not parse, or parses to no data set at all, the header-only read runs instead, so
+    the outcome is exactly that of a header-only probe (a file cut inside its pixel data still
+    probes fine, and the read then says ``truncated``; native Pixel Data of undefined length,
+    ``unreadable``).
     """
     before = _stat(ref.path) if placement and not keep_pixels else None
     ds = _parse(ref, header_only=not keep_pixels, limits=limits)
+    # An empty data set: pydicom drops the whole file, with a warning only, when it ends inside
+    # undefined-length Pixel Data; the header-only read sees what it can, and the read says why.
+    if keep_pixels and (isinstance(ds, Issue) or len(ds) == 0):
+        return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
+                           allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
+                           where=where, slices=slices, annotations=annotations)
     if isinstance(ds, Issue):
-        if keep_pixels:
-            return probe_dicom(ref, entity_keyword=entity_keyword, time_keywords=time_keywords, limits=limits,
-                               allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
-                               where=where, slices=slices, annotations=annotations)
         return ds
     if annotations and annotation_modality(ds) is not None:
         return _annotation_header(ref, ds, entity_keyword, time_keywords)
@@ -590,32 +596,36 @@ def rehearse_header_reads(handle: Any) -> bool:
 
 
 def read_dicom(ref: SampleRef, cfg: DicomTransformConfig, *, limits: LimitsConfig = DEFAULT_LIMITS,
-               allow_burned_in: bool = False, dataset: Dataset | None = None) -> list[Sample] | Issue:
+               allow_burned_in: bool = False, dataset: Dataset | None = None,
+               entity_keyword: str | None = None) -> list[Sample] | Issue:
     """Decode ``ref.path`` once, validate it and transform every frame into C×H×W samples.
 
     Returns one Sample per frame (``frames: split``, keys ``<id>-f0000``…; single-frame files keep
     ``<id>``) or one Sample with frames as channels (``frames: stack``), or one Issue:
-    read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``decode_failed``,
+    read/``truncated`` (pixel bytes missing, or encapsulated data cut short), read/``unreadable``
+    (native Pixel Data of undefined length, which only encapsulated data may have), read/``decode_failed``,
     validate/``constant_image``, validate/``missing_window``, transform/``unsupported`` (float16
     overflow), plus every issue of :func:`probe_dicom` (``too_large`` and ``burned_in_annotation``
     are checked again here, before decoding). Anything unforeseen becomes read/``unexpected_error``
     with the file, the exception type and message (:func:`packer.read.at_boundary`, the read
     stage's one boundary). ``dataset``: the file as :func:`probe_dicom` parsed it with
-    ``keep_pixels`` (not parsed again).
+    ``keep_pixels`` (not parsed again). ``entity_keyword``: the source's ``entity:``; when its
+    element holds bytes the declared character set cannot decode, each sample says so in
+    ``metadata.warnings`` (:func:`~packer.read.dicom_attrs.undecodable_note`).
     """
-    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, allow_burned_in, dataset),
+    return at_boundary(ref, lambda progress: _read(ref, cfg, limits, allow_burned_in, dataset, entity_keyword),
                        name=ref.relpath or ref.path)
 
 
 def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow_burned_in: bool,
-          dataset: Dataset | None = None) -> list[Sample] | Issue:
+          dataset: Dataset | None = None, entity_keyword: str | None = None) -> list[Sample] | Issue:
     ds = dataset if dataset is not None else _parse(ref, header_only=False, limits=limits)
     if isinstance(ds, Issue):
         return ds
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
-        if geometry.reason in ("no_pixel_data", "unreadable") and _cut_inside_pixel_data(ref, limits):
-            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        if geometry.reason in ("no_pixel_data", "unreadable"):
+            return _cut_inside_pixel_data(ref, limits) or geometry
         return geometry
     problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
     if problem is not None:
@@ -624,9 +634,13 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     if isinstance(pixels, Issue):
         return pixels
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
+    metadata = _base_metadata(ds, geometry)
+    note = undecodable_note(ds, entity_keyword) if entity_keyword else None
+    if note is not None:
+        metadata["warnings"] = [note]
     try:
         return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
-                              base_metadata=_base_metadata(ds, geometry), max_pixels=limits.max_pixels)
+                              base_metadata=metadata, max_pixels=limits.max_pixels)
     except DamagedElement as err:
         return _damaged(ref, err)
 
@@ -648,21 +662,50 @@ _CUT_ENCAPSULATED = ("the encapsulated (7FE0,0010) Pixel Data ends before its (F
                      "the file was cut short; copy it again from the source")
 
 
-def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> bool:
+def _native_undefined_length(ref: SampleRef, syntax: str) -> Issue:
+    """The issue of native (uncompressed) Pixel Data whose length is undefined (FFFFFFFF)."""
+    return _issue(ref, "read", "unreadable",
+                  f"(7FE0,0010) Pixel Data has an undefined length (FFFFFFFF), but transfer syntax {syntax} "
+                  f"({UID(syntax).name}) stores pixels uncompressed, and native Pixel Data must state its length "
+                  "(PS3.5 A.4 allows an undefined length only for encapsulated, compressed data): the writer of this "
+                  "file is broken, and where its pixels end is a guess. Re-export the file, or rewrite it with a "
+                  "converter that writes the length (e.g. dcmconv from DCMTK or gdcmconv from GDCM)")
+
+
+def _undefined_length_issue(ref: SampleRef, syntax: str) -> Issue:
+    """What an undefined-length (7FE0,0010) Pixel Data element that pydicom could not read says:
+    under a compressed syntax the encapsulated data lacks its end (the file was cut short); under a
+    native one the element may not have an undefined length at all."""
+    if syntax in _NATIVE:
+        return _native_undefined_length(ref, syntax)
+    return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+
+
+def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> Issue | None:
     """pydicom drops the *whole* dataset (with only a warning) when a file ends inside undefined-
-    length pixel data; the header read still sees the Image Pixel module then."""
+    length pixel data (found by looking for its sequence delimiter); the header read still sees the
+    Image Pixel module then. The issue of such a file (:func:`_undefined_length_issue`), or None."""
     head = _parse(ref, header_only=True, limits=limits)
-    if isinstance(head, Issue) or isinstance(_check_image(ref, head), Issue):
-        return False
-    return _has_encapsulated_pixel_tag(ref.path)
+    if isinstance(head, Issue):
+        return None
+    geometry = _check_image(ref, head)
+    if isinstance(geometry, Issue) or not _has_undefined_pixel_tag(ref.path):
+        return None
+    return _undefined_length_issue(ref, geometry.transfer_syntax)
 
 
-def _has_encapsulated_pixel_tag(path: str) -> bool:
+#: The start of an undefined-length (7FE0,0010) element: Explicit VR OB or OW, little and big
+#: endian, and Implicit VR Little Endian.
+_UNDEFINED_PIXEL_TAGS = (b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff", b"\xe0\x7f\x10\x00OW\x00\x00\xff\xff\xff\xff",
+                         b"\x7f\xe0\x00\x10OB\x00\x00\xff\xff\xff\xff", b"\x7f\xe0\x00\x10OW\x00\x00\xff\xff\xff\xff",
+                         b"\xe0\x7f\x10\x00\xff\xff\xff\xff")
+
+
+def _has_undefined_pixel_tag(path: str) -> bool:
     """Whether the file holds the start of an undefined-length (7FE0,0010) element (PS3.5 A.4)."""
     with open(path, "rb") as handle:
         data = handle.read()
-    return any(marker in data for marker in (b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff",
-                                              b"\xe0\x7f\x10\x00OW\x00\x00\xff\xff\xff\xff"))
+    return any(marker in data for marker in _UNDEFINED_PIXEL_TAGS)
 
 
 def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
@@ -717,13 +760,15 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
     encapsulated = geometry.transfer_syntax not in _NATIVE
     if keyword is None:
-        if encapsulated and _has_encapsulated_pixel_tag(ref.path):
-            return _issue(ref, "read", "truncated", _CUT_ENCAPSULATED)
+        if _has_undefined_pixel_tag(ref.path):
+            return _undefined_length_issue(ref, geometry.transfer_syntax)
         return _issue(ref, "validate", "no_pixel_data",
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has an Image Pixel module but no "
                       "(7FE0,0010) Pixel Data element (the file may have been cut short); copy it again, or "
                       "re-export it with its pixels")
     if not encapsulated:
+        if ds[keyword].is_undefined_length:  # pydicom found an end by looking for a sequence delimiter
+            return _native_undefined_length(ref, geometry.transfer_syntax)
         have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
         if keyword != "PixelData":
             want = geometry.rows * geometry.columns * geometry.frames * geometry.bits_allocated // 8

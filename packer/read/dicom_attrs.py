@@ -6,8 +6,10 @@ Groups item of the frame first, then the Shared Functional Groups, then the top 
 dataset (the order highdicom uses). Nothing here mutates the dataset.
 
 pydicom decodes an element on first access. ``packer.read.dicom`` decodes the top level right
-after parsing; elements inside sequence items are read here through :func:`element`, which turns
-a damaged one into :class:`DamagedElement` (a ``ValueError``) naming the tag.
+after parsing, through :func:`convert_faithfully` (text whose bytes the declared character set
+cannot decode is kept, not replaced); elements inside sequence items are read here through
+:func:`element`, which turns a damaged one into :class:`DamagedElement` (a ``ValueError``) naming
+the tag. Nothing here changes a value the file holds.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from pydicom import config as pydicom_config
+from pydicom.charset import convert_encodings
 from pydicom.datadict import dictionary_VR, tag_for_keyword
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
-from pydicom.tag import Tag
+from pydicom.multival import MultiValue
+from pydicom.tag import BaseTag, Tag
 from pydicom.uid import UID
 from pydicom.valuerep import DA, DT, TM
 
@@ -300,10 +305,88 @@ def sop_class_name(uid: str) -> str:
     return name if name and name != uid else f"SOP class {uid}"
 
 
-def text_value(ds: Dataset, keyword: str) -> str | None:
-    """``str`` of an element's value, stripped; ``None`` when absent, empty or not a keyword."""
+#: Text VRs decoded with (0008,0005) Specific Character Set whose values are split at backslashes
+#: (PS3.5 6.1.2.3, 6.2): a single value never holds a backslash, so an escape written with one
+#: (:func:`escape_undecodable`) cannot be confused with text. (ST, LT and UT may hold backslashes,
+#: and are left to pydicom.)
+_CHARSET_VRS = frozenset({"SH", "LO", "UC", "PN"})
+_ESC = b"\x1b"
+
+
+def escape_undecodable(raw: bytes, encoding: str) -> list[str]:
+    """The values of a text element whose bytes ``raw`` do not decode under ``encoding`` (a
+    Python codec, the first of the declared character sets), split at backslashes: what decodes
+    is kept as text, each byte that does not as the four characters ``\\xNN`` (``b"MRN\\xff01"``
+    is ``MRN\\xff01``), trailing spaces and NULs (padding) stripped. Unlike pydicom's U+FFFD
+    replacement, this loses nothing: two values that differ in any byte stay different, and one
+    value is always shown the same."""
+    return [part.decode(encoding, errors="backslashreplace").rstrip("\0 ") for part in raw.split(b"\\")]
+
+
+def _texts(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, MultiValue) else [str(value)]
+
+
+def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
+    """``ds[tag]``, which converts a raw element on first access as pydicom does, except for a
+    text element (SH, LO, UC, PN) whose bytes do not decode under the data set's (0008,0005)
+    Specific Character Set: pydicom warns and writes U+FFFD for each undecodable byte, so two
+    PatientIDs that differ only in those bytes would read alike and two patients would become one
+    entity. Such an element is converted by :func:`escape_undecodable` instead, and ``ds`` holds
+    that element from then on. A value whose bytes decode (a valid UTF-8 ``Müller``) is pydicom's.
+    Raises what pydicom raises on a damaged element."""
+    raw = ds.get_item(tag)
+    elem = ds[tag]
+    if (elem.VR not in _CHARSET_VRS or not isinstance(raw, RawDataElement) or not isinstance(raw.value, bytes)
+            or (raw.value.isascii() and _ESC not in raw.value)
+            or not any("\ufffd" in text for text in _texts(elem.value))):
+        return elem
+    encoding = convert_encodings(ds.get("SpecificCharacterSet") or "ISO_IR 6")[0]
+    if _ESC not in raw.value:  # else code extensions (ISO 2022), which cannot encode U+FFFD itself
+        try:
+            raw.value.decode(encoding)
+        except LookupError:  # an unknown codec: pydicom decoded with its default, losing nothing
+            return elem
+        except UnicodeError:
+            pass
+        else:
+            return elem  # the file's own U+FFFD
+    # A list of one value is not split again at the backslashes the escapes hold.
+    kept = DataElement(elem.tag, elem.VR, escape_undecodable(raw.value, encoding),
+                       validation_mode=pydicom_config.IGNORE)
+    ds[tag] = kept
+    return kept
+
+
+def undecodable_note(ds: Dataset, keyword: str) -> str | None:
+    """The warning for a file whose ``keyword`` element (the source's entity) holds bytes its
+    declared character set cannot decode, kept by :func:`convert_faithfully`; None otherwise. It
+    names the tag and the character set, never the value (a patient's id)."""
+    tag = tag_for_keyword(keyword)
     try:
-        value = ds.get(keyword)
+        if tag is None or tag not in ds:
+            return None
+        elem = convert_faithfully(ds, Tag(tag))
+    except (KeyError, ValueError, TypeError):
+        return None  # a damaged element is the probe's to report
+    if elem.VR not in _CHARSET_VRS or not any("\\" in text for text in _texts(elem.value)):
+        return None  # a single value of these VRs holds a backslash only where an escape was written
+    charset = "\\".join(_texts(ds.get("SpecificCharacterSet") or "ISO_IR 6"))
+    return (f"{elem.tag} {keyword}, the entity, holds bytes that (0008,0005) Specific Character Set {charset} "
+            "cannot decode: each is read as \\xNN, so ids that differ only in those bytes stay apart (pydicom "
+            "would make them all U+FFFD); fix the character set or the ids where the files were exported if "
+            "this patient's files must match others'")
+
+
+def text_value(ds: Dataset, keyword: str) -> str | None:
+    """``str`` of an element's value, stripped; ``None`` when absent, empty or not a keyword. Text
+    whose bytes the declared character set cannot decode is read by :func:`convert_faithfully`
+    (``MRN\\xff01``), so distinct raw ids stay distinct."""
+    tag = tag_for_keyword(keyword)
+    try:
+        if tag is None or tag not in ds:
+            return None
+        value = convert_faithfully(ds, Tag(tag)).value
     except (KeyError, ValueError, TypeError):
         return None
     if value is None:

@@ -182,7 +182,8 @@ class DicomKind(SourceKind):
         from packer.read.dicom import read_dicom
 
         return read_dicom(ref, job.dicom, limits=job.limits,
-                          allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=state)
+                          allow_burned_in=job.safety.burned_in_annotation == "allow", dataset=state,
+                          entity_keyword=next((s.entity for s in job.sources if s.name == ref.source), None))
 
     @quiet
     def rehearse_probe(self, ref: SampleRef, handle: RangedFile, limits: LimitsConfig) -> bool:
