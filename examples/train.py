@@ -35,7 +35,8 @@ What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses
   cross-entropy on ``batch["mask"][:, 0]`` over ``max(classes) + 1`` classes (256 when the
   manifest's ``mask.classes`` is null); a non-zero ``mask.pad`` (what ``resize: fit`` padded
   with) is the loss's ignore index, not a class. One mask frame only: F > 1 stops with a message.
-Each epoch's line says which (``class: 3 classes``, ``numeric: age, dose``, ...).
+Each epoch's line says which (``class: 3 classes``, ``numeric: age, dose``, ...); an epoch that
+``--max-steps`` ended part way prints its line too, ending ``; stopped at --max-steps N``.
 
 What to copy into a real training script:
 - ``init_process_group`` under torchrun or when ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU); ShardDataset
@@ -303,6 +304,7 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
             save_checkpoint(args.checkpoint, {"model": module.state_dict(), "optim": optim.state_dict(),
                                               "loader": batches.state_dict(), "step": step})
 
+    stopped = False  # by --max-steps, maybe part way through an epoch
     for epoch in range(start_epoch, args.epochs):
         batches.set_epoch(epoch)
         model.train()
@@ -317,11 +319,14 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
             if step % args.save_every == 0:
                 checkpoint()
             if args.max_steps and step >= args.max_steps:
-                checkpoint()
-                return {"steps": step, "losses": losses, "keys": keys, "rank": rank, "objective": objective.summary}
-        if rank == 0 and losses:
-            print(f"epoch {epoch}: step {step}, last loss {losses[-1]:.4f} ({objective.summary})", flush=True)
+                stopped = True
+                break
+        if rank == 0 and losses:  # the epoch's line also when --max-steps cut it short, saying so
+            print(f"epoch {epoch}: step {step}, last loss {losses[-1]:.4f} ({objective.summary})"
+                  + (f"; stopped at --max-steps {args.max_steps}" if stopped else ""), flush=True)
         checkpoint()
+        if stopped:
+            break
     return {"steps": step, "losses": losses, "keys": keys, "rank": rank, "objective": objective.summary}
 
 

@@ -3,7 +3,8 @@
 Exit codes: 0 success · 1 internal error · 2 usage or config error · 3 too many bad samples
 (report and manifest still written) · 4 leakage found by the split audit · 5 integrity
 failure (a shard or manifest does not match its hash) · 6 a file system refused a write (full,
-over quota, read-only) · 7 the connection to the dask scheduler was lost · 130 interrupted (Ctrl-C).
+over quota, read-only) · 7 the connection to the dask scheduler was lost · 130 interrupted (Ctrl-C) ·
+141 stdout or stderr was closed by its reader (``packer ... | head -1``): the command stopped there, quietly.
 """
 
 from __future__ import annotations
@@ -14,11 +15,34 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.commands import exits
+from packer.commands import exit_closed_output, exits, output_closed
 from packer.config import SPLITS
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Packer(click.Group):
+    """The command group, which ends quietly with exit 141 when the reader of stdout or stderr has gone also
+    outside the commands' own bodies (which :func:`~packer.commands.exits` covers): ``--help``, ``--version``, an
+    error message. click would exit 1 there, packer's "internal error"."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            if not output_closed():
+                raise
+            exit_closed_output()
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not output_closed():
+                raise
+            exit_closed_output()
+
+
+@click.group(cls=_Packer, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="packer")
 def main() -> None:
     """packer: turn a messy folder of DICOM files and images into validated, leakage-free,
@@ -31,7 +55,8 @@ def main() -> None:
 
     Exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 too many bad samples,
     4 leakage found, 5 integrity failure, 6 disk full or read-only (the message names the file),
-    7 the dask scheduler was lost (rerun: the build cache keeps what was decoded), 130 Ctrl-C.
+    7 the dask scheduler was lost (rerun: the build cache keeps what was decoded), 130 Ctrl-C,
+    141 the output's reader went away (packer ... | head): the command stopped there, quietly.
     """
 
 

@@ -469,10 +469,13 @@ def _open_tar(folder: VersionFolder, name: str) -> Iterator[tarfile.TarFile]:
 
 
 def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
-    """Samples of a WebDataset tar, read with ``tarfile`` (members grouped by key, in order)."""
+    """Samples of a WebDataset tar, read with ``tarfile`` (members grouped by key, in order). A
+    sample whose member the file ends in (a shard truncated mid-sample) is named as cut short, and
+    is not one of the samples."""
     current: str | None = None
     sample: dict[str, Any] = {}
     done: set[str] = set()
+    whole = 0  # samples read to their end
     try:
         with _open_tar(folder, shard) as tar:
             while True:
@@ -480,9 +483,20 @@ def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterato
                     member = tar.next()
                     if member is None:
                         break
-                    data = _member_bytes(tar, member)
                 except (tarfile.TarError, OSError, EOFError) as err:
                     found.add(shard, f"tar stream unreadable after sample {current} ({err}); {_REBUILD}")
+                    break
+                try:
+                    data = _member_bytes(tar, member)
+                except (tarfile.TarError, OSError, EOFError) as err:
+                    parsed = parse_member_name(member.name)
+                    cut = parsed[0] if not isinstance(parsed, str) else None
+                    if current is not None and current != cut:
+                        whole += 1  # the cut member is a new sample's first: the one before it ended whole
+                    found.add(shard, f"the shard ends in member {member.name} ({err}) after {whole} whole samples: "
+                                     f"this sample is cut short; {_REBUILD}", key=cut)
+                    if current == cut:
+                        current = None  # not a sample to check: its problem is said
                     break
                 if data is None:
                     found.add(shard, f"{irregular_member(member.name)}; {_REBUILD}")
@@ -494,6 +508,7 @@ def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterato
                 key, ext = parsed
                 if key != current:
                     if current is not None:
+                        whole += 1
                         yield current, sample
                     if key in done:
                         found.add(shard, "members of this key appear in two separate groups", key=key)

@@ -168,6 +168,57 @@ def test_the_stage_times_line_counts_decoded_and_cached_files_truthfully(demo_ra
     assert f"(0 files decoded, {decoded} from the build cache):" in second.output
 
 
+def _with_closed_output(args: list[str], *, closed: str) -> subprocess.CompletedProcess[str]:
+    """``python -m packer.cli ARGS`` whose stdout (``closed="stdout"``) or stderr is a pipe that its reader
+    has already closed, as ``packer ... | head -1`` leaves it once head has read its line; the other
+    stream is captured."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    other = subprocess.PIPE
+    try:
+        return subprocess.run([sys.executable, "-m", "packer.cli", *args], cwd=REPO, text=True, timeout=300,
+                              stdout=write_end if closed == "stdout" else other,
+                              stderr=write_end if closed == "stderr" else other,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.slow  # subprocesses, one a build on a real dask cluster
+def test_a_closed_stdout_or_stderr_ends_every_command_quietly_with_141(demo_raw: Any, tmp_path: Path) -> None:
+    """`packer validate JOB | head -1` ended in a BrokenPipeError traceback, "internal error" and exit 1
+    (and click's own --help, exit 1 and nothing): a reader that has gone is no error of the data."""
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert built.exit_code == 0, built.output
+    (version,) = (path.parent for path in (tmp_path / "out" / "demo").glob("*/manifest.json"))
+    runs = {"validate": ["validate", str(job), "--scheduler", "sync"],
+            "build on a cluster": ["build", str(job), "--out", str(tmp_path / "again"), "--workers", "1"],
+            "inspect": ["inspect", str(version)], "inspect --json": ["inspect", str(version), "--json"],
+            "verify": ["verify", str(version)], "diff": ["diff", str(version), str(version)],
+            "--help": ["--help"], "verify --help": ["verify", "--help"]}
+    for what, args in runs.items():
+        proc = _with_closed_output(args, closed="stdout")
+        assert (proc.returncode, "Traceback" in proc.stderr, "internal error" in proc.stderr) == (141, False, False), \
+            (what, proc.stderr)
+    # validate's summary goes to stderr: `packer validate JOB 2>&1 | head -1`
+    proc = _with_closed_output(runs["validate"], closed="stderr")
+    assert proc.returncode == 141, proc.stdout
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_still_a_bug(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a closed stdout or stderr ends quietly: a pipe of the command's own that broke is an internal error."""
+    from packer.commands import exits
+
+    def verify() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(SystemExit) as caught:
+        exits(verify)()
+    assert caught.value.code == 1
+    assert "internal error" in capsys.readouterr().err
+
+
 def test_ctrl_c_exits_130_with_one_line_and_build_says_how_to_resume(capsys: pytest.CaptureFixture[str]) -> None:
     from packer.commands import exits
 

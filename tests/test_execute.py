@@ -232,6 +232,59 @@ def test_a_second_local_cluster_in_the_same_process_starts() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+#: A task that fails with an error quoting a raw path whose folder is named after a patient
+FAILING_TASK = """
+from packer.pipeline.cluster import open_executor
+
+def read(path):
+    raise RuntimeError(f"cannot decode {{path}}: unexpected end of stream")
+
+with open_executor(None, workers=1, private={private}) as executor:
+    try:
+        list(executor.map_unordered(read, ["/raw/DOE^JANE_0001/IM1.dcm"], ["process-ct-0123456789abcdef-1-x"]))
+    except RuntimeError as err:
+        print("the client got", type(err).__name__)
+"""
+
+
+@pytest.mark.slow  # real dask clusters in subprocesses
+@pytest.mark.parametrize("private", [True, False])
+def test_under_pseudonymization_dask_does_not_print_a_failed_tasks_error_with_its_raw_path(private: bool) -> None:
+    """dask's workers log a task that raised ("Compute Failed") with its exception's text on stderr,
+    where a raw path names a patient's folder; the client gets the error all the same."""
+    out = subprocess.run([sys.executable, "-c", FAILING_TASK.format(private=private)], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "the client got RuntimeError", out.stderr[-2000:]
+    assert ("DOE^JANE" in out.stderr) is (not private), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("mode", "private"), [("pseudonymize", True), ("keep", False)])
+def test_build_and_validate_open_a_private_cluster_under_pseudonymization(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, private: bool) -> None:
+    from click.testing import CliRunner
+
+    import packer.pipeline.build as build_module
+    import packer.pipeline.datacheck as datacheck_module
+    from packer.cli import main
+
+    asked: list[bool] = []
+    for module in (build_module, datacheck_module):
+        real = module.open_executor  # type: ignore[attr-defined]
+
+        def noted(*args: Any, real: Any = real, **kwargs: Any) -> Any:
+            asked.append(kwargs.get("private", False))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "open_executor", noted)
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["phi"] = {**doc["phi"], "mode": mode}
+    job = write_job(tmp_path, doc)
+    for command in (["build", str(job), "--no-report"], ["validate", str(job), "--quick"]):
+        result = CliRunner().invoke(main, [*command, "--scheduler", "sync", "-q"])
+        assert result.exit_code == 0, result.output
+    assert asked == [private, private]
+
+
 def test_a_lazy_task_list_is_made_one_item_at_a_time_as_tasks_are_submitted() -> None:
     from packer.pipeline.cluster import Executor, LazySequence
 

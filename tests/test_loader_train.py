@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import sys
 from collections import Counter
@@ -130,6 +131,26 @@ def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, mo
     second = example.main([*common, "--resume"])
     assert second["steps"] == 6                                 # 21 samples: 6 batches of 4 in all
     assert Counter(first["keys"] + second["keys"]) == Counter(split_keys(21))
+
+
+def test_example_stopped_by_max_steps_mid_epoch_prints_the_epoch_line_and_says_so(manifest, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """--max-steps that ended an epoch part way used to stop without the epoch's line (step, loss, objective)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    example = load_example()
+    common = ["--manifest", str(manifest.parent), "--epochs", "2", "--batch-size", "4", "--workers", "0",
+              "--device", "cpu"]
+    stopped = example.main([*common, "--max-steps", "2"])   # 21 samples: 6 batches an epoch, stopped after 2
+    out = capsys.readouterr().out
+    assert stopped["steps"] == 2
+    assert re.fullmatch(r"epoch 0: step 2, last loss [0-9.]+ \(class: 3 classes\); stopped at --max-steps 2\n",
+                        out), out
+    example.main([*common, "--max-steps", "8"])             # epoch 0 whole, then 2 batches of epoch 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"loss [0-9.]+", "loss L", line) for line in lines] == [
+        "epoch 0: step 6, last loss L (class: 3 classes)",
+        "epoch 1: step 8, last loss L (class: 3 classes); stopped at --max-steps 8"]
 
 
 def free_port() -> int:

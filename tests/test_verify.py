@@ -147,6 +147,46 @@ def test_a_truncated_shard_fails_by_size(version: Path) -> None:
     assert invoke(version, "--deep").exit_code == 5
 
 
+@pytest.mark.parametrize("built", ["webdataset"], indirect=True)
+def test_a_tar_cut_inside_a_sample_counts_only_the_whole_samples_before_it_and_names_the_cut_one(
+        version: Path) -> None:
+    """A shard truncated in the middle of its 4th sample's .npy: "the archive ends after 4 samples"
+    (the loader), and verify --deep's "4 readable samples" and "lacks its .npy member", counted
+    the cut sample as one; 3 samples are whole, and the 4th is cut short."""
+    from packer.loader import ShardDataset
+    from packer.shards.tar import scan_tar, stream_tar_samples
+
+    entry = manifest_of(version)["splits"]["train"]["shards"][0]
+    shard = version / entry["file"]
+    cut = scan_tar(shard).samples[3]
+    npy_at, npy_size = cut.members["npy"]
+    shard.write_bytes(shard.read_bytes()[:npy_at + npy_size // 2])
+
+    deep = invoke(version, "--deep", "--json")
+    assert deep.exit_code == 5
+    problems = {(p["key"], p["message"]) for p in json.loads(deep.stdout)["problems"] if p["shard"] == shard.name}
+    assert (cut.key, f"the shard ends in member {cut.key}.npy (unexpected end of data) after 3 whole samples: this "
+                     "sample is cut short; rebuild the version with `packer build` or restore the file from a good "
+                     "copy") in problems
+    assert (None, f"3 readable samples, the manifest records {entry['samples']}") in problems
+    assert not any("lacks" in message for _, message in problems)
+
+    dataset = ShardDataset(version, "train", shuffle=False, on_error="skip", max_skipped=1000)
+    list(dataset)
+    skipped = [line for line in dataset.skipped_samples if line.startswith(shard.name)]
+    assert len(skipped) == entry["samples"] - 3
+    ends = (f"truncated: the archive ends after 3 of the manifest's {entry['samples']} samples (member "
+            f"'{cut.key}.npy' runs past the end of the file: sample {cut.key} is cut short)")
+    assert skipped[0].startswith(f"{shard.name}: sample {cut.key}: {ends}")
+    assert all(ends in line for line in skipped)
+
+    with shard.open("rb") as stream:  # as a remote shard is read: one stream, front to back
+        items = list(stream_tar_samples(stream, entry["samples"]))
+    assert [item[0] for item in items[:-1]] == [0, 1, 2]
+    assert items[-1] == (f"unreadable tar stream in member '{cut.key}.npy' (unexpected end of data): "
+                         f"sample {cut.key} is cut short")
+
+
 def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(version: Path) -> None:
     gone, other = shard_files(version)[-1], shard_files(version)[0]
     (version / gone).unlink()

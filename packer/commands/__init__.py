@@ -7,6 +7,8 @@ their documented exit codes at the CLI boundary (and only there).
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import signal
 import sys
 import threading
@@ -28,10 +30,46 @@ INTERRUPTED_HINTS = {"build": "; files decoded so far stay in the build cache, a
                               "from them (--fresh starts over)"}
 
 
+#: The exit status when the reader of stdout or stderr has gone (``packer ... | head -1``): 128 + SIGPIPE, what a
+#: shell shows for a command that SIGPIPE ended (``yes | head -1``). Not 0: the command did not finish, and a
+#: ``packer validate`` cut short must not pass for a clean one under ``set -o pipefail``; not 1 (click's choice),
+#: which is packer's "internal error".
+CLOSED_OUTPUT_EXIT = 141
+
+
+def output_closed() -> bool:
+    """Whether stdout or stderr is a pipe (or socket) whose reader has gone, which is when a write to it raises
+    BrokenPipeError. A stream without a file descriptor (click's test runner) is never closed this way."""
+    return any(_reader_gone(stream) for stream in (sys.stdout, sys.stderr))
+
+
+def _reader_gone(stream: Any) -> bool:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an in-memory stream, or closed: no pipe to ask
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def exit_closed_output() -> NoReturn:
+    """End the command quietly, with :data:`CLOSED_OUTPUT_EXIT`, because its output's reader has gone: no message
+    (there is nobody to read it) and no traceback. The closed streams are pointed at /dev/null first, so that
+    Python's flush at exit does not raise BrokenPipeError again ("Exception ignored ...", exit 120): what the
+    Python documentation's "Note on SIGPIPE" recommends."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        if _reader_gone(stream):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    sys.exit(CLOSED_OUTPUT_EXIT)
+
+
 def exits(fn: F) -> F:
     """Map PackerError subclasses to their exit codes, and an OSError of a full, over-quota or
-    read-only file system to :class:`~packer.errors.FileSystemError`'s; Ctrl-C exits 130 with one line; anything
-    else is a bug (exit 1)."""
+    read-only file system to :class:`~packer.errors.FileSystemError`'s; Ctrl-C exits 130 with one line; a closed
+    stdout or stderr (``| head``) exits 141 quietly; anything else is a bug (exit 1)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -49,6 +87,10 @@ def exits(fn: F) -> F:
             sys.exit(130)  # 128 + SIGINT, as shells report it
         except (click.exceptions.Exit, click.ClickException):
             raise
+        except BrokenPipeError:
+            if not output_closed():
+                _internal_error()  # a pipe of its own (a subprocess's, say) broke: a bug to report
+            exit_closed_output()
         except OSError as err:
             # a full or read-only disk met outside packer's own writers (a library's write): not a bug
             refused = refused_write(err, err.filename or "a file")

@@ -641,9 +641,9 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
         with open(info.path, "rb", buffering=0) as fh:
             mapped = map_shard(fh)  # images become views of it: the collate's stack is their one copy
             for pos in positions:
-                if pos >= found:
+                if pos >= found:  # ``found`` counts whole samples: the one the file ends in is not one
                     outcome: Decoded | Failure = Failure(
-                        info.file, pos, None, "truncated",
+                        info.file, pos, index.cut if pos == found else None, "truncated",
                         f"the archive ends after {found} of the manifest's {info.samples} samples "
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:

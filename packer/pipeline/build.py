@@ -394,7 +394,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
-    with open_executor(options.scheduler, options.workers, source_libraries(job.sources)) as executor, \
+    with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
+                       private=job.phi.mode == "pseudonymize") as executor, \
             _shared_probe(cache_dir) as probe:
         executor.require_shared(_shared_paths(job, probe, cache_named_by))
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,

@@ -338,15 +338,28 @@ class Executor:
                 future.release()
 
 
+#: The dask log records packer's local cluster (its scheduler here, its worker processes) prints on
+#: stderr: errors, not dask's chatter.
+DASK_LOG_LEVEL = logging.ERROR
+#: ... under PHI pseudonymization (``private``): critical ones only. dask logs a task that raised
+#: as an error, "Compute Failed", with the exception's text (and, in dask versions before its Task
+#: specs, the repr of the task's arguments: file records holding raw paths). That text may quote a
+#: raw path (a folder named after a patient), and the failure reaches the command anyway, as the
+#: exception the client raises.
+PRIVATE_DASK_LOG_LEVEL = logging.CRITICAL
+
+
 @contextlib.contextmanager
 def open_executor(scheduler: str | None = None, workers: int | None = None,
-                  libraries: Iterable[str] = ()) -> Iterator[Executor]:
+                  libraries: Iterable[str] = (), *, private: bool = False) -> Iterator[Executor]:
     """``scheduler``: None → LocalCluster of ``workers`` processes; ``"sync"`` → in-process;
     ``tcp://host:port`` or a scheduler-file path → that dask.distributed cluster (``workers``
     given with a ``scheduler`` is ignored, with a warning on stderr). On a cluster every task
     first checks that its worker runs this process's :func:`environment` (``libraries``: the
     job's source-kind libraries beyond the manifest's usual ones), and fails the run with a
-    ConfigError where it does not."""
+    ConfigError where it does not. ``private`` (PHI pseudonymization): the local cluster's dask
+    logs print at :data:`PRIVATE_DASK_LOG_LEVEL` (a cluster given by ``scheduler`` logs where its
+    own processes run, as they are configured)."""
     if scheduler is not None and workers is not None:
         runs = ("every task runs in this one process" if scheduler == "sync"
                 else "the tasks run on that scheduler's own workers")
@@ -356,7 +369,8 @@ def open_executor(scheduler: str | None = None, workers: int | None = None,
         yield Executor(None, "this one process (--scheduler sync)")
         return
     with _cluster_config():
-        yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))))
+        yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))),
+                                     log_level=PRIVATE_DASK_LOG_LEVEL if private else DASK_LOG_LEVEL)
 
 
 #: dask keeps its last ``distributed.admin.low-level-log-length`` (default 1000) batches of comm
@@ -396,7 +410,8 @@ UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the s
                     "do so under `if __name__ == \"__main__\":` (or from a function called there)")
 
 
-def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment) -> Iterator[Executor]:
+def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
+                      log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
 
     if scheduler is None:
@@ -407,7 +422,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
             try:
                 cluster = _call_sigint_blocked(lambda: LocalCluster(
                     n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                    silence_logs=logging.ERROR))
+                    silence_logs=log_level))
             except RuntimeError as err:
                 if "failed to start" not in str(err):
                     raise

@@ -139,7 +139,8 @@ def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = N
     unused_key = unused_key_warning(job.phi)
     if unused_key is not None:  # a warning, not progress: printed under --quiet too, as packer build does
         print(f"packer: warning: {unused_key}", file=sys.stderr, flush=True)
-    with open_executor(scheduler, workers, source_libraries(job.sources)) as executor:
+    with open_executor(scheduler, workers, source_libraries(job.sources),
+                       private=job.phi.mode == "pseudonymize") as executor:
         run = run_stages(job, executor, through="audit", cache_dir=None, decode=not quick, quiet=quiet,
                          storage_options=storage_options)
     return ValidateResult(job=job, prepared=run.prepared, quick=quick)

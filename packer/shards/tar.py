@@ -196,10 +196,15 @@ class TarSample:
 
 @dataclass(frozen=True)
 class TarIndex:
-    """The samples found by scanning a tar shard's headers, and the defect that ended the scan."""
+    """The whole samples found by scanning a tar shard's headers, and the defect that ended the scan.
+
+    ``cut``: the key of the sample in which the file ends (a member of it runs past the end of the
+    file: a shard truncated mid-sample); that sample is not in ``samples``, which holds only the
+    samples wholly before the defect."""
 
     samples: tuple[TarSample, ...]
     defect: str | None
+    cut: str | None = None
 
 
 def _member_defect(member: tarfile.TarInfo) -> tuple[str, str] | str:
@@ -246,6 +251,12 @@ class _Grouping:
             self.samples.append(self._current)
         self._current.members[ext] = (data_at, size)
         return True
+
+    def cut(self, key: str) -> None:
+        """Forget the sample ``key`` if it is the one being grouped: a member of it is cut short."""
+        if self._current is not None and self._current.key == key:
+            self.samples.pop()
+            self._current = None
 
 
 #: A ustar name field as the fast walk takes it: a member name ``parse_member_name`` accepts,
@@ -328,6 +339,7 @@ def _scan_tarfile(path: Path) -> TarIndex:
     """:func:`scan_tar` by :mod:`tarfile`: any tar it reads, and the defect where it stops."""
     found = _Grouping()
     defect: str | None = None
+    cut: str | None = None
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         try:
@@ -337,8 +349,10 @@ def _scan_tarfile(path: Path) -> TarIndex:
                     if isinstance(parsed, str):
                         defect = parsed
                         break
-                    if member.offset_data + member.size > size:
-                        defect = f"member {member.name!r} runs past the end of the file"
+                    if member.offset_data + member.size > size:  # truncated mid-sample: that sample is not whole
+                        cut = parsed[0]
+                        found.cut(cut)
+                        defect = f"member {member.name!r} runs past the end of the file: sample {cut} is cut short"
                         break
                     if not found.add(*parsed, header_at=member.offset, data_at=member.offset_data,
                                      size=member.size):
@@ -346,7 +360,7 @@ def _scan_tarfile(path: Path) -> TarIndex:
                         break
         except tarfile.TarError as err:
             defect = f"unreadable tar header ({err})"
-    return TarIndex(samples=tuple(found.samples), defect=defect)
+    return TarIndex(samples=tuple(found.samples), defect=defect, cut=cut)
 
 
 #: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
@@ -538,13 +552,15 @@ def stream_tar_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dic
     ``tarfile`` mode ``r|``) up to index ``last``; ``members`` holds every member's bytes by extension.
 
     A string, the defect, ends the stream: the defects :func:`scan_tar` stops at, or an
-    unreadable stream. ``OSError`` from the store propagates.
+    unreadable stream. A sample whose member the stream ends in (a shard truncated mid-sample) is
+    not yielded: the defect names it. ``OSError`` from the store propagates.
     """
     seen: set[str] = set()
     key: str | None = None
     members: dict[str, bytes] = {}
     index = -1
     defect: str | None = None
+    reading: str | None = None  # the member whose data is being read
     try:
         with tarfile.open(fileobj=fh, mode="r|") as tar:
             for member in tar:
@@ -564,10 +580,16 @@ def stream_tar_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dic
                         break
                     seen.add(name)
                     key, members, index = name, {}, index + 1
+                reading = member.name
                 extracted = tar.extractfile(member)
                 members[ext] = extracted.read() if extracted is not None else b""
+                reading = None
     except (tarfile.TarError, EOFError) as err:
-        defect = f"unreadable tar stream ({err})"
+        if reading is not None and key is not None:  # the stream ends inside this sample: it is not whole
+            defect = f"unreadable tar stream in member {reading!r} ({err}): sample {key} is cut short"
+            key = None
+        else:
+            defect = f"unreadable tar stream ({err})"
     if key is not None:
         yield index, key, members
     if defect is not None:
