@@ -143,7 +143,8 @@ class Issue:
 #: whole group by ``split.duplicates.label_conflict: drop_group``), ``not_downloaded`` (a table
 #: row naming no file under the root, under the table's ``missing: drop``: a partial download),
 #: ``unsupported_format`` (a file of a format its source's kind finds but does not read: a WebP or
-#: GIF under an image source; its detail says to convert it).
+#: GIF under an image source, an NRRD or MGZ volume under a NIfTI source; its detail says how to
+#: convert it).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
               "not_downloaded", "unsupported_format", "label_map")
 

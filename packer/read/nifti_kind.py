@@ -10,6 +10,9 @@ may name, per row, further co-registered files of the case (``channel_files``: c
 channel each after the row's own file, as BraTS' t1/t1ce/t2/flair) and its label map
 (``mask: {column}``); both must lie on the row's grid (``channel_geometry``, ``mask_geometry``),
 or with ``mask: {grid: resample}`` the label map is resampled to it in patient coordinates.
+A volume of another format under the root (NRRD, MetaImage, MGH, MINC, an Analyze or NIfTI-1
+``.hdr``/``.img`` pair) is left out as ``unsupported_format``, saying how to convert it to NIfTI
+(:meth:`NiftiKind.unsupported`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,42 @@ IMAGE_CHANNEL = "image"
 #: The windows a NIfTI job gets when it names none: a normalisation, since a NIfTI file need
 #: not be CT (and its own display range, cal_min/cal_max, is often unset).
 DEFAULT_WINDOWS = ({"percentiles": [0.5, 99.5]},)
+
+#: How to convert most volume formats to NIfTI: SimpleITK (ITK reads NRRD, MetaImage, MINC and
+#: Analyze and writes each file's orientation into the NIfTI header), or Convert3D or plastimatch.
+_SITK = ("e.g. with SimpleITK: import SimpleITK as sitk; sitk.WriteImage(sitk.ReadImage(p), p_out) with p_out "
+         "ending in .nii.gz (or c3d p -o p_out.nii.gz, or plastimatch convert --input p --output-img p_out.nii.gz)")
+_NOT_READ = "which packer does not read (NIfTI sources read .nii and .nii.gz files)"
+#: Volume files a NIfTI source finds but does not read, by suffix (what each is, and the fix):
+#: each is left out as ``unsupported_format`` (``excluded.jsonl``), never dropped unsaid. One record
+#: per file: a two-file format's data half (an Analyze ``.img``, a MetaImage ``.raw``) gets its own,
+#: saying which header it belongs to, since the name alone cannot tell whether that header is there.
+UNSUPPORTED_VOLUME_FORMATS = {
+    ".nrrd": f"an NRRD volume (.nrrd, 3D Slicer's format), {_NOT_READ}; convert it to NIfTI, {_SITK}",
+    ".nhdr": f"an NRRD header (.nhdr) with its voxels in a detached file, {_NOT_READ}; convert it to NIfTI (its "
+             f"voxels come along), {_SITK}",
+    ".mha": f"a MetaImage volume (.mha, ITK), {_NOT_READ}; convert it to NIfTI, {_SITK}",
+    ".mhd": f"a MetaImage header (.mhd, ITK) with its voxels in a detached .raw or .zraw file, {_NOT_READ}; convert "
+            f"it to NIfTI (its voxels come along), {_SITK}",
+    ".raw": f"raw voxels, as the detached data file of a MetaImage .mhd or NRRD .nhdr header, {_NOT_READ}; convert "
+            "the header that names it to NIfTI (see that file's record), or write one if none describes it; then "
+            "move this file out of the root",
+    ".zraw": f"the compressed voxels of a MetaImage .mhd header, {_NOT_READ}; convert the .mhd that names it to "
+             "NIfTI (see that file's record), then move this file out of the root",
+    ".mgz": f"an MGH volume (.mgz, FreeSurfer), {_NOT_READ}; convert it to NIfTI with FreeSurfer's mri_convert "
+            "p.mgz p_out.nii.gz, or with nibabel: nibabel.save(nibabel.load(p), p_out) with p_out ending in .nii.gz",
+    ".mgh": f"an MGH volume (.mgh, FreeSurfer), {_NOT_READ}; convert it to NIfTI with FreeSurfer's mri_convert "
+            "p.mgh p_out.nii.gz, or with nibabel: nibabel.save(nibabel.load(p), p_out) with p_out ending in .nii.gz",
+    ".mnc": f"a MINC volume (.mnc), {_NOT_READ}; convert it to NIfTI with mnc2nii (minc-tools), or {_SITK}",
+    ".hdr": f"the header of an Analyze 7.5 or NIfTI-1 .hdr/.img pair, {_NOT_READ}; convert the pair to one .nii.gz "
+            f"file through this header (the .img of the same name comes along), {_SITK}; then move both halves out "
+            "of the root",
+    ".img": f"the voxels of an Analyze 7.5 or NIfTI-1 .hdr/.img pair (its header is the .hdr of the same name), "
+            f"{_NOT_READ}; convert the pair through its .hdr (see that file's record), then move both halves out of "
+            "the root",
+}
+#: NIfTI files under a compression packer does not list (it reads .nii and gzip's .nii.gz).
+_RECOMPRESS = {".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": "zip", ".z": "compress"}
 
 
 @dataclass(frozen=True)
@@ -122,6 +161,15 @@ class NiftiKind(SourceKind):
 
     def lists_name(self, name: str, suffix: str) -> bool | None:
         return name.endswith(".nii") or name.endswith(".nii.gz")
+
+    def unsupported(self, name: str, suffix: str) -> str | None:
+        """NRRD, MetaImage, MGH, MINC and Analyze-pair files (:data:`UNSUPPORTED_VOLUME_FORMATS`),
+        and NIfTI files compressed other than with gzip; DICOM files are the DICOM kind's (never
+        named here: they are recognised by content, not suffix)."""
+        if name.endswith(f".nii{suffix}") and suffix in _RECOMPRESS:
+            return (f"a NIfTI file compressed with {_RECOMPRESS[suffix]} ({suffix}), {_NOT_READ}; decompress it "
+                    "and gzip it (or keep the .nii)")
+        return UNSUPPORTED_VOLUME_FORMATS.get(suffix)
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> NiftiTransformConfig:
         windows = tuple(parse_window(w, f"transform.nifti.windows[{i}]")
