@@ -241,6 +241,41 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     assert ("patient0042" in warning) is shown
 
 
+@pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
+def test_a_sample_id_collision_warning_names_sample_ids_not_paths_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, shown: bool) -> None:
+    """Two files whose sample ids collide (a 64-bit hash collision, forced here) are renamed
+    and warned about: under phi: pseudonymize the warning names the sample ids (packer locate
+    maps them back), never the raw paths, whose folders hold a patient's name; keep names them."""
+    import warnings
+
+    from packer.config import load_job
+    from packer.pipeline import discover as discover_module
+
+    raw = tmp_path / "raw"
+    folder = raw / f"{PHI['name_in_path']}_{PHI['mrn']}"
+    for i in range(2):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.png").write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
+    doc = {"name": "clash", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    monkeypatch.setattr(discover_module, "make_sample_id", lambda source, relpath, phi=None: f"{source}-0000beef")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = discover_module.discover(load_job(job), phi)
+    assert found.refs.column("sample_id") == ["raw-0000beef", "raw-0000beef-dup2"]
+    (said,) = [str(w.message) for w in caught if "0000beef-dup2" in str(w.message)]
+    assert (PHI["name_in_path"] in said) is shown and (PHI["mrn"] in said) is shown
+    assert (str(folder / "1.png") in said) is shown
+    if not shown:
+        assert "two files share sample id raw-0000beef" in said and "packer locate" in said
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""

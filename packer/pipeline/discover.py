@@ -841,7 +841,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     excluded = _once(excluded, refs, issues)
     ids = refs.column("sample_id")
     if len(set(ids)) != len(ids):  # a (vanishingly rare) hash collision: renamed in path order
-        refs = RefTable.of(unique_ids(list(refs)))
+        refs = RefTable.of(unique_ids(list(refs), hide_paths=phi is not None and phi.active))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered, unlabeled=unlabeled)
 
@@ -867,9 +867,11 @@ def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> 
     return out
 
 
-def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
+def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> list[SampleRef]:
     """Keep sample ids unique: a (vanishingly rare) 64-bit hash collision gets a ``-dupN``
-    suffix, given in path order so the result is deterministic, and a warning names both files."""
+    suffix, given in path order so the result is deterministic, and a warning names both files,
+    or, with ``hide_paths`` (the job pseudonymizes: a folder or file name may hold a patient's
+    name), only the sample ids, which ``packer locate`` turns back into files where the key is."""
     seen: dict[str, SampleRef] = {}
     out = []
     for ref in refs:
@@ -878,8 +880,14 @@ def unique_ids(refs: list[SampleRef]) -> list[SampleRef]:
             n += 1
             sample_id = f"{ref.sample_id}-dup{n}"
         if sample_id != ref.sample_id:
-            warnings.warn(f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
-                          f"using {sample_id}", stacklevel=2)
+            if hide_paths:
+                said = (f"two files share sample id {ref.sample_id} (a hash collision); the later in path order is "
+                        f"{sample_id} (paths not shown under phi: pseudonymize; packer locate JOB {ref.sample_id} "
+                        f"{sample_id} names them)")
+            else:
+                said = (f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
+                        f"using {sample_id}")
+            warnings.warn(said, stacklevel=2)
             ref = replace(ref, sample_id=sample_id)
         seen[sample_id] = ref
         out.append(ref)
