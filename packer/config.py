@@ -1429,12 +1429,18 @@ def parse_size(raw: Any) -> tuple[int, int] | None:
 
 def parse_job(doc: Any, job_path: Path, *, base: Path | None = None) -> JobConfig:
     """Validate a parsed job document and build the JobConfig. Raises ConfigError naming
-    ``job_path``. Relative paths are relative to ``base``, by default the job file's folder."""
+    ``job_path``. Relative paths are relative to ``base``, by default the job file's folder.
+    A job that pseudonymizes notes its source roots for :mod:`packer.redact` (an internal error
+    then prints no raw path under them)."""
+    from packer.redact import note_job
+
     doc = validate_document(doc, "job", source=str(job_path))
     try:
-        return _build_job(doc, job_path, job_path.parent.resolve() if base is None else base)
+        job = _build_job(doc, job_path, job_path.parent.resolve() if base is None else base)
     except ConfigError as err:
         raise ConfigError(f"{job_path}: {err}") from err
+    note_job(job)
+    return job
 
 
 def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:

@@ -276,6 +276,42 @@ def test_a_sample_id_collision_warning_names_sample_ids_not_paths_under_pseudony
         assert "two files share sample id raw-0000beef" in said and "packer locate" in said
 
 
+@pytest.mark.parametrize("mode", ["pseudonymize", "keep"])
+def test_an_internal_error_prints_no_raw_path_under_pseudonymization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     mode: str) -> None:
+    """A bug (an exception packer did not anticipate) ends the build with ``packer: internal
+    error``, exit 1, and a traceback to report. Its message named the file it met, whose folder
+    holds a patient's name; under phi: pseudonymize the path is shown as ``<source NAME>/…``
+    (the exception type and the frames stay), and PACKER_RAW_TRACEBACK=1 prints it whole.
+    phi: keep prints it as before."""
+    from packer.read.image_kind import ImageKind
+    from packer.records import SampleRef
+
+    def boom(self: ImageKind, ref: SampleRef, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"boom at {ref.path}")
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", {"mode": mode})))
+    monkeypatch.setattr(ImageKind, "probe", boom)
+    env = {"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work"), "PACKER_RAW_TRACEBACK": ""}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert result.exit_code == 1, result.output
+    assert "packer: internal error" in result.output
+    assert "RuntimeError: boom at " in result.output and "Traceback (most recent call last)" in result.output
+    assert "in boom" in result.output  # the frames (code locations) are kept
+    if mode == "keep":
+        assert f"RuntimeError: boom at {root / 'photos' / PHI['photo_subject']}" in result.output
+        return
+    assert "RuntimeError: boom at <source photos>/…" in result.output, result.output
+    assert str(root) not in result.output
+    assert phi_hits({"<build output>": result.output}) == []
+    assert "PACKER_RAW_TRACEBACK=1" in result.output
+    raw = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env={**env, "PACKER_RAW_TRACEBACK": "1"})
+    assert raw.exit_code == 1 and f"boom at {root / 'photos' / PHI['photo_subject']}" in raw.output
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""

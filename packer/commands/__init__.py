@@ -12,7 +12,6 @@ import select
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator
 from functools import wraps
 from types import FrameType
@@ -21,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from packer.errors import PackerError, refused_write
+from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redacting
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,10 +69,12 @@ def exit_closed_output() -> NoReturn:
 def exits(fn: F) -> F:
     """Map PackerError subclasses to their exit codes, and an OSError of a full, over-quota or
     read-only file system to :class:`~packer.errors.FileSystemError`'s; Ctrl-C exits 130 with one line; a closed
-    stdout or stderr (``| head``) exits 141 quietly; anything else is a bug (exit 1)."""
+    stdout or stderr (``| head``) exits 141 quietly; anything else is a bug (exit 1), its traceback
+    printed without raw paths where the command's job pseudonymizes (:mod:`packer.redact`)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        forget_jobs()  # the roots of the job this command loads, not of one an earlier command in-process loaded
         try:
             with _noted_interrupts() as interrupted:
                 result = fn(*args, **kwargs)
@@ -140,7 +142,15 @@ def _noted_interrupts() -> Iterator[list[int]]:
 
 
 def _internal_error() -> NoReturn:
-    """Print the exception being handled as a bug to report, and exit 1."""
-    click.echo("packer: internal error (please report it with the traceback below)", err=True)
-    traceback.print_exc()
+    """Print the exception being handled as a bug to report, and exit 1. Under a job that
+    pseudonymizes, its messages show no raw path (:func:`packer.redact.format_exception`)."""
+    if redacting():
+        click.echo("packer: internal error (please report it with the traceback below; phi.mode is pseudonymize, "
+                   "so a path under a source root is shown as <source NAME>/… and any other path as <path>: set "
+                   f"{RAW_TRACEBACK_ENV}=1 to see them, where raw paths may be shown)", err=True)
+    else:
+        click.echo("packer: internal error (please report it with the traceback below)", err=True)
+    err = sys.exception()
+    if err is not None:
+        click.echo(format_exception(err), err=True, nl=False)
     sys.exit(1)

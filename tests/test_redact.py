@@ -1,0 +1,56 @@
+"""What an internal error prints of a message under phi: pseudonymize (:mod:`packer.redact`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from packer import redact
+
+
+@pytest.fixture
+def roots(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(redact.RAW_TRACEBACK_ENV, raising=False)
+    redact.forget_jobs()
+    redact._ROOTS.update({"/data/ct": "ct", "/data/ct2": "ct2"})
+    yield
+    redact.forget_jobs()
+
+
+@pytest.mark.parametrize(("message", "shown"), [
+    # the rest of a path under a root goes up to a quote or the line's end: a folder name may hold spaces
+    ("boom at /data/ct/Doe John/1.dcm", "boom at <source ct>/…"),
+    ("[Errno 2] No such file: '/data/ct2/MRN1/x.dcm'", "[Errno 2] No such file: '<source ct2>/…'"),
+    ("cell 'Doe_John/1.dcm' of row 3", "cell '<path>' of row 3"),  # a relative path: no root, still a path
+    ("/data/ctx/P1.dcm is odd", "<path> is odd"),  # /data/ct is no prefix of /data/ctx: a path all the same
+    ("no path here: 3 files", "no path here: 3 files"),
+])
+def test_paths_in_a_message_are_shown_by_their_source_or_as_path(roots: None, message: str, shown: str) -> None:
+    assert redact.redact_text(message) == shown
+
+
+def test_a_chained_exception_keeps_its_types_and_frames_and_loses_its_paths(roots: None) -> None:
+    first, second = "/data/ct/P1/a.dcm", "/data/ct2/P2/b.dcm"  # not on the raising lines, which the frames show
+    try:
+        try:
+            raise ValueError(f"inner {first}")
+        except ValueError as inner:
+            raise RuntimeError(f"outer {second}") from inner
+    except RuntimeError as err:
+        text = redact.format_exception(err)
+    assert "P1" not in text and "P2" not in text
+    assert "ValueError: inner <source ct>/…\n" in text and "RuntimeError: outer <source ct2>/…\n" in text
+    assert text.index("ValueError") < text.index("direct cause") < text.index("RuntimeError: outer")
+    assert "in test_a_chained_exception_keeps_its_types_and_frames_and_loses_its_paths" in text
+
+
+def test_without_a_pseudonymizing_job_or_with_the_variable_set_the_traceback_is_whole(
+        roots: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    err = RuntimeError("boom at /data/ct/P1/a.dcm")
+    monkeypatch.setenv(redact.RAW_TRACEBACK_ENV, "1")
+    assert "boom at /data/ct/P1/a.dcm" in redact.format_exception(err)
+    monkeypatch.delenv(redact.RAW_TRACEBACK_ENV)
+    assert "boom at <source ct>/…" in redact.format_exception(err)
+    redact.forget_jobs()
+    assert "boom at /data/ct/P1/a.dcm" in redact.format_exception(err)
