@@ -242,6 +242,25 @@ def test_a_webp_object_under_an_image_root_is_left_out_as_unsupported_format_by_
     assert [(e.path, e.why) for e in found.excluded] == [(f"s3://{BUCKET}/webp/b.webp", "unsupported_format")]
     assert found.excluded[0].detail.startswith("a WebP image (.webp), which packer does not read")
 
+def test_a_row_naming_a_folder_or_an_unlisted_object_says_so_as_for_a_local_root(store: Store,
+                                                                                   tmp_path: Path) -> None:
+    """The listing of a URL root holds every object under it: a row naming a "folder" (a prefix of
+    objects) or an object that is not one of the source's files gets the message a local root's row
+    gets, not "does not exist"; a row naming nothing there still does not exist."""
+    rows = ["a.png,cat,S1,", "case1,cat,S2,", "notes.txt,cat,S3,", "nothing.png,cat,S4,"]
+    job = photo_job(store, tmp_path, "rows", rows, {"a.png": png_bytes(1), "case1/b.png": png_bytes(2),
+                                                    "notes.txt": b"hello"})
+    found = discover(job)
+    said = {Path(i.path).name: i.message for i in found.issues}
+    assert {i.reason for i in found.issues} == {"missing_file"} and sorted(said) == ["case1", "notes.txt",
+                                                                                    "nothing.png"]
+    assert said["case1"].endswith("'case1' is the folder s3://packer-raw/rows/case1, not a file; point the column "
+                                  "at a file inside it (e.g. 'case1/b.png')")
+    assert "is not one of the source's files" in said["notes.txt"] and "does not exist" not in said["notes.txt"]
+    assert said["nothing.png"].endswith(f"s3://{BUCKET}/rows/nothing.png does not exist; fix the row, or, where "
+                                        "part of the dataset is not downloaded, set table.missing: drop")
+
+
 def test_table_paths_leaving_a_url_root_are_rejected_unless_allowed(store: Store, tmp_path: Path) -> None:
     store.client.put_object(Bucket=BUCKET, Key="outside/secret.png", Body=png_bytes(4))
     rows = ["a.png,cat,S1,", "../secret.png,cat,S2,", "../nothing.png,cat,S3,"]

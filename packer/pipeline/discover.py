@@ -168,9 +168,11 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
 
 
 def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None, *,
-                       unsupported: list[tuple[str, str, str]] | None = None) -> list[RemoteFile]:
+                       unsupported: list[tuple[str, str, str]] | None = None,
+                       present: set[str] | None = None) -> list[RemoteFile]:
     """The raw files of a source whose root is a URL, by the rules of :func:`source_relpaths`
-    (``unsupported``: (relative path, URL, what it is) of each, in order), sorted by relative
+    (``unsupported``: (relative path, URL, what it is) of each, in order; ``present``: where the
+    relative path of every object under the root goes, listed or not), sorted by relative
     path. Files only a head can tell (extension-less DICOM candidates) cost one ranged read each
     (concurrent); the others are not read."""
     if not isinstance(source.root, str):
@@ -183,6 +185,8 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
+    if present is not None:
+        present.update(f.relpath for f in files)
     if unsupported is not None:
         taken = {f.relpath for f in kept}
         unsupported.extend((f.relpath, f.url, what) for f in files
@@ -208,14 +212,15 @@ def _outside_root(path: Path, real_root: Path) -> bool:
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
-                  unsupported: list[tuple[str, str, str]] | None = None
+                  unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None
                   ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
     were not entered go (without ``allow_outside``); ``unsupported``: where (relative path, path
-    or URL, what it is) of each file of a format the source's kind cannot read goes, sorted."""
+    or URL, what it is) of each file of a format the source's kind cannot read goes, sorted;
+    ``present``: for a URL root, where the relative path of every object under it goes."""
     if isinstance(source.root, str):
-        remote = list_remote_source(source, storage_options, unsupported=unsupported)
+        remote = list_remote_source(source, storage_options, unsupported=unsupported, present=present)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     root = os.fspath(source.root)
     by_rel: dict[str, str] = {}
@@ -528,20 +533,23 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
 
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
                    phi: Pseudonymizer | None, allow_outside: bool, listed: dict[str, RawObject],
-                   storage_options: Mapping[str, Any] | None, issues: list[Issue],
+                   storage_options: Mapping[str, Any] | None, present: set[str], issues: list[Issue],
                    excluded: list[Excluded]) -> list[SampleRef]:
     """The table's rows for files the listing did not give: with ``safety.outside_root: allow``,
     refs of existing files next to the root (their listing entries added to ``listed``); every
     other such row is an ``outside_root`` or ``missing_file`` record, appended to ``issues``, or,
     under the table's ``missing: drop`` (a partial download), a row naming no file under the
     root is a ``not_downloaded`` record appended to ``excluded``. A row naming a folder, or a file
-    the listing does not give (``notes.txt``, a hidden file), under a local root is a
-    ``missing_file`` record saying so, with or without ``missing: drop``."""
+    the listing does not give (``notes.txt``, a hidden file), is a ``missing_file`` record saying
+    so, with or without ``missing: drop``: under a URL root, by the objects ``present`` under it
+    (a folder there is a prefix of some), so that a local and a remote copy of a tree give the
+    same records."""
     by_name = source.table_map is not None and source.table_map.find == "name"
     drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
     outside: list[SampleRef] = []
     listed_sorted: list[str] = []
+    present_sorted: list[str] = []
     for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
@@ -562,13 +570,19 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          kind=source.kind, path=target, relpath=rel, label=row.label,
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
-        if not remote and Path(target).is_dir():  # it exists: a folder is neither missing nor a partial download
+        if not remote:
+            folder = Path(target).is_dir()
+        else:
+            present_sorted = present_sorted or sorted(present)
+            folder = _remote_folder(present_sorted, rel)
+        if folder:
+            # it exists: a folder is neither missing nor a partial download
             listed_sorted = listed_sorted or sorted(seen)
             issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi))
             continue
         sample_id = make_sample_id(source.name, rel, phi)
         kind = source_kind(source.kind)
-        if not remote and not by_name and Path(target).is_file():  # there, but not one the listing gives
+        if not by_name and (rel in present if remote else Path(target).is_file()):  # there, but not listed
             issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                                 message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
                                         f"source's files (it lists {kind.looked_for}; hidden files and folders are "
@@ -579,14 +593,19 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                      f"{table} row {row.row} names {rel!r}, and no such file is under the root "
                                      "(table.missing: drop)"))
             continue
-        # a URL root is not looked up (a request a row): the object may be there under a suffix not listed
-        said = (f"no file of that name is under {source.root} (find: name)" if by_name else
-                f"{target} does not exist" + (f" (or is not one of the source's files: it lists {kind.looked_for})"
-                                              if remote else ""))
+        said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
+
+
+def _remote_folder(present: Sequence[str], rel: str) -> bool:
+    """Whether ``rel`` is a folder of a URL root whose objects' relative paths are ``present``
+    (sorted): a prefix of some."""
+    prefix = rel.rstrip("/") + "/"
+    at = bisect.bisect_left(present, prefix)
+    return at < len(present) and present[at].startswith(prefix)
 
 
 def _folder_row_issue(source: SourceConfig, rel: str, row: TableRow, target: str, table: Path | str | None,
@@ -684,7 +703,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
     unsupported: list[tuple[str, str, str]] = []
-    files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported)
+    present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
+    files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,
+                                  present=present)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     masks_out: list[Excluded] = []
     if table is None and kind.names_masks:
@@ -726,7 +747,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                             unlabeled)
     seen = set(relpaths)
     del files, relpaths
-    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, issues,
+    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, present, issues,
                              excluded)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
