@@ -242,6 +242,10 @@ class SpilledSample:
     pixels_xxh3: int = 0
     #: :attr:`Sample.stored_digest` of the sample (``""`` where its reader knows no stored pixels)
     stored_digest: str = ""
+    #: Every packed pixel holds one value (a white background tile, a black frame): such samples
+    #: share their digest with every other blank one of the same shape while showing nothing of
+    #: an image, so they are no duplicate evidence (:func:`packer.pipeline.dedup.exact_groups`)
+    blank: bool = False
 
     @property
     def nbytes(self) -> int:

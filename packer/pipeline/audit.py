@@ -129,6 +129,8 @@ class _Samples:
     label: list[str | None] = field(default_factory=list)
     #: each sample's :attr:`~packer.records.SpilledSample.stored_digest` (exact duplicates by either)
     stored: list[str] = field(default_factory=list)
+    #: each sample's :attr:`~packer.records.SpilledSample.blank` (blank samples are no duplicates)
+    blank: list[bool] = field(default_factory=list)
 
     @classmethod
     def of(cls, samples: Sequence[SpilledSample], split: dict[str, str], show_paths: bool) -> _Samples:
@@ -137,7 +139,7 @@ class _Samples:
         return cls(key=keys, source=table.column("source"), entity=table.column("entity"),
                    relpath=table.column("relpath"), sha256=table.column("sha256"), time=table.column("time"),
                    split=[split.get(k) for k in keys], show_paths=show_paths, label=table.column("label"),
-                   stored=table.column("stored_digest"))
+                   stored=table.column("stored_digest"), blank=table.column("blank"))
 
     def __len__(self) -> int:
         return len(self.key)
@@ -168,7 +170,7 @@ def _given(cfg: SplitConfig) -> dict[str, Any]:
 def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
     across: list[dict[str, Any]] = []
     within: list[dict[str, Any]] = []
-    for group in exact_groups(samples.sha256, samples.stored):
+    for group in exact_groups(samples.sha256, samples.stored, samples.blank or None):
         placed = [i for i in group if samples.split[i] is not None]
         splits = {samples.split[i] for i in placed}
         finding = {"sha256": samples.sha256[placed[0] if placed else group[0]],
@@ -216,7 +218,8 @@ MAX_EVIDENCE = 50
 def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     from packer.pipeline.dedup import cluster_duplicates
 
-    exact = ((g[k], g[k + 1]) for g in exact_groups(samples.sha256, samples.stored) for k in range(len(g) - 1))
+    groups = exact_groups(samples.sha256, samples.stored, samples.blank or None)
+    exact = ((g[k], g[k + 1]) for g in groups for k in range(len(g) - 1))
     edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))
     clusters: dict[int, list[int]] = defaultdict(list)
     roots = cluster_duplicates(len(samples), edges)
@@ -355,7 +358,8 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
         if i in members and j in members and entity_of[i] != entity_of[j]:
             formed.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
-    for exact in exact_groups([samples.sha256[i] for i in group.members], [samples.stored[i] for i in group.members]):
+    for exact in exact_groups([samples.sha256[i] for i in group.members], [samples.stored[i] for i in group.members],
+                              [samples.blank[i] for i in group.members] if samples.blank else None):
         pair = [group.members[k] for k in exact]
         if len({entity_of[i] for i in pair}) > 1:
             formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})

@@ -173,7 +173,7 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks are not compared).
     ``has_masks``: the job's samples carry masks. Groups are ordered by their first row, so the
     result depends only on the samples."""
-    exact = exact_groups(samples.column("sha256"), samples.column("stored_digest"))
+    exact = exact_groups(samples.column("sha256"), samples.column("stored_digest"), samples.column("blank"))
     if not exact and not len(links):
         return LabelConflicts(masks_compared=(masks is not None) if has_masks else None)
     edges = itertools.chain(((g[k], g[k + 1]) for g in exact for k in range(len(g) - 1)),

@@ -12,20 +12,40 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 
-def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None) -> list[list[int]]:
+
+def is_blank(pixels: np.ndarray) -> bool:
+    """Whether every value of ``pixels`` (any shape, any dtype) is the same: a plain background
+    tile or an empty frame, whose digest every other blank sample of its shape shares."""
+    flat = pixels.reshape(-1)
+    if flat.size == 0:
+        return True
+    # a sparse probe rejects almost every real image in microseconds; the full check runs only
+    # when ~64 spread-out values all equal the first one
+    probe = flat[:: max(1, flat.size // 64)]
+    return bool((probe == flat[0]).all()) and bool((flat == flat[0]).all())
+
+
+def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None,
+                 blank: Sequence[bool] | None = None) -> list[list[int]]:
     """Indices sharing a digest: groups of size >= 2, each ascending, ordered by first index. O(n).
 
     With ``stored`` (each sample's :attr:`~packer.records.SpilledSample.stored_digest`, ``""``
     where none is known), two samples are also exact duplicates when they were rendered from the
-    same stored pixels, and a group is every sample joined by either digest."""
+    same stored pixels, and a group is every sample joined by either digest. With ``blank`` (each
+    sample's :attr:`~packer.records.SpilledSample.blank`), blank samples are in no group: the
+    white background tiles of two slides, or the empty frames of two patients' series, are equal
+    without being copies of one image, and must not join their entities or count as a leak."""
+    skip = [bool(b) for b in blank] if blank is not None else [False] * len(digests)
     by_digest: dict[str, list[int]] = {}
     for index, digest in enumerate(digests):
-        by_digest.setdefault(digest, []).append(index)
+        if not skip[index]:
+            by_digest.setdefault(digest, []).append(index)
     groups = [group for group in by_digest.values() if len(group) > 1]
     by_stored: dict[str, list[int]] = {}
     for index, digest in enumerate(stored or ()):
-        if digest:
+        if digest and not skip[index]:
             by_stored.setdefault(digest, []).append(index)
     joining = [group for group in by_stored.values() if len(group) > 1]
     if not joining:

@@ -35,6 +35,7 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
+from packer.pipeline.dedup import is_blank
 from packer.pipeline.filecache import CopiedUnit, Unit, copy_units, find_earlier, unit_keys
 from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
@@ -402,7 +403,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
                           meta=canonical_json(sample.metadata), shape=shape,
-                          dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest)
+                          dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest,
+                          blank=is_blank(image))
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
                  units=[(unit.key, unit.sample_ids, unit.move) for unit in units])
@@ -447,7 +449,7 @@ def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], e
                   pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt))
         spill.add(key=held.key, ref=held.ref, pixels=sample.pixels, digest=digest, meta=sample.meta,
                   shape=held.shape, dtype=held.dtype, signature=signature, mask=sample.mask,
-                  stored=held.stored_digest)
+                  stored=held.stored_digest, blank=held.blank)
 
 
 class _Settle:

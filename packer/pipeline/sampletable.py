@@ -317,7 +317,7 @@ class SampleTable(_Columns[SpilledSample]):
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
     NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",
-               "pixels_xxh3": "Q"}
+               "pixels_xxh3": "Q", "blank": "q"}
 
     @staticmethod
     def _field(record: SpilledSample, name: str) -> Any:
@@ -326,7 +326,7 @@ class SampleTable(_Columns[SpilledSample]):
     @staticmethod
     def _record(row: dict[str, Any]) -> SpilledSample:
         ref = SampleRef(**{name: row.pop(name) for name in list(row) if name in REF_FIELDS})
-        return SpilledSample(ref=ref, **row)
+        return SpilledSample(ref=ref, **{**row, "blank": bool(row["blank"])})
 
     @property
     def nbytes(self) -> np.ndarray:

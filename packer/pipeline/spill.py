@@ -88,8 +88,10 @@ class CachedChunk:
 #: damaged file-meta element are bad samples, several reasons renamed; 16: header text whose bytes
 #: its character set cannot decode is read with each such byte as ``\xNN``, not U+FFFD, and a
 #: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
-#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream).
-CACHE_FORMAT = 16
+#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream; 17: each
+#: sample records whether it is ``blank``, every pixel one value, so blank tiles and frames are
+#: no exact duplicates).
+CACHE_FORMAT = 17
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -707,11 +709,13 @@ class SpillWriter:
         self._stack.__exit__(*exc)  # type: ignore[arg-type]
 
     def add(self, *, key: str, ref: SampleRef, pixels: bytes, digest: Any, meta: bytes, shape: tuple[int, ...],
-            dtype: str, signature: np.void | None, mask: bytes = b"", stored: str = "") -> None:
+            dtype: str, signature: np.void | None, mask: bytes = b"", stored: str = "",
+            blank: bool = False) -> None:
         """Append one sample: its pixel bytes, sha256 object ``digest`` of them (made by
         :func:`~packer.shards.encode.pixels_digest` for this writer's format), metadata JSON
         and, where the source has masks, the mask's ``.npy`` bytes; ``stored``: its
-        :attr:`~packer.records.Sample.stored_digest`."""
+        :attr:`~packer.records.Sample.stored_digest`; ``blank``: every pixel holds one value
+        (:func:`~packer.pipeline.dedup.is_blank`)."""
         self._fh.write(pixels)
         self._fh.write(meta)
         if mask:
@@ -722,7 +726,7 @@ class SpillWriter:
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
             sig_row=sig_row, mask_bytes=len(mask), meta_sha256=meta_sha256, pixels_xxh3=pixels_check(pixels),
-            stored_digest=stored))
+            stored_digest=stored, blank=blank))
         self._offset += len(pixels) + len(meta) + len(mask)
 
     def refer(self, held: SpilledSample, *, meta: bytes, mask: bytes, signature: np.void | None) -> None:

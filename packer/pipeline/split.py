@@ -198,7 +198,7 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
         forest.union(first_of_entity.setdefault(entity or f"?{key}", index), index)
     del first_of_entity
     if cfg.duplicates == "group":
-        for group in exact_groups(table.column("sha256"), table.column("stored_digest")):
+        for group in exact_groups(table.column("sha256"), table.column("stored_digest"), table.column("blank")):
             kept = [row for row in group if row not in leave_out]
             for a, b in zip(kept, kept[1:], strict=False):
                 forest.union(a, b)

@@ -1,0 +1,66 @@
+"""Blank samples (every pixel one value) are not duplicate evidence.
+
+Pathology slides tiled with ``transform.image.tile`` give many tiles of plain background, white
+on every slide. Those tiles have identical packed pixels, but they show no tissue: two slides of
+two patients sharing a white tile are not copies of one image. They must not join the patients
+into one split group (which collapses the split and fails the build's balance audit), nor make a
+label conflict, nor be an exact duplicate across splits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from packer.config import load_job
+from packer.pipeline.build import BuildOptions, build
+from packer.pipeline.dedup import exact_groups
+from tests.helpers import write_job
+
+
+def _slide(path: Path, seed: int) -> None:
+    """A 64×64 RGB 'slide': tissue (a random smooth field) in the top-left 32×32 quarter, pure
+    white background elsewhere, so three of its four 32×32 tiles are blank."""
+    rng = np.random.default_rng(seed)
+    slide = np.full((64, 64, 3), 255, np.uint8)
+    tissue = cv2.resize(rng.integers(0, 200, (4, 4, 3)).astype(np.float32), (32, 32), interpolation=cv2.INTER_CUBIC)
+    slide[:32, :32] = np.clip(tissue, 0, 254).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), slide)
+
+
+def test_blank_samples_form_no_exact_duplicate_group() -> None:
+    assert exact_groups(["a", "a", "b", "b"], blank=[True, True, False, False]) == [[2, 3]]
+    assert exact_groups(["a", "a", "a"], blank=[True, False, False]) == [[1, 2]]
+
+
+def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(10):
+        _slide(raw / f"slide{i}.png", i)
+        rows.append(f"slide{i}.png,{('normal', 'tumor')[i % 2]},patient{i}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path / "job", {
+        "name": "slides",
+        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
+        "transform": {"image": {"color": "rgb", "tile": {"size": [32, 32]}}},
+        "pack": {"format": "webdataset"},
+        "output": str(tmp_path / "out"),
+    })
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    manifest = json.loads(Path(result.manifest_path).read_text())
+    # every slide gives 4 tiles (3 blank), all packed; the patients are placed one by one, as if
+    # the blank tiles were not there, not as one group of all ten
+    splits = {name: split["samples"] for name, split in manifest["splits"].items()}
+    assert sum(splits.values()) == 40
+    assert len([n for n in splits.values() if n]) > 1, splits
+    leakage = json.loads((Path(result.manifest_path).parent / "leakage.json").read_text())
+    rules = leakage["rules"]
+    for rule in ("exact_duplicates_across_splits", "exact_duplicates_within_split", "duplicates_span_entities",
+                 "label_conflicts", "split_balance"):
+        assert rules.get(rule, {"count": 0})["count"] == 0, (rule, rules.get(rule))
