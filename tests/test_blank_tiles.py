@@ -64,3 +64,37 @@ def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_pat
     for rule in ("exact_duplicates_across_splits", "exact_duplicates_within_split", "duplicates_span_entities",
                  "label_conflicts", "split_balance"):
         assert rules.get(rule, {"count": 0})["count"] == 0, (rule, rules.get(rule))
+
+
+def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copies_of_one(tmp_path: Path) -> None:
+    """An exact group of two copies in one patient's files and one in another's joins the two
+    patients; the split_balance finding names a pair that shows the join (two entities), not the
+    group's first two members (two copies of one patient)."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(8):
+        _slide(raw / f"s{i}.png", 100 + i)
+        rows.append(f"s{i}.png,normal,patient{i}")
+    # one image: twice in patient A's files, once in patient B's (the names make A's two copies the
+    # group's first two members in key order: raw-17ed…, raw-1e6f…, then b.png's raw-5f59…)
+    for name in ("a5.png", "a28.png", "b.png"):
+        _slide(raw / name, 7)
+    rows += ["a5.png,normal,patientA", "a28.png,normal,patientA", "b.png,normal,patientB"]
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path / "job", {
+        "name": "copies",
+        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 3,
+                  "balance": {"max_group_share": 0.2, "accept": True}},
+        "transform": {"image": {"color": "rgb", "size": [32, 32]}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    out = tmp_path / "validate.json"
+    run = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(out)])
+    assert run.exit_code == 0, run.output
+    (finding,) = json.loads(out.read_text())["audit"]["rules"]["split_balance"]["findings"]
+    exact = [f for f in finding["formed_by"] if f["kind"] == "exact"]
+    assert exact and all(f["a"]["entity_id"] != f["b"]["entity_id"] for f in exact), exact

@@ -361,8 +361,9 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     for exact in exact_groups([samples.sha256[i] for i in group.members], [samples.stored[i] for i in group.members],
                               [samples.blank[i] for i in group.members] if samples.blank else None):
         pair = [group.members[k] for k in exact]
-        if len({entity_of[i] for i in pair}) > 1:
-            formed.append({"a": samples.where(pair[0]), "b": samples.where(pair[1]), "kind": "exact"})
+        if len({entity_of[i] for i in pair}) > 1:  # named by two copies that join entities, not two of one file
+            other = next(i for i in pair if entity_of[i] != entity_of[pair[0]])
+            formed.append({"a": samples.where(pair[0]), "b": samples.where(other), "kind": "exact"})
     formed.sort(key=lambda f: float(f.get("score", 9.0)))
     named = ", ".join(group.entities[:3]) + (", ..." if len(group.entities) > 3 else "")
     why = (f"one split group holds {group.size:,} samples ({balance.largest_share:.0%}, over "
