@@ -88,8 +88,9 @@ class CachedChunk:
 #: damaged file-meta element are bad samples, several reasons renamed; 16: header text whose bytes
 #: its character set cannot decode is read with each such byte as ``\xNN``, not U+FFFD, and a
 #: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
-#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream).
-CACHE_FORMAT = 16
+#: undefined length is ``unreadable``, never packed or called a cut encapsulated stream; 17: an image
+#: header without Pixel Data and without Photometric Interpretation is ``no_pixel_data``, not ``unsupported``).
+CACHE_FORMAT = 17
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
