@@ -89,7 +89,8 @@ class CachedChunk:
 #: its character set cannot decode is read with each such byte as ``\xNN``, not U+FFFD, and a
 #: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
 #: undefined length is ``unreadable``, never packed or called a cut encapsulated stream; 17: an image
-#: header without Pixel Data and without Photometric Interpretation is ``no_pixel_data``, not ``unsupported``).
+#: header without Pixel Data and without Photometric Interpretation is ``no_pixel_data``, not ``unsupported``;
+#: a series of several acquisitions that fails as one stack is stacked per Acquisition Number).
 CACHE_FORMAT = 17
 
 
