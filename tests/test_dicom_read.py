@@ -131,6 +131,25 @@ def test_an_rt_plan_is_left_out_by_the_probe_and_refused_by_a_bare_read_naming_i
     assert "not an image object" in found.message and "export it again" not in found.message
 
 
+def test_an_image_header_exported_without_pixels_or_photometric_is_no_pixel_data_not_unsupported(
+        tmp_path: Path) -> None:
+    # A PACS export's "header only" CT: Rows, Columns and Bits Allocated, but no Photometric
+    # Interpretation and no Pixel Data. Its defect is the missing image; "Photometric
+    # Interpretation (missing) is not supported; fix the header" sends the user the wrong way.
+    ds = ct_dataset()
+    del ds.PixelData
+    del ds.PhotometricInterpretation
+    path = save(ds, tmp_path / "IM0037")
+    for found in (probe(path), read(path)):
+        issue = issue_of(found, "no_pixel_data")
+        assert "CT Image Storage" in issue.message and "(7FE0,0010)" in issue.message
+        assert "export it again" in issue.message or "re-export" in issue.message
+    # with its pixels, a missing Photometric Interpretation is still the header's defect
+    ds = ct_dataset()
+    del ds.PhotometricInterpretation
+    issue_of(probe(save(ds, tmp_path / "IM0038")), "unsupported")
+
+
 def test_non_integer_number_of_frames_is_bad_shape(tmp_path: Path) -> None:
     dose = shipped("badVR.dcm")  # an RT Dose: checked only where the job asks for RT Dose (else Excluded)
     asked = probe_dicom(make_ref(dose), entity_keyword="PatientID", time_keywords=TIME,

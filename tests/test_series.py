@@ -360,6 +360,46 @@ def test_every_broken_series_is_reported_by_reason_and_the_good_ones_pack(tmp_pa
     assert manifest["inputs"]["samples"] == 6 + len(scout) - 1
 
 
+def test_a_series_of_two_acquisitions_at_different_positions_packs_each_as_a_stack(tmp_path: Path) -> None:
+    """One Series Instance UID, two acquisitions (Acquisition Number 1: z 0-9 mm, 2: z 200-209 mm,
+    a chest then an abdomen run, or a pre- and a post-contrast run): the 191 mm step between them is
+    no missing slice. Each acquisition is ordered and checked as a stack of its own, its neighbours
+    never taken from the other; nothing is bad."""
+    raw = tmp_path / "raw"
+    zs = [0.0, 3.0, 6.0, 9.0, 200.0, 203.0, 206.0, 209.0]
+    paths = _write_series(raw / "two", seed=11, patient="P1", positions=zs,
+                          overrides={i: {"AcquisitionNumber": 1 if z < 100 else 2} for i, z in enumerate(zs)})
+    job = _series_job(tmp_path, raw)
+    result = _build(job)
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    records = _records(result)
+    assert len(records) == 8
+    order = _reference_order(paths)
+    for run in (order[:4], order[4:]):  # each acquisition in spatial order
+        keys = [_key_of(job, p) for p in run]
+        for i, key in enumerate(keys):
+            neighbors = records[key]["metadata"]["neighbors"]
+            assert neighbors["slices"] == 4 and neighbors["slice"] == i, neighbors
+            assert neighbors["offsets_mm"] == pytest.approx(
+                [3.0 * (j - i) for j in (max(0, i - 1), i, min(3, i + 1))], abs=1e-3)
+    volumes = _build(_job(tmp_path / "volume", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                          transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": "volume"}}))
+    stacked = list(ShardDataset(volumes.manifest_path, "train", shuffle=False))
+    assert sorted(item["image"].shape[1] for item in stacked) == [4, 4]
+
+
+def test_acquisitions_split_a_series_only_where_each_is_a_stack_of_its_own() -> None:
+    """A scanner that numbers every slice its own acquisition (sequential CT) says nothing about
+    a gap: the series is still refused as series_gap, not as eight one-slice series."""
+    zs = [0.0, 3.0, 6.0, 12.0, 15.0, 18.0]
+    files = [(_ref(i), replace(_geometry(z), acquisition=str(i + 1))) for i, z in enumerate(zs)]
+    assert _one(files) == {"series_gap"}
+    two = [(_ref(i), replace(_geometry(z), acquisition="1" if z < 10 else "2")) for i, z in enumerate(zs)]
+    out = assemble(two, CFG)
+    assert not out.issues and [len(s.slices) for s in out.series] == [3, 3]
+    assert len({s.uid_key for s in out.series}) == 2
+
+
 def write_enhanced_ct(path: Path, frames: np.ndarray, z: list[float]) -> Path:
     """An Enhanced CT (PS3.3 C.7.6.16) whose frame i sits at ``z[i]`` mm (axial, shared orientation,
     per-frame Plane Position): the creator's frame order need not be the spatial one."""

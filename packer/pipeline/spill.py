@@ -90,8 +90,10 @@ class CachedChunk:
 #: sample whose entity holds such bytes says so in ``metadata.warnings``; native Pixel Data of
 #: undefined length is ``unreadable``, never packed or called a cut encapsulated stream; 17: each
 #: sample records whether it is ``blank``, every pixel one value, so blank tiles and frames are
-#: no exact duplicates).
-CACHE_FORMAT = 17
+#: no exact duplicates; 18: an image header without Pixel Data and without Photometric
+#: Interpretation is ``no_pixel_data``, not ``unsupported``; a series of several acquisitions that
+#: fails as one stack is stacked per Acquisition Number).
+CACHE_FORMAT = 18
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -354,6 +354,11 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       "fix the header or re-export the file")
     photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     expected_samples = 3 if photometric in RGB_DECODED else 1
+    if not photometric and _lacks_pixel_element(ref, ds):
+        return _issue(ref, "validate", "no_pixel_data",
+                      f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has no image: no (7FE0,0010) Pixel "
+                      "Data and no (0028,0004) Photometric Interpretation (a header exported without its pixels); "
+                      "re-export it from the archive with its pixels")
     if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
         return _issue(ref, "validate", "unsupported",
                       f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
@@ -379,6 +384,24 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       f"transfer syntax {syntax} ({UID(syntax).name}) needs the {plugin} plugin, which is not "
                       "installed; pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
+
+
+#: The tag of (7FE0,0010) Pixel Data as it starts an element: little and big endian.
+_PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\x7f\xe0\x00\x10")
+
+
+def _lacks_pixel_element(ref: SampleRef, ds: Dataset) -> bool:
+    """Whether the file holds no pixel data element: none in ``ds``, nor (a header-only parse
+    stops before it) the (7FE0,0010) tag anywhere in the file's bytes. Read only on the way to
+    an error, so the whole file is read once at most."""
+    if any(keyword in ds for keyword in _PIXEL_KEYWORDS):
+        return False
+    try:
+        with open(ref.path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return False  # the caller's own message stands; the read reports an unreadable file
+    return not any(tag in data for tag in _PIXEL_TAGS)
 
 
 def _decoded_bytes(geometry: _Geometry) -> tuple[int, str]:

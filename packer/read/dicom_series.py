@@ -52,6 +52,9 @@ class SliceGeometry:
     #: A multi-frame object's orientation per frame where its Per-frame Functional Groups give
     #: one (PS3.3 C.7.6.16.2.4): frames need not share frame 0's (a three-plane scout)
     frame_orientations: tuple[tuple[float, ...] | None, ...] = ()
+    #: Acquisition Number (0020,0012) as written ("" where absent): two acquisitions of one series
+    #: (a chest and an abdomen run) are stacks of their own (:func:`packer.read.series.assemble`)
+    acquisition: str = ""
 
     @property
     def frames(self) -> int:
@@ -93,4 +96,5 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         image_type=image_type,
         sop_uid=str(element(ds, "SOPInstanceUID") or ""),
         frame_orientations=frame_orientations,
+        acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
     )

@@ -5,6 +5,8 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 
 - **grouping**: files of one entity with the same Study and Series Instance UID; a multi-frame
   file is a series of its own, its frames the slices (positions from the functional groups);
+  a series of several acquisitions of more than one slice each that fails as one stack (a gap
+  or a repeated position between its runs) is stacked per Acquisition Number (:func:`_acquisitions`);
 - **order**: by Image Position (Patient) projected on the slice normal (row × column cosines
   of Image Orientation (Patient)), turned so that its dominant component is positive in LPS
   (:func:`stacking_direction`: axial inferior → superior, sagittal right → left, coronal
@@ -147,12 +149,41 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
         members, copies = _one_per_instance(sorted(groups[key], key=lambda m: m[0].sample_id), uid_key)
         issues.extend(copies)
         outcome = _check(members, cfg, uid_key)
-        if isinstance(outcome, Series):
-            series.append(outcome)
-        else:
-            issues.extend(outcome)
-        issues.extend(_left_out(members, outcome if isinstance(outcome, Series) else None, cfg, uid_key))
+        parts = [(members, outcome, uid_key)]
+        if not isinstance(outcome, Series) and outcome and outcome[0].reason in _ACQUISITION_REASONS:
+            parts = [(part, _check(part, cfg, part_key), part_key)
+                     for part, part_key in _acquisitions(members, key)] or parts
+        for part, part_outcome, part_key in parts:
+            if isinstance(part_outcome, Series):
+                series.append(part_outcome)
+            else:
+                issues.extend(part_outcome)
+            issues.extend(_left_out(part, part_outcome if isinstance(part_outcome, Series) else None, cfg,
+                                    part_key))
     return Assembled(series=tuple(series), issues=tuple(issues))
+
+
+#: The failures a series of several acquisitions shows where each acquisition is a sound stack:
+#: the step between two runs (a chest then an abdomen) or the positions they share (pre and post
+#: contrast).
+_ACQUISITION_REASONS = ("series_gap", "series_duplicate_position")
+
+
+def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...]
+                  ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str]]:
+    """``members`` split by Acquisition Number, each part with its digest, where the series holds
+    several acquisitions of more than one slice each (the runs of one series: dcm2niix stacks
+    across acquisitions, which leaves such a series with a gap or repeated positions); else
+    ``[]``, and the series stays one. A scanner that numbers every slice its own acquisition
+    (sequential CT) gives one-slice parts: no split, so a real gap is still ``series_gap``."""
+    by_acquisition: dict[str, list[tuple[SampleRef, SliceGeometry]]] = {}
+    for ref, geometry in members:
+        by_acquisition.setdefault(geometry.acquisition, []).append((ref, geometry))
+    if len(by_acquisition) < 2 or "" in by_acquisition or any(
+            sum(g.frames for _, g in part) < 2 for part in by_acquisition.values()):
+        return []
+    return [(by_acquisition[number], _digest(*key, "acquisition", number))
+            for number in sorted(by_acquisition, key=lambda n: (len(n), n))]
 
 
 def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
