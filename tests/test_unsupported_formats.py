@@ -171,3 +171,44 @@ def test_a_root_of_webp_files_only_says_what_it_found_and_what_to_do(tmp_path: P
     assert f"no image files under {root}" in message
     assert "It found 4 file(s) of formats it does not read (1 .gif, 3 .webp): a WebP image (.webp)" in message
     assert "convert it to PNG" in message
+
+
+def test_extension_less_files_of_a_dicom_export_that_are_not_dicom_are_left_out_saying_what_they_are(
+        tmp_path: Path) -> None:
+    """A PACS export names its images IMAGES/IM0001, ... with no suffix; the listing keeps those
+    that start as DICOM files. An empty one (a failed export), a text one, or a data set written
+    without the preamble was skipped without a word; each is now an unsupported_format record
+    saying what it is. Files with another suffix (a .xml, a .log) stay unlisted."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+    root = tmp_path / "pacs" / "IMAGES"
+    root.mkdir(parents=True)
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = CTImageStorage
+    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, ds.file_meta.MediaStorageSOPInstanceUID
+    ds.PatientID, ds.Modality, ds.SpecificCharacterSet = "P1", "CT", "ISO_IR 100"
+    ds.Rows = ds.Columns = 8
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.PixelData = np.zeros((8, 8), np.int16).tobytes()
+    ds.save_as(root / "IM0001", enforce_file_format=True)
+    (root / "IM0002").write_bytes(b"")
+    (root / "IM0003").write_text("export log\n")
+    ds.save_as(root / "IM0004", enforce_file_format=False)  # a data set without preamble and DICM
+    (root / "LOCK.xml").write_text("<lock/>")
+    doc = {"name": "pacs", "sources": [{"kind": "dicom", "root": str(tmp_path / "pacs"), "label": "none"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert [ref.relpath for ref in found.refs] == ["IMAGES/IM0001"]
+    detail = {Path(e.path).name: (e.why, e.detail) for e in found.excluded}
+    assert sorted(detail) == ["IM0002", "IM0003", "IM0004"]
+    assert {why for why, _ in detail.values()} == {"unsupported_format"}
+    assert detail["IM0002"][1].startswith("an empty file (0 bytes): among a DICOM export's extension-less images")
+    assert detail["IM0003"][1].startswith("a file of 11 bytes, shorter than a DICOM file's 132-byte preamble")
+    assert detail["IM0004"][1].startswith("a file that starts like a DICOM data set without the 128-byte preamble")
+    assert "dcmconv +F" in detail["IM0004"][1]

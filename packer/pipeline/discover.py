@@ -137,9 +137,13 @@ def _verdict(kind: SourceKind, relpath: str) -> bool | None:
     return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
 
 
-def _unsupported(kind: SourceKind, relpath: str) -> str | None:
-    """What an unlisted file at ``relpath`` is, where ``kind`` finds but cannot read it (:meth:`unsupported`)."""
-    return kind.unsupported(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
+def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> str | None:
+    """What an unlisted file at ``relpath`` is, where ``kind`` finds but cannot read it
+    (:meth:`unsupported`), or, where its name could not tell and its ``head`` did not make it
+    one of the kind's, what that head says (:meth:`unrecognised`)."""
+    name, suffix = relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath)
+    said = kind.unsupported(name, suffix)
+    return said if said is not None or head is None else kind.unrecognised(name, suffix, head)
 
 
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
@@ -158,10 +162,10 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
     with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
         for rel in walked:
             verdict = _verdict(kind, rel)
-            if verdict or (verdict is None and kind.head_bytes
-                           and kind.sniff(_read_head(os.path.join(root, rel), kind.head_bytes))):
+            head = _read_head(os.path.join(root, rel), kind.head_bytes) if verdict is None and kind.head_bytes else b""
+            if verdict or (verdict is None and kind.head_bytes and kind.sniff(head)):
                 out.append(rel)
-            elif unsupported is not None and (what := _unsupported(kind, rel)) is not None:
+            elif unsupported is not None and (what := _unsupported(kind, rel, head if verdict is None else None)):
                 unsupported[rel] = what
             sniffing.update()
     return out
@@ -184,13 +188,16 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
               if verdict is None and kind.head_bytes and f.stat.size >= kind.head_bytes]
     heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
+    head_of = {f.relpath: head for f, head in zip(unsure, heads, strict=True)}  # a file shorter than a head: b""
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
     if present is not None:
         present.update(f.relpath for f in files)
     if unsupported is not None:
         taken = {f.relpath for f in kept}
-        unsupported.extend((f.relpath, f.url, what) for f in files
-                           if f.relpath not in taken and (what := _unsupported(kind, f.relpath)) is not None)
+        unsupported.extend((f.relpath, f.url, what) for f, verdict in zip(files, verdicts, strict=True)
+                           if f.relpath not in taken and (what := _unsupported(
+                               kind, f.relpath, head_of.get(f.relpath, b"") if verdict is None and kind.head_bytes
+                               else None)) is not None)
     return kept
 
 

@@ -82,6 +82,26 @@ class DicomKind(SourceKind):
     def sniff(self, head: bytes) -> bool:
         return head[_DICM_OFFSET:_DICM_OFFSET + 4] == b"DICM"
 
+    def unrecognised(self, name: str, suffix: str, head: bytes) -> str | None:
+        """A file without a suffix (``IMAGES/IM0035``), as a PACS export or DICOMDIR tree names
+        its images, that does not start as a DICOM file: told apart from the export's images
+        rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some other file)."""
+        if suffix:
+            return None
+        if not head:
+            what = "an empty file (0 bytes)"
+        elif len(head) < self.head_bytes:
+            what = f"a file of {len(head)} bytes, shorter than a DICOM file's 132-byte preamble and prefix"
+        elif head[:2] in (b"\x02\x00", b"\x08\x00"):  # group 0002 (file meta) or 0008, little endian
+            what = ("a file that starts like a DICOM data set without the 128-byte preamble and 'DICM' prefix "
+                    "(an old ACR-NEMA or raw data set write)")
+        else:
+            what = "a file without a suffix that does not start with the DICOM preamble ('DICM' at byte 128)"
+        return (f"{what}: among a DICOM export's extension-less images it is most likely a failed or partial "
+                "export, or not DICOM at all; export it again, or rewrite a data set without its preamble as a "
+                "DICOM file (dcmconv +F in, out; pydicom: dcmread(path, force=True).save_as(out, "
+                "enforce_file_format=True))")
+
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> DicomTransformConfig:
         windows = tuple(parse_window(w, f"transform.dicom.windows[{i}]")
                         for i, w in enumerate(raw.get("windows", job_default("transform.dicom.windows"))))
