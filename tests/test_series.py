@@ -605,3 +605,23 @@ def test_validate_quick_assembles_and_checks_series_from_headers_as_the_full_pas
     # the 5-slice series' middle slice only, none of the 4 frames
     expected = {"volume": 4, str({"neighbors": 1}): 19, str({"neighbors": 2, "edge": "skip"}): 3}[str(sample)]
     assert len(quick.samples) == expected
+
+
+def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole_one_is_packed() -> None:
+    # a copy cut short (a failed transfer) that sorts first was packed in the whole file's place, and
+    # the message told the user to "remove one of them": removing the whole one kept the broken file
+    from packer.read.dicom_series import HeaderFingerprint
+
+    def sized(g: SliceGeometry, size: int) -> SliceGeometry:
+        return replace(g, fingerprint=HeaderFingerprint(size=size, mtime_ns=0, elements=50))
+
+    files = [(_ref(i), sized(replace(_geometry(2.5 * i), sop_uid=f"1.9.{i}"), 530_000)) for i in range(1, 8)]
+    cut = (_ref(0), sized(replace(_geometry(5.0), sop_uid="1.9.2"), 200_000))  # id000: first by sample id
+    out = assemble([cut, *files], CFG)
+    (series,) = out.series
+    assert "id000" not in [r.sample_id for r in series.refs] and "id002" in [r.sample_id for r in series.refs]
+    (issue,) = out.issues
+    assert issue.sample_id == "id000" and issue.reason == "series_duplicate_position"
+    assert issue.message.endswith("not with this copy; this copy is 200,000 bytes against 530,000, so most likely "
+                                  "cut short: remove this one")
+    assert assemble([*reversed(files), cut], CFG) == out  # whatever the order

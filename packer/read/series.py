@@ -190,23 +190,45 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
                       ) -> tuple[list[tuple[SampleRef, SliceGeometry]], list[Issue]]:
     """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
     and the positions of an earlier one is the same image exported twice (a copy in another
-    folder), not a second slice at that position. The first copy stays in the series; each
-    later one is a bad sample naming it."""
-    seen: dict[tuple[str, tuple[Any, ...]], SampleRef] = {}
+    folder), not a second slice at that position. The largest copy stays in the series (the
+    first of equal sizes): a copy smaller than another is most likely cut short, and keeping it
+    would pack a truncated file in the whole one's place; each other copy is a bad sample naming
+    the one kept."""
+    seen: dict[tuple[str, tuple[Any, ...]], int] = {}  # the image → its index in ``kept``
     kept: list[tuple[SampleRef, SliceGeometry]] = []
-    copies: list[Issue] = []
+    copies: list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]] = []  # (copy, its geometry, kept, its)
     for ref, geometry in members:
         same = (geometry.sop_uid, geometry.positions)
-        first = seen.get(same) if geometry.sop_uid else None
-        if first is None:
+        at = seen.get(same) if geometry.sop_uid else None
+        if at is None:
             if geometry.sop_uid:
-                seen[same] = ref
+                seen[same] = len(kept)
             kept.append((ref, geometry))
             continue
-        copies.append(Issue.of(ref, stage="validate", reason="series_duplicate_position", message=(
-            f"{ref.path}: the same image as {first.path} (its SOP Instance UID and position), one file twice in the "
-            f"export; series {uid_key} is packed with {first.path}, not with this copy: remove one of them")))
-    return kept, copies
+        first, first_geometry = kept[at]
+        if _size(geometry) > _size(first_geometry):  # the whole copy replaces a shorter one
+            kept[at] = (ref, geometry)
+            copies = [(c, cg, ref, geometry) if k is first else (c, cg, k, kg) for c, cg, k, kg in copies]
+            copies.append((first, first_geometry, ref, geometry))
+        else:
+            copies.append((ref, geometry, first, first_geometry))
+    return kept, [_copy_issue(copy, geometry, whole, whole_geometry, uid_key)
+                  for copy, geometry, whole, whole_geometry in copies]
+
+
+def _size(geometry: SliceGeometry) -> int:
+    """The file's size as the header pass saw it (-1 unknown)."""
+    return geometry.fingerprint.size if geometry.fingerprint is not None else -1
+
+
+def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_geometry: SliceGeometry,
+                uid_key: str) -> Issue:
+    smaller = 0 <= _size(geometry) < _size(kept_geometry)
+    why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, so most likely cut short: "
+           "remove this one" if smaller else ": remove one of them")
+    return Issue.of(copy, stage="validate", reason="series_duplicate_position", message=(
+        f"{copy.path}: the same image as {kept.path} (its SOP Instance UID and position), one file twice in the "
+        f"export; series {uid_key} is packed with {kept.path}, not with this copy{why}"))
 
 
 def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series | None, cfg: SeriesConfig,
