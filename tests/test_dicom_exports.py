@@ -269,3 +269,37 @@ def test_a_where_key_that_is_no_dicom_keyword_is_refused_with_the_close_keyword(
     with pytest.raises(ConfigError, match=r"NoSuchThing is not a header attribute of dicom files, and the source "
                                           r"has no table; add 'labels: FILE.csv'"):
         load_job(export_job(tmp_path / "d", raw, where={"NoSuchThing": "x"}))
+
+
+def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_broken_series(
+        tmp_path: Path) -> None:
+    """A hospital export holds CR, DX and US files beside its CT series. A neighbour-stack or
+    volume job cannot stack a 2-D image with no Image Position (Patient); each was refused as a
+    series_no_position bad sample ("the slices cannot be ordered in space"), which read like
+    scanner damage and pushed the bad fraction over the threshold (exit 3). Each is now left out
+    as not_requested, saying to pack it with sample: slice; a CT slice without its position is
+    still a bad sample."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "ct", slices=4, seed=3, patient="P1")
+    plate = np.random.default_rng(1).integers(0, 4000, (16, 16), dtype=np.uint16)
+    save(image_dataset(plate, modality="CR", sop_class="1.2.840.10008.5.1.4.1.1.1", PatientID="P2",
+                       photometric="MONOCHROME1"), raw / "cr" / "chest.dcm")
+    save(image_dataset(plate, modality="DX", sop_class="1.2.840.10008.5.1.4.1.1.1.1", PatientID="P3"),
+         raw / "dx" / "hand.dcm")
+    echo = np.random.default_rng(2).integers(0, 255, (16, 16), dtype=np.uint8)
+    save(image_dataset(echo, modality="US", sop_class="1.2.840.10008.5.1.4.1.1.6.1", PatientID="P4"),
+         raw / "us" / "liver.dcm")
+    job = export_job(tmp_path, raw, sample={"neighbors": 1}, windows=["mediastinum"])
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
+    assert run.exit_code == 0, run.output
+    version = next((tmp_path / "out" / "targets").glob("*/manifest.json")).parent
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["bad_samples"]["total"] == 0
+    assert manifest["inputs"]["excluded"] == {"not_requested": 3}
+    records = {Path(r["path"]).name: r for r in read_excluded(version / EXCLUDED_FILE)}
+    assert sorted(records) == ["chest.dcm", "hand.dcm", "liver.dcm"]
+    assert {r["modality"] for r in records.values()} == {"CR", "DX", "US"}
+    assert all("not a slice of a series" in r["detail"] and "sample: slice" in r["detail"] for r in records.values())
+    # the same files in a slice job are packed as images
+    sliced = export_job(tmp_path / "sliced", raw, windows=["mediastinum"])
+    assert CliRunner().invoke(main, ["build", str(sliced), "--scheduler", "sync"]).exit_code == 0

@@ -14,7 +14,10 @@ condition (equality, membership or match, not ``not``) on the attribute that nam
 that holds for the file: ``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`` for RT Dose,
 ``SOPClassUID`` for a secondary capture (its Modality is often that of the images it shows),
 ``ImageType: LOCALIZER`` for a localizer. Series jobs leave localizers to the series rule
-(``transform.dicom.series.drop_localizers``).
+(``transform.dicom.series.drop_localizers``); there, a projection or other 2-D image with no
+place in patient space (a CR, DX, MG or US file without Image Position (Patient),
+:data:`PROJECTION_MODALITIES`) is ``not_requested`` instead (``Modality`` asks for it, and then
+the series rule refuses it as ``series_no_position``), since it is no broken slice.
 
 The source's ``where:`` header conditions (:func:`header_failure`) are tested first, from the
 header alone: a file they leave out is ``filtered``, whatever its class.
@@ -58,6 +61,12 @@ MASK_CLASSES = frozenset({
 NOT_IMAGE_MODALITIES = frozenset({"SR", "PR", "KO", "RTPLAN", "RTRECORD", "RTSTRUCT", "SEG", "DOC", "REG", "FID",
                                   "PLAN", "RWV", "ECG", "HD", "AU", "RESP"})
 _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+#: Modalities of projection and other 2-D images (radiographs, mammograms, angiography and
+#: fluoroscopy runs, ultrasound, photographs, slide scans): no slice of a cross-sectional stack.
+#: In a series job one that has no place in patient space is left out, not refused as a broken series.
+PROJECTION_MODALITIES = frozenset({"CR", "DX", "MG", "IO", "PX", "RG", "XA", "RF", "US", "ES", "XC", "OP", "SM",
+                                   "GM", "DG"})
+_PLACE_KEYWORDS = ("ImagePositionPatient", "PerFrameFunctionalGroupsSequence", "SharedFunctionalGroupsSequence")
 
 
 @functools.cache
@@ -204,6 +213,14 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}}")
+    elif not slices and modality in PROJECTION_MODALITIES and not any(k in ds for k in _PLACE_KEYWORDS):
+        if not _asked(conditions, ("Modality",), ds):
+            return ObjectClass(modality, name, "not_requested",
+                               f"{what}: a projection or 2-D image with no place in patient space (no Image "
+                               "Position (Patient)), not a slice of a series; a series job (sample: {neighbors: k} "
+                               "or volume) stacks cross-sectional slices (CT, MR, PT, ...): pack such images in a "
+                               "job with sample: slice, or leave them out with the source's where: {Modality: "
+                               "[CT, MR]}")
     elif slices and "LOCALIZER" in [v.strip().upper() for v in header_values(ds, "ImageType")]:
         if not _asked(conditions, ("ImageType",), ds):
             return ObjectClass(modality, name, "not_requested",
