@@ -110,6 +110,21 @@ def test_voi_lut_sequence_matches_pydicom_and_wins_over_window(tmp_path: Path) -
     np.testing.assert_array_equal(one(path, file_window("sqrt")), sample.image)
 
 
+def test_a_voi_lut_declared_16_bits_over_12_bit_data_renders_as_the_12_bit_lut_and_says_so(tmp_path: Path) -> None:
+    # the same LUT Data under a descriptor of 16 bits (as Agfa CRs write it) and of 12: the same image,
+    # not one divided by 65535 (nearly black); the sample's window record says which range was used
+    ramp = np.rint(np.sqrt(np.linspace(0, 1, 400)) * 4095).astype(int).tolist()
+    samples = []
+    for bits in (12, 16):
+        ds = ct_dataset(ct_pixels((32, 32), seed=2, low=600, high=1600), center=None, width=None)
+        ds.VOILUTSequence = DicomSequence([lut_item(-200, bits, ramp, "SQRT")])
+        samples.append(read(save(ds, tmp_path / f"lut{bits}.dcm"))[0])
+    np.testing.assert_array_equal(samples[0].image, samples[1].image)
+    assert len(np.unique(samples[1].image)) > 20
+    assert "lut_bits" not in samples[0].metadata["windows"][0]
+    assert samples[1].metadata["windows"][0]["lut_bits"] == {"declared": 16, "used": 12}
+
+
 def test_voi_lut_first_value_written_as_us_is_read_as_signed(tmp_path: Path) -> None:
     # LUT Descriptor value 2 is US or SS by the input's signedness (PS3.3 C.11.2.1.1); some writers
     # store -200 as US 65336. Signed input (Pixel Representation 1) must read it back as -200.

@@ -27,6 +27,7 @@ from packer.transform.window import (
     check_window,
     invert_monochrome1,
     padding_mask,
+    voi_lut_bits,
 )
 
 # ---------------------------------------------------------------- presets
@@ -133,6 +134,20 @@ def test_voi_lut_with_negative_first_value_and_12_bits() -> None:
     y = apply_voi_lut(np.array([-3.0, -2.0, -1.5, -1.0, 0.0, 5.0]), (3, -2, 12), np.array([0, 2048, 4095]))
     # -1.5 floors to -2, the first entry.
     np.testing.assert_allclose(y, [0, 0, 0, 2048 / 4095, 1, 1], rtol=1e-6)
+
+
+def test_a_voi_lut_of_12_bit_data_under_a_16_bit_descriptor_is_read_in_the_range_its_data_use() -> None:
+    # Agfa CRs (and others) declare 16 bits per entry for LUT Data of 12: divided by 65535 the image
+    # was nearly black (nearly white once MONOCHROME1 is inverted); dcm4che #413, Horos, Cornerstone
+    # and dicom-rs read the range from the data. A LUT that reaches its declared range is unchanged.
+    data = np.array([0, 1024, 2048, 4095])
+    y = apply_voi_lut(np.array([0, 1, 2, 3]), (4, 0, 16), data)
+    np.testing.assert_allclose(y, data / 4095, rtol=1e-6)
+    assert voi_lut_bits(16, data) == 12 and voi_lut_bits(12, data) == 12
+    full = np.array([0, 30000, 65535])
+    np.testing.assert_allclose(apply_voi_lut(np.array([0, 1, 2]), (3, 0, 16), full), full / 65535, rtol=1e-6)
+    assert voi_lut_bits(16, np.array([0, 40000])) == 16  # the upper half used: as declared
+    assert voi_lut_bits(16, np.array([0, 100])) == 8 and voi_lut_bits(8, np.array([0, 100])) == 8
 
 
 def test_modality_rescale_hand_computed() -> None:

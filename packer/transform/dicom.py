@@ -32,6 +32,7 @@ from packer.transform.window import (
     apply_window,
     invert_monochrome1,
     padding_mask,
+    voi_lut_bits,
 )
 
 OUTPUTS = ("uint8", "uint16", "float16")
@@ -93,6 +94,10 @@ class VoiTransform:
                                "function": self.function, "source": self.source}
         if self.lut is not None and self.lut.explanation:
             out["explanation"] = self.lut.explanation
+        if self.lut is not None:  # LUT Data narrower than its descriptor says are read in the range they use
+            used = voi_lut_bits(self.lut.bits, self.lut.array()[:self.lut.entries or 65536])
+            if used != self.lut.bits:
+                out["lut_bits"] = {"declared": self.lut.bits, "used": used}
         out.update(self.stats)
         return out
 

@@ -130,12 +130,28 @@ def apply_modality_lut(stored: np.ndarray, first_mapped: int, lut_data: np.ndarr
     return lookup(stored, first_mapped, np.asarray(lut_data)).astype(np.float64)
 
 
+def voi_lut_bits(declared: int, lut_data: np.ndarray) -> int:
+    """The bits per entry a VOI LUT's output range is read in: the declared ones (LUT Descriptor
+    value 3), unless the LUT Data never reach the upper half of that range, and then the bits its
+    largest entry needs (at least 8). Some devices (notably Agfa CRs) declare 16 bits for LUT
+    Data of 12; divided by 65535 such an image comes out nearly black (nearly white once a
+    MONOCHROME1 image is inverted). dcm4che (#413), Horos, Cornerstone and dicom-rs read the
+    range from the data the same way; a LUT that uses its declared range is read as declared."""
+    data = np.asarray(lut_data)
+    if declared <= 8 or data.size == 0:
+        return declared
+    largest = int(data.max())
+    if largest < 0 or largest >= 1 << (declared - 1):
+        return declared
+    return max(8, largest.bit_length())
+
+
 def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data: np.ndarray) -> np.ndarray:
     """Map modality values through a VOI LUT Sequence item onto [0, 1] (PS3.3 C.11.2.1.1).
 
     ``lut_descriptor`` = (number of entries, 0 meaning 65536; first input value mapped;
-    bits per entry n). Entries are divided by ``2**n - 1``, the LUT's nominal output range.
-    Returns float32 in [0, 1] of ``x``'s shape.
+    bits per entry n). Entries are divided by ``2**n - 1``, the LUT's nominal output range,
+    with n as :func:`voi_lut_bits` reads it. Returns float32 in [0, 1] of ``x``'s shape.
     """
     entries, first_mapped, bits = (int(v) for v in lut_descriptor)
     data = np.asarray(lut_data, dtype=np.float64)[: entries or 65536]
@@ -143,7 +159,7 @@ def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data:
         raise ValueError("VOI LUT Sequence item has an empty (0028,3006) LUT Data")
     if not 1 <= bits <= 16:
         raise ValueError(f"VOI LUT Descriptor (0028,3002) gives {bits} bits per entry; expected 8 or 10-16")
-    out = lookup(x, first_mapped, data) / float(2**bits - 1)
+    out = lookup(x, first_mapped, data) / float(2 ** voi_lut_bits(bits, data) - 1)
     return np.clip(out, 0.0, 1.0).astype(np.float32)
 
 
