@@ -70,3 +70,22 @@ def test_a_header_promising_a_huge_volume_says_nothing_was_decoded_once(tmp_path
         load_header(str(bomb), LimitsConfig(), channels_from=None)
     assert caught.value.reason == "too_large" and "limits.max_decoded_bytes" in caught.value.message
     assert caught.value.message.count("nothing was decoded") == 1, caught.value.message
+
+
+def test_a_label_map_with_a_stray_fraction_names_the_value_and_how_many(tmp_path: Path) -> None:
+    """A float32 label map of 0.0/1.0/2.0 packs; one interpolated voxel (1.5, a label map resampled
+    linearly by some tool) makes it mask_values, and the message says which value and how many."""
+    from packer.badsamples import read_bad_samples
+    from tests.test_nifti import nifti_job, phantom, run, save
+
+    labels = np.zeros((24, 20, 10), dtype=np.float32)
+    labels[4:8, 5:9, 2:6] = 1.0
+    labels[10:12, 5:9, 2:6] = 2.0
+    labels[3, 3, 3] = 1.5
+    save(tmp_path / "raw" / "a.nii.gz", phantom())
+    save(tmp_path / "raw" / "a_seg.nii.gz", labels)
+    job = nifti_job(tmp_path, ["a.nii.gz,P1,a_seg.nii.gz"], header="path,entity,seg",
+                    source={"mask": {"column": "seg", "classes": [0, 1, 2]}})
+    (issue,) = read_bad_samples(run(job, tmp_path).version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "mask_values"
+    assert "1 voxel(s) hold values that are not whole numbers, e.g. 1.5" in issue["message"], issue["message"]
