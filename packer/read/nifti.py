@@ -185,6 +185,9 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
             warnings.simplefilter("ignore")
             img = _nibabel_load(path)
     except ImageFileError as err:
+        misnamed = _misnamed(path)
+        if misnamed is not None:
+            raise NiftiDefect("unreadable", misnamed) from err
         raise NiftiDefect("unreadable", "not a NIfTI-1 or NIfTI-2 file, or its header is cut short or compressed "
                                         f"wrongly (nibabel: {err}); export it again as .nii or .nii.gz") from err
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
@@ -199,6 +202,29 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
                                          "NIfTI-2 (.nii, .nii.gz): convert it")
     return img, _check_header(img, path, size, limits, channels_from)
+
+
+def _misnamed(path: str) -> str | None:
+    """Why nibabel, which picks its decompressor from the suffix, cannot read ``path`` when the
+    suffix lies about its bytes: an uncompressed NIfTI named ``.nii.gz`` (a download inflated
+    on the way, by a server's ``Content-Encoding: gzip``) or gzip data named ``.nii``; else None."""
+    try:
+        with open(path, "rb") as fh:
+            start = fh.read(4)
+    except OSError:
+        return None
+    name = os.path.basename(path)
+    named_gz = name.lower().endswith(".gz")
+    if named_gz and start[:2] != b"\x1f\x8b" and len(start) == 4:
+        for version, size in ((1, 348), (2, 540)):
+            if size in (int.from_bytes(start, "little"), int.from_bytes(start, "big")):
+                return (f"an uncompressed NIfTI-{version} file named .nii.gz (a download inflated on the way, or "
+                        f"gunzip's output under the old name): nibabel reads a .gz name as gzip; rename it "
+                        f"{name[:-3]}")
+    if not named_gz and start[:2] == b"\x1f\x8b":
+        return (f"gzip-compressed data named .nii: nibabel reads a .nii name uncompressed; rename it {name}.gz "
+                "(or gunzip it)")
+    return None
 
 
 def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels_from: str | None) -> NiftiHeader:
@@ -235,7 +261,9 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
         too_big = (f"{'×'.join(map(str, shape))} = {voxels} voxels per channel, over limits.max_voxels "
                    f"({limits.max_voxels}); raise the limit if the file is genuine")
     if too_big is not None:
-        raise NiftiDefect("too_large", f"{too_big}; nothing was decoded")
+        # limit_problem's text already says so, with the limit to raise; the max_voxels text does not
+        raise NiftiDefect("too_large", too_big if "nothing was decoded" in too_big else f"{too_big}; nothing was "
+                                                                                        "decoded")
     _check_offset(int(img.dataobj.offset), path, size, version, voxels * channels * dtype.itemsize)
     stored = _stored_header(path, header)
     affine, source, qform, differ = _choose_affine(header, len(raw_shape),

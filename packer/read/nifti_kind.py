@@ -378,9 +378,16 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
     values = labels.array[0]
     whole = np.rint(values)
     if not np.isfinite(values).all() or np.abs(values - whole).max(initial=0.0) > 1e-3:
+        finite = np.isfinite(values)
+        odd = values[finite & (np.abs(values - whole) > 1e-3)]
+        found = [f"{int(values.size - finite.sum())} voxel(s) are NaN or infinite"] if not finite.all() else []
+        if odd.size:
+            found.append(f"{odd.size} voxel(s) hold values that are not whole numbers, e.g. "
+                         f"{', '.join(f'{v:g}' for v in np.unique(odd)[:3])}")
         return Issue.of(ref, stage="transform", reason="mask_values",
-                        message=f"{ref.path}: label map {path} holds values that are not whole numbers (or NaN); a "
-                                "label map holds class ids: export it with an integer datatype")
+                        message=f"{ref.path}: label map {path}: {'; '.join(found)}; a label map holds class ids "
+                                "(a label map resampled linearly, not by nearest neighbour, has such values): "
+                                "export it with an integer datatype")
     low, high = (int(whole.min()), int(whole.max())) if whole.size else (0, 0)
     allowed = set(mask.classes) if mask.classes is not None else set(range(256))
     if low < 0 or high > 65535:
