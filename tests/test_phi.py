@@ -216,6 +216,18 @@ def test_a_key_file_under_keep_is_a_warning_that_the_key_is_not_used(tmp_path: P
     assert said is warned, result.output
 
 
+
+def _unlabelled_photo_job(tmp_path: Path, raw: Path, name: str, mode: str) -> tuple[Path, Pseudonymizer]:
+    """A job of one unlabelled image source over ``raw`` under ``phi.mode`` ``mode``, and its pseudonymizer."""
+    doc = {"name": name, "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    return job, Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+
+
 @pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
 def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(tmp_path: Path, mode: str,
                                                                               shown: bool) -> None:
@@ -229,13 +241,7 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
         path = raw / f"patient00{42 + i % 2}" / f"{i}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
-    doc = {"name": "own", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
-           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
-           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
-           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    job, phi = _unlabelled_photo_job(tmp_path, raw, "own", mode)
     (warning,) = discover(load_job(job), phi).warnings
     assert "leakage protection is off" in warning and "entity: {component: 0}" in warning
     assert ("patient0042" in warning) is shown
@@ -257,13 +263,7 @@ def test_a_sample_id_collision_warning_names_sample_ids_not_paths_under_pseudony
     for i in range(2):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{i}.png").write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
-    doc = {"name": "clash", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
-           "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 1},
-           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
-           "output": str(tmp_path / "out"), "phi": {"mode": mode}}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    phi = Pseudonymizer(mode=mode, dates="shift", key=KEY.encode() if mode == "pseudonymize" else None)
+    job, phi = _unlabelled_photo_job(tmp_path, raw, "clash", mode)
     monkeypatch.setattr(discover_module, "make_sample_id", lambda source, relpath, phi=None: f"{source}-0000beef")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
