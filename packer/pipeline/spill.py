@@ -94,8 +94,9 @@ class CachedChunk:
 #: Interpretation is ``no_pixel_data``, not ``unsupported``; a series of several acquisitions that
 #: fails as one stack is stacked per Acquisition Number; 19: in a series job a projection or 2-D
 #: image without Image Position (Patient), a CR, DX or US file, is ``not_requested``, not refused;
-#: 20: VOI LUT Data narrower than the bits their descriptor declares are read in the bits they use).
-CACHE_FORMAT = 20
+#: 20: VOI LUT Data narrower than the bits their descriptor declares are read in the bits they use;
+#: 21: a .nii.gz cut inside its header is ``truncated``, not ``unreadable``).
+CACHE_FORMAT = 21
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -185,6 +185,9 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
             warnings.simplefilter("ignore")
             img = _nibabel_load(path)
     except ImageFileError as err:
+        cut = _cut_in_header(path)
+        if cut is not None:
+            raise NiftiDefect("truncated", cut) from err
         misnamed = _misnamed(path)
         if misnamed is not None:
             raise NiftiDefect("unreadable", misnamed) from err
@@ -202,6 +205,26 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
         raise NiftiDefect("unsupported", f"nibabel reads it as {type(img).__name__}; packer reads NIfTI-1 and "
                                          "NIfTI-2 (.nii, .nii.gz): convert it")
     return img, _check_header(img, path, size, limits, channels_from)
+
+
+def _cut_in_header(path: str) -> str | None:
+    """Why a gzip file nibabel could not tell the type of is cut short: its stream ends before
+    a NIfTI header's bytes (348, NIfTI-2 540) have inflated (nibabel then finds no header to
+    name the type by); None for a file that is no gzip stream or inflates a whole header."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return None
+        with gzip.open(path) as stream:
+            head = stream.read(540)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        return f"the gzip stream ends or breaks inside the header ({type(err).__name__}: {err}); copy the file again"
+    except OSError:
+        return None
+    if len(head) < 348:
+        return (f"the gzip stream holds {len(head)} bytes, fewer than a NIfTI header's 348: the file was cut short; "
+                "copy the file again")
+    return None
 
 
 def _misnamed(path: str) -> str | None:
