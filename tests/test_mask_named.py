@@ -27,7 +27,7 @@ from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.exclusions import EXCLUDED_FILE, read_excluded
-from packer.pipeline.discover import discover, mask_named
+from packer.pipeline.discover import MaskPartners, discover, mask_named
 from packer.schemas import load_schema
 
 
@@ -42,6 +42,8 @@ from packer.schemas import load_schema
     ("ISIC_0000000_segmentation.png", "name ending '_segmentation'"),
     ("Kvasir-SEG/masks/cju0qkwl35piu0993l0dewei2.jpg", "folder 'masks'"),
     ("CVC-ClinicDB/Ground Truth/1.tif", "folder 'Ground Truth'"),
+    ("ISIC2018_Task1_Training_GroundTruth/ISIC_0000000_segmentation.png",
+     "folder 'ISIC2018_Task1_Training_GroundTruth'"),
     ("DRIVE/training/1st_manual/21_manual1.gif", None),  # not named by these rules: packed
     ("BraTS20_Training_001/BraTS20_Training_001_t1ce.nii.gz", None),
     ("case_00000/imaging.nii.gz", None),
@@ -164,3 +166,31 @@ def test_a_root_of_label_maps_only_is_refused_with_what_to_do(tmp_path: Path) ->
     message = str(raised.value)
     assert "every nifti file under" in message and "is named as a mask or label map (2, e.g. folder 'masks')" in message
     assert "list them in the source's table" in message
+
+
+def test_a_mask_word_in_a_name_counts_only_where_the_rest_names_an_image_of_the_source() -> None:
+    """A face-mask classification set names its images with_mask_12.jpg and without_mask_7.jpg:
+    no image is named 'with' or 'without' (or with_..., without_... other than these), so they are
+    images. BUSI's benign (1)_mask.png has benign (1).png; ISIC's masks, in a folder of their
+    own, have their images elsewhere in the source; KiTS's segmentation.nii.gz has imaging.nii.gz
+    in its case folder."""
+    faces = MaskPartners.of(["with_mask/with_mask_1.jpg", "with_mask/with_mask_2.jpg",
+                             "without_mask/without_mask_1.jpg"])
+    assert all(mask_named(rel, faces) is None for rel in faces.paths)
+    busi = MaskPartners.of(["benign/benign (1).png", "benign/benign (1)_mask.png", "benign/benign (1)_mask_1.png"])
+    assert [mask_named(rel, busi) for rel in busi.paths] == [None, "name ending '_mask'", "name ending '_mask_1'"]
+    isic = MaskPartners.of(["images/ISIC_0000000.jpg", "masks_of_task1/ISIC_0000000_segmentation.png"])
+    assert mask_named("masks_of_task1/ISIC_0000000_segmentation.png", isic) == "name ending '_segmentation'"
+    kits = MaskPartners.of(["case_00000/imaging.nii.gz", "case_00000/segmentation.nii.gz", "lonely/mask.png"])
+    assert mask_named("case_00000/segmentation.nii.gz", kits) == "name ending 'segmentation'"
+    assert mask_named("lonely/mask.png", kits) is None  # no image beside it: an image named mask
+
+
+def test_a_face_mask_classification_set_builds_both_classes(tmp_path: Path) -> None:
+    root = tmp_path / "Face Mask Dataset"
+    for k, label in enumerate(("with_mask", "without_mask")):
+        for i in range(1, 4):
+            _png(root / label / f"{label}_{i}.jpg", 10 * k + i)
+    found = discover(load_job(_job(tmp_path, "image", root, label="folder")))
+    assert len(found.refs) == 6 and found.excluded == []
+    assert {ref.label for ref in found.refs} == {"with_mask", "without_mask"}

@@ -21,7 +21,7 @@ import posixpath
 import re
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -290,41 +290,106 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
 
 #: Folders whose files are masks or label maps (compared in lower case): ``masks/`` (Kvasir-SEG),
 #: ``labelsTr/`` (the Medical Segmentation Decathlon, nnU-Net), ``segmentations/`` (TotalSegmentator),
-#: ``Ground Truth/`` (CVC-ClinicDB)
+#: ``Ground Truth/`` (CVC-ClinicDB); and a folder whose name ends in the word ``GroundTruth``
+#: (ISIC 2018's ``ISIC2018_Task1_Training_GroundTruth/``). A class folder such as ``with_mask/``
+#: (a face-mask classification set) is none of them.
 MASK_FOLDERS = frozenset({"mask", "masks", "labels", "labelstr", "labelsts", "labelsva", "seg", "segs", "segmentation",
                           "segmentations", "ground truth", "ground_truth", "groundtruth", "gt"})
-#: A file name (its extension removed) ending in one of these words marks a mask or label map:
-#: ``_seg`` (BraTS), ``segmentation`` (KiTS), ``_segmentation`` (ISIC), ``_mask`` and ``_mask_1``
-#: (BUSI), ``_Segm`` (BraTS 2020's case 355); words are separated by ``_``, ``-``, ``.`` or a space
+_GROUND_TRUTH_FOLDER = re.compile(r"(?:^|[_\-. ])ground[_ ]?truth$", re.IGNORECASE)
+#: A file name (its extension removed) ending in one of these words marks a mask or label map,
+#: where the rest of the name names an image of the source (:func:`mask_named`): ``_seg``
+#: (BraTS), ``segmentation`` (KiTS), ``_segmentation`` (ISIC), ``_mask`` and ``_mask_1`` (BUSI),
+#: ``_Segm`` (BraTS 2020's case 355); words are separated by ``_``, ``-``, ``.`` or a space
 MASK_NAME = re.compile(r"(?:^|[_\-. ])(mask|masks|seg|segm|segmentation|label|labels|labelmap|gt)(?:[_\-. ]?\d+)?$",
                        re.IGNORECASE)
+_WORD_BREAKS = ("_", "-", ".", " ")
 
 
-def mask_named(relpath: str) -> str | None:
-    """Why the file at ``relpath`` is named as a mask or label map (``folder 'labelsTr'``,
-    ``name ending '_seg'``), or None where its name says nothing of the kind (:data:`MASK_FOLDERS`,
-    :data:`MASK_NAME`)."""
-    *folders, name = relpath.split("/")
-    for folder in folders:
-        if folder.lower() in MASK_FOLDERS:
+def _stem(name: str) -> str:
+    return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else name.rsplit(".", 1)[0]
+
+
+def _mask_folder(relpath: str) -> str | None:
+    for folder in relpath.split("/")[:-1]:
+        if folder.lower() in MASK_FOLDERS or _GROUND_TRUTH_FOLDER.search(folder):
             return f"folder {folder!r}"
-    lower = name.lower()
-    stem = name[:-len(".nii.gz")] if lower.endswith(".nii.gz") else name.rsplit(".", 1)[0]
+    return None
+
+
+@dataclass(frozen=True)
+class MaskPartners:
+    """What a mask-named file's image is looked for among (:func:`mask_named`): the source's
+    relative paths, sorted, and the sorted name stems (extension removed) of those not named as
+    masks by their own folder or name."""
+
+    paths: tuple[str, ...]
+    stems: tuple[str, ...]
+
+    @classmethod
+    def of(cls, relpaths: Iterable[str]) -> MaskPartners:
+        paths = tuple(sorted(relpaths))
+        stems = tuple(sorted(stem for rel in paths if _mask_folder(rel) is None
+                             and MASK_NAME.search(stem := _stem(rel.rpartition("/")[2])) is None))
+        return cls(paths, stems)
+
+
+def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
+    """Why the file at ``relpath`` is named as a mask or label map (``folder 'labelsTr'``,
+    ``name ending '_seg'``), or None where its name says nothing of the kind: its folder is a
+    masks folder (:data:`MASK_FOLDERS`), or its name ends in a mask word (:data:`MASK_NAME`) and
+    the rest of it names an image among ``partners`` (None: not checked): ``benign (1)_mask.png``
+    beside ``benign (1).png``, ``BraTS20_Training_001_seg.nii.gz`` beside ``..._t1.nii.gz``,
+    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A face-mask
+    set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
+    itself, is an image."""
+    folder = _mask_folder(relpath)
+    if folder is not None:
+        return folder
+    head, _, name = relpath.rpartition("/")
+    stem = _stem(name)
     found = MASK_NAME.search(stem)
-    return f"name ending {stem[found.start():]!r}" if found is not None else None
+    if found is None:
+        return None
+    why = f"name ending {stem[found.start():]!r}"
+    return why if partners is None or _has_partner(head, stem[:found.start()], partners) else None
+
+
+def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
+    """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask word belongs
+    to: one whose name, extension removed, is ``prefix`` or starts with it and a word break
+    (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty prefix
+    (``segmentation.nii.gz``), any file of the same folder not named as a mask."""
+    if not prefix:
+        folder = head + "/" if head else ""
+        at = bisect.bisect_left(partners.paths, folder)
+        for rel in partners.paths[at:]:
+            if not rel.startswith(folder):
+                break
+            if "/" not in rel[len(folder):] and mask_named(rel) is None:
+                return True
+        return False
+    at = bisect.bisect_left(partners.stems, prefix)
+    for stem in partners.stems[at:]:
+        if not stem.startswith(prefix):
+            break
+        if stem == prefix or stem[len(prefix)] in _WORD_BREAKS:
+            return True
+    return False
 
 
 def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
                         ) -> tuple[list[tuple[str, str]], list[Excluded]]:
     """The listed files of a source without a table, less those named as masks or label maps
-    (:func:`mask_named`), each of those left out as ``label_map``: packed as images of their own,
-    a segmentation set's label maps would hand a model its answers as inputs (a BraTS folder's
-    ``_seg`` files, the Decathlon's ``labelsTr/``), and a ``label: folder`` source would make
-    ``masks`` a class. A table decides instead wherever there is one."""
+    (:func:`mask_named`, against the source's other files), each of those left out as
+    ``label_map``: packed as images of their own, a segmentation set's label maps would hand a
+    model its answers as inputs (a BraTS folder's ``_seg`` files, the Decathlon's
+    ``labelsTr/``), and a ``label: folder`` source would make ``masks`` a class. A table decides
+    instead wherever there is one."""
     kept: list[tuple[str, str]] = []
     out: list[Excluded] = []
+    partners = MaskPartners.of(rel for rel, _ in files)
     for rel, path in files:
-        why = mask_named(rel)
+        why = mask_named(rel, partners)
         if why is None:
             kept.append((rel, path))
             continue
