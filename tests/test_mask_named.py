@@ -25,7 +25,6 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.config import load_job
-from packer.errors import ConfigError
 from packer.exclusions import EXCLUDED_FILE, read_excluded
 from packer.pipeline.discover import MaskPartners, discover, mask_named
 from packer.schemas import load_schema
@@ -157,16 +156,14 @@ def test_a_busi_layout_under_label_folder_builds_two_classes_of_images_and_lists
         assert record["why"] == "label_map" and record["stage"] == "discover"
 
 
-def test_a_root_of_label_maps_only_is_refused_with_what_to_do(tmp_path: Path) -> None:
+def test_a_root_of_label_maps_alone_is_packed_as_images_it_names_no_other_image(tmp_path: Path) -> None:
+    """A file is left out as a label map only beside the image it belongs to: a root holding label
+    maps alone (the user's choice of labelsTr/ as the root) packs them, as asked."""
     root = tmp_path / "labelsTr"
     for case in range(2):
         _volume(root / "masks" / f"case_{case}.nii.gz", case, labels=True)
-    with pytest.raises(ConfigError) as raised:
-        discover(load_job(_job(tmp_path, "nifti", root)))
-    message = str(raised.value)
-    assert "every nifti file under" in message and "is named as a mask or label map (2, e.g. folder 'masks')" in message
-    assert "list them in the source's table" in message
-
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert len(found.refs) == 2 and found.excluded == []
 
 def test_a_mask_word_in_a_name_counts_only_where_the_rest_names_an_image_of_the_source() -> None:
     """A face-mask classification set names its images with_mask_12.jpg and without_mask_7.jpg:
@@ -176,9 +173,12 @@ def test_a_mask_word_in_a_name_counts_only_where_the_rest_names_an_image_of_the_
     in its case folder."""
     faces = MaskPartners.of(["with_mask/with_mask_1.jpg", "with_mask/with_mask_2.jpg",
                              "without_mask/without_mask_1.jpg"])
-    assert all(mask_named(rel, faces) is None for rel in faces.paths)
+    assert all(mask_named(rel, faces) is None
+               for rel in ("with_mask/with_mask_1.jpg", "without_mask/without_mask_1.jpg"))
     busi = MaskPartners.of(["benign/benign (1).png", "benign/benign (1)_mask.png", "benign/benign (1)_mask_1.png"])
-    assert [mask_named(rel, busi) for rel in busi.paths] == [None, "name ending '_mask'", "name ending '_mask_1'"]
+    assert [mask_named(rel, busi) for rel in ("benign/benign (1).png", "benign/benign (1)_mask.png",
+                                             "benign/benign (1)_mask_1.png")] == [None, "name ending '_mask'",
+                                                                                 "name ending '_mask_1'"]
     isic = MaskPartners.of(["images/ISIC_0000000.jpg", "masks_of_task1/ISIC_0000000_segmentation.png"])
     assert mask_named("masks_of_task1/ISIC_0000000_segmentation.png", isic) == "name ending '_segmentation'"
     kits = MaskPartners.of(["case_00000/imaging.nii.gz", "case_00000/segmentation.nii.gz", "lonely/mask.png"])
@@ -194,3 +194,15 @@ def test_a_face_mask_classification_set_builds_both_classes(tmp_path: Path) -> N
     found = discover(load_job(_job(tmp_path, "image", root, label="folder")))
     assert len(found.refs) == 6 and found.excluded == []
     assert {ref.label for ref in found.refs} == {"with_mask", "without_mask"}
+
+
+def test_a_masks_folder_counts_only_where_its_files_have_their_images() -> None:
+    """Kvasir-SEG's masks/x.jpg has images/x.jpg; TotalSegmentator's s0000/segmentations/liver.nii.gz
+    has s0000/ct.nii.gz beside its folder; a classification set whose classes are mask/ and
+    no_mask/ has neither, and its mask/ images are packed."""
+    kvasir = MaskPartners.of(["images/cju0.jpg", "masks/cju0.jpg"])
+    assert mask_named("masks/cju0.jpg", kvasir) == "folder 'masks'"
+    total = MaskPartners.of(["s0000/ct.nii.gz", "s0000/segmentations/liver.nii.gz"])
+    assert mask_named("s0000/segmentations/liver.nii.gz", total) == "folder 'segmentations'"
+    classes = MaskPartners.of(["mask/a.jpg", "mask/b.jpg", "no_mask/c.jpg"])
+    assert mask_named("mask/a.jpg", classes) is None and mask_named("mask/a.jpg") == "folder 'mask'"

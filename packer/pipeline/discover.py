@@ -311,26 +311,43 @@ def _stem(name: str) -> str:
 
 def _mask_folder(relpath: str) -> str | None:
     for folder in relpath.split("/")[:-1]:
-        if folder.lower() in MASK_FOLDERS or _GROUND_TRUTH_FOLDER.search(folder):
+        if _is_mask_folder(folder):
             return f"folder {folder!r}"
     return None
 
 
+def _is_mask_folder(folder: str) -> bool:
+    return folder.lower() in MASK_FOLDERS or _GROUND_TRUTH_FOLDER.search(folder) is not None
+
+
+def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool:
+    """Whether a file in a masks folder has the image it belongs to: a file of the same name
+    outside any masks folder (Kvasir-SEG's ``masks/x.jpg`` and ``images/x.jpg``, the Decathlon's
+    ``labelsTr/`` and ``imagesTr/``), or an image in the folder that holds the masks folder
+    (TotalSegmentator's ``s0000/ct.nii.gz`` beside ``s0000/segmentations/``). A class folder
+    named ``mask`` of a classification set (``mask/``, ``no_mask/``) has neither."""
+    at = bisect.bisect_left(partners.stems, stem)
+    if at < len(partners.stems) and partners.stems[at] == stem:
+        return True
+    parts = relpath.split("/")
+    index = next(i for i, part in enumerate(parts[:-1]) if _is_mask_folder(part))
+    return "/".join(parts[:index]) in partners.folders
+
+
 @dataclass(frozen=True)
 class MaskPartners:
-    """What a mask-named file's image is looked for among (:func:`mask_named`): the source's
-    relative paths, sorted, and the sorted name stems (extension removed) of those not named as
-    masks by their own folder or name."""
+    """What a mask-named file's image is looked for among (:func:`mask_named`): of the source's
+    files that are named as masks neither by a folder nor by their own name, the sorted name stems
+    (extension removed) and the folders that hold one directly ("" the root)."""
 
-    paths: tuple[str, ...]
     stems: tuple[str, ...]
+    folders: frozenset[str]
 
     @classmethod
     def of(cls, relpaths: Iterable[str]) -> MaskPartners:
-        paths = tuple(sorted(relpaths))
-        stems = tuple(sorted(stem for rel in paths if _mask_folder(rel) is None
-                             and MASK_NAME.search(stem := _stem(rel.rpartition("/")[2])) is None))
-        return cls(paths, stems)
+        images = [(head, stem) for rel in relpaths if _mask_folder(rel) is None
+                  for head, _, name in (rel.rpartition("/"),) if MASK_NAME.search(stem := _stem(name)) is None]
+        return cls(tuple(sorted(stem for _, stem in images)), frozenset(head for head, _ in images))
 
 
 def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
@@ -342,11 +359,11 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A face-mask
     set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
     itself, is an image."""
-    folder = _mask_folder(relpath)
-    if folder is not None:
-        return folder
     head, _, name = relpath.rpartition("/")
     stem = _stem(name)
+    folder = _mask_folder(relpath)
+    if folder is not None:
+        return folder if partners is None or _folder_has_partner(relpath, stem, partners) else None
     found = MASK_NAME.search(stem)
     if found is None:
         return None
@@ -360,14 +377,7 @@ def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
     (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty prefix
     (``segmentation.nii.gz``), any file of the same folder not named as a mask."""
     if not prefix:
-        folder = head + "/" if head else ""
-        at = bisect.bisect_left(partners.paths, folder)
-        for rel in partners.paths[at:]:
-            if not rel.startswith(folder):
-                break
-            if "/" not in rel[len(folder):] and mask_named(rel) is None:
-                return True
-        return False
+        return head in partners.folders
     at = bisect.bisect_left(partners.stems, prefix)
     for stem in partners.stems[at:]:
         if not stem.startswith(prefix):
@@ -780,14 +790,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                   present=present)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     masks_out: list[Excluded] = []
-    if table is None and kind.names_masks:
+    if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
         files, masks_out = _without_mask_named(source, files, phi)
-        if not files and masks_out:
-            raise ConfigError(
-                f"{where}.root (source {source.name!r}): every {source.kind} file under {source.root} is named as a "
-                f"mask or label map ({len(masks_out)}, e.g. {masks_out[0].detail.split(':')[0]}), and a source without "
-                "a table packs no such file as an image. Name the images with their masks in a table (its mask "
-                "column; README: Targets), or, to pack these files as images, list them in the source's table")
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
