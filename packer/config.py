@@ -884,9 +884,9 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "keyword (PatientID), not a column")
     entity_path = None if entity_column else _path_field("entity", entity_raw, f"{where}.entity")
     time_path = _path_field("time", time_raw, f"{where}.time")
-    if (entity_path or time_path) and kind.identity_in_header:
-        raise ConfigError(f"{where}.{'entity' if entity_path else 'time'}: {kind.name} files name their entity and "
-                          "time in their headers; give a header keyword (PatientID, StudyDate), not a path pattern")
+    if time_path and kind.identity_in_header:
+        raise ConfigError(f"{where}.time: {kind.name} files name their time in their headers; give a header keyword "
+                          "(StudyDate, AcquisitionDateTime), not a path pattern")
     time = (kind.default_time[0],) if time_path else (time_raw,) if isinstance(time_raw, str) else tuple(time_raw)
     fields = tuple(_path_field(str(name), spec, f"{where}.fields.{name}") or PathField(str(name))
                    for name, spec in sorted((raw.get("fields") or {}).items()))

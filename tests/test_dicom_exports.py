@@ -303,3 +303,38 @@ def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_
     # the same files in a slice job are packed as images
     sliced = export_job(tmp_path / "sliced", raw, windows=["mediastinum"])
     assert CliRunner().invoke(main, ["build", str(sliced), "--scheduler", "sync"]).exit_code == 0
+
+
+def test_a_dicom_entity_from_the_path_keeps_a_patients_views_together_when_patient_id_names_a_view(
+        tmp_path: Path) -> None:
+    """CBIS-DDSM writes each view's folder name as its PatientID (Mass-Training_P_00001_LEFT_CC),
+    so with the header's id a patient's four views were four entities, spread over the splits
+    (a leak), and a DICOM source refused entity: {path: ...}. It now takes the entity from the
+    path; time stays the header's. A file the pattern does not match is missing_entity."""
+    raw = tmp_path / "CBIS-DDSM"
+    rng = np.random.default_rng(0)
+    for patient in range(1, 7):
+        for view in ("LEFT_CC", "LEFT_MLO", "RIGHT_CC", "RIGHT_MLO"):
+            folder = f"Mass-Training_P_{patient:05d}_{view}"
+            pixels = rng.integers(0, 4000, (16, 16), dtype=np.uint16)
+            save(image_dataset(pixels, modality="MG", sop_class="1.2.840.10008.5.1.4.1.1.1.2", PatientID=folder),
+                 raw / folder / "07-20-2016-DDSM-1" / "1.000000-full mammogram images-1" / "1-1.dcm")
+    stray = raw / "unsorted" / "1-1.dcm"
+    save(image_dataset(rng.integers(0, 4000, (16, 16), dtype=np.uint16), modality="MG",
+                       sop_class="1.2.840.10008.5.1.4.1.1.1.2", PatientID="X"), stray)
+    source: dict[str, Any] = {"kind": "dicom", "root": str(raw), "label": "none",
+                              "entity": {"path": r"(?P<entity>P_\d{5})"}}
+    job = _job(tmp_path, [source], transform={"dicom": {"windows": ["file"], "fallback_window": "soft_tissue",
+                                                        "size": [16, 16]}})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
+    assert run.exit_code == 0, run.output
+    version = next((tmp_path / "out" / "targets").glob("*/manifest.json")).parent
+    import pyarrow.parquet as pq
+
+    index = pq.read_table(version / "_index.parquet", columns=["entity_id", "split"]).to_pylist()
+    entities: dict[str, set[str]] = {}
+    for row in index:
+        entities.setdefault(str(row["entity_id"]), set()).add(str(row["split"]))
+    assert len(index) == 24 and len(entities) == 6 and all(len(splits) == 1 for splits in entities.values())
+    (bad,) = read_bad_samples(version / "bad_samples.jsonl")
+    assert bad["reason"] == "missing_entity" and "does not match the source's entity: {path:" in bad["message"]

@@ -528,9 +528,10 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
     from the path (``entity: {path: ...}``) or the table row, and a table-less source gives each
     file its own entity. ``sample_id``: the file's id when the caller made it already."""
     sample_id = sample_id or make_sample_id(source.name, rel, phi)
-    if kind.identity_in_header:
+    if kind.identity_in_header:  # entity and time from headers, unless the source takes its entity from paths
+        entity = source.entity_path.value(rel) if source.entity_path is not None else None
         return SampleRef(sample_id=sample_id, source=source.name, kind=kind.name, path=path, relpath=rel, label=label,
-                         extra=_row_cells(source, row))
+                         entity=entity, extra=_row_cells(source, row))
     entity, time, fields = _path_facts(source, rel)
     if source.entity_path is None:
         entity = (row.entity if row else None) if source.label_table is not None else rel

@@ -23,15 +23,20 @@ from packer.storage import is_url
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool,
-                   header: tuple[str, tuple[str, ...]] | None = None) -> Issue | None:
+                   header: tuple[str, tuple[str, ...]] | None = None, entity_path: str | None = None) -> Issue | None:
     """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time.
 
     ``header``: (entity keyword, time keywords) where the kind reads them from each file's header
-    (DICOM), so that a record names the attributes to look at, not a table cell."""
+    (DICOM), so that a record names the attributes to look at, not a table cell; ``entity_path``:
+    the source's path pattern where its entity comes from the file's path instead."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
                         message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
                                 "(or, for unlabeled data, set the source's 'label: none')")
+    if ref.entity is None and entity_path is not None:
+        return Issue.of(ref, stage="discover", reason="missing_entity",
+                        message=f"{ref.path}: no entity id; its path {ref.relpath!r} does not match the source's "
+                                f"entity: {entity_path}; fix the pattern, or move the file where it matches")
     if ref.entity is None:
         field = f"header's {header[0]} (the source's entity:) is" if header else "source's entity field is"
         fix = (f"fill {header[0]} in the file, or set the source's entity: to another attribute this file fills"
@@ -133,5 +138,8 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
             return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
         ref = replace(ref, label=label)
     header = (source.entity, source.time) if source_kind(ref.kind).identity_in_header else None
-    problem = check_identity(ref, needs_time=job.split.by == "time", header=header)
+    path = source.entity_path
+    problem = check_identity(ref, needs_time=job.split.by == "time", header=header,
+                             entity_path="{" + ", ".join(f"{k}: {v!r}" for k, v in path.to_json().items()) + "}"
+                             if path is not None and header is not None else None)
     return problem if problem is not None else (ref, probed.state)

@@ -58,6 +58,14 @@ _DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "float16": np.float16}
 _GREY = ("", "MONOCHROME1", "MONOCHROME2")
 
 
+def _entity(ref: SampleRef, source: SourceConfig, from_header: str | None) -> str | None:
+    """A file's entity: its header's (``source.entity``, PatientID by default), or, where the
+    source takes it from paths (``entity: {path: REGEX}``: CBIS-DDSM writes each view's folder
+    name as its PatientID, ``Mass-Training_P_00001_LEFT_CC``, so a patient's four views were four
+    entities), the one discovery read from the file's path."""
+    return ref.entity if source.entity_path is not None else from_header
+
+
 class DicomKind(SourceKind):
     name = "dicom"
     key_parts = frozenset({"frame"})
@@ -181,7 +189,7 @@ class DicomKind(SourceKind):
             ds = reread_placed(ref, placed)
             if ds is not None:
                 attribute = source.target.attribute
-                return Probed(ref=replace(ref, entity=text_value(ds, source.entity),
+                return Probed(ref=replace(ref, entity=_entity(ref, source, text_value(ds, source.entity)),
                                           time=record_time(ds, tuple(source.time))), state=ds,
                               attribute=text_value(ds, attribute) if attribute else None)
 
@@ -192,9 +200,10 @@ class DicomKind(SourceKind):
                              annotations=source.mask is not None and source.mask.from_dicom)
         if isinstance(header, (Issue, Excluded)):
             return header
+        entity = _entity(ref, source, header.entity)
         if header.annotation is not None:  # a SEG or RTSTRUCT: the mask of the series it references
-            return Probed(ref=replace(ref, entity=header.entity, time=header.time), state=header.annotation)
-        return Probed(ref=replace(ref, entity=header.entity, time=header.time),
+            return Probed(ref=replace(ref, entity=entity, time=header.time), state=header.annotation)
+        return Probed(ref=replace(ref, entity=entity, time=header.time),
                       state=header.geometry if placement else header.dataset, attribute=header.label_value)
 
     @quiet
