@@ -156,6 +156,31 @@ def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_pa
         discover(load_job(job))
 
 
+
+def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(tmp_path: Path) -> None:
+    """SIIM-ACR's train-rle.csv has the header 'ImageId, EncodedPixels': the second column's name
+    starts with a space. The fix the error offers must be one that works when pasted into the job:
+    the name quoted (bare YAML drops the space), written where the key takes a column name
+    (label: {column: ...}; 'label: NAME' is no valid setting)."""
+    root = tmp_path / "images"
+    root.mkdir()
+    cv2.imwrite(str(root / "a.png"), np.full((8, 8), 7, np.uint8))
+    (tmp_path / "train-rle.csv").write_text("path, EncodedPixels\na.png, -1\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "siim", "output": "out",
+        "sources": [{"kind": "image", "root": "images", "table": "train-rle.csv", "entity": "path",
+                     "label": {"column": "EncodedPixels"}}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    message = str(raised.value)
+    assert "missing column 'EncodedPixels' (named by label); did you mean ' EncodedPixels'? " \
+           "(write ' EncodedPixels' for 'EncodedPixels' in label: the name starts or ends with a space, " \
+           "so quote it)" in message, message
+    assert "set label:" not in message
+
+
 # -- NIH ChestX-ray14: bare names under images_00N/images/, entity from a column -------------------
 
 

@@ -250,13 +250,28 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   "rename the others")
             continue
         near = closest(column, columns)
-        hint = f"; did you mean {near!r}? (set {key}: {near})" if near else \
+        hint = f"; did you mean {near!r}? ({_column_fix(key, column, near)})" if near else \
             f"; {fixes[key]}" if fixes and key in fixes else ""
         said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
         if said:
             hint += f"; or, {said}"
         raise ConfigError(f"{path}: missing column {column!r} (named by {key}){hint}; the header row has "
                           f"{', '.join(columns) or 'nothing'}")
+
+
+def _column_fix(key: str, column: str, near: str) -> str:
+    """The edit that makes the job key ``key`` name the header's column ``near`` instead of the
+    missing ``column``: ``set table.path: Path`` where the key is the column name itself; where
+    the key holds it among other settings (``label: {column: ...}``, a ``where:`` condition, a
+    path template) the name to write there. A name with a space at either end (SIIM's
+    ``ImageId, EncodedPixels`` header) is quoted, as plain YAML would drop the space."""
+    spaced = near != near.strip()
+    written = f"'{near}'" if spaced else near
+    if key.endswith(".path") or key in ("entity", "mask.column"):
+        fix = f"set {key}: {written}"
+    else:
+        fix = f"write {written} for {column!r} in {key}"
+    return fix + (": the name starts or ends with a space, so quote it" if spaced else "")
 
 
 def _template_columns(template: str) -> list[str]:
