@@ -903,9 +903,11 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         raise ConfigError(f"{where}.table: {kind.name} sources need a table ({kind.table_columns}) naming each "
                           "file's label and entity, or 'label: folder' (root/<class>/<file>, the ImageFolder "
                           "layout) or 'label: none' (unlabeled)")
-    if kind.identity_in_header and target.origin != "table" and has_table:
+    names_masks = isinstance(raw.get("mask"), Mapping) and "column" in raw["mask"]
+    if kind.identity_in_header and target.origin != "table" and has_table and not names_masks:
         raise ConfigError(f"{where}.{kind.table_key}: the label table is unused with label: {target.to_json()}; "
-                          f"remove '{kind.table_key}:' or the 'label:' setting")
+                          f"remove '{kind.table_key}:' or the 'label:' setting (a table that names each file's "
+                          "mask, mask: {column: ...}, is used with any label:)")
     mask = _parse_mask(raw, root, kind, f"{where}.mask") if "mask" in raw else None
     options, companions = kind.parse_source(raw, where)
     if companions and not has_table:

@@ -336,3 +336,21 @@ def test_a_mask_column_the_table_lacks_is_a_config_error_naming_the_header(tmp_p
                                           r"mean .mask.*the header "
                                           r"row has path, .*mask"):
         discover(job)
+
+
+def test_an_unlabelled_dicom_source_takes_its_masks_from_its_table(tmp_path: Path) -> None:
+    """A segmentation set without class labels (SIIM-ACR's masks converted to PNG, say) has a
+    table naming each DICOM file's mask; with label: none that table was refused as "unused"
+    although mask: {column} uses it, and the README says masks go with any target kind."""
+    raw = _ct_set(tmp_path, frames=1)
+    source = {"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"), "label": "none",
+              "mask": {"column": "mask", "classes": [0, 1, 2, 3, 255], "pad": 255}}
+    result = _build(_job(tmp_path, [source], transform={"dicom": {"windows": [{"center": 250, "width": 2000}],
+                                                                  "size": [40, 40]}}))
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert len(items) == 3
+    seen: dict[int, set[int]] = {}
+    for item in items:
+        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+    _check_seen(seen)
+    assert all("label" not in item for item in items)  # an unlabeled dataset's items hold no label
