@@ -475,3 +475,26 @@ def test_a_chexpert_column_read_as_classes_warns_that_minus_one_is_uncertain_the
     assert uncertain_class_warning(job, ["-1", "-2", "0"]) is None  # a scale, not the convention
     assert uncertain_class_warning(parse_job({**doc, "labels": ["0.0", "1.0", "-1.0"]}, job_path),
                                    ["-1.0", "0.0", "1.0"]) is None
+
+
+def test_a_class_column_of_ids_or_run_length_masks_warns() -> None:
+    """SIIM-ACR's train-rle.csv read as a class column (label: {column: ' EncodedPixels'}) gave
+    every image its run-length string as a class of its own, as many classes as images, without a
+    word; an id column read as classes does the same. Real classes, however many, do not warn."""
+    import numpy as np
+
+    from packer.config import parse_job
+    from packer.pipeline.stages import id_like_class_warning
+
+    job = parse_job({"name": "j", "sources": [{"kind": "image", "root": ".", "table": "t.csv"}],
+                     "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"},
+                    Path("job.yaml"))
+    rle = [f"{100 + i} 5 {900 + i} 7 {1500 + i} 3" for i in range(30)] + ["-1"]
+    codes = np.array([*range(30), 30, 30, 30], dtype=np.int32)  # 30 images one mask each, 3 with none
+    warning = id_like_class_warning(job, codes, rle)
+    assert warning is not None and warning.startswith("31 classes for 33 samples, 30 of them held by one sample each; "
+                                                      "30 of them read as run-length encoded pixels")
+    ids = [f"patient{i:04d}" for i in range(40)]
+    assert "the column holds an id or a note" in str(id_like_class_warning(job, np.arange(40, dtype=np.int32), ids))
+    classes = [f"class{i}" for i in range(25)]
+    assert id_like_class_warning(job, np.repeat(np.arange(25, dtype=np.int32), 4), classes) is None

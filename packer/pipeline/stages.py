@@ -25,6 +25,7 @@ split assignment and the audit report.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import sys
 import tempfile
@@ -35,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
@@ -239,7 +242,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                           ("label_conflicts", conflicts_warning(conflicts)),
                           ("entity_lookalikes", lookalikes_warning(audit)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
-                          ("labels", uncertain_class_warning(job, samples.codes("label")[1]))):
+                          ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
+                          ("labels", id_like_class_warning(job, *samples.codes("label")))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
             warned.append((code, warning))
@@ -332,6 +336,33 @@ def uncertain_class_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
             f"uncertain, make {column!r} a multilabel target (label: {{kind: multilabel, columns: [{column}], "
             "uncertain: ones | zeros | ignore}); to leave such rows out, use the source's where:; to keep it a "
             "class, list the classes in the job's labels:")
+
+
+#: A class target with at least this many classes, most of them held by one sample, reads a
+#: column that is no class (:func:`id_like_class_warning`).
+ID_LIKE_CLASSES = 20
+_RLE = re.compile(r"^\s*\d+(\s+\d+){3,}\s*$")
+
+
+def id_like_class_warning(job: JobConfig, codes: np.ndarray, names: Sequence[Any]) -> str | None:
+    """A warning for a class target whose classes are nearly as many as its samples (at least
+    :data:`ID_LIKE_CLASSES`, and more than half of them held by one sample each): the label
+    column holds an id, a free-text note or an encoded mask rather than a class. A class that
+    reads as run-length encoded pixels (SIIM-ACR's ``EncodedPixels``: numbers separated by
+    spaces) is named as such. None for a job that lists its classes, or a target that is not one class."""
+    if job.labels or not target_class(job.sources[0].target.kind).has_label or len(names) < ID_LIKE_CLASSES:
+        return None
+    counts = np.bincount(codes[codes >= 0], minlength=len(names)) if codes.size else np.zeros(0, dtype=np.int64)
+    singles = int((counts == 1).sum())
+    if singles * 2 <= len(names):
+        return None
+    rle = sum(1 for name in names if name and _RLE.match(str(name)))
+    what = (f"{rle} of them read as run-length encoded pixels (numbers separated by spaces, SIIM-ACR's "
+            "EncodedPixels): decode them to mask files (PNG) and name those in the source's mask: {column: ...}"
+            if rle else "the column holds an id or a note rather than a class: set the source's label: to the "
+                        "column of classes, or list the classes in the job's labels:")
+    return (f"{len(names):,} classes for {int(counts.sum()):,} samples, {singles:,} of them held by one sample each; "
+            f"{what}")
 
 
 def conflicts_warning(found: LabelConflicts) -> str | None:
