@@ -190,6 +190,17 @@ def _ct_set(tmp: Path, frames: int, size: int = 48) -> Path:
     return raw
 
 
+def _aligned_train_items(manifest: Any, count: int) -> list[dict[str, Any]]:
+    """The train split's ``count`` items, each mask checked aligned with its image, every class seen."""
+    items = list(ShardDataset(manifest, "train", shuffle=False))
+    assert len(items) == count
+    seen: dict[int, set[int]] = {}
+    for item in items:
+        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
+    _check_seen(seen)
+    return items
+
+
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 @pytest.mark.parametrize("dicom", [
     {"size": [32, 40], "resize": "fit"},
@@ -201,12 +212,7 @@ def test_dicom_masks_follow_spacing_and_resize(tmp_path: Path, fmt: str, dicom: 
               "mask": {"column": "mask", "classes": [0, 1, 2, 3, 255], "pad": 255}}
     windows = {"windows": [{"center": 250, "width": 2000}], **dicom}
     result = _build(_job(tmp_path, [source], fmt, transform={"dicom": windows}))
-    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
-    assert len(items) == 3
-    seen: dict[int, set[int]] = {}
-    for item in items:
-        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
-    _check_seen(seen)
+    _aligned_train_items(result.manifest_path, 3)
     batch = next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=3)))
     assert batch["mask"].shape == (3, 1, *batch["image"].shape[-2:])
     if fmt == "webdataset":
@@ -347,10 +353,5 @@ def test_an_unlabelled_dicom_source_takes_its_masks_from_its_table(tmp_path: Pat
               "mask": {"column": "mask", "classes": [0, 1, 2, 3, 255], "pad": 255}}
     result = _build(_job(tmp_path, [source], transform={"dicom": {"windows": [{"center": 250, "width": 2000}],
                                                                   "size": [40, 40]}}))
-    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
-    assert len(items) == 3
-    seen: dict[int, set[int]] = {}
-    for item in items:
-        _assert_aligned(item["image"].numpy(), item["mask"].numpy(), seen)
-    _check_seen(seen)
+    items = _aligned_train_items(result.manifest_path, 3)
     assert all("label" not in item for item in items)  # an unlabeled dataset's items hold no label
