@@ -22,7 +22,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 @click.command("bench-loader")
-@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.argument("manifest", type=click.Path(path_type=Path))
 @click.option("--split", default="train", show_default=True, help="Which split's shards to read.")
 @click.option("--device", default="cpu", show_default=True,
               help="cpu, or cuda to also time host→device copies and data-wait vs compute.")
@@ -62,7 +62,9 @@ def bench_loader_command(manifest: Path, split: str, device: str, workers: str, 
     from packer.errors import ConfigError, blocking_file
     from packer.files import atomic_output
     from packer.loader.bench import bench_loader, format_table
+    from packer.manifest import resolve_manifest_path
 
+    resolve_manifest_path(manifest)   # a missing version: exit 2 naming the versions its dataset folder holds
     blocker = blocking_file(json_path.parent) if json_path is not None else None
     if blocker is not None:  # say so now, not after the measurements
         raise ConfigError(f"--json {json_path}: {blocker} is a file, not a folder; write the JSON elsewhere")

@@ -34,10 +34,11 @@ def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...
     to check the shards too).
     """
     from packer.inspection import format_summary, inspect_dataset
+    from packer.manifest import resolve_manifest_path
     from packer.storage import is_url, parse_storage_options
 
-    if not is_url(manifest) and not Path(manifest).exists():
-        raise click.BadParameter(f"{manifest!r} does not exist", param_hint="'MANIFEST'")
+    if not is_url(manifest):
+        resolve_manifest_path(manifest)   # a missing version: exit 2 naming the versions its dataset folder holds
     summary = inspect_dataset(manifest, storage_options=parse_storage_options(storage_option))
     if as_json:
         _echo_json(summary)
@@ -46,8 +47,8 @@ def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...
 
 
 @click.command("diff")
-@click.argument("old", type=click.Path(exists=True, path_type=Path))
-@click.argument("new", type=click.Path(exists=True, path_type=Path))
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print every difference as JSON.")
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
               help="Keys listed per kind of change in the text output.")
@@ -64,7 +65,10 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     A difference is not an error: exits 0 (5 only if a manifest, index or shard fails its hash).
     """
     from packer.inspection import diff_datasets, format_diff
+    from packer.manifest import resolve_manifest_path
 
+    for path in (old, new):
+        resolve_manifest_path(path)   # a missing version: exit 2 naming the versions its dataset folder holds
     diff = diff_datasets(old, new)
     if as_json:
         _echo_json(diff.to_json())

@@ -10,7 +10,7 @@ from packer.commands import exits
 
 
 @click.command("report")
-@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.argument("manifest", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the HTML file (default: report.html in the version folder).")
 @exits

@@ -32,11 +32,12 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
     where known, the sample key. Exits 0 when everything matches, 5 on any integrity failure,
     2 when MANIFEST is not a dataset version (a dataset folder: the message lists its versions).
     """
+    from packer.manifest import resolve_manifest_path
     from packer.storage import is_url, parse_storage_options
     from packer.verify import format_result, verify_dataset
 
-    if not is_url(manifest) and not Path(manifest).exists():
-        raise click.BadParameter(f"{manifest!r} does not exist", param_hint="'MANIFEST'")
+    if not is_url(manifest):
+        resolve_manifest_path(manifest)   # a missing version: exit 2 naming the versions its dataset folder holds
     report = verify_dataset(manifest if is_url(manifest) else Path(manifest), deep=deep, quiet=quiet,
                             storage_options=parse_storage_options(storage_option))
     click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_result(report))
