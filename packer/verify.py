@@ -272,6 +272,7 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) 
         return False
     if size != entry["bytes"]:
         kind = "truncated" if size < entry["bytes"] else "grown"
+        found.damaged.add(entry["file"])  # its sha256 cannot match either: name the samples it lost or changed
         found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
         return True
     try:

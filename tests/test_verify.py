@@ -148,6 +148,29 @@ def test_a_truncated_shard_fails_by_size(version: Path) -> None:
 
 
 @pytest.mark.parametrize("built", ["webdataset"], indirect=True)
+def test_a_truncated_shard_names_its_lost_samples_without_deep(version: Path) -> None:
+    """README: "In a shard whose sha256 does not match, it also names each damaged sample". A
+    truncated shard's sha256 does not match either, yet plain verify stopped at the size and
+    named no sample: the cut one and the ones after it are named, the whole ones before are not."""
+    from packer.shards.tar import scan_tar
+
+    entry = manifest_of(version)["splits"]["train"]["shards"][0]
+    shard = version / entry["file"]
+    samples = scan_tar(shard).samples
+    npy_at, npy_size = samples[3].members["npy"]
+    shard.write_bytes(shard.read_bytes()[:npy_at + npy_size // 2])
+
+    result = invoke(version, "--json")
+    assert result.exit_code == 5
+    problems = [p for p in json.loads(result.stdout)["problems"] if p["shard"] == shard.name]
+    assert any("truncated" in p["message"] and p["key"] is None for p in problems)
+    named = " ".join(f"{p['key']} {p['message']}" for p in problems)
+    assert samples[3].key in named
+    assert not any(s.key in named for s in samples[:3])
+    assert f"{entry['samples'] - 3} samples (from {samples[3].key}) could not be reached" in named
+
+
+@pytest.mark.parametrize("built", ["webdataset"], indirect=True)
 def test_a_tar_cut_inside_a_sample_counts_only_the_whole_samples_before_it_and_names_the_cut_one(
         version: Path) -> None:
     """A shard truncated in the middle of its 4th sample's .npy: "the archive ends after 4 samples"
