@@ -62,7 +62,9 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     packer/library/decoder version differences. Versions of different target kinds are
     compared without per-sample targets, with a note saying so. A WebDataset version against
     a Parquet one reads the Parquet side's pixels to compare content, with a note saying so.
-    A difference is not an error: exits 0 (5 only if a manifest, index or shard fails its hash).
+    A difference is not an error: exits 0 (5 only if a manifest or index fails its hash, or a
+    shard it has to read is missing or damaged). It compares the shards' recorded sha256, and
+    hashes no shard itself: run `packer verify` to check that the files are whole.
     """
     from packer.inspection import diff_datasets, format_diff
     from packer.manifest import resolve_manifest_path
