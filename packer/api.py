@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packer.config import JobConfig, job_from_mapping, load_job
@@ -254,7 +255,7 @@ def _refuse_worker_reimport(call: str) -> None:
     inside the worker; the run's own error, naming the guard, came only after those. A call
     from a function of the script that a worker runs later is not refused: the script's module
     code is no longer running then."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
             from packer.pipeline.cluster import UNGUARDED_SCRIPT
