@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packer.config import JobConfig, job_from_mapping, load_job
@@ -76,6 +78,7 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
     from packer.pipeline.build import build as build_job
     from packer.storage import is_url
 
+    _refuse_worker_reimport("build")
     _check_workers(workers)
     config = load(job, base_dir=base_dir)
     target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
@@ -221,6 +224,7 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
     """
     from packer.pipeline.datacheck import validate_job
 
+    _refuse_worker_reimport("validate")
     _check_workers(workers)
     config = load(job, base_dir=base_dir)
     with _typed_errors():
@@ -241,6 +245,25 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
     """
     return read_manifest(location, storage_options=storage_options)
+
+
+def _refuse_worker_reimport(call: str) -> None:
+    """Raise ConfigError when this call runs while a spawned process (a local dask cluster's
+    worker) imports the script that started the run again: the script calls packer at its top
+    level, without the ``__main__`` guard. Left to run, the worker's call took the build's lock
+    and failed with "another `packer build` ... is running", or started a cluster of its own
+    inside the worker; the run's own error, naming the guard, came only after those. A call
+    from a function of the script that a worker runs later is not refused: the script's module
+    code is no longer running then."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            from packer.pipeline.cluster import UNGUARDED_SCRIPT
+
+            script = frame.f_globals.get("__file__") or frame.f_code.co_filename
+            raise ConfigError(f"{script}: calls packer.{call} at its top level, where a worker process that "
+                              f"imports it again runs it too: {UNGUARDED_SCRIPT}")
+        frame = frame.f_back
 
 
 def _check_workers(workers: object) -> None:

@@ -302,3 +302,30 @@ def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The last line of each traceback in ``stderr``: what each process said went wrong."""
+    lines = stderr.splitlines()
+    return [lines[i - 1] for i, line in enumerate(lines) if i and line.startswith("Traceback")] + lines[-1:]
+
+
+@pytest.mark.slow  # a real local cluster from a subprocess script
+@pytest.mark.parametrize("call", ["build", "validate"])
+def test_every_worker_of_an_unguarded_script_names_the_main_guard_not_another_error(tmp_path: Path,
+                                                                                    call: str) -> None:
+    """Each worker process that imports an unguarded script again calls packer there too. That
+    call must fail at once with the guard named: not take the build's lock and report 'another
+    `packer build` ... is running' (which sends the user to look for a build that does not exist),
+    nor start a cluster of its own inside the worker."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import packer\npacker.{call}({str(job)!r}, workers=2, progress=False)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0
+    assert "another `packer build`" not in done.stderr
+    assert "Status.starting" not in done.stderr
+    said = [line for line in error_lines(done.stderr) if line.startswith("packer.errors.")]
+    assert said and all('if __name__ == "__main__":' in line for line in said), done.stderr
+    assert any(str(script) in line for line in said), done.stderr  # the worker's error names the script
