@@ -452,9 +452,9 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
             found.samples += 1
             progress.update(bad=len(found.problems) - before)
         if len(keys) != entry["samples"]:
-            found.add(name, f"{len(keys)} readable samples, the manifest records {entry['samples']}")
+            found.add(name, f"{len(keys)} readable samples, the manifest records {entry['samples']}; {_REBUILD}")
         for key in sorted(set(rows) - set(keys)):
-            found.add(name, "listed in _index.parquet but not readable from the shard", key=key)
+            found.add(name, f"listed in _index.parquet but not readable from the shard; {_REBUILD}", key=key)
     progress.close()
 
 

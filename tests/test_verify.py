@@ -191,7 +191,11 @@ def test_a_tar_cut_inside_a_sample_counts_only_the_whole_samples_before_it_and_n
     assert (cut.key, f"the shard ends in member {cut.key}.npy (unexpected end of data) after 3 whole samples: this "
                      "sample is cut short; rebuild the version with `packer build` or restore the file from a good "
                      "copy") in problems
-    assert (None, f"3 readable samples, the manifest records {entry['samples']}") in problems
+    assert (None, f"3 readable samples, the manifest records {entry['samples']}; rebuild the version with "
+                  "`packer build` or restore the file from a good copy") in problems
+    # every key the index lists past the cut says what to do too
+    lost = [message for key, message in problems if message.startswith("listed in _index.parquet")]
+    assert lost and all(message.endswith("restore the file from a good copy") for message in lost)
     assert not any("lacks" in message for _, message in problems)
 
     dataset = ShardDataset(version, "train", shuffle=False, on_error="skip", max_skipped=1000)
