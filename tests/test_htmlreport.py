@@ -397,6 +397,25 @@ def test_cli_writes_the_report_and_maps_errors_to_exit_codes(built: BuildResult,
     assert CliRunner().invoke(report, [str(tmp_path / "missing")]).exit_code == 2
 
 
+def test_the_report_of_a_version_with_a_cut_or_missing_shard_warns_on_the_terminal(built: BuildResult,
+                                                                                    tmp_path: Path) -> None:
+    """The HTML said some samples could not be read, but `packer report` exited 0 printing only
+    where the file is: a CI log showed nothing wrong. A shard missing or of another size than
+    the manifest records is now a warning on stderr naming it (a stat, no hashing)."""
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    clean = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "a.html")])
+    assert clean.exit_code == 0 and "warning" not in clean.output
+    shards = [p for p in sorted(folder.glob("*.tar")) + sorted(folder.glob("*.parquet")) if not p.name.startswith("_")]
+    shards[0].write_bytes(shards[0].read_bytes()[:1000])
+    shards[1].unlink()
+    damaged = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "b.html")])
+    assert damaged.exit_code == 0, damaged.output
+    said = damaged.stderr
+    assert f"2 shard(s) missing or not the size the manifest records ({shards[0].name} (1,000 bytes, not" in said
+    assert f"{shards[1].name} (missing)" in said and "run `packer verify` on the version" in said
+
+
 def test_thumbnails_are_capped_and_channels_composed_as_documented() -> None:
     rng = np.random.default_rng(0)
     big = rng.integers(0, 256, size=(300, 520), dtype=np.uint8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,3 +47,26 @@ def report(manifest: Path, output: Path | None) -> None:
     path = write_html_report(manifest, output)
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
+    damaged = _damaged_shards(located.parent, data)
+    if damaged:  # the report says so inside; a terminal or CI log should too
+        shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
+        click.echo(f"packer: warning: {len(damaged)} shard(s) missing or not the size the manifest records ({shown}): "
+                   "the report leaves their samples out; run `packer verify` on the version", err=True)
+
+
+def _damaged_shards(folder: Path, data: dict[str, Any]) -> list[str]:
+    """The shards the manifest lists that are missing beside it or of another size (a stat each,
+    no hashing: ``packer verify`` checks the bytes)."""
+    damaged = []
+    for entry in (data.get("splits") or {}).values():
+        for shard in (entry.get("shards") or ()) if isinstance(entry, dict) else ():
+            if not isinstance(shard, dict) or not shard.get("file"):
+                continue
+            try:
+                size = (folder / str(shard["file"])).stat().st_size
+            except OSError:
+                damaged.append(f"{shard['file']} (missing)")
+                continue
+            if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
+                damaged.append(f"{shard['file']} ({size:,} bytes, not {shard['bytes']:,})")
+    return damaged
