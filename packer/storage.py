@@ -206,6 +206,18 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
     return fs, path
 
 
+def check_output_store(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Reach the store an output URL names, with the build's options, before anything is built:
+    an unreachable endpoint, missing credentials or a missing bucket is a ``ConfigError`` now,
+    not after every file has been decoded into the local work folder (where the upload found it).
+    One request: whether the URL's folder exists (absent is fine: the build makes it)."""
+    fs, path = filesystem_for(url, storage_options)
+    try:
+        fs.exists(path)
+    except remote_errors() as err:
+        raise storage_error(url, err, doing="reaching the output store before building") from err
+
+
 def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Exception) -> ConfigError:
     given = ", ".join(sorted(storage_options or {})) or "none"
     return ConfigError(f"{url}: the storage options (given: {given}) are not accepted ({type(err).__name__}: "

@@ -393,3 +393,22 @@ def test_storage_options_parse_from_key_value_pairs() -> None:
 def test_an_unknown_protocol_names_the_url() -> None:
     with pytest.raises(ConfigError, match="nosuchproto://x"):
         verify_dataset("nosuchproto://x/manifest.json")
+
+
+def test_an_unreachable_output_store_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """A build to s3://... whose endpoint cannot be reached (or whose credentials are missing)
+    decoded every file into the local work folder and failed only at the upload; the store is now
+    reached first, and the build stops there with a ConfigError naming the endpoint fix, having
+    made no build cache."""
+    raw = tmp_path / "raw"
+    (raw / "ct").mkdir(parents=True)
+    job = load_job(write_job(tmp_path, demo_job_doc(raw, tmp_path / "unused")))
+    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    work = tmp_path / "work"
+    with pytest.raises(ConfigError) as raised:
+        build(job, BuildOptions(scheduler="sync", quiet=True, out="s3://packer-out/x", work_dir=work,
+                                storage_options=options))
+    assert "reaching the output store before building: s3://packer-out/x: cannot reach the object store" in str(
+        raised.value)
+    assert not any(p.is_file() for p in work.rglob("*"))

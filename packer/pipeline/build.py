@@ -88,7 +88,7 @@ from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
 from packer.records import Issue
 from packer.shards.writer import ShardWrite
-from packer.storage import WORK_DIR_ENV, build_cache_dir, filesystem_for, resolve_output
+from packer.storage import WORK_DIR_ENV, build_cache_dir, check_output_store, resolve_output
 from packer.targets import Target
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
@@ -370,7 +370,7 @@ class _ReportNotWritten(FileSystemError):
 def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     if remote is not None:  # an unknown protocol or a storage option the store does not take: before any decoding
-        filesystem_for(remote, options.storage_options)
+        check_output_store(remote, options.storage_options)
     identity = job.identity()
     cfg_hash = config_hash(identity)
     dataset_root = output / job.name
