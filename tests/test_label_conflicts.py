@@ -178,6 +178,17 @@ def test_label_conflict_fail_writes_leakage_json_and_exits_4(tmp_path: Path) -> 
     assert run.exit_code == 4
 
 
+def test_under_fail_the_build_does_not_say_the_copies_are_packed_as_they_are(tmp_path: Path) -> None:
+    """The warning printed before the audit fails named the warn policy ("packed as they are
+    (split.duplicates.label_conflict: warn ...)") under label_conflict: fail, where nothing is packed."""
+    job = _job(tmp_path, [_source(_class_tree(tmp_path))],
+               split={"by": "entity", "ratios": {"train": 1.0}, "duplicates": {"label_conflict": "fail"}})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert run.exit_code == 4
+    line = next(line for line in run.output.splitlines() if "group(s) of copies of one image" in line)
+    assert "packed as they are" not in line and "label_conflict: warn" not in line
+    assert "label_conflict: fail" in line and "exit 4" in line
+
 def test_validate_lists_the_conflict_as_a_finding_and_fails_only_under_fail(tmp_path: Path) -> None:
     raw = _class_tree(tmp_path)
     warned = validate_job(load_job(_job(tmp_path / "warn", [_source(raw)])), scheduler="sync", quiet=True)

@@ -239,7 +239,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                              quiet=quiet)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg)),
-                          ("label_conflicts", conflicts_warning(conflicts)),
+                          ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict)),
                           ("entity_lookalikes", lookalikes_warning(audit)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
@@ -365,14 +365,21 @@ def id_like_class_warning(job: JobConfig, codes: np.ndarray, names: Sequence[Any
             f"{what}")
 
 
-def conflicts_warning(found: LabelConflicts) -> str | None:
-    """A sentence for the build's and validate's stderr when copies of one image disagree, or None."""
+def conflicts_warning(found: LabelConflicts, policy: str = "warn") -> str | None:
+    """A sentence for the build's and validate's stderr when copies of one image disagree, or None.
+
+    ``policy``: the job's ``split.duplicates.label_conflict``; it says what happens to them (under
+    ``fail`` nothing is packed: the audit fails with exit 4)."""
     if not found.groups:
         return None
     samples = sum(len(group.members) for group in found.groups)
-    done = (f"{samples} samples left out before the split (label_conflict: drop_group; listed in {EXCLUDED_FILE})"
-            if found.dropped else "packed as they are (split.duplicates.label_conflict: warn; fail or drop_group "
-                                  "to stop it)")
+    if found.dropped:
+        done = f"{samples} samples left out before the split (label_conflict: drop_group; listed in {EXCLUDED_FILE})"
+    elif policy == "fail":
+        done = ("the leakage audit fails (split.duplicates.label_conflict: fail, exit 4): fix the labels, or set "
+                "label_conflict: drop_group to leave those groups out")
+    else:
+        done = "packed as they are (split.duplicates.label_conflict: warn; fail or drop_group to stop it)"
     return (f"{len(found.groups)} group(s) of copies of one image ({samples} samples) carry different targets or "
             f"masks: label noise, or two patients mixed up; {done}; each group is listed under label_conflicts in "
             "leakage.json")
