@@ -17,7 +17,7 @@ import numpy as np
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, build
-from packer.pipeline.dedup import exact_groups
+from packer.pipeline.dedup import exact_groups, is_blank
 from tests.helpers import write_job
 
 
@@ -65,6 +65,49 @@ def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_pat
                  "label_conflicts", "split_balance"):
         assert rules.get(rule, {"count": 0})["count"] == 0, (rule, rules.get(rule))
 
+
+def _dark_slide(path: Path, seed: int) -> None:
+    """A 64×64 RGB photo on a black border that is not quite constant: the same faint pattern of
+    0-2 (a JPEG's flat blocks, a camera's dark noise) on every photo, and a different textured
+    subject in the top-left 32×32 quarter of each."""
+    background = np.random.default_rng(12345).integers(0, 3, (64, 64, 3)).astype(np.uint8)
+    photo = background.copy()
+    tissue = cv2.resize(np.random.default_rng(seed).integers(0, 250, (8, 8, 3)).astype(np.float32), (32, 32),
+                        interpolation=cv2.INTER_CUBIC)
+    photo[:32, :32] = np.clip(tissue, 10, 250).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), photo)
+
+
+def test_nearly_blank_tiles_shared_by_photos_of_different_patients_do_not_join_them(tmp_path: Path) -> None:
+    """Dark border tiles whose values span 2 levels of 255 show nothing, yet are byte-identical
+    across photos whose borders carry the same faint pattern: they joined every patient into one
+    exact-duplicate group (all in one split, a label conflict across patients)."""
+    assert is_blank(np.array([[0, 1], [2, 2]], np.uint8))  # 2 of 255 levels: nothing to see
+    assert not is_blank(np.array([[0, 1], [3, 2]], np.uint8))
+    assert not is_blank(np.array([[0, 1], [2, 2]], np.int16))  # 2 HU apart is data, not a blank
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(10):
+        _dark_slide(raw / f"photo{i}.png", i)
+        rows.append(f"photo{i}.png,{('normal', 'tumor')[i % 2]},patient{i}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path / "job", {
+        "name": "photos",
+        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
+        "transform": {"image": {"color": "rgb", "tile": {"size": [32, 32]}}},
+        "pack": {"format": "webdataset"},
+        "output": str(tmp_path / "out"),
+    })
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    manifest = json.loads(Path(result.manifest_path).read_text())
+    splits = {name: split["samples"] for name, split in manifest["splits"].items()}
+    assert sum(splits.values()) == 40
+    assert len([n for n in splits.values() if n]) > 1, splits
+    rules = json.loads((Path(result.manifest_path).parent / "leakage.json").read_text())["rules"]
+    for rule in ("exact_duplicates_within_split", "duplicates_span_entities", "label_conflicts"):
+        assert rules.get(rule, {"count": 0})["count"] == 0, (rule, rules.get(rule))
 
 def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copies_of_one(tmp_path: Path) -> None:
     """An exact group of two copies in one patient's files and one in another's joins the two

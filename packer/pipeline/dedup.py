@@ -14,17 +14,30 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+#: How many levels apart a uint8 sample's values may be and still show nothing (2 of 255, under 1 %
+#: of the display range): a black border's faint pattern, a JPEG's flat blocks, a camera's dark noise.
+BLANK_LEVELS_UINT8 = 2
+
 
 def is_blank(pixels: np.ndarray) -> bool:
-    """Whether every value of ``pixels`` (any shape, any dtype) is the same: a plain background
-    tile or an empty frame, whose digest every other blank sample of its shape shares."""
+    """Whether ``pixels`` (any shape, any dtype) show nothing: every value the same, or, for uint8
+    (display levels), all within :data:`BLANK_LEVELS_UINT8` of each other. A plain or dark
+    background tile or an empty frame, whose digest every other blank sample of its shape (and,
+    for a nearly blank one, of its faint pattern) shares. Other dtypes (HU, raw intensities,
+    floats) need every value equal: a few units apart there are data."""
     flat = pixels.reshape(-1)
     if flat.size == 0:
         return True
+    spread = BLANK_LEVELS_UINT8 if flat.dtype == np.uint8 else 0
     # a sparse probe rejects almost every real image in microseconds; the full check runs only
-    # when ~64 spread-out values all equal the first one
+    # when ~64 spread-out values all lie near the first one
     probe = flat[:: max(1, flat.size // 64)]
-    return bool((probe == flat[0]).all()) and bool((flat == flat[0]).all())
+    if spread == 0:
+        return bool((probe == flat[0]).all()) and bool((flat == flat[0]).all())
+    first = int(flat[0])
+    if int(probe.max()) - first > spread or first - int(probe.min()) > spread:
+        return False
+    return int(flat.max()) - int(flat.min()) <= spread
 
 
 def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None,

@@ -62,6 +62,7 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from packer.pipeline.dedup import is_blank
 from packer.pipeline.nearscreen import BLOCK as SCREEN_BLOCK
 from packer.pipeline.nearscreen import let_through
 from packer.progress import Progress, stage_progress
@@ -87,12 +88,16 @@ _HANN = np.outer(np.hanning(THUMB), np.hanning(THUMB)).astype(np.float32)
 def thumbnail(image: np.ndarray) -> np.ndarray:
     """The sample as a 64×64 uint8 grey thumbnail: channel mean, area-resized, min-max scaled.
 
-    ``image`` is C×H×W or H×W of any numeric dtype. A constant image gives zeros. Raises
-    ValueError for an empty array or non-finite values.
+    ``image`` is C×H×W or H×W of any numeric dtype. A blank image (:func:`~packer.pipeline.dedup.is_blank`:
+    constant, or a uint8 one within 2 levels) gives zeros, as it shows nothing: min-max scaling would
+    stretch a dark border's faint pattern, shared by many photos, into a full-contrast look-alike.
+    Raises ValueError for an empty array or non-finite values.
     """
     arr = np.asarray(image)
     if arr.ndim not in (2, 3) or arr.size == 0:
         raise ValueError(f"a thumbnail needs a non-empty H×W or C×H×W array, got shape {arr.shape}")
+    if is_blank(arr):
+        return np.zeros((THUMB, THUMB), dtype=np.uint8)
     gray = arr.mean(axis=0, dtype=np.float32) if arr.ndim == 3 else arr.astype(np.float32)
     if not np.isfinite(gray).all():
         raise ValueError("a thumbnail needs finite pixel values; the array holds NaN or inf")
