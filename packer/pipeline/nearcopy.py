@@ -951,6 +951,30 @@ class NearLinks:
                 "rival": round(rival, 4), "residual_ratio": round(residual_ratio(score, rival), 4)}
 
 
+def corroborated(links: NearLinks, files: np.ndarray) -> NearLinks:
+    """``links`` less those that stand alone between two files that each give several samples.
+
+    ``files[s]``: a code for the raw file sample ``s`` was read from. A tile, frame, page or
+    volume slice is one of several samples of its file, and two such files are copies of one
+    another when their samples are: a copied tiled photo links tile for tile. One link alone
+    between two such files is a look-alike (a small tile holding one edge between two flat
+    regions matches another such tile at some shift and zoom, whatever its intensities), not a
+    copy, and is dropped. Links from or to a file of one sample are kept as they are."""
+    if len(links) == 0:
+        return links
+    per_file = np.bincount(files)
+    a, b = files[links.i], files[links.j]
+    several = (per_file[a] > 1) & (per_file[b] > 1)
+    if not several.any():
+        return links
+    pair = np.minimum(a, b).astype(np.int64) * (int(files.max()) + 1) + np.maximum(a, b)
+    _, inverse, counts = np.unique(pair, return_inverse=True, return_counts=True)
+    keep = np.flatnonzero(~several | (counts[inverse] > 1))
+    if len(keep) == len(links):
+        return links
+    return NearLinks(links.i[keep], links.j[keep], links.similarity[keep], links.evidence.take(keep),
+                     candidates=links.candidates, rival=None if links.rival is None else links.rival[keep])
+
 def load_embeddings(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, zoom: int) -> np.ndarray:
     """Zoom ``zoom``'s embeddings (n × d, float16) of samples whose signatures are row ``row_of[s]``
     of ``files[file_of[s]]``, read file by file."""

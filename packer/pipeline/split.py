@@ -43,6 +43,7 @@ from packer.pipeline.nearcopy import (
     NearLinks,
     VerifyTask,
     candidate_pairs,
+    corroborated,
     find_near_links,
     verify_task,
 )
@@ -167,9 +168,13 @@ def near_links(samples: Sequence[SpilledSample], cfg: SplitConfig, sig_dir: Path
             return search_candidates(held, groups, k, sample_identities(keys, sample_entities, held), lists,
                                      quiet=quiet)
 
-    return find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
-                           neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run,
-                           max_ratio=cfg.near_max_ratio, search=search, quiet=quiet)
+    links = find_near_links([str(sig_dir / name) for name in names], file_codes, rows, groups,
+                            neighbors=cfg.near_neighbors, min_score=cfg.near_min_score, run=run,
+                            max_ratio=cfg.near_max_ratio, search=search, quiet=quiet)
+    if len(links) == 0:
+        return links
+    # a tile's (frame's, page's) lone look-alike in another tiled file is no copy of that file
+    return corroborated(links, np.unique(np.array(table.column("sample_id"), dtype=object), return_inverse=True)[1])
 
 
 def _held(embeddings: Callable[[int, slice], np.ndarray]) -> Callable[[int, slice], np.ndarray]:
