@@ -781,7 +781,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     kind = source_kind(source.kind)
     table = source.label_table
     try:
-        records = read_records(source, storage_options) if table is not None else None  # before a long listing
+        records = (read_records(source, storage_options, hide_values=phi is not None and phi.active)
+                   if table is not None else None)  # before a long listing
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
