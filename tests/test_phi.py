@@ -312,6 +312,54 @@ def test_an_internal_error_prints_no_raw_path_under_pseudonymization(tmp_path: P
     assert raw.exit_code == 1 and f"boom at {root / 'photos' / PHI['photo_subject']}" in raw.output
 
 
+def test_an_internal_error_prints_no_bare_file_name_folder_name_or_quoted_value_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug's message need not hold a whole path: a file's bare name, its folder's name (a
+    patient's), or a header value quoted as Python quotes one, all name the patient. Under phi:
+    pseudonymize none of them is printed; the type, the frames and the message's other words are."""
+    from packer.read.image_kind import ImageKind
+    from packer.records import SampleRef
+
+    def boom(self: ImageKind, ref: SampleRef, *args: Any, **kwargs: Any) -> Any:
+        folder = Path(ref.path).parent.name
+        raise RuntimeError(f"boom in {Path(ref.path).name} of {folder}: cannot use {PHI['name']!r}")
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", {"mode": "pseudonymize"})))
+    monkeypatch.setattr(ImageKind, "probe", boom)
+    env = {"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work"), "PACKER_RAW_TRACEBACK": ""}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert result.exit_code == 1, result.output
+    assert "RuntimeError: boom in <path> of <id>: cannot use '<value>'" in result.output, result.output
+    assert phi_hits({"<build output>": result.output}) == []
+    raw = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env={**env, "PACKER_RAW_TRACEBACK": "1"})
+    assert raw.exit_code == 1 and f"of {PHI['photo_subject']}: cannot use {PHI['name']!r}" in raw.output
+
+
+def test_a_config_error_names_no_folder_or_file_of_the_data_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PackerError (exit 2) is printed where CI logs keep it: under phi: pseudonymize a folder or
+    file name of the data, or a raw entity id, that its message quotes is shown as <id>."""
+    import packer.pipeline.stages as stages_module
+    from packer.errors import ConfigError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(f"cannot split {PHI['photo_subject']}-1 (folder {PHI['photo_subject']}); fix the table")
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", {"mode": "pseudonymize"})))
+    monkeypatch.setattr(stages_module, "assign_splits", refuse)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 2, result.output
+    assert "packer: error: cannot split <id> (folder <id>); fix the table" in result.output, result.output
+    assert phi_hits({"<build output>": result.output}) == []
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""
