@@ -360,6 +360,22 @@ def test_a_config_error_names_no_folder_or_file_of_the_data_under_pseudonymizati
     assert phi_hits({"<build output>": result.output}) == []
 
 
+def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseudonymization(tmp_path: Path) -> None:
+    """The error shows a file's relative path as an example of what the pattern met; under phi:
+    pseudonymize its folder and file names (a patient's name, an accession number) are <id>."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    doc = job_doc(root, tmp_path / "out", None)
+    doc["sources"][0]["entity"] = {"path": "NOPE(?P<entity>[0-9]+)/"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 2, result.output
+    assert "matches none of the 13 files; a file's path relative to the root is '<id>/<id>'" in result.output
+    assert phi_hits({"<build output>": result.output}) == []
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""
