@@ -11,11 +11,11 @@ message with a path under a source root shown as ``<source NAME>/…`` and any o
 cell, a relative path) as ``<path>``. A bare file name (``IM_Doe_John.dcm``: no separator) is a
 path too, a quoted value (``could not convert string to float: 'DOE^JOHN'``, as Python and pydicom
 quote a header value they cannot use) is shown as ``'<value>'`` unless it names code (a builtin
-type, a DICOM keyword), and the names the job met in its data (each folder and file name under
-a source root, each raw entity id: :func:`note_names`) are shown as ``<id>`` wherever a message
-puts them, in a :class:`~packer.errors.PackerError`'s message too (:func:`redact_names`). Setting
-``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would, on a machine where the raw paths
-may be seen.
+type, a DICOM keyword, a lowercase identifier), and the names the job met in its data (each
+folder and file name under a source root, each raw entity id: :func:`note_names`) are shown as
+``<id>`` wherever a message puts them, in a :class:`~packer.errors.PackerError`'s message too
+(:func:`redact_names`). Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would,
+on a machine where the raw paths may be seen.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ _FILE_EXTENSIONS = ("dcm|dicom|ima|img|hdr|nii|gz|bz2|xz|zip|tar|png|jpe?g|jp2|j
 _FILE_NAME = re.compile(rf"(?<![\w/\\.])[^\s'\"/\\:,;()\[\]{{}}]*[\w)\]]\.(?i:{_FILE_EXTENSIONS})(?![\w.])")
 #: A value quoted as Python's repr quotes it: the quote not inside a word (an apostrophe: "file's").
 _QUOTED = re.compile(r"(?<!\w)'(?P<qs>[^'\n]*)'(?!\w)|(?<!\w)\"(?P<qd>[^\"\n]*)\"(?!\w)")
+#: A quoted word that names code: a lowercase identifier or dotted module path (``'shape'``,
+#: ``'numpy.float32'``); a header value (a name, an id) is upper case or holds ``^``, spaces or digits first.
+_CODE_WORD = re.compile(r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*")
 #: What a message is cut into to look each piece up in the noted names.
 _TOKEN = re.compile(r"[^\s'\"()\[\]{},;=]+")
 
@@ -145,7 +148,7 @@ def redact_text(text: str) -> str:
             return f"{quote}{path(as_path)}{quote}"
         if _FILE_NAME.fullmatch(inner) is not None:
             return f"{quote}<path>{quote}"
-        if not inner or inner in _code_names():
+        if not inner or inner in _code_names() or _CODE_WORD.fullmatch(inner) is not None:
             return whole
         return f"{quote}<value>{quote}"
 

@@ -67,6 +67,7 @@ def test_without_a_pseudonymizing_job_or_with_the_variable_set_the_traceback_is_
     ("unsupported operand type(s) for +: 'int' and 'NoneType'", "unsupported operand type(s) for +: 'int' and "
                                                                 "'NoneType'"),
     ("KeyError: 'PatientID'", "KeyError: 'PatientID'"),
+    ("'NoneType' object has no attribute 'pixel_array'", "'NoneType' object has no attribute 'pixel_array'"),
 ])
 def test_bare_file_names_and_quoted_values_are_hidden_too(roots: None, message: str, shown: str) -> None:
     assert redact.redact_text(message) == shown
