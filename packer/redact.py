@@ -44,6 +44,16 @@ _NAMES: set[str] = set()
 #: Shorter names are not noted: a folder ``CT`` or ``1`` would hide every such word of every message.
 _SHORTEST_NAME = 3
 
+#: DICOM modalities (PS3.3 C.7.3.1.1.1), which exports use as folder names: never noted as names.
+_MODALITIES = frozenset((
+    "AR ASMT AU BDUS BI BMD CR CT DG DOC DX ECG EPS ES FID GM HC HD IO IOL IVOCT IVUS KER KO LEN LS MG MR M3D NM "
+    "OAM OCT OP OPM OPT OPTBSV OPTENF OPV OSS OT PLAN PR PT PX REG RESP RF RG RTDOSE RTIMAGE RTPLAN RTRAD RTRECORD "
+    "RTSEGANN RTSTRUCT RWV SEG SM SMR SR SRF STAIN TEXTUREMAP TG US VA XA XC").split())
+#: Folder names of published datasets' layouts: never noted as names.
+_FOLDER_WORDS = frozenset(("images imagestr imagests labels labelstr labelsts masks mask train training test testing "
+                           "valid validation val dev all data dicom nifti series study studies annotations annotation "
+                           "broken extra").split())
+
 #: The extensions that make a word a file name (a bare one: no separator), as data folders hold them.
 _FILE_EXTENSIONS = ("dcm|dicom|ima|img|hdr|nii|gz|bz2|xz|zip|tar|png|jpe?g|jp2|j2k|tiff?|bmp|webp|gif|svs|ndpi|"
                     "mrxs|scn|csv|tsv|txt|json|jsonl|xml|parquet|npy|npz|mha|mhd|nrrd|raw|h5|hdf5|mat")
@@ -76,7 +86,13 @@ def note_names(names: Iterable[str]) -> None:
     that pseudonymizes was loaded (:func:`note_job`)."""
     if not _ROOTS:
         return
-    _NAMES.update(name for name in (n.strip() for n in names) if len(name) >= _SHORTEST_NAME)
+    _NAMES.update(name for name in (n.strip() for n in names) if len(name) >= _SHORTEST_NAME and not _common(name))
+
+
+def _common(name: str) -> bool:
+    """A folder name every dataset uses (``SEG``, ``RTSTRUCT``, ``imagesTr``, ``train``) names no
+    person; noted, it would hide that word of every message."""
+    return name.upper() in _MODALITIES or name.lower() in _FOLDER_WORDS or name in _code_names()
 
 
 def forget_jobs() -> None:

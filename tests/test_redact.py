@@ -80,5 +80,7 @@ def test_names_noted_from_the_data_are_hidden_wherever_a_message_puts_them(roots
     assert (redact.redact_text("series Doe_John_MRN0042 slice IM0001 of patient MRN83746251 (3 files)")
             == "series <id> slice <id> of patient <id> (3 files)")
     assert redact.redact_text("IM00012 is another word") == "IM00012 is another word"
+    redact.note_names(["RTSTRUCT", "SEG", "imagesTr", "train"])  # folder names every export uses name nobody
+    assert redact.redact_text("no RTSTRUCT or SEG in imagesTr of train") == "no RTSTRUCT or SEG in imagesTr of train"
     redact.forget_jobs()
     assert redact.redact_text("slice IM0001") == "slice IM0001"  # a later command starts afresh
