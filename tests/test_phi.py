@@ -376,6 +376,57 @@ def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseud
     assert phi_hits({"<build output>": result.output}) == []
 
 
+def test_nifti_header_text_and_patient_named_case_folders_reach_no_output_under_pseudonymization(
+        tmp_path: Path) -> None:
+    """A NIfTI export's header carries free text (``descrip``, ``aux_file``, ``intent_name``: a
+    converter may write the patient's name or the study there) and its case folders often are the
+    patient's name. Under phi: pseudonymize none of it reaches a shared output or the CLI output,
+    a broken file's and a missing file's rows included."""
+    import nibabel as nib
+
+    root = tmp_path / "raw" / "nifti"
+    rows = ["path,entity,mask"]
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        case = f"{PHI['name_in_path']}_{i}"
+        (root / case).mkdir(parents=True)
+        image = nib.Nifti1Image(rng.normal(0, 100, (16, 16, 6)).astype(np.int16), np.diag([2.0, 2.0, 4.0, 1.0]))
+        image.header["descrip"] = PHI["name"].encode()
+        image.header["aux_file"] = PHI["mrn"].encode()
+        image.header["intent_name"] = b"Mercy"
+        nib.save(image, root / case / f"{PHI['accession']}_{i}.nii.gz")
+        mask = np.zeros((16, 16, 6), np.uint8)
+        mask[4:10, 4:10, 1:4] = 1
+        nib.save(nib.Nifti1Image(mask, np.diag([2.0, 2.0, 4.0, 1.0])), root / case / f"mask_{i}.nii.gz")
+        rows.append(f"{case}/{PHI['accession']}_{i}.nii.gz,{PHI['mrn']}{i % 2},{case}/mask_{i}.nii.gz")
+    (root / f"{PHI['name_in_path']}_0" / f"{PHI['accession']}_broken.nii.gz").write_bytes(b"not nifti")
+    rows.append(f"{PHI['name_in_path']}_0/{PHI['accession']}_broken.nii.gz,{PHI['mrn']}0,"
+                f"{PHI['name_in_path']}_0/mask_0.nii.gz")
+    rows.append(f"{PHI['name_in_path']}_9/{PHI['accession']}_gone.nii.gz,{PHI['mrn']}0,"
+                f"{PHI['name_in_path']}_9/mask_9.nii.gz")
+    (root / "cases.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    doc = {"name": "phi", "sources": [{"kind": "nifti", "root": str(root), "table": str(root / "cases.csv"),
+                                       "label": "none", "mask": {"column": "mask", "classes": [0, 1]}}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+           "transform": {"nifti": {"windows": ["abdomen"],
+                                   "sample": {"volume": {"spacing": [4, 4, 4], "size": [4, 8, 8]}}}},
+           "pack": {"format": "webdataset"}, "output": str(out), "validate": {"max_bad_fraction": 0.9},
+           "phi": {"mode": "pseudonymize"}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    env = {"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert result.exit_code == 0, result.output
+    checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync"], env=env)
+    assert checked.exit_code == 0, checked.output
+    texts = output_texts(out, result.output + checked.output)
+    assert sum(1 for name in texts if name.endswith(".npy")) >= 4  # the cases were packed
+    bad = next(out.glob("phi/*/bad_samples.jsonl")).read_text()
+    assert f"{PHI['accession']}_broken" in bad and f"{PHI['accession']}_gone" in bad  # local: the paths stay
+    assert phi_hits(texts) == []
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""
