@@ -28,6 +28,7 @@ from datetime import date, datetime
 
 from packer.config import PhiConfig
 from packer.errors import ConfigError
+from packer.redact import note_names
 
 ENV_KEY = "PACKER_PHI_KEY"
 MIN_KEY_BYTES = 16
@@ -72,8 +73,12 @@ class Pseudonymizer:
         return hmac.new(self.key, f"{domain}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
     def entity(self, raw: str) -> str:
-        """The entity id written to outputs: ``e-`` + 20 hex of HMAC, or the raw id with ``keep``."""
-        return f"e-{self._mac('entity', raw)[:20]}" if self.active else raw
+        """The entity id written to outputs: ``e-`` + 20 hex of HMAC, or the raw id with ``keep``.
+        Under pseudonymization the raw id is noted for :mod:`packer.redact`: no error message prints it."""
+        if not self.active:
+            return raw
+        note_names((raw,))
+        return f"e-{self._mac('entity', raw)[:20]}"
 
     def lookalike(self, raw: str) -> str:
         """What tells entity ids apart that differ only in case, spacing or leading zeros

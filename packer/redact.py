@@ -8,15 +8,24 @@ terminal or a CI log. Every job that pseudonymizes notes its source roots here w
 (:func:`note_job`, called by :func:`packer.config.parse_job`); :func:`format_exception` then
 prints the exception's type and its frames (code locations, which are no PHI) in full, and each
 message with a path under a source root shown as ``<source NAME>/…`` and any other path (a table
-cell, a relative path) as ``<path>``. Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback
-as Python would, on a machine where the raw paths may be seen.
+cell, a relative path) as ``<path>``. A bare file name (``IM_Doe_John.dcm``: no separator) is a
+path too, a quoted value (``could not convert string to float: 'DOE^JOHN'``, as Python and pydicom
+quote a header value they cannot use) is shown as ``'<value>'`` unless it names code (a builtin
+type, a DICOM keyword, a lowercase identifier), and the names the job met in its data (each
+folder and file name under a source root, each raw entity id: :func:`note_names`) are shown as
+``<id>`` wherever a message puts them, in a :class:`~packer.errors.PackerError`'s message too
+(:func:`redact_names`). Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would,
+on a machine where the raw paths may be seen.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import traceback
+from collections.abc import Iterable
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +37,34 @@ RAW_TRACEBACK_ENV = "PACKER_RAW_TRACEBACK"
 #: Source roots (as text) of the jobs loaded under pseudonymize since :func:`forget_jobs`, and
 #: their source names; a process that loaded one such job redacts every internal error.
 _ROOTS: dict[str, str] = {}
+
+#: Names met in the data of the jobs noted since :func:`forget_jobs` (:func:`note_names`): shown as ``<id>``.
+_NAMES: set[str] = set()
+
+#: Shorter names are not noted: a folder ``CT`` or ``1`` would hide every such word of every message.
+_SHORTEST_NAME = 3
+
+#: DICOM modalities (PS3.3 C.7.3.1.1.1), which exports use as folder names: never noted as names.
+_MODALITIES = frozenset((
+    "AR ASMT AU BDUS BI BMD CR CT DG DOC DX ECG EPS ES FID GM HC HD IO IOL IVOCT IVUS KER KO LEN LS MG MR M3D NM "
+    "OAM OCT OP OPM OPT OPTBSV OPTENF OPV OSS OT PLAN PR PT PX REG RESP RF RG RTDOSE RTIMAGE RTPLAN RTRAD RTRECORD "
+    "RTSEGANN RTSTRUCT RWV SEG SM SMR SR SRF STAIN TEXTUREMAP TG US VA XA XC").split())
+#: Folder names of published datasets' layouts: never noted as names.
+_FOLDER_WORDS = frozenset(("images imagestr imagests labels labelstr labelsts masks mask train training test testing "
+                           "valid validation val dev all data dicom nifti series study studies annotations annotation "
+                           "broken extra").split())
+
+#: The extensions that make a word a file name (a bare one: no separator), as data folders hold them.
+_FILE_EXTENSIONS = ("dcm|dicom|ima|img|hdr|nii|gz|bz2|xz|zip|tar|png|jpe?g|jp2|j2k|tiff?|bmp|webp|gif|svs|ndpi|"
+                    "mrxs|scn|csv|tsv|txt|json|jsonl|xml|parquet|npy|npz|mha|mhd|nrrd|raw|h5|hdf5|mat")
+_FILE_NAME = re.compile(rf"(?<![\w/\\.])[^\s'\"/\\:,;()\[\]{{}}]*[\w)\]]\.(?i:{_FILE_EXTENSIONS})(?![\w.])")
+#: A value quoted as Python's repr quotes it: the quote not inside a word (an apostrophe: "file's").
+_QUOTED = re.compile(r"(?<!\w)'(?P<qs>[^'\n]*)'(?!\w)|(?<!\w)\"(?P<qd>[^\"\n]*)\"(?!\w)")
+#: A quoted word that names code: a lowercase identifier or dotted module path (``'shape'``,
+#: ``'numpy.float32'``); a header value (a name, an id) is upper case or holds ``^``, spaces or digits first.
+_CODE_WORD = re.compile(r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*")
+#: What a message is cut into to look each piece up in the noted names.
+_TOKEN = re.compile(r"[^\s'\"()\[\]{},;=]+")
 
 
 def note_job(job: JobConfig) -> None:
@@ -42,9 +79,26 @@ def note_job(job: JobConfig) -> None:
             _ROOTS[os.path.realpath(source.root)] = source.name
 
 
+def note_names(names: Iterable[str]) -> None:
+    """Note names met in a pseudonymizing job's data (a file's folder and file names under its
+    source root, a raw entity id): :func:`redact_text` and :func:`redact_names` show each as
+    ``<id>``. Names shorter than three characters are not noted; nothing is noted unless a job
+    that pseudonymizes was loaded (:func:`note_job`)."""
+    if not _ROOTS:
+        return
+    _NAMES.update(name for name in (n.strip() for n in names) if len(name) >= _SHORTEST_NAME and not _common(name))
+
+
+def _common(name: str) -> bool:
+    """A folder name every dataset uses (``SEG``, ``RTSTRUCT``, ``imagesTr``, ``train``) names no
+    person; noted, it would hide that word of every message."""
+    return name.upper() in _MODALITIES or name.lower() in _FOLDER_WORDS or name in _code_names()
+
+
 def forget_jobs() -> None:
-    """Forget the roots noted so far (each CLI command starts afresh: :func:`packer.commands.exits`)."""
+    """Forget the roots and names noted so far (each CLI command starts afresh: :func:`packer.commands.exits`)."""
     _ROOTS.clear()
+    _NAMES.clear()
 
 
 def redacting() -> bool:
@@ -62,19 +116,70 @@ def _pattern() -> re.Pattern[str]:
     return re.compile(f"{under}|{other}" if under else other)
 
 
+@cache
+def _code_names() -> frozenset[str]:
+    """Quoted words that name code, not a person: Python's builtins and types, DICOM keywords."""
+    from pydicom.datadict import keyword_dict
+
+    return frozenset(dir(builtins)) | {"NoneType", "ndarray", "Path", "PosixPath", "WindowsPath"} | frozenset(
+        keyword_dict)
+
+
+def redact_names(text: str) -> str:
+    """``text`` with every word, and every part of a path, that is a name :func:`note_names`
+    noted shown as ``<id>`` (nothing else changes: a :class:`~packer.errors.PackerError`'s message
+    keeps the job's own paths and words)."""
+    if not _NAMES:
+        return text
+
+    def shown(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if word in _NAMES or word.rstrip(".:") in _NAMES:
+            return "<id>" + word[len(word.rstrip(".:")):]
+        parts = re.split(r"([/\\])", word)
+        return "".join("<id>" if part in _NAMES else part for part in parts) if len(parts) > 1 else word
+
+    text = _TOKEN.sub(shown, text)
+    for name in (n for n in _NAMES if _TOKEN.fullmatch(n) is None):  # a name holding a space: "Doe John"
+        text = text.replace(name, "<id>")
+    return text
+
+
 def redact_text(text: str) -> str:
-    """``text`` with every path under a noted source root as ``<source NAME>/…`` and every other
-    word holding a ``/`` or ``\\`` as ``<path>``."""
+    """``text`` with every path under a noted source root as ``<source NAME>/…``, every other
+    word holding a ``/`` or ``\\`` and every bare file name as ``<path>``, every quoted value that
+    names no code as ``'<value>'``, and every noted name (:func:`note_names`) as ``<id>``."""
     pattern = _pattern()
     names = sorted(_ROOTS, key=len, reverse=True)
 
-    def shown(match: re.Match[str]) -> str:
+    def path(match: re.Match[str]) -> str:
         for group, value in match.groupdict().items():
-            if value is not None:
+            if value is not None and group.startswith("r"):
                 return f"<source {_ROOTS[names[int(group[1:])]]}>/…"
         return "<path>"
 
-    return pattern.sub(shown, text)
+    def quoted(inner: str, quote: str, whole: str) -> str:
+        as_path = pattern.fullmatch(inner)
+        if as_path is not None:
+            return f"{quote}{path(as_path)}{quote}"
+        if _FILE_NAME.fullmatch(inner) is not None:
+            return f"{quote}<path>{quote}"
+        if not inner or inner in _code_names() or _CODE_WORD.fullmatch(inner) is not None:
+            return whole
+        return f"{quote}<value>{quote}"
+
+    def shown(match: re.Match[str]) -> str:
+        if match.group("qs") is not None:
+            return quoted(match.group("qs"), "'", match.group(0))
+        if match.group("qd") is not None:
+            return quoted(match.group("qd"), '"', match.group(0))
+        if match.group("f") is not None:
+            return "<path>"
+        return path(match)
+
+    # one pass, so that no rule meets what another wrote (``<source ct>/…`` holds a separator)
+    text = re.compile(f"{_QUOTED.pattern}|(?P<f>{_FILE_NAME.pattern})|{pattern.pattern}").sub(shown, text)
+    return redact_names(text)
 
 
 def format_exception(err: BaseException) -> str:

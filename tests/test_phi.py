@@ -312,6 +312,121 @@ def test_an_internal_error_prints_no_raw_path_under_pseudonymization(tmp_path: P
     assert raw.exit_code == 1 and f"boom at {root / 'photos' / PHI['photo_subject']}" in raw.output
 
 
+def test_an_internal_error_prints_no_bare_file_name_folder_name_or_quoted_value_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug's message need not hold a whole path: a file's bare name, its folder's name (a
+    patient's), or a header value quoted as Python quotes one, all name the patient. Under phi:
+    pseudonymize none of them is printed; the type, the frames and the message's other words are."""
+    from packer.read.image_kind import ImageKind
+    from packer.records import SampleRef
+
+    def boom(self: ImageKind, ref: SampleRef, *args: Any, **kwargs: Any) -> Any:
+        folder = Path(ref.path).parent.name
+        raise RuntimeError(f"boom in {Path(ref.path).name} of {folder}: cannot use {PHI['name']!r}")
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", {"mode": "pseudonymize"})))
+    monkeypatch.setattr(ImageKind, "probe", boom)
+    env = {"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work"), "PACKER_RAW_TRACEBACK": ""}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert result.exit_code == 1, result.output
+    assert "RuntimeError: boom in <path> of <id>: cannot use '<value>'" in result.output, result.output
+    assert phi_hits({"<build output>": result.output}) == []
+    raw = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env={**env, "PACKER_RAW_TRACEBACK": "1"})
+    assert raw.exit_code == 1 and f"of {PHI['photo_subject']}: cannot use {PHI['name']!r}" in raw.output
+
+
+def test_a_config_error_names_no_folder_or_file_of_the_data_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PackerError (exit 2) is printed where CI logs keep it: under phi: pseudonymize a folder or
+    file name of the data, or a raw entity id, that its message quotes is shown as <id>."""
+    import packer.pipeline.stages as stages_module
+    from packer.errors import ConfigError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(f"cannot split {PHI['photo_subject']}-1 (folder {PHI['photo_subject']}); fix the table")
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_doc(root, tmp_path / "out", {"mode": "pseudonymize"})))
+    monkeypatch.setattr(stages_module, "assign_splits", refuse)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 2, result.output
+    assert "packer: error: cannot split <id> (folder <id>); fix the table" in result.output, result.output
+    assert phi_hits({"<build output>": result.output}) == []
+
+
+def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseudonymization(tmp_path: Path) -> None:
+    """The error shows a file's relative path as an example of what the pattern met; under phi:
+    pseudonymize its folder and file names (a patient's name, an accession number) are <id>."""
+    root = tmp_path / "raw"
+    plant_tree(root)
+    doc = job_doc(root, tmp_path / "out", None)
+    doc["sources"][0]["entity"] = {"path": "NOPE(?P<entity>[0-9]+)/"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 2, result.output
+    assert "matches none of the 13 files; a file's path relative to the root is '<id>/<id>'" in result.output
+    assert phi_hits({"<build output>": result.output}) == []
+
+
+def test_nifti_header_text_and_patient_named_case_folders_reach_no_output_under_pseudonymization(
+        tmp_path: Path) -> None:
+    """A NIfTI export's header carries free text (``descrip``, ``aux_file``, ``intent_name``: a
+    converter may write the patient's name or the study there) and its case folders often are the
+    patient's name. Under phi: pseudonymize none of it reaches a shared output or the CLI output,
+    a broken file's and a missing file's rows included."""
+    import nibabel as nib
+
+    root = tmp_path / "raw" / "nifti"
+    rows = ["path,entity,mask"]
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        case = f"{PHI['name_in_path']}_{i}"
+        (root / case).mkdir(parents=True)
+        image = nib.Nifti1Image(rng.normal(0, 100, (16, 16, 6)).astype(np.int16), np.diag([2.0, 2.0, 4.0, 1.0]))
+        image.header["descrip"] = PHI["name"].encode()
+        image.header["aux_file"] = PHI["mrn"].encode()
+        image.header["intent_name"] = b"Mercy"
+        nib.save(image, root / case / f"{PHI['accession']}_{i}.nii.gz")
+        mask = np.zeros((16, 16, 6), np.uint8)
+        mask[4:10, 4:10, 1:4] = 1
+        nib.save(nib.Nifti1Image(mask, np.diag([2.0, 2.0, 4.0, 1.0])), root / case / f"mask_{i}.nii.gz")
+        rows.append(f"{case}/{PHI['accession']}_{i}.nii.gz,{PHI['mrn']}{i % 2},{case}/mask_{i}.nii.gz")
+    (root / f"{PHI['name_in_path']}_0" / f"{PHI['accession']}_broken.nii.gz").write_bytes(b"not nifti")
+    rows.append(f"{PHI['name_in_path']}_0/{PHI['accession']}_broken.nii.gz,{PHI['mrn']}0,"
+                f"{PHI['name_in_path']}_0/mask_0.nii.gz")
+    rows.append(f"{PHI['name_in_path']}_9/{PHI['accession']}_gone.nii.gz,{PHI['mrn']}0,"
+                f"{PHI['name_in_path']}_9/mask_9.nii.gz")
+    (root / "cases.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    doc = {"name": "phi", "sources": [{"kind": "nifti", "root": str(root), "table": str(root / "cases.csv"),
+                                       "label": "none", "mask": {"column": "mask", "classes": [0, 1]}}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+           "transform": {"nifti": {"windows": ["abdomen"],
+                                   "sample": {"volume": {"spacing": [4, 4, 4], "size": [4, 8, 8]}}}},
+           "pack": {"format": "webdataset"}, "output": str(out), "validate": {"max_bad_fraction": 0.9},
+           "phi": {"mode": "pseudonymize"}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    env = {"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")}
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert result.exit_code == 0, result.output
+    checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync"], env=env)
+    assert checked.exit_code == 0, checked.output
+    texts = output_texts(out, result.output + checked.output)
+    assert sum(1 for name in texts if name.endswith(".npy")) >= 4  # the cases were packed
+    bad = next(out.glob("phi/*/bad_samples.jsonl")).read_text()
+    assert f"{PHI['accession']}_broken" in bad and f"{PHI['accession']}_gone" in bad  # local: the paths stay
+    assert phi_hits(texts) == []
+
+
 def test_validate_summary_names_bad_samples_by_key_under_pseudonymization(tmp_path: Path) -> None:
     """packer validate's printed summary goes to CI logs: under PHI it lists the bad files by
     sample key (packer locate maps them back), as the report does; --json keeps their paths."""

@@ -54,3 +54,33 @@ def test_without_a_pseudonymizing_job_or_with_the_variable_set_the_traceback_is_
     assert "boom at <source ct>/…" in redact.format_exception(err)
     redact.forget_jobs()
     assert "boom at /data/ct/P1/a.dcm" in redact.format_exception(err)
+
+
+@pytest.mark.parametrize(("message", "shown"), [
+    # a bare file name has no separator, and a hospital export's file names carry names and record numbers
+    ("cannot decode Doe_John_MRN0042.dcm here", "cannot decode <path> here"),
+    ("frame of IM_SMITH^ANNA.nii.gz", "frame of <path>"),
+    # a header value quoted as Python quotes a value it cannot use (pydicom's DS, a KeyError's key)
+    ("could not convert string to float: 'DOE^JOHN 19450317'", "could not convert string to float: '<value>'"),
+    ('no entity for "MRN83746251"', 'no entity for "<value>"'),
+    # what names code, not a person, stays: Python's types and builtins, DICOM keywords
+    ("unsupported operand type(s) for +: 'int' and 'NoneType'", "unsupported operand type(s) for +: 'int' and "
+                                                                "'NoneType'"),
+    ("KeyError: 'PatientID'", "KeyError: 'PatientID'"),
+    ("'NoneType' object has no attribute 'pixel_array'", "'NoneType' object has no attribute 'pixel_array'"),
+])
+def test_bare_file_names_and_quoted_values_are_hidden_too(roots: None, message: str, shown: str) -> None:
+    assert redact.redact_text(message) == shown
+
+
+def test_names_noted_from_the_data_are_hidden_wherever_a_message_puts_them(roots: None) -> None:
+    """A folder or file name under a source root (without an extension: DICOM's IM0001) and a raw entity id
+    are noted as the job meets them; a message that quotes one bare shows <id> instead."""
+    redact.note_names(["Doe_John_MRN0042", "IM0001", "MRN83746251"])
+    assert (redact.redact_text("series Doe_John_MRN0042 slice IM0001 of patient MRN83746251 (3 files)")
+            == "series <id> slice <id> of patient <id> (3 files)")
+    assert redact.redact_text("IM00012 is another word") == "IM00012 is another word"
+    redact.note_names(["RTSTRUCT", "SEG", "imagesTr", "train"])  # folder names every export uses name nobody
+    assert redact.redact_text("no RTSTRUCT or SEG in imagesTr of train") == "no RTSTRUCT or SEG in imagesTr of train"
+    redact.forget_jobs()
+    assert redact.redact_text("slice IM0001") == "slice IM0001"  # a later command starts afresh

@@ -709,3 +709,23 @@ output: out
     assert job.sources[0].table_map is not None and job.sources[0].table_map.join[0].on == ("subject_id", "study_id")
     assert [c.values for c in job.sources[0].where if c.key == "Rows"] == [("no", "off")]
     assert len(discover(job).refs) == 2
+
+
+def test_a_join_key_given_twice_is_named_by_its_rows_not_its_value_under_phi(tmp_path: Path) -> None:
+    """The join key is often the patient id (a clinical table joined on it): under phi: pseudonymize the
+    error, printed where CI logs keep it, names the two rows and the column, never the id."""
+    from packer.phi import Pseudonymizer
+
+    root = tmp_path / "photos"
+    _files(root, ["a.png", "b.png"])
+    _csv(root / "labels.csv", "path,label,entity", ["a.png,x,ZZPHI_MRN_5551", "b.png,y,ZZPHI_MRN_5552"])
+    _csv(root / "clinical.csv", "entity,age", ["ZZPHI_MRN_5551,40", "ZZPHI_MRN_5551,41", "ZZPHI_MRN_5552,50"])
+    job = load_job(_job(tmp_path, {"root": "photos", "table": {
+        "file": "photos/labels.csv", "join": [{"file": "photos/clinical.csv", "on": ["entity"]}]}},
+        phi={"mode": "pseudonymize"}))
+    with pytest.raises(ConfigError) as pseudonymized:
+        discover(job, Pseudonymizer(mode="pseudonymize", dates="shift", key=b"0" * 64))
+    assert "rows 2 and 3" in str(pseudonymized.value) and "entity" in str(pseudonymized.value)
+    assert "ZZPHI" not in str(pseudonymized.value)
+    with pytest.raises(ConfigError, match=r"rows 2 and 3 both have entity='ZZPHI_MRN_5551'"):
+        discover(job)  # phi: keep (no pseudonymizer): the value helps find the rows

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from packer.errors import PackerError, refused_write
-from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redacting
+from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redact_names, redacting
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,8 +81,8 @@ def exits(fn: F) -> F:
                 if interrupted:
                     raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)
             return result
-        except PackerError as err:
-            click.echo(f"packer: error: {err}", err=True)
+        except PackerError as err:  # under PHI pseudonymization without a name met in the data (packer.redact)
+            click.echo(f"packer: error: {redact_names(str(err)) if redacting() else err}", err=True)
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo(f"\npacker: interrupted{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
@@ -146,8 +146,9 @@ def _internal_error() -> NoReturn:
     pseudonymizes, its messages show no raw path (:func:`packer.redact.format_exception`)."""
     if redacting():
         click.echo("packer: internal error (please report it with the traceback below; phi.mode is pseudonymize, "
-                   "so a path under a source root is shown as <source NAME>/… and any other path as <path>: set "
-                   f"{RAW_TRACEBACK_ENV}=1 to see them, where raw paths may be shown)", err=True)
+                   "so a path under a source root is shown as <source NAME>/…, any other path or file name as "
+                   "<path>, a quoted value as '<value>' and a folder or file name or entity id of the data as <id>: "
+                   f"set {RAW_TRACEBACK_ENV}=1 to see them, where raw paths may be shown)", err=True)
     else:
         click.echo("packer: internal error (please report it with the traceback below)", err=True)
     err = sys.exception()

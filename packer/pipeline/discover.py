@@ -51,6 +51,7 @@ from packer.pipeline.tables import (
 from packer.progress import Progress, stage_progress
 from packer.read.kinds import SourceKind, source_kind
 from packer.records import Excluded, Issue, SampleRef, safe_key
+from packer.redact import note_names
 from packer.where import failed
 
 
@@ -781,7 +782,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     kind = source_kind(source.kind)
     table = source.label_table
     try:
-        records = read_records(source, storage_options) if table is not None else None  # before a long listing
+        records = (read_records(source, storage_options, hide_values=phi is not None and phi.active)
+                   if table is not None else None)  # before a long listing
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
@@ -798,6 +800,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
                           + _unsupported_note(unsupported) + "Check the root, or remove the source from the job")
     relpaths = [rel for rel, _ in files]
+    if phi is not None and phi.active:  # a folder or file name may be a patient's: no message prints it bare
+        note_names(_path_names(relpaths))
     _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
     issues.extend(unnamed)
@@ -900,6 +904,17 @@ class Discovery:
     warnings: list[str] = field(default_factory=list)
     rows_filtered: int = 0
     unlabeled: dict[str, str] = field(default_factory=dict)
+
+
+def _path_names(relpaths: Sequence[str]) -> set[str]:
+    """Every folder and file name of ``relpaths``, and each file's name without its extensions
+    (``IM_Doe_John.dcm`` and ``IM_Doe_John``), for :func:`packer.redact.note_names`."""
+    names: set[str] = set()
+    for rel in relpaths:
+        parts = rel.split("/")
+        names.update(parts)
+        names.add(parts[-1].split(".", 1)[0])
+    return names
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,

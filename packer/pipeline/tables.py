@@ -307,8 +307,9 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
 
 
 def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: list[tuple[int, Record]],
-          storage_options: Mapping[str, Any] | None) -> Records:
-    """``rows`` of the table at ``path`` with every ``table.join`` table's columns added."""
+          storage_options: Mapping[str, Any] | None, *, hide_values: bool = False) -> Records:
+    """``rows`` of the table at ``path`` with every ``table.join`` table's columns added.
+    ``hide_values``: see :func:`read_records`."""
     unmatched: dict[int, str] = {}
     dropped: dict[int, str] = {}
     all_columns = list(columns)
@@ -320,7 +321,7 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
         if shared:
             raise ConfigError(f"{join.file}: column {shared[0]!r} is in {path} too; join on it (on: "
                               f"[{', '.join([*join.on, shared[0]])}]) or drop it from one table")
-        index = _join_index(join, join_rows)
+        index = _join_index(join, join_rows, hide_values=hide_values)
         all_columns.extend(c for c in join_columns if c not in join.on)
         for number, record in rows:
             if number in unmatched or number in dropped:
@@ -336,7 +337,8 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
     return Records(path=path, columns=tuple(all_columns), records=tuple(rows), unmatched=unmatched, dropped=dropped)
 
 
-def _join_index(join: JoinConfig, rows: list[tuple[int, Record]]) -> dict[tuple[str, ...], Record]:
+def _join_index(join: JoinConfig, rows: list[tuple[int, Record]], *,
+                hide_values: bool = False) -> dict[tuple[str, ...], Record]:
     index: dict[tuple[str, ...], Record] = {}
     first: dict[tuple[str, ...], int] = {}
     for number, record in rows:
@@ -344,7 +346,9 @@ def _join_index(join: JoinConfig, rows: list[tuple[int, Record]]) -> dict[tuple[
         if key in index:
             if join.repeated == "same" and index[key] == record:
                 continue
-            said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True))
+            said = (f"the same {', '.join(join.on)} (not shown under phi: pseudonymize: a join key is often a "
+                    "patient id)" if hide_values
+                    else ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True)))
             fix = ("they differ; fix the table" if join.repeated == "same"
                    else "keep one row per key, or set repeated: same where the rows repeat one another")
             raise ConfigError(f"{join.file}: rows {first[key]} and {number} both have {said}; {fix}")
@@ -352,14 +356,16 @@ def _join_index(join: JoinConfig, rows: list[tuple[int, Record]]) -> dict[tuple[
     return index
 
 
-def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None = None) -> Records:
+def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None = None, *,
+                 hide_values: bool = False) -> Records:
     """The records of ``source``'s table, joined with its ``join`` tables. Raises ConfigError for
     an unreadable table, a column the job names that the header lacks (with the closest one),
-    or two joined rows with one key."""
+    or two joined rows with one key. ``hide_values`` (PHI pseudonymization): that last error, printed
+    where CI logs keep it, names the rows and the key's columns, not the key (often a patient id)."""
     table = source.table_map
     assert table is not None
     columns, rows = _read_file(table.file, table.records, storage_options)
-    joined = _join(table, table.file, columns, rows, storage_options)
+    joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
                    _column_fixes(source))
     return joined
