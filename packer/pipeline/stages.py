@@ -69,6 +69,7 @@ from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.progress import Progress
 from packer.read.kinds import source_libraries
+from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
@@ -395,6 +396,12 @@ def constant_slices(notes: Sequence[tuple[str, str]]) -> int:
     """How many files were packed as constant slices of their series (their readers' notes,
     :func:`packer.read.series.constant_slice_note`): the manifest's ``inputs.constant_slices``."""
     return len({file_id for file_id, text in notes if is_constant_note(text)})
+
+
+def non_finite_filled(notes: Sequence[tuple[str, str]]) -> int:
+    """How many files were packed with NaN or infinite voxels replaced (``transform.nifti.non_finite:
+    {fill}``, :meth:`packer.read.nifti.FilledVoxels.note`): the manifest's ``inputs.non_finite_filled``."""
+    return len({file_id for file_id, text in notes if is_filled_note(text)})
 
 
 def shared_roots(job: JobConfig) -> list[SharedPath]:
