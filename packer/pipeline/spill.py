@@ -95,8 +95,9 @@ class CachedChunk:
 #: fails as one stack is stacked per Acquisition Number; 19: in a series job a projection or 2-D
 #: image without Image Position (Patient), a CR, DX or US file, is ``not_requested``, not refused;
 #: 20: VOI LUT Data narrower than the bits their descriptor declares are read in the bits they use;
-#: 21: a .nii.gz cut inside its header is ``truncated``, not ``unreadable``).
-CACHE_FORMAT = 21
+#: 21: a .nii.gz cut inside its header is ``truncated``, not ``unreadable``; 22: ST, LT and UT text
+#: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too).
+CACHE_FORMAT = 22
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

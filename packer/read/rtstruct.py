@@ -76,7 +76,7 @@ from packer.read.annotations import (
     uid_digest,
     unmapped_error,
 )
-from packer.read.dicom_attrs import sop_class_name
+from packer.read.dicom_attrs import item_text, sop_class_name
 from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
 
@@ -286,7 +286,7 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
                 f"{path}: {where} repeats ROINumber {number}: their contours cannot be told apart; "
                 "re-export the structure set"))
         seen.add(number)
-        name = str(roi.get("ROIName", "") or "").strip()
+        name = item_text(roi, "ROIName")  # bytes its character set cannot decode kept as \\xNN, not U+FFFD
         frame = str(roi.get("ReferencedFrameOfReferenceUID", "") or "").strip()
         declared.append((number, name or f"(unnamed ROI {number})", frame))
     if not declared:

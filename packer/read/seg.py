@@ -52,7 +52,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException, InvalidDicomError
 
 from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
-from packer.read.dicom_attrs import sop_class_name
+from packer.read.dicom_attrs import item_text, sop_class_name
 from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
@@ -105,10 +105,10 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         raise ValueError(f"threshold must lie in (0, 1], not {threshold!r}")
     if painter.shape[0] != len(slices):
         raise ValueError(f"a painter of {painter.shape[0]} slices for {len(slices)} slice places")
-    seg = _read(path, dataset)
+    seg, segment_names = _read(path, dataset)
     try:
         kind = str(seg.SegmentationType).upper()
-        classes, unmapped = _map_segments(path, seg, segments)
+        classes, unmapped = _map_segments(path, seg, segments, segment_names)
         frames = _frame_places(path, seg, kind)
         scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
     except AnnotationError:
@@ -146,8 +146,9 @@ def _unreadable(path: str, err: BaseException) -> AnnotationError:
         "(a SEG is the Segmentation Storage multi-frame object) or drop the file"))
 
 
-def _read(path: str, dataset: Dataset | None) -> hd.seg.Segmentation:
-    """The SEG as highdicom reads it; the caller's ``dataset`` is copied, never retyped in place."""
+def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict[int, str]]:
+    """The SEG as highdicom reads it, and its segment labels (:func:`segment_labels`); the caller's
+    ``dataset`` is copied, never retyped in place."""
     try:
         ds = dataset if dataset is not None else pydicom.dcmread(path)
         sop_class = str(ds.get("SOPClassUID", "") or "")
@@ -162,7 +163,9 @@ def _read(path: str, dataset: Dataset | None) -> hd.seg.Segmentation:
                 f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
                 f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
         _check_pixel_length(path, ds, frames)
-        return hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
+        labels = segment_labels(ds)  # before highdicom decodes them its way (U+FFFD)
+        seg = hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
+        return seg, labels
     except AnnotationError:
         raise
     except _FILE_DEFECTS as err:
@@ -186,15 +189,16 @@ def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
             "or its frame count is wrong: re-export it"))
 
 
-def _map_segments(path: str, seg: hd.seg.Segmentation,
-                  segments: StructureMap) -> tuple[dict[int, tuple[Structure, str]], list[str]]:
-    """Segment number → (class, label) for mapped segments, and the labels of unmapped ones."""
+def _map_segments(path: str, seg: hd.seg.Segmentation, segments: StructureMap,
+                  names: dict[int, str]) -> tuple[dict[int, tuple[Structure, str]], list[str]]:
+    """Segment number → (class, label) for mapped segments, and the labels of unmapped ones
+    (``names``: each segment's label, :func:`segment_labels`)."""
     mapped: dict[int, tuple[Structure, str]] = {}
     unmapped: list[str] = []
     labels: list[str] = []
     for number in seg.segment_numbers:
         description = seg.get_segment_description(number)
-        label = str(description.get("SegmentLabel", "") or "").strip() or f"segment {number}"
+        label = names.get(number) or f"segment {number}"
         labels.append(label)
         structure = segments.by_name(label)
         if structure is None and description.get("SegmentedPropertyTypeCodeSequence"):
@@ -207,6 +211,18 @@ def _map_segments(path: str, seg: hd.seg.Segmentation,
     if not mapped:
         raise unmapped_error(path, "segments", "segments", labels, segments)
     return mapped, unmapped
+
+
+def segment_labels(ds: Dataset) -> dict[int, str]:
+    """Segment number → SegmentLabel, read from the SegmentSequence items as :func:`item_text`
+    reads them: bytes the file's character set cannot decode kept as ``\\xNN`` (pydicom, and
+    highdicom after it, would write U+FFFD, so PTV<A0> and PTV<B0> became one label)."""
+    out: dict[int, str] = {}
+    for item in ds.get("SegmentSequence") or ():
+        number = item.get("SegmentNumber")
+        if number is not None:
+            out[int(number)] = item_text(item, "SegmentLabel")
+    return out
 
 
 def _fractional_scale(path: str, seg: hd.seg.Segmentation) -> float:
