@@ -86,15 +86,18 @@ class _Frame:
 
 
 def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, painter: Painter, *,
-              threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None) -> Drawn:
+              threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None,
+              elsewhere: frozenset[str] = frozenset()) -> Drawn:
     """Paint each mapped segment of the SEG at ``path`` onto ``painter`` (D×H×W, D = ``len(slices)``).
 
     ``slices`` are the referenced series' slices in order along the normal (slice ``i`` is
     ``painter.labels[i]``); ``segments`` maps segments to classes; ``threshold`` (0 < t ≤ 1) turns
     a FRACTIONAL SEG on where ``stored / MaximumFractionalValue >= threshold``; ``grid``
     (``require`` | ``resample``) says what a frame on another grid than its slice does;
-    ``dataset``: the file already parsed (not modified). Returns the unmapped segment labels and
-    notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
+    ``dataset``: the file already parsed (not modified); ``elsewhere``: the SOP Instance UIDs of
+    the series' other stacks (its other acquisitions, stacked apart): a frame that references
+    only those belongs there, and is left to that stack's painting, never placed here. Returns the
+    unmapped segment labels and notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
     ``annotation_unmapped``, ``annotation_frames``, ``mask_geometry``, ``mask_values``, and
     ``mask_overlap`` from the painter; ValueError for a bad ``threshold`` or ``grid`` (a caller's
     error, not the file's).
@@ -109,7 +112,8 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
     try:
         kind = str(seg.SegmentationType).upper()
         classes, unmapped = _map_segments(path, seg, segments, segment_names)
-        frames = _frame_places(path, seg, kind)
+        frames = [f for f in _frame_places(path, seg, kind)
+                  if not (f.sources and elsewhere and all(uid in elsewhere for uid, _ in f.sources))]
         scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
     except AnnotationError:
         raise
