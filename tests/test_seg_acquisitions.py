@@ -1,4 +1,4 @@
-"""One DICOM SEG over a series of two acquisitions, which packer stacks per acquisition.
+"""One DICOM SEG (or RTSTRUCT) over a series of two acquisitions, which packer stacks per acquisition.
 
 A series whose two acquisitions (the same Series Instance UID, Acquisition Numbers 1 and 2) fail
 as one stack is packed as two stacks (README, Series): pre and post contrast at the same
@@ -6,7 +6,8 @@ positions (``series_duplicate_position``), or a chest then an abdomen run (``ser
 SEG, written by highdicom over all the series' images, paints both: each stack must get the
 frames of its own images only, never the other acquisition's (at the same positions they would
 land on its slices; elsewhere they would lie on none of them). Every packed mask voxel is
-compared with the box planted for that acquisition, in slice and volume mode.
+compared with the box planted for that acquisition, in slice and volume mode. An RTSTRUCT whose
+contours name their images (Contour Image Sequence) is split the same way.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.dataset import Dataset
-from pydicom.uid import generate_uid
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from tests.dicom_files import ct_dataset, save
-from tests.test_dicom_masks import _items, _mask_job
+from tests.test_dicom_masks import _box_contour, _items, _mask_job
 from tests.test_targets import _build
 
 ROWS, COLUMNS, SLICES = 20, 24, 6
@@ -167,3 +169,71 @@ def test_the_one_seg_of_two_stacks_has_one_record_whether_used_or_refused(tmp_pa
     manifest = json.loads(refused.manifest_path.read_text())
     assert manifest["bad_samples"]["total"] == 2 * SLICES + 1 and manifest["bad_samples"]["fraction"] == 1.0
     assert not (refused.version_dir / "excluded.jsonl").exists()
+
+
+def _write_rtstruct(path: Path, acquisitions: dict[int, list[Dataset]]) -> None:
+    """One RTSTRUCT over the whole series: ROI 'Liver' with each acquisition's box, one closed
+    contour per slice, each naming its image (Contour Image Sequence) as treatment planning
+    systems write them."""
+    first = acquisitions[1][0]
+    ds = Dataset()
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.481.3"
+    ds.SOPInstanceUID = generate_uid()
+    ds.Modality = "RTSTRUCT"
+    ds.PatientID, ds.PatientName = first.PatientID, first.PatientName
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = first.StudyInstanceUID, generate_uid()
+    ds.FrameOfReferenceUID = first.FrameOfReferenceUID
+    ds.StructureSetLabel = "test"
+    series = Dataset()
+    series.SeriesInstanceUID = first.SeriesInstanceUID
+    series.ContourImageSequence = DicomSequence([_image_ref(s) for a in acquisitions.values() for s in a])
+    study = Dataset()
+    study.ReferencedSOPInstanceUID = first.StudyInstanceUID
+    study.RTReferencedSeriesSequence = DicomSequence([series])
+    frame = Dataset()
+    frame.FrameOfReferenceUID = first.FrameOfReferenceUID
+    frame.RTReferencedStudySequence = DicomSequence([study])
+    ds.ReferencedFrameOfReferenceSequence = DicomSequence([frame])
+    roi = Dataset()
+    roi.ROINumber, roi.ROIName, roi.ReferencedFrameOfReferenceUID = 1, "Liver", first.FrameOfReferenceUID
+    contours = []
+    for acquisition, slices in sorted(acquisitions.items()):
+        z0, z1, r0, r1, c0, c1 = BOXES[acquisition]
+        for k in range(z0, z1 + 1):
+            contour = Dataset()
+            contour.ContourGeometricType = "CLOSED_PLANAR"
+            data = _box_contour(slices[k], r0, r1, c0, c1)
+            contour.NumberOfContourPoints = len(data) // 3
+            contour.ContourData = [round(v, 4) for v in data]
+            contour.ContourImageSequence = DicomSequence([_image_ref(slices[k])])
+            contours.append(contour)
+    item = Dataset()
+    item.ReferencedROINumber = 1
+    item.ContourSequence = DicomSequence(contours)
+    ds.StructureSetROISequence = DicomSequence([roi])
+    ds.ROIContourSequence = DicomSequence([item])
+    ds.file_meta = pydicom.dataset.FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(ds, path)
+
+
+def _image_ref(image: Dataset) -> Dataset:
+    item = Dataset()
+    item.ReferencedSOPClassUID, item.ReferencedSOPInstanceUID = image.SOPClassUID, image.SOPInstanceUID
+    return item
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_acquisition_s_volume_carries_its_own_contours_of_the_one_rtstruct(tmp_path: Path, layout: str) -> None:
+    raw = tmp_path / "raw"
+    acquisitions = _write_acquisitions(raw / "CT", LAYOUTS[layout])
+    _write_rtstruct(raw / "RT" / "rt.dcm", acquisitions)
+    result = _build(_mask_job(tmp_path / "volume", raw, {"rois": {"liver": 4}}, output="float16", sample="volume"))
+    items = sorted(_items(result), key=lambda item: float(item["image"].float().min()))
+    assert len(items) == 2, (result.version_dir / "bad_samples.jsonl").read_text()
+    for acquisition, item in enumerate(items, start=1):
+        assert np.array_equal(item["mask"].numpy(), _planted(acquisition)), acquisition

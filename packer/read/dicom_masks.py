@@ -231,7 +231,8 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
         if cfg.rois is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
                                                          "rois; add mask.rois (ROI name → class id, with aliases)")
-        return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference)
+        return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference,
+                              elsewhere=group.elsewhere)
 
 
 def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> Painted | list[Issue]:
