@@ -340,6 +340,8 @@ def _encoding(ds: Dataset) -> str:
     if own:
         return convert_encodings(own)[0]
     inherited = getattr(ds, "_character_set", None)  # pydicom: the item's parent encoding, as codecs
+    if isinstance(inherited, str) and inherited:
+        return inherited
     if isinstance(inherited, (list, tuple)) and inherited:
         return str(inherited[0])
     return convert_encodings("ISO_IR 6")[0]
