@@ -217,6 +217,10 @@ _VALUE_CHECKS = frozenset({"type", "minItems", "maxItems", "minimum", "maximum",
                            "exclusiveMaximum", "minLength", "maxLength", "pattern", "enum", "const", "format"})
 
 
+#: A value that matches none of its forms: the schema's description of the value lists them.
+_CHOICES = frozenset({"oneOf", "anyOf"})
+
+
 def _what_is_wrong(error: jsonschema.ValidationError) -> str:
     """jsonschema's message, and for a value that fails a check of its own, the schema's
     description of that value (``[64] is too short. Target [height, width] in pixels.``)."""
@@ -227,7 +231,8 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         close = difflib.get_close_matches(error.instance.lower(), list(named), n=1)
         if close:
             message += f" (did you mean {named[close[0]]!r}?)"
-    if error.validator in _VALUE_CHECKS and isinstance(description, str) and description:
+    if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
+            and description:
         return f"{message}. {description}"
     return message
 

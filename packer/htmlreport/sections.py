@@ -62,6 +62,12 @@ def _constant_slices(inputs: dict[str, Any]) -> str:
     return f"; {count:,} constant slice{'s' if count != 1 else ''} packed as series context" if count else ""
 
 
+def _non_finite_filled(inputs: dict[str, Any]) -> str:
+    """The NIfTI files packed with NaN or infinite voxels replaced (transform.nifti.non_finite), when there are some."""
+    count = int(inputs.get("non_finite_filled") or 0)
+    return f"; {count:,} file{'s' if count != 1 else ''} with NaN/infinite voxels filled" if count else ""
+
+
 def render_summary(data: ReportData) -> str:
     m = data.manifest
     splits = m.get("splits", {})
@@ -79,7 +85,8 @@ def render_summary(data: ReportData) -> str:
         _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
         _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
         _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
-              f'{int(inputs.get("files", 0)):,} input files{_constant_slices(inputs)}</span>', field="inputs.samples"),
+              f'{int(inputs.get("files", 0)):,} input files{_constant_slices(inputs)}'
+              f'{_non_finite_filled(inputs)}</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
         _fact(target_name, target_value, field=target_field),

@@ -83,7 +83,7 @@ from packer.pipeline.spill import (
     remove_stale_temporaries,
     write_packed_pointers,
 )
-from packer.pipeline.stages import constant_slices, run_stages, shared_roots
+from packer.pipeline.stages import constant_slices, non_finite_filled, run_stages, shared_roots
 from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
 from packer.records import Issue
@@ -441,7 +441,9 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "splits": _split_summary(samples, shards, written, targets),
         "inputs": {"files": prepared.inputs, "samples": len(samples), **exclusion_counts(prepared.excluded),
                    **({"constant_slices": n} if (n := constant_slices([note for chunk in prepared.chunks
-                                                                      for note in chunk.notes])) else {})},
+                                                                      for note in chunk.notes])) else {}),
+                   **({"non_finite_filled": n} if (n := non_finite_filled([note for chunk in prepared.chunks
+                                                                          for note in chunk.notes])) else {})},
         "bad_samples": summarize_issues(issues, inputs=prepared.considered, max_fraction=job.max_bad_fraction),
         "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,

@@ -96,8 +96,9 @@ class CachedChunk:
 #: image without Image Position (Patient), a CR, DX or US file, is ``not_requested``, not refused;
 #: 20: VOI LUT Data narrower than the bits their descriptor declares are read in the bits they use;
 #: 21: a .nii.gz cut inside its header is ``truncated``, not ``unreadable``; 22: a uint8 sample
-#: within 2 levels is ``blank`` too, and its near-copy thumbnail is zeros).
-CACHE_FORMAT = 22
+#: within 2 levels is ``blank`` too, and its near-copy thumbnail is zeros; 23: ST, LT and UT text
+#: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too).
+CACHE_FORMAT = 23
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -69,6 +69,7 @@ from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.progress import Progress
 from packer.read.kinds import source_libraries
+from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
@@ -191,9 +192,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             warned.append(("readers", readers))
         samples = table.sorted_by_key()
         del table
+        decoded_issues, probed_out = one_record_per_file([i for c in chunks for i in c.issues],
+                                                         [e for c in chunks for e in c.excluded])
         issues.extend(replace(i, message=unlabeled[i.path]) if i.reason == "missing_label" and i.path in unlabeled
-                      else i for c in chunks for i in c.issues)
-        probed_out = [e for c in chunks for e in c.excluded]
+                      else i for i in decoded_issues)
         if probed_out and not quiet:  # not bad samples: the progress lines did not count them
             print(f"packer: {job.name}: {len(probed_out)} files left out on purpose by their headers "
                   f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
@@ -402,6 +404,29 @@ def constant_slices(notes: Sequence[tuple[str, str]]) -> int:
     """How many files were packed as constant slices of their series (their readers' notes,
     :func:`packer.read.series.constant_slice_note`): the manifest's ``inputs.constant_slices``."""
     return len({file_id for file_id, text in notes if is_constant_note(text)})
+
+
+def one_record_per_file(issues: Sequence[Issue], excluded: Sequence[Excluded]) -> tuple[list[Issue], list[Excluded]]:
+    """The units of work's records with one per file: a file several units read gives each of
+    them a record (a SEG or RTSTRUCT over a series stacked per acquisition paints, and is judged
+    by, each stack), but the bad-sample report and ``excluded.jsonl`` have a row per file, and
+    the bad fraction counts files (two rows made it exceed 1, and the manifest was refused after
+    the whole build). A file that is bad for one unit is bad (its first record in report order
+    stands); one used by several units is left out once."""
+    kept: dict[str, Issue] = {}
+    for issue in sort_issues(issues):
+        kept.setdefault(issue.sample_id, issue)
+    left_out: dict[tuple[str, str], Excluded] = {}
+    for record in sort_excluded(excluded):
+        if record.sample_id not in kept:
+            left_out.setdefault((record.sample_id, record.why), record)
+    return list(kept.values()), list(left_out.values())
+
+
+def non_finite_filled(notes: Sequence[tuple[str, str]]) -> int:
+    """How many files were packed with NaN or infinite voxels replaced (``transform.nifti.non_finite:
+    {fill}``, :meth:`packer.read.nifti.FilledVoxels.note`): the manifest's ``inputs.non_finite_filled``."""
+    return len({file_id for file_id, text in notes if is_filled_note(text)})
 
 
 def shared_roots(job: JobConfig) -> list[SharedPath]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import struct
 import warnings
 from collections.abc import Callable, Iterator
@@ -307,9 +308,12 @@ def sop_class_name(uid: str) -> str:
 
 #: Text VRs decoded with (0008,0005) Specific Character Set whose values are split at backslashes
 #: (PS3.5 6.1.2.3, 6.2): a single value never holds a backslash, so an escape written with one
-#: (:func:`escape_undecodable`) cannot be confused with text. (ST, LT and UT may hold backslashes,
-#: and are left to pydicom.)
+#: (:func:`escape_undecodable`) cannot be confused with text.
 _CHARSET_VRS = frozenset({"SH", "LO", "UC", "PN"})
+#: Text VRs decoded with the character set that hold one value, backslashes included (PS3.5 6.2:
+#: ST, LT, UT): kept whole, each undecodable byte as ``\xNN`` (:func:`escape_undecodable_text`).
+_TEXT_VRS = frozenset({"ST", "LT", "UT"})
+_ESCAPED = re.compile(r"\\x[0-9a-f]{2}")
 _ESC = b"\x1b"
 
 
@@ -323,25 +327,47 @@ def escape_undecodable(raw: bytes, encoding: str) -> list[str]:
     return [part.decode(encoding, errors="backslashreplace").rstrip("\0 ") for part in raw.split(b"\\")]
 
 
+def escape_undecodable_text(raw: bytes, encoding: str) -> str:
+    """:func:`escape_undecodable` for ST, LT and UT, whose one value may hold backslashes: the
+    bytes are not split, trailing spaces and NULs (padding) stripped."""
+    return raw.decode(encoding, errors="backslashreplace").rstrip("\0 ")
+
+
+def _encoding(ds: Dataset) -> str:
+    """The Python codec of the first character set ``ds`` declares, or its parent's for a sequence
+    item without its own (0008,0005) (PS3.5 7.5.1: an item inherits the data set's)."""
+    own = ds.get("SpecificCharacterSet")
+    if own:
+        return convert_encodings(own)[0]
+    inherited = getattr(ds, "_character_set", None)  # pydicom: the item's parent encoding, as codecs
+    if isinstance(inherited, str) and inherited:
+        return inherited
+    if isinstance(inherited, (list, tuple)) and inherited:
+        return str(inherited[0])
+    return convert_encodings("ISO_IR 6")[0]
+
+
 def _texts(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, MultiValue) else [str(value)]
 
 
 def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
     """``ds[tag]``, which converts a raw element on first access as pydicom does, except for a
-    text element (SH, LO, UC, PN) whose bytes do not decode under the data set's (0008,0005)
-    Specific Character Set: pydicom warns and writes U+FFFD for each undecodable byte, so two
-    PatientIDs that differ only in those bytes would read alike and two patients would become one
-    entity. Such an element is converted by :func:`escape_undecodable` instead, and ``ds`` holds
-    that element from then on. A value whose bytes decode (a valid UTF-8 ``Müller``) is pydicom's.
-    Raises what pydicom raises on a damaged element."""
+    text element (SH, LO, UC, PN; ST, LT, UT) whose bytes do not decode under the data set's
+    (0008,0005) Specific Character Set (a sequence item's: its own, else the one it inherits):
+    pydicom warns and writes U+FFFD for each undecodable byte, so two PatientIDs (or ROI names,
+    comments a job reads its entity from) that differ only in those bytes would read alike and two
+    patients would become one entity. Such an element is converted by :func:`escape_undecodable`
+    (:func:`escape_undecodable_text` for ST, LT, UT) instead, and ``ds`` holds that element from
+    then on. A value whose bytes decode (a valid UTF-8 ``Müller``) is pydicom's. Raises what
+    pydicom raises on a damaged element."""
     raw = ds.get_item(tag)
     elem = ds[tag]
-    if (elem.VR not in _CHARSET_VRS or not isinstance(raw, RawDataElement) or not isinstance(raw.value, bytes)
-            or (raw.value.isascii() and _ESC not in raw.value)
+    if (elem.VR not in _CHARSET_VRS | _TEXT_VRS or not isinstance(raw, RawDataElement)
+            or not isinstance(raw.value, bytes) or (raw.value.isascii() and _ESC not in raw.value)
             or not any("\ufffd" in text for text in _texts(elem.value))):
         return elem
-    encoding = convert_encodings(ds.get("SpecificCharacterSet") or "ISO_IR 6")[0]
+    encoding = _encoding(ds)
     if _ESC not in raw.value:  # else code extensions (ISO 2022), which cannot encode U+FFFD itself
         try:
             raw.value.decode(encoding)
@@ -352,8 +378,9 @@ def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
         else:
             return elem  # the file's own U+FFFD
     # A list of one value is not split again at the backslashes the escapes hold.
-    kept = DataElement(elem.tag, elem.VR, escape_undecodable(raw.value, encoding),
-                       validation_mode=pydicom_config.IGNORE)
+    value: str | list[str] = (escape_undecodable_text(raw.value, encoding) if elem.VR in _TEXT_VRS
+                              else escape_undecodable(raw.value, encoding))
+    kept = DataElement(elem.tag, elem.VR, value, validation_mode=pydicom_config.IGNORE)
     ds[tag] = kept
     return kept
 
@@ -369,13 +396,23 @@ def undecodable_note(ds: Dataset, keyword: str) -> str | None:
         elem = convert_faithfully(ds, Tag(tag))
     except (KeyError, ValueError, TypeError):
         return None  # a damaged element is the probe's to report
-    if elem.VR not in _CHARSET_VRS or not any("\\" in text for text in _texts(elem.value)):
+    if elem.VR in _TEXT_VRS:  # one value that may hold backslashes of its own: the escapes' form
+        if not any(_ESCAPED.search(text) for text in _texts(elem.value)):
+            return None
+    elif elem.VR not in _CHARSET_VRS or not any("\\" in text for text in _texts(elem.value)):
         return None  # a single value of these VRs holds a backslash only where an escape was written
     charset = "\\".join(_texts(ds.get("SpecificCharacterSet") or "ISO_IR 6"))
     return (f"{elem.tag} {keyword}, the entity, holds bytes that (0008,0005) Specific Character Set {charset} "
             "cannot decode: each is read as \\xNN, so ids that differ only in those bytes stay apart (pydicom "
             "would make them all U+FFFD); fix the character set or the ids where the files were exported if "
             "this patient's files must match others'")
+
+
+def item_text(item: Dataset, keyword: str) -> str:
+    """A text element of a sequence item (an RTSTRUCT's ROIName, a SEG's SegmentLabel) as
+    :func:`text_value` reads one of the top level, faithfully under the character set the item
+    inherits; ``""`` when absent, empty or undecodable (the caller names what it lacks)."""
+    return text_value(item, keyword) or ""
 
 
 def text_value(ds: Dataset, keyword: str) -> str | None:

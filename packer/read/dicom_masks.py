@@ -65,6 +65,10 @@ class AnnotatedSeries:
     refs: tuple[SampleRef, ...] = field(default=())
     #: the series' Frame of Reference UID ("" where its files name none)
     frame_of_reference: str = ""
+    #: the SOP Instance UIDs of the series' other stacks (its other acquisitions, where it is
+    #: stacked per Acquisition Number): an annotation of the whole series paints their slices
+    #: there, and its frames that reference only those are not this stack's
+    elsewhere: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.refs:
@@ -174,6 +178,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
         for f in {id(f): f for f in chosen}.values():
             f.annotations.append((ref, refs.modality))
     out: list[AnnotatedSeries] = []
+    instances = {id(f): frozenset(geometry[r.sample_id].sop_uid for r in f.series.refs) for f in found}
     for f in found:
         cfg = masks[f.series.refs[0].source]
         if f.annotations and f.places is None:
@@ -189,9 +194,12 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 for r in f.series.refs)
             continue
         places = f.places if f.places is not None else ()
+        siblings = [g for g in by_series.get((f.series.refs[0].source, f.series_uid), []) if g is not f]
         out.append(AnnotatedSeries(series=f.series, places=places,
                                    annotations=tuple(sorted(f.annotations, key=lambda a: a[0].sample_id)),
-                                   frame_of_reference=f.frame_of_reference))
+                                   frame_of_reference=f.frame_of_reference,
+                                   elsewhere=frozenset().union(*(instances[id(g)] for g in siblings))
+                                   - instances[id(f)]))
     return out, issues
 
 
@@ -215,14 +223,16 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
         if cfg.segments is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
                                                          "segments; add mask.segments (segment label → class id)")
-        return paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid)
+        return paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid,
+                         elsewhere=group.elsewhere)
     else:
         from packer.read.rtstruct import paint_rtstruct
 
         if cfg.rois is None:
             raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
                                                          "rois; add mask.rois (ROI name → class id, with aliases)")
-        return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference)
+        return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference,
+                              elsewhere=group.elsewhere)
 
 
 def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> Painted | list[Issue]:

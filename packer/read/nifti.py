@@ -30,7 +30,8 @@ patient's right on the left of the picture).
 and finite; 0 or NaN means "no scaling", an infinite slope is a damaged header: ``unreadable``),
 as float32: CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
-the file ``non_finite``, a volume of one value ``constant_image``.
+the file ``non_finite`` (unless the job fills them: :func:`fill_non_finite`), a volume of one value
+``constant_image``.
 """
 
 from __future__ import annotations
@@ -561,6 +562,67 @@ def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.fl
     return Volume(out, view.affine)
 
 
+@dataclass(frozen=True)
+class FilledVoxels:
+    """What :func:`fill_non_finite` replaced in one file: NaN and infinite voxel counts, and the
+    value each channel's were replaced with (``fill``: a number, or ``min``: the channel's
+    smallest finite voxel)."""
+
+    nan: int
+    inf: int
+    rule: float | str
+    values: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nan": self.nan, "inf": self.inf, "fill": self.rule, "values": list(self.values)}
+
+    def note(self, name: str) -> str:
+        """The sample's warning (one line, naming the case's file by its channel name, never by
+        its path: build logs are shared, and ``packer locate`` names the file)."""
+        filled = ", ".join(f"{v:g}" for v in dict.fromkeys(self.values))
+        rule = "its channel's smallest finite voxel, " if self.rule == "min" else ""
+        return (f"{NON_FINITE_FILLED}: {self.nan} NaN and {self.inf} infinite voxel(s) of the {name!r} file replaced "
+                f"with {rule}{filled} (transform.nifti.non_finite)")
+
+
+#: How a :meth:`FilledVoxels.note` starts: the build counts the files whose samples carry one
+#: (the manifest's ``inputs.non_finite_filled``).
+NON_FINITE_FILLED = "non-finite voxels filled"
+
+
+def is_filled_note(warning: str) -> bool:
+    """True for a :meth:`FilledVoxels.note`."""
+    return warning.startswith(NON_FINITE_FILLED + ":")
+
+
+def fill_non_finite(volume: Volume, rule: float | str) -> FilledVoxels | None:
+    """Replace ``volume``'s NaN and infinite voxels in place, per channel, with ``rule`` (a
+    number, or ``min``: the channel's smallest finite voxel), before anything reads its values
+    (statistics, resampling, windows); None where every voxel is finite (nothing changed).
+    Raises :class:`NiftiDefect` (``non_finite``) for a channel without one finite voxel, which
+    ``min`` has nothing to take from and any number would make constant."""
+    values = volume.array
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if np.isfinite(low) and np.isfinite(high):
+        return None
+    nan = inf = 0
+    used: list[float] = []
+    for index, channel in enumerate(values):  # (D, H, W) views: filled in place
+        bad = ~np.isfinite(channel)
+        count = int(bad.sum())
+        if not count:
+            continue
+        if count == channel.size:
+            raise NiftiDefect("non_finite", f"every one of its {count} voxels (channel {index}) is NaN or infinite: "
+                                            "there is no value to keep; export the volume again", stage="validate")
+        nans = int(np.isnan(channel).sum())
+        nan, inf = nan + nans, inf + count - nans
+        value = float(channel[~bad].min()) if rule == "min" else float(rule)
+        channel[bad] = value
+        used.append(value)
+    return FilledVoxels(nan=nan, inf=inf, rule=rule, values=tuple(used))
+
+
 def check_values(volume: Volume) -> None:
     """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
     value (``constant_image``): neither can be windowed or normalised into a usable sample."""
@@ -573,7 +635,8 @@ def check_values(volume: Volume) -> None:
         nan = int(np.isnan(values).sum())
         raise NiftiDefect("non_finite", f"{nan} NaN and {values.size - int(finite.sum()) - nan} infinite voxel(s) "
                                         "(a resampled or masked output?); replace them with a real value (0, or the "
-                                        "background) and export again", stage="validate")
+                                        "background) and export again, or set transform.nifti.non_finite: {fill: min} "
+                                        "(or {fill: 0}) to have packer replace them", stage="validate")
     if low == high:
         raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
                                             "the volume carries no information; fix the scaling fields if they are "

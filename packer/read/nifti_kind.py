@@ -42,6 +42,7 @@ from packer.read.nifti import (
     NiftiDefect,
     NiftiHeader,
     check_values,
+    fill_non_finite,
     grid_text,
     issue,
     load_header,
@@ -109,7 +110,9 @@ class NiftiTransformConfig:
     ``spacing`` (row, column mm), ``size``, ``resize``: each slice's, as a DICOM frame's;
     ``output``: uint8, uint16 or float16 (z-scores need float16); ``channels_from``:
     ``last_axis`` makes a 4-D file's volumes channels (None refuses 4-D files); ``channels``:
-    ``transform.channels`` for NIfTI sources."""
+    ``transform.channels`` for NIfTI sources; ``fill``: what replaces a NaN or infinite voxel of
+    an image file (``non_finite: {fill: VALUE}``: a number or ``min``), None for ``non_finite:
+    bad`` (the case is a ``non_finite`` bad sample)."""
 
     windows: tuple[WindowSpec, ...]
     sample: str = "slice"
@@ -124,6 +127,7 @@ class NiftiTransformConfig:
     output: str = "uint8"
     channels_from: str | None = None
     channels: int | None = None
+    fill: float | str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"windows": [w.to_json() for w in self.windows], "axis": self.axis,
@@ -137,6 +141,8 @@ class NiftiTransformConfig:
                                         "size": list(self.volume_size) if self.volume_size else None}}
         else:
             out["sample"] = "slice"
+        if self.fill is not None:  # only when set: jobs that keep the default keep their config_hash
+            out["non_finite"] = {"fill": self.fill}
         return out
 
     def slicing(self, pad: int) -> Slicing:
@@ -188,6 +194,7 @@ class NiftiKind(SourceKind):
             output=raw.get("output", job_default("transform.nifti.output")),
             channels_from=raw.get("channels_from"),
             channels=raw.get("channels", shared.get("channels")),
+            fill=_parse_non_finite(raw.get("non_finite", job_default("transform.nifti.non_finite"))),
             **sampling,
         )
 
@@ -263,6 +270,20 @@ class NiftiKind(SourceKind):
         return samples  # the reader cut each sample's mask from the case's label map, on the sample's grid
 
 
+def _parse_non_finite(raw: Any) -> float | str | None:
+    """``transform.nifti.non_finite`` (the schema has checked its shape): None for ``bad``, else
+    the fill rule (``min`` or a finite number)."""
+    if raw == "bad":
+        return None
+    fill = raw["fill"]
+    if fill == "min":
+        return "min"
+    if not np.isfinite(float(fill)):
+        raise ConfigError(f"transform.nifti.non_finite.fill: {fill!r} is not a finite number, and would leave the "
+                          "voxels it fills non-finite; give a number (e.g. 0, or the background's value) or min")
+    return float(fill)
+
+
 def check_resampled_size(header: NiftiHeader, cfg: NiftiTransformConfig, limits: LimitsConfig) -> None:
     """Raise ``too_large`` (:class:`NiftiDefect`) where resampling would make the case bigger
     than the limits allow, from its header, before a voxel is read: a volume over
@@ -314,6 +335,8 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     headers: list[NiftiHeader] = []
     names: list[str] = []
     cal: list[tuple[float, float] | None] = []
+    filled: dict[str, dict[str, Any]] = {}  # per channel file, what non_finite: {fill} replaced
+    notes: list[str] = []
     for name, path in files:
         if path is None:
             return Issue.of(ref, stage="read", reason="missing_file",
@@ -322,6 +345,9 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
             img, header = (state if state is not None and name == IMAGE_CHANNEL
                            else load_header(path, job.limits, channels_from=cfg.channels_from))
             volume = read_canonical(img, header)
+            if cfg.fill is not None and (done := fill_non_finite(volume, cfg.fill)) is not None:
+                filled[name] = done.to_json()
+                notes.append(done.note(name))
             check_values(volume)
         except NiftiDefect as defect:
             if name != IMAGE_CHANNEL and not defect.opened:  # the row names it, the disk has it not
@@ -349,8 +375,12 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     base: dict[str, Any] = {"format": "nifti", "nifti": first.describe()}
     if len(files) > 1:
         base["channel_files"] = [name for name, _ in files]
+    if filled:
+        base["nifti"]["non_finite"] = filled
     if first.qform is not None:
-        base["warnings"] = [f"sform and qform differ by up to {first.forms_differ_mm:.3g} mm; the sform is used"]
+        notes.insert(0, f"sform and qform differ by up to {first.forms_differ_mm:.3g} mm; the sform is used")
+    if notes:
+        base["warnings"] = notes
     plan = cfg.slicing(source.mask.pad if source.mask is not None else 0)
     try:
         if cfg.sample == "volume":

@@ -76,7 +76,7 @@ from packer.read.annotations import (
     uid_digest,
     unmapped_error,
 )
-from packer.read.dicom_attrs import sop_class_name
+from packer.read.dicom_attrs import item_text, sop_class_name
 from packer.read.rtstruct_items import CONTOUR_DATA, RawContour, contour_items
 from packer.structures import Structure, StructureMap
 
@@ -286,7 +286,7 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
                 f"{path}: {where} repeats ROINumber {number}: their contours cannot be told apart; "
                 "re-export the structure set"))
         seen.add(number)
-        name = str(roi.get("ROIName", "") or "").strip()
+        name = item_text(roi, "ROIName")  # bytes its character set cannot decode kept as \\xNN, not U+FFFD
         frame = str(roi.get("ReferencedFrameOfReferenceUID", "") or "").strip()
         declared.append((number, name or f"(unnamed ROI {number})", frame))
     if not declared:
@@ -771,7 +771,8 @@ def _place_roi(name: str, contours: list[_Contour], slices: Sequence[SlicePlace]
 
 
 def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, painter: Painter, *,
-                   dataset: Dataset | None = None, walk_raw: bool = True, frame_of_reference: str = "") -> Drawn:
+                   dataset: Dataset | None = None, walk_raw: bool = True, frame_of_reference: str = "",
+                   elsewhere: frozenset[str] = frozenset()) -> Drawn:
     """Paint the RT Structure Set at ``path`` (or its already read ``dataset``) onto ``painter``,
     whose D slices are ``slices`` (the referenced series in order along its normal).
 
@@ -787,6 +788,9 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     Frame of Reference UID, where known: an ROI the map names whose Referenced Frame of
     Reference UID is another one was drawn on another scan (a registered MR or PET; its points
     are that scan's patient coordinates) and refuses the object, ``mask_geometry``.
+    ``elsewhere``: the SOP Instance UIDs of the series' other stacks (its other acquisitions,
+    stacked apart): a contour whose Contour Image Sequence names only those belongs there, and is
+    left to that stack's painting, never placed here.
 
     Raises :class:`AnnotationError` and nothing else for a defect of the file: ``unreadable``,
     ``annotation_unmapped`` (no ROI maps: with the closest names), ``contour_off_slice``,
@@ -812,7 +816,10 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
                     "its points are another scan's patient coordinates (a registered MR or PET), so painted on this "
                     "series the structure would land wherever the two origins put it; export it registered to "
                     "this series, or leave it out of mask.rois"))
-            mapped.append((name, structure, _parse(name, items.get(number, []), path)))
+            contours = _parse(name, items.get(number, []), path)
+            if elsewhere:
+                contours = [c for c in contours if not (c.image_uids and all(u in elsewhere for u in c.image_uids))]
+            mapped.append((name, structure, contours))
     except AnnotationError:
         raise
     except Exception as err:

@@ -52,7 +52,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException, InvalidDicomError
 
 from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
-from packer.read.dicom_attrs import sop_class_name
+from packer.read.dicom_attrs import item_text, sop_class_name
 from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
@@ -86,15 +86,18 @@ class _Frame:
 
 
 def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, painter: Painter, *,
-              threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None) -> Drawn:
+              threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None,
+              elsewhere: frozenset[str] = frozenset()) -> Drawn:
     """Paint each mapped segment of the SEG at ``path`` onto ``painter`` (D×H×W, D = ``len(slices)``).
 
     ``slices`` are the referenced series' slices in order along the normal (slice ``i`` is
     ``painter.labels[i]``); ``segments`` maps segments to classes; ``threshold`` (0 < t ≤ 1) turns
     a FRACTIONAL SEG on where ``stored / MaximumFractionalValue >= threshold``; ``grid``
     (``require`` | ``resample``) says what a frame on another grid than its slice does;
-    ``dataset``: the file already parsed (not modified). Returns the unmapped segment labels and
-    notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
+    ``dataset``: the file already parsed (not modified); ``elsewhere``: the SOP Instance UIDs of
+    the series' other stacks (its other acquisitions, stacked apart): a frame that references
+    only those belongs there, and is left to that stack's painting, never placed here. Returns the
+    unmapped segment labels and notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
     ``annotation_unmapped``, ``annotation_frames``, ``mask_geometry``, ``mask_values``, and
     ``mask_overlap`` from the painter; ValueError for a bad ``threshold`` or ``grid`` (a caller's
     error, not the file's).
@@ -105,11 +108,12 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         raise ValueError(f"threshold must lie in (0, 1], not {threshold!r}")
     if painter.shape[0] != len(slices):
         raise ValueError(f"a painter of {painter.shape[0]} slices for {len(slices)} slice places")
-    seg = _read(path, dataset)
+    seg, segment_names = _read(path, dataset)
     try:
         kind = str(seg.SegmentationType).upper()
-        classes, unmapped = _map_segments(path, seg, segments)
-        frames = _frame_places(path, seg, kind)
+        classes, unmapped = _map_segments(path, seg, segments, segment_names)
+        frames = [f for f in _frame_places(path, seg, kind)
+                  if not (f.sources and elsewhere and all(uid in elsewhere for uid, _ in f.sources))]
         scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
     except AnnotationError:
         raise
@@ -146,8 +150,9 @@ def _unreadable(path: str, err: BaseException) -> AnnotationError:
         "(a SEG is the Segmentation Storage multi-frame object) or drop the file"))
 
 
-def _read(path: str, dataset: Dataset | None) -> hd.seg.Segmentation:
-    """The SEG as highdicom reads it; the caller's ``dataset`` is copied, never retyped in place."""
+def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict[int, str]]:
+    """The SEG as highdicom reads it, and its segment labels (:func:`segment_labels`); the caller's
+    ``dataset`` is copied, never retyped in place."""
     try:
         ds = dataset if dataset is not None else pydicom.dcmread(path)
         sop_class = str(ds.get("SOPClassUID", "") or "")
@@ -162,7 +167,9 @@ def _read(path: str, dataset: Dataset | None) -> hd.seg.Segmentation:
                 f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
                 f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
         _check_pixel_length(path, ds, frames)
-        return hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
+        labels = segment_labels(ds)  # before highdicom decodes them its way (U+FFFD)
+        seg = hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
+        return seg, labels
     except AnnotationError:
         raise
     except _FILE_DEFECTS as err:
@@ -186,15 +193,16 @@ def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
             "or its frame count is wrong: re-export it"))
 
 
-def _map_segments(path: str, seg: hd.seg.Segmentation,
-                  segments: StructureMap) -> tuple[dict[int, tuple[Structure, str]], list[str]]:
-    """Segment number → (class, label) for mapped segments, and the labels of unmapped ones."""
+def _map_segments(path: str, seg: hd.seg.Segmentation, segments: StructureMap,
+                  names: dict[int, str]) -> tuple[dict[int, tuple[Structure, str]], list[str]]:
+    """Segment number → (class, label) for mapped segments, and the labels of unmapped ones
+    (``names``: each segment's label, :func:`segment_labels`)."""
     mapped: dict[int, tuple[Structure, str]] = {}
     unmapped: list[str] = []
     labels: list[str] = []
     for number in seg.segment_numbers:
         description = seg.get_segment_description(number)
-        label = str(description.get("SegmentLabel", "") or "").strip() or f"segment {number}"
+        label = names.get(number) or f"segment {number}"
         labels.append(label)
         structure = segments.by_name(label)
         if structure is None and description.get("SegmentedPropertyTypeCodeSequence"):
@@ -207,6 +215,18 @@ def _map_segments(path: str, seg: hd.seg.Segmentation,
     if not mapped:
         raise unmapped_error(path, "segments", "segments", labels, segments)
     return mapped, unmapped
+
+
+def segment_labels(ds: Dataset) -> dict[int, str]:
+    """Segment number → SegmentLabel, read from the SegmentSequence items as :func:`item_text`
+    reads them: bytes the file's character set cannot decode kept as ``\\xNN`` (pydicom, and
+    highdicom after it, would write U+FFFD, so PTV<A0> and PTV<B0> became one label)."""
+    out: dict[int, str] = {}
+    for item in ds.get("SegmentSequence") or ():
+        number = item.get("SegmentNumber")
+        if number is not None:
+            out[int(number)] = item_text(item, "SegmentLabel")
+    return out
 
 
 def _fractional_scale(path: str, seg: hd.seg.Segmentation) -> float:

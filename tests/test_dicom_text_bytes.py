@@ -1,0 +1,121 @@
+"""Text that its declared character set cannot decode is read faithfully wherever packer reads it:
+ST, LT and UT elements (a job may take its entity from PatientComments) and text inside sequence
+items (an RTSTRUCT's ROIName, a SEG's SegmentLabel), as SH/LO/PN elements of the top level are.
+
+pydicom writes U+FFFD for each undecodable byte, so two files (or two ROIs) that differ only in
+such bytes read alike: two patients became one entity, two structures one name. Each test writes
+two real files (pydicom, highdicom) that differ only in those bytes and checks they stay apart,
+each byte kept as the text ``\\xNN``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.datadict import tag_for_keyword
+from pydicom.dataelem import DataElement
+
+from packer.read.dicom import DicomHeader, probe_dicom, read_dicom
+from packer.read.dicom_attrs import text_value
+from packer.structures import Structure, StructureMap
+from tests.dicom_files import config, ct_dataset, ct_pixels, make_ref, save
+
+TIME = ("StudyDate", "StudyTime")
+#: An element of each text VR that holds one value, backslashes allowed (PS3.5 6.2).
+KEYWORD = {"LT": "PatientComments", "ST": "CommentsOnThePerformedProcedureStep", "UT": "TextValue"}
+
+
+def ct_with_comment(path: Path, raw: bytes, vr: str = "LT", charset: str = "ISO_IR 192") -> Path:
+    """A CT file whose :data:`KEYWORD` element of ``vr`` holds the bytes ``raw`` as they are,
+    under ``charset``."""
+    ds = ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet=charset)
+    tag = tag_for_keyword(KEYWORD[vr])
+    assert tag is not None
+    ds.add(DataElement(tag, vr, raw))
+    saved = save(ds, path)
+    assert raw in saved.read_bytes()
+    return saved
+
+
+@pytest.mark.parametrize("vr", ["LT", "ST", "UT"])
+def test_an_entity_of_a_text_vr_keeps_the_bytes_that_tell_two_patients_apart(tmp_path: Path, vr: str) -> None:
+    keyword = KEYWORD[vr]
+    written = (("ff", b"Case A\\B \xff1"), ("fe", b"Case A\\B \xfe1"), ("ff-padded", b"Case A\\B \xff1 "))
+    files = {name: ct_with_comment(tmp_path / f"{name}.dcm", raw, vr) for name, raw in written}
+    entities = {}
+    for name, path in files.items():
+        header = probe_dicom(make_ref(path), entity_keyword=keyword, time_keywords=TIME)
+        assert isinstance(header, DicomHeader)
+        entities[name] = header.entity
+        kept = probe_dicom(make_ref(path), entity_keyword=keyword, time_keywords=TIME, keep_pixels=True)
+        assert isinstance(kept, DicomHeader) and kept.entity == header.entity
+        assert text_value(pydicom.dcmread(path), keyword) == header.entity  # the lazy reread of a placed file
+    # the text's own backslash stays one character: LT and UT are one value, never split
+    assert entities == {"ff": "Case A\\B \\xff1", "fe": "Case A\\B \\xfe1", "ff-padded": "Case A\\B \\xff1"}
+
+
+def test_valid_text_of_a_text_vr_is_read_as_pydicom_reads_it(tmp_path: Path) -> None:
+    for text in ("Müller \\ follow-up", "MRN\ufffd01", "山田"):
+        path = ct_with_comment(tmp_path / "ok.dcm", text.encode())
+        header = probe_dicom(make_ref(path), entity_keyword="PatientComments", time_keywords=TIME)
+        assert isinstance(header, DicomHeader) and header.entity == text
+
+
+def test_a_sample_whose_text_vr_entity_kept_undecodable_bytes_says_so_without_the_value(tmp_path: Path) -> None:
+    bad = ct_with_comment(tmp_path / "bad.dcm", b"Case \xff1")
+    samples = read_dicom(make_ref(bad), config(), entity_keyword="PatientComments")
+    assert isinstance(samples, list) and samples
+    (note,) = samples[0].metadata["warnings"]
+    assert note.startswith("(0010,4000) PatientComments") and "ISO_IR 192" in note and "Case" not in note
+    good = ct_with_comment(tmp_path / "good.dcm", b"Case A\\B")
+    samples = read_dicom(make_ref(good), config(), entity_keyword="PatientComments")
+    assert isinstance(samples, list) and "warnings" not in samples[0].metadata
+
+
+# -- text inside sequence items: RTSTRUCT ROI names -------------------------------------------------
+
+def test_two_roi_names_that_differ_only_in_undecodable_bytes_are_two_structures(tmp_path: Path) -> None:
+    """ROIName (LO) sits in StructureSetROISequence items, which inherit the file's character set.
+    PTV<A0> and PTV<B0> are not UTF-8: pydicom read both as 'PTV\ufffd', one name, so neither could
+    be mapped to its own class. Each is kept as PTV\\xa0, PTV\\xb0, which a job's map can name."""
+    from tests.test_rtstruct import ISLAND_A, ISLAND_B, closed, paint, rtstruct, series
+
+    slices = series()
+    ds = rtstruct([("PLACEHOLDER A", [closed(slices[3], ISLAND_A)]), ("PLACEHOLDER B", [closed(slices[7], ISLAND_B)])])
+    for item, raw in zip(ds.StructureSetROISequence, (b"PTV\xa0", b"PTV\xb0"), strict=True):
+        item.add(DataElement(0x30060026, "LO", raw))
+    ds.SpecificCharacterSet = "ISO_IR 192"
+    rois = StructureMap((Structure("boost", 1, aliases=("PTV\\xa0",)), Structure("elective", 2, aliases=("PTV\\xb0",))))
+    labels, drawn = paint(tmp_path, ds, slices, rois=rois)
+    assert drawn.unmapped == ()
+    assert set(np.unique(labels[3])) == {0, 1} and set(np.unique(labels[7])) == {0, 2}
+    assert labels.sum() == labels[3].sum() + labels[7].sum()
+
+
+# -- text inside sequence items: SEG segment labels -------------------------------------------------
+
+@pytest.mark.parametrize("parsed", [False, True])
+def test_two_segment_labels_that_differ_only_in_undecodable_bytes_are_two_segments(tmp_path: Path,
+                                                                                   parsed: bool) -> None:
+    """SegmentLabel (LO) sits in SegmentSequence items. A SEG written by highdicom, its two labels
+    then set to the bytes PTV<A0> and PTV<B0> under ISO_IR 192: each segment maps to its own class
+    by its faithful label, whether the file is read by path or handed over parsed."""
+    from tests.test_seg import Grid, ct_series, expected_labels, in_source_order, paint, places, truth, write_seg
+
+    grid = Grid()
+    sources = ct_series(grid)
+    planted = truth(grid)
+    path = write_seg(tmp_path / "seg.dcm", sources, in_source_order(sources, grid, planted), ["one", "two"])
+    ds = pydicom.dcmread(path)
+    ds.SpecificCharacterSet = "ISO_IR 192"
+    for item, raw in zip(ds.SegmentSequence, (b"PTV\xa0", b"PTV\xb0"), strict=True):
+        item.add(DataElement(0x00620005, "LO", raw))
+    ds.save_as(path)
+    assert b"PTV\xa0" in path.read_bytes() and b"PTV\xb0" in path.read_bytes()
+    segments = StructureMap((Structure("sphere", 1, aliases=("PTV\\xa0",)), Structure("box", 2, aliases=("PTV\\xb0",))))
+    labels, drawn = paint(path, places(sources), segments, dataset=pydicom.dcmread(path) if parsed else None)
+    assert drawn.unmapped == ()  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(labels, expected_labels(planted))
