@@ -95,13 +95,13 @@ def make_records(n: int, per_entity: int, copies: float, seed: int = 0) -> Any:
 
 
 def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
+    from packer.phi import pseudonymizer_for
     from packer.pipeline.audit import audit_assignment
     from packer.pipeline.build import TargetColumns
     from packer.pipeline.labels import dataset_target
     from packer.pipeline.plan import plan_shards
     from packer.pipeline.publish import IndexColumns, write_index, write_splits_table
     from packer.pipeline.split import assign_splits
-    from packer.phi import pseudonymizer_for
     from packer.shards.writer import ShardWrite
 
     stages: list[dict[str, Any]] = []
@@ -144,7 +144,8 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
                                      checksums=array("Q", range(count)))
                 part = samples.take(shard.rows)
                 columns.add_shard(written, split=shard.split, keys=part.arrow("key"),
-                                  labels=targets.index_labels(shard.rows), entity_ids=part.arrow("entity").fill_null(""),
+                                  labels=targets.index_labels(shard.rows),
+                                  entity_ids=part.arrow("entity").fill_null(""),
                                   sources=part.arrow("source"), targets=targets.index_targets(shard.rows))
             write_index(folder, columns)
 
@@ -168,7 +169,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--per-entity", type=int, default=200, help="slices per entity (a CT scan)")
-    parser.add_argument("--copies", type=float, default=0.01, help="share of entities that copy another entity's slices")
+    parser.add_argument("--copies", type=float, default=0.01,
+                        help="share of entities that copy another entity's slices")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()),
                         help="where the index and splits tables are written (then removed)")
     parser.add_argument("--json", type=Path, help="append each size's result here as a JSON line")
