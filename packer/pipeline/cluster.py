@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ClusterLostError, ConfigError, PackerError
+from packer.errors import ClusterLostError, ConfigError, PackerError, surface
 from packer.manifest import library_versions
 
 T = TypeVar("T")
@@ -363,10 +363,11 @@ def open_executor(scheduler: str | None = None, workers: int | None = None,
     if scheduler is not None and workers is not None:
         runs = ("every task runs in this one process" if scheduler == "sync"
                 else "the tasks run on that scheduler's own workers")
-        print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
+        print(f"packer: warning: {surface().option('workers', workers)} sizes the local cluster only; with "
+              f"{surface().option('scheduler', scheduler)} "
               f"{runs}", file=sys.stderr, flush=True)
     if scheduler == "sync":
-        yield Executor(None, "this one process (--scheduler sync)")
+        yield Executor(None, f"this one process ({surface().option('scheduler', 'sync')})")
         return
     with _cluster_config():
         yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))),
@@ -439,15 +440,16 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         return
     a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
     if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
-        raise ConfigError(f"--scheduler {scheduler}: no such scheduler file; give the file `dask scheduler "
-                          "--scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
+        raise ConfigError(f"{surface().option('scheduler', scheduler)}: no such scheduler file; give the file "
+                          "`dask scheduler --scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
     with _held_interrupts() as starting:
         try:
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
                       else Client(scheduler, timeout="30s"))
         except OSError as err:
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
-                              "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
+            raise ConfigError(f"{surface().option('scheduler', scheduler)}: cannot connect to the dask scheduler "
+                              f"({err}); start one with `dask scheduler` or {surface().omit('scheduler')} for a "
+                              "local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
     try:
@@ -462,9 +464,9 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
-    return ConfigError(f"--scheduler {scheduler}: not a dask scheduler address ({err}); give tcp://host:port, the "
-                       "file `dask scheduler --scheduler-file FILE` wrote, or sync; omit --scheduler for a local "
-                       "cluster")
+    return ConfigError(f"{surface().option('scheduler', scheduler)}: not a dask scheduler address ({err}); give "
+                       "tcp://host:port, the file `dask scheduler --scheduler-file FILE` wrote, or sync; "
+                       f"{surface().omit('scheduler')} for a local cluster")
 
 
 def check_scheduler(scheduler: str | None) -> None:
