@@ -306,6 +306,48 @@ def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named
     assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # a real local cluster from a subprocess script
+def test_an_unguarded_script_gets_a_config_error_exit_2_in_the_calling_process(tmp_path: Path) -> None:
+    """The README's table: a usage error exits 2. The calling process's error was a bare
+    PackerError (exit_code 1, "internal error: a bug") while the workers said ConfigError."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    script = tmp_path / "unguarded.py"
+    script.write_text("import sys\nimport packer\nfrom packer.errors import PackerError\n"
+                      "try:\n"
+                      f"    packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
+                      "except PackerError as err:\n"
+                      "    print(type(err).__name__, file=sys.stderr)\n"
+                      "    sys.exit(err.exit_code)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == "ConfigError", done.stderr
+
+
+def test_a_top_level_call_outside_the_main_guard_is_told_from_a_guarded_one(tmp_path: Path) -> None:
+    """What tells the calling process that its workers failed because they ran the script's call
+    again: a call from the script's top level (directly, or through a function called there)
+    outside ``if __name__ == "__main__":``; not one inside it, nor one from ``python -c``."""
+    probe = "from packer.pipeline.cluster import unguarded_script\n"
+    cases = {
+        "top.py": probe + "print(unguarded_script())\n",
+        "through.py": probe + "def main():\n    print(unguarded_script())\n\nmain()\n",
+        "guarded.py": probe + "if __name__ == '__main__':\n    print(unguarded_script())\n",
+        "reversed.py": probe + "def main():\n    print(unguarded_script())\n\nif '__main__' == __name__:\n    main()\n",
+    }
+    said = {}
+    for name, code in cases.items():
+        (tmp_path / name).write_text(code)
+        done = subprocess.run([sys.executable, str(tmp_path / name)], capture_output=True, text=True, timeout=120,
+                              check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        said[name] = done.stdout.strip()
+    assert said == {"top.py": str(tmp_path / "top.py"), "through.py": str(tmp_path / "through.py"),
+                    "guarded.py": "None", "reversed.py": "None"}
+    inline = subprocess.run([sys.executable, "-c", cases["top.py"]], capture_output=True, text=True, timeout=120,
+                            check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert inline.stdout.strip() == "None"
+
+
 def error_lines(stderr: str) -> list[str]:
     """The last line of each traceback in ``stderr``: what each process said went wrong."""
     lines = stderr.splitlines()

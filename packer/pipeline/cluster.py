@@ -7,6 +7,7 @@ output never depends on which worker finished first.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import logging
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
 
@@ -411,6 +413,39 @@ UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the s
                     "do so under `if __name__ == \"__main__\":` (or from a function called there)")
 
 
+def unguarded_script() -> str | None:
+    """The script whose top-level code runs this call outside an ``if __name__ == "__main__":``
+    block (directly, or through a function it calls there), or None: a call from the command
+    line, a notebook, ``python -c``, a guarded block, or a script whose source cannot be read.
+    Such a call runs again in every worker process the local cluster spawns, which re-imports
+    the script, and there :func:`packer.api._refuse_worker_reimport` refuses it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            script = frame.f_globals.get("__file__")
+            if not isinstance(script, str) or os.path.abspath(frame.f_code.co_filename) != os.path.abspath(script):
+                return None
+            try:
+                tree = ast.parse(Path(script).read_text(encoding="utf-8"), filename=script)
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+                return None  # not a script spawn can import again either: say nothing more than before
+            line = frame.f_lineno
+            guarded = any(isinstance(node, ast.If) and _is_main_test(node.test) and node.body[0].lineno <= line
+                          <= (node.body[-1].end_lineno or node.body[-1].lineno) for node in tree.body)
+            return None if guarded else script
+        frame = frame.f_back
+    return None
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
 def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
                       log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
@@ -427,6 +462,10 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
             except RuntimeError as err:
                 if "failed to start" not in str(err):
                     raise
+                script = unguarded_script()
+                if script is not None:  # the workers ran its call again and refused it: a usage error
+                    raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
+                                      f"({str(err).rstrip('.')}): {UNGUARDED_SCRIPT}") from err
                 raise PackerError(f"the local dask cluster's worker processes did not start "
                                   f"({str(err).rstrip('.')}). If packer is called from a script: "
                                   f"{UNGUARDED_SCRIPT}") from err
