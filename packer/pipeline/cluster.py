@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ClusterLostError, ConfigError, PackerError, surface
+from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
 from packer.manifest import library_versions
 
 T = TypeVar("T")
@@ -193,11 +193,16 @@ def _unseen_shared(shared: tuple[SharedPath, ...]) -> ConfigError | None:
 
 
 def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
-         shared: tuple[SharedPath, ...] = ()) -> R | _RunDefect:
+         shared: tuple[SharedPath, ...] = (), caller: Surface | None = None) -> R | _RunDefect:
     """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`. With
     ``expected`` (the client's :func:`environment`), a worker whose environment differs runs
     nothing and returns the ConfigError that says so; likewise a worker that cannot see one of
-    ``shared`` (:meth:`Executor.require_shared`)."""
+    ``shared`` (:meth:`Executor.require_shared`). ``caller``: the client's
+    :func:`~packer.errors.surface`, so that a message made in the worker names the options as
+    the caller gave them (a keyword argument from Python, a flag from the command line)."""
+    if caller is not None:
+        with called_from(caller):
+            return _run(fn, item, expected, shared)
     if expected is not None:
         mismatch = _environment_mismatch(expected)
         if mismatch is not None:
@@ -299,6 +304,7 @@ class Executor:
         from distributed.scheduler import KilledWorker
 
         client = self.client
+        caller = surface()  # the workers' messages name the options as this run's caller gave them
         names = list(keys) if keys is not None else [None] * len(items)
         item_of: dict[Any, T] = {}
         running = as_completed()
@@ -307,7 +313,7 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, self.expected, self.shared, key=names[submitted],
+            future = client.submit(_run, fn, item, self.expected, self.shared, caller, key=names[submitted],
                                    pure=False)
             item_of[future.key] = item
             running.add(future)
