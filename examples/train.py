@@ -48,6 +48,11 @@ What to copy into a real training script:
 - The checkpoint holds the loader position (``DevicePrefetcher.state_dict()``), taken from
   the prefetcher so the batch it has prefetched is not counted as consumed; ``--resume``
   continues mid-epoch with exactly the batches that were left.
+
+Exit codes are ``packer``'s (README, Commands and exit codes): 2 for a wrong option or a dataset
+this script does not train (a missing manifest, volumes given to train.py, samples of several
+shapes, masks of several frames, a checkpoint of another dataset or mix), 5 for damaged data;
+the message goes to stderr, prefixed with the script's name.
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ def open_dataset(args: argparse.Namespace, uneven: str) -> ShardDataset | MixedD
     if not args.mix:
         return ShardDataset(args.manifest, args.split, seed=args.seed, uneven=uneven, sources=args.sources)
     if args.sources:
-        raise SystemExit(f"{args.script}: --sources names sources of one dataset; it does not apply to --mix")
+        raise ConfigError("--sources names sources of one dataset; it does not apply to --mix")
     members = [(ShardDataset(path, args.split, seed=args.seed), weight) for path, weight in args.mix]
     mix = MixedDataset(members, epoch_length=args.mix_length, seed=args.seed, uneven=uneven)
     if mix.rank == 0:
@@ -174,7 +179,7 @@ def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: 
     target, mask = dataset.info.target, dataset.info.mask
     dims = 3 if dataset.info.layout == "CDHW" else 2
     if mask is not None and dims == 3:
-        raise SystemExit("train: this dataset has segmentation masks; masks come with 2-D samples only")
+        raise ConfigError("this dataset has segmentation masks; masks come with 2-D samples only")
     if mask is not None:
         pad = int(mask.get("pad", 0))  # what resize "fit" filled in: not a class when the job padded with another id
         ids = sorted(set(mask["classes"] or range(256)) - ({pad} if pad else set()))
@@ -182,8 +187,8 @@ def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: 
 
         def segmentation(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
             if batch["mask"].shape[1] != 1:
-                raise SystemExit(f"train.py: the masks have {batch['mask'].shape[1]} frames; this example "
-                                 "segments one mask frame per image")
+                raise ConfigError(f"the masks have {batch['mask'].shape[1]} frames; this example segments one "
+                                  "mask frame per image")
             return F.cross_entropy(model(batch["image"]), batch["mask"][:, 0].long(),
                                    ignore_index=pad if pad else -100)
 
@@ -246,8 +251,8 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         return train(args, device, distributed)
-    except PackerError as err:  # a wrong source, split or path, or damaged data: its message, not a traceback
-        print(f"{args.script}: {err}", file=sys.stderr)
+    except PackerError as err:  # a wrong source, split, path or dataset, or damaged data: its message, not a
+        print(f"{args.script}: {err}", file=sys.stderr)  # traceback, and packer's exit code (2 for a usage error)
         raise SystemExit(err.exit_code) from None
     finally:
         if distributed:
@@ -262,15 +267,15 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     if dataset.info.layout not in args.layouts:
         other = "examples/train3d.py" if dataset.info.layout == "CDHW" else "examples/train.py"
         kind = "volumes" if dataset.info.layout == "CDHW" else "2-D samples"
-        raise SystemExit(f"{args.script}: {what} holds {kind} (layout {dataset.info.layout}: "
-                         f"{dataset.info.describe_shapes()}); train them with {other}")
+        raise ConfigError(f"{what} holds {kind} (layout {dataset.info.layout}: {dataset.info.describe_shapes()}); "
+                          f"train them with {other}")
     if dataset.shape is None:
         one_source = args.sources is not None and len(args.sources) == 1
         fix = ("build the dataset with transform.channels" if one_source or args.mix
                else "pass --sources NAME to train on one source, or build the dataset with transform.channels")
         of = f"source{'s' if len(args.sources) > 1 else ''} {','.join(args.sources)}" if args.sources else "sources"
-        raise SystemExit(
-            f"{args.script}: this dataset's {of} hold samples of several shapes "
+        raise ConfigError(
+            f"this dataset's {of} hold samples of several shapes "
             f"({dataset.info.describe_shapes(args.sources)}; the manifest lists shapes per source, over every "
             f"split, so the {args.split} split may hold fewer), and this model takes one channel count; {fix} "
             "(README, 'Mixed shapes')")
@@ -291,7 +296,7 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         try:
             batches.load_state_dict(ckpt["loader"])
         except ConfigError as err:  # another dataset, split, view or mix than the checkpoint's
-            raise SystemExit(f"{args.script}: cannot resume from {args.checkpoint}: {err}") from None
+            raise ConfigError(f"cannot resume from {args.checkpoint}: {err}") from None
         step, start_epoch = ckpt["step"], ckpt["loader"]["epoch"]
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

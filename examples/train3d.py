@@ -41,6 +41,7 @@ import train as shared  # examples/train.py, next to this file
 from torch import nn
 from torch.nn import functional as F
 
+from packer.errors import ConfigError
 from packer.loader import MixedDataset, ShardDataset
 
 
@@ -94,7 +95,7 @@ def segmentation_objective(dataset: ShardDataset | MixedDataset, channels: int) 
     def loss(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         target = batch["mask"].long()
         if target.dim() != 4:
-            raise SystemExit(f"train3d.py: the masks are {tuple(target.shape)}, not B×D×H×W label maps of volumes")
+            raise ConfigError(f"the masks are {tuple(target.shape)}, not B×D×H×W label maps of volumes")
         logits = model(batch["image"])
         return (F.cross_entropy(logits, target, ignore_index=-100 if ignore is None else ignore)
                 + soft_dice_loss(logits, target, classes, ignore))

@@ -16,7 +16,9 @@ Errors are the command line's: every defect of the run raises a
 (``ConfigError`` 2, ``BadFractionError`` 3, ``LeakageError`` 4, ``IntegrityError`` 5,
 ``FileSystemError`` 6, also for a full or read-only disk met inside a library's write). Nothing
 here exits the process; what is printed is progress (``progress=False`` silences it) and
-warnings, on stderr as the command line prints them.
+warnings, on stderr as the command line prints them. A message that names an option names it as
+the caller gave it: the keyword argument (``scheduler='...'``) from Python, the flag
+(``--scheduler ...``) from ``packer build`` (:func:`packer.errors.surface`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packer.config import JobConfig, job_from_mapping, load_job
-from packer.errors import BadFractionError, ConfigError, LeakageError, refused_write
+from packer.errors import PYTHON_API, BadFractionError, ConfigError, LeakageError, called_from, refused_write
 from packer.manifest import Manifest, read_manifest
 
 if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check runs, not on import
@@ -244,7 +246,8 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     ``packer verify``). Raises ConfigError (2) for a path that is not a version (a dataset
     folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
     """
-    return read_manifest(location, storage_options=storage_options)
+    with called_from(PYTHON_API, unless_set=True):
+        return read_manifest(location, storage_options=storage_options)
 
 
 def _refuse_worker_reimport(call: str) -> None:
@@ -277,9 +280,11 @@ def _check_workers(workers: object) -> None:
 @contextlib.contextmanager
 def _typed_errors() -> Iterator[None]:
     """An OSError of a full, over-quota or read-only file system met in a library's write
-    becomes FileSystemError, as the command line reports it; any other error stays what it is."""
+    becomes FileSystemError, as the command line reports it; any other error stays what it is.
+    Messages raised or printed inside name the keyword arguments, unless the command line called."""
     try:
-        yield
+        with called_from(PYTHON_API, unless_set=True):
+            yield
     except OSError as err:
         refused = refused_write(err, err.filename or "a file")
         if refused is None:

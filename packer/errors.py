@@ -6,7 +6,11 @@ These are defects of the run.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -61,6 +65,94 @@ class ClusterLostError(PackerError):
     exit_code = 7
 
 
+#: An option as the command line spells it and as the Python API (:mod:`packer.api`) takes it:
+#: name → (flag, keyword argument, the keyword's value where the flag takes none).
+_OPTIONS: dict[str, tuple[str, str, str | None]] = {
+    "out": ("--out", "out", None),
+    "workers": ("--workers", "workers", None),
+    "scheduler": ("--scheduler", "scheduler", None),
+    "cache_dir": ("--cache-dir", "cache_dir", None),
+    "keep_spill": ("--keep-spill", "keep_spill", "True"),
+    "fresh": ("--fresh", "resume", "False"),
+    "quick": ("--quick", "quick", "True"),
+    "json": ("--json", "write_json", None),
+    "junit": ("--junit", "write_junit", None),
+}
+
+
+@dataclass(frozen=True)
+class Surface:
+    """Where the caller gave packer its options, so that a message names what that caller can
+    change: the command line's flags (``--scheduler ADDRESS``) or the Python API's keyword
+    arguments (``scheduler='ADDRESS'``); a notebook user cannot pass a flag. The messages are
+    written once, with these methods where they name an option."""
+
+    python: bool
+
+    def name(self, option: str) -> str:
+        """The option's name alone: ``--out`` or ``out``."""
+        flag, keyword, _ = _OPTIONS[option]
+        return keyword if self.python else flag
+
+    def option(self, option: str, value: object = None, *, placeholder: str | None = None) -> str:
+        """The option as the caller writes it: ``--scheduler tcp://h:1`` or ``scheduler='tcp://h:1'``
+        (``value``), ``--cache-dir DIR`` or ``cache_dir=DIR`` (``placeholder``), ``--fresh`` or
+        ``resume=False`` (an option that takes no value)."""
+        flag, keyword, fixed = _OPTIONS[option]
+        shown_value = str(value) if isinstance(value, Path) else value
+        given = placeholder if placeholder is not None else None if value is None else repr(shown_value)
+        if not self.python:
+            shown = placeholder if placeholder is not None else None if value is None else str(value)
+            return flag if shown is None else f"{flag} {shown}"
+        if option in ("json", "junit"):  # methods of ValidationResult
+            return f"ValidationResult.{keyword}({given or 'PATH'})"
+        return f"{keyword}={fixed if given is None else given}"
+
+    def omit(self, option: str) -> str:
+        """How to leave the option out: ``omit --scheduler`` or ``leave scheduler None``."""
+        return f"leave {self.name(option)} None" if self.python else f"omit {self.name(option)}"
+
+    def call(self, command: str, option: str, *, placeholder: str | None = None) -> str:
+        """A call with the option: ``packer build --cache-dir DIR`` or
+        ``packer.build(..., cache_dir=DIR)``."""
+        shown = self.option(option, placeholder=placeholder)
+        return f"packer.{command}(..., {shown})" if self.python else f"packer {command} {shown}"
+
+    def storage_options(self, **pairs: str) -> str:
+        """Storage options: ``--storage-option anon=true`` or ``storage_options={'anon': True}``
+        (``...`` stands for a value to fill in)."""
+        if not self.python:
+            return " ".join(f"--storage-option {key}={value}" for key, value in pairs.items())
+        shown = {"true": "True", "false": "False", "...": "..."}
+        inner = ", ".join(f"{key!r}: {shown.get(value, repr(value))}" for key, value in pairs.items())
+        return f"storage_options={{{inner}}}"
+
+
+COMMAND_LINE = Surface(python=False)
+PYTHON_API = Surface(python=True)
+_SURFACE: ContextVar[Surface | None] = ContextVar("packer_surface", default=None)
+
+
+def surface() -> Surface:
+    """The surface of the run in progress in this process: the command line unless a call of
+    :mod:`packer.api` (or the command line itself) said otherwise."""
+    return _SURFACE.get() or COMMAND_LINE
+
+
+@contextlib.contextmanager
+def called_from(caller: Surface, *, unless_set: bool = False) -> Iterator[None]:
+    """Messages raised or printed inside name ``caller``'s options. ``unless_set``: keep the
+    surface an outer caller set (the command line runs the API's functions)."""
+    if unless_set and _SURFACE.get() is not None:
+        yield
+        return
+    token = _SURFACE.set(caller)
+    try:
+        yield
+    finally:
+        _SURFACE.reset(token)
+
+
 #: errno → (what the file system said, the fix): conditions of the machine, not of packer or of
 #: the data, that stop a write. Only errnos that writing (or creating) a file raises are here, so
 #: an error met while *reading* inside a writer's body is never blamed on the output. ``{elsewhere}``
@@ -77,20 +169,26 @@ _OPEN_FIXES: dict[int, tuple[str, str]] = {
     errno.EACCES: ("permission denied", "make the folder writable for this user, or {elsewhere}"),
     errno.EPERM: ("operation not permitted", "make the folder writable for this user, or {elsewhere}"),
 }
-OUTPUT_ELSEWHERE = "choose another output folder (packer build --out DIR)"
+
+
+def output_elsewhere() -> str:
+    """The fix for an output file the file system refuses: another output folder."""
+    return f"choose another output folder ({surface().call('build', 'out', placeholder='DIR')})"
 
 
 def refused_write(err: OSError, path: object, *, opening: bool = False,
-                  elsewhere: str = OUTPUT_ELSEWHERE) -> FileSystemError | None:
+                  elsewhere: str | None = None) -> FileSystemError | None:
     """The :class:`FileSystemError` for ``err`` met writing ``path``, or None when ``err`` is not a
     condition of the file system (a bug or a read error then stays what it is). ``opening``: the
     error came from creating or opening the file or its folder, where a refused permission is the
-    file system's answer too. ``elsewhere``: how to put the file somewhere else, for the fix."""
+    file system's answer too. ``elsewhere``: how to put the file somewhere else, for the fix
+    (default: :func:`output_elsewhere`)."""
     known = _STORAGE_FIXES.get(err.errno or 0) or (_OPEN_FIXES.get(err.errno or 0) if opening else None)
     if known is None:
         return None
     said, fix = known
-    return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fix.format(elsewhere=elsewhere)}")
+    fixed = fix.format(elsewhere=elsewhere or output_elsewhere())
+    return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fixed}")
 
 
 def blocking_file(folder: Path) -> Path | None:

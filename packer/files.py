@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packer.errors import OUTPUT_ELSEWHERE, ConfigError, blocking_file, refused_write
+from packer.errors import ConfigError, blocking_file, refused_write
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -42,7 +42,7 @@ def human_bytes(size: float) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path, *, durable: bool = True, elsewhere: str = OUTPUT_ELSEWHERE) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = None) -> Iterator[BinaryIO]:
     """Open ``path.partial`` for writing; on success fsync and rename it to ``path``.
 
     On failure the temporary file is removed, so ``path`` is either absent or complete.
@@ -51,7 +51,8 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str = OUTPUT_E
 
     A full, read-only or over-quota file system (and, creating the file, a refused permission)
     raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix (``elsewhere``: how
-    to put the file somewhere else, for a file the user named), from the OSError;
+    to put the file somewhere else, for a file the user named; default: another output folder), from
+    the OSError;
     a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)

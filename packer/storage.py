@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, PackerError, surface
 from packer.files import TMP_SUFFIX, clone_file
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
@@ -221,7 +221,8 @@ def check_output_store(url: str, storage_options: Mapping[str, Any] | None = Non
 def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Exception) -> ConfigError:
     given = ", ".join(sorted(storage_options or {})) or "none"
     return ConfigError(f"{url}: the storage options (given: {given}) are not accepted ({type(err).__name__}: "
-                       f"{err}); check each --storage-option KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
+                       f"{err}); check each storage option, e.g. "
+                       f"{surface().storage_options(endpoint_url='http://127.0.0.1:9000')}")
 
 
 def check_protocol(url: str) -> None:
@@ -283,13 +284,13 @@ def describe_error(url: str, err: BaseException) -> str:
         return f"{url}: not found ({text})"
     if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
         return (f"{url}: access denied ({text}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-                "or AWS_PROFILE, or --storage-option key=... --storage-option secret=...) and the bucket policy")
+                f"or AWS_PROFILE, or {surface().storage_options(key='...', secret='...')}) and the bucket policy")
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return (f"{url}: no usable credentials ({text}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                "(or AWS_PROFILE), or pass --storage-option anon=true for a public bucket")
+                f"(or AWS_PROFILE), or pass {surface().storage_options(anon='true')} for a public bucket")
     if "Connect" in name or "Endpoint" in name or isinstance(err, ConnectionError | TimeoutError):
         return (f"{url}: cannot reach the object store ({text}); check the network and the endpoint "
-                "(AWS_ENDPOINT_URL or --storage-option endpoint_url=http://HOST:PORT)")
+                f"(AWS_ENDPOINT_URL or {surface().storage_options(endpoint_url='http://HOST:PORT')})")
     return f"{url}: {name}: {text}"
 
 

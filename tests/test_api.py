@@ -288,8 +288,10 @@ def test_a_full_disk_raises_file_system_error_exit_6_as_the_command_reports_it(
     with pytest.raises(FileSystemError) as raised:
         packer.build(job, scheduler="sync", progress=False, report=False)
     assert raised.value.exit_code == 6 and "the file system is full" in str(raised.value)
+    assert "choose another output folder (packer.build(..., out=DIR))" in said_to_python(raised.value)
     printed = cli("build", str(job), "--scheduler", "sync", "-q", "--no-report")
-    assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {raised.value}\n")
+    command_line = str(raised.value).replace("packer.build(..., out=DIR)", "packer build --out DIR")
+    assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {command_line}\n")
 
 
 @pytest.mark.slow  # a real local cluster from a subprocess script
@@ -302,6 +304,48 @@ def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow  # a real local cluster from a subprocess script
+def test_an_unguarded_script_gets_a_config_error_exit_2_in_the_calling_process(tmp_path: Path) -> None:
+    """The README's table: a usage error exits 2. The calling process's error was a bare
+    PackerError (exit_code 1, "internal error: a bug") while the workers said ConfigError."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    script = tmp_path / "unguarded.py"
+    script.write_text("import sys\nimport packer\nfrom packer.errors import PackerError\n"
+                      "try:\n"
+                      f"    packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
+                      "except PackerError as err:\n"
+                      "    print(type(err).__name__, file=sys.stderr)\n"
+                      "    sys.exit(err.exit_code)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == "ConfigError", done.stderr
+
+
+def test_a_top_level_call_outside_the_main_guard_is_told_from_a_guarded_one(tmp_path: Path) -> None:
+    """What tells the calling process that its workers failed because they ran the script's call
+    again: a call from the script's top level (directly, or through a function called there)
+    outside ``if __name__ == "__main__":``; not one inside it, nor one from ``python -c``."""
+    probe = "from packer.pipeline.cluster import unguarded_script\n"
+    cases = {
+        "top.py": probe + "print(unguarded_script())\n",
+        "through.py": probe + "def main():\n    print(unguarded_script())\n\nmain()\n",
+        "guarded.py": probe + "if __name__ == '__main__':\n    print(unguarded_script())\n",
+        "reversed.py": probe + "def main():\n    print(unguarded_script())\n\nif '__main__' == __name__:\n    main()\n",
+    }
+    said = {}
+    for name, code in cases.items():
+        (tmp_path / name).write_text(code)
+        done = subprocess.run([sys.executable, str(tmp_path / name)], capture_output=True, text=True, timeout=120,
+                              check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        said[name] = done.stdout.strip()
+    assert said == {"top.py": str(tmp_path / "top.py"), "through.py": str(tmp_path / "through.py"),
+                    "guarded.py": "None", "reversed.py": "None"}
+    inline = subprocess.run([sys.executable, "-c", cases["top.py"]], capture_output=True, text=True, timeout=120,
+                            check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert inline.stdout.strip() == "None"
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -329,3 +373,121 @@ def test_every_worker_of_an_unguarded_script_names_the_main_guard_not_another_er
     said = [line for line in error_lines(done.stderr) if line.startswith("packer.errors.")]
     assert said and all('if __name__ == "__main__":' in line for line in said), done.stderr
     assert any(str(script) in line for line in said), done.stderr  # the worker's error names the script
+
+
+#: A flag of packer's command line, which a caller of the Python API cannot pass (``--scheduler-file``
+#: is dask's own command's flag, which a message may well name).
+PACKER_FLAG = re.compile(r"--(out|workers|scheduler|cache-dir|keep-spill|fresh|resume|quick|storage-option|json|junit)"
+                         r"\b(?!-)")
+
+
+def said_to_python(err: BaseException | str) -> str:
+    """The message, checked to name no command-line flag: a notebook user cannot pass one."""
+    text = str(err)
+    assert not PACKER_FLAG.search(text), text
+    return text
+
+
+@pytest.mark.parametrize("call", ["build", "validate"])
+def test_a_scheduler_dask_cannot_parse_is_named_as_the_keyword_argument(tmp_path: Path, call: str) -> None:
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    with pytest.raises(ConfigError) as raised:
+        getattr(packer, call)(job, scheduler="localhost", progress=False)
+    message = said_to_python(raised.value)
+    assert message.startswith("scheduler='localhost': not a dask scheduler address")
+    assert message.endswith("leave scheduler None for a local cluster")
+    printed = cli(call, str(job), "--scheduler", "localhost", "-q")  # the command line names its flag
+    assert printed.exit_code == 2
+    assert printed.output.startswith("packer: error: --scheduler localhost: not a dask scheduler address")
+    assert printed.output.rstrip().endswith("omit --scheduler for a local cluster")
+
+
+def test_a_cluster_build_without_a_shared_cache_folder_names_cache_dir_not_a_flag(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PACKER_WORK_DIR", raising=False)
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    with pytest.raises(ConfigError) as raised:
+        packer.build(job, scheduler="tcp://127.0.0.1:9", progress=False)
+    message = said_to_python(raised.value)
+    assert message.startswith("scheduler='tcp://127.0.0.1:9': the cluster's workers write and read the build cache")
+    assert "(or pass cache_dir=DIR)" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_scheduler_file_is_named_as_the_keyword_argument(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    missing = str(tmp_path / "scheduler.json")
+    for call in (packer.build, packer.validate):
+        with pytest.raises(ConfigError) as raised:
+            call(job, scheduler=missing, progress=False)
+        assert said_to_python(raised.value).startswith(f"scheduler={missing!r}: no such scheduler file")
+
+
+def test_an_output_folder_that_is_a_file_names_out_as_the_caller_passed_it(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError) as raised:
+        packer.build(job, out=blocker, scheduler="sync", progress=False)
+    assert said_to_python(raised.value) == (
+        f"out={str(blocker)!r}: cannot create the folder {blocker / 'photos'}: {blocker} is a file, not a folder; "
+        "choose another output folder (packer.build(..., out=DIR))")
+
+
+def test_a_cache_folder_that_is_a_file_names_cache_dir_as_the_caller_passed_it(tmp_path: Path) -> None:
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError) as raised:
+        packer.build(job, cache_dir=blocker, scheduler="sync", progress=False)
+    message = said_to_python(raised.value)
+    assert f"(cache_dir): {blocker} is a file, not a folder" in message
+    assert message.endswith("choose another cache folder (packer.build(..., cache_dir=DIR), or set PACKER_WORK_DIR)")
+
+
+def test_warnings_name_the_keyword_arguments_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Workers given with the in-process scheduler, and a build cache an older packer left in
+    the output folder: the warnings say what to pass, as the caller passes it."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    (tmp_path / "out" / "photos" / ".cache").mkdir(parents=True)
+    packer.build(job, workers=2, scheduler="sync", progress=False, report=False)
+    warned = said_to_python(capsys.readouterr().err)
+    assert "packer: warning: workers=2 sizes the local cluster only; with scheduler='sync' every task runs" in warned
+    assert "or build once with resume=False, which deletes it" in warned
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
+def test_a_validation_report_the_disk_refuses_names_the_method_that_wrote_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import packer.files
+
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    checked = packer.validate(job, quick=True, scheduler="sync", progress=False)
+    target = tmp_path / "check.json"
+
+    def full_for_it(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return builtins.open("/dev/full" if str(file).startswith(f"{target}.") else file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(packer.files, "open", full_for_it, raising=False)
+    with pytest.raises(FileSystemError) as raised:
+        checked.write_json(target)
+    assert said_to_python(raised.value).endswith(
+        "free space there, or write the file elsewhere (ValidationResult.write_json(ANOTHER_PATH))")
+
+
+def test_an_object_store_message_names_storage_options_as_the_api_takes_them() -> None:
+    from packer.errors import PYTHON_API, called_from
+    from packer.storage import describe_error
+
+    with called_from(PYTHON_API):
+        denied = describe_error("s3://b/x", PermissionError("AccessDenied"))
+        anonymous = describe_error("s3://b/x", type("NoCredentialsError", (Exception,), {})("none"))
+        unreachable = describe_error("s3://b/x", ConnectionError("refused"))
+    assert "storage_options={'key': ..., 'secret': ...}" in said_to_python(denied)
+    assert "pass storage_options={'anon': True} for a public bucket" in said_to_python(anonymous)
+    assert "storage_options={'endpoint_url': 'http://HOST:PORT'}" in said_to_python(unreachable)
+    assert "--storage-option anon=true" in describe_error("s3://b/x", type("NoCredentialsError", (Exception,), {})(""))

@@ -237,7 +237,7 @@ def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_pat
     result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(target)])
     assert result.exit_code == 6, result.output
     assert f"cannot write {target}: the file system is full" in result.output
-    assert "free space there, or write the file elsewhere (another --json/--junit FILE)" in result.output
+    assert f"free space there, or write the file elsewhere (another {flag} FILE)" in result.output
     assert "packer build --out" not in result.output
 
 

@@ -196,6 +196,29 @@ def test_the_client_keeps_no_copies_of_finished_tasks_arguments() -> None:
         assert alive == 0, f"{alive} task arguments still held on the client after their tasks finished"
 
 
+def _cache_fix(_: int) -> str:
+    """What a worker's full cache disk would tell the caller to do (packer.pipeline.spill)."""
+    from packer.pipeline.spill import cache_elsewhere
+
+    return cache_elsewhere()
+
+
+@pytest.mark.slow  # a real dask cluster
+def test_a_message_made_in_a_worker_names_the_options_as_the_caller_gave_them() -> None:
+    """The caller's surface travels with each task: from packer.build a worker's message names
+    ``cache_dir=DIR``, which a notebook can pass, not ``--cache-dir DIR``, which it cannot."""
+    from packer.errors import COMMAND_LINE, PYTHON_API, called_from
+    from packer.pipeline.cluster import open_executor
+
+    with open_executor(None, workers=1) as executor:
+        said = {}
+        for caller in (PYTHON_API, COMMAND_LINE):
+            with called_from(caller):
+                said[caller.python] = {fix for _, fix in executor.map_unordered(_cache_fix, [0, 1])}
+    assert said == {True: {"choose another cache folder (packer.build(..., cache_dir=DIR), or set PACKER_WORK_DIR)"},
+                    False: {"choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"}}
+
+
 def _worker_profiles(_: int) -> bool:
     import dask
 

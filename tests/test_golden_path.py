@@ -118,22 +118,45 @@ def test_the_training_example_trains_a_weighted_mix_of_the_demo_and_a_second_dat
 
 def test_the_readme_stock_reader_blocks_run_as_pasted(newcomer: tuple[Path, str]) -> None:
     """README, 'Stock readers open the shards without packer': the tar block on the demo, the
-    Parquet block on the build of the job it names, each with the version filled in."""
+    Parquet block on the build of the job it names, each as pasted: the versions it names are the
+    ones those builds print."""
     home, version = newcomer
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("Stock readers open the shards without packer", 1)[1].split("\n## ", 1)[0]
     tar_block, parquet_block = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
     job = re.search(r"`packer build (workflows/[\w.-]+\.yaml)`", section)
     assert job is not None and "train-*.tar" in tar_block and "train-*.parquet" in parquet_block
-    done = run([sys.executable, "-c", tar_block.replace("<version>", version) + "\nprint('tar', image.shape, label)\n"],
-               home)
+    assert f"build/demo/{version}/" in tar_block
+    done = run([sys.executable, "-c", tar_block + "\nprint('tar', image.shape, label)\n"], home)
     assert re.search(r"^tar \(3, 64, 64\) \d+$", done.stdout, flags=re.M), done.stdout
     shutil.copy(REPO / job[1], home / job[1])
     built = run([PACKER, "build", job[1], "-q"], home)
     name = re.search(r"name: ([\w-]+)", (home / job[1]).read_text())
     assert name is not None
     parquet = re.search(rf"^dataset {name[1]} version ([0-9a-f]{{12}})$", built.stdout, flags=re.M)
-    assert parquet is not None and f"build/{name[1]}/<version>/" in parquet_block, built.stdout
-    done = run([sys.executable, "-c", parquet_block.replace("<version>", parquet[1])
+    assert parquet is not None and f"build/{name[1]}/{parquet[1]}/" in parquet_block, built.stdout
+    done = run([sys.executable, "-c", parquet_block
                 + "\nprint('parquet', image.shape, len(target), hf['train'].num_rows)\n"], home)
     assert re.search(r"^parquet \(3, 64, 64\) 4 \d+$", done.stdout, flags=re.M), done.stdout
+
+
+def test_every_readme_python_block_runs_as_pasted_after_the_builds_it_names(newcomer: tuple[Path, str]) -> None:
+    """Each README ```python block, verbatim, from the checkout's folder after `make demo` and the
+    builds the text above it names (the From Python block builds on a local cluster of its own:
+    tests/test_api.py runs it). A version a block names is the one its build prints."""
+    home, version = newcomer
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for job in ("targets-imagefolder", "targets-multilabel"):
+        if not (home / "workflows" / f"{job}.yaml").exists():
+            shutil.copy(REPO / "workflows" / f"{job}.yaml", home / "workflows" / f"{job}.yaml")
+        built = run([PACKER, "build", f"workflows/{job}.yaml", "-q"], home)
+        printed = re.search(rf"^dataset {job} version ([0-9a-f]{{12}})\b", built.stdout, flags=re.M)  # or reused
+        assert printed is not None, built.stdout
+        quoted = set(re.findall(rf"build/{job}/([0-9a-f]{{12}})", readme))
+        assert quoted <= {printed[1]}, f"README.md quotes {job} version(s) {quoted}; its build prints {printed[1]}"
+    from_python = readme.split("\n## From Python: `packer.build`", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme, flags=re.S | re.M) if b not in from_python]
+    assert len(blocks) >= 8
+    for block in blocks:
+        assert "<version>" not in block and (f"build/demo/{version}" in block or "build/demo/" not in block)
+        run([sys.executable, "-c", block], home)

@@ -8,6 +8,7 @@ on ranks × workers; a loader resumes mid-epoch and refuses a state saved for an
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -240,7 +241,8 @@ def test_mixed_shapes_across_members_meet_the_collate_rules(tmp_path: Path) -> N
 
 
 def test_train_example_trains_a_mix_and_refuses_to_resume_another(manifests: dict[str, Path], tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from tests.test_loader_train import load_example
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -256,10 +258,15 @@ def test_train_example_trains_a_mix_and_refuses_to_resume_another(manifests: dic
     assert Counter(k.split("/")[0] for k in keys) == {"fixture": 70, "fixture.2": 30}
 
     other = ["--mix", f"{manifests['a'].parent}=0.5", "--mix", f"{manifests['b'].parent}=0.5"]
-    with pytest.raises(SystemExit, match=r"cannot resume from .*ckpt.pt: .*mix saved .*×0.7 .*, now .*×0.5"):
+    with pytest.raises(SystemExit) as other_mix:
         example.main([*other, *common, "--resume"])
-    with pytest.raises(SystemExit, match="--sources names sources of one dataset"):
+    assert other_mix.value.code == 2
+    assert re.search(r"^train\.py: cannot resume from .*ckpt.pt: .*mix saved .*×0.7 .*, now .*×0.5",
+                     capsys.readouterr().err, flags=re.M)
+    with pytest.raises(SystemExit) as sources:
         example.main([*mix, *common, "--sources", "photos"])
+    assert sources.value.code == 2
+    assert "train.py: --sources names sources of one dataset" in capsys.readouterr().err
 
 
 def test_ranks_are_the_mixes_and_a_member_made_for_another_rank_is_refused(manifests: dict[str, Path]) -> None:

@@ -262,7 +262,7 @@ def test_train_example_names_the_shapes_or_trains_on_a_view(mixed: BuildResult) 
     script = REPO / "examples" / "train.py"
     refused = subprocess.run([sys.executable, str(script), "--manifest", str(mixed.version_dir), "--epochs", "1",
                               "--workers", "0"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode != 0 and "several shapes" in refused.stderr and "--sources" in refused.stderr
+    assert refused.returncode == 2 and "several shapes" in refused.stderr and "--sources" in refused.stderr
     # the manifest records shapes per source over all splits: the message says so, not "the train samples have"
     assert "this dataset's sources hold samples of several shapes" in refused.stderr
     assert "over every split, so the train split may hold fewer" in refused.stderr

@@ -108,3 +108,33 @@ def test_every_bad_sample_reason_code_is_documented() -> None:
     section = README.split("## Bad-sample reason codes", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"`([a-z_]+)`", section))
     assert set(REASONS) - documented == set(), "add these reason codes to the README's table"
+
+
+def readme_python_blocks() -> list[tuple[int, str]]:
+    """Each ```python block of the README, with the line its code starts on."""
+    return [(README[:m.start(1)].count("\n") + 1, m[1])
+            for m in re.finditer(r"^```python\n(.*?)^```", README, flags=re.S | re.M)]
+
+
+def test_every_readme_python_block_runs_as_pasted_with_nothing_to_fill_in() -> None:
+    """A newcomer pastes a block as it is: no ``<version>`` or ``<path>`` to replace, and no name
+    (``manifest``, ``model``, ``epochs``, ``backbone``, ``torch``) that an earlier block or the
+    reader's own code was supposed to define. tests/test_golden_path.py runs them after the builds."""
+    import builtins
+    import symtable
+
+    blocks = readme_python_blocks()
+    assert len(blocks) >= 8
+    for line, code in blocks:
+        assert not re.search(r"<[a-z][\w-]*>", code), f"README.md line {line}: a placeholder to fill in:\n{code}"
+        table = symtable.symtable(code, f"README.md:{line}", "exec")
+        defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+        used: set[str] = set()
+        pending = [table]
+        while pending:
+            scope = pending.pop()
+            used |= {s.get_name() for s in scope.get_symbols()
+                     if s.is_referenced() and (s.is_global() or scope is table) and not s.is_assigned()}
+            pending.extend(scope.get_children())
+        undefined = sorted(used - defined - set(dir(builtins)))
+        assert not undefined, f"README.md line {line}: the block uses {undefined} without defining them:\n{code}"

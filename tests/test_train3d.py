@@ -70,13 +70,38 @@ def test_class_volumes_train_with_cross_entropy_and_resume(tmp_path: Path, examp
     assert all(math.isfinite(loss) for loss in first["losses"] + rest["losses"])
 
 
-def test_a_2d_dataset_is_refused_with_a_pointer_to_train_py(tmp_path: Path, example: ModuleType) -> None:
+def test_a_2d_dataset_is_refused_with_a_pointer_to_train_py(tmp_path: Path, example: ModuleType,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset of the wrong dimension is a usage error, exit 2, as a missing manifest is (it
+    exited 1, packer's "internal error", while the missing manifest exited 2)."""
     raw = tmp_path / "raw"
     for i in range(2):
         _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
     result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}]))
-    with pytest.raises(SystemExit, match=r"holds 2-D samples \(layout CHW.*examples/train\.py"):
+    with pytest.raises(SystemExit) as wrong:
         _run(example, result.version_dir)
+    assert wrong.value.code == 2
+    assert re.match(r"train3d\.py: .* holds 2-D samples \(layout CHW.*examples/train\.py", capsys.readouterr().err)
+    with pytest.raises(SystemExit) as missing:
+        _run(example, tmp_path / "no-such-version")
+    assert missing.value.code == 2 and capsys.readouterr().err.startswith("train3d.py: ")
+
+
+def test_train_py_refuses_volumes_with_exit_2_as_it_refuses_a_missing_manifest(
+        tmp_path: Path, example: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/train.py given volumes: exit 2 and a pointer to train3d.py, on stderr; it exited
+    1 (packer's "internal error") while a missing manifest exited 2 (README, exit codes)."""
+    version = _volumes(tmp_path, {"label": "none"})
+    flat = example.shared  # examples/train.py, as train3d.py imports it
+    args = ["--epochs", "1", "--batch-size", "2", "--workers", "0", "--device", "cpu"]
+    with pytest.raises(SystemExit) as volumes:
+        flat.main(["--manifest", str(version), *args])
+    said = capsys.readouterr().err
+    assert volumes.value.code == 2, said
+    assert re.match(r"train\.py: .* holds volumes \(layout CDHW.*\); train them with examples/train3d\.py", said)
+    with pytest.raises(SystemExit) as missing:
+        flat.main(["--manifest", str(tmp_path / "no-such-version"), *args])
+    assert missing.value.code == 2 and capsys.readouterr().err.startswith("train.py: ")
 
 
 @pytest.fixture(scope="module")

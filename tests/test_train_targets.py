@@ -90,15 +90,18 @@ def test_the_example_trains_an_epoch_on_every_target_kind(tmp_path: Path, capsys
                      flags=re.M)
 
 
-def test_masks_of_several_frames_stop_with_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_masks_of_several_frames_stop_with_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     raw = _ct_set(tmp_path, frames=2)
     source = {"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"),
               "mask": {"column": "mask", "classes": [0, 1, 2, 3]}}
     stacked = {"windows": [{"center": 250, "width": 2000}], "frames": "stack"}  # 2-frame images, 2-frame masks
     result = _build(_job(tmp_path, [source], transform={"dicom": stacked}))
-    with pytest.raises(SystemExit, match="masks have 2 frames; this example segments one"):
+    with pytest.raises(SystemExit) as stopped:
         _example().main(["--manifest", str(result.version_dir), "--epochs", "1", "--workers", "0", "--device", "cpu"])
+    assert stopped.value.code == 2  # a dataset this example does not train: a usage error, as packer's table says
+    assert "train.py: the masks have 2 frames; this example segments one" in capsys.readouterr().err
 
 
 def test_the_masked_loss_averages_only_the_entries_the_mask_keeps() -> None:

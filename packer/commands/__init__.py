@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from packer.errors import PackerError, refused_write
+from packer.errors import COMMAND_LINE, PackerError, called_from, refused_write
 from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redact_names, redacting
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,7 +76,7 @@ def exits(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         forget_jobs()  # the roots of the job this command loads, not of one an earlier command in-process loaded
         try:
-            with _noted_interrupts() as interrupted:
+            with _noted_interrupts() as interrupted, called_from(COMMAND_LINE):  # messages name its flags
                 result = fn(*args, **kwargs)
                 if interrupted:
                     raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)

@@ -44,7 +44,9 @@ from packer.errors import (
     FileSystemError,
     PackerError,
     blocking_file,
+    output_elsewhere,
     refused_write,
+    surface,
 )
 from packer.exclusions import exclusion_counts, write_excluded
 from packer.files import TMP_SUFFIX, atomic_output, human_bytes
@@ -77,7 +79,7 @@ from packer.pipeline.publish import (
 )
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import (
-    CACHE_ELSEWHERE,
+    cache_elsewhere,
     chunk_of,
     referenced_entries,
     remove_stale_temporaries,
@@ -338,7 +340,7 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
 
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
-    check_output_folder(folder, output=output, named_by="--out" if options.out else "the job's output")
+    check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -380,8 +382,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
 
     if options.fresh and cache_dir.is_dir():
         shutil.rmtree(cache_dir)
-    chosen_by = "the local work folder ($PACKER_WORK_DIR)" if remote else "--out" if options.out else "the job's output"
-    check_output_folder(dataset_root, output=output, named_by=chosen_by)
+    check_output_folder(dataset_root, output=output, named_by=_output_named(options, output, remote=bool(remote)))
     check_cache_folder(cache_dir, named_by=cache_named_by)
     _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet)
     unused_key = unused_key_warning(job.phi)
@@ -390,7 +391,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if remote is None and cache_dir.is_relative_to(output):
         _warn(f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder {output}: it names raw "
               "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "
-              "outside it (packer build --cache-dir DIR)")
+              f"outside it ({surface().call('build', 'cache_dir', placeholder='DIR')})")
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
@@ -529,7 +530,7 @@ def _shared_probe(cache_dir: Path) -> Iterator[Path]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         probe.touch()
     except OSError as err:
-        refused = refused_write(err, probe, opening=True, elsewhere=CACHE_ELSEWHERE)
+        refused = refused_write(err, probe, opening=True, elsewhere=cache_elsewhere())
         if refused is None:
             raise
         raise refused from err
@@ -544,20 +545,28 @@ def _shared_paths(job: JobConfig, probe: Path, cache_named_by: str) -> list[Shar
     each local source root (README, Running on a cluster: Storage)."""
     paths: list[SharedPath] = [(str(probe), f"the build cache folder ({cache_named_by})",
                                 "mount it at the same path on every worker, or choose a folder they all share "
-                                "(packer build --cache-dir DIR, or PACKER_WORK_DIR)", "file")]
+                                f"({surface().call('build', 'cache_dir', placeholder='DIR')}, or PACKER_WORK_DIR)",
+                                "file")]
     return [*paths, *shared_roots(job)]
+
+
+def _output_named(options: BuildOptions, output: Path, *, remote: bool) -> str:
+    """What chose the output folder ``output``, with it, for messages: ``--out DIR`` (``out='DIR'``
+    from Python), the job's ``output``, or the local work folder of a build for a URL."""
+    if remote:
+        return f"the local work folder ($PACKER_WORK_DIR) {output}"
+    return surface().option("out", output) if options.out else f"the job's output {output}"
 
 
 def check_output_folder(folder: Path, *, output: Path, named_by: str) -> None:
     """Raise ConfigError, before any work starts, when a file stands where ``folder`` (inside the
-    ``output`` folder the user named with ``named_by``: ``--out`` or the job's ``output``) or one
-    of its parents must be a folder. Creates nothing: a job refused later leaves no trace."""
+    ``output`` folder that ``named_by`` names, with it: :func:`_output_named`) or one of its
+    parents must be a folder. Creates nothing: a job refused later leaves no trace."""
     blocker = blocking_file(folder)
     if blocker is None:
         return
-    fix = ("choose another output folder (packer build --out DIR)" if blocker in (output, *output.parents)
-           else "remove that file, or choose another output folder (packer build --out DIR)")
-    raise ConfigError(f"{named_by} {output}: cannot create the folder {folder}: {blocker} is a file, not a "
+    fix = output_elsewhere() if blocker in (output, *output.parents) else f"remove that file, or {output_elsewhere()}"
+    raise ConfigError(f"{named_by}: cannot create the folder {folder}: {blocker} is a file, not a "
                       f"folder; {fix}")
 
 
@@ -576,14 +585,15 @@ def cache_location(name: str, options: BuildOptions, *, output: Path, remote: st
     """
     location = remote if remote is not None else str(output)
     if options.cache_dir is not None:
-        return build_cache_dir(name, location, options.cache_dir), "--cache-dir"
+        return build_cache_dir(name, location, options.cache_dir), surface().name("cache_dir")
     explicit = options.work_dir is not None or bool(os.environ.get(WORK_DIR_ENV))
     folder = build_cache_dir(name, location, work=options.work_dir)
     if options.scheduler not in (None, "sync") and not explicit:
         raise ConfigError(
-            f"--scheduler {options.scheduler}: the cluster's workers write and read the build cache, so it must be "
-            f"on a file system every worker mounts at the same path; the default, {folder.parent}, is in this "
-            f"user's home on this machine. Set {WORK_DIR_ENV} (or pass --cache-dir DIR) to a shared folder outside "
+            f"{surface().option('scheduler', options.scheduler)}: the cluster's workers write and read the build "
+            f"cache, so it must be on a file system every worker mounts at the same path; the default, "
+            f"{folder.parent}, is in this user's home on this machine. Set {WORK_DIR_ENV} (or pass "
+            f"{surface().option('cache_dir', placeholder='DIR')}) to a shared folder outside "
             "the output folder (the cache names raw file paths, entity ids and dates, so it does not belong with "
             f"the dataset), e.g. {WORK_DIR_ENV}=/shared/packer-work")
     named_by = ("the work folder (work_dir)" if options.work_dir is not None
@@ -597,8 +607,7 @@ def check_cache_folder(folder: Path, *, named_by: str) -> None:
     blocker = blocking_file(folder)
     if blocker is not None:
         raise ConfigError(f"the build cache folder {folder} ({named_by}): {blocker} is a file, not a folder; remove "
-                          f"that file, or choose another cache folder (packer build --cache-dir DIR, or set "
-                          f"{WORK_DIR_ENV})")
+                          f"that file, or {cache_elsewhere()}")
 
 
 def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: bool) -> None:
@@ -611,12 +620,13 @@ def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: b
     if fresh:
         shutil.rmtree(legacy)
         if not quiet:
-            print(f"packer: removed the old build cache {legacy} (--fresh); the cache is now kept in "
-                  f"{cache_dir}", flush=True)
+            print(f"packer: removed the old build cache {legacy} ({surface().option('fresh')}); the cache is now "
+                  f"kept in {cache_dir}", flush=True)
         return
     _warn(f"{legacy} is a build cache left in the output folder by an earlier packer; this build does not use "
           f"it (the cache is now kept in {cache_dir}, outside the output). It names raw file paths, entity ids "
-          f"and dates: delete it (rm -r {legacy}) or build once with --fresh, which deletes it, before sharing "
+          f"and dates: delete it (rm -r {legacy}) or build once with {surface().option('fresh')}, which deletes it, "
+          "before sharing "
           "the output folder")
 
 

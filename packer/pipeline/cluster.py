@@ -7,6 +7,7 @@ output never depends on which worker finished first.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import logging
@@ -15,10 +16,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ClusterLostError, ConfigError, PackerError
+from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
 from packer.manifest import library_versions
 
 T = TypeVar("T")
@@ -191,11 +193,16 @@ def _unseen_shared(shared: tuple[SharedPath, ...]) -> ConfigError | None:
 
 
 def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
-         shared: tuple[SharedPath, ...] = ()) -> R | _RunDefect:
+         shared: tuple[SharedPath, ...] = (), caller: Surface | None = None) -> R | _RunDefect:
     """Dask task: ``fn(item)``, or the PackerError it raised as a :class:`_RunDefect`. With
     ``expected`` (the client's :func:`environment`), a worker whose environment differs runs
     nothing and returns the ConfigError that says so; likewise a worker that cannot see one of
-    ``shared`` (:meth:`Executor.require_shared`)."""
+    ``shared`` (:meth:`Executor.require_shared`). ``caller``: the client's
+    :func:`~packer.errors.surface`, so that a message made in the worker names the options as
+    the caller gave them (a keyword argument from Python, a flag from the command line)."""
+    if caller is not None:
+        with called_from(caller):
+            return _run(fn, item, expected, shared)
     if expected is not None:
         mismatch = _environment_mismatch(expected)
         if mismatch is not None:
@@ -297,6 +304,7 @@ class Executor:
         from distributed.scheduler import KilledWorker
 
         client = self.client
+        caller = surface()  # the workers' messages name the options as this run's caller gave them
         names = list(keys) if keys is not None else [None] * len(items)
         item_of: dict[Any, T] = {}
         running = as_completed()
@@ -305,7 +313,7 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, self.expected, self.shared, key=names[submitted],
+            future = client.submit(_run, fn, item, self.expected, self.shared, caller, key=names[submitted],
                                    pure=False)
             item_of[future.key] = item
             running.add(future)
@@ -363,10 +371,11 @@ def open_executor(scheduler: str | None = None, workers: int | None = None,
     if scheduler is not None and workers is not None:
         runs = ("every task runs in this one process" if scheduler == "sync"
                 else "the tasks run on that scheduler's own workers")
-        print(f"packer: warning: --workers {workers} sizes the local cluster only; with --scheduler {scheduler} "
+        print(f"packer: warning: {surface().option('workers', workers)} sizes the local cluster only; with "
+              f"{surface().option('scheduler', scheduler)} "
               f"{runs}", file=sys.stderr, flush=True)
     if scheduler == "sync":
-        yield Executor(None, "this one process (--scheduler sync)")
+        yield Executor(None, f"this one process ({surface().option('scheduler', 'sync')})")
         return
     with _cluster_config():
         yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))),
@@ -410,6 +419,39 @@ UNGUARDED_SCRIPT = ("each worker process of the local dask cluster imports the s
                     "do so under `if __name__ == \"__main__\":` (or from a function called there)")
 
 
+def unguarded_script() -> str | None:
+    """The script whose top-level code runs this call outside an ``if __name__ == "__main__":``
+    block (directly, or through a function it calls there), or None: a call from the command
+    line, a notebook, ``python -c``, a guarded block, or a script whose source cannot be read.
+    Such a call runs again in every worker process the local cluster spawns, which re-imports
+    the script, and there :func:`packer.api._refuse_worker_reimport` refuses it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            script = frame.f_globals.get("__file__")
+            if not isinstance(script, str) or os.path.abspath(frame.f_code.co_filename) != os.path.abspath(script):
+                return None
+            try:
+                tree = ast.parse(Path(script).read_text(encoding="utf-8"), filename=script)
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+                return None  # not a script spawn can import again either: say nothing more than before
+            line = frame.f_lineno
+            guarded = any(isinstance(node, ast.If) and _is_main_test(node.test) and node.body[0].lineno <= line
+                          <= (node.body[-1].end_lineno or node.body[-1].lineno) for node in tree.body)
+            return None if guarded else script
+        frame = frame.f_back
+    return None
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
 def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
                       log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
     from distributed import Client, LocalCluster
@@ -426,6 +468,10 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
             except RuntimeError as err:
                 if "failed to start" not in str(err):
                     raise
+                script = unguarded_script()
+                if script is not None:  # the workers ran its call again and refused it: a usage error
+                    raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
+                                      f"({str(err).rstrip('.')}): {UNGUARDED_SCRIPT}") from err
                 raise PackerError(f"the local dask cluster's worker processes did not start "
                                   f"({str(err).rstrip('.')}). If packer is called from a script: "
                                   f"{UNGUARDED_SCRIPT}") from err
@@ -439,15 +485,16 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         return
     a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
     if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
-        raise ConfigError(f"--scheduler {scheduler}: no such scheduler file; give the file `dask scheduler "
-                          "--scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
+        raise ConfigError(f"{surface().option('scheduler', scheduler)}: no such scheduler file; give the file "
+                          "`dask scheduler --scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
     with _held_interrupts() as starting:
         try:
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
                       else Client(scheduler, timeout="30s"))
         except OSError as err:
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect to the dask scheduler ({err}); "
-                              "start one with `dask scheduler` or omit --scheduler for a local cluster") from err
+            raise ConfigError(f"{surface().option('scheduler', scheduler)}: cannot connect to the dask scheduler "
+                              f"({err}); start one with `dask scheduler` or {surface().omit('scheduler')} for a "
+                              "local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
     try:
@@ -462,9 +509,9 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
-    return ConfigError(f"--scheduler {scheduler}: not a dask scheduler address ({err}); give tcp://host:port, the "
-                       "file `dask scheduler --scheduler-file FILE` wrote, or sync; omit --scheduler for a local "
-                       "cluster")
+    return ConfigError(f"{surface().option('scheduler', scheduler)}: not a dask scheduler address ({err}); give "
+                       "tcp://host:port, the file `dask scheduler --scheduler-file FILE` wrote, or sync; "
+                       f"{surface().omit('scheduler')} for a local cluster")
 
 
 def check_scheduler(scheduler: str | None) -> None:

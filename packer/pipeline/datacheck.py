@@ -26,7 +26,7 @@ from xml.etree import ElementTree as ET
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, FileSystemError, LeakageError
+from packer.errors import BadFractionError, FileSystemError, LeakageError, surface
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
@@ -270,26 +270,29 @@ def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
             if rule["severity"] == "fail" and not rule["passed"]}
 
 
-#: The fix for a --json or --junit file the file system refuses: there is no output folder to move.
-REPORT_ELSEWHERE = "write the file elsewhere (another --json/--junit FILE)"
+def report_elsewhere(option: str) -> str:
+    """The fix for a --json or --junit file the file system refuses: there is no output folder to move."""
+    shown = surface().option(option, placeholder="ANOTHER_PATH") if surface().python else f"another --{option} FILE"
+    return f"write the file elsewhere ({shown})"
 
 
 @contextlib.contextmanager
 def _report_file(path: Path, option: str) -> Iterator[Any]:
-    """:func:`~packer.files.atomic_output` for a report the user named with ``option``: any
+    """:func:`~packer.files.atomic_output` for a report the user named with ``option`` (``json``
+    or ``junit``, named as the caller names it: :func:`packer.errors.surface`): any
     OSError creating or writing it (a folder that cannot hold files, such as /proc, a name the
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
     never a traceback."""
     try:
-        with atomic_output(path, elsewhere=REPORT_ELSEWHERE) as fh:
+        with atomic_output(path, elsewhere=report_elsewhere(option)) as fh:
             yield fh
     except OSError as err:
-        raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give {option} a path in a writable "
-                              "folder") from err
+        raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give "
+                              f"{surface().name(option)} a path in a writable folder") from err
 
 
 def write_json(result: ValidateResult, path: Path) -> None:
-    with _report_file(path, "--json") as fh:
+    with _report_file(path, "json") as fh:
         fh.write(json.dumps(summary(result), indent=2, sort_keys=True).encode() + b"\n")
 
 
@@ -347,5 +350,5 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     properties = ET.Element("properties")  # before the test cases, where the JUnit schema puts them
     properties.extend([ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
     suite.insert(0, properties)
-    with _report_file(path, "--junit") as fh:
+    with _report_file(path, "junit") as fh:
         fh.write(ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.config import LimitsConfig
-from packer.errors import ConfigError, refused_write
+from packer.errors import ConfigError, refused_write, surface
 from packer.read.kinds import source_kind
 from packer.read.limits import file_size_problem
 from packer.records import Issue, SampleRef
@@ -100,7 +100,8 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
         entries: dict[str, dict[str, Any]] = fs.find(path, detail=True)
         if not entries and not fs.isdir(path):
             raise ConfigError(f"{where}: nothing under {root}: no such folder or prefix; check the URL, the "
-                              "endpoint (AWS_ENDPOINT_URL or --storage-option endpoint_url=...) and the credentials")
+                              f"endpoint (AWS_ENDPOINT_URL or {surface().storage_options(endpoint_url='...')}) and "
+                              "the credentials")
     except ConfigError:
         raise
     except remote_errors() as err:

@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from packer.config import JobConfig, SourceConfig
-from packer.errors import OUTPUT_ELSEWHERE, FileSystemError
+from packer.errors import FileSystemError, output_elsewhere, surface
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
@@ -191,8 +191,10 @@ def signature_name(key: str) -> str:
     return f"{key}.sig.npy"
 
 
-#: The fix for a cache write a full or read-only disk refused: the cache is not in the output folder.
-CACHE_ELSEWHERE = "choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"
+def cache_elsewhere() -> str:
+    """The fix for a cache write a full or read-only disk refused: the cache is not in the output folder."""
+    option = surface().call("build", "cache_dir", placeholder="DIR")
+    return f"choose another cache folder ({option}, or set PACKER_WORK_DIR)"
 
 
 @contextlib.contextmanager
@@ -203,9 +205,9 @@ def cache_output(path: Path) -> Iterator[Any]:
         with atomic_output(path, durable=False) as fh:
             yield fh
     except FileSystemError as err:
-        if OUTPUT_ELSEWHERE not in str(err):  # not this file's refusal (e.g. fetching a raw file into TMPDIR)
+        if output_elsewhere() not in str(err):  # not this file's refusal (e.g. fetching a raw file into TMPDIR)
             raise
-        raise FileSystemError(str(err).replace(OUTPUT_ELSEWHERE, CACHE_ELSEWHERE)) from err
+        raise FileSystemError(str(err).replace(output_elsewhere(), cache_elsewhere())) from err
 
 
 SPILL_SUFFIX = ".spill"

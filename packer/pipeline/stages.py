@@ -41,7 +41,7 @@ import numpy as np
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
-from packer.errors import ConfigError, refused_write
+from packer.errors import ConfigError, refused_write, surface
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
@@ -65,7 +65,7 @@ from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import CACHE_ELSEWHERE, SpillConsumer, lost_versions
+from packer.pipeline.spill import SpillConsumer, cache_elsewhere, lost_versions
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
 from packer.progress import Progress
 from packer.read.kinds import source_libraries
@@ -141,7 +141,7 @@ def _make_cache_folder(cache_dir: Path) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        refused = refused_write(err, cache_dir, opening=True, elsewhere=CACHE_ELSEWHERE)
+        refused = refused_write(err, cache_dir, opening=True, elsewhere=cache_elsewhere())
         if refused is None:
             raise
         raise refused from err
@@ -446,7 +446,7 @@ def _shared_scratch(sig_dir: Path | None) -> list[SharedPath]:
     probe.touch()
     return [(str(probe), "the work folder's signature folder ($PACKER_WORK_DIR)",
              "set PACKER_WORK_DIR to a folder every worker mounts at the same path (the near-copy check's "
-             "signatures go there), or validate with --quick (no pixels, no signatures)", "file")]
+             f"signatures go there), or validate with {surface().option('quick')} (no pixels, no signatures)", "file")]
 
 
 def _scratch_folder() -> Path:
@@ -512,8 +512,8 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         if lost:
             files = sum(c.files for c in prepared.chunks if not c.reused and c.key in lost)
             print(f"packer: decoded {files} files again: the build cache read their samples back from "
-                  f"{', '.join(sorted(set(lost.values())))}, which is gone or changed (packer build --keep-spill "
-                  "keeps a copy in the cache instead)", flush=True)
+                  f"{', '.join(sorted(set(lost.values())))}, which is gone or changed "
+                  f"({surface().call('build', 'keep_spill')} keeps a copy in the cache instead)", flush=True)
     if through == "audit":
         return StageRun(prepared)
     if cache_dir is None or staging is None or leakage_dir is None:
