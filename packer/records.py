@@ -55,7 +55,6 @@ REASONS = (
     "series_incomplete",
     "missing_entity",
     "missing_time",
-    "straddles_cutoff",
     "not_in_split",
     "missing_file",
     "ambiguous_path",
@@ -144,9 +143,11 @@ class Issue:
 #: row naming no file under the root, under the table's ``missing: drop``: a partial download),
 #: ``unsupported_format`` (a file of a format its source's kind finds but does not read: a WebP or
 #: GIF under an image source, an NRRD or MGZ volume under a NIfTI source; its detail says how to
-#: convert it).
+#: convert it), ``label_map`` (a file of a source without a table whose folder or name marks it
+#: as a mask or label map), ``straddles_cutoff`` (a record of an entity that straddles a time
+#: split's cutoff, left out by ``split.entity_policy: drop_straddlers``; stage ``split``).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
-              "not_downloaded", "unsupported_format", "label_map")
+              "not_downloaded", "unsupported_format", "label_map", "straddles_cutoff")
 
 
 @dataclass(frozen=True)

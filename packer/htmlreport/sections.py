@@ -312,7 +312,8 @@ def _render_excluded(data: ReportData) -> str:
             "(drop_group); not_downloaded: a table row whose file is not under the root (missing: drop); "
             "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG; "
             "label_map: a file a source without a table would pack as an image, though its folder or name marks "
-            "it as a mask or label map (masks/, labelsTr/, *_seg).</p>"
+            "it as a mask or label map (masks/, labelsTr/, *_seg); straddles_cutoff: a record of an entity that "
+            "straddles a time split's cutoff, left out by entity_policy: drop_straddlers.</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:

@@ -248,6 +248,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
             warned.append((code, warning))
     issues.extend(assignment.dropped)
+    excluded.extend(assignment.excluded)
     split = assignment.split
     keys = samples.column("key")
     kept = samples.take([i for i, key in enumerate(keys) if key in split])
