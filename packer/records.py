@@ -207,6 +207,10 @@ class Sample:
     #: (:func:`packer.read.dicom_render.stored_digest`; ``""`` elsewhere): two samples with equal
     #: ones are exact duplicates whatever each was windowed to
     stored_digest: str = ""
+    #: A digest of the object's globally unique id where its reader knows one (a DICOM slice's
+    #: SOP Instance UID, :func:`packer.read.dicom_render.instance_digest`; ``""`` elsewhere and in
+    #: series jobs): two entities' files with one are a mix-up the build warns of
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +251,8 @@ class SpilledSample:
     #: share their digest with every other blank one of the same shape while showing nothing of
     #: an image, so they are no duplicate evidence (:func:`packer.pipeline.dedup.exact_groups`)
     blank: bool = False
+    #: :attr:`Sample.instance` of the sample (``""`` where its reader knows no unique id)
+    instance: str = ""
 
     @property
     def nbytes(self) -> int:
