@@ -55,7 +55,6 @@ REASONS = (
     "series_incomplete",
     "missing_entity",
     "missing_time",
-    "straddles_cutoff",
     "not_in_split",
     "missing_file",
     "ambiguous_path",
@@ -144,9 +143,11 @@ class Issue:
 #: row naming no file under the root, under the table's ``missing: drop``: a partial download),
 #: ``unsupported_format`` (a file of a format its source's kind finds but does not read: a WebP or
 #: GIF under an image source, an NRRD or MGZ volume under a NIfTI source; its detail says how to
-#: convert it).
+#: convert it), ``label_map`` (a file of a source without a table whose folder or name marks it
+#: as a mask or label map), ``straddles_cutoff`` (a record of an entity that straddles a time
+#: split's cutoff, left out by ``split.entity_policy: drop_straddlers``; stage ``split``).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
-              "not_downloaded", "unsupported_format", "label_map")
+              "not_downloaded", "unsupported_format", "label_map", "straddles_cutoff")
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,10 @@ class Sample:
     #: (:func:`packer.read.dicom_render.stored_digest`; ``""`` elsewhere): two samples with equal
     #: ones are exact duplicates whatever each was windowed to
     stored_digest: str = ""
+    #: A digest of the object's globally unique id where its reader knows one (a DICOM slice's
+    #: SOP Instance UID, :func:`packer.read.dicom_render.instance_digest`; ``""`` elsewhere and in
+    #: series jobs): two entities' files with one are a mix-up the build warns of
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +251,8 @@ class SpilledSample:
     #: share their digest with every other blank one of the same shape while showing nothing of
     #: an image, so they are no duplicate evidence (:func:`packer.pipeline.dedup.exact_groups`)
     blank: bool = False
+    #: :attr:`Sample.instance` of the sample (``""`` where its reader knows no unique id)
+    instance: str = ""
 
     @property
     def nbytes(self) -> int:

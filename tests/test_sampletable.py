@@ -75,7 +75,7 @@ def test_few_distinct_values_are_kept_once() -> None:
     assert values == ("normal",) and codes.dtype == np.int32 and set(codes.tolist()) == {0}
     assert table.codes("shape")[1] == ((2, 4, 4),)
     # per record: 98 bytes of text, 9 per text field (end offset, null flag), 4 per code, 8 per number
-    assert len(pickle.dumps(table)) < 1000 * (98 + 8 * 9 + 9 * 4 + 7 * 8 + 5)
+    assert len(pickle.dumps(table)) < 1000 * (98 + 9 * 9 + 9 * 4 + 7 * 8 + 5)
     # and no Python object per record or per distinct value: as many objects as for 3 records
     assert objects_reachable_from(table) == objects_reachable_from(table.take([0, 1, 2]))
 

@@ -188,11 +188,38 @@ def test_time_split_puts_whole_entity_where_it_first_appears() -> None:
     assert hidden.rule("time_order").findings[0]["train_samples"][0]["key"] == "s-000001"
 
 
-def test_drop_straddlers_reports_the_dropped_records() -> None:
+def test_time_order_names_valid_records_that_fall_in_the_test_period() -> None:
+    # B is first seen in valid and again after the test cutoff: first_seen keeps its 2024-09
+    # record in valid, after test's earliest record. The rule compared train with the later
+    # splits only, so it said nothing; train's own findings keep their fields.
+    samples = [sample(0, "A", time="2023-05-01"), sample(1, "B", time="2024-02-01"),
+               sample(2, "B", time="2024-09-01"), sample(3, "C", time="2024-08-01")]
+    assignment = assign_splits(samples, TIME)
+    assert assignment.split == {"s-000000": "train", "s-000001": "valid", "s-000002": "valid", "s-000003": "test"}
+    report = audit_assignment(samples, assignment, TIME)
+    assert report.rule("time_order").count == 1
+    finding = report.rule("time_order").findings[0]
+    assert (finding["from"], finding["split"], finding["valid_samples_after"]) == ("valid", "test", 1)
+    assert [(s["key"], s["entity_id"]) for s in finding["valid_samples"]] == [("s-000002", "B")]
+    assert (finding["earliest"], finding["latest_valid"]) == ("2024-08-01", "2024-09-01")
+    assert "drop_straddlers" in finding["fix"] and "valid records fall in test's period" in finding["fix"]
+    hidden = audit_assignment(samples, assignment, TIME, show_paths=False, show_dates=False)
+    assert "2024" not in json.dumps(hidden.rule("time_order").findings)
+    # and train against valid and test at once: each later split its finding, train's fields as before
+    samples.append(sample(4, "A", time="2024-10-01"))
+    findings = audit_assignment(samples, assign_splits(samples, TIME), TIME).rule("time_order").findings
+    assert [(f.get("from", "train"), f["split"]) for f in findings] == [("train", "valid"), ("train", "test"),
+                                                                       ("valid", "test")]
+    assert set(findings[0]) == {"split", "train_samples_after", "train_samples", "fix", "earliest", "latest_train"}
+
+
+def test_drop_straddlers_lists_the_records_it_leaves_out_as_excluded_not_bad() -> None:
     samples = [sample(0, "A", time="2023-05-01"), sample(1, "A", time="2024-08-01"), sample(2, "B", time="2024-02-01")]
     assignment = assign_splits(samples, replace(TIME, entity_policy="drop_straddlers"))
     assert assignment.split == {"s-000000": "train", "s-000002": "valid"}
-    assert [(i.sample_id, i.reason, i.stage) for i in assignment.dropped] == [("s-000001", "straddles_cutoff", "split")]
+    assert assignment.dropped == ()  # left out on purpose: no bad sample
+    assert [(e.sample_id, e.why, e.stage) for e in assignment.excluded] == [("s-000001", "straddles_cutoff", "split")]
+    assert "falls in test" in assignment.excluded[0].detail and "drop_straddlers" in assignment.excluded[0].detail
 
 
 def test_the_group_share_counts_only_the_records_a_split_holds_after_dropping_straddlers() -> None:
@@ -206,7 +233,7 @@ def test_the_group_share_counts_only_the_records_a_split_holds_after_dropping_st
     samples += [sample(10 + i, f"P{i}", time="2023-04-01") for i in range(4)]
     cfg = replace(TIME, entity_policy="drop_straddlers")
     assignment = assign_splits(samples, cfg)
-    assert len(assignment.split) == 8 and len(assignment.dropped) == 6
+    assert len(assignment.split) == 8 and len(assignment.excluded) == 6
     finding = audit_assignment(samples, assignment, cfg).rule("split_balance").findings[0]
     assert (finding["group_size"], finding["group_share"]) == (4, 0.5)
     assert "holds 4 samples (50%" in finding["summary"]

@@ -146,7 +146,7 @@ def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
             group = _group(rule, [finding["a"], finding["b"]], _evidence(finding))
         elif isinstance(finding.get("samples"), list):
             group = _group(rule, finding["samples"], size=int(finding.get("size") or len(finding["samples"])))
-        elif "earliest" in finding or "latest_train" in finding:
+        elif "earliest" in finding or "latest_train" in finding or "latest_valid" in finding:
             out.time_order.append(finding)
         if group is not None:
             out.groups.append(group)

@@ -319,7 +319,8 @@ def _render_excluded(data: ReportData) -> str:
             "(drop_group); not_downloaded: a table row whose file is not under the root (missing: drop); "
             "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG; "
             "label_map: a file a source without a table would pack as an image, though its folder or name marks "
-            "it as a mask or label map (masks/, labelsTr/, *_seg).</p>"
+            "it as a mask or label map (masks/, labelsTr/, *_seg); straddles_cutoff: a record of an entity that "
+            "straddles a time split's cutoff, left out by entity_policy: drop_straddlers.</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:
@@ -352,7 +353,7 @@ RULE_TEXT = {
     "near_duplicates_across_splits": "verified near copies in two splits",
     "exact_duplicates_within_split": "the same packed pixels twice in one split",
     "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
-    "time_order": "valid/test records not after the latest train record",
+    "time_order": "valid/test records not after the latest record of an earlier split",
     "label_conflicts": "copies of one image whose targets (or masks) disagree",
     "entity_lookalikes": "entity ids that differ only in case, spacing or leading zeros (likely one patient)",
     "duplicates": "duplicate pairs",
@@ -480,8 +481,11 @@ def render_leakage(data: ReportData) -> str:
         parts.append(_conflicts_table(audit.conflicts, limit))
     if audit.time_order:
         rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
-                f"<td>{esc(f.get('latest_train', ''))}</td></tr>" for f in audit.time_order[:limit]]
-        parts.append("<h3>Time order</h3>" + table(["split", "earliest record", "latest train record"], rows,
+                f"<td>{esc(f.get('from', 'train'))}</td>"
+                f"<td>{esc(f.get('latest_' + str(f.get('from', 'train')), ''))}</td></tr>"
+                for f in audit.time_order[:limit]]
+        parts.append("<h3>Time order</h3>" + table(["split", "earliest record", "earlier split",
+                                                    "its latest record"], rows,
                                                    table_id="time-order", cls="data compact"))
     parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'
                  "</summary>"

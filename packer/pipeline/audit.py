@@ -13,8 +13,8 @@ manifest but do not fail. The rules:
 - ``exact_duplicates_within_split`` (report): the same pixels twice in one split.
 - ``duplicates_span_entities`` (report): a duplicate cluster holding several entities, a
   likely identity error (one patient under two ids, or a mislabelled copy).
-- ``time_order`` (report, time splits): the latest train time precedes the earliest
-  valid/test time.
+- ``time_order`` (report, time splits): each split's latest time precedes the earliest time
+  of every later split (train before valid and test, valid before test).
 - ``label_conflicts`` (fail with ``split.duplicates.label_conflict: fail``, else report): a
   group of exact duplicates or verified near copies whose members' targets (or exact copies'
   masks) disagree (:mod:`packer.pipeline.conflicts`), each member with its target; under
@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +309,35 @@ def lookalikes_warning(report: LeakageAudit) -> str | None:
             "entity_lookalikes in leakage.json")
 
 
+def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]], earlier: str,
+                         later_splits: Sequence[str], show_dates: bool) -> list[dict[str, Any]]:
+    """``time_order``'s findings for one split against each split after it: one per later split
+    whose earliest record is not after ``earlier``'s latest, naming ``earlier``'s records from
+    that period on (an entity's later studies, kept where its first record fell by
+    ``entity_policy: first_seen``; by key and entity, as every finding). A train finding keeps
+    the fields it always had (``train_samples_after``, ``train_samples``, ``latest_train``); a
+    valid one says ``from: valid`` and has ``valid_samples_after``, ``valid_samples``, ``latest_valid``."""
+    latest = ranges[earlier][1]
+    held = [i for i, (split, time) in enumerate(zip(samples.split, samples.time, strict=True))
+            if split == earlier and time is not None]
+    findings: list[dict[str, Any]] = []
+    for later in later_splits:
+        if ranges[later][0] > latest:
+            continue
+        after = sorted((i for i in held if (samples.time[i] or "") >= ranges[later][0]),
+                       key=lambda i: (samples.time[i] or "", samples.key[i]), reverse=True)
+        finding: dict[str, Any] = {} if earlier == "train" else {"from": earlier}
+        finding.update({
+            "split": later, f"{earlier}_samples_after": len(after),
+            f"{earlier}_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
+            "fix": f"these {earlier} records fall in {later}'s period (each entity is split whole, where its "
+                   "first record falls): split.entity_policy: drop_straddlers drops them instead"})
+        if show_dates:
+            finding.update({"earliest": ranges[later][0], f"latest_{earlier}": latest})
+        findings.append(finding)
+    return findings
+
+
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     times: dict[str, list[str]] = defaultdict(list)
     for split, time in zip(samples.split, samples.time, strict=True):
@@ -316,24 +345,10 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
             times[split].append(time)
     ranges = {s: (min(t), max(t)) for s, t in times.items()}
     findings = []
-    if cfg.by == "time" and "train" in ranges:
-        train_max = ranges["train"][1]
-        train = [i for i, (split, time) in enumerate(zip(samples.split, samples.time, strict=True))
-                 if split == "train" and time is not None]
-        for later in ("valid", "test"):
-            if later in ranges and ranges[later][0] <= train_max:
-                # the train records from the later split's period on: an entity's later studies,
-                # kept in train by entity_policy: first_seen (named by key and entity, as every finding)
-                after = sorted((i for i in train if (samples.time[i] or "") >= ranges[later][0]),
-                               key=lambda i: (samples.time[i] or "", samples.key[i]), reverse=True)
-                finding: dict[str, Any] = {
-                    "split": later, "train_samples_after": len(after),
-                    "train_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
-                    "fix": f"these train records fall in {later}'s period (each entity is split whole, where its "
-                           "first record falls): split.entity_policy: drop_straddlers drops them instead"}
-                if show_dates:
-                    finding.update(earliest=ranges[later][0], latest_train=train_max)
-                findings.append(finding)
+    if cfg.by == "time":
+        order = [split for split in ("train", "valid", "test") if split in ranges]
+        for e, earlier in enumerate(order):
+            findings.extend(_time_order_findings(samples, ranges, earlier, order[e + 1:], show_dates))
     return RuleResult("time_order", "report", len(findings), tuple(findings),
                       detail={"checked": cfg.by == "time"}), ranges
 

@@ -11,6 +11,8 @@ split.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -115,3 +117,50 @@ def cluster_duplicates(n: int, edges: Iterable[Sequence[int]]) -> list[int]:
     for edge in edges:
         forest.union(edge[0], edge[1])
     return forest.components()
+
+
+@dataclass(frozen=True)
+class SharedInstance:
+    """Samples of several entities whose files carry one SOP Instance UID (by its digest,
+    :attr:`~packer.records.Sample.instance`): ``keys`` and ``entities`` of its samples, in sample
+    order, one entry per entity (its first sample); ``same_pixels``: whether all their packed
+    pixels are equal (then also exact duplicates, which the audit reports and the split keeps together)."""
+
+    keys: tuple[str, ...]
+    entities: tuple[str, ...]
+    same_pixels: bool
+
+
+def shared_instances(instances: Sequence[str], entities: Sequence[str | None], keys: Sequence[str],
+                     digests: Sequence[str]) -> list[SharedInstance]:
+    """The unique ids (``instances``; ``""``: none known) that samples of two or more entities
+    share, in order of their first sample. A DICOM SOP Instance UID names one image the world
+    over, and a multi-frame file's samples share their file's: one held by two patients' files
+    is a mix-up, not a copy a series job would see (one file exported twice)."""
+    rows: dict[str, list[int]] = {}
+    for i, instance in enumerate(instances):
+        if instance:
+            rows.setdefault(instance, []).append(i)
+    found = []
+    for members in rows.values():
+        first: dict[str, int] = {}
+        for i in members:
+            first.setdefault(entities[i] or "", i)
+        if len(first) > 1:
+            found.append(SharedInstance(keys=tuple(keys[i] for i in first.values()), entities=tuple(first),
+                                        same_pixels=len({digests[i] for i in members}) == 1))
+    return found
+
+
+def shared_instances_warning(found: Sequence[SharedInstance], job_path: Path) -> str | None:
+    """A sentence for the build's and validate's stderr naming the first shared UID's entities and
+    sample keys (pseudonyms under PHI, as the table holds them; never the UID), or None."""
+    if not found:
+        return None
+    first = found[0]
+    named = ", ".join(f"{entity} ({key})" for entity, key in zip(first.entities, first.keys, strict=True))
+    pixels = "the same pixels" if first.same_pixels else "different pixels"
+    return (f"{len(found):,} SOP Instance UID(s) are each carried by files of several entities, e.g. one by the "
+            f"samples of {named}, with {pixels}; a UID names one image the world over, so one file's header was "
+            "edited or an anonymiser mapped two patients' files onto one UID: check which patient each belongs to "
+            f"(`packer locate {job_path} KEY` names a sample's file); they are packed as they are")

@@ -404,7 +404,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
                           meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest,
-                          blank=is_blank(image))
+                          blank=is_blank(image), instance=sample.instance)
         clock.switch("spill")
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
                  units=[(unit.key, unit.sample_ids, unit.move) for unit in units])
@@ -449,7 +449,7 @@ def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], e
                   pixels_digest(sample.pixels, shape=held.shape, dtype=held.dtype, fmt=fmt))
         spill.add(key=held.key, ref=held.ref, pixels=sample.pixels, digest=digest, meta=sample.meta,
                   shape=held.shape, dtype=held.dtype, signature=signature, mask=sample.mask,
-                  stored=held.stored_digest, blank=held.blank)
+                  stored=held.stored_digest, blank=held.blank, instance=held.instance)
 
 
 class _Settle:

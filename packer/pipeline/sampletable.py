@@ -313,7 +313,7 @@ class RefTable(_Columns[SampleRef]):
 class SampleTable(_Columns[SpilledSample]):
     """The pixel pass's sample records in columns (see the module's docstring)."""
 
-    TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256", "meta_sha256", "stored_digest")
+    TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256", "meta_sha256", "stored_digest", "instance")
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
     NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",

@@ -97,8 +97,10 @@ class CachedChunk:
 #: 20: VOI LUT Data narrower than the bits their descriptor declares are read in the bits they use;
 #: 21: a .nii.gz cut inside its header is ``truncated``, not ``unreadable``; 22: a uint8 sample
 #: within 2 levels is ``blank`` too, and its near-copy thumbnail is zeros; 23: ST, LT and UT text
-#: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too).
-CACHE_FORMAT = 23
+#: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too;
+#: 24: a DICOM slice's sample records a digest of its SOP Instance UID, ``instance``, for the
+#: cross-entity UID check).
+CACHE_FORMAT = 24
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -719,12 +721,12 @@ class SpillWriter:
 
     def add(self, *, key: str, ref: SampleRef, pixels: bytes, digest: Any, meta: bytes, shape: tuple[int, ...],
             dtype: str, signature: np.void | None, mask: bytes = b"", stored: str = "",
-            blank: bool = False) -> None:
+            blank: bool = False, instance: str = "") -> None:
         """Append one sample: its pixel bytes, sha256 object ``digest`` of them (made by
         :func:`~packer.shards.encode.pixels_digest` for this writer's format), metadata JSON
         and, where the source has masks, the mask's ``.npy`` bytes; ``stored``: its
         :attr:`~packer.records.Sample.stored_digest`; ``blank``: every pixel holds one value
-        (:func:`~packer.pipeline.dedup.is_blank`)."""
+        (:func:`~packer.pipeline.dedup.is_blank`); ``instance``: its :attr:`~packer.records.Sample.instance`."""
         self._fh.write(pixels)
         self._fh.write(meta)
         if mask:
@@ -735,7 +737,7 @@ class SpillWriter:
             key=key, ref=ref, spill=self.spill_name, offset=self._offset, pixel_bytes=len(pixels),
             meta_bytes=len(meta), shape=shape, dtype=dtype, sha256=digest.hexdigest(), signature=self.sig_name,
             sig_row=sig_row, mask_bytes=len(mask), meta_sha256=meta_sha256, pixels_xxh3=pixels_check(pixels),
-            stored_digest=stored, blank=blank))
+            stored_digest=stored, blank=blank, instance=instance))
         self._offset += len(pixels) + len(meta) + len(mask)
 
     def refer(self, held: SpilledSample, *, meta: bytes, mask: bytes, signature: np.void | None) -> None:

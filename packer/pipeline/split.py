@@ -11,7 +11,8 @@ so look-alike images of different patients are not chained). A group then goes t
   ``stratify: label`` instead assigns groups greedily to the split whose label quotas are
   most behind (deterministic for a seed, not stable under growth).
 - ``by: time``: the group goes where its earliest record falls; with
-  ``entity_policy: drop_straddlers`` records falling after a later cutoff are dropped.
+  ``entity_policy: drop_straddlers`` records falling after a later cutoff are left out on purpose
+  (``straddles_cutoff`` records of ``excluded.jsonl``, never bad samples).
 - A pinned table forces entities into splits; a conflict fails the build.
 - ``by: list`` / ``by: column``: the split is given (a dataset's official split,
   :mod:`packer.pipeline.splitlists`) and reproduced sample by sample, leaks included; ``carve``
@@ -51,7 +52,7 @@ from packer.pipeline.neighborcache import NeighborCache, sample_identities, sear
 from packer.pipeline.sampletable import SampleTable, as_table
 from packer.pipeline.splitlists import split_from_column, split_from_lists
 from packer.progress import Progress, stage_progress
-from packer.records import Issue, SpilledSample
+from packer.records import Excluded, Issue, SpilledSample
 from packer.targets import ClassTarget
 
 
@@ -111,8 +112,10 @@ class SplitGroup:
 class Assignment:
     """Per sample key: its split and (for non-test samples, with ``folds``) its fold.
 
-    ``dropped`` holds the ``straddles_cutoff`` and ``not_in_split`` issues of samples left out
-    of every split; ``warnings``, sentences for the user (list items that name no sample).
+    ``dropped`` holds the ``not_in_split`` issues of samples left out of every split (bad
+    samples); ``excluded``, the ``straddles_cutoff`` records of files ``entity_policy:
+    drop_straddlers`` leaves out on purpose (one per file, never against ``max_bad_fraction``);
+    ``warnings``, sentences for the user (list items that name no sample).
     """
 
     split: dict[str, str]
@@ -121,6 +124,7 @@ class Assignment:
     dropped: tuple[Issue, ...]
     pinned: dict[str, str]
     warnings: tuple[str, ...] = ()
+    excluded: tuple[Excluded, ...] = ()
 
 
 RunVerify = Callable[[Sequence[VerifyTask]], Iterable[tuple[VerifyTask, EvidenceArrays]]]
@@ -433,33 +437,36 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
 
     split: dict[str, str] = {}
     fold: dict[str, int] = {}
-    dropped: list[Issue] = []
+    dropped: dict[str, Excluded] = {}  # by sample id: a multi-frame file's rows are one file
     keys = table.column("key")
     for g, group in enumerate(groups):
         progress.update()
-        before = len(dropped)
+        left_out = 0
         for i in group.members:
             target, time = group_split[g], times[i]
             if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and time is not None:
                 own = split_for_time(time, cutoffs)
                 if own != target:
                     ref = table[i].ref
-                    dropped.append(Issue.of(ref, stage="split", reason="straddles_cutoff",
-                                            message=f"{ref.path}: record time {time} falls in "
-                                                    f"{own}, but its entity's first record put it in {target}; "
-                                                    "dropped by entity_policy: drop_straddlers"))
+                    left_out += 1
+                    dropped.setdefault(ref.sample_id, Excluded.of(
+                        ref, stage="split", why="straddles_cutoff",
+                        detail=f"record time {time} falls in {own}, but its entity's first record put it in "
+                               f"{target}; left out by split.entity_policy: drop_straddlers (first_seen "
+                               "keeps it, in its entity's split)"))
                     continue
             split[keys[i]] = target
             if cfg.folds and target != "test":
                 fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
-        if len(dropped) > before:
-            groups[g] = replace(group, dropped=len(dropped) - before)
+        if left_out:
+            groups[g] = replace(group, dropped=left_out)
     # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
     warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
                 "(a typo, or an entity whose files were all bad samples)",) if stray else ()
-    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=tuple(dropped),
-                      pinned={e: s for e, s in pins.items()}, warnings=warnings)
+    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=(),
+                      pinned={e: s for e, s in pins.items()}, warnings=warnings,
+                      excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],

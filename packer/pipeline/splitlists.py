@@ -111,8 +111,8 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
                 hidden: bool = False) -> dict[str, list[tuple[str, int, str]]]:
     """Every listed name (in :func:`name_of`'s form; entities through ``entity_name``) with the
     (split, line, item as written) of each list line naming it. ConfigError when two lists name
-    one item, naming both lists and lines (``hidden``: not the item, a raw entity id under
-    PHI), or when a list names nothing."""
+    one item, naming both lists and lines (``hidden``: not the item, under PHI a raw entity id,
+    or a path, name or stem that may name the patient), or when a list names nothing."""
     items: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
     for entry in cfg.lists:
         lines = read_split_list(entry)
@@ -126,7 +126,7 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
             other = next((s for s in seen if s[0] != entry.split), None)
             if other is not None:
                 first = next(e for e in cfg.lists if e.split == other[0])
-                item = "an entity" if hidden else repr(text)
+                item = ("an entity" if cfg.match == "entity" else f"a {cfg.match}") if hidden else repr(text)
                 raise ConfigError(f"{item} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
                                   f"{other[1]} and split.lists.{entry.split} ({entry.spec}) line {number}; a sample "
                                   "goes to one split: remove one of the lines")
@@ -148,9 +148,10 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
     See the module docstring for what is refused."""
-    # a listed raw entity id under PHI is named by its list and line only, like a pinned one
-    pseudonyms = cfg.match == "entity" and pseudonym is not None
-    items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=pseudonyms)
+    # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
+    # entity id, or a path, name or stem whose folders or file name may name the patient
+    hidden = pseudonym is not None
+    items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=hidden)
     relpaths, entities = table.column("relpath"), table.column("entity")
 
     def names_by_match(match: str) -> set[str]:
@@ -171,7 +172,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
         nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
         said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
-                f"sample (by {cfg.match}), e.g. line {line}{'' if pseudonyms else f': {text!r}'}{nearest}")
+                f"sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
         if len(missing) == len(listed):
             raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
         warnings.append(said + " (a file that is missing, or was a bad sample, is not packed)")

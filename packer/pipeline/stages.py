@@ -56,6 +56,7 @@ from packer.pipeline.audit import (
 )
 from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
+from packer.pipeline.dedup import shared_instances, shared_instances_warning
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
@@ -113,8 +114,8 @@ class Prepared:
     #: the warnings the stages printed, as (code, message): ``entities`` (every file its own entity
     #: where a column looks like one), ``readers`` (files packed with a reader's warning),
     #: ``split_shares``, ``split`` (the split's own: pins, groups), ``accepted_leaks``,
-    #: ``label_conflicts``, ``labels`` (class names differing only in case); ``packer validate
-    #: --json`` reports them
+    #: ``label_conflicts``, ``instance_uids`` (one SOP Instance UID in files of several entities),
+    #: ``labels`` (class names differing only in case); ``packer validate --json`` reports them
     warnings: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -242,6 +243,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg)),
                           ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict)),
+                          ("instance_uids", shared_instances_warning(shared_instances(
+                              samples.column("instance"), samples.column("entity"), samples.column("key"),
+                              samples.column("sha256")), job.job_path)),
                           ("entity_lookalikes", lookalikes_warning(audit)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
@@ -250,6 +254,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             print(f"packer: warning: {job.name}: {warning}", file=sys.stderr, flush=True)
             warned.append((code, warning))
     issues.extend(assignment.dropped)
+    excluded.extend(assignment.excluded)
     split = assignment.split
     keys = samples.column("key")
     kept = samples.take([i for i, key in enumerate(keys) if key in split])

@@ -421,19 +421,32 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     def stored(part: np.ndarray) -> str:  # a slice of a series is one part of a stack or volume: none
         return "" if cfg.by_series else stored_digest(part)
 
+    instance = "" if cfg.by_series else instance_digest(ds)  # a series job checks repeated UIDs itself
+
     if stack:
         image = np.ascontiguousarray(np.concatenate([a for a, _ in outputs], axis=0))
         meta = {**base_metadata, **outputs[0][1]}
         meta["windows"] = [{**w, "frame": i} for i, (_, m) in enumerate(outputs) for w in m["windows"]]
         if frames > 1:
             meta["frame_rescale"] = [[m["rescale_slope"], m["rescale_intercept"]] for _, m in outputs]
-        return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta, stored_digest=stored(pixels))]
+        return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta, stored_digest=stored(pixels),
+                       instance=instance)]
     if frames == 1:
         return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]},
-                       stored_digest=stored(pixels[0]))]
+                       stored_digest=stored(pixels[0]), instance=instance)]
     return [Sample(key=frame_key(ref.sample_id, i), ref=ref, image=array,
-                   metadata={**base_metadata, **meta, "frame": i}, stored_digest=stored(pixels[i]))
+                   metadata={**base_metadata, **meta, "frame": i}, stored_digest=stored(pixels[i]),
+                   instance=instance)
             for i, (array, meta) in enumerate(outputs)]
+
+
+def instance_digest(ds: Dataset) -> str:
+    """A digest (32 hex) of the file's (0008,0018) SOP Instance UID, ``""`` where it has none.
+    The UID is unique to one image the world over (PS3.5 9.1): two patients' files with one are a
+    mix-up (a header edited, an anonymiser that mapped two files onto one UID). Digested, since a
+    UID is an identifier (PS3.15 Annex E) and the build cache keeps what this returns."""
+    uid = str(ds.get("SOPInstanceUID", "") or "").strip()
+    return xxhash.xxh3_128(uid.encode()).hexdigest() if uid else ""
 
 
 def stored_digest(pixels: np.ndarray) -> str:
