@@ -115,6 +115,25 @@ def test_multilabel_stratification_spreads_every_label_not_every_combination(
             assert present == {"train", "valid", "test"}, (label, len(carriers))
 
 
+def test_a_label_on_enough_entities_reaches_every_split_even_when_its_carriers_hold_commoner_labels() -> None:
+    """Found by the property above: label c on 12 entities (one large, the others of one or two
+    samples, most also carrying a and b) reached train and test but never valid, because the greedy pass
+    scores a group by its average need over all its labels and valid had its a and b already.
+    The repair pass moves the smallest carrier that is no split's last carrier of any label."""
+    rows = [(0, set())] * 41 + [(0, {"a"})] * 3 + [(3, {"c"}), (3, {"d"}), (5, {"b"}), (5, {"c"}), (2, {"a", "b"}),
+                                                  (2, {"b", "d"}), (4, {"b", "c"}), (0, {"a", "b", "c"}),
+                                                  (1, {"a", "c", "d"})]
+    rows += [(e, {"a", "b", "c"}) for e in range(6, 11)] + [(11, {"a", "c", "d"}), (12, {"a", "b", "c"})]
+    cfg = replace(BY_ENTITY, stratify="label", seed=0)
+    samples = [sample(i, f"E{e}", label="|".join(sorted(labels))) for i, (e, labels) in enumerate(rows)]
+    split = assign_splits(samples, cfg, strata=MultiLabelTarget.held_names).split
+    assert audit_assignment(samples, assign_splits(samples, cfg, strata=MultiLabelTarget.held_names),
+                            cfg).rule("entity_overlap").count == 0
+    for label in "abc":
+        present = {split[s.key] for s, (_, labels) in zip(samples, rows, strict=True) if label in labels}
+        assert present == {"train", "valid", "test"}, label
+
+
 def test_multilabel_stratification_beats_stratifying_by_combination() -> None:
     """Every label's share per split stays near the ratios; treating each combination as a
     class (what a single-label rule would do) cannot see the labels inside it."""
