@@ -805,3 +805,55 @@ def test_an_unknown_transfer_syntax_is_said_to_be_no_dicom_syntax_not_named_by_i
     found = issue_of(probe(path), "unsupported_transfer_syntax")
     assert "1.2.840.10008.1.2.7 (not a transfer syntax DICOM defines)" in found.message
     assert "1.2.840.10008.1.2.7 (1.2.840.10008.1.2.7)" not in found.message
+
+
+def _sequence_as_ob(ds: Any, keyword: str, path: Path) -> Path:
+    """Save ``ds``, then rewrite the VR of its top-level ``keyword`` sequence from SQ to OB: a
+    damaged export whose functional groups or LUT read back as bytes, not items."""
+    save(ds, path)
+    tag = Tag(tag_for_keyword(keyword))
+    header = struct.pack("<HH", tag.group, tag.element) + b"SQ"
+    raw = path.read_bytes()
+    assert raw.count(header) == 1
+    path.write_bytes(raw.replace(header, header[:4] + b"OB"))
+    return path
+
+
+def _enhanced() -> Any:
+    return enhanced_ct_dataset(ct_pixels((2, 16, 16)), [None, None], [None, None], shared_rescale=(1.0, -1024.0),
+                               shared_window=(40, 400))
+
+
+def _with_luts() -> Any:
+    ds = ct_dataset(center=None, width=None)
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 4096, 2)))])
+    ds.VOILUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 65536, 16)))])
+    del ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType
+    return ds
+
+
+@pytest.mark.parametrize(("make", "keyword"), [
+    (_enhanced, "PerFrameFunctionalGroupsSequence"),
+    (_enhanced, "SharedFunctionalGroupsSequence"),
+    (_with_luts, "ModalityLUTSequence"),
+    (_with_luts, "VOILUTSequence"),
+])
+def test_a_sequence_that_reads_back_as_bytes_is_unreadable_not_a_crash(tmp_path: Path, make: Any,
+                                                                       keyword: str) -> None:
+    """A sequence whose VR a damaged export wrote as OB reads back as bytes, whose items are ints:
+    the probe crashed the whole build on it (AttributeError: 'int' object has no attribute 'get',
+    found by mutating an Enhanced CT). It is the file's own bad sample, naming the tag."""
+    path = _sequence_as_ob(make(), keyword, tmp_path / f"{keyword}.dcm")
+    ref = make_ref(path)
+    tag = str(Tag(tag_for_keyword(keyword)))
+    outcomes = [probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME),
+                probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME, keep_pixels=True),
+                probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME, placement=True, slices=False),
+                read(path, file_window()), read(path, window(40, 400))]
+    for result in outcomes:
+        if isinstance(result, DicomHeader):  # a sequence the probe does not need: the read says why
+            continue
+        found = issue_of(result, "unreadable", "read")
+        assert tag in found.message and keyword in found.message and path.name in found.message, found.message
+    assert isinstance(outcomes[-1], Issue) or keyword == "VOILUTSequence"
+
