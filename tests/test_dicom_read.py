@@ -857,3 +857,28 @@ def test_a_sequence_that_reads_back_as_bytes_is_unreadable_not_a_crash(tmp_path:
         assert tag in found.message and keyword in found.message and path.name in found.message, found.message
     assert isinstance(outcomes[-1], Issue) or keyword == "VOILUTSequence"
 
+
+def test_a_bug_in_the_dicom_probe_is_the_files_unexpected_error_not_a_crashed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image and NIfTI probes each have one boundary that turns an exception nobody foresaw
+    into the file's ``unexpected_error``; the DICOM probe had none, so one damaged header (an
+    Enhanced CT whose functional groups read back as bytes) ended the whole build with an
+    internal error and a traceback instead of a bad-sample row."""
+    from packer.config import parse_job
+    from packer.pipeline.probe import probe_for_read, probe_placement
+    from packer.records import SampleRef
+
+    path = save(ct_dataset(), tmp_path / "raw" / "a.dcm")
+    job = parse_job({"name": "j", "sources": [{"kind": "dicom", "root": "raw", "label": "none"}],
+                     "split": {"by": "entity", "ratios": {"train": 1.0}, "seed": 0},
+                     "transform": {"dicom": {"windows": ["lung"]}}, "pack": {"format": "webdataset"},
+                     "output": "out", "phi": {"mode": "keep"}}, tmp_path / "job.yaml")
+    ref = SampleRef(sample_id="raw-a", source=job.sources[0].name, kind="dicom", path=str(path), relpath="a.dcm")
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'int' object has no attribute 'get'")
+
+    monkeypatch.setattr(reader, "probe_dicom", broken)
+    for outcome in (probe_for_read(ref, job), probe_placement(ref, job)):
+        found = issue_of(outcome, "unexpected_error", "read")
+        assert found.message == f"{path}: AttributeError: 'int' object has no attribute 'get'"
