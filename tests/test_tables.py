@@ -709,3 +709,21 @@ output: out
     assert job.sources[0].table_map is not None and job.sources[0].table_map.join[0].on == ("subject_id", "study_id")
     assert [c.values for c in job.sources[0].where if c.key == "Rows"] == [("no", "off")]
     assert len(discover(job).refs) == 2
+
+
+def test_a_cell_longer_than_pythons_csv_field_limit_is_read_not_a_crash(tmp_path: Path) -> None:
+    """Kaggle segmentation tables carry run-length encoded masks in a column (HuBMAP's
+    ``encoding``: millions of characters for one kidney slide). Python's csv module refuses a cell
+    over 131,072 characters by default, and the build ended with an internal error and a traceback
+    (_csv.Error: field larger than field limit) before a file was read. The table is read, the long
+    cell whole, and the module's limit is as it was afterwards."""
+    import csv
+
+    root = tmp_path / "raw"
+    _files(root, ["a.png", "b.png"])
+    encoding = " ".join(str(n) for n in range(60_000))  # about 350,000 characters
+    _csv(root / "train.csv", "path,label,entity,encoding", [f"a.png,x,p1,{encoding}", "b.png,y,p2,1 2"])
+    before = csv.field_size_limit()
+    found = _by_path(discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/train.csv"}))))
+    assert csv.field_size_limit() == before
+    assert {rel: ref.label for rel, ref in found.items()} == {"a.png": "x", "b.png": "y"}
