@@ -245,6 +245,14 @@ def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series |
 
 def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> Series | list[Issue]:
     refs = [ref for ref, _ in members]
+    if cfg.drop_localizers and all("LOCALIZER" in g.image_type for _, g in members):
+        # a scout series: no stack to check, each file a localizer left out, as among slices (a
+        # series of derived images only, a reformat, is still a stack: checked below)
+        return [Issue.of(ref, stage="validate", reason="series_localizer",
+                         message=f"{ref.path}: a localizer (Image Type {'/'.join(g.image_type)}) in series "
+                                 f"{uid_key}, whose {len(members)} file(s) are all localizers: a scout, not a "
+                                 "stack; left out (series.drop_localizers)")
+                for ref, g in members]
     originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
     if len(originals) != len(members) and originals:
         if not cfg.drop_localizers:
