@@ -646,3 +646,24 @@ def test_a_series_of_localizers_only_is_left_out_as_localizers(orientations: lis
     derived = [(r, replace(g, image_type=("DERIVED", "SECONDARY", "MPR"))) for r, g in files]
     if len(set(orientations)) == 1:  # a series of derived images only (a reformat) is still a stack
         assert len(assemble(derived, replace(CFG, min_slices=1)).series) == 1
+
+
+def test_a_copys_record_does_not_say_its_series_is_packed_when_the_series_is_refused() -> None:
+    """pydicom's test files hold MR_small.dcm in eight encodings, one image (one SOP Instance UID
+    and position) exported eight times. Each copy's record said "series ... is packed with
+    MR_small_padded.dcm", and that series, one slice, was refused as series_too_short: nothing was
+    packed, and the record sent the user looking for samples that do not exist."""
+    files = [(_ref(i), replace(_geometry(0.0), sop_uid="1.2.3.4")) for i in range(3)]
+    out = assemble(files, CFG)  # min_slices 3: one image is too short a series
+    assert out.series == ()
+    reasons = sorted((i.sample_id, i.reason) for i in out.issues)
+    assert reasons == [("id000", "series_too_short"), ("id001", "series_duplicate_position"),
+                       ("id002", "series_duplicate_position")]
+    for issue in out.issues:
+        if issue.reason == "series_duplicate_position":
+            assert "is packed with" not in issue.message, issue.message
+            assert "/raw/0.dcm" in issue.message and "series_too_short" in issue.message, issue.message
+    packed = assemble([(_ref(i), replace(_geometry(2.5 * i), sop_uid=f"u{i}")) for i in range(4)]
+                      + [(_ref(9), replace(_geometry(0.0), sop_uid="u0"))], CFG)
+    (copy,) = packed.issues
+    assert copy.reason == "series_duplicate_position" and "is packed with /raw/0.dcm" in copy.message
