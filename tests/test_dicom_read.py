@@ -805,3 +805,80 @@ def test_an_unknown_transfer_syntax_is_said_to_be_no_dicom_syntax_not_named_by_i
     found = issue_of(probe(path), "unsupported_transfer_syntax")
     assert "1.2.840.10008.1.2.7 (not a transfer syntax DICOM defines)" in found.message
     assert "1.2.840.10008.1.2.7 (1.2.840.10008.1.2.7)" not in found.message
+
+
+def _sequence_as_ob(ds: Any, keyword: str, path: Path) -> Path:
+    """Save ``ds``, then rewrite the VR of its top-level ``keyword`` sequence from SQ to OB: a
+    damaged export whose functional groups or LUT read back as bytes, not items."""
+    save(ds, path)
+    tag = Tag(tag_for_keyword(keyword))
+    header = struct.pack("<HH", tag.group, tag.element) + b"SQ"
+    raw = path.read_bytes()
+    assert raw.count(header) == 1
+    path.write_bytes(raw.replace(header, header[:4] + b"OB"))
+    return path
+
+
+def _enhanced() -> Any:
+    return enhanced_ct_dataset(ct_pixels((2, 16, 16)), [None, None], [None, None], shared_rescale=(1.0, -1024.0),
+                               shared_window=(40, 400))
+
+
+def _with_luts() -> Any:
+    ds = ct_dataset(center=None, width=None)
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 4096, 2)))])
+    ds.VOILUTSequence = DicomSequence([lut_item(0, 16, list(range(0, 65536, 16)))])
+    del ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType
+    return ds
+
+
+@pytest.mark.parametrize(("make", "keyword"), [
+    (_enhanced, "PerFrameFunctionalGroupsSequence"),
+    (_enhanced, "SharedFunctionalGroupsSequence"),
+    (_with_luts, "ModalityLUTSequence"),
+    (_with_luts, "VOILUTSequence"),
+])
+def test_a_sequence_that_reads_back_as_bytes_is_unreadable_not_a_crash(tmp_path: Path, make: Any,
+                                                                       keyword: str) -> None:
+    """A sequence whose VR a damaged export wrote as OB reads back as bytes, whose items are ints:
+    the probe crashed the whole build on it (AttributeError: 'int' object has no attribute 'get',
+    found by mutating an Enhanced CT). It is the file's own bad sample, naming the tag."""
+    path = _sequence_as_ob(make(), keyword, tmp_path / f"{keyword}.dcm")
+    ref = make_ref(path)
+    tag = str(Tag(tag_for_keyword(keyword)))
+    outcomes = [probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME),
+                probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME, keep_pixels=True),
+                probe_dicom(ref, entity_keyword="PatientID", time_keywords=TIME, placement=True, slices=False),
+                read(path, file_window()), read(path, window(40, 400))]
+    for result in outcomes:
+        if isinstance(result, DicomHeader):  # a sequence the probe does not need: the read says why
+            continue
+        found = issue_of(result, "unreadable", "read")
+        assert tag in found.message and keyword in found.message and path.name in found.message, found.message
+    assert isinstance(outcomes[-1], Issue) or keyword == "VOILUTSequence"
+
+
+def test_a_bug_in_the_dicom_probe_is_the_files_unexpected_error_not_a_crashed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image and NIfTI probes each have one boundary that turns an exception nobody foresaw
+    into the file's ``unexpected_error``; the DICOM probe had none, so one damaged header (an
+    Enhanced CT whose functional groups read back as bytes) ended the whole build with an
+    internal error and a traceback instead of a bad-sample row."""
+    from packer.config import parse_job
+    from packer.pipeline.probe import probe_for_read, probe_placement
+    from packer.records import SampleRef
+
+    path = save(ct_dataset(), tmp_path / "raw" / "a.dcm")
+    job = parse_job({"name": "j", "sources": [{"kind": "dicom", "root": "raw", "label": "none"}],
+                     "split": {"by": "entity", "ratios": {"train": 1.0}, "seed": 0},
+                     "transform": {"dicom": {"windows": ["lung"]}}, "pack": {"format": "webdataset"},
+                     "output": "out", "phi": {"mode": "keep"}}, tmp_path / "job.yaml")
+    ref = SampleRef(sample_id="raw-a", source=job.sources[0].name, kind="dicom", path=str(path), relpath="a.dcm")
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'int' object has no attribute 'get'")
+
+    monkeypatch.setattr(reader, "probe_dicom", broken)
+    for outcome in (probe_for_read(ref, job), probe_placement(ref, job)):
+        found = issue_of(outcome, "unexpected_error", "read")
+        assert found.message == f"{path}: AttributeError: 'int' object has no attribute 'get'"

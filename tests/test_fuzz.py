@@ -231,6 +231,11 @@ DICOM_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
     "PixelSpacing": ("DS", st.sampled_from(["0\\0", "-1\\1", "1e-300\\1e-300", "nan\\1", "1", "1000\\1000",
                                             "1e300\\1e300"])),
 }
+#: Sequences the renderer reads items of (functional groups, LUTs): a damaged export may write one
+#: with another VR, and it reads back as bytes whose "items" are ints (that crashed the probe, and
+#: with it the whole build, until the readers checked for items: the seeds above hold each one).
+DICOM_SEQUENCES = ["PerFrameFunctionalGroupsSequence", "SharedFunctionalGroupsSequence", "ModalityLUTSequence",
+                   "VOILUTSequence"]
 TRANSFER_SYNTAXES = ["1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2",
                      "1.2.840.10008.1.2.5", "1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51",
                      "1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.4.80",
@@ -249,13 +254,15 @@ def dicom_header_mutations(draw: st.DrawFn, data: bytes) -> bytes:
         warnings.simplefilter("ignore")
         ds = pydicom.dcmread(io.BytesIO(data))
         implicit, little = (bool(flag) for flag in ds.original_encoding)
-        keywords = draw(st.lists(st.sampled_from([*DICOM_FIELDS, "TransferSyntaxUID"]), min_size=1, max_size=3,
-                                 unique=True))
+        keywords = draw(st.lists(st.sampled_from([*DICOM_FIELDS, *DICOM_SEQUENCES, "TransferSyntaxUID"]),
+                                 min_size=1, max_size=3, unique=True))
         for keyword in keywords:
             if keyword == "TransferSyntaxUID":
                 continue  # set in the file meta after writing, so pydicom cannot object
-            vr, values = DICOM_FIELDS[keyword]
-            if draw(st.integers(0, 3)) == 0:  # a wrong VR or value length, as after a flipped byte
+            if keyword in DICOM_SEQUENCES and keyword not in ds:
+                continue  # only a sequence the seed holds: its readers are what is fuzzed
+            vr, values = DICOM_FIELDS.get(keyword, ("SQ", st.nothing()))
+            if vr == "SQ" or draw(st.integers(0, 3)) == 0:  # a wrong VR or value length, as after a flipped byte
                 vr = draw(st.sampled_from(["UT", "SS", "UL", "OB", "FD", "DS", "CS", "SQ", "UN", "AT", "US"]))
                 raw = draw(st.binary(max_size=12))
             elif vr == "US":

@@ -578,3 +578,22 @@ def test_jpeg_marker_scan_finds_what_the_marker_grammar_says(parts: list[bytes])
         match = _MARKER_REGEX.search(data, pos)
         at = int(np.searchsorted(ends, pos + 1))
         assert (None if at == len(ends) else int(ends[at]) + 1) == (None if match is None else match.end())
+
+
+def test_opencv_logs_nothing_of_its_own_for_a_file_it_cannot_decode(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """OpenCV's own log wrote lines such as ``[ERROR:0@0.99] global loadsave.cpp:1355 imdecode_
+    imdecode_(''): can't read header: ... m_rle_code_ >= 0`` to the build's stderr, between the
+    progress lines and naming no file (found by mutating BMP and TIFF files): the file's record says
+    what happened. (libpng's and libjpeg's own lines are theirs, as the README says.)"""
+    ok, encoded = cv2.imencode(".bmp", np.full((12, 16, 3), 90, np.uint8))
+    assert ok
+    data = bytearray(encoded.tobytes())
+    struct.pack_into("<I", data, 30, 9)  # BITMAPINFOHEADER biCompression: no such method
+    path = tmp_path / "damaged.bmp"
+    path.write_bytes(bytes(data))
+    capfd.readouterr()
+    found = read_issue(path)
+    assert found.reason in ("decode_failed", "unsupported", "bad_shape"), found.message
+    assert "[ERROR" not in capfd.readouterr().err
+    assert cv2.utils.logging.getLogLevel() != cv2.utils.logging.LOG_LEVEL_SILENT  # the caller's level, restored

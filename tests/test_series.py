@@ -625,3 +625,45 @@ def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole
     assert issue.message.endswith("not with this copy; this copy is 200,000 bytes against 530,000, so most likely "
                                   "cut short: remove this one")
     assert assemble([*reversed(files), cut], CFG) == out  # whatever the order
+
+
+@pytest.mark.parametrize("orientations", [
+    [(1.0, 0.0, 0.0, 0.0, 1.0, 0.0)] * 3,                                        # three parallel scouts
+    [(0.0, 1.0, 0.0, 0.0, 0.0, -1.0), (1.0, 0.0, 0.0, 0.0, 0.0, -1.0)],           # a two-plane scout series
+])
+def test_a_series_of_localizers_only_is_left_out_as_localizers(orientations: list[tuple[float, ...]]) -> None:
+    """A scout series holds nothing but localizers (pydicom's own test export has one: a sagittal
+    and a coronal scout, Image Type ORIGINAL/PRIMARY/LOCALIZER, in one series). Localizers were
+    left out only from among original slices, so a series of them was checked as a stack: three
+    parallel scouts packed as 2.5D neighbours, two planes refused as series_orientation, sending
+    the user to look for a broken orientation. Each is a localizer, left out as in any series."""
+    scout = ("ORIGINAL", "PRIMARY", "LOCALIZER")
+    files = [(_ref(i), _geometry(2.5 * i, orientation=o, image_type=scout)) for i, o in enumerate(orientations)]
+    out = assemble(files, replace(CFG, min_slices=1))
+    assert out.series == ()
+    assert sorted((i.sample_id, i.reason) for i in out.issues) == [(r.sample_id, "series_localizer") for r, _ in files]
+    assert all("localizer" in i.message and "drop_localizers" in i.message for i in out.issues)
+    derived = [(r, replace(g, image_type=("DERIVED", "SECONDARY", "MPR"))) for r, g in files]
+    if len(set(orientations)) == 1:  # a series of derived images only (a reformat) is still a stack
+        assert len(assemble(derived, replace(CFG, min_slices=1)).series) == 1
+
+
+def test_a_copys_record_does_not_say_its_series_is_packed_when_the_series_is_refused() -> None:
+    """pydicom's test files hold MR_small.dcm in eight encodings, one image (one SOP Instance UID
+    and position) exported eight times. Each copy's record said "series ... is packed with
+    MR_small_padded.dcm", and that series, one slice, was refused as series_too_short: nothing was
+    packed, and the record sent the user looking for samples that do not exist."""
+    files = [(_ref(i), replace(_geometry(0.0), sop_uid="1.2.3.4")) for i in range(3)]
+    out = assemble(files, CFG)  # min_slices 3: one image is too short a series
+    assert out.series == ()
+    reasons = sorted((i.sample_id, i.reason) for i in out.issues)
+    assert reasons == [("id000", "series_too_short"), ("id001", "series_duplicate_position"),
+                       ("id002", "series_duplicate_position")]
+    for issue in out.issues:
+        if issue.reason == "series_duplicate_position":
+            assert "is packed with" not in issue.message, issue.message
+            assert "/raw/0.dcm" in issue.message and "series_too_short" in issue.message, issue.message
+    packed = assemble([(_ref(i), replace(_geometry(2.5 * i), sop_uid=f"u{i}")) for i in range(4)]
+                      + [(_ref(9), replace(_geometry(0.0), sop_uid="u0"))], CFG)
+    (copy,) = packed.issues
+    assert copy.reason == "series_duplicate_position" and "is packed with /raw/0.dcm" in copy.message

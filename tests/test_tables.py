@@ -729,3 +729,21 @@ def test_a_join_key_given_twice_is_named_by_its_rows_not_its_value_under_phi(tmp
     assert "ZZPHI" not in str(pseudonymized.value)
     with pytest.raises(ConfigError, match=r"rows 2 and 3 both have entity='ZZPHI_MRN_5551'"):
         discover(job)  # phi: keep (no pseudonymizer): the value helps find the rows
+
+
+def test_a_cell_longer_than_pythons_csv_field_limit_is_read_not_a_crash(tmp_path: Path) -> None:
+    """Kaggle segmentation tables carry run-length encoded masks in a column (HuBMAP's
+    ``encoding``: millions of characters for one kidney slide). Python's csv module refuses a cell
+    over 131,072 characters by default, and the build ended with an internal error and a traceback
+    (_csv.Error: field larger than field limit) before a file was read. The table is read, the long
+    cell whole, and the module's limit is as it was afterwards."""
+    import csv
+
+    root = tmp_path / "raw"
+    _files(root, ["a.png", "b.png"])
+    encoding = " ".join(str(n) for n in range(60_000))  # about 350,000 characters
+    _csv(root / "train.csv", "path,label,entity,encoding", [f"a.png,x,p1,{encoding}", "b.png,y,p2,1 2"])
+    before = csv.field_size_limit()
+    found = _by_path(discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/train.csv"}))))
+    assert csv.field_size_limit() == before
+    assert {rel: ref.label for rel, ref in found.items()} == {"a.png": "x", "b.png": "y"}

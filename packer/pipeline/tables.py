@@ -174,12 +174,28 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None) -> tuple[tuple
     return tuple(columns), [(n, {k: _cell(v) for k, v in item.items()}) for n, item in enumerate(items, start=1)]
 
 
+#: The longest cell a table may hold (Python's csv module refuses cells over 131,072 characters by
+#: default, and Kaggle tables carry run-length encoded masks of millions: HuBMAP's ``encoding``).
+MAX_CELL_CHARS = 2**31 - 1
+
+
+@contextlib.contextmanager
+def _long_cells() -> Iterator[None]:
+    """The csv module's cell limit raised to :data:`MAX_CELL_CHARS` while a table is read, and
+    restored after (it is one setting of the whole process)."""
+    before = csv.field_size_limit(MAX_CELL_CHARS)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
+
+
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None
                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list)."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
-        with _open_text(path, storage_options) as fh:
+        with _open_text(path, storage_options) as fh, _long_cells():
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
             header, above = fh.readline(), 0
@@ -201,6 +217,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
+    except csv.Error as err:  # what the csv module cannot parse is the table's defect, never a traceback
+        raise ConfigError(f"{path}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
 

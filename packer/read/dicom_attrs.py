@@ -32,6 +32,7 @@ from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
 from pydicom.multival import MultiValue
+from pydicom.sequence import Sequence as PydicomSequence
 from pydicom.tag import BaseTag, Tag
 from pydicom.uid import UID
 from pydicom.valuerep import DA, DT, TM
@@ -96,15 +97,33 @@ def element(ds: Dataset, keyword: str, default: Any = None) -> Any:
                              f"({type(err).__name__}: {err})") from err
 
 
+def sequence_items(ds: Dataset, keyword: str) -> tuple[Dataset, ...]:
+    """The items of the sequence ``keyword`` of ``ds`` (empty when absent or empty).
+
+    Raises :class:`DamagedElement`, naming the tag, when the element cannot be decoded or holds
+    no items: a sequence written with another VR (OB, UN, US in a damaged export) reads back as
+    bytes or numbers, whose "items" are ints, and reading on would end in an AttributeError
+    outside any reason the file could be given."""
+    value = element(ds, keyword)
+    if value is None or (isinstance(value, str | bytes) and len(value) == 0):
+        return ()
+    if not isinstance(value, PydicomSequence) or not all(isinstance(item, Dataset) for item in value):
+        raw = ds.get_item(keyword) if isinstance(ds, Dataset) else None
+        vr = getattr(raw, "VR", None) or "?"
+        raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} holds no sequence items (it reads as "
+                             f"VR {vr}, {type(value).__name__}; a sequence is SQ)")
+    return tuple(value)
+
+
 def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
     """The first item of ``sequence`` (e.g. PixelValueTransformationSequence) for ``frame``:
     per-frame group, else shared group, else ``None`` (caller falls back to the top level).
-    Raises :class:`DamagedElement` when a group cannot be decoded."""
+    Raises :class:`DamagedElement` when a group cannot be decoded, or is no sequence of items."""
     for groups_keyword, index in (("PerFrameFunctionalGroupsSequence", frame),
                                   ("SharedFunctionalGroupsSequence", 0)):
-        groups = element(ds, groups_keyword)
-        if groups and len(groups) > index:
-            seq = element(groups[index], sequence)
+        groups = sequence_items(ds, groups_keyword)
+        if len(groups) > index:
+            seq = sequence_items(groups[index], sequence)
             if seq:
                 return seq[0]
     return None
@@ -190,8 +209,9 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     little = _little_endian(ds)
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
     lut = None
-    if ds.get("ModalityLUTSequence"):
-        lut = read_lut(ds.ModalityLUTSequence[0], signed_input=signed, little_endian=little)
+    modality_luts = sequence_items(ds, "ModalityLUTSequence")
+    if modality_luts:
+        lut = read_lut(modality_luts[0], signed_input=signed, little_endian=little)
     item = functional_item(ds, frame, "PixelValueTransformationSequence")
     source = item if item is not None and "RescaleSlope" in item else ds
     slope = _rescale(source, "RescaleSlope")
@@ -233,7 +253,8 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
     else:
         explanation_list = tuple(str(e).strip() for e in explanations)
     function = str(element(source, "VOILUTFunction", "") or "LINEAR").strip().upper()
-    voi_items = (element(item, "VOILUTSequence") if item is not None else None) or ds.get("VOILUTSequence") or []
+    voi_items = ((sequence_items(item, "VOILUTSequence") if item is not None else ())
+                 or sequence_items(ds, "VOILUTSequence"))
     signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
     luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
     return FileVoi(centers=floats(element(source, "WindowCenter")), widths=floats(element(source, "WindowWidth")),

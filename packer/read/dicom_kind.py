@@ -182,7 +182,20 @@ class DicomKind(SourceKind):
         :class:`~packer.read.dicom_series.HeaderFingerprint`) and ``keep``, a file the header
         pass probed and finds the same is parsed whole without its header checks again
         (:func:`~packer.read.dicom.reread_placed`); its entity, time and label attribute are read
-        as the probe reads them."""
+        as the probe reads them.
+
+        An exception nobody foresaw becomes the file's read/``unexpected_error`` (the probe's one
+        boundary, as the image and NIfTI probes have): one damaged header must not end the job."""
+        try:
+            return self._probe(ref, source, job, keep=keep, placement=placement, placed=placed)
+        except ConfigError:  # a defect of the run (a where: condition no header can meet), not of the file
+            raise
+        except Exception as err:  # noqa: BLE001 - the probe's one boundary: one bad header must not end the job
+            return Issue.of(ref, stage="read", reason="unexpected_error",
+                            message=f"{ref.path}: {type(err).__name__}: {err}")
+
+    def _probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
+               placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
         from packer.read.dicom import probe_dicom, reread_placed
 
         if keep and isinstance(placed, HeaderFingerprint):

@@ -152,6 +152,24 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
         if not chosen and not refs.series_uids and not refs.instance_uids:
             chosen = list({id(f): f for uid in refs.frames_of_reference
                            for f in by_frame.get((ref.source, uid), [])}.values())
+        # One UID under several entities (an export copied into two patient folders, the entity
+        # from the path): the annotation belongs to its own entity's series, never to all of them
+        # (each would carry every copy's annotations, and every refusal would be recorded once
+        # per link for every file).
+        chosen = list({id(f): f for f in chosen}.values())
+        entities = {f.series.refs[0].entity for f in chosen}
+        if len(entities) > 1:
+            own = [f for f in chosen if f.series.refs[0].entity == ref.entity]
+            if not own:
+                issues.append(_orphan(ref, refs, f"references a series that {len(chosen)} series of other entities "
+                                                 "than its own hold (one UID under several entities: an export "
+                                                 "copied into several patient folders?), so which one it was "
+                                                 "drawn on is unknown",
+                                      "Keep the annotation in the folder of the series it was drawn on, with its "
+                                      "entity, or remove the copies"))
+                continue
+            chosen = own
+        if not refs.series_uids and not refs.instance_uids:
             if len(chosen) > 1:
                 issues.append(_orphan(ref, refs, f"names no series or instance, and {len(chosen)} series of the "
                                                  "source share its Frame of Reference, so which one it was drawn "

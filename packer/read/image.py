@@ -25,10 +25,11 @@ The format is taken from the file's signature, not its extension. The file struc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -339,9 +340,25 @@ def decoder_orients_pages() -> tuple[bool, bool]:
     return _left_is_bright(mats[0]), _left_is_bright(mats[1])
 
 
+@contextlib.contextmanager
+def _opencv_quietly() -> Iterator[None]:
+    """OpenCV's own log silenced while it decodes, and set back after: on a damaged file it wrote
+    ``[ERROR:0@0.99] global loadsave.cpp ... imdecode_(''): can't read header: ...`` to the
+    process's stderr, naming no file, between the progress lines; the file's record says what
+    happened (its message quotes OpenCV's error where one is raised). libpng's and libjpeg's own
+    lines are not OpenCV's log and still print (see the README)."""
+    before = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    try:
+        yield
+    finally:
+        cv2.utils.logging.setLogLevel(before)
+
+
 def _decode(data: bytes, fmt: str) -> np.ndarray:
     try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        with _opencv_quietly():
+            image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
     if image is None:
@@ -389,7 +406,8 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
         headers.append(header)
     _check_pages_size(list(zip(chain, headers, strict=True)), limits)
     try:
-        ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        with _opencv_quietly():
+            ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
     if not ok or not mats:

@@ -147,19 +147,21 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
     for key in sorted(groups):
         uid_key = _digest(*key)
         members, copies = _one_per_instance(sorted(groups[key], key=lambda m: m[0].sample_id), uid_key)
-        issues.extend(copies)
         outcome = _check(members, cfg, uid_key)
         parts = [(members, outcome, uid_key)]
         if not isinstance(outcome, Series) and outcome and outcome[0].reason in _ACQUISITION_REASONS:
             parts = [(part, _check(part, cfg, part_key), part_key)
                      for part, part_key in _acquisitions(members, key)] or parts
+        refused: dict[str, Issue] = {}  # each file of this group a refusal names, by sample id
         for part, part_outcome, part_key in parts:
             if isinstance(part_outcome, Series):
                 series.append(part_outcome)
             else:
                 issues.extend(part_outcome)
+                refused.update((i.sample_id, i) for i in part_outcome)
             issues.extend(_left_out(part, part_outcome if isinstance(part_outcome, Series) else None, cfg,
                                     part_key))
+        issues.extend(_copy_issue(*copy, uid_key, refused.get(copy[2].sample_id)) for copy in copies)
     return Assembled(series=tuple(series), issues=tuple(issues))
 
 
@@ -187,7 +189,8 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
 
 
 def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
-                      ) -> tuple[list[tuple[SampleRef, SliceGeometry]], list[Issue]]:
+                      ) -> tuple[list[tuple[SampleRef, SliceGeometry]],
+                                 list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]]]:
     """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
     and the positions of an earlier one is the same image exported twice (a copy in another
     folder), not a second slice at that position. The largest copy stays in the series (the
@@ -212,8 +215,7 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
             copies.append((first, first_geometry, ref, geometry))
         else:
             copies.append((ref, geometry, first, first_geometry))
-    return kept, [_copy_issue(copy, geometry, whole, whole_geometry, uid_key)
-                  for copy, geometry, whole, whole_geometry in copies]
+    return kept, copies
 
 
 def _size(geometry: SliceGeometry) -> int:
@@ -222,13 +224,18 @@ def _size(geometry: SliceGeometry) -> int:
 
 
 def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_geometry: SliceGeometry,
-                uid_key: str) -> Issue:
+                uid_key: str, refused: Issue | None = None) -> Issue:
+    """The record of a copy left out for ``kept``; ``refused``: the kept file's own record where
+    its series was refused after all (then nothing is packed, and the record says so)."""
     smaller = 0 <= _size(geometry) < _size(kept_geometry)
     why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, so most likely cut short: "
            "remove this one" if smaller else ": remove one of them")
+    where = (f"series {uid_key} is packed with {kept.path}, not with this copy" if refused is None else
+             f"series {uid_key} holds {kept.path} in this copy's place, and is not packed ({refused.reason}: see "
+             f"the record of {kept.path})")
     return Issue.of(copy, stage="validate", reason="series_duplicate_position", message=(
         f"{copy.path}: the same image as {kept.path} (its SOP Instance UID and position), one file twice in the "
-        f"export; series {uid_key} is packed with {kept.path}, not with this copy{why}"))
+        f"export; {where}{why}"))
 
 
 def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series | None, cfg: SeriesConfig,
@@ -245,6 +252,14 @@ def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series |
 
 def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> Series | list[Issue]:
     refs = [ref for ref, _ in members]
+    if cfg.drop_localizers and all("LOCALIZER" in g.image_type for _, g in members):
+        # a scout series: no stack to check, each file a localizer left out, as among slices (a
+        # series of derived images only, a reformat, is still a stack: checked below)
+        return [Issue.of(ref, stage="validate", reason="series_localizer",
+                         message=f"{ref.path}: a localizer (Image Type {'/'.join(g.image_type)}) in series "
+                                 f"{uid_key}, whose {len(members)} file(s) are all localizers: a scout, not a "
+                                 "stack; left out (series.drop_localizers)")
+                for ref, g in members]
     originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
     if len(originals) != len(members) and originals:
         if not cfg.drop_localizers:
