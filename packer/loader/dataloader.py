@@ -223,8 +223,10 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     ``mask.pad``, the id ``fit`` pads with, so a loss that ignores it ignores the collate's
     padding too; 0, background, by default).
 
-    Channel counts or dtypes that differ raise :class:`MixedShapesError`: padding channels
-    would invent data.
+    Volumes (C×D×H×W) of one size and dtype have nothing to pad: they are stacked as
+    :func:`collate_stack` does (``mask`` B×D×H×W), with ``size`` each one's height, width.
+    Volumes of several sizes, and channel counts or dtypes that differ, raise
+    :class:`MixedShapesError`: padding depth or channels would invent data.
     """
     images = [item["image"] for item in items]
     if not images:
@@ -235,6 +237,10 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
                                f"volumes of several sizes: {describe_mixed(items)}; give the volumes one size with "
                                "sample: {volume: {size: [D, H, W]}} in the job file, or take them as a list: "
                                "make_loader(dataset, batch_size, collate=\"list\")")
+    if all(isinstance(im, torch.Tensor) and im.ndim == 4 for im in images) and len({im.dtype for im in images}) == 1:
+        # volumes of one size (what sample: {volume: {size}} gives them): nothing to pad, so stacked
+        stacked = collate_stack(items)
+        return {**stacked, "size": torch.tensor([list(im.shape[-2:]) for im in images], dtype=torch.int64)}
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
