@@ -568,3 +568,34 @@ def test_bench_loader_refuses_an_empty_list_or_no_time_as_a_usage_error(tmp_path
     result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--workers", "0", "--seconds", "0.05", *option])
     assert result.exit_code == 2, result.output
     assert option[0] in result.output and "Traceback" not in result.output and "samples/s" not in result.output
+
+
+def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_run_verify(tmp_path):
+    """A flipped byte inside a compressed Parquet page fails the decompression before any checksum
+    can be computed; the message must still say what the damage is and what to do, as the
+    checksum_mismatch one does, not only the decompressor's words."""
+    import pyarrow.parquet as pq
+
+    manifest = build_dataset(tmp_path / "ds", fmt="parquet", shard_sizes=(6,))
+    shard = tmp_path / "ds" / "train-000000.parquet"
+    group = pq.ParquetFile(shard).metadata.row_group(0)
+    chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "metadata")
+    assert chunk.compression != "UNCOMPRESSED"
+    original = shard.read_bytes()
+    end = chunk.data_page_offset + chunk.total_compressed_size
+    for offset in range(end - 1, chunk.data_page_offset, -1):  # the last page byte that breaks the page
+        damaged = bytearray(original)
+        damaged[offset] ^= 0xFF
+        shard.write_bytes(bytes(damaged))
+        try:
+            pq.read_table(shard)
+        except Exception:  # noqa: BLE001 - any failure of the stock reader: the page no longer decodes
+            break
+    else:
+        pytest.fail("no single flipped byte made the metadata page undecodable")
+    with pytest.raises(ShardReadError, match="train-000000.parquet") as err:
+        list(ShardDataset(manifest, "train", shuffle=False))
+    message = str(err.value)
+    assert "undecodable" in message and "restore" in message and "packer verify" in message, message
+    skipping = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
+    assert list(skipping) == [] and skipping.skipped == 6
