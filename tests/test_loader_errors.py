@@ -599,3 +599,23 @@ def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_ru
     assert "undecodable" in message and "restore" in message and "packer verify" in message, message
     skipping = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
     assert list(skipping) == [] and skipping.skipped == 6
+
+
+@pytest.mark.parametrize("mmap", ["1", "0"])
+def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(tmp_path, monkeypatch, mmap):
+    """A flipped byte in a member's header fails the header's checksum, and a tar reader stops
+    there; the shard still has the manifest's size, so "truncated ... (early end of archive)"
+    sent the user looking for a short copy. The message names the damaged header and its offset."""
+    monkeypatch.setenv("PACKER_TAR_MMAP", mmap)
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(4,))
+    shard = tmp_path / "ds" / "train-000000.tar"
+    with tarfile.open(shard) as tar:
+        second = [m for m in tar.getmembers() if not m.name.startswith(tar.getmembers()[0].name.split(".")[0])][0]
+    damaged = bytearray(shard.read_bytes())
+    damaged[second.offset + 1] ^= 0x01   # a byte of the member's name: the header checksum no longer matches
+    shard.write_bytes(bytes(damaged))
+    with pytest.raises(ShardReadError, match="train-000000.tar") as err:
+        list(ShardDataset(manifest, "train", shuffle=False))
+    message = str(err.value)
+    assert "early end of archive" not in message, message
+    assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message

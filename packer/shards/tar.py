@@ -358,9 +358,25 @@ def _scan_tarfile(path: Path) -> TarIndex:
                                      size=member.size):
                         defect = f"key {parsed[0]!r} appears twice"
                         break
+                if defect is None:  # tarfile ends an archive quietly at a header whose checksum fails
+                    defect = _damaged_header(fh, tar.offset, size)
         except tarfile.TarError as err:
             defect = f"unreadable tar header ({err})"
     return TarIndex(samples=tuple(found.samples), defect=defect, cut=cut)
+
+
+def _damaged_header(fh: BinaryIO, offset: int, size: int) -> str | None:
+    """Why a tar walk that ended at ``offset`` ended there, where it was not the archive's end: a
+    header block that is not the end-of-archive block of zeros (its checksum fails, so
+    :mod:`tarfile` stopped reading). ``None`` at a real end (zeros, or the end of the file)."""
+    if offset + tarfile.BLOCKSIZE > size:
+        return None
+    fh.seek(offset)
+    block = fh.read(tarfile.BLOCKSIZE)
+    if not block.strip(b"\0"):
+        return None
+    return (f"damaged tar header at byte {offset}, whose checksum does not match its bytes: disk, copy or cache "
+            "damage after the build; no tar reader reads past it")
 
 
 #: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
