@@ -601,12 +601,15 @@ def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_ru
     assert list(skipping) == [] and skipping.skipped == 6
 
 
-@pytest.mark.parametrize("mmap", ["1", "0"])
-def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(tmp_path, monkeypatch, mmap):
+@pytest.mark.parametrize("read", ["mapped", "positional", "streamed"])
+def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(tmp_path, monkeypatch, read):
     """A flipped byte in a member's header fails the header's checksum, and a tar reader stops
     there; the shard still has the manifest's size, so "truncated ... (early end of archive)"
-    sent the user looking for a short copy. The message names the damaged header and its offset."""
-    monkeypatch.setenv("PACKER_TAR_MMAP", mmap)
+    sent the user looking for a short copy. The message names the damaged header and its offset,
+    whether the shard is memory-mapped, read positionally or streamed from a store."""
+    import fsspec
+
+    monkeypatch.setenv("PACKER_TAR_MMAP", "0" if read == "positional" else "1")
     manifest = build_dataset(tmp_path / "ds", shard_sizes=(4,))
     shard = tmp_path / "ds" / "train-000000.tar"
     with tarfile.open(shard) as tar:
@@ -614,8 +617,18 @@ def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(t
     damaged = bytearray(shard.read_bytes())
     damaged[second.offset + 1] ^= 0x01   # a byte of the member's name: the header checksum no longer matches
     shard.write_bytes(bytes(damaged))
-    with pytest.raises(ShardReadError, match="train-000000.tar") as err:
-        list(ShardDataset(manifest, "train", shuffle=False))
+    where: Path | str = manifest
+    if read == "streamed":
+        memory = fsspec.filesystem("memory")
+        for path in manifest.parent.iterdir():
+            memory.pipe(f"/damaged-header/v/{path.name}", path.read_bytes())
+        where = "memory://damaged-header/v/manifest.json"
+    try:
+        with pytest.raises(ShardReadError, match="train-000000.tar") as err:
+            list(ShardDataset(where, "train", shuffle=False))
+    finally:
+        if read == "streamed":
+            fsspec.filesystem("memory").rm("/damaged-header", recursive=True)
     message = str(err.value)
     assert "early end of archive" not in message, message
     assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message
