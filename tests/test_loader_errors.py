@@ -632,3 +632,26 @@ def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(t
     message = str(err.value)
     assert "early end of archive" not in message, message
     assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message
+
+
+def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_path):
+    """make_loader with workers: the ShardReadError reaches the training loop with its own
+    message (shard, key, what to do) and its shard and key, as with num_workers=0, instead of
+    PyTorch's "Caught ShardReadError in DataLoader worker process 1. Original Traceback ..."
+    rebuilt from the text alone (shard and key None)."""
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(4, 4))
+    shard = tmp_path / "ds" / "train-000001.tar"
+    with tarfile.open(shard) as tar:
+        member = [m for m in tar.getmembers() if m.name.endswith(".npy")][2]
+    damaged = bytearray(shard.read_bytes())
+    damaged[member.offset_data + member.size - 1] ^= 0x01
+    shard.write_bytes(bytes(damaged))
+    key = member.name[: -len(".npy")]
+    errors = []
+    for workers in (0, 2):
+        with pytest.raises(ShardReadError) as err:
+            list(make_loader(ShardDataset(manifest, "train", shuffle=False), 2, workers))
+        errors.append(err.value)
+    for error in errors:
+        assert (error.shard, error.key) == ("train-000001.tar", key)
+        assert str(error).startswith(f"train-000001.tar: sample {key}: checksum_mismatch"), str(error)

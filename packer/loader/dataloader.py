@@ -281,6 +281,17 @@ class _Refused:
     message: str
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """In place of a batch, from a worker: a :class:`ShardReadError` it raised. The main process
+    raises it with its own message, shard and key (PyTorch would rebuild it from a text that
+    starts with the worker's traceback, shard and key lost)."""
+
+    message: str
+    shard: str | None
+    key: str | None
+
+
 class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
@@ -289,13 +300,17 @@ class _BatchStream(IterableDataset):
         super().__init__()
         self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
 
-    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused, tuple[str, ...]]]:
+    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused | _Failed, tuple[str, ...]]]:
         batches = self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
                                             collate=self.collate)
         try:
             yield from batches
         except MixedShapesError as err:
             yield _Refused(str(err)), ()
+        except ShardReadError as err:
+            if get_worker_info() is None:
+                raise  # the main process: as it is, traceback and all
+            yield _Failed(str(err), err.shard, err.key), ()
 
 
 def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
@@ -426,6 +441,8 @@ class ShardLoader:
             for batch, skipped in iterator:
                 if isinstance(batch, _Refused):
                     raise MixedShapesError(batch.message)
+                if isinstance(batch, _Failed):
+                    raise ShardReadError(batch.message, shard=batch.shard, key=batch.key)
                 # Nominal positions (batch_size per batch, also for a short last batch): ranks
                 # step together, so batches × batch_size is every rank's position, even where
                 # this rank's sequence is a sample shorter than another's. Each rank caps it
