@@ -568,3 +568,90 @@ def test_bench_loader_refuses_an_empty_list_or_no_time_as_a_usage_error(tmp_path
     result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--workers", "0", "--seconds", "0.05", *option])
     assert result.exit_code == 2, result.output
     assert option[0] in result.output and "Traceback" not in result.output and "samples/s" not in result.output
+
+
+def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_run_verify(tmp_path):
+    """A flipped byte inside a compressed Parquet page fails the decompression before any checksum
+    can be computed; the message must still say what the damage is and what to do, as the
+    checksum_mismatch one does, not only the decompressor's words."""
+    import pyarrow.parquet as pq
+
+    manifest = build_dataset(tmp_path / "ds", fmt="parquet", shard_sizes=(6,))
+    shard = tmp_path / "ds" / "train-000000.parquet"
+    group = pq.ParquetFile(shard).metadata.row_group(0)
+    chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "metadata")
+    assert chunk.compression != "UNCOMPRESSED"
+    original = shard.read_bytes()
+    end = chunk.data_page_offset + chunk.total_compressed_size
+    for offset in range(end - 1, chunk.data_page_offset, -1):  # the last page byte that breaks the page
+        damaged = bytearray(original)
+        damaged[offset] ^= 0xFF
+        shard.write_bytes(bytes(damaged))
+        try:
+            pq.read_table(shard)
+        except Exception:  # noqa: BLE001 - any failure of the stock reader: the page no longer decodes
+            break
+    else:
+        pytest.fail("no single flipped byte made the metadata page undecodable")
+    with pytest.raises(ShardReadError, match="train-000000.parquet") as err:
+        list(ShardDataset(manifest, "train", shuffle=False))
+    message = str(err.value)
+    assert "undecodable" in message and "restore" in message and "packer verify" in message, message
+    skipping = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
+    assert list(skipping) == [] and skipping.skipped == 6
+
+
+@pytest.mark.parametrize("read", ["mapped", "positional", "streamed"])
+def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(tmp_path, monkeypatch, read):
+    """A flipped byte in a member's header fails the header's checksum, and a tar reader stops
+    there; the shard still has the manifest's size, so "truncated ... (early end of archive)"
+    sent the user looking for a short copy. The message names the damaged header and its offset,
+    whether the shard is memory-mapped, read positionally or streamed from a store."""
+    import fsspec
+
+    monkeypatch.setenv("PACKER_TAR_MMAP", "0" if read == "positional" else "1")
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(4,))
+    shard = tmp_path / "ds" / "train-000000.tar"
+    with tarfile.open(shard) as tar:
+        second = [m for m in tar.getmembers() if not m.name.startswith(tar.getmembers()[0].name.split(".")[0])][0]
+    damaged = bytearray(shard.read_bytes())
+    damaged[second.offset + 1] ^= 0x01   # a byte of the member's name: the header checksum no longer matches
+    shard.write_bytes(bytes(damaged))
+    where: Path | str = manifest
+    if read == "streamed":
+        memory = fsspec.filesystem("memory")
+        for path in manifest.parent.iterdir():
+            memory.pipe(f"/damaged-header/v/{path.name}", path.read_bytes())
+        where = "memory://damaged-header/v/manifest.json"
+    try:
+        with pytest.raises(ShardReadError, match="train-000000.tar") as err:
+            list(ShardDataset(where, "train", shuffle=False))
+    finally:
+        if read == "streamed":
+            fsspec.filesystem("memory").rm("/damaged-header", recursive=True)
+    message = str(err.value)
+    assert "early end of archive" not in message, message
+    assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message
+
+
+def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_path):
+    """make_loader with workers: the ShardReadError reaches the training loop with its own
+    message (shard, key, what to do) and its shard and key, as with num_workers=0, instead of
+    PyTorch's "Caught ShardReadError in DataLoader worker process 1. Original Traceback ..."
+    rebuilt from the text alone (shard and key None)."""
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(4, 4))
+    shard = tmp_path / "ds" / "train-000001.tar"
+    with tarfile.open(shard) as tar:
+        member = [m for m in tar.getmembers() if m.name.endswith(".npy")][2]
+    damaged = bytearray(shard.read_bytes())
+    damaged[member.offset_data + member.size - 1] ^= 0x01
+    shard.write_bytes(bytes(damaged))
+    key = member.name[: -len(".npy")]
+    errors = []
+    for workers in (0, 2):
+        with pytest.raises(ShardReadError) as err:
+            list(make_loader(ShardDataset(manifest, "train", shuffle=False), 2, workers))
+        errors.append(err.value)
+    for error in errors:
+        assert (error.shard, error.key) == ("train-000001.tar", key)
+        assert str(error).startswith(f"train-000001.tar: sample {key}: checksum_mismatch"), str(error)

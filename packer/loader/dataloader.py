@@ -223,8 +223,10 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     ``mask.pad``, the id ``fit`` pads with, so a loss that ignores it ignores the collate's
     padding too; 0, background, by default).
 
-    Channel counts or dtypes that differ raise :class:`MixedShapesError`: padding channels
-    would invent data.
+    Volumes (C×D×H×W) of one size and dtype have nothing to pad: they are stacked as
+    :func:`collate_stack` does (``mask`` B×D×H×W), with ``size`` each one's height, width.
+    Volumes of several sizes, and channel counts or dtypes that differ, raise
+    :class:`MixedShapesError`: padding depth or channels would invent data.
     """
     images = [item["image"] for item in items]
     if not images:
@@ -235,6 +237,10 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
                                f"volumes of several sizes: {describe_mixed(items)}; give the volumes one size with "
                                "sample: {volume: {size: [D, H, W]}} in the job file, or take them as a list: "
                                "make_loader(dataset, batch_size, collate=\"list\")")
+    if all(isinstance(im, torch.Tensor) and im.ndim == 4 for im in images) and len({im.dtype for im in images}) == 1:
+        # volumes of one size (what sample: {volume: {size}} gives them): nothing to pad, so stacked
+        stacked = collate_stack(items)
+        return {**stacked, "size": torch.tensor([list(im.shape[-2:]) for im in images], dtype=torch.int64)}
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
@@ -275,6 +281,17 @@ class _Refused:
     message: str
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """In place of a batch, from a worker: a :class:`ShardReadError` it raised. The main process
+    raises it with its own message, shard and key (PyTorch would rebuild it from a text that
+    starts with the worker's traceback, shard and key lost)."""
+
+    message: str
+    shard: str | None
+    key: str | None
+
+
 class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
@@ -283,13 +300,17 @@ class _BatchStream(IterableDataset):
         super().__init__()
         self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
 
-    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused, tuple[str, ...]]]:
+    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused | _Failed, tuple[str, ...]]]:
         batches = self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
                                             collate=self.collate)
         try:
             yield from batches
         except MixedShapesError as err:
             yield _Refused(str(err)), ()
+        except ShardReadError as err:
+            if get_worker_info() is None:
+                raise  # the main process: as it is, traceback and all
+            yield _Failed(str(err), err.shard, err.key), ()
 
 
 def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
@@ -420,6 +441,8 @@ class ShardLoader:
             for batch, skipped in iterator:
                 if isinstance(batch, _Refused):
                     raise MixedShapesError(batch.message)
+                if isinstance(batch, _Failed):
+                    raise ShardReadError(batch.message, shard=batch.shard, key=batch.key)
                 # Nominal positions (batch_size per batch, also for a short last batch): ranks
                 # step together, so batches × batch_size is every rank's position, even where
                 # this rank's sequence is a sample shorter than another's. Each rank caps it

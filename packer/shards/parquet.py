@@ -232,7 +232,10 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
             if i >= len(want):
                 return
     except (OSError, pa.ArrowException, TypeError, ValueError) as err:
-        yield from _fail(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err})")
+        yield from _fail(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err}): the shard's bytes "
+                         "changed after the build (disk, copy or cache damage) or it is not the file the build wrote; "
+                         "restore it from a good copy or rebuild the dataset, and run `packer verify` on the "
+                         "version folder to name every damaged shard")
         return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
 

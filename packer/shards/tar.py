@@ -358,9 +358,39 @@ def _scan_tarfile(path: Path) -> TarIndex:
                                      size=member.size):
                         defect = f"key {parsed[0]!r} appears twice"
                         break
+                if defect is None:  # tarfile ends an archive quietly at a header whose checksum fails
+                    defect = _damaged_header(fh, tar.offset, size)
         except tarfile.TarError as err:
             defect = f"unreadable tar header ({err})"
     return TarIndex(samples=tuple(found.samples), defect=defect, cut=cut)
+
+
+def _stream_stopped_early(tar: tarfile.TarFile) -> str | None:
+    """Why a tar stream's walk ended at ``tar.offset`` where the archive had not ended: bytes
+    other than zeros after the block it stopped at (the header it could not read; read past
+    already). ``None`` at a real end: only the end-of-archive zeros follow."""
+    stream = tar.fileobj
+    assert stream is not None  # an open TarFile has its file
+    while chunk := stream.read(1 << 20):
+        if chunk.strip(b"\0"):
+            return _damaged_header_text(tar.offset)
+    return None
+
+
+def _damaged_header_text(offset: int) -> str:
+    return (f"damaged tar header at byte {offset}, whose checksum does not match its bytes: disk, copy or cache "
+            "damage after the build; no tar reader reads past it")
+
+
+def _damaged_header(fh: BinaryIO, offset: int, size: int) -> str | None:
+    """Why a tar walk that ended at ``offset`` ended there, where it was not the archive's end: a
+    header block that is not the end-of-archive block of zeros (its checksum fails, so
+    :mod:`tarfile` stopped reading). ``None`` at a real end (zeros, or the end of the file)."""
+    if offset + tarfile.BLOCKSIZE > size:
+        return None
+    fh.seek(offset)
+    block = fh.read(tarfile.BLOCKSIZE)
+    return _damaged_header_text(offset) if block.strip(b"\0") else None
 
 
 #: A ``.cls`` member this close before its ``.npy`` member (packer writes ``.cls``, ``.json``,
@@ -584,6 +614,8 @@ def stream_tar_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dic
                 extracted = tar.extractfile(member)
                 members[ext] = extracted.read() if extracted is not None else b""
                 reading = None
+            else:  # tarfile ends a stream quietly at a header whose checksum fails, as a file
+                defect = _stream_stopped_early(tar)
     except (tarfile.TarError, EOFError) as err:
         if reading is not None and key is not None:  # the stream ends inside this sample: it is not whole
             defect = f"unreadable tar stream in member {reading!r} ({err}): sample {key} is cut short"
