@@ -498,3 +498,30 @@ def test_a_class_column_of_ids_or_run_length_masks_warns() -> None:
     assert "the column holds an id or a note" in str(id_like_class_warning(job, np.arange(40, dtype=np.int32), ids))
     classes = [f"class{i}" for i in range(25)]
     assert id_like_class_warning(job, np.repeat(np.arange(25, dtype=np.int32), 4), classes) is None
+
+
+def test_a_source_whose_every_file_is_bad_is_a_warning_naming_it_in_validate_and_build(tmp_path: Path) -> None:
+    # a job that mixes sources, one of which is entirely broken (a cut download), built with exit 0
+    # within max_bad_fraction: the bad files were listed, but nothing said that a whole source, and with
+    # it its classes, was missing from the dataset
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity",
+                    "ratios": {"train": 1.0}}, max_bad=0.5)
+    broken = tmp_path / "scans" / "cat"
+    broken.mkdir(parents=True)
+    ok, encoded = cv2.imencode(".png", photo(9))
+    for i in range(2):
+        (broken / f"s{i}.png").write_bytes(encoded.tobytes()[:200])  # cut short
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"].append({"kind": "image", "name": "scans", "root": "scans", "label": "folder"})
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said = "source 'scans' packed no sample: every one of its 2 files is a bad sample (truncated 2)"
+
+    code, output, report, _ = validate(job)
+    assert code == 0, output
+    (warning,) = [w for w in report["warnings"] if w["code"] == "sources"]
+    assert warning["message"].startswith(said), warning
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert built.exit_code == 0, built.output
+    assert f"packer: warning: photos: {said}" in built.output, built.output
+    assert "source 'raw'" not in built.output and "source 'photos'" not in built.output
