@@ -525,3 +525,17 @@ def test_a_source_whose_every_file_is_bad_is_a_warning_naming_it_in_validate_and
     assert built.exit_code == 0, built.output
     assert f"packer: warning: photos: {said}" in built.output, built.output
     assert "source 'raw'" not in built.output and "source 'photos'" not in built.output
+
+
+def test_a_misspelt_word_where_a_word_or_a_mapping_is_taken_names_the_closest_word_and_what_is_taken(
+        tmp_path: Path) -> None:
+    # label: foldr said only "'foldr' is not valid under any of the given schemas"
+    doc = demo_doc()
+    doc["sources"][1]["label"] = "foldr"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", str(job)])
+    assert result.exit_code == 2
+    assert "sources[1].label: 'foldr' is not valid under any of the given schemas (did you mean 'folder'?)" in \
+        result.output, result.output
+    assert "'none': unlabeled. 'folder': the first path component under root is the class" in result.output
