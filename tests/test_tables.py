@@ -729,3 +729,30 @@ def test_a_join_key_given_twice_is_named_by_its_rows_not_its_value_under_phi(tmp
     assert "ZZPHI" not in str(pseudonymized.value)
     with pytest.raises(ConfigError, match=r"rows 2 and 3 both have entity='ZZPHI_MRN_5551'"):
         discover(job)  # phi: keep (no pseudonymizer): the value helps find the rows
+
+
+def test_a_file_the_table_names_in_another_column_says_so_when_it_has_no_row_of_its_own(tmp_path: Path) -> None:
+    # a Decathlon-style table (path,entity,mask,label) on a source without mask: the label maps it
+    # names were missing_label samples told to "add its row", which would pack a label map as an image
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    root = tmp_path / "raw"
+    _files(root, ["imagesTr/a.png", "imagesTr/b.png", "labelsTr/a.png", "labelsTr/b.png"], real=True)
+    _csv(root / "cases.csv", "path,entity,mask,label",
+         ["imagesTr/a.png,A,labelsTr/a.png,x", "imagesTr/b.png,B,./labelsTr/b.png,y"])
+    job = _job(tmp_path, {"root": "raw", "table": "raw/cases.csv"}, validate={"max_bad_fraction": 1.0},
+               transform={"image": {"size": [24, 24]}})
+    run = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json",
+                                    str(tmp_path / "v.json")])
+    assert run.exit_code == 0, run.output
+    records = {Path(r["path"]).relative_to(root).as_posix(): r
+               for r in json.loads((tmp_path / "v.json").read_text())["bad_samples"]["records"]}
+    assert sorted(records) == ["labelsTr/a.png", "labelsTr/b.png"]
+    for rel, number in (("labelsTr/a.png", 2), ("labelsTr/b.png", 3)):
+        message = records[rel]["message"]
+        assert records[rel]["reason"] == "missing_label"
+        assert f"row {number}'s column 'mask' names it" in message, message
+        assert "mask: {column: mask" in message and "table.files: table" in message
+        assert "add its row" not in message
