@@ -604,3 +604,6 @@ def test_a_dataset_of_sources_with_different_dtypes_is_read_one_source_at_a_time
         ShardDataset(manifest, "train")
     shown = CliRunner().invoke(main, ["inspect", str(manifest.parent)])
     assert "samples       mixed dtypes CHW; ct [1, 8, 8] uint8; mr [1, 8, 8] float16" in shown.output, shown.output
+    reported = CliRunner().invoke(main, ["report", str(manifest.parent)])
+    assert reported.exit_code == 0, reported.output
+    assert "mixed CHW: ct 1×8×8 uint8; mr 1×8×8 float16" in (manifest.parent / "report.html").read_text()
