@@ -539,3 +539,25 @@ def test_a_misspelt_word_where_a_word_or_a_mapping_is_taken_names_the_closest_wo
     assert "sources[1].label: 'foldr' is not valid under any of the given schemas (did you mean 'folder'?)" in \
         result.output, result.output
     assert "'none': unlabeled. 'folder': the first path component under root is the class" in result.output
+
+
+def test_a_source_whose_every_file_is_filtered_out_is_a_warning_that_says_only_that(tmp_path: Path) -> None:
+    # the warning for a source of left-out files read "its 2 files are bad (none) or left out on purpose"
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity",
+                    "ratios": {"train": 1.0}})
+    other = tmp_path / "other"
+    other.mkdir()
+    rows = ["path,label,entity,site"]
+    for i in range(2):
+        cv2.imwrite(str(other / f"o{i}.png"), photo(20 + i))
+        rows.append(f"o{i}.png,a,F{i},B")
+    (other / "labels.csv").write_text("\n".join(rows) + "\n")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"].append({"kind": "image", "name": "other", "root": "other", "table": "other/labels.csv",
+                           "where": {"site": "A"}})
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, output, report, _ = validate(job)
+    assert code == 0, output
+    (warning,) = [w for w in report["warnings"] if w["code"] == "sources"]
+    assert warning["message"].startswith("source 'other' packed no sample: every one of its 2 files is left out on "
+                                         "purpose (filtered 2)"), warning

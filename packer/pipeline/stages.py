@@ -321,8 +321,10 @@ def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Is
             continue
         if not out:
             what = f"every one of its {files} files is a bad sample ({describe_counts(bad)})"
+        elif not bad:
+            what = f"every one of its {files} files is left out on purpose ({describe_counts(out)})"
         else:
-            what = (f"its {files} files are bad ({describe_counts(bad) or 'none'}) or left out on purpose "
+            what = (f"its {files} files are bad ({describe_counts(bad)}) or left out on purpose "
                     f"({describe_counts(out)})")
         said.append(f"source {source.name!r} packed no sample: {what}")
     if not said:
