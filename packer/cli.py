@@ -61,7 +61,7 @@ def main() -> None:
 
 
 def _print_summary(result: Any) -> None:
-    from packer.pipeline.build import several_shapes
+    from packer.pipeline.build import several_dtypes, several_shapes
     from packer.pipeline.datacheck import empty_splits
     from packer.targets import Target
 
@@ -76,7 +76,7 @@ def _print_summary(result: Any) -> None:
                      f"{len(entry['shards']):>4} shards  [{classes}]")
     for empty in empty_splits(manifest["config"]["split"], manifest["splits"]):  # a warning: the build goes on
         lines.append(f"  warning: {empty.message}")
-    for shapes in several_shapes(manifest["sample_schema"]):
+    for shapes in several_shapes(manifest["sample_schema"]) + several_dtypes(manifest["sample_schema"]):
         lines.append(f"  warning: {shapes}")
     bad = manifest["bad_samples"]
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"

@@ -191,7 +191,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     libs = ", ".join(f"{k} {v}" for k, v in sorted(summary["libraries"].items()) if k != "packer")
     by_decoder = Counter(summary["decoders"].values())
     schema = summary["sample_schema"]
-    shapes = "; ".join(f"{src} {', '.join(map(str, s))}" for src, s in sorted(schema["shapes"].items()))
+    dtypes = schema.get("dtypes") or {}  # each source's, where they differ
+    shapes = "; ".join(f"{src} {', '.join(map(str, s))}" + (f" {'/'.join(dtypes[src])}" if src in dtypes else "")
+                       for src, s in sorted(schema["shapes"].items()))
     target = Target.of_json(summary.get("target") or {"kind": "class"})
     lines = [
         f"dataset {summary['name']} version {summary['version']}",

@@ -234,6 +234,16 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
     if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
             and description:
         return f"{message}. {description}"
+    if error.validator in ("oneOf", "anyOf") and isinstance(error.instance, str):
+        # a word where a word or a mapping is taken (label: foldr): the closest word the branches
+        # allow, and the value's description, which says what each branch means
+        words = {str(v).lower(): str(v) for branch in error.validator_value if isinstance(branch, dict)
+                 for v in branch.get("enum", ()) if isinstance(v, str)}
+        close = difflib.get_close_matches(error.instance.lower(), list(words), n=1)
+        if close:
+            message += f" (did you mean {words[close[0]]!r}?)"
+        if isinstance(description, str) and description:
+            message += f". {description}"
     return message
 
 

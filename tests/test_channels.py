@@ -157,3 +157,15 @@ def test_a_count_only_the_file_tells_that_cannot_be_mapped_makes_it_a_bad_shape_
     assert "frames: split" in records[0]["message"]
     assert result.manifest["sample_schema"]["shape"] == [3, 64, 64]
     assert json.loads(result.manifest_path.read_text())["bad_samples"]["by_reason"]["bad_shape"] == 1
+
+
+def test_a_count_that_cannot_become_one_channel_says_what_can(demo_raw: Any, tmp_path: Path) -> None:
+    # said "only 1 channel (replicated) or exactly 1 can be mapped": replication is no way to one channel
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["transform"] = {"channels": 1, "dicom": {"windows": ["lung", "bone"]}, "image": {"color": "gray"}}
+    with pytest.raises(ConfigError) as caught:
+        load_job(write_job(tmp_path, doc))
+    said = str(caught.value)
+    assert "only 1 channel (replicated) or exactly 1" not in said, said
+    assert ("transform.channels is 1: only a sample of exactly 1 channel, or of 3 colour channels of a colour DICOM "
+            "(their luminance), can be mapped, never a silent reshape") in said, said

@@ -498,3 +498,66 @@ def test_a_class_column_of_ids_or_run_length_masks_warns() -> None:
     assert "the column holds an id or a note" in str(id_like_class_warning(job, np.arange(40, dtype=np.int32), ids))
     classes = [f"class{i}" for i in range(25)]
     assert id_like_class_warning(job, np.repeat(np.arange(25, dtype=np.int32), 4), classes) is None
+
+
+def test_a_source_whose_every_file_is_bad_is_a_warning_naming_it_in_validate_and_build(tmp_path: Path) -> None:
+    # a job that mixes sources, one of which is entirely broken (a cut download), built with exit 0
+    # within max_bad_fraction: the bad files were listed, but nothing said that a whole source, and with
+    # it its classes, was missing from the dataset
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity",
+                    "ratios": {"train": 1.0}}, max_bad=0.5)
+    broken = tmp_path / "scans" / "cat"
+    broken.mkdir(parents=True)
+    ok, encoded = cv2.imencode(".png", photo(9))
+    for i in range(2):
+        (broken / f"s{i}.png").write_bytes(encoded.tobytes()[:200])  # cut short
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"].append({"kind": "image", "name": "scans", "root": "scans", "label": "folder"})
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said = "source 'scans' packed no sample: every one of its 2 files is a bad sample (truncated 2)"
+
+    code, output, report, _ = validate(job)
+    assert code == 0, output
+    (warning,) = [w for w in report["warnings"] if w["code"] == "sources"]
+    assert warning["message"].startswith(said), warning
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert built.exit_code == 0, built.output
+    assert f"packer: warning: photos: {said}" in built.output, built.output
+    assert "source 'raw'" not in built.output and "source 'photos'" not in built.output
+
+
+def test_a_misspelt_word_where_a_word_or_a_mapping_is_taken_names_the_closest_word_and_what_is_taken(
+        tmp_path: Path) -> None:
+    # label: foldr said only "'foldr' is not valid under any of the given schemas"
+    doc = demo_doc()
+    doc["sources"][1]["label"] = "foldr"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", str(job)])
+    assert result.exit_code == 2
+    assert "sources[1].label: 'foldr' is not valid under any of the given schemas (did you mean 'folder'?)" in \
+        result.output, result.output
+    assert "'none': unlabeled. 'folder': the first path component under root is the class" in result.output
+
+
+def test_a_source_whose_every_file_is_filtered_out_is_a_warning_that_says_only_that(tmp_path: Path) -> None:
+    # the warning for a source of left-out files read "its 2 files are bad (none) or left out on purpose"
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity",
+                    "ratios": {"train": 1.0}})
+    other = tmp_path / "other"
+    other.mkdir()
+    rows = ["path,label,entity,site"]
+    for i in range(2):
+        cv2.imwrite(str(other / f"o{i}.png"), photo(20 + i))
+        rows.append(f"o{i}.png,a,F{i},B")
+    (other / "labels.csv").write_text("\n".join(rows) + "\n")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"].append({"kind": "image", "name": "other", "root": "other", "table": "other/labels.csv",
+                           "where": {"site": "A"}})
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, output, report, _ = validate(job)
+    assert code == 0, output
+    (warning,) = [w for w in report["warnings"] if w["code"] == "sources"]
+    assert warning["message"].startswith("source 'other' packed no sample: every one of its 2 files is left out on "
+                                         "purpose (filtered 2)"), warning

@@ -19,6 +19,7 @@ import jsonschema
 import numpy as np
 import pydicom
 import pytest
+import yaml
 from click.testing import CliRunner
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
@@ -338,3 +339,25 @@ def test_a_dicom_entity_from_the_path_keeps_a_patients_views_together_when_patie
     assert len(index) == 24 and len(entities) == 6 and all(len(splits) == 1 for splits in entities.values())
     (bad,) = read_bad_samples(version / "bad_samples.jsonl")
     assert bad["reason"] == "missing_entity" and "does not match the source's entity: {path:" in bad["message"]
+
+
+def test_an_entity_or_time_that_is_no_dicom_keyword_is_refused_naming_the_source_and_the_close_keyword(
+        tmp_path: Path) -> None:
+    # entity: PatientId (a typo of PatientID) read no header element, so every file of the source was
+    # a missing_entity bad sample whose message said the header's PatientId "is empty for this file"
+    raw = tmp_path / "raw"
+    save(ct_dataset(PatientID="P001"), raw / "P001" / "s0.dcm")
+    for name, key, value in [("e", "entity", "PatientId"), ("t", "time", ["StudyDate", "StudyTme"]),
+                             ("u", "time", "AcquisitionDatetime")]:
+        job = export_job(tmp_path / name, raw)
+        doc = yaml.safe_load(job.read_text())
+        doc["sources"][0]["name"] = "ct"
+        doc["sources"][0][key] = value
+        job.write_text(json.dumps(doc))
+        close = {"PatientId": "PatientID", "StudyTme": "StudyTime", "AcquisitionDatetime": "AcquisitionDateTime"}
+        bad = value if isinstance(value, str) else value[1]
+        with pytest.raises(ConfigError, match=rf"sources\[0\]\.{key} \(source 'ct'\): {bad!r} is not a DICOM keyword"
+                                              rf".*did you mean the DICOM keyword {close[bad]!r}\?"):
+            load_job(job)
+    ok = export_job(tmp_path / "ok", raw)
+    assert load_job(ok).sources[0].entity == "PatientID"

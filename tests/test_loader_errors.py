@@ -655,3 +655,42 @@ def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_pat
     for error in errors:
         assert (error.shard, error.key) == ("train-000001.tar", key)
         assert str(error).startswith(f"train-000001.tar: sample {key}: checksum_mismatch"), str(error)
+
+
+def test_a_dataset_of_sources_with_different_dtypes_is_read_one_source_at_a_time(tmp_path):
+    # a CT source (uint8 windows) beside MR NIfTI z-scored to float16 built with exit 0, but the
+    # loader refused the whole dataset, a sources=["mr"] view of one dtype included, as an integrity
+    # failure ("sample_schema.dtype is null"), and the build said nothing of the dtypes
+    import nibabel as nib
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from tests.test_targets import _ct, _job
+
+    ct, mr = tmp_path / "ct", tmp_path / "mr"
+    for i in range(2):
+        _ct(ct, f"P{i}/s0.dcm", f"P{i}", seed=i)
+    mr.mkdir()
+    volume = np.random.default_rng(0).uniform(100, 900, size=(8, 8, 3)).astype(np.float32)
+    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 2.0, 1.0])), mr / "case1.nii.gz")
+    job = _job(tmp_path, [{"kind": "dicom", "name": "ct", "root": str(ct), "label": "none"},
+                          {"kind": "nifti", "name": "mr", "root": str(mr), "label": "none"}],
+               transform={"dicom": {"size": [8, 8], "windows": ["lung"]},
+                          "nifti": {"size": [8, 8], "windows": ["zscore"], "output": "float16"}})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report"])
+    assert run.exit_code == 0, run.output
+    assert "warning: the sources' samples have different dtypes (ct uint8, mr float16)" in run.output, run.output
+    manifest = next((tmp_path / "out" / "targets").glob("*/manifest.json"))
+    assert json.loads(manifest.read_text())["sample_schema"]["dtypes"] == {"ct": ["uint8"], "mr": ["float16"]}
+
+    mr_items = list(ShardDataset(manifest, "train", sources=["mr"], shuffle=False))
+    assert len(mr_items) == 3 and all(item["image"].dtype == torch.float16 for item in mr_items)
+    ct_items = list(ShardDataset(manifest, "train", sources=["ct"], shuffle=False))
+    assert len(ct_items) == 2 and all(item["image"].dtype == torch.uint8 for item in ct_items)
+    with pytest.raises(ConfigError, match=r"different dtypes \(ct uint8, mr float16\).*sources=\['ct'\]"):
+        ShardDataset(manifest, "train")
+    shown = CliRunner().invoke(main, ["inspect", str(manifest.parent)])
+    assert "samples       mixed dtypes CHW; ct [1, 8, 8] uint8; mr [1, 8, 8] float16" in shown.output, shown.output
+    reported = CliRunner().invoke(main, ["report", str(manifest.parent)])
+    assert reported.exit_code == 0, reported.output
+    assert "mixed CHW: ct 1×8×8 uint8; mr 1×8×8 float16" in (manifest.parent / "report.html").read_text()

@@ -74,7 +74,9 @@ def render_summary(data: ReportData) -> str:
     bad = m.get("bad_samples", {})
     inputs = m.get("inputs", {})
     schema = m.get("sample_schema", {})
+    dtypes = schema.get("dtypes") or {}  # each source's, where they differ
     shapes = "; ".join(f"{esc(src)} {' / '.join('×'.join(map(str, s)) for s in shp)}"
+                       + (f" {esc('/'.join(dtypes[src]))}" if src in dtypes else "")
                        for src, shp in schema.get("shapes", {}).items()) or "-"
     target_name, target_value, target_field = target_fact(data)
     facts = [

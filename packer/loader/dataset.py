@@ -431,7 +431,8 @@ class ShardDataset(PlannedDataset):
             raise ConfigError("shuffle_buffer must be >= 1")
         #: The local shard cache remote shards are read through (None: streamed, or a local dataset)
         self.cache = cache_from(cache_dir, cache_limit, read_ahead)
-        self.info = load_split(manifest, split, storage_options=storage_options, cache=self.cache)
+        self.info = load_split(manifest, split, storage_options=storage_options, cache=self.cache,
+                               sources=sources)
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         #: rank or world_size was passed (not taken from torch.distributed): a mix checks it against its own

@@ -181,8 +181,33 @@ class SplitInfo:
                          if sources is None or source in sources) or "(the manifest lists no shapes)"
 
 
+def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[str] | None) -> str:
+    """The one dtype of the samples of ``sources`` in a dataset whose samples have several
+    (``sample_schema.dtypes``: each source's), or ConfigError naming each source's dtype and the
+    view that reads it. Sources the dataset lacks are left to the view's own check."""
+    dtypes: Mapping[str, list[str]] = schema.get("dtypes") or {}
+    if not dtypes:  # a manifest written before each source's dtype was recorded
+        raise ConfigError(f"{path}: the samples have several dtypes (sample_schema.dtype is null) and the manifest "
+                          "does not say which source has which; rebuild it with this packer, then read one source "
+                          "at a time (ShardDataset(..., sources=[...]))")
+    if isinstance(sources, str):  # load_view refuses it with its own message
+        sources = [sources]
+    chosen = {dtype for source in (sources or ()) for dtype in dtypes.get(source, ())}
+    if sources is not None and len(chosen) == 1:
+        return next(iter(chosen))
+    each = ", ".join(f"{source} {'/'.join(found)}" for source, found in sorted(dtypes.items()))
+    single = [source for source, found in sorted(dtypes.items()) if len(found) == 1]
+    view = (f"ShardDataset(..., sources=[{single[0]!r}]), one view per dtype" if single
+            else "a source of one dtype")
+    asked = f" (sources={list(sources)} hold {', '.join(sorted(chosen))})" if sources is not None else ""
+    raise ConfigError(f"{path}: the sources' samples have different dtypes ({each}), and a batch holds one{asked}: "
+                      f"read {view}, or rebuild with one output dtype for every kind (transform.dicom.output, "
+                      "transform.nifti.output; images are uint8)")
+
+
 def load_split(manifest: str | os.PathLike[str], split: str, *,
-               storage_options: Mapping[str, Any] | None = None, cache: ShardCache | None = None) -> SplitInfo:
+               storage_options: Mapping[str, Any] | None = None, cache: ShardCache | None = None,
+               sources: Sequence[str] | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
@@ -192,7 +217,9 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     ``ConfigError`` when the store cannot be reached. The dataset hash is not checked here
     (``packer verify`` does that). On top of the schema the loader needs one numpy dtype, C×H×W
     shapes, and shards that add up to the split's sample count (IntegrityError otherwise);
-    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits).
+    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits). A dataset
+    whose sources' samples have different dtypes is read through a view of ``sources`` of one
+    dtype (``ConfigError`` otherwise, naming each source's dtype).
     """
     from packer.manifest import read_manifest  # jsonschema and pyarrow: not in every worker
 
@@ -207,8 +234,7 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
                           "(bad_samples.jsonl and excluded.jsonl beside the manifest say why); there is nothing to "
                           "load")
     if dtype is None:  # the build writes null for samples of mixed dtypes (and np.dtype(None) is float64)
-        raise IntegrityError(f"{path}: sample_schema.dtype is null (samples of mixed dtypes); the loader reads "
-                             "only datasets whose samples share one dtype")
+        dtype = _view_dtype(path, schema, sources)
     try:
         np.dtype(dtype)
     except TypeError as err:

@@ -182,12 +182,31 @@ def _sample_schema(samples: SampleTable) -> dict[str, Any]:
         by_source[sources[source]].add(shapes[shape])
     dtypes = {dtypes_of[c] for c in np.unique(dtype_codes).tolist()}
     all_shapes = {s for shapes in by_source.values() for s in shapes}
-    return {
+    schema: dict[str, Any] = {
         "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
         "layout": "CDHW" if any(len(shape) == 4 for shape in all_shapes) else "CHW",
         "shape": list(next(iter(all_shapes))) if len(all_shapes) == 1 else None,
         "shapes": {src: sorted(list(s) for s in shapes) for src, shapes in sorted(by_source.items())},
     }
+    if len(dtypes) > 1:  # only then: a dataset of one dtype keeps the manifest (and version) it had
+        by_dtype: dict[str, set[str]] = defaultdict(set)
+        for source, dtype in np.unique(np.stack([source_codes, dtype_codes], axis=1), axis=0):
+            by_dtype[sources[source]].add(dtypes_of[dtype])
+        schema["dtypes"] = {src: sorted(found) for src, found in sorted(by_dtype.items())}
+    return schema
+
+
+def several_dtypes(schema: Mapping[str, Any]) -> list[str]:
+    """A warning for a dataset whose samples have several dtypes (the manifest's
+    ``sample_schema.dtypes``): the loader reads one dtype at a time, so such a dataset is read a
+    source view at a time. Empty for a dataset of one dtype."""
+    dtypes: Mapping[str, list[str]] = schema.get("dtypes") or {}
+    if schema.get("dtype") is not None or not dtypes:
+        return []
+    each = ", ".join(f"{source} {'/'.join(found)}" for source, found in sorted(dtypes.items()))
+    return [f"the sources' samples have different dtypes ({each}), which no batch can stack and the loader reads "
+            "only one source view of one dtype at a time (ShardDataset(..., sources=[...])); for one dataset give "
+            "every kind one output dtype (transform.dicom.output, transform.nifti.output; images are uint8)"]
 
 
 def several_shapes(schema: Mapping[str, Any]) -> list[str]:

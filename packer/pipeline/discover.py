@@ -443,6 +443,30 @@ def _named_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]
     return named
 
 
+def _cells_naming_files(rows: Mapping[str, TableRow]) -> dict[str, tuple[int, str]]:
+    """Each relative path a row's other cells hold (normalized like table paths), with the first
+    row number and column that hold it: a label map or another file of a case named beside the
+    row's own file."""
+    cells: dict[str, tuple[int, str]] = {}
+    for row in sorted(rows.values(), key=lambda r: r.row):
+        for column, value in row.extra:
+            cell = value.strip()
+            if cell and ("/" in cell or "." in cell):
+                cells.setdefault(posixpath.normpath(cell), (row.row, column))
+    return cells
+
+
+def _named_elsewhere(rel: str, cell: tuple[int, str], table: Path | str, table_key: str) -> str:
+    """The ``missing_label`` message of a file that no row names as its own file while a row's
+    other column does (a Decathlon table's label map on a source without ``mask:``): adding its row
+    would pack it as an image."""
+    number, column = cell
+    return (f"no label: no row of {table} names {rel!r} as its file, though row {number}'s column {column!r} names "
+            f"it (a label map or another file of that row, listed here as an image of its own); to pack it as that "
+            f"row's mask give the source mask: {{column: {column}, classes: [...]}}, or, to leave such files out, "
+            f"set {table_key}.files: table (they are then not_in_table, never bad)")
+
+
 def _row_files_problem(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None
                        ) -> Issue | None:
     """The first problem with the files a row names beside its own: ``mask_missing`` for a
@@ -562,6 +586,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     rows = placed.rows
     named = _named_files(source, rows)
     only_table = source.table_map is not None and source.table_map.files == "table"
+    cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     for rel, path in files:
         progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
@@ -583,7 +608,10 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
         label = _target_text(source, rel, row, known)
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
         if label is None and table is not None and source.target.origin == "table":
+            if cells is None:
+                cells = _cells_naming_files(rows)
             unlabeled[path] = f"{path}: " + (row.unlabeled if row is not None and row.unlabeled else (
+                _named_elsewhere(rel, cells[rel], table, kind.table_key) if rel in cells else
                 f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
                 f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
                 "'label: none')"))

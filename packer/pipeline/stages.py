@@ -205,6 +205,12 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         # a broken file or two beside them does not make the left-out files' cause a bad fraction
         if not len(samples) and excluded and len(excluded) >= len(issues):
             raise _nothing_to_pack(job, excluded, issues, show_paths=not phi.active)
+        source_codes, source_names = samples.codes("source")
+        empty = empty_sources_warning(job, {source_names[c] for c in np.unique(source_codes).tolist()}, issues,
+                                      excluded)
+        if empty is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {empty}", file=sys.stderr, flush=True)
+            warned.append(("sources", empty))
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()
@@ -296,6 +302,42 @@ def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg
                                  masks=SpilledMasks(cache_dir, masked) if masked and cache_dir is not None else None,
                                  has_masks=bool(masked))
     return replace(found, dropped=found.rows) if cfg.label_conflict == "drop_group" else found
+
+
+def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Issue],
+                          excluded: Sequence[Excluded]) -> str | None:
+    """A warning naming each source of a job of several that packs no sample although it has files
+    (each bad or left out: a cut download, a wrong setting for that source alone), or None. Within
+    ``validate.max_bad_fraction`` such a build succeeds, and the dataset lacks that source's samples
+    and the classes only it holds. ``present``: the sources of the samples packed."""
+    if len(job.sources) < 2:
+        return None
+    names = sorted((source.name for source in job.sources), key=len, reverse=True)  # sample ids: <source>-<id>
+
+    def source_of(sample_id: str) -> str | None:
+        return next((name for name in names if sample_id.startswith(name + "-")), None)
+
+    said = []
+    for source in job.sources:
+        if source.name in present:
+            continue
+        bad = Counter(issue.reason for issue in issues if source_of(issue.sample_id) == source.name)
+        out = Counter(record.why for record in excluded if source_of(record.sample_id) == source.name)
+        files = sum(bad.values()) + sum(out.values())
+        if not files:
+            continue
+        if not out:
+            what = f"every one of its {files} files is a bad sample ({describe_counts(bad)})"
+        elif not bad:
+            what = f"every one of its {files} files is left out on purpose ({describe_counts(out)})"
+        else:
+            what = (f"its {files} files are bad ({describe_counts(bad)}) or left out on purpose "
+                    f"({describe_counts(out)})")
+        said.append(f"source {source.name!r} packed no sample: {what}")
+    if not said:
+        return None
+    return ("; ".join(said) + "; the dataset holds none of its samples, nor the classes only it has (bad_samples.jsonl "
+            f"and {EXCLUDED_FILE} say why for each file): fix that source's files or settings, or remove it")
 
 
 def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:

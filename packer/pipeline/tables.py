@@ -311,9 +311,11 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
         wanted[table.path] = f"{key}.path"
     for column in target_columns(source.target):
         wanted.setdefault(column, "label")
+    # a row's further files come from the kind's own keys (nifti: channel_files): name the one the job wrote
+    companions = "/".join(source_kind(source.kind).source_keys) or "companions"
     for column in source.file_columns():
         wanted.setdefault(column, "mask.column" if source.mask is not None and column == source.mask.column
-                          else "companions")
+                          else companions)
     if not source_kind(source.kind).identity_in_header:
         if source.entity_path is None:
             wanted.setdefault(source.entity, "entity")

@@ -58,6 +58,25 @@ _DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "float16": np.float16}
 _GREY = ("", "MONOCHROME1", "MONOCHROME2")
 
 
+def _check_identity_keywords(source: SourceConfig, index: int) -> None:
+    """Refuse a DICOM source whose ``entity:`` or ``time:`` names no DICOM keyword: the headers are
+    read by keyword only, so a misspelt one (``PatientId``) would make every file of the source a
+    ``missing_entity`` bad sample, or leave every file without a time. Raises ConfigError."""
+    checks = [("time", key) for key in source.time]
+    if source.entity_path is None:
+        checks.insert(0, ("entity", source.entity))
+    for field, key in checks:
+        if is_header_keyword(key):
+            continue
+        close = keyword_suggestion(key)
+        hint = f" (did you mean the DICOM keyword {close!r}?)" if close else ""
+        example = ("PatientID, or entity: {path: REGEX} for an id in the file's path" if field == "entity"
+                   else "StudyDate, StudyTime or AcquisitionDateTime")
+        raise ConfigError(f"sources[{index}].{field} (source {source.name!r}): {key!r} is not a DICOM keyword of "
+                          f"pydicom's data dictionary, so no file's header holds it{hint}; give a keyword such as "
+                          f"{example}")
+
+
 def _entity(ref: SampleRef, source: SourceConfig, from_header: str | None) -> str | None:
     """A file's entity: its header's (``source.entity``, PatientID by default), or, where the
     source takes it from paths (``entity: {path: REGEX}``: CBIS-DDSM writes each view's folder
@@ -142,6 +161,8 @@ class DicomKind(SourceKind):
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         cfg = job.dicom
         names = [s.name for s in sources]
+        for source in sources:
+            _check_identity_keywords(source, job.sources.index(source))
         every = [*cfg.windows, *(w for _, windows in cfg.modality_windows for w in windows)]
         if any(w.kind == "zscore" for w in every) and cfg.output != "float16":
             raise ConfigError(f"transform.dicom.output: a z-score is not in [0, 1] and cannot be {cfg.output}; set "

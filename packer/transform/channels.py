@@ -80,8 +80,10 @@ def check_channels(target: int, natural: int, *, where: str, sources: list[str],
     """
     if channel_rule(natural, target) is not None:
         return
+    mappable = ("only a sample of exactly 1 channel, or of 3 colour channels of a colour DICOM (their luminance), "
+                "can be mapped" if target == 1 else f"only 1 channel (replicated) or exactly {target} can be mapped")
     raise ConfigError(
         f"{where}: gives {natural} channel(s) for source(s) {', '.join(sources)}, and transform.channels is "
-        f"{target}: only 1 channel (replicated) or exactly {target} can be mapped, never a silent reshape. "
+        f"{target}: {mappable}, never a silent reshape. "
         f"Fix: {fix}; or drop transform.channels and load each source on its own "
         "(ShardDataset(manifest, split, sources=[...]))")
