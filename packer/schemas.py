@@ -93,8 +93,19 @@ def _path_text(parts: Iterable[str | int]) -> str:
     return text or "(top level)"
 
 
-def _key_path(error: jsonschema.ValidationError) -> str:
-    return _path_text(error.absolute_path)
+def _key_path(error: jsonschema.ValidationError, doc: Any = None) -> str:
+    """The error's key path; under ``sources[i]`` preceded by which source that is (its name,
+    else its root), so a job of several sources says which one without counting."""
+    parts = tuple(error.absolute_path)
+    text = _path_text(parts)
+    if len(parts) > 1 and parts[0] == "sources" and isinstance(parts[1], int) and isinstance(doc, dict):
+        sources = doc.get("sources")
+        source = sources[parts[1]] if isinstance(sources, list) and parts[1] < len(sources) else None
+        if isinstance(source, dict):
+            for key, said in (("name", "source {!r}"), ("root", "the source at {!r}")):
+                if isinstance(source.get(key), str) and source[key]:
+                    return f"{said.format(source[key])}, {text}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -206,10 +217,11 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
         fixed = {(u.where, u.suggestion) for u in unknown}
         rest = [e for e, keys in found if not keys and (tuple(e.absolute_path), _required_key(e)) not in fixed]
         also = [u.message(source).removeprefix(f"{source}: ") for u in unknown[1:]]
-        raise ConfigError(unknown[0].message(source) + _also(also + [f"{_key_path(e)}: {e.message}" for e in rest]))
+        raise ConfigError(unknown[0].message(source)
+                          + _also(also + [f"{_key_path(e, plain)}: {e.message}" for e in rest]))
     best = jsonschema.exceptions.best_match(errors) or errors[0]
-    others = [f"{_key_path(e)}: {_what_is_wrong(e)}" for e in errors if e is not best]
-    raise ConfigError(f"{source}: {_key_path(best)}: {_what_is_wrong(best)}{_also(others)}")
+    others = [f"{_key_path(e, plain)}: {_what_is_wrong(e)}" for e in errors if e is not best]
+    raise ConfigError(f"{source}: {_key_path(best, plain)}: {_what_is_wrong(best)}{_also(others)}")
 
 
 #: Checks of one value: where one fails, the schema's description of that value says what it takes.
@@ -231,19 +243,16 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         close = difflib.get_close_matches(error.instance.lower(), list(named), n=1)
         if close:
             message += f" (did you mean {named[close[0]]!r}?)"
-    if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
-            and description:
-        return f"{message}. {description}"
-    if error.validator in ("oneOf", "anyOf") and isinstance(error.instance, str):
-        # a word where a word or a mapping is taken (label: foldr): the closest word the branches
-        # allow, and the value's description, which says what each branch means
+    if error.validator in _CHOICES and isinstance(error.instance, str) and isinstance(error.validator_value, list):
+        # a word where a word or a mapping is taken (label: foldr): the closest word the branches allow
         words = {str(v).lower(): str(v) for branch in error.validator_value if isinstance(branch, dict)
                  for v in branch.get("enum", ()) if isinstance(v, str)}
         close = difflib.get_close_matches(error.instance.lower(), list(words), n=1)
         if close:
             message += f" (did you mean {words[close[0]]!r}?)"
-        if isinstance(description, str) and description:
-            message += f". {description}"
+    if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
+            and description:  # the value's description, which says what each form means
+        return f"{message}. {description}"
     return message
 
 

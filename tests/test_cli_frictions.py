@@ -536,9 +536,26 @@ def test_a_misspelt_word_where_a_word_or_a_mapping_is_taken_names_the_closest_wo
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     result = CliRunner().invoke(main, ["validate", str(job)])
     assert result.exit_code == 2
-    assert "sources[1].label: 'foldr' is not valid under any of the given schemas (did you mean 'folder'?)" in \
-        result.output, result.output
+    assert ("the source at '../demo-raw/photos', sources[1].label: 'foldr' is not valid under any of the given "
+            "schemas (did you mean 'folder'?)") in result.output, result.output
     assert "'none': unlabeled. 'folder': the first path component under root is the class" in result.output
+
+
+def test_a_schema_error_inside_a_source_says_which_source_it_is(tmp_path: Path) -> None:
+    # "sources[3].label: ..." made the user count the job's sources; the name, else the root, says which
+    doc = demo_doc()
+    doc["sources"][0]["name"] = "chest ct"
+    doc["sources"][0]["pack_me"] = True
+    doc["sources"][1]["label"] = 7
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", str(job)])
+    assert result.exit_code == 2
+    assert "the source at '../demo-raw/photos', sources[1].label: 7 is not valid" in result.output, result.output
+    del doc["sources"][1]["label"]
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["validate", str(job)])
+    assert "unknown key 'pack_me'" in result.output or "pack_me" in result.output, result.output
 
 
 def test_a_source_whose_every_file_is_filtered_out_is_a_warning_that_says_only_that(tmp_path: Path) -> None:
