@@ -365,6 +365,8 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     "nifti.output": _setting("nifti", "output", st.sampled_from(["uint16", "float16"])),
     "nifti.channels_from": _setting("nifti", "channels_from", st.just("last_axis")),
     "nifti.channels": _setting("nifti", "channels", CHANNELS),
+    # transform.nifti.non_finite: {fill: ...} replaces NaN/inf voxels: other values, other pixels
+    "nifti.fill": _setting("nifti", "fill", st.sampled_from([0.0, -1.0, 1000.0, "min"])),
 }
 
 #: Settings used before or after the pixel pass (discovery, split, packing, publishing,
