@@ -513,3 +513,30 @@ def test_stored_value_table_is_used_only_where_it_pays() -> None:
         dicom_math.render_grayscale = original
     assert shapes == {"12-bit slice": (1, 4096), "tiny frame": (side - 1, side - 1),
                       "wide range": (side, side), "float pixels": (side, side)}
+
+
+@pytest.mark.parametrize("entries", [50, 51])
+def test_an_8_bit_modality_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_path: Path, entries: int) -> None:
+    # PS3.3 C.11.1.1.1: 8-bit LUT Data are "stored in a format equivalent to 8 bits allocated": OW
+    # holding one byte per entry (an odd count padded with one byte). Read as 16-bit words, half the
+    # entries (each two of them glued) would map every pixel to a wrong modality value.
+    table = (np.arange(entries) * 5).astype(np.uint8)
+    stored = np.random.default_rng(3).integers(0, entries + 10, (8, 8), dtype=np.uint16)
+    ds = image_dataset(stored, modality="OT", WindowCenter=120, WindowWidth=200)
+    item = lut_item(5, 8, [0])
+    item.LUTDescriptor = [entries, 5, 8]
+    item.LUTData = table.tobytes() + b"\0" * (entries % 2)
+    ds.ModalityLUTSequence = DicomSequence([item])
+    modality = table[np.clip(stored.astype(int) - 5, 0, entries - 1)].astype(float)
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "mlut8.dcm"))[0], np.rint(linear(modality, 120, 200) * 255))
+
+
+def test_an_8_bit_voi_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_path: Path) -> None:
+    table = (np.arange(4096) // 16).astype(np.uint8)  # a 12-bit input ramp onto 8-bit output
+    stored = np.random.default_rng(4).integers(0, 4096, (8, 8), dtype=np.uint16)
+    ds = image_dataset(stored, modality="CR", bits_stored=12)
+    item = lut_item(0, 8, [0])
+    item.LUTDescriptor = [4096, 0, 8]
+    item.LUTData = table.tobytes()
+    ds.VOILUTSequence = DicomSequence([item])
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "voi8.dcm"))[0], table[stored])

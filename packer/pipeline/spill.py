@@ -99,8 +99,9 @@ class CachedChunk:
 #: within 2 levels is ``blank`` too, and its near-copy thumbnail is zeros; 23: ST, LT and UT text
 #: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too;
 #: 24: a DICOM slice's sample records a digest of its SOP Instance UID, ``instance``, for the
-#: cross-entity UID check).
-CACHE_FORMAT = 24
+#: cross-entity UID check); 25: 8-bit Modality/VOI LUT Data packed two entries to an OW word are
+#: read entry by entry).
+CACHE_FORMAT = 25
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -161,7 +161,8 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
 
     LUT Descriptor value 1 is the entry count (0 means 65536); value 2 the first input value
     mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
-    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words.
+    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
+    each, except 8-bit entries packed two to a word (half as many words as entries).
     Raises ``ValueError`` when the descriptor or the data is missing or malformed.
     """
     descriptor = element(item, "LUTDescriptor")
@@ -180,6 +181,11 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     bits = bits % 65536
     if isinstance(raw_data, bytes):
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
+        if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2:
+            # 8-bit entries "stored in a format equivalent to 8 bits allocated" (PS3.3 C.11.1.1.1,
+            # C.11.2.1.1): two entries per OW word, the first in its low-order byte, as dcmtk reads
+            # them. Read as words, each value would glue two entries and the table would end halfway.
+            data = np.stack([data & 0xFF, data >> 8], axis=-1).reshape(-1)
     else:
         data = np.atleast_1d(np.asarray(raw_data, dtype=np.int64))
     data = data[:entries]
