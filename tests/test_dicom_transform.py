@@ -540,3 +540,33 @@ def test_an_8_bit_voi_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_p
     item.LUTData = table.tobytes()
     ds.VOILUTSequence = DicomSequence([item])
     np.testing.assert_array_equal(one(save(ds, tmp_path / "voi8.dcm"))[0], table[stored])
+
+
+def refused(path: Path, *windows: Any) -> Any:
+    result = read_dicom(make_ref(path), config(*windows))
+    assert not isinstance(result, list), f"packed {len(result)} sample(s); expected a bad sample"
+    return result
+
+
+def test_a_modality_lut_with_fewer_entries_than_its_descriptor_declares_is_refused_naming_both(tmp_path: Path) -> None:
+    # 100 entries declared, 10 written: looking up stored values past the 10th would give the last
+    # entry for all of them; the file is damaged, and the bad sample says how
+    ds = ct_dataset(center=40, width=400)
+    item = lut_item(0, 16, list(range(10)))
+    item.LUTDescriptor = [100, 0, 16]
+    ds.ModalityLUTSequence = DicomSequence([item])
+    issue = refused(save(ds, tmp_path / "short.dcm"))
+    assert issue.reason == "decode_failed"
+    assert "(0028,3002) LUT Descriptor declares 100 entries" in issue.message and "holds 10" in issue.message
+
+
+@pytest.mark.parametrize("bits", [0, 17])
+def test_a_voi_lut_whose_descriptor_gives_no_valid_entry_size_is_a_missing_window_not_an_unexpected_error(
+        tmp_path: Path, bits: int) -> None:
+    ds = ct_dataset(center=None, width=None)
+    item = lut_item(0, 16, list(range(10)))
+    item.LUTDescriptor = [10, 0, bits]
+    ds.VOILUTSequence = DicomSequence([item])
+    issue = refused(save(ds, tmp_path / "bits.dcm"))
+    assert issue.reason == "missing_window", issue.message
+    assert f"{bits} bits per entry" in issue.message and "bits.dcm" in issue.message

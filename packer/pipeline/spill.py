@@ -100,7 +100,8 @@ class CachedChunk:
 #: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too;
 #: 24: a DICOM slice's sample records a digest of its SOP Instance UID, ``instance``, for the
 #: cross-entity UID check); 25: 8-bit Modality/VOI LUT Data packed two entries to an OW word are
-#: read entry by entry).
+#: read entry by entry; LUT Data shorter than their descriptor's entries, or a descriptor's bits per
+#: entry outside 1..16, make the LUT malformed).
 CACHE_FORMAT = 25
 
 

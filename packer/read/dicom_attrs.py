@@ -163,7 +163,8 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
     file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
     each, except 8-bit entries packed two to a word (half as many words as entries).
-    Raises ``ValueError`` when the descriptor or the data is missing or malformed.
+    Raises ``ValueError`` when the descriptor or the data is missing or malformed: bits per entry
+    outside 1..16, or fewer LUT Data entries than the descriptor declares.
     """
     descriptor = element(item, "LUTDescriptor")
     raw_data = element(item, "LUTData")
@@ -179,6 +180,8 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     elif not signed_input and first < 0:
         first += 65536
     bits = bits % 65536
+    if not 1 <= bits <= 16:
+        raise ValueError(f"(0028,3002) LUT Descriptor gives {bits} bits per entry; expected 8 to 16")
     if isinstance(raw_data, bytes):
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
         if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2:
@@ -188,9 +191,12 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
             data = np.stack([data & 0xFF, data >> 8], axis=-1).reshape(-1)
     else:
         data = np.atleast_1d(np.asarray(raw_data, dtype=np.int64))
-    data = data[:entries]
     if data.size == 0:
         raise ValueError("(0028,3006) LUT Data is empty")
+    if data.size < entries:  # looked up past its end, every value there would take the last entry
+        raise ValueError(f"(0028,3002) LUT Descriptor declares {entries} entries but (0028,3006) LUT Data holds "
+                         f"{data.size}; the LUT is cut short: re-export the file")
+    data = data[:entries]
     return Lut(entries=entries, first_mapped=first, bits=bits, data=tuple(int(v) for v in data),
                explanation=str(element(item, "LUTExplanation", "") or "").strip())
 
