@@ -570,3 +570,16 @@ def test_a_voi_lut_whose_descriptor_gives_no_valid_entry_size_is_a_missing_windo
     issue = refused(save(ds, tmp_path / "bits.dcm"))
     assert issue.reason == "missing_window", issue.message
     assert f"{bits} bits per entry" in issue.message and "bits.dcm" in issue.message
+
+
+def test_a_window_center_that_is_no_number_keeps_its_place_and_is_named(tmp_path: Path) -> None:
+    # Window Center 'abc\-600' with Width '400\1500': pair #1 is -600/1500 and pair #0 is damaged.
+    # Dropping 'abc' would shift -600 into pair #0 and pack it under width 400, a window no one wrote.
+    ds = ct_dataset(center=None, width=None, WindowCenter=["9137", "-600"], WindowWidth=["400", "1500"])
+    path = save(ds, tmp_path / "damaged.dcm")
+    path.write_bytes(path.read_bytes().replace(b"9137", b"abc "))
+    hu = ct_pixels().astype(float) - 1024
+    np.testing.assert_array_equal(one(path, file_window(1))[0], np.rint(linear(hu, -600, 1500) * 255))
+    issue = refused(path, file_window(0))
+    assert issue.reason == "missing_window"
+    assert "(0028,1050) Window Center value #0 'abc' is not a number" in issue.message, issue.message

@@ -101,7 +101,8 @@ class CachedChunk:
 #: 24: a DICOM slice's sample records a digest of its SOP Instance UID, ``instance``, for the
 #: cross-entity UID check); 25: 8-bit Modality/VOI LUT Data packed two entries to an OW word are
 #: read entry by entry; LUT Data shorter than their descriptor's entries, or a descriptor's bits per
-#: entry outside 1..16, make the LUT malformed).
+#: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
+#: its place, so the pairs after it stay the file's pairs).
 CACHE_FORMAT = 25
 
 

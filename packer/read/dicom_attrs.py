@@ -244,6 +244,9 @@ class FileVoi:
     explanations: tuple[str, ...]
     function: str
     luts: tuple[Lut, ...]
+    #: per pair index, why that pair cannot be read: a value of Window Center or Width that is no
+    #: finite number (it keeps its place: the pairs after it are still the file's pairs)
+    damaged: tuple[tuple[int, str], ...] = ()
 
 
 #: What a file without any VOI attributes offers.
@@ -269,8 +272,29 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
                  or sequence_items(ds, "VOILUTSequence"))
     signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
     luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
-    return FileVoi(centers=floats(element(source, "WindowCenter")), widths=floats(element(source, "WindowWidth")),
-                   explanations=explanation_list, function=function, luts=luts)
+    centers, bad_centers = _window_values(element(source, "WindowCenter"), "(0028,1050) Window Center")
+    widths, bad_widths = _window_values(element(source, "WindowWidth"), "(0028,1051) Window Width")
+    return FileVoi(centers=centers, widths=widths, explanations=explanation_list, function=function, luts=luts,
+                   damaged=bad_centers + bad_widths)
+
+
+def _window_values(value: Any, name: str) -> tuple[tuple[float, ...], tuple[tuple[int, str], ...]]:
+    """A Window Center or Width value of VM 1-n, by position: (numbers, damaged), where an entry
+    that is no finite number keeps its place as NaN and is named in ``damaged`` as (index, why)."""
+    if value is None or value == "":
+        return (), ()
+    items = list(value) if hasattr(value, "__iter__") and not isinstance(value, str | bytes) else [value]
+    numbers: list[float] = []
+    damaged: list[tuple[int, str]] = []
+    for index, item in enumerate(items):
+        try:
+            number = float(item)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not np.isfinite(number):
+            damaged.append((index, f"{name} value #{index} {str(item).strip()!r} is not a number"))
+        numbers.append(number)
+    return tuple(numbers), tuple(damaged)
 
 
 def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) -> VoiTransform | str:
@@ -303,6 +327,9 @@ def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) 
     if index >= pairs:
         return (f"the file has no (0028,1050) Window Center / (0028,1051) Window Width pair #{index} "
                 f"(it has {pairs} pair(s) and {len(offer.luts)} (0028,3010) VOI LUT Sequence item(s))")
+    broken = [why for at, why in offer.damaged if at == index]
+    if broken:
+        return f"the file's window #{index} cannot be read: {'; '.join(broken)}; fix the header"
     center, width = offer.centers[index], offer.widths[index]
     try:
         check_window(center, width, offer.function)
