@@ -583,3 +583,16 @@ def test_a_window_center_that_is_no_number_keeps_its_place_and_is_named(tmp_path
     issue = refused(path, file_window(0))
     assert issue.reason == "missing_window"
     assert "(0028,1050) Window Center value #0 'abc' is not a number" in issue.message, issue.message
+
+
+def test_an_enhanced_file_with_fewer_per_frame_groups_than_frames_is_refused_not_rescaled_by_the_shared_group(
+        tmp_path: Path) -> None:
+    # PS3.3 C.7.6.16: one Per-frame Functional Groups item per frame. Frames 1 and 2 here have
+    # none: their own rescale (whatever it was) is lost, and the shared group's would be a guess.
+    frames = np.random.default_rng(5).integers(0, 3000, (3, 8, 8), dtype=np.uint16)
+    ds = enhanced_ct_dataset(frames, [(2.0, -2048.0)] * 3, [(40.0, 400.0)] * 3, shared_rescale=(1.0, -1024.0),
+                             shared_window=(40.0, 400.0))
+    ds.PerFrameFunctionalGroupsSequence = DicomSequence(list(ds.PerFrameFunctionalGroupsSequence)[:1])
+    issue = refused(save(ds, tmp_path / "short_groups.dcm"))
+    assert issue.reason == "unreadable"
+    assert "(5200,9230) Per-frame Functional Groups Sequence has 1 item(s) for 3 frames" in issue.message, issue.message

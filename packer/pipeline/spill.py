@@ -102,7 +102,8 @@ class CachedChunk:
 #: cross-entity UID check); 25: 8-bit Modality/VOI LUT Data packed two entries to an OW word are
 #: read entry by entry; LUT Data shorter than their descriptor's entries, or a descriptor's bits per
 #: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
-#: its place, so the pairs after it stay the file's pairs).
+#: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
+#: Functional Groups items than frames is ``unreadable``).
 CACHE_FORMAT = 25
 
 

@@ -118,10 +118,15 @@ def sequence_items(ds: Dataset, keyword: str) -> tuple[Dataset, ...]:
 def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
     """The first item of ``sequence`` (e.g. PixelValueTransformationSequence) for ``frame``:
     per-frame group, else shared group, else ``None`` (caller falls back to the top level).
-    Raises :class:`DamagedElement` when a group cannot be decoded, or is no sequence of items."""
+    Raises :class:`DamagedElement` when a group cannot be decoded, or is no sequence of items, or
+    when the per-frame sequence has no item for ``frame`` (PS3.3 C.7.6.16: one item per frame; the
+    frame's own values are lost, and the shared group's would be a guess)."""
     for groups_keyword, index in (("PerFrameFunctionalGroupsSequence", frame),
                                   ("SharedFunctionalGroupsSequence", 0)):
         groups = sequence_items(ds, groups_keyword)
+        if groups_keyword.startswith("PerFrame") and groups and len(groups) <= index:
+            raise DamagedElement(f"(5200,9230) Per-frame Functional Groups Sequence has {len(groups)} item(s) for "
+                                 f"{ds.get('NumberOfFrames', '?')} frames: frame {index} has none")
         if len(groups) > index:
             seq = sequence_items(groups[index], sequence)
             if seq:
