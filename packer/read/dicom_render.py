@@ -242,7 +242,8 @@ def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, paddi
     real = stored[~padding] if padding.any() else stored
     if real.size == 0 or real.min() == real.max():
         return None
-    named = ", ".join(f"the VOI LUT {voi.name!r}" if voi.lut is not None else
+    named = ", ".join((f"VOI LUT {voi.lut.explanation!r}" if voi.lut.explanation else f"VOI LUT ({voi.name})")
+                      if voi.lut is not None else
                       f"Window Center {voi.center:g} / Window Width {voi.width:g}" for voi in vois)
     behind = " behind its (0028,3000) Modality LUT" if modality.lut is not None else ""
     return _issue(ref, "validate", "constant_image",
