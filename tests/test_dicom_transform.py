@@ -596,3 +596,17 @@ def test_an_enhanced_file_with_fewer_per_frame_groups_than_frames_is_refused_not
     issue = refused(save(ds, tmp_path / "short_groups.dcm"))
     assert issue.reason == "unreadable"
     assert "(5200,9230) Per-frame Functional Groups Sequence has 1 item(s) for 3 frames" in issue.message, issue.message
+
+
+@pytest.mark.parametrize(("vr", "value", "limit"), [("US", 63536, 63036), ("SS", -2000, -2500)])
+def test_a_pixel_padding_value_written_as_us_over_signed_pixels_is_read_as_signed(
+        tmp_path: Path, vr: str, value: int, limit: int) -> None:
+    # (0028,0120)/(0028,0121) are US or SS by Pixel Representation (PS3.3 C.7.5.1.1.2); some writers
+    # store -2000 over signed CT pixels as US 63536. Compared with 63536 no pixel was padding: the
+    # -2000 and -2500 pixels were windowed as -3024/-3524 HU tissue and took the float16 minimum.
+    stored = np.array([[1024, 1064], [-2000, -2500]], dtype=np.int16)
+    ds = ct_dataset(stored)
+    ds.add_new(0x00280120, vr, value)
+    ds.add_new(0x00280121, vr, limit)
+    path = save(ds, tmp_path / f"{vr}.dcm")
+    np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [0, 0]])

@@ -103,7 +103,8 @@ class CachedChunk:
 #: read entry by entry; LUT Data shorter than their descriptor's entries, or a descriptor's bits per
 #: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
 #: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
-#: Functional Groups items than frames is ``unreadable``).
+#: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
+#: as US over signed pixels is read as SS).
 CACHE_FORMAT = 25
 
 
