@@ -513,3 +513,100 @@ def test_stored_value_table_is_used_only_where_it_pays() -> None:
         dicom_math.render_grayscale = original
     assert shapes == {"12-bit slice": (1, 4096), "tiny frame": (side - 1, side - 1),
                       "wide range": (side, side), "float pixels": (side, side)}
+
+
+@pytest.mark.parametrize("entries", [50, 51])
+def test_an_8_bit_modality_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_path: Path, entries: int) -> None:
+    # PS3.3 C.11.1.1.1: 8-bit LUT Data are "stored in a format equivalent to 8 bits allocated": OW
+    # holding one byte per entry (an odd count padded with one byte). Read as 16-bit words, half the
+    # entries (each two of them glued) would map every pixel to a wrong modality value.
+    table = (np.arange(entries) * 5).astype(np.uint8)
+    stored = np.random.default_rng(3).integers(0, entries + 10, (8, 8), dtype=np.uint16)
+    ds = image_dataset(stored, modality="OT", WindowCenter=120, WindowWidth=200)
+    item = lut_item(5, 8, [0])
+    item.LUTDescriptor = [entries, 5, 8]
+    item.LUTData = table.tobytes() + b"\0" * (entries % 2)
+    ds.ModalityLUTSequence = DicomSequence([item])
+    modality = table[np.clip(stored.astype(int) - 5, 0, entries - 1)].astype(float)
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "mlut8.dcm"))[0], np.rint(linear(modality, 120, 200) * 255))
+
+
+def test_an_8_bit_voi_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_path: Path) -> None:
+    table = (np.arange(4096) // 16).astype(np.uint8)  # a 12-bit input ramp onto 8-bit output
+    stored = np.random.default_rng(4).integers(0, 4096, (8, 8), dtype=np.uint16)
+    ds = image_dataset(stored, modality="CR", bits_stored=12)
+    item = lut_item(0, 8, [0])
+    item.LUTDescriptor = [4096, 0, 8]
+    item.LUTData = table.tobytes()
+    ds.VOILUTSequence = DicomSequence([item])
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "voi8.dcm"))[0], table[stored])
+
+
+def refused(path: Path, *windows: Any) -> Any:
+    result = read_dicom(make_ref(path), config(*windows))
+    assert not isinstance(result, list), f"packed {len(result)} sample(s); expected a bad sample"
+    return result
+
+
+def test_a_modality_lut_with_fewer_entries_than_its_descriptor_declares_is_refused_naming_both(tmp_path: Path) -> None:
+    # 100 entries declared, 10 written: looking up stored values past the 10th would give the last
+    # entry for all of them; the file is damaged, and the bad sample says how
+    ds = ct_dataset(center=40, width=400)
+    item = lut_item(0, 16, list(range(10)))
+    item.LUTDescriptor = [100, 0, 16]
+    ds.ModalityLUTSequence = DicomSequence([item])
+    issue = refused(save(ds, tmp_path / "short.dcm"))
+    assert issue.reason == "decode_failed"
+    assert "(0028,3002) LUT Descriptor declares 100 entries" in issue.message and "holds 10" in issue.message
+
+
+@pytest.mark.parametrize("bits", [0, 17])
+def test_a_voi_lut_whose_descriptor_gives_no_valid_entry_size_is_a_missing_window_not_an_unexpected_error(
+        tmp_path: Path, bits: int) -> None:
+    ds = ct_dataset(center=None, width=None)
+    item = lut_item(0, 16, list(range(10)))
+    item.LUTDescriptor = [10, 0, bits]
+    ds.VOILUTSequence = DicomSequence([item])
+    issue = refused(save(ds, tmp_path / "bits.dcm"))
+    assert issue.reason == "missing_window", issue.message
+    assert f"{bits} bits per entry" in issue.message and "bits.dcm" in issue.message
+
+
+def test_a_window_center_that_is_no_number_keeps_its_place_and_is_named(tmp_path: Path) -> None:
+    # Window Center 'abc\-600' with Width '400\1500': pair #1 is -600/1500 and pair #0 is damaged.
+    # Dropping 'abc' would shift -600 into pair #0 and pack it under width 400, a window no one wrote.
+    ds = ct_dataset(center=None, width=None, WindowCenter=["9137", "-600"], WindowWidth=["400", "1500"])
+    path = save(ds, tmp_path / "damaged.dcm")
+    path.write_bytes(path.read_bytes().replace(b"9137", b"abc "))
+    hu = ct_pixels().astype(float) - 1024
+    np.testing.assert_array_equal(one(path, file_window(1))[0], np.rint(linear(hu, -600, 1500) * 255))
+    issue = refused(path, file_window(0))
+    assert issue.reason == "missing_window"
+    assert "(0028,1050) Window Center value #0 'abc' is not a number" in issue.message, issue.message
+
+
+def test_an_enhanced_file_with_fewer_per_frame_groups_than_frames_is_refused_not_rescaled_by_the_shared_group(
+        tmp_path: Path) -> None:
+    # PS3.3 C.7.6.16: one Per-frame Functional Groups item per frame. Frames 1 and 2 here have
+    # none: their own rescale (whatever it was) is lost, and the shared group's would be a guess.
+    frames = np.random.default_rng(5).integers(0, 3000, (3, 8, 8), dtype=np.uint16)
+    ds = enhanced_ct_dataset(frames, [(2.0, -2048.0)] * 3, [(40.0, 400.0)] * 3, shared_rescale=(1.0, -1024.0),
+                             shared_window=(40.0, 400.0))
+    ds.PerFrameFunctionalGroupsSequence = DicomSequence(list(ds.PerFrameFunctionalGroupsSequence)[:1])
+    issue = refused(save(ds, tmp_path / "short_groups.dcm"))
+    assert issue.reason == "unreadable"
+    assert "(5200,9230) Per-frame Functional Groups Sequence has 1 item(s) for 3 frames" in issue.message, issue.message
+
+
+@pytest.mark.parametrize(("vr", "value", "limit"), [("US", 63536, 63036), ("SS", -2000, -2500)])
+def test_a_pixel_padding_value_written_as_us_over_signed_pixels_is_read_as_signed(
+        tmp_path: Path, vr: str, value: int, limit: int) -> None:
+    # (0028,0120)/(0028,0121) are US or SS by Pixel Representation (PS3.3 C.7.5.1.1.2); some writers
+    # store -2000 over signed CT pixels as US 63536. Compared with 63536 no pixel was padding: the
+    # -2000 and -2500 pixels were windowed as -3024/-3524 HU tissue and took the float16 minimum.
+    stored = np.array([[1024, 1064], [-2000, -2500]], dtype=np.int16)
+    ds = ct_dataset(stored)
+    ds.add_new(0x00280120, vr, value)
+    ds.add_new(0x00280121, vr, limit)
+    path = save(ds, tmp_path / f"{vr}.dcm")
+    np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [0, 0]])

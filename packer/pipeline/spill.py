@@ -99,8 +99,13 @@ class CachedChunk:
 #: within 2 levels is ``blank`` too, and its near-copy thumbnail is zeros; 23: ST, LT and UT text
 #: and text in sequence items (ROIName, SegmentLabel) keep undecodable bytes as ``\xNN`` too;
 #: 24: a DICOM slice's sample records a digest of its SOP Instance UID, ``instance``, for the
-#: cross-entity UID check).
-CACHE_FORMAT = 24
+#: cross-entity UID check); 25: 8-bit Modality/VOI LUT Data packed two entries to an OW word are
+#: read entry by entry; LUT Data shorter than their descriptor's entries, or a descriptor's bits per
+#: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
+#: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
+#: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
+#: as US over signed pixels is read as SS).
+CACHE_FORMAT = 25
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -118,10 +118,15 @@ def sequence_items(ds: Dataset, keyword: str) -> tuple[Dataset, ...]:
 def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
     """The first item of ``sequence`` (e.g. PixelValueTransformationSequence) for ``frame``:
     per-frame group, else shared group, else ``None`` (caller falls back to the top level).
-    Raises :class:`DamagedElement` when a group cannot be decoded, or is no sequence of items."""
+    Raises :class:`DamagedElement` when a group cannot be decoded, or is no sequence of items, or
+    when the per-frame sequence has no item for ``frame`` (PS3.3 C.7.6.16: one item per frame; the
+    frame's own values are lost, and the shared group's would be a guess)."""
     for groups_keyword, index in (("PerFrameFunctionalGroupsSequence", frame),
                                   ("SharedFunctionalGroupsSequence", 0)):
         groups = sequence_items(ds, groups_keyword)
+        if groups_keyword.startswith("PerFrame") and groups and len(groups) <= index:
+            raise DamagedElement(f"(5200,9230) Per-frame Functional Groups Sequence has {len(groups)} item(s) for "
+                                 f"{ds.get('NumberOfFrames', '?')} frames: frame {index} has none")
         if len(groups) > index:
             seq = sequence_items(groups[index], sequence)
             if seq:
@@ -161,8 +166,10 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
 
     LUT Descriptor value 1 is the entry count (0 means 65536); value 2 the first input value
     mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
-    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words.
-    Raises ``ValueError`` when the descriptor or the data is missing or malformed.
+    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
+    each, except 8-bit entries packed two to a word (half as many words as entries).
+    Raises ``ValueError`` when the descriptor or the data is missing or malformed: bits per entry
+    outside 1..16, or fewer LUT Data entries than the descriptor declares.
     """
     descriptor = element(item, "LUTDescriptor")
     raw_data = element(item, "LUTData")
@@ -178,13 +185,23 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     elif not signed_input and first < 0:
         first += 65536
     bits = bits % 65536
+    if not 1 <= bits <= 16:
+        raise ValueError(f"(0028,3002) LUT Descriptor gives {bits} bits per entry; expected 8 to 16")
     if isinstance(raw_data, bytes):
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
+        if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2:
+            # 8-bit entries "stored in a format equivalent to 8 bits allocated" (PS3.3 C.11.1.1.1,
+            # C.11.2.1.1): two entries per OW word, the first in its low-order byte, as dcmtk reads
+            # them. Read as words, each value would glue two entries and the table would end halfway.
+            data = np.stack([data & 0xFF, data >> 8], axis=-1).reshape(-1)
     else:
         data = np.atleast_1d(np.asarray(raw_data, dtype=np.int64))
-    data = data[:entries]
     if data.size == 0:
         raise ValueError("(0028,3006) LUT Data is empty")
+    if data.size < entries:  # looked up past its end, every value there would take the last entry
+        raise ValueError(f"(0028,3002) LUT Descriptor declares {entries} entries but (0028,3006) LUT Data holds "
+                         f"{data.size}; the LUT is cut short: re-export the file")
+    data = data[:entries]
     return Lut(entries=entries, first_mapped=first, bits=bits, data=tuple(int(v) for v in data),
                explanation=str(element(item, "LUTExplanation", "") or "").strip())
 
@@ -232,6 +249,9 @@ class FileVoi:
     explanations: tuple[str, ...]
     function: str
     luts: tuple[Lut, ...]
+    #: per pair index, why that pair cannot be read: a value of Window Center or Width that is no
+    #: finite number (it keeps its place: the pairs after it are still the file's pairs)
+    damaged: tuple[tuple[int, str], ...] = ()
 
 
 #: What a file without any VOI attributes offers.
@@ -257,8 +277,29 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
                  or sequence_items(ds, "VOILUTSequence"))
     signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
     luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
-    return FileVoi(centers=floats(element(source, "WindowCenter")), widths=floats(element(source, "WindowWidth")),
-                   explanations=explanation_list, function=function, luts=luts)
+    centers, bad_centers = _window_values(element(source, "WindowCenter"), "(0028,1050) Window Center")
+    widths, bad_widths = _window_values(element(source, "WindowWidth"), "(0028,1051) Window Width")
+    return FileVoi(centers=centers, widths=widths, explanations=explanation_list, function=function, luts=luts,
+                   damaged=bad_centers + bad_widths)
+
+
+def _window_values(value: Any, name: str) -> tuple[tuple[float, ...], tuple[tuple[int, str], ...]]:
+    """A Window Center or Width value of VM 1-n, by position: (numbers, damaged), where an entry
+    that is no finite number keeps its place as NaN and is named in ``damaged`` as (index, why)."""
+    if value is None or value == "":
+        return (), ()
+    items = list(value) if hasattr(value, "__iter__") and not isinstance(value, str | bytes) else [value]
+    numbers: list[float] = []
+    damaged: list[tuple[int, str]] = []
+    for index, item in enumerate(items):
+        try:
+            number = float(item)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not np.isfinite(number):
+            damaged.append((index, f"{name} value #{index} {str(item).strip()!r} is not a number"))
+        numbers.append(number)
+    return tuple(numbers), tuple(damaged)
 
 
 def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) -> VoiTransform | str:
@@ -291,6 +332,9 @@ def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) 
     if index >= pairs:
         return (f"the file has no (0028,1050) Window Center / (0028,1051) Window Width pair #{index} "
                 f"(it has {pairs} pair(s) and {len(offer.luts)} (0028,3010) VOI LUT Sequence item(s))")
+    broken = [why for at, why in offer.damaged if at == index]
+    if broken:
+        return f"the file's window #{index} cannot be read: {'; '.join(broken)}; fix the header"
     center, width = offer.centers[index], offer.widths[index]
     try:
         check_window(center, width, offer.function)

@@ -55,7 +55,8 @@ def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
 
 
 def _as_int(value: Any, *, signed: bool, little_endian: bool) -> int | None:
-    """A US/SS element value as an int; raw 2-byte values (VR left ambiguous) are unpacked."""
+    """A US/SS element value as an int, read as SS for signed pixels and US for unsigned whichever
+    VR the file used; raw 2-byte values (VR left ambiguous) are unpacked."""
     if value is None or value == "":
         return None
     if isinstance(value, bytes):
@@ -66,6 +67,12 @@ def _as_int(value: Any, *, signed: bool, little_endian: bool) -> int | None:
         value = value[0] if value else None
     if isinstance(value, bool) or not isinstance(value, int | None):
         raise DamagedElement(f"{value!r} is not a 16-bit integer")
+    # US or SS by Pixel Representation: a writer's US 63536 over signed pixels is -2000, as the
+    # LUT Descriptor's first value is re-read (16 bits either way: the VR holds nothing wider)
+    if value is not None and signed and 32768 <= value < 65536:
+        return value - 65536
+    if value is not None and not signed and -32768 <= value < 0:
+        return value + 65536
     return value
 
 
@@ -242,7 +249,8 @@ def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, paddi
     real = stored[~padding] if padding.any() else stored
     if real.size == 0 or real.min() == real.max():
         return None
-    named = ", ".join(f"the VOI LUT {voi.name!r}" if voi.lut is not None else
+    named = ", ".join((f"VOI LUT {voi.lut.explanation!r}" if voi.lut.explanation else f"VOI LUT ({voi.name})")
+                      if voi.lut is not None else
                       f"Window Center {voi.center:g} / Window Width {voi.width:g}" for voi in vois)
     behind = " behind its (0028,3000) Modality LUT" if modality.lut is not None else ""
     return _issue(ref, "validate", "constant_image",
