@@ -241,6 +241,31 @@ def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_pat
     assert "packer build --out" not in result.output
 
 
+@pytest.mark.parametrize("flag", ["--json", "--junit"])
+def test_a_report_path_that_is_a_pipe_is_written_into_not_replaced_by_a_file(tmp_path: Path, flag: str) -> None:
+    """`--junit >(tee ...)`, `--json /dev/stdout`: the report was written to PATH.partial and renamed
+    over the pipe (or, as root, over /dev/stdout or /dev/full), so the reader got nothing and the
+    device or pipe was gone; a path that is not a regular file is written into."""
+    import os
+    import stat
+    import threading
+
+    job = image_job(tmp_path, base_rows(4))
+    fifo = tmp_path / "report.pipe"
+    os.mkfifo(fifo)
+    os.link(fifo, tmp_path / "same.pipe")  # reachable after a rename, to unblock the reader
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "same.pipe").read_bytes()), daemon=True)
+    reader.start()
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(fifo)])
+    if reader.is_alive():  # nothing was written into the pipe: open it once, so the reader returns
+        os.close(os.open(tmp_path / "same.pipe", os.O_WRONLY | os.O_NONBLOCK))
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and not (tmp_path / "report.pipe.partial").exists()
+    assert got and got[0].startswith(b"{" if flag == "--json" else b"<?xml")
+
+
 def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(tmp_path: Path) -> None:
     # a bell or escape byte in a raw file name went into the JUnit XML as it was: not XML 1.0,
     # so the CI's test-report step refused the whole file

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import stat
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -26,7 +27,7 @@ from xml.etree import ElementTree as ET
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, FileSystemError, LeakageError, surface
+from packer.errors import BadFractionError, FileSystemError, LeakageError, refused_write, surface
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
@@ -284,11 +285,38 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
     never a traceback."""
     try:
+        if _not_a_file(path):  # /dev/stdout, a pipe (--junit >(tee ...)), /dev/full: write into it, never
+            with _into(path, option) as fh:  # rename a file over it (as root, over the device itself)
+                yield fh
+            return
         with atomic_output(path, elsewhere=report_elsewhere(option)) as fh:
             yield fh
     except OSError as err:
         raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give "
                               f"{surface().name(option)} a path in a writable folder") from err
+
+
+def _not_a_file(path: Path) -> bool:
+    """Whether ``path`` exists as something other than a regular file, links followed: a device,
+    a pipe or a socket, which a report is written into as it is."""
+    try:
+        return not stat.S_ISREG(path.stat().st_mode) and not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:  # absent (or unreachable: atomic_output then says why)
+        return False
+
+
+@contextlib.contextmanager
+def _into(path: Path, option: str) -> Iterator[Any]:
+    """``path`` (not a regular file) opened for writing; a full or refusing device is exit 6
+    naming it and ``option``'s fix, as :func:`atomic_output` would say it."""
+    try:
+        with open(path, "wb") as fh:
+            yield fh
+    except OSError as err:
+        refused = refused_write(err, path, opening=True, elsewhere=report_elsewhere(option))
+        if refused is None:
+            raise
+        raise refused from err
 
 
 def write_json(result: ValidateResult, path: Path) -> None:
