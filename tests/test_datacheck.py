@@ -150,6 +150,35 @@ def test_quick_mode_reads_headers_only_and_still_reports_missing_labels(tmp_path
     assert report["quick"] is True and report["bad_samples"]["by_reason"] == {"missing_label": 1}
 
 
+def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_path: Path) -> None:
+    """--quick hashes no pixels: a copy across splits cannot be seen. The summary showed
+    `[  ok] exact_duplicates_across_splits: 0`, the JUnit cases passed and the JSON said passed,
+    count 0: a CI dashboard read "no leak" where nothing was checked."""
+    first, second = entities_in_different_splits(5)
+    copy = photo(777)
+    job = image_job(tmp_path, [*base_rows(), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)],
+                    duplicates="fail")
+    code, report, output = run_validate(job, "--quick", "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output  # nothing it checked failed
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    not_run = {"exact_duplicates_across_splits", "exact_duplicates_within_split", "near_duplicates_across_splits",
+               "duplicates_span_entities", "label_conflicts"}
+    rules = report["audit"]["rules"]
+    assert {name for name, rule in rules.items() if "skipped" in rule} == not_run
+    assert "--quick" in rules["exact_duplicates_across_splits"]["skipped"]
+    for name in not_run:
+        assert f"[skip] {name}" in output
+        assert f"[  ok] {name}" not in output
+    assert "5 rule(s) not run (--quick: headers only" in output.splitlines()[-1]
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
+    assert {name for name, element in skipped.items() if element is not None} == not_run
+    assert suite.get("skipped") == "5" and "--quick" in (skipped["label_conflicts"].get("message") or "")
+    # a full check runs them all and finds the copy
+    code, report, _ = run_validate(job)
+    assert code == 4 and not any("skipped" in rule for rule in report["audit"]["rules"].values())
+
+
 def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
     code, report, _ = run_validate(job)
