@@ -179,6 +179,16 @@ def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_
     assert code == 4 and not any("skipped" in rule for rule in report["audit"]["rules"].values())
 
 
+def test_validate_warnings_point_at_its_own_report_not_at_a_leakage_json_it_never_writes(tmp_path: Path) -> None:
+    # "every group is listed under entity_lookalikes in leakage.json": packer validate writes no leakage.json
+    rows = [*base_rows(12), ("twin.png", photo(500), "a", "e 003")]
+    code, report, output = run_validate(image_job(tmp_path, rows))
+    assert code == 0, output
+    (warning,) = [w["message"] for w in report["warnings"] if w["code"] == "entity_lookalikes"]
+    assert "leakage.json" not in warning and "leakage.json" not in output
+    assert warning.endswith("every group is listed under entity_lookalikes in the --json report's audit")
+
+
 def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
     code, report, _ = run_validate(job)
