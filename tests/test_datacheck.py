@@ -189,6 +189,16 @@ def test_validate_warnings_point_at_its_own_report_not_at_a_leakage_json_it_neve
     assert warning.endswith("every group is listed under entity_lookalikes in the --json report's audit")
 
 
+def test_validate_help_tells_a_ci_author_what_the_reports_hold_and_when_they_are_written() -> None:
+    """A CI step needs: which exits still write the reports, which report may leave the runner,
+    and every exit code it can see (130 was missing)."""
+    said = " ".join(CliRunner().invoke(main, ["validate", "--help"], terminal_width=200).output.split())
+    assert "130 interrupted" in said
+    assert "written on exits 0, 3 and 4" in said
+    assert "raw paths" in said and "keep it local" in said
+    assert "by sample key" in said and "max_bad_fraction" in said
+
+
 def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
     code, report, _ = run_validate(job)
