@@ -189,6 +189,22 @@ def test_validate_warnings_point_at_its_own_report_not_at_a_leakage_json_it_neve
     assert warning.endswith("every group is listed under entity_lookalikes in the --json report's audit")
 
 
+def test_junit_empty_splits_case_holds_only_empty_splits_and_other_warnings_go_to_the_suite(tmp_path: Path) -> None:
+    # the passing case empty_splits carried every warning (an entity lookalike there read as an empty split)
+    rows = [*base_rows(12), ("twin.png", photo(500), "a", "e 003")]
+    code, _, output = run_validate(image_job(tmp_path, rows), "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    (empty,) = [c for c in suite.iter("testcase") if c.get("name") == "empty_splits"]
+    held = empty.find("system-out")
+    lines = (held.text or "").splitlines() if held is not None else []
+    assert empty.find("failure") is None and all(line.startswith("warning: split ") for line in lines)
+    assert not any("entity ids" in line for line in lines)
+    assert [c.tag for c in suite][-1] == "system-out"  # after the test cases, where the JUnit schema puts it
+    said = suite.find("system-out")
+    assert said is not None and (said.text or "").startswith("warning (entity_lookalikes): 1 group(s) of entity ids")
+
+
 def test_validate_help_tells_a_ci_author_what_the_reports_hold_and_when_they_are_written() -> None:
     """A CI step needs: which exits still write the reports, which report may leave the runner,
     and every exit code it can see (130 was missing)."""

@@ -390,8 +390,14 @@ def write_junit(result: ValidateResult, path: Path) -> None:
                           *_and_more(len(findings), MAX_LISTED)])
         case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body,
              rule.get("skipped"))
-    # a warning, not a failure: the case passes and says what it found (like a report rule's findings)
-    case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]))
+    # a warning, not a failure: the case passes and says what it found (like a report rule's findings);
+    # the stages' other warnings are the suite's output, not this case's
+    case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]
+                                              if w["code"] == "empty_split"))
+    others = [w for w in doc["warnings"] if w["code"] != "empty_split"]
+    if others:
+        ET.SubElement(suite, "system-out").text = _xml_text("\n".join(f"warning ({w['code']}): {w['message']}"
+                                                                       for w in others))
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
