@@ -241,6 +241,22 @@ def test_the_ci_workflow_is_a_valid_github_workflow() -> None:
     assert "packer validate" in text and "--junit" in text
 
 
+def test_the_ci_workflow_runs_when_what_it_checks_with_changes_and_installs_as_make_does() -> None:
+    """A pull request that edits the workflow itself, pyproject.toml or constraints.txt did not run
+    it (paths: workflows, schemas, packer only); and it installed without constraints.txt, so the
+    runner's decoders (which shape the pixel hashes the duplicate rules compare) were whatever pip
+    picked that day, not the versions `make` installs."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "validate-data.yml").read_text())
+    triggers = workflow[True]  # YAML 1.1 reads the key `on` as a boolean
+    paths = triggers["pull_request"]["paths"]
+    for needed in (".github/workflows/validate-data.yml", "pyproject.toml", "constraints.txt"):
+        assert needed in paths
+    steps = workflow["jobs"]["validate"]["steps"]
+    install = next(step["run"] for step in steps if step.get("name") == "Install packer")
+    assert "-c constraints.txt" in install
+    assert any("packer demo-data demo-raw" in step.get("run", "") for step in steps)
+
+
 def test_a_pseudonymized_leak_names_keys_and_packer_locate_finds_their_files(tmp_path: Path) -> None:
     """Pseudonymized, the audit names samples by key (no raw path in a shareable report); the
     summary says how to find the files, and `packer locate` does, with the job's key."""
