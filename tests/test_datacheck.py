@@ -257,6 +257,27 @@ def test_the_ci_workflow_runs_when_what_it_checks_with_changes_and_installs_as_m
     assert any("packer demo-data demo-raw" in step.get("run", "") for step in steps)
 
 
+def test_the_readme_shell_command_validates_a_json_report_offline(tmp_path: Path) -> None:
+    """The schema refers to the bad-sample schema by its $id (https://packer.dev/...): a stock
+    `check-jsonschema --schemafile schemas/validate.schema.json` fetched it and failed offline
+    (DNS error); the README gives the command that resolves it from schemas/."""
+    import re
+    import shlex
+
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    if not exe.exists():
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[dev]')")
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"^check-jsonschema --base-uri .*$", readme, flags=re.M)
+    assert found, "the README gives no shell command that validates a --json report offline"
+    job = image_job(tmp_path, base_rows(6))
+    run_validate(job, "--quick")
+    command = found.group().split("#")[0].replace("$PWD", str(REPO)).replace("FILE", str(job.parent / "report.json"))
+    proc = subprocess.run([str(exe), *shlex.split(command)[1:]], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_a_pseudonymized_leak_names_keys_and_packer_locate_finds_their_files(tmp_path: Path) -> None:
     """Pseudonymized, the audit names samples by key (no raw path in a shareable report); the
     summary says how to find the files, and `packer locate` does, with the job's key."""
