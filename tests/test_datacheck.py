@@ -215,6 +215,27 @@ def test_validate_help_tells_a_ci_author_what_the_reports_hold_and_when_they_are
     assert "by sample key" in said and "max_bad_fraction" in said
 
 
+def test_junit_bad_fraction_counts_against_the_files_the_fraction_counts(tmp_path: Path, demo_raw: Any) -> None:
+    # "8 bad of 68 files (12.5% > 1.0%)": 8/68 is 11.8%; the fraction leaves out the 4 files left out on purpose,
+    # as packer build says it ("8 of 64 input files are bad (and 4 left out on purpose, which do not count)")
+    text = (REPO / "workflows" / "annotated-slices.yaml").read_text().replace("../demo-raw", str(demo_raw.root))
+    doc = yaml.safe_load(text)
+    doc.update(output=str(tmp_path / "out"), validate={"max_bad_fraction": 0.01})
+    doc.pop("registry", None)
+    job = write_job(tmp_path, doc)
+    code, report, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
+    assert code == 3, output
+    left_out = report["excluded"]["total"]
+    counted = report["inputs"]["files"] - left_out
+    assert left_out and report["bad_samples"]["fraction"] == pytest.approx(report["bad_samples"]["total"] / counted,
+                                                                          abs=1e-6)
+    (case,) = [c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase") if c.get("name") == "bad_fraction"]
+    failure = case.find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith(f"{report['bad_samples']['total']} bad of {counted} files "
+                                                 f"(and {left_out} left out on purpose, which do not count) (")
+
+
 def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
     code, report, _ = run_validate(job)

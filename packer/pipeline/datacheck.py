@@ -381,9 +381,12 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     listed = "\n".join([*(f"{i.reason}: {i.sample_id}" if hidden else f"{i.reason}: {i.path}: {i.message}"
                           for i in issues[:_cut(len(issues), MAX_LISTED)]),
                         *_and_more(len(issues), MAX_LISTED)])
+    # of the files the fraction counts, as packer build says it: those left out on purpose do not count
+    left_out = doc["excluded"]["total"]
+    counted = f"{doc['inputs']['files'] - left_out} files" + (
+        f" (and {left_out} left out on purpose, which do not count)" if left_out else "")
     case("bad_fraction", over_limit(bad),
-         f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
-         listed)
+         f"{bad['total']} bad of {counted} ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})", listed)
     for name, rule in doc["audit"]["rules"].items():
         findings = result.prepared.audit.rule(name).findings
         body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:_cut(len(findings), MAX_LISTED)]),
