@@ -186,7 +186,7 @@ def test_validate_warnings_point_at_its_own_report_not_at_a_leakage_json_it_neve
     assert code == 0, output
     (warning,) = [w["message"] for w in report["warnings"] if w["code"] == "entity_lookalikes"]
     assert "leakage.json" not in warning and "leakage.json" not in output
-    assert warning.endswith("every group is listed under entity_lookalikes in the --json report's audit")
+    assert warning.endswith("every group is listed under entity_lookalikes in the validate report's audit")
 
 
 def test_junit_empty_splits_case_holds_only_empty_splits_and_other_warnings_go_to_the_suite(tmp_path: Path) -> None:

@@ -553,9 +553,9 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     the pack pass frees as it goes (:class:`~packer.pipeline.spill.SpillConsumer`) unless
     ``keep_spill``.
     """
-    # packer validate writes no leakage.json: its findings are in the report it writes
-    listed_in = LEAKAGE_FILE if through == "pack" else (
-        "ValidationResult.findings" if surface().python else "the --json report's audit")
+    # packer validate writes no leakage.json: its findings are in its report (--json, ValidationResult.report),
+    # named alike for both, so that the two reports are one document
+    listed_in = LEAKAGE_FILE if through == "pack" else "the validate report's audit"
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
                       storage_options=storage_options, refer=not keep_spill, listed_in=listed_in)
     if prepared.files_cached and not quiet:
