@@ -1692,6 +1692,10 @@ def load_job(path: str | Path) -> JobConfig:
         text = job_path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
+    except UnicodeDecodeError as err:  # a binary file, or a job saved in another encoding
+        line = job_path.read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{job_path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at line {line}); a job "
+                          "file is YAML text: save it as UTF-8, or give the job file, not another file") from err
     try:
         doc = yaml.load(text, Loader=JobLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there

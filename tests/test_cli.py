@@ -140,6 +140,8 @@ def test_exit_4_when_the_audit_finds_leakage(demo_raw: Any, tmp_path: Path, monk
     key = (demo_raw.root / "phi.key").read_text().strip().encode()
     phi = Pseudonymizer(mode="pseudonymize", dates="shift", key=key)
     assert "entity_overlap" in result.output and "PAT0001" not in result.output  # pseudonyms only
+    # the message names the file it points at (it said "listed in leakage.json", in no folder)
+    assert f"(every finding is listed in {tmp_path / 'out' / 'demo' / 'leakage.json'})" in result.output
     leaked = json.loads((tmp_path / "out" / "demo" / "leakage.json").read_text())["rules"]["entity_overlap"]
     assert phi.entity("PAT0001") in {f["entity_id"] for f in leaked["findings"]}
     assert any(phi.entity(f"PAT{i:04d}") in result.output for i in range(1, 16))

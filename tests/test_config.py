@@ -218,6 +218,16 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     assert f'in "{bad}", line 1' in str(caught.value) and "<unicode string>" not in str(caught.value)
 
 
+def test_a_job_file_that_is_not_utf8_text_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    # a binary file or a Latin-1 export given as the job raised UnicodeDecodeError: exit 1 with a traceback
+    job = tmp_path / "job.yaml"
+    job.write_bytes(b"name: caf\xe9\nsources: []\n")
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    said = str(caught.value)
+    assert said.startswith(f"{job}: not UTF-8 text") and "line 1" in said and "save it as UTF-8" in said
+
+
 def test_every_problem_of_a_job_file_is_listed_and_a_bad_value_gets_its_description(tmp_path: Path) -> None:
     """One run shows what to fix: the first problem, then each further one on its own line."""
     job = tmp_path / "job.yaml"

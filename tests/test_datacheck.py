@@ -150,6 +150,92 @@ def test_quick_mode_reads_headers_only_and_still_reports_missing_labels(tmp_path
     assert report["quick"] is True and report["bad_samples"]["by_reason"] == {"missing_label": 1}
 
 
+def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_path: Path) -> None:
+    """--quick hashes no pixels: a copy across splits cannot be seen. The summary showed
+    `[  ok] exact_duplicates_across_splits: 0`, the JUnit cases passed and the JSON said passed,
+    count 0: a CI dashboard read "no leak" where nothing was checked."""
+    first, second = entities_in_different_splits(5)
+    copy = photo(777)
+    job = image_job(tmp_path, [*base_rows(), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)],
+                    duplicates="fail")
+    code, report, output = run_validate(job, "--quick", "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output  # nothing it checked failed
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    not_run = {"exact_duplicates_across_splits", "exact_duplicates_within_split", "near_duplicates_across_splits",
+               "duplicates_span_entities", "label_conflicts"}
+    rules = report["audit"]["rules"]
+    assert {name for name, rule in rules.items() if "skipped" in rule} == not_run
+    assert "--quick" in rules["exact_duplicates_across_splits"]["skipped"]
+    for name in not_run:
+        assert f"[skip] {name}" in output
+        assert f"[  ok] {name}" not in output
+    assert "5 rule(s) not run (--quick: headers only" in output.splitlines()[-1]
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
+    assert {name for name, element in skipped.items() if element is not None} == not_run
+    assert suite.get("skipped") == "5" and "--quick" in (skipped["label_conflicts"].get("message") or "")
+    # a full check runs them all and finds the copy
+    code, report, _ = run_validate(job)
+    assert code == 4 and not any("skipped" in rule for rule in report["audit"]["rules"].values())
+
+
+def test_validate_warnings_point_at_its_own_report_not_at_a_leakage_json_it_never_writes(tmp_path: Path) -> None:
+    # "every group is listed under entity_lookalikes in leakage.json": packer validate writes no leakage.json
+    rows = [*base_rows(12), ("twin.png", photo(500), "a", "e 003")]
+    code, report, output = run_validate(image_job(tmp_path, rows))
+    assert code == 0, output
+    (warning,) = [w["message"] for w in report["warnings"] if w["code"] == "entity_lookalikes"]
+    assert "leakage.json" not in warning and "leakage.json" not in output
+    assert warning.endswith("every group is listed under entity_lookalikes in the validate report's audit")
+
+
+def test_junit_empty_splits_case_holds_only_empty_splits_and_other_warnings_go_to_the_suite(tmp_path: Path) -> None:
+    # the passing case empty_splits carried every warning (an entity lookalike there read as an empty split)
+    rows = [*base_rows(12), ("twin.png", photo(500), "a", "e 003")]
+    code, _, output = run_validate(image_job(tmp_path, rows), "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    (empty,) = [c for c in suite.iter("testcase") if c.get("name") == "empty_splits"]
+    held = empty.find("system-out")
+    lines = (held.text or "").splitlines() if held is not None else []
+    assert empty.find("failure") is None and all(line.startswith("warning: split ") for line in lines)
+    assert not any("entity ids" in line for line in lines)
+    assert [c.tag for c in suite][-1] == "system-out"  # after the test cases, where the JUnit schema puts it
+    said = suite.find("system-out")
+    assert said is not None and (said.text or "").startswith("warning (entity_lookalikes): 1 group(s) of entity ids")
+
+
+def test_validate_help_tells_a_ci_author_what_the_reports_hold_and_when_they_are_written() -> None:
+    """A CI step needs: which exits still write the reports, which report may leave the runner,
+    and every exit code it can see (130 was missing)."""
+    said = " ".join(CliRunner().invoke(main, ["validate", "--help"], terminal_width=200).output.split())
+    assert "130 interrupted" in said
+    assert "written on exits 0, 3 and 4" in said
+    assert "raw paths" in said and "keep it local" in said
+    assert "by sample key" in said and "max_bad_fraction" in said
+
+
+def test_junit_bad_fraction_counts_against_the_files_the_fraction_counts(tmp_path: Path, demo_raw: Any) -> None:
+    # "8 bad of 68 files (12.5% > 1.0%)": 8/68 is 11.8%; the fraction leaves out the 4 files left out on purpose,
+    # as packer build says it ("8 of 64 input files are bad (and 4 left out on purpose, which do not count)")
+    text = (REPO / "workflows" / "annotated-slices.yaml").read_text().replace("../demo-raw", str(demo_raw.root))
+    doc = yaml.safe_load(text)
+    doc.update(output=str(tmp_path / "out"), validate={"max_bad_fraction": 0.01})
+    doc.pop("registry", None)
+    job = write_job(tmp_path, doc)
+    code, report, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
+    assert code == 3, output
+    left_out = report["excluded"]["total"]
+    counted = report["inputs"]["files"] - left_out
+    assert left_out and report["bad_samples"]["fraction"] == pytest.approx(report["bad_samples"]["total"] / counted,
+                                                                          abs=1e-6)
+    (case,) = [c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase") if c.get("name") == "bad_fraction"]
+    failure = case.find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith(f"{report['bad_samples']['total']} bad of {counted} files "
+                                                 f"(and {left_out} left out on purpose, which do not count) (")
+
+
 def test_bad_fraction_over_threshold_exits_3(demo_raw: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out", validate={"max_bad_fraction": 0.01}))
     code, report, _ = run_validate(job)
@@ -174,6 +260,43 @@ def test_the_ci_workflow_is_a_valid_github_workflow() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = workflow.read_text()
     assert "packer validate" in text and "--junit" in text
+
+
+def test_the_ci_workflow_runs_when_what_it_checks_with_changes_and_installs_as_make_does() -> None:
+    """A pull request that edits the workflow itself, pyproject.toml or constraints.txt did not run
+    it (paths: workflows, schemas, packer only); and it installed without constraints.txt, so the
+    runner's decoders (which shape the pixel hashes the duplicate rules compare) were whatever pip
+    picked that day, not the versions `make` installs."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "validate-data.yml").read_text())
+    triggers = workflow[True]  # YAML 1.1 reads the key `on` as a boolean
+    paths = triggers["pull_request"]["paths"]
+    for needed in (".github/workflows/validate-data.yml", "pyproject.toml", "constraints.txt"):
+        assert needed in paths
+    steps = workflow["jobs"]["validate"]["steps"]
+    install = next(step["run"] for step in steps if step.get("name") == "Install packer")
+    assert "-c constraints.txt" in install
+    assert any("packer demo-data demo-raw" in step.get("run", "") for step in steps)
+
+
+def test_the_readme_shell_command_validates_a_json_report_offline(tmp_path: Path) -> None:
+    """The schema refers to the bad-sample schema by its $id (https://packer.dev/...): a stock
+    `check-jsonschema --schemafile schemas/validate.schema.json` fetched it and failed offline
+    (DNS error); the README gives the command that resolves it from schemas/."""
+    import re
+    import shlex
+
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    if not exe.exists():
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[dev]')")
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"^check-jsonschema --base-uri .*$", readme, flags=re.M)
+    assert found, "the README gives no shell command that validates a --json report offline"
+    job = image_job(tmp_path, base_rows(6))
+    run_validate(job, "--quick")
+    command = found.group().split("#")[0].replace("$PWD", str(REPO)).replace("FILE", str(job.parent / "report.json"))
+    proc = subprocess.run([str(exe), *shlex.split(command)[1:]], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_a_pseudonymized_leak_names_keys_and_packer_locate_finds_their_files(tmp_path: Path) -> None:
@@ -239,6 +362,31 @@ def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_pat
     assert f"cannot write {target}: the file system is full" in result.output
     assert f"free space there, or write the file elsewhere (another {flag} FILE)" in result.output
     assert "packer build --out" not in result.output
+
+
+@pytest.mark.parametrize("flag", ["--json", "--junit"])
+def test_a_report_path_that_is_a_pipe_is_written_into_not_replaced_by_a_file(tmp_path: Path, flag: str) -> None:
+    """`--junit >(tee ...)`, `--json /dev/stdout`: the report was written to PATH.partial and renamed
+    over the pipe (or, as root, over /dev/stdout or /dev/full), so the reader got nothing and the
+    device or pipe was gone; a path that is not a regular file is written into."""
+    import os
+    import stat
+    import threading
+
+    job = image_job(tmp_path, base_rows(4))
+    fifo = tmp_path / "report.pipe"
+    os.mkfifo(fifo)
+    os.link(fifo, tmp_path / "same.pipe")  # reachable after a rename, to unblock the reader
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "same.pipe").read_bytes()), daemon=True)
+    reader.start()
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(fifo)])
+    if reader.is_alive():  # nothing was written into the pipe: open it once, so the reader returns
+        os.close(os.open(tmp_path / "same.pipe", os.O_WRONLY | os.O_NONBLOCK))
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and not (tmp_path / "report.pipe.partial").exists()
+    assert got and got[0].startswith(b"{" if flag == "--json" else b"<?xml")
 
 
 def test_junit_stays_well_formed_xml_when_a_file_name_holds_control_characters(tmp_path: Path) -> None:

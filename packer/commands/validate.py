@@ -12,11 +12,14 @@ from packer.commands import exits
 @click.command("validate")
 @click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--quick", is_flag=True, help="Read headers only (labels, entities, times, unreadable files); "
-              "skips decoding, so duplicate and pixel checks do not run.")
+              "skips decoding, so duplicate and pixel checks do not run: their rules are reported as skipped.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a machine-readable report (schemas/validate.schema.json) to this file.")
+              help="Write a machine-readable report (schemas/validate.schema.json) to this file. It lists the "
+                   "bad and left-out files' raw paths and messages: keep it local.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write JUnit XML (one test case per rule, plus empty_splits) for CI dashboards.")
+              help="Write JUnit XML (a test case for bad_fraction, one per audit rule, and empty_splits) for CI "
+                   "dashboards; under PHI pseudonymization it names bad files by sample key only, so it may be "
+                   "published.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster.")
 @click.option("--scheduler", metavar="ADDRESS",
               help="Run on an existing dask.distributed scheduler (tcp://host:port or a scheduler file), "
@@ -38,11 +41,14 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     off the ratios, leaks a policy accepts, label conflicts): printed then, and listed in the
     --json report's "warnings" by code. Warnings do not change the exit code.
 
+    The --json and --junit files are written on exits 0, 3 and 4 (a failed check still leaves its
+    reports to publish), not on 2 (the job could not be checked) or later codes.
+
     \b
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction
     · 4 leakage found · 6 the --json/--junit file could not be written (disk full or read-only)
-    · 7 the dask scheduler was lost (--scheduler) · 141 the output's reader went away (| head): stopped there
-    · 1 internal error.
+    · 7 the dask scheduler was lost (--scheduler) · 130 interrupted (Ctrl-C)
+    · 141 the output's reader went away (| head): stopped there · 1 internal error.
     """
     from packer.api import validate
     from packer.storage import parse_storage_options

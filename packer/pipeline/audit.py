@@ -292,9 +292,10 @@ def _entity_lookalikes(samples: _Samples, groups: Sequence[Sequence[str]]) -> Ru
     return RuleResult("entity_lookalikes", "report", len(findings), tuple(findings), recorded_clean=False)
 
 
-def lookalikes_warning(report: LeakageAudit) -> str | None:
+def lookalikes_warning(report: LeakageAudit, listed_in: str = "leakage.json") -> str | None:
     """A warning naming the entity ids that differ only in case, spacing or leading zeros
-    (pseudonyms and sample keys under PHI), or None when there are none."""
+    (pseudonyms and sample keys under PHI), or None when there are none. ``listed_in``: where the
+    findings are written (leakage.json, or packer validate's --json report)."""
     rule = report.rule("entity_lookalikes")
     if not rule.count:
         return None
@@ -305,8 +306,8 @@ def lookalikes_warning(report: LeakageAudit) -> str | None:
     return (f"{rule.count} group(s) of entity ids differ only in case, spacing or leading zeros, {len(crossing)} "
             f"of them across splits, e.g. {example}: likely one patient under two ids (two systems' exports), "
             "split as two entities, so the same patient can be in train and in test. Make the ids agree at the "
-            "source (or pin each group to one split with split.pinned); every group is listed under "
-            "entity_lookalikes in leakage.json")
+            f"source (or pin each group to one split with split.pinned); every group is listed under "
+            f"entity_lookalikes in {listed_in}")
 
 
 def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]], earlier: str,
@@ -438,7 +439,7 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
 CROSSING = ("entity_overlap", "exact_duplicates_across_splits", "near_duplicates_across_splits")
 
 
-def accepted_leaks(report: LeakageAudit, cfg: SplitConfig) -> str | None:
+def accepted_leaks(report: LeakageAudit, cfg: SplitConfig, listed_in: str = "leakage.json") -> str | None:
     """A warning for a given split whose leaks ``split.accept_leaks`` accepted, or None: what
     crossed the splits, by rule, and where it is listed."""
     if not cfg.accept_leaks:
@@ -448,7 +449,7 @@ def accepted_leaks(report: LeakageAudit, cfg: SplitConfig) -> str | None:
     if not found:
         return None
     return (f"the given split (by: {cfg.by}) leaks, accepted by split.accept_leaks: "
-            + ", ".join(f"{name} {count}" for name, count in found) + " (each finding is listed in leakage.json)")
+            + ", ".join(f"{name} {count}" for name, count in found) + f" (each finding is listed in {listed_in})")
 
 
 LEAKAGE_FILE = "leakage.json"
@@ -466,8 +467,8 @@ def write_leakage(folder: Path, report: LeakageAudit) -> Path:
     return path
 
 
-def raise_on_leakage(report: LeakageAudit) -> None:
-    """Fail the build naming what leaked (exit 4)."""
+def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE) -> None:
+    """Fail the build naming what leaked (exit 4) and ``listed_in``, the written leakage.json."""
     failed = [r for r in report.rules if r.failed]
     if not failed:
         return
@@ -497,7 +498,7 @@ def raise_on_leakage(report: LeakageAudit) -> None:
     given = any(r.detail.get("given") for r in failed if r.rule in CROSSING)
     conflicting = any(r.rule == "label_conflicts" for r in failed)
     raise LeakageError("leakage audit failed: " + " | ".join(parts)
-                       + " (every finding is listed in leakage.json)"
+                       + f" (every finding is listed in {listed_in})"
                        + ("; label_conflicts: copies of one image carry different targets (label noise, or two "
                           "patients mixed up): fix the labels, or set split.duplicates.label_conflict: drop_group to "
                           "leave those groups out, or warn to build with them" if conflicting else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import stat
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -26,7 +27,7 @@ from xml.etree import ElementTree as ET
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, FileSystemError, LeakageError, surface
+from packer.errors import BadFractionError, FileSystemError, LeakageError, refused_write, surface
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
@@ -41,6 +42,13 @@ MAX_LISTED = 50
 #: Bad-sample paths and findings per rule listed in the human summary.
 SUMMARY_ISSUES = 5
 SUMMARY_FINDINGS = 3
+
+#: The audit rules ``--quick`` cannot run: they compare pixel hashes and near-copy signatures,
+#: which a headers-only pass does not make. Each is reported as skipped, never as passed.
+QUICK_NOT_RUN = ("exact_duplicates_across_splits", "exact_duplicates_within_split", "near_duplicates_across_splits",
+                 "duplicates_span_entities", "label_conflicts")
+QUICK_SKIPPED = ("not run: --quick reads headers only, so no pixels are hashed or compared; "
+                 "run packer validate without --quick to check copies across splits")
 
 _WHY_NOT_EMPTY = {"train": "there is nothing to train on",
                   "valid": "there is nothing to validate on (model selection, early stopping)",
@@ -158,6 +166,11 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         entities[split].add(entity or "")
     for split in SPLITS:
         per_split[split]["entities"] = len(entities[split])
+    audit = prepared.audit.to_json(listed=True)
+    if result.quick:  # what a headers-only pass cannot see is said, not passed
+        for name in QUICK_NOT_RUN:
+            if name in audit["rules"]:
+                audit["rules"][name]["skipped"] = QUICK_SKIPPED
     doc = {
         "packer_version": __version__,
         "job": str(result.job.job_path),
@@ -169,7 +182,7 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "splits": per_split,
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
         "excluded": _excluded_summary(prepared),
-        "audit": prepared.audit.to_json(listed=True),
+        "audit": audit,
         "warnings": [*(w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)),
                      *({"code": code, "message": message} for code, message in prepared.warnings)],
     }
@@ -235,7 +248,8 @@ def format_summary(result: ValidateResult) -> str:
             lines.append(f"  warning: {warning['message']}")
     listed = False
     for name, rule in doc["audit"]["rules"].items():
-        state = "ok" if rule["passed"] else ("FAIL" if rule["severity"] == "fail" else "note")
+        state = "skip" if "skipped" in rule else "ok" if rule["passed"] else (
+            "FAIL" if rule["severity"] == "fail" else "note")
         lines.append(f"  [{state:>4}] {name}: {rule['count']}")
         if not rule["passed"]:
             findings = result.prepared.audit.rule(name).findings
@@ -251,8 +265,11 @@ def format_summary(result: ValidateResult) -> str:
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
+    not_run = sum("skipped" in rule for rule in doc["audit"]["rules"].values())
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
-                                          else ""))
+                                          else "")
+                 + (f"; {not_run} rule(s) not run (--quick: headers only, no pixels compared; the copies they "
+                    "find are unchecked: run without --quick)" if not_run else ""))
     return "\n".join(lines)
 
 
@@ -284,11 +301,38 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
     never a traceback."""
     try:
+        if _not_a_file(path):  # /dev/stdout, a pipe (--junit >(tee ...)), /dev/full: write into it, never
+            with _into(path, option) as fh:  # rename a file over it (as root, over the device itself)
+                yield fh
+            return
         with atomic_output(path, elsewhere=report_elsewhere(option)) as fh:
             yield fh
     except OSError as err:
         raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give "
                               f"{surface().name(option)} a path in a writable folder") from err
+
+
+def _not_a_file(path: Path) -> bool:
+    """Whether ``path`` exists as something other than a regular file, links followed: a device,
+    a pipe or a socket, which a report is written into as it is."""
+    try:
+        return not stat.S_ISREG(path.stat().st_mode) and not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:  # absent (or unreachable: atomic_output then says why)
+        return False
+
+
+@contextlib.contextmanager
+def _into(path: Path, option: str) -> Iterator[Any]:
+    """``path`` (not a regular file) opened for writing; a full or refusing device is exit 6
+    naming it and ``option``'s fix, as :func:`atomic_output` would say it."""
+    try:
+        with open(path, "wb") as fh:
+            yield fh
+    except OSError as err:
+        refused = refused_write(err, path, opening=True, elsewhere=report_elsewhere(option))
+        if refused is None:
+            raise
+        raise refused from err
 
 
 def write_json(result: ValidateResult, path: Path) -> None:
@@ -314,11 +358,16 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     cases = 0
     failures = 0
 
-    def case(name: str, failed: bool, message: str, body: str) -> None:
-        nonlocal cases, failures
+    skipped = 0
+
+    def case(name: str, failed: bool, message: str, body: str, not_run: str | None = None) -> None:
+        nonlocal cases, failures, skipped
         cases += 1
         element = ET.SubElement(suite, "testcase", classname=f"packer.validate.{doc['name']}", name=name)
-        if failed:
+        if not_run is not None:  # --quick: the rule could not run, so it neither passed nor failed
+            skipped += 1
+            ET.SubElement(element, "skipped", message=not_run)
+        elif failed:
             failures += 1
             ET.SubElement(element, "failure", message=_xml_text(message)).text = _xml_text(body)
         elif body:
@@ -332,21 +381,31 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     listed = "\n".join([*(f"{i.reason}: {i.sample_id}" if hidden else f"{i.reason}: {i.path}: {i.message}"
                           for i in issues[:_cut(len(issues), MAX_LISTED)]),
                         *_and_more(len(issues), MAX_LISTED)])
+    # of the files the fraction counts, as packer build says it: those left out on purpose do not count
+    left_out = doc["excluded"]["total"]
+    counted = f"{doc['inputs']['files'] - left_out} files" + (
+        f" (and {left_out} left out on purpose, which do not count)" if left_out else "")
     case("bad_fraction", over_limit(bad),
-         f"{bad['total']} bad of {doc['inputs']['files']} files ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})",
-         listed)
+         f"{bad['total']} bad of {counted} ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})", listed)
     for name, rule in doc["audit"]["rules"].items():
         findings = result.prepared.audit.rule(name).findings
         body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:_cut(len(findings), MAX_LISTED)]),
                           *_and_more(len(findings), MAX_LISTED)])
-        case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body)
-    # a warning, not a failure: the case passes and says what it found (like a report rule's findings)
-    case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]))
+        case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body,
+             rule.get("skipped"))
+    # a warning, not a failure: the case passes and says what it found (like a report rule's findings);
+    # the stages' other warnings are the suite's output, not this case's
+    case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]
+                                              if w["code"] == "empty_split"))
+    others = [w for w in doc["warnings"] if w["code"] != "empty_split"]
+    if others:
+        ET.SubElement(suite, "system-out").text = _xml_text("\n".join(f"warning ({w['code']}): {w['message']}"
+                                                                       for w in others))
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
     counts = Counter(i.reason for i in result.prepared.issues)
-    suite.set("skipped", "0")
+    suite.set("skipped", str(skipped))
     properties = ET.Element("properties")  # before the test cases, where the JUnit schema puts them
     properties.extend([ET.Element("property", name=f"bad.{k}", value=str(v)) for k, v in sorted(counts.items())])
     suite.insert(0, properties)

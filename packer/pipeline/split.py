@@ -278,7 +278,8 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
                    largest_share=largest_share, collapsed=collapsed)
 
 
-def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: float = 0.05) -> str | None:
+def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: float = 0.05,
+                    listed_in: str = "leakage.json") -> str | None:
     """A sentence for the user when the achieved split shares miss ``cfg.ratios`` by more than
     ``tolerance`` (absolute) but not so much that the audit's ``split_balance`` rule fails: a
     single large entity, or a small data set's luck of the draw; else ``None``.
@@ -297,7 +298,7 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
         if len(largest.entities) > 1:
             cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
                      "duplicate links (each listed with its evidence under duplicates_span_entities in "
-                     "leakage.json)")
+                     f"{listed_in})")
         else:
             cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
     if cause is None:

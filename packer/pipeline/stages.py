@@ -47,6 +47,7 @@ from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
 from packer.pipeline.audit import (
+    LEAKAGE_FILE,
     LeakageAudit,
     accepted_leaks,
     audit_assignment,
@@ -149,13 +150,16 @@ def _make_cache_folder(cache_dir: Path) -> None:
 
 
 def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
-            quiet: bool = False, storage_options: dict[str, Any] | None = None, refer: bool = True) -> Prepared:
+            quiet: bool = False, storage_options: dict[str, Any] | None = None, refer: bool = True,
+            listed_in: str = LEAKAGE_FILE) -> Prepared:
     """Stages discover to audit of ``job``. Does not raise on leakage: :func:`run_stages` decides.
 
     With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
     cannot run and are disabled for this audit. ``storage_options`` configure the stores of
     raw inputs given as URLs (on the client and on the workers). ``refer``: per-file reuse may
     hold unchanged files' samples by reference (:attr:`~packer.pipeline.pixels.ChunkTask.refer`).
+    ``listed_in``: where the warnings say the audit's findings are listed (leakage.json for a
+    build; packer validate writes none).
     """
     phi = pseudonymizer_for(job.phi)
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
@@ -242,17 +246,17 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         excluded.extend(conflict_exclusions(samples, conflicts))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet)
-    balance = balance_warning(assignment, split_cfg)
+    balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
                              quiet=quiet)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
-                          ("accepted_leaks", accepted_leaks(audit, split_cfg)),
-                          ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict)),
+                          ("accepted_leaks", accepted_leaks(audit, split_cfg, listed_in)),
+                          ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listed_in)),
                           ("instance_uids", shared_instances_warning(shared_instances(
                               samples.column("instance"), samples.column("entity"), samples.column("key"),
                               samples.column("sha256")), job.job_path)),
-                          ("entity_lookalikes", lookalikes_warning(audit)),
+                          ("entity_lookalikes", lookalikes_warning(audit, listed_in)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
                           ("labels", id_like_class_warning(job, *samples.codes("label")))):
@@ -414,7 +418,7 @@ def id_like_class_warning(job: JobConfig, codes: np.ndarray, names: Sequence[Any
             f"{what}")
 
 
-def conflicts_warning(found: LabelConflicts, policy: str = "warn") -> str | None:
+def conflicts_warning(found: LabelConflicts, policy: str = "warn", listed_in: str = LEAKAGE_FILE) -> str | None:
     """A sentence for the build's and validate's stderr when copies of one image disagree, or None.
 
     ``policy``: the job's ``split.duplicates.label_conflict``; it says what happens to them (under
@@ -431,7 +435,7 @@ def conflicts_warning(found: LabelConflicts, policy: str = "warn") -> str | None
         done = "packed as they are (split.duplicates.label_conflict: warn; fail or drop_group to stop it)"
     return (f"{len(found.groups)} group(s) of copies of one image ({samples} samples) carry different targets or "
             f"masks: label noise, or two patients mixed up; {done}; each group is listed under label_conflicts in "
-            "leakage.json")
+            f"{listed_in}")
 
 
 def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:
@@ -549,8 +553,11 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     the pack pass frees as it goes (:class:`~packer.pipeline.spill.SpillConsumer`) unless
     ``keep_spill``.
     """
+    # packer validate writes no leakage.json: its findings are in its report (--json, ValidationResult.report),
+    # named alike for both, so that the two reports are one document
+    listed_in = LEAKAGE_FILE if through == "pack" else "the validate report's audit"
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
-                      storage_options=storage_options, refer=not keep_spill)
+                      storage_options=storage_options, refer=not keep_spill, listed_in=listed_in)
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
@@ -566,8 +573,7 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     if cache_dir is None or staging is None or leakage_dir is None:
         raise ValueError("run_stages(through='pack') needs cache_dir, staging and leakage_dir")
     if prepared.audit.failed:
-        write_leakage(leakage_dir, prepared.audit)
-        raise_on_leakage(prepared.audit)
+        raise_on_leakage(prepared.audit, write_leakage(leakage_dir, prepared.audit))
     samples = prepared.samples
     target = dataset_target(job, samples.codes("label")[1])
     shards = plan_shards(samples, prepared.assignment.split, job.pack)
