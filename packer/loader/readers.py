@@ -676,9 +676,11 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
         found = len(index.samples)
         placed: dict[int, TarSample] | None = None
         lost: dict[int, str] = {}
+        # the defect a scan stopped at, by the last sample it found: a later member header of it may be the one
+        stopped = {found - 1: index.defect} if index.defect is not None and index.cut is None and found else {}
         if (problem is None and index.defect is not None and index.cut is None and found < info.samples
                 and info.offsets is not None and len(info.offsets) == info.samples):
-            placed, lost = resume_scan(info.path, index, info.offsets.tolist())  # past a damaged member header
+            placed, lost, stopped = resume_scan(info.path, index, info.offsets.tolist())  # past a damaged header
         with open(info.path, "rb", buffering=0) as fh:
             mapped = map_shard(fh)  # images become views of it: the collate's stack is their one copy
             for pos in positions:
@@ -703,6 +705,9 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                     if check.records and isinstance(result, Decoded):
                         result = _with_record(result, read_member_bytes(fh, sample, ["json"]))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
+                    if isinstance(outcome, Failure) and pos in stopped:
+                        outcome = replace(outcome, message=f"{outcome.message} (the shard's scan stopped in this "
+                                                           f"sample: {stopped[pos]})")
                 done += 1
                 yield pos, outcome
     except OSError as err:

@@ -367,24 +367,31 @@ def _scan_tarfile(path: Path, start: int = 0) -> TarIndex:
     return TarIndex(samples=tuple(found.samples), defect=defect, cut=cut)
 
 
-def resume_scan(path: Path, index: TarIndex, offsets: Sequence[int]) -> tuple[dict[int, TarSample], dict[int, str]]:
+def resume_scan(path: Path, index: TarIndex, offsets: Sequence[int]
+                ) -> tuple[dict[int, TarSample], dict[int, str], dict[int, str]]:
     """The samples of a tar shard whose scan (``index``) stopped at a defect, by position, found
     again past each defect from ``offsets`` (each sample's first member header, by position:
-    ``_index.parquet``'s ``position`` column of a tar shard), and why each position no scan found
-    was lost. A walk restarts at the first position it has not placed; a sample found at an
-    offset the index does not hold ends that walk (the shard is not the one indexed there)."""
+    ``_index.parquet``'s ``position`` column of a tar shard); why each position no scan found
+    was lost; and the defect each walk stopped at, by the position of the last sample it found
+    (a later member header of that sample may be the damaged one). A walk restarts at the first
+    position it has not placed; a sample found at an offset the index does not hold ends that
+    walk (the shard is not the one indexed there)."""
     at = {int(offset): position for position, offset in enumerate(offsets)}
     placed: dict[int, TarSample] = {}
     lost: dict[int, str] = {}
+    stopped: dict[int, str] = {}
 
     def take(scan: TarIndex) -> bool:
-        taken = False
+        taken = None
         for sample in scan.samples:
             position = at.get(sample.offset)
             if position is None or position in placed:
                 break
-            placed[position], taken = sample, True
-        return taken
+            placed[position] = sample
+            taken = position
+        if taken is not None and scan.defect is not None:
+            stopped[taken] = scan.defect
+        return taken is not None
 
     take(index)
     position, defect = (max(placed) + 1 if placed else 0), index.defect
@@ -397,7 +404,7 @@ def resume_scan(path: Path, index: TarIndex, offsets: Sequence[int]) -> tuple[di
         position, defect = max(placed) + 1, scan.defect
         if scan.cut is not None:  # the file ends inside a sample: what follows is not there
             break
-    return placed, lost
+    return placed, lost, stopped
 
 
 def _stream_stopped_early(tar: tarfile.TarFile) -> str | None:
