@@ -271,8 +271,18 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
     assert len(tree["A"]) == SLICES
 
 
+#: Where the SEG is cut, from (0008,1115) Referenced Series Sequence's tag, and the record it gets
+CUTS = {
+    "before its SOP Class UID": (None, "annotation_orphan"),  # its class only in the file meta
+    "before its references": (0, "annotation_orphan"),
+    "inside a referenced instance UID": (120, "annotation_orphan"),  # no Study Instance UID either
+    "inside a referenced instance item": (264, "unreadable"),  # a sequence item that cannot be decoded
+}
+
+
+@pytest.mark.parametrize("where", list(CUTS))
 def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_packed_as_empty(
-        tmp_path: Path) -> None:
+        tmp_path: Path, where: str) -> None:
     """A fresh-user trial cut a highdicom SEG short on disk: its header no longer named the series
     it was drawn on, it became an annotation_orphan, and its series, referenced by no annotation,
     packed with all-zero masks under empty: keep: a model would learn "no liver" from a read
@@ -282,13 +292,18 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     a = _write_series(raw / "A" / "CT", "PA", seed=1)
     _write_series(raw / "B" / "CT", "PB", seed=2)
     seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
-    seg.write_bytes(seg.read_bytes()[:len(seg.read_bytes()) // 10])  # past the preamble, before any reference
+    data = seg.read_bytes()
+    offset, reason = CUTS[where]
+    references = data.index(b"\x08\x00\x15\x11")  # (0008,1115), explicit VR little endian
+    cut = data.index(b"\x08\x00\x16\x00", 132 + 12) if offset is None else references + offset
+    seg.write_bytes(data[:cut])
     result = _build(_mask_job(tmp_path, raw, SEGMENTS))
     records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
-    assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in records) == [
-        ("A", "annotation_orphan"), *[("A", "mask_missing")] * SLICES]
-    orphan = next(r for r in records if r["reason"] == "annotation_orphan")
-    assert "may be cut short or damaged: re-export it" in orphan["message"]
+    assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in records) == sorted([
+        ("A", reason), *[("A", "mask_missing")] * SLICES])
+    if reason == "annotation_orphan":
+        orphan = next(r for r in records if r["reason"] == "annotation_orphan")
+        assert "may be cut short or damaged: re-export it" in orphan["message"]
     missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
     assert f"{seg} (SEG, in the folder A/ of its files)" in missing
     assert "a read failure, not an empty series" in missing

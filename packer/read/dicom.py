@@ -49,6 +49,7 @@ from packer.read.annotations import AnnotationRefs, annotation_modality, annotat
 from packer.read.dicom_attrs import (
     DamagedElement,
     convert_faithfully,
+    element,
     first_float,
     pixel_spacing,
     record_time,
@@ -628,13 +629,24 @@ def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
     try:
         refs = annotation_refs(ds)
     except DamagedElement as err:
-        return _damaged(ref, err)
+        refs = _damaged_refs(ds, f"{err}; the header is corrupt, copy the file again")
     except (AttributeError, TypeError, ValueError, KeyError) as err:  # a malformed sequence
-        return _issue(ref, "read", "unreadable", f"its {annotation_modality(ds)} references cannot be read "
-                                                 f"({type(err).__name__}: {err}); the annotation is not used")
+        refs = _damaged_refs(ds, f"its {annotation_modality(ds)} references cannot be read ({type(err).__name__}: "
+                                 f"{err}); the annotation is not used")
     return DicomHeader(entity=text_value(ds, entity_keyword), time=record_time(ds, tuple(time_keywords)), rows=0,
                        columns=0, frames=0, samples_per_pixel=0, sop_class_uid=str(ds.get("SOPClassUID", "") or ""),
                        transfer_syntax_uid="", modality=refs.modality, annotation=refs)
+
+
+def _damaged_refs(ds: Dataset, why: str) -> AnnotationRefs:
+    """The references of an annotation whose header's references cannot be read: none, its
+    study where that still reads, and ``why`` (linking makes it an ``unreadable`` record)."""
+    try:
+        study = str(element(ds, "StudyInstanceUID", "") or "").strip()
+    except DamagedElement:
+        study = ""
+    return AnnotationRefs(modality=annotation_modality(ds) or "", study_uid=study, series_uids=(), instance_uids=(),
+                          frames_of_reference=(), damaged=why)
 
 
 def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool) -> Excluded | None:

@@ -11,9 +11,11 @@ paints a whole series:
    references no series of the source, or only a series that was refused, is an
    ``annotation_orphan`` bad sample. A series that no annotation references follows
    ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``),
-   unless an orphan whose header names no series and no instance (cut short) may be its own (of
-   its study, its entity, or the folder above the orphan's): then each of its files is
-   ``mask_missing``, whatever ``empty`` says (:func:`_lost_for`).
+   unless an annotation whose header cannot say what it was drawn on (an orphan naming no series
+   and no instance, or no Study Instance UID; one whose references cannot be decoded, an
+   ``unreadable`` record) may be its own (of its study, its entity, or the folder above the
+   annotation's): then each of its files is ``mask_missing``, whatever ``empty`` says
+   (:func:`_lost_for`).
 2. **Paint** (worker; :func:`paint_series`). Every annotation of the series paints one label
    map on the series' slices at their native grid (:class:`~packer.read.annotations.Painter`:
    SEG through :mod:`packer.read.seg`, RTSTRUCT through :mod:`packer.read.rtstruct`). An
@@ -175,6 +177,11 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
     issues: list[Issue] = []
     lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
     for ref, refs in annotations:
+        if refs.damaged:  # its references cannot be read: its own record, and its series may be any of the source's
+            issues.append(Issue.of(ref, stage="read", reason="unreadable",
+                                   message=f"{ref.relpath or ref.path}: {refs.damaged}"))
+            lost.append((ref, refs))
+            continue
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
         if not chosen and refs.instance_uids:
             chosen = [f for uid in refs.instance_uids for f in by_instance.get((ref.source, uid), [])]
@@ -220,7 +227,8 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 continue
             if refused and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
-            if not refs.series_uids and not refs.instance_uids:  # its references are lost (a file cut short)
+            if not refs.series_uids and not refs.instance_uids or not refs.study_uid:
+                # its references are lost, or its Study Instance UID (Type 1): a header cut short or damaged
                 lost.append((ref, refs))
                 issues.append(_orphan(ref, refs, what, "Its header may be cut short or damaged: re-export it, or put "
                                                        "the series it was drawn on under the source's root"))
@@ -244,8 +252,8 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
             issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
                 f"{r.path}: no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files), "
-                f"and {len(suspect)} annotation(s) whose header names nothing it was drawn on (cut short or "
-                f"damaged: their records say annotation_orphan) may be its own: {names}. Its all-zero masks would "
+                f"and {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
+                f"damaged: see their records) may be its own: {names}. Its all-zero masks would "
                 "be a read failure, not an empty series, so it is not packed. Re-export the annotation, or remove "
                 "it to pack the series with all-zero masks (mask.empty: keep)"))
                 for r in f.series.refs)
