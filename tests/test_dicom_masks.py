@@ -271,6 +271,46 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
     assert len(tree["A"]) == SLICES
 
 
+#: Where the SEG is cut, from (0008,1115) Referenced Series Sequence's tag, and the record it gets
+CUTS = {
+    "before its SOP Class UID": (None, "annotation_orphan"),  # its class only in the file meta
+    "before its references": (0, "annotation_orphan"),
+    "inside a referenced instance UID": (120, "annotation_orphan"),  # no Study Instance UID either
+    "inside a referenced instance item": (264, "unreadable"),  # a sequence item that cannot be decoded
+}
+
+
+@pytest.mark.parametrize("where", list(CUTS))
+def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_packed_as_empty(
+        tmp_path: Path, where: str) -> None:
+    """A fresh-user trial cut a highdicom SEG short on disk: its header no longer named the series
+    it was drawn on, it became an annotation_orphan, and its series, referenced by no annotation,
+    packed with all-zero masks under empty: keep: a model would learn "no liver" from a read
+    failure. Empty means no annotation was made, not one that could not be read: the series' files
+    are mask_missing, naming the annotation; the patient without annotation still packs empty."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    data = seg.read_bytes()
+    offset, reason = CUTS[where]
+    references = data.index(b"\x08\x00\x15\x11")  # (0008,1115), explicit VR little endian
+    cut = data.index(b"\x08\x00\x16\x00", 132 + 12) if offset is None else references + offset
+    seg.write_bytes(data[:cut])
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in records) == sorted([
+        ("A", reason), *[("A", "mask_missing")] * SLICES])
+    if reason == "annotation_orphan":
+        orphan = next(r for r in records if r["reason"] == "annotation_orphan")
+        assert "may be cut short or damaged: re-export it" in orphan["message"]
+    missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
+    assert f"{seg} (SEG, in the folder A/ of its files)" in missing
+    assert "a read failure, not an empty series" in missing
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: empty, packed
+
+
 @pytest.mark.slow
 def test_a_constant_slice_is_its_own_bad_sample_and_the_rest_of_its_series_packs(tmp_path: Path) -> None:
     # sample: slice packs slices one by one: an all-air slice at the edge of a scan is a constant_image
@@ -474,6 +514,11 @@ def test_an_annotation_is_linked_from_its_header_to_the_series_it_references(ref
     groups, issues = link(assembled.series, {r.sample_id: g for r, g in placed}, [_note("n", **refs)], (), masks)
     holding = [g.series.refs[0].relpath.split("/")[0] for g in groups if g.annotations]
     assert holding == ([linked] if linked else [])
+    if not refs:  # its header names no series and no instance (cut short): each series of its study may be
+        # its own, so none is packed with all-zero masks that would be a read failure
+        assert [i.reason for i in issues] == ["annotation_orphan"] + ["mask_missing"] * 12
+        assert groups == []
+        return
     assert [i.reason for i in issues] == ([] if linked else ["annotation_orphan"])
     assert len(groups) == 3  # every series is packed; one without annotation has all-zero masks (empty: keep)
     every = [p for g in groups for p in g.places]

@@ -627,6 +627,40 @@ def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole
     assert assemble([*reversed(files), cut], CFG) == out  # whatever the order
 
 
+def test_of_two_copies_of_one_image_the_one_that_reads_is_packed_though_a_damaged_copy_is_larger(
+        tmp_path: Path) -> None:
+    """A fresh-user trial put next to an intact slice a damaged copy of it, its Pixel Data element
+    written twice (17,528 bytes against 9,324): the larger copy was kept, and the intact file's
+    record said it was "most likely cut short". The copy whose Pixel Data checks out (one element,
+    Rows × Columns × Bits Allocated / 8 bytes, ending with the file) is packed; the damaged one's
+    record says what is wrong with it."""
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "a", seed=3, patient="P1")
+    intact = paths[2]
+    data = intact.read_bytes()
+    pixels = pydicom.dcmread(intact).get_item(0x7FE00010)
+    element = data[pixels.value_tell - 12:]  # tag, VR, reserved, length, value (explicit VR little endian)
+    damaged = raw / "0-copy" / intact.name  # sorts before the intact file
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(data + element)
+    result = _build(_series_job(tmp_path, raw))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert [(r["path"], r["reason"]) for r in bad] == [(str(damaged), "series_duplicate_position")]
+    assert bad[0]["message"].endswith(
+        f"is packed with {intact}, not with this copy; {intact} ({len(data):,} bytes) is its header and one whole "
+        f"Pixel Data, this copy ({len(data) + len(element):,} bytes) is not: {len(element):,} bytes follow its "
+        "Pixel Data (7FE0,0010) (a second Pixel Data element or other bytes after the image): the file is "
+        "damaged; remove this one")
+    assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 6
+    # cut short, the copy is still the one left out, and its record says so
+    damaged.write_bytes(data[:-100])
+    result = _build(_series_job(tmp_path / "cut", raw))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["path"] == str(damaged)
+    assert record["message"].endswith("is not: its Pixel Data runs 100 bytes past the end of the file: it is cut "
+                                      "short; remove this one")
+
+
 @pytest.mark.parametrize("orientations", [
     [(1.0, 0.0, 0.0, 0.0, 1.0, 0.0)] * 3,                                        # three parallel scouts
     [(0.0, 1.0, 0.0, 0.0, 0.0, -1.0), (1.0, 0.0, 0.0, 0.0, 0.0, -1.0)],           # a two-plane scout series

@@ -323,6 +323,26 @@ def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Pa
     assert "MRN0042" not in str(err.value)
 
 
+@pytest.mark.parametrize(("text", "match"), [
+    # a cell over the csv module's default limit of 131,072 characters: read as tables.py reads one
+    ("entity,split\n" + "P" * 200_000 + ",test\n", None),
+    # an unclosed quote swallows the rows below into one cell: refused, naming the line it opens on
+    ('entity,split\nP0,test\n"P1,valid\nP2,train\n', r"the 'entity' cell of the row on line 3 opens a quote"),
+    ('entity,split\nP0,test\nP1,"valid\nP2,train\n', r"the 'split' cell of the row on line 3 opens a quote"),
+])
+def test_a_pinned_table_reads_long_cells_and_refuses_an_unclosed_quote(
+        tmp_path: Path, text: str, match: str | None) -> None:
+    pins = tmp_path / "pins.csv"
+    pins.write_text(text)
+    from packer.pipeline.split import read_pinned_rows
+
+    if match is None:
+        assert read_pinned_rows(pins) == {"P" * 200_000: ("test", 2)}
+        return
+    with pytest.raises(ConfigError, match=match):
+        read_pinned_rows(pins)
+
+
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:
     from packer.pipeline.split import Assignment, SplitGroup, balance_warning
 

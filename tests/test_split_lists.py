@@ -508,3 +508,23 @@ def test_jobs_that_do_not_give_their_split_record_what_they_always_did(tmp_path:
     before = {"by", "ratios", "seed", "stratify", "folds", "pinned", "duplicates", "near_duplicates", "balance"}
     assert set(recorded) == before | ({"cutoffs", "entity_policy"} if split["by"] == "time" else set())
     assert set(SPLITS) == set(recorded["ratios"])
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("image\n" + "a" * 200_000 + ".png\n", None),  # over the csv module's default cell limit
+    ('image\na.png\n"b.png\nc.png\n', r"the 'image' cell of the row on line 3 opens a quote"),
+])
+def test_a_csv_split_list_reads_long_cells_and_refuses_an_unclosed_quote(
+        tmp_path: Path, text: str, match: str | None) -> None:
+    from packer.config import SplitList
+    from packer.pipeline.splitlists import read_split_list
+
+    path = tmp_path / "test.csv"
+    path.write_text(text)
+    entry = SplitList(split="test", path=path, spec="test.csv", column="image",
+                      sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    if match is None:
+        assert read_split_list(entry) == [(2, "a" * 200_000 + ".png")]
+        return
+    with pytest.raises(ConfigError, match=match):
+        read_split_list(entry)

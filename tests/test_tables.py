@@ -157,6 +157,26 @@ def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_pa
 
 
 
+@pytest.mark.parametrize(("rows", "why"), [
+    (['"b.png,dog', "c.png,cat", "d.png,dog"], "holds the rows in between as its text"),
+    (['"b.png,dog', "c.png", "d.png"], r"swallows the rows in between \(a file path holds no line break\)"),
+])
+def test_an_unclosed_quote_that_swallows_the_rows_below_is_a_config_error_naming_its_line(
+        tmp_path: Path, rows: list[str], why: str) -> None:
+    """A fresh-user trial left a quote open in a file cell: the csv module read every row below
+    into that one cell, and the build reported those files as missing_label plus one missing_file
+    whose path ran over several lines, with no hint. The table is refused, naming the line where
+    the quote opens and the fix."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png", "d.png"], real=True)
+    _csv(tmp_path / "labels.csv", "path,label", ["a.png,cat", *rows])
+    job = _job(tmp_path, {"root": str(tmp_path / "raw"), "table": {"file": str(tmp_path / "labels.csv")},
+                          "label": {"column": "label"}})
+    with pytest.raises(ConfigError, match=rf"labels.csv: the 'path' cell of the row on line 3 opens a quote \(\"\) "
+                                          rf"that does not close on its line: the cell runs to line 5 and {why}.*"
+                                          r"close the quote on line 3"):
+        discover(load_job(job))
+
+
 def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(tmp_path: Path) -> None:
     """SIIM-ACR's train-rle.csv has the header 'ImageId, EncodedPixels': the second column's name
     starts with a space. The fix the error offers must be one that works when pasted into the job:

@@ -442,10 +442,12 @@ class ShardDataset(PlannedDataset):
         self.view = (load_view(self.info, sources=sources, labels=labels, verify=self.verify != "off")
                      if sources is not None or labels is not None else None)
         if self.verify == "sample":  # each shard's per-sample checksums travel with its ShardInfo to the workers
-            sums = load_checksums(self.info)
-            if sums is not None:
-                self.info = replace(self.info, shards=tuple(replace(shard, checksums=c)
-                                                            for shard, c in zip(self.info.shards, sums, strict=True)))
+            loaded = load_checksums(self.info)
+            if loaded is not None:
+                sums, offsets = loaded
+                self.info = replace(self.info, shards=tuple(
+                    replace(shard, checksums=c, offsets=o if self.info.format == "webdataset" else None)
+                    for shard, c, o in zip(self.info.shards, sums, offsets, strict=True)))
         self._counts = ([len(p) for p in self.view.positions] if self.view is not None
                         else [s.samples for s in self.info.shards])
         self._offsets = shard_offsets(self._counts)

@@ -67,9 +67,11 @@ from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import Decoded, SampleDefect, decode_members
 from packer.shards.tar import (
     TarIndex,
+    TarSample,
     map_shard,
     read_member_bytes,
     read_tar_sample,
+    resume_scan,
     scan_tar,
     stream_tar_samples,
     tar_sample_checksum,
@@ -117,6 +119,11 @@ class ShardInfo:
     #: Each sample's checksum by its position in the shard (``_index.parquet``'s ``xxh3``
     #: column), which the readers check every sample against; None: samples are not checked
     checksums: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
+    #: Each sample's byte offset in a tar shard by its position (``_index.parquet``'s ``position``
+    #: column), loaded with ``checksums``: a memory-mapped or positional read resumes past a damaged
+    #: member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`); None:
+    #: the samples after such a header are lost with it
+    offsets: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def download(self) -> tuple[str, str, int, str, Any]:
@@ -367,10 +374,11 @@ def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
     return table.take(taken), bounds
 
 
-def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
+def load_checksums(info: SplitInfo) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None:
     """Each shard's per-sample checksums (uint64, by position in the shard; manifest order),
     from ``_index.parquet``'s ``xxh3`` column, the index checked against the manifest's sha256
-    first; what ``verify="sample"`` checks every sample against.
+    first; what ``verify="sample"`` checks every sample against. With them, each shard's
+    ``position`` column (int64: a tar shard's byte offset of each sample, :attr:`ShardInfo.offsets`).
 
     None (and a warning) for a dataset built before per-sample checksums (an index without the
     column, or no index in the manifest): its samples cannot be checked one by one.
@@ -395,7 +403,8 @@ def load_checksums(info: SplitInfo) -> tuple[np.ndarray, ...] | None:
         return None
     table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
     sums = _integers(table[INDEX_COLUMN], f"{info.manifest}").astype(np.uint64)
-    return tuple(sums[lo:hi] for lo, hi in bounds)
+    offsets = _integers(table["position"], f"{info.manifest}").astype(np.int64)
+    return tuple(sums[lo:hi] for lo, hi in bounds), tuple(offsets[lo:hi] for lo, hi in bounds)
 
 
 #: numpy's spelling of the integer types an index's numeric and dictionary-index columns have
@@ -546,6 +555,8 @@ class Failure:
         return cls(shard, position, defect.key if defect.key is not None else key, defect.reason, defect.message)
 
     def describe(self) -> str:
+        if self.reason == "bad_shard":  # the whole shard's defect (size, sha256): no one sample's
+            return f"{self.shard}: {self.reason}: {self.message}"
         key = self.key if self.key is not None else f"#{self.position}"
         return f"{self.shard}: sample {key}: {self.reason}: {self.message}"
 
@@ -657,23 +668,36 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
         problem = check_shard_file(info, verify=verify)
         index = _TAR_INDEX.get(info.path) if info.path.exists() else TarIndex(samples=(), defect="missing")
         if problem is not None and (strict or verify or not info.path.exists()):
-            for pos in positions:
-                key = index.samples[pos].key if pos < len(index.samples) else None
-                yield pos, Failure(info.file, pos, key, "bad_shard", problem)
+            for pos in positions:  # the shard's defect, not any one sample's: the record names no key
+                yield pos, Failure(info.file, pos, None, "bad_shard", problem)
             return
         if problem is not None:
             _read_anyway(info, problem)
         found = len(index.samples)
+        placed: dict[int, TarSample] | None = None
+        lost: dict[int, str] = {}
+        # the defect a scan stopped at, by the last sample it found: a later member header of it may be the one
+        stopped = {found - 1: index.defect} if index.defect is not None and index.cut is None and found else {}
+        if (problem is None and index.defect is not None and index.cut is None and found < info.samples
+                and info.offsets is not None and len(info.offsets) == info.samples):
+            placed, lost, stopped = resume_scan(info.path, index, info.offsets.tolist())  # past a damaged header
         with open(info.path, "rb", buffering=0) as fh:
             mapped = map_shard(fh)  # images become views of it: the collate's stack is their one copy
             for pos in positions:
-                if pos >= found:  # ``found`` counts whole samples: the one the file ends in is not one
+                at = placed.get(pos) if placed is not None else index.samples[pos] if pos < found else None
+                if at is None and pos in lost:
                     outcome: Decoded | Failure = Failure(
+                        info.file, pos, None, "unreadable",
+                        f"sample {pos + 1} of the shard's {info.samples} cannot be found ({lost[pos]}); the "
+                        "samples after it are read from the offsets _index.parquet recorded: restore the shard or "
+                        "rebuild the dataset")
+                elif at is None:  # ``found`` counts whole samples: the one the file ends in is not one
+                    outcome = Failure(
                         info.file, pos, index.cut if pos == found else None, "truncated",
                         f"the archive ends after {found} of the manifest's {info.samples} samples "
                         f"({index.defect or 'early end of archive'}); restore the shard or rebuild the dataset")
                 else:
-                    sample = index.samples[pos]
+                    sample = at
                     result = read_tar_sample(fh, sample, mapped, checksum=info.checksums is not None)
                     if info.checksums is not None:
                         result = against_index(info, pos, result, functools.partial(tar_sample_checksum, fh, sample))
@@ -681,6 +705,9 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                     if check.records and isinstance(result, Decoded):
                         result = _with_record(result, read_member_bytes(fh, sample, ["json"]))
                     outcome = result if isinstance(result, Decoded) else Failure.of(info.file, pos, result)
+                    if isinstance(outcome, Failure) and pos in stopped:
+                        outcome = replace(outcome, message=f"{outcome.message} (the shard's scan stopped in this "
+                                                           f"sample: {stopped[pos]})")
                 done += 1
                 yield pos, outcome
     except OSError as err:

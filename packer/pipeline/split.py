@@ -317,14 +317,19 @@ def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
     """Read ``entity,split`` rows: entity → (split, its first row's number). ConfigError naming
     the row for a bad split or a repeat; never the entity's raw id (a patient's record number,
     which a message would carry into CI logs): the row tells the user which it is."""
+    from packer.pipeline.tables import long_cells, swallowed_lines
+
     pins: dict[str, tuple[str, int]] = {}
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh, long_cells():
             reader = csv.DictReader(fh)
             if not reader.fieldnames or {"entity", "split"} - set(reader.fieldnames):
                 raise ConfigError(f"{path}: a pinned table needs the columns entity,split")
-            for number, row in enumerate(reader, start=2):
+            for row in reader:
+                number = reader.line_num  # the line the row ends on, as a text editor numbers it
                 entity, split = (row["entity"] or "").strip(), (row["split"] or "").strip()
+                swallowed_lines(path, number, "entity", entity, "an entity id")
+                swallowed_lines(path, number, "split", split, "a split name")
                 if split not in SPLITS:
                     raise ConfigError(f"{path}: row {number}, column 'split': {split!r} is not one of {SPLITS}")
                 if entity in pins and pins[entity][0] != split:
@@ -333,6 +338,10 @@ def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
                 pins.setdefault(entity, (split, number))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the pinned table ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from err
+    except csv.Error as err:  # what the csv module cannot parse is the table's defect, never a traceback
+        raise ConfigError(f"{path}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
     return pins
 
 

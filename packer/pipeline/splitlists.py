@@ -97,14 +97,26 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
     if entry.column is None:
         return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
+    from packer.pipeline.tables import long_cells, swallowed_lines
+
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    columns = [c for c in reader.fieldnames or [] if c is not None]
-    if entry.column not in columns:
-        close = difflib.get_close_matches(entry.column, columns, n=1)
-        raise ConfigError(f"{where}: no column {entry.column!r}; the header row has {', '.join(columns) or 'nothing'}"
-                          + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return [(number, cell) for number, row in enumerate(reader, start=2)
-            if (cell := (row.get(entry.column) or "").strip())]
+    try:
+        with long_cells():  # a list's cells as long as a labels table's (a cell of 131,072 characters)
+            columns = [c for c in reader.fieldnames or [] if c is not None]
+            if entry.column not in columns:
+                close = difflib.get_close_matches(entry.column, columns, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{where}: no column {entry.column!r}; the header row has "
+                                  f"{', '.join(columns) or 'nothing'}{hint}")
+            cells = []
+            for row in reader:
+                cell = (row.get(entry.column) or "").strip()
+                swallowed_lines(where, reader.line_num, entry.column, cell, "a listed item")
+                if cell:
+                    cells.append((reader.line_num, cell))
+            return cells
+    except csv.Error as err:  # what the csv module cannot parse is the list's defect, never a traceback
+        raise ConfigError(f"{where}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
 
 
 def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],

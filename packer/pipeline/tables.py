@@ -180,7 +180,7 @@ MAX_CELL_CHARS = 2**31 - 1
 
 
 @contextlib.contextmanager
-def _long_cells() -> Iterator[None]:
+def long_cells() -> Iterator[None]:
     """The csv module's cell limit raised to :data:`MAX_CELL_CHARS` while a table is read, and
     restored after (it is one setting of the whole process)."""
     before = csv.field_size_limit(MAX_CELL_CHARS)
@@ -195,13 +195,14 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list)."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
-        with _open_text(path, storage_options) as fh, _long_cells():
+        with _open_text(path, storage_options) as fh, long_cells():
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key)
             header, above = fh.readline(), 0
             while header and not header.strip():  # blank lines above the header (an export's preamble)
                 header, above = fh.readline(), above + 1
-            reader = csv.DictReader(itertools.chain([header], fh), delimiter=_delimiter(name, header))
+            delimiter = _delimiter(name, header)
+            reader = csv.DictReader(itertools.chain([header], fh), delimiter=delimiter)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = []
             for record in reader:
@@ -212,7 +213,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                                       f"but the header names {len(columns):,} columns (cells past the last: "
                                       f"{', '.join(repr(c) for c in extra[:3])}); a value holding the separator "
                                       "needs quotes (\"a, b\"), so its cells land under the right columns")
-                rows.append((n, {k: (v or "") for k, v in record.items() if k is not None}))
+                cells = {k: (v or "") for k, v in record.items() if k is not None}
+                _check_swallowed(path, n, cells, columns, delimiter)
+                rows.append((n, cells))
             return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
@@ -221,6 +224,57 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
         raise ConfigError(f"{path}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
+
+
+def swallowed_lines(path: Path | str, n: int, column: str, cell: str, what: str) -> None:
+    """Raise ConfigError where a cell of a table that holds one item a row (a split list, a pinned
+    table) runs over several lines: an unclosed quote swallowed the rows below it. ``n``: the line
+    its row ends on (the reader's ``line_num``); ``what``: what the cell holds."""
+    if "\n" not in cell:
+        return
+    start = _opening_line(n, {column: cell})
+    raise ConfigError(f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that does not "
+                      f"close on its line: the cell runs to line {n} and swallows the rows in between ({what} holds "
+                      f"no line break); close the quote on line {start}, or remove the stray quote")
+
+
+def _opening_line(n: int, cells: Mapping[str, str]) -> int:
+    """The line a record that ends on line ``n`` starts on (its quoted cells' line breaks counted;
+    a cell whose quote runs to the end of the file holds the last line's break too)."""
+    return n - sum(v.count("\n") - v.endswith("\n") for v in cells.values())
+
+
+def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column: str, why: str) -> ConfigError:
+    start = _opening_line(n, cells)
+    second = (cells[column].splitlines() + ["", ""])[1]
+    return ConfigError(
+        f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that does not close on its "
+        f"line: the cell runs to line {n} and {why} ({second[:60]!r} is on its second "
+        f"line); close the quote on line {start}, or remove the stray quote (a quote inside a quoted cell is "
+        "written twice: \"\")")
+
+
+def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns: Sequence[str],
+                     delimiter: str) -> None:
+    """Raise ConfigError where an unclosed quote swallowed the rows below it into one cell: a cell
+    of several lines one of which holds as many separators as a row of the table (a quoted
+    note of several lines holds text, not rows)."""
+    if len(columns) < 2:
+        return
+    for column, value in cells.items():
+        if "\n" in value and any(line.count(delimiter) >= len(columns) - 1 for line in value.splitlines()[1:]):
+            raise _swallowed_error(path, n, cells, column, "holds the rows in between as its text")
+
+
+def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) -> None:
+    """Raise ConfigError for a file path cell of several lines: no file name holds a line break,
+    so a quote opened in it (or before it) swallowed the rows below."""
+    names = _template_columns(table.template) if table.template is not None else [table.path]
+    for n, record in rows:
+        for column in names:
+            if "\n" in record.get(column, ""):
+                raise _swallowed_error(table.file, n, record, column,
+                                       "swallows the rows in between (a file path holds no line break)")
 
 
 def _delimiter(name: str, header: str) -> str:
@@ -385,6 +439,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     table = source.table_map
     assert table is not None
     columns, rows = _read_file(table.file, table.records, storage_options)
+    _check_path_cells(table, rows)
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
                    _column_fixes(source))

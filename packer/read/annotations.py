@@ -198,6 +198,10 @@ class AnnotationRefs:
     instance_uids: tuple[str, ...]
     frames_of_reference: tuple[str, ...]
     structures: int = 0
+    #: Why the header's references cannot be read ("" where they can): a damaged or cut sequence.
+    #: Linking makes the object an ``unreadable`` bad sample and may tie it to its series (they
+    #: are then not packed with all-zero masks: :func:`packer.read.dicom_masks.link`)
+    damaged: str = ""
 
 
 def uid_digest(uid: str) -> str:
@@ -222,6 +226,9 @@ def _uid(ds: Dataset, keyword: str) -> str:
 def annotation_modality(ds: Dataset) -> str | None:
     """``SEG`` or ``RTSTRUCT`` where ``ds`` is one (by SOP class, or Modality), else None."""
     uid = _uid(ds, "SOPClassUID")
+    if not uid:  # a header cut before (0008,0016) still names its class in its file meta
+        meta = getattr(ds, "file_meta", None)
+        uid = str(meta.get("MediaStorageSOPClassUID", "") or "").strip() if meta is not None else ""
     if uid in ANNOTATION_CLASSES:
         return ANNOTATION_CLASSES[uid]
     modality = str(ds.get("Modality", "") or "").strip().upper()

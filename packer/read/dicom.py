@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pydicom
@@ -49,6 +49,7 @@ from packer.read.annotations import AnnotationRefs, annotation_modality, annotat
 from packer.read.dicom_attrs import (
     DamagedElement,
     convert_faithfully,
+    element,
     first_float,
     pixel_spacing,
     record_time,
@@ -274,30 +275,42 @@ def _read_whole(path: str) -> _InMemory | None:
 
 
 def _parse(ref: SampleRef, *, header_only: bool, limits: LimitsConfig) -> Dataset | Issue:
+    return _parse_at(ref, header_only=header_only, limits=limits)[0]
+
+
+_NO_STOP = (-1, b"")
+
+
+def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
+              ) -> tuple[Dataset | Issue, tuple[int, bytes]]:
+    """:func:`_parse`, and with ``header_only`` where the header stopped: its offset and the 12
+    bytes there (the Pixel Data element's tag, VR and length where the file has one: pydicom
+    rewinds to its tag); else ``(-1, b"")``."""
     try:
         whole = None if header_only else _read_whole(ref.path)
     except OSError as err:
-        return _cannot_open(ref, err)
+        return _cannot_open(ref, err), _NO_STOP
     problem = _check_preamble(ref, None if whole is None else whole.getvalue()[:132])
     if problem is not None:
-        return problem
+        return problem, _NO_STOP
     try:
         with whole if whole is not None else BoundedFile(ref.path) as handle:
             too_big = file_size_problem(handle.size, limits)
             if too_big is not None:
-                return _issue(ref, "read", "too_large", too_big)
+                return _issue(ref, "read", "too_large", too_big), _NO_STOP
             inflated = _check_inflated(ref, handle, limits)
             if inflated is not None:
-                return inflated
+                return inflated, _NO_STOP
             handle.seek(0)
             ds = pydicom.dcmread(handle, stop_before_pixels=header_only)
-        return _convert_elements(ref, ds)
+            stop = (handle.tell(), handle.read(12)) if header_only else _NO_STOP
+        return _convert_elements(ref, ds), stop
     except OSError as err:
         return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
-                                                 "copy it again from the source")
+                                                 "copy it again from the source"), _NO_STOP
     except _PARSE_ERRORS as err:
         return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
-                                                 "the file is corrupt, copy it again or re-export it")
+                                                 "the file is corrupt, copy it again or re-export it"), _NO_STOP
 
 
 _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
@@ -456,6 +469,52 @@ def _stat(path: str) -> os.stat_result | None:
 #: (7FE0,0010) Pixel Data
 _PIXEL_DATA = 0x7FE00010
 
+#: The native transfer syntaxes (PS3.5 A.1, A.2, A.3) by UID: whether explicit VR, whether little endian
+_NATIVE_SYNTAXES = {"1.2.840.10008.1.2": (False, True), "1.2.840.10008.1.2.1": (True, True),
+                    "1.2.840.10008.1.2.2": (True, False)}
+
+
+def pixel_data_problem(ds: Dataset, stop: tuple[int, bytes], size: int) -> str | None:
+    """Whether a header-only parse's file is its header and one Pixel Data element of the length
+    its Image Pixel module gives (Rows × Columns × frames × Samples per Pixel × Bits Allocated / 8,
+    even), ending where the file ends: ``""`` where it is, what is wrong where not (a file cut
+    short, a second Pixel Data element or other bytes after it, a length the header does not
+    give), ``None`` where that cannot be told from the header (an encapsulated or deflated
+    syntax, damaged Image Pixel values: the read says why). ``stop``: :func:`_parse_at`'s offset
+    and bytes where the header ended; ``size``: the file's size in bytes."""
+    syntax = _NATIVE_SYNTAXES.get(str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or ""))
+    ints = _pixel_module_ints(ds)
+    offset, head = stop
+    if syntax is None or isinstance(ints, str) or offset < 0:
+        return None
+    if not head:
+        return "the file ends after its header, without Pixel Data (7FE0,0010): most likely cut short"
+    explicit, little = syntax
+    order: Literal["little", "big"] = "little" if little else "big"
+    if len(head) < (12 if explicit else 8) or int.from_bytes(head[:2], order) != 0x7FE0 \
+            or int.from_bytes(head[2:4], order) != 0x0010:
+        return None
+    length = int.from_bytes(head[8:12] if explicit else head[4:8], order)
+    start = offset + (12 if explicit else 8)
+    rows, columns, samples, bits, _ = ints
+    try:
+        frames = max(int(str(ds.get("NumberOfFrames", 1) or 1)), 1)
+    except ValueError:
+        return None
+    expected = -(-rows * columns * frames * samples * bits // 8)
+    expected += expected % 2
+    if length == 0xFFFFFFFF:
+        return None
+    if length != expected:
+        return (f"its Pixel Data (7FE0,0010) says {length:,} bytes, where Rows {rows} × Columns {columns} × "
+                f"{frames} frame(s) × {samples} sample(s) × Bits Allocated {bits} give {expected:,}")
+    if start + length > size:
+        return f"its Pixel Data runs {start + length - size:,} bytes past the end of the file: it is cut short"
+    if start + length < size:
+        return (f"{size - start - length:,} bytes follow its Pixel Data (7FE0,0010) (a second Pixel Data element "
+                "or other bytes after the image): the file is damaged")
+    return ""
+
 
 def reread_placed(ref: SampleRef, placed: HeaderFingerprint) -> Dataset | None:
     """The whole file parsed for the pixel pass without probing its header again, when it is
@@ -519,7 +578,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     ``unreadable``).
     """
     before = _stat(ref.path) if placement and not keep_pixels else None
-    ds = _parse(ref, header_only=not keep_pixels, limits=limits)
+    ds, stop = _parse_at(ref, header_only=not keep_pixels, limits=limits)
     # An empty data set: pydicom drops the whole file, with a warning only, when it ends inside
     # undefined-length Pixel Data; the header-only read sees what it can, and the read says why.
     if keep_pixels and (isinstance(ds, Issue) or len(ds) == 0):
@@ -546,7 +605,8 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         return _damaged(ref, err)
     if placed is not None and before is not None:
         placed = replace(placed, fingerprint=HeaderFingerprint(size=before.st_size, mtime_ns=before.st_mtime_ns,
-                                                               elements=len(ds)))
+                                                               elements=len(ds),
+                                                               pixels=pixel_data_problem(ds, stop, before.st_size)))
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
         time=record_time(ds, tuple(time_keywords)),
@@ -569,13 +629,24 @@ def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
     try:
         refs = annotation_refs(ds)
     except DamagedElement as err:
-        return _damaged(ref, err)
+        refs = _damaged_refs(ds, f"{err}; the header is corrupt, copy the file again")
     except (AttributeError, TypeError, ValueError, KeyError) as err:  # a malformed sequence
-        return _issue(ref, "read", "unreadable", f"its {annotation_modality(ds)} references cannot be read "
-                                                 f"({type(err).__name__}: {err}); the annotation is not used")
+        refs = _damaged_refs(ds, f"its {annotation_modality(ds)} references cannot be read ({type(err).__name__}: "
+                                 f"{err}); the annotation is not used")
     return DicomHeader(entity=text_value(ds, entity_keyword), time=record_time(ds, tuple(time_keywords)), rows=0,
                        columns=0, frames=0, samples_per_pixel=0, sop_class_uid=str(ds.get("SOPClassUID", "") or ""),
                        transfer_syntax_uid="", modality=refs.modality, annotation=refs)
+
+
+def _damaged_refs(ds: Dataset, why: str) -> AnnotationRefs:
+    """The references of an annotation whose header's references cannot be read: none, its
+    study where that still reads, and ``why`` (linking makes it an ``unreadable`` record)."""
+    try:
+        study = str(element(ds, "StudyInstanceUID", "") or "").strip()
+    except DamagedElement:
+        study = ""
+    return AnnotationRefs(modality=annotation_modality(ds) or "", study_uid=study, series_uids=(), instance_uids=(),
+                          frames_of_reference=(), damaged=why)
 
 
 def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool) -> Excluded | None:

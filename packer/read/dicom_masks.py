@@ -10,7 +10,12 @@ paints a whole series:
    by its Frame of Reference when exactly one series of the source lies in it. One that
    references no series of the source, or only a series that was refused, is an
    ``annotation_orphan`` bad sample. A series that no annotation references follows
-   ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``).
+   ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``),
+   unless an annotation whose header cannot say what it was drawn on (an orphan naming no series
+   and no instance, or no Study Instance UID; one whose references cannot be decoded, an
+   ``unreadable`` record) may be its own (of its study, its entity, or the folder above the
+   annotation's): then each of its files is ``mask_missing``, whatever ``empty`` says
+   (:func:`_lost_for`).
 2. **Paint** (worker; :func:`paint_series`). Every annotation of the series paints one label
    map on the series' slices at their native grid (:class:`~packer.read.annotations.Painter`:
    SEG through :mod:`packer.read.seg`, RTSTRUCT through :mod:`packer.read.rtstruct`). An
@@ -109,6 +114,31 @@ def _orphan(ref: SampleRef, refs: AnnotationRefs, why: str,
         f"{ref.path}: a {refs.modality} that {why}; it paints no mask. {fix}"))
 
 
+def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
+              lost: Sequence[tuple[SampleRef, AnnotationRefs]]) -> list[tuple[SampleRef, AnnotationRefs, str]]:
+    """The annotations of ``lost`` (whose headers name no series and no instance: cut short, or
+    damaged) that may be the unannotated series ``f``'s, each with what ties them: of its source,
+    and of its study where the annotation's header still names one, else of its entity where it
+    names one, else lying in the folder above the annotation's own (``P1/SEG/seg.dcm`` beside
+    ``P1/CT/...``; never the source's root)."""
+    first = f.series.refs[0]
+    study = geometry[first.sample_id].study_uid
+    out = []
+    for ref, refs in lost:
+        if ref.source != first.source:
+            continue
+        if refs.study_uid:
+            tie = "its study" if refs.study_uid == study else ""
+        elif ref.entity is not None:
+            tie = f"its entity {ref.entity}" if ref.entity == first.entity else ""
+        else:
+            above = "/".join(ref.relpath.split("/")[:-2])
+            tie = f"the folder {above}/ of its files" if above and first.relpath.startswith(above + "/") else ""
+        if tie:
+            out.append((ref, refs, tie))
+    return out
+
+
 def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
          annotations: Sequence[tuple[SampleRef, AnnotationRefs]], refused: Sequence[Issue],
          masks: Mapping[str, MaskConfig]) -> tuple[list[AnnotatedSeries], list[Issue]]:
@@ -145,7 +175,13 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             refused_by.setdefault(g.series_uid, issue)
             refused_by.setdefault(g.sop_uid, issue)
     issues: list[Issue] = []
+    lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
     for ref, refs in annotations:
+        if refs.damaged:  # its references cannot be read: its own record, and its series may be any of the source's
+            issues.append(Issue.of(ref, stage="read", reason="unreadable",
+                                   message=f"{ref.relpath or ref.path}: {refs.damaged}"))
+            lost.append((ref, refs))
+            continue
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
         if not chosen and refs.instance_uids:
             chosen = [f for uid in refs.instance_uids for f in by_instance.get((ref.source, uid), [])]
@@ -191,6 +227,12 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 continue
             if refused and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
+            if not refs.series_uids and not refs.instance_uids or not refs.study_uid:
+                # its references are lost, or its Study Instance UID (Type 1): a header cut short or damaged
+                lost.append((ref, refs))
+                issues.append(_orphan(ref, refs, what, "Its header may be cut short or damaged: re-export it, or put "
+                                                       "the series it was drawn on under the source's root"))
+                continue
             issues.append(_orphan(ref, refs, f"{what}{gone}"))
             continue
         for f in {id(f): f for f in chosen}.values():
@@ -204,6 +246,17 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 f"{r.path}: its series is annotated ({len(f.annotations)} object(s)) but has no pixel spacing or "
                 "slice positions, so annotations in patient millimetres cannot be placed on it"))
                 for r in (*f.series.refs, *(a for a, _ in f.annotations)))
+            continue
+        suspect = [] if f.annotations else _lost_for(f, geometry, lost)
+        if suspect:
+            names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files), "
+                f"and {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
+                f"damaged: see their records) may be its own: {names}. Its all-zero masks would "
+                "be a read failure, not an empty series, so it is not packed. Re-export the annotation, or remove "
+                "it to pack the series with all-zero masks (mask.empty: keep)"))
+                for r in f.series.refs)
             continue
         if not f.annotations and cfg.empty == "bad":
             issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(

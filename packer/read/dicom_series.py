@@ -27,6 +27,10 @@ class HeaderFingerprint:
     size: int
     mtime_ns: int
     elements: int
+    #: Whether the file is its header and one Pixel Data element of the length the header gives,
+    #: ending with the file: ``""`` it is, else what is wrong; ``None`` where the header cannot
+    #: tell (:func:`packer.read.dicom.pixel_data_problem`)
+    pixels: str | None = None
 
 
 @dataclass(frozen=True)

@@ -193,10 +193,11 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
                                  list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]]]:
     """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
     and the positions of an earlier one is the same image exported twice (a copy in another
-    folder), not a second slice at that position. The largest copy stays in the series (the
-    first of equal sizes): a copy smaller than another is most likely cut short, and keeping it
-    would pack a truncated file in the whole one's place; each other copy is a bad sample naming
-    the one kept."""
+    folder), not a second slice at that position. The copy that reads stays in the series: one
+    whose header and Pixel Data check out (:attr:`HeaderFingerprint.pixels`) before one that
+    does not (cut short, or a damaged copy made larger by bytes after its image), then the largest
+    (a smaller copy is most likely cut short), then the first; each other copy is a bad sample
+    naming the one kept and why it was not kept."""
     seen: dict[tuple[str, tuple[Any, ...]], int] = {}  # the image → its index in ``kept``
     kept: list[tuple[SampleRef, SliceGeometry]] = []
     copies: list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]] = []  # (copy, its geometry, kept, its)
@@ -209,7 +210,7 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
             kept.append((ref, geometry))
             continue
         first, first_geometry = kept[at]
-        if _size(geometry) > _size(first_geometry):  # the whole copy replaces a shorter one
+        if _rank(geometry) > _rank(first_geometry):  # the copy that reads replaces a worse one
             kept[at] = (ref, geometry)
             copies = [(c, cg, ref, geometry) if k is first else (c, cg, k, kg) for c, cg, k, kg in copies]
             copies.append((first, first_geometry, ref, geometry))
@@ -223,13 +224,33 @@ def _size(geometry: SliceGeometry) -> int:
     return geometry.fingerprint.size if geometry.fingerprint is not None else -1
 
 
+def _pixels(geometry: SliceGeometry) -> str | None:
+    """What is wrong with the file's Pixel Data as the header pass saw it ("" nothing, None unknown)."""
+    return geometry.fingerprint.pixels if geometry.fingerprint is not None else None
+
+
+def _rank(geometry: SliceGeometry) -> tuple[int, int]:
+    """Which copy of one image to keep, the highest: Pixel Data that checks out, then unknown, then
+    a known problem; then the size."""
+    pixels = _pixels(geometry)
+    return (1 if pixels == "" else 0 if pixels is None else -1), _size(geometry)
+
+
 def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_geometry: SliceGeometry,
                 uid_key: str, refused: Issue | None = None) -> Issue:
     """The record of a copy left out for ``kept``; ``refused``: the kept file's own record where
     its series was refused after all (then nothing is packed, and the record says so)."""
-    smaller = 0 <= _size(geometry) < _size(kept_geometry)
-    why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, so most likely cut short: "
-           "remove this one" if smaller else ": remove one of them")
+    problem, kept_problem = _pixels(geometry), _pixels(kept_geometry)
+    if problem and kept_problem == "":
+        why = (f"; {kept.path} ({_size(kept_geometry):,} bytes) is its header and one whole Pixel Data, this copy "
+               f"({_size(geometry):,} bytes) is not: {problem}; remove this one")
+    elif problem and kept_problem:
+        why = f"; neither copy checks out (this one: {problem}; the one kept: {kept_problem}): export the image again"
+    elif 0 <= _size(geometry) < _size(kept_geometry) and not kept_problem:
+        why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, so most likely cut "
+               "short: remove this one")
+    else:
+        why = ": remove one of them"
     where = (f"series {uid_key} is packed with {kept.path}, not with this copy" if refused is None else
              f"series {uid_key} holds {kept.path} in this copy's place, and is not packed ({refused.reason}: see "
              f"the record of {kept.path})")

@@ -335,13 +335,15 @@ def _checked(found: _Grouping, headers: list[bytes]) -> TarIndex | None:
     return TarIndex(samples=tuple(found.samples), defect=None)
 
 
-def _scan_tarfile(path: Path) -> TarIndex:
-    """:func:`scan_tar` by :mod:`tarfile`: any tar it reads, and the defect where it stops."""
+def _scan_tarfile(path: Path, start: int = 0) -> TarIndex:
+    """:func:`scan_tar` by :mod:`tarfile`: any tar it reads, and the defect where it stops.
+    ``start``: the byte offset of the member header to start at (offsets stay the file's)."""
     found = _Grouping()
     defect: str | None = None
     cut: str | None = None
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
+        fh.seek(start)  # tarfile starts at the file's position, and counts offsets from the file's start
         try:
             with tarfile.open(fileobj=fh, mode="r:") as tar:
                 for member in tar:
@@ -363,6 +365,46 @@ def _scan_tarfile(path: Path) -> TarIndex:
         except tarfile.TarError as err:
             defect = f"unreadable tar header ({err})"
     return TarIndex(samples=tuple(found.samples), defect=defect, cut=cut)
+
+
+def resume_scan(path: Path, index: TarIndex, offsets: Sequence[int]
+                ) -> tuple[dict[int, TarSample], dict[int, str], dict[int, str]]:
+    """The samples of a tar shard whose scan (``index``) stopped at a defect, by position, found
+    again past each defect from ``offsets`` (each sample's first member header, by position:
+    ``_index.parquet``'s ``position`` column of a tar shard); why each position no scan found
+    was lost; and the defect each walk stopped at, by the position of the last sample it found
+    (a later member header of that sample may be the damaged one). A walk restarts at the first
+    position it has not placed; a sample found at an offset the index does not hold ends that
+    walk (the shard is not the one indexed there)."""
+    at = {int(offset): position for position, offset in enumerate(offsets)}
+    placed: dict[int, TarSample] = {}
+    lost: dict[int, str] = {}
+    stopped: dict[int, str] = {}
+
+    def take(scan: TarIndex) -> bool:
+        taken = None
+        for sample in scan.samples:
+            position = at.get(sample.offset)
+            if position is None or position in placed:
+                break
+            placed[position] = sample
+            taken = position
+        if taken is not None and scan.defect is not None:
+            stopped[taken] = scan.defect
+        return taken is not None
+
+    take(index)
+    position, defect = (max(placed) + 1 if placed else 0), index.defect
+    while position < len(offsets) and defect is not None:
+        scan = _scan_tarfile(path, start=int(offsets[position]))
+        if not take(scan):
+            lost[position] = scan.defect or defect
+            position += 1
+            continue
+        position, defect = max(placed) + 1, scan.defect
+        if scan.cut is not None:  # the file ends inside a sample: what follows is not there
+            break
+    return placed, lost, stopped
 
 
 def _stream_stopped_early(tar: tarfile.TarFile) -> str | None:
