@@ -514,3 +514,29 @@ def test_writing_the_same_report_again_leaves_the_file_alone(built: BuildResult,
     target.write_text("stale")
     write_html_report(built.version_dir, target)
     assert target.read_bytes() != b"stale" and target.stat().st_ino != before.st_ino
+
+
+def test_a_volumes_coronal_and_sagittal_planes_show_superior_up() -> None:
+    """A packed volume's D runs inferior → superior (README: D, H and W run superior, posterior and
+    left), so d = D - 1 is the top of the body: the coronal and sagittal panes, whose rows are D,
+    put it in their first row, as a viewer (and ``transform.nifti.axis: coronal``) shows them; the
+    axial pane and the columns (H posterior to the right of the sagittal, W the patient's left to
+    the right of the coronal) are as stored."""
+    from packer.htmlreport.thumbs import as_chw
+
+    d, h, w = 4, 8, 6
+    volume = np.zeros((1, d, h, w), np.uint8)
+    volume[0] = (np.arange(d) * 60)[:, None, None] + np.arange(w)[None, None, :]  # value: 60·d + w
+    volume[0] += (np.arange(h) * 7)[None, :, None].astype(np.uint8)               # + 7·h
+    planes = as_chw(volume)[0]
+    axial, coronal, sagittal = planes[:, :w], planes[:, w:2 * w], planes[:, 2 * w:]
+    assert np.array_equal(axial, volume[0, d // 2])
+    top, bottom = coronal[0], coronal[-1]
+    assert int(top[0]) == 60 * (d - 1) + 7 * (h // 2) and int(bottom[0]) == 7 * (h // 2)  # superior up
+    assert list(coronal[0]) == [60 * (d - 1) + 7 * (h // 2) + x for x in range(w)]        # right → left
+    assert int(sagittal[0, 0]) == 60 * (d - 1) + (w // 2) and int(sagittal[-1, 0]) == w // 2
+    assert int(sagittal[0, -1]) - int(sagittal[0, 0]) > 0  # anterior on the left, posterior on the right
+    mask = np.zeros((1, d, h, w), np.uint8)
+    mask[0, -1] = 1  # the most superior slice
+    shown = as_chw(mask)[0]
+    assert shown[0, w:].all() and not shown[-1, w:].any()  # a mask's planes flip with its image's
