@@ -540,3 +540,35 @@ def test_a_volumes_coronal_and_sagittal_planes_show_superior_up() -> None:
     mask[0, -1] = 1  # the most superior slice
     shown = as_chw(mask)[0]
     assert shown[0, w:].all() and not shown[-1, w:].any()  # a mask's planes flip with its image's
+
+
+def _intensity_blocks(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(heading, legend names, each card's channel names from its saturation list) per block of
+    the intensities section."""
+    import re
+
+    section = text[text.index('id="intensities"'):text.index('id="bad-samples"')]
+    blocks = []
+    for heading, body in re.findall(r"<h3>(.*?)</h3>(.*?)(?=<h3>|$)", section, flags=re.S):
+        legend = re.findall(r'<span class="key"><i [^>]*></i>(.*?)</span>', body)
+        cards = [[re.sub(r"^⚠ saturated: ", "", li).rsplit(": ", 1)[0] for li in re.findall(r"<li[^>]*>(.*?)</li>", ul)]
+                 for ul in re.findall(r'<ul class="sat">(.*?)</ul>', body)]
+        blocks.append((re.sub(r"<[^>]+>", "", heading), legend, cards))
+    return blocks
+
+
+def test_each_intensity_histogram_counts_only_samples_whose_channels_it_names(
+        built: BuildResult, page: tuple[str, ReportParser]) -> None:
+    """The demo's ct source holds CT slices (lung, mediastinum, bone_body) and one CR radiograph
+    (its file window replicated to 3 channels, alone in its split): a histogram per source and
+    channel count put the CR's copies under the CT's legend, and in a split holding both it would
+    count the CR's pixels as "lung". Each block's cards name the block's channels, and every
+    sample counted under a name has that name for that channel."""
+    text, _ = page
+    blocks = _intensity_blocks(text)
+    for heading, legend, cards in blocks:
+        for names in cards:
+            assert names == legend, (heading, legend, names)
+    ct = [legend for heading, legend, _ in blocks if heading.startswith("ct ")]
+    assert ["lung", "mediastinum", "bone_body"] in ct and len(ct) == 2
+    assert any(all(name.startswith("file") for name in legend) for legend in ct), ct

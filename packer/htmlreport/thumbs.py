@@ -134,7 +134,13 @@ def neighbour_layout(info: dict[str, Any], channels: int) -> tuple[int, int] | N
 
 def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
     """Names of the channels: DICOM window names from ``metadata.windows``, each prefixed by its
-    slice's offset in a neighbour stack (``-1 lung``), else R/G/B(/A), else ch0…"""
+    slice's offset in a neighbour stack (``-1 lung``), else R/G/B(/A), else ch0…; the copies of
+    a channel that ``transform.channels`` replicated (metadata ``channels.rule: replicate``) are
+    named for it and numbered (``file (1/3)``, ``grey (2/3)``)."""
+    mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
+    if channels > 1 and isinstance(mapped, dict) and mapped.get("rule") == "replicate":
+        base = channel_names(info, kind, 1)[0]
+        return [f"{base} ({i + 1}/{channels})" for i in range(channels)]
     windows = (info.get("metadata") or {}).get("windows") if isinstance(info.get("metadata"), dict) else None
     stack = neighbour_layout(info, channels)
     per_slice = stack[1] if stack is not None else channels
