@@ -15,7 +15,7 @@ from typing import Any
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
-from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup
+from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup, LookalikeGroup
 from packer.htmlreport.markup import esc, note, num, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
@@ -411,6 +411,28 @@ def _conflicts_table(conflicts: list[LabelConflictGroup], limit: int) -> str:
                     table_id="label-conflicts", cls="data compact", numeric=(0,)) + more)
 
 
+def _lookalikes_table(groups: list[LookalikeGroup], limit: int) -> str:
+    """Rule ``entity_lookalikes``: one row per entity of each group (its id, splits and a sample
+    key, which ``packer locate`` maps to its file), the group's first row saying whether it crosses splits."""
+    rows = []
+    for number, group in enumerate(groups[:limit], start=1):
+        for k, (member, splits) in enumerate(group.entities):
+            crosses = ("across splits" if group.across_splits else "one split") if k == 0 else ""
+            rows.append(f'<tr data-group="{number}"><td class="num">{number if k == 0 else ""}</td>'
+                        f'<td class="mono">{esc(member.entity_id or "")}</td><td>{esc(" + ".join(splits))}</td>'
+                        f'<td class="mono">{esc(member.key)}</td><td class="muted">{esc(crosses)}</td></tr>')
+    more = (note(f"{len(groups) - limit:,} more groups not listed (all in leakage.json).", "muted")
+            if len(groups) > limit else "")
+    crossing = sum(g.across_splits for g in groups)
+    return (f'<h3>Lookalike entity ids <span class="muted">({len(groups):,} lookalike groups, {crossing:,} across '
+            "splits)</span></h3>"
+            '<p class="muted">Entity ids that differ only in case, spacing or leading zeros: likely one patient '
+            "exported by two systems, split as two entities. packer never merges them: make the ids agree at the "
+            "source, or pin each group to one split (split.pinned).</p>"
+            + table(["group", "entity_id", "splits", "sample key", "splits of the group"], rows,
+                    table_id="entity-lookalikes", cls="data compact", numeric=(0,)) + more)
+
+
 def _rules_table(data: ReportData) -> str:
     rows = []
     for rule in data.audit.rules:
@@ -442,6 +464,7 @@ def render_leakage(data: ReportData) -> str:
         found = [f"{len(audit.overlap):,} entities in more than one split" if audit.overlap else "",
                  f"{len(audit.groups):,} duplicate groups" if audit.groups else "",
                  f"{len(audit.conflicts):,} label conflicts" if audit.conflicts else "",
+                 f"{len(audit.lookalikes):,} groups of lookalike entity ids" if audit.lookalikes else "",
                  f"{len(audit.time_order):,} time-order findings" if audit.time_order else ""]
         counted = sum(r.count for r in audit.rules)
         text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
@@ -481,6 +504,8 @@ def render_leakage(data: ReportData) -> str:
             parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
     if audit.conflicts:
         parts.append(_conflicts_table(audit.conflicts, limit))
+    if audit.lookalikes:
+        parts.append(_lookalikes_table(audit.lookalikes, limit))
     if audit.time_order:
         rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
                 f"<td>{esc(f.get('from', 'train'))}</td>"
