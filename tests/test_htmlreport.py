@@ -572,3 +572,13 @@ def test_each_intensity_histogram_counts_only_samples_whose_channels_it_names(
     ct = [legend for heading, legend, _ in blocks if heading.startswith("ct ")]
     assert ["lung", "mediastinum", "bone_body"] in ct and len(ct) == 2
     assert any(all(name.startswith("file") for name in legend) for legend in ct), ct
+
+
+def test_every_audit_rule_says_what_it_checks_for(page: tuple[str, ReportParser]) -> None:
+    """The rules table's "checks for" column was empty for split_balance."""
+    import re
+
+    text, _ = page
+    rules = re.findall(r'<tr data-rule="([^"]+)"><td class="mono">[^<]*</td><td class="muted">([^<]*)</td>', text)
+    assert {name for name, _ in rules} >= {"split_balance", "entity_overlap", "time_order"}
+    assert [name for name, checks in rules if not checks.strip()] == []

@@ -359,6 +359,7 @@ RULE_TEXT = {
     "label_conflicts": "copies of one image whose targets (or masks) disagree",
     "entity_lookalikes": "entity ids that differ only in case, spacing or leading zeros (likely one patient)",
     "duplicates": "duplicate pairs",
+    "split_balance": "split shares far from the requested ratios, or one group of linked entities too large",
 }
 
 
