@@ -62,6 +62,14 @@ def _constant_slices(inputs: dict[str, Any]) -> str:
     return f"; {count:,} constant slice{'s' if count != 1 else ''} packed as series context" if count else ""
 
 
+def _left_out(inputs: dict[str, Any]) -> str:
+    """The input files left out on purpose (``excluded.jsonl``), so that the summary's samples,
+    bad samples and these account for every input file."""
+    count = sum(int(n) for n in (inputs.get("excluded") or {}).values())
+    return (f'; {count:,} left out on purpose (<a href="#excluded">listed under Bad samples</a>)'
+            if count else "")
+
+
 def _non_finite_filled(inputs: dict[str, Any]) -> str:
     """The NIfTI files packed with NaN or infinite voxels replaced (transform.nifti.non_finite), when there are some."""
     count = int(inputs.get("non_finite_filled") or 0)
@@ -87,7 +95,7 @@ def render_summary(data: ReportData) -> str:
         _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
         _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
         _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
-              f'{int(inputs.get("files", 0)):,} input files{_constant_slices(inputs)}'
+              f'{int(inputs.get("files", 0)):,} input files{_left_out(inputs)}{_constant_slices(inputs)}'
               f'{_non_finite_filled(inputs)}</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
