@@ -582,3 +582,27 @@ def test_every_audit_rule_says_what_it_checks_for(page: tuple[str, ReportParser]
     rules = re.findall(r'<tr data-rule="([^"]+)"><td class="mono">[^<]*</td><td class="muted">([^<]*)</td>', text)
     assert {name for name, _ in rules} >= {"split_balance", "entity_overlap", "time_order"}
     assert [name for name, checks in rules if not checks.strip()] == []
+
+
+def test_a_volumes_intensity_histogram_counts_every_voxel_not_its_three_middle_planes() -> None:
+    """The histograms say "packed values per channel": of a C×D×H×W volume, every voxel. They
+    counted the three middle planes the thumbnails show (resized to H×W), so the demo's NIfTI
+    volumes read 51% of abdomen voxels at 0 where 72% are."""
+    from packer.htmlreport.collect import _render
+    from packer.htmlreport.shards import IndexEntry, PackedSample
+    from packer.htmlreport.stats import channel_counts
+
+    d, h, w = 6, 4, 5
+    volume = np.full((1, d, h, w), 255, np.uint8)
+    volume[0, d // 2] = 0                # the axial middle plane
+    volume[0, :, h // 2] = 0             # the coronal one
+    volume[0, :, :, w // 2] = 0          # the sagittal one
+    expected = np.bincount(volume[0].ravel(), minlength=256)
+    assert np.array_equal(channel_counts(volume)[0], expected)
+    assert int(channel_counts(volume)[0].sum()) == d * h * w
+    entry = IndexEntry(key="v-0", split="train", shard="train-000000.tar", position=0, label=None,
+                       entity_id="e", source="v")
+    rendered = _render(PackedSample(entry=entry, image=volume, info={"kind": "dicom"}), {"v": "dicom"}, 128,
+                       counted=True, sheet=True, duplicate=False)
+    assert rendered.counts is not None and np.array_equal(rendered.counts[0], expected)
+    assert rendered.panes is not None and len(rendered.panes) == 1  # the thumbnail still shows the planes

@@ -344,7 +344,7 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
     shown = composite_pane(chw, thumb_px, sample.info) if duplicate else None
     names = tuple(channel_names(sample.info, kind, chw.shape[0]))
     return _Rendered(entry=entry, names=names, channels=chw.shape[0],
-                     dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
+                     dtype=str(sample.image.dtype), counts=channel_counts(sample.image) if counted else None,
                      panes=panes, small=small, duplicate=shown,
                      mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None,
                      normalised=tuple(normalisation_stats(sample.info, names)) if counted else ())
