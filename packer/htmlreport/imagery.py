@@ -107,6 +107,10 @@ def render_contact_sheets(data: ReportData) -> str:
             f"sha256(dataset_hash, key) so the same dataset always shows the same samples.{grouping} Multi-channel "
             f"DICOM samples show each window in grey, then a colour composite. Hover a thumbnail for its key, {hover}, "
             "entity and windows.")
+    if data.manifest.get("sample_schema", {}).get("layout") == "CDHW":
+        lead += (" A volume's pane holds its axial, coronal and sagittal middle planes side by side, each stretched "
+                 "to H×W: the axial as packed, the coronal (the patient's right on the left) and the sagittal "
+                 "(anterior on the left) with superior up.")
     if data.mask is not None:
         lead += (" Each sample's segmentation mask (frame 0 of a multi-frame mask) is drawn over its last thumbnail, "
                  "one colour per class id as the legend below says; hover for the ids its mask holds.")
