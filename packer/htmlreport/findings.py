@@ -192,7 +192,10 @@ def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
         except (OSError, ValueError, AttributeError) as err:
             out.note = (f"{LEAKAGE_FILE} could not be read ({type(err).__name__}); "
                         "rule counts come from the manifest, findings are not listed")
-    for name, raw in rules.items():
+    # label_conflicts and entity_lookalikes enter the manifest only where they find something;
+    # leakage.json holds every rule, so the table lists the others from it too
+    extra = {name: raw for name, raw in listed.items() if name not in rules and isinstance(raw, dict)}
+    for name, raw in sorted({**rules, **extra}.items()):
         if not isinstance(raw, dict):
             continue
         detail = {k: v for k, v in raw.items() if k not in ("severity", "count", "passed", "findings")}
