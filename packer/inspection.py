@@ -172,6 +172,17 @@ def _audit_lines(audit: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _left_out(inputs: dict[str, Any]) -> str:
+    """The input files left out on purpose by why (``excluded.jsonl`` lists them), where there
+    are some: with the bad samples they account for every input file that made no sample."""
+    by_why = inputs.get("excluded") or {}
+    if not by_why:
+        return ""
+    total = sum(int(n) for n in by_why.values())
+    return (f"; {total} files left out on purpose ({', '.join(f'{k} {v}' for k, v in sorted(by_why.items()))}; "
+            "not bad samples, listed in excluded.jsonl)")
+
+
 def _mask_line(mask: dict[str, Any], fmt: str) -> str:
     """What ``inspect`` says of a dataset's masks: dtype, layout, where they are, declared class
     ids, pad id."""
@@ -221,7 +232,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     bad = summary["bad_samples"]
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
     lines += [
-        f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples",
+        f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples"
+        f"{_left_out(summary['inputs'])}",
         f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}",
         *_audit_lines(summary["audit"]["record"]),
         *_phi_lines(summary.get("phi")),

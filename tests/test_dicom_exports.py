@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,13 @@ def test_a_mixed_export_packs_exactly_the_ct_originals_and_counts_every_other_fi
     # the report lists each exclusion (by sample id: the dataset is pseudonymized) with its counts
     report = (version / "report.html").read_text(encoding="utf-8")
     assert 'id="excluded-table"' in report and "Left out on purpose" in report
+    # the summary accounts for every input file: 3 samples from 8 files, 0 bad, 5 left out
+    summary = report[report.index('id="summary"'):report.index('id="splits"')]
+    assert re.search(r"from 8 input files[^<]*; 5 left out on purpose", summary), summary
+    # and so does packer inspect: 8 files -> 3 samples, 0 bad, 5 left out (by why)
+    shown = CliRunner().invoke(main, ["inspect", str(version)])
+    assert shown.exit_code == 0, shown.output
+    assert "8 files -> 3 samples; 5 files left out on purpose (not_image 2, not_requested 3;" in shown.output
     for record in records:
         assert record["sample_id"] in report
         assert str(Path(record["path"]).parent) not in report  # no raw paths in a pseudonymized report

@@ -121,3 +121,29 @@ def test_ids_that_differ_only_in_bytes_their_character_set_cannot_decode_are_two
     assert "4 file(s)" in warning and "(0010,0020) PatientID" in warning
     text = result.output + json.dumps(doc)
     assert "MRN" not in text and "Müller" not in text
+
+
+def test_the_report_lists_each_lookalike_group_with_its_entities_splits_and_sample_keys(tmp_path: Path) -> None:
+    """README: the lookalike groups are listed in leakage.json, packer validate and the report,
+    each entity with its splits and a sample key. The report counted them ("2 findings counted")
+    and listed none."""
+    import re
+
+    from packer.htmlreport import render_html_report
+
+    job = ct_job(tmp_path)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"],
+                                env={"PACKER_PHI_KEY": KEY, "PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    version = next((tmp_path / "out" / "twins").glob("*/manifest.json")).parent
+    findings = json.loads((version / "leakage.json").read_text())["rules"]["entity_lookalikes"]["findings"]
+    text = render_html_report(version, quiet=True)
+    table = re.search(r'<table id="entity-lookalikes".*?</table>', text, flags=re.S)
+    assert table is not None, "no entity-lookalikes table"
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr data-group.*?</tr>", table.group(0))]
+    listed = [(r[1], r[2], r[3]) for r in rows]  # entity_id, splits, sample key
+    expected = [(e["entity_id"], " + ".join(e["splits"]), e["key"]) for f in findings for e in f["entities"]]
+    assert listed == expected
+    crossing = sum(f["across_splits"] for f in findings)
+    assert f"{len(findings)} lookalike groups" in text and f"{crossing} across splits" in text
+    assert not any(re.search(rf"\b{raw}\b", text) for raw in ("MRN0042", "mrn0042", "MRN0099", "0045"))

@@ -324,6 +324,8 @@ def test_the_report_shows_a_volumes_three_middle_planes(tmp_path: Path) -> None:
                    BuildOptions(scheduler="sync", quiet=True))
     html = (result.version_dir / "report.html").read_text(encoding="utf-8")
     assert "data:image/png;base64," in html
+    # each pane is three planes side by side: the lead says which, and which way up
+    assert "axial, coronal and sagittal middle planes side by side" in html and "superior up" in html
     from packer.htmlreport.thumbs import as_chw
 
     planes = as_chw(np.arange(5 * 16 * 12, dtype=np.uint8).reshape(1, 5, 16, 12))

@@ -153,7 +153,9 @@ class ReportData:
     # per split, samples per contact-sheet group (a multi-label sample counts under each label it holds)
     label_totals: dict[str, Counter[str]] = field(default_factory=dict)
     split_totals: dict[str, int] = field(default_factory=dict)  # samples per split in the index
-    histograms: dict[tuple[str, str, int], ChannelHistograms] = field(default_factory=dict)
+    # per (split, source, channel count, channel names): samples whose channels mean different
+    # things (a CR's replicated file window and a CT's three windows, in one source) never share one
+    histograms: dict[tuple[str, str, int, tuple[str, ...]], ChannelHistograms] = field(default_factory=dict)
     histogram_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # split -> (counted, all)
     duplicate_panes: dict[str, Pane] = field(default_factory=dict)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
@@ -342,7 +344,7 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
     shown = composite_pane(chw, thumb_px, sample.info) if duplicate else None
     names = tuple(channel_names(sample.info, kind, chw.shape[0]))
     return _Rendered(entry=entry, names=names, channels=chw.shape[0],
-                     dtype=str(sample.image.dtype), counts=channel_counts(chw) if counted else None,
+                     dtype=str(sample.image.dtype), counts=channel_counts(sample.image) if counted else None,
                      panes=panes, small=small, duplicate=shown,
                      mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None,
                      normalised=tuple(normalisation_stats(sample.info, names)) if counted else ())
@@ -351,7 +353,7 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
 def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
     entry = rendered.entry
     if rendered.counts is not None:
-        slot = (entry.split, entry.source, rendered.channels)
+        slot = (entry.split, entry.source, rendered.channels, rendered.names)
         if slot not in data.histograms:
             data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
         data.histograms[slot].add_counts(rendered.counts, rendered.dtype, rendered.normalised)

@@ -66,6 +66,15 @@ class LabelConflictGroup:
     dropped: bool = False
 
 
+@dataclass(frozen=True)
+class LookalikeGroup:
+    """Entity ids that differ only in case, spacing or leading zeros (rule ``entity_lookalikes``):
+    each entity (its output id: a pseudonym under PHI) with its splits and a sample key."""
+
+    entities: tuple[tuple[Member, tuple[str, ...]], ...]
+    across_splits: bool
+
+
 @dataclass
 class AuditFindings:
     passed: bool | None = None
@@ -74,6 +83,7 @@ class AuditFindings:
     groups: list[DuplicateGroup] = field(default_factory=list)
     time_order: list[dict[str, Any]] = field(default_factory=list)
     conflicts: list[LabelConflictGroup] = field(default_factory=list)
+    lookalikes: list[LookalikeGroup] = field(default_factory=list)
     entities_per_split: dict[str, int] = field(default_factory=dict)
     time_ranges: dict[str, list[str]] = field(default_factory=dict)
     note: str | None = None
@@ -82,7 +92,7 @@ class AuditFindings:
     def clean(self) -> bool:
         """True when no rule counted anything and nothing is listed."""
         return (not any(r.count for r in self.rules) and not self.overlap and not self.groups
-                and not self.time_order and not self.conflicts and self.passed is not False)
+                and not self.time_order and not self.conflicts and not self.lookalikes and self.passed is not False)
 
 
 def _member(value: Any) -> Member | None:
@@ -131,12 +141,26 @@ def _conflict(finding: dict[str, Any]) -> LabelConflictGroup | None:
                               dropped=bool(finding.get("dropped")))
 
 
+def _lookalike(finding: dict[str, Any]) -> LookalikeGroup | None:
+    """An ``entity_lookalikes`` finding: ``{entities: [{entity_id, key, splits, ...}], across_splits}``."""
+    entities = tuple((Member(key=str(e.get("key", "")), entity_id=str(e.get("entity_id", ""))),
+                      tuple(str(s) for s in e.get("splits") or []))
+                     for e in finding.get("entities") or [] if isinstance(e, dict))
+    if not entities:
+        return None
+    return LookalikeGroup(entities=entities, across_splits=bool(finding.get("across_splits")))
+
+
 def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
     for finding in findings:
         if not isinstance(finding, dict):
             continue
         group = None
-        if rule == "label_conflicts":
+        if rule == "entity_lookalikes":
+            lookalike = _lookalike(finding)
+            if lookalike is not None:
+                out.lookalikes.append(lookalike)
+        elif rule == "label_conflicts":
             conflict = _conflict(finding)
             if conflict is not None:
                 out.conflicts.append(conflict)
@@ -168,7 +192,10 @@ def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
         except (OSError, ValueError, AttributeError) as err:
             out.note = (f"{LEAKAGE_FILE} could not be read ({type(err).__name__}); "
                         "rule counts come from the manifest, findings are not listed")
-    for name, raw in rules.items():
+    # label_conflicts and entity_lookalikes enter the manifest only where they find something;
+    # leakage.json holds every rule, so the table lists the others from it too
+    extra = {name: raw for name, raw in listed.items() if name not in rules and isinstance(raw, dict)}
+    for name, raw in sorted({**rules, **extra}.items()):
         if not isinstance(raw, dict):
             continue
         detail = {k: v for k, v in raw.items() if k not in ("severity", "count", "passed", "findings")}

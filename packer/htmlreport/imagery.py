@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from packer.htmlreport.collect import NO_LABEL, ReportData, SheetItem
 from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
 from packer.htmlreport.masks import render_mask_legend
@@ -105,6 +107,10 @@ def render_contact_sheets(data: ReportData) -> str:
             f"sha256(dataset_hash, key) so the same dataset always shows the same samples.{grouping} Multi-channel "
             f"DICOM samples show each window in grey, then a colour composite. Hover a thumbnail for its key, {hover}, "
             "entity and windows.")
+    if data.manifest.get("sample_schema", {}).get("layout") == "CDHW":
+        lead += (" A volume's pane holds its axial, coronal and sagittal middle planes side by side, each stretched "
+                 "to H×W: the axial as packed, the coronal (the patient's right on the left) and the sagittal "
+                 "(anterior on the left) with superior up.")
     if data.mask is not None:
         lead += (" Each sample's segmentation mask (frame 0 of a multi-frame mask) is drawn over its last thumbnail, "
                  "one colour per class id as the legend below says; hover for the ids its mask holds.")
@@ -151,20 +157,25 @@ def _normalisation_note(hist: ChannelHistograms) -> str:
 
 
 def render_intensities(data: ReportData) -> str:
-    by_source: dict[tuple[str, int], dict[str, ChannelHistograms]] = {}
-    for (split, source, channels), hist in data.histograms.items():
-        by_source.setdefault((source, channels), {})[split] = hist
+    # one block per source and channel meaning: its samples' channel names (a source may hold CT
+    # slices with three windows and a radiograph whose one window was replicated)
+    by_source: dict[tuple[str, int, tuple[str, ...]], dict[str, ChannelHistograms]] = {}
+    for (split, source, channels, channel_names), hist in data.histograms.items():
+        by_source.setdefault((source, channels, channel_names), {})[split] = hist
+    groups = Counter(source for source, _, _ in by_source)
     blocks = []
     flagged_total = 0
-    for (source, channels), per_split in sorted(by_source.items()):
-        names = next(iter(per_split.values())).names
+    for (source, channels, names), per_split in sorted(  # a source's most counted channel meaning first
+            by_source.items(), key=lambda kv: (kv[0][0], kv[0][1], -sum(h.samples for h in kv[1].values()), kv[0][2])):
         colors = ["#333"] if len(names) == 1 else list(CHANNEL_COLORS)
         legend = "".join(f'<span class="key"><i style="background:{colors[c % len(colors)]}"></i>{esc(name)}</span>'
                          for c, name in enumerate(names))
         cards = [_histogram_card(split, per_split[split]) for split in data.splits if split in per_split]
         flagged_total += sum(len(h.saturated()) for h in per_split.values())
+        which = f": {', '.join(names)}" if groups[source] > 1 else ""
         blocks.append(f'<h3>{esc(source)} <span class="muted">{channels} channel{"s" if channels > 1 else ""}'
-                      f"</span></h3><div class=\"legend\">{legend}</div><div class=\"cards\">{''.join(cards)}</div>")
+                      f"{esc(which)}</span></h3><div class=\"legend\">{legend}</div>"
+                      f"<div class=\"cards\">{''.join(cards)}</div>")
     counted = " · ".join(f"{esc(s)} {c:,} of {t:,}" for s, (c, t) in
                          ((s, data.histogram_totals[s]) for s in data.splits if s in data.histogram_totals))
     lead = (f"Packed values per channel, 256 bins, over at most {data.limits.histogram_samples:,} samples per split "

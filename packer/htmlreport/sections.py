@@ -15,7 +15,7 @@ from typing import Any
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
-from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup
+from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup, LookalikeGroup
 from packer.htmlreport.markup import esc, note, num, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
@@ -62,6 +62,14 @@ def _constant_slices(inputs: dict[str, Any]) -> str:
     return f"; {count:,} constant slice{'s' if count != 1 else ''} packed as series context" if count else ""
 
 
+def _left_out(inputs: dict[str, Any]) -> str:
+    """The input files left out on purpose (``excluded.jsonl``), so that the summary's samples,
+    bad samples and these account for every input file."""
+    count = sum(int(n) for n in (inputs.get("excluded") or {}).values())
+    return (f'; {count:,} left out on purpose (<a href="#excluded">listed under Bad samples</a>)'
+            if count else "")
+
+
 def _non_finite_filled(inputs: dict[str, Any]) -> str:
     """The NIfTI files packed with NaN or infinite voxels replaced (transform.nifti.non_finite), when there are some."""
     count = int(inputs.get("non_finite_filled") or 0)
@@ -87,7 +95,7 @@ def render_summary(data: ReportData) -> str:
         _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
         _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
         _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
-              f'{int(inputs.get("files", 0)):,} input files{_constant_slices(inputs)}'
+              f'{int(inputs.get("files", 0)):,} input files{_left_out(inputs)}{_constant_slices(inputs)}'
               f'{_non_finite_filled(inputs)}</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
@@ -359,6 +367,7 @@ RULE_TEXT = {
     "label_conflicts": "copies of one image whose targets (or masks) disagree",
     "entity_lookalikes": "entity ids that differ only in case, spacing or leading zeros (likely one patient)",
     "duplicates": "duplicate pairs",
+    "split_balance": "split shares far from the requested ratios, or one group of linked entities too large",
 }
 
 
@@ -411,6 +420,28 @@ def _conflicts_table(conflicts: list[LabelConflictGroup], limit: int) -> str:
                     table_id="label-conflicts", cls="data compact", numeric=(0,)) + more)
 
 
+def _lookalikes_table(groups: list[LookalikeGroup], limit: int) -> str:
+    """Rule ``entity_lookalikes``: one row per entity of each group (its id, splits and a sample
+    key, which ``packer locate`` maps to its file), the group's first row saying whether it crosses splits."""
+    rows = []
+    for number, group in enumerate(groups[:limit], start=1):
+        for k, (member, splits) in enumerate(group.entities):
+            crosses = ("across splits" if group.across_splits else "one split") if k == 0 else ""
+            rows.append(f'<tr data-group="{number}"><td class="num">{number if k == 0 else ""}</td>'
+                        f'<td class="mono">{esc(member.entity_id or "")}</td><td>{esc(" + ".join(splits))}</td>'
+                        f'<td class="mono">{esc(member.key)}</td><td class="muted">{esc(crosses)}</td></tr>')
+    more = (note(f"{len(groups) - limit:,} more groups not listed (all in leakage.json).", "muted")
+            if len(groups) > limit else "")
+    crossing = sum(g.across_splits for g in groups)
+    return (f'<h3>Lookalike entity ids <span class="muted">({len(groups):,} lookalike groups, {crossing:,} across '
+            "splits)</span></h3>"
+            '<p class="muted">Entity ids that differ only in case, spacing or leading zeros: likely one patient '
+            "exported by two systems, split as two entities. packer never merges them: make the ids agree at the "
+            "source, or pin each group to one split (split.pinned).</p>"
+            + table(["group", "entity_id", "splits", "sample key", "splits of the group"], rows,
+                    table_id="entity-lookalikes", cls="data compact", numeric=(0,)) + more)
+
+
 def _rules_table(data: ReportData) -> str:
     rows = []
     for rule in data.audit.rules:
@@ -442,6 +473,7 @@ def render_leakage(data: ReportData) -> str:
         found = [f"{len(audit.overlap):,} entities in more than one split" if audit.overlap else "",
                  f"{len(audit.groups):,} duplicate groups" if audit.groups else "",
                  f"{len(audit.conflicts):,} label conflicts" if audit.conflicts else "",
+                 f"{len(audit.lookalikes):,} groups of lookalike entity ids" if audit.lookalikes else "",
                  f"{len(audit.time_order):,} time-order findings" if audit.time_order else ""]
         counted = sum(r.count for r in audit.rules)
         text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
@@ -481,6 +513,8 @@ def render_leakage(data: ReportData) -> str:
             parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
     if audit.conflicts:
         parts.append(_conflicts_table(audit.conflicts, limit))
+    if audit.lookalikes:
+        parts.append(_lookalikes_table(audit.lookalikes, limit))
     if audit.time_order:
         rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
                 f"<td>{esc(f.get('from', 'train'))}</td>"

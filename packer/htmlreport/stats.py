@@ -73,8 +73,11 @@ class ChannelHistograms:
 
 
 def channel_counts(image: np.ndarray) -> np.ndarray:
-    """C×256 int64 counts of one C×H×W sample's display values (non-uint8 via ``to_display``)."""
-    chw = to_display(as_chw(image))
+    """C×256 int64 counts of one sample's display values (non-uint8 via ``to_display``): every
+    pixel of a C×H×W (or H×W) sample, every voxel of a C×D×H×W volume (not only the three middle
+    planes its thumbnails show)."""
+    arr = np.asarray(image)
+    chw = to_display(arr.reshape(arr.shape[0], -1, arr.shape[-1]) if arr.ndim == 4 else as_chw(arr))
     counts = np.zeros((chw.shape[0], 256), dtype=np.int64)
     for c in range(chw.shape[0]):
         # cv2.calcHist counts a uint8 plane ~10x faster than np.bincount (which widens every

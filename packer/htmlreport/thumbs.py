@@ -79,13 +79,18 @@ def to_display(image: np.ndarray) -> np.ndarray:
 def as_chw(image: np.ndarray) -> np.ndarray:
     """A 2-D array becomes 1×H×W; a 3-D array is taken as C×H×W (packer's layout); a 4-D one as
     a C×D×H×W volume, shown by its three middle planes side by side (axial D, coronal H,
-    sagittal W, each resized to H×W by nearest neighbour so the panes line up)."""
+    sagittal W, each resized to H×W by nearest neighbour so the panes line up).
+
+    A packed volume's D runs inferior → superior (H posterior, W the patient's left), so the
+    coronal and sagittal planes, whose rows are D, are flipped to put superior up, as a viewer
+    and ``transform.nifti.axis: coronal`` slices show them (the patient's right on the left of
+    the coronal pane, anterior on the left of the sagittal one); the axial plane is as stored."""
     arr = np.asarray(image)
     if arr.ndim == 2:
         return arr[None]
     if arr.ndim == 4:
         _, d, h, w = arr.shape
-        planes = [arr[:, d // 2], arr[:, :, h // 2], arr[:, :, :, w // 2]]
+        planes = [arr[:, d // 2], arr[:, ::-1, h // 2], arr[:, ::-1, :, w // 2]]
         rows = [np.clip(np.round(np.linspace(0, p.shape[1] - 1, h)), 0, None).astype(int) for p in planes]
         cols = [np.clip(np.round(np.linspace(0, p.shape[2] - 1, w)), 0, None).astype(int) for p in planes]
         return np.concatenate([p[:, r][:, :, c] for p, r, c in zip(planes, rows, cols, strict=True)], axis=2)
@@ -129,7 +134,13 @@ def neighbour_layout(info: dict[str, Any], channels: int) -> tuple[int, int] | N
 
 def channel_names(info: dict[str, Any], kind: str, channels: int) -> list[str]:
     """Names of the channels: DICOM window names from ``metadata.windows``, each prefixed by its
-    slice's offset in a neighbour stack (``-1 lung``), else R/G/B(/A), else ch0…"""
+    slice's offset in a neighbour stack (``-1 lung``), else R/G/B(/A), else ch0…; the copies of
+    a channel that ``transform.channels`` replicated (metadata ``channels.rule: replicate``) are
+    named for it and numbered (``file (1/3)``, ``grey (2/3)``)."""
+    mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
+    if channels > 1 and isinstance(mapped, dict) and mapped.get("rule") == "replicate":
+        base = channel_names(info, kind, 1)[0]
+        return [f"{base} ({i + 1}/{channels})" for i in range(channels)]
     windows = (info.get("metadata") or {}).get("windows") if isinstance(info.get("metadata"), dict) else None
     stack = neighbour_layout(info, channels)
     per_slice = stack[1] if stack is not None else channels
