@@ -149,13 +149,18 @@ def _built(job: Path, out: Path, cache: Path, capsys: pytest.CaptureFixture[str]
     capsys.readouterr()
     result = build(load_job(job), BuildOptions(out=out, scheduler="sync", html_report=False, cache_dir=cache))
     said = capsys.readouterr()
-    counts = re.search(r"near copies: \d+ candidate pairs, (\d+) verified, (\d+) reused", said.out)
+    counts = re.search(r"near copies: (\d+) candidate pairs \(candidates_verified\), (\d+) verifications with "
+                       r"the rival test's pairs \((\d+) run, (\d+) reused from the build cache\)", said.out)
     assert counts, said.out
+    leakage = json.loads((result.version_dir / "leakage.json").read_text())
+    # the line names leakage.json's count, and the verifications (run + reused) are at least those
+    assert int(counts[1]) == leakage["rules"]["near_duplicates_across_splits"]["candidates_verified"]
+    assert int(counts[2]) == int(counts[3]) + int(counts[4]) >= int(counts[1])
     # the verification shows its progress, counting only the pairs it verifies
     progress = re.findall(r"nearcopy: (\d+)/(\d+) pairs", said.err)
-    assert progress[-1:] == ([(counts[1], counts[1])] if int(counts[1]) else []), said.err
+    assert progress[-1:] == ([(counts[3], counts[3])] if int(counts[3]) else []), said.err
     return (result.manifest["dataset_hash"], (result.version_dir / "leakage.json").read_bytes(),
-            int(counts[1]), int(counts[2]))
+            int(counts[3]), int(counts[4]))
 
 
 @pytest.mark.slow  # four builds of a 270-sample tree (about 25 s)

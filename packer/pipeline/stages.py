@@ -236,8 +236,13 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             if not quiet and (pairs.reused or pairs.verified):
                 ignored = "; ".join(f"the cache's {what} file was not used: {why}" for what, why in
                                     (("pair", pairs.ignored), ("neighbour", lists.ignored if lists else "")) if why)
-                print(f"packer: near copies: {links.candidates} candidate pairs, {pairs.verified} verified, "
-                      f"{pairs.reused} reused from the build cache, "
+                # the candidates are leakage.json's ``candidates_verified``; the rival test has some
+                # verified again in full and verifies pairs that are no candidates
+                # (packer.pipeline.nearcopy.settle_rivals, rival_test), so the verifications (run
+                # now or reused) can outnumber them
+                print(f"packer: near copies: {links.candidates} candidate pairs (candidates_verified), "
+                      f"{pairs.verified + pairs.reused} verifications with the rival test's pairs "
+                      f"({pairs.verified} run, {pairs.reused} reused from the build cache), "
                       f"{lists.reused if lists else 0} of {len(samples)} samples' neighbour lists reused, "
                       f"{len(links)} links ({near_seconds:.1f}s){'; ' + ignored if ignored else ''}", flush=True)
     kind = target_class(job.sources[0].target.kind)
