@@ -619,3 +619,29 @@ def test_the_rules_table_lists_every_rule_of_leakage_json_with_its_count(
     leakage = json.loads((built.version_dir / "leakage.json").read_text())["rules"]
     rows = dict(re.findall(r'<tr data-rule="([^"]+)">.*?data-field="rule\.[^"]+" data-value="(\d+)"', text))
     assert {name: int(count) for name, count in rows.items()} == {name: r["count"] for name, r in leakage.items()}
+
+
+def test_a_pseudonymized_report_names_no_job_path_in_its_config_block(built: BuildResult) -> None:
+    """The footer says "no raw paths": a job's source root, labels and table (which can name a
+    patient's folder) are redacted in the config block; the manifest keeps them, and a
+    phi.mode keep report shows them."""
+    planted = copy.deepcopy(built.manifest)
+    assert planted["phi"]["mode"] == "pseudonymize"
+    ct, photos = planted["config"]["sources"]
+    ct.update(root="/work/Smith_John/raw/ct", labels="/work/Smith_John/ct_labels.csv")
+    photos.update(root="/work/Smith_John/raw/photos",
+                  table={"file": "/work/Smith_John/photos.csv", "path_base": "/work/Smith_John",
+                         "join": [{"file": "/work/Smith_John/more.csv", "on": ["entity"]}]})
+    planted["config"]["split"]["lists"] = {"test": "/work/Smith_John/test.txt",
+                                           "valid": {"file": "/work/Smith_John/valid.csv", "column": "path"}}
+    text = render_html_report(built.version_dir, manifest=planted)
+    assert "Smith_John" not in text
+    assert "&lt;root of source &#x27;ct&#x27;&gt;" in text or "&lt;root of source 'ct'&gt;" in text
+    assert "job paths redacted: the manifest has them" in text
+    assert "no raw paths" in text  # the footer's claim, now true of the config block too
+    kept = parse(render_html_report(built.version_dir, manifest={**planted, "phi": {**planted["phi"], "mode": "keep"}}))
+    assert "/work/Smith_John/raw/ct" in kept.all_text and "job paths redacted" not in kept.all_text
+    # the build's own report: its job's absolute roots are in the manifest (its identity), not the report
+    root = built.manifest["config"]["sources"][0]["root"]
+    assert Path(root).is_absolute() and root in (built.version_dir / "manifest.json").read_text()
+    assert root not in (built.version_dir / "report.html").read_text(encoding="utf-8")

@@ -56,6 +56,60 @@ def without_paths(value: Any) -> Any:
     return value
 
 
+def _redacted_table(value: Any, what: str) -> Any:
+    """A source's ``labels`` or ``table`` with its file paths (a string, or an object's ``file``,
+    ``path_base`` and each ``join``'s ``file``) replaced by ``<WHAT>``-style placeholders."""
+    if isinstance(value, str):
+        return f"<{what}>"
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key in ("file", "path_base"):
+        if isinstance(out.get(key), str):
+            out[key] = f"<{what} {key}>"
+    if isinstance(out.get("join"), list):
+        out["join"] = [{**j, "file": f"<{what} join {n} file>"} if isinstance(j, dict) and "file" in j else j
+                       for n, j in enumerate(out["join"], 1)]
+    return out
+
+
+def config_shown(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's job config as the report shows it: as recorded, except that a pseudonymized
+    dataset's report names no job path (a source's ``root``, ``labels``, ``table``, a split list's
+    file, the PHI key file), as those can name a patient's folder; each is shown as
+    ``<root of source 'NAME'>`` and the like. The manifest keeps them: they are the dataset's identity."""
+    config = manifest.get("config") or {}
+    if (manifest.get("phi") or {}).get("mode") != "pseudonymize" or not isinstance(config, dict):
+        return config
+    shown = dict(config)
+    if isinstance(config.get("sources"), list):
+        sources = []
+        for n, source in enumerate(config["sources"]):
+            if not isinstance(source, dict):
+                sources.append(source)
+                continue
+            name = source.get("name", n)
+            source = dict(source)
+            if "root" in source:
+                source["root"] = f"<root of source {name!r}>"
+            for key in ("labels", "table"):
+                if key in source:
+                    source[key] = _redacted_table(source[key], f"{key} of source {name!r}")
+            sources.append(source)
+        shown["sources"] = sources
+    split = config.get("split")
+    if isinstance(split, dict) and isinstance(split.get("lists"), dict):
+        lists = {name: (f"<list of split {name!r}>" if isinstance(item, str) else
+                        {**item, "file": f"<list of split {name!r}>"} if isinstance(item, dict) and "file" in item
+                        else item)
+                 for name, item in split["lists"].items()}
+        shown["split"] = {**split, "lists": lists}
+    phi = config.get("phi")
+    if isinstance(phi, dict) and phi.get("key_file"):
+        shown["phi"] = {**phi, "key_file": "<key file>"}
+    return shown
+
+
 def _constant_slices(inputs: dict[str, Any]) -> str:
     """The series slices packed though constant (an all-air edge slice), when there are some."""
     count = int(inputs.get("constant_slices") or 0)
@@ -130,12 +184,14 @@ def render_summary(data: ReportData) -> str:
     libs = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td class=\"mono\">{esc(v)}</td></tr>"
                    for k, v in m.get("libraries", {}).items())
     warn = "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings)
+    redacted = (m.get("phi") or {}).get("mode") == "pseudonymize"  # config_shown names no job path
     body = (f'{warn}<dl class="facts">{"".join(facts)}</dl>'
             f'<div class="cols"><div><h3>Counts per split</h3>{counts}</div>'
             f'<div><h3>Library versions</h3><table class="data compact" id="summary-libraries"><tbody>{libs}'
             f"</tbody></table></div></div>"
-            f'<details><summary>Job config <span class="muted">(resolved, as hashed into the dataset)</span>'
-            f'</summary><pre class="json">{_pretty(m.get("config", {}))}</pre></details>'
+            f'<details><summary>Job config <span class="muted">(resolved, as hashed into the dataset'
+            f'{"; job paths redacted: the manifest has them" if redacted else ""})'
+            f'</span></summary><pre class="json">{_pretty(config_shown(m))}</pre></details>'
             f'<details><summary>DICOM decoders <span class="muted">({len(m.get("decoders", {}))} transfer '
             f'syntaxes)</span></summary><pre class="json">{_pretty(m.get("decoders", {}))}</pre></details>')
     return section("summary", body)
