@@ -418,3 +418,24 @@ def test_the_summary_shows_each_listed_bad_sample_with_its_message_and_fix(tmp_p
     assert f"{tmp_path / 'raw' / 'unlisted.png'}: no label: no row of {tmp_path / 'raw' / 'labels.csv'} names " \
            "'unlisted.png'; add its row, or, where the table names only the dataset's files, set table.files: " \
            "table" in line
+
+
+def test_a_full_check_with_near_copies_turned_off_says_the_rule_did_not_run(tmp_path: Path) -> None:
+    """With split.near_duplicates.enabled: false the summary said `[  ok]
+    near_duplicates_across_splits: 0` and the JUnit case passed; only the JSON's "off" said it
+    never ran."""
+    job = image_job(tmp_path, base_rows(), near_duplicates={"enabled": False})
+    code, report, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    rules = report["audit"]["rules"]
+    assert {name for name, rule in rules.items() if "skipped" in rule} == {"near_duplicates_across_splits"}
+    assert "enabled is false" in rules["near_duplicates_across_splits"]["skipped"]
+    assert "[skip] near_duplicates_across_splits" in output and "[  ok] near_duplicates_across_splits" not in output
+    assert "[  ok] exact_duplicates_across_splits" in output  # the exact rules still run
+    last = output.splitlines()[-1]
+    assert "not run by the job's split settings: near_duplicates_across_splits" in last and "--quick" not in last
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
+    assert [name for name, element in skipped.items() if element is not None] == ["near_duplicates_across_splits"]
+    assert suite.get("skipped") == "1"

@@ -50,6 +50,18 @@ QUICK_NOT_RUN = ("exact_duplicates_across_splits", "exact_duplicates_within_spli
 QUICK_SKIPPED = ("not run: --quick reads headers only, so no pixels are hashed or compared; "
                  "run packer validate without --quick to check copies across splits")
 
+
+
+def off_skipped(auto: bool) -> str:
+    """Why the near-copy rule did not run in a full check: the job turned the check off
+    (``split.near_duplicates.enabled: false``), or ``auto`` found one split."""
+    if auto:
+        return ("not run: one split, so no copy can leak across splits (split.near_duplicates.enabled: auto); "
+                "set it to true to search near copies anyway")
+    return ("not run: split.near_duplicates.enabled is false, so no near copies are searched; "
+            "set it to auto or true to check them")
+
+
 _WHY_NOT_EMPTY = {"train": "there is nothing to train on",
                   "valid": "there is nothing to validate on (model selection, early stopping)",
                   "test": "nothing is held out to report results on"}
@@ -171,6 +183,10 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         for name in QUICK_NOT_RUN:
             if name in audit["rules"]:
                 audit["rules"][name]["skipped"] = QUICK_SKIPPED
+    else:  # a rule the job turned off (near copies: its detail says why) is said, not passed
+        for rule in audit["rules"].values():
+            if "off" in rule:
+                rule["skipped"] = off_skipped(result.job.split.near_auto)
     doc = {
         "packer_version": __version__,
         "job": str(result.job.job_path),
@@ -265,11 +281,14 @@ def format_summary(result: ValidateResult) -> str:
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
-    not_run = sum("skipped" in rule for rule in doc["audit"]["rules"].values())
+    not_run = sum(rule.get("skipped") == QUICK_SKIPPED for rule in doc["audit"]["rules"].values())
+    off = [f"{name} ({rule['skipped'].removeprefix('not run: ')})" for name, rule in doc["audit"]["rules"].items()
+           if "skipped" in rule and rule["skipped"] != QUICK_SKIPPED]
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else "")
                  + (f"; {not_run} rule(s) not run (--quick: headers only, no pixels compared; the copies they "
-                    "find are unchecked: run without --quick)" if not_run else ""))
+                    "find are unchecked: run without --quick)" if not_run else "")
+                 + (f"; not run by the job's split settings: {'; '.join(off)}" if off else ""))
     return "\n".join(lines)
 
 
