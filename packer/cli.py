@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.commands import exit_closed_output, exits, output_closed
+from packer.commands import exit_closed_output, exits, output_closed, stand_in_for_closed_streams
 from packer.config import SPLITS
 
 
@@ -26,6 +26,7 @@ class _Packer(click.Group):
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
+        stand_in_for_closed_streams()  # `packer ... >&-`: a write to the closed stream ends it with 141 too
         try:
             return super().make_context(info_name, args, parent, **extra)
         except BrokenPipeError:

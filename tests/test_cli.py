@@ -208,6 +208,28 @@ def test_a_closed_stdout_or_stderr_ends_every_command_quietly_with_141(demo_raw:
     assert proc.returncode == 141, proc.stdout
 
 
+def _with_stdout_closed(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m packer.cli ARGS >&-``: stdout closed outright (no descriptor 1 at all, which Python
+    makes ``sys.stdout = None``), not a pipe whose reader has gone; stderr is captured."""
+    return subprocess.run([sys.executable, "-m", "packer.cli", *args], cwd=REPO, text=True, timeout=300,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1),
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.mark.slow  # subprocesses
+def test_a_stdout_closed_outright_ends_like_a_closed_pipe_with_141(demo_raw: Any, tmp_path: Path) -> None:
+    """`packer validate JOB >&-` exited 0 and its stdout line was lost silently (a write to Python's
+    ``sys.stdout = None`` is dropped): a command whose output cannot be written has not finished."""
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out"))
+    for what, args in {"validate": ["validate", str(job), "--scheduler", "sync"], "--help": ["--help"]}.items():
+        proc = _with_stdout_closed(args)
+        assert (proc.returncode, "Traceback" in proc.stderr, "internal error" in proc.stderr) == (141, False, False), \
+            (what, proc.stderr)
+    # with nothing for stdout (-q: validate's summary goes to stderr), nothing is lost: exit 0
+    proc = _with_stdout_closed(["validate", str(job), "--scheduler", "sync", "-q"])
+    assert proc.returncode == 0 and "result: clean" in proc.stderr, proc.stderr
+
+
 def test_a_broken_pipe_that_is_not_the_output_is_still_a_bug(capsys: pytest.CaptureFixture[str]) -> None:
     """Only a closed stdout or stderr ends quietly: a pipe of the command's own that broke is an internal error."""
     from packer.commands import exits

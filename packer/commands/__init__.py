@@ -7,6 +7,8 @@ their documented exit codes at the CLI boundary (and only there).
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import select
 import signal
@@ -37,10 +39,47 @@ INTERRUPTED_HINTS = {"build": "; files decoded so far stay in the build cache, a
 CLOSED_OUTPUT_EXIT = 141
 
 
+class ClosedStream(io.TextIOBase):
+    """Stands in for a stdout or stderr that was closed before packer started (``packer validate JOB >&-``),
+    which Python leaves as ``None``: every write to ``None`` is dropped silently (click's echo, print), so the
+    command's output was lost and it exited 0. A write here raises BrokenPipeError, as one to a pipe whose
+    reader has gone does, and so the command ends the same way: quietly, with :data:`CLOSED_OUTPUT_EXIT`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "strict"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(errno.EPIPE, f"{self.name} was closed before packer started")
+
+    def flush(self) -> None:  # nothing was written, so nothing is to flush (and Python flushes it at exit)
+        return None
+
+
+def stand_in_for_closed_streams() -> None:
+    """Point a closed stdout or stderr (``None``: see :class:`ClosedStream`) at a :class:`ClosedStream`."""
+    if sys.stdout is None:
+        sys.stdout = ClosedStream("stdout")
+    if sys.stderr is None:
+        sys.stderr = ClosedStream("stderr")
+
+
 def output_closed() -> bool:
     """Whether stdout or stderr is a pipe (or socket) whose reader has gone, which is when a write to it raises
-    BrokenPipeError. A stream without a file descriptor (click's test runner) is never closed this way."""
-    return any(_reader_gone(stream) for stream in (sys.stdout, sys.stderr))
+    BrokenPipeError, or was closed before packer started (:class:`ClosedStream`). A stream without a file
+    descriptor (click's test runner) is never closed this way."""
+    return any(isinstance(stream, ClosedStream) or _reader_gone(stream) for stream in (sys.stdout, sys.stderr))
 
 
 def _reader_gone(stream: Any) -> bool:
@@ -60,9 +99,14 @@ def exit_closed_output() -> NoReturn:
     Python documentation's "Note on SIGPIPE" recommends."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, sys.stderr):
-        if _reader_gone(stream):
+        if not isinstance(stream, ClosedStream) and _reader_gone(stream):
             os.dup2(devnull, stream.fileno())
     os.close(devnull)
+    # a stream closed before packer started has no descriptor to point elsewhere: later writes are dropped
+    if isinstance(sys.stdout, ClosedStream):
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - open until the process ends
+    if isinstance(sys.stderr, ClosedStream):
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - open until the process ends
     sys.exit(CLOSED_OUTPUT_EXIT)
 
 
