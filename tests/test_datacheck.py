@@ -439,3 +439,55 @@ def test_a_full_check_with_near_copies_turned_off_says_the_rule_did_not_run(tmp_
     skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
     assert [name for name, element in skipped.items() if element is not None] == ["near_duplicates_across_splits"]
     assert suite.get("skipped") == "1"
+
+
+def test_validate_warns_of_several_dtypes_as_the_build_does_and_the_build_says_it_once(tmp_path: Path) -> None:
+    """A CT source (uint8) beside MR NIfTI z-scored to float16: packer build warned that no batch
+    stacks them, packer validate (which decodes) said nothing."""
+    import nibabel as nib
+
+    from tests.test_targets import _ct, _job
+
+    ct, mr = tmp_path / "ct", tmp_path / "mr"
+    for i in range(2):
+        _ct(ct, f"P{i}/s0.dcm", f"P{i}", seed=i)
+    mr.mkdir()
+    volume = np.random.default_rng(0).uniform(100, 900, size=(8, 8, 3)).astype(np.float32)
+    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 2.0, 1.0])), mr / "case1.nii.gz")
+    job = _job(tmp_path, [{"kind": "dicom", "name": "ct", "root": str(ct), "label": "none"},
+                          {"kind": "nifti", "name": "mr", "root": str(mr), "label": "none"}],
+               transform={"dicom": {"size": [8, 8], "windows": ["lung"]},
+                          "nifti": {"size": [8, 8], "windows": ["zscore"], "output": "float16"}})
+    said = "warning: the sources' samples have different dtypes (ct uint8, mr float16)"
+    code, report, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    assert [w["code"] for w in report["warnings"] if w["code"].startswith("several_")] == ["several_dtypes"]
+    assert output.count(said) == 1, output
+    assert "several_dtypes" in ET.parse(tmp_path / "j.xml").getroot().findtext("system-out", "")
+    # --quick decodes no pixels: it has no dtypes to compare
+    code, report, output = run_validate(job, "--quick")
+    assert not any(w["code"].startswith("several_") for w in report["warnings"]) and said not in output
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report"])
+    assert built.exit_code == 0 and built.output.count(said) == 1, built.output
+
+
+def test_validate_warns_of_several_shapes_as_the_build_does(tmp_path: Path) -> None:
+    """Images of two sizes and no transform.image.size: packed as they are, no batch stacks them."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = ["path,label,entity,timestamp"]
+    for i in range(6):
+        cv2.imwrite(str(raw / f"s{i}.png"), cv2.resize(photo(i), (40, 32 if i % 2 else 48)))
+        lines.append(f"s{i}.png,{'ab'[i % 2]},e{i},2024-01-01")
+    (raw / "labels.csv").write_text("\n".join(lines) + "\n")
+    job = write_job(tmp_path, {"name": "sizes", "sources": [{"kind": "image", "name": "photos", "root": str(raw),
+                                                             "table": str(raw / "labels.csv")}],
+                               "split": {"by": "entity", "seed": 5}, "pack": {"format": "webdataset"},
+                               "output": str(tmp_path / "out")})
+    code, report, output = run_validate(job)
+    assert code == 0, output
+    jsonschema.Draft202012Validator(load_schema("validate"), registry=schema_registry()).validate(report)
+    (warning,) = [w for w in report["warnings"] if w["code"].startswith("several_")]
+    assert warning["code"] == "several_shapes" and "source photos packs samples of 2 shapes" in warning["message"]
+    assert output.count(f"warning: {warning['message']}") == 1, output

@@ -39,7 +39,9 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     the summary, in the --json report's "warnings" and as the JUnit case empty_splits (which
     passes). So is what the stages warn of as they run (every file its own entity, split shares
     off the ratios, leaks a policy accepts, label conflicts): printed then, and listed in the
-    --json report's "warnings" by code. Warnings do not change the exit code.
+    --json report's "warnings" by code. Without --quick, samples of several shapes or dtypes,
+    which no batch stacks, are warned of as the build does (several_shapes, several_dtypes).
+    Warnings do not change the exit code.
 
     The --json and --junit files are written on exits 0, 3 and 4 (a failed check still leaves its
     reports to publish), not on 2 (the job could not be checked) or later codes.

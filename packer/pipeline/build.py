@@ -172,7 +172,10 @@ class BuildResult:
                 f"({human_bytes(self.bytes_reused)})")
 
 
-def _sample_schema(samples: SampleTable) -> dict[str, Any]:
+def sample_schema(samples: SampleTable) -> dict[str, Any]:
+    """The manifest's ``sample_schema`` of ``samples``: their dtype, layout and shape (each None
+    where they differ), each source's shapes, and each source's dtypes where there are several
+    (:func:`several_dtypes`, :func:`several_shapes` warn of those; so does packer validate)."""
     source_codes, sources = samples.codes("source")
     shape_codes, shapes = samples.codes("shape")
     dtype_codes, dtypes_of = samples.codes("dtype")
@@ -454,7 +457,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "libraries": library_versions(source_libraries(job.sources)),
         "decoders": _decoders(),
         "format": job.pack.format,
-        "sample_schema": (schema := _sample_schema(samples)),
+        "sample_schema": (schema := sample_schema(samples)),
         "label_map": target.label_map,
         **({"target": record} if (record := target.manifest_record()) is not None else {}),
         **({"mask": _mask_schema(job, schema["layout"])} if any(s.mask is not None for s in job.sources) else {}),

@@ -200,10 +200,29 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "excluded": _excluded_summary(prepared),
         "audit": audit,
         "warnings": [*(w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)),
-                     *({"code": code, "message": message} for code, message in prepared.warnings)],
+                     *({"code": code, "message": message} for code, message in prepared.warnings),
+                     *_sample_schema_warnings(result)],
     }
     validate_document(doc, "validate", source="packer validate --json")
     return doc
+
+
+#: The warnings of the samples' shapes and dtypes, which the build prints under its summary (from the
+#: manifest's sample_schema) and packer validate in its own, never while the stages run.
+SAMPLE_SCHEMA_WARNINGS = ("several_shapes", "several_dtypes")
+
+
+def _sample_schema_warnings(result: ValidateResult) -> list[dict[str, str]]:
+    """What the build would warn of the decoded samples' shapes and dtypes
+    (:func:`~packer.pipeline.build.several_shapes`, :func:`~packer.pipeline.build.several_dtypes`:
+    no batch stacks them). None under --quick, which decodes no pixels."""
+    if result.quick:
+        return []
+    from packer.pipeline.build import sample_schema, several_dtypes, several_shapes
+
+    schema = sample_schema(result.prepared.samples)
+    return [*({"code": "several_shapes", "message": m} for m in several_shapes(schema)),
+            *({"code": "several_dtypes", "message": m} for m in several_dtypes(schema))]
 
 
 def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
@@ -260,7 +279,7 @@ def format_summary(result: ValidateResult) -> str:
                                                       f"{_shown(record.path)}: {_shown(record.detail)}"))
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
     for warning in doc["warnings"]:  # the stages' own were printed as they ran
-        if warning["code"] == "empty_split":
+        if warning["code"] == "empty_split" or warning["code"] in SAMPLE_SCHEMA_WARNINGS:
             lines.append(f"  warning: {warning['message']}")
     listed = False
     for name, rule in doc["audit"]["rules"].items():
