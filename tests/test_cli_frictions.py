@@ -330,7 +330,7 @@ def test_a_source_of_several_sizes_is_a_warning_that_names_its_shapes_and_the_fi
 ])
 def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str, list[list[int]]],
                                                                   expected: list[str]) -> None:
-    from packer.pipeline.build import several_shapes
+    from packer.pipeline.sampletable import several_shapes
 
     everything = {tuple(s) for listed in shapes.values() for s in listed}
     schema = {"shape": list(next(iter(everything))) if len(everything) == 1 else None, "shapes": shapes}
@@ -343,7 +343,7 @@ def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str
 def test_volumes_of_several_sizes_are_told_the_volume_size_and_the_list_collate_only() -> None:
     # transform.<kind>.size is a config error for a volume ("a volume's size and spacing are 3-D") and
     # collate="pad" pads only C×H×W images: a warning that offers either sends the user to a dead end
-    from packer.pipeline.build import several_shapes
+    from packer.pipeline.sampletable import several_shapes
 
     (warning,) = several_shapes({"shape": None, "shapes": {"ct": [[1, 4, 32, 40], [1, 4, 48, 24]]}})
     assert warning.startswith("source ct packs samples of 2 shapes (1×4×32×40, 1×4×48×24), which no batch can stack: "

@@ -26,7 +26,7 @@ import shutil
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +77,7 @@ from packer.pipeline.publish import (
     write_index,
     write_splits_table,
 )
-from packer.pipeline.sampletable import SampleTable
+from packer.pipeline.sampletable import SampleTable, sample_schema
 from packer.pipeline.spill import (
     cache_elsewhere,
     chunk_of,
@@ -170,87 +170,6 @@ class BuildResult:
         return (f"decoded {self.files_decoded} of {self.files_total} files, wrote {self.shards_written} of {shards} "
                 f"shards ({human_bytes(self.bytes_written)}), reused {self.shards_reused} "
                 f"({human_bytes(self.bytes_reused)})")
-
-
-def sample_schema(samples: SampleTable) -> dict[str, Any]:
-    """The manifest's ``sample_schema`` of ``samples``: their dtype, layout and shape (each None
-    where they differ), each source's shapes, and each source's dtypes where there are several
-    (:func:`several_dtypes`, :func:`several_shapes` warn of those; so does packer validate)."""
-    source_codes, sources = samples.codes("source")
-    shape_codes, shapes = samples.codes("shape")
-    dtype_codes, dtypes_of = samples.codes("dtype")
-    by_source: dict[str, set[tuple[int, ...]]] = defaultdict(set)
-    pairs = np.unique(np.stack([source_codes, shape_codes], axis=1), axis=0) if len(samples) else ()
-    for source, shape in pairs:
-        by_source[sources[source]].add(shapes[shape])
-    dtypes = {dtypes_of[c] for c in np.unique(dtype_codes).tolist()}
-    all_shapes = {s for shapes in by_source.values() for s in shapes}
-    schema: dict[str, Any] = {
-        "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
-        "layout": "CDHW" if any(len(shape) == 4 for shape in all_shapes) else "CHW",
-        "shape": list(next(iter(all_shapes))) if len(all_shapes) == 1 else None,
-        "shapes": {src: sorted(list(s) for s in shapes) for src, shapes in sorted(by_source.items())},
-    }
-    if len(dtypes) > 1:  # only then: a dataset of one dtype keeps the manifest (and version) it had
-        by_dtype: dict[str, set[str]] = defaultdict(set)
-        for source, dtype in np.unique(np.stack([source_codes, dtype_codes], axis=1), axis=0):
-            by_dtype[sources[source]].add(dtypes_of[dtype])
-        schema["dtypes"] = {src: sorted(found) for src, found in sorted(by_dtype.items())}
-    return schema
-
-
-def several_dtypes(schema: Mapping[str, Any]) -> list[str]:
-    """A warning for a dataset whose samples have several dtypes (the manifest's
-    ``sample_schema.dtypes``): the loader reads one dtype at a time, so such a dataset is read a
-    source view at a time. Empty for a dataset of one dtype."""
-    dtypes: Mapping[str, list[str]] = schema.get("dtypes") or {}
-    if schema.get("dtype") is not None or not dtypes:
-        return []
-    each = ", ".join(f"{source} {'/'.join(found)}" for source, found in sorted(dtypes.items()))
-    return [f"the sources' samples have different dtypes ({each}), which no batch can stack and the loader reads "
-            "only one source view of one dtype at a time (ShardDataset(..., sources=[...])); for one dataset give "
-            "every kind one output dtype (transform.dicom.output, transform.nifti.output; images are uint8)"]
-
-
-def several_shapes(schema: Mapping[str, Any]) -> list[str]:
-    """Warnings for a dataset whose samples have several shapes (the manifest's
-    ``sample_schema``): a batch stacks one shape, and torch's default collate, the README's
-    first loader, fails on them with a message that names no sample. One warning per source of
-    several shapes, with the setting that makes them one; where each source has one shape but
-    they differ, one warning naming each source's. Empty for a dataset of one shape."""
-    shapes: Mapping[str, list[list[int]]] = schema.get("shapes") or {}
-    if schema.get("shape") is not None or len({tuple(s) for listed in shapes.values() for s in listed}) <= 1:
-        return []
-    # a volume (C×D×H×W) takes its size from sample: {volume: {size}} (transform.<kind>.size is refused
-    # there), and collate="pad" pads only C×H×W images
-    volumes = any(len(s) == 4 for listed in shapes.values() for s in listed)
-    loaders = ('or batch them with make_loader(..., collate="list")' if volumes
-               else 'or batch them with make_loader(..., collate="list") or collate="pad"')
-    out = []
-    for source, listed in sorted(shapes.items()):
-        if len(listed) < 2:
-            continue
-        if len({len(s) for s in listed}) > 1 or len({s[0] for s in listed}) > 1:
-            fix = ("make them one channel count with transform.channels (or the kind's own channels setting: a "
-                   "file whose count cannot be made so becomes a bad_shape sample)")
-        elif volumes:
-            fix = ("give the volumes one size with sample: {volume: {size: [D, H, W]}} (under transform.<kind>) so "
-                   "every volume is cropped or padded to it")
-        else:
-            fix = "give the kind a size (transform.<kind>.size) so every sample is resized to it"
-        out.append(f"source {source} packs samples of {len(listed)} shapes ({_shapes_text(listed)}), which no batch "
-                   f"can stack: {fix}, {loaders}")
-    if not out:
-        each = ", ".join(f"{source} {_shapes_text(listed)}" for source, listed in sorted(shapes.items()))
-        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: load one source "
-                   "at a time (ShardDataset(..., sources=[...])), make them one channel count with "
-                   f"transform.channels, {loaders}")
-    return out
-
-
-def _shapes_text(shapes: Sequence[Sequence[int]], most: int = 4) -> str:
-    shown = ", ".join("×".join(str(n) for n in shape) for shape in shapes[:most])
-    return shown + (f" and {len(shapes) - most} more" if len(shapes) > most else "")
 
 
 def _split_summary(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite],

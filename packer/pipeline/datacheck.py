@@ -214,11 +214,11 @@ SAMPLE_SCHEMA_WARNINGS = ("several_shapes", "several_dtypes")
 
 def _sample_schema_warnings(result: ValidateResult) -> list[dict[str, str]]:
     """What the build would warn of the decoded samples' shapes and dtypes
-    (:func:`~packer.pipeline.build.several_shapes`, :func:`~packer.pipeline.build.several_dtypes`:
+    (:func:`~packer.pipeline.sampletable.several_shapes`, :func:`~packer.pipeline.sampletable.several_dtypes`:
     no batch stacks them). None under --quick, which decodes no pixels."""
     if result.quick:
         return []
-    from packer.pipeline.build import sample_schema, several_dtypes, several_shapes
+    from packer.pipeline.sampletable import sample_schema, several_dtypes, several_shapes
 
     schema = sample_schema(result.prepared.samples)
     return [*({"code": "several_shapes", "message": m} for m in several_shapes(schema)),
