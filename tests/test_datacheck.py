@@ -278,6 +278,21 @@ def test_the_ci_workflow_runs_when_what_it_checks_with_changes_and_installs_as_m
     assert any("packer demo-data demo-raw" in step.get("run", "") for step in steps)
 
 
+def test_the_test_workflow_runs_what_ci_runs() -> None:
+    """CI runs `bash .ci/run` on a fresh clone, and .ci/run calls the README's test command; a
+    GitHub workflow runs the same entry point on every pull request, with the Python the Makefile
+    expects and time for the slow tests."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())
+    assert "pull_request" in workflow[True] and "push" in workflow[True]
+    job = workflow["jobs"]["test"]
+    assert job["timeout-minutes"] >= 90
+    steps = job["steps"]
+    assert any(step.get("with", {}).get("python-version") == "3.11" for step in steps)
+    assert any("bash .ci/run" in step.get("run", "") for step in steps)
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make test" in ci and "make test" in (REPO / "README.md").read_text()
+
+
 def test_the_readme_shell_command_validates_a_json_report_offline(tmp_path: Path) -> None:
     """The schema refers to the bad-sample schema by its $id (https://packer.dev/...): a stock
     `check-jsonschema --schemafile schemas/validate.schema.json` fetched it and failed offline
