@@ -26,12 +26,13 @@ says so); the bytes it writes are the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,38 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
 
     A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
     read-only file system to exit 6) when a folder cannot be renamed or removed; what was
-    removed before stays removed, and a rerun finishes the rest.
+    removed before stays removed, and a rerun finishes the rest. Raises ConfigError, removing
+    nothing, while a ``packer build`` of the dataset runs (it holds the folder's lock and links
+    shards and reads samples from the versions gc would remove); gc holds that lock while it
+    removes, so a build started meanwhile is refused rather than racing it.
     """
+    with _build_lock(plan.root):
+        _remove(plan, on_removed)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path) -> Iterator[None]:
+    """Hold the exclusive ``flock`` a running build holds on the dataset folder ``root``
+    (:func:`packer.pipeline.build._one_build_at_a_time`); ConfigError when a build holds it.
+    A file system without directory locks runs unguarded, as a build there does."""
+    import fcntl
+
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise ConfigError(f"{root}: a `packer build` of this dataset is running (it holds the folder's lock) "
+                              "and links shards and reads samples from its versions; run gc once it has ended "
+                              "(nothing was removed)") from err
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
     for name in plan.trash:
         _remove_tree(plan.root / name)
         if on_removed is not None:

@@ -329,7 +329,10 @@ class DatasetDiff:
 
     ``changed``: same key, different per-sample sha256 (only when ``content_compared``);
     ``moved``: same key, different split; ``relabeled``: same key, different target (class name,
-    set of labels held, numbers).
+    set of labels held, numbers); ``record_changed``: same key, pixels, target and split, but other
+    packed bytes differ (the JSON record: entity, time, table cells; a mask), found by the index's
+    ``xxh3`` over all of a sample's packed bytes (only when both versions have one format and
+    both indexes an ``xxh3`` column).
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
     ``target``: the versions' target; None when their kinds differ (then no sample counts as
     relabeled; ``notes`` says so). ``shards``: every shard of either version, matched by sha256
@@ -350,10 +353,12 @@ class DatasetDiff:
     notes: tuple[str, ...]
     target: Target | None = field(default_factory=lambda: Target("class"))
     shards: tuple[ShardChange, ...] = ()
+    record_changed: tuple[SampleChange, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.removed or self.changed or self.moved or self.relabeled or self.config
+        return not (self.added or self.removed or self.changed or self.moved or self.relabeled
+                    or self.record_changed or self.config
                     or self.versions or any(c.kind != "reused" for c in self.shards))
 
     def shards_of(self, kind: str) -> tuple[ShardChange, ...]:
@@ -408,7 +413,7 @@ class DatasetDiff:
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready dict (what ``packer diff --json`` prints)."""
         samples = {name: [c.to_json() for c in getattr(self, name)]
-                   for name in ("added", "removed", "changed", "moved", "relabeled")}
+                   for name in SAMPLE_KINDS}
         return {"old": self.old, "new": self.new, "empty": self.empty,
                 "samples": {"compared": self.samples_compared, "content_compared": self.content_compared,
                             **samples, "by_split": self.by_split(), "by_label": self.by_label()},
@@ -436,8 +441,13 @@ def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[ValueChange, 
     return tuple(changes)
 
 
+#: The per-sample lists of a :class:`DatasetDiff`, in the order ``packer diff`` shows them.
+SAMPLE_KINDS = ("added", "removed", "changed", "moved", "relabeled", "record_changed")
+
+
 def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
-    """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, target, sha256}}``:
+    """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, target, sha256, xxh3}}``
+    (``xxh3`` None where the index has no such column, as an older packer wrote it):
     ``label`` the sample's target as text (class name, labels held, numbers), ``target`` a
     multi-label or numeric sample's :data:`TargetValues` (None for other kinds); None when the
     file is absent (a registry copy). IntegrityError when it does not match the manifest's
@@ -451,9 +461,11 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
         raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
                              f"{manifest.folder}` and rebuild the version")
     target = Target.of_manifest(manifest.data)
-    columns = ["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
     try:
-        if target.has_vector and "target" not in pq.read_schema(path).names:
+        names = pq.read_schema(path).names
+        columns = (["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
+                   + (["xxh3"] if "xxh3" in names else []))
+        if target.has_vector and "target" not in names:
             raise IntegrityError(f"{path}: no target column, but the manifest's target kind is {target.kind}; "
                                  f"rebuild the version with this packer")
         rows = pq.read_table(path, columns=columns).to_pylist()
@@ -462,7 +474,8 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
         label, values = target.index_target(row["label"], row.get("target"))
-        out[row["key"]] = {"split": row["split"], "label": label, "target": values, "sha256": row["sha256"]}
+        out[row["key"]] = {"split": row["split"], "label": label, "target": values, "sha256": row["sha256"],
+                           "xxh3": row.get("xxh3")}
     return out
 
 
@@ -532,7 +545,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
         if rows is None:
             notes.append(f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
                          "not compared; pass the version folders")
-    content = old["format"] == new["format"]
+    content = same_format = old["format"] == new["format"]
     if not content and old_rows is not None and new_rows is not None:
         parquet = old_manifest if old["format"] == PARQUET else new_manifest
         shards, size = as_tar_digests(parquet, old_rows if parquet is old_manifest else new_rows)
@@ -562,8 +575,14 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                     lists["changed"].append(change)
                 if a["split"] != b["split"]:
                     lists["moved"].append(change)
-                if target is not None and target.relabeled((a["label"], a["target"]), (b["label"], b["target"])):
+                relabeled = target is not None and target.relabeled((a["label"], a["target"]),
+                                                                    (b["label"], b["target"]))
+                if relabeled:
                     lists["relabeled"].append(change)
+                if (same_format and a["xxh3"] is not None and b["xxh3"] is not None and a["xxh3"] != b["xxh3"]
+                        and a["sha256"] == b["sha256"] and a["split"] == b["split"] and not relabeled
+                        and a["label"] == b["label"]):
+                    lists["record_changed"].append(change)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
@@ -573,7 +592,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
-                       target=target, shards=diff_shards(old_manifest, new_manifest))
+                       target=target, shards=diff_shards(old_manifest, new_manifest),
+                       record_changed=tuple(lists["record_changed"]))
 
 
 def _manifest_shards(manifest: Manifest) -> list[tuple[str, dict[str, Any]]]:
@@ -633,12 +653,15 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
         return "\n".join(lines)
     if diff.samples_compared:
         lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "
-                     f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled")
+                     f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled"
+                     + (f", {len(diff.record_changed)} record changed (same pixels and target, other packed "
+                        "bytes differ: entity, time, table cells or mask)" if diff.record_changed else ""))
         for title, table in (("by split", diff.by_split()), ("by label", diff.by_label())):
             for name, counts in table.items():
                 lines.append(f"    {title} {name:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-        for name in ("added", "removed", "changed", "moved", "relabeled"):
+        for name in SAMPLE_KINDS:
             items: tuple[SampleChange, ...] = getattr(diff, name)
+            label = "record" if name == "record_changed" else name
             for item in items[:limit]:
                 if name == "moved":
                     detail = f"{item.old_split} -> {item.new_split}"
@@ -648,9 +671,9 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                     detail = f"{item.old_split}, {item.old_label}"
                 else:
                     detail = f"{item.new_split}, {item.new_label}"
-                lines.append(f"    {name:<9} {item.key}  ({detail})")
+                lines.append(f"    {label:<9} {item.key}  ({detail})")
             if len(items) > limit:
-                lines.append(f"    {name:<9} ... and {len(items) - limit} more (--json lists all)")
+                lines.append(f"    {label:<9} ... and {len(items) - limit} more (--json lists all)")
     lines += _shard_lines(diff, limit)
     for title, changes in (("config", diff.config), ("versions", diff.versions)):
         lines.append(f"  {title}: {len(changes) or 'no'} difference{'s' if len(changes) != 1 else ''}")

@@ -149,7 +149,8 @@ def test_a_second_build_of_the_job_into_the_same_output_is_refused_while_the_fir
     fd = os.open(out / "demo", os.O_RDONLY)  # what a running build holds
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(ConfigError, match="another `packer build` of demo into this folder is running"):
+        with pytest.raises(ConfigError, match="another `packer build` of demo into this folder is running, or a "
+                                              "`packer gc` of it"):
             build_demo(demo_raw, tmp_path, out)
         assert list((out / "demo").iterdir()) == [] and not (work / "cache").exists()  # touched nothing
     finally:

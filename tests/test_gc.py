@@ -361,3 +361,27 @@ def test_a_version_whose_manifest_fails_is_listed_as_broken_and_gc_leaves_it_alo
     assert result.exit_code == 0, result.output
     assert f"left alone: {versions.base}" in result.output
     assert sorted(p.name for p in root.iterdir()) == sorted([versions.base, versions.grown])
+
+
+def test_gc_refuses_while_a_build_of_the_dataset_holds_its_lock(versions: Versions, tmp_path: Path) -> None:
+    """A build running into the dataset folder links shards from earlier versions and reads
+    samples back from them; gc removed versions under it (the help only advised "start gc after
+    it, or before it"), though the build holds the folder's lock. gc must refuse (exit 2, naming
+    the folder) and change nothing; a dry run still prints the plan."""
+    import fcntl
+
+    root = dataset_copy(versions, tmp_path)
+    before = snapshot(root)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running `packer build` holds
+        result = invoke("gc", root, "--keep", "1")
+        assert result.exit_code == 2, result.output
+        assert f"{root}: a `packer build` of this dataset is running" in result.output
+        assert snapshot(root) == before
+        dry = invoke("gc", root, "--keep", "1", "--dry-run")
+        assert dry.exit_code == 0 and "dry run" in dry.output
+    finally:
+        os.close(fd)
+    assert invoke("gc", root, "--keep", "1").exit_code == 0
+    assert len([p for p in root.iterdir() if not p.name.startswith(".")]) == 1

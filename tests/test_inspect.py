@@ -273,3 +273,44 @@ def test_every_command_has_help(name: str) -> None:
     result = invoke(name, "--help")
     assert result.exit_code == 0, result.output
     assert len(CLI.commands[name].help or "") > 40
+
+
+def test_diff_names_a_sample_whose_record_changed_but_not_its_pixels_or_label(
+        demo_raw: Any, tmp_path: Path) -> None:
+    """A table edit that moves a photo to another entity of the same split changes the sample's
+    packed record (its entity id) but not its pixels, label or split: diff listed nothing for it
+    at all, though the shard holding it is new. It must name it as ``record_changed``, from the
+    index's xxh3 (over all of a sample's packed bytes), and nothing else."""
+    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
+    key = (raw / "phi.key").read_text().strip().encode()
+
+    def run() -> Path:
+        doc = demo_job_doc(raw, tmp_path / "out")
+        return build(load_job(write_job(tmp_path / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
+
+    first = run()
+    table = raw / "photos" / "labels.csv"
+    with open(table, newline="") as fh:
+        rows = list(csv.reader(fh))
+    by_key = {row["key"]: row for row in pq.read_table(first / "_splits.parquet").to_pylist()}
+    header, body = rows[0], rows[1:]
+    path_at, entity_at = header.index("path"), header.index("entity")
+    split_of = {row[entity_at]: by_key[key_of("photos", row[path_at], key)]["split"]
+                for row in body if key_of("photos", row[path_at], key) in by_key}
+    moved_row = next(row for row in body if key_of("photos", row[path_at], key) in by_key
+                     and any(e != row[entity_at] and s == split_of[row[entity_at]] for e, s in split_of.items()))
+    moved_row[entity_at] = next(e for e, s in sorted(split_of.items())
+                                if e != moved_row[entity_at] and s == split_of[moved_row[entity_at]])
+    with open(table, "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *body])
+    second = run()
+    edited = key_of("photos", moved_row[path_at], key)
+    payload = json.loads(invoke("diff", first, second, "--json").stdout)
+    samples = payload["samples"]
+    assert [c["key"] for c in samples["record_changed"]] == [edited]
+    assert all(samples[kind] == [] for kind in ("added", "removed", "changed", "moved", "relabeled"))
+    assert payload["empty"] is False
+    text = invoke("diff", first, second).output
+    assert "1 record changed" in text and edited in text
+    same = json.loads(invoke("diff", second, second, "--json").stdout)
+    assert same["samples"]["record_changed"] == [] and same["empty"] is True

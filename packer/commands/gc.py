@@ -34,16 +34,16 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
     - it cannot know whether a running reader (a training job) uses a version: one that has
       a shard open reads on, but one that opens a shard of a removed version fails. Keep the
       versions your jobs read (--keep), or run gc when none is running;
-    - a build running at the same time keeps its .staging-* folder, and the shards it already
-      hard-linked from a removed version (a link keeps the file); start gc after it, or before
-      it, rather than during it;
+    - while a build of the dataset runs (it holds the folder's lock) gc refuses with exit 2 and
+      removes nothing; gc holds that lock while it removes, so a build started meanwhile is
+      refused; .staging-* folders are never removed;
     - the build cache's pointers into a removed version no longer resolve, so the next build
       decodes those files again (it says so) and writes the same bytes;
     - registry copies (manifests/<name>/<version>.json) stay: the record of what was built;
     - local output folders only: an object store (s3://...) is refused with exit 2.
 
-    Exits 0, 2 for --keep below 1 or a FOLDER that is not a local dataset folder, 6 when the file
-    system refuses a removal (a rerun finishes it).
+    Exits 0, 2 for --keep below 1, a FOLDER that is not a local dataset folder or one a running
+    build holds, 6 when the file system refuses a removal (a rerun finishes it).
     """
     from packer.gc import format_gc, plan_gc, run_gc
 

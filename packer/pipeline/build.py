@@ -293,9 +293,9 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as err:
-            raise ConfigError(f"{folder}: another `packer build` of {job.name} into this folder is running (it "
-                              "holds the folder's lock); wait for it to end, then build again: what it decoded is "
-                              "in the build cache") from err
+            raise ConfigError(f"{folder}: another `packer build` of {job.name} into this folder is running, or a "
+                              "`packer gc` of it (it holds the folder's lock); wait for it to end, then build again: "
+                              "what a build decoded is in the build cache") from err
         except OSError:
             pass
         yield
