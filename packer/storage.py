@@ -210,10 +210,14 @@ def check_output_store(url: str, storage_options: Mapping[str, Any] | None = Non
     """Reach the store an output URL names, with the build's options, before anything is built:
     an unreachable endpoint, missing credentials or a missing bucket is a ``ConfigError`` now,
     not after every file has been decoded into the local work folder (where the upload found it).
-    One request: whether the URL's folder exists (absent is fine: the build makes it)."""
+    One request: the URL's folder (absent is fine: the build makes it; an absent bucket is not).
+    ``fs.exists`` would not do: s3fs answers False for a missing bucket as for a missing folder."""
     fs, path = filesystem_for(url, storage_options)
     try:
-        fs.exists(path)
+        fs.info(path)
+    except FileNotFoundError as err:
+        if "bucket" in str(err).lower():  # s3fs: "The specified bucket does not exist"
+            raise storage_error(url, err, doing="reaching the output store before building") from err
     except remote_errors() as err:
         raise storage_error(url, err, doing="reaching the output store before building") from err
 

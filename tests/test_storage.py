@@ -412,3 +412,21 @@ def test_an_unreachable_output_store_is_refused_before_anything_is_built(tmp_pat
     assert "reaching the output store before building: s3://packer-out/x: cannot reach the object store" in str(
         raised.value)
     assert not any(p.is_file() for p in work.rglob("*"))
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_an_output_bucket_that_does_not_exist_is_refused_before_anything_is_built(store: Store,
+                                                                                   tmp_path: Path) -> None:
+    """The check before building asked only whether the output folder exists, which s3fs answers
+    False for a missing bucket too: the build decoded and packed everything into the work folder
+    and only the upload said the bucket does not exist."""
+    raw = tmp_path / "raw"
+    (raw / "ct").mkdir(parents=True)
+    job = load_job(write_job(tmp_path, demo_job_doc(raw, tmp_path / "unused")))
+    work = tmp_path / "work"
+    with pytest.raises(ConfigError) as raised:
+        build(job, BuildOptions(scheduler="sync", quiet=True, out="s3://no-such-bucket/datasets", work_dir=work))
+    assert ("reaching the output store before building: s3://no-such-bucket/datasets: the bucket does not exist"
+            in str(raised.value)), raised.value
+    assert "create it" in str(raised.value)
+    assert not any(p.is_file() for p in work.rglob("*"))
