@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from functools import wraps
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -155,3 +156,25 @@ def _internal_error() -> NoReturn:
     if err is not None:
         click.echo(format_exception(err), err=True, nl=False)
     sys.exit(1)
+
+
+def local_folder_argument(value: str, *, command: str) -> Path:
+    """A command-line path argument of a command that reads local folders only, as a Path: a
+    ``file://`` URL is its local path, any other URL a ConfigError (exit 2) that names the URL
+    as typed (``Path("s3://b/x")`` would read ``s3:/b/x``) and the commands that read it in place."""
+    from packer.errors import ConfigError
+    from packer.storage import is_url, local_path
+
+    if not is_url(value):
+        return Path(value)
+    path = local_path(value)
+    if path is not None:
+        return path
+    if command == "ls":
+        instead = (f"list the versions in the object store with its own tools (e.g. `aws s3 ls {value.rstrip('/')}/`), "
+                   f"then `packer inspect URL/<version>/` and `packer verify URL/<version>/` read one in place")
+    else:
+        instead = (f"`packer inspect {value}` and `packer verify {value}` read a version in an object store in place; "
+                   f"or copy its objects to a local folder (e.g. `aws s3 cp --recursive {value.rstrip('/')}/ DIR`) "
+                   "and pass that folder")
+    raise ConfigError(f"{value}: `packer {command}` reads local folders only; {instead}")
