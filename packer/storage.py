@@ -19,12 +19,15 @@ are listed and fetched by :mod:`packer.pipeline.rawstore` through the same funct
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -310,6 +313,31 @@ def storage_error(url: str, err: BaseException, *, doing: str) -> PackerError:
                  or (isinstance(err, FileNotFoundError) and "bucket" in str(err).lower())
                  or "Credential" in type(err).__name__ or "Endpoint" in type(err).__name__)
     return ConfigError(message) if configish else PackerError(message)
+
+
+def cancel_remote_requests(timeout: float = 5.0) -> None:
+    """Cancel the requests still running on fsspec's event loop, and wait (up to ``timeout``
+    seconds) until they have unwound: for a Ctrl-C that lands while the main thread waits on one.
+
+    fsspec runs every request as a task on a loop in its own thread; a KeyboardInterrupt in the
+    main thread leaves the task running, and at interpreter exit it is collected half done:
+    asyncio prints "Task was destroyed but it is pending!" and botocore a traceback over packer's
+    one "interrupted" line. Nothing to do when fsspec was never used."""
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = None if asyn is None else getattr(asyn, "loop", [None])[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def cancel_all() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout)
+    except concurrent.futures.TimeoutError:  # a request that ignores cancellation: exit anyway, it cannot publish
+        return
 
 
 # -- a version folder, local or remote ------------------------------------------------------

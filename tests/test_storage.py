@@ -430,3 +430,99 @@ def test_an_output_bucket_that_does_not_exist_is_refused_before_anything_is_buil
             in str(raised.value)), raised.value
     assert "create it" in str(raised.value)
     assert not any(p.is_file() for p in work.rglob("*"))
+
+
+
+@pytest.mark.slow  # moto's S3 server, a build in a subprocess
+def test_ctrl_c_during_the_upload_exits_130_with_one_line_and_publishes_no_manifest(
+        store: Store, demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while an upload request was in flight exited 130, but Python's shutdown then
+    printed asyncio's "Task was destroyed but it is pending!" and a botocore traceback
+    ("Exception ignored in: <coroutine object S3FileSystem._call_s3 ...>") for the request left
+    running on fsspec's event loop. The rerun publishes a version that verifies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import moto.s3.models
+
+    from tests.helpers import REPO
+
+    put_object = moto.s3.models.S3Backend.put_object
+
+    def slow_put(*args: Any, **kwargs: Any) -> Any:  # a slow store (the server runs in this process's threads)
+        time.sleep(0.5)
+        return put_object(*args, **kwargs)
+
+    monkeypatch.setattr(moto.s3.models.S3Backend, "put_object", slow_put)
+    job = write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "unused"))
+    env = {**os.environ, "PACKER_WORK_DIR": str(tmp_path / "work"),
+           "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "packer.cli", "build", str(job), "--out", f"s3://{BUCKET}/ctrl-c",
+               "--scheduler", "sync"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not _keys(store, "ctrl-c/") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    noise = [word for word in ("Traceback", "Task was destroyed", "Exception ignored", "Error") if word in output]
+    assert not noise, output
+    assert not any(key.endswith("manifest.json") for key in _keys(store, "ctrl-c/")), output
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    version = next(key.split("/")[1] for key in _keys(store, "ctrl-c/") if key.endswith("manifest.json"))
+    assert verify_dataset(f"s3://{BUCKET}/ctrl-c/demo/{version}").ok
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_ctrl_c_while_a_request_is_in_flight_leaves_no_request_running_on_fsspecs_loop(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deterministic half of the test above: a command interrupted while its upload request
+    waits on the store exits 130 with no task left on fsspec's event loop (a task left there is
+    what Python's shutdown printed as "Task was destroyed but it is pending!" and a traceback)."""
+    import _thread
+    import asyncio
+    import signal
+    import threading
+    import time
+
+    import click
+    import fsspec.asyn
+    import moto.s3.models
+    from click.testing import CliRunner
+
+    from packer.commands import exits
+    from packer.storage import VersionFolder
+
+    put_object = moto.s3.models.S3Backend.put_object
+
+    def slow_put(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)
+        return put_object(*args, **kwargs)
+
+    monkeypatch.setattr(moto.s3.models.S3Backend, "put_object", slow_put)
+    source = tmp_path / "shard.tar"
+    source.write_bytes(b"x" * 1000)
+
+    @click.command()
+    @exits
+    def upload() -> None:
+        VersionFolder(f"s3://{BUCKET}/in-flight/demo/v").upload([source], ["shard.tar"])
+
+    async def pending() -> int:
+        return len([task for task in asyncio.all_tasks() if task is not asyncio.current_task()])
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        result = CliRunner().invoke(upload, [])
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    assert result.exit_code == 130, result.output
+    loop = fsspec.asyn.loop[0]
+    assert loop is not None
+    assert asyncio.run_coroutine_threadsafe(pending(), loop).result(5) == 0

@@ -86,6 +86,9 @@ def exits(fn: F) -> F:
             click.echo(f"packer: error: {redact_names(str(err)) if redacting() else err}", err=True)
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
+            from packer.storage import cancel_remote_requests
+
+            cancel_remote_requests()  # a request in flight on fsspec's loop would print a traceback at exit
             click.echo(f"\npacker: interrupted{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
             sys.exit(130)  # 128 + SIGINT, as shells report it
         except (click.exceptions.Exit, click.ClickException):
