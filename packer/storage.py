@@ -219,7 +219,7 @@ def check_output_store(url: str, storage_options: Mapping[str, Any] | None = Non
     try:
         fs.info(path)
     except FileNotFoundError as err:
-        if "bucket" in str(err).lower():  # s3fs: "The specified bucket does not exist"
+        if missing_bucket(err):
             raise storage_error(url, err, doing="reaching the output store before building") from err
     except remote_errors() as err:
         raise storage_error(url, err, doing="reaching the output store before building") from err
@@ -278,13 +278,24 @@ class RemoteStoreError(OSError):
         self.cause = cause
 
 
+#: How stores word a missing bucket: S3 and S3-compatible servers (s3fs passes on "The specified
+#: bucket does not exist", code NoSuchBucket), GCS ("bucket not found"), others "no such bucket".
+_MISSING_BUCKET = re.compile(r"bucket does not exist|nosuchbucket|bucket not found|no such bucket", re.IGNORECASE)
+
+
+def missing_bucket(err: BaseException) -> bool:
+    """True when ``err`` says the bucket itself does not exist. Not the word "bucket" anywhere:
+    a missing key's FileNotFoundError carries its path, and bucket names often hold the word."""
+    return isinstance(err, FileNotFoundError) and _MISSING_BUCKET.search(str(err)) is not None
+
+
 def describe_error(url: str, err: BaseException) -> str:
     """What went wrong at ``url`` and how to fix it, for a remote error."""
     if isinstance(err, RemoteStoreError):
         return str(err)
     text = str(err) or type(err).__name__
     name = type(err).__name__
-    if isinstance(err, FileNotFoundError) and "bucket" in text.lower():
+    if missing_bucket(err):
         return (f"{url}: the bucket does not exist ({text}); create it (e.g. `aws s3 mb s3://BUCKET`) "
                 "or fix the URL")
     if isinstance(err, FileNotFoundError):
@@ -310,7 +321,7 @@ def storage_error(url: str, err: BaseException, *, doing: str) -> PackerError:
     message = f"{doing}: {describe_error(url, err)}"
     err = err.cause if isinstance(err, RemoteStoreError) else err
     configish = (isinstance(err, PermissionError | ConnectionError | TimeoutError)
-                 or (isinstance(err, FileNotFoundError) and "bucket" in str(err).lower())
+                 or missing_bucket(err)
                  or "Credential" in type(err).__name__ or "Endpoint" in type(err).__name__)
     return ConfigError(message) if configish else PackerError(message)
 

@@ -526,3 +526,27 @@ def test_ctrl_c_while_a_request_is_in_flight_leaves_no_request_running_on_fsspec
     loop = fsspec.asyn.loop[0]
     assert loop is not None
     assert asyncio.run_coroutine_threadsafe(pending(), loop).result(5) == 0
+
+
+def test_a_missing_object_whose_path_says_bucket_is_not_taken_for_a_missing_bucket() -> None:
+    """A missing bucket was told from the word "bucket" anywhere in the error, and s3fs's
+    FileNotFoundError for an absent key carries the path: s3://bucket/ds/x (or my-bucket, or a
+    prefix named buckets/) read "the bucket does not exist", a config error, for a missing object."""
+    from packer.storage import describe_error, storage_error
+
+    missing_key = FileNotFoundError("bucket/datasets/demo/v/manifest.json")
+    message = describe_error("s3://bucket/datasets/demo/v/manifest.json", missing_key)
+    assert "bucket does not exist" not in message and "not found" in message, message
+    assert not isinstance(storage_error("s3://bucket/datasets", missing_key, doing="reading"), ConfigError)
+    missing_bucket = FileNotFoundError("The specified bucket does not exist")
+    assert "the bucket does not exist" in describe_error("s3://nobucket/x", missing_bucket)
+    assert isinstance(storage_error("s3://nobucket/x", missing_bucket, doing="reading"), ConfigError)
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_build_to_a_new_prefix_with_bucket_in_its_name_is_not_refused(store: Store, tmp_path: Path) -> None:
+    from packer.storage import check_output_store
+
+    check_output_store(f"s3://{BUCKET}/bucket-datasets")  # absent, in a bucket that exists: the build makes it
+    with pytest.raises(ConfigError, match="the bucket does not exist"):
+        check_output_store("s3://no-such-bucket/bucket-datasets")
