@@ -550,3 +550,28 @@ def test_a_build_to_a_new_prefix_with_bucket_in_its_name_is_not_refused(store: S
     check_output_store(f"s3://{BUCKET}/bucket-datasets")  # absent, in a bucket that exists: the build makes it
     with pytest.raises(ConfigError, match="the bucket does not exist"):
         check_output_store("s3://no-such-bucket/bucket-datasets")
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_remote_dataset_folder_or_missing_bucket_is_named_as_such_by_the_readers(store: Store) -> None:
+    """`packer verify s3://b/datasets/demo/` (the dataset folder, not a version) said the folder
+    "holds no file", as it said for a bucket that does not exist; a local dataset folder gets its
+    versions listed. Now the URL form does the same, and a missing bucket is named."""
+    from packer.manifest import read_manifest
+
+    for version in ("0123456789ab", "ba9876543210"):
+        store.client.put_object(Bucket=BUCKET, Key=f"listed/demo/{version}/manifest.json", Body=b"{}")
+    store.client.put_object(Bucket=BUCKET, Key="listed/demo/fedcba987654/train-000000.tar", Body=b"half")
+    with pytest.raises(ConfigError) as raised:
+        read_manifest(f"s3://{BUCKET}/listed/demo/")
+    message = str(raised.value)
+    assert f"s3://{BUCKET}/listed/demo: a dataset folder, not a version" in message, message
+    assert "0123456789ab, ba9876543210" in message and "fedcba987654" not in message, message
+    assert f"s3://{BUCKET}/listed/demo/ba9876543210/" in message, message
+    with pytest.raises(ConfigError, match="s3://no-such-bucket/x/demo/v.*the bucket does not exist.*create it"):
+        read_manifest("s3://no-such-bucket/x/demo/v/")
+    half = f"s3://{BUCKET}/listed/demo/fedcba987654/"
+    with pytest.raises(IntegrityError) as raised:  # an upload cut off before its manifest: readers refuse it
+        read_manifest(half)
+    assert "an upload interrupted before its manifest" in str(raised.value), raised.value
+    assert "run the same `packer build` again to publish it" in str(raised.value), raised.value
