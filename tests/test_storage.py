@@ -575,3 +575,18 @@ def test_a_remote_dataset_folder_or_missing_bucket_is_named_as_such_by_the_reade
         read_manifest(half)
     assert "an upload interrupted before its manifest" in str(raised.value), raised.value
     assert "run the same `packer build` again to publish it" in str(raised.value), raised.value
+
+
+def test_shard_dataset_errors_name_storage_options_not_a_command_line_flag() -> None:
+    """ShardDataset is Python: its unreachable-store error told the user to pass
+    `--storage-option endpoint_url=...`, a flag of a command they never ran."""
+    from packer.loader import ShardDataset
+
+    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    with pytest.raises(ConfigError) as raised:
+        ShardDataset("s3://packer-test/datasets/demo/0123456789ab/manifest.json", "train", storage_options=options)
+    message = str(raised.value)
+    assert "cannot reach the object store" in message, message
+    assert "--storage-option" not in message and "storage_options={'endpoint_url': 'http://HOST:PORT'}" in message, \
+        message
