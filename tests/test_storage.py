@@ -590,3 +590,32 @@ def test_shard_dataset_errors_name_storage_options_not_a_command_line_flag() -> 
     assert "cannot reach the object store" in message, message
     assert "--storage-option" not in message and "storage_options={'endpoint_url': 'http://HOST:PORT'}" in message, \
         message
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_shard_missing_from_the_store_fails_at_once_and_alike_with_and_without_the_shard_cache(
+        store: Store, built: Built, tmp_path: Path) -> None:
+    """Through the shard cache a deleted object was retried with backoff five times (15 s) as if
+    the store were failing, then reported as every sample "unreadable"; streamed, the same shard
+    was at once a bad_shard "not found". A missing object is not a failing store: both now fail
+    at once, the same way."""
+    import time
+
+    from packer.loader import ShardDataset
+    from packer.loader.readers import ShardReadError
+
+    prefix = f"missing-shard-{built.fmt}/demo/{built.remote.manifest['version']}/"
+    for key in _keys(store, built.prefix):
+        store.client.copy_object(Bucket=BUCKET, Key=prefix + key,
+                                 CopySource={"Bucket": BUCKET, "Key": built.prefix + key})
+    shard = built.remote.manifest["splits"]["train"]["shards"][0]["file"]
+    store.client.delete_object(Bucket=BUCKET, Key=prefix + shard)
+    url = f"s3://{BUCKET}/{prefix}manifest.json"
+    messages = []
+    for options in ({}, {"cache_dir": tmp_path / "cache", "read_ahead": 0}, {"cache_dir": tmp_path / "c2"}):
+        started = time.monotonic()
+        with pytest.raises(ShardReadError) as raised:
+            list(ShardDataset(url, "train", shuffle=False, **options))
+        assert time.monotonic() - started < 5, (options, raised.value)
+        messages.append(str(raised.value))
+    assert all("bad_shard" in m and f"s3://{BUCKET}/{prefix}{shard} not found" in m for m in messages), messages
