@@ -619,3 +619,24 @@ def test_a_shard_missing_from_the_store_fails_at_once_and_alike_with_and_without
         assert time.monotonic() - started < 5, (options, raised.value)
         messages.append(str(raised.value))
     assert all("bad_shard" in m and f"s3://{BUCKET}/{prefix}{shard} not found" in m for m in messages), messages
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_verify_of_a_damaged_remote_version_names_a_fix_that_works(store: Store, built: Built) -> None:
+    """`packer verify` told the user to "rebuild the version with `packer build`": a rebuild finds
+    the remote manifest with the same dataset_hash (sizes match: a flipped byte) and uploads
+    nothing, so the version stayed damaged. For a URL it now says to delete the manifest first,
+    and doing so and rebuilding (publishing) repairs it."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    url, _, _ = _corrupt_copy(store, built)
+    bad = CliRunner().invoke(main, ["verify", url, "--quiet"])
+    assert bad.exit_code == 5, bad.output
+    assert f"delete {url}/manifest.json, then run the same `packer build` again" in bad.output, bad.output
+    remote = url.rsplit("/", 2)[0]
+    assert publish_version(built.local.version_dir, remote).skipped  # what a plain rebuild does: nothing
+    store.client.delete_object(Bucket=BUCKET, Key=url.split(f"s3://{BUCKET}/", 1)[1] + "/manifest.json")
+    assert not publish_version(built.local.version_dir, remote).skipped
+    assert verify_dataset(url).ok
