@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 
 class PackerError(Exception):
@@ -152,6 +154,21 @@ def called_from(caller: Surface, *, unless_set: bool = False) -> Iterator[None]:
     finally:
         _SURFACE.reset(token)
 
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def from_python(fn: _F) -> _F:
+    """``fn``, a Python entry point (a loader's constructor, say), with its messages naming
+    Python's spelling of options (``storage_options={...}``) unless a caller set the surface
+    (the command line runs some of them)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with called_from(PYTHON_API, unless_set=True):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 #: errno → (what the file system said, the fix): conditions of the machine, not of packer or of
 #: the data, that stop a write. Only errnos that writing (or creating) a file raises are here, so

@@ -341,9 +341,16 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
             raw = version.read_bytes(name)
         except FileNotFoundError as err:
             if not _remote_files(version):  # nothing there: a wrong URL, as a wrong local path is
+                versions = _remote_versions(version, storage_options)
+                if versions:
+                    raise ConfigError(f"{version.where()}: a dataset folder, not a version: it holds the version(s) "
+                                      f"{', '.join(versions)}; pass one of them, e.g. "
+                                      f"{version.where(versions[-1])}/") from err
                 raise ConfigError(f"{where}: not found, and {folder}/ holds no file; {_PASS_A_VERSION} (a URL "
                                   "ending in .json is the manifest, any other the version folder)") from err
-            raise IntegrityError(f"{where}: cannot read the manifest (not found) beside the version's other files; "
+            raise IntegrityError(f"{where}: cannot read the manifest (not found) beside the version's other files: "
+                                 "in an object store, most likely an upload interrupted before its manifest (it goes "
+                                 "last); run the same `packer build` again to publish it, or "
                                  f"{_RESTORE}") from err
         except OSError as err:
             raise storage.storage_error(where, err, doing="reading the manifest") from err
@@ -361,11 +368,22 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
 
 
 def _remote_files(version: storage.VersionFolder) -> list[str]:
-    """The files of a remote version folder; none where the folder (or its bucket) is not there."""
+    """The files of a remote version folder; none where the folder is not there. A missing
+    bucket is a ConfigError that says so (the URL is wrong, or the bucket was never made)."""
     try:
         return version.files()
-    except FileNotFoundError:
+    except FileNotFoundError as err:
+        if storage.missing_bucket(err):
+            raise storage.storage_error(version.where(), err, doing="reading the manifest") from err
         return []
+
+
+def _remote_versions(folder: storage.VersionFolder, storage_options: Mapping[str, Any] | None) -> list[str]:
+    """The published versions in a remote dataset folder: its subfolders named as versions that
+    hold a manifest (an interrupted upload's folder has none), by name."""
+    names = [name for name in folder.folders() if re.fullmatch(r"[0-9a-f]{12}", name)]
+    return [name for name in names
+            if MANIFEST_FILE in _remote_files(storage.VersionFolder(folder.where(name), storage_options))]
 
 
 def _parse(raw: bytes, where: str) -> dict[str, Any]:

@@ -19,12 +19,15 @@ are listed and fetched by :mod:`packer.pipeline.rawstore` through the same funct
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -210,10 +213,14 @@ def check_output_store(url: str, storage_options: Mapping[str, Any] | None = Non
     """Reach the store an output URL names, with the build's options, before anything is built:
     an unreachable endpoint, missing credentials or a missing bucket is a ``ConfigError`` now,
     not after every file has been decoded into the local work folder (where the upload found it).
-    One request: whether the URL's folder exists (absent is fine: the build makes it)."""
+    One request: the URL's folder (absent is fine: the build makes it; an absent bucket is not).
+    ``fs.exists`` would not do: s3fs answers False for a missing bucket as for a missing folder."""
     fs, path = filesystem_for(url, storage_options)
     try:
-        fs.exists(path)
+        fs.info(path)
+    except FileNotFoundError as err:
+        if missing_bucket(err):
+            raise storage_error(url, err, doing="reaching the output store before building") from err
     except remote_errors() as err:
         raise storage_error(url, err, doing="reaching the output store before building") from err
 
@@ -271,13 +278,24 @@ class RemoteStoreError(OSError):
         self.cause = cause
 
 
+#: How stores word a missing bucket: S3 and S3-compatible servers (s3fs passes on "The specified
+#: bucket does not exist", code NoSuchBucket), GCS ("bucket not found"), others "no such bucket".
+_MISSING_BUCKET = re.compile(r"bucket does not exist|nosuchbucket|bucket not found|no such bucket", re.IGNORECASE)
+
+
+def missing_bucket(err: BaseException) -> bool:
+    """True when ``err`` says the bucket itself does not exist. Not the word "bucket" anywhere:
+    a missing key's FileNotFoundError carries its path, and bucket names often hold the word."""
+    return isinstance(err, FileNotFoundError) and _MISSING_BUCKET.search(str(err)) is not None
+
+
 def describe_error(url: str, err: BaseException) -> str:
     """What went wrong at ``url`` and how to fix it, for a remote error."""
     if isinstance(err, RemoteStoreError):
         return str(err)
     text = str(err) or type(err).__name__
     name = type(err).__name__
-    if isinstance(err, FileNotFoundError) and "bucket" in text.lower():
+    if missing_bucket(err):
         return (f"{url}: the bucket does not exist ({text}); create it (e.g. `aws s3 mb s3://BUCKET`) "
                 "or fix the URL")
     if isinstance(err, FileNotFoundError):
@@ -303,9 +321,34 @@ def storage_error(url: str, err: BaseException, *, doing: str) -> PackerError:
     message = f"{doing}: {describe_error(url, err)}"
     err = err.cause if isinstance(err, RemoteStoreError) else err
     configish = (isinstance(err, PermissionError | ConnectionError | TimeoutError)
-                 or (isinstance(err, FileNotFoundError) and "bucket" in str(err).lower())
+                 or missing_bucket(err)
                  or "Credential" in type(err).__name__ or "Endpoint" in type(err).__name__)
     return ConfigError(message) if configish else PackerError(message)
+
+
+def cancel_remote_requests(timeout: float = 5.0) -> None:
+    """Cancel the requests still running on fsspec's event loop, and wait (up to ``timeout``
+    seconds) until they have unwound: for a Ctrl-C that lands while the main thread waits on one.
+
+    fsspec runs every request as a task on a loop in its own thread; a KeyboardInterrupt in the
+    main thread leaves the task running, and at interpreter exit it is collected half done:
+    asyncio prints "Task was destroyed but it is pending!" and botocore a traceback over packer's
+    one "interrupted" line. Nothing to do when fsspec was never used."""
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = None if asyn is None else getattr(asyn, "loop", [None])[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def cancel_all() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout)
+    except concurrent.futures.TimeoutError:  # a request that ignores cancellation: exit anyway, it cannot publish
+        return
 
 
 # -- a version folder, local or remote ------------------------------------------------------

@@ -412,3 +412,231 @@ def test_an_unreachable_output_store_is_refused_before_anything_is_built(tmp_pat
     assert "reaching the output store before building: s3://packer-out/x: cannot reach the object store" in str(
         raised.value)
     assert not any(p.is_file() for p in work.rglob("*"))
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_an_output_bucket_that_does_not_exist_is_refused_before_anything_is_built(store: Store,
+                                                                                   tmp_path: Path) -> None:
+    """The check before building asked only whether the output folder exists, which s3fs answers
+    False for a missing bucket too: the build decoded and packed everything into the work folder
+    and only the upload said the bucket does not exist."""
+    raw = tmp_path / "raw"
+    (raw / "ct").mkdir(parents=True)
+    job = load_job(write_job(tmp_path, demo_job_doc(raw, tmp_path / "unused")))
+    work = tmp_path / "work"
+    with pytest.raises(ConfigError) as raised:
+        build(job, BuildOptions(scheduler="sync", quiet=True, out="s3://no-such-bucket/datasets", work_dir=work))
+    assert ("reaching the output store before building: s3://no-such-bucket/datasets: the bucket does not exist"
+            in str(raised.value)), raised.value
+    assert "create it" in str(raised.value)
+    assert not any(p.is_file() for p in work.rglob("*"))
+
+
+
+@pytest.mark.slow  # moto's S3 server, a build in a subprocess
+def test_ctrl_c_during_the_upload_exits_130_with_one_line_and_publishes_no_manifest(
+        store: Store, demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while an upload request was in flight exited 130, but Python's shutdown then
+    printed asyncio's "Task was destroyed but it is pending!" and a botocore traceback
+    ("Exception ignored in: <coroutine object S3FileSystem._call_s3 ...>") for the request left
+    running on fsspec's event loop. The rerun publishes a version that verifies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import moto.s3.models
+
+    from tests.helpers import REPO
+
+    put_object = moto.s3.models.S3Backend.put_object
+
+    def slow_put(*args: Any, **kwargs: Any) -> Any:  # a slow store (the server runs in this process's threads)
+        time.sleep(0.5)
+        return put_object(*args, **kwargs)
+
+    monkeypatch.setattr(moto.s3.models.S3Backend, "put_object", slow_put)
+    job = write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "unused"))
+    env = {**os.environ, "PACKER_WORK_DIR": str(tmp_path / "work"),
+           "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "packer.cli", "build", str(job), "--out", f"s3://{BUCKET}/ctrl-c",
+               "--scheduler", "sync"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not _keys(store, "ctrl-c/") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    noise = [word for word in ("Traceback", "Task was destroyed", "Exception ignored", "Error") if word in output]
+    assert not noise, output
+    assert not any(key.endswith("manifest.json") for key in _keys(store, "ctrl-c/")), output
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    version = next(key.split("/")[1] for key in _keys(store, "ctrl-c/") if key.endswith("manifest.json"))
+    assert verify_dataset(f"s3://{BUCKET}/ctrl-c/demo/{version}").ok
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_ctrl_c_while_a_request_is_in_flight_leaves_no_request_running_on_fsspecs_loop(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deterministic half of the test above: a command interrupted while its upload request
+    waits on the store exits 130 with no task left on fsspec's event loop (a task left there is
+    what Python's shutdown printed as "Task was destroyed but it is pending!" and a traceback)."""
+    import _thread
+    import asyncio
+    import signal
+    import threading
+    import time
+
+    import click
+    import fsspec.asyn
+    import moto.s3.models
+    from click.testing import CliRunner
+
+    from packer.commands import exits
+    from packer.storage import VersionFolder
+
+    put_object = moto.s3.models.S3Backend.put_object
+
+    def slow_put(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)
+        return put_object(*args, **kwargs)
+
+    monkeypatch.setattr(moto.s3.models.S3Backend, "put_object", slow_put)
+    source = tmp_path / "shard.tar"
+    source.write_bytes(b"x" * 1000)
+
+    @click.command()
+    @exits
+    def upload() -> None:
+        VersionFolder(f"s3://{BUCKET}/in-flight/demo/v").upload([source], ["shard.tar"])
+
+    async def pending() -> int:
+        return len([task for task in asyncio.all_tasks() if task is not asyncio.current_task()])
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        result = CliRunner().invoke(upload, [])
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    assert result.exit_code == 130, result.output
+    loop = fsspec.asyn.loop[0]
+    assert loop is not None
+    assert asyncio.run_coroutine_threadsafe(pending(), loop).result(5) == 0
+
+
+def test_a_missing_object_whose_path_says_bucket_is_not_taken_for_a_missing_bucket() -> None:
+    """A missing bucket was told from the word "bucket" anywhere in the error, and s3fs's
+    FileNotFoundError for an absent key carries the path: s3://bucket/ds/x (or my-bucket, or a
+    prefix named buckets/) read "the bucket does not exist", a config error, for a missing object."""
+    from packer.storage import describe_error, storage_error
+
+    missing_key = FileNotFoundError("bucket/datasets/demo/v/manifest.json")
+    message = describe_error("s3://bucket/datasets/demo/v/manifest.json", missing_key)
+    assert "bucket does not exist" not in message and "not found" in message, message
+    assert not isinstance(storage_error("s3://bucket/datasets", missing_key, doing="reading"), ConfigError)
+    missing_bucket = FileNotFoundError("The specified bucket does not exist")
+    assert "the bucket does not exist" in describe_error("s3://nobucket/x", missing_bucket)
+    assert isinstance(storage_error("s3://nobucket/x", missing_bucket, doing="reading"), ConfigError)
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_build_to_a_new_prefix_with_bucket_in_its_name_is_not_refused(store: Store, tmp_path: Path) -> None:
+    from packer.storage import check_output_store
+
+    check_output_store(f"s3://{BUCKET}/bucket-datasets")  # absent, in a bucket that exists: the build makes it
+    with pytest.raises(ConfigError, match="the bucket does not exist"):
+        check_output_store("s3://no-such-bucket/bucket-datasets")
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_remote_dataset_folder_or_missing_bucket_is_named_as_such_by_the_readers(store: Store) -> None:
+    """`packer verify s3://b/datasets/demo/` (the dataset folder, not a version) said the folder
+    "holds no file", as it said for a bucket that does not exist; a local dataset folder gets its
+    versions listed. Now the URL form does the same, and a missing bucket is named."""
+    from packer.manifest import read_manifest
+
+    for version in ("0123456789ab", "ba9876543210"):
+        store.client.put_object(Bucket=BUCKET, Key=f"listed/demo/{version}/manifest.json", Body=b"{}")
+    store.client.put_object(Bucket=BUCKET, Key="listed/demo/fedcba987654/train-000000.tar", Body=b"half")
+    with pytest.raises(ConfigError) as raised:
+        read_manifest(f"s3://{BUCKET}/listed/demo/")
+    message = str(raised.value)
+    assert f"s3://{BUCKET}/listed/demo: a dataset folder, not a version" in message, message
+    assert "0123456789ab, ba9876543210" in message and "fedcba987654" not in message, message
+    assert f"s3://{BUCKET}/listed/demo/ba9876543210/" in message, message
+    with pytest.raises(ConfigError, match="s3://no-such-bucket/x/demo/v.*the bucket does not exist.*create it"):
+        read_manifest("s3://no-such-bucket/x/demo/v/")
+    half = f"s3://{BUCKET}/listed/demo/fedcba987654/"
+    with pytest.raises(IntegrityError) as raised:  # an upload cut off before its manifest: readers refuse it
+        read_manifest(half)
+    assert "an upload interrupted before its manifest" in str(raised.value), raised.value
+    assert "run the same `packer build` again to publish it" in str(raised.value), raised.value
+
+
+def test_shard_dataset_errors_name_storage_options_not_a_command_line_flag() -> None:
+    """ShardDataset is Python: its unreachable-store error told the user to pass
+    `--storage-option endpoint_url=...`, a flag of a command they never ran."""
+    from packer.loader import ShardDataset
+
+    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    with pytest.raises(ConfigError) as raised:
+        ShardDataset("s3://packer-test/datasets/demo/0123456789ab/manifest.json", "train", storage_options=options)
+    message = str(raised.value)
+    assert "cannot reach the object store" in message, message
+    assert "--storage-option" not in message and "storage_options={'endpoint_url': 'http://HOST:PORT'}" in message, \
+        message
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_shard_missing_from_the_store_fails_at_once_and_alike_with_and_without_the_shard_cache(
+        store: Store, built: Built, tmp_path: Path) -> None:
+    """Through the shard cache a deleted object was retried with backoff five times (15 s) as if
+    the store were failing, then reported as every sample "unreadable"; streamed, the same shard
+    was at once a bad_shard "not found". A missing object is not a failing store: both now fail
+    at once, the same way."""
+    import time
+
+    from packer.loader import ShardDataset
+    from packer.loader.readers import ShardReadError
+
+    prefix = f"missing-shard-{built.fmt}/demo/{built.remote.manifest['version']}/"
+    for key in _keys(store, built.prefix):
+        store.client.copy_object(Bucket=BUCKET, Key=prefix + key,
+                                 CopySource={"Bucket": BUCKET, "Key": built.prefix + key})
+    shard = built.remote.manifest["splits"]["train"]["shards"][0]["file"]
+    store.client.delete_object(Bucket=BUCKET, Key=prefix + shard)
+    url = f"s3://{BUCKET}/{prefix}manifest.json"
+    messages = []
+    for options in ({}, {"cache_dir": tmp_path / "cache", "read_ahead": 0}, {"cache_dir": tmp_path / "c2"}):
+        started = time.monotonic()
+        with pytest.raises(ShardReadError) as raised:
+            list(ShardDataset(url, "train", shuffle=False, **options))
+        assert time.monotonic() - started < 5, (options, raised.value)
+        messages.append(str(raised.value))
+    assert all("bad_shard" in m and f"s3://{BUCKET}/{prefix}{shard} not found" in m for m in messages), messages
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_verify_of_a_damaged_remote_version_names_a_fix_that_works(store: Store, built: Built) -> None:
+    """`packer verify` told the user to "rebuild the version with `packer build`": a rebuild finds
+    the remote manifest with the same dataset_hash (sizes match: a flipped byte) and uploads
+    nothing, so the version stayed damaged. For a URL it now says to delete the manifest first,
+    and doing so and rebuilding (publishing) repairs it."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    url, _, _ = _corrupt_copy(store, built)
+    bad = CliRunner().invoke(main, ["verify", url, "--quiet"])
+    assert bad.exit_code == 5, bad.output
+    assert f"delete {url}/manifest.json, then run the same `packer build` again" in bad.output, bad.output
+    remote = url.rsplit("/", 2)[0]
+    assert publish_version(built.local.version_dir, remote).skipped  # what a plain rebuild does: nothing
+    store.client.delete_object(Bucket=BUCKET, Key=url.split(f"s3://{BUCKET}/", 1)[1] + "/manifest.json")
+    assert not publish_version(built.local.version_dir, remote).skipped
+    assert verify_dataset(url).ok

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from functools import wraps
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -129,6 +130,9 @@ def exits(fn: F) -> F:
             click.echo(f"packer: error: {redact_names(str(err)) if redacting() else err}", err=True)
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
+            from packer.storage import cancel_remote_requests
+
+            cancel_remote_requests()  # a request in flight on fsspec's loop would print a traceback at exit
             click.echo(f"\npacker: interrupted{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
             sys.exit(130)  # 128 + SIGINT, as shells report it
         except (click.exceptions.Exit, click.ClickException):
@@ -199,3 +203,25 @@ def _internal_error() -> NoReturn:
     if err is not None:
         click.echo(format_exception(err), err=True, nl=False)
     sys.exit(1)
+
+
+def local_folder_argument(value: str, *, command: str) -> Path:
+    """A command-line path argument of a command that reads local folders only, as a Path: a
+    ``file://`` URL is its local path, any other URL a ConfigError (exit 2) that names the URL
+    as typed (``Path("s3://b/x")`` would read ``s3:/b/x``) and the commands that read it in place."""
+    from packer.errors import ConfigError
+    from packer.storage import is_url, local_path
+
+    if not is_url(value):
+        return Path(value)
+    path = local_path(value)
+    if path is not None:
+        return path
+    if command == "ls":
+        instead = (f"list the versions in the object store with its own tools (e.g. `aws s3 ls {value.rstrip('/')}/`), "
+                   f"then `packer inspect URL/<version>/` and `packer verify URL/<version>/` read one in place")
+    else:
+        instead = (f"`packer inspect {value}` and `packer verify {value}` read a version in an object store in place; "
+                   f"or copy its objects to a local folder (e.g. `aws s3 cp --recursive {value.rstrip('/')}/ DIR`) "
+                   "and pass that folder")
+    raise ConfigError(f"{value}: `packer {command}` reads local folders only; {instead}")

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 
-from packer.commands import exits
+from packer.commands import exits, local_folder_argument
 
 
 def _echo_json(value: Any) -> None:
@@ -47,13 +46,13 @@ def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...
 
 
 @click.command("diff")
-@click.argument("old", type=click.Path(path_type=Path))
-@click.argument("new", type=click.Path(path_type=Path))
+@click.argument("old", type=click.Path(path_type=str))
+@click.argument("new", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print every difference as JSON.")
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
               help="Keys listed per kind of change in the text output.")
 @exits
-def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
+def diff_command(old: str, new: str, as_json: bool, limit: int) -> None:
     """Compare two built versions OLD and NEW (manifests or version folders).
 
     Samples added, removed and changed (by key; content by the per-sample sha256 in each
@@ -69,9 +68,10 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
     from packer.inspection import diff_datasets, format_diff
     from packer.manifest import resolve_manifest_path
 
-    for path in (old, new):
+    old_path, new_path = (local_folder_argument(value, command="diff") for value in (old, new))
+    for path in (old_path, new_path):
         resolve_manifest_path(path)   # a missing version: exit 2 naming the versions its dataset folder holds
-    diff = diff_datasets(old, new)
+    diff = diff_datasets(old_path, new_path)
     if as_json:
         _echo_json(diff.to_json())
     else:
@@ -79,12 +79,12 @@ def diff_command(old: Path, new: Path, as_json: bool, limit: int) -> None:
 
 
 @click.command("ls")
-@click.argument("folder", required=False, metavar="[REGISTRY | OUTPUT/NAME]",
-                type=click.Path(file_okay=False, path_type=Path))
+@click.argument("folder_arg", required=False, metavar="[REGISTRY | OUTPUT/NAME]",
+                type=click.Path(file_okay=False, path_type=str))
 @click.option("--name", help="Only the dataset with this name (registry form).")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @exits
-def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
+def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
     """List the versions of a dataset folder (OUTPUT/NAME), or the manifests kept in a registry
     folder (REGISTRY, default ./manifests); newest created_at first.
 
@@ -107,6 +107,7 @@ def ls_command(folder: Path | None, name: str | None, as_json: bool) -> None:
     from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry
     from packer.versions import format_versions, is_dataset_folder, list_versions
 
+    folder = None if folder_arg is None else local_folder_argument(folder_arg, command="ls")
     if folder is not None and is_dataset_folder(folder):
         listing = list_versions(folder)
         if as_json:

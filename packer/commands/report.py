@@ -7,15 +7,15 @@ from typing import Any
 
 import click
 
-from packer.commands import exits
+from packer.commands import exits, local_folder_argument
 
 
 @click.command("report")
-@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("manifest_arg", metavar="MANIFEST", type=click.Path(path_type=str))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the HTML file (default: report.html in the version folder).")
 @exits
-def report(manifest: Path, output: Path | None) -> None:
+def report(manifest_arg: str, output: Path | None) -> None:
     """Write one self-contained HTML report of the dataset version at MANIFEST (its manifest.json
     or the version folder): summary, splits and targets (label balance, per-label shares for
     multi-label, value histograms for numeric targets), contact sheets, intensity histograms,
@@ -34,6 +34,7 @@ def report(manifest: Path, output: Path | None) -> None:
     from packer.htmlreport.sections import report_privacy
     from packer.manifest import read_manifest, resolve_manifest_path
 
+    manifest = local_folder_argument(manifest_arg, command="report")
     located = resolve_manifest_path(manifest)
     data = read_manifest(located, strict=False, check_hash=False).data
     beside = [str((data.get("index") or {}).get("file") or "")] + [

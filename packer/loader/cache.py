@@ -17,7 +17,7 @@ shards through :class:`ShardCache`:
   on disk is fetched again (``verify="shard"`` on the dataset hashes it on every read as well; the default,
   ``verify="sample"``, checks every sample read from it against ``_index.parquet``);
 - **retried**: a failed or cut-short download is retried with exponential backoff
-  (``retries`` times), then fails naming the URL;
+  (``retries`` times), then fails naming the URL; a missing object (FileNotFoundError) at once;
 - **bounded**: after each download, entries beyond ``limit`` bytes are deleted least recently
   used first (by access time, which every read sets), skipping any entry a reader holds (a
   shared ``flock`` while it reads).
@@ -184,6 +184,11 @@ class ShardCache:
                 os.replace(partial, path)
                 (self.folder / f".{path.name}.ok").write_text(str(path.stat().st_mtime_ns))
                 return
+            except FileNotFoundError as err:  # no such object: the store answered, retrying cannot help
+                partial.unlink(missing_ok=True)
+                if storage.missing_bucket(err):
+                    raise storage.storage_error(url, err, doing="downloading a shard") from err
+                raise FileNotFoundError(f"{url} not found") from err
             except storage.remote_errors() as err:
                 last = err
                 partial.unlink(missing_ok=True)

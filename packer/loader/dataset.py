@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.allocator import tune_allocator
-from packer.errors import ConfigError
+from packer.errors import ConfigError, from_python
 from packer.loader.cache import cache_from
 from packer.loader.readers import (
     Decoded,
@@ -415,6 +415,7 @@ class ShardDataset(PlannedDataset):
     shapes; torch's ``default_collate`` only says "stack expects each tensor to be equal size".
     """
 
+    @from_python
     def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
                  shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
                  verify: str | bool = "sample", transform: Callable[[torch.Tensor], torch.Tensor] | None = None,

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, from_python
 from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
 from packer.loader.readers import Decoded, Failure
 from packer.loader.record import SampleRecord
@@ -111,6 +111,7 @@ class MixedDataset(PlannedDataset):
     appended to repeats). ``counts()`` says how many samples each member gives an epoch.
     """
 
+    @from_python
     def __init__(self, members: Sequence[tuple[ShardDataset, float]], *, epoch_length: str | int = "shortest",
                  seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,

@@ -745,6 +745,9 @@ def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]],
         try:
             path = stack.enter_context(info.cache.reading(info.url, info.sha256, info.bytes, info.file,
                                                           info.storage_options))
+        except FileNotFoundError:  # the same failure as a streamed read of the missing object
+            yield from _fail(info, positions, "bad_shard", _missing_remote_shard(info.url))
+            return
         except (OSError, IntegrityError) as err:
             yield from _fail(info, positions, "unreadable", f"through the shard cache {info.cache.folder}: {err}")
             return
@@ -770,6 +773,10 @@ def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
 
 
 # -- remote shards ---------------------------------------------------------------------------
+def _missing_remote_shard(url: str) -> str:
+    return f"cannot open the shard ({url} not found); restore it or republish the dataset"
+
+
 @contextlib.contextmanager
 def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[IO[bytes] | None, str | None]]:
     """The remote shard opened for reading (``None`` if absent) and a size/hash problem or ``None``.
@@ -782,7 +789,7 @@ def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[I
     try:
         size = int(fs.info(path)["size"])
     except FileNotFoundError:
-        yield None, f"cannot open the shard ({url} not found); restore it or republish the dataset"
+        yield None, _missing_remote_shard(url)
         return
     if size != info.bytes:
         with fs.open(path, "rb") as fh:

@@ -21,11 +21,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, from_python
 from packer.loader.readers import ShardReadError, load_split, mismatch_message, split_index_rows
 from packer.shards.checksum import INDEX_COLUMN, members_checksum
 
 
+@from_python
 def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verify: str = "sample",
                 shardshuffle: int | bool = False, handler: Callable[[BaseException], bool] | None = None,
                 **options: Any) -> Any:
