@@ -269,3 +269,25 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (blank lines skipped)."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, busy: str) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``folder`` (opened read-only) for the ``with`` block; the
+    lock goes with the process, ``kill -9`` included. Another process holding it: ConfigError
+    ``busy`` (nothing done). Yields whether the lock is held: a file system without directory
+    locks (``flock`` fails otherwise) runs the block unguarded, which is all it can do."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError as err:
+            raise ConfigError(busy) from err
+        except OSError:  # no directory locks here (some network file systems)
+            held = False
+        yield held
+    finally:
+        os.close(fd)

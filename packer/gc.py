@@ -32,13 +32,13 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError
-from packer.files import human_bytes
+from packer.files import folder_lock, human_bytes
 from packer.manifest import MANIFEST_FILE
 from packer.versions import TRASH_PREFIX, VersionUsage, check_local_dataset_folder, list_versions
 
@@ -120,26 +120,13 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
         _remove(plan, on_removed)
 
 
-@contextlib.contextmanager
-def _build_lock(root: Path) -> Iterator[None]:
-    """Hold the exclusive ``flock`` a running build holds on the dataset folder ``root``
+def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
+    """The exclusive ``flock`` a running build holds on the dataset folder ``root``
     (:func:`packer.pipeline.build._one_build_at_a_time`); ConfigError when a build holds it.
     A file system without directory locks runs unguarded, as a build there does."""
-    import fcntl
-
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            raise ConfigError(f"{root}: a `packer build` of this dataset is running (it holds the folder's lock) "
-                              "and links shards and reads samples from its versions; run gc once it has ended "
-                              "(nothing was removed)") from err
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)
+    return folder_lock(root, f"{root}: a `packer build` of this dataset is running (it holds the folder's lock) "
+                             "and links shards and reads samples from its versions; run gc once it has ended "
+                             "(nothing was removed)")
 
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:

@@ -49,7 +49,7 @@ from packer.errors import (
     surface,
 )
 from packer.exclusions import exclusion_counts, write_excluded
-from packer.files import TMP_SUFFIX, atomic_output, human_bytes
+from packer.files import TMP_SUFFIX, atomic_output, folder_lock, human_bytes
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -277,33 +277,34 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     refused instead (exit 2). The lock goes with the process (``kill -9`` included);
     a file system without directory locks builds unguarded, as before. A folder made only to
     hold the lock is removed again when the build left nothing in it."""
-    import fcntl
-
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
     check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a read-only or full disk: the build itself says so, as before
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            raise ConfigError(f"{folder}: another `packer build` of {job.name} into this folder is running, or a "
-                              "`packer gc` of it (it holds the folder's lock); wait for it to end, then build again: "
-                              "what a build decoded is in the build cache") from err
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)
+
+    def remove_made() -> None:
         with contextlib.suppress(OSError):  # only while empty: a refused job leaves no trace
             for path in made:
                 path.rmdir()
+
+    lock = contextlib.ExitStack()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock.enter_context(folder_lock(folder, f"{folder}: another `packer build` of {job.name} into this folder is "
+                                               "running, or a `packer gc` of it (it holds the folder's lock); wait "
+                                               "for it to end, then build again: what a build decoded is in the "
+                                               "build cache"))
+    except OSError:  # a read-only or full disk: the build itself says so, as before
+        yield
+        return
+    except ConfigError:
+        remove_made()
+        raise
+    try:
+        with lock:
+            yield
+    finally:
+        remove_made()
 
 
 class _ReportNotWritten(FileSystemError):
