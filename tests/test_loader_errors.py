@@ -726,3 +726,27 @@ def test_a_dataset_of_sources_with_different_dtypes_is_read_one_source_at_a_time
     reported = CliRunner().invoke(main, ["report", str(manifest.parent)])
     assert reported.exit_code == 0, reported.output
     assert "mixed CHW: ct 1×8×8 uint8; mr 1×8×8 float16" in (manifest.parent / "report.html").read_text()
+
+
+def _made_from_python(image: torch.Tensor) -> torch.Tensor:
+    """A transform that fails unless the messages of the read in progress name Python's options."""
+    from packer.errors import surface
+
+    if not surface().python:
+        raise AssertionError("a dataset made from Python is read with the command line's option names")
+    return image
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_made_from_python_names_pythons_options_while_it_reads(tmp_path, workers):
+    """A store error raised while reading (access denied downloading a shard into the cache) said
+    to pass `--storage-option key=...`, a flag of a command the notebook user never ran: the
+    surface was set while the dataset was made, not while it was read, and not at all in a
+    DataLoader worker. The read runs under its maker's surface (the transform runs inside it)."""
+    from packer.errors import surface
+
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    dataset = ShardDataset(manifest, "train", transform=_made_from_python)
+    assert sorted(keys_of(make_loader(dataset, 4, workers))) == split_keys(15)
+    assert sum(1 for _ in dataset) == 15
+    assert not surface().python  # the caller's own context between items is left as it was

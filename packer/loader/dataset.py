@@ -19,14 +19,14 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.allocator import tune_allocator
-from packer.errors import ConfigError, from_python
+from packer.errors import ConfigError, Surface, called_from, from_python, surface
 from packer.loader.cache import cache_from
 from packer.loader.readers import (
     Decoded,
@@ -109,6 +109,32 @@ def seeded_rng(seed: int) -> Iterator[None]:
         random.setstate(py_state)
 
 
+_T = TypeVar("_T")
+
+
+def _as_made(caller: Surface | None, items: Iterator[_T]) -> Iterator[_T]:
+    """``items``, each one made under ``caller``'s surface (:func:`packer.errors.called_from`): a
+    message raised while reading (access denied downloading a shard into the cache, in a
+    DataLoader worker too) names the options as the dataset's maker gave them
+    (``storage_options={...}`` from Python). The surface is set around each step only, so the
+    consumer's own code between items runs in its own context."""
+    if caller is None:
+        yield from items
+        return
+    try:
+        while True:
+            with called_from(caller):
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
 class PlannedDataset(IterableDataset):
     """What :class:`ShardDataset` and :class:`packer.loader.mix.MixedDataset` share: an epoch
     order over a global sample index space, this rank's plan of it, the worker split, resume
@@ -137,6 +163,9 @@ class PlannedDataset(IterableDataset):
         if max_skipped < 0:
             raise ConfigError("max_skipped must be >= 0")
         self.uneven, self.on_error, self.max_skipped = uneven, on_error, int(max_skipped)
+        # who made the dataset (Python, or a packer command): what its reading errors name, in
+        # DataLoader workers too, where nothing else says it (see _as_made)
+        self._surface: Surface | None = surface()
         self.skipped = 0
         self.skipped_samples: list[str] = []
         self._orders: dict[int, EpochOrder] = {}
@@ -305,6 +334,9 @@ class PlannedDataset(IterableDataset):
         return info.id, info.num_workers
 
     def __iter__(self) -> Iterator[Item]:
+        return _as_made(getattr(self, "_surface", None), self._items())
+
+    def _items(self) -> Iterator[Item]:
         order, plan = self.plan()
         worker, workers = self._worker()
         indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
@@ -317,6 +349,14 @@ class PlannedDataset(IterableDataset):
     def iter_batches(self, *, batch_size: int, drop_last: bool,
                      collate: Callable[[list[Item]], dict[str, Any]]
                      ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+        """This worker's batches: (collated batch, descriptions of the samples skipped in it);
+        :meth:`_batches` read as the dataset's maker called it (:func:`_as_made`)."""
+        return _as_made(getattr(self, "_surface", None),
+                        self._batches(batch_size=batch_size, drop_last=drop_last, collate=collate))
+
+    def _batches(self, *, batch_size: int, drop_last: bool,
+                 collate: Callable[[list[Item]], dict[str, Any]]
+                 ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
         """This worker's batches: (collated batch, descriptions of the samples skipped in it).
 
         Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
