@@ -459,20 +459,9 @@ def test_a_full_check_with_near_copies_turned_off_says_the_rule_did_not_run(tmp_
 def test_validate_warns_of_several_dtypes_as_the_build_does_and_the_build_says_it_once(tmp_path: Path) -> None:
     """A CT source (uint8) beside MR NIfTI z-scored to float16: packer build warned that no batch
     stacks them, packer validate (which decodes) said nothing."""
-    import nibabel as nib
+    from tests.test_targets import ct_beside_float16_mr
 
-    from tests.test_targets import _ct, _job
-
-    ct, mr = tmp_path / "ct", tmp_path / "mr"
-    for i in range(2):
-        _ct(ct, f"P{i}/s0.dcm", f"P{i}", seed=i)
-    mr.mkdir()
-    volume = np.random.default_rng(0).uniform(100, 900, size=(8, 8, 3)).astype(np.float32)
-    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 2.0, 1.0])), mr / "case1.nii.gz")
-    job = _job(tmp_path, [{"kind": "dicom", "name": "ct", "root": str(ct), "label": "none"},
-                          {"kind": "nifti", "name": "mr", "root": str(mr), "label": "none"}],
-               transform={"dicom": {"size": [8, 8], "windows": ["lung"]},
-                          "nifti": {"size": [8, 8], "windows": ["zscore"], "output": "float16"}})
+    job = ct_beside_float16_mr(tmp_path)
     said = "warning: the sources' samples have different dtypes (ct uint8, mr float16)"
     code, report, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
     assert code == 0, output

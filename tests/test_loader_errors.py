@@ -693,22 +693,12 @@ def test_a_dataset_of_sources_with_different_dtypes_is_read_one_source_at_a_time
     # a CT source (uint8 windows) beside MR NIfTI z-scored to float16 built with exit 0, but the
     # loader refused the whole dataset, a sources=["mr"] view of one dtype included, as an integrity
     # failure ("sample_schema.dtype is null"), and the build said nothing of the dtypes
-    import nibabel as nib
     from click.testing import CliRunner
 
     from packer.cli import main
-    from tests.test_targets import _ct, _job
+    from tests.test_targets import ct_beside_float16_mr
 
-    ct, mr = tmp_path / "ct", tmp_path / "mr"
-    for i in range(2):
-        _ct(ct, f"P{i}/s0.dcm", f"P{i}", seed=i)
-    mr.mkdir()
-    volume = np.random.default_rng(0).uniform(100, 900, size=(8, 8, 3)).astype(np.float32)
-    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 2.0, 1.0])), mr / "case1.nii.gz")
-    job = _job(tmp_path, [{"kind": "dicom", "name": "ct", "root": str(ct), "label": "none"},
-                          {"kind": "nifti", "name": "mr", "root": str(mr), "label": "none"}],
-               transform={"dicom": {"size": [8, 8], "windows": ["lung"]},
-                          "nifti": {"size": [8, 8], "windows": ["zscore"], "output": "float16"}})
+    job = ct_beside_float16_mr(tmp_path)
     run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report"])
     assert run.exit_code == 0, run.output
     assert "warning: the sources' samples have different dtypes (ct uint8, mr float16)" in run.output, run.output

@@ -57,6 +57,23 @@ def _ct(root: Path, name: str, patient: str, seed: int, **overrides: Any) -> Non
     write_ct_slice(root / name, patient_id=patient, study_date="20240101", pixels_hu=hu, **overrides)
 
 
+def ct_beside_float16_mr(tmp_path: Path) -> Path:
+    """A job of two sources whose samples have different dtypes: two CT slices windowed to uint8
+    beside an MR NIfTI case z-scored to float16 (8×8 each)."""
+    import nibabel as nib
+
+    ct, mr = tmp_path / "ct", tmp_path / "mr"
+    for i in range(2):
+        _ct(ct, f"P{i}/s0.dcm", f"P{i}", seed=i)
+    mr.mkdir()
+    volume = np.random.default_rng(0).uniform(100, 900, size=(8, 8, 3)).astype(np.float32)
+    nib.save(nib.Nifti1Image(volume, np.diag([1.0, 1.0, 2.0, 1.0])), mr / "case1.nii.gz")
+    return _job(tmp_path, [{"kind": "dicom", "name": "ct", "root": str(ct), "label": "none"},
+                           {"kind": "nifti", "name": "mr", "root": str(mr), "label": "none"}],
+                transform={"dicom": {"size": [8, 8], "windows": ["lung"]},
+                           "nifti": {"size": [8, 8], "windows": ["zscore"], "output": "float16"}})
+
+
 def _photo(path: Path, seed: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_photo(path, render_photo(np.random.default_rng(seed), ("circle", "square")[seed % 2], height=48, width=64))

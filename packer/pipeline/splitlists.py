@@ -97,7 +97,7 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
     if entry.column is None:
         return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
-    from packer.pipeline.tables import long_cells, swallowed_lines
+    from packer.pipeline.tables import long_cells, swallowed_lines, unreadable_csv
 
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
@@ -115,8 +115,8 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
                 if cell:
                     cells.append((reader.line_num, cell))
             return cells
-    except csv.Error as err:  # what the csv module cannot parse is the list's defect, never a traceback
-        raise ConfigError(f"{where}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
+    except csv.Error as err:
+        raise unreadable_csv(where, err) from err
 
 
 def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],

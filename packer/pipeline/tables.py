@@ -179,6 +179,11 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None) -> tuple[tuple
 MAX_CELL_CHARS = 2**31 - 1
 
 
+def unreadable_csv(path: Path | str, err: csv.Error) -> ConfigError:
+    """What the csv module cannot parse is the table's defect, never a traceback: the error naming it."""
+    return ConfigError(f"{path}: not a readable CSV table ({err}); fix the file or save it again as CSV")
+
+
 @contextlib.contextmanager
 def long_cells() -> Iterator[None]:
     """The csv module's cell limit raised to :data:`MAX_CELL_CHARS` while a table is read, and
@@ -220,8 +225,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
                           "save the table as UTF-8") from err
-    except csv.Error as err:  # what the csv module cannot parse is the table's defect, never a traceback
-        raise ConfigError(f"{path}: not a readable CSV table ({err}); fix the file or save it again as CSV") from err
+    except csv.Error as err:
+        raise unreadable_csv(path, err) from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
 
