@@ -49,14 +49,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from packer.config import SPLITS, SplitConfig
 from packer.errors import LeakageError
 from packer.files import atomic_output
 from packer.pipeline.conflicts import LabelConflicts
-from packer.pipeline.dedup import exact_groups
+from packer.pipeline.dedup import components_of, exact_groups, exact_groups_of
 from packer.pipeline.nearcopy import NearLinks
-from packer.pipeline.sampletable import as_table
-from packer.pipeline.split import Assignment, measure_balance
+from packer.pipeline.sampletable import SampleTable, as_table
+from packer.pipeline.split import Assignment, measure_balance, split_codes
 from packer.progress import stage_progress
 from packer.records import SpilledSample
 
@@ -115,47 +119,61 @@ class LeakageAudit:
 
 @dataclass(frozen=True)
 class _Samples:
-    """The fields the rules read, one list per field (read from the columns once), and the
-    assignment's split of each sample (None: left out of every split)."""
+    """What the rules read of the samples, without a Python object per record: the table, each
+    row's split and entity as integer codes, and the exact-duplicate groups (computed once). A
+    finding reads its few samples' fields from the table as it names them. At 10M records the
+    lists of whole columns the rules read before held ~5.6 GB."""
 
-    key: list[str]
-    source: list[str]
-    entity: list[str | None]
-    relpath: list[str]
-    sha256: list[str]
-    time: list[str | None]
-    split: list[str | None]
+    table: SampleTable
+    #: per row, the index of its split in :data:`SPLITS`, or -1 (left out of every split)
+    split_codes: np.ndarray
+    #: per row, the code of its entity in ``entities`` (whose values may include None)
+    entity_codes: np.ndarray
+    entities: tuple[str | None, ...]
     show_paths: bool
-    label: list[str | None] = field(default_factory=list)
-    #: each sample's :attr:`~packer.records.SpilledSample.stored_digest` (exact duplicates by either)
-    stored: list[str] = field(default_factory=list)
-    #: each sample's :attr:`~packer.records.SpilledSample.blank` (blank samples are no duplicates)
-    blank: list[bool] = field(default_factory=list)
+    exact: list[list[int]]
 
     @classmethod
-    def of(cls, samples: Sequence[SpilledSample], split: dict[str, str], show_paths: bool) -> _Samples:
+    def of(cls, samples: Sequence[SpilledSample], split: Mapping[str, str], show_paths: bool) -> _Samples:
         table = as_table(samples)
-        keys = table.column("key")
-        return cls(key=keys, source=table.column("source"), entity=table.column("entity"),
-                   relpath=table.column("relpath"), sha256=table.column("sha256"), time=table.column("time"),
-                   split=[split.get(k) for k in keys], show_paths=show_paths, label=table.column("label"),
-                   stored=table.column("stored_digest"), blank=table.column("blank"))
+        entity_codes, entities = table.codes("entity")
+        return cls(table=table, split_codes=split_codes(table, split), entity_codes=entity_codes,
+                   entities=entities, show_paths=show_paths, exact=exact_groups_of(table))
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.table)
+
+    def split(self, i: int) -> str | None:
+        code = int(self.split_codes[i])
+        return SPLITS[code] if code >= 0 else None
+
+    def entity(self, i: int) -> str | None:
+        return self.entities[int(self.entity_codes[i])]
+
+    def value(self, name: str, i: int) -> Any:
+        """Field ``name`` of row ``i``."""
+        return self.table.value(name, i)
 
     def where(self, i: int) -> dict[str, Any]:
-        where = {"key": self.key[i], "source": self.source[i], "entity_id": self.entity[i], "split": self.split[i]}
+        where = {"key": self.value("key", i), "source": self.value("source", i), "entity_id": self.entity(i),
+                 "split": self.split(i)}
         if self.show_paths:
-            where["path"] = self.relpath[i]
+            where["path"] = self.value("relpath", i)
         return where
+
+    def placed_pairs(self) -> np.ndarray:
+        """The distinct (entity code, split code) pairs of the rows in a split, as int64
+        ``entity * 4 + split``, ascending."""
+        placed = self.split_codes >= 0
+        return np.unique(self.entity_codes[placed].astype(np.int64) * 4 + self.split_codes[placed])
 
 
 def _entity_overlap(samples: _Samples, cfg: SplitConfig) -> RuleResult:
-    splits_of: dict[str, set[str]] = defaultdict(set)
-    for entity, split in zip(samples.entity, samples.split, strict=True):
-        if split is not None and entity is not None:
-            splits_of[entity].add(split)
+    splits_of: dict[str, list[str]] = defaultdict(list)
+    for pair in samples.placed_pairs().tolist():
+        entity = samples.entities[pair // 4]
+        if entity is not None:
+            splits_of[entity].append(SPLITS[pair % 4])
     findings = [{"entity_id": e, "splits": sorted(s, key=SPLITS.index)}
                 for e, s in sorted(splits_of.items()) if len(s) > 1]
     return RuleResult("entity_overlap", "report" if cfg.accept_leaks else "fail", len(findings), tuple(findings),
@@ -170,10 +188,10 @@ def _given(cfg: SplitConfig) -> dict[str, Any]:
 def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
     across: list[dict[str, Any]] = []
     within: list[dict[str, Any]] = []
-    for group in exact_groups(samples.sha256, samples.stored, samples.blank or None):
-        placed = [i for i in group if samples.split[i] is not None]
-        splits = {samples.split[i] for i in placed}
-        finding = {"sha256": samples.sha256[placed[0] if placed else group[0]],
+    for group in samples.exact:
+        placed = [i for i in group if samples.split_codes[i] >= 0]
+        splits = {int(samples.split_codes[i]) for i in placed}
+        finding = {"sha256": samples.value("sha256", placed[0] if placed else group[0]),
                    "samples": [samples.where(i) for i in placed]}
         if len(splits) > 1:
             across.append(finding)
@@ -185,10 +203,11 @@ def _exact(samples: _Samples, cfg: SplitConfig) -> list[RuleResult]:
 
 
 def _near(samples: _Samples, cfg: SplitConfig, links: NearLinks) -> RuleResult:
-    split, sha256 = samples.split, samples.sha256
+    split = samples.split_codes
     crossing = [{"a": samples.where(i), "b": samples.where(j), **links.describe(k)}
                 for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True))
-                if split[i] is not None and split[j] is not None and split[i] != split[j] and sha256[i] != sha256[j]]
+                if split[i] >= 0 and split[j] >= 0 and split[i] != split[j]
+                and samples.value("sha256", i) != samples.value("sha256", j)]
     severity = "report" if cfg.duplicates == "report" or not cfg.near_enabled or cfg.accept_leaks else "fail"
     count = len(crossing)
     # max_cross_split pairs are tolerated: the rule fails only beyond them
@@ -216,23 +235,20 @@ MAX_EVIDENCE = 50
 
 
 def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
-    from packer.pipeline.dedup import cluster_duplicates
-
-    groups = exact_groups(samples.sha256, samples.stored, samples.blank or None)
-    exact = ((g[k], g[k + 1]) for g in groups for k in range(len(g) - 1))
-    edges = itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True))
-    clusters: dict[int, list[int]] = defaultdict(list)
-    roots = cluster_duplicates(len(samples), edges)
-    for index, root in enumerate(roots):
-        clusters[root].append(index)
+    exact = ((g[k], g[k + 1]) for g in samples.exact for k in range(len(g) - 1))
+    roots = components_of(itertools.chain(exact, zip(links.i.tolist(), links.j.tolist(), strict=True)))
+    clusters: dict[int, list[int]] = defaultdict(list)  # only rows some link names: the others are alone
+    for index in sorted(roots):
+        clusters[roots[index]].append(index)
     # each near link between two entities, with its evidence, under the cluster it joins
     evidence: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    entity = samples.entity_codes
     for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
-        if samples.entity[i] != samples.entity[j]:
+        if entity[i] != entity[j]:
             evidence[roots[i]].append({"a": samples.where(i), "b": samples.where(j), **links.describe(k)})
     findings: list[dict[str, Any]] = []
-    for root, members in clusters.items():
-        entities = sorted({samples.entity[i] or "" for i in members})
+    for root, members in sorted(clusters.items()):
+        entities = sorted({samples.entity(i) or "" for i in members})
         if len(members) > 1 and len(entities) > 1:
             near = sorted(evidence.get(root, []), key=lambda link: float(link["score"]))  # the weakest first
             findings.append({"entities": entities, "size": len(members),
@@ -253,8 +269,8 @@ def _label_conflicts(samples: _Samples, found: LabelConflicts, cfg: SplitConfig)
     for group in found.groups:
         finding: dict[str, Any] = {
             "size": len(group.members), "linked_by": group.linked_by, "targets_differ": group.targets,
-            "labels": sorted({samples.label[i] or "" for i in group.members}),
-            "samples": [{**samples.where(i), "label": samples.label[i]} for i in group.members[:MAX_MEMBERS]]}
+            "labels": sorted({samples.value("label", i) or "" for i in group.members}),
+            "samples": [{**samples.where(i), "label": samples.value("label", i)} for i in group.members[:MAX_MEMBERS]]}
         if group.dice is not None:
             finding["mask_dice"] = round(group.dice, 4)
         if found.dropped:
@@ -273,13 +289,15 @@ def _entity_lookalikes(samples: _Samples, groups: Sequence[Sequence[str]]) -> Ru
     case, spacing or leading zeros (found while the raw ids were at hand, :class:`_Settle`),
     each entity with the splits it went to and its first sample (by key: ``packer locate`` maps
     it to its file)."""
-    first: dict[str, int] = {}
+    wanted = {entity for group in groups for entity in group}
+    codes, rows = np.unique(samples.entity_codes, return_index=True)  # each entity's first row
+    first = {samples.entities[c]: r for c, r in zip(codes.tolist(), rows.tolist(), strict=True)
+             if samples.entities[c] in wanted}
     splits_of: dict[str, set[str]] = defaultdict(set)
-    for i, (entity, split) in enumerate(zip(samples.entity, samples.split, strict=True)):
-        if entity is not None:
-            first.setdefault(entity, i)
-            if split is not None:
-                splits_of[entity].add(split)
+    for pair in samples.placed_pairs().tolist():
+        entity = samples.entities[pair // 4]
+        if entity in first:
+            splits_of[entity].add(SPLITS[pair % 4])
     findings = []
     for group in groups:
         present = [entity for entity in group if entity in first]
@@ -319,14 +337,16 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
     the fields it always had (``train_samples_after``, ``train_samples``, ``latest_train``); a
     valid one says ``from: valid`` and has ``valid_samples_after``, ``valid_samples``, ``latest_valid``."""
     latest = ranges[earlier][1]
-    held = [i for i, (split, time) in enumerate(zip(samples.split, samples.time, strict=True))
-            if split == earlier and time is not None]
+    times = samples.table.arrow("time")
+    held = _timed(samples, earlier)
     findings: list[dict[str, Any]] = []
     for later in later_splits:
         if ranges[later][0] > latest:
             continue
-        after = sorted((i for i in held if (samples.time[i] or "") >= ranges[later][0]),
-                       key=lambda i: (samples.time[i] or "", samples.key[i]), reverse=True)
+        # UTF-8 byte order is code point order, as str comparison
+        from_then = pc.fill_null(pc.greater_equal(times, pa.scalar(ranges[later][0])), False)
+        rows = np.flatnonzero(held & from_then.to_numpy(zero_copy_only=False)).tolist()
+        after = sorted(rows, key=lambda i: (samples.value("time", i) or "", samples.value("key", i)), reverse=True)
         finding: dict[str, Any] = {} if earlier == "train" else {"from": earlier}
         finding.update({
             "split": later, f"{earlier}_samples_after": len(after),
@@ -339,12 +359,20 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
     return findings
 
 
+def _timed(samples: _Samples, split: str) -> np.ndarray:
+    """Per row, whether it is in ``split`` and has a time."""
+    return (samples.split_codes == SPLITS.index(split)) & ~samples.table.text["time"].null
+
+
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
-    times: dict[str, list[str]] = defaultdict(list)
-    for split, time in zip(samples.split, samples.time, strict=True):
-        if split is not None and time is not None:
-            times[split].append(time)
-    ranges = {s: (min(t), max(t)) for s, t in times.items()}
+    ranges: dict[str, tuple[str, str]] = {}
+    if not samples.table.text["time"].null.all():
+        times = samples.table.arrow("time")
+        for split in SPLITS:
+            held = _timed(samples, split)
+            if held.any():
+                low_high = pc.min_max(times.filter(pa.array(held)))
+                ranges[split] = (low_high["min"].as_py(), low_high["max"].as_py())
     findings = []
     if cfg.by == "time":
         order = [split for split in ("train", "valid", "test") if split in ranges]
@@ -369,13 +397,14 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
         return RuleResult("split_balance", severity, 0, (), detail)
     group = balance.largest
     members = set(group.members)
-    entity_of = samples.entity
+    entity_of = samples.entity_codes
     formed: list[dict[str, Any]] = []  # the links that joined its entities, the weakest first
     for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
         if i in members and j in members and entity_of[i] != entity_of[j]:
             formed.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
-    for exact in exact_groups([samples.sha256[i] for i in group.members], [samples.stored[i] for i in group.members],
-                              [samples.blank[i] for i in group.members] if samples.blank else None):
+    for exact in exact_groups([samples.value("sha256", i) for i in group.members],
+                              [samples.value("stored_digest", i) for i in group.members],
+                              [samples.value("blank", i) for i in group.members]):
         pair = [group.members[k] for k in exact]
         if len({entity_of[i] for i in pair}) > 1:  # named by two copies that join entities, not two of one file
             other = next(i for i in pair if entity_of[i] != entity_of[pair[0]])
@@ -428,9 +457,8 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
                  *counted([_entity_lookalikes(fields, lookalikes)]), time_rule,
                  *counted([_balance(fields, assignment, cfg, links)])]
     entities: dict[str, set[str]] = defaultdict(set)
-    for split, entity in zip(fields.split, fields.entity, strict=True):
-        if split is not None:
-            entities[split].add(entity or "")
+    for pair in fields.placed_pairs().tolist():
+        entities[SPLITS[pair % 4]].add(fields.entities[pair // 4] or "")
     return LeakageAudit(rules=tuple(rules), entities_per_split={s: len(e) for s, e in entities.items()},
                        time_ranges=ranges if show_dates else {})
 

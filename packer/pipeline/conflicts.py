@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.config import SplitConfig
-from packer.pipeline.dedup import cluster_duplicates, exact_groups
+from packer.pipeline.dedup import components_of, exact_groups_of
 from packer.pipeline.nearcopy import THUMB, NearLinks
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillReader
@@ -173,12 +173,12 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks are not compared).
     ``has_masks``: the job's samples carry masks. Groups are ordered by their first row, so the
     result depends only on the samples."""
-    exact = exact_groups(samples.column("sha256"), samples.column("stored_digest"), samples.column("blank"))
+    exact = exact_groups_of(samples)
     if not exact and not len(links):
         return LabelConflicts(masks_compared=(masks is not None) if has_masks else None)
     edges = itertools.chain(((g[k], g[k + 1]) for g in exact for k in range(len(g) - 1)),
                             zip(links.i.tolist(), links.j.tolist(), strict=True))
-    roots = cluster_duplicates(len(samples), edges)
+    roots = components_of(edges)  # the rows a link names: the others are alone
     linked: dict[int, set[str]] = defaultdict(set)
     for group in exact:
         linked[roots[group[0]]].add("exact")
@@ -187,7 +187,6 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     members: dict[int, list[int]] = defaultdict(list)
     for row in sorted({row for group in exact for row in group} | set(links.i.tolist()) | set(links.j.tolist())):
         members[roots[row]].append(row)
-    labels = samples.column("label")
     mask_bytes = samples.array("mask_bytes") if has_masks else None
     exact_of = {group[0]: group for group in exact}
     near_of: dict[int, list[tuple[int, int, float, float, float]]] = defaultdict(list)
@@ -200,7 +199,7 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
                                           float(evidence.dx[k])))
     found = []
     for root, rows in sorted(members.items()):
-        texts = list(dict.fromkeys(labels[row] for row in rows))
+        texts = list(dict.fromkeys(samples.value("label", row) for row in rows))
         differ = any(conflicts(a, b, tolerance=cfg.label_tolerance) for a, b in itertools.combinations(texts, 2))
         dice = None
         if masks is not None and mask_bytes is not None:
@@ -223,7 +222,6 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
     """One ``label_conflict`` record (``excluded.jsonl``) per file whose samples ``drop_group``
     left out (``found.dropped``): the samples' keys, the group's size, how it was linked and
     what disagreed."""
-    keys, labels = samples.column("key"), samples.column("label")
     paths: dict[str, str] = {}
     dropped_keys: dict[str, list[str]] = defaultdict(list)
     whys: dict[str, str] = {}
@@ -231,8 +229,9 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
         dropped = [row for row in group.members if row in found.dropped]
         if not dropped:
             continue
-        texts = sorted({labels[row] or "" for row in group.members})
-        named = ", ".join(keys[row] for row in group.members[:NAMED]) + (", ..." if len(group.members) > NAMED else "")
+        texts = sorted({samples.value("label", row) or "" for row in group.members})
+        named = (", ".join(samples.value("key", row) for row in group.members[:NAMED])
+                 + (", ..." if len(group.members) > NAMED else ""))
         what = [f"targets {', '.join(repr(t) for t in texts)}"] if group.targets else []
         if group.masks and group.dice is not None:
             what.append(f"masks (Dice {group.dice:.2f})")
@@ -241,7 +240,7 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
         for row in dropped:
             ref = samples[row].ref
             paths[ref.sample_id] = ref.path
-            dropped_keys[ref.sample_id].append(keys[row])
+            dropped_keys[ref.sample_id].append(samples.value("key", row))
             whys.setdefault(ref.sample_id, why)
     return [Excluded(sample_id=sample_id, path=paths[sample_id], stage="split", why="label_conflict",
                      detail=f"sample{'s' if len(dropped_keys[sample_id]) > 1 else ''} "

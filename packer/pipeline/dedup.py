@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.pipeline.sampletable import SampleTable
+
 #: How many levels apart a uint8 sample's values may be and still show nothing (2 of 255, under 1 %
 #: of the display range): a black border's faint pattern, a JPEG's flat blocks, a camera's dark noise.
 BLANK_LEVELS_UINT8 = 2
@@ -73,6 +75,87 @@ def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None,
     for index in sorted({i for group in (*groups, *joining) for i in group}):
         members.setdefault(forest.find(index), []).append(index)
     return sorted(members.values())
+
+
+#: Leading characters of a digest that :func:`equal_text_rows` sorts by (64 bits of hex); rows
+#: that agree on them are then compared whole, so a clash of prefixes joins nothing.
+_PREFIX = 16
+
+
+def exact_groups_of(samples: SampleTable) -> list[list[int]]:
+    """:func:`exact_groups` of a table's ``sha256``, ``stored_digest`` and ``blank`` fields, the
+    same groups in the same order, without a Python object per record: the digests are grouped by
+    their first 64 bits in numpy (one sort of n integers) and only rows sharing those are compared
+    as text. At 10M records the lists :func:`exact_groups` takes held ~2 GB."""
+    blank = samples.array("blank").astype(bool)
+    groups = equal_text_rows(samples, "sha256", blank, skip_empty=False)
+    joining = equal_text_rows(samples, "stored_digest", blank, skip_empty=True)
+    if groups is None or joining is None:  # digests of another form (validate --quick's placeholders)
+        return exact_groups(samples.column("sha256"), samples.column("stored_digest"), samples.column("blank"))
+    if not joining:
+        return groups
+    return joined_groups([*groups, *joining])
+
+
+def joined_groups(groups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``groups`` (lists of row indices) closed under shared members: each component once, its
+    rows ascending, ordered by their first row. Only the rows named are held."""
+    roots = components_of((a, b) for group in groups for a, b in zip(group, group[1:], strict=False))
+    members: dict[int, list[int]] = {}
+    for row in sorted(roots):
+        members.setdefault(roots[row], []).append(row)
+    return sorted(members.values())
+
+
+def components_of(edges: Iterable[Sequence[int]]) -> dict[int, int]:
+    """Per row named by an edge ((i, j) or (i, j, ...)), its component's id: the smallest row of
+    the component, as :func:`cluster_duplicates` gives it, but holding only the rows named (a row
+    no edge names is alone)."""
+    pairs = [(int(edge[0]), int(edge[1])) for edge in edges]
+    rows = sorted({row for pair in pairs for row in pair})
+    compact = {row: k for k, row in enumerate(rows)}
+    forest = UnionFind(len(rows))
+    for a, b in pairs:
+        forest.union(compact[a], compact[b])
+    return {rows[k]: rows[root] for k, root in enumerate(forest.components())}
+
+
+def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = None, *, skip_empty: bool
+                    ) -> list[list[int]] | None:
+    """Groups (size >= 2, rows ascending, ordered by first row) of the rows whose text field
+    ``name`` is equal, leaving out the rows of ``skip`` and, with ``skip_empty``, those where it
+    is empty or missing; None when the values used are not digests (one length, at least
+    :data:`_PREFIX` characters): the caller groups those as text."""
+    text = samples.text[name]
+    lengths = np.diff(text.ends, prepend=0)
+    used = ~text.null & (lengths > 0) if skip_empty else np.ones(len(lengths), dtype=bool)
+    if skip is not None:
+        used &= ~skip
+    rows = np.flatnonzero(used)
+    if not rows.size:
+        return []
+    width = int(lengths[rows[0]])
+    if width < _PREFIX or not (lengths[rows] == width).all():
+        return None
+    data = np.frombuffer(text.data, dtype=np.uint8)
+    starts = text.ends[rows] - width
+    prefix = np.ascontiguousarray(data[starts[:, None] + np.arange(_PREFIX)]).view(np.uint64)
+    key = prefix[:, 0] ^ (prefix[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+    order = np.argsort(key, kind="stable")  # rows of one key stay ascending
+    key = key[order]
+    edge = np.flatnonzero(key[1:] != key[:-1]) + 1
+    bounds = np.concatenate(([0], edge, [key.size]))
+    sizes = np.diff(bounds)
+    groups: list[list[int]] = []
+    raw, ends = text.data, text.ends
+    for begin, size in zip(bounds[:-1][sizes > 1].tolist(), sizes[sizes > 1].tolist(), strict=True):
+        by_value: dict[bytes, list[int]] = {}
+        for row in rows[order[begin:begin + size]].tolist():  # the whole value decides, not its first 64 bits
+            end = int(ends[row])
+            by_value.setdefault(raw[end - width:end], []).append(row)
+        groups.extend(group for group in by_value.values() if len(group) > 1)
+    groups.sort()
+    return groups
 
 
 class UnionFind:
@@ -149,6 +232,25 @@ def shared_instances(instances: Sequence[str], entities: Sequence[str | None], k
         if len(first) > 1:
             found.append(SharedInstance(keys=tuple(keys[i] for i in first.values()), entities=tuple(first),
                                         same_pixels=len({digests[i] for i in members}) == 1))
+    return found
+
+
+def shared_instances_of(samples: SampleTable) -> list[SharedInstance]:
+    """:func:`shared_instances` of a table's ``instance``, ``entity``, ``key`` and ``sha256``
+    fields, without a Python object per record: only the rows that share a UID are read."""
+    groups = equal_text_rows(samples, "instance", skip_empty=True)
+    if groups is None:
+        return shared_instances(samples.column("instance"), samples.column("entity"), samples.column("key"),
+                                samples.column("sha256"))
+    found = []
+    for members in groups:
+        first: dict[str, int] = {}
+        for i in members:
+            first.setdefault(samples.value("entity", i) or "", i)
+        if len(first) > 1:
+            found.append(SharedInstance(keys=tuple(samples.value("key", i) for i in first.values()),
+                                        entities=tuple(first),
+                                        same_pixels=len({samples.value("sha256", i) for i in members}) == 1))
     return found
 
 

@@ -224,6 +224,10 @@ class _Columns(Generic[R], Sequence[R]):
             return _CODECS[column.codec].decode(column.values.get(int(column.codes[i])))
         return int(self.numbers[name][i])
 
+    def value(self, name: str, i: int) -> Any:
+        """Field ``name`` of record ``i`` (0 <= i < len), without building the record."""
+        return self._get(name, i)
+
     def column(self, name: str) -> list[Any]:
         """Every record's value of field ``name``, in order, as a list."""
         if name in self.text:

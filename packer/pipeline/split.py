@@ -36,7 +36,7 @@ import numpy as np
 
 from packer.config import SPLITS, SplitConfig
 from packer.errors import ConfigError
-from packer.pipeline.dedup import UnionFind, exact_groups
+from packer.pipeline.dedup import UnionFind, exact_groups_of
 from packer.pipeline.nearcopy import (
     EXACT_LIMIT,
     Candidates,
@@ -127,6 +127,18 @@ class Assignment:
     excluded: tuple[Excluded, ...] = ()
 
 
+def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
+    """Per row of ``table``, the index in :data:`SPLITS` of its key's split in ``split``, or -1;
+    the keys are read a block at a time, not as one list."""
+    index = {name: k for k, name in enumerate(SPLITS)}
+    codes = np.full(len(table), -1, dtype=np.int8)
+    block = 1 << 16
+    for start in range(0, len(table), block):
+        keys = table.text["key"].slice(start, min(start + block, len(table))).values()
+        codes[start:start + len(keys)] = [index[split[k]] if k is not None and k in split else -1 for k in keys]
+    return codes
+
+
 RunVerify = Callable[[Sequence[VerifyTask]], Iterable[tuple[VerifyTask, EvidenceArrays]]]
 #: The names a sample's target text counts under when stratifying by label (:meth:`Target.held_names`).
 Strata = Callable[[str | None], Sequence[str]]
@@ -207,7 +219,7 @@ def group_samples(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
         forest.union(first_of_entity.setdefault(entity or f"?{key}", index), index)
     del first_of_entity
     if cfg.duplicates == "group":
-        for group in exact_groups(table.column("sha256"), table.column("stored_digest"), table.column("blank")):
+        for group in exact_groups_of(table):
             kept = [row for row in group if row not in leave_out]
             for a, b in zip(kept, kept[1:], strict=False):
                 forest.union(a, b)

@@ -57,7 +57,7 @@ from packer.pipeline.audit import (
 )
 from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
-from packer.pipeline.dedup import shared_instances, shared_instances_warning
+from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
 from packer.pipeline.discover import discover
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
@@ -68,7 +68,7 @@ from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere, lost_versions
-from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links
+from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
 from packer.read.kinds import source_libraries
 from packer.read.nifti import is_filled_note
@@ -258,9 +258,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg, listed_in)),
                           ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listed_in)),
-                          ("instance_uids", shared_instances_warning(shared_instances(
-                              samples.column("instance"), samples.column("entity"), samples.column("key"),
-                              samples.column("sha256")), job.job_path)),
+                          ("instance_uids", shared_instances_warning(shared_instances_of(samples), job.job_path)),
                           ("entity_lookalikes", lookalikes_warning(audit, listed_in)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
@@ -270,11 +268,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             warned.append((code, warning))
     issues.extend(assignment.dropped)
     excluded.extend(assignment.excluded)
-    split = assignment.split
-    keys = samples.column("key")
-    kept = samples.take([i for i, key in enumerate(keys) if key in split])
-    spills = samples.column("spill")
-    partial = frozenset(spills[i] for i, key in enumerate(keys) if key not in split)
+    placed = split_codes(samples, assignment.split) >= 0
+    kept = samples.take(np.flatnonzero(placed))
+    spill_codes, spills = samples.codes("spill")
+    partial = frozenset(spills[code] for code in np.unique(spill_codes[~placed]).tolist())
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
