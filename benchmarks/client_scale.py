@@ -154,7 +154,7 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
         stage("splits table", lambda: write_splits_table(folder, samples, assignment, phi))
         found = {"groups": len(assignment.groups), "largest_group": max(g.size for g in assignment.groups),
                  "shards": len(shards), "audit_failed": bool(audit.failed),
-                 "splits": {s: sum(1 for v in assignment.split.values() if v == s) for s in ("train", "valid", "test")}}
+                 "splits": {s: assignment.split_counts().get(s, 0) for s in ("train", "valid", "test")}}
     return {"samples": n, "per_entity": per_entity, "copies": copies, "stages": stages,
             "records_rss_mib": round(records_rss / 2**20, 1),
             "records_bytes_per_sample": round(records_rss / n, 1),

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+import numpy as np
+
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
@@ -32,6 +34,7 @@ from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
 from packer.pipeline.cluster import open_executor
+from packer.pipeline.split import split_codes
 from packer.pipeline.stages import Prepared, run_stages
 from packer.read.kinds import source_libraries
 from packer.records import Excluded
@@ -171,11 +174,14 @@ def summary(result: ValidateResult) -> dict[str, Any]:
     prepared = result.prepared
     per_split = {split: {"samples": 0, "entities": 0} for split in SPLITS}
     entities: dict[str, set[str]] = {split: set() for split in SPLITS}
-    split_of = prepared.assignment.split
-    for key, entity in zip(prepared.samples.column("key"), prepared.samples.column("entity"), strict=True):
-        split = split_of[key]
-        per_split[split]["samples"] += 1
-        entities[split].add(entity or "")
+    codes = split_codes(prepared.samples, prepared.assignment.split)
+    entity_codes, entity_of = prepared.samples.codes("entity")
+    if (codes < 0).any():  # every packed sample has a split
+        raise KeyError(prepared.samples.value("key", int(np.flatnonzero(codes < 0)[0])))
+    for code, count in enumerate(np.bincount(codes.astype(np.int64), minlength=len(SPLITS)).tolist()):
+        per_split[SPLITS[code]]["samples"] = count
+    for pair in np.unique(entity_codes.astype(np.int64) * 4 + codes).tolist():
+        entities[SPLITS[pair % 4]].add(entity_of[pair // 4] or "")
     for split in SPLITS:
         per_split[split]["entities"] = len(entities[split])
     audit = prepared.audit.to_json(listed=True)

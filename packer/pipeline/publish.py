@@ -27,10 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.config import SPLITS
 from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, file_sha256
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA, read_dataset_hash, read_manifest
 from packer.pipeline.sampletable import as_table
+from packer.pipeline.split import fold_codes, split_codes
 from packer.shards.writer import ShardWrite
 from packer.storage import (
     LOCAL_ONLY,
@@ -144,29 +146,37 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
     # Python strings per column was most of the client's peak here at 100k samples
     keys = samples.arrow("key")
     order = pc.sort_indices(keys)  # UTF-8 byte order is code point order, as sorted() on str
-    entities, times = samples.column("entity"), samples.column("time")
-    first: dict[str, str] = {}
-    for entity, time in zip(entities, times, strict=True):
+    # days since the entity's first record, for the rows with a time (the others have none)
+    timed = np.flatnonzero(~samples.text["time"].null)
+    entity_codes, _ = samples.codes("entity")
+    times = samples.text["time"].take(timed).values()
+    first: dict[int, str] = {}
+    for entity, time in zip(entity_codes[timed].tolist(), times, strict=True):
         if time is not None and (entity not in first or time < first[entity]):
             first[entity] = time
     shifted = replace(phi, dates="shift")
-    days = pa.array([shifted.time(time, first.get(entity)) for entity, time in zip(entities, times, strict=True)],
-                    pa.float64()).take(order)
-    del entities, times, first
+    since = np.full(len(samples), np.nan)
+    since[timed] = [np.nan if (d := shifted.time(time, first.get(entity))) is None else d
+                    for entity, time in zip(entity_codes[timed].tolist(), times, strict=True)]
+    days = pa.array(since, pa.float64(), mask=np.isnan(since)).take(order)
+    del times, first, since
     time_column = samples.arrow("time").take(order) if phi.dates == "keep" else pa.nulls(len(keys), pa.string())
     keys = keys.take(order)
-    sorted_keys = keys.to_pylist()
+    split_of = split_codes(samples, assignment.split)
+    if (split_of < 0).any():
+        raise KeyError(samples.value("key", int(np.flatnonzero(split_of < 0)[0])))  # every packed sample has a split
+    fold_of = fold_codes(samples, assignment.fold)
+    at = order.to_numpy()
     columns = {
         "key": keys,
         "sample_id": samples.arrow("sample_id").take(order),
         "entity_id": samples.arrow("entity").take(order),
-        "split": pa.array([assignment.split[k] for k in sorted_keys], pa.string()),
-        "fold": pa.array([assignment.fold.get(k) for k in sorted_keys], pa.int32()),
+        "split": pa.array(np.array(SPLITS, dtype=object)[split_of[at]], pa.string()),
+        "fold": pa.array(fold_of[at].astype(np.int32), pa.int32(), mask=fold_of[at] < 0),
         "time": time_column,
         "days_since_first": days,
         "label": samples.arrow("label").take(order),
     }
-    del sorted_keys
     table = pa.table([columns[field.name].cast(field.type) for field in SPLITS_SCHEMA], schema=SPLITS_SCHEMA)
     del columns
     return _write_table(folder / SPLITS_FILE, table)

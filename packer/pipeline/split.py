@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,59 @@ class SplitGroup:
         return self.entities[0]
 
 
+class RowCodes(Mapping[str, Any]):
+    """A mapping from sample key to a value (a split name, a fold) held as one small integer per
+    row of a sample table, -1 where a row has none: what :class:`Assignment` keeps instead of a
+    dict of every key (about 120 bytes a sample, 1.2 GB at 10M). Code that walks the table's rows
+    reads :attr:`codes` (:func:`split_codes`); a lookup by key builds the key index on first use."""
+
+    def __init__(self, table: SampleTable, codes: np.ndarray, values: Sequence[Any]) -> None:
+        self.keys_of = table.text["key"]  # the rows the codes align with
+        self.codes = codes
+        self.values_of = tuple(values)
+        self._rows: dict[str, int] | None = None
+
+    def _index(self) -> dict[str, int]:
+        if self._rows is None:
+            self._rows = {key: row for row, key in self._keyed() if key is not None}
+        return self._rows
+
+    def _keyed(self) -> Iterator[tuple[int, str | None]]:
+        """(row, key) of every row with a value, in row order, the keys read a block at a time."""
+        block = 1 << 16
+        held = np.flatnonzero(self.codes >= 0)
+        for start in range(0, len(held), block):
+            rows = held[start:start + block]
+            yield from zip(rows.tolist(), self.keys_of.take(rows).values(), strict=True)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values_of[int(self.codes[self._index()[key]])]
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for _, key in self._keyed() if key is not None)
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.codes >= 0))
+
+    def counts(self) -> dict[Any, int]:
+        """How many rows hold each value (values no row holds left out)."""
+        found = np.bincount(self.codes[self.codes >= 0].astype(np.int64), minlength=len(self.values_of))
+        return {value: int(n) for value, n in zip(self.values_of, found.tolist(), strict=True) if n}
+
+    def take(self, table: SampleTable, rows: np.ndarray) -> RowCodes:
+        """The same mapping restricted to ``rows``, aligned with ``table`` (the table's ``take`` of them)."""
+        return RowCodes(table, self.codes[rows], self.values_of)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_row_codes, (self.keys_of, self.codes, self.values_of))
+
+
+def _row_codes(keys: Any, codes: np.ndarray, values: tuple[Any, ...]) -> RowCodes:
+    made = RowCodes.__new__(RowCodes)
+    made.keys_of, made.codes, made.values_of, made._rows = keys, codes, values, None
+    return made
+
+
 @dataclass(frozen=True)
 class Assignment:
     """Per sample key: its split and (for non-test samples, with ``folds``) its fold.
@@ -115,27 +169,60 @@ class Assignment:
     ``dropped`` holds the ``not_in_split`` issues of samples left out of every split (bad
     samples); ``excluded``, the ``straddles_cutoff`` records of files ``entity_policy:
     drop_straddlers`` leaves out on purpose (one per file, never against ``max_bad_fraction``);
-    ``warnings``, sentences for the user (list items that name no sample).
+    ``warnings``, sentences for the user (list items that name no sample). ``split`` and
+    ``fold`` are :class:`RowCodes` over the samples :func:`assign_splits` was given (any mapping
+    where a caller makes one by hand).
     """
 
-    split: dict[str, str]
-    fold: dict[str, int]
+    split: Mapping[str, str]
+    fold: Mapping[str, int]
     groups: tuple[SplitGroup, ...]
     dropped: tuple[Issue, ...]
     pinned: dict[str, str]
     warnings: tuple[str, ...] = ()
     excluded: tuple[Excluded, ...] = ()
 
+    def split_counts(self) -> dict[str, int]:
+        """Samples per split (splits without samples left out)."""
+        if isinstance(self.split, RowCodes):
+            return self.split.counts()
+        counts: dict[str, int] = defaultdict(int)
+        for name in self.split.values():
+            counts[name] += 1
+        return dict(counts)
+
+    def placed_in(self, table: SampleTable, rows: np.ndarray) -> Assignment:
+        """This assignment with ``split`` and ``fold`` aligned with ``table``, the rows ``rows`` of
+        the samples it was made on (the same keys: a mapping by key is unchanged)."""
+        if not isinstance(self.split, RowCodes) or not isinstance(self.fold, RowCodes):
+            return self
+        return replace(self, split=self.split.take(table, rows), fold=self.fold.take(table, rows))
+
 
 def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
-    """Per row of ``table``, the index in :data:`SPLITS` of its key's split in ``split``, or -1;
-    the keys are read a block at a time, not as one list."""
+    """Per row of ``table``, the index in :data:`SPLITS` of its key's split in ``split``, or -1:
+    the codes themselves where ``split`` is a :class:`RowCodes` aligned with ``table``, else
+    by key, the keys read a block at a time, not as one list."""
+    if isinstance(split, RowCodes) and split.keys_of is table.text["key"] and split.values_of == SPLITS:
+        return split.codes.astype(np.int8)
     index = {name: k for k, name in enumerate(SPLITS)}
     codes = np.full(len(table), -1, dtype=np.int8)
     block = 1 << 16
     for start in range(0, len(table), block):
         keys = table.text["key"].slice(start, min(start + block, len(table))).values()
         codes[start:start + len(keys)] = [index[split[k]] if k is not None and k in split else -1 for k in keys]
+    return codes
+
+
+def fold_codes(table: SampleTable, fold: Mapping[str, int]) -> np.ndarray:
+    """Per row of ``table``, its key's fold in ``fold``, or -1 (int16), as :func:`split_codes`."""
+    if isinstance(fold, RowCodes) and fold.keys_of is table.text["key"]:
+        return fold.codes.astype(np.int16)
+    codes = np.full(len(table), -1, dtype=np.int16)
+    block = 1 << 16
+    for start in range(0, len(table), block):
+        keys = table.text["key"].slice(start, min(start + block, len(table))).values()
+        codes[start:start + len(keys)] = [fold[k] if k is not None and k in fold else -1 for k in keys]
     return codes
 
 
@@ -259,11 +346,9 @@ class Balance:
 def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
     """:class:`Balance` of ``assignment`` against ``cfg`` (ratios are checked with ``by: entity``
     and no pinned table only; the group share always)."""
-    total = len(assignment.split)
-    counts: dict[str, int] = defaultdict(int)
-    for name in assignment.split.values():
-        counts[name] += 1
-    shares = {name: counts[name] / total if total else 0.0 for name, _ in cfg.ratios}
+    counts = assignment.split_counts()
+    total = sum(counts.values())
+    shares = {name: counts.get(name, 0) / total if total else 0.0 for name, _ in cfg.ratios}
     requested = dict(cfg.ratios)
     placed = [g.size for g in assignment.groups]
     squares = float(sum(size * size for size in placed))
@@ -495,10 +580,10 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         for g, group in enumerate(groups):
             group_split[g] = fixed.get(g) or split_for_unit(entity_unit(group.representative, cfg.seed), cfg.ratios)
 
-    split: dict[str, str] = {}
-    fold: dict[str, int] = {}
+    split = np.full(len(table), -1, dtype=np.int8)
+    fold = np.full(len(table), -1, dtype=np.int16)
+    code_of = {name: k for k, name in enumerate(SPLITS)}
     dropped: dict[str, Excluded] = {}  # by sample id: a multi-frame file's rows are one file
-    keys = table.column("key")
     for g, group in enumerate(groups):
         progress.update()
         left_out = 0
@@ -515,17 +600,17 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                                f"{target}; left out by split.entity_policy: drop_straddlers (first_seen "
                                "keeps it, in its entity's split)"))
                     continue
-            split[keys[i]] = target
+            split[i] = code_of[target]
             if cfg.folds and target != "test":
-                fold[keys[i]] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+                fold[i] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
         if left_out:
             groups[g] = replace(group, dropped=left_out)
     # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
     warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
                 "(a typo, or an entity whose files were all bad samples)",) if stray else ()
-    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=(),
-                      pinned={e: s for e, s in pins.items()}, warnings=warnings,
+    return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
+                      groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()}, warnings=warnings,
                       excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
 
 
@@ -541,17 +626,16 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
         left_files = {table[row].ref.sample_id for row in leave_out}
         unlisted = tuple(issue for issue in unlisted if issue.sample_id not in left_files)
     split_of = carve_splits([None if i in leave_out else s for i, s in enumerate(given.split)], groups, cfg)
-    keys = table.column("key")
-    split = {keys[i]: name for i, name in enumerate(split_of) if name is not None}
-    fold: dict[str, int] = {}
+    split = np.array([-1 if name is None else SPLITS.index(name) for name in split_of], dtype=np.int8)
+    fold = np.full(len(table), -1, dtype=np.int16)
     if cfg.folds:
         for group in groups:
             unit = entity_unit(f"fold\x00{group.representative}", cfg.seed)
             for i in group.members:
                 if split_of[i] not in (None, "test"):
-                    fold[keys[i]] = int(unit * cfg.folds)
-    return Assignment(split=split, fold=fold, groups=tuple(groups), dropped=unlisted, pinned={},
-                      warnings=given.warnings)
+                    fold[i] = int(unit * cfg.folds)
+    return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
+                      groups=tuple(groups), dropped=unlisted, pinned={}, warnings=given.warnings)
 
 
 def carve_splits(given: Sequence[str | None], groups: Sequence[SplitGroup], cfg: SplitConfig) -> list[str | None]:

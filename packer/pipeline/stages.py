@@ -269,7 +269,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     issues.extend(assignment.dropped)
     excluded.extend(assignment.excluded)
     placed = split_codes(samples, assignment.split) >= 0
-    kept = samples.take(np.flatnonzero(placed))
+    rows = np.flatnonzero(placed)
+    kept = samples.take(rows)
+    assignment = assignment.placed_in(kept, rows)  # split and fold by row of what is packed
     spill_codes, spills = samples.codes("spill")
     partial = frozenset(spills[code] for code in np.unique(spill_codes[~placed]).tolist())
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
