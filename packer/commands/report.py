@@ -25,12 +25,16 @@ def report(manifest_arg: str, output: Path | None) -> None:
     The file has inline CSS and images, no scripts and no network access, so it opens from
     file:// anywhere. A pseudonymized dataset's report names bad samples by sample id only;
     under phi.mode keep it lists their raw paths and entity ids: keep that file local.
+    Each sample the report reads is checked against its checksum in _index.parquet (xxh3); a
+    sample that fails is named at the top of the report, flagged where it is shown and in a
+    warning here: run `packer verify` on the version.
     Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
     copy, with neither index nor shards beside it, is not: pass the version folder).
     """
     from packer.errors import ConfigError
     from packer.files import human_bytes
-    from packer.htmlreport import write_html_report
+    from packer.htmlreport import write_report
+    from packer.htmlreport.collect import damaged_finding
     from packer.htmlreport.sections import report_privacy
     from packer.manifest import read_manifest, resolve_manifest_path
 
@@ -45,9 +49,12 @@ def report(manifest_arg: str, output: Path | None) -> None:
         raise ConfigError(f"{manifest}: none of the {len(beside)} files this manifest lists (its index and shards) is "
                           "beside it, so a report would show no samples; if this is a registry copy, pass the version "
                           "folder it describes (<output>/<name>/<version>/)")
-    path = write_html_report(manifest, output)
+    written = write_report(manifest, output)
+    path = written.path
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
+    if written.damaged:  # the report's first finding; a terminal or CI log should see it too
+        click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
     damaged = _damaged_shards(located.parent, data)
     if damaged:  # the report says so inside; a terminal or CI log should too
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
