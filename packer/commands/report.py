@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -37,6 +36,7 @@ def report(manifest_arg: str, output: Path | None) -> None:
     from packer.htmlreport.collect import damaged_finding
     from packer.htmlreport.sections import report_privacy
     from packer.manifest import read_manifest, resolve_manifest_path
+    from packer.verify import shard_size_problems
 
     manifest = local_folder_argument(manifest_arg, command="report")
     located = resolve_manifest_path(manifest)
@@ -55,26 +55,9 @@ def report(manifest_arg: str, output: Path | None) -> None:
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
     if written.damaged:  # the report's first finding; a terminal or CI log should see it too
         click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
-    damaged = _damaged_shards(located.parent, data)
+    damaged = shard_size_problems(located.parent, data)
     if damaged:  # the report says so inside; a terminal or CI log should too
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
         click.echo(f"packer: warning: {len(damaged)} shard(s) missing or not the size the manifest records ({shown}): "
                    "the report leaves their samples out; run `packer verify` on the version", err=True)
 
-
-def _damaged_shards(folder: Path, data: dict[str, Any]) -> list[str]:
-    """The shards the manifest lists that are missing beside it or of another size (a stat each,
-    no hashing: ``packer verify`` checks the bytes)."""
-    damaged = []
-    for entry in (data.get("splits") or {}).values():
-        for shard in (entry.get("shards") or ()) if isinstance(entry, dict) else ():
-            if not isinstance(shard, dict) or not shard.get("file"):
-                continue
-            try:
-                size = (folder / str(shard["file"])).stat().st_size
-            except OSError:
-                damaged.append(f"{shard['file']} (missing)")
-                continue
-            if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
-                damaged.append(f"{shard['file']} ({size:,} bytes, not {shard['bytes']:,})")
-    return damaged
