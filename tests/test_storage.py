@@ -700,17 +700,34 @@ def test_a_rebuild_finds_a_same_size_damaged_object_of_its_own_remote_version_an
     remote = f"s3://{BUCKET}/same-{built.fmt}"
     first = publish_version(built.local.version_dir, remote)
     prefix = first.url.split(f"s3://{BUCKET}/", 1)[1] + "/"
+    import packer.pipeline.publish as publish
+
+    hashed: list[str] = []  # the local files whose MD5 was compared with an object's ETag
+
+    def counting(etag: str | None, path: Path) -> bool:
+        hashed.append(path.name)
+        return publish_etag_matches(etag, path)
+
+    publish_etag_matches = publish.etag_matches
+    monkeypatch.setattr(publish, "etag_matches", counting)
     requests = S3Requests(monkeypatch)
     again = publish_version(built.local.version_dir, remote)
     assert again.skipped and again.uploaded == () and again.repaired == ()
-    # moto's ETags are the objects' MD5s, as S3's are for a single-part upload: no object but the
-    # manifest is downloaded to check it
+    # every object has the ETag it had when the first publish read it back: nothing hashed, and no
+    # object but the manifest downloaded
+    assert hashed == [] and requests.keys("get_object") == {prefix + "manifest.json"}, requests.keys("get_object")
+    record = built.local.version_dir.parent / f".published-{built.local.version_dir.name}.json"
+    record.unlink()  # another machine, or a work folder cleared: moto's ETags are MD5s, as S3's for one part
+    assert publish_version(built.local.version_dir, remote).skipped
+    assert sorted(hashed) == sorted(_listed(built.local.manifest))
     assert requests.keys("get_object") == {prefix + "manifest.json"}, requests.keys("get_object")
+    hashed.clear()
     shard = built.local.manifest["splits"]["valid"]["shards"][0]["file"]
     _flip_object(store, prefix + shard)
     assert not verify_dataset(first.url).ok
     capsys.readouterr()
     repaired = publish_version(built.local.version_dir, remote)
+    assert hashed == [shard]  # the one object whose ETag changed since it was checked
     assert not repaired.skipped and repaired.repaired == (shard,)
     assert repaired.uploaded == (shard, "manifest.json")  # the intact objects stay as they are
     said = capsys.readouterr().err

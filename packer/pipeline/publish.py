@@ -17,6 +17,7 @@ the rest, so each remote version folder is complete on its own.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -231,12 +232,55 @@ class _RemoteState:
     damaged: tuple[str, ...] = ()
 
 
+def _record_file(local: Path) -> Path:
+    """Where the ETags of the objects a publish of the local version ``local`` checked are kept:
+    beside it in the local dataset folder (a dot file: no version, and not uploaded), by URL."""
+    return local.parent / f".published-{local.name}.json"
+
+
+def _checked_etags(local: Path, url: str) -> dict[str, str]:
+    """The ETags the objects of the remote version ``url`` had when a publish of ``local`` last
+    read them back (or checked them) and found them whole; empty where none is recorded."""
+    try:
+        recorded = json.loads(_record_file(local).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:  # a cache of checks only: check the objects again
+        _warn(f"{_record_file(local)} could not be read ({err}); every object of {url} is checked again")
+        return {}
+    etags = recorded.get(url) if isinstance(recorded, dict) else None
+    return {str(k): str(v) for k, v in etags.items()} if isinstance(etags, dict) else {}
+
+
+def _record_checked(folder: VersionFolder, local: Path, names: list[str]) -> None:
+    """Record the ETags the objects ``names`` of ``folder`` have now, just checked whole, so the
+    next publish of the same version takes an unchanged ETag (the object not rewritten since)
+    without hashing anything. A file that cannot be written is a warning: the next publish checks
+    the objects again."""
+    url = folder.where()
+    listing = folder.listing()
+    etags = {name: listing[name][1] for name in names if name in listing and listing[name][1]}
+    path = _record_file(local)
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        recorded = {}  # rewritten below with this URL's checks
+    recorded = {**(recorded if isinstance(recorded, dict) else {}), url: etags}
+    try:
+        with atomic_output(path) as fh:
+            fh.write(json.dumps(recorded, indent=1, sort_keys=True).encode("utf-8"))
+    except OSError as err:
+        _warn(f"{path} could not be written ({err}); the next build checks every object of {url} again")
+
+
 def _remote_state(folder: VersionFolder, storage_options: Mapping[str, Any] | None, manifest: dict[str, Any],
                   local: Path) -> _RemoteState:
     """The remote version folder's :class:`_RemoteState`. Where it records the local version's
-    dataset_hash, every object the manifest lists is checked, not only its size: by its ETag
-    where that is the MD5 of the local file's bytes (:func:`packer.storage.etag_matches`: a local
-    read, no download), else read back and hashed against the manifest's sha256."""
+    dataset_hash, every object the manifest lists is checked, not only its size: an object whose
+    ETag is the one it had when a publish last found it whole (:func:`_record_checked`) has not
+    been rewritten since; else its ETag is compared with the MD5 of the local file's bytes
+    (:func:`packer.storage.etag_matches`: a local read, no download), else it is read back and
+    hashed against the manifest's sha256."""
     try:
         listing = folder.listing()
     except FileNotFoundError:  # no such folder yet
@@ -250,9 +294,12 @@ def _remote_state(folder: VersionFolder, storage_options: Mapping[str, Any] | No
     if remote_hash != manifest["dataset_hash"]:
         return _RemoteState(True, remote_hash)
     recorded = _recorded(manifest, "sha256")
+    checked = _checked_etags(local, folder.where())
     intact, damaged = set(), []
     for name in _upload_order(list(listed), manifest):
-        if etag_matches(listing[name][1], local / name) or folder.sha256(name)[1] == recorded[name]:
+        etag = listing[name][1]
+        if (etag is not None and checked.get(name) == etag) or etag_matches(etag, local / name) \
+                or folder.sha256(name)[1] == recorded[name]:
             intact.add(name)
         else:
             damaged.append(name)
@@ -293,6 +340,7 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     try:
         state = _remote_state(folder, storage_options, manifest, local_version_dir)
         if state.dataset_hash == manifest["dataset_hash"] and not state.damaged:
+            _record_checked(folder, local_version_dir, sorted(state.intact))
             say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
             return PublishResult(url=target, manifest_url=result_url, skipped=True)
         for name in state.damaged:  # a warning, not progress: printed under quiet too
@@ -317,6 +365,7 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
             folder.remove(MANIFEST_FILE)
             raise IntegrityError(f"{result_url}: the uploaded manifest reads back different from "
                                  f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
+        _record_checked(folder, local_version_dir, sorted(_recorded(manifest, "bytes")))
     except remote_errors() as err:
         raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
     copied_bytes = sum(copied.values())
