@@ -193,6 +193,26 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
     return _result(file, manifest, deep, found)
 
 
+def shard_size_problems(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """The shards ``manifest`` lists that are missing from the local version ``folder`` or of
+    another size than it records, as ``"<file> (missing)"`` / ``"<file> (1,000 bytes, not 4,096)"``:
+    a stat each, no hashing (:func:`verify_dataset` checks the bytes). For commands that read a
+    version and trust its recorded hashes (``packer report``, ``packer diff``) to warn cheaply."""
+    damaged = []
+    for entry in (manifest.get("splits") or {}).values():
+        for shard in (entry.get("shards") or ()) if isinstance(entry, dict) else ():
+            if not isinstance(shard, dict) or not shard.get("file"):
+                continue
+            try:
+                size = (folder / str(shard["file"])).stat().st_size
+            except OSError:
+                damaged.append(f"{shard['file']} (missing)")
+                continue
+            if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
+                damaged.append(f"{shard['file']} ({size:,} bytes, not {shard['bytes']:,})")
+    return damaged
+
+
 def _result(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyResult:
     return VerifyResult(manifest=file, name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
                         deep=deep, problems=tuple(found.problems), warnings=tuple(found.warnings),

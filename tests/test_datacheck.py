@@ -495,3 +495,38 @@ def test_validate_warns_of_several_shapes_as_the_build_does(tmp_path: Path) -> N
     (warning,) = [w for w in report["warnings"] if w["code"].startswith("several_")]
     assert warning["code"] == "several_shapes" and "source photos packs samples of 2 shapes" in warning["message"]
     assert output.count(f"warning: {warning['message']}") == 1, output
+
+
+#: What the strict Ant JUnit schema (junit-10.xsd, as CI tools validate against) requires of each
+#: element packer writes: attribute -> the pattern its value must match
+ANT_REQUIRED = {
+    "testsuite": {"name": r"\S.*", "timestamp": r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}",
+                  "hostname": r"\S+", "tests": r"[0-9]+", "failures": r"[0-9]+", "errors": r"[0-9]+",
+                  "time": r"[0-9]+(\.[0-9]+)?"},
+    "testcase": {"name": r"\S.*", "classname": r"\S.*", "time": r"[0-9]+(\.[0-9]+)?"},
+}
+
+
+def test_junit_has_every_attribute_the_strict_ant_schema_requires(tmp_path: Path) -> None:
+    """The suite had no timestamp, hostname or time, and the cases no time: a CI that validates
+    JUnit files against the Ant schema (or shows when and where a check ran) refused or blanked
+    them. The timestamp is when the check started (UTC, no zone, as the schema's pattern), the
+    hostname the machine's, the suite's time its wall seconds."""
+    import re
+    import socket
+    from datetime import UTC, datetime
+
+    before = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    code, _, output = run_validate(image_job(tmp_path, base_rows(6)), "--junit", str(tmp_path / "j.xml"))
+    after = datetime.now(UTC).replace(tzinfo=None)
+    assert code == 0, output
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    elements = [suite, *suite.iter("testcase")]
+    assert len(elements) > 2
+    for element in elements:
+        for attribute, pattern in ANT_REQUIRED[element.tag].items():
+            value = element.get(attribute)
+            assert value is not None and re.fullmatch(pattern, value), (element.tag, attribute, value)
+    assert before <= datetime.fromisoformat(suite.get("timestamp", "")) <= after
+    assert suite.get("hostname") == (socket.gethostname().strip() or "localhost")
+    assert 0 < float(suite.get("time", "0")) <= (after - before).total_seconds() + 1

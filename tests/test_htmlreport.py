@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -483,7 +484,10 @@ def test_the_scanned_index_has_the_rows_of_the_index_file(built: BuildResult, tm
     scanned, note = load_index(folder, built.manifest)
     read, _ = load_index(built.version_dir, built.manifest)
     assert note and len(scanned) == len(read) == built.manifest["inputs"]["samples"]
-    assert scanned.entries(index_keys(built)) == read.entries(index_keys(built))
+    # the shards hold no checksum to check themselves against: a scanned row has none (xxh3 None)
+    recorded = {key: dataclasses.replace(entry, xxh3=None) for key, entry in read.entries(index_keys(built)).items()}
+    assert scanned.entries(index_keys(built)) == recorded
+    assert all(entry.xxh3 == index_keys(built)[key]["xxh3"] for key, entry in read.entries(index_keys(built)).items())
 
 
 def test_a_neighbour_stack_is_shown_by_slice_offset_with_its_centre_slices_composite() -> None:
@@ -645,3 +649,63 @@ def test_a_pseudonymized_report_names_no_job_path_in_its_config_block(built: Bui
     root = built.manifest["config"]["sources"][0]["root"]
     assert Path(root).is_absolute() and root in (built.version_dir / "manifest.json").read_text()
     assert root not in (built.version_dir / "report.html").read_text(encoding="utf-8")
+
+
+def _flip_pixel_byte(folder: Path, key: str, shard: str) -> int:
+    """Flip one byte in the middle of sample ``key``'s pixels in ``folder/shard`` (located with
+    stock readers: tarfile's member offset, or the Parquet image cell's bytes in the file), as a
+    disk or a copy might; the file keeps its size. Returns the file offset flipped."""
+    path = folder / shard
+    data = bytearray(path.read_bytes())
+    if shard.endswith(".tar"):
+        import tarfile
+
+        with tarfile.open(path) as tar:
+            member = tar.getmember(f"{key}.npy")
+        offset = member.offset_data + member.size - member.size // 4  # inside the pixels, past the npy header
+    else:
+        cell = next(r["image"] for r in pq.read_table(path, columns=["key", "image"]).to_pylist() if r["key"] == key)
+        start = bytes(data).find(cell)
+        assert start > 0 and bytes(data).rfind(cell) == start, f"{shard}: the image cell of {key} is not unique"
+        offset = start + len(cell) // 2
+    data[offset] ^= 0x10
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    return offset
+
+
+def test_a_sample_whose_bytes_fail_their_checksum_is_named_at_the_top_and_on_the_sample(
+        built: BuildResult, tmp_path: Path) -> None:
+    """A version with one flipped pixel byte in one sample was reported without a word: its
+    (damaged) thumbnail shown as if packed so. Every sample the report decodes is now checked
+    against its xxh3 in _index.parquet; a sample that fails is the report's first finding (key,
+    shard, both checksums, `packer verify`), its cell is flagged, and `packer report` warns."""
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    clean = render_html_report(folder)
+    assert "fail their checksum" not in clean and "data-damaged" not in clean
+    rows = index_keys(built)
+    key = _sheet_keys(clean)[3]  # a sample the contact sheets show
+    _flip_pixel_byte(folder, key, rows[key]["shard"])
+    for check in ("index positions", "stale positions: the shard is scanned"):
+        if check.startswith("stale"):
+            table = pq.read_table(folder / "_index.parquet")
+            pq.write_table(table.set_column(table.schema.get_field_index("position"), "position",
+                                            pa.array([7] * table.num_rows, pa.int64())), folder / "_index.parquet")
+        text = render_html_report(folder, quiet=True)
+        parsed = parse(text)
+        alerts = text.split('<p class="alert" role="alert">')
+        assert len(alerts) > 1, check
+        first = alerts[1].split("</p>")[0]  # the first finding of the summary, above everything else
+        assert first.startswith("1 of the ") and "fail their checksum" in first, (check, first)
+        assert f"{rows[key]['shard']} [{key}]: xxh3 " in first and "`packer verify`" in first, (check, first)
+        assert f"_index.parquet records {rows[key]['xxh3']:016x}" in first, (check, first)
+        flagged = [v for tag, k, v in parsed.attributes if tag == "figure" and k == "data-damaged"]
+        cells = [(k, v) for tag, k, v in parsed.attributes if tag == "figure" and k == "class" and "damaged" in v]
+        assert flagged == ["checksum"] and len(cells) == 1, check
+        marked = text.split('data-damaged="checksum"')[0].rsplit("<figure", 1)[1]
+        assert f'data-key="{key}"' in marked, check
+        assert "checksum failed: not what was packed" in parsed.all_text, check
+    result = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "warning: 1 of the " in result.stderr and key in result.stderr and "`packer verify`" in result.stderr

@@ -331,3 +331,35 @@ def test_diff_ls_and_report_refuse_an_object_store_url_by_name_and_say_what_read
         assert "s3:/bucket" not in result.output.replace("s3://", ""), result.output
         assert f"`packer {command}` reads local folders only" in result.output, result.output
         assert "packer inspect" in result.output and "packer verify" in result.output, result.output
+
+
+def test_diff_check_verifies_both_versions_first_and_plain_diff_warns_of_a_shard_of_another_size(
+        builds: Builds, tmp_path: Path) -> None:
+    """diff compares the sha256s the manifests record and hashed no shard: a version with a
+    flipped byte in a shard, or a shard cut short, was diffed as if whole, without a word.
+    --check verifies both versions first (packer verify's checks) and exits 5 naming the shard
+    and sample, with no diff; a plain diff warns of a shard missing or of another size."""
+    clean = invoke("diff", builds.first, builds.grown, "--check")
+    assert clean.exit_code == 0, clean.output
+    assert clean.stdout == invoke("diff", builds.first, builds.grown).stdout
+    assert "checked: " in clean.stderr and "of both versions match their manifests" in clean.stderr
+    damaged = Path(shutil.copytree(builds.grown, tmp_path / builds.grown.name, copy_function=shutil.copyfile))
+    shard = sorted(damaged.glob("train-*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # the same size: only hashing finds it
+    shard.write_bytes(bytes(data))
+    plain = invoke("diff", builds.first, damaged)
+    assert plain.exit_code == 0 and "warning" not in plain.stderr, plain.output  # a stat cannot see it
+    checked = invoke("diff", builds.first, damaged, "--check")
+    assert checked.exit_code == 5, checked.output
+    assert checked.stdout == "" and "samples:" not in checked.output  # no diff printed
+    assert f"FAIL {shard.name}: sha256" in checked.stderr, checked.stderr
+    assert f"FAIL {shard.name} [" in checked.stderr and "this sample's bytes changed after the build" in checked.stderr
+    assert f"NEW {damaged / 'manifest.json'}: 2 integrity problem(s)" in checked.stderr  # the shard, its sample
+    assert "No diff" in checked.stderr and "rebuild the version" in checked.stderr
+    shard.write_bytes(bytes(data[:4096]))
+    cut = invoke("diff", builds.first, damaged)
+    assert cut.exit_code == 0, cut.output
+    assert (f"warning: NEW {damaged}: 1 shard(s) missing or not the size its manifest records ({shard.name} (4,096 "
+            "bytes, not") in cut.stderr
+    assert "`packer diff --check`" in cut.stderr

@@ -23,7 +23,7 @@ from packer.pipeline.publish import publish_version
 from packer.storage import LOCAL_ONLY, parse_storage_options, resolve_output
 from packer.verify import verify_dataset
 from tests.helpers import demo_job_doc, write_job
-from tests.s3_store import Store, running_store
+from tests.s3_store import S3Requests, Store, running_store
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
@@ -623,20 +623,114 @@ def test_a_shard_missing_from_the_store_fails_at_once_and_alike_with_and_without
 
 @pytest.mark.slow  # moto's S3 server
 def test_verify_of_a_damaged_remote_version_names_a_fix_that_works(store: Store, built: Built) -> None:
-    """`packer verify` told the user to "rebuild the version with `packer build`": a rebuild finds
-    the remote manifest with the same dataset_hash (sizes match: a flipped byte) and uploads
-    nothing, so the version stayed damaged. For a URL it now says to delete the manifest first,
-    and doing so and rebuilding (publishing) repairs it."""
+    """`packer verify` told the user to "rebuild the version with `packer build`": a rebuild found
+    the remote manifest with the same dataset_hash (sizes match: a flipped byte) and uploaded
+    nothing, so the version stayed damaged, and then to delete the manifest first. A rebuild now
+    checks every object the manifest lists, so the fix it names is the plain rebuild, and doing
+    it (publishing) repairs the version."""
     from click.testing import CliRunner
 
     from packer.cli import main
 
-    url, _, _ = _corrupt_copy(store, built)
+    url, shard, _ = _corrupt_copy(store, built)
     bad = CliRunner().invoke(main, ["verify", url, "--quiet"])
     assert bad.exit_code == 5, bad.output
-    assert f"delete {url}/manifest.json, then run the same `packer build` again" in bad.output, bad.output
+    assert "or run the same `packer build` again: it checks every object" in bad.output, bad.output
     remote = url.rsplit("/", 2)[0]
-    assert publish_version(built.local.version_dir, remote).skipped  # what a plain rebuild does: nothing
-    store.client.delete_object(Bucket=BUCKET, Key=url.split(f"s3://{BUCKET}/", 1)[1] + "/manifest.json")
-    assert not publish_version(built.local.version_dir, remote).skipped
+    again = publish_version(built.local.version_dir, remote)  # what a plain rebuild does
+    assert not again.skipped and again.repaired == (shard,)
     assert verify_dataset(url).ok
+
+
+def _flip_object(store: Store, key: str) -> None:
+    """Flip one byte in the middle of object ``key``: the same size, other bytes (as a bad disk,
+    a botched sync or a hand edit leave it); its ETag changes with its bytes."""
+    data = bytearray(_get(store, key))
+    data[len(data) // 2] ^= 0x01
+    store.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+
+
+def _sibling_version(local: Path, tmp: Path) -> Path:
+    """A second version of the dataset of ``local`` whose every shard is byte for byte one of
+    ``local``'s: a copy with one config value changed (as a job edit that moves no sample would)
+    and its manifest sealed again, so its dataset_hash and version differ."""
+    from packer.manifest import seal_manifest
+
+    copy = Path(shutil.copytree(local, tmp / "sibling", copy_function=shutil.copyfile))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["config"]["split"]["seed"] = int(manifest["config"]["split"].get("seed", 0)) + 1000
+    body = {k: v for k, v in manifest.items() if k not in ("dataset_hash", "version", "created_at")}
+    (copy / "manifest.json").write_text(json.dumps(seal_manifest(body), indent=2, sort_keys=True))
+    return copy
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_damaged_shard_of_an_earlier_remote_version_is_not_copied_into_the_next_one(
+        store: Store, built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new version copies in the store each shard an earlier version lists with the same sha256
+    (issue 39: reuse on an object store). With a byte of that earlier object flipped (same size)
+    the copy was damaged, and the publish failed with an IntegrityError that blamed the local
+    file, on every rebuild: the damage could never be got past. Now the copy is checked (read
+    back, as before) and a damaged one is uploaded from the local version instead, with a
+    warning that names the earlier object and `packer verify`; the new version verifies."""
+    remote = f"s3://{BUCKET}/reuse-{built.fmt}"
+    first = publish_version(built.local.version_dir, remote)
+    shard = built.local.manifest["splits"]["train"]["shards"][0]["file"]
+    _flip_object(store, first.url.split(f"s3://{BUCKET}/", 1)[1] + "/" + shard)
+    sibling = _sibling_version(built.local.version_dir, tmp_path)
+    result = publish_version(sibling, remote)
+    assert not result.skipped and result.repaired == (shard,)
+    assert shard not in result.copied and len(result.copied) == len(_listed(built.local.manifest)) - 3
+    said = capsys.readouterr().err
+    assert f"packer: warning: {first.url}/{shard}" in said and "is damaged" in said, said
+    assert f"`packer verify {first.url}`" in said
+    report = verify_dataset(result.url)
+    assert report.ok, report.problems
+    assert not verify_dataset(first.url).ok  # the earlier version is left as it is, for the user to repair
+
+
+@pytest.mark.slow  # moto's S3 server
+def test_a_rebuild_finds_a_same_size_damaged_object_of_its_own_remote_version_and_uploads_it_again(
+        store: Store, built: Built, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild whose remote manifest has the same dataset_hash compared the objects' sizes only
+    and uploaded nothing, so a flipped byte stayed (the README said so, and `packer verify` told
+    the user to delete the manifest first). Each listed object is now checked against the local
+    version: by its ETag where the store's ETag is the MD5 of its bytes (no download), else read
+    back and hashed; only a damaged object is uploaded again, manifest last."""
+    remote = f"s3://{BUCKET}/same-{built.fmt}"
+    first = publish_version(built.local.version_dir, remote)
+    prefix = first.url.split(f"s3://{BUCKET}/", 1)[1] + "/"
+    import packer.pipeline.publish as publish
+
+    hashed: list[str] = []  # the local files whose MD5 was compared with an object's ETag
+
+    def counting(etag: str | None, path: Path) -> bool:
+        hashed.append(path.name)
+        return publish_etag_matches(etag, path)
+
+    publish_etag_matches = publish.etag_matches
+    monkeypatch.setattr(publish, "etag_matches", counting)
+    requests = S3Requests(monkeypatch)
+    again = publish_version(built.local.version_dir, remote)
+    assert again.skipped and again.uploaded == () and again.repaired == ()
+    # every object has the ETag it had when the first publish read it back: nothing hashed, and no
+    # object but the manifest downloaded
+    assert hashed == [] and requests.keys("get_object") == {prefix + "manifest.json"}, requests.keys("get_object")
+    record = built.local.version_dir.parent / f".published-{built.local.version_dir.name}.json"
+    record.unlink()  # another machine, or a work folder cleared: moto's ETags are MD5s, as S3's for one part
+    assert publish_version(built.local.version_dir, remote).skipped
+    assert sorted(hashed) == sorted(_listed(built.local.manifest))
+    assert requests.keys("get_object") == {prefix + "manifest.json"}, requests.keys("get_object")
+    hashed.clear()
+    shard = built.local.manifest["splits"]["valid"]["shards"][0]["file"]
+    _flip_object(store, prefix + shard)
+    assert not verify_dataset(first.url).ok
+    capsys.readouterr()
+    repaired = publish_version(built.local.version_dir, remote)
+    assert hashed == [shard]  # the one object whose ETag changed since it was checked
+    assert not repaired.skipped and repaired.repaired == (shard,)
+    assert repaired.uploaded == (shard, "manifest.json")  # the intact objects stay as they are
+    said = capsys.readouterr().err
+    assert f"packer: warning: {first.url}/{shard}" in said and "uploaded it again" in said, said
+    assert verify_dataset(first.url).ok
+    assert _get(store, prefix + shard) == (built.local.version_dir / shard).read_bytes()

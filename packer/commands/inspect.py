@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -51,8 +52,11 @@ def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...
 @click.option("--json", "as_json", is_flag=True, help="Print every difference as JSON.")
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
               help="Keys listed per kind of change in the text output.")
+@click.option("--check", is_flag=True,
+              help="First verify both versions as `packer verify` does (every shard, index and table re-hashed "
+                   "against its manifest); exit 5 without a diff when either fails.")
 @exits
-def diff_command(old: str, new: str, as_json: bool, limit: int) -> None:
+def diff_command(old: str, new: str, as_json: bool, limit: int, check: bool) -> None:
     """Compare two built versions OLD and NEW (manifests or version folders).
 
     Samples added, removed and changed (by key; content by the per-sample sha256 in each
@@ -63,7 +67,9 @@ def diff_command(old: str, new: str, as_json: bool, limit: int) -> None:
     a Parquet one reads the Parquet side's pixels to compare content, with a note saying so.
     A difference is not an error: exits 0 (5 only if a manifest or index fails its hash, or a
     shard it has to read is missing or damaged). It compares the shards' recorded sha256, and
-    hashes no shard itself: run `packer verify` to check that the files are whole.
+    hashes no shard itself: a shard missing or of another size than its manifest records is a
+    warning on stderr; --check first verifies both versions (every file re-hashed, as `packer
+    verify` does) and exits 5 without a diff, naming each problem, when either fails.
     """
     from packer.inspection import diff_datasets, format_diff
     from packer.manifest import resolve_manifest_path
@@ -71,11 +77,58 @@ def diff_command(old: str, new: str, as_json: bool, limit: int) -> None:
     old_path, new_path = (local_folder_argument(value, command="diff") for value in (old, new))
     for path in (old_path, new_path):
         resolve_manifest_path(path)   # a missing version: exit 2 naming the versions its dataset folder holds
+    if check:
+        _check_versions({"OLD": old_path, "NEW": new_path})
     diff = diff_datasets(old_path, new_path)
+    if not check:  # the manifests read: say what a stat finds wrong with their shards
+        _warn_shard_sizes({"OLD": old_path, "NEW": new_path})
     if as_json:
         _echo_json(diff.to_json())
     else:
         click.echo(format_diff(diff, limit=limit))
+
+
+def _check_versions(versions: dict[str, Path]) -> None:
+    """``packer diff --check``: verify each version (:func:`packer.verify.verify_dataset`, its plain
+    checks); IntegrityError naming every problem of those that fail, else one line on stderr."""
+    from packer.errors import IntegrityError
+    from packer.files import human_bytes
+    from packer.verify import format_result, verify_dataset
+
+    results = {role: verify_dataset(path) for role, path in versions.items()}
+    failed = {role: result for role, result in results.items() if not result.ok}
+    if failed:
+        for result in failed.values():
+            click.echo(format_result(result), err=True)
+        named = "; ".join(f"{role} {result.manifest}: {len(result.problems)} integrity problem(s)"
+                          for role, result in failed.items())
+        raise IntegrityError(f"{named}. No diff: it compares the sha256s the manifests record, which these files do "
+                             "not hold; restore the named files from a good copy or rebuild the version with "
+                             "`packer build`, then diff again")
+    files = sum(r.files_checked for r in results.values())
+    size = sum(r.bytes_checked for r in results.values())
+    click.echo(f"checked: {files} files ({human_bytes(size)}) of both versions match their manifests", err=True)
+
+
+def _warn_shard_sizes(versions: dict[str, Path]) -> None:
+    """A warning on stderr per version whose local shards are missing or of another size than its
+    manifest records (a stat each: the diff itself trusts the recorded sha256s). A registry copy,
+    with no shard beside it, is compared by its config only and is not warned about."""
+    from packer.manifest import read_manifest, resolve_manifest_path
+    from packer.verify import shard_size_problems
+
+    for role, path in versions.items():
+        located = resolve_manifest_path(path)
+        data = read_manifest(located, strict=False, check_hash=False).data
+        damaged = shard_size_problems(located.parent, data)
+        listed = sum(len(entry.get("shards") or ()) for entry in (data.get("splits") or {}).values()
+                     if isinstance(entry, dict))
+        if not damaged or sum(1 for d in damaged if d.endswith(" (missing)")) == listed:
+            continue
+        shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
+        click.echo(f"packer: warning: {role} {located.parent}: {len(damaged)} shard(s) missing or not the size its "
+                   f"manifest records ({shown}); the diff compares recorded sha256s only: run `packer diff --check` "
+                   "or `packer verify` on the version", err=True)
 
 
 @click.command("ls")

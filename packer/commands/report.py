@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -25,14 +24,19 @@ def report(manifest_arg: str, output: Path | None) -> None:
     The file has inline CSS and images, no scripts and no network access, so it opens from
     file:// anywhere. A pseudonymized dataset's report names bad samples by sample id only;
     under phi.mode keep it lists their raw paths and entity ids: keep that file local.
+    Each sample the report reads is checked against its checksum in _index.parquet (xxh3); a
+    sample that fails is named at the top of the report, flagged where it is shown and in a
+    warning here: run `packer verify` on the version.
     Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
     copy, with neither index nor shards beside it, is not: pass the version folder).
     """
     from packer.errors import ConfigError
     from packer.files import human_bytes
-    from packer.htmlreport import write_html_report
+    from packer.htmlreport import write_report
+    from packer.htmlreport.collect import damaged_finding
     from packer.htmlreport.sections import report_privacy
     from packer.manifest import read_manifest, resolve_manifest_path
+    from packer.verify import shard_size_problems
 
     manifest = local_folder_argument(manifest_arg, command="report")
     located = resolve_manifest_path(manifest)
@@ -45,29 +49,15 @@ def report(manifest_arg: str, output: Path | None) -> None:
         raise ConfigError(f"{manifest}: none of the {len(beside)} files this manifest lists (its index and shards) is "
                           "beside it, so a report would show no samples; if this is a registry copy, pass the version "
                           "folder it describes (<output>/<name>/<version>/)")
-    path = write_html_report(manifest, output)
+    written = write_report(manifest, output)
+    path = written.path
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
-    damaged = _damaged_shards(located.parent, data)
+    if written.damaged:  # the report's first finding; a terminal or CI log should see it too
+        click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
+    damaged = shard_size_problems(located.parent, data)
     if damaged:  # the report says so inside; a terminal or CI log should too
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
         click.echo(f"packer: warning: {len(damaged)} shard(s) missing or not the size the manifest records ({shown}): "
                    "the report leaves their samples out; run `packer verify` on the version", err=True)
 
-
-def _damaged_shards(folder: Path, data: dict[str, Any]) -> list[str]:
-    """The shards the manifest lists that are missing beside it or of another size (a stat each,
-    no hashing: ``packer verify`` checks the bytes)."""
-    damaged = []
-    for entry in (data.get("splits") or {}).values():
-        for shard in (entry.get("shards") or ()) if isinstance(entry, dict) else ():
-            if not isinstance(shard, dict) or not shard.get("file"):
-                continue
-            try:
-                size = (folder / str(shard["file"])).stat().st_size
-            except OSError:
-                damaged.append(f"{shard['file']} (missing)")
-                continue
-            if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
-                damaged.append(f"{shard['file']} ({size:,} bytes, not {shard['bytes']:,})")
-    return damaged

@@ -42,10 +42,9 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
                             storage_options=parse_storage_options(storage_option))
     click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_result(report))
     if not report.ok:
-        if is_url(manifest):  # a rebuild that finds this manifest (same dataset_hash, sizes alike) uploads nothing
-            fix = (f"restore the named files from a good copy, or delete {report.manifest}, then run the same "
-                   "`packer build` again: it uploads the version anew (with the manifest there it checks sizes "
-                   "only, and uploads nothing)")
+        if is_url(manifest):  # a rebuild checks each object of this manifest and uploads the damaged ones again
+            fix = ("restore the named files from a good copy, or run the same `packer build` again: it checks every "
+                   "object the manifest lists (by ETag, else read back) and uploads the damaged or missing ones anew")
         else:
             fix = "restore the named files from a good copy or rebuild the version with `packer build`"
         raise IntegrityError(f"{report.manifest}: {len(report.problems)} integrity problem(s); {fix}")

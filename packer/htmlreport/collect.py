@@ -45,6 +45,7 @@ from packer.htmlreport.stats import (
 )
 from packer.htmlreport.thumbs import Pane, as_chw, channel_names, composite_pane, sample_panes
 from packer.progress import stage_progress
+from packer.shards.checksum import describe as describe_checksum
 from packer.targets import Target
 
 T = TypeVar("T")
@@ -128,9 +129,37 @@ class SheetItem:
     panes: tuple[Pane, ...]
     small: tuple[Pane, ...]
     mask: str | None = None  # the class ids its mask holds, as text (None: no mask)
+    #: why its bytes are not what was packed (its checksum failed), None when they check out
+    damaged: str | None = None
 
     def nbytes(self, small: bool = False) -> int:
         return sum(p.nbytes for p in (self.small if small else self.panes))
+
+
+@dataclass(frozen=True)
+class DamagedSample:
+    """A sample the report read whose bytes fail the checksum its index row records (``xxh3``,
+    :mod:`packer.shards.checksum`): its shard changed after the build, and what the report shows
+    of it is not what was packed."""
+
+    key: str
+    shard: str
+    expected: int
+    found: int
+
+    def describe(self) -> str:
+        return (f"{self.shard} [{self.key}]: xxh3 {describe_checksum(self.found)}, _index.parquet records "
+                f"{describe_checksum(self.expected)}")
+
+
+def damaged_finding(damaged: list[DamagedSample], checked: int) -> str:
+    """The report's finding (and ``packer report``'s warning) about samples that failed their checksum."""
+    shown = "; ".join(d.describe() for d in damaged[:10]) + (f"; and {len(damaged) - 10} more"
+                                                             if len(damaged) > 10 else "")
+    return (f"{len(damaged):,} of the {checked:,} samples this report read fail their checksum: their shard's bytes "
+            f"changed after the build (disk, copy or sync damage), so what is shown of them is not what was packed "
+            f"({shown}). Run `packer verify` on the version folder to name every damaged shard and sample, then "
+            "restore the shards from a good copy or rebuild.")
 
 
 @dataclass
@@ -169,6 +198,9 @@ class ReportData:
     mask: MaskSchema | None = None  # the dataset's masks; None without
     mask_counts: dict[str, MaskCounts] = field(default_factory=dict)  # per split, over the histogram samples
     mask_ids: set[int] = field(default_factory=set)  # class ids in any mask the report read
+    #: the samples read whose bytes fail their index row's checksum, in the order read
+    damaged: list[DamagedSample] = field(default_factory=list)
+    checked: int = 0  # samples read whose checksum was compared with the index's
 
     def describe(self, entry: IndexEntry) -> str:
         """The target of the sample ``entry`` as text: its class name, its labels, its numbers."""
@@ -284,6 +316,8 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
                 continue
             _add_rendered(data, rendered, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
+    if data.damaged:  # above everything else: the pixels below are not all what was packed
+        data.warnings.insert(0, damaged_finding(data.damaged, data.checked))
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
     if (manifest.get("inputs") or {}).get("excluded"):
         data.excluded_records, data.excluded_note = _excluded_records(folder)
@@ -321,6 +355,7 @@ class _Rendered:
     duplicate: Pane | None
     mask_pixels: dict[int, int] | None = None  # pixels per class id of its mask (None: no mask)
     normalised: tuple[tuple[str, dict[str, float]], ...] = ()  # its normalised channels' statistics
+    checksum: int | None = None  # its bytes' checksum as read (None: the index records none to compare)
 
 
 def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, counted: bool, sheet: bool,
@@ -347,11 +382,20 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
                      dtype=str(sample.image.dtype), counts=channel_counts(sample.image) if counted else None,
                      panes=panes, small=small, duplicate=shown,
                      mask_pixels=mask_pixel_counts(mask) if mask is not None and (counted or sheet) else None,
-                     normalised=tuple(normalisation_stats(sample.info, names)) if counted else ())
+                     normalised=tuple(normalisation_stats(sample.info, names)) if counted else (),
+                     checksum=sample.checksum)
 
 
 def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
     entry = rendered.entry
+    damaged = None
+    if rendered.checksum is not None and entry.xxh3 is not None:
+        data.checked += 1
+        if rendered.checksum != entry.xxh3:
+            found = DamagedSample(key=entry.key, shard=entry.shard, expected=entry.xxh3, found=rendered.checksum)
+            data.damaged.append(found)
+            damaged = (f"fails its checksum (xxh3 {describe_checksum(found.found)}, _index.parquet records "
+                       f"{describe_checksum(found.expected)}): not what was packed; run `packer verify`")
     if rendered.counts is not None:
         slot = (entry.split, entry.source, rendered.channels, rendered.names)
         if slot not in data.histograms:
@@ -367,7 +411,7 @@ def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetI
                 ", ".join(str(i) for i in sorted(rendered.mask_pixels) if i) or "empty (all 0)")
         items[entry.key] = SheetItem(key=entry.key, label=data.describe(entry), entity_id=entry.entity_id,
                                      source=entry.source, channels=rendered.names, panes=rendered.panes,
-                                     small=rendered.small, mask=held)
+                                     small=rendered.small, mask=held, damaged=damaged)
     if rendered.duplicate is not None:
         data.duplicate_panes[entry.key] = rendered.duplicate
 

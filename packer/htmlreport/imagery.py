@@ -29,11 +29,18 @@ def _cell(item: SheetItem, small: bool, target: Target) -> str:
         caption += f"\nchannels: {', '.join(item.channels)}"
     if item.mask is not None:
         caption += f"\nmask: {item.mask}"
+    if item.damaged is not None:
+        caption += f"\nDAMAGED: {item.damaged}"
     imgs = []
     for pane in item.small if small else item.panes:
         w, h = _display_size(pane)
         imgs.append(f'<img src="{pane.uri}" width="{w}" height="{h}" alt="{esc(pane.name)}" '
                     f'title="{esc(caption)}&#10;shown: {esc(pane.name)}">')
+    if item.damaged is not None:  # said on the sample itself, not only in the finding at the top
+        return (f'<figure class="cell damaged" data-key="{esc(item.key)}" data-damaged="checksum">'
+                f'<div class="panes">{"".join(imgs)}</div><figcaption title="{esc(item.key)}: {esc(item.damaged)}">'
+                f'<span class="flag">⚠ checksum failed: not what was packed</span> {esc(item.entity_id)}'
+                '</figcaption></figure>')
     return (f'<figure class="cell" data-key="{esc(item.key)}"><div class="panes">{"".join(imgs)}</div>'
             f'<figcaption title="{esc(item.key)}">{esc(item.entity_id)}</figcaption></figure>')
 

@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.manifest import INDEX_SCHEMA
-from packer.shards.members import MEMBER_EXTENSIONS, SampleDefect, decode_mask_member, load_npy
+from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
+from packer.shards.members import SampleDefect, decode_mask_member, load_npy
 from packer.shards.parquet import read_parquet_samples
 from packer.shards.tar import map_shard, read_member_bytes, read_sample_at, scan_tar
 from packer.targets import Target
@@ -58,6 +59,9 @@ class IndexEntry:
     source: str
     #: the multi-label (0/1) or numeric target vector; None without one
     target: tuple[float, ...] | None = None
+    #: the sample's checksum as ``_index.parquet`` records it (its ``xxh3``, :mod:`packer.shards.checksum`);
+    #: None where the index has none (a scanned index, or one from before per-sample checksums)
+    xxh3: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,15 @@ class PackedSample:
     image: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
     mask: np.ndarray | None = None
+    #: the checksum of the sample's bytes as read now (:mod:`packer.shards.checksum`); None where
+    #: its index row records none to compare it with
+    checksum: int | None = None
+
+    @property
+    def checksum_failed(self) -> bool:
+        """True when the sample's bytes are not those its index row's ``xxh3`` records: its shard
+        was damaged after the build, and what the report shows of it is not what was packed."""
+        return self.checksum is not None and self.entry.xxh3 is not None and self.checksum != self.entry.xxh3
 
 
 def selection_rank(dataset_hash: str, key: str) -> bytes:
@@ -124,8 +137,10 @@ class SampleIndex:
         rows = np.flatnonzero(pc.is_in(column, value_set=wanted).to_numpy(zero_copy_only=False))
         cols = self.table.take(pa.array(rows, pa.int64())).to_pydict()
         targets = [None if t is None else tuple(t) for t in cols[_TARGET]] if _TARGET in cols else [None] * len(rows)
+        sums = cols[INDEX_COLUMN] if INDEX_COLUMN in cols else [None] * len(rows)
         return {entry.key: entry for entry in
-                (IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), targets, strict=True))}
+                (IndexEntry(*values) for values in zip(*(cols[name] for name in _INDEX_COLUMNS), targets, sums,
+                                                       strict=True))}
 
     def positives(self) -> tuple[np.ndarray, np.ndarray]:
         """Per nonzero value of the ``target`` column (a multi-label dataset's labels held): its row
@@ -178,7 +193,7 @@ def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[SampleIndex, str
     try:
         # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose import
         # alone adds 37 MiB to the process (the build's client never needs it otherwise)
-        table = _read_columns(path, _INDEX_COLUMNS, read_dictionary=_FEW_VALUES, optional=[_TARGET])
+        table = _read_columns(path, _INDEX_COLUMNS, read_dictionary=_FEW_VALUES, optional=[_TARGET, INDEX_COLUMN])
     except (OSError, ValueError) as err:
         return (SampleIndex.from_entries(scan_index(folder, manifest)),
                 f"{path.name} unreadable ({err}); the shards were scanned instead")
@@ -240,12 +255,25 @@ def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray | memoryv
             ) -> PackedSample | tuple[IndexEntry, str]:
     """The sample ``entry`` from its tar member bytes by extension (``npy``, and ``json`` and
     ``mask.npy`` if present), or why its mask member cannot be read. The image is a view of its
-    member's bytes where they are packer's own layout (read once, never copied again)."""
+    member's bytes where they are packer's own layout (read once, never copied again).
+
+    ``members`` holds every member of the sample in the order they sit in the shard, so where the
+    index records the sample's ``xxh3`` its checksum is taken over them as the loader takes it
+    (``PackedSample.checksum``); a damaged sample is still returned, for the report to flag."""
+    checksum = members_checksum(entry.key, members) if entry.xxh3 is not None else None
     raw = members.get("json")
     mask = decode_mask_member(entry.key, bytes(members["mask.npy"])) if "mask.npy" in members else None
     if isinstance(mask, SampleDefect):
-        return entry, f"{mask.reason}: {mask.message}"
-    return PackedSample(entry, load_npy(members["npy"], copy=False), json.loads(bytes(raw)) if raw else {}, mask)
+        return entry, f"{mask.reason}: {mask.message}" + _failed(entry, checksum)
+    return PackedSample(entry, load_npy(members["npy"], copy=False), json.loads(bytes(raw)) if raw else {}, mask,
+                        checksum)
+
+
+def _failed(entry: IndexEntry, checksum: int | None) -> str:
+    """What a sample that could not be shown adds to its reason when its bytes also fail their checksum."""
+    if checksum is None or entry.xxh3 is None or checksum == entry.xxh3:
+        return ""
+    return f" (and its xxh3 {describe(checksum)} is not the {describe(entry.xxh3)} _index.parquet records)"
 
 
 def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
@@ -271,7 +299,8 @@ def _read_tar(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSample | 
         index = scan_tar(path)
         samples = {s.key: s for s in index.samples if s.key in by_key and s.key not in found}
         for key, sample in sorted(samples.items()):
-            read = read_member_bytes(fh, sample, [e for e in MEMBER_EXTENSIONS if e in sample.members])
+            # every member, in shard order: the checksum covers them all (the known ones are decoded)
+            read = read_member_bytes(fh, sample, list(sample.members))
             if isinstance(read, SampleDefect):
                 yield by_key[key], f"{read.reason}: {read.message}"
             elif "npy" in read:
@@ -287,12 +316,16 @@ def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSampl
     row_of = {k: i for i, k in enumerate(keys)}
     by_row = {row_of[e.key]: e for e in entries if e.key in row_of}
     source = pa.memory_map(str(path), "r")
-    for row, result in read_parquet_samples(source, sorted(by_row), records=True, batch_rows=_PARQUET_ROWS):
+    check = any(e.xxh3 is not None for e in by_row.values())  # the cells are hashed only to compare with the index
+    for row, result in read_parquet_samples(source, sorted(by_row), records=True, batch_rows=_PARQUET_ROWS,
+                                            checksums=check):
+        entry = by_row[row]
+        checksum = result.checksum if check and entry.xxh3 is not None else None
         if isinstance(result, SampleDefect):
-            yield by_row[row], f"{result.reason}: {result.message}"
+            yield entry, f"{result.reason}: {result.message}" + _failed(entry, checksum)
         else:
-            yield PackedSample(by_row[row], result.image, json.loads(result.record) if result.record else {},
-                               result.mask)
+            yield PackedSample(entry, result.image, json.loads(result.record) if result.record else {},
+                               result.mask, checksum)
 
 
 def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:

@@ -72,6 +72,7 @@ svg.chart{display:block;max-width:100%;height:auto;margin:4px 0}
 figure.cell{margin:0;padding:4px;border:1px solid var(--line);border-radius:4px;background:var(--soft)}
 figure.cell .panes{display:flex;gap:2px}
 figure.cell img{display:block;background:#000}
+figure.cell.damaged{border:2px solid var(--warn)}figure.cell.damaged .flag{color:var(--warn);font-weight:600}
 figure.cell figcaption{width:0;min-width:100%;font-size:10.5px;color:var(--muted);line-height:1.3;margin-top:2px;
  overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .cards{display:flex;flex-wrap:wrap;gap:14px}

@@ -17,6 +17,8 @@ the rest, so each remote version folder is complete on its own.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +41,7 @@ from packer.storage import (
     MANIFEST_FILE,
     TMP_SUFFIX,
     VersionFolder,
+    etag_matches,
     join_url,
     remote_errors,
     storage_error,
@@ -202,6 +205,10 @@ class PublishResult:
     #: uploaded ones are (``uploaded`` lists them too)
     copied: tuple[str, ...] = ()
     copied_bytes: int = 0
+    #: objects found damaged (the same size, other bytes) and uploaded anew from the local
+    #: version: of this remote version (a rebuild of the same dataset_hash), or copied from an
+    #: earlier version whose object is damaged (that version is left as it is: a warning names it)
+    repaired: tuple[str, ...] = ()
 
 
 def _upload_order(names: list[str], manifest: dict[str, Any]) -> list[str]:
@@ -221,21 +228,92 @@ def _recorded(manifest: dict[str, Any], field: str) -> dict[str, Any]:
     return recorded
 
 
-def _remote_hash(folder: VersionFolder, storage_options: Mapping[str, Any] | None,
-                 manifest: dict[str, Any]) -> tuple[bool, str | None]:
-    """(a remote manifest exists, the dataset_hash it records, or None when it is damaged or
-    edited, or when a file ``manifest`` lists is missing beside it or has another size: a
-    version to publish again, not to skip)."""
+@dataclass(frozen=True)
+class _RemoteState:
+    """What the remote version folder holds: a manifest (``exists``), the dataset_hash it records
+    (None when it is damaged or edited, or a file ``manifest`` lists is missing there or has
+    another size: a version to publish again, not to skip), and, where that hash is the local
+    version's, which listed objects hold their manifest's bytes (``intact``) and which, of the
+    same size, do not (``damaged``)."""
+
+    exists: bool
+    dataset_hash: str | None
+    intact: frozenset[str] = frozenset()
+    damaged: tuple[str, ...] = ()
+
+
+def _record_file(local: Path) -> Path:
+    """Where the ETags of the objects a publish of the local version ``local`` checked are kept:
+    beside it in the local dataset folder (a dot file: no version, and not uploaded), by URL."""
+    return local.parent / f".published-{local.name}.json"
+
+
+def _checked_etags(local: Path, url: str) -> dict[str, str]:
+    """The ETags the objects of the remote version ``url`` had when a publish of ``local`` last
+    read them back (or checked them) and found them whole; empty where none is recorded."""
     try:
-        sizes = folder.sizes()
+        recorded = json.loads(_record_file(local).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:  # a cache of checks only: check the objects again
+        _warn(f"{_record_file(local)} could not be read ({err}); every object of {url} is checked again")
+        return {}
+    etags = recorded.get(url) if isinstance(recorded, dict) else None
+    return {str(k): str(v) for k, v in etags.items()} if isinstance(etags, dict) else {}
+
+
+def _record_checked(folder: VersionFolder, local: Path, names: list[str]) -> None:
+    """Record the ETags the objects ``names`` of ``folder`` have now, just checked whole, so the
+    next publish of the same version takes an unchanged ETag (the object not rewritten since)
+    without hashing anything. A file that cannot be written is a warning: the next publish checks
+    the objects again."""
+    url = folder.where()
+    listing = folder.listing()
+    etags = {name: listing[name][1] for name in names if name in listing and listing[name][1]}
+    path = _record_file(local)
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        recorded = {}  # rewritten below with this URL's checks
+    recorded = {**(recorded if isinstance(recorded, dict) else {}), url: etags}
+    try:
+        with atomic_output(path) as fh:
+            fh.write(json.dumps(recorded, indent=1, sort_keys=True).encode("utf-8"))
+    except OSError as err:
+        _warn(f"{path} could not be written ({err}); the next build checks every object of {url} again")
+
+
+def _remote_state(folder: VersionFolder, storage_options: Mapping[str, Any] | None, manifest: dict[str, Any],
+                  local: Path) -> _RemoteState:
+    """The remote version folder's :class:`_RemoteState`. Where it records the local version's
+    dataset_hash, every object the manifest lists is checked, not only its size: an object whose
+    ETag is the one it had when a publish last found it whole (:func:`_record_checked`) has not
+    been rewritten since; else its ETag is compared with the MD5 of the local file's bytes
+    (:func:`packer.storage.etag_matches`: a local read, no download), else it is read back and
+    hashed against the manifest's sha256."""
+    try:
+        listing = folder.listing()
     except FileNotFoundError:  # no such folder yet
-        return False, None
-    if MANIFEST_FILE not in sizes:
-        return False, None
+        return _RemoteState(False, None)
+    if MANIFEST_FILE not in listing:
+        return _RemoteState(False, None)
     listed = _recorded(manifest, "bytes")
-    if any(sizes.get(name) != size for name, size in listed.items()):
-        return True, None
-    return True, read_dataset_hash(folder.where(MANIFEST_FILE), storage_options=storage_options)
+    if any(name not in listing or listing[name][0] != size for name, size in listed.items()):
+        return _RemoteState(True, None)
+    remote_hash = read_dataset_hash(folder.where(MANIFEST_FILE), storage_options=storage_options)
+    if remote_hash != manifest["dataset_hash"]:
+        return _RemoteState(True, remote_hash)
+    recorded = _recorded(manifest, "sha256")
+    checked = _checked_etags(local, folder.where())
+    intact, damaged = set(), []
+    for name in _upload_order(list(listed), manifest):
+        etag = listing[name][1]
+        if (etag is not None and checked.get(name) == etag) or etag_matches(etag, local / name) \
+                or folder.sha256(name)[1] == recorded[name]:
+            intact.add(name)
+        else:
+            damaged.append(name)
+    return _RemoteState(True, remote_hash, frozenset(intact), tuple(damaged))
 
 
 def publish_version(local_version_dir: Path, remote_url: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -248,9 +326,14 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     ``report.html``). Order: shards, then the tables, then — only after every object was
     read back and matched the manifest's size and sha256 — ``manifest.json``. A remote
     folder that already holds a manifest with the same ``dataset_hash`` is left alone
-    (``skipped``) unless a file it lists is missing there or has another size; a damaged or
-    different remote version has its manifest deleted before anything is uploaded, so readers
-    never see a manifest over half-replaced shards. An interrupted
+    (``skipped``) when every file it lists holds the manifest's bytes (:func:`_remote_state`:
+    an ETag that is their MD5, else read back); a file missing there or of another size makes
+    the whole version upload again, a damaged one of the same size is uploaded again alone
+    (``repaired``, with a warning on stderr). A damaged or different remote version has its
+    manifest deleted before anything is uploaded, so readers never see a manifest over
+    half-replaced shards. A shard copied in the store from an earlier version
+    (:func:`_copy_earlier`) that reads back damaged is uploaded from ``local_version_dir``
+    instead (``repaired``; the warning names the earlier object). An interrupted
     publish leaves objects without a manifest; publishing again replaces them.
 
     Raises ``ConfigError`` (bucket missing, no credentials, access denied, endpoint
@@ -265,27 +348,34 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     target, result_url = folder.where(), folder.where(MANIFEST_FILE)
     say: Callable[[str], None] = (lambda _: None) if quiet else (lambda m: print(f"packer: {m}", flush=True))
     try:
-        exists, remote_hash = _remote_hash(folder, storage_options, manifest)
-        if remote_hash == manifest["dataset_hash"]:
+        state = _remote_state(folder, storage_options, manifest, local_version_dir)
+        if state.dataset_hash == manifest["dataset_hash"] and not state.damaged:
+            _record_checked(folder, local_version_dir, sorted(state.intact))
             say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
             return PublishResult(url=target, manifest_url=result_url, skipped=True)
-        if exists:
-            say(f"{result_url} holds another or a damaged version (a different manifest, or a file it lists missing "
-                "or of another size): removing its manifest before uploading")
+        for name in state.damaged:  # a warning, not progress: printed under quiet too
+            _warn(f"{folder.where(name)} has the size but not the sha256 its manifest records (damaged in the "
+                  f"store); uploaded it again from {local_version_dir / name}")
+        if state.exists:
+            say(f"{result_url} holds another or a damaged version (a different manifest, or a file it lists missing, "
+                "of another size or damaged): removing its manifest before uploading")
             folder.remove(MANIFEST_FILE)
         names = [p.name for p in sorted(local_version_dir.iterdir())
                  if p.is_file() and not p.name.endswith(TMP_SUFFIX)
                  and (include_local_only or p.name not in LOCAL_ONLY)]
-        order = _upload_order(names, manifest)
+        order = [name for name in _upload_order(names, manifest) if name not in state.intact]
         recorded = _recorded(manifest, "sha256")
-        copied = _copy_earlier(folder, VersionFolder(join_url(remote_url, manifest["name"]), storage_options),
-                               manifest, storage_options)
-        total = _upload(folder, local_version_dir, order, recorded, skip=set(copied))
+        copied, sources = _copy_earlier(folder, VersionFolder(join_url(remote_url, manifest["name"]),
+                                                              storage_options), manifest, storage_options)
+        total, repaired = _upload(folder, local_version_dir, order, recorded, copied=sources)
+        for name in repaired:
+            copied.pop(name, None)
         folder.upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
         if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
             folder.remove(MANIFEST_FILE)
             raise IntegrityError(f"{result_url}: the uploaded manifest reads back different from "
                                  f"{local_version_dir / MANIFEST_FILE}; removed it: rerun the build to publish again")
+        _record_checked(folder, local_version_dir, sorted(_recorded(manifest, "bytes")))
     except remote_errors() as err:
         raise storage_error(target, err, doing=f"publishing {local_version_dir} to {target}/") from err
     copied_bytes = sum(copied.values())
@@ -294,18 +384,25 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     say(f"published {len(order) + 1} files ({(total + len(manifest_bytes) - copied_bytes) / 2**20:.1f} MiB uploaded"
         f"{reused}) to {target}/, each read back and checked")
     return PublishResult(url=target, manifest_url=result_url, skipped=False, uploaded=(*order, MANIFEST_FILE),
-                         bytes=total + len(manifest_bytes), copied=tuple(copied), copied_bytes=copied_bytes)
+                         bytes=total + len(manifest_bytes), copied=tuple(copied), copied_bytes=copied_bytes,
+                         repaired=(*state.damaged, *repaired))
+
+
+def _warn(message: str) -> None:
+    print(f"packer: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _copy_earlier(folder: VersionFolder, dataset: VersionFolder, manifest: dict[str, Any],
-                  storage_options: Mapping[str, Any] | None) -> dict[str, int]:
+                  storage_options: Mapping[str, Any] | None) -> tuple[dict[str, int], dict[str, str]]:
     """Copy into ``folder``, inside the store, each shard of ``manifest`` that an earlier
     version in ``dataset`` (the remote dataset folder) lists with the same sha256 and size,
     instead of uploading it (the caller reads every object back and checks it, these too).
-    Versions whose manifest does not read cleanly are not used. Returns the copied shards'
-    sizes by name."""
+    Versions whose manifest does not read cleanly are not used, nor an object whose size is not
+    the one its manifest records. Returns the copied shards' sizes by name, and where each was
+    copied from (its earlier object, as a user would type it)."""
     wanted = {s["sha256"]: (s["file"], s["bytes"]) for split in manifest["splits"].values() for s in split["shards"]}
     copied: dict[str, int] = {}
+    sources: dict[str, str] = {}
     for name in dataset.folders():
         if name == manifest["version"] or len(copied) == len(wanted):
             continue
@@ -316,35 +413,56 @@ def _copy_earlier(folder: VersionFolder, dataset: VersionFolder, manifest: dict[
             continue  # not a version (no manifest, or not one packer can read): nothing to copy from
         if other.problems or other.data.get("format") != manifest["format"]:
             continue
+        sizes = earlier.sizes()
         for split in other.data["splits"].values():
             for shard in split["shards"]:
                 file, size = wanted.get(shard["sha256"], ("", -1))
-                if file and file not in copied and size == shard["bytes"] and \
+                if file and file not in copied and size == shard["bytes"] == sizes.get(shard["file"]) and \
                         folder.copy_from(earlier, shard["file"], file):
                     copied[file] = size
-    return copied
+                    sources[file] = earlier.where(shard["file"])
+    return copied, sources
 
 
 def _upload(folder: VersionFolder, local: Path, order: list[str], recorded: dict[str, str],
-            skip: set[str] | None = None) -> int:
-    """Upload ``order`` (concurrently where the filesystem can) but ``skip`` (already there: copied
-    in the store), then read each back, those too, and check it."""
-    sent = [n for n in order if n not in (skip or set())]
+            copied: Mapping[str, str] | None = None) -> tuple[int, list[str]]:
+    """Upload ``order`` (concurrently where the filesystem can) but ``copied`` (already there:
+    copied in the store, from the earlier object each names), then read each back, those too,
+    and check it. A copied object that reads back other than the manifest records is uploaded
+    from ``local`` (the earlier version's object is damaged: a warning names it, and the copy
+    is not kept) and checked again. Returns the bytes checked and the names uploaded so."""
+    copied = copied or {}
+    sent = [n for n in order if n not in copied]
     folder.upload([local / n for n in sent], sent)
     total = 0
+    repaired: list[str] = []
     for name in order:
-        size = (local / name).stat().st_size
-        remote_size = folder.size(name)
-        if remote_size != size:
-            raise IntegrityError(f"{folder.where(name)}: {remote_size} bytes after upload, {local / name} has "
-                                 f"{size}; nothing was published (no manifest): rerun the build to upload again")
         expected = recorded.get(name)
         if expected is None:  # not a file the manifest hashes (e.g. report.html): compare with the local copy
             expected = file_sha256(local / name)[1]
-        _, digest = folder.sha256(name)
-        if digest != expected:
-            raise IntegrityError(f"{folder.where(name)}: sha256 {digest[:16]}… after upload, the manifest records "
-                                 f"{expected[:16]}…; nothing was published (no manifest): check "
-                                 f"{local / name} with `packer verify {local}` and rebuild or rerun")
-        total += size
-    return total
+        problem = _read_back(folder, local, name, expected)
+        if problem is not None and name in copied:
+            _warn(f"{copied[name]} is damaged ({problem}, copied in the store to {folder.where(name)}); uploaded "
+                  f"{local / name} there instead. The earlier version is left as it is: check it with "
+                  f"`packer verify {copied[name].rsplit('/', 1)[0]}`")
+            folder.upload([local / name], [name])
+            repaired.append(name)
+            problem = _read_back(folder, local, name, expected)
+        if problem is not None:
+            raise IntegrityError(f"{folder.where(name)}: {problem} after upload; nothing was published (no "
+                                 f"manifest): check {local / name} with `packer verify {local}` and rebuild or rerun")
+        total += (local / name).stat().st_size
+    return total, repaired
+
+
+def _read_back(folder: VersionFolder, local: Path, name: str, expected: str) -> str | None:
+    """Why the object ``name`` does not hold the bytes of ``local / name`` whose sha256 is
+    ``expected`` (its size, then its sha256 read back), or None when it does."""
+    size = (local / name).stat().st_size
+    remote_size = folder.size(name)
+    if remote_size != size:
+        return f"{remote_size} bytes, {local / name} has {size}"
+    _, digest = folder.sha256(name)
+    if digest != expected:
+        return f"sha256 {digest[:16]}…, the manifest records {expected[:16]}…"
+    return None
