@@ -10,6 +10,7 @@ build of the same inputs with an empty cache.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -18,14 +19,18 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.discover import make_sample_id
 from packer.pipeline.filecache import INDEX_NAME
 from packer.pipeline.nearcopy import SIGNATURE_DTYPE
+from packer.pipeline.pixels import chunk_bounds
 from packer.pipeline.spill import SpillWriter, checked_chain, load_cached_chunk, records_path, referenced_entries
 from packer.records import SpilledSample
+from packer.shards.tar import scan_tar
 from tests.helpers import write_job
 
 FILES = 200
@@ -67,14 +72,14 @@ def tree(tmp_path: Path) -> PhotoTree:
 
 
 def build_tree(tree: PhotoTree, tmp_path: Path, out: str, cache: str, keep_spill: bool = False,
-               fmt: str = "webdataset") -> BuildResult:
+               fmt: str = "webdataset", quiet: bool = True) -> BuildResult:
     doc = {"name": "photos", "sources": [{"kind": "image", "root": str(tree.root),
                                           "table": str(tree.root / "labels.csv")}],
            "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 3},
            "transform": {"image": {"size": [16, 16]}}, "pack": {"format": fmt, "max_samples": 16},
            "output": str(tmp_path / out), "validate": {"max_bad_fraction": 0.05}}
     job = load_job(write_job(tmp_path / "jobs", doc))
-    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / cache,
+    return build(job, BuildOptions(scheduler="sync", quiet=quiet, html_report=False, cache_dir=tmp_path / cache,
                                    keep_spill=keep_spill))
 
 
@@ -389,3 +394,71 @@ def test_two_files_of_one_size_and_mtime_that_swap_names_are_not_given_each_othe
     second = build_tree(tree, tmp_path, "out", "cache")
     assert second.files_decoded <= 2  # the two (or none: found by their inodes, were their rows alike)
     same_as_fresh(tree, tmp_path, second, "swapped")
+
+
+def flip_pixel_byte(version_dir: Path, relpath: str) -> tuple[Path, str]:
+    """Flip one pixel byte of the sample of raw file ``relpath`` in the tar shard of
+    ``version_dir`` that holds it, in place (bit rot asks no file mode); that shard and the
+    sha256 its manifest records."""
+    file_id = make_sample_id("raw", relpath)
+    rows = pq.read_table(version_dir / "_index.parquet", columns=["key", "shard", "position"]).to_pylist()
+    (row,) = [r for r in rows if r["key"].startswith(file_id)]
+    shard = version_dir / row["shard"]
+    (sample,) = [s for s in scan_tar(shard).samples if s.offset == row["position"]]
+    start, size = sample.members["npy"]
+    data = bytearray(shard.read_bytes())
+    data[start + size - 1] ^= 0x01  # the last pixel byte: the tar still reads, the sample's sha256 does not match
+    shard.chmod(0o644)
+    shard.write_bytes(bytes(data))
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    (recorded,) = [s["sha256"] for split in manifest["splits"].values() for s in split["shards"]
+                   if s["file"] == shard.name]
+    return shard, recorded
+
+
+def chunk_members(names: list[str], name: str) -> set[str]:
+    """The files that the pixel pass puts in one chunk (one cache entry) with ``name``: files in
+    path order, cut where a file id's hash says."""
+    ids = [(make_sample_id("raw", n), n) for n in sorted(names)]
+    (members,) = [{n for _, n in ids[start:stop]} for start, stop in chunk_bounds([i for i, _ in ids])
+                  if name in {n for _, n in ids[start:stop]}]
+    return members
+
+
+def new_file(tree: PhotoTree, damaged: str, *, beside: bool) -> str:
+    """A name for a new file that falls into the chunk of ``damaged`` (``beside``: that chunk's
+    key misses) or leaves that chunk as it is."""
+    before = chunk_members(list(tree.rows), damaged)
+    for name in [f"p{n:04d}x.png" for n in range(FILES)] + [f"q{n:04d}.png" for n in range(1000)]:
+        after = chunk_members([*tree.rows, name], damaged)
+        if (name in after) if beside else (after == before):
+            return name
+    raise AssertionError("no such name")
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["its-chunk-misses", "its-chunk-unchanged"])
+def test_one_damaged_shard_decodes_only_the_files_whose_samples_in_it_no_longer_check_out(
+        tree: PhotoTree, tmp_path: Path, capsys: pytest.CaptureFixture[str], beside: bool) -> None:
+    """The samples of unchanged files are read back from the published shards; a flipped byte
+    in one of them makes its file decoded again, not the cache entry (~30 files) that holds it,
+    and the build names the shard with the sha256 found and the one its manifest records."""
+    first = build_tree(tree, tmp_path, "out", "cache")
+    assert len(chunk_members(list(tree.rows), "p0100.png")) > 10
+    shard, recorded = flip_pixel_byte(first.version_dir, "p0100.png")
+    found = hashlib.sha256(shard.read_bytes()).hexdigest()
+    added = new_file(tree, "p0100.png", beside=beside)
+    tree.add(added, seed=999, label="a", entity="E7000")
+    tree.write_table()
+    capsys.readouterr()
+
+    second = build_tree(tree, tmp_path, "out", "cache", quiet=False)
+    said = capsys.readouterr()
+    # the new file and the damaged one; every other file's samples are reused
+    assert (second.files_decoded, second.files_cached) == (2, FILES)
+    assert second.work_line.startswith(f"decoded 2 of {FILES + 2} files")  # what `packer build` prints
+    (warned,) = [line for line in said.err.splitlines() if "did not check out" in line]
+    assert warned.startswith(f"packer: warning: {shard}: its bytes no longer match its manifest (sha256 {found[:12]}…")
+    assert f"the manifest records {recorded[:12]}…" in warned
+    assert "1 file's samples read back from it did not check out, so that file was decoded again" in warned
+    assert "gone or changed" not in said.out  # the version folder is there: the shard is named, not the version
+    same_as_fresh(tree, tmp_path, second, f"damaged-{added}")

@@ -297,9 +297,14 @@ def test_kill_9_during_an_incremental_build_then_a_rerun_gives_a_fresh_builds_by
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
     assert folder_digest(first.version_dir) == before
+    # the complete shards of the new version (one being written is *.partial): how many links each
+    staged = {p.name: p.stat().st_nlink for p in out.glob("daily/.staging-*/*.tar")}
 
     rerun = run_build(tmp_path, raw, out, scheduler=None, workers=2)  # and with two worker processes
     fresh = run_build(tmp_path, raw, tmp_path / "fresh")
+    # it was killed in the pack pass, with some shards of the new version done and not all: one
+    # linked from day one, and at least one written
+    assert 1 in staged.values() and len(staged) < len(shard_files(fresh)), staged
     assert rerun.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]
     assert rerun.shards_reused == len(unchanged_shards(first, fresh)) >= 4
     assert folder_digest(first.version_dir) == before

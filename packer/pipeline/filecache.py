@@ -23,6 +23,11 @@ pass reads them from that version.
 - A file's **move key** (:func:`move_key`) is its key without its name, with its inode in its
   fingerprint: a file moved or renamed (``mv`` keeps inode, size and mtime) misses its unit
   key and is found by it; its samples are re-keyed from its new id (:func:`copy_units`).
+- A **damaged** entry (a published shard it reads back from changed in place, its spill cut
+  short by an interrupted build) is not given up whole: each unit is checked on its own and
+  only the units whose bytes no longer check out are decoded again (:func:`copy_units`),
+  reported with the file that held the bad bytes (:func:`damage_report`). A chunk whose own
+  entry did not check out is copied from that entry this way too.
 - The **index** (``files.index.npy`` in the build cache, :func:`write_file_index`) maps each
   unit key (and move key) to the entry holding it: sorted 16-byte pairs, memory-mapped and binary-searched
   by the workers. The client rewrites it after each build from the entries that build kept
@@ -34,9 +39,10 @@ pass reads them from that version.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,12 +50,13 @@ from typing import Any
 import numpy as np
 
 from packer.config import JobConfig, SourceConfig
-from packer.files import canonical_json
+from packer.files import canonical_json, file_sha256
 from packer.keys import parse_key
 from packer.pipeline.nearcopy import read_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.pipeline.spill import (
     CACHE_FORMAT,
+    SpillReader,
     cache_output,
     checked_chain,
     file_fingerprint,
@@ -61,7 +68,8 @@ from packer.pipeline.spill import (
     unit_records,
 )
 from packer.records import Excluded, Issue, SampleRef, SpilledSample
-from packer.storage import is_url
+from packer.shards.encode import pixels_digest
+from packer.storage import MANIFEST_FILE, is_url
 
 #: The cache-wide index of units (:func:`write_file_index`), in the build cache folder.
 INDEX_NAME = "files.index.npy"
@@ -97,6 +105,25 @@ class CopiedSample:
     fmt: str
     #: re-keyed for a moved file (:func:`copy_units`): the earlier entry's pointer knows it by its old key
     renamed: bool = False
+
+
+@dataclass(frozen=True)
+class DamagedUnit:
+    """A unit an earlier entry holds whose bytes no longer check out where they are: it is
+    decoded again. ``where``: the file a sample of it was read back from (a published shard,
+    or the spill in the build cache); ``sample_ids``: the unit's files."""
+
+    where: str
+    sample_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Copies:
+    """What :func:`copy_units` found: the units copied, by unit key, and the units it could not
+    copy because their bytes did not check out (each decoded again)."""
+
+    units: dict[str, CopiedUnit]
+    damaged: tuple[DamagedUnit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,9 +210,11 @@ class Earlier:
     moved: bool = False
 
 
-def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[str, Earlier]:
+def find_earlier(cache_dir: Path, units: Iterable[Unit]) -> dict[str, Earlier]:
     """Unit key → where the index (:data:`INDEX_NAME`) lists it, by its key or else by its move
-    key (never in the entry ``skip``: the chunk being made), for those of ``units`` it lists.
+    key, for those of ``units`` it lists. The entry listed may be the one of the chunk being
+    made, when that entry did not check out whole: its units are then checked one by one
+    (:func:`copy_units`), all copied into memory before the chunk's new entry is written.
     Empty when there is no index or it cannot be read (per-file reuse is then simply not
     available)."""
     try:
@@ -200,8 +229,7 @@ def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[s
         wanted = key.encode()
         at = int(np.searchsorted(column, wanted))
         if at < len(index) and column[at] == wanted:
-            chunk = bytes(index["chunk"][at]).decode()
-            return chunk if chunk != skip else None
+            return bytes(index["chunk"][at]).decode()
         return None
 
     found: dict[str, Earlier] = {}
@@ -214,11 +242,14 @@ def find_earlier(cache_dir: Path, units: Iterable[Unit], *, skip: str) -> dict[s
 
 
 def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Unit], refs: Sequence[SampleRef],
-               job: JobConfig) -> dict[str, CopiedUnit]:
+               job: JobConfig) -> Copies:
     """What the earlier entries ``found`` (:func:`find_earlier`) hold for each of ``units``,
-    checked: an entry whose bytes do not match its digests (the sha256 of each sample, the
-    digest chained over all) or whose records are damaged gives nothing, and its units are
-    decoded again. The samples' refs become the matching ``refs``' (by file id) for what the
+    checked: an entry whose records are damaged gives nothing, and its units are decoded again.
+    An entry's bytes are checked whole against its digests (each sample's, the digest chained
+    over all); where that fails (a published shard it reads back from was damaged, its spill was
+    cut short), each wanted unit is checked on its own (:func:`_check_each`) and only the units
+    whose bytes do not check out are decoded again, reported in :attr:`Copies.damaged` with the
+    file that held the bad bytes. The samples' refs become the matching ``refs``' (by file id) for what the
     unit key leaves out: the label (unless the source reads it from a header attribute) and the
     table cells. A unit found by its move key (a file moved or renamed) takes the new ref's id,
     path and relative path too, and its samples' keys are re-made from the new file id
@@ -228,12 +259,14 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     for place in found.values():
         by_chunk[place.chunk].add(place.held)
     held_units: dict[tuple[str, str], CopiedUnit] = {}
+    damaged: list[DamagedUnit] = []
     for chunk, wanted in sorted(by_chunk.items()):
         try:
-            taken = _copy_from(cache_dir, chunk, wanted)
+            taken, bad = _copy_from(cache_dir, chunk, wanted)
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             continue  # a damaged entry: its units are decoded again
         held_units.update(((chunk, key), unit) for key, unit in taken.items())
+        damaged.extend(bad)
     new_refs = {ref.sample_id: ref for ref in refs}
     sources = {s.name: s for s in job.sources}
     copied: dict[str, CopiedUnit] = {}
@@ -250,7 +283,7 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
         moved = _moved(held, new_refs[unit.sample_ids[0]], sources)
         if moved is not None:
             copied[unit.key] = moved
-    return copied
+    return Copies(units=copied, damaged=tuple(damaged))
 
 
 def _moved(held: CopiedUnit, ref: SampleRef, sources: Mapping[str, SourceConfig]) -> CopiedUnit | None:
@@ -286,11 +319,12 @@ def _relabelled(ref: SampleRef, new_refs: Mapping[str, SampleRef], sources: Mapp
     return replace(ref, label=label, extra=new.extra)
 
 
-def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, CopiedUnit]:
-    """The units ``wanted`` of entry ``chunk`` that it holds, its bytes checked whole."""
+def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> tuple[dict[str, CopiedUnit], list[DamagedUnit]]:
+    """The units ``wanted`` of entry ``chunk`` that it holds, its bytes checked whole or, where
+    they do not check out whole, unit by unit; and the units whose bytes did not check out."""
     entry = read_entry(cache_dir, chunk)
     if entry is None:
-        return {}
+        return {}, []
     data, samples = entry
     records = unit_records(data)
     units = {unit: ids for unit, ids, _ in records}
@@ -299,7 +333,7 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
     asked = {key: resolve[key] for key in wanted if key in resolve}
     held = sorted(set(asked.values()))
     if not held:
-        return {}
+        return {}, []
     # an entry of one unit (a file, a group) gives all it holds: a group's records may name files
     # beyond its own (an annotation object read as its series' mask)
     whole = len(units) == 1
@@ -315,36 +349,71 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> dict[str, Copie
         if unit_of(sample.ref.sample_id) is not None:
             kept[positions[id(sample)]] = (pixels, meta, mask)
 
+    damaged: dict[str, str] = {}  # unit -> the file whose bytes of it did not check out
     chain = checked_chain(cache_dir, samples, data["shard_format"], visit=keep)
     if chain is None or chain != data.get("spill_digest"):
-        return {}
+        kept.clear()
+        damaged = _check_each(cache_dir, samples, str(data["shard_format"]), unit_of, kept)
     signed = [s for s in samples if s.signature]
     signatures = None
     if signed:
         signatures = read_signatures(cache_dir / signature_name(chunk))
         if len(signed) != len(samples) or len(signatures) != len(samples):
-            return {}
-    out: dict[str, list[Any]] = {unit: [[], [], [], []] for unit in held}
+            return {}, []
+    out: dict[str, list[Any]] = {unit: [[], [], [], []] for unit in held if unit not in damaged}
     for position, sample in enumerate(samples):
         unit = unit_of(sample.ref.sample_id)
-        if unit is None:
+        if unit is None or unit in damaged:
             continue
         pixels, meta, mask = kept[position]
         row = None if signatures is None else signatures[sample.sig_row:sample.sig_row + 1].copy()[0]
         out[unit][0].append(CopiedSample(spilled=sample, pixels=pixels, meta=meta, mask=mask, signature=row,
                                          fmt=str(data["shard_format"])))
     for record in data["issues"]:
-        if (unit := unit_of(str(record["sample_id"]))) is not None:
+        if (unit := unit_of(str(record["sample_id"]))) in out:
             out[unit][1].append(Issue(**record))
     for record in data.get("excluded", ()):
-        if (unit := unit_of(str(record["sample_id"]))) is not None:
+        if (unit := unit_of(str(record["sample_id"]))) in out:
             out[unit][2].append(Excluded(**record))
     for note in data.get("notes", ()):
-        if (unit := unit_of(str(note[0]))) is not None:
+        if (unit := unit_of(str(note[0]))) in out:
             out[unit][3].append((str(note[0]), str(note[1])))
     copied = {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
                                notes=tuple(parts[3])) for unit, parts in out.items()}
-    return {key: copied[unit] for key, unit in asked.items()}
+    return ({key: copied[unit] for key, unit in asked.items() if unit in copied},
+            [DamagedUnit(where, units[unit]) for unit, where in sorted(damaged.items())])
+
+
+def _check_each(cache_dir: Path, samples: Sequence[SpilledSample], fmt: str,
+                unit_of: Callable[[str], str | None], kept: dict[int, tuple[bytes, bytes, bytes]]) -> dict[str, str]:
+    """Check each sample of a wanted unit (``unit_of`` its file id gives its unit, or None) on
+    its own, for an entry whose bytes did not check out whole: its pixels against its sha256
+    (made again: the digest chained over the entry, which would vouch for the records' sha256s,
+    cannot be checked) and its metadata and mask against its ``meta_sha256``. The bytes of each
+    sample that checks out go into ``kept`` (by position); returns the units with a sample that
+    did not (missing, unreadable or changed bytes), each with the file that held them."""
+    damaged: dict[str, str] = {}
+    with SpillReader(cache_dir) as reader:
+        for position, sample in enumerate(samples):
+            unit = unit_of(sample.ref.sample_id)
+            if unit is None or unit in damaged:
+                continue
+            try:
+                pixels, meta, mask = reader.read_bytes(sample)
+            except OSError:  # read_bytes says every failure to read back as an OSError
+                damaged[unit] = reader.location(sample)
+                continue
+            digest = pixels_digest(pixels, shape=sample.shape, dtype=sample.dtype, fmt=fmt).hexdigest()
+            if (not sample.meta_sha256 or hashlib.sha256(meta + mask).hexdigest() != sample.meta_sha256
+                    or digest != sample.sha256):
+                damaged[unit] = reader.location(sample)
+                continue
+            kept[position] = (pixels, meta, mask)
+    for unit in damaged:  # a unit is copied whole or not at all
+        for position, sample in enumerate(samples):
+            if unit_of(sample.ref.sample_id) == unit:
+                kept.pop(position, None)
+    return damaged
 
 
 def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> int:
@@ -361,3 +430,69 @@ def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> i
     with cache_output(cache_dir / INDEX_NAME) as fh:
         np.save(fh, index, allow_pickle=False)
     return len(index)
+
+
+@dataclass(frozen=True)
+class DamageReport:
+    """What a build says about the bytes its cache could not reuse (:func:`damage_report`):
+    ``lines`` for its output (each version folder gone, as before) and ``warnings`` (each
+    damaged published shard named, with its sha256 found and the one its manifest records)."""
+
+    lines: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: str) -> DamageReport:
+    """Name where the bytes of ``damaged`` (the units decoded again because their bytes did not
+    check out) were read from: a published version folder that is gone (one line per build, all
+    such folders), or a published shard whose bytes changed (one warning each: its path, its
+    sha256 and size found against what its version's manifest records, how many files were
+    decoded again because of it, and the ``packer verify`` that checks that version). Damage
+    inside the build cache itself (a spill cut short by an interrupted build) is redone without
+    a word, as a damaged cache entry always was. ``keep_spill``: how the caller spells the
+    option that keeps a copy of the bytes in the cache."""
+    by_file: dict[str, set[str]] = defaultdict(set)
+    for unit in damaged:
+        by_file[unit.where].update(unit.sample_ids)
+    inside = cache_dir.resolve()
+    gone: dict[str, set[str]] = defaultdict(set)
+    warnings: list[str] = []
+    for where, ids in sorted(by_file.items()):
+        path = Path(where)
+        if path.resolve().is_relative_to(inside):
+            continue
+        if not path.exists():
+            gone[str(path.parent)].update(ids)
+            continue
+        whose = "1 file's samples" if len(ids) == 1 else f"{len(ids)} files' samples"
+        warnings.append(f"{path}: {_shard_found(path)}: the build cache's {whose} read back from it did not check "
+                        f"out, so {'that file was' if len(ids) == 1 else 'those files were'} decoded again. Check "
+                        f"that version with `packer verify {path.parent}`")
+    lines = []
+    if gone:
+        count = len(set().union(*gone.values()))
+        lines.append(f"packer: decoded {count} files again: the build cache read their samples back from "
+                     f"{', '.join(sorted(gone))}, which is gone or changed ({keep_spill} keeps a copy in the cache "
+                     "instead)")
+    return DamageReport(tuple(lines), tuple(warnings))
+
+
+def _shard_found(path: Path) -> str:
+    """How the published shard ``path`` compares with what its version's manifest records."""
+    try:
+        size, digest = file_sha256(path)
+    except OSError as err:
+        return f"it could not be read ({err})"
+    try:
+        manifest = json.loads((path.parent / MANIFEST_FILE).read_text(encoding="utf-8"))
+        (entry,) = [shard for split in manifest["splits"].values() for shard in split["shards"]
+                    if shard["file"] == path.name]
+        recorded, recorded_bytes = str(entry["sha256"]), int(entry["bytes"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return (f"its bytes (sha256 {digest[:12]}…, {size} bytes) could not be compared with its version's "
+                f"{MANIFEST_FILE} ({type(err).__name__}: {err})")
+    if (digest, size) == (recorded, recorded_bytes):
+        return (f"its bytes match its manifest (sha256 {digest[:12]}…, {size} bytes), but not the build cache's "
+                "records of the samples in it")
+    return (f"its bytes no longer match its manifest (sha256 {digest[:12]}…, {size} bytes; the manifest records "
+            f"{recorded[:12]}…, {recorded_bytes} bytes)")

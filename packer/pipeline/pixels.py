@@ -36,7 +36,7 @@ from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.dedup import is_blank
-from packer.pipeline.filecache import CopiedUnit, Unit, copy_units, find_earlier, unit_keys
+from packer.pipeline.filecache import CopiedUnit, DamagedUnit, Unit, copy_units, find_earlier, unit_keys
 from packer.pipeline.nearcopy import signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
@@ -109,6 +109,10 @@ class ChunkResult:
     #: the keys of the entry's units of per-file reuse and their move keys, 16 bytes each, concatenated (for the
     #: cache's index, :func:`packer.pipeline.filecache.write_file_index`)
     units: bytes = b""
+    #: the units an earlier cache entry held whose bytes no longer checked out where they were read
+    #: back from (a damaged published shard, a version folder deleted): decoded again, each with
+    #: that file (:class:`~packer.pipeline.filecache.DamagedUnit`)
+    damaged: tuple[DamagedUnit, ...] = ()
 
 
 #: Chunks per dask task: at most MAX_GROUP, and small enough that every worker thread gets at
@@ -365,7 +369,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     excluded: list[Excluded] = []
     clock = StageClock()
     clock.switch("reuse")
-    units, copied = _copied_units(task, cache_dir, listed, signed=sig_dir is not None)
+    units, copied, damaged = _copied_units(task, cache_dir, listed, signed=sig_dir is not None)
     notes: dict[tuple[str, str], None] = {}  # in order, once per file
     outcomes: Iterable[list[Sample] | Issue | Excluded | CopiedUnit]
     if task.group is not None:
@@ -411,22 +415,26 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded),
                        copied=sum(len(unit.sample_ids) for unit in units if unit.key in copied),
-                       units=b"".join(unit.index_keys() for unit in units))
+                       units=b"".join(unit.index_keys() for unit in units), damaged=damaged)
 
 
 def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, RawObject], *,
-                  signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit]]:
-    """The units of ``task`` (none without a cache) and, by unit key, what earlier cache entries
-    hold for those that did not change (:mod:`packer.pipeline.filecache`). A copy without the
-    near-copy signatures the job needs (``signed``) is not taken: its unit is decoded."""
+                  signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit], tuple[DamagedUnit, ...]]:
+    """The units of ``task`` (none without a cache), by unit key what earlier cache entries
+    hold for those that did not change (:mod:`packer.pipeline.filecache`), and the units such an
+    entry held whose bytes did not check out. The chunk's own entry is among those entries: it
+    is here because it did not check out whole (:func:`~packer.pipeline.spill.load_cached_chunk`),
+    and the units whose bytes still check out are copied from it, not decoded. A copy without
+    the near-copy signatures the job needs (``signed``) is not taken: its unit is decoded."""
     if cache_dir is None:
-        return [], {}
+        return [], {}, ()
     units = unit_keys(task.refs, task.job, dict(task.libraries), group=task.group is not None, listed=listed)
-    copied = copy_units(cache_dir, find_earlier(cache_dir, units, skip=task.key), units, task.refs, task.job)
+    copies = copy_units(cache_dir, find_earlier(cache_dir, units), units, task.refs, task.job)
+    copied = copies.units
     if signed:
         copied = {unit: held for unit, held in copied.items()
                   if all(sample.signature is not None for sample in held.samples)}
-    return units, copied
+    return units, copied, copies.damaged
 
 
 def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], excluded: list[Excluded],

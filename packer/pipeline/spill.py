@@ -262,8 +262,10 @@ def referenced_entries(spill_names: Iterable[str], chunks: Iterable[str]) -> set
 def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None:
     """The chunk's records if its records file is complete and its samples' bytes check out
     (sizes, each sample's sha256 and the digest chained over them), else None (the chunk is
-    then processed again). The bytes are the spill file's or, once a build consumed the spill,
-    the published shards' its ``.packed.json`` names; the samples returned say which.
+    then processed again, its unchanged files copied from this entry unit by unit where their
+    own bytes still check out: :func:`packer.pipeline.filecache.copy_units`). The bytes are the
+    spill file's or, once a build consumed the spill, the published shards' its
+    ``.packed.json`` names; the samples returned say which.
 
     The samples come with their sha256 for shard format ``fmt``: a chunk cached by a build of
     the other format is reused too (the key leaves packing out), its samples hashed once more
@@ -450,6 +452,26 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
         _sized(sample, where, pixels, meta, mask)
         return pixels, meta, mask
 
+    def location(self, sample: SpilledSample) -> str:
+        """The file ``sample``'s bytes are read from: its spill file in the cache, or the published
+        shard its pointer names (the pointer itself where it cannot be read), without reading
+        them; for a message that names the file whose bytes did not check out."""
+        if not sample.spill.endswith(PACKED_SUFFIX):
+            return str(self.cache_dir / sample.spill)
+        try:
+            version, where = self._pointer(pointer_of(sample.spill))
+            return str(version / where[sample.key][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return str(self.cache_dir / pointer_of(sample.spill))
+
+    def _pointer(self, name: str) -> tuple[Path, dict[str, list[Any]]]:
+        """The version folder and the per-sample places (shard file, position) pointer ``name`` records."""
+        pointer = self._pointers.get(name)
+        if pointer is None:
+            data = json.loads((self.cache_dir / name).read_text(encoding="utf-8"))
+            pointer = self._pointers[name] = (Path(data["version"]), data["samples"])
+        return pointer
+
     def _open(self, path: str) -> io.BufferedReader:
         fh = self._files.get(path)
         if fh is None:
@@ -469,12 +491,7 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
     def _read_packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
         """The pixel bytes, the record's metadata and the mask's ``.npy`` bytes of a sample
         read back from the published shard its pointer names, and that shard's path."""
-        name = pointer_of(sample.spill)
-        pointer = self._pointers.get(name)
-        if pointer is None:
-            data = json.loads((self.cache_dir / name).read_text(encoding="utf-8"))
-            pointer = self._pointers[name] = (Path(data["version"]), data["samples"])
-        version, where = pointer
+        version, where = self._pointer(pointer_of(sample.spill))
         file, position = where[sample.key]
         path = version / file
         if path.suffix == ".parquet":
@@ -559,22 +576,6 @@ class SpillPuncher:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-def lost_versions(cache_dir: Path, decoded: Iterable[str]) -> dict[str, str]:
-    """Of the chunks ``decoded`` (processed again rather than reused), those whose
-    ``.packed.json`` pointed at a version folder, mapped to that folder: their samples were to
-    be read back from it, and it is gone or changed. For the build's message."""
-    lost: dict[str, str] = {}
-    for key in decoded:
-        pointer = packed_path(cache_dir, key)
-        if not pointer.is_file():
-            continue
-        try:
-            lost[key] = str(json.loads(pointer.read_text(encoding="utf-8"))["version"])
-        except (OSError, ValueError, KeyError, TypeError):
-            lost[key] = str(pointer)
-    return lost
 
 
 def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[tuple[str, str, str, int]],

@@ -59,6 +59,7 @@ from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
 from packer.pipeline.discover import discover
+from packer.pipeline.filecache import damage_report
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
 from packer.pipeline.neighborcache import NeighborCache
@@ -67,7 +68,7 @@ from packer.pipeline.pixels import ChunkResult, process_all
 from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import SpillConsumer, cache_elsewhere, lost_versions
+from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
 from packer.read.kinds import source_libraries
@@ -566,12 +567,12 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
     if cache_dir is not None and not quiet:
-        lost = lost_versions(cache_dir, [c.key for c in prepared.chunks if not c.reused])
-        if lost:
-            files = sum(c.files for c in prepared.chunks if not c.reused and c.key in lost)
-            print(f"packer: decoded {files} files again: the build cache read their samples back from "
-                  f"{', '.join(sorted(set(lost.values())))}, which is gone or changed "
-                  f"({surface().call('build', 'keep_spill')} keeps a copy in the cache instead)", flush=True)
+        said = damage_report(cache_dir, [unit for c in prepared.chunks for unit in c.damaged],
+                             surface().call("build", "keep_spill"))
+        for line in said.lines:
+            print(line, flush=True)
+        for warning in said.warnings:
+            print(f"packer: warning: {warning}", file=sys.stderr, flush=True)
     if through == "audit":
         return StageRun(prepared)
     if cache_dir is None or staging is None or leakage_dir is None:
