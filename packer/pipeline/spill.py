@@ -104,8 +104,9 @@ class CachedChunk:
 #: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
 #: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
 #: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
-#: as US over signed pixels is read as SS).
-CACHE_FORMAT = 25
+#: as US over signed pixels is read as SS; 26: DICOM uint16 levels are the window formula's exact
+#: value rounded half to even: display values in float64, not float32).
+CACHE_FORMAT = 26
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
