@@ -400,6 +400,7 @@ def test_palette_color_goes_through_the_palette() -> None:
     sample = read(path)[0]
     np.testing.assert_array_equal(sample.image, expected)
     assert sample.metadata["palette_bits"] == 16
+    assert "warnings" not in sample.metadata  # a 16-bit palette that uses its range
 
 
 def test_generated_palette_color(tmp_path: Path) -> None:
@@ -411,6 +412,52 @@ def test_generated_palette_color(tmp_path: Path) -> None:
     image = one(save(ds, tmp_path / "pal.dcm"))
     np.testing.assert_array_equal(image[:, 0, 0], [255, 0, 0])
     np.testing.assert_array_equal(image[:, 1, 1], [128, 128, 128])
+
+
+def _palette_file(tmp_path: Path, name: str, bits: int, entries: dict[str, list[int]]) -> Path:
+    """A pydicom-written PALETTE COLOR image indexing entries 0..3 of its palette."""
+    index = np.array([[0, 1], [2, 3]], dtype=np.uint8)
+    ds = image_dataset(index, photometric="PALETTE COLOR", modality="OT")
+    for colour, values in entries.items():
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [len(values), 0, bits])
+        data = np.asarray(values, dtype="<u2" if bits == 16 else np.uint8).tobytes()
+        setattr(ds, f"{colour}PaletteColorLookupTableData", data)
+    return save(ds, tmp_path / name)
+
+
+EIGHT_BIT_COLOURS = {"Red": [255, 0, 0, 128], "Green": [0, 255, 0, 128], "Blue": [0, 0, 255, 128]}
+
+
+def test_a_16_bit_palette_holding_8_bit_values_is_read_as_declared_and_each_sample_says_so(tmp_path: Path) -> None:
+    """PS3.3 C.7.6.3.1.6: a 16-bit palette's entries span 0..65535, so entries of at most 255
+    make a nearly black image. Readers do not agree on rescaling such tables (pydicom and GDCM
+    keep the entries, Cornerstone shifts them to 0, dcmtk rescales only with --check-lut-depth):
+    packer keeps the standard's reading, pydicom's, and records that the palette was not
+    rescaled, so a dark sample is explained rather than silent."""
+    path = _palette_file(tmp_path, "pal16of8.dcm", 16, EIGHT_BIT_COLOURS)
+    ds = pydicom.dcmread(path)
+    reference = apply_color_lut(pixel_array(ds), ds)
+    assert reference.dtype == np.uint16 and reference.max() == 255  # pydicom: the entries as stored
+    sample = read(path)[0]
+    np.testing.assert_array_equal(sample.image, np.rint(reference / 65535 * 255).transpose(2, 0, 1))
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [1, 0, 0])  # 255 of 65535: level 1
+    assert sample.metadata["palette_bits"] == 16
+    [warning] = sample.metadata["warnings"]
+    assert "declare 16 bits per entry" in warning and "exceeds 255 of 65535" in warning
+    assert "the palette was not rescaled" in warning and "multiply each entry by 257" in warning
+    json.dumps(sample.metadata)
+
+
+@pytest.mark.parametrize("bits, scale", [(16, 257), (8, 1)])
+def test_a_palette_that_uses_its_declared_range_carries_no_palette_warning(tmp_path: Path, bits: int,
+                                                                          scale: int) -> None:
+    """The same colours as full-range 16-bit entries (value × 257, what careful writers do) or as
+    an 8-bit palette: the image is the same, and nothing to warn about."""
+    colours = {colour: [v * scale for v in values] for colour, values in EIGHT_BIT_COLOURS.items()}
+    sample = read(_palette_file(tmp_path, f"pal{bits}.dcm", bits, colours))[0]
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [255, 0, 0])
+    np.testing.assert_array_equal(sample.image[:, 1, 1], [128, 128, 128])
+    assert "warnings" not in sample.metadata
 
 
 # ---------------------------------------------------------------- metadata

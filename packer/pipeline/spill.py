@@ -105,7 +105,8 @@ class CachedChunk:
 #: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
 #: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
 #: as US over signed pixels is read as SS; 26: DICOM uint16 levels are the window formula's exact
-#: value rounded half to even: display values in float64, not float32).
+#: value rounded half to even: display values in float64, not float32; a 16-bit palette whose
+#: entries never exceed 255 gives its samples a warning).
 CACHE_FORMAT = 26
 
 
