@@ -106,7 +106,8 @@ class CachedChunk:
 #: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
 #: as US over signed pixels is read as SS; 26: DICOM uint16 levels are the window formula's exact
 #: value rounded half to even: display values in float64, not float32; a 16-bit palette whose
-#: entries never exceed 255 gives its samples a warning).
+#: entries never exceed 255 gives its samples a warning; ST, LT and UT text double a backslash
+#: of their own that precedes a backslash or ``xNN``, so it never reads as an undecodable byte).
 CACHE_FORMAT = 26
 
 
