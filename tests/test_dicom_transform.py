@@ -595,8 +595,9 @@ def test_finishing_from_stored_values_gives_the_bytes_of_render_then_finish(
     height, width = stored.shape
     size = {"own": (height, width), "other": (height // 2 + 3, width + 5), None: None}[size_kind]
     geometry = {"pixel_spacing": (0.5, 0.5), "spacing": spacing, "size": size}
+    dtype = display_dtype(output, keeps_geometry(height, width, **geometry))  # float64: uint16 on its own grid
     expected = finish_image(render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding,
-                                          dtype=display_dtype(output)), policy=policy, output=output, **geometry)
+                                          dtype=dtype), policy=policy, output=output, **geometry)
     got = finish_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=None, policy=policy,
                         output=output, **geometry)
     assert got.dtype == expected.dtype and got.shape == expected.shape and got.flags.c_contiguous

@@ -12,10 +12,12 @@ PS3.4 N.2.1.1):
                   ─ optional resample to a pixel spacing, then resize (packer.transform.resize)
                   ─ quantise: uint8 round(y·255), uint16 round(y·65535), half to even
 
-uint16 output computes the display values y in float64 from start to end: float32 (24-bit
-mantissa) puts y·65535 up to 0.002 off, enough to land on the other side of a half level (the
-lung window gave the next level for 4 of 3,002 stored values). uint8 keeps float32 (its levels
-are 257 times coarser) and its bytes. See :func:`display_dtype`, :func:`quantise`.
+uint16 output that keeps the frame's pixel grid computes the display values y in float64 from
+start to end: float32 (24-bit mantissa) puts y·65535 up to 0.002 off, enough to land on the other
+side of a half level (the lung window gave the next level for 4 of 3,002 stored values). uint8
+keeps float32 (its levels are 257 times coarser) and its bytes; so does a resized or resampled
+frame, whose interpolated values are no stored value's formula anyway (float64 frames there cost
+several times the float32 time). See :func:`display_dtype`, :func:`quantise`.
 
 ``float16`` output skips the VOI stage: one channel of modality values, padding filled with the
 frame's smallest real value. Colour frames (RGB after pydicom's YBR conversion, or PALETTE COLOR
@@ -48,10 +50,11 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)
 HALF_LEVEL_TOLERANCE = 1e-7
 
 
-def display_dtype(output: str) -> type[np.floating]:
+def display_dtype(output: str, keeps_grid: bool = True) -> type[np.floating]:
     """The float dtype display values ([0, 1]) are computed in for ``output``: float64 for
-    uint16 (exact levels, see the module docstring), float32 otherwise."""
-    return np.float64 if output == "uint16" else np.float32
+    uint16 on the frame's own pixel grid (``keeps_grid``, :func:`keeps_geometry`: exact levels,
+    see the module docstring), float32 otherwise."""
+    return np.float64 if output == "uint16" and keeps_grid else np.float32
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,8 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     too: the table is quantised (4,096 rows for a 12-bit slice) instead of every pixel, and each
     channel is taken from it straight into the output, with no float32 frame in between.
     """
-    if output in ("uint8", "uint16") and keeps_geometry(*stored.shape[:2], pixel_spacing=pixel_spacing,
-                                                        spacing=spacing, size=size):
+    keeps = keeps_geometry(*stored.shape[:2], pixel_spacing=pixel_spacing, spacing=spacing, size=size)
+    if output in ("uint8", "uint16") and keeps:
         lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding,
                                dtype=display_dtype(output))
         if lookup is not None:
@@ -237,7 +240,7 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
                 np.take(np.ascontiguousarray(levels[:, channel]), rows, out=out[channel], mode="clip")
             return out
     image = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=mask,
-                          dtype=display_dtype(output))
+                          dtype=display_dtype(output, keeps))
     return finish_image(image, pixel_spacing=pixel_spacing, spacing=spacing, size=size, policy=policy, output=output)
 
 
