@@ -119,3 +119,27 @@ def test_two_segment_labels_that_differ_only_in_undecodable_bytes_are_two_segmen
     labels, drawn = paint(path, places(sources), segments, dataset=pydicom.dcmread(path) if parsed else None)
     assert drawn.unmapped == ()  # type: ignore[attr-defined]
     np.testing.assert_array_equal(labels, expected_labels(planted))
+
+
+@pytest.mark.parametrize("vr", ["LT", "ST", "UT"])
+def test_an_undecodable_byte_and_the_same_text_written_as_an_escape_are_two_entities(tmp_path: Path, vr: str) -> None:
+    """The byte 0xE9, which UTF-8 cannot decode, is kept as the four characters ``\\xe9``. Text
+    may hold those four characters itself (ST, LT and UT take backslashes): such text is written
+    with its backslash doubled, ``\\\\xe9``, so the two files are two patients, not one. Text
+    whose backslashes read as no escape stays as pydicom reads it."""
+    keyword = KEYWORD[vr]
+    written = {"byte": b"caf\xe9", "text": b"caf\\xe9", "both": b"caf\\\xe9", "plain": b"Case A\\B"}
+    entities, warned = {}, set()
+    for name, raw in written.items():
+        path = ct_with_comment(tmp_path / f"{name}.dcm", raw, vr)
+        header = probe_dicom(make_ref(path), entity_keyword=keyword, time_keywords=TIME)
+        assert isinstance(header, DicomHeader)
+        entities[name] = header.entity
+        assert text_value(pydicom.dcmread(path), keyword) == header.entity
+        samples = read_dicom(make_ref(path), config(), entity_keyword=keyword)
+        assert isinstance(samples, list)
+        if "warnings" in samples[0].metadata:
+            warned.add(name)
+    assert entities == {"byte": "caf\\xe9", "text": "caf\\\\xe9", "both": "caf\\\\\\xe9", "plain": "Case A\\B"}
+    assert len(set(entities.values())) == len(entities)
+    assert warned == {"byte", "both"}  # only bytes the character set cannot decode

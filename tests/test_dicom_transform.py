@@ -190,6 +190,76 @@ def test_hand_computed_uint8_uint16_and_monochrome1(tmp_path: Path) -> None:
     np.testing.assert_array_equal(one(mono1)[0], [[255, 126], [0, 255]])
 
 
+# A synthetic CT over every stored value that matters: all 65,536 int16 values (a 256×256 frame:
+# its range is too wide for the stored-value table, so the direct path) and a 12-bit slice (the
+# table path). Rescale slope 0.5, intercept -1024.25: modality values are quarters, x = (2s - 4097)/4.
+EXACT_SLOPE, EXACT_INTERCEPT = 0.5, -1024.25
+EXACT_FRAMES = {
+    "every int16 value": np.arange(-32768, 32768, dtype=np.int64).astype(np.int16).reshape(256, 256),
+    "12-bit slice": (np.arange(128 * 128) % 4000 - 1000).astype(np.int16).reshape(128, 128),
+}
+# (center, width, function), all multiples of 1/4: lung, bone, narrow, wide, and a LINEAR_EXACT
+# window of width 65535 centred on a modality value, whose every even stored value is an exact
+# half level (y·65535 = k + 1/2), 32,768 ties that float64 arithmetic alone gets wrong 9,567 times.
+EXACT_WINDOWS = [(-600.0, 1500.0, "LINEAR"), (600.0, 2800.0, "LINEAR"), (40.0, 2.0, "LINEAR"),
+                 (40.25, 1.5, "LINEAR_EXACT"), (0.0, 40000.0, "LINEAR"), (1000.5, 65536.0, "LINEAR"),
+                 (-1024.25, 65535.0, "LINEAR_EXACT"), (-600.0, 1500.0, "LINEAR_EXACT")]
+
+
+def exact_levels(stored: np.ndarray, center: float, width: float, function: str, top: int) -> np.ndarray:
+    """PS3.3 C.11.2.1.2/3 onto 0..top in exact integer arithmetic (no float anywhere), rounded
+    half to even. In quarter units X = 4x, C = 4c', W = 4w' (c' = c - 1/2, w' = w - 1 for
+    LINEAR) the level is top·(X - C)/W + top/2 = N / D with N = 2·top·(X - C) + top·W, D = 2W,
+    clipped to [0, top] (the piecewise ends)."""
+    c, w = (center - 0.5, width - 1.0) if function == "LINEAR" else (center, width)
+    big_c, big_w = int(c * 4), int(w * 4)
+    assert big_c == c * 4 and big_w == w * 4 and big_w > 0
+    big_x = 2 * stored.astype(np.int64) - 4097  # 4 · (0.5·s - 1024.25)
+    n = 2 * top * (big_x - big_c) + top * big_w
+    d = 2 * big_w
+    k, r = np.divmod(n, d)
+    k = k + ((2 * r > d) | ((2 * r == d) & (k % 2 == 1)))
+    return np.clip(k, 0, top)
+
+
+@pytest.mark.parametrize("frame", EXACT_FRAMES)
+def test_uint16_levels_equal_the_window_formula_computed_exactly(tmp_path: Path, frame: str) -> None:
+    """uint16 output is the exact DICOM window of every stored value, rounded half to even: no
+    level off by one from float32 arithmetic (the lung window gave the next level for 4 of its
+    3,002 ramp values), none from float64 noise at an exact half level."""
+    stored = EXACT_FRAMES[frame]
+    path = save(ct_dataset(stored, slope=EXACT_SLOPE, intercept=EXACT_INTERCEPT, center=None, width=None),
+                tmp_path / "ct.dcm")
+    packed = one(path, *(window(c, w, f) for c, w, f in EXACT_WINDOWS), output="uint16")
+    assert packed.dtype == np.uint16
+    ramp = 0
+    for channel, (c, w, f) in zip(packed, EXACT_WINDOWS, strict=True):
+        expected = exact_levels(stored, c, w, f, 65535)
+        off = np.flatnonzero(channel.astype(np.int64) != expected)
+        assert off.size == 0, (f"window {c}/{w} {f}: {off.size} levels differ, first stored value "
+                               f"{stored.flat[off[0]]}: {channel.flat[off[0]]} != {expected.flat[off[0]]}")
+        ramp += int(((expected > 0) & (expected < 65535)).sum())
+        if f == "LINEAR" and c == -600.0:  # and the plain float64 formula agrees where it has no tie to decide
+            x = stored.astype(np.float64) * EXACT_SLOPE + EXACT_INTERCEPT
+            np.testing.assert_array_equal(channel, np.rint(linear(x, c, w) * 65535.0))
+    assert ramp > {"every int16 value": 60_000, "12-bit slice": 8_000}[frame]  # the ramps are exercised
+
+
+@pytest.mark.parametrize("frame", EXACT_FRAMES)
+def test_uint8_levels_are_the_float32_paths_bytes(tmp_path: Path, frame: str) -> None:
+    """uint8 output keeps its float32 arithmetic (and the bytes of every dataset built with it):
+    y = the window in float64, cast to float32, times 255 in float32, rounded half to even."""
+    stored = EXACT_FRAMES[frame]
+    path = save(ct_dataset(stored, slope=EXACT_SLOPE, intercept=EXACT_INTERCEPT, center=None, width=None),
+                tmp_path / "ct.dcm")
+    packed = one(path, *(window(c, w, f) for c, w, f in EXACT_WINDOWS), output="uint8")
+    x = stored.astype(np.float64) * EXACT_SLOPE + EXACT_INTERCEPT
+    for channel, (c, w, f) in zip(packed, EXACT_WINDOWS, strict=True):
+        y = linear(x, c, w) if f == "LINEAR" else np.clip((x - c) / w + 0.5, 0.0, 1.0)
+        np.testing.assert_array_equal(channel, np.rint(y.astype(np.float32) * np.float32(255.0)).astype(np.uint8))
+        np.testing.assert_array_equal(channel, exact_levels(stored, c, w, f, 255))
+
+
 def test_padding_is_masked_on_stored_values_and_stays_black(tmp_path: Path) -> None:
     stored = np.array([[1024, 1064], [1104, -2000]], dtype=np.int16)
     for photometric in ("MONOCHROME2", "MONOCHROME1"):
@@ -330,6 +400,7 @@ def test_palette_color_goes_through_the_palette() -> None:
     sample = read(path)[0]
     np.testing.assert_array_equal(sample.image, expected)
     assert sample.metadata["palette_bits"] == 16
+    assert "warnings" not in sample.metadata  # a 16-bit palette that uses its range
 
 
 def test_generated_palette_color(tmp_path: Path) -> None:
@@ -341,6 +412,52 @@ def test_generated_palette_color(tmp_path: Path) -> None:
     image = one(save(ds, tmp_path / "pal.dcm"))
     np.testing.assert_array_equal(image[:, 0, 0], [255, 0, 0])
     np.testing.assert_array_equal(image[:, 1, 1], [128, 128, 128])
+
+
+def _palette_file(tmp_path: Path, name: str, bits: int, entries: dict[str, list[int]]) -> Path:
+    """A pydicom-written PALETTE COLOR image indexing entries 0..3 of its palette."""
+    index = np.array([[0, 1], [2, 3]], dtype=np.uint8)
+    ds = image_dataset(index, photometric="PALETTE COLOR", modality="OT")
+    for colour, values in entries.items():
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [len(values), 0, bits])
+        data = np.asarray(values, dtype="<u2" if bits == 16 else np.uint8).tobytes()
+        setattr(ds, f"{colour}PaletteColorLookupTableData", data)
+    return save(ds, tmp_path / name)
+
+
+EIGHT_BIT_COLOURS = {"Red": [255, 0, 0, 128], "Green": [0, 255, 0, 128], "Blue": [0, 0, 255, 128]}
+
+
+def test_a_16_bit_palette_holding_8_bit_values_is_read_as_declared_and_each_sample_says_so(tmp_path: Path) -> None:
+    """PS3.3 C.7.6.3.1.6: a 16-bit palette's entries span 0..65535, so entries of at most 255
+    make a nearly black image. Readers do not agree on rescaling such tables (pydicom and GDCM
+    keep the entries, Cornerstone shifts them to 0, dcmtk rescales only with --check-lut-depth):
+    packer keeps the standard's reading, pydicom's, and records that the palette was not
+    rescaled, so a dark sample is explained rather than silent."""
+    path = _palette_file(tmp_path, "pal16of8.dcm", 16, EIGHT_BIT_COLOURS)
+    ds = pydicom.dcmread(path)
+    reference = apply_color_lut(pixel_array(ds), ds)
+    assert reference.dtype == np.uint16 and reference.max() == 255  # pydicom: the entries as stored
+    sample = read(path)[0]
+    np.testing.assert_array_equal(sample.image, np.rint(reference / 65535 * 255).transpose(2, 0, 1))
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [1, 0, 0])  # 255 of 65535: level 1
+    assert sample.metadata["palette_bits"] == 16
+    [warning] = sample.metadata["warnings"]
+    assert "declare 16 bits per entry" in warning and "exceeds 255 of 65535" in warning
+    assert "the palette was not rescaled" in warning and "multiply each entry by 257" in warning
+    json.dumps(sample.metadata)
+
+
+@pytest.mark.parametrize("bits, scale", [(16, 257), (8, 1)])
+def test_a_palette_that_uses_its_declared_range_carries_no_palette_warning(tmp_path: Path, bits: int,
+                                                                          scale: int) -> None:
+    """The same colours as full-range 16-bit entries (value × 257, what careful writers do) or as
+    an 8-bit palette: the image is the same, and nothing to warn about."""
+    colours = {colour: [v * scale for v in values] for colour, values in EIGHT_BIT_COLOURS.items()}
+    sample = read(_palette_file(tmp_path, f"pal{bits}.dcm", bits, colours))[0]
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [255, 0, 0])
+    np.testing.assert_array_equal(sample.image[:, 1, 1], [128, 128, 128])
+    assert "warnings" not in sample.metadata
 
 
 # ---------------------------------------------------------------- metadata
@@ -401,6 +518,7 @@ from packer.transform.dicom import (  # noqa: E402
     Lut,
     ModalityTransform,
     VoiTransform,
+    display_dtype,
     finish_image,
     finish_stored,
     keeps_geometry,
@@ -460,6 +578,10 @@ def test_stored_value_table_gives_the_direct_paths_bits(frame: tuple) -> None:
     tabled = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding)
     assert tabled.dtype == direct.dtype == np.float32 and tabled.shape == direct.shape
     assert tabled.tobytes() == direct.tobytes()
+    direct = render_grayscale(to_modality_values(stored, modality), vois, monochrome1=monochrome1,
+                              padding=padding_mask(stored, *padding), dtype=np.float64)
+    tabled = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, dtype=np.float64)
+    assert tabled.dtype == direct.dtype == np.float64 and tabled.tobytes() == direct.tobytes()
 
 
 @settings(max_examples=150, deadline=None)
@@ -473,8 +595,9 @@ def test_finishing_from_stored_values_gives_the_bytes_of_render_then_finish(
     height, width = stored.shape
     size = {"own": (height, width), "other": (height // 2 + 3, width + 5), None: None}[size_kind]
     geometry = {"pixel_spacing": (0.5, 0.5), "spacing": spacing, "size": size}
-    expected = finish_image(render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding),
-                            policy=policy, output=output, **geometry)
+    dtype = display_dtype(output, keeps_geometry(height, width, **geometry))  # float64: uint16 on its own grid
+    expected = finish_image(render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding,
+                                          dtype=dtype), policy=policy, output=output, **geometry)
     got = finish_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=None, policy=policy,
                         output=output, **geometry)
     assert got.dtype == expected.dtype and got.shape == expected.shape and got.flags.c_contiguous

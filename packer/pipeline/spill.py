@@ -104,8 +104,11 @@ class CachedChunk:
 #: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
 #: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
 #: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
-#: as US over signed pixels is read as SS).
-CACHE_FORMAT = 25
+#: as US over signed pixels is read as SS; 26: DICOM uint16 levels are the window formula's exact
+#: value rounded half to even: display values in float64, not float32; a 16-bit palette whose
+#: entries never exceed 255 gives its samples a warning; ST, LT and UT text double a backslash
+#: of their own that precedes a backslash or ``xNN``, so it never reads as an undecodable byte).
+CACHE_FORMAT = 26
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -729,9 +729,10 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
         return pixels
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
     metadata = _base_metadata(ds, geometry)
-    note = undecodable_note(ds, entity_keyword) if entity_keyword else None
-    if note is not None:
-        metadata["warnings"] = [note]
+    notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
+             _dark_palette_note(ds) if geometry.photometric == PALETTE else None]
+    if any(note is not None for note in notes):
+        metadata["warnings"] = [note for note in notes if note is not None]
     try:
         return render_samples(ref, ds, pixels, cfg, photometric=geometry.photometric, color_bits=color_bits,
                               base_metadata=metadata, max_pixels=limits.max_pixels)
@@ -937,6 +938,33 @@ def _base_metadata(ds: Dataset, geometry: _Geometry) -> dict[str, Any]:
     if geometry.photometric == PALETTE:
         meta["palette_bits"] = _palette_bits(ds)
     return meta
+
+
+def _dark_palette_note(ds: Dataset) -> str | None:
+    """The warning for a PALETTE COLOR file whose Palette Color Lookup Table Descriptors declare
+    16 bits per entry while no entry of its palette exceeds 255; None otherwise.
+
+    PS3.3 C.7.6.3.1.6 gives a 16-bit palette's entries the range 0..65535, so such an image is
+    rendered nearly black (255 of 65535 is level 1 of 255). Some writers put 8-bit values in
+    16-bit tables, but the field's readers do not agree on rescaling them: pydicom's
+    ``apply_color_lut`` and GDCM return the 16-bit entries as they are, Cornerstone (OHIF)
+    shifts them right by 8 bits (black), dcmtk reads them as 8 bits only when asked to
+    (``--check-lut-depth``). So packer keeps the standard's reading (the palette is not
+    rescaled) and says so on each sample."""
+    if _palette_bits(ds) != 16:
+        return None
+    descriptor = ds.get("RedPaletteColorLookupTableDescriptor")
+    entries, first = (int(descriptor[0]) or 65536, int(descriptor[1])) if descriptor else (65536, 0)
+    palette = apply_color_lut(np.arange(first, first + entries, dtype=np.int64), ds)
+    largest = int(palette.max()) if palette.size else 0
+    if largest > 255:
+        return None
+    return (f"(0028,1101-1103) Palette Color Lookup Table Descriptors declare 16 bits per entry, yet no palette "
+            f"entry exceeds {largest} of 65535: read as PS3.3 C.7.6.3.1.6 defines (entries over 0..65535) the "
+            "image is nearly black, and it was packed so; the palette was not rescaled (some writers put 8-bit "
+            "values in 16-bit tables, but pydicom, GDCM and Cornerstone/OHIF read them as 16-bit, dcmtk only "
+            "with --check-lut-depth as 8-bit); if its colours are meant in 0..255, fix the file: multiply each "
+            "entry by 257, or declare 8 bits per entry")
 
 
 def _palette_bits(ds: Dataset) -> int:

@@ -376,9 +376,15 @@ def sop_class_name(uid: str) -> str:
 #: (:func:`escape_undecodable`) cannot be confused with text.
 _CHARSET_VRS = frozenset({"SH", "LO", "UC", "PN"})
 #: Text VRs decoded with the character set that hold one value, backslashes included (PS3.5 6.2:
-#: ST, LT, UT): kept whole, each undecodable byte as ``\xNN`` (:func:`escape_undecodable_text`).
+#: ST, LT, UT): kept whole, each undecodable byte as ``\xNN``, a backslash of the text doubled
+#: where it would read as part of an escape (:func:`escape_undecodable_text`).
 _TEXT_VRS = frozenset({"ST", "LT", "UT"})
-_ESCAPED = re.compile(r"\\x[0-9a-f]{2}")
+#: An escape of an undecodable byte in such text: ``\xNN`` after an even number of backslashes.
+_ESCAPED = re.compile(r"(?<!\\)(?:\\\\)*\\x[0-9a-f]{2}")
+#: Valid text of those VRs that would read as escaped (a ``\xNN`` or ``\\`` of its own): written
+#: in the escaped form too, so it cannot collide with an escape (:func:`escape_text`).
+_LOOKS_ESCAPED = re.compile(r"\\(?:\\|x[0-9a-f]{2})")
+_ESCAPE_TAIL = re.compile(r"\\|x[0-9a-f]{2}")
 _ESC = b"\x1b"
 
 
@@ -393,9 +399,45 @@ def escape_undecodable(raw: bytes, encoding: str) -> list[str]:
 
 
 def escape_undecodable_text(raw: bytes, encoding: str) -> str:
-    """:func:`escape_undecodable` for ST, LT and UT, whose one value may hold backslashes: the
-    bytes are not split, trailing spaces and NULs (padding) stripped."""
-    return raw.decode(encoding, errors="backslashreplace").rstrip("\0 ")
+    """:func:`escape_undecodable` for ST, LT and UT, whose one value may hold backslashes of its
+    own: the bytes are not split, trailing spaces and NULs (padding) stripped, and the text is
+    written by :func:`escape_text`, so that a byte 0xE9 (``\\xe9``) and the four characters
+    ``\\xe9`` of valid text (``\\\\xe9``) read differently."""
+    return escape_text(_decode_pieces(raw.rstrip(b"\0 "), encoding))
+
+
+def _decode_pieces(raw: bytes, encoding: str) -> list[str | int]:
+    """``raw`` under ``encoding`` as runs of text and the bytes (ints) that do not decode."""
+    pieces: list[str | int] = []
+    while raw:
+        try:
+            pieces.append(raw.decode(encoding))
+            break
+        except UnicodeDecodeError as err:
+            pieces.extend(_decode_pieces(raw[:err.start], encoding))
+            pieces.extend(raw[err.start:err.end])
+            raw = raw[err.end:]
+    return pieces
+
+
+def escape_text(pieces: list[str | int]) -> str:
+    """Text runs and undecodable bytes (:func:`_decode_pieces`) as one string that tells them
+    apart: each byte as ``\\xNN`` (two lower-case hex digits), each backslash of the text doubled
+    where a backslash or ``xNN`` follows it (so ``\\\\`` reads as one backslash, ``\\xNN`` as a
+    byte), every other character as it is. Text with no backslash before ``\\`` or ``xNN`` comes
+    out unchanged (``Case A\\B``); no output of a valid text without such a backslash is the
+    output of any other bytes."""
+    parts: list[str] = []  # right to left
+    after = ""  # the first characters of what follows
+    for piece in reversed(pieces):
+        if isinstance(piece, int):
+            parts.append(f"\\x{piece:02x}")
+            after = parts[-1][:3]
+            continue
+        for char in reversed(piece):
+            parts.append("\\\\" if char == "\\" and _ESCAPE_TAIL.match(after) else char)
+            after = (parts[-1] + after)[:3]
+    return "".join(reversed(parts))
 
 
 def _encoding(ds: Dataset) -> str:
@@ -429,25 +471,39 @@ def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
     raw = ds.get_item(tag)
     elem = ds[tag]
     if (elem.VR not in _CHARSET_VRS | _TEXT_VRS or not isinstance(raw, RawDataElement)
-            or not isinstance(raw.value, bytes) or (raw.value.isascii() and _ESC not in raw.value)
-            or not any("\ufffd" in text for text in _texts(elem.value))):
+            or not isinstance(raw.value, bytes)):
+        return elem
+    if not _undecodable(ds, raw.value, elem):
+        if elem.VR in _TEXT_VRS and isinstance(elem.value, str) and _LOOKS_ESCAPED.search(elem.value):
+            # valid text that reads as escaped (a literal \xe9): escaped too, to differ from a byte 0xE9
+            kept = DataElement(elem.tag, elem.VR, escape_text([elem.value]), validation_mode=pydicom_config.IGNORE)
+            ds[tag] = kept
+            return kept
         return elem
     encoding = _encoding(ds)
-    if _ESC not in raw.value:  # else code extensions (ISO 2022), which cannot encode U+FFFD itself
-        try:
-            raw.value.decode(encoding)
-        except LookupError:  # an unknown codec: pydicom decoded with its default, losing nothing
-            return elem
-        except UnicodeError:
-            pass
-        else:
-            return elem  # the file's own U+FFFD
     # A list of one value is not split again at the backslashes the escapes hold.
     value: str | list[str] = (escape_undecodable_text(raw.value, encoding) if elem.VR in _TEXT_VRS
                               else escape_undecodable(raw.value, encoding))
     kept = DataElement(elem.tag, elem.VR, value, validation_mode=pydicom_config.IGNORE)
     ds[tag] = kept
     return kept
+
+
+def _undecodable(ds: Dataset, raw: bytes, elem: DataElement) -> bool:
+    """Whether pydicom's ``elem`` replaced bytes of ``raw`` that ``ds``'s character set cannot
+    decode with U+FFFD (not a U+FFFD the file holds itself, nor text decoded by pydicom's default
+    for a codec Python lacks)."""
+    if (raw.isascii() and _ESC not in raw) or not any("\ufffd" in text for text in _texts(elem.value)):
+        return False
+    if _ESC in raw:  # code extensions (ISO 2022), which cannot encode U+FFFD itself
+        return True
+    try:
+        raw.decode(_encoding(ds))
+    except LookupError:  # an unknown codec: pydicom decoded with its default, losing nothing
+        return False
+    except UnicodeError:
+        return True
+    return False  # the file's own U+FFFD
 
 
 def undecodable_note(ds: Dataset, keyword: str) -> str | None:

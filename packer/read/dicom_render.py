@@ -36,6 +36,7 @@ from packer.transform.dicom import (
     ModalityTransform,
     VoiTransform,
     apply_voi,
+    display_dtype,
     finish_image,
     finish_stored,
     quantise,
@@ -223,7 +224,8 @@ def _flat_windows(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modal
         return None
     low, high = real.min(), real.max()
     values = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)
-    levels = [quantise(apply_voi(values, voi)[:, :, None], output)[0, :, 0].tolist() for voi in vois]
+    levels = [quantise(apply_voi(values, voi, display_dtype(output))[:, :, None], output)[0, :, 0].tolist()
+              for voi in vois]
     if any(pair[0] != pair[1] for pair in levels):
         return None
     named = ", ".join(f"Window Center {voi.center:g} / Window Width {voi.width:g} → {pair[0]}"

@@ -10,7 +10,14 @@ PS3.4 N.2.1.1):
                   ─ MONOCHROME1: 1 - y (C.7.6.3.1.2)
                   ─ padding pixels → 0 (black, also after inversion)
                   ─ optional resample to a pixel spacing, then resize (packer.transform.resize)
-                  ─ quantise: uint8 round(y·255), uint16 round(y·65535)
+                  ─ quantise: uint8 round(y·255), uint16 round(y·65535), half to even
+
+uint16 output that keeps the frame's pixel grid computes the display values y in float64 from
+start to end: float32 (24-bit mantissa) puts y·65535 up to 0.002 off, enough to land on the other
+side of a half level (the lung window gave the next level for 4 of 3,002 stored values). uint8
+keeps float32 (its levels are 257 times coarser) and its bytes; so does a resized or resampled
+frame, whose interpolated values are no stored value's formula anyway (float64 frames there cost
+several times the float32 time). See :func:`display_dtype`, :func:`quantise`.
 
 ``float16`` output skips the VOI stage: one channel of modality values, padding filled with the
 frame's smallest real value. Colour frames (RGB after pydicom's YBR conversion, or PALETTE COLOR
@@ -37,6 +44,17 @@ from packer.transform.window import (
 
 OUTPUTS = ("uint8", "uint16", "float16")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+#: How close (in output levels) a float64 value y·65535 must come to a half level to be rounded
+#: as that half level: float64 noise (x/65535·65535 is 0.5 ± 1e-11, not 0.5) must not decide a
+#: tie the exact formula has (a LINEAR_EXACT window of width 65535 gives one at every value).
+HALF_LEVEL_TOLERANCE = 1e-7
+
+
+def display_dtype(output: str, keeps_grid: bool = True) -> type[np.floating]:
+    """The float dtype display values ([0, 1]) are computed in for ``output``: float64 for
+    uint16 on the frame's own pixel grid (``keeps_grid``, :func:`keeps_geometry`: exact levels,
+    see the module docstring), float32 otherwise."""
+    return np.float64 if output == "uint16" and keeps_grid else np.float32
 
 
 @dataclass(frozen=True)
@@ -113,30 +131,32 @@ def to_modality_values(stored: np.ndarray, modality: ModalityTransform) -> np.nd
     return values
 
 
-def apply_voi(values: np.ndarray, voi: VoiTransform) -> np.ndarray:
-    """Modality values (float64 H×W) → one display channel, float32 H×W in [0, 1]."""
+def apply_voi(values: np.ndarray, voi: VoiTransform, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """Modality values (float64 H×W) → one display channel, ``dtype`` (:func:`display_dtype`)
+    H×W in [0, 1]."""
     if voi.lut is not None:
-        return apply_voi_lut(values, voi.lut.descriptor(), voi.lut.array())
+        return apply_voi_lut(values, voi.lut.descriptor(), voi.lut.array(), dtype)
     if voi.center is None or voi.width is None:
         raise ValueError(f"window {voi.name!r} has no center/width and no VOI LUT")
-    return apply_window(values, voi.center, voi.width, voi.function)
+    return apply_window(values, voi.center, voi.width, voi.function, dtype)
 
 
 def render_grayscale(values: np.ndarray, vois: tuple[VoiTransform, ...], *, monochrome1: bool,
-                     padding: np.ndarray) -> np.ndarray:
-    """Modality values (float64 H×W) → H×W×C float32 in [0, 1], one channel per VOI, in order.
+                     padding: np.ndarray, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """Modality values (float64 H×W) → H×W×C ``dtype`` (float32; float64 for uint16 output, see
+    :func:`display_dtype`) in [0, 1], one channel per VOI, in order.
 
     MONOCHROME1 channels are inverted after the VOI stage; pixels where ``padding`` (bool H×W)
     is True are set to 0 last, so padding is black whatever the photometric interpretation.
     """
     channels = []
     for voi in vois:
-        y = apply_voi(values, voi)
+        y = apply_voi(values, voi, dtype)
         if monochrome1:
             y = invert_monochrome1(y)
         y[padding] = 0.0
         channels.append(y)
-    return np.stack(channels, axis=-1).astype(np.float32, copy=False)
+    return np.stack(channels, axis=-1).astype(dtype, copy=False)
 
 
 #: Smallest frame (pixels) for which :func:`render_stored` builds a table of stored values.
@@ -145,8 +165,8 @@ TABLE_MIN_PIXELS = 4096
 
 def render_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[VoiTransform, ...], *,
                   monochrome1: bool, padding: tuple[int | None, int | None],
-                  mask: np.ndarray | None = None) -> np.ndarray:
-    """Stored values (H×W) → H×W×C float32 in [0, 1]: :func:`to_modality_values`, then
+                  mask: np.ndarray | None = None, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """Stored values (H×W) → H×W×C ``dtype`` (:func:`display_dtype`) in [0, 1]: :func:`to_modality_values`, then
     :func:`render_grayscale` with padding = ``padding_mask(stored, *padding)`` (or ``mask``,
     when the caller has it already).
 
@@ -154,24 +174,26 @@ def render_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     (padding, modality LUT or rescale, VOI, MONOCHROME1). So for an integer frame whose value
     range [min, max] holds fewer values than a quarter of its pixels (a 12-bit CT slice: at
     most 4,096 values for 262,144 pixels) the steps run once per value of the range and the
-    frame is looked up in that table: the same float32 bits as the direct path, without its
-    float64 passes over the whole frame.
+    frame is looked up in that table: the same bits as the direct path, without its float64
+    passes over the whole frame.
     """
-    lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding)
+    lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding, dtype=dtype)
     if lookup is not None:
         table, rows = lookup
         # rows of the table as single opaque items: one flat take, 15× faster than table[index]
         items = table.view(np.dtype((np.void, table.shape[1] * table.itemsize))).reshape(-1)
-        return items.take(rows).view(np.float32).reshape(*rows.shape, table.shape[1])
+        return items.take(rows).view(table.dtype).reshape(*rows.shape, table.shape[1])
     if mask is None:
         mask = padding_mask(stored, *padding)
-    return render_grayscale(to_modality_values(stored, modality), vois, monochrome1=monochrome1, padding=mask)
+    return render_grayscale(to_modality_values(stored, modality), vois, monochrome1=monochrome1, padding=mask,
+                            dtype=dtype)
 
 
 def _stored_table(stored: np.ndarray, modality: ModalityTransform, vois: tuple[VoiTransform, ...], *,
-                  monochrome1: bool, padding: tuple[int | None, int | None]) -> tuple[np.ndarray, np.ndarray] | None:
+                  monochrome1: bool, padding: tuple[int | None, int | None],
+                  dtype: type[np.floating] = np.float32) -> tuple[np.ndarray, np.ndarray] | None:
     """(table, rows) with ``table[rows]`` what :func:`render_stored` gives: the display values of
-    every stored value of the frame's range (V×C float32, row 0 its minimum) and each pixel's
+    every stored value of the frame's range (V×C ``dtype``, row 0 its minimum) and each pixel's
     row (H×W intp); None where a table does not pay (see :func:`render_stored`)."""
     if stored.dtype.kind not in "iu" or stored.dtype.itemsize > 4 or stored.size < TABLE_MIN_PIXELS:
         return None
@@ -180,7 +202,7 @@ def _stored_table(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
         return None
     domain = np.arange(low, high + 1, dtype=np.int64).astype(stored.dtype)[None, :]
     table = np.ascontiguousarray(render_grayscale(to_modality_values(domain, modality), vois, monochrome1=monochrome1,
-                                                  padding=padding_mask(domain, *padding))[0])
+                                                  padding=padding_mask(domain, *padding), dtype=dtype)[0])
     return table, np.subtract(stored, low, dtype=np.intp)
 
 
@@ -206,9 +228,10 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     too: the table is quantised (4,096 rows for a 12-bit slice) instead of every pixel, and each
     channel is taken from it straight into the output, with no float32 frame in between.
     """
-    if output in ("uint8", "uint16") and keeps_geometry(*stored.shape[:2], pixel_spacing=pixel_spacing,
-                                                        spacing=spacing, size=size):
-        lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding)
+    keeps = keeps_geometry(*stored.shape[:2], pixel_spacing=pixel_spacing, spacing=spacing, size=size)
+    if output in ("uint8", "uint16") and keeps:
+        lookup = _stored_table(stored, modality, vois, monochrome1=monochrome1, padding=padding,
+                               dtype=display_dtype(output))
         if lookup is not None:
             table, rows = lookup
             levels = quantise(table[None], output)[0]
@@ -216,7 +239,8 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
             for channel in range(table.shape[1]):  # every row index is in range: "clip" only skips a buffered copy
                 np.take(np.ascontiguousarray(levels[:, channel]), rows, out=out[channel], mode="clip")
             return out
-    image = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=mask)
+    image = render_stored(stored, modality, vois, monochrome1=monochrome1, padding=padding, mask=mask,
+                          dtype=display_dtype(output, keeps))
     return finish_image(image, pixel_spacing=pixel_spacing, spacing=spacing, size=size, policy=policy, output=output)
 
 
@@ -259,16 +283,28 @@ def resample_to_spacing(image: np.ndarray, pixel_spacing: tuple[float, float],
 
 
 def quantise(image: np.ndarray, output: str) -> np.ndarray:
-    """H×W×C float32 → H×W×C of dtype ``output``.
+    """H×W×C float32 (float64 for uint16: :func:`display_dtype`) → H×W×C of dtype ``output``.
 
     ``uint8``/``uint16``: input in [0, 1] (clipped), ``round(y·255)`` / ``round(y·65535)``,
-    round half to even. ``float16``: a plain cast.
+    round half to even. For float64 input, a value within :data:`HALF_LEVEL_TOLERANCE` of a
+    half level is rounded as that half level (to even): the exact formula's ties stay ties.
+    ``float16``: a plain cast.
     """
     if output in ("uint8", "uint16"):
         scaled = np.clip(image, 0.0, 1.0)  # a new array: the in-place steps below never touch the input
         scaled *= 255.0 if output == "uint8" else 65535.0
-        np.rint(scaled, out=scaled)
-        return scaled.astype(np.uint8 if output == "uint8" else np.uint16)
+        dtype = np.uint8 if output == "uint8" else np.uint16
+        if scaled.dtype != np.float64:
+            return np.rint(scaled, out=scaled).astype(dtype)
+        levels = np.rint(scaled)
+        # the few values next to a half level (|y·65535 - level| within the tolerance of 1/2) are
+        # rounded as that half level: to even
+        diff = np.subtract(scaled, levels, out=scaled).reshape(-1)  # in [-0.5, 0.5]
+        near = np.flatnonzero(np.abs(diff) >= 0.5 - HALF_LEVEL_TOLERANCE)
+        if near.size:
+            flat = levels.reshape(-1)
+            flat[near] = np.rint(flat[near] + np.copysign(0.5, diff[near]))
+        return levels.astype(dtype)
     if output == "float16":
         return image.astype(np.float16)
     raise ValueError(f"unknown output dtype {output!r}; expected one of {OUTPUTS}")
@@ -277,7 +313,8 @@ def quantise(image: np.ndarray, output: str) -> np.ndarray:
 def finish_image(image: np.ndarray, *, pixel_spacing: tuple[float, float] | None,
                  spacing: tuple[float, float] | None, size: tuple[int, int] | None,
                  policy: str, output: str, pad_value: float = 0.0) -> np.ndarray:
-    """H×W×C float32 → C×H'×W' array of dtype ``output``, C-contiguous, native byte order.
+    """H×W×C float32 (or float64: :func:`display_dtype`) → C×H'×W' array of dtype ``output``,
+    C-contiguous, native byte order.
 
     Resample to ``spacing`` first (when both it and ``pixel_spacing`` are given), then resize
     to ``size`` under ``policy`` (stretch/fit/crop; fit pads with ``pad_value``: 0, black, for

@@ -69,10 +69,12 @@ def check_window(center: float, width: float, function: str = "LINEAR") -> None:
         raise ValueError(f"{function} windows need width > 0 (PS3.3 C.11.2.1.3), got {width:g}")
 
 
-def apply_window(x: np.ndarray, center: float, width: float, function: str = "LINEAR") -> np.ndarray:
+def apply_window(x: np.ndarray, center: float, width: float, function: str = "LINEAR",
+                 dtype: type[np.floating] = np.float32) -> np.ndarray:
     """Map modality values ``x`` (any real dtype, any shape) through a window onto [0, 1].
 
-    Returns float32 of ``x``'s shape, computed in float64. Formulas of DICOM PS3.3
+    Returns ``dtype`` (float32, or float64 for 16-bit output: float32's 24-bit mantissa cannot
+    tell every 16-bit level from the next half level) of ``x``'s shape, computed in float64. Formulas of DICOM PS3.3
     C.11.2.1.2 (LINEAR) and C.11.2.1.3 (LINEAR_EXACT, SIGMOID) with output range [0, 1]:
 
     - LINEAR: ``x <= c - 0.5 - (w-1)/2 -> 0``; ``x > c - 0.5 + (w-1)/2 -> 1``;
@@ -86,20 +88,20 @@ def apply_window(x: np.ndarray, center: float, width: float, function: str = "LI
     xf = np.asarray(x, dtype=np.float64)
     if function == "SIGMOID":
         # 1 / (1 + exp(-2z)) == (1 + tanh(z)) / 2, with z = 2 (x - c) / w; tanh never overflows.
-        return (0.5 * (1.0 + np.tanh(2.0 * (xf - center) / width))).astype(np.float32)
+        return (0.5 * (1.0 + np.tanh(2.0 * (xf - center) / width))).astype(dtype, copy=False)
     if function == "LINEAR":
         c, w = center - 0.5, width - 1.0
     else:
         c, w = center, width
     if w <= 0:  # LINEAR with width 1 is a pure threshold: the ramp is empty
-        return (xf > c).astype(np.float32)
+        return (xf > c).astype(dtype)
     # The ramp maps c - w/2 to exactly 0 and c + w/2 to exactly 1, so clipping it reproduces
     # the piecewise definition (x <= low -> 0, x > high -> 1) without masks: one pass, in place.
     out = xf - c
     out /= w
     out += 0.5
     np.clip(out, 0.0, 1.0, out=out)
-    return out.astype(np.float32)
+    return out.astype(dtype, copy=False)
 
 
 def lookup(x: np.ndarray, first_mapped: int, data: np.ndarray) -> np.ndarray:
@@ -146,12 +148,14 @@ def voi_lut_bits(declared: int, lut_data: np.ndarray) -> int:
     return max(8, largest.bit_length())
 
 
-def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data: np.ndarray) -> np.ndarray:
+def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data: np.ndarray,
+                  dtype: type[np.floating] = np.float32) -> np.ndarray:
     """Map modality values through a VOI LUT Sequence item onto [0, 1] (PS3.3 C.11.2.1.1).
 
     ``lut_descriptor`` = (number of entries, 0 meaning 65536; first input value mapped;
     bits per entry n). Entries are divided by ``2**n - 1``, the LUT's nominal output range,
-    with n as :func:`voi_lut_bits` reads it. Returns float32 in [0, 1] of ``x``'s shape.
+    with n as :func:`voi_lut_bits` reads it. Returns ``dtype`` (as :func:`apply_window`) in
+    [0, 1] of ``x``'s shape.
     """
     entries, first_mapped, bits = (int(v) for v in lut_descriptor)
     data = np.asarray(lut_data, dtype=np.float64)[: entries or 65536]
@@ -160,7 +164,7 @@ def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data:
     if not 1 <= bits <= 16:
         raise ValueError(f"VOI LUT Descriptor (0028,3002) gives {bits} bits per entry; expected 8 or 10-16")
     out = lookup(x, first_mapped, data) / float(2 ** voi_lut_bits(bits, data) - 1)
-    return np.clip(out, 0.0, 1.0).astype(np.float32)
+    return np.clip(out, 0.0, 1.0).astype(dtype, copy=False)
 
 
 def padding_mask(stored: np.ndarray, padding_value: int | None, range_limit: int | None = None) -> np.ndarray:
@@ -182,6 +186,10 @@ def padding_mask(stored: np.ndarray, padding_value: int | None, range_limit: int
 def invert_monochrome1(y: np.ndarray) -> np.ndarray:
     """``1 - y`` for [0, 1] display values of a MONOCHROME1 image (PS3.3 C.7.6.3.1.2).
 
-    Apply *after* the VOI transform. Returns float32, same shape.
+    Apply *after* the VOI transform. Returns float64 for float64 ``y`` (16-bit output), else
+    float32; same shape.
     """
-    return (1.0 - np.asarray(y, dtype=np.float32)).astype(np.float32)
+    values = np.asarray(y)
+    if values.dtype == np.float64:
+        return 1.0 - values
+    return (1.0 - np.asarray(values, dtype=np.float32)).astype(np.float32)
