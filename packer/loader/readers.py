@@ -38,7 +38,9 @@ per held sample.
 
 Remote shards (a manifest given as an ``s3://`` or other fsspec URL) are read through
 fsspec: tar shards as one sequential stream (:func:`packer.shards.tar.stream_tar_samples`,
-stopping after the last wanted sample), Parquet shards through a seekable fsspec file. With
+stopping after the last wanted sample, and read on from the next sample's offset past a damaged
+member header where ``_index.parquet``'s offsets are loaded), Parquet shards through a seekable
+fsspec file. With
 ``verify`` the shard is first copied into a spooled temporary file while it is hashed, so the
 bytes decoded are the bytes hashed. ``file://`` URLs are local paths.
 """
@@ -120,9 +122,9 @@ class ShardInfo:
     #: column), which the readers check every sample against; None: samples are not checked
     checksums: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
     #: Each sample's byte offset in a tar shard by its position (``_index.parquet``'s ``position``
-    #: column), loaded with ``checksums``: a memory-mapped or positional read resumes past a damaged
-    #: member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`); None:
-    #: the samples after such a header are lost with it
+    #: column), loaded with ``checksums``: a memory-mapped, positional or streamed read resumes past a
+    #: damaged member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`,
+    #: :func:`~packer.shards.tar.stream_tar_samples`); None: the samples after such a header are lost with it
     offsets: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
@@ -844,33 +846,67 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
 
 def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
                 check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
-    """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``."""
+    """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``. Where
+    the shard's offsets are known (``verify="sample"``), a damaged member header costs only its
+    own sample, as in a memory-mapped read: the stream is read on from the next sample's offset
+    (:func:`~packer.shards.tar.stream_tar_samples`)."""
     want = list(positions)
+    offsets = info.offsets.tolist() if info.offsets is not None and len(info.offsets) == info.samples else None
     i = found = 0
     defect: str | None = None
-    for item in stream_tar_samples(fh, want[-1] if want else -1):
+    held: tuple[int, str, dict[str, bytes]] | None = None  # settled when the next item says if the stream stopped in it
+    for item in _then_none(stream_tar_samples(fh, want[-1] if want else -1, offsets)):
+        if held is not None:
+            index, key, members = held
+            stopped = item if isinstance(item, str) else None
+            while i < len(want) and want[i] <= index:
+                pos = want[i]
+                if pos == index:
+                    outcome = _streamed_sample(info, check, index, key, members, stopped)
+                elif defect is not None:  # passed over where the stream was read on from the next offset
+                    outcome = Failure(info.file, pos, None, "unreadable",
+                                      f"sample {pos + 1} of the shard's {info.samples} cannot be found ({defect}); the "
+                                      "samples after it are read from the offsets _index.parquet recorded: restore "
+                                      "the shard or rebuild the dataset")
+                else:
+                    outcome = Failure.of(info.file, pos, SampleDefect(
+                        "internal", f"position {pos} asked for after {index}: positions must ascend"), key)
+                yield pos, outcome
+                i += 1
+            found, held = index + 1, None
         if isinstance(item, str):
             defect = item
-            break
-        index, key, members = item
-        found = index + 1
-        while i < len(want) and want[i] <= index:
-            if want[i] == index:
-                result = decode_members(key, members)
-                if info.checksums is not None:
-                    result = against_index(info, index, result, functools.partial(members_checksum, key, members))
-                result = check.outcome(result)
-            else:
-                result = SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend")
-            if check.records and isinstance(result, Decoded):
-                result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
-                    "missing_member", f"no {key}.json member", key))
-            yield want[i], result if isinstance(result, Decoded) else Failure.of(info.file, want[i], result, key)
-            i += 1
+        elif item is not None:
+            held = item
     for pos in want[i:]:
         yield pos, Failure(info.file, pos, None, "truncated",
                            f"the archive ends after {found} of the manifest's {info.samples} samples "
                            f"({defect or 'early end of archive'}); restore the shard or rebuild the dataset")
+
+
+def _then_none(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, then one ``None``: the end, after which the last item is settled."""
+    yield from items
+    yield None
+
+
+def _streamed_sample(info: ShardInfo, check: SampleCheck, index: int, key: str, members: dict[str, bytes],
+                     stopped: str | None) -> Decoded | Failure:
+    """The sample at ``index`` of a streamed shard from its members' bytes, checked; ``stopped``:
+    the defect the stream stopped at right after it (a later member header of it may be the damaged one)."""
+    result = decode_members(key, members)
+    if info.checksums is not None:
+        result = against_index(info, index, result, functools.partial(members_checksum, key, members))
+    result = check.outcome(result)
+    if check.records and isinstance(result, Decoded):
+        result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
+            "missing_member", f"no {key}.json member", key))
+    if isinstance(result, Decoded):
+        return result
+    outcome = Failure.of(info.file, index, result, key)
+    if stopped is not None:
+        outcome = replace(outcome, message=f"{outcome.message} (the shard's scan stopped in this sample: {stopped})")
+    return outcome
 
 
 def _read_anyway(info: ShardInfo, problem: str) -> None:
