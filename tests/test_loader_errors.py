@@ -698,6 +698,14 @@ def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_pat
         with pytest.raises(ShardReadError) as err:
             list(make_loader(ShardDataset(manifest, "train", shuffle=False), 2, workers))
         errors.append(err.value)
+    # a plain torch DataLoader passes the error on as a text it starts with its own words and the
+    # worker's traceback ("Caught ShardReadError in DataLoader worker process 0 ..."): packer's
+    # message (shard, sample, what to do) comes first again, with its shard and key
+    with pytest.raises(ShardReadError) as err:
+        list(torch.utils.data.DataLoader(ShardDataset(manifest, "train", shuffle=False), batch_size=2,
+                                         num_workers=2))
+    errors.append(err.value)
+    assert "raised in DataLoader worker process" in str(err.value) and "Traceback" in str(err.value)
     for error in errors:
         assert (error.shard, error.key) == ("train-000001.tar", key)
         assert str(error).startswith(f"train-000001.tar: sample {key}: checksum_mismatch"), str(error)

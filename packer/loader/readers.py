@@ -52,6 +52,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -87,15 +88,47 @@ PARQUET_ROWS = 64
 SPOOL_BYTES = 64 << 20
 
 
+#: The text PyTorch's DataLoader makes of an error raised in a worker process, which it passes
+#: to the error's type to raise it again (``torch._utils.ExceptionWrapper.reraise``): its own
+#: words, the worker's traceback, and last the error's own message
+_WORKER_TEXT = re.compile(r"Caught (?P<type>\w+) (?P<where>in DataLoader worker process \d+)\.\n"
+                          r"Original (?P<trace>Traceback .*)\n(?:[\w.]+\.)?(?P=type): (?P<message>.*)\Z", re.S)
+#: The start of a sample's message (:meth:`Failure.describe`): the shard file and the key
+_SAMPLE_TEXT = re.compile(r"(?P<shard>[^\s:/]+\.(?:tar|parquet)): (?:sample (?P<key>[^\s:]+): )?")
+
+
+def own_message_first(message: str) -> tuple[str, str | None]:
+    """``message`` with the error's own message first where it is the text a plain
+    ``torch.utils.data.DataLoader`` makes of an error raised in a worker ("Caught X in
+    DataLoader worker process 0. Original Traceback ... X: <its message>"), the worker and its
+    traceback after it; and that own message (None: ``message`` is not such a text, and is
+    returned as it is). For packer's errors that cross the worker boundary by their message."""
+    wrapped = _WORKER_TEXT.match(message)
+    if wrapped is None:
+        return message, None
+    own = wrapped["message"].strip()
+    return (f"{own}\n\n(raised {wrapped['where']}; its traceback, as PyTorch's DataLoader passes it on:\n"
+            f"{wrapped['trace'].rstrip()})"), own
+
+
 class ShardReadError(RuntimeError, IntegrityError):
     """A shard or sample could not be read: names the shard file and, where known, the key.
 
     A ``RuntimeError`` (what PyTorch re-raises from DataLoader workers) and a packer
     ``IntegrityError`` (exit code 5 at the CLI). Constructible from the message alone, so
-    it crosses the worker boundary with its type intact.
+    it crosses the worker boundary with its type intact; from the text a plain
+    ``torch.utils.data.DataLoader`` makes of it in a worker ("Caught ShardReadError in
+    DataLoader worker process 0. Original Traceback ..."), its own message comes first again,
+    its shard and key read back from it, and the worker's traceback follows.
     """
 
     def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+        message, own = own_message_first(message) if shard is None and key is None else (message, None)
+        if own is not None:
+            named = _SAMPLE_TEXT.match(own)
+            if named is not None:
+                shard = named["shard"]
+                key = named["key"] if named["key"] is not None and not named["key"].startswith("#") else None
         super().__init__(message)
         self.shard = shard
         self.key = key
