@@ -762,3 +762,34 @@ def test_a_dataset_made_from_python_names_pythons_options_while_it_reads(tmp_pat
     assert sorted(keys_of(make_loader(dataset, 4, workers))) == split_keys(15)
     assert sum(1 for _ in dataset) == 15
     assert not surface().python  # the caller's own context between items is left as it was
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 4), (3, 64, 64)])  # the next sample within tarfile's read-ahead, or past it
+def test_a_streamed_shard_reads_on_past_every_damaged_header(tmp_path, shape):
+    """Two damaged member headers in one shard streamed from a store without a cache (sample 2's
+    first header, sample 5's .npy header): exactly those two samples are lost, in a view too,
+    and every sample delivered holds the pixels it was written with."""
+    import fsspec
+
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(8,), shape=shape)
+    shard = tmp_path / "ds" / "train-000000.tar"
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    damaged = bytearray(shard.read_bytes())
+    for member in (next(m for m in members if m.name.startswith("s00002.")), next(m for m in members
+                                                                                  if m.name == "s00005.npy")):
+        damaged[member.offset + 1] ^= 0x01
+    memory = fsspec.filesystem("memory")
+    for path in manifest.parent.iterdir():
+        memory.pipe(f"/two-headers/v/{path.name}", bytes(damaged) if path == shard else path.read_bytes())
+    try:
+        for labels in (None, ["c2"]):
+            dataset = ShardDataset("memory://two-headers/v/manifest.json", "train", shuffle=False, on_error="skip",
+                                   labels=labels)
+            items = list(dataset)
+            wanted = [k for k in split_keys(8) if labels is None or int(k[1:]) % 3 == 2]
+            assert [item["key"] for item in items] == [k for k in wanted if k not in ("s00002", "s00005")]
+            assert all((item["image"].numpy() == sample_image(int(item["key"][1:]), shape)).all() for item in items)
+            assert dataset.skipped == len({"s00002", "s00005"} & set(wanted))
+    finally:
+        memory.rm("/two-headers", recursive=True)

@@ -631,13 +631,13 @@ class _Replayable:
         self._source = source
         self.position = 0  # the byte of the stream the next read returns first
         self._end = 0  # the bytes pulled from the source
-        self._kept = b""  # the last of them: bytes _end - len(_kept) to _end
+        self._kept = bytearray()  # the last of them (KEEP to 2 × KEEP): bytes _end - len(_kept) to _end
 
     def read(self, size: int = -1) -> bytes:
         replay = b""
         if self.position < self._end:
             start = len(self._kept) - (self._end - self.position)
-            replay = self._kept[start:] if size < 0 else self._kept[start:start + size]
+            replay = bytes(self._kept[start:] if size < 0 else self._kept[start:start + size])
             self.position += len(replay)
             if size >= 0:
                 size -= len(replay)
@@ -650,7 +650,9 @@ class _Replayable:
 
     def _pulled(self, data: bytes) -> None:
         self._end += len(data)
-        self._kept = (self._kept + data)[-self.KEEP:] if len(data) < self.KEEP else data[-self.KEEP:]
+        self._kept += data
+        if len(self._kept) > 2 * self.KEEP:  # trimmed now and then, not on every read
+            del self._kept[:len(self._kept) - self.KEEP]
 
     def restart(self, offset: int) -> bool:
         """Make the next read start at byte ``offset`` of the stream; False where that byte is no
