@@ -90,8 +90,11 @@ def test_a_mixed_batch_is_refused_by_name_never_with_torchs_stack_error(manifest
     # a plain DataLoader given the stacking collate: the same error type, from the worker
     plain = iter(DataLoader(ShardDataset(manifests["mixed"], "train", shuffle=False), batch_size=6, num_workers=1,
                             collate_fn=collate_stack))
-    with pytest.raises(MixedShapesError, match="this batch mixes image shapes"):
+    with pytest.raises(MixedShapesError, match="this batch mixes image shapes") as caught:
         next(plain)
+    # its own message first, not torch's "Caught MixedShapesError in DataLoader worker process 0"
+    assert str(caught.value).startswith("this batch mixes image shapes"), str(caught.value)
+    assert "raised in DataLoader worker process 0" in str(caught.value)
     plain._shutdown_workers()  # type: ignore[attr-defined]  # now, not after torch's 5 s timeout at collection
     # one shape per batch (batch size 1) stacks fine
     assert all(b["image"].shape[0] == 1 for b in make_loader(ShardDataset(manifests["mixed"], "train"), 1, 0))

@@ -634,15 +634,18 @@ def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(t
     assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message
 
 
-@pytest.mark.parametrize("read", ["mapped", "positional"])
-@pytest.mark.parametrize("member", [0, 1])  # the sample's first member header, or a later one
+@pytest.mark.parametrize("read", ["mapped", "positional", "streamed"])
+@pytest.mark.parametrize("member", [0, 1, 2])  # the sample's first member header, or a later one
 def test_a_damaged_tar_header_loses_only_its_own_sample_where_the_index_gives_the_offsets(
         tmp_path, monkeypatch, read, member):
     """A fresh-user trial flipped one byte in a member header: under on_error="skip" every later
     sample of the shard was skipped (66 of 95 delivered), since no tar reader reads past a header
     whose checksum fails. _index.parquet records each sample's offset: the read resumes at the
-    next sample's, and only the damaged sample is lost. (A shard streamed from a store is read
-    front to back, and still ends at the damaged header.) verify="shard" names the shard alone."""
+    next sample's, and only the damaged sample is lost, whether the shard is memory-mapped, read
+    positionally or streamed front to back from a store without a shard cache (which still
+    ended at the damaged header). verify="shard" names the shard alone."""
+    import fsspec
+
     monkeypatch.setenv("PACKER_TAR_MMAP", "0" if read == "positional" else "1")
     manifest = build_dataset(tmp_path / "ds", shard_sizes=(4, 6, 5))
     shard = tmp_path / "ds" / "train-000001.tar"
@@ -651,19 +654,30 @@ def test_a_damaged_tar_header_loses_only_its_own_sample_where_the_index_gives_th
     damaged = bytearray(shard.read_bytes())
     damaged[header.offset + 1] ^= 0x01  # a byte of the member's name: the header checksum no longer matches
     shard.write_bytes(bytes(damaged))
-    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
-    keys = [item["key"] for item in dataset]
-    assert keys == [k for k in split_keys(15) if k != "s00006"]
-    assert dataset.skipped == 1
-    with pytest.raises(ShardReadError, match="train-000001.tar") as err:
-        list(ShardDataset(manifest, "train", shuffle=False))
-    # its first header damaged, the sample is not found; a later one, it is found without that member
-    assert f"damaged tar header at byte {header.offset}" in str(err.value)
-    assert (member == 0) == ("no s00006.npy member" not in str(err.value)), str(err.value)
-    with pytest.raises(ShardReadError) as err:
-        list(ShardDataset(manifest, "train", shuffle=False, verify="shard"))
-    assert err.value.shard == "train-000001.tar" and "sha256" in str(err.value)
-    assert "sample" not in str(err.value).split("sha256")[0], str(err.value)  # the shard's defect, no sample's
+    where: Path | str = manifest
+    if read == "streamed":
+        memory = fsspec.filesystem("memory")
+        for path in manifest.parent.iterdir():
+            memory.pipe(f"/damaged-resync/v/{path.name}", path.read_bytes())
+        where = "memory://damaged-resync/v/manifest.json"
+    try:
+        dataset = ShardDataset(where, "train", shuffle=False, on_error="skip")
+        items = list(dataset)
+        assert [item["key"] for item in items] == [k for k in split_keys(15) if k != "s00006"]
+        assert all((item["image"].numpy() == sample_image(int(item["key"][1:]))).all() for item in items)
+        assert dataset.skipped == 1 and f"damaged tar header at byte {header.offset}" in dataset.skipped_samples[0]
+        with pytest.raises(ShardReadError, match="train-000001.tar") as err:
+            list(ShardDataset(where, "train", shuffle=False))
+        # its first header damaged, the sample is not found; a later one, it is found without that member
+        assert f"damaged tar header at byte {header.offset}" in str(err.value)
+        assert (member == 0) == ("no s00006.npy member" not in str(err.value)), str(err.value)
+        with pytest.raises(ShardReadError) as err:
+            list(ShardDataset(where, "train", shuffle=False, verify="shard"))
+        assert err.value.shard == "train-000001.tar" and "sha256" in str(err.value)
+        assert "sample" not in str(err.value).split("sha256")[0], str(err.value)  # the shard's defect, no sample's
+    finally:
+        if read == "streamed":
+            fsspec.filesystem("memory").rm("/damaged-resync", recursive=True)
 
 
 def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_path):
@@ -684,6 +698,14 @@ def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_pat
         with pytest.raises(ShardReadError) as err:
             list(make_loader(ShardDataset(manifest, "train", shuffle=False), 2, workers))
         errors.append(err.value)
+    # a plain torch DataLoader passes the error on as a text it starts with its own words and the
+    # worker's traceback ("Caught ShardReadError in DataLoader worker process 0 ..."): packer's
+    # message (shard, sample, what to do) comes first again, with its shard and key
+    with pytest.raises(ShardReadError) as err:
+        list(torch.utils.data.DataLoader(ShardDataset(manifest, "train", shuffle=False), batch_size=2,
+                                         num_workers=2))
+    errors.append(err.value)
+    assert "raised in DataLoader worker process" in str(err.value) and "Traceback" in str(err.value)
     for error in errors:
         assert (error.shard, error.key) == ("train-000001.tar", key)
         assert str(error).startswith(f"train-000001.tar: sample {key}: checksum_mismatch"), str(error)
@@ -740,3 +762,34 @@ def test_a_dataset_made_from_python_names_pythons_options_while_it_reads(tmp_pat
     assert sorted(keys_of(make_loader(dataset, 4, workers))) == split_keys(15)
     assert sum(1 for _ in dataset) == 15
     assert not surface().python  # the caller's own context between items is left as it was
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 4), (3, 64, 64)])  # the next sample within tarfile's read-ahead, or past it
+def test_a_streamed_shard_reads_on_past_every_damaged_header(tmp_path, shape):
+    """Two damaged member headers in one shard streamed from a store without a cache (sample 2's
+    first header, sample 5's .npy header): exactly those two samples are lost, in a view too,
+    and every sample delivered holds the pixels it was written with."""
+    import fsspec
+
+    manifest = build_dataset(tmp_path / "ds", shard_sizes=(8,), shape=shape)
+    shard = tmp_path / "ds" / "train-000000.tar"
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    damaged = bytearray(shard.read_bytes())
+    for member in (next(m for m in members if m.name.startswith("s00002.")), next(m for m in members
+                                                                                  if m.name == "s00005.npy")):
+        damaged[member.offset + 1] ^= 0x01
+    memory = fsspec.filesystem("memory")
+    for path in manifest.parent.iterdir():
+        memory.pipe(f"/two-headers/v/{path.name}", bytes(damaged) if path == shard else path.read_bytes())
+    try:
+        for labels in (None, ["c2"]):
+            dataset = ShardDataset("memory://two-headers/v/manifest.json", "train", shuffle=False, on_error="skip",
+                                   labels=labels)
+            items = list(dataset)
+            wanted = [k for k in split_keys(8) if labels is None or int(k[1:]) % 3 == 2]
+            assert [item["key"] for item in items] == [k for k in wanted if k not in ("s00002", "s00005")]
+            assert all((item["image"].numpy() == sample_image(int(item["key"][1:]), shape)).all() for item in items)
+            assert dataset.skipped == len({"s00002", "s00005"} & set(wanted))
+    finally:
+        memory.rm("/two-headers", recursive=True)

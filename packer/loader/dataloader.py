@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
 from packer.loader.dataset import Item, PlannedDataset
-from packer.loader.readers import ShardReadError
+from packer.loader.readers import ShardReadError, own_message_first
 from packer.loader.sharding import Segment, derive_seed
 
 log = logging.getLogger("packer.loader")
@@ -125,8 +125,12 @@ class MixedShapesError(ConfigError, RuntimeError):
 
     A :class:`~packer.errors.ConfigError` (exit 2 at the CLI: a choice to make, not a defect
     of the data) and a ``RuntimeError``; constructible from the message alone, so it crosses
-    a DataLoader worker boundary with its type intact.
+    a DataLoader worker boundary with its type intact, its own message first again in the text
+    a plain ``torch.utils.data.DataLoader`` makes of it (:func:`~packer.loader.readers.own_message_first`).
     """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(own_message_first(message)[0])
 
 
 #: The ways out of a mixed batch, for every message that meets one.

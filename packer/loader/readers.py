@@ -38,7 +38,9 @@ per held sample.
 
 Remote shards (a manifest given as an ``s3://`` or other fsspec URL) are read through
 fsspec: tar shards as one sequential stream (:func:`packer.shards.tar.stream_tar_samples`,
-stopping after the last wanted sample), Parquet shards through a seekable fsspec file. With
+stopping after the last wanted sample, and read on from the next sample's offset past a damaged
+member header where ``_index.parquet``'s offsets are loaded), Parquet shards through a seekable
+fsspec file. With
 ``verify`` the shard is first copied into a spooled temporary file while it is hashed, so the
 bytes decoded are the bytes hashed. ``file://`` URLs are local paths.
 """
@@ -50,6 +52,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -85,15 +88,47 @@ PARQUET_ROWS = 64
 SPOOL_BYTES = 64 << 20
 
 
+#: The text PyTorch's DataLoader makes of an error raised in a worker process, which it passes
+#: to the error's type to raise it again (``torch._utils.ExceptionWrapper.reraise``): its own
+#: words, the worker's traceback, and last the error's own message
+_WORKER_TEXT = re.compile(r"Caught (?P<type>\w+) (?P<where>in DataLoader worker process \d+)\.\n"
+                          r"Original (?P<trace>Traceback .*)\n(?:[\w.]+\.)?(?P=type): (?P<message>.*)\Z", re.S)
+#: The start of a sample's message (:meth:`Failure.describe`): the shard file and the key
+_SAMPLE_TEXT = re.compile(r"(?P<shard>[^\s:/]+\.(?:tar|parquet)): (?:sample (?P<key>[^\s:]+): )?")
+
+
+def own_message_first(message: str) -> tuple[str, str | None]:
+    """``message`` with the error's own message first where it is the text a plain
+    ``torch.utils.data.DataLoader`` makes of an error raised in a worker ("Caught X in
+    DataLoader worker process 0. Original Traceback ... X: <its message>"), the worker and its
+    traceback after it; and that own message (None: ``message`` is not such a text, and is
+    returned as it is). For packer's errors that cross the worker boundary by their message."""
+    wrapped = _WORKER_TEXT.match(message)
+    if wrapped is None:
+        return message, None
+    own = wrapped["message"].strip()
+    return (f"{own}\n\n(raised {wrapped['where']}; its traceback, as PyTorch's DataLoader passes it on:\n"
+            f"{wrapped['trace'].rstrip()})"), own
+
+
 class ShardReadError(RuntimeError, IntegrityError):
     """A shard or sample could not be read: names the shard file and, where known, the key.
 
     A ``RuntimeError`` (what PyTorch re-raises from DataLoader workers) and a packer
     ``IntegrityError`` (exit code 5 at the CLI). Constructible from the message alone, so
-    it crosses the worker boundary with its type intact.
+    it crosses the worker boundary with its type intact; from the text a plain
+    ``torch.utils.data.DataLoader`` makes of it in a worker ("Caught ShardReadError in
+    DataLoader worker process 0. Original Traceback ..."), its own message comes first again,
+    its shard and key read back from it, and the worker's traceback follows.
     """
 
     def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+        message, own = own_message_first(message) if shard is None and key is None else (message, None)
+        if own is not None:
+            named = _SAMPLE_TEXT.match(own)
+            if named is not None:
+                shard = named["shard"]
+                key = named["key"] if named["key"] is not None and not named["key"].startswith("#") else None
         super().__init__(message)
         self.shard = shard
         self.key = key
@@ -120,9 +155,9 @@ class ShardInfo:
     #: column), which the readers check every sample against; None: samples are not checked
     checksums: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
     #: Each sample's byte offset in a tar shard by its position (``_index.parquet``'s ``position``
-    #: column), loaded with ``checksums``: a memory-mapped or positional read resumes past a damaged
-    #: member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`); None:
-    #: the samples after such a header are lost with it
+    #: column), loaded with ``checksums``: a memory-mapped, positional or streamed read resumes past a
+    #: damaged member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`,
+    #: :func:`~packer.shards.tar.stream_tar_samples`); None: the samples after such a header are lost with it
     offsets: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
@@ -844,33 +879,67 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
 
 def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
                 check: SampleCheck) -> Iterator[tuple[int, Decoded | Failure]]:
-    """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``."""
+    """Samples at ``positions`` (ascending) of a tar shard read front to back from ``fh``. Where
+    the shard's offsets are known (``verify="sample"``), a damaged member header costs only its
+    own sample, as in a memory-mapped read: the stream is read on from the next sample's offset
+    (:func:`~packer.shards.tar.stream_tar_samples`)."""
     want = list(positions)
+    offsets = info.offsets.tolist() if info.offsets is not None and len(info.offsets) == info.samples else None
     i = found = 0
     defect: str | None = None
-    for item in stream_tar_samples(fh, want[-1] if want else -1):
+    held: tuple[int, str, dict[str, bytes]] | None = None  # settled when the next item says if the stream stopped in it
+    for item in _then_none(stream_tar_samples(fh, want[-1] if want else -1, offsets)):
+        if held is not None:
+            index, key, members = held
+            stopped = item if isinstance(item, str) else None
+            while i < len(want) and want[i] <= index:
+                pos = want[i]
+                if pos == index:
+                    outcome = _streamed_sample(info, check, index, key, members, stopped)
+                elif defect is not None:  # passed over where the stream was read on from the next offset
+                    outcome = Failure(info.file, pos, None, "unreadable",
+                                      f"sample {pos + 1} of the shard's {info.samples} cannot be found ({defect}); the "
+                                      "samples after it are read from the offsets _index.parquet recorded: restore "
+                                      "the shard or rebuild the dataset")
+                else:
+                    outcome = Failure.of(info.file, pos, SampleDefect(
+                        "internal", f"position {pos} asked for after {index}: positions must ascend"), key)
+                yield pos, outcome
+                i += 1
+            found, held = index + 1, None
         if isinstance(item, str):
             defect = item
-            break
-        index, key, members = item
-        found = index + 1
-        while i < len(want) and want[i] <= index:
-            if want[i] == index:
-                result = decode_members(key, members)
-                if info.checksums is not None:
-                    result = against_index(info, index, result, functools.partial(members_checksum, key, members))
-                result = check.outcome(result)
-            else:
-                result = SampleDefect("internal", f"position {want[i]} asked for after {index}: positions must ascend")
-            if check.records and isinstance(result, Decoded):
-                result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
-                    "missing_member", f"no {key}.json member", key))
-            yield want[i], result if isinstance(result, Decoded) else Failure.of(info.file, want[i], result, key)
-            i += 1
+        elif item is not None:
+            held = item
     for pos in want[i:]:
         yield pos, Failure(info.file, pos, None, "truncated",
                            f"the archive ends after {found} of the manifest's {info.samples} samples "
                            f"({defect or 'early end of archive'}); restore the shard or rebuild the dataset")
+
+
+def _then_none(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, then one ``None``: the end, after which the last item is settled."""
+    yield from items
+    yield None
+
+
+def _streamed_sample(info: ShardInfo, check: SampleCheck, index: int, key: str, members: dict[str, bytes],
+                     stopped: str | None) -> Decoded | Failure:
+    """The sample at ``index`` of a streamed shard from its members' bytes, checked; ``stopped``:
+    the defect the stream stopped at right after it (a later member header of it may be the damaged one)."""
+    result = decode_members(key, members)
+    if info.checksums is not None:
+        result = against_index(info, index, result, functools.partial(members_checksum, key, members))
+    result = check.outcome(result)
+    if check.records and isinstance(result, Decoded):
+        result = _with_record(result, {"json": members["json"]} if "json" in members else SampleDefect(
+            "missing_member", f"no {key}.json member", key))
+    if isinstance(result, Decoded):
+        return result
+    outcome = Failure.of(info.file, index, result, key)
+    if stopped is not None:
+        outcome = replace(outcome, message=f"{outcome.message} (the shard's scan stopped in this sample: {stopped})")
+    return outcome
 
 
 def _read_anyway(info: ShardInfo, problem: str) -> None:

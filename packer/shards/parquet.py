@@ -11,13 +11,15 @@ Writer options are fixed here so the bytes depend only on the data and pyarrow's
 Reading (:func:`read_parquet_samples`, for packer's loader and HTML report; ``packer verify
 --deep`` reads with stock pyarrow as its independent check): chosen rows in record batches,
 each image a zero-copy ``np.frombuffer`` view on the batch's Arrow buffer (Arrow copies the
-cells once out of the page cache because Parquet stores byte arrays length-prefixed).
+cells once out of the page cache because Parquet stores byte arrays length-prefixed). Where a
+damaged page makes a record batch fail, the rows left are salvaged column by column
+(:func:`_salvage`): a damaged page costs the rows whose cells it holds, not the row group.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,52 +202,321 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
                 while i < len(want) and want[i] < end_row:
                     row, r = want[i], want[i] - row0
-                    key = keys[r].as_py()
-                    shape_cell = shapes[r].as_py()
-                    shape = tuple(int(d) for d in shape_cell)
                     start, stop = int(offsets[r]), int(offsets[r + 1])
-                    dtype_name = dtypes[r].as_py()
-                    dtype = np.dtype(dtype_name)
-                    label = labels[r].as_py()
-                    record = metadata[r].as_py() if metadata is not None else None
-                    target, target_mask = _target_cell(targets, r), _target_cell(target_masks, r)
-                    mask_cells = [column[r].as_py() for column in masks] if masks is not None else None
-                    checksum = None
-                    if checksums:
-                        mask, mask_shape, mask_dtype = mask_cells if mask_cells is not None else (None, None, None)
-                        checksum = parquet_cells_checksum(key, {  # the image straight from the batch's buffer
-                            "label": label, "shape": shape_cell, "dtype": dtype_name,
-                            "image": memoryview(buffers[2])[start:stop] if buffers[2] is not None else b"",
-                            "metadata": record, "target": target, "target_mask": target_mask,
-                            "mask": mask, "mask_shape": mask_shape, "mask_dtype": mask_dtype})
-                    if math.prod(shape) * dtype.itemsize != stop - start:
-                        yield row, SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}",
-                                                key, checksum=checksum)
-                    else:
-                        yield row, Decoded(key=key, label=None if label is None else int(label),
-                                           image=image_view(buffers[2], start, stop, dtype, shape),
-                                           record=record if records else None,
-                                           target=target, mask=_mask_cell(mask_cells),
-                                           target_mask=target_mask, checksum=checksum)
+                    yield row, _row_outcome(
+                        keys[r].as_py(), labels[r].as_py(), shapes[r].as_py(), dtypes[r].as_py(),
+                        buffers[2], start, stop,
+                        metadata[r].as_py() if metadata is not None else None,
+                        _target_cell(targets, r), _target_cell(target_masks, r),
+                        [column[r].as_py() for column in masks] if masks is not None else None,
+                        records=records, checksums=checksums)
                     i += 1
             row0 = end_row
             if i >= len(want):
                 return
     except (OSError, pa.ArrowException, TypeError, ValueError) as err:
-        yield from _fail(want[i:], "undecodable", f"Parquet read failed at row {row0} ({err}): the shard's bytes "
-                         "changed after the build (disk, copy or cache damage) or it is not the file the build wrote; "
-                         "restore it from a good copy or rebuild the dataset, and run `packer verify` on the "
-                         "version folder to name every damaged shard")
+        # a damaged page (or cell) fails the whole record batch: read the rows left column by
+        # column, and each column as far as it decodes, so that only the rows whose cells are
+        # lost fail (the per-sample checksum, where asked for, still checks every row delivered)
+        yield from _salvage(source, parquet, want[i:], columns, error=f"Parquet read failed at row {row0} ({err})",
+                            records=records, checksums=checksums)
         return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
 
 
-def _target_cell(targets: pa.Array | None, r: int) -> np.ndarray | None:
-    """Row ``r`` of a ``target`` (or ``target_mask``) column as a 1-D array in the column's
-    value type (None: no column or null)."""
-    if targets is None or not targets[r].is_valid:
+def _row_outcome(key: Any, label: Any, shape_cell: Any, dtype_name: Any, data: Any, start: int, stop: int,
+                 record: Any, target: np.ndarray | None, target_mask: np.ndarray | None,
+                 mask_cells: list[Any] | None, *, records: bool, checksums: bool) -> Decoded | SampleDefect:
+    """One row from its cells: the image is bytes ``start:stop`` of ``data`` (a record batch's
+    Arrow buffer, viewed without a copy, or a salvaged cell's bytes)."""
+    shape = tuple(int(d) for d in shape_cell)
+    dtype = np.dtype(dtype_name)
+    checksum = None
+    if checksums:
+        mask, mask_shape, mask_dtype = mask_cells if mask_cells is not None else (None, None, None)
+        checksum = parquet_cells_checksum(key, {  # the image straight from the batch's buffer
+            "label": label, "shape": shape_cell, "dtype": dtype_name,
+            "image": memoryview(data)[start:stop] if data is not None else b"",
+            "metadata": record, "target": target, "target_mask": target_mask,
+            "mask": mask, "mask_shape": mask_shape, "mask_dtype": mask_dtype})
+    if math.prod(shape) * dtype.itemsize != stop - start:
+        return SampleDefect("bad_sample", f"{stop - start} image bytes do not hold {dtype} {shape}", key,
+                            checksum=checksum)
+    return Decoded(key=key, label=None if label is None else int(label),
+                   image=image_view(data, start, stop, dtype, shape), record=record if records else None,
+                   target=target, mask=_mask_cell(mask_cells), target_mask=target_mask, checksum=checksum)
+
+
+#: What a salvaged read says about a row it cannot deliver, after what failed
+_DAMAGED = ("the shard's bytes changed after the build (disk, copy or cache damage) or it is not the file the build "
+            "wrote; restore it from a good copy or rebuild the dataset, and run `packer verify` on the version "
+            "folder to name every damaged shard")
+
+
+def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns: Sequence[str], *, error: str,
+             records: bool, checksums: bool) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+    """Exactly one outcome per row of ``rows`` (ascending) of a file whose record batches no
+    longer decode (a damaged page, or a cell that is not what it says): each column is read on
+    its own, row by row as far as it decodes (a damaged page of a column the reader does not
+    need costs nothing, one of a column it needs costs the rows from the damage on), and, where
+    ``checksums`` will check every row delivered, the uncompressed ``image`` column's rows past
+    a damaged page are read from the column chunk's own pages (:func:`_plain_cells`). A row
+    whose cells are all there is decoded (and its checksum computed) as any other; a row with a
+    cell lost fails ``undecodable`` naming the column, the read's ``error`` and what to do."""
+    cells: dict[str, list[Any]] = {}
+    lost: dict[str, str] = {}  # column -> why its rows from len(cells[column]) on are lost
+    for name in columns:
+        cells[name] = []
+        try:
+            for batch in parquet.iter_batches(batch_size=1, columns=[name], use_threads=False):
+                cells[name].append(batch.column(0)[0])
+        except (OSError, pa.ArrowException) as err:
+            lost[name] = f"{err}".strip()
+    raw: dict[int, memoryview] = {}
+    if checksums and "image" in lost:
+        # from row 0: a damaged length decodes (wrong) before the read fails; the pages' own
+        # lengths, corrected by each row's shape and dtype, put every cell where it was written
+        raw = _plain_cells(source, parquet, "image", sizes=_cell_sizes(cells))
+    for row in rows:
+        missing = [name for name in columns if row >= len(cells[name]) and not (name == "image" and row in raw)]
+        key = cells["key"][row].as_py() if row < len(cells["key"]) else None
+        if missing:
+            why = "; ".join(f"column {name!r}: {lost.get(name, 'ends early')}" for name in missing)
+            yield row, SampleDefect("undecodable", f"{error}; row {row}'s cells cannot be decoded ({why}): {_DAMAGED}",
+                                    key)
+            continue
+        try:
+            value = {name: cells[name][row] for name in columns if row < len(cells[name])}
+            image = bytearray(raw[row]) if row in raw else bytearray(value["image"].as_py())
+            yield row, _row_outcome(
+                key, value["label"].as_py(), value["shape"].as_py(), value["dtype"].as_py(), image, 0, len(image),
+                value["metadata"].as_py() if "metadata" in value else None,
+                _target_cell(value.get("target"), None), _target_cell(value.get("target_mask"), None),
+                [value[n].as_py() for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in value else None,
+                records=records, checksums=checksums)
+        except (TypeError, ValueError) as err:
+            yield row, SampleDefect("undecodable", f"{error}; row {row}'s cells do not decode ({err}): {_DAMAGED}",
+                                    key)
+
+
+def _cell_sizes(cells: Mapping[str, list[Any]]) -> dict[int, int]:
+    """Each row's image size by its ``shape`` and ``dtype`` cells, where both decoded and make sense."""
+    sizes = {}
+    for row, (shape, dtype) in enumerate(zip(cells["shape"], cells["dtype"], strict=False)):
+        try:
+            sizes[row] = math.prod(int(d) for d in shape.as_py()) * np.dtype(dtype.as_py()).itemsize
+        except (TypeError, ValueError):  # a cell that does not say: the row's stored length is taken as it is
+            continue
+    return sizes
+
+
+def _plain_cells(source: Any, parquet: pq.ParquetFile, column: str, *,
+                 sizes: Mapping[int, int]) -> dict[int, memoryview]:
+    """The cells of an uncompressed, PLAIN-encoded byte-array ``column``
+    (packer's ``image``), by row, read from its column chunk's pages: each page's header says
+    where its values are and how many rows it holds; each value is a 4-byte length and its bytes.
+    ``sizes``: each row's length where its shape and dtype cells say it (a damaged length is
+    corrected by it). Stops (leaving the later rows out) at a page header that does not parse, or
+    within a page at a length that runs past it. Only for a caller whose checksums check every
+    cell returned: a damaged page can still make a wrong cell, never a silently delivered one."""
+    meta = parquet.metadata
+    found: dict[int, memoryview] = {}
+    row0 = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        chunk = next((group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == column),
+                     None)
+        if chunk is None or chunk.compression != "UNCOMPRESSED":
+            row0 += group.num_rows
+            continue
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        data = memoryview(_read_range(source, start, chunk.total_compressed_size))
+        found.update(_chunk_cells(data, row0, group.num_rows, sizes))
+        row0 += group.num_rows
+    return found
+
+
+#: The most bytes a damaged page header is searched past for the first cell of its page
+_HEADER_MAX = 1024
+
+
+def _chunk_cells(data: memoryview, row0: int, rows: int, sizes: Mapping[int, int]) -> dict[int, memoryview]:
+    """The cells of one uncompressed PLAIN byte-array column chunk ``data`` holding rows ``row0``
+    to ``row0 + rows`` (see :func:`_plain_cells`): page by page as their headers say; past a
+    header that does not parse, or whose values do not add up to its rows' sizes, at the first
+    place within :data:`_HEADER_MAX` bytes where the next rows' lengths follow one another
+    (:func:`_resync`); and the chunk's last rows, not found otherwise, back to front from its end."""
+    found: dict[int, memoryview] = {}
+    pos, row, end_row = 0, row0, row0 + rows
+    while pos < len(data) and row < end_row:
+        page = _data_page(data, pos, row, end_row, sizes)
+        if page is None:  # a damaged page header: its page's cells are found by their lengths
+            pos, row = _resync(data, pos, row, end_row, sizes, found)
+            if pos < 0:
+                break
+            continue
+        values, count, pos = page
+        at = 0
+        for r in range(row, row + count):
+            length = int.from_bytes(values[at:at + 4], "little")
+            if sizes.get(r, length) != length:  # a damaged length: the row's shape and dtype say how long
+                length = sizes[r]
+            if at + 4 + length > len(values):  # a damaged length nothing corrects: the page's later cells are lost
+                break
+            found[r] = values[at + 4:at + 4 + length]
+            at += 4 + length
+        row += count
+    end = len(data)
+    for r in range(end_row - 1, row0 - 1, -1):  # the last page's values end where the chunk does
+        if r in found or r not in sizes or end - sizes[r] - 4 < 0:
+            break
+        found[r] = data[end - sizes[r]:end]
+        end -= sizes[r] + 4
+    return found
+
+
+def _data_page(data: memoryview, pos: int, row: int, end_row: int,
+               sizes: Mapping[int, int]) -> tuple[memoryview, int, int] | None:
+    """The page whose header is at ``pos`` and whose first row is ``row``: its values, its row
+    count and where the next page starts (a dictionary or index page: no values, 0 rows). None
+    where the header does not parse, or says what cannot be: a page past the chunk, rows past its
+    end, values that do not add up to its rows' sizes (where those are known)."""
+    try:
+        header, start = _thrift_struct(data, pos)
+    except (ValueError, IndexError):
         return None
-    return np.asarray(targets[r].values.to_numpy(zero_copy_only=False))
+    size, page_type = header.get(3), header.get(1)
+    if not isinstance(size, int) or size < 0 or start + size > len(data) or page_type not in (0, 1, 2, 3):
+        return None
+    body = data[start:start + size]
+    page = header.get(8) if page_type == 3 else header.get(5) if page_type == 0 else None
+    if page_type in (1, 2):  # an index or dictionary page
+        return body[:0], 0, start + size
+    if not isinstance(page, dict):
+        return None
+    if page_type == 3:  # DATA_PAGE_V2: the levels first (never compressed), then the values
+        count = page.get(3)
+        levels = int(page.get(5) or 0) + int(page.get(6) or 0)
+    else:  # DATA_PAGE (v1) of a required top-level column: no levels
+        count, levels = page.get(1), 0
+    if not isinstance(count, int) or count < 0 or row + count > end_row or not 0 <= levels <= size:
+        return None
+    values = body[levels:]
+    if all(r in sizes for r in range(row, row + count)) and \
+            sum(4 + sizes[r] for r in range(row, row + count)) != len(values):
+        return None
+    return values, count, start + size
+
+
+def _resync(data: memoryview, pos: int, row: int, end_row: int, sizes: Mapping[int, int],
+            found: dict[int, memoryview]) -> tuple[int, int]:
+    """Past a damaged page header at ``pos``: the first place within :data:`_HEADER_MAX` bytes
+    where row ``row``'s length is its size and the next row's follows it (or the chunk ends),
+    then the cells from there (into ``found``) as long as each length is its row's size.
+    Returns where they end and the next row; (-1, row) where no such place is found."""
+    def length_at(at: int) -> int:
+        return int.from_bytes(data[at:at + 4], "little") if at + 4 <= len(data) else -1
+
+    if row not in sizes:
+        return -1, row
+    for at in range(pos + 1, min(pos + _HEADER_MAX, len(data) - 4)):
+        after = at + 4 + sizes[row]
+        if length_at(at) == sizes[row] and (after == len(data) or row + 1 >= end_row
+                                            or length_at(after) == sizes.get(row + 1)):
+            break
+    else:
+        return -1, row
+    while row < end_row and row in sizes and length_at(at) == sizes[row] and at + 4 + sizes[row] <= len(data):
+        found[row] = data[at + 4:at + 4 + sizes[row]]
+        at, row = at + 4 + sizes[row], row + 1
+    return at, row
+
+
+def _read_range(source: Any, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of a Parquet file given as a path, a ``pa.memory_map`` or a
+    seekable binary file."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(size)
+    source.seek(offset)
+    return bytes(source.read(size))
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("a thrift varint longer than 10 bytes")
+
+
+def _thrift_struct(data: memoryview, pos: int, depth: int = 0) -> tuple[dict[int, Any], int]:
+    """A thrift compact-protocol struct at ``pos`` (a Parquet page header): its integer, bool
+    and struct fields by field id (others skipped), and the position after it. ValueError or
+    IndexError where the bytes are not one."""
+    if depth > 8:
+        raise ValueError("thrift structs nested too deep")
+    fields: dict[int, Any] = {}
+    field_id = 0
+    while True:
+        head = data[pos]
+        pos += 1
+        if head == 0:
+            return fields, pos
+        kind, delta = head & 0x0F, head >> 4
+        if delta:
+            field_id += delta
+        else:
+            raw, pos = _varint(data, pos)
+            field_id = (raw >> 1) ^ -(raw & 1)
+        value, pos = _thrift_value(data, pos, kind, depth)
+        fields[field_id] = value
+
+
+def _thrift_value(data: memoryview, pos: int, kind: int, depth: int) -> tuple[Any, int]:
+    if kind in (1, 2):  # bool true / false, in the field header
+        return kind == 1, pos
+    if kind == 3:
+        return data[pos], pos + 1
+    if kind in (4, 5, 6):  # i16, i32, i64: zigzag varints
+        raw, pos = _varint(data, pos)
+        return (raw >> 1) ^ -(raw & 1), pos
+    if kind == 7:
+        return None, pos + 8
+    if kind == 8:
+        length, pos = _varint(data, pos)
+        return None, pos + length
+    if kind in (9, 10):  # list, set
+        head = data[pos]
+        pos += 1
+        count = head >> 4
+        if count == 15:
+            count, pos = _varint(data, pos)
+        element = head & 0x0F
+        for _ in range(count):
+            if element in (1, 2):  # a bool element is one byte of its own
+                pos += 1
+            else:
+                _, pos = _thrift_value(data, pos, element, depth + 1)
+        return None, pos
+    if kind == 12:
+        return _thrift_struct(data, pos, depth + 1)
+    raise ValueError(f"thrift type {kind} is not one a page header holds")
+
+
+def _target_cell(targets: Any, r: int | None) -> np.ndarray | None:
+    """Row ``r`` of a ``target`` (or ``target_mask``) column as a 1-D array in the column's
+    value type (None: no column or null); ``r`` None: ``targets`` is the row's cell itself."""
+    cell = targets if r is None or targets is None else targets[r]
+    if cell is None or not cell.is_valid:
+        return None
+    return np.asarray(cell.values.to_numpy(zero_copy_only=False))
 
 
 def _mask_cell(cells: list[Any] | None) -> np.ndarray | None:

@@ -619,55 +619,143 @@ def _read_into(fd: int, array: np.ndarray, offset: int) -> int:
     return got
 
 
-def stream_tar_samples(fh: IO[bytes], last: int) -> Iterator[tuple[int, str, dict[str, bytes]] | str]:
+class _Replayable:
+    """A forward-only stream (``read``) that keeps the last bytes it has pulled from its source,
+    so a reader on it (``tarfile``'s stream, which reads ahead in records) can be restarted at a
+    byte it has already pulled (:meth:`restart`), or further on."""
+
+    #: Bytes kept: more than ``tarfile``'s stream reads ahead (a record) past where it stopped
+    KEEP = 4 * RECORD
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self.position = 0  # the byte of the stream the next read returns first
+        self._end = 0  # the bytes pulled from the source
+        self._kept = bytearray()  # the last of them (KEEP to 2 × KEEP): bytes _end - len(_kept) to _end
+
+    def read(self, size: int = -1) -> bytes:
+        replay = b""
+        if self.position < self._end:
+            start = len(self._kept) - (self._end - self.position)
+            replay = bytes(self._kept[start:] if size < 0 else self._kept[start:start + size])
+            self.position += len(replay)
+            if size >= 0:
+                size -= len(replay)
+                if size == 0:
+                    return replay
+        data = self._source.read(size) if size >= 0 else self._source.read()
+        self._pulled(data)
+        self.position = self._end
+        return replay + data
+
+    def _pulled(self, data: bytes) -> None:
+        self._end += len(data)
+        self._kept += data
+        if len(self._kept) > 2 * self.KEEP:  # trimmed now and then, not on every read
+            del self._kept[:len(self._kept) - self.KEEP]
+
+    def restart(self, offset: int) -> bool:
+        """Make the next read start at byte ``offset`` of the stream; False where that byte is no
+        longer kept or the stream ends before it."""
+        if offset < self._end - len(self._kept):
+            return False
+        while self._end < offset:
+            data = self._source.read(min(1 << 20, offset - self._end))
+            if not data:
+                return False
+            self._pulled(data)
+        self.position = offset
+        return True
+
+
+def stream_tar_samples(fh: IO[bytes], last: int, offsets: Sequence[int] | None = None
+                       ) -> Iterator[tuple[int, str, dict[str, bytes]] | str]:
     """``(index, key, members)`` for the samples of a tar stream (read once, front to back,
     ``tarfile`` mode ``r|``) up to index ``last``; ``members`` holds every member's bytes by extension.
 
     A string, the defect, ends the stream: the defects :func:`scan_tar` stops at, or an
     unreadable stream. A sample whose member the stream ends in (a shard truncated mid-sample) is
     not yielded: the defect names it. ``OSError`` from the store propagates.
+
+    ``offsets``: each sample's first member header, by position (``_index.parquet``'s
+    ``position`` column of a tar shard). Past a damaged member header, then, the stream is read
+    on from the next sample's offset, as :func:`resume_scan` does in a file: the defect is
+    yielded (not the last item, then), the sample the header belonged to is yielded with the
+    members before it (or, its first header damaged, not at all), and each sample after it
+    with its position (``index``) by its offset; a sample at an offset the index does not hold
+    ends the stream (the shard is not the one indexed).
     """
+    at = {int(offset): position for position, offset in enumerate(offsets)} if offsets is not None else None
+    source: IO[bytes] = fh if at is None else _Replayable(fh)  # type: ignore[assignment]
     seen: set[str] = set()
-    key: str | None = None
-    members: dict[str, bytes] = {}
     index = -1
-    defect: str | None = None
-    reading: str | None = None  # the member whose data is being read
-    try:
-        with tarfile.open(fileobj=fh, mode="r|") as tar:
-            for member in tar:
-                parsed = _member_defect(member)
-                if isinstance(parsed, str):
-                    defect = parsed
-                    break
-                name, ext = parsed
-                if name != key:
-                    if key is not None:
-                        yield index, key, members
-                        if index >= last:
-                            return
-                    if name in seen:
-                        defect = f"key {name!r} appears twice"
-                        key = None
+    base = 0  # the stream's byte at which this tarfile walk began
+    while True:
+        key: str | None = None
+        members: dict[str, bytes] = {}
+        defect: str | None = None
+        reading: str | None = None  # the member whose data is being read
+        damaged: int | None = None  # where a walk stopped at a header it could not read, past which samples follow
+        try:
+            with tarfile.open(fileobj=source, mode="r|") as tar:
+                for member in tar:
+                    parsed = _member_defect(member)
+                    if isinstance(parsed, str):
+                        defect = parsed
                         break
-                    seen.add(name)
-                    key, members, index = name, {}, index + 1
-                reading = member.name
-                extracted = tar.extractfile(member)
-                members[ext] = extracted.read() if extracted is not None else b""
-                reading = None
-            else:  # tarfile ends a stream quietly at a header whose checksum fails, as a file
-                defect = _stream_stopped_early(tar)
-    except (tarfile.TarError, EOFError) as err:
-        if reading is not None and key is not None:  # the stream ends inside this sample: it is not whole
-            defect = f"unreadable tar stream in member {reading!r} ({err}): sample {key} is cut short"
-            key = None
-        else:
-            defect = f"unreadable tar stream ({err})"
-    if key is not None:
-        yield index, key, members
-    if defect is not None:
-        yield defect
+                    name, ext = parsed
+                    if name != key:
+                        if key is not None:
+                            yield index, key, members
+                            if index >= last:
+                                return
+                        if name in seen:
+                            defect = f"key {name!r} appears twice"
+                            key = None
+                            break
+                        seen.add(name)
+                        position = index + 1 if at is None or not base else at.get(base + member.offset)
+                        if position is None or position <= index:
+                            defect = (f"a sample ({name}) at byte {base + member.offset}, where _index.parquet "
+                                      "records none: the shard is not the one indexed")
+                            key = None
+                            break
+                        key, members, index = name, {}, position
+                    reading = member.name
+                    extracted = tar.extractfile(member)
+                    members[ext] = extracted.read() if extracted is not None else b""
+                    reading = None
+                else:  # tarfile ends a stream quietly at a header whose checksum fails, as a file
+                    damaged = _header_past_which_samples_follow(at, base + tar.offset)
+                    defect = _stream_stopped_early(tar) if damaged is None else _damaged_header_text(damaged)
+        except (tarfile.TarError, EOFError) as err:
+            if reading is not None and key is not None:  # the stream ends inside this sample: it is not whole
+                defect = f"unreadable tar stream in member {reading!r} ({err}): sample {key} is cut short"
+                key = None
+            else:
+                damaged = _header_past_which_samples_follow(at, base) if key is None and reading is None else None
+                defect = (f"unreadable tar stream ({err})" if damaged is None else
+                          f"{_damaged_header_text(damaged)} ({err})")
+        if key is not None:
+            yield index, key, members
+            if index >= last:
+                return
+        if defect is not None:
+            yield defect
+        if damaged is None or at is None or not isinstance(source, _Replayable):
+            return
+        base = min(offset for offset in at if offset > damaged)
+        if not source.restart(base):
+            yield (f"the stream cannot be read on from byte {base}, where _index.parquet records sample "
+                   f"{at[base] + 1} (it ends before)")
+            return
+
+
+def _header_past_which_samples_follow(at: dict[int, int] | None, offset: int) -> int | None:
+    """``offset`` where a tar walk stopped at it and the index (``at``: sample position by the
+    offset of its first member header) records a sample after it: the archive did not end
+    there, a damaged header did. None without an index, or with none after."""
+    return offset if at is not None and any(o > offset for o in at) else None
 
 
 def parse_member_header(block: bytes) -> tuple[str, int, bool] | None:
