@@ -450,10 +450,13 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
 def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite]
             ) -> Iterator[tuple[str, str, str, int]]:
     """(chunk key, sample key, shard file, position) of every packed sample."""
-    keys, spills = samples.column("key"), samples.column("spill")
-    for shard in shards:
-        for row, position in zip(shard.rows.tolist(), written[shard.file].positions, strict=True):
-            yield chunk_of(spills[row]), keys[row], shard.file, position
+    spill_codes, spills = samples.codes("spill")
+    chunks = [chunk_of(spill) for spill in spills]
+    for shard in shards:  # keys read a shard at a time, not as one list of every key
+        keys = samples.text["key"].take(shard.rows).values()
+        for code, key, position in zip(spill_codes[shard.rows].tolist(), keys, written[shard.file].positions,
+                                       strict=True):
+            yield chunks[code], str(key), shard.file, position
 
 
 def _decoders() -> dict[str, str]:

@@ -28,6 +28,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.files import canonical_json
@@ -142,15 +144,16 @@ def process_group(group: ChunkGroup) -> tuple[ChunkResult, ...]:
     return tuple(process_chunk(task) for task in group.tasks)
 
 
-def chunk_bounds(sample_ids: Sequence[str], alone: Sequence[bool] | None = None) -> list[tuple[int, int]]:
+def chunk_bounds(sample_ids: Iterable[str], alone: Sequence[bool] | None = None) -> list[tuple[int, int]]:
     """``(start, stop)`` of each chunk of the sorted refs whose ids are ``sample_ids``: a chunk
     closes after an id whose hash hits 1 in :data:`BOUNDARY` (content-defined, so adding a file
     changes only its own chunk), or at :data:`MAX_CHUNK` refs. A ref marked ``alone`` (a file of
     a kind whose every file is a unit of work: a NIfTI volume) is a chunk of its own, so that
     the workers share such files one by one and the cache reuses each."""
     bounds: list[tuple[int, int]] = []
-    start = 0
+    start = count = 0
     for index, sample_id in enumerate(sample_ids):
+        count = index + 1
         if alone is not None and alone[index]:
             if start < index:
                 bounds.append((start, index))
@@ -161,8 +164,8 @@ def chunk_bounds(sample_ids: Sequence[str], alone: Sequence[bool] | None = None)
         if hit or index + 1 - start >= MAX_CHUNK:
             bounds.append((start, index + 1))
             start = index + 1
-    if start < len(sample_ids):
-        bounds.append((start, len(sample_ids)))
+    if start < count:
+        bounds.append((start, count))
     return bounds
 
 
@@ -605,13 +608,15 @@ def _plan_groups(table: RefTable, group_tasks: Sequence[ChunkTask], make: _TaskM
     content-defined chunks, then the group tasks, grouped :func:`group_size` chunks a task.
     Tasks are made as the executor submits them, each from its rows of the ref table: made all
     at once, they would keep every ref alive as objects through the whole pass."""
-    ids = table.column("sample_id")
-    alone_kinds = {name for name in set(table.column("kind")) if source_kind(name).file_per_task}
-    bounds = chunk_bounds(ids, [kind in alone_kinds for kind in table.column("kind")] if alone_kinds else None)
+    kind_codes, kinds = table.codes("kind")
+    alone_codes = [code for code, name in enumerate(kinds) if source_kind(name).file_per_task]
+    # the ids read a block at a time, not as one list of every id
+    bounds = chunk_bounds(_column_blocks(table, "sample_id"),
+                          np.isin(kind_codes, alone_codes).tolist() if alone_codes else None)
     size = group_size(len(bounds) + len(group_tasks), threads)
     spans = [bounds[i:i + size] for i in range(0, len(bounds), size)]
     group_spans = [group_tasks[i:i + size] for i in range(0, len(group_tasks), size)]
-    names = [f"process-{ids[span[0][0]]}-{len(span)}-{nonce}" for span in spans]
+    names = [f"process-{table.value('sample_id', span[0][0])}-{len(span)}-{nonce}" for span in spans]
     names += [f"series-{span[0].refs[0].sample_id}-{len(span)}-{nonce}" for span in group_spans]
 
     def group_of(index: int) -> ChunkGroup:
@@ -620,6 +625,13 @@ def _plan_groups(table: RefTable, group_tasks: Sequence[ChunkTask], make: _TaskM
         return ChunkGroup(tuple(make(tuple(table[start:stop])) for start, stop in spans[index]))
 
     return LazySequence(len(spans) + len(group_spans), group_of), names
+
+
+def _column_blocks(table: RefTable, name: str, block: int = 1 << 16) -> Iterator[str]:
+    """Text field ``name`` of every row of ``table``, in order, read a block of rows at a time
+    (a missing value as ``""``)."""
+    for start in range(0, len(table), block):
+        yield from (value or "" for value in table.text[name].slice(start, min(start + block, len(table))).values())
 
 
 def _isolate(executor: Executor, lost: Sequence[ChunkTask], make: _TaskMaker, nonce: str) -> Iterator[ChunkResult]:
