@@ -271,12 +271,14 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
     assert len(tree["A"]) == SLICES
 
 
-#: Where the SEG is cut, from (0008,1115) Referenced Series Sequence's tag, and the record it gets
+#: Where the SEG is cut, from the tag of (0008,0016) SOP Class UID or of (0008,1115) Referenced
+#: Series Sequence, and the record it gets
 CUTS = {
-    "before its SOP Class UID": (None, "annotation_orphan"),  # its class only in the file meta
-    "before its references": (0, "annotation_orphan"),
-    "inside a referenced instance UID": (120, "annotation_orphan"),  # no Study Instance UID either
-    "inside a referenced instance item": (264, "unreadable"),  # a sequence item that cannot be decoded
+    "before its SOP Class UID": ("sop", 0, "annotation_orphan"),  # its class only in the file meta
+    "inside its SOP Class UID": ("sop", 10, "annotation_orphan"),  # "1." of it left: the file meta's is whole
+    "before its references": ("references", 0, "annotation_orphan"),
+    "inside a referenced instance UID": ("references", 120, "annotation_orphan"),  # no Study Instance UID either
+    "inside a referenced instance item": ("references", 264, "unreadable"),  # an item that cannot be decoded
 }
 
 
@@ -293,9 +295,10 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     _write_series(raw / "B" / "CT", "PB", seed=2)
     seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
     data = seg.read_bytes()
-    offset, reason = CUTS[where]
-    references = data.index(b"\x08\x00\x15\x11")  # (0008,1115), explicit VR little endian
-    cut = data.index(b"\x08\x00\x16\x00", 132 + 12) if offset is None else references + offset
+    anchor, offset, reason = CUTS[where]
+    tags = {"sop": data.index(b"\x08\x00\x16\x00", 132 + 12),  # explicit VR little endian, after the file meta
+            "references": data.index(b"\x08\x00\x15\x11")}
+    cut = tags[anchor] + offset
     seg.write_bytes(data[:cut])
     result = _build(_mask_job(tmp_path, raw, SEGMENTS))
     records = read_bad_samples(result.version_dir / "bad_samples.jsonl")

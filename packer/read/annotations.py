@@ -226,9 +226,12 @@ def _uid(ds: Dataset, keyword: str) -> str:
 def annotation_modality(ds: Dataset) -> str | None:
     """``SEG`` or ``RTSTRUCT`` where ``ds`` is one (by SOP class, or Modality), else None."""
     uid = _uid(ds, "SOPClassUID")
-    if not uid:  # a header cut before (0008,0016) still names its class in its file meta
-        meta = getattr(ds, "file_meta", None)
-        uid = str(meta.get("MediaStorageSOPClassUID", "") or "").strip() if meta is not None else ""
+    meta = getattr(ds, "file_meta", None)
+    stored = str(meta.get("MediaStorageSOPClassUID", "") or "").strip() if meta is not None else ""
+    # a header cut before (0008,0016), or inside its value (pydicom keeps the bytes there are: "1.2."),
+    # still names its class in its file meta; a whole UID of another class is that class
+    if uid != stored and stored.startswith(uid):
+        uid = stored
     if uid in ANNOTATION_CLASSES:
         return ANNOTATION_CLASSES[uid]
     modality = str(ds.get("Modality", "") or "").strip().upper()
