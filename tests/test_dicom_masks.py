@@ -19,11 +19,13 @@ import highdicom as hd
 import numpy as np
 import pydicom
 import pytest
+from click.testing import CliRunner
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from packer.badsamples import read_bad_samples
+from packer.cli import main
 from packer.config import MaskConfig, SeriesConfig, load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
@@ -62,7 +64,7 @@ def _write_series(folder: Path, patient: str, seed: int) -> list[Dataset]:
     numbers = list(range(1, SLICES + 1))
     rng.shuffle(numbers)
     study, series, frame = generate_uid(), generate_uid(), generate_uid()
-    out = []
+    out: list[Dataset] = []
     for k in range(SLICES):
         pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
         pixels[::2, ::2] += 8  # not constant (a constant image is a bad sample); the mean still orders slices
@@ -312,6 +314,127 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     assert "a read failure, not an empty series" in missing
     items = _items(result)
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: empty, packed
+
+
+def _meta_class_end(data: bytes) -> int:
+    """Where the value of the file meta's (0002,0002) Media Storage SOP Class UID ends."""
+    at = data.index(b"\x02\x00\x02\x00UI", 132)
+    return at + 8 + int.from_bytes(data[at + 6:at + 8], "little")
+
+
+def _put(data: bytes, at: int, value: bytes) -> bytes:
+    return data[:at] + value + data[at + len(value):]
+
+
+def _sop_tag(data: bytes) -> int:
+    return data.index(b"\x08\x00\x16\x00UI", 132)
+
+
+#: A SEG damaged past what its header can say, and how: (the damaged bytes from the SEG's, the
+#: record it gets, whether the series it annotates is held back (mask_missing) rather than only
+#: named in its record as possibly its own, and what that record says)
+DAMAGES = {
+    # its preamble overwritten, DICM gone: the rest parses leniently, and names the series it was drawn on
+    "its DICM marker overwritten": (lambda d: bytes(128) + b"XXXX" + d[132:], "not_dicom", True,
+                                    "Its bytes still show a SEG"),
+    # no DICM, and cut in its file meta after its class: its class alone, tied by its folder
+    "no DICM and cut after its class": (lambda d: bytes(128) + b"XXXX" + d[132:_meta_class_end(d) + 6],
+                                        "not_dicom", True, "Its bytes still show a SEG"),
+    # the file meta gone too: the data set alone, whose SOP Class UID the bytes still hold
+    "its file meta gone": (lambda d: d[_sop_tag(d) - 12:], "not_dicom", True, "Its bytes still show a SEG"),
+    # (0008,0016)'s length damaged: its value swallows the elements after it, the file meta names a SEG
+    "its SOP Class UID's length damaged": (lambda d: _put(d, _sop_tag(d) + 6, b"\xff\x00"), "annotation_orphan",
+                                           True, "may be cut short or damaged"),
+    # cut inside its file meta's class: nothing says what it is
+    "cut inside its file meta's class": (lambda d: d[:_meta_class_end(d) - 8], "unreadable", False,
+                                         "it may be a SEG or RTSTRUCT"),
+    "cut inside its file meta, before its class": (lambda d: d[:150], "unreadable", False,
+                                                   "it may be a SEG or RTSTRUCT"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_seg_too_damaged_to_parse_is_still_tied_to_its_series_or_named_as_possibly_its_own(
+        tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SEG that pydicom cannot read at all (its record: unreadable or not_dicom) was tied to no
+    series, so its series packed with all-zero masks under empty: keep, and nothing said that a
+    lesion became background. Where its bytes still show a SEG (the file meta's class, the UID in
+    its bytes, a lenient parse of the rest), its series is mask_missing naming it; where nothing
+    says what the file is, its record names the series it may annotate and the build warns. The
+    other patient's series, with no annotation, still packs with all-zero masks."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    make, reason, held_back, said = DAMAGES[damage]
+    seg.write_bytes(make(seg.read_bytes()))
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    own = next(r for r in records if Path(r["path"]).name == "seg.dcm")
+    assert own["reason"] == reason and said in own["message"]
+    series = [r for r in records if Path(r["path"]).parent.name == "CT"]
+    items = _items(result)
+    warned = capsys.readouterr().err
+    if held_back:
+        assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in series) == [("A", "mask_missing")] * SLICES
+        assert all(str(seg) in r["message"] for r in series)
+        assert len(items) == SLICES  # B alone
+        assert "may be SEG or RTSTRUCT" not in warned
+    else:
+        assert series == []  # nothing ties it: A packs, and its record and the build say what may be wrong
+        assert "A/CT/ (8 files, 0 annotation(s))" in own["message"]
+        assert "1 file(s) of sources with masks from DICOM could not be read" in warned
+        assert len(items) == 2 * SLICES
+        out = tmp_path / "validate.json"  # packer validate --json names the warning by its code
+        run = CliRunner().invoke(main, ["validate", str(_mask_job(tmp_path / "v", raw, SEGMENTS)), "--scheduler",
+                                        "sync", "-q", "--json", str(out)])
+        assert run.exit_code == 0, run.output
+        assert [w["code"] for w in json.loads(out.read_text())["warnings"]] == ["annotations"]
+    assert not any(item["mask"].numpy().any() for item in items)  # nothing painted: no annotation was read
+
+
+def test_a_series_whose_seg_is_damaged_is_held_back_though_its_rtstruct_reads(tmp_path: Path) -> None:
+    """A series with an RTSTRUCT that reads and a SEG whose DICM marker is gone: the SEG's salvaged
+    header names the series, so the series is mask_missing (its liver would be background), not
+    packed with the RTSTRUCT's classes alone."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    seg = raw / "A" / "SEG" / "seg.dcm"
+    seg.write_bytes(bytes(128) + b"XXXX" + seg.read_bytes()[132:])
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "not_dicom"), ("RT", "series_incomplete"), *[("CT", "mask_missing")] * len(tree["A"])])
+    assert all("cannot be read (see their records)" in r["message"] and str(seg) in r["message"]
+               for r in records if r["reason"] == "mask_missing")
+    assert len(_items(result)) == SLICES  # B, with all-zero masks; the RTSTRUCT is held back with its series
+
+
+def test_a_damaged_image_file_beside_an_annotated_series_is_not_taken_for_an_annotation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CT slice whose preamble lost DICM, and a text file, in an annotated source: their bytes
+    say they are no annotation (the slice's file meta names CT Image Storage whole; the text is
+    no DICOM), so they keep their own records, no series is held back and nothing warns."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    broken = Path(a[0].filename)  # the first slice, outside the liver: the SEG has no frame on it
+    data = broken.read_bytes()
+    broken.write_bytes(bytes(128) + b"XXXX" + data[132:])
+    cut = Path(a[1].filename)  # the second, cut inside its header: its file meta still names CT
+    cut.write_bytes(cut.read_bytes()[:_sop_tag(cut.read_bytes()) + 10])
+    (raw / "A" / "notes.dcm").write_text("exported from PACS\n")  # listed as DICOM by its name
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).name, r["reason"]) for r in records) == sorted([
+        (broken.name, "not_dicom"), (cut.name, "no_pixel_data"), ("notes.dcm", "not_dicom")])
+    assert not any("may be a SEG" in r["message"] for r in records)
+    assert "masks from DICOM could not be read" not in capsys.readouterr().err
+    items = _items(result)
+    truth = _truth()[2:]
+    assert len(items) == SLICES - 2
+    assert sorted(int((item["mask"].numpy() == 4).sum()) for item in items) == sorted(
+        int((z == 4).sum()) for z in truth)  # the liver, on the slices that remain
 
 
 @pytest.mark.slow

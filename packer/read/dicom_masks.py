@@ -89,6 +89,8 @@ class _Found:
     frame_of_reference: str
     places: tuple[SlicePlace, ...] | None
     annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
+    #: damaged annotations whose salvaged header names this series (each has its own record)
+    damaged: list[tuple[SampleRef, AnnotationRefs]] = field(default_factory=list)
 
 
 def _places(series: Series, geometry: Mapping[str, SliceGeometry]) -> tuple[SlicePlace, ...] | None:
@@ -176,11 +178,20 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             refused_by.setdefault(g.sop_uid, issue)
     issues: list[Issue] = []
     lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
+    maybe: list[tuple[SampleRef, AnnotationRefs]] = []  # files that did not parse and may be annotations
     for ref, refs in annotations:
+        if refs.damaged and not refs.modality:  # nothing says what it is: its record names what it may annotate
+            maybe.append((ref, refs))
+            continue
         if refs.damaged:  # its references cannot be read: its own record, and its series may be any of the source's
-            issues.append(Issue.of(ref, stage="read", reason="unreadable",
+            issues.append(Issue.of(ref, stage="read", reason=refs.damaged_reason,
                                    message=f"{ref.relpath or ref.path}: {refs.damaged}"))
-            lost.append((ref, refs))
+            named = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])] or [
+                f for uid in refs.instance_uids for f in by_instance.get((ref.source, uid), [])]
+            for f in {id(f): f for f in named}.values():  # what its salvaged header still names
+                f.damaged.append((ref, refs))
+            if not named:
+                lost.append((ref, refs))
             continue
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
         if not chosen and refs.instance_uids:
@@ -247,6 +258,17 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 "slice positions, so annotations in patient millimetres cannot be placed on it"))
                 for r in (*f.series.refs, *(a for a, _ in f.annotations)))
             continue
+        if f.damaged:
+            names = "; ".join(f"{a.path} ({n.modality}, {n.damaged_reason})" for a, n in f.damaged)
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: its series ({len(f.series.refs)} files) is annotated by {len(f.damaged)} SEG or "
+                f"RTSTRUCT object(s) that cannot be read (see their records): {names}. Its masks would lack "
+                "their structures, so it is not packed. Re-export the annotation, or remove it to pack the series "
+                "without it")) for r in f.series.refs)
+            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
+                f"{r.path}: another annotation of its series cannot be read ({names}); the series is not packed"))
+                for r, _ in f.annotations)
+            continue
         suspect = [] if f.annotations else _lost_for(f, geometry, lost)
         if suspect:
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
@@ -271,7 +293,43 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                    frame_of_reference=f.frame_of_reference,
                                    elsewhere=frozenset().union(*(instances[id(g)] for g in siblings))
                                    - instances[id(f)]))
+    issues.extend(_possible(ref, refs, found, geometry) for ref, refs in maybe)
     return out, issues
+
+
+#: What the record of a file that did not parse says where the file may be an annotation (the
+#: build's warning counts the records saying it: :func:`possible_annotations_warning`)
+POSSIBLE_ANNOTATION = "with masks from DICOM, it may be a SEG or RTSTRUCT"
+
+
+def _possible(ref: SampleRef, refs: AnnotationRefs, found: Sequence[_Found],
+              geometry: Mapping[str, SliceGeometry]) -> Issue:
+    """The record of a file of an annotated source that does not parse and whose bytes do not say
+    what it is: its own reason and message, and the series it may annotate (of its entity, else
+    in the folder above its own), whose masks lack its structures if it is one."""
+    candidates = [(ref, refs)]
+    near = [f for f in found if _lost_for(f, geometry, candidates)]
+    shown = "; ".join(f"{'/'.join(f.series.refs[0].relpath.split('/')[:-1]) or '.'}/ ({len(f.series.refs)} files, "
+                      f"{len(f.annotations)} annotation(s))" for f in near[:5])
+    more = f"; and {len(near) - 5} more" if len(near) > 5 else ""
+    where = (f"series that may be its own: {shown}{more}" if near else
+             "no series lies in its entity or in the folder above its own")
+    return Issue.of(ref, stage="read", reason=refs.damaged_reason, message=(
+        f"{ref.relpath or ref.path}: {refs.damaged}. Its bytes do not say what it is: {POSSIBLE_ANNOTATION}, "
+        f"whose structures would then be missing from the masks of its series ({where}); re-copy the file, or "
+        "remove it if it is not an annotation"))
+
+
+def possible_annotations_warning(issues: Sequence[Issue]) -> str | None:
+    """One line for the files of sources with masks from DICOM that did not parse and may be
+    annotations (:func:`_possible`'s records), or None: how many, and the first one's id."""
+    said = [i for i in issues if POSSIBLE_ANNOTATION in i.message]
+    if not said:
+        return None
+    return (f"{len(said)} file(s) of sources with masks from DICOM could not be read, and nothing in them says "
+            f"whether they are SEG or RTSTRUCT objects (e.g. {said[0].sample_id}): if one is, the series beside it "
+            "packs without its structures (all-zero masks where no other annotation references it); their records "
+            "in the bad-sample report name the series each may annotate")
 
 
 @dataclass(frozen=True)
