@@ -437,6 +437,97 @@ def test_a_damaged_image_file_beside_an_annotated_series_is_not_taken_for_an_ann
         int((z == 4).sum()) for z in truth)  # the liver, on the slices that remain
 
 
+def _lung_contour_data(data: bytes) -> tuple[int, int]:
+    """Where the value of the lung's first ContourData starts in an RTSTRUCT of ``_damaged_rt``,
+    and its length (explicit VR little endian: the body's SLICES contours come first)."""
+    at = [i for i in range(len(data)) if data.startswith(b"\x06\x30\x50\x00DS", i)][SLICES]
+    return at + 8, int.from_bytes(data[at + 6:at + 8], "little")
+
+
+def _same_length(data: bytes, make: Any) -> bytes:
+    start, length = _lung_contour_data(data)
+    value = make(data[start:start + length]).ljust(length)
+    assert len(value) == length
+    return data[:start] + value + data[start + length:]
+
+
+def _roi_contour_items(data: bytes) -> list[int]:
+    """The offsets of the ROIContourSequence's items (each starts with its ROI Display Color or
+    Contour Sequence)."""
+    start = data.index(b"\x06\x30\x39\x00SQ")
+    return [i for i in range(start, len(data)) if data.startswith(b"\xfe\xff\x00\xe0", i)
+            and data[i + 8:i + 12] in (b"\x06\x30\x2a\x00", b"\x06\x30\x40\x00")]
+
+
+def _empty_lung_contour(path: Path) -> bytes:
+    ds = pydicom.dcmread(path)
+    ds.ROIContourSequence[1].ContourSequence[0].ContourData = []
+    ds.save_as(path)
+    return path.read_bytes()
+
+
+#: How the lung's contours (ROI 2 of 3, mapped; ROI 3 "Dr Who check" is not) are damaged, and what
+#: the record's message says
+RT_DAMAGES = {
+    "a non-numeric value in its ContourData": (lambda d, p: _same_length(d, lambda v: b"abc" + v[3:]),
+                                               "could not convert string to float"),
+    "a value dropped from its ContourData": (lambda d, p: _same_length(d, lambda v: v[:v.rindex(b"\\")]),
+                                             "not x, y, z triplets"),
+    "an empty ContourData": (lambda d, p: _empty_lung_contour(p), "ContourData (3006,0050) is empty"),
+    "the file cut before its ROIContourSequence item": (lambda d, p: d[:_roi_contour_items(d)[1]],
+                                                        "'LUNG LEFT' (lung, ROINumber 2) has no ROIContourSequence "
+                                                        "item: the file is cut short inside its ROIContourSequence"),
+    "its item's ReferencedROINumber damaged into the body's": (
+        lambda d, p: d.replace(b"\x06\x30\x84\x00IS\x02\x002 ", b"\x06\x30\x84\x00IS\x02\x001 "),
+        "items 1, 2 all reference ROINumber 1"),
+}
+
+
+@pytest.mark.parametrize("damage", list(RT_DAMAGES))
+def test_an_rtstruct_that_loses_a_mapped_roi_to_damage_refuses_its_series(tmp_path: Path, damage: str) -> None:
+    """A mapped ROI whose contours were in the file but cannot be read means the mask is wrong
+    for its class: the structure set is unreadable and its series is refused (a defect refuses
+    the series), never packed with the class missing and a note. A file cut before the item of
+    its ROI and a ReferencedROINumber damaged into another ROI's (whose contours would then be
+    painted as that class) parsed without a word before; the other patient still packs."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    (raw / "A" / "SEG" / "seg.dcm").unlink()
+    rt = raw / "A" / "RT" / "rt.dcm"
+    make, said = RT_DAMAGES[damage]
+    rt.write_bytes(make(rt.read_bytes(), rt))
+    result = _build(_mask_job(tmp_path, raw, RTSTRUCT_ROIS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in records) == [("A", "unreadable")] * (
+        len(tree["A"]) + 1)
+    own = next(r for r in records if Path(r["path"]).name == "rt.dcm")
+    assert said in own["message"], own["message"]
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: no annotation
+
+
+def test_an_rtstruct_cut_before_an_unmapped_rois_item_still_paints_its_mapped_rois(tmp_path: Path) -> None:
+    """The same cut, before the item of an ROI the map does not name: the mask is whole, so the
+    series packs with the planted body and lung, and the lost ROI is noted."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    (raw / "A" / "SEG" / "seg.dcm").unlink()
+    rt = raw / "A" / "RT" / "rt.dcm"
+    data = rt.read_bytes()
+    rt.write_bytes(data[:_roi_contour_items(data)[2]])
+    result = _build(_mask_job(tmp_path, raw, RTSTRUCT_ROIS))
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    truth = _truth()
+    truth[truth == 4] = 1  # no SEG: the liver box lies in the body
+    excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    rt_row = next(e for e in excluded if Path(e["path"]).name == "rt.dcm")
+    assert "'Dr Who check': no ROIContourSequence item" in rt_row["detail"]
+    painted = sorted((int((item["mask"].numpy() == 1).sum()), int((item["mask"].numpy() == 2).sum()))
+                     for item in _items(result) if item["mask"].numpy().any())
+    assert painted == sorted((int((z == 1).sum()), int((z == 2).sum())) for z in truth)
+    assert len(painted) == len(tree["A"])
+
+
 @pytest.mark.slow
 def test_a_constant_slice_is_its_own_bad_sample_and_the_rest_of_its_series_packs(tmp_path: Path) -> None:
     # sample: slice packs slices one by one: an all-air slice at the edge of a scan is a constant_image

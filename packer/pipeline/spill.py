@@ -104,8 +104,10 @@ class CachedChunk:
 #: entry outside 1..16, make the LUT malformed; a Window Center/Width value that is no number keeps
 #: its place, so the pairs after it stay the file's pairs; an Enhanced file with fewer Per-frame
 #: Functional Groups items than frames is ``unreadable``; a Pixel Padding Value/Range Limit written
-#: as US over signed pixels is read as SS).
-CACHE_FORMAT = 25
+#: as US over signed pixels is read as SS; 26: an RTSTRUCT that lost an ROI of the map to damage
+#: (an empty ContourData, a file cut inside its ROI Contour Sequence, a damaged Referenced ROI
+#: Number) refuses its series, ``unreadable``, instead of painting it without that class).
+CACHE_FORMAT = 26
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
