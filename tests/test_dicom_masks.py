@@ -316,6 +316,26 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: empty, packed
 
 
+def test_a_seg_cut_short_beside_an_rtstruct_holds_back_the_series_it_may_belong_to(tmp_path: Path) -> None:
+    """A series with an RTSTRUCT that reads and a SEG cut before its references (its header names
+    no series, no study): the SEG may only be a second annotation of that series, the one series
+    of its folder, so the series is mask_missing (its liver would be background), not packed with
+    the RTSTRUCT's classes alone; the other patient's series still packs empty."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    seg = raw / "A" / "SEG" / "seg.dcm"
+    data = seg.read_bytes()
+    seg.write_bytes(data[:data.index(b"\x08\x00\x15\x11")])
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "annotation_orphan"), ("RT", "series_incomplete"), *[("CT", "mask_missing")] * len(tree["A"])])
+    missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
+    assert f"{seg} (SEG, in the folder A/ of its files)" in missing and "annotated already" in missing
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B
+
+
 def _meta_class_end(data: bytes) -> int:
     """Where the value of the file meta's (0002,0002) Media Storage SOP Class UID ends."""
     at = data.index(b"\x02\x00\x02\x00UI", 132)

@@ -15,7 +15,12 @@ paints a whole series:
    and no instance, or no Study Instance UID; one whose references cannot be decoded, an
    ``unreadable`` record) may be its own (of its study, its entity, or the folder above the
    annotation's): then each of its files is ``mask_missing``, whatever ``empty`` says
-   (:func:`_lost_for`).
+   (:func:`_lost_for`); where every series it may belong to is annotated already, it may be a
+   second annotation of any of them (a SEG beside an RTSTRUCT), and they are held back alike.
+   A file that does not parse but whose bytes show an annotation
+   (:mod:`packer.read.annotation_salvage`) keeps its record and holds back the series its
+   salvaged header names, or is lost as above; one whose bytes say nothing names in its record
+   the series it may annotate (:func:`possible_annotations_warning`).
 2. **Paint** (worker; :func:`paint_series`). Every annotation of the series paints one label
    map on the series' slices at their native grid (:class:`~packer.read.annotations.Painter`:
    SEG through :mod:`packer.read.seg`, RTSTRUCT through :mod:`packer.read.rtstruct`). An
@@ -250,6 +255,10 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             f.annotations.append((ref, refs.modality))
     out: list[AnnotatedSeries] = []
     instances = {id(f): frozenset(geometry[r.sample_id].sop_uid for r in f.series.refs) for f in found}
+    # a lost annotation goes to the unannotated series it may belong to; where every one is
+    # annotated already, it may be a second annotation of any of them (a SEG beside an RTSTRUCT)
+    fallback = [(ref, refs) for ref, refs in lost
+                if not any(not f.annotations and _lost_for(f, geometry, [(ref, refs)]) for f in found)]
     for f in found:
         cfg = masks[f.series.refs[0].source]
         if f.annotations and f.places is None:
@@ -269,7 +278,19 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 f"{r.path}: another annotation of its series cannot be read ({names}); the series is not packed"))
                 for r, _ in f.annotations)
             continue
-        suspect = [] if f.annotations else _lost_for(f, geometry, lost)
+        suspect = _lost_for(f, geometry, fallback if f.annotations else lost)
+        if suspect and f.annotations:
+            names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
+                f"damaged: see their records) may be another annotation of its series ({len(f.series.refs)} files; "
+                f"every series it may belong to is annotated already): {names}. Its masks would lack their "
+                "structures, so it is not packed. Re-export the annotation, or remove it to pack the series with its "
+                "other annotations")) for r in f.series.refs)
+            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
+                f"{r.path}: an annotation that cannot be read may be another of its series' ({names}); the series is "
+                "not packed")) for r, _ in f.annotations)
+            continue
         if suspect:
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
             issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
