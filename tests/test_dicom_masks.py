@@ -336,6 +336,25 @@ def test_a_seg_cut_short_beside_an_rtstruct_holds_back_the_series_it_may_belong_
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B
 
 
+def test_a_seg_cut_short_in_the_folder_of_its_slices_holds_its_series_back(tmp_path: Path) -> None:
+    """An export of one folder a patient (``A/seg.dcm`` beside ``A/<slices>.dcm``): a SEG cut
+    before its references lies in its series' own folder, which ties it as the folder above does
+    (``A/SEG/`` beside ``A/CT/``); it was tied to nothing, and its series packed with all-zero masks."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A", "PA", seed=1)
+    _write_series(raw / "B", "PB", seed=2)
+    seg = write_seg(raw / "A" / "seg.dcm", a)
+    data = seg.read_bytes()
+    seg.write_bytes(data[:data.index(b"\x08\x00\x15\x11")])
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("A", "annotation_orphan"), *[("A", "mask_missing")] * SLICES])
+    assert f"{seg} (SEG, in the folder A/ of its files)" in next(
+        r["message"] for r in records if r["reason"] == "mask_missing")
+    assert len(_items(result)) == SLICES  # B
+
+
 def _meta_class_end(data: bytes) -> int:
     """Where the value of the file meta's (0002,0002) Media Storage SOP Class UID ends."""
     at = data.index(b"\x02\x00\x02\x00UI", 132)

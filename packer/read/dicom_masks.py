@@ -13,8 +13,8 @@ paints a whole series:
    ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``),
    unless an annotation whose header cannot say what it was drawn on (an orphan naming no series
    and no instance, or no Study Instance UID; one whose references cannot be decoded, an
-   ``unreadable`` record) may be its own (of its study, its entity, or the folder above the
-   annotation's): then each of its files is ``mask_missing``, whatever ``empty`` says
+   ``unreadable`` record) may be its own (of its study, its entity, or the annotation's own folder or
+   the one above it): then each of its files is ``mask_missing``, whatever ``empty`` says
    (:func:`_lost_for`); where every series it may belong to is annotated already, it may be a
    second annotation of any of them (a SEG beside an RTSTRUCT), and they are held back alike.
    A file that does not parse but whose bytes show an annotation
@@ -126,8 +126,8 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
     """The annotations of ``lost`` (whose headers name no series and no instance: cut short, or
     damaged) that may be the unannotated series ``f``'s, each with what ties them: of its source,
     and of its study where the annotation's header still names one, else of its entity where it
-    names one, else lying in the folder above the annotation's own (``P1/SEG/seg.dcm`` beside
-    ``P1/CT/...``; never the source's root)."""
+    names one, else lying in the annotation's own folder (``P1/seg.dcm`` beside ``P1/ct1.dcm``)
+    or the folder above it (``P1/SEG/seg.dcm`` beside ``P1/CT/...``; never the source's root)."""
     first = f.series.refs[0]
     study = geometry[first.sample_id].study_uid
     out = []
@@ -138,9 +138,11 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
             tie = "its study" if refs.study_uid == study else ""
         elif ref.entity is not None:
             tie = f"its entity {ref.entity}" if ref.entity == first.entity else ""
-        else:
-            above = "/".join(ref.relpath.split("/")[:-2])
-            tie = f"the folder {above}/ of its files" if above and first.relpath.startswith(above + "/") else ""
+        else:  # its own folder (an export of one folder a patient), else the one above (P1/SEG/ beside P1/CT/)
+            parts = ref.relpath.split("/")
+            folders = [folder for folder in ("/".join(parts[:-1]), "/".join(parts[:-2])) if folder]
+            above = next((folder for folder in folders if first.relpath.startswith(folder + "/")), "")
+            tie = f"the folder {above}/ of its files" if above else ""
         if tie:
             out.append((ref, refs, tie))
     return out
@@ -327,14 +329,14 @@ def _possible(ref: SampleRef, refs: AnnotationRefs, found: Sequence[_Found],
               geometry: Mapping[str, SliceGeometry]) -> Issue:
     """The record of a file of an annotated source that does not parse and whose bytes do not say
     what it is: its own reason and message, and the series it may annotate (of its entity, else
-    in the folder above its own), whose masks lack its structures if it is one."""
+    in its own folder or the one above), whose masks lack its structures if it is one."""
     candidates = [(ref, refs)]
     near = [f for f in found if _lost_for(f, geometry, candidates)]
     shown = "; ".join(f"{'/'.join(f.series.refs[0].relpath.split('/')[:-1]) or '.'}/ ({len(f.series.refs)} files, "
                       f"{len(f.annotations)} annotation(s))" for f in near[:5])
     more = f"; and {len(near) - 5} more" if len(near) > 5 else ""
     where = (f"series that may be its own: {shown}{more}" if near else
-             "no series lies in its entity or in the folder above its own")
+             "no series lies in its entity or in its own folder or the one above")
     return Issue.of(ref, stage="read", reason=refs.damaged_reason, message=(
         f"{ref.relpath or ref.path}: {refs.damaged}. Its bytes do not say what it is: {POSSIBLE_ANNOTATION}, "
         f"whose structures would then be missing from the masks of its series ({where}); re-copy the file, or "
