@@ -355,6 +355,33 @@ def test_a_seg_cut_short_in_the_folder_of_its_slices_holds_its_series_back(tmp_p
     assert len(_items(result)) == SLICES  # B
 
 
+def test_a_label_map_seg_cut_before_its_modality_is_still_an_annotation(tmp_path: Path) -> None:
+    """A Label Map Segmentation (its own SOP class, ...66.7, which highdicom writes for LABELMAP)
+    cut right after its SOP Class UID, before (0008,0060) Modality: known only by a class that was
+    not among the annotation classes, it was an image without pixels (no_pixel_data) and its series
+    packed with all-zero masks; now it is an annotation whose header names nothing, and its series
+    is mask_missing."""
+    from tests.test_seg import write_seg as write_typed_seg
+
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    pixels = np.zeros((SLICES, ROWS, COLUMNS, 1), dtype=bool)
+    z0, z1, r0, r1, c0, c1 = LIVER
+    pixels[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1, 0] = True
+    (raw / "A" / "SEG").mkdir()
+    seg = write_typed_seg(raw / "A" / "SEG" / "seg.dcm", a, pixels, ["Liver"], kind="LABELMAP")
+    data = seg.read_bytes()
+    assert pydicom.dcmread(seg).SOPClassUID == "1.2.840.10008.5.1.4.1.1.66.7"
+    sop = _sop_tag(data)
+    seg.write_bytes(data[:sop + 8 + int.from_bytes(data[sop + 6:sop + 8], "little")])
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "annotation_orphan"), *[("CT", "mask_missing")] * SLICES])
+    assert len(_items(result)) == SLICES  # B
+
+
 def _meta_class_end(data: bytes) -> int:
     """Where the value of the file meta's (0002,0002) Media Storage SOP Class UID ends."""
     at = data.index(b"\x02\x00\x02\x00UI", 132)
