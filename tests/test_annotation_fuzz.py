@@ -20,6 +20,11 @@ policies and a few thresholds, ``paint_rtstruct``; both overlap policies) onto t
 SlicePlaces with a fresh Painter: a ``Drawn`` or an ``AnnotationError`` whose reason is in
 REASONS, never another exception, never a hang (every call under :func:`test_fuzz.timed`).
 
+Two more mutations aim at what the probe salvages from a file that does not parse
+(:mod:`packer.read.annotation_salvage`: the DICM marker overwritten, the file meta gone, a cut
+inside it) and at structure sets that lose an ROI's contours (cut at an item of the ROI Contour
+Sequence, a ReferencedROINumber rewritten as another's).
+
 Sizing follows :mod:`test_fuzz`: the default run is for CI; ``PACKER_FUZZ_LONG=1`` runs 20× the
 examples with a random seed; ``PACKER_FUZZ_REPORT=1`` prints the reasons seen.
 
@@ -394,7 +399,7 @@ def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         print("\nannotation fuzz reasons:", dict(sorted(item for item in SEEN.items() if item[0][0] in WHAT)))
 
 
-WHAT = ("probe_annotation", "link", "paint_seg", "paint_rtstruct")
+WHAT = ("probe_annotation", "link", "paint_seg", "paint_rtstruct", "salvage")
 
 
 @pytest.fixture(scope="module")
@@ -472,6 +477,8 @@ def run_annotation(path: Path, data: bytes, choice: dict[str, Any],
                 dataset = timed(lambda: pydicom.dcmread(path))
         except Exception:  # noqa: BLE001 - the worker's own record (unreadable); paint the path instead
             dataset = None
+    if refs.damaged:  # linking keeps its record and never hands it to a painter (its series is held back)
+        return
     first = places[0]
     shape = (len(places), first.rows, first.columns)
     if refs.modality == "SEG":
@@ -504,6 +511,74 @@ def field_mutated_annotation(draw: st.DrawFn) -> tuple[str, bytes]:
     if draw(st.integers(0, 5)) == 0:
         data = draw(byte_mutations(data))
     return name, data
+
+
+def _meta_end(data: bytes) -> int:
+    """Where a seed's file meta ends: after (0002,0000) File Meta Information Group Length's value."""
+    return 132 + 12 + int(struct.unpack_from("<I", data, 132 + 8)[0])
+
+
+@st.composite
+def unparsable_annotation(draw: st.DrawFn) -> tuple[str, bytes, str]:
+    """A seed made unparsable where the probe salvages (:mod:`packer.read.annotation_salvage`):
+    its ``DICM`` marker overwritten, its file meta gone (the data set alone), or cut inside its
+    file meta; then, half the time, byte mutations on top."""
+    seeds = annotation_seeds()
+    name = draw(st.sampled_from(sorted(seeds)))
+    data = seeds[name]
+    how = draw(st.sampled_from(["no_dicm", "data_set_alone", "cut_in_meta"]))
+    if how == "no_dicm":
+        data = data[:128] + draw(st.binary(min_size=4, max_size=4).filter(lambda b: b != b"DICM")) + data[132:]
+    elif how == "data_set_alone":
+        data = data[_meta_end(data):]
+    else:
+        data = data[:draw(st.integers(132, _meta_end(data)))]
+    mutated = draw(st.booleans())
+    if mutated:
+        data = draw(byte_mutations(data))
+    return name, data, how if not mutated else "mutated"
+
+
+@settings(FUZZ, max_examples=100 * EXAMPLES)
+@given(case=unparsable_annotation(), choice=CHOICES)
+def test_fuzz_unparsable_annotations_are_salvaged_or_kept_as_their_records(
+        fuzz_dir: Path, series: Any, case: tuple[str, bytes, str], choice: dict[str, Any]) -> None:
+    """The salvage path: a header, a known Issue or an Excluded from the probe, known reasons from
+    linking, never a crash; and without byte mutations on top, a seed whose DICM marker alone is
+    gone is found to be the annotation it is, with the references it holds."""
+    name, data, how = case
+    run_annotation(fuzz_dir / name, data, choice, series)
+    header = probe(fuzz_dir / name)
+    refs = header.annotation if isinstance(header, DicomHeader) else None
+    SEEN[("salvage", f"{how}:{refs.modality or 'maybe' if refs is not None and refs.damaged else 'other'}")] += 1
+    if how == "no_dicm":
+        assert refs is not None and refs.damaged and refs.damaged_reason == "not_dicom"
+        assert refs.modality == ("RTSTRUCT" if name == "rtstruct.dcm" else "SEG") and refs.series_uids
+
+
+@st.composite
+def damaged_structure_set(draw: st.DrawFn) -> bytes:
+    """The RTSTRUCT seed cut at the start of an item inside its ROI Contour Sequence (pydicom
+    reads the items before it without a word), or one ReferencedROINumber (3006,0084) rewritten
+    as another's; then, a third of the time, byte mutations on top."""
+    data = annotation_seeds()["rtstruct.dcm"]
+    start = data.index(b"\x06\x30\x39\x00SQ")
+    if draw(st.booleans()):
+        items = [i for i in range(start, len(data)) if data.startswith(b"\xfe\xff\x00\xe0", i)]
+        data = data[:draw(st.sampled_from(items))]
+    else:
+        numbers = [i for i in range(start, len(data)) if data.startswith(b"\x06\x30\x84\x00IS", i)]
+        at = draw(st.sampled_from(numbers)) + 8
+        data = data[:at] + draw(st.sampled_from([b"1 ", b"2 ", b"3 "])) + data[at + 2:]
+    if draw(st.integers(0, 2)) == 0:
+        data = draw(byte_mutations(data))
+    return data
+
+
+@settings(FUZZ, max_examples=60 * EXAMPLES)
+@given(data=damaged_structure_set(), choice=CHOICES)
+def test_fuzz_structure_sets_that_lose_rois(fuzz_dir: Path, series: Any, data: bytes, choice: dict[str, Any]) -> None:
+    run_annotation(fuzz_dir / "rtstruct.dcm", data, choice, series)
 
 
 @settings(FUZZ, max_examples=150 * EXAMPLES)

@@ -19,11 +19,13 @@ import highdicom as hd
 import numpy as np
 import pydicom
 import pytest
+from click.testing import CliRunner
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from packer.badsamples import read_bad_samples
+from packer.cli import main
 from packer.config import MaskConfig, SeriesConfig, load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
@@ -62,7 +64,7 @@ def _write_series(folder: Path, patient: str, seed: int) -> list[Dataset]:
     numbers = list(range(1, SLICES + 1))
     rng.shuffle(numbers)
     study, series, frame = generate_uid(), generate_uid(), generate_uid()
-    out = []
+    out: list[Dataset] = []
     for k in range(SLICES):
         pixels = np.full((ROWS, COLUMNS), 1000 + 40 * k, dtype=np.int16)
         pixels[::2, ::2] += 8  # not constant (a constant image is a bad sample); the mean still orders slices
@@ -271,12 +273,14 @@ def test_annotation_problems_have_their_reasons_and_the_series_goes_with_them(tm
     assert len(tree["A"]) == SLICES
 
 
-#: Where the SEG is cut, from (0008,1115) Referenced Series Sequence's tag, and the record it gets
+#: Where the SEG is cut, from the tag of (0008,0016) SOP Class UID or of (0008,1115) Referenced
+#: Series Sequence, and the record it gets
 CUTS = {
-    "before its SOP Class UID": (None, "annotation_orphan"),  # its class only in the file meta
-    "before its references": (0, "annotation_orphan"),
-    "inside a referenced instance UID": (120, "annotation_orphan"),  # no Study Instance UID either
-    "inside a referenced instance item": (264, "unreadable"),  # a sequence item that cannot be decoded
+    "before its SOP Class UID": ("sop", 0, "annotation_orphan"),  # its class only in the file meta
+    "inside its SOP Class UID": ("sop", 10, "annotation_orphan"),  # "1." of it left: the file meta's is whole
+    "before its references": ("references", 0, "annotation_orphan"),
+    "inside a referenced instance UID": ("references", 120, "annotation_orphan"),  # no Study Instance UID either
+    "inside a referenced instance item": ("references", 264, "unreadable"),  # an item that cannot be decoded
 }
 
 
@@ -293,9 +297,10 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     _write_series(raw / "B" / "CT", "PB", seed=2)
     seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
     data = seg.read_bytes()
-    offset, reason = CUTS[where]
-    references = data.index(b"\x08\x00\x15\x11")  # (0008,1115), explicit VR little endian
-    cut = data.index(b"\x08\x00\x16\x00", 132 + 12) if offset is None else references + offset
+    anchor, offset, reason = CUTS[where]
+    tags = {"sop": data.index(b"\x08\x00\x16\x00", 132 + 12),  # explicit VR little endian, after the file meta
+            "references": data.index(b"\x08\x00\x15\x11")}
+    cut = tags[anchor] + offset
     seg.write_bytes(data[:cut])
     result = _build(_mask_job(tmp_path, raw, SEGMENTS))
     records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
@@ -309,6 +314,284 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
     assert "a read failure, not an empty series" in missing
     items = _items(result)
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: empty, packed
+
+
+def test_a_seg_cut_short_beside_an_rtstruct_holds_back_the_series_it_may_belong_to(tmp_path: Path) -> None:
+    """A series with an RTSTRUCT that reads and a SEG cut before its references (its header names
+    no series, no study): the SEG may only be a second annotation of that series, the one series
+    of its folder, so the series is mask_missing (its liver would be background), not packed with
+    the RTSTRUCT's classes alone; the other patient's series still packs empty."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    seg = raw / "A" / "SEG" / "seg.dcm"
+    data = seg.read_bytes()
+    seg.write_bytes(data[:data.index(b"\x08\x00\x15\x11")])
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "annotation_orphan"), ("RT", "series_incomplete"), *[("CT", "mask_missing")] * len(tree["A"])])
+    missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
+    assert f"{seg} (SEG, in the folder A/ of its files)" in missing and "annotated already" in missing
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B
+
+
+def test_a_seg_cut_short_in_the_folder_of_its_slices_holds_its_series_back(tmp_path: Path) -> None:
+    """An export of one folder a patient (``A/seg.dcm`` beside ``A/<slices>.dcm``): a SEG cut
+    before its references lies in its series' own folder, which ties it as the folder above does
+    (``A/SEG/`` beside ``A/CT/``); it was tied to nothing, and its series packed with all-zero masks."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A", "PA", seed=1)
+    _write_series(raw / "B", "PB", seed=2)
+    seg = write_seg(raw / "A" / "seg.dcm", a)
+    data = seg.read_bytes()
+    seg.write_bytes(data[:data.index(b"\x08\x00\x15\x11")])
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("A", "annotation_orphan"), *[("A", "mask_missing")] * SLICES])
+    assert f"{seg} (SEG, in the folder A/ of its files)" in next(
+        r["message"] for r in records if r["reason"] == "mask_missing")
+    assert len(_items(result)) == SLICES  # B
+
+
+def test_a_label_map_seg_cut_before_its_modality_is_still_an_annotation(tmp_path: Path) -> None:
+    """A Label Map Segmentation (its own SOP class, ...66.7, which highdicom writes for LABELMAP)
+    cut right after its SOP Class UID, before (0008,0060) Modality: known only by a class that was
+    not among the annotation classes, it was an image without pixels (no_pixel_data) and its series
+    packed with all-zero masks; now it is an annotation whose header names nothing, and its series
+    is mask_missing."""
+    from tests.test_seg import write_seg as write_typed_seg
+
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    pixels = np.zeros((SLICES, ROWS, COLUMNS, 1), dtype=bool)
+    z0, z1, r0, r1, c0, c1 = LIVER
+    pixels[z0:z1 + 1, r0:r1 + 1, c0:c1 + 1, 0] = True
+    (raw / "A" / "SEG").mkdir()
+    seg = write_typed_seg(raw / "A" / "SEG" / "seg.dcm", a, pixels, ["Liver"], kind="LABELMAP")
+    data = seg.read_bytes()
+    assert pydicom.dcmread(seg).SOPClassUID == "1.2.840.10008.5.1.4.1.1.66.7"
+    sop = _sop_tag(data)
+    seg.write_bytes(data[:sop + 8 + int.from_bytes(data[sop + 6:sop + 8], "little")])
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "annotation_orphan"), *[("CT", "mask_missing")] * SLICES])
+    assert len(_items(result)) == SLICES  # B
+
+
+def _meta_class_end(data: bytes) -> int:
+    """Where the value of the file meta's (0002,0002) Media Storage SOP Class UID ends."""
+    at = data.index(b"\x02\x00\x02\x00UI", 132)
+    return at + 8 + int.from_bytes(data[at + 6:at + 8], "little")
+
+
+def _put(data: bytes, at: int, value: bytes) -> bytes:
+    return data[:at] + value + data[at + len(value):]
+
+
+def _sop_tag(data: bytes) -> int:
+    return data.index(b"\x08\x00\x16\x00UI", 132)
+
+
+#: A SEG damaged past what its header can say, and how: (the damaged bytes from the SEG's, the
+#: record it gets, whether the series it annotates is held back (mask_missing) rather than only
+#: named in its record as possibly its own, and what that record says)
+DAMAGES = {
+    # its preamble overwritten, DICM gone: the rest parses leniently, and names the series it was drawn on
+    "its DICM marker overwritten": (lambda d: bytes(128) + b"XXXX" + d[132:], "not_dicom", True,
+                                    "Its bytes still show a SEG"),
+    # no DICM, and cut in its file meta after its class: its class alone, tied by its folder
+    "no DICM and cut after its class": (lambda d: bytes(128) + b"XXXX" + d[132:_meta_class_end(d) + 6],
+                                        "not_dicom", True, "Its bytes still show a SEG"),
+    # the file meta gone too: the data set alone, whose SOP Class UID the bytes still hold
+    "its file meta gone": (lambda d: d[_sop_tag(d) - 12:], "not_dicom", True, "Its bytes still show a SEG"),
+    # (0008,0016)'s length damaged: its value swallows the elements after it, the file meta names a SEG
+    "its SOP Class UID's length damaged": (lambda d: _put(d, _sop_tag(d) + 6, b"\xff\x00"), "annotation_orphan",
+                                           True, "may be cut short or damaged"),
+    # cut inside its file meta's class: nothing says what it is
+    "cut inside its file meta's class": (lambda d: d[:_meta_class_end(d) - 8], "unreadable", False,
+                                         "it may be a SEG or RTSTRUCT"),
+    "cut inside its file meta, before its class": (lambda d: d[:150], "unreadable", False,
+                                                   "it may be a SEG or RTSTRUCT"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_seg_too_damaged_to_parse_is_still_tied_to_its_series_or_named_as_possibly_its_own(
+        tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SEG that pydicom cannot read at all (its record: unreadable or not_dicom) was tied to no
+    series, so its series packed with all-zero masks under empty: keep, and nothing said that a
+    lesion became background. Where its bytes still show a SEG (the file meta's class, the UID in
+    its bytes, a lenient parse of the rest), its series is mask_missing naming it; where nothing
+    says what the file is, its record names the series it may annotate and the build warns. The
+    other patient's series, with no annotation, still packs with all-zero masks."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    seg = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    make, reason, held_back, said = DAMAGES[damage]
+    seg.write_bytes(make(seg.read_bytes()))
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    own = next(r for r in records if Path(r["path"]).name == "seg.dcm")
+    assert own["reason"] == reason and said in own["message"]
+    series = [r for r in records if Path(r["path"]).parent.name == "CT"]
+    items = _items(result)
+    warned = capsys.readouterr().err
+    if held_back:
+        assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in series) == [("A", "mask_missing")] * SLICES
+        assert all(str(seg) in r["message"] for r in series)
+        assert len(items) == SLICES  # B alone
+        assert "may be SEG or RTSTRUCT" not in warned
+    else:
+        assert series == []  # nothing ties it: A packs, and its record and the build say what may be wrong
+        assert "A/CT/ (8 files, 0 annotation(s))" in own["message"]
+        assert "1 file(s) of sources with masks from DICOM could not be read" in warned
+        assert len(items) == 2 * SLICES
+        out = tmp_path / "validate.json"  # packer validate --json names the warning by its code
+        run = CliRunner().invoke(main, ["validate", str(_mask_job(tmp_path / "v", raw, SEGMENTS)), "--scheduler",
+                                        "sync", "-q", "--json", str(out)])
+        assert run.exit_code == 0, run.output
+        assert [w["code"] for w in json.loads(out.read_text())["warnings"]] == ["annotations"]
+    assert not any(item["mask"].numpy().any() for item in items)  # nothing painted: no annotation was read
+
+
+def test_a_series_whose_seg_is_damaged_is_held_back_though_its_rtstruct_reads(tmp_path: Path) -> None:
+    """A series with an RTSTRUCT that reads and a SEG whose DICM marker is gone: the SEG's salvaged
+    header names the series, so the series is mask_missing (its liver would be background), not
+    packed with the RTSTRUCT's classes alone."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    seg = raw / "A" / "SEG" / "seg.dcm"
+    seg.write_bytes(bytes(128) + b"XXXX" + seg.read_bytes()[132:])
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("SEG", "not_dicom"), ("RT", "series_incomplete"), *[("CT", "mask_missing")] * len(tree["A"])])
+    assert all("cannot be read (see their records)" in r["message"] and str(seg) in r["message"]
+               for r in records if r["reason"] == "mask_missing")
+    assert len(_items(result)) == SLICES  # B, with all-zero masks; the RTSTRUCT is held back with its series
+
+
+def test_a_damaged_image_file_beside_an_annotated_series_is_not_taken_for_an_annotation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CT slice whose preamble lost DICM, and a text file, in an annotated source: their bytes
+    say they are no annotation (the slice's file meta names CT Image Storage whole; the text is
+    no DICOM), so they keep their own records, no series is held back and nothing warns."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    broken = Path(a[0].filename)  # the first slice, outside the liver: the SEG has no frame on it
+    data = broken.read_bytes()
+    broken.write_bytes(bytes(128) + b"XXXX" + data[132:])
+    cut = Path(a[1].filename)  # the second, cut inside its header: its file meta still names CT
+    cut.write_bytes(cut.read_bytes()[:_sop_tag(cut.read_bytes()) + 10])
+    (raw / "A" / "notes.dcm").write_text("exported from PACS\n")  # listed as DICOM by its name
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).name, r["reason"]) for r in records) == sorted([
+        (broken.name, "not_dicom"), (cut.name, "no_pixel_data"), ("notes.dcm", "not_dicom")])
+    assert not any("may be a SEG" in r["message"] for r in records)
+    assert "masks from DICOM could not be read" not in capsys.readouterr().err
+    items = _items(result)
+    truth = _truth()[2:]
+    assert len(items) == SLICES - 2
+    assert sorted(int((item["mask"].numpy() == 4).sum()) for item in items) == sorted(
+        int((z == 4).sum()) for z in truth)  # the liver, on the slices that remain
+
+
+def _lung_contour_data(data: bytes) -> tuple[int, int]:
+    """Where the value of the lung's first ContourData starts in an RTSTRUCT of ``_damaged_rt``,
+    and its length (explicit VR little endian: the body's SLICES contours come first)."""
+    at = [i for i in range(len(data)) if data.startswith(b"\x06\x30\x50\x00DS", i)][SLICES]
+    return at + 8, int.from_bytes(data[at + 6:at + 8], "little")
+
+
+def _same_length(data: bytes, make: Any) -> bytes:
+    start, length = _lung_contour_data(data)
+    value = make(data[start:start + length]).ljust(length)
+    assert len(value) == length
+    return data[:start] + value + data[start + length:]
+
+
+def _roi_contour_items(data: bytes) -> list[int]:
+    """The offsets of the ROIContourSequence's items (each starts with its ROI Display Color or
+    Contour Sequence)."""
+    start = data.index(b"\x06\x30\x39\x00SQ")
+    return [i for i in range(start, len(data)) if data.startswith(b"\xfe\xff\x00\xe0", i)
+            and data[i + 8:i + 12] in (b"\x06\x30\x2a\x00", b"\x06\x30\x40\x00")]
+
+
+def _empty_lung_contour(path: Path) -> bytes:
+    ds = pydicom.dcmread(path)
+    ds.ROIContourSequence[1].ContourSequence[0].ContourData = []
+    ds.save_as(path)
+    return path.read_bytes()
+
+
+#: How the lung's contours (ROI 2 of 3, mapped; ROI 3 "Dr Who check" is not) are damaged, and what
+#: the record's message says
+RT_DAMAGES = {
+    "a non-numeric value in its ContourData": (lambda d, p: _same_length(d, lambda v: b"abc" + v[3:]),
+                                               "could not convert string to float"),
+    "a value dropped from its ContourData": (lambda d, p: _same_length(d, lambda v: v[:v.rindex(b"\\")]),
+                                             "not x, y, z triplets"),
+    "an empty ContourData": (lambda d, p: _empty_lung_contour(p), "ContourData (3006,0050) is empty"),
+    "the file cut before its ROIContourSequence item": (lambda d, p: d[:_roi_contour_items(d)[1]],
+                                                        "'LUNG LEFT' (lung, ROINumber 2) has no ROIContourSequence "
+                                                        "item: the file is cut short inside its ROIContourSequence"),
+    "its item's ReferencedROINumber damaged into the body's": (
+        lambda d, p: d.replace(b"\x06\x30\x84\x00IS\x02\x002 ", b"\x06\x30\x84\x00IS\x02\x001 "),
+        "items 1, 2 all reference ROINumber 1"),
+}
+
+
+@pytest.mark.parametrize("damage", list(RT_DAMAGES))
+def test_an_rtstruct_that_loses_a_mapped_roi_to_damage_refuses_its_series(tmp_path: Path, damage: str) -> None:
+    """A mapped ROI whose contours were in the file but cannot be read means the mask is wrong
+    for its class: the structure set is unreadable and its series is refused (a defect refuses
+    the series), never packed with the class missing and a note. A file cut before the item of
+    its ROI and a ReferencedROINumber damaged into another ROI's (whose contours would then be
+    painted as that class) parsed without a word before; the other patient still packs."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    (raw / "A" / "SEG" / "seg.dcm").unlink()
+    rt = raw / "A" / "RT" / "rt.dcm"
+    make, said = RT_DAMAGES[damage]
+    rt.write_bytes(make(rt.read_bytes(), rt))
+    result = _build(_mask_job(tmp_path, raw, RTSTRUCT_ROIS))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-3], r["reason"]) for r in records) == [("A", "unreadable")] * (
+        len(tree["A"]) + 1)
+    own = next(r for r in records if Path(r["path"]).name == "rt.dcm")
+    assert said in own["message"], own["message"]
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: no annotation
+
+
+def test_an_rtstruct_cut_before_an_unmapped_rois_item_still_paints_its_mapped_rois(tmp_path: Path) -> None:
+    """The same cut, before the item of an ROI the map does not name: the mask is whole, so the
+    series packs with the planted body and lung, and the lost ROI is noted."""
+    raw = tmp_path / "raw"
+    tree = _annotated_tree(raw)
+    (raw / "A" / "SEG" / "seg.dcm").unlink()
+    rt = raw / "A" / "RT" / "rt.dcm"
+    data = rt.read_bytes()
+    rt.write_bytes(data[:_roi_contour_items(data)[2]])
+    result = _build(_mask_job(tmp_path, raw, RTSTRUCT_ROIS))
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    truth = _truth()
+    truth[truth == 4] = 1  # no SEG: the liver box lies in the body
+    excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    rt_row = next(e for e in excluded if Path(e["path"]).name == "rt.dcm")
+    assert "'Dr Who check': no ROIContourSequence item" in rt_row["detail"]
+    painted = sorted((int((item["mask"].numpy() == 1).sum()), int((item["mask"].numpy() == 2).sum()))
+                     for item in _items(result) if item["mask"].numpy().any())
+    assert painted == sorted((int((z == 1).sum()), int((z == 2).sum())) for z in truth)
+    assert len(painted) == len(tree["A"])
 
 
 @pytest.mark.slow

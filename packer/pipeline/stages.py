@@ -71,6 +71,7 @@ from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
+from packer.read.dicom_masks import possible_annotations_warning
 from packer.read.kinds import source_libraries
 from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
@@ -117,7 +118,9 @@ class Prepared:
     #: where a column looks like one), ``readers`` (files packed with a reader's warning),
     #: ``split_shares``, ``split`` (the split's own: pins, groups), ``accepted_leaks``,
     #: ``label_conflicts``, ``instance_uids`` (one SOP Instance UID in files of several entities),
-    #: ``labels`` (class names differing only in case); ``packer validate --json`` reports them
+    #: ``labels`` (class names differing only in case), ``annotations`` (files of a source with
+    #: masks from DICOM that did not parse and may be its SEG or RTSTRUCT objects);
+    #: ``packer validate --json`` reports them
     warnings: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -216,6 +219,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if empty is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {empty}", file=sys.stderr, flush=True)
             warned.append(("sources", empty))
+        possible = possible_annotations_warning(issues)
+        if possible is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {possible}", file=sys.stderr, flush=True)
+            warned.append(("annotations", possible))
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()

@@ -24,6 +24,7 @@ map, and never the shards or the manifest unless ``phi: keep``.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,7 +38,9 @@ from packer.structures import Structure, StructureMap
 ANNOTATION_MODALITIES = ("SEG", "RTSTRUCT")
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
-ANNOTATION_CLASSES = {SEG_STORAGE: "SEG", RTSTRUCT_STORAGE: "RTSTRUCT"}
+LABEL_MAP_SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.7"
+ANNOTATION_CLASSES = {SEG_STORAGE: "SEG", LABEL_MAP_SEG_STORAGE: "SEG", RTSTRUCT_STORAGE: "RTSTRUCT"}
+_WHOLE_UID = re.compile(r"[0-9]+(?:\.[0-9]+)*")
 
 
 class AnnotationError(Exception):
@@ -202,6 +205,9 @@ class AnnotationRefs:
     #: Linking makes the object an ``unreadable`` bad sample and may tie it to its series (they
     #: are then not packed with all-zero masks: :func:`packer.read.dicom_masks.link`)
     damaged: str = ""
+    #: The damaged file's own reason code (``unreadable``; ``not_dicom`` for a file without its
+    #: ``DICM`` marker that still shows an annotation's class: :mod:`packer.read.annotation_salvage`)
+    damaged_reason: str = "unreadable"
 
 
 def uid_digest(uid: str) -> str:
@@ -226,9 +232,13 @@ def _uid(ds: Dataset, keyword: str) -> str:
 def annotation_modality(ds: Dataset) -> str | None:
     """``SEG`` or ``RTSTRUCT`` where ``ds`` is one (by SOP class, or Modality), else None."""
     uid = _uid(ds, "SOPClassUID")
-    if not uid:  # a header cut before (0008,0016) still names its class in its file meta
-        meta = getattr(ds, "file_meta", None)
-        uid = str(meta.get("MediaStorageSOPClassUID", "") or "").strip() if meta is not None else ""
+    meta = getattr(ds, "file_meta", None)
+    stored = str(meta.get("MediaStorageSOPClassUID", "") or "").strip() if meta is not None else ""
+    # a header cut before (0008,0016), or inside its value (pydicom keeps the bytes there are: "1.2."),
+    # or whose (0008,0016) is no UID at all (a damaged length swallowed the next elements), still
+    # names its class in its file meta; a whole UID of another class is that class
+    if uid != stored and (stored.startswith(uid) or not _WHOLE_UID.fullmatch(uid)):
+        uid = stored
     if uid in ANNOTATION_CLASSES:
         return ANNOTATION_CLASSES[uid]
     modality = str(ds.get("Modality", "") or "").strip().upper()

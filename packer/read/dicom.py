@@ -586,9 +586,13 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
                            allow_burned_in=allow_burned_in, label_keyword=label_keyword, placement=placement,
                            where=where, slices=slices, annotations=annotations)
     if isinstance(ds, Issue):
-        return ds
+        return _salvaged(ref, ds) if annotations and ds.reason in _SALVAGED else ds
     if annotations and annotation_modality(ds) is not None:
         return _annotation_header(ref, ds, entity_keyword, time_keywords)
+    if annotations and len(ds) == 0:  # the file meta alone (cut inside it): what do its bytes say?
+        empty = _check_image(ref, ds)
+        if isinstance(empty, Issue):
+            return _salvaged(ref, empty)
     excluded = _excluded(ref, ds, where, slices=slices)
     if excluded is not None:
         return excluded
@@ -635,6 +639,31 @@ def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
                                  f"{err}); the annotation is not used")
     return DicomHeader(entity=text_value(ds, entity_keyword), time=record_time(ds, tuple(time_keywords)), rows=0,
                        columns=0, frames=0, samples_per_pixel=0, sop_class_uid=str(ds.get("SOPClassUID", "") or ""),
+                       transfer_syntax_uid="", modality=refs.modality, annotation=refs)
+
+
+#: The records of a file that did not parse, which may be an annotation's (with masks from DICOM).
+_SALVAGED = ("unreadable", "not_dicom")
+
+
+def _salvaged(ref: SampleRef, issue: Issue) -> DicomHeader | Issue:
+    """With masks from DICOM, a file that does not parse (``issue``) as the annotation its bytes
+    show it is, or may be (:func:`packer.read.annotation_salvage.salvage_refs`: linking keeps
+    ``issue`` as its record and ties it to the series it may annotate); ``issue`` itself where
+    the bytes say it is none."""
+    from packer.read.annotation_salvage import SALVAGE_BYTES, salvage_refs
+
+    try:
+        with open(ref.path, "rb") as handle:
+            data = handle.read(SALVAGE_BYTES)
+    except OSError:  # a file that cannot be opened: its record already says so
+        return issue
+    prefix = f"{ref.relpath or ref.path}: "
+    why = issue.message[len(prefix):] if issue.message.startswith(prefix) else issue.message
+    refs = salvage_refs(data, issue.reason, why)
+    if refs is None:
+        return issue
+    return DicomHeader(entity=None, time=None, rows=0, columns=0, frames=0, samples_per_pixel=0, sop_class_uid="",
                        transfer_syntax_uid="", modality=refs.modality, annotation=refs)
 
 

@@ -13,9 +13,14 @@ paints a whole series:
    ``mask.empty``: all-zero masks (``keep``) or ``mask_missing`` for each of its files (``bad``),
    unless an annotation whose header cannot say what it was drawn on (an orphan naming no series
    and no instance, or no Study Instance UID; one whose references cannot be decoded, an
-   ``unreadable`` record) may be its own (of its study, its entity, or the folder above the
-   annotation's): then each of its files is ``mask_missing``, whatever ``empty`` says
-   (:func:`_lost_for`).
+   ``unreadable`` record) may be its own (of its study, its entity, or the annotation's own folder or
+   the one above it): then each of its files is ``mask_missing``, whatever ``empty`` says
+   (:func:`_lost_for`); where every series it may belong to is annotated already, it may be a
+   second annotation of any of them (a SEG beside an RTSTRUCT), and they are held back alike.
+   A file that does not parse but whose bytes show an annotation
+   (:mod:`packer.read.annotation_salvage`) keeps its record and holds back the series its
+   salvaged header names, or is lost as above; one whose bytes say nothing names in its record
+   the series it may annotate (:func:`possible_annotations_warning`).
 2. **Paint** (worker; :func:`paint_series`). Every annotation of the series paints one label
    map on the series' slices at their native grid (:class:`~packer.read.annotations.Painter`:
    SEG through :mod:`packer.read.seg`, RTSTRUCT through :mod:`packer.read.rtstruct`). An
@@ -89,6 +94,8 @@ class _Found:
     frame_of_reference: str
     places: tuple[SlicePlace, ...] | None
     annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
+    #: damaged annotations whose salvaged header names this series (each has its own record)
+    damaged: list[tuple[SampleRef, AnnotationRefs]] = field(default_factory=list)
 
 
 def _places(series: Series, geometry: Mapping[str, SliceGeometry]) -> tuple[SlicePlace, ...] | None:
@@ -119,8 +126,8 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
     """The annotations of ``lost`` (whose headers name no series and no instance: cut short, or
     damaged) that may be the unannotated series ``f``'s, each with what ties them: of its source,
     and of its study where the annotation's header still names one, else of its entity where it
-    names one, else lying in the folder above the annotation's own (``P1/SEG/seg.dcm`` beside
-    ``P1/CT/...``; never the source's root)."""
+    names one, else lying in the annotation's own folder (``P1/seg.dcm`` beside ``P1/ct1.dcm``)
+    or the folder above it (``P1/SEG/seg.dcm`` beside ``P1/CT/...``; never the source's root)."""
     first = f.series.refs[0]
     study = geometry[first.sample_id].study_uid
     out = []
@@ -131,9 +138,11 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
             tie = "its study" if refs.study_uid == study else ""
         elif ref.entity is not None:
             tie = f"its entity {ref.entity}" if ref.entity == first.entity else ""
-        else:
-            above = "/".join(ref.relpath.split("/")[:-2])
-            tie = f"the folder {above}/ of its files" if above and first.relpath.startswith(above + "/") else ""
+        else:  # its own folder (an export of one folder a patient), else the one above (P1/SEG/ beside P1/CT/)
+            parts = ref.relpath.split("/")
+            folders = [folder for folder in ("/".join(parts[:-1]), "/".join(parts[:-2])) if folder]
+            above = next((folder for folder in folders if first.relpath.startswith(folder + "/")), "")
+            tie = f"the folder {above}/ of its files" if above else ""
         if tie:
             out.append((ref, refs, tie))
     return out
@@ -176,11 +185,20 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             refused_by.setdefault(g.sop_uid, issue)
     issues: list[Issue] = []
     lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
+    maybe: list[tuple[SampleRef, AnnotationRefs]] = []  # files that did not parse and may be annotations
     for ref, refs in annotations:
+        if refs.damaged and not refs.modality:  # nothing says what it is: its record names what it may annotate
+            maybe.append((ref, refs))
+            continue
         if refs.damaged:  # its references cannot be read: its own record, and its series may be any of the source's
-            issues.append(Issue.of(ref, stage="read", reason="unreadable",
+            issues.append(Issue.of(ref, stage="read", reason=refs.damaged_reason,
                                    message=f"{ref.relpath or ref.path}: {refs.damaged}"))
-            lost.append((ref, refs))
+            named = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])] or [
+                f for uid in refs.instance_uids for f in by_instance.get((ref.source, uid), [])]
+            for f in {id(f): f for f in named}.values():  # what its salvaged header still names
+                f.damaged.append((ref, refs))
+            if not named:
+                lost.append((ref, refs))
             continue
         chosen = [f for uid in refs.series_uids for f in by_series.get((ref.source, uid), [])]
         if not chosen and refs.instance_uids:
@@ -239,6 +257,10 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             f.annotations.append((ref, refs.modality))
     out: list[AnnotatedSeries] = []
     instances = {id(f): frozenset(geometry[r.sample_id].sop_uid for r in f.series.refs) for f in found}
+    # a lost annotation goes to the unannotated series it may belong to; where every one is
+    # annotated already, it may be a second annotation of any of them (a SEG beside an RTSTRUCT)
+    fallback = [(ref, refs) for ref, refs in lost
+                if not any(not f.annotations and _lost_for(f, geometry, [(ref, refs)]) for f in found)]
     for f in found:
         cfg = masks[f.series.refs[0].source]
         if f.annotations and f.places is None:
@@ -247,7 +269,30 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 "slice positions, so annotations in patient millimetres cannot be placed on it"))
                 for r in (*f.series.refs, *(a for a, _ in f.annotations)))
             continue
-        suspect = [] if f.annotations else _lost_for(f, geometry, lost)
+        if f.damaged:
+            names = "; ".join(f"{a.path} ({n.modality}, {n.damaged_reason})" for a, n in f.damaged)
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: its series ({len(f.series.refs)} files) is annotated by {len(f.damaged)} SEG or "
+                f"RTSTRUCT object(s) that cannot be read (see their records): {names}. Its masks would lack "
+                "their structures, so it is not packed. Re-export the annotation, or remove it to pack the series "
+                "without it")) for r in f.series.refs)
+            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
+                f"{r.path}: another annotation of its series cannot be read ({names}); the series is not packed"))
+                for r, _ in f.annotations)
+            continue
+        suspect = _lost_for(f, geometry, fallback if f.annotations else lost)
+        if suspect and f.annotations:
+            names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
+            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
+                f"{r.path}: {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
+                f"damaged: see their records) may be another annotation of its series ({len(f.series.refs)} files; "
+                f"every series it may belong to is annotated already): {names}. Its masks would lack their "
+                "structures, so it is not packed. Re-export the annotation, or remove it to pack the series with its "
+                "other annotations")) for r in f.series.refs)
+            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
+                f"{r.path}: an annotation that cannot be read may be another of its series' ({names}); the series is "
+                "not packed")) for r, _ in f.annotations)
+            continue
         if suspect:
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
             issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
@@ -271,7 +316,43 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                    frame_of_reference=f.frame_of_reference,
                                    elsewhere=frozenset().union(*(instances[id(g)] for g in siblings))
                                    - instances[id(f)]))
+    issues.extend(_possible(ref, refs, found, geometry) for ref, refs in maybe)
     return out, issues
+
+
+#: What the record of a file that did not parse says where the file may be an annotation (the
+#: build's warning counts the records saying it: :func:`possible_annotations_warning`)
+POSSIBLE_ANNOTATION = "with masks from DICOM, it may be a SEG or RTSTRUCT"
+
+
+def _possible(ref: SampleRef, refs: AnnotationRefs, found: Sequence[_Found],
+              geometry: Mapping[str, SliceGeometry]) -> Issue:
+    """The record of a file of an annotated source that does not parse and whose bytes do not say
+    what it is: its own reason and message, and the series it may annotate (of its entity, else
+    in its own folder or the one above), whose masks lack its structures if it is one."""
+    candidates = [(ref, refs)]
+    near = [f for f in found if _lost_for(f, geometry, candidates)]
+    shown = "; ".join(f"{'/'.join(f.series.refs[0].relpath.split('/')[:-1]) or '.'}/ ({len(f.series.refs)} files, "
+                      f"{len(f.annotations)} annotation(s))" for f in near[:5])
+    more = f"; and {len(near) - 5} more" if len(near) > 5 else ""
+    where = (f"series that may be its own: {shown}{more}" if near else
+             "no series lies in its entity or in its own folder or the one above")
+    return Issue.of(ref, stage="read", reason=refs.damaged_reason, message=(
+        f"{ref.relpath or ref.path}: {refs.damaged}. Its bytes do not say what it is: {POSSIBLE_ANNOTATION}, "
+        f"whose structures would then be missing from the masks of its series ({where}); re-copy the file, or "
+        "remove it if it is not an annotation"))
+
+
+def possible_annotations_warning(issues: Sequence[Issue]) -> str | None:
+    """One line for the files of sources with masks from DICOM that did not parse and may be
+    annotations (:func:`_possible`'s records), or None: how many, and the first one's id."""
+    said = [i for i in issues if POSSIBLE_ANNOTATION in i.message]
+    if not said:
+        return None
+    return (f"{len(said)} file(s) of sources with masks from DICOM could not be read, and nothing in them says "
+            f"whether they are SEG or RTSTRUCT objects (e.g. {said[0].sample_id}): if one is, the series beside it "
+            "packs without its structures (all-zero masks where no other annotation references it); their records "
+            "in the bad-sample report name the series each may annotate")
 
 
 @dataclass(frozen=True)

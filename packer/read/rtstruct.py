@@ -211,6 +211,10 @@ def _coordinates(item: Dataset | RawContour, path: str, where: str, flat: np.nda
     :func:`_batch_values` parsed it already."""
     if flat is None:
         flat = _item_values(item, path, where)
+    if flat.size == 0:  # Type 1: a value emptied by damage, not a contour drawn without points
+        raise AnnotationError("unreadable", (
+            f"{path}: {where} ContourData (3006,0050) is empty (Type 1: it holds the contour's points); "
+            "re-export the structure set"))
     if flat.size % 3:
         raise AnnotationError("unreadable", (
             f"{path}: {where} ContourData holds {flat.size} values, not x, y, z triplets; re-export the structure set"))
@@ -270,12 +274,53 @@ def _contour(item: Dataset | RawContour, index: int, path: str, where: str, flat
                     declared=declared)
 
 
+ROI_CONTOUR_SEQUENCE = 0x30060039
+
+
+def _cut_short(ds: Dataset, tag: int) -> str:
+    """Why the top-level sequence ``tag`` of ``ds`` is cut short ("" where it is whole): pydicom
+    keeps the bytes a file cut inside an element of defined length still holds, without a word,
+    so a sequence cut at an item's end parses as the items before the cut."""
+    element = ds.get_item(tag)
+    if not isinstance(element, RawDataElement) or not isinstance(element.value, bytes):
+        return ""
+    if element.length in (None, 0xFFFFFFFF) or len(element.value) >= element.length:
+        return ""
+    return (f"the file is cut short inside its ROIContourSequence (3006,0039): {len(element.value):,} of its "
+            f"{element.length:,} bytes are there")
+
+
+def _lost(declared: list[tuple[int, str, str]], items: dict[int, list[int]], rois: StructureMap,
+          cut: str, path: str) -> list[str]:
+    """Check that no ROI of the map lost its ROIContourSequence item to damage; returns the notes
+    on the unmapped ROIs that did. An ROI without an item is drawn empty in a whole file (noted as
+    such), but in one cut inside its ROIContourSequence it is the cut's, and where another item
+    references an ROI twice, the damaged number may be its: its class would be missing from the
+    mask, so the structure set is ``unreadable`` (a defect refuses the series)."""
+    twice = {number: at for number, at in items.items() if len(at) > 1}
+    missing = [(number, name) for number, name, _ in declared if number not in items]
+    if not missing or not (cut or twice):
+        return []
+    why = cut or "; ".join(f"ROIContourSequence items {', '.join(str(k + 1) for k in at)} all reference ROINumber "
+                           f"{number} (one item per ROI, PS3.3 C.8.8.6: a damaged ReferencedROINumber?)"
+                           for number, at in sorted(twice.items()))
+    for number, name in missing:
+        structure = rois.by_name(name)
+        if structure is not None:
+            raise AnnotationError("unreadable", (
+                f"{path}: ROI {name!r} ({structure.name}, ROINumber {number}) has no ROIContourSequence item: {why}; "
+                f"its contours cannot be read, and the mask would lack {structure.name}. Re-export or re-copy the "
+                "structure set"))
+    return [f"ROI {name!r}: no ROIContourSequence item ({why}); not in the map, so the mask is not affected"
+            for _, name in missing]
+
+
 def _structure(ds: Dataset, path: str, walk_raw: bool = True
-               ) -> tuple[list[tuple[int, str, str]], dict[int, list[Dataset | RawContour]]]:
+               ) -> tuple[list[tuple[int, str, str]], dict[int, list[Dataset | RawContour]], dict[int, list[int]]]:
     """The declared ROIs (number, name, Referenced Frame of Reference UID or "") in file order,
-    and each ROI number's contour items: read
-    from their raw bytes where :func:`~packer.read.rtstruct_items.contour_items` can (and
-    ``walk_raw``), else the Datasets pydicom builds."""
+    each ROI number's contour items (read from their raw bytes where
+    :func:`~packer.read.rtstruct_items.contour_items` can, and ``walk_raw``, else the Datasets
+    pydicom builds), and the ROIContourSequence items (0-based) that reference each ROI number."""
     declared: list[tuple[int, str, str]] = []
     seen: set[int] = set()
     for k, roi in enumerate(_items(ds, "StructureSetROISequence", path, "the structure set", required=True)):
@@ -292,6 +337,7 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
     if not declared:
         raise AnnotationError("unreadable", f"{path}: its StructureSetROISequence declares no ROI; nothing to paint")
     contours: dict[int, list[Dataset | RawContour]] = {}
+    referenced: dict[int, list[int]] = {}
     for k, roi_contour in enumerate(_items(ds, "ROIContourSequence", path, "the structure set", required=True)):
         where = f"ROIContourSequence item {k + 1}"
         number = _number(roi_contour, "ReferencedROINumber", path, where)
@@ -299,10 +345,11 @@ def _structure(ds: Dataset, path: str, walk_raw: bool = True
             raise AnnotationError("unreadable", (
                 f"{path}: {where} references ROINumber {number}, which StructureSetROISequence does not declare "
                 f"(it declares {sorted(seen)}); re-export the structure set"))
+        referenced.setdefault(number, []).append(k)
         raw = contour_items(roi_contour) if walk_raw else None
         contours.setdefault(number, []).extend(
             raw if raw is not None else _items(roi_contour, "ContourSequence", path, where, required=False))
-    return declared, contours
+    return declared, contours, referenced
 
 
 @dataclass(frozen=True)
@@ -803,7 +850,9 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     # pydicom parses a sequence and converts a value when first accessed, so a damaged file
     # fails here, with any exception a parser can raise: all of them are this file's defect
     try:
-        declared, items = _structure(ds, path, walk_raw)
+        cut = _cut_short(ds, ROI_CONTOUR_SEQUENCE)  # before pydicom parses the sequence
+        declared, items, referenced = _structure(ds, path, walk_raw)
+        lost = _lost(declared, referenced, rois, cut, path)
         for number, name, frame in declared:
             structure = rois.by_name(name)
             if structure is None:
@@ -829,7 +878,7 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     if not mapped:
         raise unmapped_error(path, "ROIs", "rois", [name for _, name, _ in declared], rois)
     grid = _Grid.of(slices, path)
-    notes: list[str] = []
+    notes: list[str] = list(lost)
     for name, structure, contours in mapped:
         tally = _Tally()
         rings, at = _place_roi(name, contours, slices, grid, path, tally)
