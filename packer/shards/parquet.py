@@ -144,6 +144,8 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
 # -- reading ------------------------------------------------------------------------------
 #: The columns a reader needs to decode a sample (``metadata`` too when it wants the record).
 READ_COLUMNS = ["key", "label", "shape", "dtype", "image"]
+#: The column of a sample's packed pixels (its name, not a source kind).
+IMAGE_COLUMN = "image"
 def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Zero-copy view of bytes ``start:end`` of an Arrow buffer as ``dtype``, ``shape``; a copy
     where the bytes are not aligned for ``dtype`` or the buffer is read-only."""
@@ -273,12 +275,12 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
         except (OSError, pa.ArrowException) as err:
             lost[name] = f"{err}".strip()
     raw: dict[int, memoryview] = {}
-    if checksums and "image" in lost:
+    if checksums and IMAGE_COLUMN in lost:
         # from row 0: a damaged length decodes (wrong) before the read fails; the pages' own
         # lengths, corrected by each row's shape and dtype, put every cell where it was written
-        raw = _plain_cells(source, parquet, "image", sizes=_cell_sizes(cells))
+        raw = _plain_cells(source, parquet, IMAGE_COLUMN, sizes=_cell_sizes(cells))
     for row in rows:
-        missing = [name for name in columns if row >= len(cells[name]) and not (name == "image" and row in raw)]
+        missing = [name for name in columns if row >= len(cells[name]) and not (name == IMAGE_COLUMN and row in raw)]
         key = cells["key"][row].as_py() if row < len(cells["key"]) else None
         if missing:
             why = "; ".join(f"column {name!r}: {lost.get(name, 'ends early')}" for name in missing)
