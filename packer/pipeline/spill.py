@@ -107,8 +107,10 @@ class CachedChunk:
 #: as US over signed pixels is read as SS; 26: DICOM uint16 levels are the window formula's exact
 #: value rounded half to even: display values in float64, not float32; a 16-bit palette whose
 #: entries never exceed 255 gives its samples a warning; ST, LT and UT text double a backslash
-#: of their own that precedes a backslash or ``xNN``, so it never reads as an undecodable byte).
-CACHE_FORMAT = 26
+#: of their own that precedes a backslash or ``xNN``, so it never reads as an undecodable byte;
+#: 27: NIfTI uint16 levels (windows and percentiles) are the formula's exact value rounded half to
+#: even too: display values in float64, not float32, for slices on their own grid and volumes).
+CACHE_FORMAT = 27
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
