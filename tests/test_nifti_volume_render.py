@@ -1,5 +1,6 @@
 """A NIfTI volume sample is windowed and quantised a slice at a time: its bytes are those of
-windowing the whole resampled volume, cropping or padding it, then quantising it."""
+windowing the whole resampled volume (display values in float64 for uint16, float32 otherwise),
+cropping or padding it, then quantising it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from packer.config import parse_window
 from packer.read.nifti_samples import Case, Slicing, plan_channels, volume_sample
 from packer.records import SampleRef
-from packer.transform.dicom import quantise
+from packer.transform.dicom import display_dtype, quantise
 from packer.transform.volume import Volume, crop_or_pad, resample_linear
 
 
@@ -40,7 +41,8 @@ def test_a_volume_sample_has_the_bytes_of_the_whole_volume_path(
 
     channels = plan_channels(case, plan.windows)
     volume = resample_linear(Volume(values, affine), (1.5, 1.5, 1.5))
-    whole = np.stack([channel.render(volume.array[channel.index]) for channel in channels])
+    dtype = display_dtype(output)  # float64 for uint16 (exact levels), float32 otherwise
+    whole = np.stack([channel.render(volume.array[channel.index], dtype) for channel in channels])
     finished = Volume(whole, volume.affine)
     if size is not None:
         finished = crop_or_pad(finished, size)

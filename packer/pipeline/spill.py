@@ -110,8 +110,10 @@ class CachedChunk:
 #: of their own that precedes a backslash or ``xNN``, so it never reads as an undecodable byte;
 #: 27: an RTSTRUCT that lost an ROI of the map to damage (an empty ContourData, a file cut inside
 #: its ROI Contour Sequence, a damaged Referenced ROI Number) refuses its series, ``unreadable``,
-#: instead of painting it without that class).
-CACHE_FORMAT = 27
+#: instead of painting it without that class; 28: NIfTI uint16 levels (windows and percentiles)
+#: are the formula's exact value rounded half to even too: display values in float64, not
+#: float32, for slices on their own grid and volumes).
+CACHE_FORMAT = 28
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

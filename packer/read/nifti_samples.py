@@ -11,6 +11,12 @@ first file's windows first), as a DICOM ``frames: stack`` sample; a window is a 
 stored (before any resampling), once per case, and each sample records them per channel
 (``metadata.windows``), so a prediction can be mapped back.
 
+Quantising is DICOM's (:func:`packer.transform.dicom.quantise`): ``uint16`` display values are
+float64 (:func:`~packer.transform.dicom.display_dtype`), so its levels are the window's or the
+percentile scaling's exact value rounded half to even, for a slice on its own grid, its 2.5D
+stacks and a volume (resampled on its values, before windowing); a slice resized or resampled
+is rendered and interpolated in float32, as ``uint8`` always is (its bytes those of before).
+
 Sampling (``transform.nifti.sample``):
 
 - ``slice``: one sample per slice along ``axis`` (``axial``: D; ``coronal``: H, shown with
@@ -40,7 +46,7 @@ from packer.config import WindowSpec
 from packer.keys import frame_key
 from packer.read.series import stack_neighbors
 from packer.records import Sample, SampleRef
-from packer.transform.dicom import finish_image, quantise
+from packer.transform.dicom import display_dtype, finish_image, keeps_geometry, quantise
 from packer.transform.intensity import Stats, apply_percentiles, apply_zscore, percentile_stats, zscore_stats
 from packer.transform.mask import transform_mask_dicom
 from packer.transform.volume import Volume, crop_or_pad, resample_linear, resample_nearest
@@ -107,13 +113,15 @@ class _Channel:
     function: str
     record: dict[str, Any]
 
-    def render(self, values: np.ndarray) -> np.ndarray:
-        """``values`` (any shape, float32) → float32: [0, 1] for windows and percentiles, z for z-scores."""
+    def render(self, values: np.ndarray, dtype: type[np.floating] = np.float32) -> np.ndarray:
+        """``values`` (any shape, float32) → ``dtype`` (:func:`~packer.transform.dicom.display_dtype`:
+        float64 for uint16 output on the slice's own grid, else float32): [0, 1] for windows and
+        percentiles; z for z-scores (float16 output only: always float32)."""
         if self.spec.kind == "percentiles" and self.stats is not None:
-            return apply_percentiles(values, self.stats)
+            return apply_percentiles(values, self.stats, dtype)
         if self.spec.kind == "zscore" and self.stats is not None:
             return apply_zscore(values, self.stats)
-        return apply_window(values, float(self.center or 0.0), float(self.width or 1.0), self.function)
+        return apply_window(values, float(self.center or 0.0), float(self.width or 1.0), self.function, dtype)
 
 
 def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
@@ -174,9 +182,12 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
     out = []
     for index in range(count):
         values = _slice_view(case.values, plan.axis, index)
-        rendered = np.stack([channel.render(values[channel.index]) for channel in channels], axis=-1)
         where = _slice_geometry(case.affine, shape, plan.axis, index)
         spacing = (where["pixel_spacing"][0], where["pixel_spacing"][1])
+        # uint16 on the slice's own grid in float64 (exact levels); resized or resampled, float32
+        dtype = display_dtype(plan.output, keeps_geometry(*values.shape[1:], pixel_spacing=spacing,
+                                                          spacing=plan.spacing, size=plan.size))
+        rendered = np.stack([channel.render(values[channel.index], dtype) for channel in channels], axis=-1)
         image = finish_image(rendered, pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
                              policy=plan.resize, output=plan.output)
         metadata = {**base, "windows": [c.record for c in channels], "pixel_spacing": where.pop("pixel_spacing"),
@@ -203,13 +214,16 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
     if plan.volume_spacing is not None:
         volume = resample_linear(volume, plan.volume_spacing)
     depth = volume.array.shape[1]
-    # A slice at a time, windowed (in float64) and quantised at once: no float32 copy of the
+    # A slice at a time, windowed (in float64) and quantised at once: no float copy of the
     # rendered volume. Quantising before the crop or pad is the same: padding is 0 either way.
+    # The values are resampled (in float32) before windowing, so a window's display values are
+    # never interpolated: uint16 takes them in float64 (exact levels) whether resampled or not.
+    dtype = display_dtype(plan.output)
     quantised = np.empty((len(channels), *volume.array.shape[1:]), dtype=np.dtype(plan.output))
-    rendered = np.empty(volume.array.shape[2:], dtype=np.float32)
+    rendered = np.empty(volume.array.shape[2:], dtype=dtype)
     for c, channel in enumerate(channels):
         for d in range(depth):
-            rendered[...] = channel.render(volume.array[channel.index, d])
+            rendered[...] = channel.render(volume.array[channel.index, d], dtype)
             quantised[c, d] = quantise(rendered, plan.output)
     finished = Volume(quantised, volume.affine)
     del volume, quantised

@@ -298,12 +298,16 @@ def quantise(image: np.ndarray, output: str) -> np.ndarray:
             return np.rint(scaled, out=scaled).astype(dtype)
         levels = np.rint(scaled)
         # the few values next to a half level (|y·65535 - level| within the tolerance of 1/2) are
-        # rounded as that half level: to even
+        # rounded as that half level: to even. |y·65535 - level| in place (a third frame-sized
+        # float64 array cost more than the rest of the function), the side of the few near
+        # values computed again from the input.
         diff = np.subtract(scaled, levels, out=scaled).reshape(-1)  # in [-0.5, 0.5]
-        near = np.flatnonzero(np.abs(diff) >= 0.5 - HALF_LEVEL_TOLERANCE)
+        near = np.flatnonzero(np.abs(diff, out=diff) >= 0.5 - HALF_LEVEL_TOLERANCE)
         if near.size:
             flat = levels.reshape(-1)
-            flat[near] = np.rint(flat[near] + np.copysign(0.5, diff[near]))
+            exact = np.clip(image.reshape(-1)[near], 0.0, 1.0)
+            exact *= 65535.0
+            flat[near] = np.rint(flat[near] + np.copysign(0.5, exact - flat[near]))
         return levels.astype(dtype)
     if output == "float16":
         return image.astype(np.float16)

@@ -7,7 +7,8 @@ The two schemes the field uses instead, both computed from the image's own value
 
 - **percentiles** (MONAI's ``ScaleIntensityRangePercentiles(lower, upper, 0, 1, clip=True)``):
   the ``low`` and ``high`` percentiles of the values (numpy's default linear interpolation)
-  become 0 and 1; values outside are clipped. Output in [0, 1], so it quantises to uint8/uint16.
+  become 0 and 1; values outside are clipped. Output in [0, 1], so it quantises to uint8/uint16
+  (for uint16 computed in float64: the levels are the exact formula's, as a window's).
 - **z-score** (nnU-Net's scheme for every modality but CT, MONAI's
   ``NormalizeIntensity(nonzero=True)``): ``(x - mean) / std``, with mean and std (population,
   ``ddof=0``) over the non-zero voxels (``over="nonzero"``, the default) or all of them. With
@@ -90,10 +91,25 @@ def zscore_stats(values: np.ndarray, over: str = "nonzero") -> Stats:
     return Stats("zscore", over, int(region.size), mean=mean, std=std)
 
 
-def apply_percentiles(values: np.ndarray, stats: Stats) -> np.ndarray:
-    """``values`` clipped to [low, high] and scaled to [0, 1], float32 of the same shape; a
-    constant region (low == high) maps to 0 (nothing to scale)."""
+def apply_percentiles(values: np.ndarray, stats: Stats, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """``values`` clipped to [low, high] and scaled to [0, 1], ``dtype`` of the same shape; a
+    constant region (low == high) maps to 0 (nothing to scale).
+
+    float32 (uint8 and float16 outputs) computes ``(x - float32(low)) · float32(1/(high - low))``
+    in float32, the bytes of every dataset built with it; float64 (uint16 output,
+    :func:`packer.transform.dicom.display_dtype`) computes ``(x - low) / (high - low)`` in
+    float64, within 1e-11 of a level of the exact value, for
+    :func:`packer.transform.dicom.quantise` to round as the exact formula's."""
     lo, hi = float(stats.low or 0.0), float(stats.high or 0.0)
+    if dtype == np.float64:
+        exact = np.array(values, dtype=np.float64)  # a copy: the steps below are in place
+        if hi <= lo:
+            exact.fill(0.0)
+            return exact
+        exact -= lo
+        exact /= hi - lo
+        np.clip(exact, 0.0, 1.0, out=exact)
+        return exact
     out = np.asarray(values, dtype=np.float32).astype(np.float32, copy=True)
     if hi <= lo:
         out.fill(0.0)
