@@ -195,7 +195,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if readers is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {readers}", file=sys.stderr, flush=True)
             warned.append(("readers", readers))
-        samples = table.sorted_by_key()
+        samples = table.sorted_by_key(release=True)
         del table
         decoded_issues, probed_out = one_record_per_file([i for c in chunks for i in c.issues],
                                                          [e for c in chunks for e in c.excluded])
