@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA
 from packer.phi import Pseudonymizer
-from packer.pipeline.publish import IndexColumns, write_splits_table
+from packer.pipeline.publish import IndexColumns, write_index, write_splits_table
 from packer.records import SampleRef, SpilledSample
 from packer.shards.writer import ShardWrite
 
@@ -86,3 +87,37 @@ def test_hex_digests_are_the_digests_hex(digests: list[bytes]) -> None:
 
     column = hex_digests(b"".join(digests), len(digests))
     assert column.type == pa.string() and column.to_pylist() == [d.hex() for d in digests]
+
+
+def _index_of(shards: list[tuple[str, int]]) -> IndexColumns:
+    index = IndexColumns()
+    for n, (split, count) in enumerate(shards):
+        name = f"{split}-{n:06d}.tar"
+        # keys, entities and sources as long as the digests' hex: no column is most of the table
+        index.add_shard(_shard(name, count, start=0), split=split,
+                        keys=[f"{name}-k{i:05d}".ljust(64, "k") for i in range(count)],
+                        labels=[i % 3 for i in range(count)],
+                        entity_ids=[f"e{i // 7}".ljust(64, "e") for i in range(count)],
+                        sources=[f"source-{n % 2}".ljust(64, "s")] * count)
+    return index
+
+
+def test_the_index_given_up_is_the_same_table_and_file_and_leaves_nothing_held(tmp_path) -> None:
+    # at 10M samples the index is GBs: write_index gives the shards' columns up as the one
+    # table is made, each freed once copied (Arrow holds the index once and one column twice,
+    # not twice: benchmarks/client_scale.py), and the file's bytes are those of the table the
+    # shards' tables made together
+    shards = [(("test", "train", "valid")[n % 3], 40 + n) for n in range(30)]
+    parts = _index_of(shards)._parts
+    together = pa.concat_tables([pa.Table.from_arrays(columns, schema=INDEX_SCHEMA)
+                                 for _, columns in sorted(parts, key=lambda p: p[0])]).combine_chunks()
+    pq.write_table(together, tmp_path / "together.parquet", compression="zstd", row_group_size=together.num_rows)
+    index = _index_of(shards)
+    assert index.table().equals(together) and index.table().equals(together)  # kept: made again
+    table = index.table(release=True)
+    assert table.equals(together) and all(column.num_chunks == 1 for column in table.columns)
+    assert index.table().num_rows == 0 and index._parts == []
+    index = _index_of(shards)
+    entry = write_index(tmp_path, index)
+    assert (tmp_path / INDEX_FILE).read_bytes() == (tmp_path / "together.parquet").read_bytes()
+    assert entry["rows"] == sum(count for _, count in shards) and index.table().num_rows == 0

@@ -52,7 +52,8 @@ class IndexColumns:
     """
 
     def __init__(self, schema: pa.Schema = INDEX_SCHEMA) -> None:
-        self._parts: list[tuple[tuple[str, str], pa.Table]] = []
+        # each shard's columns (one single-chunk column per schema field), under (split, file)
+        self._parts: list[tuple[tuple[str, str], list[Any]]] = []
         self.schema = schema
 
     def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
@@ -85,15 +86,27 @@ class IndexColumns:
         }
         if "target" in self.schema.names:
             columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
-        self._parts.append(((split, written.file), pa.table(columns, schema=self.schema)))
+        self._parts.append(((split, written.file), list(pa.table(columns, schema=self.schema).columns)))
 
-    def table(self) -> pa.Table:
-        """All rows, ordered by split, shard and position (one chunk per column)."""
+    def table(self, *, release: bool = False) -> pa.Table:
+        """All rows, ordered by split, shard and position (one chunk per column). With
+        ``release=True`` the shards' columns are given up as the table is made, each freed once
+        copied into it (the client holds the index once and one column twice, not twice), and
+        this object is left empty."""
         if not self._parts:
             return self.schema.empty_table()
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
         # parts orders the rows, without the copy a row sort makes of every column.
-        return pa.concat_tables([part for _, part in sorted(self._parts, key=lambda p: p[0])]).combine_chunks()
+        parts = [columns for _, columns in sorted(self._parts, key=lambda p: p[0])]
+        if release:
+            self._parts = []
+        combined = []
+        for i in range(len(self.schema)):
+            combined.append(pa.concat_arrays([chunk for columns in parts for chunk in columns[i].chunks]))
+            if release:
+                for columns in parts:
+                    columns[i] = None
+        return pa.Table.from_arrays(combined, schema=self.schema)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -111,8 +124,10 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
 
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
-    """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry."""
-    return _write_table(folder / INDEX_FILE, index.table())
+    """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry.
+    ``index`` gives its shards' columns up to the table written (:meth:`IndexColumns.table`) and
+    is left empty."""
+    return _write_table(folder / INDEX_FILE, index.table(release=True))
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:
