@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.allocator import trim_heap
 from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, file_sha256
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA, read_dataset_hash, read_manifest
@@ -106,6 +107,7 @@ class IndexColumns:
             if release:
                 for columns in parts:
                     columns[i] = None
+                trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
         return pa.Table.from_arrays(combined, schema=self.schema)
 
 
