@@ -127,9 +127,10 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
     """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry.
-    ``index`` gives its shards' columns up to the table written (:meth:`IndexColumns.table`) and
-    is left empty."""
-    return _write_table(folder / INDEX_FILE, index.table(release=True))
+    An :class:`IndexColumns` gives its shards' columns up to the table written
+    (:meth:`IndexColumns.table`) and is left empty; any other object's ``table()`` is written."""
+    return _write_table(folder / INDEX_FILE, index.table(release=True) if isinstance(index, IndexColumns)
+                        else index.table())
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:
