@@ -193,3 +193,20 @@ def test_splits_given_per_row_must_be_one_per_row_and_codes_must_name_a_split() 
         plan_shards(table, ["train"], pack)
     with pytest.raises(ValueError, match="split codes from 0 to 3; a code is an index into train, valid, test"):
         plan_shards(table, np.array([0, 3]), pack)
+
+
+def test_keys_read_in_batches_give_the_plan_of_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer.pipeline import plan
+
+    keys = sorted(f"k{i * 7919 % 1000:03d}é" for i in range(50))
+    table = SampleTable.of([
+        SpilledSample(key=k, ref=SampleRef(sample_id=k, source="ct", kind="dicom", path=k, relpath=k, label=None,
+                                           entity=None, time=None),
+                      spill="a.spill", offset=0, pixel_bytes=1000 + i, meta_bytes=0, shape=(1,), dtype="uint8",
+                      sha256="") for i, k in enumerate(keys)])
+    split_of = {k: SPLITS[i % 3] for i, k in enumerate(keys)}
+    pack = PackConfig(format="parquet", max_samples=4)
+    whole = [(p.file, p.rows.tolist()) for p in plan_shards(table, split_of, pack)]
+    monkeypatch.setattr(plan, "_HASH_BATCH", 3)
+    assert [(p.file, p.rows.tolist()) for p in plan_shards(table, split_of, pack)] == whole
+    assert plan.row_cut_hashes(table, np.arange(50)).tolist() == cut_hashes(keys).tolist()

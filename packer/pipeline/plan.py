@@ -66,12 +66,13 @@ _HASH_BATCH = 65_536
 def row_cut_hashes(samples: SampleTable, rows: np.ndarray) -> np.ndarray:
     """:func:`cut_hashes` of the keys of ``samples``' ``rows``, read from the table's key buffer
     (no ``str`` per record, and offsets turned into Python ints a batch at a time)."""
-    data, starts, ends = samples.text_bytes("key")
+    data, ends = samples.text_bytes("key")
     out = np.empty(len(rows), dtype=np.uint64)
     for at in range(0, len(rows), _HASH_BATCH):
         batch = rows[at:at + _HASH_BATCH]
+        starts = np.where(batch > 0, ends[np.maximum(batch - 1, 0)], 0)
         out[at:at + len(batch)] = [_cut_hash(data[start:end])
-                                   for start, end in zip(starts[batch].tolist(), ends[batch].tolist(), strict=True)]
+                                   for start, end in zip(starts.tolist(), ends[batch].tolist(), strict=True)]
     return out
 
 
@@ -160,10 +161,12 @@ SplitOf = Mapping[str, str] | Sequence[str] | np.ndarray
 
 def _keys(samples: SampleTable) -> Iterator[str]:
     """Each row's key, one at a time (offsets turned into Python ints a batch at a time)."""
-    data, starts, ends = samples.text_bytes("key")
+    data, ends = samples.text_bytes("key")
+    start = 0
     for at in range(0, samples.size, _HASH_BATCH):
-        for start, end in zip(starts[at:at + _HASH_BATCH].tolist(), ends[at:at + _HASH_BATCH].tolist(), strict=True):
+        for end in ends[at:at + _HASH_BATCH].tolist():
             yield str(data[start:end], "utf-8")
+            start = end
 
 
 def split_codes(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
