@@ -43,19 +43,35 @@ from packer.storage import (
     storage_error,
 )
 
+#: the index's columns of one value per shard (its split and file) or made from its raw
+#: digests, built for all rows at once by :meth:`IndexColumns.table`, not kept per row per shard
+_PER_SHARD = ("split", "shard", "sha256")
+
+
+@dataclass
+class _Shard:
+    """One shard's rows of the index until the table is made."""
+
+    order: tuple[str, str]       # (split, file): the table's order of shards
+    count: int
+    digests: bytes               # 32 raw bytes a row (the sha256 column's hex is made from them)
+    columns: dict[str, Any]      # the other columns, one single-chunk column each
+
 
 class IndexColumns:
     """The columns of ``_index.parquet``, gathered shard by shard.
 
     A shard writer returns positions, sizes and digests (:class:`ShardWrite`); the caller's
-    shard plan knows each sample's key, split, label index, entity and source. Each shard
-    becomes a small Arrow table at once, so no per-row Python objects pile up on the client.
+    shard plan knows each sample's key, split, label index, entity and source. Each shard's
+    columns become small Arrow arrays at once, so no per-row Python objects pile up on the
+    client; the columns of one value per shard (split, file) and the digests' hex are made for
+    every row only when the table is (:meth:`table`), so no shard holds them per row.
     """
 
     def __init__(self, schema: pa.Schema = INDEX_SCHEMA) -> None:
-        # each shard's columns (one single-chunk column per schema field), under (split, file)
-        self._parts: list[tuple[tuple[str, str], list[Any]]] = []
+        self._parts: list[_Shard] = []
         self.schema = schema
+        self._row_schema = pa.schema([field for field in schema if field.name not in _PER_SHARD])
 
     def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
                   entity_ids: Sequence[str], sources: Sequence[str],
@@ -71,15 +87,15 @@ class IndexColumns:
             raise ValueError(f"shard {written.file}: the writer reported {count} samples, the plan lists "
                              f"{len(keys)} keys, {len(labels)} labels, {len(entity_ids)} entities and "
                              f"{len(sources)} sources")
+        if len(written.digests) < 32 * count:
+            raise ValueError(f"shard {written.file}: the writer reported {count} samples but "
+                             f"{len(written.digests) // 32} digests")
         if any(b <= a for a, b in zip(written.positions, written.positions[1:], strict=False)):
             raise ValueError(f"shard {written.file}: the writer reported positions out of order")
         columns = {
             "key": pa.array(keys, pa.string()),
-            "split": pa.array([split] * count, pa.string()),
-            "shard": pa.array([written.file] * count, pa.string()),
             "position": pa.array(written.positions, pa.int64()),
             "bytes": pa.array(written.sizes, pa.int64()),
-            "sha256": hex_digests(written.digests, count),
             "xxh3": pa.array(np.frombuffer(written.checksums, dtype=np.uint64, count=count), pa.uint64()),
             "label": pa.array(labels, pa.int64()),
             "entity_id": pa.array(entity_ids, pa.string()),
@@ -87,7 +103,9 @@ class IndexColumns:
         }
         if "target" in self.schema.names:
             columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
-        self._parts.append(((split, written.file), list(pa.table(columns, schema=self.schema).columns)))
+        table = pa.table(columns, schema=self._row_schema)
+        self._parts.append(_Shard((split, written.file), count, written.digests,
+                                  dict(zip(table.column_names, table.columns, strict=True))))
 
     def table(self, *, release: bool = False) -> pa.Table:
         """All rows, ordered by split, shard and position (one chunk per column). With
@@ -98,17 +116,50 @@ class IndexColumns:
             return self.schema.empty_table()
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
         # parts orders the rows, without the copy a row sort makes of every column.
-        parts = [columns for _, columns in sorted(self._parts, key=lambda p: p[0])]
+        parts = sorted(self._parts, key=lambda p: p.order)
         if release:
             self._parts = []
+        # each row's shard, for the columns of one value per shard
+        shard_of_row = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [p.count for p in parts]))
         combined = []
-        for i in range(len(self.schema)):
-            combined.append(pa.concat_arrays([chunk for columns in parts for chunk in columns[i].chunks]))
+        for field in self.schema:
+            if field.name in ("split", "shard"):
+                values = pa.array([p.order[0 if field.name == "split" else 1] for p in parts], field.type)
+                combined.append(values.take(shard_of_row))
+            elif field.name == "sha256":
+                combined.append(_hex_column(parts, release=release))
+            else:
+                combined.append(pa.concat_arrays([chunk for p in parts for chunk in p.columns[field.name].chunks]))
+                if release:
+                    for p in parts:
+                        del p.columns[field.name]
             if release:
-                for columns in parts:
-                    columns[i] = None
                 trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
         return pa.Table.from_arrays(combined, schema=self.schema)
+
+
+def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
+    """The ``sha256`` column of ``parts``' rows: each row's 32-byte digest as 64 lower-case hex
+    characters (:func:`hex_digests`), written straight into the column's buffer; with
+    ``release`` each shard's digests are let go once written."""
+    count = sum(p.count for p in parts)
+    chars = bytearray(64 * count)
+    view = np.frombuffer(chars, dtype=np.uint8)
+    at = 0
+    for part in parts:
+        raw = np.frombuffer(part.digests, dtype=np.uint8, count=32 * part.count)
+        view[at:at + 2 * raw.size:2] = _HEX[raw >> 4]
+        view[at + 1:at + 2 * raw.size:2] = _HEX[raw & 0x0F]
+        at += 2 * raw.size
+        if release:
+            part.digests = b""
+    del view, raw
+    if 64 * count < 2**31:
+        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
+        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
+    large = pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
+                                             pa.py_buffer(chars))
+    return large.cast(pa.string())
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
