@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.config import SPLITS, PackConfig
-from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, cut_hashes, plan_shards, shard_bounds
+from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, SplitOf, cut_hashes, plan_shards, shard_bounds
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
 
@@ -141,11 +141,11 @@ def test_an_inserted_or_removed_sample_rewrites_one_shard_almost_always() -> Non
 _text = st.text(alphabet=st.sampled_from("aZ0-/é中\U0001f600"), min_size=0, max_size=5)
 
 
-def _planned_as_before(keys: list[str], relpaths: list[str | None], sources: list[str], sizes: list[int],
+def _planned_as_before(keys: list[str], relpaths: list[str], sources: list[str], sizes: list[int],
                        split_of: dict[str, str], pack: PackConfig) -> list[tuple[str, int, list[int]]]:
     """The plan as it was made from Python lists: rows grouped by split in row order, ranked
     with sorted() on (source, relpath or "", key) under pack.order path, cut by shard_bounds."""
-    out = []
+    out: list[tuple[str, int, list[int]]] = []
     for split in SPLITS:
         mine = [row for row, key in enumerate(keys) if split_of[key] == split]
         if pack.order == "path":
@@ -157,16 +157,17 @@ def _planned_as_before(keys: list[str], relpaths: list[str | None], sources: lis
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(_text, st.none() | _text, st.sampled_from(["ct", "photos", "ñ"]), st.integers(0, 9_000),
+@given(st.lists(st.tuples(_text, _text, st.sampled_from(["ct", "photos", "ñ"]), st.integers(0, 9_000),
                           st.sampled_from(SPLITS)),
                 max_size=60, unique_by=lambda row: row[0]),
        st.sampled_from(["key", "path"]), st.integers(1, 9), st.integers(2_000, 30_000))
 def test_the_plan_from_the_table_is_the_plan_from_python_lists_whatever_form_the_splits_come_in(
-        rows: list[tuple[str, str | None, str, int, str]], order: str, max_samples: int, max_bytes: int) -> None:
+        rows: list[tuple[str, str, str, int, str]], order: str, max_samples: int, max_bytes: int) -> None:
     # the plan reads keys, paths and splits from the table's buffers and arrays (no Python object
     # per sample): its shards must be those Python's sorted() and the key -> split dict gave
     rows = sorted(rows)  # the build's table is sorted by key
-    keys, relpaths, sources, sizes, splits = ([row[i] for row in rows] for i in range(5))
+    keys, relpaths, sources = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    sizes, splits = [r[3] for r in rows], [r[4] for r in rows]
     table = SampleTable.of([
         SpilledSample(key=key, ref=SampleRef(sample_id=key, source=source, kind="dicom", path=f"/r/{key}",
                                              relpath=relpath, label=None, entity=None, time=None),
@@ -176,7 +177,8 @@ def test_the_plan_from_the_table_is_the_plan_from_python_lists_whatever_form_the
     split_of = dict(zip(keys, splits, strict=True))
     expected = _planned_as_before(keys, relpaths, sources, sizes, split_of, pack)
     codes = np.array([SPLITS.index(s) for s in splits], dtype=np.int8)
-    for given_as in (split_of, splits, np.array(splits), codes):
+    forms: tuple[SplitOf, ...] = (split_of, splits, np.array(splits), codes)
+    for given_as in forms:
         planned = plan_shards(table, given_as, pack)
         assert [(p.split, p.index, p.rows.tolist()) for p in planned] == expected
         assert [p.file for p in planned] == [f"{split}-{index:06d}.parquet" for split, index, _ in expected]
