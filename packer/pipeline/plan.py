@@ -55,7 +55,7 @@ def cut_hashes(keys: Sequence[str]) -> np.ndarray:
     return np.array([_cut_hash(key.encode()) for key in keys], dtype=np.uint64)
 
 
-def _cut_hash(key: bytes | memoryview) -> int:
+def _cut_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=_CUT_PERSON).digest(), "big")
 
 
@@ -165,7 +165,7 @@ def _keys(samples: SampleTable) -> Iterator[str]:
     start = 0
     for at in range(0, samples.size, _HASH_BATCH):
         for end in ends[at:at + _HASH_BATCH].tolist():
-            yield str(data[start:end], "utf-8")
+            yield data[start:end].decode()
             start = end
 
 

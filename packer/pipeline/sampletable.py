@@ -312,12 +312,12 @@ class _Columns(Generic[R], Sequence[R]):
         order = pc.sort_indices(pa.table(columns), sort_keys=[(name, "ascending") for name in names])
         return order.to_numpy().astype(np.int64, copy=False)
 
-    def text_bytes(self, name: str) -> tuple[memoryview, np.ndarray]:
+    def text_bytes(self, name: str) -> tuple[bytes, np.ndarray]:
         """Text field ``name``'s UTF-8 buffer and each row's end offset in it (int64; row ``i``
         starts where row ``i - 1`` ends, row 0 at 0; a missing value is the empty string): for
         code that reads rows' text as bytes without a ``str`` per record. Do not modify them."""
         text = self.text[name]
-        return memoryview(text.data), text.ends
+        return text.data, text.ends
 
     def _slice(self, start: int, stop: int) -> Self:
         return type(self)(stop - start, {n: c.slice(start, stop) for n, c in self.text.items()},
