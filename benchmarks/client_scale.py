@@ -20,6 +20,7 @@ does not carry into the next. Linux only (``/proc``).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import subprocess
@@ -91,7 +92,7 @@ def make_records(n: int, per_entity: int, copies: float, seed: int = 0) -> Any:
                                      shape=(3, 256, 256), dtype="uint8", sha256=sha,
                                      meta_sha256=f"{(digest ^ 0x5A5A) & ((1 << 63) - 1):016x}" * 4,
                                      pixels_xxh3=digest & ((1 << 63) - 1)))
-    return builder.finish()
+    return builder.finish(release=True)  # as the pixel pass hands its records over
 
 
 def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
         folder = Path(tmp)
         job = _job(folder)
         table = stage("records (pixel pass's output)", lambda: make_records(n, per_entity, copies))
-        samples = stage("sort by key", table.sorted_by_key)
+        samples = stage("sort by key", functools.partial(table.sorted_by_key, release=True))  # as stages.py
         del table
         records_rss = _status("VmRSS") - base_rss
         cfg = job.split
@@ -178,7 +179,11 @@ def main() -> None:
     args = parser.parse_args()
     args_dir = args.work
     if args.one is not None:
-        result = run_one(args.one, args.per_entity, args.copies)
+        from packer.allocator import system_arrow_pool, tune_client_allocator
+
+        tune_client_allocator()  # the client's allocator settings, as packer build makes them
+        with system_arrow_pool():
+            result = run_one(args.one, args.per_entity, args.copies)
         print("RESULT " + json.dumps(result), flush=True)
         return
     for n in args.samples:

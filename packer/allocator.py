@@ -36,10 +36,12 @@ does not matter there; its retained pages would count in the build's peak.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import platform
 from collections.abc import Iterator
+from typing import Any
 
 from packer.files import libc_function
 
@@ -111,3 +113,25 @@ def system_arrow_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    if os.environ.get(ENV_SWITCH, "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return None
+    return libc_function("malloc_trim", "c_size_t")
+
+
+def trim_heap() -> bool:
+    """Hand the free pages inside glibc's heaps back to the kernel (``malloc_trim(0)``); True
+    where that was done (a no-op elsewhere, and with ``PACKER_TUNE_MALLOC=0``).
+
+    Buffers under the client's mmap threshold (:data:`CLIENT_MMAP_THRESHOLD`), such as the index's
+    per-shard columns, come from the heap; freed in the middle of it, their pages stay in the
+    process's RSS and are not reused by the large buffers made next (each its own mapping), so
+    code that frees many small buffers to make large ones calls this between the two."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

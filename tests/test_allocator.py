@@ -141,3 +141,38 @@ def test_dataloader_workers_reading_shards_are_tuned_and_the_main_process_is_lef
     seen = {pid: tuned for batch in loader for pid, tuned in batch}
     assert len(seen) == 2 and os.getpid() not in seen and all(seen.values())
     assert [_ for _ in ShardDataset(manifest, "train")] and allocator._tuned_pid == before  # in-process: untouched
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_the_heaps_free_pages_go_back_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the index's per-shard columns are heap buffers: freed, their pages stay in the client's
+    # RSS under the index made of them unless they are trimmed
+    script = textwrap.dedent("""
+        import gc
+        from pathlib import Path
+        from packer.allocator import trim_heap, tune_client_allocator
+
+        def rss():
+            line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
+            return int(line.split()[1]) * 1024
+
+        tune_client_allocator()
+        small = [bytearray(100_000) for _ in range(2_000)]   # 200 MB of heap buffers
+        keep = small[-1::-100]                                # a few, pinning the heap's top
+        del small
+        gc.collect()
+        before = rss()
+        print(trim_heap(), (before - rss()) // 2**20)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    trimmed, returned_mib = done.stdout.split()
+    assert trimmed == "True" and int(returned_mib) > 150
+    from packer import allocator
+
+    allocator._malloc_trim.cache_clear()
+    monkeypatch.setenv(allocator.ENV_SWITCH, "0")
+    try:
+        assert allocator.trim_heap() is False
+    finally:
+        allocator._malloc_trim.cache_clear()

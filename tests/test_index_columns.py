@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.manifest import INDEX_FILE, INDEX_SCHEMA
 from packer.phi import Pseudonymizer
-from packer.pipeline.publish import IndexColumns, write_splits_table
+from packer.pipeline.publish import IndexColumns, write_index, write_splits_table
 from packer.records import SampleRef, SpilledSample
 from packer.shards.writer import ShardWrite
 
@@ -86,3 +87,61 @@ def test_hex_digests_are_the_digests_hex(digests: list[bytes]) -> None:
 
     column = hex_digests(b"".join(digests), len(digests))
     assert column.type == pa.string() and column.to_pylist() == [d.hex() for d in digests]
+
+
+def _shard_rows(split: str, name: str, count: int) -> dict[str, list]:
+    # keys, entities and sources as long as the digests' hex: no column is most of the table
+    return {"keys": [f"{name}-k{i:05d}".ljust(64, "k") for i in range(count)],
+            "labels": [i % 3 for i in range(count)],
+            "entity_ids": [f"e{i // 7}".ljust(64, "e") for i in range(count)],
+            "sources": [f"source-{count % 2}".ljust(64, "s")] * count}
+
+
+def _digested(name: str, count: int) -> ShardWrite:
+    shard = _shard(name, count, start=0)
+    return ShardWrite(file=shard.file, bytes=shard.bytes, sha256=shard.sha256, positions=shard.positions,
+                      sizes=shard.sizes, digests=bytes((7 * i + len(name)) % 256 for i in range(32 * count)),
+                      checksums=shard.checksums)
+
+
+def _index_of(shards: list[tuple[str, int]]) -> IndexColumns:
+    index = IndexColumns()
+    for n, (split, count) in enumerate(shards):
+        name = f"{split}-{n:06d}.tar"
+        index.add_shard(_digested(name, count), split=split, **_shard_rows(split, name, count))
+    return index
+
+
+def _index_as_one_table_per_shard(shards: list[tuple[str, int]]) -> pa.Table:
+    """The index as it was made: a whole table per shard (split and file repeated per row, the
+    digests' hex by hashlib's hexdigest form), the tables ordered by (split, file) and joined."""
+    tables = []
+    for n, (split, count) in sorted(enumerate(shards), key=lambda e: (e[1][0], f"{e[1][0]}-{e[0]:06d}.tar")):
+        name = f"{split}-{n:06d}.tar"
+        written, rows = _digested(name, count), _shard_rows(split, name, count)
+        tables.append(pa.table({
+            "key": rows["keys"], "split": [split] * count, "shard": [name] * count,
+            "position": list(written.positions), "bytes": list(written.sizes),
+            "sha256": [written.digests[32 * i:32 * i + 32].hex() for i in range(count)],
+            "xxh3": pa.array(list(written.checksums), pa.uint64()), "label": rows["labels"],
+            "entity_id": rows["entity_ids"], "source": rows["sources"]}, schema=INDEX_SCHEMA))
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def test_the_index_given_up_is_the_same_table_and_file_and_leaves_nothing_held(tmp_path) -> None:
+    # at 10M samples the index is GBs: the shards keep no per-row split, file or digest hex,
+    # write_index gives the shards' columns up as the one table is made, each freed once copied
+    # (benchmarks/client_scale.py), and the file's bytes are those of the index made as one
+    # table per shard
+    shards = [(("test", "train", "valid")[n % 3], 40 + n) for n in range(30)] + [("train", 0)]
+    together = _index_as_one_table_per_shard(shards)
+    pq.write_table(together, tmp_path / "together.parquet", compression="zstd", row_group_size=together.num_rows)
+    index = _index_of(shards)
+    assert index.table().equals(together) and index.table().equals(together)  # kept: made again
+    table = index.table(release=True)
+    assert table.equals(together) and all(column.num_chunks == 1 for column in table.columns)
+    assert index.table().num_rows == 0 and index._parts == []
+    index = _index_of(shards)
+    entry = write_index(tmp_path, index)
+    assert (tmp_path / INDEX_FILE).read_bytes() == (tmp_path / "together.parquet").read_bytes()
+    assert entry["rows"] == sum(count for _, count in shards) and index.table().num_rows == 0

@@ -6,10 +6,14 @@ import hashlib
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, cut_hashes, shard_bounds
+from packer.config import SPLITS, PackConfig
+from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, SplitOf, cut_hashes, plan_shards, shard_bounds
+from packer.pipeline.sampletable import SampleTable
+from packer.records import SampleRef, SpilledSample
 
 OVERHEAD = PER_SAMPLE_OVERHEAD["parquet"]
 
@@ -130,3 +134,81 @@ def test_an_inserted_or_removed_sample_rewrites_one_shard_almost_always() -> Non
     assert counts[1] >= 0.85 * len(changed)                 # it alone in 85% of edits (measured: 178 of 200)
     assert counts[1] + counts[2] >= 0.95 * len(changed)     # it and a neighbour at most in 95% (measured: 192)
     assert np.mean(changed) <= 1.4                          # (measured: 1.23; max 8)
+
+
+# -- the plan over the build's sample table -------------------------------------------------
+
+_text = st.text(alphabet=st.sampled_from("aZ0-/é中\U0001f600"), min_size=0, max_size=5)
+
+
+def _planned_as_before(keys: list[str], relpaths: list[str], sources: list[str], sizes: list[int],
+                       split_of: dict[str, str], pack: PackConfig) -> list[tuple[str, int, list[int]]]:
+    """The plan as it was made from Python lists: rows grouped by split in row order, ranked
+    with sorted() on (source, relpath or "", key) under pack.order path, cut by shard_bounds."""
+    out: list[tuple[str, int, list[int]]] = []
+    for split in SPLITS:
+        mine = [row for row, key in enumerate(keys) if split_of[key] == split]
+        if pack.order == "path":
+            mine.sort(key=lambda row: (sources[row], relpaths[row] or "", keys[row]))
+        bounds = shard_bounds([keys[row] for row in mine], [sizes[row] for row in mine], fmt=pack.format,
+                              max_samples=pack.max_samples, max_bytes=pack.max_bytes)
+        out.extend((split, index, mine[start:stop]) for index, (start, stop) in enumerate(bounds))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_text, _text, st.sampled_from(["ct", "photos", "ñ"]), st.integers(0, 9_000),
+                          st.sampled_from(SPLITS)),
+                max_size=60, unique_by=lambda row: row[0]),
+       st.sampled_from(["key", "path"]), st.integers(1, 9), st.integers(2_000, 30_000))
+def test_the_plan_from_the_table_is_the_plan_from_python_lists_whatever_form_the_splits_come_in(
+        rows: list[tuple[str, str, str, int, str]], order: str, max_samples: int, max_bytes: int) -> None:
+    # the plan reads keys, paths and splits from the table's buffers and arrays (no Python object
+    # per sample): its shards must be those Python's sorted() and the key -> split dict gave
+    rows = sorted(rows)  # the build's table is sorted by key
+    keys, relpaths, sources = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    sizes, splits = [r[3] for r in rows], [r[4] for r in rows]
+    table = SampleTable.of([
+        SpilledSample(key=key, ref=SampleRef(sample_id=key, source=source, kind="dicom", path=f"/r/{key}",
+                                             relpath=relpath, label=None, entity=None, time=None),
+                      spill="a.spill", offset=0, pixel_bytes=size, meta_bytes=0, shape=(1,), dtype="uint8", sha256="")
+        for key, relpath, source, size, _ in rows])
+    pack = PackConfig(format="parquet", max_samples=max_samples, max_bytes=max_bytes, order=order)
+    split_of = dict(zip(keys, splits, strict=True))
+    expected = _planned_as_before(keys, relpaths, sources, sizes, split_of, pack)
+    codes = np.array([SPLITS.index(s) for s in splits], dtype=np.int8)
+    forms: tuple[SplitOf, ...] = (split_of, splits, np.array(splits), codes)
+    for given_as in forms:
+        planned = plan_shards(table, given_as, pack)
+        assert [(p.split, p.index, p.rows.tolist()) for p in planned] == expected
+        assert [p.file for p in planned] == [f"{split}-{index:06d}.parquet" for split, index, _ in expected]
+
+
+def test_splits_given_per_row_must_be_one_per_row_and_codes_must_name_a_split() -> None:
+    table = SampleTable.of([
+        SpilledSample(key=k, ref=SampleRef(sample_id=k, source="ct", kind="dicom", path=k, relpath=k, label=None,
+                                           entity=None, time=None),
+                      spill="a.spill", offset=0, pixel_bytes=1, meta_bytes=0, shape=(1,), dtype="uint8", sha256="")
+        for k in ("a", "b")])
+    pack = PackConfig(format="parquet")
+    with pytest.raises(ValueError, match="1 splits given for 2 samples; give one split per row"):
+        plan_shards(table, ["train"], pack)
+    with pytest.raises(ValueError, match="split codes from 0 to 3; a code is an index into train, valid, test"):
+        plan_shards(table, np.array([0, 3]), pack)
+
+
+def test_keys_read_in_batches_give_the_plan_of_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer.pipeline import plan
+
+    keys = sorted(f"k{i * 7919 % 1000:03d}é" for i in range(50))
+    table = SampleTable.of([
+        SpilledSample(key=k, ref=SampleRef(sample_id=k, source="ct", kind="dicom", path=k, relpath=k, label=None,
+                                           entity=None, time=None),
+                      spill="a.spill", offset=0, pixel_bytes=1000 + i, meta_bytes=0, shape=(1,), dtype="uint8",
+                      sha256="") for i, k in enumerate(keys)])
+    split_of = {k: SPLITS[i % 3] for i, k in enumerate(keys)}
+    pack = PackConfig(format="parquet", max_samples=4)
+    whole = [(p.file, p.rows.tolist()) for p in plan_shards(table, split_of, pack)]
+    monkeypatch.setattr(plan, "_HASH_BATCH", 3)
+    assert [(p.file, p.rows.tolist()) for p in plan_shards(table, split_of, pack)] == whole
+    assert plan.row_cut_hashes(table, np.arange(50)).tolist() == cut_hashes(keys).tolist()

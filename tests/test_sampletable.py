@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import pickle
+import tracemalloc
 import types
 
 import numpy as np
@@ -153,3 +155,85 @@ def test_a_cache_entry_records_a_sample_as_dataclasses_asdict_does(record: Spill
     """The records file's form of a sample (written for every chunk a build touches) is asdict's."""
     assert _sample_json(record) == dataclasses.asdict(record)
     assert canonical_json(_sample_json(record)) == canonical_json(dataclasses.asdict(record))
+
+
+# keys as packer makes them are unique; any text, accents, CJK and astral characters included
+unique_records = st.lists(samples, min_size=0, max_size=40, unique_by=lambda r: r.key)
+
+
+@settings(max_examples=80, deadline=None)
+@given(unique_records, st.lists(st.text(min_size=1, max_size=6), max_size=40, unique=True))
+def test_the_sort_by_key_is_sorted_on_str_whatever_the_keys_characters(records: list[SpilledSample],
+                                                                       keys: list[str]) -> None:
+    # the order comes from Arrow (UTF-8 bytes, no Python object per record): it must be
+    # Python's order of the keys as str, code point by code point
+    records = [dataclasses.replace(r, key=k) for r, k in zip(records, keys + [r.key + "\U0001f600" for r in records],
+                                                             strict=False)]
+    records = list({r.key: r for r in records}.values())
+    expected = sorted(records, key=lambda r: r.key)
+    table = SampleTable.of(records)
+    assert list(table.sorted_by_key()) == expected and list(table) == records
+    released = table.sorted_by_key(release=True)
+    assert list(released) == expected and list(pickle.loads(pickle.dumps(released))) == expected
+    # the table given up is left empty (its fields went into the sorted one), and still a table
+    assert len(table) == 0 and list(table) == [] and table.column("key") == []
+
+
+def test_keys_that_differ_past_ascii_sort_as_python_sorts_them() -> None:
+    keys = ["z", "é", "e\u0301", "\uffff", "\U0001f600", "Z", "a\x00b", "a", "ab", "中", "\x7f", "\x80"]
+    records = [SpilledSample(key=k, ref=SampleRef(sample_id=k, source="ct", kind="dicom", path=k, relpath=k,
+                                                  label=None, entity=None, time=None),
+                             spill="a.spill", offset=0, pixel_bytes=1, meta_bytes=1, shape=(1,), dtype="uint8",
+                             sha256="") for k in keys]
+    assert SampleTable.of(records).sorted_by_key(release=True).column("key") == sorted(keys)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(samples, max_size=30))
+def test_a_builder_that_hands_its_buffers_over_gives_the_same_table_and_starts_again_empty(
+        records: list[SpilledSample]) -> None:
+    kept, released = TableBuilder(SampleTable), TableBuilder(SampleTable)
+    kept.extend(records)
+    released.extend(records)
+    assert list(released.finish(release=True)) == records == list(kept.finish())
+    assert list(released.finish()) == []
+    released.extend(records[:2])
+    assert list(released.finish(release=True)) == records[:2]
+
+
+def _held_bytes(table: SampleTable) -> int:
+    return (sum(len(c.data) + c.ends.nbytes + c.null.nbytes for c in table.text.values())
+            + sum(c.codes.nbytes for c in table.coded.values()) + sum(a.nbytes for a in table.numbers.values()))
+
+
+def test_finishing_and_sorting_a_table_given_up_holds_it_once_plus_a_field_not_twice() -> None:
+    # the client's records at 10M samples are GBs: the builder's hand-over and the sort by key
+    # copy them field by field, freeing each field given up, so the peak is one table and one
+    # field and its offsets (sha256, the largest, is a sixth of the table here; two tables would be 1.0)
+    importlib.import_module("pyarrow.compute")  # imported first: its modules are not the records' memory
+    tracemalloc.start()
+    try:
+        builder = TableBuilder(SampleTable)
+        for i in range(20_000):
+            sample_id = f"{(i * 2654435761) % (1 << 48):012x}"
+            rel = f"E{i // 200:05d}/IM{i % 200:04d}.dcm"
+            ref = SampleRef(sample_id=sample_id, source="ct", kind="dicom", path=f"/raw/{rel}", relpath=rel,
+                            label="a", entity=f"E{i // 200:05d}", time=None)
+            builder.append(SpilledSample(key=f"{sample_id}-s0000", ref=ref, spill="c.spill", offset=i, pixel_bytes=1,
+                                         meta_bytes=1, shape=(1, 2, 2), dtype="uint8", sha256=f"{i:064x}",
+                                         meta_sha256=f"{i:064x}"))
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        table = builder.finish(release=True)
+        held = _held_bytes(table)
+        assert tracemalloc.get_traced_memory()[1] - before < 0.4 * held
+        keys = table.column("key")
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        ordered = table.sorted_by_key(release=True)
+        assert tracemalloc.get_traced_memory()[1] - before < 0.4 * held
+    finally:
+        tracemalloc.stop()
+    assert ordered.column("key") == sorted(keys) and len(table) == 0

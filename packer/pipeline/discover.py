@@ -643,7 +643,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
         else:
             refs.append(ref)
-    return refs.finish()
+    return refs.finish(release=True)
 
 
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,

@@ -587,7 +587,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         results.append(settle.chunk(result))
         progress.update(result.files, bad=len(result.issues))
     progress.close()
-    return sorted(results, key=lambda r: r.key), settle.table.finish(), settle.lookalikes()
+    return sorted(results, key=lambda r: r.key), settle.table.finish(release=True), settle.lookalikes()
 
 
 def _grouped_rows(table: RefTable, job: JobConfig) -> list[tuple[Grouping, list[int]]]:

@@ -10,8 +10,7 @@ other shards' sample lists, and so their bytes (:func:`shard_bounds`).
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +52,28 @@ def shard_file(split: str, index: int, fmt: str) -> str:
 def cut_hashes(keys: Sequence[str]) -> np.ndarray:
     """Each key's cut hash (uint64): the first 8 bytes of blake2b over the key's UTF-8 text,
     the same on every machine, Python build and worker (never Python's salted ``hash``)."""
-    return np.array([int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=_CUT_PERSON).digest(), "big")
-                     for key in keys], dtype=np.uint64)
+    return np.array([_cut_hash(key.encode()) for key in keys], dtype=np.uint64)
+
+
+def _cut_hash(key: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=_CUT_PERSON).digest(), "big")
+
+
+#: rows whose offsets are turned into Python ints at a time by :func:`row_cut_hashes`
+_HASH_BATCH = 65_536
+
+
+def row_cut_hashes(samples: SampleTable, rows: np.ndarray) -> np.ndarray:
+    """:func:`cut_hashes` of the keys of ``samples``' ``rows``, read from the table's key buffer
+    (no ``str`` per record, and offsets turned into Python ints a batch at a time)."""
+    data, ends = samples.text_bytes("key")
+    out = np.empty(len(rows), dtype=np.uint64)
+    for at in range(0, len(rows), _HASH_BATCH):
+        batch = rows[at:at + _HASH_BATCH]
+        starts = np.where(batch > 0, ends[np.maximum(batch - 1, 0)], 0)
+        out[at:at + len(batch)] = [_cut_hash(data[start:end])
+                                   for start, end in zip(starts.tolist(), ends[batch].tolist(), strict=True)]
+    return out
 
 
 def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_samples: int,
@@ -80,10 +99,15 @@ def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_sam
     """
     if len(keys) != len(sizes):
         raise ValueError(f"shard_bounds: {len(keys)} keys but {len(sizes)} sizes; pass one size per key")
-    count = len(keys)
+    return _bounds(cut_hashes(keys), sizes, fmt=fmt, max_samples=max_samples, max_bytes=max_bytes)
+
+
+def _bounds(cuts: np.ndarray, sizes: Sequence[int] | np.ndarray, *, fmt: str, max_samples: int,
+            max_bytes: int) -> list[tuple[int, int]]:
+    """:func:`shard_bounds` of samples whose keys' cut hashes are ``cuts``."""
+    count = len(cuts)
     ends = np.zeros(count + 1, dtype=np.int64)  # ends[i]: bytes of samples [0, i)
     np.cumsum(np.asarray(sizes, dtype=np.int64) + PER_SAMPLE_OVERHEAD[fmt], out=ends[1:])
-    cuts = cut_hashes(keys)
     min_samples = -(-max_samples * MIN_FILL_PERCENT // 100)
     min_bytes = -(-max_bytes * MIN_FILL_PERCENT // 100)
     bounds: list[tuple[int, int]] = []
@@ -123,29 +147,62 @@ def order_ranks(samples: SampleTable, order: str) -> np.ndarray | None:
         return None
     if order != "path":
         raise ValueError(f"pack.order is {order!r}; use key or path")
-    source, relpath, keys = samples.column("source"), samples.column("relpath"), samples.column("key")
     ranks = np.empty(samples.size, dtype=np.int64)
-    ranks[sorted(range(samples.size), key=lambda row: (source[row], relpath[row] or "", keys[row]))] = \
-        np.arange(samples.size, dtype=np.int64)
+    # Python's order of (source, relpath or "", key) as str, sorted by Arrow (SampleTable.order_by)
+    ranks[samples.order_by(["source", "relpath", "key"])] = np.arange(samples.size, dtype=np.int64)
     return ranks
 
 
-def plan_shards(samples: SampleTable, split_of: Mapping[str, str], pack: PackConfig) -> list[PlannedShard]:
+#: what :func:`plan_shards` takes as each sample's split: a mapping from sample key to split
+#: name, or one entry per row of the sample table, a split name or a code (an index into
+#: :data:`~packer.config.SPLITS`)
+SplitOf = Mapping[str, str] | Sequence[str] | np.ndarray
+
+
+def _keys(samples: SampleTable) -> Iterator[str]:
+    """Each row's key, one at a time (offsets turned into Python ints a batch at a time)."""
+    data, ends = samples.text_bytes("key")
+    start = 0
+    for at in range(0, samples.size, _HASH_BATCH):
+        for end in ends[at:at + _HASH_BATCH].tolist():
+            yield data[start:end].decode()
+            start = end
+
+
+def split_codes(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
+    """Each row's split as an int8 index into :data:`~packer.config.SPLITS` (-1: a split name
+    that is none of them, whose samples no shard holds, as before). ``split_of`` is a mapping
+    from sample key to split name, or a split name or code per row of ``samples``."""
+    names = {name: code for code, name in enumerate(SPLITS)}
+    if isinstance(split_of, Mapping):
+        return np.fromiter((names.get(split_of[key], -1) for key in _keys(samples)), dtype=np.int8,
+                           count=samples.size)
+    if len(split_of) != samples.size:
+        raise ValueError(f"plan_shards: {len(split_of)} splits given for {samples.size} samples; give one split "
+                         "per row of the sample table (or a mapping from sample key to split)")
+    if isinstance(split_of, np.ndarray) and split_of.dtype.kind in "iu":
+        if split_of.size and (split_of.min() < 0 or split_of.max() >= len(SPLITS)):
+            raise ValueError(f"plan_shards: split codes from {split_of.min()} to {split_of.max()}; a code is an "
+                             f"index into {', '.join(SPLITS)} (0 to {len(SPLITS) - 1})")
+        return split_of.astype(np.int8)
+    distinct, inverse = np.unique(np.asarray(split_of, dtype=object).astype(str), return_inverse=True)
+    return np.array([names.get(str(name), -1) for name in distinct], dtype=np.int8)[inverse.reshape(-1)]
+
+
+def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
-    ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits."""
-    keys = samples.column("key")
-    rows: dict[str, list[int]] = defaultdict(list)
-    for row, key in enumerate(keys):
-        rows[split_of[key]].append(row)
+    ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits.
+    ``split_of``: each sample's split (:func:`split_codes`)."""
+    codes = split_codes(samples, split_of)
     nbytes = samples.nbytes
     ranks = order_ranks(samples, pack.order)
     shards: list[PlannedShard] = []
-    for split in SPLITS:
-        mine = np.array(rows.pop(split, []), dtype=np.int64)
+    for code, split in enumerate(SPLITS):
+        mine = np.flatnonzero(codes == code).astype(np.int64)
         if ranks is not None:
             mine = mine[np.argsort(ranks[mine], kind="stable")]
-        bounds = shard_bounds([keys[row] for row in mine], nbytes[mine].tolist(), fmt=pack.format,
-                              max_samples=pack.max_samples, max_bytes=pack.max_bytes)
+        bounds = _bounds(row_cut_hashes(samples, mine), nbytes[mine], fmt=pack.format,
+                         max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
                                    rows=mine[start:stop])
                       for index, (start, stop) in enumerate(bounds))

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.allocator import trim_heap
 from packer.config import SPLITS
 from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, file_sha256
@@ -47,18 +48,35 @@ from packer.storage import (
     storage_error,
 )
 
+#: the index's columns of one value per shard (its split and file) or made from its raw
+#: digests, built for all rows at once by :meth:`IndexColumns.table`, not kept per row per shard
+_PER_SHARD = ("split", "shard", "sha256")
+
+
+@dataclass
+class _Shard:
+    """One shard's rows of the index until the table is made."""
+
+    order: tuple[str, str]       # (split, file): the table's order of shards
+    count: int
+    digests: bytes               # 32 raw bytes a row (the sha256 column's hex is made from them)
+    columns: dict[str, Any]      # the other columns, one single-chunk column each
+
 
 class IndexColumns:
     """The columns of ``_index.parquet``, gathered shard by shard.
 
     A shard writer returns positions, sizes and digests (:class:`ShardWrite`); the caller's
-    shard plan knows each sample's key, split, label index, entity and source. Each shard
-    becomes a small Arrow table at once, so no per-row Python objects pile up on the client.
+    shard plan knows each sample's key, split, label index, entity and source. Each shard's
+    columns become small Arrow arrays at once, so no per-row Python objects pile up on the
+    client; the columns of one value per shard (split, file) and the digests' hex are made for
+    every row only when the table is (:meth:`table`), so no shard holds them per row.
     """
 
     def __init__(self, schema: pa.Schema = INDEX_SCHEMA) -> None:
-        self._parts: list[tuple[tuple[str, str], pa.Table]] = []
+        self._parts: list[_Shard] = []
         self.schema = schema
+        self._row_schema = pa.schema([field for field in schema if field.name not in _PER_SHARD])
 
     def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
                   entity_ids: Sequence[str], sources: Sequence[str],
@@ -74,15 +92,15 @@ class IndexColumns:
             raise ValueError(f"shard {written.file}: the writer reported {count} samples, the plan lists "
                              f"{len(keys)} keys, {len(labels)} labels, {len(entity_ids)} entities and "
                              f"{len(sources)} sources")
+        if len(written.digests) < 32 * count:
+            raise ValueError(f"shard {written.file}: the writer reported {count} samples but "
+                             f"{len(written.digests) // 32} digests")
         if any(b <= a for a, b in zip(written.positions, written.positions[1:], strict=False)):
             raise ValueError(f"shard {written.file}: the writer reported positions out of order")
         columns = {
             "key": pa.array(keys, pa.string()),
-            "split": pa.array([split] * count, pa.string()),
-            "shard": pa.array([written.file] * count, pa.string()),
             "position": pa.array(written.positions, pa.int64()),
             "bytes": pa.array(written.sizes, pa.int64()),
-            "sha256": hex_digests(written.digests, count),
             "xxh3": pa.array(np.frombuffer(written.checksums, dtype=np.uint64, count=count), pa.uint64()),
             "label": pa.array(labels, pa.int64()),
             "entity_id": pa.array(entity_ids, pa.string()),
@@ -90,15 +108,63 @@ class IndexColumns:
         }
         if "target" in self.schema.names:
             columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
-        self._parts.append(((split, written.file), pa.table(columns, schema=self.schema)))
+        table = pa.table(columns, schema=self._row_schema)
+        self._parts.append(_Shard((split, written.file), count, written.digests,
+                                  dict(zip(table.column_names, table.columns, strict=True))))
 
-    def table(self) -> pa.Table:
-        """All rows, ordered by split, shard and position (one chunk per column)."""
+    def table(self, *, release: bool = False) -> pa.Table:
+        """All rows, ordered by split, shard and position (one chunk per column). With
+        ``release=True`` the shards' columns are given up as the table is made, each freed once
+        copied into it (the client holds the index once and one column twice, not twice), and
+        this object is left empty."""
         if not self._parts:
             return self.schema.empty_table()
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
         # parts orders the rows, without the copy a row sort makes of every column.
-        return pa.concat_tables([part for _, part in sorted(self._parts, key=lambda p: p[0])]).combine_chunks()
+        parts = sorted(self._parts, key=lambda p: p.order)
+        if release:
+            self._parts = []
+        # each row's shard, for the columns of one value per shard
+        shard_of_row = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [p.count for p in parts]))
+        combined = []
+        for field in self.schema:
+            if field.name in ("split", "shard"):
+                values = pa.array([p.order[0 if field.name == "split" else 1] for p in parts], field.type)
+                combined.append(values.take(shard_of_row))
+            elif field.name == "sha256":
+                combined.append(_hex_column(parts, release=release))
+            else:
+                combined.append(pa.concat_arrays([chunk for p in parts for chunk in p.columns[field.name].chunks]))
+                if release:
+                    for p in parts:
+                        del p.columns[field.name]
+            if release:
+                trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
+        return pa.Table.from_arrays(combined, schema=self.schema)
+
+
+def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
+    """The ``sha256`` column of ``parts``' rows: each row's 32-byte digest as 64 lower-case hex
+    characters (:func:`hex_digests`), written straight into the column's buffer; with
+    ``release`` each shard's digests are let go once written."""
+    count = sum(p.count for p in parts)
+    chars = bytearray(64 * count)
+    view = np.frombuffer(chars, dtype=np.uint8)
+    at = 0
+    for part in parts:
+        raw = np.frombuffer(part.digests, dtype=np.uint8, count=32 * part.count)
+        view[at:at + 2 * raw.size:2] = _HEX[raw >> 4]
+        view[at + 1:at + 2 * raw.size:2] = _HEX[raw & 0x0F]
+        at += 2 * raw.size
+        if release:
+            part.digests = b""
+    del view, raw
+    if 64 * count < 2**31:
+        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
+        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
+    large = pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
+                                             pa.py_buffer(chars))
+    return large.cast(pa.string())
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -116,8 +182,11 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
 
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
-    """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry."""
-    return _write_table(folder / INDEX_FILE, index.table())
+    """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry.
+    An :class:`IndexColumns` gives its shards' columns up to the table written
+    (:meth:`IndexColumns.table`) and is left empty; any other object's ``table()`` is written."""
+    return _write_table(folder / INDEX_FILE, index.table(release=True) if isinstance(index, IndexColumns)
+                        else index.table())
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:

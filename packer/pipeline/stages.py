@@ -199,7 +199,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if readers is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {readers}", file=sys.stderr, flush=True)
             warned.append(("readers", readers))
-        samples = table.sorted_by_key()
+        samples = table.sorted_by_key(release=True)
         del table
         decoded_issues, probed_out = one_record_per_file([i for c in chunks for i in c.issues],
                                                          [e for c in chunks for e in c.excluded])
@@ -588,7 +588,7 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         raise_on_leakage(prepared.audit, write_leakage(leakage_dir, prepared.audit))
     samples = prepared.samples
     target = dataset_target(job, samples.codes("label")[1])
-    shards = plan_shards(samples, prepared.assignment.split, job.pack)
+    shards = plan_shards(samples, split_codes(samples, prepared.assignment.split), job.pack)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
