@@ -328,15 +328,33 @@ class _Columns(Generic[R], Sequence[R]):
                           {n: _Coded(c.codes[start:stop].copy(), c.values, c.codec) for n, c in self.coded.items()},
                           {n: a[start:stop].copy() for n, a in self.numbers.items()})
 
-    def take(self, rows: Sequence[int] | np.ndarray) -> Self:
-        """The records at ``rows`` (indices, in that order) as a new table."""
+    def take(self, rows: Sequence[int] | np.ndarray, *, release: bool = False) -> Self:
+        """The records at ``rows`` (indices, in that order) as a new table. With ``release=True``
+        this table gives its fields up as the new one is made, each freed once copied (the client
+        holds one table and one field, not two tables), and is left an empty table; use it where
+        nothing else reads this table afterwards."""
         index = np.asarray(rows, dtype=np.int64).reshape(-1)
         if index.size and (index.min() < -self.size or index.max() >= self.size):
             raise IndexError(f"rows outside a table of {self.size} records")
         index = np.where(index < 0, index + self.size, index)
-        return type(self)(int(index.size), {n: c.take(index) for n, c in self.text.items()},
-                          {n: c.take(index) for n, c in self.coded.items()},
-                          {n: a[index] for n, a in self.numbers.items()})
+        if not release:
+            return type(self)(int(index.size), {n: c.take(index) for n, c in self.text.items()},
+                              {n: c.take(index) for n, c in self.coded.items()},
+                              {n: a[index] for n, a in self.numbers.items()})
+        text, coded, numbers = {}, {}, {}
+        for name in list(self.text):
+            text[name] = self.text.pop(name).take(index)
+        for name in list(self.coded):
+            coded[name] = self.coded.pop(name).take(index)
+        for name in list(self.numbers):
+            numbers[name] = self.numbers.pop(name)[index]
+        self.size = 0
+        empty = np.zeros(0, dtype=np.int64)
+        self.text = {name: _Text(b"", empty, np.zeros(0, dtype=bool)) for name in text}
+        self.coded = {name: _Coded(np.zeros(0, dtype=np.int32), column.values, column.codec)
+                      for name, column in coded.items()}
+        self.numbers = {name: np.zeros(0, dtype=values.dtype) for name, values in numbers.items()}
+        return type(self)(int(index.size), text, coded, numbers)
 
 
 def _arrow_large(text: _Text) -> Any:
@@ -419,23 +437,7 @@ class SampleTable(_Columns[SpilledSample]):
         if missing.any():
             raise ValueError(f"sorted_by_key: {int(missing.sum())} records have no key; every sample record "
                              "needs one (its reader's key)")
-        order = self.order_by(["key"])
-        if not release:
-            return self.take(order)
-        text, coded, numbers = {}, {}, {}
-        for name in list(self.text):
-            text[name] = self.text.pop(name).take(order)
-        for name in list(self.coded):
-            coded[name] = self.coded.pop(name).take(order)
-        for name in list(self.numbers):
-            numbers[name] = self.numbers.pop(name)[order]
-        size, self.size = self.size, 0
-        empty = np.zeros(0, dtype=np.int64)
-        self.text = {name: _Text(b"", empty, np.zeros(0, dtype=bool)) for name in text}
-        self.coded = {name: _Coded(np.zeros(0, dtype=np.int32), column.values, column.codec)
-                      for name, column in coded.items()}
-        self.numbers = {name: np.zeros(0, dtype=values.dtype) for name, values in numbers.items()}
-        return SampleTable(size, text, coded, numbers)
+        return self.take(self.order_by(["key"]), release=release)
 
 
 T = TypeVar("T", bound=_Columns[Any])

@@ -277,11 +277,14 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     issues.extend(assignment.dropped)
     excluded.extend(assignment.excluded)
     placed = split_codes(samples, assignment.split) >= 0
-    rows = np.flatnonzero(placed)
-    kept = samples.take(rows)
-    assignment = assignment.placed_in(kept, rows)  # split and fold by row of what is packed
     spill_codes, spills = samples.codes("spill")
     partial = frozenset(spills[code] for code in np.unique(spill_codes[~placed]).tolist())
+    if placed.all():  # the usual case: what is packed is every sample, the table as it is
+        kept = samples
+    else:  # each field given up as it is copied: the records are not held twice
+        rows = np.flatnonzero(placed)
+        kept = samples.take(rows, release=True)
+        assignment = assignment.placed_in(kept, rows)  # split and fold by row of what is packed
     return Prepared(inputs=inputs, samples=kept, issues=tuple(sort_issues(issues)), assignment=assignment, audit=audit,
                     chunks=tuple(chunks), decoded=decode, phi=phi, links=links, near_seconds=near_seconds,
                     partial_spills=partial, excluded=tuple(sort_excluded(excluded)), warnings=tuple(warned))
