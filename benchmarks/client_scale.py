@@ -102,7 +102,7 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
     from packer.pipeline.labels import dataset_target
     from packer.pipeline.plan import plan_shards
     from packer.pipeline.publish import IndexColumns, write_index, write_splits_table
-    from packer.pipeline.split import assign_splits
+    from packer.pipeline.split import assign_splits, split_codes
     from packer.shards.writer import ShardWrite
 
     stages: list[dict[str, Any]] = []
@@ -131,7 +131,8 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
         cfg = job.split
         assignment = stage("split", lambda: assign_splits(samples, cfg, None, quiet=True))
         audit = stage("audit", lambda: audit_assignment(samples, assignment, cfg, None, quiet=True))
-        shards = stage("shard plan", lambda: plan_shards(samples, assignment.split, job.pack))
+        shards = stage("shard plan", lambda: plan_shards(samples, split_codes(samples, assignment.split),
+                                                         job.pack))  # as stages.py
 
         def index() -> None:
             target = dataset_target(job, samples.codes("label")[1])
