@@ -98,7 +98,7 @@ def make_records(n: int, per_entity: int, copies: float, seed: int = 0) -> Any:
 def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
     from packer.phi import pseudonymizer_for
     from packer.pipeline.audit import audit_assignment
-    from packer.pipeline.build import TargetColumns
+    from packer.pipeline.build import IndexFields, TargetColumns
     from packer.pipeline.labels import dataset_target
     from packer.pipeline.plan import plan_shards
     from packer.pipeline.publish import IndexColumns, write_index, write_splits_table
@@ -138,17 +138,16 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
             target = dataset_target(job, samples.codes("label")[1])
             targets = TargetColumns.of(samples, target)
             columns = IndexColumns(targets.index_schema())
+            fields = IndexFields.of(samples)  # as build.py
             for k, shard in enumerate(shards):
                 count = len(shard.rows)
                 written = ShardWrite(file=f"{shard.split}-{k:06d}.tar", bytes=count * 197_376, sha256="0" * 64,
                                      positions=array("q", range(0, count * 197_376, 197_376)),
                                      sizes=array("q", [196_736] * count), digests=bytes(32 * count),
                                      checksums=array("Q", range(count)))
-                part = samples.take(shard.rows)
-                columns.add_shard(written, split=shard.split, keys=part.arrow("key"),
-                                  labels=targets.index_labels(shard.rows),
-                                  entity_ids=part.arrow("entity").fill_null(""),
-                                  sources=part.arrow("source"), targets=targets.index_targets(shard.rows))
+                keys, entity_ids, sources = fields.of_rows(shard.rows)
+                columns.add_shard(written, split=shard.split, keys=keys, labels=targets.index_labels(shard.rows),
+                                  entity_ids=entity_ids, sources=sources, targets=targets.index_targets(shard.rows))
             write_index(folder, columns)
 
         stage("index table", index)
