@@ -40,7 +40,7 @@ WORK_DIR_ENV = "PACKER_WORK_DIR"
 CACHE_FOLDER = "cache"           # build caches live in <work_dir>/cache/<name>-<digest>/
 MANIFEST_FILE = "manifest.json"  # the one definition; packer.manifest imports it from here
 #: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
-LOCAL_ONLY = ("bad_samples.jsonl", "excluded.jsonl", "leakage.json", "report.html")
+LOCAL_ONLY = ("bad_samples.jsonl", "excluded.jsonl", "leakage.json", "report.html", "warnings.jsonl")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 _CHUNK = 1 << 20

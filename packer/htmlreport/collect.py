@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from packer.badsamples import REPORT_FILE, read_bad_samples
+from packer.buildwarnings import WARNINGS_FILE, BuildWarning, read_warnings
 from packer.exclusions import EXCLUDED_FILE, read_excluded
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup, Member, read_audit
 from packer.htmlreport.shards import IndexEntry, PackedSample, SampleIndex, load_index, read_samples
@@ -193,6 +194,9 @@ class ReportData:
     # the files left out on purpose (excluded.jsonl), read only where the manifest counts some
     excluded_records: list[dict[str, Any]] | None = None
     excluded_note: str | None = None
+    #: what the build warned of as it ran (warnings.jsonl), shown at the report's top; empty without
+    build_warnings: list[BuildWarning] = field(default_factory=list)
+    build_warnings_note: str | None = None  # why warnings.jsonl could not be read
     target: Target = field(default_factory=lambda: Target("class"))
     value_histograms: list[ValueHistogram] = field(default_factory=list)  # numeric targets, from the index
     mask: MaskSchema | None = None  # the dataset's masks; None without
@@ -321,7 +325,18 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     data.bad_records, data.bad_note = _bad_records(folder, manifest)
     if (manifest.get("inputs") or {}).get("excluded"):
         data.excluded_records, data.excluded_note = _excluded_records(folder)
+    data.build_warnings, data.build_warnings_note = _build_warnings(folder)
     return data
+
+
+def _build_warnings(folder: Path) -> tuple[list[BuildWarning], str | None]:
+    """The warnings the build printed (``warnings.jsonl``, written only where there were some)."""
+    try:
+        return read_warnings(folder / WARNINGS_FILE), None
+    except FileNotFoundError:
+        return [], None
+    except (OSError, ValueError) as err:
+        return [], f"{WARNINGS_FILE}, the warnings the build printed, could not be read: {err}"
 
 
 def _target(manifest: dict[str, Any]) -> Target:

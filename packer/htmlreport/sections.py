@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from packer.buildwarnings import WARNINGS_FILE
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
@@ -183,7 +184,7 @@ def render_summary(data: ReportData) -> str:
                    cls="data", foot=foot, numeric=(1, 2, 3, 4))
     libs = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td class=\"mono\">{esc(v)}</td></tr>"
                    for k, v in m.get("libraries", {}).items())
-    warn = "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings)
+    warn = "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings) + _build_warnings(data)
     redacted = (m.get("phi") or {}).get("mode") == "pseudonymize"  # config_shown names no job path
     body = (f'{warn}<dl class="facts">{"".join(facts)}</dl>'
             f'<div class="cols"><div><h3>Counts per split</h3>{counts}</div>'
@@ -195,6 +196,21 @@ def render_summary(data: ReportData) -> str:
             f'<details><summary>DICOM decoders <span class="muted">({len(m.get("decoders", {}))} transfer '
             f'syntaxes)</span></summary><pre class="json">{_pretty(m.get("decoders", {}))}</pre></details>')
     return section("summary", body)
+
+
+def _build_warnings(data: ReportData) -> str:
+    """The box of what the build warned of as it ran (``warnings.jsonl``), each with its code as
+    ``packer validate --json`` gives it; nothing where the build warned of nothing."""
+    if data.build_warnings_note is not None:
+        return f'<p class="alert" role="alert" id="build-warnings">{esc(data.build_warnings_note)}</p>'
+    if not data.build_warnings:
+        return ""
+    items = "".join(f'<li data-code="{esc(w.code)}"><code>{esc(w.code)}</code> {esc(w.message)}</li>'
+                    for w in data.build_warnings)
+    return (f'<div class="alert" role="alert" id="build-warnings"><strong>The build warned of '
+            f'{len(data.build_warnings)} thing{"s" if len(data.build_warnings) != 1 else ""}</strong> '
+            f'<span class="muted">(printed as <code>packer: warning:</code>; kept in {WARNINGS_FILE})</span>'
+            f"<ul>{items}</ul></div>")
 
 
 def _parse_time(text: Any) -> datetime | None:

@@ -83,7 +83,8 @@ ul.sat{list-style:none;padding:0;margin:4px 0 0;font-size:12px;color:var(--muted
 ul.sat li.flag{color:var(--warn);font-weight:600}
 p.sensitive{border-left:4px solid var(--warn);background:#fdf3f2;padding:8px 12px;border-radius:0 4px 4px 0}
 p.warn{color:var(--warn)}
-p.alert{border:1px solid #e3b4ae;background:#fdf3f2;color:var(--warn);padding:8px 12px;border-radius:4px}
+p.alert,div.alert{border:1px solid #e3b4ae;background:#fdf3f2;color:var(--warn);padding:8px 12px;border-radius:4px}
+div.alert ul{margin:6px 0 0;padding-left:20px}div.alert li{margin:2px 0}
 .pass{color:var(--ok)}.fail{color:var(--warn);font-weight:600}.flagged{color:#a0620a;font-weight:600}
 .noimg{width:64px;height:64px;background:var(--soft);border:1px dashed var(--line);font-size:10px;color:var(--muted);
  display:flex;align-items:center;justify-content:center;text-align:center}

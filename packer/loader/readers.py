@@ -159,6 +159,11 @@ class ShardInfo:
     #: damaged member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`,
     #: :func:`~packer.shards.tar.stream_tar_samples`); None: the samples after such a header are lost with it
     offsets: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
+    #: The split this Parquet shard is of, loaded with ``checksums``: where the shard's own ``key`` or
+    #: ``label`` pages do not decode, those cells are read from its rows of ``_index.parquet`` (only
+    #: then; every sample delivered still checked against its checksum, which covers both); None:
+    #: the rows of such a page are lost with it
+    split_of: SplitInfo | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def download(self) -> tuple[str, str, int, str, Any]:
@@ -801,10 +806,35 @@ def _read_parquet_file(info: ShardInfo, source: Any, positions: Sequence[int],
     (a memory map or a seekable binary file) by :func:`packer.shards.parquet.read_parquet_samples`."""
     from packer.shards.parquet import read_parquet_samples  # pyarrow: imported by Parquet readers only
 
+    checked = info.checksums is not None
     for pos, result in read_parquet_samples(source, positions, expect_rows=info.samples, batch_rows=PARQUET_ROWS,
-                                            records=check.records, checksums=info.checksums is not None):
+                                            records=check.records, checksums=checked,
+                                            recover=_index_cells(info) if checked else None):
         outcome = check.outcome(against_index(info, pos, result) if info.checksums is not None else result)
         yield pos, outcome if isinstance(outcome, Decoded) else Failure.of(info.file, pos, outcome)
+
+
+def _index_cells(info: ShardInfo) -> Callable[[str], Sequence[Any] | str] | None:
+    """The ``recover`` of :func:`~packer.shards.parquet.read_parquet_samples` for the Parquet shard
+    ``info``: a column's cells of every sample of the shard, by position, from ``_index.parquet``
+    (read again, and checked against the manifest's sha256, only when the shard's own pages of that
+    column fail), or why they cannot be had. None without :attr:`ShardInfo.split_of`."""
+    split = info.split_of
+    if split is None:
+        return None
+
+    def cells(column: str) -> Sequence[Any] | str:
+        files = [shard.file for shard in split.shards]
+        if info.file not in files:
+            return f"{info.file} is not a shard of the split {split.split!r}"
+        try:
+            table, bounds = split_index_rows(split, [column], verify=True)
+        except IntegrityError as err:
+            return str(err)
+        lo, hi = bounds[files.index(info.file)]
+        return table[column].slice(lo, hi - lo).to_pylist()
+
+    return cells
 
 
 # -- remote shards ---------------------------------------------------------------------------

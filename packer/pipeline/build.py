@@ -37,6 +37,7 @@ import pyarrow as pa
 from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
 from packer.badsamples import over_limit, summarize_issues, write_bad_samples
+from packer.buildwarnings import write_warnings
 from packer.config import SPLITS, JobConfig
 from packer.errors import (
     BadFractionError,
@@ -394,6 +395,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
+    write_warnings(staging, prepared.warnings)  # only where there were: the report shows them at its top
     if prepared.excluded:  # only where files were left out: a dataset without any keeps its folder as it was
         write_excluded(staging, prepared.excluded)
     release_table_memory()
@@ -425,6 +427,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused = _publish(staging, version_dir, manifest)
+    if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
+        write_warnings(version_dir, prepared.warnings)
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
     if options.keep_cache:
         write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)

@@ -19,7 +19,7 @@ damaged page makes a record batch fail, the rows left are salvaged column by col
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +155,17 @@ def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[in
     return view if view.flags.writeable else view.copy()
 
 
+#: The columns whose cells a salvaged read can take from elsewhere (:data:`Recover`)
+RECOVERABLE = ("key", "label")
+#: Where a column of :data:`RECOVERABLE` does not decode: that column's cells of every row of the
+#: shard, by row, from elsewhere (the loader: the shard's rows of ``_index.parquet``), or a
+#: sentence saying why they cannot be had
+Recover = Callable[[str], Sequence[Any] | str]
+
+
 def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int | None = None,
-                         records: bool = False, batch_rows: int,
-                         checksums: bool = False) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+                         records: bool = False, batch_rows: int, checksums: bool = False,
+                         recover: Recover | None = None) -> Iterator[tuple[int, Decoded | SampleDefect]]:
     """Exactly one ``(row, Decoded | SampleDefect)`` per row of ``rows`` (ascending) of a Parquet
     shard, in that order, whatever is wrong with the file.
 
@@ -170,6 +178,9 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
     a missing column, a read error or an early end fails the rows not yet read. ``checksums``:
     also hash each row's cells (:mod:`packer.shards.checksum`; the ``metadata`` cell is then
     read too) into ``Decoded.checksum`` (or the ``bad_sample`` defect's ``checksum``).
+    ``recover``: with ``checksums`` (which then check every row delivered, its key and label
+    included), the ``key`` or ``label`` cells of a shard whose own pages of that column do not
+    decode are taken from it (:data:`Recover`), asked only then; without, those rows are lost.
     """
     columns = READ_COLUMNS + (["metadata"] if records or checksums else [])
     try:
@@ -221,7 +232,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         # column, and each column as far as it decodes, so that only the rows whose cells are
         # lost fail (the per-sample checksum, where asked for, still checks every row delivered)
         yield from _salvage(source, parquet, want[i:], columns, error=f"Parquet read failed at row {row0} ({err})",
-                            records=records, checksums=checksums)
+                            records=records, checksums=checksums, recover=recover if checksums else None)
         return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
 
@@ -256,15 +267,18 @@ _DAMAGED = ("the shard's bytes changed after the build (disk, copy or cache dama
 
 
 def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns: Sequence[str], *, error: str,
-             records: bool, checksums: bool) -> Iterator[tuple[int, Decoded | SampleDefect]]:
+             records: bool, checksums: bool,
+             recover: Recover | None = None) -> Iterator[tuple[int, Decoded | SampleDefect]]:
     """Exactly one outcome per row of ``rows`` (ascending) of a file whose record batches no
     longer decode (a damaged page, or a cell that is not what it says): each column is read on
     its own, row by row as far as it decodes (a damaged page of a column the reader does not
     need costs nothing, one of a column it needs costs the rows from the damage on), and, where
     ``checksums`` will check every row delivered, the uncompressed ``image`` column's rows past
-    a damaged page are read from the column chunk's own pages (:func:`_plain_cells`). A row
-    whose cells are all there is decoded (and its checksum computed) as any other; a row with a
-    cell lost fails ``undecodable`` naming the column, the read's ``error`` and what to do."""
+    a damaged page are read from the column chunk's own pages (:func:`_plain_cells`), and the
+    ``key`` and ``label`` cells past a damaged page from ``recover`` (given only where the
+    checksums check every row delivered). A row whose cells are all there is decoded (and its
+    checksum computed) as any other; a row with a cell lost fails ``undecodable`` naming the
+    column, the read's ``error`` and what to do."""
     cells: dict[str, list[Any]] = {}
     lost: dict[str, str] = {}  # column -> why its rows from len(cells[column]) on are lost
     for name in columns:
@@ -274,14 +288,33 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
                 cells[name].append(batch.column(0)[0])
         except (OSError, pa.ArrowException) as err:
             lost[name] = f"{err}".strip()
+    # the cells of a key or label column that stopped decoding, from elsewhere: every row's, by row
+    taken: dict[str, Sequence[Any]] = {}
+    for name in (n for n in RECOVERABLE if n in lost):
+        got = recover(name) if recover is not None else None
+        if got is None:
+            continue
+        if isinstance(got, str):
+            lost[name] += f"; nor could its cells be had elsewhere ({got})"
+        elif len(got) != parquet.metadata.num_rows:
+            lost[name] += (f"; nor could its cells be had elsewhere ({len(got)} cells for "
+                           f"{parquet.metadata.num_rows} rows)")
+        else:
+            taken[name] = got
     raw: dict[int, memoryview] = {}
     if checksums and IMAGE_COLUMN in lost:
         # from row 0: a damaged length decodes (wrong) before the read fails; the pages' own
         # lengths, corrected by each row's shape and dtype, put every cell where it was written
         raw = _plain_cells(source, parquet, IMAGE_COLUMN, sizes=_cell_sizes(cells))
+
+    def cell(name: str, row: int) -> Any:
+        """A row's cell of a small column as a Python value: the shard's own, else the one taken."""
+        return cells[name][row].as_py() if row < len(cells[name]) else taken[name][row]
+
     for row in rows:
-        missing = [name for name in columns if row >= len(cells[name]) and not (name == IMAGE_COLUMN and row in raw)]
-        key = cells["key"][row].as_py() if row < len(cells["key"]) else None
+        missing = [name for name in columns if row >= len(cells[name]) and name not in taken
+                   and not (name == IMAGE_COLUMN and row in raw)]
+        key = cell("key", row) if row < len(cells["key"]) or "key" in taken else None
         if missing:
             why = "; ".join(f"column {name!r}: {lost.get(name, 'ends early')}" for name in missing)
             yield row, SampleDefect("undecodable", f"{error}; row {row}'s cells cannot be decoded ({why}): {_DAMAGED}",
@@ -291,7 +324,7 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
             value = {name: cells[name][row] for name in columns if row < len(cells[name])}
             image = bytearray(raw[row]) if row in raw else bytearray(value["image"].as_py())
             yield row, _row_outcome(
-                key, value["label"].as_py(), value["shape"].as_py(), value["dtype"].as_py(), image, 0, len(image),
+                key, cell("label", row), value["shape"].as_py(), value["dtype"].as_py(), image, 0, len(image),
                 value["metadata"].as_py() if "metadata" in value else None,
                 _target_cell(value.get("target"), None), _target_cell(value.get("target_mask"), None),
                 [value[n].as_py() for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in value else None,
