@@ -616,8 +616,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
             fixed[g] = wanted.pop()
     cutoffs = dict(cfg.cutoffs)
     group_split: dict[int, str] = {}
-    times = table.column("time")
-    if cfg.by == "time":
+    times = table.column("time") if cfg.by == "time" else None  # only a time split reads them
+    if times is not None:
         for g, group in enumerate(groups):
             by_time = split_for_time(_group_time(group, times), cutoffs)
             if g in fixed and fixed[g] != by_time:
@@ -634,27 +634,32 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     fold = np.full(len(table), -1, dtype=np.int16)
     code_of = {name: k for k, name in enumerate(SPLITS)}
     dropped: dict[str, Excluded] = {}  # by sample id: a multi-frame file's rows are one file
-    for g, group in enumerate(groups):
-        progress.update()
-        left_out = 0
-        for i in group.members:
-            target, time = group_split[g], times[i]
-            if cfg.by == "time" and cfg.entity_policy == "drop_straddlers" and time is not None:
-                own = split_for_time(time, cutoffs)
-                if own != target:
-                    ref = table[i].ref
-                    left_out += 1
-                    dropped.setdefault(ref.sample_id, Excluded.of(
-                        ref, stage="split", why="straddles_cutoff",
-                        detail=f"record time {time} falls in {own}, but its entity's first record put it in "
-                               f"{target}; left out by split.entity_policy: drop_straddlers (first_seen "
-                               "keeps it, in its entity's split)"))
-                    continue
-            split[i] = code_of[target]
-            if cfg.folds and target != "test":
-                fold[i] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
-        if left_out:
-            groups[g] = replace(group, dropped=left_out)
+    straddlers = times if times is not None and cfg.entity_policy == "drop_straddlers" else None
+    if straddlers is None:  # every member goes where its group goes
+        _place_groups(groups, group_split, cfg, split, fold)
+        progress.update(len(groups))
+    else:  # a time split leaving out the records after their entity's cutoff, record by record
+        for g, group in enumerate(groups):
+            progress.update()
+            left_out = 0
+            for i in group.members:
+                target, time = group_split[g], straddlers[i]
+                if time is not None:
+                    own = split_for_time(time, cutoffs)
+                    if own != target:
+                        ref = table[i].ref
+                        left_out += 1
+                        dropped.setdefault(ref.sample_id, Excluded.of(
+                            ref, stage="split", why="straddles_cutoff",
+                            detail=f"record time {time} falls in {own}, but its entity's first record put it in "
+                                   f"{target}; left out by split.entity_policy: drop_straddlers (first_seen "
+                                   "keeps it, in its entity's split)"))
+                        continue
+                split[i] = code_of[target]
+                if cfg.folds and target != "test":
+                    fold[i] = int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+            if left_out:
+                groups[g] = replace(group, dropped=left_out)
     # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
     warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
@@ -662,6 +667,22 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
                       groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()}, warnings=warnings,
                       excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
+
+
+def _place_groups(groups: Sequence[SplitGroup], group_split: Mapping[int, str], cfg: SplitConfig,
+                  split: np.ndarray, fold: np.ndarray) -> None:
+    """Each group's members into its split's code in ``split`` and (``cfg.folds``, not test) its
+    fold in ``fold``, by array, not member by member."""
+    sizes = np.fromiter((len(group.members) for group in groups), dtype=np.int64, count=len(groups))
+    rows = np.fromiter(itertools.chain.from_iterable(group.members for group in groups), dtype=np.int64,
+                       count=int(sizes.sum()))
+    codes = np.array([SPLITS.index(group_split[g]) for g in range(len(groups))], dtype=np.int8)
+    split[rows] = np.repeat(codes, sizes)
+    if cfg.folds:
+        folds = np.array([-1 if group_split[g] == "test" else
+                          int(entity_unit(f"fold\x00{group.representative}", cfg.seed) * cfg.folds)
+                          for g, group in enumerate(groups)], dtype=np.int16)
+        fold[rows] = np.repeat(folds, sizes)
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
