@@ -170,3 +170,14 @@ def test_sample_table_arrow_gives_large_string_past_the_limit_and_client_stages_
     monkeypatch.setattr(packer.manifest, "STRING_MAX_BYTES", 19)
     assert table.arrow("label").type == pa.large_string() and table.arrow("entity").type == pa.large_string()
     assert table.order_by(["entity", "key"]).tolist() == sorted(range(10), key=lambda i: (f"e{i % 3}", i))
+
+
+def test_hex_digests_past_the_limit_are_large_string_not_wrapped_offsets(monkeypatch) -> None:
+    from packer.pipeline.publish import hex_digests
+
+    digests = [bytes([i]) * 32 for i in range(5)]
+    assert hex_digests(b"".join(digests), 5).type == pa.string()
+    monkeypatch.setattr(packer.manifest, "STRING_MAX_BYTES", 64 * 5 - 1)
+    column = hex_digests(b"".join(digests), 5)
+    assert column.type == pa.large_string() and column.to_pylist() == [d.hex() for d in digests]
+    column.validate(full=True)

@@ -194,12 +194,16 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 def hex_digests(digests: bytes, count: int) -> pa.Array:
     """``count`` 32-byte digests as a string column of 64-character lower-case hex, built in
     numpy: no Python string per sample (100k of them were 11 MB of short-lived objects at the
-    client's peak, writing the index)."""
+    client's peak, writing the index). ``large_string`` past ~33.5M digests
+    (:func:`packer.manifest.text_type`), where int32 offsets would wrap around."""
     raw = np.frombuffer(digests, dtype=np.uint8, count=32 * count)
     chars = np.empty(2 * raw.size, dtype=np.uint8)
     chars[0::2], chars[1::2] = _HEX[raw >> 4], _HEX[raw & 0x0F]
-    offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
-    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
+    if pa.types.is_string(text_type(64 * count)):
+        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
+        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
+    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
+                                            pa.py_buffer(chars.tobytes()))
 
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
