@@ -181,3 +181,16 @@ def test_hex_digests_past_the_limit_are_large_string_not_wrapped_offsets(monkeyp
     column = hex_digests(b"".join(digests), 5)
     assert column.type == pa.large_string() and column.to_pylist() == [d.hex() for d in digests]
     column.validate(full=True)
+
+
+def test_a_rebuild_reuses_the_shards_an_earlier_large_string_index_lists(tmp_path: Path, monkeypatch) -> None:
+    _tree(tmp_path / "raw")
+    monkeypatch.setattr(packer.manifest, "STRING_MAX_BYTES", 0)
+    first = _build(tmp_path, "out")
+    assert cv2.imwrite(str(tmp_path / "raw/P05/extra.png"), np.full((16, 16), 7, np.uint8))
+    with open(tmp_path / "raw/labels.csv", "a") as fh:
+        fh.write("P05/extra.png,circle,P05\n")
+    result = build(load_job(tmp_path / "job.yaml"), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    second = Path(result.manifest_path).parent
+    assert second != first and result.shards_reused > 0  # read from the earlier version's index
+    assert verify_dataset(second, deep=True).ok
