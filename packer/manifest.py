@@ -509,6 +509,48 @@ def _splits_schema() -> pa.Schema:
     ])
 
 
+#: The most bytes of UTF-8 text one Arrow ``string`` column holds (its offsets are int32: about
+#: 33.5M rows of the index's 64-character ``sha256``). A text column of ``_index.parquet`` or
+#: ``_splits.parquet`` that holds more is written as ``large_string`` (int64 offsets, the same
+#: Parquet data), the others as ``string``: a dataset whose columns fit has the bytes it always
+#: had. Read at each call (:func:`text_type`), so a test may lower it to build large columns small.
+STRING_MAX_BYTES = 2**31 - 1
+
+
+def text_type(size: int) -> pa.DataType:
+    """The Arrow type of a text column holding ``size`` bytes of UTF-8: ``string`` up to
+    :data:`STRING_MAX_BYTES`, ``large_string`` beyond."""
+    import pyarrow as pa
+
+    return pa.string() if size <= STRING_MAX_BYTES else pa.large_string()
+
+
+def text_size(column: Any) -> int:
+    """The bytes of UTF-8 text a ``string``/``large_string`` array or chunked array holds (nulls
+    hold none), read from its offsets: no copy of the text."""
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    total = 0
+    for chunk in chunks:
+        if len(chunk):
+            width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=width, count=chunk.offset + len(chunk) + 1)
+            total += int(offsets[-1]) - int(offsets[chunk.offset])
+    return total
+
+
+def fitted_schema(schema: pa.Schema, columns: Mapping[str, Any]) -> pa.Schema:
+    """``schema`` with each ``string`` field whose column in ``columns`` holds more than
+    :data:`STRING_MAX_BYTES` of text made ``large_string`` (:func:`text_type`); the rest as they
+    are, so a table whose text fits keeps the schema, and the bytes, it always had."""
+    import pyarrow as pa
+
+    return pa.schema([field.with_type(text_type(text_size(columns[field.name])))
+                      if pa.types.is_string(field.type) and field.name in columns else field for field in schema],
+                     metadata=schema.metadata)
+
+
 _LAZY = {"INDEX_SCHEMA": _index_schema, "SPLITS_SCHEMA": _splits_schema}
 
 

@@ -33,7 +33,17 @@ from packer.allocator import trim_heap
 from packer.config import SPLITS
 from packer.errors import IntegrityError, PackerError
 from packer.files import atomic_output, file_sha256
-from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA, read_dataset_hash, read_manifest
+from packer.manifest import (
+    INDEX_FILE,
+    INDEX_SCHEMA,
+    SPLITS_FILE,
+    SPLITS_SCHEMA,
+    fitted_schema,
+    read_dataset_hash,
+    read_manifest,
+    text_size,
+    text_type,
+)
 from packer.pipeline.sampletable import as_table
 from packer.pipeline.split import fold_codes, split_codes
 from packer.shards.writer import ShardWrite
@@ -116,7 +126,11 @@ class IndexColumns:
         """All rows, ordered by split, shard and position (one chunk per column). With
         ``release=True`` the shards' columns are given up as the table is made, each freed once
         copied into it (the client holds the index once and one column twice, not twice), and
-        this object is left empty."""
+        this object is left empty.
+
+        A text column whose rows hold more than :data:`packer.manifest.STRING_MAX_BYTES` of
+        text together (``sha256`` past ~33.5M rows) is ``large_string`` in the table and its
+        schema (:func:`packer.manifest.text_type`), the others ``string`` as the schema says."""
         if not self._parts:
             return self.schema.empty_table()
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
@@ -129,18 +143,25 @@ class IndexColumns:
         combined = []
         for field in self.schema:
             if field.name in ("split", "shard"):
-                values = pa.array([p.order[0 if field.name == "split" else 1] for p in parts], field.type)
-                combined.append(values.take(shard_of_row))
+                names = [p.order[0 if field.name == "split" else 1] for p in parts]
+                size = sum(len(name.encode("utf-8")) * p.count for name, p in zip(names, parts, strict=True))
+                combined.append(pa.array(names, text_type(size)).take(shard_of_row))
             elif field.name == "sha256":
                 combined.append(_hex_column(parts, release=release))
             else:
-                combined.append(pa.concat_arrays([chunk for p in parts for chunk in p.columns[field.name].chunks]))
+                chunks = [chunk for p in parts for chunk in p.columns[field.name].chunks]
+                if pa.types.is_string(field.type) and \
+                        pa.types.is_large_string(text_type(sum(text_size(chunk) for chunk in chunks))):
+                    chunks = [chunk.cast(pa.large_string()) for chunk in chunks]  # one string column can't hold them
                 if release:
                     for p in parts:
                         del p.columns[field.name]
+                combined.append(pa.concat_arrays(chunks))
+                del chunks
             if release:
                 trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
-        return pa.Table.from_arrays(combined, schema=self.schema)
+        return pa.Table.from_arrays(combined, schema=fitted_schema(self.schema, dict(zip(self.schema.names, combined,
+                                                                                        strict=True))))
 
 
 def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
@@ -159,12 +180,12 @@ def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
         if release:
             part.digests = b""
     del view, raw
-    if 64 * count < 2**31:
+    if pa.types.is_string(text_type(64 * count)):
         offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
         return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
-    large = pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
-                                             pa.py_buffer(chars))
-    return large.cast(pa.string())
+    # past ~33.5M rows: a string column's int32 offsets cannot reach the end of the text
+    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
+                                            pa.py_buffer(chars))
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -173,12 +194,16 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 def hex_digests(digests: bytes, count: int) -> pa.Array:
     """``count`` 32-byte digests as a string column of 64-character lower-case hex, built in
     numpy: no Python string per sample (100k of them were 11 MB of short-lived objects at the
-    client's peak, writing the index)."""
+    client's peak, writing the index). ``large_string`` past ~33.5M digests
+    (:func:`packer.manifest.text_type`), where int32 offsets would wrap around."""
     raw = np.frombuffer(digests, dtype=np.uint8, count=32 * count)
     chars = np.empty(2 * raw.size, dtype=np.uint8)
     chars[0::2], chars[1::2] = _HEX[raw >> 4], _HEX[raw & 0x0F]
-    offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
-    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
+    if pa.types.is_string(text_type(64 * count)):
+        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
+        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
+    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
+                                            pa.py_buffer(chars.tobytes()))
 
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
@@ -243,15 +268,25 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
         "key": keys,
         "sample_id": samples.arrow("sample_id").take(order),
         "entity_id": samples.arrow("entity").take(order),
-        "split": pa.array(np.array(SPLITS, dtype=object)[split_of[at]], pa.string()),
+        "split": _split_names(split_of[at]),
         "fold": pa.array(fold_of[at].astype(np.int32), pa.int32(), mask=fold_of[at] < 0),
         "time": time_column,
         "days_since_first": days,
         "label": samples.arrow("label").take(order),
     }
-    table = pa.table([columns[field.name].cast(field.type) for field in SPLITS_SCHEMA], schema=SPLITS_SCHEMA)
+    # a text column past STRING_MAX_BYTES is written large_string (text_type), the others as the schema says
+    schema = fitted_schema(SPLITS_SCHEMA, columns)
+    table = pa.table([columns[field.name].cast(field.type) for field in schema], schema=schema)
     del columns
     return _write_table(folder / SPLITS_FILE, table)
+
+
+def _split_names(codes: np.ndarray) -> pa.Array:
+    """Each row's split name (``codes``: indices in :data:`SPLITS`), as ``string`` or, where the
+    names pass :data:`packer.manifest.STRING_MAX_BYTES` together, ``large_string``."""
+    lengths = np.array([len(name) for name in SPLITS], dtype=np.int64)
+    names = pa.array(list(SPLITS), text_type(int(lengths[codes].sum())))
+    return names.take(pa.array(codes.astype(np.int64, copy=False)))
 
 
 # -- publishing a finished version folder to a remote store ---------------------------------

@@ -279,8 +279,11 @@ class _Columns(Generic[R], Sequence[R]):
         return self.numbers[name]
 
     def arrow(self, name: str) -> Any:
-        """Field ``name`` as a ``pyarrow`` array (string for text and coded fields, built from the
-        buffers without a Python object per record; int64/uint64 for numbers)."""
+        """Field ``name`` as a ``pyarrow`` array (int64/uint64 for numbers). A text or coded field
+        is ``string``, or ``large_string`` where its rows hold more text together than one string
+        array can (:data:`packer.manifest.STRING_MAX_BYTES`, 2 GiB: ~100M keys), built from the
+        buffers without a Python object per record; Arrow's compute functions (sort, dictionary
+        encode, compare) take both."""
         import pyarrow as pa
 
         if name in self.numbers:
@@ -290,7 +293,9 @@ class _Columns(Generic[R], Sequence[R]):
         column = self.coded[name]
         if column.codec != "text":
             raise TypeError(f"field {name!r} holds {column.codec} values, not text")
-        return _arrow_strings(column.values).take(pa.array(column.codes))
+        lengths = np.diff(column.values.ends, prepend=np.int64(0))
+        size = int(lengths[column.codes].sum()) if len(column.codes) else 0  # the taken rows' text, not the values'
+        return _arrow_strings(column.values, large=_is_large(size)).take(pa.array(column.codes))
 
     def order_by(self, names: Sequence[str]) -> np.ndarray:
         """The rows (int64) in the order of their values of text fields ``names``, the first
@@ -367,17 +372,28 @@ def _arrow_large(text: _Text) -> Any:
     return pa.LargeStringArray.from_buffers(len(text), pa.py_buffer(offsets), pa.py_buffer(text.data))
 
 
-def _arrow_strings(text: _Text) -> Any:
+def _is_large(size: int) -> bool:
+    """Whether ``size`` bytes of text need a ``large_string`` array (:func:`packer.manifest.text_type`)."""
+    import pyarrow as pa
+
+    from packer.manifest import text_type
+
+    return bool(pa.types.is_large_string(text_type(size)))
+
+
+def _arrow_strings(text: _Text, *, large: bool = False) -> Any:
+    """``text`` as a ``pyarrow`` string array over its buffer (nulls where :attr:`_Text.null`
+    says), or ``large_string`` where ``large`` or where its text passes what a string array's
+    int32 offsets reach (:data:`packer.manifest.STRING_MAX_BYTES`)."""
     import pyarrow as pa
 
     offsets = np.zeros(len(text) + 1, dtype=np.int64)
     offsets[1:] = text.ends
     validity = pa.py_buffer(np.packbits(~text.null, bitorder="little")) if text.null.any() else None
-    if offsets[-1] < 2**31:
+    if not large and not _is_large(int(offsets[-1])):
         return pa.StringArray.from_buffers(len(text), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(text.data),
                                            validity)
-    large = pa.LargeStringArray.from_buffers(len(text), pa.py_buffer(offsets), pa.py_buffer(text.data), validity)
-    return large.cast(pa.string())
+    return pa.LargeStringArray.from_buffers(len(text), pa.py_buffer(offsets), pa.py_buffer(text.data), validity)
 
 
 class RefTable(_Columns[SampleRef]):
