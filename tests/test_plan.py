@@ -193,8 +193,12 @@ def test_splits_given_per_row_must_be_one_per_row_and_codes_must_name_a_split() 
     pack = PackConfig(format="parquet")
     with pytest.raises(ValueError, match="1 splits given for 2 samples; give one split per row"):
         plan_shards(table, ["train"], pack)
-    with pytest.raises(ValueError, match="split codes from 0 to 3; a code is an index into train, valid, test"):
+    with pytest.raises(ValueError, match=r"sample 'b' has no split \(code 3\); a code is an index into train, valid"):
         plan_shards(table, np.array([0, 3]), pack)
+    with pytest.raises(ValueError, match="sample 'a' has no split"):  # a mapping that misses a sample
+        plan_shards(table, {"b": "train"}, pack)
+    with pytest.raises(ValueError, match="split 'holdout' is none of train, valid, test"):
+        plan_shards(table, ["train", "holdout"], pack)
 
 
 def test_keys_read_in_batches_give_the_plan_of_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:

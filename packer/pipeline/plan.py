@@ -10,7 +10,7 @@ other shards' sample lists, and so their bytes (:func:`shard_bounds`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,41 +159,39 @@ def order_ranks(samples: SampleTable, order: str) -> np.ndarray | None:
 SplitOf = Mapping[str, str] | Sequence[str] | np.ndarray
 
 
-def _keys(samples: SampleTable) -> Iterator[str]:
-    """Each row's key, one at a time (offsets turned into Python ints a batch at a time)."""
-    data, ends = samples.text_bytes("key")
-    start = 0
-    for at in range(0, samples.size, _HASH_BATCH):
-        for end in ends[at:at + _HASH_BATCH].tolist():
-            yield data[start:end].decode()
-            start = end
+def row_splits(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
+    """Each row's split as an int8 index into :data:`~packer.config.SPLITS`. ``split_of`` is a
+    mapping from sample key to split name (read through :func:`packer.pipeline.split.split_codes`:
+    an assignment's own codes where they are aligned with ``samples``), or a split name or code per
+    row of ``samples``. Every sample is planned: a key without a split, or a split name that is
+    none of :data:`~packer.config.SPLITS`, raises ValueError naming it."""
+    from packer.pipeline.split import split_codes
 
-
-def split_codes(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
-    """Each row's split as an int8 index into :data:`~packer.config.SPLITS` (-1: a split name
-    that is none of them, whose samples no shard holds, as before). ``split_of`` is a mapping
-    from sample key to split name, or a split name or code per row of ``samples``."""
-    names = {name: code for code, name in enumerate(SPLITS)}
     if isinstance(split_of, Mapping):
-        return np.fromiter((names.get(split_of[key], -1) for key in _keys(samples)), dtype=np.int8,
-                           count=samples.size)
-    if len(split_of) != samples.size:
+        codes = split_codes(samples, split_of)
+    elif len(split_of) != samples.size:
         raise ValueError(f"plan_shards: {len(split_of)} splits given for {samples.size} samples; give one split "
                          "per row of the sample table (or a mapping from sample key to split)")
-    if isinstance(split_of, np.ndarray) and split_of.dtype.kind in "iu":
-        if split_of.size and (split_of.min() < 0 or split_of.max() >= len(SPLITS)):
-            raise ValueError(f"plan_shards: split codes from {split_of.min()} to {split_of.max()}; a code is an "
-                             f"index into {', '.join(SPLITS)} (0 to {len(SPLITS) - 1})")
-        return split_of.astype(np.int8)
-    distinct, inverse = np.unique(np.asarray(split_of, dtype=object).astype(str), return_inverse=True)
-    return np.array([names.get(str(name), -1) for name in distinct], dtype=np.int8)[inverse.reshape(-1)]
+    elif isinstance(split_of, np.ndarray) and split_of.dtype.kind in "iu":
+        codes = split_of.astype(np.int8)
+    else:
+        distinct, inverse = np.unique(np.asarray(split_of, dtype=object).astype(str), return_inverse=True)
+        unknown = [str(name) for name in distinct if str(name) not in SPLITS]
+        if unknown:
+            raise ValueError(f"plan_shards: split {unknown[0]!r} is none of {', '.join(SPLITS)}")
+        codes = np.array([SPLITS.index(str(name)) for name in distinct], dtype=np.int8)[inverse.reshape(-1)]
+    if codes.size and (codes.min() < 0 or codes.max() >= len(SPLITS)):
+        row = int(np.flatnonzero((codes < 0) | (codes >= len(SPLITS)))[0])
+        raise ValueError(f"plan_shards: sample {samples.value('key', row)!r} has no split (code {int(codes[row])}); "
+                         f"a code is an index into {', '.join(SPLITS)} (0 to {len(SPLITS) - 1})")
+    return codes
 
 
 def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
     ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits.
-    ``split_of``: each sample's split (:func:`split_codes`)."""
-    codes = split_codes(samples, split_of)
+    ``split_of``: each sample's split (:func:`row_splits`)."""
+    codes = row_splits(samples, split_of)
     nbytes = samples.nbytes
     ranks = order_ranks(samples, pack.order)
     shards: list[PlannedShard] = []

@@ -202,9 +202,10 @@ class Assignment:
 
 
 def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
-    """Per row of ``table``, the index in :data:`SPLITS` of its key's split in ``split``, or -1:
-    the codes themselves where ``split`` is a :class:`RowCodes` aligned with ``table``, else
-    by key, the keys read a block at a time, not as one list."""
+    """Per row of ``table``, the index in :data:`SPLITS` of its key's split in ``split``, or -1 (no
+    split, or a name that is none of them): the codes themselves where ``split`` is a
+    :class:`RowCodes` aligned with ``table``, else by key, the keys read a block at a time, not as
+    one list."""
     if isinstance(split, RowCodes) and split.keys_of is table.text["key"] and split.values_of == SPLITS:
         return split.codes.astype(np.int8)
     index = {name: k for k, name in enumerate(SPLITS)}
@@ -212,7 +213,8 @@ def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
     block = 1 << 16
     for start in range(0, len(table), block):
         keys = table.text["key"].slice(start, min(start + block, len(table))).values()
-        codes[start:start + len(keys)] = [index[split[k]] if k is not None and k in split else -1 for k in keys]
+        codes[start:start + len(keys)] = [index.get(split[k], -1) if k is not None and k in split else -1
+                                          for k in keys]
     return codes
 
 
