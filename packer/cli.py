@@ -68,7 +68,9 @@ def _print_summary(result: Any) -> None:
 
     manifest = result.manifest
     lines = [f"dataset {manifest['name']} version {manifest['version']}"
-             + (" (already built: nothing rewritten)" if result.reused else "")]
+             + (" (already built: nothing rewritten)" if result.reused and not result.restored else "")
+             + (f" (already built: {len(result.restored)} missing or damaged file(s) restored from this build: "
+                f"{', '.join(result.restored)})" if result.reused and result.restored else "")]
     target = Target.of_manifest(manifest)
     for split in SPLITS:
         entry = manifest["splits"][split]

@@ -462,3 +462,32 @@ def test_one_damaged_shard_decodes_only_the_files_whose_samples_in_it_no_longer_
     assert "1 file's samples read back from it did not check out, so that file was decoded again" in warned
     assert "gone or changed" not in said.out  # the version folder is there: the shard is named, not the version
     same_as_fresh(tree, tmp_path, second, f"damaged-{added}")
+
+
+def test_a_rebuild_of_the_same_version_restores_its_damaged_and_missing_files(
+        tree: PhotoTree, tmp_path: Path) -> None:
+    """A rebuild that finds its version folder already built, with one shard damaged in place
+    and another gone, writes both from their samples; those files replace the damaged and
+    missing ones, so that the version verifies again, as `packer verify`'s "rebuild the version
+    with `packer build`" promises. (They were written, then thrown away with the staging folder
+    because the version's manifest was already there: the version stayed damaged and the
+    summary said "nothing rewritten".)"""
+    from packer.verify import verify_dataset
+
+    first = build_tree(tree, tmp_path, "out", "cache")
+    shard, recorded = flip_pixel_byte(first.version_dir, "p0100.png")
+    manifest = json.loads((first.version_dir / "manifest.json").read_text())
+    others = [s for split in manifest["splits"].values() for s in split["shards"] if s["file"] != shard.name]
+    gone = first.version_dir / others[0]["file"]
+    gone.unlink()
+    kept = first.version_dir / others[1]["file"]
+    kept_inode = kept.stat().st_ino
+    assert verify_dataset(first.version_dir / "manifest.json").problems
+
+    second = build_tree(tree, tmp_path, "out", "cache")
+    assert second.reused and second.version_dir == first.version_dir
+    assert hashlib.sha256(shard.read_bytes()).hexdigest() == recorded
+    assert hashlib.sha256(gone.read_bytes()).hexdigest() == others[0]["sha256"]
+    assert kept.stat().st_ino == kept_inode  # a file that checks out is left as it is
+    assert not verify_dataset(first.version_dir / "manifest.json").problems
+    assert second.restored == tuple(sorted([shard.name, gone.name]))

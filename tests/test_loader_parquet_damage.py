@@ -199,3 +199,40 @@ def test_a_damaged_key_page_and_a_damaged_pixel_lose_that_sample_only(built: Bui
     keys = {item["key"] for item in unchecked}
     assert keys == set(before) - {r["key"] for r in rows}
     assert unchecked.skipped == 30 and "column 'key'" in unchecked.skipped_samples[0]
+
+
+def test_a_data_page_whose_type_reads_as_an_index_page_loses_no_sample(built: BuildResult, tmp_path: Path) -> None:
+    """One bit of the image page header's type (DATA_PAGE_V2, 3) flipped makes it an INDEX_PAGE
+    (1), which pyarrow skips without an error: it yields no row of the shard. The loader said
+    "truncated: the file ended after 0 rows" for all 30 samples, though the file is whole and
+    only a page header is damaged; it now reads the image cells from the chunk's own layout as
+    for any damaged page, and delivers every sample whose checksum matches."""
+    manifest, shard = damaged_copy(built, tmp_path)
+    expected, _ = read_all(manifest)
+    header = image_page_header(shard)
+    data = bytearray(shard.read_bytes())
+    assert data[header:header + 2] == b"\x15\x06"  # field 1 (type), i32 zigzag 3: DATA_PAGE_V2
+    data[header + 1] = 0x02  # zigzag 1: INDEX_PAGE
+    shard.write_bytes(bytes(data))
+    assert pq.ParquetFile(shard).metadata.num_rows == 30
+
+    got, dataset = read_all(manifest)
+    assert dataset.skipped == 0, dataset.skipped_samples
+    assert got == expected
+
+
+def test_without_checksums_a_skipped_page_names_the_damage_not_a_truncated_file(
+        built: BuildResult, tmp_path: Path) -> None:
+    """The same damage under verify="off": nothing read around pyarrow is delivered, and each
+    lost sample says its cells cannot be decoded, with what to do, not that the file ended."""
+    manifest, shard = damaged_copy(built, tmp_path)
+    header = image_page_header(shard)
+    data = bytearray(shard.read_bytes())
+    data[header + 1] = 0x02
+    shard.write_bytes(bytes(data))
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip", verify="off")
+    list(dataset)
+    assert dataset.skipped == 30
+    message = dataset.skipped_samples[0]
+    assert "undecodable" in message and "column 'image'" in message and "packer verify" in message, message
+    assert "truncated" not in message and "the file ended" not in message, message

@@ -50,7 +50,7 @@ from packer.errors import (
     surface,
 )
 from packer.exclusions import exclusion_counts, write_excluded
-from packer.files import TMP_SUFFIX, atomic_output, folder_lock, human_bytes
+from packer.files import TMP_SUFFIX, atomic_output, file_sha256, folder_lock, human_bytes
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -140,6 +140,9 @@ class BuildResult:
     manifest: dict[str, Any]
     issues: tuple[Issue, ...]
     reused: bool = False
+    #: files of an already built version (``reused``) that were missing or damaged, replaced by this
+    #: build's copies of the bytes its manifest records
+    restored: tuple[str, ...] = ()
     registry_copy: Path | None = None
     #: whether this build wrote the registry copy (False: the copy of the same dataset was already there)
     registry_written: bool = False
@@ -426,7 +429,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     }
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
-    reused = _publish(staging, version_dir, manifest)
+    reused, restored = _publish(staging, version_dir, manifest)
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
         write_warnings(version_dir, prepared.warnings)
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
@@ -471,7 +474,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                                     quiet=options.quiet)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=read_manifest(version_dir / MANIFEST_FILE).data,
-                       issues=sorted_issues, reused=reused,
+                       issues=sorted_issues, reused=reused, restored=restored,
                        registry_copy=registry_copy, registry_written=registry_written, executor=description,
                        html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
@@ -636,19 +639,54 @@ def _warn(message: str) -> None:
     print(f"packer: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> bool:
+def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
     """Move the staged files into the version folder and write the manifest last.
 
-    Returns True when the version folder already held this exact dataset (nothing replaced).
+    Returns ``(True, restored)`` when the version folder already held this exact dataset: its
+    manifest and every file that still checks out are left as they are, and ``restored`` names
+    the files it lists (shards, index, splits table) that were missing or no longer held the
+    sha256 the manifest records, each replaced (by rename) with this build's copy, whose bytes
+    are the recorded ones. ``(False, ())`` when the version was written here.
     """
     if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
+        restored = _restore_listed(staging, version_dir, manifest)
         shutil.rmtree(staging)
-        return True
+        return True, restored
     if version_dir.exists():  # incomplete or damaged: a folder without a valid manifest is not a dataset
         shutil.rmtree(version_dir)
     staging.rename(version_dir)
     write_manifest(version_dir, manifest)
-    return False
+    return False, ()
+
+
+def _restore_listed(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tuple[str, ...]:
+    """Replace each file of the already built ``version_dir`` that ``manifest`` lists and that is
+    missing or damaged (size or sha256 not the recorded ones) with its staged copy, when that copy
+    holds the recorded bytes; the names replaced, sorted. A staged file that is the version's own
+    (a shard this build linked from it) is not hashed again."""
+    recorded = {s["file"]: (s["bytes"], s["sha256"]) for split in manifest["splits"].values() for s in split["shards"]}
+    for field in ("index", "splits_table"):
+        entry = manifest.get(field)
+        if isinstance(entry, dict):
+            recorded[entry["file"]] = (entry["bytes"], entry["sha256"])
+    restored = []
+    for name, expected in sorted(recorded.items()):
+        staged, placed = staging / name, version_dir / name
+        if not staged.is_file() or _holds(placed, staged, expected):
+            continue
+        if file_sha256(staged) != expected:  # not the recorded bytes either: nothing better to put there
+            continue
+        os.replace(staged, placed)
+        restored.append(name)
+    return tuple(restored)
+
+
+def _holds(placed: Path, staged: Path, expected: tuple[int, str]) -> bool:
+    """Whether ``placed`` is there with the ``(size, sha256)`` recorded for it."""
+    try:
+        return os.path.samefile(staged, placed) or file_sha256(placed) == expected
+    except FileNotFoundError:
+        return False
 
 
 def _prune_cache(cache_dir: Path, used: set[str], *, keep: bool) -> None:

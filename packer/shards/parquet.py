@@ -234,6 +234,14 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         yield from _salvage(source, parquet, want[i:], columns, error=f"Parquet read failed at row {row0} ({err})",
                             records=records, checksums=checksums, recover=recover if checksums else None)
         return
+    if i < len(want) and row0 < count:
+        # the batches ended before the rows the footer counts, with no error: a page pyarrow
+        # skipped (a data page header whose type reads as an index page) or took as empty; the
+        # file is there to its end, so its columns are read as after any damaged page
+        yield from _salvage(source, parquet, want[i:], columns,
+                            error=f"Parquet read ended after {row0} of the file's {count} rows, without an error",
+                            records=records, checksums=checksums)
+        return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
 
 
@@ -302,7 +310,7 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
         else:
             taken[name] = got
     raw: dict[int, memoryview] = {}
-    if checksums and IMAGE_COLUMN in lost:
+    if checksums and (IMAGE_COLUMN in lost or len(cells[IMAGE_COLUMN]) < parquet.metadata.num_rows):
         # from row 0: a damaged length decodes (wrong) before the read fails; the pages' own
         # lengths, corrected by each row's shape and dtype, put every cell where it was written
         raw = _plain_cells(source, parquet, IMAGE_COLUMN, sizes=_cell_sizes(cells))
