@@ -154,9 +154,16 @@ def test_a_changed_byte_in_a_published_shard_makes_only_its_file_decode_again(
         demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, member: str) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     first = run(demo_raw, tmp_path, out, work, monkeypatch)
-    pointer_file = next(p for p in cache_files(work) if p.name.endswith(".packed.json"))
-    records = json.loads(pointer_file.with_name(pointer_file.name.replace(".packed.json", ".json")).read_text())
-    key, (file, position) = next(iter(json.loads(pointer_file.read_text())["samples"].items()))
+    # a chunk of several files whose first pointed sample is a file of its own (not a series'), so
+    # that "only its file" and "not the chunk" are different counts
+    for pointer_file in sorted(p for p in cache_files(work) if p.name.endswith(".packed.json")):
+        records = json.loads(pointer_file.with_name(pointer_file.name.replace(".packed.json", ".json")).read_text())
+        key, (file, position) = next(iter(json.loads(pointer_file.read_text())["samples"].items()))
+        (file_id,) = {r["ref"]["sample_id"] for r in records["samples"] if r["key"] == key}
+        if records["files"] > 1 and [ids for _, ids, *_ in records["units"] if file_id in ids] == [[file_id]]:
+            break
+    else:
+        raise AssertionError("no cache entry of several files whose first pointed sample is a file of its own")
     shard = first.version_dir / file
     (sample,) = [s for s in scan_tar(shard).samples if s.offset == position]
     assert sample.key == key

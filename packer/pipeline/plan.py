@@ -161,14 +161,21 @@ SplitOf = Mapping[str, str] | Sequence[str] | np.ndarray
 
 def row_splits(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
     """Each row's split as an int8 index into :data:`~packer.config.SPLITS`. ``split_of`` is a
-    mapping from sample key to split name (read through :func:`packer.pipeline.split.split_codes`:
-    an assignment's own codes where they are aligned with ``samples``), or a split name or code per
-    row of ``samples``. Every sample is planned: a key without a split, or a split name that is
-    none of :data:`~packer.config.SPLITS`, raises ValueError naming it."""
-    from packer.pipeline.split import split_codes
-
+    mapping from sample key to split name (the build passes the codes an assignment holds,
+    :func:`packer.pipeline.split.split_codes`), or a split name or code per row of ``samples``.
+    Every sample is planned: a key without a split, or a split name that is none of
+    :data:`~packer.config.SPLITS`, raises ValueError naming it."""
     if isinstance(split_of, Mapping):
-        codes = split_codes(samples, split_of)
+        index = {name: code for code, name in enumerate(SPLITS)}
+        codes = np.full(samples.size, -1, dtype=np.int8)
+        data, ends = samples.text_bytes("key")
+        start = 0
+        for at in range(0, samples.size, _HASH_BATCH):  # keys decoded a batch at a time, not as one list
+            batch = []
+            for end in ends[at:at + _HASH_BATCH].tolist():
+                batch.append(data[start:end].decode())
+                start = end
+            codes[at:at + len(batch)] = [index.get(split_of.get(key, ""), -1) for key in batch]
     elif len(split_of) != samples.size:
         raise ValueError(f"plan_shards: {len(split_of)} splits given for {samples.size} samples; give one split "
                          "per row of the sample table (or a mapping from sample key to split)")
