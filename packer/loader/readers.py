@@ -597,11 +597,19 @@ class Failure:
     def describe(self) -> str:
         if self.reason == "bad_shard":  # the whole shard's defect (size, sha256): no one sample's
             return f"{self.shard}: {self.reason}: {self.message}"
-        key = self.key if self.key is not None else f"#{self.position}"
-        return f"{self.shard}: sample {key}: {self.reason}: {self.message}"
+        if self.key is None:  # its key is in bytes that could not be read: named by its place
+            return f"{self.shard}: the sample at position {self.position}: {self.reason}: {self.message}"
+        return f"{self.shard}: sample {self.key}: {self.reason}: {self.message}"
 
     def error(self) -> ShardReadError:
         return ShardReadError(self.describe(), shard=self.shard, key=self.key)
+
+
+def _lost_text(position: int, samples: int, defect: str) -> str:
+    """Why sample ``position`` of a tar shard of ``samples`` cannot be read past a damaged header."""
+    return (f"sample {position + 1} of the shard's {samples} cannot be found ({defect}); the samples after it are "
+            "read from the offsets _index.parquet recorded. `packer verify` on the version names every damaged "
+            "sample; restore the shard or rebuild the dataset (a rebuild of the same version restores it)")
 
 
 def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect,
@@ -728,9 +736,7 @@ def read_tar(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                 if at is None and pos in lost:
                     outcome: Decoded | Failure = Failure(
                         info.file, pos, None, "unreadable",
-                        f"sample {pos + 1} of the shard's {info.samples} cannot be found ({lost[pos]}); the "
-                        "samples after it are read from the offsets _index.parquet recorded: restore the shard or "
-                        "rebuild the dataset")
+                        _lost_text(pos, info.samples, lost[pos]))
                 elif at is None:  # ``found`` counts whole samples: the one the file ends in is not one
                     outcome = Failure(
                         info.file, pos, index.cut if pos == found else None, "truncated",
@@ -928,9 +934,7 @@ def _stream_tar(info: ShardInfo, fh: IO[bytes], positions: Sequence[int],
                     outcome = _streamed_sample(info, check, index, key, members, stopped)
                 elif defect is not None:  # passed over where the stream was read on from the next offset
                     outcome = Failure(info.file, pos, None, "unreadable",
-                                      f"sample {pos + 1} of the shard's {info.samples} cannot be found ({defect}); the "
-                                      "samples after it are read from the offsets _index.parquet recorded: restore "
-                                      "the shard or rebuild the dataset")
+                                      _lost_text(pos, info.samples, defect))
                 else:
                     outcome = Failure.of(info.file, pos, SampleDefect(
                         "internal", f"position {pos} asked for after {index}: positions must ascend"), key)
