@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def test_junit_empty_splits_case_holds_only_empty_splits_and_other_warnings_go_t
     lines = (held.text or "").splitlines() if held is not None else []
     assert empty.find("failure") is None and all(line.startswith("warning: split ") for line in lines)
     assert not any("entity ids" in line for line in lines)
-    assert [c.tag for c in suite][-1] == "system-out"  # after the test cases, where the JUnit schema puts it
+    assert [c.tag for c in suite][-2:] == ["system-out", "system-err"]  # after the cases, as the schema has it
     said = suite.find("system-out")
     assert said is not None and (said.text or "").startswith("warning (entity_lookalikes): 1 group(s) of entity ids")
 
@@ -530,3 +531,29 @@ def test_junit_has_every_attribute_the_strict_ant_schema_requires(tmp_path: Path
     assert before <= datetime.fromisoformat(suite.get("timestamp", "")) <= after
     assert suite.get("hostname") == (socket.gethostname().strip() or "localhost")
     assert 0 < float(suite.get("time", "0")) <= (after - before).total_seconds() + 1
+    # the schema's order of the suite's children, its output elements both there (and last) with nothing to say
+    tags = [c.tag for c in suite]
+    assert tags[0] == "properties" and tags[-2:] == ["system-out", "system-err"], tags
+    assert set(tags[1:-2]) == {"testcase"}, tags
+
+
+def test_a_junit_failure_has_the_type_and_message_strict_schemas_require(tmp_path: Path) -> None:
+    """A failed case's <failure> had a message but no type, which the Ant schema (and Jenkins'
+    xunit) require: a CI validating the file refused the very run it should have shown as failed."""
+    job = image_job(tmp_path, base_rows(6))
+    raw = tmp_path / "raw"
+    (raw / "broken.png").write_bytes(b"not a png")  # a bad sample, over a threshold of none
+    with (raw / "labels.csv").open("a") as fh:
+        fh.write("broken.png,a,E009,2024-01-01\n")
+    doc = yaml.safe_load(job.read_text())
+    doc["validate"] = {"max_bad_fraction": 0.0}
+    job.write_text(yaml.safe_dump(doc))
+    code, _, output = run_validate(job, "--junit", str(tmp_path / "j.xml"))
+    assert code == 3, output
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    failures = [f for case in suite.iter("testcase") for f in case.iter("failure")]
+    assert failures and suite.get("failures") == str(len(failures))
+    for failure in failures:
+        assert re.fullmatch(r"packer\.validate\.\w+", failure.get("type", "")), failure.attrib
+        assert failure.get("message"), failure.attrib
+    assert [c.tag for c in suite][-2:] == ["system-out", "system-err"]

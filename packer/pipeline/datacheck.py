@@ -406,11 +406,14 @@ def _xml_text(text: str) -> str:
 def write_junit(result: ValidateResult, path: Path) -> None:
     """JUnit XML: a ``bad_fraction`` case plus one case per audit rule; failures list samples.
 
-    The attributes the strict Ant JUnit schema requires are all there: the suite's ``timestamp``
+    What the strict Ant JUnit schema requires is all there: the suite's ``timestamp``
     (when the check started, UTC, ``2026-12-05T07:00:00`` without a zone, as the schema's pattern
     has it), ``hostname`` (the machine's name, as a CI runner reports it: no patient data) and
     ``time`` (the check's wall seconds); each case's ``time`` is 0, since the rules are judged
-    together from one pass over the files (the suite's time is that pass)."""
+    together from one pass over the files (the suite's time is that pass); each ``failure``'s
+    ``type`` (``packer.validate.<rule>``) and ``message``; the suite's ``system-out`` and
+    ``system-err``, last. A case's own ``system-out`` (a passing rule's findings) and ``skipped``
+    go beyond that schema, as in every JUnit file Jenkins, GitLab and Surefire read."""
     doc = summary(result)
     started = result.started or datetime.now(UTC)
     suite = ET.Element("testsuite", name=f"packer validate {doc['name']}",
@@ -431,7 +434,9 @@ def write_junit(result: ValidateResult, path: Path) -> None:
             ET.SubElement(element, "skipped", message=not_run)
         elif failed:
             failures += 1
-            ET.SubElement(element, "failure", message=_xml_text(message)).text = _xml_text(body)
+            # ``type`` (the failed rule) is required by the strict schemas, as is ``message``
+            ET.SubElement(element, "failure", message=_xml_text(message),
+                          type=f"packer.validate.{name}").text = _xml_text(body)
         elif body:
             ET.SubElement(element, "system-out").text = _xml_text(body)
 
@@ -460,9 +465,10 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     case("empty_splits", False, "", "\n".join(f"warning: {w['message']}" for w in doc["warnings"]
                                               if w["code"] == "empty_split"))
     others = [w for w in doc["warnings"] if w["code"] != "empty_split"]
-    if others:
-        ET.SubElement(suite, "system-out").text = _xml_text("\n".join(f"warning ({w['code']}): {w['message']}"
-                                                                       for w in others))
+    # the suite's output, then its error output: both always there, last, as the Ant schema requires
+    ET.SubElement(suite, "system-out").text = _xml_text("\n".join(f"warning ({w['code']}): {w['message']}"
+                                                                   for w in others))
+    ET.SubElement(suite, "system-err").text = ""
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
