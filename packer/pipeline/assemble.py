@@ -175,8 +175,8 @@ def write_shard(task: ShardTask) -> ShardWrite:
 def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: Executor, target: Target,
                 cache_dir: Path, staging: Path, fmt: str, quiet: bool,
                 consumer: SpillConsumer | None = None, raw_paths: bool = False,
-                earlier: EarlierShards | None = None, libraries: dict[str, str] | None = None
-                ) -> dict[str, ShardWrite]:
+                earlier: EarlierShards | None = None, libraries: dict[str, str] | None = None,
+                warned: frozenset[str] = frozenset()) -> dict[str, ShardWrite]:
     """Write every planned shard into ``staging`` on ``executor``, one task per shard, from the
     spill files under ``cache_dir``; return what each writer reported, by shard file.
 
@@ -189,7 +189,10 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
     are the chunks), so the splits advance through the spill together. With a ``consumer``, tar
     shard tasks free their samples' spilled bytes as they write them, and the consumer frees
     what is left of each shard's samples (and deletes finished spill files) once its task has
-    returned. ``raw_paths``: records name their raw files (:attr:`ShardTask.raw_paths`)."""
+    returned. ``raw_paths``: records name their raw files (:attr:`ShardTask.raw_paths`).
+    ``warned``: the resolved paths of earlier shards the build has already warned are damaged
+    (:func:`~packer.pipeline.filecache.damage_report`): one not linked for that reason is not
+    warned of a second time."""
     order = sorted(range(len(shards)), key=lambda i: (int(shards[i].rows[0]) if len(shards[i].rows) else -1, i))
 
     def task_of(j: int) -> ShardTask:  # made when submitted: a shard's records exist only while it is written
@@ -220,8 +223,8 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
         if shard.reused:
             shard = replace(found_rows.pop(shard.file), file=shard.file, seconds=shard.seconds,
                             content_key=shard.content_key, reused=shard.reused)
-        elif shard.refused:  # a warning, not progress: printed under --quiet too
-            print(f"packer: warning: {shard.refused}", file=sys.stderr, flush=True)
+        elif shard.refused and not (task.reuse is not None and str(Path(task.reuse.path).resolve()) in warned):
+            print(f"packer: warning: {shard.refused}", file=sys.stderr, flush=True)  # under --quiet too
         written[shard.file] = shard
         if consumer is not None:
             consumer.packed(task.plan.samples)

@@ -436,10 +436,12 @@ def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> i
 class DamageReport:
     """What a build says about the bytes its cache could not reuse (:func:`damage_report`):
     ``lines`` for its output (each version folder gone, as before) and ``warnings`` (each
-    damaged published shard named, with its sha256 found and the one its manifest records)."""
+    damaged published shard named, with its sha256 found and the one its manifest records);
+    ``shards``: those shards' paths, resolved, so that the pack pass does not warn of them again."""
 
     lines: tuple[str, ...]
     warnings: tuple[str, ...]
+    shards: frozenset[str] = frozenset()
 
 
 def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: str) -> DamageReport:
@@ -457,6 +459,7 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
     inside = cache_dir.resolve()
     gone: dict[str, set[str]] = defaultdict(set)
     warnings: list[str] = []
+    shards: set[str] = set()
     for where, ids in sorted(by_file.items()):
         path = Path(where)
         if path.resolve().is_relative_to(inside):
@@ -464,6 +467,7 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
         if not path.exists():
             gone[str(path.parent)].update(ids)
             continue
+        shards.add(str(path.resolve()))
         whose = "1 file's samples" if len(ids) == 1 else f"{len(ids)} files' samples"
         warnings.append(f"{path}: {_shard_found(path)}: the build cache's {whose} read back from it did not check "
                         f"out, so {'that file was' if len(ids) == 1 else 'those files were'} decoded again. Check "
@@ -474,7 +478,7 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
         lines.append(f"packer: decoded {count} files again: the build cache read their samples back from "
                      f"{', '.join(sorted(gone))}, which is gone or changed ({keep_spill} keeps a copy in the cache "
                      "instead)")
-    return DamageReport(tuple(lines), tuple(warnings))
+    return DamageReport(tuple(lines), tuple(warnings), frozenset(shards))
 
 
 def _shard_found(path: Path) -> str:

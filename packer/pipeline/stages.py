@@ -576,13 +576,16 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
-    if cache_dir is not None and not quiet:
+    warned_shards: frozenset[str] = frozenset()
+    if cache_dir is not None:
         said = damage_report(cache_dir, [unit for c in prepared.chunks for unit in c.damaged],
                              surface().call("build", "keep_spill"))
-        for line in said.lines:
-            print(line, flush=True)
-        for warning in said.warnings:
+        if not quiet:
+            for line in said.lines:
+                print(line, flush=True)
+        for warning in said.warnings:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {warning}", file=sys.stderr, flush=True)
+        warned_shards = said.shards
     if through == "audit":
         return StageRun(prepared)
     if cache_dir is None or staging is None or leakage_dir is None:
@@ -600,5 +603,5 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     earlier = EarlierShards(staging.parent, job.pack.format)
     written = pack_shards(shards, samples, executor, target, cache_dir, staging, job.pack.format, quiet, consumer,
                           raw_paths=job.phi.mode == "keep", earlier=earlier,
-                          libraries=library_versions(source_libraries(job.sources)))
+                          libraries=library_versions(source_libraries(job.sources)), warned=warned_shards)
     return StageRun(prepared, target=target, shards=tuple(shards), written=written)
