@@ -250,13 +250,13 @@ def _opening_line(n: int, cells: Mapping[str, str]) -> int:
 
 
 def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column: str, why: str) -> ConfigError:
+    """The error for a quote opened in ``column`` that swallowed the rows below: it names the
+    lines, never the swallowed text, which is a row of the table and may hold a patient's id."""
     start = _opening_line(n, cells)
-    second = (cells[column].splitlines() + ["", ""])[1]
     return ConfigError(
         f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that does not close on its "
-        f"line: the cell runs to line {n} and {why} ({second[:60]!r} is on its second "
-        f"line); close the quote on line {start}, or remove the stray quote (a quote inside a quoted cell is "
-        "written twice: \"\")")
+        f"line: the cell runs to line {n} and {why} (lines {start + 1}-{n}); close the quote on line {start}, "
+        "or remove the stray quote (a quote inside a quoted cell is written twice: \"\")")
 
 
 def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns: Sequence[str],
