@@ -13,6 +13,7 @@ install: $(VENV)/.installed
 # constraints.txt: the byte-shaping libraries at the committed demo manifest's versions, so that
 # `make demo` on a fresh machine builds the version the README quotes.
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "packer needs Python 3.11 or newer; $(PYTHON) is " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
