@@ -36,10 +36,10 @@ import pydicom
 from pydicom.dataset import Dataset
 
 from packer.read.annotations import ANNOTATION_CLASSES, AnnotationRefs, annotation_modality, annotation_refs
+from packer.read.dicom_meta import meta_elements
 
 #: The most of a damaged file read to salvage it (its header; a SEG's pixels come last).
 SALVAGE_BYTES = 64 << 20
-_LONG_VRS = (b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV")
 #: An annotation's SOP class UID in a file's bytes, as a whole UID (not the start of a longer one).
 _ANNOTATION_UID = re.compile(b"(" + b"|".join(re.escape(uid.encode()) for uid in ANNOTATION_CLASSES)
                              + rb")(?![0-9.])")
@@ -50,21 +50,10 @@ _DATASET_START = (b"\x08\x00", b"\x02\x00")
 def _meta_class(data: bytes) -> tuple[str, bool]:
     """The file meta's Media Storage SOP Class UID (0002,0002) as far as the bytes hold it, and
     whether its value is whole (the element ends within the bytes)."""
-    pos = 132
-    while pos + 8 <= len(data):
-        group, element = struct.unpack_from("<HH", data, pos)
-        if group != 0x0002:
-            break
-        if data[pos + 4:pos + 6] in _LONG_VRS:
-            if pos + 12 > len(data):
-                break
-            length, at = int(struct.unpack_from("<I", data, pos + 8)[0]), pos + 12
-        else:
-            length, at = int(struct.unpack_from("<H", data, pos + 6)[0]), pos + 8
+    for element, at, length in meta_elements(data):
         if element == 0x0002:
             value = data[at:at + length]
             return value.rstrip(b"\0 ").decode("ascii", "replace"), at + length <= len(data)
-        pos = at + length
     return "", False
 
 

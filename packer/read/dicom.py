@@ -57,6 +57,7 @@ from packer.read.dicom_attrs import (
     text_value,
     undecodable_note,
 )
+from packer.read.dicom_meta import META_START, meta_elements
 from packer.read.dicom_objects import classify, header_failure
 from packer.read.dicom_render import GRAYSCALE, render_samples
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geometry
@@ -95,7 +96,6 @@ _DECODERS: dict[str, str] = {
 _NATIVE = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"})
 _DEFLATED = "1.2.840.10008.1.2.1.99"
 # Explicit VRs with a 2-byte reserved field and a 4-byte length (PS3.5 7.1.2).
-_LONG_VRS = frozenset({b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV"})
 
 #: Photometric interpretations pydicom's ``pixel_array`` returns as RGB (YBR converted).
 RGB_DECODED = ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_RCT", "YBR_ICT")
@@ -192,21 +192,12 @@ def _check_preamble(ref: SampleRef, head: bytes | None = None) -> Issue | None:
 def _meta_transfer_syntax(head: bytes) -> tuple[str, int]:
     """(Transfer Syntax UID, offset of the data set) from the file meta group (PS3.10 7.1), which
     is always Explicit VR Little Endian; ``""`` when the group does not say."""
-    pos, syntax = 132, ""
-    while pos + 8 <= len(head):
-        group, element = struct.unpack_from("<HH", head, pos)
-        if group != 0x0002:
-            break
-        if head[pos + 4:pos + 6] in _LONG_VRS:
-            if pos + 12 > len(head):
-                break
-            length, value_at = int(struct.unpack_from("<I", head, pos + 8)[0]), pos + 12
-        else:
-            length, value_at = int(struct.unpack_from("<H", head, pos + 6)[0]), pos + 8
-        if element == 0x0010:
+    syntax, end = "", META_START
+    for number, value_at, length in meta_elements(head):
+        if number == 0x0010:
             syntax = head[value_at:value_at + length].rstrip(b"\0 ").decode("ascii", "replace")
-        pos = value_at + length
-    return syntax, pos
+        end = value_at + length
+    return syntax, end
 
 
 def _check_inflated(ref: SampleRef, handle: BoundedFile | _InMemory, limits: LimitsConfig) -> Issue | None:
