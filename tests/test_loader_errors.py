@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -601,34 +603,47 @@ def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_ru
     assert list(skipping) == [] and skipping.skipped == 6
 
 
+def flip_header_byte(shard: Path, member: tarfile.TarInfo) -> None:
+    """Flip a byte of ``member``'s name in ``shard``: its header checksum no longer matches."""
+    damaged = bytearray(shard.read_bytes())
+    damaged[member.offset + 1] ^= 0x01
+    shard.write_bytes(bytes(damaged))
+
+
+@contextlib.contextmanager
+def read_from(manifest: Path, read: str, name: str) -> Iterator[Path | str]:
+    """Where to read the version of ``manifest`` from: the folder itself, or for ``read ==
+    "streamed"`` a copy of it on fsspec's memory store under ``/<name>`` (a store without a
+    shard cache reads each shard front to back), removed afterwards."""
+    if read != "streamed":
+        yield manifest
+        return
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for path in manifest.parent.iterdir():
+        memory.pipe(f"/{name}/v/{path.name}", path.read_bytes())
+    try:
+        yield f"memory://{name}/v/manifest.json"
+    finally:
+        memory.rm(f"/{name}", recursive=True)
+
+
 @pytest.mark.parametrize("read", ["mapped", "positional", "streamed"])
 def test_a_tar_header_damaged_after_the_build_is_named_not_called_an_early_end(tmp_path, monkeypatch, read):
     """A flipped byte in a member's header fails the header's checksum, and a tar reader stops
     there; the shard still has the manifest's size, so "truncated ... (early end of archive)"
     sent the user looking for a short copy. The message names the damaged header and its offset,
     whether the shard is memory-mapped, read positionally or streamed from a store."""
-    import fsspec
-
     monkeypatch.setenv("PACKER_TAR_MMAP", "0" if read == "positional" else "1")
     manifest = build_dataset(tmp_path / "ds", shard_sizes=(4,))
     shard = tmp_path / "ds" / "train-000000.tar"
     with tarfile.open(shard) as tar:
         second = [m for m in tar.getmembers() if not m.name.startswith(tar.getmembers()[0].name.split(".")[0])][0]
-    damaged = bytearray(shard.read_bytes())
-    damaged[second.offset + 1] ^= 0x01   # a byte of the member's name: the header checksum no longer matches
-    shard.write_bytes(bytes(damaged))
-    where: Path | str = manifest
-    if read == "streamed":
-        memory = fsspec.filesystem("memory")
-        for path in manifest.parent.iterdir():
-            memory.pipe(f"/damaged-header/v/{path.name}", path.read_bytes())
-        where = "memory://damaged-header/v/manifest.json"
-    try:
-        with pytest.raises(ShardReadError, match="train-000000.tar") as err:
-            list(ShardDataset(where, "train", shuffle=False))
-    finally:
-        if read == "streamed":
-            fsspec.filesystem("memory").rm("/damaged-header", recursive=True)
+    flip_header_byte(shard, second)
+    with read_from(manifest, read, "damaged-header") as where, \
+            pytest.raises(ShardReadError, match="train-000000.tar") as err:
+        list(ShardDataset(where, "train", shuffle=False))
     message = str(err.value)
     assert "early end of archive" not in message, message
     assert f"damaged tar header at byte {second.offset}" in message and "restore" in message, message
@@ -644,23 +659,13 @@ def test_a_damaged_tar_header_loses_only_its_own_sample_where_the_index_gives_th
     next sample's, and only the damaged sample is lost, whether the shard is memory-mapped, read
     positionally or streamed front to back from a store without a shard cache (which still
     ended at the damaged header). verify="shard" names the shard alone."""
-    import fsspec
-
     monkeypatch.setenv("PACKER_TAR_MMAP", "0" if read == "positional" else "1")
     manifest = build_dataset(tmp_path / "ds", shard_sizes=(4, 6, 5))
     shard = tmp_path / "ds" / "train-000001.tar"
     with tarfile.open(shard) as tar:
         header = [m for m in tar.getmembers() if m.name.startswith("s00006.")][member]
-    damaged = bytearray(shard.read_bytes())
-    damaged[header.offset + 1] ^= 0x01  # a byte of the member's name: the header checksum no longer matches
-    shard.write_bytes(bytes(damaged))
-    where: Path | str = manifest
-    if read == "streamed":
-        memory = fsspec.filesystem("memory")
-        for path in manifest.parent.iterdir():
-            memory.pipe(f"/damaged-resync/v/{path.name}", path.read_bytes())
-        where = "memory://damaged-resync/v/manifest.json"
-    try:
+    flip_header_byte(shard, header)
+    with read_from(manifest, read, "damaged-resync") as where:
         dataset = ShardDataset(where, "train", shuffle=False, on_error="skip")
         items = list(dataset)
         assert [item["key"] for item in items] == [k for k in split_keys(15) if k != "s00006"]
@@ -678,9 +683,6 @@ def test_a_damaged_tar_header_loses_only_its_own_sample_where_the_index_gives_th
             list(ShardDataset(where, "train", shuffle=False, verify="shard"))
         assert err.value.shard == "train-000001.tar" and "sha256" in str(err.value)
         assert "sample" not in str(err.value).split("sha256")[0], str(err.value)  # the shard's defect, no sample's
-    finally:
-        if read == "streamed":
-            fsspec.filesystem("memory").rm("/damaged-resync", recursive=True)
 
 
 def test_a_damaged_sample_read_in_a_worker_raises_as_in_the_main_process(tmp_path):
