@@ -222,6 +222,19 @@ def exact_levels(stored: np.ndarray, center: float, width: float, function: str,
     return np.clip(k, 0, top)
 
 
+def assert_exact_levels(channel: np.ndarray, stored: np.ndarray, window: tuple[float, float, str],
+                        where: str = "") -> int:
+    """Assert that ``channel`` (uint16 levels packed from ``stored`` through ``window``) equals
+    :func:`exact_levels` everywhere, naming the first level that differs; returns how many of
+    its levels lie on the ramp (neither 0 nor 65535), so a caller can check the ramp is exercised."""
+    c, w, f = window
+    expected = exact_levels(stored, c, w, f, 65535)
+    off = np.flatnonzero(channel.astype(np.int64) != expected)
+    assert off.size == 0, (f"{where}window {c}/{w} {f}: {off.size} levels differ, first stored value "
+                           f"{stored.flat[off[0]]}: {channel.flat[off[0]]} != {expected.flat[off[0]]}")
+    return int(((expected > 0) & (expected < 65535)).sum())
+
+
 @pytest.mark.parametrize("frame", EXACT_FRAMES)
 def test_uint16_levels_equal_the_window_formula_computed_exactly(tmp_path: Path, frame: str) -> None:
     """uint16 output is the exact DICOM window of every stored value, rounded half to even: no
@@ -234,11 +247,7 @@ def test_uint16_levels_equal_the_window_formula_computed_exactly(tmp_path: Path,
     assert packed.dtype == np.uint16
     ramp = 0
     for channel, (c, w, f) in zip(packed, EXACT_WINDOWS, strict=True):
-        expected = exact_levels(stored, c, w, f, 65535)
-        off = np.flatnonzero(channel.astype(np.int64) != expected)
-        assert off.size == 0, (f"window {c}/{w} {f}: {off.size} levels differ, first stored value "
-                               f"{stored.flat[off[0]]}: {channel.flat[off[0]]} != {expected.flat[off[0]]}")
-        ramp += int(((expected > 0) & (expected < 65535)).sum())
+        ramp += assert_exact_levels(channel, stored, (c, w, f))
         if f == "LINEAR" and c == -600.0:  # and the plain float64 formula agrees where it has no tie to decide
             x = stored.astype(np.float64) * EXACT_SLOPE + EXACT_INTERCEPT
             np.testing.assert_array_equal(channel, np.rint(linear(x, c, w) * 65535.0))
