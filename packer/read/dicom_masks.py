@@ -271,43 +271,36 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             continue
         if f.damaged:
             names = "; ".join(f"{a.path} ({n.modality}, {n.damaged_reason})" for a, n in f.damaged)
-            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
-                f"{r.path}: its series ({len(f.series.refs)} files) is annotated by {len(f.damaged)} SEG or "
-                f"RTSTRUCT object(s) that cannot be read (see their records): {names}. Its masks would lack "
-                "their structures, so it is not packed. Re-export the annotation, or remove it to pack the series "
-                "without it")) for r in f.series.refs)
-            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
-                f"{r.path}: another annotation of its series cannot be read ({names}); the series is not packed"))
-                for r, _ in f.annotations)
+            issues.extend(_not_packed(
+                f, f"its series ({len(f.series.refs)} files) is annotated by {len(f.damaged)} SEG or RTSTRUCT "
+                f"object(s) that cannot be read (see their records): {names}. Its masks would lack their structures, "
+                "so it is not packed. Re-export the annotation, or remove it to pack the series without it",
+                f"another annotation of its series cannot be read ({names}); the series is not packed"))
             continue
         suspect = _lost_for(f, geometry, fallback if f.annotations else lost)
         if suspect and f.annotations:
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
-            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
-                f"{r.path}: {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
+            issues.extend(_not_packed(
+                f, f"{len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
                 f"damaged: see their records) may be another annotation of its series ({len(f.series.refs)} files; "
                 f"every series it may belong to is annotated already): {names}. Its masks would lack their "
                 "structures, so it is not packed. Re-export the annotation, or remove it to pack the series with its "
-                "other annotations")) for r in f.series.refs)
-            issues.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=(
-                f"{r.path}: an annotation that cannot be read may be another of its series' ({names}); the series is "
-                "not packed")) for r, _ in f.annotations)
+                "other annotations",
+                f"an annotation that cannot be read may be another of its series' ({names}); the series is not packed"))
             continue
         if suspect:
             names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
-            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
-                f"{r.path}: no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files), "
+            issues.extend(_not_packed(
+                f, f"no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files), "
                 f"and {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
                 f"damaged: see their records) may be its own: {names}. Its all-zero masks would "
                 "be a read failure, not an empty series, so it is not packed. Re-export the annotation, or remove "
                 "it to pack the series with all-zero masks (mask.empty: keep)"))
-                for r in f.series.refs)
             continue
         if not f.annotations and cfg.empty == "bad":
-            issues.extend(Issue.of(r, stage="validate", reason="mask_missing", message=(
-                f"{r.path}: no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files) "
+            issues.extend(_not_packed(
+                f, f"no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files) "
                 "and mask.empty is bad; add its annotation, or set empty: keep to pack it with all-zero masks"))
-                for r in f.series.refs)
             continue
         places = f.places if f.places is not None else ()
         siblings = [g for g in by_series.get((f.series.refs[0].source, f.series_uid), []) if g is not f]
@@ -318,6 +311,18 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                    - instances[id(f)]))
     issues.extend(_possible(ref, refs, found, geometry) for ref, refs in maybe)
     return out, issues
+
+
+def _not_packed(f: _Found, series_why: str, annotations_why: str | None = None) -> list[Issue]:
+    """The records of an annotated series that is not packed: ``mask_missing`` for each of its
+    files, saying ``series_why``, and, where given, ``series_incomplete`` for each of its
+    annotations, saying ``annotations_why`` (each message after the file's path)."""
+    out = [Issue.of(r, stage="validate", reason="mask_missing", message=f"{r.path}: {series_why}")
+           for r in f.series.refs]
+    if annotations_why is not None:
+        out.extend(Issue.of(r, stage="validate", reason="series_incomplete", message=f"{r.path}: {annotations_why}")
+                   for r, _ in f.annotations)
+    return out
 
 
 #: What the record of a file that did not parse says where the file may be an annotation (the
