@@ -24,12 +24,25 @@ maybe = st.none() | text
 refs = st.builds(SampleRef, sample_id=text, source=st.sampled_from(["ct", "photos"]),
                  kind=st.sampled_from(["dicom", "image"]), path=text, relpath=text, label=maybe, entity=maybe,
                  time=maybe, extra=st.sampled_from([(), (("site", "A"),), (("site", "ü"), ("scanner", "x"))]))
+# digest fields are kept as raw bytes while every value is lower-case hex of one width: values
+# of other widths, upper case, spaces or other text turn the field back into text where they come
+hexes = st.binary(min_size=1, max_size=33).map(bytes.hex)
+digests = (st.sampled_from(["", "ab" * 16, "AB" * 16, "ab " * 10 + "a", "0" * 64]) | text | hexes
+           | st.binary(min_size=32, max_size=32).map(bytes.hex) | hexes.map(str.upper))
 samples = st.builds(
     SpilledSample, key=text, ref=refs, spill=st.sampled_from(["a.spill", "b.spill"]),
     offset=st.integers(0, 2**40), pixel_bytes=st.integers(0, 2**31), meta_bytes=st.integers(0, 2**20),
     shape=st.sampled_from([(), (1, 8, 8), (3, 256, 256)]), dtype=st.sampled_from(["uint8", "uint16"]),
-    sha256=text, signature=st.sampled_from(["", "a.sig.npy"]), sig_row=st.integers(-1, 2**20),
-    pixels_xxh3=st.integers(0, 2**64 - 1), stored_digest=st.sampled_from(["", "ab" * 16]))
+    sha256=digests, meta_sha256=digests, signature=st.sampled_from(["", "a.sig.npy"]), sig_row=st.integers(-1, 2**20),
+    pixels_xxh3=st.integers(0, 2**64 - 1), stored_digest=st.sampled_from(["", "ab" * 16]) | digests)
+# as builds make them: sha256 digests, a few repeated (exact copies), stored digests on some
+sha = st.sampled_from([bytes([b]) * 32 for b in range(4)]) | st.binary(min_size=32, max_size=32)
+built = st.builds(
+    SpilledSample, key=text, ref=refs, spill=st.just("a.spill"), offset=st.integers(0, 2**40),
+    pixel_bytes=st.integers(0, 2**31), meta_bytes=st.integers(0, 2**20), shape=st.just((1, 8, 8)),
+    dtype=st.just("uint8"), sha256=sha.map(bytes.hex), meta_sha256=sha.map(bytes.hex),
+    stored_digest=st.just("") | st.sampled_from([bytes([b]) * 16 for b in range(3)]).map(bytes.hex),
+    blank=st.booleans())
 
 
 @settings(max_examples=60, deadline=None)
@@ -46,8 +59,14 @@ def test_a_table_gives_back_the_records_it_was_built_from(records: list[SpilledS
     assert table.array("sig_row").tolist() == [r.sig_row for r in records]
     assert table.column("signature") == [r.signature for r in records]
     assert table.nbytes.tolist() == [r.nbytes for r in records]
-    for name in ("key", "path", "time", "label", "entity", "source", "offset", "sig_row", "signature"):
+    for name in ("key", "path", "time", "label", "entity", "source", "offset", "sig_row", "signature", "sha256",
+                 "meta_sha256", "stored_digest"):
         assert table.arrow(name).to_pylist() == table.column(name), name
+    for name in ("sha256", "meta_sha256", "stored_digest"):
+        data, ends = table.text_bytes(name)
+        starts = [0, *ends.tolist()][:len(ends)]
+        assert [data[a:b].decode() for a, b in zip(starts, ends.tolist(), strict=True)] == [
+            v or "" for v in table.column(name)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -62,6 +81,47 @@ def test_take_slice_and_sort_select_the_same_records_as_on_a_list(records: list[
     assert list(table.sorted_by_key()) == sorted(records, key=lambda r: r.key)
     assert table == SampleTable.of(records) and table.take(rows) == SampleTable.of([records[i] for i in rows])
     assert (table == table[1:]) == (records == records[1:]) and table != records
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(built, max_size=30), st.lists(built, max_size=5), st.data())
+def test_digests_are_kept_as_raw_bytes_and_read_back_as_the_hex_they_were(
+        records: list[SpilledSample], more: list[SpilledSample], data: st.DataObject) -> None:
+    from packer.pipeline.dedup import exact_groups, exact_groups_of
+
+    table = SampleTable.of(records)
+    for name in ("sha256", "meta_sha256", "stored_digest"):
+        assert table.digests(name) is not None, name   # 32 (16) bytes a row, not 64 (32) characters and an offset
+        assert table.column(name) == [getattr(r, name) for r in records]
+    assert list(table) == records
+    assert list(pickle.loads(pickle.dumps(table))) == records
+    rows = data.draw(st.lists(st.integers(0, max(len(records) - 1, 0)), max_size=20)) if records else []
+    assert list(table.take(rows)) == [records[i] for i in rows] and list(table[1::2]) == records[1::2]
+    # joined with tables of other digest widths, of text, or of no digest at all: the same records
+    others = [SampleTable.of(more), SampleTable.of([dataclasses.replace(r, sha256="not hex") for r in more]),
+              SampleTable.of([dataclasses.replace(r, stored_digest="") for r in more])]
+    for other in others:
+        joined = SampleTable.concat([table, other, table])
+        assert list(joined) == records + list(other) + records
+    # the exact-copy groups, read from the raw digests, are those of the records' text
+    assert exact_groups_of(table) == exact_groups([r.sha256 for r in records], [r.stored_digest for r in records],
+                                                  [r.blank for r in records])
+
+
+def test_a_digest_field_becomes_text_where_a_value_is_not_a_digest_of_its_width() -> None:
+    def record(sha: str) -> SpilledSample:
+        ref = SampleRef(sample_id="a", source="ct", kind="dicom", path="a", relpath="a", label=None, entity=None,
+                        time=None)
+        return SpilledSample(key="a", ref=ref, spill="c.spill", offset=0, pixel_bytes=1, meta_bytes=1, shape=(1,),
+                             dtype="uint8", sha256=sha)
+
+    for odd in ("AB" * 32, "ab" * 31 + "a ", "ab" * 16, "zz" * 32, " " + "ab" * 32, "a"):
+        values = ["", "01" * 32, odd, "02" * 32]
+        table = SampleTable.of([record(v) for v in values])
+        assert table.digests("sha256") is None and table.column("sha256") == values, odd
+    table = SampleTable.of([record(v) for v in ("", "01" * 32, "", "02" * 32)])
+    assert table.digests("sha256") is not None and table.column("sha256") == ["", "01" * 32, "", "02" * 32]
+    assert table.text["sha256"].nbytes < 4 * 64
 
 
 def test_few_distinct_values_are_kept_once() -> None:
@@ -202,14 +262,14 @@ def test_a_builder_that_hands_its_buffers_over_gives_the_same_table_and_starts_a
 
 
 def _held_bytes(table: SampleTable) -> int:
-    return (sum(len(c.data) + c.ends.nbytes + c.null.nbytes for c in table.text.values())
+    return (sum(c.nbytes for c in table.text.values())
             + sum(c.codes.nbytes for c in table.coded.values()) + sum(a.nbytes for a in table.numbers.values()))
 
 
 def test_finishing_and_sorting_a_table_given_up_holds_it_once_plus_a_field_not_twice() -> None:
     # the client's records at 10M samples are GBs: the builder's hand-over and the sort by key
     # copy them field by field, freeing each field given up, so the peak is one table and one
-    # field and its offsets (sha256, the largest, is a sixth of the table here; two tables would be 1.0)
+    # field and its offsets (sha256, the largest, is an eighth of the table here; two tables would be 1.0)
     importlib.import_module("pyarrow.compute")  # imported first: its modules are not the records' memory
     tracemalloc.start()
     try:

@@ -126,9 +126,17 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     ``name`` is equal, leaving out the rows of ``skip`` and, with ``skip_empty``, those where it
     is empty or missing; None when the values used are not digests (one length, at least
     :data:`_PREFIX` characters): the caller groups those as text."""
-    text = samples.text[name]
-    lengths = np.diff(text.ends, prepend=0)
-    used = ~text.null & (lengths > 0) if skip_empty else np.ones(len(lengths), dtype=bool)
+    digests = samples.digests(name)
+    if digests is not None:  # kept as raw digests: a row's bytes sit at row × width
+        held = ~(digests.null | digests.empty)
+        lengths = np.where(held, 2 * digests.width, 0)   # as hex characters, as the text's lengths
+        raw, width_of, start_of = digests.raw, digests.width, np.arange(len(held), dtype=np.int64) * digests.width
+        missing = digests.null
+    else:
+        data, ends = samples.text_bytes(name)
+        lengths = np.diff(ends, prepend=0)
+        raw, start_of, missing = data, None, samples.text[name].null
+    used = ~missing & (lengths > 0) if skip_empty else np.ones(len(lengths), dtype=bool)
     if skip is not None:
         used &= ~skip
     rows = np.flatnonzero(used)
@@ -137,9 +145,16 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     width = int(lengths[rows[0]])
     if width < _PREFIX or not (lengths[rows] == width).all():
         return None
-    data = np.frombuffer(text.data, dtype=np.uint8)
-    starts = text.ends[rows] - width
-    prefix = np.ascontiguousarray(data[starts[:, None] + np.arange(_PREFIX)]).view(np.uint64)
+    if start_of is None:
+        width_of, starts = width, ends[rows] - width
+    else:
+        starts = start_of[rows]
+    view = np.frombuffer(raw, dtype=np.uint8)
+    # each value's first 16 bytes (16 hex characters: 64 bits; or up to 16 raw bytes), mixed into one key
+    take = min(_PREFIX, width_of)
+    prefix = np.zeros((rows.size, _PREFIX), dtype=np.uint8)
+    prefix[:, :take] = view[starts[:, None] + np.arange(take)]
+    prefix = prefix.view(np.uint64)
     key = prefix[:, 0] ^ (prefix[:, 1] * np.uint64(0x9E3779B97F4A7C15))
     order = np.argsort(key, kind="stable")  # rows of one key stay ascending
     key = key[order]
@@ -147,12 +162,11 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     bounds = np.concatenate(([0], edge, [key.size]))
     sizes = np.diff(bounds)
     groups: list[list[int]] = []
-    raw, ends = text.data, text.ends
     for begin, size in zip(bounds[:-1][sizes > 1].tolist(), sizes[sizes > 1].tolist(), strict=True):
         by_value: dict[bytes, list[int]] = {}
-        for row in rows[order[begin:begin + size]].tolist():  # the whole value decides, not its first 64 bits
-            end = int(ends[row])
-            by_value.setdefault(raw[end - width:end], []).append(row)
+        sharing = order[begin:begin + size]
+        for row, at in zip(rows[sharing].tolist(), starts[sharing].tolist(), strict=True):
+            by_value.setdefault(raw[at:at + width_of], []).append(row)  # the whole value decides, not 64 bits
         groups.extend(group for group in by_value.values() if len(group) > 1)
     groups.sort()
     return groups

@@ -57,6 +57,11 @@ class _Text:
     def __len__(self) -> int:
         return len(self.ends)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the column holds (text, offsets, null flags)."""
+        return len(self.data) + self.ends.nbytes + self.null.nbytes
+
     def starts(self) -> np.ndarray:
         starts = np.zeros_like(self.ends)
         starts[1:] = self.ends[:-1]
@@ -111,6 +116,94 @@ class _Text:
         return _Text(self.data[begin:end], self.ends[start:stop] - begin, self.null[start:stop].copy())
 
 
+_HEXCHARS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def hex_chars(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The lower-case hex of bytes ``raw`` (uint8, any shape: its last axis doubles) as ASCII
+    codes (uint8), made in numpy, written into ``out`` where given."""
+    chars = np.empty((*raw.shape[:-1], 2 * raw.shape[-1]), dtype=np.uint8) if out is None else out
+    chars[..., 0::2], chars[..., 1::2] = _HEXCHARS[raw >> 4], _HEXCHARS[raw & 0x0F]
+    return chars
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _Digests:
+    """A text field of lower-case hex digests, kept as their raw bytes: row ``i`` is
+    ``raw[i * width:(i + 1) * width].hex()``, or None where ``null[i]``, or ``""`` where
+    ``empty[i]`` (such rows hold zero bytes of ``raw``' width). Half the bytes of the hex text
+    and no end offsets: a sample's ``sha256`` and ``meta_sha256`` were 146 of its ~390 bytes
+    on the client. A field whose values are not all such digests is a :class:`_Text`
+    (:class:`TableBuilder` decides)."""
+
+    raw: bytes
+    width: int
+    null: np.ndarray    # bool
+    empty: np.ndarray   # bool
+
+    def __len__(self) -> int:
+        return len(self.null)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the column holds (digests, missing and empty flags)."""
+        return len(self.raw) + self.null.nbytes + self.empty.nbytes
+
+    def get(self, i: int) -> str | None:
+        if self.null[i]:
+            return None
+        if self.empty[i]:
+            return ""
+        return self.raw[i * self.width:(i + 1) * self.width].hex()
+
+    def values(self) -> list[str | None]:
+        return self.as_text().values()
+
+    def as_text(self) -> _Text:
+        """The same rows as hex text (made in numpy, no Python object per row)."""
+        chars = hex_chars(np.frombuffer(self.raw, dtype=np.uint8).reshape(len(self), self.width))
+        held = ~(self.null | self.empty)
+        lengths = np.where(held, 2 * self.width, 0).astype(np.int64)
+        return _Text(chars[held].tobytes(), np.cumsum(lengths), self.null.copy())
+
+    def take(self, rows: np.ndarray) -> _Digests:
+        raw = np.frombuffer(self.raw, dtype=np.uint8).reshape(len(self), self.width)
+        return _Digests(raw[rows].tobytes(), self.width, self.null[rows], self.empty[rows])
+
+    def slice(self, start: int, stop: int) -> _Digests:
+        return _Digests(self.raw[start * self.width:stop * self.width], self.width, self.null[start:stop].copy(),
+                        self.empty[start:stop].copy())
+
+    @staticmethod
+    def concat(parts: Sequence[_Digests | _Text]) -> _Digests | _Text:
+        """One column of ``parts``' rows: digests where every part holds digests of one width (a
+        part of only missing or empty rows takes any width), text otherwise."""
+        digests = [p for p in parts if isinstance(p, _Digests)]
+        if parts and len(digests) == len(parts):
+            widths = {p.width for p in digests if p.held()}
+            if len(widths) <= 1:
+                width = next(iter(widths)) if widths else max(p.width for p in digests)
+                return _Digests(b"".join(p.raw if p.width == width else bytes(width * len(p)) for p in digests), width,
+                                np.concatenate([p.null for p in digests]), np.concatenate([p.empty for p in digests]))
+        return _Text.concat([_text_of(p) for p in parts])
+
+    def held(self) -> bool:
+        """Whether any row holds a digest (not missing, not empty)."""
+        return bool(len(self)) and not bool((self.null | self.empty).all())
+
+
+def _text_of(column: _Text | _Digests) -> _Text:
+    """A text field as :class:`_Text`, whichever way it is kept."""
+    return column.as_text() if isinstance(column, _Digests) else column
+
+
+def _concat_text(parts: Sequence[_Text | _Digests]) -> _Text | _Digests:
+    """One text column of ``parts``' rows (digests where they all are, :meth:`_Digests.concat`)."""
+    if any(isinstance(p, _Digests) for p in parts):
+        return _Digests.concat(parts)
+    return _Text.concat(parts)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class _Codec:
     """How a coded field's distinct values are written as text and read back."""
@@ -148,10 +241,11 @@ class _Columns(Generic[R], Sequence[R]):
     """Records of one dataclass type in columns; subclasses name the fields and build a record."""
 
     TEXT: ClassVar[tuple[str, ...]]
+    DIGESTS: ClassVar[tuple[str, ...]] = ()  # text fields kept as raw digests where every value is one (_Digests)
     CODED: ClassVar[dict[str, str]]    # field -> codec
     NUMBERS: ClassVar[dict[str, str]]  # field -> array typecode ("q" int64, "Q" uint64)
 
-    def __init__(self, size: int, text: dict[str, _Text], coded: dict[str, _Coded],
+    def __init__(self, size: int, text: dict[str, _Text | _Digests], coded: dict[str, _Coded],
                  numbers: dict[str, np.ndarray]) -> None:
         self.size, self.text, self.coded, self.numbers = size, text, coded, numbers
 
@@ -187,7 +281,7 @@ class _Columns(Generic[R], Sequence[R]):
             return tables[0]
         if not tables:
             return cls.of(())
-        text = {name: _Text.concat([t.text[name] for t in tables]) for name in cls.TEXT}
+        text = {name: _concat_text([t.text[name] for t in tables]) for name in cls.TEXT}
         coded: dict[str, _Coded] = {}
         for name, codec in cls.CODED.items():
             values: dict[str | None, int] = {}
@@ -289,7 +383,7 @@ class _Columns(Generic[R], Sequence[R]):
         if name in self.numbers:
             return pa.array(self.numbers[name])
         if name in self.text:
-            return _arrow_strings(self.text[name])
+            return _arrow_strings(_text_of(self.text[name]))
         column = self.coded[name]
         if column.codec != "text":
             raise TypeError(f"field {name!r} holds {column.codec} values, not text")
@@ -311,7 +405,7 @@ class _Columns(Generic[R], Sequence[R]):
         columns = {}
         for name in names:
             if name in self.text:
-                columns[name] = _arrow_large(self.text[name])
+                columns[name] = _arrow_large(_text_of(self.text[name]))
             elif name in self.coded and self.coded[name].codec == "text":
                 column = self.coded[name]
                 columns[name] = _arrow_large(column.values).take(pa.array(column.codes))
@@ -324,9 +418,16 @@ class _Columns(Generic[R], Sequence[R]):
     def text_bytes(self, name: str) -> tuple[bytes, np.ndarray]:
         """Text field ``name``'s UTF-8 buffer and each row's end offset in it (int64; row ``i``
         starts where row ``i - 1`` ends, row 0 at 0; a missing value is the empty string): for
-        code that reads rows' text as bytes without a ``str`` per record. Do not modify them."""
-        text = self.text[name]
+        code that reads rows' text as bytes without a ``str`` per record. Do not modify them (a
+        digest field's are made for the call: :meth:`digests` reads such a field's raw bytes)."""
+        text = _text_of(self.text[name])
         return text.data, text.ends
+
+    def digests(self, name: str) -> _Digests | None:
+        """Text field ``name`` as raw digests (its rows' bytes at a fixed width, and which rows are
+        missing or empty) where it is kept so, else None (then :meth:`text_bytes` reads it)."""
+        column = self.text[name]
+        return column if isinstance(column, _Digests) else None
 
     def _slice(self, start: int, stop: int) -> Self:
         return type(self)(stop - start, {n: c.slice(start, stop) for n, c in self.text.items()},
@@ -420,6 +521,7 @@ class SampleTable(_Columns[SpilledSample]):
     """The pixel pass's sample records in columns (see the module's docstring)."""
 
     TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256", "meta_sha256", "stored_digest", "instance")
+    DIGESTS = ("sha256", "meta_sha256", "stored_digest")
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
     NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",
@@ -459,6 +561,51 @@ class SampleTable(_Columns[SpilledSample]):
 T = TypeVar("T", bound=_Columns[Any])
 
 
+class _DigestBuffer:
+    """A digest field's rows as :class:`TableBuilder` appends them: raw bytes at one width (see
+    :class:`_Digests`) for as long as every value is lower-case hex of that width, None or ``""``."""
+
+    __slots__ = ("raw", "null", "empty", "width", "zero")
+
+    def __init__(self) -> None:
+        self.raw, self.null, self.empty = bytearray(), bytearray(), bytearray()
+        self.width, self.zero = 0, b""
+
+    def append(self, value: str | None) -> bool:
+        """Append ``value``; False (and nothing appended) when it is not a digest of this width."""
+        if value is None or value == "":
+            self.raw += self.zero
+            self.null.append(value is None)
+            self.empty.append(value is not None)
+            return True
+        try:
+            raw = bytes.fromhex(value)
+        except (TypeError, ValueError):
+            return False
+        if 2 * len(raw) != len(value) or raw.hex() != value:  # spaces or upper case: not as hex() writes it
+            return False
+        if len(raw) != self.width:
+            if self.width:
+                return False
+            self.width, self.zero = len(raw), bytes(len(raw))
+            self.raw += bytes(self.width * len(self.null))  # the missing and empty rows before the first digest
+        self.raw += raw
+        self.null.append(False)
+        self.empty.append(False)
+        return True
+
+    def column(self) -> _Digests:
+        return _Digests(bytes(self.raw), self.width, np.frombuffer(self.null, dtype=np.uint8).astype(bool),
+                        np.frombuffer(self.empty, dtype=np.uint8).astype(bool))
+
+    def as_text(self) -> tuple[bytearray, array[int], bytearray]:
+        """The rows so far as a text field's buffers (data, ends, null)."""
+        text = self.column().as_text()
+        ends: array[int] = array("q")
+        ends.frombytes(text.ends.astype(np.int64).tobytes())
+        return bytearray(text.data), ends, bytearray(text.null.astype(np.uint8).tobytes())
+
+
 class TableBuilder(Generic[T]):
     """Appends records of a table type into growable buffers (no Python object kept per record;
     the distinct values of coded fields are kept until :meth:`finish`)."""
@@ -472,12 +619,20 @@ class TableBuilder(Generic[T]):
     def _reset(self) -> None:
         kind = self._kind
         self._size = 0
-        self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT}
+        self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT if name not in kind.DIGESTS}
+        self._digests = {name: _DigestBuffer() for name in kind.DIGESTS}
         self._codes: dict[str, tuple[array[int], dict[Any, int]]] = {name: (array("i"), {}) for name in kind.CODED}
         self._numbers = {name: array(code) for name, code in kind.NUMBERS.items()}
 
     def append(self, record: Any) -> None:
         read = self._read
+        for name in self._kind.DIGESTS:
+            digests = self._digests.get(name)
+            if digests is not None and not digests.append(read[name](record)):
+                # a value that is no digest of the field's width: the field is text from here on,
+                # and this value is appended with the text fields below
+                self._text[name] = digests.as_text()
+                del self._digests[name]
         for name, (data, ends, null) in self._text.items():
             value = read[name](record)
             if value is not None:
@@ -500,8 +655,11 @@ class TableBuilder(Generic[T]):
         (the client holds the records once and one field twice, not everything twice), and the
         builder is left empty."""
         kind, size = self._kind, self._size
-        text: dict[str, _Text] = {}
-        for name in list(self._text):
+        text: dict[str, _Text | _Digests] = {}
+        for name in kind.TEXT:
+            if name in self._digests:
+                text[name] = (self._digests.pop(name) if release else self._digests[name]).column()
+                continue
             data, ends, null = self._text.pop(name) if release else self._text[name]
             text[name] = _Text(bytes(data), np.frombuffer(ends, dtype=np.int64).copy(),
                                np.frombuffer(null, dtype=np.uint8).astype(bool))
