@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from packer.manifest import (
     text_size,
     text_type,
 )
-from packer.pipeline.sampletable import as_table
+from packer.pipeline.sampletable import as_table, hex_chars
 from packer.pipeline.split import fold_codes, split_codes
 from packer.shards.writer import ShardWrite
 from packer.storage import (
@@ -131,56 +131,116 @@ class IndexColumns:
         A text column whose rows hold more than :data:`packer.manifest.STRING_MAX_BYTES` of
         text together (``sha256`` past ~33.5M rows) is ``large_string`` in the table and its
         schema (:func:`packer.manifest.text_type`), the others ``string`` as the schema says."""
-        if not self._parts:
-            return self.schema.empty_table()
+        schema, groups = self.row_groups(max(1, self.rows), release=release)
+        tables = list(groups)
+        return tables[0] if len(tables) == 1 else schema.empty_table()
+
+    @property
+    def rows(self) -> int:
+        """How many rows the shards added so far hold."""
+        return sum(p.count for p in self._parts)
+
+    def row_groups(self, rows: int, *, release: bool = False) -> tuple[pa.Schema, Iterator[pa.Table]]:
+        """The index's schema and its rows (ordered as :meth:`table` orders them) as tables of
+        ``rows`` rows each (the last one fewer; none for an empty index), one chunk per column:
+        what ``pq.write_table(self.table(), row_group_size=rows)`` writes as row groups, made one
+        group at a time, so the client never holds the whole index's columns at once (at 10M
+        samples they were +2.3 GB on top of the shards' own columns). With ``release=True`` each
+        shard's columns are given up once its last row is in a group, and this object is left
+        empty."""
+        if rows < 1:
+            raise ValueError(f"row_groups: rows must be at least 1, not {rows}")
         # Each part is one shard, its positions ascending (checked in add_shard): ordering the
         # parts orders the rows, without the copy a row sort makes of every column.
         parts = sorted(self._parts, key=lambda p: p.order)
         if release:
             self._parts = []
-        # each row's shard, for the columns of one value per shard
-        shard_of_row = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [p.count for p in parts]))
-        combined = []
+        schema = self._fitted(parts)
+        return schema, self._groups(parts, schema, rows, release=release)
+
+    def _fitted(self, parts: Sequence[_Shard]) -> pa.Schema:
+        """The schema, with ``large_string`` for the text columns that the whole index's rows
+        pass :data:`packer.manifest.STRING_MAX_BYTES` in (decided before any group is made)."""
+        fields = []
         for field in self.schema:
+            if not pa.types.is_string(field.type):
+                fields.append(field)
+                continue
             if field.name in ("split", "shard"):
-                names = [p.order[0 if field.name == "split" else 1] for p in parts]
-                size = sum(len(name.encode("utf-8")) * p.count for name, p in zip(names, parts, strict=True))
-                combined.append(pa.array(names, text_type(size)).take(shard_of_row))
+                size = sum(len(p.order[0 if field.name == "split" else 1].encode("utf-8")) * p.count for p in parts)
             elif field.name == "sha256":
-                combined.append(_hex_column(parts, release=release))
+                size = 64 * sum(p.count for p in parts)
             else:
-                chunks = [chunk for p in parts for chunk in p.columns[field.name].chunks]
-                if pa.types.is_string(field.type) and \
-                        pa.types.is_large_string(text_type(sum(text_size(chunk) for chunk in chunks))):
-                    chunks = [chunk.cast(pa.large_string()) for chunk in chunks]  # one string column can't hold them
-                if release:
-                    for p in parts:
-                        del p.columns[field.name]
-                combined.append(pa.concat_arrays(chunks))
-                del chunks
+                size = sum(text_size(chunk) for p in parts for chunk in p.columns[field.name].chunks)
+            fields.append(field.with_type(text_type(size)))
+        return pa.schema(fields, metadata=self.schema.metadata)
+
+    @staticmethod
+    def _groups(parts: list[_Shard], schema: pa.Schema, rows: int, *, release: bool) -> Iterator[pa.Table]:
+        pending: list[tuple[_Shard, int, int]] = []   # (shard, first row, end row) of the group being made
+        held = 0
+        for part in parts:
+            at = 0
+            while at < part.count:
+                take = min(part.count - at, rows - held)
+                pending.append((part, at, at + take))
+                at += take
+                held += take
+                if held == rows:
+                    yield _group_table(pending, schema)
+                    if release:
+                        _give_up([p for p, _, end in pending if end == p.count])
+                    pending, held = [], 0
+        if pending:
+            yield _group_table(pending, schema)
             if release:
-                trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
-        return pa.Table.from_arrays(combined, schema=fitted_schema(self.schema, dict(zip(self.schema.names, combined,
-                                                                                        strict=True))))
+                _give_up([p for p, _, end in pending if end == p.count])
 
 
-def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
-    """The ``sha256`` column of ``parts``' rows: each row's 32-byte digest as 64 lower-case hex
-    characters (:func:`hex_digests`), written straight into the column's buffer; with
-    ``release`` each shard's digests are let go once written."""
-    count = sum(p.count for p in parts)
+def _group_table(pending: Sequence[tuple[_Shard, int, int]], schema: pa.Schema) -> pa.Table:
+    """One row group of the index: rows ``start`` to ``end`` of each listed shard, in order."""
+    counts = [end - start for _, start, end in pending]
+    shard_of_row = pa.array(np.repeat(np.arange(len(pending), dtype=np.int32), counts))
+    combined = []
+    for field in schema:
+        if field.name in ("split", "shard"):
+            names = [p.order[0 if field.name == "split" else 1] for p, _, _ in pending]
+            combined.append(pa.array(names, field.type).take(shard_of_row))
+        elif field.name == "sha256":
+            combined.append(_hex_column(pending, large=pa.types.is_large_string(field.type)))
+        else:
+            chunks = [chunk for p, start, end in pending
+                      for chunk in p.columns[field.name].slice(start, end - start).chunks]
+            if pa.types.is_large_string(field.type):
+                chunks = [chunk.cast(pa.large_string()) for chunk in chunks]  # one string column can't hold them
+            combined.append(pa.concat_arrays(chunks) if chunks else pa.array([], field.type))
+            del chunks
+    return pa.Table.from_arrays(combined, schema=schema)
+
+
+def _give_up(parts: Sequence[_Shard]) -> None:
+    """Free the columns and digests of released shards whose rows are all in made groups."""
+    for part in parts:
+        part.columns = {}
+        part.digests = b""
+    if parts:
+        trim_heap()  # the shards' small buffers freed: their pages, not only the Arrow pool's
+
+
+def _hex_column(pending: Sequence[tuple[_Shard, int, int]], *, large: bool) -> pa.Array:
+    """The ``sha256`` column of rows ``start`` to ``end`` of each listed shard: each row's
+    32-byte digest as 64 lower-case hex characters (:func:`hex_digests`), written straight into
+    the column's buffer; ``large_string`` where ``large``."""
+    count = sum(end - start for _, start, end in pending)
     chars = bytearray(64 * count)
     view = np.frombuffer(chars, dtype=np.uint8)
     at = 0
-    for part in parts:
-        raw = np.frombuffer(part.digests, dtype=np.uint8, count=32 * part.count)
-        view[at:at + 2 * raw.size:2] = _HEX[raw >> 4]
-        view[at + 1:at + 2 * raw.size:2] = _HEX[raw & 0x0F]
+    for part, start, end in pending:
+        raw = np.frombuffer(part.digests, dtype=np.uint8, count=32 * (end - start), offset=32 * start)
+        hex_chars(raw, view[at:at + 2 * raw.size])
         at += 2 * raw.size
-        if release:
-            part.digests = b""
-    del view, raw
-    if pa.types.is_string(text_type(64 * count)):
+    del view
+    if not large:
         offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
         return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
     # past ~33.5M rows: a string column's int32 offsets cannot reach the end of the text
@@ -188,17 +248,12 @@ def _hex_column(parts: Sequence[_Shard], *, release: bool) -> pa.Array:
                                             pa.py_buffer(chars))
 
 
-_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-
-
 def hex_digests(digests: bytes, count: int) -> pa.Array:
     """``count`` 32-byte digests as a string column of 64-character lower-case hex, built in
     numpy: no Python string per sample (100k of them were 11 MB of short-lived objects at the
     client's peak, writing the index). ``large_string`` past ~33.5M digests
     (:func:`packer.manifest.text_type`), where int32 offsets would wrap around."""
-    raw = np.frombuffer(digests, dtype=np.uint8, count=32 * count)
-    chars = np.empty(2 * raw.size, dtype=np.uint8)
-    chars[0::2], chars[1::2] = _HEX[raw >> 4], _HEX[raw & 0x0F]
+    chars = hex_chars(np.frombuffer(digests, dtype=np.uint8, count=32 * count))
     if pa.types.is_string(text_type(64 * count)):
         offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
         return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
@@ -206,12 +261,31 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
                                             pa.py_buffer(chars.tobytes()))
 
 
+#: rows in one row group of ``_index.parquet``: an index of up to this many rows is one row
+#: group (every dataset built before row groups were made is that small, and keeps its bytes);
+#: a larger one is written a group at a time (:meth:`IndexColumns.row_groups`). pyarrow's own
+#: default group length.
+INDEX_ROW_GROUP_ROWS = 1 << 20
+
+
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
-    """Write ``_index.parquet`` (one row per packed sample, in shard order); return its entry.
-    An :class:`IndexColumns` gives its shards' columns up to the table written
-    (:meth:`IndexColumns.table`) and is left empty; any other object's ``table()`` is written."""
-    return _write_table(folder / INDEX_FILE, index.table(release=True) if isinstance(index, IndexColumns)
-                        else index.table())
+    """Write ``_index.parquet`` (one row per packed sample, in shard order, in row groups of
+    :data:`INDEX_ROW_GROUP_ROWS`), atomically; return its entry. An :class:`IndexColumns` gives
+    its shards' columns up as each group is written (:meth:`IndexColumns.row_groups`) and is left
+    empty; any other object's ``table()`` is written."""
+    if not isinstance(index, IndexColumns):
+        return _write_table(folder / INDEX_FILE, index.table())
+    path, written = folder / INDEX_FILE, 0
+    schema, groups = index.row_groups(INDEX_ROW_GROUP_ROWS, release=True)
+    with atomic_output(path) as fh, pq.ParquetWriter(fh, schema, compression="zstd") as writer:
+        for group in groups:
+            writer.write_table(group, row_group_size=INDEX_ROW_GROUP_ROWS)
+            written += group.num_rows
+            del group
+        if not written:
+            writer.write_table(schema.empty_table(), row_group_size=1)
+    size, digest = file_sha256(path)
+    return {"file": path.name, "bytes": size, "sha256": digest, "rows": written}
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:

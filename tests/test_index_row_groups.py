@@ -1,0 +1,131 @@
+"""An index of more rows than one row group holds is written a row group at a time.
+
+At 10M samples the index's columns were +2.3 GB on the client while ``_index.parquet`` was
+written as one row group (benchmarks/RESULTS.md, issue 40). An index of more than
+:data:`packer.pipeline.publish.INDEX_ROW_GROUP_ROWS` rows is now written in groups of that many,
+each made when it is written. A build cannot make a million rows in a test, so these tests lower
+the limit and check that such a version's index holds the same rows as one written whole, that
+everything which reads the index (the loader and its per-sample checks, ``packer verify``,
+``inspect``, ``diff``, ``report``, an incremental rebuild's reuse, stock pyarrow)
+reads it, and that with the real limit an index stays the one row group it always was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import packer.pipeline.publish
+from packer.cli import main as CLI
+from packer.config import load_job
+from packer.loader import ShardDataset
+from packer.manifest import INDEX_FILE
+from packer.pipeline.build import BuildOptions, build
+from packer.verify import verify_dataset
+
+LABELS = ("circle", "square")
+GROUP = 5   # rows a row group holds in these tests: groups end inside shards of 4 and across splits
+
+
+def _tree(root: Path, count: int = 24) -> None:
+    """``count`` grey PNGs of entities of 4 files each, labelled by a table."""
+    rows = []
+    for i in range(count):
+        rel = f"P{i // 4:02d}/img{i:02d}.png"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(root / rel), np.random.default_rng(i).integers(0, 255, (16, 16), dtype=np.uint8))
+        rows.append(f"{rel},{LABELS[i % 2]},P{i // 4:02d}")
+    (root / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
+
+
+def _build(tmp_path: Path, out: str, *, fresh: bool = True) -> Path:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+        "transform": {"image": {"size": [16, 16], "color": "gray"}},
+        "pack": {"format": "webdataset", "max_samples": 4}, "output": out}, sort_keys=False))
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False, fresh=fresh))
+    return Path(result.manifest_path).parent
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same job built with the real row group length and with groups of :data:`GROUP` rows."""
+    tmp_path = tmp_path_factory.mktemp("row-groups")
+    _tree(tmp_path / "raw")
+    whole = _build(tmp_path, "whole")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packer.pipeline.publish, "INDEX_ROW_GROUP_ROWS", GROUP)
+        grouped = _build(tmp_path, "grouped")
+    return whole, grouped
+
+
+def test_a_long_index_is_written_in_row_groups_of_the_same_rows_as_one_written_whole(versions, tmp_path) -> None:
+    whole, grouped = versions
+    rows = pq.read_metadata(whole / INDEX_FILE).num_rows
+    assert pq.read_metadata(whole / INDEX_FILE).num_row_groups == 1   # the real limit: one group, as ever
+    meta = pq.read_metadata(grouped / INDEX_FILE)
+    assert meta.num_rows == rows == 24
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [GROUP] * (rows // GROUP) + [
+        rows % GROUP]
+    table = pq.read_table(grouped / INDEX_FILE)
+    assert table.to_pylist() == pq.read_table(whole / INDEX_FILE).to_pylist()
+    # made a group at a time, the file is the one pyarrow writes of the whole table in such groups
+    pq.write_table(pq.read_table(whole / INDEX_FILE), tmp_path / "at-once.parquet", compression="zstd",
+                   row_group_size=GROUP)
+    assert (grouped / INDEX_FILE).read_bytes() == (tmp_path / "at-once.parquet").read_bytes()
+    for shard in sorted(whole.glob("*.tar")):   # the shards do not change
+        assert (grouped / shard.name).read_bytes() == shard.read_bytes()
+
+
+@pytest.mark.parametrize("verify", ["sample", "shard", "off"])
+def test_the_loader_reads_and_checks_every_sample_through_an_index_of_several_row_groups(versions, verify) -> None:
+    whole, grouped = versions
+    for split in ("train", "valid", "test"):
+        got = {item["key"]: item for item in ShardDataset(grouped / "manifest.json", split, verify=verify)}
+        want = {item["key"]: item for item in ShardDataset(whole / "manifest.json", split)}
+        assert got.keys() == want.keys() and got
+        for key, item in got.items():
+            assert np.array_equal(np.asarray(item["image"]), np.asarray(want[key]["image"]))
+            assert item["label"] == want[key]["label"]
+    # a filtered view finds its rows in the index's label column, across the groups
+    circles = {item["key"] for item in ShardDataset(grouped / "manifest.json", "train", labels=["circle"])}
+    assert circles == {item["key"] for item in ShardDataset(whole / "manifest.json", "train", labels=["circle"])}
+
+
+def test_verify_inspect_diff_and_report_read_an_index_of_several_row_groups(versions, tmp_path) -> None:
+    whole, grouped = versions
+    for deep in (False, True):
+        result = verify_dataset(grouped, deep=deep)
+        assert result.ok, result.problems
+    runner = CliRunner()
+    for args in (["verify", str(grouped), "--deep", "-q"], ["inspect", str(grouped)],
+                 ["diff", str(whole), str(grouped)],
+                 ["report", str(grouped), "--output", str(tmp_path / "report.html")]):
+        ran = runner.invoke(CLI, args)
+        assert ran.exit_code == 0, (args, ran.output, ran.exception)
+    diff = runner.invoke(CLI, ["diff", str(whole), str(grouped)]).output
+    assert diff.splitlines()[1:] == ["  no differences"], diff
+
+
+def test_a_rebuild_reuses_the_shards_an_earlier_index_of_several_row_groups_lists(tmp_path, monkeypatch) -> None:
+    _tree(tmp_path / "raw")
+    monkeypatch.setattr(packer.pipeline.publish, "INDEX_ROW_GROUP_ROWS", GROUP)
+    first = _build(tmp_path, "out")
+    assert cv2.imwrite(str(tmp_path / "raw/P05/extra.png"), np.full((16, 16), 7, np.uint8))
+    with open(tmp_path / "raw/labels.csv", "a") as fh:
+        fh.write("P05/extra.png,circle,P05\n")
+    result = build(load_job(tmp_path / "job.yaml"), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    second = Path(result.manifest_path).parent
+    assert second != first and result.shards_reused > 0  # read from the earlier version's index
+    assert verify_dataset(second, deep=True).ok
+    manifest = json.loads((second / "manifest.json").read_text())
+    assert pq.read_metadata(second / INDEX_FILE).num_row_groups == -(-manifest["index"]["rows"] // GROUP)
