@@ -108,6 +108,39 @@ def test_digests_are_kept_as_raw_bytes_and_read_back_as_the_hex_they_were(
                                                   [r.blank for r in records])
 
 
+rooted = st.builds(lambda root, rel, **kw: SampleRef(path=root + rel, relpath=rel, **kw),
+                   root=st.sampled_from(["/data/raw/", "/data/other/", "", "s3://bucket/x/"]), rel=text,
+                   sample_id=text, source=st.just("ct"), kind=st.just("dicom"), label=maybe, entity=maybe, time=maybe)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(rooted, max_size=30), st.lists(refs, max_size=4), st.data())
+def test_a_path_is_kept_as_its_roots_code_and_read_back_whole(paths: list[SampleRef], others: list[SampleRef],
+                                                              data: st.DataObject) -> None:
+    from packer.pipeline.sampletable import _Prefixed
+
+    for kind, records in ((RefTable, paths), (SampleTable, [_spilled(ref) for ref in paths])):
+        table = kind.of(records)
+        assert isinstance(table.text["path"], _Prefixed)   # a code a row, not the root's characters again
+        assert list(table) == records and list(pickle.loads(pickle.dumps(table))) == records
+        want = [(r.ref if isinstance(r, SpilledSample) else r).path for r in records]
+        assert table.column("path") == want and table.arrow("path").to_pylist() == want
+        assert [table.value("path", i) for i in range(len(records))] == want
+        assert table.order_by(["path"]).tolist() == sorted(range(len(want)), key=lambda i: want[i])
+        rows = data.draw(st.lists(st.integers(0, max(len(records) - 1, 0)), max_size=10)) if records else []
+        assert list(table.take(rows)) == [records[i] for i in rows] and list(table[1::2]) == records[1::2]
+        # a path that does not end with its relpath turns the field into text from there on
+        more = others if kind is RefTable else [_spilled(ref) for ref in others]
+        mixed = kind.of([*records, *more, *records])
+        assert list(mixed) == [*records, *more, *records]
+        assert list(kind.concat([table, kind.of(more), table])) == [*records, *more, *records]
+
+
+def _spilled(ref: SampleRef) -> SpilledSample:
+    return SpilledSample(key=ref.sample_id, ref=ref, spill="a.spill", offset=0, pixel_bytes=1, meta_bytes=1,
+                         shape=(1,), dtype="uint8", sha256="")
+
+
 def test_a_digest_field_becomes_text_where_a_value_is_not_a_digest_of_its_width() -> None:
     def record(sha: str) -> SpilledSample:
         ref = SampleRef(sample_id="a", source="ct", kind="dicom", path="a", relpath="a", label=None, entity=None,

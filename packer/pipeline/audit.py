@@ -361,12 +361,12 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
 
 def _timed(samples: _Samples, split: str) -> np.ndarray:
     """Per row, whether it is in ``split`` and has a time."""
-    return (samples.split_codes == SPLITS.index(split)) & ~samples.table.text["time"].null
+    return (samples.split_codes == SPLITS.index(split)) & ~samples.table.field_text("time").null
 
 
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     ranges: dict[str, tuple[str, str]] = {}
-    if not samples.table.text["time"].null.all():
+    if not samples.table.field_text("time").null.all():
         times = samples.table.arrow("time")
         for split in SPLITS:
             held = _timed(samples, split)

@@ -489,7 +489,7 @@ def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[
     spill_codes, spills = samples.codes("spill")
     chunks = [chunk_of(spill) for spill in spills]
     for shard in shards:  # keys read a shard at a time, not as one list of every key
-        keys = samples.text["key"].take(shard.rows).values()
+        keys = samples.field_text("key").take(shard.rows).values()
         for code, key, position in zip(spill_codes[shard.rows].tolist(), keys, written[shard.file].positions,
                                        strict=True):
             yield chunks[code], str(key), shard.file, position

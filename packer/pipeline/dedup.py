@@ -134,7 +134,7 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     else:
         raw, ends = samples.text_bytes(name)
         lengths = np.diff(ends, prepend=0)
-        missing = samples.text[name].null
+        missing = samples.field_text(name).null
     used = ~missing & (lengths > 0) if skip_empty else np.ones(len(lengths), dtype=bool)
     if skip is not None:
         used &= ~skip

@@ -902,7 +902,7 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
         return None
     hints = [f"column {c!r}" for c in columns if _PATIENT_COLUMN.search(c) and c != source.entity]
     if not hints:
-        relpaths = [rel or "" for rel in refs.text["relpath"].slice(0, min(1000, len(refs))).values()]
+        relpaths = [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
         for part in range(-len(relpaths[0].split("/")), -1):
             values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
             if all(_PATIENT_PART.match(v) for v in values) and len(set(values)) < len(values):

@@ -630,8 +630,9 @@ def _plan_groups(table: RefTable, group_tasks: Sequence[ChunkTask], make: _TaskM
 def _column_blocks(table: RefTable, name: str, block: int = 1 << 16) -> Iterator[str]:
     """Text field ``name`` of every row of ``table``, in order, read a block of rows at a time
     (a missing value as ``""``)."""
+    text = table.field_text(name)
     for start in range(0, len(table), block):
-        yield from (value or "" for value in table.text[name].slice(start, min(start + block, len(table))).values())
+        yield from (value or "" for value in text.slice(start, min(start + block, len(table))).values())
 
 
 def _isolate(executor: Executor, lost: Sequence[ChunkTask], make: _TaskMaker, nonce: str) -> Iterator[ChunkResult]:

@@ -318,9 +318,9 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
     keys = samples.arrow("key")
     order = pc.sort_indices(keys)  # UTF-8 byte order is code point order, as sorted() on str
     # days since the entity's first record, for the rows with a time (the others have none)
-    timed = np.flatnonzero(~samples.text["time"].null)
+    timed = np.flatnonzero(~samples.field_text("time").null)
     entity_codes, _ = samples.codes("entity")
-    times = samples.text["time"].take(timed).values()
+    times = samples.field_text("time").take(timed).values()
     first: dict[int, str] = {}
     for entity, time in zip(entity_codes[timed].tolist(), times, strict=True):
         if time is not None and (entity not in first or time < first[entity]):

@@ -192,9 +192,57 @@ class _Digests:
         return bool(len(self)) and not bool((self.null | self.empty).all())
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class _Prefixed:
+    """A text field whose every row is one of a few prefixes followed by the row's value of
+    another text field ``of`` (a path: its source's root, then its relpath): the prefix's code
+    per row. The rows' text is made from both fields when read (:meth:`_Columns._text`)."""
+
+    codes: np.ndarray   # int32
+    prefixes: _Text
+    of: str
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the column holds (codes and prefixes)."""
+        return self.codes.nbytes + self.prefixes.nbytes
+
+    def take(self, rows: np.ndarray) -> _Prefixed:
+        return _Prefixed(self.codes[rows], self.prefixes, self.of)
+
+    def slice(self, start: int, stop: int) -> _Prefixed:
+        return _Prefixed(self.codes[start:stop].copy(), self.prefixes, self.of)
+
+    def joined(self, follow: _Text) -> _Text:
+        """The rows' text: each row's prefix, then its value of ``follow`` (the field ``of``)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        prefix = _arrow_large(self.prefixes).take(pa.array(self.codes, pa.int32()))
+        joined = pc.binary_join_element_wise(prefix, _arrow_large(follow), pa.scalar("", pa.large_string()))
+        _, offsets, data = joined.buffers()
+        ends = np.frombuffer(offsets, dtype=np.int64, count=len(joined) + 1, offset=8 * joined.offset)
+        begin = int(ends[0]) if len(ends) else 0
+        text = data.to_pybytes()[begin:int(ends[-1])] if data is not None and len(joined) else b""
+        return _Text(text, ends[1:] - begin, np.zeros(len(self), dtype=bool))
+
+
+Column = _Text | _Digests | _Prefixed
+
+
 def _text_of(column: _Text | _Digests) -> _Text:
     """A text field as :class:`_Text`, whichever way it is kept."""
     return column.as_text() if isinstance(column, _Digests) else column
+
+
+def _unjoined(column: Column) -> _Text | _Digests:
+    """A column of a field that is never kept joined (:attr:`_Columns.JOINED`)."""
+    if isinstance(column, _Prefixed):
+        raise TypeError(f"a field joined to {column.of!r} taken for a plain text field")
+    return column
 
 
 def _concat_text(parts: Sequence[_Text | _Digests]) -> _Text | _Digests:
@@ -242,10 +290,11 @@ class _Columns(Generic[R], Sequence[R]):
 
     TEXT: ClassVar[tuple[str, ...]]
     DIGESTS: ClassVar[tuple[str, ...]] = ()  # text fields kept as raw digests where every value is one (_Digests)
+    JOINED: ClassVar[dict[str, str]] = {}  # field -> the field its values end with: prefix codes (_Prefixed)
     CODED: ClassVar[dict[str, str]]    # field -> codec
     NUMBERS: ClassVar[dict[str, str]]  # field -> array typecode ("q" int64, "Q" uint64)
 
-    def __init__(self, size: int, text: dict[str, _Text | _Digests], coded: dict[str, _Coded],
+    def __init__(self, size: int, text: dict[str, Column], coded: dict[str, _Coded],
                  numbers: dict[str, np.ndarray]) -> None:
         self.size, self.text, self.coded, self.numbers = size, text, coded, numbers
 
@@ -281,7 +330,9 @@ class _Columns(Generic[R], Sequence[R]):
             return tables[0]
         if not tables:
             return cls.of(())
-        text = {name: _concat_text([t.text[name] for t in tables]) for name in cls.TEXT}
+        text: dict[str, Column] = {
+            name: _concat_text([_unjoined(t.text[name]) for t in tables]) if name not in cls.JOINED
+            else cls._concat_joined(tables, name) for name in cls.TEXT}
         coded: dict[str, _Coded] = {}
         for name, codec in cls.CODED.items():
             values: dict[str | None, int] = {}
@@ -293,6 +344,34 @@ class _Columns(Generic[R], Sequence[R]):
             coded[name] = _Coded(np.concatenate(parts), _Text.of(list(values)), codec)
         numbers = {name: np.concatenate([t.numbers[name] for t in tables]) for name in cls.NUMBERS}
         return cls(sum(t.size for t in tables), text, coded, numbers)
+
+    @staticmethod
+    def _concat_joined(tables: Sequence[_Columns[Any]], name: str) -> Column:
+        """A joined field of ``tables``: prefix codes where every table keeps it so (prefixes
+        merged), text otherwise."""
+        columns = [t.text[name] for t in tables]
+        if not all(isinstance(c, _Prefixed) for c in columns):
+            return _Text.concat([t._text(name) for t in tables])
+        values: dict[str | None, int] = {}
+        parts = []
+        for column in columns:
+            assert isinstance(column, _Prefixed)
+            remap = np.array([values.setdefault(v, len(values)) for v in column.prefixes.values()], dtype=np.int32)
+            parts.append(remap[column.codes] if len(remap) else column.codes)
+        return _Prefixed(np.concatenate(parts), _Text.of(list(values)), tables[0].JOINED[name])
+
+    def _text(self, name: str) -> _Text:
+        """Text field ``name`` as :class:`_Text`, however it is kept."""
+        column = self.text[name]
+        if isinstance(column, _Prefixed):
+            return column.joined(self._text(column.of))
+        return _text_of(column)
+
+    def field_text(self, name: str) -> _Text:
+        """Text field ``name``'s rows as one UTF-8 buffer with end offsets and null flags: the
+        column itself where it is kept so (the same object every call), made for the call where
+        it is kept as digests or prefix codes."""
+        return self._text(name)
 
     def __len__(self) -> int:
         return self.size
@@ -334,10 +413,13 @@ class _Columns(Generic[R], Sequence[R]):
 
     def _get(self, name: str, i: int) -> Any:
         if name in self.text:
-            return self.text[name].get(i)
+            column = self.text[name]
+            if isinstance(column, _Prefixed):
+                return f"{column.prefixes.get(int(column.codes[i]))}{self._get(column.of, i)}"
+            return column.get(i)
         if name in self.coded:
-            column = self.coded[name]
-            return _CODECS[column.codec].decode(column.values.get(int(column.codes[i])))
+            coded = self.coded[name]
+            return _CODECS[coded.codec].decode(coded.values.get(int(coded.codes[i])))
         return int(self.numbers[name][i])
 
     def value(self, name: str, i: int) -> Any:
@@ -347,7 +429,7 @@ class _Columns(Generic[R], Sequence[R]):
     def column(self, name: str) -> list[Any]:
         """Every record's value of field ``name``, in order, as a list."""
         if name in self.text:
-            return self.text[name].values()
+            return self._text(name).values()
         if name in self.coded:
             column = self.coded[name]
             if 4 * len(column.codes) >= len(column.values):
@@ -383,7 +465,7 @@ class _Columns(Generic[R], Sequence[R]):
         if name in self.numbers:
             return pa.array(self.numbers[name])
         if name in self.text:
-            return _arrow_strings(_text_of(self.text[name]))
+            return _arrow_strings(self._text(name))
         column = self.coded[name]
         if column.codec != "text":
             raise TypeError(f"field {name!r} holds {column.codec} values, not text")
@@ -405,7 +487,7 @@ class _Columns(Generic[R], Sequence[R]):
         columns = {}
         for name in names:
             if name in self.text:
-                columns[name] = _arrow_large(_text_of(self.text[name]))
+                columns[name] = _arrow_large(self._text(name))
             elif name in self.coded and self.coded[name].codec == "text":
                 column = self.coded[name]
                 columns[name] = _arrow_large(column.values).take(pa.array(column.codes))
@@ -419,8 +501,9 @@ class _Columns(Generic[R], Sequence[R]):
         """Text field ``name``'s UTF-8 buffer and each row's end offset in it (int64; row ``i``
         starts where row ``i - 1`` ends, row 0 at 0; a missing value is the empty string): for
         code that reads rows' text as bytes without a ``str`` per record. Do not modify them (a
-        digest field's are made for the call: :meth:`digests` reads such a field's raw bytes)."""
-        text = _text_of(self.text[name])
+        digest field's and a path's are made for the call: :meth:`digests` reads a digest
+        field's raw bytes)."""
+        text = self._text(name)
         return text.data, text.ends
 
     def digests(self, name: str) -> _Digests | None:
@@ -501,6 +584,7 @@ class RefTable(_Columns[SampleRef]):
     """Discovery's refs in columns (see the module's docstring)."""
 
     TEXT = ("sample_id", "path", "relpath", "time")
+    JOINED = {"path": "relpath"}  # a path is its root, then its relpath
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs"}
     NUMBERS: ClassVar[dict[str, str]] = {}
 
@@ -522,6 +606,7 @@ class SampleTable(_Columns[SpilledSample]):
 
     TEXT = ("key", "sample_id", "path", "relpath", "time", "sha256", "meta_sha256", "stored_digest", "instance")
     DIGESTS = ("sha256", "meta_sha256", "stored_digest")
+    JOINED = {"path": "relpath"}  # a path is its root, then its relpath
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
              "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
     NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",
@@ -551,7 +636,7 @@ class SampleTable(_Columns[SpilledSample]):
         record). With ``release=True`` this table gives its fields up as the sorted table is made,
         each freed once copied (the client holds one table and one field, not two tables), and is
         left an empty table; use it where nothing else reads this table afterwards."""
-        missing = self.text["key"].null
+        missing = self.field_text("key").null
         if missing.any():
             raise ValueError(f"sorted_by_key: {int(missing.sum())} records have no key; every sample record "
                              "needs one (its reader's key)")
@@ -619,8 +704,10 @@ class TableBuilder(Generic[T]):
     def _reset(self) -> None:
         kind = self._kind
         self._size = 0
-        self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT if name not in kind.DIGESTS}
+        self._text = {name: (bytearray(), array("q"), bytearray()) for name in kind.TEXT
+                      if name not in kind.DIGESTS and name not in kind.JOINED}
         self._digests = {name: _DigestBuffer() for name in kind.DIGESTS}
+        self._joined: dict[str, tuple[array[int], dict[str, int]]] = {name: (array("i"), {}) for name in kind.JOINED}
         self._codes: dict[str, tuple[array[int], dict[Any, int]]] = {name: (array("i"), {}) for name in kind.CODED}
         self._numbers = {name: array(code) for name, code in kind.NUMBERS.items()}
 
@@ -633,6 +720,17 @@ class TableBuilder(Generic[T]):
                 # and this value is appended with the text fields below
                 self._text[name] = digests.as_text()
                 del self._digests[name]
+        for name, of in self._kind.JOINED.items():
+            joined = self._joined.get(name)
+            if joined is None:
+                continue
+            value, follow = read[name](record), read[of](record)
+            if value is not None and follow is not None and value.endswith(follow):
+                codes, seen = joined
+                codes.append(seen.setdefault(value[:len(value) - len(follow)], len(seen)))
+            else:  # no prefix of the other field's value: the field is text from here on (this value below)
+                self._text[name] = self._joined_text(name, of)
+                del self._joined[name]
         for name, (data, ends, null) in self._text.items():
             value = read[name](record)
             if value is not None:
@@ -649,14 +747,34 @@ class TableBuilder(Generic[T]):
         for record in records:
             self.append(record)
 
+    def _joined_text(self, name: str, of: str) -> tuple[bytearray, array[int], bytearray]:
+        """Joined field ``name``'s rows so far as a text field's buffers (data, ends, null): each
+        row's prefix, then its value of field ``of`` (a text field, its rows so far held)."""
+        codes, seen = self._joined[name]
+        prefixes = [prefix.encode() for prefix in seen]
+        follow, follow_ends, _ = self._text[of]
+        data, ends = bytearray(), array("q")
+        start = 0
+        for code, end in zip(codes, follow_ends, strict=True):
+            data += prefixes[code]
+            data += follow[start:end]
+            ends.append(len(data))
+            start = end
+        return data, ends, bytearray(len(codes))
+
     def finish(self, *, release: bool = False) -> T:
         """The table of everything appended so far. The builder can go on appending, unless
         ``release=True``: then each field's buffers are handed over and freed one field at a time
         (the client holds the records once and one field twice, not everything twice), and the
         builder is left empty."""
         kind, size = self._kind, self._size
-        text: dict[str, _Text | _Digests] = {}
+        text: dict[str, Column] = {}
         for name in kind.TEXT:
+            if name in self._joined:
+                codes, seen = self._joined.pop(name) if release else self._joined[name]
+                text[name] = _Prefixed(np.frombuffer(codes, dtype=np.int32).copy(), _Text.of(list(seen)),
+                                       kind.JOINED[name])
+                continue
             if name in self._digests:
                 text[name] = (self._digests.pop(name) if release else self._digests[name]).column()
                 continue

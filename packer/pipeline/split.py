@@ -118,7 +118,7 @@ class RowCodes(Mapping[str, Any]):
     reads :attr:`codes` (:func:`split_codes`); a lookup by key builds the key index on first use."""
 
     def __init__(self, table: SampleTable, codes: np.ndarray, values: Sequence[Any]) -> None:
-        self.keys_of = table.text["key"]  # the rows the codes align with
+        self.keys_of = table.field_text("key")  # the rows the codes align with
         self.codes = codes
         self.values_of = tuple(values)
         self._rows: dict[str, int] | None = None
@@ -206,13 +206,13 @@ def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
     split, or a name that is none of them): the codes themselves where ``split`` is a
     :class:`RowCodes` aligned with ``table``, else by key, the keys read a block at a time, not as
     one list."""
-    if isinstance(split, RowCodes) and split.keys_of is table.text["key"] and split.values_of == SPLITS:
+    if isinstance(split, RowCodes) and split.keys_of is table.field_text("key") and split.values_of == SPLITS:
         return split.codes.astype(np.int8)
     index = {name: k for k, name in enumerate(SPLITS)}
     codes = np.full(len(table), -1, dtype=np.int8)
     block = 1 << 16
     for start in range(0, len(table), block):
-        keys = table.text["key"].slice(start, min(start + block, len(table))).values()
+        keys = table.field_text("key").slice(start, min(start + block, len(table))).values()
         codes[start:start + len(keys)] = [index.get(split[k], -1) if k is not None and k in split else -1
                                           for k in keys]
     return codes
@@ -220,12 +220,12 @@ def split_codes(table: SampleTable, split: Mapping[str, str]) -> np.ndarray:
 
 def fold_codes(table: SampleTable, fold: Mapping[str, int]) -> np.ndarray:
     """Per row of ``table``, its key's fold in ``fold``, or -1 (int16), as :func:`split_codes`."""
-    if isinstance(fold, RowCodes) and fold.keys_of is table.text["key"]:
+    if isinstance(fold, RowCodes) and fold.keys_of is table.field_text("key"):
         return fold.codes.astype(np.int16)
     codes = np.full(len(table), -1, dtype=np.int16)
     block = 1 << 16
     for start in range(0, len(table), block):
-        keys = table.text["key"].slice(start, min(start + block, len(table))).values()
+        keys = table.field_text("key").slice(start, min(start + block, len(table))).values()
         codes[start:start + len(keys)] = [fold[k] if k is not None and k in fold else -1 for k in keys]
     return codes
 
