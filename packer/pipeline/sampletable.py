@@ -11,8 +11,10 @@ through the whole pixel pass, added as much again. A :class:`SampleTable` (and a
 Python object per record, not even per distinct value, so nothing it keeps pins the arenas
 of the objects it was built from:
 
-- text that differs from record to record (key, id, paths, time, sha256) in one UTF-8
-  buffer per field with end offsets;
+- text that differs from record to record (key, id, relpath, time) in one UTF-8 buffer per
+  field with end offsets; content digests (sha256, meta_sha256, stored_digest) as their raw
+  bytes at one width (:class:`_Digests`); a path as the code of the root it starts with,
+  followed by its relpath (:class:`_Prefixed`); each back to text where a value does not fit;
 - fields with few distinct values (source, kind, label, entity, extra, spill file, shape,
   dtype) as int32 codes into a text column of those values, decoded when read;
 - numbers (offset, sizes, signature rows) in numpy arrays.
