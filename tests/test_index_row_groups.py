@@ -1,13 +1,14 @@
-"""An index of more rows than one row group holds is written a row group at a time.
+"""Per-sample tables of more rows than one row group holds are written a row group at a time.
 
-At 10M samples the index's columns were +2.3 GB on the client while ``_index.parquet`` was
-written as one row group (benchmarks/RESULTS.md, issue 40). An index of more than
-:data:`packer.pipeline.publish.INDEX_ROW_GROUP_ROWS` rows is now written in groups of that many,
-each made when it is written. A build cannot make a million rows in a test, so these tests lower
-the limit and check that such a version's index holds the same rows as one written whole, that
-everything which reads the index (the loader and its per-sample checks, ``packer verify``,
-``inspect``, ``diff``, ``report``, an incremental rebuild's reuse, stock pyarrow)
-reads it, and that with the real limit an index stays the one row group it always was.
+At 10M samples the index's columns were +2.3 GB on the client, and the splits table's +2 GB,
+while ``_index.parquet`` and ``_splits.parquet`` were each written as one row group
+(benchmarks/RESULTS.md, issue 40). A table of more than
+:data:`packer.pipeline.publish.ROW_GROUP_ROWS` rows is now written in groups of that many, each
+made when it is written. A build cannot make a million rows in a test, so these tests lower the
+limit and check that such a version's tables hold the same rows as ones written whole, that
+everything which reads them (the loader and its per-sample checks, ``packer verify``,
+``inspect``, ``diff``, ``report``, an incremental rebuild's reuse, stock pyarrow) reads them, and
+that with the real limit each table stays the one row group it always was.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import packer.pipeline.publish
 from packer.cli import main as CLI
 from packer.config import load_job
 from packer.loader import ShardDataset
-from packer.manifest import INDEX_FILE
+from packer.manifest import INDEX_FILE, SPLITS_FILE
 from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
 
@@ -63,25 +64,27 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     _tree(tmp_path / "raw")
     whole = _build(tmp_path, "whole")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packer.pipeline.publish, "INDEX_ROW_GROUP_ROWS", GROUP)
+        patch.setattr(packer.pipeline.publish, "ROW_GROUP_ROWS", GROUP)
         grouped = _build(tmp_path, "grouped")
     return whole, grouped
 
 
-def test_a_long_index_is_written_in_row_groups_of_the_same_rows_as_one_written_whole(versions, tmp_path) -> None:
+@pytest.mark.parametrize("name", [INDEX_FILE, SPLITS_FILE])
+def test_a_long_table_is_written_in_row_groups_of_the_same_rows_as_one_written_whole(versions, tmp_path,
+                                                                                     name) -> None:
     whole, grouped = versions
-    rows = pq.read_metadata(whole / INDEX_FILE).num_rows
-    assert pq.read_metadata(whole / INDEX_FILE).num_row_groups == 1   # the real limit: one group, as ever
-    meta = pq.read_metadata(grouped / INDEX_FILE)
+    rows = pq.read_metadata(whole / name).num_rows
+    assert pq.read_metadata(whole / name).num_row_groups == 1   # the real limit: one group, as ever
+    meta = pq.read_metadata(grouped / name)
     assert meta.num_rows == rows == 24
     assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [GROUP] * (rows // GROUP) + [
         rows % GROUP]
-    table = pq.read_table(grouped / INDEX_FILE)
-    assert table.to_pylist() == pq.read_table(whole / INDEX_FILE).to_pylist()
+    table = pq.read_table(grouped / name)
+    assert table.to_pylist() == pq.read_table(whole / name).to_pylist()
     # made a group at a time, the file is the one pyarrow writes of the whole table in such groups
-    pq.write_table(pq.read_table(whole / INDEX_FILE), tmp_path / "at-once.parquet", compression="zstd",
+    pq.write_table(pq.read_table(whole / name), tmp_path / "at-once.parquet", compression="zstd",
                    row_group_size=GROUP)
-    assert (grouped / INDEX_FILE).read_bytes() == (tmp_path / "at-once.parquet").read_bytes()
+    assert (grouped / name).read_bytes() == (tmp_path / "at-once.parquet").read_bytes()
     for shard in sorted(whole.glob("*.tar")):   # the shards do not change
         assert (grouped / shard.name).read_bytes() == shard.read_bytes()
 
@@ -101,7 +104,7 @@ def test_the_loader_reads_and_checks_every_sample_through_an_index_of_several_ro
     assert circles == {item["key"] for item in ShardDataset(whole / "manifest.json", "train", labels=["circle"])}
 
 
-def test_verify_inspect_diff_and_report_read_an_index_of_several_row_groups(versions, tmp_path) -> None:
+def test_verify_inspect_diff_and_report_read_tables_of_several_row_groups(versions, tmp_path) -> None:
     whole, grouped = versions
     for deep in (False, True):
         result = verify_dataset(grouped, deep=deep)
@@ -118,7 +121,7 @@ def test_verify_inspect_diff_and_report_read_an_index_of_several_row_groups(vers
 
 def test_a_rebuild_reuses_the_shards_an_earlier_index_of_several_row_groups_lists(tmp_path, monkeypatch) -> None:
     _tree(tmp_path / "raw")
-    monkeypatch.setattr(packer.pipeline.publish, "INDEX_ROW_GROUP_ROWS", GROUP)
+    monkeypatch.setattr(packer.pipeline.publish, "ROW_GROUP_ROWS", GROUP)
     first = _build(tmp_path, "out")
     assert cv2.imwrite(str(tmp_path / "raw/P05/extra.png"), np.full((16, 16), 7, np.uint8))
     with open(tmp_path / "raw/labels.csv", "a") as fh:
@@ -129,3 +132,5 @@ def test_a_rebuild_reuses_the_shards_an_earlier_index_of_several_row_groups_list
     assert verify_dataset(second, deep=True).ok
     manifest = json.loads((second / "manifest.json").read_text())
     assert pq.read_metadata(second / INDEX_FILE).num_row_groups == -(-manifest["index"]["rows"] // GROUP)
+    splits = pq.read_metadata(second / SPLITS_FILE)
+    assert splits.num_row_groups == -(-splits.num_rows // GROUP) > 1

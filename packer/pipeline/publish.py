@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -261,25 +261,33 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
                                             pa.py_buffer(chars.tobytes()))
 
 
-#: rows in one row group of ``_index.parquet``: an index of up to this many rows is one row
-#: group (every dataset built before row groups were made is that small, and keeps its bytes);
-#: a larger one is written a group at a time (:meth:`IndexColumns.row_groups`). pyarrow's own
-#: default group length.
-INDEX_ROW_GROUP_ROWS = 1 << 20
+#: rows in one row group of ``_index.parquet`` and ``_splits.parquet``: a table of up to this
+#: many rows is one row group (every dataset built before row groups were made is that small,
+#: and keeps its bytes); a larger one is written a group at a time, each group made when it is
+#: written (:meth:`IndexColumns.row_groups`, :func:`write_splits_table`). pyarrow's own default
+#: group length.
+ROW_GROUP_ROWS = 1 << 20
 
 
 def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
     """Write ``_index.parquet`` (one row per packed sample, in shard order, in row groups of
-    :data:`INDEX_ROW_GROUP_ROWS`), atomically; return its entry. An :class:`IndexColumns` gives
+    :data:`ROW_GROUP_ROWS`), atomically; return its entry. An :class:`IndexColumns` gives
     its shards' columns up as each group is written (:meth:`IndexColumns.row_groups`) and is left
     empty; any other object's ``table()`` is written."""
     if not isinstance(index, IndexColumns):
         return _write_table(folder / INDEX_FILE, index.table())
-    path, written = folder / INDEX_FILE, 0
-    schema, groups = index.row_groups(INDEX_ROW_GROUP_ROWS, release=True)
+    schema, groups = index.row_groups(ROW_GROUP_ROWS, release=True)
+    return _write_groups(folder / INDEX_FILE, schema, groups)
+
+
+def _write_groups(path: Path, schema: pa.Schema, groups: Iterable[pa.Table]) -> dict[str, Any]:
+    """Write a per-sample table given as row groups of :data:`ROW_GROUP_ROWS` rows (the last
+    fewer), zstd, atomically; return its manifest entry. The file is the one ``pq.write_table``
+    writes of the groups joined, with ``row_group_size=ROW_GROUP_ROWS``."""
+    written = 0
     with atomic_output(path) as fh, pq.ParquetWriter(fh, schema, compression="zstd") as writer:
         for group in groups:
-            writer.write_table(group, row_group_size=INDEX_ROW_GROUP_ROWS)
+            writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
             written += group.num_rows
             del group
         if not written:
@@ -289,11 +297,9 @@ def write_index(folder: Path, index: IndexColumns) -> dict[str, Any]:
 
 
 def _write_table(path: Path, table: pa.Table) -> dict[str, Any]:
-    """Write a per-sample table as one zstd row group, atomically; return its manifest entry."""
-    with atomic_output(path) as fh:
-        pq.write_table(table, fh, compression="zstd", row_group_size=max(1, table.num_rows))
-    size, digest = file_sha256(path)
-    return {"file": path.name, "bytes": size, "sha256": digest, "rows": table.num_rows}
+    """Write a whole per-sample table as :func:`_write_groups` writes its groups."""
+    return _write_groups(path, table.schema, (table.slice(start, ROW_GROUP_ROWS)
+                                              for start in range(0, table.num_rows, ROW_GROUP_ROWS)))
 
 
 def release_table_memory() -> None:
@@ -329,30 +335,33 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
     since = np.full(len(samples), np.nan)
     since[timed] = [np.nan if (d := shifted.time(time, first.get(entity))) is None else d
                     for entity, time in zip(entity_codes[timed].tolist(), times, strict=True)]
-    days = pa.array(since, pa.float64(), mask=np.isnan(since)).take(order)
+    days = pa.array(since, pa.float64(), mask=np.isnan(since))
     del times, first, since
-    time_column = samples.arrow("time").take(order) if phi.dates == "keep" else pa.nulls(len(keys), pa.string())
-    keys = keys.take(order)
     split_of = split_codes(samples, assignment.split)
     if (split_of < 0).any():
         raise KeyError(samples.value("key", int(np.flatnonzero(split_of < 0)[0])))  # every packed sample has a split
     fold_of = fold_codes(samples, assignment.fold)
-    at = order.to_numpy()
+    # each column whole in the table's order; the rows are put in key order a row group at a time
     columns = {
         "key": keys,
-        "sample_id": samples.arrow("sample_id").take(order),
-        "entity_id": samples.arrow("entity").take(order),
-        "split": _split_names(split_of[at]),
-        "fold": pa.array(fold_of[at].astype(np.int32), pa.int32(), mask=fold_of[at] < 0),
-        "time": time_column,
+        "sample_id": samples.arrow("sample_id"),
+        "entity_id": samples.arrow("entity"),
+        "split": _split_names(split_of),
+        "fold": pa.array(fold_of.astype(np.int32), pa.int32(), mask=fold_of < 0),
+        "time": samples.arrow("time") if phi.dates == "keep" else pa.nulls(len(keys), pa.string()),
         "days_since_first": days,
-        "label": samples.arrow("label").take(order),
+        "label": samples.arrow("label"),
     }
+    del split_of, fold_of
     # a text column past STRING_MAX_BYTES is written large_string (text_type), the others as the schema says
     schema = fitted_schema(SPLITS_SCHEMA, columns)
-    table = pa.table([columns[field.name].cast(field.type) for field in schema], schema=schema)
-    del columns
-    return _write_table(folder / SPLITS_FILE, table)
+
+    def groups() -> Iterator[pa.Table]:
+        for start in range(0, len(order), ROW_GROUP_ROWS):
+            rows = order.slice(start, ROW_GROUP_ROWS)
+            yield pa.table([columns[field.name].take(rows).cast(field.type) for field in schema], schema=schema)
+
+    return _write_groups(folder / SPLITS_FILE, schema, groups())
 
 
 def _split_names(codes: np.ndarray) -> pa.Array:
