@@ -137,7 +137,7 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
         def index() -> None:
             target = dataset_target(job, samples.codes("label")[1])
             targets = TargetColumns.of(samples, target)
-            columns = IndexColumns(targets.index_schema())
+            columns = IndexColumns(targets.index_schema(), spill=folder / "index.arrow.partial")  # as build.py
             fields = IndexFields.of(samples)  # as build.py
             for k, shard in enumerate(shards):
                 count = len(shard.rows)

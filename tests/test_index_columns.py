@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -104,8 +105,8 @@ def _digested(name: str, count: int) -> ShardWrite:
                       checksums=shard.checksums)
 
 
-def _index_of(shards: list[tuple[str, int]]) -> IndexColumns:
-    index = IndexColumns()
+def _index_of(shards: list[tuple[str, int]], spill: Path | None = None) -> IndexColumns:
+    index = IndexColumns(spill=spill)
     for n, (split, count) in enumerate(shards):
         name = f"{split}-{n:06d}.tar"
         index.add_shard(_digested(name, count), split=split, **_shard_rows(split, name, count))
@@ -145,3 +146,34 @@ def test_the_index_given_up_is_the_same_table_and_file_and_leaves_nothing_held(t
     entry = write_index(tmp_path, index)
     assert (tmp_path / INDEX_FILE).read_bytes() == (tmp_path / "together.parquet").read_bytes()
     assert entry["rows"] == sum(count for _, count in shards) and index.table().num_rows == 0
+
+
+@pytest.mark.parametrize("rows", [1, 7, 40, 10_000])
+def test_an_index_whose_shards_wait_on_disk_is_the_same_table_and_file(tmp_path, monkeypatch, rows) -> None:
+    # a build spills each shard's columns to the work disk as it is added (IndexColumns(spill=...))
+    # and reads them back a row group at a time: the same rows, the same file, the spill removed
+    import packer.pipeline.publish as publish
+
+    shards = [(("test", "train", "valid")[n % 3], 40 + n) for n in range(12)] + [("train", 0), ("valid", 1)]
+    together = _index_as_one_table_per_shard(shards)
+    spill = tmp_path / "index.arrow.partial"
+    index = _index_of(shards, spill)
+    assert spill.is_file() and all(not p.columns and not p.digests for p in index._parts)  # nothing held per row
+    assert index.table().equals(together) and index.table().equals(together)  # kept: made again from the file
+    monkeypatch.setattr(publish, "ROW_GROUP_ROWS", rows)
+    pq.write_table(together, tmp_path / "together.parquet", compression="zstd", row_group_size=rows)
+    entry = write_index(tmp_path, index)
+    assert (tmp_path / INDEX_FILE).read_bytes() == (tmp_path / "together.parquet").read_bytes()
+    assert entry["rows"] == together.num_rows and not spill.exists() and index.table().num_rows == 0
+
+
+def test_an_index_spill_is_removed_when_the_build_stops_before_the_index_is_written(tmp_path) -> None:
+    spill = tmp_path / "index.arrow.partial"
+    index = _index_of([("train", 3), ("test", 2)], spill)
+    assert spill.is_file()
+    index.discard()
+    assert not spill.exists() and index.table().num_rows == 0
+    empty = IndexColumns(spill=spill)   # nothing added: no file, an empty index
+    assert empty.table().num_rows == 0 and not spill.exists()
+    write_index(tmp_path, empty)
+    assert pq.read_table(tmp_path / INDEX_FILE).num_rows == 0

@@ -119,6 +119,12 @@ def test_verify_inspect_diff_and_report_read_tables_of_several_row_groups(versio
     assert diff.splitlines()[1:] == ["  no differences"], diff
 
 
+def test_a_build_leaves_no_index_spill_in_its_cache(hermetic_environment, versions) -> None:
+    # each shard's index columns wait in the build cache (index-*.arrow.partial) until the index is written
+    spills = list((hermetic_environment / "cache").glob("t-*/index-*"))
+    assert (hermetic_environment / "cache").is_dir() and spills == []
+
+
 def test_a_rebuild_reuses_the_shards_an_earlier_index_of_several_row_groups_lists(tmp_path, monkeypatch) -> None:
     _tree(tmp_path / "raw")
     monkeypatch.setattr(packer.pipeline.publish, "ROW_GROUP_ROWS", GROUP)

@@ -385,15 +385,20 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     # a long index shows an "index" line: shards indexed, the index and splits tables' writing in its time
     with stage_progress("index", len(shards), unit="shards", quiet=options.quiet) as progress:
         targets = TargetColumns.of(samples, target)
-        index = IndexColumns(targets.index_schema())
-        fields = IndexFields.of(samples)
-        for shard in shards:
-            keys, entity_ids, sources = fields.of_rows(shard.rows)
-            index.add_shard(written[shard.file], split=shard.split, keys=keys, labels=targets.index_labels(shard.rows),
-                            entity_ids=entity_ids, sources=sources, targets=targets.index_targets(shard.rows))
-            progress.update()
-        del fields
-        index_entry = write_index(staging, index)
+        # each shard's index columns wait on the work disk, not in the client, until the index is written
+        index = IndexColumns(targets.index_schema(), spill=cache_dir / f"index-{cfg_hash[:16]}.arrow{TMP_SUFFIX}")
+        try:
+            fields = IndexFields.of(samples)
+            for shard in shards:
+                keys, entity_ids, sources = fields.of_rows(shard.rows)
+                index.add_shard(written[shard.file], split=shard.split, keys=keys,
+                                labels=targets.index_labels(shard.rows), entity_ids=entity_ids, sources=sources,
+                                targets=targets.index_targets(shard.rows))
+                progress.update()
+            del fields
+            index_entry = write_index(staging, index)
+        finally:
+            index.discard()
         del index
         splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)

@@ -17,6 +17,7 @@ the rest, so each remote version folder is complete on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -71,6 +72,8 @@ class _Shard:
     count: int
     digests: bytes               # 32 raw bytes a row (the sha256 column's hex is made from them)
     columns: dict[str, Any]      # the other columns, one single-chunk column each
+    text: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes of text in each text column
+    batch: int = -1              # where spilled (IndexColumns' spill file): its record batch; columns empty
 
 
 class IndexColumns:
@@ -81,12 +84,19 @@ class IndexColumns:
     columns become small Arrow arrays at once, so no per-row Python objects pile up on the
     client; the columns of one value per shard (split, file) and the digests' hex are made for
     every row only when the table is (:meth:`table`), so no shard holds them per row.
+
+    With ``spill`` (a file path on the work disk) each shard's columns are written there as an
+    Arrow IPC record batch as they are added and read back a row group at a time
+    (:meth:`row_groups`), so the client holds a row group's shards, not every shard's columns
+    (~1 GB at 10M samples); the file is removed once a released table is made.
     """
 
-    def __init__(self, schema: pa.Schema = INDEX_SCHEMA) -> None:
+    def __init__(self, schema: pa.Schema = INDEX_SCHEMA, *, spill: Path | None = None) -> None:
         self._parts: list[_Shard] = []
         self.schema = schema
-        self._row_schema = pa.schema([field for field in schema if field.name not in _PER_SHARD])
+        self._row_schema = pa.schema([f for f in schema if f.name not in _PER_SHARD])
+        self._spill, self._spilled = spill, 0
+        self._spill_writer: Any = None
 
     def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
                   entity_ids: Sequence[str], sources: Sequence[str],
@@ -119,8 +129,40 @@ class IndexColumns:
         if "target" in self.schema.names:
             columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
         table = pa.table(columns, schema=self._row_schema)
-        self._parts.append(_Shard((split, written.file), count, written.digests,
-                                  dict(zip(table.column_names, table.columns, strict=True))))
+        text = {f.name: text_size(table.column(f.name)) for f in self._row_schema if pa.types.is_string(f.type)}
+        if self._spill is None:
+            self._parts.append(_Shard((split, written.file), count, written.digests,
+                                      dict(zip(table.column_names, table.columns, strict=True)), text))
+            return
+        digests = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), count,
+                                                       [None, pa.py_buffer(written.digests[:32 * count])])
+        batch = pa.RecordBatch.from_arrays([*(table.column(n).combine_chunks() for n in table.column_names), digests],
+                                           schema=self._row_schema.append(pa.field("_digests", pa.binary(32))))
+        if self._spill_writer is None:
+            self._spill_writer = pa.ipc.new_file(pa.OSFile(str(self._spill), "wb"), batch.schema)
+        self._spill_writer.write_batch(batch)
+        self._parts.append(_Shard((split, written.file), count, b"", {}, text, batch=self._spilled))
+        self._spilled += 1
+
+    def _spilled_reader(self) -> tuple[Any, Any]:
+        """(the spill file opened, a reader of its batches), its writer closed first; (None, None)
+        without spilled shards."""
+        if self._spill_writer is not None:
+            self._spill_writer.close()
+            self._spill_writer = None
+        if self._spill is None or not self._spilled:
+            return None, None
+        source = pa.OSFile(str(self._spill), "rb")
+        return source, pa.ipc.open_file(source)
+
+    def discard(self) -> None:
+        """Remove the spill file (a no-op without one); the shards added are given up."""
+        if self._spill_writer is not None:
+            self._spill_writer.close()
+            self._spill_writer = None
+        if self._spill is not None:
+            self._spill.unlink(missing_ok=True)
+        self._parts, self._spilled = [], 0
 
     def table(self, *, release: bool = False) -> pa.Table:
         """All rows, ordered by split, shard and position (one chunk per column). With
@@ -171,30 +213,48 @@ class IndexColumns:
             elif field.name == "sha256":
                 size = 64 * sum(p.count for p in parts)
             else:
-                size = sum(text_size(chunk) for p in parts for chunk in p.columns[field.name].chunks)
+                size = sum(p.text[field.name] for p in parts)
             fields.append(field.with_type(text_type(size)))
         return pa.schema(fields, metadata=self.schema.metadata)
 
-    @staticmethod
-    def _groups(parts: list[_Shard], schema: pa.Schema, rows: int, *, release: bool) -> Iterator[pa.Table]:
+    def _groups(self, parts: list[_Shard], schema: pa.Schema, rows: int, *, release: bool) -> Iterator[pa.Table]:
+        source, reader = self._spilled_reader()
         pending: list[tuple[_Shard, int, int]] = []   # (shard, first row, end row) of the group being made
         held = 0
-        for part in parts:
-            at = 0
-            while at < part.count:
-                take = min(part.count - at, rows - held)
-                pending.append((part, at, at + take))
-                at += take
-                held += take
-                if held == rows:
-                    yield _group_table(pending, schema)
-                    if release:
-                        _give_up([p for p, _, end in pending if end == p.count])
-                    pending, held = [], 0
-        if pending:
-            yield _group_table(pending, schema)
+        try:
+            for part in parts:
+                if part.batch >= 0:  # spilled: read back for the group(s) its rows go to
+                    part = _spilled_part(part, reader.get_batch(part.batch))
+                at = 0
+                while at < part.count:
+                    take = min(part.count - at, rows - held)
+                    pending.append((part, at, at + take))
+                    at += take
+                    held += take
+                    if held == rows:
+                        yield _group_table(pending, schema)
+                        if release or reader is not None:
+                            _give_up([p for p, _, end in pending if end == p.count])
+                        pending, held = [], 0
+            if pending:
+                yield _group_table(pending, schema)
+                if release or reader is not None:
+                    _give_up([p for p, _, end in pending if end == p.count])
+        finally:
+            if source is not None:
+                source.close()
             if release:
-                _give_up([p for p, _, end in pending if end == p.count])
+                self.discard()
+
+
+def _spilled_part(part: _Shard, batch: pa.RecordBatch) -> _Shard:
+    """A spilled shard's columns and digests from its record batch (a new part: the spilled one
+    stays as it is for a later table)."""
+    names = batch.schema.names[:-1]   # the last column holds the digests
+    digests = batch.column(len(names))
+    raw = digests.buffers()[1].to_pybytes()[32 * digests.offset:32 * (digests.offset + len(digests))]
+    return _Shard(part.order, part.count, raw, {n: pa.chunked_array([batch.column(i)]) for i, n in enumerate(names)},
+                  part.text)
 
 
 def _group_table(pending: Sequence[tuple[_Shard, int, int]], schema: pa.Schema) -> pa.Table:
