@@ -541,12 +541,16 @@ def text_size(column: Any) -> int:
 
 
 def fitted_schema(schema: pa.Schema, columns: Mapping[str, Any]) -> pa.Schema:
-    """``schema`` with each ``string`` field whose column in ``columns`` holds more than
-    :data:`STRING_MAX_BYTES` of text made ``large_string`` (:func:`text_type`); the rest as they
-    are, so a table whose text fits keeps the schema, and the bytes, it always had."""
+    """``schema`` with each ``string`` field whose column in ``columns`` (an array, or the bytes
+    of text it holds as an int) holds more than :data:`STRING_MAX_BYTES` of text made
+    ``large_string`` (:func:`text_type`); the rest as they are, so a table whose text fits keeps
+    the schema, and the bytes, it always had."""
     import pyarrow as pa
 
-    return pa.schema([field.with_type(text_type(text_size(columns[field.name])))
+    def size(column: Any) -> int:
+        return column if isinstance(column, int) else text_size(column)
+
+    return pa.schema([field.with_type(text_type(size(columns[field.name])))
                       if pa.types.is_string(field.type) and field.name in columns else field for field in schema],
                      metadata=schema.metadata)
 

@@ -401,35 +401,37 @@ def write_splits_table(folder: Path, samples: Sequence[Any], assignment: Any, ph
     if (split_of < 0).any():
         raise KeyError(samples.value("key", int(np.flatnonzero(split_of < 0)[0])))  # every packed sample has a split
     fold_of = fold_codes(samples, assignment.fold)
-    # each column whole in the table's order; the rows are put in key order a row group at a time
-    columns = {
+    # the columns in the table's order: whole where they are views of the table's buffers or
+    # numbers, as codes where they are few distinct values (entity, label, split); the rows are
+    # put in key order, and the codes' text made, a row group at a time
+    whole = {
         "key": keys,
         "sample_id": samples.arrow("sample_id"),
-        "entity_id": samples.arrow("entity"),
-        "split": _split_names(split_of),
         "fold": pa.array(fold_of.astype(np.int32), pa.int32(), mask=fold_of < 0),
         "time": samples.arrow("time") if phi.dates == "keep" else pa.nulls(len(keys), pa.string()),
         "days_since_first": days,
-        "label": samples.arrow("label"),
     }
-    del split_of, fold_of
+    del fold_of
+    split_names = pa.array(list(SPLITS), pa.string())
+    coded = {"entity_id": samples.coded_text("entity"), "label": samples.coded_text("label"),
+             "split": (split_of.astype(np.int32), split_names,
+                       int(np.array([len(n) for n in SPLITS], dtype=np.int64)[split_of].sum()))}
     # a text column past STRING_MAX_BYTES is written large_string (text_type), the others as the schema says
-    schema = fitted_schema(SPLITS_SCHEMA, columns)
+    schema = fitted_schema(SPLITS_SCHEMA, {**whole, **{name: size for name, (_, _, size) in coded.items()}})
+    at = order.to_numpy()
+
+    def column(name: str, rows: pa.Array, start: int) -> pa.Array:
+        if name in whole:
+            return whole[name].take(rows)
+        codes, values, _ = coded[name]
+        return values.take(pa.array(codes[at[start:start + len(rows)]]))
 
     def groups() -> Iterator[pa.Table]:
         for start in range(0, len(order), ROW_GROUP_ROWS):
             rows = order.slice(start, ROW_GROUP_ROWS)
-            yield pa.table([columns[field.name].take(rows).cast(field.type) for field in schema], schema=schema)
+            yield pa.table([column(field.name, rows, start).cast(field.type) for field in schema], schema=schema)
 
     return _write_groups(folder / SPLITS_FILE, schema, groups())
-
-
-def _split_names(codes: np.ndarray) -> pa.Array:
-    """Each row's split name (``codes``: indices in :data:`SPLITS`), as ``string`` or, where the
-    names pass :data:`packer.manifest.STRING_MAX_BYTES` together, ``large_string``."""
-    lengths = np.array([len(name) for name in SPLITS], dtype=np.int64)
-    names = pa.array(list(SPLITS), text_type(int(lengths[codes].sum())))
-    return names.take(pa.array(codes.astype(np.int64, copy=False)))
 
 
 # -- publishing a finished version folder to a remote store ---------------------------------

@@ -468,12 +468,19 @@ class _Columns(Generic[R], Sequence[R]):
             return pa.array(self.numbers[name])
         if name in self.text:
             return _arrow_strings(self._text(name))
+        codes, values, size = self.coded_text(name)   # size: the taken rows' text, not the values'
+        return (values.cast(pa.large_string()) if _is_large(size) else values).take(pa.array(codes))
+
+    def coded_text(self, name: str) -> tuple[np.ndarray, Any, int]:
+        """A text field with few distinct values as (the int32 code of each record, the distinct
+        values as a ``pyarrow`` string array, the bytes of text the records hold together): for
+        taking some rows' values (``values.take(codes[rows])``) without a whole column's text."""
         column = self.coded[name]
         if column.codec != "text":
             raise TypeError(f"field {name!r} holds {column.codec} values, not text")
         lengths = np.diff(column.values.ends, prepend=np.int64(0))
-        size = int(lengths[column.codes].sum()) if len(column.codes) else 0  # the taken rows' text, not the values'
-        return _arrow_strings(column.values, large=_is_large(size)).take(pa.array(column.codes))
+        size = int(lengths[column.codes].sum()) if len(column.codes) else 0
+        return column.codes, _arrow_strings(column.values), size
 
     def order_by(self, names: Sequence[str]) -> np.ndarray:
         """The rows (int64) in the order of their values of text fields ``names``, the first
