@@ -16,56 +16,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 
 import packer.pipeline.publish
 from packer.cli import main as CLI
-from packer.config import load_job
 from packer.loader import ShardDataset
 from packer.manifest import INDEX_FILE, SPLITS_FILE
-from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
+from tests.photo_jobs import build_tree, grow_and_rebuild, write_tree
 
-LABELS = ("circle", "square")
 GROUP = 5   # rows a row group holds in these tests: groups end inside shards of 4 and across splits
-
-
-def _tree(root: Path, count: int = 24) -> None:
-    """``count`` grey PNGs of entities of 4 files each, labelled by a table."""
-    rows = []
-    for i in range(count):
-        rel = f"P{i // 4:02d}/img{i:02d}.png"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        assert cv2.imwrite(str(root / rel), np.random.default_rng(i).integers(0, 255, (16, 16), dtype=np.uint8))
-        rows.append(f"{rel},{LABELS[i % 2]},P{i // 4:02d}")
-    (root / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
-
-
-def _build(tmp_path: Path, out: str, *, fresh: bool = True) -> Path:
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
-        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
-        "transform": {"image": {"size": [16, 16], "color": "gray"}},
-        "pack": {"format": "webdataset", "max_samples": 4}, "output": out}, sort_keys=False))
-    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False, fresh=fresh))
-    return Path(result.manifest_path).parent
 
 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The same job built with the real row group length and with groups of :data:`GROUP` rows."""
     tmp_path = tmp_path_factory.mktemp("row-groups")
-    _tree(tmp_path / "raw")
-    whole = _build(tmp_path, "whole")
+    write_tree(tmp_path / "raw")
+    whole = build_tree(tmp_path, "whole")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(packer.pipeline.publish, "ROW_GROUP_ROWS", GROUP)
-        grouped = _build(tmp_path, "grouped")
+        grouped = build_tree(tmp_path, "grouped")
     return whole, grouped
 
 
@@ -126,13 +100,10 @@ def test_a_build_leaves_no_index_spill_in_its_cache(hermetic_environment, versio
 
 
 def test_a_rebuild_reuses_the_shards_an_earlier_index_of_several_row_groups_lists(tmp_path, monkeypatch) -> None:
-    _tree(tmp_path / "raw")
+    write_tree(tmp_path / "raw")
     monkeypatch.setattr(packer.pipeline.publish, "ROW_GROUP_ROWS", GROUP)
-    first = _build(tmp_path, "out")
-    assert cv2.imwrite(str(tmp_path / "raw/P05/extra.png"), np.full((16, 16), 7, np.uint8))
-    with open(tmp_path / "raw/labels.csv", "a") as fh:
-        fh.write("P05/extra.png,circle,P05\n")
-    result = build(load_job(tmp_path / "job.yaml"), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    first = build_tree(tmp_path, "out")
+    result = grow_and_rebuild(tmp_path)
     second = Path(result.manifest_path).parent
     assert second != first and result.shards_reused > 0  # read from the earlier version's index
     assert verify_dataset(second, deep=True).ok

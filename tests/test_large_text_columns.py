@@ -13,50 +13,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 
 import packer.manifest
 from packer.cli import main as CLI
-from packer.config import load_job
 from packer.loader import ShardDataset
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA
-from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.sampletable import as_table
 from packer.records import SampleRef, SpilledSample
 from packer.verify import verify_dataset
-
-LABELS = ("circle", "square")
-
-
-def _tree(root: Path) -> dict[str, np.ndarray]:
-    """24 grey PNGs of 6 entities (4 each), labelled by a table; returns each file's pixels."""
-    rows, pixels = [], {}
-    for i in range(24):
-        rel = f"P{i // 4:02d}/img{i:02d}.png"
-        image = np.random.default_rng(i).integers(0, 255, (16, 16), dtype=np.uint8)
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        assert cv2.imwrite(str(root / rel), image)
-        rows.append(f"{rel},{LABELS[i % 2]},P{i // 4:02d}")
-        pixels[rel] = image
-    (root / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
-    return pixels
-
-
-def _build(tmp_path: Path, out: str) -> Path:
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
-        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
-        "transform": {"image": {"size": [16, 16], "color": "gray"}},
-        "pack": {"format": "webdataset", "max_samples": 4}, "output": out}, sort_keys=False))
-    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False, fresh=True))
-    return Path(result.manifest_path).parent
+from tests.photo_jobs import LABELS, build_tree, grow_and_rebuild, write_tree
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +34,11 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     """The same job built with the real limit and with a limit of 0 bytes (every text column that
     holds any text is then too large for ``string``)."""
     tmp_path = tmp_path_factory.mktemp("large-text")
-    pixels = _tree(tmp_path / "raw")
-    normal = _build(tmp_path, "normal")
+    pixels = write_tree(tmp_path / "raw")
+    normal = build_tree(tmp_path, "normal")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(packer.manifest, "STRING_MAX_BYTES", 0)
-        large = _build(tmp_path, "large")
+        large = build_tree(tmp_path, "large")
     return normal, large, pixels
 
 
@@ -140,9 +110,9 @@ def test_verify_inspect_diff_and_report_read_a_large_string_version(versions, tm
 def test_an_index_of_mixed_widths_reads_as_one(tmp_path: Path, monkeypatch) -> None:
     """A limit between the columns' sizes, as at ~33.5M rows: only sha256 (64 characters a row,
     1,536 bytes here) passes it; the keys (20 characters, 480 bytes) and the rest stay string."""
-    _tree(tmp_path / "raw")
+    write_tree(tmp_path / "raw")
     monkeypatch.setattr(packer.manifest, "STRING_MAX_BYTES", 1000)
-    built = _build(tmp_path, "mixed")
+    built = build_tree(tmp_path, "mixed")
     assert _text_types(built / INDEX_FILE) == {"key": "string", "split": "string", "shard": "string",
                                                "sha256": "large_string", "entity_id": "string", "source": "string"}
     assert set(_text_types(built / SPLITS_FILE).values()) == {"string"}
@@ -184,13 +154,10 @@ def test_hex_digests_past_the_limit_are_large_string_not_wrapped_offsets(monkeyp
 
 
 def test_a_rebuild_reuses_the_shards_an_earlier_large_string_index_lists(tmp_path: Path, monkeypatch) -> None:
-    _tree(tmp_path / "raw")
+    write_tree(tmp_path / "raw")
     monkeypatch.setattr(packer.manifest, "STRING_MAX_BYTES", 0)
-    first = _build(tmp_path, "out")
-    assert cv2.imwrite(str(tmp_path / "raw/P05/extra.png"), np.full((16, 16), 7, np.uint8))
-    with open(tmp_path / "raw/labels.csv", "a") as fh:
-        fh.write("P05/extra.png,circle,P05\n")
-    result = build(load_job(tmp_path / "job.yaml"), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    first = build_tree(tmp_path, "out")
+    result = grow_and_rebuild(tmp_path)
     second = Path(result.manifest_path).parent
     assert second != first and result.shards_reused > 0  # read from the earlier version's index
     assert verify_dataset(second, deep=True).ok
