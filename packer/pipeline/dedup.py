@@ -10,6 +10,7 @@ split.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,15 +136,18 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
         raw, ends = samples.text_bytes(name)
         lengths = np.diff(ends, prepend=0)
         missing = samples.field_text(name).null
+    # each intermediate of n rows is let go as soon as it is used: at 10M rows each is 10-160 MB
     used = ~missing & (lengths > 0) if skip_empty else np.ones(len(lengths), dtype=bool)
     if skip is not None:
         used &= ~skip
     rows = np.flatnonzero(used)
+    del used
     if not rows.size:
         return []
     width = int(lengths[rows[0]])
     if width < _PREFIX or not (lengths[rows] == width).all():
         return None
+    del lengths
     width_of = digests.width if digests is not None else width   # bytes a value holds
     starts = rows * width_of if digests is not None else ends[rows] - width
     view = np.frombuffer(raw, dtype=np.uint8)
@@ -152,17 +156,29 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     prefix = np.zeros((rows.size, _PREFIX), dtype=np.uint8)
     for k in range(min(_PREFIX, width_of)):
         prefix[:, k] = view[starts + k]
-    prefix = prefix.view(np.uint64)
-    key = prefix[:, 0] ^ (prefix[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+    halves = prefix.view(np.uint64)
+    key = halves[:, 0] ^ (halves[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+    del prefix, halves
     order = np.argsort(key, kind="stable")  # rows of one key stay ascending
     key = key[order]
-    edge = np.flatnonzero(key[1:] != key[:-1]) + 1
-    bounds = np.concatenate(([0], edge, [key.size]))
-    sizes = np.diff(bounds)
+    # the sorted positions whose key another row shares: only those can be equal values
+    same = key[1:] != key[:-1]
+    np.logical_not(same, out=same)
+    if not same.any():
+        return []
+    shared = np.zeros(key.size, dtype=bool)
+    shared[1:] = same
+    shared[:-1] |= same
+    del same
+    picked = np.flatnonzero(shared)
+    del shared
+    keys = key[picked]
+    del key
+    bounds = np.concatenate(([0], np.flatnonzero(keys[1:] != keys[:-1]) + 1, [keys.size])).tolist()
     groups: list[list[int]] = []
-    for begin, size in zip(bounds[:-1][sizes > 1].tolist(), sizes[sizes > 1].tolist(), strict=True):
+    for begin, end in itertools.pairwise(bounds):
         by_value: dict[bytes, list[int]] = {}
-        sharing = order[begin:begin + size]
+        sharing = order[picked[begin:end]]
         for row, at in zip(rows[sharing].tolist(), starts[sharing].tolist(), strict=True):
             by_value.setdefault(raw[at:at + width_of], []).append(row)  # the whole value decides, not 64 bits
         groups.extend(group for group in by_value.values() if len(group) > 1)
