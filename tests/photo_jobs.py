@@ -13,9 +13,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 import yaml
+from click.testing import CliRunner
 
+from packer.cli import main as CLI
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.verify import verify_dataset
 
 LABELS = ("circle", "square")
 
@@ -53,3 +56,21 @@ def grow_and_rebuild(folder: Path) -> BuildResult:
     with open(folder / "raw/labels.csv", "a") as fh:
         fh.write("P05/extra.png,circle,P05\n")
     return build(load_job(folder / "job.yaml"), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+
+def assert_read_by_every_command(reference: Path, version: Path, scratch: Path) -> None:
+    """``version`` (the tree built in another form) passes verify, quick and deep (every sample
+    checked), and inspect, report and diff read it; diff finds no sample that differs from
+    ``reference`` (the same samples, keys, labels and sha256s)."""
+    for deep in (False, True):
+        result = verify_dataset(version, deep=deep)
+        assert result.ok, result.problems
+        assert result.samples_checked == 24 or not deep
+    runner = CliRunner()
+    for args in (["verify", str(version), "--deep", "-q"], ["inspect", str(version)],
+                 ["diff", str(reference), str(version)],
+                 ["report", str(version), "--output", str(scratch / "report.html")]):
+        ran = runner.invoke(CLI, args)
+        assert ran.exit_code == 0, (args, ran.output, ran.exception)
+    diff = runner.invoke(CLI, ["diff", str(reference), str(version)]).output
+    assert diff.splitlines()[1:] == ["  no differences"], diff

@@ -19,14 +19,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
 import packer.pipeline.publish
-from packer.cli import main as CLI
 from packer.loader import ShardDataset
 from packer.manifest import INDEX_FILE, SPLITS_FILE
 from packer.verify import verify_dataset
-from tests.photo_jobs import build_tree, grow_and_rebuild, write_tree
+from tests.photo_jobs import assert_read_by_every_command, build_tree, grow_and_rebuild, write_tree
 
 GROUP = 5   # rows a row group holds in these tests: groups end inside shards of 4 and across splits
 
@@ -80,17 +78,7 @@ def test_the_loader_reads_and_checks_every_sample_through_an_index_of_several_ro
 
 def test_verify_inspect_diff_and_report_read_tables_of_several_row_groups(versions, tmp_path) -> None:
     whole, grouped = versions
-    for deep in (False, True):
-        result = verify_dataset(grouped, deep=deep)
-        assert result.ok, result.problems
-    runner = CliRunner()
-    for args in (["verify", str(grouped), "--deep", "-q"], ["inspect", str(grouped)],
-                 ["diff", str(whole), str(grouped)],
-                 ["report", str(grouped), "--output", str(tmp_path / "report.html")]):
-        ran = runner.invoke(CLI, args)
-        assert ran.exit_code == 0, (args, ran.output, ran.exception)
-    diff = runner.invoke(CLI, ["diff", str(whole), str(grouped)]).output
-    assert diff.splitlines()[1:] == ["  no differences"], diff
+    assert_read_by_every_command(whole, grouped, tmp_path)
 
 
 def test_a_build_leaves_no_index_spill_in_its_cache(hermetic_environment, versions) -> None:

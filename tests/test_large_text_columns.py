@@ -17,16 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
 import packer.manifest
-from packer.cli import main as CLI
 from packer.loader import ShardDataset
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, SPLITS_FILE, SPLITS_SCHEMA
 from packer.pipeline.sampletable import as_table
 from packer.records import SampleRef, SpilledSample
 from packer.verify import verify_dataset
-from tests.photo_jobs import LABELS, build_tree, grow_and_rebuild, write_tree
+from tests.photo_jobs import LABELS, assert_read_by_every_command, build_tree, grow_and_rebuild, write_tree
 
 
 @pytest.fixture(scope="module")
@@ -93,18 +91,7 @@ def test_the_loader_reads_and_checks_every_sample_through_a_large_string_index(v
 
 def test_verify_inspect_diff_and_report_read_a_large_string_version(versions, tmp_path: Path) -> None:
     normal, large, _ = versions
-    for deep in (False, True):
-        result = verify_dataset(large, deep=deep)
-        assert result.ok, result.problems
-        assert result.samples_checked == 24 or not deep
-    runner = CliRunner()
-    for args in (["verify", str(large), "--deep", "-q"], ["inspect", str(large)],
-                 ["diff", str(normal), str(large)],
-                 ["report", str(large), "--output", str(tmp_path / "report.html")]):
-        ran = runner.invoke(CLI, args)
-        assert ran.exit_code == 0, (args, ran.output, ran.exception)
-    diff = runner.invoke(CLI, ["diff", str(normal), str(large)]).output
-    assert diff.splitlines()[1:] == ["  no differences"], diff  # the same samples, keys, labels and sha256s
+    assert_read_by_every_command(normal, large, tmp_path)
 
 
 def test_an_index_of_mixed_widths_reads_as_one(tmp_path: Path, monkeypatch) -> None:
