@@ -162,8 +162,7 @@ def equal_text_rows(samples: SampleTable, name: str, skip: np.ndarray | None = N
     order = np.argsort(key, kind="stable")  # rows of one key stay ascending
     key = key[order]
     # the sorted positions whose key another row shares: only those can be equal values
-    same = key[1:] != key[:-1]
-    np.logical_not(same, out=same)
+    same = key[1:] == key[:-1]
     if not same.any():
         return []
     shared = np.zeros(key.size, dtype=bool)

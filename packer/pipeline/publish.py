@@ -147,19 +147,20 @@ class IndexColumns:
     def _spilled_reader(self) -> tuple[Any, Any]:
         """(the spill file opened, a reader of its batches), its writer closed first; (None, None)
         without spilled shards."""
-        if self._spill_writer is not None:
-            self._spill_writer.close()
-            self._spill_writer = None
+        self._close_spill_writer()
         if self._spill is None or not self._spilled:
             return None, None
         source = pa.OSFile(str(self._spill), "rb")
         return source, pa.ipc.open_file(source)
 
-    def discard(self) -> None:
-        """Remove the spill file (a no-op without one); the shards added are given up."""
+    def _close_spill_writer(self) -> None:
         if self._spill_writer is not None:
             self._spill_writer.close()
             self._spill_writer = None
+
+    def discard(self) -> None:
+        """Remove the spill file (a no-op without one); the shards added are given up."""
+        self._close_spill_writer()
         if self._spill is not None:
             self._spill.unlink(missing_ok=True)
         self._parts, self._spilled = [], 0
@@ -300,10 +301,16 @@ def _hex_column(pending: Sequence[tuple[_Shard, int, int]], *, large: bool) -> p
         hex_chars(raw, view[at:at + 2 * raw.size])
         at += 2 * raw.size
     del view
+    return _hex_array(chars, count, large=large)
+
+
+def _hex_array(chars: Any, count: int, *, large: bool) -> pa.Array:
+    """``count`` rows of 64 hex characters each, back to back in buffer ``chars``, as a string
+    column (``large_string`` where ``large``: past ~33.5M rows a string column's int32 offsets
+    cannot reach the end of the text)."""
     if not large:
-        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
-        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars))
-    # past ~33.5M rows: a string column's int32 offsets cannot reach the end of the text
+        return pa.StringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int32)),
+                                           pa.py_buffer(chars))
     return pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
                                             pa.py_buffer(chars))
 
@@ -314,11 +321,7 @@ def hex_digests(digests: bytes, count: int) -> pa.Array:
     client's peak, writing the index). ``large_string`` past ~33.5M digests
     (:func:`packer.manifest.text_type`), where int32 offsets would wrap around."""
     chars = hex_chars(np.frombuffer(digests, dtype=np.uint8, count=32 * count))
-    if pa.types.is_string(text_type(64 * count)):
-        offsets = np.arange(0, 64 * count + 1, 64, dtype=np.int32)
-        return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes()))
-    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(np.arange(0, 64 * count + 1, 64, dtype=np.int64)),
-                                            pa.py_buffer(chars.tobytes()))
+    return _hex_array(chars, count, large=pa.types.is_large_string(text_type(64 * count)))
 
 
 #: rows in one row group of ``_index.parquet`` and ``_splits.parquet``: a table of up to this
