@@ -20,6 +20,8 @@ import os
 import shutil
 import zlib
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import lru_cache
@@ -104,7 +106,11 @@ def seeded_rng(seed: int, *parts: str | int) -> np.random.Generator:
 
 
 def make_uid(seed: int, *parts: str | int) -> str:
-    """A DICOM UID derived only from ``seed`` and ``parts`` (pydicom root prefix, hashed suffix)."""
+    """A DICOM UID derived only from ``seed`` and ``parts`` (pydicom root prefix, hashed suffix).
+
+    pydicom hashes the parts joined without a separator, so parts must not run into each other:
+    (``1``, ``12``) and (``11``, ``2``) give one UID. Callers give parts of fixed width or that
+    end in a letter where numbers follow numbers."""
     return str(generate_uid(entropy_srcs=["packer-demo", str(seed), *map(str, parts)]))
 
 
@@ -1085,28 +1091,17 @@ class CopiesTree:
                              precision={k: (sum(v), len(v)) for k, v in precision.items()})
 
 
-def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int = 0, slices: int = 4,
-                      size: int = 256) -> CopiesTree:
-    """Write CT patients of similar anatomy and ``copies`` planted copies of their slices.
+#: A planted copy's source slice: its path (relative to ``ct/``), HU pixels, label and study time.
+_CopySource = tuple[str, NDArray[np.float32], str, datetime]
 
-    Layout: ``ct/PAT0001/IM001.dcm`` (``slices`` axial levels per patient, each patient its own
-    :class:`ChestAnatomy` and levels jittered per patient; about a third have a nodule, which is
-    the label), ``ct_labels.csv``; copies cycle through :data:`COPY_KINDS`, each of a seeded slice
-    of a different patient: DICOM kinds as ``ct/CPY0001/IM001.dcm`` (another PatientID; RLE
-    Lossless for ``dicom_rle``), exported kinds as ``exports/X0001/01.png|.jpg`` with
-    ``exports/labels.csv`` (path,label,entity,timestamp). ``phi.key`` as in the demo tree. The
-    same seed gives the same bytes. ValueError for a count below 1 (``copies`` may be 0).
-    """
-    _check_counts(patients=patients, slices=slices, size=size)
-    if copies < 0 or copies > patients:
-        raise ValueError(f"copies must be in 0..patients ({patients}), got {copies}")
-    root = Path(root)
-    _prepare_root(root)
-    sources: dict[tuple[int, int], tuple[str, NDArray[np.float32], str, datetime]] = {}
-    chosen = seeded_rng(seed, "copy-sources").choice(patients, size=copies, replace=False) + 1
-    chosen_slice = {int(p): int(seeded_rng(seed, "copy-slice", int(p)).integers(1, slices + 1)) for p in chosen}
-    ct_rows: list[_Row] = []
-    for p in range(1, patients + 1):
+
+def _chest_patients(root: Path, seed: int, first: int, last: int, slices: int, size: int,
+                    chosen_slice: dict[int, int]) -> tuple[list[_Row], dict[tuple[int, int], _CopySource]]:
+    """Write the CT slices of patients ``first``..``last`` of a copies tree; their label rows, and
+    the sources of the copies to plant (``chosen_slice``: patient → slice) among them."""
+    rows: list[_Row] = []
+    sources: dict[tuple[int, int], _CopySource] = {}
+    for p in range(first, last + 1):
         anatomy = ChestAnatomy.draw(seeded_rng(seed, "chest-anatomy", p))
         rng = seeded_rng(seed, "chest-patient", p)
         label = "nodule" if rng.random() < 0.35 else "normal"
@@ -1119,11 +1114,45 @@ def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int 
             rel = f"PAT{p:04d}/IM{k:03d}.dcm"
             write_ct_slice(root / "ct" / rel, patient_id=f"PAT{p:04d}", study_date=when.strftime("%Y%m%d"),
                            study_time=when.strftime("%H%M%S"), pixels_hu=hu,
-                           uids=make_uids(seed, "chest", p, k, study=1), instance_number=k,
+                           uids=make_uids(seed, f"chest-{p:06d}", f"{k:04d}", study=1), instance_number=k,
                            slice_location_mm=2.5 * k)
-            ct_rows.append(_Row(rel, label))
+            rows.append(_Row(rel, label))
             if chosen_slice.get(p) == k:
                 sources[(p, k)] = (rel, hu, label, when)
+    return rows, sources
+
+
+def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int = 0, slices: int = 4,
+                      size: int = 256, processes: int = 1) -> CopiesTree:
+    """Write CT patients of similar anatomy and ``copies`` planted copies of their slices.
+
+    Layout: ``ct/PAT0001/IM001.dcm`` (``slices`` axial levels per patient, each patient its own
+    :class:`ChestAnatomy` and levels jittered per patient; about a third have a nodule, which is
+    the label), ``ct_labels.csv``; copies cycle through :data:`COPY_KINDS`, each of a seeded slice
+    of a different patient: DICOM kinds as ``ct/CPY0001/IM001.dcm`` (another PatientID; RLE
+    Lossless for ``dicom_rle``), exported kinds as ``exports/X0001/01.png|.jpg`` with
+    ``exports/labels.csv`` (path,label,entity,timestamp). ``phi.key`` as in the demo tree. The
+    same seed gives the same bytes, written by any number of ``processes`` (patients are written
+    in ranges, one process a range). ValueError for a count below 1 (``copies`` may be 0).
+    """
+    _check_counts(patients=patients, slices=slices, size=size, processes=processes)
+    if copies < 0 or copies > patients:
+        raise ValueError(f"copies must be in 0..patients ({patients}), got {copies}")
+    root = Path(root)
+    _prepare_root(root)
+    chosen = seeded_rng(seed, "copy-sources").choice(patients, size=copies, replace=False) + 1
+    chosen_slice = {int(p): int(seeded_rng(seed, "copy-slice", int(p)).integers(1, slices + 1)) for p in chosen}
+    ct_rows: list[_Row] = []
+    sources: dict[tuple[int, int], _CopySource] = {}
+    # every patient's pixels come from its own seeded generators: any number of processes writes the same bytes
+    step = max(1, -(-patients // (8 * processes)))
+    ranges = [(first, min(first + step - 1, patients)) for first in range(1, patients + 1, step)]
+    with ProcessPoolExecutor(processes) if processes > 1 else nullcontext() as pool:
+        work = [(root, seed, a, b, slices, size, chosen_slice) for a, b in ranges]
+        parts = pool.map(_chest_patients, *zip(*work, strict=True)) if pool else (_chest_patients(*w) for w in work)
+        for rows, found in parts:
+            ct_rows.extend(rows)
+            sources.update(found)
     planted: list[PlantedCopy] = []
     export_rows: list[_Row] = []
     for n, p in enumerate(chosen.tolist(), start=1):
@@ -1134,7 +1163,7 @@ def write_copies_tree(root: Path, *, patients: int, copies: int = 18, seed: int 
             copy = f"{entity}/IM001.dcm"
             write_ct_slice(root / "ct" / copy, patient_id=entity, study_date=when.strftime("%Y%m%d"),
                            study_time=when.strftime("%H%M%S"), pixels_hu=hu,
-                           uids=make_uids(seed, "chest-copy", n, study=1),
+                           uids=make_uids(seed, f"chest-copy-{n:06d}", study=1),
                            compress=RLELossless if kind == "dicom_rle" else None)
             ct_rows.append(_Row(copy, label))
         else:

@@ -13,7 +13,15 @@ import pydicom
 import pytest
 from pydicom.errors import InvalidDicomError
 
-from packer.demo import SERIES, DemoTree, cut_jpeg, write_bench_tree, write_ct_slice, write_demo_tree
+from packer.demo import (
+    SERIES,
+    DemoTree,
+    cut_jpeg,
+    write_bench_tree,
+    write_copies_tree,
+    write_ct_slice,
+    write_demo_tree,
+)
 from packer.errors import ConfigError
 from packer.records import REASONS
 
@@ -295,3 +303,23 @@ def test_bench_tree_patients_are_not_near_copies_of_each_other(tmp_path: Path) -
               for i, j in zip(candidates.i, candidates.j, strict=True)]
     assert len(set(patients)) > 40 and len(candidates) > 100
     assert max(scores) < nearcopy.MIN_SCORE
+
+
+def test_a_copies_tree_is_the_same_bytes_written_by_one_process_or_several(tmp_path: Path) -> None:
+    one = write_copies_tree(tmp_path / "one", patients=5, copies=5, slices=3, size=32)
+    two = write_copies_tree(tmp_path / "two", patients=5, copies=5, slices=3, size=32, processes=2)
+    assert one.copies == two.copies
+    assert tree_digests(tmp_path / "one") == tree_digests(tmp_path / "two")
+
+
+def test_every_slice_of_a_copies_tree_has_its_own_uids_and_every_patient_its_own_study(tmp_path: Path) -> None:
+    # 12 patients × 12 slices: parts such as (1, 12) and (11, 2) once ran together into one UID
+    write_copies_tree(tmp_path / "raw", patients=12, copies=9, slices=12, size=16)
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in sorted((tmp_path / "raw" / "ct").rglob("*.dcm"))]
+    # two of the nine copy kinds are DICOM copies
+    assert len({h.SOPInstanceUID for h in headers}) == len(headers) == 12 * 12 + 2
+    studies = {h.PatientID: set() for h in headers}
+    for h in headers:
+        studies[h.PatientID].add(h.StudyInstanceUID)
+    assert all(len(uids) == 1 for uids in studies.values())
+    assert len({uid for uids in studies.values() for uid in uids}) == len(studies)
