@@ -201,6 +201,7 @@ def _watch(process: subprocess.Popen[str], peaks: dict[str, float], stop: thread
         except psutil.Error:
             break
         peaks["client"] = max(peaks.get("client", 0), client)
+        peaks["client_since_line"] = max(peaks.get("client_since_line", 0), client)
         peaks["worker"] = max(peaks.get("worker", 0), max(children, default=0))
         peaks["workers_total"] = max(peaks.get("workers_total", 0), sum(children))
         stop.wait(1.0)
@@ -213,6 +214,8 @@ def one_size(data: Path, files: int, copies: int, workers: int) -> dict[str, Any
     job_file.write_text(yaml.safe_dump(job_doc(root / "raw", root / "out")))
     outcome_file, log_file = root / "outcome.json", root / "build.log"
     outcome_file.unlink(missing_ok=True)
+    for earlier in ("out", "work"):  # a fresh build: no version to find already built, no cache to reuse
+        shutil.rmtree(root / earlier, ignore_errors=True)
     env = {**os.environ, "PACKER_WORK_DIR": str(root / "work")}
     command = [sys.executable, __file__, "--child", str(job_file), "--workers", str(workers),
                "--tree", str(root / "raw" / "tree.json"), "--outcome", str(outcome_file)]
@@ -226,7 +229,8 @@ def one_size(data: Path, files: int, copies: int, workers: int) -> dict[str, Any
         watcher.start()
         assert child.stdout is not None
         for line in child.stdout:
-            log.write(f"{time.perf_counter() - started:8.1f} {line}")
+            # each line with the client's largest resident memory since the line before: where its peak falls
+            log.write(f"{time.perf_counter() - started:8.1f} {peaks.pop('client_since_line', 0) / 2**20:6.0f}M {line}")
             log.flush()
             closing = _CLOSING.match(line)
             if closing:  # the near-copy stage's own closing line is packer's "near copies: ..." summary

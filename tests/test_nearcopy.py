@@ -126,6 +126,36 @@ def test_a_verification_task_gives_each_pair_its_own_evidence_however_few_thumbn
         assert getattr(roomy, field).tolist() == pytest.approx([getattr(e, field) for e in alone]), field
 
 
+@settings(max_examples=40, deadline=None)
+@given(pairs=st.sampled_from([0, 1, 4095, 4096, 4097, 9000]), files=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_a_task_list_makes_each_task_when_read_naming_only_the_files_its_pairs_read(
+        pairs: int, files: int, seed: int) -> None:
+    """The verification's tasks are made as they are submitted (the client held every task's
+    arrays at once: 32 bytes a candidate pair); each pair still reads the signature row it did."""
+    rng = np.random.default_rng(seed)
+    names = tuple(f"/cache/chunk-{k:03d}.sig.npy" for k in range(files))
+    samples = 500
+    file_of, row_of = rng.integers(0, files, samples), rng.integers(0, 128, samples)
+    i, j = rng.integers(0, samples, pairs), rng.integers(0, samples, pairs)
+    tasks = nearcopy.VerifyTasks(names, file_of, row_of, i, j, floor=0.5, screen=True)
+    assert len(tasks) == -(-pairs // nearcopy.PAIRS_PER_TASK) and nearcopy.pairs_in(tasks) == pairs
+    made = [tasks[t] for t in range(len(tasks))]
+    assert [t.index for t in made] == list(range(len(tasks))) == [t.index for t in tasks[:]]
+    with pytest.raises(IndexError):
+        tasks[len(tasks)]
+    at = 0
+    for task in made:
+        assert (task.floor, task.screen) == (0.5, True)
+        for side, rows in (("a", i), ("b", j)):
+            taken = rows[at:at + len(task.a_file)]
+            assert [task.files[f] for f in getattr(task, f"{side}_file")] == [names[f] for f in file_of[taken]]
+            assert getattr(task, f"{side}_row").tolist() == row_of[taken].tolist()
+        read = set(task.a_file.tolist()) | set(task.b_file.tolist())
+        assert read == set(range(len(task.files)))  # no file it does not read
+        at += len(task.a_file)
+    assert at == pairs
+
+
 def test_a_flat_thumbnail_verifies_as_nothing() -> None:
     flat = np.zeros((64, 64), dtype=np.uint8)
     assert nearcopy.verify(flat, signature_of(photo(1))["thumb"]).score == 0.0

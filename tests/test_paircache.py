@@ -80,6 +80,48 @@ def test_cached_answers_equal_verified_ones_cold_warm_and_partly_warm(tmp_path: 
     assert (other.verified, other.reused) == (6, 0)
 
 
+def test_a_task_list_made_as_read_gets_the_answers_of_the_tasks_made_whole(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build hands the cache a task list that makes each task when read (nearcopy.VerifyTasks),
+    each naming only its own files; the cache makes a task again when its misses come back and
+    tells the runner how many pairs it sends without making them to count."""
+    monkeypatch.setattr(nearcopy, "PAIRS_PER_TASK", 2)
+    images = [photo(seed) for seed in range(6)]
+    rows = [signature_of(image) for image in images] + [signature_of(images[0][8:, 5:])]
+    for k, part in enumerate((rows[:4], rows[4:])):
+        nearcopy.write_signatures(tmp_path / f"{k}.sig.npy", part)
+    files = (str(tmp_path / "0.sig.npy"), str(tmp_path / "1.sig.npy"))
+    file_of, row_of = np.array([0, 0, 0, 0, 1, 1, 1]), np.array([0, 1, 2, 3, 0, 1, 2])
+    floor = nearcopy.MIN_SCORE - nearcopy.REFINE_MARGIN
+    first, later = [(0, 6), (1, 2), (2, 5)], [(0, 6), (1, 2), (3, 4), (4, 5), (0, 1), (6, 0), (2, 5)]
+
+    def made_as_read(pairs: list[tuple[int, int]]) -> nearcopy.VerifyTasks:
+        return nearcopy.VerifyTasks(files, file_of, row_of, np.array([a for a, _ in pairs]),
+                                    np.array([b for _, b in pairs]), floor=floor, screen=False)
+
+    def whole(pairs: list[tuple[int, int]]) -> list[nearcopy.VerifyTask]:
+        return [nearcopy.VerifyTask(index=0, files=files, a_file=file_of[[a for a, _ in pairs]],
+                                    a_row=row_of[[a for a, _ in pairs]], b_file=file_of[[b for _, b in pairs]],
+                                    b_row=row_of[[b for _, b in pairs]], floor=floor)]
+
+    sent: list[int] = []
+
+    def counting(tasks):  # type: ignore[no-untyped-def]
+        sent.append(nearcopy.pairs_in(tasks))
+        yield from verify_in_process(tasks)
+
+    plain = _answers(verify_in_process, whole(later))
+    cold = PairCache.open(tmp_path)
+    _answers(cached_verification(counting, cold), made_as_read(first))
+    assert sent == [3] and (cold.verified, cold.reused) == (3, 0)
+    cold.save()
+    warm = PairCache.open(tmp_path)
+    answered = _answers(cached_verification(counting, warm), made_as_read(later))
+    assert sent == [3, 4] and (warm.verified, warm.reused) == (4, 3)
+    for name in ("structure", "detail", "intensity", "zoom", "dy", "dx"):
+        assert np.array_equal(getattr(answered, name), getattr(plain, name)), name
+
+
 def test_a_pair_the_first_stage_turned_away_is_verified_in_full_when_asked_in_full(tmp_path: Path) -> None:
     """The first stage's answer (SCREENED) is kept under its own key: a later request for the same
     pair's full evidence (the rival test's) is verified, not answered from the cache."""

@@ -57,7 +57,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, overload
 
 import cv2
 import numpy as np
@@ -731,6 +731,56 @@ class VerifyTask:
     screen: bool = False
 
 
+class VerifyTasks(Sequence[VerifyTask]):
+    """The verification tasks of pairs (``i[p]``, ``j[p]``), :data:`PAIRS_PER_TASK` pairs a task
+    in pair order, each made when it is read (:meth:`Executor.map_unordered
+    <packer.pipeline.cluster.Executor.map_unordered>` reads a task when it submits it): the
+    file and row arrays of every task at once were 32 bytes a pair on the client, about 150 MB
+    for the 4.7M candidates of 300,000 samples. A task names only the signature files its pairs
+    read (``files`` of sample ``s``'s signature: ``all_files[file_of[s]]``, row ``row_of[s]``),
+    so what is sent with it is bounded by its pairs, not by the dataset's files."""
+
+    def __init__(self, all_files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, i: np.ndarray,
+                 j: np.ndarray, *, floor: float, screen: bool) -> None:
+        self._files, self._file_of, self._row_of = all_files, file_of, row_of
+        self._i, self._j, self._floor, self._screen = i, j, floor, screen
+
+    @property
+    def pairs(self) -> int:
+        """The pairs of all tasks."""
+        return len(self._i)
+
+    def __len__(self) -> int:
+        return -(-len(self._i) // PAIRS_PER_TASK)
+
+    @overload
+    def __getitem__(self, index: int) -> VerifyTask: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[VerifyTask]: ...
+
+    def __getitem__(self, index: int | slice) -> VerifyTask | list[VerifyTask]:
+        if isinstance(index, slice):
+            return [self[t] for t in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"task {index} of {len(self)}")
+        t = index % len(self)
+        part = slice(t * PAIRS_PER_TASK, (t + 1) * PAIRS_PER_TASK)
+        a_file, b_file = self._file_of[self._i[part]], self._file_of[self._j[part]]
+        used, local = np.unique(np.concatenate([a_file, b_file]), return_inverse=True)
+        local = local.ravel().astype(np.int32)
+        return VerifyTask(index=t, files=tuple(self._files[int(f)] for f in used), a_file=local[:len(a_file)],
+                          a_row=self._row_of[self._i[part]], b_file=local[len(a_file):],
+                          b_row=self._row_of[self._j[part]], floor=self._floor, screen=self._screen)
+
+
+def pairs_in(tasks: Sequence[VerifyTask]) -> int:
+    """The pairs of ``tasks``: a task list that makes its tasks when read (:class:`VerifyTasks`)
+    says how many it holds as ``pairs``, so they are not made to be counted."""
+    counted = getattr(tasks, "pairs", None)
+    return int(counted) if counted is not None else sum(len(t.a_file) for t in tasks)
+
+
 @dataclass(frozen=True)
 class EvidenceArrays:
     """:class:`Evidence` of many pairs, one array per field (pair order)."""
@@ -1014,10 +1064,7 @@ def find_near_links(files: Sequence[str], file_of: np.ndarray, row_of: np.ndarra
     def verified(i: np.ndarray, j: np.ndarray, screen: bool = False) -> EvidenceArrays:
         """The evidence of pairs (``i[p]``, ``j[p]``), in that order, verified by ``run`` in tasks
         (after the first stage, with ``screen``)."""
-        tasks = [VerifyTask(index=t, files=tuple(files), a_file=file_of[i[lo:lo + PAIRS_PER_TASK]],
-                            a_row=row_of[i[lo:lo + PAIRS_PER_TASK]], b_file=file_of[j[lo:lo + PAIRS_PER_TASK]],
-                            b_row=row_of[j[lo:lo + PAIRS_PER_TASK]], floor=floor, screen=screen)
-                 for t, lo in enumerate(range(0, len(i), PAIRS_PER_TASK))]
+        tasks = VerifyTasks(files, file_of, row_of, i, j, floor=floor, screen=screen)
         parts = dict((task.index, result) for task, result in run(tasks))
         return EvidenceArrays.concat([parts[t] for t in range(len(tasks))])
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from packer.pipeline.cluster import LazySequence
 from packer.pipeline.nearcopy import VERIFY_VERSION, EvidenceArrays, VerifyTask, read_signatures
 from packer.pipeline.spill import cache_output
 from packer.pipeline.split import RunVerify
@@ -145,24 +146,29 @@ def _evidence(rows: np.ndarray) -> EvidenceArrays:
 
 
 class _Digests:
-    """The thumbnails' digests of a list of signature files as one array (rows of every file, file
-    by file), computed once per file."""
+    """The thumbnails' digests of each signature file, computed once per file (a task names only
+    the files its pairs read: :class:`~packer.pipeline.nearcopy.VerifyTasks`)."""
 
     def __init__(self) -> None:
-        self.files: tuple[str, ...] = ()
-        self.rows = np.zeros((0, DIGEST_BYTES), dtype=np.uint8)
-        self.starts = np.zeros(1, dtype=np.int64)
+        self.of_file: dict[str, np.ndarray] = {}
+
+    def _rows(self, files: tuple[str, ...], file: np.ndarray, row: np.ndarray) -> np.ndarray:
+        out = np.empty((len(row), DIGEST_BYTES), dtype=np.uint8)
+        file = np.asarray(file, dtype=np.int64)
+        for f in np.unique(file).tolist():
+            name = files[f]
+            digests = self.of_file.get(name)
+            if digests is None:
+                digests = self.of_file[name] = thumb_digests(name)
+            here = file == f
+            out[here] = digests[np.asarray(row)[here]]
+        return out
 
     def pair_keys(self, task: VerifyTask) -> np.ndarray:
         """Each pair's key (:data:`KEY_DTYPE`) in ``task``: its thumbnails' digests in the task's
         order, the task's floor and its ``screen``."""
-        if task.files != self.files:
-            parts = [thumb_digests(name) for name in task.files]
-            self.files = task.files
-            self.rows = np.concatenate(parts) if parts else np.zeros((0, DIGEST_BYTES), dtype=np.uint8)
-            self.starts = np.cumsum([0] + [len(part) for part in parts])
-        first = self.rows[self.starts[np.asarray(task.a_file, dtype=np.int64)] + task.a_row]
-        second = self.rows[self.starts[np.asarray(task.b_file, dtype=np.int64)] + task.b_row]
+        first = self._rows(task.files, task.a_file, task.a_row)
+        second = self._rows(task.files, task.b_file, task.b_row)
         floor = np.full((len(first), 1), task.floor, dtype="<f8").view(np.uint8)
         screen = np.full((len(first), 1), int(task.screen), dtype=np.uint8)
         return np.ascontiguousarray(np.concatenate([first, second, floor, screen], axis=1)).view(KEY_DTYPE)[:, 0]
@@ -170,34 +176,57 @@ class _Digests:
 
 def cached_verification(run: RunVerify, cache: PairCache) -> RunVerify:
     """``run`` behind ``cache``: each task's pairs are looked up first, only the misses are
-    verified by ``run`` (as a task of those pairs, under the same index), and every task is
-    answered whole, in its own pair order. Every pair is remembered for :meth:`PairCache.save`."""
+    verified by ``run`` (as a task of those pairs), and every task is answered whole, in its own
+    pair order. Every pair is remembered for :meth:`PairCache.save`.
+
+    What waits between the lookup and the answer is one flag a pair (which pairs missed): a
+    task, its pair keys and the rows found are made again when its misses come back, so the
+    tasks need not all exist at once (:class:`~packer.pipeline.nearcopy.VerifyTasks`)."""
     digests = _Digests()
 
     def wrapped(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
-        pending: dict[int, tuple[VerifyTask, np.ndarray, np.ndarray, np.ndarray]] = {}
-        misses: list[VerifyTask] = []
-        for task in tasks:
+        missed: dict[int, np.ndarray] = {}  # position in ``tasks`` -> which of its pairs the cache lacks
+        for at in range(len(tasks)):
+            task = tasks[at]
+            if not len(cache.known):  # nothing to look up (a first build): every pair is verified
+                missed[at] = np.ones(len(task.a_file), dtype=bool)
+                continue
             keys = digests.pair_keys(task)
             found, rows = cache.lookup(keys)
-            cache.reused += len(rows)
-            if found.all():
-                evidence = _evidence(rows)
-                cache.remember(keys, evidence)
-                yield task, evidence
+            if not found.all():
+                missed[at] = ~found
                 continue
-            miss = ~found
-            pending[task.index] = (task, keys, found, rows)
-            misses.append(VerifyTask(index=task.index, files=task.files, a_file=task.a_file[miss],
-                                     a_row=task.a_row[miss], b_file=task.b_file[miss], b_row=task.b_row[miss],
-                                     floor=task.floor, screen=task.screen))
-        for sub, result in run(misses):
-            task, keys, found, rows = pending.pop(sub.index)
+            cache.reused += len(rows)
+            evidence = _evidence(rows)
+            cache.remember(keys, evidence)
+            yield task, evidence
+        waiting = list(missed)
+
+        def miss(k: int) -> VerifyTask:  # a task of the pairs the cache lacks, numbered by its place in ``waiting``
+            task, lack = tasks[waiting[k]], missed[waiting[k]]
+            return VerifyTask(index=k, files=task.files, a_file=task.a_file[lack], a_row=task.a_row[lack],
+                              b_file=task.b_file[lack], b_row=task.b_row[lack], floor=task.floor, screen=task.screen)
+
+        for sub, result in run(_Misses(len(waiting), miss, pairs=sum(int(m.sum()) for m in missed.values()))):
+            at = waiting[sub.index]
+            task = tasks[at]
+            keys = digests.pair_keys(task)
+            found, rows = cache.lookup(keys)
+            del missed[at]
+            cache.reused += len(rows)
             cache.verified += len(sub.a_file)
             evidence = _merged(found, _evidence(rows), result)
             cache.remember(keys, evidence)
             yield task, evidence
     return wrapped
+
+
+class _Misses(LazySequence[VerifyTask]):
+    """The tasks of the pairs a cache lacks, made as they are read, with their pair count."""
+
+    def __init__(self, count: int, make: Callable[[int], VerifyTask], *, pairs: int) -> None:
+        super().__init__(count, make)
+        self.pairs = pairs
 
 
 def _merged(found: np.ndarray, hits: EvidenceArrays, verified: EvidenceArrays) -> EvidenceArrays:

@@ -61,7 +61,7 @@ from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
 from packer.pipeline.discover import discover
 from packer.pipeline.filecache import damage_report
 from packer.pipeline.labels import dataset_target
-from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, verify_task
+from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, pairs_in, verify_task
 from packer.pipeline.neighborcache import NeighborCache
 from packer.pipeline.paircache import PairCache, cached_verification
 from packer.pipeline.pixels import ChunkResult, process_all
@@ -534,9 +534,10 @@ def _verify_on(executor: Executor, *, quiet: bool = False) -> RunVerify:
     def run(tasks: Sequence[VerifyTask]) -> Iterator[tuple[VerifyTask, EvidenceArrays]]:
         if not tasks:
             return
-        progress = Progress("nearcopy", sum(len(t.a_file) for t in tasks), unit="pairs", quiet=quiet)
-        for task, result in executor.map_unordered(verify_task, tasks,
-                                                   keys=[f"verify-{t.index}-{uuid.uuid4().hex[:8]}" for t in tasks]):
+        progress = Progress("nearcopy", pairs_in(tasks), unit="pairs", quiet=quiet)
+        # named by position, not by the task (a task list may make each task only as it is submitted)
+        names = [f"verify-{t}-{uuid.uuid4().hex[:8]}" for t in range(len(tasks))]
+        for task, result in executor.map_unordered(verify_task, tasks, keys=names):
             progress.update(len(task.a_file))
             yield task, verify_task(task) if isinstance(result, WorkerLost) else result
         progress.close()
