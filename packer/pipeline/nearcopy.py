@@ -1127,11 +1127,14 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
         return rival
     n = len(groups)
     pair_key = (candidates.i.astype(np.int64) << 32) | candidates.j.astype(np.int64)  # ascending
-    a = np.concatenate([candidates.i, candidates.j]).astype(np.int64)
-    b = np.concatenate([candidates.j, candidates.i]).astype(np.int64)
+    # every candidate from both sides, sorted: made while the client holds the most of a build
+    # (its peak at 300k samples fell here), so sample indices stay int32 as the candidates hold them
+    a = np.concatenate([candidates.i, candidates.j]).astype(np.int32, copy=False)
+    b = np.concatenate([candidates.j, candidates.i]).astype(np.int32, copy=False)
     s = np.concatenate([score, score])
     order = np.lexsort((-s, a))                    # each sample's candidates, the best first
     a, b, s = a[order], b[order], s[order]
+    del order
     starts = np.searchsorted(a, np.arange(n + 1))
     extra: dict[int, float] = {}                   # rivals' pairs with the other side, verified here
 
