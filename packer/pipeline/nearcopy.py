@@ -57,11 +57,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
 
+from packer.pipeline.cluster import LazySequence
 from packer.pipeline.dedup import is_blank
 from packer.pipeline.nearscreen import BLOCK as SCREEN_BLOCK
 from packer.pipeline.nearscreen import let_through
@@ -731,7 +732,7 @@ class VerifyTask:
     screen: bool = False
 
 
-class VerifyTasks(Sequence[VerifyTask]):
+class VerifyTasks(LazySequence[VerifyTask]):
     """The verification tasks of pairs (``i[p]``, ``j[p]``), :data:`PAIRS_PER_TASK` pairs a task
     in pair order, each made when it is read (:meth:`Executor.map_unordered
     <packer.pipeline.cluster.Executor.map_unordered>` reads a task when it submits it): the
@@ -742,30 +743,18 @@ class VerifyTasks(Sequence[VerifyTask]):
 
     def __init__(self, all_files: Sequence[str], file_of: np.ndarray, row_of: np.ndarray, i: np.ndarray,
                  j: np.ndarray, *, floor: float, screen: bool) -> None:
+        super().__init__(-(-len(i) // PAIRS_PER_TASK), self._task)
         self._files, self._file_of, self._row_of = all_files, file_of, row_of
         self._i, self._j, self._floor, self._screen = i, j, floor, screen
+        self._per_task = PAIRS_PER_TASK
 
     @property
     def pairs(self) -> int:
         """The pairs of all tasks."""
         return len(self._i)
 
-    def __len__(self) -> int:
-        return -(-len(self._i) // PAIRS_PER_TASK)
-
-    @overload
-    def __getitem__(self, index: int) -> VerifyTask: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[VerifyTask]: ...
-
-    def __getitem__(self, index: int | slice) -> VerifyTask | list[VerifyTask]:
-        if isinstance(index, slice):
-            return [self[t] for t in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"task {index} of {len(self)}")
-        t = index % len(self)
-        part = slice(t * PAIRS_PER_TASK, (t + 1) * PAIRS_PER_TASK)
+    def _task(self, t: int) -> VerifyTask:
+        part = slice(t * self._per_task, (t + 1) * self._per_task)
         a_file, b_file = self._file_of[self._i[part]], self._file_of[self._j[part]]
         used, local = np.unique(np.concatenate([a_file, b_file]), return_inverse=True)
         local = local.ravel().astype(np.int32)
