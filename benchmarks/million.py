@@ -142,9 +142,14 @@ def _child(job_file: Path, workers: int, tree_file: Path, outcome_file: Path) ->
     main(["build", str(job_file), "--workers", str(workers), "--fresh"], standalone_mode=True)
 
 
+def _copy_key(copy: dict[str, str]) -> tuple[str, str]:
+    """A planted copy's (job source, relpath): DICOM copies sit in ``ct``, exports in ``exports``."""
+    return ("ct" if copy["kind"].startswith("dicom") else "exports", copy["copy"])
+
+
 def _outcome(prepared: Any, tree: dict[str, Any]) -> dict[str, Any]:
-    """The planted copies' groups and the links, read row by row: no whole column is made (the
-    client's peak is part of what is measured)."""
+    """The planted copies' groups and the links, read row by row: no whole text column is made
+    (the client's peak is part of what is measured)."""
     samples = prepared.samples
     sources, relpaths = samples.column("source"), samples.field_text("relpath")  # a list of shared names
     links = prepared.links
@@ -161,23 +166,23 @@ def _outcome(prepared: Any, tree: dict[str, Any]) -> dict[str, Any]:
     group_of = np.full(len(samples), -1, dtype=np.int32)
     for g, group in enumerate(prepared.assignment.groups):
         group_of[np.asarray(group.members, dtype=np.int64)] = g
-    copy_patient = {("ct" if c["kind"].startswith("dicom") else "exports", c["copy"]): f"ct:{c['source'].split('/')[0]}"
-                    for c in tree["copies"]}
+    copy_patient = {_copy_key(c): f"ct:{c['source'].split('/')[0]}" for c in tree["copies"]}
     # a link's ends as entities (a source and a folder: a CT patient, a photo's subject); a copy
     # counts as its source's patient
     patient = {n: copy_patient.get(key) or f"{key[0]}:{key[1].split('/')[0]}" for n, key in named.items()}
     per_kind: dict[str, list[int]] = {kind: [0, 0, 0] for kind in COPY_KINDS}  # grouped, linked, planted
     pairs = {(min(a, b), max(a, b)) for a, b in zip(links.i.tolist(), links.j.tolist(), strict=True)}
+    missed = []
     for c in tree["copies"]:
-        a = where.get(("ct", c["source"]), -1)
-        b = where.get(("ct" if c["kind"].startswith("dicom") else "exports", c["copy"]), -1)
+        a, b = where.get(("ct", c["source"]), -1), where.get(_copy_key(c), -1)
+        grouped = a >= 0 and b >= 0 and group_of[a] == group_of[b] >= 0
         row = per_kind[c["kind"]]
-        row[2] += 1
-        row[0] += int(a >= 0 and b >= 0 and group_of[a] == group_of[b] >= 0)
+        row[0] += int(grouped)
         row[1] += int((min(a, b), max(a, b)) in pairs)
+        row[2] += 1
+        if not grouped:
+            missed.append(c)
     false = sorted((named[a], named[b]) for a, b in pairs if patient[a] != patient[b])
-    missed = [c for c in tree["copies"] if group_of[where.get(("ct", c["source"]), 0)]
-              != group_of[where.get(("ct" if c["kind"].startswith("dicom") else "exports", c["copy"]), 0)]]
     return {"per_kind": per_kind, "links": len(pairs), "false_links": len(false),
             "false_examples": ["/".join(a) + " ~ " + "/".join(b) for a, b in false[:20]], "missed": missed[:20],
             "candidates": int(links.candidates), "samples": len(samples),

@@ -154,14 +154,13 @@ class _Digests:
 
     def _rows(self, files: tuple[str, ...], file: np.ndarray, row: np.ndarray) -> np.ndarray:
         out = np.empty((len(row), DIGEST_BYTES), dtype=np.uint8)
-        file = np.asarray(file, dtype=np.int64)
+        file, row = np.asarray(file, dtype=np.int64), np.asarray(row)
         for f in np.unique(file).tolist():
-            name = files[f]
-            digests = self.of_file.get(name)
+            digests = self.of_file.get(files[f])
             if digests is None:
-                digests = self.of_file[name] = thumb_digests(name)
+                digests = self.of_file[files[f]] = thumb_digests(files[f])
             here = file == f
-            out[here] = digests[np.asarray(row)[here]]
+            out[here] = digests[row[here]]
         return out
 
     def pair_keys(self, task: VerifyTask) -> np.ndarray:
