@@ -38,6 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import psutil
 import yaml
@@ -61,7 +62,52 @@ TREE_VERSION = 2
 _CLOSING = re.compile(r"^\s*([a-z]+): .*\((\d+(?:\.\d+)?)s\)\s*$")
 
 
-def _photos(root: Path, seed: int, first: int, last: int, total: int) -> list[list[str]]:
+def render_scene(rng: np.random.Generator, label: str, size: int = SIZE) -> np.ndarray:
+    """A BGR uint8 size×size photo with more content than the demo's (``--photos scenes``): a
+    smooth background of three random plane waves, four to eight objects (discs, rotated boxes,
+    triangles, ellipses, thick lines) of random colour, size and place, the ``label`` shape
+    among them, and pixel noise. Two such photos drawn independently share no layout, so a near
+    link between them is the detector's error, not the generator's (the demo's photos are one
+    shape on a smooth field: at 64 px grey, tens of thousands of them repeat each other)."""
+    if label not in PHOTO_LABELS:
+        raise ValueError(f"unknown photo label {label!r}; expected one of {PHOTO_LABELS}")
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    canvas = np.broadcast_to(rng.uniform(40, 215, size=3).astype(np.float32), (size, size, 3)).copy()
+    for _ in range(3):
+        fy, fx = rng.uniform(-4.0, 4.0, size=2)
+        wave = np.cos(2 * np.pi * (fy * y + fx * x) + rng.uniform(0, 2 * np.pi))
+        canvas += wave[:, :, None] * rng.uniform(-35.0, 35.0, size=3).astype(np.float32)
+    img = np.clip(canvas, 0, 255).astype(np.uint8)
+    kinds = ["disc", "box", "triangle", "ellipse", "line"]
+    objects = int(rng.integers(4, 9))
+    main = int(rng.integers(objects))
+    for k in range(objects):
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        centre = rng.uniform(0.1, 0.9, size=2) * size
+        extent = float(rng.uniform(0.06, 0.25)) * size
+        kind = ("disc" if label == "circle" else "box") if k == main else kinds[int(rng.integers(len(kinds)))]
+        angle = float(rng.uniform(0, 180))
+        if kind == "disc":
+            cv2.circle(img, (int(centre[0]), int(centre[1])), max(2, int(extent)), colour, -1, cv2.LINE_AA)
+        elif kind == "ellipse":
+            axes = (max(2, int(extent)), max(1, int(extent * rng.uniform(0.3, 0.8))))
+            cv2.ellipse(img, (int(centre[0]), int(centre[1])), axes, angle, 0, 360, colour, -1, cv2.LINE_AA)
+        elif kind == "box":
+            corners = cv2.boxPoints(((float(centre[0]), float(centre[1])), (2 * extent, 2 * extent * rng.uniform(
+                0.5, 1.0)), angle if k != main else 0.0))
+            cv2.fillPoly(img, [np.rint(corners).astype(np.int32)], colour, cv2.LINE_AA)
+        elif kind == "triangle":
+            points = centre + rng.uniform(-extent, extent, size=(3, 2))
+            cv2.fillPoly(img, [np.rint(points).astype(np.int32)], colour, cv2.LINE_AA)
+        else:
+            end = centre + rng.uniform(-2 * extent, 2 * extent, size=2)
+            cv2.line(img, (int(centre[0]), int(centre[1])), (int(end[0]), int(end[1])), colour,
+                     int(rng.integers(1, 4)), cv2.LINE_AA)
+    noisy = img.astype(np.float32) + rng.standard_normal(img.shape, dtype=np.float32) * float(rng.uniform(3, 9))
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+
+
+def _photos(root: Path, seed: int, first: int, last: int, total: int, scenes: bool = False) -> list[list[str]]:
     rows = []
     for subject in range(first, last + 1):
         entity = f"S{subject:06d}"
@@ -72,16 +118,20 @@ def _photos(root: Path, seed: int, first: int, last: int, total: int) -> list[li
             rng = seeded_rng(seed, "photo", subject, n)
             label = PHOTO_LABELS[(start + n) % 2]
             rel = f"{entity}/{n:02d}.png"
-            write_photo(root / "photos" / rel, render_photo(rng, label, height=SIZE, width=SIZE))
+            photo = render_scene(rng, label) if scenes else render_photo(rng, label, height=SIZE, width=SIZE)
+            write_photo(root / "photos" / rel, photo)
             rows.append([rel, label, entity, random_datetime(rng).isoformat()])
     return rows
 
 
-def write_tree(root: Path, files: int, copies: int, processes: int, seed: int = 40) -> dict[str, Any]:
+def write_tree(root: Path, files: int, copies: int, processes: int, seed: int = 40,
+               photos_kind: str = "shapes") -> dict[str, Any]:
     """The mixed tree of about ``files`` files under ``root`` (kept when its stamp says it was
-    written with the same arguments). Returns its description, the planted copies included."""
+    written with the same arguments). ``photos_kind``: ``shapes`` (the demo's photos) or
+    ``scenes`` (:func:`render_scene`). Returns its description, the planted copies included."""
     stamp = root / "tree.json"
-    asked = {"files": files, "copies": copies, "seed": seed, "slices": SLICES, "size": SIZE, "tree": TREE_VERSION}
+    asked = {"files": files, "copies": copies, "seed": seed, "slices": SLICES, "size": SIZE, "tree": TREE_VERSION,
+             **({"photos": photos_kind} if photos_kind != "shapes" else {})}
     if stamp.is_file() and json.loads(stamp.read_text()).get("asked") == asked:
         return json.loads(stamp.read_text())
     if root.exists():
@@ -95,7 +145,8 @@ def write_tree(root: Path, files: int, copies: int, processes: int, seed: int = 
     step = max(1, math.ceil(subjects / (16 * processes)))
     ranges = [(a, min(a + step - 1, subjects)) for a in range(1, subjects + 1, step)]
     with ProcessPoolExecutor(processes) as pool:
-        parts = pool.map(_photos, *zip(*[(root, seed, a, b, photos) for a, b in ranges], strict=True))
+        parts = pool.map(_photos, *zip(*[(root, seed, a, b, photos, photos_kind == "scenes") for a, b in ranges],
+                                       strict=True))
         rows = [row for part in parts for row in part]
     with open(root / "photos" / "labels.csv", "w", encoding="utf-8") as table:
         table.write("path,label,entity,timestamp\n")
@@ -212,9 +263,9 @@ def _watch(process: subprocess.Popen[str], peaks: dict[str, float], stop: thread
         stop.wait(1.0)
 
 
-def one_size(data: Path, files: int, copies: int, workers: int) -> dict[str, Any]:
-    root = data / f"f{files}"
-    tree = write_tree(root / "raw", files, copies, workers)
+def one_size(data: Path, files: int, copies: int, workers: int, photos_kind: str = "shapes") -> dict[str, Any]:
+    root = data / (f"f{files}" if photos_kind == "shapes" else f"f{files}-{photos_kind}")
+    tree = write_tree(root / "raw", files, copies, workers, photos_kind=photos_kind)
     job_file = root / "job.yaml"
     job_file.write_text(yaml.safe_dump(job_doc(root / "raw", root / "out")))
     outcome_file, log_file = root / "outcome.json", root / "build.log"
@@ -256,8 +307,9 @@ def one_size(data: Path, files: int, copies: int, workers: int) -> dict[str, Any
             "outcome": json.loads(outcome_file.read_text()), "workers": workers}
 
 
-def run(data: Path, sizes: list[int], copies: int, workers: int) -> tuple[str, dict[str, Any]]:
-    results = [one_size(data, files, min(copies, max(9, files // 1000)), workers) for files in sizes]
+def run(data: Path, sizes: list[int], copies: int, workers: int,
+        photos_kind: str = "shapes") -> tuple[str, dict[str, Any]]:
+    results = [one_size(data, files, min(copies, max(9, files // 1000)), workers, photos_kind) for files in sizes]
     base = results[0]
 
     def per_core(r: dict[str, Any]) -> float:
@@ -266,7 +318,8 @@ def run(data: Path, sizes: list[int], copies: int, workers: int) -> tuple[str, d
     names = sorted({name for r in results for name in r["stages"]}, key=lambda n: -max(
         r["stages"].get(n, 0) for r in results))
     lines = [f"`packer build --workers {workers}` of the mixed tree (40% 64×64 CT phantoms, 40 slices a patient; "
-             "60% 64×64 PNG photos, 8 a subject; planted copies of the nine kinds), one fresh build per size.", "",
+             f"60% 64×64 PNG photos ({photos_kind}), 8 a subject; planted copies of the nine kinds), one fresh build "
+             "per size.", "",
              "| files | samples | wall s | " + " | ".join(f"{n} s" for n in names)
              + " | near copies / wall | client peak MiB | worker peak MiB (largest, all) | pack samples/s a core |",
              "|---:|---:|---:|" + "---:|" * len(names) + "---:|---:|---:|---:|"]
@@ -290,7 +343,7 @@ def run(data: Path, sizes: list[int], copies: int, workers: int) -> tuple[str, d
     lines += ["", f"- Machine: {machine['nproc']} cores (nproc), CPU {machine['cpu']}, RAM {machine['ram_gib']} GiB. "
               f"Date: {machine['date']}.",
               f"- Reproduce: `.venv/bin/python benchmarks/million.py --files {' '.join(map(str, sizes))} "
-              f"--workers {workers}`."]
+              f"--workers {workers}{'' if photos_kind == 'shapes' else ' --photos ' + photos_kind}`."]
     return "\n".join(lines), {"sizes": results}
 
 
@@ -299,6 +352,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, nargs="+", default=[10_000, 1_000_000])
     parser.add_argument("--copies", type=int, default=1000, help="planted copies at 1M files (fewer below: 1 in 1,000)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--photos", choices=("shapes", "scenes"), default="shapes",
+                        help="the photos: the demo's (one shape on a smooth field) or richer scenes")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"work folder (default {DEFAULT_DATA})")
     parser.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -309,7 +364,7 @@ def main() -> None:
         _child(args.child, args.workers, args.tree, args.outcome)
         return
     started = time.perf_counter()
-    body, record = run(args.data, args.files, args.copies, args.workers)
+    body, record = run(args.data, args.files, args.copies, args.workers, args.photos)
     publish_run(SECTION, body, started, record=record, write=not args.no_write)
 
 
