@@ -908,6 +908,8 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
             for pos, outcome in results:
                 done += 1
                 yield pos, outcome
+    except GeneratorExit:  # closed early (interpreter exit among others): the clause below, a call into a
+        raise  # module that may be gone by then, must not be evaluated
     except storage.remote_errors() as err:
         yield from _fail(info, positions[done:], "unreadable",
                          f"I/O error ({storage.describe_error(url, err)})")

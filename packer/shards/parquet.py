@@ -227,6 +227,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
             row0 = end_row
             if i >= len(want):
                 return
+    except GeneratorExit:  # closed mid-shard (a reader that stops early, or interpreter exit, when
+        raise  # module globals may already be gone: the clause below must not be evaluated then)
     except (OSError, pa.ArrowException, TypeError, ValueError) as err:
         # a damaged page (or cell) fails the whole record batch: read the rows left column by
         # column, and each column as far as it decodes, so that only the rows whose cells are

@@ -728,6 +728,8 @@ def stream_tar_samples(fh: IO[bytes], last: int, offsets: Sequence[int] | None =
                 else:  # tarfile ends a stream quietly at a header whose checksum fails, as a file
                     damaged = _header_past_which_samples_follow(at, base + tar.offset)
                     defect = _stream_stopped_early(tar) if damaged is None else _damaged_header_text(damaged)
+        except GeneratorExit:  # closed early (a reader that stops, or interpreter exit, when module
+            raise  # globals may be gone already: the clause below must not be evaluated then)
         except (tarfile.TarError, EOFError) as err:
             if reading is not None and key is not None:  # the stream ends inside this sample: it is not whole
                 defect = f"unreadable tar stream in member {reading!r} ({err}): sample {key} is cut short"
