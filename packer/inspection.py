@@ -648,8 +648,9 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
     lines = [f"diff {old['name']} {old['version']} ({old['samples']} samples) -> "
              f"{new['name']} {new['version']} ({new['samples']} samples)"]
     lines += [f"  note: {note}" for note in diff.notes]
-    if diff.empty:
-        lines.append("  no differences")
+    if diff.empty:  # without the samples (a registry copy) only the config and versions were compared
+        lines.append("  no differences" if diff.samples_compared else
+                     "  no differences in config or library versions (samples not compared: see the note)")
         return "\n".join(lines)
     if diff.samples_compared:
         lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "

@@ -199,6 +199,35 @@ def _not_a_version(folder: Path) -> str:
     return f"no {MANIFEST_FILE} and no dataset version here; {_PASS_A_VERSION}"
 
 
+def listed_files(data: Mapping[str, Any]) -> list[str]:
+    """The files a manifest lists beside itself: its sample index, its splits table and every
+    shard, in that order (the names as recorded; entries without one are left out)."""
+    side = [str((data.get(key) or {}).get("file") or "") for key in ("index", "splits_table")]
+    shards = [str(shard.get("file") or "") for entry in (data.get("splits") or {}).values() if isinstance(entry, dict)
+              for shard in entry.get("shards") or () if isinstance(shard, dict)]
+    return [name for name in (*side, *shards) if name]
+
+
+def detached_manifest_error(shown: str, located: Path, data: Mapping[str, Any], consequence: str, *,
+                            copies_only: bool = False) -> ConfigError | None:
+    """The usage error for a manifest read where its version's files are needed but none of the
+    files it lists (:func:`listed_files`) is beside it: a registry copy
+    (``manifests/<name>/<version>.json``), or a ``manifest.json`` left alone. None when any is
+    there (a version with some files missing is a damaged version, an integrity failure for the
+    caller to report). ``shown``: the path as the user gave it; ``consequence``: what the command
+    would do without them ("a report would show no samples"); ``copies_only``: refuse only a
+    file not named ``manifest.json`` (a lone ``manifest.json`` is then a version whose files are
+    all missing)."""
+    listed = listed_files(data)
+    if not listed or (copies_only and located.name == MANIFEST_FILE):
+        return None
+    if any((located.parent / name).exists() for name in listed):
+        return None
+    return ConfigError(f"{shown}: none of the {len(listed)} files this manifest lists (its index, splits table and "
+                       f"shards) is beside it, so {consequence}; if this is a registry copy, pass the version folder "
+                       f"it describes (<output>/{data.get('name', '<name>')}/{data.get('version', '<version>')}/)")
+
+
 # -- the model --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ShardEntry:

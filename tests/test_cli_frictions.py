@@ -372,9 +372,12 @@ def test_a_report_path_that_cannot_be_created_exits_6_naming_the_path_and_the_op
 
 # 10. a report of a manifest without its version folder ----------------------------------------------
 
-def test_a_report_of_a_registry_copy_is_refused_and_names_the_version_folder(tmp_path: Path) -> None:
+def test_a_report_or_verify_of_a_registry_copy_is_refused_and_names_the_version_folder(tmp_path: Path) -> None:
     """A registry copy (manifests/<name>/<version>.json) has no index nor shards beside it: a
-    report of it would be an empty page with exit 0. It is a usage error that says what to pass."""
+    report of it would be an empty page with exit 0, and verify listed every file as missing (exit
+    5) before saying, last, what to pass. Both refuse it at once (exit 2), with one count of the
+    files it lists; a diff against it compares config and versions only and says so, not "no
+    differences"; a lone manifest.json is a version with every file missing (exit 5)."""
     job = photo_job(tmp_path, [(f"ok{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity"})
     assert CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"]).exit_code == 0
     (version,) = (tmp_path / "out" / "photos").glob("*/manifest.json")
@@ -386,6 +389,21 @@ def test_a_report_of_a_registry_copy_is_refused_and_names_the_version_folder(tmp
     assert "none of the" in refused.output and "pass the version folder" in refused.output
     assert not (tmp_path / "r.html").exists()
     assert CliRunner().invoke(main, ["report", str(version.parent), "-o", str(tmp_path / "r.html")]).exit_code == 0
+    checked = CliRunner().invoke(main, ["verify", str(copy)])
+    assert checked.exit_code == 2, checked.output
+    assert "FAIL" not in checked.output and "nothing here to verify" in checked.output
+    count = re.search(r"none of the (\d+) files", refused.output)
+    assert count is not None and f"none of the {count.group(1)} files" in checked.output  # one way of counting
+    assert f"/{version.parent.name}/" in checked.output  # the version folder to pass instead
+    compared = CliRunner().invoke(main, ["diff", str(copy), str(version.parent)])
+    assert compared.exit_code == 0, compared.output
+    assert "samples not compared" in compared.output
+    assert "  no differences\n" not in compared.output + "\n"
+    assert "no differences in config or library versions" in compared.output
+    alone = tmp_path / "alone" / version.parent.name
+    alone.mkdir(parents=True)
+    (alone / "manifest.json").write_bytes(version.read_bytes())
+    assert CliRunner().invoke(main, ["verify", str(alone)]).exit_code == 5  # a version whose files are all gone
 
 
 # 11. class names that differ only in case -------------------------------------------------------------

@@ -19,7 +19,6 @@ from typing import Any
 
 import fsspec
 import pytest
-
 from loader_fixtures import build_dataset
 
 

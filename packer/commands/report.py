@@ -30,25 +30,19 @@ def report(manifest_arg: str, output: Path | None) -> None:
     Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
     copy, with neither index nor shards beside it, is not: pass the version folder).
     """
-    from packer.errors import ConfigError
     from packer.files import human_bytes
     from packer.htmlreport import write_report
     from packer.htmlreport.collect import damaged_finding
     from packer.htmlreport.sections import report_privacy
-    from packer.manifest import read_manifest, resolve_manifest_path
+    from packer.manifest import detached_manifest_error, read_manifest, resolve_manifest_path
     from packer.verify import shard_size_problems
 
     manifest = local_folder_argument(manifest_arg, command="report")
     located = resolve_manifest_path(manifest)
     data = read_manifest(located, strict=False, check_hash=False).data
-    beside = [str((data.get("index") or {}).get("file") or "")] + [
-        str(shard.get("file") or "") for entry in (data.get("splits") or {}).values() if isinstance(entry, dict)
-        for shard in entry.get("shards") or () if isinstance(shard, dict)]
-    beside = [name for name in beside if name]
-    if beside and not any((located.parent / name).exists() for name in beside):
-        raise ConfigError(f"{manifest}: none of the {len(beside)} files this manifest lists (its index and shards) is "
-                          "beside it, so a report would show no samples; if this is a registry copy, pass the version "
-                          "folder it describes (<output>/<name>/<version>/)")
+    detached = detached_manifest_error(str(manifest), located, data, "a report would show no samples")
+    if detached is not None:
+        raise detached
     written = write_report(manifest, output)
     path = written.path
     shows = report_privacy(data)
