@@ -273,9 +273,10 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         one_source = args.sources is not None and len(args.sources) == 1
         fix = ("build the dataset with transform.channels" if one_source or args.mix
                else "pass --sources NAME to train on one source, or build the dataset with transform.channels")
-        of = f"source{'s' if len(args.sources) > 1 else ''} {','.join(args.sources)}" if args.sources else "sources"
+        of = (f"source{'s' if len(args.sources) > 1 else ''} {','.join(args.sources)} "
+              f"hold{'' if len(args.sources) > 1 else 's'}" if args.sources else "sources hold")
         raise ConfigError(
-            f"this dataset's {of} hold samples of several shapes "
+            f"this dataset's {of} samples of several shapes "
             f"({dataset.info.describe_shapes(args.sources)}; the manifest lists shapes per source, over every "
             f"split, so the {args.split} split may hold fewer), and this model takes one channel count; {fix} "
             "(README, 'Mixed shapes')")

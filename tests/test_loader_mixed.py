@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError, IntegrityError
-from packer.loader import MixedShapesError, ShardDataset, ShardReadError, make_loader
+from packer.loader import MixedShapesError, ShardDataset, ShardReadError, collate_stack, make_loader
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.helpers import REPO, demo_job_doc, write_job
 
@@ -214,7 +214,9 @@ def test_a_mixed_batch_names_shapes_sources_and_fixes(mixed: BuildResult) -> Non
         keys_of(loader)
     message = str(caught.value)
     assert "source photos" in message and "source ct" in message and "3×64×64" in message
-    assert "sources=[...]" in message and "transform.channels: 3" in message and 'collate="list"' in message
+    # ct itself mixes a radiograph with the slices: one source at a time is offered for photos only
+    assert 'sources=["photos"]' in message and "source ct itself holds several shapes" in message
+    assert "transform.channels: 3" in message and 'collate="list"' in message
     assert "stack expects" not in message and "Traceback" not in message
     # the three fixes each work
     assert sorted(keys_of(make_loader(ShardDataset(mixed.manifest_path, "train", sources=["photos"]), 32, 2))) \
@@ -242,6 +244,20 @@ def test_bench_loader_measures_a_mixed_split_with_the_list_collate_and_says_so(m
                                         "--workers", "0", "--collate", "stack"])
     assert refused.exit_code == 2 and "internal error" not in refused.output
     assert "mixes image shapes" in refused.output
+
+
+def test_a_mixed_batch_of_one_source_does_not_offer_loading_one_source_at_a_time(mixed: BuildResult) -> None:
+    """ct holds 1×64×64 radiographs and 2×64×64 slices: a batch of ct alone cannot be fixed by
+    choosing a source, so the message leads with the fixes that work."""
+    # the radiograph's patient lands in one split: a batch of ct samples from two splits mixes them
+    items = [next(iter(ShardDataset(mixed.manifest_path, split, sources=["ct"], shuffle=False)))
+             for split in ("train", "valid", "test")]
+    assert len({tuple(item["image"].shape) for item in items}) == 2
+    with pytest.raises(MixedShapesError) as caught:
+        collate_stack(items, shapes=mixed.manifest["sample_schema"]["shapes"])
+    message = str(caught.value)
+    assert "source ct itself holds several shapes, so loading one source at a time does not help" in message
+    assert "sources=[" not in message and "transform.channels: 3" in message and 'collate="list"' in message
 
 
 def test_the_shape_note_of_a_one_source_view_names_that_source_and_not_the_view_as_the_fix(mixed: BuildResult) -> None:

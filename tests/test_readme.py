@@ -138,3 +138,22 @@ def test_every_readme_python_block_runs_as_pasted_with_nothing_to_fill_in() -> N
             pending.extend(scope.get_children())
         undefined = sorted(used - defined - set(dir(builtins)))
         assert not undefined, f"README.md line {line}: the block uses {undefined} without defining them:\n{code}"
+
+
+def test_the_quoted_shard_dataset_signature_is_the_real_one() -> None:
+    """The README quotes ShardDataset's whole signature: every keyword, with its default, as the
+    code has it (a reader looking for the shuffle buffer's size found none quoted)."""
+    import inspect
+
+    from packer.loader import ShardDataset
+
+    quoted = re.search(r"`ShardDataset\(manifest, split, \*, (.*?)\)` reads both formats", README, re.S)
+    assert quoted is not None, "README: the ShardDataset signature in 'Loading shards' is gone"
+    said = {}
+    for part in re.split(r",\s*", " ".join(quoted.group(1).split())):
+        name, default = part.split("=", 1)
+        said[name] = default.split("|")[0].strip('"')
+    real = {name: p.default for name, p in inspect.signature(ShardDataset.__init__).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert list(said) == list(real)
+    assert {name: str(value) for name, value in real.items()} == said

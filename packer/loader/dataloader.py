@@ -133,13 +133,34 @@ class MixedShapesError(ConfigError, RuntimeError):
         super().__init__(own_message_first(message)[0])
 
 
+_ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
 #: The ways out of a mixed batch, for every message that meets one.
-MIXED_FIXES = ("load one source at a time: ShardDataset(manifest, split, sources=[...]); "
-               "or build with one channel count: transform.channels: 3 in the job file; "
+MIXED_FIXES = (_ONE_SOURCE + "build with one channel count: transform.channels: 3 in the job file; "
                "or, where they differ in size only, build with one size: transform.<kind>.size "
                "(a volume's: sample: {volume: {size: [D, H, W]}}); "
                "or take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
                "(collate=\"pad\" pads height and width)")
+
+
+def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequence[int]]] | None = None) -> str:
+    """:data:`MIXED_FIXES` for a batch of ``items``, where a source its shapes come from (by the
+    manifest's ``shapes`` per source) holds several shapes itself (a DICOM export of CT slices
+    and radiographs): loading one source at a time is then offered only for the sources of one
+    shape, and where there are none, not at all (one source would mix them too)."""
+    seen = {tuple(item["image"].shape) for item in items}
+    owners = {src: {tuple(k) for k in known} for src, known in (shapes or {}).items()
+              if seen & {tuple(k) for k in known}}
+    mixed = sorted(src for src, known in owners.items() if len(known) > 1)
+    if not mixed:
+        return MIXED_FIXES
+    single = sorted(src for src, known in owners.items() if len(known) == 1)
+    holds = f"source {', '.join(mixed)} itself hold{'s' if len(mixed) == 1 else ''} several shapes"
+    rest = MIXED_FIXES.removeprefix(_ONE_SOURCE)
+    if not single:
+        return f"{holds}, so loading one source at a time does not help: {rest}"
+    listed = ", ".join(f'"{src}"' for src in single)
+    return (f"load one source at a time where it holds one shape: ShardDataset(manifest, split, sources=[{listed}]) "
+            f"({holds}); or {rest}")
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -192,7 +213,7 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     images = [item["image"] for item in items]
     if images and any(not isinstance(im, torch.Tensor) or im.shape != images[0].shape for im in images):
         raise MixedShapesError(f"this batch mixes image shapes {describe_mixed(items, shapes)}, which cannot be "
-                               f"stacked into one tensor; {MIXED_FIXES}")
+                               f"stacked into one tensor; {mixed_fixes(items, shapes)}")
     shared = get_worker_info() is not None and packable(images)
     out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
     image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
