@@ -168,8 +168,8 @@ def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_
     assert {name for name, rule in rules.items() if "skipped" in rule} == not_run
     assert "--quick" in rules["exact_duplicates_across_splits"]["skipped"]
     for name in not_run:
-        assert f"[skip] {name}" in output
-        assert f"[  ok] {name}" not in output
+        assert f"[skip] {name}: not run: --quick reads headers only" in output
+        assert f"[  ok] {name}" not in output and f"[skip] {name}: 0" not in output  # a count reads as "none found"
     assert "5 rule(s) not run (--quick: headers only" in output.splitlines()[-1]
     suite = ET.parse(tmp_path / "j.xml").getroot()
     skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
@@ -557,3 +557,20 @@ def test_a_junit_failure_has_the_type_and_message_strict_schemas_require(tmp_pat
         assert re.fullmatch(r"packer\.validate\.\w+", failure.get("type", "")), failure.attrib
         assert failure.get("message"), failure.attrib
     assert [c.tag for c in suite][-2:] == ["system-out", "system-err"]
+
+
+def test_the_summary_shows_one_bad_sample_of_each_reason_before_cutting_the_list() -> None:
+    """Seven off-slice contours then one orphan annotation: the orphan, the rarer and the more
+    serious, was hidden behind "… and 3 more". Each reason gets a line before any gets a second."""
+    from packer.pipeline.datacheck import SUMMARY_ISSUES, _and_more, _each_reason_first
+    from packer.records import Issue
+
+    issues = [Issue(sample_id=f"s{n}", path=f"rt{n}.dcm", stage="validate", reason="contour_off_slice",
+                    message="off") for n in range(7)]
+    issues.append(Issue(sample_id="seg", path="seg.dcm", stage="validate", reason="annotation_orphan", message="o"))
+    issues.append(Issue(sample_id="s8", path="rt8.dcm", stage="validate", reason="contour_off_slice", message="off"))
+    shown = _each_reason_first(issues, SUMMARY_ISSUES)
+    assert len(shown) == SUMMARY_ISSUES and "annotation_orphan" in {i.reason for i in shown}
+    assert shown == sorted(shown, key=issues.index)  # still in the report's order
+    assert _and_more(len(issues), SUMMARY_ISSUES) == [f"… and {len(issues) - SUMMARY_ISSUES} more"]
+    assert _each_reason_first(issues[:6], SUMMARY_ISSUES) == issues[:6]  # all shown where one line would say "1 more"

@@ -453,3 +453,14 @@ def test_a_groups_members_are_one_array_that_reads_as_the_tuple_of_its_rows() ->
     assert pickle.loads(pickle.dumps(group)) == group
     with pytest.raises(ValueError):
         group.members.rows[0] = 7   # read-only: a group's rows cannot change under it
+
+
+def test_a_one_sample_entity_is_one_sample_in_the_balance_warning() -> None:
+    """Three entities of one sample each, all in train: "holds 1 samples (33%)" read as a typo."""
+    from packer.pipeline.split import Assignment, SplitGroup, balance_warning
+
+    keys = ["k0", "k1", "k2"]
+    groups = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(3))
+    alone = Assignment(split=dict.fromkeys(keys, "train"), fold={}, groups=groups, dropped=(), pinned={})
+    message = balance_warning(alone, BY_ENTITY)
+    assert message is not None and "holds 1 sample (33%)" in message and "1 samples" not in message

@@ -20,7 +20,7 @@ import stat
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +40,7 @@ from packer.pipeline.cluster import open_executor
 from packer.pipeline.split import split_codes
 from packer.pipeline.stages import Prepared, run_stages
 from packer.read.kinds import source_libraries
-from packer.records import Excluded
+from packer.records import Excluded, Issue
 from packer.schemas import validate_document
 
 #: Bad-sample records and findings listed per JUnit failure.
@@ -130,6 +130,24 @@ def _cut(total: int, limit: int) -> int:
     """How many of ``total`` entries a list of at most ``limit`` shows: all of them where one
     more line would only say "… and 1 more"."""
     return total if total <= limit + 1 else limit
+
+
+def _each_reason_first(issues: Sequence[Issue], limit: int) -> list[Issue]:
+    """The bad samples a summary of at most ``limit`` lines (:func:`_cut`) shows: the first of
+    each reason code before any second of one (so a lone ``annotation_orphan`` is not hidden
+    behind a run of ``contour_off_slice``), in the report's order."""
+    count = _cut(len(issues), limit)
+    if count == len(issues):
+        return list(issues)
+    firsts: dict[str, int] = {}
+    for n, issue in enumerate(issues):
+        firsts.setdefault(issue.reason, n)
+    chosen = set(sorted(firsts.values())[:count])
+    for n in range(len(issues)):
+        if len(chosen) >= count:
+            break
+        chosen.add(n)
+    return [issues[n] for n in sorted(chosen)]
 
 
 def _and_more(total: int, limit: int, indent: str = "") -> list[str]:
@@ -276,7 +294,7 @@ def format_summary(result: ValidateResult) -> str:
     # a patient's name; a detail may quote a header), as the report names them; --json keeps the paths
     hidden = result.prepared.phi.active
     issues = result.prepared.issues
-    for issue in issues[:_cut(len(issues), SUMMARY_ISSUES)]:
+    for issue in _each_reason_first(issues, SUMMARY_ISSUES):
         if hidden:
             lines.append(f"    {issue.reason:<22} {issue.sample_id}")
             continue
@@ -299,7 +317,9 @@ def format_summary(result: ValidateResult) -> str:
     for name, rule in doc["audit"]["rules"].items():
         state = "skip" if "skipped" in rule else "ok" if rule["passed"] else (
             "FAIL" if rule["severity"] == "fail" else "note")
-        lines.append(f"  [{state:>4}] {name}: {rule['count']}")
+        # a rule not run counts nothing: "[skip] rule: 0" read as "checked, none found"
+        lines.append(f"  [{state:>4}] {name}: " + (str(rule["skipped"]).split(";")[0] if state == "skip"
+                                                    else str(rule["count"])))
         if not rule["passed"]:
             findings = result.prepared.audit.rule(name).findings
             listed = listed or bool(findings)

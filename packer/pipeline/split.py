@@ -505,7 +505,7 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
     largest = balance.largest
     cause = None
     if largest is not None and largest.size > 2 * tolerance * total:
-        size = f"{largest.size:,} samples ({balance.largest_share:.0%})"
+        size = f"{largest.size:,} sample{'' if largest.size == 1 else 's'} ({balance.largest_share:.0%})"
         if len(largest.entities) > 1:
             cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
                      "duplicate links (each listed with its evidence under duplicates_span_entities in "
