@@ -85,15 +85,20 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--mix-length", type=mix_length, default="shortest",
                         help="a mix's epoch: shortest (ends when the first dataset runs out; default), longest "
                              "(when the last does; the others are repeated) or a number of samples")
-    parser.add_argument("--split", default="train")
+    parser.add_argument("--split", default="train", help="the split to train on (default: %(default)s)")
     parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
                         help="train on these sources only (comma-separated names, as in the job file)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=batch_size)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=lr)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the split (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help="samples a step, on each rank under torchrun (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="DataLoader worker processes reading the shards (0: read in this process; "
+                             "default: %(default)s)")
+    parser.add_argument("--lr", type=float, default=lr, help="SGD learning rate (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the model's weights and of the shuffle order (default: %(default)s)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device: cpu, cuda, cuda:1 (default here: %(default)s)")
     parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
