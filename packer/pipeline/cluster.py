@@ -22,6 +22,7 @@ from typing import Any, TypeVar, overload
 
 from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
 from packer.manifest import library_versions
+from packer.threads import tune_worker_threads
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -211,6 +212,7 @@ def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
     if unseen is not None:
         return _RunDefect(unseen)
     try:
+        tune_worker_threads()  # OpenCV's pool: one thread a task on a worker (packer.threads)
         return fn(item)
     except PackerError as err:
         return _RunDefect(err)
