@@ -169,6 +169,10 @@ def test_ls_keeps_the_registry_form_and_names_what_is_not_a_version(versions: Ve
     output = invoke("ls", tmp_path / "out")  # an output folder: no registry, and a hint
     assert output.exit_code == 0 and "no manifests under" in output.output
     assert f"`packer ls {root}` lists the versions of demo" in output.output
+    assert "output folder of 1 dataset(s) (demo)" in output.output
+    shutil.copytree(root, tmp_path / "out" / "another", symlinks=True)  # an output folder of several datasets
+    several = invoke("ls", tmp_path / "out")
+    assert "output folder of 2 dataset(s) (another, demo)" in several.output  # each named, not only the first
     assert invoke("ls", tmp_path / "nowhere").exit_code == 2
 
 

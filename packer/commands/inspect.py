@@ -178,8 +178,9 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
         _echo_json([e.to_json() for e in entries])
     elif not entries:
         datasets = sorted(p.name for p in registry.iterdir() if is_dataset_folder(p))
-        hint = (f"; it is an output folder: `packer ls {registry / datasets[0]}` lists the versions of "
-                f"{datasets[0]}" if datasets else "")
+        shown = ", ".join(datasets[:12]) + (f", … ({len(datasets)} in all)" if len(datasets) > 12 else "")
+        hint = (f"; it is an output folder of {len(datasets)} dataset(s) ({shown}): `packer ls "
+                f"{registry / datasets[0]}` lists the versions of {datasets[0]}" if datasets else "")
         if (registry / "manifest.json").is_file():  # a version folder: its dataset folder is the parent
             hint = (f"; it is a version folder: `packer ls {registry.parent}` lists the versions of its dataset, "
                     f"`packer inspect {registry}` shows this one")
