@@ -38,6 +38,17 @@ def over_limit(summary: Mapping[str, Any]) -> bool:
     return bool(summary["fraction"] > summary["max_fraction"])
 
 
+def failed_build(manifest: Mapping[str, Any]) -> str | None:
+    """Why the build that wrote ``manifest`` failed, where it did: its bad samples over
+    ``max_fraction`` (exit 3; the version is written for its report, never listed in a registry
+    nor published, and no tool should take it for a usable version). None for a good version."""
+    bad = manifest.get("bad_samples") or {}
+    if "fraction" not in bad or "max_fraction" not in bad or not over_limit(bad):
+        return None
+    return (f"{bad.get('total', '?')} bad input files, {bad['fraction']:.1%} over max_bad_fraction "
+            f"{bad['max_fraction']:.1%} (exit 3; kept for its report, not a version to train on)")
+
+
 def summarize_issues(issues: Iterable[Issue], *, inputs: int, max_fraction: float) -> dict[str, Any]:
     """Counts by reason and stage, and the bad fraction of the discovered inputs."""
     issues = list(issues)

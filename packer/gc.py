@@ -2,9 +2,12 @@
 version needs.
 
 Which versions: the ``keep`` newest by their manifest's ``created_at`` (the version id breaks
-ties), never the newest one (``keep`` is at least 1). A folder whose manifest cannot be read is
-not counted as a version and is left alone, and so are a build's ``.staging-*`` folders (a
-build in progress, or interrupted: the next build of that job resumes from it or clears it).
+ties), never the newest one (``keep`` is at least 1). A failed build's version (its bad samples
+over ``max_bad_fraction``: exit 3, written for its report) is never counted among them: one newer
+than every kept version stays (the latest attempt and its report), an older one is removed. A
+folder whose manifest cannot be read is not counted as a version and is left alone, and so are
+a build's ``.staging-*`` folders (a build in progress, or interrupted: the next build of that job
+resumes from it or clears it).
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
@@ -85,7 +88,14 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     check_local_dataset_folder(folder, command="gc")
     listing = list_versions(folder)
     readable = [v for v in listing.versions if v.problem is None]  # newest first
-    kept, removed = tuple(readable[:keep]), tuple(readable[keep:])
+    good = [v for v in readable if v.failed is None]
+    kept_good = good[:keep]
+    # a failed build's version (exit 3) never counts toward --keep; the ones newer than every kept
+    # version stay (the latest attempts, for their reports), older ones go with the old versions
+    newest_kept = (kept_good[0].created_at, kept_good[0].version) if kept_good else ("", "")
+    kept = tuple(v for v in readable if v in kept_good or (v.failed is not None
+                                                            and (v.created_at, v.version) > newest_kept))
+    removed = tuple(v for v in readable if v not in kept)
     trash = tuple(o.folder for o in listing.others if o.kind == "trash")
     gone = {v.folder for v in removed} | set(trash)
     freed = shared = elsewhere = 0
@@ -164,13 +174,18 @@ def _remove_tree(path: Path) -> None:
 def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
     """What ``packer gc`` prints: the plan (``dry_run``) or what it did."""
     verb = "would remove" if dry_run else "removed"
-    lines = [f"gc {plan.root}: keeping the {len(plan.keep)} newest version(s) by the manifest's created_at, "
-             f"{verb} {len(plan.remove)}"]
+    counted = sum(v.failed is None for v in plan.keep)
+    lines = [f"gc {plan.root}: keeping the {counted} newest version(s) by the manifest's created_at, "
+             f"{verb} {len(plan.remove)}" + ("; a failed build's version (bad samples over the limit, exit 3) "
+                                            "never counts as one" if any(v.failed for v in (*plan.keep, *plan.remove))
+                                            else "")]
     for v in plan.keep:
-        lines.append(f"  keep    {v.folder:<14}{v.created_at:<22}{human_bytes(v.bytes):>12}")
+        lines.append(f"  keep    {v.folder:<14}{v.created_at:<22}{human_bytes(v.bytes):>12}"
+                     + ("  (a failed build, newer than every kept version: kept for its report, not counted)"
+                        if v.failed else ""))
     for v in plan.remove:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{v.folder:<14}{v.created_at:<22}"
-                     f"{human_bytes(v.bytes):>12}")
+                     f"{human_bytes(v.bytes):>12}" + ("  (a failed build)" if v.failed else ""))
     for name in plan.trash:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (left by an interrupted gc)")
     lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer.badsamples import over_limit
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256, human_bytes
@@ -234,7 +235,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines += [
         f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples"
         f"{_left_out(summary['inputs'])}",
-        f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, limit {bad['max_fraction']:.1%}): {reasons}",
+        f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, "
+        f"{'OVER the' if over_limit(bad) else 'within'} limit {bad['max_fraction']:.1%}): {reasons}",
+        *(["  FAILED BUILD  the build that wrote this version exited 3 (bad samples over the limit): it is kept "
+           "for its report, not a version to train on; fix the files or raise validate.max_bad_fraction, and build "
+           "again"] if over_limit(bad) else []),
         *_audit_lines(summary["audit"]["record"]),
         *_phi_lines(summary.get("phi")),
         f"  config        {summary['config_hash'][:16]}…",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
 from packer.files import human_bytes
@@ -66,7 +67,8 @@ class VersionUsage:
     links, which removing this version alone would free. ``shared_bytes``: the rest (linked by
     another version, a staging folder or a link outside the dataset). ``problem``: why the
     manifest could not be read (then ``version``, ``created_at`` and the counts are best effort,
-    and ``packer gc`` leaves the folder alone).
+    and ``packer gc`` leaves the folder alone). ``failed``: why the build that wrote it failed
+    (its bad samples over ``max_bad_fraction``: exit 3, the version kept for its report), else None.
     """
 
     folder: str
@@ -81,12 +83,14 @@ class VersionUsage:
     unique_bytes: int
     shared_bytes: int
     problem: str | None = None
+    failed: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": self.folder, "path": str(self.path), "version": self.version,
                 "created_at": self.created_at, "dataset_hash": self.dataset_hash, "samples": self.samples,
                 "shards": self.shards, "shard_bytes": self.shard_bytes, "bytes": self.bytes,
-                "unique_bytes": self.unique_bytes, "shared_bytes": self.shared_bytes, "problem": self.problem}
+                "unique_bytes": self.unique_bytes, "shared_bytes": self.shared_bytes, "problem": self.problem,
+                "failed": self.failed}
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ def list_versions(folder: str | Path) -> DatasetVersions:
                                      created_at=manifest["created_at"], dataset_hash=manifest["dataset_hash"],
                                      samples=manifest["inputs"]["samples"], shards=len(shards),
                                      shard_bytes=sum(s["bytes"] for s in shards), bytes=size, unique_bytes=unique,
-                                     shared_bytes=size - unique))
+                                     shared_bytes=size - unique, failed=failed_build(manifest)))
     return DatasetVersions(root=root, name=", ".join(sorted(names)) or root.name,
                            versions=tuple(sorted(versions, key=lambda v: (v.created_at, v.version), reverse=True)),
                            others=tuple(others), files=files, copied_bytes=_copied_bytes(shard_files))
@@ -285,7 +289,8 @@ def format_versions(listing: DatasetVersions) -> str:
             lines.append(f"  {v.folder:<14}BROKEN: {v.problem}")
             continue
         lines.append(f"  {v.folder:<14}{v.created_at:<22}{v.samples:>8}{v.shards:>8}{human_bytes(v.bytes):>12}"
-                     f"{human_bytes(v.unique_bytes):>12}{human_bytes(v.shared_bytes):>12}")
+                     f"{human_bytes(v.unique_bytes):>12}{human_bytes(v.shared_bytes):>12}"
+                     + (f"  FAILED BUILD: {v.failed}" if v.failed else ""))
     lines.append(f"  on disk {human_bytes(listing.disk_bytes)} for {human_bytes(listing.sum_bytes)} of versions "
                  f"({human_bytes(listing.linked_bytes)} saved by hard links); identical shards stored as separate "
                  f"copies: {human_bytes(listing.copied_bytes)}")

@@ -25,10 +25,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
+from packer.cli import main
 from packer.commands.gc import gc_command
 from packer.commands.inspect import diff_command, ls_command
 from packer.config import load_job
 from packer.demo import write_ct_slice, write_photo
+from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
 from tests.helpers import demo_job_doc, write_job
@@ -394,3 +396,49 @@ def test_gc_refuses_while_a_build_of_the_dataset_holds_its_lock(versions: Versio
         os.close(fd)
     assert invoke("gc", root, "--keep", "1").exit_code == 0
     assert len([p for p in root.iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_a_failed_builds_version_is_marked_never_counted_by_gc_and_refused_by_the_loader(
+        versions: Versions, demo_raw: Any, tmp_path: Path) -> None:
+    """A build over max_bad_fraction exits 3 but writes its version, for its report. `ls` listed it
+    as the newest version, `inspect` said "limit 5.0%" without "over", the loader read it, and
+    `gc --keep 1` kept it and removed the last good version."""
+    from packer.loader import ShardDataset
+
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "failed-out",
+                                                             validate={"max_bad_fraction": 0.01})))
+    failed = build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False)).version_dir  # exit 3 at the CLI
+    assert json.loads((failed / "manifest.json").read_text())["bad_samples"]["fraction"] > 0.01
+    root = dataset_copy(versions, tmp_path, created=created(versions, {
+        "base": "2024-01-01T00:00:00Z", "relimited": "2024-02-01T00:00:00Z", "grown": "2024-04-01T00:00:00Z"}))
+    shutil.rmtree(root / versions.grown)  # for now: base and relimited, then the failed build
+    copy = Path(shutil.copytree(failed, root / failed.name))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["created_at"] = "2024-03-01T00:00:00Z"  # outside the dataset hash
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+
+    listed = invoke("ls", root)
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if line.strip().startswith(failed.name))
+    assert "FAILED BUILD" in row and "over max_bad_fraction 1.0%" in row
+    assert json.loads(invoke("ls", root, "--json").stdout)["versions"][0]["failed"]
+    inspected = CliRunner().invoke(main, ["inspect", str(copy)])
+    assert "OVER the limit 1.0%" in inspected.output and "FAILED BUILD" in inspected.output
+    with pytest.raises(ConfigError, match="the build that wrote this version failed.*max_bad_fraction"):
+        ShardDataset(copy, "train")
+
+    plan = json.loads(invoke("gc", root, "--keep", "1", "--dry-run", "--json").stdout)
+    # the newest good version is kept; the failed one, newer, stays for its report without counting
+    assert [v["folder"] for v in plan["keep"]] == [failed.name, versions.relimited]
+    assert [v["folder"] for v in plan["remove"]] == [versions.base]
+    text = invoke("gc", root, "--keep", "1", "--dry-run").output
+    assert "keeping the 1 newest version(s)" in text and "kept for its report, not counted" in text
+
+    shutil.copytree(versions.out / "demo" / versions.grown, root / versions.grown)  # a good build after it
+    manifest = json.loads((root / versions.grown / "manifest.json").read_text())
+    manifest["created_at"] = "2024-04-01T00:00:00Z"
+    (root / versions.grown / "manifest.json").write_text(json.dumps(manifest))
+    plan = json.loads(invoke("gc", root, "--keep", "1", "--json").stdout)
+    assert [v["folder"] for v in plan["keep"]] == [versions.grown]
+    assert sorted(v["folder"] for v in plan["remove"]) == sorted([failed.name, versions.relimited, versions.base])
+    assert sorted(p.name for p in root.iterdir()) == [versions.grown]

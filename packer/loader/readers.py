@@ -264,14 +264,22 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     ``ConfigError`` when the store cannot be reached. The dataset hash is not checked here
     (``packer verify`` does that). On top of the schema the loader needs one numpy dtype, C×H×W
     shapes, and shards that add up to the split's sample count (IntegrityError otherwise);
-    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits). A dataset
+    ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits), or when the
+    build that wrote the version failed its bad-sample threshold (exit 3: the version is its report's,
+    not one to train on: :func:`packer.badsamples.failed_build`). A dataset
     whose sources' samples have different dtypes is read through a view of ``sources`` of one
     dtype (``ConfigError`` otherwise, naming each source's dtype).
     """
+    from packer.badsamples import failed_build
     from packer.manifest import read_manifest  # jsonschema and pyarrow: not in every worker
 
     doc = read_manifest(manifest, storage_options=storage_options, check_hash=False)
     path: Path | str = doc.path if doc.path is not None else doc.location
+    failed = failed_build(doc.data)
+    if failed is not None:  # written for its report only: ls, inspect and gc say so too
+        raise ConfigError(f"{path}: the build that wrote this version failed: {failed}; fix or drop the bad files "
+                          "(bad_samples.jsonl beside the manifest names each), or raise validate.max_bad_fraction, "
+                          "and build again")
     if split not in doc.splits:
         raise ConfigError(f"{path}: no split {split!r}; the manifest has {sorted(doc.splits)}")
     schema = doc.sample_schema
