@@ -532,3 +532,31 @@ def test_validate_asks_the_workers_for_its_signature_folder_and_the_raw_roots(
     assert what == "the work folder's signature folder ($PACKER_WORK_DIR)"
     assert fix.startswith("set PACKER_WORK_DIR to a folder every worker mounts at the same path")
     assert [(path, kind) for path, _, _, kind in roots] == [(str(s.root), "entries") for s in job.sources]
+
+
+@pytest.mark.slow  # a real dask scheduler
+def test_a_scheduler_without_workers_is_waited_for_aloud_until_one_joins(capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler with no worker takes tasks and runs none: the build sat silent for as long as
+    one was missing. It now says so, and again every few seconds, until a worker joins."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    from packer.pipeline.cluster import wait_for_a_worker
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        joined = threading.Timer(1.3, lambda: cluster.scale(1))
+        joined.start()
+        started = time.monotonic()
+        wait_for_a_worker(client, cluster.scheduler_address, every=0.5)
+        waited = time.monotonic() - started
+        joined.join()
+        assert client.scheduler_info()["workers"]
+    said = capsys.readouterr().err
+    assert waited >= 1.0
+    assert f"the dask scheduler at {cluster.scheduler_address} has no worker yet" in said
+    assert "dask worker" in said and "Ctrl-C stops" in said
+    assert said.count("still no dask worker") >= 1
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        wait_for_a_worker(client, cluster.scheduler_address, every=0.5)
+    assert capsys.readouterr().err == ""  # a worker already there: not a word

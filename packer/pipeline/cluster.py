@@ -500,6 +500,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
     try:
+        wait_for_a_worker(client, scheduler)
         check_workers(client, expected)
     except BaseException:
         with _held_interrupts():
@@ -508,6 +509,31 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
     dashboard = getattr(client, "dashboard_link", None)
     description = f"dask cluster at {scheduler}" + (f" (dashboard {dashboard})" if dashboard else "")
     yield from _serve(Executor(client, description, expected=expected), starting, client)
+
+
+#: Seconds between the lines that say a build still waits for its scheduler's first worker.
+WORKER_WAIT_LINE_S = 10.0
+
+
+def wait_for_a_worker(client: Any, scheduler: str, *, every: float = WORKER_WAIT_LINE_S) -> None:
+    """Return once ``client``'s scheduler has a worker. A scheduler without one accepts tasks
+    and runs none, so the build sat silent; until one joins, a line on stderr says so every
+    ``every`` seconds (Ctrl-C stops the wait)."""
+    if client.scheduler_info().get("workers"):
+        return
+    address = getattr(getattr(client, "scheduler", None), "address", None) or scheduler
+    print(f"packer: waiting: the dask scheduler at {scheduler} has no worker yet; the build starts when one joins "
+          f"(start one with `dask worker {address}` where the data and PACKER_WORK_DIR are reachable; Ctrl-C stops)",
+          file=sys.stderr, flush=True)
+    waited = 0.0
+    while True:
+        try:
+            client.wait_for_workers(1, timeout=every)
+            return
+        except TimeoutError:
+            waited += every
+            print(f"packer: waiting: still no dask worker at {scheduler} after {waited:.0f} s", file=sys.stderr,
+                  flush=True)
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
