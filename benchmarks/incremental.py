@@ -276,7 +276,7 @@ def run_build(label: str, job: Path, out: Path, cache: Path, workers: int) -> Bu
     text = done.stdout
     version = re.search(r"^dataset \S+ version (\w+)", text, re.M)
     digest = re.search(r"dataset_hash ([0-9a-f]{64})", text)
-    decoded = re.search(r"\((\d+) files decoded(?:, (\d+) from the build cache)?\)", text)
+    decoded = re.search(r"\((\d+) files? decoded(?:, (\d+) from the build cache)?\)", text)
     reuse = [line.strip() for line in text.splitlines() if "wrote" in line and "reused" in line]
     if version is None or digest is None:
         raise SystemExit(f"{label}: no version in the build's summary:\n{text}")

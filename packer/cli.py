@@ -127,7 +127,8 @@ def _print_summary(result: Any) -> None:
     total = sum(seconds for _, seconds in result.stage_seconds)
     if total > 0:
         cached = f", {result.files_cached} from the build cache" if result.files_cached else ""
-        lines.append(f"  time by stage, summed over tasks ({result.files_decoded} files decoded{cached}):")
+        decoded = f"{result.files_decoded} file{'' if result.files_decoded == 1 else 's'} decoded"
+        lines.append(f"  time by stage, summed over tasks ({decoded}{cached}):")
         for stage, seconds in sorted(result.stage_seconds, key=lambda item: -item[1]):
             lines.append(f"    {stage:<32} {seconds:8.2f}s  {seconds / total:6.1%}")
     click.echo("\n".join(lines))

@@ -11,6 +11,7 @@ folder or the worker count are kept out of it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -821,8 +822,11 @@ def parse_window(raw: Any, where: str) -> WindowSpec:
     if isinstance(raw, str):
         preset = PRESETS.get(raw)
         if preset is None:
-            raise ConfigError(f"{where}: unknown window preset {raw!r}; known presets: {', '.join(sorted(PRESETS))}, "
-                              "or give {center, width}, 'file', 'zscore' or {percentiles: [low, high]}")
+            close = difflib.get_close_matches(raw.lower(), sorted(PRESETS), n=1, cutoff=0.6)
+            meant = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: unknown window preset {raw!r}{meant}; known presets: "
+                              f"{', '.join(sorted(PRESETS))}, or give {{center, width}}, 'file', 'zscore' or "
+                              "{percentiles: [low, high]}")
         return WindowSpec(kind="preset", name=raw, center=float(preset.center), width=float(preset.width),
                           function=preset.function)
     if "file" in raw:

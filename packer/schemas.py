@@ -250,10 +250,40 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         close = difflib.get_close_matches(error.instance.lower(), list(words), n=1)
         if close:
             message += f" (did you mean {words[close[0]]!r}?)"
+    message += _word_for_a_mapping(error) + _missing_in_the_closest_form(error)
     if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
             and description:  # the value's description, which says what each form means
         return f"{message}. {description}"
     return message
+
+
+def _word_for_a_mapping(error: jsonschema.ValidationError) -> str:
+    """For a word where a mapping is taken (``phi: pseudonymize``), the mapping it likely meant:
+    the key of that mapping whose allowed words include it (``phi: {mode: pseudonymize}``)."""
+    if error.validator != "type" or error.validator_value != "object" or not isinstance(error.instance, str):
+        return ""
+    for key, spec in (error.schema.get("properties") or {}).items():
+        words = spec.get("enum", ()) if isinstance(spec, dict) else ()
+        if any(isinstance(w, str) and w.lower() == error.instance.lower() for w in words):
+            return f" (did you mean {{{key}: {error.instance}}}?)"
+    return ""
+
+
+def _missing_in_the_closest_form(error: jsonschema.ValidationError) -> str:
+    """For a mapping that matches none of a value's forms, what the form whose keys it uses
+    lacks (``{center: 40}``: an explicit window needs ``width`` too)."""
+    if error.validator not in _CHOICES or not isinstance(error.instance, dict) or not error.instance:
+        return ""
+    where = tuple(error.absolute_path)
+    for sub in error.context or ():
+        if sub.validator != "required" or tuple(sub.absolute_path) != where or not isinstance(sub.schema, dict):
+            continue
+        known = set(sub.schema.get("properties") or {}) | set(sub.validator_value or ())
+        missing = [k for k in sub.validator_value or () if k not in error.instance]
+        if missing and set(error.instance) <= known:
+            form = ", ".join(sub.validator_value)
+            return f" (it lacks {', '.join(repr(k) for k in missing)}: {{{form}}} is one form)"
+    return ""
 
 
 #: How many further problems of a job file an error lists, one per line, after the first.

@@ -182,7 +182,11 @@ def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> 
         ({"split": {"by": "time", "cutoffs": {"valid": "2024-13-01"}}}, "split.cutoffs.valid"),
         ({"sources": [{"kind": "image", "root": "raw"}]}, "sources[0].table"),
         ({"sources": [{"kind": "dicom", "root": "raw", "table": "x.csv"}]}, "sources[0].table"),
-        ({"transform": {"dicom": {"windows": ["lungs"]}}}, "unknown window preset 'lungs'"),
+        ({"transform": {"dicom": {"windows": ["lungs"]}}}, "unknown window preset 'lungs' (did you mean 'lung'?)"),
+        ({"transform": {"dicom": {"windows": ["lung", {"center": 40}]}}},
+         "transform.dicom.windows[1]: {'center': 40} is not valid under any of the given schemas (it lacks 'width': "
+         "{center, width} is one form)"),
+        ({"phi": "pseudonymize"}, "phi: 'pseudonymize' is not of type 'object' (did you mean {mode: pseudonymize}?)"),
         ({"transform": {"dicom": {"windows": [{"center": 40, "width": 0.5}]}}}, "width"),
         ({"unknown_key": 1}, "unknown_key"),
         ({"pack": {"format": "parquet", "max_bytes": "lots"}}, "pack.max_bytes"),

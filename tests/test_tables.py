@@ -198,7 +198,7 @@ def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(
         discover(load_job(job))
     message = str(raised.value)
     assert "missing column 'EncodedPixels' (named by label); did you mean ' EncodedPixels'? " \
-           "(write ' EncodedPixels' for 'EncodedPixels' in label: the name starts or ends with a space, " \
+           "(in label, write ' EncodedPixels' where it says 'EncodedPixels': the name starts or ends with a space, " \
            "so quote it)" in message, message
     assert "set label:" not in message
 

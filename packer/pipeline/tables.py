@@ -347,7 +347,7 @@ def _column_fix(key: str, column: str, near: str) -> str:
     if key.endswith(".path") or key in ("entity", "mask.column"):
         fix = f"set {key}: {written}"
     else:
-        fix = f"write {written} for {column!r} in {key}"
+        fix = f"in {key}, write {written} where it says {column!r}"
     return fix + (": the name starts or ends with a space, so quote it" if spaced else "")
 
 
