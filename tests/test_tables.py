@@ -146,6 +146,28 @@ def test_without_path_base_the_error_says_where_the_paths_start(tmp_path: Path) 
                                       "set table.path_base to the folder above the root")
 
 
+def test_cells_that_start_in_a_folder_under_the_root_are_told_to_move_the_root_down(tmp_path: Path) -> None:
+    """root: . with the files under imgs/ and cells like sub00/img0.png: the hint pointed at the
+    folder above the root; the paths start in a folder below it."""
+    for subject in range(3):
+        for n in range(2):
+            path = tmp_path / "data" / "imgs" / f"sub{subject:02d}" / f"img{n}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(path), np.full((8, 8), 40 * subject + n, dtype=np.uint8))
+    rows = [f"sub{s:02d}/img{n}.png,{'ab'[n]},sub{s:02d}" for s in range(3) for n in range(2)]
+    (tmp_path / "data" / "labels.csv").write_text("path,label,subject\n" + "\n".join(rows) + "\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "below", "output": "out",
+        "sources": [{"kind": "image", "root": "data", "table": "data/labels.csv", "entity": "subject"}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    message = str(raised.value)
+    assert "the cells start in a folder under the root ('imgs/' then the cell)" in message, message
+    assert "data/imgs, or table.path_base to it" in message and "folder above the root" not in message
+
+
 def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_path: Path) -> None:
     job = _chexpert(tmp_path)
     doc = yaml.safe_load(job.read_text())

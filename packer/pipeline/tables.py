@@ -541,6 +541,22 @@ def _missing_suffix(cells: Sequence[str], names: set[str]) -> str | None:
     return next((stems[part] for part in (c.rsplit("/", 1)[-1] for c in cells[:1000]) if part in stems), None)
 
 
+def _folder_below(cells: Sequence[str], listed: Sequence[str]) -> str | None:
+    """The folder under the root the cells' paths start in, where every listed file one of the
+    first cells names is ``<folder>/<cell>``, always the same folder; else None. Reads the
+    listing once and holds only the cells (a listing may have millions of files)."""
+    wanted = {cell.strip().strip("/") for cell in cells[:1000]} - {""}
+    found: set[str] = set()
+    for rel in listed:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[i:]) in wanted:
+                found.add("/".join(parts[:i]))
+                if len(found) > 1:
+                    return None
+    return found.pop() if found else None
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
                     hide_paths: bool = False) -> ConfigError:
     """Why no row names a listed file, with an example of each (not under PHI pseudonymization,
@@ -563,6 +579,9 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
         elif cell.split("/", 1)[0] == os.fspath(source.root).rstrip("/").rsplit("/", 1)[-1]:
             fix = (f"the cells start with the root's own folder name ({cell.split('/', 1)[0] + '/'!r}): set "
                    f"{key}.path_base to the folder above the root")
+        elif (below := _folder_below(cells, listed)) is not None:
+            fix = (f"the cells start in a folder under the root ({below + '/'!r} then the cell): set the "
+                   f"source's root to {os.fspath(source.root).rstrip('/')}/{below}, or {key}.path_base to it")
         else:
             # find: name only where the file names tell the files apart (CheXpert's are view1_frontal.jpg ...)
             shared = sum(1 for r in listed if r.rsplit("/", 1)[-1] == cell.rsplit("/", 1)[-1]) > 1
