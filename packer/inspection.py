@@ -381,10 +381,11 @@ class DatasetDiff:
         return out
 
     def by_split(self) -> dict[str, dict[str, int]]:
-        """Per split: added, removed, changed (counted where the sample is now), moved_in, moved_out."""
+        """Per split: added, removed, changed and relabeled (counted where the sample is now),
+        moved_in, moved_out."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
         for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
-                                  ("changed", self.changed, "new")):
+                                  ("changed", self.changed, "new"), ("relabeled", self.relabeled, "new")):
             for item in items:
                 out[str(getattr(item, f"{side}_split"))][kind] += 1
         for item in self.moved:
@@ -672,7 +673,7 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                 if name == "moved":
                     detail = f"{item.old_split} -> {item.new_split}"
                 elif name == "relabeled":
-                    detail = f"{item.old_label} -> {item.new_label}"
+                    detail = f"{item.new_split}, {item.old_label} -> {item.new_label}"
                 elif name == "removed":
                     detail = f"{item.old_split}, {item.old_label}"
                 else:

@@ -269,8 +269,11 @@ def test_diff_lists_a_sample_whose_labels_changed_as_relabeled(builds: Builds) -
     assert change["old_target"] == {"a": 0, "b": 1} and change["new_target"] == {"a": 1, "b": 0}
     assert samples["by_label"] == {"a": {"relabeled_in": 1}, "b": {"relabeled_out": 1}}
     assert samples["added"] == samples["removed"] == samples["moved"] == samples["changed"] == []
+    split = index_rows(builds.multilabel_edit)[key]["split"]
+    assert samples["by_split"] == {split: {"relabeled": 1}}  # which split's labels changed
     text = invoke("diff", builds.multilabel, builds.multilabel_edit).output
-    assert f"relabeled {key}  (b -> a)" in text and "1 relabeled" in text
+    assert f"relabeled {key}  ({split}, b -> a)" in text and "1 relabeled" in text
+    assert f"by split {split:<10} relabeled 1" in text
     assert "no differences" in invoke("diff", builds.multilabel, builds.multilabel).output
 
 
@@ -282,7 +285,9 @@ def test_diff_lists_a_sample_whose_number_changed_as_relabeled(builds: Builds) -
     assert change["old_target"] == {"age": 21.5} and change["new_target"] == {"age": 35.0}
     assert (change["old_label"], change["new_label"]) == ("age=21.5", "age=35")
     assert payload["samples"]["by_label"] == {"age": {"relabeled": 1}}
-    assert f"relabeled {key}  (age=21.5 -> age=35)" in invoke("diff", builds.numeric, builds.numeric_edit).output
+    split = index_rows(builds.numeric_edit)[key]["split"]
+    text = invoke("diff", builds.numeric, builds.numeric_edit).output
+    assert f"relabeled {key}  ({split}, age=21.5 -> age=35)" in text
 
 
 def test_a_diff_across_target_kinds_says_so_instead_of_comparing_labels(builds: Builds) -> None:
