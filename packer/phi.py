@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from pathlib import Path
 
 from packer.config import PhiConfig
 from packer.errors import ConfigError
@@ -188,9 +189,15 @@ def unused_key_warning(cfg: PhiConfig) -> str | None:
             "{mode: pseudonymize} to pseudonymize with it (a NIfTI case folder often carries its patient's name)")
 
 
-def pseudonymizer_for(cfg: PhiConfig) -> Pseudonymizer:
-    """The job's :class:`Pseudonymizer`, its key loaded by :func:`load_key` (whose errors it raises)."""
-    loaded = load_key(cfg)
+def pseudonymizer_for(cfg: PhiConfig, job_path: Path | None = None) -> Pseudonymizer:
+    """The job's :class:`Pseudonymizer`, its key loaded by :func:`load_key` (whose errors it
+    raises, naming ``job_path`` first, as every error about a job file does)."""
+    try:
+        loaded = load_key(cfg)
+    except ConfigError as err:
+        if job_path is None:
+            raise
+        raise ConfigError(f"{job_path}: {err}") from err
     if loaded is None:
         return Pseudonymizer(mode=cfg.mode, dates=cfg.dates, key=None)
     return Pseudonymizer(mode=cfg.mode, dates=cfg.dates, key=loaded.key, key_source=loaded.source)

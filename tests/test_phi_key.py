@@ -146,9 +146,18 @@ def test_build_refuses_two_different_keys_and_writes_nothing(tmp_path: Path) -> 
     (tmp_path / "phi.key").write_text(KEY_A + "\n")
     code, output = build(ct_job(tmp_path, {"key_file": "phi.key"}), env_key=KEY_B)
     assert code == 2, output
-    assert output.startswith("packer: error: two different PHI keys: the environment variable PACKER_PHI_KEY")
+    assert output.startswith(f"packer: error: {tmp_path / 'job.yaml'}: two different PHI keys: the environment "
+                             "variable PACKER_PHI_KEY")
     assert f"phi.key_file {tmp_path / 'phi.key'}" in output
     assert not (tmp_path / "out" / "keys").exists() or not list((tmp_path / "out" / "keys").glob("*/manifest.json"))
+
+
+def test_build_without_a_key_names_the_job_file_first(tmp_path: Path) -> None:
+    """Every error about a job names its file first; the missing key's did not."""
+    code, output = build(ct_job(tmp_path, None), env_key="")
+    assert code == 2, output
+    assert output.startswith(f"packer: error: {tmp_path / 'job.yaml'}: phi.mode is pseudonymize"), output
+    assert "packer key new" in output
 
 
 def test_build_summary_names_the_key_source_and_fingerprint_never_the_key(tmp_path: Path) -> None:

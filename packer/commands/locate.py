@@ -35,7 +35,7 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     from packer.storage import parse_storage_options
 
     loaded = load_job(job)
-    found = locate_samples(loaded, keys, pseudonymizer_for(loaded.phi),
+    found = locate_samples(loaded, keys, pseudonymizer_for(loaded.phi, loaded.job_path),
                            storage_options=parse_storage_options(storage_option))
     for key, path in found.items():
         if path is not None:

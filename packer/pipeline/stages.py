@@ -165,7 +165,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     ``listed_in``: where the warnings say the audit's findings are listed (leakage.json for a
     build; packer validate writes none).
     """
-    phi = pseudonymizer_for(job.phi)
+    phi = pseudonymizer_for(job.phi, job.job_path)
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
