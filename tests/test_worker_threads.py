@@ -1,4 +1,5 @@
-"""OpenCV runs one thread a task in packer's dask workers, and its answers do not depend on it."""
+"""OpenCV runs one thread in each worker process of packer's local cluster, never touches the
+calling process's pool, and its answers do not depend on it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from packer.errors import ConfigError
-from packer.threads import ENV_THREADS, tune_worker_threads, worker_cv_threads
+from packer.threads import ENV_THREADS, worker_cv_threads
 
 
 def _cv_threads(_: int) -> int:
@@ -15,29 +16,42 @@ def _cv_threads(_: int) -> int:
 
 
 @pytest.mark.slow  # a real dask cluster
-def test_a_worker_task_runs_opencv_on_one_thread_and_the_client_keeps_its_pool() -> None:
+def test_a_local_workers_opencv_runs_one_thread_and_the_calling_process_keeps_its_pool() -> None:
     from packer.pipeline.cluster import open_executor
 
     before = cv2.getNumThreads()
     with open_executor(None, workers=1) as executor:
         seen = {threads for _, threads in executor.map_unordered(_cv_threads, [0, 1, 2])}
     assert seen == {1}
-    assert cv2.getNumThreads() == before  # the client (and a sync build in it) keeps every core
-    assert tune_worker_threads() is False  # not a worker: nothing changed
+    assert cv2.getNumThreads() == before  # a notebook or a sync build keeps every core
+
+
+@pytest.mark.slow  # a real dask cluster
+def test_an_in_process_cluster_leaves_the_calling_processs_pool_alone() -> None:
+    """A threaded cluster's tasks run in the caller's own process: packer must not change its
+    OpenCV there (it did, when the setting was made inside each task)."""
+    from distributed import Client, LocalCluster
+
+    from packer.pipeline.cluster import open_executor
+
+    before = cv2.getNumThreads()
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster):
+        with open_executor(cluster.scheduler_address) as executor:
+            assert {t for _, t in executor.map_unordered(_cv_threads, [0, 1])} == {before}
+    assert cv2.getNumThreads() == before
 
 
 @pytest.mark.slow  # a real dask cluster
 def test_the_variable_sets_another_count_and_zero_leaves_opencvs_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from packer.pipeline.cluster import open_executor
 
-    monkeypatch.setenv(ENV_THREADS, "3")  # the worker processes inherit it when they start
+    monkeypatch.setenv(ENV_THREADS, "3")
     with open_executor(None, workers=1) as executor:
         assert {t for _, t in executor.map_unordered(_cv_threads, [0])} == {3}
     monkeypatch.setenv(ENV_THREADS, "0")
+    monkeypatch.delenv("OPENCV_FOR_THREADS_NUM", raising=False)
     with open_executor(None, workers=1) as executor:
-        assert executor.client is not None
-        default = executor.client.run(cv2.getNumThreads)  # the worker's own count before any task
-        assert {t for _, t in executor.map_unordered(_cv_threads, [0])} == set(default.values())
+        assert {t for _, t in executor.map_unordered(_cv_threads, [0])} == {cv2.getNumThreads()}
 
 
 @pytest.mark.parametrize("text", ["one", "-1", "1.5", ""])

@@ -22,7 +22,6 @@ from typing import Any, TypeVar, overload
 
 from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
 from packer.manifest import library_versions
-from packer.threads import tune_worker_threads
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -212,7 +211,6 @@ def _run(fn: Callable[[T], R], item: T, expected: Environment | None = None,
     if unseen is not None:
         return _RunDefect(unseen)
     try:
-        tune_worker_threads()  # OpenCV's pool: one thread a task on a worker (packer.threads)
         return fn(item)
     except PackerError as err:
         return _RunDefect(err)
@@ -479,6 +477,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
                                   f"{UNGUARDED_SCRIPT}") from err
             try:
                 client = Client(cluster)
+                _one_opencv_thread(client)
             except BaseException:
                 _close_quietly(None, cluster)
                 raise
@@ -534,6 +533,17 @@ def wait_for_a_worker(client: Any, scheduler: str, *, every: float = WORKER_WAIT
             waited += every
             print(f"packer: waiting: still no dask worker at {scheduler} after {waited:.0f} s", file=sys.stderr,
                   flush=True)
+
+
+def _one_opencv_thread(client: Any) -> None:
+    """OpenCV's pool in each worker process of packer's local cluster: one thread (or
+    ``PACKER_WORKER_CV_THREADS``), set by a worker plugin so that restarted workers get it too
+    and the calling process keeps its own (:mod:`packer.threads`)."""
+    from packer.threads import OpenCVThreads, worker_cv_threads
+
+    threads = worker_cv_threads()
+    if threads:
+        client.register_plugin(OpenCVThreads(threads))
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
