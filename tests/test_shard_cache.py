@@ -18,7 +18,7 @@ import pytest
 
 from packer import storage
 from packer.errors import IntegrityError
-from packer.loader import ShardDataset
+from packer.loader import ShardDataset, ShardReadError
 from packer.loader.cache import ShardCache
 from tests.test_targets import _build, _ct, _job
 
@@ -253,3 +253,29 @@ def test_a_fetch_never_blocks_on_a_reader_holding_the_entry(tmp_path: Path, monk
         late.join(timeout=10)
         assert not late.is_alive(), "fetch waited on a lock a reader holds"
         assert got == [held]
+
+
+def test_a_damaged_remote_shard_refused_by_the_cache_is_named_as_a_whole_shard(tmp_path: Path) -> None:
+    """The store holds other bytes at the manifest's size: the cache refuses the download, and
+    the loader said "the sample at position 26: unreadable: through the shard cache ...", as if
+    one sample were lost; the whole shard is, and the message says so."""
+    raw = tmp_path / "raw"
+    for i in range(4):
+        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
+    built = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                        pack={"format": "webdataset", "max_samples": 8}))
+    memory = fsspec.filesystem("memory")
+    for path in built.version_dir.iterdir():
+        data = path.read_bytes()
+        if path.suffix == ".tar" and path.name.startswith("train"):
+            data = data[:600] + bytes([data[600] ^ 0xFF]) + data[601:]  # same size, other bytes
+        memory.pipe(f"/damaged/v/{path.name}", data)
+    try:
+        remote = ShardDataset("memory://damaged/v/manifest.json", "train", shuffle=False, cache_dir=tmp_path / "c")
+        with pytest.raises(ShardReadError) as raised:
+            list(remote)
+    finally:
+        memory.rm("/damaged", recursive=True)
+    message = str(raised.value)
+    assert "train-000000.tar: bad_shard: refused by the shard cache" in message, message
+    assert "none of its samples is read" in message and "the sample at position" not in message

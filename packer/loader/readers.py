@@ -802,8 +802,13 @@ def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]],
         except FileNotFoundError:  # the same failure as a streamed read of the missing object
             yield from _fail(info, positions, "bad_shard", _missing_remote_shard(info.url))
             return
-        except (OSError, IntegrityError) as err:
-            yield from _fail(info, positions, "unreadable", f"through the shard cache {info.cache.folder}: {err}")
+        except IntegrityError as err:  # the store's bytes are not the manifest's: the whole shard, not a sample
+            yield from _fail(info, positions, "bad_shard", f"refused by the shard cache {info.cache.folder}, so none "
+                                                           f"of its samples is read: {err}")
+            return
+        except OSError as err:
+            yield from _fail(info, positions, "unreadable", f"the whole shard could not be fetched through the shard "
+                                                            f"cache {info.cache.folder}: {err}")
             return
         yield from reader(replace(info, path=path, url=None, cache=None), positions, check, strict=strict,
                           verify=verify)
