@@ -461,6 +461,9 @@ def test_overlap_of_two_classes_refused_or_later_declared_wins(tmp_path: Path) -
     with pytest.raises(AnnotationError) as caught:
         paint(tmp_path, ds, slices, overlap="refuse")
     assert caught.value.reason == "mask_overlap"
+    # which slice: its place in the series' order (Instance Numbers may be shuffled), said so
+    assert f"on slice 3 of {len(slices)} (counted from 0 in the series' order along its slice normal" \
+        in caught.value.message
     labels, _ = paint(tmp_path, ds, slices, overlap="later_wins")
     inner = skimage_even_odd([RING_IN])
     assert (labels[3][inner] == 2).all()  # heart is declared after lung in the map: it wins, painted first or not

@@ -166,9 +166,10 @@ class Painter:
                 owner = self.structures.structures[int(held[tuple(at)]) - 1]  # ranks index the declared list
                 raise AnnotationError("mask_overlap", (
                     f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {z0 + int(at[0])} "
-                    f"at row {r0 + int(at[1])}, column {c0 + int(at[2])} ({int(other[at[0]].sum())} pixels on that "
-                    "slice); a multi-class mask holds one class a pixel: set mask.overlap: later_wins (the class "
-                    "declared later in the map wins) or fix the structures"))
+                    f"of {self.shape[0]} (counted from 0 in the series' order along its slice normal, not by "
+                    f"Instance Number) at row {r0 + int(at[1])}, column {c0 + int(at[2])} "
+                    f"({int(other[at[0]].sum())} pixels on that slice); a multi-class mask holds one class a pixel: "
+                    "set mask.overlap: later_wins (the class declared later in the map wins) or fix the structures"))
             stack = stack & ((held == 0) | (held <= rank))
         labels[stack] = structure.id
         held[stack] = rank
