@@ -838,3 +838,22 @@ def test_a_channel_files_column_the_table_lacks_is_named_by_its_job_key(tmp_path
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(ConfigError, match=r"missing column 't2' \(named by channel_files\)"):
         validate(job, scheduler="sync", progress=False)
+
+
+def test_a_table_unpacked_one_folder_down_is_pointed_at(tmp_path: Path) -> None:
+    """An archive unpacked into a folder of its own name (CheXpert-v1.0-small/CheXpert-v1.0-small/)
+    left only "cannot read the table (No such file or directory)"."""
+    inner = tmp_path / "data" / "Set-v1" / "Set-v1"
+    (inner / "a").mkdir(parents=True)
+    cv2.imwrite(str(inner / "a" / "x.png"), np.zeros((8, 8), dtype=np.uint8))
+    (inner / "labels.csv").write_text("path,label\na/x.png,yes\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "nested", "output": "out",
+        "sources": [{"kind": "image", "root": "data/Set-v1", "table": "data/Set-v1/labels.csv", "entity": "path"}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    message = str(raised.value)
+    assert "cannot read the table" in message, message
+    assert f"it is at {inner / 'labels.csv'}: the download was unpacked into a folder of its own name" in message

@@ -228,7 +228,22 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except csv.Error as err:
         raise unreadable_csv(path, err) from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
-        raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})") from err
+        raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})"
+                          f"{_nested_copy_hint(path) if isinstance(err, FileNotFoundError) else ''}") from err
+
+
+def _nested_copy_hint(path: Path | str) -> str:
+    """Where a missing table is one folder down, as an archive unpacked into a folder of its own
+    name leaves it (``CheXpert-v1.0-small/CheXpert-v1.0-small/train.csv``): the path to use."""
+    if isinstance(path, str) and "://" in path:
+        return ""
+    missing = Path(path)
+    folder = missing.parent
+    nested = folder / folder.name / missing.name
+    if nested.is_file():
+        return (f"; it is at {nested}: the download was unpacked into a folder of its own name, so move its "
+                f"contents up one level (or point the job at {folder / folder.name})")
+    return ""
 
 
 def swallowed_lines(path: Path | str, n: int, column: str, cell: str, what: str) -> None:
