@@ -422,3 +422,78 @@ def test_a_named_pipe_among_dicom_files_without_a_suffix_does_not_hang_the_listi
     os.mkfifo(tmp_path / "IM0002")  # sniffing its head opened it for reading: it waited for a writer
     relpaths = _within(10, tmp_path / "IM0002", lambda: source_relpaths(source_kind("dicom"), tmp_path))
     assert relpaths == ["IM0001"]
+
+
+def _deny(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """Make ``locked`` behave as a folder without read and execute permission for this user (the
+    suite may run as root, for whom chmod 000 changes nothing): listing it and looking at anything
+    under it fail with EACCES, as they do for an ordinary user."""
+    import errno
+
+    real_scandir, real_stat = os.scandir, os.stat
+    under = str(locked)
+
+    def blocked(path: object) -> bool:
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+        return text == under or text.startswith(under + os.sep)
+
+    def scandir(path: object = ".") -> object:
+        if blocked(path):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+        if text.startswith(under + os.sep):  # the folder itself can be stat'ed; what is inside cannot
+            raise PermissionError(errno.EACCES, "Permission denied", text)
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "stat", stat)
+
+
+def test_a_folder_that_cannot_be_listed_is_a_bad_sample_and_its_rows_do_not_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A locked folder (chmod 000) was skipped by the walk without a word (its unrowed files were
+    silently missing), and a table row naming a file in it crashed discovery with PermissionError
+    from Path.is_dir()."""
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "locked/in.png,cat,S2,"],
+                         ["a.png", "locked/in.png", "locked/unrowed.png"])
+    _deny(monkeypatch, tmp_path / "raw" / "locked")
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"]
+    by_path = {i.path: i for i in found.issues}
+    folder = by_path[str(tmp_path / "raw" / "locked")]
+    assert (folder.reason, folder.stage) == ("unreadable", "discover")
+    assert "cannot be listed (Permission denied), so none of its files was read" in folder.message
+    assert "chmod a+rx" in folder.message
+    row = by_path[str(tmp_path / "raw" / "locked" / "in.png")]
+    assert row.reason == "unreadable" and "row 3 lists 'locked/in.png'" in row.message
+    assert "not readable by this user" in row.message
+
+
+def test_walk_names_each_folder_it_cannot_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a/1.png", "a/locked/2.png", "b/3.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    _deny(monkeypatch, tmp_path / "a" / "locked")
+    unlisted: list[tuple[str, str]] = []
+    assert _walk_relpaths(tmp_path, unlisted=unlisted) == ["a/1.png", "b/3.png"]
+    assert unlisted == [("a/locked", "Permission denied")]
+
+
+def test_a_file_behind_a_folder_without_permission_is_not_called_outside_the_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lstat of a file in a folder one may read but not enter fails with EACCES: that said
+    outside_root, "resolves to <itself>, outside the source root"; reading it says unreadable."""
+    import errno
+
+    from packer.pipeline.discover import _outside_root
+
+    path = tmp_path / "rdonly" / "in.png"
+
+    def denied(self: Path) -> bool:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "is_symlink", denied)
+    assert _outside_root(path, tmp_path) is False

@@ -66,7 +66,7 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
 
 
 def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
-                   progress: Progress | None = None) -> list[str]:
+                   progress: Progress | None = None, unlisted: list[tuple[str, str]] | None = None) -> list[str]:
     """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
     Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
@@ -74,11 +74,19 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     counts the files found, folder by folder. With ``follow_links`` each real folder is walked
     once, the first way the walk reaches it (real subfolders before links, at each level): a link
     back to a folder above it (``a/loop -> ..``) is not walked again and again until the path
-    gets too long, listing every file once per lap."""
+    gets too long, listing every file once per lap. A folder that cannot be listed (no read or
+    execute permission) goes into ``unlisted`` as (its relative path, why), where given: its files
+    are not silently missing."""
     top = os.fspath(root)
     found: list[str] = []
     walked: set[tuple[int, int]] = set()
-    for folder, dirs, files in os.walk(top, followlinks=follow_links):
+
+    def refused(err: OSError) -> None:
+        if unlisted is not None and err.filename is not None:
+            rel = os.path.relpath(os.fspath(err.filename), top).replace(os.sep, "/")
+            unlisted.append((rel, err.strerror or str(err)))
+
+    for folder, dirs, files in os.walk(top, followlinks=follow_links, onerror=refused):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if follow_links:
             dirs[:] = _first_visits(folder, dirs, walked)
@@ -151,17 +159,19 @@ def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> s
 
 
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
-                    quiet: bool = False, unsupported: dict[str, str] | None = None) -> list[str]:
+                    quiet: bool = False, unsupported: dict[str, str] | None = None,
+                    unlisted: list[tuple[str, str]] | None = None) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
     recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
     files and folders are skipped (``links``: see :func:`_walk_relpaths`). The files of formats
     the kind finds but cannot read (a WebP image: :meth:`unsupported`) go into ``unsupported``
-    (relative path → what it is and what to do), where given. A long walk shows a ``listing``
+    (relative path → what it is and what to do), where given; folders that cannot be listed into
+    ``unlisted`` (:func:`_walk_relpaths`). A long walk shows a ``listing``
     progress line (files found), a long look at heads a ``sniffing`` one (files looked at),
     unless ``quiet``."""
     with stage_progress("listing", None, unit="files", quiet=quiet) as walking:
-        walked = _walk_relpaths(root, follow_links, links, walking)
+        walked = _walk_relpaths(root, follow_links, links, walking, unlisted)
     out = []
     with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
         for rel in walked:
@@ -217,14 +227,14 @@ def _outside_root(path: Path, real_root: Path) -> bool:
         return path.is_symlink() and not path.resolve().is_relative_to(real_root)
     except RuntimeError:  # a loop of links (Python 3.11, 3.12): it leads nowhere; reading it is unreadable
         return False
-    except OSError as err:
-        return err.errno != errno.ELOOP  # a loop (Python 3.13 on), as above
+    except OSError as err:  # a loop (Python 3.13 on), as above; a folder without permission on the way: the
+        return err.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM)  # read says unreadable, naming it
 
 
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
-                  unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None
-                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+                  unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
+                  unlisted: list[tuple[str, str]] | None = None) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
     were not entered go (without ``allow_outside``); ``unsupported``: where (relative path, path
@@ -236,7 +246,7 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
     root = os.fspath(source.root)
     by_rel: dict[str, str] = {}
     relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links,
-                               quiet=quiet, unsupported=by_rel)
+                               quiet=quiet, unsupported=by_rel, unlisted=unlisted)
     if unsupported is not None:
         unsupported.extend((rel, os.path.join(root, rel), what) for rel, what in sorted(by_rel.items()))
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
@@ -260,6 +270,21 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
                             reason="outside_root",
                             message=f"{link} is a link to the folder {target}, outside the source root {source.root}; "
                                     "its files were not read: move them in, or set safety.outside_root: allow"))
+    return issues
+
+
+def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, str]],
+                            phi: Pseudonymizer | None) -> list[Issue]:
+    """One ``unreadable`` record per folder under the root that could not be listed (no read or
+    execute permission): its files were not read, and nothing may be dropped unsaid."""
+    issues = []
+    for rel, why in unlisted:
+        folder = Path(source.root) / rel
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(folder), stage="discover",
+                            reason="unreadable",
+                            message=f"{folder}: this folder cannot be listed ({why}), so none of its files was "
+                                    "read; make it readable by this user (chmod a+rx on it), or move it out of the "
+                                    "root"))
     return issues
 
 
@@ -686,7 +711,16 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                          entity=row.entity, time=row.time, extra=row.extra))
                 continue
         if not remote:
-            folder = Path(target).is_dir()
+            try:
+                folder = Path(target).is_dir()
+                present_here = Path(target).is_file()
+            except OSError as err:  # a folder on the way cannot be entered (permissions): say so, no crash
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
+                                    reason="unreadable",
+                                    message=f"{table} row {row.row} lists {rel!r}, but {target} cannot be looked at "
+                                            f"({err.strerror or err}): a folder on its way is not readable by this "
+                                            "user; make it readable (chmod a+rx on the folders), or remove the row"))
+                continue
         else:
             present_sorted = present_sorted or sorted(present)
             folder = _remote_folder(present_sorted, rel)
@@ -697,7 +731,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
             continue
         sample_id = make_sample_id(source.name, rel, phi)
         kind = source_kind(source.kind)
-        if not by_name and (rel in present if remote else Path(target).is_file()):  # there, but not listed
+        if not by_name and (rel in present if remote else present_here):  # there, but not listed
             issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                                 message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
                                         f"source's files (it lists {kind.looked_for}; hidden files and folders are "
@@ -818,10 +852,11 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
+    unlisted: list[tuple[str, str]] = []
     unsupported: list[tuple[str, str, str]] = []
     present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,
-                                  present=present)
+                                  present=present, unlisted=unlisted)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     masks_out: list[Excluded] = []
     if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
@@ -835,6 +870,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         note_names(_path_names(relpaths))
     _path_pattern_problem(source, relpaths, where)
     issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
+    issues.extend(_unlisted_folder_issues(source, unlisted, phi))
     issues.extend(unnamed)
     placed: Placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
