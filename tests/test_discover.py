@@ -497,3 +497,20 @@ def test_a_file_behind_a_folder_without_permission_is_not_called_outside_the_roo
 
     monkeypatch.setattr(Path, "is_symlink", denied)
     assert _outside_root(path, tmp_path) is False
+
+
+def test_a_dangling_or_looping_link_is_named_as_a_link(tmp_path: Path) -> None:
+    """A link to a file that does not exist said "file not found; it was listed but is gone,
+    re-run discovery", and a link to itself "check it and its permissions": the fix is the link."""
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "dangling.png,cat,S2,", "self.png,cat,S3,"], ["a.png"])
+    root = tmp_path / "raw"
+    (root / "dangling.png").symlink_to("nope.png")
+    (root / "self.png").symlink_to("self.png")
+    job = load_job(job_path)
+    refs = {r.relpath: r for r in discover(job).refs}
+    dangling = probe_ref(refs["dangling.png"], job)
+    assert isinstance(dangling, Issue) and dangling.reason == "missing_file"
+    assert "a symbolic link to nope.png, which does not exist; fix the link or remove it" in dangling.message
+    looping = probe_ref(refs["self.png"], job)
+    assert isinstance(looping, Issue) and looping.reason == "unreadable"
+    assert "a symbolic link to self.png that leads back to itself" in looping.message

@@ -26,6 +26,7 @@ The format is taken from the file's signature, not its extension. The file struc
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -183,11 +184,26 @@ def _unsupported(ref: SampleRef, head: bytes) -> Issue:
 
 
 def _open_issue(ref: SampleRef, err: OSError) -> Issue:
+    link = _link_text(ref.path)
     if isinstance(err, FileNotFoundError):
-        return Issue.of(ref, stage="read", reason="missing_file",
-                        message=f"{_name(ref)}: file not found; it was listed but is gone, re-run discovery")
+        said = (f"a symbolic link to {link}, which does not exist; fix the link or remove it" if link is not None
+                else "file not found; it was listed but is gone, re-run discovery")
+        return Issue.of(ref, stage="read", reason="missing_file", message=f"{_name(ref)}: {said}")
+    if link is not None and err.errno == errno.ELOOP:
+        return Issue.of(ref, stage="read", reason="unreadable",
+                        message=f"{_name(ref)}: a symbolic link to {link} that leads back to itself through links "
+                                f"({err.strerror or err}); point it at the real file or remove it")
     return Issue.of(ref, stage="read", reason="unreadable",
                     message=f"{_name(ref)}: cannot read the file ({err.strerror or err}); check it and its permissions")
+
+
+def _link_text(path: str) -> str | None:
+    """Where the symbolic link at ``path`` points (as written in the link), or None for a file
+    that is no link (or a remote path)."""
+    try:
+        return os.readlink(path) if os.path.islink(path) else None
+    except OSError:
+        return None
 
 
 def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> ImageHeader | Issue:
