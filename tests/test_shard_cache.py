@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,14 +139,8 @@ def test_concurrent_processes_download_a_shard_once(tmp_path: Path) -> None:
 
 def test_a_remote_dataset_reads_through_the_cache_and_epoch_two_makes_no_request(tmp_path: Path,
                                                                                  opens: Counter[str]) -> None:
-    raw = tmp_path / "raw"
-    for i in range(6):
-        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
-    built = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
-                        pack={"format": "webdataset", "max_samples": 2}))
-    memory = fsspec.filesystem("memory")
-    for path in built.version_dir.iterdir():
-        memory.pipe(f"/remote/v/{path.name}", path.read_bytes())
+    built = _ct_version(tmp_path, patients=6, max_samples=2)
+    _publish(built.version_dir, "/remote/v")
     local = {item["key"]: item["image"] for item in ShardDataset(built.manifest_path, "train", shuffle=False)}
     remote = ShardDataset("memory://remote/v/manifest.json", "train", shuffle=False, cache_dir=tmp_path / "c",
                           cache_limit="1GB")
@@ -259,17 +254,12 @@ def test_a_damaged_remote_shard_refused_by_the_cache_is_named_as_a_whole_shard(t
     """The store holds other bytes at the manifest's size: the cache refuses the download, and
     the loader said "the sample at position 26: unreadable: through the shard cache ...", as if
     one sample were lost; the whole shard is, and the message says so."""
-    raw = tmp_path / "raw"
-    for i in range(4):
-        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
-    built = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
-                        pack={"format": "webdataset", "max_samples": 8}))
-    memory = fsspec.filesystem("memory")
-    for path in built.version_dir.iterdir():
-        data = path.read_bytes()
-        if path.suffix == ".tar" and path.name.startswith("train"):
-            data = data[:600] + bytes([data[600] ^ 0xFF]) + data[601:]  # same size, other bytes
-        memory.pipe(f"/damaged/v/{path.name}", data)
+    built = _ct_version(tmp_path, patients=4, max_samples=8)
+
+    def damaged(path: Path, data: bytes) -> bytes:  # the train shard: same size, other bytes
+        return data[:600] + bytes([data[600] ^ 0xFF]) + data[601:] if path.name.startswith("train") else data
+
+    memory = _publish(built.version_dir, "/damaged/v", edit=damaged)
     try:
         remote = ShardDataset("memory://damaged/v/manifest.json", "train", shuffle=False, cache_dir=tmp_path / "c")
         with pytest.raises(ShardReadError) as raised:
@@ -279,3 +269,22 @@ def test_a_damaged_remote_shard_refused_by_the_cache_is_named_as_a_whole_shard(t
     message = str(raised.value)
     assert "train-000000.tar: bad_shard: refused by the shard cache" in message, message
     assert "none of its samples is read" in message and "the sample at position" not in message
+
+
+def _ct_version(tmp_path: Path, *, patients: int, max_samples: int) -> Any:
+    """A built version of one CT slice per patient, unlabelled, tar shards of ``max_samples``."""
+    raw = tmp_path / "raw"
+    for i in range(patients):
+        _ct(raw, f"p{i}/slice.dcm", f"P{i}", i)
+    return _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                       pack={"format": "webdataset", "max_samples": max_samples}))
+
+
+def _publish(version: Path, prefix: str, edit: Callable[[Path, bytes], bytes] | None = None) -> Any:
+    """Every file of ``version`` copied into fsspec's memory store under ``prefix`` (``edit``
+    may change a file's bytes on the way); the store."""
+    memory = fsspec.filesystem("memory")
+    for path in version.iterdir():
+        data = path.read_bytes()
+        memory.pipe(f"{prefix}/{path.name}", edit(path, data) if edit is not None else data)
+    return memory

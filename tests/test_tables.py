@@ -156,14 +156,7 @@ def test_cells_that_start_in_a_folder_under_the_root_are_told_to_move_the_root_d
             cv2.imwrite(str(path), np.full((8, 8), 40 * subject + n, dtype=np.uint8))
     rows = [f"sub{s:02d}/img{n}.png,{'ab'[n]},sub{s:02d}" for s in range(3) for n in range(2)]
     (tmp_path / "data" / "labels.csv").write_text("path,label,subject\n" + "\n".join(rows) + "\n")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "below", "output": "out",
-        "sources": [{"kind": "image", "root": "data", "table": "data/labels.csv", "entity": "subject"}],
-        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
-    with pytest.raises(ConfigError) as raised:
-        discover(load_job(job))
-    message = str(raised.value)
+    message = _discover_error(_image_job(tmp_path, root="data", table="data/labels.csv", entity="subject"))
     assert "the cells start in a folder under the root ('imgs/' then the cell)" in message, message
     assert "data/imgs, or table.path_base to it" in message and "folder above the root" not in message
 
@@ -847,13 +840,22 @@ def test_a_table_unpacked_one_folder_down_is_pointed_at(tmp_path: Path) -> None:
     (inner / "a").mkdir(parents=True)
     cv2.imwrite(str(inner / "a" / "x.png"), np.zeros((8, 8), dtype=np.uint8))
     (inner / "labels.csv").write_text("path,label\na/x.png,yes\n")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "nested", "output": "out",
-        "sources": [{"kind": "image", "root": "data/Set-v1", "table": "data/Set-v1/labels.csv", "entity": "path"}],
-        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
-    with pytest.raises(ConfigError) as raised:
-        discover(load_job(job))
-    message = str(raised.value)
+    message = _discover_error(_image_job(tmp_path, root="data/Set-v1", table="data/Set-v1/labels.csv", entity="path"))
     assert "cannot read the table" in message, message
     assert f"it is at {inner / 'labels.csv'}: the download was unpacked into a folder of its own name" in message
+
+
+def _image_job(tmp_path: Path, *, root: str, table: str, entity: str) -> Path:
+    """A one-source image job (split by ``entity``, all in train) at ``tmp_path/job.yaml``."""
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "t", "output": "out", "sources": [{"kind": "image", "root": root, "table": table, "entity": entity}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"}}))
+    return job
+
+
+def _discover_error(job: Path) -> str:
+    """The ConfigError discovery raises for ``job``, as text."""
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    return str(raised.value)
