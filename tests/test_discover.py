@@ -514,3 +514,15 @@ def test_a_dangling_or_looping_link_is_named_as_a_link(tmp_path: Path) -> None:
     looping = probe_ref(refs["self.png"], job)
     assert isinstance(looping, Issue) and looping.reason == "unreadable"
     assert "a symbolic link to self.png that leads back to itself" in looping.message
+
+
+def test_a_row_through_a_link_to_a_folder_inside_the_root_is_told_the_real_path(tmp_path: Path) -> None:
+    """indir -> sub: the walk lists sub/s.png, and a row for indir/s.png said the file "is not one
+    of the source's files (it lists files named *.png ...; hidden files and folders are skipped)"."""
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "indir/s.png,cat,S2,"], ["a.png", "sub/s.png"])
+    (tmp_path / "raw" / "indir").symlink_to("sub")
+    found = discover(load_job(job_path))
+    (issue,) = [i for i in found.issues if i.path.endswith("indir/s.png")]
+    assert issue.reason == "missing_file"
+    assert "reached through the link indir to a folder inside the root" in issue.message
+    assert "write the row as 'sub/s.png'" in issue.message and "hidden files" not in issue.message

@@ -732,10 +732,14 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
         sample_id = make_sample_id(source.name, rel, phi)
         kind = source_kind(source.kind)
         if not by_name and (rel in present if remote else present_here):  # there, but not listed
+            linked = None if remote else _through_folder_link(Path(source.root), rel)
+            why = (f"it is reached through the link {linked[0]} to a folder inside the root, and the listing "
+                   f"names each file at its real path: write the row as {linked[1]!r}" if linked is not None else
+                   f"it lists {kind.looked_for}; hidden files and folders are skipped); point the row at one of "
+                   "them, or remove the row")
             issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                                 message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
-                                        f"source's files (it lists {kind.looked_for}; hidden files and folders are "
-                                        "skipped); point the row at one of them, or remove the row"))
+                                        f"source's files ({why}" + (")" if linked is not None else "")))
             continue
         if drop:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
@@ -747,6 +751,26 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
+
+
+def _through_folder_link(root: Path, rel: str) -> tuple[str, str] | None:
+    """Where the path ``rel`` under ``root`` passes through a link to a folder inside the root
+    (the walk does not enter those: their files are listed at their real paths): the link's
+    relative path and the file's real relative path. None where it does not."""
+    parts = rel.split("/")
+    real_root = root.resolve()
+    for i in range(1, len(parts)):
+        folder = root.joinpath(*parts[:i])
+        try:
+            if not folder.is_symlink():
+                continue
+            real = (root / rel).resolve()
+        except (OSError, RuntimeError):  # a loop, a folder without permission: no better advice than the default
+            return None
+        if real.is_relative_to(real_root):
+            return "/".join(parts[:i]), real.relative_to(real_root).as_posix()
+        return None
+    return None
 
 
 def _remote_folder(present: Sequence[str], rel: str) -> bool:
