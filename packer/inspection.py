@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.badsamples import over_limit
+from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256, human_bytes
@@ -231,15 +231,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  shard size    min {human_bytes(sizes['min'])}  median {human_bytes(sizes['median'])}  "
                      f"max {human_bytes(sizes['max'])}")
     bad = summary["bad_samples"]
+    failed = failed_build(summary)  # the one wording ls, gc and the loader use too
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
     lines += [
         f"  inputs        {summary['inputs']['files']} files -> {summary['inputs']['samples']} samples"
         f"{_left_out(summary['inputs'])}",
         f"  bad samples   {bad['total']} ({bad['fraction']:.1%}, "
-        f"{'OVER the' if over_limit(bad) else 'within'} limit {bad['max_fraction']:.1%}): {reasons}",
-        *(["  FAILED BUILD  the build that wrote this version exited 3 (bad samples over the limit): it is kept "
-           "for its report, not a version to train on; fix the files or raise validate.max_bad_fraction, and build "
-           "again"] if over_limit(bad) else []),
+        f"{'OVER the' if failed is not None else 'within'} limit {bad['max_fraction']:.1%}): {reasons}",
+        *([f"  FAILED BUILD  {failed}; fix the files or raise validate.max_bad_fraction, and build again"]
+          if failed is not None else []),
         *_audit_lines(summary["audit"]["record"]),
         *_phi_lines(summary.get("phi")),
         f"  config        {summary['config_hash'][:16]}…",

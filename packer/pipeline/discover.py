@@ -733,13 +733,13 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
         kind = source_kind(source.kind)
         if not by_name and (rel in present if remote else present_here):  # there, but not listed
             linked = None if remote else _through_folder_link(Path(source.root), rel)
-            why = (f"it is reached through the link {linked[0]} to a folder inside the root, and the listing "
-                   f"names each file at its real path: write the row as {linked[1]!r}" if linked is not None else
-                   f"it lists {kind.looked_for}; hidden files and folders are skipped); point the row at one of "
+            why = (f"(it is reached through the link {linked[0]} to a folder inside the root, and the listing "
+                   f"names each file at its real path: write the row as {linked[1]!r})" if linked is not None else
+                   f"(it lists {kind.looked_for}; hidden files and folders are skipped); point the row at one of "
                    "them, or remove the row")
             issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                                 message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
-                                        f"source's files ({why}" + (")" if linked is not None else "")))
+                                        f"source's files {why}"))
             continue
         if drop:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
