@@ -11,7 +11,8 @@ fails (its error is recorded):
 1. ``loader``: :func:`packer.loader.bench.bench_loader` on ``--device``: samples/s by
    ``num_workers`` and ``pin_memory``, the data-wait share of a small step fed by
    ``DevicePrefetcher`` (its side stream on CUDA) and, on CUDA, the host→device copy of a
-   pinned batch (ms and GB/s, timed with CUDA events).
+   pinned batch (ms and GB/s, timed with CUDA events); with ``--verify sample,off`` (the
+   default) also the per-sample read check's cost against none, in interleaved rounds.
 2. ``train``: ``examples/train.py`` for ``--epochs`` in one process on ``--device``.
 3. ``ddp``: the same under ``torch.distributed.run`` with one process per GPU (at least one),
    so ``init_process_group`` takes NCCL on CUDA (gloo on the CPU dry run) and the model is
@@ -83,7 +84,8 @@ def loader_step(args: argparse.Namespace) -> None:
     from packer.loader.bench import bench_loader, format_table
 
     result = bench_loader(args.manifest, args.split, device=args.device, workers=(0, 1, 2, 4),
-                          batch_sizes=(args.batch_size,), seconds=args.seconds)
+                          batch_sizes=(args.batch_size,), seconds=args.seconds,
+                          verify=tuple(args.verify.split(",")), rounds=args.rounds)
     Path(args.result).write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     table = format_table(result)
     Path(args.result).with_suffix(".txt").write_text(table + "\n", encoding="utf-8")
@@ -111,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="train")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=3.0, help="each loader measurement's length")
+    parser.add_argument("--verify", default="sample,off",
+                        help="the loader's verify modes, comma-separated; with two or more the loader step compares "
+                             "them (issue 38's per-sample check against none), default sample,off")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the verify comparison")
     parser.add_argument("--epochs", type=int, default=1, help="epochs of each training step")
     parser.add_argument("--step-timeout", type=float, default=240.0, help="each step's time limit, seconds")
     parser.add_argument("--loader-step", action="store_true", help=argparse.SUPPRESS)  # step 1's own process
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         ("loader", [sys.executable, str(Path(__file__).resolve()), "--loader-step", "--manifest", str(args.manifest),
                     "--out", str(out), "--device", args.device, "--split", args.split,
                     "--batch-size", str(args.batch_size), "--seconds", str(args.seconds),
-                    "--result", str(bench_json)]),
+                    "--verify", args.verify, "--rounds", str(args.rounds), "--result", str(bench_json)]),
         ("train", train),
         ("ddp", [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={max(gpus, 1)}",
                  *train[1:]]),
