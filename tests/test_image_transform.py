@@ -58,6 +58,35 @@ def test_alpha_drop_and_composite_over_white(tmp_path: Path) -> None:
     assert over_white.metadata["source_channels"] == 4
 
 
+def test_source_channels_are_what_the_file_stores_not_what_opencv_decodes(tmp_path: Path) -> None:
+    """OpenCV decodes a grey+alpha PNG as four channels and a CMYK JPEG as three; the record
+    says what the file holds, as its header does."""
+    grey = np.full((4, 6), 90, np.uint8)
+    grey[1, 2] = 200
+    alpha = np.full((4, 6), 255, np.uint8)
+    path = tmp_path / "ga.png"
+    path.write_bytes(_png_grey_alpha(grey, alpha))
+    decoded = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    assert decoded.shape == (4, 6, 4)  # what OpenCV makes of it
+    [sample] = read_ok(path, ImageTransformConfig(alpha="drop"))
+    assert sample.metadata["source_channels"] == 2
+    np.testing.assert_array_equal(sample.image[0], grey)
+
+
+def _png_grey_alpha(grey: np.ndarray, alpha: np.ndarray) -> bytes:
+    """A PNG of colour type 4 (grey + alpha, 8 bits), written chunk by chunk."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    height, width = grey.shape
+    rows = b"".join(b"\0" + np.dstack([grey, alpha])[y].tobytes() for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 4, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
 def test_sixteen_bit_alpha_composite(tmp_path: Path) -> None:
     bgra = np.array([[[0, 0, 65535, 32768], [0, 0, 0, 65535]]], dtype=np.uint16)
     [sample] = read_ok(write_png(tmp_path / "rgba16.png", bgra), ImageTransformConfig(alpha="composite"))

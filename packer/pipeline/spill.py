@@ -112,8 +112,9 @@ class CachedChunk:
 #: its ROI Contour Sequence, a damaged Referenced ROI Number) refuses its series, ``unreadable``,
 #: instead of painting it without that class; 28: NIfTI uint16 levels (windows and percentiles)
 #: are the formula's exact value rounded half to even too: display values in float64, not
-#: float32, for slices on their own grid and volumes).
-CACHE_FORMAT = 28
+#: float32, for slices on their own grid and volumes); 29: an image's ``source_channels`` is the
+#: header's samples per pixel (grey+alpha PNG 2, CMYK JPEG 4), not what OpenCV decoded.
+CACHE_FORMAT = 29
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

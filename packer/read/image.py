@@ -393,6 +393,8 @@ class _Page:
     orientation: int
     oriented: bool
     page: int | None = None
+    #: samples per pixel as the file stores them (its header's; OpenCV decodes grey+alpha as 4)
+    channels: int | None = None
 
     @property
     def where(self) -> str:
@@ -445,7 +447,8 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
                                            f"{expected[0]}×{expected[1]}; its images cannot be matched to pages, "
                                            "re-export the file")
         if ifd.index in wanted:
-            out.append(_Page(image, header.orientation, oriented, ifd.index if len(pages) > 1 else None))
+            out.append(_Page(image, header.orientation, oriented, ifd.index if len(pages) > 1 else None,
+                             header.channels))
     return out
 
 
@@ -464,7 +467,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
         _check_size(header, limits, read, len(data))
-    return [_Page(_decode(data, fmt), orientation, decoder_orients(fmt))]
+    return [_Page(_decode(data, fmt), orientation, decoder_orients(fmt), channels=header.channels)]
 
 
 def _check_shape(image: np.ndarray) -> None:
@@ -508,7 +511,8 @@ def _samples(ref: SampleRef, fmt: str, page: _Page, tiles: list[Tile], pages: in
         "format": fmt,
         "source_height": int(stored_h),
         "source_width": int(stored_w),
-        "source_channels": int(page.image.shape[2]) if page.image.ndim == 3 else 1,
+        "source_channels": page.channels if page.channels is not None else (
+            int(page.image.shape[2]) if page.image.ndim == 3 else 1),
         "bit_depth": int(page.image.dtype.itemsize * 8),
         "orientation": page.orientation,
     }
@@ -535,7 +539,8 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
     ``{sample_id}-t{row:05d}_{col:05d}``), each with ``image`` uint8 C×H×W C-contiguous
     (C = 3 RGB or 1 grey; order of operations in :mod:`packer.transform.image`) and
     ``metadata`` = format, source_height/source_width (as stored, before orientation, like
-    :func:`probe_image`), source_channels (as decoded by OpenCV: grey+alpha PNG gives 4),
+    :func:`probe_image`), source_channels (samples per pixel as the header stores them: grey+alpha PNG 2,
+    palette PNG 3, CMYK JPEG 4, whatever OpenCV decodes them to),
     bit_depth (of the decoded samples: 8, 16, 32 or 64), orientation (1-8), tile [row, col].
 
     A TIFF with N > 1 pages gives every page's samples, in IFD order, each page transformed on its
