@@ -209,7 +209,23 @@ def test_a_case_whose_files_lie_on_two_grids_is_channel_geometry(tmp_path: Path)
                            source={"channel_files": ["t2"]}), tmp_path)
     (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert issue["reason"] == "channel_geometry" and "a_t2.nii.gz (t2) lies on 10×20×24" in issue["message"]
-    assert "off by 1.6 mm" in issue["message"]
+    assert "same voxel counts, affines up to 1.6 mm apart" in issue["message"]
+
+
+def test_a_label_map_one_slice_short_is_mask_geometry_that_says_the_voxel_counts_differ(tmp_path: Path) -> None:
+    """A label map of the image's affine but one slice fewer: the message names the counts, not a
+    distance between affines (there is none) nor a header from another case."""
+    root = tmp_path / "raw"
+    data = phantom()
+    save(root / "c.nii.gz", data)
+    save(root / "c_seg.nii.gz", (data[:, :, :9] > 500).astype(np.uint8))
+    result = run(nifti_job(tmp_path, ["c.nii.gz,P1,c_seg.nii.gz"], header="path,entity,seg",
+                           source={"mask": {"column": "seg", "classes": [0, 1]}}), tmp_path)
+    (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "mask_geometry"
+    assert "other voxel counts: slices 9 against 10; the same affine" in issue["message"]
+    assert "another number of voxels than the image" in issue["message"]
+    assert "inf" not in issue["message"] and "another case" not in issue["message"]
 
 
 def test_a_channel_file_the_row_names_but_the_disk_lacks_is_missing_file(tmp_path: Path) -> None:

@@ -657,6 +657,20 @@ def grid_text(volume: Volume) -> str:
     return f"{'×'.join(map(str, volume.array.shape[1:]))} with affine {np.round(volume.affine[:3], 3).tolist()}"
 
 
+def grid_difference(first: Volume, second: Volume) -> str:
+    """What tells two grids apart that :func:`same_grid` found different, as a message says it:
+    the voxel counts where they differ (``slices 15 against 16``) and whether the affines agree,
+    or how far apart the affines are (mm) when the counts agree."""
+    gap = float(np.abs(first.affine[:3] - second.affine[:3]).max())
+    shapes = first.array.shape[1:], second.array.shape[1:]
+    if shapes[0] == shapes[1]:
+        return f"same voxel counts, affines up to {gap:.4g} mm apart"
+    counts = [f"{axis} {a} against {b}" for axis, a, b in zip(("slices", "rows", "columns"), *shapes, strict=True)
+              if a != b]
+    return (f"other voxel counts: {', '.join(counts)}; "
+            + ("the same affine" if gap <= AFFINE_TOLERANCE else f"affines up to {gap:.4g} mm apart"))
+
+
 
 def slice_count(header: NiftiHeader, axis: str) -> int:
     """How many slices the file has along ``axis`` (``axial``, ``coronal``, ``sagittal``) once

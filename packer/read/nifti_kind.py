@@ -43,6 +43,7 @@ from packer.read.nifti import (
     NiftiHeader,
     check_values,
     fill_non_finite,
+    grid_difference,
     grid_text,
     issue,
     load_header,
@@ -355,11 +356,12 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
                                 message=f"{path} ({name}): {defect.message}; the table row of {ref.path} names "
                                         "it: copy the file there, or fix the row")
             return issue(ref, defect, name=path)
-        if volumes and (gap := same_grid(volumes[0], volume)) is not None:
+        if volumes and same_grid(volumes[0], volume) is not None:
             return Issue.of(ref, stage="validate", reason="channel_geometry",
                             message=f"{path} ({name}) lies on {grid_text(volume)}, but {ref.path} on "
-                                    f"{grid_text(volumes[0])} (off by {gap:.4g} mm); a case's files must share one "
-                                    "grid: resample them to one (e.g. with ANTs or SimpleITK) before packing")
+                                    f"{grid_text(volumes[0])} ({grid_difference(volume, volumes[0])}); a case's files "
+                                    "must share one grid: resample them to one (e.g. with ANTs or SimpleITK) before "
+                                    "packing")
         headers.append(header)
         volumes.append(volume)
         names.extend([name] if header.channels == 1 else [f"{name}[{t}]" for t in range(header.channels)])
@@ -431,14 +433,16 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
         return Issue.of(ref, stage="transform", reason="mask_values",
                         message=f"{ref.path}: label map {path} holds class id(s) {stray[:8]} outside {where}")
     ids_map = Volume(whole.astype(mask.dtype)[None], labels.affine)
-    gap = same_grid(image, ids_map)
-    if gap is not None:
+    if same_grid(image, ids_map) is not None:
         if mask.grid != "resample":
+            cause = ("it holds another number of voxels than the image (cut short, cropped, or made on another "
+                     "series)" if ids_map.array.shape[1:] != image.array.shape[1:]
+                     else "the header may come from another case")
             return Issue.of(ref, stage="transform", reason="mask_geometry",
                             message=f"{ref.path}: label map {path} lies on {grid_text(ids_map)}, the image on "
-                                    f"{grid_text(image)} (off by {gap:.4g} mm): the header may come from another "
-                                    "case. Fix it, or set mask.grid: resample to resample it to the image (nearest "
-                                    "neighbour, in patient coordinates)")
+                                    f"{grid_text(image)} ({grid_difference(ids_map, image)}): {cause}. Fix it, or set "
+                                    "mask.grid: resample to resample it to the image (nearest neighbour, in patient "
+                                    "coordinates)")
         placed = resample_to_grid(ids_map, image.array.shape[1:], image.affine, fill=0)[0]
     else:
         placed = ids_map.array[0]
