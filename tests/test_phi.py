@@ -247,6 +247,37 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     assert ("patient0042" in warning) is shown
 
 
+@pytest.mark.parametrize(("layout", "warned"), [
+    # BraTS: a case folder that names its files after itself, in no patient-like spelling
+    ({"BraTS20_Training_006": ["BraTS20_Training_006_t1", "BraTS20_Training_006_flair"],
+      "BraTS20_Training_007": ["BraTS20_Training_007_t1", "BraTS20_Training_007_flair"]}, True),
+    # an image-folder layout: class folders, files named otherwise
+    ({"grade1": ["a1", "b2"], "grade2": ["c3", "d4"]}, False),
+])
+def test_the_own_entity_warning_sees_a_case_folder_that_names_its_files(tmp_path: Path, layout: dict[str, list[str]],
+                                                                       warned: bool) -> None:
+    """Every file its own entity while each folder holds several files named after it
+    (``BraTS20_Training_006/BraTS20_Training_006_t1``): that folder is the case, and the warning
+    names it; class folders whose files are named otherwise are not taken for one."""
+    from packer.config import load_job
+    from packer.pipeline.discover import discover
+
+    raw = tmp_path / "raw"
+    for i, (folder, names) in enumerate(sorted(layout.items())):
+        for j, name in enumerate(names):
+            path = raw / folder / f"{name}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(encode_photo(render_photo(np.random.default_rng(10 * i + j), "circle"), ".png"))
+    job, _ = _unlabelled_photo_job(tmp_path, raw, "own", "keep")
+    warnings = discover(load_job(job)).warnings
+    if warned:
+        (warning,) = warnings
+        assert "leakage protection is off" in warning and "'BraTS20_Training_006'" in warning
+        assert "entity: {component: 0}" in warning
+    else:
+        assert warnings == []
+
+
 @pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
 def test_a_sample_id_collision_warning_names_sample_ids_not_paths_under_pseudonymization(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, shown: bool) -> None:

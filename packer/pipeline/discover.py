@@ -948,6 +948,14 @@ _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?
 _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
 
 
+def _names_its_files(folders: Sequence[str], relpaths: Sequence[str]) -> bool:
+    """Whether each file's name holds the name of its folder at one level, a name with a digit
+    in it: a case folder that names its files after itself, as BraTS's do
+    (``BraTS20_Training_006/BraTS20_Training_006_t1.nii.gz``)."""
+    return all(any(c.isdigit() for c in folder) and folder.lower() in rel.rsplit("/", 1)[-1].lower()
+               for folder, rel in zip(folders, relpaths, strict=True))
+
+
 def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str], *,
                    hide_ids: bool = False) -> str | None:
     """A warning when every file of a source is its own entity while a table column or a part of
@@ -965,7 +973,8 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
         relpaths = [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
         for part in range(-len(relpaths[0].split("/")), -1):
             values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
-            if all(_PATIENT_PART.match(v) for v in values) and len(set(values)) < len(values):
+            if len(set(values)) < len(values) and (all(_PATIENT_PART.match(v) for v in values)
+                                                   or _names_its_files(values, relpaths[:1000])):
                 component = len(relpaths[0].split("/")) + part
                 example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
                 hints.append(f"{example} (entity: {{component: {component}}})")
