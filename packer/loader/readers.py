@@ -374,7 +374,19 @@ def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
     ordered by shard (manifest order) and position, and each shard's (start, end) rows in it:
     row ``start + i`` is sample ``i`` of the shard. ``IntegrityError`` when the index is missing,
     unreadable, lacks a column or disagrees with the manifest. ``data``: the index's bytes where
-    the caller has already read (and checked) them.
+    the caller has already read (and checked) them."""
+    import pyarrow as pa
+
+    table, order, bounds = _split_index_order(info, columns, verify=verify, data=data)
+    taken = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)])  # pa.array(numpy): pandas
+    return table.take(taken), bounds
+
+
+def _split_index_order(info: SplitInfo, columns: Sequence[str], *, verify: bool,
+                       data: bytes | None = None) -> tuple[Any, np.ndarray, list[tuple[int, int]]]:
+    """:func:`split_index_rows` before the take: the whole index table (``columns`` besides
+    split, shard and position), the split's row numbers in shard and position order (int64), and
+    the shards' (start, end) in that order.
 
     The split and shard columns are read as dictionaries and the row order is worked out on the
     arrays' buffers (:func:`_integers`), never through ``to_numpy`` or a Python-valued compute
@@ -418,8 +430,7 @@ def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
         start += count
     if counts[len(info.shards)]:
         raise IntegrityError(f"{where}: _index.parquet lists {info.split} samples in shards the manifest does not")
-    taken = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)])  # pa.array(numpy): pandas
-    return table.take(taken), bounds
+    return table, order, bounds
 
 
 def load_checksums(info: SplitInfo) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None:
@@ -449,9 +460,11 @@ def load_checksums(info: SplitInfo) -> tuple[tuple[np.ndarray, ...], tuple[np.nd
         _warn_unchecked(info, f"its _index.parquet has no {INDEX_COLUMN} column (built by a packer from before "
                               "per-sample checksums)")
         return None
-    table, bounds = split_index_rows(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
-    sums = _integers(table[INDEX_COLUMN], f"{info.manifest}").astype(np.uint64)
-    offsets = _integers(table["position"], f"{info.manifest}").astype(np.int64)
+    # the two integer columns are taken by numpy: Arrow's take imports pyarrow.compute, 0.1 s of
+    # every fresh process that makes a checked dataset (the harness times it)
+    table, order, bounds = _split_index_order(info, [INDEX_COLUMN], verify=False, data=index_bytes)  # hashed above
+    sums = _integers(table[INDEX_COLUMN], f"{info.manifest}")[order].astype(np.uint64)
+    offsets = _integers(table["position"], f"{info.manifest}")[order].astype(np.int64)
     return tuple(sums[lo:hi] for lo, hi in bounds), tuple(offsets[lo:hi] for lo, hi in bounds)
 
 
