@@ -268,8 +268,9 @@ def test_table_paths_leaving_a_url_root_are_rejected_unless_allowed(store: Store
     found = discover(job)
     refs, issues = found.refs, found.issues
     assert [r.relpath for r in refs] == ["a.png"]
-    assert sorted((i.reason, i.path) for i in issues) == [("outside_root", "../nothing.png"),
-                                                          ("outside_root", "../secret.png")]
+    # the records name where the rows point, as URLs like every other record's path
+    assert sorted((i.reason, i.path) for i in issues) == [("outside_root", f"s3://{BUCKET}/outside/nothing.png"),
+                                                          ("outside_root", f"s3://{BUCKET}/outside/secret.png")]
     allowed = photo_job(store, tmp_path / "allow", "outside/raw", rows, {}, safety={"outside_root": "allow"})
     found = discover(allowed)
     assert [(r.relpath, r.path) for r in found.refs] == [("../secret.png", f"s3://{BUCKET}/outside/secret.png"),

@@ -91,6 +91,28 @@ def test_chexpert_paths_from_the_folder_above_the_root_place_every_row(tmp_path:
     assert found.rows_filtered == 1
 
 
+def test_a_row_written_from_the_root_under_path_base_is_told_how_to_write_it(tmp_path: Path) -> None:
+    """One CheXpert row without the ``CheXpert-v1.0-small/`` prefix: path_base reads it next to
+    the root. Its outside_root record quotes the cell as written, says the root holds that path
+    and how to write it; the file's missing_label record names the row instead of saying that no
+    row names it."""
+    job = _chexpert(tmp_path)
+    table = tmp_path / "CheXpert-v1.0-small" / "train.csv"
+    table.write_text(table.read_text().replace("CheXpert-v1.0-small/train/patient00002/study1/", "train/patient00002/"
+                                               "study1/"))
+    found = discover(load_job(job))
+    (outside,) = [i for i in found.issues if i.reason == "outside_root"]
+    cell = "train/patient00002/study1/view1_frontal.jpg"
+    assert outside.path == str(tmp_path / cell)  # where path_base reads it, absolute like every record's path
+    assert outside.message == (
+        f"{table} row 4: {cell!r}, read from table.path_base ({tmp_path}), is '../{cell}' from the source root "
+        f"{tmp_path / 'CheXpert-v1.0-small'}, outside it; the root holds {cell!r} itself, so this cell is written "
+        f"from the root, not from path_base: write it as 'CheXpert-v1.0-small/{cell}', as the other rows are, or, "
+        "where every cell is written from the root, drop table.path_base")
+    unlabeled = found.unlabeled[str(tmp_path / "CheXpert-v1.0-small" / cell)]
+    assert f"{table} row 4 names {cell!r}, but the table's cells are read from table.path_base" in unlabeled
+
+
 def _build_records(job: Path, **phi: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     doc = yaml.safe_load(job.read_text())
     doc["labels"] = ["Edema", "Cardiomegaly"]  # positions not in alphabetical order

@@ -50,6 +50,7 @@ from packer.pipeline.tables import (
     normalize_time,
     place_rows,
     read_records,
+    written_from_base,
 )
 from packer.progress import Progress, stage_progress
 from packer.read.kinds import SourceKind, source_kind
@@ -484,6 +485,20 @@ def _cells_naming_files(rows: Mapping[str, TableRow]) -> dict[str, tuple[int, st
     return cells
 
 
+def _cells_read_outside(source: SourceConfig, rows: Mapping[str, TableRow]) -> dict[str, tuple[int, str]]:
+    """Under a table ``path_base``: the cell text of each row whose path it reads outside the
+    root, with the row's number and that path (relative to the root): a cell written from the
+    root instead names a file under the root that then has no row."""
+    table_map = source.table_map
+    if table_map is None or table_map.path_base is None:
+        return {}
+    out: dict[str, tuple[int, str]] = {}
+    for rel, row in sorted(rows.items(), key=lambda item: item[1].row):
+        if escapes_root(rel) and (cell := written_from_base(rel, table_map, source.root)) is not None:
+            out.setdefault(cell, (row.row, rel))
+    return out
+
+
 def _named_elsewhere(rel: str, cell: tuple[int, str], table: Path | str, table_key: str) -> str:
     """The ``missing_label`` message of a file that no row names as its own file while a row's
     other column does (a Decathlon table's label map on a source without ``mask:``): adding its row
@@ -615,6 +630,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     named = _named_files(source, rows)
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
+    escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
+
     for rel, path in files:
         progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
@@ -638,8 +655,13 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
         if label is None and table is not None and source.target.origin == "table":
             if cells is None:
                 cells = _cells_naming_files(rows)
+            if escaped is None:
+                escaped = _cells_read_outside(source, rows)
             unlabeled[path] = f"{path}: " + (row.unlabeled if row is not None and row.unlabeled else (
                 _named_elsewhere(rel, cells[rel], table, kind.table_key) if rel in cells else
+                f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
+                f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's own "
+                "record says how to write it)" if rel in escaped else
                 f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
                 f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
                 "'label: none')"))
@@ -696,10 +718,9 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
         target = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
         if escapes_root(rel):
             if not allow_outside:
-                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
-                                    reason="outside_root",
-                                    message=f"{table} row {row.row}: {rel!r} leaves the source "
-                                            "root; give a path inside the root, or set safety.outside_root: allow"))
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi),
+                                    path=target if remote else os.path.normpath(target), stage="discover",
+                                    reason="outside_root", message=_leaves_root(source, rel, row, table, seen)))
                 continue
             stat = stat_remote(target, storage_options) if remote else None
             if stat is not None or (not remote and Path(target).is_file()):
@@ -715,7 +736,8 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                 folder = Path(target).is_dir()
                 present_here = Path(target).is_file()
             except OSError as err:  # a folder on the way cannot be entered (permissions): say so, no crash
-                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi),
+                                    path=target if remote else os.path.normpath(target), stage="discover",
                                     reason="unreadable",
                                     message=f"{table} row {row.row} lists {rel!r}, but {target} cannot be looked at "
                                             f"({err.strerror or err}): a folder on its way is not readable by this "
@@ -751,6 +773,26 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
+
+
+def _leaves_root(source: SourceConfig, rel: str, row: TableRow, table: Path | str | None, seen: set[str]) -> str:
+    """The ``outside_root`` message of a row whose path leaves the source root: the cell as the
+    table writes it, and, where the cells are read from ``path_base``, where that led and whether
+    the root holds the cell's path itself (a cell written from the root, not from the base)."""
+    table_map = source.table_map
+    cell = written_from_base(rel, table_map, source.root) if table_map is not None else None
+    if table_map is None or cell is None:
+        return (f"{table} row {row.row}: {rel!r} leaves the source root; give a path inside the root, or set "
+                "safety.outside_root: allow")
+    key = source_kind(source.kind).table_key
+    said = (f"{table} row {row.row}: {cell!r}, read from {key}.path_base ({table_map.path_base}), is {rel!r} from "
+            f"the source root {source.root}, outside it")
+    if cell in seen:  # the root holds the cell's path itself: the cell was written from the root
+        below = written_from_base(cell, table_map, source.root)
+        return (f"{said}; the root holds {cell!r} itself, so this cell is written from the root, not from "
+                f"path_base: write it as {below!r}, as the other rows are, or, where every cell is written from the "
+                f"root, drop {key}.path_base")
+    return f"{said}; give a path inside the root, or set safety.outside_root: allow"
 
 
 def _through_folder_link(root: Path, rel: str) -> tuple[str, str] | None:

@@ -501,6 +501,18 @@ def _rebase(cell: str, table: TableConfig, root: Path | str) -> str:
     return posixpath.relpath(posixpath.normpath(posixpath.join(base, text)), top)
 
 
+def written_from_base(rel: str, table: TableConfig, root: Path | str) -> str | None:
+    """What a table cell holds for the path ``rel`` (relative to the root) where the table's
+    cells are written relative to ``path_base``: :func:`_rebase` undone (normalised). None
+    without a ``path_base``."""
+    if table.path_base is None:
+        return None
+    base, top = os.fspath(table.path_base), os.fspath(root)
+    if "://" in top:
+        base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
+    return posixpath.relpath(posixpath.normpath(posixpath.join(top, rel)), posixpath.normpath(base))
+
+
 def _cell_of(table: TableConfig, record: Record) -> str:
     if table.template is None:
         return record.get(table.path, "")
