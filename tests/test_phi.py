@@ -253,6 +253,8 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
       "BraTS20_Training_007": ["BraTS20_Training_007_t1", "BraTS20_Training_007_flair"]}, True),
     # an image-folder layout: class folders, files named otherwise
     ({"grade1": ["a1", "b2"], "grade2": ["c3", "d4"]}, False),
+    # folders by year, files by date: no id
+    ({"2019": ["2019_01_03", "2019_02_11"], "2020": ["2020_05_01", "2020_06_30"]}, False),
 ])
 def test_the_own_entity_warning_sees_a_case_folder_that_names_its_files(tmp_path: Path, layout: dict[str, list[str]],
                                                                        warned: bool) -> None:

@@ -991,10 +991,11 @@ _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.I
 
 
 def _names_its_files(folders: Sequence[str], relpaths: Sequence[str]) -> bool:
-    """Whether each file's name holds the name of its folder at one level, a name with a digit
-    in it: a case folder that names its files after itself, as BraTS's do
-    (``BraTS20_Training_006/BraTS20_Training_006_t1.nii.gz``)."""
-    return all(any(c.isdigit() for c in folder) and folder.lower() in rel.rsplit("/", 1)[-1].lower()
+    """Whether each file's name holds the name of its folder at one level, a name of letters and
+    digits (an id, not a year or a date): a case folder that names its files after itself, as
+    BraTS's do (``BraTS20_Training_006/BraTS20_Training_006_t1.nii.gz``)."""
+    return all(any(c.isdigit() for c in folder) and any(c.isalpha() for c in folder)
+               and folder.lower() in rel.rsplit("/", 1)[-1].lower()
                for folder, rel in zip(folders, relpaths, strict=True))
 
 
