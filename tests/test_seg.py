@@ -329,6 +329,48 @@ def test_other_grid_require_is_mask_geometry(tmp_path: Path, axial) -> None:
     assert "16×14 at 1.8×1.4 mm" in message and "32×28 at 0.9×0.7 mm" in message and "mask.grid: resample" in message
 
 
+def seg_every_third_slice(tmp_path: Path, grid: Grid, sources: list[Dataset]) -> tuple[Path, np.ndarray]:
+    """The box drawn on a reconstruction three times thicker than the series: frames on the
+    series' slices 0, 3, 6, 9 (in-plane grid the series'), SpacingBetweenSlices 3 steps, the box
+    on the frames of slices 3 and 6. Returns the SEG and the series' slices each frame covers."""
+    thick = Grid(rows=grid.rows, columns=grid.columns, spacing=grid.spacing, x=grid.x, y=grid.y, n=4,
+                 step=3 * grid.step, origin=grid.origin)
+    frames = np.zeros((thick.n, grid.rows, grid.columns, 1), dtype=bool)
+    frames[1:3, 8:20, 5:15, 0] = True
+    path = write_seg(
+        tmp_path / "thick.dcm", sources, frames, ["Cube_A"],
+        pixel_measures=hd.PixelMeasuresSequence(pixel_spacing=grid.spacing, slice_thickness=thick.step,
+                                                spacing_between_slices=thick.step),
+        plane_orientation=hd.PlaneOrientationSequence(coordinate_system="PATIENT",
+                                                      image_orientation=[*grid.x, *grid.y]),
+        plane_positions=[hd.PlanePositionSequence(coordinate_system="PATIENT",
+                                                  image_position=[float(v) for v in thick.position(k)])
+                         for k in range(thick.n)])
+    # nearest frame within half its spacing (1.5 steps): slices 2..7 lie nearest the box's frames
+    # (3 and 6); slice 2 is 1 step from frame 3 and 2 from frame 0, slice 7 1 step from frame 6
+    covered = np.zeros(grid.n, dtype=bool)
+    covered[2:8] = True
+    return path, covered
+
+
+def test_a_seg_sampling_the_normal_more_coarsely_than_the_series_is_another_grid(tmp_path: Path, axial) -> None:
+    """Each frame of a SEG drawn every third slice lies on a slice of the series, but the SEG's
+    SpacingBetweenSlices says it samples the normal otherwise: under require that is
+    mask_geometry (painting by position alone left the slices between its frames empty, a
+    striped mask), under resample each slice takes the nearest frame."""
+    grid, sources, _, _ = axial
+    path, covered = seg_every_third_slice(tmp_path, grid, sources)
+    with pytest.raises(AnnotationError) as err:
+        paint(path, places(sources))
+    assert err.value.reason == "mask_geometry"
+    assert "SpacingBetweenSlices 4.5 mm" in err.value.message and "slices every 1.5 mm" in err.value.message
+    labels, _ = paint(path, places(sources), grid="resample")
+    box = np.zeros((grid.rows, grid.columns), dtype=np.uint8)
+    box[8:20, 5:15] = BOX.id
+    for k in range(grid.n):
+        np.testing.assert_array_equal(labels[k], box if covered[k] else 0, err_msg=f"slice {k}")
+
+
 def test_other_grid_resample_nearest_neighbour(tmp_path: Path, axial) -> None:
     """Each slice pixel takes the coarse SEG pixel nearest its centre: it can differ from the
     truth only where a shape's boundary passes within half a coarse pixel diagonal of the centre."""

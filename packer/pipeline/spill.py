@@ -113,8 +113,9 @@ class CachedChunk:
 #: instead of painting it without that class; 28: NIfTI uint16 levels (windows and percentiles)
 #: are the formula's exact value rounded half to even too: display values in float64, not
 #: float32, for slices on their own grid and volumes); 29: an image's ``source_channels`` is the
-#: header's samples per pixel (grey+alpha PNG 2, CMYK JPEG 4), not what OpenCV decoded.
-CACHE_FORMAT = 29
+#: header's samples per pixel (grey+alpha PNG 2, CMYK JPEG 4), not what OpenCV decoded; 30: a SEG
+#: whose SpacingBetweenSlices differs from its series' slice step is on another grid.
+CACHE_FORMAT = 30
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

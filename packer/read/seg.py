@@ -21,9 +21,12 @@ Rules (the README's, stated once here):
   slice, on two (exactly midway), or whose reference contradicts its position by more than half
   a spacing is ``annotation_frames``.
 - **Same grid** (copied pixel for pixel): same rows and columns, orientation cosines within
-  1e-4, pixel spacing within 1e-4 relative, and the frame's first pixel within 1e-3 mm of the
-  slice's in the slice plane. Any other frame is on *another grid*: ``grid="require"`` →
-  ``mask_geometry``; ``grid="resample"`` → the whole segment is resampled by nearest neighbour.
+  1e-4, pixel spacing within 1e-4 relative, the frame's first pixel within 1e-3 mm of the
+  slice's in the slice plane, and, where the SEG says its SpacingBetweenSlices, that spacing
+  within 1% of the series' (a SEG drawn on a 9 mm reconstruction of a 3 mm series is not on its
+  grid, although each of its frames lies on one of its slices). Any other frame is on *another
+  grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the whole segment is
+  resampled by nearest neighbour.
 - **Resampling** (nearest neighbour in patient coordinates): each slice pixel centre takes the
   SEG plane nearest along the SEG's normal, provided it lies within half the SEG's own slice
   spacing (SpacingBetweenSlices, else the smallest gap between its frame planes, else
@@ -60,6 +63,9 @@ SEG_CLASSES = (SEG_STORAGE, "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Lab
 ORIENTATION_TOL = 1e-4  # cosines
 SPACING_RTOL = 1e-4  # relative
 IN_PLANE_TOL_MM = 1e-3
+#: How far a SEG's SpacingBetweenSlices may differ from the series' slice spacing (relative) and
+#: still be its grid: DS text rounds both, and a 1% difference is far below a slice
+SLICE_SPACING_RTOL = 1e-2
 
 # What highdicom and pydicom raise on a malformed file (a missing attribute, a short value, a
 # sequence without items, a frame past the pixel data, a damaged element decoded on access; and
@@ -356,14 +362,25 @@ class _Series:
         return index, "copy" if self._same_grid(frame, index, rows, columns) else "grid"
 
     def _same_plane_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
-        """Rows, columns, orientation and spacing equal (position along the normal aside)."""
+        """Rows, columns, orientation, pixel spacing and (where the SEG says it) slice spacing
+        equal (position along the normal aside)."""
         if not self.slices:
             return False
         place = self.slices[index]
         turned = float(np.max(np.abs(frame.orientation - np.asarray(place.orientation, dtype=np.float64))))
         pairs = zip(frame.spacing, place.spacing, strict=True)
         return ((rows, columns) == (place.rows, place.columns) and turned <= ORIENTATION_TOL
-                and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs))
+                and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs)
+                and self.same_slice_spacing(frame))
+
+    def same_slice_spacing(self, frame: _Frame) -> bool:
+        """False where the frame's SpacingBetweenSlices and the series' spacing (median gap) are
+        both known and differ by more than :data:`SLICE_SPACING_RTOL`: the SEG samples the
+        normal otherwise than the series, so placing its frames by position alone would paint
+        only the slices that happen to coincide with one (or stack several frames on one)."""
+        if not frame.between or not self.spacing:
+            return True
+        return abs(frame.between - self.spacing) <= SLICE_SPACING_RTOL * self.spacing
 
     def _same_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
         if not self._same_plane_grid(frame, index, rows, columns):
@@ -379,13 +396,15 @@ class _Series:
 
 def _describe_frame(frame: _Frame, rows: int, columns: int) -> str:
     where = "no position" if frame.position is None else "IPP " + _fmt(frame.position)
+    between = f", SpacingBetweenSlices {frame.between:g} mm" if frame.between else ""
     return (f"{rows}×{columns} at {frame.spacing[0]:g}×{frame.spacing[1]:g} mm, IOP {_fmt(frame.orientation)}, "
-            f"{where}")
+            f"{where}{between}")
 
 
-def _describe_slice(place: SlicePlace) -> str:
+def _describe_slice(place: SlicePlace, spacing: float) -> str:
+    every = f", slices every {spacing:.4g} mm" if spacing else ""
     return (f"{place.rows}×{place.columns} at {place.spacing[0]:g}×{place.spacing[1]:g} mm, "
-            f"IOP {_fmt(place.orientation)}, IPP {_fmt(place.position)}")
+            f"IOP {_fmt(place.orientation)}, IPP {_fmt(place.position)}{every}")
 
 
 def _fmt(values: Sequence[float] | np.ndarray) -> str:
@@ -400,7 +419,7 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
     head = f"{path}: segment {label!r}, frame {frame.index + 1}"
     if status == "grid":
         target = geometry.slices[index] if index is not None else (geometry.slices[0] if geometry.slices else None)
-        other = _describe_slice(target) if target is not None else "no slice"
+        other = _describe_slice(target, geometry.spacing) if target is not None else "no slice"
         return AnnotationError("mask_geometry", (
             f"{head} lies on another grid ({_describe_frame(frame, rows, columns)}) than the series' slice "
             f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
