@@ -1026,9 +1026,14 @@ def _parse_structures(spec: Any, key: str, where: str) -> StructureMap:
         if key == "rois" and body.get("codes"):
             raise ConfigError(f"{at}.codes: RTSTRUCT ROIs are matched by name (ROI Name) only; codes match SEG "
                               "segments: move the class to segments, or give aliases")
+        codes = tuple(str(c) for c in body.get("codes") or ())
+        for code in codes:
+            if not any(ch.isdigit() for ch in code.rpartition(":")[2]):
+                raise ConfigError(f"{at}.codes: {code!r} is a name, not a code (a code's value has digits: SNOMED CT "
+                                  "10200004); put it in aliases, which match the Segment Label, or give the coded "
+                                  "Segmented Property Type as SCHEME:VALUE (SCT:10200004)")
         out.append(Structure(name=str(name), id=int(body["id"]),
-                             aliases=tuple(str(a) for a in body.get("aliases") or ()),
-                             codes=tuple(str(c) for c in body.get("codes") or ())))
+                             aliases=tuple(str(a) for a in body.get("aliases") or ()), codes=codes))
     _check_names(out, key, where)
     return StructureMap(tuple(out))
 

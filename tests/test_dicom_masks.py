@@ -646,6 +646,11 @@ def test_the_job_file_refuses_masks_from_dicom_it_cannot_honour(tmp_path: Path) 
                                         "mask": {"from": "dicom", "rois": {"lung": 1}}}]))
     with pytest.raises(ConfigError, match="frames: split"):
         load_job(_mask_job(tmp_path / "e", raw, {"rois": {"lung": 1}}, frames="stack"))
+    # a name among the codes matched nothing, silently: the segment was counted as unmapped
+    with pytest.raises(ConfigError, match=r"segments\.liver\.codes: 'liver' is a name, not a code .* aliases"):
+        load_job(_mask_job(tmp_path / "g", raw, {"segments": {"liver": {"id": 1, "codes": ["liver"]}}}))
+    load_job(_mask_job(tmp_path / "h", raw, {"segments": {"liver": {"id": 1, "codes": ["SCT:10200004", "10200004",
+                                                                                       "SRT:T-62000"]}}}))
 
 
 def test_the_job_file_refuses_names_that_compare_equal_in_two_classes_or_compare_as_nothing(tmp_path: Path) -> None:
