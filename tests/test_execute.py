@@ -534,6 +534,26 @@ def test_validate_asks_the_workers_for_its_signature_folder_and_the_raw_roots(
     assert [(path, kind) for path, _, _, kind in roots] == [(str(s.root), "entries") for s in job.sources]
 
 
+def test_a_build_whose_root_is_nowhere_says_so_before_asking_the_workers(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in a source's root: the workers were asked to see it first, and each was blamed for
+    a folder "not mounted there" that exists nowhere; the job's own error comes first now."""
+    from packer.errors import ConfigError
+    from packer.pipeline.build import BuildOptions, build
+    from packer.pipeline.cluster import Executor
+
+    def asked(self: Executor, paths: Any) -> None:
+        raise AssertionError("the workers were asked before the roots were checked")
+
+    monkeypatch.setattr(Executor, "require_shared", asked)
+    doc = demo_job_doc(demo_raw.root, tmp_path / "out")
+    doc["sources"][0]["root"] = str(demo_raw.root / "no-such-folder")
+    job = load_job(write_job(tmp_path / "job", doc))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.root \(source '.*'\): folder .*no-such-folder does not "
+                                          r"exist"):
+        build(job, BuildOptions(scheduler="sync", quiet=True))
+
+
 @pytest.mark.slow  # a real dask scheduler
 def test_a_scheduler_without_workers_is_waited_for_aloud_until_one_joins(capsys: pytest.CaptureFixture[str]) -> None:
     """A scheduler with no worker takes tasks and runs none: the build sat silent for as long as

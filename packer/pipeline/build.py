@@ -65,6 +65,7 @@ from packer.manifest import (
 from packer.phi import unused_key_warning
 from packer.pipeline.audit import write_leakage
 from packer.pipeline.cluster import SharedPath, check_scheduler, open_executor
+from packer.pipeline.discover import check_roots
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
 from packer.pipeline.neighborcache import NEIGHBORS_STEM
 from packer.pipeline.paircache import PAIRS_STEM
@@ -366,6 +367,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         _warn(f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder {output}: it names raw "
               "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "
               f"outside it ({surface().call('build', 'cache_dir', placeholder='DIR')})")
+    check_roots(job)  # a root that is nowhere is the job's error, not the workers'
     stale = remove_stale_temporaries(cache_dir)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)

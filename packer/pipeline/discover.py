@@ -1060,6 +1060,18 @@ def _path_names(relpaths: Sequence[str]) -> set[str]:
     return names
 
 
+def check_roots(job: JobConfig) -> None:
+    """Raise the ConfigError :func:`discover` would for a local source root that is missing or
+    not a folder, before a cluster starts: its workers would otherwise be blamed for not seeing
+    a folder that is nowhere (:meth:`~packer.pipeline.cluster.Executor.require_shared`)."""
+    relative_to = "base_dir" if job.job_path == MAPPING_JOB else "the job file"
+    for index, source in enumerate(job.sources):
+        try:
+            _check_root(source, f"sources[{index}]", relative_to)
+        except ConfigError as err:
+            raise ConfigError(f"{job.job_path}: {err}") from err
+
+
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
              storage_options: Mapping[str, Any] | None = None, quiet: bool = False) -> Discovery:
     """List every source's raw files, local or behind URLs (read with ``storage_options``):
