@@ -124,3 +124,31 @@ def test_a_file_where_a_writers_folder_must_be_is_a_config_error_naming_it(tmp_p
     assert caught.value.exit_code == 2
     assert str(caught.value) == (f"cannot write {target}: {tmp_path / 'reports'} is a file, not a folder; "
                                  "remove it, or write elsewhere")
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EROFS])
+def test_an_output_folder_that_cannot_be_made_exits_6_before_any_file_is_decoded(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """`--out` where the folder cannot be created (/sys, a read-only mount, no permission): the
+    build decoded every file, then died at the pack stage with an internal error (exit 1)."""
+    import packer.pipeline.build
+
+    out = tmp_path / "out"
+    real_mkdir = Path.mkdir
+
+    def refused(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self == out / "demo":
+            raise OSError(code, os.strerror(code), str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    decoded: list[object] = []
+    monkeypatch.setattr(Path, "mkdir", refused)
+    monkeypatch.setattr(packer.pipeline.build, "run_stages", lambda *a, **k: decoded.append(a) or None)
+    job = write_job(tmp_path, demo_job_doc(demo_raw.root, out))
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--quiet"])
+    assert result.exit_code == 6, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    message = result.output.split("packer: error: ", 1)[1]
+    assert message.startswith(f"cannot write {out / 'demo'}: ") and "choose another output folder" in message
+    assert "Files decoded before it stopped" not in message  # none was
+    assert decoded == [] and not out.exists()  # nothing ran, nothing left behind

@@ -294,7 +294,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     try:
         with system_arrow_pool(), _one_build_at_a_time(job, options):
             return _build(job, options)
-    except _ReportNotWritten:
+    except (_ReportNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
         raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
@@ -327,8 +327,12 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
                                                "running, or a `packer gc` of it (it holds the folder's lock); wait "
                                                "for it to end, then build again: what a build decoded is in the "
                                                "build cache"))
-    except OSError:  # a read-only or full disk: the build itself says so, as before
-        yield
+    except OSError as err:
+        refused = refused_write(err, folder, opening=True)
+        if refused is not None:  # not permitted, read-only, full: said now, before any file is decoded
+            remove_made()
+            raise _RefusedBeforeWork(str(refused)) from err
+        yield  # a file system without directory locks: the build runs unguarded
         return
     except ConfigError:
         remove_made()
@@ -342,6 +346,10 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
 
 class _ReportNotWritten(FileSystemError):
     """The dataset is published; only its HTML report could not be written."""
+
+
+class _RefusedBeforeWork(FileSystemError):
+    """The output folder could not be made: nothing was decoded yet."""
 
 
 def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
