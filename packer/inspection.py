@@ -560,6 +560,9 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                      f"the .npy member in one and the raw pixels in the other, so the {PARQUET} side's pixels were "
                      f"read from its {shards} shard(s) ({human_bytes(size)}) and hashed as a tar shard's .npy member "
                      "to compare content")
+    moved_classes = _moved_class_indices(old.get("label_map") or {}, new.get("label_map") or {})
+    if moved_classes:
+        notes.append(moved_classes)
     old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
     target = old_target if old_target.kind == new_target.kind else None
     if target is None:
@@ -600,6 +603,23 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
                        target=target, shards=diff_shards(old_manifest, new_manifest),
                        record_changed=tuple(lists["record_changed"]))
+
+
+def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None:
+    """The note on a label map whose classes changed index (a new class sorted before them, one
+    removed): every sample of such a class holds another index in its packed label, though its
+    class did not change, and a model trained on the old version reads them as other classes."""
+    moved = [f"{name} {old[name]} -> {new[name]}" for name in sorted(old, key=old.__getitem__)
+             if name in new and old[name] != new[name]]
+    if not moved:
+        return None
+    added, gone = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    why = "; ".join(part for part in (f"added {', '.join(map(repr, added))}" if added else "",
+                                      f"removed {', '.join(map(repr, gone))}" if gone else "") if part)
+    return (f"the label map changed ({why or 'reordered'}), so classes hold other indices: {', '.join(moved[:8])}"
+            f"{', ...' if len(moved) > 8 else ''}; every sample of those classes packs another label index (its "
+            "record changed, its class did not), and a model trained on the old version reads them as other "
+            "classes: list the classes in the job's labels: [...], which keeps their indices from one version to the next")
 
 
 def _manifest_shards(manifest: Manifest) -> list[tuple[str, dict[str, Any]]]:
@@ -662,7 +682,8 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
         lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "
                      f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled"
                      + (f", {len(diff.record_changed)} record changed (same pixels and target, other packed "
-                        "bytes differ: entity, time, table cells or mask)" if diff.record_changed else ""))
+                        "bytes differ: entity, time, table cells, mask, or the class index where the label map "
+                        "changed)" if diff.record_changed else ""))
         for title, table in (("by split", diff.by_split()), ("by label", diff.by_label())):
             for name, counts in table.items():
                 lines.append(f"    {title} {name:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))

@@ -363,3 +363,26 @@ def test_diff_check_verifies_both_versions_first_and_plain_diff_warns_of_a_shard
     assert (f"warning: NEW {damaged}: 1 shard(s) missing or not the size its manifest records ({shard.name} (4,096 "
             "bytes, not") in cut.stderr
     assert "`packer diff --check`" in cut.stderr
+
+
+def test_diff_says_when_the_label_map_moved_classes_to_other_indices(tmp_path: Path) -> None:
+    """One file relabelled to a new class that sorts first (``artifact``) renumbers the others:
+    every sample's packed class index changes. The diff said only "record changed (... entity,
+    time, table cells or mask)" and "config: no differences"; it now names the moved classes."""
+    from packer.inspection import diff_datasets, format_diff
+    from tests.photo_jobs import build_tree, write_tree
+
+    write_tree(tmp_path / "raw")
+    before = build_tree(tmp_path, "out")
+    table = tmp_path / "raw" / "labels.csv"
+    table.write_text(table.read_text().replace("P00/img00.png,circle", "P00/img00.png,artifact"))
+    after = build_tree(tmp_path, "out", fresh=False)
+    diff = diff_datasets(before, after)
+    assert [(c.old_label, c.new_label) for c in diff.relabeled] == [("circle", "artifact")]
+    (note,) = [n for n in diff.notes if n.startswith("the label map changed")]
+    assert note.startswith("the label map changed (added 'artifact'), so classes hold other indices: circle 0 -> 1, "
+                           "square 1 -> 2; every sample of those classes packs another label index")
+    assert "labels: [...]" in note
+    text = format_diff(diff)
+    assert f"  note: {note}" in text and "the class index where the label map changed" in text
+    assert diff_datasets(after, after).notes == ()  # no note without a change
