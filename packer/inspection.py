@@ -619,7 +619,8 @@ def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None
     return (f"the label map changed ({why or 'reordered'}), so classes hold other indices: {', '.join(moved[:8])}"
             f"{', ...' if len(moved) > 8 else ''}; every sample of those classes packs another label index (its "
             "record changed, its class did not), and a model trained on the old version reads them as other "
-            "classes: list the classes in the job's labels: [...], which keeps their indices from one version to the next")
+            "classes: list the classes in the job's labels: [...], which keeps their indices from one version to "
+            "the next")
 
 
 def _manifest_shards(manifest: Manifest) -> list[tuple[str, dict[str, Any]]]:
