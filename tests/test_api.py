@@ -261,6 +261,30 @@ def test_the_readme_python_example_runs(demo_raw: Any, tmp_path: Path, monkeypat
     assert len(namespace["train"]) == manifest.splits["train"]["samples"]
 
 
+def test_the_readme_python_examples_bad_fraction_branch_does_not_train_on_the_failed_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's BadFractionError branch opened the version the failed build wrote and made a
+    ShardDataset of it, which always refuses such a version (ConfigError): the documented error
+    branch always crashed. It now stops, naming the bad-sample report."""
+    failed = tmp_path / "build" / "demo" / "0123456789ab"
+
+    class Passed:
+        exit_code, report, warnings = 0, {"bad_samples": {"by_reason": {}}}, ()
+
+        def check(self) -> None:
+            return None
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        raise BadFractionError("7 of 100 input files are bad", version_dir=failed)
+
+    monkeypatch.setattr(packer, "validate", lambda *a, **k: Passed())
+    monkeypatch.setattr(packer, "build", build)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    with pytest.raises(SystemExit) as stopped:
+        exec(compile(readme_python_example(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    assert str(stopped.value) == f"too many bad files: see {failed}/bad_samples.jsonl"
+
+
 def test_built_for_a_url_the_manifest_is_the_published_one(tmp_path: Path) -> None:
     job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
     local = packer.build(job, scheduler="sync", progress=False, report=False)
