@@ -348,6 +348,27 @@ def test_an_unguarded_script_gets_a_config_error_exit_2_in_the_calling_process(t
     assert done.stderr.splitlines()[-1] == "ConfigError", done.stderr
 
 
+def test_a_program_read_from_stdin_is_told_to_be_a_file_before_any_worker_starts(tmp_path: Path) -> None:
+    """``python - <<EOF`` (a heredoc step of a CI job), guarded: the spawned workers tried to
+    import ``<cwd>/<stdin>`` and died with tracebacks, and the call raised a bare PackerError
+    (exit_code 1, "a bug") whose fix was the guard the program already had."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    program = ("import sys\nimport packer\nfrom packer.errors import PackerError\n"
+               "if __name__ == '__main__':\n"
+               "    try:\n"
+               f"        packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
+               "    except PackerError as err:\n"
+               "        print(type(err).__name__, err, file=sys.stderr)\n"
+               "        sys.exit(err.exit_code)\n")
+    done = subprocess.run([sys.executable, "-"], input=program, capture_output=True, text=True, timeout=300,
+                          check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("ConfigError <stdin>: the local dask cluster's worker processes cannot start from "
+                                  "a program that is not a file"), done.stderr
+    assert "save the program as a file and run that, or run in this process (scheduler='sync')" in done.stderr
+
+
 def test_a_top_level_call_outside_the_main_guard_is_told_from_a_guarded_one(tmp_path: Path) -> None:
     """What tells the calling process that its workers failed because they ran the script's call
     again: a call from the script's top level (directly, or through a function called there)

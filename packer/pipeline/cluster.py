@@ -443,6 +443,21 @@ def unguarded_script() -> str | None:
     return None
 
 
+def _program_not_a_file() -> str | None:
+    """Why a local cluster cannot start from this program, or None: a program read from standard
+    input (``python - <<EOF``, a heredoc step of a CI job) has ``__file__`` ``<stdin>``, which
+    the spawned worker processes try to import again as ``<cwd>/<stdin>`` and die, however well
+    the program guards its calls. (``python -c`` and notebooks set no ``__file__``: spawn then
+    imports nothing, and the cluster starts.)"""
+    program = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(program, str) or os.path.isfile(program):
+        return None
+    return (f"{program}: the local dask cluster's worker processes cannot start from a program that is not a file "
+            "(read from standard input, `python -`): each worker imports the program that started it again "
+            "(Python's spawn start method); save the program as a file and run that, or run in this process "
+            f"({surface().option('scheduler', 'sync')})")
+
+
 def _is_main_test(test: ast.expr) -> bool:
     """``__name__ == "__main__"`` (either way round)."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
@@ -457,6 +472,9 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
     from distributed import Client, LocalCluster
 
     if scheduler is None:
+        unspawnable = _program_not_a_file()
+        if unspawnable is not None:
+            raise ConfigError(unspawnable)
         n = workers or default_workers()
         # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
         # fixed glibc thresholds (packer.allocator), on this cluster and on any other
