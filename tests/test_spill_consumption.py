@@ -144,8 +144,8 @@ def test_a_deleted_version_folder_means_its_samples_are_decoded_again_and_the_bu
     assert again.files_decoded == len(packed) and again.files_cached == first.files_decoded - len(packed) > 0
     assert again.manifest["dataset_hash"] == first.manifest["dataset_hash"]
     assert (f"packer: decoded {len(packed)} files again: the build cache read their samples back from "
-            f"{first.version_dir.resolve()}, which is gone or changed (packer build --keep-spill keeps a copy in "
-            "the cache instead)") in capsys.readouterr().out
+            f"{first.version_dir.resolve()}, which is not there: a version removed, or one an interrupted build "
+            "never published (packer build --keep-spill keeps a copy in the cache instead)") in capsys.readouterr().out
 
 
 @pytest.mark.slow  # several demo builds (in process); make test-fast stays under two minutes

@@ -476,8 +476,8 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
     if gone:
         count = len(set().union(*gone.values()))
         lines.append(f"packer: decoded {count} files again: the build cache read their samples back from "
-                     f"{', '.join(sorted(gone))}, which is gone or changed ({keep_spill} keeps a copy in the cache "
-                     "instead)")
+                     f"{', '.join(sorted(gone))}, which is not there: a version removed, or one an interrupted "
+                     f"build never published ({keep_spill} keeps a copy in the cache instead)")
     return DamageReport(tuple(lines), tuple(warnings), frozenset(shards))
 
 
