@@ -243,6 +243,7 @@ def key_map(raw):
 
 
 def read(a):
+    import cv2
     from torch.utils.data import ChainDataset, DataLoader
 
     from packer.loader import ShardDataset, make_loader
@@ -260,7 +261,10 @@ def read(a):
         lab = int(inv_labels[int(label)])
         arr = image.numpy()
         if kind == "img":
-            arr = arr.transpose(1, 2, 0)  # packer C×H×W -> bench H×W×C (collate copies it)
+            # packer C×H×W -> the bench's H×W×C, interleaved by OpenCV: the collate's stack of a
+            # transposed view copied it element by element (11.6 ms a batch of 38 photos against
+            # 1.1 ms here, one thread; 19% of a one-process read's CPU, benchmarks/RESULTS.md)
+            arr = cv2.merge(list(arr))
         return {"key": bkey, "kind": kind, "label": lab, "arr": arr}
 
     def collate(items):  # runs in the loader worker, like every peer's collate
