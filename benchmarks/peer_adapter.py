@@ -16,7 +16,8 @@ What differs from the peers' preprocessing (as far as packer's job file allows):
   (common: uint8 INTER_AREA); on the bench data all 2,968 came out bit-identical. The spot
   check here therefore accepts max |diff| <= 1 (the exact-equality result is reported too,
   as verify.spot_exact / verify.spot_exact_ok).
-* packer stores C x H x W; the collate transposes images back to H x W x 3.
+* packer stores C x H x W; the worker interleaves each photo back to H x W x 3 (cv2.merge) before the
+  collate.
 
 Environment knobs (all optional):
   PACKER_PEER_LOADER   dataloader (default: torch DataLoader over ShardDataset, collate in
