@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from packer.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where a document is validated: 0.1 s that a loader reading a sealed manifest skips
+    import jsonschema
 
 _HERE = Path(__file__).resolve().parent
 _CANDIDATES = (_HERE / "_schemas", _HERE.parent / "schemas")
@@ -201,6 +202,8 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     the schema allows at that place: the other problems it causes (``'split' is a required
     property``) are not the mistake to fix.
     """
+    import jsonschema
+
     plain = _plain(doc)
     if schema_name == "job" and not isinstance(plain, dict):
         raise ConfigError(f"{source}: a job file is a YAML mapping with name, sources, split, pack and output")

@@ -391,21 +391,37 @@ def test_an_index_that_misses_a_shards_sample_is_refused_before_any_read(tmp_pat
         ShardDataset(manifest, "train")
 
 
-def test_making_a_checked_dataset_does_not_import_pandas_or_arrow_compute(tmp_path):
+def test_making_a_checked_dataset_does_not_import_pandas_arrow_compute_or_jsonschema(tmp_path):
     """Reading the checksums must not go through pyarrow's to_numpy, which imports pandas on first
     use (0.3-0.4 s of every fresh process, the whole start-up cost the peer harness measured), nor
     through Arrow's take, which imports pyarrow.compute (0.1 s: it builds every compute function's
-    wrapper and docstring)."""
+    wrapper and docstring); and a sealed manifest is not checked against the schema again, whose
+    validator's import is 0.1 s more."""
     import subprocess
     import sys
 
     manifest = build(tmp_path / "v", "webdataset")
     code = ("import sys; from packer.loader import ShardDataset; "
             f"d = ShardDataset({str(manifest)!r}, 'train'); "
-            "print(len(list(d)), 'pandas' in sys.modules, 'pyarrow.compute' in sys.modules)")
+            "print(len(list(d)), *(m in sys.modules for m in ('pandas', 'pyarrow.compute', 'jsonschema')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(sum(SIZES)), "False", "False"]
+    assert done.stdout.split() == [str(sum(SIZES)), "False", "False", "False"]
+
+
+def test_a_sealed_manifest_the_loader_cannot_read_is_told_by_the_schema(tmp_path):
+    """The loader skips the schema for a manifest whose content still hashes to its
+    dataset_hash; one sealed by a packer of another schema (a field this one needs is absent)
+    still gets the schema's message naming the field, never a KeyError."""
+    from packer.manifest import compute_dataset_hash
+
+    manifest = build(tmp_path / "v", "webdataset")
+    doc = json.loads(manifest.read_text())
+    del doc["sample_schema"]
+    doc["dataset_hash"] = compute_dataset_hash(doc)  # sealed as it stands
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(IntegrityError, match="manifest field \\(top level\\): 'sample_schema' is a required property"):
+        ShardDataset(manifest, "train")
 
 
 @settings(max_examples=200, deadline=None)

@@ -58,7 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,6 +81,9 @@ from packer.shards.tar import (
 )
 from packer.storage import MANIFEST_FILE
 from packer.targets import Target
+
+if TYPE_CHECKING:
+    from packer.manifest import Manifest
 
 log = logging.getLogger("packer.loader")
 PARQUET_ROWS = 64
@@ -260,7 +263,9 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
     read with ``storage_options``). The manifest is read by :func:`packer.manifest.read_manifest`:
     IntegrityError when it cannot be read, is from a newer packer, names a file outside its
-    version folder or breaks ``schemas/manifest.schema.json`` (the message names the field);
+    version folder or breaks ``schemas/manifest.schema.json`` (the message names the field; a
+    sealed manifest, whose content still hashes to its dataset_hash, is checked against the
+    schema only where this code cannot read it);
     ``ConfigError`` when the store cannot be reached. The dataset hash is not checked here
     (``packer verify`` does that). On top of the schema the loader needs one numpy dtype, C×H×W
     shapes, and shards that add up to the split's sample count (IntegrityError otherwise);
@@ -270,10 +275,26 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     whose sources' samples have different dtypes is read through a view of ``sources`` of one
     dtype (``ConfigError`` otherwise, naming each source's dtype).
     """
-    from packer.badsamples import failed_build
-    from packer.manifest import read_manifest  # jsonschema and pyarrow: not in every worker
+    from packer.manifest import read_manifest  # pyarrow: not in every worker
 
-    doc = read_manifest(manifest, storage_options=storage_options, check_hash=False)
+    # a sealed manifest (its content still hashes to its dataset_hash) was checked against the
+    # schema by the build that wrote it: not again here (jsonschema's import is 0.1 s of a start)
+    doc = read_manifest(manifest, storage_options=storage_options, check_hash=False, schema_if_sealed=False)
+    try:
+        return _split_info(doc, split, storage_options, cache, sources)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        # a sealed manifest this code cannot read (written by a packer of another schema): the
+        # schema's own message says which field, as for any manifest that breaks it
+        read_manifest(manifest, storage_options=storage_options, check_hash=False)
+        raise IntegrityError(f"{doc.path or doc.location}: the manifest lacks what this packer reads ({err!r}); "
+                             "rebuild the dataset with this packer") from err
+
+
+def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | None, cache: ShardCache | None,
+                sources: Sequence[str] | None) -> SplitInfo:
+    """:func:`load_split` after reading the manifest."""
+    from packer.badsamples import failed_build
+
     path: Path | str = doc.path if doc.path is not None else doc.location
     failed = failed_build(doc.data)
     if failed is not None:  # written for its report only: ls, inspect and gc say so too
