@@ -306,17 +306,22 @@ def seg_on_other_grid(tmp_path: Path, grid: Grid, sources: list[Dataset]) -> tup
     shift = 0.3 * np.asarray(grid.x) + 0.2 * np.asarray(grid.y)
     coarse = Grid(rows=grid.rows // 2, columns=grid.columns // 2, spacing=(grid.spacing[0] * 2, grid.spacing[1] * 2),
                   x=grid.x, y=grid.y, n=grid.n, step=grid.step, origin=tuple(np.asarray(grid.origin) + shift))
-    planted = truth(coarse)
-    path = write_seg(
-        tmp_path / "coarse.dcm", sources, planted, ["Ball Thing", "Cube_A"],
-        pixel_measures=hd.PixelMeasuresSequence(pixel_spacing=coarse.spacing, slice_thickness=coarse.step,
-                                                spacing_between_slices=coarse.step),
-        plane_orientation=hd.PlaneOrientationSequence(coordinate_system="PATIENT",
-                                                      image_orientation=[*coarse.x, *coarse.y]),
-        plane_positions=[hd.PlanePositionSequence(coordinate_system="PATIENT",
-                                                  image_position=[float(v) for v in coarse.position(k)])
-                         for k in range(coarse.n)])
+    path = seg_on_grid(tmp_path / "coarse.dcm", sources, truth(coarse), ["Ball Thing", "Cube_A"], coarse)
     return path, coarse
+
+
+def seg_on_grid(path: Path, sources: list[Dataset], frames: np.ndarray, labels: list[str], grid: Grid) -> Path:
+    """A SEG of ``frames`` (one a plane of ``grid``, in its order) whose geometry is ``grid``'s, not
+    its sources': pixel spacing, SpacingBetweenSlices (and thickness) its step, orientation, positions."""
+    return write_seg(
+        path, sources, frames, labels,
+        pixel_measures=hd.PixelMeasuresSequence(pixel_spacing=grid.spacing, slice_thickness=grid.step,
+                                                spacing_between_slices=grid.step),
+        plane_orientation=hd.PlaneOrientationSequence(coordinate_system="PATIENT",
+                                                      image_orientation=[*grid.x, *grid.y]),
+        plane_positions=[hd.PlanePositionSequence(coordinate_system="PATIENT",
+                                                  image_position=[float(v) for v in grid.position(k)])
+                         for k in range(grid.n)])
 
 
 def test_other_grid_require_is_mask_geometry(tmp_path: Path, axial) -> None:
@@ -337,15 +342,7 @@ def seg_every_third_slice(tmp_path: Path, grid: Grid, sources: list[Dataset]) ->
                  step=3 * grid.step, origin=grid.origin)
     frames = np.zeros((thick.n, grid.rows, grid.columns, 1), dtype=bool)
     frames[1:3, 8:20, 5:15, 0] = True
-    path = write_seg(
-        tmp_path / "thick.dcm", sources, frames, ["Cube_A"],
-        pixel_measures=hd.PixelMeasuresSequence(pixel_spacing=grid.spacing, slice_thickness=thick.step,
-                                                spacing_between_slices=thick.step),
-        plane_orientation=hd.PlaneOrientationSequence(coordinate_system="PATIENT",
-                                                      image_orientation=[*grid.x, *grid.y]),
-        plane_positions=[hd.PlanePositionSequence(coordinate_system="PATIENT",
-                                                  image_position=[float(v) for v in thick.position(k)])
-                         for k in range(thick.n)])
+    path = seg_on_grid(tmp_path / "thick.dcm", sources, frames, ["Cube_A"], thick)
     # nearest frame within half its spacing (1.5 steps): slices 2..7 lie nearest the box's frames
     # (3 and 6); slice 2 is 1 step from frame 3 and 2 from frame 0, slice 7 1 step from frame 6
     covered = np.zeros(grid.n, dtype=bool)
