@@ -57,6 +57,22 @@ def test_files_are_listed_sorted_with_table_values(tmp_path: Path) -> None:
     assert issues == []
 
 
+def test_a_file_whose_name_no_table_cell_can_name_is_told_to_be_renamed(tmp_path: Path) -> None:
+    """A backslash in a cell is read as a folder separator, and the table reader refuses a line
+    break in a cell: files so named cannot be labelled. Their records said to add the row (which
+    cannot work), and the row's said its file does not exist."""
+    job = load_job(make_tree(tmp_path, ["ok.png,cat,S1,", "c\\d.png,dog,S2,"], ["ok.png", "c\\d.png", "a\nb.png"]))
+    found = discover(job)
+    table = tmp_path / "raw" / "labels.csv"
+    for name, odd, read_as in (("c\\d.png", "a backslash", "a folder separator"),
+                               ("a\nb.png", "a line break", "the end of the row")):
+        assert found.unlabeled[str(tmp_path / "raw" / name)].endswith(
+            f"no label: no row of {table} names {name!r}, and none can: its name holds {odd}, which a table cell "
+            f"reads as {read_as}; rename the file (and its row)")
+    (row,) = [i for i in found.issues if i.reason == "missing_file"]
+    assert "a backslash in the cell is read as a folder separator, and the root holds 'c\\\\d.png' itself" in row.message
+
+
 def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
     job = load_job(make_tree(tmp_path, ["a/1.png,cat,S1,", "gone.png,cat,S1,"], ["a/1.png"]))
     issues = discover(job).issues

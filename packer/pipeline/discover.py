@@ -485,6 +485,19 @@ def _cells_naming_files(rows: Mapping[str, TableRow]) -> dict[str, tuple[int, st
     return cells
 
 
+def _unnameable(rel: str, table: Path | str) -> str | None:
+    """The ``missing_label`` message of a file whose name no table cell can name, or None: a
+    backslash in it is read as a folder separator (tables written on Windows), and a line break
+    ends a CSV row unless the cell is quoted, which table writers rarely do."""
+    name = rel.rsplit("/", 1)[-1]
+    odd = "a backslash" if "\\" in name else "a line break" if "\n" in name or "\r" in name else None
+    if odd is None:
+        return None
+    return (f"no label: no row of {table} names {rel!r}, and none can: its name holds {odd}, which a table cell "
+            "reads as " + ("a folder separator" if odd == "a backslash" else "the end of the row")
+            + "; rename the file (and its row)")
+
+
 def _cells_read_outside(source: SourceConfig, rows: Mapping[str, TableRow]) -> dict[str, tuple[int, str]]:
     """Under a table ``path_base``: the cell text of each row whose path it reads outside the
     root, with the row's number and that path (relative to the root): a cell written from the
@@ -662,6 +675,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
                 f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's own "
                 "record says how to write it)" if rel in escaped else
+                _unnameable(rel, table) if _unnameable(rel, table) else
                 f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
                 f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
                 "'label: none')"))
@@ -769,6 +783,9 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                      "(table.missing: drop)"))
             continue
         said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
+        if not by_name and "/" in rel and (backslashed := rel.replace("/", "\\")) in seen:
+            said += (f" (a backslash in the cell is read as a folder separator, and the root holds {backslashed!r} "
+                     "itself: rename that file without the backslash)")
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
