@@ -70,7 +70,8 @@ def test_a_file_whose_name_no_table_cell_can_name_is_told_to_be_renamed(tmp_path
             f"no label: no row of {table} names {name!r}, and none can: its name holds {odd}, which a table cell "
             f"reads as {read_as}; rename the file (and its row)")
     (row,) = [i for i in found.issues if i.reason == "missing_file"]
-    assert "a backslash in the cell is read as a folder separator, and the root holds 'c\\\\d.png' itself" in row.message
+    assert ("a backslash in the cell is read as a folder separator, and the root holds 'c\\\\d.png' itself"
+            in row.message)
 
 
 def test_table_row_without_file_is_a_missing_file_issue(tmp_path: Path) -> None:
