@@ -670,15 +670,20 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 cells = _cells_naming_files(rows)
             if escaped is None:
                 escaped = _cells_read_outside(source, rows)
-            unlabeled[path] = f"{path}: " + (row.unlabeled if row is not None and row.unlabeled else (
-                _named_elsewhere(rel, cells[rel], table, kind.table_key) if rel in cells else
-                f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
-                f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's own "
-                "record says how to write it)" if rel in escaped else
-                _unnameable(rel, table) if _unnameable(rel, table) else
-                f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
-                f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
-                "'label: none')"))
+            if row is not None and row.unlabeled:
+                why = row.unlabeled
+            elif rel in cells:
+                why = _named_elsewhere(rel, cells[rel], table, kind.table_key)
+            elif rel in escaped:
+                why = (f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
+                       f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's "
+                       "own record says how to write it)")
+            else:
+                why = _unnameable(rel, table) or (
+                    f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
+                    f"dataset's files, set {kind.table_key}.files: table (or, for unlabeled data, the source's "
+                    "'label: none')")
+            unlabeled[path] = f"{path}: {why}"
         if source.label_table is None and (miss := failed(source.where, {k: (v,) for k, v in ref.extra})):
             # a table-less source filters on its paths' fields (a table's rows were filtered when placed)
             excluded.append(Excluded(sample_id, path, "discover", "filtered",
