@@ -917,3 +917,31 @@ def test_an_annotation_links_to_its_own_entitys_series_when_another_entity_holds
         assert all(not g.annotations for g in groups)
         (issue,) = issues
         assert issue.reason == "annotation_orphan" and "2 series of other entities" in issue.message, issue.message
+
+
+@pytest.mark.slow
+def test_an_annotation_painted_with_notes_is_a_warning_that_counts_them_without_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A contour of two points is skipped (degenerate) and noted in the annotation's row of
+    excluded.jsonl; the build said nothing about it. It now warns with the counts, and never with
+    a structure's name (one may be a person's)."""
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    rt = pydicom.dcmread(raw / "A" / "RT" / "rt.dcm")
+    first = rt.ROIContourSequence[0].ContourSequence[0]
+    degenerate = Dataset()
+    degenerate.ContourGeometricType = "CLOSED_PLANAR"
+    degenerate.NumberOfContourPoints = 2
+    degenerate.ContourData = list(first.ContourData[:6])
+    rt.ROIContourSequence[0].ContourSequence.append(degenerate)
+    rt.save_as(raw / "A" / "RT" / "rt.dcm")
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
+    said = capsys.readouterr().err
+    warning = ("1 annotation object(s) were painted with 1 note(s) between them (contours skipped as degenerate or "
+               "not closed")
+    assert warning in said and "External" not in said and "Dr Who" not in said
+    codes = [json.loads(line)["code"] for line in (result.version_dir / "warnings.jsonl").read_text().splitlines()]
+    assert "annotation_notes" in codes
+    (rt_row,) = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()
+                 if json.loads(line)["modality"] == "RTSTRUCT"]
+    assert "; 1 note(s): ROI 'External': 1 degenerate contours skipped" in rt_row["detail"]

@@ -71,7 +71,7 @@ from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
-from packer.read.dicom_masks import possible_annotations_warning
+from packer.read.dicom_masks import annotation_notes_warning, possible_annotations_warning
 from packer.read.kinds import source_libraries
 from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
@@ -223,6 +223,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if possible is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {possible}", file=sys.stderr, flush=True)
             warned.append(("annotations", possible))
+        noted = annotation_notes_warning(probed_out)
+        if noted is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {noted}", file=sys.stderr, flush=True)
+            warned.append(("annotation_notes", noted))
         split_cfg = job.split if decode else replace(job.split, duplicates="report", near_enabled=False,
                                                      near_auto=False)
         started = time.perf_counter()

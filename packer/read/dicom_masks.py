@@ -37,6 +37,7 @@ A used annotation is an Excluded record (``why: annotation``): counted, never a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -348,6 +349,26 @@ def _possible(ref: SampleRef, refs: AnnotationRefs, found: Sequence[_Found],
         "remove it if it is not an annotation"))
 
 
+#: How an annotation's record (``excluded.jsonl``) counts its notes, before the first three
+_NOTES_SAID = "; {count} note(s): "
+_NOTES_COUNT = re.compile(re.escape(_NOTES_SAID).replace(re.escape("{count}"), r"(\d+)"))
+
+
+def annotation_notes_warning(excluded: Sequence[Excluded]) -> str | None:
+    """One line for the annotation objects painted with notes (contours skipped or distrusted,
+    segments without frames: :func:`paint_series`' records), or None: how many objects and
+    notes, never their structure names (one may be a person's); ``excluded.jsonl`` holds the
+    notes themselves. Until now they were in that file alone, and the build said nothing."""
+    counts = [int(found.group(1)) for e in excluded if e.why == "annotation"
+              if (found := _NOTES_COUNT.search(e.detail)) is not None]
+    if not counts:
+        return None
+    return (f"{len(counts)} annotation object(s) were painted with {sum(counts)} note(s) between them (contours "
+            "skipped as degenerate or not closed, self-intersecting ones filled by the even-odd rule, references "
+            "that disagree with positions, segments without frames, ...): their masks hold what could be painted; "
+            "each object's row in excluded.jsonl gives its notes")
+
+
 def possible_annotations_warning(issues: Sequence[Issue]) -> str | None:
     """One line for the files of sources with masks from DICOM that did not parse and may be
     annotations (:func:`_possible`'s records), or None: how many, and the first one's id."""
@@ -418,7 +439,7 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
         notes.extend(noted)
         detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
                   f"files){f'; {len(names)} structure(s) the map does not name, ignored' if names else ''}"
-                  f"{f'; {len(noted)} note(s): ' + '; '.join(noted[:3]) if noted else ''}")
+                  f"{_NOTES_SAID.format(count=len(noted)) + '; '.join(noted[:3]) if noted else ''}")
         used.append(Excluded.of(ref, stage="transform", why="annotation", detail=detail, modality=modality,
                                 sop_class=drawn.sop_class))
     by_id = {s.id: s.name for s in cfg.structures().structures}
