@@ -214,11 +214,11 @@ def summary(result: ValidateResult) -> dict[str, Any]:
     if result.quick:  # what a headers-only pass cannot see is said, not passed
         for name in QUICK_NOT_RUN:
             if name in audit["rules"]:
-                audit["rules"][name]["skipped"] = QUICK_SKIPPED
+                audit["rules"][name].update(skipped=QUICK_SKIPPED, passed=None)
     else:  # a rule the job turned off (near copies: its detail says why) is said, not passed
         for rule in audit["rules"].values():
             if "off" in rule:
-                rule["skipped"] = off_skipped(result.job.split.near_auto)
+                rule.update(skipped=off_skipped(result.job.split.near_auto), passed=None)
     doc = {
         "packer_version": __version__,
         "job": str(result.job.job_path),
@@ -320,7 +320,7 @@ def format_summary(result: ValidateResult) -> str:
         # a rule not run counts nothing: "[skip] rule: 0" read as "checked, none found"
         lines.append(f"  [{state:>4}] {name}: " + (str(rule["skipped"]).split(";")[0] if state == "skip"
                                                     else str(rule["count"])))
-        if not rule["passed"]:
+        if rule["passed"] is False:
             findings = result.prepared.audit.rule(name).findings
             listed = listed or bool(findings)
             for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:
@@ -356,7 +356,7 @@ def _hidden_excluded(record: Excluded) -> str:
 def failed_rules(doc: dict[str, Any]) -> dict[str, int]:
     """The audit rules that failed the check in ``doc`` (:func:`summary`'s report): name → count."""
     return {name: rule["count"] for name, rule in doc["audit"]["rules"].items()
-            if rule["severity"] == "fail" and not rule["passed"]}
+            if rule["severity"] == "fail" and rule["passed"] is False}
 
 
 def report_elsewhere(option: str) -> str:
@@ -478,7 +478,7 @@ def write_junit(result: ValidateResult, path: Path) -> None:
         findings = result.prepared.audit.rule(name).findings
         body = "\n".join([*(json.dumps(f, sort_keys=True) for f in findings[:_cut(len(findings), MAX_LISTED)]),
                           *_and_more(len(findings), MAX_LISTED)])
-        case(name, rule["severity"] == "fail" and not rule["passed"], f"{rule['count']} finding(s)", body,
+        case(name, rule["severity"] == "fail" and rule["passed"] is False, f"{rule['count']} finding(s)", body,
              rule.get("skipped"))
     # a warning, not a failure: the case passes and says what it found (like a report rule's findings);
     # the stages' other warnings are the suite's output, not this case's

@@ -41,7 +41,7 @@ import numpy as np
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
-from packer.errors import ConfigError, refused_write, surface
+from packer.errors import ConfigError, blocking_file, refused_write, surface
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
@@ -522,6 +522,10 @@ def _shared_scratch(sig_dir: Path | None) -> list[SharedPath]:
 def _scratch_folder() -> Path:
     """Where ``packer validate`` keeps the run's signatures: the local work folder."""
     folder = work_dir()
+    blocker = blocking_file(folder)
+    if blocker is not None:  # mkdir's FileExistsError or NotADirectoryError: no file system condition, a usage error
+        raise ConfigError(f"the work folder {folder} ($PACKER_WORK_DIR): {blocker} is a file, not a folder; remove "
+                          "that file, or set PACKER_WORK_DIR to a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
