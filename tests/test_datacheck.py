@@ -576,3 +576,19 @@ def test_the_summary_shows_one_bad_sample_of_each_reason_before_cutting_the_list
     assert shown == sorted(shown, key=issues.index)  # still in the report's order
     assert _and_more(len(issues), SUMMARY_ISSUES) == [f"… and {len(issues) - SUMMARY_ISSUES} more"]
     assert _each_reason_first(issues[:6], SUMMARY_ISSUES) == issues[:6]  # all shown where one line would say "1 more"
+
+
+def test_a_work_folder_under_a_file_is_a_config_error_not_an_internal_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PACKER_WORK_DIR naming a file (or a folder below one): validate died at mkdir with a
+    traceback (FileExistsError / NotADirectoryError, exit 1), where build says which file is in
+    the way (exit 2)."""
+    job = image_job(tmp_path, base_rows(6))
+    (tmp_path / "notadir").write_text("a file")
+    for work in (tmp_path / "notadir", tmp_path / "notadir" / "sub"):
+        monkeypatch.setenv("PACKER_WORK_DIR", str(work))
+        result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
+        assert result.exit_code == 2, result.output
+        assert "internal error" not in result.output and "Traceback" not in result.output
+        assert (f"the work folder {work} ($PACKER_WORK_DIR): {tmp_path / 'notadir'} is a file, not a folder; remove "
+                "that file, or set PACKER_WORK_DIR to a folder") in result.output
