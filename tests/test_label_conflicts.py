@@ -107,6 +107,11 @@ def test_each_target_kind_says_when_two_copies_disagree() -> None:
     numeric = target_class("numeric")
     assert numeric.conflicts("50.0|1.0", "50.0|1.5", tolerance=0.25)
     assert not numeric.conflicts("50.0|1.0", "50.0|1.25", tolerance=0.25)
+    # a gap of exactly the tolerance never conflicts, whatever binary floating point makes of it
+    # (0.8 - 0.7 is 0.10000000000000009 in float64, 0.6 - 0.5 is 0.09999999999999998)
+    for low, high in (("0.7", "0.8"), ("0.5", "0.6"), ("0.2", "0.3"), ("1.1", "1.2"), ("0.35", "0.45")):
+        assert not numeric.conflicts(low, high, tolerance=0.1), (low, high)
+    assert numeric.conflicts("0.7", "0.8001", tolerance=0.1)
     assert not target_class("none").conflicts("", "", tolerance=0.0)
 
 

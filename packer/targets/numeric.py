@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from decimal import Decimal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -89,11 +90,15 @@ class NumericTarget(Target):
 
     @classmethod
     def conflicts(cls, a: str | None, b: str | None, *, tolerance: float) -> bool:
-        """A value differing by more than ``tolerance`` (or a different count of values)."""
-        values_a = [float(v) for v in (a or "").split(SEPARATOR) if v]
-        values_b = [float(v) for v in (b or "").split(SEPARATOR) if v]
+        """A value differing by more than ``tolerance`` (or a different count of values). The
+        values are compared as the decimals their text writes (``number_text``), and the tolerance
+        as the decimal the job wrote: in binary floating point 0.8 - 0.7 exceeds 0.1 while
+        0.6 - 0.5 does not, so gaps of exactly the tolerance conflicted or not by chance."""
+        values_a = [Decimal(v) for v in (a or "").split(SEPARATOR) if v]
+        values_b = [Decimal(v) for v in (b or "").split(SEPARATOR) if v]
+        allowed = Decimal(repr(float(tolerance)))
         return len(values_a) != len(values_b) or any(
-            abs(x - y) > tolerance for x, y in zip(values_a, values_b, strict=True))
+            abs(x - y) > allowed for x, y in zip(values_a, values_b, strict=True))
 
     def _encode(self, text: str, where: str) -> tuple[int | None, np.ndarray | None]:
         values = np.array([float(v) for v in text.split(SEPARATOR)] if text else [], dtype=np.float32)
