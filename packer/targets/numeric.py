@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from decimal import Decimal
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any, ClassVar
 
 import numpy as np
