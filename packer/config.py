@@ -1684,7 +1684,27 @@ def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
 class JobLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` and ``false`` (any case).
     YAML 1.1 also reads ``on``, ``off``, ``yes`` and ``no`` as booleans, so a join's ``on:`` key
-    became ``True`` and ``where: {flag: no}`` would test ``false``."""
+    became ``True`` and ``where: {flag: no}`` would test ``false``. And with YAML 1.2's unique
+    keys: a key written twice in one mapping is an error naming both lines (PyYAML kept the last
+    silently, so a second ``ratios:`` or ``output:`` replaced the first unseen); keys a merge
+    (``<<: *defaults``) brings in may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base loader says so
+                continue
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} a second time (first on line {first.start_mark.line + 1}); a key may "
+                    "appear once in a mapping: keep one", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 JobLoader.yaml_implicit_resolvers = {

@@ -222,6 +222,22 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     assert f'in "{bad}", line 1' in str(caught.value) and "<unicode string>" not in str(caught.value)
 
 
+def test_a_key_written_twice_is_an_error_naming_both_lines_and_a_merge_may_still_override(tmp_path: Path) -> None:
+    """PyYAML kept the last of two equal keys silently: a second `ratios:` (or `output:`)
+    replaced the first unseen. YAML 1.2 requires unique keys; a merged key may be overridden."""
+    text = yaml.safe_dump({**MINIMAL, "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}}})
+    job = tmp_path / "job.yaml"
+    job.write_text(text.replace("  ratios:", "  ratios: {train: 1.0}\n  ratios:"))
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    said = str(caught.value)
+    assert said.startswith(f"{job}: not valid YAML") and "found the key 'ratios' a second time (first on line" in said
+    assert f'in "{job}"' in said
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(text.replace("split:\n", "split:\n  <<: &s {by: time}\n"))
+    assert load_job(merged).split.by == "entity"  # the explicit key overrides the merged one
+
+
 def test_a_job_file_that_is_not_utf8_text_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     # a binary file or a Latin-1 export given as the job raised UnicodeDecodeError: exit 1 with a traceback
     job = tmp_path / "job.yaml"
