@@ -592,3 +592,18 @@ def test_a_work_folder_under_a_file_is_a_config_error_not_an_internal_one(
         assert "internal error" not in result.output and "Traceback" not in result.output
         assert (f"the work folder {work} ($PACKER_WORK_DIR): {tmp_path / 'notadir'} is a file, not a folder; remove "
                 "that file, or set PACKER_WORK_DIR to a folder") in result.output
+
+
+def test_the_summary_names_every_member_of_a_label_conflict_whole(tmp_path: Path) -> None:
+    """A CI log shows validate's summary: each finding was raw JSON cut at 160 characters, so the
+    copy's original and its label were never named. Each member now shows with its label, split
+    and entity, and a report rule's finding (entity look-alikes) is whole."""
+    first, second = entities_in_different_splits(5)
+    copy = photo(777)
+    job = image_job(tmp_path, [*base_rows(), ("a/one.png", copy, "a", first), ("b/two.png", copy, "b", second)],
+                    duplicates={"mode": "group", "label_conflict": "fail"})
+    code, report, output = run_validate(job)
+    assert code == 4, output
+    (line,) = [line.strip() for line in output.splitlines() if line.strip().startswith("exact+near copies: ")]
+    assert "a/one.png [a] (" in line and "b/two.png [b] (" in line and f"entity {first}" in line
+    assert f"entity {second}" in line

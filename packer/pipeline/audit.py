@@ -504,24 +504,9 @@ def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE)
     for rule in failed:
         examples = []
         for finding in rule.findings[:5]:
-            if "summary" in finding:
-                links = "; ".join(f"{_name(link['a'])} ~ {_name(link['b'])} ({_evidence(link)})"
-                                  for link in finding["formed_by"][:3])
-                examples.append(f"{finding['summary']}, joined by {finding['links']} duplicate link(s)"
-                                + (f", e.g. {links}" if links else "")
-                                + "; raise split.near_duplicates.min_score (or lower max_ratio), review the links, "
-                                  "or accept the split "
-                                  "with split.balance.accept: true")
-            elif rule.rule == "label_conflicts":
-                examples.append(" = ".join(f"{_name(s)} [{s['label']}]" for s in finding["samples"][:3])
-                                + (f" (mask Dice {finding['mask_dice']:.2f})" if "mask_dice" in finding else ""))
-            elif "entity_id" in finding:
-                examples.append(f"{finding['entity_id']} ({'+'.join(finding['splits'])})")
-            elif "samples" in finding:
-                examples.append(" = ".join(f"{_name(s)} [{s['split']}]" for s in finding["samples"][:2]))
-            else:
-                examples.append(f"{_name(finding['a'])} [{finding['a']['split']}] ~ "
-                                f"{_name(finding['b'])} [{finding['b']['split']}] ({_evidence(finding)})")
+            examples.append(finding_text(rule.rule, finding, members=3 if rule.rule == "label_conflicts" else 2) + (
+                "; raise split.near_duplicates.min_score (or lower max_ratio), review the links, or accept the "
+                "split with split.balance.accept: true" if "summary" in finding else ""))
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
     given = any(r.detail.get("given") for r in failed if r.rule in CROSSING)
     conflicting = any(r.rule == "label_conflicts" for r in failed)
@@ -532,6 +517,37 @@ def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE)
                           "leave those groups out, or warn to build with them" if conflicting else "")
                        + ("; the split is given (an official split reproduced exactly): to build it as it is, "
                           "leaks and all, set split.accept_leaks: true" if given else ""))
+
+
+def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where: bool = False) -> str:
+    """One finding of ``rule`` as a line of text (the build's leakage error, validate's summary):
+    the samples by path (key under pseudonymization) with what the rule is about (a label
+    conflict's targets, a leak's splits, a link's evidence), at most ``members`` of a group's;
+    ``where``: a label conflict's members with their split and entity too, and how they are linked."""
+    if "summary" in finding:
+        links = "; ".join(f"{_name(link['a'])} ~ {_name(link['b'])} ({_evidence(link)})"
+                          for link in finding["formed_by"][:3])
+        return (f"{finding['summary']}, joined by {finding['links']} duplicate link(s)"
+                + (f", e.g. {links}" if links else ""))
+    if rule == "label_conflicts":
+        shown = finding["samples"][:members]
+        more = len(finding["samples"]) - len(shown)
+        placed = (lambda s: f" ({s['split']}, entity {s['entity_id']})") if where else (lambda s: "")
+        return ((f"{finding['linked_by']} copies: " if where else "")
+                + " = ".join(f"{_name(s)} [{s['label']}]{placed(s)}" for s in shown)
+                + (f" and {more} more" if more > 0 and where else "")
+                + (f" (mask Dice {finding['mask_dice']:.2f})" if "mask_dice" in finding else ""))
+    if "entity_id" in finding and "splits" in finding:
+        return f"{finding['entity_id']} ({'+'.join(finding['splits'])})"
+    if "samples" in finding:
+        return " = ".join(f"{_name(s)} [{s['split']}]" for s in finding["samples"][:members])
+    if "entities" in finding:  # entity ids that differ only in spelling
+        return " ~ ".join(f"{e['entity_id']!r} [{'+'.join(e['splits']) or 'no split'}] ({_name(e)})"
+                          for e in finding["entities"][:members])
+    if "a" in finding and "b" in finding:
+        return (f"{_name(finding['a'])} [{finding['a']['split']}] ~ {_name(finding['b'])} "
+                f"[{finding['b']['split']}] ({_evidence(finding)})")
+    return json.dumps(finding, sort_keys=True, ensure_ascii=False)  # a report rule's own record, whole
 
 
 def _evidence(link: dict[str, Any]) -> str:

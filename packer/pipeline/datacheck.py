@@ -36,6 +36,7 @@ from packer.errors import BadFractionError, FileSystemError, LeakageError, refus
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
+from packer.pipeline.audit import finding_text
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.split import split_codes
 from packer.pipeline.stages import Prepared, run_stages
@@ -323,8 +324,8 @@ def format_summary(result: ValidateResult) -> str:
         if rule["passed"] is False:
             findings = result.prepared.audit.rule(name).findings
             listed = listed or bool(findings)
-            for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:
-                lines.append(f"         {json.dumps(finding, sort_keys=True)[:160]}")
+            for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:  # whole: a CI log's only view of it
+                lines.append(f"         {_shown(finding_text(name, finding, members=6, where=True))}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
     if hidden and (listed or issues or excluded):  # samples named by key, never by path
         lines.append(f"  {'the findings and files above' if issues or excluded else 'the findings'} name samples by "
