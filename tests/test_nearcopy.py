@@ -339,13 +339,45 @@ def test_the_rival_test_keeps_copies_that_stand_out_and_drops_a_look_alike_among
                                 verify_more=verify_more)
     by_pair = {pairs[k]: (float(r), float(nearcopy.residual_ratio(score[k], r)))
                for k, r in zip(passed, rival, strict=True)}
-    assert asked == [(C1, C2)]                              # the copies' own pair: a copy is no rival
+    # the copies' own pair (a copy is no rival), then the look-alikes' deciding copy checks the
+    # other way round (larger index first): a score is not symmetric, and one order must not decide
+    assert asked == [(C1, C2), (L3, L1), (L3, L2)]
     assert by_pair[(S, C1)][0] == pytest.approx(0.975) and by_pair[(S, C1)][1] == pytest.approx(0.2)
     assert by_pair[(S, C2)][0] == pytest.approx(0.975) and by_pair[(S, C2)][1] <= 0.5
     assert by_pair[(L1, L2)][0] == pytest.approx(0.983) and by_pair[(L1, L2)][1] > 0.5   # 0.015 of 0.017
     off = nearcopy.rival_test(candidates, score, groups, passed, min_score=0.984, max_ratio=None,
                               verify_more=verify_more)
     assert not off.any()
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2)])
+def test_the_rival_test_does_not_depend_on_which_copy_comes_first(order: tuple[int, int, int]) -> None:
+    """One image S exported twice (A and B) under two more entities. A~B scores 0.982 one way
+    round and 0.995 the other (the score is not symmetric): where A~B was verified the unlucky
+    way, each copy was the other's rival and both links to S fell, and which way round it was
+    verified followed the sample keys, i.e. the source's name (a walkthrough's planted leak).
+    Whatever the samples' order, both links now stand."""
+    S, A, B = order
+    forward = {(S, A): 0.996, (A, S): 0.995, (S, B): 0.993, (B, S): 0.994, (A, B): 0.982, (B, A): 0.995}
+
+    def verified(i: int, j: int) -> float:
+        return forward[(i, j)]
+
+    pairs = sorted({(min(S, A), max(S, A)), (min(S, B), max(S, B)), (min(A, B), max(A, B))})
+    candidates = nearcopy.Candidates(np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]),
+                                     np.zeros(len(pairs), dtype=np.float32))
+    score = np.array([verified(a, b) for a, b in pairs])
+    groups = np.arange(3)
+    passed = np.flatnonzero(score >= 0.984)
+
+    def verify_more(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return np.array([verified(a, b) for a, b in zip(i.tolist(), j.tolist(), strict=True)])
+
+    rival = nearcopy.rival_test(candidates, score, groups, passed, min_score=0.984, max_ratio=0.5,
+                                verify_more=verify_more)
+    kept = {frozenset(pairs[k]) for k, r in zip(passed, rival, strict=True)
+            if nearcopy.residual_ratio(score[k], r) <= 0.5}
+    assert {frozenset((S, A)), frozenset((S, B))} <= kept
 
 
 def test_max_ratio_enters_the_config_identity_only_when_a_job_sets_it(small_tree: CopiesTree, tmp_path: Path) -> None:

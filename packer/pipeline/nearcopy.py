@@ -1110,7 +1110,11 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
     of the other side (one image exported twice, under two more entities) is no rival; where
     that pair was not a candidate it is verified here (``verify_more(p, q)`` → scores), so the
     answer never depends on the candidate search having paired them. ``max_ratio`` None:
-    nothing is searched, every rival is 0."""
+    nothing is searched, every rival is 0. A copy check that would decide a link, verified one way
+    round below ``min_score``, is verified the other way round too and counts at the better score:
+    which sample is verified first follows the sample keys (the source's name, the PHI key), and
+    the score is not symmetric, so a copy of one image exported twice was caught under one source
+    name and missed under another."""
     rival = np.zeros(len(passed), dtype=np.float64)
     if max_ratio is None or len(passed) == 0:
         return rival
@@ -1126,17 +1130,25 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
     del order
     starts = np.searchsorted(a, np.arange(n + 1))
     extra: dict[int, float] = {}                   # rivals' pairs with the other side, verified here
+    # the same pairs verified the other way round (the larger index's thumbnail first): a score
+    # is not symmetric (one thumbnail is the template), and which sample has the smaller index
+    # follows the sample keys, i.e. the source's name and the PHI key; a copy check that decides a
+    # link takes the better of both orders, so no name decides whether a copy is caught
+    reverse: dict[int, float] = {}
 
     def scored(p: int, q: int) -> float | None:
         key = (min(p, q) << 32) | max(p, q)
         at = int(np.searchsorted(pair_key, key))
-        if at < len(pair_key) and pair_key[at] == key:
-            return float(score[at])
-        return extra.get(key)
+        forward = float(score[at]) if at < len(pair_key) and pair_key[at] == key else extra.get(key)
+        if forward is None or key not in reverse:
+            return forward
+        return max(forward, reverse[key])
 
-    def rivals(k: int, missing: list[tuple[int, int]] | None) -> float:
+    def rivals(k: int, missing: list[tuple[int, int]] | None,
+               turned: list[tuple[int, int]] | None = None) -> float:
         """Link ``passed[k]``'s best rival; with ``missing``, list instead the rivals' pairs with the
-        other side that would decide it and were never verified."""
+        other side that would decide it and were never verified, and with ``turned`` those verified
+        in one order only whose forward score would make the rival decide it."""
         link = int(passed[k])
         x0, y0 = int(candidates.i[link]), int(candidates.j[link])
         # a rival scoring above this rejects the link: only such rivals need their copy check verified
@@ -1155,6 +1167,9 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
                     if sp > bound:  # it would decide: verify it before deciding
                         wanted.append((p, other))
                     continue
+                if (turned is not None and copy_of_other is not None and copy_of_other < min_score
+                        and sp > bound and ((min(p, other) << 32) | max(p, other)) not in reverse):
+                    turned.append((p, other))  # it would decide: verify the other order too
                 # a look-alike of x that is no copy of the other side (or, never verified with it, one
                 # that scores too low to decide: reported as the rival, it cannot reject the link)
                 if copy_of_other is None or copy_of_other < min_score:
@@ -1171,6 +1186,13 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
         unique = sorted({(min(p, q), max(p, q)) for p, q in missing})
         got = verify_more(np.array([p for p, _ in unique]), np.array([q for _, q in unique]))
         extra.update({(p << 32) | q: float(v) for (p, q), v in zip(unique, got.tolist(), strict=True)})
+    turned: list[tuple[int, int]] = []
+    for k in range(len(passed)):
+        rivals(k, None, turned)
+    if turned:  # the deciding copy checks in the other order: the larger index's thumbnail first
+        unique = sorted({(min(p, q), max(p, q)) for p, q in turned})
+        got = verify_more(np.array([q for _, q in unique]), np.array([p for p, _ in unique]))
+        reverse.update({(p << 32) | q: float(v) for (p, q), v in zip(unique, got.tolist(), strict=True)})
     for k in range(len(passed)):
         rival[k] = rivals(k, None)
     return rival
