@@ -858,10 +858,20 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
     return spec.rstrip("/")
 
 
+#: A folder name that looks like a patient's: a DICOM person name's ``^`` (kept as ``_`` in a
+#: source name, so the raw ``^`` is looked for in the root), or a calendar date (19xx/20xx MMDD)
+_PERSONAL_NAME = re.compile(r"\^|(?<!\d)(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?!\d)")
+
+
+def _root_segment(root: Path | str) -> str:
+    """The last segment of a root folder or URL, as it is spelled (``s3://bucket/raw/ct`` → ``ct``)."""
+    return root.name if isinstance(root, Path) else root.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
+
+
 def _default_name(root: Path | str) -> str:
-    """The last segment of a root folder or URL (``s3://bucket/raw/ct`` → ``ct``)."""
-    last = root.name if isinstance(root, Path) else root.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", last)
+    """A source's name where the job gives none: its root's last segment, other characters than
+    letters, digits, ``_`` and ``-`` made ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root))
 
 
 def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
@@ -1492,6 +1502,14 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         key_file_spec=raw_phi.get("key_file"),
         dates=raw_phi.get("dates", job_default("phi.dates")),
     )
+    if phi.mode == "pseudonymize":
+        for index, (raw_source, source) in enumerate(zip(doc["sources"], sources, strict=True)):
+            if not raw_source.get("name") and _PERSONAL_NAME.search(_root_segment(source.root)):
+                raise ConfigError(
+                    f"sources[{index}]: its name defaults to its root folder's name {source.name!r}, which may "
+                    "identify a patient (a DICOM person name's ^, or a calendar date, which phi: pseudonymize never "
+                    "writes), and a source's name is written in clear into every sample id, shard member, manifest "
+                    "and report; give the source a name of its own (name: ct)")
     job = JobConfig(
         labels=labels,
         limits=limits,

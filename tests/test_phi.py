@@ -247,6 +247,35 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     assert ("patient0042" in warning) is shown
 
 
+@pytest.mark.parametrize(("folder", "refused"), [("Doe^John_19600101", True), ("export_20240105", True),
+                                                ("ct", False), ("CheXpert-v1.0-small", False)])
+def test_a_source_named_after_a_root_folder_that_may_name_a_patient_is_refused_under_pseudonymize(
+        tmp_path: Path, folder: str, refused: bool) -> None:
+    """A source's name defaults to its root folder's, and is written in clear into every sample
+    id, tar member, manifest and report: a root `Doe^John_19600101/` put the patient's name and
+    birth date into every shipped file under phi: pseudonymize."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    raw = tmp_path / folder
+    raw.mkdir()
+    job, _ = _unlabelled_photo_job(tmp_path, raw, "own", "pseudonymize")
+    if not refused:
+        assert load_job(job).sources[0].name == folder.replace(".", "_")
+        return
+    with pytest.raises(ConfigError, match=r"sources\[0\]: its name defaults to its root folder's name .* may "
+                                          r"identify a patient .* give the source a name of its own"):
+        load_job(job)
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["name"] = "ct"
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).sources[0].name == "ct"
+    doc["phi"] = {"mode": "keep"}  # kept in clear on purpose: the job's word
+    doc["sources"][0].pop("name")
+    job.write_text(yaml.safe_dump(doc))
+    load_job(job)
+
+
 @pytest.mark.parametrize(("layout", "warned"), [
     # BraTS: a case folder that names its files after itself, in no patient-like spelling
     ({"BraTS20_Training_006": ["BraTS20_Training_006_t1", "BraTS20_Training_006_flair"],
