@@ -1554,15 +1554,21 @@ def _check_free_text_labels(sources: tuple[SourceConfig, ...], labels: tuple[str
                               "it lacks is unknown_label), or list the job's 'labels:', or set phi.mode: keep")
 
 
-#: DICOM attributes that identify the patient or the study (PS3.15 Annex E's names, ids, birth
-#: date, address, accession number, UIDs): a ``where:`` value on one is a raw identifier.
+#: DICOM attributes whose values identify a patient, a study or the people and places that made
+#: it (the direct identifiers among PS3.15 Annex E's: names, ids, birth data, age, address,
+#: accession number, UIDs, physicians and operators, institution, station and device serial): a
+#: ``where:`` value on one is a raw identifier. Not every Annex E attribute: dates (a cohort's
+#: cutoff, as a time split's cutoffs are) and descriptions (a series chosen by its protocol) are
+#: filtered on in practice, and the values in such a filter are the job author's, not a patient's.
 IDENTIFYING_ATTRIBUTES = frozenset({
     "PatientName", "PatientID", "OtherPatientIDs", "OtherPatientIDsSequence", "OtherPatientNames",
     "IssuerOfPatientID", "PatientBirthDate", "PatientBirthTime", "PatientBirthName", "PatientMotherBirthName",
-    "PatientAddress", "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID",
+    "PatientAge", "PatientAddress", "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID",
     "StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "FrameOfReferenceUID", "ReferringPhysicianName",
-    "PerformingPhysicianName", "OperatorsName", "InstitutionName", "InstitutionAddress", "RequestingPhysician",
-    "PatientComments", "AdditionalPatientHistory", "MilitaryRank", "BranchOfService", "EthnicGroup", "Occupation",
+    "PerformingPhysicianName", "OperatorsName", "PhysiciansOfRecord", "NameOfPhysiciansReadingStudy",
+    "InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName", "StationName", "DeviceSerialNumber",
+    "RequestingPhysician", "PatientComments", "AdditionalPatientHistory", "MilitaryRank", "BranchOfService",
+    "EthnicGroup", "Occupation",
 })
 
 
@@ -1580,8 +1586,8 @@ def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> No
             # a header attribute that identifies, or the table column that holds the entity ids
             if condition.key in IDENTIFYING_ATTRIBUTES or condition.key == source.entity:
                 raise ConfigError(
-                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (a "
-                    "header attribute of PS3.15 Annex E, or the source's entity column), and "
+                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (one "
+                    "of PS3.15 Annex E's direct identifiers, or the source's entity column), and "
                     "the job's config, where: values included, is written into the manifest and the report, which "
                     "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
                     f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "

@@ -530,6 +530,7 @@ def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path
 
 @pytest.mark.parametrize("where", [{"PatientID": {"not": ["MRN0099"]}}, {"PatientName": {"match": "DOE"}},
                                    {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}},
+                                   {"PatientAge": {"not": ["097Y"]}}, {"StationName": "JOHNDOE-HOME"},
                                    {"entity": {"not": ["SUBJ-MARIA-LOPEZ-1"]}}])
 def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymization(
         tmp_path: Path, where: dict[str, Any]) -> None:
