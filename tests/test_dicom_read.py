@@ -131,6 +131,32 @@ def test_an_rt_plan_is_left_out_by_the_probe_and_refused_by_a_bare_read_naming_i
     assert "not an image object" in found.message and "export it again" not in found.message
 
 
+def test_a_vendors_private_object_without_an_image_is_left_out_not_a_damaged_file(tmp_path: Path) -> None:
+    """A Siemens CSA Non-Image (1.3.12.2.1107.5.9.1) or a Philips Private MR Series Data object is
+    a well-formed file of a class no standard names, and holds no image: it was no_pixel_data,
+    "damaged or exported without its pixels", counted against max_bad_fraction."""
+    for uid, modality in (("1.3.12.2.1107.5.9.1", "MR"), ("1.3.46.670589.11.0.0.12.2", "MR")):
+        ds = ct_dataset()
+        for keyword in ("PixelData", "Rows", "Columns", "BitsAllocated", "BitsStored", "HighBit",
+                        "PixelRepresentation", "SamplesPerPixel", "PhotometricInterpretation"):
+            if keyword in ds:
+                delattr(ds, keyword)
+        ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = uid
+        ds.Modality = modality
+        probed = probe(save(ds, tmp_path / f"{uid}.dcm"))
+        assert isinstance(probed, Excluded) and probed.why == "not_image", probed
+        assert "a vendor's private object, without an image" in probed.detail and uid in probed.detail
+    # a damaged standard UID (not a UID's syntax: the fuzz test's mutant) is no vendor's class
+    ds = ct_dataset()
+    del ds.PixelData, ds.Rows, ds.Columns
+    ds.SOPClassUID = "1.2/840.10008.5.1.4.1.1.2"
+    assert not isinstance(probe(save(ds, tmp_path / "damaged.dcm")), Excluded)
+    # a private class with an image is tried as one
+    ds = ct_dataset()
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.3.12.2.1107.5.9.1"
+    assert not isinstance(probe(save(ds, tmp_path / "with-pixels.dcm")), Excluded)
+
+
 def test_an_image_header_exported_without_pixels_or_photometric_is_no_pixel_data_not_unsupported(
         tmp_path: Path) -> None:
     # A PACS export's "header only" CT: Rows, Columns and Bits Allocated, but no Photometric

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -160,6 +161,10 @@ def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
     return f"{has}, where: {condition.describe()}"
 
 
+#: A UID as PS3.5 9.1 writes one: numeric components without leading zeros, dot-separated, 64 characters at most
+_UID = re.compile(r"(?=.{1,64}$)(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))+")
+
+
 @dataclass(frozen=True)
 class ObjectClass:
     """What a DICOM object is: ``modality`` and SOP class (``sop_class``: its name, or the UID
@@ -198,6 +203,14 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     what = f"Modality {modality or '(none)'} ({name})"
     known = UID_dictionary.get(uid)
     non_image_class = known is not None and known[1] == "SOP Class" and "Image" not in known[0] and uid != RT_DOSE
+    # a vendor's own SOP class (Siemens CSA Non-Image, Philips Private MR Series Data) without an
+    # image: a well-formed object of a class no standard names, not a damaged image
+    meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
+    private_class = (known is None and not uid.startswith("1.2.840.10008.") and _UID.fullmatch(uid) is not None
+                     and meta_uid in ("", uid))  # a damaged UID, or one its file meta contradicts, is no class
+    if private_class and modality not in NOT_IMAGE_MODALITIES and not has_pixels(ds):
+        return ObjectClass(modality, name, "not_image", f"{what}: a vendor's private object, without an image "
+                                                        "(no Pixel Data, no Rows and Columns)")
     if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not has_pixels(ds)):
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
