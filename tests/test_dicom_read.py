@@ -279,6 +279,13 @@ def test_unsupported_transfer_syntax_names_uid_and_name(tmp_path: Path) -> None:
     for result in (probe(path), read(path)):
         found = issue_of(result, "unsupported_transfer_syntax")
         assert "1.2.840.10008.1.2.4.100" in found.message and "MPEG2" in found.message
+    # a video's own photometric (YBR_PARTIAL_420, colour) does not turn it into a header to fix
+    ds.PhotometricInterpretation, ds.SamplesPerPixel, ds.PlanarConfiguration = "YBR_PARTIAL_420", 3, 0
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.102"  # MPEG-4 AVC/H.264 High Profile
+    path = save(ds, tmp_path / "h264.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "unsupported_transfer_syntax")
+        assert "1.2.840.10008.1.2.4.102" in found.message and "fix the header" not in found.message
 
 
 def test_probe_reads_entity_time_and_geometry(tmp_path: Path) -> None:

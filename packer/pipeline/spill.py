@@ -115,8 +115,9 @@ class CachedChunk:
 #: float32, for slices on their own grid and volumes); 29: an image's ``source_channels`` is the
 #: header's samples per pixel (grey+alpha PNG 2, CMYK JPEG 4), not what OpenCV decoded; 30: a SEG
 #: whose SpacingBetweenSlices differs from its series' slice step is on another grid; 31: a
-#: vendor's private SOP class without an image is left out (not_image), not no_pixel_data.
-CACHE_FORMAT = 31
+#: vendor's private SOP class without an image is left out (not_image), not no_pixel_data; the
+#: transfer syntax is checked before the photometric (a video is unsupported_transfer_syntax).
+CACHE_FORMAT = 32
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

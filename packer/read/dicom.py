@@ -363,15 +363,8 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has no image: no (7FE0,0010) Pixel "
                       "Data and no (0028,0004) Photometric Interpretation (a header exported without its pixels); "
                       "re-export it from the archive with its pixels")
-    if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
-        return _issue(ref, "validate", "unsupported",
-                      f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
-                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}; fix the header, or convert "
-                      "the file to one of these")
-    if samples != expected_samples:
-        return _issue(ref, "validate", "bad_shape",
-                      f"(0028,0002) Samples per Pixel is {samples} but (0028,0004) {photometric} needs "
-                      f"{expected_samples}; fix the header or re-export the file")
+    # the transfer syntax first: a file no decoder reads (a video's H.264 stream) is that, whatever its
+    # photometric says (YBR_PARTIAL_420 is what such files carry; "fix the header" cannot help)
     syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
     if not syntax:
         return _issue(ref, "read", "unsupported_transfer_syntax",
@@ -387,6 +380,15 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
         return _issue(ref, "read", "unsupported_transfer_syntax",
                       f"transfer syntax {syntax} ({UID(syntax).name}) needs the {plugin} plugin, which is not "
                       "installed; pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
+    if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
+        return _issue(ref, "validate", "unsupported",
+                      f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "
+                      f"packer reads {', '.join(GRAYSCALE + RGB_DECODED + (PALETTE,))}; fix the header, or convert "
+                      "the file to one of these")
+    if samples != expected_samples:
+        return _issue(ref, "validate", "bad_shape",
+                      f"(0028,0002) Samples per Pixel is {samples} but (0028,0004) {photometric} needs "
+                      f"{expected_samples}; fix the header or re-export the file")
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
 
 
