@@ -24,6 +24,7 @@ from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError, IntegrityError
 from packer.loader import MixedShapesError, ShardDataset, ShardReadError, collate_stack, make_loader
+from packer.manifest import compute_dataset_hash
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.helpers import REPO, demo_job_doc, write_job
 
@@ -117,12 +118,14 @@ def test_a_view_never_reads_the_samples_it_leaves_out(mixed: BuildResult, tmp_pa
                                                                     table["dtype"].to_pylist(), strict=True)]
             table = table.set_column(table.schema.get_field_index("dtype"), "dtype", pa.array(dtypes))
             pq.write_table(table, copy_dir / shard, row_group_size=len(table))
-            # the manifest records each shard's size: keep it true so the loader's size check passes
+            # the manifest records each shard's size: keep it true so the loader's size check passes,
+            # and seal it again (the loader refuses a manifest edited after its build)
             manifest = json.loads((copy_dir / "manifest.json").read_text())
             for split in manifest["splits"].values():
                 for entry in split["shards"]:
                     if entry["file"] == shard:
                         entry["bytes"] = (copy_dir / shard).stat().st_size
+            manifest["dataset_hash"] = compute_dataset_hash(manifest)
             (copy_dir / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardReadError, match="ct-"):
         list(ShardDataset(copy_dir, "train", shuffle=False))

@@ -62,8 +62,9 @@ def test_an_edited_manifest_fails_a_strict_read_and_is_a_warning_of_a_lenient_on
     assert lenient.warnings == (f"{version / 'manifest.json'}: {lenient.problems[0].detail}",)
     assert read_manifest(version, check_hash=False).content_hash is None
     assert read_dataset_hash(version) is None
-    # the loader does not check the hash (verify does): it still reads the split
-    assert load_split(version, "train").samples == 8
+    # the loader refuses it too, as the README says: an edited label_map would deliver other classes
+    with pytest.raises(IntegrityError, match="dataset_hash does not match the manifest's content.*edited"):
+        load_split(version, "train")
     report = verify_dataset(version)
     assert not report.ok and any("dataset_hash does not match" in p.message for p in report.problems)
 

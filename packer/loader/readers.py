@@ -263,11 +263,12 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
     read with ``storage_options``). The manifest is read by :func:`packer.manifest.read_manifest`:
     IntegrityError when it cannot be read, is from a newer packer, names a file outside its
-    version folder or breaks ``schemas/manifest.schema.json`` (the message names the field; a
+    version folder, breaks ``schemas/manifest.schema.json`` (the message names the field; a
     sealed manifest, whose content still hashes to its dataset_hash, is checked against the
-    schema only where this code cannot read it);
-    ``ConfigError`` when the store cannot be reached. The dataset hash is not checked here
-    (``packer verify`` does that). On top of the schema the loader needs one numpy dtype, C×H×W
+    schema only where this code cannot read it), or was edited after the build (its content no
+    longer hashes to its ``dataset_hash``);
+    ``ConfigError`` when the store cannot be reached. The shards' bytes are not hashed here
+    (``packer verify`` and ``verify="shard"`` do that). On top of the schema the loader needs one numpy dtype, C×H×W
     shapes, and shards that add up to the split's sample count (IntegrityError otherwise);
     ``ConfigError`` when ``split`` is not in the manifest (the message lists the splits), or when the
     build that wrote the version failed its bad-sample threshold (exit 3: the version is its report's,
@@ -277,9 +278,10 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     """
     from packer.manifest import read_manifest  # pyarrow: not in every worker
 
-    # a sealed manifest (its content still hashes to its dataset_hash) was checked against the
-    # schema by the build that wrote it: not again here (jsonschema's import is 0.1 s of a start)
-    doc = read_manifest(manifest, storage_options=storage_options, check_hash=False, schema_if_sealed=False)
+    # the content must still hash to its dataset_hash (an edited label_map would otherwise deliver
+    # other classes), and a sealed manifest was checked against the schema by the build that
+    # wrote it: not again here (jsonschema's import is 0.1 s of a start; the hash, 0.2 ms)
+    doc = read_manifest(manifest, storage_options=storage_options, schema_if_sealed=False)
     try:
         return _split_info(doc, split, storage_options, cache, sources)
     except (KeyError, TypeError, AttributeError, IndexError) as err:
