@@ -74,6 +74,34 @@ def test_an_entry_altered_on_disk_is_fetched_again(tmp_path: Path, opens: Counte
     assert opens["/shards/b.tar"] == 2
 
 
+def test_an_entry_evicted_by_another_fetch_before_the_reader_holds_it_is_fetched_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread's (a read-ahead's) or process's fetch evicts what no reader holds: between a
+    refetch and the reader's shared lock it took the entry again, and the reader's stat of the
+    vanished file was reported as the object missing from the store, mid-epoch."""
+    url, sha, size = _object("race.tar", b"r" * 3000)
+    cache = ShardCache(tmp_path / "cache")
+    real = ShardCache.fetch
+    calls = 0
+
+    def fetch_then_evicted(self: ShardCache, *args: Any, **kwargs: Any) -> Path:
+        nonlocal calls
+        calls += 1
+        path = real(self, *args, **kwargs)
+        if calls <= 2:  # the entry vanishes before the reader locks it, twice
+            path.unlink()
+        return path
+
+    monkeypatch.setattr(ShardCache, "fetch", fetch_then_evicted)
+    with cache.reading(url, sha, size, "race.tar") as path:
+        assert path.read_bytes() == b"r" * 3000
+    assert calls == 3
+    calls = -100  # evicted every time: a cache too small for what is read at once says so
+    with pytest.raises(OSError, match="lost the shard to eviction 8 times .* raise cache_limit"):
+        with cache.reading(url, sha, size, "race.tar"):
+            pass
+
+
 def test_a_store_that_holds_other_bytes_is_refused_and_nothing_is_cached(tmp_path: Path) -> None:
     url, sha, size = _object("c.tar", b"right bytes")
     fsspec.filesystem("memory").pipe("/shards/c.tar", b"wrong bytes")

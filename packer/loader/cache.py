@@ -91,10 +91,21 @@ class ShardCache:
         path = self._pending_result(sha256) or self.fetch(url, sha256, size, file, storage_options)
         with open(self._lock_path(sha256), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
-            if not self._valid(path, size):  # evicted or altered between fetch and lock: fetch again
+            # evicted or altered between fetch and lock (another thread's or process's fetch evicts
+            # what no reader holds, this entry too until the shared lock is taken): fetch again, and
+            # check again under the lock, as often as it takes a cache too small to hold it
+            for _ in range(_REFETCHES):
+                if self._valid(path, size):
+                    break
                 fcntl.flock(lock, fcntl.LOCK_UN)
                 path = self.fetch(url, sha256, size, file, storage_options)
                 fcntl.flock(lock, fcntl.LOCK_SH)
+            else:
+                if not self._valid(path, size):
+                    raise OSError(f"{url}: the shard cache {self.folder} lost the shard to eviction "
+                                  f"{_REFETCHES} times before it could be read: cache_limit "
+                                  f"({self.limit} bytes) is too small for the shards read at once (each worker's "
+                                  "and its read-ahead's); raise cache_limit, or lower read_ahead")
             # recently used: the access time says so (the modification time is the entry's stamp)
             os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
             yield path
@@ -222,6 +233,11 @@ class ShardCache:
                 path.unlink(missing_ok=True)
                 (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
                 total -= size
+
+
+#: How often :meth:`ShardCache.reading` fetches a shard that another fetch's eviction took away
+#: before the reader could hold it, before it says the cache is too small
+_REFETCHES = 8
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
