@@ -102,6 +102,35 @@ def test_an_entry_evicted_by_another_fetch_before_the_reader_holds_it_is_fetched
             pass
 
 
+def test_an_object_shorter_than_the_manifest_says_is_refused_at_once_not_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3fs is told the manifest's size (one request less), so a truncated object fails as a
+    ranged read past its end ('requested range not satisfiable'): that was retried five times
+    (15 s) and blamed on the network. The store's listed size tells it at once."""
+    url, sha, size = _object("short.tar", b"s" * 4000)
+    real = storage.filesystem_for
+    opened = 0
+
+    class RangePastTheEnd:
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
+
+        def open(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            nonlocal opened
+            opened += 1
+            raise OSError(22, "The requested range is not satisfiable")
+
+        def size(self, path: str) -> int:
+            return 2500
+
+    monkeypatch.setattr(storage, "filesystem_for", lambda u, o=None: (RangePastTheEnd(real(u, o)[0]), real(u, o)[1]))
+    cache = ShardCache(tmp_path / "cache", retries=4, backoff=5.0)  # a retry would take seconds
+    with pytest.raises(IntegrityError, match=r"short.tar: the store holds 2500 bytes, the manifest says 4000 "
+                                             r"\(truncated or replaced\)"):
+        cache.fetch(url, sha, size, "short.tar")
+    assert opened == 1
+
+
 def test_a_store_that_holds_other_bytes_is_refused_and_nothing_is_cached(tmp_path: Path) -> None:
     url, sha, size = _object("c.tar", b"right bytes")
     fsspec.filesystem("memory").pipe("/shards/c.tar", b"wrong bytes")

@@ -174,6 +174,8 @@ class ShardCache:
         # was left by a killed download (its lock died with it) and is overwritten
         partial = self.folder / f".{path.name}.partial"
         last: BaseException | None = None
+        fs: Any = None
+        remote = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -203,6 +205,10 @@ class ShardCache:
             except storage.remote_errors() as err:
                 last = err
                 partial.unlink(missing_ok=True)
+                stored = _stored_size(fs, remote) if fs is not None else None
+                if stored is not None and stored != size:  # cut short or replaced: no retry mends it
+                    raise IntegrityError(f"{url}: the store holds {stored} bytes, the manifest says {size} (truncated "
+                                         "or replaced); restore the shard or republish the dataset") from err
         why = storage.describe_error(url, last) if last is not None else "no attempt made"
         raise OSError(f"{url}: download failed {self.retries + 1} times ({why}); "
                       "check the store and the network, or read the shards from a local copy") from last
@@ -233,6 +239,18 @@ class ShardCache:
                 path.unlink(missing_ok=True)
                 (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
                 total -= size
+
+
+def _stored_size(fs: Any, remote: str) -> int | None:
+    """The object's size as the store lists it, or None where it cannot say (the download's
+    error then stands): asked only after a failed download, whose cause may be a short object
+    (a ranged read past its end: 'requested range not satisfiable')."""
+    try:
+        return int(fs.size(remote))
+    except (ValueError, TypeError):
+        return None
+    except storage.remote_errors():
+        return None
 
 
 #: How often :meth:`ShardCache.reading` fetches a shard that another fetch's eviction took away
