@@ -471,8 +471,8 @@ def load_checksums(info: SplitInfo) -> tuple[tuple[np.ndarray, ...], tuple[np.nd
     if info.index is None:
         _warn_unchecked(info, "its manifest lists no sample index (_index.parquet)")
         return None
-    index_bytes = _index_bytes(info, verify=True, fix="or read without per-sample checks (ShardDataset(..., verify='off'); "
-                                                             "packer bench-loader --verify off)")
+    unchecked = "or read without per-sample checks (ShardDataset(..., verify='off'); packer bench-loader --verify off)"
+    index_bytes = _index_bytes(info, verify=True, fix=unchecked)
     import pyarrow as pa
 
     try:
