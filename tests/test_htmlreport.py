@@ -294,6 +294,23 @@ def test_duplicate_pairs_show_both_thumbnails_and_no_raw_paths(built: BuildResul
     assert "Doe^Jane" not in text  # leakage.json's raw paths stay out of the report
 
 
+def test_copies_two_rules_found_are_one_duplicate_group_naming_both_rules(built: BuildResult) -> None:
+    """An exact pair within a split that spans two entities is a finding of two rules: the report
+    counted and drew it as two duplicate groups."""
+    keys = index_keys(built)
+    a, b = [k for k, r in keys.items() if r["split"] == "train"][:2]
+    planted = copy.deepcopy(built.manifest)
+    rules = planted["audit"]["rules"]
+    pair = [{"key": k, "split": "train", "entity_id": keys[k]["entity_id"], "source": "ct"} for k in (a, b)]
+    for rule in ("exact_duplicates_within_split", "duplicates_span_entities"):
+        rules[rule] = {**rules[rule], "count": 1, "findings": [{"samples": pair, "size": 2}]}
+    text = render_html_report(built.version_dir, manifest=planted)
+    parsed = parse(text)
+    assert parsed.body_rows["duplicate-groups"] == 1
+    assert "Duplicates <span class=\"muted\">(1 groups)</span>" in text
+    assert "duplicates span entities, exact duplicates within split" in text  # one card naming both rules
+
+
 def test_time_split_cutoffs_are_drawn_on_the_timeline(built: BuildResult) -> None:
     planted = copy.deepcopy(built.manifest)
     planted["config"]["split"] = {**planted["config"]["split"], "by": "time",

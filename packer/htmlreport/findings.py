@@ -15,7 +15,7 @@ relative paths, which the report leaves out.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,21 @@ def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
         elif "earliest" in finding or "latest_train" in finding or "latest_valid" in finding:
             out.time_order.append(finding)
         if group is not None:
-            out.groups.append(group)
+            _add_group(out, group)
+
+
+def _add_group(out: AuditFindings, group: DuplicateGroup) -> None:
+    """One group per set of samples: the same copies found by several rules (an exact pair is
+    within a split and spans two entities) are one group naming every rule, not one each (the
+    report counted and drew such a pair twice)."""
+    members = frozenset(m.key for m in group.members)
+    for at, seen in enumerate(out.groups):
+        if frozenset(m.key for m in seen.members) == members:
+            rules = [*seen.rule.split(", "), *(r for r in group.rule.split(", ") if r not in seen.rule.split(", "))]
+            out.groups[at] = replace(seen, rule=", ".join(rules), evidence=seen.evidence or group.evidence,
+                                     size=max(seen.size, group.size))
+            return
+    out.groups.append(group)
 
 
 def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
