@@ -12,7 +12,10 @@ manifest's per-shard counts): shards permuted, then a shuffle buffer (see
 ``exact`` / ``pad`` / ``drop``). Within a rank, batch ``j`` is built by worker
 ``j % num_workers`` and PyTorch's DataLoader collects worker batches round-robin, so a
 rank's batch stream is the same for any ``num_workers``: a function of (seed, epoch,
-rank, world_size, batch_size) only. Samples are assigned one by one in the global sample
+rank, world_size, batch_size) only. (One exception: under ``on_error="skip"`` with
+``uneven="pad"``, a skipped sample's place is filled with a repeat of a readable sample of
+the same worker, so which sample repeats depends on the worker split; which samples are
+delivered, each once, does not.) Samples are assigned one by one in the global sample
 index space, so any number of shards works with any ranks × workers.
 
 Checkpoint and resume. The loader counts, in the main process, the batches it has handed
@@ -32,7 +35,8 @@ object you iterate (the prefetcher, which does not count its own prefetched batc
         for batch in batches: ...    # the saved epoch yields exactly what it had left
 
 Resuming with the same world size gives exactly the rest of the uninterrupted epoch, in the
-same order, with any ``num_workers``. With another world size, the samples no rank had
+same order, with any ``num_workers`` (but the repeats that fill skipped samples' places under
+``on_error="skip"`` with ``uneven="pad"``, as above). With another world size, the samples no rank had
 consumed (assuming ranks stepped together, which DDP enforces) are split afresh over the
 new ranks: exactly the remaining samples, in a different order. Transforms are seeded per
 sample from (seed, epoch, sample), so augmentations survive resumes too.

@@ -6,7 +6,8 @@ in its sequence order for any ``num_workers``. The position is counted here, in 
 process, from the batches handed to the caller: ``state_dict()`` after ``k`` batches says
 "epoch e, ``k * batch_size`` positions consumed" (true of every rank, since ranks step
 together), and a loader that loads it yields the rest of the epoch, in the same order,
-with any ``num_workers``.
+with any ``num_workers`` (the repeats that fill skipped samples' places under
+``on_error="skip"`` with ``uneven="pad"`` are each worker's own: :mod:`packer.loader`).
 
 Batches of images of several shapes. A dataset may mix shapes (CT slices with two windows,
 radiographs with one, RGB photos). The default collate stacks, and refuses a mixed batch with
