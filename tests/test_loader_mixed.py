@@ -263,6 +263,18 @@ def test_a_mixed_batch_of_one_source_does_not_offer_loading_one_source_at_a_time
     assert "sources=[" not in message and "transform.channels: 3" in message and 'collate="list"' in message
 
 
+def test_a_mixed_batch_through_a_plain_dataloader_names_the_sources_from_the_keys(mixed: BuildResult) -> None:
+    """collate_fn=collate_stack in a DataLoader made by hand passes no manifest shapes: the error
+    named the shapes and example keys, not the sources the README promises."""
+    items = [next(iter(ShardDataset(mixed.manifest_path, "train", sources=[source], shuffle=False)))
+             for source in ("ct", "photos")]
+    assert len({tuple(item["image"].shape) for item in items}) == 2
+    with pytest.raises(MixedShapesError) as caught:
+        collate_stack(items)
+    message = str(caught.value)
+    assert "sample(s), source ct, e.g. ct-" in message and "sample(s), source photos, e.g. photos-" in message
+
+
 def test_the_shape_note_of_a_one_source_view_names_that_source_and_not_the_view_as_the_fix(mixed: BuildResult) -> None:
     """ct alone mixes a 1-channel radiograph with 2-window slices: the note lists ct's shapes only,
     and points at transform.channels, not at --sources (the view already is one source)."""
