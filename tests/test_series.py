@@ -325,12 +325,24 @@ def _key_of(job: Path, path: Path) -> str:
     return make_sample_id("raw", relpath, pseudonymizer_for(load_job(job).phi))
 
 
-def test_skip_makes_no_sample_of_an_edge_slice(tmp_path: Path) -> None:
+def test_skip_makes_no_sample_of_an_edge_slice_and_says_so_for_each_file(tmp_path: Path) -> None:
+    """edge: skip packs no sample of an end slice, nor of any slice of a series shorter than
+    2k + 1: those files vanished without a record, and a short series' patient with them. Each
+    is now left out on purpose (not_requested), so every file is counted once."""
     raw = tmp_path / "raw"
-    _write_series(raw / "a", seed=1, slices=5)
+    five = _write_series(raw / "a", seed=1, slices=5)
+    four = _write_series(raw / "b", seed=2, slices=4, patient="P2")
     result = _build(_series_job(tmp_path, raw, sample={"neighbors": 2, "edge": "skip"}))
     items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
     assert len(items) == 1 and items[0]["image"].shape[0] == 5
+    left_out = {Path(r["path"]): r for r in map(json.loads, (result.version_dir / "excluded.jsonl").read_text()
+                                                 .splitlines())}
+    assert len(left_out) == 8 and set(four) < set(left_out) < set(five) | set(four)  # all but the centre
+    assert {r["why"] for r in left_out.values()} == {"not_requested"}
+    assert all("edge: replicate packs it" in r["detail"] for r in left_out.values())
+    assert sum("fewer than the 5 a stack of neighbors: 2 needs" in r["detail"] for r in left_out.values()) == 4
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["files"] == 9 and manifest["inputs"]["excluded"] == {"not_requested": 8}
 
 
 def test_every_broken_series_is_reported_by_reason_and_the_good_ones_pack(tmp_path: Path) -> None:
@@ -525,6 +537,21 @@ def test_a_series_of_constant_slices_only_is_refused_as_constant(tmp_path: Path)
     bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert sorted((Path(r["path"]), r["reason"]) for r in bad) == sorted((p, "constant_image") for p in paths)
     assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 6
+
+
+def test_the_constant_slices_counted_are_those_of_packed_series_only(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A series refused as constant_image packs none of its slices: its files were counted in
+    inputs.constant_slices and in the reader-warning line ("4 file(s) packed with a reader's
+    warning"), whose example and locate hint named a file of the refused series."""
+    raw = tmp_path / "raw"
+    _air_edge_series(raw)  # one constant slice, packed as context
+    _write_series(raw / "b", seed=2, slices=4, patient="P2", overrides={i: {"PixelData": AIR.tobytes()}
+                                                                        for i in range(4)})
+    result = _build(_series_job(tmp_path, raw))
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["constant_slices"] == 1
+    assert "1 file(s) packed with a reader's warning" in capsys.readouterr().err
 
 
 def test_neighbours_need_split_frames_and_no_channel_mapping(tmp_path: Path) -> None:

@@ -311,10 +311,11 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
                       for r in task.refs if r.sample_id != ref.sample_id]
             return [outcome, *others]
         per_file.append(outcome)
-    for samples in per_file:
-        _note_warnings(samples, notes)
     clock.switch("decode+transform")
     samples, records = grouping.combine(task.group, per_file, task.job)
+    if samples:  # a refused series packs nothing, so none of its files is packed with a warning
+        for decoded in per_file:
+            _note_warnings(decoded, notes)
     gone = {r.sample_id for r in failed}  # a file with its own record keeps that one
     return [samples, *failed, *(r for r in records if r.sample_id not in gone)]
 

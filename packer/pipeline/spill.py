@@ -116,8 +116,10 @@ class CachedChunk:
 #: header's samples per pixel (grey+alpha PNG 2, CMYK JPEG 4), not what OpenCV decoded; 30: a SEG
 #: whose SpacingBetweenSlices differs from its series' slice step is on another grid; 31: a
 #: vendor's private SOP class without an image is left out (not_image), not no_pixel_data; the
-#: transfer syntax is checked before the photometric (a video is unsupported_transfer_syntax).
-CACHE_FORMAT = 32
+#: transfer syntax is checked before the photometric (a video is unsupported_transfer_syntax);
+#: 33: under edge: skip a file that centres no stack is a not_requested record, and a refused
+#: series' files note no reader warnings (they are packed with none).
+CACHE_FORMAT = 33
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -398,7 +398,8 @@ class DicomSeries(Grouping):
                 return slices, records
         if job.dicom.sample == "volume":
             return stack_volume(slices, series, job.dicom), records
-        return stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge), records
+        stacked = stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge)
+        return stacked, (*records, *_edge_left_out(slices, stacked, job.dicom.neighbors))
 
     def headers_only(self, group: Series | AnnotatedSeries) -> tuple[Excluded, ...]:
         """A series' annotations, linked from their headers (``--quick`` does not paint them)."""
@@ -421,6 +422,28 @@ class DicomSeries(Grouping):
                  else frame_key(series.refs[index].sample_id, frame))
                 for i, (index, frame) in enumerate(series.slices)
                 if not skip or k <= i < count - k]
+
+
+def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int) -> tuple[Excluded, ...]:
+    """Under ``edge: skip``, one ``not_requested`` record per file none of whose slices is the
+    centre of a stack (an end slice without ``k`` neighbours on each side, or every slice of a
+    series shorter than ``2k + 1``): such a file made no sample of its own, and every file is
+    counted once, packed, bad or left out (a short series' patient vanished without a word)."""
+    if len(stacked) == len(slices):
+        return ()
+    centres = {sample.ref.sample_id for sample in stacked}
+    out: dict[str, Excluded] = {}
+    for index, sample in enumerate(slices):
+        ref = sample.ref
+        if ref.sample_id in centres or ref.sample_id in out:
+            continue
+        why = (f"its series has {len(slices)} slices, fewer than the {2 * k + 1} a stack of neighbors: {k} needs, so "
+               "with edge: skip no slice of it makes a sample" if not stacked else
+               f"slice {index + 1} of {len(slices)} of its series, without {k} neighbour(s) on each side: edge: skip "
+               "makes no sample of it (its pixels are channels of its neighbours' stacks)")
+        out[ref.sample_id] = Excluded.of(ref, stage="transform", why="not_requested",
+                                         detail=f"{why}; edge: replicate packs it, repeating the end slice")
+    return tuple(out.values())
 
 
 def _blank_series(series: Series, slices: Sequence[Sample]) -> tuple[Issue, ...]:
