@@ -795,7 +795,7 @@ SERIES = {
     "SER02": ("8 axial slices, 3 mm apart", None),
     "SER03": ("8 axial slices, 3 mm apart", None),
     "SER04": ("8 slices tilted 20 degrees (oblique)", None),
-    "SER05": ("8 axial slices plus a localizer (left out)", "series_localizer"),
+    "SER05": ("8 axial slices plus a localizer (left out on purpose, not bad)", "not_requested"),
     "BAD01": ("slice 4 missing", "series_gap"),
     "BAD02": ("two slices at one position", "series_duplicate_position"),
     "BAD03": ("one slice in another orientation", "series_orientation"),
@@ -838,7 +838,7 @@ def write_series_examples(root: Path, seed: int, size: int = 48) -> None:
             write_ct_slice(root / "series" / patient / name, patient_id=patient, study_date="20240301",
                            pixels_hu=hu, uids=make_uids(seed, patient, k, study=1), instance_number=int(numbers[k]),
                            slice_location_mm=z, **overrides)
-        if broken == "series_localizer":
+        if broken == "not_requested":  # a scout among the slices
             hu = render_ct_phantom(seeded_rng(seed, "series-scout", patient), size=size, z=0.0, nodule=False)
             write_ct_slice(root / "series" / patient / "scout.dcm", patient_id=patient, study_date="20240301",
                            pixels_hu=hu, uids=make_uids(seed, patient, 99, study=1), instance_number=99,

@@ -363,13 +363,19 @@ def test_every_broken_series_is_reported_by_reason_and_the_good_ones_pack(tmp_pa
         reasons.setdefault(Path(record["path"]).parent.name, set()).add(record["reason"])
     assert reasons == {"gap": {"series_gap"}, "dup": {"series_duplicate_position"},
                        "mixed": {"series_orientation"}, "nopos": {"series_no_position"},
-                       "short": {"series_too_short"}, "scout": {"series_localizer"}}
+                       "short": {"series_too_short"}}
     bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert sum(Path(r["path"]).parent.name == "gap" for r in bad) == len(gap)  # every file, by name
-    assert len(dup) + len(mixed) + len(nopos) + len(short) + 1 == sum(
+    assert len(dup) + len(mixed) + len(nopos) + len(short) == sum(
         Path(r["path"]).parent.name in ("dup", "mixed", "nopos", "short", "scout") for r in bad)
+    # the localizer among the scout series' slices is left out on purpose, as a slice job leaves
+    # localizers out: not a bad sample (a CT export's scouts failed a default job's bad fraction)
+    (left_out,) = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    assert (Path(left_out["path"]), left_out["why"]) == (scout[0], "not_requested")
+    assert "series.drop_localizers" in left_out["detail"] and "where: {ImageType: LOCALIZER}" in left_out["detail"]
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["inputs"]["samples"] == 6 + len(scout) - 1
+    assert manifest["inputs"]["excluded"] == {"not_requested": 1}
 
 
 def test_a_series_of_two_acquisitions_at_different_positions_packs_each_as_a_stack(tmp_path: Path) -> None:
@@ -589,9 +595,11 @@ def test_the_demo_series_workflow_packs_the_good_series_and_names_each_broken_on
     found: dict[str, set[str]] = {}
     for record in read_bad_samples(result.version_dir / "bad_samples.jsonl"):
         found.setdefault(Path(record["path"]).parent.name, set()).add(record["reason"])
-    assert found == {patient: {reason} for patient, (_, reason) in SERIES.items() if reason}
+    assert found == {patient: {reason} for patient, (_, reason) in SERIES.items()
+                     if reason not in (None, "not_requested")}
     manifest = json.loads(result.manifest_path.read_text())
-    packed = sum(1 for _, reason in SERIES.values() if reason in (None, "series_localizer"))
+    assert manifest["inputs"]["excluded"] == {"not_requested": 1}  # SER05's scout: left out, not bad
+    packed = sum(1 for _, reason in SERIES.values() if reason in (None, "not_requested"))
     assert manifest["inputs"]["samples"] == 8 * packed
     assert manifest["sample_schema"]["shape"] == [9, 48, 48]
     for split in ("train", "valid", "test"):

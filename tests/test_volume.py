@@ -216,7 +216,7 @@ def test_the_demo_volume_workflow_packs_one_canonical_volume_per_good_series(dem
     (tmp_path / "demo-raw").symlink_to(demo_raw.root)
     result = _build(tmp_path / "workflows" / "series-volume.yaml")
     manifest = json.loads(result.manifest_path.read_text())
-    good = sum(1 for _, reason in SERIES.values() if reason in (None, "series_localizer"))
+    good = sum(1 for _, reason in SERIES.values() if reason in (None, "not_requested"))
     assert manifest["inputs"]["samples"] == good
     assert manifest["sample_schema"] == {"dtype": "uint8", "layout": "CDHW", "shape": [3, 16, 48, 48],
                                          "shapes": {"series": [[3, 16, 48, 48]]}}

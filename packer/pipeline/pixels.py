@@ -702,11 +702,12 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
                 placed.append(item)
         progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
     progress.close()
-    groups, refused_groups = grouping.assemble(placed, make.job)
-    refused = [*issues, *refused_groups]
+    groups, records = grouping.assemble(placed, make.job)
+    refused = [*issues, *(r for r in records if isinstance(r, Issue))]
     in_groups = sum(len(group.refs) for group in groups)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
     files = len(placed) + len(issues) + len(excluded) - in_groups  # the files this result speaks for
+    excluded.extend(r for r in records if isinstance(r, Excluded))  # placed, then left out (localizers)
     return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files,
                                excluded=tuple(sorted(excluded, key=lambda e: (e.path, e.sample_id))))
 

@@ -312,11 +312,18 @@ class DicomSeries(Grouping):
     :class:`~packer.read.dicom_masks.AnnotatedSeries`): each series is one unit of work."""
 
     def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
-                 ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue, ...]]:
-        """The series, and the files refused on the way (bad series, localizers left out, and
-        with ``sample: volume`` every file of a series over ``limits.max_voxels``, from headers).
-        With masks from DICOM, each series comes with the annotations that reference it, and
-        the annotations that reference none are refused (:func:`~packer.read.dicom_masks.link`)."""
+                 ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue | Excluded, ...]]:
+        """The series, and the files refused on the way (bad series, and with ``sample: volume``
+        every file of a series over ``limits.max_voxels``, from headers) or left out (the
+        localizers ``series.drop_localizers`` drops: ``not_requested``, as a slice job leaves them
+        out, never bad samples). With masks from DICOM, each series comes with the annotations
+        that reference it, and the annotations that reference none are refused
+        (:func:`~packer.read.dicom_masks.link`)."""
+        groups, records = self._assembled(placed, job)
+        return groups, _localizers_left_out(records, job.dicom.series.drop_localizers)
+
+    def _assembled(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
+                   ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue, ...]]:
         images = [(ref, state) for ref, state in placed if not isinstance(state, AnnotationRefs)]
         notes = [(ref, state) for ref, state in placed if isinstance(state, AnnotationRefs)]
         settings = job.dicom.series
@@ -422,6 +429,26 @@ class DicomSeries(Grouping):
                  else frame_key(series.refs[index].sample_id, frame))
                 for i, (index, frame) in enumerate(series.slices)
                 if not skip or k <= i < count - k]
+
+
+def _localizers_left_out(records: Sequence[Issue], drop: bool) -> tuple[Issue | Excluded, ...]:
+    """The localizers and derived images ``series.drop_localizers`` leaves out of their series
+    (and the scout series, of localizers only) as ``not_requested`` records: left out on purpose,
+    as a slice job leaves localizers out, not bad samples. A default series job of a CT export,
+    which nearly always holds scouts, failed its bad fraction on them. With the option off a
+    localizer refuses its series: ``series_localizer`` stays a bad sample."""
+    if not drop:
+        return tuple(records)
+    out: list[Issue | Excluded] = []
+    for record in records:
+        if record.reason != "series_localizer":
+            out.append(record)
+            continue
+        said = record.message.removeprefix(f"{record.path}: ")
+        out.append(Excluded(sample_id=record.sample_id, path=record.path, stage="validate", why="not_requested",
+                            detail=f"{said}; a scout, not a slice of the stack: to pack localizers, pack them in a "
+                                   "job with sample: slice and where: {ImageType: LOCALIZER}"))
+    return tuple(out)
 
 
 def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int) -> tuple[Excluded, ...]:

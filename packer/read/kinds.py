@@ -302,8 +302,9 @@ class Grouping:
     unit of work."""
 
     def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
-                 ) -> tuple[tuple[Any, ...], tuple[Issue, ...]]:
-        """The groups the probed files make, and one Issue per file refused on the way."""
+                 ) -> tuple[tuple[Any, ...], tuple[Issue | Excluded, ...]]:
+        """The groups the probed files make, and one record per file refused (an Issue) or left
+        out on purpose (an Excluded) on the way."""
         raise NotImplementedError
 
     def file_job(self, job: JobConfig) -> JobConfig:
