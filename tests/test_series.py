@@ -122,6 +122,19 @@ def test_a_bad_series_is_refused_with_its_own_reason_for_every_file(bad: Any, re
     assert all("series " in i.message and "not packed" in i.message for i in out.issues)
 
 
+@pytest.mark.parametrize(("bad", "named"), [
+    (lambda fs: fs[:3] + fs[4:], ("/raw/2.dcm and /raw/4.dcm", "restore the missing file")),         # the gap's sides
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, orientation=_oblique(10.0)))], ("/raw/50.dcm has",)),
+    (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, rows=32))], ("1 file(s), e.g. /raw/50.dcm",)),
+])
+def test_a_refusal_names_the_files_that_cause_it(bad: Any, named: tuple[str, ...]) -> None:
+    """A gap, a turned slice, a slice of another grid: the records said "between slices 2 and 3"
+    (sorted indices) or only that the slices differ, and named no file a user could remove."""
+    out = assemble(bad([(_ref(i), _geometry(2.5 * i)) for i in range(8)]), CFG)
+    message = out.issues[0].message
+    assert all(text in message for text in named), message
+
+
 def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     """A multi-frame object has its orientation but no per-frame positions: say that, not
     "no Image Position or Image Orientation"."""

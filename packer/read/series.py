@@ -304,12 +304,23 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                  f"{[round(float(v), 6) for v in base]} whose row and column cosines "
                                                  "are not two orthogonal unit vectors, so no slice normal orders "
                                                  "the slices", uid_key)
-    if any(np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE for _, g in members
-           for o in (g.orientation, *g.frame_orientations) if o is not None):
-        return _fail(refs, "series_orientation", "its slices have different Image Orientation (Patient)", uid_key)
+    turned = [(ref, o) for ref, g in members for o in (g.orientation, *g.frame_orientations)
+              if o is not None and np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE]
+    if turned:
+        ref, o = turned[0]
+        return _fail(refs, "series_orientation", f"its slices have different Image Orientation (Patient): "
+                                                 f"{ref.path} has {[round(float(v), 4) for v in o]}, "
+                                                 f"{members[0][0].path} {[round(float(v), 4) for v in base]}"
+                                                 f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
+                                                 "a reformat or a localizer exported into the series: remove it",
+                     uid_key)
     grid = {(g.rows, g.columns, g.spacing) for _, g in members}
     if len(grid) > 1:
-        shown = ", ".join(f"{r}×{c} at {s}" for r, c, s in sorted(grid, key=str))
+        counts: dict[tuple[Any, ...], list[str]] = {}
+        for ref, g in members:
+            counts.setdefault((g.rows, g.columns, g.spacing), []).append(ref.path)
+        shown = ", ".join(f"{r}×{c} at {s} ({len(paths)} file(s), e.g. {paths[0]})"
+                          for (r, c, s), paths in sorted(counts.items(), key=lambda item: -len(item[1])))
         return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
                      uid_key)
     normal = stacking_direction(base)
@@ -329,9 +340,12 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
         at = int(np.argmax(off))
-        return _fail(refs, "series_gap", f"a step of {steps[at]:.3f} mm between slices {at} and {at + 1} where the "
-                                         f"median step is {median:.3f} mm (series.gap_tolerance "
-                                         f"{cfg.gap_tolerance:g}): a missing or extra slice", uid_key)
+        both = " and ".join(_slice_name(members, slices[n]) for n in (at, at + 1))
+        return _fail(refs, "series_gap", f"a step of {steps[at]:.3f} mm between {both} (slices {at + 1} and "
+                                         f"{at + 2} along the slice normal) where the median step is {median:.3f} "
+                                         f"mm (series.gap_tolerance {cfg.gap_tolerance:g}): a missing or extra slice "
+                                         "(restore the missing file, or raise series.gap_tolerance for a series "
+                                         "that is irregular by design)", uid_key)
     order = []  # files in the order their first slice comes
     for _, i, _ in slices:
         if i not in order:
