@@ -386,8 +386,9 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
                                   "ending in .json is the manifest, any other the version folder)") from err
             raise IntegrityError(f"{where}: cannot read the manifest (not found) beside the version's other files: "
                                  "in an object store, most likely an upload interrupted before its manifest (it goes "
-                                 "last); run the same `packer build` again to publish it, or "
-                                 f"{_RESTORE}") from err
+                                 "last); run the same `packer build` again to publish it (it uploads and checks what "
+                                 "is missing; a manifest copied there by hand would list shards never checked)"
+                                 ) from err
         except OSError as err:
             raise storage.storage_error(where, err, doing="reading the manifest") from err
     doc = _parse(raw, where)

@@ -285,6 +285,30 @@ def test_the_readme_python_examples_bad_fraction_branch_does_not_train_on_the_fa
     assert str(stopped.value) == f"too many bad files: see {failed}/bad_samples.jsonl"
 
 
+def test_a_version_whose_publish_fails_is_not_listed_in_the_registry(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry copy was written before the upload: a publish that failed (or was killed)
+    left a listed version the store had no manifest of. It is written once the publish is done."""
+    import packer.pipeline.build as build_module
+
+    job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
+    doc = yaml.safe_load(job.read_text())
+    doc["registry"] = "registry"
+    job.write_text(yaml.safe_dump(doc))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise IntegrityError("memory://packer-api/x: read back different after upload")
+
+    monkeypatch.setattr(build_module, "publish_version", broken)
+    with pytest.raises(IntegrityError):
+        packer.build(job, out="memory://packer-api/registry-test", scheduler="sync", progress=False, report=False)
+    assert not list((tmp_path / "registry").rglob("*.json"))
+    monkeypatch.undo()
+    published = packer.build(job, out="memory://packer-api/registry-test", scheduler="sync", progress=False,
+                             report=False)
+    assert (tmp_path / "registry" / "photos" / f"{published.version}.json").is_file()
+
+
 def test_built_for_a_url_the_manifest_is_the_published_one(tmp_path: Path) -> None:
     job = photo_job(tmp_path, photos(6), split=ENTITY_SPLIT)
     local = packer.build(job, scheduler="sync", progress=False, report=False)

@@ -690,6 +690,29 @@ def test_a_damaged_shard_of_an_earlier_remote_version_is_not_copied_into_the_nex
 
 
 @pytest.mark.slow  # moto's S3 server
+def test_repairing_one_object_never_copies_a_damaged_earlier_shard_over_an_intact_one(
+        store: Store, built: Built, tmp_path: Path) -> None:
+    """v2 shares its shards with v1 (copied in the store). A byte flipped in one of v1's shards
+    and in another of v2's own: rebuilding v2 to repair its damaged object also copied v1's
+    damaged shard over v2's intact copy, unread, and recorded it as checked, so v2 stayed broken
+    and every later rebuild said there was nothing to do."""
+    remote = f"s3://{BUCKET}/repair-{built.fmt}"
+    first = publish_version(built.local.version_dir, remote)
+    sibling = _sibling_version(built.local.version_dir, tmp_path)
+    second = publish_version(sibling, remote)
+    shards = [s["file"] for split in built.local.manifest["splits"].values() for s in split["shards"]]
+    assert len(shards) >= 2 and set(second.copied) >= set(shards[:2])
+    _flip_object(store, first.url.split(f"s3://{BUCKET}/", 1)[1] + "/" + shards[0])   # v1's, shared with v2
+    _flip_object(store, second.url.split(f"s3://{BUCKET}/", 1)[1] + "/" + shards[1])  # v2's own
+    repaired = publish_version(sibling, remote)
+    # v2's damaged object may be mended by a copy of v1's intact one; v1's damaged one is never copied
+    assert repaired.repaired == (shards[1],) and shards[0] not in repaired.copied
+    report = verify_dataset(second.url)
+    assert report.ok, report.problems
+    assert publish_version(sibling, remote).skipped
+
+
+@pytest.mark.slow  # moto's S3 server
 def test_a_rebuild_finds_a_same_size_damaged_object_of_its_own_remote_version_and_uploads_it_again(
         store: Store, built: Built, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A rebuild whose remote manifest has the same dataset_hash compared the objects' sizes only

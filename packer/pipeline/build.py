@@ -479,14 +479,16 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     if options.keep_cache:  # after the prune: the index lists only entries that exist
         write_file_index(cache_dir, used_units)
     del used_units
-    registry_copy, registry_written = None, False
-    if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
-        registry_copy = job.registry / job.name / f"{manifest['version']}.json"
-        registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     published = None
     if remote is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) stays local
         published = publish_version(version_dir, remote, storage_options=options.storage_options,
                                     quiet=options.quiet)
+    # listed only once the version is where it is read from: a publish that failed or was killed
+    # left a registry entry for a version the store had no manifest of
+    registry_copy, registry_written = None, False
+    if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
+        registry_copy = job.registry / job.name / f"{manifest['version']}.json"
+        registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=read_manifest(version_dir / MANIFEST_FILE).data,
                        issues=sorted_issues, reused=reused, restored=restored,

@@ -617,8 +617,11 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
                  and (include_local_only or p.name not in LOCAL_ONLY)]
         order = [name for name in _upload_order(names, manifest) if name not in state.intact]
         recorded = _recorded(manifest, "sha256")
+        # only what is to be uploaded: an object already intact here is never overwritten by a copy
+        # (an earlier version's object may be damaged, and only the uploaded ones are read back)
         copied, sources = _copy_earlier(folder, VersionFolder(join_url(remote_url, manifest["name"]),
-                                                              storage_options), manifest, storage_options)
+                                                              storage_options), manifest, storage_options,
+                                        only=frozenset(order))
         total, repaired = _upload(folder, local_version_dir, order, recorded, copied=sources)
         for name in repaired:
             copied.pop(name, None)
@@ -645,14 +648,18 @@ def _warn(message: str) -> None:
 
 
 def _copy_earlier(folder: VersionFolder, dataset: VersionFolder, manifest: dict[str, Any],
-                  storage_options: Mapping[str, Any] | None) -> tuple[dict[str, int], dict[str, str]]:
-    """Copy into ``folder``, inside the store, each shard of ``manifest`` that an earlier
-    version in ``dataset`` (the remote dataset folder) lists with the same sha256 and size,
-    instead of uploading it (the caller reads every object back and checks it, these too).
+                  storage_options: Mapping[str, Any] | None, *, only: frozenset[str] | None = None
+                  ) -> tuple[dict[str, int], dict[str, str]]:
+    """Copy into ``folder``, inside the store, each shard of ``manifest`` (of those named in
+    ``only``, where given: the ones to upload) that an earlier version in ``dataset`` (the remote
+    dataset folder) lists with the same sha256 and size, instead of uploading it (the caller
+    reads every object it uploads back and checks it, these too; a shard already intact in
+    ``folder`` is not in ``only``, so a damaged earlier object is never copied over it unread).
     Versions whose manifest does not read cleanly are not used, nor an object whose size is not
     the one its manifest records. Returns the copied shards' sizes by name, and where each was
     copied from (its earlier object, as a user would type it)."""
-    wanted = {s["sha256"]: (s["file"], s["bytes"]) for split in manifest["splits"].values() for s in split["shards"]}
+    wanted = {s["sha256"]: (s["file"], s["bytes"]) for split in manifest["splits"].values() for s in split["shards"]
+              if only is None or s["file"] in only}
     copied: dict[str, int] = {}
     sources: dict[str, str] = {}
     for name in dataset.folders():
