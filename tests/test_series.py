@@ -135,6 +135,17 @@ def test_a_refusal_names_the_files_that_cause_it(bad: Any, named: tuple[str, ...
     assert all(text in message for text in named), message
 
 
+def test_a_one_slice_series_assembles_without_numpy_warnings() -> None:
+    """min_slices: 1 and one slice: the gap check took the median of no steps, and numpy's "Mean
+    of empty slice" and "invalid value" warnings reached the console."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = assemble([(_ref(0), _geometry(0.0))], replace(CFG, min_slices=1))
+    assert len(out.series) == 1 and out.issues == ()
+
+
 def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     """A multi-frame object has its orientation but no per-frame positions: say that, not
     "no Image Position or Image Orientation"."""

@@ -336,7 +336,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         return _fail(refs, "series_duplicate_position", f"two slices share the position {slices[at][0]:.3f} mm "
                                                         f"along the slice normal ({both}: one file twice in the "
                                                         "export, or two acquisitions in one series)", uid_key)
-    median = float(np.median(steps))
+    median = float(np.median(steps)) if steps.size else 0.0  # one slice (min_slices: 1): no step to check
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
         at = int(np.argmax(off))
