@@ -80,6 +80,16 @@ def make_key(file_id: str, *, frame: int | None = None, page: int | None = None,
     return key
 
 
+_FILE_ID = re.compile(r"^(?P<source>.+)-[0-9a-f]{16}(?:-dup\d+)?$")
+
+
+def key_source(key: str) -> str | None:
+    """The (safe-keyed) source name a sample key's file id starts with, or None for a key of
+    another making."""
+    found = _FILE_ID.match(parse_key(key).file_id)
+    return found["source"] if found is not None else None
+
+
 def parse_key(key: str) -> KeyParts:
     """What :func:`make_key` made ``key`` from: the file's sample id and the frame, page or tile.
     A key without a suffix (or with one no reader writes that way) is a file id."""

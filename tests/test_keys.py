@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from packer.cli import main
 from packer.config import load_job
-from packer.keys import KeyParts, frame_key, make_key, page_key, parse_key
+from packer.keys import KeyParts, frame_key, key_source, make_key, page_key, parse_key
 from packer.pipeline.discover import discover
 from packer.read.image import read_image
 from packer.records import Issue
@@ -161,3 +161,11 @@ def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["locate", str(job), file_id + "-f0001"])
     assert result.exit_code == 2, result.output
     assert f"{file_id}-f0001: no file of" in result.output
+
+
+def test_a_keys_source_is_read_from_its_file_id_whatever_its_suffix() -> None:
+    """The loader names a mixed batch's sources from its keys where no manifest says them."""
+    assert key_source("ct-0123456789abcdef") == "ct"
+    assert key_source("my-site-0123456789abcdef-f0003") == "my-site"  # a source name with a dash
+    assert key_source("photos-0123456789abcdef-dup1-p00002") == "photos"
+    assert key_source("not a packer key") is None

@@ -87,6 +87,8 @@ class AuditFindings:
     entities_per_split: dict[str, int] = field(default_factory=dict)
     time_ranges: dict[str, list[str]] = field(default_factory=dict)
     note: str | None = None
+    #: each group's place in ``groups`` by its members' keys (:func:`_add_group`)
+    _group_at: dict[frozenset[str], int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def clean(self) -> bool:
@@ -181,13 +183,15 @@ def _add_group(out: AuditFindings, group: DuplicateGroup) -> None:
     within a split and spans two entities) are one group naming every rule, not one each (the
     report counted and drew such a pair twice)."""
     members = frozenset(m.key for m in group.members)
-    for at, seen in enumerate(out.groups):
-        if frozenset(m.key for m in seen.members) == members:
-            rules = [*seen.rule.split(", "), *(r for r in group.rule.split(", ") if r not in seen.rule.split(", "))]
-            out.groups[at] = replace(seen, rule=", ".join(rules), evidence=seen.evidence or group.evidence,
-                                     size=max(seen.size, group.size))
-            return
-    out.groups.append(group)
+    at = out._group_at.get(members)
+    if at is None:
+        out._group_at[members] = len(out.groups)
+        out.groups.append(group)
+        return
+    seen = out.groups[at]
+    rules = seen.rule.split(", ")
+    out.groups[at] = replace(seen, rule=", ".join([*rules, *(r for r in group.rule.split(", ") if r not in rules)]),
+                             evidence=seen.evidence or group.evidence, size=max(seen.size, group.size))
 
 
 def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:

@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
-from packer.keys import parse_key
+from packer.keys import key_source
 from packer.loader.dataset import Item, PlannedDataset
 from packer.loader.readers import ShardReadError, own_message_first
 from packer.loader.sharding import Segment, derive_seed
@@ -179,17 +179,10 @@ def describe_mixed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence
     for shape, keys in counts.items():
         owners = sorted(src for src, known in (shapes or {}).items() if shape in {tuple(k) for k in known})
         if shapes is None:  # a DataLoader made by hand passes no manifest: the keys name their sources
-            owners = sorted({_source_of(key) for key in keys} - {""})
+            owners = sorted({source for key in keys if (source := key_source(key)) is not None})
         source = f", source {' or '.join(owners)}" if owners else ""
         parts.append(f"{_shape_text(shape)} ({len(keys)} sample(s){source}, e.g. {keys[0]})")
     return ", ".join(parts)
-
-
-def _source_of(key: str) -> str:
-    """The source a sample key names: its file's sample id is ``<source>-<16 hex digits>``."""
-    file_id = parse_key(key).file_id
-    source, _, digest = file_id.rpartition("-")
-    return source if len(digest) == 16 and all(c in "0123456789abcdef" for c in digest) else ""
 
 
 def _targets(items: Sequence[Item]) -> dict[str, Any]:

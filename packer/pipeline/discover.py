@@ -644,7 +644,6 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
-
     for rel, path in files:
         progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
@@ -756,8 +755,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                 present_here = Path(target).is_file()
             except OSError as err:  # a folder on the way cannot be entered (permissions): say so, no crash
                 issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi),
-                                    path=target if remote else os.path.normpath(target), stage="discover",
-                                    reason="unreadable",
+                                    path=os.path.normpath(target), stage="discover", reason="unreadable",
                                     message=f"{table} row {row.row} lists {rel!r}, but {target} cannot be looked at "
                                             f"({err.strerror or err}): a folder on its way is not readable by this "
                                             "user; make it readable (chmod a+rx on the folders), or remove the row"))

@@ -195,9 +195,9 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     series, whose localizers the series rule handles). A file of an image SOP class without
     pixel data is no exclusion: the read calls it ``no_pixel_data``, a real defect.
     """
-    uid = next(iter(header_values(ds, "SOPClassUID")), "").strip()
-    if not uid:  # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
-        uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
+    meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
+    # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
+    uid = next(iter(header_values(ds, "SOPClassUID")), "").strip() or meta_uid
     modality = str(ds.get("Modality", "") or "").strip().upper()
     name = sop_class_name(uid)
     what = f"Modality {modality or '(none)'} ({name})"
@@ -205,7 +205,6 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     non_image_class = known is not None and known[1] == "SOP Class" and "Image" not in known[0] and uid != RT_DOSE
     # a vendor's own SOP class (Siemens CSA Non-Image, Philips Private MR Series Data) without an
     # image: a well-formed object of a class no standard names, not a damaged image
-    meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
     private_class = (known is None and not uid.startswith("1.2.840.10008.") and _UID.fullmatch(uid) is not None
                      and meta_uid in ("", uid))  # a damaged UID, or one its file meta contradicts, is no class
     if private_class and modality not in NOT_IMAGE_MODALITIES and not has_pixels(ds):

@@ -371,9 +371,9 @@ class _Series:
         pairs = zip(frame.spacing, place.spacing, strict=True)
         return ((rows, columns) == (place.rows, place.columns) and turned <= ORIENTATION_TOL
                 and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs)
-                and self.same_slice_spacing(frame))
+                and self._same_slice_spacing(frame))
 
-    def same_slice_spacing(self, frame: _Frame) -> bool:
+    def _same_slice_spacing(self, frame: _Frame) -> bool:
         """False where the frame's SpacingBetweenSlices and the series' spacing (median gap) are
         both known and differ by more than :data:`SLICE_SPACING_RTOL`: the SEG samples the
         normal otherwise than the series, so placing its frames by position alone would paint
