@@ -30,7 +30,7 @@ from packer.read.dicom_series import SliceGeometry
 from packer.read.series import assemble
 from packer.records import SampleRef
 from tests.dicom_files import ct_dataset, enhanced_ct_dataset, save
-from tests.test_targets import _build, _job
+from tests.test_targets import _build, _ct, _job
 
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
@@ -144,6 +144,47 @@ def test_a_one_slice_series_assembles_without_numpy_warnings() -> None:
         warnings.simplefilter("error")
         out = assemble([(_ref(0), _geometry(0.0))], replace(CFG, min_slices=1))
     assert len(out.series) == 1 and out.issues == ()
+
+
+def test_a_one_slice_series_steps_by_its_headers_depth_not_an_invented_millimetre() -> None:
+    """One slice has no second position: its step along the normal is the header's Spacing
+    Between Slices, else its Slice Thickness; 1 mm only where neither is given, and then the
+    series says it was assumed (a 5 mm slice recorded as 1 mm made its volume 5x too thin)."""
+    one = assemble([(_ref(0), replace(_geometry(0.0), depth=5.0))], replace(CFG, min_slices=1)).series[0]
+    assert one.step == pytest.approx((0.0, 0.0, 5.0)) and not one.depth_assumed
+    assert np.linalg.norm(one.affine()[:3, 0]) == pytest.approx(5.0)
+    bare = assemble([(_ref(0), _geometry(0.0))], replace(CFG, min_slices=1)).series[0]
+    assert bare.step == pytest.approx((0.0, 0.0, 1.0)) and bare.depth_assumed
+    several = assemble([(_ref(i), replace(_geometry(2.0 * i), depth=5.0)) for i in range(3)], CFG).series[0]
+    assert several.step == pytest.approx((0.0, 0.0, 2.0)) and not several.depth_assumed  # positions win
+
+
+@pytest.mark.parametrize(("header", "spacing", "slices", "warned"), [
+    ({"SliceThickness": 5.0}, None, 1, False),
+    ({"SliceThickness": 5.0, "SpacingBetweenSlices": 4.0}, None, 1, False),
+    ({"SliceThickness": 5.0}, [1.0, 0.5, 0.5], 5, False),
+    ({"SliceThickness": None}, None, 1, True),
+], ids=["thickness", "spacing-between-slices", "resampled-to-1mm", "no-depth"])
+def test_a_one_slice_volume_records_the_depth_its_header_gives(
+        tmp_path: Path, header: dict[str, Any], spacing: list[float] | None, slices: int, warned: bool) -> None:
+    """End to end: a one-slice series (min_slices: 1) packed as a volume has the header's depth
+    in its affine and spacing, a requested z spacing resamples that depth (5 mm at 1 mm: five
+    slices), and a slice without any depth says its 1 mm is assumed."""
+    raw = tmp_path / "raw"
+    _ct(raw, "P0/s0.dcm", "P0", seed=1, **header)
+    sample: Any = {"volume": {"spacing": spacing}} if spacing else "volume"
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": sample,
+                                    "series": {"min_slices": 1}}})
+    result = _build(job)
+    (item,) = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    (record,) = _records(result).values()
+    volume = record["metadata"]["volume"]
+    depth = header.get("SpacingBetweenSlices") or header["SliceThickness"] or 1.0
+    assert item["image"].shape[1] == slices
+    assert volume["spacing"][0] == pytest.approx(depth / slices)
+    assert np.linalg.norm(np.array(volume["affine"])[:3, 0]) == pytest.approx(depth / slices)
+    assert any("depth spacing of 1 mm is assumed" in w for w in record["metadata"].get("warnings", ())) is warned
 
 
 def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:

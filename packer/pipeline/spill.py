@@ -118,8 +118,10 @@ class CachedChunk:
 #: vendor's private SOP class without an image is left out (not_image), not no_pixel_data; the
 #: transfer syntax is checked before the photometric (a video is unsupported_transfer_syntax);
 #: 33: under edge: skip a file that centres no stack is a not_requested record, and a refused
-#: series' files note no reader warnings (they are packed with none).
-CACHE_FORMAT = 33
+#: series' files note no reader warnings (they are packed with none); 34: a series of one slice
+#: steps by its header's Spacing Between Slices, else Slice Thickness (1 mm, with a warning, only
+#: where neither is given).
+CACHE_FORMAT = 34
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

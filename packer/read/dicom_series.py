@@ -4,17 +4,19 @@
 assembly (:mod:`packer.pipeline.series`) needs to group files into series, order their slices
 and check them: Study/Series Instance UID, Frame of Reference, Image Position and Orientation
 (Patient) (for an enhanced multi-frame object, per frame from the functional groups: PS3.3
-C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation), Rows/Columns, Pixel Spacing and
-Image Type. Nothing is judged here: a missing value is ``None`` and assembly decides.
+C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation), Rows/Columns, Pixel Spacing,
+Image Type, and the slice depth a series of one slice stands for (Spacing Between Slices, else
+Slice Thickness). Nothing is judged here: a missing value is ``None`` and assembly decides.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
 
-from packer.read.dicom_attrs import element, floats, functional_item, pixel_spacing
+from packer.read.dicom_attrs import element, first_float, floats, functional_item, pixel_spacing, slice_thickness
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class SliceGeometry:
     #: Acquisition Number (0020,0012) as written ("" where absent): two acquisitions of one series
     #: (a chest and an abdomen run) are stacks of their own (:func:`packer.read.series.assemble`)
     acquisition: str = ""
+    #: Frame 0's Spacing Between Slices, else its Slice Thickness (mm; ``None`` where neither is a
+    #: positive number): the depth step of a series of this one slice, which has no second position
+    depth: float | None = None
 
     @property
     def frames(self) -> int:
@@ -101,4 +106,16 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         sop_uid=str(element(ds, "SOPInstanceUID") or ""),
         frame_orientations=frame_orientations,
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
+        depth=_depth(ds),
     )
+
+
+def _depth(ds: Dataset) -> float | None:
+    """Frame 0's Spacing Between Slices (Pixel Measures, else top level), else its Slice
+    Thickness: positive mm, or ``None``."""
+    item = functional_item(ds, 0, "PixelMeasuresSequence")
+    source = item if item is not None and "SpacingBetweenSlices" in item else ds
+    for value in (first_float(element(source, "SpacingBetweenSlices")), slice_thickness(ds, 0)):
+        if value is not None and math.isfinite(value) and value > 0:
+            return value
+    return None

@@ -70,6 +70,9 @@ class Series:
     step: tuple[float, float, float] = (0.0, 0.0, 1.0)
     #: Each file of ``refs`` as the header pass read it (:attr:`SliceGeometry.fingerprint`), where known
     fingerprints: tuple[HeaderFingerprint | None, ...] = ()
+    #: A series of one slice whose header gives no depth (:attr:`SliceGeometry.depth`): its
+    #: ``step`` is 1 mm along the normal by assumption, which its volume's warnings say
+    depth_assumed: bool = False
 
     def affine(self) -> np.ndarray:
         """The stack's 4×4 affine as assembled (D along the sorted normal, H down, W across)."""
@@ -353,13 +356,18 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
     index = {i: n for n, i in enumerate(order)}
     first_pos = np.asarray(members[slices[0][1]][1].positions[slices[0][2]], dtype=np.float64)
     last_pos = np.asarray(members[slices[-1][1]][1].positions[slices[-1][2]], dtype=np.float64)
-    step = (last_pos - first_pos) / (len(slices) - 1) if len(slices) > 1 else normal
+    depth = members[slices[0][1]][1].depth
+    if len(slices) > 1:
+        step = (last_pos - first_pos) / (len(slices) - 1)
+    else:  # one slice: no second position, so the header's depth (else 1 mm, said in its warnings)
+        step = normal * (depth or 1.0)
     return Series(uid_key=uid_key, refs=tuple(refs[i] for i in order),
                   slices=tuple((index[i], frame) for _, i, frame in slices), steps=tuple(float(s) for s in steps),
                   origin=(float(first_pos[0]), float(first_pos[1]), float(first_pos[2])),
                   orientation=tuple(float(v) for v in base), pixel_spacing=first.spacing, rows=first.rows,
                   columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])),
-                  fingerprints=tuple(members[i][1].fingerprint for i in order))
+                  fingerprints=tuple(members[i][1].fingerprint for i in order),
+                  depth_assumed=len(slices) == 1 and depth is None)
 
 
 def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
@@ -374,6 +382,10 @@ def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, in
     headers alone (for ``limits.max_voxels``, before a pixel is decoded)."""
     return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
 
+
+#: A volume's warning where its series is one slice whose header gives no depth
+ONE_SLICE_DEPTH = ("one slice without Spacing Between Slices or Slice Thickness: its depth spacing of 1 mm is "
+                   "assumed (the affine's third column and volume.spacing[0] say 1 mm)")
 
 #: How a slice's ``metadata.warnings`` says it is constant, packed as its series' context (the
 #: build counts these notes: the manifest's ``inputs.constant_slices``)
@@ -412,6 +424,8 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
         about["constant_slices"] = constant
     metadata = {**first.metadata, "volume": about}
     warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
+    if series.depth_assumed:
+        warnings.append(ONE_SLICE_DEPTH)
     if warnings:
         metadata["warnings"] = warnings
     metadata.pop("frame", None)
