@@ -692,6 +692,34 @@ def test_validate_quick_links_annotations_from_headers_and_counts_every_file(tmp
                                                                           ("seg.dcm", "annotation")]
 
 
+@pytest.mark.parametrize("mask", [
+    {"rois": {"heart": {"id": 1, "aliases": ["Heart"]}}, **SEGMENTS},
+    {**RTSTRUCT_ROIS, "segments": {"spleen": {"id": 4, "codes": ["SCT:78961009"]}}},
+    RTSTRUCT_ROIS,
+], ids=["rois-unmapped", "segments-unmapped", "no-segments-map"])
+def test_validate_quick_refuses_an_annotation_whose_structures_none_map_as_the_full_check_does(
+        tmp_path: Path, mask: dict[str, Any]) -> None:
+    """An RTSTRUCT none of whose ROI names the map names (the commonest configuration mistake),
+    a SEG none of whose segments map by label or code, or a SEG where the mask has no segments
+    map: --quick passed them (it paints nothing), while the full check refuses the series. The
+    structure names are in the header, so --quick gives the same records as the full check, and
+    counts no samples of the refused series."""
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    job = load_job(_mask_job(tmp_path, raw, mask))
+    quick = validate_job(job, quick=True, scheduler="sync", quiet=True).prepared
+    full = validate_job(job, scheduler="sync", quiet=True).prepared
+    def seen(prepared: Any) -> list[tuple[str, str]]:
+        return sorted((str(Path(i.path).relative_to(raw)), i.reason) for i in prepared.issues)
+    assert seen(quick) == seen(full)
+    assert {reason for _, reason in seen(quick)} >= {"annotation_unmapped"}
+    assert [i.message for i in quick.issues if i.reason == "annotation_unmapped" and "/A/CT/" not in i.path] == [
+        i.message for i in full.issues if i.reason == "annotation_unmapped" and "/A/CT/" not in i.path]
+    assert len(quick.samples) == len(full.samples) == SLICES  # patient B's series alone
+
+
 def _oblique_series(folder: Path, degrees: float) -> list[Dataset]:
     """An oblique series (rotated about the row direction), returned in position order."""
     a = np.radians(degrees)

@@ -675,9 +675,10 @@ def _counted(grouping: Grouping, groups: Sequence[Any], job: JobConfig) -> Chunk
     samples = tuple(SpilledSample(key=key, ref=ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
                                   dtype="", sha256=f"not-decoded:{key}") for ref, key in made)
     key = "series-headers-" + hashlib.sha256("".join(s.key for s in samples).encode()).hexdigest()[:24]
-    others = tuple(record for group in groups for record in grouping.headers_only(group))
-    return ChunkResult(key=key, samples=samples, issues=(), files=sum(len(group.refs) for group in groups),
-                       excluded=others)
+    others = [record for group in groups for record in grouping.headers_only(group, job)]
+    return ChunkResult(key=key, samples=samples, issues=tuple(r for r in others if isinstance(r, Issue)),
+                       files=sum(len(group.refs) for group in groups),
+                       excluded=tuple(r for r in others if isinstance(r, Excluded)))
 
 
 def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[SampleRef], make: _TaskMaker,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydicom.dataset import Dataset
 
-from packer.read.dicom_attrs import element
+from packer.read.dicom_attrs import element, item_text
 from packer.structures import Structure, StructureMap
 
 #: Modality of each annotation object packer reads as masks.
@@ -190,6 +190,24 @@ class Drawn:
 
 
 @dataclass(frozen=True)
+class Declared:
+    """The structures an annotation's header declares, in file order: each SEG segment's label
+    (``segment N`` where it has none) with its Segmented Property Type code (scheme, value; None
+    where it has none), or each RTSTRUCT ROI's name (no codes). What ``validate --quick`` matches
+    against the job's map, since it paints nothing."""
+
+    names: tuple[str, ...]
+    codes: tuple[tuple[str, str] | None, ...] = ()
+
+    def maps(self, structures: StructureMap) -> bool:
+        """Whether ``structures`` names any of them, as painting matches them (a SEG segment by
+        label, else by code; an ROI by name)."""
+        codes = self.codes or (None,) * len(self.names)
+        return any(structures.by_name(name) is not None or (code is not None and structures.by_code(*code) is not None)
+                   for name, code in zip(self.names, codes, strict=True))
+
+
+@dataclass(frozen=True)
 class AnnotationRefs:
     """What an annotation object's header says it references: its ``modality`` (``SEG``,
     ``RTSTRUCT``), the Series Instance UIDs and SOP Instance UIDs of the images it was made on,
@@ -209,6 +227,9 @@ class AnnotationRefs:
     #: The damaged file's own reason code (``unreadable``; ``not_dicom`` for a file without its
     #: ``DICM`` marker that still shows an annotation's class: :mod:`packer.read.annotation_salvage`)
     damaged_reason: str = "unreadable"
+    #: The structures it declares (None where its header was not read whole: a damaged or
+    #: salvaged object)
+    declared: Declared | None = None
 
 
 def uid_digest(uid: str) -> str:
@@ -267,8 +288,13 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
 
     add(frames, ds, "FrameOfReferenceUID")
     structures = 0
+    declared: Declared | None = None
     if modality == "SEG":
-        structures = len(_items(ds, "SegmentSequence"))
+        segments = _items(ds, "SegmentSequence")
+        structures = len(segments)
+        declared = Declared(names=tuple(item_text(item, "SegmentLabel") or f"segment {item.get('SegmentNumber')}"
+                                        for item in segments),
+                            codes=tuple(_property_code(item) for item in segments))
         for item in _items(ds, "ReferencedSeriesSequence"):
             add(series, item, "SeriesInstanceUID")
             for inst in _items(item, "ReferencedInstanceSequence"):
@@ -280,6 +306,7 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     elif modality == "RTSTRUCT":
         rois = _items(ds, "StructureSetROISequence")
         structures = len(rois)
+        declared = Declared(names=tuple(item_text(roi, "ROIName") for roi in rois))
         for roi in rois:
             add(frames, roi, "ReferencedFrameOfReferenceUID")
         for ref in _items(ds, "ReferencedFrameOfReferenceSequence"):
@@ -294,4 +321,16 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
                 for image in _items(contour, "ContourImageSequence"):
                     add(instances, image, "ReferencedSOPInstanceUID")
     return AnnotationRefs(modality=modality, study_uid=_uid(ds, "StudyInstanceUID"), series_uids=tuple(series),
-                          instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures)
+                          instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures,
+                          declared=declared)
+
+
+def _property_code(segment: Dataset) -> tuple[str, str] | None:
+    """A SEG segment's Segmented Property Type as (Coding Scheme Designator, value: Code Value,
+    else Long Code Value, else URN Code Value), as highdicom reads it; None where it has none."""
+    items = _items(segment, "SegmentedPropertyTypeCodeSequence")
+    if not items:
+        return None
+    code = items[0]
+    value = next((v for k in ("CodeValue", "LongCodeValue", "URNCodeValue") if (v := _uid(code, k))), "")
+    return (_uid(code, "CodingSchemeDesignator"), value) if value else None

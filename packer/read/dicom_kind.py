@@ -35,6 +35,7 @@ from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
     annotated_sources,
+    header_refusal,
     link,
     series_labels,
     slice_masks,
@@ -408,10 +409,15 @@ class DicomSeries(Grouping):
         stacked = stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge)
         return stacked, (*records, *_edge_left_out(slices, stacked, job.dicom.neighbors))
 
-    def headers_only(self, group: Series | AnnotatedSeries) -> tuple[Excluded, ...]:
-        """A series' annotations, linked from their headers (``--quick`` does not paint them)."""
+    def headers_only(self, group: Series | AnnotatedSeries, job: JobConfig) -> tuple[Issue | Excluded, ...]:
+        """A series' annotations, linked from their headers (``--quick`` does not paint them), or
+        the records that refuse the series where those headers already do (an annotation none of
+        whose structures the map names: :func:`~packer.read.dicom_masks.header_refusal`)."""
         if not isinstance(group, AnnotatedSeries):
             return ()
+        refused = header_refusal(group, annotated_sources(job)[group.series.refs[0].source])
+        if refused:
+            return tuple(refused)
         return tuple(Excluded.of(ref, stage="read", why="annotation", modality=modality, detail=(
             f"{modality}: linked to a series of {len(group.places)} slices from its header (validate --quick "
             "does not paint it)")) for ref, modality in group.annotations)
@@ -420,6 +426,8 @@ class DicomSeries(Grouping):
         """One sample per series for a volume, one per slice for neighbour stacks (none for a slice
         without its neighbours under ``edge: skip``) and for slices, keyed as :meth:`combine` keys them."""
         series = group.series if isinstance(group, AnnotatedSeries) else group
+        if isinstance(group, AnnotatedSeries) and header_refusal(group, annotated_sources(job)[series.refs[0].source]):
+            return []  # refused from its annotations' headers: :meth:`headers_only` gives its records
         if job.dicom.sample == "volume":
             return [(series.refs[0], series.refs[0].sample_id)]
         k, count = job.dicom.neighbors, len(series.slices)

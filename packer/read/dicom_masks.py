@@ -45,7 +45,16 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig
-from packer.read.annotations import AnnotationError, AnnotationRefs, Drawn, Painter, SlicePlace, uid_digest
+from packer.read.annotations import (
+    AnnotationError,
+    AnnotationRefs,
+    Declared,
+    Drawn,
+    Painter,
+    SlicePlace,
+    uid_digest,
+    unmapped_error,
+)
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
 from packer.records import Excluded, Issue, Sample, SampleRef
@@ -80,6 +89,9 @@ class AnnotatedSeries:
     #: stacked per Acquisition Number): an annotation of the whole series paints their slices
     #: there, and its frames that reference only those are not this stack's
     elsewhere: frozenset[str] = frozenset()
+    #: each annotation's declared structures as its header gave them (None: not read), in the
+    #: order of ``annotations``; what ``validate --quick`` checks (:func:`header_refusal`)
+    declared: tuple[Declared | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.refs:
@@ -95,6 +107,8 @@ class _Found:
     frame_of_reference: str
     places: tuple[SlicePlace, ...] | None
     annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
+    #: each annotation's declared structures, by sample id
+    declared: dict[str, Declared | None] = field(default_factory=dict)
     #: damaged annotations whose salvaged header names this series (each has its own record)
     damaged: list[tuple[SampleRef, AnnotationRefs]] = field(default_factory=list)
 
@@ -256,6 +270,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             continue
         for f in {id(f): f for f in chosen}.values():
             f.annotations.append((ref, refs.modality))
+            f.declared[ref.sample_id] = refs.declared
     out: list[AnnotatedSeries] = []
     instances = {id(f): frozenset(geometry[r.sample_id].sop_uid for r in f.series.refs) for f in found}
     # a lost annotation goes to the unannotated series it may belong to; where every one is
@@ -305,8 +320,9 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             continue
         places = f.places if f.places is not None else ()
         siblings = [g for g in by_series.get((f.series.refs[0].source, f.series_uid), []) if g is not f]
-        out.append(AnnotatedSeries(series=f.series, places=places,
-                                   annotations=tuple(sorted(f.annotations, key=lambda a: a[0].sample_id)),
+        ordered = tuple(sorted(f.annotations, key=lambda a: a[0].sample_id))
+        out.append(AnnotatedSeries(series=f.series, places=places, annotations=ordered,
+                                   declared=tuple(f.declared.get(r.sample_id) for r, _ in ordered),
                                    frame_of_reference=f.frame_of_reference,
                                    elsewhere=frozenset().union(*(instances[id(g)] for g in siblings))
                                    - instances[id(f)]))
@@ -391,6 +407,15 @@ class Painted:
     metadata: dict[str, Any]
 
 
+def _no_map(ref: SampleRef, modality: str) -> AnnotationError:
+    """The ``annotation_unmapped`` error of an annotation of a kind the source's mask has no map for."""
+    if modality == "SEG":
+        return AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
+                                                      "segments; add mask.segments (segment label → class id)")
+    return AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
+                                                  "rois; add mask.rois (ROI name → class id, with aliases)")
+
+
 def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg: MaskConfig,
                      painter: Painter) -> Drawn:
     """Paint one annotation object (each reader parses its own file, so highdicom need not copy
@@ -399,16 +424,14 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
         from packer.read.seg import paint_seg
 
         if cfg.segments is None:
-            raise AnnotationError("annotation_unmapped", f"{ref.path}: a SEG, but the source's mask names no "
-                                                         "segments; add mask.segments (segment label → class id)")
+            raise _no_map(ref, modality)
         return paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid,
                          elsewhere=group.elsewhere)
     else:
         from packer.read.rtstruct import paint_rtstruct
 
         if cfg.rois is None:
-            raise AnnotationError("annotation_unmapped", f"{ref.path}: an RTSTRUCT, but the source's mask names no "
-                                                         "rois; add mask.rois (ROI name → class id, with aliases)")
+            raise _no_map(ref, modality)
         return paint_rtstruct(ref.path, group.places, cfg.rois, painter, frame_of_reference=group.frame_of_reference,
                               elsewhere=group.elsewhere)
 
@@ -454,13 +477,30 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
     return Painted(labels=painter.labels, used=tuple(used), metadata=metadata)
 
 
-def _refused(group: AnnotatedSeries, failed: SampleRef, err: AnnotationError) -> list[Issue]:
-    out = [Issue.of(failed, stage="transform", reason=err.reason, message=err.message)]
-    out += [Issue.of(r, stage="transform", reason=err.reason, message=(
+def header_refusal(group: AnnotatedSeries, cfg: MaskConfig) -> list[Issue]:
+    """``validate --quick``, which paints nothing: the records that refuse ``group`` from its
+    annotations' headers alone, as painting would refuse it (:func:`paint_series`): an annotation
+    none of whose declared structures the source's map ``cfg`` names, or of a kind the map has no
+    names for, is ``annotation_unmapped`` (with the closest names), its series' files are refused
+    with it, and its other annotations are ``series_incomplete``. [] where the headers do not
+    refuse it (an annotation whose header was not read whole is left to the build)."""
+    for (ref, modality), declared in zip(group.annotations, group.declared, strict=False):
+        structures = cfg.segments if modality == "SEG" else cfg.rois
+        if structures is None:
+            return _refused(group, ref, _no_map(ref, modality), stage="validate")
+        if declared is not None and not declared.maps(structures):
+            what = ("segments", "segments") if modality == "SEG" else ("ROIs", "rois")
+            return _refused(group, ref, unmapped_error(ref.path, *what, declared.names, structures), stage="validate")
+    return []
+
+
+def _refused(group: AnnotatedSeries, failed: SampleRef, err: AnnotationError, stage: str = "transform") -> list[Issue]:
+    out = [Issue.of(failed, stage=stage, reason=err.reason, message=err.message)]
+    out += [Issue.of(r, stage=stage, reason=err.reason, message=(
         f"{r.path}: the mask of its series comes from {failed.path}, which is refused ({err.reason}); no slice of "
         "the series is packed with a partial mask. Fix that annotation (its own record says how)"))
         for r in group.series.refs]
-    out += [Issue.of(r, stage="transform", reason="series_incomplete", message=(
+    out += [Issue.of(r, stage=stage, reason="series_incomplete", message=(
         f"{r.path}: another annotation of its series, {failed.path}, is refused ({err.reason}); the series is not "
         "packed")) for r, _ in group.annotations if r.sample_id != failed.sample_id]
     return out

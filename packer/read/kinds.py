@@ -335,9 +335,10 @@ class Grouping:
         ``series_incomplete``. Default: no."""
         return False
 
-    def headers_only(self, group: Any) -> tuple[Excluded, ...]:
+    def headers_only(self, group: Any, job: JobConfig) -> tuple[Issue | Excluded, ...]:
         """``validate --quick``: the records of the group's files that are not :meth:`decoded`
-        (a series' annotations), as far as headers tell. Default: none."""
+        (a series' annotations), as far as headers tell, or the records that refuse the whole
+        group where its headers already do (then :meth:`counted` gives it no samples). Default: none."""
         return ()
 
     def counted(self, group: Any, job: JobConfig) -> list[tuple[SampleRef, str]]:
