@@ -400,3 +400,47 @@ def test_overlapping_ifds_are_decode_failed_before_the_walk_goes_quadratic(tmp_p
     issue = read_issue(write(tmp_path, "overlap.tif", data))
     assert (issue.reason, issue.stage) == ("decode_failed", "read")
     assert "they overlap" in issue.message and f"more than the file's {len(data)}" in issue.message
+
+
+@pytest.mark.parametrize("pages", [1, 2], ids=["one-page", "two-pages"])
+@pytest.mark.parametrize("alpha", ["drop", "composite"])
+def test_an_rgba_tiff_with_straight_alpha_packs_its_stored_colours(tmp_path: Path, pages: int, alpha: str) -> None:
+    """An 8-bit RGBA TIFF whose alpha is unassociated (ExtraSamples 2, what Pillow and tifffile
+    write): OpenCV decodes it through libtiff's RGBA interface, which multiplied the colours by
+    alpha, so ``alpha: drop`` packed them darkened and ``composite`` counted alpha twice. The
+    same pixels as a PNG are the reference."""
+    import tifffile
+
+    y, x = np.mgrid[0:24, 0:32]
+    rgba = np.dstack([(100 + 3 * y).astype(np.uint8), np.full((24, 32), 100, np.uint8),
+                      np.full((24, 32), 50, np.uint8), (x * 255 // 31).astype(np.uint8)])
+    tiff = tmp_path / "rgba.tif"
+    tifffile.imwrite(tiff, np.stack([rgba] * pages) if pages > 1 else rgba, photometric="rgb",
+                     extrasamples=["unassalpha"])
+    png = tmp_path / "rgba.png"
+    cv2.imwrite(str(png), cv2.cvtColor(rgba, cv2.COLOR_RGBA2BGRA))
+    cfg = ImageTransformConfig(alpha=alpha)
+    (reference,) = read_ok(png, cfg)
+    packed = read_ok(tiff, cfg)
+    assert len(packed) == pages
+    for sample in packed:
+        assert np.array_equal(sample.image, reference.image)
+    if alpha == "drop":
+        assert np.array_equal(packed[0].image, np.moveaxis(rgba[..., :3], -1, 0))
+
+
+@pytest.mark.parametrize("shape", [(48, 48), (48, 48, 3), (2, 40, 40)], ids=["grey", "rgb", "two-pages"])
+def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """Uncompressed tiles: OpenCV 5.0's in-memory TIFF reader refuses them ("Invalid tile byte
+    count"), and a valid file was a decode_failed bad sample telling the user to re-export it.
+    The pixels must equal tifffile's."""
+    import tifffile
+
+    stored = RNG.integers(0, 256, size=shape, dtype=np.uint8)
+    path = tmp_path / "tiled.tif"
+    tifffile.imwrite(path, stored, tile=(16, 16), photometric="rgb" if shape[-1] == 3 else "minisblack")
+    packed = read_ok(path)
+    expected = [stored] if len(shape) == 2 or shape[-1] == 3 else list(stored)
+    assert len(packed) == len(expected)
+    for sample, page in zip(packed, expected, strict=True):
+        assert np.array_equal(sample.image, as_rgb_u8(page))

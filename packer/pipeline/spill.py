@@ -120,8 +120,9 @@ class CachedChunk:
 #: 33: under edge: skip a file that centres no stack is a not_requested record, and a refused
 #: series' files note no reader warnings (they are packed with none); 34: a series of one slice
 #: steps by its header's Spacing Between Slices, else Slice Thickness (1 mm, with a warning, only
-#: where neither is given).
-CACHE_FORMAT = 34
+#: where neither is given); 35: an 8-bit TIFF with unassociated alpha decodes to its stored
+#: colours (OpenCV's libtiff path had multiplied them by alpha).
+CACHE_FORMAT = 35
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

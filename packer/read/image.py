@@ -29,6 +29,7 @@ import contextlib
 import errno
 import os
 import struct
+import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from packer.read.image_structure import (
     cut_signature,
     file_header,
     sniff_format,
+    straight_alpha,
     tiff_buffer_pixels,
     tiff_chain,
     tiff_header_of,
@@ -371,10 +373,27 @@ def _opencv_quietly() -> Iterator[None]:
         cv2.utils.logging.setLogLevel(before)
 
 
+@contextlib.contextmanager
+def _as_file(data: bytes) -> Iterator[str]:
+    """``data`` as a temporary file's path (deleted after): for OpenCV's file readers."""
+    handle, path = tempfile.mkstemp(suffix=".tif", prefix="packer-decode-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        yield path
+    finally:
+        os.unlink(path)
+
+
 def _decode(data: bytes, fmt: str) -> np.ndarray:
     try:
         with _opencv_quietly():
             image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+            if image is None and fmt == "tiff":
+                # OpenCV 5.0's in-memory TIFF stream fails on tiles stored uncompressed ("Invalid
+                # tile byte count"), which its file reader decodes: a valid file, read from a file
+                with _as_file(data) as path:
+                    image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
     if image is None:
@@ -426,6 +445,9 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
     try:
         with _opencv_quietly():
             ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+            if not ok or not mats:  # as in _decode: uncompressed tiles decode from a file
+                with _as_file(data) as path:
+                    ok, mats = cv2.imreadmulti(path, flags=cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
     if not ok or not mats:
@@ -460,6 +482,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
 
     if fmt == "tiff":
         chain = tiff_chain(read, len(data), limits)
+        data = straight_alpha(data, chain)
         pages = _tiff_pages(chain)
         if [ifd.index for ifd in pages] != [0]:
             return _decode_tiff_pages(data, chain, pages, limits)

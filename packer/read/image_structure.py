@@ -29,9 +29,11 @@ _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION = 256, 25
 _TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
 TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH = 278, 322, 323
 _TIFF_SUBFILE = 254  # NewSubfileType
+_TIFF_EXTRA_SAMPLES = 338  # ExtraSamples: 0 unspecified, 1 associated (premultiplied) alpha, 2 unassociated alpha
 # what the IFD chain walk reads of every IFD
 _TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
-                    TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, *(t for p in _TIFF_DATA for t in p)}
+                    TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, _TIFF_EXTRA_SAMPLES,
+                    *(t for p in _TIFF_DATA for t in p)}
 #: Tags whose values libtiff must read to decode a page, often kept out of line after the IFD
 #: (BitsPerSample, ColorMap, ExtraSamples, SampleFormat): values cut off by the end of the file
 #: make the file truncated, not decode_failed (another tag's values past the end are left alone:
@@ -319,6 +321,43 @@ def tiff_chain(read: Reader, size: int, limits: LimitsConfig) -> list[Ifd]:
         chain.append(Ifd(len(chain), offset, tags))
         offset = next_offset
     return chain
+
+
+def straight_alpha(data: bytes, chain: list[Ifd]) -> bytes:
+    """``data`` with the ExtraSamples of each 8-bit IFD that declares unassociated alpha (2)
+    rewritten as associated (1), or ``data`` itself where none does.
+
+    OpenCV decodes an 8-bit TIFF with alpha through libtiff's RGBA interface, which hands over
+    unassociated (straight) colours multiplied by alpha (``(c·a + 127) / 255``: a colour under
+    alpha 0 is lost), so an RGBA TIFF packed darkened where it is transparent, and composited over
+    white its alpha counted twice. Told the alpha is associated, libtiff passes the stored colours
+    and alpha through unchanged: the straight values the file holds, which is what packer's alpha
+    handling (drop, or composite over white) expects, as for a PNG.
+    """
+    if not any(_TIFF_EXTRA_SAMPLES in ifd.tags and 2 in ifd.tags[_TIFF_EXTRA_SAMPLES]
+               and ifd.tags.get(_TIFF_BITS, (1,))[0] == 8 for ifd in chain):
+        return data
+    order, version, _ = _tiff_layout(lambda offset, count: data[offset:offset + count])
+    count_fmt, entry_size, inline = ("Q", 20, 8) if version == 43 else ("H", 12, 4)
+    value_fmt = "Q" if version == 43 else "I"
+    patched = bytearray(data)
+    for ifd in chain:
+        if ifd.tags.get(_TIFF_BITS, (1,))[0] != 8 or 2 not in ifd.tags.get(_TIFF_EXTRA_SAMPLES, ()):
+            continue
+        entries = ifd.offset + struct.calcsize(count_fmt)
+        for i in range(int(struct.unpack_from(order + count_fmt, data, ifd.offset)[0])):
+            base = entries + i * entry_size
+            tag, kind = struct.unpack_from(order + "HH", data, base)
+            if tag != _TIFF_EXTRA_SAMPLES or kind != 3:  # SHORT, as the walk read it
+                continue
+            count = int(struct.unpack_from(order + value_fmt, data, base + 4)[0])
+            at = base + 4 + struct.calcsize(value_fmt)
+            if 2 * count > inline:
+                at = int(struct.unpack_from(order + value_fmt, data, at)[0])
+            for k in range(count):
+                if struct.unpack_from(order + "H", data, at + 2 * k)[0] == 2:
+                    struct.pack_into(order + "H", patched, at + 2 * k, 1)
+    return bytes(patched)
 
 
 def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
