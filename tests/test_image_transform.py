@@ -4,6 +4,7 @@ read_image on real files written with OpenCV. Expected pixels are computed by ha
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -141,6 +142,45 @@ def test_percentile_window(tmp_path: Path) -> None:
 def test_percentile_window_with_equal_ends() -> None:
     values = np.array([0.0, 0.0, 0.0, 0.0, 9.0], dtype=np.float32)
     np.testing.assert_array_equal(window_percentiles(values, 10, 50), [0, 0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_percentile_window_ignores_non_finite_pixels(bad: float) -> None:
+    """One infinite pixel made the 100th percentile infinite and the whole image black (with a
+    numpy warning on the console): non-finite pixels are left out of the percentiles like NaN,
+    and the rest of the image windows as it would without them."""
+    import warnings
+
+    ramp = np.linspace(-5.0, 95.0, 40, dtype=np.float32).reshape(4, 10)
+    damaged = ramp.copy()
+    damaged[1, 3] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = window_percentiles(damaged, 0, 100)
+    clean = window_percentiles(np.delete(ramp.ravel(), 13), 0, 100)
+    np.testing.assert_array_equal(np.delete(out.ravel(), 13), clean)
+    assert out[1, 3] == (1.0 if bad == np.inf else 0.0) or (np.isnan(bad) and np.isnan(out[1, 3]))
+    cfg = ImageTransformConfig(color="gray", window=(("percentiles", (0.0, 100.0)),))
+    image = transform_image(damaged[:, :, None], cfg)
+    assert image[0].image.max() == 255 and image[0].image.min() == 0
+
+
+@pytest.mark.parametrize("window", [(("center", 200.0), ("width", 400.0)), (("percentiles", (0.0, 100.0)),)],
+                         ids=["center-width", "percentiles"])
+def test_a_float_image_composites_over_the_windows_white(window: tuple[Any, ...]) -> None:
+    """A float RGBA image has no white in stored units: it was composited over 1.0 before the
+    window, so a transparent pixel packed nearly black. It is windowed first, then blended over
+    white with alpha 0..1: transparent is 255, opaque is the windowed colour, half is between."""
+    colour = np.array([[[0.0, 100.0, 400.0]] * 3], dtype=np.float32)  # BGR, one row of three pixels
+    alpha = np.array([[[0.0], [1.0], [0.5]]], dtype=np.float32)
+    bgra = np.concatenate([colour, alpha], axis=2)
+    cfg = ImageTransformConfig(color="rgb", alpha="composite", window=window)
+    (tile,) = transform_image(bgra, cfg)
+    (opaque,) = transform_image(colour, ImageTransformConfig(color="rgb", window=window))
+    np.testing.assert_array_equal(tile.image[:, 0, 0], [255, 255, 255])
+    np.testing.assert_array_equal(tile.image[:, 0, 1], opaque.image[:, 0, 1])
+    half = np.rint((opaque.image[:, 0, 2].astype(np.float64) + 255) / 2)
+    assert np.abs(tile.image[:, 0, 2].astype(np.float64) - half).max() <= 1
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -121,8 +121,9 @@ class CachedChunk:
 #: series' files note no reader warnings (they are packed with none); 34: a series of one slice
 #: steps by its header's Spacing Between Slices, else Slice Thickness (1 mm, with a warning, only
 #: where neither is given); 35: an 8-bit TIFF with unassociated alpha decodes to its stored
-#: colours (OpenCV's libtiff path had multiplied them by alpha).
-CACHE_FORMAT = 35
+#: colours (OpenCV's libtiff path had multiplied them by alpha); 36: a percentiles window ignores
+#: infinite pixels, and a float image's alpha composites over white after its window.
+CACHE_FORMAT = 36
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -5,7 +5,9 @@
 
 1. :func:`orient_image`: apply the EXIF/TIFF Orientation value (1-8, TIFF 6.0 tag 0x0112).
 2. :func:`remove_alpha`: ``drop`` the alpha channel, or ``composite`` over white (the dtype's
-   full-range maximum: 255, 65535, 1.0 for floats). Done in float32 on the stored scale.
+   full-range maximum: 255, 65535). Done in float32 on the stored scale. Float pixels have no
+   white of their own (the window decides what shows white): their alpha (0..1) composites over
+   white after step 4, on its [0, 1] scale.
 3. :func:`convert_color`: BGR → RGB; ``rgb`` gives 3 channels (grey images are repeated),
    ``gray`` gives 1 channel of luminance 0.299 R + 0.587 G + 0.114 B (``cv2.COLOR_BGR2GRAY``).
    A 3-channel image into ``rgb`` skips this step: its channels are swapped as the output is
@@ -160,10 +162,12 @@ def window_center_width(values: np.ndarray, center: float, width: float) -> np.n
 
 def window_percentiles(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """Clip at the image's ``lo``-th and ``hi``-th percentiles (numpy ``linear`` method, over all
-    channels, NaN ignored) and scale that range to float32 [0, 1]. When both percentiles are
-    equal the result is 0 at or below that value and 1 above it; all-NaN gives 0."""
-    nan = np.isnan(values)
-    finite = values[~nan] if nan.any() else values
+    channels, NaN and ±inf ignored: one infinite pixel made the high percentile infinite and
+    the whole image black) and scale that range to float32 [0, 1] (+inf clips to 1, −inf to 0).
+    When both percentiles are equal the result is 0 at or below that value and 1 above it; no
+    finite value gives 0."""
+    ok = np.isfinite(values)
+    finite = values if ok.all() else values[ok]
     if finite.size == 0:
         return np.zeros(values.shape, dtype=np.float32)
     low, high = (float(v) for v in np.percentile(finite, [lo, hi]))
@@ -218,6 +222,12 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
     # (OpenCV's float resize may round a value 1 ulp differently by its channel's SIMD lane, so on
     # some machines a value on a rounding boundary lands one level off what swapping first gives;
     # the bytes are this order's, on every run)
+    late_alpha = None
+    if peak is None and cfg.alpha == "composite" and hwc.shape[2] in (2, 4):
+        # float pixels have no white in stored units (a window decides what shows white): their
+        # alpha (0..1) composites over white after the window, on the [0, 1] scale
+        late_alpha = np.clip(hwc[:, :, -1:].astype(np.float32), 0.0, 1.0)
+        hwc = hwc[:, :, :-1]
     swap = hwc.shape[2] == 3 and cfg.color == "rgb"
     values = hwc if swap else convert_color(remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0), cfg.color)
     if window is None:  # integer pixels: to float32 and onto [0, 1] in one pass, the same float32 products
@@ -228,6 +238,8 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
         unit = window_center_width(values.astype(np.float32, copy=False), window[1], window[2])
     else:
         unit = window_percentiles(values.astype(np.float32, copy=False), window[1], window[2])
+    if late_alpha is not None:
+        unit = (unit * late_alpha + (np.float32(1.0) - late_alpha)).astype(np.float32)
     if cfg.size:
         unit = resize_image(np.ascontiguousarray(unit, dtype=np.float32), cfg.size, cfg.resize)
     out = to_uint8(unit, finite=image.dtype.kind in "ui")  # integer pixels: finite through every step
