@@ -612,6 +612,9 @@ class DicomTransformConfig:
     frames: str = "split"
     modality_windows: tuple[tuple[str, tuple[WindowSpec, ...]], ...] = ()
     channels: int | None = None
+    #: the job-file key that set ``channels`` (``transform.<kind>.channels`` or the shared
+    #: ``transform.channels``), as errors name it; not part of the identity
+    channels_key: str = field(default="transform.channels", compare=False)
     #: ``slice`` (every slice its own sample), ``neighbors`` (each slice with ``neighbors``
     #: spatial neighbours on each side as channels, from its assembled series) or ``volume``
     #: (one C×D×H×W sample per series, at ``volume_spacing`` (z, y, x mm) and ``volume_size``)
@@ -668,6 +671,9 @@ class ImageTransformConfig:
     tile_size: tuple[int, int] | None = None
     tile_stride: tuple[int, int] | None = None
     channels: int | None = None
+    #: the job-file key that set ``channels`` (``transform.<kind>.channels`` or the shared
+    #: ``transform.channels``), as errors name it; not part of the identity
+    channels_key: str = field(default="transform.channels", compare=False)
 
     def to_json(self) -> dict[str, Any]:
         channels = {"channels": self.channels} if self.channels is not None else {}  # only when set: same hashes

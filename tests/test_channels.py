@@ -86,8 +86,12 @@ def test_channel_rules_keep_replicate_luma_and_refuse_everything_else(natural: i
      ["transform.dicom.modality_windows.CR", "ct (Modality CR)", "list 3 windows for CR"]),
     ({"channels": 1, "dicom": {"windows": ["lung"]}, "image": {"color": "rgb"}},
      ["transform.image.color (rgb)", "source(s) photos", "color: gray"]),
+    # the per-kind key is named as the job wrote it (the message said transform.channels, which the job lacked)
     ({"dicom": {"windows": ["lung"]}, "image": {"color": "rgb", "channels": 2}},
-     ["transform.image.color (rgb)", "gives 3 channel(s)", "transform.channels is 2"]),
+     ["transform.image.color (rgb)", "gives 3 channel(s)", "transform.image.channels is 2",
+      "drop transform.image.channels and"]),
+    ({"dicom": {"windows": ["lung", "bone"], "channels": 3}},
+     ["transform.dicom.windows", "transform.dicom.channels is 3", "drop transform.dicom.channels and"]),
 ])
 def test_a_count_the_job_fixes_that_cannot_be_mapped_is_a_config_error_naming_source_and_fix(
         demo_raw: Any, tmp_path: Path, transform: dict[str, Any], named: list[str]) -> None:

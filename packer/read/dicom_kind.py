@@ -144,6 +144,7 @@ class DicomKind(SourceKind):
             frames=raw.get("frames", job_default("transform.dicom.frames")),
             modality_windows=parse_modality_windows(raw.get("modality_windows") or {}),
             channels=raw.get("channels", shared.get("channels")),
+            channels_key="transform.dicom.channels" if "channels" in raw else "transform.channels",
             **parse_sampling(raw, "dicom"),
         )
 
@@ -174,11 +175,11 @@ class DicomKind(SourceKind):
                               "is not in [0, 1]); give a preset, {center, width} or {percentiles: [low, high]}")
         if names and cfg.channels is not None and cfg.output != "float16" and cfg.frames != "stack":
             check_channels(cfg.channels, len(cfg.windows), where="transform.dicom.windows", sources=names,
-                           fix=windows_fix(cfg.channels, ""))
+                           fix=windows_fix(cfg.channels, ""), key=cfg.channels_key)
             for modality, windows in cfg.modality_windows:
                 check_channels(cfg.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
                                sources=[f"{name} (Modality {modality})" for name in names],
-                               fix=windows_fix(cfg.channels, f" for {modality}"))
+                               fix=windows_fix(cfg.channels, f" for {modality}"), key=cfg.channels_key)
         if cfg.by_series and not sources:
             made = "a volume" if cfg.sample == "volume" else "neighbour stacks"
             raise ConfigError(f"transform.dicom.sample: {cfg.sample} makes {made} of DICOM series, but this job has "

@@ -95,6 +95,7 @@ class ImageKind(SourceKind):
             tile_size=parse_size(tile["size"]) if tile else None,
             tile_stride=parse_size(tile.get("stride")) if tile else None,
             channels=raw.get("channels", shared.get("channels")),
+            channels_key="transform.image.channels" if "channels" in raw else "transform.channels",
         )
 
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
@@ -111,7 +112,7 @@ class ImageKind(SourceKind):
         fix = ("set transform.image.color: gray (its luminance)" if cfg.channels == 1
                else f"transform.image.color gives 1 (gray, replicated) or 3 (rgb) channels, not {cfg.channels}")
         check_channels(cfg.channels, natural, where=f"transform.image.color ({cfg.color})",
-                       sources=[s.name for s in sources], fix=fix)
+                       sources=[s.name for s in sources], fix=fix, key=cfg.channels_key)
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue:

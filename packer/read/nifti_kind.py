@@ -18,7 +18,7 @@ A volume of another format under the root (NRRD, MetaImage, MGH, MINC, an Analyz
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,8 @@ class NiftiTransformConfig:
     channels_from: str | None = None
     channels: int | None = None
     fill: float | str | None = None
+    #: the job-file key that set ``channels``, as errors name it; not part of the identity
+    channels_key: str = field(default="transform.channels", compare=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"windows": [w.to_json() for w in self.windows], "axis": self.axis,
@@ -195,6 +197,7 @@ class NiftiKind(SourceKind):
             output=raw.get("output", job_default("transform.nifti.output")),
             channels_from=raw.get("channels_from"),
             channels=raw.get("channels", shared.get("channels")),
+            channels_key="transform.nifti.channels" if "channels" in raw else "transform.channels",
             fill=_parse_non_finite(raw.get("non_finite", job_default("transform.nifti.non_finite"))),
             **sampling,
         )
@@ -223,7 +226,7 @@ class NiftiKind(SourceKind):
                 natural = (1 + len(source.companions)) * len(cfg.windows) * stacked
                 check_channels(cfg.channels, natural, where="transform.nifti.windows", sources=[source.name],
                                fix=f"give {source.name!r} windows and channel_files that make {cfg.channels} "
-                                   "channels, or drop transform.channels")
+                                   "channels, or drop transform.channels", key=cfg.channels_key)
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue:

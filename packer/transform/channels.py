@@ -72,18 +72,20 @@ def match_channels(image: np.ndarray, target: int, *, color: bool = False) -> Ma
     return Mapped(np.ascontiguousarray(luma.astype(image.dtype)), rule)
 
 
-def check_channels(target: int, natural: int, *, where: str, sources: list[str], fix: str) -> None:
+def check_channels(target: int, natural: int, *, where: str, sources: list[str], fix: str,
+                   key: str = "transform.channels") -> None:
     """Raise :class:`ConfigError` when a count the job file fixes (``natural``) cannot become ``target``.
 
     ``where``: the key that fixes the count (``transform.dicom.windows``); ``sources``: the
-    sources it applies to; ``fix``: what to change in the job.
+    sources it applies to; ``fix``: what to change in the job; ``key``: the key that asks for
+    ``target`` (``transform.image.channels``, or the shared ``transform.channels``).
     """
     if channel_rule(natural, target) is not None:
         return
     mappable = ("only a sample of exactly 1 channel, or of 3 colour channels of a colour DICOM (their luminance), "
                 "can be mapped" if target == 1 else f"only 1 channel (replicated) or exactly {target} can be mapped")
     raise ConfigError(
-        f"{where}: gives {natural} channel(s) for source(s) {', '.join(sources)}, and transform.channels is "
+        f"{where}: gives {natural} channel(s) for source(s) {', '.join(sources)}, and {key} is "
         f"{target}: {mappable}, never a silent reshape. "
-        f"Fix: {fix}; or drop transform.channels and load each source on its own "
+        f"Fix: {fix}; or drop {key} and load each source on its own "
         "(ShardDataset(manifest, split, sources=[...]))")
