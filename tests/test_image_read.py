@@ -597,3 +597,23 @@ def test_opencv_logs_nothing_of_its_own_for_a_file_it_cannot_decode(tmp_path: Pa
     assert found.reason in ("decode_failed", "unsupported", "bad_shape"), found.message
     assert "[ERROR" not in capfd.readouterr().err
     assert cv2.utils.logging.getLogLevel() != cv2.utils.logging.LOG_LEVEL_SILENT  # the caller's level, restored
+
+
+def test_an_animated_png_is_refused_not_packed_as_its_first_frame(tmp_path: Path) -> None:
+    """An APNG (PNG with an acTL chunk) decodes as its default image alone: its other frames
+    vanished without a record. It is refused, naming the frame count and the fix; a still PNG
+    written by the same writer packs."""
+    from PIL import Image
+
+    ramp = np.arange(16 * 20 * 3, dtype=np.uint16).reshape(16, 20, 3) % 200
+    frames = [Image.fromarray((ramp + 10 * i).astype(np.uint8)) for i in range(3)]
+    animated = tmp_path / "anim.png"
+    frames[0].save(animated, save_all=True, append_images=frames[1:], duration=100)
+    assert b"acTL" in animated.read_bytes()
+    issue = read_issue(animated)
+    assert issue.reason == "unsupported"
+    assert "an animated PNG (APNG: an acTL chunk, 3 frames)" in issue.message and "own PNG" in issue.message
+    still = tmp_path / "still.png"
+    frames[0].save(still)
+    (sample,) = read_ok(still)
+    assert sample.image.shape == (3, 16, 20)

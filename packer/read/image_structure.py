@@ -463,6 +463,13 @@ def check_complete(fmt: str, data: bytes) -> int:
                     raise Defect("truncated", f"PNG ends at byte {len(data)} inside its IEND chunk (which ends at "
                                                f"byte {pos + 12}); the file was cut short, copy or export it again")
                 return orientation
+            if kind == b"acTL" and length >= 8 and (frames := int(struct.unpack_from(">I", data, pos + 8)[0])) > 1:
+                # an animated PNG (APNG, PNG 3rd edition): libpng and OpenCV decode its default
+                # image alone, so every other frame would vanish unsaid
+                raise Defect("unsupported", f"an animated PNG (APNG: an acTL chunk, {frames} frames), which "
+                                             "packer does not read: a decode keeps only its first frame; "
+                                             "export each frame as its own PNG (lossless), e.g. with "
+                                             "ffmpeg -i FILE.png frame%03d.png")
             if kind == b"eXIf" and not exif_seen:  # PNG 3rd edition: at most one, before or after IDAT
                 exif_seen = True
                 orientation = _exif_orientation(data[pos + 8:pos + 8 + length])
