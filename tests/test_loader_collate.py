@@ -184,3 +184,18 @@ def test_a_batch_of_one_source_mixing_sizes_is_told_to_give_the_kind_a_size() ->
     with pytest.raises(MixedShapesError) as refused:
         collate_stack(items, shapes={"ct": [[1, 32, 40], [1, 48, 24]]})
     assert "transform.<kind>.size" in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize(("shapes", "offered", "not_offered"), [
+    ([(3, 40, 48), (3, 48, 40)], "build with one size", "transform.channels"),  # an EXIF-rotated photo
+    ([(1, 32, 32), (3, 32, 32)], "build with one channel count", "build with one size"),
+])
+def test_a_mixed_batch_is_offered_only_the_fixes_that_help_it(
+        shapes: list[tuple[int, ...]], offered: str, not_offered: str) -> None:
+    """A batch differing in size alone was told to build with one channel count, which changes
+    nothing; one differing in channels alone, to build with one size."""
+    items = [{"image": torch.zeros(shape, dtype=torch.uint8), "key": str(i)} for i, shape in enumerate(shapes)]
+    with pytest.raises(MixedShapesError) as refused:
+        collate_stack(items)
+    said = str(refused.value)
+    assert offered in said and not_offered not in said and 'collate="list"' in said, said

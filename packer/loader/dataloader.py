@@ -136,12 +136,28 @@ class MixedShapesError(ConfigError, RuntimeError):
 
 
 _ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
-#: The ways out of a mixed batch, for every message that meets one.
+_ONE_CHANNEL_COUNT = "build with one channel count: transform.channels: 3 in the job file; or "
+_ONE_SIZE = ("build with one size: transform.<kind>.size (a volume's: sample: {volume: {size: [D, H, W]}}); or ")
+_AS_LIST = ("take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
+            "(collate=\"pad\" pads height and width)")
+#: The ways out of a mixed batch, for every message that meets one (where its shapes are not known).
 MIXED_FIXES = (_ONE_SOURCE + "build with one channel count: transform.channels: 3 in the job file; "
                "or, where they differ in size only, build with one size: transform.<kind>.size "
                "(a volume's: sample: {volume: {size: [D, H, W]}}); "
                "or take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
                "(collate=\"pad\" pads height and width)")
+
+
+def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
+    """The fixes of :data:`MIXED_FIXES` that can help a batch of ``shapes`` (C×H×W or C×D×H×W):
+    one channel count only where the channel counts differ, one size only where the sizes do
+    (an EXIF-rotated photo among upright ones differs in size alone: a channel count changes
+    nothing there)."""
+    if len(shapes) < 2:
+        return MIXED_FIXES
+    channels = len({shape[0] for shape in shapes}) > 1
+    sizes = len({shape[1:] for shape in shapes}) > 1
+    return _ONE_SOURCE + (_ONE_CHANNEL_COUNT if channels else "") + (_ONE_SIZE if sizes else "") + _AS_LIST
 
 
 def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequence[int]]] | None = None) -> str:
@@ -150,14 +166,15 @@ def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequen
     and radiographs): loading one source at a time is then offered only for the sources of one
     shape, and where there are none, not at all (one source would mix them too)."""
     seen = {tuple(item["image"].shape) for item in items}
+    fixes = _fixes_for(seen)
     owners = {src: {tuple(k) for k in known} for src, known in (shapes or {}).items()
               if seen & {tuple(k) for k in known}}
     mixed = sorted(src for src, known in owners.items() if len(known) > 1)
     if not mixed:
-        return MIXED_FIXES
+        return fixes
     single = sorted(src for src, known in owners.items() if len(known) == 1)
     holds = f"source {', '.join(mixed)} itself hold{'s' if len(mixed) == 1 else ''} several shapes"
-    rest = MIXED_FIXES.removeprefix(_ONE_SOURCE)
+    rest = fixes.removeprefix(_ONE_SOURCE)
     if not single:
         return f"{holds}, so loading one source at a time does not help: {rest}"
     listed = ", ".join(f'"{src}"' for src in single)
@@ -273,7 +290,7 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     if any(not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] != images[0].shape[0]
            or im.dtype != images[0].dtype for im in images):
         raise MixedShapesError(f"collate='pad' pads height and width, but this batch mixes channel counts or dtypes: "
-                               f"{describe_mixed(items)}; {MIXED_FIXES}")
+                               f"{describe_mixed(items)}; {_fixes_for({tuple(im.shape) for im in images})}")
     height, width = max(im.shape[1] for im in images), max(im.shape[2] for im in images)
     shape = (len(images), images[0].shape[0], height, width)
     shared = get_worker_info() is not None and packable(images)
