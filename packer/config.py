@@ -451,13 +451,19 @@ class SplitList:
     ``path``: the file, resolved against the job folder; ``spec``: as written; ``column``: the
     CSV column that holds the items (None: plain text, one item a line, blank lines and ``#``
     comments ignored); ``sha256``: of the file's bytes when the job was loaded (the dataset's
-    identity: a changed list is another dataset)."""
+    identity: a changed list is another dataset); under ``phi: pseudonymize`` it is keyed
+    instead (``hmac-sha256:`` and an HMAC with the job's PHI key over that sha256,
+    :func:`_keyed_lists`): a plain hash of a short list of raw ids (one MRN a line) gives the ids
+    back by brute force from the manifest alone."""
 
     split: str
     path: Path
     spec: str
     column: str | None
     sha256: str
+    #: the sha256 of the file's bytes, keyed or not ``sha256``: what a later read of the file is
+    #: checked against (the list must not change while the job runs); never written out
+    file_sha256: str = field(default="", repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.spec, "sha256": self.sha256}
@@ -1412,7 +1418,7 @@ def _split_list(split: str, raw: str | dict[str, Any], base: Path) -> SplitList:
     except OSError as err:
         raise ConfigError(f"split.lists.{split}: cannot read {path} ({err.strerror or err}; {spec!r} is relative "
                           "to the job file); fix the path") from err
-    return SplitList(split=split, path=path, spec=spec, column=column, sha256=digest)
+    return SplitList(split=split, path=path, spec=spec, column=column, sha256=digest, file_sha256=digest)
 
 
 def _parse_carve(raw: dict[str, Any], listed: set[str] | None) -> tuple[Carve, ...]:
@@ -1541,7 +1547,24 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     _check_free_text_labels(sources, labels, phi.mode)
     _check_identifying_where(sources, phi.mode)
     _check_split_column(sources, split, {kind.name for kind in kinds if kind.identity_in_header})
+    if phi.mode == "pseudonymize" and split.lists:
+        job = replace(job, split=replace(split, lists=_keyed_lists(split.lists, phi)))
     return job
+
+
+def _keyed_lists(lists: tuple[SplitList, ...], phi: PhiConfig) -> tuple[SplitList, ...]:
+    """``lists`` with each file's sha256 replaced by ``hmac-sha256:`` and an HMAC-SHA256 of it
+    under the job's PHI key (:func:`packer.phi.load_key`, whose errors are the job's): the
+    manifest then names each list's content without a digest anyone can test guesses against.
+    The same key and list give the same digest, so the dataset's identity stays reproducible."""
+    import hmac
+
+    from packer.phi import load_key
+
+    loaded = load_key(phi)
+    assert loaded is not None  # pseudonymize always has a key, or load_key raised
+    return tuple(replace(entry, sha256="hmac-sha256:" + hmac.new(
+        loaded.key, b"packer-split-list\x00" + entry.sha256.encode(), hashlib.sha256).hexdigest()) for entry in lists)
 
 
 def _check_free_text_labels(sources: tuple[SourceConfig, ...], labels: tuple[str, ...], mode: str) -> None:

@@ -362,6 +362,32 @@ def test_under_pseudonymization_a_listed_raw_id_stays_out_of_messages(tmp_path: 
     assert not any(raw in output + json.dumps(report) for raw in ("MRN00", "GHOST"))
 
 
+def test_under_pseudonymization_a_lists_digest_is_keyed_so_its_raw_ids_cannot_be_guessed_back(
+        tmp_path: Path) -> None:
+    """The manifest records each list's digest. A plain sha256 of a list of one MRN gave the MRN
+    back by trying every number against the committed manifest; under pseudonymize the digest is
+    an HMAC with the PHI key (stable for one key and list, so the identity stays reproducible),
+    and a list that changes while the job runs is still caught."""
+    write_tree(tmp_path, {f"{p}/0.png": (p, i) for i, p in enumerate(["7301842", "6003117"])})
+    (tmp_path / "train.txt").write_text("7301842\n")
+    (tmp_path / "test.txt").write_text("6003117\n")
+    split = {"by": "list", "match": "entity", "lists": {"train": "train.txt", "test": "test.txt"}}
+    doc = yaml.safe_load(job_file(tmp_path, split).read_text())
+    plain = load_job(write_job(tmp_path, doc, "keep.yaml")).identity()["split"]["lists"]
+    assert plain["train"]["sha256"] == hashlib.sha256(b"7301842\n").hexdigest()  # phi: keep (no ids hidden)
+    digests = []
+    for key in ("5f" * 32, "5f" * 32, "a0" * 32):
+        (tmp_path / "phi.key").write_text(key + "\n")
+        doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+        lists = load_job(write_job(tmp_path, doc, "job.yaml")).identity()["split"]["lists"]
+        digests.append(lists["train"]["sha256"])
+        text = json.dumps(lists)
+        guesses = {hashlib.sha256(f"{n}\n".encode()).hexdigest() for n in (7301842, 6003117)}
+        assert not any(g in text for g in guesses), text
+    assert digests[0] == digests[1] != digests[2] and digests[0].startswith("hmac-sha256:")
+    assert run_build(write_job(tmp_path, doc, "job.yaml")).manifest_path.exists()  # the run's own check still holds
+
+
 @pytest.mark.parametrize("by", ["list", "column"])
 def test_under_pseudonymization_a_file_in_no_split_is_named_by_key_in_the_warning(tmp_path: Path, by: str) -> None:
     """The warning for files a given split leaves out is printed (and kept in validate --json):

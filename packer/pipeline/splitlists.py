@@ -87,7 +87,7 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
         data = entry.path.read_bytes()
     except OSError as err:
         raise ConfigError(f"{where}: cannot read the list ({err.strerror or err})") from err
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
+    if hashlib.sha256(data).hexdigest() != (entry.file_sha256 or entry.sha256):
         raise ConfigError(f"{where}: the list changed while the job ran (its sha256 is part of the dataset's "
                           "identity); run again")
     try:
