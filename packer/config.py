@@ -871,8 +871,17 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
 
 
 #: A folder name that looks like a patient's: a DICOM person name's ``^`` (kept as ``_`` in a
-#: source name, so the raw ``^`` is looked for in the root), or a calendar date (19xx/20xx MMDD)
-_PERSONAL_NAME = re.compile(r"\^|(?<!\d)(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?!\d)")
+#: source name, so the raw ``^`` is looked for in the root), or a calendar date (19xx/20xx):
+#: YYYYMMDD, or year, month and day with one separator (``-``, ``_``, ``.``, space) year first,
+#: or day or month first (``1960-01-01``, ``01.01.1960``, ``1960_01_01``, ``12-31-1960``)
+_DAY, _MONTH, _YEAR = r"(?:0?[1-9]|[12]\d|3[01])", r"(?:0?[1-9]|1[0-2])", r"(?:19|20)\d{2}"
+_PERSONAL_NAME = re.compile(
+    r"\^|(?<!\d)(?:"
+    rf"{_YEAR}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])"
+    rf"|{_YEAR}([-_. ]){_MONTH}\1{_DAY}"
+    rf"|{_DAY}([-_. ]){_MONTH}\2{_YEAR}"
+    rf"|{_MONTH}([-_. ]){_DAY}\3{_YEAR}"
+    r")(?!\d)")
 
 
 def _root_segment(root: Path | str) -> str:

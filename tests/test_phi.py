@@ -247,8 +247,12 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     assert ("patient0042" in warning) is shown
 
 
-@pytest.mark.parametrize(("folder", "refused"), [("Doe^John_19600101", True), ("export_20240105", True),
-                                                ("ct", False), ("CheXpert-v1.0-small", False)])
+@pytest.mark.parametrize(("folder", "refused"), [
+    ("Doe^John_19600101", True), ("export_20240105", True),
+    # a date with separators, year, day or month first (only YYYYMMDD was caught)
+    ("Doe_John_1960-01-01", True), ("Doe_John_01.01.1960", True), ("Doe_John_1960_01_01", True),
+    ("Doe_John_12-31-1960", True),
+    ("ct", False), ("CheXpert-v1.0-small", False), ("CT_1960-01", False), ("series_2024-13-01", False)])
 def test_a_source_named_after_a_root_folder_that_may_name_a_patient_is_refused_under_pseudonymize(
         tmp_path: Path, folder: str, refused: bool) -> None:
     """A source's name defaults to its root folder's, and is written in clear into every sample
