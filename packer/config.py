@@ -1301,6 +1301,15 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         if key in raw:
             raise ConfigError(f"split.{key}: only meaningful with a given split (by: list or by: column); "
                               f"remove it, or set split.by")
+    if by != "time" and "cutoffs" in raw:
+        raise ConfigError(f"split.cutoffs: only meaningful with 'by: time'; a split by {by} ignores dates, so "
+                          "records after the cutoffs could land in train; set split.by: time, or remove cutoffs")
+    if by == "time":
+        for key in ("ratios", "stratify"):
+            if key in raw:
+                raise ConfigError(f"split.{key}: a split by time puts each entity in the split its first record's "
+                                  f"date falls in under the cutoffs, so {key} would be ignored; remove {key}, or set "
+                                  "split.by: entity")
     ratios = raw.get("ratios", job_default("split.ratios"))
     total = sum(ratios.values())
     if abs(total - 1.0) > 1e-6:

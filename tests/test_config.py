@@ -63,7 +63,7 @@ def test_minimal_job_gets_defaults(tmp_path: Path) -> None:
     ({"by": "entity", "ratios": {"train": 0.9, "valid": 0.1}}, "auto", True),
     ({"by": "entity", "ratios": {"train": 1.0}, "folds": 5}, "auto", True),
     ({"by": "entity", "ratios": {"train": 1.0}, "pinned": "pinned.csv"}, "auto", True),
-    ({"by": "time", "ratios": {"train": 1.0}, "cutoffs": {"test": "2024-01-01"}}, "auto", True),
+    ({"by": "time", "cutoffs": {"test": "2024-01-01"}}, "auto", True),
     ({"by": "entity", "ratios": {"train": 1.0}}, True, True),
     ({"by": "entity", "ratios": {"train": 0.8, "test": 0.2}}, False, False),
 ])
@@ -180,6 +180,13 @@ def test_identity_excludes_output_and_keeps_paths_as_written(tmp_path: Path) -> 
         ({"split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.1}}}, "add up to 1"),
         ({"split": {"by": "time"}}, "split.cutoffs"),
         ({"split": {"by": "time", "cutoffs": {"valid": "2024-13-01"}}}, "split.cutoffs.valid"),
+        # settings the chosen split would ignore without a word: cutoffs under by: entity let records
+        # after the cutoff land in train
+        ({"split": {"by": "entity", "cutoffs": {"test": "2024-07-01"}}},
+         "split.cutoffs: only meaningful with 'by: time'"),
+        ({"split": {"by": "time", "cutoffs": {"test": "2024-07-01"}, "ratios": {"train": 0.8, "test": 0.2}}},
+         "split.ratios: a split by time puts each entity in the split its first record's date falls in"),
+        ({"split": {"by": "time", "cutoffs": {"test": "2024-07-01"}, "stratify": "label"}}, "split.stratify: a split "),
         ({"sources": [{"kind": "image", "root": "raw"}]}, "sources[0].table"),
         ({"sources": [{"kind": "dicom", "root": "raw", "table": "x.csv"}]}, "sources[0].table"),
         ({"transform": {"dicom": {"windows": ["lungs"]}}}, "unknown window preset 'lungs' (did you mean 'lung'?)"),
