@@ -139,8 +139,9 @@ def _orphan(ref: SampleRef, refs: AnnotationRefs, why: str,
 def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
               lost: Sequence[tuple[SampleRef, AnnotationRefs]]) -> list[tuple[SampleRef, AnnotationRefs, str]]:
     """The annotations of ``lost`` (whose headers name no series and no instance: cut short, or
-    damaged) that may be the unannotated series ``f``'s, each with what ties them: of its source,
-    and of its study where the annotation's header still names one, else of its entity where it
+    damaged, or naming only a frame of reference that several series share) that may be the
+    unannotated series ``f``'s, each with what ties them: of its source, in ``f``'s frame of
+    reference where the annotation names any, and of its study where the annotation's header still names one, else of its entity where it
     names one, else lying in the annotation's own folder (``P1/seg.dcm`` beside ``P1/ct1.dcm``)
     or the folder above it (``P1/SEG/seg.dcm`` beside ``P1/CT/...``; never the source's root)."""
     first = f.series.refs[0]
@@ -149,6 +150,8 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
     for ref, refs in lost:
         if ref.source != first.source:
             continue
+        if refs.frames_of_reference and f.frame_of_reference and f.frame_of_reference not in refs.frames_of_reference:
+            continue  # it lies in another frame of reference: drawn on some other series, never this one
         if refs.study_uid:
             tie = "its study" if refs.study_uid == study else ""
         elif ref.entity is not None:
@@ -245,6 +248,9 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                                  "on is unknown",
                                       "Re-export it with its Referenced Series Sequence (or its frames' Source "
                                       "Image references), or give each series its own source root"))
+                # one of them was annotated: none may pack as all background (mask_missing, as for
+                # any annotation whose header cannot say what it was drawn on)
+                lost.append((ref, refs))
                 continue
         if not chosen:
             what = (f"references series {', '.join(uid_digest(u) for u in refs.series_uids)} (UID digests)"
