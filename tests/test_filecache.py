@@ -493,3 +493,34 @@ def test_a_rebuild_of_the_same_version_restores_its_damaged_and_missing_files(
     assert kept.stat().st_ino == kept_inode  # a file that checks out is left as it is
     assert not verify_dataset(first.version_dir / "manifest.json").problems
     assert second.restored == tuple(sorted([shard.name, gone.name]))
+
+
+def test_a_rebuild_of_the_same_version_writes_this_builds_local_reports(tmp_path: Path) -> None:
+    """The dataset_hash counts bad files by reason only: a truncated file fixed and another
+    truncated one added gives the same version. Its bad_samples.jsonl kept naming the first
+    build's file (gone) and not the one there now; a deleted leakage.json never came back, and
+    `packer report` then listed no findings. The latest build's reports replace the version's."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = ["path,label,entity"]
+    for i in range(6):
+        cv2.imwrite(str(raw / f"s{i}.png"), photo(i))
+        rows.append(f"s{i}.png,{'ab'[i % 2]},p{i}")
+    cut = cv2.imencode(".png", photo(99))[1].tobytes()[:300]
+    (raw / "broken_A.png").write_bytes(cut)
+    (raw / "labels.csv").write_text("\n".join([*rows, "broken_A.png,a,p99"]) + "\n")
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [16, 16]}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), "validate": {"max_bad_fraction": 0.5}}
+    options = BuildOptions(scheduler="sync", quiet=True, html_report=False, cache_dir=tmp_path / "cache")
+    first = build(load_job(write_job(tmp_path / "jobs", doc)), options)
+    assert "broken_A.png" in (first.version_dir / "bad_samples.jsonl").read_text()
+    (raw / "broken_A.png").unlink()
+    (raw / "broken_B.png").write_bytes(cut)
+    (raw / "labels.csv").write_text("\n".join([*rows, "broken_B.png,a,p99"]) + "\n")
+    (first.version_dir / "leakage.json").unlink()
+    second = build(load_job(write_job(tmp_path / "jobs", doc)), options)
+    assert second.reused and second.version_dir == first.version_dir
+    listed = (second.version_dir / "bad_samples.jsonl").read_text()
+    assert "broken_B.png" in listed and "broken_A.png" not in listed
+    assert json.loads((second.version_dir / "leakage.json").read_text())

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
-from packer.badsamples import over_limit, summarize_issues, write_bad_samples
+from packer.badsamples import REPORT_FILE, over_limit, summarize_issues, write_bad_samples
 from packer.buildwarnings import write_warnings
 from packer.config import SPLITS, JobConfig
 from packer.errors import (
@@ -49,7 +49,7 @@ from packer.errors import (
     refused_write,
     surface,
 )
-from packer.exclusions import exclusion_counts, write_excluded
+from packer.exclusions import EXCLUDED_FILE, exclusion_counts, write_excluded
 from packer.files import TMP_SUFFIX, atomic_output, file_sha256, folder_lock, human_bytes
 from packer.manifest import (
     FORMAT_VERSION,
@@ -63,7 +63,7 @@ from packer.manifest import (
     write_manifest,
 )
 from packer.phi import unused_key_warning
-from packer.pipeline.audit import write_leakage
+from packer.pipeline.audit import LEAKAGE_FILE, write_leakage
 from packer.pipeline.cluster import SharedPath, check_scheduler, open_executor
 from packer.pipeline.discover import check_roots
 from packer.pipeline.filecache import INDEX_NAME, write_file_index
@@ -667,6 +667,7 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tupl
     """
     if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
         restored = _restore_listed(staging, version_dir, manifest)
+        _replace_local_reports(staging, version_dir)
         shutil.rmtree(staging)
         return True, restored
     if version_dir.exists():  # incomplete or damaged: a folder without a valid manifest is not a dataset
@@ -674,6 +675,25 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tupl
     staging.rename(version_dir)
     write_manifest(version_dir, manifest)
     return False, ()
+
+
+#: The version's local reports, which name raw files and messages: the dataset_hash counts bad and
+#: left-out files by reason only, so two builds of one version can differ in them (a bad file
+#: removed and another added), and the latest build's are the true ones
+_LOCAL_REPORTS = (REPORT_FILE, EXCLUDED_FILE, LEAKAGE_FILE)
+
+
+def _replace_local_reports(staging: Path, version_dir: Path) -> None:
+    """This build's local reports in place of an already built version's: each one it wrote
+    replaces the version's (a missing one comes back), and one it did not write (no file left out)
+    is removed. They listed the first build's bad files: a fixed file stayed listed, a new one was
+    missing, and ``packer report`` sent the user to a file that was gone."""
+    for name in _LOCAL_REPORTS:
+        staged, placed = staging / name, version_dir / name
+        if staged.is_file():
+            os.replace(staged, placed)
+        else:
+            placed.unlink(missing_ok=True)
 
 
 def _restore_listed(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tuple[str, ...]:
