@@ -141,16 +141,18 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
     """The annotations of ``lost`` (whose headers name no series and no instance: cut short, or
     damaged, or naming only a frame of reference that several series share) that may be the
     unannotated series ``f``'s, each with what ties them: of its source, in ``f``'s frame of
-    reference where the annotation names any, and of its study where the annotation's header still names one, else of its entity where it
-    names one, else lying in the annotation's own folder (``P1/seg.dcm`` beside ``P1/ct1.dcm``)
-    or the folder above it (``P1/SEG/seg.dcm`` beside ``P1/CT/...``; never the source's root)."""
+    reference where the annotation names any, and of its study where the annotation's header
+    still names one, else of its entity where it names one, else lying in the annotation's own
+    folder (``P1/seg.dcm`` beside ``P1/ct1.dcm``) or the folder above it (``P1/SEG/seg.dcm``
+    beside ``P1/CT/...``; never the source's root)."""
     first = f.series.refs[0]
     study = geometry[first.sample_id].study_uid
     out = []
     for ref, refs in lost:
         if ref.source != first.source:
             continue
-        if refs.frames_of_reference and f.frame_of_reference and f.frame_of_reference not in refs.frames_of_reference:
+        elsewhere = f.frame_of_reference and f.frame_of_reference not in refs.frames_of_reference
+        if refs.frames_of_reference and elsewhere:
             continue  # it lies in another frame of reference: drawn on some other series, never this one
         if refs.study_uid:
             tie = "its study" if refs.study_uid == study else ""
