@@ -392,6 +392,9 @@ class SourceConfig:
     #: ``where:`` conditions on header attributes (:meth:`packer.read.kinds.SourceKind.header_keys`:
     #: files that fail are filtered out by the probe, before any pixel is decoded)
     header_where: tuple[Condition, ...] = ()
+    #: Whether the table must have the ``time`` column: the job names it (``time: tstamp``), or
+    #: splits by time; a default column that is absent is fine otherwise (not part of the identity)
+    time_required: bool = field(default=False, compare=False)
 
     @property
     def label_table(self) -> Path | str | None:
@@ -976,6 +979,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         entity_empty=entity_raw.get("empty", "bad") if entity_column else "bad",
         time=time,
         time_path=time_path,
+        time_required="time" in raw,
         fields=fields,
         table_map=table_map,
         labels=table_at if kind.table_key == "labels" else None,
@@ -1508,6 +1512,8 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     used = {s.kind for s in sources}
     recorded = tuple(kind.name for kind in kinds if kind.always_recorded or kind.name in used)
     split = _parse_split(doc["split"], base)
+    if split.by == "time":  # every file needs its time: a table without the column is a config error
+        sources = tuple(replace(s, time_required=True) for s in sources)
     labels = tuple(doc.get("labels") or ())
     raw_pack = doc["pack"]
     pack = PackConfig(

@@ -443,6 +443,28 @@ def test_a_kaggle_table_without_path_or_entity_columns_says_which_keys_to_set(tm
         discover(load_job(named))
 
 
+@pytest.mark.parametrize("split", [{"by": "entity"}, {"by": "time", "cutoffs": {"test": "2024-06-01"}}])
+def test_a_time_column_the_header_lacks_is_a_config_error_like_an_entity_column(
+        tmp_path: Path, split: dict[str, Any]) -> None:
+    """A misspelled time: column was no error: under by: entity the real column was copied into
+    every record as an extra, and under by: time every file became missing_time, whose message
+    blamed the cells. It is named with the closest column, as entity: is; a table without the
+    default time column still loads when nothing needs it."""
+    _files(tmp_path / "raw", ["a.png", "b.png"])
+    _csv(tmp_path / "raw" / "labels.csv", "path,label,entity,timestamp",
+         ["a.png,x,p1,2024-01-01", "b.png,y,p2,2024-08-01"])
+    typo = _job(tmp_path, {"root": "raw", "table": "raw/labels.csv", "time": "tstamp"}, split=split)
+    with pytest.raises(ConfigError, match=r"missing column 'tstamp' \(named by time\); did you mean 'timestamp'\?"):
+        discover(load_job(typo))
+    _csv(tmp_path / "raw" / "labels.csv", "path,label,entity", ["a.png,x,p1", "b.png,y,p2"])
+    untimed = _job(tmp_path, {"root": "raw", "table": "raw/labels.csv"}, split=split)
+    if split["by"] == "entity":
+        assert len(discover(load_job(untimed)).refs) == 2
+    else:  # a time split needs the column: say which key to set, not that every cell is empty
+        with pytest.raises(ConfigError, match=r"missing column 'timestamp' \(named by time\); set the source's time:"):
+            discover(load_job(untimed))
+
+
 def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp_path: Path) -> None:
     """NIH ships its images in 12 archives; with images_002/ not downloaded, every row naming one of
     its files was a missing_file 'root/<name> does not exist', though find: name looks everywhere."""

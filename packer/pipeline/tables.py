@@ -393,6 +393,8 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
     if not source_kind(source.kind).identity_in_header:
         if source.entity_path is None:
             wanted.setdefault(source.entity, "entity")
+        if source.time_path is None and source.time_required:  # a misspelled time: was no error at all
+            wanted.setdefault(source.time[0], "time")
     fields = {f.name for f in source.fields}
     for condition in source.where:
         if condition.key not in fields:
@@ -467,7 +469,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
 
 
 def _column_fixes(source: SourceConfig) -> dict[str, str]:
-    """What to set where the header lacks the default file or entity column and has none close to
+    """What to set where the header lacks the default file, entity or time column and has none close to
     it (Kaggle's 'image,level'), by the job key naming the column."""
     table = source.table_map
     assert table is not None
@@ -478,7 +480,9 @@ def _column_fixes(source: SourceConfig) -> dict[str, str]:
                             "(ids without the extension: path: {template: '{COLUMN}.png'})"),
             "entity": ("set the source's entity: to the column holding the patient id, read it from each file's path "
                        "(entity: {path: REGEX} or {component: N}), or, where each file is its own patient, entity: "
-                       f"{file_column}")}
+                       f"{file_column}"),
+            "time": ("set the source's time: to the column holding each file's date (ISO 8601), or read it from each "
+                     "file's path (time: {path: REGEX})")}
 
 
 # -- placing -------------------------------------------------------------------------------------
