@@ -465,6 +465,30 @@ def test_a_time_column_the_header_lacks_is_a_config_error_like_an_entity_column(
             discover(load_job(untimed))
 
 
+def test_a_template_pads_numeric_ids_and_says_which_row_does_not_fit(tmp_path: Path) -> None:
+    """'{id:05d}.png' (ids zero-padded in the file names, a number in the table) crashed with
+    Python's "Unknown format code 'd' for object of type 'str'" and a traceback (exit 1): the
+    cells are text. A number spec formats the cell's number; a cell that is none, or an empty
+    one, is a config error naming the row and the template, not the column 'path' the table lacks."""
+    _files(tmp_path / "raw", ["00007.png", "00042.png"])
+    _csv(tmp_path / "raw" / "t.csv", "id,label,entity", ["7,a,p1", "42,b,p2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{id:05d}.png"}}})
+    assert sorted(_by_path(discover(load_job(job)))) == ["00007.png", "00042.png"]
+    _csv(tmp_path / "raw" / "t.csv", "id,label,entity", ["7,a,p1", "x42,b,p2"])
+    with pytest.raises(ConfigError, match=r"row 3: table.path.template '\{id:05d\}.png': the cell 'x42' is not a "
+                                          r"whole number, which \{:05d\} formats"):
+        discover(load_job(job))
+    _csv(tmp_path / "raw" / "t.csv", "image,label,entity", ["00007,a,p1", ",b,p2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{image}"}}})
+    with pytest.raises(ConfigError, match=r"row 3: table.path.template '\{image\}' gives an empty path \(its "
+                                          r"column\(s\) 'image' are empty there\)"):
+        discover(load_job(job))
+    _csv(tmp_path / "raw" / "t.csv", "image,label,entity", ["00007,a,p1", "00042,b,p2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{image}.jpg"}}})
+    with pytest.raises(ConfigError, match=r"check table.path.template \('\{image\}.jpg': its folders and extension"):
+        discover(load_job(job))
+
+
 def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp_path: Path) -> None:
     """NIH ships its images in 12 archives; with images_002/ not downloaded, every row naming one of
     its files was a missing_file 'root/<name> does not exist', though find: name looks everywhere."""

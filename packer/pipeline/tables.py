@@ -517,10 +517,36 @@ def written_from_base(rel: str, table: TableConfig, root: Path | str) -> str | N
     return posixpath.relpath(posixpath.normpath(posixpath.join(top, rel)), posixpath.normpath(base))
 
 
+class _Cell(str):
+    """A table cell in a path template. A format spec of a number type formats the cell's number
+    (``{id:05d}`` makes ``7`` into ``00007``, ``{x:.1f}``): the cells are text, and Python's
+    format refused the spec with a traceback. A cell that is no such number raises ValueError."""
+
+    __slots__ = ()
+
+    def __format__(self, spec: str) -> str:
+        kind = spec[-1:]
+        if kind and kind in "bdoxXn":
+            try:
+                number: int | float = int(self)
+            except ValueError:
+                raise ValueError(f"the cell {str(self)!r} is not a whole number, which {{:{spec}}} formats") from None
+            return format(number, spec)
+        if kind and kind in "eEfFgG%":
+            try:
+                number = float(self)
+            except ValueError:
+                raise ValueError(f"the cell {str(self)!r} is not a number, which {{:{spec}}} formats") from None
+            return format(number, spec)
+        return str.__format__(str(self), spec)
+
+
 def _cell_of(table: TableConfig, record: Record) -> str:
+    """The path a row names: its path cell, or the template filled with its cells. Raises
+    ValueError where a cell does not fit the template's format spec."""
     if table.template is None:
         return record.get(table.path, "")
-    return table.template.format_map({k: v.strip() for k, v in record.items()})
+    return table.template.format_map({k: _Cell(v.strip()) for k, v in record.items()})
 
 
 class _UnicodeSpelling:
@@ -618,6 +644,9 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
             shared = sum(1 for r in listed if r.rsplit("/", 1)[-1] == cell.rsplit("/", 1)[-1]) > 1
             fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
                    "from (e.g. the folder above the root)" + ("" if shared else f", or {key}.find: name"))
+    elif table.template is not None:  # the template makes the paths: its extension or folders, most often
+        fix = (f"check {key}.path.template ({table.template!r}: its folders and extension make each path) and that "
+               "the table belongs to this root")
     else:
         fix = (f"check {key}.path (the column naming the files: {table.path!r}) and that the table belongs to "
                "this root")
@@ -651,8 +680,17 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                           f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
                           f"files under {source.root}; check that it is the whole table")
     for number, record in records.records:
-        cell = _cell_of(table, record).strip()
+        try:
+            cell = _cell_of(table, record).strip()
+        except ValueError as err:
+            said = "a cell does not fit its format spec" if hide_paths else str(err)
+            raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r}: {said}; fix the "
+                              "cell, or the template's format spec (write {column} for the cell as it is)") from None
         if not cell:
+            if table.template is not None:
+                columns = ", ".join(repr(c) for c in dict.fromkeys(_template_columns(table.template)))
+                raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r} gives an "
+                                  f"empty path (its column(s) {columns} are empty there); give the file's name there")
             raise ConfigError(f"{records.path}: row {number}, column {table.path!r} is empty; give the file's "
                               "path relative to the root")
         cells.append(cell)
