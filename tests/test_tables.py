@@ -216,6 +216,30 @@ def test_an_unclosed_quote_that_swallows_the_rows_below_is_a_config_error_naming
     assert "(lines 4-5)" in str(raised.value) and "c.png" not in str(raised.value), str(raised.value)
 
 
+def test_a_quoted_report_of_several_lines_with_commas_is_text_not_swallowed_rows(tmp_path: Path) -> None:
+    """A narrow table (path, label, entity, report) whose quoted report cell spans lines, one of
+    them a sentence with three commas ("Lungs clear, no effusion, ..."), written by Python's own
+    csv.writer: it was refused as an unclosed quote, since the sentence had as many commas as a
+    row. A line is a swallowed row only where it also names a file."""
+    import csv as csv_module
+
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png"], real=True)
+    with (tmp_path / "labels.csv").open("w", newline="") as fh:
+        writer = csv_module.writer(fh)
+        writer.writerow(["path", "label", "entity", "report"])
+        writer.writerow(["a.png", "cat", "p1", "FINDINGS:\nLungs clear, no effusion, no pneumothorax, heart normal."])
+        writer.writerow(["b.png", "dog", "p2", "normal"])
+        writer.writerow(["c.png", "cat", "p3", "two\nlines, no rows"])
+    job = _job(tmp_path, {"root": str(tmp_path / "raw"), "table": {"file": str(tmp_path / "labels.csv")},
+                          "label": {"column": "label"}})
+    found = _by_path(discover(load_job(job)))
+    assert sorted(found) == ["a.png", "b.png", "c.png"] and found["b.png"].label == "dog"
+    # a row is numbered by the line it starts on, as an editor shows it (it was the line it ends on)
+    (tmp_path / "raw" / "b.png").unlink()
+    (issue,) = [i for i in discover(load_job(job)).issues if i.reason == "missing_file"]
+    assert "labels.csv row 4 lists 'b.png'" in issue.message, issue.message
+
+
 def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(tmp_path: Path) -> None:
     """SIIM-ACR's train-rle.csv has the header 'ImageId, EncodedPixels': the second column's name
     starts with a space. The fix the error offers must be one that works when pasted into the job:

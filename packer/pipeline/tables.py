@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import posixpath
+import re
 import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -220,7 +221,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                                       "needs quotes (\"a, b\"), so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
                 _check_swallowed(path, n, cells, columns, delimiter)
-                rows.append((n, cells))
+                # numbered by the line it starts on, as an editor shows it (a quoted cell of several
+                # lines made it the line the row ends on)
+                rows.append((_opening_line(n, cells), cells))
             return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
@@ -274,15 +277,29 @@ def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column:
         "or remove the stray quote (a quote inside a quoted cell is written twice: \"\")")
 
 
+#: A cell that names a file: no space, a dot and a 2-5 character extension (``img/a.png``,
+#: ``0001.dcm``, ``case.nii.gz``)
+_FILE_CELL = re.compile(r"[^\s\"']+\.[A-Za-z][A-Za-z0-9]{1,4}")
+
+
+def _looks_like_row(line: str, columns: Sequence[str], delimiter: str) -> bool:
+    """Whether ``line`` (a line inside a multi-line cell) reads as a row of the table: as many
+    separators as a row has, and a cell that names a file. A sentence of a report has commas
+    too ("Lungs clear, no effusion, heart normal."), but no file name among its parts."""
+    if line.count(delimiter) < len(columns) - 1:
+        return False
+    return any(_FILE_CELL.fullmatch(part.strip()) for part in next(csv.reader([line], delimiter=delimiter), []))
+
+
 def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns: Sequence[str],
                      delimiter: str) -> None:
     """Raise ConfigError where an unclosed quote swallowed the rows below it into one cell: a cell
-    of several lines one of which holds as many separators as a row of the table (a quoted
-    note of several lines holds text, not rows)."""
+    of several lines one of which reads as a row of the table (:func:`_looks_like_row`; a quoted
+    note of several lines holds text, not rows, however many commas its sentences have)."""
     if len(columns) < 2:
         return
     for column, value in cells.items():
-        if "\n" in value and any(line.count(delimiter) >= len(columns) - 1 for line in value.splitlines()[1:]):
+        if "\n" in value and any(_looks_like_row(line, columns, delimiter) for line in value.splitlines()[1:]):
             raise _swallowed_error(path, n, cells, column, "holds the rows in between as its text")
 
 
@@ -290,7 +307,8 @@ def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) ->
     """Raise ConfigError for a file path cell of several lines: no file name holds a line break,
     so a quote opened in it (or before it) swallowed the rows below."""
     names = _template_columns(table.template) if table.template is not None else [table.path]
-    for n, record in rows:
+    for start, record in rows:  # rows are numbered by their first line; the error wants the last
+        n = start + sum(v.count("\n") - v.endswith("\n") for v in record.values())
         for column in names:
             if "\n" in record.get(column, ""):
                 raise _swallowed_error(table.file, n, record, column,
