@@ -528,7 +528,7 @@ def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
     """Read ``entity,split`` rows: entity → (split, its first row's number). ConfigError naming
     the row for a bad split or a repeat; never the entity's raw id (a patient's record number,
     which a message would carry into CI logs): the row tells the user which it is."""
-    from packer.pipeline.tables import long_cells, swallowed_lines, unreadable_csv
+    from packer.pipeline.tables import long_cells, not_utf8, swallowed_lines, unreadable_csv
 
     pins: dict[str, tuple[str, int]] = {}
     try:
@@ -550,7 +550,7 @@ def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the pinned table ({err.strerror})") from err
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from err
+        raise not_utf8(path, err) from err
     except csv.Error as err:
         raise unreadable_csv(path, err) from err
     return pins
