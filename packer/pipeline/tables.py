@@ -160,8 +160,10 @@ def not_utf8(path: Path | str, err: UnicodeDecodeError,
         data.decode("utf-8")
     except UnicodeDecodeError as again:
         at, line = again.start, again.object[:again.start].count(b"\n") + 1
-    except (OSError, EOFError, *remote_errors()):  # cannot be read again: the decoder's own offset
-        pass
+    except (OSError, EOFError):  # cannot be read again: the decoder's own offset, without a line
+        at, line = err.start, None
+    except remote_errors():
+        at, line = err.start, None
     where = f"byte {at}, line {line}" if line is not None else f"byte {at}"
     return ConfigError(f"{path}: not UTF-8 text ({err.reason} at {where}); save the table as UTF-8")
 
