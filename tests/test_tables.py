@@ -387,6 +387,14 @@ def test_a_job_whose_every_file_is_left_out_is_a_config_error_naming_why(tmp_pat
     with pytest.raises(ConfigError, match=r"no sample to pack: all 2 files of the job are left out on purpose "
                                           r"\(filtered 2\); the first, .*a.png: view is 'AP'; where: view = PA"):
         validate_job(job, scheduler="sync", quiet=True)
+    # under pseudonymize the cell's value stays out of the message (a note column may hold a name)
+    _csv(tmp_path / "t.csv", "path,label,entity,view", ["a.png,x,E1,Jane Doe 1960", "b.png,y,E2,AP"])
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"view": "PA"}},
+                        phi={"mode": "pseudonymize", "key_file": "phi.key"}))
+    with pytest.raises(ConfigError, match=r"left out by where: view = PA \(the value it has is not shown") as refused:
+        validate_job(job, scheduler="sync", quiet=True)
+    assert "Jane" not in str(refused.value) and "AP" not in str(refused.value)
 
 
 @pytest.mark.parametrize("max_bad", [0.05, 1.0])

@@ -304,6 +304,12 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
     pseudonymized; the bad ones are counted by reason only."""
     first = sort_excluded(list(excluded))[0]
     named = first.path if show_paths else f"sample {first.sample_id}"
+    detail = first.detail
+    if not show_paths and first.why == "filtered":  # "ImageComments is <free text>, where: ...": the value stays local
+        said = re.search(r"[;,] where: (.*)$", detail)  # "X is V, where: .." (headers), "x is 'v'; where: .." (tables)
+        condition = said.group(1) if said else "the source's where:"
+        detail = (f"left out by where: {condition} (the value it has is not shown under phi: pseudonymize: a "
+                  "header's free text or a table cell may hold a name; excluded.jsonl, local only, holds it)")
     why = describe_counts(Counter(e.why for e in excluded))
     if issues:
         bad = describe_counts(Counter(i.reason for i in issues))
@@ -311,7 +317,7 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
                  f"and the other {len(issues)} {'is' if len(issues) == 1 else 'are'} bad ({bad}); the first left out")
     else:
         which = f"all {len(excluded)} files of the job are left out on purpose ({why}); the first"
-    return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {first.detail}. Change what leaves "
+    return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. Change what leaves "
                        "them out (the source's where:, its table's files:), or remove the source")
 
 
