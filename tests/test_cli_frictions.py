@@ -455,6 +455,26 @@ def test_class_ids_written_two_ways_are_a_warning() -> None:
     assert case_twins_warning(job, ["1", "0", "10"]) is None
 
 
+def test_multilabel_names_that_differ_only_in_case_are_a_warning_too() -> None:
+    """NIH-style pipe-separated findings typed by hand hold 'Effusion' and 'effusion': two
+    positions of the multi-hot vector, which the README says the build warns of; only a class
+    target was checked. Numbers are a numeric target's values, never class names."""
+    from packer.config import parse_job
+    from packer.pipeline.stages import case_twins_warning
+
+    def job(label: dict[str, object]) -> object:
+        return parse_job({"name": "j", "sources": [{"kind": "image", "root": ".", "table": "t.csv", "label": label}],
+                          "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"},
+                         Path("job.yaml"))
+
+    multi = job({"kind": "multilabel", "column": "findings"})
+    warning = case_twins_warning(multi, ["Effusion|Mass", "effusion", "Mass"])  # type: ignore[arg-type]
+    assert warning is not None and "'Effusion' and 'effusion'" in warning, warning
+    assert case_twins_warning(multi, ["Effusion|Mass", "Mass"]) is None  # type: ignore[arg-type]
+    numeric = job({"kind": "numeric", "column": "age"})
+    assert case_twins_warning(numeric, ["1", "1.0"]) is None  # type: ignore[arg-type]
+
+
 def test_a_chexpert_column_read_as_classes_warns_that_minus_one_is_uncertain_there(tmp_path: Path) -> None:
     """CheXpert's table writes 1.0, 0.0 and -1.0 (uncertain) per finding. Read as a class column
     (``label: {column: Pneumonia}``), -1.0 is a third class; ``packer validate`` says so and how

@@ -372,12 +372,16 @@ def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Is
 def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
     table typed by several people), or that spell one number (``1`` and ``1.0``): each is a
-    class of its own, which is rarely meant. None for
-    a job that lists its classes (``labels:`` decides then) or a target that is not one class."""
-    if job.labels or not target_class(job.sources[0].target.kind).has_label:  # one class a sample: a label index
+    class of its own, which is rarely meant. ``names``: each sample's target text; a multi-label
+    target's names are the labels they hold (``Effusion|effusion``: two positions of the vector).
+    None for a job that lists its classes (``labels:`` decides then) or a target of no class
+    names (numbers, none)."""
+    kind = target_class(job.sources[0].target.kind)
+    if job.labels or not (kind.has_label or kind.KIND == "multilabel"):
         return None
+    held = {held for text in names if text for held in kind.held_names(str(text))}
     groups: dict[str, list[str]] = {}
-    for name in sorted({str(n) for n in names if n}):
+    for name in sorted({str(n) for n in held if n}):
         number = cell_number(name)
         groups.setdefault(repr(number) if number is not None else " ".join(name.casefold().split()), []).append(name)
     twins = [group for group in groups.values() if len(group) > 1]
