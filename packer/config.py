@@ -1759,7 +1759,8 @@ def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
 
 
 class JobLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` and ``false`` (any case).
+    """PyYAML's safe loader with YAML 1.2's booleans: only ``true`` and ``false`` (any case), and
+    its numbers (``010`` is ten, ``0o10`` octal; ``1:30`` and ``1_0`` are text).
     YAML 1.1 also reads ``on``, ``off``, ``yes`` and ``no`` as booleans, so a join's ``on:`` key
     became ``True`` and ``where: {flag: no}`` would test ``false``. And with YAML 1.2's unique
     keys: a key written twice in one mapping is an error naming both lines (PyYAML kept the last
@@ -1784,11 +1785,29 @@ class JobLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_YAML_INT, _YAML_FLOAT, _YAML_BOOL = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"
+#: YAML 1.2's core schema numbers. YAML 1.1 (PyYAML's) reads 010 as octal 8, 1:30 as 90 (base
+#: 60) and 1_0 as 10, so a seed written 010 became 8 without a word; 1.2 reads 010 as ten,
+#: octal as 0o10, and 1:30 and 1_0 as text (which the schema then refuses where a number is due)
+_CORE_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
 JobLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_YAML_BOOL, _YAML_INT, _YAML_FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-JobLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                list("tTfF"))
+JobLoader.add_implicit_resolver(_YAML_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+JobLoader.add_implicit_resolver(_YAML_INT, _CORE_INT, list("-+0123456789"))
+JobLoader.add_implicit_resolver(_YAML_FLOAT, _CORE_FLOAT, list("-+0123456789."))
+JobLoader.add_constructor(_YAML_INT, _construct_core_int)
 
 
 def load_job(path: str | Path) -> JobConfig:

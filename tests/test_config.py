@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,14 @@ def test_a_tile_larger_than_the_resized_image_is_a_config_error_before_any_work(
     fits = {"size": [32, 32], "tile": {"size": [32, 16]}}
     ok = load_job(write_job(tmp_path, {**MINIMAL, "transform": {"image": fits}}))
     assert ok.image.tile_size == (32, 16)
+
+
+@pytest.mark.parametrize(("written", "read"), [("010", 10), ("0o10", 8), ("0x10", 16), ("1:30", "1:30"), ("1_0", "1_0"),
+                                               ("1e3", 1000.0), ("0.5", 0.5), ("2024-01-01", date(2024, 1, 1))])
+def test_job_numbers_are_read_as_yaml_1_2_writes_them(written: str, read: object) -> None:
+    """PyYAML reads numbers the YAML 1.1 way: seed: 010 became octal 8 (recorded so in the
+    manifest), 1:30 base-60 90 and 1_0 ten, while YAML 1.2's own octal 0o10 was refused."""
+    from packer.config import JobLoader
+
+    value = yaml.load(f"v: {written}", Loader=JobLoader)["v"]  # noqa: S506 (a SafeLoader)
+    assert value == read and type(value) is type(read)
