@@ -384,6 +384,12 @@ def test_a_mistyped_scheduler_is_named_before_the_shared_cache_advice(tmp_path: 
     assert result.exit_code == 2, result.output
     assert "--scheduler synk: not a dask scheduler address" in result.output
     assert "build cache" not in result.output
+    # a scheduler file that is not there, likewise: following the cache's advice only led to this
+    missing = tmp_path / "scheduler.json"
+    result = CliRunner().invoke(main, ["build", str(REPO / "workflows" / "demo.yaml"), "--scheduler", str(missing),
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"--scheduler {missing}: no such scheduler file" in result.output and "build cache" not in result.output
 
 
 def test_workers_given_with_a_scheduler_are_ignored_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:

@@ -502,10 +502,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
                           client, cluster)
         return
-    a_file = os.sep in scheduler or scheduler.endswith(".json")  # an address is host:port or tcp://host:port
-    if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
-        raise ConfigError(f"{surface().option('scheduler', scheduler)}: no such scheduler file; give the file "
-                          "`dask scheduler --scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
+    _check_scheduler_file(scheduler)
     with _held_interrupts() as starting:
         try:
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
@@ -570,11 +567,23 @@ def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
                        f"{surface().omit('scheduler')} for a local cluster")
 
 
+def _check_scheduler_file(scheduler: str) -> None:
+    """Raise ConfigError for a scheduler file (a path: an address is host:port or tcp://host:port)
+    that is not there."""
+    a_file = os.sep in scheduler or scheduler.endswith(".json")
+    if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
+        raise ConfigError(f"{surface().option('scheduler', scheduler)}: no such scheduler file; give the file "
+                          "`dask scheduler --scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
+
+
 def check_scheduler(scheduler: str | None) -> None:
     """Raise the ConfigError an address dask cannot parse gets at connection (``localhost``, a
-    typo of ``sync``), before anything else is checked or started: the other checks' advice (a
-    shared build cache for a cluster) would be beside the point."""
-    if scheduler is None or scheduler == "sync" or os.sep in scheduler or scheduler.endswith(".json"):
+    typo of ``sync``), or a scheduler file that is not there, before anything else is checked or
+    started: the other checks' advice (a shared build cache for a cluster) would be beside the point."""
+    if scheduler is None or scheduler == "sync":
+        return
+    _check_scheduler_file(scheduler)
+    if os.sep in scheduler or scheduler.endswith(".json"):
         return
     from distributed.comm.addressing import parse_address, parse_host_port
 
