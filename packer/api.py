@@ -82,12 +82,14 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
 
     _refuse_worker_reimport("build")
     _check_workers(workers)
+    _check_flags(progress=progress, report=report, resume=resume, keep_spill=keep_spill)
+    options_given = _storage_options(storage_options)
     config = load(job, base_dir=base_dir)
     target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
     options = BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=not progress,
                            html_report=report, fresh=not resume, keep_spill=keep_spill,
                            cache_dir=None if cache_dir is None else Path(cache_dir),
-                           storage_options=None if storage_options is None else dict(storage_options))
+                           storage_options=options_given)
     with _typed_errors():
         return build_job(config, options)
 
@@ -228,10 +230,12 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
 
     _refuse_worker_reimport("validate")
     _check_workers(workers)
+    _check_flags(quick=quick, progress=progress)
+    options_given = _storage_options(storage_options)
     config = load(job, base_dir=base_dir)
     with _typed_errors():
         checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
-                               storage_options=None if storage_options is None else dict(storage_options))
+                               storage_options=options_given)
     return ValidationResult(data_check=checked)
 
 
@@ -246,8 +250,9 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     ``packer verify``). Raises ConfigError (2) for a path that is not a version (a dataset
     folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
     """
+    options_given = _storage_options(storage_options)
     with called_from(PYTHON_API, unless_set=True):
-        return read_manifest(location, storage_options=storage_options)
+        return read_manifest(location, storage_options=options_given)
 
 
 def _refuse_worker_reimport(call: str) -> None:
@@ -267,6 +272,27 @@ def _refuse_worker_reimport(call: str) -> None:
             raise ConfigError(f"{script}: calls packer.{call} at its top level, where a worker process that "
                               f"imports it again runs it too: {UNGUARDED_SCRIPT}")
         frame = frame.f_back
+
+
+def _check_flags(**flags: object) -> None:
+    """Each of ``flags`` a bool, as the command line's flags are: ``quick=0`` or ``quick="no"``
+    ran the check (``"no"`` is truthy) and then failed naming ``--json``, an option the call never
+    passed."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r}: give True or False")
+
+
+def _storage_options(storage_options: object) -> dict[str, Any] | None:
+    """``storage_options`` as a dict (None stays None), or ConfigError naming it: a list of
+    ``key=value`` strings (the command line's form) failed with a bare ValueError from dict()."""
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, Mapping):
+        raise ConfigError(f"storage_options={storage_options!r}: give a mapping of the filesystem's options, as in "
+                          "storage_options={'endpoint_url': 'http://127.0.0.1:9000'} (the command line's "
+                          "--storage-option KEY=VALUE pairs)")
+    return dict(storage_options)
 
 
 def _check_workers(workers: object) -> None:

@@ -192,6 +192,27 @@ def test_a_worker_count_the_command_line_refuses_is_a_config_error_not_a_hang(tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("call", "kwargs", "said"), [
+    ("validate", {"quick": 0}, "quick=0: give True or False"),
+    ("validate", {"quick": "no"}, "quick='no': give True or False"),
+    ("build", {"resume": "no"}, "resume='no': give True or False"),
+    ("build", {"storage_options": ["endpoint_url=http://127.0.0.1:9000"]},
+     "storage_options=['endpoint_url=http://127.0.0.1:9000']: give a mapping"),
+    ("open", {"storage_options": ["x"]}, "storage_options=['x']: give a mapping"),
+])
+def test_arguments_of_the_wrong_type_are_config_errors_naming_them_before_any_work(
+        tmp_path: Path, call: str, kwargs: dict[str, Any], said: str) -> None:
+    """validate(quick="no") ran the check ("no" is truthy) and then failed naming --json; a list
+    for storage_options was a bare ValueError from dict(), and packer.open took one silently."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    target: Any = tmp_path / "nowhere" if call == "open" else job
+    extra = {} if call == "open" else {"progress": False}
+    with pytest.raises(ConfigError, match=re.escape(said)) as raised:
+        getattr(packer, call)(target, **extra, **kwargs)
+    assert raised.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_too_many_bad_samples_raise_after_everything_is_written(tmp_path: Path) -> None:
     job = photo_job(tmp_path, photos(8, bad=1), split=ENTITY_SPLIT)  # 1 of 9 bad > 5%
     with pytest.raises(BadFractionError) as raised:
