@@ -211,4 +211,10 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
 def blocking_file(folder: Path) -> Path | None:
     """The nearest of ``folder`` and its parents that exists but is not a folder (what makes
     creating ``folder`` fail with FileExistsError or NotADirectoryError), or None."""
-    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    def blocks(path: Path) -> bool:
+        try:
+            return path.exists() and not path.is_dir()
+        except OSError:  # a name the file system refuses (too long): creating it says so, not this
+            return False
+
+    return next((p for p in (folder, *folder.parents) if blocks(p)), None)

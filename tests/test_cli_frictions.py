@@ -352,6 +352,20 @@ def test_volumes_of_several_sizes_are_told_the_volume_size_and_the_list_collate_
     assert 'collate="list"' in warning
 
 
+@pytest.mark.parametrize("where", ["too-long", "proc"])
+def test_an_output_folder_that_cannot_be_made_exits_6_naming_it(tmp_path: Path, where: str) -> None:
+    """--out under /proc (mkdir: ENOENT) or with a name over NAME_MAX: a traceback, exit 1 (a
+    bug), from the existence checks or from the staging folder after the lock was skipped."""
+    if where == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this machine")
+    job = photo_job(tmp_path, [(f"ok{i}.png", photo(i), f"E{i}") for i in range(4)], split={"by": "entity"})
+    out = tmp_path / ("r" * 300) if where == "too-long" else Path("/proc/packer-test-out")
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--out", str(out)])
+    assert result.exit_code == 6, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    assert "the output folder cannot be made there" in result.output or "cannot write" in result.output
+
+
 # 9. a report path the file system refuses ------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--json", "--junit"])

@@ -302,6 +302,15 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
                               "folder decodes only the rest") from err
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False for a name the file system refuses to look up (too long),
+    which making the folder then reports."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None]:
     """Hold an exclusive lock (``flock``) on the dataset folder ``<output>/<name>/`` while the
@@ -313,7 +322,7 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
     check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    made = [p for p in (folder, *folder.parents) if not _exists(p)]  # deepest first
 
     def remove_made() -> None:
         with contextlib.suppress(OSError):  # only while empty: a refused job leaves no trace
@@ -323,6 +332,13 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     lock = contextlib.ExitStack()
     try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # not permitted, read-only, full; or a place no folder can be made (/proc, a file's name)
+        remove_made()
+        refused = refused_write(err, folder, opening=True)
+        raise _RefusedBeforeWork(str(refused) if refused is not None else (
+            f"{folder}: the output folder cannot be made there ({err.strerror or err}); give --out a folder on a "
+            "writable file system")) from err
+    try:
         lock.enter_context(folder_lock(folder, f"{folder}: another `packer build` of {job.name} into this folder is "
                                                "running, or a `packer gc` of it (it holds the folder's lock); wait "
                                                "for it to end, then build again: what a build decoded is in the "
