@@ -286,8 +286,11 @@ def test_pinned_entities_go_where_pinned_and_conflicts_fail(tmp_path: Path) -> N
     split = assign_splits(samples, replace(BY_ENTITY, pinned=pins)).split
     assert (split["s-000001"], split["s-000002"], split["s-000003"]) == ("test", "test", "valid")
     samples.append(sample(77, "P3", sha=samples[1].sha256))  # P3 copies P1's image: same group, two pins
-    with pytest.raises(ConfigError, match="pinned to different splits"):
+    # each entity is named with its own pin (sorted splits read as if P1 were pinned to valid), and the
+    # fix is never split.duplicates: report, which would let the copy leak
+    with pytest.raises(ConfigError, match=r"pinned to different splits \(P1 to test, P3 to valid\)") as refused:
         assign_splits(samples, replace(BY_ENTITY, pinned=pins))
+    assert "duplicates: report" not in str(refused.value) and "pin them to one split" in str(refused.value)
     timed = [sample(0, "P1", time="2023-01-01")]
     with pytest.raises(ConfigError, match="pinned to test"):
         assign_splits(timed, replace(TIME, pinned=pins))

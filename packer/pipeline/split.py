@@ -673,9 +673,11 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     for g, group in enumerate(groups):
         wanted = {pins[e] for e in group.entities if e in pins}
         if len(wanted) > 1:
-            raise ConfigError(f"{cfg.pinned}: entities {', '.join(e for e in group.entities if e in pins)} are "
-                              f"pinned to different splits ({', '.join(sorted(wanted))}) but share a split group "
-                              "(same entity or duplicate images); fix the table or set split.duplicates: report")
+            each = ", ".join(f"{e} to {pins[e]}" for e in group.entities if e in pins)
+            raise ConfigError(f"{cfg.pinned}: its entities are pinned to different splits ({each}) but share a "
+                              "split group (one patient, or duplicate images: a copy of one's image under the "
+                              "other), which goes to one split whole, or its copies would leak across splits; pin "
+                              "them to one split, or unpin all but one")
         if wanted:
             fixed[g] = wanted.pop()
     cutoffs = dict(cfg.cutoffs)
