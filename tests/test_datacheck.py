@@ -607,3 +607,18 @@ def test_the_summary_names_every_member_of_a_label_conflict_whole(tmp_path: Path
     (line,) = [line.strip() for line in output.splitlines() if line.strip().startswith("exact+near copies: ")]
     assert "a/one.png [a] (" in line and "b/two.png [b] (" in line and f"entity {first}" in line
     assert f"entity {second}" in line
+
+
+def test_a_copy_groups_example_shows_the_crossing_and_says_what_it_left_out() -> None:
+    """A copy under 7 entities: the build's error showed its first 2 members, both in train
+    (`P6 [train] = P2 [train]`), which shows no leak, and no '... and N more'."""
+    from packer.pipeline.audit import finding_text
+
+    splits = ["train", "train", "train", "valid", "train", "test", "train"]
+    finding = {"samples": [{"path": f"img/P{i}.png", "split": s} for i, s in enumerate(splits)]}
+    two = finding_text("exact_duplicates_across_splits", finding, members=2)
+    assert two == "img/P0.png [train] = img/P3.png [valid] and 5 more", two
+    six = finding_text("exact_duplicates_across_splits", finding, members=6)
+    assert six.startswith("img/P0.png [train] = img/P3.png [valid] = img/P5.png [test] = ") and six.endswith(
+        " and 1 more"), six
+    assert finding_text("exact_duplicates_across_splits", finding, members=7).count("[") == 7

@@ -539,8 +539,13 @@ def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where:
                 + (f" (mask Dice {finding['mask_dice']:.2f})" if "mask_dice" in finding else ""))
     if "entity_id" in finding and "splits" in finding:
         return f"{finding['entity_id']} ({'+'.join(finding['splits'])})"
-    if "samples" in finding:
-        return " = ".join(f"{_name(s)} [{s['split']}]" for s in finding["samples"][:members])
+    if "samples" in finding:  # a copy group: one member of each split first, so the example shows the crossing
+        samples = finding["samples"]
+        firsts = {s["split"]: i for i, s in reversed(list(enumerate(samples)))}
+        order = sorted(range(len(samples)), key=lambda i: (i not in firsts.values(), i))
+        shown = [samples[i] for i in order[:members]]
+        more = len(samples) - len(shown)
+        return " = ".join(f"{_name(s)} [{s['split']}]" for s in shown) + (f" and {more} more" if more > 0 else "")
     if "entities" in finding:  # entity ids that differ only in spelling
         return " ~ ".join(f"{e['entity_id']!r} [{'+'.join(e['splits']) or 'no split'}] ({_name(e)})"
                           for e in finding["entities"][:members])
