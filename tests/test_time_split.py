@@ -75,3 +75,23 @@ def test_straddlers_dropped_on_purpose_are_excluded_files_not_bad_samples(tmp_pa
     assert manifest["bad_samples"]["total"] == 0 and manifest["bad_samples"]["fraction"] == 0
     assert {s: manifest["splits"][s]["samples"] for s in ("train", "valid", "test")} == {
         "train": 3, "valid": 2, "test": 1}
+
+
+def test_a_copy_left_out_as_a_straddler_says_its_group_placed_it_and_leaves_the_audit(tmp_path: Path) -> None:
+    """XCOPY's only record (2024-11, test) is an exact copy of P0's image (2023, train): the copy
+    group went to train and the copy was left out. Its record said "its entity's first record put
+    it in train" (XCOPY's only record is in test), and duplicates_span_entities still listed it,
+    with split None, though the audit is of the final assignment."""
+    raw = write_tree(tmp_path, [("P0", "2023-02-01"), ("P1", "2023-03-01"), ("P2", "2024-09-01")])
+    (raw / "XCOPY").mkdir()
+    (raw / "XCOPY" / "2024-11-11.png").write_bytes((raw / "P0" / "2023-02-01.png").read_bytes())
+    with (raw / "labels.csv").open("a") as fh:
+        fh.write("XCOPY/2024-11-11.png,a,XCOPY,2024-11-11\n")
+    result = build_job(tmp_path, {"by": "time", "cutoffs": CUTOFFS, "entity_policy": "drop_straddlers",
+                                  "balance": {"accept": True}})  # four files: one group is a large share
+    (left,) = read_excluded(result.version_dir / "excluded.jsonl")
+    assert left["path"].endswith("XCOPY/2024-11-11.png") and left["why"] == "straddles_cutoff"
+    assert "the first record of its split group (its entity and 1 other entity whose images" in left["detail"]
+    leakage = json.loads((result.version_dir / "leakage.json").read_text())
+    span = leakage["rules"]["duplicates_span_entities"]
+    assert span["count"] == 0 and not span.get("findings"), span

@@ -245,9 +245,12 @@ def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
     entity = samples.entity_codes
     for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
         if entity[i] != entity[j]:
-            evidence[roots[i]].append({"a": samples.where(i), "b": samples.where(j), **links.describe(k)})
+            if samples.split_codes[i] >= 0 and samples.split_codes[j] >= 0:
+                evidence[roots[i]].append({"a": samples.where(i), "b": samples.where(j), **links.describe(k)})
     findings: list[dict[str, Any]] = []
-    for root, members in sorted(clusters.items()):
+    for root, linked in sorted(clusters.items()):
+        # of the final assignment: a copy left out (drop_straddlers, drop_group) is in no split and packed nowhere
+        members = [i for i in linked if samples.split_codes[i] >= 0]
         entities = sorted({samples.entity(i) or "" for i in members})
         if len(members) > 1 and len(entities) > 1:
             near = sorted(evidence.get(root, []), key=lambda link: float(link["score"]))  # the weakest first

@@ -715,11 +715,16 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                     if own != target:
                         ref = table[i].ref
                         left_out += 1
+                        others = len(group.entities) - 1
+                        whose = ("its entity's first record" if not others else
+                                 f"the first record of its split group (its entity and {others} other "
+                                 f"entit{'y' if others == 1 else 'ies'} whose images duplicate one another, kept "
+                                 "in one split)")
                         dropped.setdefault(ref.sample_id, Excluded.of(
                             ref, stage="split", why="straddles_cutoff",
-                            detail=f"record time {time} falls in {own}, but its entity's first record put it in "
-                                   f"{target}; left out by split.entity_policy: drop_straddlers (first_seen "
-                                   "keeps it, in its entity's split)"))
+                            detail=f"record time {time} falls in {own}, but {whose} put it in {target}; left out "
+                                   "by split.entity_policy: drop_straddlers (first_seen keeps it, in its group's "
+                                   "split)"))
                         continue
                 split[i] = code_of[target]
                 if cfg.folds and target != "test":
