@@ -108,6 +108,21 @@ def test_same_image_as_png_and_jpeg_under_two_patients_is_found(tmp_path: Path) 
     assert failure is not None and "copy.jpg" in (failure.text or "")
 
 
+def test_near_pairs_within_max_cross_split_are_said_not_counted_as_none(tmp_path: Path) -> None:
+    """max_cross_split: 1 tolerates the one crossing near copy: the rule passes, and the summary
+    said "near_duplicates_across_splits: 0", hiding a known leak from the CI log."""
+    first, second = entities_in_different_splits(5)
+    copy = photo(999)
+    rows = [*base_rows(), ("x/orig.png", copy, "a", first), ("y/copy.jpg", copy, "a", second)]
+    job = image_job(tmp_path, rows, duplicates="fail", near_duplicates={"max_cross_split": 1})
+    code, report, output = run_validate(job)
+    assert code == 0, output
+    assert report["audit"]["rules"]["near_duplicates_across_splits"]["pairs"] == 1
+    assert ("[  ok] near_duplicates_across_splits: 0 (1 crossing pair(s) tolerated: "
+            "split.near_duplicates.max_cross_split 1)") in output
+    assert "copy.jpg" in output  # the pair itself, as a failing rule's findings are listed
+
+
 def test_an_exact_copy_across_splits_is_found(tmp_path: Path) -> None:
     first, second = entities_in_different_splits(5)
     copy = photo(777)

@@ -319,9 +319,12 @@ def format_summary(result: ValidateResult) -> str:
         state = "skip" if "skipped" in rule else "ok" if rule["passed"] else (
             "FAIL" if rule["severity"] == "fail" else "note")
         # a rule not run counts nothing: "[skip] rule: 0" read as "checked, none found"
+        tolerated = rule.get("pairs", 0) if state == "ok" else 0  # near pairs within max_cross_split: said, not 0
         lines.append(f"  [{state:>4}] {name}: " + (str(rule["skipped"]).split(";")[0] if state == "skip"
-                                                    else str(rule["count"])))
-        if rule["passed"] is False:
+                                                    else str(rule["count"]))
+                     + (f" ({tolerated} crossing pair(s) tolerated: split.near_duplicates.max_cross_split "
+                        f"{rule.get('tolerated')})" if tolerated else ""))
+        if rule["passed"] is False or tolerated:
             findings = result.prepared.audit.rule(name).findings
             listed = listed or bool(findings)
             for finding in findings[:_cut(len(findings), SUMMARY_FINDINGS)]:  # whole: a CI log's only view of it
