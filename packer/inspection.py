@@ -434,17 +434,40 @@ def _split_order(split: str) -> tuple[int, str]:
 
 
 def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[ValueChange, ...]:
-    """Key-path differences between two nested dicts (see :func:`flatten`), sorted by path."""
-    a, b = flatten(old), flatten(new)
-    changes = []
-    for path in sorted(set(a) | set(b)):
-        if path not in b:
-            changes.append(ValueChange(path, "removed", a[path], None))
-        elif path not in a:
-            changes.append(ValueChange(path, "added", None, b[path]))
-        elif a[path] != b[path]:
-            changes.append(ValueChange(path, "changed", a[path], b[path]))
-    return tuple(changes)
+    """Key-path differences between two nested dicts (leaves as :func:`flatten` names them),
+    sorted by path. A list or dict that was empty on one side and is not on the other is one
+    change of its whole value (``labels: [] -> ["dog", "cat"]``): flattened, the empty one was a
+    leaf that the other side lacked, and ``labels`` read as removed."""
+    changes: list[ValueChange] = []
+    _diff_into(old, new, "", changes)
+    return tuple(sorted(changes, key=lambda c: c.path))
+
+
+def _diff_into(old: Any, new: Any, prefix: str, changes: list[ValueChange]) -> None:
+    def at(key: str | int) -> str:
+        return f"{prefix}[{key}]" if isinstance(key, int) else f"{prefix}.{key}" if prefix else str(key)
+
+    if isinstance(old, dict) and isinstance(new, dict) and (old and new or not prefix):  # the top level: by key
+        keys: list[Any] = sorted(set(old) | set(new))
+    elif isinstance(old, list) and isinstance(new, list) and old and new:
+        keys = list(range(max(len(old), len(new))))
+    else:
+        if old != new:
+            changes.append(ValueChange(prefix, "changed", old, new))
+        return
+    for key in keys:
+        here = old[key] if (key in old if isinstance(old, dict) else key < len(old)) else _ABSENT
+        there = new[key] if (key in new if isinstance(new, dict) else key < len(new)) else _ABSENT
+        if there is _ABSENT:
+            changes.extend(ValueChange(path, "removed", value, None) for path, value in flatten(here, at(key)).items())
+        elif here is _ABSENT:
+            changes.extend(ValueChange(path, "added", None, value) for path, value in flatten(there, at(key)).items())
+        else:
+            _diff_into(here, there, at(key), changes)
+
+
+#: A key or position one side of a diff lacks
+_ABSENT = object()
 
 
 #: The per-sample lists of a :class:`DatasetDiff`, in the order ``packer diff`` shows them.

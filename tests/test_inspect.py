@@ -386,3 +386,18 @@ def test_diff_says_when_the_label_map_moved_classes_to_other_indices(tmp_path: P
     text = format_diff(diff)
     assert f"  note: {note}" in text and "the class index where the label map changed" in text
     assert diff_datasets(after, after).notes == ()  # no note without a change
+
+
+def test_a_config_list_that_was_empty_is_one_change_of_its_value_not_a_removal() -> None:
+    """labels: [] then labels: [dog, cat]: `packer diff` said `labels: [] -> (absent)` and two
+    `labels[i]` additions, and --json had {"change": "removed", "path": "labels"}."""
+    from packer.inspection import diff_values
+
+    changes = diff_values({"labels": [], "split": {"seed": 1}}, {"labels": ["dog", "cat"], "split": {"seed": 1}})
+    assert [(c.path, c.change, c.old, c.new) for c in changes] == [("labels", "changed", [], ["dog", "cat"])]
+    back = diff_values({"labels": ["dog"], "pack": {"x": {}}}, {"labels": [], "pack": {"x": {"y": 2}}})
+    assert [(c.path, c.change) for c in back] == [("labels", "changed"), ("pack.x", "changed")]
+    # leaves stay named by key path, as before
+    deep = diff_values({"split": {"seed": 1, "ratios": {"train": 1.0}}}, {"split": {"seed": 2, "folds": 5}})
+    assert [(c.path, c.change) for c in deep] == [("split.folds", "added"), ("split.ratios.train", "removed"),
+                                                  ("split.seed", "changed")]
