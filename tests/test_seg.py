@@ -454,3 +454,29 @@ def test_defects_are_annotation_errors(tmp_path: Path, axial) -> None:
     assert reasons["frames.dcm"] == "annotation_frames" and reasons["short.dcm"] == "annotation_frames"
     assert reasons["garbage.dcm"] == "unreadable" and reasons["ct.dcm"] == "unreadable"
     assert set(reasons.values()) <= {"unreadable", "annotation_frames"}
+
+
+@pytest.mark.parametrize("references", [True, False], ids=["by-reference", "by-position"])
+def test_a_frame_on_a_slice_the_export_lacks_says_a_slice_is_missing(tmp_path: Path, axial, references: bool) -> None:
+    """One annotated CT file deleted from the export: the SEG frame on it was said to be "made on
+    other slices than this series" ("slices span a..b mm, every 2.5 mm", though the series then
+    had a 5 mm gap), and under grid: resample noted as lying "beyond the series"."""
+    grid, sources, path, _ = axial
+    labels, _ = paint(path, places(sources))
+    inner = [k for k in range(1, grid.n - 1) if labels[k].any()][0]  # an annotated slice inside the span
+    kept = [p for k, p in enumerate(places(sources)) if k != inner]
+    target = path
+    if not references:
+        ds = pydicom.dcmread(path)
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            del item.DerivationImageSequence
+        target = tmp_path / "stripped.dcm"
+        ds.save_as(target)
+    with pytest.raises(AnnotationError) as err:
+        paint(target, kept)
+    said = err.value.message
+    assert err.value.reason == "annotation_frames" and "a slice of the series is missing from the export" in said
+    assert ("which the series lacks" if references else "within its span: where a slice is missing") in said, said
+    assert "median spacing" in said and "every " not in said
+    _, drawn = paint(target, kept, grid="resample")
+    assert any("where a slice is missing" in note for note in drawn.notes), drawn.notes

@@ -54,7 +54,15 @@ import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException, InvalidDicomError
 
-from packer.read.annotations import SEG_STORAGE, AnnotationError, Drawn, Painter, SlicePlace, unmapped_error
+from packer.read.annotations import (
+    SEG_STORAGE,
+    AnnotationError,
+    Drawn,
+    Painter,
+    SlicePlace,
+    uid_digest,
+    unmapped_error,
+)
 from packer.read.dicom_attrs import item_text, sop_class_name
 from packer.structures import Structure, StructureMap
 
@@ -145,8 +153,8 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
             continue
         outside = _resample(path, own, pixels, slices, geometry, between, structure, painter, label)
         if outside:
-            notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie beyond the "
-                         "series and were not painted")
+            notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie on no slice of the "
+                         "series (beyond its ends, or where a slice is missing) and were not painted")
     return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)))
 
 
@@ -425,13 +433,22 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
             f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
     depth = ("" if frame.position is None
              else f" at {float(np.dot(frame.position, geometry.normal)):.4g} mm along the normal")
-    span = (f"slices span {geometry.depth.min():.4g}..{geometry.depth.max():.4g} mm, every {geometry.spacing:.4g} mm"
-            if geometry.slices else "the series has no slices")
+    span = (f"slices span {geometry.depth.min():.4g}..{geometry.depth.max():.4g} mm, median spacing "
+            f"{geometry.spacing:.4g} mm" if geometry.slices else "the series has no slices")
     what = {"outside": "lies on no slice of the series", "ambiguous": "lies midway between two slices",
             "contradicts": f"references slice {index} but lies more than half a spacing from it"}[status]
-    return AnnotationError("annotation_frames", (
-        f"{head}{depth} {what} ({span}); the SEG was made on other slices than this series: link it to "
-        "its own series, or set mask.grid: resample to resample it"))
+    fix = ("the SEG was made on other slices than this series: link it to its own series, or set mask.grid: "
+           "resample to resample it")
+    present = {place.sop_uid for place in geometry.slices}
+    missing = [uid for uid, _ in frame.sources if uid not in present]
+    at = float(np.dot(frame.position, geometry.normal)) if frame.position is not None else None
+    inside = at is not None and geometry.slices and geometry.depth.min() < at < geometry.depth.max()
+    if status == "outside" and (missing or inside):  # drawn on a slice the export lacks, not on another series
+        what += (f", and it derives from image {uid_digest(missing[0])} (UID digest), which the series lacks"
+                 if missing else ", within its span: where a slice is missing")
+        fix = ("a slice of the series is missing from the export (restore that file), or the SEG was made on "
+               "other slices: link it to its own series, or set mask.grid: resample to resample it")
+    return AnnotationError("annotation_frames", f"{head}{depth} {what} ({span}); {fix}")
 
 
 class _Pixels:
