@@ -175,7 +175,7 @@ def _write_rtstruct(path: Path, acquisitions: dict[int, list[Dataset]]) -> None:
     """One RTSTRUCT over the whole series: ROI 'Liver' with each acquisition's box, one closed
     contour per slice, each naming its image (Contour Image Sequence) as treatment planning
     systems write them."""
-    first = acquisitions[1][0]
+    first = next(iter(acquisitions.values()))[0]
     ds = Dataset()
     ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.481.3"
     ds.SOPInstanceUID = generate_uid()
@@ -237,3 +237,28 @@ def test_each_acquisition_s_volume_carries_its_own_contours_of_the_one_rtstruct(
     assert len(items) == 2, (result.version_dir / "bad_samples.jsonl").read_text()
     for acquisition, item in enumerate(items, start=1):
         assert np.array_equal(item["mask"].numpy(), _planted(acquisition)), acquisition
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_an_roi_drawn_on_the_other_acquisition_is_no_note_on_this_one(tmp_path: Path, layout: str) -> None:
+    """The liver's contours all name acquisition 2's images: painting acquisition 1's stack
+    noted "ROI 'Liver': has no contour (an empty Contour Sequence or none)", false of the file,
+    and which stack's note the object's one record kept depended on UID order."""
+    from packer.read.annotations import Painter
+    from packer.read.rtstruct import paint_rtstruct
+    from packer.structures import Structure, StructureMap
+    from tests.test_seg import places
+
+    acquisitions = _write_acquisitions(tmp_path / "CT", LAYOUTS[layout])
+    path = tmp_path / "rt.dcm"
+    _write_rtstruct(path, {2: acquisitions[2]})
+    rois = StructureMap((Structure("liver", 4, ("Liver",)),))
+    notes = {}
+    for this, other in ((1, 2), (2, 1)):
+        stack = places(acquisitions[this])
+        painter = Painter((len(stack), stack[0].rows, stack[0].columns), rois, overlap="later_wins", path=str(path))
+        drawn = paint_rtstruct(str(path), stack, rois, painter,
+                               elsewhere=frozenset(s.SOPInstanceUID for s in acquisitions[other]))
+        notes[this] = drawn.notes
+        assert bool(painter.labels.any()) == (this == 2)
+    assert notes == {1: (), 2: ()}, notes

@@ -845,7 +845,7 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     painter's ``mask_overlap``.
     """
     ds = _read(path, dataset)
-    mapped: list[tuple[str, Structure, list[_Contour]]] = []
+    mapped: list[tuple[str, Structure, list[_Contour], bool]] = []  # bool: the file holds contours of it
     unmapped: list[str] = []
     # pydicom parses a sequence and converts a value when first accessed, so a damaged file
     # fails here, with any exception a parser can raise: all of them are this file's defect
@@ -866,9 +866,10 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
                     "series the structure would land wherever the two origins put it; export it registered to "
                     "this series, or leave it out of mask.rois"))
             contours = _parse(name, items.get(number, []), path)
+            drawn = bool(contours)
             if elsewhere:
                 contours = [c for c in contours if not (c.image_uids and all(u in elsewhere for u in c.image_uids))]
-            mapped.append((name, structure, contours))
+            mapped.append((name, structure, contours, drawn))
     except AnnotationError:
         raise
     except Exception as err:
@@ -879,10 +880,12 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
         raise unmapped_error(path, "ROIs", "rois", [name for _, name, _ in declared], rois)
     grid = _Grid.of(slices, path)
     notes: list[str] = list(lost)
-    for name, structure, contours in mapped:
+    for name, structure, contours, drawn in mapped:
         tally = _Tally()
         rings, at = _place_roi(name, contours, slices, grid, path, tally)
-        notes.extend(_notes(name, tally, empty=not contours))
+        # "has no contour" only where the file holds none: contours all on another stack of the
+        # series (stacked per acquisition) are that stack's, and this one paints nothing of them
+        notes.extend(_notes(name, tally, empty=not drawn))
         if rings.lengths.size:
             painter.record(structure, name)
         for first, window, origin in _fill_slices(rings, at, grid):
