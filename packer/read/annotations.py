@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydicom.dataset import Dataset
 
-from packer.read.dicom_attrs import element, item_text
+from packer.read.dicom_attrs import ELEMENT_ERRORS, DamagedElement, element, item_text
 from packer.structures import Structure, StructureMap
 
 #: Modality of each annotation object packer reads as masks.
@@ -292,9 +292,10 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     if modality == "SEG":
         segments = _items(ds, "SegmentSequence")
         structures = len(segments)
-        declared = Declared(names=tuple(item_text(item, "SegmentLabel") or f"segment {item.get('SegmentNumber')}"
-                                        for item in segments),
-                            codes=tuple(_property_code(item) for item in segments))
+        declared = _declared(lambda: Declared(
+            names=tuple(item_text(item, "SegmentLabel") or f"segment {element(item, 'SegmentNumber')}"
+                        for item in segments),
+            codes=tuple(_property_code(item) for item in segments)))
         for item in _items(ds, "ReferencedSeriesSequence"):
             add(series, item, "SeriesInstanceUID")
             for inst in _items(item, "ReferencedInstanceSequence"):
@@ -306,7 +307,7 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     elif modality == "RTSTRUCT":
         rois = _items(ds, "StructureSetROISequence")
         structures = len(rois)
-        declared = Declared(names=tuple(item_text(roi, "ROIName") for roi in rois))
+        declared = _declared(lambda: Declared(names=tuple(item_text(roi, "ROIName") for roi in rois)))
         for roi in rois:
             add(frames, roi, "ReferencedFrameOfReferenceUID")
         for ref in _items(ds, "ReferencedFrameOfReferenceSequence"):
@@ -323,6 +324,15 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     return AnnotationRefs(modality=modality, study_uid=_uid(ds, "StudyInstanceUID"), series_uids=tuple(series),
                           instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures,
                           declared=declared)
+
+
+def _declared(read: Callable[[], Declared]) -> Declared | None:
+    """The structures a header declares, or None where a name or code in it cannot be decoded:
+    the build, which paints it, gives the file its record; ``validate --quick`` leaves it be."""
+    try:
+        return read()
+    except (DamagedElement, *ELEMENT_ERRORS):
+        return None
 
 
 def _property_code(segment: Dataset) -> tuple[str, str] | None:

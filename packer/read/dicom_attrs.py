@@ -79,7 +79,8 @@ def quiet(fn: Callable[P, R]) -> Callable[P, R]:
 
 # What pydicom raises when it decodes a damaged element on access (a sequence item cut short
 # raises OSError or EOFError; an unknown VR NotImplementedError; a bad length BytesLengthException).
-_ELEMENT_ERRORS = (OSError, EOFError, struct.error, NotImplementedError, BytesLengthException, ValueError,
+#: What pydicom raises converting a damaged element
+ELEMENT_ERRORS = (OSError, EOFError, struct.error, NotImplementedError, BytesLengthException, ValueError,
                    TypeError, KeyError, IndexError, OverflowError)
 
 
@@ -92,7 +93,7 @@ def element(ds: Dataset, keyword: str, default: Any = None) -> Any:
     stored element cannot be decoded."""
     try:
         return ds.get(keyword, default)
-    except _ELEMENT_ERRORS as err:
+    except ELEMENT_ERRORS as err:
         raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} cannot be decoded "
                              f"({type(err).__name__}: {err})") from err
 

@@ -261,10 +261,11 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                                "a series")
             gone = " that are not among the source's packed series" if refs.series_uids or refs.instance_uids else ""
             hit = next((refused_by[uid] for uid in (*refs.series_uids, *refs.instance_uids) if uid in refused_by), None)
-            if hit is not None:
-                issues.append(_orphan(ref, refs, f"{what}: its series is refused ({hit.reason}, e.g. {hit.path})",
-                                      "Fix that series (its files' records say why); the annotation is read once "
-                                      "the series packs"))
+            if hit is not None:  # its series is there but refused: the series' own reason, not an orphan's
+                issues.append(replace(_orphan(ref, refs, f"{what}: its series is refused ({hit.reason}, e.g. "
+                                                         f"{hit.path})",
+                                              "Fix that series (its files' records say why); the annotation is read "
+                                              "once the series packs"), reason=hit.reason))
                 continue
             if refused and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
