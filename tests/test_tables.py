@@ -977,3 +977,16 @@ def test_a_table_that_is_not_utf8_names_the_bad_bytes_offset_and_line_in_the_fil
     job = _job(tmp_path, {"root": str(tmp_path / "raw"), "table": {"file": str(tmp_path / name)}})
     with pytest.raises(ConfigError, match=rf"not UTF-8 text \(invalid continuation byte at byte {at}, line 1002\)"):
         discover(load_job(job))
+
+
+def test_a_row_that_differs_from_its_file_only_in_case_is_named_in_both_records(tmp_path: Path) -> None:
+    """A table made on Windows names img_1.png; the disk holds Img_1.PNG. The row's missing_file
+    and the file's missing_label records said nothing of each other."""
+    _files(tmp_path / "raw", ["Img_1.PNG", "b.png"], real=True)
+    _csv(tmp_path / "t.csv", "path,label,entity", ["img_1.png,x,p1", "b.png,y,p2"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}})
+    found = discover(load_job(job))
+    (missing,) = [i for i in found.issues if i.reason == "missing_file"]
+    assert "(the root holds 'Img_1.PNG', which differs from it only in case" in missing.message, missing.message
+    (unlabeled,) = [message for message in found.unlabeled.values() if "Img_1.PNG" in message]
+    assert "but row 2 names 'img_1.png', which differs from it only in case" in unlabeled, unlabeled

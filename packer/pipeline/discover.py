@@ -20,7 +20,7 @@ import os
 import posixpath
 import re
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -644,6 +644,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
+    folded_rows: dict[str, list[str]] = {}  # likewise: the rows naming no listed file, by their name's case fold
+    listed_names = {rel for rel, _ in files}
     for rel, path in files:
         progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
@@ -677,6 +679,11 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 why = (f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
                        f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's "
                        "own record says how to write it)")
+            elif (twin := _case_twin(rel, folded_rows := folded_rows or _folded(
+                    [r for r in rows if r not in listed_names or r == rel]))) is not None:
+                why = (f"no label: no row of {table} names {rel!r}, but row {rows[twin].row} names {twin!r}, which "
+                       "differs from it only in case (file names compare with their case; that row's own record is "
+                       "missing_file): write the row as the file is named")
             else:
                 why = _unnameable(rel, table) or (
                     f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
@@ -730,6 +737,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     outside: list[SampleRef] = []
     listed_sorted: list[str] = []
     present_sorted: list[str] = []
+    folded_files: dict[str, list[str]] = {}  # the listed files by their name's case fold, made when first asked
     for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
@@ -786,13 +794,32 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                      "(table.missing: drop)"))
             continue
         said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
-        if not by_name and "/" in rel and (backslashed := rel.replace("/", "\\")) in seen:
+        if not by_name and (twin := _case_twin(rel, folded_files := folded_files or _folded(seen))) is not None:
+            said += (f" (the root holds {twin!r}, which differs from it only in case: file names compare with their "
+                     "case, so that file has no row; its own record is missing_label)")
+        elif not by_name and "/" in rel and (backslashed := rel.replace("/", "\\")) in seen:
             said += (f" (a backslash in the cell is read as a folder separator, and the root holds {backslashed!r} "
                      "itself: rename that file without the backslash)")
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
                             message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
                                     f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
     return outside
+
+
+def _folded(names: Iterable[str]) -> dict[str, list[str]]:
+    """``names`` by their case fold (:func:`_case_twin`'s index)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        out[name.casefold()].append(name)
+    return out
+
+
+def _case_twin(rel: str, folded: Mapping[str, list[str]]) -> str | None:
+    """The one name of the index ``folded`` (:func:`_folded`: the rows naming no listed file, or
+    the listed files) other than ``rel`` that differs from it only in case; None where there is
+    none, or several. A table made on Windows or macOS often spells names as the disk never did."""
+    twins = [name for name in folded.get(rel.casefold(), ()) if name != rel]
+    return twins[0] if len(twins) == 1 else None
 
 
 def _leaves_root(source: SourceConfig, rel: str, row: TableRow, table: Path | str | None, seen: set[str]) -> str:
