@@ -1119,9 +1119,12 @@ def _parse_dicom_mask(spec: dict[str, Any], root: Path | str, where: str) -> Mas
                               f"{structure.id}; give each class its own id, or list the second's names as aliases "
                               "of the first")
     pad = int(spec.get("pad", 0))
-    classes = tuple(sorted({0, *names}))
-    if pad not in classes:
-        raise ConfigError(f"{where}.pad: {pad} is not 0 or a class id of segments/rois {list(classes)}")
+    if not 0 <= pad <= 65535:
+        raise ConfigError(f"{where}.pad: {pad} is no mask id (0-65535); give 0, a class id, or an id your loss "
+                          "ignores (255)")
+    # the ids are the maps': a pad of no class is an id the loss ignores (255), listed with them as
+    # a file mask's classes list it
+    classes = tuple(sorted({0, *names, pad}))
     keys = list(spec)
     rois_first = "rois" in keys and "segments" in keys and keys.index("rois") < keys.index("segments")
     return MaskConfig(column="", classes=classes, empty=spec.get("empty", "keep"), pad=pad,

@@ -980,3 +980,16 @@ def test_an_annotation_painted_with_notes_is_a_warning_that_counts_them_without_
     (rt_row,) = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()
                  if json.loads(line)["modality"] == "RTSTRUCT"]
     assert "; 1 note(s): ROI 'External': 1 degenerate contours skipped" in rt_row["detail"]
+
+
+def test_masks_from_dicom_pad_with_an_id_the_loss_ignores(tmp_path: Path) -> None:
+    """pad: 255 was refused as "not 0 or a class id", and classes: [0, 1, 255], the README's way for
+    a file mask, is refused with from: dicom: no ignore index could pad a DICOM mask under fit."""
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    job = _mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, "pad": 255}, size=[ROWS, 2 * COLUMNS], resize="fit")
+    result = _build(job)
+    masks = [item["mask"].numpy() for item in _items(result)]
+    assert masks and all((m == 255).any() and set(np.unique(m)) <= {0, 1, 2, 255} for m in masks)
+    manifest = json.loads(result.manifest_path.read_text())
+    assert 255 in manifest["mask"]["classes"], manifest["mask"]
