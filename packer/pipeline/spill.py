@@ -122,8 +122,10 @@ class CachedChunk:
 #: steps by its header's Spacing Between Slices, else Slice Thickness (1 mm, with a warning, only
 #: where neither is given); 35: an 8-bit TIFF with unassociated alpha decodes to its stored
 #: colours (OpenCV's libtiff path had multiplied them by alpha); 36: a percentiles window ignores
-#: infinite pixels, and a float image's alpha composites over white after its window.
-CACHE_FORMAT = 36
+#: infinite pixels, and a float image's alpha composites over white after its window; 37: an
+#: RTSTRUCT ROI drawn only on another stack of its series is no 'has no contour' note, and a SEG
+#: frame on a slice the export lacks says so (the records and notes a unit's result holds).
+CACHE_FORMAT = 37
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
