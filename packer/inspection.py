@@ -508,6 +508,33 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+#: The columns of ``_splits.parquet`` a sample's record carries besides its split and label: a
+#: change in any is a changed record (a time edited under dates: shift is in no shard byte)
+_ASSIGNMENT_COLUMNS = ("entity_id", "fold", "time", "days_since_first")
+
+
+def read_assignment(manifest: Manifest) -> dict[str, tuple[Any, ...]] | None:
+    """``_splits.parquet`` beside a local ``manifest`` as ``{key: (entity_id, fold, time,
+    days_since_first)}``; None where the manifest names no such table or the file is absent.
+    IntegrityError where it does not match the manifest's recorded sha256."""
+    entry = manifest.data.get("splits_table")
+    if not isinstance(entry, dict):
+        return None
+    path = Path(manifest.locate(entry["file"]))
+    if not path.is_file():
+        return None
+    if file_sha256(path) != (entry["bytes"], entry["sha256"]):
+        raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
+                             f"{manifest.folder}` and rebuild the version")
+    try:
+        present = [c for c in _ASSIGNMENT_COLUMNS if c in pq.read_schema(path).names]
+        table = pq.read_table(path, columns=["key", *present]).to_pydict()
+    except (pa.ArrowException, OSError) as err:
+        raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
+    values = [table.get(c, [None] * len(table["key"])) for c in _ASSIGNMENT_COLUMNS]
+    return {key: tuple(column[i] for column in values) for i, key in enumerate(table["key"])}
+
+
 #: The shard format whose index sha256 is of the raw pixels (the tar format's is of the .npy member).
 PARQUET = "parquet"
 
@@ -615,6 +642,15 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                         and a["sha256"] == b["sha256"] and a["split"] == b["split"] and not relabeled
                         and a["label"] == b["label"]):
                     lists["record_changed"].append(change)
+        # what _splits.parquet says of a sample besides its split: its entity, fold and time (under
+        # dates: shift a time is in no shard byte, so two versions that differ in it alone said "no differences")
+        old_assigned, new_assigned = read_assignment(old_manifest), read_assignment(new_manifest)
+        if old_assigned is not None and new_assigned is not None:
+            listed = {c.key for kind in ("changed", "moved", "relabeled", "record_changed") for c in lists[kind]}
+            for change in [c for c in _common(old_rows, new_rows) if c.key not in listed]:
+                if old_assigned.get(change.key) != new_assigned.get(change.key):
+                    lists["record_changed"].append(change)
+            lists["record_changed"].sort(key=lambda c: c.key)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
@@ -626,6 +662,13 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
                        target=target, shards=diff_shards(old_manifest, new_manifest),
                        record_changed=tuple(lists["record_changed"]))
+
+
+def _common(old_rows: dict[str, dict[str, Any]], new_rows: dict[str, dict[str, Any]]) -> list[SampleChange]:
+    """A :class:`SampleChange` of each key both versions hold, with its split and label, by key."""
+    return [SampleChange(key, old_split=a["split"], new_split=b["split"], old_label=a["label"], new_label=b["label"],
+                         old_target=a["target"], new_target=b["target"])
+            for key in sorted(set(old_rows) & set(new_rows)) for a, b in [(old_rows[key], new_rows[key])]]
 
 
 def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None:
@@ -705,8 +748,8 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
     if diff.samples_compared:
         lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "
                      f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled"
-                     + (f", {len(diff.record_changed)} record changed (same pixels and target, other packed "
-                        "bytes differ: entity, time, table cells, mask, or the class index where the label map "
+                     + (f", {len(diff.record_changed)} record changed (same pixels and target, another record: "
+                        "entity, time or fold, table cells, mask, or the class index where the label map "
                         "changed)" if diff.record_changed else ""))
         for title, table in (("by split", diff.by_split()), ("by label", diff.by_label())):
             for name, counts in table.items():

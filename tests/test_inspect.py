@@ -401,3 +401,34 @@ def test_a_config_list_that_was_empty_is_one_change_of_its_value_not_a_removal()
     deep = diff_values({"split": {"seed": 1, "ratios": {"train": 1.0}}}, {"split": {"seed": 2, "folds": 5}})
     assert [(c.path, c.change) for c in deep] == [("split.folds", "added"), ("split.ratios.train", "removed"),
                                                   ("split.seed", "changed")]
+
+
+def test_diff_names_a_sample_whose_time_alone_changed(demo_raw: Any, tmp_path: Path) -> None:
+    """Under dates: shift a record's time is no shard byte, only _splits.parquet's
+    days_since_first: an edited timestamp made another dataset_hash, and diff said "no differences"."""
+    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
+    key = (raw / "phi.key").read_text().strip().encode()
+
+    def run() -> Path:
+        doc = demo_job_doc(raw, tmp_path / "out")
+        return build(load_job(write_job(tmp_path / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
+
+    first = run()
+    table = raw / "photos" / "labels.csv"
+    with open(table, newline="") as fh:
+        header, *body = list(csv.reader(fh))
+    path_at, entity_at, time_at = header.index("path"), header.index("entity"), header.index("timestamp")
+    packed = {row["key"] for row in pq.read_table(first / "_splits.parquet").to_pylist()}
+    entities = [row[entity_at] for row in body]
+    edited_row = next(row for row in body if entities.count(row[entity_at]) > 1 and row[time_at]
+                      and key_of("photos", row[path_at], key) in packed
+                      and row[time_at] > min(r[time_at] for r in body if r[entity_at] == row[entity_at]))
+    edited_row[time_at] = edited_row[time_at].replace(edited_row[time_at][:4], str(int(edited_row[time_at][:4]) + 1))
+    with open(table, "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *body])
+    second = run()
+    assert json.loads((first / "manifest.json").read_text())["dataset_hash"] != json.loads(
+        (second / "manifest.json").read_text())["dataset_hash"]
+    payload = json.loads(invoke("diff", first, second, "--json").stdout)
+    assert [c["key"] for c in payload["samples"]["record_changed"]] == [key_of("photos", edited_row[path_at], key)]
+    assert payload["empty"] is False
