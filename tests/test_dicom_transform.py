@@ -376,6 +376,17 @@ def test_rt_dose_applies_dose_grid_scaling() -> None:
     assert_within_one_lsb(windowed[3].image[0], expected)
 
 
+def test_a_stray_dose_grid_scaling_in_a_ct_is_ignored(tmp_path: Path) -> None:
+    """Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a CT carrying one by mistake had
+    its HU multiplied by it (0.5: every value halved, without a word)."""
+    stored = np.arange(256, dtype=np.int16).reshape(16, 16) * 8
+    ds = ct_dataset(stored)
+    ds.DoseGridScaling = 0.5
+    (sample,) = read(save(ds, tmp_path / "ct.dcm"), output="float16")
+    expected = stored.astype(np.float64) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+    np.testing.assert_array_equal(sample.image[0], expected.astype(np.float16))
+
+
 # ---------------------------------------------------------------- colour
 
 

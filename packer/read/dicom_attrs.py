@@ -235,7 +235,8 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     slope = _rescale(source, "RescaleSlope")
     intercept = _rescale(source, "RescaleIntercept")
     dose = None
-    if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or "DoseGridScaling" in ds:
+    # Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a stray one in a CT halved its HU
+    if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or str(ds.get("Modality", "")).strip().upper() == "RTDOSE":
         dose = first_float(ds.get("DoseGridScaling"))
     return ModalityTransform(slope=1.0 if slope is None else slope,
                              intercept=0.0 if intercept is None else intercept, lut=lut, dose_grid_scaling=dose)
