@@ -387,6 +387,15 @@ def test_a_stray_dose_grid_scaling_in_a_ct_is_ignored(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sample.image[0], expected.astype(np.float16))
 
 
+def test_modality_values_float16_cannot_hold_are_non_finite(tmp_path: Path) -> None:
+    """A slope that takes values past ±65504 under output: float16: the record said `unsupported`,
+    a reason kept for formats packer does not read; float16 would hold them as infinite."""
+    ds = ct_dataset(np.arange(256, dtype=np.int16).reshape(16, 16) * 100, slope=4.0)
+    issue = read_dicom(make_ref(save(ds, tmp_path / "big.dcm")), config(output="float16"))
+    assert not isinstance(issue, list) and issue.reason == "non_finite", issue
+    assert "beyond float16's range" in issue.message and "uint8/uint16 with a window" in issue.message
+
+
 # ---------------------------------------------------------------- colour
 
 

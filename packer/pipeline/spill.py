@@ -124,8 +124,9 @@ class CachedChunk:
 #: colours (OpenCV's libtiff path had multiplied them by alpha); 36: a percentiles window ignores
 #: infinite pixels, and a float image's alpha composites over white after its window; 37: an
 #: RTSTRUCT ROI drawn only on another stack of its series is no 'has no contour' note, and a SEG
-#: frame on a slice the export lacks says so (the records and notes a unit's result holds).
-CACHE_FORMAT = 37
+#: frame on a slice the export lacks says so (the records and notes a unit's result holds); 38:
+#: Dose Grid Scaling scales RT Dose alone, and modality values past float16's range are non_finite.
+CACHE_FORMAT = 38
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

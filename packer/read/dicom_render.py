@@ -299,8 +299,8 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     if cfg.output == "float16":
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask)
-        except ValueError as err:
-            return _issue(ref, "transform", "unsupported",
+        except ValueError as err:  # values float16 cannot hold would be infinite: non_finite, as the README says
+            return _issue(ref, "transform", "non_finite",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
         return finish(image, float(image.min())), _frame_metadata(ds, frame, modality, (), spacing)
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
