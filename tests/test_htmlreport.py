@@ -399,6 +399,9 @@ def test_a_manifest_from_another_schema_is_reported_under_a_warning(built: Build
     parsed = parse(render_html_report(folder / "manifest.json"))
     assert "dataset_hash does not match" in parsed.all_text
     assert parsed.cells[("summary-counts", "train", "samples")] == manifest["splits"]["train"]["samples"]
+    # the command says so on stderr too: a CI run publishing the report saw exit 0 and nothing else
+    said = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "r.html")])
+    assert said.exit_code == 0 and "dataset_hash does not match the manifest's content" in said.stderr, said.output
 
 
 def test_cli_writes_the_report_and_maps_errors_to_exit_codes(built: BuildResult, tmp_path: Path) -> None:

@@ -47,6 +47,10 @@ def report(manifest_arg: str, output: Path | None) -> None:
     path = written.path
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
+    for problem in read_manifest(located, strict=False).problems:  # shown at the report's top; the log too
+        if problem.kind == "dataset_hash":
+            click.echo(f"packer: warning: {located}: {problem.detail} (the report shows its numbers as written, "
+                       "under this warning)", err=True)
     if written.damaged:  # the report's first finding; a terminal or CI log should see it too
         click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
     damaged = shard_size_problems(located.parent, data)
