@@ -95,6 +95,25 @@ def test_truncated_tar_raises_naming_shard_then_skip_counts_and_caps(tmp_path):
         list(ShardDataset(manifest, "train", on_error="skip", max_skipped=lost - 1))
 
 
+def test_a_plain_dataloaders_workers_together_never_skip_more_than_max_skipped(tmp_path):
+    """Each worker of a plain DataLoader counted its own skips against the whole cap: with 2
+    workers, 27 samples of a deleted shard went missing under max_skipped=20, with no error and
+    dataset.skipped 0 in the main process. Each worker now holds its share of the cap."""
+    from torch.utils.data import DataLoader
+
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    (tmp_path / "train-000001.tar").unlink()
+    lost = SIZES[1]
+    cap = lost - 1
+    for workers in (2, 3):
+        with pytest.raises(ShardReadError, match=rf"share \(\d+\) of max_skipped={cap} among {workers} workers"):
+            list(DataLoader(ShardDataset(manifest, "train", on_error="skip", max_skipped=cap), batch_size=None,
+                            num_workers=workers))
+    delivered = list(DataLoader(ShardDataset(manifest, "train", on_error="skip", max_skipped=4 * lost),
+                                batch_size=None, num_workers=2))
+    assert len(delivered) == 15 - lost  # a cap every worker's share covers: the rest is read
+
+
 @pytest.mark.parametrize("uneven", ["pad", "drop"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_skipped_samples_never_put_ddp_ranks_out_of_step(tmp_path, uneven, workers):

@@ -313,13 +313,27 @@ class PlannedDataset(IterableDataset):
                 f"that every rank yields the same number of batches); last: {waiting[-1][1]}")
 
     def _skip(self, description: str) -> None:
-        """Count a skipped sample; raise past ``max_skipped``."""
+        """Count a skipped sample; raise past ``max_skipped``. Iterated directly or through a plain
+        DataLoader: each worker process counts its own skips, which no process adds up, so each
+        holds its share of the cap (``max_skipped`` split among the workers, the remainder to the
+        first), and the workers together never skip more than ``max_skipped`` unsaid (each could
+        skip the whole cap: 2 workers dropped 27 samples under max_skipped=20). make_loader counts
+        the workers' skips in the main process against the whole cap (:meth:`iter_batches`)."""
         self.skipped += 1
         self.skipped_samples.append(description)
         log.warning("skipped %s", description)
-        if self.skipped > self.max_skipped:
+        info = get_worker_info()
+        workers = info.num_workers if info is not None else 1
+        cap = self.max_skipped if workers == 1 else (
+            self.max_skipped // workers + (1 if info is not None and info.id < self.max_skipped % workers else 0))
+        if self.skipped > cap and workers == 1:
             raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
                                  f"last: {description}")
+        if self.skipped > cap:
+            raise ShardReadError(f"{self.skipped} samples skipped in this DataLoader worker, more than its share "
+                                 f"({cap}) of max_skipped={self.max_skipped} among {workers} workers, which count "
+                                 "apart (make_loader counts every worker's skips against the whole cap); last: "
+                                 f"{description}")
 
     @staticmethod
     def _worker() -> tuple[int, int]:
