@@ -402,9 +402,31 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
         problems.append(ManifestProblem("dataset_hash", (
             f"dataset_hash does not match the manifest's content (it records {recorded[:16]}…, the content "
             f"hashes to {content_hash[:16]}…): the manifest was edited after the build; {_RESTORE}")))
+    misplaced = _misplaced(where, doc)
+    if misplaced is not None:
+        problems.insert(0, ManifestProblem("version_folder", misplaced))
     if strict and problems:
         raise IntegrityError(f"{where}: {problems[0].detail}")
     return Manifest(data=doc, location=where, path=path, problems=tuple(problems), content_hash=content_hash)
+
+
+_VERSION_NAME = re.compile(r"[0-9a-f]{12}")
+
+
+def _misplaced(where: str, doc: dict[str, Any]) -> str | None:
+    """Why a version folder's ``manifest.json`` is another version's (a build writes each version
+    to the folder its version names), or None. A copied manifest made the loader call the intact
+    index corrupt, and verify list every shard as damaged, never naming the manifest."""
+    folder, _, name = where.replace("\\", "/").rstrip("/").rpartition("/")
+    folder_name = folder.rpartition("/")[2]
+    version = doc.get("version")
+    if name != MANIFEST_FILE or not _VERSION_NAME.fullmatch(folder_name) or not isinstance(version, str) \
+            or version == folder_name:
+        return None
+    return (f"it is version {version}'s manifest, but it sits in the folder of version {folder_name}: another "
+            f"version's manifest was copied here, and its index and shards are not these; restore this folder's own "
+            f"manifest (the registry keeps a copy: manifests/{doc.get('name', 'NAME')}/{folder_name}.json) or "
+            f"rebuild, or open version {version}'s own folder")
 
 
 def _remote_files(version: storage.VersionFolder) -> list[str]:

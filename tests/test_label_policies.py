@@ -229,8 +229,7 @@ def test_deep_verify_checks_each_target_mask(tmp_path: Path, edit: Any, expected
     result = _build(_job(tmp_path, [_source(_chexpert_table(tmp_path), uncertain="ignore", blank="zeros")]))
     shard = next(result.version_dir.glob("train-*.tar"))
     rewrite_tar(shard, edit)
-    reseal(result.version_dir)
-    outcome = verify_dataset(result.manifest_path, deep=True)
+    outcome = verify_dataset(reseal(result.version_dir) / "manifest.json", deep=True)
     assert not outcome.ok
     assert any(expected in p.message for p in outcome.problems), [p.message for p in outcome.problems]
 

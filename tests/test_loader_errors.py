@@ -95,6 +95,32 @@ def test_truncated_tar_raises_naming_shard_then_skip_counts_and_caps(tmp_path):
         list(ShardDataset(manifest, "train", on_error="skip", max_skipped=lost - 1))
 
 
+def test_another_versions_manifest_in_a_version_folder_is_named_not_the_index(tmp_path):
+    """A version folder holding another version's manifest.json: the loader said the (intact)
+    index was corrupt and offered verify='off', and verify listed every shard as damaged. The
+    manifest records its own version: a folder named for another one says which file is wrong."""
+    import json
+    import re
+    import shutil
+
+    from packer.errors import IntegrityError
+    from packer.verify import verify_dataset
+
+    first = json.loads(build_dataset(tmp_path / "a", shard_sizes=SIZES).read_text())
+    second = json.loads(build_dataset(tmp_path / "b", shard_sizes=(3, 3)).read_text())
+    assert first["version"] != second["version"]
+    folder = tmp_path / "demo" / first["version"]
+    shutil.copytree(tmp_path / "a", folder)
+    (folder / "manifest.json").write_text(json.dumps(second))
+    said = rf"it is version {second['version']}'s manifest, but it sits in the folder of version {first['version']}"
+    with pytest.raises(IntegrityError, match=said):
+        ShardDataset(folder, "train")
+    found = verify_dataset(folder)
+    assert len(found.problems) == 1 and re.search(said, json.dumps(found.to_json())), found.to_json()
+    shutil.copytree(tmp_path / "a", tmp_path / "demo" / "renamed")  # a folder of another name: not judged
+    assert len(list(ShardDataset(tmp_path / "demo" / "renamed", "train"))) == sum(SIZES)
+
+
 def test_a_plain_dataloaders_workers_together_never_skip_more_than_max_skipped(tmp_path):
     """Each worker of a plain DataLoader counted its own skips against the whole cap: with 2
     workers, 27 samples of a deleted shard went missing under max_skipped=20, with no error and

@@ -80,15 +80,19 @@ def pixel_byte(shard: Path) -> tuple[int, str]:
     raise AssertionError(f"{shard}: no image cell with unique bytes to flip")
 
 
-def reseal(folder: Path) -> None:
-    """Record the shards' current sizes and sha256 in the manifest and re-seal it, as a forger would."""
+def reseal(folder: Path) -> Path:
+    """Record the shards' current sizes and sha256 in the manifest and re-seal it, and name the
+    folder after the new version, as a forger would (a manifest in another version's folder is
+    found without --deep); the folder's new path."""
     manifest = manifest_of(folder)
     for split in manifest["splits"].values():
         for shard in split["shards"]:
             data = (folder / shard["file"]).read_bytes()
             shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     body = {k: v for k, v in manifest.items() if k not in ("dataset_hash", "version", "created_at")}
-    (folder / "manifest.json").write_text(json.dumps(seal_manifest(body), indent=2, sort_keys=True))
+    sealed = seal_manifest(body)
+    (folder / "manifest.json").write_text(json.dumps(sealed, indent=2, sort_keys=True))
+    return folder.rename(folder.parent / sealed["version"]) if folder.name == manifest["version"] else folder
 
 
 def rewrite_tar(path: Path, edit: Callable[[str, bytes], tuple[str, bytes]]) -> None:
@@ -288,7 +292,8 @@ def test_deep_checks_content_independently_of_resealed_shard_hashes(version: Pat
     shard = version / shard_files(version)[0]
     offset, key = pixel_byte(shard)
     flip(shard, offset)
-    reseal(version)
+    version = reseal(version)
+    shard = version / shard.name
     plain = invoke(version)
     assert plain.exit_code == 0, plain.output
     deep = invoke(version, "--deep")
@@ -322,7 +327,8 @@ def test_deep_names_forged_tar_contents(version: Path, edit: Callable[[str, byte
                                         expected: str) -> None:
     shard = version / shard_files(version)[0]
     rewrite_tar(shard, edit)
-    reseal(version)
+    version = reseal(version)
+    shard = version / shard.name
     assert invoke(version).exit_code == 0
     result = invoke(version, "--deep")
     assert result.exit_code == 5
