@@ -26,8 +26,9 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     <id>-p00001, <id>-t00000_00128, <id>-p00001-t00000_00128) names its file.
 
     \b
-    Its output names raw paths: keep it local. Exits 2 when a key is no file's of this job
-    (another job's sample, or the dataset was built with another PHI key).
+    Its output names raw paths: keep it local. Exits 2 when a key's file id is no file's of this
+    job (another job's sample, or the dataset was built with another PHI key); its frame, page or
+    tile part is not checked against the file (nothing is decoded).
     """
     from packer.config import load_job
     from packer.phi import pseudonymizer_for
