@@ -372,6 +372,11 @@ PIXEL_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
 #: Settings used before or after the pixel pass (discovery, split, packing, publishing,
 #: pseudonyms on the client): changing one keeps every chunk's key.
 OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
+    # where the job wrote a setting, for messages: not what a file becomes
+    **{f"{kind}.channels_key": _setting(kind, "channels_key", st.sampled_from(
+        ["transform.channels", f"transform.{kind}.channels"])) for kind in ("dicom", "image", "nifti")},
+    # whether the table must hold the time column: checked while listing, on the client
+    "sources.time_required": _source("time_required", st.booleans()),
     "name": _setting("", "name", NAMES),
     "output": _setting("", "output", NAMES.map(lambda n: f"/elsewhere/{n}")),
     "max_bad_fraction": _setting("", "max_bad_fraction", st.floats(0, 1)),

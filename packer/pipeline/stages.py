@@ -377,7 +377,7 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     None for a job that lists its classes (``labels:`` decides then) or a target of no class
     names (numbers, none)."""
     kind = target_class(job.sources[0].target.kind)
-    if job.labels or not (kind.has_label or kind.KIND == "multilabel"):
+    if job.labels or not kind.names_labels:
         return None
     held = {held for text in names if text for held in kind.held_names(str(text))}
     groups: dict[str, list[str]] = {}

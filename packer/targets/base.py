@@ -263,6 +263,9 @@ class Target:
     has_label: ClassVar[bool] = False
     #: each sample carries a target vector (``.target.npy``, column ``target``, batch ``target``)
     has_vector: ClassVar[bool] = False
+    #: its target texts name labels (a class, or the labels a sample holds: :meth:`held_names`),
+    #: which a table typed by hand may spell two ways (``Effusion``, ``effusion``)
+    names_labels: ClassVar[bool] = False
     #: the dtype of the target vector in a shard
     vector_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
     #: the heading of ``packer inspect``'s per-split target column

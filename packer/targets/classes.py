@@ -86,6 +86,7 @@ class ClassTarget(Target):
 
     KIND: ClassVar[str] = "class"
     has_label: ClassVar[bool] = True
+    names_labels: ClassVar[bool] = True
     inspect_heading: ClassVar[str] = "classes"
     caption_field: ClassVar[str | None] = "label"
     view_column: ClassVar[str | None] = "label"

@@ -78,6 +78,7 @@ class MultiLabelTarget(Target):
 
     KIND: ClassVar[str] = "multilabel"
     has_vector: ClassVar[bool] = True
+    names_labels: ClassVar[bool] = True
     vector_dtype: ClassVar[np.dtype] = np.dtype(np.uint8)
     inspect_heading: ClassVar[str] = "labels: samples holding each"
     caption_field: ClassVar[str | None] = "labels"
