@@ -9,6 +9,7 @@ import hmac
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,19 +276,24 @@ def test_every_command_has_help(name: str) -> None:
     assert len(CLI.commands[name].help or "") > 40
 
 
+def _demo_copy(demo_raw: Any, tmp_path: Path) -> tuple[Path, bytes, Callable[[], Path]]:
+    """A copy of the demo's raw tree to edit, its PHI key, and a build of it (the version folder)."""
+    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
+
+    def run() -> Path:
+        doc = demo_job_doc(raw, tmp_path / "out")
+        return build(load_job(write_job(tmp_path / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
+
+    return raw, (raw / "phi.key").read_text().strip().encode(), run
+
+
 def test_diff_names_a_sample_whose_record_changed_but_not_its_pixels_or_label(
         demo_raw: Any, tmp_path: Path) -> None:
     """A table edit that moves a photo to another entity of the same split changes the sample's
     packed record (its entity id) but not its pixels, label or split: diff listed nothing for it
     at all, though the shard holding it is new. It must name it as ``record_changed``, from the
     index's xxh3 (over all of a sample's packed bytes), and nothing else."""
-    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
-    key = (raw / "phi.key").read_text().strip().encode()
-
-    def run() -> Path:
-        doc = demo_job_doc(raw, tmp_path / "out")
-        return build(load_job(write_job(tmp_path / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
-
+    raw, key, run = _demo_copy(demo_raw, tmp_path)
     first = run()
     table = raw / "photos" / "labels.csv"
     with open(table, newline="") as fh:
@@ -406,13 +412,7 @@ def test_a_config_list_that_was_empty_is_one_change_of_its_value_not_a_removal()
 def test_diff_names_a_sample_whose_time_alone_changed(demo_raw: Any, tmp_path: Path) -> None:
     """Under dates: shift a record's time is no shard byte, only _splits.parquet's
     days_since_first: an edited timestamp made another dataset_hash, and diff said "no differences"."""
-    raw = Path(shutil.copytree(demo_raw.root, tmp_path / "raw"))
-    key = (raw / "phi.key").read_text().strip().encode()
-
-    def run() -> Path:
-        doc = demo_job_doc(raw, tmp_path / "out")
-        return build(load_job(write_job(tmp_path / "job", doc)), BuildOptions(scheduler="sync", quiet=True)).version_dir
-
+    raw, key, run = _demo_copy(demo_raw, tmp_path)
     first = run()
     table = raw / "photos" / "labels.csv"
     with open(table, newline="") as fh:
