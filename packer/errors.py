@@ -211,10 +211,13 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
 def blocking_file(folder: Path) -> Path | None:
     """The nearest of ``folder`` and its parents that exists but is not a folder (what makes
     creating ``folder`` fail with FileExistsError or NotADirectoryError), or None."""
-    def blocks(path: Path) -> bool:
-        try:
-            return path.exists() and not path.is_dir()
-        except OSError:  # a name the file system refuses (too long): creating it says so, not this
-            return False
+    return next((p for p in (folder, *folder.parents) if path_exists(p) and not p.is_dir()), None)
 
-    return next((p for p in (folder, *folder.parents) if blocks(p)), None)
+
+def path_exists(path: Path) -> bool:
+    """Whether ``path`` exists; False for a name the file system refuses to look up (too long,
+    where ``Path.exists`` raises): creating it then says so, naming the path."""
+    try:
+        return path.exists()
+    except OSError:
+        return False

@@ -456,8 +456,7 @@ def _diff_into(old: Any, new: Any, prefix: str, changes: list[ValueChange]) -> N
             changes.append(ValueChange(prefix, "changed", old, new))
         return
     for key in keys:
-        here = old[key] if (key in old if isinstance(old, dict) else key < len(old)) else _ABSENT
-        there = new[key] if (key in new if isinstance(new, dict) else key < len(new)) else _ABSENT
+        here, there = _member(old, key), _member(new, key)
         if there is _ABSENT:
             changes.extend(ValueChange(path, "removed", value, None) for path, value in flatten(here, at(key)).items())
         elif here is _ABSENT:
@@ -468,6 +467,13 @@ def _diff_into(old: Any, new: Any, prefix: str, changes: list[ValueChange]) -> N
 
 #: A key or position one side of a diff lacks
 _ABSENT = object()
+
+
+def _member(container: dict[Any, Any] | list[Any], key: Any) -> Any:
+    """``container[key]`` (a dict's key, a list's position), or :data:`_ABSENT` where it has none."""
+    if isinstance(container, dict):
+        return container.get(key, _ABSENT)
+    return container[key] if key < len(container) else _ABSENT
 
 
 #: The per-sample lists of a :class:`DatasetDiff`, in the order ``packer diff`` shows them.
@@ -481,14 +487,9 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     multi-label or numeric sample's :data:`TargetValues` (None for other kinds); None when the
     file is absent (a registry copy). IntegrityError when it does not match the manifest's
     recorded sha256, or when a multi-label or numeric dataset's index has no ``target`` column."""
-    entry = manifest.data["index"]
-    path = Path(manifest.locate(entry["file"]))
-    if not path.is_file():
+    path = _checked_table(manifest, manifest.data["index"])
+    if path is None:
         return None
-    size, digest = file_sha256(path)
-    if (size, digest) != (entry["bytes"], entry["sha256"]):
-        raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
-                             f"{manifest.folder}` and rebuild the version")
     target = Target.of_manifest(manifest.data)
     try:
         names = pq.read_schema(path).names
@@ -508,6 +509,18 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+def _checked_table(manifest: Manifest, entry: dict[str, Any]) -> Path | None:
+    """The local table a manifest ``entry`` (``index``, ``splits_table``) names, None where it is
+    absent (a registry copy); IntegrityError where it does not hold the size and sha256 recorded."""
+    path = Path(manifest.locate(entry["file"]))
+    if not path.is_file():
+        return None
+    if file_sha256(path) != (entry["bytes"], entry["sha256"]):
+        raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
+                             f"{manifest.folder}` and rebuild the version")
+    return path
+
+
 #: The columns of ``_splits.parquet`` a sample's record carries besides its split and label: a
 #: change in any is a changed record (a time edited under dates: shift is in no shard byte)
 _ASSIGNMENT_COLUMNS = ("entity_id", "fold", "time", "days_since_first")
@@ -518,14 +531,9 @@ def read_assignment(manifest: Manifest) -> dict[str, tuple[Any, ...]] | None:
     days_since_first)}``; None where the manifest names no such table or the file is absent.
     IntegrityError where it does not match the manifest's recorded sha256."""
     entry = manifest.data.get("splits_table")
-    if not isinstance(entry, dict):
+    path = _checked_table(manifest, entry) if isinstance(entry, dict) else None
+    if path is None:
         return None
-    path = Path(manifest.locate(entry["file"]))
-    if not path.is_file():
-        return None
-    if file_sha256(path) != (entry["bytes"], entry["sha256"]):
-        raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
-                             f"{manifest.folder}` and rebuild the version")
     try:
         present = [c for c in _ASSIGNMENT_COLUMNS if c in pq.read_schema(path).names]
         table = pq.read_table(path, columns=["key", *present]).to_pydict()
@@ -620,6 +628,9 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                      "targets are not compared per sample, so none is listed as relabeled")
     lists: dict[str, list[SampleChange]] = defaultdict(list)
     if old_rows is not None and new_rows is not None:
+        # what _splits.parquet says of a sample besides its split: its entity, fold and time (under
+        # dates: shift a time is in no shard byte, so two versions that differ in it alone said "no differences")
+        old_assigned, new_assigned = read_assignment(old_manifest) or {}, read_assignment(new_manifest) or {}
         for key in sorted(set(old_rows) | set(new_rows)):
             a, b = old_rows.get(key), new_rows.get(key)
             change = SampleChange(key, old_split=a["split"] if a else None, new_split=b["split"] if b else None,
@@ -630,7 +641,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
             elif b is None:
                 lists["removed"].append(change)
             else:
-                if content and a["sha256"] != b["sha256"]:
+                changed = content and a["sha256"] != b["sha256"]
+                if changed:
                     lists["changed"].append(change)
                 if a["split"] != b["split"]:
                     lists["moved"].append(change)
@@ -638,19 +650,13 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                                                                     (b["label"], b["target"]))
                 if relabeled:
                     lists["relabeled"].append(change)
-                if (same_format and a["xxh3"] is not None and b["xxh3"] is not None and a["xxh3"] != b["xxh3"]
-                        and a["sha256"] == b["sha256"] and a["split"] == b["split"] and not relabeled
-                        and a["label"] == b["label"]):
+                unlisted = not changed and not relabeled and a["split"] == b["split"]
+                if unlisted and ((same_format and a["xxh3"] is not None and b["xxh3"] is not None
+                                  and a["xxh3"] != b["xxh3"] and a["sha256"] == b["sha256"]
+                                  and a["label"] == b["label"])
+                                 or (old_assigned and new_assigned
+                                     and old_assigned.get(key) != new_assigned.get(key))):
                     lists["record_changed"].append(change)
-        # what _splits.parquet says of a sample besides its split: its entity, fold and time (under
-        # dates: shift a time is in no shard byte, so two versions that differ in it alone said "no differences")
-        old_assigned, new_assigned = read_assignment(old_manifest), read_assignment(new_manifest)
-        if old_assigned is not None and new_assigned is not None:
-            listed = {c.key for kind in ("changed", "moved", "relabeled", "record_changed") for c in lists[kind]}
-            for change in [c for c in _common(old_rows, new_rows) if c.key not in listed]:
-                if old_assigned.get(change.key) != new_assigned.get(change.key):
-                    lists["record_changed"].append(change)
-            lists["record_changed"].sort(key=lambda c: c.key)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
@@ -662,13 +668,6 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
                        target=target, shards=diff_shards(old_manifest, new_manifest),
                        record_changed=tuple(lists["record_changed"]))
-
-
-def _common(old_rows: dict[str, dict[str, Any]], new_rows: dict[str, dict[str, Any]]) -> list[SampleChange]:
-    """A :class:`SampleChange` of each key both versions hold, with its split and label, by key."""
-    return [SampleChange(key, old_split=a["split"], new_split=b["split"], old_label=a["label"], new_label=b["label"],
-                         old_target=a["target"], new_target=b["target"])
-            for key in sorted(set(old_rows) & set(new_rows)) for a, b in [(old_rows[key], new_rows[key])]]
 
 
 def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None:

@@ -39,7 +39,8 @@ def report(manifest_arg: str, output: Path | None) -> None:
 
     manifest = local_folder_argument(manifest_arg, command="report")
     located = resolve_manifest_path(manifest)
-    data = read_manifest(located, strict=False, check_hash=False).data
+    read = read_manifest(located, strict=False)
+    data = read.data
     detached = detached_manifest_error(str(manifest), located, data, "a report would show no samples")
     if detached is not None:
         raise detached
@@ -47,7 +48,7 @@ def report(manifest_arg: str, output: Path | None) -> None:
     path = written.path
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")
-    for problem in read_manifest(located, strict=False).problems:  # shown at the report's top; the log too
+    for problem in read.problems:  # shown at the report's top; the log too
         if problem.kind == "dataset_hash":
             click.echo(f"packer: warning: {located}: {problem.detail} (the report shows its numbers as written, "
                        "under this warning)", err=True)

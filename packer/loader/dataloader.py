@@ -136,16 +136,12 @@ class MixedShapesError(ConfigError, RuntimeError):
 
 
 _ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
-_ONE_CHANNEL_COUNT = "build with one channel count: transform.channels: 3 in the job file; or "
-_ONE_SIZE = ("build with one size: transform.<kind>.size (a volume's: sample: {volume: {size: [D, H, W]}}); or ")
+_ONE_CHANNEL_COUNT = "build with one channel count: transform.channels: 3 in the job file"
+_ONE_SIZE = "build with one size: transform.<kind>.size (a volume's: sample: {volume: {size: [D, H, W]}})"
 _AS_LIST = ("take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
             "(collate=\"pad\" pads height and width)")
 #: The ways out of a mixed batch, for every message that meets one (where its shapes are not known).
-MIXED_FIXES = (_ONE_SOURCE + "build with one channel count: transform.channels: 3 in the job file; "
-               "or, where they differ in size only, build with one size: transform.<kind>.size "
-               "(a volume's: sample: {volume: {size: [D, H, W]}}); "
-               "or take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
-               "(collate=\"pad\" pads height and width)")
+MIXED_FIXES = f"{_ONE_SOURCE}{_ONE_CHANNEL_COUNT}; or, where they differ in size only, {_ONE_SIZE}; or {_AS_LIST}"
 
 
 def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
@@ -157,7 +153,8 @@ def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
         return MIXED_FIXES
     channels = len({shape[0] for shape in shapes}) > 1
     sizes = len({shape[1:] for shape in shapes}) > 1
-    return _ONE_SOURCE + (_ONE_CHANNEL_COUNT if channels else "") + (_ONE_SIZE if sizes else "") + _AS_LIST
+    fixes = [*([_ONE_CHANNEL_COUNT] if channels else []), *([_ONE_SIZE] if sizes else []), _AS_LIST]
+    return _ONE_SOURCE + "; or ".join(fixes)
 
 
 def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequence[int]]] | None = None) -> str:

@@ -323,16 +323,17 @@ class PlannedDataset(IterableDataset):
         self.skipped_samples.append(description)
         log.warning("skipped %s", description)
         info = get_worker_info()
-        workers = info.num_workers if info is not None else 1
-        cap = self.max_skipped if workers == 1 else (
-            self.max_skipped // workers + (1 if info is not None and info.id < self.max_skipped % workers else 0))
-        if self.skipped > cap and workers == 1:
-            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
-                                 f"last: {description}")
+        if info is None or info.num_workers == 1:
+            if self.skipped > self.max_skipped:
+                raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
+                                     f"last: {description}")
+            return
+        share, rest = divmod(self.max_skipped, info.num_workers)
+        cap = share + (1 if info.id < rest else 0)
         if self.skipped > cap:
             raise ShardReadError(f"{self.skipped} samples skipped in this DataLoader worker, more than its share "
-                                 f"({cap}) of max_skipped={self.max_skipped} among {workers} workers, which count "
-                                 "apart (make_loader counts every worker's skips against the whole cap); last: "
+                                 f"({cap}) of max_skipped={self.max_skipped} among {info.num_workers} workers, which "
+                                 "count apart (make_loader counts every worker's skips against the whole cap); last: "
                                  f"{description}")
 
     @staticmethod

@@ -544,8 +544,11 @@ def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where:
         return f"{finding['entity_id']} ({'+'.join(finding['splits'])})"
     if "samples" in finding:  # a copy group: one member of each split first, so the example shows the crossing
         samples = finding["samples"]
-        firsts = {s["split"]: i for i, s in reversed(list(enumerate(samples)))}
-        order = sorted(range(len(samples)), key=lambda i: (i not in firsts.values(), i))
+        first_of: dict[str, int] = {}
+        for i, s in enumerate(samples):
+            first_of.setdefault(s["split"], i)
+        leading = set(first_of.values())
+        order = sorted(range(len(samples)), key=lambda i: (i not in leading, i))
         shown = [samples[i] for i in order[:members]]
         more = len(samples) - len(shown)
         return " = ".join(f"{_name(s)} [{s['split']}]" for s in shown) + (f" and {more} more" if more > 0 else "")

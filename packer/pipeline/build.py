@@ -46,6 +46,7 @@ from packer.errors import (
     PackerError,
     blocking_file,
     output_elsewhere,
+    path_exists,
     refused_write,
     surface,
 )
@@ -302,15 +303,6 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
                               "folder decodes only the rest") from err
 
 
-def _exists(path: Path) -> bool:
-    """Whether ``path`` exists; False for a name the file system refuses to look up (too long),
-    which making the folder then reports."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None]:
     """Hold an exclusive lock (``flock``) on the dataset folder ``<output>/<name>/`` while the
@@ -322,7 +314,7 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
     check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
-    made = [p for p in (folder, *folder.parents) if not _exists(p)]  # deepest first
+    made = [p for p in (folder, *folder.parents) if not path_exists(p)]  # deepest first
 
     def remove_made() -> None:
         with contextlib.suppress(OSError):  # only while empty: a refused job leaves no trace

@@ -644,8 +644,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
-    folded_rows: dict[str, list[str]] = {}  # likewise: the rows naming no listed file, by their name's case fold
-    listed_names = {rel for rel, _ in files}
+    folded_rows: dict[str, list[str]] | None = None  # likewise: the rows naming no listed file, by case fold
     for rel, path in files:
         progress.update()
         if rel in named:  # a mask (or a case's other file) beside the images is the table's, not a sample
@@ -679,8 +678,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 why = (f"no label: {table} row {escaped[rel][0]} names {rel!r}, but the table's cells are read from "
                        f"{kind.table_key}.path_base, so it names {escaped[rel][1]!r}, outside the root (that row's "
                        "own record says how to write it)")
-            elif (twin := _case_twin(rel, folded_rows := folded_rows or _folded(
-                    [r for r in rows if r not in listed_names or r == rel]))) is not None:
+            elif (twin := _case_twin(rel, folded_rows := folded_rows if folded_rows is not None else _folded(
+                    set(rows) - {listed for listed, _ in files}))) is not None:
                 why = (f"no label: no row of {table} names {rel!r}, but row {rows[twin].row} names {twin!r}, which "
                        "differs from it only in case (file names compare with their case; that row's own record is "
                        "missing_file): write the row as the file is named")
@@ -737,7 +736,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     outside: list[SampleRef] = []
     listed_sorted: list[str] = []
     present_sorted: list[str] = []
-    folded_files: dict[str, list[str]] = {}  # the listed files by their name's case fold, made when first asked
+    folded_files: dict[str, list[str]] | None = None  # the listed files by their name's case fold, when first asked
     for rel, row in sorted(rows.items()):
         if rel in seen:
             continue
@@ -794,7 +793,8 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                      "(table.missing: drop)"))
             continue
         said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
-        if not by_name and (twin := _case_twin(rel, folded_files := folded_files or _folded(seen))) is not None:
+        if not by_name and (twin := _case_twin(rel, folded_files := folded_files if folded_files is not None
+                                               else _folded(seen))) is not None:
             said += (f" (the root holds {twin!r}, which differs from it only in case: file names compare with their "
                      "case, so that file has no row; its own record is missing_label)")
         elif not by_name and "/" in rel and (backslashed := rel.replace("/", "\\")) in seen:

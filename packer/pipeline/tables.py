@@ -285,10 +285,15 @@ def swallowed_lines(path: Path | str, n: int, column: str, cell: str, what: str)
                       f"no line break); close the quote on line {start}, or remove the stray quote")
 
 
+def _line_breaks(cells: Mapping[str, str]) -> int:
+    """How many lines a record spans past its first: its quoted cells' line breaks (a cell whose
+    quote runs to the end of the file holds the last line's break too)."""
+    return sum(v.count("\n") - v.endswith("\n") for v in cells.values())
+
+
 def _opening_line(n: int, cells: Mapping[str, str]) -> int:
-    """The line a record that ends on line ``n`` starts on (its quoted cells' line breaks counted;
-    a cell whose quote runs to the end of the file holds the last line's break too)."""
-    return n - sum(v.count("\n") - v.endswith("\n") for v in cells.values())
+    """The line a record that ends on line ``n`` starts on."""
+    return n - _line_breaks(cells)
 
 
 def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column: str, why: str) -> ConfigError:
@@ -332,7 +337,7 @@ def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) ->
     so a quote opened in it (or before it) swallowed the rows below."""
     names = _template_columns(table.template) if table.template is not None else [table.path]
     for start, record in rows:  # rows are numbered by their first line; the error wants the last
-        n = start + sum(v.count("\n") - v.endswith("\n") for v in record.values())
+        n = start + _line_breaks(record)
         for column in names:
             if "\n" in record.get(column, ""):
                 raise _swallowed_error(table.file, n, record, column,
@@ -568,19 +573,15 @@ class _Cell(str):
 
     def __format__(self, spec: str) -> str:
         kind = spec[-1:]
-        if kind and kind in "bdoxXn":
-            try:
-                number: int | float = int(self)
-            except ValueError:
-                raise ValueError(f"the cell {str(self)!r} is not a whole number, which {{:{spec}}} formats") from None
-            return format(number, spec)
-        if kind and kind in "eEfFgG%":
-            try:
-                number = float(self)
-            except ValueError:
-                raise ValueError(f"the cell {str(self)!r} is not a number, which {{:{spec}}} formats") from None
-            return format(number, spec)
-        return str.__format__(str(self), spec)
+        number: type[int] | type[float] | None = (int if kind and kind in "bdoxXn" else
+                                                  float if kind and kind in "eEfFgG%" else None)
+        if number is None:
+            return str.__format__(str(self), spec)
+        try:
+            return format(number(self), spec)
+        except ValueError:
+            what = "a whole number" if number is int else "a number"
+            raise ValueError(f"the cell {str(self)!r} is not {what}, which {{:{spec}}} formats") from None
 
 
 def _cell_of(table: TableConfig, record: Record) -> str:

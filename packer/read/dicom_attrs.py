@@ -355,10 +355,16 @@ def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
     return (values[0], values[1])
 
 
-def slice_thickness(ds: Dataset, frame: int) -> float | None:
+def pixel_measure(ds: Dataset, frame: int, keyword: str) -> float | None:
+    """The first value of ``keyword`` (SliceThickness, SpacingBetweenSlices) in a frame's Pixel
+    Measures (Enhanced), else at the top level; None where absent."""
     item = functional_item(ds, frame, "PixelMeasuresSequence")
-    source = item if item is not None and "SliceThickness" in item else ds
-    return first_float(element(source, "SliceThickness"))
+    source = item if item is not None and keyword in item else ds
+    return first_float(element(source, keyword))
+
+
+def slice_thickness(ds: Dataset, frame: int) -> float | None:
+    return pixel_measure(ds, frame, "SliceThickness")
 
 
 #: SOP classes packer reads that are newer than the pydicom it pins (its UID dictionary has them not).

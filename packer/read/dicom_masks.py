@@ -151,8 +151,7 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
     for ref, refs in lost:
         if ref.source != first.source:
             continue
-        elsewhere = f.frame_of_reference and f.frame_of_reference not in refs.frames_of_reference
-        if refs.frames_of_reference and elsewhere:
+        if refs.frames_of_reference and f.frame_of_reference not in (*refs.frames_of_reference, ""):
             continue  # it lies in another frame of reference: drawn on some other series, never this one
         if refs.study_uid:
             tie = "its study" if refs.study_uid == study else ""

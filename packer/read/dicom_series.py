@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
 
-from packer.read.dicom_attrs import element, first_float, floats, functional_item, pixel_spacing, slice_thickness
+from packer.read.dicom_attrs import element, floats, functional_item, pixel_measure, pixel_spacing, slice_thickness
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
 def _depth(ds: Dataset) -> float | None:
     """Frame 0's Spacing Between Slices (Pixel Measures, else top level), else its Slice
     Thickness: positive mm, or ``None``."""
-    item = functional_item(ds, 0, "PixelMeasuresSequence")
-    source = item if item is not None and "SpacingBetweenSlices" in item else ds
-    for value in (first_float(element(source, "SpacingBetweenSlices")), slice_thickness(ds, 0)):
+    for value in (pixel_measure(ds, 0, "SpacingBetweenSlices"), slice_thickness(ds, 0)):
         if value is not None and math.isfinite(value) and value > 0:
             return value
     return None

@@ -226,7 +226,7 @@ class NiftiKind(SourceKind):
                 natural = (1 + len(source.companions)) * len(cfg.windows) * stacked
                 check_channels(cfg.channels, natural, where="transform.nifti.windows", sources=[source.name],
                                fix=f"give {source.name!r} windows and channel_files that make {cfg.channels} "
-                                   "channels, or drop transform.channels", key=cfg.channels_key)
+                                   "channels", key=cfg.channels_key)
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue:

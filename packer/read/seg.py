@@ -431,8 +431,8 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
         return AnnotationError("mask_geometry", (
             f"{head} lies on another grid ({_describe_frame(frame, rows, columns)}) than the series' slice "
             f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
-    depth = ("" if frame.position is None
-             else f" at {float(np.dot(frame.position, geometry.normal)):.4g} mm along the normal")
+    at = float(np.dot(frame.position, geometry.normal)) if frame.position is not None else None
+    depth = "" if at is None else f" at {at:.4g} mm along the normal"
     span = (f"slices span {geometry.depth.min():.4g}..{geometry.depth.max():.4g} mm, median spacing "
             f"{geometry.spacing:.4g} mm" if geometry.slices else "the series has no slices")
     what = {"outside": "lies on no slice of the series", "ambiguous": "lies midway between two slices",
@@ -441,7 +441,6 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
            "resample to resample it")
     present = {place.sop_uid for place in geometry.slices}
     missing = [uid for uid, _ in frame.sources if uid not in present]
-    at = float(np.dot(frame.position, geometry.normal)) if frame.position is not None else None
     inside = at is not None and geometry.slices and geometry.depth.min() < at < geometry.depth.max()
     if status == "outside" and (missing or inside):  # drawn on a slice the export lacks, not on another series
         what += (f", and it derives from image {uid_digest(missing[0])} (UID digest), which the series lacks"
