@@ -444,3 +444,70 @@ def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, 
     assert len(packed) == len(expected)
     for sample, page in zip(packed, expected, strict=True):
         assert np.array_equal(sample.image, as_rgb_u8(page))
+
+
+DEFLATE_LAYOUTS = {  # tifffile.imwrite arguments: the ways a Deflate TIFF splits its rows
+    "one-strip-rgb": {"shape": (40, 48, 3), "photometric": "rgb"},
+    "strips-of-7-rows": {"shape": (40, 48), "photometric": "minisblack", "rowsperstrip": 7},
+    "predictor-16-bit": {"shape": (40, 48), "photometric": "minisblack", "predictor": True, "dtype": np.uint16},
+    "separate-planes": {"shape": (3, 40, 48), "photometric": "rgb", "planarconfig": "separate", "rowsperstrip": 16},
+    "tiles": {"shape": (48, 48, 3), "photometric": "rgb", "tile": (16, 16)},
+    "two-pages": {"shape": (2, 40, 48), "photometric": "minisblack", "rowsperstrip": 16},
+}
+
+
+def _deflate_tiff(path: Path, layout: str, compression: str | None = "zlib") -> None:
+    import tifffile
+
+    spec = dict(DEFLATE_LAYOUTS[layout])
+    shape, dtype = spec.pop("shape"), spec.pop("dtype", np.uint8)
+    stored = RNG.integers(1, 200 if dtype == np.uint8 else 60000, size=shape).astype(dtype)  # no zero pixel
+    if compression is None:
+        spec.pop("predictor", None)
+    tifffile.imwrite(path, stored, compression=compression, **spec)
+
+
+@pytest.mark.parametrize("layout", sorted(DEFLATE_LAYOUTS))
+def test_valid_deflate_tiffs_decode_as_their_uncompressed_twins(tmp_path: Path, layout: str) -> None:
+    """The Deflate completeness check passes every layout a writer makes (strips, a last short
+    strip, a predictor, separate planes, tiles, pages): each packs what the same pixels stored
+    uncompressed pack."""
+    state = RNG.bit_generator.state
+    _deflate_tiff(tmp_path / "deflate.tif", layout)
+    RNG.bit_generator.state = state
+    _deflate_tiff(tmp_path / "plain.tif", layout, compression=None)
+    packed, reference = read_ok(tmp_path / "deflate.tif"), read_ok(tmp_path / "plain.tif")
+    assert len(packed) == len(reference) == (2 if layout == "two-pages" else 1)
+    for sample, twin in zip(packed, reference, strict=True):
+        assert np.array_equal(sample.image, twin.image)
+        assert not (sample.image == 0).all(axis=(0, 2)).any()  # no black row: stored pixels are 1 or more
+
+
+@pytest.mark.parametrize("layout", sorted(DEFLATE_LAYOUTS))
+@pytest.mark.parametrize("damage", ["short-count", "flipped-bytes"])
+def test_a_deflate_strip_that_does_not_inflate_whole_is_decode_failed(tmp_path: Path, layout: str, damage: str) -> None:
+    """A StripByteCounts (or TileByteCounts) shorter than its stream, or a damaged stream, in a
+    file whose own length is right: libtiff filled the missing rows with zeros and the image
+    packed with black rows as if they were data (Pillow and tifffile refuse such files). Now the
+    file is decode_failed, naming the strip or tile."""
+    import tifffile
+
+    path = tmp_path / "damaged.tif"
+    _deflate_tiff(path, layout)
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[-1]  # the last page's last strip or tile
+        counts = page.tags["TileByteCounts" if page.is_tiled else "StripByteCounts"]
+        offset, count = page.dataoffsets[-1], page.databytecounts[-1]
+        at, dtype = counts.valueoffset + (len(page.databytecounts) - 1) * (2 if counts.dtype == 3 else 4), counts.dtype
+        if len(page.databytecounts) * (2 if dtype == 3 else 4) <= 4:
+            at = counts.valueoffset  # the one count is held in the tag entry itself
+    data = bytearray(path.read_bytes())
+    if damage == "short-count":
+        struct.pack_into("<H" if dtype == 3 else "<I", data, at, count // 2)
+    else:
+        data[offset + 2:offset + 12] = bytes(10)  # past the zlib header: a stream that breaks
+    path.write_bytes(bytes(data))
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("decode_failed", "read"), issue.message
+    chunk = "tile" if layout == "tiles" else "strip"
+    assert f"TIFF {chunk} " in issue.message and "re-export the file" in issue.message

@@ -54,6 +54,7 @@ from packer.read.image_structure import (
     ImageHeader,
     Reader,
     check_complete,
+    check_deflate_data,
     cut_signature,
     file_header,
     sniff_format,
@@ -482,6 +483,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
 
     if fmt == "tiff":
         chain = tiff_chain(read, len(data), limits)
+        check_deflate_data(data, chain)
         data = straight_alpha(data, chain)
         pages = _tiff_pages(chain)
         if [ifd.index for ifd in pages] != [0]:

@@ -11,6 +11,7 @@ remote file. Defects raise :class:`Defect`, which carries the Issue reason code.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,10 +31,12 @@ _TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileO
 TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH = 278, 322, 323
 _TIFF_SUBFILE = 254  # NewSubfileType
 _TIFF_EXTRA_SAMPLES = 338  # ExtraSamples: 0 unspecified, 1 associated (premultiplied) alpha, 2 unassociated alpha
+_TIFF_COMPRESSION, _TIFF_PLANAR = 259, 284
+_TIFF_DEFLATE = frozenset({8, 32946})  # Adobe Deflate, and the old Deflate code libtiff still reads
 # what the IFD chain walk reads of every IFD
 _TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
                     TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, _TIFF_EXTRA_SAMPLES,
-                    *(t for p in _TIFF_DATA for t in p)}
+                    _TIFF_COMPRESSION, _TIFF_PLANAR, *(t for p in _TIFF_DATA for t in p)}
 #: Tags whose values libtiff must read to decode a page, often kept out of line after the IFD
 #: (BitsPerSample, ColorMap, ExtraSamples, SampleFormat): values cut off by the end of the file
 #: make the file truncated, not decode_failed (another tag's values past the end are left alone:
@@ -368,6 +371,53 @@ def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
             of_ifd = "" if index == 0 else f" of IFD {index}"
             raise Defect("truncated", f"TIFF image data{of_ifd} runs to byte {max(ends)} but the file has "
                                        f"{size} bytes; the file was cut short, copy or export it again")
+
+
+def _deflate_chunks(tags: _Tags) -> list[tuple[int, int, int]]:
+    """(offset, stored bytes, decoded bytes) of each Deflate strip or tile of one IFD, as libtiff
+    sizes its decode buffer: a strip holds RowsPerStrip rows (the last one the rest), a tile
+    TileLength rows of TileWidth pixels; one sample a pixel when the planes are separate
+    (PlanarConfiguration 2), else SamplesPerPixel. Empty for other compressions."""
+    if tags.get(_TIFF_COMPRESSION, (1,))[0] not in _TIFF_DEFLATE or _TIFF_WIDTH not in tags or _TIFF_LENGTH not in tags:
+        return []
+    width, height = tags[_TIFF_WIDTH][0], tags[_TIFF_LENGTH][0]
+    samples = 1 if tags.get(_TIFF_PLANAR, (1,))[0] == 2 else tags.get(_TIFF_SAMPLES, (1,))[0]
+    bits = tags.get(_TIFF_BITS, (1,))[0] * samples
+    if TIFF_TILE_WIDTH in tags and TIFF_TILE_LENGTH in tags:
+        offsets, counts = tags.get(324, ()), tags.get(325, ())
+        per = [(tags[TIFF_TILE_WIDTH][0] * bits + 7) // 8 * tags[TIFF_TILE_LENGTH][0]] * len(offsets)
+    else:
+        offsets, counts = tags.get(273, ()), tags.get(279, ())
+        rows = max(1, min(tags.get(TIFF_ROWS_PER_STRIP, (height,))[0], height))
+        strips = -(-height // rows)
+        # a separate-planes file repeats the strips of one plane for each sample
+        per = [(width * bits + 7) // 8 * min(rows, height - (i % strips) * rows) for i in range(len(offsets))]
+    return list(zip(offsets, counts, per, strict=False))
+
+
+def check_deflate_data(data: bytes, chain: list[Ifd]) -> None:
+    """Raise Defect("decode_failed") where a Deflate strip or tile of an IFD of ``chain`` does not
+    inflate to the bytes its rows need: a stored stream cut short (a StripByteCounts smaller than
+    the stream: the file's own length is right, so :func:`tiff_chain` passes it) or damaged.
+    libtiff (through OpenCV) pads such a strip with zero rows and returns the image, which would
+    pack black rows as if they were data; Pillow and tifffile refuse it. Inflates at most the
+    decoded size of each strip (a bomb stops there)."""
+    for ifd in chain:
+        for number, (offset, count, wanted) in enumerate(_deflate_chunks(ifd.tags)):
+            inflater = zlib.decompressobj()
+            try:
+                got = len(inflater.decompress(data[offset:offset + count], wanted))
+            except zlib.error as err:
+                problem = f"is not a valid Deflate stream ({err})"
+            else:
+                if got >= wanted:
+                    continue
+                problem = f"inflates to {got} bytes where its rows need {wanted}"
+            chunk = "tile" if TIFF_TILE_WIDTH in ifd.tags and TIFF_TILE_LENGTH in ifd.tags else "strip"
+            of_ifd = "" if ifd.index == 0 else f" of IFD {ifd.index}"
+            raise Defect("decode_failed", f"TIFF {chunk} {number}{of_ifd} ({count} bytes at byte {offset}) "
+                                           f"{problem}: its data or its {chunk.capitalize()}ByteCounts is damaged "
+                                           "(libtiff would fill the missing rows with zeros); re-export the file")
 
 
 def tiff_header_of(tags: _Tags, where: str) -> ImageHeader:
