@@ -446,68 +446,109 @@ def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, 
         assert np.array_equal(sample.image, as_rgb_u8(page))
 
 
-DEFLATE_LAYOUTS = {  # tifffile.imwrite arguments: the ways a Deflate TIFF splits its rows
+STRIP_LAYOUTS = {  # tifffile.imwrite arguments: the ways a compressed TIFF splits its rows
     "one-strip-rgb": {"shape": (40, 48, 3), "photometric": "rgb"},
     "strips-of-7-rows": {"shape": (40, 48), "photometric": "minisblack", "rowsperstrip": 7},
     "predictor-16-bit": {"shape": (40, 48), "photometric": "minisblack", "predictor": True, "dtype": np.uint16},
     "separate-planes": {"shape": (3, 40, 48), "photometric": "rgb", "planarconfig": "separate", "rowsperstrip": 16},
     "tiles": {"shape": (48, 48, 3), "photometric": "rgb", "tile": (16, 16)},
     "two-pages": {"shape": (2, 40, 48), "photometric": "minisblack", "rowsperstrip": 16},
+    # LZW's code table grows past 511, 1023 and 2047 entries and is cleared at 4096
+    "big-random": {"shape": (300, 400, 3), "photometric": "rgb"},
 }
+#: Compressions whose short strips libtiff pads with zero rows (checked by packer)
+PADDED = ["zlib", "lzw", "packbits"]
 
 
-def _deflate_tiff(path: Path, layout: str, compression: str | None = "zlib") -> None:
+def _strip_tiff(path: Path, layout: str, compression: str | None, *, zero_row: bool = False) -> None:
+    """A TIFF of ``layout`` whose pixels are 1 or more (``zero_row``: but for an all-zero row 5,
+    which makes packer check an LZW or PackBits file's strips)."""
     import tifffile
 
-    spec = dict(DEFLATE_LAYOUTS[layout])
+    spec = dict(STRIP_LAYOUTS[layout])
     shape, dtype = spec.pop("shape"), spec.pop("dtype", np.uint8)
-    stored = RNG.integers(1, 200 if dtype == np.uint8 else 60000, size=shape).astype(dtype)  # no zero pixel
-    if compression is None:
+    rng = np.random.default_rng(37)
+    stored = rng.integers(1, 200 if dtype == np.uint8 else 60000, size=shape).astype(dtype)
+    if zero_row:
+        rows_axis = 1 if len(shape) == 3 and shape[-1] != 3 else 0
+        stored[(slice(None),) * rows_axis + (5,)] = 0
+    if compression in (None, "packbits"):
         spec.pop("predictor", None)
     tifffile.imwrite(path, stored, compression=compression, **spec)
 
 
-@pytest.mark.parametrize("layout", sorted(DEFLATE_LAYOUTS))
-def test_valid_deflate_tiffs_decode_as_their_uncompressed_twins(tmp_path: Path, layout: str) -> None:
-    """The Deflate completeness check passes every layout a writer makes (strips, a last short
-    strip, a predictor, separate planes, tiles, pages): each packs what the same pixels stored
-    uncompressed pack."""
-    state = RNG.bit_generator.state
-    _deflate_tiff(tmp_path / "deflate.tif", layout)
-    RNG.bit_generator.state = state
-    _deflate_tiff(tmp_path / "plain.tif", layout, compression=None)
-    packed, reference = read_ok(tmp_path / "deflate.tif"), read_ok(tmp_path / "plain.tif")
+@pytest.mark.parametrize("layout", sorted(STRIP_LAYOUTS))
+@pytest.mark.parametrize("compression", PADDED)
+def test_valid_compressed_tiffs_decode_as_their_uncompressed_twins(tmp_path: Path, layout: str,
+                                                                   compression: str) -> None:
+    """The strip completeness check passes every layout a writer makes (strips, a last short
+    strip, a predictor, separate planes, tiles, pages, LZW tables that grow and clear): each
+    packs what the same pixels stored uncompressed pack. An all-zero row makes packer run the
+    check on LZW and PackBits files too."""
+    _strip_tiff(tmp_path / "packed.tif", layout, compression, zero_row=True)
+    _strip_tiff(tmp_path / "plain.tif", layout, None, zero_row=True)
+    packed, reference = read_ok(tmp_path / "packed.tif"), read_ok(tmp_path / "plain.tif")
     assert len(packed) == len(reference) == (2 if layout == "two-pages" else 1)
     for sample, twin in zip(packed, reference, strict=True):
         assert np.array_equal(sample.image, twin.image)
-        assert not (sample.image == 0).all(axis=(0, 2)).any()  # no black row: stored pixels are 1 or more
 
 
-@pytest.mark.parametrize("layout", sorted(DEFLATE_LAYOUTS))
-@pytest.mark.parametrize("damage", ["short-count", "flipped-bytes"])
-def test_a_deflate_strip_that_does_not_inflate_whole_is_decode_failed(tmp_path: Path, layout: str, damage: str) -> None:
-    """A StripByteCounts (or TileByteCounts) shorter than its stream, or a damaged stream, in a
-    file whose own length is right: libtiff filled the missing rows with zeros and the image
-    packed with black rows as if they were data (Pillow and tifffile refuse such files). Now the
-    file is decode_failed, naming the strip or tile."""
+@pytest.mark.parametrize("layout", sorted(STRIP_LAYOUTS))
+@pytest.mark.parametrize("damage", ["zlib-short-count", "zlib-flipped-bytes", "lzw-short-count",
+                                    "packbits-short-count"])
+def test_a_strip_that_does_not_decode_whole_is_decode_failed(tmp_path: Path, layout: str, damage: str) -> None:
+    """A StripByteCounts (or TileByteCounts) shorter than its stream, or a damaged Deflate
+    stream, in a file whose own length is right: libtiff filled the missing rows with zeros and
+    the image packed with black rows as if they were data (Pillow and tifffile refuse such
+    files). Now the file is decode_failed, naming the codec and the strip or tile."""
     import tifffile
 
+    compression = damage.split("-")[0]
     path = tmp_path / "damaged.tif"
-    _deflate_tiff(path, layout)
+    _strip_tiff(path, layout, compression)
     with tifffile.TiffFile(path) as tif:
         page = tif.pages[-1]  # the last page's last strip or tile
         counts = page.tags["TileByteCounts" if page.is_tiled else "StripByteCounts"]
         offset, count = page.dataoffsets[-1], page.databytecounts[-1]
-        at, dtype = counts.valueoffset + (len(page.databytecounts) - 1) * (2 if counts.dtype == 3 else 4), counts.dtype
-        if len(page.databytecounts) * (2 if dtype == 3 else 4) <= 4:
-            at = counts.valueoffset  # the one count is held in the tag entry itself
+        width = 2 if counts.dtype == 3 else 4
+        at = counts.valueoffset + (len(page.databytecounts) - 1) * width
     data = bytearray(path.read_bytes())
-    if damage == "short-count":
-        struct.pack_into("<H" if dtype == 3 else "<I", data, at, count // 2)
+    if damage.endswith("short-count"):
+        struct.pack_into("<H" if width == 2 else "<I", data, at, count // 2)
     else:
         data[offset + 2:offset + 12] = bytes(10)  # past the zlib header: a stream that breaks
     path.write_bytes(bytes(data))
     issue = read_issue(path)
     assert (issue.reason, issue.stage) == ("decode_failed", "read"), issue.message
     chunk = "tile" if layout == "tiles" else "strip"
-    assert f"TIFF {chunk} " in issue.message and "re-export the file" in issue.message
+    codec = {"zlib": "Deflate", "lzw": "LZW", "packbits": "PackBits"}[compression]
+    if compression != "zlib" and layout == "predictor-16-bit":  # OpenCV refuses these itself
+        assert "OpenCV could not decode" in issue.message
+    else:
+        assert f"TIFF {codec} {chunk} " in issue.message and "re-export the file" in issue.message
+
+
+@pytest.mark.parametrize("data", [b"a", b"ab" * 7000, bytes(100_000), np.arange(50_000, dtype=np.uint8).tobytes(),
+                                  np.random.default_rng(5).integers(0, 256, 60_000, dtype=np.uint8).tobytes(),
+                                  np.random.default_rng(6).integers(0, 4, 200_000, dtype=np.uint8).tobytes()],
+                         ids=["one-byte", "repeats", "zeros", "ramp", "random", "four-values"])
+def test_lzw_lengths_equal_an_lzw_decoder_s(data: bytes) -> None:
+    """packer's LZW length decoder (numpy, lengths only) against imagecodecs' LZW codec, whole
+    and cut short: the byte counts agree (random data fills the table, which is cleared, and
+    widens the codes to 12 bits)."""
+    import imagecodecs
+
+    from packer.read.image_structure import _lzw_decoded
+
+    raw = imagecodecs.lzw_encode(data)
+    assert _lzw_decoded(raw, len(data)) == (len(data), "")
+    for cut in (len(raw) // 3, len(raw) // 2):
+        if cut < 2:
+            continue
+        got, problem = _lzw_decoded(raw[:cut], len(data))
+        assert problem == "" and got < len(data)
+        try:  # a stream cut without its End of Information code
+            expected = len(imagecodecs.lzw_decode(raw[:cut]))
+        except imagecodecs.ImcdError:
+            continue
+        assert abs(got - expected) <= 4096  # at most the last code's string, cut in two, is not read
