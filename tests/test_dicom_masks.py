@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -876,6 +877,9 @@ def test_an_annotation_of_a_refused_series_names_that_series_refusal_and_a_file_
     # the series is there, refused: its own reason (an orphan references no series of the source)
     assert issue.reason == "series_duplicate_position"
     assert "series_duplicate_position" in issue.message and "/raw/A/" in issue.message, issue.message
+    # and by the digest the series' own records print, so the records of one series can be matched
+    (printed,) = {re.search(r"series ([0-9a-f]{16}) ", i.message).group(1) for i in assembled.issues}  # type: ignore[union-attr]
+    assert f"named series {printed} in their records" in issue.message, issue.message
 
 
 def test_a_reader_bug_is_the_series_unexpected_error_never_a_crash(tmp_path: Path,

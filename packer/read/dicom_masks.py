@@ -61,6 +61,10 @@ from packer.records import Excluded, Issue, Sample, SampleRef
 from packer.transform.mask import transform_mask_dicom
 from packer.transform.volume import Volume, canonical, crop_or_pad, resample_nearest
 
+#: How a refused series' records name it (:func:`packer.read.series.assemble`: a digest of entity,
+#: study and series, which an annotation's UID digest cannot be matched to)
+_SERIES_NAME = re.compile(r"\bseries ([0-9a-f]{16})\b")
+
 
 def annotated_sources(job: JobConfig) -> dict[str, MaskConfig]:
     """The DICOM sources of ``job`` whose masks come from their SEG and RTSTRUCT objects, by name."""
@@ -261,8 +265,10 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             gone = " that are not among the source's packed series" if refs.series_uids or refs.instance_uids else ""
             hit = next((refused_by[uid] for uid in (*refs.series_uids, *refs.instance_uids) if uid in refused_by), None)
             if hit is not None:  # its series is there but refused: the series' own reason, not an orphan's
-                issues.append(replace(_orphan(ref, refs, f"{what}: its series is refused ({hit.reason}, e.g. "
-                                                         f"{hit.path})",
+                printed = _SERIES_NAME.search(hit.message)  # the digest the series' own records print
+                as_named = f", named series {printed.group(1)} in their records" if printed else ""
+                issues.append(replace(_orphan(ref, refs, f"{what}: its series is refused ({hit.reason}{as_named}, "
+                                                         f"e.g. {hit.path})",
                                               "Fix that series (its files' records say why); the annotation is read "
                                               "once the series packs"), reason=hit.reason))
                 continue
