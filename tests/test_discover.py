@@ -104,6 +104,10 @@ def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
     # one was dropped without a word
     (["a.png,cat,S1,2024-01-01,Smith, J."], "path,label,entity,timestamp,reader",
      r"row 2 has 6 cells but the header names 5 columns \(cells past the last: ' J\.'\)"),
+    # a last row cut short (an interrupted download): its missing label cells packed as blank (0)
+    (["a.png,cat,S1,2024-01-01,x", "b.png,dog"], "path,label,entity,timestamp,reader",
+     r"row 3 has 2 cells but the header names 5 columns \(no cell for 'entity', 'timestamp', 'reader'\); "
+     "the row was cut short"),
     # a header and no rows (a cut download): every file was a missing_label, not one error
     ([], "path,label,entity,timestamp", r"the table has no rows \(its header: path, label, entity, timestamp\)"),
     # two columns of one name: the reader silently took the second one's labels
@@ -115,6 +119,15 @@ def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows
     job = load_job(make_tree(tmp_path, rows, ["a.png"], header=header))
     with pytest.raises(ConfigError, match=match):
         discover(job)
+
+
+def test_a_row_without_the_header_s_trailing_unnamed_column_is_read(tmp_path: Path) -> None:
+    """A header ending in a comma (NIH's Data_Entry_2017.csv) names an unnamed empty column; a row
+    that lacks that one cell is whole, not cut short."""
+    job = load_job(make_tree(tmp_path, ["a.png,cat,S1,,", "b.png,dog,S2,"], ["a.png", "b.png"],
+                             header="path,label,entity,timestamp,"))
+    found = discover(job)
+    assert not found.issues and sorted(r.label for r in found.refs) == ["cat", "dog"]
 
 
 def test_missing_root_is_a_config_error(tmp_path: Path) -> None:

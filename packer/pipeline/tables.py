@@ -246,6 +246,16 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                                       "needs quotes (\"a, b\"), so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
                 _check_swallowed(path, n, cells, columns, delimiter)
+                short = [k for k, v in record.items() if v is None and k is not None and k.strip()]
+                if (short and any(v.strip() for v in cells.values())
+                        and not any("\n" in v for v in cells.values())):  # (a quote left open: _check_path_cells)
+                    # cut short (the last row of an interrupted download): its labels are not blank
+                    given = len(columns) - len(short)
+                    raise ConfigError(f"{path}: row {n} has {given:,} cells but the header names {len(columns):,} "
+                                      f"columns (no cell for {', '.join(repr(c) for c in short[:3])}"
+                                      f"{', ...' if len(short) > 3 else ''}); the row was cut short, as an "
+                                      "interrupted download or copy leaves the last row: download the table again, "
+                                      "or give the row its missing cells (empty ones are written as separators)")
                 # numbered by the line it starts on, as an editor shows it (a quoted cell of several
                 # lines made it the line the row ends on)
                 rows.append((_opening_line(n, cells), cells))
