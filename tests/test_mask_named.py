@@ -206,3 +206,9 @@ def test_a_masks_folder_counts_only_where_its_files_have_their_images() -> None:
     assert mask_named("s0000/segmentations/liver.nii.gz", total) == "folder 'segmentations'"
     classes = MaskPartners.of(["mask/a.jpg", "mask/b.jpg", "no_mask/c.jpg"])
     assert mask_named("mask/a.jpg", classes) is None and mask_named("mask/a.jpg") == "folder 'mask'"
+    # nnU-Net's raw layout (the demo's too): imagesTr/x_0000.nii.gz, a channel suffix, holds
+    # labelsTr/x.nii.gz's image; the label maps were packed as input images, without a word
+    nnunet = MaskPartners.of(["imagesTr/liver_0_0000.nii.gz", "imagesTr/liver_0_0001.nii.gz",
+                              "labelsTr/liver_0.nii.gz", "imagesTr/liver_10_0000.nii.gz", "labelsTr/liver_1.nii.gz"])
+    assert mask_named("labelsTr/liver_0.nii.gz", nnunet) == "folder 'labelsTr'"
+    assert mask_named("labelsTr/liver_1.nii.gz", nnunet) is None  # liver_10's image is not liver_1's

@@ -353,11 +353,11 @@ def _is_mask_folder(folder: str) -> bool:
 def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool:
     """Whether a file in a masks folder has the image it belongs to: a file of the same name
     outside any masks folder (Kvasir-SEG's ``masks/x.jpg`` and ``images/x.jpg``, the Decathlon's
-    ``labelsTr/`` and ``imagesTr/``), or an image in the folder that holds the masks folder
+    ``labelsTr/`` and ``imagesTr/``), or of that name and a suffix (nnU-Net's ``imagesTr/x_0000``
+    beside ``labelsTr/x``), or an image in the folder that holds the masks folder
     (TotalSegmentator's ``s0000/ct.nii.gz`` beside ``s0000/segmentations/``). A class folder
     named ``mask`` of a classification set (``mask/``, ``no_mask/``) has neither."""
-    at = bisect.bisect_left(partners.stems, stem)
-    if at < len(partners.stems) and partners.stems[at] == stem:
+    if _named_by_image(stem, partners):  # nnU-Net's imagesTr/x_0000 (a channel suffix) holds labelsTr/x's image
         return True
     parts = relpath.split("/")
     index = next(i for i, part in enumerate(parts[:-1]) if _is_mask_folder(part))
@@ -408,6 +408,12 @@ def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
     (``segmentation.nii.gz``), any file of the same folder not named as a mask."""
     if not prefix:
         return head in partners.folders
+    return _named_by_image(prefix, partners)
+
+
+def _named_by_image(prefix: str, partners: MaskPartners) -> bool:
+    """Whether an image of ``partners`` is named ``prefix``, or ``prefix`` then a word break and
+    more (``x_0000``, ``x_t1``: a channel or sequence suffix)."""
     at = bisect.bisect_left(partners.stems, prefix)
     for stem in partners.stems[at:]:
         if not stem.startswith(prefix):
