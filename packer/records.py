@@ -132,6 +132,16 @@ class Issue:
         }
 
 
+@dataclass(frozen=True)
+class MemberIssue:
+    """A file's :class:`Issue` from the header pass, with the group its header still names (a
+    DICOM file's entity, study and series UIDs): the group is not packed without the file (a
+    series would pack one slice short, and a volume with a zero slice in its place)."""
+
+    issue: Issue
+    group: tuple[str, ...]
+
+
 #: Why a file is left out of the dataset without being a bad sample (counted and listed, never
 #: packed, never against ``max_bad_fraction``): ``not_in_table`` (a ``files: table`` source's
 #: file its table does not name), ``filtered`` (a row or header a ``where:`` condition leaves

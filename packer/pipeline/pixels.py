@@ -47,7 +47,7 @@ from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.kinds import Grouping, source_kind, source_libraries
-from packer.records import Excluded, Issue, Sample, SampleRef, SpilledSample
+from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
@@ -242,6 +242,8 @@ def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
     the remote file ``ref``, with the URL put back wherever the copy's path went."""
     if isinstance(outcome, Issue):
         return replace(outcome, path=ref.path, message=outcome.message.replace(local, ref.path))
+    if isinstance(outcome, MemberIssue):
+        return replace(outcome, issue=_named_by(outcome.issue, ref, local))
     if isinstance(outcome, Excluded):
         return replace(outcome, path=ref.path, detail=outcome.detail.replace(local, ref.path))
     if isinstance(outcome, SampleRef):
@@ -271,9 +273,10 @@ def _on_local_file(ref: SampleRef, task: ChunkTask, listed: Mapping[str, RawObje
         return named
 
 
-def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue | Excluded, ...]:
+def probe_placements(task: ChunkTask) -> tuple[tuple[SampleRef, Any] | Issue | MemberIssue | Excluded, ...]:
     """Dask task: each file's probed ref and what its kind groups it by (header only), or its
-    Issue, or its Excluded record (a file left out joins no group)."""
+    Issue (a :class:`MemberIssue` where its header still names its group), or its Excluded
+    record (a file left out joins no group)."""
     listed = dict(task.listed)
     return tuple(_on_local_file(ref, task, listed, lambda local: probe_placement(local, task.job), headers_only=True)
                  for ref in task.refs)
@@ -690,20 +693,24 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
     progress = Progress("series", len(refs), quiet=quiet)
     placed: list[tuple[SampleRef, Any]] = []
     issues: list[Issue] = []
+    held: list[MemberIssue] = []  # refused files whose groups are not packed without them
     excluded: list[Excluded] = []
     for task, outcome in executor.map_unordered(probe_placements, tasks,
                                                 [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks]):
         found = (probe_placements(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
         for item in found:
-            if isinstance(item, Issue):
+            if isinstance(item, MemberIssue):
+                held.append(item)
+                issues.append(item.issue)
+            elif isinstance(item, Issue):
                 issues.append(item)
             elif isinstance(item, Excluded):  # joins no series
                 excluded.append(item)
             else:
                 placed.append(item)
-        progress.update(len(task.refs), bad=sum(isinstance(item, Issue) for item in found))
+        progress.update(len(task.refs), bad=sum(isinstance(item, (Issue, MemberIssue)) for item in found))
     progress.close()
-    groups, records = grouping.assemble(placed, make.job)
+    groups, records = grouping.assemble(placed, make.job, held=held)
     refused = [*issues, *(r for r in records if isinstance(r, Issue))]
     in_groups = sum(len(group.refs) for group in groups)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]

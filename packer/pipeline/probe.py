@@ -18,7 +18,7 @@ from packer.config import JobConfig
 from packer.pipeline.labels import Refused, from_attribute
 from packer.read.annotations import AnnotationRefs
 from packer.read.kinds import source_kind
-from packer.records import Excluded, Issue, SampleRef
+from packer.records import Excluded, Issue, MemberIssue, SampleRef
 from packer.storage import is_url
 
 
@@ -84,23 +84,24 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue | Excluded:
     theirs from the table. The header read catches unreadable, foreign and pixel-less files
     before any decoding.
     """
-    probed = _probe(ref, job, keep=False)
+    probed = _alone(_probe(ref, job, keep=False))
     return probed if isinstance(probed, (Issue, Excluded)) else probed[0]
 
 
 def probe_keys(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, tuple[str, ...]] | Issue | Excluded:
     """:func:`probe_ref`, plus the keys of the samples the file would make, as far as its header
     tells (``validate --quick``: a NIfTI file's slices; :meth:`packer.read.kinds.SourceKind.sample_keys`)."""
-    probed = _probe(ref, job, keep=False)
+    probed = _alone(_probe(ref, job, keep=False))
     if isinstance(probed, (Issue, Excluded)):
         return probed
     return probed[0], source_kind(ref.kind).sample_keys(probed[0], probed[1], job)
 
 
-def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | Excluded:
+def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | MemberIssue | Excluded:
     """:func:`probe_ref`, plus what the file's kind groups it by (a DICOM file's place in a
     series: UIDs, positions, orientation, grid; :meth:`packer.read.kinds.Grouping.assemble`).
-    Header only."""
+    Header only. A file its header check refuses may come as a :class:`MemberIssue`: its Issue
+    with the group its header names, which is not packed without it."""
     return _probe(ref, job, keep=False, placement=True)
 
 
@@ -113,11 +114,17 @@ def probe_for_read(ref: SampleRef, job: JobConfig, placed: Any = None) -> tuple[
     ``placed``: what this file's placement probe left (:meth:`packer.read.kinds.Grouping.placed`):
     a DICOM file found unchanged since is not checked twice.
     """
-    return _probe(ref, job, keep=True, placed=placed)
+    return _alone(_probe(ref, job, keep=True, placed=placed))
 
 
-def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
-           placement: bool = False, placed: Any = None) -> tuple[SampleRef, Any] | Issue | Excluded:
+def _alone(probed: tuple[SampleRef, Any] | Issue | MemberIssue | Excluded) -> tuple[SampleRef, Any] | Issue | Excluded:
+    """A probe's outcome for a file read on its own (a :class:`MemberIssue` only where the
+    placement probe asks for the group: its Issue)."""
+    return probed.issue if isinstance(probed, MemberIssue) else probed
+
+
+def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = False,
+           placed: Any = None) -> tuple[SampleRef, Any] | Issue | MemberIssue | Excluded:
     """The probed ref and what its kind kept (:class:`~packer.read.kinds.Probed`), or the file's
     Issue, or its Excluded record (before any identity check: a file left out needs no label)."""
     special = _not_a_file(ref)
@@ -127,7 +134,7 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool,
     # ``placed`` only where there is one: a kind whose grouping leaves nothing need not take it
     extra = {"placed": placed} if placed is not None else {}
     probed = source_kind(ref.kind).probe(ref, source, job, keep=keep, placement=placement, **extra)
-    if isinstance(probed, (Issue, Excluded)):
+    if isinstance(probed, (Issue, MemberIssue, Excluded)):
         return probed
     ref = probed.ref
     if isinstance(probed.state, AnnotationRefs):  # a mask of a series, not a sample: no label, no identity

@@ -69,7 +69,7 @@ from packer.read.limits import (
     inflated_size_exceeds,
     limit_problem,
 )
-from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.where import Condition
 
 _PYDICOM, _PYLIBJPEG = "pydicom", "pylibjpeg"
@@ -542,7 +542,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
                 limits: LimitsConfig = DEFAULT_LIMITS, allow_burned_in: bool = False,
                 keep_pixels: bool = False, label_keyword: str | None = None,
                 placement: bool = False, where: Sequence[Condition] = (),
-                slices: bool = True, annotations: bool = False) -> DicomHeader | Issue | Excluded:
+                slices: bool = True, annotations: bool = False) -> DicomHeader | Issue | MemberIssue | Excluded:
     """Header-only read of ``ref.path``: geometry, SOP class, transfer syntax, entity and time.
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
@@ -591,15 +591,15 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         return excluded
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
-        return geometry
+        return _member(geometry, ds, entity_keyword) if placement else geometry
     problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
     if problem is not None:
-        return problem
+        return _member(problem, ds, entity_keyword) if placement else problem
     try:
         spacing = pixel_spacing(ds, 0)
         placed = slice_geometry(ds) if placement else None
     except DamagedElement as err:
-        return _damaged(ref, err)
+        return _member(_damaged(ref, err), ds, entity_keyword) if placement else _damaged(ref, err)
     if placed is not None and before is not None:
         placed = replace(placed, fingerprint=HeaderFingerprint(size=before.st_size, mtime_ns=before.st_mtime_ns,
                                                                elements=len(ds),
@@ -618,6 +618,22 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         label_value=text_value(ds, label_keyword) if label_keyword else None,
         geometry=placed,
     )
+
+
+def _member(issue: Issue, ds: Dataset, entity_keyword: str) -> Issue | MemberIssue:
+    """``issue`` with the series its file's header names (entity as the header gives it, Study
+    and Series Instance UIDs), for the header pass: that series is not packed without the file.
+    The Issue alone where the header does not name one (a UID missing or damaged too)."""
+    try:
+        study = str(ds.get("StudyInstanceUID", "") or "").strip()
+        series = str(ds.get("SeriesInstanceUID", "") or "").strip()
+        entity = text_value(ds, entity_keyword) or ""
+        frames = str(ds.get("NumberOfFrames", "") or "1").strip()
+    except (DamagedElement, AttributeError, TypeError, ValueError, KeyError, OverflowError):
+        return issue
+    if not study or not series or frames not in ("", "1"):  # a multi-frame file is a series of its own
+        return issue
+    return MemberIssue(issue=issue, group=(entity, study, series))
 
 
 def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,

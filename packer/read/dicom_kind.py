@@ -46,7 +46,7 @@ from packer.read.dicom_objects import check_header_conditions, is_header_keyword
 from packer.read.dicom_series import HeaderFingerprint
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
 from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
-from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
 from packer.transform.channels import check_channels
 from packer.transform.mask import transform_mask_dicom
@@ -200,7 +200,7 @@ class DicomKind(SourceKind):
 
     @quiet
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
+              placement: bool, placed: Any = None) -> Probed | Issue | MemberIssue | Excluded:
         """The header probe (:func:`~packer.read.dicom.probe_dicom`). With ``placed`` (the file's
         :class:`~packer.read.dicom_series.HeaderFingerprint`) and ``keep``, a file the header
         pass probed and finds the same is parsed whole without its header checks again
@@ -218,7 +218,7 @@ class DicomKind(SourceKind):
                             message=f"{ref.path}: {type(err).__name__}: {err}")
 
     def _probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-               placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
+               placement: bool, placed: Any = None) -> Probed | Issue | MemberIssue | Excluded:
         from packer.read.dicom import probe_dicom, reread_placed
 
         if keep and isinstance(placed, HeaderFingerprint):
@@ -234,6 +234,8 @@ class DicomKind(SourceKind):
                              label_keyword=source.target.attribute, placement=placement,
                              where=source.header_where, slices=not job.dicom.by_series,
                              annotations=source.mask is not None and source.mask.from_dicom)
+        if isinstance(header, MemberIssue):  # its series, keyed as series assembly keys it
+            return replace(header, group=(_entity(ref, source, header.group[0]) or "", *header.group[1:]))
         if isinstance(header, (Issue, Excluded)):
             return header
         entity = _entity(ref, source, header.entity)
@@ -307,24 +309,51 @@ class DicomKind(SourceKind):
         return DicomSeries() if job.dicom.by_series or annotated(job) else None
 
 
+def _without_held(series: Sequence[Series], images: Sequence[tuple[SampleRef, Any]], held: Sequence[MemberIssue],
+                  refused: list[Issue]) -> list[Series]:
+    """``series`` less those a file of ``held`` belongs to (same entity, Study and Series UIDs),
+    whose files go into ``refused`` as ``series_incomplete``, naming the held file and its reason."""
+    if not held:
+        return list(series)
+    missing: dict[tuple[str, ...], Issue] = {}
+    for member in sorted(held, key=lambda m: m.issue.path):  # the first file by path names the cause
+        missing.setdefault(member.group, member.issue)
+    geometry = {ref.sample_id: state for ref, state in images}
+    kept = []
+    for one in series:
+        first = geometry[one.refs[0].sample_id]
+        cause = missing.get((one.refs[0].entity or "", first.study_uid, first.series_uid))
+        if cause is None:
+            kept.append(one)
+            continue
+        refused.extend(Issue.of(ref, stage="validate", reason="series_incomplete", message=(
+            f"{ref.path}: another file of its series, {cause.path}, is bad ({cause.reason}); a series with a "
+            "missing slice is not packed")) for ref in one.refs)
+    return kept
+
+
 class DicomSeries(Grouping):
     """DICOM files grouped into series (:mod:`packer.read.series`) for ``sample: {neighbors: k}``
     and ``sample: volume``, and in every sample mode for masks from the source's own SEG and
     RTSTRUCT objects (:mod:`packer.read.dicom_masks`: each series with its annotations, an
     :class:`~packer.read.dicom_masks.AnnotatedSeries`): each series is one unit of work."""
 
-    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
+    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig, *,
+                 held: Sequence[MemberIssue] = ()
                  ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue | Excluded, ...]]:
         """The series, and the files refused on the way (bad series, and with ``sample: volume``
         every file of a series over ``limits.max_voxels``, from headers) or left out (the
         localizers ``series.drop_localizers`` drops: ``not_requested``, as a slice job leaves them
         out, never bad samples). With masks from DICOM, each series comes with the annotations
         that reference it, and the annotations that reference none are refused
-        (:func:`~packer.read.dicom_masks.link`)."""
-        groups, records = self._assembled(placed, job)
+        (:func:`~packer.read.dicom_masks.link`). A series one of whose files the header pass
+        refused (``held``: a slice over ``limits``, a damaged header) is not packed without it:
+        its other files are ``series_incomplete``, as when a slice fails in the pixel pass (slices
+        packed one by one, where a series only places its annotations, keep their own records)."""
+        groups, records = self._assembled(placed, job, held)
         return groups, _localizers_left_out(records, job.dicom.series.drop_localizers)
 
-    def _assembled(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
+    def _assembled(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig, held: Sequence[MemberIssue]
                    ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue, ...]]:
         images = [(ref, state) for ref, state in placed if not isinstance(state, AnnotationRefs)]
         notes = [(ref, state) for ref, state in placed if isinstance(state, AnnotationRefs)]
@@ -333,8 +362,9 @@ class DicomSeries(Grouping):
             settings = replace(settings, min_slices=1, gap_tolerance=float("inf"))
         assembled = assemble(images, settings)
         refused = list(assembled.issues)
+        whole = _without_held(assembled.series, images, held, refused) if job.dicom.by_series else assembled.series
         fits = []
-        for series in assembled.series:
+        for series in whole:
             if job.dicom.sample == "volume" and series.pixel_spacing is None:
                 refused.extend(Issue.of(ref, stage="validate", reason="series_geometry", message=(
                     f"{ref.path}: series {series.uid_key} ({len(series.refs)} files): its slices give no (0028,0030) "

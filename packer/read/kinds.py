@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.where import Condition
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class SourceKind:
 
     # -- header and pixels (worker) ---------------------------------------------------------
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
+              placement: bool, placed: Any = None) -> Probed | Issue | MemberIssue | Excluded:
         """Read ``ref``'s header (never its pixels, unless ``keep``: then the parsed file may be
         kept for :meth:`read`) and say what it gives (:class:`Probed`: entity and time where the
         kind reads them from headers; with ``placement``, the facts the kind's :class:`Grouping`
@@ -301,10 +301,12 @@ class Grouping:
     A group is an object with ``refs`` (its files, in order) that pickles; one group is one
     unit of work."""
 
-    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig
-                 ) -> tuple[tuple[Any, ...], tuple[Issue | Excluded, ...]]:
+    def assemble(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig, *,
+                 held: Sequence[MemberIssue] = ()) -> tuple[tuple[Any, ...], tuple[Issue | Excluded, ...]]:
         """The groups the probed files make, and one record per file refused (an Issue) or left
-        out on purpose (an Excluded) on the way."""
+        out on purpose (an Excluded) on the way. ``held``: files the header pass refused whose
+        headers name their group (their own Issues are the caller's): a group that is whole only
+        with one of them is not made, and its files are refused."""
         raise NotImplementedError
 
     def file_job(self, job: JobConfig) -> JobConfig:
