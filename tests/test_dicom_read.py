@@ -462,6 +462,23 @@ def test_encapsulated_frame_without_end_marker_is_truncated(tmp_path: Path) -> N
     issue_of(read(save(ds, tmp_path / "half.dcm")), "truncated")
 
 
+@pytest.mark.parametrize("name", ["SC_jpeg_no_color_transform.dcm", "JPGExtended.dcm", "MR_small_jpeg_ls_lossless.dcm",
+                                  "MR_small_jp2klossless.dcm"])
+@pytest.mark.parametrize("kept", [0.5, 0.9])
+def test_a_frame_cut_short_that_the_decoder_fills_in_is_truncated(tmp_path: Path, name: str, kept: float) -> None:
+    """libjpeg decodes a baseline JPEG cut in half without an error, filling the missing rows with
+    padding blocks: made-up pixels packed as data, with no record. A frame without its end marker
+    is truncated whether its decoder raises or not; the whole frame (padded to even length) reads."""
+    ds = pydicom.dcmread(shipped(name))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    wide = window(2048.0, 4096.0)
+    whole = read(save(ds, tmp_path / "whole.dcm"), wide)
+    assert not isinstance(whole, Issue), whole.message
+    ds.PixelData = encapsulate([frame[: int(len(frame) * kept) // 2 * 2]])
+    found = issue_of(read(save(ds, tmp_path / "cut.dcm"), wide), "truncated", "read")
+    assert "a frame lacks its end marker" in found.message
+
+
 @pytest.mark.parametrize("syntax", [JPEG2000Lossless, RLELossless, "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.50"])
 def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_truncated(tmp_path: Path,
                                                                                      syntax: str) -> None:

@@ -857,7 +857,7 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
             count, *offsets = struct.unpack("<16L", frame[:64])
             if any(offset >= len(frame) for offset in offsets[:count]):
                 return True
-        elif b"\xff\xd9" not in frame[-4:]:  # the marker, then at most a pad byte or two
+        elif b"\xff\xd9" not in frame[-16:]:  # the marker, then at most padding (no codestream holds FF D9 else)
             return True
     return False
 
@@ -931,6 +931,12 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             arr = pixel_array(ds, decoding_plugin=plugin)
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
+        if encapsulated and _frames_cut_short(ds, geometry):
+            # libjpeg (and OpenJPEG) decode a codestream cut short without an error, filling the
+            # missing rows with padding: made-up pixels that would pack as data
+            return _issue(ref, "read", "truncated",
+                          f"encapsulated pixel data is cut short (a frame lacks its end marker); {plugin} decoded "
+                          "it anyway by filling in the missing part, which is not packed; copy the file again")
     except _DECODE_ERRORS as err:
         if encapsulated and _frames_cut_short(ds, geometry):
             return _issue(ref, "read", "truncated",
