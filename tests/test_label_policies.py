@@ -317,6 +317,35 @@ def test_a_numeric_missing_token_is_a_missing_label_naming_column_and_token(tmp_
     assert [item["target"].tolist() for item in ShardDataset(result.manifest_path, "train")] == [[63.0, 1.5]]
 
 
+def test_numbers_beyond_float32_are_bad_targets_and_numbers_near_its_limit_pack(tmp_path: Path) -> None:
+    """Targets are packed as float32: 1e39 is finite in float64 (so it passed) but infinite as
+    packed, and the build crashed writing the manifest (``Out of range float values are not JSON
+    compliant``), naming no row. 3e38 is a float32, but the split's mean in float32 overflowed
+    and crashed the build too. An empty split's stats made ``packer inspect`` crash."""
+    raw = tmp_path / "raw"
+    lines = ["path,dose,entity,timestamp"]
+    for i, dose in enumerate(["3e38", "3e38", "1e39", "-1e39"]):
+        _photo(raw / f"{i}.png", i)
+        lines.append(f"{i}.png,{dose},E{i},2024-01-01")
+    (raw / "t.csv").write_text("\n".join(lines) + "\n")
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "t.csv"),
+              "label": {"kind": "numeric", "columns": ["dose"]}}
+    job = _job(tmp_path, [source], validate={"max_bad_fraction": 0.9},
+               split={"by": "entity", "ratios": {"train": 0.9, "valid": 0.1, "test": 0.0}, "seed": 1})
+    result = _build(job)
+    by_path = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert {name: r["reason"] for name, r in by_path.items()} == {"2.png": "bad_target", "3.png": "bad_target"}
+    assert "column 'dose': '1e39' is beyond float32's range" in by_path["2.png"]["message"]
+    manifest = json.loads(result.manifest_path.read_text())
+    stats = [entry["target_stats"]["dose"] for entry in manifest["splits"].values() if entry["samples"]]
+    assert stats and all(s["max"] == pytest.approx(3e38, rel=1e-6) and s["mean"] == pytest.approx(3e38, rel=1e-6)
+                         for s in stats)
+    assert any(entry["samples"] == 0 for entry in manifest["splits"].values())  # an empty split: inspect reads it
+    from packer.inspection import format_summary, inspect_dataset
+
+    assert "dose min" in format_summary(inspect_dataset(result.manifest_path))
+
+
 # -- config errors, and what stays as it was -----------------------------------------------------
 @pytest.mark.parametrize(("label", "message"), [
     ({"kind": "multilabel", "column": "f", "uncertain": "ones"},

@@ -34,6 +34,15 @@ from packer.targets.base import (
     register_target_kind,
 )
 
+#: The largest magnitude a numeric target may have: targets are packed as float32
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fits_float32(value: float) -> bool:
+    """Whether ``value`` is finite as float32 (what it is packed as: 1e39 is infinite there)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
+
 
 def _number(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, int | float) else "-"
@@ -41,10 +50,14 @@ def _number(value: Any) -> str:
 
 def pooled_stats(per_split: Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]) -> dict[str, dict[str, float]]:
     """One ``target_stats`` over several splits' (samples, target_stats): min of the minima,
-    max of the maxima, the mean weighted by samples (unweighted where no split has samples)."""
+    max of the maxima, the mean weighted by samples (unweighted where no split has samples). A
+    split without samples has no stats (``{}``) and adds none; {} where no split has any."""
     out: dict[str, dict[str, float]] = {}
     for name in dict.fromkeys(n for _, stats in per_split for n in stats):
-        parts = [(samples, stats[name]) for samples, stats in per_split if name in stats]
+        parts = [(samples, stats[name]) for samples, stats in per_split if stats.get(name)]
+        if not parts:
+            out[name] = {}
+            continue
         weight = sum(samples for samples, _ in parts)
         out[name] = {"min": min(s["min"] for _, s in parts), "max": max(s["max"] for _, s in parts),
                      "mean": (sum(samples * s["mean"] for samples, s in parts) / weight) if weight else
@@ -85,6 +98,10 @@ class NumericTarget(Target):
             if not math.isfinite(value):
                 what = "empty" if not cell else f"{cell!r} is not a finite number"
                 return Refused("bad_target", f"{where}, column {column!r}: {what}; every sample needs a number here")
+            if not _fits_float32(value):  # packed as float32, where it would be infinite
+                return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is beyond float32's range "
+                                             f"(±{FLOAT32_MAX:.4g}), in which targets are packed; rescale the "
+                                             "column (another unit), or fix the cell")
             values.append(value)
         return number_text(values)
 
@@ -132,9 +149,10 @@ class NumericTarget(Target):
                      ) -> dict[str, Any]:
         """No class counts; per name min, mean (6 decimals) and max of the float32 values ({}
         for a split without samples)."""
-        stats = {name: ({"min": float(vectors[:, i].min()), "mean": round(float(vectors[:, i].mean()), 6),
-                         "max": float(vectors[:, i].max())} if len(vectors) else {})
-                 for i, name in enumerate(self.names)}
+        # the mean in float64: float32's sum of values near its maximum overflows
+        stats = {name: ({"min": float(column.min()), "mean": round(float(column.mean(dtype=np.float64)), 6),
+                         "max": float(column.max())} if len(vectors) else {})
+                 for i, name in enumerate(self.names) for column in (vectors[:, i],)}
         return {"class_counts": {}, "target_stats": stats}
 
     # -- what people read -----------------------------------------------------------------------------
