@@ -350,6 +350,26 @@ def test_png_tiff_and_npy_masks_decode_to_their_class_ids() -> None:
     assert decode_mask(npy_bytes(ids > 3), "b.npy").dtype == np.uint8
 
 
+@pytest.mark.parametrize("palette", ["voc-colours", "grey-levels"])
+def test_a_palette_png_mask_decodes_to_its_indices(palette: str) -> None:
+    """Pascal VOC's masks are palette PNGs whose indices are the class ids (PIL and torchvision
+    read them so). OpenCV expanded the palette: VOC's colours were refused as a colour mask, and
+    a grey palette (id k shown as grey 100·k) packed its grey levels, 100 and 200, as ids."""
+    import io
+
+    from PIL import Image
+
+    ids = block_ids(2, 3, 4) % 3
+    image = Image.fromarray(ids.astype(np.uint8), mode="P")
+    colours = [(0, 0, 0), (128, 0, 0), (0, 128, 0)] if palette == "voc-colours" else [(0, 0, 0), (100,) * 3,
+                                                                                       (200,) * 3]
+    image.putpalette([c for colour in colours for c in colour] + [224, 224, 192] * 253)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    decoded = decode_mask(out.getvalue(), "voc.png")
+    assert decoded.dtype == np.uint8 and np.array_equal(decoded, ids)
+
+
 def test_multi_page_tiff_and_3d_npy_are_frames_first() -> None:
     pages = [block_ids(2, 3, 4) * k for k in (1, 2, 3)]
     ok, data = cv2.imencodemulti(".tiff", pages)

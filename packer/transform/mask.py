@@ -59,7 +59,8 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
     TIFF or a 3-D ``.npy`` (frames first). ``name`` is only used in messages.
 
     The format comes from the file's signature: PNG and TIFF (any page count) are decoded by
-    OpenCV unchanged (16-bit values kept) and *never oriented*: a TIFF's Orientation tag is
+    OpenCV unchanged (16-bit values kept; a palette PNG's indices by Pillow, since OpenCV expands
+    them to colours) and *never oriented*: a TIFF's Orientation tag is
     ignored, since the mask labels the image's stored grid and follows the image's orientation
     later (:func:`transform_mask_image`). ``.npy`` is loaded without pickles. A 3-channel image
     whose channels are equal counts as one channel; an opaque alpha channel is dropped.
@@ -72,6 +73,8 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
     head = bytes(data[:8])
     if head.startswith(_NPY):
         mask = _load_npy(data, name)
+    elif head.startswith(_PNG) and bytes(data[12:16]) == b"IHDR" and len(data) > 25 and data[25] == 3:
+        mask = _palette_indices(data, name)
     elif head.startswith(_PNG):
         mask = _one_channel(_imdecode(data, name, "PNG"), name)
     elif head[:4] in _TIFF:
@@ -208,6 +211,24 @@ def _imdecode(data: bytes, name: str, fmt: str) -> np.ndarray:
     if image is None:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this {fmt} mask; re-export it")
     return image
+
+
+def _palette_indices(data: bytes, name: str) -> np.ndarray:
+    """A palette PNG mask's stored indices, H×W uint8: its class ids (Pascal VOC's masks, and
+    what PIL and torchvision read from them). OpenCV expands the palette to colours, which made
+    a colour palette a refused "colour mask" and a grey one (id k shown as grey 100·k) pack its
+    grey levels as ids. Pillow reads the indices."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.mode != "P":
+                raise MaskError("mask_unreadable", f"{name}: a palette PNG mask that reads as mode {image.mode!r}, "
+                                                   "not indices; save it as a single-channel (grey) PNG")
+            return np.asarray(image, dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError) as err:
+        raise MaskError("mask_unreadable", f"{name}: the palette PNG mask could not be decoded ({err}); "
+                                           "re-export it") from err
 
 
 def _decode_tiff(data: bytes, name: str) -> np.ndarray:
