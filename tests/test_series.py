@@ -829,3 +829,25 @@ def test_a_series_whose_slice_the_header_check_refuses_is_not_packed_without_it(
             assert f"another file of its series, {top}, is bad ({reason})" in records[path]["message"]
     packed = list(ShardDataset(result.manifest_path, "train", shuffle=False))
     assert len(packed) == (1 if "volume" in sample else 6)  # the good series' alone
+
+
+def test_transform_channels_counts_a_neighbour_stack_s_channels(tmp_path: Path) -> None:
+    """``transform.channels`` fixes every sample's channel count: it was applied to each slice
+    before the stack, so ``channels: 3`` with one window and one neighbour each side repeated
+    every slice's window 3 times and packed 9 channels, and the job-file check counted the windows
+    alone. A stack of 3 slices of one window is 3 channels now (each slice's, in order), and a
+    count no stack can make is a config error naming the stack."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "a", seed=1, patient="P1")
+    plain = _build(_series_job(tmp_path / "plain", raw))
+    three = _build(_series_job(tmp_path / "three", raw, channels=3))
+    expected = {item["key"]: item["image"].numpy() for item in ShardDataset(plain.manifest_path, "train",
+                                                                            shuffle=False)}
+    packed = {item["key"]: item["image"].numpy() for item in ShardDataset(three.manifest_path, "train",
+                                                                         shuffle=False)}
+    assert set(packed) == set(expected) and len(packed) == 6
+    for key, image in packed.items():
+        assert image.shape == (3, 16, 16) and np.array_equal(image, expected[key])
+    with pytest.raises(ConfigError, match=r"transform.dicom.windows: gives 9 channel\(s\).*times the stack's 3 "
+                                          r"slices, make 3 channels"):
+        load_job(_series_job(tmp_path / "nine", raw, channels=3, windows=["lung", "mediastinum", "bone_body"]))

@@ -46,12 +46,11 @@ from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
-from packer.read.kinds import Grouping, source_kind, source_libraries
+from packer.read.kinds import Grouping, source_kind, source_libraries, with_channels
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
 from packer.storage import is_url
-from packer.transform.channels import match_channels
 
 T = TypeVar("T")
 
@@ -205,36 +204,11 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock, placed: Any =
         problem = find_sample_issue(sample, job)
         if problem is not None:
             return problem  # one record per raw file: its first defect
-    shaped = _with_channels(result, job)
+    shaped = with_channels(result, job)
     if isinstance(shaped, Issue):
         return shaped
     source = next(s for s in job.sources if s.name == ref.source)
     return source_kind(ref.kind).attach_masks(shaped, source, job) if source.mask is not None else shaped
-
-
-def _with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
-    """``samples`` with the job's channel count for their kind (``transform.channels``, see
-    :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""
-    if not samples:
-        return samples
-    kind = source_kind(samples[0].ref.kind)
-    target = kind.channels(job)
-    if target is None:
-        return samples
-    out = []
-    for sample in samples:
-        mapped = match_channels(sample.image, target, color=kind.colour(sample))
-        if isinstance(mapped, str):
-            return Issue.of(sample.ref, stage="transform", reason="bad_shape",
-                            message=f"{sample.ref.path}: sample {sample.key}: {mapped} (frames: stack gives one "
-                                    "channel per frame and window; colour DICOM gives 3); use frames: split, or drop "
-                                    "transform.channels and load each source with ShardDataset(sources=[...])")
-        if mapped.rule == "keep":
-            out.append(sample)
-        else:
-            metadata = {**sample.metadata, "channels": {"from": int(sample.image.shape[0]), "rule": mapped.rule}}
-            out.append(replace(sample, image=mapped.image, metadata=metadata))
-    return out
 
 
 def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:

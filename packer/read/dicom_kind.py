@@ -44,7 +44,7 @@ from packer.read.dicom_masks import (
 )
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.dicom_series import HeaderFingerprint
-from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register
+from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register, with_channels
 from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
@@ -174,10 +174,16 @@ class DicomKind(SourceKind):
             raise ConfigError("transform.dicom.fallback_window: a z-score cannot stand in for a file's window (it "
                               "is not in [0, 1]); give a preset, {center, width} or {percentiles: [low, high]}")
         if names and cfg.channels is not None and cfg.output != "float16" and cfg.frames != "stack":
-            check_channels(cfg.channels, len(cfg.windows), where="transform.dicom.windows", sources=names,
-                           fix=windows_fix(cfg.channels, ""), key=cfg.channels_key)
+            # a neighbour stack's channels: each of its 2k + 1 slices' windows
+            stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
+            fix = windows_fix(cfg.channels, "") if stacked == 1 else (
+                f"list windows that, times the stack's {stacked} slices, make {cfg.channels} channels, or set "
+                f"{cfg.channels_key} to {stacked} times the windows")
+            check_channels(cfg.channels, len(cfg.windows) * stacked, where="transform.dicom.windows", sources=names,
+                           fix=fix, key=cfg.channels_key)
             for modality, windows in cfg.modality_windows:
-                check_channels(cfg.channels, len(windows), where=f"transform.dicom.modality_windows.{modality}",
+                check_channels(cfg.channels, len(windows) * stacked,
+                               where=f"transform.dicom.modality_windows.{modality}",
                                sources=[f"{name} (Modality {modality})" for name in names],
                                fix=windows_fix(cfg.channels, f" for {modality}"), key=cfg.channels_key)
         if cfg.by_series and not sources:
@@ -394,6 +400,9 @@ class DicomSeries(Grouping):
     def file_job(self, job: JobConfig) -> JobConfig:
         if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
             return job.with_settings("dicom", replace(job.dicom, size=None, spacing=None))
+        if job.dicom.sample == "neighbors" and job.dicom.channels is not None:
+            # a stack's channels are mapped once stacked (:meth:`combine`), not each slice's before
+            return job.with_settings("dicom", replace(job.dicom, channels=None))
         return job
 
     def decoded(self, group: Series | AnnotatedSeries) -> Sequence[SampleRef]:
@@ -438,7 +447,13 @@ class DicomSeries(Grouping):
         if job.dicom.sample == "volume":
             return stack_volume(slices, series, job.dicom), records
         stacked = stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge)
-        return stacked, (*records, *_edge_left_out(slices, stacked, job.dicom.neighbors))
+        left_out = _edge_left_out(slices, stacked, job.dicom.neighbors)
+        shaped = with_channels(stacked, job)  # transform.channels counts a stack's channels, as a NIfTI stack's
+        if isinstance(shaped, Issue):
+            return [], (*records, shaped, *(Issue.of(ref, stage="transform", reason="series_incomplete", message=(
+                f"{ref.path}: another file of its series, {shaped.path}, is bad ({shaped.reason}); a series with a "
+                "missing slice is not packed")) for ref in series.refs if ref.sample_id != shaped.sample_id))
+        return shaped, (*records, *left_out)
 
     def headers_only(self, group: Series | AnnotatedSeries, job: JobConfig) -> tuple[Issue | Excluded, ...]:
         """A series' annotations, linked from their headers (``--quick`` does not paint them), or

@@ -34,13 +34,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from packer.errors import ConfigError
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
+from packer.transform.channels import match_channels
 from packer.where import Condition
 
 if TYPE_CHECKING:
@@ -414,3 +415,28 @@ def source_libraries(sources: Sequence[SourceConfig]) -> tuple[str, ...]:
     if any(s.mask is not None and not s.mask.from_dicom for s in sources):
         extra.add("pillow")
     return tuple(sorted({*kind_libraries([s.kind for s in sources]), *extra}))
+
+
+def with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
+    """``samples`` with the job's channel count for their kind (``transform.channels``, see
+    :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""
+    if not samples:
+        return samples
+    kind = source_kind(samples[0].ref.kind)
+    target = kind.channels(job)
+    if target is None:
+        return samples
+    out = []
+    for sample in samples:
+        mapped = match_channels(sample.image, target, color=kind.colour(sample))
+        if isinstance(mapped, str):
+            return Issue.of(sample.ref, stage="transform", reason="bad_shape",
+                            message=f"{sample.ref.path}: sample {sample.key}: {mapped} (frames: stack gives one "
+                                    "channel per frame and window; colour DICOM gives 3); use frames: split, or drop "
+                                    "transform.channels and load each source with ShardDataset(sources=[...])")
+        if mapped.rule == "keep":
+            out.append(sample)
+        else:
+            metadata = {**sample.metadata, "channels": {"from": int(sample.image.shape[0]), "rule": mapped.rule}}
+            out.append(replace(sample, image=mapped.image, metadata=metadata))
+    return out
