@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -586,3 +587,43 @@ def test_a_scheduler_without_workers_is_waited_for_aloud_until_one_joins(capsys:
     with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
         wait_for_a_worker(client, cluster.scheduler_address, every=0.5)
     assert capsys.readouterr().err == ""  # a worker already there: not a word
+
+
+def test_the_workers_must_see_the_output_folder_and_a_shard_missing_there_publishes_nothing(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that saw another folder at the output path (a private mount) wrote its shards
+    where the client never looks: the build exited 0 and published a manifest listing shards that
+    were not there. The workers are asked to see the output folder, as the cache and the roots;
+    and a listed shard missing from the staging folder stops the build before anything is
+    published."""
+    from packer.errors import FileSystemError
+    from packer.pipeline import build as build_module
+    from packer.pipeline.build import BuildOptions, build
+    from packer.pipeline.cluster import Executor
+
+    asked: list[tuple[str, str, str, str]] = []
+
+    def record(self: Executor, paths: Any) -> None:
+        for path, what, fix, kind in paths:
+            assert kind != "file" or Path(path).is_file()
+            asked.append((path, what, fix, kind))
+
+    monkeypatch.setattr(Executor, "require_shared", record)
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    published = build(job, BuildOptions(scheduler="sync", quiet=True, out=tmp_path / "out"))
+    (probe, what, fix, _), = [entry for entry in asked if "output folder" in entry[1]]
+    assert Path(probe).parent == published.version_dir.parent and not Path(probe).exists()
+    assert what == f"the output folder (--out {tmp_path / 'out'})" and "every worker" in fix
+
+    manifest = json.loads(published.manifest_path.read_text())
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    shard = next(iter(manifest["splits"].values()))["shards"][0]["file"]
+    for split in manifest["splits"].values():
+        for entry in split["shards"]:
+            if entry["file"] != shard:
+                os.link(published.version_dir / entry["file"], staging / entry["file"])
+    target = tmp_path / "version"
+    with pytest.raises(FileSystemError, match=rf"{shard}: the shard \(\d+ bytes\) the build wrote is not there"):
+        build_module._publish(staging, target, manifest)
+    assert not target.exists()

@@ -24,6 +24,7 @@ import contextlib
 import os
 import shutil
 import sys
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -389,8 +390,14 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
-            _shared_probe(cache_dir) as probe:
+            _shared_probe(cache_dir) as probe, _shared_probe(dataset_root, output_elsewhere()) as written_probe:
         executor.require_shared(_shared_paths(job, probe, cache_named_by))
+        # the workers write the shards into the output folder: one that sees another folder there
+        # wrote them where the client never looks, and the version was published without them
+        named = _output_named(options, output, remote=remote is not None)
+        executor.require_shared([(str(written_probe), f"the output folder ({named})",
+                                  "mount it at the same path on every worker, or choose a folder they all share "
+                                  f"({surface().option('out', 'DIR')})", "file")])
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
                          storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root,
                          keep_spill=options.keep_spill)
@@ -526,17 +533,42 @@ def _decoders() -> dict[str, str]:
     return dict(sorted(decoder_table().items()))
 
 
+_PROBE_PREFIX = "shared-probe-"
+
+
+def _stale_probes(folder: Path) -> list[Path]:
+    """Probe files a killed build left directly in ``folder`` (older than a minute: another
+    build of the same job may be probing now)."""
+    try:
+        found = list(folder.glob(f"{_PROBE_PREFIX}*{TMP_SUFFIX}"))
+    except OSError:
+        return []
+    now = time.time()
+    return [path for path in found if _age(path, now) > 60]
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 @contextlib.contextmanager
-def _shared_probe(cache_dir: Path) -> Iterator[Path]:
-    """A file with a fresh name in the build cache folder while the body runs: a worker that
-    sees it sees this client's cache folder. It ends in ``.partial``, so a build killed before
-    removing it has it removed by the next one, as other stale temporaries."""
-    probe = cache_dir / f"shared-probe-{uuid.uuid4().hex}{TMP_SUFFIX}"
+def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
+    """A file with a fresh name in the build cache folder (or the job's output folder) while the
+    body runs: a worker that sees it sees this client's folder. It ends in ``.partial``, so a
+    build killed before removing it has it removed by the next one (:func:`_stale_probes` in the
+    output folder, as other stale temporaries in the cache). ``elsewhere``: the fix for a folder
+    the file system refuses (default: another cache folder)."""
+    for stale in _stale_probes(cache_dir):
+        stale.unlink(missing_ok=True)
+    probe = cache_dir / f"{_PROBE_PREFIX}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         probe.touch()
     except OSError as err:
-        refused = refused_write(err, probe, opening=True, elsewhere=cache_elsewhere())
+        refused = refused_write(err, probe, opening=True, elsewhere=elsewhere or cache_elsewhere())
         if refused is None:
             raise
         raise refused from err
@@ -673,6 +705,7 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tupl
     sha256 the manifest records, each replaced (by rename) with this build's copy, whose bytes
     are the recorded ones. ``(False, ())`` when the version was written here.
     """
+    _check_staged(staging, manifest)
     if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
         restored = _restore_listed(staging, version_dir, manifest)
         _replace_local_reports(staging, version_dir)
@@ -683,6 +716,28 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tupl
     staging.rename(version_dir)
     write_manifest(version_dir, manifest)
     return False, ()
+
+
+def _check_staged(staging: Path, manifest: dict[str, Any]) -> None:
+    """Raise FileSystemError, before anything is published, where a shard the manifest lists is not
+    in the staging folder at its recorded size: the worker that wrote it saw another folder at
+    this path (not on a file system every worker mounts), and the version would be published,
+    exit 0, without it."""
+    missing = [(shard["file"], shard["bytes"]) for split in manifest["splits"].values() for shard in split["shards"]
+               if not _staged_at_size(staging / shard["file"], int(shard["bytes"]))]
+    if missing:
+        name, size = missing[0]
+        raise FileSystemError(f"{staging / name}: the shard ({size} bytes) the build wrote is not there"
+                              f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: the worker that "
+                              "wrote it sees another folder at this path; put the output on a file system every "
+                              "worker mounts at the same path, and build again")
+
+
+def _staged_at_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
 
 
 #: The version's local reports, which name raw files and messages: the dataset_hash counts bad and
