@@ -223,6 +223,41 @@ def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:
     assert strict.series == () and {i.reason for i in strict.issues} == {"series_localizer"}
 
 
+LOCALIZER = ("ORIGINAL", "PRIMARY", "LOCALIZER")
+
+
+def test_a_localizer_of_a_refused_series_has_its_record_and_a_scout_series_refuses_when_localizers_do() -> None:
+    """A localizer in a series refused for another reason (a gap) had no record at all: the input
+    counts did not add up. With drop_localizers false a series of localizers only (a scout of
+    three coronal planes at distinct positions) was packed as a stack, not refused."""
+    files = [(_ref(i), _geometry(z)) for i, z in enumerate([0.0, 2.5, 7.5, 10.0])]  # a gap
+    files.append((_ref(9), _geometry(40.0, image_type=LOCALIZER)))
+    out = assemble(files, CFG)
+    assert out.series == ()
+    assert sorted((i.sample_id, i.reason) for i in out.issues) == [
+        *((f"id{i:03d}", "series_gap") for i in range(4)), ("id009", "series_localizer")]
+    coronal = (1.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+    scout = [(_ref(i), _geometry(5.0 * i, orientation=coronal, image_type=LOCALIZER)) for i in range(3)]
+    strict = assemble(scout, replace(CFG, drop_localizers=False))
+    assert strict.series == () and [i.reason for i in strict.issues] == ["series_localizer"] * 3
+    assert "every one of its files is a localizer" in strict.issues[0].message
+    assert {i.reason for i in assemble(scout, CFG).issues} == {"series_localizer"}  # left out, as before
+
+
+def test_a_localizer_does_not_stop_a_series_of_two_acquisitions_from_splitting() -> None:
+    """Pre and post contrast at the same positions split by Acquisition Number; a localizer with
+    an acquisition number of its own (or none) made a one-slice part, so the split gave up and
+    the whole series was refused as series_duplicate_position."""
+    zs = [0.0, 3.0, 6.0]
+    files = [(_ref(i + 3 * a), replace(_geometry(z), acquisition=str(a + 1)))
+             for a in range(2) for i, z in enumerate(zs)]
+    for number in ("3", ""):
+        with_scout = [*files, (_ref(9), replace(_geometry(50.0, image_type=LOCALIZER), acquisition=number))]
+        out = assemble(with_scout, CFG)
+        assert [len(s.slices) for s in out.series] == [3, 3], number
+        assert [(i.sample_id, i.reason) for i in out.issues] == [("id009", "series_localizer")]
+
+
 def test_series_are_grouped_by_entity_study_and_series_uid() -> None:
     files = [(_ref(i), _geometry(2.5 * i, series="A")) for i in range(4)]
     files += [(_ref(10 + i), _geometry(2.5 * i, series="B")) for i in range(4)]

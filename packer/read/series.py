@@ -154,16 +154,20 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
         parts = [(members, outcome, uid_key)]
         if not isinstance(outcome, Series) and outcome and outcome[0].reason in _ACQUISITION_REASONS:
             parts = [(part, _check(part, cfg, part_key), part_key)
-                     for part, part_key in _acquisitions(members, key)] or parts
+                     for part, part_key in _acquisitions(members, key, cfg)] or parts
         refused: dict[str, Issue] = {}  # each file of this group a refusal names, by sample id
-        for part, part_outcome, part_key in parts:
+        recorded: set[str] = set()  # each member a part packs or has a record for
+        for _, part_outcome, _ in parts:
             if isinstance(part_outcome, Series):
                 series.append(part_outcome)
+                recorded.update(ref.sample_id for ref in part_outcome.refs)
             else:
                 issues.extend(part_outcome)
                 refused.update((i.sample_id, i) for i in part_outcome)
-            issues.extend(_left_out(part, part_outcome if isinstance(part_outcome, Series) else None, cfg,
-                                    part_key))
+                recorded.update(refused)
+        # the localizers left out of what packs or is refused (a refused series' too: they had no
+        # record, and the input counts did not add up); with drop_localizers only
+        issues.extend(_left_out([m for m in members if m[0].sample_id not in recorded], cfg, uid_key))
         issues.extend(_copy_issue(*copy, uid_key, refused.get(copy[2].sample_id)) for copy in copies)
     return Assembled(series=tuple(series), issues=tuple(issues))
 
@@ -174,13 +178,17 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
 _ACQUISITION_REASONS = ("series_gap", "series_duplicate_position")
 
 
-def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...]
+def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...], cfg: SeriesConfig
                   ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str]]:
     """``members`` split by Acquisition Number, each part with its digest, where the series holds
     several acquisitions of more than one slice each (the runs of one series: dcm2niix stacks
     across acquisitions, which leaves such a series with a gap or repeated positions); else
     ``[]``, and the series stays one. A scanner that numbers every slice its own acquisition
-    (sequential CT) gives one-slice parts: no split, so a real gap is still ``series_gap``."""
+    (sequential CT) gives one-slice parts: no split, so a real gap is still ``series_gap``.
+    The localizers ``drop_localizers`` leaves out count in no part (a scout of its own
+    acquisition number, or of none, stopped the split)."""
+    if cfg.drop_localizers and any(not _is_localizer(g) for _, g in members):
+        members = [(ref, g) for ref, g in members if not _is_localizer(g)]
     by_acquisition: dict[str, list[tuple[SampleRef, SliceGeometry]]] = {}
     for ref, geometry in members:
         by_acquisition.setdefault(geometry.acquisition, []).append((ref, geometry))
@@ -262,16 +270,15 @@ def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_
         f"export; {where}{why}"))
 
 
-def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], kept: Series | None, cfg: SeriesConfig,
-              uid_key: str) -> list[Issue]:
-    """The localizers a kept series left out (with ``drop_localizers``), one record each."""
-    if kept is None or not cfg.drop_localizers:
+def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> list[Issue]:
+    """One record for each localizer of ``members`` (the files of a series that neither pack nor
+    have a record of their refusal) that ``drop_localizers`` left out."""
+    if not cfg.drop_localizers:
         return []
-    inside = {ref.sample_id for ref in kept.refs}
     return [Issue.of(ref, stage="validate", reason="series_localizer",
                      message=f"{ref.path}: a localizer or derived image (Image Type {'/'.join(g.image_type)}) in "
                              f"series {uid_key}; left out of the series (series.drop_localizers)")
-            for ref, g in members if ref.sample_id not in inside and _is_localizer(g)]
+            for ref, g in members if _is_localizer(g)]
 
 
 def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> Series | list[Issue]:
@@ -285,10 +292,14 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                  "stack; left out (series.drop_localizers)")
                 for ref, g in members]
     originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
+    scouts = not originals and any("LOCALIZER" in g.image_type for _, g in members)
+    if not cfg.drop_localizers and (scouts or originals and len(originals) != len(members)):
+        # a localizer refuses its series, a scout series of localizers only too (it was packed
+        # as a stack where its scouts lay at distinct positions of one plane)
+        what = ("every one of its files is a localizer: a scout, not a stack" if scouts else
+                f"{len(members) - len(originals)} localizer or derived image(s) among its slices")
+        return _fail(refs, "series_localizer", f"{what} (series.drop_localizers is false)", uid_key)
     if len(originals) != len(members) and originals:
-        if not cfg.drop_localizers:
-            return _fail(refs, "series_localizer", f"{len(members) - len(originals)} localizer or derived image(s) "
-                                                   "among its slices (series.drop_localizers is false)", uid_key)
         members, refs = originals, [ref for ref, _ in originals]
     first = members[0][1]
     placeless = [(ref, g) for ref, g in members if g.orientation is None or any(p is None for p in g.positions)]
