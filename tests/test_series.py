@@ -258,6 +258,24 @@ def test_a_localizer_does_not_stop_a_series_of_two_acquisitions_from_splitting()
         assert [(i.sample_id, i.reason) for i in out.issues] == [("id009", "series_localizer")]
 
 
+def test_a_slice_shifted_in_its_plane_refuses_its_series_and_a_gantry_tilt_does_not() -> None:
+    """Image Positions were checked only along the slice normal: a slice moved 8 mm in x packed
+    into a volume in line with the others, 8 mm from where it is. A slice off the line through
+    the first and last slices is series_geometry; a tilt (every slice shifted by the same step,
+    a slanted line) and Pixel Spacings that differ by DS rounding alone still pack."""
+    files = [(_ref(i), _geometry(2.5 * i)) for i in range(5)]
+    shifted = replace(files[2][1], positions=((4.0, -4.0, 5.0),))  # 8 mm in x
+    out = assemble([*files[:2], (files[2][0], shifted), *files[3:]], CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {"series_geometry"}
+    assert "/raw/2.dcm (slice 3 along the slice normal) lies 8.000 mm off the line" in out.issues[0].message
+    tilted = [(ref, replace(g, positions=((-4.0, -4.0 + 0.8 * i, 2.5 * i),))) for i, (ref, g) in enumerate(files)]
+    (series,) = assemble(tilted, CFG).series
+    assert series.step == pytest.approx((0.0, 0.8, 2.5))
+    rounded = [(ref, replace(g, spacing=(0.68359375, 0.68359375) if i % 2 else (0.683594, 0.683594)))
+               for i, (ref, g) in enumerate(files)]
+    assert len(assemble(rounded, CFG).series) == 1
+
+
 def test_series_are_grouped_by_entity_study_and_series_uid() -> None:
     files = [(_ref(i), _geometry(2.5 * i, series="A")) for i in range(4)]
     files += [(_ref(10 + i), _geometry(2.5 * i, series="B")) for i in range(4)]

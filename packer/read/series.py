@@ -47,6 +47,13 @@ from packer.transform.volume import build_volume, resampled_shape, stack_affine
 ORIENTATION_TOLERANCE = 1e-4
 #: Two slices closer than this along the normal (mm) share a position.
 POSITION_TOLERANCE = 1e-3
+#: Two Pixel Spacings agree when they differ by at most this fraction (DS rounding: 0.683594
+#: against 0.68359375 is 6e-7).
+SPACING_TOLERANCE = 1e-4
+#: A slice lies off the line through the series' first and last slices (across it, in the
+#: plane: a slice shifted in x or y) by at most this many pixels; a volume stacks every slice on
+#: that line, so one further off would be packed where it is not.
+OFF_LINE_PIXELS = 0.5
 
 
 @dataclass(frozen=True)
@@ -328,7 +335,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                  f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
                                                  "a reformat or a localizer exported into the series: remove it",
                      uid_key)
-    grid = {(g.rows, g.columns, g.spacing) for _, g in members}
+    grid = {(g.rows, g.columns, _same_spacing(g.spacing, first.spacing)) for _, g in members}
     if len(grid) > 1:
         counts: dict[tuple[Any, ...], list[str]] = {}
         for ref, g in members:
@@ -360,6 +367,9 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                          f"mm (series.gap_tolerance {cfg.gap_tolerance:g}): a missing or extra slice "
                                          "(restore the missing file, or raise series.gap_tolerance for a series "
                                          "that is irregular by design)", uid_key)
+    shifted = _off_line(members, slices, first.spacing)
+    if shifted is not None:
+        return _fail(refs, "series_geometry", shifted, uid_key)
     order = []  # files in the order their first slice comes
     for _, i, _ in slices:
         if i not in order:
@@ -379,6 +389,42 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                   columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])),
                   fingerprints=tuple(members[i][1].fingerprint for i in order),
                   depth_assumed=len(slices) == 1 and depth is None)
+
+
+def _same_spacing(spacing: tuple[float, float] | None, first: tuple[float, float] | None
+                  ) -> tuple[float, float] | None:
+    """``first`` where ``spacing`` agrees with it within :data:`SPACING_TOLERANCE`, else ``spacing``."""
+    if spacing is None or first is None:
+        return spacing
+    return first if all(abs(a - b) <= SPACING_TOLERANCE * max(abs(b), 1e-9) for a, b in zip(spacing, first,
+                                                                                          strict=True)) else spacing
+
+
+def _off_line(members: Sequence[tuple[SampleRef, SliceGeometry]], slices: Sequence[tuple[float, int, int]],
+              spacing: tuple[float, float] | None) -> str | None:
+    """What is wrong where a slice lies off the line through the first and last slices by more
+    than :data:`OFF_LINE_PIXELS` (the smaller pixel spacing; 1 mm without one): a slice shifted in
+    its plane, which a volume would stack in line with the others. The line may slant (a gantry
+    tilt shifts every slice by the same step); a slice is compared with the point of the line at
+    its own depth along the normal."""
+    if len(slices) < 3:
+        return None
+    positions = np.array([members[i][1].positions[frame] for _, i, frame in slices], dtype=np.float64)
+    depths = np.array([depth for depth, _, _ in slices], dtype=np.float64)
+    span = depths[-1] - depths[0]
+    if span <= 0:
+        return None
+    along = (depths - depths[0]) / span
+    expected = positions[0] + along[:, None] * (positions[-1] - positions[0])
+    off = np.linalg.norm(positions - expected, axis=1)
+    limit = OFF_LINE_PIXELS * (min(spacing) if spacing else 1.0)
+    if float(off.max()) <= limit:
+        return None
+    at = int(np.argmax(off))
+    return (f"{_slice_name(members, slices[at])} (slice {at + 1} along the slice normal) lies {off[at]:.3f} mm off "
+            f"the line through the first and last slices' Image Position (Patient), more than {OFF_LINE_PIXELS:g} "
+            f"pixel ({limit:.3f} mm): a slice shifted in its plane would be stacked where it is not; re-export the "
+            "series, or remove the file")
 
 
 def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
