@@ -932,3 +932,18 @@ def test_a_bug_in_the_dicom_probe_is_the_files_unexpected_error_not_a_crashed_bu
     for outcome in (probe_for_read(ref, job), probe_placement(ref, job)):
         found = issue_of(outcome, "unexpected_error", "read")
         assert found.message == f"{path}: AttributeError: 'int' object has no attribute 'get'"
+
+
+def test_sequences_nested_thousands_deep_are_unreadable_not_a_reader_bug(tmp_path: Path) -> None:
+    """A crafted header of 5,000 nested sequences made pydicom's parser recurse past Python's
+    limit: the RecursionError was an unexpected_error, "a reader bug", not the file's defect."""
+    data = save(ct_dataset(ct_pixels((16, 16))), tmp_path / "ok.dcm").read_bytes()
+    at = data.rfind(struct.pack("<HH", 0x7FE0, 0x0010))
+    opening = struct.pack("<HH2sHI", 0x0040, 0xA730, b"SQ", 0, 0xFFFFFFFF) + struct.pack("<HHI", 0xFFFE, 0xE000,
+                                                                                         0xFFFFFFFF)
+    closing = struct.pack("<HHI", 0xFFFE, 0xE00D, 0) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0)
+    path = tmp_path / "deep.dcm"
+    path.write_bytes(data[:at] + opening * 5000 + closing * 5000 + data[at:])
+    for outcome in (probe(path), read(path)):
+        found = issue_of(outcome, "unreadable", "read")
+        assert "nested deeper than a reader can follow" in found.message

@@ -302,6 +302,11 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
     except _PARSE_ERRORS as err:
         return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
                                                  "the file is corrupt, copy it again or re-export it"), _NO_STOP
+    except RecursionError:  # pydicom parses each nested sequence one call deeper
+        return _issue(ref, "read", "unreadable", "the DICOM header cannot be parsed: its sequences are nested "
+                                                 "deeper than a reader can follow (thousands of levels: no real "
+                                                 "header nests so deep); the file is damaged or crafted, remove it"
+                      ), _NO_STOP
 
 
 _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
