@@ -359,6 +359,24 @@ def test_a_scheduler_file_that_does_not_exist_is_a_config_error_that_says_so(tmp
             pass
 
 
+@pytest.mark.parametrize(("content", "why"), [("", "it is not a scheduler file's JSON"),
+                                               ('{"type": "Scheduler", "addr', "it is not a scheduler file's JSON"),
+                                               ("{}", "it names no scheduler address"),
+                                               ("[1, 2]", "it is not a scheduler file's JSON")])
+def test_an_empty_or_half_written_scheduler_file_is_a_config_error_naming_it(tmp_path: Path, content: str,
+                                                                          why: str) -> None:
+    """A stale or half-written scheduler file (a scheduler that stopped, or is still starting)
+    was an internal error, exit 1: a bare AssertionError from dask's addr_from_args."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import open_executor
+
+    path = tmp_path / "scheduler.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"--scheduler {path}: {why}.*start the scheduler again"):
+        with open_executor(str(path)):
+            pass
+
+
 @pytest.mark.parametrize("address", ["bogus", "localhost", "tcp://"])
 def test_a_scheduler_address_without_a_port_is_a_config_error_that_says_so(address: str) -> None:
     """`--scheduler localhost` (or a typo of `sync`) was an internal error: exit 1 and dask's

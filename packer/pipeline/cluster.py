@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import json
 import logging
 import os
 import signal
@@ -571,9 +572,23 @@ def _check_scheduler_file(scheduler: str) -> None:
     """Raise ConfigError for a scheduler file (a path: an address is host:port or tcp://host:port)
     that is not there."""
     a_file = os.sep in scheduler or scheduler.endswith(".json")
-    if "://" not in scheduler and a_file and not os.path.isfile(scheduler):
+    if "://" in scheduler or not a_file:
+        return
+    if not os.path.isfile(scheduler):
         raise ConfigError(f"{surface().option('scheduler', scheduler)}: no such scheduler file; give the file "
                           "`dask scheduler --scheduler-file FILE` wrote, or the scheduler's address (tcp://host:port)")
+    try:
+        with open(scheduler, encoding="utf-8") as handle:
+            address = json.load(handle).get("address")
+    except (OSError, ValueError, AttributeError) as err:  # empty, cut short, not JSON, not an object
+        address = None
+        why = f"it is not a scheduler file's JSON ({type(err).__name__}: {err})"
+    else:
+        why = "it names no scheduler address (its \"address\" key)"
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"{surface().option('scheduler', scheduler)}: {why}: an empty or half-written file, or one "
+                          "a scheduler that stopped left behind; start the scheduler again "
+                          "(`dask scheduler --scheduler-file FILE`), or give its address (tcp://host:port)")
 
 
 def check_scheduler(scheduler: str | None) -> None:
