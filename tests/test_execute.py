@@ -485,6 +485,37 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_7_not_an_internal_error
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("call", ["threads", "require_shared", "map_unordered"])
+def test_a_scheduler_lost_between_tasks_is_exit_7_whatever_call_finds_it(call: str) -> None:
+    """A scheduler killed before a stage's first task came back was exit 1 with dask's traceback:
+    only the wait on a task's result said "lost the connection"; the calls that start each stage
+    (the cluster's threads, the shared-path check, submitting) raised CommClosedError as is."""
+    from distributed.comm.core import CommClosedError
+
+    from packer.errors import ClusterLostError
+    from packer.pipeline.cluster import Executor
+
+    class Closed:
+        status = "closed"
+
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                raise CommClosedError("ConnectionPool.nthreads: Stream is closed")
+            return call
+
+    executor = Executor(Closed(), "dask cluster at tcp://10.0.0.9:8786")
+    with pytest.raises(ClusterLostError) as caught:
+        if call == "threads":
+            executor.threads()
+        elif call == "require_shared":
+            executor.require_shared([("/x", "the cache", "fix", "file")])
+        else:
+            list(executor.map_unordered(abs, [1, 2]))
+    assert caught.value.exit_code == 7
+    assert str(caught.value).startswith("lost the connection to the dask scheduler of the dask cluster at "
+                                        "tcp://10.0.0.9:8786 mid-run (CommClosedError")
+
+
 def test_a_worker_that_cannot_see_the_cache_or_a_raw_root_stops_the_build_naming_both(tmp_path: Path) -> None:
     """A worker with another mount view (no shared cache folder: its own empty one at the same
     path) ran tasks: the client then failed on a signature file it never wrote there, an internal

@@ -263,7 +263,8 @@ class Executor:
         if self.client is None:
             return
         self.shared = (*self.shared, *paths)
-        found = self.client.run(_shared_path_probe(self.shared), on_error="return")
+        with self._talking():
+            found = self.client.run(_shared_path_probe(self.shared), on_error="return")
         unseen = [f"dask worker {address} {problem if isinstance(problem, str) else repr(problem)}"
                   for address, problems in sorted(found.items())
                   for problem in (problems if isinstance(problems, list) else [problems])]
@@ -274,7 +275,30 @@ class Executor:
         """Worker threads of the cluster now; 0 in-process."""
         if self.client is None:
             return 0
-        return int(sum(self.client.nthreads().values()))
+        with self._talking():
+            return int(sum(self.client.nthreads().values()))
+
+    def lost(self, why: str) -> ClusterLostError:
+        """The error of a build whose scheduler went away mid-run (``why``: what dask said)."""
+        return ClusterLostError(
+            f"lost the connection to the dask scheduler of the {self.description} mid-run ({why}: the scheduler "
+            "stopped, or the network to it broke); nothing was published. Start the scheduler and its workers "
+            "again and rerun the same command: the build cache keeps every file decoded so far")
+
+    @contextlib.contextmanager
+    def _talking(self) -> Iterator[None]:
+        """A call to the scheduler: a closed connection is :meth:`lost` (exit 7, one line), not
+        an internal error with dask's traceback (only the wait on a task's result said so)."""
+        from distributed.comm.core import CommClosedError
+
+        try:
+            yield
+        except (CommClosedError, ConnectionError) as err:
+            raise self.lost(f"{type(err).__name__}: {err}") from err
+        except OSError as err:  # dask's "Timed out trying to connect", a refused connection
+            if self.client is not None and self.client.status == "running":
+                raise
+            raise self.lost(f"{type(err).__name__}: {err}") from err
 
     def window(self) -> int:
         """Tasks kept in flight: four per worker thread, at least eight."""
@@ -305,6 +329,7 @@ class Executor:
         from distributed.scheduler import KilledWorker
 
         client = self.client
+        window = self.window()  # the first word with the scheduler: a lost one is said here (exit 7)
         caller = surface()  # the workers' messages name the options as this run's caller gave them
         names = list(keys) if keys is not None else [None] * len(items)
         item_of: dict[Any, T] = {}
@@ -314,13 +339,14 @@ class Executor:
         def submit_next() -> None:
             nonlocal submitted
             item = items[submitted]  # once: a LazySequence makes the item on each access
-            future = client.submit(_run, fn, item, self.expected, self.shared, caller, key=names[submitted],
-                                   pure=False)
+            with self._talking():
+                future = client.submit(_run, fn, item, self.expected, self.shared, caller, key=names[submitted],
+                                       pure=False)
             item_of[future.key] = item
             running.add(future)
             submitted += 1
 
-        while submitted < min(len(items), self.window()):
+        while submitted < min(len(items), window):
             submit_next()
         for future in running:
             if self.interrupted:
@@ -338,11 +364,7 @@ class Executor:
             except FutureCancelledError as err:
                 if client.status == "running":
                     raise
-                raise ClusterLostError(
-                    f"lost the connection to the dask scheduler of the {self.description} mid-run "
-                    f"({err.reason}: the scheduler stopped, or the network to it broke); nothing was "
-                    "published. Start the scheduler and its workers again and rerun the same command: "
-                    "the build cache keeps every file decoded so far") from err
+                raise self.lost(str(err.reason)) from err
             finally:
                 future.release()
 
