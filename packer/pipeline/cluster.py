@@ -400,6 +400,7 @@ def open_executor(scheduler: str | None = None, workers: int | None = None,
     if scheduler == "sync":
         yield Executor(None, f"this one process ({surface().option('scheduler', 'sync')})")
         return
+    check_scheduler(scheduler)  # an address dask cannot parse, a missing or empty scheduler file: no client started
     with _cluster_config():
         yield from _open_distributed(scheduler, workers, environment(tuple(sorted(set(libraries)))),
                                      log_level=PRIVATE_DASK_LOG_LEVEL if private else DASK_LOG_LEVEL)
@@ -525,7 +526,6 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
                           client, cluster)
         return
-    _check_scheduler_file(scheduler)
     with _held_interrupts() as starting:
         try:
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
@@ -620,7 +620,7 @@ def check_scheduler(scheduler: str | None) -> None:
     if scheduler is None or scheduler == "sync":
         return
     _check_scheduler_file(scheduler)
-    if os.sep in scheduler or scheduler.endswith(".json"):
+    if "://" not in scheduler and (os.sep in scheduler or scheduler.endswith(".json")):  # a scheduler file
         return
     from distributed.comm.addressing import parse_address, parse_host_port
 
