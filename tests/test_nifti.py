@@ -410,3 +410,19 @@ def test_the_streamed_read_is_the_whole_read(tmp_path: Path, affine: np.ndarray,
     with pytest.raises(nifti.NiftiDefect) as refused:
         nifti.read_canonical(img, header)
     assert refused.value.reason in ("truncated", "decode_failed")
+
+
+def test_a_volume_too_short_for_its_stacks_under_edge_skip_is_left_out_and_counted(tmp_path: Path) -> None:
+    """Under ``sample: {neighbors: 2, edge: skip}`` a 3-slice case has no slice with both its
+    neighbours on each side: it made no sample and no record, and the manifest counted it as a
+    file packed. It is left out (not_requested) and said so; a 6-slice case packs its 2 middle ones."""
+    save(tmp_path / "raw" / "long.nii.gz", phantom((24, 20, 6)))
+    save(tmp_path / "raw" / "short.nii.gz", phantom((24, 20, 3), seed=1))
+    result = run(nifti_job(tmp_path, ["long.nii.gz,A", "short.nii.gz,B"], sample={"neighbors": 2, "edge": "skip"}),
+                 tmp_path)
+    assert len(records(result)) == 2
+    (left,) = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    assert (Path(left["path"]).name, left["why"]) == ("short.nii.gz", "not_requested")
+    assert "edge: skip" in left["detail"]
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["inputs"]["excluded"] == {"not_requested": 1}

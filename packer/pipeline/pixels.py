@@ -199,6 +199,10 @@ def _samples_of(ref: SampleRef, job: JobConfig, clock: StageClock, placed: Any =
     result = read_sample(probed[0], job, state=probed[1])
     if isinstance(result, Issue):
         return result
+    if not result:  # every slice of a NIfTI volume within k of an edge (edge: skip): left out, said so
+        return Excluded.of(ref, stage="read", why="not_requested", detail=(
+            "the file makes no sample under this job: each of its slices lies within the neighbours of an edge "
+            "(sample: {neighbors: k, edge: skip}); edge: replicate packs them"))
     clock.switch("validate")
     for sample in result:
         problem = find_sample_issue(sample, job)
