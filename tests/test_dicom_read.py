@@ -947,3 +947,16 @@ def test_sequences_nested_thousands_deep_are_unreadable_not_a_reader_bug(tmp_pat
     for outcome in (probe(path), read(path)):
         found = issue_of(outcome, "unreadable", "read")
         assert "nested deeper than a reader can follow" in found.message
+
+
+def test_a_multi_valued_attribute_reads_as_dicom_writes_it() -> None:
+    """ScanningSequence SE\\IR (several values: LABEL_ATTRIBUTES allows it as a class) read as
+    Python's list text, "['SE', 'IR']": a label map keyed by the header's own form never matched,
+    and unknown_label told the user to map the list text."""
+    from packer.read.dicom_attrs import text_value
+
+    ds = ct_dataset(ct_pixels((4, 4)))
+    ds.ScanningSequence = ["SE", "IR"]
+    ds.SequenceVariant = "SK"
+    assert text_value(ds, "ScanningSequence") == "SE\\IR"
+    assert text_value(ds, "SequenceVariant") == "SK"

@@ -547,7 +547,9 @@ def item_text(item: Dataset, keyword: str) -> str:
 def text_value(ds: Dataset, keyword: str) -> str | None:
     """``str`` of an element's value, stripped; ``None`` when absent, empty or not a keyword. Text
     whose bytes the declared character set cannot decode is read by :func:`convert_faithfully`
-    (``MRN\\xff01``), so distinct raw ids stay distinct."""
+    (``MRN\\xff01``), so distinct raw ids stay distinct. A value of several values is written as
+    DICOM writes it, joined by backslashes (ScanningSequence ``SE\\IR``), not as Python's list
+    text (``['SE', 'IR']``), which no label map keyed by the header's form could match."""
     tag = tag_for_keyword(keyword)
     try:
         if tag is None or tag not in ds:
@@ -557,7 +559,10 @@ def text_value(ds: Dataset, keyword: str) -> str | None:
         return None
     if value is None:
         return None
-    text = str(value).strip()
+    if isinstance(value, (MultiValue, list, tuple)):
+        text = "\\".join(str(part).strip() for part in value).strip("\\ ")
+    else:
+        text = str(value).strip()
     return text or None
 
 
