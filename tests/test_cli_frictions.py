@@ -469,6 +469,23 @@ def test_class_ids_written_two_ways_are_a_warning() -> None:
     assert case_twins_warning(job, ["1", "0", "10"]) is None
 
 
+def test_class_names_that_differ_only_in_unicode_form_are_a_warning() -> None:
+    """café as one code point (NFC) and as e + a combining accent (NFD: a macOS folder name)
+    print the same in the summary, the manifest and the report, and were two classes unwarned."""
+    import unicodedata
+
+    from packer.config import parse_job
+    from packer.pipeline.stages import case_twins_warning
+
+    job = parse_job({"name": "j", "sources": [{"kind": "image", "root": ".", "label": "folder"}],
+                     "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"},
+                    Path("job.yaml"))
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    warning = case_twins_warning(job, [nfc, nfd, "tea"])
+    assert warning is not None and f"{nfd!r} and {nfc!r}" in warning and "Unicode form" in warning
+    assert case_twins_warning(job, [nfc, "tea"]) is None
+
+
 def test_multilabel_names_that_differ_only_in_case_are_a_warning_too() -> None:
     """NIH-style pipe-separated findings typed by hand hold 'Effusion' and 'effusion': two
     positions of the multi-hot vector, which the README says the build warns of; only a class

@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import unicodedata
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -383,7 +384,10 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     groups: dict[str, list[str]] = {}
     for name in sorted({str(n) for n in held if n}):
         number = cell_number(name)
-        groups.setdefault(repr(number) if number is not None else " ".join(name.casefold().split()), []).append(name)
+        # NFC: café typed on one machine and café (e + a combining accent: macOS's folder names)
+        # on another print the same and are two classes
+        folded = " ".join(unicodedata.normalize("NFC", name).casefold().split())
+        groups.setdefault(repr(number) if number is not None else folded, []).append(name)
     twins = [group for group in groups.values() if len(group) > 1]
     if not twins:
         return None
@@ -392,6 +396,8 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     # a class id written 1 and 1.0 (a pandas column with a blank cell turns ints into floats)
     how = "case, spacing or how a number is written" if any(
         cell_number(group[0]) is not None for group in twins) else "case or spacing"
+    if any(len({unicodedata.normalize("NFC", n) for n in group}) < len(group) for group in twins):
+        how += " (or only in Unicode form: the same letters as one code point or as a letter and a combining mark)"
     return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
             "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
             "job's labels:")
