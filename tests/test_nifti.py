@@ -426,3 +426,17 @@ def test_a_volume_too_short_for_its_stacks_under_edge_skip_is_left_out_and_count
     assert "edge: skip" in left["detail"]
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["inputs"]["excluded"] == {"not_requested": 1}
+
+
+def test_percentiles_that_coincide_clip_the_voxels_above_to_the_top_not_to_black(tmp_path: Path) -> None:
+    """A sparse volume (three bright voxels of 1,600) has its 0.5th and 99.5th percentiles both 0:
+    every voxel packed as 0, the bright ones too, where MONAI's ScaleIntensityRangePercentiles
+    (clip) gives them 1. A range without width is its clip: at or below it 0, above it the top."""
+    sparse = np.zeros((20, 20, 4), np.int16)
+    sparse[4, 4, 1], sparse[5, 5, 2], sparse[9, 9, 3] = 700, 900, 800
+    save(tmp_path / "raw" / "sparse.nii.gz", sparse)
+    result = run(nifti_job(tmp_path, ["sparse.nii.gz,A"], windows=[{"percentiles": [0.5, 99.5]}], sample="volume",
+                           output="uint8"), tmp_path)
+    ((record, volume, _),) = records(result).values()
+    assert (record["metadata"]["windows"][0]["low"], record["metadata"]["windows"][0]["high"]) == (0.0, 0.0)
+    assert sorted(np.unique(volume).tolist()) == [0, 255] and int((volume == 255).sum()) == 3

@@ -92,8 +92,11 @@ def zscore_stats(values: np.ndarray, over: str = "nonzero") -> Stats:
 
 
 def apply_percentiles(values: np.ndarray, stats: Stats, dtype: type[np.floating] = np.float32) -> np.ndarray:
-    """``values`` clipped to [low, high] and scaled to [0, 1], ``dtype`` of the same shape; a
-    constant region (low == high) maps to 0 (nothing to scale).
+    """``values`` clipped to [low, high] and scaled to [0, 1], ``dtype`` of the same shape. Where
+    low == high (most voxels share one value: a sparse image, a constant one) the range has no
+    width and the clip decides alone: a voxel at or below it is 0, one above it 1 (MONAI's
+    ``ScaleIntensityRangePercentiles`` with ``clip``; a bright voxel over a black background
+    packed as 0, the whole image black).
 
     float32 (uint8 and float16 outputs) computes ``(x - float32(low)) · float32(1/(high - low))``
     in float32, the bytes of every dataset built with it; float64 (uint16 output,
@@ -104,16 +107,14 @@ def apply_percentiles(values: np.ndarray, stats: Stats, dtype: type[np.floating]
     if dtype == np.float64:
         exact = np.array(values, dtype=np.float64)  # a copy: the steps below are in place
         if hi <= lo:
-            exact.fill(0.0)
-            return exact
+            return (exact > lo).astype(np.float64)
         exact -= lo
         exact /= hi - lo
         np.clip(exact, 0.0, 1.0, out=exact)
         return exact
     out = np.asarray(values, dtype=np.float32).astype(np.float32, copy=True)
     if hi <= lo:
-        out.fill(0.0)
-        return out
+        return (out > np.float32(lo)).astype(np.float32)
     out -= np.float32(lo)
     out *= np.float32(1.0 / (hi - lo))
     np.clip(out, 0.0, 1.0, out=out)
