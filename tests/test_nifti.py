@@ -440,3 +440,17 @@ def test_percentiles_that_coincide_clip_the_voxels_above_to_the_top_not_to_black
     ((record, volume, _),) = records(result).values()
     assert (record["metadata"]["windows"][0]["low"], record["metadata"]["windows"][0]["high"]) == (0.0, 0.0)
     assert sorted(np.unique(volume).tolist()) == [0, 255] and int((volume == 255).sum()) == 3
+
+
+def test_a_file_window_that_renders_every_voxel_one_level_is_constant_image(tmp_path: Path) -> None:
+    """A display range of 0..1 over voxels of 102..997 renders the whole volume white: it packed
+    as a blank sample, where a DICOM file's own window that renders a frame flat is
+    constant_image. A range that cuts through the values packs."""
+    values = (np.arange(20 * 20 * 4).reshape(20, 20, 4) % 896 + 102).astype(np.int16)
+    save(tmp_path / "raw" / "flat.nii.gz", values, cal_min=0.0, cal_max=1.0)
+    save(tmp_path / "raw" / "ok.nii.gz", values, cal_min=300.0, cal_max=700.0)
+    result = run(nifti_job(tmp_path, ["flat.nii.gz,A", "ok.nii.gz,B"], windows=["file"], sample="volume"), tmp_path)
+    (bad,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert (Path(bad["path"]).name, bad["reason"]) == ("flat.nii.gz", "constant_image")
+    assert "all come out as the top level (white)" in bad["message"] and "cal_min 0, cal_max 1" in bad["message"]
+    assert len(records(result)) == 1

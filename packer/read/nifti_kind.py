@@ -52,7 +52,7 @@ from packer.read.nifti import (
     slice_count,
     stored_grid,
 )
-from packer.read.nifti_samples import Case, MissingWindow, Slicing, slice_samples, volume_sample
+from packer.read.nifti_samples import Case, FlatWindow, MissingWindow, Slicing, slice_samples, volume_sample
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
 from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
@@ -393,6 +393,8 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
         return slice_samples(ref, case, plan, base)
     except MissingWindow as err:
         return Issue.of(ref, stage="transform", reason="missing_window", message=f"{ref.path}: {err}")
+    except FlatWindow as err:
+        return Issue.of(ref, stage="validate", reason="constant_image", message=f"{ref.path}: {err}")
 
 
 def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobConfig,

@@ -92,6 +92,11 @@ class MissingWindow(Exception):
     """A ``file`` window of a channel whose file sets no ``cal_min``/``cal_max``."""
 
 
+class FlatWindow(Exception):
+    """A ``file`` window under which every voxel of a channel comes out as one level
+    (``constant_image``, as a DICOM file's own window that renders a frame flat)."""
+
+
 def _stats(values: np.ndarray, spec: WindowSpec) -> Stats | None:
     if spec.kind == "percentiles":
         return percentile_stats(values, float(spec.low or 0.0), float(spec.high or 100.0), spec.over or "all")
@@ -140,6 +145,7 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
                     raise MissingWindow(f"channel {name!r}: its file sets no display range (cal_min/cal_max) for "
                                         "the 'file' window; give a preset, {center, width} or a normalisation")
                 center, width, function = (cal[0] + cal[1]) / 2, cal[1] - cal[0], "LINEAR_EXACT"
+                _check_not_flat(name, case.values[index], cal)
             label = spec.name if spec.kind != "file" else "cal"
             record: dict[str, Any] = {"name": f"{name} {label}" if several else label, "source": spec.kind,
                                       "channel": name}
@@ -149,6 +155,23 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
                 record.update(center=center, width=width, function=function)
             out.append(_Channel(index, spec, stats, center, width, function, record))
     return out
+
+
+def _check_not_flat(name: str, values: np.ndarray, cal: tuple[float, float]) -> None:
+    """Raise :class:`FlatWindow` where every finite value of a channel lies at or below
+    ``cal_min`` or every one at or above ``cal_max``: the file's display range renders the whole
+    channel as one level (a range of 0..1 over values of hundreds), and the sample would carry
+    no information."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return
+    low, high = float(finite.min()), float(finite.max())
+    if high <= cal[0] or low >= cal[1]:
+        level = "0 (black)" if high <= cal[0] else "the top level (white)"
+        raise FlatWindow(f"channel {name!r}: its values {low:g}..{high:g} all come out as {level} under its file's "
+                         f"display range (cal_min {cal[0]:g}, cal_max {cal[1]:g}), the 'file' window; the sample "
+                         "would carry no information: fix the file's cal_min/cal_max, or give a preset, "
+                         "{center, width} or a normalisation")
 
 
 def _slice_view(array: np.ndarray, axis: str, index: int) -> np.ndarray:
