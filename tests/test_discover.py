@@ -556,3 +556,19 @@ def test_a_row_through_a_link_to_a_folder_inside_the_root_is_told_the_real_path(
     assert issue.reason == "missing_file"
     assert "reached through the link indir to a folder inside the root" in issue.message
     assert "write the row as 'sub/s.png'" in issue.message and "hidden files" not in issue.message
+
+
+def test_a_row_the_filter_leaves_out_is_counted_whether_or_not_its_file_is_there(tmp_path: Path) -> None:
+    """MIMIC's recipe on a partial download: a LATERAL row whose JPG is missing was in no count and
+    no record (a PA row with a missing file is missing_file), so a filtered row was counted only
+    where its file happened to be there. Both filtered rows are filtered records now."""
+    path = make_tree(tmp_path, ["a.png,cat,S1,,PA", "b.png,cat,S2,,LATERAL", "c.png,dog,S3,,LATERAL"],
+                     ["a.png", "b.png"], header="path,label,entity,timestamp,view")
+    doc = yaml.safe_load(path.read_text())
+    doc["sources"][0]["where"] = {"view": ["PA"]}
+    path.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(path))
+    assert [r.relpath for r in found.refs] == ["a.png"] and found.issues == []
+    assert sorted((Path(e.path).name, e.why) for e in found.excluded) == [("b.png", "filtered"), ("c.png", "filtered")]
+    (absent,) = [e for e in found.excluded if e.path.endswith("c.png")]
+    assert "view is 'LATERAL'" in absent.detail and "not under the root either" in absent.detail

@@ -720,7 +720,22 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
         else:
             refs.append(ref)
+    _filtered_without_files(source, files, placed, phi, excluded)
     return refs.finish(release=True)
+
+
+def _filtered_without_files(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
+                            phi: Pseudonymizer | None, excluded: list[Excluded]) -> None:
+    """A ``filtered`` record for each table row a ``where:`` left out whose file the root does not
+    hold (a partial download): it was in no count and no record, so whether a filtered row was
+    counted hung on whether its file happened to be there. Its path is where the file would be."""
+    unlisted = set(placed.filtered) - {rel for rel, _ in files}
+    for rel in sorted(unlisted):
+        if escapes_root(rel):
+            continue
+        path = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
+        excluded.append(Excluded(make_sample_id(source.name, rel, phi), path, "discover", "filtered",
+                                 f"{placed.filtered[rel]} (its file is not under the root either)"))
 
 
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
