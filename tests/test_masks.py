@@ -356,3 +356,31 @@ def test_an_unlabelled_dicom_source_takes_its_masks_from_its_table(tmp_path: Pat
                                                                   "size": [40, 40]}}))
     items = _aligned_train_items(result.manifest_path, 3)
     assert all("label" not in item for item in items)  # an unlabeled dataset's items hold no label
+
+
+def test_a_mask_whose_header_claims_another_size_is_refused_before_it_is_decoded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 140 KB PNG mask claiming 12000×12000 was decoded whole (a quarter of a GB, past the
+    job's limits on images) only to be refused as mask_size after; its header says so first."""
+    import zlib
+
+    from packer.transform import mask as mask_module
+
+    raw = _photo_set(tmp_path, [(40, 60)] * 2)
+    side = 12000  # a grey PNG of 0 rows, compressed: tiny on disk, 144 MB decoded
+    rows = zlib.compress(b"\0" * (side + 1) * side, 9)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+    ihdr = side.to_bytes(4, "big") * 2 + bytes([8, 0, 0, 0, 0])
+    (raw / "masks" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows)
+                                          + chunk(b"IEND", b""))
+    decoded: list[str] = []
+    real = mask_module.decode_mask
+    monkeypatch.setattr("packer.read.masks.decode_mask", lambda data, name: decoded.append(name) or real(data, name))
+    result = _build(_job(tmp_path, [_photo_source(raw)], validate={"max_bad_fraction": 0.9}))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert (Path(record["path"]).name, record["reason"]) == ("1.png", "mask_size")
+    assert "its header gives 12000×12000 pixels, the image 40×60" in record["message"]
+    assert not any(name.endswith("1.png") for name in decoded)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packer.config import JobConfig, SourceConfig
+from packer.read.image_structure import Defect, file_header, sniff_format
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.mask import MaskError, check_mask, decode_mask
 
@@ -27,6 +28,23 @@ if TYPE_CHECKING:
 
 def _issue(ref: SampleRef, reason: str, message: str) -> Issue:
     return Issue.of(ref, stage="transform" if reason != "mask_missing" else "read", reason=reason, message=message)
+
+
+def _check_header_size(data: bytes, height: int, width: int) -> None:
+    """Raise MaskError ``mask_size`` where a PNG or TIFF mask's header gives another size than
+    its image's stored one, before a pixel is decoded: a 140 KB PNG claiming 12000×12000 was
+    decoded whole (a quarter of a GB) only to be refused after, past the job's limits."""
+    fmt = sniff_format(bytes(data[:8]))
+    if fmt not in ("png", "tiff"):
+        return  # .npy (its array is its size), and what decode_mask refuses by format
+    try:
+        header = file_header(fmt, lambda offset, count: bytes(data[offset:offset + count]), len(data))
+    except Defect:
+        return  # a damaged header: decode_mask says what OpenCV makes of it
+    if (header.height, header.width) != (height, width):
+        raise MaskError("mask_size", f"its header gives {header.height}×{header.width} pixels, the image "
+                                     f"{height}×{width} (as stored, before orientation); nothing was decoded: a mask "
+                                     "labels its image's own pixels, so save it at the image's size")
 
 
 def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, job: JobConfig
@@ -45,8 +63,9 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
                                            "fix the table's mask column or add the file")
     first = samples[0].metadata
     try:
-        decoded = decode_mask(data, path)
         frames, height, width = kind.mask_grid(first)
+        _check_header_size(data, height, width)
+        decoded = decode_mask(data, path)
         if source.mask.classes is None and decoded.size and int(decoded.max()) > 255:
             raise MaskError("mask_values", f"mask holds class id {int(decoded.max())}; ids above 255 must be "
                                            "declared in the source's mask.classes (they make the masks uint16)")
