@@ -1517,7 +1517,10 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     split = _parse_split(doc["split"], base)
     if split.by == "time":  # every file needs its time: a table without the column is a config error
         sources = tuple(replace(s, time_required=True) for s in sources)
-    labels = tuple(doc.get("labels") or ())
+    labels = tuple(str(label) for label in doc.get("labels") or ())  # a class id written as a number: its text
+    if len(set(labels)) < len(labels):
+        twice = next(label for label in labels if labels.count(label) > 1)
+        raise ConfigError(f"labels: {twice!r} is listed twice (once as a number, once as text); list each class once")
     raw_pack = doc["pack"]
     pack = PackConfig(
         format=raw_pack["format"],

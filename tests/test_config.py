@@ -356,3 +356,15 @@ def test_job_numbers_are_read_as_yaml_1_2_writes_them(written: str, read: object
 
     value = yaml.load(f"v: {written}", Loader=JobLoader)["v"]  # noqa: S506 (a SafeLoader)
     assert value == read and type(value) is type(read)
+
+
+def test_labels_may_list_integer_class_ids_as_numbers(tmp_path: Path) -> None:
+    """A Kaggle grade table (0-4) missing grade 3 re-indexes grade 4 as 3 unless the job lists the
+    ids; `labels: [0, 1, 2, 3, 4]`, as anyone writes it, was refused (4 is not of type 'string')."""
+    from packer.config import parse_job
+
+    doc = {"name": "j", "sources": [{"kind": "image", "root": ".", "table": "t.csv"}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out"}
+    assert parse_job({**doc, "labels": [0, 1, 2, 3, 4]}, tmp_path / "job.yaml").labels == ("0", "1", "2", "3", "4")
+    with pytest.raises(ConfigError, match="labels: '1' is listed twice"):
+        parse_job({**doc, "labels": [0, 1, "1"]}, tmp_path / "job.yaml")
