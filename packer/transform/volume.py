@@ -13,7 +13,8 @@ spacing and size, with the affine that maps its voxels back to patient space (pu
    series in the usual orientation nothing moves. Like nibabel's ``as_closest_canonical``
    (permutes and flips only; an oblique series stays oblique, its affine says how).
 3. **resample** (:func:`resample_linear`) to ``spacing`` (z, y, x mm) with separable linear
-   interpolation on the windowed values, centre-aligned: the new grid spans the same extent,
+   interpolation on the windowed values (a DICOM series' slices are windowed first; a NIfTI volume's
+   voxel values are resampled, then windowed), centre-aligned: the new grid spans the same extent,
    ``n' = round(n · s / s')`` voxels, so the recorded spacing is ``s · n / n'`` (within half a
    voxel of the request over the volume) and the origin moves by ``(n/n' - 1)/2`` old voxels.
 4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding with 0.
