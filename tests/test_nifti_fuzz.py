@@ -654,3 +654,13 @@ def test_timer_catches_a_hang() -> None:
             timed(lambda: time.sleep(2))
     finally:
         CALL_BUDGET_S = saved
+
+
+def test_a_nii_gz_cut_in_its_gzip_trailer_says_so_not_that_voxels_are_missing(fuzz_dir: Path) -> None:
+    """A ``.nii.gz`` whose last 4 bytes (the trailer's length) are cut holds every voxel: its
+    record said "the gzip stream ends before the last voxel", the wrong defect to look for."""
+    data = seeds()["float32.nii.gz"][0]
+    name = write_seed(fuzz_dir, "trailer.nii.gz", data[:-4])
+    found = outcome(fuzz_dir, name)
+    assert reason(found) == "truncated"
+    assert "ends after its last voxel" in found.message and "before its trailer" in found.message

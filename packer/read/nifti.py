@@ -437,7 +437,7 @@ def _reading_voxels() -> Iterator[None]:
     try:
         yield
     except (EOFError, gzip.BadGzipFile) as err:
-        raise NiftiDefect("truncated", f"the gzip stream ends before the last voxel ({type(err).__name__}: {err}); "
+        raise NiftiDefect("truncated", f"the gzip stream is cut short ({type(err).__name__}: {err}); "
                                        "copy the file again") from err
     except zlib.error as err:
         raise NiftiDefect("decode_failed", f"the gzip stream is damaged (zlib: {err}); copy the file again") from err
@@ -497,8 +497,12 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
                 pending = fh.read(_CHUNK)
                 if not pending and not piece:
                     break  # no input left, and none held back
+    if not inflater.eof and position >= end:  # every voxel is there, the check of them is not
+        raise EOFError(f"the gzip stream ends after its last voxel ({position} bytes inflated) but before its "
+                       "trailer, so its CRC-32 and length cannot check the voxels")
     if not inflater.eof:
-        raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated")
+        raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated, before the last "
+                       f"voxel (byte {end})")
     if position < end:
         raise EOFError(f"the inflated stream has {position} bytes; the voxels end at byte {end}")
 
