@@ -454,3 +454,17 @@ def test_a_file_window_that_renders_every_voxel_one_level_is_constant_image(tmp_
     assert (Path(bad["path"]).name, bad["reason"]) == ("flat.nii.gz", "constant_image")
     assert "all come out as the top level (white)" in bad["message"] and "cal_min 0, cal_max 1" in bad["message"]
     assert len(records(result)) == 1
+
+
+def test_a_reversed_display_range_is_named_as_unusable_not_as_unset(tmp_path: Path) -> None:
+    """cal_min 900 / cal_max 100 (and 500 / 500) are set: the record said the file "sets no
+    display range", and a user who looked at the header saw it set."""
+    save(tmp_path / "raw" / "reversed.nii.gz", phantom(), cal_min=900.0, cal_max=100.0)
+    save(tmp_path / "raw" / "unset.nii.gz", phantom(seed=1))
+    result = run(nifti_job(tmp_path, ["reversed.nii.gz,A", "unset.nii.gz,B"], windows=["file"], sample="volume"),
+                 tmp_path)
+    by_name = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert {name: r["reason"] for name, r in by_name.items()} == {"reversed.nii.gz": "missing_window",
+                                                                  "unset.nii.gz": "missing_window"}
+    assert "cal_min 900 and cal_max 100 are set but make no range" in by_name["reversed.nii.gz"]["message"]
+    assert "sets no display range" in by_name["unset.nii.gz"]["message"]

@@ -100,6 +100,9 @@ class NiftiHeader:
     version: int
     qform: np.ndarray | None = None
     forms_differ_mm: float | None = None
+    #: Why ``cal_min``/``cal_max`` are set but unusable ("" where unset or usable): reversed, empty
+    #: or not finite, so that a ``file`` window's record does not say the file sets none
+    cal_unusable: str = ""
 
     def describe(self) -> dict[str, Any]:
         """The header facts a sample records (``metadata.nifti``)."""
@@ -301,10 +304,13 @@ def _check_header(img: Any, path: str, size: int, limits: LimitsConfig, channels
     slope, inter = _scaling(img)
     cal_min, cal_max = float(header["cal_min"]), float(header["cal_max"])
     cal = (cal_min, cal_max) if np.isfinite([cal_min, cal_max]).all() and cal_max > cal_min else None
+    unusable = "" if cal is not None or (cal_min == 0 and cal_max == 0) else (
+        f"cal_min {cal_min:g} and cal_max {cal_max:g} are set but make no range (cal_max must be above cal_min, "
+        "both finite)")
     return NiftiHeader(shape=shape, channels=channels, dtype=str(dtype), affine=affine, affine_source=source,
                        slope=slope, inter=inter,
                        cal=cal, intent_code=int(header["intent_code"]), version=version, qform=qform,
-                       forms_differ_mm=differ)
+                       forms_differ_mm=differ, cal_unusable=unusable)
 
 
 def _scaling(img: Any) -> tuple[float | None, float | None]:

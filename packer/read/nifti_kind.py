@@ -339,6 +339,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     headers: list[NiftiHeader] = []
     names: list[str] = []
     cal: list[tuple[float, float] | None] = []
+    unusable: list[str] = []
     filled: dict[str, dict[str, Any]] = {}  # per channel file, what non_finite: {fill} replaced
     notes: list[str] = []
     for name, path in files:
@@ -369,6 +370,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
         volumes.append(volume)
         names.extend([name] if header.channels == 1 else [f"{name}[{t}]" for t in range(header.channels)])
         cal.extend([header.cal] * header.channels)
+        unusable.extend([header.cal_unusable] * header.channels)
     first = headers[0]
     values = volumes[0].array if len(volumes) == 1 else np.concatenate([v.array for v in volumes], axis=0)
     affine = volumes[0].affine
@@ -376,7 +378,8 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     mask = _label_map(ref, source, source.mask, job, Volume(values, affine)) if source.mask is not None else None
     if isinstance(mask, Issue):
         return mask
-    case = Case(values=values, affine=affine, names=tuple(names), cal=tuple(cal), mask=mask)
+    case = Case(values=values, affine=affine, names=tuple(names), cal=tuple(cal), mask=mask,
+                cal_unusable=tuple(unusable))
     base: dict[str, Any] = {"format": "nifti", "nifti": first.describe()}
     if len(files) > 1:
         base["channel_files"] = [name for name, _ in files]

@@ -86,6 +86,8 @@ class Case:
     names: tuple[str, ...]
     cal: tuple[tuple[float, float] | None, ...]
     mask: np.ndarray | None = None
+    #: Per channel, why its file's cal_min/cal_max are set but unusable ("" where unset or usable)
+    cal_unusable: tuple[str, ...] = ()
 
 
 class MissingWindow(Exception):
@@ -141,6 +143,11 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
             center, width, function = spec.center, spec.width, spec.function
             if spec.kind == "file":
                 cal = case.cal[index]
+                why = case.cal_unusable[index] if index < len(case.cal_unusable) else ""
+                if cal is None and why:
+                    raise MissingWindow(f"channel {name!r}: its file's display range is unusable for the 'file' "
+                                        f"window: {why}; fix them, or give a preset, {{center, width}} or a "
+                                        "normalisation")
                 if cal is None:
                     raise MissingWindow(f"channel {name!r}: its file sets no display range (cal_min/cal_max) for "
                                         "the 'file' window; give a preset, {center, width} or a normalisation")
