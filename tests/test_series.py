@@ -28,7 +28,7 @@ from packer.errors import ConfigError
 from packer.loader import ShardDataset
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import assemble
-from packer.records import SampleRef
+from packer.records import Excluded, SampleRef
 from tests.dicom_files import ct_dataset, enhanced_ct_dataset, save
 from tests.test_targets import _build, _ct, _job
 
@@ -904,3 +904,15 @@ def test_transform_channels_counts_a_neighbour_stack_s_channels(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"transform.dicom.windows: gives 9 channel\(s\).*times the stack's 3 "
                                           r"slices, make 3 channels"):
         load_job(_series_job(tmp_path / "nine", raw, channels=3, windows=["lung", "mediastinum", "bone_body"]))
+
+
+def test_a_derived_image_left_out_of_its_series_is_told_how_to_pack_derived_images() -> None:
+    """A DERIVED image left out of a series was told to pack localizers (where: {ImageType:
+    LOCALIZER}), which selects no derived file."""
+    files = [(_ref(i), _geometry(2.5 * i)) for i in range(5)]
+    files.append((_ref(9), _geometry(1.0, image_type=("DERIVED", "SECONDARY", "MIP"))))
+    from packer.read.dicom_kind import _localizers_left_out
+
+    (left,) = _localizers_left_out(assemble(files, CFG).issues, drop=True)
+    assert isinstance(left, Excluded) and left.why == "not_requested"
+    assert "where: {ImageType: DERIVED}" in left.detail and "LOCALIZER}" not in left.detail

@@ -499,9 +499,12 @@ def _localizers_left_out(records: Sequence[Issue], drop: bool) -> tuple[Issue | 
             out.append(record)
             continue
         said = record.message.removeprefix(f"{record.path}: ")
+        fix = ("a scout, not a slice of the stack: to pack localizers, pack them in a job with sample: slice and "
+               "where: {ImageType: LOCALIZER}") if "LOCALIZER" in said else (
+            "a derived image (a reformat, a projection), not an original slice of the stack: to pack derived "
+            "images, pack them in a job with sample: slice and where: {ImageType: DERIVED}")
         out.append(Excluded(sample_id=record.sample_id, path=record.path, stage="validate", why="not_requested",
-                            detail=f"{said}; a scout, not a slice of the stack: to pack localizers, pack them in a "
-                                   "job with sample: slice and where: {ImageType: LOCALIZER}"))
+                            detail=f"{said}; {fix}"))
     return tuple(out)
 
 
