@@ -330,3 +330,22 @@ def test_the_report_shows_a_volumes_three_middle_planes(tmp_path: Path) -> None:
 
     planes = as_chw(np.arange(5 * 16 * 12, dtype=np.uint8).reshape(1, 5, 16, 12))
     assert planes.shape == (1, 16, 36)  # axial, coronal and sagittal middles side by side, each 16×12
+
+
+def test_the_canonical_axes_follow_direction_not_voxel_size() -> None:
+    """Axis 1 runs 40° off superior with 0.5 mm voxels, axis 2 50° off it with 5 mm ones: the
+    axis order weighed direction by voxel size and took axis 2 for D, where nibabel's
+    io_orientation (the README's anchor) takes axis 1."""
+    import nibabel as nib
+
+    from packer.transform.volume import canonical_order
+
+    a, b = np.radians(40.0), np.radians(50.0)
+    affine = np.eye(4)
+    affine[:3, 0] = [1.0, 0.0, 0.0]  # x: 1 mm
+    affine[:3, 1] = 0.5 * np.array([0.0, np.sin(a), np.cos(a)])  # 40° off z
+    affine[:3, 2] = 5.0 * np.array([0.0, -np.sin(b), np.cos(b)])  # 50° off z
+    assert canonical_order(affine)[0] == 1
+    # nibabel: input axis -> output axis; packer: output axis (z, y, x) -> input axis
+    ornt = nib.orientations.io_orientation(affine)
+    assert {int(ornt[i, 0]): i for i in range(3)}[2] == canonical_order(affine)[0]

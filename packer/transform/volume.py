@@ -57,8 +57,11 @@ def stack_affine(origin: np.ndarray, orientation: np.ndarray, pixel_spacing: tup
 
 def canonical_order(affine: np.ndarray) -> tuple[int, int, int]:
     """Which of the array's axes (0 = D, 1 = H, 2 = W) runs most along patient z, y and x: the
-    order :func:`canonical` puts them in (each axis used once)."""
-    directions = affine[:3, :3]
+    order :func:`canonical` puts them in (each axis used once). By direction alone, as nibabel's
+    ``io_orientation`` (it divides by the voxel sizes): an axis of 5 mm voxels 50° off superior
+    outweighed one of 0.5 mm voxels 40° off it, though the second runs closer to superior."""
+    norms = np.linalg.norm(affine[:3, :3], axis=0)
+    directions = affine[:3, :3] / np.where(norms > 0, norms, 1.0)
     order: list[int] = []
     for world in (2, 1, 0):
         weights = np.abs(directions[world]).copy()
