@@ -283,8 +283,10 @@ def test_a_sform_that_disagrees_with_the_qform_is_used_and_both_are_recorded(tmp
     assert meta["nifti"]["qform_ras"][0][3] == pytest.approx(-15.0)
     assert meta["warnings"] == ["sform and qform differ by up to 5 mm; the sform is used"]
     warned = capsys.readouterr().err
-    assert "packer: warning: nt: 1 file(s) packed with a reader's warning, e.g. raw-" in warned
+    assert "packer: warning: nt: 1 file(s) packed with a reader's warning, e.g. file raw-" in warned
     assert "sform and qform differ by up to 5 mm" in warned and "packer locate" in warned
+    # it names a file, not a sample key, and a volume's samples do not all carry the note
+    assert "a volume keeps one slice's metadata" in warned
     assert str(tmp_path / "raw") not in warned  # ids, never paths
     run(nifti_job(tmp_path, ["a.nii.gz,P1"]), tmp_path)  # from the build cache: the warning is kept there too
     assert "sform and qform differ by up to 5 mm" in capsys.readouterr().err

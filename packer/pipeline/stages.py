@@ -482,8 +482,10 @@ def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | N
     files = sorted({file_id for file_id, _ in notes})
     first_id, text = sorted(notes)[0]
     more = f" (and {len(notes) - 1} more warning(s))" if len(notes) > 1 else ""
-    return (f"{len(files)} file(s) packed with a reader's warning, e.g. {first_id}: {text}{more}; each sample "
-            f"records it in metadata.warnings, and `packer locate {job.job_path} {first_id}` names the file")
+    return (f"{len(files)} file(s) packed with a reader's warning, e.g. file {first_id}: {text}{more}; the samples "
+            "of such a file record it in metadata.warnings (a volume keeps one slice's metadata: it counts its "
+            f"constant slices in metadata.volume.constant_slices), and `packer locate {job.job_path} {first_id}` "
+            "names the file")
 
 
 def constant_slices(notes: Sequence[tuple[str, str]]) -> int:
