@@ -775,8 +775,8 @@ def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole
     assert "id000" not in [r.sample_id for r in series.refs] and "id002" in [r.sample_id for r in series.refs]
     (issue,) = out.issues
     assert issue.sample_id == "id000" and issue.reason == "series_duplicate_position"
-    assert issue.message.endswith("not with this copy; this copy is 200,000 bytes against 530,000, so most likely "
-                                  "cut short: remove this one")
+    assert issue.message.endswith("not this copy (the series' own records say whether it packed); this copy is "
+                                  "200,000 bytes against 530,000, so most likely cut short: remove this one")
     assert assemble([*reversed(files), cut], CFG) == out  # whatever the order
 
 
@@ -800,7 +800,8 @@ def test_of_two_copies_of_one_image_the_one_that_reads_is_packed_though_a_damage
     bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert [(r["path"], r["reason"]) for r in bad] == [(str(damaged), "series_duplicate_position")]
     assert bad[0]["message"].endswith(
-        f"is packed with {intact}, not with this copy; {intact} ({len(data):,} bytes) is its header and one whole "
+        f"takes {intact}, not this copy (the series' own records say whether it packed); {intact} ({len(data):,} "
+        "bytes) is its header and one whole "
         f"Pixel Data, this copy ({len(data) + len(element):,} bytes) is not: {len(element):,} bytes follow its "
         "Pixel Data (7FE0,0010) (a second Pixel Data element or other bytes after the image): the file is "
         "damaged; remove this one")
@@ -848,12 +849,14 @@ def test_a_copys_record_does_not_say_its_series_is_packed_when_the_series_is_ref
                        ("id002", "series_duplicate_position")]
     for issue in out.issues:
         if issue.reason == "series_duplicate_position":
-            assert "is packed with" not in issue.message, issue.message
+            assert "takes /raw/0.dcm" not in issue.message, issue.message
             assert "/raw/0.dcm" in issue.message and "series_too_short" in issue.message, issue.message
     packed = assemble([(_ref(i), replace(_geometry(2.5 * i), sop_uid=f"u{i}")) for i in range(4)]
                       + [(_ref(9), replace(_geometry(0.0), sop_uid="u0"))], CFG)
     (copy,) = packed.issues
-    assert copy.reason == "series_duplicate_position" and "is packed with /raw/0.dcm" in copy.message
+    assert copy.reason == "series_duplicate_position" and "takes /raw/0.dcm, not this copy" in copy.message
+    # assembled, not yet read: the kept slice may still be refused, so the record does not promise it packed
+    assert "is packed" not in copy.message
 
 
 @pytest.mark.parametrize("sample", [{"neighbors": 1}, {"volume": {"size": [6, 16, 16]}}], ids=["stacks", "volume"])

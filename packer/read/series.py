@@ -269,7 +269,9 @@ def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_
                "short: remove this one")
     else:
         why = ": remove one of them"
-    where = (f"series {uid_key} is packed with {kept.path}, not with this copy" if refused is None else
+    # assembled: a slice may still be refused while its pixels are read, so "takes", not "is packed"
+    where = (f"series {uid_key} takes {kept.path}, not this copy (the series' own records say whether it packed)"
+             if refused is None else
              f"series {uid_key} holds {kept.path} in this copy's place, and is not packed ({refused.reason}: see "
              f"the record of {kept.path})")
     return Issue.of(copy, stage="validate", reason="series_duplicate_position", message=(
