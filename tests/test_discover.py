@@ -572,3 +572,18 @@ def test_a_row_the_filter_leaves_out_is_counted_whether_or_not_its_file_is_there
     assert sorted((Path(e.path).name, e.why) for e in found.excluded) == [("b.png", "filtered"), ("c.png", "filtered")]
     (absent,) = [e for e in found.excluded if e.path.endswith("c.png")]
     assert "view is 'LATERAL'" in absent.detail and "not under the root either" in absent.detail
+
+
+def test_an_outside_root_record_quotes_the_cell_as_the_table_writes_it(tmp_path: Path) -> None:
+    """Rows '/etc/hostname' and 'sub/../../secret.png' were quoted as the relative paths they were
+    read as ('../../../etc/hostname', '../secret.png'): a user searching the table for the cell
+    found nothing."""
+    found = discover(load_job(make_tree(tmp_path, ["a.png,cat,S1,", "/etc/hostname,cat,S2,",
+                                                   "sub/../../secret.png,dog,S3,"], ["a.png"])))
+    messages = {i.reason: [] for i in found.issues}
+    for issue in found.issues:
+        messages[issue.reason].append(issue.message)
+    assert set(messages) == {"outside_root"}
+    assert any("row 3: '/etc/hostname' (read as " in m and "leaves the source root" in m for m in messages[
+        "outside_root"]), messages
+    assert any("row 4: 'sub/../../secret.png' (read as '../secret.png'" in m for m in messages["outside_root"])

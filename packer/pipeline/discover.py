@@ -850,7 +850,8 @@ def _leaves_root(source: SourceConfig, rel: str, row: TableRow, table: Path | st
     table_map = source.table_map
     cell = written_from_base(rel, table_map, source.root) if table_map is not None else None
     if table_map is None or cell is None:
-        return (f"{table} row {row.row}: {rel!r} leaves the source root; give a path inside the root, or set "
+        written = f"{row.cell!r} (read as {rel!r} from the source root)" if row.cell and row.cell != rel else repr(rel)
+        return (f"{table} row {row.row}: {written} leaves the source root; give a path inside the root, or set "
                 "safety.outside_root: allow")
     key = source_kind(source.kind).table_key
     said = (f"{table} row {row.row}: {cell!r}, read from {key}.path_base ({table_map.path_base}), is {rel!r} from "

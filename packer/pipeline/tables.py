@@ -85,6 +85,9 @@ class TableRow:
     extra: tuple[tuple[str, str], ...]
     refused: Refused | None = None
     unlabeled: str | None = None
+    #: The row's path cell as the table writes it ("" for a path made from a template), which an
+    #: ``outside_root`` record quotes: the relative path it was read as may be rewritten past it
+    cell: str = ""
 
 
 @dataclass(frozen=True)
@@ -881,4 +884,5 @@ class _RowReader:
             time=normalize_time(raw_time),
             raw_time=raw_time or None,
             extra=tuple(sorted(dict(extra).items())),
+            cell="" if self.table.template is not None else str(record.get(self.table.path) or "").strip(),
         )
