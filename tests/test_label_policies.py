@@ -276,15 +276,20 @@ def test_a_map_renames_tokens_of_a_column_and_the_job_labels_check_the_result(tm
     assert got == [[0, 1], [1, 1]]
 
 
-def test_a_class_column_maps_raw_values_to_class_names(tmp_path: Path) -> None:
-    raw = tmp_path / "raw"
-    lines = ["path,finding,entity,timestamp"]
-    for i, value in enumerate(["0", "1", "1", "2"]):
+def _one_column_table(raw: Path, column: str, values: list[str], label: dict[str, Any]) -> dict[str, Any]:
+    """An image source of one photo per value, its table giving each one ``column`` cell (and an
+    entity and a time of its own), labelled by ``label``."""
+    lines = [f"path,{column},entity,timestamp"]
+    for i, value in enumerate(values):
         _photo(raw / f"{i}.png", i)
         lines.append(f"{i}.png,{value},E{i},2024-01-01")
     (raw / "t.csv").write_text("\n".join(lines) + "\n")
-    source = {"kind": "image", "root": str(raw), "table": str(raw / "t.csv"),
-              "label": {"column": "finding", "map": {"0": "normal", "1": "nodule"}}}
+    return {"kind": "image", "root": str(raw), "table": str(raw / "t.csv"), "label": label}
+
+
+def test_a_class_column_maps_raw_values_to_class_names(tmp_path: Path) -> None:
+    source = _one_column_table(tmp_path / "raw", "finding", ["0", "1", "1", "2"],
+                               {"column": "finding", "map": {"0": "normal", "1": "nodule"}})
     result = _build(_job(tmp_path, [source], validate={"max_bad_fraction": 0.5}))
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["label_map"] == {"nodule": 0, "normal": 1}
@@ -322,14 +327,8 @@ def test_numbers_beyond_float32_are_bad_targets_and_numbers_near_its_limit_pack(
     packed, and the build crashed writing the manifest (``Out of range float values are not JSON
     compliant``), naming no row. 3e38 is a float32, but the split's mean in float32 overflowed
     and crashed the build too. An empty split's stats made ``packer inspect`` crash."""
-    raw = tmp_path / "raw"
-    lines = ["path,dose,entity,timestamp"]
-    for i, dose in enumerate(["3e38", "3e38", "1e39", "-1e39"]):
-        _photo(raw / f"{i}.png", i)
-        lines.append(f"{i}.png,{dose},E{i},2024-01-01")
-    (raw / "t.csv").write_text("\n".join(lines) + "\n")
-    source = {"kind": "image", "root": str(raw), "table": str(raw / "t.csv"),
-              "label": {"kind": "numeric", "columns": ["dose"]}}
+    source = _one_column_table(tmp_path / "raw", "dose", ["3e38", "3e38", "1e39", "-1e39"],
+                               {"kind": "numeric", "columns": ["dose"]})
     job = _job(tmp_path, [source], validate={"max_bad_fraction": 0.9},
                split={"by": "entity", "ratios": {"train": 0.9, "valid": 0.1, "test": 0.0}, "seed": 1})
     result = _build(job)
