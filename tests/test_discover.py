@@ -587,3 +587,19 @@ def test_an_outside_root_record_quotes_the_cell_as_the_table_writes_it(tmp_path:
     assert any("row 3: '/etc/hostname' (read as " in m and "leaves the source root" in m for m in messages[
         "outside_root"]), messages
     assert any("row 4: 'sub/../../secret.png' (read as '../secret.png'" in m for m in messages["outside_root"])
+
+
+def test_a_row_through_a_link_to_a_folder_outside_the_root_is_outside_root(tmp_path: Path) -> None:
+    """Row 'linkdir/secret.png', linkdir a link to a folder beside the root: the file exists, is a
+    PNG, and nothing outside the root is read, yet its record said missing_file, "not one of the
+    source's files (it lists files named *.png, ...)"."""
+    elsewhere = tmp_path / "outside"
+    elsewhere.mkdir()
+    (elsewhere / "secret.png").write_bytes(b"\x89PNG fake")
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "linkdir/secret.png,cat,S2,"], ["a.png"])
+    (tmp_path / "raw" / "linkdir").symlink_to(elsewhere, target_is_directory=True)
+    found = discover(load_job(job_path))
+    by_reason = {(i.reason, Path(i.path).name): i.message for i in found.issues}
+    assert ("outside_root", "secret.png") in by_reason, by_reason
+    assert "row 3 lists 'linkdir/secret.png', which resolves to" in by_reason[("outside_root", "secret.png")]
+    assert not any(reason == "missing_file" for reason, _ in by_reason)

@@ -232,6 +232,16 @@ def _outside_root(path: Path, real_root: Path) -> bool:
         return err.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM)  # read says unreadable, naming it
 
 
+def _resolves_outside(path: Path, root: Path) -> bool:
+    """Whether ``path`` (a table row's file the listing did not give), links on its way resolved,
+    lies outside ``root``: a row through a link to a folder outside the root. False where it
+    cannot be resolved (a loop: its read says so)."""
+    try:
+        return not path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
                   unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
@@ -798,6 +808,13 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
             continue
         sample_id = make_sample_id(source.name, rel, phi)
         kind = source_kind(source.kind)
+        if not by_name and not remote and present_here and not allow_outside and _resolves_outside(
+                Path(target), Path(source.root)):  # through a link to a folder outside the root
+            issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="outside_root",
+                                message=f"{table} row {row.row} lists {rel!r}, which resolves to "
+                                        f"{Path(target).resolve()} through a link to a folder outside the source "
+                                        f"root {source.root}; move the file in, or set safety.outside_root: allow"))
+            continue
         if not by_name and (rel in present if remote else present_here):  # there, but not listed
             linked = None if remote else _through_folder_link(Path(source.root), rel)
             why = (f"(it is reached through the link {linked[0]} to a folder inside the root, and the listing "
