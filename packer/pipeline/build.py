@@ -390,7 +390,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
-            _shared_probe(cache_dir) as probe, _shared_probe(dataset_root, output_elsewhere()) as written_probe:
+            _shared_probe(cache_dir) as probe, \
+            _shared_probe(dataset_root, output_elsewhere(), stale_after=0) as written_probe:
         executor.require_shared(_shared_paths(job, probe, cache_named_by))
         # the workers write the shards into the output folder: one that sees another folder there
         # wrote them where the client never looks, and the version was published without them
@@ -536,15 +537,16 @@ def _decoders() -> dict[str, str]:
 _PROBE_PREFIX = "shared-probe-"
 
 
-def _stale_probes(folder: Path) -> list[Path]:
-    """Probe files a killed build left directly in ``folder`` (older than a minute: another
-    build of the same job may be probing now)."""
+def _stale_probes(folder: Path, older_than: float) -> list[Path]:
+    """Probe files a killed build left directly in ``folder``, older than ``older_than`` seconds
+    (another build may be probing a shared cache folder now; the job's own output folder is held
+    under its build lock, so any probe there is stale: 0)."""
     try:
         found = list(folder.glob(f"{_PROBE_PREFIX}*{TMP_SUFFIX}"))
     except OSError:
         return []
     now = time.time()
-    return [path for path in found if _age(path, now) > 60]
+    return [path for path in found if _age(path, now) >= older_than]
 
 
 def _age(path: Path, now: float) -> float:
@@ -555,13 +557,13 @@ def _age(path: Path, now: float) -> float:
 
 
 @contextlib.contextmanager
-def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
+def _shared_probe(cache_dir: Path, elsewhere: str = "", *, stale_after: float = 60.0) -> Iterator[Path]:
     """A file with a fresh name in the build cache folder (or the job's output folder) while the
     body runs: a worker that sees it sees this client's folder. It ends in ``.partial``, so a
     build killed before removing it has it removed by the next one (:func:`_stale_probes` in the
     output folder, as other stale temporaries in the cache). ``elsewhere``: the fix for a folder
     the file system refuses (default: another cache folder)."""
-    for stale in _stale_probes(cache_dir):
+    for stale in _stale_probes(cache_dir, stale_after):
         stale.unlink(missing_ok=True)
     probe = cache_dir / f"{_PROBE_PREFIX}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
