@@ -24,7 +24,6 @@ import contextlib
 import os
 import shutil
 import sys
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -385,13 +384,14 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
               "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "
               f"outside it ({surface().call('build', 'cache_dir', placeholder='DIR')})")
     check_roots(job)  # a root that is nowhere is the job's error, not the workers'
-    stale = remove_stale_temporaries(cache_dir)
+    # the output folder's own (its probe: below) too; it is held under the job's build lock
+    stale = remove_stale_temporaries(cache_dir) + remove_stale_temporaries(dataset_root)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
             _shared_probe(cache_dir) as probe, \
-            _shared_probe(dataset_root, output_elsewhere(), stale_after=0) as written_probe:
+            _shared_probe(dataset_root, output_elsewhere()) as written_probe:
         executor.require_shared(_shared_paths(job, probe, cache_named_by))
         # the workers write the shards into the output folder: one that sees another folder there
         # wrote them where the client never looks, and the version was published without them
@@ -537,34 +537,13 @@ def _decoders() -> dict[str, str]:
 _PROBE_PREFIX = "shared-probe-"
 
 
-def _stale_probes(folder: Path, older_than: float) -> list[Path]:
-    """Probe files a killed build left directly in ``folder``, older than ``older_than`` seconds
-    (another build may be probing a shared cache folder now; the job's own output folder is held
-    under its build lock, so any probe there is stale: 0)."""
-    try:
-        found = list(folder.glob(f"{_PROBE_PREFIX}*{TMP_SUFFIX}"))
-    except OSError:
-        return []
-    now = time.time()
-    return [path for path in found if _age(path, now) >= older_than]
-
-
-def _age(path: Path, now: float) -> float:
-    try:
-        return now - path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 @contextlib.contextmanager
-def _shared_probe(cache_dir: Path, elsewhere: str = "", *, stale_after: float = 60.0) -> Iterator[Path]:
+def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
     """A file with a fresh name in the build cache folder (or the job's output folder) while the
     body runs: a worker that sees it sees this client's folder. It ends in ``.partial``, so a
-    build killed before removing it has it removed by the next one (:func:`_stale_probes` in the
-    output folder, as other stale temporaries in the cache). ``elsewhere``: the fix for a folder
-    the file system refuses (default: another cache folder)."""
-    for stale in _stale_probes(cache_dir, stale_after):
-        stale.unlink(missing_ok=True)
+    build killed before removing it has it removed by the next one, as other stale temporaries
+    (:func:`~packer.pipeline.spill.remove_stale_temporaries`). ``elsewhere``: the fix for a
+    folder the file system refuses (default: another cache folder)."""
     probe = cache_dir / f"{_PROBE_PREFIX}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
 from packer.progress import Progress
 from packer.read import read_sample
-from packer.read.kinds import Grouping, source_kind, source_libraries, with_channels
+from packer.read.kinds import Grouping, series_incomplete, source_kind, source_libraries, with_channels
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
@@ -286,11 +286,7 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
             continue
         if isinstance(outcome, (Issue, Excluded)):
             state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
-            others = [Issue.of(r, stage="validate", reason="series_incomplete",
-                               message=f"{r.path}: another file of its series, {ref.path}, is bad ({state}); "
-                                       "a series with a missing slice is not packed")
-                      for r in task.refs if r.sample_id != ref.sample_id]
-            return [outcome, *others]
+            return [outcome, *series_incomplete(task.refs, ref.path, state, but=ref.sample_id)]
         per_file.append(outcome)
     clock.switch("decode+transform")
     samples, records = grouping.combine(task.group, per_file, task.job)

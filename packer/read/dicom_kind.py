@@ -44,7 +44,7 @@ from packer.read.dicom_masks import (
 )
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.dicom_series import HeaderFingerprint
-from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register, with_channels
+from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register, series_incomplete, with_channels
 from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
@@ -332,9 +332,7 @@ def _without_held(series: Sequence[Series], images: Sequence[tuple[SampleRef, An
         if cause is None:
             kept.append(one)
             continue
-        refused.extend(Issue.of(ref, stage="validate", reason="series_incomplete", message=(
-            f"{ref.path}: another file of its series, {cause.path}, is bad ({cause.reason}); a series with a "
-            "missing slice is not packed")) for ref in one.refs)
+        refused.extend(series_incomplete(one.refs, cause.path, cause.reason))
     return kept
 
 
@@ -450,9 +448,8 @@ class DicomSeries(Grouping):
         left_out = _edge_left_out(slices, stacked, job.dicom.neighbors)
         shaped = with_channels(stacked, job)  # transform.channels counts a stack's channels, as a NIfTI stack's
         if isinstance(shaped, Issue):
-            return [], (*records, shaped, *(Issue.of(ref, stage="transform", reason="series_incomplete", message=(
-                f"{ref.path}: another file of its series, {shaped.path}, is bad ({shaped.reason}); a series with a "
-                "missing slice is not packed")) for ref in series.refs if ref.sample_id != shaped.sample_id))
+            return [], (*records, shaped, *series_incomplete(series.refs, shaped.path, shaped.reason, stage="transform",
+                                                             but=shaped.sample_id))
         return shaped, (*records, *left_out)
 
     def headers_only(self, group: Series | AnnotatedSeries, job: JobConfig) -> tuple[Issue | Excluded, ...]:

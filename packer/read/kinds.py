@@ -417,6 +417,16 @@ def source_libraries(sources: Sequence[SourceConfig]) -> tuple[str, ...]:
     return tuple(sorted({*kind_libraries([s.kind for s in sources]), *extra}))
 
 
+def series_incomplete(refs: Sequence[SampleRef], bad: str, state: str, *, stage: str = "validate",
+                      but: str = "") -> list[Issue]:
+    """The ``series_incomplete`` record of each file of ``refs`` (but the one whose sample id is
+    ``but``) whose group is not packed because another of its files, at ``bad``, is (``state``:
+    its reason code, or why it was left out)."""
+    return [Issue.of(ref, stage=stage, reason="series_incomplete",
+                     message=f"{ref.path}: another file of its series, {bad}, is bad ({state}); a series with a "
+                             "missing slice is not packed") for ref in refs if ref.sample_id != but]
+
+
 def with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
     """``samples`` with the job's channel count for their kind (``transform.channels``, see
     :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""

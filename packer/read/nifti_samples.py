@@ -169,10 +169,12 @@ def _check_not_flat(name: str, values: np.ndarray, cal: tuple[float, float]) -> 
     ``cal_min`` or every one at or above ``cal_max``: the file's display range renders the whole
     channel as one level (a range of 0..1 over values of hundreds), and the sample would carry
     no information."""
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return
-    low, high = float(finite.min()), float(finite.max())
+    low, high = float(values.min()), float(values.max())  # no copy: non-finite voxels are filled or refused by now
+    if not (np.isfinite(low) and np.isfinite(high)):
+        finite = values[np.isfinite(values)]
+        if finite.size == 0:
+            return
+        low, high = float(finite.min()), float(finite.max())
     if high <= cal[0] or low >= cal[1]:
         level = "0 (black)" if high <= cal[0] else "the top level (white)"
         raise FlatWindow(f"channel {name!r}: its values {low:g}..{high:g} all come out as {level} under its file's "
