@@ -667,6 +667,22 @@ def test_a_join_with_missing_drop_filters_the_unmatched_rows(tmp_path: Path) -> 
         ("0c4eb1e1-b801903c.jpg", "filtered"), ("174413ec-4ec4c1f7.jpg", "filtered")]
 
 
+def test_a_bad_label_joined_from_another_table_names_that_tables_row(tmp_path: Path) -> None:
+    """The cell to fix is in the joined table: its record names that row first, then the main
+    table's row it was joined to (not the main table alone, which does not hold the column)."""
+    job = _mimic(tmp_path)
+    chexpert = tmp_path / "mimic" / "mimic-cxr-2.0.0-chexpert.csv"
+    _csv(chexpert, "subject_id,study_id,Cardiomegaly,Edema",
+         ["10000898,50771383,1.0,0.0", "10000032,50414267,1.0,0.0", "10000764,57375967,0.0,maybe"])
+    found = discover(load_job(job))
+    bad = {Path(i.path).name: i for i in found.issues}
+    assert bad["096052b7-d256dc40.jpg"].reason == "bad_target"
+    message = bad["096052b7-d256dc40.jpg"].message
+    assert message.startswith(f"{chexpert} row 4 (joined to {tmp_path / 'mimic' / 'mimic-cxr-2.0.0-metadata.csv'} "
+                              "row 4)"), message
+    assert "'maybe'" in message and "Edema" in message
+
+
 def test_a_join_key_the_joined_table_lacks_is_a_config_error(tmp_path: Path) -> None:
     job = _mimic(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -91,17 +91,44 @@ class TableRow:
 
 
 @dataclass(frozen=True)
+class Joined:
+    """One ``join`` table as it fed the main table's rows: the columns it added and its row
+    number per key, so that a record quoting a joined cell names the joined table's row."""
+
+    file: Path | str
+    on: tuple[str, ...]
+    columns: frozenset[str]
+    rows: Mapping[tuple[str, ...], int]
+
+    def row_of(self, record: Record) -> int | None:
+        """The joined table's row that filled ``record``, None where none did."""
+        return self.rows.get(tuple(record.get(c, "").strip() for c in self.on))
+
+
+@dataclass(frozen=True)
 class Records:
     """A source's table as read: its records in file order (``number``: the row as the file
     counts it, 2 for a CSV's first data row, 1 for a JSON table's first record), its column
     names, and per record number why a joined table refused it (``join_unmatched``) or left it
-    out (``missing: drop``)."""
+    out (``missing: drop``); ``joined``: each join table, in the job's order."""
 
     path: Path | str
     columns: tuple[str, ...]
     records: tuple[tuple[int, Record], ...]
     unmatched: Mapping[int, str] = field(default_factory=dict)
     dropped: Mapping[int, str] = field(default_factory=dict)
+    joined: tuple[Joined, ...] = ()
+
+    def where(self, number: int, record: Record, columns: Sequence[str]) -> str:
+        """Where row ``number``'s cells of ``columns`` are written: this table's row, or, for
+        cells a join table added, that table's row as well (a bad joined cell is fixed there)."""
+        here = f"{self.path} row {number}"
+        for join in self.joined:
+            if join.columns.intersection(columns):
+                row = join.row_of(record)
+                if row is not None:
+                    here = f"{join.file} row {row} (joined to {here})"
+        return here
 
 
 @dataclass
@@ -469,6 +496,7 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
     unmatched: dict[int, str] = {}
     dropped: dict[int, str] = {}
     all_columns = list(columns)
+    joined: list[Joined] = []
     for join in table.join:
         join_columns, join_rows = _read_file(join.file, join.records, storage_options)
         _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
@@ -477,8 +505,10 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
         if shared:
             raise ConfigError(f"{join.file}: column {shared[0]!r} is in {path} too; join on it (on: "
                               f"[{', '.join([*join.on, shared[0]])}]) or drop it from one table")
-        index = _join_index(join, join_rows, hide_values=hide_values)
-        all_columns.extend(c for c in join_columns if c not in join.on)
+        index, numbers = _join_index(join, join_rows, hide_values=hide_values)
+        added = [c for c in join_columns if c not in join.on]
+        joined.append(Joined(file=join.file, on=tuple(join.on), columns=frozenset(added), rows=numbers))
+        all_columns.extend(added)
         for number, record in rows:
             if number in unmatched or number in dropped:
                 continue
@@ -490,11 +520,13 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
                 (dropped if join.missing == "drop" else unmatched)[number] = message
                 continue
             record.update((k, v) for k, v in match.items() if k not in join.on)
-    return Records(path=path, columns=tuple(all_columns), records=tuple(rows), unmatched=unmatched, dropped=dropped)
+    return Records(path=path, columns=tuple(all_columns), records=tuple(rows), unmatched=unmatched, dropped=dropped,
+                   joined=tuple(joined))
 
 
 def _join_index(join: JoinConfig, rows: list[tuple[int, Record]], *,
-                hide_values: bool = False) -> dict[tuple[str, ...], Record]:
+                hide_values: bool = False) -> tuple[dict[tuple[str, ...], Record], dict[tuple[str, ...], int]]:
+    """The join table's row per key, and that row's number."""
     index: dict[tuple[str, ...], Record] = {}
     first: dict[tuple[str, ...], int] = {}
     for number, record in rows:
@@ -509,7 +541,7 @@ def _join_index(join: JoinConfig, rows: list[tuple[int, Record]], *,
                    else "keep one row per key, or set repeated: same where the rows repeat one another")
             raise ConfigError(f"{join.file}: rows {first[key]} and {number} both have {said}; {fix}")
         index[key], first[key] = record, number
-    return index
+    return index, first
 
 
 def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None = None, *,
@@ -794,6 +826,7 @@ class _RowReader:
                  hide_paths: bool = False) -> None:
         assert source.table_map is not None
         self.source, self.table, self.path, self.known = source, source.table_map, records.path, known
+        self.records = records
         self.hide_paths = hide_paths
         header = source_kind(source.kind).identity_in_header
         self.entity_column = None if header or source.entity_path is not None else source.entity
@@ -862,8 +895,10 @@ class _RowReader:
     def row(self, number: int, record: Record, rel: str) -> TableRow:
         """A record as a TableRow: its target, entity and time, and its other cells (with the
         fields of the file's path ``rel``)."""
-        label = (from_row(self.source.target, record, f"{self.path} row {number}", self.known)
-                 if self.target_columns else "")
+        label: str | Refused = ""
+        if self.target_columns:
+            where = self.records.where(number, record, self.target_columns)
+            label = from_row(self.source.target, record, where, self.known)
         refused = label if isinstance(label, Refused) and not label.empty else None
         raw_time = (record.get(self.time_column) or "").strip() if self.time_column else None
         extra = []
