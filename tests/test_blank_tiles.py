@@ -141,3 +141,39 @@ def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copie
     (finding,) = json.loads(out.read_text())["audit"]["rules"]["split_balance"]["findings"]
     exact = [f for f in finding["formed_by"] if f["kind"] == "exact"]
     assert exact and all(f["a"]["entity_id"] != f["b"]["entity_id"] for f in exact), exact
+
+
+def test_a_split_collapsed_by_exact_copies_counts_a_link_per_joined_entity_and_says_how_to_fix_it(
+        tmp_path: Path) -> None:
+    """One image filed under 12 patients (a shared placeholder) joins them by exact copies alone,
+    with the near-copy search off: the failure names 11 links (one per entity joined to the
+    first), and its fix is about the copies, not the near-copy settings, which cannot part them."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(20):
+        _slide(raw / f"own{i}.png", 100 + i)
+        rows.append(f"own{i}.png,normal,patient{i:02d}")
+    for i in range(12):
+        _slide(raw / f"shared{i}.png", 7)
+        rows.append(f"shared{i}.png,normal,patient{i:02d}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path / "job", {
+        "name": "shared",
+        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
+                  "near_duplicates": {"enabled": False}},
+        "transform": {"image": {"color": "rgb", "size": [32, 32]}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert run.exit_code == 4, run.output
+    assert "of 12 entities" in run.output and "joined by 11 duplicate link(s)" in run.output, run.output
+    assert "near_duplicates.min_score" not in run.output
+    assert "remove the exact copies shared by several entities" in run.output
+    (finding,) = json.loads((tmp_path / "out" / "shared" / "leakage.json").read_text())["rules"][
+        "split_balance"]["findings"]
+    assert finding["links"] == 11 and {f["kind"] for f in finding["formed_by"]} == {"exact"}
+    assert len({f["b"]["entity_id"] for f in finding["formed_by"]}) == 11

@@ -408,10 +408,12 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     for exact in exact_groups([samples.value("sha256", i) for i in group.members],
                               [samples.value("stored_digest", i) for i in group.members],
                               [samples.value("blank", i) for i in group.members]):
-        pair = [group.members[k] for k in exact]
-        if len({entity_of[i] for i in pair}) > 1:  # named by two copies that join entities, not two of one file
-            other = next(i for i in pair if entity_of[i] != entity_of[pair[0]])
-            formed.append({"a": samples.where(pair[0]), "b": samples.where(other), "kind": "exact"})
+        copies = [group.members[k] for k in exact]
+        first_of: dict[int, int] = {}  # each entity's first copy: one link joins it to the first entity's
+        for i in copies:
+            first_of.setdefault(int(entity_of[i]), i)
+        anchor, *joined = first_of.values()
+        formed.extend({"a": samples.where(anchor), "b": samples.where(other), "kind": "exact"} for other in joined)
     formed.sort(key=lambda f: float(f.get("score", 9.0)))
     named = ", ".join(group.entities[:3]) + (", ..." if len(group.entities) > 3 else "")
     why = (f"one split group holds {group.size:,} samples ({balance.largest_share:.0%}, over "
@@ -507,9 +509,8 @@ def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE)
     for rule in failed:
         examples = []
         for finding in rule.findings[:5]:
-            examples.append(finding_text(rule.rule, finding, members=3 if rule.rule == "label_conflicts" else 2) + (
-                "; raise split.near_duplicates.min_score (or lower max_ratio), review the links, or accept the "
-                "split with split.balance.accept: true" if "summary" in finding else ""))
+            examples.append(finding_text(rule.rule, finding, members=3 if rule.rule == "label_conflicts" else 2)
+                            + (_balance_fix(finding) if "summary" in finding else ""))
         parts.append(f"{rule.rule}: {rule.count} finding(s), e.g. {'; '.join(examples)}")
     given = any(r.detail.get("given") for r in failed if r.rule in CROSSING)
     conflicting = any(r.rule == "label_conflicts" for r in failed)
@@ -520,6 +521,19 @@ def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE)
                           "leave those groups out, or warn to build with them" if conflicting else "")
                        + ("; the split is given (an official split reproduced exactly): to build it as it is, "
                           "leaks and all, set split.accept_leaks: true" if given else ""))
+
+
+def _balance_fix(finding: dict[str, Any]) -> str:
+    """What to change for a collapsed split, by the links that formed its largest group: the
+    near-copy settings move near links only; exact copies (the same bytes or stored pixels) join
+    their entities whatever those settings say."""
+    kinds = {link.get("kind") for link in finding.get("formed_by", ())}
+    near = "raise split.near_duplicates.min_score (or lower max_ratio), review the links"
+    exact = ("remove the exact copies shared by several entities (the same file, or the same stored pixels, filed "
+             "under each: a shared template, phantom or placeholder image), or, where they are not patient data, "
+             "leave them out with where:")
+    said = near if kinds == {"near"} else exact if kinds == {"exact"} else f"{near}; {exact}" if kinds else near
+    return f"; {said}, or accept the split with split.balance.accept: true"
 
 
 def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where: bool = False) -> str:
@@ -535,7 +549,7 @@ def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where:
     if rule == "label_conflicts":
         shown = finding["samples"][:members]
         more = len(finding["samples"]) - len(shown)
-        placed = (lambda s: f" ({s['split']}, entity {s['entity_id']})") if where else (lambda s: "")
+        placed = (lambda s: f" ({s['split'] or 'left out'}, entity {s['entity_id']})") if where else (lambda s: "")
         return ((f"{finding['linked_by']} copies: " if where else "")
                 + " = ".join(f"{_name(s)} [{s['label']}]{placed(s)}" for s in shown)
                 + (f" and {more} more" if more > 0 and where else "")
