@@ -27,6 +27,7 @@ from packer.errors import ConfigError, LeakageError
 from packer.exclusions import read_excluded
 from packer.htmlreport import write_html_report
 from packer.phi import pseudonymizer_for
+from packer.pipeline.audit import finding_text
 from packer.pipeline.conflicts import aligned_dice, find_label_conflicts, mask_dice
 from packer.pipeline.datacheck import format_summary, summary, validate_job
 from packer.pipeline.discover import make_sample_id
@@ -249,6 +250,9 @@ def test_drop_group_leaves_every_member_out_before_the_split_and_records_each_fi
     (finding,) = rule["findings"]
     assert finding["dropped"] and finding["size"] == 3 and all(s["split"] is None for s in finding["samples"])
     assert finding["labels"] == ["effusion", "effusion|nodule"]
+    # packer validate's summary says where each member went: nowhere, in words
+    line = finding_text("label_conflicts", finding, members=6, where=True)
+    assert "None" not in line and line.count("(left out, entity ") == 3, line
 
 
 def _check_schema_excluded(records: list[dict[str, Any]]) -> None:
