@@ -141,8 +141,9 @@ class ValidationResult:
     ``report``: that JSON document (``schemas/validate.schema.json``), lists capped as the file
     caps them. ``exit_code``: what ``packer validate`` exits with (0 clean, 3 bad fraction over
     the limit, 4 leakage); ``passed``: it is 0. ``findings``: every finding of every audit rule,
-    by rule (the report lists the first 50 of each); ``issues``: every bad sample. ``check()``
-    raises the failure as the typed error, for a task that must fail on it.
+    by rule (the report lists the first 200 of each, as ``leakage.json``; the JUnit file 50);
+    ``issues``: every bad sample. ``check()`` raises the failure as the typed error, for a task
+    that must fail on it.
     """
 
     data_check: ValidateResult = field(repr=False, compare=False)

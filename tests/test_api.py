@@ -581,3 +581,13 @@ def test_an_object_store_message_names_storage_options_as_the_api_takes_them() -
     assert "pass storage_options={'anon': True} for a public bucket" in said_to_python(anonymous)
     assert "storage_options={'endpoint_url': 'http://HOST:PORT'}" in said_to_python(unreachable)
     assert "--storage-option anon=true" in describe_error("s3://b/x", type("NoCredentialsError", (Exception,), {})(""))
+
+
+def test_the_report_lists_as_many_findings_per_rule_as_the_readme_says_and_counts_them_all() -> None:
+    from packer.pipeline.audit import MAX_LISTED, RuleResult
+
+    rule = RuleResult("exact_duplicates_within_split", "report", 250, tuple({"n": n} for n in range(250)))
+    assert rule.to_json()["count"] == 250 and [f["n"] for f in rule.to_json()["findings"]] == list(range(MAX_LISTED))
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"the report, like `leakage.json`, lists the first {MAX_LISTED} of each" in readme
+    assert f"its findings, the first {MAX_LISTED} of each" in readme

@@ -69,6 +69,25 @@ def test_new_entities_never_move_old_ones(old: list[str], new: list[str]) -> Non
     assert all(after[key] == split for key, split in before.items())
 
 
+@given(st.lists(st.integers(min_value=0, max_value=499), min_size=1, max_size=30, unique=True),
+       st.integers(min_value=0, max_value=2**31))
+@settings(max_examples=50, deadline=None)
+def test_a_new_copy_under_an_id_sorting_after_the_groups_keeps_the_group_where_it_was(
+        copied: list[int], seed: int) -> None:
+    """The README's growth rule: an old patient whose image a new patient's file copies stays in
+    its split when the new id sorts after the group's smallest (sequential record numbers); one
+    sorting before it gives the group another id to hash (documented: the split is a function of
+    the inputs alone, so it cannot know which member came first)."""
+    cfg = replace(BY_ENTITY, seed=seed)
+    old = [sample(i, f"P{i:05d}") for i in range(500)]
+    before = split_of(old, cfg)
+    after = split_of(old + [sample(20_000 + k, f"Q{k:05d}", sha=old[i].sha256) for k, i in enumerate(copied)], cfg)
+    assert all(after[key] == split for key, split in before.items())
+    assert all(after[f"s-{20_000 + k:06d}"] == before[old[i].key] for k, i in enumerate(copied))
+    first = split_of(old + [sample(20_000 + k, f"A{k:05d}", sha=old[i].sha256) for k, i in enumerate(copied)], cfg)
+    assert all(first[f"s-{20_000 + k:06d}"] == first[old[i].key] for k, i in enumerate(copied))  # still one group
+
+
 def test_ratios_are_met_within_sampling_error() -> None:
     counts = Counter(split_of([sample(i, f"P{i:05d}") for i in range(20_000)]).values())
     # binomial sd for p=0.1, n=20000 is ~42; allow 5 sd
