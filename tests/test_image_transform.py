@@ -139,6 +139,19 @@ def test_percentile_window(tmp_path: Path) -> None:
     assert sample.image[0, 0, 30] == 64 and sample.image[0, 0, 50] == 128  # 300 → 63.75, 500 → 127.5
 
 
+@given(st.lists(st.integers(min_value=0, max_value=65535), min_size=2, max_size=40),
+       st.floats(min_value=0, max_value=49), st.floats(min_value=51, max_value=100))
+@settings(max_examples=60, deadline=None)
+def test_a_grey_images_percentiles_are_its_own_pixels_as_rgb_too(pixels: list[int], lo: float, hi: float) -> None:
+    """color: rgb repeats a grey image's channel: its percentile window is the grey one's, three
+    times (the percentiles of three copies of each value interpolate to other levels)."""
+    grey = np.array(pixels, dtype=np.uint16).reshape(1, -1)
+    window = (("percentiles", (lo, hi)),)
+    [gray] = transform_image(grey, ImageTransformConfig(color="gray", window=window))
+    [rgb] = transform_image(grey, ImageTransformConfig(color="rgb", window=window))
+    np.testing.assert_array_equal(rgb.image, np.repeat(gray.image, 3, axis=0))
+
+
 def test_percentile_window_with_equal_ends() -> None:
     values = np.array([0.0, 0.0, 0.0, 0.0, 9.0], dtype=np.float32)
     np.testing.assert_array_equal(window_percentiles(values, 10, 50), [0, 0, 0, 0, 1])

@@ -160,14 +160,16 @@ def window_center_width(values: np.ndarray, center: float, width: float) -> np.n
                    dtype=np.float32)
 
 
-def window_percentiles(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+def window_percentiles(values: np.ndarray, lo: float, hi: float, pool: np.ndarray | None = None) -> np.ndarray:
     """Clip at the image's ``lo``-th and ``hi``-th percentiles (numpy ``linear`` method, over all
     channels, NaN and ±inf ignored: one infinite pixel made the high percentile infinite and
     the whole image black) and scale that range to float32 [0, 1] (+inf clips to 1, −inf to 0).
     When both percentiles are equal the result is 0 at or below that value and 1 above it; no
-    finite value gives 0."""
-    ok = np.isfinite(values)
-    finite = values if ok.all() else values[ok]
+    finite value gives 0. ``pool``: the pixels to take the percentiles of, where ``values``
+    repeats them (a grey image as RGB: three copies of each value interpolate to other levels)."""
+    pool = values if pool is None else pool
+    ok = np.isfinite(pool)
+    finite = pool if ok.all() else pool[ok]
     if finite.size == 0:
         return np.zeros(values.shape, dtype=np.float32)
     low, high = (float(v) for v in np.percentile(finite, [lo, hi]))
@@ -229,7 +231,8 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
         late_alpha = np.clip(hwc[:, :, -1:].astype(np.float32), 0.0, 1.0)
         hwc = hwc[:, :, :-1]
     swap = hwc.shape[2] == 3 and cfg.color == "rgb"
-    values = hwc if swap else convert_color(remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0), cfg.color)
+    grey = None if swap else remove_alpha(hwc.astype(np.float32), cfg.alpha, peak or 1.0)
+    values = hwc if grey is None else convert_color(grey, cfg.color)
     if window is None:  # integer pixels: to float32 and onto [0, 1] in one pass, the same float32 products
         scale = np.float32(1.0 / (peak or 1.0))
         unit = (np.multiply(values, scale, out=values) if values.dtype == np.float32
@@ -237,7 +240,8 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
     elif window[0] == "center_width":
         unit = window_center_width(values.astype(np.float32, copy=False), window[1], window[2])
     else:
-        unit = window_percentiles(values.astype(np.float32, copy=False), window[1], window[2])
+        unit = window_percentiles(values.astype(np.float32, copy=False), window[1], window[2],
+                                  pool=grey if grey is not None and grey.shape[2] == 1 else None)
     if late_alpha is not None:
         unit = (unit * late_alpha + (np.float32(1.0) - late_alpha)).astype(np.float32)
     if cfg.size:
