@@ -507,11 +507,15 @@ def test_empty_missing_and_directory(tmp_path: Path) -> None:
             assert path.name in result.message
 
 
-@pytest.mark.parametrize("array", [np.full((8, 8), 7, np.uint8), np.full((8, 8, 3), (0, 0, 255), np.uint8),
-                                   np.full((8, 8), 4000, np.uint16)])
-def test_constant_image(tmp_path: Path, array: np.ndarray) -> None:
+@pytest.mark.parametrize(("array", "said"), [
+    (np.full((8, 8), 7, np.uint8), "every pixel is [7] (8×8)"),
+    (np.full((8, 8, 3), (30, 200, 10), np.uint8), "every pixel is RGB [10, 200, 30] (8×8)"),  # written as BGR
+    (np.full((8, 8, 4), (30, 200, 10, 128), np.uint8), "every pixel is RGBA [10, 200, 30, 128] (8×8)"),
+    (np.full((8, 8), 4000, np.uint16), "every pixel is [4000] (8×8)")])
+def test_constant_image(tmp_path: Path, array: np.ndarray, said: str) -> None:
     issue = read_issue(write_image(tmp_path / "flat.png", array))
     assert (issue.reason, issue.stage) == ("constant_image", "validate")
+    assert said in issue.message, issue.message
 
 
 def test_unexpected_error_becomes_an_issue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -529,7 +529,11 @@ def _constant(image: np.ndarray) -> str | None:
     # only when ~64 spread-out pixels all equal the first one
     probe = pixels[:: max(1, len(pixels) // 64)]
     if bool((probe == pixels[0]).all()) and bool((pixels == pixels[0]).all()):
-        return f"every pixel is {pixels[0].tolist()} ({image.shape[0]}×{image.shape[1]})"
+        # OpenCV's order is BGR(A): the message gives the colour as a viewer shows it
+        value, order = pixels[0].tolist(), {3: "RGB ", 4: "RGBA "}.get(channels, "")
+        if order:
+            value = [*value[2::-1], *value[3:]]
+        return f"every pixel is {order}{value} ({image.shape[0]}×{image.shape[1]})"
     return None
 
 
