@@ -429,6 +429,75 @@ def test_an_rgba_tiff_with_straight_alpha_packs_its_stored_colours(tmp_path: Pat
         assert np.array_equal(packed[0].image, np.moveaxis(rgba[..., :3], -1, 0))
 
 
+@pytest.mark.parametrize("pages", [1, 2], ids=["one-page", "two-pages"])
+@pytest.mark.parametrize("alpha", ["drop", "composite"])
+def test_an_rgba_tiff_with_premultiplied_alpha_packs_its_straight_colours(tmp_path: Path, pages: int,
+                                                                           alpha: str) -> None:
+    """ExtraSamples 1 (associated alpha) stores colour × alpha: composited over white it is
+    stored + white·(1 − a), and dropping alpha gives the straight colours. packer took the
+    stored colours for straight ones, so composite applied alpha twice (63 levels dark)."""
+    import tifffile
+
+    y, x = np.mgrid[0:24, 0:32]
+    colour = np.dstack([(100 + 3 * y), np.full((24, 32), 200), np.full((24, 32), 50)]).astype(np.float64)
+    a = (x * 255 // 31).astype(np.float64)[:, :, None]
+    stored = np.dstack([np.rint(colour * a / 255), a]).astype(np.uint8)
+    tiff = tmp_path / "premultiplied.tif"
+    tifffile.imwrite(tiff, np.stack([stored] * pages) if pages > 1 else stored, photometric="rgb",
+                     extrasamples=["assocalpha"])
+    packed = read_ok(tiff, ImageTransformConfig(alpha=alpha))
+    assert len(packed) == pages
+    weight = a / 255
+    expected = (stored[:, :, :3] + 255 * (1 - weight)) if alpha == "composite" else np.where(a > 0, colour, 0)
+    # dropped, the straight colours are as exact as alpha lets them be: check where it is >= 1/2
+    checked = np.ones((24, 32), bool) if alpha == "composite" else a[:, :, 0] >= 128
+    for sample in packed:
+        difference = np.abs(sample.image.astype(np.float64) - np.moveaxis(expected, -1, 0))
+        assert difference[:, checked].max() <= 1, difference.max()
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_grey_alpha_tiff_composites_as_its_png_twin_or_is_refused_at_16_bits(tmp_path: Path, bits: int) -> None:
+    """A grey+alpha TIFF came back from OpenCV as its grey alone (a 16-bit one at 8 bits), so
+    alpha: composite packed it as if opaque: an 8-bit one is read with Pillow and composites by
+    its alpha; a 16-bit one is unsupported, naming the fix."""
+    import tifffile
+
+    rng = np.random.default_rng(3)
+    dtype = np.uint8 if bits == 8 else np.uint16
+    la = rng.integers(0, np.iinfo(dtype).max, (12, 16, 2), endpoint=True).astype(dtype)
+    tiff = tmp_path / "la.tif"
+    tifffile.imwrite(tiff, la, photometric="minisblack", extrasamples=["unassalpha"])
+    cfg = ImageTransformConfig(alpha="composite", color="gray")
+    if bits == 16:
+        issue = read_issue(tiff, cfg)
+        assert issue.reason == "unsupported" and "16-bit grey+alpha TIFF" in issue.message
+        assert "grey+alpha PNG" in issue.message
+        return
+    weight = la[:, :, 1:].astype(np.float64) / 255
+    expected = np.rint(la[:, :, :1] * weight + 255 * (1 - weight))
+    (sample,) = read_ok(tiff, cfg)
+    assert np.abs(sample.image.astype(np.float64) - np.moveaxis(expected, -1, 0)).max() <= 1
+    (dropped,) = read_ok(tiff, ImageTransformConfig(alpha="drop", color="gray"))
+    assert np.array_equal(dropped.image[0], la[:, :, 0])
+
+
+def test_a_16_bit_white_is_zero_tiff_is_inverted_as_the_8_bit_one_is(tmp_path: Path) -> None:
+    """PhotometricInterpretation 0 (WhiteIsZero, TIFF's MONOCHROME1): libtiff inverts what it
+    reads at 8 bits, so only 16-bit pages packed black for white."""
+    import tifffile
+
+    ramp = np.linspace(0, 65535, 12 * 16).reshape(12, 16).astype(np.uint16)
+    tiff = tmp_path / "miniswhite16.tif"
+    tifffile.imwrite(tiff, ramp, photometric="miniswhite")
+    (sample,) = read_ok(tiff, ImageTransformConfig(color="gray"))
+    expected = np.rint((65535 - ramp.astype(np.float64)) / 65535 * 255)
+    assert np.abs(sample.image[0].astype(np.float64) - expected).max() <= 1
+    tifffile.imwrite(tmp_path / "miniswhite8.tif", (ramp >> 8).astype(np.uint8), photometric="miniswhite")
+    (eight,) = read_ok(tmp_path / "miniswhite8.tif", ImageTransformConfig(color="gray"))
+    assert np.array_equal(eight.image[0], 255 - (ramp >> 8).astype(np.uint8))
+
+
 @pytest.mark.parametrize("shape", [(48, 48), (48, 48, 3), (2, 40, 40)], ids=["grey", "rgb", "two-pages"])
 def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, ...]) -> None:
     """Uncompressed tiles: OpenCV 5.0's in-memory TIFF reader refuses them ("Invalid tile byte

@@ -55,6 +55,7 @@ from packer.read.image_structure import (
     Ifd,
     ImageHeader,
     Reader,
+    TiffSamples,
     check_complete,
     check_strip_data,
     cut_signature,
@@ -425,6 +426,71 @@ class _Page:
         return "" if self.page is None else f"page {self.page}: "
 
 
+def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The page of IFD ``ifd`` as the file stores it, where OpenCV's decode ``image`` is not, and
+    whether Pillow read it (it does not apply the page's orientation, as OpenCV may):
+
+    - a grey+alpha page comes back as the grey alone (its alpha dropped): an 8-bit one is read
+      with Pillow instead (H×W×2, grey and alpha); a 16-bit one is ``unsupported``;
+    - any page of more than 8 bits that comes back as 8 bits (libtiff's RGBA interface, which
+      OpenCV falls back on for layouts it does not read itself) is ``unsupported``: its
+      precision, and its values, are not the file's;
+    - associated (premultiplied) alpha gives colours multiplied by alpha: they are divided back
+      (alpha 0: colour 0), so that packer's alpha handling sees straight colours, as for a PNG;
+    - a WhiteIsZero (photometric 0) page of 16 bits comes back as stored (libtiff inverts only
+      what its RGBA interface reads, 8 bits and fewer): it is inverted here, as DICOM's
+      MONOCHROME1 is, so that black is 0.
+    """
+    layout = TiffSamples.of(ifd)
+    where = f"TIFF IFD {ifd.index} at byte {ifd.offset}"
+    channels = image.shape[2] if image.ndim == 3 else 1
+    if layout.samples == 2 and channels == 1 and layout.extra:
+        if layout.bits != 8:
+            raise Defect("unsupported", (
+                f"{where}: a {layout.bits}-bit grey+alpha TIFF, which OpenCV (packer's decoder) reads without its "
+                "alpha and at 8 bits; export it as a 16-bit grey+alpha PNG, which is read whole"))
+        image, by_pillow, channels = _pillow_grey_alpha(data, ifd, where), True, 2
+    else:
+        by_pillow = False
+    if layout.bits > 8 and image.dtype.itemsize == 1:
+        raise Defect("unsupported", (
+            f"{where}: a {layout.bits}-bit TIFF ({layout.samples} samples per pixel, photometric "
+            f"{layout.photometric}) that OpenCV (packer's decoder) reads only at 8 bits; export it as a 16-bit PNG "
+            "or a TIFF of 1, 3 or 4 samples per pixel"))
+    if layout.premultiplied and channels in (2, 4) and image.dtype.kind == "u":
+        image = _unpremultiplied(image)
+    if layout.photometric == 0 and image.dtype == np.uint16 and layout.bits <= 16:
+        image = np.subtract((1 << layout.bits) - 1, image, dtype=np.uint16)
+    return image, by_pillow
+
+
+def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> np.ndarray:
+    """An 8-bit grey+alpha TIFF page as Pillow decodes it: H×W×2 uint8, grey then alpha."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            opened.seek(ifd.index)
+            pixels = np.asarray(opened)
+    except (OSError, ValueError, EOFError, SyntaxError, Image.DecompressionBombError) as err:
+        raise Defect("decode_failed", f"{where}: Pillow could not decode this grey+alpha page: {err}") from err
+    if pixels.ndim != 3 or pixels.shape[2] != 2 or pixels.dtype != np.uint8:
+        raise Defect("decode_failed", f"{where}: Pillow decoded this grey+alpha page as {pixels.shape} {pixels.dtype}, "
+                                       "not grey and alpha; re-export it as a grey+alpha PNG")
+    return np.ascontiguousarray(pixels)
+
+
+def _unpremultiplied(image: np.ndarray) -> np.ndarray:
+    """Colours stored multiplied by alpha (the last channel) → straight colours, rounded."""
+    peak = float(np.iinfo(image.dtype).max)
+    alpha = image[:, :, -1:].astype(np.float64)
+    colour = image[:, :, :-1].astype(np.float64) * peak / np.maximum(alpha, 1.0)
+    straight = np.where(alpha > 0, np.clip(np.rint(colour), 0.0, peak), 0.0)
+    return np.concatenate([straight.astype(image.dtype), image[:, :, -1:]], axis=2)
+
+
 def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
     reduced (there is then no full-resolution image they could stand for)."""
@@ -474,8 +540,9 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
                                            f"{expected[0]}×{expected[1]}; its images cannot be matched to pages, "
                                            "re-export the file")
         if ifd.index in wanted:
-            out.append(_Page(image, header.orientation, oriented, ifd.index if len(pages) > 1 else None,
-                             header.channels))
+            stored, by_pillow = _tiff_as_stored(data, ifd, image)
+            out.append(_Page(stored, header.orientation, oriented and not by_pillow,
+                             ifd.index if len(pages) > 1 else None, header.channels))
     return out
 
 
@@ -497,7 +564,11 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
         _check_size(header, limits, read, len(data))
-    page = _Page(_decode(data, fmt), orientation, decoder_orients(fmt), channels=header.channels)
+    image, oriented = _decode(data, fmt), decoder_orients(fmt)
+    if chain:
+        image, by_pillow = _tiff_as_stored(data, chain[0], image)
+        oriented = oriented and not by_pillow
+    page = _Page(image, orientation, oriented, channels=header.channels)
     return _zero_samples_checked(data, chain, [page]) if chain else [page]
 
 

@@ -511,6 +511,29 @@ def tiff_compressions(chain: list[Ifd]) -> set[int]:
     return {ifd.tags.get(_TIFF_COMPRESSION, (1,))[0] for ifd in chain}
 
 
+@dataclass(frozen=True)
+class TiffSamples:
+    """How one IFD stores its samples: ``bits`` (BitsPerSample, the first), ``samples``
+    (SamplesPerPixel), ``photometric`` (PhotometricInterpretation, −1 where absent) and
+    ``extra`` (ExtraSamples: 1 associated, premultiplied alpha; 2 unassociated alpha)."""
+
+    bits: int
+    samples: int
+    photometric: int
+    extra: tuple[int, ...]
+
+    @classmethod
+    def of(cls, ifd: Ifd) -> TiffSamples:
+        tags = ifd.tags
+        return cls(bits=tags.get(_TIFF_BITS, (1,))[0], samples=tags.get(_TIFF_SAMPLES, (1,))[0],
+                   photometric=tags.get(_TIFF_PHOTOMETRIC, (-1,))[0], extra=tags.get(_TIFF_EXTRA_SAMPLES, ()))
+
+    @property
+    def premultiplied(self) -> bool:
+        """Its alpha is associated: the stored colours are multiplied by it."""
+        return bool(self.extra) and self.extra[0] == 1
+
+
 def tiff_photometrics(chain: list[Ifd]) -> set[int]:
     """The PhotometricInterpretation of each IFD of ``chain`` (−1 where it has none)."""
     return {ifd.tags.get(_TIFF_PHOTOMETRIC, (-1,))[0] for ifd in chain}
