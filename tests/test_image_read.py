@@ -147,6 +147,43 @@ def test_png_16bit_rgb(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sample.image, chw_rgb(expected))
 
 
+def with_trns(png: bytes, key: int) -> bytes:
+    """``png`` with a greyscale tRNS chunk (the 16-bit grey value that is transparent) after IHDR."""
+    body = b"tRNS" + struct.pack(">H", key)
+    chunk = struct.pack(">I", 2) + body + struct.pack(">I", zlib.crc32(body))
+    return png[:33] + chunk + png[33:]
+
+
+@pytest.mark.parametrize(("bits", "key"), [(8, 65), (16, 40000), (2, 1)])
+def test_a_grey_pngs_transparency_key_composites_over_white_and_drops(tmp_path: Path, bits: int, key: int) -> None:
+    """A grey PNG may say which grey is transparent with a tRNS chunk instead of an alpha channel
+    (palette and RGB PNGs' keys OpenCV turns into alpha; a grey one's it ignored): composite packs
+    those pixels white, drop packs their grey."""
+    rng = np.random.default_rng(bits)
+    if bits == 2:  # 2-bit samples: 0..3, which libpng expands to 0, 85, 170, 255
+        from PIL import Image
+
+        stored = rng.integers(0, 4, (6, 8)).astype(np.uint8)
+        out = tmp_path / "g.png"
+        Image.fromarray(stored).save(out, bits=2)
+        data, grey, opaque = out.read_bytes(), stored * 85, 255
+    else:
+        dtype = np.uint8 if bits == 8 else np.uint16
+        grey = rng.integers(0, np.iinfo(dtype).max, (6, 8), endpoint=True).astype(dtype)
+        grey[::2, ::3] = key
+        data, opaque = cv2.imencode(".png", grey)[1].tobytes(), np.iinfo(dtype).max
+    assert data[24] == bits and data[25] == 0
+    path = tmp_path / "keyed.png"
+    path.write_bytes(with_trns(data, key))
+    transparent = grey == (key * 85 if bits == 2 else key)
+    assert transparent.any() and not transparent.all()
+    (composited,) = read_ok(path, ImageTransformConfig(color="gray", alpha="composite"))
+    expected = np.where(transparent, 255, np.rint(grey.astype(np.float64) / opaque * 255))
+    np.testing.assert_array_equal(composited.image[0], expected.astype(np.uint8))
+    (dropped,) = read_ok(path, ImageTransformConfig(color="gray", alpha="drop"))
+    np.testing.assert_array_equal(dropped.image[0], np.rint(grey.astype(np.float64) / opaque * 255).astype(np.uint8))
+
+
 def test_tiff_8bit_rgb_and_16bit_gray(tmp_path: Path) -> None:
     bgr = noise((6, 9, 3))
     [rgb] = read_ok(write_image(tmp_path / "c.tiff", bgr))

@@ -60,6 +60,7 @@ from packer.read.image_structure import (
     check_strip_data,
     cut_signature,
     file_header,
+    png_grey_key,
     sniff_format,
     straight_alpha,
     tiff_buffer_pixels,
@@ -568,6 +569,10 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     if chain:
         image, by_pillow = _tiff_as_stored(data, chain[0], image)
         oriented = oriented and not by_pillow
+    elif fmt == "png" and image.ndim == 2 and (key := png_grey_key(data)) is not None:
+        # a grey PNG whose transparency is a colour key: OpenCV gives the grey alone
+        opaque = np.iinfo(image.dtype).max
+        image = np.dstack([image, np.where(image == key, 0, opaque).astype(image.dtype)])
     page = _Page(image, orientation, oriented, channels=header.channels)
     return _zero_samples_checked(data, chain, [page]) if chain else [page]
 

@@ -123,6 +123,27 @@ def _png_header(data: bytes) -> ImageHeader:
     return ImageHeader(height, width, _PNG_CHANNELS[colour_type], bit_depth, "png")
 
 
+def png_grey_key(data: bytes) -> int | None:
+    """The grey value a greyscale PNG's tRNS chunk makes transparent (PNG 11.3.2.1), scaled as
+    libpng expands 1-, 2- and 4-bit samples to 8 bits; None for another colour type or without
+    the chunk (it precedes the image data). OpenCV decodes such a PNG as grey alone, so
+    :func:`packer.read.image.read_image` adds the alpha the key stands for."""
+    if len(data) < 33 or data[25] != 0:
+        return None
+    bits, pos = data[24], 8
+    while pos + 8 <= len(data):
+        length, kind = int(struct.unpack_from(">I", data, pos)[0]), data[pos + 4:pos + 8]
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        if kind == b"tRNS" and length >= 2 and pos + 10 <= len(data):
+            key = int(struct.unpack_from(">H", data, pos + 8)[0])
+            if key >= 1 << bits:  # out of the samples' range: matches no pixel
+                return None
+            return key * (255 // ((1 << bits) - 1)) if bits < 8 else key
+        pos += 12 + length
+    return None
+
+
 def _jpeg_marker_ends(data: bytes) -> np.ndarray:
     """Positions of every marker code byte in ``data``: a byte other than 00 and FF right after
     an FF (a run of FF fill bytes belongs to the marker; FF 00 is a stuffed FF in entropy-coded
