@@ -547,6 +547,11 @@ RT_DAMAGES = {
     "its item's ReferencedROINumber damaged into the body's": (
         lambda d, p: d.replace(b"\x06\x30\x84\x00IS\x02\x002 ", b"\x06\x30\x84\x00IS\x02\x001 "),
         "items 1, 2 all reference ROINumber 1"),
+    # the unmapped ROI's number damaged into the body's: its contours (the lung's, here) would be
+    # painted as the body, holes in it by the even-odd rule, under a note that said "not affected"
+    "the unmapped ROI's ReferencedROINumber damaged into the body's": (
+        lambda d, p: d.replace(b"\x06\x30\x84\x00IS\x02\x003 ", b"\x06\x30\x84\x00IS\x02\x001 "),
+        "items 1, 3 all reference ROINumber 1, ROI 'External' (body)"),
 }
 
 

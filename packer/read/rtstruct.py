@@ -311,6 +311,16 @@ def _lost(declared: list[tuple[int, str, str]], items: dict[int, list[int]], roi
                 f"{path}: ROI {name!r} ({structure.name}, ROINumber {number}) has no ROIContourSequence item: {why}; "
                 f"its contours cannot be read, and the mask would lack {structure.name}. Re-export or re-copy the "
                 "structure set"))
+    names = {number: name for number, name, _ in declared}
+    for number, at in sorted(twice.items()):
+        structure = rois.by_name(names.get(number, ""))
+        if structure is not None:  # the unmapped ROI's contours would be painted as this class
+            raise AnnotationError("unreadable", (
+                f"{path}: ROIContourSequence items {', '.join(str(k + 1) for k in at)} all reference ROINumber "
+                f"{number}, ROI {names[number]!r} ({structure.name}), while ROI(s) "
+                f"{', '.join(repr(name) for _, name in missing)} have no item (one item per ROI, PS3.3 C.8.8.6: a "
+                f"damaged ReferencedROINumber?): another ROI's contours would be painted as {structure.name}. "
+                "Re-export or re-copy the structure set"))
     return [f"ROI {name!r}: no ROIContourSequence item ({why}); not in the map, so the mask is not affected"
             for _, name in missing]
 
