@@ -843,3 +843,25 @@ def test_a_streamed_shard_reads_on_past_every_damaged_header(tmp_path, shape):
             assert dataset.skipped == len({"s00002", "s00005"} & set(wanted))
     finally:
         memory.rm("/two-headers", recursive=True)
+
+
+@pytest.mark.parametrize("bad", [(5,), (14,), (5, 14)], ids=["next-stands-in", "last-stands-in", "both"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_repeat_that_stands_in_or_pads_is_transformed_once_by_an_in_place_transform(tmp_path, bad, world):
+    """A stand-in for a skipped sample and a padding repeat are the same sample again: each
+    delivery has arrays of its own, so an in-place augmentation (the README allows one) runs
+    once on each, never twice on one shared buffer (they arrived as stored + 2)."""
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    for index in bad:
+        flip_pixel_byte(next(p for p in sorted(tmp_path.glob("train-*.tar"))
+                             if sample_image(index).tobytes() in p.read_bytes()), index)
+    delivered = 0
+    for rank in range(world):
+        dataset = ShardDataset(manifest, "train", uneven="pad", on_error="skip", shuffle=False, rank=rank,
+                               world_size=world, transform=lambda image: image.add_(1))
+        for batch in make_loader(dataset, 2):
+            for key, image in zip(batch["key"], batch["image"], strict=True):
+                stored = torch.from_numpy(sample_image(int(key[1:])).copy())
+                assert torch.equal(image, stored + 1), key
+                delivered += 1
+    assert delivered == world * -(-15 // world)

@@ -285,7 +285,7 @@ class PlannedDataset(IterableDataset):
         epoch did.
         """
         fill = self.uneven != "exact"
-        last: tuple[int, Decoded] | None = None
+        last: int | None = None  # the index of the last readable sample
         waiting: list[tuple[int, str]] = []
         for i, result in self._worker_results(order, plan, indices):
             if isinstance(result, Failure):
@@ -297,14 +297,18 @@ class PlannedDataset(IterableDataset):
                     waiting.append((i, result.describe()))
                 continue
             sample_id = int(plan.ids[i])
-            for j, why in waiting:
-                yield j, sample_id, result, why + f"; replaced by a repeat of {result.key}"
+            for j, why in waiting:  # each its own arrays: a transform may work in place
+                yield j, sample_id, result.repeat(), why + f"; replaced by a repeat of {result.key}"
             waiting = []
-            last = (sample_id, result)
+            last = i
             yield i, sample_id, result, None
         if waiting and last is not None:
+            # the last sample was handed out, and maybe transformed in place: read it again
+            _, again = next(self._worker_results(order, plan, np.array([last])))
+            if isinstance(again, Failure):
+                raise again.error()
             for j, why in waiting:
-                yield j, last[0], last[1], why + f"; replaced by a repeat of {last[1].key}"
+                yield j, int(plan.ids[last]), again.repeat(), why + f"; replaced by a repeat of {again.key}"
             waiting = []
         if waiting:
             raise ShardReadError(
@@ -576,9 +580,10 @@ class ShardDataset(PlannedDataset):
                 held[got[0]] = got[1]
             if uses is None:
                 yield held.pop(g)
-            else:
+            else:  # a sample the plan repeats (padding): each use its own arrays, as a transform may work in place
                 uses[g] -= 1
-                yield held[g] if uses[g] else held.pop(g)
+                kept = held[g]
+                yield (kept.repeat() if isinstance(kept, Decoded) else kept) if uses[g] else held.pop(g)
 
     def _worker_results(self, order: EpochOrder, plan: RankPlan,
                         indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:

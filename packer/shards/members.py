@@ -16,6 +16,7 @@ own header form directly and hands anything else to ``np.load(allow_pickle=False
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
@@ -82,6 +83,15 @@ class Decoded:
     #: The sample's checksum (:mod:`packer.shards.checksum`) over the bytes read, where the
     #: reader was asked for it (the loader's ``verify="sample"``), else None
     checksum: int | None = None
+
+    def repeat(self) -> Decoded:
+        """The sample again with arrays of its own: a stand-in for a skipped one is handed to a
+        transform that may work in place, which must not reach the delivery it repeats."""
+        def own(array: np.ndarray | None) -> np.ndarray | None:
+            return None if array is None else array.copy()
+
+        return dataclasses.replace(self, image=self.image.copy(), target=own(self.target), mask=own(self.mask),
+                                   target_mask=own(self.target_mask))
 
     @classmethod
     def of(cls, key: str, image: np.ndarray, small: SmallMembers, checksum: int | None = None) -> Decoded:
