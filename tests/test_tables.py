@@ -304,15 +304,18 @@ def test_an_unnamed_column_that_holds_values_is_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("table", "sep"), [("participants.tsv", "\t"), ("labels.tsv.gz", "\t"), ("labels.csv", "\t"),
-                                            ("misnamed.tsv", ",")])
+                                            ("misnamed.tsv", ","), ("excel-de.csv", ";")])
 def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, sep: str) -> None:
     # BIDS ships participants.tsv; a spreadsheet exported "as text" is tab-separated whatever its
     # name. It used to be one column, and the error said "missing column 'path'" above a header
-    # that plainly has it. A header that has commas and no tab is a CSV whatever its name.
+    # that plainly has it. A header that has commas and no tab is a CSV whatever its name; one
+    # with semicolons and neither is Excel's "CSV" where the decimal mark is a comma.
     _files(tmp_path / "raw", ["a/1.png", "b/2.png"])
     text = "path\tlabel\tentity\tnote\n" "a/1.png\tcat\tS1\ta, b\n" "b/2.png\tdog\tS2\t\n"
     if sep == ",":
         text = text.replace("a, b", '"a, b"').replace("\t", ",")
+    elif sep == ";":
+        text = text.replace("\t", ";")
     path = tmp_path / "raw" / table
     path.write_bytes(gzip.compress(text.encode()) if table.endswith(".gz") else text.encode())
     found = discover(load_job(_job(tmp_path, {"root": "raw", "table": f"raw/{table}"})))
@@ -320,6 +323,22 @@ def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, s
     assert [(r.label, r.entity, r.extra) for r in refs.values()] == [("cat", "S1", (("note", "a, b"),)),
                                                                      ("dog", "S2", (("note", ""),))]
     assert found.issues == []
+
+
+@pytest.mark.parametrize(("name", "head", "said"), [
+    ("labels.xlsx", b"PK\x03\x04\x14\x00\x06\x00", "a zip archive (an Excel .xlsx"),
+    ("labels.xls", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Excel .xls workbook"),
+    ("labels.parquet", b"PAR1\x15\x04\x15\x10", "a Parquet file"),
+    ("labels.csv.gz", b"PAR1\x15\x04\x15\x10", "a Parquet file")])
+def test_a_table_saved_as_a_workbook_or_parquet_is_named_as_such_with_how_to_export_it(
+        tmp_path: Path, name: str, head: bytes, said: str) -> None:
+    """It was 'not UTF-8 text; save the table as UTF-8', or its zip signature read as a header row."""
+    _files(tmp_path / "raw", ["a/1.png"])
+    content = head + bytes(range(256)) * 4
+    (tmp_path / "raw" / name).write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    message = _discover_error(_job(tmp_path, {"root": "raw", "table": f"raw/{name}"}))
+    assert f"{said}" in message and "not a text table" in message and "export it as CSV (UTF-8)" in message, message
+    assert "save the table as UTF-8" not in message
 
 
 @pytest.mark.parametrize("find", ["path", "name"])

@@ -149,12 +149,32 @@ class Placed:
 # -- reading -------------------------------------------------------------------------------------
 
 
+#: The first bytes of file formats a table is sometimes saved as, which are not text
+_NOT_TEXT = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx or OpenDocument .ods workbook is one)", "read_excel"),
+             (b"\xd0\xcf\x11\xe0", "an old Excel .xls workbook", "read_excel"),
+             (b"PAR1", "a Parquet file", "read_parquet"), (b"\x89HDF", "an HDF5 file", "read_hdf"),
+             (b"SQLite format 3", "an SQLite database", "read_sql"))
+
+
+def _refuse_binary(path: Path | str, head: bytes) -> None:
+    """A config error for a table saved in a binary format (read as text it is 'not UTF-8', or
+    its first bytes a header row), naming the format and how to export it."""
+    for magic, what, reader in _NOT_TEXT:
+        if head.startswith(magic):
+            raise ConfigError(f"{path}: {what}, not a text table; packer reads CSV, TSV and JSON tables: export it as "
+                              f"CSV (UTF-8), e.g. with pandas: pd.{reader}(...).to_csv('labels.csv', index=False)"
+                              + (", or from the spreadsheet's Save As" if reader == "read_excel" else ""))
+
+
 @contextlib.contextmanager
 def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
     """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole. A name
-    ending in ``.gz`` is gunzipped as it is read (MIMIC-CXR-JPG ships its tables as ``.csv.gz``)."""
+    ending in ``.gz`` is gunzipped as it is read (MIMIC-CXR-JPG ships its tables as ``.csv.gz``).
+    A binary file (a workbook, Parquet) is a config error saying so (:func:`_refuse_binary`)."""
     gzipped = str(path).lower().endswith(".gz")
     if isinstance(path, Path):
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as raw:
+            _refuse_binary(path, raw.read(16))
         with (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if gzipped
               else open(path, newline="", encoding="utf-8-sig")) as fh:
             yield fh
@@ -170,6 +190,7 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
         data = gzip.decompress(data) if gzipped else data
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot read the table: not a whole gzip file ({err})") from err
+    _refuse_binary(path, data[:16])
     yield io.StringIO(data.decode("utf-8-sig"), newline="")
 
 
@@ -386,10 +407,13 @@ def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) ->
 
 def _delimiter(name: str, header: str) -> str:
     """A tab for a tab-separated table (``.tsv``/``.tab``, gzipped or not, or a header line with
-    tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), else a
-    comma."""
+    tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), a
+    semicolon for a header line with semicolons and neither (what Excel writes as "CSV" where the
+    decimal mark is a comma), else a comma."""
     if ("\t" in header) != ("," in header):  # the header says which: one of the two and not the other
         return "\t" if "\t" in header else ","
+    if ";" in header and "\t" not in header and "," not in header:
+        return ";"
     return "\t" if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) else ","
 
 
