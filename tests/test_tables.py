@@ -259,9 +259,19 @@ def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(
         discover(load_job(job))
     message = str(raised.value)
     assert "missing column 'EncodedPixels' (named by label); did you mean ' EncodedPixels'? " \
-           "(in label, write ' EncodedPixels' where it says 'EncodedPixels': the name starts or ends with a space, " \
-           "so quote it)" in message, message
-    assert "set label:" not in message
+           "(set label: {column: ' EncodedPixels'}, or, in a label: mapping naming 'EncodedPixels', write " \
+           "' EncodedPixels' there: the name starts or ends with a space, so quote it)" in message, message
+    assert "set label: ' EncodedPixels'" not in message
+    # the fix offered works as pasted, also where the job leaves label: out (the default column 'label')
+    (tmp_path / "train-rle.csv").write_text("path, label\na.png, -1\n")
+    doc = yaml.safe_load(job.read_text())
+    del doc["sources"][0]["label"]
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"set label: \{column: ' label'\}"):
+        discover(load_job(job))
+    doc["sources"][0]["label"] = {"column": " label"}
+    job.write_text(yaml.safe_dump(doc))
+    assert [r.label for r in discover(load_job(job)).refs] == ["-1"]
 
 
 # -- NIH ChestX-ray14: bare names under images_00N/images/, entity from a column -------------------

@@ -472,6 +472,9 @@ def _column_fix(key: str, column: str, near: str) -> str:
     written = f"'{near}'" if spaced else near
     if key.endswith(".path") or key in ("entity", "mask.column"):
         fix = f"set {key}: {written}"
+    elif key == "label":  # a default column has no place in the job to write over; label: is none, folder or a mapping
+        fix = (f"set label: {{column: {written}}}, or, in a label: mapping naming {column!r}, write {written} "
+               "there")
     else:
         fix = f"in {key}, write {written} where it says {column!r}"
     return fix + (": the name starts or ends with a space, so quote it" if spaced else "")
