@@ -658,6 +658,7 @@ def test_a_pseudonymized_report_names_no_job_path_in_its_config_block(built: Bui
                          "join": [{"file": "/work/Smith_John/more.csv", "on": ["entity"]}]})
     planted["config"]["split"]["lists"] = {"test": "/work/Smith_John/test.txt",
                                            "valid": {"file": "/work/Smith_John/valid.csv", "column": "path"}}
+    planted["config"]["split"]["pinned"] = "/work/Smith_John/frozen_test.csv"
     text = render_html_report(built.version_dir, manifest=planted)
     assert "Smith_John" not in text
     assert "&lt;root of source &#x27;ct&#x27;&gt;" in text or "&lt;root of source 'ct'&gt;" in text
@@ -665,6 +666,7 @@ def test_a_pseudonymized_report_names_no_job_path_in_its_config_block(built: Bui
     assert "no raw paths" in text  # the footer's claim, now true of the config block too
     kept = parse(render_html_report(built.version_dir, manifest={**planted, "phi": {**planted["phi"], "mode": "keep"}}))
     assert "/work/Smith_John/raw/ct" in kept.all_text and "job paths redacted" not in kept.all_text
+    assert "/work/Smith_John/frozen_test.csv" in kept.all_text
     # the build's own report: its job's absolute roots are in the manifest (its identity), not the report
     root = built.manifest["config"]["sources"][0]["root"]
     assert Path(root).is_absolute() and root in (built.version_dir / "manifest.json").read_text()

@@ -333,9 +333,11 @@ def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_wa
     (warning,) = assignment.warnings
     # the raw id stays out of the warning (printed, and in packer validate --json): the row names it
     assert "1 of its entities name no sample, e.g. the one at row 5;" in warning and "P99" not in warning
+    assert str(pins) not in warning and warning.startswith("split.pinned: ")  # its folder may be a patient's name
     pins.write_text("entity,split\nP1,test\nP99,test\n")
     kept = assign_splits([sample(i, f"P{i}") for i in range(50)], replace(BY_ENTITY, pinned=pins))
     assert "e.g. the one at row 3: 'P99';" in kept.warnings[0]  # phi: keep writes raw ids anyway
+    assert kept.warnings[0].startswith(f"split.pinned ({pins}): ")
 
 
 def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:

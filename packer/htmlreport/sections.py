@@ -77,7 +77,7 @@ def _redacted_table(value: Any, what: str) -> Any:
 def config_shown(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's job config as the report shows it: as recorded, except that a pseudonymized
     dataset's report names no job path (a source's ``root``, ``labels``, ``table``, a split list's
-    file, the PHI key file), as those can name a patient's folder; each is shown as
+    file, the pinned table, the PHI key file), as those can name a patient's folder; each is shown as
     ``<root of source 'NAME'>`` and the like. The manifest keeps them: they are the dataset's identity."""
     config = manifest.get("config") or {}
     if (manifest.get("phi") or {}).get("mode") != "pseudonymize" or not isinstance(config, dict):
@@ -104,7 +104,9 @@ def config_shown(manifest: dict[str, Any]) -> dict[str, Any]:
                         {**item, "file": f"<list of split {name!r}>"} if isinstance(item, dict) and "file" in item
                         else item)
                  for name, item in split["lists"].items()}
-        shown["split"] = {**split, "lists": lists}
+        shown["split"] = split = {**split, "lists": lists}
+    if isinstance(split, dict) and split.get("pinned"):
+        shown["split"] = {**split, "pinned": "<pinned table>"}
     phi = config.get("phi")
     if isinstance(phi, dict) and phi.get("key_file"):
         shown["phi"] = {**phi, "key_file": "<key file>"}

@@ -732,7 +732,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
             if left_out:
                 groups[g] = replace(group, dropped=left_out)
     # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
-    warnings = (f"split.pinned ({cfg.pinned}): {len(stray):,} of its entities name no sample, e.g. the one at row "
+    pinned = "split.pinned" if pseudonym is not None else f"split.pinned ({cfg.pinned})"  # its folder may be a name
+    warnings = (f"{pinned}: {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
                 "(a typo, or an entity whose files were all bad samples)",) if stray else ()
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
