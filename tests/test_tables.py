@@ -1035,3 +1035,16 @@ def test_a_row_that_differs_from_its_file_only_in_case_is_named_in_both_records(
     assert "(the root holds 'Img_1.PNG', which differs from it only in case" in missing.message, missing.message
     (unlabeled,) = [message for message in found.unlabeled.values() if "Img_1.PNG" in message]
     assert "but row 2 names 'img_1.png', which differs from it only in case" in unlabeled, unlabeled
+
+
+def test_a_table_whose_backslashed_cells_are_file_names_says_the_archive_lost_its_folders(tmp_path: Path) -> None:
+    """A Windows zip unpacked where a backslash is no separator leaves files named 'case0\\img.png';
+    the table (written on Windows) names them so, and a backslash in a cell is a folder separator:
+    no row matches. The error printed the cell and the file, two identical strings, and suggested
+    find: name, which does not help."""
+    names = [f"case{i}\\img.png" for i in range(3)]
+    _files(tmp_path / "raw", names)
+    _csv(tmp_path / "raw" / "t.csv", "path,label,entity", [f"{n},cat,S{i}" for i, n in enumerate(names)])
+    message = _discover_error(_job(tmp_path, {"root": "raw", "table": "raw/t.csv"}))
+    assert "a backslash in the cells is read as a folder separator" in message, message
+    assert "'case0\\\\img.png' is one file" in message and "find: name" not in message

@@ -739,8 +739,15 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     key = source_kind(source.kind).table_key
     names = {r.rsplit("/", 1)[-1] for r in listed}
     suffix = _missing_suffix(cells, names) if table.template is None else None
-    if suffix is not None:  # Kaggle's image_id, RSNA's patientId: the file's name without its extension
-        listed_set = set(listed)
+    listed_set = set(listed)
+    backslashed = next((c for c in cells[:1000] if "\\" in c and c in listed_set), None)
+    if backslashed is not None:  # a Windows zip unpacked where \ is no separator: one file, named with backslashes
+        fix = ("a backslash in the cells is read as a folder separator (a table written on Windows), but the files "
+               "under the root have backslashes in their names" + ("" if hide_paths else f" ({backslashed!r} is one "
+               "file)") + ": an archive made on Windows was unpacked without making its folders; unpack it "
+               "again with a tool that makes them (Info-ZIP's unzip does, with a warning), or rename the files, "
+               "each part a folder")
+    elif suffix is not None:  # Kaggle's image_id, RSNA's patientId: the file's name without its extension
         where = "" if table.find == "name" or any(f"{c}{suffix}" in listed_set for c in cells[:1000]) else (
             f" and {key}.find: name" if table.find == "path" and "/" not in cell else f" and check {key}.path_base")
         fix = (f"the cells are file names without their extension ({suffix}): set {key}.path: "
