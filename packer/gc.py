@@ -35,12 +35,12 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, FileSystemError
 from packer.files import folder_lock, human_bytes
 from packer.manifest import MANIFEST_FILE
 from packer.versions import TRASH_PREFIX, VersionUsage, check_local_dataset_folder, list_versions
@@ -141,7 +141,8 @@ def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
     for name in plan.trash:
-        _remove_tree(plan.root / name)
+        with _refused(plan.root / name):
+            _remove_tree(plan.root / name)
         if on_removed is not None:
             on_removed(name)
     for version in reversed(plan.remove):  # oldest first: an interrupted gc leaves the newer ones
@@ -149,11 +150,30 @@ def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
         if not path.is_dir():
             continue
         trash = plan.root / f"{TRASH_PREFIX}{version.folder}-{secrets.token_hex(4)}"
-        os.rename(path, trash)  # atomic: from here on the folder is no version
-        (trash / MANIFEST_FILE).unlink(missing_ok=True)
-        _remove_tree(trash)
+        with _refused(path):
+            os.rename(path, trash)  # atomic: from here on the folder is no version
+        with _refused(trash):
+            (trash / MANIFEST_FILE).unlink(missing_ok=True)
+            _remove_tree(trash)
         if on_removed is not None:
             on_removed(version.folder)
+
+
+@contextlib.contextmanager
+def _refused(path: Path) -> Iterator[None]:
+    """A removal the file system refuses (read-only, an immutable file, no permission) as the
+    FileSystemError (exit 6) naming what could not be removed and how to finish: what was removed
+    stays removed, and a folder already renamed to ``.trash-*`` is no version any more."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename or path
+        moved = path.name.startswith(TRASH_PREFIX)
+        raise FileSystemError(
+            f"cannot remove {where}: {err.strerror or err}; make it removable (a read-only mount: remount it "
+            "read-write; an immutable file: chattr -i; no permission: run as the folders' owner), then run packer "
+            "gc again to finish" + (f" ({path.name} is no version any more: the rerun removes it)" if moved else
+                                    " (nothing of that version was removed)")) from err
 
 
 def _remove_tree(path: Path) -> None:

@@ -314,6 +314,9 @@ def test_an_interrupted_gc_leaves_no_half_version_and_the_next_gc_finishes(versi
         patch.setattr(shutil, "rmtree", remounted_read_only)
         failed = invoke("gc", root, "--keep", "1")
     assert failed.exit_code == 6, failed.output
+    assert "cannot remove " in failed.output and "then run packer gc again to finish" in failed.output
+    assert "no version any more: the rerun removes it" in failed.output
+    assert "--out" not in failed.output  # a build's fix (another output folder) is no fix for gc
     left = sorted(p.name for p in root.iterdir())
     trash = [name for name in left if name.startswith(".trash-")]
     assert len(trash) == 1 and trash[0].startswith(f".trash-{versions.base}-")  # the oldest goes first
@@ -326,6 +329,31 @@ def test_an_interrupted_gc_leaves_no_half_version_and_the_next_gc_finishes(versi
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in root.iterdir()) == sorted([versions.grown, staging.name])
     assert (staging / "train-000000.tar").read_bytes() == b"a build in progress"
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EBUSY])
+def test_a_version_folder_the_file_system_will_not_let_go_is_exit_6_naming_it(versions: Versions, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              code: int) -> None:
+    """An immutable version folder (chattr +i) refuses its rename with EPERM: gc ended with an
+    internal error and a traceback; now exit 6 names the folder and how to finish, and nothing
+    of it was removed."""
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    real_rename = os.rename
+
+    def refused(source: Any, target: Any) -> None:
+        if Path(source).name == versions.base:
+            raise OSError(code, os.strerror(code), str(source))
+        real_rename(source, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "rename", refused)
+        failed = invoke("gc", root, "--keep", "1")
+    assert failed.exit_code == 6, failed.output
+    assert f"cannot remove {root / versions.base}: {os.strerror(code)}" in failed.output
+    assert "(nothing of that version was removed)" in failed.output and "Traceback" not in failed.output
+    assert (root / versions.base / "manifest.json").is_file()
+    assert invoke("gc", root, "--keep", "1").exit_code == 0
 
 
 def test_a_build_after_gc_removed_the_version_its_cache_points_to_decodes_again(demo_raw: Any,
