@@ -259,6 +259,25 @@ def test_key_new_under_a_file_says_the_folder_is_a_file(tmp_path: Path, under: s
     assert "already exists" not in result.output and "Traceback" not in result.output
     assert blocker.read_text() == "path,label\n"
 
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_key_new_under_a_link_that_leads_nowhere_names_the_link(tmp_path: Path, force: bool) -> None:
+    """keys/ linked to a volume that is not mounted: it said "keys/k.key already exists; pass
+    --force", of a file that is not there (and --force said the same)."""
+    (tmp_path / "keys").symlink_to(tmp_path / "not-mounted" / "keys")
+    result = CliRunner().invoke(main, ["key", "new", str(tmp_path / "keys" / "k.key"), *(["--force"] if force else [])])
+    assert result.exit_code == 2, result.output
+    link, leads_to = tmp_path / "keys", tmp_path / "not-mounted" / "keys"
+    assert f"{link} is a link to {leads_to}, which does not exist" in result.output
+    assert "already exists" not in result.output and "Traceback" not in result.output
+
+
+def test_key_new_where_no_folder_can_be_made_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["key", "new", "/proc/packer-no-such-process/k.key"])
+    assert result.exit_code in (2, 6), result.output
+    assert "cannot create the folder /proc/packer-no-such-process" in result.output or "cannot write" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_key_help_teaches_how_to_use_a_key() -> None:
     group = CliRunner().invoke(main, ["key", "--help"])
     assert group.exit_code == 0

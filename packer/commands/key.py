@@ -84,6 +84,27 @@ def _repository_note(path: Path) -> str:
     return "keep it out of any repository"  # 128: not in a repository
 
 
+def _make_folder(path: Path) -> None:
+    """Create the folder of the key file ``path``; a ConfigError naming what is in the way (a
+    link to a folder that is not there: a volume not mounted) or why it cannot be made."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:  # no file is in the way (checked before): a link that leads nowhere is
+        broken = next((p for p in (path.parent, *path.parent.parents) if p.is_symlink() and not p.exists()), None)
+        if broken is None:
+            raise ConfigError(f"cannot create the folder {path.parent} ({err.strerror or err}); choose another "
+                              "FILE") from err
+        raise ConfigError(f"{broken} is a link to {os.readlink(broken)}, which does not exist (a volume not "
+                          f"mounted?), so {path} cannot be created under it; mount or fix the link, or choose "
+                          "another FILE") from err
+    except OSError as err:
+        refused = refused_write(err, path.parent, opening=True, elsewhere="choose another FILE")
+        if refused is not None:
+            raise refused from err
+        raise ConfigError(f"cannot create the folder {path.parent} ({err.strerror or err}); choose another "
+                          "FILE") from err
+
+
 def _write_key(path: Path, data: bytes, *, force: bool) -> None:
     """Create ``path`` with mode 0600 and write ``data``; never follow into an existing file.
 
@@ -102,8 +123,8 @@ def _write_key(path: Path, data: bytes, *, force: bool) -> None:
                           "with it need it to be rebuilt identically. Choose another FILE, or pass --force to "
                           "replace it")
     target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if force else path
+    _make_folder(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
