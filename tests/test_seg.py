@@ -446,11 +446,16 @@ def test_defects_are_annotation_errors(tmp_path: Path, axial) -> None:
     not_seg = tmp_path / "ct.dcm"
     sources[0].save_as(not_seg, enforce_file_format=True)
     reasons = {}
+    messages = {}
     for bad in (truncated, garbage, header_only, wrong_count, short_pixels, not_seg):
         with pytest.raises(AnnotationError) as err:
             paint(bad, places(sources))
         assert str(bad) in err.value.message
-        reasons[bad.name] = err.value.reason
+        reasons[bad.name], messages[bad.name] = err.value.reason, err.value.message
+    # cut inside its header: the record says what the file lacks and why, never a frame count it does not hold
+    assert "NumberOfFrames (0028,0008) is" not in messages["header.dcm"]
+    assert "the file holds no NumberOfFrames (0028,0008)" in messages["header.dcm"]
+    assert "cut short" in messages["header.dcm"] and "copy it again" in messages["header.dcm"]
     assert reasons["frames.dcm"] == "annotation_frames" and reasons["short.dcm"] == "annotation_frames"
     assert reasons["garbage.dcm"] == "unreadable" and reasons["ct.dcm"] == "unreadable"
     assert set(reasons.values()) <= {"unreadable", "annotation_frames"}

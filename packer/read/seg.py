@@ -174,6 +174,14 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
             raise AnnotationError("unreadable", (
                 f"{path}: SOP Class UID (0008,0016) {sop_class or 'missing'} is not Segmentation Storage "
                 f"({', '.join(SEG_CLASSES)}); only a DICOM SEG can be read as segments: link the right file"))
+        absent = [f"{name} {tag}" for keyword, name, tag in (
+            ("NumberOfFrames", "NumberOfFrames", "(0028,0008)"),
+            ("PerFrameFunctionalGroupsSequence", "Per-Frame Functional Groups Sequence", "(5200,9230)"),
+            ("PixelData", "Pixel Data", "(7FE0,0010)")) if keyword not in ds]
+        if "NumberOfFrames (0028,0008)" in absent or len(absent) > 1:
+            raise AnnotationError("annotation_frames", (
+                f"{path}: the file holds no {' and no '.join(absent)}, which every SEG has: it is cut short (a copy "
+                "that stopped ends before them) or is not a whole SEG; copy it again, or re-export it"))
         n_items = len(ds.get("PerFrameFunctionalGroupsSequence") or [])
         frames = int(ds.get("NumberOfFrames") or 1)
         if n_items != frames:
