@@ -311,8 +311,8 @@ def test_a_series_whose_annotation_is_cut_short_before_its_references_is_not_pac
         orphan = next(r for r in records if r["reason"] == "annotation_orphan")
         assert "may be cut short or damaged: re-export it" in orphan["message"]
     missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
-    assert f"{seg} (SEG, in the folder A/ of its files)" in missing
-    assert "a read failure, not an empty series" in missing
+    assert f"{seg} (SEG, in the folder A/ of its files; its header is cut short or damaged)" in missing
+    assert "that annotation's structures missing, not an empty series" in missing
     items = _items(result)
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: empty, packed
 
@@ -332,7 +332,8 @@ def test_a_seg_cut_short_beside_an_rtstruct_holds_back_the_series_it_may_belong_
     assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
         ("SEG", "annotation_orphan"), ("RT", "series_incomplete"), *[("CT", "mask_missing")] * len(tree["A"])])
     missing = next(r for r in records if r["reason"] == "mask_missing")["message"]
-    assert f"{seg} (SEG, in the folder A/ of its files)" in missing and "annotated already" in missing
+    assert f"{seg} (SEG, in the folder A/ of its files; its header is cut short or damaged)" in missing
+    assert "annotated already" in missing
     items = _items(result)
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B
 
@@ -351,7 +352,7 @@ def test_a_seg_cut_short_in_the_folder_of_its_slices_holds_its_series_back(tmp_p
     records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
         ("A", "annotation_orphan"), *[("A", "mask_missing")] * SLICES])
-    assert f"{seg} (SEG, in the folder A/ of its files)" in next(
+    assert f"{seg} (SEG, in the folder A/ of its files; its header is cut short or damaged)" in next(
         r["message"] for r in records if r["reason"] == "mask_missing")
     assert len(_items(result)) == SLICES  # B
 
@@ -864,6 +865,10 @@ def test_an_annotation_two_series_could_hold_says_how_to_name_one_not_to_add_a_s
     (issue,) = [i for i in issues if i.reason == "annotation_orphan"]  # and both series held back: mask_missing
     assert "2 series of the source share" in issue.message
     assert "under the source's root" not in issue.message and "Referenced Series Sequence" in issue.message
+    # the series' own records say why the whole annotation cannot say which: not "cut short or damaged"
+    held = [i.message for i in issues if i.reason == "mask_missing"]
+    assert held and all("it names only a frame of reference several series share" in m for m in held)
+    assert not any("cut short" in m or "read failure" in m for m in held)
 
 
 def test_an_annotation_of_a_refused_series_names_that_series_refusal_and_a_file_of_it() -> None:

@@ -208,6 +208,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
             refused_by.setdefault(g.sop_uid, issue)
     issues: list[Issue] = []
     lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
+    shared: set[str] = set()  # of them, whole ones naming only a frame of reference several series share
     maybe: list[tuple[SampleRef, AnnotationRefs]] = []  # files that did not parse and may be annotations
     for ref, refs in annotations:
         if refs.damaged and not refs.modality:  # nothing says what it is: its record names what it may annotate
@@ -256,6 +257,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 # one of them was annotated: none may pack as all background (mask_missing, as for
                 # any annotation whose header cannot say what it was drawn on)
                 lost.append((ref, refs))
+                shared.add(ref.sample_id)
                 continue
         if not chosen:
             what = (f"references series {', '.join(uid_digest(u) for u in refs.series_uids)} (UID digests)"
@@ -308,24 +310,26 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                 f"another annotation of its series cannot be read ({names}); the series is not packed"))
             continue
         suspect = _lost_for(f, geometry, fallback if f.annotations else lost)
+        # why each cannot say: a whole header naming only a shared frame of reference, or one cut short or damaged
+        names = "; ".join(f"{a.path} ({n.modality}, in {tie}; "
+                          + ("it names only a frame of reference several series share" if a.sample_id in shared
+                             else "its header is cut short or damaged") + ")" for a, n, tie in suspect)
         if suspect and f.annotations:
-            names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
             issues.extend(_not_packed(
-                f, f"{len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
-                f"damaged: see their records) may be another annotation of its series ({len(f.series.refs)} files; "
+                f, f"{len(suspect)} annotation(s) whose header cannot say what it was drawn on (see their records) "
+                f"may be another annotation of its series ({len(f.series.refs)} files; "
                 f"every series it may belong to is annotated already): {names}. Its masks would lack their "
                 "structures, so it is not packed. Re-export the annotation, or remove it to pack the series with its "
                 "other annotations",
                 f"an annotation that cannot be read may be another of its series' ({names}); the series is not packed"))
             continue
         if suspect:
-            names = "; ".join(f"{a.path} ({n.modality}, in {tie})" for a, n, tie in suspect)
             issues.extend(_not_packed(
                 f, f"no SEG or RTSTRUCT of the source references its series ({len(f.series.refs)} files), "
-                f"and {len(suspect)} annotation(s) whose header cannot say what it was drawn on (cut short or "
-                f"damaged: see their records) may be its own: {names}. Its all-zero masks would "
-                "be a read failure, not an empty series, so it is not packed. Re-export the annotation, or remove "
-                "it to pack the series with all-zero masks (mask.empty: keep)"))
+                f"and {len(suspect)} annotation(s) whose header cannot say what it was drawn on (see their records) "
+                f"may be its own: {names}. Its all-zero masks could be that annotation's structures missing, not an "
+                "empty series, so it is not packed. Re-export the annotation naming its series, or remove it to "
+                "pack the series with all-zero masks (mask.empty: keep)"))
             continue
         if not f.annotations and cfg.empty == "bad":
             issues.extend(_not_packed(
