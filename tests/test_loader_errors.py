@@ -865,3 +865,20 @@ def test_a_repeat_that_stands_in_or_pads_is_transformed_once_by_an_in_place_tran
                 assert torch.equal(image, stored + 1), key
                 delivered += 1
     assert delivered == world * -(-15 // world)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_a_shard_with_bytes_appended_still_delivers_every_intact_sample_under_skip(tmp_path, fmt, where):
+    """A copy padded to a block size: every sample's bytes are intact. A tar shard was read as
+    far as its samples were; a Parquet one, whose index is at its end, delivered none of them
+    (its footer is now in the middle): it is read as the manifest's length of it."""
+    manifest = build_dataset(tmp_path, fmt=fmt, shard_sizes=SIZES)
+    for shard in sorted(tmp_path.glob("train-*")):
+        shard.write_bytes(shard.read_bytes() + bytes(512))
+    location = manifest if where == "local" else f"file://{manifest}"
+    loader = make_loader(ShardDataset(location, "train", on_error="skip"), 4)
+    assert sorted(keys_of(loader)) == split_keys(15) and loader.skipped == 0
+    with pytest.raises(ShardReadError, match=r"bad_shard: the shard is \d+ bytes, the manifest says \d+ "
+                                             r"\(bytes appended, or replaced\)"):  # raise: the size fails the shard
+        keys_of(make_loader(ShardDataset(location, "train"), 4))

@@ -700,8 +700,7 @@ def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
     except OSError as err:
         return f"cannot open the shard {info.path} ({err.strerror}); restore it or rebuild the dataset"
     if size != info.bytes:
-        return (f"the shard is {size} bytes, the manifest says {info.bytes} (truncated or replaced); "
-                "restore it or rebuild the dataset")
+        return _size_problem(size, info.bytes)
     if verify:
         st = os.stat(info.path)
         stamp = (str(info.path), info.sha256, size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
@@ -823,7 +822,12 @@ def read_parquet(info: ShardInfo, positions: Sequence[int], check: SampleCheck, 
         return
     if problem is not None:
         _read_anyway(info, problem)
-    yield from _read_parquet_file(info, pa.memory_map(str(info.path), "r"), positions, check)
+    source = pa.memory_map(str(info.path), "r")
+    if problem is not None and info.bytes and source.size() > info.bytes:
+        # bytes appended (a copy padded to a block size): a Parquet file's index is at its end,
+        # so it is read as the manifest's length of it, the samples checked as ever
+        source = pa.BufferReader(source.read_buffer(info.bytes))
+    yield from _read_parquet_file(info, source, positions, check)
 
 
 def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]], info: ShardInfo,
@@ -914,8 +918,7 @@ def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[I
         return
     if size != info.bytes:
         with fs.open(path, "rb") as fh:
-            yield fh, (f"the shard is {size} bytes, the manifest says {info.bytes} (truncated or replaced); "
-                       "restore it or rebuild the dataset")
+            yield fh, _size_problem(size, info.bytes)
         return
     if not verify:
         with fs.open(path, "rb") as fh:
@@ -932,6 +935,42 @@ def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[I
             problem = (f"sha256 {digest.hexdigest()[:16]}… does not match the manifest's {info.sha256[:16]}…; "
                        "the shard is corrupt: restore it or rebuild the dataset")
         yield spool, problem
+
+
+class _Prefix:
+    """The first ``length`` bytes of the seekable binary file ``fh``, as a file of that length
+    (what a Parquet reader, which looks for its index at the end, should see of a shard whose
+    copy had bytes appended)."""
+
+    def __init__(self, fh: IO[bytes], length: int) -> None:
+        self.fh, self.length, self.pos = fh, length, 0
+        self.closed = False
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.length - self.pos if size is None or size < 0 else min(size, self.length - self.pos)
+        if size <= 0:
+            return b""
+        self.fh.seek(self.pos)
+        data = self.fh.read(size)
+        self.pos += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
@@ -952,7 +991,9 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
             if problem is not None:
                 _read_anyway(info, problem)
             if info.file.endswith(".parquet"):
-                results = _read_parquet_file(info, fh, positions, check)
+                # bytes appended: its index is at the manifest's length (see read_parquet)
+                source = _Prefix(fh, info.bytes) if problem is not None and info.bytes else fh
+                results = _read_parquet_file(info, source, positions, check)
             else:
                 results = _stream_tar(info, fh, positions, check)
             for pos, outcome in results:
@@ -1026,6 +1067,12 @@ def _streamed_sample(info: ShardInfo, check: SampleCheck, index: int, key: str, 
     if stopped is not None:
         outcome = replace(outcome, message=f"{outcome.message} (the shard's scan stopped in this sample: {stopped})")
     return outcome
+
+
+def _size_problem(size: int, expected: int) -> str:
+    """Why a shard of ``size`` bytes is not the manifest's (``expected`` bytes)."""
+    how = "truncated or replaced" if size < expected else "bytes appended, or replaced"
+    return f"the shard is {size} bytes, the manifest says {expected} ({how}); restore it or rebuild the dataset"
 
 
 def _read_anyway(info: ShardInfo, problem: str) -> None:
