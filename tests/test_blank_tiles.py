@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -32,26 +33,32 @@ def _slide(path: Path, seed: int) -> None:
     assert cv2.imwrite(str(path), slide)
 
 
+def _labelled_job(tmp_path: Path, name: str, rows: list[str], split: dict[str, Any],
+                  image: dict[str, Any]) -> Path:
+    """A job over the photos under ``tmp_path/raw`` with the label table ``rows`` (after the
+    header ``path,label,entity``), split by entity as ``split`` adds to, transformed by ``image``."""
+    raw = tmp_path / "raw"
+    (raw / "labels.csv").write_text("\n".join(["path,label,entity", *rows]) + "\n")
+    return write_job(tmp_path / "job", {
+        "name": name,
+        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+        "split": {"by": "entity", **split},
+        "transform": {"image": {"color": "rgb", **image}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+
+
 def test_blank_samples_form_no_exact_duplicate_group() -> None:
     assert exact_groups(["a", "a", "b", "b"], blank=[True, True, False, False]) == [[2, 3]]
     assert exact_groups(["a", "a", "a"], blank=[True, False, False]) == [[1, 2]]
 
 
 def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_path: Path) -> None:
-    raw = tmp_path / "raw"
-    rows = ["path,label,entity"]
+    rows = []
     for i in range(10):
-        _slide(raw / f"slide{i}.png", i)
+        _slide(tmp_path / "raw" / f"slide{i}.png", i)
         rows.append(f"slide{i}.png,{('normal', 'tumor')[i % 2]},patient{i}")
-    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
-    job = write_job(tmp_path / "job", {
-        "name": "slides",
-        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
-        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
-        "transform": {"image": {"color": "rgb", "tile": {"size": [32, 32]}}},
-        "pack": {"format": "webdataset"},
-        "output": str(tmp_path / "out"),
-    })
+    job = _labelled_job(tmp_path, "slides", rows, {"ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
+                        {"tile": {"size": [32, 32]}})
     result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
     manifest = json.loads(Path(result.manifest_path).read_text())
     # every slide gives 4 tiles (3 blank), all packed; the patients are placed one by one, as if
@@ -86,20 +93,12 @@ def test_nearly_blank_tiles_shared_by_photos_of_different_patients_do_not_join_t
     assert is_blank(np.array([[0, 1], [2, 2]], np.uint8))  # 2 of 255 levels: nothing to see
     assert not is_blank(np.array([[0, 1], [3, 2]], np.uint8))
     assert not is_blank(np.array([[0, 1], [2, 2]], np.int16))  # 2 HU apart is data, not a blank
-    raw = tmp_path / "raw"
-    rows = ["path,label,entity"]
+    rows = []
     for i in range(10):
-        _dark_slide(raw / f"photo{i}.png", i)
+        _dark_slide(tmp_path / "raw" / f"photo{i}.png", i)
         rows.append(f"photo{i}.png,{('normal', 'tumor')[i % 2]},patient{i}")
-    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
-    job = write_job(tmp_path / "job", {
-        "name": "photos",
-        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
-        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
-        "transform": {"image": {"color": "rgb", "tile": {"size": [32, 32]}}},
-        "pack": {"format": "webdataset"},
-        "output": str(tmp_path / "out"),
-    })
+    job = _labelled_job(tmp_path, "photos", rows, {"ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
+                        {"tile": {"size": [32, 32]}})
     result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
     manifest = json.loads(Path(result.manifest_path).read_text())
     splits = {name: split["samples"] for name, split in manifest["splits"].items()}
@@ -118,7 +117,7 @@ def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copie
     from packer.cli import main
 
     raw = tmp_path / "raw"
-    rows = ["path,label,entity"]
+    rows = []
     for i in range(8):
         _slide(raw / f"s{i}.png", 100 + i)
         rows.append(f"s{i}.png,normal,patient{i}")
@@ -127,14 +126,9 @@ def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copie
     for name in ("a5.png", "a28.png", "b.png"):
         _slide(raw / name, 7)
     rows += ["a5.png,normal,patientA", "a28.png,normal,patientA", "b.png,normal,patientB"]
-    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
-    job = write_job(tmp_path / "job", {
-        "name": "copies",
-        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
-        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 3,
-                  "balance": {"max_group_share": 0.2, "accept": True}},
-        "transform": {"image": {"color": "rgb", "size": [32, 32]}},
-        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    job = _labelled_job(tmp_path, "copies", rows, {"ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 3,
+                                                   "balance": {"max_group_share": 0.2, "accept": True}},
+                        {"size": [32, 32]})
     out = tmp_path / "validate.json"
     run = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--json", str(out)])
     assert run.exit_code == 0, run.output
@@ -153,21 +147,15 @@ def test_a_split_collapsed_by_exact_copies_counts_a_link_per_joined_entity_and_s
     from packer.cli import main
 
     raw = tmp_path / "raw"
-    rows = ["path,label,entity"]
+    rows = []
     for i in range(20):
         _slide(raw / f"own{i}.png", 100 + i)
         rows.append(f"own{i}.png,normal,patient{i:02d}")
     for i in range(12):
         _slide(raw / f"shared{i}.png", 7)
         rows.append(f"shared{i}.png,normal,patient{i:02d}")
-    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
-    job = write_job(tmp_path / "job", {
-        "name": "shared",
-        "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
-        "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
-                  "near_duplicates": {"enabled": False}},
-        "transform": {"image": {"color": "rgb", "size": [32, 32]}},
-        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    job = _labelled_job(tmp_path, "shared", rows, {"ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
+                                                   "near_duplicates": {"enabled": False}}, {"size": [32, 32]})
     run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert run.exit_code == 4, run.output
     assert "of 12 entities" in run.output and "joined by 11 duplicate link(s)" in run.output, run.output
