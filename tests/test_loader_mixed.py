@@ -219,7 +219,10 @@ def test_a_mixed_batch_names_shapes_sources_and_fixes(mixed: BuildResult) -> Non
     assert "source photos" in message and "source ct" in message and "3×64×64" in message
     # ct itself mixes a radiograph with the slices: one source at a time is offered for photos only
     assert 'sources=["photos"]' in message and "source ct itself holds several shapes" in message
-    assert "transform.channels: 3" in message and 'collate="list"' in message
+    # 2-channel slices beside 3-channel photos: transform.channels (which replicates 1-channel samples
+    # only) cannot make them one, so it is not offered as if it could
+    assert "give every source the same number of channels (2, 3 here" in message and 'collate="list"' in message
+    assert "transform.channels: 3" not in message
     assert "stack expects" not in message and "Traceback" not in message
     # the three fixes each work
     assert sorted(keys_of(make_loader(ShardDataset(mixed.manifest_path, "train", sources=["photos"]), 32, 2))) \
@@ -260,7 +263,15 @@ def test_a_mixed_batch_of_one_source_does_not_offer_loading_one_source_at_a_time
         collate_stack(items, shapes=mixed.manifest["sample_schema"]["shapes"])
     message = str(caught.value)
     assert "source ct itself holds several shapes, so loading one source at a time does not help" in message
-    assert "sources=[" not in message and "transform.channels: 3" in message and 'collate="list"' in message
+    assert "sources=[" not in message and "transform.channels: 2" in message and 'collate="list"' in message
+    # a view of ct alone names ct alone (make_loader's collate gets the view's shapes): the photos are
+    # not in it, so not where a shape comes from nor a fix
+    view = ShardDataset(mixed.manifest_path, "train", sources=["ct"])
+    assert set(view.shapes) == {"ct"}
+    with pytest.raises(MixedShapesError) as caught:
+        collate_stack(items, shapes=view.shapes)
+    message = str(caught.value)
+    assert "photos" not in message and "source ct" in message, message
 
 
 def test_a_mixed_batch_through_a_plain_dataloader_names_the_sources_from_the_keys(mixed: BuildResult) -> None:

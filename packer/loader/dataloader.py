@@ -136,7 +136,20 @@ class MixedShapesError(ConfigError, RuntimeError):
 
 
 _ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
-_ONE_CHANNEL_COUNT = "build with one channel count: transform.channels: 3 in the job file"
+_ONE_CHANNEL_COUNT = ("build with one channel count: transform.channels: N in the job file (it replicates "
+                      "1-channel samples to N; samples of another count need as many windows as the others)")
+
+
+def _one_channel_count(channels: set[int]) -> str:
+    """The channel-count fix for a batch of ``channels`` counts: ``transform.channels: N``
+    replicates 1-channel samples only, so it is offered where every other count is that N."""
+    counts = sorted(channels - {1})
+    if len(counts) == 1:
+        return (f"build with one channel count: transform.channels: {counts[0]} in the job file (1-channel "
+                f"samples are replicated to {counts[0]})")
+    shown = ", ".join(map(str, counts))
+    return (f"build with one channel count: give every source the same number of channels ({shown} here: as many "
+            "windows each); transform.channels replicates only 1-channel samples")
 _ONE_SIZE = "build with one size: transform.<kind>.size (a volume's: sample: {volume: {size: [D, H, W]}})"
 _AS_LIST = ("take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
             "(collate=\"pad\" pads height and width)")
@@ -151,9 +164,9 @@ def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
     nothing there)."""
     if len(shapes) < 2:
         return MIXED_FIXES
-    channels = len({shape[0] for shape in shapes}) > 1
+    counts = {shape[0] for shape in shapes}
     sizes = len({shape[1:] for shape in shapes}) > 1
-    fixes = [*([_ONE_CHANNEL_COUNT] if channels else []), *([_ONE_SIZE] if sizes else []), _AS_LIST]
+    fixes = [*([_one_channel_count(counts)] if len(counts) > 1 else []), *([_ONE_SIZE] if sizes else []), _AS_LIST]
     return _ONE_SOURCE + "; or ".join(fixes)
 
 

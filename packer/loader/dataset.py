@@ -206,9 +206,14 @@ class PlannedDataset(IterableDataset):
 
     @property
     def shapes(self) -> Mapping[str, Sequence[Sequence[int]]]:
-        """Each source's sample shapes, to name them when a batch cannot be stacked."""
+        """Each source's sample shapes, to name them when a batch cannot be stacked: the sources
+        of the view only (``sources=``, ``labels=``), where it is one."""
         info = getattr(self, "info", None)
-        return info.shapes if info is not None else {}
+        if info is None:
+            return {}
+        view = getattr(self, "view", None)
+        present = getattr(view, "present", None)
+        return info.shapes if present is None else {s: v for s, v in info.shapes.items() if s in present}
 
     @property
     def mask_pad(self) -> int:
