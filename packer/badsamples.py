@@ -32,10 +32,30 @@ def read_bad_samples(path: Path) -> list[dict[str, str]]:
     return read_jsonl(path)
 
 
-def over_limit(summary: Mapping[str, Any]) -> bool:
+def over_limit(summary: Mapping[str, Any], considered: int | None = None) -> bool:
     """Whether a :func:`summarize_issues` summary (or a manifest's ``bad_samples``) is over its
-    ``max_fraction``: the one place the bad-fraction limit is judged (exit 3)."""
+    ``max_fraction``: the one place the bad-fraction limit is judged (exit 3). ``considered``: the
+    files the fraction is of, where known, so that the exact fraction is judged, not the
+    recorded one (rounded to 6 places: 1 bad file in 3 million is 0.0, which passed a limit of 0)."""
+    total = summary.get("total")
+    if considered and isinstance(total, int):
+        return bool(total / considered > summary["max_fraction"])
     return bool(summary["fraction"] > summary["max_fraction"])
+
+
+def considered_files(manifest: Mapping[str, Any]) -> int | None:
+    """The input files a manifest's bad fraction is of (its inputs but those left out on
+    purpose), None where the manifest does not say."""
+    inputs = manifest.get("inputs") or {}
+    files = inputs.get("files")
+    if not isinstance(files, int):
+        return None
+    return files - sum(int(n) for n in (inputs.get("excluded") or {}).values())
+
+
+def manifest_over_limit(manifest: Mapping[str, Any]) -> bool:
+    """:func:`over_limit` of a manifest's ``bad_samples``, judged on its exact fraction."""
+    return over_limit(manifest["bad_samples"], considered_files(manifest))
 
 
 def failed_build(manifest: Mapping[str, Any]) -> str | None:
@@ -43,7 +63,7 @@ def failed_build(manifest: Mapping[str, Any]) -> str | None:
     ``max_fraction`` (exit 3; the version is written for its report, never listed in a registry
     nor published, and no tool should take it for a usable version). None for a good version."""
     bad = manifest.get("bad_samples") or {}
-    if "fraction" not in bad or "max_fraction" not in bad or not over_limit(bad):
+    if "fraction" not in bad or "max_fraction" not in bad or not manifest_over_limit(manifest):
         return None
     return (f"{bad.get('total', '?')} bad input files, {bad['fraction']:.1%} over max_bad_fraction "
             f"{bad['max_fraction']:.1%} (exit 3; kept for its report, not a version to train on)")

@@ -84,6 +84,36 @@ def test_exit_3_when_bad_fraction_is_over_threshold_but_everything_is_written(de
     assert not (tmp_path / "registry").exists() and "  registry " not in result.output
 
 
+def test_a_bad_fraction_just_over_the_limit_fails_though_its_recorded_value_is_rounded(tmp_path: Path) -> None:
+    """1 bad file of 3 is 0.3333333...: over max_bad_fraction 0.3333333, though the manifest records
+    0.333333 (6 places). The rounded value was judged: exit 0, and ls/inspect/validate called the
+    version good (and 1 bad file in 3 million passed a limit of 0)."""
+    import cv2
+    import numpy as np
+
+    from packer.badsamples import over_limit, summarize_issues
+    from packer.records import Issue
+
+    raw = tmp_path / "raw" / "cls"
+    raw.mkdir(parents=True)
+    for i in range(2):
+        cv2.imwrite(str(raw / f"{i}.png"), np.random.default_rng(i).integers(0, 255, (16, 16), dtype=np.uint8))
+    (raw / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))
+    job = write_job(tmp_path, {"name": "third", "sources": [{"kind": "image", "root": str(tmp_path / "raw"),
+                                                            "label": "folder"}],
+                               "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"},
+                               "validate": {"max_bad_fraction": 0.3333333}, "output": str(tmp_path / "out")})
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q", "--no-report"])
+    assert built.exit_code == 3, built.output
+    (manifest,) = (tmp_path / "out" / "third").glob("*/manifest.json")
+    assert json.loads(manifest.read_text())["bad_samples"]["fraction"] == 0.333333  # as recorded, unchanged
+    assert "FAILED BUILD" in CliRunner().invoke(main, ["ls", str(tmp_path / "out" / "third")]).output
+    assert CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"]).exit_code == 3
+    one_bad = [Issue(sample_id="s", path="p", stage="read", reason="unreadable", message="m")]
+    summary = summarize_issues(one_bad, inputs=3_000_000, max_fraction=0.0)
+    assert summary["fraction"] == 0.0 and over_limit(summary, 3_000_000)
+
+
 def test_the_summary_says_when_the_registry_copy_was_already_there(demo_raw: Any, tmp_path: Path) -> None:
     doc = demo_job_doc(demo_raw.root, tmp_path / "out")
     doc["registry"] = str(tmp_path / "registry")

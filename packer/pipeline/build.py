@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from packer import __version__
 from packer.allocator import system_arrow_pool, tune_client_allocator
-from packer.badsamples import REPORT_FILE, over_limit, summarize_issues, write_bad_samples
+from packer.badsamples import REPORT_FILE, manifest_over_limit, summarize_issues, write_bad_samples
 from packer.buildwarnings import write_warnings
 from packer.config import SPLITS, JobConfig
 from packer.errors import (
@@ -166,7 +166,7 @@ class BuildResult:
 
     @property
     def over_threshold(self) -> bool:
-        return over_limit(self.manifest["bad_samples"])
+        return manifest_over_limit(self.manifest)
 
     @property
     def work_line(self) -> str:
@@ -496,13 +496,13 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         write_file_index(cache_dir, used_units)
     del used_units
     published = None
-    if remote is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) stays local
+    if remote is not None and not manifest_over_limit(manifest):  # a failed build (exit 3) stays local
         published = publish_version(version_dir, remote, storage_options=options.storage_options,
                                     quiet=options.quiet)
     # listed only once the version is where it is read from: a publish that failed or was killed
     # left a registry entry for a version the store had no manifest of
     registry_copy, registry_written = None, False
-    if job.registry is not None and not over_limit(manifest["bad_samples"]):  # a failed build (exit 3) is not listed
+    if job.registry is not None and not manifest_over_limit(manifest):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
         registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,

@@ -175,7 +175,7 @@ class ValidateResult:
     def exit_code(self) -> int:
         if self.prepared.audit.failed:
             return LeakageError.exit_code
-        if over_limit(self.bad):
+        if over_limit(self.bad, self.prepared.considered):
             return BadFractionError.exit_code
         return 0
 
@@ -288,7 +288,7 @@ def format_summary(result: ValidateResult) -> str:
     lines.append("  " + "  ".join(f"{s} {v['samples']} samples/{v['entities']} entities"
                                   for s, v in doc["splits"].items()))
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
-    verdict = "over" if over_limit(bad) else "within"
+    verdict = "over" if over_limit(bad, result.prepared.considered) else "within"
     lines.append(f"  bad samples: {bad['total']} ({bad['fraction']:.1%}, {verdict} limit {bad['max_fraction']:.1%}): "
                  f"{reasons}")
     # the summary goes to CI logs: under PHI files are named by sample key (their folders may carry
@@ -476,7 +476,7 @@ def write_junit(result: ValidateResult, path: Path) -> None:
     left_out = doc["excluded"]["total"]
     counted = f"{doc['inputs']['files'] - left_out} files" + (
         f" (and {left_out} left out on purpose, which do not count)" if left_out else "")
-    case("bad_fraction", over_limit(bad),
+    case("bad_fraction", over_limit(bad, result.prepared.considered),
          f"{bad['total']} bad of {counted} ({bad['fraction']:.1%} > {bad['max_fraction']:.1%})", listed)
     for name, rule in doc["audit"]["rules"].items():
         findings = result.prepared.audit.rule(name).findings
