@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,14 @@ def test_an_official_split_that_leaks_a_patient_fails_unless_accepted_and_is_rep
     assert rules["entity_overlap"]["severity"] == "report" and rules["entity_overlap"]["count"] == 1
     assert rules["entity_overlap"]["accepted"] is True and rules["entity_overlap"]["given"] == "list"
     assert result.manifest["config"]["split"]["accept_leaks"] is True
+    # 4 patients, bob in both splits: the totals count him once (they summed the splits' 2 + 3)
+    from packer.htmlreport import render_html_report
+    from packer.inspection import inspect_dataset
+
+    assert [result.manifest["splits"][s]["entities"] for s in ("train", "test")] == [3, 2]
+    assert inspect_dataset(result.version_dir)["totals"]["entities"] == 4
+    page = render_html_report(result.version_dir)
+    assert re.search(r'data-split="total">.*?data-field="entities" data-value="4"', page), "total row"
 
 
 def test_an_official_split_that_leaks_an_exact_copy_under_another_patient_is_reported(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from packer.htmlreport.markup import esc, note, num, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
+from packer.inspection import SPLITS_TABLE, total_entities
 from packer.storage import is_url
 
 SECTION_IDS = {
@@ -179,7 +180,11 @@ def render_summary(data: ReportData) -> str:
                     + num(values[0], "samples") + num(values[1], "entities") + num(values[2], "shards")
                     + f'<td class="num" data-field="bytes" data-value="{size}" title="{size:,} bytes">'
                       f'{esc(human_bytes(size))}</td></tr>')
-    foot = ('<tr data-split="total"><th scope="row">total</th>' + num(totals[0], "samples") + num(totals[1], "entities")
+    # distinct entities: an entity in two splits (a given split, leaks accepted) counts once
+    entities = total_entities(m, data.folder / SPLITS_TABLE)
+    foot = ('<tr data-split="total"><th scope="row">total</th>' + num(totals[0], "samples")
+            + (num(entities, "entities") if entities is not None else
+               '<td class="num" data-field="entities" title="entities in several splits">?</td>')
             + num(totals[2], "shards") + f'<td class="num" data-field="bytes" data-value="{totals[3]}" '
             f'title="{totals[3]:,} bytes">{esc(human_bytes(totals[3]))}</td></tr>')
     counts = table(["split", "samples", "entities", "shards", "bytes"], rows, table_id="summary-counts",
