@@ -278,6 +278,13 @@ def test_padding_is_masked_on_stored_values_and_stays_black(tmp_path: Path) -> N
     # float16: the padding is not -3024 "HU"; it takes the smallest real value (0 HU here).
     path = save(ct_dataset(stored, PixelPaddingValue=-2000), tmp_path / "f16.dcm")
     np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [80, 0]])
+    # MONOCHROME1 is kept as stored, to be inverted by the window applied later: the value that then
+    # shows black is its largest (the smallest showed white: padding as the densest tissue)
+    path = save(ct_dataset(stored, PixelPaddingValue=-2000, PhotometricInterpretation="MONOCHROME1"),
+                tmp_path / "f16-m1.dcm")
+    np.testing.assert_array_equal(one(path, output="float16")[0], [[0, 40], [80, 80]])
+    letterboxed = one(path, output="float16", size=(4, 8), resize="fit")[0]
+    assert letterboxed[:, 0].tolist() == [80] * 4 and letterboxed[:, -1].tolist() == [80] * 4  # fit's border too
 
 
 def test_padding_range_limit(tmp_path: Path) -> None:

@@ -208,6 +208,8 @@ def test_float16_render_fills_padding_with_the_smallest_real_value() -> None:
     values = np.array([[-3024.0, -1000.0], [40.0, 500.0]])
     out = render_modality_float(values, padding=np.array([[True, False], [False, False]]))
     np.testing.assert_array_equal(out[:, :, 0], [[-1000, -1000], [40, 500]])
+    inverted = render_modality_float(values, padding=np.array([[True, False], [False, False]]), monochrome1=True)
+    np.testing.assert_array_equal(inverted[:, :, 0], [[500, -1000], [40, 500]])  # black once inverted
     with pytest.raises(ValueError, match="float16"):
         render_modality_float(np.array([[70000.0]]), padding=np.zeros((1, 1), bool))
 

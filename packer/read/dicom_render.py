@@ -298,11 +298,14 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
                                   finish)
     if cfg.output == "float16":
         try:
-            image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask)
+            image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask,
+                                          monochrome1=photometric == "MONOCHROME1")
         except ValueError as err:  # values float16 cannot hold would be infinite: non_finite, as the README says
             return _issue(ref, "transform", "non_finite",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
-        return finish(image, float(image.min())), _frame_metadata(ds, frame, modality, (), spacing)
+        # the border fit pads with displays black too: MONOCHROME1's largest value, inverted later
+        black = float(image.max() if photometric == "MONOCHROME1" else image.min())
+        return finish(image, black), _frame_metadata(ds, frame, modality, (), spacing)
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
         return vois

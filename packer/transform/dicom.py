@@ -244,17 +244,18 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     return finish_image(image, pixel_spacing=pixel_spacing, spacing=spacing, size=size, policy=policy, output=output)
 
 
-def render_modality_float(values: np.ndarray, *, padding: np.ndarray) -> np.ndarray:
+def render_modality_float(values: np.ndarray, *, padding: np.ndarray, monochrome1: bool = False) -> np.ndarray:
     """Modality values (float64 H×W) → H×W×1 float32 for ``float16`` output, no window.
 
-    Padding pixels take the smallest non-padding value of the frame (not the padding value
-    itself, which would wreck min/max or z-score normalisation downstream).
+    Padding pixels take the non-padding value of the frame that displays black (not the padding
+    value itself, which would wreck min/max or z-score normalisation downstream): the smallest,
+    or, for ``monochrome1`` (kept as stored, inverted by the window applied later), the largest.
     Raises ``ValueError`` when a value does not fit in float16 (|x| > 65504).
     """
     out = values.astype(np.float64, copy=True)
     real = out[~padding]
     if real.size:
-        out[padding] = real.min()
+        out[padding] = real.max() if monochrome1 else real.min()
     peak = float(np.abs(out).max()) if out.size else 0.0
     if peak > FLOAT16_MAX:
         raise ValueError(f"modality values reach {peak:g}, beyond float16's range (±{FLOAT16_MAX:g})")
