@@ -327,6 +327,14 @@ def test_a_source_of_several_sizes_is_a_warning_that_names_its_shapes_and_the_fi
     ({"photos": [[3, n, n] for n in range(10, 16)]},
      ["source photos packs samples of 6 shapes (3×10×10, 3×11×11, 3×12×12, 3×13×13 and 2 more), which no batch can "
       "stack: give the kind a size"]),
+    # a 2-D source beside a volume source of as many channels: no channel count makes them one
+    ({"photos": [[3, 32, 32]], "vol": [[3, 3, 32, 32]]},
+     ["the sources' samples have different shapes (photos 3×32×32, vol 3×3×32×32), which no batch can stack: load "
+      "one source at a time (ShardDataset(..., sources=[...])), or batch them with make_loader(..., "
+      'collate="list")']),
+    ({"a": [[3, 32, 32]], "b": [[3, 48, 48]]},
+     ["the sources' samples have different shapes (a 3×32×32, b 3×48×48), which no batch can stack: load one "
+      "source at a time (ShardDataset(..., sources=[...])), give every source one size, or batch"]),
 ])
 def test_several_shapes_warns_per_source_with_the_fix_that_fits(shapes: dict[str, list[list[int]]],
                                                                   expected: list[str]) -> None:

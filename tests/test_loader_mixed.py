@@ -350,3 +350,47 @@ def test_the_bench_shape_note_offers_only_fixes_that_give_one_shape(shapes: dict
     collate, note = choose_collate(SimpleNamespace(shape=None, view=None, info=info), None)
     assert collate == "list" and note is not None and wanted in note, note
     assert not any(text in note for text in unwanted), note
+
+
+def test_a_job_packing_volumes_beside_2d_images_loads_whole_and_by_source(tmp_path: Path) -> None:
+    """A NIfTI source packed as volumes (3×D×H×W) beside photos (3×H×W) built with exit 0 and a
+    warning pointing to collate="list" or one source at a time, yet every ShardDataset of it was
+    refused: 'sample_schema.shapes ... expected [C, D, H, W]'."""
+    import cv2
+    import nibabel as nib
+    import yaml
+
+    from packer.pipeline.build import BuildOptions, build
+
+    raw = tmp_path / "raw"
+    (raw / "photos").mkdir(parents=True)
+    (raw / "vol").mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(2):
+        cv2.imwrite(str(raw / "photos" / f"p{i}.png"), rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
+        volume = rng.normal(40, 200, (8, 8, 4)).astype(np.int16)
+        nib.save(nib.Nifti1Image(volume, np.diag([2.0, 2.0, 3.0, 1.0])), raw / "vol" / f"v{i}.nii.gz")
+    (raw / "photos" / "labels.csv").write_text("path,label,entity\np0.png,a,P0\np1.png,a,P1\n")
+    (raw / "vol" / "cases.csv").write_text("path,entity,label\nv0.nii.gz,V0,b\nv1.nii.gz,V1,b\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "mixed-ranks",
+        "sources": [{"kind": "image", "name": "photos", "root": str(raw / "photos"),
+                     "table": str(raw / "photos" / "labels.csv")},
+                    {"kind": "nifti", "name": "vol", "root": str(raw / "vol"),
+                     "table": str(raw / "vol" / "cases.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}, "near_duplicates": {"enabled": False}},
+        "transform": {"image": {"size": [8, 8], "color": "rgb"},
+                      "nifti": {"windows": [{"center": 40, "width": 400}] * 3, "sample": "volume"}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}))
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    schema = result.manifest["sample_schema"]
+    assert schema["layout"] == "CDHW" and {len(s) for v in schema["shapes"].values() for s in v} == {3, 4}
+    whole = make_loader(ShardDataset(result.version_dir, "train"), 4, collate="list")
+    shapes = sorted(tuple(image.shape) for batch in whole for image in batch["image"])
+    assert sorted(len(s) for s in shapes) == [3, 3, 4, 4]
+    for source, rank in (("photos", 3), ("vol", 4)):
+        view = list(ShardDataset(result.version_dir, "train", sources=[source]))
+        assert len(view) == 2 and all(item["image"].dim() == rank for item in view)
+    with pytest.raises(MixedShapesError):  # stacked, the two ranks are refused by name, as any mix is
+        list(make_loader(ShardDataset(result.version_dir, "train", shuffle=False), 4))

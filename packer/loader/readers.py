@@ -323,7 +323,9 @@ def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | 
         raise IntegrityError(f"{path}: sample_schema.shape is {shape!r}, expected [{', '.join(schema['layout'])}] "
                              "or null")
     shapes = schema["shapes"]
-    if not all(len(s) == axes for v in shapes.values() for s in v):
+    # CDHW where any sample is a volume: a job may pack 2-D sources (C×H×W) beside them
+    ranks = {axes, 3} if axes == 4 else {axes}
+    if not all(len(s) in ranks for v in shapes.values() for s in v):
         raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected "
                              f"{{source: [[{', '.join(schema['layout'])}], ...]}}")
     shards = []
@@ -602,7 +604,8 @@ class SampleCheck:
                 mask: np.ndarray | None = None, target_mask: np.ndarray | None = None) -> str | None:
         if image.dtype != np.dtype(self.dtype):
             return f"dtype {image.dtype}, expected {self.dtype}"
-        if image.ndim != len(self.layout):
+        if image.ndim != len(self.layout) and not (self.layout == "CDHW" and image.ndim == 3):
+            # CDHW: the dataset holds volumes, and maybe 2-D samples of other sources beside them
             return f"shape {image.shape} is not {'×'.join(self.layout)}"
         if self.shape is not None and tuple(image.shape) != self.shape:
             return f"shape {tuple(image.shape)}, expected {self.shape}"

@@ -883,9 +883,13 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
                    f"can stack: {fix}, {loaders}")
     if not out:
         each = ", ".join(f"{source} {_shapes_text(listed)}" for source, listed in sorted(shapes.items()))
+        every = [s for listed in shapes.values() for s in listed]
+        # the fix that can make them one: a channel count where those differ (replicated from 1),
+        # a size where sizes do; volumes beside 2-D samples are never one shape
+        fix = ("make them one channel count with transform.channels, " if len({s[0] for s in every}) > 1
+               else "give every source one size, " if len({len(s) for s in every}) == 1 else "")
         out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: load one source "
-                   "at a time (ShardDataset(..., sources=[...])), make them one channel count with "
-                   f"transform.channels, {loaders}")
+                   f"at a time (ShardDataset(..., sources=[...])), {fix}{loaders}")
     return out
 
 
