@@ -1048,3 +1048,25 @@ def test_a_table_whose_backslashed_cells_are_file_names_says_the_archive_lost_it
     message = _discover_error(_job(tmp_path, {"root": "raw", "table": "raw/t.csv"}))
     assert "a backslash in the cells is read as a folder separator" in message, message
     assert "'case0\\\\img.png' is one file" in message and "find: name" not in message
+
+
+def test_sources_with_nested_roots_warn_that_they_read_one_file_twice(tmp_path: Path) -> None:
+    """root: data beside root: data/sub (a common slip): every file under sub/ was packed twice and
+    counted twice among the inputs and the bad samples, without a word; sources over one root parted
+    by where: read each file once and say nothing."""
+    _files(tmp_path / "data", ["cat/a.png", "sub/dog/b.png", "sub/dog/c.png"])
+    doc = {"name": "t", "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out",
+           "sources": [{"kind": "image", "name": "all", "root": "data", "label": "folder"},
+                       {"kind": "image", "name": "sub", "root": "data/sub", "label": "folder"}]}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    (warning,) = [w for w in found.warnings if "several sources" in w]
+    assert warning.startswith("2 file(s) are read by several sources (all, sub; e.g. ")
+    assert "nested or shared" in warning
+    top = {"top": {"path": "^(?P<top>[^/]+)/"}}
+    doc["sources"] = [{"kind": "image", "name": "cats", "root": "data", "label": "folder", "fields": top,
+                       "where": {"top": "cat"}},
+                      {"kind": "image", "name": "rest", "root": "data", "label": "folder", "fields": top,
+                       "where": {"top": "sub"}}]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert not [w for w in discover(load_job(tmp_path / "job.yaml")).warnings if "several sources" in w]

@@ -1192,6 +1192,8 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         rows_filtered += found.rows_filtered
         unlabeled.update(found.unlabeled)
     refs = RefTable.concat(tables)
+    if len(job.sources) > 1:
+        said.extend(_read_twice(refs))
     excluded = _once(excluded, refs, issues)
     # distinct ids counted in Arrow: a set of every id held ~120 bytes a sample
     if len(refs) and pc.count_distinct(refs.arrow("sample_id")).as_py() != len(refs):  # a (vanishingly rare) hash
@@ -1199,6 +1201,22 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         refs = RefTable.of(unique_ids(list(refs), hide_paths=phi is not None and phi.active))
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered, unlabeled=unlabeled)
+
+
+def _read_twice(refs: RefTable) -> list[str]:
+    """A warning where sources read one file each (nested or shared roots of one kind, not
+    parted by ``where:``): each such file is packed once per source, and counted once per source
+    among the inputs and the bad samples; empty where every file is one source's."""
+    paths = refs.arrow("path")
+    if not len(paths) or pc.count_distinct(paths).as_py() == len(paths):
+        return []
+    counts = pc.value_counts(paths)
+    twice = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    held = pc.is_in(paths, value_set=twice)
+    sources = sorted(set(refs.arrow("source").filter(held).to_pylist()))
+    return [f"{len(twice):,} file(s) are read by several sources ({', '.join(sources)}; e.g. {twice[0].as_py()}): "
+            "their roots are nested or shared, so each such file is packed, and counted among the inputs, once per "
+            "source; narrow a root, or part the sources with where:"]
 
 
 def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:
