@@ -173,3 +173,24 @@ def test_a_count_that_cannot_become_one_channel_says_what_can(demo_raw: Any, tmp
     assert "only 1 channel (replicated) or exactly 1" not in said, said
     assert ("transform.channels is 1: only a sample of exactly 1 channel, or of 3 colour channels of a colour DICOM "
             "(their luminance), can be mapped, never a silent reshape") in said, said
+
+
+@pytest.mark.parametrize(("windows", "channels", "said"), [
+    (["abdomen"], 1, "the stack's 3 slices (sample: {neighbors: 1}) times 1 channel(s) a slice make 3: set "
+                     "transform.channels to 3;"),
+    (["abdomen", "liver"], 3, "the stack's 3 slices (sample: {neighbors: 1}) times 2 channel(s) a slice make 6: set "
+                              "transform.channels to 6, or give 'vol' 1 channel(s) a slice"),
+])
+def test_a_nifti_stack_whose_channel_count_is_set_by_its_neighbours_names_them(
+        tmp_path: Path, windows: list[str], channels: int, said: str) -> None:
+    """A 2k+1-slice stack has (2k+1) × windows channels: the error blamed transform.nifti.windows and
+    asked for windows making 1 channel, which no windows can do under neighbors: 1."""
+    (tmp_path / "vol").mkdir()
+    job = write_job(tmp_path, {
+        "name": "stack", "sources": [{"kind": "nifti", "name": "vol", "root": str(tmp_path / "vol"), "label": "none"}],
+        "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"),
+        "transform": {"channels": channels, "nifti": {"windows": windows, "sample": {"neighbors": 1}}}})
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    message = str(caught.value)
+    assert "transform.nifti.sample: gives" in message and said in message, message

@@ -223,10 +223,16 @@ class NiftiKind(SourceKind):
         if cfg.channels is not None and cfg.channels_from is None:
             stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
             for source in sources:
-                natural = (1 + len(source.companions)) * len(cfg.windows) * stacked
-                check_channels(cfg.channels, natural, where="transform.nifti.windows", sources=[source.name],
-                               fix=f"give {source.name!r} windows and channel_files that make {cfg.channels} "
-                                   "channels", key=cfg.channels_key)
+                per_slice = (1 + len(source.companions)) * len(cfg.windows)
+                natural = per_slice * stacked
+                fix = (f"give {source.name!r} windows and channel_files that make {cfg.channels} channels"
+                       if stacked == 1 else
+                       f"the stack's {stacked} slices (sample: {{neighbors: {cfg.neighbors}}}) times {per_slice} "
+                       f"channel(s) a slice make {natural}: set {cfg.channels_key} to {natural}"
+                       + (f", or give {source.name!r} {cfg.channels // stacked} channel(s) a slice (windows and "
+                          "channel_files)" if cfg.channels % stacked == 0 else ""))
+                check_channels(cfg.channels, natural, sources=[source.name], fix=fix, key=cfg.channels_key,
+                               where="transform.nifti.windows" if stacked == 1 else "transform.nifti.sample")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue:
