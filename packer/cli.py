@@ -62,8 +62,8 @@ def main() -> None:
 
 
 def _print_summary(result: Any) -> None:
-    from packer.pipeline.datacheck import empty_splits
     from packer.pipeline.sampletable import several_dtypes, several_shapes
+    from packer.pipeline.split import empty_splits
     from packer.targets import Target
 
     manifest = result.manifest

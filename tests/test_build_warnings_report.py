@@ -10,13 +10,19 @@ Real DICOM files written by pydicom (tests/test_instance_uids.py's shared SOP In
 
 from __future__ import annotations
 
+import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from packer.buildwarnings import WARNINGS_FILE, write_warnings
+from packer.cli import main
 from packer.config import load_job
 from packer.htmlreport import render_html_report
 from packer.manifest import read_manifest
@@ -120,3 +126,26 @@ def test_a_damaged_warnings_file_is_said_in_the_report(tmp_path: Path) -> None:
     html = render_html_report(result.version_dir, quiet=True)
     assert f"{WARNINGS_FILE}, the warnings the build printed, could not be read" in html
     assert "line 1" in html
+
+
+def test_the_summarys_warnings_of_the_packed_dataset_are_in_warnings_jsonl_too(tmp_path: Path) -> None:
+    """A split that asked for samples and got none (the build's summary warns) was missing from
+    warnings.jsonl and the report's warning box, which the README says hold every printed warning."""
+    from packer.buildwarnings import read_warnings
+
+    raw = tmp_path / "raw" / "cls"
+    raw.mkdir(parents=True)
+    cv2.imwrite(str(raw / "only.png"), np.random.default_rng(1).integers(0, 255, (16, 16), dtype=np.uint8))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "one", "sources": [{"kind": "image", "root": str(tmp_path / "raw"),
+                                                              "label": "folder"}],
+                                   "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}},
+                                   "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}))
+    printed = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert printed.exit_code == 0, printed.output
+    (version,) = (tmp_path / "out" / "one").glob("*/manifest.json")
+    recorded = read_warnings(version.parent / "warnings.jsonl")
+    empty = [w.message for w in recorded if w.code == "empty_split"]
+    assert len(empty) == 2 and all(f"warning: {m}" in printed.output for m in empty)
+    page = (version.parent / "report.html").read_text()
+    assert all(html.escape(m, quote=True) in page or m in page for m in empty)

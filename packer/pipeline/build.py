@@ -26,7 +26,7 @@ import shutil
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ from packer.pipeline.publish import (
     write_index,
     write_splits_table,
 )
-from packer.pipeline.sampletable import SampleTable, sample_schema
+from packer.pipeline.sampletable import SampleTable, sample_schema, several_dtypes, several_shapes
 from packer.pipeline.spill import (
     cache_elsewhere,
     chunk_of,
@@ -88,6 +88,7 @@ from packer.pipeline.spill import (
     remove_stale_temporaries,
     write_packed_pointers,
 )
+from packer.pipeline.split import empty_splits
 from packer.pipeline.stages import constant_slices, non_finite_filled, run_stages, shared_roots
 from packer.progress import stage_progress
 from packer.read.kinds import source_libraries
@@ -429,7 +430,6 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         splits_entry = write_splits_table(staging, samples, assignment, prepared.phi)
     write_leakage(staging, prepared.audit)
     write_bad_samples(staging, issues)
-    write_warnings(staging, prepared.warnings)  # only where there were: the report shows them at its top
     if prepared.excluded:  # only where files were left out: a dataset without any keeps its folder as it was
         write_excluded(staging, prepared.excluded)
     release_table_memory()
@@ -458,11 +458,15 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         "splits_table": splits_entry,
         "phi": {"mode": job.phi.mode, "dates": job.phi.dates, "key_fingerprint": prepared.phi.fingerprint},
     }
+    # every warning the build prints, the summary's of the packed dataset too (a split that got no
+    # sample, shapes no batch stacks): only where there were, and the report shows them at its top
+    warned = [*prepared.warnings, *dataset_warnings(body)]
+    write_warnings(staging, warned)
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
     reused, restored = _publish(staging, version_dir, manifest)
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
-        write_warnings(version_dir, prepared.warnings)
+        write_warnings(version_dir, warned)
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
     if options.keep_cache:
         write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
@@ -526,6 +530,16 @@ def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[
         for code, key, position in zip(spill_codes[shard.rows].tolist(), keys, written[shard.file].positions,
                                        strict=True):
             yield chunks[code], str(key), shard.file, position
+
+
+def dataset_warnings(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(code, message) of what the build's summary warns of the packed dataset (its manifest, or
+    the body of one): each split that asked for samples and got none, and shapes or dtypes no
+    batch stacks; as ``packer validate --json`` codes them."""
+    schema = manifest["sample_schema"]
+    return [*(("empty_split", e.message) for e in empty_splits(manifest["config"]["split"], manifest["splits"])),
+            *(("several_shapes", m) for m in several_shapes(schema)),
+            *(("several_dtypes", m) for m in several_dtypes(schema))]
 
 
 def _decoders() -> dict[str, str]:

@@ -6,7 +6,7 @@ and JUnit XML (one test case per rule). Exit codes follow ``packer build``: 0 cl
 fraction over threshold, 4 leakage.
 
 Warnings do not change the exit code: a split the job asked samples for that got none
-(:func:`empty_splits`, also printed by ``packer build``) is listed in all three outputs, and
+(:func:`~packer.pipeline.split.empty_splits`, also printed by ``packer build``) is listed in all three outputs, and
 the check still passes.
 """
 
@@ -20,7 +20,7 @@ import stat
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +38,7 @@ from packer.files import atomic_output
 from packer.phi import unused_key_warning
 from packer.pipeline.audit import finding_text
 from packer.pipeline.cluster import open_executor
-from packer.pipeline.split import split_codes
+from packer.pipeline.split import empty_splits, split_codes
 from packer.pipeline.stages import Prepared, run_stages
 from packer.read.kinds import source_libraries
 from packer.records import Excluded, Issue
@@ -67,64 +67,6 @@ def off_skipped(auto: bool) -> str:
                 "set it to true to search near copies anyway")
     return ("not run: split.near_duplicates.enabled is false, so no near copies are searched; "
             "set it to auto or true to check them")
-
-
-_WHY_NOT_EMPTY = {"train": "there is nothing to train on",
-                  "valid": "there is nothing to validate on (model selection, early stopping)",
-                  "test": "nothing is held out to report results on"}
-
-
-@dataclass(frozen=True)
-class EmptySplit:
-    """A split the job asked samples for (a ratio above 0, or a time cutoff) that got none.
-    ``message`` says why that matters and how to fix it."""
-
-    split: str
-    message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"code": "empty_split", "split": self.split, "message": self.message}
-
-
-def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[str, Any]]) -> list[EmptySplit]:
-    """The splits that asked for samples but hold none, in split order.
-
-    ``split_config`` is the job's ``split`` as the manifest records it (``SplitConfig.to_json()``:
-    ``by``, ``ratios``, ``cutoffs``); ``splits`` maps each split to at least its ``samples`` and
-    ``entities`` counts (the manifest's ``splits``, or ``packer validate``'s). With ``by: time``
-    train always asks and valid/test ask when they have a cutoff; otherwise a split asks when its
-    ratio is above 0. A split with ratio 0 (or no cutoff) that is empty is what the job said.
-    """
-    by_time = split_config.get("by") == "time"
-    ratios = split_config.get("ratios") or {}
-    cutoffs = split_config.get("cutoffs") or {}
-    # a given split (by: list or column) asks samples only of the splits it carves (a listed split
-    # that names no sample is a config error before this)
-    carve = split_config.get("carve") or {}
-    entities = sum(int(entry.get("entities", 0)) for entry in splits.values())
-    found = []
-    for split in SPLITS:
-        asked = (split == "train" or split in cutoffs) if by_time else (
-            split in carve if "carve" in split_config else float(ratios.get(split, 0)) > 0)
-        if not asked or int(splits.get(split, {}).get("samples", 0)) > 0:
-            continue
-        why = _WHY_NOT_EMPTY[split]
-        if split in carve:
-            message = (f"split {split} has 0 samples (carved from {carve[split]['from']} at ratio "
-                       f"{float(carve[split]['ratio']):g}; {entities} entities in all), so {why}. Each entity goes "
-                       f"whole, so a few entities can leave it empty: raise split.carve.{split}.ratio, or try "
-                       "another split.seed")
-        elif by_time:
-            given = ", ".join(f"{name} {cutoffs[name]}" for name in SPLITS if name in cutoffs)
-            message = (f"split {split} has 0 samples (by time, cutoffs {given}: no entity's first record falls in "
-                       f"{split}'s period), so {why}; move split.cutoffs, or add records from that period")
-        else:
-            asked_for = ", ".join(f"{name} {float(ratios.get(name, 0)):g}" for name in SPLITS)
-            message = (f"split {split} has 0 samples (ratios {asked_for}; {entities} entities in all), so {why}. "
-                       "Each entity goes whole to one split, so a few entities can leave a split empty: add "
-                       "entities, change split.ratios, or try another split.seed")
-        found.append(EmptySplit(split=split, message=message))
-    return found
 
 
 def _cut(total: int, limit: int) -> int:
