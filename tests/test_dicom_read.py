@@ -772,6 +772,17 @@ def test_deflated_syntax_decodes(tmp_path: Path) -> None:
     np.testing.assert_array_equal(samples[0].image[0], expected)
 
 
+def test_a_deflated_file_cut_short_is_truncated_as_a_native_one_is(tmp_path: Path) -> None:
+    """Its deflate stream stops short: the record called the header unparseable (unreadable), where
+    the same cut of an Explicit VR file is truncated, naming the fix (copy it again)."""
+    data = shipped("image_dfl.dcm").read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[:len(data) - 400])
+    for result in (read(cut), probe(cut)):
+        assert isinstance(result, Issue) and (result.reason, result.stage) == ("truncated", "read"), result
+        assert "cut short, copy it again" in result.message
+
+
 def test_big_endian_gives_native_byte_order() -> None:
     for output in ("uint16", "float16"):
         samples = read(shipped("MR_small_bigendian.dcm"), output=output)

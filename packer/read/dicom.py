@@ -299,6 +299,13 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
     except OSError as err:
         return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
                                                  "copy it again from the source"), _NO_STOP
+    except zlib.error as err:
+        if "truncated" in str(err) or "incomplete" in str(err):  # Z_BUF_ERROR (-5): the stream stops short
+            return _issue(ref, "read", "truncated", f"the file is Deflated Explicit VR Little Endian and its "
+                                                    f"compressed data set ends before its stream does (zlib: {err}): "
+                                                    "it was cut short, copy it again"), _NO_STOP
+        return _issue(ref, "read", "unreadable", f"the deflated data set cannot be inflated (zlib: {err}); the file "
+                                                 "is corrupt, copy it again or re-export it"), _NO_STOP
     except _PARSE_ERRORS as err:
         return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
                                                  "the file is corrupt, copy it again or re-export it"), _NO_STOP
