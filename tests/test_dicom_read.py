@@ -476,7 +476,7 @@ def test_a_frame_cut_short_that_the_decoder_fills_in_is_truncated(tmp_path: Path
     assert not isinstance(whole, Issue), whole.message
     ds.PixelData = encapsulate([frame[: int(len(frame) * kept) // 2 * 2]])
     found = issue_of(read(save(ds, tmp_path / "cut.dcm"), wide), "truncated", "read")
-    assert "a frame lacks its end marker" in found.message
+    assert "frame 0 lacks its end marker (FFD9); copy the file again" in found.message
 
 
 @pytest.mark.parametrize("syntax", [JPEG2000Lossless, RLELossless, "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.50"])
@@ -971,3 +971,15 @@ def test_a_multi_valued_attribute_reads_as_dicom_writes_it() -> None:
     ds.SequenceVariant = "SK"
     assert text_value(ds, "ScanningSequence") == "SE\\IR"
     assert text_value(ds, "SequenceVariant") == "SK"
+
+
+def test_an_rle_file_with_fewer_frames_than_it_declares_says_so_not_end_marker(tmp_path: Path) -> None:
+    """RLE has no end marker, and a whole file with a wrong Number of Frames is not fixed by
+    copying it again: the record said "a frame lacks its end marker ... StopIteration: ; copy the file
+    again"; it names both counts and both fixes."""
+    ds = pydicom.dcmread(shipped("MR_small_RLE.dcm"))
+    ds.NumberOfFrames = 2
+    found = issue_of(read(save(ds, tmp_path / "two.dcm")), "truncated", "read")
+    assert "it holds 1 frame(s) where (0028,0008) Number of Frames declares 2" in found.message, found.message
+    assert "end marker" not in found.message and "StopIteration" not in found.message
+    assert "copy it again" in found.message and "fix the header" in found.message

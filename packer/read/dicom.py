@@ -853,25 +853,27 @@ def _has_undefined_pixel_tag(path: str) -> bool:
     return any(marker in data for marker in _UNDEFINED_PIXEL_TAGS)
 
 
-def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> bool:
-    """Whether an encapsulated frame lacks its end: JPEG/JPEG-LS/JPEG 2000 codestreams end with
-    the EOI/EOC marker FFD9; an RLE frame must hold every segment its header points to."""
+def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> str | None:
+    """How encapsulated pixel data falls short of what the header declares, None where it does
+    not: fewer frames than (0028,0008) Number of Frames, or a frame that lacks its end (JPEG,
+    JPEG-LS and JPEG 2000 codestreams end with the EOI/EOC marker FFD9; an RLE frame must hold
+    every segment its header points to), with the fix."""
     try:
         frames = list(generate_frames(ds.PixelData, number_of_frames=geometry.frames))
     except _DECODE_ERRORS:
-        return True
+        return "its fragments cannot be split into frames; copy the file again"
     if len(frames) < geometry.frames:
-        return True
-    for frame in frames:
-        if geometry.transfer_syntax == "1.2.840.10008.1.2.5":
-            if len(frame) < 64:
-                return True
-            count, *offsets = struct.unpack("<16L", frame[:64])
+        return (f"it holds {len(frames)} frame(s) where (0028,0008) Number of Frames declares {geometry.frames}: a "
+                "file cut short (copy it again), or a wrong count (where the file is whole, fix the header)")
+    rle = geometry.transfer_syntax == "1.2.840.10008.1.2.5"
+    for index, frame in enumerate(frames):
+        if rle:
+            count, *offsets = struct.unpack("<16L", frame[:64]) if len(frame) >= 64 else (1, len(frame))
             if any(offset >= len(frame) for offset in offsets[:count]):
-                return True
+                return f"RLE frame {index} ends before the segments its header points to; copy the file again"
         elif b"\xff\xd9" not in frame[-16:]:  # the marker, then at most padding (no codestream holds FF D9 else)
-            return True
-    return False
+            return f"frame {index} lacks its end marker (FFD9); copy the file again"
+    return None
 
 
 def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | None:
@@ -943,17 +945,16 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             arr = pixel_array(ds, decoding_plugin=plugin)
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
-        if encapsulated and _frames_cut_short(ds, geometry):
+        if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
             # libjpeg (and OpenJPEG) decode a codestream cut short without an error, filling the
             # missing rows with padding: made-up pixels that would pack as data
             return _issue(ref, "read", "truncated",
-                          f"encapsulated pixel data is cut short (a frame lacks its end marker); {plugin} decoded "
-                          "it anyway by filling in the missing part, which is not packed; copy the file again")
+                          f"encapsulated pixel data is cut short ({plugin} decoded it anyway by filling in the "
+                          f"missing part, which is not packed): {short}")
     except _DECODE_ERRORS as err:
-        if encapsulated and _frames_cut_short(ds, geometry):
-            return _issue(ref, "read", "truncated",
-                          f"encapsulated pixel data is cut short (a frame lacks its end marker) and {plugin} "
-                          f"failed: {type(err).__name__}: {err}; copy the file again")
+        if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
+            failed = f" ({plugin}: {type(err).__name__}: {err})" if str(err) else ""
+            return _issue(ref, "read", "truncated", f"encapsulated pixel data is cut short{failed}: {short}")
         return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
                                                     f"pixel data: {type(err).__name__}: {err}; fix the Image Pixel "
                                                     "attributes it names, or re-export the file")
