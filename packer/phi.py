@@ -38,6 +38,24 @@ HOW_TO = ("create one with: packer key new phi.key (keep the file out of the rep
           f"file) or export {ENV_KEY}=$(cat phi.key); or write phi: {{mode: keep}} to keep raw ids on purpose")
 
 
+def how_to(job_dir: Path | None) -> str:
+    """:data:`HOW_TO` for a job in ``job_dir``: the key is made beside the job file, where its
+    ``key_file: phi.key`` is looked for, whatever folder the command runs in (a job under
+    workflows/ run from the repository's root made ./phi.key, which the job did not find)."""
+    if job_dir is None:
+        return HOW_TO
+    try:
+        made = os.path.relpath(job_dir / "phi.key")
+    except ValueError:  # another drive (Windows)
+        made = str(job_dir / "phi.key")
+    if made == "phi.key":
+        return HOW_TO
+    return (f"create one beside the job file with: packer key new {made} (keep the file out of the repository, and "
+            "keep it: rebuilding the dataset needs it), then set phi: {key_file: phi.key} in the job (key_file is "
+            f"relative to the job file) or export {ENV_KEY}=$(cat {made}); or write phi: {{mode: keep}} to keep raw "
+            "ids on purpose")
+
+
 @dataclass(frozen=True)
 class PhiKey:
     """A loaded PHI key and where it came from (``source``: words for messages, never the key).
@@ -133,10 +151,11 @@ def _checked(text: str, where: str) -> bytes:
     return key
 
 
-def load_key(cfg: PhiConfig) -> PhiKey | None:
+def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
     """The secret key for ``pseudonymize`` and where it came from: the file ``phi.key_file``,
     the environment variable ``PACKER_PHI_KEY`` (an empty value counts as unset), or both when
-    they hold the same key. Returns None for ``keep``.
+    they hold the same key. Returns None for ``keep``. ``job_dir``: the job file's folder, where
+    the message on a missing key says to make one.
 
     Raises ConfigError (exit 2) when no key is available (saying how to create one), when a key
     is too short or its file unreadable, and when the variable and the job's key file hold
@@ -176,7 +195,8 @@ def load_key(cfg: PhiConfig) -> PhiKey | None:
         return PhiKey(key=file_key, source=file_where)
     if env_key is not None:
         return PhiKey(key=env_key, source=env_where)
-    raise ConfigError(f"phi.mode is pseudonymize (the default for DICOM sources) but no key was given; {HOW_TO}")
+    raise ConfigError("phi.mode is pseudonymize (the default for DICOM sources) but no key was given; "
+                      + how_to(job_dir))
 
 
 def unused_key_warning(cfg: PhiConfig) -> str | None:
@@ -193,7 +213,7 @@ def pseudonymizer_for(cfg: PhiConfig, job_path: Path | None = None) -> Pseudonym
     """The job's :class:`Pseudonymizer`, its key loaded by :func:`load_key` (whose errors it
     raises, naming ``job_path`` first, as every error about a job file does)."""
     try:
-        loaded = load_key(cfg)
+        loaded = load_key(cfg, job_path.parent if isinstance(job_path, Path) else None)
     except ConfigError as err:
         if job_path is None:
             raise

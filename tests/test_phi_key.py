@@ -160,6 +160,23 @@ def test_build_without_a_key_names_the_job_file_first(tmp_path: Path) -> None:
     assert "packer key new" in output
 
 
+def test_the_missing_key_fix_works_as_pasted_from_another_folder(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job under workflows/ run from the folder above: 'packer key new phi.key' made ./phi.key,
+    and the job's 'key_file: phi.key' (relative to the job file) then did not find it."""
+    job = ct_job(tmp_path / "workflows", None)
+    monkeypatch.chdir(tmp_path)
+    code, output = build(job, env_key="")
+    assert code == 2 and "packer key new workflows/phi.key" in output, output
+    made = CliRunner().invoke(main, ["key", "new", "workflows/phi.key"])
+    assert made.exit_code == 0, made.output
+    doc = yaml.safe_load(job.read_text())
+    doc["phi"] = {"key_file": "phi.key"}
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, output = build(job, env_key="")
+    assert code == 0, output
+
+
 def test_build_summary_names_the_key_source_and_fingerprint_never_the_key(tmp_path: Path) -> None:
     (tmp_path / "phi.key").write_text(KEY_A + "\n")
     job = ct_job(tmp_path, {"key_file": "phi.key"})
