@@ -524,3 +524,9 @@ def test_a_rebuild_of_the_same_version_writes_this_builds_local_reports(tmp_path
     listed = (second.version_dir / "bad_samples.jsonl").read_text()
     assert "broken_B.png" in listed and "broken_A.png" not in listed
     assert json.loads((second.version_dir / "leakage.json").read_text())
+    assert second.reports_rewritten == ("bad_samples.jsonl", "leakage.json")
+    # the same inputs again: each report holds this build's bytes already, so none is replaced
+    inodes = {name: (second.version_dir / name).stat().st_ino for name in ("bad_samples.jsonl", "leakage.json")}
+    third = build(load_job(write_job(tmp_path / "jobs", doc)), options)
+    assert third.reused and third.reports_rewritten == () and third.restored == ()
+    assert {name: (third.version_dir / name).stat().st_ino for name in inodes} == inodes

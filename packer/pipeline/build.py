@@ -21,6 +21,7 @@ task completion order, so the worker count and scheduler do not matter.
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import os
 import shutil
 import sys
@@ -146,6 +147,9 @@ class BuildResult:
     #: files of an already built version (``reused``) that were missing or damaged, replaced by this
     #: build's copies of the bytes its manifest records
     restored: tuple[str, ...] = ()
+    #: the local reports of an already built version (``reused``) that this build's differ from (its
+    #: bad files, or those left out, changed without changing the dataset), each replaced or removed
+    reports_rewritten: tuple[str, ...] = ()
     registry_copy: Path | None = None
     #: whether this build wrote the registry copy (False: the copy of the same dataset was already there)
     registry_written: bool = False
@@ -464,7 +468,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     write_warnings(staging, warned)
     manifest = seal_manifest(body)
     version_dir = dataset_root / manifest["version"]
-    reused, restored = _publish(staging, version_dir, manifest)
+    reused, restored, rewritten = _publish(staging, version_dir, manifest)
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
         write_warnings(version_dir, warned)
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
@@ -511,7 +515,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
         registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=read_manifest(version_dir / MANIFEST_FILE).data,
-                       issues=sorted_issues, reused=reused, restored=restored,
+                       issues=sorted_issues, reused=reused, restored=restored, reports_rewritten=rewritten,
                        registry_copy=registry_copy, registry_written=registry_written, executor=description,
                        html_report=html_report,
                        files_decoded=files_decoded, files_cached=cached_files, remote_url=remote, published=published,
@@ -691,26 +695,28 @@ def _warn(message: str) -> None:
     print(f"packer: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]
+             ) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
     """Move the staged files into the version folder and write the manifest last.
 
-    Returns ``(True, restored)`` when the version folder already held this exact dataset: its
-    manifest and every file that still checks out are left as they are, and ``restored`` names
-    the files it lists (shards, index, splits table) that were missing or no longer held the
+    Returns ``(True, restored, rewritten)`` when the version folder already held this exact
+    dataset: its manifest and every file that still checks out are left as they are; ``restored``
+    names the files it lists (shards, index, splits table) that were missing or no longer held the
     sha256 the manifest records, each replaced (by rename) with this build's copy, whose bytes
-    are the recorded ones. ``(False, ())`` when the version was written here.
+    are the recorded ones; ``rewritten`` the local reports that differed from this build's.
+    ``(False, (), ())`` when the version was written here.
     """
     _check_staged(staging, manifest)
     if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
         restored = _restore_listed(staging, version_dir, manifest)
-        _replace_local_reports(staging, version_dir)
+        rewritten = _replace_local_reports(staging, version_dir)
         shutil.rmtree(staging)
-        return True, restored
+        return True, restored, rewritten
     if version_dir.exists():  # incomplete or damaged: a folder without a valid manifest is not a dataset
         shutil.rmtree(version_dir)
     staging.rename(version_dir)
     write_manifest(version_dir, manifest)
-    return False, ()
+    return False, (), ()
 
 
 def _check_staged(staging: Path, manifest: dict[str, Any]) -> None:
@@ -741,17 +747,32 @@ def _staged_at_size(path: Path, size: int) -> bool:
 _LOCAL_REPORTS = (REPORT_FILE, EXCLUDED_FILE, LEAKAGE_FILE)
 
 
-def _replace_local_reports(staging: Path, version_dir: Path) -> None:
-    """This build's local reports in place of an already built version's: each one it wrote
-    replaces the version's (a missing one comes back), and one it did not write (no file left out)
+def _replace_local_reports(staging: Path, version_dir: Path) -> tuple[str, ...]:
+    """This build's local reports in place of an already built version's, where they differ: each
+    one it wrote replaces the version's unless that holds the same bytes (a rebuild of the same
+    inputs rewrites nothing), a missing one comes back, and one it did not write (no file left out)
     is removed. They listed the first build's bad files: a fixed file stayed listed, a new one was
-    missing, and ``packer report`` sent the user to a file that was gone."""
+    missing, and ``packer report`` sent the user to a file that was gone. Returns the names
+    replaced or removed."""
+    rewritten = []
     for name in _LOCAL_REPORTS:
         staged, placed = staging / name, version_dir / name
         if staged.is_file():
-            os.replace(staged, placed)
-        else:
-            placed.unlink(missing_ok=True)
+            if not _same_bytes(staged, placed):
+                os.replace(staged, placed)
+                rewritten.append(name)
+        elif placed.exists():
+            placed.unlink()
+            rewritten.append(name)
+    return tuple(rewritten)
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether files ``a`` and ``b`` hold the same bytes (False where ``b`` is missing)."""
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def _restore_listed(staging: Path, version_dir: Path, manifest: dict[str, Any]) -> tuple[str, ...]:
