@@ -119,12 +119,13 @@ def resolve_output(target: Location, work: Path | None = None) -> tuple[Path, st
     if path is not None:
         typo = _URL_TYPO.match(str(target))
         if typo is not None:  # s3:/bucket or s3//bucket: a URL with a slash missing, not a folder named "s3:"
-            raise ConfigError(f"output {target!r} looks like a {typo['scheme']}:// URL with a slash missing; write "
-                              f"{typo['scheme']}://BUCKET/PREFIX to publish there, or ./{target} for a local folder")
+            raise ConfigError(f"output {str(target)!r} looks like a {typo['scheme']}:// URL with a slash missing; "
+                              f"write {typo['scheme']}://BUCKET/PREFIX to publish there, or ./{target} for a local "
+                              "folder")
         return path.resolve(), None
     parts = urlsplit(str(target))
     if not parts.netloc:
-        raise ConfigError(f"output {target!r} names no bucket; write {parts.scheme}://BUCKET/PREFIX")
+        raise ConfigError(f"output {str(target)!r} names no bucket; write {parts.scheme}://BUCKET/PREFIX")
     return work_dir(work).resolve(), str(target)
 
 

@@ -368,6 +368,9 @@ def test_an_output_url_without_a_bucket_or_with_a_slash_missing_is_refused(tmp_p
     for typo in ("s3:/datasets/pub", "s3//datasets/pub", "gs:bucket/x"):
         with pytest.raises(ConfigError, match=f"output '{typo}' looks like a .*:// URL with a slash missing"):
             resolve_output(typo)
+    for typo in ("s3:/datasets/pub", "gs:bucket/x"):  # as the command line passes it (a Path): named as written
+        with pytest.raises(ConfigError, match=f"output '{typo}' looks like a .*:// URL with a slash missing"):
+            resolve_output(Path(typo))
     assert resolve_output(f"./s3:/{tmp_path.name}")[1] is None  # a folder named so, on purpose
 
 
