@@ -337,6 +337,9 @@ def test_diff_ls_and_report_refuse_an_object_store_url_by_name_and_say_what_read
         assert "s3:/bucket" not in result.output.replace("s3://", ""), result.output
         assert f"`packer {command}` reads local folders only" in result.output, result.output
         assert "packer inspect" in result.output and "packer verify" in result.output, result.output
+    # given the manifest's URL, the copy names the version folder (a manifest.json/ prefix holds no object)
+    result = CliRunner().invoke(cli, ["report", url + "/manifest.json"])
+    assert f"aws s3 cp --recursive {url}/ DIR" in result.output and "manifest.json/" not in result.output
 
 
 def test_diff_check_verifies_both_versions_first_and_plain_diff_warns_of_a_shard_of_another_size(

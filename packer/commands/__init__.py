@@ -221,7 +221,8 @@ def local_folder_argument(value: str, *, command: str) -> Path:
         instead = (f"list the versions in the object store with its own tools (e.g. `aws s3 ls {value.rstrip('/')}/`), "
                    f"then `packer inspect URL/<version>/` and `packer verify URL/<version>/` read one in place")
     else:
+        folder = value.rstrip("/").removesuffix("/manifest.json")  # a version's objects are under its folder
         instead = (f"`packer inspect {value}` and `packer verify {value}` read a version in an object store in place; "
-                   f"or copy its objects to a local folder (e.g. `aws s3 cp --recursive {value.rstrip('/')}/ DIR`) "
-                   "and pass that folder")
+                   f"or copy its objects to a local folder (e.g. `aws s3 cp --recursive {folder}/ DIR`) and pass "
+                   "that folder")
     raise ConfigError(f"{value}: `packer {command}` reads local folders only; {instead}")
