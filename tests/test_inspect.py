@@ -326,12 +326,14 @@ def test_diff_ls_and_report_refuse_an_object_store_url_by_name_and_say_what_read
     """They read local folders only (README), but click turned s3://b/x into the path s3:/b/x and
     the error read "s3:/b/x: no such file or folder" (or "no registry folder here"): a URL the
     user never typed, and no word that a URL cannot work here. No request is made."""
+    from packer.commands.bench_loader import bench_loader_command
     from packer.commands.report import report
 
     url = "s3://bucket/datasets/demo/5261f2ed6336"
-    cli = click.Group(commands=[inspect_command, diff_command, ls_command, report])
+    cli = click.Group(commands=[inspect_command, diff_command, ls_command, report, bench_loader_command])
     for args, command in (([ "diff", url, "/tmp/x"], "diff"), (["diff", "/tmp/x", url + "/"], "diff"),
-                          (["ls", "s3://bucket/datasets/demo"], "ls"), (["report", url], "report")):
+                          (["ls", "s3://bucket/datasets/demo"], "ls"), (["report", url], "report"),
+                          (["bench-loader", url + "/manifest.json"], "bench-loader")):
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 2, (args, result.output)
         assert "s3:/bucket" not in result.output.replace("s3://", ""), result.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from packer.commands import exits
+from packer.commands import exits, local_folder_argument
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -22,7 +22,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 @click.command("bench-loader")
-@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("manifest_arg", metavar="MANIFEST")
 @click.option("--split", default="train", show_default=True, help="Which split's shards to read.")
 @click.option("--device", default="cpu", show_default=True,
               help="cpu, or cuda to also time host→device copies and data-wait vs compute.")
@@ -46,7 +46,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
 @exits
-def bench_loader_command(manifest: Path, split: str, device: str, workers: str, batch_sizes: str, seconds: float,
+def bench_loader_command(manifest_arg: str, split: str, device: str, workers: str, batch_sizes: str, seconds: float,
                          sources: str | None, collate: str | None, verify: str, rounds: int,
                          json_path: Path | None) -> None:
     """Measure MANIFEST's input pipeline one variable at a time: raw shard read MB/s, decode
@@ -64,6 +64,8 @@ def bench_loader_command(manifest: Path, split: str, device: str, workers: str, 
     from packer.loader.bench import bench_loader, format_table
     from packer.manifest import resolve_manifest_path
 
+    # a URL as typed (click's Path made s3:/b/x of s3://b/x), refused by name: the benchmark reads local shards
+    manifest = local_folder_argument(manifest_arg, command="bench-loader")
     resolve_manifest_path(manifest)   # a missing version: exit 2 naming the versions its dataset folder holds
     blocker = blocking_file(json_path.parent) if json_path is not None else None
     if blocker is not None:  # say so now, not after the measurements
