@@ -61,6 +61,8 @@ from packer.targets import Target
 
 SHARD_SUFFIXES = {"webdataset": ".tar", "parquet": ".parquet"}
 _REBUILD = "rebuild the version with `packer build` or restore the file from a good copy"
+#: How a problem with a file the manifest does not list begins (no build fixes it: delete the file)
+UNLISTED = "shard-like file the manifest does not list"
 
 
 @dataclass(frozen=True)
@@ -435,8 +437,8 @@ def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings
             found.warnings.append(Problem(name, None, "stale temporary from an interrupted write; it is not "
                                                        "part of the dataset: delete it"))
         elif Path(name).suffix in (".tar", ".parquet") and name not in listed and not name.startswith("_"):
-            found.add(name, "shard-like file the manifest does not list: glob-based readers would mix it in; "
-                                 "delete it (or rebuild if it belongs to another version)")
+            found.add(name, f"{UNLISTED}: glob-based readers would mix it in; delete it (a build never removes it; "
+                            "it may belong to another version)")
 
 
 def _expectations(manifest: dict[str, Any]) -> _Expect:

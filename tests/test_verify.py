@@ -220,6 +220,7 @@ def test_a_tar_cut_inside_a_sample_counts_only_the_whole_samples_before_it_and_n
 
 def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(version: Path) -> None:
     gone, other = shard_files(version)[-1], shard_files(version)[0]
+    kept = (version / gone).read_bytes()
     (version / gone).unlink()
     stray = version / ("train-000099" + Path(other).suffix)
     shutil.copy(version / other, stray)
@@ -227,6 +228,12 @@ def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(vers
     assert result.exit_code == 5
     assert f"{gone}: missing from {version}" in result.output
     assert f"{stray.name}: shard-like file the manifest does not list" in result.output
+    assert "delete the 1 file(s) the manifest does not list (no build removes them)" in result.output
+    # a stray file alone: deleting it is the fix; a rebuild, which never removes it, is not offered
+    (version / gone).write_bytes(kept)
+    alone = invoke(version)
+    assert alone.exit_code == 5 and alone.output.rstrip().endswith(
+        "1 integrity problem(s); delete the 1 file(s) the manifest does not list (no build removes them)"), alone.output
 
 
 def test_a_missing_index_is_one_problem_deep_too_not_one_per_sample(version: Path) -> None:

@@ -35,7 +35,7 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
     """
     from packer.manifest import MANIFEST_FILE, detached_manifest_error, read_manifest, resolve_manifest_path
     from packer.storage import is_url, parse_storage_options
-    from packer.verify import format_result, verify_dataset
+    from packer.verify import UNLISTED, format_result, verify_dataset
 
     if not is_url(manifest):
         located = resolve_manifest_path(manifest)  # a missing version: exit 2 naming the versions its folder holds
@@ -52,9 +52,16 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
                             storage_options=parse_storage_options(storage_option))
     click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_result(report))
     if not report.ok:
-        if is_url(manifest):  # a rebuild checks each object of this manifest and uploads the damaged ones again
+        unlisted = [p for p in report.problems if p.message.startswith(UNLISTED)]
+        stray = (f"delete the {len(unlisted)} file(s) the manifest does not list (no build removes them)"
+                 if unlisted else "")
+        if len(unlisted) == len(report.problems):
+            fix = stray
+        elif is_url(manifest):  # a rebuild checks each object of this manifest and uploads the damaged ones again
             fix = ("restore the named files from a good copy, or run the same `packer build` again: it checks every "
-                   "object the manifest lists (by ETag, else read back) and uploads the damaged or missing ones anew")
+                   "object the manifest lists (by ETag, else read back) and uploads the damaged or missing ones anew"
+                   + (f"; and {stray}" if stray else ""))
         else:
-            fix = "restore the named files from a good copy or rebuild the version with `packer build`"
+            fix = ("restore the named files from a good copy or rebuild the version with `packer build`"
+                   + (f"; and {stray}" if stray else ""))
         raise IntegrityError(f"{report.manifest}: {len(report.problems)} integrity problem(s); {fix}")
