@@ -17,7 +17,7 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -193,8 +193,8 @@ class PlannedDataset(IterableDataset):
     def _make_order(self, epoch: int) -> EpochOrder:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _worker_results(self, order: EpochOrder, plan: RankPlan,
-                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:  # pragma: no cover
+    def _worker_results(self, order: EpochOrder, plan: RankPlan, indices: np.ndarray
+                        ) -> Generator[tuple[int, Decoded | Failure], None, None]:  # pragma: no cover
         raise NotImplementedError
 
     def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:  # pragma: no cover
@@ -309,7 +309,9 @@ class PlannedDataset(IterableDataset):
             yield i, sample_id, result, None
         if waiting and last is not None:
             # the last sample was handed out, and maybe transformed in place: read it again
-            _, again = next(self._worker_results(order, plan, np.array([last])))
+            # its readers end here (closing), not whenever the generator is collected
+            with contextlib.closing(self._worker_results(order, plan, np.array([last]))) as reread:
+                _, again = next(reread)
             if isinstance(again, Failure):
                 raise again.error()
             for j, why in waiting:
@@ -591,7 +593,7 @@ class ShardDataset(PlannedDataset):
                 yield (kept.repeat() if isinstance(kept, Decoded) else kept) if uses[g] else held.pop(g)
 
     def _worker_results(self, order: EpochOrder, plan: RankPlan,
-                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:
+                        indices: np.ndarray) -> Generator[tuple[int, Decoded | Failure], None, None]:
         """(index into ``plan.ids``, result) for this worker's ``indices``, in order."""
         for part in (indices[indices < plan.pad_from], indices[indices >= plan.pad_from]):
             results = self._read_in_order(order, plan.ids[part])

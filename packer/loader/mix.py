@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +212,7 @@ class MixedDataset(PlannedDataset):
             yield from self.members[i]._read_in_order(order.orders[i][int(passes[lo])], local[lo:hi])
 
     def _worker_results(self, order: EpochOrder, plan: RankPlan,
-                        indices: np.ndarray) -> Iterator[tuple[int, Decoded | Failure]]:
+                        indices: np.ndarray) -> Generator[tuple[int, Decoded | Failure], None, None]:
         assert isinstance(order, MixOrder)
         for part in (indices[indices < plan.pad_from], indices[indices >= plan.pad_from]):
             positions = plan.ids[part]

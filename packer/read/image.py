@@ -435,7 +435,7 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
       with Pillow instead (H×W×2, grey and alpha); a 16-bit one is ``unsupported``;
     - any page of more than 8 bits that comes back as 8 bits (libtiff's RGBA interface, which
       OpenCV falls back on for layouts it does not read itself) is ``unsupported``: its
-      precision, and its values, are not the file's;
+      precision, and its values, are not the file's (a palette page's colours excepted);
     - associated (premultiplied) alpha gives colours multiplied by alpha: they are divided back
       (alpha 0: colour 0), so that packer's alpha handling sees straight colours, as for a PNG;
     - a WhiteIsZero (photometric 0) page of 16 bits comes back as stored (libtiff inverts only
@@ -453,7 +453,7 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
         image, by_pillow, channels = _pillow_grey_alpha(data, ifd, where), True, 2
     else:
         by_pillow = False
-    if layout.bits > 8 and image.dtype.itemsize == 1:
+    if layout.bits > 8 and image.dtype.itemsize == 1 and layout.photometric != 3:  # a palette's colours are 8-bit
         raise Defect("unsupported", (
             f"{where}: a {layout.bits}-bit TIFF ({layout.samples} samples per pixel, photometric "
             f"{layout.photometric}) that OpenCV (packer's decoder) reads only at 8 bits; export it as a 16-bit PNG "
