@@ -199,6 +199,8 @@ def test_extension_less_files_of_a_dicom_export_that_are_not_dicom_are_left_out_
     (root / "IM0002").write_bytes(b"")
     (root / "IM0003").write_text("export log\n")
     ds.save_as(root / "IM0004", enforce_file_format=False)  # a data set without preamble and DICM
+    # named by its SOP Instance UID, as PACS exports name files: the UID's last part reads as a suffix
+    ds.save_as(root / "1.2.840.113619.2.55.3.1", enforce_file_format=False)
     (root / "LOCK.xml").write_text("<lock/>")
     doc = {"name": "pacs", "sources": [{"kind": "dicom", "root": str(tmp_path / "pacs"), "label": "none"}],
            "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
@@ -206,7 +208,8 @@ def test_extension_less_files_of_a_dicom_export_that_are_not_dicom_are_left_out_
     found = discover(load_job(tmp_path / "job.yaml"))
     assert [ref.relpath for ref in found.refs] == ["IMAGES/IM0001"]
     detail = {Path(e.path).name: (e.why, e.detail) for e in found.excluded}
-    assert sorted(detail) == ["IM0002", "IM0003", "IM0004"]
+    assert sorted(detail) == ["1.2.840.113619.2.55.3.1", "IM0002", "IM0003", "IM0004"]
+    assert detail["1.2.840.113619.2.55.3.1"][1].startswith("a file that starts like a DICOM data set without")
     assert {why for why, _ in detail.values()} == {"unsupported_format"}
     assert detail["IM0002"][1].startswith("an empty file (0 bytes): among a DICOM export's extension-less images")
     assert detail["IM0003"][1].startswith("a file of 11 bytes, shorter than a DICOM file's 132-byte preamble")

@@ -111,10 +111,11 @@ class DicomKind(SourceKind):
         return head[_DICM_OFFSET:_DICM_OFFSET + 4] == b"DICM"
 
     def unrecognised(self, name: str, suffix: str, head: bytes) -> str | None:
-        """A file without a suffix (``IMAGES/IM0035``), as a PACS export or DICOMDIR tree names
-        its images, that does not start as a DICOM file: told apart from the export's images
-        rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some other file)."""
-        if suffix:
+        """A file named as a PACS export or DICOMDIR tree names its images, without a suffix
+        (``IMAGES/IM0035``) or by a UID whose last part reads as one (``1.2.840.113619.2.55.3.1``,
+        a suffix of digits), that does not start as a DICOM file: told apart from the export's
+        images rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some other file)."""
+        if suffix and not suffix[1:].isdigit():
             return None
         if not head:
             what = "an empty file (0 bytes)"
@@ -124,7 +125,8 @@ class DicomKind(SourceKind):
             what = ("a file that starts like a DICOM data set without the 128-byte preamble and 'DICM' prefix "
                     "(an old ACR-NEMA or raw data set write)")
         else:
-            what = "a file without a suffix that does not start with the DICOM preamble ('DICM' at byte 128)"
+            what = (f"a file without a suffix{' (its name a UID)' if suffix else ''} that does not start with the "
+                    "DICOM preamble ('DICM' at byte 128)")
         return (f"{what}: among a DICOM export's extension-less images it is most likely a failed or partial "
                 "export, or not DICOM at all; export it again, or rewrite a data set without its preamble as a "
                 "DICOM file (dcmconv +F in, out; pydicom: dcmread(path, force=True).save_as(out, "
