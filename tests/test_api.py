@@ -363,6 +363,20 @@ def test_a_full_disk_raises_file_system_error_exit_6_as_the_command_reports_it(
     assert printed.exit_code == 6 and printed.output.endswith(f"packer: error: {command_line}\n")
 
 
+def test_an_output_folder_that_cannot_be_made_names_the_keyword_to_python_and_the_flag_to_the_shell(
+        tmp_path: Path) -> None:
+    """It said 'give --out a folder on a writable file system' to a packer.build caller too."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this machine")
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    with pytest.raises(FileSystemError) as raised:
+        packer.build(job, out="/proc/packer-test-out", scheduler="sync", progress=False, report=False)
+    assert "the output folder cannot be made there" in said_to_python(raised.value)
+    assert "packer.build(..., out=DIR)" in str(raised.value)
+    printed = cli("build", str(job), "--scheduler", "sync", "-q", "--out", "/proc/packer-test-out")
+    assert printed.exit_code == 6 and "(packer build --out DIR)" in printed.output, printed.output
+
+
 @pytest.mark.slow  # a real local cluster from a subprocess script
 def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named(tmp_path: Path) -> None:
     """The local cluster's workers import the calling script again (spawn): a call at the

@@ -333,8 +333,8 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
         remove_made()
         refused = refused_write(err, folder, opening=True)
         raise _RefusedBeforeWork(str(refused) if refused is not None else (
-            f"{folder}: the output folder cannot be made there ({err.strerror or err}); give --out a folder on a "
-            "writable file system")) from err
+            f"{folder}: the output folder cannot be made there ({err.strerror or err}); choose a folder on a "
+            f"writable file system ({surface().call('build', 'out', placeholder='DIR')})")) from err
     try:
         lock.enter_context(folder_lock(folder, f"{folder}: another `packer build` of {job.name} into this folder is "
                                                "running, or a `packer gc` of it (it holds the folder's lock); wait "
