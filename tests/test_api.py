@@ -118,6 +118,10 @@ def test_validate_returns_what_packer_validate_json_writes(tmp_path: Path) -> No
     assert set(result.findings) == set(written["audit"]["rules"])
     result.write_json(tmp_path / "api.json")
     assert (tmp_path / "api.json").read_bytes() == (tmp_path / "cli.json").read_bytes()
+    # a folder names no file: a usage error (exit 2), as --json DIR is on the command line, not a refused write
+    for write, name in ((result.write_json, "write_json"), (result.write_junit, "write_junit")):
+        with pytest.raises(ConfigError, match=f"is a folder; give {name} the path of a file to write"):
+            write(tmp_path)
     with pytest.raises(LeakageError) as raised:
         result.check()
     assert raised.value.exit_code == 4 and "exact_duplicates_across_splits (1)" in str(raised.value)

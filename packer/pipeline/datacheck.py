@@ -32,7 +32,7 @@ import numpy as np
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, FileSystemError, LeakageError, refused_write, surface
+from packer.errors import BadFractionError, ConfigError, FileSystemError, LeakageError, refused_write, surface
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
@@ -317,7 +317,12 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     or ``junit``, named as the caller names it: :func:`packer.errors.surface`): any
     OSError creating or writing it (a folder that cannot hold files, such as /proc, a name the
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
-    never a traceback."""
+    never a traceback. A folder is a ConfigError (exit 2), as the command line's own check of
+    ``--json DIR`` is: the path names no file to write, whatever the folder allows."""
+    if path.is_dir():
+        example = path / ("validate.json" if option == "json" else "validate-junit.xml")
+        raise ConfigError(f"{path} is a folder; give {surface().name(option)} the path of a file to write, e.g. "
+                          f"{example}")
     try:
         if _not_a_file(path):  # /dev/stdout, a pipe (--junit >(tee ...)), /dev/full: write into it, never
             with _into(path, option) as fh:  # rename a file over it (as root, over the device itself)
