@@ -11,6 +11,7 @@ never sits silent long enough to look hung.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +29,8 @@ class Progress:
 
     On a TTY the line is redrawn at most 10 times a second; elsewhere one line is printed
     every ``interval`` seconds and at the end. ``quiet`` prints nothing. Lines go to
-    ``stream`` (default ``sys.stderr``, looked up when the Progress is made).
+    ``stream`` (default ``sys.stderr``, looked up when the Progress is made; where the process
+    has none, nothing is printed).
 
     ``delay`` None: the first line comes one ``interval`` after the start, and :meth:`close`
     always prints the closing line. A number: nothing is printed until ``delay`` seconds have
@@ -43,8 +45,11 @@ class Progress:
     def __init__(self, stage: str, total: int | None, *, unit: str = "files", quiet: bool = False,
                  stream: TextIO | None = None, interval: float = 10.0, delay: float | None = None,
                  show_bad: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
-        self.stage, self.total, self.unit, self.quiet = stage, total, unit, quiet
-        self.stream = stream or sys.stderr
+        self.stage, self.total, self.unit = stage, total, unit
+        given = stream or sys.stderr
+        # no stderr at all (pythonw, a service, 2>&-): nothing to print to, so nothing is printed
+        self.quiet = quiet or given is None
+        self.stream: TextIO = given if given is not None else io.StringIO()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = 0.1 if self.tty else interval
         self.delay, self.show_bad, self._clock = delay, show_bad, clock

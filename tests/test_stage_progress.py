@@ -235,3 +235,14 @@ def test_a_build_shows_every_client_stage_without_changing_a_byte(
     assert last_line("discover", err).startswith("discover: 12/12 files ")
     assert re.match(r"report: \d+/\d+ samples ", last_line("report", err))
     assert shown.manifest["dataset_hash"] == quiet.manifest["dataset_hash"]
+
+
+def test_a_process_without_stderr_prints_no_progress_and_does_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pythonw, a service, `python task.py 2>&-`: sys.stderr is None, and packer.build(progress=True)
+    failed mid-build with an AttributeError from the progress line."""
+    monkeypatch.setattr(sys, "stderr", None)
+    clock = iter(range(0, 100, 20)).__next__
+    with Progress("process", 3, clock=lambda: float(clock())) as progress:
+        progress.update()
+        progress.update(2)
+    assert progress.quiet and progress.done == 3
