@@ -429,3 +429,29 @@ def test_a_zero_one_cell_is_read_by_its_number_not_its_spelling(cell: str, read:
         assert isinstance(text, Refused) and text.reason == "bad_target" and "is not 0 or 1" in text.message
     else:
         assert text == read
+
+
+def test_a_zero_one_column_the_jobs_labels_leave_out_is_unknown_label_not_a_crash() -> None:
+    """label: {kind: multilabel, columns: [A, B, C]} with labels: [B, A]: a sample holding C ended
+    the build with a traceback (C has no place in the vector); it is unknown_label, as the README
+    says of labels the job does not list, and a sample without C packs."""
+    from packer.targets.base import Refused
+
+    read = type(Target("multilabel", ("B", "A"))).text_of_cells
+    held = read({"A": "1", "B": "0", "C": "1"}, where="t.csv row 2", separator=None, value_map={}, known=("B", "A"))
+    assert isinstance(held, Refused) and held.reason == "unknown_label"
+    assert "label 'C', which is not in the job's labels (B, A)" in held.message
+    assert read({"A": "1", "B": "0", "C": "0"}, where="t.csv row 3", separator=None, value_map={},
+                known=("B", "A")) == "A"
+
+
+@pytest.mark.parametrize(("uncertain", "said"), [
+    (None, "the source has no uncertain policy for this column"),
+    ({"a": "bad"}, "the source's uncertain policy for this column is bad, which refuses such a cell")])
+def test_an_uncertain_cell_refused_says_whether_a_policy_was_set(uncertain: dict[str, str] | None, said: str) -> None:
+    from packer.targets.base import CellPolicy, Refused
+
+    policy = CellPolicy(uncertain=uncertain, uncertain_values=frozenset({"-1"}))
+    text = type(Target("multilabel", ("a",))).text_of_cells({"a": "-1"}, where="t.csv row 2", separator=None,
+                                                            value_map={}, known=(), policy=policy)
+    assert isinstance(text, Refused) and text.reason == "bad_target" and said in text.message

@@ -121,9 +121,11 @@ class MultiLabelTarget(Target):
             elif cell in policy.uncertain_values or (number is not None and number in uncertain_numbers):
                 read = policy.uncertain_policy(column)
                 if read == "bad":
-                    return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is uncertain and the source "
-                                                 "has no uncertain policy for this column; set 'uncertain: ones', "
-                                                 "'zeros' or 'ignore' (for all columns or this one)")
+                    said = ("the source's uncertain policy for this column is bad, which refuses such a cell"
+                            if column in (policy.uncertain or {}) else
+                            "the source has no uncertain policy for this column")
+                    return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is uncertain and {said}; set "
+                                                 "'uncertain: ones', 'zeros' or 'ignore' (for all columns or this one)")
             else:
                 return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is not 0 or 1; a multi-label "
                                              "column holds 0 or 1 for every sample")
@@ -131,6 +133,11 @@ class MultiLabelTarget(Target):
                 positive.append(column)
             elif read == "ignore":
                 positive.append(IGNORED + column)
+        stray = [name.removeprefix(IGNORED) for name in positive if known and name.removeprefix(IGNORED) not in known]
+        if stray:  # a column the job's labels: leaves out: its label has no place in the vector
+            return Refused("unknown_label", f"{where}, column {stray[0]!r}: the sample holds label {stray[0]!r}, which "
+                                            f"is not in the job's labels ({', '.join(known)}); add it to labels:, or "
+                                            "drop the column from label.columns")
         return names_text(positive)
 
     @classmethod
