@@ -370,6 +370,24 @@ def test_a_palette_png_mask_decodes_to_its_indices(palette: str) -> None:
     assert decoded.dtype == np.uint8 and np.array_equal(decoded, ids)
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_a_low_bit_depth_grey_png_mask_decodes_to_its_stored_ids(bits: int) -> None:
+    """A binary mask saved as a 1-bit PNG held ids 0 and 1; OpenCV scales such a PNG to 8 bits,
+    so its foreground packed as 255 (the usual ignore id) or was refused as an undeclared id."""
+    import io
+
+    from PIL import Image
+
+    ids = (block_ids(2, 3, 4) % (1 << bits)).astype(np.uint8)
+    out = io.BytesIO()
+    (Image.fromarray(ids.astype(bool)) if bits == 1 else Image.fromarray(ids, mode="L")).save(
+        out, format="PNG", **({} if bits == 1 else {"bits": bits}))
+    data = out.getvalue()
+    assert data[24] == bits and data[25] == 0
+    decoded = decode_mask(data, "low.png")
+    assert decoded.dtype == np.uint8 and np.array_equal(decoded, ids)
+
+
 def test_multi_page_tiff_and_3d_npy_are_frames_first() -> None:
     pages = [block_ids(2, 3, 4) * k for k in (1, 2, 3)]
     ok, data = cv2.imencodemulti(".tiff", pages)

@@ -59,8 +59,9 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
     TIFF or a 3-D ``.npy`` (frames first). ``name`` is only used in messages.
 
     The format comes from the file's signature: PNG and TIFF (any page count) are decoded by
-    OpenCV unchanged (16-bit values kept; a palette PNG's indices by Pillow, since OpenCV expands
-    them to colours) and *never oriented*: a TIFF's Orientation tag is
+    OpenCV unchanged (16-bit values kept; a 1-, 2- or 4-bit grey PNG's stored ids, which OpenCV
+    scales to 8 bits; a palette PNG's indices by Pillow, since OpenCV expands them to colours)
+    and *never oriented*: a TIFF's Orientation tag is
     ignored, since the mask labels the image's stored grid and follows the image's orientation
     later (:func:`transform_mask_image`). ``.npy`` is loaded without pickles. A 3-channel image
     whose channels are equal counts as one channel; an opaque alpha channel is dropped.
@@ -77,6 +78,8 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
         mask = _palette_indices(data, name)
     elif head.startswith(_PNG):
         mask = _one_channel(_imdecode(data, name, "PNG"), name)
+        if len(data) > 25 and data[25] == 0 and data[24] < 8:  # 1-, 2- or 4-bit grey: libpng scales to 8 bits
+            mask = mask // (255 // ((1 << data[24]) - 1))  # back to the stored ids (a 1-bit mask's 255 is id 1)
     elif head[:4] in _TIFF:
         mask = _decode_tiff(data, name)
     elif head.startswith(_JPEG):
