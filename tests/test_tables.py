@@ -1070,3 +1070,27 @@ def test_sources_with_nested_roots_warn_that_they_read_one_file_twice(tmp_path: 
                        "where": {"top": "sub"}}]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     assert not [w for w in discover(load_job(tmp_path / "job.yaml")).warnings if "several sources" in w]
+
+
+def test_rows_of_one_image_naming_two_masks_disagree_and_neither_mask_is_an_image(tmp_path: Path) -> None:
+    """repeated: same kept the first row's mask unsaid and took the second mask file for an image
+    without a row (a mask_missing bad sample); the rows disagree, so the image is bad_target, and
+    both masks stay the table's files, no samples of their own."""
+    _files(tmp_path / "raw", ["i0.png", "i0_m.png", "i0_other.png", "i1.png", "i1_m.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,mask,dx,entity",
+         ["i0.png,i0_m.png,a,e0", "i1.png,i1_m.png,a,e1", "i0.png,i0_other.png,a,e0"])
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "repeated": "same"},
+                                              "label": {"column": "dx"}, "mask": {"column": "mask"}})))
+    assert [r.relpath for r in found.refs] == ["i1.png"]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("i0.png", "bad_target")]
+    assert "rows 2 and 4 name 'i0.png' with mask 'i0_m.png' and 'i0_other.png'" in found.issues[0].message
+
+
+def test_a_file_with_a_row_of_its_own_is_a_sample_though_another_row_names_it_as_a_mask(tmp_path: Path) -> None:
+    """a.png's mask is b.png, and b.png has its own row: b.png was neither packed, nor bad, nor left
+    out, and not counted among the inputs. The table gives it a row: it is a sample."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c_m.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,mask,dx,entity", ["a.png,b.png,x,e0", "b.png,c_m.png,x,e1"])
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/t.csv", "label": {"column": "dx"},
+                                              "mask": {"column": "mask"}})))
+    assert sorted(r.relpath for r in found.refs) == ["a.png", "b.png"] and not found.issues

@@ -476,16 +476,17 @@ def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, s
     return tuple((k, v) for k, v in row.extra if k in kept)
 
 
-def _named_files(source: SourceConfig, rows: Mapping[str, TableRow]) -> set[str]:
+def _named_files(source: SourceConfig, placed: Placed) -> set[str]:
     """The relative paths the table's file columns name (masks, other files of a case),
-    normalized like table paths: they belong to a row's sample and are not samples themselves."""
-    named = set()
+    normalized like table paths, in every row placed (a refused file's rows too): they belong to
+    a row's sample and are not samples themselves, unless the table gives them rows of their own."""
+    named = set(placed.named)
     for column in source.file_columns():
-        for row in rows.values():
+        for row in placed.rows.values():
             rel = dict(row.extra).get(column, "").strip()
             if rel:
                 named.add(posixpath.normpath(rel))
-    return named
+    return named - set(placed.rows) - set(placed.refused)
 
 
 def _cells_naming_files(rows: Mapping[str, TableRow]) -> dict[str, tuple[int, str]]:
@@ -656,7 +657,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     kind = source_kind(source.kind)
     refs = TableBuilder(RefTable)
     rows = placed.rows
-    named = _named_files(source, rows)
+    named = _named_files(source, placed)
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
@@ -936,14 +937,15 @@ def _unsupported_note(unsupported: Sequence[tuple[str, str, str]]) -> str:
 
 
 def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, str, str]],
-                       rows: Mapping[str, TableRow], table: Path | str | None, phi: Pseudonymizer | None
+                       placed: Placed, table: Path | str | None, phi: Pseudonymizer | None
                        ) -> list[Excluded]:
     """One ``unsupported_format`` record per file of a format the source's kind finds but cannot
     read (a WebP image under an image source: :meth:`~packer.read.kinds.SourceKind.unsupported`),
     its detail saying what it is and what to do. A file the table's file columns name (a mask)
     is its row's, not left out; under ``files: table`` a file no row names is ``not_in_table``,
     like any other such file. A name that is not valid UTF-8 is shown with its bad bytes escaped."""
-    named = _named_files(source, rows)
+    rows = placed.rows
+    named = _named_files(source, placed)
     only_table = source.table_map is not None and source.table_map.files == "table"
     by_name = source.table_map is not None and source.table_map.find == "name"
     # under find: name a row naming a file that is not listed keeps the row's own path: match by name
@@ -1038,7 +1040,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     excluded: list[Excluded] = [*unnamed_out, *masks_out]
     rows = placed.rows
     if unsupported:
-        excluded.extend(_unsupported_files(source, unsupported, rows, table, phi))
+        excluded.extend(_unsupported_files(source, unsupported, placed, table, phi))
         rows = _rows_of_readable(source, rows, unsupported)  # an unsupported file's row is said by its record
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:

@@ -144,6 +144,9 @@ class Placed:
     refused: dict[str, Refused] = field(default_factory=dict)
     filtered: dict[str, str] = field(default_factory=dict)
     rows_filtered: int = 0
+    #: The files every placed row's file columns name (masks, a case's other files), as read:
+    #: they belong to a row's sample, also where its file's rows disagree and it is refused
+    named: set[str] = field(default_factory=set)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -894,6 +897,9 @@ class _RowReader:
                               "keep one row per file, or set repeated: same (rows that agree, one per box) or "
                               "union (a multi-label target holding every row's labels)")
         made = [self.row(number, record, rel) for number, record in kept]
+        for row in made:
+            placed.named.update(posixpath.normpath(v.strip()) for k, v in row.extra
+                                if k in self.file_columns and v.strip())
         if len(made) == 1:
             placed.rows[rel] = made[0]
             return
@@ -910,9 +916,12 @@ class _RowReader:
         refused = next((r.refused for r in rows if r.refused is not None), None)
         if refused is not None:
             return refused
-        for other in rows[1:]:
-            for what, a, b in (("entity", first.entity, other.entity), ("time", first.raw_time, other.raw_time)):
-                if a != b:
+        files_of = [{k: v for k, v in row.extra if k in self.file_columns} for row in rows]
+        for other, its_files in zip(rows[1:], files_of[1:], strict=True):
+            for what, a, b in (("entity", first.entity, other.entity), ("time", first.raw_time, other.raw_time),
+                               *((column, files_of[0].get(column, ""), its_files.get(column, ""))
+                                 for column in sorted(self.file_columns))):
+                if a != b:  # a mask (or a case's other file) too: one of the two would be packed unsaid
                     return Refused("bad_target", f"{self.path} rows {first.row} and {other.row} name {rel!r} with "
                                                  f"{what} {a!r} and {b!r}; rows of one file must agree")
         united = target_class(self.source.target.kind).union_text([r.label for r in rows]) \
