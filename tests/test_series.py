@@ -209,6 +209,14 @@ def test_a_degenerate_orientation_is_no_orientation_not_a_duplicate_position(ori
     out = assemble(files, CFG)
     assert out.series == () and {i.reason for i in out.issues} == {"series_no_position"}
     assert all("are not two orthogonal unit vectors" in i.message for i in out.issues)
+    # one broken slice among whole ones, wherever it comes: the same reason (a broken slice that was
+    # not the first file was called a reformat, series_orientation)
+    for broken in (0, 3, 5):
+        files = [(_ref(i), replace(_geometry(2.5 * i), orientation=orientation) if i == broken else _geometry(2.5 * i))
+                 for i in range(6)]
+        out = assemble(files, CFG)
+        assert {i.reason for i in out.issues} == {"series_no_position"}, (broken, out.issues[0].message)
+        assert all(f"/raw/{broken}.dcm has an Image Orientation (Patient)" in i.message for i in out.issues)
 
 
 def test_a_localizer_is_left_out_and_reported_or_fails_the_series() -> None:

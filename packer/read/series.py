@@ -322,11 +322,16 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                  else f"{ref.path} has no {' and no '.join(missing)}")
         return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key)
     base = np.asarray(first.orientation, dtype=np.float64)
-    if not _orthonormal(base):
-        return _fail(refs, "series_no_position", f"{members[0][0].path} has an Image Orientation (Patient) "
-                                                 f"{[round(float(v), 6) for v in base]} whose row and column cosines "
-                                                 "are not two orthogonal unit vectors, so no slice normal orders "
-                                                 "the slices", uid_key)
+    # any slice's (or frame's) orientation that is no orientation, not the first file's alone: which
+    # file comes first must not decide the reason (an all-zero one in a broken export, anywhere)
+    broken = next(((ref, np.asarray(o, dtype=np.float64)) for ref, g in members
+                   for o in (g.orientation, *g.frame_orientations)
+                   if o is not None and not _orthonormal(np.asarray(o, dtype=np.float64))), None)
+    if broken is not None:
+        cosines = [round(float(v), 6) for v in broken[1]]
+        return _fail(refs, "series_no_position", f"{broken[0].path} has an Image Orientation (Patient) {cosines} "
+                                                 "whose row and column cosines are not two orthogonal unit vectors, "
+                                                 "so no slice normal orders the slices", uid_key)
     turned = [(ref, o) for ref, g in members for o in (g.orientation, *g.frame_orientations)
               if o is not None and np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE]
     if turned:
