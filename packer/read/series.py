@@ -486,6 +486,9 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     constant = sum(is_constant_slice(s) for s in slices)
     if constant:
         about["constant_slices"] = constant
+    stats = slice_statistics(slices)
+    if stats is not None:  # each slice normalised on its own: every slice's statistics, in series order
+        about["slice_windows"] = stats
     metadata = {**first.metadata, "volume": about}
     warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
     if series.depth_assumed:
@@ -495,6 +498,16 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     metadata.pop("frame", None)
     return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
                     metadata=metadata)]
+
+
+def slice_statistics(slices: Sequence[Sample]) -> list[Any] | None:
+    """Each slice's ``metadata.windows`` where a window normalised it (percentiles or a z-score:
+    its statistics, ``count`` among them, are that slice's own), None otherwise (a fixed window
+    reads every slice alike, and its record on the sample says all)."""
+    windows = [s.metadata.get("windows") for s in slices]
+    normalised = any(isinstance(w, dict) and "count" in w for listed in windows if isinstance(listed, list)
+                     for w in listed)
+    return windows if normalised else None
 
 
 def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, edge: str) -> list[Sample]:
@@ -510,8 +523,11 @@ def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, ed
             continue
         chosen = [min(max(i + d, 0), len(slices) - 1) for d in range(-k, k + 1)]
         image = np.ascontiguousarray(np.concatenate([slices[j].image for j in chosen], axis=0))
-        neighbours = {"k": k, "edge": edge, "slice": i, "slices": len(slices),
-                      "offsets_mm": [round(float(offsets[j] - offsets[i]), 4) for j in chosen],
-                      "channels_per_slice": int(centre.image.shape[0])}
+        neighbours: dict[str, Any] = {"k": k, "edge": edge, "slice": i, "slices": len(slices),
+                                      "offsets_mm": [round(float(offsets[j] - offsets[i]), 4) for j in chosen],
+                                      "channels_per_slice": int(centre.image.shape[0])}
+        stats = slice_statistics([slices[j] for j in chosen])
+        if stats is not None:  # each slice of the stack normalised on its own: every slice's statistics
+            neighbours["windows"] = stats
         out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours}))
     return out
