@@ -319,7 +319,11 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
     never a traceback. A folder is a ConfigError (exit 2), as the command line's own check of
     ``--json DIR`` is: the path names no file to write, whatever the folder allows."""
-    if path.is_dir():
+    try:
+        folder = path.is_dir()
+    except OSError:  # a name the file system refuses (too long): the write below says so, exit 6
+        folder = False
+    if folder:
         example = path / ("validate.json" if option == "json" else "validate-junit.xml")
         raise ConfigError(f"{path} is a folder; give {surface().name(option)} the path of a file to write, e.g. "
                           f"{example}")
