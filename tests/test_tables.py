@@ -1063,6 +1063,10 @@ def test_sources_with_nested_roots_warn_that_they_read_one_file_twice(tmp_path: 
     (warning,) = [w for w in found.warnings if "several sources" in w]
     assert warning.startswith("2 file(s) are read by several sources (all, sub; e.g. ")
     assert "nested or shared" in warning
+    from packer.pipeline.discover import _read_twice
+
+    (hidden,) = _read_twice(found.refs, hide_paths=True)  # under PHI pseudonymization: no path, a folder may be a name
+    assert hidden.startswith("2 file(s) are read by several sources (all, sub): ") and "dog" not in hidden
     top = {"top": {"path": "^(?P<top>[^/]+)/"}}
     doc["sources"] = [{"kind": "image", "name": "cats", "root": "data", "label": "folder", "fields": top,
                        "where": {"top": "cat"}},

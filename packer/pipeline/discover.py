@@ -1195,7 +1195,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         unlabeled.update(found.unlabeled)
     refs = RefTable.concat(tables)
     if len(job.sources) > 1:
-        said.extend(_read_twice(refs))
+        said.extend(_read_twice(refs, hide_paths=phi is not None and phi.active))
     excluded = _once(excluded, refs, issues)
     # distinct ids counted in Arrow: a set of every id held ~120 bytes a sample
     if len(refs) and pc.count_distinct(refs.arrow("sample_id")).as_py() != len(refs):  # a (vanishingly rare) hash
@@ -1205,10 +1205,11 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
                      rows_filtered=rows_filtered, unlabeled=unlabeled)
 
 
-def _read_twice(refs: RefTable) -> list[str]:
+def _read_twice(refs: RefTable, *, hide_paths: bool = False) -> list[str]:
     """A warning where sources read one file each (nested or shared roots of one kind, not
     parted by ``where:``): each such file is packed once per source, and counted once per source
-    among the inputs and the bad samples; empty where every file is one source's."""
+    among the inputs and the bad samples; empty where every file is one source's. ``hide_paths``
+    (PHI pseudonymization): no example path, as a folder may carry a patient's name."""
     paths = refs.arrow("path")
     if not len(paths) or pc.count_distinct(paths).as_py() == len(paths):
         return []
@@ -1216,7 +1217,8 @@ def _read_twice(refs: RefTable) -> list[str]:
     twice = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
     held = pc.is_in(paths, value_set=twice)
     sources = sorted(set(refs.arrow("source").filter(held).to_pylist()))
-    return [f"{len(twice):,} file(s) are read by several sources ({', '.join(sources)}; e.g. {twice[0].as_py()}): "
+    example = "" if hide_paths else f"; e.g. {twice[0].as_py()}"
+    return [f"{len(twice):,} file(s) are read by several sources ({', '.join(sources)}{example}): "
             "their roots are nested or shared, so each such file is packed, and counted among the inputs, once per "
             "source; narrow a root, or part the sources with where:"]
 
