@@ -67,16 +67,18 @@ def _print_summary(result: Any) -> None:
     from packer.targets import Target
 
     manifest = result.manifest
-    rewritten = result.reports_rewritten
-    reports = (f"; its local reports rewritten where this build's differ: {', '.join(rewritten)}" if rewritten
-               else "")
-    lines = [f"dataset {manifest['name']} version {manifest['version']}"
-             + (" (already built: nothing rewritten)" if result.reused and not result.restored and not rewritten
-                else "")
-             + (f" (already built: shards and manifest as they were{reports})"
-                if result.reused and not result.restored and rewritten else "")
-             + (f" (already built: {len(result.restored)} missing or damaged file(s) restored from this build: "
-                f"{', '.join(result.restored)}{reports})" if result.reused and result.restored else "")]
+    said = ""
+    if result.reused:
+        rewritten = result.reports_rewritten
+        reports = (f"; its local reports rewritten where this build's differ: {', '.join(rewritten)}"
+                   if rewritten else "")
+        if result.restored:
+            said = (f" (already built: {len(result.restored)} missing or damaged file(s) restored from this build: "
+                    f"{', '.join(result.restored)}{reports})")
+        else:
+            said = f" (already built: shards and manifest as they were{reports})" if rewritten else \
+                " (already built: nothing rewritten)"
+    lines = [f"dataset {manifest['name']} version {manifest['version']}{said}"]
     target = Target.of_manifest(manifest)
     for split in SPLITS:
         entry = manifest["splits"][split]

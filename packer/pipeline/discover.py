@@ -476,17 +476,11 @@ def _row_cells(source: SourceConfig, row: TableRow | None) -> tuple[tuple[str, s
     return tuple((k, v) for k, v in row.extra if k in kept)
 
 
-def _named_files(source: SourceConfig, placed: Placed) -> set[str]:
-    """The relative paths the table's file columns name (masks, other files of a case),
-    normalized like table paths, in every row placed (a refused file's rows too): they belong to
-    a row's sample and are not samples themselves, unless the table gives them rows of their own."""
-    named = set(placed.named)
-    for column in source.file_columns():
-        for row in placed.rows.values():
-            rel = dict(row.extra).get(column, "").strip()
-            if rel:
-                named.add(posixpath.normpath(rel))
-    return named - set(placed.rows) - set(placed.refused)
+def _named_files(placed: Placed) -> set[str]:
+    """The relative paths the table's file columns name (masks, other files of a case) in every
+    row placed, a refused file's rows too (:attr:`Placed.named`): they belong to a row's sample
+    and are not samples themselves, unless the table gives them rows of their own."""
+    return {rel for rel in placed.named if rel not in placed.rows and rel not in placed.refused}
 
 
 def _cells_naming_files(rows: Mapping[str, TableRow]) -> dict[str, tuple[int, str]]:
@@ -657,7 +651,7 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     kind = source_kind(source.kind)
     refs = TableBuilder(RefTable)
     rows = placed.rows
-    named = _named_files(source, placed)
+    named = _named_files(placed)
     only_table = source.table_map is not None and source.table_map.files == "table"
     cells: dict[str, tuple[int, str]] | None = None  # built when a file has no row: the other cells naming it
     escaped: dict[str, tuple[int, str]] | None = None  # likewise: the cells path_base reads outside the root
@@ -945,7 +939,7 @@ def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, st
     is its row's, not left out; under ``files: table`` a file no row names is ``not_in_table``,
     like any other such file. A name that is not valid UTF-8 is shown with its bad bytes escaped."""
     rows = placed.rows
-    named = _named_files(source, placed)
+    named = _named_files(placed)
     only_table = source.table_map is not None and source.table_map.files == "table"
     by_name = source.table_map is not None and source.table_map.find == "name"
     # under find: name a row naming a file that is not listed keeps the row's own path: match by name

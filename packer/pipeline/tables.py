@@ -144,8 +144,8 @@ class Placed:
     refused: dict[str, Refused] = field(default_factory=dict)
     filtered: dict[str, str] = field(default_factory=dict)
     rows_filtered: int = 0
-    #: The files every placed row's file columns name (masks, a case's other files), as read:
-    #: they belong to a row's sample, also where its file's rows disagree and it is refused
+    #: The files every placed row's file columns name (masks, a case's other files), as table
+    #: paths are normalized: they belong to a row's sample, also where its file's rows disagree
     named: set[str] = field(default_factory=set)
 
 
@@ -897,9 +897,10 @@ class _RowReader:
                               "keep one row per file, or set repeated: same (rows that agree, one per box) or "
                               "union (a multi-label target holding every row's labels)")
         made = [self.row(number, record, rel) for number, record in kept]
-        for row in made:
-            placed.named.update(posixpath.normpath(v.strip()) for k, v in row.extra
-                                if k in self.file_columns and v.strip())
+        if self.file_columns:  # normalized as table paths are (a mask named like its row's file)
+            for row in made:
+                placed.named.update(posixpath.normpath(v.strip()) for k, v in row.extra
+                                    if k in self.file_columns and v.strip())
         if len(made) == 1:
             placed.rows[rel] = made[0]
             return
