@@ -89,15 +89,14 @@ def _make_folder(path: Path) -> None:
     link to a folder that is not there: a volume not mounted) or why it cannot be made."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as err:  # no file is in the way (checked before): a link that leads nowhere is
-        broken = next((p for p in (path.parent, *path.parent.parents) if p.is_symlink() and not p.exists()), None)
-        if broken is None:
-            raise ConfigError(f"cannot create the folder {path.parent} ({err.strerror or err}); choose another "
-                              "FILE") from err
-        raise ConfigError(f"{broken} is a link to {os.readlink(broken)}, which does not exist (a volume not "
-                          f"mounted?), so {path} cannot be created under it; mount or fix the link, or choose "
-                          "another FILE") from err
     except OSError as err:
+        # "exists" where no file is in the way (checked before): a link that leads nowhere is
+        broken = next((p for p in (path.parent, *path.parent.parents) if p.is_symlink() and not p.exists()),
+                      None) if isinstance(err, FileExistsError) else None
+        if broken is not None:
+            raise ConfigError(f"{broken} is a link to {os.readlink(broken)}, which does not exist (a volume not "
+                              f"mounted?), so {path} cannot be created under it; mount or fix the link, or choose "
+                              "another FILE") from err
         refused = refused_write(err, path.parent, opening=True, elsewhere="choose another FILE")
         if refused is not None:
             raise refused from err
