@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -84,6 +85,23 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], float] | None:
+    """The key path and value of the first NaN or infinity in a parsed document, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, dict):
+        items: Iterable[tuple[str | int, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, (*path, key))
+        if found is not None:
+            return found
+    return None
 
 
 def _path_text(parts: Iterable[str | int]) -> str:
@@ -207,6 +225,11 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     plain = _plain(doc)
     if schema_name == "job" and not isinstance(plain, dict):
         raise ConfigError(f"{source}: a job file is a YAML mapping with name, sources, split, pack and output")
+    where = _non_finite(plain)
+    if where is not None:  # NaN passes every minimum and maximum (each comparison is False)
+        path, value = where
+        raise ConfigError(f"{source}: {_path_text(path)}: {value} is not a number packer can use (YAML's .nan "
+                          "and .inf are no fraction, ratio or size); give a finite number")
     validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))
     validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER,
                               registry=schema_registry())

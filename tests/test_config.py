@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import date
 from pathlib import Path
 
@@ -368,3 +369,15 @@ def test_labels_may_list_integer_class_ids_as_numbers(tmp_path: Path) -> None:
     assert parse_job({**doc, "labels": [0, 1, 2, 3, 4]}, tmp_path / "job.yaml").labels == ("0", "1", "2", "3", "4")
     with pytest.raises(ConfigError, match="labels: '1' is listed twice"):
         parse_job({**doc, "labels": [0, 1, "1"]}, tmp_path / "job.yaml")
+
+
+@pytest.mark.parametrize(("key", "value"), [("validate", {"max_bad_fraction": math.nan}),
+                                            ("split", {"by": "entity", "ratios": {"train": math.nan, "valid": 0.2}}),
+                                            ("pack", {"format": "webdataset", "max_samples": math.inf})])
+def test_nan_and_infinity_in_a_job_are_refused_naming_the_key(tmp_path: Path, key: str, value: dict) -> None:
+    """YAML's .nan passes every minimum and maximum of the schema (each comparison is False):
+    max_bad_fraction: .nan validated a job with 75% bad files clean, a .nan ratio split at random."""
+    job = write_job(tmp_path, {**MINIMAL, key: value})
+    assert ".nan" in job.read_text() or ".inf" in job.read_text()
+    with pytest.raises(ConfigError, match=rf"{key}\..*(nan|inf) is not a number packer can use.*finite"):
+        load_job(job)
