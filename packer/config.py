@@ -1807,6 +1807,15 @@ def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     return int(text, 10)
 
 
+def _construct_timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    """A date or time as YAML reads it; an impossible one (2024-13-45, a typo) stays the text it
+    is, for the check of the key that holds it to name (PyYAML raised ValueError: a traceback)."""
+    try:
+        return loader.construct_yaml_timestamp(node)
+    except ValueError:
+        return str(loader.construct_scalar(node))
+
+
 JobLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_YAML_BOOL, _YAML_INT, _YAML_FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -1814,6 +1823,7 @@ JobLoader.add_implicit_resolver(_YAML_BOOL, re.compile(r"^(?:true|True|TRUE|fals
 JobLoader.add_implicit_resolver(_YAML_INT, _CORE_INT, list("-+0123456789"))
 JobLoader.add_implicit_resolver(_YAML_FLOAT, _CORE_FLOAT, list("-+0123456789."))
 JobLoader.add_constructor(_YAML_INT, _construct_core_int)
+JobLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 
 
 def load_job(path: str | Path) -> JobConfig:

@@ -349,7 +349,8 @@ def test_a_tile_larger_than_the_resized_image_is_a_config_error_before_any_work(
 
 
 @pytest.mark.parametrize(("written", "read"), [("010", 10), ("0o10", 8), ("0x10", 16), ("1:30", "1:30"), ("1_0", "1_0"),
-                                               ("1e3", 1000.0), ("0.5", 0.5), ("2024-01-01", date(2024, 1, 1))])
+                                               ("1e3", 1000.0), ("0.5", 0.5), ("2024-01-01", date(2024, 1, 1)),
+                                               ("2024-13-45", "2024-13-45")])
 def test_job_numbers_are_read_as_yaml_1_2_writes_them(written: str, read: object) -> None:
     """PyYAML reads numbers the YAML 1.1 way: seed: 010 became octal 8 (recorded so in the
     manifest), 1:30 base-60 90 and 1_0 ten, while YAML 1.2's own octal 0o10 was refused."""
@@ -380,4 +381,13 @@ def test_nan_and_infinity_in_a_job_are_refused_naming_the_key(tmp_path: Path, ke
     job = write_job(tmp_path, {**MINIMAL, key: value})
     assert ".nan" in job.read_text() or ".inf" in job.read_text()
     with pytest.raises(ConfigError, match=rf"{key}\..*(nan|inf) is not a number packer can use.*finite"):
+        load_job(job)
+
+
+def test_an_impossible_date_in_a_job_names_the_key(tmp_path: Path) -> None:
+    """PyYAML turns 2024-13-45 into a date and raises ValueError: a traceback, exit 1."""
+    job = write_job(tmp_path, MINIMAL)
+    job.write_text(job.read_text().replace("split:", "split:\n  cutoffs: {valid: 2024-13-45, test: 2025-01-01}", 1)
+                   .replace("by: entity", "by: time"))
+    with pytest.raises(ConfigError, match=r"split\.cutoffs\.valid: '2024-13-45' is not a 'date'"):
         load_job(job)
