@@ -143,11 +143,18 @@ def _fingerprint(key: bytes) -> str:
     return Pseudonymizer(mode="pseudonymize", dates="shift", key=key).fingerprint or ""
 
 
-def _checked(text: str, where: str) -> bytes:
+def _checked(text: str, where: str, key_file: Path | None = None) -> bytes:
+    """The key in ``text``; too short, a ConfigError whose fix replaces that key where it is
+    (``key_file``, the path the job reads; else the environment variable)."""
     key = text.strip().encode()
     if len(key) < MIN_KEY_BYTES:
+        if key_file is not None:  # no dataset was built with it (it was refused), so replacing loses nothing
+            fix = f"replace it with: packer key new --force {key_file}"
+        else:
+            fix = f"set a new one with: packer key new NEW.key, then export {ENV_KEY}=$(cat NEW.key)"
         raise ConfigError(f"the PHI key in {where} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes, "
-                          f"e.g. 64 hex characters; {HOW_TO}")
+                          f"e.g. 64 hex characters: {fix} (keep the file out of the repository, and keep it: "
+                          "rebuilding the dataset needs it)")
     return key
 
 
@@ -181,7 +188,7 @@ def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
         except OSError as err:
             raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); make it readable by this "
                               f"user, or export {ENV_KEY} and remove phi.key_file from the job") from err
-        file_key = _checked(text, file_where)
+        file_key = _checked(text, file_where, cfg.key_file)
     if env_key is not None and file_key is not None:
         if not hmac.compare_digest(env_key, file_key):
             raise ConfigError(

@@ -177,6 +177,28 @@ def test_the_missing_key_fix_works_as_pasted_from_another_folder(tmp_path: Path,
     assert code == 0, output
 
 
+def test_the_short_key_fix_replaces_the_key_the_job_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A too-short key_file's fix said 'packer key new phi.key ... key_file: phi.key': from another
+    folder that made ./phi.key, and the job, reading its own file, still failed."""
+    job = ct_job(tmp_path / "sub", {"key_file": "short.key"})
+    (tmp_path / "sub" / "short.key").write_text("abcd\n")
+    monkeypatch.chdir(tmp_path)
+    code, output = build(job, env_key="")
+    assert code == 2 and "is 4 bytes" in output, output
+    fix = re.search(r"replace it with: packer key new --force (\S+)", output)
+    assert fix is not None, output
+    made = CliRunner().invoke(main, ["key", "new", "--force", fix.group(1)])
+    assert made.exit_code == 0, made.output
+    code, output = build(job, env_key="")
+    assert code == 0, output
+
+
+def test_a_short_key_in_the_environment_says_how_to_set_a_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_KEY, "abcd")
+    with pytest.raises(ConfigError, match=f"environment variable {ENV_KEY} is 4 bytes.*export {ENV_KEY}="):
+        load_key(PhiConfig())
+
+
 def test_build_summary_names_the_key_source_and_fingerprint_never_the_key(tmp_path: Path) -> None:
     (tmp_path / "phi.key").write_text(KEY_A + "\n")
     job = ct_job(tmp_path, {"key_file": "phi.key"})
