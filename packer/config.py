@@ -898,6 +898,21 @@ def _default_name(root: Path | str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root))
 
 
+#: The longest source name (``sources[].name``'s maxLength in the schema): it starts every sample
+#: key, and ``<name>-<16 hex>-dupN-pNNNNNN-tNNNNNN_NNNNNN.target_mask.npy`` must fit a ustar name (100 bytes)
+SOURCE_NAME_MAX = 32
+
+
+def _named_after_root(root: Path | str, where: str) -> str:
+    """The default name of a source at ``root``; a config error where it is longer than a name may be."""
+    name = _default_name(root)
+    if len(name) > SOURCE_NAME_MAX:
+        raise ConfigError(f"{where}: its name defaults to its root folder's name {name!r}, {len(name)} characters; "
+                          f"a source's name starts every sample key and may have at most {SOURCE_NAME_MAX} (a tar "
+                          "member's name must fit 100 bytes): give the source a shorter name of its own (name: ct)")
+    return name
+
+
 def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     from packer.read.kinds import source_kind, source_kinds  # the kinds register there; they import this module
 
@@ -971,7 +986,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         header_where=kind.header_conditions(tuple(c for c in conditions if c.key in in_header), f"{where}.where"),
         mask=mask,
         kind=kind.name,
-        name=raw.get("name") or _default_name(root) or f"source{index}",
+        name=raw.get("name") or _named_after_root(root, where) or f"source{index}",
         root=root,
         root_spec=raw["root"],
         entity=kind.default_entity if entity_path else str(entity_raw["column"]) if entity_column else entity_raw,

@@ -391,3 +391,31 @@ def test_an_impossible_date_in_a_job_names_the_key(tmp_path: Path) -> None:
                    .replace("by: entity", "by: time"))
     with pytest.raises(ConfigError, match=r"split\.cutoffs\.valid: '2024-13-45' is not a 'date'"):
         load_job(job)
+
+
+def test_a_source_name_too_long_for_a_tar_member_is_a_config_error(tmp_path: Path) -> None:
+    """A 90-character name the pattern allows made keys over ustar's 100-byte name: the build
+    decoded everything and then died in tarfile ('name is too long'), exit 1."""
+    source = {"kind": "image", "root": "raw", "table": "raw/labels.csv"}
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.name: 's{33}' is too long.*at most 32"):
+        load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "name": "s" * 33}]}))
+    job = load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "name": "s" * 32}]}))
+    assert job.sources[0].name == "s" * 32
+    long_root = "r" * 40
+    with pytest.raises(ConfigError, match=rf"sources\[0\]: its name defaults to its root folder's name '{long_root}', "
+                                          "40 characters.*name: ct"):
+        load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "root": long_root}]}))
+
+
+def test_the_longest_source_name_gives_member_names_a_ustar_header_holds() -> None:
+    import tarfile
+
+    from packer.config import SOURCE_NAME_MAX
+    from packer.keys import frame_key
+    from packer.records import safe_key
+    from packer.shards.members import MEMBER_EXTENSIONS
+
+    longest = max(MEMBER_EXTENSIONS, key=len)
+    key = f"{safe_key('s' * SOURCE_NAME_MAX)}-{'f' * 16}-dup99-p123456-t123456_123456"
+    assert len(frame_key(key.split("-p")[0], 123456789)) < len(key)
+    tarfile.TarInfo(f"{key}.{longest}").tobuf(tarfile.USTAR_FORMAT)  # raises ValueError when it does not fit
