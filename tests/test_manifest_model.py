@@ -180,3 +180,19 @@ def test_an_fsspec_url_is_read_through_the_store(version: Path) -> None:
                 verify_dataset(wrong)
     finally:
         store.rm(base, recursive=True)
+
+
+def test_the_readmes_dataset_hash_recipe_reproduces_the_hash_with_non_ascii_names() -> None:
+    """The README and the manifest schema gave the recipe without its encoding: json.dumps'
+    default escapes 'é' as \\u00e9, and a table's non-ASCII label then hashed otherwise."""
+    import re
+
+    from packer.manifest import compute_dataset_hash, seal_manifest
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    recipe = re.search(r"i\.e\. `(json\.dumps\(content, [^`]+)`", readme)
+    assert recipe is not None, "the README's dataset_hash recipe moved"
+    sealed = seal_manifest({"label_map": {"pneumonía": 0, "正常": 1}, "name": "ñ", "counts": [1, 2.5]})
+    content = {k: v for k, v in sealed.items() if k not in ("created_at", "version", "dataset_hash")}
+    digest = hashlib.sha256(eval(recipe.group(1), {"json": json, "content": content})).hexdigest()  # noqa: S307
+    assert digest == sealed["dataset_hash"] == compute_dataset_hash(sealed)
