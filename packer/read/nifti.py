@@ -374,6 +374,17 @@ def _stored_header(path: str, header: Any) -> Any:
                                         "copy the file again") from err
 
 
+def corner_distance_mm(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> float:
+    """How far apart (mm) the affines ``a`` and ``b`` place a voxel centre of a grid of ``shape``,
+    at most: the distance between two affine maps is largest at a corner of the grid (its norm
+    is convex), so the eight corners' centres decide. An element-wise difference of the matrices
+    under-reported a rotation of 2° as 0.35 where the far voxels lay 45 mm apart."""
+    extent = [max(int(n), 1) - 1 for n in tuple(shape[:3]) + (1,) * (3 - len(shape[:3]))]
+    corners = np.array([[i, j, k, 1.0] for i in (0, extent[0]) for j in (0, extent[1]) for k in (0, extent[2])])
+    moved = corners @ (np.asarray(a, dtype=np.float64)[:3] - np.asarray(b, dtype=np.float64)[:3]).T
+    return float(np.linalg.norm(moved, axis=1).max())
+
+
 def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
                    ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
     """(affine, its source, the qform where it differs from the chosen sform, by how much);
@@ -414,7 +425,7 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
                                           f"mm, or one farther than {MAX_ORIGIN_MM:g} mm from the origin); the header "
                                           "is damaged: fix it", stage="validate")
     if source == "sform" and qcode and qcode > 0 and qform is not None and np.isfinite(qform).all():
-        differ = float(np.abs(np.asarray(qform, dtype=np.float64)[:3] - affine[:3]).max())
+        differ = corner_distance_mm(np.asarray(qform, dtype=np.float64), affine, header.get_data_shape()[:3])
         if differ > AFFINE_TOLERANCE:
             return affine, source, np.asarray(qform, dtype=np.float64), differ
     return affine, source, None, None
@@ -658,7 +669,7 @@ def same_grid(a: Volume, b: Volume) -> float | None:
     :data:`AFFINE_TOLERANCE` mm), else how far apart their affines are (mm; inf for other shapes)."""
     if a.array.shape[1:] != b.array.shape[1:]:
         return float("inf")
-    differ = float(np.abs(a.affine[:3] - b.affine[:3]).max())
+    differ = corner_distance_mm(a.affine, b.affine, a.array.shape[1:])
     return None if differ <= AFFINE_TOLERANCE else differ
 
 
@@ -671,7 +682,7 @@ def grid_difference(first: Volume, second: Volume) -> str:
     """What tells two grids apart that :func:`same_grid` found different, as a message says it:
     the voxel counts where they differ (``slices 15 against 16``) and whether the affines agree,
     or how far apart the affines are (mm) when the counts agree."""
-    gap = float(np.abs(first.affine[:3] - second.affine[:3]).max())
+    gap = corner_distance_mm(first.affine, second.affine, first.array.shape[1:])
     shapes = first.array.shape[1:], second.array.shape[1:]
     if shapes[0] == shapes[1]:
         return f"same voxel counts, affines up to {gap:.4g} mm apart"
