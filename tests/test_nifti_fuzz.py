@@ -664,3 +664,14 @@ def test_a_nii_gz_cut_in_its_gzip_trailer_says_so_not_that_voxels_are_missing(fu
     found = outcome(fuzz_dir, name)
     assert reason(found) == "truncated"
     assert "ends after its last voxel" in found.message and "before its trailer" in found.message
+
+
+def test_a_whole_gzip_stream_holding_too_few_voxels_says_export_again_not_copy_again(fuzz_dir: Path) -> None:
+    """A ``.nii.gz`` whose gzip stream is whole (CRC-32 and length check) but whose NIfTI holds
+    half its voxels was 'the gzip stream is cut short ... copy the file again': copying cannot help."""
+    inner = gzip.decompress(seeds()["float32.nii.gz"][0])
+    name = write_seed(fuzz_dir, "short_inner.nii.gz", gzip.compress(inner[:len(inner) - (len(inner) - 352) // 2]))
+    found = outcome(fuzz_dir, name)
+    assert reason(found) == "truncated"
+    assert "gzip stream is whole" in found.message and "export it again" in found.message
+    assert "copy the file again" not in found.message.replace("copying it again cannot help", "")

@@ -488,8 +488,9 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
     trailer, so a flipped bit inside the deflate stream that zlib can still decode gave wrong
     voxels without a word. Several members (bgzip, concatenated files) are one stream; bytes
     after the last member that do not start another (junk appended) are ignored, as gunzip
-    does. Raises EOFError (the stream ends before the last voxel, or inside a member) and
-    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data), possibly
+    does. Raises EOFError (the stream ends before the last voxel, or inside a member),
+    zlib.error (a damaged stream, or a CRC-32 or length that does not match its data), and
+    NiftiDefect ``truncated`` (a whole stream that holds fewer bytes than the voxels), possibly
     after the last piece: a caller consumes the whole iterator before trusting what it gave."""
     end, position = offset + nbytes, 0
     with open(path, "rb") as fh:
@@ -520,8 +521,11 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
     if not inflater.eof:
         raise EOFError(f"the gzip stream ends inside a member, after {position} bytes inflated, before the last "
                        f"voxel (byte {end})")
-    if position < end:
-        raise EOFError(f"the inflated stream has {position} bytes; the voxels end at byte {end}")
+    if position < end:  # the stream is whole (its CRC-32 and length checked): what it holds is short
+        raise NiftiDefect("truncated", f"the gzip stream is whole (its CRC-32 and length check out) but inflates to "
+                                       f"{position} bytes, and the header's dim × datatype put the last voxel at byte "
+                                       f"{end}: the file was written short, or its dim or datatype are wrong; export "
+                                       "it again (copying it again cannot help)")
 
 
 def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
