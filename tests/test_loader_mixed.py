@@ -394,3 +394,32 @@ def test_a_job_packing_volumes_beside_2d_images_loads_whole_and_by_source(tmp_pa
         assert len(view) == 2 and all(item["image"].dim() == rank for item in view)
     with pytest.raises(MixedShapesError):  # stacked, the two ranks are refused by name, as any mix is
         list(make_loader(ShardDataset(result.version_dir, "train", shuffle=False), 4))
+
+
+@pytest.mark.parametrize(("label", "label_map", "name"), [
+    (2, {"1": 0, "2": 1, "3": 2}, "2"),  # a Kaggle table's class ids: 2 is class '2', not index 2 (class '3')
+    (np.int64(2), {"1": 0, "2": 1, "3": 2}, "2"),
+    ("2", {"1": 0, "2": 1, "3": 2}, "2"),
+    (4, {"0": 0, "1": 1, "2": 2, "4": 3}, "4"),  # was 'no label 4 ... its labels are [..., '4']'
+    (1, {"circle": 0, "square": 1}, "square"),  # names that are no integers: an integer is an index
+    (np.int32(0), {"circle": 0, "square": 1}, "circle"),
+    ("square", {"circle": 0, "square": 1}, "square"),
+])
+def test_a_label_in_a_view_is_a_name_and_an_integer_a_class_id_where_the_names_are_ids(
+        label: object, label_map: dict[str, int], name: str) -> None:
+    from packer.loader.readers import _label_name
+
+    assert _label_name(label, label_map, "m") == name
+
+
+@pytest.mark.parametrize(("label", "label_map", "said"), [
+    (3, {"0": 0, "1": 1, "2": 2, "4": 3}, "no label 3 .*an integer names the class id '3' here"),
+    (2, {"circle": 0, "square": 1}, "no label 2 "),
+    (True, {"circle": 0, "square": 1}, "no label True "),
+])
+def test_a_view_label_that_names_no_class_is_a_config_error(label: object, label_map: dict[str, int],
+                                                            said: str) -> None:
+    from packer.loader.readers import _label_name
+
+    with pytest.raises(ConfigError, match=said):
+        _label_name(label, label_map, "m")

@@ -463,13 +463,14 @@ class ShardDataset(PlannedDataset):
     uninterrupted one did), so no rank falls a batch behind because of bad data; a worker
     with no readable sample at all raises.
 
-    ``sources``/``labels``: a view of the split: only the samples of these sources (names as
-    in the job file and ``manifest["sample_schema"]["shapes"]``) and/or with these labels
-    (names, or indices in the label map). ``_index.parquet`` says which samples those are, so
-    the others are skipped without being read or decoded; everything above (exactly once
-    across ranks × workers, the deterministic order, resume) holds for the view as for a whole
-    split, and ``len()``, ``samples`` and the loader state count the view's samples. ``shape``:
-    the one C×H×W shape of the view's samples by the manifest, None when they have several.
+    ``sources``/``labels``: a view of the split: only the samples of these sources (names as in
+    the job file and ``manifest["sample_schema"]["shapes"]``) and/or with these labels (names;
+    an integer is a class id where the names are integers, else an index in the label map).
+    ``_index.parquet`` says which samples those are, so the others are skipped without being
+    read or decoded; everything above (exactly once across ranks × workers, the deterministic
+    order, resume) holds for the view as for a whole split, and ``len()``, ``samples`` and the
+    loader state count the view's samples. ``shape``: the one C×H×W shape of the view's samples
+    by the manifest, None when they have several.
 
     Iterated directly (or through a plain DataLoader), samples are striped over workers one
     by one; :func:`packer.loader.make_loader` stripes whole batches so that the batch order

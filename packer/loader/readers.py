@@ -51,6 +51,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import numbers
 import os
 import re
 import tempfile
@@ -393,6 +394,29 @@ def _index_bytes(info: SplitInfo, *, verify: bool, fix: str = "") -> bytes:
     return data
 
 
+def _label_name(label: object, label_map: Mapping[str, int], where: str) -> str:
+    """The label name ``labels=`` means by ``label``: a name; an integer where the names are class
+    ids (a Kaggle table's 1, 2, 3: ``2`` is class '2', whatever index it packs as), else an
+    integer is its index in the label map. ``2`` meant index 2, class '3', while ``'2'`` and
+    ``numpy.int64(2)`` meant class '2'. Raises ConfigError listing the labels."""
+    if isinstance(label, numbers.Integral) and not isinstance(label, bool):
+        if all(_INTEGER_NAME.fullmatch(name) for name in label_map):
+            name: str | None = str(int(label))
+        else:
+            name = {index: key for key, index in label_map.items()}.get(int(label))
+    else:
+        name = str(label)
+    if name is None or name not in label_map:
+        raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
+                          f"{sorted(label_map)}" + ("" if isinstance(label, str) or name is None else
+                                                     f" (an integer names the class id {name!r} here)"))
+    return name
+
+
+#: A class id written as an integer (``labels=`` reads integers as such ids where every name is one)
+_INTEGER_NAME = re.compile(r"-?[0-9]+")
+
+
 def split_index_rows(info: SplitInfo, columns: Sequence[str], *, verify: bool,
                      data: bytes | None = None) -> tuple[Any, list[tuple[int, int]]]:
     """The split's rows of ``_index.parquet`` (``columns`` besides split, shard and position),
@@ -529,7 +553,8 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     """The samples of ``info``'s split whose source is in ``sources`` and label in ``labels``
     (None: any), found in ``_index.parquet`` without opening a shard.
 
-    ``labels``: label names (or their indices in the label map). Raises ``ConfigError`` for
+    ``labels``: label names (an integer: a class id where the names are integers, else an index in
+    the label map: :func:`_label_name`). Raises ``ConfigError`` for
     a source or label the dataset does not have (the message lists those it has) and
     ``IntegrityError`` when the index is missing, unreadable or disagrees with the manifest.
     """
@@ -559,14 +584,7 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
         if not labels:
             raise ConfigError(f"labels=[]: an empty view holds no sample; name at least one of "
                               f"{sorted(info.label_map)}, or pass labels=None for every label")
-        by_index = {v: k for k, v in info.label_map.items()}
-        names = []
-        for label in labels:
-            name = by_index.get(label) if isinstance(label, int) else str(label)
-            if name is None or name not in info.label_map:
-                raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
-                                  f"{sorted(info.label_map)}")
-            names.append(name)
+        names = [_label_name(label, info.label_map, where) for label in labels]
         label_names = tuple(dict.fromkeys(names))
         label_ids = {info.label_map[n] for n in label_names}
     column = (info.target.view_column if label_ids is not None else None) or "label"  # the labels= filter's
