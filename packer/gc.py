@@ -82,10 +82,15 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     folder for that) or ``folder`` is not a local dataset folder (a URL, a version folder, an
     output folder holding several datasets).
     """
-    if keep < 1:
+    if keep >= 1:
+        check_local_dataset_folder(folder, command="gc")
+    else:  # the folder is checked first: the fix below deletes it, which a typo'd path must never be told
+        try:
+            check_local_dataset_folder(folder, command="gc")
+        except ConfigError as err:
+            raise ConfigError(f"--keep {keep}: gc keeps at least the newest version (--keep 1); and {err}") from err
         raise ConfigError(f"--keep {keep}: gc keeps at least the newest version (--keep 1); to remove every "
                           f"version, delete the dataset folder {folder} itself")
-    check_local_dataset_folder(folder, command="gc")
     listing = list_versions(folder)
     readable = [v for v in listing.versions if v.problem is None]  # newest first
     good = [v for v in readable if v.failed is None]

@@ -291,12 +291,16 @@ def test_gc_dry_run_prints_the_plan_and_changes_nothing(versions: Versions, tmp_
 def test_gc_refuses_keep_0_urls_and_version_folders(versions: Versions, tmp_path: Path) -> None:
     root = dataset_copy(versions, tmp_path)
     before = snapshot(root)
-    for args, says in (((root, "--keep", "0"), "keeps at least the newest version"),
+    raw = tmp_path / "my-raw-data"
+    (raw / "scans").mkdir(parents=True)
+    for args, says in (((root, "--keep", "0"), "to remove every version, delete the dataset folder"),
+                       ((raw, "--keep", "0"), "not a dataset folder"),  # never told to delete a typo'd folder
                        (("s3://bucket/out/demo", "--keep", "1"), "local output folder only"),
                        ((root / versions.base, "--keep", "1"), "a version folder; pass the dataset folder"),
                        ((tmp_path / "out", "--keep", "1"), "pass one of them")):
         result = invoke("gc", *args)
         assert result.exit_code == 2 and says in result.output, result.output
+        assert args[0] != raw or "delete" not in result.output, result.output
     assert snapshot(root) == before
 
 
