@@ -54,3 +54,11 @@ def test_parquet_datasets_are_refused_with_the_reader_to_use(tmp_path):
     manifest = build_dataset(tmp_path, fmt="parquet", shard_sizes=SIZES)
     with pytest.raises(ConfigError, match="read Parquet shards with ShardDataset"):
         wds_dataset(manifest, "train")
+
+
+def test_an_empty_split_is_a_config_error_naming_it_not_webdatasets_index_error(tmp_path):
+    """A small job can leave a split empty (samples 0, shards []): webdataset raised a bare
+    IndexError from its shard list."""
+    manifest = build_dataset(tmp_path, shard_sizes=())
+    with pytest.raises(ConfigError, match="split 'train' holds no samples in this version"):
+        wds_dataset(manifest, "train")

@@ -42,8 +42,8 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     ``options`` go to ``webdataset.WebDataset`` as they are (``handler`` to the check too).
     Chain ``.decode()``, ``.shuffle(n)``, ``.batched(n)`` as with any WebDataset.
 
-    ``ConfigError`` for a Parquet dataset, a remote one (use ``ShardDataset``, or a local copy)
-    or another ``verify``; ``IntegrityError`` when the index is missing or damaged.
+    ``ConfigError`` for a Parquet dataset, a remote one (use ``ShardDataset``, or a local copy),
+    a split with no sample, or another ``verify``; ``IntegrityError`` when the index is missing or damaged.
     """
     import webdataset
 
@@ -57,6 +57,9 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     if remote:
         raise ConfigError(f"{info.manifest}: shards in a store ({remote[0]}); wds_dataset reads local shard files: "
                           "use ShardDataset, which streams and caches remote shards, or copy the version folder")
+    if not info.shards:  # webdataset refuses an empty shard list with a bare IndexError
+        raise ConfigError(f"{info.manifest}: split {split!r} holds no samples in this version (no shard); there is "
+                          "nothing for a WebDataset to read: skip this split (ShardDataset reads it as empty)")
     expected: dict[str, int] | None = None
     if verify == "sample":
         table, _ = split_index_rows(info, ["key", INDEX_COLUMN], verify=True)
