@@ -185,6 +185,9 @@ _STORAGE_FIXES: dict[int, tuple[str, str]] = {
 _OPEN_FIXES: dict[int, tuple[str, str]] = {
     errno.EACCES: ("permission denied", "make the folder writable for this user, or {elsewhere}"),
     errno.EPERM: ("operation not permitted", "make the folder writable for this user, or {elsewhere}"),
+    # creating folders on the way (mkdir parents=True): a file system that takes no new folder
+    # there (/proc, /sys), a dangling link, or a folder removed meanwhile
+    errno.ENOENT: ("a folder on its way cannot be created there", "{elsewhere}"),
 }
 
 

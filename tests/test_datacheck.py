@@ -613,6 +613,19 @@ def test_a_work_folder_under_a_file_is_a_config_error_not_an_internal_one(
                 "that file, or set PACKER_WORK_DIR to a folder") in result.output
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a file system that takes no new folder")
+@pytest.mark.parametrize("command", ["validate", "build"])
+def test_a_work_folder_that_cannot_be_created_is_a_file_system_error_not_an_internal_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    """PACKER_WORK_DIR=/proc/nope: mkdir's FileNotFoundError was a traceback (exit 1)."""
+    job = image_job(tmp_path, base_rows(6))
+    monkeypatch.setenv("PACKER_WORK_DIR", "/proc/packer-nope")
+    result = CliRunner().invoke(main, [command, str(job), "--scheduler", "sync", "-q"])
+    assert result.exit_code == 6, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    assert "/proc/packer-nope" in result.output and "cannot be created there" in result.output
+
+
 def test_the_summary_names_every_member_of_a_label_conflict_whole(tmp_path: Path) -> None:
     """A CI log shows validate's summary: each finding was raw JSON cut at 160 characters, so the
     copy's original and its label were never named. Each member now shows with its label, split
