@@ -1740,9 +1740,10 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
         if source.target.kind == "numeric" and source.target.columns != first.target.columns:
             raise ConfigError(f"{where}.columns: {list(source.target.columns)} differs from source {first.name!r}'s "
                               f"{list(first.target.columns)}; the numeric targets of one dataset have one order")
-        if source.kind not in timed and source.table is None and split.by == "time":
+        if source.kind not in timed and source.table is None and source.time_path is None and split.by == "time":
             raise ConfigError(f"sources[{index}].table: splitting by time needs each file's time, from a table "
-                              "(path,entity,timestamp); add one, or split by entity")
+                              "(path,entity,timestamp) or from its path (time: {component: 0} or {path: REGEX}); "
+                              "add one, or split by entity")
         if split.stratify == "label" and source.target.kind in ("none", "numeric"):
             raise ConfigError(f"split.stratify: label: source {source.name!r} has "
                               f"{'no labels' if source.target.kind == 'none' else 'numeric targets'} to stratify "

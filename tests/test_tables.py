@@ -1098,3 +1098,21 @@ def test_a_file_with_a_row_of_its_own_is_a_sample_though_another_row_names_it_as
     found = discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/t.csv", "label": {"column": "dx"},
                                               "mask": {"column": "mask"}})))
     assert sorted(r.relpath for r in found.refs) == ["a.png", "b.png"] and not found.issues
+
+
+def test_a_time_split_takes_each_files_time_from_its_path_without_a_table(tmp_path: Path) -> None:
+    """README: time may come from the path like entity. A source with `time: {component: 0}` and
+    no table was refused under by: time ('needs each file's time, from a table')."""
+    import pyarrow.parquet as pq
+
+    files = {"2023-06-01/A_1.png": "train", "2023-06-02/A_2.png": "train", "2024-02-01/B_1.png": "valid",
+             "2024-08-01/C_1.png": "test"}
+    _files(tmp_path / "raw", list(files), real=True)
+    job = _job(tmp_path, {"root": "raw", "label": "none", "entity": {"path": r"(?P<entity>[A-Z])_\d"},
+                          "time": {"component": 0}},
+               split={"by": "time", "cutoffs": {"valid": "2024-01-01", "test": "2024-07-01"},
+                      "balance": {"accept": True}})
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    rows = pq.read_table(result.version_dir / "_splits.parquet").to_pylist()
+    assert {row["entity_id"]: row["split"] for row in rows} == {"A": "train", "B": "valid", "C": "test"}
+    assert len(rows) == len(files)
