@@ -12,6 +12,7 @@ import torch
 import webdataset as wds
 from loader_fixtures import build_dataset, sample_image, split_keys
 
+from packer.errors import ConfigError
 from packer.loader import MixedShapesError, ShardDataset, collate_stack, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -105,6 +106,19 @@ def test_rank_and_world_size_come_from_the_environment(datasets, monkeypatch):
     dataset = ShardDataset(datasets[("webdataset", "many")], "train")
     assert (dataset.rank, dataset.world_size) == (2, 3)
     assert len(dataset) == 25 * 3 // 3 - 25 * 2 // 3
+
+
+def test_a_world_size_without_a_rank_from_anywhere_is_a_config_error(datasets, monkeypatch):
+    """world_size=2 with no rank=, no torch.distributed and no RANK made every process rank 0:
+    each read the same half, and the other half was never read."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="world_size=2 without rank=.*pass rank= too"):
+        ShardDataset(datasets[("webdataset", "many")], "train", world_size=2)
+    assert ShardDataset(datasets[("webdataset", "many")], "train", world_size=2, rank=1).rank == 1
+    assert ShardDataset(datasets[("webdataset", "many")], "train", world_size=1).rank == 0
+    monkeypatch.setenv("RANK", "1")
+    assert ShardDataset(datasets[("webdataset", "many")], "train", world_size=2).rank == 1
 
 
 def test_shuffle_decorrelates_packed_and_read_order(tmp_path):

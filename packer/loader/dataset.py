@@ -76,12 +76,18 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Rank and world size: the arguments, else ``torch.distributed`` when initialised,
     else the ``RANK``/``WORLD_SIZE`` environment variables, else ``(0, 1)``.
 
-    Raises ``ConfigError`` when the rank is outside ``[0, world_size)``.
+    Raises ``ConfigError`` when the rank is outside ``[0, world_size)``, and for a world size
+    over 1 with no rank from any of them (each process would be rank 0).
     """
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             default_rank, default_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
+            if rank is None and world_size is not None and world_size > 1 and "RANK" not in os.environ:
+                # every process would be rank 0 and read the same share: each sample world_size times
+                raise ConfigError(f"world_size={world_size} without rank=: torch.distributed is not initialised and "
+                                  "RANK is not set, so nothing says which rank this process is; pass rank= too, "
+                                  "or initialise torch.distributed (torchrun sets RANK) before making the dataset")
             try:
                 default_rank = int(os.environ.get("RANK", "0"))
                 default_world = int(os.environ.get("WORLD_SIZE", "1"))
