@@ -553,7 +553,8 @@ class SplitConfig:
         if self.near_max_ratio_set:
             out["near_duplicates"]["max_ratio"] = self.near_max_ratio
         out.update(self._conflicts_json())
-        if self.by == "time":
+        if self.by == "time":  # the dates decide: ratios are refused under by: time, so none is recorded
+            del out["ratios"]
             out["cutoffs"] = dict(self.cutoffs)
             out["entity_policy"] = self.entity_policy
         return out

@@ -101,6 +101,9 @@ def test_every_default_the_schema_declares_is_what_a_minimal_job_gets(tmp_path: 
             continue  # only a time split has (and records) an entity policy
         if path in ("split.match", "split.accept_leaks"):
             continue  # only a given split (by: list or column) has (and records) them: checked below
+        if path == "split.ratios" and split["by"] == "time":
+            assert "ratios" not in identity["split"]  # the dates decide; ratios are refused under by: time
+            continue
         if path.startswith("transform.dicom.series.") or path == "limits.max_voxels":
             continue  # only series samples assemble (and record) series; checked below; max_voxels when set
         if path.startswith("transform.nifti."):

@@ -95,3 +95,17 @@ def test_a_copy_left_out_as_a_straddler_says_its_group_placed_it_and_leaves_the_
     leakage = json.loads((result.version_dir / "leakage.json").read_text())
     span = leakage["rules"]["duplicates_span_entities"]
     assert span["count"] == 0 and not span.get("findings"), span
+
+
+def test_a_time_split_records_its_cutoffs_and_no_ratios_it_never_asked_for(tmp_path: Path) -> None:
+    """Ratios under by: time are a config error, yet the manifest's config and the audit's
+    split_balance recorded the schema's 0.8/0.1/0.1 as the split's request beside shares the dates
+    made (1/3 each here)."""
+    write_tree(tmp_path, [("A", "2023-02-01"), ("B", "2024-02-01"), ("C", "2024-08-01")])
+    result = build_job(tmp_path, {"by": "time", "cutoffs": CUTOFFS})
+    manifest = json.loads(result.manifest_path.read_text())
+    assert "ratios" not in manifest["config"]["split"] and manifest["config"]["split"]["cutoffs"] == CUTOFFS
+    leakage = json.loads((result.version_dir / "leakage.json").read_text())
+    balance = leakage["rules"]["split_balance"]
+    assert "requested" not in balance and balance["cutoffs"] == CUTOFFS
+    assert balance["shares"] == {"train": 0.3333, "valid": 0.3333, "test": 0.3333}

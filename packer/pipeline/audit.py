@@ -391,8 +391,10 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     if cfg.given:  # nothing was asked of the shares: they are reported, as given
         return RuleResult("split_balance", "report", 0, (), {
             "shares": {k: round(v, 4) for k, v in balance.shares.items()}, "given": cfg.by})
+    asked: dict[str, Any] = ({"cutoffs": dict(cfg.cutoffs)} if cfg.by == "time"  # the dates decide, not ratios
+                             else {"requested": balance.requested})
     detail: dict[str, Any] = {"shares": {k: round(v, 4) for k, v in balance.shares.items()},
-                              "requested": balance.requested, "tolerance": cfg.balance_tolerance,
+                              **asked, "tolerance": cfg.balance_tolerance,
                               "max_group_share": cfg.max_group_share, "accepted": cfg.accept_imbalance,
                               "largest_group_share": round(balance.largest_share, 4)}
     severity = "report" if cfg.accept_imbalance or cfg.given else "fail"

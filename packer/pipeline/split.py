@@ -463,7 +463,7 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
     counts = assignment.split_counts()
     total = sum(counts.values())
     shares = {name: counts.get(name, 0) / total if total else 0.0 for name, _ in cfg.ratios}
-    requested = dict(cfg.ratios)
+    requested = {} if cfg.by == "time" else dict(cfg.ratios)  # a time split's dates decide: no ratio was asked
     placed = [g.size for g in assignment.groups]
     squares = float(sum(size * size for size in placed))
     worst, miss, allowed = "train", 0.0, 1.0
