@@ -4,7 +4,7 @@
 
     manifest = packer.build("workflows/demo.yaml", out="build", workers=2)   # -> Manifest
     result = packer.validate("workflows/demo.yaml")                          # -> ValidationResult
-    manifest = packer.open("build/demo/bbc9b26a7239")                        # -> Manifest
+    manifest = packer.open("build/demo/dd135f309238")                        # -> Manifest
 
 ``packer build`` and ``packer validate`` are thin layers over :func:`run_build` and
 :func:`validate`: the same job, the same options, the same bytes, the same errors. A job is a

@@ -384,3 +384,16 @@ def test_a_mask_whose_header_claims_another_size_is_refused_before_it_is_decoded
     assert (Path(record["path"]).name, record["reason"]) == ("1.png", "mask_size")
     assert "its header gives 12000×12000 pixels, the image 40×60" in record["message"]
     assert not any(name.endswith("1.png") for name in decoded)
+
+
+def test_an_image_source_records_pillow_which_decodes_grey_alpha_tiffs_and_a_dicom_one_does_not(
+        tmp_path: Path) -> None:
+    """Pillow decodes 8-bit grey+alpha TIFF pages of any image source, yet only mask files put its
+    version in the manifest and the cache keys: a Pillow upgrade reused what the old one decoded."""
+    from packer.read.kinds import source_libraries
+
+    raw = _photo_set(tmp_path, [(20, 20)])
+    job = load_job(_job(tmp_path, [{"kind": "image", "root": str(raw), "table": str(raw / "table.csv")}]))
+    assert "pillow" in source_libraries(job.sources)
+    dicom = load_job(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "name": "ct"}]))
+    assert "pillow" not in source_libraries(dicom.sources)

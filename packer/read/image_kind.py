@@ -53,6 +53,10 @@ class ImageKind(SourceKind):
     name = "image"
     names_masks = True
     key_parts = frozenset({"page", "tile"})
+    #: Pillow decodes 8-bit grey+alpha TIFF pages (:func:`packer.read.image._pillow_grey_alpha`),
+    #: so its version is in the manifest and every cache key of an image source: a Pillow upgrade
+    #: reused the samples the old one decoded
+    libraries = ("pillow",)
 
     def makes_tile(self, job: JobConfig, tile: tuple[int, int]) -> bool:
         """Only with ``transform.image.tile``, only on its stride grid and, with a ``size``, only

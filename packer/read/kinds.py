@@ -410,7 +410,7 @@ def kind_libraries(kinds: Sequence[str]) -> tuple[str, ...]:
 def source_libraries(sources: Sequence[SourceConfig]) -> tuple[str, ...]:
     """The extra libraries that shape the samples of ``sources``: their kinds' (:func:`kind_libraries`),
     ``highdicom`` where a source reads its masks from DICOM SEG objects (``mask: {from: dicom}``),
-    and ``pillow`` where it reads mask files (a palette PNG's indices)."""
+    and ``pillow`` where it reads mask files (a palette PNG's indices; an image source has it anyway)."""
     extra = {"highdicom"} if any(s.mask is not None and s.mask.from_dicom for s in sources) else set()
     if any(s.mask is not None and not s.mask.from_dicom for s in sources):
         extra.add("pillow")
