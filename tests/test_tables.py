@@ -1116,3 +1116,17 @@ def test_a_time_split_takes_each_files_time_from_its_path_without_a_table(tmp_pa
     rows = pq.read_table(result.version_dir / "_splits.parquet").to_pylist()
     assert {row["entity_id"]: row["split"] for row in rows} == {"A": "train", "B": "valid", "C": "test"}
     assert len(rows) == len(files)
+
+
+def test_a_time_from_the_path_that_is_no_date_names_the_path_not_a_table_cell(tmp_path: Path) -> None:
+    files = ["2023-06-01/A_1.png", "2024-02-01/B_1.png", "2024_07_01/C_1.png"]
+    _files(tmp_path / "raw", files, real=True)
+    job = _job(tmp_path, {"root": "raw", "label": "none", "entity": {"path": r"(?P<entity>[A-Z])_\d"},
+                          "time": {"component": 0}},
+               split={"by": "time", "cutoffs": {"valid": "2024-01-01", "test": "2024-07-01"},
+                      "balance": {"accept": True}}, validate={"max_bad_fraction": 0.5})
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "missing_time"
+    assert "'2024_07_01/C_1.png' that the source's time: {component: 0} reads" in record["message"]
+    assert "cell" not in record["message"]

@@ -14,7 +14,7 @@ import stat
 from dataclasses import replace
 from typing import Any
 
-from packer.config import JobConfig
+from packer.config import JobConfig, PathField
 from packer.pipeline.labels import Refused, from_attribute
 from packer.read.annotations import AnnotationRefs
 from packer.read.kinds import source_kind
@@ -22,13 +22,14 @@ from packer.records import Excluded, Issue, MemberIssue, SampleRef
 from packer.storage import is_url
 
 
-def check_identity(ref: SampleRef, *, needs_time: bool,
-                   header: tuple[str, tuple[str, ...]] | None = None, entity_path: str | None = None) -> Issue | None:
+def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple[str, ...]] | None = None,
+                   entity_path: str | None = None, time_path: str | None = None) -> Issue | None:
     """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time.
 
     ``header``: (entity keyword, time keywords) where the kind reads them from each file's header
     (DICOM), so that a record names the attributes to look at, not a table cell; ``entity_path``:
-    the source's path pattern where its entity comes from the file's path instead."""
+    the source's path pattern where its entity comes from the file's path instead; ``time_path``:
+    the same for its time."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
                         message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
@@ -44,6 +45,12 @@ def check_identity(ref: SampleRef, *, needs_time: bool,
                "give this file an entity in the source's table (its entity column), or fix the row's path")
         return Issue.of(ref, stage="discover", reason="missing_entity",
                         message=f"{ref.path}: no entity id; the {field} empty for this file; {fix}")
+    if needs_time and ref.time is None and time_path is not None:
+        return Issue.of(ref, stage="discover", reason="missing_time",
+                        message=f"{ref.path}: no readable time, but the job splits by time; the part of its path "
+                                f"{ref.relpath!r} that the source's time: {time_path} reads is missing or not ISO 8601 "
+                                "(2024-03-05 or 2024-03-05T14:30; 2024_07_01 or 05/03/2024 are not read): fix the "
+                                "pattern, or name the folder with an ISO date")
     if needs_time and ref.time is None and header:
         keywords = ", ".join(header[1])
         return Issue.of(ref, stage="discover", reason="missing_time",
@@ -56,6 +63,11 @@ def check_identity(ref: SampleRef, *, needs_time: bool,
                                 "empty or not ISO 8601 (2024-03-05 or 2024-03-05T14:30; a day/month order such as "
                                 "05/03/2024 is ambiguous and not read): give an ISO date for this file")
     return None
+
+
+def _spelled(field: PathField) -> str:
+    """A source's path field as the job writes it: ``{component: 0}``, ``{path: '...'}``."""
+    return "{" + ", ".join(f"{k}: {v!r}" for k, v in field.to_json().items()) + "}"
 
 
 def _not_a_file(ref: SampleRef) -> Issue | None:
@@ -145,8 +157,8 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = Fals
             return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
         ref = replace(ref, label=label)
     header = (source.entity, source.time) if source_kind(ref.kind).identity_in_header else None
-    path = source.entity_path
+    path, timed = source.entity_path, source.time_path
     problem = check_identity(ref, needs_time=job.split.by == "time", header=header,
-                             entity_path="{" + ", ".join(f"{k}: {v!r}" for k, v in path.to_json().items()) + "}"
-                             if path is not None and header is not None else None)
+                             entity_path=_spelled(path) if path is not None and header is not None else None,
+                             time_path=_spelled(timed) if timed is not None else None)
     return problem if problem is not None else (ref, probed.state)
