@@ -1130,3 +1130,19 @@ def test_a_time_from_the_path_that_is_no_date_names_the_path_not_a_table_cell(tm
     assert record["reason"] == "missing_time"
     assert "'2024_07_01/C_1.png' that the source's time: {component: 0} reads" in record["message"]
     assert "cell" not in record["message"]
+
+
+@pytest.mark.parametrize("by", ["entity", "time"])
+def test_rows_of_one_file_agree_on_a_time_written_two_ways_and_not_on_another_time(tmp_path: Path, by: str) -> None:
+    """repeated: same compared the time cells as text: '2024-03-05 14:30' and '2024-03-05T14:30:00',
+    one time by packer's own reading, made the file bad_target."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,dx,entity,timestamp",
+         ["a.png,x,e0,2024-03-05 14:30", "b.png,x,e1,2024-01-01", "a.png,x,e0,2024-03-05T14:30:00",
+          "c.png,x,e2,2024-03-05", "c.png,x,e2,2024-03-06"])
+    split = {"by": "time", "cutoffs": {"valid": "2024-02-01"}} if by == "time" else {"by": "entity"}
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "repeated": "same"},
+                                              "label": {"column": "dx"}}, split=split)))
+    assert sorted(r.relpath for r in found.refs) == ["a.png", "b.png"]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("c.png", "bad_target")]
+    assert "with time '2024-03-05' and '2024-03-06'" in found.issues[0].message

@@ -919,10 +919,14 @@ class _RowReader:
             return refused
         files_of = [{k: v for k, v in row.extra if k in self.file_columns} for row in rows]
         for other, its_files in zip(rows[1:], files_of[1:], strict=True):
-            for what, a, b in (("entity", first.entity, other.entity), ("time", first.raw_time, other.raw_time),
+            # times by what they read as (2024-03-05 14:30 is 2024-03-05T14:30:00), else as written
+            times = [row.time if row.time is not None else row.raw_time for row in (first, other)]
+            for what, a, b in (("entity", first.entity, other.entity), ("time", *times),
                                *((column, files_of[0].get(column, ""), its_files.get(column, ""))
                                  for column in sorted(self.file_columns))):
                 if a != b:  # a mask (or a case's other file) too: one of the two would be packed unsaid
+                    if what == "time":
+                        a, b = first.raw_time, other.raw_time
                     return Refused("bad_target", f"{self.path} rows {first.row} and {other.row} name {rel!r} with "
                                                  f"{what} {a!r} and {b!r}; rows of one file must agree")
         united = target_class(self.source.target.kind).union_text([r.label for r in rows]) \
