@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -676,3 +677,61 @@ def test_the_workers_must_see_the_output_folder_and_a_shard_missing_there_publis
     with pytest.raises(FileSystemError, match=rf"{shard}: the shard \(\d+ bytes\) the build wrote is not there"):
         build_module._publish(staging, target, manifest)
     assert not target.exists()
+
+
+@contextlib.contextmanager
+def _tcp_server(greeting: bytes | None) -> Iterator[int]:
+    """A TCP server on a free local port that writes ``greeting`` to each connection (None: says
+    nothing, as an HTTP server waits for a request) and holds it open; yields the port."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if greeting is not None:
+                conn.sendall(greeting)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize(("greeting", "said"), [(None, "accepts connections but said nothing in 0.5 s"),
+                                                (b"HTTP/1.1 400 Bad Request\r\n\r\n", "answered b'HTTP/1.1 400'")])
+def test_an_address_that_does_not_speak_dask_is_a_config_error_not_a_hang_or_a_crash(
+        greeting: bytes | None, said: str, tmp_path: Path) -> None:
+    """The dashboard's port (an HTTP server) made dask's Client wait forever; a server that
+    answers HTTP at once made dask read 'HTTP/1.1' as a frame count and die allocating 3 EiB."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import _check_it_speaks_dask
+
+    with _tcp_server(greeting) as port:
+        address = f"tcp://127.0.0.1:{port}"
+        with pytest.raises(ConfigError, match=f"cannot connect to the dask scheduler: {address} does not speak "
+                                              f"dask: it {re.escape(said)}.*tcp://host:8786"):
+            _check_it_speaks_dask(address, wait=0.5)
+        scheduler_file = tmp_path / "scheduler.json"
+        scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": address}))
+        with pytest.raises(ConfigError, match="does not speak dask"):
+            _check_it_speaks_dask(str(scheduler_file), wait=0.5)
+    with _tcp_server(len(b"x" * 58).to_bytes(8, "little") + b"\x01" + bytes(7)) as port:  # a dask greeting's start
+        _check_it_speaks_dask(f"tcp://127.0.0.1:{port}", wait=0.5)
+
+
+def test_a_real_scheduler_passes_the_greeting_check() -> None:
+    from packer.pipeline.cluster import _check_it_speaks_dask
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        _check_it_speaks_dask(cluster.scheduler_address)

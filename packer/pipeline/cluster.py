@@ -528,6 +528,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         return
     with _held_interrupts() as starting:
         try:
+            _check_it_speaks_dask(scheduler)
             client = (Client(scheduler_file=scheduler) if os.path.isfile(scheduler)
                       else Client(scheduler, timeout="30s"))
         except OSError as err:
@@ -582,6 +583,61 @@ def _one_opencv_thread(client: Any) -> None:
     threads = worker_cv_threads()
     if threads:
         client.register_plugin(OpenCVThreads(threads))
+
+
+#: Seconds a scheduler's address may take to greet a new connection (dask's handshake: a scheduler
+#: writes it as soon as it accepts; an HTTP server, such as the dashboard's port, writes nothing)
+HANDSHAKE_WAIT_S = 10.0
+#: The frame count a dask message starts with (8 bytes, little-endian) is small; ``HTTP/1.1``
+#: read as one is about 3.5e18, and dask then tried to allocate that much (an internal error)
+_MAX_FRAMES = 1 << 16
+
+
+def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> None:
+    """Raise ConfigError where the TCP address ``scheduler`` (or the one its scheduler file
+    names) accepts a connection but does not greet it as a dask scheduler does: silent for
+    ``wait`` seconds (an HTTP server: dask's Client then waited forever) or with bytes no dask
+    message starts with (an HTTP reply: dask read them as a frame count and died in numpy).
+    Anything else (no connection, another scheme, an unreadable file) is left to dask's Client,
+    whose own errors are turned into messages by the caller."""
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    address = scheduler
+    if os.path.isfile(scheduler):
+        try:
+            address = str(json.loads(Path(scheduler).read_text(encoding="utf-8"))["address"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError):
+        return
+    if scheme != "tcp":
+        return
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=wait)
+    except OSError:
+        return  # dask's Client says it cannot connect, after its own timeout
+    with conn:
+        conn.settimeout(wait)
+        try:
+            first = conn.recv(16)
+        except TimeoutError:
+            first = None
+        except OSError:
+            return
+    if first is not None and len(first) >= 8 and int.from_bytes(first[:8], "little") < _MAX_FRAMES:
+        return
+    said = (f"accepts connections but said nothing in {wait:g} s" if first is None else
+            "closed the connection at once" if not first else f"answered {first[:12]!r}")
+    raise ConfigError(f"{surface().option('scheduler', scheduler)}: cannot connect to the dask scheduler: {address} "
+                      f"does not speak dask: it {said}, where "
+                      "a scheduler greets every connection (an HTTP server such as the dashboard, :8787, does "
+                      "not); give the scheduler's own address (tcp://host:8786 by default, the one `dask scheduler` "
+                      f"prints as 'Scheduler at'), or {surface().omit('scheduler')} for a local cluster")
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
