@@ -546,6 +546,19 @@ def test_a_dangling_or_looping_link_is_named_as_a_link(tmp_path: Path) -> None:
     assert "a symbolic link to self.png that leads back to itself" in looping.message
 
 
+def test_a_file_gone_after_discovery_says_how_it_can_happen_not_re_run_discovery(tmp_path: Path) -> None:
+    """'it was listed but is gone, re-run discovery': packer has no discovery to re-run; the file
+    was removed during the build, or a cluster's worker does not see it."""
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "b.png,cat,S2,"], ["a.png", "b.png"])
+    job = load_job(job_path)
+    refs = {r.relpath: r for r in discover(job).refs}
+    (tmp_path / "raw" / "b.png").unlink()
+    gone = probe_ref(refs["b.png"], job)
+    assert isinstance(gone, Issue) and gone.reason == "missing_file"
+    assert "re-run discovery" not in gone.message
+    assert "removed or moved while the build ran" in gone.message and "every worker" in gone.message
+
+
 def test_a_row_through_a_link_to_a_folder_inside_the_root_is_told_the_real_path(tmp_path: Path) -> None:
     """indir -> sub: the walk lists sub/s.png, and a row for indir/s.png said the file "is not one
     of the source's files (it lists files named *.png ...; hidden files and folders are skipped)"."""

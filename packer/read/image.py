@@ -196,7 +196,9 @@ def _open_issue(ref: SampleRef, err: OSError) -> Issue:
     link = _link_text(ref.path)
     if isinstance(err, FileNotFoundError):
         said = (f"a symbolic link to {link}, which does not exist; fix the link or remove it" if link is not None
-                else "file not found; it was listed but is gone, re-run discovery")
+                else "file not found where discovery listed it: it was removed or moved while the build ran, or "
+                     "(on a cluster) the worker that read it does not see it at that path; restore it, or mount "
+                     "the data at the same path on every worker, and build again")
         return Issue.of(ref, stage="read", reason="missing_file", message=f"{_name(ref)}: {said}")
     if link is not None and err.errno == errno.ELOOP:
         return Issue.of(ref, stage="read", reason="unreadable",
