@@ -908,7 +908,7 @@ def _named_after_root(root: Path | str, where: str) -> str:
     """The default name of a source at ``root``; a config error where it is longer than a name may be."""
     name = _default_name(root)
     if len(name) > SOURCE_NAME_MAX:
-        raise ConfigError(f"{where}: its name defaults to its root folder's name {name!r}, {len(name)} characters; "
+        raise ConfigError(f"{where}: its name defaults to its root folder's name, {len(name)} characters; "
                           f"a source's name starts every sample key and may have at most {SOURCE_NAME_MAX} (a tar "
                           "member's name must fit 100 bytes): give the source a shorter name of its own (name: ct)")
     return name
@@ -1564,7 +1564,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         for index, (raw_source, source) in enumerate(zip(doc["sources"], sources, strict=True)):
             if not raw_source.get("name") and _PERSONAL_NAME.search(_root_segment(source.root)):
                 raise ConfigError(
-                    f"sources[{index}]: its name defaults to its root folder's name {source.name!r}, which may "
+                    f"sources[{index}]: its name defaults to its root folder's name, which may "
                     "identify a patient (a DICOM person name's ^, or a calendar date, which phi: pseudonymize never "
                     "writes), and a source's name is written in clear into every sample id, shard member, manifest "
                     "and report; give the source a name of its own (name: ct)")

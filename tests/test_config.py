@@ -405,7 +405,7 @@ def test_a_source_name_too_long_for_a_tar_member_is_a_config_error(tmp_path: Pat
     job = load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "name": "s" * 32}]}))
     assert job.sources[0].name == "s" * 32
     long_root = "r" * 40
-    with pytest.raises(ConfigError, match=rf"sources\[0\]: its name defaults to its root folder's name '{long_root}', "
+    with pytest.raises(ConfigError, match=r"sources\[0\]: its name defaults to its root folder's name, "
                                           "40 characters.*name: ct"):
         load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "root": long_root}]}))
 
