@@ -297,12 +297,17 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     step, start_epoch = 0, 0
     if args.resume and args.checkpoint and args.checkpoint.exists():
         ckpt = torch.load(args.checkpoint, map_location=device, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        optim.load_state_dict(ckpt["optim"])
-        try:
+        try:  # the loader's state first: it names another dataset, split, view or mix than the checkpoint's
             batches.load_state_dict(ckpt["loader"])
-        except ConfigError as err:  # another dataset, split, view or mix than the checkpoint's
+        except ConfigError as err:
             raise ConfigError(f"cannot resume from {args.checkpoint}: {err}") from None
+        try:
+            model.load_state_dict(ckpt["model"])
+            optim.load_state_dict(ckpt["optim"])
+        except (RuntimeError, ValueError) as err:  # another model: its layers' shapes differ from this one's
+            first = str(err).strip().splitlines()[0]
+            raise ConfigError(f"cannot resume from {args.checkpoint}: its model does not fit this run's ({first}); "
+                              "resume with the run's own --checkpoint, or start without --resume") from None
         step, start_epoch = ckpt["step"], ckpt["loader"]["epoch"]
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

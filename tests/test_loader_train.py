@@ -133,6 +133,32 @@ def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, mo
     assert Counter(first["keys"] + second["keys"]) == Counter(split_keys(21))
 
 
+def test_example_refuses_a_checkpoint_of_another_model_or_dataset_with_exit_2(manifest, tmp_path, monkeypatch,
+                                                                             capsys):
+    """A checkpoint of a dataset with another class count (another head) was a RuntimeError
+    traceback, exit 1, where the docstring promises exit 2 and one line."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    example = load_example()
+    ckpt = tmp_path / "ckpt.pt"
+    common = ["--epochs", "1", "--batch-size", "4", "--workers", "0", "--device", "cpu", "--checkpoint", str(ckpt)]
+    example.main(["--manifest", str(manifest.parent), *common, "--max-steps", "1"])
+    saved = torch.load(ckpt, weights_only=True)
+    last = list(saved["model"])[-1]
+    saved["model"][last] = torch.zeros(saved["model"][last].shape[0] + 2, *saved["model"][last].shape[1:])
+    torch.save(saved, ckpt)  # the same loader state, another head: the model check's own message
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--manifest", str(manifest.parent), *common, "--resume"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(r"^train\.py: cannot resume from .*ckpt\.pt: its model does not fit this run's", err, re.M), err
+    assert "Traceback" not in err
+    other = build_dataset(tmp_path / "other", shard_sizes=(4,), classes=5)
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--manifest", str(other.parent), *common, "--resume"])
+    assert stopped.value.code == 2 and "another dataset configuration" in capsys.readouterr().err
+
+
 def test_example_stopped_by_max_steps_mid_epoch_prints_the_epoch_line_and_says_so(manifest, tmp_path, monkeypatch,
                                                                                      capsys):
     """--max-steps that ended an epoch part way used to stop without the epoch's line (step, loss, objective)."""
