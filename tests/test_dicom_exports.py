@@ -369,3 +369,18 @@ def test_an_entity_or_time_that_is_no_dicom_keyword_is_refused_naming_the_source
             load_job(job)
     ok = export_job(tmp_path / "ok", raw)
     assert load_job(ok).sources[0].entity == "PatientID"
+
+
+@pytest.mark.parametrize(("text", "uid"), [
+    ("Ultrasound Image Storage", "1.2.840.10008.5.1.4.1.1.6.1"),  # a retired class shares the name: ...1.1.6
+    ("ultrasound multi-frame image storage", "1.2.840.10008.5.1.4.1.1.3.1"),
+    ("UltrasoundImageStorageRetired", "1.2.840.10008.5.1.4.1.1.6"),  # the retired one by its keyword
+    ("CT Image Storage", "1.2.840.10008.5.1.4.1.1.2"),
+    ("1.2.3", "1.2.3"),
+])
+def test_a_sop_class_name_a_retired_class_shares_is_the_current_class(text: str, uid: str) -> None:
+    """where: SOPClassUID: [Ultrasound Image Storage] resolved to the retired UID, so every
+    modern ultrasound file was left out as filtered."""
+    from packer.read.dicom_objects import sop_class_uid
+
+    assert sop_class_uid(text) == uid

@@ -72,9 +72,12 @@ _PLACE_KEYWORDS = ("ImagePositionPatient", "PerFrameFunctionalGroupsSequence", "
 
 @functools.cache
 def _sop_names() -> dict[str, str]:
-    """Lower-cased SOP class name and keyword → UID, from pydicom's UID dictionary."""
+    """Lower-cased SOP class name and keyword → UID, from pydicom's UID dictionary. A name a
+    retired class shares with its successor (``Ultrasound Image Storage``: ...1.1.6, retired, and
+    ...1.1.6.1) is the current class's; the retired one keeps its keyword (``...Retired``)."""
     out: dict[str, str] = {}
-    for uid, (name, kind, _info, _retired, keyword) in UID_dictionary.items():
+    current_first = sorted(UID_dictionary.items(), key=lambda item: bool(item[1][3]))  # stable: "" before "Retired"
+    for uid, (name, kind, _info, _retired, keyword) in current_first:
         if kind == "SOP Class":
             out.setdefault(name.lower(), uid)
             out.setdefault(keyword.lower(), uid)
