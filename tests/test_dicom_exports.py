@@ -384,3 +384,21 @@ def test_a_sop_class_name_a_retired_class_shares_is_the_current_class(text: str,
     from packer.read.dicom_objects import sop_class_uid
 
     assert sop_class_uid(text) == uid
+
+
+def test_the_dicm_preamble_is_read_on_any_suffix_but_tables_text_and_images(tmp_path: Path) -> None:
+    """The README's rule, as the listing applies it: *.dcm, and the preamble on other suffixes
+    except .csv/.txt/.json/.md and image suffixes, which are never read as DICOM."""
+    from packer.demo import write_ct_slice
+    from packer.pipeline.discover import discover
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("a.dcm", "b", "c.dat", "d.txt", "e.json", "f.png"):
+        write_ct_slice(raw / name, patient_id="P1", study_date="20240101", pixels_hu=np.zeros((8, 8)))
+    doc = {"name": "sfx", "sources": [{"kind": "dicom", "root": "raw", "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"},
+           "output": "out", "phi": {"mode": "keep"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert sorted(r.relpath for r in found.refs) == ["a.dcm", "b", "c.dat"]
