@@ -768,7 +768,7 @@ def test_validate_quick_assembles_and_checks_series_from_headers_as_the_full_pas
     assert len(quick.samples) == expected
 
 
-def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole_one_is_packed() -> None:
+def test_of_two_copies_of_one_image_the_smaller_is_left_out_and_the_larger_packed() -> None:
     # a copy cut short (a failed transfer) that sorts first was packed in the whole file's place, and
     # the message told the user to "remove one of them": removing the whole one kept the broken file
     from packer.read.dicom_series import HeaderFingerprint
@@ -784,7 +784,9 @@ def test_of_two_copies_of_one_image_the_smaller_is_named_cut_short_and_the_whole
     (issue,) = out.issues
     assert issue.sample_id == "id000" and issue.reason == "series_duplicate_position"
     assert issue.message.endswith("not this copy (the series' own records say whether it packed); this copy is "
-                                  "200,000 bytes against 530,000, so most likely cut short: remove this one")
+                                  "200,000 bytes against 530,000, and its header does not say whether its Pixel "
+                                  "Data is whole (a compressed syntax, or a file cut short); the larger is kept: "
+                                  "remove this one")
     assert assemble([*reversed(files), cut], CFG) == out  # whatever the order
 
 
@@ -927,3 +929,31 @@ def test_a_derived_image_left_out_of_its_series_is_told_how_to_pack_derived_imag
     (left,) = _localizers_left_out(assemble(files, CFG).issues, drop=True)
     assert isinstance(left, Excluded) and left.why == "not_requested"
     assert "where: {ImageType: DERIVED}" in left.detail and "LOCALIZER}" not in left.detail
+
+
+def test_of_two_whole_copies_of_one_image_neither_is_called_cut_short(tmp_path: Path) -> None:
+    """One image exported twice, Explicit and Implicit VR Little Endian (a few bytes smaller: no VRs),
+    both whole: the smaller's record said 'most likely cut short'. And a copy ending with a Data Set
+    Trailing Padding element (PS3.10 7.2; pydicom's CT_small.dcm has one) was 'damaged', so a
+    smaller lossy copy could be packed in the lossless one's place."""
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "a", seed=4, patient="P1")
+    implicit = raw / "0-implicit" / paths[2].name  # sorts first
+    implicit.parent.mkdir(parents=True)
+    ds = pydicom.dcmread(paths[2])
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ImplicitVRLittleEndian
+    ds.save_as(implicit, implicit_vr=True, little_endian=True, enforce_file_format=True)
+    assert implicit.stat().st_size < paths[2].stat().st_size
+    result = _build(_series_job(tmp_path, raw))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["path"] == str(implicit) and "cut short" not in record["message"]
+    assert "both copies are whole" in record["message"]
+    # the explicit copy with trailing padding: still whole, and (larger) still the one kept
+    padded = ds.copy()
+    padded.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    padded.add_new(0xFFFCFFFC, "OB", b"\0" * 64)
+    padded.save_as(paths[2], implicit_vr=False, little_endian=True, enforce_file_format=True)
+    result = _build(_series_job(tmp_path / "padded", raw))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["path"] == str(implicit) and "damaged" not in record["message"], record["message"]
+    assert "both copies are whole" in record["message"]

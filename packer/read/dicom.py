@@ -479,14 +479,44 @@ _NATIVE_SYNTAXES = {"1.2.840.10008.1.2": (False, True), "1.2.840.10008.1.2.1": (
                     "1.2.840.10008.1.2.2": (True, False)}
 
 
-def pixel_data_problem(ds: Dataset, stop: tuple[int, bytes], size: int) -> str | None:
+#: (FFFC,FFFC) Data Set Trailing Padding (PS3.10 7.2): a standard element a file may end with
+_TRAILING_PADDING = 0xFFFCFFFC
+
+
+def _trailing_padding(path: str | None, at: int, size: int, explicit: bool, order: Literal["little", "big"]) -> bool:
+    """Whether the bytes of ``path`` from ``at`` to its end (``size``) are one Data Set Trailing
+    Padding element, which ends a valid file (pydicom's own CT_small.dcm has one)."""
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(at)
+            head = handle.read(12)
+    except OSError:
+        return False
+    if len(head) < 8 or (int.from_bytes(head[:2], order) << 16 | int.from_bytes(head[2:4], order)) != _TRAILING_PADDING:
+        return False
+    if explicit and head[4:6] in (b"OB", b"OW", b"OF", b"SQ", b"UT", b"UN", b"OD", b"OL", b"OV", b"UC", b"UR"):
+        if len(head) < 12:
+            return False
+        header, length = 12, int.from_bytes(head[8:12], order)
+    elif explicit:
+        header, length = 8, int.from_bytes(head[6:8], order)
+    else:
+        header, length = 8, int.from_bytes(head[4:8], order)
+    return at + header + length == size
+
+
+def pixel_data_problem(ds: Dataset, stop: tuple[int, bytes], size: int, path: str | None = None) -> str | None:
     """Whether a header-only parse's file is its header and one Pixel Data element of the length
     its Image Pixel module gives (Rows × Columns × frames × Samples per Pixel × Bits Allocated / 8,
     even), ending where the file ends: ``""`` where it is, what is wrong where not (a file cut
     short, a second Pixel Data element or other bytes after it, a length the header does not
     give), ``None`` where that cannot be told from the header (an encapsulated or deflated
     syntax, damaged Image Pixel values: the read says why). ``stop``: :func:`_parse_at`'s offset
-    and bytes where the header ended; ``size``: the file's size in bytes."""
+    and bytes where the header ended; ``size``: the file's size in bytes; ``path``: the file, read
+    where bytes follow the Pixel Data to tell a Data Set Trailing Padding element (a valid end)
+    from damage."""
     syntax = _NATIVE_SYNTAXES.get(str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or ""))
     ints = _pixel_module_ints(ds)
     offset, head = stop
@@ -515,7 +545,7 @@ def pixel_data_problem(ds: Dataset, stop: tuple[int, bytes], size: int) -> str |
                 f"{frames} frame(s) × {samples} sample(s) × Bits Allocated {bits} give {expected:,}")
     if start + length > size:
         return f"its Pixel Data runs {start + length - size:,} bytes past the end of the file: it is cut short"
-    if start + length < size:
+    if start + length < size and not _trailing_padding(path, start + length, size, explicit, order):
         return (f"{size - start - length:,} bytes follow its Pixel Data (7FE0,0010) (a second Pixel Data element "
                 "or other bytes after the image): the file is damaged")
     return ""
@@ -613,9 +643,9 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     except DamagedElement as err:
         return _member(_damaged(ref, err), ds, entity_keyword) if placement else _damaged(ref, err)
     if placed is not None and before is not None:
+        pixels = pixel_data_problem(ds, stop, before.st_size, ref.path)
         placed = replace(placed, fingerprint=HeaderFingerprint(size=before.st_size, mtime_ns=before.st_mtime_ns,
-                                                               elements=len(ds),
-                                                               pixels=pixel_data_problem(ds, stop, before.st_size)))
+                                                               elements=len(ds), pixels=pixels))
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
         time=record_time(ds, tuple(time_keywords)),

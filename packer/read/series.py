@@ -213,9 +213,8 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
     and the positions of an earlier one is the same image exported twice (a copy in another
     folder), not a second slice at that position. The copy that reads stays in the series: one
     whose header and Pixel Data check out (:attr:`HeaderFingerprint.pixels`) before one that
-    does not (cut short, or a damaged copy made larger by bytes after its image), then the largest
-    (a smaller copy is most likely cut short), then the first; each other copy is a bad sample
-    naming the one kept and why it was not kept."""
+    does not (cut short, or a damaged copy made larger by bytes after its image), then the largest,
+    then the first; each other copy is a bad sample naming the one kept and why it was not kept."""
     seen: dict[tuple[str, tuple[Any, ...]], int] = {}  # the image → its index in ``kept``
     kept: list[tuple[SampleRef, SliceGeometry]] = []
     copies: list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]] = []  # (copy, its geometry, kept, its)
@@ -264,9 +263,15 @@ def _copy_issue(copy: SampleRef, geometry: SliceGeometry, kept: SampleRef, kept_
                f"({_size(geometry):,} bytes) is not: {problem}; remove this one")
     elif problem and kept_problem:
         why = f"; neither copy checks out (this one: {problem}; the one kept: {kept_problem}): export the image again"
+    elif problem == "" and kept_problem == "":  # both whole: nothing is wrong with either
+        why = (f"; both copies are whole (each its header and one whole Pixel Data), {_size(geometry):,} bytes "
+               f"against {_size(kept_geometry):,} (another transfer syntax, say); the larger is kept: remove one "
+               "of them")
     elif 0 <= _size(geometry) < _size(kept_geometry) and not kept_problem:
-        why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, so most likely cut "
-               "short: remove this one")
+        # this copy's Pixel Data cannot be measured from its header (a compressed syntax, which is smaller anyway)
+        why = (f"; this copy is {_size(geometry):,} bytes against {_size(kept_geometry):,}, and its header does not "
+               "say whether its Pixel Data is whole (a compressed syntax, or a file cut short); the larger is kept: "
+               "remove this one")
     else:
         why = ": remove one of them"
     # assembled: a slice may still be refused while its pixels are read, so "takes", not "is packed"
