@@ -110,8 +110,9 @@ class VoiTransform:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "center": self.center, "width": self.width,
                                "function": self.function, "source": self.source}
-        if self.lut is not None and self.lut.explanation:
-            out["explanation"] = self.lut.explanation
+        # the LUT's LUT Explanation is free text typed at a console ("ZQX JANE DOE SQRT"): it selects the
+        # window (windows: [{file: sqrt}]) and never reaches a sample, as the Window Center & Width
+        # Explanation does not
         if self.lut is not None:  # LUT Data narrower than its descriptor says are read in the range they use
             used = voi_lut_bits(self.lut.bits, self.lut.array()[:self.lut.entries or 65536])
             if used != self.lut.bits:
