@@ -6,6 +6,7 @@ import base64
 import copy
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -731,3 +732,39 @@ def test_a_sample_whose_bytes_fail_their_checksum_is_named_at_the_top_and_on_the
     result = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "r.html")])
     assert result.exit_code == 0, result.output
     assert "warning: 1 of the " in result.stderr and key in result.stderr and "`packer verify`" in result.stderr
+
+
+def test_one_samples_damaged_npy_header_loses_that_sample_alone_and_is_a_finding(
+        built: BuildResult, tmp_path: Path) -> None:
+    """One byte of the first sample's .npy header (its shape) changed: every later sample of its
+    tar shard was dropped with that sample's error, the histogram intro still said 'counted: N of
+    N', and `packer report` said nothing on stderr."""
+    if built.manifest["format"] != "webdataset":
+        pytest.skip("a tar member's .npy header")
+    import tarfile
+
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    shard = next(s["file"] for s in built.manifest["splits"]["train"]["shards"])
+    path = folder / shard
+    with tarfile.open(path) as tar:
+        first = next(m for m in tar.getmembers() if m.name.endswith(".npy") and not m.name.endswith("mask.npy"))
+    data = bytearray(path.read_bytes())
+    header = bytes(data[first.offset_data:first.offset_data + 128])
+    at = first.offset_data + header.index(b"'shape': (") + len(b"'shape': (")
+    data[at] = ord("9") if data[at] != ord("9") else ord("8")  # (3, 64, 64) -> (9, 64, 64): the same size
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    in_shard = sum(1 for r in index_keys(built).values() if r["shard"] == shard)
+    text = render_html_report(folder, quiet=True)
+    alerts = text.split('<p class="alert" role="alert">')
+    assert any(a.split("</p>")[0].startswith("1 of the ") and "could not be read" in a for a in alerts[1:]), alerts[:2]
+    assert in_shard > 1
+    assert "1 selected samples could not be read" in text  # that sample alone, not the rest of its shard
+    total = built.manifest["splits"]["train"]["samples"]
+    counted = re.search(r"counted: train ([0-9,]+) of ([0-9,]+)", text)
+    assert counted is not None and int(counted[2].replace(",", "")) == total
+    assert int(counted[1].replace(",", "")) == min(total, ReportLimits().histogram_samples) - 1  # what was drawn
+    result = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "could not be read" in result.stderr and first.name.removesuffix(".npy") in result.stderr

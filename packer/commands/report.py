@@ -32,7 +32,7 @@ def report(manifest_arg: str, output: Path | None) -> None:
     """
     from packer.files import human_bytes
     from packer.htmlreport import write_report
-    from packer.htmlreport.collect import damaged_finding
+    from packer.htmlreport.collect import damaged_finding, unreadable_finding
     from packer.htmlreport.sections import report_privacy
     from packer.manifest import detached_manifest_error, read_manifest, resolve_manifest_path
     from packer.verify import shard_size_problems
@@ -54,6 +54,8 @@ def report(manifest_arg: str, output: Path | None) -> None:
                        "under this warning)", err=True)
     if written.damaged:  # the report's first finding; a terminal or CI log should see it too
         click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
+    if written.unreadable:
+        click.echo(f"packer: warning: {unreadable_finding(written.unreadable, written.selected)}", err=True)
     damaged = shard_size_problems(located.parent, data)
     if damaged:  # the report says so inside; a terminal or CI log should too
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")

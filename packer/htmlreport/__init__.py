@@ -59,6 +59,8 @@ class WrittenReport:
     path: Path
     damaged: tuple[DamagedSample, ...]
     checked: int  # samples read whose checksum was compared with the index's
+    unreadable: tuple[tuple[str, str], ...] = ()  # selected samples it could not read: (key, why)
+    selected: int = 0  # samples it set out to read
 
 
 def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None = None,
@@ -131,7 +133,8 @@ def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE
     text, report = _render(manifest_path_or_dir, manifest=None, limits=limits, quiet=quiet)
     data = text.encode("utf-8")
-    written = WrittenReport(path=target, damaged=tuple(report.damaged), checked=report.checked)
+    written = WrittenReport(path=target, damaged=tuple(report.damaged), checked=report.checked,
+                            unreadable=tuple(report.unreadable), selected=report.selected)
     if _holds(target, data):
         return written
     with atomic_output(target) as fh:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +163,15 @@ def damaged_finding(damaged: list[DamagedSample], checked: int) -> str:
             "restore the shards from a good copy or rebuild.")
 
 
+def unreadable_finding(unreadable: Sequence[tuple[str, str]], selected: int) -> str:
+    """The report's finding (and ``packer report``'s warning) about selected samples it could not read."""
+    shown = "; ".join(f"{key}: {why}" for key, why in unreadable[:3]) + (f"; and {len(unreadable) - 3} more"
+                                                                        if len(unreadable) > 3 else "")
+    return (f"{len(unreadable):,} of the {selected:,} samples this report selected could not be read, so it "
+            f"neither shows nor counts them ({shown}). Run `packer verify` on the version folder to name every "
+            "damaged shard and sample, then restore the shards from a good copy or rebuild.")
+
+
 @dataclass
 class ReportData:
     """Everything the sections render, read once from the version folder."""
@@ -205,6 +214,7 @@ class ReportData:
     #: the samples read whose bytes fail their index row's checksum, in the order read
     damaged: list[DamagedSample] = field(default_factory=list)
     checked: int = 0  # samples read whose checksum was compared with the index's
+    selected: int = 0  # samples the report set out to read (histograms, sheets, duplicate groups)
 
     def describe(self, entry: IndexEntry) -> str:
         """The target of the sample ``entry`` as text: its class name, its labels, its numbers."""
@@ -311,6 +321,7 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
                        sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys,
                        masked=masked, pad=pad)
 
+    data.selected = len(wanted)
     samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
     with stage_progress("report", len(wanted), unit="samples", quiet=quiet) as progress:
         for rendered in _ordered_map(render, samples, workers=os.cpu_count() or 1):
@@ -320,6 +331,12 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
                 continue
             _add_rendered(data, rendered, items)
     data.sheets = {cell: [items[k] for k in keys if k in items] for cell, keys in sheet_keys.items()}
+    for key, _ in data.unreadable:  # the histograms count what was read: "counted: train 12 of 12" drew 11
+        if key in histogram_keys and data.entries[key].split in data.histogram_totals:
+            counted, total = data.histogram_totals[data.entries[key].split]
+            data.histogram_totals[data.entries[key].split] = (counted - 1, total)
+    if data.unreadable:
+        data.warnings.insert(0, unreadable_finding(data.unreadable, len(wanted)))
     if data.damaged:  # above everything else: the pixels below are not all what was packed
         data.warnings.insert(0, damaged_finding(data.damaged, data.checked))
     data.bad_records, data.bad_note = _bad_records(folder, manifest)

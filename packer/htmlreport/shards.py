@@ -265,8 +265,12 @@ def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray | memoryv
     mask = decode_mask_member(entry.key, bytes(members["mask.npy"])) if "mask.npy" in members else None
     if isinstance(mask, SampleDefect):
         return entry, f"{mask.reason}: {mask.message}" + _failed(entry, checksum)
-    return PackedSample(entry, load_npy(members["npy"], copy=False), json.loads(bytes(raw)) if raw else {}, mask,
-                        checksum)
+    try:  # one sample's damaged member is that sample's reason: it stopped the rest of its shard
+        image = load_npy(members["npy"], copy=False)
+        record = json.loads(bytes(raw)) if raw else {}
+    except ValueError as err:  # a damaged .npy header, JSON that does not parse (or is not UTF-8)
+        return entry, f"{type(err).__name__}: {err}" + _failed(entry, checksum)
+    return PackedSample(entry, image, record, mask, checksum)
 
 
 def _failed(entry: IndexEntry, checksum: int | None) -> str:
@@ -324,8 +328,12 @@ def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSampl
         if isinstance(result, SampleDefect):
             yield entry, f"{result.reason}: {result.message}" + _failed(entry, checksum)
         else:
-            yield PackedSample(entry, result.image, json.loads(result.record) if result.record else {},
-                               result.mask, checksum)
+            try:
+                record = json.loads(result.record) if result.record else {}
+            except ValueError as err:
+                yield entry, f"{type(err).__name__}: {err}" + _failed(entry, checksum)
+                continue
+            yield PackedSample(entry, result.image, record, result.mask, checksum)
 
 
 def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[PackedSample | tuple[IndexEntry, str]]:
