@@ -88,6 +88,30 @@ def test_copies_of_a_photo_verify_and_other_photos_do_not(kind: str) -> None:
             < nearcopy.MIN_SCORE
 
 
+def _star_field(seed: int) -> np.ndarray:
+    """A dark field with a few bright blobs of assorted brightness: a histogram of a wide dark
+    peak and sparse bright levels (a star field, a dark CT slice with bone)."""
+    rng = np.random.default_rng(seed)
+    field = rng.integers(0, 6, size=(96, 96)).astype(np.float32)
+    for _ in range(12):
+        y, x = rng.integers(4, 92, size=2)
+        cv2.circle(field, (int(x), int(y)), int(rng.integers(1, 4)), float(rng.integers(120, 256)), -1)
+    return np.clip(cv2.GaussianBlur(field, (0, 0), 0.8), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sparse_histogram_thumbnail_scores_as_itself_and_its_brightened_copy_links(seed: int) -> None:
+    """Equal-count intensity bins merged the sparse bright levels: such a thumbnail scored 0.88-0.95
+    against itself, below min_score, so no copy of it (brightened, re-encoded) could ever link."""
+    source = _star_field(seed)
+    thumb = nearcopy.thumbnail(source)
+    assert nearcopy.verify(thumb, thumb).score >= 0.999
+    brighter = nearcopy.thumbnail(np.clip(source.astype(int) + 5, 0, 255).astype(np.uint8))
+    assert nearcopy.verify(thumb, brighter).score >= nearcopy.MIN_SCORE
+    for other in (seed + 10, seed + 20):
+        assert nearcopy.verify(thumb, nearcopy.thumbnail(_star_field(other))).score < nearcopy.MIN_SCORE
+
+
 def test_verification_is_deterministic_and_skipping_refinement_changes_no_decision() -> None:
     rows = [signature_of(photo(s))["thumb"] for s in range(6)] + [signature_of(jpeg(photo(0)))["thumb"]]
     for a in rows:
