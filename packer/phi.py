@@ -131,7 +131,7 @@ def entity_form(raw: str) -> str:
     number looks when two systems export it. Two ids with one form are likely one patient, so
     the audit reports them (``entity_lookalikes``); they are never merged, since only the data's
     owner can tell."""
-    return _LEADING_ZEROS.sub("", "".join(raw.split()).casefold())
+    return "".join(_LEADING_ZEROS.sub("", raw).split()).casefold()  # runs of digits as written, then spaces
 
 
 def _parse(value: str) -> datetime:

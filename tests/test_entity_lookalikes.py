@@ -91,6 +91,8 @@ def test_unrelated_ids_are_not_lookalikes() -> None:
 
     assert entity_form("MRN0042") == entity_form(" mrn 42") == entity_form("MRN00042")
     assert entity_form("0045") == entity_form("45")
+    # a space ends a run of digits: "2024 0042" is "2024 42" (it was 20240042 against 202442)
+    assert entity_form("2024 0042") == entity_form("2024 42") == entity_form("2024 042")
     assert len({entity_form(e) for e in ("MRN0099", "MRN0100", "MRN0101", "450", "4.5", "MRN-42")}) == 6
 
 
