@@ -97,13 +97,37 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--lr", type=float, default=lr, help="SGD learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the model's weights and of the shuffle order (default: %(default)s)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    parser.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
                         help="torch device: cpu, cuda, cuda:1 (default here: %(default)s)")
     parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
-    parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
+    parser.add_argument("--save-every", type=positive, default=100, help="checkpoint every N steps (N >= 1)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps in total (0: no limit)")
     return parser.parse_args(argv)
+
+
+def positive(text: str) -> int:
+    """An integer of at least 1 (``--save-every``: a step count to divide by)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {value}")
+    return value
+
+
+def device_arg(text: str) -> str:
+    """``--device``: a torch device this machine has (cpu, cuda, cuda:1, ...)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
 
 
 def mix_member(text: str) -> tuple[str, float]:

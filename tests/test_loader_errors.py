@@ -617,6 +617,18 @@ def test_bench_loader_refuses_an_empty_list_or_no_time_as_a_usage_error(tmp_path
     assert option[0] in result.output and "Traceback" not in result.output and "samples/s" not in result.output
 
 
+@pytest.mark.parametrize(("option", "example"), [("--workers", "0,1,2"), ("--batch-sizes", "32,64")])
+def test_bench_loaders_list_options_suggest_values_they_take(tmp_path, option, example):
+    """--batch-sizes x suggested 'e.g. 0,1,2' (the --workers example), and 0 is no batch size."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    manifest = build_dataset(tmp_path / "v", shard_sizes=(2,))
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.05", option, "x"])
+    assert result.exit_code == 2 and f"e.g. {example}" in result.output, result.output
+
+
 def test_a_parquet_page_damaged_after_the_build_says_to_restore_the_shard_and_run_verify(tmp_path):
     """A flipped byte inside a compressed Parquet page fails the decompression before any checksum
     can be computed; the message must still say what the damage is and what to do, as the

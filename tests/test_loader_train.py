@@ -265,3 +265,18 @@ def test_the_prepared_gpu_check_runs_every_step_on_the_cpu(manifest, tmp_path):
     table = (out / "gpu_check.md").read_text()
     assert "| ddp | 0 |" in table and "num_workers" in table and "waiting for data" in table
     assert "epoch 0:" in (out / "ddp.log").read_text()
+
+
+@pytest.mark.parametrize(("option", "said"), [
+    (["--save-every", "0"], "--save-every: expected an integer of at least 1"),
+    (["--device", "bogus"], "'bogus' is not a torch device"),
+    (["--device", "cuda:7"], "'cuda:7': "),
+])
+def test_example_refuses_a_wrong_option_value_with_exit_2(manifest, option, said, capsys):
+    """--save-every 0 was a ZeroDivisionError, --device bogus or cuda without CUDA a RuntimeError:
+    tracebacks, exit 1, where the docstring promises exit 2 for a wrong option."""
+    example = load_example()
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--manifest", str(manifest.parent), "--epochs", "1", *option])
+    assert stopped.value.code == 2
+    assert said in capsys.readouterr().err

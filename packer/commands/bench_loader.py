@@ -9,15 +9,19 @@ import click
 
 from packer.commands import exits, local_folder_argument
 
+#: An example value of each list option, as its help gives them (--batch-sizes takes no 0)
+_EXAMPLES = {"--workers": "0,1,2", "--batch-sizes": "32,64"}
+
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
+    example = _EXAMPLES.get(option, "1,2")
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as err:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 0,1,2",
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. {example}",
                                  param_hint=option) from err
     if not values:
-        raise click.BadParameter(f"{text!r}: give at least one value, e.g. 0,1,2", param_hint=option)
+        raise click.BadParameter(f"{text!r}: give at least one value, e.g. {example}", param_hint=option)
     return values
 
 
