@@ -379,11 +379,18 @@ def render(rec: dict[str, Any]) -> str:
     memory = {r["num_workers"]: r for r in rec["cases"] if r["case"].startswith("in-memory tensors, one shape")}
     for w, r in sorted(memory.items()):
         if w > 0:
-            lines.append(f"\nCeiling through DataLoader workers: at num_workers {w}, a Dataset that only hands out "
-                         f"ready-made tensors of one shape reaches {r['samples_per_s']:,.0f} samples/s = "
-                         f"{r['x_raw']:.1f}× the raw-file baseline; no Dataset read through worker processes on this "
-                         "machine can exceed that (shared-memory handover per batch is the limit), so the "
-                         f"{TARGET_RAW:.0f}× target at num_workers {w} is out of reach here whatever the reader does.")
+            ceiling = (f"\nCeiling through DataLoader workers: at num_workers {w}, a Dataset that only hands out "
+                       f"ready-made tensors of one shape reaches {r['samples_per_s']:,.0f} samples/s = "
+                       f"{r['x_raw']:.1f}× the raw-file baseline; no Dataset read through worker processes on this "
+                       "machine can exceed that by much (shared-memory handover per batch is the limit)")
+            measured = tar.get(w)
+            if r["x_raw"] < TARGET_RAW and (measured is None or measured["x_raw"] < TARGET_RAW):
+                ceiling += f", so the {TARGET_RAW:.0f}× target at num_workers {w} is out of reach here."
+            else:  # the ceiling is no bound on the target in this run: say what the table shows
+                ceiling += (f"; in this run it is {'above' if r['x_raw'] >= TARGET_RAW else 'below'} the "
+                            f"{TARGET_RAW:.0f}× target, and the reader's own figure is in the table above (runs "
+                            "vary: the ceiling and the reader were measured at different moments).")
+            lines.append(ceiling)
     prof = rec["profile"]
     lines += ["", f"Profile: cProfile of one single-process epoch (tar, DataLoader num_workers 0, {prof['samples']:,} "
                   f"samples, {prof['wall_s']:.2f} s under the profiler, "

@@ -149,6 +149,10 @@ def changed_shards(rule: str, keys: list[str], sizes: list[int], case: Case, edi
 
 
 def percentiles(values: np.ndarray, scale: float = 1.0, fmt: str = "{:.0%}") -> str:
+    """p5/p50/p95 of ``values``; "-" where there are none (every split planned into one shard:
+    a small --samples leaves no shard but the last)."""
+    if len(values) == 0:
+        return "-"
     return "/".join(fmt.format(v / scale) for v in np.percentile(values, [5, 50, 95]))
 
 
