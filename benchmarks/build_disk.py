@@ -132,12 +132,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--every", type=float, default=0.01, help="seconds between walks of the folders")
-    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()),
+                        help="folder for each run's output (made if missing; default: the temp folder)")
     parser.add_argument("--cache-root", type=Path, default=None,
                         help="put each run's build cache here instead of beside its output (e.g. /dev/shm)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     args = parser.parse_args()
+    unknown = [name for name in args.modes.split(",") if name not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown mode {unknown[0]!r}; the modes are {', '.join(MODES)}")
     modes = {name: MODES[name] for name in args.modes.split(",")}
+    args.scratch.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     for _ in range(args.runs):

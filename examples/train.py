@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--manifest", help="manifest.json or the dataset version folder")
     data.add_argument("--mix", action="append", type=mix_member, metavar="PATH=WEIGHT",
-                      help="a dataset of a weighted mix (give two or more; weights need not add up to 1)")
+                      help="a dataset of a weighted mix (repeat for each dataset; weights need not add up to 1)")
     parser.add_argument("--mix-length", type=mix_length, default="shortest",
                         help="a mix's epoch: shortest (ends when the first dataset runs out; default), longest "
                              "(when the last does; the others are repeated) or a number of samples")
