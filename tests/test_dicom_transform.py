@@ -32,7 +32,7 @@ from pydicom.pixels import apply_color_lut, apply_modality_lut, apply_voi_lut, p
 from pydicom.sequence import Sequence as DicomSequence
 
 from packer.read.dicom import read_dicom
-from packer.records import Sample
+from packer.records import Issue, Sample
 
 
 def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample]:
@@ -351,6 +351,23 @@ def test_multiframe_split_and_stack(tmp_path: Path) -> None:
         (0, "brain"), (0, "wide"), (1, "brain"), (1, "wide"), (2, "brain"), (2, "wide")]
     hu = _frames().astype(float) - 1024
     np.testing.assert_array_equal(split[1].image[0], np.rint(linear(hu[1], 40, 80) * 255))
+
+
+def test_frames_of_another_pixel_spacing_are_not_stacked_as_channels_of_one_grid(tmp_path: Path) -> None:
+    """Frame 2's own Pixel Measures say 1.0 mm, frame 0's 0.5: frames: stack resampled (or kept)
+    every frame at frame 0's spacing, one channel covering twice the area of the others; split
+    resamples each frame by its own."""
+    ds = enhanced_ct_dataset(_frames(), rescales=[None] * 3, windows=[None] * 3, shared_rescale=(1.0, -1024.0))
+    own = Dataset()
+    own.PixelSpacing = [1.0, 1.0]
+    ds.PerFrameFunctionalGroupsSequence[2].PixelMeasuresSequence = DicomSequence([own])
+    path = save(ds, tmp_path / "scaled.dcm")
+    for spacing in (None, (1.0, 1.0)):
+        result = read_dicom(make_ref(path), config(window(40, 80), frames="stack", spacing=spacing))
+        assert isinstance(result, Issue) and result.reason == "bad_shape", result
+        assert "frame 2's Pixel Spacing [1.0, 1.0] mm is not frame 0's [0.5, 0.5] mm" in result.message
+    split = read(path, window(40, 80), spacing=(1.0, 1.0))
+    assert [s.image.shape for s in split] == [(1, 4, 4), (1, 4, 4), (1, 8, 8)]
 
 
 def test_enhanced_per_frame_then_shared_lookup(tmp_path: Path) -> None:

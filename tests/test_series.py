@@ -594,6 +594,29 @@ def test_an_enhanced_object_whose_frames_turn_is_refused_for_its_orientation(tmp
             ] == [("scout.dcm", "series_orientation")]
 
 
+def test_an_enhanced_object_with_a_frame_of_another_pixel_spacing_is_refused_for_its_geometry(
+        tmp_path: Path) -> None:
+    """Frame 3's own Pixel Measures say 1.0 mm where the shared group says 0.5: the series' check read
+    frame 0's spacing only, and the stack and the volume mixed slices of two scales."""
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    path = write_enhanced_ct(tmp_path / "raw" / "scaled.dcm", frames, [0.0, 2.5, 5.0, 7.5])
+    ds = pydicom.dcmread(path)
+    measures = Dataset()
+    measures.PixelSpacing = [0.5, 0.5]
+    measures.SliceThickness = 2.5
+    ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence = DicomSequence([measures])
+    own = Dataset()
+    own.PixelSpacing = [1.0, 1.0]
+    own.SliceThickness = 2.5
+    ds.PerFrameFunctionalGroupsSequence[3].PixelMeasuresSequence = DicomSequence([own])
+    save(ds, path)
+    _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
+    result = _build(_series_job(tmp_path, tmp_path / "raw"))
+    assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 6  # the good series only
+    assert [(Path(r["path"]).name, r["reason"]) for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")
+            ] == [("scaled.dcm", "series_geometry")]
+
+
 AIR = np.zeros((16, 16), dtype=np.int16)  # stored 0 everywhere: -1024 HU, an all-air slice
 
 

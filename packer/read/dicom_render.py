@@ -30,7 +30,7 @@ from packer.read.dicom_attrs import (
     slice_thickness,
     text_value,
 )
-from packer.read.series import constant_slice_note
+from packer.read.series import SPACING_TOLERANCE, constant_slice_note
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
     ModalityTransform,
@@ -391,7 +391,8 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
 
     ``frames: split`` gives one sample per frame (key ``<id>-f0000`` when the file has several
     frames); ``stack`` one sample whose channels are frame-major (frame 0's windows first).
-    Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``); when
+    Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``, whose
+    frames must share it: ``bad_shape`` otherwise); when
     a resampled frame would exceed ``max_pixels`` the file is ``too_large`` before any rendering.
 
     A file whose every pixel is equal is ``constant_image``, except a slice of a series
@@ -416,6 +417,15 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
             return too_big
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
     spacing0 = pixel_spacing(ds, 0)
+    if stack and spacing0 is not None:  # channels of one grid: a frame of another scale would cover another area
+        for frame in range(1, frames):
+            other = pixel_spacing(ds, frame)
+            if other is not None and any(abs(a - b) > SPACING_TOLERANCE * max(abs(b), 1e-9)
+                                         for a, b in zip(other, spacing0, strict=True)):
+                return _issue(ref, "validate", "bad_shape",
+                              f"frame {frame}'s Pixel Spacing {list(other)} mm is not frame 0's {list(spacing0)} mm "
+                              "(Pixel Measures per frame): frames of two scales cannot be the channels of one "
+                              "sample (frames: stack); set frames: split, which resamples each frame by its own")
     if cfg.spacing is not None and any(pixel_spacing(ds, frame) is None for frame in range(1 if stack else frames)):
         # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (

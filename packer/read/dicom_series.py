@@ -58,6 +58,9 @@ class SliceGeometry:
     #: A multi-frame object's orientation per frame where its Per-frame Functional Groups give
     #: one (PS3.3 C.7.6.16.2.4): frames need not share frame 0's (a three-plane scout)
     frame_orientations: tuple[tuple[float, ...] | None, ...] = ()
+    #: frames 1.. of a multi-frame file: each frame's own Pixel Spacing (Pixel Measures), checked
+    #: against frame 0's as the orientations are (a frame of another scale is series_geometry)
+    frame_spacings: tuple[tuple[float, float] | None, ...] = ()
     #: Acquisition Number (0020,0012) as written ("" where absent): two acquisitions of one series
     #: (a chest and an abdomen run) are stacks of their own (:func:`packer.read.series.assemble`)
     acquisition: str = ""
@@ -105,6 +108,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         image_type=image_type,
         sop_uid=str(element(ds, "SOPInstanceUID") or ""),
         frame_orientations=frame_orientations,
+        frame_spacings=tuple(pixel_spacing(ds, frame) for frame in range(1, frames)) if frames > 1 else (),
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
         depth=_depth(ds),
     )

@@ -347,11 +347,14 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                  f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
                                                  "a reformat or a localizer exported into the series: remove it",
                      uid_key)
-    grid = {(g.rows, g.columns, _same_spacing(g.spacing, first.spacing)) for _, g in members}
+    # every frame's own spacing: an enhanced file's frame of another scale was stacked at frame 0's
+    grid = {(g.rows, g.columns, _same_spacing(s, first.spacing)) for _, g in members for s in (g.spacing,
+                                                                                                 *g.frame_spacings)}
     if len(grid) > 1:
         counts: dict[tuple[Any, ...], list[str]] = {}
         for ref, g in members:
-            counts.setdefault((g.rows, g.columns, g.spacing), []).append(ref.path)
+            for spacing in dict.fromkeys((g.spacing, *g.frame_spacings)):
+                counts.setdefault((g.rows, g.columns, spacing), []).append(ref.path)
         shown = ", ".join(f"{r}×{c} at {s} ({len(paths)} file(s), e.g. {paths[0]})"
                           for (r, c, s), paths in sorted(counts.items(), key=lambda item: -len(item[1])))
         return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
