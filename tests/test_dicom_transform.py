@@ -775,6 +775,18 @@ def test_an_enhanced_file_with_fewer_per_frame_groups_than_frames_is_refused_not
     assert "(5200,9230) Per-frame Functional Groups Sequence has 1 item(s) for 3 frames" in issue.message, issue.message
 
 
+def test_an_enhanced_file_with_more_per_frame_groups_than_frames_is_refused(tmp_path: Path) -> None:
+    """5 items for 4 frames were packed: which item is which frame's is unknown, so a frame could
+    take another's rescale, window or position."""
+    frames = np.random.default_rng(6).integers(0, 3000, (3, 8, 8), dtype=np.uint16)
+    ds = enhanced_ct_dataset(frames, [(2.0, -2048.0)] * 3, [(40.0, 400.0)] * 3, shared_rescale=(1.0, -1024.0))
+    ds.PerFrameFunctionalGroupsSequence = DicomSequence([*ds.PerFrameFunctionalGroupsSequence,
+                                                         ds.PerFrameFunctionalGroupsSequence[0]])
+    issue = refused(save(ds, tmp_path / "long_groups.dcm"))
+    assert issue.reason == "unreadable"
+    assert "(5200,9230) Per-frame Functional Groups Sequence has 4 item(s) for 3 frames" in issue.message, issue.message
+
+
 @pytest.mark.parametrize(("vr", "value", "limit"), [("US", 63536, 63036), ("SS", -2000, -2500)])
 def test_a_pixel_padding_value_written_as_us_over_signed_pixels_is_read_as_signed(
         tmp_path: Path, vr: str, value: int, limit: int) -> None:

@@ -128,11 +128,24 @@ def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
         if groups_keyword.startswith("PerFrame") and groups and len(groups) <= index:
             raise DamagedElement(f"(5200,9230) Per-frame Functional Groups Sequence has {len(groups)} item(s) for "
                                  f"{ds.get('NumberOfFrames', '?')} frames: frame {index} has none")
+        if groups_keyword.startswith("PerFrame") and groups and len(groups) > _frame_count(ds, len(groups)):
+            raise DamagedElement(f"(5200,9230) Per-frame Functional Groups Sequence has {len(groups)} item(s) for "
+                                 f"{ds.get('NumberOfFrames', '?')} frames: which item is which frame's cannot be "
+                                 "told (one item per frame, PS3.3 C.7.6.16)")
         if len(groups) > index:
             seq = sequence_items(groups[index], sequence)
             if seq:
                 return seq[0]
     return None
+
+
+def _frame_count(ds: Dataset, otherwise: int) -> int:
+    """Number of Frames as an integer, ``otherwise`` where it is absent or not one (the frame
+    count's own checks name that defect)."""
+    try:
+        return int(str(ds.get("NumberOfFrames", "")).strip())
+    except (TypeError, ValueError):
+        return otherwise
 
 
 def floats(value: Any) -> tuple[float, ...]:
