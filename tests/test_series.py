@@ -617,6 +617,29 @@ def test_an_enhanced_object_with_a_frame_of_another_pixel_spacing_is_refused_for
             ] == [("scaled.dcm", "series_geometry")]
 
 
+def test_a_series_record_names_an_enhanced_objects_frames_as_their_keys_count_them(tmp_path: Path) -> None:
+    """Frames at z = 0, 2, 2, 4: stored frames 1 and 2 (keys -f0001, -f0002) share a position; the
+    record said "frame 2 and frame 3", and -f0003 is the innocent z = 4 frame. A frame turned
+    against the others is named with its frame, not as the file twice."""
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    write_enhanced_ct(tmp_path / "raw" / "twice.dcm", frames, [0.0, 2.0, 2.0, 4.0])
+    path = write_enhanced_ct(tmp_path / "raw" / "turned.dcm", frames, [10.0, 12.0, 14.0, 16.0])
+    ds = pydicom.dcmread(path)
+    ds.PatientID, ds.SeriesInstanceUID = "E2", pydicom.uid.generate_uid()
+    plane = Dataset()
+    plane.ImageOrientationPatient = [0.0, 1.0, 0.0, 0.0, 0.0, -1.0]
+    ds.PerFrameFunctionalGroupsSequence[2].PlaneOrientationSequence = DicomSequence([plane])
+    save(ds, path)
+    _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
+    result = _build(_series_job(tmp_path, tmp_path / "raw"))
+    records = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    twice = tmp_path / "raw" / "twice.dcm"
+    assert records["twice.dcm"]["reason"] == "series_duplicate_position"
+    assert f"({twice} frame 1 and {twice} frame 2:" in records["twice.dcm"]["message"]
+    assert records["turned.dcm"]["reason"] == "series_orientation"
+    assert f"{path} frame 2 has [0.0, 1.0, 0.0, 0.0, 0.0, -1.0], {path} frame 0 " in records["turned.dcm"]["message"]
+
+
 AIR = np.zeros((16, 16), dtype=np.int16)  # stored 0 everywhere: -1024 HU, an all-air slice
 
 

@@ -337,13 +337,16 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         return _fail(refs, "series_no_position", f"{broken[0].path} has an Image Orientation (Patient) {cosines} "
                                                  "whose row and column cosines are not two orthogonal unit vectors, "
                                                  "so no slice normal orders the slices", uid_key)
-    turned = [(ref, o) for ref, g in members for o in (g.orientation, *g.frame_orientations)
+    turned = [(ref, frame, g.frames, o) for ref, g in members
+              for frame, o in enumerate((g.orientation, *g.frame_orientations))
               if o is not None and np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE]
     if turned:
-        ref, o = turned[0]
+        ref, frame, frames, o = turned[0]
+        where = f"{ref.path} frame {frame}" if frames > 1 else ref.path  # 0-based, as its key (-f0002)
+        first_where = f"{members[0][0].path} frame 0" if first.frames > 1 else members[0][0].path
         return _fail(refs, "series_orientation", f"its slices have different Image Orientation (Patient): "
-                                                 f"{ref.path} has {[round(float(v), 4) for v in o]}, "
-                                                 f"{members[0][0].path} {[round(float(v), 4) for v in base]}"
+                                                 f"{where} has {[round(float(v), 4) for v in o]}, "
+                                                 f"{first_where} {[round(float(v), 4) for v in base]}"
                                                  f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
                                                  "a reformat or a localizer exported into the series: remove it",
                      uid_key)
@@ -444,9 +447,10 @@ def _off_line(members: Sequence[tuple[SampleRef, SliceGeometry]], slices: Sequen
 
 def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
     """A slice of ``members`` (its (depth, file, frame) place) as a record names it: the file, and
-    its frame where the file holds several."""
+    its frame where the file holds several, 0-based as its sample key (``-f0002``) and
+    ``metadata.frame`` count (it said frame 3 of key -f0002)."""
     ref, geometry = members[place[1]]
-    return f"{ref.path} frame {place[2] + 1}" if geometry.frames > 1 else ref.path
+    return f"{ref.path} frame {place[2]}" if geometry.frames > 1 else ref.path
 
 
 def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, int]:
