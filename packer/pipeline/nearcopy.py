@@ -641,9 +641,8 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
 #: two thumbnails are unchanged. Raise it whenever :func:`verify`, :class:`Prepared`, :data:`THUMB`,
 #: the first stage (:mod:`packer.pipeline.nearscreen`) or the constants they read change what a
 #: pair's :class:`Evidence` is. 2: a task may turn a pair away by the first stage (:data:`SCREENED`).
-#: 3: intensity bins are at most 4 levels wide (:class:`_Bins`). 4: the zoom is refined between
-#: the search grid's points.
-VERIFY_VERSION = 4
+#: 3: intensity bins are at most 4 levels wide (:class:`_Bins`).
+VERIFY_VERSION = 3
 #: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
 _ZOOM_PREFERENCE = 0.005
 
@@ -698,13 +697,6 @@ def verify(a: np.ndarray | Prepared, b: np.ndarray | Prepared, *, floor: float =
         if zoom not in tried and VERIFY_ZOOMS[0] - 1e-9 <= zoom <= VERIFY_ZOOMS[-1] + 1e-9:
             tried[zoom] = at(zoom)
     zoom = max(tried, key=lambda z: (tried[z][0], -abs(z - 1.0)))
-    left, right = round(zoom - _FINE_STEP, 2), round(zoom + _FINE_STEP, 2)
-    if left in tried and right in tried:  # between grid points: a 2-px crop of 96 is a zoom of 1.043
-        offset, _ = _vertex(tried[left][0], tried[zoom][0], tried[right][0])
-        between = round(zoom + offset * _FINE_STEP, 3)
-        if abs(offset) >= 0.2 and between not in tried:
-            tried[between] = at(between)
-            zoom = max(tried, key=lambda z: (tried[z][0], -abs(z - 1.0)))
     _, dy, dx = tried[zoom]
     # each thumbnail moves half the way, so both are resampled alike: a copy shifted by a
     # fraction of a pixel is then compared blur for blur, not sharp against blurred
