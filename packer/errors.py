@@ -185,9 +185,6 @@ _STORAGE_FIXES: dict[int, tuple[str, str]] = {
 _OPEN_FIXES: dict[int, tuple[str, str]] = {
     errno.EACCES: ("permission denied", "make the folder writable for this user, or {elsewhere}"),
     errno.EPERM: ("operation not permitted", "make the folder writable for this user, or {elsewhere}"),
-    # creating folders on the way (mkdir parents=True): a file system that takes no new folder
-    # there (/proc, /sys), a dangling link, or a folder removed meanwhile
-    errno.ENOENT: ("a folder on its way cannot be created there", "{elsewhere}"),
 }
 
 
@@ -209,6 +206,16 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
     said, fix = known
     fixed = fix.format(elsewhere=elsewhere or output_elsewhere())
     return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fixed}")
+
+
+def unmakeable_folder(err: OSError, path: object, elsewhere: str) -> FileSystemError | None:
+    """The :class:`FileSystemError` for ``mkdir(parents=True)``'s FileNotFoundError on the way to
+    ``path``: a file system that takes no new folder there (``/proc``, ``/sys``), or a folder removed
+    meanwhile; None for any other error (:func:`refused_write` keeps ENOENT a bug elsewhere)."""
+    if not isinstance(err, FileNotFoundError):
+        return None
+    return FileSystemError(f"cannot write {path}: a folder on its way cannot be created there "
+                           f"({err.strerror or err}); {elsewhere}")
 
 
 def blocking_file(folder: Path) -> Path | None:

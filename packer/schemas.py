@@ -228,8 +228,8 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     where = _non_finite(plain)
     if where is not None:  # NaN passes every minimum and maximum (each comparison is False)
         path, value = where
-        raise ConfigError(f"{source}: {_path_text(path)}: {value} is not a number packer can use (YAML's .nan "
-                          "and .inf are no fraction, ratio or size); give a finite number")
+        raise ConfigError(f"{source}: {_path_text(path)}: {value} is not a finite number (YAML's .nan and .inf "
+                          "are no fraction, ratio or size packer can use); give a finite number")
     validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))
     validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER,
                               registry=schema_registry())

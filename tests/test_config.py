@@ -383,7 +383,7 @@ def test_nan_and_infinity_in_a_job_are_refused_naming_the_key(tmp_path: Path, ke
     max_bad_fraction: .nan validated a job with 75% bad files clean, a .nan ratio split at random."""
     job = write_job(tmp_path, {**MINIMAL, key: value})
     assert ".nan" in job.read_text() or ".inf" in job.read_text()
-    with pytest.raises(ConfigError, match=rf"{key}\..*(nan|inf) is not a number packer can use.*finite"):
+    with pytest.raises(ConfigError, match=rf"{key}\..*(nan|inf) is not a finite number.*give a finite number"):
         load_job(job)
 
 

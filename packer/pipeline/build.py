@@ -50,6 +50,7 @@ from packer.errors import (
     path_exists,
     refused_write,
     surface,
+    unmakeable_folder,
 )
 from packer.exclusions import EXCLUDED_FILE, exclusion_counts, write_excluded
 from packer.files import TMP_SUFFIX, atomic_output, file_sha256, folder_lock, human_bytes
@@ -567,7 +568,8 @@ def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         probe.touch()
     except OSError as err:
-        refused = refused_write(err, probe, opening=True, elsewhere=elsewhere or cache_elsewhere())
+        refused = (refused_write(err, probe, opening=True, elsewhere=elsewhere or cache_elsewhere())
+                   or unmakeable_folder(err, probe, elsewhere or cache_elsewhere()))
         if refused is None:
             raise
         raise refused from err

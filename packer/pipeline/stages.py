@@ -42,7 +42,7 @@ import numpy as np
 
 from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig
-from packer.errors import ConfigError, blocking_file, refused_write, surface
+from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
@@ -547,7 +547,9 @@ def _scratch_folder() -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        refused = refused_write(err, folder, opening=True, elsewhere="set PACKER_WORK_DIR to a writable folder")
+        elsewhere = "set PACKER_WORK_DIR to a writable folder"
+        refused = refused_write(err, folder, opening=True, elsewhere=elsewhere) or unmakeable_folder(err, folder,
+                                                                                                     elsewhere)
         if refused is None:
             raise
         raise refused from err
