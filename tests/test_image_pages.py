@@ -498,6 +498,22 @@ def test_a_16_bit_white_is_zero_tiff_is_inverted_as_the_8_bit_one_is(tmp_path: P
     assert np.array_equal(eight.image[0], 255 - (ramp >> 8).astype(np.uint8))
 
 
+@pytest.mark.parametrize("bits", [10, 12, 14])
+def test_a_10_to_14_bit_white_is_zero_tiff_is_inverted_in_the_scale_opencv_reads_it_in(
+        tmp_path: Path, bits: int) -> None:
+    """OpenCV reads 10-, 12- and 14-bit samples scaled to 16 bits (v << (16 - bits)); the inversion
+    took (1 << bits) - 1 - v in uint16, which wrapped: stored 4095 (black) packed as 16, 0 as 16."""
+    import tifffile
+
+    top = (1 << bits) - 1
+    stored = (np.arange(12 * 16).reshape(12, 16) * 131 % (top + 1)).astype(np.uint16)
+    stored[0, :2] = (top, 0)
+    for photometric, seen in (("miniswhite", top - stored.astype(np.float64)), ("minisblack", stored.astype(float))):
+        tifffile.imwrite(tmp_path / f"{photometric}.tif", stored, photometric=photometric, bitspersample=bits)
+        (sample,) = read_ok(tmp_path / f"{photometric}.tif", ImageTransformConfig(color="gray"))
+        assert np.abs(sample.image[0].astype(np.float64) - np.rint(seen / top * 255)).max() <= 1, photometric
+
+
 @pytest.mark.parametrize("shape", [(48, 48), (48, 48, 3), (2, 40, 40)], ids=["grey", "rgb", "two-pages"])
 def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, ...]) -> None:
     """Uncompressed tiles: OpenCV 5.0's in-memory TIFF reader refuses them ("Invalid tile byte

@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from math import ceil
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -465,3 +466,14 @@ def test_undeclared_class_ids_raise_mask_values_naming_them() -> None:
     many = np.arange(40, dtype=np.uint8).reshape(4, 10)
     with raises("mask_values", "3, 4, 5, 6, 7, 8, 9, 10, 11, 12 and 27 more"):
         check_mask(many, height=4, width=10, frames=1, classes=[0, 1, 2])
+
+
+@pytest.mark.parametrize("bits", [10, 12, 14, 16])
+def test_a_10_to_14_bit_tiff_masks_ids_are_its_stored_ids(tmp_path: Path, bits: int) -> None:
+    """OpenCV scales 10-, 12- and 14-bit samples to 16 bits: a 12-bit mask's ids 1, 2 came back as
+    16, 32 (packed so without `classes`, a mask_values record naming ids the file lacks with them)."""
+    import tifffile
+
+    ids = np.array([[0, 1, 2, 3], [300, 2, 1, 0]], dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "m.tif", ids, photometric="minisblack", bitspersample=bits)
+    assert np.array_equal(decode_mask((tmp_path / "m.tif").read_bytes(), "m.tif"), ids)

@@ -429,6 +429,11 @@ class _Page:
         return "" if self.page is None else f"page {self.page}: "
 
 
+#: TIFF sample depths OpenCV decodes to uint16 scaled up to 16 bits, and by how many bits (its
+#: decoder takes 1, 8, 10, 12, 14, 16, 32 and 64 bits a sample)
+OPENCV_SCALED_TIFF_BITS = {10: 6, 12: 4, 14: 2}
+
+
 def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarray, bool]:
     """The page of IFD ``ifd`` as the file stores it, where OpenCV's decode ``image`` is not, and
     whether Pillow read it (it does not apply the page's orientation, as OpenCV may):
@@ -440,9 +445,9 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
       precision, and its values, are not the file's (a palette page's colours excepted);
     - associated (premultiplied) alpha gives colours multiplied by alpha: they are divided back
       (alpha 0: colour 0), so that packer's alpha handling sees straight colours, as for a PNG;
-    - a WhiteIsZero (photometric 0) page of 16 bits comes back as stored (libtiff inverts only
-      what its RGBA interface reads, 8 bits and fewer): it is inverted here, as DICOM's
-      MONOCHROME1 is, so that black is 0.
+    - a WhiteIsZero (photometric 0) page of 10 to 16 bits comes back as stored (libtiff inverts
+      only what its RGBA interface reads, 8 bits and fewer; 10, 12 and 14 bits scaled to 16): it
+      is inverted here, as DICOM's MONOCHROME1 is, so that black is 0.
     """
     layout = TiffSamples.of(ifd)
     where = f"TIFF IFD {ifd.index} at byte {ifd.offset}"
@@ -463,7 +468,10 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
     if layout.premultiplied and channels in (2, 4) and image.dtype.kind == "u":
         image = _unpremultiplied(image)
     if layout.photometric == 0 and image.dtype == np.uint16 and layout.bits <= 16:
-        image = np.subtract((1 << layout.bits) - 1, image, dtype=np.uint16)
+        # OpenCV hands a 10-, 12- or 14-bit page back scaled to 16 bits (v << (16 - bits)), as it does a
+        # BlackIsZero one: inverted in that scale (4095 - v of the scaled values wrapped around in uint16)
+        shift = OPENCV_SCALED_TIFF_BITS.get(layout.bits, 0)
+        image = np.subtract(((1 << layout.bits) - 1) << shift, image, dtype=np.uint16)
     return image, by_pillow
 
 

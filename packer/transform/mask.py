@@ -243,12 +243,38 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     if not ok or not pages:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
+    shift = {10: 6, 12: 4, 14: 2}.get(_first_bits_per_sample(data), 0)
+    if shift:  # OpenCV scales 10-, 12- and 14-bit samples to 16 bits: ids 1, 2 came back as 16, 32
+        planes = [plane >> shift if plane.dtype == np.uint16 else plane for plane in planes]
     shapes = {plane.shape for plane in planes}
     if len(shapes) > 1:
         listed = ", ".join(f"{plane.shape[0]}×{plane.shape[1]}" for plane in planes)
         raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes ({listed}); every page "
                                      "labels one frame of the same image, so all must have its size")
     return planes[0] if len(planes) == 1 else np.stack(planes)
+
+
+def _first_bits_per_sample(data: bytes) -> int:
+    """BitsPerSample (0x0102) of a TIFF's first IFD, 0 where the header cannot tell (inline SHORT only)."""
+    if len(data) < 8 or data[:2] not in (b"II", b"MM"):
+        return 0
+    order = "<" if data[:2] == b"II" else ">"
+    big = data[2:4] in (b"+\x00", b"\x00+")
+    count_fmt, entry_size, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
+    if len(data) < (16 if big else 8):
+        return 0
+    offset = struct.unpack_from(order + offset_fmt, data, 8 if big else 4)[0]
+    count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
+    if offset + count_size > len(data):
+        return 0
+    entries = int(struct.unpack_from(order + count_fmt, data, offset)[0])
+    for at in range(offset + count_size, min(offset + count_size + entries * entry_size, len(data) - entry_size + 1),
+                    entry_size):
+        tag, kind = struct.unpack_from(order + "HH", data, at)
+        count = int(struct.unpack_from(order + offset_fmt, data, at + 4)[0])
+        if tag == 0x0102 and kind == 3 and 1 <= count and 2 * count <= offset_size:  # SHORTs held inline
+            return int(struct.unpack_from(order + "H", data, at + 4 + offset_size)[0])
+    return 0
 
 
 def _unoriented_tiff(data: bytes) -> bytes:
