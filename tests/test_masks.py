@@ -397,3 +397,29 @@ def test_an_image_source_records_pillow_which_decodes_grey_alpha_tiffs_and_a_dic
     assert "pillow" in source_libraries(job.sources)
     dicom = load_job(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "name": "ct"}]))
     assert "pillow" not in source_libraries(dicom.sources)
+
+
+def test_a_tiff_with_a_thumbnail_before_a_page_gives_each_full_page_its_own_mask_page(tmp_path: Path) -> None:
+    """IFDs: page, reduced-resolution thumbnail, page, page; the mask has one page per full page.
+    The mask page was picked by the IFD index (2 and 3), so mask[3] of 3 pages crashed the build."""
+    import tifffile
+
+    raw = tmp_path / "raw"
+    (raw / "masks").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    pages = [rng.integers(0, 256, (20, 30), np.uint8) for _ in range(3)]
+    with tifffile.TiffWriter(raw / "slide.tif") as tif:
+        tif.write(pages[0], photometric="minisblack")
+        tif.write(pages[0][::4, ::4], photometric="minisblack", subfiletype=1)  # reduced resolution: no page
+        tif.write(pages[1], photometric="minisblack")
+        tif.write(pages[2], photometric="minisblack")
+    masks = np.stack([np.full((20, 30), i + 1, np.uint8) for i in range(3)])
+    np.save(raw / "masks" / "slide_mask.npy", masks)
+    (raw / "table.csv").write_text("path,label,entity,mask\nslide.tif,a,p1,masks/slide_mask.npy\n")
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "mask": {"column": "mask", "classes": [0, 1, 2, 3]}}
+    result = _build(_job(tmp_path, [source], transform={"image": {"color": "gray", "size": [20, 30]}}))
+    items = {item["key"][-6:]: item for item in ShardDataset(result.manifest_path, "train", shuffle=False)}
+    assert sorted(items) == ["p00000", "p00002", "p00003"]
+    for suffix, fill in (("p00000", 1), ("p00002", 2), ("p00003", 3)):
+        assert np.unique(items[suffix]["mask"].numpy()).tolist() == [fill], suffix

@@ -156,11 +156,15 @@ class ImageKind(SourceKind):
         """Each image sample's mask: its page's mask through the page's orientation, resize and tiles."""
         pad = source.mask.pad if source.mask is not None else 0
         by_page: dict[int, list[np.ndarray]] = {}
+        # a sample's "page" is its IFD's index, which counts reduced-resolution IFDs (thumbnails) too;
+        # the mask has one page per full page: the n-th full page's is mask[n] (mask[3] of 3 pages crashed)
+        ordinal = {page: n for n, page in enumerate(sorted({int(s.metadata.get("page", 0)) for s in samples}))}
         out = []
         for sample in samples:
             page = int(sample.metadata.get("page", 0))
             if page not in by_page:  # tiles of one page come in transform_image's order
-                tiles = transform_mask_image(mask[page], job.image, int(sample.metadata.get("orientation", 1)), pad)
+                tiles = transform_mask_image(mask[ordinal[page]], job.image, int(sample.metadata.get("orientation", 1)),
+                                             pad)
                 by_page[page] = list(reversed(tiles))
             out.append(by_page[page].pop())
         return out
