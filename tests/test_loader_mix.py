@@ -11,6 +11,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -277,3 +278,24 @@ def test_ranks_are_the_mixes_and_a_member_made_for_another_rank_is_refused(manif
         MixedDataset([(member, 1.0)], names=["a"])
     mix = MixedDataset([(member, 1.0)], names=["a"], rank=1, world_size=3)
     assert (mix.rank, mix.world_size) == (1, 3)
+
+
+@pytest.mark.parametrize(("field", "other"), [("dtype", "uint16"), ("pad", 0)])
+def test_members_whose_masks_differ_in_dtype_or_pad_are_refused(tmp_path: Path, field: str, other: Any) -> None:
+    """A padded batch's mask takes the first sample's dtype and the first member's pad: ids over
+    255 of a uint16 member wrapped in a uint8 batch (300 became 44), and one job's pad id filled
+    another's padding."""
+    def with_mask(path: Path, mask: dict[str, Any]) -> Path:
+        doc = json.loads(path.read_text())
+        body = {k: v for k, v in doc.items() if k not in ("dataset_hash", "version", "created_at")}
+        body["mask"] = mask
+        path.write_text(json.dumps(seal_manifest(body)))
+        return path
+
+    mask = {"dtype": "uint8", "classes": [0, 1, 255], "layout": "HW", "pad": 255}
+    a = with_mask(build_dataset(tmp_path / "a", shard_sizes=(4,)), mask)
+    b = with_mask(build_dataset(tmp_path / "b", shard_sizes=(4,)), {**mask, field: other})
+    with pytest.raises(ConfigError, match=rf"MixedDataset: b has mask {field} {other!r} but a has "):
+        MixedDataset([(ShardDataset(a, "train"), 1), (ShardDataset(b, "train"), 1)], names=["a", "b"])
+    same = with_mask(build_dataset(tmp_path / "same", shard_sizes=(4,)), dict(mask))
+    MixedDataset([(ShardDataset(a, "train"), 1), (ShardDataset(same, "train"), 1)], names=["a", "same"])

@@ -260,7 +260,11 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
         for field, mine, theirs in (("dtype", info.dtype, first.dtype), ("layout", info.layout, first.layout),
                                     ("target kind", info.target.kind, first.target.kind),
                                     ("target mask", info.target.masked, first.target.masked),
-                                    ("mask", bool(info.mask), bool(first.mask))):
+                                    ("mask", bool(info.mask), bool(first.mask)),
+                                    # a padded batch's mask takes one dtype and one pad id (collate="pad"):
+                                    # ids over 255 wrapped in a uint8 batch, one job's pad filled another's
+                                    ("mask dtype", (info.mask or {}).get("dtype"), (first.mask or {}).get("dtype")),
+                                    ("mask pad", (info.mask or {}).get("pad"), (first.mask or {}).get("pad"))):
             if mine != theirs:
                 raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "
                                   "mixed members must deliver the same kind of sample (rebuild one of them, or "
