@@ -374,6 +374,19 @@ def test_a_cut_list_never_ends_in_and_1_more_it_shows_that_entry_instead() -> No
     assert (_cut(3, 5), _and_more(3, 5)) == (3, [])
 
 
+@pytest.mark.parametrize("flag", ["--json", "--junit"])
+def test_a_report_path_under_a_file_exits_6_after_the_check_not_2(tmp_path: Path, flag: str) -> None:
+    """--json afile/report.json with afile a regular file ran the whole check, said 'clean', then
+    exited 2 ('the job could not be checked', which CI reads as a broken job) where every other
+    unwritable report path exits 6."""
+    job = image_job(tmp_path, base_rows(4))
+    (tmp_path / "afile").write_text("not a folder")
+    target = tmp_path / "afile" / "report.out"
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", flag, str(target)])
+    assert result.exit_code == 6, result.output
+    assert f"cannot write {target}: {tmp_path / 'afile'} is a file, not a folder; give {flag}" in result.output
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full (Linux) gives real ENOSPC writes")
 @pytest.mark.parametrize("flag", ["--json", "--junit"])
 def test_a_report_file_the_disk_refuses_exits_6_with_a_fix_for_that_file(tmp_path: Path, flag: str,

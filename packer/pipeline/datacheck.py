@@ -32,7 +32,15 @@ import numpy as np
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
 from packer.config import SPLITS, JobConfig
-from packer.errors import BadFractionError, ConfigError, FileSystemError, LeakageError, refused_write, surface
+from packer.errors import (
+    BadFractionError,
+    ConfigError,
+    FileSystemError,
+    LeakageError,
+    blocking_file,
+    refused_write,
+    surface,
+)
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
@@ -316,9 +324,10 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
     """:func:`~packer.files.atomic_output` for a report the user named with ``option`` (``json``
     or ``junit``, named as the caller names it: :func:`packer.errors.surface`): any
     OSError creating or writing it (a folder that cannot hold files, such as /proc, a name the
-    file system refuses, a path too long) is the path's fault, exit 6 naming it and the option,
-    never a traceback. A folder is a ConfigError (exit 2), as the command line's own check of
-    ``--json DIR`` is: the path names no file to write, whatever the folder allows."""
+    file system refuses, a path too long, a file where one of its folders must be) is the path's
+    fault, exit 6 naming it and the option, never a traceback. A folder is a ConfigError (exit 2),
+    as the command line's own check of ``--json DIR`` is: the path names no file to write,
+    whatever the folder allows."""
     try:
         folder = path.is_dir()
     except OSError:  # a name the file system refuses (too long): the write below says so, exit 6
@@ -332,6 +341,10 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
             with _into(path, option) as fh:  # rename a file over it (as root, over the device itself)
                 yield fh
             return
+        blocker = blocking_file(path.parent)
+        if blocker is not None:  # the report's path, met after a whole check: exit 6 as any unwritable path
+            raise FileSystemError(f"cannot write {path}: {blocker} is a file, not a folder; give "
+                                  f"{surface().name(option)} a path in a writable folder")
         with atomic_output(path, elsewhere=report_elsewhere(option)) as fh:
             yield fh
     except OSError as err:
