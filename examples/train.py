@@ -300,14 +300,21 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
                           f"train them with {other}")
     if dataset.shape is None:
         one_source = args.sources is not None and len(args.sources) == 1
-        fix = ("build the dataset with transform.channels" if one_source or args.mix
-               else "pass --sources NAME to train on one source, or build the dataset with transform.channels")
+        shown = [shape for source, shapes in dataset.info.shapes.items()
+                 if args.sources is None or source in args.sources for shape in shapes]
+        if len({shape[0] for shape in shown}) == 1:  # one channel count: the sizes differ, no channel rule helps
+            fix = ("build the dataset with one size (transform.<kind>.size, e.g. transform.image.size: [224, 224]; "
+                   "transform.dicom.size for DICOM)")
+        elif one_source or args.mix:
+            fix = "build the dataset with transform.channels"
+        else:
+            fix = "pass --sources NAME to train on one source, or build the dataset with transform.channels"
         of = (f"source{'s' if len(args.sources) > 1 else ''} {','.join(args.sources)} "
               f"hold{'' if len(args.sources) > 1 else 's'}" if args.sources else "sources hold")
         raise ConfigError(
             f"this dataset's {of} samples of several shapes "
             f"({dataset.info.describe_shapes(args.sources)}; the manifest lists shapes per source, over every "
-            f"split, so the {args.split} split may hold fewer), and this model takes one channel count; {fix} "
+            f"split, so the {args.split} split may hold fewer), and this model takes one shape; {fix} "
             "(README, 'Mixed shapes')")
     channels = dataset.shape[0]
     loader = make_loader(dataset, args.batch_size, args.workers)

@@ -16,6 +16,7 @@ from loader_fixtures import build_dataset, ddp_worker, split_keys
 
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.loader.bench import bench_loader, format_table
+from packer.manifest import seal_manifest
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -280,3 +281,22 @@ def test_example_refuses_a_wrong_option_value_with_exit_2(manifest, option, said
         example.main(["--manifest", str(manifest.parent), "--epochs", "1", *option])
     assert stopped.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_example_names_the_size_fix_when_samples_differ_in_size_only(tmp_path, monkeypatch, capsys):
+    """Samples of one channel count and several sizes: the script offered --sources and
+    transform.channels, neither of which makes one shape."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    manifest = build_dataset(tmp_path / "sizes", shard_sizes=(6,), shape=None, shapes=[(1, 4, 4), (1, 6, 5)])
+    doc = json.loads(manifest.read_text())
+    body = {k: v for k, v in doc.items() if k not in ("dataset_hash", "version", "created_at")}
+    body["sample_schema"]["shapes"] = {"src": [[1, 4, 4], [1, 6, 5]]}  # as a build lists each source's shapes
+    manifest.write_text(json.dumps(seal_manifest(body)))
+    example = load_example()
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--manifest", str(manifest.parent), "--epochs", "1", "--device", "cpu"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "this model takes one shape; build the dataset with one size (transform.<kind>.size" in err, err
+    assert "transform.channels" not in err and "--sources" not in err
