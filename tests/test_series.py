@@ -587,11 +587,17 @@ def test_an_enhanced_object_whose_frames_turn_is_refused_for_its_orientation(tmp
         plane.ImageOrientationPatient = [0.0, 1.0, 0.0, 0.0, 0.0, -1.0]  # sagittal
         group.PlaneOrientationSequence = DicomSequence([plane])
     save(ds, path)
+    _only_refused_beside_a_good_series(tmp_path, "scout.dcm", "series_orientation")
+
+
+def _only_refused_beside_a_good_series(tmp_path: Path, name: str, reason: str) -> None:
+    """Build ``tmp_path/raw`` with a good 6-slice series beside it: the good series packs alone, and
+    the file ``name`` is the one bad record, with ``reason``."""
     _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
     result = _build(_series_job(tmp_path, tmp_path / "raw"))
     assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 6  # the good series only
     assert [(Path(r["path"]).name, r["reason"]) for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")
-            ] == [("scout.dcm", "series_orientation")]
+            ] == [(name, reason)]
 
 
 def test_an_enhanced_object_with_a_frame_of_another_pixel_spacing_is_refused_for_its_geometry(
@@ -610,11 +616,7 @@ def test_an_enhanced_object_with_a_frame_of_another_pixel_spacing_is_refused_for
     own.SliceThickness = 2.5
     ds.PerFrameFunctionalGroupsSequence[3].PixelMeasuresSequence = DicomSequence([own])
     save(ds, path)
-    _write_series(tmp_path / "raw" / "good", seed=1, patient="G")
-    result = _build(_series_job(tmp_path, tmp_path / "raw"))
-    assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 6  # the good series only
-    assert [(Path(r["path"]).name, r["reason"]) for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")
-            ] == [("scaled.dcm", "series_geometry")]
+    _only_refused_beside_a_good_series(tmp_path, "scaled.dcm", "series_geometry")
 
 
 def test_a_series_record_names_an_enhanced_objects_frames_as_their_keys_count_them(tmp_path: Path) -> None:
