@@ -336,7 +336,7 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
             counted, total = data.histogram_totals[data.entries[key].split]
             data.histogram_totals[data.entries[key].split] = (counted - 1, total)
     if data.unreadable:
-        data.warnings.insert(0, unreadable_finding(data.unreadable, len(wanted)))
+        data.warnings.insert(0, unreadable_finding(data.unreadable, data.selected))
     if data.damaged:  # above everything else: the pixels below are not all what was packed
         data.warnings.insert(0, damaged_finding(data.damaged, data.checked))
     data.bad_records, data.bad_note = _bad_records(folder, manifest)

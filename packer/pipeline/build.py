@@ -772,7 +772,7 @@ def _replace_local_reports(staging: Path, version_dir: Path) -> tuple[str, ...]:
 def _same_bytes(a: Path, b: Path) -> bool:
     """Whether files ``a`` and ``b`` hold the same bytes (False where ``b`` is missing)."""
     try:
-        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+        return filecmp.cmp(a, b, shallow=False)  # files of other sizes differ without a read
     except OSError:
         return False
 

@@ -73,6 +73,7 @@ from packer.read.image_structure import (
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
+    OPENCV_SCALED_TIFF_BITS,
     Tile,
     check_image_config,
     full_range_max,
@@ -427,11 +428,6 @@ class _Page:
     @property
     def where(self) -> str:
         return "" if self.page is None else f"page {self.page}: "
-
-
-#: TIFF sample depths OpenCV decodes to uint16 scaled up to 16 bits, and by how many bits (its
-#: decoder takes 1, 8, 10, 12, 14, 16, 32 and 64 bits a sample)
-OPENCV_SCALED_TIFF_BITS = {10: 6, 12: 4, 14: 2}
 
 
 def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarray, bool]:

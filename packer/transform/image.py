@@ -91,6 +91,12 @@ def _window_params(window: tuple[tuple[str, Any], ...]) -> tuple[str, float, flo
     raise ConfigError(f"{where}: expected {{center, width}} or {{percentiles: [lo, hi]}}, got keys {sorted(spec)}")
 
 
+#: TIFF sample depths OpenCV decodes to uint16 scaled up to 16 bits (v << shift), by their shift:
+#: its decoder takes 1, 8, 10, 12, 14, 16, 32 and 64 bits a sample (an image's WhiteIsZero
+#: inversion and a mask's ids undo it: :mod:`packer.read.image`, :mod:`packer.transform.mask`)
+OPENCV_SCALED_TIFF_BITS = {10: 6, 12: 4, 14: 2}
+
+
 def full_range_max(dtype: np.dtype) -> float | None:
     """The stored maximum that maps to 1.0 without a window: 255 for uint8, 65535 for uint16,
     ``None`` for any other dtype (such images need a window)."""

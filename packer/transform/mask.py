@@ -26,7 +26,7 @@ import numpy as np
 
 from packer.config import ImageTransformConfig
 from packer.transform.dicom import spacing_size
-from packer.transform.image import orient_image, tile_origins
+from packer.transform.image import OPENCV_SCALED_TIFF_BITS, orient_image, tile_origins
 from packer.transform.resize import POLICIES, resize_image, resize_plan
 
 #: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
@@ -40,6 +40,7 @@ _TIFF = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 _NPY = b"\x93NUMPY"
 _JPEG = b"\xff\xd8\xff"
 _TIFF_ORIENTATION = 0x0112
+_TIFF_BITS = 0x0102  # BitsPerSample
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -237,13 +238,14 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
 def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
     try:
-        ok, pages = cv2.imdecodemulti(np.frombuffer(_unoriented_tiff(data), np.uint8), cv2.IMREAD_UNCHANGED)
+        unoriented, bits = _unoriented_tiff(data)
+        ok, pages = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
     if not ok or not pages:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
-    shift = {10: 6, 12: 4, 14: 2}.get(_first_bits_per_sample(data), 0)
+    shift = OPENCV_SCALED_TIFF_BITS.get(bits, 0)
     if shift:  # OpenCV scales 10-, 12- and 14-bit samples to 16 bits: ids 1, 2 came back as 16, 32
         planes = [plane >> shift if plane.dtype == np.uint16 else plane for plane in planes]
     shapes = {plane.shape for plane in planes}
@@ -254,31 +256,9 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     return planes[0] if len(planes) == 1 else np.stack(planes)
 
 
-def _first_bits_per_sample(data: bytes) -> int:
-    """BitsPerSample (0x0102) of a TIFF's first IFD, 0 where the header cannot tell (inline SHORT only)."""
-    if len(data) < 8 or data[:2] not in (b"II", b"MM"):
-        return 0
-    order = "<" if data[:2] == b"II" else ">"
-    big = data[2:4] in (b"+\x00", b"\x00+")
-    count_fmt, entry_size, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
-    if len(data) < (16 if big else 8):
-        return 0
-    offset = struct.unpack_from(order + offset_fmt, data, 8 if big else 4)[0]
-    count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
-    if offset + count_size > len(data):
-        return 0
-    entries = int(struct.unpack_from(order + count_fmt, data, offset)[0])
-    for at in range(offset + count_size, min(offset + count_size + entries * entry_size, len(data) - entry_size + 1),
-                    entry_size):
-        tag, kind = struct.unpack_from(order + "HH", data, at)
-        count = int(struct.unpack_from(order + offset_fmt, data, at + 4)[0])
-        if tag == 0x0102 and kind == 3 and 1 <= count and 2 * count <= offset_size:  # SHORTs held inline
-            return int(struct.unpack_from(order + "H", data, at + 4 + offset_size)[0])
-    return 0
-
-
-def _unoriented_tiff(data: bytes) -> bytes:
-    """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored).
+def _unoriented_tiff(data: bytes) -> tuple[bytes, int]:
+    """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), and the
+    first IFD's BitsPerSample (0x0102, where held inline; 0 where the walk cannot tell).
 
     OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
     IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
@@ -291,6 +271,7 @@ def _unoriented_tiff(data: bytes) -> bytes:
     count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
     offset = struct.unpack_from(order + offset_fmt, out, 8 if big else 4)[0] if len(out) >= (16 if big else 8) else 0
     seen: set[int] = set()
+    bits = 0
     while offset and offset not in seen and offset + count_size <= len(out):
         seen.add(offset)
         entries = int(struct.unpack_from(order + count_fmt, out, offset)[0])
@@ -301,8 +282,12 @@ def _unoriented_tiff(data: bytes) -> bytes:
             tag, kind = struct.unpack_from(order + "HH", out, at)
             if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
                 struct.pack_into(order + "H", out, at + 4 + offset_size, 1)
+            elif tag == _TIFF_BITS and kind == 3 and len(seen) == 1:  # the first IFD's, held inline
+                count = int(struct.unpack_from(order + offset_fmt, out, at + 4)[0])
+                if 1 <= count and 2 * count <= offset_size:
+                    bits = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
-    return bytes(out)
+    return bytes(out), bits
 
 
 def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
