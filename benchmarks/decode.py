@@ -303,8 +303,8 @@ def run(data: Path, files: int, repeats: int) -> tuple[str, dict[str, Any]]:
         "|---|---|---|---:|---:|---:|---:|",
     ]
     code = code_state()
-    record: dict[str, Any] = {"benchmark": "decode", "files": files, "repeats": repeats, "core": core,
-                              "machine": machine, "code": code, "cases": []}
+    record: dict[str, Any] = {"benchmark": "decode", "data": str(data), "files": files, "repeats": repeats,
+                              "core": core, "machine": machine, "code": code, "cases": []}
     for kind, timing, shape in timings:
         ratio = timing.median_s / bare[kind].median_s
         label = "512×512 CT" if kind == "dicom" else "1024×768 JPEG"
@@ -319,8 +319,7 @@ def run(data: Path, files: int, repeats: int) -> tuple[str, dict[str, Any]]:
         "- \"× bare time\" is packer's time per sample over the bare decoder's (packer/bare); spread is "
         "(slowest − fastest pass) / median, a measure of the machine's noise.",
         f"- Machine: {machine_line(machine)}. Date: {machine['date']}. Code: {code_line(code)}.",
-        "- Reproduce: `.venv/bin/python benchmarks/decode.py` (inputs under /work/bench-data/decode; "
-        "`--files`, `--repeats`, `--data`).",
+        f"- Reproduce: `.venv/bin/python benchmarks/decode.py --data {data}` (also `--files`, `--repeats`).",
     ]
     return "\n".join(lines), record
 

@@ -324,7 +324,7 @@ def run(data: Path, samples: int, runs: int, raw_files: int, split: str) -> tupl
         r["of_page_cache"] = (r["samples_per_s"] / limits[r["format"]]["read_samples_per_s"]
                               if r["format"] in limits else None)
     profile = profile_epoch(versions["tar"], split)
-    record = {"benchmark": "loader", "machine": describe(), "samples": samples, "split": split,
+    record = {"benchmark": "loader", "machine": describe(), "data": str(data), "samples": samples, "split": split,
               "split_samples": n_split, "raw_files": len(files), "raw_ct_files": sum(f[1] == "dicom" for f in files),
               "runs": runs, "batch_size": BATCH, "warm_bytes": warm_bytes, "build_s": builds.get("build_s", {}),
               "cases": results, "page_cache": limits,
@@ -410,8 +410,8 @@ def render(rec: dict[str, Any]) -> str:
         "(one reader process). Per-epoch rates are in the JSON line; the machine is shared, so compare runs made "
         "on it only.",
         f"- Machine: {decode.machine_line(m)}, torch {m['torch']}, pyarrow {m['pyarrow']}. Date: {m['date']}.",
-        "- Command: `.venv/bin/python benchmarks/loader.py` (data under /work/bench-data/loader; "
-        "`--samples`, `--runs`, `--raw-files`, `--data`).",
+        f"- Command: `.venv/bin/python benchmarks/loader.py --data {rec['data']}` "
+        "(also `--samples`, `--runs`, `--raw-files`).",
     ]
     return "\n".join(lines)
 

@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/volumes.py --series 20 --slices 200 --size 512 --rounds 1   # the size
 
 Data (written once under ``--data`` with ``packer.demo`` phantoms): ``--series`` CT series of
-``--slices`` slices of ``--size``² int16, 2.5 mm apart, 0.68 mm pixels, file names and Instance
-Numbers shuffled. Every contender makes the same volume per series: one window (lung,
--600/1500), resampled to 1 × 1 × 1 mm with linear interpolation, uint8.
+``--slices`` slices of ``--size``² int16, 2.5 mm apart, a 350 mm field of view (pixels of
+350/``--size`` mm: 1.37 at 256, 0.68 at 512), file names and Instance Numbers shuffled. Every
+contender makes the same volume per series: one window (lung, -600/1500), resampled to
+1 × 1 × 1 mm with linear interpolation, uint8.
 
 - **packer**: ``packer build`` of a job with ``sample: {volume: {spacing: [1, 1, 1]}}`` in a
   fresh process with ``--workers 1`` and a fresh cache (so per core), everything on: header
