@@ -4,7 +4,8 @@ Exit codes: 0 success · 1 internal error · 2 usage or config error · 3 too ma
 (report and manifest still written) · 4 leakage found by the split audit · 5 integrity
 failure (a shard or manifest does not match its hash) · 6 a file system refused a write (full,
 over quota, read-only) · 7 the connection to the dask scheduler was lost · 130 interrupted (Ctrl-C) ·
-141 stdout or stderr was closed by its reader (``packer ... | head -1``): the command stopped there, quietly.
+143 stopped by SIGTERM · 141 stdout or stderr was closed by its reader (``packer ... | head -1``): the
+command stopped there, quietly.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     Exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 too many bad samples,
     4 leakage found, 5 integrity failure, 6 disk full or read-only (the message names the file),
     7 the dask scheduler was lost (rerun: the build cache keeps what was decoded), 130 Ctrl-C,
+    143 SIGTERM (kill, a batch scheduler's cancel: the cache is kept as on Ctrl-C),
     141 the output's reader went away (packer ... | head): the command stopped there, quietly.
     """
 

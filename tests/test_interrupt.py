@@ -64,9 +64,10 @@ class Build:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def interrupt_when(self, moment: Callable[[Build], bool], timeout: float = 180) -> None:
+    def interrupt_when(self, moment: Callable[[Build], bool], timeout: float = 180, *,
+                       signum: int = signal.SIGINT, group: bool = True) -> None:
         """Send SIGINT to the build's process group, as Ctrl-C in a terminal does, once ``moment``
-        holds; fail if the build ends first."""
+        holds (or ``signum``, to the group or to packer's process alone); fail if the build ends first."""
         deadline = time.monotonic() + timeout
         while not moment(self):
             if self.proc.poll() is not None:
@@ -77,7 +78,10 @@ class Build:
                 pytest.fail(f"the moment to interrupt never came in {timeout}s:\n{self.finish()}")
             time.sleep(0.005)
         self.workers = [child for child in self.children() if "spawn_main" in _cmdline(child)]
-        os.killpg(self.proc.pid, signal.SIGINT)
+        if group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            os.kill(self.proc.pid, signum)
 
     def finish(self, timeout: float = 180) -> str:
         self.proc.wait(timeout=timeout)
@@ -216,6 +220,31 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_same_command_resumes(
         assert reused and int(reused.group(1)) > 0, f"the chunks cached before Ctrl-C were decoded again:\n{again}"
 
 
+@pytest.mark.parametrize(("moment", "group"), [("workers-starting", True), ("pixel-pass-started", False)])
+def test_sigterm_ends_a_build_as_ctrl_c_does_with_exit_143_and_the_same_command_resumes(
+        moment: str, group: bool, job: Path, committed: dict[str, Any], tmp_path: Path) -> None:
+    """SIGTERM, as `kill PID` sends it to packer alone and a batch scheduler's cancel (Slurm's
+    scancel) to every process of the job: one line, exit 143 (128 + 15), the workers gone, and
+    the build cache kept for the same command. Python's default ended the process on the spot,
+    with no line and the resource tracker's "leaked semaphore" warning; a group SIGTERM while
+    the workers started was reported as "Nanny failed to start" with advice about scripts."""
+    build = Build(job, tmp_path / "out", tmp_path / "work", "--fresh")
+    build.interrupt_when(MOMENTS[moment], signum=signal.SIGTERM, group=group)
+    output = build.finish()
+
+    assert build.proc.returncode == 143, output
+    for noise in (*NOISE, "leaked", "Nanny failed"):
+        assert noise not in output, f"{noise!r} reached the terminal:\n{output}"
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert lines and lines[-1] == INTERRUPTED.replace("interrupted", "stopped by SIGTERM"), output
+    _, alive = psutil.wait_procs(build.workers, timeout=30)
+    assert not alive, f"dask worker processes outlived the stopped build: {alive}"
+    resumed = Build(job, tmp_path / "out", tmp_path / "work")
+    again = resumed.finish()
+    assert resumed.proc.returncode == 0, again
+    assert dataset_hash(again) == committed["dataset_hash"], again
+
+
 def test_local_cluster_workers_block_sigint_and_packer_does_not(python_sigint: None) -> None:
     """The mechanism: the worker processes start with SIGINT blocked (a terminal's Ctrl-C never
     reaches them), while packer's main thread still takes it as KeyboardInterrupt, which closes
@@ -226,8 +255,8 @@ def test_local_cluster_workers_block_sigint_and_packer_does_not(python_sigint: N
     with pytest.raises(KeyboardInterrupt), open_executor(None, 2) as executor:
         assert executor.client is not None
         masks = executor.client.run(lambda: sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-        assert len(masks) == 2 and all(signal.SIGINT in mask for mask in masks.values()), masks
-        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert len(masks) == 2 and all({signal.SIGINT, signal.SIGTERM} <= set(mask) for mask in masks.values()), masks
+        assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
         client = executor.client
         signal.raise_signal(signal.SIGINT)
     assert executor.interrupted

@@ -120,6 +120,7 @@ def exits(fn: F) -> F:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         forget_jobs()  # the roots of the job this command loads, not of one an earlier command in-process loaded
+        interrupted: list[int] = []  # the signals that stopped the command (bound again below)
         try:
             with _noted_interrupts() as interrupted, called_from(COMMAND_LINE):  # messages name its flags
                 result = fn(*args, **kwargs)
@@ -133,8 +134,10 @@ def exits(fn: F) -> F:
             from packer.storage import cancel_remote_requests
 
             cancel_remote_requests()  # a request in flight on fsspec's loop would print a traceback at exit
-            click.echo(f"\npacker: interrupted{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
-            sys.exit(130)  # 128 + SIGINT, as shells report it
+            stopped_by = "stopped by SIGTERM" if signal.SIGTERM in interrupted else "interrupted"
+            click.echo(f"\npacker: {stopped_by}{INTERRUPTED_HINTS.get(fn.__name__, '')}", err=True)
+            # 128 + the signal, as shells report it: 130 for Ctrl-C, 143 for SIGTERM
+            sys.exit(128 + (signal.SIGTERM if signal.SIGTERM in interrupted else signal.SIGINT))
         except (click.exceptions.Exit, click.ClickException):
             raise
         except BrokenPipeError:
@@ -156,36 +159,58 @@ def exits(fn: F) -> F:
 
 @contextlib.contextmanager
 def _noted_interrupts() -> Iterator[list[int]]:
-    """Ctrl-C raises KeyboardInterrupt as usual, and is noted in the yielded list.
+    """Ctrl-C raises KeyboardInterrupt as usual, and is noted in the yielded list; so does SIGTERM
+    (``kill PID``, a batch scheduler's preemption, ``docker stop``), which Python's default would
+    let end the process at once, with no line, dask's workers and semaphores left to clean-up
+    warnings: it goes to whatever handles Ctrl-C at that moment (the dask cluster holds one that
+    lands while it starts or stops), so the command ends the way an interrupted one does.
 
     Python cannot raise an exception out of a weakref callback or a ``__del__``: a Ctrl-C that
     lands in one (dask's objects run many as they are collected) is printed as "Exception ignored
     in ...: KeyboardInterrupt" and the command goes on as if it had not come. Noted, the command
     still ends as interrupted, and it is not printed (``sys.unraisablehook``; any other unraisable
-    error still is). Off the main thread, or when SIGINT is not handled from Python (ignored, say),
-    nothing changes."""
+    error still is). Off the main thread nothing changes; when SIGINT is not handled from Python
+    (a background job's is ignored), Ctrl-C stays as it is and SIGTERM raises KeyboardInterrupt
+    itself; a SIGTERM handler someone else installed (or SIG_IGN) is left alone."""
     noted: list[int] = []
-    handler = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+    if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    python_handler = handler
+    handler = signal.getsignal(signal.SIGINT)
+    sigint_handler = handler if callable(handler) else None
+    sigterm_default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     print_unraisable = sys.unraisablehook
 
     def note(signum: int, frame: FrameType | None) -> Any:
         noted.append(signum)
-        return python_handler(signum, frame)
+        assert sigint_handler is not None
+        return sigint_handler(signum, frame)
+
+    def terminate(signum: int, frame: FrameType | None) -> Any:
+        noted.append(signum)
+        current = signal.getsignal(signal.SIGINT)  # the cluster's, while it starts or runs
+        if callable(current) and current is not note:
+            return current(signal.SIGINT, frame)
+        if sigint_handler is not None:
+            return sigint_handler(signal.SIGINT, frame)
+        raise KeyboardInterrupt
 
     def unless_noted(unraisable: Any) -> None:
         if not (noted and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             print_unraisable(unraisable)
 
-    signal.signal(signal.SIGINT, note)
+    if sigint_handler is not None:
+        signal.signal(signal.SIGINT, note)
+    if sigterm_default:
+        signal.signal(signal.SIGTERM, terminate)
     sys.unraisablehook = unless_noted
     try:
         yield noted
     finally:
-        signal.signal(signal.SIGINT, python_handler)
+        if sigint_handler is not None:
+            signal.signal(signal.SIGINT, sigint_handler)
+        if sigterm_default:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sys.unraisablehook = print_unraisable
 
 

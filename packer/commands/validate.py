@@ -49,7 +49,7 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     \b
     Exit codes: 0 clean · 2 usage/config error · 3 bad fraction over validate.max_bad_fraction
     · 4 leakage found · 6 the --json/--junit file could not be written (disk full or read-only)
-    · 7 the dask scheduler was lost (--scheduler) · 130 interrupted (Ctrl-C)
+    · 7 the dask scheduler was lost (--scheduler) · 130 interrupted (Ctrl-C) · 143 stopped by SIGTERM
     · 141 the output's reader went away (| head): stopped there · 1 internal error.
     """
     from packer.api import validate

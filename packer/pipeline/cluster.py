@@ -504,7 +504,7 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
         # fixed glibc thresholds (packer.allocator), on this cluster and on any other
         with _held_interrupts() as starting:
             try:
-                cluster = _call_sigint_blocked(lambda: LocalCluster(
+                cluster = _call_interrupts_blocked(lambda: LocalCluster(
                     n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                     silence_logs=log_level))
             except RuntimeError as err:
@@ -696,12 +696,16 @@ def check_scheduler(scheduler: str | None) -> None:
 # restart ("Nanny failed to start"), and a Ctrl-C that reached packer while LocalCluster() was
 # still starting left a half-built cluster to dask's atexit hook (AssertionError: Status.init):
 # dozens of lines over packer's own one. So:
-# - the worker processes never act on SIGINT (_call_sigint_blocked): the cluster is started from a
-#   thread that blocks it, the threads dask starts from there (its IO loop, and each nanny's
+# - the worker processes never act on SIGINT, nor on a SIGTERM sent to the whole group (as a batch
+#   scheduler's cancel does: a worker that took it while starting made dask report "Nanny failed
+#   to start") (_call_interrupts_blocked): the cluster is started from a thread that blocks both,
+#   the threads dask starts from there (its IO loop, and each nanny's
 #   process watcher, which spawns the worker process) inherit the blocked mask, and a spawned
 #   process keeps the mask across fork and exec (POSIX), before Python even starts in it; CPython's
 #   multiprocessing.resource_tracker shields its own process the same way. Packer's client alone
-#   takes the Ctrl-C and closes the cluster, which stops the workers as at the end of any build;
+#   takes the Ctrl-C (or SIGTERM: packer.commands relays it to the Ctrl-C handler) and closes the
+#   cluster, which stops the workers as at the end of any build (a message from their nanny, and
+#   SIGKILL if they do not stop in time);
 # - while the cluster starts or stops, a Ctrl-C is held and acted on once it is up or down
 #   (_held_interrupts), so it is never left half-made; a second Ctrl-C acts at once, as in dask's
 #   own `dask worker` (distributed._signals);
@@ -806,9 +810,9 @@ def _noted_interrupts(executor: Executor) -> Iterator[None]:
         signal.signal(signal.SIGINT, handler)
 
 
-def _call_sigint_blocked(start: Callable[[], T]) -> T:
-    """``start()`` in a thread that blocks SIGINT, waited for here: every thread it starts, and
-    every process those threads spawn, blocks SIGINT from birth (see the note above)."""
+def _call_interrupts_blocked(start: Callable[[], T]) -> T:
+    """``start()`` in a thread that blocks SIGINT and SIGTERM, waited for here: every thread it
+    starts, and every process those threads spawn, blocks them from birth (see the note above)."""
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX: no signal masks to inherit
         return start()
     from multiprocessing import resource_tracker
@@ -827,7 +831,7 @@ def _call_sigint_blocked(start: Callable[[], T]) -> T:
     # by then and the mask stays.
     resource_tracker.ensure_running()
     thread = threading.Thread(target=run, name="packer: start dask cluster", daemon=True)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         thread.start()  # a new thread starts with its creator's signal mask
     finally:
