@@ -260,6 +260,72 @@ def test_crop_keeps_the_centre(tmp_path: Path) -> None:
     assert (sample.image > 0).all()
 
 
+def test_a_crop_of_a_long_strip_is_computed_at_the_output_pixels_only(tmp_path: Path) -> None:
+    """A 1×600000 strip cropped to 256×256 scales to 256 × 153,600,000 pixels (39 GB of float32):
+    it is sampled at the output pixels instead, in a few MB, with the geometry a full resize
+    has: scale 256, the output's 256 columns the centre 256 of the scaled 153,600,000, over
+    which bilinear interpolation goes from source pixel 299999 (40) to 300000 (200): output column
+    x reads source 299999 + (x + 0.5)/256."""
+    import tracemalloc
+
+    strip = np.zeros((1, 600_000, 3), np.uint8)
+    strip[0, :300_000] = 40
+    strip[0, 300_000:] = 200
+    tracemalloc.start()
+    try:
+        [sample] = read_ok(write_png(tmp_path / "strip.png", strip), ImageTransformConfig(size=(256, 256),
+                                                                                        resize="crop"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert (sample.image == sample.image[:, :1]).all()  # one source row: every output row alike
+    np.testing.assert_allclose(sample.image[0, 0], 40 + 160 * (np.arange(256) + 0.5) / 256, atol=1)
+
+
+@pytest.mark.parametrize("interpolation", ["auto", "nearest"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_crop_sampled_at_the_output_pixels_is_a_full_resize_and_cut(
+        interpolation: str, dtype: type, data: st.DataObject) -> None:
+    """The sampled crop (taken past CROP_SAMPLED_PIXELS) against the crop cv2.resize makes: within
+    1 of uint8 values by bilinear interpolation, the same source pixels by nearest but where a
+    pixel centre falls exactly on a source pixel edge (a tie OpenCV's arithmetic breaks the other
+    way), for strips long along either axis, one or three channels."""
+    from packer.transform import resize
+
+    short, long = data.draw(st.integers(1, 5)), data.draw(st.integers(100, 1500))
+    shape = (short, long) if data.draw(st.booleans()) else (long, short)
+    size = (data.draw(st.integers(4, 48)), data.draw(st.integers(4, 48)))
+    (new_h, new_w), _ = resize.resize_plan(shape, size, "crop")
+    channels = data.draw(st.sampled_from([1, 3]))
+    image = np.random.default_rng(data.draw(st.integers(0, 99))).integers(0, 256, (*shape, channels)).astype(dtype)
+    if new_h * new_w <= image.shape[0] * image.shape[1]:
+        return  # a crop that scales down: never sampled
+    full = resize_image(image, size, "crop", interpolation=interpolation)
+    threshold = resize.CROP_SAMPLED_PIXELS
+    assert new_h * new_w <= threshold  # so `full` is cv2.resize's
+    resize.CROP_SAMPLED_PIXELS = 0
+    try:
+        sampled = resize_image(image, size, "crop", interpolation=interpolation)
+    finally:
+        resize.CROP_SAMPLED_PIXELS = threshold
+    assert sampled.shape == full.shape == (*size, channels) and sampled.dtype == full.dtype
+    if interpolation == "auto":
+        np.testing.assert_allclose(sampled.astype(np.float64), full.astype(np.float64), atol=1.0 if dtype is np.uint8
+                                   else 0.01)
+        return
+    # an output pixel whose centre, (j + 0.5) · source/scaled, lands exactly on a source pixel edge
+    on_edge = np.zeros(size, bool)
+    for axis, (n_src, n_scaled, n_out) in enumerate(zip(shape, (new_h, new_w), size, strict=True)):
+        j = np.arange(n_out) + (n_scaled - n_out) // 2
+        tie = (2 * j + 1) * n_src % (2 * n_scaled) == 0
+        on_edge |= tie[:, None] if axis == 0 else tie[None, :]
+    differs = (sampled != full).any(axis=2)
+    assert not (differs & ~on_edge).any(), "a nearest pick differs off an exact pixel edge"
+
+
 # --- tiles ------------------------------------------------------------------------------------
 
 def test_tile_origins_are_full_tiles_row_major() -> None:

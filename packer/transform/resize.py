@@ -61,6 +61,8 @@ def resize_image(image: np.ndarray, size: tuple[int, int], policy: str = "stretc
         raise ValueError(f"resize_image expects H×W×C, got shape {image.shape}")
     height, width = size
     (new_h, new_w), (top, left) = resize_plan(image.shape[:2], size, policy)
+    if policy == "crop" and new_h * new_w > max(CROP_SAMPLED_PIXELS, image.shape[0] * image.shape[1]):
+        return _crop_sampled(image, (new_h, new_w), (top, left), size, interpolation)
     scaled = _scale(image, new_h, new_w, interpolation)
     if policy == "stretch":
         return scaled
@@ -69,6 +71,16 @@ def resize_image(image: np.ndarray, size: tuple[int, int], policy: str = "stretc
         out[top:top + new_h, left:left + new_w] = scaled
         return out
     return np.ascontiguousarray(scaled[-top:-top + height, -left:-left + width])
+
+
+#: ``crop`` scales the whole image before it cuts the centre, as cv2.resize can only; an image
+#: whose aspect is far from the target's (a 1×600000 strip cropped to 256×256 scales to 256 ×
+#: 153,600,000 pixels, 39 GB of float32 for one channel) is instead sampled at the output pixels
+#: alone (:func:`_crop_sampled`) once the scaled grid would hold more pixels than this (256 MiB of
+#: float32 a channel) and more than the source (a crop that scales down stays within the source's
+#: size, which ``limits.max_pixels`` bounds). Decided by pixels, not bytes, so an image and its
+#: mask take the same path. Every crop under it is cv2.resize's, byte for byte, as before.
+CROP_SAMPLED_PIXELS = 2**26
 
 
 def resize_plan(src_hw: tuple[int, ...], size: tuple[int, int], policy: str
@@ -87,3 +99,34 @@ def resize_plan(src_hw: tuple[int, ...], size: tuple[int, int], policy: str
     scale = max(height / src_h, width / src_w)
     new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
     return (new_h, new_w), (-((new_h - height) // 2), -((new_w - width) // 2))
+
+
+def _crop_sampled(image: np.ndarray, scaled: tuple[int, int], offset: tuple[int, int], size: tuple[int, int],
+                  interpolation: str) -> np.ndarray:
+    """The ``crop`` of ``image`` scaled to ``scaled`` and cut at ``offset`` (<= 0) to ``size``,
+    computed at the output pixels only: each takes the source point under its centre in the
+    scaled grid, ``(j + 0.5) · source/scaled − 0.5``, as cv2.resize maps it, by bilinear
+    interpolation with edges repeated (``cv2.remap``, whose 1/32-pixel coordinate steps put it
+    within 1 of cv2.resize's uint8 values) or the source pixel under it (``nearest``:
+    ``floor((j + 0.5) · source/scaled)``, INTER_NEAREST_EXACT's rule; OpenCV's own arithmetic
+    picks the pixel before where a centre falls exactly on a pixel edge, about one row or column
+    in seven thousand). The caller comes here only when the crop scales the image up, so LINEAR is
+    the filter cv2.resize would have used."""
+    axes, spans = [], []
+    for n_src, n_scaled, cut, n_out in zip(image.shape[:2], scaled, offset, size, strict=True):
+        centres = (np.arange(n_out, dtype=np.float64) - cut + 0.5) * (n_src / n_scaled)
+        if interpolation == "nearest":
+            axes.append(np.minimum(np.floor(centres), n_src - 1).astype(np.intp))
+            continue
+        # the source span the output reads (cv2.remap takes at most 32767 pixels a side), edges kept
+        first = max(0, int(np.floor(centres[0] - 0.5)) - 1)
+        spans.append(slice(first, min(n_src, int(np.ceil(centres[-1] - 0.5)) + 2)))
+        axes.append((centres - 0.5 - first).astype(np.float32))
+    rows, cols = axes
+    if interpolation == "nearest":
+        return np.ascontiguousarray(image[rows[:, None], cols[None, :]])
+    out = cv2.remap(np.ascontiguousarray(image[spans[0], spans[1]]),
+                    np.ascontiguousarray(np.broadcast_to(cols[None, :], size)),
+                    np.ascontiguousarray(np.broadcast_to(rows[:, None], size)), cv2.INTER_LINEAR,
+                    borderMode=cv2.BORDER_REPLICATE)
+    return out[:, :, None] if out.ndim == 2 else out
