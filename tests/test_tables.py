@@ -365,6 +365,19 @@ def test_a_table_names_a_file_whose_name_is_spelled_in_another_unicode_form(tmp_
     assert all(r.label == "x" for r in found.refs) and found.issues == []
 
 
+def test_a_file_whose_name_starts_or_ends_with_a_space_is_named_by_its_cell_as_written(tmp_path: Path) -> None:
+    """Cells are trimmed (exports pad them: ``a.png, x``), but where only the cell as written names
+    a file (' lead.png' on disk), it is that file: the trimmed cell was a missing_file for a name
+    the row does not hold and the file a missing_label no row could ever fix. A padded cell
+    naming a file without the spaces still names that one."""
+    _files(tmp_path / "raw", [" lead.png", "trail .png", "plain.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,label,entity",
+         ['" lead.png",a,E1', '"trail .png",b,E2', '" plain.png ",c,E3'])
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/t.csv"})))
+    assert found.issues == []
+    assert {r.relpath: r.label for r in found.refs} == {" lead.png": "a", "trail .png": "b", "plain.png": "c"}
+
+
 def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:
     found = discover(load_job(_nih(tmp_path, extra_file="images_009/images/00000002_000.png")))
     ambiguous = sorted((i.path.split("/nih/")[1], i.reason) for i in found.issues)

@@ -610,9 +610,10 @@ def _column_fixes(source: SourceConfig) -> dict[str, str]:
 # -- placing -------------------------------------------------------------------------------------
 
 
-def _rebase(cell: str, table: TableConfig, root: Path | str) -> str:
-    """A table cell's path relative to the root (it is written relative to ``path_base``)."""
-    text = posixpath.normpath(cell.strip().replace("\\", "/"))
+def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = True) -> str:
+    """A table cell's path relative to the root (it is written relative to ``path_base``); spaces
+    around the cell are dropped (``strip``), as exports pad cells."""
+    text = posixpath.normpath((cell.strip() if strip else cell).replace("\\", "/"))
     if table.path_base is None:
         top = os.fspath(root)
         if "://" in top or not (posixpath.isabs(text) or text.startswith("../")):
@@ -806,7 +807,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                           f"files under {source.root}; check that it is the whole table")
     for number, record in records.records:
         try:
-            cell = _cell_of(table, record).strip()
+            written = _cell_of(table, record)
+            cell = written.strip()
         except ValueError as err:
             said = "a cell does not fit its format spec" if hide_paths else str(err)
             raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r}: {said}; fix the "
@@ -830,6 +832,9 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             rel = found[0] if found else _rebase(cell, table, source.root)
         else:
             rel = _rebase(cell, table, source.root)
+        if rel not in listed_set and written != cell:  # a file whose name starts or ends with a space
+            exact = _rebase(written, table, source.root, strip=False)
+            rel = exact if exact in listed_set else rel
         if rel not in listed_set and not rel.isascii():
             rel = spelled(rel)
         if number in records.dropped:
