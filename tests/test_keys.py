@@ -169,3 +169,32 @@ def test_a_keys_source_is_read_from_its_file_id_whatever_its_suffix() -> None:
     assert key_source("my-site-0123456789abcdef-f0003") == "my-site"  # a source name with a dash
     assert key_source("photos-0123456789abcdef-dup1-p00002") == "photos"
     assert key_source("not a packer key") is None
+
+
+def test_locate_prints_a_path_with_a_tab_or_line_break_quoted_and_as_it_is_under_z(tmp_path: Path) -> None:
+    """One line per key, one tab per line, whatever the file is called: a path with a tab or a
+    line break (legal in a Linux file name) is printed as a JSON string; -z prints it as it is,
+    each record ended by NUL. Before, such a path split its key's line or added a tab."""
+    import json
+
+    raw = tmp_path / "raw" / "cat"
+    raw.mkdir(parents=True)
+    for n, name in enumerate(["new\nline.png", "tab\tx.png", '"quoted.png', "plain.png"]):
+        cv2.imwrite(str(raw / name), _texture(n, 32, 32))
+    doc = {"name": "odd", "sources": [{"kind": "image", "root": str(tmp_path / "raw"), "label": "folder"}],
+           "split": {"by": "entity", "seed": 1}, "transform": {"image": {"size": [32, 32]}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    job = write_job(tmp_path, doc)
+    keys = _reader_keys(job)
+    assert len(keys) == 4
+    result = CliRunner().invoke(main, ["locate", str(job), *keys])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 4 and all(line.count("\t") == 1 for line in lines), lines
+    shown = dict(line.split("\t") for line in lines)
+    found = {key: json.loads(path) if path.startswith('"') else path for key, path in shown.items()}
+    assert found == keys
+    assert shown[next(k for k, p in keys.items() if p.endswith("plain.png"))] == str(raw / "plain.png")
+    nul = CliRunner().invoke(main, ["locate", "-z", str(job), *keys])
+    assert nul.exit_code == 0, nul.output
+    assert dict(record.split("\t", 1) for record in nul.output.split("\0")[:-1]) == keys

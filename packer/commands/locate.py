@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -15,9 +16,16 @@ from packer.errors import ConfigError
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="Option for the store of sources given as URLs (repeatable).")
+@click.option("-z", "--null", "null", is_flag=True,
+              help="End each KEY<TAB>PATH record with a NUL byte instead of a newline, paths as they are "
+                   "(for xargs -0 and scripts; as find -print0, git -z).")
 @exits
-def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, ...]) -> None:
+def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, ...], null: bool) -> None:
     """Print the raw file behind each sample KEY of JOB, one "KEY<TAB>PATH" line per key.
+
+    A path holding a tab, a line break or another control character (or starting with a double
+    quote) is printed quoted, as a JSON string ("new\\nline.png"), so every line stays one key
+    and one path; -z prints paths as they are, each record ended by a NUL byte.
 
     A pseudonymized dataset, its leakage audit (leakage.json, validate --json/--junit) and its
     report name samples by key, never by path. This lists JOB's sources again and makes each
@@ -39,10 +47,22 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     found = locate_samples(loaded, keys, pseudonymizer_for(loaded.phi, loaded.job_path),
                            storage_options=parse_storage_options(storage_option))
     for key, path in found.items():
-        if path is not None:
-            click.echo(f"{key}\t{path}")
+        if path is None:
+            continue
+        if null:
+            click.echo(f"{key}\t{path}\0", nl=False)
+        else:
+            click.echo(f"{key}\t{_one_line(str(path))}")
     missing = [key for key, path in found.items() if path is None]
     if missing:
         raise ConfigError(f"{', '.join(missing)}: no file of {job} makes this sample key; it is another job's "
                           "sample, or the dataset was built with another PHI key (packer inspect shows a version's "
                           "key fingerprint)")
+
+
+def _one_line(path: str) -> str:
+    """``path``, or where it holds a control character (a tab or line break would split its
+    line) or starts with a double quote, the JSON string of it (quoted, escaped, non-ASCII kept)."""
+    if path.startswith('"') or any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return json.dumps(path, ensure_ascii=False)
+    return path
