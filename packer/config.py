@@ -895,8 +895,11 @@ def _root_segment(root: Path | str) -> str:
 
 def _default_name(root: Path | str) -> str:
     """A source's name where the job gives none: its root's last segment, other characters than
-    letters, digits, ``_`` and ``-`` made ``_``."""
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root))
+    letters, digits, ``_`` and ``-`` made ``_``, and what then comes before its first letter or
+    digit dropped, so it follows the rule a written ``name:`` follows (a root ``-scans`` gave keys
+    starting with ``-``, which ``packer locate`` took for an option; ``ü.x`` gave ``_x``). Empty
+    where the segment holds no ASCII letter or digit (the caller names it ``source<N>`` then)."""
+    return re.sub(r"^[_-]+", "", re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root)))
 
 
 #: The longest source name (``sources[].name``'s maxLength in the schema): it starts every sample

@@ -410,6 +410,21 @@ def test_a_source_name_too_long_for_a_tar_member_is_a_config_error(tmp_path: Pat
         load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "root": long_root}]}))
 
 
+@pytest.mark.parametrize(("root", "name"), [("-scans", "scans"), ("ü.x", "x"), ("__CT 2024", "CT_2024"),
+                                             ("ct-raw", "ct-raw"), ("ü", "source0")])
+def test_a_name_taken_from_the_root_folder_follows_the_rule_a_written_name_follows(
+        tmp_path: Path, root: str, name: str) -> None:
+    """A written name matches ^[A-Za-z0-9][A-Za-z0-9_-]*$; one taken from the root did not: a root
+    '-scans' made keys starting with '-' (packer locate took one for an option) and 'ü.x' the
+    source '_x', whose keys started 'x-'."""
+    import re
+
+    source = {"kind": "image", "root": root, "label": "folder"}
+    job = load_job(write_job(tmp_path, {**MINIMAL, "sources": [source]}))
+    assert job.sources[0].name == name
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", job.sources[0].name)
+
+
 def test_the_longest_source_name_gives_member_names_a_ustar_header_holds() -> None:
     import tarfile
 
