@@ -396,6 +396,13 @@ def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_byt
     issue = found.issues[0]
     json.dumps(issue.to_json(), ensure_ascii=False).encode("utf-8")  # writable as bad_samples.jsonl is
     assert "the file name 'caf\\xe9.png' is not valid UTF-8" in issue.message and "rename" in issue.message
+    # a file whose valid name is that escaped text, with a real backslash, is another sample
+    (tmp_path / "raw" / "caf\\xe9.png").write_bytes(b"\x89PNG fake")
+    found_too = discover(load_job(job_path))
+    assert sorted(r.relpath for r in found_too.refs) == ["a.png", "caf\\xe9.png"]
+    (unreadable,) = [i for i in found_too.issues if i.reason == "unreadable"]
+    assert unreadable.sample_id not in {r.sample_id for r in found_too.refs}
+    (tmp_path / "raw" / "caf\\xe9.png").unlink()
     # a files: table source: no table row can name it, so it is not in the table, never bad
     doc = yaml.safe_load(job_path.read_text())
     doc["sources"][0]["table"] = {"file": "raw/labels.csv", "files": "table"}

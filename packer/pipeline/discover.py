@@ -304,7 +304,8 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
     """The listed files whose names are text, and one ``unreadable`` record per file whose name
     is not valid UTF-8 (a Latin-1 name copied from an old export): such a name cannot be hashed,
     tabled or written into any record, so it is named with its bad bytes escaped (``caf\\xe9.png``)
-    rather than crash the job. On a ``files: table`` source no (UTF-8) table row can name such a
+    rather than crash the job (its sample id is hashed apart from that text's, which another
+    file may bear). On a ``files: table`` source no (UTF-8) table row can name such a
     file, so it is *not in the table*, left out like any other file the table does not name."""
     kept, issues, excluded = [], [], []
     only_table = source.table_map is not None and source.table_map.files == "table"
@@ -313,7 +314,9 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
             rel.encode("utf-8")
         except UnicodeEncodeError:
             shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            sample_id = make_sample_id(source.name, shown, phi)
+            # hashed with a NUL no file name holds: the escaped text alone is also the name of a
+            # file spelled with a real backslash ('caf\\xe9.png'), whose sample would share the id
+            sample_id = make_sample_id(source.name, "\0" + shown, phi)
             named = os.fsencode(path).decode("utf-8", "backslashreplace")
             if only_table:
                 excluded.append(Excluded(sample_id, named, "discover", "not_in_table",
