@@ -263,6 +263,21 @@ def test_links_inside_the_root_and_a_linked_root_stay_in_while_linked_folders_ar
     assert [r.relpath for r in found.refs] == ["a.png", "alias.png"] and found.issues == []
 
 
+def test_a_link_into_a_hidden_folder_of_the_root_lists_its_files_at_the_links_paths(tmp_path: Path) -> None:
+    """raw/cat -> raw/.store/cat, as caches and annexes lay files out: the walk skips hidden
+    folders and did not enter folder links inside the root ("listed at their own paths"), so the
+    files were in no listing, no record, nowhere. They are listed at the link's paths, each such
+    folder once, even through a loop of links."""
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "cat/x.png,cat,S2,", "cat/deep/y.png,cat,S3,"],
+                         ["a.png", ".store/cat/x.png", ".store/cat/deep/y.png"])
+    root = tmp_path / "raw"
+    (root / "cat").symlink_to(".store/cat", target_is_directory=True)
+    (root / ".store" / "cat" / "deep" / "up").symlink_to("..", target_is_directory=True)  # a loop
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png", "cat/deep/y.png", "cat/x.png"]
+    assert [r.label for r in found.refs] == ["cat"] * 3 and found.issues == []
+
+
 def test_with_outside_root_allowed_a_link_back_up_the_tree_lists_each_file_once(tmp_path: Path) -> None:
     # a/loop -> .. : followed, it was walked lap after lap until the path got too long, and
     # every file became ~40 samples (a/loop/a/loop/.../x.png), each without a label row

@@ -75,7 +75,9 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     counts the files found, folder by folder. With ``follow_links`` each real folder is walked
     once, the first way the walk reaches it (real subfolders before links, at each level): a link
     back to a folder above it (``a/loop -> ..``) is not walked again and again until the path
-    gets too long, listing every file once per lap. A folder that cannot be listed (no read or
+    gets too long, listing every file once per lap. Without ``follow_links``, a link to a folder
+    under a hidden folder of the root is walked all the same, its files listed at the link's
+    paths (they are nowhere else; each such folder once). A folder that cannot be listed (no read or
     execute permission) goes into ``unlisted`` as (its relative path, why), where given: its files
     are not silently missing."""
     top = os.fspath(root)
@@ -87,20 +89,44 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
             rel = os.path.relpath(os.fspath(err.filename), top).replace(os.sep, "/")
             unlisted.append((rel, err.strerror or str(err)))
 
-    for folder, dirs, files in os.walk(top, followlinks=follow_links, onerror=refused):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if follow_links:
-            dirs[:] = _first_visits(folder, dirs, walked)
-        prefix = os.path.relpath(folder, top).replace(os.sep, "/")
-        prefix = "" if prefix == "." else prefix + "/"
-        before = len(found)
-        found.extend(prefix + name for name in files if not name.startswith("."))
-        if progress is not None:
-            progress.update(len(found) - before)
-        if links is not None and not follow_links:
-            links.extend(prefix + d for d in dirs if os.path.islink(os.path.join(folder, d)))
+    real_top = os.path.realpath(top)
+    pending, entered = [top], {real_top}
+    while pending:
+        for folder, dirs, files in os.walk(pending.pop(), followlinks=follow_links, onerror=refused):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            if follow_links:
+                dirs[:] = _first_visits(folder, dirs, walked)
+            prefix = os.path.relpath(folder, top).replace(os.sep, "/")
+            prefix = "" if prefix == "." else prefix + "/"
+            before = len(found)
+            found.extend(prefix + name for name in files if not name.startswith("."))
+            if progress is not None:
+                progress.update(len(found) - before)
+            if follow_links:
+                continue
+            for d in dirs:
+                path = os.path.join(folder, d)
+                if not os.path.islink(path):
+                    continue
+                target = os.path.realpath(path)
+                if _hidden_inside(target, real_top) and target not in entered:
+                    # a link into a hidden folder of the root (raw/cat -> raw/.store/cat, as caches
+                    # and annexes lay files out): the walk never lists those files at their own
+                    # paths, so they are listed at the link's
+                    entered.add(target)
+                    pending.append(path)
+                elif links is not None:
+                    links.append(prefix + d)
     found.sort()
     return found
+
+
+def _hidden_inside(target: str, root: str) -> bool:
+    """Whether the real path ``target`` lies inside the real folder ``root`` under a hidden
+    folder (a relative path with a part starting with a dot), which the walk does not enter."""
+    rel = os.path.relpath(target, root)
+    parts = rel.split(os.sep)
+    return rel != "." and parts[0] != ".." and any(part.startswith(".") for part in parts)
 
 
 def _first_visits(folder: str, dirs: list[str], walked: set[tuple[int, int]]) -> list[str]:
