@@ -278,6 +278,22 @@ def test_a_link_into_a_hidden_folder_of_the_root_lists_its_files_at_the_links_pa
     assert [r.label for r in found.refs] == ["cat"] * 3 and found.issues == []
 
 
+def test_absolute_cells_name_their_files_when_the_root_is_named_through_a_link(tmp_path: Path) -> None:
+    """root: raw where raw -> real (as /data -> /mnt/nfs/data often is), and a table made by a glob
+    of the root as the job names it: '<dir>/raw/a.png'. The root's path is resolved (real), so
+    each such row was outside_root and its file a missing_label; every row so written stopped
+    the build. A link to a file inside the root is still a file of its own."""
+    job_path = make_tree(tmp_path, [], ["a.png"])
+    (tmp_path / "raw").rename(tmp_path / "real")
+    (tmp_path / "raw").symlink_to("real", target_is_directory=True)
+    (tmp_path / "real" / "alias.png").symlink_to("a.png")
+    (tmp_path / "real" / "labels.csv").write_text(
+        f"path,label,entity,timestamp\n{tmp_path}/raw/a.png,cat,S1,\n{tmp_path}/raw/alias.png,dog,S2,\n")
+    found = discover(load_job(job_path))
+    assert found.issues == []
+    assert [(r.relpath, r.label) for r in found.refs] == [("a.png", "cat"), ("alias.png", "dog")]
+
+
 def test_with_outside_root_allowed_a_link_back_up_the_tree_lists_each_file_once(tmp_path: Path) -> None:
     # a/loop -> .. : followed, it was walked lap after lap until the path got too long, and
     # every file became ~40 samples (a/loop/a/loop/.../x.png), each without a label row

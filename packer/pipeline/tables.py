@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import functools
 import gzip
 import io
 import itertools
@@ -610,6 +611,14 @@ def _column_fixes(source: SourceConfig) -> dict[str, str]:
 # -- placing -------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
+def _real_folder(folder: str) -> str | None:
+    """``folder`` with every link on its way resolved (the file's own name is not: a link to a
+    file inside the root is a file of its own), or None where it is no folder here. Cached for
+    the rows of one table (:func:`place_rows` clears it)."""
+    return os.path.realpath(folder).replace(os.sep, "/") if os.path.isdir(folder) else None
+
+
 def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = True) -> str:
     """A table cell's path relative to the root (it is written relative to ``path_base``); spaces
     around the cell are dropped (``strip``), as exports pad cells."""
@@ -621,7 +630,16 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
         # an absolute path (a table made by a glob), or one that leaves and re-enters the root:
         # relative to the root where it lies under it (else it still starts with ../: outside_root)
         top = posixpath.normpath(top.replace(os.sep, "/"))
-        return posixpath.relpath(posixpath.normpath(posixpath.join(top, text)), top)
+        rel = posixpath.relpath(posixpath.normpath(posixpath.join(top, text)), top)
+        if rel.startswith("../") and posixpath.isabs(text):
+            # the root as the job names it may pass through a link (raw -> real, /data -> /mnt/...),
+            # which the root's own path has resolved: the cell's folder, resolved the same way
+            folder, name = posixpath.split(text)
+            real = _real_folder(folder)
+            if real is not None:
+                inside = posixpath.relpath(posixpath.join(real, name), top)
+                rel = rel if inside.startswith("../") else inside
+        return rel
     base, top = os.fspath(table.path_base), os.fspath(root)
     if "://" in top:  # a URL root: compare the paths after the protocol
         base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
@@ -794,6 +812,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     paths, whose folders may carry a patient's name."""
     table = source.table_map
     assert table is not None
+    _real_folder.cache_clear()  # folders resolved as they are now, not as an earlier job found them
     names = NameIndex(listed) if table.find == "name" else None
     listed_set = set(listed)
     placed = Placed()
