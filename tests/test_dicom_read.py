@@ -479,6 +479,20 @@ def test_a_frame_cut_short_that_the_decoder_fills_in_is_truncated(tmp_path: Path
     assert "frame 0 lacks its end marker (FFD9); copy the file again" in found.message
 
 
+def _relabelled(path: Path, syntax: str) -> Path:
+    """The Explicit VR Little Endian file at ``path`` with its file meta's Transfer Syntax UID
+    made ``syntax`` (and the group length to match), its data set as it was: pydicom writes no
+    syntax it does not know, nor native pixels under a compressed one."""
+    data = path.read_bytes()
+    native = b"1.2.840.10008.1.2.1\0"  # Explicit VR Little Endian, 20 bytes in the file meta
+    assert data.count(native) == 1 and data[132:140] == b"\x02\x00\x00\x00UL\x04\x00"
+    uid = syntax.encode() + (b"\0" if len(syntax) % 2 else b"")
+    group_length = struct.unpack_from("<I", data, 140)[0] + len(uid) - len(native)
+    head = data[:data.index(native)].replace(b"\x10\x00UI\x14\x00", b"\x10\x00UI" + struct.pack("<H", len(uid)))
+    path.write_bytes(head[:140] + struct.pack("<I", group_length) + head[144:] + uid + data[data.index(native) + 20:])
+    return path
+
+
 @pytest.mark.parametrize("syntax", [JPEG2000Lossless, RLELossless, "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.50"])
 def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_truncated(tmp_path: Path,
                                                                                      syntax: str) -> None:
@@ -486,15 +500,7 @@ def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_trunca
     broken converter): its Pixel Data holds raw pixels, not the items an encapsulated syntax
     requires. Nothing is cut short, so 'truncated, copy it again' is the wrong verdict and the
     wrong fix: it is decode_failed, naming the element, what it starts with and the syntax."""
-    path = save(ct_dataset(ct_pixels((16, 16))), tmp_path / "relabelled.dcm")
-    data = path.read_bytes()
-    native = b"1.2.840.10008.1.2.1\0"  # Explicit VR Little Endian, 20 bytes in the file meta
-    assert data.count(native) == 1
-    uid = syntax.encode() + (b"\0" if len(syntax) % 2 else b"")
-    group_length = struct.unpack_from("<I", data, 140)[0] + len(uid) - len(native)
-    head = data[:data.index(native)].replace(b"\x10\x00UI\x14\x00", b"\x10\x00UI" + struct.pack("<H", len(uid)))
-    relabelled = head[:140] + struct.pack("<I", group_length) + head[144:] + uid + data[data.index(native) + 20:]
-    path.write_bytes(relabelled)
+    path = _relabelled(save(ct_dataset(ct_pixels((16, 16))), tmp_path / "relabelled.dcm"), syntax)
     assert str(pydicom.dcmread(path).file_meta.TransferSyntaxUID) == syntax
     found = issue_of(read(path), "decode_failed", "read")
     assert "relabelled.dcm" in found.message and "(7FE0,0010)" in found.message and syntax in found.message
@@ -736,6 +742,51 @@ def test_generated_lossless_files_equal_native(tmp_path: Path, syntax: str, plug
     np.testing.assert_array_equal(_uint16(packed, file_window()), _uint16(native, file_window()))
 
 
+def test_a_codestream_whose_rows_and_columns_are_the_headers_swapped_is_bad_shape(tmp_path: Path) -> None:
+    """A 64×48 JPEG 2000 codestream under Rows 48, Columns 64: as many pixels, so pydicom reshaped
+    it without a word and the rows packed scrambled, as a good sample."""
+    ds = ct_dataset(ct_pixels((64, 48), seed=4))
+    ds.compress(JPEG2000Lossless, encoding_plugin="pylibjpeg")
+    ds.Rows, ds.Columns = 48, 64
+    found = issue_of(read(save(ds, tmp_path / "swapped.dcm")), "bad_shape", "validate")
+    assert "codestream header says 64×48 pixels" in found.message and "say 48×64" in found.message
+
+
+def test_a_codestream_deeper_than_bits_allocated_is_bad_shape_not_its_low_byte(tmp_path: Path) -> None:
+    """A 12-bit JPEG 2000 codestream under Bits Allocated 8: pydicom returned each value's low
+    byte, packed as a good sample."""
+    ds = ct_dataset(ct_pixels((32, 32), seed=5, low=0, high=4096).astype(np.uint16), PixelRepresentation=0)
+    ds.BitsStored, ds.HighBit = 12, 11
+    ds.compress(JPEG2000Lossless, encoding_plugin="pylibjpeg")
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 8, 8, 7
+    found = issue_of(read(save(ds, tmp_path / "deep.dcm")), "bad_shape", "validate")
+    assert "holds 12-bit values but (0028,0100) Bits Allocated is 8" in found.message
+
+
+def test_a_codestream_carrying_the_bits_above_bits_stored_reads_as_the_native_file_does(tmp_path: Path) -> None:
+    """Bits Stored 12 of 16, signed, the 4 high bits holding garbage as some modalities write
+    them: pydicom keeps only the 12 stored bits, sign-extended, for native and RLE data (PS3.5
+    8.1.1), but gives a JPEG 2000 codestream that carries all 16 bits as it is: the same image
+    packed two ways by its transfer syntax. Now both read as the native file."""
+    rng = np.random.default_rng(6)
+    stored = rng.integers(0, 4096, (32, 32)).astype(np.uint16)
+    raw = stored | (rng.integers(0, 16, (32, 32)).astype(np.uint16) << 12)
+
+    def dataset() -> Any:
+        ds = ct_dataset(raw, center=None, width=None, PixelRepresentation=0)
+        ds.BitsStored, ds.HighBit = 16, 15
+        return ds
+
+    compressed = dataset()
+    compressed.compress(JPEG2000Lossless, encoding_plugin="pylibjpeg")  # a codestream of all 16 bits
+    for ds in (native := dataset(), compressed):
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 12, 11, 1
+    native.PixelData = raw.tobytes()
+    signed = np.where(stored >= 2048, stored.astype(np.int32) - 4096, stored)  # the 12 bits, sign-extended
+    for path in (save(native, tmp_path / "native.dcm"), save(compressed, tmp_path / "j2k.dcm")):
+        np.testing.assert_array_equal(_float16(path)[0, 0], (signed - 1024).astype(np.float16), err_msg=path.name)
+
+
 def test_generated_lossy_jpeg2000_is_close_to_native(tmp_path: Path) -> None:
     yy, xx = np.mgrid[0:64, 0:64]
     pixels = (1000 + 8 * yy + 4 * xx).astype(np.int16)  # smooth: lossy coding keeps it close
@@ -858,14 +909,20 @@ def test_reading_from_memory_and_streaming_give_the_same_outcome(name: str, tmp_
         assert _outcome(in_memory) == _outcome(streamed)
 
 
-def test_an_unknown_transfer_syntax_is_said_to_be_no_dicom_syntax_not_named_by_itself(tmp_path: Path) -> None:
-    path = save(ct_dataset(ct_pixels((8, 8))), tmp_path / "odd.dcm")
-    data = Path(path).read_bytes()
-    assert data.count(b"1.2.840.10008.1.2.1\0") == 1  # Explicit VR Little Endian, in the file meta
-    Path(path).write_bytes(data.replace(b"1.2.840.10008.1.2.1\0", b"1.2.840.10008.1.2.7\0"))  # no syntax's UID
+@pytest.mark.parametrize(("uid", "said"), [
+    ("1.2.840.10008.1.2.7", "(one pydicom {version} does not know: newer than it, or made up)"),
+    ("1.2.840.10008.1.2.4.112", "(JPEG XL)"), ("1.2.840.10008.1.2.8.1", "(Deflated Image Frame Compression)")])
+def test_an_unknown_transfer_syntax_is_named_where_dicom_defines_it_and_never_by_itself(
+        tmp_path: Path, uid: str, said: str) -> None:
+    """A UID pydicom does not name is not thereby no DICOM syntax: JPEG XL and Deflated Image Frame
+    Compression are newer than pydicom 3.0 (they were called "not a transfer syntax DICOM
+    defines", which sent users to fix a header that was fine)."""
+    import pydicom
+
+    path = _relabelled(save(ct_dataset(ct_pixels((8, 8))), tmp_path / "odd.dcm"), uid)
     found = issue_of(probe(path), "unsupported_transfer_syntax")
-    assert "1.2.840.10008.1.2.7 (not a transfer syntax DICOM defines)" in found.message
-    assert "1.2.840.10008.1.2.7 (1.2.840.10008.1.2.7)" not in found.message
+    assert f"{uid} {said.format(version=pydicom.__version__)}" in found.message
+    assert f"{uid} ({uid})" not in found.message and "DICOM defines" not in found.message
 
 
 def _sequence_as_ob(ds: Any, keyword: str, path: Path) -> Path:

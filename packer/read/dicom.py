@@ -64,7 +64,7 @@ from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geo
 from packer.read.limits import (
     DEFAULT_LIMITS,
     BoundedFile,
-    codestream_size,
+    codestream_header,
     file_size_problem,
     inflated_size_exceeds,
     limit_problem,
@@ -383,8 +383,9 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       "the file meta has no (0002,0010) Transfer Syntax UID; re-export the file with one")
     plugin = _DECODERS.get(syntax)
     if plugin is None:
-        named = UID(syntax).name
-        what = f"{syntax} ({named})" if named != syntax else f"{syntax} (not a transfer syntax DICOM defines)"
+        named = _NEWER_SYNTAXES.get(syntax, UID(syntax).name)
+        what = (f"{syntax} ({named})" if named != syntax else
+                f"{syntax} (one pydicom {pydicom.__version__} does not know: newer than it, or made up)")
         return _issue(ref, "read", "unsupported_transfer_syntax",
                       f"transfer syntax {what} has no pinned decoder; "
                       "transcode it to Explicit VR Little Endian (e.g. dcmconv +te or gdcmconv --raw)")
@@ -906,11 +907,23 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> str | None:
     return None
 
 
+#: Transfer syntaxes DICOM defines (PS3.6 Table A-1, 2024-2025 editions) that pydicom 3.0 does not
+#: name, so a file in one is told what it is, not that its syntax is unknown.
+_NEWER_SYNTAXES = {
+    "1.2.840.10008.1.2.4.110": "JPEG XL Lossless",
+    "1.2.840.10008.1.2.4.111": "JPEG XL JPEG Recompression",
+    "1.2.840.10008.1.2.4.112": "JPEG XL",
+    "1.2.840.10008.1.2.8.1": "Deflated Image Frame Compression",
+}
+
+
 def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | None:
-    """Before decoding encapsulated data: each frame's own JPEG / JPEG 2000 header must not claim
-    more pixels than Rows × Columns (the decoder allocates what the codestream says), and there
-    must not be more frames than (0028,0008) says. Data too broken to split into frames is left
-    to the decoder, which reports it."""
+    """Before decoding encapsulated data: each frame's own JPEG / JPEG-LS / JPEG 2000 header must
+    say Rows × Columns (the decoder allocates what the codestream says, and pydicom reshapes a
+    64×48 codestream under a 48×64 header without a word: rows scrambled) and a bit depth Bits
+    Allocated holds (a 12-bit codestream under Bits Allocated 8 came back as each value's low
+    byte), and there must not be more frames than (0028,0008) says. Data too broken to split
+    into frames is left to the decoder, which reports it."""
     extended = None
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
         extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
@@ -921,12 +934,20 @@ def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | N
                 return _issue(ref, "validate", "bad_shape",
                               f"the encapsulated (7FE0,0010) Pixel Data holds more than the {geometry.frames} "
                               "frame(s) (0028,0008) Number of Frames declares; fix the header")
-            size = codestream_size(frame)
-            if size is not None and size[0] * size[1] > geometry.rows * geometry.columns:
+            header = codestream_header(frame)
+            if header is None:
+                continue
+            if (header.rows, header.columns) != (geometry.rows, geometry.columns):
                 return _issue(ref, "validate", "bad_shape",
-                              f"frame {index}'s codestream header says {size[0]}×{size[1]} pixels but "
+                              f"frame {index}'s codestream header says {header.rows}×{header.columns} pixels but "
                               f"(0028,0010) Rows × (0028,0011) Columns say {geometry.rows}×{geometry.columns}; "
                               "nothing was decoded, fix the header or re-export the file")
+            if header.precision > geometry.bits_allocated:
+                return _issue(ref, "validate", "bad_shape",
+                              f"frame {index}'s codestream holds {header.precision}-bit values but (0028,0100) "
+                              f"Bits Allocated is {geometry.bits_allocated}, which cannot hold them (the decoder "
+                              "would keep the low bits of each); nothing was decoded, fix Bits Allocated and Bits "
+                              "Stored or re-export the file")
     except _DECODE_ERRORS:
         return None
     return None
@@ -970,7 +991,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
         # whatever else the fragments hold: pydicom's default would decode excess frames too.
         if encapsulated:
-            arr = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False)
+            arr = _stored_bits_only(pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False),
+                                    geometry.bits_stored)
         else:
             arr = pixel_array(ds, decoding_plugin=plugin)
         if geometry.photometric == PALETTE:
@@ -999,6 +1021,27 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
+
+
+def _stored_bits_only(arr: np.ndarray, bits_stored: int) -> np.ndarray:
+    """``arr`` with only its low ``bits_stored`` bits, sign-extended where it is signed: what
+    pydicom gives for native and RLE data (PS3.5 8.1.1: the bits above High Bit are no pixel
+    data), and what a JPEG 2000 or JPEG-LS codestream that carries those bits too (its precision
+    Bits Allocated, not Bits Stored) decodes to without it. Unchanged, not copied, where every
+    value lies in Bits Stored's range already (the usual case)."""
+    width = arr.dtype.itemsize * 8
+    if arr.dtype.kind not in "iu" or not 0 < bits_stored < width or arr.size == 0:
+        return arr
+    signed = arr.dtype.kind == "i"
+    low, high = (-(1 << (bits_stored - 1)), (1 << (bits_stored - 1)) - 1) if signed else (0, (1 << bits_stored) - 1)
+    if low <= int(arr.min()) and int(arr.max()) <= high:
+        return arr
+    unsigned = np.dtype(arr.dtype.str.replace("i", "u"))
+    kept = arr.view(unsigned) & unsigned.type((1 << bits_stored) - 1)
+    if not signed:
+        return kept
+    sign = unsigned.type(1 << (bits_stored - 1))
+    return ((kept ^ sign) - sign).view(arr.dtype)  # two's complement from bit bits_stored - 1 (wraps as unsigned)
 
 
 def _base_metadata(ds: Dataset, geometry: _Geometry) -> dict[str, Any]:

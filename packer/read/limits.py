@@ -35,6 +35,7 @@ import io
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from packer.config import LimitsConfig
@@ -109,15 +110,27 @@ def inflated_size_exceeds(handle: BinaryIO, cap: int) -> int | None:
     return None
 
 
-def codestream_size(frame: bytes) -> tuple[int, int] | None:
-    """(rows, columns) from the header of a JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) codestream.
+@dataclass(frozen=True)
+class Codestream:
+    """What a frame's JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) header declares: its size, and the
+    bit depth of its (first) component (``signed``: JPEG 2000 says; JPEG has no sign)."""
+
+    rows: int
+    columns: int
+    precision: int
+    signed: bool = False
+
+
+def codestream_header(frame: bytes) -> Codestream | None:
+    """The header of a JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) codestream.
 
     None when the frame is neither, when the header is cut short, or when the JPEG height is 0
     (defined later by a DNL marker). Only the first few hundred bytes are looked at.
     """
-    if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 24:  # SOC then SIZ (ITU T.800 A.5.1)
+    if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 43:  # SOC then SIZ (ITU T.800 A.5.1)
         xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
-        return (max(0, ysiz - yosiz), max(0, xsiz - xosiz))
+        ssiz = frame[42]  # component 0: bit 7 the sign, the rest the precision minus 1
+        return Codestream(max(0, ysiz - yosiz), max(0, xsiz - xosiz), (ssiz & 0x7F) + 1, bool(ssiz & 0x80))
     if frame[:2] != b"\xff\xd8":
         return None
     pos = 2
@@ -133,7 +146,8 @@ def codestream_size(frame: bytes) -> tuple[int, int] | None:
         if marker in _JPEG_SOF:
             if pos + 9 > len(frame):
                 return None
+            precision = frame[pos + 4]
             height, width = struct.unpack_from(">HH", frame, pos + 5)
-            return (height, width) if height else None
+            return Codestream(height, width, precision) if height else None
         pos += 2 + length
     return None
