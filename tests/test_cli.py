@@ -327,3 +327,36 @@ def test_an_output_url_the_build_cannot_use_fails_before_anything_is_decoded(dem
                                       "-q"], env=env)
     assert wrong.exit_code == 2 and "the storage options (given: foo) are not accepted" in wrong.output
     assert not (tmp_path / "work").exists()  # no cache, no decoding
+
+
+def test_the_console_script_reads_names_and_tables_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """Under a locale whose encoding is not UTF-8 (here C with Python's UTF-8 coercions off, as a
+    Latin-1 locale does too) Python decoded file names by the locale: café.png was a file 'not
+    valid UTF-8' ('rename it with convmv', which would garble it), its row a missing file; a
+    class name the locale cannot spell crashed the summary. The console script runs in UTF-8
+    mode instead: the same dataset, the same hash, the summary printed."""
+    import cv2
+    import numpy as np
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = ["path,label,entity"]
+    for n, (name, label) in enumerate([("café.png", "結節"), ("plain.png", "normal"), ("b.png", "normal")]):
+        cv2.imwrite(str(raw / name), np.random.default_rng(n).integers(0, 255, (24, 24), dtype=np.uint8))
+        rows.append(f"{name},{label},P{n}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    doc = {"name": "loc", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+           "split": {"by": "entity", "seed": 1}, "transform": {"image": {"size": [24, 24]}},
+           "pack": {"format": "webdataset"}, "output": "out", "phi": {"mode": "keep"}}
+    job = write_job(tmp_path, doc)
+    exe = Path(sys.executable).with_name("packer")
+    hashes = {}
+    for case, env in {"utf-8": {"LC_ALL": "C.UTF-8"},
+                      "C": {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}}.items():
+        proc = subprocess.run([str(exe), "build", str(job), "--scheduler", "sync", "--no-report"], text=True,
+                              capture_output=True, timeout=300, cwd=tmp_path,
+                              env={**{k: v for k, v in os.environ.items() if not k.startswith("LC_")}, **env})
+        assert proc.returncode == 0, f"{case}:\n{proc.stderr}"
+        assert "bad samples: 0 of 3" in proc.stderr + proc.stdout, f"{case}:\n{proc.stderr}"
+        hashes[case] = [line for line in (proc.stdout + proc.stderr).splitlines() if "dataset_hash" in line]
+    assert hashes["C"] == hashes["utf-8"] and hashes["C"], hashes
