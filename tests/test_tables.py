@@ -756,6 +756,19 @@ def test_rows_of_one_image_that_agree_make_one_sample(tmp_path: Path) -> None:
     assert found.issues == []
 
 
+def test_rows_of_one_image_keep_only_the_cells_they_agree_on_whatever_their_order(tmp_path: Path) -> None:
+    """Two box rows of a1: the file's record held the first row's box (the README: the boxes are
+    not packed), so reversing the table's rows changed the packed record and the dataset's hash.
+    Only the cells every row of the file shares are kept."""
+    rows = ["a1,264,152,213,379,1", "a1,562,152,256,453,1", "b2,,,,,0", "c3,10,10,5,5,1"]
+    found = discover(load_job(_rsna(tmp_path / "as-written", "same", rows)))
+    reverse = discover(load_job(_rsna(tmp_path / "reversed", "same", rows[::-1])))
+    extras = {r.relpath: dict(r.extra) for r in found.refs}
+    assert extras == {r.relpath: dict(r.extra) for r in reverse.refs}
+    assert extras["stage_2_train_images/a1.png"] == {"y": "152"}  # the one cell both boxes share
+    assert extras["stage_2_train_images/c3.png"] == {"x": "10", "y": "10", "width": "5", "height": "5"}
+
+
 def test_rows_of_one_image_that_disagree_are_a_bad_target(tmp_path: Path) -> None:
     found = discover(load_job(_rsna(tmp_path, "same", ["a1,264,152,213,379,1", "a1,,,,,0", "b2,,,,,0",
                                                         "c3,,,,,0"])))

@@ -936,8 +936,12 @@ class _RowReader:
 
     def merge(self, rel: str, rows: list[TableRow]) -> TableRow | Refused:
         """One row for a file named by several: the first, when they agree on target, entity and
-        time (``same``), or holding every row's labels (``union``, multi-label)."""
-        first = rows[0]
+        time (``same``), or holding every row's labels (``union``, multi-label); either way with
+        only the other cells every row agrees on (one box per row, RSNA: no box is the file's, and
+        keeping the first row's made the packed record, and the dataset's hash, depend on the
+        order of the table's rows)."""
+        agreed = set(rows[0].extra).intersection(*(row.extra for row in rows[1:]))
+        first = replace(rows[0], extra=tuple(cell for cell in rows[0].extra if cell in agreed))
         refused = next((r.refused for r in rows if r.refused is not None), None)
         if refused is not None:
             return refused
