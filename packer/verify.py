@@ -374,7 +374,7 @@ def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any]
     expected: dict[str, int] = {row["key"]: int(row[INDEX_COLUMN]) for row in rows}
     seen: set[str] = set()
     try:
-        for key, value in _sample_checksums(folder, fmt, name, entry["samples"]):
+        for key, value in _sample_checksums(folder, fmt, name, entry["samples"], rows):
             if key is None or key not in expected:
                 continue
             seen.add(key)
@@ -393,10 +393,13 @@ def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any]
                         f"them; {_REBUILD}")
 
 
-def _sample_checksums(folder: VersionFolder, fmt: str, name: str,
-                      samples: int) -> Iterator[tuple[str | None, int | str]]:
+def _sample_checksums(folder: VersionFolder, fmt: str, name: str, samples: int,
+                      rows: list[dict[str, Any]]) -> Iterator[tuple[str | None, int | str]]:
     """(key, checksum or why it could not be had) of each sample of shard ``name``, as packer's
-    own readers hash it (the loader's check, here without the loader)."""
+    own readers hash it (the loader's check, here without the loader): a Parquet shard's ``key``
+    and ``label`` cells that its own pages no longer give are taken from its ``rows`` of
+    ``_index.parquet``, as the loader takes them, so a sample whose bytes are all intact is not
+    named as damaged for a neighbour's page."""
     if fmt == "webdataset":
         if folder.local is not None:
             path = folder.local / name
@@ -415,7 +418,15 @@ def _sample_checksums(folder: VersionFolder, fmt: str, name: str,
         return
     with contextlib.ExitStack() as stack:
         source = folder.local / name if folder.local is not None else stack.enter_context(folder.open(name))
-        for _, result in read_parquet_samples(source, range(samples), batch_rows=64, checksums=True):
+        by_position = sorted(rows, key=lambda row: row["position"])
+
+        def from_index(column: str) -> list[Any] | str:
+            if len(by_position) != samples or any(column not in row for row in by_position):
+                return f"_index.parquet holds {len(by_position)} rows of {column!r} for the shard's {samples} samples"
+            return [row[column] for row in by_position]
+
+        for _, result in read_parquet_samples(source, range(samples), batch_rows=64, checksums=True,
+                                              recover=from_index):
             yield result.key, result.checksum if result.checksum is not None else getattr(result, "message", "")
 
 

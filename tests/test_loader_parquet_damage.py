@@ -236,3 +236,113 @@ def test_without_checksums_a_skipped_page_names_the_damage_not_a_truncated_file(
     message = dataset.skipped_samples[0]
     assert "undecodable" in message and "column 'image'" in message and "packer verify" in message, message
     assert "truncated" not in message and "the file ended" not in message, message
+
+
+@pytest.fixture(scope="module")
+def masked(tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """30 photos of 64×64, mostly black (as a CT slice's air is), each with a mask, as one
+    Parquet shard: the image and mask columns are both uncompressed byte columns."""
+    import cv2
+    import numpy as np
+
+    tmp = tmp_path_factory.mktemp("parquet-masked")
+    rng = np.random.default_rng(0)
+    rows = ["path,mask,entity,label"]
+    (tmp / "img").mkdir()
+    for i in range(30):
+        image = np.zeros((64, 64, 3), np.uint8)
+        image[i:i + 9, 40:50] = rng.integers(1, 256, (9, 10, 3))
+        mask = np.zeros((64, 64), np.uint8)
+        mask[4:12 + i, 5:20] = 1
+        cv2.imwrite(str(tmp / f"img/{i:02d}.png"), image)
+        cv2.imwrite(str(tmp / f"img/{i:02d}_m.png"), mask)
+        rows.append(f"img/{i:02d}.png,img/{i:02d}_m.png,E{i},{'ab'[i % 2]}")
+    (tmp / "t.csv").write_text("\n".join(rows) + "\n")
+    doc = {"name": "seg", "sources": [{"kind": "image", "root": str(tmp), "mask": {"column": "mask", "classes": [0, 1]},
+                                       "table": {"file": str(tmp / "t.csv"), "files": "table"}}],
+           "split": {"by": "entity", "ratios": {"train": 1.0, "valid": 0.0, "test": 0.0}, "seed": 1,
+                     "balance": {"accept": True}},
+           "transform": {"image": {"size": [64, 64], "color": "rgb"}},
+           "pack": {"format": "parquet"}, "output": str(tmp / "out")}
+    return build(load_job(write_job(tmp, doc)), BuildOptions(scheduler="sync", quiet=True))
+
+
+def masked_items(manifest: Path, **kwargs: Any) -> tuple[dict[str, tuple[bytes, bytes]], ShardDataset]:
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip", **kwargs)
+    return {item["key"]: (item["image"].numpy().tobytes(), item["mask"].numpy().tobytes()) for item in dataset}, dataset
+
+
+def column_cell(shard: Path, column: str, row: int) -> int:
+    """The byte offset of row ``row``'s cell of the byte column ``column`` (its 4-byte length just before)."""
+    data = shard.read_bytes()
+    cells = pq.read_table(shard, columns=[column]).column(column).to_pylist()
+    at = data.find(cells[row])
+    assert at > 0 and int.from_bytes(data[at - 4:at], "little") == len(cells[row])
+    return at
+
+
+@pytest.mark.parametrize("damage", ["mask_length", "mask_page_header", "image_length_still_decodes"])
+def test_a_damaged_mask_page_or_a_length_that_still_decodes_loses_no_sample(
+        masked: BuildResult, tmp_path: Path, damage: str) -> None:
+    """A byte of row 3's mask length, or of the mask page header: the mask column was not read
+    from its pages as the image column is, so every row from the damage on was lost (all 30 for
+    the header). One bit of row 5's image length (12288 → 45056): the cell swallows its black
+    neighbours, whose zero bytes read as small lengths, so pyarrow decodes the page without an
+    error, and every later row failed its size or checksum check. Every sample now arrives with
+    the pixels and mask it was built with."""
+    copy = tmp_path / "v"
+    shutil.copytree(masked.version_dir, copy)
+    for path in copy.iterdir():
+        path.chmod(0o644)
+    manifest, shard = copy / "manifest.json", copy / "train-000000.parquet"
+    before, _ = masked_items(manifest)
+    assert len(before) == 30
+    data = bytearray(shard.read_bytes())
+    if damage == "mask_length":
+        data[column_cell(shard, "mask", 3) - 3] ^= 0xFF
+    elif damage == "mask_page_header":
+        group = pq.ParquetFile(shard).metadata.row_group(0)
+        chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "mask")
+        assert chunk.compression == "UNCOMPRESSED"
+        data[chunk.data_page_offset + 3] ^= 0xFF
+    else:
+        at = column_cell(shard, "image", 5)
+        assert int.from_bytes(data[at - 4:at], "little") == 12288
+        data[at - 3] ^= 0x80
+    shard.write_bytes(bytes(data))
+    if damage == "image_length_still_decodes":
+        assert len(pq.read_table(shard, columns=["image"])) == 30  # stock pyarrow: no error, cells wrong
+    got, dataset = masked_items(manifest)
+    assert dataset.skipped == 0, dataset.skipped_samples
+    assert got == before
+
+
+@pytest.mark.parametrize("column", ["key", "label"])
+def test_a_key_or_label_page_pyarrow_skips_without_an_error_loses_no_sample_and_verify_names_none(
+        built: BuildResult, tmp_path: Path, column: str) -> None:
+    """The data page of the compressed key (or label) column with its type read as an index page:
+    pyarrow yields none of its cells, without an error. The loader skipped all 30 samples
+    ("column 'label': ends early") where a page that raises costs none, and `packer verify` named
+    all 30 as unreadable though every sample's bytes are intact: both take those cells from
+    _index.parquet now, as for a page that raises."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    manifest, shard = damaged_copy(built, tmp_path)
+    before = {item["key"]: (int(item["label"]), item["image"].numpy().tobytes())
+              for item in ShardDataset(manifest, "train", shuffle=False)}
+    page = column_page(shard, column)
+    data = bytearray(shard.read_bytes())
+    assert data[page:page + 2] == b"\x15\x06"  # field 1 (type), i32 zigzag 3: DATA_PAGE_V2
+    data[page + 1] = 0x02  # zigzag 1: INDEX_PAGE
+    shard.write_bytes(bytes(data))
+    assert len(pq.read_table(shard, columns=[column])) == 0  # stock pyarrow: no error, no cell
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip")
+    got = {item["key"]: (int(item["label"]), item["image"].numpy().tobytes()) for item in dataset}
+    assert dataset.skipped == 0, dataset.skipped_samples
+    assert got == before
+    result = CliRunner().invoke(main, ["verify", str(manifest.parent)])
+    assert result.exit_code == 5, result.output  # the shard's sha256 still differs: it is damaged
+    assert "train-000000.parquet" in result.output and "cannot be read to check its xxh3" not in result.output
+    assert not any(key in result.output for key in before), result.output

@@ -216,6 +216,11 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 while i < len(want) and want[i] < end_row:
                     row, r = want[i], want[i] - row0
                     start, stop = int(offsets[r]), int(offsets[r + 1])
+                    if checksums and _size_of(shapes[r].as_py(), dtypes[r].as_py()) not in (None, stop - start):
+                        # a damaged cell length that still decodes: it swallowed its neighbours'
+                        # bytes (or gave them away), and the rows after it read as other cells
+                        raise _Misread(f"row {row}'s image cell holds {stop - start} bytes, its shape and dtype "
+                                       f"say {_size_of(shapes[r].as_py(), dtypes[r].as_py())}")
                     yield row, _row_outcome(
                         keys[r].as_py(), labels[r].as_py(), shapes[r].as_py(), dtypes[r].as_py(),
                         buffers[2], start, stop,
@@ -229,7 +234,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 return
     except GeneratorExit:  # closed mid-shard (a reader that stops early, or interpreter exit, when
         raise  # module globals may already be gone: the clause below must not be evaluated then)
-    except (OSError, pa.ArrowException, TypeError, ValueError) as err:
+    except (OSError, pa.ArrowException, TypeError, ValueError, _Misread) as err:
         # a damaged page (or cell) fails the whole record batch: read the rows left column by
         # column, and each column as far as it decodes, so that only the rows whose cells are
         # lost fail (the per-sample checksum, where asked for, still checks every row delivered)
@@ -242,9 +247,21 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         # file is there to its end, so its columns are read as after any damaged page
         yield from _salvage(source, parquet, want[i:], columns,
                             error=f"Parquet read ended after {row0} of the file's {count} rows, without an error",
-                            records=records, checksums=checksums)
+                            records=records, checksums=checksums, recover=recover if checksums else None)
         return
     yield from _fail(want[i:], "truncated", f"the file ended after {row0} rows")
+
+
+class _Misread(ValueError):
+    """A record batch decoded, but one of its cells is not what its row says (see the read loop)."""
+
+
+def _size_of(shape_cell: Any, dtype_name: Any) -> int | None:
+    """The bytes a cell of ``shape_cell`` × ``dtype_name`` holds, or None where they do not say."""
+    try:
+        return math.prod(int(d) for d in shape_cell) * np.dtype(dtype_name).itemsize
+    except (TypeError, ValueError):
+        return None
 
 
 def _row_outcome(key: Any, label: Any, shape_cell: Any, dtype_name: Any, data: Any, start: int, stop: int,
@@ -283,9 +300,11 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
     longer decode (a damaged page, or a cell that is not what it says): each column is read on
     its own, row by row as far as it decodes (a damaged page of a column the reader does not
     need costs nothing, one of a column it needs costs the rows from the damage on), and, where
-    ``checksums`` will check every row delivered, the uncompressed ``image`` column's rows past
-    a damaged page are read from the column chunk's own pages (:func:`_plain_cells`), and the
-    ``key`` and ``label`` cells past a damaged page from ``recover`` (given only where the
+    ``checksums`` will check every row delivered, the cells of the uncompressed ``image`` and
+    ``mask`` columns that pyarrow does not give at the size their row says (past a damaged page,
+    or moved by a damaged length that still decodes) are read from the column chunk's own pages
+    (:func:`_plain_cells`), and the ``key`` and ``label`` cells past a damaged page, or past
+    where their column ended early without an error, from ``recover`` (given only where the
     checksums check every row delivered). A row whose cells are all there is decoded (and its
     checksum computed) as any other; a row with a cell lost fails ``undecodable`` naming the
     column, the read's ``error`` and what to do."""
@@ -298,9 +317,12 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
                 cells[name].append(batch.column(0)[0])
         except (OSError, pa.ArrowException) as err:
             lost[name] = f"{err}".strip()
-    # the cells of a key or label column that stopped decoding, from elsewhere: every row's, by row
+    rows_in_file = parquet.metadata.num_rows
+    # the cells of a key or label column that stopped decoding, or ended early without an error (a
+    # page pyarrow skipped: its type byte read as an index page's), from elsewhere: every row's
     taken: dict[str, Sequence[Any]] = {}
-    for name in (n for n in RECOVERABLE if n in lost):
+    for name in (n for n in RECOVERABLE if n in lost or len(cells[n]) < rows_in_file):
+        lost.setdefault(name, "ends early")
         got = recover(name) if recover is not None else None
         if got is None:
             continue
@@ -311,11 +333,16 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
                            f"{parquet.metadata.num_rows} rows)")
         else:
             taken[name] = got
-    raw: dict[int, memoryview] = {}
-    if checksums and (IMAGE_COLUMN in lost or len(cells[IMAGE_COLUMN]) < parquet.metadata.num_rows):
-        # from row 0: a damaged length decodes (wrong) before the read fails; the pages' own
-        # lengths, corrected by each row's shape and dtype, put every cell where it was written
-        raw = _plain_cells(source, parquet, IMAGE_COLUMN, sizes=_cell_sizes(cells))
+    # the uncompressed byte columns (image, mask) from their pages: from row 0, since a damaged
+    # length decodes (wrong, and maybe without an error) before the read fails; the pages' own
+    # lengths, corrected by each row's shape and dtype, put every cell where it was written. A
+    # row takes its cell from there where pyarrow's is not the size its row says.
+    raw: dict[str, dict[int, memoryview]] = {}
+    sizes: dict[str, dict[int, int]] = {}
+    for name, shape_column, dtype_column in ((IMAGE_COLUMN, "shape", "dtype"), ("mask", "mask_shape", "mask_dtype")):
+        if checksums and name in cells:
+            sizes[name] = _cell_sizes(cells, shape_column, dtype_column)
+            raw[name] = _plain_cells(source, parquet, name, sizes=sizes[name])
 
     def cell(name: str, row: int) -> Any:
         """A row's cell of a small column as a Python value: the shard's own, else the one taken."""
@@ -323,7 +350,7 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
 
     for row in rows:
         missing = [name for name in columns if row >= len(cells[name]) and name not in taken
-                   and not (name == IMAGE_COLUMN and row in raw)]
+                   and row not in raw.get(name, ())]
         key = cell("key", row) if row < len(cells["key"]) or "key" in taken else None
         if missing:
             why = "; ".join(f"column {name!r}: {lost.get(name, 'ends early')}" for name in missing)
@@ -331,27 +358,31 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
                                     key)
             continue
         try:
-            value = {name: cells[name][row] for name in columns if row < len(cells[name])}
-            image = bytearray(raw[row]) if row in raw else bytearray(value["image"].as_py())
+            value = {name: cells[name][row].as_py() for name in columns if row < len(cells[name])}
+            for name, found in raw.items():
+                if row in found and (name not in value or len(value[name]) != sizes[name].get(row, -1)):
+                    value[name] = bytes(found[row])  # from its page, in place of one a damaged length moved
+            image = bytearray(value["image"])
             yield row, _row_outcome(
-                key, cell("label", row), value["shape"].as_py(), value["dtype"].as_py(), image, 0, len(image),
-                value["metadata"].as_py() if "metadata" in value else None,
-                _target_cell(value.get("target"), None), _target_cell(value.get("target_mask"), None),
-                [value[n].as_py() for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in value else None,
+                key, cell("label", row), value["shape"], value["dtype"], image, 0, len(image), value.get("metadata"),
+                _target_cell(cells["target"][row] if row < len(cells.get("target", ())) else None, None),
+                _target_cell(cells["target_mask"][row] if row < len(cells.get("target_mask", ())) else None, None),
+                [value[n] for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in value else None,
                 records=records, checksums=checksums)
         except (TypeError, ValueError) as err:
             yield row, SampleDefect("undecodable", f"{error}; row {row}'s cells do not decode ({err}): {_DAMAGED}",
                                     key)
 
 
-def _cell_sizes(cells: Mapping[str, list[Any]]) -> dict[int, int]:
-    """Each row's image size by its ``shape`` and ``dtype`` cells, where both decoded and make sense."""
+def _cell_sizes(cells: Mapping[str, list[Any]], shape_column: str = "shape", dtype_column: str = "dtype"
+                ) -> dict[int, int]:
+    """Each row's cell size by its shape and dtype cells (the image's, or the mask's), where both
+    decoded and make sense; a row whose cells do not say keeps its stored length as it is."""
     sizes = {}
-    for row, (shape, dtype) in enumerate(zip(cells["shape"], cells["dtype"], strict=False)):
-        try:
-            sizes[row] = math.prod(int(d) for d in shape.as_py()) * np.dtype(dtype.as_py()).itemsize
-        except (TypeError, ValueError):  # a cell that does not say: the row's stored length is taken as it is
-            continue
+    for row, (shape, dtype) in enumerate(zip(cells.get(shape_column, ()), cells.get(dtype_column, ()), strict=False)):
+        size = _size_of(shape.as_py(), dtype.as_py())
+        if size is not None:
+            sizes[row] = size
     return sizes
 
 
