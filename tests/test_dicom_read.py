@@ -575,6 +575,21 @@ def test_a_rescale_that_overflows_float64_is_non_finite(tmp_path: Path, slope: f
     assert "(0028,1053) Rescale Slope" in found.message and "flat.dcm" not in found.message
 
 
+def test_float_pixel_data_holding_nan_is_non_finite_saying_so_not_blaming_a_rescale(tmp_path: Path) -> None:
+    """A Parametric Map whose Float Pixel Data holds a NaN and an infinity, with no Rescale
+    Slope/Intercept at all: non_finite blamed "(0028,1053) Rescale Slope 1 and (0028,1052)
+    Rescale Intercept 0 ... the header is corrupt", a header that is fine."""
+    values = np.linspace(0, 200, 256, dtype=np.float32).reshape(16, 16)
+    values[3, 3], values[4, 4] = np.nan, np.inf
+    ds = image_dataset(np.zeros((16, 16), np.uint16), modality="MR", sop_class="1.2.840.10008.5.1.4.1.1.30")
+    del ds.PixelData
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 32, 32, 31
+    ds.FloatPixelData = values.tobytes()
+    found = issue_of(read(save(ds, tmp_path / "map.dcm"), window(100.0, 200.0)), "non_finite", "validate")
+    assert "2 of 256 pixel values of the float pixel data are NaN or infinite" in found.message, found.message
+    assert "Rescale" not in found.message and "header is corrupt" not in found.message
+
+
 @pytest.mark.parametrize("width", [1e30, 1e12])
 def test_a_file_window_so_wide_that_every_pixel_is_one_grey_is_a_constant_image(tmp_path: Path, width: float) -> None:
     """A Window Width of 1e30 in the file is a valid LINEAR width (>= 1), yet it maps the stored

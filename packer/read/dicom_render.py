@@ -183,8 +183,9 @@ def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
 
 def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
                     frame: int) -> Issue | None:
-    """A Rescale Slope/Intercept that are numbers yet no usable map for this frame's stored values
-    (H×W; ``padding`` marks pixels left out): one that overflows float64 (a slope of 1e308:
+    """Stored values that are not numbers (NaN or infinity in Float Pixel Data: ``non_finite``,
+    said so), or a Rescale Slope/Intercept that are numbers yet no usable map for this frame's
+    stored values (H×W; ``padding`` marks pixels left out): one that overflows float64 (a slope of 1e308:
     ``non_finite``, every windowed pixel white), or one under which the lowest and the highest
     stored value land on the same float64 (an intercept of 1e20, a slope of 1e-30:
     ``constant_image``, one flat grey under any window, as with a slope of 0). The map is linear,
@@ -193,6 +194,11 @@ def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, mod
     real = stored[~padding] if padding.any() else stored
     if real.size == 0:
         return None
+    if real.dtype.kind == "f" and not np.isfinite(real).all():  # Float / Double Float Pixel Data
+        bad = int(np.count_nonzero(~np.isfinite(real)))
+        return _issue(ref, "validate", "non_finite",
+                      f"frame {frame}: {bad} of {real.size} pixel values of the float pixel data are NaN or "
+                      "infinite (the values themselves, before any rescale); re-export the file from its source")
     low, high = real.min(), real.max()
     with np.errstate(over="ignore", invalid="ignore"):
         ends = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)[0]
