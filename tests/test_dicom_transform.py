@@ -434,6 +434,19 @@ def test_rgb_passes_through_and_ignores_windows(tmp_path: Path) -> None:
     np.testing.assert_array_equal(read(path, output="uint16")[0].image, rgb[0].transpose(2, 0, 1).astype(int) * 257)
 
 
+def test_rgb_of_12_bits_at_uint16_is_the_exact_level(tmp_path: Path) -> None:
+    """Every 12-bit value v of an RGB frame, output uint16: round(v · 65535 / 4095), half to even,
+    as the README promises for uint16 (computed in float64). In float32, 2593, 3139 and 3685
+    came out one level high (58974 for 58973)."""
+    values = np.arange(4096, dtype=np.uint16)
+    rgb = np.stack([values, values[::-1], (values * 7) % 4096], axis=-1).reshape(64, 64, 3)
+    ds = secondary_capture_rgb(rgb)
+    ds.BitsStored, ds.HighBit = 12, 11
+    image = read(save(ds, tmp_path / "rgb12.dcm"), output="uint16")[0].image
+    exact = (rgb.astype(np.int64) * 65535 * 2 + 4095) // (2 * 4095)  # round half up: 4095 is odd, so no ties
+    np.testing.assert_array_equal(image, exact.transpose(2, 0, 1))
+
+
 @pytest.mark.parametrize(("name", "tolerance"), [
     ("SC_ybr_full_422_uncompressed.dcm", 6),  # native YBR_FULL_422
     ("SC_rgb_jpeg_dcmtk.dcm", 6),             # JPEG baseline YBR_FULL

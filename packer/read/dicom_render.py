@@ -39,6 +39,7 @@ from packer.transform.dicom import (
     display_dtype,
     finish_image,
     finish_stored,
+    keeps_geometry,
     quantise,
     render_color,
     render_modality_float,
@@ -281,7 +282,9 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
                             policy=cfg.resize, output=cfg.output, pad_value=pad_value)
 
     if photometric not in GRAYSCALE:
-        return finish(render_color(stored, color_bits)), _frame_metadata(ds, frame, None, (), spacing)
+        keeps = keeps_geometry(*stored.shape[:2], pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size)
+        return (finish(render_color(stored, color_bits, display_dtype(cfg.output, keeps))),
+                _frame_metadata(ds, frame, None, (), spacing))
     if mask is None:
         mask = np.zeros(stored.shape[:2], dtype=bool)
     try:

@@ -263,9 +263,12 @@ def render_modality_float(values: np.ndarray, *, padding: np.ndarray, monochrome
     return out.astype(np.float32)[:, :, None]
 
 
-def render_color(rgb: np.ndarray, bits: int) -> np.ndarray:
-    """An RGB frame (H×W×3, unsigned integers of ``bits`` bits) → H×W×3 float32 in [0, 1]."""
-    return (np.asarray(rgb, dtype=np.float64) / float(2**bits - 1)).clip(0.0, 1.0).astype(np.float32)
+def render_color(rgb: np.ndarray, bits: int, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """An RGB frame (H×W×3, unsigned integers of ``bits`` bits) → H×W×3 ``dtype`` in [0, 1]
+    (:func:`display_dtype`: float64 for uint16 output on the frame's own grid, whose levels
+    ``round(v · 65535 / (2^bits - 1))`` are then exact; float32 made 2593 of 12 bits 58974, not
+    58973)."""
+    return (np.asarray(rgb, dtype=np.float64) / float(2**bits - 1)).clip(0.0, 1.0).astype(dtype, copy=False)
 
 
 def spacing_size(height: int, width: int, pixel_spacing: tuple[float, float],
