@@ -191,6 +191,22 @@ def test_hand_computed_uint8_uint16_and_monochrome1(tmp_path: Path) -> None:
     np.testing.assert_array_equal(one(mono1)[0], [[255, 126], [0, 255]])
 
 
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_8_bit_levels_at_exact_half_levels_round_to_even_for_monochrome1_too(tmp_path: Path, photometric: str) -> None:
+    """Every 8-bit stored value s under the window 127.5/256 (LINEAR: y = (s - 127)/255 + 1/2, so
+    y·255 = s + 1/2 and (1 - y)·255 = 254.5 - s: every level an exact half). The README's
+    round(y·255), half to even, with y inverted first for MONOCHROME1: 1 - y taken in float32
+    made 62.5 come out 62.500004 and 32 of the 256 levels one too high, where MONOCHROME2's were
+    exact."""
+    stored = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    ds = image_dataset(stored, modality="DX", photometric=photometric)
+    image = one(save(ds, tmp_path / "dx.dcm"), window(127.5, 256.0))[0]
+    halves = 2 * stored.astype(np.int64) + 1
+    top = 510 - halves if photometric == "MONOCHROME1" else halves  # twice the level: an odd number, a tie
+    expected = top // 2 + ((top // 2) % 2)  # half to even: k + 1/2 → k if k even, else k + 1
+    np.testing.assert_array_equal(image, np.clip(expected, 0, 255))
+
+
 # A synthetic CT over every stored value that matters: all 65,536 int16 values (a 256×256 frame:
 # its range is too wide for the stored-value table, so the direct path) and a 12-bit slice (the
 # table path). Rescale slope 0.5, intercept -1024.25: modality values are quarters, x = (2s - 4097)/4.

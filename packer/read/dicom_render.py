@@ -47,7 +47,7 @@ from packer.transform.dicom import (
     to_modality_values,
 )
 from packer.transform.intensity import apply_zscore, percentile_stats, zscore_stats
-from packer.transform.window import invert_monochrome1, padding_mask
+from packer.transform.window import padding_mask
 
 GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
 
@@ -362,9 +362,7 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
             records.append(record)
         else:
             voi = by_spec[spec]
-            channel = apply_voi(values, voi)
-            if photometric == "MONOCHROME1":
-                channel = invert_monochrome1(channel)
+            channel = apply_voi(values, voi, monochrome1=photometric == "MONOCHROME1")
             records.append(voi.to_json())
         channel[padding] = 0.0
         channels.append(channel.astype(np.float32, copy=False))

@@ -132,14 +132,16 @@ def to_modality_values(stored: np.ndarray, modality: ModalityTransform) -> np.nd
     return values
 
 
-def apply_voi(values: np.ndarray, voi: VoiTransform, dtype: type[np.floating] = np.float32) -> np.ndarray:
+def apply_voi(values: np.ndarray, voi: VoiTransform, dtype: type[np.floating] = np.float32, *,
+              monochrome1: bool = False) -> np.ndarray:
     """Modality values (float64 H×W) → one display channel, ``dtype`` (:func:`display_dtype`)
-    H×W in [0, 1]."""
+    H×W in [0, 1]; ``monochrome1``: inverted (PS3.3 C.7.6.3.1.2), a window's in float64."""
     if voi.lut is not None:
-        return apply_voi_lut(values, voi.lut.descriptor(), voi.lut.array(), dtype)
+        y = apply_voi_lut(values, voi.lut.descriptor(), voi.lut.array(), dtype)
+        return invert_monochrome1(y) if monochrome1 else y
     if voi.center is None or voi.width is None:
         raise ValueError(f"window {voi.name!r} has no center/width and no VOI LUT")
-    return apply_window(values, voi.center, voi.width, voi.function, dtype)
+    return apply_window(values, voi.center, voi.width, voi.function, dtype, invert=monochrome1)
 
 
 def render_grayscale(values: np.ndarray, vois: tuple[VoiTransform, ...], *, monochrome1: bool,
@@ -152,9 +154,7 @@ def render_grayscale(values: np.ndarray, vois: tuple[VoiTransform, ...], *, mono
     """
     channels = []
     for voi in vois:
-        y = apply_voi(values, voi, dtype)
-        if monochrome1:
-            y = invert_monochrome1(y)
+        y = apply_voi(values, voi, dtype, monochrome1=monochrome1)
         y[padding] = 0.0
         channels.append(y)
     return np.stack(channels, axis=-1).astype(dtype, copy=False)

@@ -70,7 +70,7 @@ def check_window(center: float, width: float, function: str = "LINEAR") -> None:
 
 
 def apply_window(x: np.ndarray, center: float, width: float, function: str = "LINEAR",
-                 dtype: type[np.floating] = np.float32) -> np.ndarray:
+                 dtype: type[np.floating] = np.float32, *, invert: bool = False) -> np.ndarray:
     """Map modality values ``x`` (any real dtype, any shape) through a window onto [0, 1].
 
     Returns ``dtype`` (float32, or float64 for 16-bit output: float32's 24-bit mantissa cannot
@@ -82,25 +82,32 @@ def apply_window(x: np.ndarray, center: float, width: float, function: str = "LI
     - LINEAR_EXACT: ``x <= c - w/2 -> 0``; ``x > c + w/2 -> 1``; else ``(x - c)/w + 0.5``.
     - SIGMOID: ``1 / (1 + exp(-4 (x - c) / w))``, no clipping.
 
+    ``invert``: ``1 - y`` (MONOCHROME1, :func:`invert_monochrome1`), taken in float64 before the
+    cast to ``dtype``, so an exact half level of the inverted value stays one as the window's
+    own do (``1 - y`` in float32 made 62.5 of 255 62.500004, rounded to 63).
+
     Raises ``ValueError`` for an invalid window (see :func:`check_window`).
     """
     check_window(center, width, function)
     xf = np.asarray(x, dtype=np.float64)
     if function == "SIGMOID":
         # 1 / (1 + exp(-2z)) == (1 + tanh(z)) / 2, with z = 2 (x - c) / w; tanh never overflows.
-        return (0.5 * (1.0 + np.tanh(2.0 * (xf - center) / width))).astype(dtype, copy=False)
+        out = 0.5 * (1.0 + np.tanh(2.0 * (xf - center) / width))
+        return (1.0 - out if invert else out).astype(dtype, copy=False)
     if function == "LINEAR":
         c, w = center - 0.5, width - 1.0
     else:
         c, w = center, width
     if w <= 0:  # LINEAR with width 1 is a pure threshold: the ramp is empty
-        return (xf > c).astype(dtype)
+        return (xf <= c if invert else xf > c).astype(dtype)
     # The ramp maps c - w/2 to exactly 0 and c + w/2 to exactly 1, so clipping it reproduces
     # the piecewise definition (x <= low -> 0, x > high -> 1) without masks: one pass, in place.
     out = xf - c
     out /= w
     out += 0.5
     np.clip(out, 0.0, 1.0, out=out)
+    if invert:
+        np.subtract(1.0, out, out=out)
     return out.astype(dtype, copy=False)
 
 
