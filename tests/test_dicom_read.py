@@ -507,6 +507,19 @@ def test_native_pixel_data_under_a_compressed_syntax_is_decode_failed_not_trunca
     assert "not encapsulated" in found.message
 
 
+@pytest.mark.parametrize(("name", "package"), [("MR_small_jp2klossless.dcm", "pylibjpeg-openjpeg"),
+                                             ("MR_small_jpeg_ls_lossless.dcm", "pylibjpeg-libjpeg")])
+def test_a_missing_decoder_package_is_named(monkeypatch: pytest.MonkeyPatch, name: str, package: str) -> None:
+    """pylibjpeg installed without pylibjpeg-openjpeg: "needs the pylibjpeg plugin, which is not
+    installed" though pylibjpeg is; the package that decodes the syntax is named."""
+    class NoPlugins:
+        available_plugins: tuple[str, ...] = ()
+
+    monkeypatch.setattr(reader, "get_decoder", lambda syntax: NoPlugins())
+    found = issue_of(read(shipped(name)), "unsupported_transfer_syntax", "read")
+    assert f"{package} package, which is not installed here; pip install pylibjpeg {package}" in found.message
+
+
 def test_corrupt_encapsulated_frame_is_decode_failed(tmp_path: Path) -> None:
     ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
     frame = next(generate_frames(ds.PixelData, number_of_frames=1))

@@ -521,6 +521,17 @@ def test_random_bytes_named_png_are_unsupported(tmp_path: Path) -> None:
     assert isinstance(probed, Issue) and probed.reason == "unsupported"
 
 
+def test_a_dicom_file_named_png_is_told_to_go_to_a_dicom_source(tmp_path: Path) -> None:
+    """A DICOM file among the photos (x.png): 'first bytes 00 00 ... are not a PNG ... signature;
+    convert the file to png' sent the user to convert a DICOM file; it is named as DICOM, with the
+    source kind that reads it."""
+    path = tmp_path / "scan.png"
+    path.write_bytes(bytes(128) + b"DICM" + RNG.integers(0, 255, 300, dtype=np.uint8).tobytes())
+    for issue in (read_issue(path), probe_image(make_ref(path))):
+        assert isinstance(issue, Issue) and issue.reason == "unsupported"
+        assert "a DICOM file (DICM at byte 128)" in issue.message and "kind: dicom" in issue.message, issue.message
+
+
 def test_corrupt_png_data_is_decode_failed(tmp_path: Path) -> None:
     data = bytearray(write_image(tmp_path / "ok.png", noise((16, 16, 3))).read_bytes())
     start = data.index(b"IDAT") + 4

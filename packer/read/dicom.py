@@ -93,6 +93,10 @@ _DECODERS: dict[str, str] = {
     "1.2.840.10008.1.2.4.202": _PYLIBJPEG,  # HTJ2K Lossless RPCL
     "1.2.840.10008.1.2.4.203": _PYLIBJPEG,  # HTJ2K
 }
+#: The pylibjpeg package that decodes each compressed syntax (the JPEG family is pylibjpeg-libjpeg's)
+_PLUGIN_PACKAGES = {syntax: "pylibjpeg-openjpeg" for syntax in (
+    "1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202",
+    "1.2.840.10008.1.2.4.203")}
 _NATIVE = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"})
 _DEFLATED = "1.2.840.10008.1.2.1.99"
 # Explicit VRs with a 2-byte reserved field and a 4-byte length (PS3.5 7.1.2).
@@ -390,9 +394,11 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       f"transfer syntax {what} has no pinned decoder; "
                       "transcode it to Explicit VR Little Endian (e.g. dcmconv +te or gdcmconv --raw)")
     if plugin != _PYDICOM and plugin not in get_decoder(syntax).available_plugins:
+        package = _PLUGIN_PACKAGES.get(syntax, "pylibjpeg-libjpeg")
         return _issue(ref, "read", "unsupported_transfer_syntax",
-                      f"transfer syntax {syntax} ({UID(syntax).name}) needs the {plugin} plugin, which is not "
-                      "installed; pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
+                      f"transfer syntax {syntax} ({UID(syntax).name}) needs pydicom's {plugin} decoder with its "
+                      f"{package} package, which is not installed here; pip install pylibjpeg {package} (packer's "
+                      "own install has it: was the environment changed?)")
     if photometric not in GRAYSCALE + RGB_DECODED + (PALETTE,):
         return _issue(ref, "validate", "unsupported",
                       f"(0028,0004) Photometric Interpretation {photometric or '(missing)'} is not supported; "

@@ -179,9 +179,16 @@ def _name(ref: SampleRef) -> str:
     return ref.relpath or ref.path
 
 
-def _unsupported(ref: SampleRef, head: bytes) -> Issue:
+def _unsupported(ref: SampleRef, head: bytes, dicm: bytes = b"") -> Issue:
     """The Issue of a file whose first bytes (``head``: up to 16, all of a shorter file) name no
-    format; ``truncated`` when the whole file is the start of a signature."""
+    format; ``truncated`` when the whole file is the start of a signature. ``dicm``: its bytes
+    128-131, which say ``DICM`` in a DICOM file (a DICOM file among the photos is told to go to a
+    DICOM source, not to be converted to PNG)."""
+    if dicm == b"DICM":
+        return Issue.of(ref, stage="read", reason="unsupported",
+                        message=f"{_name(ref)}: a DICOM file (DICM at byte 128) in an image source, which reads PNG, "
+                                "JPEG, TIFF and BMP; read it with a source of kind: dicom (a job may have both), "
+                                "or move it out of this root")
     cut = cut_signature(head)
     if cut is not None:
         return Issue.of(ref, stage="read", reason="truncated",
@@ -274,7 +281,7 @@ def _probe_header(ref: SampleRef, read: Reader, size: int, limits: LimitsConfig)
     head = read(0, 16)
     fmt = sniff_format(head)
     if fmt is None:
-        return _unsupported(ref, head)
+        return _unsupported(ref, head, read(128, 4) if size >= 132 else b"")
     too_big = file_size_problem(size, limits)
     if too_big is not None:
         raise Defect("too_large", too_big)
@@ -712,7 +719,7 @@ def _read(ref: SampleRef, cfg: ImageTransformConfig, limits: LimitsConfig,
                             message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
         fmt = sniff_format(data[:16])
         if fmt is None:
-            return _unsupported(ref, data)
+            return _unsupported(ref, data[:16], data[128:132])
         pages = _decode_pages(fmt, data, limits)
         progress.stage = "validate"
         _validate(pages)
