@@ -191,6 +191,8 @@ def test_a_batch_of_one_source_mixing_sizes_is_told_to_give_the_kind_a_size() ->
 @pytest.mark.parametrize(("shapes", "offered", "not_offered"), [
     ([(3, 40, 48), (3, 48, 40)], "build with one size", "transform.channels"),  # an EXIF-rotated photo
     ([(1, 32, 32), (3, 32, 32)], "build with one channel count", "build with one size"),
+    ([(1, 8, 32, 32), (3, 32, 32)], "never stack or pad", "build with one"),  # a volume beside a slice
+    ([(1, 8, 32, 32), (3, 32, 32)], "never stack or pad", 'collate="pad"'),
 ])
 def test_a_mixed_batch_is_offered_only_the_fixes_that_help_it(
         shapes: list[tuple[int, ...]], offered: str, not_offered: str) -> None:

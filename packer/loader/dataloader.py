@@ -161,9 +161,13 @@ def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
     """The fixes of :data:`MIXED_FIXES` that can help a batch of ``shapes`` (C×H×W or C×D×H×W):
     one channel count only where the channel counts differ, one size only where the sizes do
     (an EXIF-rotated photo among upright ones differs in size alone: a channel count changes
-    nothing there)."""
+    nothing there), neither where volumes meet 2-D images (nothing but a list joins those)."""
     if len(shapes) < 2:
         return MIXED_FIXES
+    if len({len(shape) for shape in shapes}) > 1:  # volumes beside 2-D images: no channel count or size joins them
+        return (_ONE_SOURCE + "take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
+                "(volumes, C×D×H×W, and 2-D images, C×H×W, never stack or pad into one tensor, whatever their "
+                "channels or size)")
     counts = {shape[0] for shape in shapes}
     sizes = len({shape[1:] for shape in shapes}) > 1
     fixes = [*([_one_channel_count(counts)] if len(counts) > 1 else []), *([_ONE_SIZE] if sizes else []), _AS_LIST]
