@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -53,7 +54,17 @@ def load(job: Job, *, base_dir: str | os.PathLike[str] | None = None) -> JobConf
     """The :class:`~packer.config.JobConfig` of ``job``: a job file (YAML), a mapping (what such
     a file parses to: validated against the same schema, with the same messages, naming the job
     ``<dict>``; relative paths are relative to ``base_dir``, by default the current folder) or a
-    JobConfig, returned as it is. Raises ConfigError (exit code 2)."""
+    JobConfig, returned as it is. Raises ConfigError (exit code 2). Warns (``UnicodeWarning``)
+    where Python decodes file names by a locale that is not UTF-8 (the ``packer`` command runs in
+    UTF-8 mode there; a notebook or task does not): job files and tables are UTF-8, so a
+    non-ASCII file name would not match its row."""
+    encoding = sys.getfilesystemencoding().replace("-", "").lower()
+    if encoding != "utf8":
+        warnings.warn(f"Python decodes file names as {sys.getfilesystemencoding()} here (the locale), while job "
+                      "files and tables are read as UTF-8: a file whose name is not ASCII will not match its table "
+                      "row and gets another sample id than under a UTF-8 locale; run Python in UTF-8 mode (python -X "
+                      "utf8, or PYTHONUTF8=1 in its environment), as the packer command does", UnicodeWarning,
+                      stacklevel=3)
     if isinstance(job, JobConfig):
         return job
     if isinstance(job, Mapping):

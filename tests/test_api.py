@@ -609,3 +609,20 @@ def test_the_report_lists_as_many_findings_per_rule_as_the_readme_says_and_count
     readme = " ".join((REPO / "README.md").read_text().split())
     assert f"the report, like `leakage.json`, lists the first {MAX_LISTED} of each" in readme
     assert f"its findings, the first {MAX_LISTED} of each" in readme
+
+
+def test_a_job_loaded_where_file_names_are_not_decoded_as_utf8_warns_how_to_fix_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packer command runs in UTF-8 mode where the locale's encoding is another; a notebook or
+    an orchestrator's task calling packer.build does not, and a non-ASCII file name would then not
+    match its UTF-8 table row: the API says so, and how to run Python instead."""
+    import warnings
+
+    job = photo_job(tmp_path, photos(4), split={"by": "entity", "seed": 1})
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "iso8859-1")
+    with pytest.warns(UnicodeWarning, match=r"decodes file names as iso8859-1.*python -X utf8, or PYTHONUTF8=1"):
+        packer.api.load(job)
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnicodeWarning)
+        packer.api.load(job)
