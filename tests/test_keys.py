@@ -144,12 +144,16 @@ def test_locate_still_refuses_a_suffixed_key_of_a_file_the_job_does_not_have(tmp
 def test_locate_refuses_a_tile_key_the_job_cannot_make(tmp_path: Path, tiled: bool, suffix: str) -> None:
     """A real file's id with a tile suffix the job's transform.image.tile never cuts (no tiles
     at all, or a top-left pixel off the stride grid) is no sample of the job: exit 2, not the
-    file's path as if the key were real (a typo in a key from a report must not look found)."""
+    file's path as if the key were real (a typo in a key from a report must not look found).
+    The message says the file is the job's and the tile is what it does not cut, not that the key
+    is "another job's sample, or built with another PHI key"."""
     job = _job(tmp_path, tiled=tiled)
     file_id = next(parse_key(key).file_id for key, path in _reader_keys(job).items() if path.endswith("photo.png"))
     result = CliRunner().invoke(main, ["locate", str(job), file_id + suffix])
     assert result.exit_code == 2, result.output
-    assert f"{file_id}{suffix}: no file of" in result.output
+    assert f"{file_id}{suffix}: no sample of" in result.output, result.output
+    assert f"{file_id} is a file of the job, but the job cuts no tile at that top-left pixel" in result.output
+    assert "another PHI key" not in result.output
 
 
 def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
@@ -160,7 +164,8 @@ def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
     file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith("photo.png"))
     result = CliRunner().invoke(main, ["locate", str(job), file_id + "-f0001"])
     assert result.exit_code == 2, result.output
-    assert f"{file_id}-f0001: no file of" in result.output
+    assert f"{file_id}-f0001: no sample of" in result.output, result.output
+    assert "is an image file of the job, and only DICOM and NIfTI files have frames" in result.output
 
 
 def test_a_keys_source_is_read_from_its_file_id_whatever_its_suffix() -> None:

@@ -35,8 +35,9 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
 
     \b
     Its output names raw paths: keep it local. Exits 2 when a key's file id is no file's of this
-    job (another job's sample, or the dataset was built with another PHI key); its frame, page or
-    tile part is not checked against the file (nothing is decoded).
+    job (another job's sample, or the dataset was built with another PHI key), or names a part
+    its file cannot have (a frame of a photo, a tile the job does not cut), saying which; how many
+    frames or pages the file holds is not checked (nothing is decoded).
     """
     from packer.config import load_job
     from packer.phi import pseudonymizer_for
@@ -44,8 +45,9 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     from packer.storage import parse_storage_options
 
     loaded = load_job(job)
+    refused: dict[str, str] = {}
     found = locate_samples(loaded, keys, pseudonymizer_for(loaded.phi, loaded.job_path),
-                           storage_options=parse_storage_options(storage_option))
+                           storage_options=parse_storage_options(storage_option), refused=refused)
     for key, path in found.items():
         if path is None:
             continue
@@ -53,11 +55,14 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
             click.echo(f"{key}\t{path}\0", nl=False)
         else:
             click.echo(f"{key}\t{_one_line(str(path))}")
-    missing = [key for key, path in found.items() if path is None]
+    missing = [key for key, path in found.items() if path is None and key not in refused]
+    problems = [f"{key}: no sample of {job} has this key: {why}" for key, why in refused.items()]
     if missing:
-        raise ConfigError(f"{', '.join(missing)}: no file of {job} makes this sample key; it is another job's "
-                          "sample, or the dataset was built with another PHI key (packer inspect shows a version's "
-                          "key fingerprint)")
+        problems.append(f"{', '.join(missing)}: no file of {job} makes this sample key; it is another job's "
+                        "sample, or the dataset was built with another PHI key (packer inspect shows a version's "
+                        "key fingerprint)")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _one_line(path: str) -> str:

@@ -1295,12 +1295,15 @@ def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> list[Sampl
 
 
 def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
-                   storage_options: Mapping[str, Any] | None = None) -> dict[str, str | None]:
+                   storage_options: Mapping[str, Any] | None = None,
+                   refused: dict[str, str] | None = None) -> dict[str, str | None]:
     """The raw file (path or URL) of each sample key of ``job``, None for a key no file of its
     sources makes: the sources are listed again and each file's sample id made as discovery
     makes it (with ``phi``, the job's pseudonymizer: the key decides the ids). A frame's, a page's
     or a tile's key (``<id>-f0003``, ``<id>-p00001-t00000_00128``: :func:`packer.keys.parse_key`)
-    and a volume's (its first file's id) name their file. Nothing is decoded."""
+    and a volume's (its first file's id) name their file. Nothing is decoded. ``refused``: where
+    the key of a file the job has names a part that file cannot be cut into (a frame of a photo,
+    a tile of a job that cuts none) goes, with why."""
     found = discover(job, phi, storage_options=storage_options)
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     kinds = dict(zip(found.refs.column("sample_id"), found.refs.column("kind"), strict=True))
@@ -1313,7 +1316,24 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
         parts = parse_key(key)
         made = parts.file_id not in kinds or _makes_part(job, kinds[parts.file_id], parts)
         out[key] = files.get(key) or (files.get(parts.file_id) if made else None)
+        if out[key] is None and not made and refused is not None:
+            refused[key] = _unmade_part(job, kinds[parts.file_id], parts)
     return out
+
+
+def _unmade_part(job: JobConfig, kind: str, parts: KeyParts) -> str:
+    """Why a ``kind`` file of ``job`` makes no sample of the part ``parts`` names (see :func:`_makes_part`)."""
+    maker = source_kind(kind)
+    what = f"{parts.file_id} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} file of the job"
+    if parts.frame is not None and "frame" not in maker.key_parts:
+        return f"{what}, and only DICOM and NIfTI files have frames (-fNNNN)"
+    if parts.page is not None and "page" not in maker.key_parts:
+        return f"{what}, and only image files have pages (-pNNNNN)"
+    if "tile" not in maker.key_parts:
+        return f"{what}, and only image files are cut into tiles (-tRRRRR_CCCCC)"
+    return (f"{parts.file_id} is a file of the job, but the job cuts no tile at that top-left pixel (its "
+            "transform.image.tile size and stride, or no tiles at all); the sample of the whole file is "
+            f"{parts.file_id}{'' if parts.page is None else f'-p{parts.page:05d}'}")
 
 
 def _makes_part(job: JobConfig, kind: str, parts: KeyParts) -> bool:

@@ -65,8 +65,19 @@ _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 #: Modalities of projection and other 2-D images (radiographs, mammograms, angiography and
 #: fluoroscopy runs, ultrasound, photographs, slide scans): no slice of a cross-sectional stack.
 #: In a series job one that has no place in patient space is left out, not refused as a broken series.
-PROJECTION_MODALITIES = frozenset({"CR", "DX", "MG", "IO", "PX", "RG", "XA", "RF", "US", "ES", "XC", "OP", "SM",
-                                   "GM", "DG"})
+PROJECTION_MODALITIES = frozenset({"CR", "DX", "MG", "IO", "PX", "RG", "XA", "RF", "US", "IVUS", "ES", "XC", "OP",
+                                   "SM", "GM", "DG"})
+#: Nuclear medicine is planar (a gamma camera's STATIC, DYNAMIC, GATED or WHOLE BODY image) unless
+#: its Image Type (value 3, PS3.3 C.8.4.7.1.1) says TOMO: those are 2-D images as radiographs are.
+_NM_TOMO = "TOMO"
+def _planar(ds: Dataset, modality: str) -> bool:
+    """Whether a ``modality`` image is projection or other 2-D imaging (:data:`PROJECTION_MODALITIES`,
+    and NM whose Image Type is no TOMO)."""
+    if modality == "NM":
+        return not any(_NM_TOMO in value.upper() for value in header_values(ds, "ImageType"))
+    return modality in PROJECTION_MODALITIES
+
+
 _PLACE_KEYWORDS = ("ImagePositionPatient", "PerFrameFunctionalGroupsSequence", "SharedFunctionalGroupsSequence")
 
 
@@ -228,7 +239,7 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}}")
-    elif not slices and modality in PROJECTION_MODALITIES and not any(k in ds for k in _PLACE_KEYWORDS):
+    elif not slices and _planar(ds, modality) and not any(k in ds for k in _PLACE_KEYWORDS):
         if not _asked(conditions, ("Modality",), ds):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a projection or 2-D image with no place in patient space (no Image "
