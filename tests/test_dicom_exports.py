@@ -287,7 +287,7 @@ def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_
     series_no_position bad sample ("the slices cannot be ordered in space"), which read like
     scanner damage and pushed the bad fraction over the threshold (exit 3). Each is now left out
     as not_requested, saying to pack it with sample: slice; a CT slice without its position is
-    still a bad sample."""
+    still a bad sample. So are planar NM (STATIC, WHOLE BODY) and IVUS frames."""
     raw = tmp_path / "raw"
     _write_series(raw / "ct", slices=4, seed=3, patient="P1")
     plate = np.random.default_rng(1).integers(0, 4000, (16, 16), dtype=np.uint16)
@@ -298,16 +298,24 @@ def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_
     echo = np.random.default_rng(2).integers(0, 255, (16, 16), dtype=np.uint8)
     save(image_dataset(echo, modality="US", sop_class="1.2.840.10008.5.1.4.1.1.6.1", PatientID="P4"),
          raw / "us" / "liver.dcm")
+    # nuclear medicine planar images and an intravascular ultrasound frame: 2-D imaging too
+    nm = "1.2.840.10008.5.1.4.1.1.20"
+    save(image_dataset(plate, modality="NM", sop_class=nm, PatientID="P5", ImageType=["ORIGINAL", "PRIMARY", "STATIC"]),
+         raw / "nm" / "bone-static.dcm")
+    save(image_dataset(plate, modality="NM", sop_class=nm, PatientID="P6",
+                       ImageType=["ORIGINAL", "PRIMARY", "WHOLE BODY"]), raw / "nm" / "whole-body.dcm")
+    save(image_dataset(echo, modality="IVUS", sop_class="1.2.840.10008.5.1.4.1.1.6.1", PatientID="P7"),
+         raw / "ivus" / "vessel.dcm")
     job = export_job(tmp_path, raw, sample={"neighbors": 1}, windows=["mediastinum"])
     run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
     assert run.exit_code == 0, run.output
     version = next((tmp_path / "out" / "targets").glob("*/manifest.json")).parent
     manifest = json.loads((version / "manifest.json").read_text())
     assert manifest["bad_samples"]["total"] == 0
-    assert manifest["inputs"]["excluded"] == {"not_requested": 3}
+    assert manifest["inputs"]["excluded"] == {"not_requested": 6}
     records = {Path(r["path"]).name: r for r in read_excluded(version / EXCLUDED_FILE)}
-    assert sorted(records) == ["chest.dcm", "hand.dcm", "liver.dcm"]
-    assert {r["modality"] for r in records.values()} == {"CR", "DX", "US"}
+    assert sorted(records) == ["bone-static.dcm", "chest.dcm", "hand.dcm", "liver.dcm", "vessel.dcm", "whole-body.dcm"]
+    assert {r["modality"] for r in records.values()} == {"CR", "DX", "US", "NM", "IVUS"}
     assert all("not a slice of a series" in r["detail"] and "sample: slice" in r["detail"] for r in records.values())
     # the same files in a slice job are packed as images
     sliced = export_job(tmp_path / "sliced", raw, windows=["mediastinum"])
