@@ -953,6 +953,16 @@ def test_an_unknown_transfer_syntax_is_named_where_dicom_defines_it_and_never_by
     assert f"{uid} ({uid})" not in found.message and "DICOM defines" not in found.message
 
 
+@pytest.mark.parametrize("uid", ["1.2.840.10008.1.2.4.102", "1.2.840.10008.1.2.4.107", "1.2.840.10008.1.2.4.100"])
+def test_a_video_transfer_syntax_is_told_how_to_get_frames_not_to_transcode(tmp_path: Path, uid: str) -> None:
+    """An ultrasound cine stored as H.264 (or HEVC, MPEG-2) was told to transcode it with dcmconv
+    +te or gdcmconv --raw, neither of which decodes video."""
+    path = _relabelled(save(ct_dataset(ct_pixels((8, 8))), tmp_path / "cine.dcm"), uid)
+    found = issue_of(probe(path), "unsupported_transfer_syntax")
+    assert "is a video stream, which packer does not decode" in found.message and "ffmpeg" in found.message
+    assert "dcmconv" not in found.message
+
+
 def _sequence_as_ob(ds: Any, keyword: str, path: Path) -> Path:
     """Save ``ds``, then rewrite the VR of its top-level ``keyword`` sequence from SQ to OB: a
     damaged export whose functional groups or LUT read back as bytes, not items."""

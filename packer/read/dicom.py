@@ -390,6 +390,13 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
         named = _NEWER_SYNTAXES.get(syntax, UID(syntax).name)
         what = (f"{syntax} ({named})" if named != syntax else
                 f"{syntax} (one pydicom {pydicom.__version__} does not know: newer than it, or made up)")
+        if any(word in named for word in ("MPEG", "HEVC", "H.264", "H.265")):
+            # a video stream: no DICOM transcoder (dcmconv, gdcmconv) decodes it to frames
+            return _issue(ref, "read", "unsupported_transfer_syntax",
+                          f"transfer syntax {what} is a video stream, which packer does not decode; take the "
+                          "stream out of the file (its encapsulated Pixel Data item; e.g. gdcmraw -i FILE -o "
+                          "clip.mp4) and cut it into frames with ffmpeg (ffmpeg -i clip.mp4 frame-%05d.png) for an "
+                          "image source")
         return _issue(ref, "read", "unsupported_transfer_syntax",
                       f"transfer syntax {what} has no pinned decoder; "
                       "transcode it to Explicit VR Little Endian (e.g. dcmconv +te or gdcmconv --raw)")
