@@ -778,6 +778,21 @@ def test_a_voi_lut_whose_descriptor_gives_no_valid_entry_size_is_a_missing_windo
     assert f"{bits} bits per entry" in issue.message and "bits.dcm" in issue.message
 
 
+def test_a_window_pair_behind_a_voi_lut_item_of_its_index_is_told_how_to_reach_it(tmp_path: Path) -> None:
+    """A mammogram with one VOI LUT item and one Window Center/Width pair (no explanation):
+    {file: 0} is the LUT, and {file: 1} said "no pair #1 (it has 1 pair(s) ...)", pointing back to
+    index 0. It now says the pair shares its index with the LUT and how to reach it."""
+    ramp = np.sqrt(np.linspace(0, 1, 400)) * 4095
+    ds = ct_dataset(ct_pixels((16, 16), seed=2, low=600, high=1600), center=2000, width=1000)
+    ds.VOILUTSequence = DicomSequence([lut_item(-200, 12, np.rint(ramp).astype(int).tolist())])
+    path = save(ds, tmp_path / "mg.dcm")
+    assert read(path, file_window(0))[0].metadata["windows"][0]["function"] == "LUT"
+    issue = refused(path, file_window(1))
+    assert issue.reason == "missing_window"
+    assert "its pair #0 shares its index with VOI LUT Sequence item(s)" in issue.message, issue.message
+    assert '{file: "TEXT"}' in issue.message and "{center: C, width: W}" in issue.message
+
+
 def test_a_window_center_that_is_no_number_keeps_its_place_and_is_named(tmp_path: Path) -> None:
     # Window Center 'abc\-600' with Width '400\1500': pair #1 is -600/1500 and pair #0 is damaged.
     # Dropping 'abc' would shift -600 into pair #0 and pack it under width 400, a window no one wrote.

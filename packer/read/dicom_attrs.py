@@ -345,8 +345,13 @@ def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) 
         index = selector
     pairs = min(len(offer.centers), len(offer.widths))
     if index >= pairs:
+        hidden = min(pairs, len(offer.luts))
+        shared = "pair #0 shares its index" if hidden == 1 else f"pairs #0-#{hidden - 1} share their indexes"
+        behind = (f"; its {shared} with VOI LUT Sequence item(s), which {{file: N}} picks first, so it is reached "
+                  "by its (0028,1055) Window Center & Width Explanation, {file: \"TEXT\"}, only, or written as an "
+                  "explicit window {center: C, width: W}") if hidden else ""
         return (f"the file has no (0028,1050) Window Center / (0028,1051) Window Width pair #{index} "
-                f"(it has {pairs} pair(s) and {len(offer.luts)} (0028,3010) VOI LUT Sequence item(s))")
+                f"(it has {pairs} pair(s) and {len(offer.luts)} (0028,3010) VOI LUT Sequence item(s)){behind}")
     broken = [why for at, why in offer.damaged if at == index]
     if broken:
         return f"the file's window #{index} cannot be read: {'; '.join(broken)}; fix the header"
