@@ -288,10 +288,15 @@ def test_a_block_shared_by_two_samples_packed_apart_is_freed_once_both_are(tmp_p
     assert consumer.freed == 2 * block
 
 
+@pytest.mark.parametrize("change", ["cut", "deleted"])
 def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_pointer_and_the_fix(
-        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     """The pack pass reads reused samples back after the pixel pass checked them; a version
-    folder changed in between (by hand, during the build) is a clear error, never wrong bytes."""
+    folder changed in between (by hand, during the build) is a clear error (IntegrityError, exit
+    5), never wrong bytes; one deleted (rm -rf by a teammate) was a bare FileNotFoundError, an
+    internal error."""
+    from packer.errors import IntegrityError
+
     out, work = tmp_path / "out", tmp_path / "work"
     first = run(demo_raw, tmp_path, out, work, monkeypatch)
     (cache,) = (work / "cache").iterdir()
@@ -300,13 +305,16 @@ def test_a_shard_changed_after_the_cache_was_checked_is_an_error_naming_the_poin
     assert entry is not None and all(s.spill == f"{chunk}.packed.json" for s in entry.samples)
     for shard in first.version_dir.glob("*.tar"):
         shard.chmod(0o644)  # by hand, past the published shard's read-only mode
-        shard.write_bytes(shard.read_bytes()[:1024])  # cut short, under the build's feet
-    with SpillReader(cache) as reader, pytest.raises(OSError) as caught:
+        if change == "cut":
+            shard.write_bytes(shard.read_bytes()[:1024])  # cut short, under the build's feet
+        else:
+            shard.unlink()
+    with SpillReader(cache) as reader, pytest.raises(IntegrityError) as caught:
         for sample in entry.samples:
             reader.read_bytes(sample)
     message = str(caught.value)
     assert message.startswith(f"{cache / chunk}.packed.json: sample ")
-    assert "could not be read back from the version folder" in message and "Run the build again" in message
+    assert "could not be read back from the earlier version" in message and "Run the build again" in message
     assert load_cached_chunk(cache, chunk, "webdataset") is None  # and the next build decodes that chunk
 
 

@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from packer.config import JobConfig, SourceConfig
-from packer.errors import FileSystemError, output_elsewhere, surface
+from packer.errors import FileSystemError, IntegrityError, output_elsewhere, surface
 from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
@@ -280,6 +280,12 @@ def referenced_entries(spill_names: Iterable[str], chunks: Iterable[str]) -> set
     return {chunk_of(pointer_of(name)) for name in spill_names if VIA in name and chunk_of(name) in wanted}
 
 
+class ReadBackError(IntegrityError, OSError):
+    """A sample the build cache points to could not be read back from an earlier version's
+    shards (changed or deleted while the build ran): an OSError to the readers that fall back on
+    decoding, an IntegrityError (exit 5) where nothing does."""
+
+
 def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None:
     """The chunk's records if its records file is complete and its samples' bytes check out
     (sizes, each sample's sha256 and the digest chained over them), else None (the chunk is
@@ -500,14 +506,18 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
         return fh
 
     def _packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
-        """:meth:`_read_packed`, its failures said as an OSError naming the pointer and the fix."""
+        """:meth:`_read_packed`, its failures said as a :class:`ReadBackError` (an OSError, as every
+        failure to read back is, and an IntegrityError, exit 5, where it reaches the command line)
+        naming the pointer and the fix: the earlier version it reads from was changed or deleted
+        while this build ran (a file gone is that too: it was an internal error, a bare
+        FileNotFoundError)."""
         try:
             return self._read_packed(sample)
-        except (KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
-            raise OSError(f"{self.cache_dir / pointer_of(sample.spill)}: sample {sample.key} could not be read "
-                          "back from the version folder the build cache points to "
-                          f"({type(err).__name__}: {err}); was it changed or deleted during the build? Run the "
-                          "build again: it decodes those files anew") from err
+        except (OSError, KeyError, ValueError, TypeError, tarfile.TarError, pa.ArrowException) as err:
+            raise ReadBackError(
+                f"{self.cache_dir / pointer_of(sample.spill)}: sample {sample.key} could not be read back from the "
+                f"earlier version the build cache points to ({type(err).__name__}: {err}); was that version "
+                "changed or deleted while this build ran? Run the build again: it decodes those files anew") from err
 
     def _read_packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
         """The pixel bytes, the record's metadata and the mask's ``.npy`` bytes of a sample
