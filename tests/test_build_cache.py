@@ -163,6 +163,30 @@ def test_a_second_build_of_the_job_into_the_same_output_is_refused_while_the_fir
     assert not (refused / "demo").exists()
 
 
+def test_a_build_refused_by_the_lock_leaves_the_folder_it_saw_made_by_the_running_build(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B saw out/demo missing; A made it and locked it before B's lock: B was refused, and on its
+    way out removed the (still empty) folder A's lock was on, so a third build could run beside A.
+    B now leaves a folder another build holds."""
+    import fcntl
+
+    from packer.pipeline import build as build_module
+
+    out = tmp_path / "out"
+    (out / "demo").mkdir(parents=True)
+    fd = os.open(out / "demo", os.O_RDONLY)  # A: made it a moment after B looked, and holds its lock
+    real_exists = build_module.path_exists
+    monkeypatch.setattr(build_module, "path_exists", lambda p: False if Path(p) == out / "demo" else real_exists(p))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="another `packer build` of demo into this folder is running"):
+            build_demo(demo_raw, tmp_path, out)
+        assert (out / "demo").is_dir()
+        assert os.stat(out / "demo").st_ino == os.fstat(fd).st_ino  # the very folder A locked
+    finally:
+        os.close(fd)
+
+
 def test_every_job_and_output_has_its_own_cache_folder(tmp_path: Path) -> None:
     base = tmp_path / "cache"
     folders = {build_cache_dir(name, location, base) for name in ("ct", "ct2", "mri")

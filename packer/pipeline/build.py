@@ -316,7 +316,9 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     each deleted the other's temporaries, and one died with an internal error. The second is
     refused instead (exit 2). The lock goes with the process (``kill -9`` included);
     a file system without directory locks builds unguarded, as before. A folder made only to
-    hold the lock is removed again when the build left nothing in it."""
+    hold the lock is removed again when the build left nothing in it, before the lock is let go;
+    a build refused by the lock leaves the folder be, even one it made itself: the build that
+    locked it a moment later holds it (removed, its lock would guard nothing)."""
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
     check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
@@ -348,14 +350,13 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
             raise _RefusedBeforeWork(str(refused)) from err
         yield  # a file system without directory locks: the build runs unguarded
         return
-    except ConfigError:
-        remove_made()
+    except ConfigError:  # another build holds the folder: it is that build's now, even where this one made it
         raise
-    try:
-        with lock:
+    with lock:
+        try:
             yield
-    finally:
-        remove_made()
+        finally:
+            remove_made()  # while the lock is held: a build that starts now waits for it, or finds no folder
 
 
 class _ReportNotWritten(FileSystemError):
