@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,8 +43,17 @@ def human_bytes(size: float) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = None) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = None,
+                  shared: bool = False) -> Iterator[BinaryIO]:
     """Open ``path.partial`` for writing; on success fsync and rename it to ``path``.
+
+    ``shared``: ``path`` may be written by two processes at once (``report.html`` by two
+    ``packer report`` runs, or by one beside a build; a registry copy by builds of two outputs; a
+    ``--json`` report by two CI jobs): the temporary gets a name of this writer's own
+    (``path.<pid>-<random>.partial``), so neither removes or renames the other's half-written
+    file (one fixed name made the first rename publish the other's half and the second fail).
+    Without it the name is fixed, as a shard's must be: a retried pack task reads back what its
+    earlier attempt left there.
 
     On failure the temporary file is removed, so ``path`` is either absent or complete.
     ``durable=False`` skips both fsyncs: for files whose reader verifies them and redoes the
@@ -55,7 +65,8 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     the OSError;
     a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
     """
-    tmp = path.with_name(path.name + TMP_SUFFIX)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}" if shared
+                         else path.name + TMP_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # a new inode every time: a temporary left behind may be a hard link to a published

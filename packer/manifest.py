@@ -123,7 +123,7 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     position order, 2-space indent)."""
     validate_manifest(manifest, source=str(folder / MANIFEST_FILE))
     path = folder / MANIFEST_FILE
-    with atomic_output(path) as fh:
+    with atomic_output(path, shared=True) as fh:
         fh.write(json.dumps(_file_order(manifest), indent=2).encode() + b"\n")
     return path
 

@@ -445,8 +445,9 @@ def _check_extra_files(folder: VersionFolder, listed: set[str], found: _Findings
         return
     for name in children:
         if name.endswith(TMP_SUFFIX):
-            found.warnings.append(Problem(name, None, "stale temporary from an interrupted write; it is not "
-                                                       "part of the dataset: delete it"))
+            found.warnings.append(Problem(name, None, "a temporary of an interrupted write (or of one still "
+                                                       "running: a `packer report` writing report.html); it is not "
+                                                       "part of the dataset: delete it once no such command runs"))
         elif Path(name).suffix in (".tar", ".parquet") and name not in listed and not name.startswith("_"):
             found.add(name, f"{UNLISTED}: glob-based readers would mix it in; delete it (a build never removes it; "
                             "it may belong to another version)")

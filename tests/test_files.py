@@ -101,3 +101,23 @@ def test_atomic_output_never_writes_through_a_leftover_temporary_linked_to_anoth
         fh.write(b"a new shard")
     assert staging.read_bytes() == b"a new shard"
     assert published.read_bytes() == b"version one's shard"
+
+
+def test_two_writers_of_one_shared_file_each_publish_a_whole_file(tmp_path: Path) -> None:
+    """Two `packer report` runs (or a report beside a build) write report.html at once. With one
+    fixed temporary name, the second writer unlinked and reopened the first's temporary, the
+    first's rename published the second's half-written file, and the second's rename failed
+    (FileNotFoundError: an internal error, exit 1). Shared files get a temporary per writer."""
+    target = tmp_path / "report.html"
+    first, second = atomic_output(target, shared=True), atomic_output(target, shared=True)
+    a = first.__enter__()
+    b = second.__enter__()
+    a.write(b"A" * 1000)
+    b.write(b"B" * 10)
+    first.__exit__(None, None, None)
+    assert target.read_bytes() == b"A" * 1000  # the first writer's whole file, not the second's half
+    b.write(b"B" * 990)
+    second.__exit__(None, None, None)
+    assert target.read_bytes() == b"B" * 1000
+    assert list(tmp_path.iterdir()) == [target]
+

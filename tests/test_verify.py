@@ -255,7 +255,7 @@ def test_a_stale_partial_is_a_warning_not_a_failure(version: Path) -> None:
     (version / f"{shard_files(version)[0]}.partial").write_bytes(b"half a shard")
     result = invoke(version)
     assert result.exit_code == 0, result.output
-    assert "warn" in result.output and ".partial: stale temporary" in result.output
+    assert "warn" in result.output and ".partial: a temporary of an interrupted write" in result.output
 
 
 def test_an_edited_manifest_fails_its_dataset_hash(version: Path) -> None:

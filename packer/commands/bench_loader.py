@@ -84,5 +84,5 @@ def bench_loader_command(manifest_arg: str, split: str, device: str, workers: st
                           verify=modes)
     click.echo(format_table(result))
     if json_path is not None:
-        with atomic_output(json_path, elsewhere="write the file elsewhere (another --json FILE)") as fh:
+        with atomic_output(json_path, elsewhere="write the file elsewhere (another --json FILE)", shared=True) as fh:
             fh.write(json.dumps(result, indent=2, sort_keys=True).encode() + b"\n")

@@ -137,7 +137,7 @@ def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *
                             unreadable=tuple(report.unreadable), selected=report.selected)
     if _holds(target, data):
         return written
-    with atomic_output(target) as fh:
+    with atomic_output(target, shared=True) as fh:  # packer report beside another, or a build
         fh.write(data)
     return written
 

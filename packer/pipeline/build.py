@@ -827,7 +827,7 @@ def write_manifest_copy(target: Path, manifest_file: Path) -> bool:
     """
     if read_dataset_hash(target) == read_dataset_hash(manifest_file):
         return False
-    with atomic_output(target) as fh:
+    with atomic_output(target, shared=True) as fh:  # builds of two outputs share the registry
         fh.write(manifest_file.read_bytes())
     return True
 

@@ -345,7 +345,7 @@ def _report_file(path: Path, option: str) -> Iterator[Any]:
         if blocker is not None:  # the report's path, met after a whole check: exit 6 as any unwritable path
             raise FileSystemError(f"cannot write {path}: {blocker} is a file, not a folder; give "
                                   f"{surface().name(option)} a path in a writable folder")
-        with atomic_output(path, elsewhere=report_elsewhere(option)) as fh:
+        with atomic_output(path, elsewhere=report_elsewhere(option), shared=True) as fh:
             yield fh
     except OSError as err:
         raise FileSystemError(f"cannot write {path}: {err.strerror or err}; give "
