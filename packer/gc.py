@@ -139,9 +139,9 @@ def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
     """The exclusive ``flock`` a running build holds on the dataset folder ``root``
     (:func:`packer.pipeline.build._one_build_at_a_time`); ConfigError when a build holds it.
     A file system without directory locks runs unguarded, as a build there does."""
-    return folder_lock(root, f"{root}: a `packer build` of this dataset is running (it holds the folder's lock) "
-                             "and links shards and reads samples from its versions; run gc once it has ended "
-                             "(nothing was removed)")
+    return folder_lock(root, f"{root}: a `packer build` of this dataset, or another `packer gc` of it, is running "
+                             "(it holds the folder's lock; a build links shards and reads samples from its "
+                             "versions); run gc once it has ended (nothing was removed)")
 
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:

@@ -420,7 +420,7 @@ def test_gc_refuses_while_a_build_of_the_dataset_holds_its_lock(versions: Versio
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running `packer build` holds
         result = invoke("gc", root, "--keep", "1")
         assert result.exit_code == 2, result.output
-        assert f"{root}: a `packer build` of this dataset is running" in result.output
+        assert f"{root}: a `packer build` of this dataset, or another `packer gc` of it, is running" in result.output
         assert snapshot(root) == before
         dry = invoke("gc", root, "--keep", "1", "--dry-run")
         assert dry.exit_code == 0 and "dry run" in dry.output
