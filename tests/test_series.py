@@ -1005,3 +1005,35 @@ def test_of_two_whole_copies_of_one_image_neither_is_called_cut_short(tmp_path: 
     (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert record["path"] == str(implicit) and "damaged" not in record["message"], record["message"]
     assert "both copies are whole" in record["message"]
+
+
+def test_a_slice_replaced_between_the_header_and_pixel_passes_is_not_stacked_with_its_old_series(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Series are assembled from the header pass; a slice overwritten before the pixel pass (with
+    another patient's slice) was probed again and packed as that patient's, while its old
+    series' stacks took its new pixels: a cross-split leak with no record. A file that changed
+    since its placement is now a bad sample saying so, and its series is refused with it."""
+    import shutil
+
+    import packer.pipeline.pixels as pixels
+
+    raw = tmp_path / "raw"
+    first = _write_series(raw / "a", slices=4, seed=1, patient="P1")
+    other = _write_series(raw / "b", slices=4, seed=2, patient="P2")
+    victim, intruder = sorted(first)[0], sorted(other)[0]
+    assemble_groups = pixels._assemble_groups
+
+    def then_overwritten(*args: Any, **kwargs: Any) -> Any:
+        placed = assemble_groups(*args, **kwargs)
+        shutil.copyfile(intruder, victim)  # after the header pass placed it, before its pixels are read
+        return placed
+
+    monkeypatch.setattr(pixels, "_assemble_groups", then_overwritten)
+    result = _build(_series_job(tmp_path, raw))
+    bad = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert bad[victim.name]["reason"] == "unreadable", bad
+    assert "the file changed while the build ran (modified after the header pass)" in bad[victim.name]["message"]
+    assert {bad[p.name]["reason"] for p in first if p != victim} == {"series_incomplete"}
+    entities = {item["record"]["entity_id"] for split in ("train", "valid", "test")
+                for item in ShardDataset(result.manifest_path, split, shuffle=False, records=True)}
+    assert len(entities) == 1  # P2's series alone, never P1's stacks holding P2's pixels

@@ -8,6 +8,7 @@ stacks and volumes are :mod:`packer.read.series`, offered to the pixel pass as t
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -230,6 +231,12 @@ class DicomKind(SourceKind):
         from packer.read.dicom import probe_dicom, reread_placed
 
         if keep and isinstance(placed, HeaderFingerprint):
+            changed = _changed_since(ref, placed)
+            if changed:  # its place in its series (and its neighbours' stacks) came from the header read before
+                return Issue.of(ref, stage="read", reason="unreadable", message=(
+                    f"{ref.path}: the file changed while the build ran ({changed}): its series, and its "
+                    "neighbours' stacks, were assembled from the header it had then, so it is not read now; run "
+                    "the build again"))
             ds = reread_placed(ref, placed)
             if ds is not None:
                 attribute = source.target.attribute
@@ -540,3 +547,17 @@ def _blank_series(series: Series, slices: Sequence[Sample]) -> tuple[Issue, ...]
 
 
 register(DicomKind())
+
+
+def _changed_since(ref: SampleRef, placed: HeaderFingerprint) -> str:
+    """How the file at ``ref`` differs from what the header pass stat'ed (its size or its mtime),
+    or ``""`` where it does not (or is gone: the probe says that as it says it for any file)."""
+    try:
+        info = os.stat(ref.path)
+    except OSError:
+        return ""
+    if info.st_size != placed.size:
+        return f"{placed.size:,} bytes at the header pass, {info.st_size:,} now"
+    if info.st_mtime_ns != placed.mtime_ns:
+        return "modified after the header pass"
+    return ""
