@@ -196,7 +196,8 @@ def test_a_misspelt_path_column_is_a_config_error_with_the_closest_column(tmp_pa
 
 @pytest.mark.parametrize(("rows", "why"), [
     (['"b.png,dog', "c.png,cat", "d.png,dog"], "holds the rows in between as its text"),
-    (['"b.png,dog', "c.png", "d.png"], r"swallows the rows in between \(a file path holds no line break\)"),
+    (['"b.png,dog', "c.png", "d.png"],
+     r"swallows the rows in between \(a table's file path takes no line break: rename a file whose name holds one\)"),
 ])
 def test_an_unclosed_quote_that_swallows_the_rows_below_is_a_config_error_naming_its_line(
         tmp_path: Path, rows: list[str], why: str) -> None:

@@ -398,15 +398,17 @@ def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns
 
 
 def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) -> None:
-    """Raise ConfigError for a file path cell of several lines: no file name holds a line break,
-    so a quote opened in it (or before it) swallowed the rows below."""
+    """Raise ConfigError for a file path cell of several lines: a table's path almost never holds
+    a line break (Linux allows one in a name; packer's tables do not take such names), so a quote
+    opened in it (or before it) swallowed the rows below."""
     names = _template_columns(table.template) if table.template is not None else [table.path]
     for start, record in rows:  # rows are numbered by their first line; the error wants the last
         n = start + _line_breaks(record)
         for column in names:
             if "\n" in record.get(column, ""):
                 raise _swallowed_error(table.file, n, record, column,
-                                       "swallows the rows in between (a file path holds no line break)")
+                                       "swallows the rows in between (a table's file path takes no line break: "
+                                       "rename a file whose name holds one)")
 
 
 def _delimiter(name: str, header: str) -> str:
