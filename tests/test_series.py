@@ -1032,7 +1032,7 @@ def test_a_slice_replaced_between_the_header_and_pixel_passes_is_not_stacked_wit
     result = _build(_series_job(tmp_path, raw))
     bad = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
     assert bad[victim.name]["reason"] == "unreadable", bad
-    assert "the file changed while the build ran (modified after the header pass)" in bad[victim.name]["message"]
+    assert "the file changed while the build ran (" in bad[victim.name]["message"]  # its size, or its mtime
     assert {bad[p.name]["reason"] for p in first if p != victim} == {"series_incomplete"}
     entities = {item["record"]["entity_id"] for split in ("train", "valid", "test")
                 for item in ShardDataset(result.manifest_path, split, shuffle=False, records=True)}
