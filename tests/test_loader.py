@@ -121,6 +121,18 @@ def test_a_world_size_without_a_rank_from_anywhere_is_a_config_error(datasets, m
     assert ShardDataset(datasets[("webdataset", "many")], "train", world_size=2).rank == 1
 
 
+def test_a_world_size_in_the_environment_without_a_rank_is_a_config_error(datasets, monkeypatch):
+    """WORLD_SIZE=2 exported (a job script's leftover), no RANK, no torch.distributed: the
+    dataset became rank 0 of 2 and read half the split without a word, in every process."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="WORLD_SIZE=2 is set in the environment but RANK is not.*unset WORLD_SIZE"):
+        ShardDataset(datasets[("webdataset", "many")], "train")
+    assert ShardDataset(datasets[("webdataset", "many")], "train", rank=0, world_size=1).world_size == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert ShardDataset(datasets[("webdataset", "many")], "train").world_size == 1
+
+
 def test_shuffle_decorrelates_packed_and_read_order(tmp_path):
     shards, size = 200, 10     # Spearman's rho over a random shard order: sd about 1/sqrt(200) = 0.07
     manifest = build_dataset(tmp_path, shard_sizes=[size] * shards)

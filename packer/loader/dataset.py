@@ -93,6 +93,12 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
                 default_world = int(os.environ.get("WORLD_SIZE", "1"))
             except ValueError as err:
                 raise ConfigError(f"RANK/WORLD_SIZE must be integers ({err})") from err
+            if rank is None and world_size is None and default_world > 1 and "RANK" not in os.environ:
+                # WORLD_SIZE exported (a job script's leftover) but no RANK: the same silent half as above
+                raise ConfigError(f"WORLD_SIZE={default_world} is set in the environment but RANK is not, and "
+                                  "torch.distributed is not initialised, so nothing says which rank this process "
+                                  "is (each would read rank 0's share); launch with torchrun (it sets RANK), pass "
+                                  "rank= and world_size=, or unset WORLD_SIZE")
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
