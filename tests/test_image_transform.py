@@ -260,6 +260,21 @@ def test_crop_keeps_the_centre(tmp_path: Path) -> None:
     assert (sample.image > 0).all()
 
 
+@pytest.mark.parametrize("line", range(60))
+def test_a_resize_that_shrinks_one_axis_and_grows_the_other_keeps_every_row(line: int) -> None:
+    """60×60 → 12×120 (rows shrunk 5×, columns grown 2×): OpenCV's INTER_AREA given both falls
+    back to a 2-tap filter that skipped 3 of every 5 source rows, so a one-pixel line vanished
+    from the image while its mask (nearest neighbour) still labelled it. Each axis on its own:
+    the line is averaged into output row line // 5 (255 / 5 = 51), as a 5× shrink of one axis is."""
+    image = np.zeros((60, 60, 1), np.float32)
+    image[line] = 255.0
+    out = resize_image(image, (12, 120), "stretch")
+    assert out.shape == (12, 120, 1)
+    expected = np.zeros(12, np.float32)
+    expected[line // 5] = 51.0
+    np.testing.assert_allclose(out[:, :, 0], np.repeat(expected[:, None], 120, axis=1), atol=1e-3)
+
+
 def test_a_crop_of_a_long_strip_is_computed_at_the_output_pixels_only(tmp_path: Path) -> None:
     """A 1×600000 strip cropped to 256×256 scales to 256 × 153,600,000 pixels (39 GB of float32):
     it is sampled at the output pixels instead, in a few MB, with the geometry a full resize

@@ -303,6 +303,10 @@ def test_nearest_never_makes_a_new_class_id(h: int, w: int, th: int, tw: int, po
 def _cv2_auto(image: np.ndarray, height: int, width: int) -> np.ndarray:
     if image.shape[:2] == (height, width):
         return image
+    if (height - image.shape[0]) * (width - image.shape[1]) < 0:  # one axis shrinks, one grows: one at a time
+        if height < image.shape[0]:
+            return _cv2_auto(_cv2_auto(image, height, image.shape[1]), height, width)
+        return _cv2_auto(_cv2_auto(image, image.shape[0], width), height, width)
     shrink = height < image.shape[0] or width < image.shape[1]
     out = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
     return out.reshape(height, width, image.shape[2])

@@ -10,10 +10,12 @@ Downscaling uses ``cv2.INTER_AREA`` (no aliasing), upscaling ``cv2.INTER_LINEAR`
 under the output pixel's centre, so it lines up with the centre-aligned AREA/LINEAR image.
 (``cv2.INTER_NEAREST`` takes ``floor(i · src / dst)``, (s − 1)/2 source pixels toward the
 origin for a shrink by s: 8 → 4 picks [0, 2, 4, 6] where EXACT picks [1, 3, 5, 7].) It never
-makes new values. One exception to "centre-aligned" is OpenCV's, not ours: when ``stretch``
-shrinks one axis and grows the other, cv2's INTER_AREA falls back to a 2-tap filter at
-``floor(i · s)`` (12 → 4 samples 0.67, 3.67, … instead of 1, 4, …), so such images sit
-about half a source pixel (0.58 at 12 → 5) toward the origin on the shrunk axis.
+makes new values. A resize that shrinks one axis and grows the other (``stretch`` to another
+aspect, or a spacing resample of anisotropic pixels) is done one axis at a time, INTER_AREA on
+the shrunk axis then INTER_LINEAR on the grown one: cv2's INTER_AREA given both falls back to a
+2-tap filter at ``floor(i · s)``, which skipped 3 of every 5 source rows at a 5× shrink (a
+one-pixel line vanished from the image while its mask, nearest and centre-aligned, kept it) and
+sat about half a source pixel toward the origin.
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ def _interp(src_hw: tuple[int, int], dst_hw: tuple[int, int], interpolation: str
 
 
 def _scale(image: np.ndarray, height: int, width: int, interpolation: str = "auto") -> np.ndarray:
-    """cv2.resize that keeps the channel axis even for one channel (cv2 drops it)."""
+    """cv2.resize that keeps the channel axis even for one channel (cv2 drops it); one axis at a
+    time where one shrinks and the other grows (see the module docstring)."""
     src = image.shape[:2]
     if src == (height, width):
         return image
+    if interpolation == "auto" and (height - src[0]) * (width - src[1]) < 0:  # one axis shrinks, one grows
+        if height < src[0]:
+            return _scale(_scale(image, height, src[1]), height, width)
+        return _scale(_scale(image, src[0], width), height, width)
     out = cv2.resize(image, (width, height), interpolation=_interp(src, (height, width), interpolation))
     if out.ndim == 2 and image.ndim == 3:
         out = out[:, :, None]
