@@ -441,6 +441,24 @@ def test_an_affine_no_scanner_gives_is_bad_geometry(fuzz_dir: Path, where: str, 
         assert reason(outcome(fuzz_dir, name)) == want, (where, value, want)
 
 
+@pytest.mark.parametrize(("voxel", "want"), [(5e-5, "ok"), (1e-4, "ok"), (0.7, "ok"), (0.0, "bad_geometry")])
+def test_a_tiny_voxel_is_not_a_singular_affine_but_a_collapsed_direction_is(fuzz_dir: Path, voxel: float,
+                                                                            want: str) -> None:
+    """An electron-microscopy volume of 5e-5 mm voxels (determinant 1.25e-13) was "singular"
+    (an absolute determinant test), its affine printed as all zeros; a direction collapsed onto
+    another, whatever the voxel size, still is."""
+    values = phantom().astype(np.float32)
+    affine = np.diag([voxel or 1.0, voxel or 1.0, voxel or 1.0, 1.0])
+    if voxel == 0.0:
+        affine[:3, 2] = affine[:3, 1]  # the third axis along the second: no volume
+    name = f"voxel-{voxel}.nii"
+    write_nifti(fuzz_dir / name, values, affine, form=Form(1, 0))
+    found = outcome(fuzz_dir, name)
+    assert reason(found) == want, found
+    if want == "bad_geometry":
+        assert isinstance(found, Issue) and "is singular or not finite" in found.message
+
+
 def test_a_quaternion_that_is_no_rotation_never_escapes(fuzz_dir: Path) -> None:
     """A qform whose quaternion has b² + c² + d² > 1 (no rotation has it; nibabel's
     ``get_qform`` raises ValueError, which escaped packer's probe and ended the build): beside

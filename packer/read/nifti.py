@@ -412,10 +412,15 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 affine, source = np.asarray(header.get_base_affine(), dtype=np.float64), "pixdim"
-    if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
-        raise NiftiDefect("bad_geometry", f"the {source} affine {np.round(affine[:3], 4).tolist()} is singular or "
-                                          "not finite: it places no voxel (a zero voxel size or a collapsed "
-                                          "direction); fix the header", stage="validate")
+    # singular by the directions' volume against the voxel sizes' (a scale-free test: a 5e-5 mm
+    # electron-microscopy voxel is no zero voxel, though its determinant is 1.25e-13)
+    columns = np.linalg.norm(affine[:3, :3], axis=0) if np.isfinite(affine).all() else np.zeros(3)
+    if (not np.isfinite(affine).all() or not (columns > 0).all()
+            or abs(np.linalg.det(affine[:3, :3])) <= 1e-9 * float(np.prod(columns))):
+        shown = [[float(f"{v:.4g}") for v in row] for row in affine[:3]]
+        raise NiftiDefect("bad_geometry", f"the {source} affine {shown} is singular or not finite: it places no "
+                                          "voxel (a zero voxel size or a collapsed direction); fix the header",
+                          stage="validate")
     voxel = np.linalg.norm(affine[:3, :3], axis=0)
     if float(voxel.max()) > MAX_VOXEL_MM or float(np.abs(affine[:3, 3]).max()) > MAX_ORIGIN_MM:
         sizes = [float(f"{v:.4g}") for v in voxel]
