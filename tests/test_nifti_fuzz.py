@@ -459,6 +459,22 @@ def test_a_tiny_voxel_is_not_a_singular_affine_but_a_collapsed_direction_is(fuzz
         assert isinstance(found, Issue) and "is singular or not finite" in found.message
 
 
+@pytest.mark.parametrize(("code", "voxel", "mm"), [(1, 0.002, 2.0), (3, 2000.0, 2.0), (2, 2.0, 2.0), (0, 2.0, 2.0)],
+                         ids=["meter", "micron", "mm", "unknown"])
+def test_the_spatial_unit_the_header_declares_is_read_as_mm(fuzz_dir: Path, code: int, voxel: float,
+                                                            mm: float) -> None:
+    """xyzt_units (NIfTI-1 codes 1 metre, 2 mm, 3 micrometre; 0 unknown, read as mm): a file in
+    metres with pixdim 0.002 was packed with 0.002 mm pixels (a 1 mm spacing made its 8³ volume
+    one voxel), one in micrometres with 2000 was refused as 2 m voxels."""
+    values = phantom().astype(np.float32)
+    name = f"units-{code}.nii"
+    write_nifti(fuzz_dir / name, values, np.diag([voxel, voxel, voxel, 1.0]), form=Form(1, 0),
+                fields={"xyzt_units": code})
+    found = outcome(fuzz_dir, name)
+    assert isinstance(found, list), found
+    assert found[0].metadata["pixel_spacing"] == pytest.approx([mm, mm])
+
+
 def test_a_quaternion_that_is_no_rotation_never_escapes(fuzz_dir: Path) -> None:
     """A qform whose quaternion has b² + c² + d² > 1 (no rotation has it; nibabel's
     ``get_qform`` raises ValueError, which escaped packer's probe and ended the build): beside

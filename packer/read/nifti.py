@@ -385,9 +385,16 @@ def corner_distance_mm(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> 
     return float(np.linalg.norm(moved, axis=1).max())
 
 
+#: Millimetres per spatial unit code of a header's xyzt_units (its low 3 bits: 1 metre, 2 mm,
+#: 3 micrometre; 0 unknown, and codes no unit has, read as mm as nibabel and viewers read them)
+_UNIT_MM = {1: 1000.0, 2: 1.0, 3: 1e-3}
+
+
 def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
                    ) -> tuple[np.ndarray, str, np.ndarray | None, float | None]:
-    """(affine, its source, the qform where it differs from the chosen sform, by how much);
+    """(affine, its source, the qform where it differs from the chosen sform, by how much), in
+    mm whatever spatial unit the header's xyzt_units declares (metres and micrometres are
+    scaled: a file in metres with pixdim 0.002 has 2 mm voxels, not 0.002 mm ones);
     ``stored_pixdim``: the voxel sizes as the file stores them (:func:`_stored_header`)."""
     from nibabel.spatialimages import HeaderDataError
 
@@ -412,6 +419,14 @@ def _choose_affine(header: Any, ndim: int, stored_pixdim: np.ndarray
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 affine, source = np.asarray(header.get_base_affine(), dtype=np.float64), "pixdim"
+    # the spatial unit the file declares (xyzt_units): packer's geometry is in mm, as ITK's is
+    to_mm = _UNIT_MM.get(int(header["xyzt_units"]) & 0x07, 1.0)  # the spatial bits (nibabel's names raise on 4-7)
+    if to_mm != 1.0:
+        affine = affine.copy()
+        affine[:3, :] *= to_mm
+        if qform is not None:
+            qform = np.asarray(qform, dtype=np.float64).copy()
+            qform[:3, :] *= to_mm
     # singular by the directions' volume against the voxel sizes' (a scale-free test: a 5e-5 mm
     # electron-microscopy voxel is no zero voxel, though its determinant is 1.25e-13)
     columns = np.linalg.norm(affine[:3, :3], axis=0) if np.isfinite(affine).all() else np.zeros(3)
