@@ -470,3 +470,18 @@ def test_a_reversed_display_range_is_named_as_unusable_not_as_unset(tmp_path: Pa
                                                                   "unset.nii.gz": "missing_window"}
     assert "cal_min 900 and cal_max 100 are set but make no range" in by_name["reversed.nii.gz"]["message"]
     assert "sets no display range" in by_name["unset.nii.gz"]["message"]
+
+
+@pytest.mark.parametrize("selector", [2, "LUNG"])
+def test_a_file_window_by_index_or_name_is_missing_on_a_nifti_which_has_one_range(tmp_path: Path,
+                                                                                  selector: Any) -> None:
+    """A NIfTI file holds one display range (cal_min/cal_max), with no index or name: {file: 2}
+    and {file: "LUNG"} packed that range as if it were the one asked for. They are missing_window,
+    saying what to write; {file: 0} is the range."""
+    values = (np.arange(20 * 20 * 4).reshape(20, 20, 4) % 896 + 102).astype(np.int16)
+    save(tmp_path / "raw" / "ok.nii.gz", values, cal_min=300.0, cal_max=700.0)
+    asked = run(nifti_job(tmp_path, ["ok.nii.gz,A"], windows=[{"file": selector}], sample="volume"), tmp_path)
+    (bad,) = read_bad_samples(asked.version_dir / "bad_samples.jsonl")
+    assert bad["reason"] == "missing_window" and "a NIfTI file cannot hold" in bad["message"], bad
+    first = run(nifti_job(tmp_path, ["ok.nii.gz,A"], windows=[{"file": 0}], sample="volume"), tmp_path)
+    assert len(records(first)) == 1

@@ -142,6 +142,10 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
             stats = _stats(case.values[index], spec)
             center, width, function = spec.center, spec.width, spec.function
             if spec.kind == "file":
+                if spec.selector not in (0, None):  # a NIfTI file has one display range, named by nothing
+                    raise MissingWindow(f"channel {name!r}: the window {{file: {spec.selector!r}}} asks for a "
+                                        "display range a NIfTI file cannot hold (it has one, cal_min/cal_max, "
+                                        "with no index or name): write file (or {file: 0})")
                 cal = case.cal[index]
                 why = case.cal_unusable[index] if index < len(case.cal_unusable) else ""
                 if cal is None and why:
