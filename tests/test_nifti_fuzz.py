@@ -545,6 +545,20 @@ def test_non_finite_voxels_are_non_finite(fuzz_dir: Path, value: float) -> None:
     assert reason(outcome(fuzz_dir, "non-finite.nii.gz")) == "non_finite"
 
 
+@pytest.mark.parametrize("name", ["beyond.nii", "beyond.nii.gz"])
+def test_a_finite_float64_voxel_beyond_float32_is_named_as_such_not_as_infinite(fuzz_dir: Path, name: str) -> None:
+    """One float64 voxel of 1e300, no NaN, no infinity: the cast to float32 made it infinite, and
+    the record said "0 NaN and 1 infinite voxel(s)" (under fill: min it was silently replaced as
+    one). It is named as what it is, on the mapped and the inflated path alike."""
+    values = phantom().astype(np.float64)
+    values[3, 4, 5] = 1e300
+    write_nifti(fuzz_dir / name, values, GRID.affine)
+    found = outcome(fuzz_dir, name)
+    assert isinstance(found, Issue) and found.reason == "non_finite", found
+    assert "1 voxel(s) hold finite values beyond float32's range" in found.message and "1e+300" in found.message
+    assert "infinite voxel" not in found.message
+
+
 @pytest.mark.parametrize("dtype", [np.dtype([("R", "u1"), ("G", "u1"), ("B", "u1")]), np.dtype(np.complex64),
                                    np.dtype(np.complex128)], ids=["rgb24", "complex64", "complex128"])
 def test_colour_and_complex_voxels_are_unsupported(fuzz_dir: Path, dtype: np.dtype) -> None:

@@ -578,6 +578,7 @@ def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) ->
                 if filled == len(buffer) or done * slice_bytes + filled == slice_bytes * z * header.channels:
                     count = filled // slice_bytes
                     chunk = np.frombuffer(buffer, dtype=stored, count=count * x * y).reshape(count, y, x)
+                    _check_range(chunk, out.dtype)
                     for n in range(count):
                         t, k = divmod(done + n, z)
                         np.copyto(stored_order[t, k], chunk[n], casting="unsafe")
@@ -602,9 +603,26 @@ def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.fl
     an integer dtype, for label maps: unscaled), with its affine (voxel (d, h, w) → LPS mm)."""
     view = canonical_view(raw.transpose(3, 2, 1, 0), stored_grid(header)[0])  # (T, K, J, I) = (C, D, H, W)
     out = np.empty(view.array.shape, dtype=dtype)
+    _check_range(view.array, out.dtype)
     np.copyto(out, view.array, casting="unsafe")
     _scale(out, header)
     return Volume(out, view.affine)
+
+
+def _check_range(stored: np.ndarray, into: np.dtype) -> None:
+    """Raise :class:`NiftiDefect` (``non_finite``) where float64 voxels are finite but beyond what
+    ``into`` (float32) holds: the cast made them infinite, so a 1e300 voxel was reported as "1
+    infinite voxel", and under ``non_finite: {fill: ...}`` replaced as if it were one."""
+    if stored.dtype.kind != "f" or np.dtype(into).kind != "f" or stored.dtype.itemsize <= np.dtype(into).itemsize:
+        return
+    top = float(np.finfo(into).max)
+    with np.errstate(invalid="ignore"):
+        beyond = np.abs(stored) > top
+    if beyond.any():
+        worst = float(stored[beyond].flat[np.argmax(np.abs(stored[beyond]))])
+        raise NiftiDefect("non_finite", f"{int(beyond.sum())} voxel(s) hold finite values beyond float32's range "
+                                        f"(|v| > {top:.3g}; {worst:g} among them), which packer holds voxels in; "
+                                        "rescale the volume (or clip it) when exporting it")
 
 
 @dataclass(frozen=True)
