@@ -375,6 +375,36 @@ def test_a_palette_png_mask_decodes_to_its_indices(palette: str) -> None:
     assert decoded.dtype == np.uint8 and np.array_equal(decoded, ids)
 
 
+@pytest.mark.parametrize("kind", ["bilevel", "white-is-zero", "palette-colours", "palette-greys"])
+def test_a_tiff_mask_decodes_to_its_stored_ids_whatever_its_photometric(kind: str) -> None:
+    """TIFF masks as Fiji, ImageJ and scanners write them: a bilevel (mode "1") page came back as
+    0/255 (255 is the ignore id of the README's recipe), a WhiteIsZero page inverted (OpenCV
+    renders it for display), a palette page as its palette's colours (refused as a colour mask,
+    or grey levels packed as ids). The stored values are the ids, as a palette PNG's indices are."""
+    import io
+
+    from PIL import Image
+
+    ids = block_ids(2, 3, 4) % (2 if kind in ("bilevel", "white-is-zero") else 4)
+    out = io.BytesIO()
+    if kind == "bilevel":
+        Image.fromarray(ids.astype(bool)).save(out, format="TIFF")
+    elif kind == "white-is-zero":  # tifffile stores the values as given (Pillow inverts them for this tag)
+        import tifffile
+
+        stored = (ids * 255).astype(np.uint8)
+        tifffile.imwrite(out, stored, photometric="miniswhite")
+        ids = stored
+    else:
+        image = Image.fromarray(ids.astype(np.uint8), mode="P")
+        colours = ([(0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)] if kind == "palette-colours"
+                   else [(0, 0, 0), (39, 39, 39), (78, 78, 78), (117, 117, 117)])
+        image.putpalette([c for colour in colours for c in colour] + [0, 0, 0] * 252)
+        image.save(out, format="TIFF")
+    decoded = decode_mask(out.getvalue(), "mask.tif")
+    assert np.array_equal(decoded, ids), (np.unique(decoded), np.unique(ids))
+
+
 @pytest.mark.parametrize("bits", [1, 2, 4])
 def test_a_low_bit_depth_grey_png_mask_decodes_to_its_stored_ids(bits: int) -> None:
     """A binary mask saved as a 1-bit PNG held ids 0 and 1; OpenCV scales such a PNG to 8 bits,

@@ -41,6 +41,7 @@ _NPY = b"\x93NUMPY"
 _JPEG = b"\xff\xd8\xff"
 _TIFF_ORIENTATION = 0x0112
 _TIFF_BITS = 0x0102  # BitsPerSample
+_TIFF_PHOTOMETRIC = 0x0106  # PhotometricInterpretation: 0 WhiteIsZero, 1 BlackIsZero, 3 Palette
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -238,16 +239,22 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
 def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
     try:
-        unoriented, bits = _unoriented_tiff(data)
+        unoriented, bits, photometric = _unoriented_tiff(data)
+        if photometric == 3:  # palette: the stored indices are the ids (OpenCV expands them to colours)
+            return _palette_tiff_indices(unoriented, name)
         ok, pages = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
     if not ok or not pages:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
+    if photometric == 0:  # WhiteIsZero: OpenCV inverts the samples for display; the ids are the stored ones
+        planes = [np.iinfo(plane.dtype).max - plane if plane.dtype.kind == "u" else plane for plane in planes]
     shift = OPENCV_SCALED_TIFF_BITS.get(bits, 0)
     if shift:  # OpenCV scales 10-, 12- and 14-bit samples to 16 bits: ids 1, 2 came back as 16, 32
         planes = [plane >> shift if plane.dtype == np.uint16 else plane for plane in planes]
+    if bits == 1:  # a bilevel page: OpenCV gives 0/255 for the stored 0/1
+        planes = [(plane > 0).astype(np.uint8) if plane.dtype == np.uint8 else plane for plane in planes]
     shapes = {plane.shape for plane in planes}
     if len(shapes) > 1:
         listed = ", ".join(f"{plane.shape[0]}×{plane.shape[1]}" for plane in planes)
@@ -256,9 +263,10 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     return planes[0] if len(planes) == 1 else np.stack(planes)
 
 
-def _unoriented_tiff(data: bytes) -> tuple[bytes, int]:
-    """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), and the
-    first IFD's BitsPerSample (0x0102, where held inline; 0 where the walk cannot tell).
+def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int]:
+    """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), the first
+    IFD's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
+    the walk cannot tell) and its PhotometricInterpretation (0x0106; -1 where the walk cannot tell).
 
     OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
     IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
@@ -271,13 +279,16 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int]:
     count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
     offset = struct.unpack_from(order + offset_fmt, out, 8 if big else 4)[0] if len(out) >= (16 if big else 8) else 0
     seen: set[int] = set()
-    bits = 0
+    bits, photometric = 0, -1
     while offset and offset not in seen and offset + count_size <= len(out):
         seen.add(offset)
         entries = int(struct.unpack_from(order + count_fmt, out, offset)[0])
         first, end = offset + count_size, offset + count_size + entries * entry_size
         if end + offset_size > len(out):
             break
+        if len(seen) == 1 and not any(struct.unpack_from(order + "H", out, at)[0] == _TIFF_BITS
+                                      for at in range(first, end, entry_size)):
+            bits = 1  # BitsPerSample absent: the TIFF default, a bilevel image (as Pillow writes mode "1")
         for at in range(first, end, entry_size):
             tag, kind = struct.unpack_from(order + "HH", out, at)
             if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
@@ -286,8 +297,34 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int]:
                 count = int(struct.unpack_from(order + offset_fmt, out, at + 4)[0])
                 if 1 <= count and 2 * count <= offset_size:
                     bits = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
+            elif tag == _TIFF_PHOTOMETRIC and kind == 3 and len(seen) == 1:
+                photometric = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
-    return bytes(out), bits
+    return bytes(out), bits, photometric
+
+
+def _palette_tiff_indices(data: bytes, name: str) -> np.ndarray:
+    """Every page of a palette TIFF mask as its stored indices (F×H×W, or H×W for one page): its
+    class ids, as a palette PNG's are (:func:`_palette_indices`); a label image saved with a
+    lookup table (Fiji's glasbey) was refused as a colour mask, or a grey one packed its greys."""
+    from PIL import Image, ImageSequence, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            pages = []
+            for number, page in enumerate(ImageSequence.Iterator(image)):
+                if page.mode != "P":
+                    raise MaskError("mask_unreadable", f"{name} page {number}: a palette TIFF mask page that reads as "
+                                                       f"mode {page.mode!r}, not indices; save it as a single-channel "
+                                                       "(grey) mask")
+                pages.append(np.asarray(page, dtype=np.uint8))
+    except (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError) as err:
+        raise MaskError("mask_unreadable", f"{name}: the palette TIFF mask could not be decoded ({err}); "
+                                           "re-export it") from err
+    if len({page.shape for page in pages}) > 1:
+        raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes; every page labels one "
+                                     "frame of the same image, so all must have its size")
+    return pages[0] if len(pages) == 1 else np.stack(pages)
 
 
 def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
