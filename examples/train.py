@@ -374,6 +374,9 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         checkpoint()
         if stopped:
             break
+    if rank == 0 and not losses and args.resume:  # said, not silent: the run did nothing on purpose
+        print(f"nothing to train: {args.checkpoint} already holds every epoch of --epochs {args.epochs} (step "
+              f"{step}); raise --epochs to train on from it", flush=True)
     return {"steps": step, "losses": losses, "keys": keys, "rank": rank, "objective": objective.summary}
 
 

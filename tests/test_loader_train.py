@@ -134,6 +134,24 @@ def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, mo
     assert Counter(first["keys"] + second["keys"]) == Counter(split_keys(21))
 
 
+def test_example_resumed_from_a_finished_checkpoint_says_there_is_nothing_to_train(manifest, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The docstring's `--resume` run on a checkpoint that holds every epoch printed nothing at
+    all, exit 0: no telling whether it trained."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    example = load_example()
+    ckpt = tmp_path / "ckpt.pt"
+    common = ["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "8", "--workers", "0",
+              "--device", "cpu", "--checkpoint", str(ckpt)]
+    assert example.main(common)["steps"] == 3
+    capsys.readouterr()
+    again = example.main([*common, "--resume"])
+    assert again["steps"] == 3 and again["losses"] == []
+    out = capsys.readouterr().out
+    assert f"nothing to train: {ckpt} already holds every epoch of --epochs 1 (step 3)" in out, out
+
+
 def test_example_refuses_a_checkpoint_of_another_model_or_dataset_with_exit_2(manifest, tmp_path, monkeypatch,
                                                                              capsys):
     """A checkpoint of a dataset with another class count (another head) was a RuntimeError
