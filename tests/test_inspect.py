@@ -267,6 +267,13 @@ def test_ls_lists_registry_versions_newest_first(builds: Builds, tmp_path: Path)
     assert listed[1]["samples"] == {s: grown["splits"][s]["samples"] for s in ("train", "valid", "test")}
     assert "no manifests" in invoke("ls", registry, "--name", "other").output
     assert invoke("ls", tmp_path / "nowhere").exit_code == 2
+    # one dataset's folder of the registry (what a newcomer types) lists that dataset's versions; it
+    # said "no manifests under manifests/demo", which holds them
+    one = invoke("ls", registry / "demo")
+    assert one.exit_code == 0 and [line.split()[1] for line in one.output.splitlines()
+                                   if line.startswith("demo ")] == order[::-1], one.output
+    typo = invoke("ls", registry, "--name", "dmeo").output
+    assert "no manifests" in typo and "its datasets: demo (closest)" in typo, typo
 
 
 @pytest.mark.parametrize("name", ["inspect", "diff", "ls"])

@@ -173,6 +173,9 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
                                  + ", ".join(str(v.path) for v in broken_versions) + "; run `packer verify` on them")
         return
     registry = folder or DEFAULT_REGISTRY
+    if (folder is not None and folder.is_dir() and not any(folder.glob("*/*.json"))
+            and any(folder.glob("*.json")) and name in (None, folder.name)):
+        registry, name = folder.parent, folder.name  # one dataset's folder of the registry: manifests/<name>
     entries = list_registry(registry, name=name)
     if as_json:
         _echo_json([e.to_json() for e in entries])
@@ -184,6 +187,13 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
         if (registry / "manifest.json").is_file():  # a version folder: its dataset folder is the parent
             hint = (f"; it is a version folder: `packer ls {registry.parent}` lists the versions of its dataset, "
                     f"`packer inspect {registry}` shows this one")
+        elif name and not datasets:  # a misspelt --name: the registry's names, the closest first
+            import difflib
+
+            names = sorted(p.name for p in registry.iterdir() if p.is_dir() and any(p.glob("*.json")))
+            close = difflib.get_close_matches(name, names, n=3)
+            if names:
+                hint = f"; its datasets: {', '.join(close or names[:12])}" + (" (closest)" if close else "")
         click.echo(f"no manifests under {registry}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
