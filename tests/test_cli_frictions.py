@@ -444,6 +444,17 @@ def test_classes_that_differ_only_in_case_are_a_warning_in_validate_and_build(tm
     assert warning["message"].startswith("classes that differ only in case or spacing are separate classes: 'A' and "
                                          "'a'") or "'A ' and 'a'" in warning["message"], warning["message"]
     assert "labels:" in warning["message"] and warning["message"] in output
+    # the map it offers builds as written: every class named, its column given (the hint said
+    # "label: {map: {...}}": without a column a config error, with one every other class unknown)
+    offered = re.search(r"the source's label: (\{column: .*?\}\})", warning["message"])
+    assert offered, warning["message"]
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["label"] = yaml.safe_load(offered.group(1))
+    mapped = tmp_path / "mapped.yaml"
+    mapped.write_text(yaml.safe_dump(doc))
+    code, output, report, _ = validate(mapped)
+    assert code == 0 and report["bad_samples"]["total"] == 0, output
+    assert not [w for w in report["warnings"] if w["code"] == "labels"], output
     doc = yaml.safe_load(job.read_text())
     doc["labels"] = ["a", "A", "b"]  # listed: the job says they are three
     job.write_text(yaml.safe_dump(doc))

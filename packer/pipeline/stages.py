@@ -25,6 +25,7 @@ split assignment and the audit report.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import sys
@@ -399,8 +400,31 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     if any(len({unicodedata.normalize("NFC", n) for n in group}) < len(group) for group in twins):
         how += " (or only in Unicode form: the same letters as one code point or as a letter and a combining mark)"
     return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
-            "class, map its spellings to one name (the source's label: {map: {...}}), or list the classes in the "
-            "job's labels:")
+            f"class, map its spellings to one name: {_twin_map(job, names, twins, held)}, or list the classes "
+            "in the job's labels:")
+
+
+def _twin_map(job: JobConfig, names: Sequence[Any], twins: list[list[str]], held: set[Any]) -> str:
+    """The source's ``label:`` that maps each group of :func:`case_twins_warning` to its most
+    common spelling, as YAML that works as written: a class map names every class (one it lacks
+    is ``unknown_label``), so the others map to themselves, and it needs its column; a multi-label
+    map keeps the tokens it lacks, so it names the twins alone."""
+    target = job.sources[0].target
+    counts = Counter(str(n) for text in names if text for n in target_class(target.kind).held_names(str(text)))
+    chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
+    pairs = {name: chosen.get(name, name) for name in sorted({str(n) for n in held if n})}
+    if target.kind == "multilabel":
+        pairs = {name: to for name, to in pairs.items() if name in chosen}
+    shown = list(pairs.items())
+    body = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(to, ensure_ascii=False)}"
+                     for name, to in shown[:12])
+    body += f", ... ({len(shown)} in all, every class)" if len(shown) > 12 else ""
+    where = (f"column: {target.columns[0]}, " if target.origin == "table" and len(target.columns) == 1 else "")
+    if target.origin != "table":
+        return (f"the source's label: {{map: {{{body}}}}} beside its {target.origin} (a class map names every "
+                "class: one it lacks is unknown_label)")
+    return f"the source's label: {{{where}map: {{{body}}}}}" + (
+        "" if target.kind == "multilabel" else " (a class map names every class: one it lacks is unknown_label)")
 
 
 def uncertain_class_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
