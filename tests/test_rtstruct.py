@@ -233,7 +233,8 @@ def test_random_polygons_differ_from_skimage_only_on_centres_on_edges() -> None:
 
 def _fill_by_summing_every_pixel(polygons: list[np.ndarray], rows: int, columns: int) -> np.ndarray:
     """The even-odd fill as fill_window made it before it wrote runs: a toggle per crossing,
-    summed along each row of the window, pixel by pixel (same crossings, same boundary rule)."""
+    summed along each row of the window, pixel by pixel (same crossings, same boundary rule; a
+    crossing within 1e-9 of a pixel centre is on it, as packer's float noise tolerance says)."""
     mask = np.zeros((rows, columns), dtype=bool)
     segments = np.concatenate([np.stack([p, np.roll(p, -1, axis=0)], axis=1) for p in polygons])
     for (y0, x0), (y1, x1) in segments:
@@ -241,6 +242,7 @@ def _fill_by_summing_every_pixel(polygons: list[np.ndarray], rows: int, columns:
         stop = int(np.clip(np.ceil(max(y0, y1)), 0, rows))
         for row in range(first, stop):
             x = x0 + (row - y0) * ((x1 - x0) / (y1 - y0))
+            x = round(x) if abs(x - round(x)) <= 1e-9 else x  # a crossing on a centre, up to float noise, is on it
             column = int(np.clip(np.ceil(x), 0, columns))
             mask[row, column:] ^= True
     return mask
@@ -701,3 +703,21 @@ def test_roi_names_in_other_scripts_keep_their_letters_and_map_to_their_own_clas
     assert not labels[6].any()
     assert set(np.unique(labels[8])) == {0, 3}  # case folds in Cyrillic as in Latin
     assert set(np.unique(labels[10])) == {0, 4}  # full-width letters (Japanese systems) are the same letters
+
+
+@pytest.mark.parametrize("top", [5, 12, 21, 30])
+def test_a_box_drawn_through_pixel_centres_keeps_its_top_row_and_left_column_on_every_slice(
+        tmp_path: Path, top: int) -> None:
+    """The README's edge rule: a centre on a top or left edge is in, on a bottom or right one out.
+    A box whose vertices lie on pixel centres (as a mask-to-contour conversion writes them) filled
+    its top row on one slice and not another: ContourData in mm, divided back by the spacing,
+    gave 12.000000000000002 for row 12, whose ceiling is 13. Every such box is rows top..top+3,
+    columns top+1..top+4, on every slice."""
+    slices = series()
+    box = np.array([[top, top + 1], [top, top + 5], [top + 4, top + 5], [top + 4, top + 1]], dtype=np.float64)
+    ds = rtstruct([("Lung_L", [closed(slices[k], box) for k in (2, 7, 11)])])
+    labels, _ = paint(tmp_path, ds, slices)
+    want = np.zeros((ROWS, COLUMNS), bool)
+    want[top:top + 4, top + 1:top + 5] = True
+    for k in (2, 7, 11):
+        assert np.array_equal(labels[k] == 1, want), (k, np.argwhere(labels[k] == 1)[:3])

@@ -467,8 +467,22 @@ def _pixels(points: np.ndarray, grid: _Grid, at: np.ndarray) -> np.ndarray:
     pixel (r, c) has its centre at integer (r, c). The component along the slice normal is
     dropped (the caller checked it is within tolerance)."""
     offset = points - grid.positions[at]
-    return np.stack([_dot(offset, grid.columns_axis[at]) / grid.spacing[at, 0],
-                     _dot(offset, grid.rows_axis[at]) / grid.spacing[at, 1]], axis=1)
+    return _on_centres(np.stack([_dot(offset, grid.columns_axis[at]) / grid.spacing[at, 0],
+                                 _dot(offset, grid.rows_axis[at]) / grid.spacing[at, 1]], axis=1))
+
+
+#: How near (in pixels) a contour coordinate is taken as a pixel centre's: float64 arithmetic
+#: puts a vertex written on a centre a few 1e-15 off it ((-3.6 + 12.0) / 0.7 = 12.000000000000002)
+ON_CENTRE = 1e-9
+
+
+def _on_centres(coords: np.ndarray) -> np.ndarray:
+    """``coords`` with every value within :data:`ON_CENTRE` of an integer (a pixel centre) set to
+    it, so the edge rule (a centre on a top or left edge is in, on a bottom or right one out)
+    decides, not the rounding of the arithmetic: a box drawn through centres lost its top row on
+    some slices and kept it on others."""
+    nearest = np.rint(coords)
+    return np.where(np.abs(coords - nearest) <= ON_CENTRE, nearest, coords)
 
 
 def _off_slice(contour: _Contour, along: np.ndarray, grid: _Grid, slices: Sequence[SlicePlace], path: str,
@@ -639,7 +653,7 @@ def _crossings(start: np.ndarray, end: np.ndarray, rows: np.ndarray | int,
     edge = np.repeat(np.arange(counts.size), counts)
     starts = np.cumsum(counts) - counts
     row = first[kept].astype(np.int64)[edge] + (np.arange(edge.size) - starts[edge])
-    x = x0[edge] + (row - y0[edge]) * ((x1 - x0) / (y1 - y0))[edge]
+    x = _on_centres(x0[edge] + (row - y0[edge]) * ((x1 - x0) / (y1 - y0))[edge])
     limit = columns[kept][edge] if isinstance(columns, np.ndarray) else columns
     column = np.clip(np.ceil(x), 0, limit).astype(np.int64)  # columns: the crossing is right of the grid
     return kept[edge], row, column
