@@ -119,13 +119,19 @@ def test_example_feeds_float_samples_as_stored_and_normalises_integer_ones(tmp_p
         assert torch.allclose(images, expected, atol=1e-2), dtype
 
 
-def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, monkeypatch):
+def _one_process_example(manifest, tmp_path, monkeypatch, *, batch_size, workers):
+    """examples/train.py loaded, outside torchrun (no RANK/WORLD_SIZE), its checkpoint path and
+    the arguments of a one-epoch CPU run over ``manifest``'s version."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
-    example = load_example()
     ckpt = tmp_path / "ckpt.pt"
-    common = ["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "4", "--workers", "1",
-              "--device", "cpu", "--checkpoint", str(ckpt)]
+    return load_example(), ckpt, ["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size",
+                                  str(batch_size), "--workers", str(workers), "--device", "cpu", "--checkpoint",
+                                  str(ckpt)]
+
+
+def test_example_trains_checkpoints_and_resumes_mid_epoch(manifest, tmp_path, monkeypatch):
+    example, ckpt, common = _one_process_example(manifest, tmp_path, monkeypatch, batch_size=4, workers=1)
     first = example.main([*common, "--max-steps", "2"])
     assert first["steps"] == 2 and all(map(lambda x: x == x, first["losses"]))
     assert torch.load(ckpt, weights_only=True)["loader"]["segment"][-1] == 8
@@ -138,12 +144,7 @@ def test_example_resumed_from_a_finished_checkpoint_says_there_is_nothing_to_tra
                                                                                   capsys):
     """The docstring's `--resume` run on a checkpoint that holds every epoch printed nothing at
     all, exit 0: no telling whether it trained."""
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    example = load_example()
-    ckpt = tmp_path / "ckpt.pt"
-    common = ["--manifest", str(manifest.parent), "--epochs", "1", "--batch-size", "8", "--workers", "0",
-              "--device", "cpu", "--checkpoint", str(ckpt)]
+    example, ckpt, common = _one_process_example(manifest, tmp_path, monkeypatch, batch_size=8, workers=0)
     assert example.main(common)["steps"] == 3
     capsys.readouterr()
     again = example.main([*common, "--resume"])
