@@ -1021,8 +1021,9 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             failed = f" ({plugin}: {type(err).__name__}: {err})" if str(err) else ""
             return _issue(ref, "read", "truncated", f"encapsulated pixel data is cut short{failed}: {short}")
         return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
-                                                    f"pixel data: {type(err).__name__}: {err}; fix the Image Pixel "
-                                                    "attributes it names, or re-export the file")
+                                                    f"pixel data: {type(err).__name__}: {err}; re-export the file "
+                                                    "from its source (where the message names an Image Pixel "
+                                                    "attribute, (0028,xxxx), fix that attribute instead)")
     samples = 3 if geometry.photometric == PALETTE else geometry.samples
     want_size = geometry.frames * geometry.rows * geometry.columns * samples
     if arr.size != want_size:
