@@ -632,9 +632,10 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                      "key the old version was built with to compare them")
     old_rows, new_rows = read_sample_index(old_manifest), read_sample_index(new_manifest)
     for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
-        if rows is None:
-            notes.append(f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
-                         "not compared; pass the version folders")
+        missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
+                   "not compared; pass the version folders")
+        if rows is None and missing not in notes:  # two registry copies of one folder: one note, not two
+            notes.append(missing)
     content = same_format = old["format"] == new["format"]
     if not content and old_rows is not None and new_rows is not None:
         parquet = old_manifest if old["format"] == PARQUET else new_manifest

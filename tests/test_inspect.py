@@ -245,6 +245,7 @@ def test_diff_of_registry_copies_compares_config_only(builds: Builds) -> None:
     result = invoke("diff", old, new)
     assert result.exit_code == 0, result.output
     assert "samples not compared" in result.output and "split.seed: 17 -> 18" in result.output
+    assert result.output.count("samples not compared") == 1  # both copies' folder, said once
 
 
 def test_ls_lists_registry_versions_newest_first(builds: Builds, tmp_path: Path) -> None:
