@@ -488,6 +488,22 @@ def test_class_ids_written_two_ways_are_a_warning() -> None:
     assert case_twins_warning(job, ["1", "0", "10"]) is None
 
 
+def test_a_multilabel_twin_warning_maps_the_twins_alone() -> None:
+    """A multi-label map keeps the tokens it does not name, so the offered map names the twins
+    alone (a class map must name every class)."""
+    from packer.config import parse_job
+    from packer.pipeline.stages import case_twins_warning
+
+    job = parse_job({"name": "j", "sources": [{"kind": "image", "root": ".", "table": "t.csv",
+                                               "label": {"kind": "multilabel", "column": "findings"}}],
+                     "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"},
+                    Path("job.yaml"))
+    warning = case_twins_warning(job, ["Effusion|Mass", "effusion", "Effusion", "Mass"])
+    assert warning is not None
+    assert 'label: {column: findings, map: {"Effusion": "Effusion", "effusion": "Effusion"}}' in warning, warning
+    assert "names every class" not in warning
+
+
 def test_class_names_that_differ_only_in_unicode_form_are_a_warning() -> None:
     """café as one code point (NFC) and as e + a combining accent (NFD: a macOS folder name)
     print the same in the summary, the manifest and the report, and were two classes unwarned."""

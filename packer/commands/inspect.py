@@ -173,8 +173,8 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
                                  + ", ".join(str(v.path) for v in broken_versions) + "; run `packer verify` on them")
         return
     registry = folder or DEFAULT_REGISTRY
-    if (folder is not None and folder.is_dir() and not any(folder.glob("*/*.json"))
-            and any(folder.glob("*.json")) and name in (None, folder.name)):
+    if (folder is not None and folder.is_dir() and not (folder / "manifest.json").is_file()  # not a version folder
+            and not any(folder.glob("*/*.json")) and any(folder.glob("*.json")) and name in (None, folder.name)):
         registry, name = folder.parent, folder.name  # one dataset's folder of the registry: manifests/<name>
     entries = list_registry(registry, name=name)
     if as_json:

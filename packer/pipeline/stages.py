@@ -410,10 +410,11 @@ def _twin_map(job: JobConfig, names: Sequence[Any], twins: list[list[str]], held
     is ``unknown_label``), so the others map to themselves, and it needs its column; a multi-label
     map keeps the tokens it lacks, so it names the twins alone."""
     target = job.sources[0].target
-    counts = Counter(str(n) for text in names if text for n in target_class(target.kind).held_names(str(text)))
+    kind = target_class(target.kind)
+    counts = Counter(str(n) for text in names if text for n in kind.held_names(str(text)))
     chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
     pairs = {name: chosen.get(name, name) for name in sorted({str(n) for n in held if n})}
-    if target.kind == "multilabel":
+    if kind.map_keeps_unnamed:
         pairs = {name: to for name, to in pairs.items() if name in chosen}
     shown = list(pairs.items())
     body = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(to, ensure_ascii=False)}"
@@ -424,7 +425,7 @@ def _twin_map(job: JobConfig, names: Sequence[Any], twins: list[list[str]], held
         return (f"the source's label: {{map: {{{body}}}}} beside its {target.origin} (a class map names every "
                 "class: one it lacks is unknown_label)")
     return f"the source's label: {{{where}map: {{{body}}}}}" + (
-        "" if target.kind == "multilabel" else " (a class map names every class: one it lacks is unknown_label)")
+        "" if kind.map_keeps_unnamed else " (a class map names every class: one it lacks is unknown_label)")
 
 
 def uncertain_class_warning(job: JobConfig, names: Sequence[Any]) -> str | None:

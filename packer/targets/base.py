@@ -276,6 +276,9 @@ class Target:
     view_column: ClassVar[str | None] = None
     #: a target of this kind may carry a target mask (:attr:`masked`)
     maskable: ClassVar[bool] = False
+    #: its label ``map`` keeps a value it does not name as it is (a multi-label token), where a
+    #: class map refuses it (``unknown_label``): so a map written for one fix need name that alone
+    map_keeps_unnamed: ClassVar[bool] = False
 
     def __new__(cls, kind: str, names: tuple[str, ...] = (), masked: bool = False) -> Target:
         chosen = target_class(kind)

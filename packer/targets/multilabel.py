@@ -84,6 +84,7 @@ class MultiLabelTarget(Target):
     caption_field: ClassVar[str | None] = "labels"
     view_column: ClassVar[str | None] = "target"
     maskable: ClassVar[bool] = True
+    map_keeps_unnamed: ClassVar[bool] = True
 
     @property
     def label_map(self) -> dict[str, int]:
