@@ -216,13 +216,14 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 while i < len(want) and want[i] < end_row:
                     row, r = want[i], want[i] - row0
                     start, stop = int(offsets[r]), int(offsets[r + 1])
-                    if checksums and _size_of(shapes[r].as_py(), dtypes[r].as_py()) not in (None, stop - start):
+                    shape_cell, dtype_name = shapes[r].as_py(), dtypes[r].as_py()
+                    if checksums and (size := _size_of(shape_cell, dtype_name)) not in (None, stop - start):
                         # a damaged cell length that still decodes: it swallowed its neighbours'
                         # bytes (or gave them away), and the rows after it read as other cells
                         raise _Misread(f"row {row}'s image cell holds {stop - start} bytes, its shape and dtype "
-                                       f"say {_size_of(shapes[r].as_py(), dtypes[r].as_py())}")
+                                       f"say {size}")
                     yield row, _row_outcome(
-                        keys[r].as_py(), labels[r].as_py(), shapes[r].as_py(), dtypes[r].as_py(),
+                        keys[r].as_py(), labels[r].as_py(), shape_cell, dtype_name,
                         buffers[2], start, stop,
                         metadata[r].as_py() if metadata is not None else None,
                         _target_cell(targets, r), _target_cell(target_masks, r),
