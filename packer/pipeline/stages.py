@@ -381,9 +381,9 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     kind = target_class(job.sources[0].target.kind)
     if job.labels or not kind.names_labels:
         return None
-    held = {held for text in names if text for held in kind.held_names(str(text))}
+    counts = Counter(str(held) for text in names if text for held in kind.held_names(str(text)) if held)
     groups: dict[str, list[str]] = {}
-    for name in sorted({str(n) for n in held if n}):
+    for name in sorted(counts):
         number = cell_number(name)
         # NFC: café typed on one machine and café (e + a combining accent: macOS's folder names)
         # on another print the same and are two classes
@@ -400,20 +400,20 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     if any(len({unicodedata.normalize("NFC", n) for n in group}) < len(group) for group in twins):
         how += " (or only in Unicode form: the same letters as one code point or as a letter and a combining mark)"
     return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
-            f"class, map its spellings to one name: {_twin_map(job, names, twins, held)}, or list the classes "
+            f"class, map its spellings to one name: {_twin_map(job, twins, counts)}, or list the classes "
             "in the job's labels:")
 
 
-def _twin_map(job: JobConfig, names: Sequence[Any], twins: list[list[str]], held: set[Any]) -> str:
+def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> str:
     """The source's ``label:`` that maps each group of :func:`case_twins_warning` to its most
-    common spelling, as YAML that works as written: a class map names every class (one it lacks
-    is ``unknown_label``), so the others map to themselves, and it needs its column; a multi-label
-    map keeps the tokens it lacks, so it names the twins alone."""
+    common spelling (``counts``: samples per class name), as YAML that works as written: a class
+    map names every class (one it lacks is ``unknown_label``), so the others map to themselves,
+    and it needs its column; a multi-label map keeps the tokens it lacks, so it names the twins
+    alone."""
     target = job.sources[0].target
     kind = target_class(target.kind)
-    counts = Counter(str(n) for text in names if text for n in kind.held_names(str(text)))
     chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
-    pairs = {name: chosen.get(name, name) for name in sorted({str(n) for n in held if n})}
+    pairs = {name: chosen.get(name, name) for name in sorted(counts)}
     if kind.map_keeps_unnamed:
         pairs = {name: to for name, to in pairs.items() if name in chosen}
     shown = list(pairs.items())

@@ -113,12 +113,11 @@ def inflated_size_exceeds(handle: BinaryIO, cap: int) -> int | None:
 @dataclass(frozen=True)
 class Codestream:
     """What a frame's JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) header declares: its size, and the
-    bit depth of its (first) component (``signed``: JPEG 2000 says; JPEG has no sign)."""
+    bit depth of its (first) component."""
 
     rows: int
     columns: int
     precision: int
-    signed: bool = False
 
 
 def codestream_header(frame: bytes) -> Codestream | None:
@@ -130,7 +129,7 @@ def codestream_header(frame: bytes) -> Codestream | None:
     if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 43:  # SOC then SIZ (ITU T.800 A.5.1)
         xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
         ssiz = frame[42]  # component 0: bit 7 the sign, the rest the precision minus 1
-        return Codestream(max(0, ysiz - yosiz), max(0, xsiz - xosiz), (ssiz & 0x7F) + 1, bool(ssiz & 0x80))
+        return Codestream(max(0, ysiz - yosiz), max(0, xsiz - xosiz), (ssiz & 0x7F) + 1)
     if frame[:2] != b"\xff\xd8":
         return None
     pos = 2
