@@ -369,6 +369,29 @@ def test_multiframe_split_and_stack(tmp_path: Path) -> None:
     np.testing.assert_array_equal(split[1].image[0], np.rint(linear(hu[1], 40, 80) * 255))
 
 
+def test_a_constant_frame_among_good_ones_is_packed_with_a_warning_its_sample_alone_carries(tmp_path: Path) -> None:
+    """A multi-frame file whose frame 1 is one stored value (a blank frame of a cine or an
+    enhanced export) was packed as if it were an image, with nothing said, while a constant
+    single-frame file is a constant_image bad sample. Its other frames are good, so the file
+    packs, and frame 1's sample (only it) says it carries no information; in a series job the
+    frame is context, as a constant slice is, and says that instead."""
+    frames = _frames()
+    frames[1] = 1000
+    path = save(ct_dataset(frames), tmp_path / "mf.dcm")
+    split = read(path, window(40, 80))
+    assert [s.metadata.get("warnings", []) for s in split][::2] == [[], []]
+    (note,) = split[1].metadata["warnings"]
+    assert note.startswith("constant frame: every pixel has the same stored value [1000] in frame 1;"), note
+    series = read(path, window(40, 80), sample="volume")
+    assert [len(s.metadata.get("warnings", [])) for s in series] == [0, 1, 0]
+    assert series[1].metadata["warnings"][0].startswith("constant slice: every pixel has the same stored value [1000]")
+    stacked = read(path, window(40, 80), frames="stack")  # one sample: its channels are the frames
+    assert "warnings" not in stacked[0].metadata
+    frames[:] = 1000
+    whole = read_dicom(make_ref(save(ct_dataset(frames), tmp_path / "blank.dcm")), config(window(40, 80)))
+    assert isinstance(whole, Issue) and whole.reason == "constant_image", whole
+
+
 def test_frames_of_another_pixel_spacing_are_not_stacked_as_channels_of_one_grid(tmp_path: Path) -> None:
     """Frame 2's own Pixel Measures say 1.0 mm, frame 0's 0.5: frames: stack resampled (or kept)
     every frame at frame 0's spacing, one channel covering twice the area of the others; split

@@ -560,7 +560,9 @@ def write_enhanced_ct(path: Path, frames: np.ndarray, z: list[float]) -> Path:
 
 
 def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: Path) -> None:
-    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    # a checkerboard on each frame: a series of constant slices only is refused (constant_image)
+    board = (np.indices((16, 16)).sum(axis=0) % 2).astype(np.int16)
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) + board for i in range(4)])
     order = [2.0, 0.0, 3.0, 1.0]  # frame i sits at 2.5 * order[i] mm
     write_enhanced_ct(tmp_path / "raw" / "enhanced.dcm", frames, [2.5 * at for at in order])
     result = _build(_series_job(tmp_path, tmp_path / "raw"))
@@ -792,7 +794,8 @@ def test_validate_quick_assembles_and_checks_series_from_headers_as_the_full_pas
         _write_series(raw / f"good{n}", seed=20 + n, patient=f"G{n}", slices=5)
     _write_series(raw / "gap", seed=2, patient="A", positions=[0.0, 3.0, 6.0, 12.0, 15.0])
     _write_series(raw / "short", seed=6, patient="E", slices=2)
-    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) for i in range(4)])
+    board = (np.indices((16, 16)).sum(axis=0) % 2).astype(np.int16)  # no constant slice: the full pass refuses
+    frames = np.stack([np.full((16, 16), 200 * i, dtype=np.int16) + board for i in range(4)])  # a series of those
     write_enhanced_ct(raw / "enhanced" / "enhanced.dcm", frames, [0.0, 2.5, 5.0, 7.5])
     job = load_job(_series_job(tmp_path, raw, sample=sample) if sample != "volume" else _job(
         tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}], validate={"max_bad_fraction": 0.9},

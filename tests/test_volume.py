@@ -302,7 +302,8 @@ def test_resampling_slice_by_slice_gives_the_bytes_of_the_whole_volume_two_step(
 def test_an_enhanced_multi_frame_ct_becomes_one_volume_ordered_by_its_frame_positions(tmp_path: Path) -> None:
     from tests.test_series import write_enhanced_ct
 
-    frames = np.stack([np.full((8, 8), 600 + 300 * i, dtype=np.int16) for i in range(4)])  # -424 + 300·i HU
+    board = (np.indices((8, 8)).sum(axis=0) % 2).astype(np.int16)  # 0 at (4, 4); a constant-only series is refused
+    frames = np.stack([np.full((8, 8), 600 + 300 * i, dtype=np.int16) + board for i in range(4)])  # -424 + 300·i HU
     write_enhanced_ct(tmp_path / "raw" / "enhanced.dcm", frames, [4.0, 0.0, 6.0, 2.0])  # not the frame order
     result = _build(_volume_job(tmp_path, tmp_path / "raw"))
     volume, affine, info = _packed(result)

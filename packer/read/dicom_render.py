@@ -418,6 +418,7 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     if why is not None:
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
+    blank = _constant_frames(pixels, mask, cfg) if why is None and frames > 1 and not stack else {}
     if max_pixels is not None:
         too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)
         if too_big is not None:
@@ -465,9 +466,27 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]},
                        stored_digest=stored(pixels[0]), instance=instance)]
     return [Sample(key=frame_key(ref.sample_id, i), ref=ref, image=array,
-                   metadata={**base_metadata, **meta, "frame": i}, stored_digest=stored(pixels[i]),
-                   instance=instance)
+                   metadata={**base_metadata, **meta, "frame": i,
+                             **({"warnings": [*base_metadata.get("warnings", ()), blank[i]]} if i in blank else {})},
+                   stored_digest=stored(pixels[i]), instance=instance)
             for i, (array, meta) in enumerate(outputs)]
+
+
+def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTransformConfig) -> dict[int, str]:
+    """Frame → the warning its sample carries, for each frame of a multi-frame file (split into
+    samples; the file as a whole not constant) whose every real pixel is equal: a slice of a
+    series (``cfg.by_series``) is context, as a constant single-frame slice is, and is counted
+    as one; a frame packed on its own says it carries no information, so that a blank frame
+    among a file's good ones is seen (the file is not a bad sample: its other frames are good)."""
+    notes: dict[int, str] = {}
+    for frame in range(pixels.shape[0]):
+        why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1])
+        if why is None:
+            continue
+        notes[frame] = constant_slice_note(why) if cfg.by_series else (
+            f"constant frame: {why} in frame {frame}; it carries no information, but the file's other frames do, "
+            "so it is packed with them (a file whose every frame is constant is a constant_image bad sample)")
+    return notes
 
 
 def instance_digest(ds: Dataset) -> str:
