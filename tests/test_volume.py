@@ -315,6 +315,38 @@ def test_an_enhanced_multi_frame_ct_becomes_one_volume_ordered_by_its_frame_posi
     assert affine[2, 3] == pytest.approx(0.0) and affine[2, 0] == pytest.approx(2.0)
 
 
+def test_a_volume_whose_frames_carry_their_own_windows_records_each_slices(tmp_path: Path) -> None:
+    """windows: [file] over an enhanced CT whose frames carry their own Window Center/Width:
+    each slice is windowed by its frame's, but the volume's record named frame 0's window only,
+    so a reader could not tell how the other slices' grey levels map back to HU. Now every
+    slice's window is recorded, in the volume's order; a series read through one window keeps
+    the single record (nothing added)."""
+    import pydicom
+    from pydicom.sequence import Sequence as DicomSequence
+
+    from tests.test_series import write_enhanced_ct
+
+    board = (np.indices((8, 8)).sum(axis=0) % 2).astype(np.int16)
+    frames = np.stack([np.full((8, 8), 1000 + 100 * i, dtype=np.int16) + board for i in range(3)])
+    path = write_enhanced_ct(tmp_path / "raw" / "enhanced.dcm", frames, [4.0, 0.0, 2.0])
+    ds = pydicom.dcmread(path)
+    for group, (center, width) in zip(ds.PerFrameFunctionalGroupsSequence, [(40, 80), (-600, 1500), (300, 600)],
+                                      strict=True):
+        voi = pydicom.Dataset()
+        voi.WindowCenter, voi.WindowWidth = center, width
+        group.FrameVOILUTSequence = DicomSequence([voi])
+    ds.save_as(path)
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+               transform={"dicom": {"windows": ["file"], "sample": "volume"}}, validate={"max_bad_fraction": 0.9})
+    _, _, info = _packed(_build(job))
+    # along +z the frames come 1, 2, 0
+    assert [(w[0]["center"], w[0]["width"]) for w in info["slice_windows"]] == [(-600, 1500), (300, 600), (40, 80)]
+    raw = tmp_path / "one"
+    _write_series(raw / "s", seed=9, slices=4)
+    _, _, info = _packed(_build(_volume_job(tmp_path / "o", raw)))
+    assert "slice_windows" not in info
+
+
 def test_the_report_shows_a_volumes_three_middle_planes(tmp_path: Path) -> None:
     from packer.config import load_job as load
     from packer.pipeline.build import BuildOptions, build

@@ -499,7 +499,7 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     if constant:
         about["constant_slices"] = constant
     stats = slice_statistics(slices)
-    if stats is not None:  # each slice normalised on its own: every slice's statistics, in series order
+    if stats is not None:  # each slice normalised, or windowed by its file, on its own: every slice's, in order
         about["slice_windows"] = stats
     metadata = {**first.metadata, "volume": about}
     warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
@@ -513,13 +513,16 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
 
 
 def slice_statistics(slices: Sequence[Sample]) -> list[Any] | None:
-    """Each slice's ``metadata.windows`` where a window normalised it (percentiles or a z-score:
-    its statistics, ``count`` among them, are that slice's own), None otherwise (a fixed window
-    reads every slice alike, and its record on the sample says all)."""
+    """Each slice's ``metadata.windows`` where the slices were not all read through one window:
+    a window normalised each (percentiles or a z-score: its statistics, ``count`` among them, are
+    that slice's own), or the files' own windows differ between slices (``windows: [file]`` over
+    a series whose slices, or an enhanced object's frames, carry their own Window Center/Width).
+    None otherwise: one window read every slice alike, and the sample's own record (its first
+    slice's) says all."""
     windows = [s.metadata.get("windows") for s in slices]
     normalised = any(isinstance(w, dict) and "count" in w for listed in windows if isinstance(listed, list)
                      for w in listed)
-    return windows if normalised else None
+    return windows if normalised or any(w != windows[0] for w in windows[1:]) else None
 
 
 def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, edge: str) -> list[Sample]:
@@ -539,7 +542,7 @@ def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, ed
                                       "offsets_mm": [round(float(offsets[j] - offsets[i]), 4) for j in chosen],
                                       "channels_per_slice": int(centre.image.shape[0])}
         stats = slice_statistics([slices[j] for j in chosen])
-        if stats is not None:  # each slice of the stack normalised on its own: every slice's statistics
+        if stats is not None:  # each slice of the stack normalised or windowed on its own: every slice's
             neighbours["windows"] = stats
         out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours}))
     return out
