@@ -3,12 +3,14 @@ webdataset: :func:`wds_dataset`.
 
 packer's tar shards are plain WebDataset shards (``<key>.cls``, ``.json``, ``.npy``, ...), so
 ``webdataset.WebDataset(paths)`` reads them as they are; what it cannot know is what the
-manifest and ``_index.parquet`` know. This helper adds exactly that, as one ``map`` stage on a
-stock ``webdataset.WebDataset``: every sample's checksum is checked against the one the index
-records (the same check as ``ShardDataset(verify="sample")``, :mod:`packer.shards.checksum`,
-over the member bytes as webdataset hands them over) and the class index in ``.cls`` is named
-from the manifest's ``label_map`` (``__label_name__``). Everything else (decoding, shuffling,
-batching, ``WebLoader``) is webdataset's own, chained by the caller.
+manifest and ``_index.parquet`` know. This helper adds exactly that, as two stages on a stock
+``webdataset.WebDataset``: every shard read must give every sample the index lists for it (a
+shard cut short, or a damaged tar header, ends webdataset's read of it early and silently: the
+samples it never reached are named, :func:`whole_shards`), and every sample's checksum is checked
+against the one the index records (the same check as ``ShardDataset(verify="sample")``,
+:mod:`packer.shards.checksum`, over the member bytes as webdataset hands them over); the class
+index in ``.cls`` is named from the manifest's ``label_map`` (``__label_name__``). Everything
+else (decoding, shuffling, batching, ``WebLoader``) is webdataset's own, chained by the caller.
 
 ``webdataset`` is imported when the function is called, not with this module (it takes
 seconds to import on a cold machine).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from packer.errors import ConfigError, from_python
@@ -36,9 +38,10 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     for its ``.cls`` (where it has one).
 
     ``verify``: ``"sample"`` (default) checks each sample's xxh3 against ``_index.parquet``
-    and raises a ``ShardReadError`` naming the shard, the key, the expected and found checksums
-    (or, with ``handler=webdataset.warn_and_continue``, warns and skips it: webdataset's own
-    policy for a failing stage); ``"off"`` checks nothing. ``shardshuffle``, ``handler`` and
+    and raises a ``ShardReadError`` naming the shard, the key, the expected and found checksums,
+    and one for each sample a shard read never reached (a truncated shard, a damaged tar header:
+    :func:`whole_shards`), or, with ``handler=webdataset.warn_and_continue``, warns and skips it
+    (webdataset's own policy for a failing stage); ``"off"`` checks nothing. ``shardshuffle``, ``handler`` and
     ``options`` go to ``webdataset.WebDataset`` as they are (``handler`` to the check too).
     Chain ``.decode()``, ``.shuffle(n)``, ``.batched(n)`` as with any WebDataset.
 
@@ -61,16 +64,68 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
         raise ConfigError(f"{info.manifest}: split {split!r} holds no samples in this version (no shard); there is "
                           "nothing for a WebDataset to read: skip this split (ShardDataset reads it as empty)")
     expected: dict[str, int] | None = None
+    listed: dict[str, tuple[int, tuple[str, ...]]] = {}
     if verify == "sample":
-        table, _ = split_index_rows(info, ["key", INDEX_COLUMN], verify=True)
-        expected = dict(zip(table["key"].to_pylist(), table[INDEX_COLUMN].to_pylist(), strict=True))
+        table, bounds = split_index_rows(info, ["key", INDEX_COLUMN], verify=True)
+        keys = table["key"].to_pylist()
+        expected = dict(zip(keys, table[INDEX_COLUMN].to_pylist(), strict=True))
+        listed = {str(shard.path): (shard.bytes, tuple(keys[start:end]))
+                  for shard, (start, end) in zip(info.shards, bounds, strict=True)}
     names = {index: name for name, index in info.label_map.items()}
     kwargs: dict[str, Any] = {"shardshuffle": shardshuffle, "empty_check": False, **options}
     if handler is not None:
         kwargs["handler"] = handler
     dataset = webdataset.WebDataset([str(s.path) for s in info.shards], **kwargs)
+    if listed:  # before the checksum stage, so that a sample it refuses still counts as reached
+        dataset = dataset.compose(functools.partial(whole_shards, listed=listed, handler=handler))
     check = functools.partial(check_sample, expected=expected, names=names)
     return dataset.map(check, handler=handler) if handler is not None else dataset.map(check)
+
+
+def whole_shards(samples: Iterable[dict[str, Any]], *, listed: Mapping[str, tuple[int, tuple[str, ...]]],
+                 handler: Callable[[BaseException], bool] | None) -> Iterator[dict[str, Any]]:
+    """``samples`` as they come, checking that each shard read (a run of samples from one
+    ``__url__``) reached every sample ``listed`` for it (url → the manifest's byte count and the
+    index's keys): Python's tar reader, and so webdataset, ends a shard at a damaged member header
+    or where the file is cut short, and every sample after that point would be lost with nothing
+    said. Each sample never reached is a ``ShardReadError`` naming it, raised or handed to
+    ``handler`` (its True: go on). A read the consumer stops early is not judged."""
+    current: str | None = None
+    seen: set[str] = set()
+    for sample in samples:
+        url = str(sample.get("__url__", ""))
+        if url != current:
+            if current is not None:
+                _reached_all(current, seen, listed, handler)
+            current, seen = url, set()
+        seen.add(str(sample.get("__key__")))
+        yield sample
+    if current is not None:
+        _reached_all(current, seen, listed, handler)
+
+
+def _reached_all(url: str, seen: set[str], listed: Mapping[str, tuple[int, tuple[str, ...]]],
+                 handler: Callable[[BaseException], bool] | None) -> None:
+    """Raise (or hand ``handler``) a ``ShardReadError`` for each of ``url``'s listed samples not in ``seen``."""
+    size, keys = listed.get(url, (None, ()))
+    missing = [key for key in keys if key not in seen]
+    if not missing:
+        return
+    shard = os.path.basename(url)
+    try:
+        found = os.path.getsize(url)
+    except OSError as err:
+        why = f"the shard could not be read to its end ({err.strerror or err})"
+    else:
+        why = (f"the shard is {found:,} bytes, the manifest says {size:,}" if found != size else
+               "a damaged tar header ended the read of the shard before it")
+    for key in missing:
+        error = ShardReadError(
+            f"{shard}: sample {key}: never read: {why}, so webdataset read {len(seen)} of the shard's {len(keys)} "
+            "samples; ShardDataset reads on past a damaged header from _index.parquet's offsets, `packer verify` on "
+            "the version names the damaged samples; restore the shard or rebuild the dataset", shard=shard, key=key)
+        if handler is None or not handler(error):
+            raise error
 
 
 def check_sample(sample: dict[str, Any], *, expected: Mapping[str, int] | None,
