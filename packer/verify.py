@@ -54,8 +54,8 @@ from packer.progress import Progress
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import KEY_PATTERN, irregular_member, parse_member_name
 from packer.shards.parquet import SCHEMA as PARQUET_SCHEMA
-from packer.shards.parquet import read_parquet_samples
-from packer.shards.tar import scan_tar, stream_tar_samples, tar_sample_checksum
+from packer.shards.parquet import FilePrefix, read_parquet_samples
+from packer.shards.tar import TarSample, resume_scan, scan_tar, stream_tar_samples, tar_sample_checksum
 from packer.storage import VersionFolder, local_path, manifest_url
 from packer.targets import Target
 
@@ -374,7 +374,7 @@ def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any]
     expected: dict[str, int] = {row["key"]: int(row[INDEX_COLUMN]) for row in rows}
     seen: set[str] = set()
     try:
-        for key, value in _sample_checksums(folder, fmt, name, entry["samples"], rows):
+        for key, value in _sample_checksums(folder, fmt, entry, rows):
             if key is None or key not in expected:
                 continue
             seen.add(key)
@@ -393,35 +393,54 @@ def _name_damaged_samples(folder: VersionFolder, fmt: str, entry: dict[str, Any]
                         f"them; {_REBUILD}")
 
 
-def _sample_checksums(folder: VersionFolder, fmt: str, name: str, samples: int,
+def _sample_checksums(folder: VersionFolder, fmt: str, entry: dict[str, Any],
                       rows: list[dict[str, Any]]) -> Iterator[tuple[str | None, int | str]]:
-    """(key, checksum or why it could not be had) of each sample of shard ``name``, as packer's
-    own readers hash it (the loader's check, here without the loader): a Parquet shard's ``key``
-    and ``label`` cells that its own pages no longer give are taken from its ``rows`` of
-    ``_index.parquet``, as the loader takes them, so a sample whose bytes are all intact is not
-    named as damaged for a neighbour's page."""
+    """(key, checksum or why it could not be had) of each sample of the shard ``entry`` names,
+    as packer's own readers hash it (the loader's check, here without the loader): a tar shard is
+    read on past a damaged member header from the offsets ``rows`` (its rows of ``_index.parquet``)
+    record, as the loader reads it, so that only the samples whose headers are damaged are named
+    (by their index rows), not the intact ones after them; a Parquet shard with bytes appended is
+    read as the manifest's length of it, and its ``key`` and ``label`` cells that its own pages no
+    longer give are taken from ``rows``, as the loader takes them, so a sample whose bytes are all
+    intact is not named as damaged for a neighbour's page."""
+    name, samples = entry["file"], entry["samples"]
+    by_position = sorted(rows, key=lambda row: row["position"])
+    whole = len(by_position) == samples
     if fmt == "webdataset":
+        offsets = [int(row["position"]) for row in by_position] if whole else None
         if folder.local is not None:
             path = folder.local / name
             index = scan_tar(path)
+            placed: dict[int, TarSample] = dict(enumerate(index.samples))
+            lost: dict[int, str] = {}
+            if index.defect is not None and index.cut is None and len(index.samples) < samples and offsets:
+                placed, lost, _ = resume_scan(path, index, offsets)
             with open(path, "rb") as fh:
-                for sample in index.samples:
-                    value = tar_sample_checksum(fh, sample)
-                    yield sample.key, value if isinstance(value, int) else value.message
+                for position in sorted(placed):
+                    value = tar_sample_checksum(fh, placed[position])
+                    yield placed[position].key, value if isinstance(value, int) else value.message
+            for position, why in sorted(lost.items()):
+                yield by_position[position]["key"], f"its member header cannot be read ({why})"
             return
+        reached: set[int] = set()
+        defect: str | None = None
         with folder.open(name) as stream:
-            for item in stream_tar_samples(stream, samples):
+            for item in stream_tar_samples(stream, samples, offsets):
                 if isinstance(item, str):
-                    return
-                _, key, members = item
+                    defect = item
+                    continue
+                position, key, members = item
+                reached.add(position)
                 yield key, members_checksum(key, members)
+        if defect is not None and offsets:
+            for position in sorted(set(range(samples)) - reached):
+                yield by_position[position]["key"], f"its member header cannot be read ({defect})"
         return
     with contextlib.ExitStack() as stack:
-        source = folder.local / name if folder.local is not None else stack.enter_context(folder.open(name))
-        by_position = sorted(rows, key=lambda row: row["position"])
+        source = _parquet_source(folder, name, entry["bytes"], stack)
 
         def from_index(column: str) -> list[Any] | str:
-            if len(by_position) != samples or any(column not in row for row in by_position):
+            if not whole or any(column not in row for row in by_position):
                 return f"_index.parquet holds {len(by_position)} rows of {column!r} for the shard's {samples} samples"
             return [row[column] for row in by_position]
 
@@ -473,9 +492,14 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
     for split, entry in shards:
         name = entry["file"]
         rows = {row["key"]: row for row in (index_rows or {}).get(name, [])}
-        decode = _tar_samples if manifest["format"] == "webdataset" else _parquet_samples
         keys: list[str] = []
-        for key, sample in decode(folder, name, found):
+        damaged: dict[int, str] = {}  # a tar shard's offsets where no member header reads
+        if manifest["format"] == "webdataset":
+            listed = sorted(row["position"] for row in rows.values()) if len(rows) == entry["samples"] else None
+            samples = _tar_samples(folder, name, found, listed, damaged)
+        else:
+            samples = _parquet_samples(folder, name, entry["bytes"], found)
+        for key, sample in samples:
             before = len(found.problems)
             if key is not None:
                 keys.append(key)
@@ -488,74 +512,143 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
         if len(keys) != entry["samples"]:
             found.add(name, f"{len(keys)} readable samples, the manifest records {entry['samples']}; {_REBUILD}")
         for key in sorted(set(rows) - set(keys)):
-            found.add(name, f"listed in _index.parquet but not readable from the shard; {_REBUILD}", key=key)
+            at = rows[key].get("position")
+            if at in damaged:
+                found.add(name, f"its member header (byte {at}) cannot be read ({damaged[at]}); the samples after it "
+                                f"were read from the offsets _index.parquet records; {_REBUILD}", key=key)
+            else:
+                found.add(name, f"listed in _index.parquet but not readable from the shard; {_REBUILD}", key=key)
     progress.close()
 
 
 @contextlib.contextmanager
-def _open_tar(folder: VersionFolder, name: str) -> Iterator[tarfile.TarFile]:
-    """A local tar opened for random access; a remote one as a stream (read once, front to back)."""
+def _open_tar(folder: VersionFolder, name: str, start: int = 0) -> Iterator[tarfile.TarFile]:
+    """A local tar opened for random access (from the member header at byte ``start``: tarfile
+    starts at the file's position and keeps the file's offsets); a remote one as a stream (read
+    once, front to back, from its start)."""
     if folder.local is not None:
-        with tarfile.open(folder.local / name, mode="r:") as tar:
-            yield tar
+        with open(folder.local / name, "rb") as local:
+            local.seek(start)
+            with tarfile.open(fileobj=local, mode="r:") as tar:
+                yield tar
     else:
         with folder.open(name) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
             yield tar
 
 
-def _tar_samples(folder: VersionFolder, shard: str, found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
+def _tar_samples(folder: VersionFolder, shard: str, found: _Findings, offsets: list[int] | None = None,
+                 damaged: dict[int, str] | None = None) -> Iterator[tuple[str | None, dict[str, Any]]]:
     """Samples of a WebDataset tar, read with ``tarfile`` (members grouped by key, in order). A
     sample whose member the file ends in (a shard truncated mid-sample) is named as cut short, and
-    is not one of the samples."""
-    current: str | None = None
-    sample: dict[str, Any] = {}
+    is not one of the samples.
+
+    ``tarfile`` ends an archive quietly at a member header it cannot read (its checksum fails),
+    so one damaged header would hide every sample after it. With ``offsets`` (each sample's first
+    member header, ``_index.parquet``'s ``position`` column) a local shard is read on from the next
+    sample's offset, as the loader reads it: only the samples whose headers are damaged go
+    unread, each offset where nothing could be read put in ``damaged`` with why, not the intact
+    samples after them."""
     done: set[str] = set()
-    whole = 0  # samples read to their end
+    start = 0
+    resumable = offsets is not None and folder.local is not None
+    while True:
+        walk = _TarWalk(done)
+        yield from walk.samples(folder, shard, found, start, quiet=resumable)
+        if not resumable or offsets is None or walk.cut:
+            if walk.error is not None:  # nothing to read on from: the file as a whole
+                found.add(shard, f"not a readable tar file ({walk.error}); {_REBUILD}")
+            return
+        if walk.last_offset < start and damaged is not None:  # not one member read where a sample begins
+            damaged[start] = walk.error or _header_defect(folder, shard, start)
+        later = [offset for offset in offsets if offset > max(walk.last_offset, start)]
+        if not later:
+            return
+        start = later[0]
+
+
+def _header_defect(folder: VersionFolder, shard: str, offset: int) -> str:
+    """Why the tar member header at byte ``offset`` of a local shard does not read."""
+    if folder.local is None:
+        return "unreadable member header"
+    with open(folder.local / shard, "rb") as fh:
+        fh.seek(offset)
+        block = fh.read(tarfile.BLOCKSIZE)
     try:
-        with _open_tar(folder, shard) as tar:
-            while True:
-                try:
-                    member = tar.next()
-                    if member is None:
+        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as err:
+        return str(err) or type(err).__name__
+    return "a member header tarfile reads, but not as this sample's"
+
+
+@dataclass
+class _TarWalk:
+    """One ``tarfile`` walk of a shard from one member header on (:func:`_tar_samples`):
+    ``done`` the keys earlier walks gave, ``cut`` whether the file ended in a member,
+    ``last_offset`` the header offset of the last member read (-1: none)."""
+
+    done: set[str]
+    cut: bool = False
+    last_offset: int = -1
+    #: why the walk could not begin at all (tarfile refused its first header)
+    error: str | None = None
+
+    def samples(self, folder: VersionFolder, shard: str, found: _Findings, start: int, *,
+                quiet: bool) -> Iterator[tuple[str | None, dict[str, Any]]]:
+        """The walk's samples; ``quiet``: a walk that cannot begin says nothing (its ``error``:
+        the caller reads on from the next offset, or says so)."""
+        current: str | None = None
+        sample: dict[str, Any] = {}
+        whole = 0  # samples read to their end
+        try:
+            with _open_tar(folder, shard, start) as tar:
+                while True:
+                    try:
+                        member = tar.next()
+                        if member is None:
+                            break
+                    except (tarfile.TarError, OSError, EOFError) as err:
+                        if current is None and quiet:  # nothing read: the caller reads on from the next offset
+                            self.error = str(err) or type(err).__name__
+                        else:
+                            found.add(shard, f"tar stream unreadable after sample {current} ({err}); {_REBUILD}")
                         break
-                except (tarfile.TarError, OSError, EOFError) as err:
-                    found.add(shard, f"tar stream unreadable after sample {current} ({err}); {_REBUILD}")
-                    break
-                try:
-                    data = _member_bytes(tar, member)
-                except (tarfile.TarError, OSError, EOFError) as err:
+                    self.last_offset = member.offset
+                    try:
+                        data = _member_bytes(tar, member)
+                    except (tarfile.TarError, OSError, EOFError) as err:
+                        parsed = parse_member_name(member.name)
+                        cut = parsed[0] if not isinstance(parsed, str) else None
+                        if current is not None and current != cut:
+                            whole += 1  # the cut member is a new sample's first: the one before it ended whole
+                        found.add(shard, f"the shard ends in member {member.name} ({err}) after {whole} whole "
+                                         f"samples: this sample is cut short; {_REBUILD}", key=cut)
+                        if current == cut:
+                            current = None  # not a sample to check: its problem is said
+                        self.cut = True
+                        break
+                    if data is None:
+                        found.add(shard, f"{irregular_member(member.name)}; {_REBUILD}")
+                        continue
                     parsed = parse_member_name(member.name)
-                    cut = parsed[0] if not isinstance(parsed, str) else None
-                    if current is not None and current != cut:
-                        whole += 1  # the cut member is a new sample's first: the one before it ended whole
-                    found.add(shard, f"the shard ends in member {member.name} ({err}) after {whole} whole samples: "
-                                     f"this sample is cut short; {_REBUILD}", key=cut)
-                    if current == cut:
-                        current = None  # not a sample to check: its problem is said
-                    break
-                if data is None:
-                    found.add(shard, f"{irregular_member(member.name)}; {_REBUILD}")
-                    continue
-                parsed = parse_member_name(member.name)
-                if isinstance(parsed, str):
-                    found.add(shard, parsed)
-                    continue
-                key, ext = parsed
-                if key != current:
-                    if current is not None:
-                        whole += 1
-                        yield current, sample
-                    if key in done:
-                        found.add(shard, "members of this key appear in two separate groups", key=key)
-                    current, sample = key, {"offset": member.offset}
-                    done.add(key)
-                if ext in sample:
-                    found.add(shard, f"member {member.name} appears twice", key=key)
-                sample[ext] = data
-    except (tarfile.TarError, OSError, EOFError) as err:
-        found.add(shard, f"not a readable tar file ({err}); {_REBUILD}")
-    if current is not None:
-        yield current, sample
+                    if isinstance(parsed, str):
+                        found.add(shard, parsed)
+                        continue
+                    key, ext = parsed
+                    if key != current:
+                        if current is not None:
+                            whole += 1
+                            yield current, sample
+                        if key in self.done:
+                            found.add(shard, "members of this key appear in two separate groups", key=key)
+                        current, sample = key, {"offset": member.offset}
+                        self.done.add(key)
+                    if ext in sample:
+                        found.add(shard, f"member {member.name} appears twice", key=key)
+                    sample[ext] = data
+        except (tarfile.TarError, OSError, EOFError) as err:
+            self.error = str(err) or type(err).__name__
+        if current is not None:
+            yield current, sample
 
 
 def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
@@ -565,14 +658,26 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None
     return handle.read() if handle is not None else None
 
 
-def _parquet_samples(folder: VersionFolder, shard: str,
+def _parquet_source(folder: VersionFolder, shard: str, size: int, stack: contextlib.ExitStack) -> Any:
+    """What a Parquet reader opens of ``shard``: the file, or, where bytes were appended to it
+    (a copy padded to a block size), the manifest's ``size`` of it, since a Parquet file's index
+    is at its end (as the loader reads it; the size finding is said once, by the shard check)."""
+    grown = folder.size(shard) > size > 0
+    if folder.local is not None:
+        path = folder.local / shard
+        return pa.BufferReader(pa.memory_map(str(path), "r").read_buffer(size)) if grown else path
+    handle = stack.enter_context(folder.open(shard))
+    return FilePrefix(handle, size) if grown else handle
+
+
+def _parquet_samples(folder: VersionFolder, shard: str, size: int,
                      found: _Findings) -> Iterator[tuple[str | None, dict[str, Any]]]:
-    """Rows of a Parquet shard, read column by column so one damaged column names itself."""
+    """Rows of a Parquet shard (``size``: the manifest's bytes of it), read column by column so
+    one damaged column names itself."""
     columns: dict[str, list[Any] | None] = {}
     with contextlib.ExitStack() as stack:
         try:
-            source = folder.local / shard if folder.local is not None else stack.enter_context(folder.open(shard))
-            handle = pq.ParquetFile(source)
+            handle = pq.ParquetFile(_parquet_source(folder, shard, size, stack))
         except (pa.ArrowException, OSError) as err:
             found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
             return

@@ -218,6 +218,46 @@ def test_a_tar_cut_inside_a_sample_counts_only_the_whole_samples_before_it_and_n
                          f"sample {cut.key} is cut short")
 
 
+@pytest.mark.parametrize("built", ["webdataset"], indirect=True)
+@pytest.mark.parametrize("which", [0, 3])
+def test_a_damaged_member_header_names_its_sample_only_not_the_intact_ones_after_it(version: Path, which: int) -> None:
+    """The loader reads past a damaged tar member header from _index.parquet's offsets, losing
+    only that sample; verify (plain and --deep) stopped at the header with tarfile and reported
+    every sample after it as unreachable, and never the damaged one as such. It now reads on as
+    the loader does and names only the sample whose header is damaged (sample 0: the file's first
+    header, which tarfile refuses the file for; sample 3: one it ends the archive at quietly)."""
+    from packer.shards.tar import scan_tar
+
+    shard = version / shard_files(version)[0]
+    samples = scan_tar(shard).samples
+    flip(shard, samples[which].offset + 3)  # a byte of the member's name: the header's checksum fails
+    for deep in ((), ("--deep",)):
+        result = invoke(version, "--json", *deep)
+        assert result.exit_code == 5, result.output
+        problems = [p for p in json.loads(result.stdout)["problems"] if p["shard"] == shard.name]
+        named = {p["key"] for p in problems if p["key"] is not None}
+        assert named == {samples[which].key}, (deep, problems)
+        text = " ".join(p["message"] for p in problems)
+        assert "could not be reached" not in text and "not a readable tar file" not in text, text
+        assert "cannot be read" in text and "checksum" in text, text
+
+
+@pytest.mark.parametrize("built", ["parquet"], indirect=True)
+def test_a_parquet_shard_with_bytes_appended_is_read_as_the_manifests_length_of_it(version: Path) -> None:
+    """The loader reads a grown Parquet shard as the manifest's length of it (its index is at its
+    end); verify opened the grown file, found no Parquet footer, and named every intact sample
+    as unreachable (--deep: 'not a readable Parquet file', 0 readable samples). Only the size
+    finding remains, as for a tar shard with bytes appended."""
+    shard = version / shard_files(version)[0]
+    shard.write_bytes(shard.read_bytes() + bytes(4096))
+    for deep in ((), ("--deep",)):
+        result = invoke(version, "--json", *deep)
+        assert result.exit_code == 5, result.output
+        problems = [p for p in json.loads(result.stdout)["problems"] if p["shard"] == shard.name]
+        assert [p["key"] for p in problems] == [None], (deep, problems)
+        assert "(grown)" in problems[0]["message"]
+
+
 def test_a_deleted_shard_is_named_missing_and_an_unlisted_one_as_unexpected(version: Path) -> None:
     gone, other = shard_files(version)[-1], shard_files(version)[0]
     kept = (version / gone).read_bytes()

@@ -958,42 +958,6 @@ def _open_remote(info: ShardInfo, url: str, *, verify: bool) -> Iterator[tuple[I
         yield spool, problem
 
 
-class _Prefix:
-    """The first ``length`` bytes of the seekable binary file ``fh``, as a file of that length
-    (what a Parquet reader, which looks for its index at the end, should see of a shard whose
-    copy had bytes appended)."""
-
-    def __init__(self, fh: IO[bytes], length: int) -> None:
-        self.fh, self.length, self.pos = fh, length, 0
-        self.closed = False
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, size: int = -1) -> bytes:
-        size = self.length - self.pos if size is None or size < 0 else min(size, self.length - self.pos)
-        if size <= 0:
-            return b""
-        self.fh.seek(self.pos)
-        data = self.fh.read(size)
-        self.pos += len(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,
                 strict: bool, verify: bool) -> Iterator[tuple[int, Decoded | Failure]]:
     """Samples at ``positions`` (ascending) of a remote shard (``info.url``), tar or Parquet.
@@ -1012,8 +976,10 @@ def read_remote(info: ShardInfo, positions: Sequence[int], check: SampleCheck, *
             if problem is not None:
                 _read_anyway(info, problem)
             if info.file.endswith(".parquet"):
+                from packer.shards.parquet import FilePrefix  # pyarrow: imported by Parquet readers only
+
                 # bytes appended: its index is at the manifest's length (see read_parquet)
-                source = _Prefix(fh, info.bytes) if problem is not None and info.bytes else fh
+                source = FilePrefix(fh, info.bytes) if problem is not None and info.bytes else fh
                 results = _read_parquet_file(info, source, positions, check)
             else:
                 results = _stream_tar(info, fh, positions, check)

@@ -19,9 +19,10 @@ damaged page makes a record batch fail, the rows left are salvaged column by col
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -608,3 +609,39 @@ def _mask_cell(cells: list[Any] | None) -> np.ndarray | None:
 def _fail(rows: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, SampleDefect]]:
     for row in rows:
         yield row, SampleDefect(reason, message)
+
+
+class FilePrefix:
+    """The first ``length`` bytes of the seekable binary file ``fh``, as a file of that length
+    (what a Parquet reader, which looks for its index at the end, should see of a shard whose
+    copy had bytes appended)."""
+
+    def __init__(self, fh: IO[bytes], length: int) -> None:
+        self.fh, self.length, self.pos = fh, length, 0
+        self.closed = False
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.length - self.pos if size is None or size < 0 else min(size, self.length - self.pos)
+        if size <= 0:
+            return b""
+        self.fh.seek(self.pos)
+        data = self.fh.read(size)
+        self.pos += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True

@@ -421,7 +421,8 @@ def _stream_stopped_early(tar: tarfile.TarFile) -> str | None:
 
 def _damaged_header_text(offset: int) -> str:
     return (f"damaged tar header at byte {offset}, whose checksum does not match its bytes: disk, copy or cache "
-            "damage after the build; no tar reader reads past it")
+            "damage after the build; a tar walk stops there (packer's readers read on from the next sample's "
+            "offset in _index.parquet)")
 
 
 def _damaged_header(fh: BinaryIO, offset: int, size: int) -> str | None:
