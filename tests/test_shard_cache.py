@@ -210,6 +210,39 @@ def test_a_remote_dataset_reads_through_the_cache_and_epoch_two_makes_no_request
     assert all(bool((first[k] == local[k]).all()) for k in local)
 
 
+def test_a_sample_damaged_in_the_cache_is_named_there_and_the_copy_is_fetched_again(tmp_path: Path,
+                                                                                   opens: Counter[str]) -> None:
+    """A byte flipped in a cache entry after its download was verified (bit rot on the local
+    disk; size and modification time unchanged) was caught, but the message said to restore the
+    entry from a good copy or rebuild the dataset, and the same damaged entry was served on every
+    later read (a rebuild gives the same sha256, the entry's name). The message now names the
+    cache's copy and the store's URL, and the copy is dropped: the next read fetches the shard
+    again and delivers every sample intact."""
+    import tarfile
+
+    built = _ct_version(tmp_path, patients=4, max_samples=8)
+    _publish(built.version_dir, "/remote/d")
+    local = {item["key"]: item["image"] for item in ShardDataset(built.manifest_path, "train", shuffle=False)}
+    remote = ShardDataset("memory://remote/d/manifest.json", "train", shuffle=False, cache_dir=tmp_path / "c")
+    assert len(list(remote)) == len(local)
+    (entry,) = [p for p in (tmp_path / "c").iterdir() if p.suffix == ".tar"]
+    with tarfile.open(entry) as tar:
+        npy = next(m for m in tar.getmembers() if m.name.endswith(".npy"))
+    stat = entry.stat()
+    data = bytearray(entry.read_bytes())
+    data[npy.offset_data + npy.size - 1] ^= 0x01
+    entry.chmod(0o644)
+    entry.write_bytes(bytes(data))
+    os.utime(entry, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the stamp still vouches for it
+    with pytest.raises(ShardReadError, match=r"in the shard cache's copy .*\.tar of memory://remote/d/train-000000"
+                                             r"\.tar .*the copy is dropped from the cache"):
+        list(remote)
+    before = sum(n for p, n in opens.items() if p.endswith(".tar"))
+    again = {item["key"]: item["image"] for item in remote}
+    assert sum(n for p, n in opens.items() if p.endswith(".tar")) == before + 1  # fetched again, once
+    assert again.keys() == local.keys() and all(bool((again[k] == local[k]).all()) for k in local)
+
+
 _TRICKLE_CHILD = """
 import sys, time
 from pathlib import Path

@@ -156,6 +156,13 @@ class ShardCache:
         except (OSError, IntegrityError):
             return None  # fetched again in the foreground, where the error is raised to the reader
 
+    def invalidate(self, sha256: str, file: str) -> None:
+        """Drop the entry's verified stamp (a sample read from it did not match its recorded
+        checksum: the copy was damaged on this disk after its download was verified), so the next
+        :meth:`reading` fetches the shard again. A reader holding the entry reads on; the file
+        itself is replaced by the next download (a new file renamed over it)."""
+        (self.folder / f".{self.entry(sha256, file).name}.ok").unlink(missing_ok=True)
+
     def _lock_path(self, sha256: str) -> Path:
         return self.folder / f".{sha256}.lock"
 

@@ -168,6 +168,10 @@ class ShardInfo:
     #: then; every sample delivered still checked against its checksum, which covers both); None:
     #: the rows of such a page are lost with it
     split_of: SplitInfo | None = field(default=None, compare=False, hash=False, repr=False)
+    #: The store's URL where ``path`` is the shard cache's copy of it (:func:`_read_cached`): a
+    #: sample found damaged there is the copy's damage (the store's may be intact); the copy is
+    #: dropped from the cache, and the next read fetches the shard again
+    cached_from: str | None = field(default=None, compare=False, hash=False)
 
     @property
     def download(self) -> tuple[str, str, int, str, Any]:
@@ -699,16 +703,24 @@ def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect
     if found == expected:
         return result
     also = f" (reading it also failed: {result.reason}: {result.message})" if isinstance(result, SampleDefect) else ""
-    return SampleDefect("checksum_mismatch", mismatch_message(expected, found, info.location, also), result.key)
+    return SampleDefect("checksum_mismatch", mismatch_message(expected, found, info.location, also,
+                                                             cached_from=info.cached_from), result.key)
 
 
-def mismatch_message(expected: int, found: int, location: str, also: str = "") -> str:
+def mismatch_message(expected: int, found: int, location: str, also: str = "", *,
+                     cached_from: str | None = None) -> str:
     """What a ``checksum_mismatch`` says (after the shard and the key): the two checksums, what
-    happened, and the fix; ``location``: the shard's path or URL."""
-    return (f"expected xxh3 {describe(expected)} (recorded in _index.parquet at build time), found {describe(found)}: "
-            f"the sample's bytes changed after the build (disk, copy or cache damage){also}; restore {location} "
-            "from a good copy or rebuild the dataset, and run `packer verify` on the version folder to name every "
-            "damaged sample")
+    happened, and the fix; ``location``: the shard's path or URL; ``cached_from``: the store's URL
+    where ``location`` is the shard cache's copy of it (restoring the store's copy, or rebuilding,
+    would leave the damaged copy in the cache, which is served as long as it is there)."""
+    found_text = (f"expected xxh3 {describe(expected)} (recorded in _index.parquet at build time), found "
+                  f"{describe(found)}: the sample's bytes changed after the build")
+    if cached_from is not None:
+        return (f"{found_text} in the shard cache's copy {location} of {cached_from} (damage on the cache's disk; "
+                f"the store's copy may be intact){also}; the copy is dropped from the cache, so the next read fetches "
+                "the shard again; `packer verify` on the version checks the store's copy")
+    return (f"{found_text} (disk, copy or cache damage){also}; restore {location} from a good copy or rebuild the "
+            "dataset, and run `packer verify` on the version folder to name every damaged sample")
 
 
 def check_shard_file(info: ShardInfo, *, verify: bool) -> str | None:
@@ -872,8 +884,13 @@ def _read_cached(reader: Callable[..., Iterator[tuple[int, Decoded | Failure]]],
             yield from _fail(info, positions, "unreadable", f"the whole shard could not be fetched through the shard "
                                                             f"cache {info.cache.folder}: {err}")
             return
-        yield from reader(replace(info, path=path, url=None, cache=None), positions, check, strict=strict,
-                          verify=verify)
+        dropped = False
+        for pos, outcome in reader(replace(info, path=path, url=None, cache=None, cached_from=info.url), positions,
+                                   check, strict=strict, verify=verify):
+            if not dropped and isinstance(outcome, Failure) and outcome.reason == "checksum_mismatch":
+                info.cache.invalidate(info.sha256, info.file)  # before the caller sees (and maybe raises) it
+                dropped = True
+            yield pos, outcome
 
 
 def _fail(info: ShardInfo, positions: Sequence[int], reason: str, message: str) -> Iterator[tuple[int, Failure]]:
