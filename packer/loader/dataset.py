@@ -26,17 +26,19 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.allocator import tune_allocator
-from packer.errors import ConfigError, Surface, called_from, from_python, surface
+from packer.errors import ConfigError, PackerError, Surface, called_from, from_python, surface
 from packer.loader.cache import cache_from
 from packer.loader.readers import (
     Decoded,
     Failure,
     SampleCheck,
     ShardReadError,
+    SplitInfo,
     load_checksums,
     load_split,
     load_view,
     read_shard,
+    split_index_rows,
 )
 from packer.loader.record import SampleRecord
 from packer.loader.sharding import (
@@ -306,6 +308,7 @@ class PlannedDataset(IterableDataset):
         waiting: list[tuple[int, str]] = []
         for i, result in self._worker_results(order, plan, indices):
             if isinstance(result, Failure):
+                result = self._keyed(result)
                 if self.on_error == "raise":
                     raise result.error()
                 if not fill:
@@ -334,6 +337,27 @@ class PlannedDataset(IterableDataset):
                 f"none of the {len(waiting)} samples of this worker's share of the epoch could be read "
                 f"(uneven={self.uneven!r} needs one readable sample to stand in for the skipped ones, so "
                 f"that every rank yields the same number of batches); last: {waiting[-1][1]}")
+
+    def _keyed(self, failure: Failure) -> Failure:
+        """``failure`` with its sample's key from ``_index.parquet`` where the shard's own bytes
+        could not give it (a damaged first member header, the samples a truncated shard lost), so
+        the error and the skip name the sample, not only its position; as it was where the index
+        cannot be read, and for a whole shard's defect (``bad_shard``: no one sample's)."""
+        info = getattr(self, "info", None)
+        if failure.key is not None or failure.reason == "bad_shard" or not isinstance(info, SplitInfo):
+            return failure
+        keys = self.__dict__.get("_index_keys")
+        if keys is None:  # read once a process, at the first such failure
+            try:
+                table, bounds = split_index_rows(info, ["key"], verify=False)
+            except PackerError:
+                keys = {}
+            else:
+                column = table["key"].to_pylist()
+                keys = {shard.file: column[start:end] for shard, (start, end) in zip(info.shards, bounds, strict=True)}
+            self.__dict__["_index_keys"] = keys
+        listed = keys.get(failure.shard, ())
+        return replace(failure, key=listed[failure.position]) if 0 <= failure.position < len(listed) else failure
 
     def _skip(self, description: str) -> None:
         """Count a skipped sample; raise past ``max_skipped``. Iterated directly or through a plain
