@@ -133,9 +133,20 @@ def test_a_zscore_needs_float16_and_cannot_be_a_fallback(tmp_path: Path) -> None
                                                                      "output": "float16"}}}))
 
 
-def test_a_frame_with_no_spread_in_its_percentiles_is_missing_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_a_frame_whose_percentiles_coincide_is_split_at_them_as_the_readme_says(tmp_path: Path,
+                                                                                photometric: str) -> None:
+    """README: "where the two percentiles coincide, a sparse volume's, values at or below them are
+    0 and values above 1", as a NIfTI volume reads. A DICOM frame refused such a frame as
+    missing_window ("nothing to scale"), so one all-air slice of an MR series took its whole
+    volume or neighbour stacks down with it, and the fallback window the message offered packed
+    it as flat grey among percentile-scaled slices."""
     flat = np.zeros((16, 16), np.uint16)
     flat[0, 0] = 9  # not constant (that is constant_image), but the 1st..99th percentiles are all 0
-    issue = read_dicom(make_ref(mr_file(tmp_path, flat)), config(percentiles(1, 99)))
-    assert not isinstance(issue, list)
-    assert issue.reason == "missing_window" and "are both 0" in issue.message
+    sample = read(mr_file(tmp_path, flat, photometric=photometric), percentiles(1, 99))
+    expected = (flat > 0) if photometric == "MONOCHROME2" else (flat == 0)
+    np.testing.assert_array_equal(sample.image[0], expected.astype(np.uint8) * 255)
+    (record,) = sample.metadata["windows"]
+    assert (record["low"], record["high"], record["width"]) == (0.0, 0.0, 0.0)
+    wide = read(mr_file(tmp_path, flat), percentiles(1, 99), output="uint16")
+    np.testing.assert_array_equal(wide.image[0], (flat > 0).astype(np.uint16) * 65535)

@@ -108,18 +108,18 @@ def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
     return None
 
 
-def _normalised(spec: WindowSpec, values: np.ndarray, padding: np.ndarray, frame: int) -> VoiTransform | str:
+def _normalised(spec: WindowSpec, values: np.ndarray, padding: np.ndarray, frame: int) -> VoiTransform:
     """A percentiles window of one frame: the percentiles of its modality values (padding left
     out) as the LINEAR_EXACT window from the low to the high one (which maps them to 0 and 1 and
-    clips outside: :mod:`packer.transform.intensity`), its statistics recorded; or why the frame
-    has none (every value of the region equal)."""
+    clips outside: :mod:`packer.transform.intensity`), its statistics recorded. Where the two
+    percentiles are one value (most of the frame shares it: all air, or a sparse frame) the
+    window has width 0 and the clip decides alone, as the README says and NIfTI volumes read:
+    a value at or below it is 0, one above it 1 (:func:`packer.transform.dicom.apply_voi`)."""
     stats = percentile_stats(values[~padding], float(spec.low or 0.0), float(spec.high or 100.0), spec.over or "all")
     low, high = float(stats.low or 0.0), float(stats.high or 0.0)
-    if not high > low:
-        return (f"its percentiles {list(stats.percentiles or ())} over {stats.over} values are both {low:g} "
-                f"({stats.count} values): nothing to scale")
-    return VoiTransform(name=spec.name, function="LINEAR_EXACT", source="percentiles", center=(low + high) / 2,
-                        width=high - low, stats=tuple(stats.to_json().items()))
+    return VoiTransform(name=spec.name, function="LINEAR_EXACT", source="percentiles",
+                        center=(low + high) / 2 if high > low else low, width=max(high - low, 0.0),
+                        stats=tuple(stats.to_json().items()))
 
 
 def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTransform,
