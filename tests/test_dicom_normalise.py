@@ -106,6 +106,22 @@ def test_padding_is_left_out_of_the_statistics_and_stays_black(tmp_path: Path) -
     assert (sample.image[0, -4:] == 0).all()
 
 
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_padding_under_a_zscore_over_all_pixels_is_the_frames_lowest_not_its_mean(tmp_path: Path,
+                                                                                 photometric: str) -> None:
+    """README: padded pixels are black, never windowed as tissue. Under {zscore: {over: all}}
+    padding was set to 0, the frame's mean: brighter than its real air, average tissue to a
+    network. It is now the frame's lowest z-score; over nonzero, 0 (the background stays 0)."""
+    pixels = MR.copy()
+    pixels[-4:] = 4095
+    path = mr_file(tmp_path, pixels, PixelPaddingValue=4095, photometric=photometric)
+    sample = read(path, zscore("all"), output="float16")
+    real = sample.image[0, :-4].astype(np.float32)
+    assert (sample.image[0, -4:] == real.min()).all() and real.min() < -1.0, sample.image[0, -4:]
+    nonzero = read(path, zscore("nonzero"), output="float16")
+    assert (nonzero.image[0, -4:] == 0).all()
+
+
 def test_modality_windows_normalise_mr_beside_ct_presets(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     save(ct_dataset(), raw / "ct.dcm")

@@ -340,7 +340,8 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
     a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
     the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels, negated
     for MONOCHROME1 so that bright means dense there too, its record ``inverted: true``), padding
-    0. (Without a normalisation, float16 keeps its meaning: one channel of modality values.)
+    black (0; a z-score over all pixels: the frame's lowest, since 0 is its mean). (Without a
+    normalisation, float16 keeps its meaning: one channel of modality values.)
     ``specs``: the frame's windows (``cfg.windows_for`` its Modality)."""
     values = to_modality_values(stored, modality)
     fixed = tuple(spec for spec in specs if spec.kind != "zscore")
@@ -360,11 +361,15 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
                 np.subtract(np.float32(0.0), channel, out=channel)  # +0.0 where z is 0, never -0.0
                 record["inverted"] = True
             records.append(record)
+            # padding is black: 0 is the mean under over: all, so there the frame's lowest z-score;
+            # under nonzero, 0 (the background zeros stay 0 too)
+            real = channel[~padding] if stats.over == "all" and padding.any() else None
+            channel[padding] = real.min() if real is not None and real.size else 0.0
         else:
             voi = by_spec[spec]
             channel = apply_voi(values, voi, monochrome1=photometric == "MONOCHROME1")
             records.append(voi.to_json())
-        channel[padding] = 0.0
+            channel[padding] = 0.0
         channels.append(channel.astype(np.float32, copy=False))
     meta = _frame_metadata(ds, frame, modality, (), spacing)
     meta["windows"] = records
