@@ -544,6 +544,22 @@ def test_acquisitions_split_a_series_only_where_each_is_a_stack_of_its_own() -> 
     assert len({s.uid_key for s in out.series}) == 2
 
 
+def test_a_refused_acquisition_is_named_as_one_not_as_its_whole_series() -> None:
+    """Two echoes stacked per Acquisition Number, the second missing a slice: the first packs,
+    the second is series_gap; its records said "series … (5 files): …; the series is not packed",
+    though the series holds 11 files and 6 of them pack. They now name the acquisition, its share
+    of the series' files, and that the other acquisitions are judged on their own."""
+    first = [(_ref(i), replace(_geometry(3.0 * i), acquisition="1")) for i in range(6)]
+    second = [(_ref(10 + i), replace(_geometry(z), acquisition="2")) for i, z in enumerate([0, 3, 6, 12, 15])]
+    out = assemble([*first, *second], CFG)
+    assert [len(s.slices) for s in out.series] == [6]
+    assert {(i.sample_id, i.reason) for i in out.issues} == {(f"id{10 + i:03d}", "series_gap") for i in range(5)}
+    message = out.issues[0].message
+    assert "acquisition 2 of series " in message and "(5 of its 11 files)" in message, message
+    assert message.endswith("this acquisition is not packed (the series' other acquisitions are stacked, and "
+                            "judged, on their own)"), message
+
+
 def write_enhanced_ct(path: Path, frames: np.ndarray, z: list[float]) -> Path:
     """An Enhanced CT (PS3.3 C.7.6.16) whose frame i sits at ``z[i]`` mm (axial, shared orientation,
     per-frame Plane Position): the creator's frame order need not be the spatial one."""

@@ -137,9 +137,13 @@ def _is_localizer(geometry: SliceGeometry) -> bool:
     return "LOCALIZER" in geometry.image_type or (bool(geometry.image_type) and geometry.image_type[0] == "DERIVED")
 
 
-def _fail(refs: Sequence[SampleRef], reason: str, what: str, uid_key: str) -> list[Issue]:
-    return [Issue.of(ref, stage="validate", reason=reason,
-                     message=f"{ref.path}: series {uid_key} ({len(refs)} files): {what}; the series is not packed")
+def _fail(refs: Sequence[SampleRef], reason: str, what: str, uid_key: str, part: str = "") -> list[Issue]:
+    """Each of ``refs`` refused with ``reason``: its series (``uid_key``), or ``part`` of it (an
+    acquisition stacked on its own, named as such: the series' other parts are judged apart)."""
+    unit = part or f"series {uid_key} ({len(refs)} files)"
+    tail = ("this acquisition is not packed (the series' other acquisitions are stacked, and judged, on their own)"
+            if part else "the series is not packed")
+    return [Issue.of(ref, stage="validate", reason=reason, message=f"{ref.path}: {unit}: {what}; {tail}")
             for ref in refs]
 
 
@@ -160,8 +164,9 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
         outcome = _check(members, cfg, uid_key)
         parts = [(members, outcome, uid_key)]
         if not isinstance(outcome, Series) and outcome and outcome[0].reason in _ACQUISITION_REASONS:
-            parts = [(part, _check(part, cfg, part_key), part_key)
-                     for part, part_key in _acquisitions(members, key, cfg)] or parts
+            parts = [(part, _check(part, cfg, part_key, f"acquisition {number or '(none)'} of series {uid_key} "
+                                                        f"({len(part)} of its {len(members)} files)"), part_key)
+                     for part, part_key, number in _acquisitions(members, key, cfg)] or parts
         refused: dict[str, Issue] = {}  # each file of this group a refusal names, by sample id
         recorded: set[str] = set()  # each member a part packs or has a record for
         for _, part_outcome, _ in parts:
@@ -186,8 +191,8 @@ _ACQUISITION_REASONS = ("series_gap", "series_duplicate_position")
 
 
 def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...], cfg: SeriesConfig
-                  ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str]]:
-    """``members`` split by Acquisition Number, each part with its digest, where the series holds
+                  ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str, str]]:
+    """``members`` split by Acquisition Number, each part with its digest and its number, where the series holds
     several acquisitions of more than one slice each (the runs of one series: dcm2niix stacks
     across acquisitions, which leaves such a series with a gap or repeated positions); else
     ``[]``, and the series stays one. A scanner that numbers every slice its own acquisition
@@ -202,7 +207,7 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
     if len(by_acquisition) < 2 or "" in by_acquisition or any(
             sum(g.frames for _, g in part) < 2 for part in by_acquisition.values()):
         return []
-    return [(by_acquisition[number], _digest(*key, "acquisition", number))
+    return [(by_acquisition[number], _digest(*key, "acquisition", number), number)
             for number in sorted(by_acquisition, key=lambda n: (len(n), n))]
 
 
@@ -295,7 +300,8 @@ def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesCon
             for ref, g in members if _is_localizer(g)]
 
 
-def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str) -> Series | list[Issue]:
+def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str,
+           part: str = "") -> Series | list[Issue]:
     refs = [ref for ref, _ in members]
     if cfg.drop_localizers and all("LOCALIZER" in g.image_type for _, g in members):
         # a scout series: no stack to check, each file a localizer left out, as among slices (a
@@ -312,7 +318,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         # as a stack where its scouts lay at distinct positions of one plane)
         what = ("every one of its files is a localizer: a scout, not a stack" if scouts else
                 f"{len(members) - len(originals)} localizer or derived image(s) among its slices")
-        return _fail(refs, "series_localizer", f"{what} (series.drop_localizers is false)", uid_key)
+        return _fail(refs, "series_localizer", f"{what} (series.drop_localizers is false)", uid_key, part)
     if len(originals) != len(members) and originals:
         members, refs = originals, [ref for ref, _ in originals]
     first = members[0][1]
@@ -325,7 +331,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                  "Image Position (Patient) (a multi-frame object gives one per frame, in its Per-frame "
                  "Functional Groups)" if g.frames > 1 and g.orientation is not None
                  else f"{ref.path} has no {' and no '.join(missing)}")
-        return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key)
+        return _fail(refs, "series_no_position", f"{where}, so the slices cannot be ordered in space", uid_key, part)
     base = np.asarray(first.orientation, dtype=np.float64)
     # any slice's (or frame's) orientation that is no orientation, not the first file's alone: which
     # file comes first must not decide the reason (an all-zero one in a broken export, anywhere)
@@ -336,7 +342,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         cosines = [round(float(v), 6) for v in broken[1]]
         return _fail(refs, "series_no_position", f"{broken[0].path} has an Image Orientation (Patient) {cosines} "
                                                  "whose row and column cosines are not two orthogonal unit vectors, "
-                                                 "so no slice normal orders the slices", uid_key)
+                                                 "so no slice normal orders the slices", uid_key, part)
     turned = [(ref, frame, g.frames, o) for ref, g in members
               for frame, o in enumerate((g.orientation, *g.frame_orientations))
               if o is not None and np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE]
@@ -349,7 +355,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                  f"{first_where} {[round(float(v), 4) for v in base]}"
                                                  f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
                                                  "a reformat or a localizer exported into the series: remove it",
-                     uid_key)
+                     uid_key, part)
     # every frame's own spacing: an enhanced file's frame of another scale was stacked at frame 0's
     grid = {(g.rows, g.columns, _same_spacing(s, first.spacing)) for _, g in members for s in (g.spacing,
                                                                                                  *g.frame_spacings)}
@@ -361,20 +367,20 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         shown = ", ".join(f"{r}×{c} at {s} ({len(paths)} file(s), e.g. {paths[0]})"
                           for (r, c, s), paths in sorted(counts.items(), key=lambda item: -len(item[1])))
         return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
-                     uid_key)
+                     uid_key, part)
     normal = stacking_direction(base)
     slices = sorted(((float(np.dot(normal, np.asarray(pos))), i, frame) for i, (_, g) in enumerate(members)
                      for frame, pos in enumerate(g.positions)), key=lambda s: (s[0], s[1], s[2]))
     if len(slices) < cfg.min_slices:
         return _fail(refs, "series_too_short", f"{len(slices)} slice(s), fewer than series.min_slices "
-                                               f"({cfg.min_slices})", uid_key)
+                                               f"({cfg.min_slices})", uid_key, part)
     steps = np.diff([s[0] for s in slices])
     if (steps < POSITION_TOLERANCE).any():
         at = int(np.argmax(steps < POSITION_TOLERANCE))
         both = " and ".join(_slice_name(members, slices[n]) for n in (at, at + 1))
         return _fail(refs, "series_duplicate_position", f"two slices share the position {slices[at][0]:.3f} mm "
                                                         f"along the slice normal ({both}: one file twice in the "
-                                                        "export, or two acquisitions in one series)", uid_key)
+                                                        "export, or two acquisitions in one series)", uid_key, part)
     median = float(np.median(steps)) if steps.size else 0.0  # one slice (min_slices: 1): no step to check
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
@@ -384,10 +390,10 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                          f"{at + 2} along the slice normal) where the median step is {median:.3f} "
                                          f"mm (series.gap_tolerance {cfg.gap_tolerance:g}): a missing or extra slice "
                                          "(restore the missing file, or raise series.gap_tolerance for a series "
-                                         "that is irregular by design)", uid_key)
+                                         "that is irregular by design)", uid_key, part)
     shifted = _off_line(members, slices, first.spacing)
     if shifted is not None:
-        return _fail(refs, "series_geometry", shifted, uid_key)
+        return _fail(refs, "series_geometry", shifted, uid_key, part)
     order = []  # files in the order their first slice comes
     for _, i, _ in slices:
         if i not in order:
