@@ -482,6 +482,35 @@ def test_a_grey_alpha_tiff_composites_as_its_png_twin_or_is_refused_at_16_bits(t
     assert np.array_equal(dropped.image[0], la[:, :, 0])
 
 
+ORIENTED = {1: lambda z: z, 2: np.fliplr, 3: lambda z: np.rot90(z, 2), 4: np.flipud, 5: lambda z: np.swapaxes(z, 0, 1),
+            6: lambda z: np.rot90(z, -1), 7: lambda z: np.rot90(np.swapaxes(z, 0, 1), 2), 8: lambda z: np.rot90(z, 1)}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_grey_alpha_tiff_page_is_oriented_once_whoever_decodes_it(tmp_path: Path, orientation: int) -> None:
+    """An 8-bit grey+alpha TIFF page is read with Pillow, which (version 13) applies the page's
+    Orientation as it loads it; packer took Pillow for a decoder that does not, and oriented the
+    page again: 6 came out turned 180°, 2, 4, 5 and 7 not at all. One page alone, and the second
+    page of a file whose first is RGB, are each oriented once, as the grey page is."""
+    import tifffile
+
+    rng = np.random.default_rng(11)
+    la = rng.integers(0, 256, (10, 14, 2), dtype=np.uint8)
+    tag = [(274, 3, 1, orientation, True)]
+    one = tmp_path / "la.tif"
+    tifffile.imwrite(one, la, photometric="minisblack", extrasamples=["unassalpha"], extratags=tag)
+    cfg = ImageTransformConfig(alpha="drop", color="gray")
+    (sample,) = read_ok(one, cfg)
+    np.testing.assert_array_equal(sample.image[0], ORIENTED[orientation](la[:, :, 0]))
+    two = tmp_path / "pages.tif"
+    with tifffile.TiffWriter(two) as tif:
+        tif.write(np.dstack([la[:, :, 0]] * 3), photometric="rgb", extratags=tag)
+        tif.write(la, photometric="minisblack", extrasamples=["unassalpha"], extratags=tag)
+    first, second = read_ok(two, cfg)
+    np.testing.assert_array_equal(first.image[0], ORIENTED[orientation](la[:, :, 0]))
+    np.testing.assert_array_equal(second.image[0], ORIENTED[orientation](la[:, :, 0]))
+
+
 def test_a_16_bit_white_is_zero_tiff_is_inverted_as_the_8_bit_one_is(tmp_path: Path) -> None:
     """PhotometricInterpretation 0 (WhiteIsZero, TIFF's MONOCHROME1): libtiff inverts what it
     reads at 8 bits, so only 16-bit pages packed black for white."""

@@ -437,9 +437,10 @@ class _Page:
         return "" if self.page is None else f"page {self.page}: "
 
 
-def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarray, bool]:
-    """The page of IFD ``ifd`` as the file stores it, where OpenCV's decode ``image`` is not, and
-    whether Pillow read it (it does not apply the page's orientation, as OpenCV may):
+def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarray, bool | None]:
+    """The page of IFD ``ifd`` as the file stores it, where OpenCV's decode ``image`` is not, and,
+    where Pillow read it instead, whether Pillow applied the page's orientation (None: OpenCV's
+    decode stands, oriented as :func:`~packer.read.image_structure.decoder_orients_pages` says):
 
     - a grey+alpha page comes back as the grey alone (its alpha dropped): an 8-bit one is read
       with Pillow instead (H×W×2, grey and alpha); a 16-bit one is ``unsupported``;
@@ -460,9 +461,9 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
             raise Defect("unsupported", (
                 f"{where}: a {layout.bits}-bit grey+alpha TIFF, which OpenCV (packer's decoder) reads without its "
                 "alpha and at 8 bits; export it as a 16-bit grey+alpha PNG, which is read whole"))
-        image, by_pillow, channels = _pillow_grey_alpha(data, ifd, where), True, 2
+        (image, by_pillow), channels = _pillow_grey_alpha(data, ifd, where), 2
     else:
-        by_pillow = False
+        by_pillow = None
     if layout.bits > 8 and image.dtype.itemsize == 1 and layout.photometric != 3:  # a palette's colours are 8-bit
         raise Defect("unsupported", (
             f"{where}: a {layout.bits}-bit TIFF ({layout.samples} samples per pixel, photometric "
@@ -478,8 +479,10 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
     return image, by_pillow
 
 
-def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> np.ndarray:
-    """An 8-bit grey+alpha TIFF page as Pillow decodes it: H×W×2 uint8, grey then alpha."""
+def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> tuple[np.ndarray, bool]:
+    """An 8-bit grey+alpha TIFF page as Pillow decodes it: H×W×2 uint8, grey then alpha, and
+    whether Pillow applied the page's Orientation as it loaded it (Pillow 13 does, and drops the
+    tag then; earlier versions left the pixels as stored, the tag in place)."""
     import io
 
     from PIL import Image
@@ -487,13 +490,19 @@ def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as opened:
             opened.seek(ifd.index)
+            before = opened.tag_v2.get(_ORIENTATION_TAG, 1)
             pixels = np.asarray(opened)
+            after = opened.tag_v2.get(_ORIENTATION_TAG, 1)
     except (OSError, ValueError, EOFError, SyntaxError, Image.DecompressionBombError) as err:
         raise Defect("decode_failed", f"{where}: Pillow could not decode this grey+alpha page: {err}") from err
     if pixels.ndim != 3 or pixels.shape[2] != 2 or pixels.dtype != np.uint8:
         raise Defect("decode_failed", f"{where}: Pillow decoded this grey+alpha page as {pixels.shape} {pixels.dtype}, "
                                        "not grey and alpha; re-export it as a grey+alpha PNG")
-    return np.ascontiguousarray(pixels)
+    return np.ascontiguousarray(pixels), before != after
+
+
+#: TIFF's Orientation tag (274)
+_ORIENTATION_TAG = 274
 
 
 def _unpremultiplied(image: np.ndarray) -> np.ndarray:
@@ -555,7 +564,7 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
                                            "re-export the file")
         if ifd.index in wanted:
             stored, by_pillow = _tiff_as_stored(data, ifd, image)
-            out.append(_Page(stored, header.orientation, oriented and not by_pillow,
+            out.append(_Page(stored, header.orientation, oriented if by_pillow is None else by_pillow,
                              ifd.index if len(pages) > 1 else None, header.channels))
     return out
 
@@ -581,7 +590,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     image, oriented = _decode(data, fmt), decoder_orients(fmt)
     if chain:
         image, by_pillow = _tiff_as_stored(data, chain[0], image)
-        oriented = oriented and not by_pillow
+        oriented = oriented if by_pillow is None else by_pillow
     elif fmt == "png" and image.ndim == 2 and (key := png_grey_key(data)) is not None:
         # a grey PNG whose transparency is a colour key: OpenCV gives the grey alone
         opaque = np.iinfo(image.dtype).max
