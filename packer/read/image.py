@@ -490,9 +490,9 @@ def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> tuple[np.ndarray, b
     try:
         with Image.open(io.BytesIO(data)) as opened:
             opened.seek(ifd.index)
-            before = opened.tag_v2.get(_ORIENTATION_TAG, 1)
+            before = opened.getexif().get(_ORIENTATION_TAG, 1)
             pixels = np.asarray(opened)
-            after = opened.tag_v2.get(_ORIENTATION_TAG, 1)
+            after = opened.getexif().get(_ORIENTATION_TAG, 1)
     except (OSError, ValueError, EOFError, SyntaxError, Image.DecompressionBombError) as err:
         raise Defect("decode_failed", f"{where}: Pillow could not decode this grey+alpha page: {err}") from err
     if pixels.ndim != 3 or pixels.shape[2] != 2 or pixels.dtype != np.uint8:
