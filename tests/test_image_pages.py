@@ -511,6 +511,24 @@ def test_a_grey_alpha_tiff_page_is_oriented_once_whoever_decodes_it(tmp_path: Pa
     np.testing.assert_array_equal(second.image[0], ORIENTED[orientation](la[:, :, 0]))
 
 
+@pytest.mark.parametrize("colour", ["rgb", "minisblack"])
+def test_an_extra_sample_that_is_not_alpha_is_no_alpha_channel(tmp_path: Path, colour: str) -> None:
+    """ExtraSamples 0 ("unspecified": a NIR band, a mask, padding) is not alpha (README: alpha is
+    what the file says it is). An RGB page with one was composited by that band (off by up to 237
+    levels from its stored colours); a grey one went down the grey+alpha path and was refused as
+    decode_failed ("not grey and alpha"). Both pack their stored samples, under either alpha policy."""
+    import tifffile
+
+    rng = np.random.default_rng(4)
+    samples = 4 if colour == "rgb" else 2
+    stored = rng.integers(0, 256, (10, 14, samples), dtype=np.uint8)
+    tiff = tmp_path / "extra.tif"
+    tifffile.imwrite(tiff, stored, photometric=colour, extrasamples=["unspecified"])
+    for alpha in ("composite", "drop"):
+        (sample,) = read_ok(tiff, ImageTransformConfig(alpha=alpha, color="rgb" if colour == "rgb" else "gray"))
+        np.testing.assert_array_equal(sample.image, np.moveaxis(stored[:, :, :samples - 1], -1, 0))
+
+
 def test_a_16_bit_white_is_zero_tiff_is_inverted_as_the_8_bit_one_is(tmp_path: Path) -> None:
     """PhotometricInterpretation 0 (WhiteIsZero, TIFF's MONOCHROME1): libtiff inverts what it
     reads at 8 bits, so only 16-bit pages packed black for white."""

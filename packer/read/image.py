@@ -442,6 +442,8 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
     where Pillow read it instead, whether Pillow applied the page's orientation (None: OpenCV's
     decode stands, oriented as :func:`~packer.read.image_structure.decoder_orients_pages` says):
 
+    - an extra sample that is not alpha (ExtraSamples 0, unspecified) is no alpha channel: the
+      page is its colour or grey samples alone;
     - a grey+alpha page comes back as the grey alone (its alpha dropped): an 8-bit one is read
       with Pillow instead (H×W×2, grey and alpha); a 16-bit one is ``unsupported``;
     - any page of more than 8 bits that comes back as 8 bits (libtiff's RGBA interface, which
@@ -456,7 +458,12 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
     layout = TiffSamples.of(ifd)
     where = f"TIFF IFD {ifd.index} at byte {ifd.offset}"
     channels = image.shape[2] if image.ndim == 3 else 1
-    if layout.samples == 2 and channels == 1 and layout.extra:
+    alpha = bool(layout.extra) and layout.extra[0] in (1, 2)
+    if layout.extra and not alpha and layout.samples == 4 and channels == 4:
+        # an extra sample that is not alpha (ExtraSamples 0, unspecified: a NIR band, a mask,
+        # padding): the image is its colour samples, which OpenCV hands back as BGRA
+        image, channels = np.ascontiguousarray(image[:, :, :3]), 3
+    if layout.samples == 2 and channels == 1 and alpha:
         if layout.bits != 8:
             raise Defect("unsupported", (
                 f"{where}: a {layout.bits}-bit grey+alpha TIFF, which OpenCV (packer's decoder) reads without its "
