@@ -529,6 +529,32 @@ def test_an_extra_sample_that_is_not_alpha_is_no_alpha_channel(tmp_path: Path, c
         np.testing.assert_array_equal(sample.image, np.moveaxis(stored[:, :, :samples - 1], -1, 0))
 
 
+def test_a_later_page_over_the_limits_is_refused_before_any_strip_is_inflated(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: sizes are checked from headers before any pixel memory is allocated. A multi-page
+    TIFF's strips were all inflated (check_strip_data decodes each up to its page's size) before
+    the per-page size check: a small first page and a Deflate bomb behind it (12000² zeros in
+    140 KB) grew the worker by the bomb's size before it was refused as too_large."""
+    import tifffile
+
+    tiff = tmp_path / "bomb.tif"
+    with tifffile.TiffWriter(tiff) as tif:
+        tif.write(np.arange(64, dtype=np.uint8).reshape(8, 8), compression="zlib")
+        tif.write(np.zeros((200, 200), np.uint8), compression="zlib")
+    inflated: list[int] = []
+    real = image_mod.check_strip_data
+
+    def counting(data: bytes, chain: list, compressions: frozenset[int]) -> None:
+        inflated.append(len(chain))
+        real(data, chain, compressions)
+
+    monkeypatch.setattr(image_mod, "check_strip_data", counting)
+    issue = read_issue(tiff, limits=LimitsConfig(max_pixels=10_000))
+    assert issue.reason == "too_large" and "IFD 1 at byte" in issue.message, issue.message
+    assert inflated == []
+    assert len(read_ok(tiff)) == 2 and inflated == [2]  # within the limits, every strip is checked as before
+
+
 def test_a_16_bit_white_is_zero_tiff_is_inverted_as_the_8_bit_one_is(tmp_path: Path) -> None:
     """PhotometricInterpretation 0 (WhiteIsZero, TIFF's MONOCHROME1): libtiff inverts what it
     reads at 8 bits, so only 16-bit pages packed black for white."""

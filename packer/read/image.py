@@ -527,14 +527,10 @@ def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     return [ifd for ifd in chain if not ifd.reduced] or chain
 
 
-def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: LimitsConfig) -> list[_Page]:
-    """Decode every IFD of ``chain`` with one ``cv2.imdecodemulti`` call and keep ``pages``.
-
-    OpenCV 5.0 returns one image per IFD of the main chain, reduced-resolution ones included (it
-    walks the chain with libtiff and does not look at NewSubfileType). Image ``i`` is taken for
-    IFD ``i`` only when the counts agree and every image has its IFD's (oriented) size; anything
-    else is ``decode_failed``, never a page silently shifted or dropped.
-    """
+def _chain_headers(chain: list[Ifd], limits: LimitsConfig) -> list[ImageHeader]:
+    """The header of each IFD of a multi-page TIFF's ``chain``, each page's size and the
+    decoded arrays' sum checked against ``limits`` (:func:`_check_pages_size`), from the tags
+    alone: before any strip is inflated."""
     headers = []
     for ifd in chain:
         header = tiff_header_of(ifd.tags, f"IFD {ifd.index} at byte {ifd.offset}")
@@ -543,6 +539,18 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: 
                                        f"{header.width} pixels; expected both >= 1")
         headers.append(header)
     _check_pages_size(list(zip(chain, headers, strict=True)), limits)
+    return headers
+
+
+def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: LimitsConfig) -> list[_Page]:
+    """Decode every IFD of ``chain`` with one ``cv2.imdecodemulti`` call and keep ``pages``.
+
+    OpenCV 5.0 returns one image per IFD of the main chain, reduced-resolution ones included (it
+    walks the chain with libtiff and does not look at NewSubfileType). Image ``i`` is taken for
+    IFD ``i`` only when the counts agree and every image has its IFD's (oriented) size; anything
+    else is ``decode_failed``, never a page silently shifted or dropped.
+    """
+    headers = _chain_headers(chain, limits)
     try:
         with _opencv_quietly():
             ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -585,9 +593,11 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     chain: list[Ifd] = []
     if fmt == "tiff":
         chain = tiff_chain(read, len(data), limits)
+        pages = _tiff_pages(chain)
+        if [ifd.index for ifd in pages] != [0]:  # every IFD decoded at once: each one's size before a strip is inflated
+            _chain_headers(chain, limits)
         check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
         data = straight_alpha(data, chain)
-        pages = _tiff_pages(chain)
         if [ifd.index for ifd in pages] != [0]:
             return _zero_samples_checked(data, chain, _decode_tiff_pages(data, chain, pages, limits))
     orientation = check_complete(fmt, data)
