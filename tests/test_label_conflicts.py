@@ -255,6 +255,35 @@ def test_drop_group_leaves_every_member_out_before_the_split_and_records_each_fi
     assert "None" not in line and line.count("(left out, entity ") == 3, line
 
 
+def test_drop_group_counts_a_file_whose_other_tiles_pack_as_packed_not_left_out(tmp_path: Path) -> None:
+    """A.png and B.png share their left tile (an exact copy) and differ in class: drop_group
+    leaves those two tiles out, and each file's right tile packs. Both files were recorded in
+    excluded.jsonl and counted as left out on purpose, though packed (and taken out of the bad
+    fraction's denominator); a file is counted once, as packed here."""
+    raw = tmp_path / "raw"
+    tiles = [_texture(500 + i, (64, 64)) for i in range(12)]
+    files = {"A.png": (0, 1), "B.png": (0, 2), **{f"s{i}.png": (i, i + 6) for i in range(3, 6)}}
+    for name, (left, right) in files.items():
+        _png(raw / name, np.concatenate([tiles[left], tiles[right]], axis=1))
+    rows = [_row(name, f"E{n}", label="ab"[n % 2]) for n, name in enumerate(files)]
+    lines = ["path,entity,timestamp,label", *(",".join(r.values()) for r in rows)]
+    (raw / "table.csv").write_text("\n".join(lines) + "\n")
+    job = _job(tmp_path, [_source(raw)], transform={"image": {"tile": {"size": [64, 64], "stride": [64, 64]}}},
+               split={"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "balance": {"accept": True},
+                      "duplicates": {"label_conflict": "drop_group"}})
+    result = _build(job)
+    manifest = _manifest(result)
+    assert "excluded" not in manifest["inputs"] or not manifest["inputs"]["excluded"], manifest["inputs"]
+    assert not (result.version_dir / "excluded.jsonl").exists() or not read_excluded(
+        result.version_dir / "excluded.jsonl")
+    assert sum(manifest["splits"][s]["samples"] for s in ("train", "valid", "test")) == 8  # 10 tiles, 2 dropped
+    keys = _keys(job)
+    packed = _packed(result.version_dir)
+    assert all(any(k.startswith(keys[name]) for k in packed) for name in ("A.png", "B.png"))
+    rule = _leakage(result.version_dir)["rules"]["label_conflicts"]
+    assert rule["dropped"] == 2 and rule["count"] == 1
+
+
 def _check_schema_excluded(records: list[dict[str, Any]]) -> None:
     schema = load_schema("excluded")
     for record in records:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,8 +220,11 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
 
 def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Excluded]:
     """One ``label_conflict`` record (``excluded.jsonl``) per file whose samples ``drop_group``
-    left out (``found.dropped``): the samples' keys, the group's size, how it was linked and
-    what disagreed."""
+    left out (``found.dropped``), every one of them: the samples' keys, the group's size, how it
+    was linked and what disagreed. A file some of whose samples (tiles, pages, frames) still
+    pack is a packed file, counted once as such: its dropped samples are named in ``leakage.json``
+    (the group's members, ``dropped``), not as a file left out."""
+    packed = _files_still_packed(samples, found.dropped)
     paths: dict[str, str] = {}
     dropped_keys: dict[str, list[str]] = defaultdict(list)
     whys: dict[str, str] = {}
@@ -239,6 +242,8 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
                "disagree; left out with its whole group by split.duplicates.label_conflict: drop_group")
         for row in dropped:
             ref = samples[row].ref
+            if ref.sample_id in packed:  # the file's other samples pack: a packed file
+                continue
             paths[ref.sample_id] = ref.path
             dropped_keys[ref.sample_id].append(samples.value("key", row))
             whys.setdefault(ref.sample_id, why)
@@ -246,3 +251,16 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
                      detail=f"sample{'s' if len(dropped_keys[sample_id]) > 1 else ''} "
                             f"{', '.join(dropped_keys[sample_id])}: {whys[sample_id]}")
             for sample_id in sorted(paths)]
+
+
+def _files_still_packed(samples: SampleTable, dropped: frozenset[int]) -> set[str]:
+    """The file ids among ``dropped``'s whose other samples are not dropped (a tile, a page or a
+    frame of the file is in no conflicting group)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    dropped_of = Counter(samples.value("sample_id", row) for row in dropped)
+    column = samples.arrow("sample_id")
+    hits = pc.indices_nonzero(pc.is_in(column, value_set=pa.array(sorted(dropped_of), type=column.type)))
+    total = Counter(samples.value("sample_id", row) for row in hits.to_pylist())
+    return {file for file, count in dropped_of.items() if total[file] > count}

@@ -487,7 +487,8 @@ def conflicts_warning(found: LabelConflicts, policy: str = "warn", listed_in: st
         return None
     samples = sum(len(group.members) for group in found.groups)
     if found.dropped:
-        done = f"{samples} samples left out before the split (label_conflict: drop_group; listed in {EXCLUDED_FILE})"
+        done = (f"{samples} samples left out before the split (label_conflict: drop_group; each file left out whole "
+                f"listed in {EXCLUDED_FILE})")
     elif policy == "fail":
         done = ("the leakage audit fails (split.duplicates.label_conflict: fail, exit 4): fix the labels, or set "
                 "label_conflict: drop_group to leave those groups out")
