@@ -1366,6 +1366,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
                           "fewer pairs raise split.near_duplicates.min_score (default 0.984), to search wider raise "
                           "neighbors (default 16)")
     balance = raw.get("balance") or {}
+    duplicates = _duplicates_settings(raw.get("duplicates", job_default("split.duplicates")))
     return SplitConfig(
         by=by, ratios=ordered, seed=int(raw.get("seed", job_default("split.seed"))), cutoffs=cutoffs,
         stratify=raw.get("stratify"),
@@ -1373,9 +1374,9 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         folds=raw.get("folds"),
         pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
-        **_duplicates_settings(raw.get("duplicates", job_default("split.duplicates"))),
+        **duplicates,
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
-                                   pinned=bool(raw.get("pinned"))),
+                                   pinned=bool(raw.get("pinned")), label_conflict=str(duplicates["label_conflict"])),
         near_auto=near_enabled == "auto",
         **_near_settings(near),
         balance_tolerance=float(balance.get("tolerance", job_default("split.balance.tolerance"))),
@@ -1491,12 +1492,15 @@ def _parse_carve(raw: dict[str, Any], listed: set[str] | None) -> tuple[Carve, .
 
 
 def _near_enabled(value: bool | str, *, by: str, ratios: tuple[tuple[str, float], ...], folds: int | None,
-                  pinned: bool) -> bool:
+                  pinned: bool, label_conflict: str = "warn") -> bool:
     """``split.near_duplicates.enabled`` resolved: ``auto`` is on when samples can land in two or more
-    splits (a time split, folds, pinned entities, or two ratios above 0) and off for a one-split job,
-    where no copy can leak across splits (nothing else in the build depends on the links)."""
+    splits (a time split, folds, pinned entities, or two ratios above 0), or when the job acts on
+    copies' label conflicts (``label_conflict: fail | drop_group``: near copies are copies too), and
+    off for a one-split job otherwise, where no copy can leak across splits (its ``label_conflicts``
+    rule then says near copies were not compared)."""
     if value == "auto":
-        return by == "time" or folds is not None or pinned or sum(1 for _, r in ratios if r > 0) > 1
+        return (by == "time" or folds is not None or pinned or sum(1 for _, r in ratios if r > 0) > 1
+                or label_conflict in ("fail", "drop_group"))
     return bool(value)
 
 

@@ -155,6 +155,24 @@ def test_copies_with_different_classes_are_listed_with_their_labels_and_packed_u
     assert manifest["audit"]["rules"]["label_conflicts"]["count"] == 1  # recorded where it found a group
 
 
+def test_a_one_split_job_says_near_copies_were_not_compared_or_compares_them_when_it_acts_on_conflicts(
+        tmp_path: Path) -> None:
+    """A one-split job skips the near-copy search (enabled: auto), so near copies whose class
+    differs went unchecked while label_conflicts said passed, not that only exact copies were
+    compared; under label_conflict: fail a near copy with another class passed the audit. Under
+    warn the rule now says near copies were not compared; fail and drop_group turn the search on."""
+    one = {"by": "entity", "ratios": {"train": 1.0}}
+    result = _build(_job(tmp_path, [_source(_class_tree(tmp_path))], split=one))
+    rule = _leakage(result.version_dir)["rules"]["label_conflicts"]
+    _check_schema(rule)
+    assert rule["count"] == 1 and rule["near_copies_compared"] is False  # the exact copy's conflict still found
+    assert "only exact copies' targets were compared" in rule["near_copies"]
+    for policy, near in (("warn", False), ("fail", True), ("drop_group", True)):
+        job = load_job(_job(tmp_path / policy, [_source(tmp_path / "raw")],
+                            split={**one, "duplicates": {"label_conflict": policy}}))
+        assert job.split.near_enabled is near, policy
+
+
 def test_a_dataset_without_conflicts_keeps_its_manifest_as_before_the_rule(tmp_path: Path) -> None:
     rows = [_row(f"{i}.png", f"E{i}", label=("cat", "dog")[i % 2]) for i in range(4)]
     rows.append(_row("copy.png", "E9", label="cat"))

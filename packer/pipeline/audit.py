@@ -283,6 +283,12 @@ def _label_conflicts(samples: _Samples, found: LabelConflicts, cfg: SplitConfig)
                               "mask_dice": cfg.mask_dice, "dropped": len(found.dropped)}
     if found.masks_compared is not None:
         detail["masks_compared"] = found.masks_compared
+    if not cfg.near_enabled:  # exact copies only: the rule passed for them, not for near copies
+        detail["near_copies_compared"] = False
+        detail["near_copies"] = (
+            "one split: near copies were not searched (split.near_duplicates.enabled: auto), so only exact copies' "
+            "targets were compared; enabled: true, or label_conflict: fail | drop_group, compares near copies' too"
+            if cfg.near_auto else f"not compared: {_near_off(cfg)}")
     return RuleResult("label_conflicts", "fail" if cfg.label_conflict == "fail" else "report", len(findings),
                       tuple(findings), detail, recorded_clean=False)
 
