@@ -481,6 +481,21 @@ def test_aligned_dice_leaves_out_what_the_copy_does_not_show_and_takes_each_samp
     assert aligned_dice(stacked, half[None], zoom=1.0, dy=0, dx=0) == 0.0  # another depth: nothing agrees
 
 
+def test_aligned_dice_leaves_out_the_border_resize_fit_pads_either_mask_with() -> None:
+    """A copy cut 20 px on its left, packed with resize: fit: its mask's missing strip is the
+    pad id, and the original's structure there landed on it, counted as disagreement (Dice 0.67
+    for two identical annotations, a conflict under the 0.8 default). The pad is now left out
+    where either mask holds it, as a strip outside the grid is."""
+    mask = _annotation()
+    mask[60:100, 5:40] = 3  # a structure by the left edge
+    copy = mask.copy()
+    copy[:, :20] = 255  # fit's border, where the copy shows nothing
+    assert aligned_dice(mask, copy, zoom=1.0, dy=0, dx=0, pad=255) == 1.0
+    moved = copy.copy()
+    moved[60:100, 20:40] = 0  # a structure the copy really lacks still counts
+    assert aligned_dice(mask, moved, zoom=1.0, dy=0, dx=0, pad=255) < 0.8
+
+
 def _near_mask_tree(tmp: Path) -> Path:
     """Four textures with masks, one entity each, and two shifted copies under other entities:
     ``copy_same`` with its mask shifted alike, ``copy_misplaced`` with its source's mask unmoved."""

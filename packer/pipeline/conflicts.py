@@ -75,7 +75,9 @@ def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: fl
     (``dy``, ``dx``) thumbnail pixels lines up with ``a``'s
     (:class:`~packer.pipeline.nearcopy.Evidence`). Each pixel of ``a`` is mapped to ``b``'s grid
     through both thumbnails (each sample's own size; every leading index alike) and takes
-    ``b``'s nearest pixel; pixels that land outside ``b`` (a crop, a shift) are left out. 1.0
+    ``b``'s nearest pixel; pixels that land outside ``b`` (a crop, a shift), and pixels where
+    either mask holds ``pad`` (the border ``resize: fit`` pads with: a crop's missing strip can
+    land on it), are left out. 1.0
     where no pixel overlaps (nothing to compare); 0.0 where the leading shapes differ."""
     if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or not a.size or not b.size:
         return mask_dice(a, b, pad=pad)
@@ -92,7 +94,11 @@ def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: fl
     if not keep_rows.any() or not keep_columns.any():
         return 1.0
     carried = b[..., rows[keep_rows], :][..., columns[keep_columns]]
-    return mask_dice(a[..., keep_rows, :][..., keep_columns], carried, pad=pad)
+    own = a[..., keep_rows, :][..., keep_columns]
+    if pad is not None:  # a pixel either side pads (resize: fit's border) shows nothing there: not compared
+        shown = (own != pad) & (carried != pad)
+        own, carried = own[shown], carried[shown]
+    return mask_dice(own, carried, pad=pad)
 
 
 class SpilledMasks:
