@@ -302,6 +302,24 @@ def test_drop_group_counts_a_file_whose_other_tiles_pack_as_packed_not_left_out(
     assert rule["dropped"] == 2 and rule["count"] == 1
 
 
+def test_drop_group_leaves_a_class_only_the_dropped_copies_held_out_of_the_label_map(tmp_path: Path) -> None:
+    """README: a dropped group is left out "as if it had not been found". A class only a dropped
+    copy carried stayed in the label map ({Aonly: 0, a: 1, b: 2}), which moved every packed
+    sample's class index; the label map is now the one a build without the copy gives."""
+    rows = [_row(f"{i}.png", f"E{i}", label="ab"[i % 2]) for i in range(4)]
+    rows.append(_row("copy.png", "E9", label="Aonly"))
+    raw = _tree(tmp_path, rows, {"copy.png": "0.png"})
+    split = {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "balance": {"accept": True},
+             "duplicates": {"label_conflict": "drop_group"}}
+    job = _job(tmp_path, [_source(raw)], split=split)
+    result = _build(job)
+    assert _manifest(result)["label_map"] == {"a": 0, "b": 1}
+    packed = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(sorted(str(p) for p in result.version_dir.glob(
+        "*.tar")), shardshuffle=False, empty_check=False)}
+    keys = _keys(job)
+    assert packed == {keys[f"{i}.png"]: i % 2 for i in (1, 2, 3)}
+
+
 def _check_schema_excluded(records: list[dict[str, Any]]) -> None:
     schema = load_schema("excluded")
     for record in records:

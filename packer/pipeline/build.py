@@ -266,15 +266,20 @@ class TargetColumns:
     @classmethod
     def of(cls, samples: SampleTable, target: Target) -> TargetColumns:
         codes, texts = samples.codes("label")
-        encoded = [target.encode(text, where=f"label {text!r}") for text in texts]  # once per distinct text
+        # once per distinct text a packed sample holds (the column's values may include those of
+        # samples left out of the table since: drop_group, a split's drop; no class of the target)
+        held = np.zeros(len(texts), dtype=bool)
+        held[np.unique(codes)] = True
+        encoded = [target.encode(text, where=f"label {text!r}") if held[i] else (None, None)
+                   for i, text in enumerate(texts)]
         labels = np.array([-1 if label is None else label for label, _ in encoded], dtype=np.int64)
         width = len(target.names) if target.has_vector else 0
         vectors = np.array([v if v is not None else np.zeros(width) for _, v in encoded],
                            dtype=target.vector_dtype).reshape(len(encoded), width)
         masks = None
         if target.masked:
-            masks = np.array([target.encode_mask(text, where=f"label {text!r}") for text in texts],
-                             dtype=np.uint8).reshape(len(texts), width)[codes]
+            masks = np.array([target.encode_mask(text, where=f"label {text!r}") if held[i] else np.zeros(width)
+                              for i, text in enumerate(texts)], dtype=np.uint8).reshape(len(texts), width)[codes]
         return cls(target=target, labels=labels[codes], vectors=vectors[codes], masks=masks)
 
     def index_schema(self) -> pa.Schema:

@@ -95,7 +95,7 @@ def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: fl
         return 1.0
     carried = b[..., rows[keep_rows], :][..., columns[keep_columns]]
     own = a[..., keep_rows, :][..., keep_columns]
-    if pad is not None:  # a pixel either side pads (resize: fit's border) shows nothing there: not compared
+    if pad:  # a pixel either side pads (resize: fit's border, an id of its own) shows nothing there: not compared
         shown = (own != pad) & (carried != pad)
         own, carried = own[shown], carried[shown]
     return mask_dice(own, carried, pad=pad)

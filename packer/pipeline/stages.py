@@ -648,7 +648,9 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     if prepared.audit.failed:
         raise_on_leakage(prepared.audit, write_leakage(leakage_dir, prepared.audit))
     samples = prepared.samples
-    target = dataset_target(job, samples.codes("label")[1])
+    codes, labels = samples.codes("label")
+    # the labels packed samples hold: a class only left-out samples held (drop_group, a split's drop) is no class
+    target = dataset_target(job, tuple(labels[code] for code in np.unique(codes).tolist()))
     shards = plan_shards(samples, split_codes(samples, prepared.assignment.split), job.pack)
     if staging.exists():
         shutil.rmtree(staging)
