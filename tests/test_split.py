@@ -340,6 +340,21 @@ def test_pinned_raw_ids_pin_their_pseudonymized_entities_and_a_stray_one_is_a_wa
     assert kept.warnings[0].startswith(f"split.pinned ({pins}): ")
 
 
+def test_a_pinned_entity_whose_samples_drop_group_left_out_is_said_so_not_called_a_typo(tmp_path: Path) -> None:
+    """drop_group left out every sample of P7 (a label conflict): the pin warning said "a typo, or
+    an entity whose files were all bad samples", neither of which it was."""
+    samples = [sample(i, f"P{i}") for i in range(20)]
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nP7,test\nP99,test\n")
+    (warning,) = assign_splits(samples, replace(BY_ENTITY, pinned=pins), leave_out=frozenset({7})).warnings
+    assert "2 of its entities name no sample, e.g. the one at row 3: 'P99'" in warning, warning
+    assert ("(1 had every sample left out by split.duplicates.label_conflict: drop_group; 1: a typo, or an entity "
+            "whose files were all bad samples)") in warning, warning
+    pins.write_text("entity,split\nP7,test\n")
+    (alone,) = assign_splits(samples, replace(BY_ENTITY, pinned=pins), leave_out=frozenset({7})).warnings
+    assert alone.endswith("(1 had every sample left out by split.duplicates.label_conflict: drop_group)"), alone
+
+
 def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:
     pins = tmp_path / "pins.csv"
     pins.write_text("entity,split\nMRN0042,test\nP2,valid\nMRN0042,train\n")

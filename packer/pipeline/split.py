@@ -733,9 +733,18 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                 groups[g] = replace(group, dropped=left_out)
     # under PHI the raw id stays out of the warning (printed, and kept in packer validate --json): its row names it
     pinned = "split.pinned" if pseudonym is not None else f"split.pinned ({cfg.pinned})"  # its folder may be a name
+    # an entity whose every sample a label conflict left out (drop_group) is no typo: say so
+    conflicted = {table[row].ref.entity for row in leave_out}
+    gone = [e for e in stray if e in conflicted or (pseudonym is not None and pseudonym(e) in conflicted)]
+    unknown = [e for e in stray if e not in gone]
+    first = (unknown or gone or [""])[0]
+    why = "; ".join(part for part in (
+        f"{len(gone):,} had every sample left out by split.duplicates.label_conflict: drop_group" if gone else "",
+        ("a typo, or an entity whose files were all bad samples" if not gone else
+         f"{len(unknown):,}: a typo, or an entity whose files were all bad samples") if unknown else "") if part)
     warnings = (f"{pinned}: {len(stray):,} of its entities name no sample, e.g. the one at row "
-                f"{rows[stray[0]][1]}{'' if pseudonym is not None else f': {stray[0]!r}'}; they are pinned nowhere "
-                "(a typo, or an entity whose files were all bad samples)",) if stray else ()
+                f"{rows[first][1]}{'' if pseudonym is not None else f': {first!r}'}; they are pinned nowhere "
+                f"({why})",) if stray else ()
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
                       groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()}, warnings=warnings,
                       excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
