@@ -121,7 +121,7 @@ def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int |
     """Build the dataset ``job`` describes, as ``packer build`` does; return its manifest.
 
     Writes ``<output>/<name>/<version>/`` (shards, ``_index.parquet``, ``bad_samples.jsonl``,
-    ``report.html`` and, last, ``manifest.json``); the same inputs and job give the same
+    last of the dataset's files ``manifest.json``, then ``report.html``); the same inputs and job give the same
     version and bytes, whatever the options. ``out``: a folder instead of the job's ``output``,
     or a URL (``s3://bucket/prefix``) to publish to. ``workers``: processes of the local dask
     cluster (default one per core, at most 8); ``scheduler``: an existing dask scheduler's

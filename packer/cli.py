@@ -185,7 +185,8 @@ def build(job: Path, out: str | None, workers: int | None, scheduler: str | None
     """Build the dataset described by JOB (a YAML job file, see workflows/demo.yaml).
 
     Writes <output>/<name>/<version>/ with the shards, _index.parquet, bad_samples.jsonl and,
-    last, manifest.json. The version is the first 12 hex digits of the dataset hash, so the
+    last of the dataset's files, manifest.json (then report.html). The version is the first 12
+    hex digits of the dataset hash, so the
     same inputs and config always land in the same folder with the same bytes.
     Exits 3 (after writing everything) when the bad fraction exceeds validate.max_bad_fraction.
     """
