@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -204,8 +205,15 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
     if known is None:
         return None
     said, fix = known
+    if err.errno == errno.EFBIG and not _is_shard(path):  # pack.max_bytes sizes shards, no other file
+        fix = "raise the file size limit (`ulimit -f`, the file system's own), or {elsewhere}"
     fixed = fix.format(elsewhere=elsewhere or output_elsewhere())
     return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fixed}")
+
+
+def _is_shard(path: object) -> bool:
+    """Whether ``path`` names a shard (or its temporary name): the one file ``pack.max_bytes`` sizes."""
+    return re.match(r"\.?(train|valid|test)-\d+\.(tar|parquet)", str(path).rsplit("/", 1)[-1]) is not None
 
 
 def unmakeable_folder(err: OSError, path: object, elsewhere: str) -> FileSystemError | None:

@@ -38,6 +38,17 @@ def test_a_refused_write_names_the_file_the_cause_and_the_fix(code: int, said: s
     assert fix in str(error)
 
 
+def test_a_file_over_the_size_limit_is_told_to_lower_pack_max_bytes_only_where_it_is_a_shard() -> None:
+    """pack.max_bytes sizes shards and no other file: a spill file of the build cache (a chunk of
+    decoded files) over the file size limit was told to lower it, which changed nothing."""
+    efbig = OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    for shard in ("/out/train-000001.tar", "/out/.test-000000.parquet.3f2a.partial"):
+        assert "lower pack.max_bytes" in str(refused_write(efbig, shard))
+    spill = str(refused_write(efbig, "/cache/job-1a2b/e14c511ad3905bf0.spill", elsewhere="choose another cache"))
+    assert "pack.max_bytes" not in spill and spill.endswith("raise the file size limit (`ulimit -f`, the file "
+                                                            "system's own), or choose another cache")
+
+
 def test_only_the_file_systems_answers_count_and_permission_only_when_opening() -> None:
     for code in (errno.EIO, errno.ENOENT, errno.EMFILE):  # a read error or a bug stays what it is
         assert refused_write(OSError(code, os.strerror(code)), "x", opening=True) is None
