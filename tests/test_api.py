@@ -411,6 +411,31 @@ def test_an_unguarded_script_gets_a_config_error_exit_2_in_the_calling_process(t
     assert done.stderr.splitlines()[-1] == "ConfigError", done.stderr
 
 
+@pytest.mark.slow  # a real local cluster from a subprocess script
+def test_dask_records_of_packers_own_cluster_stay_out_of_the_callers_logging(tmp_path: Path) -> None:
+    """An orchestrator's task logs at INFO on the root logger: one build on packer's local
+    cluster sent it ~25 of dask's records ("State start", "Start Nanny", "Lost all workers"; under
+    PHI pseudonymization an error record may quote a raw path), which the command never prints.
+    They stop at dask's own logger now, whose setting is the caller's again after the build."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    script = tmp_path / "logged.py"
+    script.write_text(
+        "import logging, sys\nimport packer\n"
+        "class Keep(logging.Handler):\n"
+        "    def __init__(self):\n        super().__init__(logging.INFO)\n        self.names = []\n"
+        "    def emit(self, record):\n        self.names.append(record.name)\n"
+        "if __name__ == '__main__':\n"
+        "    keep = Keep()\n    logging.basicConfig(level=logging.INFO, handlers=[keep])\n"
+        f"    packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
+        "    logging.getLogger('distributed.scheduler').info('after the build')\n"
+        "    print(sorted(set(n for n in keep.names if n.startswith('distributed'))), "
+        "logging.getLogger('distributed').propagate)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['distributed.scheduler'] True", done.stdout  # only the caller's
+
+
 def test_a_program_read_from_stdin_is_told_to_be_a_file_before_any_worker_starts(tmp_path: Path) -> None:
     """``python - <<EOF`` (a heredoc step of a CI job), guarded: the spawned workers tried to
     import ``<cwd>/<stdin>`` and died with tracebacks, and the call raised a bare PackerError

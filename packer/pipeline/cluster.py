@@ -491,41 +491,82 @@ def _is_main_test(test: ast.expr) -> bool:
             and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
 
 
+#: How many local clusters of this process keep dask's records from the caller's logging (:func:`_dask_records_kept`)
+_KEPT = {"count": 0, "propagate": True}
+_KEPT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _dask_records_kept() -> Iterator[None]:
+    """While packer's own local cluster runs, dask's log records (its scheduler and nannies log
+    in this process) stop at the ``distributed`` logger, whose own handler prints them at the
+    cluster's ``silence_logs`` level as the command does: they no longer reach the caller's root
+    handlers (an orchestrator's or notebook's logging at INFO got dask's chatter, and under PHI
+    pseudonymization an error record may quote a raw path). Counted, so that builds on threads
+    restore the logger's own setting once the last one ends."""
+    logger = logging.getLogger("distributed")
+    with _KEPT_LOCK:
+        if _KEPT["count"] == 0:
+            _KEPT["propagate"] = logger.propagate
+            logger.propagate = False
+        _KEPT["count"] += 1
+    try:
+        yield
+    finally:
+        with _KEPT_LOCK:
+            _KEPT["count"] -= 1
+            if _KEPT["count"] == 0:
+                logger.propagate = bool(_KEPT["propagate"])
+
+
 def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
                       log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
+    if scheduler is None:
+        with _dask_records_kept():
+            yield from _open_local(workers, expected, log_level)
+        return
+    yield from _open_remote(scheduler, expected)
+
+
+def _open_local(workers: int | None, expected: Environment, log_level: int) -> Iterator[Executor]:
+    """packer's own local cluster (:func:`_open_distributed` without a scheduler)."""
     from distributed import Client, LocalCluster
 
-    if scheduler is None:
-        unspawnable = _program_not_a_file()
-        if unspawnable is not None:
-            raise ConfigError(unspawnable)
-        n = workers or default_workers()
-        # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
-        # fixed glibc thresholds (packer.allocator), on this cluster and on any other
-        with _held_interrupts() as starting:
-            try:
-                cluster = _call_interrupts_blocked(lambda: LocalCluster(
-                    n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                    silence_logs=log_level))
-            except RuntimeError as err:
-                if "failed to start" not in str(err):
-                    raise
-                script = unguarded_script()
-                if script is not None:  # the workers ran its call again and refused it: a usage error
-                    raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
-                                      f"({str(err).rstrip('.')}): {UNGUARDED_SCRIPT}") from err
-                raise PackerError(f"the local dask cluster's worker processes did not start "
-                                  f"({str(err).rstrip('.')}). If packer is called from a script: "
-                                  f"{UNGUARDED_SCRIPT}") from err
-            try:
-                client = Client(cluster)
-                _one_opencv_thread(client)
-            except BaseException:
-                _close_quietly(None, cluster)
+    unspawnable = _program_not_a_file()
+    if unspawnable is not None:
+        raise ConfigError(unspawnable)
+    n = workers or default_workers()
+    # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
+    # fixed glibc thresholds (packer.allocator), on this cluster and on any other
+    with _held_interrupts() as starting:
+        try:
+            cluster = _call_interrupts_blocked(lambda: LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                silence_logs=log_level))
+        except RuntimeError as err:
+            if "failed to start" not in str(err):
                 raise
-        yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
-                          client, cluster)
-        return
+            script = unguarded_script()
+            if script is not None:  # the workers ran its call again and refused it: a usage error
+                raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
+                                  f"({str(err).rstrip('.')}): {UNGUARDED_SCRIPT}") from err
+            raise PackerError(f"the local dask cluster's worker processes did not start "
+                              f"({str(err).rstrip('.')}). If packer is called from a script: "
+                              f"{UNGUARDED_SCRIPT}") from err
+        try:
+            client = Client(cluster)
+            _one_opencv_thread(client)
+        except BaseException:
+            _close_quietly(None, cluster)
+            raise
+    yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
+                      client, cluster)
+
+
+def _open_remote(scheduler: str, expected: Environment) -> Iterator[Executor]:
+    """A client of the dask scheduler at ``scheduler`` (an address or a scheduler file)."""
+    from distributed import Client
+
     with _held_interrupts() as starting:
         try:
             _check_it_speaks_dask(scheduler)
