@@ -163,7 +163,8 @@ class ValidationResult:
     def report(self) -> dict[str, Any]:
         from packer.pipeline.datacheck import summary
 
-        return summary(self.data_check)
+        with called_from(PYTHON_API, unless_set=True):  # options named as this API takes them
+            return summary(self.data_check)
 
     @property
     def exit_code(self) -> int:
@@ -195,7 +196,8 @@ class ValidationResult:
         """The summary ``packer validate`` prints."""
         from packer.pipeline.datacheck import format_summary
 
-        return format_summary(self.data_check)
+        with called_from(PYTHON_API, unless_set=True):  # options named as this API takes them
+            return format_summary(self.data_check)
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
         """Write :attr:`report` as ``packer validate --json`` does. Raises FileSystemError (6)."""

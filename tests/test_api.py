@@ -612,6 +612,19 @@ def test_a_validation_report_the_disk_refuses_names_the_method_that_wrote_it(
         "free space there, or write the file elsewhere (ValidationResult.write_json(ANOTHER_PATH))")
 
 
+def test_a_quick_validation_names_quick_as_the_call_takes_it(tmp_path: Path) -> None:
+    """README: a message that names an option names it as the call takes it. packer.validate(
+    quick=True)'s summary and report said "headers only: --quick" and "run packer validate
+    without --quick"; the command's output still names its flag."""
+    job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
+    checked = packer.validate(job, quick=True, scheduler="sync", progress=False)
+    said = checked.summary() + json.dumps(checked.report)
+    assert "--quick" not in said, said
+    assert "headers only: quick=True" in said and "call packer.validate(..., quick=False)" in said
+    printed = cli("validate", str(job), "--quick", "--scheduler", "sync")
+    assert "headers only: --quick" in printed.output and "run packer validate without --quick" in printed.output
+
+
 def test_an_object_store_message_names_storage_options_as_the_api_takes_them() -> None:
     from packer.errors import PYTHON_API, called_from
     from packer.storage import describe_error

@@ -185,9 +185,9 @@ def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_
     # not run is never passed: a CI script reading a rule's "passed" read true for a rule that never ran
     assert {name for name, rule in rules.items() if rule["passed"] is None} == not_run
     for name in not_run:
-        assert f"[skip] {name}: not run: --quick reads headers only" in output
+        assert f"[skip] {name}: not run: headers only (--quick), so no pixels are hashed" in output
         assert f"[  ok] {name}" not in output and f"[skip] {name}: 0" not in output  # a count reads as "none found"
-    assert "5 rule(s) not run (--quick: headers only" in output.splitlines()[-1]
+    assert "5 rule(s) not run (headers only, --quick: no pixels compared" in output.splitlines()[-1]
     suite = ET.parse(tmp_path / "j.xml").getroot()
     skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
     assert {name for name, element in skipped.items() if element is not None} == not_run

@@ -227,7 +227,12 @@ def _near_off(cfg: SplitConfig) -> str:
     if cfg.near_auto:
         return ("one split: no copy can leak across splits, so near copies were not searched (enabled: auto); "
                 "set split.near_duplicates.enabled: true for the duplicates_span_entities evidence")
-    return "split.near_duplicates.enabled: false, or packer validate --quick (headers only)"
+    return f"split.near_duplicates.enabled: false, or {QUICK_OFF}"
+
+
+#: How the near-copy rule's detail names a headers-only check (the manifest records it as the
+#: command's; ``packer.validate``'s report names the call's option, :func:`~packer.pipeline.datacheck.summary`)
+QUICK_OFF = "packer validate --quick (headers only)"
 
 
 #: Near links listed with their evidence per group of duplicates that spans entities (the weakest first).

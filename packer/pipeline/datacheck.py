@@ -44,7 +44,7 @@ from packer.errors import (
 from packer.exclusions import describe_counts, exclusion_counts
 from packer.files import atomic_output
 from packer.phi import unused_key_warning
-from packer.pipeline.audit import finding_text
+from packer.pipeline.audit import QUICK_OFF, finding_text
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.split import empty_splits, split_codes
 from packer.pipeline.stages import Prepared, run_stages
@@ -62,8 +62,20 @@ SUMMARY_FINDINGS = 3
 #: which a headers-only pass does not make. Each is reported as skipped, never as passed.
 QUICK_NOT_RUN = ("exact_duplicates_across_splits", "exact_duplicates_within_split", "near_duplicates_across_splits",
                  "duplicates_span_entities", "label_conflicts")
-QUICK_SKIPPED = ("not run: --quick reads headers only, so no pixels are hashed or compared; "
-                 "run packer validate without --quick to check copies across splits")
+#: How a rule a headers-only check could not run begins (:func:`quick_skipped`)
+QUICK_SKIPPED = "not run: headers only"
+
+
+def quick_skipped() -> str:
+    """What a rule a headers-only check cannot run says, naming the option as the caller gives
+    it (``--quick`` on the command line, ``quick=True`` in the Python API)."""
+    return (f"{QUICK_SKIPPED} ({surface().option('quick')}), so no pixels are hashed or compared; "
+            f"{_without_quick()} to check copies across splits")
+
+
+def _without_quick() -> str:
+    """How to run the full check, as the caller would."""
+    return "call packer.validate(..., quick=False)" if surface().python else "run packer validate without --quick"
 
 
 
@@ -165,11 +177,16 @@ def summary(result: ValidateResult) -> dict[str, Any]:
     if result.quick:  # what a headers-only pass cannot see is said, not passed
         for name in QUICK_NOT_RUN:
             if name in audit["rules"]:
-                audit["rules"][name].update(skipped=QUICK_SKIPPED, passed=None)
+                audit["rules"][name].update(skipped=quick_skipped(), passed=None)
     else:  # a rule the job turned off (near copies: its detail says why) is said, not passed
         for rule in audit["rules"].values():
             if "off" in rule:
                 rule.update(skipped=off_skipped(result.job.split.near_auto), passed=None)
+    if surface().python:  # the rules' recorded details name the command's flag; the call's option here
+        for rule in audit["rules"].values():
+            for key in ("off", "near_copies"):
+                if isinstance(rule.get(key), str):
+                    rule[key] = rule[key].replace(QUICK_OFF, "packer.validate(quick=True) (headers only)")
     doc = {
         "packer_version": __version__,
         "job": str(result.job.job_path),
@@ -233,8 +250,8 @@ def format_summary(result: ValidateResult) -> str:
     doc = summary(result)
     bad = doc["bad_samples"]
     lines = [f"packer validate {doc['name']}: {doc['inputs']['files']} files, {doc['inputs']['samples']} samples"
-             + (" (headers only: --quick; files whose pixels do not decode, a truncated one say, are not found, "
-                "so counts can differ from a full check's)" if result.quick else "")]
+             + (f" (headers only: {surface().option('quick')}; files whose pixels do not decode, a truncated one "
+                "say, are not found, so counts can differ from a full check's)" if result.quick else "")]
     lines.append("  " + "  ".join(f"{s} {v['samples']} samples/{v['entities']} entities"
                                   for s, v in doc["splits"].items()))
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
@@ -288,13 +305,13 @@ def format_summary(result: ValidateResult) -> str:
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
-    not_run = sum(rule.get("skipped") == QUICK_SKIPPED for rule in doc["audit"]["rules"].values())
+    not_run = sum(str(rule.get("skipped", "")).startswith(QUICK_SKIPPED) for rule in doc["audit"]["rules"].values())
     off = [f"{name} ({rule['skipped'].removeprefix('not run: ')})" for name, rule in doc["audit"]["rules"].items()
-           if "skipped" in rule and rule["skipped"] != QUICK_SKIPPED]
+           if "skipped" in rule and not str(rule["skipped"]).startswith(QUICK_SKIPPED)]
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else "")
-                 + (f"; {not_run} rule(s) not run (--quick: headers only, no pixels compared; the copies they "
-                    "find are unchecked: run without --quick)" if not_run else "")
+                 + (f"; {not_run} rule(s) not run (headers only, {surface().option('quick')}: no pixels compared; "
+                    f"the copies they find are unchecked: {_without_quick()})" if not_run else "")
                  + (f"; not run by the job's split settings: {'; '.join(off)}" if off else ""))
     return "\n".join(lines)
 
