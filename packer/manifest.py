@@ -281,8 +281,18 @@ class Manifest:
 
     @property
     def folder(self) -> Path | str:
-        """The version folder: a local path, or the URL of a remote one."""
+        """The folder the manifest is in: the version folder (a local path, or the URL of a remote
+        one), or, for a registry copy (:attr:`registry_copy`), the registry's folder, which holds
+        none of the version's files: the version folder is wherever the build wrote it."""
         return self.path.parent if self.path is not None else self.location.rsplit("/", 1)[0]
+
+    @property
+    def registry_copy(self) -> bool:
+        """Whether this is a registry copy (``manifests/<name>/<version>.json``) with none of the
+        version's files beside it: a listing, whose :attr:`folder` and :meth:`locate` name files
+        that are not there (open the version folder for those)."""
+        return self.path is not None and detached_manifest_error(
+            str(self.path), self.path, self.data, "", copies_only=True) is not None
 
     def locate(self, file: str) -> Path | str:
         """A file of the version folder (a shard, the index): a local path or a URL."""

@@ -250,6 +250,8 @@ def test_open_reads_a_version_folder_its_manifest_and_a_registry_copy(tmp_path: 
         opened = packer.open(location)
         assert (opened.dataset_hash, opened.splits) == (built.dataset_hash, built.splits)
     assert packer.open(version).folder == version
+    # a registry copy says it is one: its folder is the registry's, which holds none of the shards
+    assert not packer.open(version).registry_copy and packer.open(copy).registry_copy
 
     with pytest.raises(ConfigError) as dataset_folder:
         packer.open(version.parent)

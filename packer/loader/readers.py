@@ -333,8 +333,13 @@ def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | 
     if not all(len(s) in ranks for v in shapes.values() for s in v):
         raise IntegrityError(f"{path}: sample_schema.shapes is {shapes!r}, expected "
                              f"{{source: [[{', '.join(schema['layout'])}], ...]}}")
+    listed = doc.shards(split)
+    if isinstance(path, Path) and path.name != MANIFEST_FILE and listed and not (path.parent / listed[0].file).exists():
+        raise ConfigError(f"{path}: a registry copy of the manifest, without its shards beside it ({listed[0].file} "
+                          f"is not in {path.parent}); open the version folder it describes instead, "
+                          f"<output>/{doc.name}/{doc.version}/ (the build printed where)")
     shards = []
-    for entry in doc.shards(split):
+    for entry in listed:
         where = doc.locate(entry.file)
         if isinstance(where, Path):
             shards.append(ShardInfo(file=entry.file, path=where.resolve(), bytes=entry.bytes, sha256=entry.sha256,
@@ -343,10 +348,6 @@ def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | 
             shards.append(ShardInfo(file=entry.file, path=Path(entry.file), bytes=entry.bytes, sha256=entry.sha256,
                                     samples=entry.samples, url=where, storage_options=dict(storage_options or {}),
                                     cache=cache))
-    if isinstance(path, Path) and path.name != MANIFEST_FILE and shards and not shards[0].path.exists():
-        raise ConfigError(f"{path}: a registry copy of the manifest, without its shards beside it ({shards[0].file} "
-                          f"is not in {path.parent}); open the version folder it describes instead, "
-                          f"<output>/{doc.name}/{doc.version}/ (the build printed where)")
     total = doc.splits[split]["samples"]
     if total != sum(s.samples for s in shards):
         raise IntegrityError(f"{path}: splits.{split}.samples is {total} but its shards hold "
