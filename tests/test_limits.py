@@ -294,6 +294,35 @@ def test_deflated_files_under_the_limit_still_read() -> None:
     assert isinstance(samples, list) and samples
 
 
+def test_a_deflate_stream_that_ends_before_its_file_does_is_measured_not_looped_on() -> None:
+    """A deflated data set that inflates past one 4 MiB step of the limit check and is followed
+    by a byte (the pad to an even length pydicom writes after an odd-length stream): once the
+    stream had ended, the byte stayed in unconsumed_tail and the check looped on it forever (a
+    2048×2048 16-bit image saved deflated hung the build at 100% CPU)."""
+    import io
+    import signal
+    import zlib
+
+    from packer.read.limits import inflated_size_exceeds
+
+    squeeze = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    rows, columns = np.mgrid[0:2048, 0:2048]
+    data = ((rows + columns) % 4000).astype("<u2").tobytes()  # a smooth image: 8 MiB deflate to a few KiB
+    stream = squeeze.compress(data) + squeeze.flush() + b"\x00"
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("inflated_size_exceeds did not return")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        assert inflated_size_exceeds(io.BytesIO(stream), 1 << 30) is None
+        assert inflated_size_exceeds(io.BytesIO(stream), 1 << 20) > 1 << 20  # over the cap: the count so far
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_encapsulated_dicom_under_the_limits_still_reads(tmp_path: Path) -> None:
     ds = ct_dataset(np.random.default_rng(1).integers(0, 3000, (32, 32), dtype=np.int16))
     ds.compress(RLELossless, encoding_plugin="pydicom")

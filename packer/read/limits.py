@@ -100,7 +100,7 @@ def inflated_size_exceeds(handle: BinaryIO, cap: int) -> int | None:
     total = 0
     try:
         while not inflater.eof and (chunk := handle.read(1 << 20)):
-            while chunk:
+            while chunk and not inflater.eof:  # past the end: a pad byte stays in unconsumed_tail
                 total += len(inflater.decompress(chunk, 1 << 22))
                 if total > cap:
                     return total
