@@ -1862,11 +1862,48 @@ def load_job(path: str | Path) -> JobConfig:
         raise ConfigError(f"{job_path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at line {line}); a job "
                           "file is YAML text: save it as UTF-8, or give the job file, not another file") from err
     try:
+        _check_expanded_size(yaml.compose(text, Loader=JobLoader), job_path)  # noqa: S506 (a SafeLoader)
         doc = yaml.load(text, Loader=JobLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err
+    except RecursionError as err:  # PyYAML composes recursively: a mapping nested some thousand levels deep
+        raise ConfigError(f"{job_path}: mappings or lists nested deeper than a YAML reader can follow; a job file "
+                          "nests a few levels (see workflows/): fix the file, or give the job file, not another "
+                          "file") from err
     return parse_job(doc, job_path)
+
+
+#: The most values (mappings, lists and scalars, each alias counted as what it stands for) a job
+#: file may expand to: thousands of classes or paths fit; nested aliases ("billion laughs": a
+#: few hundred bytes that expand to billions of values) do not
+MAX_JOB_VALUES = 1_000_000
+
+
+def _check_expanded_size(root: yaml.Node | None, job_path: Path) -> None:
+    """ConfigError where the document ``root`` (composed: each alias one shared node) expands to
+    more than :data:`MAX_JOB_VALUES` values, counted once per node without expanding anything."""
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        children: list[yaml.Node] = (
+            [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode)
+            else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if not done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in size)
+            continue
+        size[id(node)] = min(1 + sum(size[id(child)] for child in children), MAX_JOB_VALUES + 1)
+    if size[id(root)] > MAX_JOB_VALUES:
+        raise ConfigError(f"{job_path}: the job file expands to more than {MAX_JOB_VALUES:,} values: YAML aliases "
+                          "(*name) that repeat anchors which themselves repeat others (a 'billion laughs' document, "
+                          "a few hundred bytes that would take gigabytes); a job file holds a few hundred values: "
+                          "write the repeated parts out, or use fewer nested aliases")
 
 
 #: What ``JobConfig.job_path`` is, and how messages name the job, for a job given as a mapping

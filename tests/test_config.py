@@ -216,6 +216,29 @@ def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> N
     assert str(info.value).startswith(str(tmp_path / "job.yaml"))
 
 
+def test_a_billion_laughs_job_file_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    """Nine levels of nine aliases (649 bytes) took 7.7 GB before the unknown-key check ran; the
+    document's expanded size is counted on its composed nodes, nothing expanded. Anchors and
+    aliases of an ordinary size still read."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"bomb.yaml: the job file expands to more than 1,000,000 values"):
+        load_job(bomb)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("x_windows: &w [lung, mediastinum]\nname: n\n")
+    with pytest.raises(ConfigError, match="x_windows: unknown key"):  # read, then checked as any job
+        load_job(shared)
+
+
+def test_a_job_nested_past_the_yaml_readers_depth_is_a_config_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("labels: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml: mappings or lists nested deeper than a YAML reader can follow"):
+        load_job(deep)
+
+
 def test_unquoted_yaml_dates_are_accepted(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**MINIMAL, "split": {"by": "time"}}).replace(
