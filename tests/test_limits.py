@@ -323,6 +323,19 @@ def test_a_deflate_stream_that_ends_before_its_file_does_is_measured_not_looped_
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_a_jpeg_frame_s_size_is_read_past_any_number_of_segments_before_its_sof() -> None:
+    """The codestream size check gave up after 64 marker segments and let the frame be decoded:
+    70 comment segments before a SOF claiming 20000×20000 under a 32×32 DICOM header took 2.1 GB
+    before the decoder failed. Every segment up to the SOF is walked; the scan never is."""
+    from packer.read.limits import Codestream, codestream_header
+
+    comments = b"".join(b"\xff\xfe" + struct.pack(">H", 6) + b"pad!" for _ in range(200))
+    sof = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 20000, 20000, 1) + b"\x01\x11\x00"
+    frame = b"\xff\xd8" + comments + sof + b"\xff\xda" + bytes(64)
+    assert codestream_header(frame) == Codestream(20000, 20000, 8)
+    assert codestream_header(b"\xff\xd8" + comments + b"\xff\xda" + bytes(8)) is None  # no SOF before the scan
+
+
 def test_encapsulated_dicom_under_the_limits_still_reads(tmp_path: Path) -> None:
     ds = ct_dataset(np.random.default_rng(1).integers(0, 3000, (32, 32), dtype=np.int16))
     ds.compress(RLELossless, encoding_plugin="pydicom")

@@ -124,7 +124,9 @@ def codestream_header(frame: bytes) -> Codestream | None:
     """The header of a JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) codestream.
 
     None when the frame is neither, when the header is cut short, or when the JPEG height is 0
-    (defined later by a DNL marker). Only the first few hundred bytes are looked at.
+    (defined later by a DNL marker). The marker segments before SOF are walked, however many
+    (comments, application segments: a size check that gave up after 64 let a frame of any size
+    be decoded), never the scan after them.
     """
     if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 43:  # SOC then SIZ (ITU T.800 A.5.1)
         xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
@@ -133,7 +135,7 @@ def codestream_header(frame: bytes) -> Codestream | None:
     if frame[:2] != b"\xff\xd8":
         return None
     pos = 2
-    for _ in range(64):  # SOF comes after a handful of tables; give up rather than walk the scan
+    while pos < len(frame):  # marker segments up to SOF (SOS or EOI end the walk: never the scan itself)
         while pos < len(frame) and frame[pos] == 0xFF and pos + 1 < len(frame) and frame[pos + 1] == 0xFF:
             pos += 1  # fill bytes
         if pos + 4 > len(frame) or frame[pos] != 0xFF:
