@@ -27,7 +27,7 @@ from packer.errors import ConfigError
 from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
-from packer.structures import Structure, StructureMap, normalise_name
+from packer.structures import Structure, StructureMap, code_key, normalise_name
 from packer.where import Condition, parse_where
 
 if TYPE_CHECKING:  # the kinds import this module; the mask parser only asks one what it reads
@@ -1095,7 +1095,8 @@ def _parse_structures(spec: Any, key: str, where: str) -> StructureMap:
 def _check_names(structures: list[Structure], key: str, where: str) -> None:
     """Names compare without case, spaces or punctuation: one that compares as nothing would match
     every other such name, and one that compares equal to another class's would give all its
-    structures to whichever class is declared first."""
+    structures to whichever class is declared first; a code (``SCT:10200004``) in two classes
+    likewise."""
     seen: dict[str, tuple[str, Structure]] = {}
     for structure in structures:
         for alias in (structure.name, *structure.aliases):
@@ -1108,6 +1109,14 @@ def _check_names(structures: list[Structure], key: str, where: str) -> None:
                 raise ConfigError(f"{where}.{key}: {alias!r} of class {structure.name} and {first[0]!r} of class "
                                   f"{first[1].name} compare as one name (case, spaces and punctuation are ignored), "
                                   "so one class would take every structure so called; keep the name in one class")
+    coded: dict[str, tuple[str, Structure]] = {}
+    for structure in structures:
+        for code in structure.codes:
+            first = coded.setdefault(code_key(code), (code, structure))
+            if first[1].id != structure.id:
+                raise ConfigError(f"{where}.{key}: the code {code!r} of class {structure.name} and {first[0]!r} of "
+                                  f"class {first[1].name} name one concept (SNOMED CT is the default scheme), so one "
+                                  "class would take every segment so coded; keep the code in one class")
 
 
 def _parse_dicom_mask(spec: dict[str, Any], root: Path | str, where: str) -> MaskConfig:

@@ -25,7 +25,7 @@ def normalise_name(name: str) -> str:
     return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", name).casefold())
 
 
-def _code_key(code: str) -> str:
+def code_key(code: str) -> str:
     """A coded concept as the map compares it: ``SCT:10200004`` and ``10200004`` both give
     ``10200004`` (SNOMED CT is the default scheme); another scheme keeps its designator."""
     scheme, _, value = code.strip().rpartition(":")
@@ -69,7 +69,7 @@ class StructureMap:
             for alias in (structure.name, *structure.aliases):
                 self._names.setdefault(normalise_name(alias), rank)
             for code in structure.codes:
-                self._codes.setdefault(_code_key(code), rank)
+                self._codes.setdefault(code_key(code), rank)
 
     def rank(self, structure: Structure) -> int:
         """The place of ``structure``'s class (by id) in the declared order, 0 first: a class
@@ -83,7 +83,7 @@ class StructureMap:
 
     def by_code(self, scheme: str, value: str) -> Structure | None:
         """The class whose ``codes`` hold the coded concept (``SCT``, ``10200004``), or None."""
-        rank = self._codes.get(_code_key(f"{scheme}:{value}"))
+        rank = self._codes.get(code_key(f"{scheme}:{value}"))
         return self.structures[rank] if rank is not None else None
 
     def names(self) -> tuple[str, ...]:

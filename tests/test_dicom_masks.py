@@ -673,6 +673,13 @@ def test_the_job_file_refuses_names_that_compare_equal_in_two_classes_or_compare
     # one class may list spellings that compare equal; the other map is another namespace
     load_job(_mask_job(tmp_path / "c", raw, {"rois": {"lung": {"id": 1, "aliases": ["Lung_L", "LUNG L"]}},
                                              "segments": {"tumour": {"id": 2, "aliases": ["lung l"]}}}))
+    # a code in two classes: the segment so coded went to the first class declared, silently
+    with pytest.raises(ConfigError, match=r"the code '78961009' of class spleen and 'SCT:78961009' of class liver "
+                                          r"name one concept"):
+        load_job(_mask_job(tmp_path / "d", raw, {"segments": {"liver": {"id": 1, "codes": ["SCT:78961009"]},
+                                                              "spleen": {"id": 2, "codes": ["78961009"]}}}))
+    load_job(_mask_job(tmp_path / "e", raw, {"segments": {"kidney": {"id": 1, "codes": ["SCT:64033007",
+                                                                                        "64033007"]}}}))
 
 
 def test_the_declared_order_is_part_of_the_identity(tmp_path: Path) -> None:
