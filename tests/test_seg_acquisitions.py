@@ -262,3 +262,43 @@ def test_an_roi_drawn_on_the_other_acquisition_is_no_note_on_this_one(tmp_path: 
         notes[this] = drawn.notes
         assert bool(painter.labels.any()) == (this == 2)
     assert notes == {1: (), 2: ()}, notes
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_segment_drawn_on_the_other_acquisition_is_no_empty_note_on_this_one(tmp_path: Path, layout: str) -> None:
+    """A SEG drawn on acquisition 2 alone: painting acquisition 1's stack noted "segment 1
+    ('liver') has no frames: empty", false of the file, and the object's one record kept that
+    note or not by UID order. Its frames are the other stack's, so this stack notes nothing."""
+    from packer.read.annotations import Painter
+    from packer.read.seg import paint_seg
+    from packer.structures import Structure, StructureMap
+    from tests.test_seg import places
+
+    acquisitions = _write_acquisitions(tmp_path / "CT", LAYOUTS[layout])
+    path = tmp_path / "seg.dcm"
+    _highdicom_seg(path, acquisitions[2], _planted(2).astype(bool))
+    segments = StructureMap((Structure("liver", 4, ("Liver",)),))
+    for this, other in ((1, 2), (2, 1)):
+        stack = places(acquisitions[this])
+        painter = Painter((len(stack), stack[0].rows, stack[0].columns), segments, overlap="later_wins",
+                          path=str(path))
+        drawn = paint_seg(str(path), stack, segments, painter,
+                          elsewhere=frozenset(s.SOPInstanceUID for s in acquisitions[other]))
+        assert drawn.notes == () and bool(painter.labels.any()) == (this == 2), (this, drawn.notes)
+
+
+def test_an_object_read_by_several_stacks_keeps_the_record_with_its_notes() -> None:
+    """A file several stacks read has one row in excluded.jsonl: which stack's row was kept went
+    by sort order, so an RTSTRUCT's note (a POINT contour skipped) was lost whenever the other
+    acquisition's stack, which drew none of it, sorted first."""
+    from packer.pipeline.stages import one_record_per_file
+    from packer.records import Excluded
+
+    plain = Excluded(sample_id="rt", path="/raw/rt.dcm", stage="transform", why="annotation",
+                     detail="RTSTRUCT: the mask of a series of 6 slices (6 files)")
+    noted = Excluded(sample_id="rt", path="/raw/rt.dcm", stage="transform", why="annotation",
+                     detail="RTSTRUCT: the mask of a series of 6 slices (6 files); 1 note(s): ROI 'Liver': a POINT")
+    for records in ([plain, noted], [noted, plain]):
+        _, (kept,) = one_record_per_file([], records)
+        assert kept == noted
+

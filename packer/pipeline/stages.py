@@ -73,7 +73,7 @@ from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
-from packer.read.dicom_masks import annotation_notes_warning, possible_annotations_warning
+from packer.read.dicom_masks import annotation_notes_warning, note_count, possible_annotations_warning
 from packer.read.kinds import source_libraries
 from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
@@ -526,14 +526,18 @@ def one_record_per_file(issues: Sequence[Issue], excluded: Sequence[Excluded]) -
     by, each stack), but the bad-sample report and ``excluded.jsonl`` have a row per file, and
     the bad fraction counts files (two rows made it exceed 1, and the manifest was refused after
     the whole build). A file that is bad for one unit is bad (its first record in report order
-    stands); one used by several units is left out once."""
+    stands); one used by several units is left out once, by the record that says most: an
+    annotation object's with notes (the stack it was drawn on; another acquisition's stack
+    paints none of it and notes nothing), else the first."""
     kept: dict[str, Issue] = {}
     for issue in sort_issues(issues):
         kept.setdefault(issue.sample_id, issue)
     left_out: dict[tuple[str, str], Excluded] = {}
     for record in sort_excluded(excluded):
         if record.sample_id not in kept:
-            left_out.setdefault((record.sample_id, record.why), record)
+            first = left_out.setdefault((record.sample_id, record.why), record)
+            if note_count(record) > note_count(first):
+                left_out[(record.sample_id, record.why)] = record
     return list(kept.values()), list(left_out.values())
 
 

@@ -388,6 +388,12 @@ _NOTES_SAID = "; {count} note(s): "
 _NOTES_COUNT = re.compile(re.escape(_NOTES_SAID).replace(re.escape("{count}"), r"(\d+)"))
 
 
+def note_count(record: Excluded) -> int:
+    """How many notes an annotation object's record carries (:func:`paint_series`); 0 for any other record."""
+    found = _NOTES_COUNT.search(record.detail) if record.why == "annotation" else None
+    return int(found.group(1)) if found is not None else 0
+
+
 def annotation_notes_warning(excluded: Sequence[Excluded]) -> str | None:
     """One line for the annotation objects painted with notes (contours skipped or distrusted,
     segments without frames: :func:`paint_series`' records), or None: how many objects and

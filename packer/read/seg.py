@@ -126,8 +126,11 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
     try:
         kind = str(seg.SegmentationType).upper()
         classes, unmapped = _map_segments(path, seg, segments, segment_names)
-        frames = [f for f in _frame_places(path, seg, kind)
+        placed_frames = _frame_places(path, seg, kind)
+        frames = [f for f in placed_frames
                   if not (f.sources and elsewhere and all(uid in elsewhere for uid, _ in f.sources))]
+        # a segment drawn on the series' other stacks only is theirs, not empty here
+        theirs = {f.segment for f in placed_frames} - {f.segment for f in frames}
         scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
     except AnnotationError:
         raise
@@ -139,7 +142,8 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
     for number, (structure, label) in classes.items():
         own = [f for f in frames if f.segment in (number, 0)]
         if not own:
-            notes.append(f"segment {number} ({label!r}) has no frames: empty")
+            if number not in theirs:
+                notes.append(f"segment {number} ({label!r}) has no frames: empty")
             continue
         placed = [(f, *geometry.place(f, seg.Rows, seg.Columns)) for f in own]
         off = [p for p in placed if p[2] != "copy"]
