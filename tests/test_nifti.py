@@ -228,6 +228,52 @@ def test_a_label_map_one_slice_short_is_mask_geometry_that_says_the_voxel_counts
     assert "inf" not in issue["message"] and "another case" not in issue["message"]
 
 
+def _label_case(tmp_path: Path, seg: np.ndarray, affine: np.ndarray = AFFINE, **mask: Any) -> BuildResult:
+    """One case whose label map ``seg`` (saved with ``affine``) goes with a phantom image."""
+    root = tmp_path / "raw"
+    save(root / "c.nii.gz", phantom())
+    save(root / "c_seg.nii.gz", seg, affine)
+    return run(nifti_job(tmp_path, ["c.nii.gz,P1,c_seg.nii.gz"], header="path,entity,seg",
+                         source={"mask": {"column": "seg", "classes": [0, 1], **mask}}, channels_from="last_axis"),
+               tmp_path)
+
+
+def test_a_4d_label_map_is_told_what_a_label_map_is_not_to_set_channels_from(tmp_path: Path) -> None:
+    """The 4-D label map's record said to set transform.nifti.channels_from: last_axis, which the
+    job had set (it applies to images); it now says what a label map must be."""
+    result = _label_case(tmp_path, np.zeros((24, 20, 10, 2), np.uint8))
+    (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "mask_unreadable" and "channels_from" not in issue["message"], issue["message"]
+    assert "a label map is one 3-D volume of class ids" in issue["message"]
+
+
+def test_a_label_maps_own_sform_and_qform_disagreeing_is_warned_as_an_images_is(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    seg = (phantom() > 500).astype(np.uint8)
+    path = save(root / "c_seg.nii.gz", seg)
+    img = nib.load(path)
+    moved = AFFINE.copy()
+    moved[:3, 3] += [0, 8.0, 0]
+    img.header.set_qform(moved, code=1)
+    nib.save(nib.Nifti1Image(np.asanyarray(img.dataobj), None, header=img.header), path)
+    save(root / "c.nii.gz", phantom())
+    result = run(nifti_job(tmp_path, ["c.nii.gz,P1,c_seg.nii.gz"], header="path,entity,seg",
+                           source={"mask": {"column": "seg", "classes": [0, 1]}}), tmp_path)
+    meta = records(result)[sorted(records(result))[0]][0]["metadata"]
+    assert meta["warnings"] == ["label map c_seg.nii.gz: sform and qform differ by up to 8 mm; the sform is used"]
+
+
+def test_a_resampled_label_map_wholly_outside_its_image_is_mask_geometry_not_an_empty_mask(tmp_path: Path) -> None:
+    """grid: resample of a label map whose header puts it 500 mm from its image (copied from
+    another case): every labelled voxel fell outside, and the case packed an all-zero mask with
+    no record, "no structure here", its annotation lost."""
+    far = AFFINE.copy()
+    far[:3, 3] += [500.0, 0, 0]
+    result = _label_case(tmp_path, (phantom() > 500).astype(np.uint8), far, grid="resample")
+    (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert issue["reason"] == "mask_geometry" and "lies in the image's field of view once resampled" in issue["message"]
+
+
 def test_a_channel_file_the_row_names_but_the_disk_lacks_is_missing_file(tmp_path: Path) -> None:
     # BraTS-style case whose flair was never copied: the README's missing_file, not "unreadable"
     save(tmp_path / "raw" / "a_t1.nii.gz", phantom())

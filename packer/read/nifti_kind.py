@@ -17,6 +17,7 @@ A volume of another format under the root (NRRD, MetaImage, MGH, MINC, an Analyz
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,9 +382,12 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     values = volumes[0].array if len(volumes) == 1 else np.concatenate([v.array for v in volumes], axis=0)
     affine = volumes[0].affine
     del volumes
-    mask = _label_map(ref, source, source.mask, job, Volume(values, affine)) if source.mask is not None else None
-    if isinstance(mask, Issue):
-        return mask
+    read = _label_map(ref, source, source.mask, job, Volume(values, affine)) if source.mask is not None else None
+    if isinstance(read, Issue):
+        return read
+    mask, mask_note = read if read is not None else (None, None)
+    if mask_note is not None:
+        notes.append(mask_note)
     case = Case(values=values, affine=affine, names=tuple(names), cal=tuple(cal), mask=mask,
                 cal_unusable=tuple(unusable))
     base: dict[str, Any] = {"format": "nifti", "nifti": first.describe()}
@@ -407,9 +411,10 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
 
 
 def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobConfig,
-               image: Volume) -> np.ndarray | Issue:
+               image: Volume) -> tuple[np.ndarray, str | None] | Issue:
     """The case's label map (``mask``, the source's) on the image's canonical grid (D×H×W, the
-    mask's dtype), or its defect."""
+    mask's dtype) with the warning its header gives (its sform and qform disagree: read by the
+    sform, as the image is, where a tool reading the qform would place it elsewhere), or its defect."""
     path = source.mask_file(ref.extra)
     if path is None:
         return Issue.of(ref, stage="read", reason="mask_missing",
@@ -419,8 +424,12 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
         labels = read_canonical(img, header)
     except NiftiDefect as defect:
         reason = "mask_unreadable" if defect.opened else "mask_missing"
+        said = defect.message
+        if defect.reason == "unsupported_dimensions":  # the image's fix (channels_from) is no label map's
+            said = (f"{said.split(';')[0]}; a label map is one 3-D volume of class ids (a one-hot map of one volume "
+                    "per class: save its argmax along the 4th axis, with 0 where no class is set)")
         return Issue.of(ref, stage="transform", reason=reason,
-                        message=f"{ref.path}: label map {path}: {defect.reason}: {defect.message}")
+                        message=f"{ref.path}: label map {path}: {defect.reason}: {said}")
     values = labels.array[0]
     whole = np.rint(values)
     if not np.isfinite(values).all() or np.abs(values - whole).max(initial=0.0) > 1e-3:
@@ -458,13 +467,22 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
                                     "mask.grid: resample to resample it to the image (nearest neighbour, in patient "
                                     "coordinates)")
         placed = resample_to_grid(ids_map, image.array.shape[1:], image.affine, fill=0)[0]
+        if not placed.any() and ids_map.array.any():  # every labelled voxel outside the image: no annotation left
+            return Issue.of(ref, stage="transform", reason="mask_geometry",
+                            message=f"{ref.path}: label map {path}: none of its {int(np.count_nonzero(ids_map.array))} "
+                                    f"labelled voxels lies in the image's field of view once resampled to it (it lies "
+                                    f"on {grid_text(ids_map)}, the image on {grid_text(image)}: "
+                                    f"{grid_difference(ids_map, image)}); its header may come from another case: fix "
+                                    "it, or name the right label map")
     else:
         placed = ids_map.array[0]
     if mask.empty == "bad" and not placed.any():
         return Issue.of(ref, stage="transform", reason="mask_empty",
                         message=f"{ref.path}: label map {path} is all background (0) and the source's mask.empty is "
                                 "bad; fix it, or set empty: keep to pack it")
-    return np.ascontiguousarray(placed)
+    note = (f"label map {os.path.basename(str(path))}: sform and qform differ by up to "
+            f"{header.forms_differ_mm:.3g} mm; the sform is used" if header.qform is not None else None)
+    return np.ascontiguousarray(placed), note
 
 
 register(NiftiKind())
