@@ -395,20 +395,25 @@ def test_a_script_calling_build_at_its_top_level_fails_with_the_main_guard_named
     assert 'if __name__ == "__main__":' in done.stderr.splitlines()[-1]
 
 
+def _run_script(script: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """``text`` written to ``script`` and run by this Python, with this checkout importable."""
+    script.write_text(text)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 @pytest.mark.slow  # a real local cluster from a subprocess script
 def test_an_unguarded_script_gets_a_config_error_exit_2_in_the_calling_process(tmp_path: Path) -> None:
     """The README's table: a usage error exits 2. The calling process's error was a bare
     PackerError (exit_code 1, "internal error: a bug") while the workers said ConfigError."""
     job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
-    script = tmp_path / "unguarded.py"
-    script.write_text("import sys\nimport packer\nfrom packer.errors import PackerError\n"
-                      "try:\n"
-                      f"    packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
-                      "except PackerError as err:\n"
-                      "    print(type(err).__name__, file=sys.stderr)\n"
-                      "    sys.exit(err.exit_code)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = _run_script(tmp_path / "unguarded.py",
+                       "import sys\nimport packer\nfrom packer.errors import PackerError\n"
+                       "try:\n"
+                       f"    packer.build({str(job)!r}, workers=1, progress=False, report=False)\n"
+                       "except PackerError as err:\n"
+                       "    print(type(err).__name__, file=sys.stderr)\n"
+                       "    sys.exit(err.exit_code)\n")
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == "ConfigError", done.stderr
 
@@ -420,8 +425,8 @@ def test_dask_records_of_packers_own_cluster_stay_out_of_the_callers_logging(tmp
     PHI pseudonymization an error record may quote a raw path), which the command never prints.
     They stop at dask's own logger now, whose setting is the caller's again after the build."""
     job = photo_job(tmp_path, photos(4), split=ENTITY_SPLIT)
-    script = tmp_path / "logged.py"
-    script.write_text(
+    done = _run_script(
+        tmp_path / "logged.py",
         "import logging, sys\nimport packer\n"
         "class Keep(logging.Handler):\n"
         "    def __init__(self):\n        super().__init__(logging.INFO)\n        self.names = []\n"
@@ -432,8 +437,6 @@ def test_dask_records_of_packers_own_cluster_stay_out_of_the_callers_logging(tmp
         "    logging.getLogger('distributed.scheduler').info('after the build')\n"
         "    print(sorted(set(n for n in keep.names if n.startswith('distributed'))), "
         "logging.getLogger('distributed').propagate)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['distributed.scheduler'] True", done.stdout  # only the caller's
 
