@@ -347,6 +347,25 @@ def test_a_volume_whose_frames_carry_their_own_windows_records_each_slices(tmp_p
     assert "slice_windows" not in info
 
 
+def test_a_series_whose_slices_carry_different_labels_is_no_volume_of_one_of_them(tmp_path: Path) -> None:
+    """A table labelled one series' slices a, b, b, b: the volume packed as a (its first slice's
+    label), three rows overridden without a word. Each file of that series is now a bad_target
+    naming the labels; a series labelled alike packs."""
+    raw = tmp_path / "raw"
+    mixed = _write_series(raw / "mixed", seed=3, patient="P1", slices=4)
+    alike = _write_series(raw / "alike", seed=4, patient="P2", slices=4)
+    rows = ["path,label", *(f"{p.relative_to(raw).as_posix()},{'a' if i == 0 else 'b'}" for i, p in enumerate(mixed)),
+            *(f"{p.relative_to(raw).as_posix()},b" for p in alike)]
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv")}],
+               transform={"dicom": {**WINDOW, "sample": "volume"}}, validate={"max_bad_fraction": 0.9})
+    result = _build(job)
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted(Path(b["path"]).name for b in bad) == sorted(p.name for p in mixed)
+    assert {b["reason"] for b in bad} == {"bad_target"} and "carry different labels ('a', 'b')" in bad[0]["message"]
+    assert len(list(ShardDataset(result.manifest_path, "train", shuffle=False))) == 1
+
+
 def test_the_report_shows_a_volumes_three_middle_planes(tmp_path: Path) -> None:
     from packer.config import load_job as load
     from packer.pipeline.build import BuildOptions, build

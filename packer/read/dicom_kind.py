@@ -384,6 +384,14 @@ class DicomSeries(Grouping):
                     "Pixel Spacing, so a volume's affine and spacing would have no mm in-plane; the series is not "
                     "packed (neighbour stacks need no spacing)")) for ref in series.refs)
                 continue
+            labels = sorted({ref.label or "" for ref in series.refs})
+            if job.dicom.sample == "volume" and len(labels) > 1:  # one sample: it would keep one slice's label
+                refused.extend(Issue.of(ref, stage="validate", reason="bad_target", message=(
+                    f"{ref.path}: series {series.uid_key} ({len(series.refs)} files): its slices carry different "
+                    f"labels ({', '.join(repr(label) for label in labels[:4])}{', ...' if len(labels) > 4 else ''}), "
+                    "and a volume is one sample with one label; label every file of the series alike, or pack "
+                    "slices (sample: slice or {neighbors: k}), which keep each slice's")) for ref in series.refs)
+                continue
             shape = (len(series.slices), series.rows, series.columns)
             resampled = volume_size(series, job.dicom)
             worst = max(int(np.prod(shape)), int(np.prod(resampled)))
