@@ -143,3 +143,19 @@ def test_an_undecodable_byte_and_the_same_text_written_as_an_escape_are_two_enti
     assert entities == {"byte": "caf\\xe9", "text": "caf\\\\xe9", "both": "caf\\\\\\xe9", "plain": "Case A\\B"}
     assert len(set(entities.values())) == len(entities)
     assert warned == {"byte", "both"}  # only bytes the character set cannot decode
+
+
+def test_a_multi_valued_id_whose_second_value_reads_like_an_escape_is_another_patient(tmp_path: Path) -> None:
+    """PatientID (LO, split at backslashes) of the bytes MRN 0xFF 01 reads MRN\\xff01; one of the
+    two values MRN and xff01 was joined to the same text, and the two patients were one entity
+    (one split, one pseudonym). The separator before such a value is doubled."""
+    entities = {}
+    for name, raw in (("byte", b"MRN\xff01"), ("values", b"MRN\\xff01"), ("plain", b"MRN\\B2")):
+        ds = ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet="ISO_IR 192")
+        ds.add(DataElement(tag_for_keyword("PatientID"), "LO", raw))
+        path = save(ds, tmp_path / f"{name}.dcm")
+        header = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME)
+        assert isinstance(header, DicomHeader)
+        entities[name] = header.entity
+        assert text_value(pydicom.dcmread(path), "PatientID") == header.entity
+    assert entities == {"byte": "MRN\\xff01", "values": "MRN\\\\xff01", "plain": "MRN\\B2"}

@@ -567,7 +567,8 @@ def text_value(ds: Dataset, keyword: str) -> str | None:
     whose bytes the declared character set cannot decode is read by :func:`convert_faithfully`
     (``MRN\\xff01``), so distinct raw ids stay distinct. A value of several values is written as
     DICOM writes it, joined by backslashes (ScanningSequence ``SE\\IR``), not as Python's list
-    text (``['SE', 'IR']``), which no label map keyed by the header's form could match."""
+    text (``['SE', 'IR']``), which no label map keyed by the header's form could match; a
+    separator followed by ``xNN`` or a backslash is doubled, so that it never reads as an escape."""
     tag = tag_for_keyword(keyword)
     try:
         if tag is None or tag not in ds:
@@ -578,7 +579,11 @@ def text_value(ds: Dataset, keyword: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, (MultiValue, list, tuple)):
-        text = "\\".join(str(part).strip() for part in value).strip("\\ ")
+        parts = [str(part).strip() for part in value]
+        # a separator before "xNN" or a backslash is doubled, as escape_text doubles a backslash of
+        # text there: values MRN and xff01 must not read as the one value of bytes MRN, 0xFF, 01
+        text = "".join([parts[0], *(("\\\\" if _ESCAPE_TAIL.match(part) else "\\") + part for part in parts[1:])]
+                       ).strip("\\ ") if parts else ""
     else:
         text = str(value).strip()
     return text or None
