@@ -961,10 +961,13 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           "file's label and entity, or 'label: folder' (root/<class>/<file>, the ImageFolder "
                           "layout) or 'label: none' (unlabeled)")
     names_masks = isinstance(raw.get("mask"), Mapping) and "column" in raw["mask"]
-    if kind.identity_in_header and target.origin != "table" and has_table and not names_masks:
+    conditions = parse_where(raw.get("where"), f"{where}.where")
+    in_header = set(kind.header_keys([c.key for c in conditions]))
+    row_where = tuple(c for c in conditions if c.key not in in_header)
+    if kind.identity_in_header and target.origin != "table" and has_table and not names_masks and not row_where:
         raise ConfigError(f"{where}.{kind.table_key}: the label table is unused with label: {target.to_json()}; "
                           f"remove '{kind.table_key}:' or the 'label:' setting (a table that names each file's "
-                          "mask, mask: {column: ...}, is used with any label:)")
+                          "mask, mask: {column: ...}, or whose columns where: tests, is used with any label:)")
     mask = _parse_mask(raw, root, kind, f"{where}.mask") if "mask" in raw else None
     options, companions = kind.parse_source(raw, where)
     if companions and not has_table:
@@ -975,9 +978,6 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
                           f"from a local source root; {root} is a URL. Copy the source to a local folder")
     table_map = _parse_table(raw[kind.table_key], base, f"{where}.{kind.table_key}") if has_table else None
     table_at = table_map.file if table_map is not None else None
-    conditions = parse_where(raw.get("where"), f"{where}.where")
-    in_header = set(kind.header_keys([c.key for c in conditions]))
-    row_where = tuple(c for c in conditions if c.key not in in_header)
     field_names = {f.name for f in fields}
     if row_where and not has_table and not all(c.key in field_names for c in row_where):
         hints = "".join(kind.header_key_hint(c.key) for c in row_where)

@@ -410,3 +410,25 @@ def test_the_dicm_preamble_is_read_on_any_suffix_but_tables_text_and_images(tmp_
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     found = discover(load_job(tmp_path / "job.yaml"))
     assert sorted(r.relpath for r in found.refs) == ["a.dcm", "b", "c.dat"]
+
+
+def test_a_table_column_filters_a_dicom_source_labelled_from_its_headers(tmp_path: Path) -> None:
+    """README: leave a withdrawn patient out through a column of the table, where: {withdrawn:
+    {not: [yes]}}. With label: {attribute: ...} (or none) the table was refused as unused, and
+    without it the condition was refused for want of a table: the filter could not be written.
+    A table whose columns where: tests is used; the labels still come from the headers."""
+    raw = tmp_path / "raw"
+    paths = {}
+    for i in range(4):
+        ds = ct_dataset(PatientID=f"P{i}")
+        ds.BodyPartExamined = "CHEST"
+        paths[f"P{i}"] = save(ds, raw / f"P{i}" / "1.dcm")
+    (raw / "patients.csv").write_text("path,withdrawn\n" + "".join(
+        f"{p.relative_to(raw).as_posix()},{'yes' if pid == 'P0' else 'no'}\n" for pid, p in paths.items()))
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "labels": str(raw / "patients.csv"),
+                           "label": {"attribute": "BodyPartExamined"}, "where": {"withdrawn": {"not": ["yes"]}}}])
+    result = _build(job)
+    assert result.manifest["label_map"] == {"CHEST": 0}
+    assert sum(result.manifest["splits"][s]["samples"] for s in ("train", "valid", "test")) == 3
+    excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
+    assert [Path(e["path"]).parent.name for e in excluded] == ["P0"]
