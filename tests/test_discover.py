@@ -121,6 +121,20 @@ def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows
         discover(job)
 
 
+def test_a_misaligned_row_names_no_cell_under_phi_pseudonymization(tmp_path: Path) -> None:
+    """The stray cells of a row with an unquoted separator were quoted as written (an MRN), before
+    any name was known that the command's redaction could hide; under pseudonymization the error
+    says how many, and the row."""
+    from packer.phi import Pseudonymizer
+
+    job = load_job(make_tree(tmp_path, ["a.png,cat,S1,2024-01-01,Doe, MRN0042"], ["a.png"],
+                             header="path,label,entity,timestamp,reader"))
+    with pytest.raises(ConfigError, match=r"row 2 has 6 cells but the header names 5 columns \(cells past the "
+                                          r"last: 1 not empty; not shown under PHI pseudonymization\)") as refused:
+        discover(job, Pseudonymizer(mode="pseudonymize", dates="shift", key=b"k" * 32))
+    assert "MRN0042" not in str(refused.value)
+
+
 def test_a_row_without_the_header_s_trailing_unnamed_column_is_read(tmp_path: Path) -> None:
     """A header ending in a comma (NIH's Data_Entry_2017.csv) names an unnamed empty column; a row
     that lacks that one cell is whole, not cut short."""

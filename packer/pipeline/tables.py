@@ -234,7 +234,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _json_records(fh: IO[str], path: Path | str, key: str | None) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values: bool = False
+                  ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     try:
         doc = json.load(fh)
     except json.JSONDecodeError as err:
@@ -244,7 +245,9 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None) -> tuple[tuple
         raise ConfigError(f"{path}: records: {key!r} needs a JSON object holding the list; the file holds a "
                           f"{type(doc).__name__}")
     if items is None:
-        keys = ", ".join(repr(k) for k, v in doc.items() if isinstance(v, list)) if isinstance(doc, dict) else ""
+        lists = [k for k, v in doc.items() if isinstance(v, list)] if isinstance(doc, dict) else []
+        keys = (f"{len(lists)} (their keys are not shown under PHI pseudonymization: a table keyed by patient id "
+                "would print the ids)" if hide_values and lists else ", ".join(repr(k) for k in lists))
         raise ConfigError(f"{path}: records: no key {key!r}; the object's lists are {keys or 'none'}")
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         hint = "" if key is not None else "; name the key of the list with records: (MSD: training)"
@@ -276,14 +279,14 @@ def long_cells() -> Iterator[None]:
         csv.field_size_limit(before)
 
 
-def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None
-               ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
+               hide_values: bool = False) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list)."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
         with _open_text(path, storage_options) as fh, long_cells():
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
-                return _json_records(fh, path, records_key)
+                return _json_records(fh, path, records_key, hide_values=hide_values)
             header, above = fh.readline(), 0
             while header and not header.strip():  # blank lines above the header (an export's preamble)
                 header, above = fh.readline(), above + 1
@@ -295,9 +298,11 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                 n = above + reader.line_num  # the row as a text editor numbers it: blank lines count
                 extra = [cell for cell in record.get(None) or () if cell.strip()]
                 if extra:  # misaligned: every cell after the stray separator is under the wrong column
+                    shown = (f"{len(extra)} not empty; not shown under PHI pseudonymization" if hide_values
+                             else ", ".join(repr(c) for c in extra[:3]))
                     raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
                                       f"but the header names {len(columns):,} columns (cells past the last: "
-                                      f"{', '.join(repr(c) for c in extra[:3])}); a value holding the separator "
+                                      f"{shown}); a value holding the separator "
                                       "needs quotes (\"a, b\"), so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
                 _check_swallowed(path, n, cells, columns, delimiter)
@@ -531,7 +536,7 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
     all_columns = list(columns)
     joined: list[Joined] = []
     for join in table.join:
-        join_columns, join_rows = _read_file(join.file, join.records, storage_options)
+        join_columns, join_rows = _read_file(join.file, join.records, storage_options, hide_values=hide_values)
         _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
         _check_columns(join.file, join_columns, {c: "join.on" for c in join.on})
         shared = [c for c in join_columns if c in all_columns and c not in join.on]
@@ -585,7 +590,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     where CI logs keep it, names the rows and the key's columns, not the key (often a patient id)."""
     table = source.table_map
     assert table is not None
-    columns, rows = _read_file(table.file, table.records, storage_options)
+    columns, rows = _read_file(table.file, table.records, storage_options, hide_values=hide_values)
     _check_path_cells(table, rows)
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
