@@ -35,8 +35,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packer.config import JobConfig, job_from_mapping, load_job
-from packer.errors import PYTHON_API, BadFractionError, ConfigError, LeakageError, called_from, refused_write
+from packer.errors import (
+    PYTHON_API,
+    BadFractionError,
+    ConfigError,
+    LeakageError,
+    PackerError,
+    called_from,
+    refused_write,
+    surface_set,
+)
 from packer.manifest import Manifest, read_manifest
+from packer.redact import redact_names, redacting
 
 if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check runs, not on import
     from packer.pipeline.build import BuildResult
@@ -322,9 +332,16 @@ def _typed_errors() -> Iterator[None]:
     """An OSError of a full, over-quota or read-only file system met in a library's write
     becomes FileSystemError, as the command line reports it; any other error stays what it is.
     Messages raised or printed inside name the keyword arguments, unless the command line called."""
+    from_python = not surface_set()  # the command line prints its errors redacted itself
     try:
         with called_from(PYTHON_API, unless_set=True):
             yield
+    except PackerError as err:
+        # under PHI pseudonymization the names met in the data are hidden, as the command prints
+        # them: a task's exception text lands in shared logs (packer.redact)
+        if from_python and redacting() and err.args and isinstance(err.args[0], str):
+            err.args = (redact_names(err.args[0]), *err.args[1:])
+        raise
     except OSError as err:
         refused = refused_write(err, err.filename or "a file")
         if refused is None:

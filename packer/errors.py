@@ -142,6 +142,11 @@ def surface() -> Surface:
     return _SURFACE.get() or COMMAND_LINE
 
 
+def surface_set() -> bool:
+    """Whether a caller (the command line, or a call of :mod:`packer.api`) set the surface."""
+    return _SURFACE.get() is not None
+
+
 @contextlib.contextmanager
 def called_from(caller: Surface, *, unless_set: bool = False) -> Iterator[None]:
     """Messages raised or printed inside name ``caller``'s options. ``unless_set``: keep the

@@ -443,6 +443,28 @@ def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseud
     assert phi_hits({"<build output>": result.output}) == []
 
 
+def test_the_python_api_raises_its_errors_as_redacted_as_the_command_prints_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: the Python calls raise the command's errors. Under pseudonymization the command
+    prints a patient's folder and file names as <id>; packer.validate raised them as written,
+    into the exception text an orchestrator writes to shared logs."""
+    import packer
+    from packer.errors import ConfigError
+
+    root = tmp_path / "raw"
+    plant_tree(root)
+    doc = job_doc(root, tmp_path / "out", None)
+    doc["sources"][0]["entity"] = {"path": "NOPE(?P<entity>[0-9]+)/"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("PACKER_PHI_KEY", KEY)
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    with pytest.raises(ConfigError) as raised:
+        packer.validate(job, scheduler="sync", progress=False)
+    assert "a file's path relative to the root is '<id>/<id>'" in str(raised.value), str(raised.value)
+    assert phi_hits({"<exception>": str(raised.value)}) == []
+
+
 def test_nifti_header_text_and_patient_named_case_folders_reach_no_output_under_pseudonymization(
         tmp_path: Path) -> None:
     """A NIfTI export's header carries free text (``descrip``, ``aux_file``, ``intent_name``: a
