@@ -355,6 +355,23 @@ def test_a_pinned_entity_whose_samples_drop_group_left_out_is_said_so_not_called
     assert alone.endswith("(1 had every sample left out by split.duplicates.label_conflict: drop_group)"), alone
 
 
+def test_pins_that_disagree_under_phi_name_their_rows_not_pseudonyms(tmp_path: Path) -> None:
+    """Under PHI the entities of a pin conflict were named by their pseudonyms (e-6770…), which
+    the user, who wrote raw ids in the table, cannot map back to a row; README: pinned ids are
+    named by their row."""
+    def pseudonym(raw: str) -> str:
+        return f"e-{raw.lower()}"
+
+    samples = [sample(i, pseudonym(f"P{i}")) for i in range(10)]
+    samples.append(sample(77, pseudonym("P3"), sha=samples[1].sha256))  # P3 copies P1's image: one group
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nP1,test\nP3,valid\n")
+    with pytest.raises(ConfigError, match=r"pinned to different splits \(the one at row 2 to test, the one at row 3 "
+                                          r"to valid\)") as refused:
+        assign_splits(samples, replace(BY_ENTITY, pinned=pins), pseudonym=pseudonym)
+    assert "e-p" not in str(refused.value)
+
+
 def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:
     pins = tmp_path / "pins.csv"
     pins.write_text("entity,split\nMRN0042,test\nP2,valid\nMRN0042,train\n")

@@ -670,10 +670,17 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     known = {e for group in groups for e in group.entities}
     stray = [e for e in listed if e not in known and (pseudonym is None or pseudonym(e) not in known)]
     fixed: dict[int, str] = {}
+    # under PHI an entity is named by its pin's row, as the table's user wrote it (not its pseudonym)
+    row_of = {**{pseudonym(e): row for e, (_, row) in rows.items()}, **{e: row for e, (_, row) in rows.items()}} \
+        if pseudonym is not None else {}
+
+    def named(entity: str) -> str:
+        return f"the one at row {row_of[entity]}" if entity in row_of else entity
+
     for g, group in enumerate(groups):
         wanted = {pins[e] for e in group.entities if e in pins}
         if len(wanted) > 1:
-            each = ", ".join(f"{e} to {pins[e]}" for e in group.entities if e in pins)
+            each = ", ".join(f"{named(e)} to {pins[e]}" for e in group.entities if e in pins)
             raise ConfigError(f"{cfg.pinned}: its entities are pinned to different splits ({each}) but share a "
                               "split group (one patient, or duplicate images: a copy of one's image under the "
                               "other), which goes to one split whole, or its copies would leak across splits; pin "
@@ -687,7 +694,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         for g, group in enumerate(groups):
             by_time = split_for_time(_group_time(group, times), cutoffs)
             if g in fixed and fixed[g] != by_time:
-                raise ConfigError(f"{cfg.pinned}: {group.representative} is pinned to {fixed[g]} but its first "
+                pinned_one = next((e for e in group.entities if e in pins), group.representative)
+                raise ConfigError(f"{cfg.pinned}: {named(pinned_one)} is pinned to {fixed[g]} but its group's first "
                                   f"record falls in {by_time} under the time cutoffs; unpin it or move the cutoff")
             group_split[g] = by_time
     elif cfg.stratify == "label":
