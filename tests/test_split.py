@@ -372,6 +372,17 @@ def test_pins_that_disagree_under_phi_name_their_rows_not_pseudonyms(tmp_path: P
     assert "e-p" not in str(refused.value)
 
 
+def test_a_pinned_row_whose_cells_are_swapped_shows_no_id_under_phi(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.csv"
+    pins.write_text("entity,split\nP1,test\ntest,MRN0777\n")
+    with pytest.raises(ConfigError, match=r"row 3, column 'split': its cell \(not shown under PHI") as refused:
+        assign_splits([sample(i, f"e-p{i}") for i in range(5)], replace(BY_ENTITY, pinned=pins),
+                      pseudonym=lambda raw: f"e-{raw.lower()}")
+    assert "MRN0777" not in str(refused.value)
+    with pytest.raises(ConfigError, match=r"row 3, column 'split': 'MRN0777' is not one of"):  # phi: keep
+        assign_splits([sample(i, f"P{i}") for i in range(5)], replace(BY_ENTITY, pinned=pins))
+
+
 def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Path) -> None:
     pins = tmp_path / "pins.csv"
     pins.write_text("entity,split\nMRN0042,test\nP2,valid\nMRN0042,train\n")

@@ -524,10 +524,12 @@ def read_pinned(path: Path) -> dict[str, str]:
     return {entity: split for entity, (split, _) in read_pinned_rows(path).items()}
 
 
-def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
+def read_pinned_rows(path: Path, *, hide_values: bool = False) -> dict[str, tuple[str, int]]:
     """Read ``entity,split`` rows: entity → (split, its first row's number). ConfigError naming
     the row for a bad split or a repeat; never the entity's raw id (a patient's record number,
-    which a message would carry into CI logs): the row tells the user which it is."""
+    which a message would carry into CI logs): the row tells the user which it is. ``hide_values``
+    (PHI pseudonymization): nor a split cell that is no split's name (a row whose cells were
+    swapped holds the id there)."""
     from packer.pipeline.tables import long_cells, not_utf8, swallowed_lines, unreadable_csv
 
     pins: dict[str, tuple[str, int]] = {}
@@ -542,7 +544,9 @@ def read_pinned_rows(path: Path) -> dict[str, tuple[str, int]]:
                 swallowed_lines(path, number, "entity", entity, "an entity id")
                 swallowed_lines(path, number, "split", split, "a split name")
                 if split not in SPLITS:
-                    raise ConfigError(f"{path}: row {number}, column 'split': {split!r} is not one of {SPLITS}")
+                    shown = ("its cell (not shown under PHI pseudonymization: cells swapped with the entity's "
+                             "would print a patient id)" if hide_values else repr(split))
+                    raise ConfigError(f"{path}: row {number}, column 'split': {shown} is not one of {SPLITS}")
                 if entity in pins and pins[entity][0] != split:
                     raise ConfigError(f"{path}: row {number}: its entity is pinned at row {pins[entity][1]} too, to "
                                       f"another split ({pins[entity][0]}, here {split}); keep one of the two rows")
@@ -662,7 +666,7 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
         given = _assign_given(table, cfg, groups, pseudonym, leave_out)
         progress.update(len(groups))
         return given
-    rows = read_pinned_rows(cfg.pinned) if cfg.pinned else {}
+    rows = read_pinned_rows(cfg.pinned, hide_values=pseudonym is not None) if cfg.pinned else {}
     listed = {entity: split for entity, (split, _) in rows.items()}
     pins = dict(listed)
     if pseudonym is not None:  # the table names raw ids, as the data does (or pseudonyms, from a manifest)
