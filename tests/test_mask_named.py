@@ -212,3 +212,19 @@ def test_a_masks_folder_counts_only_where_its_files_have_their_images() -> None:
                               "labelsTr/liver_0.nii.gz", "imagesTr/liver_10_0000.nii.gz", "labelsTr/liver_1.nii.gz"])
     assert mask_named("labelsTr/liver_0.nii.gz", nnunet) == "folder 'labelsTr'"
     assert mask_named("labelsTr/liver_1.nii.gz", nnunet) is None  # liver_10's image is not liver_1's
+
+
+def test_a_ground_truth_folder_named_after_a_patient_is_named_by_its_kind_under_phi(tmp_path: Path) -> None:
+    """Under pseudonymization the warning named the folder that marked the masks as written
+    (Doe_John_MRN0042_GroundTruth), into stderr, warnings.jsonl, the report and JUnit; it now says
+    what kind of folder it was. With phi: keep the name stays, to say which folder."""
+    from packer.phi import Pseudonymizer
+
+    root = tmp_path / "raw"
+    for n, patient in enumerate(("Doe_John_MRN0042", "Roe_Jane_MRN0043")):
+        _png(root / patient / f"{patient}_img.png", n)
+        _png(root / patient / f"{patient}_GroundTruth" / f"{patient}_img.png", 10 + n, mask=True)
+    job = load_job(_job(tmp_path, "image", root))
+    hidden = " ".join(discover(job, Pseudonymizer(mode="pseudonymize", dates="shift", key=b"k" * 32)).warnings)
+    assert "a masks or ground-truth folder (2)" in hidden and "MRN" not in hidden, hidden
+    assert "folder 'Doe_John_MRN0042_GroundTruth'" in " ".join(discover(job).warnings)

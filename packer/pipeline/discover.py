@@ -485,10 +485,17 @@ def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi:
     return kept, out
 
 
-def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded]) -> str:
+def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded], *, hide_names: bool = False) -> str:
+    """The warning for files left out as masks or label maps, counted by what named them (under
+    PHI pseudonymization a folder by its kind only: ``Doe_John_GroundTruth/`` names a patient)."""
     if not masks_out:
         return ""
-    whys = Counter(e.detail.split(":", 1)[0] for e in masks_out)
+
+    def why(record: Excluded) -> str:
+        said = record.detail.split(":", 1)[0]
+        return "a masks or ground-truth folder" if hide_names and said.startswith("folder ") else said
+
+    whys = Counter(why(e) for e in masks_out)
     shown = ", ".join(f"{why} ({n})" for why, n in sorted(whys.items(), key=lambda item: (-item[1], item[0]))[:3])
     return (f"source {source.name!r}: {len(masks_out)} file(s) named as masks or label maps left out (excluded.jsonl, "
             f"why label_map; {shown}): a source without a table would pack each as an image of its own. To pack them "
@@ -1080,7 +1087,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = refs.take(pc.sort_indices(refs.arrow("relpath")).to_numpy())
     warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
                                                 hide_ids=phi is not None and phi.active),
-                                 _mask_named_warning(source, masks_out)) if w]
+                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active))
+                     if w]
     return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
 
 
