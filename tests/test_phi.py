@@ -427,9 +427,15 @@ def test_a_config_error_names_no_folder_or_file_of_the_data_under_pseudonymizati
     assert phi_hits({"<build output>": result.output}) == []
 
 
-def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseudonymization(tmp_path: Path) -> None:
+def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseudonymization(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The error shows a file's relative path as an example of what the pattern met; under phi:
-    pseudonymize its folder and file names (a patient's name, an accession number) are <id>."""
+    pseudonymize its folder and file names (a patient's name, an accession number) are <id>, as
+    the command prints it and as the Python API raises it (it raised them as written, into the
+    exception text an orchestrator writes to shared logs)."""
+    import packer
+    from packer.errors import ConfigError
+
     root = tmp_path / "raw"
     plant_tree(root)
     doc = job_doc(root, tmp_path / "out", None)
@@ -441,22 +447,6 @@ def test_a_path_pattern_that_matches_no_file_shows_no_patient_folder_under_pseud
     assert result.exit_code == 2, result.output
     assert "matches none of the 13 files; a file's path relative to the root is '<id>/<id>'" in result.output
     assert phi_hits({"<build output>": result.output}) == []
-
-
-def test_the_python_api_raises_its_errors_as_redacted_as_the_command_prints_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: the Python calls raise the command's errors. Under pseudonymization the command
-    prints a patient's folder and file names as <id>; packer.validate raised them as written,
-    into the exception text an orchestrator writes to shared logs."""
-    import packer
-    from packer.errors import ConfigError
-
-    root = tmp_path / "raw"
-    plant_tree(root)
-    doc = job_doc(root, tmp_path / "out", None)
-    doc["sources"][0]["entity"] = {"path": "NOPE(?P<entity>[0-9]+)/"}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("PACKER_PHI_KEY", KEY)
     monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
     with pytest.raises(ConfigError) as raised:
