@@ -542,15 +542,15 @@ def _chain_headers(chain: list[Ifd], limits: LimitsConfig) -> list[ImageHeader]:
     return headers
 
 
-def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], limits: LimitsConfig) -> list[_Page]:
-    """Decode every IFD of ``chain`` with one ``cv2.imdecodemulti`` call and keep ``pages``.
+def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], headers: list[ImageHeader]) -> list[_Page]:
+    """Decode every IFD of ``chain`` (``headers``: theirs, checked by :func:`_chain_headers`) with
+    one ``cv2.imdecodemulti`` call and keep ``pages``.
 
     OpenCV 5.0 returns one image per IFD of the main chain, reduced-resolution ones included (it
     walks the chain with libtiff and does not look at NewSubfileType). Image ``i`` is taken for
     IFD ``i`` only when the counts agree and every image has its IFD's (oriented) size; anything
     else is ``decode_failed``, never a page silently shifted or dropped.
     """
-    headers = _chain_headers(chain, limits)
     try:
         with _opencv_quietly():
             ok, mats = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -594,12 +594,12 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     if fmt == "tiff":
         chain = tiff_chain(read, len(data), limits)
         pages = _tiff_pages(chain)
-        if [ifd.index for ifd in pages] != [0]:  # every IFD decoded at once: each one's size before a strip is inflated
-            _chain_headers(chain, limits)
+        # every IFD decoded at once: each one's size checked before a strip is inflated
+        headers = _chain_headers(chain, limits) if [ifd.index for ifd in pages] != [0] else None
         check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
         data = straight_alpha(data, chain)
-        if [ifd.index for ifd in pages] != [0]:
-            return _zero_samples_checked(data, chain, _decode_tiff_pages(data, chain, pages, limits))
+        if headers is not None:
+            return _zero_samples_checked(data, chain, _decode_tiff_pages(data, chain, pages, headers))
     orientation = check_complete(fmt, data)
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
