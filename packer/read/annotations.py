@@ -115,14 +115,19 @@ class Painter:
     dtype: str = "uint8"
     path: str = ""
     labels: np.ndarray = field(init=False)
-    _rank: np.ndarray = field(init=False, repr=False)
+    #: 1 + the rank of each class id (0: the background): a voxel's rank is its label's, so the
+    #: painter keeps no second D×H×W array of ranks
+    _ranks: np.ndarray = field(init=False, repr=False)
+    _top: int = field(default=0, init=False, repr=False)  # the highest rank (1-based) painted so far
     #: class id → the source structure names painted into it (raw: PHI unless mapped out)
     painted: dict[int, set[str]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.labels = np.zeros(self.shape, dtype=self.dtype)
-        # 1 + the rank of the class holding a voxel (0: none); uint8 while there are under 255 classes
-        self._rank = np.zeros(self.shape, dtype=np.uint8 if len(self.structures.structures) < 255 else np.uint16)
+        ids = [s.id for s in self.structures.structures]
+        self._ranks = np.zeros(max(ids, default=0) + 1, dtype=np.uint16 if len(ids) < 65535 else np.uint32)
+        for structure in self.structures.structures:
+            self._ranks[structure.id] = self.structures.rank(structure) + 1
 
     def record(self, structure: Structure, source: str) -> None:
         """Name ``source`` among the structures painted into ``structure``'s class (what
@@ -146,33 +151,41 @@ class Painter:
         planes = np.flatnonzero(stack.any(axis=(1, 2)))
         if planes.size == 0:
             return
-        rows = np.flatnonzero(stack.any(axis=(0, 2)))
-        cols = np.flatnonzero(stack.any(axis=(0, 1)))
+        flat = stack.any(axis=0)  # the planes OR-ed: one pass, where any(axis=(0, 2)) and (0, 1) were two
+        rows = np.flatnonzero(flat.any(axis=1))
+        cols = np.flatnonzero(flat.any(axis=0))
         stack = stack[int(planes[0]):int(planes[-1]) + 1, int(rows[0]):int(rows[-1]) + 1,
                       int(cols[0]):int(cols[-1]) + 1]
         z0, r0, c0 = index + int(planes[0]), top + int(rows[0]), left + int(cols[0])
         # only the structure's bounding box
         box = (slice(z0, z0 + stack.shape[0]), slice(r0, r0 + stack.shape[1]), slice(c0, c0 + stack.shape[2]))
         rank = self.structures.rank(structure) + 1
-        held = self._rank[box]
         labels = self.labels[box]
-        # the voxel-by-voxel test only where it can find something: a claimed voxel in the box,
-        # and (later_wins) one claimed by a class that outranks this one
-        contested = bool((held > rank).any()) if self.overlap == "later_wins" else bool(held.any())
-        other = stack & (held != 0) & (labels != structure.id) if contested else None
-        if other is not None and other.any():
-            if self.overlap == "refuse":
-                at = np.argwhere(other)[0]
-                owner = self.structures.structures[int(held[tuple(at)]) - 1]  # ranks index the declared list
-                raise AnnotationError("mask_overlap", (
-                    f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {z0 + int(at[0])} "
-                    f"of {self.shape[0]} (counted from 0 in the series' order along its slice normal, not by "
-                    f"Instance Number) at row {r0 + int(at[1])}, column {c0 + int(at[2])} "
-                    f"({int(other[at[0]].sum())} pixels on that slice); a multi-class mask holds one class a pixel: "
-                    "set mask.overlap: later_wins (the class declared later in the map wins) or fix the structures"))
-            stack = stack & ((held == 0) | (held <= rank))
+        # the voxel-by-voxel test only where it can find something: a class painted before (later_wins:
+        # one that outranks this one), then a voxel of it in the box
+        if self.overlap == "refuse" and self._top > 0:
+            self._refuse_overlap(structure, stack, labels, source, (z0, r0, c0))
+        elif self.overlap == "later_wins" and self._top > rank:
+            stack = stack & (self._ranks[labels] <= rank)  # a voxel of a class that outranks it stays that class
         labels[stack] = structure.id
-        held[stack] = rank
+        self._top = max(self._top, rank)
+
+    def _refuse_overlap(self, structure: Structure, stack: np.ndarray, labels: np.ndarray, source: str,
+                        corner: tuple[int, int, int]) -> None:
+        """``mask_overlap`` where ``stack`` (its box's first voxel at ``corner``) meets a voxel of
+        another class already painted (``labels``: the map in that box)."""
+        held = self._ranks[labels]
+        other = stack & (held != 0) & (labels != structure.id)
+        if other.any():
+            z0, r0, c0 = corner
+            at = np.argwhere(other)[0]
+            owner = self.structures.structures[int(held[tuple(at)]) - 1]  # ranks index the declared list
+            raise AnnotationError("mask_overlap", (
+                f"{self.path}: {source!r} ({structure.name}) overlaps {owner.name} on slice {z0 + int(at[0])} "
+                f"of {self.shape[0]} (counted from 0 in the series' order along its slice normal, not by "
+                f"Instance Number) at row {r0 + int(at[1])}, column {c0 + int(at[2])} "
+                f"({int(other[at[0]].sum())} pixels on that slice); a multi-class mask holds one class a pixel: "
+                "set mask.overlap: later_wins (the class declared later in the map wins) or fix the structures"))
 
 
 @dataclass(frozen=True)
