@@ -151,7 +151,8 @@ class Painter:
         planes = np.flatnonzero(stack.any(axis=(1, 2)))
         if planes.size == 0:
             return
-        flat: np.ndarray = np.logical_or.reduce(stack, axis=0)  # the planes OR-ed: one pass, where any(axis=(0, 2)) and (0, 1) were two
+        # the planes OR-ed: one pass, where any(axis=(0, 2)) and any(axis=(0, 1)) were two
+        flat: np.ndarray = np.logical_or.reduce(stack, axis=0)
         rows = np.flatnonzero(flat.any(axis=1))
         cols = np.flatnonzero(flat.any(axis=0))
         stack = stack[int(planes[0]):int(planes[-1]) + 1, int(rows[0]):int(rows[-1]) + 1,
