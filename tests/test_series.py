@@ -25,6 +25,7 @@ from pydicom.sequence import Sequence as DicomSequence
 from packer.badsamples import read_bad_samples
 from packer.config import SeriesConfig, load_job
 from packer.errors import ConfigError
+from packer.exclusions import read_excluded
 from packer.loader import ShardDataset
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import assemble
@@ -1056,3 +1057,44 @@ def test_a_slice_replaced_between_the_header_and_pixel_passes_is_not_stacked_wit
     entities = {item["record"]["entity_id"] for split in ("train", "valid", "test")
                 for item in ShardDataset(result.manifest_path, split, shuffle=False, records=True)}
     assert len(entities) == 1  # P2's series alone, never P1's stacks holding P2's pixels
+
+
+@pytest.mark.parametrize("sample", [{"neighbors": 1}, "volume"])
+def test_a_time_split_dropping_straddlers_packs_no_later_slice_in_an_earlier_split(tmp_path: Path,
+                                                                                     sample: Any) -> None:
+    """A scan that runs past midnight into the valid cutoff's day, under ``drop_straddlers``: a
+    neighbour stack or a volume is timed by its latest slice, so none of the slices acquired
+    after the cutoff is packed in train, not even as the neighbour of an earlier slice (a
+    walkthrough found slice 2's pixels in slice 1's train stack); a volume holding one is left
+    out whole. Slice 1, itself before the cutoff, still packs as slice 0's neighbour; its own
+    stack reaches slice 2 and is left out, its record saying why. The entity's other, earlier
+    series packs whole in train."""
+    raw = tmp_path / "raw"
+    times = ["20231231235950", "20231231235955", "20240101000001", "20240101000004", "20240101000007"]
+    late = _write_series(raw / "a", slices=5, seed=3, patient="P1",
+                         overrides={i: {"AcquisitionDateTime": t} for i, t in enumerate(times)})
+    _write_series(raw / "b", slices=5, seed=4, patient="P1", series_uid="1.2.826.0.1.99.2",
+                  overrides={i: {"AcquisitionDateTime": f"2023060110000{i}"} for i in range(5)})
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none", "time": ["AcquisitionDateTime"]}],
+               split={"by": "time", "cutoffs": {"valid": "2024-01-01", "test": "2024-07-01"},
+                      "entity_policy": "drop_straddlers"},
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": sample,
+                                    **({"size": [16, 16]} if sample != "volume" else {})}})
+    result = _build(job)
+    splits = result.manifest["splits"]
+    excluded = {r["sample_id"]: r for r in read_excluded(result.version_dir / "excluded.jsonl")}
+    if sample == "volume":  # the late scan, timed by its latest slice, falls in valid: its entity is in train
+        assert splits["train"]["samples"] == 1 and splits["valid"]["samples"] == 0
+        (record,) = excluded.values()
+        assert "2024-01-01T00:00:07 (the latest of its volume's slices) falls in valid" in record["detail"]
+        return
+    rows_of = {_key_of(job, path): i for i, path in enumerate(_reference_order(late))}  # slice → its bright row
+    for item in ShardDataset(result.manifest_path, "train", shuffle=False):
+        image = item["image"].numpy().astype(np.float64)
+        if item["key"] in rows_of:
+            bright = {int(np.argmax(image[c].mean(axis=1))) for c in range(image.shape[0])}
+            assert bright <= {0, 1}, (rows_of[item["key"]], bright)  # slices 2-4 come after the cutoff
+    left = {rows_of[k] for k, r in excluded.items() if r["why"] == "straddles_cutoff"}
+    assert left == {1, 2, 3, 4}
+    one = next(r for k, r in excluded.items() if rows_of[k] == 1)
+    assert "2024-01-01T00:00:01" in one["detail"] and "latest of the slices its sample stacks" in one["detail"]

@@ -264,7 +264,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     if conflicts.dropped:
         excluded.extend(conflict_exclusions(samples, conflicts))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
-                               pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet)
+                               pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
+                               stacked=job.dicom.sample if job.dicom.by_series else "")
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,

@@ -455,13 +455,15 @@ class DicomSeries(Grouping):
             pad = annotated_sources(job)[series.refs[0].source].pad
             if job.dicom.sample == "volume":
                 (volume,) = stack_volume(slices, series, job.dicom)
-                return [with_mask(volume, volume_mask(labels, series.affine(), job.dicom, pad), metadata)], records
+                return timed_by_latest_slice([with_mask(volume, volume_mask(labels, series.affine(), job.dicom, pad),
+                                                       metadata)], slices, job), records
             slices = slice_masks(slices, labels, job.dicom, pad, metadata)
             if not job.dicom.by_series:
                 return slices, records
         if job.dicom.sample == "volume":
-            return stack_volume(slices, series, job.dicom), records
-        stacked = stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge)
+            return timed_by_latest_slice(stack_volume(slices, series, job.dicom), slices, job), records
+        stacked = timed_by_latest_slice(stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge),
+                                        slices, job)
         left_out = _edge_left_out(slices, stacked, job.dicom.neighbors)
         shaped = with_channels(stacked, job)  # transform.channels counts a stack's channels, as a NIfTI stack's
         if isinstance(shaped, Issue):
@@ -542,6 +544,27 @@ def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int) 
         out[ref.sample_id] = Excluded.of(ref, stage="transform", why="not_requested",
                                          detail=f"{why}; edge: replicate packs it, repeating the end slice")
     return tuple(out.values())
+
+
+def timed_by_latest_slice(stacked: list[Sample], slices: Sequence[Sample], job: JobConfig) -> list[Sample]:
+    """``stacked`` (a series' neighbour stacks or its volume, made of ``slices``), each timed by
+    its latest slice where a time split leaves out what falls past its entity's cutoff
+    (``entity_policy: drop_straddlers``): a stack's pixels hold its neighbours', so one whose
+    neighbour falls in a later split is left out with that neighbour, and never packs it into the
+    earlier split. Elsewhere (``first_seen`` keeps every record in its group's split) a sample
+    keeps its centre's (a volume: its first slice's) time."""
+    if job.split.by != "time" or job.split.entity_policy != "drop_straddlers":
+        return stacked
+    out = []
+    for sample in stacked:
+        about = sample.metadata.get("neighbors")
+        members = (slices[max(int(about["slice"]) - int(about["k"]), 0):int(about["slice"]) + int(about["k"]) + 1]
+                   if isinstance(about, dict) else slices)
+        times = [s.ref.time for s in members if s.ref.time is not None]
+        latest = max(times) if times else None  # ISO text: it orders as the split compares it
+        out.append(replace(sample, ref=replace(sample.ref, time=latest))
+                   if latest is not None and sample.ref.time is not None and latest > sample.ref.time else sample)
+    return out
 
 
 def _blank_series(series: Series, slices: Sequence[Sample]) -> tuple[Issue, ...]:
