@@ -15,6 +15,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pytest
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, build
@@ -22,11 +23,12 @@ from packer.pipeline.dedup import exact_groups, is_blank
 from tests.helpers import write_job
 
 
-def _slide(path: Path, seed: int) -> None:
-    """A 64×64 RGB 'slide': tissue (a random smooth field) in the top-left 32×32 quarter, pure
-    white background elsewhere, so three of its four 32×32 tiles are blank."""
+def _slide(path: Path, seed: int, background: tuple[int, int, int] = (255, 255, 255)) -> None:
+    """A 64×64 RGB 'slide': tissue (a random smooth field) in the top-left 32×32 quarter, plain
+    ``background`` (BGR; pure white by default) elsewhere, so three of its four 32×32 tiles are blank."""
     rng = np.random.default_rng(seed)
-    slide = np.full((64, 64, 3), 255, np.uint8)
+    slide = np.empty((64, 64, 3), np.uint8)
+    slide[:] = background
     tissue = cv2.resize(rng.integers(0, 200, (4, 4, 3)).astype(np.float32), (32, 32), interpolation=cv2.INTER_CUBIC)
     slide[:32, :32] = np.clip(tissue, 0, 254).astype(np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,10 +54,14 @@ def test_blank_samples_form_no_exact_duplicate_group() -> None:
     assert exact_groups(["a", "a", "a"], blank=[True, False, False]) == [[1, 2]]
 
 
-def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [(255, 255, 255), (240, 232, 236), (200, 120, 160)])
+def test_white_background_tiles_do_not_join_slides_of_different_patients(tmp_path: Path,
+                                                                        background: tuple[int, int, int]) -> None:
+    """White, and tinted (a stained slide's background is rarely grey): a tile of one colour
+    shows nothing whatever the colour (a walkthrough's tinted tiles joined eight patients)."""
     rows = []
     for i in range(10):
-        _slide(tmp_path / "raw" / f"slide{i}.png", i)
+        _slide(tmp_path / "raw" / f"slide{i}.png", i, background)
         rows.append(f"slide{i}.png,{('normal', 'tumor')[i % 2]},patient{i}")
     job = _labelled_job(tmp_path, "slides", rows, {"ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 17},
                         {"tile": {"size": [32, 32]}})
@@ -93,6 +99,11 @@ def test_nearly_blank_tiles_shared_by_photos_of_different_patients_do_not_join_t
     assert is_blank(np.array([[0, 1], [2, 2]], np.uint8))  # 2 of 255 levels: nothing to see
     assert not is_blank(np.array([[0, 1], [3, 2]], np.uint8))
     assert not is_blank(np.array([[0, 1], [2, 2]], np.int16))  # 2 HU apart is data, not a blank
+    tinted = np.empty((3, 4, 4), np.uint8)
+    tinted[:] = np.array([240, 232, 236], np.uint8)[:, None, None]  # one colour: each channel flat
+    assert is_blank(tinted) and is_blank(tinted.astype(np.float32))
+    tinted[1, 2, 2] += 3  # one pixel 3 levels off in one channel: something to see
+    assert not is_blank(tinted)
     rows = []
     for i in range(10):
         _dark_slide(tmp_path / "raw" / f"photo{i}.png", i)

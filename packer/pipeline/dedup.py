@@ -25,24 +25,27 @@ BLANK_LEVELS_UINT8 = 2
 
 
 def is_blank(pixels: np.ndarray) -> bool:
-    """Whether ``pixels`` (any shape, any dtype) show nothing: every value the same, or, for uint8
-    (display levels), all within :data:`BLANK_LEVELS_UINT8` of each other. A plain or dark
-    background tile or an empty frame, whose digest every other blank sample of its shape (and,
-    for a nearly blank one, of its faint pattern) shares. Other dtypes (HU, raw intensities,
-    floats) need every value equal: a few units apart there are data."""
-    flat = pixels.reshape(-1)
-    if flat.size == 0:
+    """Whether ``pixels`` (H×W, or channels first: C×H×W, C×D×H×W; any dtype) show nothing: every
+    pixel one value (in each channel: one colour, a tinted slide background as much as a white
+    one), or, for uint8 (display levels), each channel within :data:`BLANK_LEVELS_UINT8` of its
+    own first value. A plain or dark background tile or an empty frame, whose digest every other
+    blank sample of its shape (and, for a nearly blank one, of its faint pattern) shares. Other
+    dtypes (HU, raw intensities, floats) need every value of a channel equal: a few units apart
+    there are data."""
+    if pixels.size == 0:
         return True
-    spread = BLANK_LEVELS_UINT8 if flat.dtype == np.uint8 else 0
-    # a sparse probe rejects almost every real image in microseconds; the full check runs only
-    # when ~64 spread-out values all lie near the first one
-    probe = flat[:: max(1, flat.size // 64)]
+    planes = pixels.reshape(pixels.shape[0], -1) if pixels.ndim >= 3 else pixels.reshape(1, -1)
+    spread = BLANK_LEVELS_UINT8 if pixels.dtype == np.uint8 else 0
+    # a sparse probe of each channel rejects almost every real image in microseconds; the full
+    # check runs only when ~64 spread-out values of every channel lie near its first one
+    first = planes[:, :1]
+    probe = planes[:, :: max(1, planes.shape[1] // 64)]
     if spread == 0:
-        return bool((probe == flat[0]).all()) and bool((flat == flat[0]).all())
-    first = int(flat[0])
-    if int(probe.max()) - first > spread or first - int(probe.min()) > spread:
+        return bool((probe == first).all()) and bool((planes == first).all())
+    wide = first.astype(np.int16)
+    if (np.abs(probe.astype(np.int16) - wide) > spread).any():
         return False
-    return int(flat.max()) - int(flat.min()) <= spread
+    return bool(((planes.max(axis=1) - planes.min(axis=1)).astype(np.int16) <= spread).all())
 
 
 def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None,

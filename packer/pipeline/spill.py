@@ -125,8 +125,10 @@ class CachedChunk:
 #: infinite pixels, and a float image's alpha composites over white after its window; 37: an
 #: RTSTRUCT ROI drawn only on another stack of its series is no 'has no contour' note, and a SEG
 #: frame on a slice the export lacks says so (the records and notes a unit's result holds); 38:
-#: Dose Grid Scaling scales RT Dose alone, and modality values past float16's range are non_finite.
-CACHE_FORMAT = 38
+#: Dose Grid Scaling scales RT Dose alone, and modality values past float16's range are non_finite;
+#: 39: a sample is ``blank`` when each channel is flat on its own (one colour: a tinted slide
+#: background), not only when every channel holds one value.
+CACHE_FORMAT = 39
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -142,6 +144,9 @@ def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
         shaping["signatures"] = False
     if any(s.target.origin == "attribute" for s in job.sources):  # the worker checks header labels against it
         shaping["labels"] = identity["labels"]
+    if job.split.by == "time" and job.split.entity_policy == "drop_straddlers" and job.dicom.by_series:
+        # the worker times a stack or volume by its latest slice then (dicom_kind.timed_by_latest_slice)
+        shaping["stacks_timed_by"] = "latest slice"
     return shaping
 
 
