@@ -249,7 +249,30 @@ def test_time_order_names_valid_records_that_fall_in_the_test_period() -> None:
     findings = audit_assignment(samples, assign_splits(samples, TIME), TIME).rule("time_order").findings
     assert [(f.get("from", "train"), f["split"]) for f in findings] == [("train", "valid"), ("train", "test"),
                                                                        ("valid", "test")]
-    assert set(findings[0]) == {"split", "train_samples_after", "train_samples", "fix", "earliest", "latest_train"}
+    assert set(findings[0]) == {"split", "train_samples_after", "train_samples", "fix", "starts", "earliest",
+                                "latest_train"}
+
+
+def test_time_order_measures_a_later_split_from_its_cutoff_even_when_it_holds_nothing_yet() -> None:
+    """A walkthrough's records: A's second study (2024-01-15) falls after the valid cutoff but
+    before valid's earliest record (2024-02-01), and R's second (2024-09-01) after the test
+    cutoff while test's earliest came later (2024-10-01). The rule measured a split's period from
+    its earliest record, said nothing of either, and validate called the data clean, while
+    drop_straddlers, by the cutoffs, drops exactly these two. A split with no record at all
+    still has its period: a train record past the test cutoff is named too."""
+    samples = [sample(0, "A", time="2023-06-01"), sample(1, "A", time="2024-01-15"),
+               sample(2, "R", time="2024-02-01"), sample(3, "R", time="2024-09-01"), sample(4, "T", time="2024-10-01")]
+    report = audit_assignment(samples, assign_splits(samples, TIME), TIME)
+    named = {(f.get("from", "train"), f["split"], f["starts"]): [s["key"] for s in f.get(
+        "train_samples", f.get("valid_samples", []))] for f in report.rule("time_order").findings}
+    assert named == {("train", "valid", "2024-01-01"): ["s-000001"], ("valid", "test", "2024-07-01"): ["s-000003"]}
+    dropped = assign_splits(samples, replace(TIME, entity_policy="drop_straddlers")).excluded
+    assert sorted(e.sample_id for e in dropped) == ["s-000001", "s-000003"]
+    lone = [sample(0, "A", time="2023-06-01"), sample(1, "A", time="2024-08-01")]  # valid and test hold nothing
+    findings = audit_assignment(lone, assign_splits(lone, TIME), TIME).rule("time_order").findings
+    assert [(f["split"], f["starts"], f["train_samples_after"]) for f in findings] == [
+        ("valid", "2024-01-01", 1), ("test", "2024-07-01", 1)]
+    assert all("earliest" not in f for f in findings)
 
 
 def test_drop_straddlers_lists_the_records_it_leaves_out_as_excluded_not_bad() -> None:

@@ -172,7 +172,8 @@ def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
             group = _group(rule, [finding["a"], finding["b"]], _evidence(finding))
         elif isinstance(finding.get("samples"), list):
             group = _group(rule, finding["samples"], size=int(finding.get("size") or len(finding["samples"])))
-        elif "earliest" in finding or "latest_train" in finding or "latest_valid" in finding:
+        elif any(k in finding for k in ("starts", "earliest", "latest_train", "latest_valid", "train_samples_after",
+                                        "valid_samples_after")):
             out.time_order.append(finding)
         if group is not None:
             _add_group(out, group)

@@ -442,7 +442,7 @@ RULE_TEXT = {
     "near_duplicates_across_splits": "verified near copies in two splits",
     "exact_duplicates_within_split": "the same packed pixels twice in one split",
     "duplicates_span_entities": "a duplicate cluster holding several entities (likely identity error)",
-    "time_order": "valid/test records not after the latest record of an earlier split",
+    "time_order": "records of an earlier split in a later split's period (from its cutoff on)",
     "label_conflicts": "copies of one image whose targets (or masks) disagree",
     "entity_lookalikes": "entity ids that differ only in case, spacing or leading zeros (likely one patient)",
     "duplicates": "duplicate pairs",
@@ -595,11 +595,11 @@ def render_leakage(data: ReportData) -> str:
     if audit.lookalikes:
         parts.append(_lookalikes_table(audit.lookalikes, limit))
     if audit.time_order:
-        rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('earliest', ''))}</td>"
+        rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('starts', f.get('earliest', '')))}</td>"
                 f"<td>{esc(f.get('from', 'train'))}</td>"
                 f"<td>{esc(f.get('latest_' + str(f.get('from', 'train')), ''))}</td></tr>"
                 for f in audit.time_order[:limit]]
-        parts.append("<h3>Time order</h3>" + table(["split", "earliest record", "earlier split",
+        parts.append("<h3>Time order</h3>" + table(["split", "its period starts", "earlier split",
                                                     "its latest record"], rows,
                                                    table_id="time-order", cls="data compact"))
     parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'

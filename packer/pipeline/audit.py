@@ -342,33 +342,40 @@ def lookalikes_warning(report: LeakageAudit, listed_in: str = "leakage.json") ->
             f"entity_lookalikes in {listed_in}")
 
 
-def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]], earlier: str,
-                         later_splits: Sequence[str], show_dates: bool) -> list[dict[str, Any]]:
+def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]], cutoffs: Mapping[str, str],
+                         earlier: str, later_splits: Sequence[str], show_dates: bool) -> list[dict[str, Any]]:
     """``time_order``'s findings for one split against each split after it: one per later split
-    whose earliest record is not after ``earlier``'s latest, naming ``earlier``'s records from
-    that period on (an entity's later studies, kept where its first record fell by
-    ``entity_policy: first_seen``; by key and entity, as every finding). A train finding keeps
-    the fields it always had (``train_samples_after``, ``train_samples``, ``latest_train``); a
-    valid one says ``from: valid`` and has ``valid_samples_after``, ``valid_samples``, ``latest_valid``."""
+    whose period ``earlier`` holds records in, naming them (an entity's later studies, kept where
+    its first record fell by ``entity_policy: first_seen``; by key and entity, as every finding).
+    A later split's period starts at its cutoff (``cutoffs``), or at its earliest record where
+    that comes first (a pinned entity), so a record past the cutoff is named whether or not the
+    later split holds anything before it, and under the same date ``drop_straddlers`` would drop
+    it by. A train finding keeps the fields it always had (``train_samples_after``,
+    ``train_samples``, ``latest_train``); a valid one says ``from: valid`` and has
+    ``valid_samples_after``, ``valid_samples``, ``latest_valid``; both give ``starts`` (and,
+    where it holds records, the later split's ``earliest``)."""
     latest = ranges[earlier][1]
     times = samples.table.arrow("time")
     held = _timed(samples, earlier)
     findings: list[dict[str, Any]] = []
     for later in later_splits:
-        if ranges[later][0] > latest:
+        starts = min(t for t in (cutoffs.get(later), ranges.get(later, (None,))[0]) if t is not None)
+        if starts > latest:
             continue
         # UTF-8 byte order is code point order, as str comparison
-        from_then = pc.fill_null(pc.greater_equal(times, pa.scalar(ranges[later][0])), False)
+        from_then = pc.fill_null(pc.greater_equal(times, pa.scalar(starts)), False)
         rows = np.flatnonzero(held & from_then.to_numpy(zero_copy_only=False)).tolist()
         after = sorted(rows, key=lambda i: (samples.value("time", i) or "", samples.value("key", i)), reverse=True)
         finding: dict[str, Any] = {} if earlier == "train" else {"from": earlier}
         finding.update({
             "split": later, f"{earlier}_samples_after": len(after),
             f"{earlier}_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
-            "fix": f"these {earlier} records fall in {later}'s period (each entity is split whole, where its "
-                   "first record falls): split.entity_policy: drop_straddlers drops them instead"})
+            "fix": f"these {earlier} records fall in {later}'s period (from its cutoff on; each entity is split "
+                   "whole, where its first record falls): split.entity_policy: drop_straddlers drops them instead"})
         if show_dates:
-            finding.update({"earliest": ranges[later][0], f"latest_{earlier}": latest})
+            finding.update({"starts": starts, f"latest_{earlier}": latest})
+            if later in ranges:
+                finding["earliest"] = ranges[later][0]
         findings.append(finding)
     return findings
 
@@ -389,9 +396,12 @@ def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[
                 ranges[split] = (low_high["min"].as_py(), low_high["max"].as_py())
     findings = []
     if cfg.by == "time":
-        order = [split for split in ("train", "valid", "test") if split in ranges]
+        cutoffs = dict(cfg.cutoffs)
+        # a later split is checked against even when it holds nothing: its cutoff starts its period
+        order = [split for split in ("train", "valid", "test") if split in ranges or split in cutoffs]
         for e, earlier in enumerate(order):
-            findings.extend(_time_order_findings(samples, ranges, earlier, order[e + 1:], show_dates))
+            if earlier in ranges:
+                findings.extend(_time_order_findings(samples, ranges, cutoffs, earlier, order[e + 1:], show_dates))
     return RuleResult("time_order", "report", len(findings), tuple(findings),
                       detail={"checked": cfg.by == "time"}), ranges
 
