@@ -721,7 +721,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     # a stack holds its neighbours' pixels: one reaching past its entity's cutoff is left out with them
     timed = {"neighbors": " (the latest of the slices its sample stacks: the file's own slice may fall earlier, "
                           "and is then still packed as its neighbours' neighbour)",
-             "volume": " (the latest of its volume's slices)"}.get(stacked, "")
+             "volume": " (the latest of its volume's slices: the volume, every file of its series, is left out "
+                       "with it)"}.get(stacked, "")
     if straddlers is None:  # every member goes where its group goes
         _place_groups(groups, group_split, cfg, split, fold)
         progress.update(len(groups))
