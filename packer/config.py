@@ -1193,6 +1193,12 @@ def _parse_mask(raw: dict[str, Any], root: Path | str, kind: SourceKind, where: 
     if classes is not None and pad not in classes:
         raise ConfigError(f"{where}.pad: {pad} is not one of the declared classes {list(classes)}; 'fit' pads masks "
                           "with it, so declare it (0, background, usually) or choose a declared id")
+    # undeclared masks are uint8 (ids up to 255): only declared ids above 255 make them uint16, as
+    # for a mask file's own ids, so a wider pad (the id 'fit' writes into the border) must be declared
+    if classes is None and pad > 255:
+        raise ConfigError(f"{where}.pad: {pad} is above 255, and with no classes declared masks are uint8 (ids "
+                          f"0-255); declare the classes with it (classes: [0, 1, ..., {pad}]: ids above 255 make "
+                          "the masks uint16) or choose a pad of 255 or less")
     return MaskConfig(column=spec["column"], classes=classes, empty=spec.get("empty", "keep"), pad=pad,
                       grid=spec.get("grid", "require"))
 

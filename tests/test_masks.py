@@ -268,6 +268,11 @@ def test_mask_settings_are_checked_when_the_job_is_read(tmp_path: Path) -> None:
     raw = _photo_set(tmp_path, [(40, 60)])
     with pytest.raises(ConfigError, match="pad: 9 is not one of the declared classes"):
         load_job(_job(tmp_path, [_photo_source(raw, pad=9)]))
+    with pytest.raises(ConfigError, match=r"mask\.pad: 300 is above 255, and with no classes declared masks are "
+                                          r"uint8.*classes: \[0, 1, \.\.\., 300\]"):
+        load_job(_job(tmp_path, [{**_photo_source(raw), "mask": {"column": "mask", "pad": 300}}]))
+    wide = load_job(_job(tmp_path, [_photo_source(raw, classes=[0, 1, 2, 3, 300], pad=300)]))
+    assert wide.sources[0].mask is not None and wide.sources[0].mask.dtype == "uint16"  # declared: uint16 masks
     masked, bare = _photo_source(raw), {**_photo_source(raw), "name": "other"}
     bare.pop("mask")
     with pytest.raises(ConfigError, match="pack masks but 'other' does not"):
