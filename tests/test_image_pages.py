@@ -482,6 +482,28 @@ def test_a_grey_alpha_tiff_composites_as_its_png_twin_or_is_refused_at_16_bits(t
     assert np.array_equal(dropped.image[0], la[:, :, 0])
 
 
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_planar_rgb_tiff_packs_as_its_interleaved_twin_or_is_refused_at_16_bits(tmp_path: Path, bits: int) -> None:
+    """A TIFF with its colour samples stored as separate planes (PlanarConfiguration 2, as
+    microscopy and GIS tools write them): OpenCV reads an 8-bit one right, but decodes a 16-bit
+    one as if its first plane held every sample, interleaved, which packed wrong pixels with no
+    bad-sample row. The 8-bit one packs as stored; the 16-bit one is unsupported, naming the fix."""
+    import tifffile
+
+    rng = np.random.default_rng(5)
+    dtype = np.uint8 if bits == 8 else np.uint16
+    planes = rng.integers(0, np.iinfo(dtype).max, (3, 12, 16), endpoint=True).astype(dtype)  # R, G, B
+    tiff = tmp_path / "planar.tif"
+    tifffile.imwrite(tiff, planes, photometric="rgb", planarconfig="separate")
+    if bits == 16:
+        issue = read_issue(tiff)
+        assert issue.reason == "unsupported" and "16-bit TIFF whose 3 samples per pixel" in issue.message
+        assert "separate planes (PlanarConfiguration 2)" in issue.message and "PlanarConfiguration 1" in issue.message
+        return
+    (sample,) = read_ok(tiff)
+    assert np.array_equal(sample.image, as_rgb_u8(np.moveaxis(planes, 0, -1)))
+
+
 ORIENTED = {1: lambda z: z, 2: np.fliplr, 3: lambda z: np.rot90(z, 2), 4: np.flipud, 5: lambda z: np.swapaxes(z, 0, 1),
             6: lambda z: np.rot90(z, -1), 7: lambda z: np.rot90(np.swapaxes(z, 0, 1), 2), 8: lambda z: np.rot90(z, 1)}
 

@@ -405,6 +405,49 @@ def test_a_tiff_mask_decodes_to_its_stored_ids_whatever_its_photometric(kind: st
     assert np.array_equal(decoded, ids), (np.unique(decoded), np.unique(ids))
 
 
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("samples", [2, 3])
+def test_a_tiff_mask_of_separate_planes_decodes_to_its_ids_or_is_refused_at_16_bits(bits: int, samples: int) -> None:
+    """A grey mask saved with its samples as separate planes (PlanarConfiguration 2: grey+alpha,
+    or RGB with equal planes): OpenCV reads an 8-bit one right, but decodes a 16-bit one as if its
+    first plane held every sample, interleaved: the grey+alpha one packed wrong ids, the RGB one
+    was refused as a colour mask, neither naming the cause. A 16-bit one is now unreadable, naming
+    the layout and the fix."""
+    import io
+
+    import tifffile
+
+    ids = block_ids(2, 3, 4).astype(np.uint8 if bits == 8 else np.uint16) * (1 if bits == 8 else 50)
+    opaque = np.full_like(ids, np.iinfo(ids.dtype).max)
+    out = io.BytesIO()
+    if samples == 2:
+        tifffile.imwrite(out, np.stack([ids, opaque]), photometric="minisblack", planarconfig="separate",
+                         extrasamples=["unassalpha"])
+    else:
+        tifffile.imwrite(out, np.stack([ids] * 3), photometric="rgb", planarconfig="separate")
+    if bits == 16:
+        with raises("mask_unreadable", "page 0", f"16-bit TIFF mask whose {samples} samples per pixel",
+                    "separate planes (PlanarConfiguration 2)", "single-channel"):
+            decode_mask(out.getvalue(), "planar.tif")
+        return
+    assert np.array_equal(decode_mask(out.getvalue(), "planar.tif"), ids)
+
+
+def test_a_16_bit_tiff_mask_that_decodes_at_8_bits_is_refused() -> None:
+    """OpenCV reads a 16-bit grey+alpha TIFF (samples interleaved) at 8 bits, through libtiff's
+    RGBA interface: ids 50..600 packed as 0..2, silently. Its precision is not the file's."""
+    import io
+
+    import tifffile
+
+    ids = block_ids(2, 3, 4).astype(np.uint16) * 50
+    out = io.BytesIO()
+    tifffile.imwrite(out, np.dstack([ids, np.full_like(ids, 65535)]), photometric="minisblack",
+                     extrasamples=["unassalpha"])
+    with raises("mask_unreadable", "16-bit TIFF mask", "only at 8 bits", "single-channel"):
+        decode_mask(out.getvalue(), "la.tif")
+
+
 @pytest.mark.parametrize("bits", [1, 2, 4])
 def test_a_low_bit_depth_grey_png_mask_decodes_to_its_stored_ids(bits: int) -> None:
     """A binary mask saved as a 1-bit PNG held ids 0 and 1; OpenCV scales such a PNG to 8 bits,

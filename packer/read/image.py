@@ -446,6 +446,8 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
       page is its colour or grey samples alone;
     - a grey+alpha page comes back as the grey alone (its alpha dropped): an 8-bit one is read
       with Pillow instead (H×W×2, grey and alpha); a 16-bit one is ``unsupported``;
+    - a page of more than 8 bits whose samples are stored as separate planes (PlanarConfiguration
+      2) is ``unsupported``: OpenCV reads its first plane as if it held every sample, interleaved;
     - any page of more than 8 bits that comes back as 8 bits (libtiff's RGBA interface, which
       OpenCV falls back on for layouts it does not read itself) is ``unsupported``: its
       precision, and its values, are not the file's (a palette page's colours excepted);
@@ -471,6 +473,12 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
         (image, by_pillow), channels = _pillow_grey_alpha(data, ifd, where), 2
     else:
         by_pillow = None
+    if layout.separate_wide:
+        raise Defect("unsupported", (
+            f"{where}: a {layout.bits}-bit TIFF whose {layout.samples} samples per pixel are stored as separate "
+            "planes (PlanarConfiguration 2), which OpenCV (packer's decoder) reads as if they were interleaved, "
+            "giving wrong pixels; export it with interleaved samples (PlanarConfiguration 1: tifffile's "
+            "planarconfig='contig', GDAL's INTERLEAVE=PIXEL) or as a 16-bit PNG"))
     if layout.bits > 8 and image.dtype.itemsize == 1 and layout.photometric != 3:  # a palette's colours are 8-bit
         raise Defect("unsupported", (
             f"{where}: a {layout.bits}-bit TIFF ({layout.samples} samples per pixel, photometric "

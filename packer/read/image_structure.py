@@ -535,19 +535,29 @@ def tiff_compressions(chain: list[Ifd]) -> set[int]:
 @dataclass(frozen=True)
 class TiffSamples:
     """How one IFD stores its samples: ``bits`` (BitsPerSample, the first), ``samples``
-    (SamplesPerPixel), ``photometric`` (PhotometricInterpretation, −1 where absent) and
-    ``extra`` (ExtraSamples: 1 associated, premultiplied alpha; 2 unassociated alpha)."""
+    (SamplesPerPixel), ``photometric`` (PhotometricInterpretation, −1 where absent),
+    ``extra`` (ExtraSamples: 1 associated, premultiplied alpha; 2 unassociated alpha) and
+    ``planar`` (PlanarConfiguration: 1 interleaved, the default; 2 one plane per sample)."""
 
     bits: int
     samples: int
     photometric: int
     extra: tuple[int, ...]
+    planar: int = 1
 
     @classmethod
     def of(cls, ifd: Ifd) -> TiffSamples:
         tags = ifd.tags
         return cls(bits=tags.get(_TIFF_BITS, (1,))[0], samples=tags.get(_TIFF_SAMPLES, (1,))[0],
-                   photometric=tags.get(_TIFF_PHOTOMETRIC, (-1,))[0], extra=tags.get(_TIFF_EXTRA_SAMPLES, ()))
+                   photometric=tags.get(_TIFF_PHOTOMETRIC, (-1,))[0], extra=tags.get(_TIFF_EXTRA_SAMPLES, ()),
+                   planar=tags.get(_TIFF_PLANAR, (1,))[0])
+
+    @property
+    def separate_wide(self) -> bool:
+        """Its samples are stored as separate planes at more than 8 bits: a layout OpenCV 5 decodes
+        as if the samples were interleaved (the first plane's values spread over all channels),
+        where it reads the same page at 8 bits, or interleaved, right."""
+        return self.planar == 2 and self.samples > 1 and self.bits > 8
 
     @property
     def premultiplied(self) -> bool:

@@ -42,6 +42,7 @@ _JPEG = b"\xff\xd8\xff"
 _TIFF_ORIENTATION = 0x0112
 _TIFF_BITS = 0x0102  # BitsPerSample
 _TIFF_PHOTOMETRIC = 0x0106  # PhotometricInterpretation: 0 WhiteIsZero, 1 BlackIsZero, 3 Palette
+_TIFF_SAMPLES, _TIFF_PLANAR = 0x0115, 0x011C  # SamplesPerPixel; PlanarConfiguration (2: one plane per sample)
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -239,7 +240,13 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
 def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
     try:
-        unoriented, bits, photometric = _unoriented_tiff(data)
+        unoriented, bits, photometric, separate = _unoriented_tiff(data)
+        if separate is not None:
+            page, wide, samples = separate
+            raise MaskError("mask_unreadable", (
+                f"{name} page {page}: a {wide}-bit TIFF mask whose {samples} samples per pixel are stored as "
+                "separate planes (PlanarConfiguration 2), which OpenCV (packer's decoder) reads as if they were "
+                "interleaved, giving wrong ids; save the mask as a single-channel (grey) TIFF or PNG, or as .npy"))
         if photometric == 3:  # palette: the stored indices are the ids (OpenCV expands them to colours)
             return _palette_tiff_indices(unoriented, name)
         ok, pages = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -247,6 +254,12 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
     if not ok or not pages:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
+    if bits > 8 and any(page.dtype.itemsize == 1 for page in pages):
+        # libtiff's RGBA interface, which OpenCV falls back on for layouts it does not read itself (a
+        # grey+alpha page), gives 8 bits: ids 300 and 2 would pack as 1 and 0
+        raise MaskError("mask_unreadable", f"{name}: a {bits}-bit TIFF mask that OpenCV (packer's decoder) reads "
+                                           "only at 8 bits, which changes its ids; save it as a single-channel "
+                                           "(grey) TIFF or PNG, or as .npy")
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
     if photometric == 0:  # WhiteIsZero: OpenCV inverts the samples for display; the ids are the stored ones
         planes = [np.iinfo(plane.dtype).max - plane if plane.dtype.kind == "u" else plane for plane in planes]
@@ -263,10 +276,13 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     return planes[0] if len(planes) == 1 else np.stack(planes)
 
 
-def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int]:
+def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None]:
     """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), the first
     IFD's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
-    the walk cannot tell) and its PhotometricInterpretation (0x0106; -1 where the walk cannot tell).
+    the walk cannot tell), its PhotometricInterpretation (0x0106; -1 where the walk cannot tell),
+    and (page, bits, samples) of the first IFD that stores more than one sample of more than 8
+    bits as separate planes (PlanarConfiguration 2), which OpenCV 5 decodes as if they were
+    interleaved (None where none does).
 
     OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
     IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
@@ -280,6 +296,7 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int]:
     offset = struct.unpack_from(order + offset_fmt, out, 8 if big else 4)[0] if len(out) >= (16 if big else 8) else 0
     seen: set[int] = set()
     bits, photometric = 0, -1
+    separate: tuple[int, int, int] | None = None
     while offset and offset not in seen and offset + count_size <= len(out):
         seen.add(offset)
         entries = int(struct.unpack_from(order + count_fmt, out, offset)[0])
@@ -289,8 +306,11 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int]:
         if len(seen) == 1 and not any(struct.unpack_from(order + "H", out, at)[0] == _TIFF_BITS
                                       for at in range(first, end, entry_size)):
             bits = 1  # BitsPerSample absent: the TIFF default, a bilevel image (as Pillow writes mode "1")
+        layout = {_TIFF_BITS: 1, _TIFF_SAMPLES: 1, _TIFF_PLANAR: 1}  # this IFD's, the TIFF defaults where absent
         for at in range(first, end, entry_size):
             tag, kind = struct.unpack_from(order + "HH", out, at)
+            if tag in layout and kind == 3:
+                layout[tag] = _first_short(out, order, at, offset_fmt, offset_size)
             if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
                 struct.pack_into(order + "H", out, at + 4 + offset_size, 1)
             elif tag == _TIFF_BITS and kind == 3 and len(seen) == 1:  # the first IFD's, held inline
@@ -299,8 +319,21 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int]:
                     bits = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
             elif tag == _TIFF_PHOTOMETRIC and kind == 3 and len(seen) == 1:
                 photometric = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
+        if separate is None and layout[_TIFF_PLANAR] == 2 and layout[_TIFF_SAMPLES] > 1 and layout[_TIFF_BITS] > 8:
+            separate = (len(seen) - 1, layout[_TIFF_BITS], layout[_TIFF_SAMPLES])
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
-    return bytes(out), bits, photometric
+    return bytes(out), bits, photometric, separate
+
+
+def _first_short(out: bytearray, order: str, at: int, offset_fmt: str, offset_size: int) -> int:
+    """The first value of the SHORT IFD entry at byte ``at``: held inline, or at the offset the
+    entry holds where its values do not fit (an RGB page's three BitsPerSample); 0 where that
+    lies past the end of the file."""
+    count = int(struct.unpack_from(order + offset_fmt, out, at + 4)[0])
+    where = at + 4 + offset_size
+    if 2 * count > offset_size:
+        where = int(struct.unpack_from(order + offset_fmt, out, where)[0])
+    return int(struct.unpack_from(order + "H", out, where)[0]) if where + 2 <= len(out) else 0
 
 
 def _palette_tiff_indices(data: bytes, name: str) -> np.ndarray:
