@@ -127,7 +127,9 @@ class CachedChunk:
 #: frame on a slice the export lacks says so (the records and notes a unit's result holds); 38:
 #: Dose Grid Scaling scales RT Dose alone, and modality values past float16's range are non_finite;
 #: 39: a sample is ``blank`` when each channel is flat on its own (one colour: a tinted slide
-#: background), not only when every channel holds one value.
+#: background), not only when every channel holds one value; a TIFF page or mask of more than 8
+#: bits stored as separate planes is refused (OpenCV read it as interleaved), and so is a 16-bit
+#: TIFF mask OpenCV hands back at 8 bits.
 CACHE_FORMAT = 39
 
 
