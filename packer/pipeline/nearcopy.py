@@ -1127,6 +1127,7 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
     rival = np.zeros(len(passed), dtype=np.float64)
     if max_ratio is None or len(passed) == 0:
         return rival
+    cap = max_ratio
     n = len(groups)
     pair_key = (candidates.i.astype(np.int64) << 32) | candidates.j.astype(np.int64)  # ascending
     # every candidate from both sides, sorted: made while the client holds the most of a build
@@ -1152,6 +1153,39 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
         if forward is None or key not in reverse:
             return forward
         return max(forward, reverse[key])
+
+    def copies_a_mate(p: int, sp: float, x: int, other: int, decides: bool,
+                      turned: list[tuple[int, int]] | None) -> bool:
+        """Whether ``p`` (of a third entity; ``sp``: its score with ``x``) is a copy of another
+        sample of the pair's own two entities (a mate of ``x`` or of ``other``) that it resembles
+        more than ``x``, so that its resemblance to ``x`` is the mate's: one image of the patient
+        exported again under a third entity is no independent look-alike, as the mate itself is
+        none. A copy stands out: its score with the mate is at least ``min_score`` and keeps at
+        most ``max_ratio`` of the disagreement of ``p``'s best candidate among every other entity
+        (none: it stands out). A look-alike among look-alikes has such a candidate and stays a
+        rival, and so does a copy of ``x`` itself. Where the mate's check would decide the link,
+        verified one way round only, it is verified the other way too (``turned``)."""
+        own = (groups[x], groups[other], groups[p])
+        mate, mate_score, outside = -1, -1.0, 0.0
+        for at in range(int(starts[p]), int(starts[p + 1])):  # the best first
+            q = int(b[at])
+            if groups[q] not in own:
+                outside = float(s[at])
+                break
+        for at in range(int(starts[p]), int(starts[p + 1])):
+            q = int(b[at])
+            if q in (x, other) or groups[q] == groups[p] or groups[q] not in own:
+                continue
+            got = scored(p, q)
+            if got is not None and got > mate_score:
+                mate, mate_score = q, got
+        if mate < 0:
+            return False
+        stands_out = mate_score >= max(min_score, sp) and residual_ratio(mate_score, outside) <= cap
+        if (not stands_out and decides and turned is not None
+                and ((min(p, mate) << 32) | max(p, mate)) not in reverse):
+            turned.append((p, mate))  # it would decide: verify the other order too
+        return bool(stands_out)
 
     def rivals(k: int, missing: list[tuple[int, int]] | None,
                turned: list[tuple[int, int]] | None = None) -> float:
@@ -1179,6 +1213,9 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
                 if (turned is not None and copy_of_other is not None and copy_of_other < min_score
                         and sp > bound and ((min(p, other) << 32) | max(p, other)) not in reverse):
                     turned.append((p, other))  # it would decide: verify the other order too
+                if (copy_of_other is None or copy_of_other < min_score) and copies_a_mate(
+                        p, sp, x, other, sp > bound, turned):
+                    continue  # a copy of the pair's own patient's other image: no rival, as that image is none
                 # a look-alike of x that is no copy of the other side (or, never verified with it, one
                 # that scores too low to decide: reported as the rival, it cannot reject the link)
                 if copy_of_other is None or copy_of_other < min_score:
