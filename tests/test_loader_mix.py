@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,6 +211,23 @@ def test_members_transform_applies_to_its_own_samples(manifests: dict[str, Path]
     b = ShardDataset(manifests["b"], "train", transform=lambda image: image.float() + 1000)
     for item in MixedDataset([(a, 1), (b, 1)], names=["a", "b"]):
         assert (item["image"] == 0).all() if item["key"].startswith("a/") else (item["image"] >= 1000).all()
+
+
+def test_members_transforms_draw_under_the_mixes_seed_independently_per_member(manifests: dict[str, Path]) -> None:
+    """The mix's seed replaces the members' own for their transforms as for their order: the
+    augmentations followed each member's seed, and changing the mix's seed changed none of them."""
+    def draws(mix_seed: int, member_seed: int) -> dict[str, float]:
+        members = [(ShardDataset(manifests["c"], "train", seed=member_seed,
+                                 transform=lambda image: torch.rand(1)), 1.0) for _ in range(2)]
+        return {item["key"]: float(item["image"]) for item in MixedDataset(members, names=["c", "c2"], seed=mix_seed)}
+
+    first = draws(1, 0)
+    assert len(first) == 26  # both members read whole: every sample id of c once in each
+    assert draws(1, 5) == first, "a member's own seed must not decide its draws in a mix"
+    other = draws(2, 0)
+    assert all(other[key] != value for key, value in first.items()), "the mix's seed decides the draws"
+    # one sample id in two members: independent draws, as the members' orders are
+    assert all(first[f"c/{key[3:]}"] != value for key, value in first.items() if key.startswith("c2/"))
 
 
 def test_incompatible_members_are_refused_by_name(manifests: dict[str, Path], tmp_path: Path) -> None:

@@ -639,11 +639,15 @@ class ShardDataset(PlannedDataset):
     def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:
         return self.to_item(order.epoch, sample_id, decoded)
 
-    def to_item(self, epoch: int, sample_id: int, decoded: Decoded) -> Item:
-        """Tensors for one decoded sample; ``transform`` applied under a per-sample seed."""
+    def to_item(self, epoch: int, sample_id: int, decoded: Decoded, *, seed: int | None = None) -> Item:
+        """Tensors for one decoded sample; ``transform`` applied under a per-sample seed.
+
+        ``seed``: the seed the transform draws under, with ``epoch`` and ``sample_id``; None is this
+        dataset's own. A :class:`~packer.loader.MixedDataset` passes one derived from the mix's seed,
+        which replaces its members' own."""
         image = torch.from_numpy(decoded.image)
         if self.transform is not None:
-            with seeded_rng(derive_seed(self.seed, epoch, sample_id)):
+            with seeded_rng(derive_seed(self.seed if seed is None else seed, epoch, sample_id)):
                 image = self.transform(image)
         item: Item = {"image": image, "key": decoded.key}
         if decoded.label is not None:

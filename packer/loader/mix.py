@@ -42,7 +42,8 @@ sample shapes differ meet the collate rules of one mixed-shape dataset (``collat
 names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
 
 Each member's ``transform`` and ``shuffle_buffer`` apply to its own samples; the mix's
-``seed``, ``shuffle``, ``uneven`` and ``on_error``/``max_skipped`` replace the members' own
+``seed`` (each member's order and ``transform`` draws, distinct per member), ``shuffle``, ``uneven``
+and ``on_error``/``max_skipped`` replace the members' own
 (the members are read through the mix, not on their own). Ranks are the mix's: a member given
 another ``rank``/``world_size`` than the mix's is refused (ConfigError), so that an explicit
 rank given to the members only cannot silently hand every rank the whole mix.
@@ -174,10 +175,15 @@ class MixedDataset(PlannedDataset):
                 "shuffle": self.shuffle}
 
     # -- the order ---------------------------------------------------------------------
+    def _member_seed(self, i: int) -> int:
+        """Member ``i``'s seed under the mix: the mix's seed, not the member's own, and distinct per
+        member, so two members' orders and transform draws for the same sample id are independent."""
+        return derive_seed(self.seed, i)
+
     def _member_order(self, i: int, epoch: int, npass: int) -> EpochOrder:
         member = self.members[i]
         key = derive_seed(epoch, npass) & 0x7FFF_FFFF_FFFF_FFFF if npass else epoch
-        return epoch_order(member._counts, seed=derive_seed(self.seed, i), epoch=key, shuffle=self.shuffle,
+        return epoch_order(member._counts, seed=self._member_seed(i), epoch=key, shuffle=self.shuffle,
                            buffer=member.shuffle_buffer)
 
     def _make_order(self, epoch: int) -> MixOrder:
@@ -226,7 +232,9 @@ class MixedDataset(PlannedDataset):
     def _item(self, order: EpochOrder, sample_id: int, decoded: Decoded) -> Item:
         assert isinstance(order, MixOrder)
         i, npass = int(order.member[sample_id]), int(order.passes[sample_id])
-        item = self.members[i].to_item(order.orders[i][npass].epoch, int(order.local[sample_id]), decoded)
+        # the pass's epoch key: a sample repeated in another pass of one epoch draws afresh
+        item = self.members[i].to_item(order.orders[i][npass].epoch, int(order.local[sample_id]), decoded,
+                                       seed=self._member_seed(i))
         item["key"] = f"{self.names[i]}/{item['key']}"
         remap = self._label_remap[i]
         if remap is not None and "label" in item:
