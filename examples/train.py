@@ -88,7 +88,8 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--split", default="train", help="the split to train on (default: %(default)s)")
     parser.add_argument("--sources", type=lambda text: [s for s in text.split(",") if s],
                         help="train on these sources only (comma-separated names, as in the job file)")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the split (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive, default=2,
+                        help="passes over the split (N >= 1; default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=batch_size,
                         help="samples a step, on each rank under torchrun (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2,
@@ -102,18 +103,30 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     parser.add_argument("--save-every", type=positive, default=100, help="checkpoint every N steps (N >= 1)")
-    parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps in total (0: no limit)")
+    parser.add_argument("--max-steps", type=non_negative, default=0,
+                        help="stop after N steps in total (N >= 0; 0: no limit)")
     return parser.parse_args(argv)
 
 
 def positive(text: str) -> int:
-    """An integer of at least 1 (``--save-every``: a step count to divide by)."""
+    """An integer of at least 1 (``--save-every``: a step count to divide by; ``--epochs``: 0 or
+    fewer trained nothing and exited 0, as if it had trained)."""
+    return _at_least(text, 1)
+
+
+def non_negative(text: str) -> int:
+    """An integer of at least 0 (``--max-steps``, where 0 is no limit: a negative count stopped
+    the run after its first step, as if it were a limit of 1)."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {value}")
     return value
 
 

@@ -289,12 +289,15 @@ def test_the_prepared_gpu_check_runs_every_step_on_the_cpu(manifest, tmp_path):
 
 @pytest.mark.parametrize(("option", "said"), [
     (["--save-every", "0"], "--save-every: expected an integer of at least 1"),
+    (["--max-steps", "-1"], "--max-steps: expected an integer of at least 0, got -1"),
+    (["--epochs", "0"], "--epochs: expected an integer of at least 1, got 0"),
     (["--device", "bogus"], "'bogus' is not a torch device"),
     (["--device", "cuda:7"], "'cuda:7': "),
 ])
 def test_example_refuses_a_wrong_option_value_with_exit_2(manifest, option, said, capsys):
     """--save-every 0 was a ZeroDivisionError, --device bogus or cuda without CUDA a RuntimeError:
-    tracebacks, exit 1, where the docstring promises exit 2 for a wrong option."""
+    tracebacks, exit 1, where the docstring promises exit 2 for a wrong option. --max-steps -1 trained
+    one step and --epochs 0 none, both exiting 0 as if the run had done what was asked."""
     example = load_example()
     with pytest.raises(SystemExit) as stopped:
         example.main(["--manifest", str(manifest.parent), "--epochs", "1", *option])
