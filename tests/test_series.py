@@ -188,6 +188,31 @@ def test_a_one_slice_volume_records_the_depth_its_header_gives(
     assert any("depth spacing of 1 mm is assumed" in w for w in record["metadata"].get("warnings", ())) is warned
 
 
+
+@pytest.mark.parametrize(("orientation", "spacing", "axis", "mm"), [
+    ([1, 0, 0, 0, 1, 0], None, 0, 1.0),
+    ([0, 1, 0, 0, 0, -1], None, 2, 1.0),
+    ([1, 0, 0, 0, 1, 0], [0.5, 1.0, 1.0], 0, 0.5),
+], ids=["axial", "sagittal", "axial-resampled"])
+def test_a_one_slice_volumes_assumed_depth_warning_names_the_affine_column_that_holds_it(
+        tmp_path: Path, orientation: list[int], spacing: list[float] | None, axis: int, mm: float) -> None:
+    """The warning for an assumed 1 mm depth points at where the record holds it: the affine maps
+    voxel (d, h, w), so an axial slice's depth is its first column (it said the third, which is
+    the Pixel Spacing), and a sagittal slice, made canonical, has its normal along w (the third)."""
+    raw = tmp_path / "raw"
+    _ct(raw, "P0/s0.dcm", "P0", seed=1, SliceThickness=None, ImageOrientationPatient=orientation)
+    sample: Any = {"volume": {"spacing": spacing}} if spacing else "volume"
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": sample,
+                                    "series": {"min_slices": 1}}})
+    (record,) = _records(_build(job)).values()
+    volume = record["metadata"]["volume"]
+    (warning,) = [w for w in record["metadata"]["warnings"] if "depth spacing of 1 mm is assumed" in w]
+    column = ("first", "second", "third")[axis]
+    assert f"the affine's {column} column and volume.spacing[{axis}] say {mm:g} mm" in warning
+    assert np.linalg.norm(np.array(volume["affine"])[:3, axis]) == pytest.approx(mm)
+    assert volume["spacing"][axis] == pytest.approx(mm)
+
 def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     """A multi-frame object has its orientation but no per-frame positions: say that, not
     "no Image Position or Image Orientation"."""

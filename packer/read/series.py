@@ -40,7 +40,7 @@ import numpy as np
 from packer.config import DicomTransformConfig, SeriesConfig
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.volume import build_volume, resampled_shape, stack_affine
+from packer.transform.volume import build_volume, canonical_order, resampled_shape, stack_affine
 
 #: Two orientations agree when every cosine differs by at most this (DS values are rounded
 #: to 16 characters; dcm2niix uses 1e-4).
@@ -465,9 +465,16 @@ def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, in
     return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
 
 
-#: A volume's warning where its series is one slice whose header gives no depth
-ONE_SLICE_DEPTH = ("one slice without Spacing Between Slices or Slice Thickness: its depth spacing of 1 mm is "
-                   "assumed (the affine's third column and volume.spacing[0] say 1 mm)")
+def one_slice_depth_note(axis: int, spacing: float) -> str:
+    """A volume's warning where its series is one slice whose header gives no depth: the 1 mm
+    assumed, and where the record holds it. The slice's normal is the stack's D, but the volume
+    is made canonical, so a sagittal or coronal slice's normal ends on another voxel axis
+    (``axis``: 0, 1, 2 for d, h, w; ``metadata.volume.affine``'s column of that index), whose
+    ``spacing`` is 1 mm unless ``volume.spacing`` resampled it."""
+    held = "say 1 mm" if abs(spacing - 1.0) < 1e-6 else f"say {spacing:g} mm, resampled from it"
+    return (f"one slice without Spacing Between Slices or Slice Thickness: its depth spacing of 1 mm is assumed "
+            f"(along the slice's normal, voxel axis {'dhw'[axis]}: the affine's {('first', 'second', 'third')[axis]} "
+            f"column and volume.spacing[{axis}] {held})")
 
 #: How a slice's ``metadata.warnings`` says it is constant, packed as its series' context (the
 #: build counts these notes: the manifest's ``inputs.constant_slices``)
@@ -510,7 +517,8 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     metadata = {**first.metadata, "volume": about}
     warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
     if series.depth_assumed:
-        warnings.append(ONE_SLICE_DEPTH)
+        axis = canonical_order(series.affine()).index(0)  # the output axis the stack's D became
+        warnings.append(one_slice_depth_note(axis, volume.spacing[axis]))
     if warnings:
         metadata["warnings"] = warnings
     metadata.pop("frame", None)
