@@ -171,6 +171,27 @@ def test_a_volume_over_max_voxels_is_refused_before_decoding(tmp_path: Path) -> 
     assert json.loads(result.manifest_path.read_text())["inputs"]["samples"] == 1
 
 
+
+@pytest.mark.parametrize(("spacing", "limit", "over", "advice", "not_advised"), [
+    ([6.0, 2.0, 2.0], 1000, "stacks to 7×16×16 = 1792 voxels, over limits.max_voxels (1000)",
+     "raise the limit", "coarser spacing"),
+    ([1.5, 0.25, 0.25], 5000, "resampled to transform.dicom.sample.volume.spacing it is 14×32×32 = 14336, over it",
+     "resample to a coarser spacing", None),
+], ids=["stacked-over", "resampled-over"])
+def test_a_too_large_volume_says_which_size_is_over_and_only_advice_that_can_fix_it(
+        tmp_path: Path, spacing: list[float], limit: int, over: str, advice: str, not_advised: str | None) -> None:
+    """limits.max_voxels holds a series as stacked and after resampling: where the stacked size is
+    over, a coarser spacing cannot bring it under (the record advised one, even with the job
+    already resampling far under the limit); where only the resampled size is over, it can."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=6, slices=7)  # 7 slices of 16×16, 3 mm apart at 0.5 mm
+    result = _build(_volume_job(tmp_path, raw, {"volume": {"spacing": spacing}}, limits={"max_voxels": limit}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert len(records) == 7 and {r["reason"] for r in records} == {"too_large"}
+    message = records[0]["message"]
+    assert over in message and advice in message
+    assert not_advised is None or not_advised not in message
+
 def test_a_series_without_pixel_spacing_is_no_volume(tmp_path: Path) -> None:
     """A volume's affine and spacing are in mm: a series whose slices give no Pixel Spacing has no
     in-plane mm to put there (packing it at an assumed 1 mm would record invented geometry and

@@ -345,6 +345,22 @@ def _without_held(series: Sequence[Series], images: Sequence[tuple[SampleRef, An
     return kept
 
 
+def _over_max_voxels(stacked: tuple[int, int, int], resampled: tuple[int, int, int], job: JobConfig) -> str:
+    """Which size of a series' volume is over ``limits.max_voxels``, and only the fixes that can
+    bring it under: the limit holds the series as stacked as well as resampled, so where the
+    stacked size is over, no spacing helps (coarser spacing was advised there, and cannot work)."""
+    limit = job.limits.max_voxels
+    stacked_voxels, resampled_voxels = int(np.prod(stacked)), int(np.prod(resampled))
+    if stacked_voxels > limit:
+        also = "" if resampled == stacked else f" (resampled, {'×'.join(map(str, resampled))} = {resampled_voxels})"
+        return (f"stacks to {'×'.join(map(str, stacked))} = {stacked_voxels} voxels, over limits.max_voxels "
+                f"({limit}), which holds a series as stacked, before any resampling{also}; no spacing changes "
+                "the stacked size: raise the limit, or pack slices (sample: slice or {neighbors: k})")
+    return (f"stacks to {'×'.join(map(str, stacked))} = {stacked_voxels} voxels, under limits.max_voxels ({limit}), "
+            f"but resampled to transform.dicom.sample.volume.spacing it is {'×'.join(map(str, resampled))} = "
+            f"{resampled_voxels}, over it; resample to a coarser spacing, or raise the limit")
+
+
 class DicomSeries(Grouping):
     """DICOM files grouped into series (:mod:`packer.read.series`) for ``sample: {neighbors: k}``
     and ``sample: volume``, and in every sample mode for masks from the source's own SEG and
@@ -399,9 +415,7 @@ class DicomSeries(Grouping):
                 fits.append(series)
                 continue
             refused.extend(Issue.of(ref, stage="read", reason="too_large", message=(
-                f"{ref.path}: its series ({len(series.refs)} files) makes a {'×'.join(map(str, shape))} volume "
-                f"({'×'.join(map(str, resampled))} resampled): {worst} voxels, over limits.max_voxels "
-                f"({job.limits.max_voxels}); raise the limit or resample to a coarser spacing"))
+                f"{ref.path}: its series ({len(series.refs)} files) {_over_max_voxels(shape, resampled, job)}"))
                 for ref in series.refs)
         masks = annotated_sources(job)
         if not masks:
