@@ -7,6 +7,7 @@ mask is uniform around a pixel, the image value there is a function of the mask 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +363,29 @@ def test_an_unlabelled_dicom_source_takes_its_masks_from_its_table(tmp_path: Pat
     items = _aligned_train_items(result.manifest_path, 3)
     assert all("label" not in item for item in items)  # an unlabeled dataset's items hold no label
 
+
+
+@pytest.mark.parametrize("sample", [{"neighbors": 1, "edge": "replicate"}, "volume"], ids=["neighbors", "volume"])
+def test_a_dicom_table_mask_is_per_slice_only_and_the_readme_says_so(tmp_path: Path, sample: Any) -> None:
+    """Neighbour stacks and volumes are built from series, and a DICOM file's table mask is
+    packed per slice only: the job is refused before anything is read. The README said such a
+    mask goes "to every sample, with any target kind" and never said this; it now says so where
+    it describes table masks and where it describes stacks and volumes, quoting the error."""
+    from tests.demo_version import REPO
+
+    raw = _ct_set(tmp_path, frames=1)
+    source = {"kind": "dicom", "root": str(raw), "labels": str(raw / "labels.csv"), "label": "none",
+              "mask": {"column": "mask", "classes": [0, 1, 2, 3]}}
+    with pytest.raises(ConfigError, match="mask: {from: dicom}") as refused:
+        load_job(_job(tmp_path, [source], transform={"dicom": {"windows": ["lung"], "sample": sample}}))
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table_masks = " ".join(readme.split("A source's `mask: {column: mask", 1)[1].split("\n#### ", 1)[0].split())
+    series = " ".join(readme.split("\n### Series: 2.5D neighbour stacks", 1)[1].split("\n### ", 1)[0].split())
+    for section in (table_masks, series):
+        assert "packed per slice only" in section and "`mask: {from: dicom}`" in section
+        assert "`sample: {neighbors: k}`" in section and "`volume`" in section
+    quoted = re.search(r"exit 2: `([^`]+)`", table_masks)
+    assert quoted is not None and quoted[1] in " ".join(str(refused.value).split())
 
 def test_a_mask_whose_header_claims_another_size_is_refused_before_it_is_decoded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
