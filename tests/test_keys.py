@@ -158,7 +158,7 @@ def test_locate_refuses_a_tile_key_the_job_cannot_make(tmp_path: Path, tiled: bo
 
 def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
     """Frames come from DICOM and NIfTI files, never from an image: '<png id>-f0001' is no
-    sample of the job (exit 2), while the same image's page and tile keys are located."""
+    sample of the job (exit 2), while the same image's tile keys are located."""
     job = _job(tmp_path, tiled=True)
     keys = _reader_keys(job)
     file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith("photo.png"))
@@ -166,6 +166,39 @@ def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert f"{file_id}-f0001: no sample of" in result.output, result.output
     assert "is an image file of the job, and only DICOM and NIfTI files have frames" in result.output
+
+
+def test_locate_refuses_a_page_key_of_a_png_or_jpeg_deciding_by_the_files_signature(tmp_path: Path) -> None:
+    """Only a TIFF has pages (README: every page of a multi-page TIFF is a sample, keyed
+    <id>-p00000): a page key, or a page's tile key, of a PNG or a JPEG is no sample of the job
+    (exit 2), as a frame of a photo is not. The reader takes a file's format from its signature,
+    not its name, and so does locate: the pages of a multi-page TIFF named .png are located.
+    Before, any image file's page keys were located (exit 0)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    cv2.imwrite(str(raw / "photo.png"), _texture(1, 64, 64))
+    cv2.imwrite(str(raw / "photo.jpg"), cv2.cvtColor(_texture(2, 64, 64), cv2.COLOR_GRAY2BGR))
+    ok, encoded = cv2.imencodemulti(".tiff", [_texture(page, 64, 64) for page in range(2)])
+    assert ok
+    (raw / "stack-named.png").write_bytes(encoded.tobytes())
+    doc = {"name": "pages", "sources": [{"kind": "image", "root": str(raw), "label": "none"}],
+           "split": {"by": "entity", "seed": 1}, "transform": {"image": {"tile": {"size": [32, 32]}}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    job = write_job(tmp_path, doc)
+    keys = _reader_keys(job)
+    assert any(parse_key(key).page == 1 for key, path in keys.items() if path.endswith("stack-named.png"))
+    located = CliRunner().invoke(main, ["locate", str(job), *keys])
+    assert located.exit_code == 0, located.output
+    for name, fmt in (("photo.png", "PNG"), ("photo.jpg", "JPEG")):
+        file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith(name))
+        assert file_id + "-t00000_00000" in keys and not any(parse_key(key).page is not None for key in keys
+                                                              if key.startswith(file_id))
+        for key in (file_id + "-p00001", file_id + "-p00000-t00000_00000"):
+            result = CliRunner().invoke(main, ["locate", str(job), key])
+            assert result.exit_code == 2, (key, result.output)
+            assert f"{key}: no sample of" in result.output, result.output
+            assert (f"{file_id} is an image file of the job, and only TIFF files have pages (-pNNNNN): by its first "
+                    f"bytes it is a {fmt} file") in result.output, result.output
 
 
 def test_a_keys_source_is_read_from_its_file_id_whatever_its_suffix() -> None:

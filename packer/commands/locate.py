@@ -36,7 +36,8 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     \b
     Its output names raw paths: keep it local. Exits 2 when a key's file id is no file's of this
     job (another job's sample, or the dataset was built with another PHI key), or names a part
-    its file cannot have (a frame of a photo, a tile the job does not cut), saying which; how many
+    its file cannot have (a frame of a photo, a page of a PNG or JPEG: only a TIFF has pages, by its
+    first bytes, as the reader tells formats; a tile the job does not cut), saying which; how many
     frames or pages the file holds is not checked (nothing is decoded).
     """
     from packer.config import load_job

@@ -56,6 +56,7 @@ from packer.progress import Progress, stage_progress
 from packer.read.kinds import SourceKind, source_kind
 from packer.records import Excluded, Issue, SampleRef, safe_key
 from packer.redact import note_names
+from packer.storage import is_url
 from packer.where import failed
 
 
@@ -1320,36 +1321,62 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     for left_out in found.excluded:  # and so are files left out on purpose (filtered, not in the table)
         files.setdefault(left_out.sample_id, left_out.path)
     out: dict[str, str | None] = {}
+    heads: dict[str, bytes] = {}
     for key in keys:
         parts = parse_key(key)
-        made = parts.file_id not in kinds or _makes_part(job, kinds[parts.file_id], parts)
+        kind = kinds.get(parts.file_id)
+        head = b""
+        if kind is not None and parts != KeyParts(parts.file_id) and source_kind(kind).key_head_bytes:
+            if parts.file_id not in heads:  # a file's format decides its parts (a page only of a TIFF)
+                heads[parts.file_id] = _file_head(files[parts.file_id], source_kind(kind).key_head_bytes,
+                                                  storage_options)
+            head = heads[parts.file_id]
+        made = kind is None or _makes_part(job, kind, parts, head)
         out[key] = files.get(key) or (files.get(parts.file_id) if made else None)
-        if out[key] is None and not made and refused is not None:
-            refused[key] = _unmade_part(job, kinds[parts.file_id], parts)
+        if out[key] is None and not made and refused is not None and kind is not None:
+            refused[key] = _unmade_part(job, kind, parts, head)
     return out
 
 
-def _unmade_part(job: JobConfig, kind: str, parts: KeyParts) -> str:
-    """Why a ``kind`` file of ``job`` makes no sample of the part ``parts`` names (see :func:`_makes_part`)."""
+def _file_head(path: str, size: int, storage_options: Mapping[str, Any] | None) -> bytes:
+    """The first ``size`` bytes of the raw file at ``path`` (a local path or a URL: one ranged
+    read), ``b""`` where it cannot be read, as the reader would find it unreadable."""
+    if not is_url(path):
+        return _read_head(path, size)
+    folder, name = path.rsplit("/", 1)
+    return read_heads(folder, [name], size, storage_options)[0]
+
+
+def _unmade_part(job: JobConfig, kind: str, parts: KeyParts, head: bytes = b"") -> str:
+    """Why a ``kind`` file of ``job`` whose first bytes are ``head`` makes no sample of the part
+    ``parts`` names (see :func:`_makes_part`)."""
     maker = source_kind(kind)
+    made, fmt = maker.file_key_parts(head), maker.file_format(head)
     what = f"{parts.file_id} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} file of the job"
-    if parts.frame is not None and "frame" not in maker.key_parts:
+    if parts.frame is not None and "frame" not in made:
         return f"{what}, and only DICOM and NIfTI files have frames (-fNNNN)"
-    if parts.page is not None and "page" not in maker.key_parts:
-        return f"{what}, and only image files have pages (-pNNNNN)"
-    if "tile" not in maker.key_parts:
+    if maker.key_head_bytes and not made:
+        return (f"{what}, but its first bytes are no format its reader reads (or it cannot be read): it makes no "
+                f"sample, and its bad-sample record is keyed {parts.file_id}")
+    if parts.page is not None and "page" not in made:
+        said = "" if fmt is None else (f": by its first bytes it is a {fmt} file, a single image, so its keys carry no "
+                                     "-pNNNNN")
+        return f"{what}, and only TIFF files have pages (-pNNNNN){said}"
+    if "tile" not in made:
         return f"{what}, and only image files are cut into tiles (-tRRRRR_CCCCC)"
     return (f"{parts.file_id} is a file of the job, but the job cuts no tile at that top-left pixel (its "
             "transform.image.tile size and stride, or no tiles at all); the sample of the whole file is "
             f"{parts.file_id}{'' if parts.page is None else f'-p{parts.page:05d}'}")
 
 
-def _makes_part(job: JobConfig, kind: str, parts: KeyParts) -> bool:
-    """Whether a file of ``kind`` can make the part ``parts`` names under ``job``: its kind's
-    :attr:`~packer.read.kinds.SourceKind.key_parts` (frames from DICOM and NIfTI files, pages and
-    tiles from images: :func:`packer.keys.make_key`), a tile only where the job cuts it."""
+def _makes_part(job: JobConfig, kind: str, parts: KeyParts, head: bytes = b"") -> bool:
+    """Whether a file of ``kind`` whose first bytes are ``head`` can make the part ``parts``
+    names under ``job``: the parts its format gives keys
+    (:meth:`~packer.read.kinds.SourceKind.file_key_parts`: frames from DICOM and NIfTI files,
+    tiles from images, pages from TIFF images alone: :func:`packer.keys.make_key`), a tile only
+    where the job cuts it."""
     maker = source_kind(kind)
-    if (parts.frame is not None and "frame" not in maker.key_parts) or (
-            parts.page is not None and "page" not in maker.key_parts):
+    made = maker.file_key_parts(head)
+    if (parts.frame is not None and "frame" not in made) or (parts.page is not None and "page" not in made):
         return False
-    return parts.tile is None or ("tile" in maker.key_parts and maker.makes_tile(job, parts.tile))
+    return parts.tile is None or ("tile" in made and maker.makes_tile(job, parts.tile))

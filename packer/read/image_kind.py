@@ -23,6 +23,7 @@ from packer.config import (
     parse_size,
 )
 from packer.errors import ConfigError
+from packer.read.image_structure import sniff_format
 from packer.read.kinds import Probed, RangedFile, SourceKind, register
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
@@ -69,6 +70,21 @@ class ImageKind(SourceKind):
             return False
         size = job.image.size
         return size is None or (row + height <= size[0] and col + width <= size[1])
+
+    #: A file's signature decides its format (:func:`~packer.read.image_structure.sniff_format`),
+    #: as the reader decides it, not its suffix: only a TIFF has pages
+    key_head_bytes = 16
+
+    def file_key_parts(self, head: bytes) -> frozenset[str]:
+        """Pages and tiles of a TIFF, tiles of a PNG, JPEG or BMP (one page each), nothing of a
+        file whose signature is none of them: the reader makes it no sample but its bad-sample
+        record, keyed by the file id."""
+        fmt = sniff_format(head)
+        return frozenset() if fmt is None else frozenset({"page", "tile"} if fmt == "tiff" else {"tile"})
+
+    def file_format(self, head: bytes) -> str | None:
+        fmt = sniff_format(head)
+        return None if fmt is None else fmt.upper()
     always_recorded = True
     looked_for = f"files named *{', *'.join(IMAGE_SUFFIXES)}"
 

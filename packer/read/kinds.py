@@ -137,10 +137,25 @@ class SourceKind:
     #: (:func:`packer.keys.make_key`): ``frame`` (a frame or slice of a file), ``page``, ``tile``
     key_parts: ClassVar[frozenset[str]] = frozenset()
 
+    #: How many first bytes of a file :meth:`file_key_parts` and :meth:`file_format` look at (0:
+    #: the kind alone tells which parts its files' keys carry)
+    key_head_bytes: ClassVar[int] = 0
+
     def makes_tile(self, job: JobConfig, tile: tuple[int, int]) -> bool:
         """Whether a file of this kind can make the tile whose top-left pixel is ``tile``
         under ``job`` (``packer locate`` refuses keys no reader makes). None are tiled here."""
         return False
+
+    def file_key_parts(self, head: bytes) -> frozenset[str]:
+        """The parts the sample keys of one file of this kind may carry, where its format (from
+        its first :attr:`key_head_bytes` bytes, ``head``) decides them, as a TIFF alone has
+        pages: :attr:`key_parts` here, whatever the file."""
+        return self.key_parts
+
+    def file_format(self, head: bytes) -> str | None:
+        """The format a file of this kind is in as its reader tells it from ``head`` (``PNG``),
+        for messages; None where the kind has one format or the head names none."""
+        return None
 
     # -- listing (client) -------------------------------------------------------------------
     def lists(self, suffix: str) -> bool | None:
