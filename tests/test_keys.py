@@ -156,6 +156,32 @@ def test_locate_refuses_a_tile_key_the_job_cannot_make(tmp_path: Path, tiled: bo
     assert "another PHI key" not in result.output
 
 
+@pytest.mark.parametrize(("tiled", "name", "suffix", "named"), [
+    (True, "photo.png", "-t00000_00007", "-t00000_00000"),
+    (True, "photo.png", "-t00047_00031", "-t00032_00000"),
+    (True, "stack.tiff", "-p00001-t00016_00070", "-p00001-t00000_00064"),
+    (False, "photo.png", "-t00000_00000", ""),
+], ids=["off-the-stride-col", "off-the-stride-both", "a-pages-tile", "untiled-job"])
+def test_locate_names_a_key_the_dataset_has_for_a_tile_the_job_does_not_cut(
+        tmp_path: Path, tiled: bool, name: str, suffix: str, named: str) -> None:
+    """Refusing a tile key off the job's grid, locate points to a key of that file the dataset
+    does have: in a tiled job the grid's tile at or above and left of the pixel asked for, never
+    the file id, which a tiled job packs no sample under. Before, it said "the sample of the
+    whole file is <id>" in a tiled job too."""
+    job = _job(tmp_path, tiled=tiled)
+    keys = _reader_keys(job)
+    file_id = next(parse_key(key).file_id for key, path in keys.items() if path.endswith(name))
+    result = CliRunner().invoke(main, ["locate", str(job), file_id + suffix])
+    assert result.exit_code == 2, result.output
+    assert file_id + named in keys
+    if tiled:
+        assert file_id not in keys
+        assert f"that pixel is the top-left one of {file_id + named}" in result.output, result.output
+        assert "the sample of the whole file" not in result.output
+    else:
+        assert f"its samples of this file are keyed {file_id}" in result.output, result.output
+
+
 def test_locate_refuses_a_frame_key_of_an_image_file(tmp_path: Path) -> None:
     """Frames come from DICOM and NIfTI files, never from an image: '<png id>-f0001' is no
     sample of the job (exit 2), while the same image's tile keys are located."""

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from packer.config import MAPPING_JOB, JobConfig, SourceConfig
 from packer.errors import ConfigError
-from packer.keys import KeyParts, parse_key
+from packer.keys import KeyParts, make_key, parse_key
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
@@ -1349,7 +1349,8 @@ def _file_head(path: str, size: int, storage_options: Mapping[str, Any] | None) 
 
 def _unmade_part(job: JobConfig, kind: str, parts: KeyParts, head: bytes = b"") -> str:
     """Why a ``kind`` file of ``job`` whose first bytes are ``head`` makes no sample of the part
-    ``parts`` names (see :func:`_makes_part`)."""
+    ``parts`` names (see :func:`_makes_part`), naming keys the file does make, never one the
+    dataset lacks (a tiled job packs no ``<id>``, only its tiles)."""
     maker = source_kind(kind)
     made, fmt = maker.file_key_parts(head), maker.file_format(head)
     what = f"{parts.file_id} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} file of the job"
@@ -1364,9 +1365,21 @@ def _unmade_part(job: JobConfig, kind: str, parts: KeyParts, head: bytes = b"") 
         return f"{what}, and only TIFF files have pages (-pNNNNN){said}"
     if "tile" not in made:
         return f"{what}, and only image files are cut into tiles (-tRRRRR_CCCCC)"
-    return (f"{parts.file_id} is a file of the job, but the job cuts no tile at that top-left pixel (its "
-            "transform.image.tile size and stride, or no tiles at all); the sample of the whole file is "
-            f"{parts.file_id}{'' if parts.page is None else f'-p{parts.page:05d}'}")
+    paged = "page" in made and parts.page is None  # a TIFF: its pages' keys, where it has several, carry -pNNNNN
+    nearest = maker.nearest_tile(job, parts.tile) if parts.tile is not None else None
+    if nearest is None:
+        whole = (f"{parts.file_id}-pNNNNN, one per page of a multi-page TIFF, or {parts.file_id} for a one-page one"
+                 if "page" in made else parts.file_id)
+        return (f"{parts.file_id} is a file of the job, but the job cuts no tile at that top-left pixel: it cuts no "
+                f"tiles at all (transform.image.tile is not set), so its samples of this file are keyed {whole}")
+    tile, stride = job.image.tile_size, job.image.tile_stride or job.image.tile_size
+    reach = "" if job.image.size is not None else ", where the image holds a full tile there"
+    suffix = make_key(parts.file_id, tile=nearest)[len(parts.file_id):]
+    pages = f" ({parts.file_id}-pNNNNN{suffix} of each page of a multi-page TIFF)"
+    return (f"{parts.file_id} is a file of the job, but the job cuts no tile at that top-left pixel: its tiles "
+            f"(transform.image.tile size {list(tile or ())}, stride {list(stride or ())}) start on rows and columns "
+            f"that are multiples of the stride; rounded down to them, that pixel is the top-left one of "
+            f"{make_key(parts.file_id, page=parts.page, tile=nearest)}{pages if paged else ''}{reach}")
 
 
 def _makes_part(job: JobConfig, kind: str, parts: KeyParts, head: bytes = b"") -> bool:

@@ -71,6 +71,20 @@ class ImageKind(SourceKind):
         size = job.image.size
         return size is None or (row + height <= size[0] and col + width <= size[1])
 
+    def nearest_tile(self, job: JobConfig, tile: tuple[int, int]) -> tuple[int, int] | None:
+        """The grid's top-left pixel at or above and left of ``tile`` (rounded down to the stride),
+        kept inside ``transform.image.size`` where the job resizes; without a size, whether the
+        image reaches that far is not known undecoded."""
+        if job.image.tile_size is None:
+            return None
+        (height, width), (step_r, step_c) = job.image.tile_size, job.image.tile_stride or job.image.tile_size
+        row, col = tile[0] // step_r * step_r, tile[1] // step_c * step_c
+        size = job.image.size
+        if size is not None:  # the last tile that fits the resized image (check_job: at least one does)
+            row = min(row, (size[0] - height) // step_r * step_r)
+            col = min(col, (size[1] - width) // step_c * step_c)
+        return row, col
+
     #: A file's signature decides its format (:func:`~packer.read.image_structure.sniff_format`),
     #: as the reader decides it, not its suffix: only a TIFF has pages
     key_head_bytes = 16

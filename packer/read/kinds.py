@@ -146,6 +146,12 @@ class SourceKind:
         under ``job`` (``packer locate`` refuses keys no reader makes). None are tiled here."""
         return False
 
+    def nearest_tile(self, job: JobConfig, tile: tuple[int, int]) -> tuple[int, int] | None:
+        """The top-left pixel of the tile ``job`` cuts nearest ``tile`` (one it does not cut) at or
+        above and left of it, for ``packer locate`` to name a key that exists; None where the job
+        cuts no tiles."""
+        return None
+
     def file_key_parts(self, head: bytes) -> frozenset[str]:
         """The parts the sample keys of one file of this kind may carry, where its format (from
         its first :attr:`key_head_bytes` bytes, ``head``) decides them, as a TIFF alone has
