@@ -642,7 +642,8 @@ def _spread_labels(groups: Sequence[SplitGroup], counts: np.ndarray, out: dict[i
 
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
                   strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
-                  leave_out: frozenset[int] = frozenset(), quiet: bool = False, stacked: str = "") -> Assignment:
+                  leave_out: frozenset[int] = frozenset(), quiet: bool = False,
+                  stacked: Mapping[str, str] | None = None) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
@@ -651,9 +652,9 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     ``pseudonym``: under PHI, what turns a listed entity id into the samples' pseudonym.
     ``leave_out``: rows left out before the split (``label_conflict: drop_group``): in no
     group and no split, as if they had not been found. A long split shows a ``split`` progress
-    line (split groups placed, the grouping's time included) unless ``quiet``. ``stacked``
-    (``neighbors``, ``volume``): the samples are neighbour stacks or volumes of series, timed by
-    their latest slice under ``drop_straddlers``
+    line (split groups placed, the grouping's time included) unless ``quiet``. ``stacked``: the
+    sources (by name) whose samples are neighbour stacks or volumes of series (``neighbors``,
+    ``volume``), timed by their latest slice under ``drop_straddlers``
     (:func:`packer.read.dicom_kind.timed_by_latest_slice`), as the records of those it leaves out
     say."""
     with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
@@ -662,7 +663,7 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
 
 def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strata: Strata,
             pseudonym: Callable[[str], str] | None, leave_out: frozenset[int], progress: Progress,
-            stacked: str = "") -> Assignment:
+            stacked: Mapping[str, str] | None = None) -> Assignment:
     """:func:`assign_splits`, counting the groups placed in ``progress`` (its total set once the
     groups are known; a given split's groups all at once)."""
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
@@ -722,7 +723,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     timed = {"neighbors": " (the latest of the slices its sample stacks: the file's own slice may fall earlier, "
                           "and is then still packed as its neighbours' neighbour)",
              "volume": " (the latest of its volume's slices: the volume, every file of its series, is left out "
-                       "with it)"}.get(stacked, "")
+                       "with it)"}
+    stacked = stacked or {}
     if straddlers is None:  # every member goes where its group goes
         _place_groups(groups, group_split, cfg, split, fold)
         progress.update(len(groups))
@@ -744,8 +746,8 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                                  "in one split)")
                         dropped.setdefault(ref.sample_id, Excluded.of(
                             ref, stage="split", why="straddles_cutoff",
-                            detail=f"record time {time}{timed if ref.kind == 'dicom' else ''} falls in {own}, but "
-                                   f"{whose} put it in {target}; "
+                            detail=f"record time {time}{timed.get(stacked.get(ref.source, ''), '')} falls in {own}, "
+                                   f"but {whose} put it in {target}; "
                                    "left out by split.entity_policy: drop_straddlers (first_seen keeps it, in its "
                                    "group's split)"))
                         continue

@@ -74,7 +74,7 @@ from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
 from packer.progress import Progress
 from packer.read.dicom_masks import annotation_notes_warning, note_count, possible_annotations_warning
-from packer.read.kinds import source_libraries
+from packer.read.kinds import source_kind, source_libraries
 from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
 from packer.records import Excluded, Issue
@@ -265,7 +265,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         excluded.extend(conflict_exclusions(samples, conflicts))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
-                               stacked=job.dicom.sample if job.dicom.by_series else "")
+                               stacked={s.name: job.dicom.sample for s in job.sources
+                                        if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None})
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
