@@ -49,6 +49,7 @@ from packer.read.annotations import AnnotationRefs, annotation_modality, annotat
 from packer.read.dicom_attrs import (
     DamagedElement,
     convert_faithfully,
+    convert_remembered,
     element,
     first_float,
     pixel_spacing,
@@ -233,7 +234,8 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
         if tag.is_private:
             continue  # never read by packer
         try:
-            convert_faithfully(holder, tag)
+            # a series' slices repeat most of their header: the top level's values are remembered
+            (convert_remembered if holder is ds else convert_faithfully)(holder, tag)
         except _PARSE_ERRORS as err:
             return _issue(ref, "read", "unreadable",
                           f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "

@@ -15,6 +15,7 @@ the tag. Nothing here changes a value the file holds.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import re
 import struct
@@ -35,7 +36,7 @@ from pydicom.multival import MultiValue
 from pydicom.sequence import Sequence as PydicomSequence
 from pydicom.tag import BaseTag, Tag
 from pydicom.uid import UID
-from pydicom.valuerep import DA, DT, TM
+from pydicom.valuerep import DA, DT, TM, PersonName
 
 from packer.config import WindowSpec
 from packer.transform.dicom import Lut, ModalityTransform, VoiTransform
@@ -513,6 +514,60 @@ def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
     kept = DataElement(elem.tag, elem.VR, value, validation_mode=pydicom_config.IGNORE)
     ds[tag] = kept
     return kept
+
+
+#: Raw values up to this many bytes are remembered by :func:`convert_remembered`; the memo holds
+#: at most :data:`_MEMO_ENTRIES` of them and starts afresh when full.
+_MEMO_VALUE_BYTES = 256
+_MEMO_ENTRIES = 8192
+_MEMO: dict[tuple[Any, ...], DataElement] = {}
+#: The VRs whose values are remembered: text and numbers. Never a sequence, an unknown VR, bytes
+#: (Pixel Data and other O* values carry more than their bytes: an undefined length, a frame
+#: table), nor a VR pydicom resolves from another element (``US or SS`` by Pixel Representation)
+_REMEMBERED_VRS = frozenset({"AE", "AS", "CS", "DA", "DS", "DT", "IS", "LO", "LT", "PN", "SH", "ST", "TM", "UC",
+                             "UI", "UR", "UT", "FL", "FD", "SL", "SS", "UL", "US", "SV", "UV", "AT"})
+_SPECIFIC_CHARACTER_SET = 0x00080005
+
+
+def convert_remembered(ds: Dataset, tag: BaseTag) -> DataElement:
+    """:func:`convert_faithfully` of a top-level element of ``ds``, remembering what a raw value
+    converts to: the slices of a series repeat most of their header (its UIDs, names, dates,
+    grid, windows; 37 of a CT slice's 43 elements), and converting each element is about half
+    of a header probe. The memo's key is everything the conversion reads: the tag, the VR as
+    written, the raw bytes, the byte order and VR encoding, and the data set's raw Specific
+    Character Set. Only text and numbers are remembered (:data:`_REMEMBERED_VRS`): an element
+    whose conversion reads anything else (an ambiguous VR resolved by Pixel Representation, a
+    sequence, Specific Character Set itself, Pixel Data and every other value of bytes) is
+    converted every time, and so is a multi-value list, which can change in place. Each data
+    set gets its own element object, so setting a value in one data set never reaches another.
+    Raises what :func:`convert_faithfully` raises."""
+    raw = ds.get_item(tag)
+    if (not isinstance(raw, RawDataElement) or not isinstance(raw.value, bytes) or len(raw.value) > _MEMO_VALUE_BYTES
+            or tag == _SPECIFIC_CHARACTER_SET):
+        return convert_faithfully(ds, tag)
+    written = raw.VR
+    if written is None:  # implicit VR: the dictionary's, which may be ambiguous ("US or SS")
+        try:
+            written = dictionary_VR(tag)
+        except KeyError:
+            return convert_faithfully(ds, tag)
+    if written not in _REMEMBERED_VRS:
+        return convert_faithfully(ds, tag)
+    charset = ds.get_item(_SPECIFIC_CHARACTER_SET)
+    key = (int(tag), raw.VR, raw.value, raw.is_little_endian, raw.is_implicit_VR,
+           None if charset is None else (charset.value if isinstance(charset, RawDataElement) else
+                                         str(charset.value)))
+    known = _MEMO.get(key)
+    if known is not None:
+        elem = copy.copy(known)
+        ds[tag] = elem
+        return elem
+    elem = convert_faithfully(ds, tag)
+    if isinstance(elem.value, (str, int, float, PersonName)) and not isinstance(elem.value, MultiValue):
+        if len(_MEMO) >= _MEMO_ENTRIES:
+            _MEMO.clear()
+        _MEMO[key] = copy.copy(elem)
+    return elem
 
 
 def _undecodable(ds: Dataset, raw: bytes, elem: DataElement) -> bool:
