@@ -166,6 +166,35 @@ def test_quick_mode_reads_headers_only_and_still_reports_missing_labels(tmp_path
     assert report["quick"] is True and report["bad_samples"]["by_reason"] == {"missing_label": 1}
 
 
+def test_quick_mode_reports_a_mask_file_the_table_names_but_the_disk_lacks_as_the_full_check_does(
+        tmp_path: Path) -> None:
+    """A row whose mask file was never copied: the full check said mask_missing (exit 3), --quick,
+    which checks "labels, entities, times, unreadable files", said clean (exit 0), though it says
+    missing_file for a missing image. Both now say it, once, from the listing."""
+    raw = tmp_path / "raw"
+    (raw / "masks").mkdir(parents=True)
+    lines = ["path,label,entity,mask"]
+    for i in range(8):
+        cv2.imwrite(str(raw / f"s{i}.png"), photo(i)[:, :, 0])
+        if i != 5:
+            cv2.imwrite(str(raw / "masks" / f"s{i}.png"), (photo(i)[:, :, 0] > 128).astype(np.uint8))
+        lines.append(f"s{i}.png,{('a', 'b')[i % 2]},E{i},masks/s{i}.png")
+    (raw / "labels.csv").write_text("\n".join(lines) + "\n")
+    doc = {"name": "masked", "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv"),
+                                          "mask": {"column": "mask", "classes": [0, 1]}}],
+           "split": {"by": "entity", "seed": 5}, "transform": {"image": {"size": [64, 64], "color": "gray"}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), "validate": {"max_bad_fraction": 0.0}}
+    job = write_job(tmp_path, doc)
+    for extra in ((), ("--quick",)):
+        code, report, _ = run_validate(job, *extra)
+        assert code == 3, extra
+        (record,) = report["bad_samples"]["records"]  # one record: the decode pass does not say it again
+        assert record["reason"] == "mask_missing" and record["path"] == str(raw / "s5.png")
+        assert f"its mask {raw / 'masks' / 's5.png'} does not exist" in record["message"]
+        assert "row 7, column 'mask'" in record["message"]
+        assert report["inputs"]["files"] == 8
+
+
 def test_quick_mode_says_which_rules_it_did_not_run_instead_of_passing_them(tmp_path: Path) -> None:
     """--quick hashes no pixels: a copy across splits cannot be seen. The summary showed
     `[  ok] exact_duplicates_across_splits: 0`, the JUnit cases passed and the JSON said passed,

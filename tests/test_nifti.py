@@ -140,6 +140,26 @@ def test_nii_and_nii_gz_are_listed_and_a_case_s_other_files_are_not_samples(tmp_
     assert "no t2 file" in found.issues[0].message
 
 
+def test_a_label_map_or_channel_file_the_row_names_but_the_disk_lacks_is_found_while_listing(tmp_path: Path) -> None:
+    """Found only by the decode pass, a case whose label map or other sequence was never copied
+    passed validate --quick (headers only) clean; the listing now gives the decode pass's reasons."""
+    root = tmp_path / "raw"
+    root.mkdir()
+    for name in ("a_t1.nii.gz", "a_t2.nii.gz", "a_seg.nii.gz", "b_t1.nii.gz", "b_t2.nii.gz", "c_t1.nii.gz",
+                 "c_seg.nii.gz"):
+        save(root / name, phantom())
+    job = load_job(nifti_job(tmp_path, ["a_t1.nii.gz,P1,a_t2.nii.gz,a_seg.nii.gz",
+                                        "b_t1.nii.gz,P2,b_t2.nii.gz,b_seg.nii.gz",
+                                        "c_t1.nii.gz,P3,c_t2.nii.gz,c_seg.nii.gz"],
+                             header="path,entity,t2,seg", source={"channel_files": ["t2"], "mask": {"column": "seg"}}))
+    found = discover(job)
+    assert [ref.relpath for ref in found.refs] == ["a_t1.nii.gz"]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("b_t1.nii.gz", "mask_missing"),
+                                                                      ("c_t1.nii.gz", "missing_file")]
+    assert f"its mask {root / 'b_seg.nii.gz'} does not exist" in found.issues[0].message
+    assert found.issues[1].message.startswith(f"{root / 'c_t2.nii.gz'} (t2): no such file; ")
+
+
 # -- what a case becomes ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["Case.Nii.Gz", "Case.NII.GZ", "Case.nIi"])
@@ -281,7 +301,7 @@ def test_a_channel_file_the_row_names_but_the_disk_lacks_is_missing_file(tmp_pat
                            source={"channel_files": ["flair"]}), tmp_path)
     (issue,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert issue["reason"] == "missing_file"
-    assert "a_flair.nii.gz (flair): cannot open the file" in issue["message"]
+    assert "a_flair.nii.gz (flair): no such file; " in issue["message"]
 
 
 def test_nibabel_s_header_repairs_print_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -616,6 +616,41 @@ def _row_file_outside(source: SourceConfig, ref: SampleRef, table: Path | str | 
     return None
 
 
+def _row_file_missing(source: SourceConfig, ref: SampleRef, table: Path | str | None, row: TableRow | None,
+                      present: set[str]) -> Issue | None:
+    """``mask_missing`` (the mask column) or ``missing_file`` (a case's other file) for a file the
+    row names beside its own that is not there, the reason the decode pass gives it: found while
+    listing, ``validate --quick``, which decodes nothing, reports it as the full check does, and
+    the row's file is not decoded only to be refused for it after. Under a URL root the objects
+    ``present`` under it (the listing's) tell, without a request per file; a local file is looked
+    at (a folder on its way that cannot be entered is left to the read, which names why)."""
+    for column in source.file_columns():
+        relpath = dict(ref.extra).get(column, "").strip()
+        if not relpath:
+            continue
+        if isinstance(source.root, str):
+            if posixpath.normpath(relpath) in present:
+                continue
+            named = join_relpath(source.root, relpath)
+        else:
+            named = os.path.join(os.fspath(source.root), relpath)
+            try:
+                os.stat(named)
+                continue
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError:  # there, but not to be looked at: the read says why
+                continue
+        where = f"{table} row {row.row if row else '?'}, column {column!r}"
+        if source.mask is not None and column == source.mask.column:
+            return Issue.of(ref, stage="discover", reason="mask_missing", message=(
+                f"{ref.path}: its mask {named} does not exist ({where}); fix the table's mask column or add the file"))
+        return Issue.of(ref, stage="discover", reason="missing_file", message=(
+            f"{named} ({column}): no such file; {where} names it beside {ref.path}: copy the file there, or fix "
+            "the row"))
+    return None
+
+
 def _check_root(source: SourceConfig, where: str, relative_to: str) -> str:
     """How the job file wrote the source's root, for messages (``root: 'raw', relative to the
     job file``; ``relative_to``: what a relative path is relative to). Raises ConfigError for a
@@ -676,13 +711,14 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
 def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
                  real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress,
-                 unlabeled: dict[str, str]) -> RefTable:
+                 unlabeled: dict[str, str], present: set[str]) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
     listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
     file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
     ``excluded`` instead; a file the table gives no label (no row, or an empty cell: the probe's
     ``missing_label``, reported after the file's own defects) gets its message in ``unlabeled``,
-    by path. Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
+    by path. ``present``: a URL root's objects, by relative path (:func:`_row_file_missing`).
+    Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
     as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
     discovery. ``progress`` counts the files, one by one."""
     kind = source_kind(source.kind)
@@ -760,6 +796,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             issues.append(Issue.of(ref, stage="discover", reason="outside_root",
                                    message=f"{ref.path} resolves to {Path(ref.path).resolve()}, outside the source "
                                            f"root {source.root}; move the file in, or set safety.outside_root: allow"))
+        elif (gone := _row_file_missing(source, ref, table, row, present)) is not None:
+            issues.append(gone)
         else:
             refs.append(ref)
     _filtered_without_files(source, files, placed, phi, excluded)
@@ -1077,7 +1115,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         unlabeled: dict[str, str] = {}
         refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress,
-                            unlabeled)
+                            unlabeled, present)
     seen = set(relpaths)
     del files, relpaths
     outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, present, issues,
