@@ -400,6 +400,28 @@ def test_a_missing_label_table_names_the_job_file_and_the_key_that_names_the_tab
                                          f"{tmp_path / 'raw' / 'labels.csv'}: cannot read the table")
 
 
+def test_a_row_naming_a_link_to_a_folder_outside_the_root_is_one_record_saying_both(tmp_path: Path) -> None:
+    """Row 'case50', a link to a study folder of another export: the link's outside_root record and
+    the row's missing_file record (a folder, not a file) both had the link's sample id, so the one
+    path was counted as two input files and two bad samples, doubling the bad fraction."""
+    elsewhere = tmp_path / "other-export" / "case50"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "a.png").write_bytes(b"\x89PNG fake")
+    job_path = make_tree(tmp_path, ["a.png,cat,S1,", "case50,cat,S2,"], ["a.png"])
+    root = tmp_path / "raw"
+    (root / "case50").symlink_to(elsewhere, target_is_directory=True)
+    (root / "unnamed").symlink_to(elsewhere, target_is_directory=True)  # no row names it: its own record
+    found = discover(load_job(job_path))
+    assert [r.relpath for r in found.refs] == ["a.png"]
+    assert sorted((i.reason, i.path) for i in found.issues) == [
+        ("missing_file", str(root / "case50")), ("outside_root", str(root / "unnamed"))]
+    assert len({i.sample_id for i in found.issues}) == 2
+    (row,) = [i for i in found.issues if i.reason == "missing_file"]
+    assert f"row 3, column 'path': 'case50' is the folder {root / 'case50'}, not a file" in row.message
+    assert f"it is a link to the folder {elsewhere}, outside the source root, so none of its files was read: " \
+           "move them in, or set safety.outside_root: allow" in row.message
+
+
 def test_a_mask_or_channel_file_linked_from_outside_the_root_is_outside_root(tmp_path: Path) -> None:
     # the image itself is checked for a link leaving the root; the files its row names beside it (a
     # label map, a case's other sequences) were opened wherever their links led

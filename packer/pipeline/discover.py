@@ -21,7 +21,7 @@ import posixpath
 import re
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -269,6 +269,18 @@ def _resolves_outside(path: Path, root: Path) -> bool:
         return False
 
 
+def _link_out(path: Path, root: Path) -> Path | None:
+    """Where ``path`` leads when it is itself a link to somewhere outside ``root`` (the folder a
+    link the listing does not enter leads to: :func:`_folder_link_issues`); None otherwise."""
+    try:
+        if not path.is_symlink():
+            return None
+        target = path.resolve()
+        return None if target.is_relative_to(root.resolve()) else target
+    except (OSError, RuntimeError):  # a loop: it leads nowhere
+        return None
+
+
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
                   unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
@@ -290,13 +302,19 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
 
 
-def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None) -> list[Issue]:
+def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None,
+                        named: Container[str] = ()) -> list[Issue]:
     """One ``outside_root`` record per link to a folder outside the source root: its files are
     not read, and nothing may be dropped unsaid. A link to a folder inside the root is left out
-    quietly: its files are listed at their own paths."""
+    quietly: its files are listed at their own paths. A link a table row names itself (in
+    ``named``, the rows' relative paths) gets none: that row's ``missing_file`` record (a folder
+    is not a file, :func:`_folder_row_issue`) is its one record, and says where the link leads,
+    so the link is counted once."""
     root = Path(source.root).resolve()
     issues = []
     for rel in links:
+        if rel in named:
+            continue
         link = Path(source.root) / rel
         try:
             target = link.resolve()
@@ -874,7 +892,8 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
         if folder:
             # it exists: a folder is neither missing nor a partial download
             listed_sorted = listed_sorted or sorted(seen)
-            issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi))
+            linked_out = None if remote or allow_outside else _link_out(Path(target), Path(source.root))
+            issues.append(_folder_row_issue(source, rel, row, target, table, listed_sorted, phi, linked_out))
             continue
         sample_id = make_sample_id(source.name, rel, phi)
         kind = source_kind(source.kind)
@@ -980,19 +999,26 @@ def _remote_folder(present: Sequence[str], rel: str) -> bool:
 
 
 def _folder_row_issue(source: SourceConfig, rel: str, row: TableRow, target: str, table: Path | str | None,
-                      listed: Sequence[str], phi: Pseudonymizer | None) -> Issue:
+                      listed: Sequence[str], phi: Pseudonymizer | None, outside: Path | None = None) -> Issue:
     """The ``missing_file`` record of a table row whose path names a folder under the root, not a
     file: it names the table, the row, the column and the folder, and a listed file inside it
-    (``listed``: the listing's relative paths, sorted) to point the column at, where there is one."""
+    (``listed``: the listing's relative paths, sorted) to point the column at, where there is one.
+    ``outside``: where the folder leads, when it is a link to a folder outside the root that the
+    listing did not enter (:func:`_folder_link_issues` makes no record of its own for it)."""
     assert source.table_map is not None
     spec = source.table_map
     column = f"column {spec.path!r}" if spec.template is None else f"the path template {spec.template!r}"
     start = bisect.bisect_left(listed, rel.rstrip("/") + "/")
     inside = listed[start] if start < len(listed) and listed[start].startswith(rel.rstrip("/") + "/") else None
     example = f" (e.g. {inside!r})" if inside is not None else " (the listing found none of the source's files in it)"
+    linked = ""
+    if outside is not None:  # the listing did not enter it: its files are outside the root
+        linked = (f"; it is a link to the folder {outside}, outside the source root, so none of its files was read: "
+                  "move them in, or set safety.outside_root: allow")
+        example = ""
     return Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover", reason="missing_file",
                  message=f"{table} row {row.row}, {column}: {rel!r} is the folder {target}, not a file; point the "
-                         f"{'column' if spec.template is None else 'template'} at a file inside it{example}")
+                         f"{'column' if spec.template is None else 'template'} at a file inside it{example}{linked}")
 
 
 def _unsupported_note(unsupported: Sequence[tuple[str, str, str]]) -> str:
@@ -1092,9 +1118,6 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     if phi is not None and phi.active:  # a folder or file name may be a patient's: no message prints it bare
         note_names(_path_names(relpaths))
     _path_pattern_problem(source, relpaths, where)
-    issues: list[Issue] = _folder_link_issues(source, links, phi) if links else []
-    issues.extend(_unlisted_folder_issues(source, unlisted, phi))
-    issues.extend(unnamed)
     placed: Placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
     if records is not None:
@@ -1103,14 +1126,18 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                           hide_paths=phi is not None and phi.active)
         except ConfigError as err:
             raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
-    for cell, _row, reason, message in unplaced:
-        issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
-                            reason=reason, message=message))
     excluded: list[Excluded] = [*unnamed_out, *masks_out]
     rows = placed.rows
     if unsupported:
         excluded.extend(_unsupported_files(source, unsupported, placed, table, phi))
         rows = _rows_of_readable(source, rows, unsupported)  # an unsupported file's row is said by its record
+    # a link a row names is that row's record (_unlisted_rows), not a second one of its own
+    issues: list[Issue] = _folder_link_issues(source, links, phi, named=rows) if links else []
+    issues.extend(_unlisted_folder_issues(source, unlisted, phi))
+    issues.extend(unnamed)
+    for cell, _row, reason, message in unplaced:
+        issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
+                            reason=reason, message=message))
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         unlabeled: dict[str, str] = {}
