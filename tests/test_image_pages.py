@@ -732,3 +732,16 @@ def test_lzw_lengths_equal_an_lzw_decoder_s(data: bytes) -> None:
         except imagecodecs.ImcdError:
             continue
         assert abs(got - expected) <= 4096  # at most the last code's string, cut in two, is not read
+
+
+def test_a_planar_grey_alpha_tiff_pillow_cannot_read_says_the_planes_are_the_cause(tmp_path: Path) -> None:
+    """An 8-bit grey+alpha TIFF goes to Pillow, which does not read one stored as separate planes:
+    the record said only that Pillow failed; it now says the layout is why and how to export it."""
+    import tifffile
+
+    planes = np.random.default_rng(7).integers(0, 256, (2, 12, 16), dtype=np.uint8)  # grey, alpha
+    tiff = tmp_path / "planar_la.tif"
+    tifffile.imwrite(tiff, planes, photometric="minisblack", planarconfig="separate", extrasamples=["unassalpha"])
+    issue = read_issue(tiff, ImageTransformConfig(alpha="composite", color="gray"))
+    assert issue.reason == "decode_failed" and "separate planes (PlanarConfiguration 2)" in issue.message
+    assert "interleaved samples (PlanarConfiguration 1)" in issue.message

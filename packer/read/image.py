@@ -509,7 +509,10 @@ def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> tuple[np.ndarray, b
             pixels = np.asarray(opened)
             after = opened.getexif().get(_ORIENTATION_TAG, 1)
     except (OSError, ValueError, EOFError, SyntaxError, Image.DecompressionBombError) as err:
-        raise Defect("decode_failed", f"{where}: Pillow could not decode this grey+alpha page: {err}") from err
+        planar = (" Its two samples are stored as separate planes (PlanarConfiguration 2); export it with "
+                  "interleaved samples (PlanarConfiguration 1) or as a grey+alpha PNG"
+                  if TiffSamples.of(ifd).planar == 2 else "")
+        raise Defect("decode_failed", f"{where}: Pillow could not decode this grey+alpha page: {err}.{planar}") from err
     if pixels.ndim != 3 or pixels.shape[2] != 2 or pixels.dtype != np.uint8:
         raise Defect("decode_failed", f"{where}: Pillow decoded this grey+alpha page as {pixels.shape} {pixels.dtype}, "
                                        "not grey and alpha; re-export it as a grey+alpha PNG")
