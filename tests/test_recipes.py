@@ -348,6 +348,22 @@ def test_rsna_pneumonia_packs_one_sample_per_image_with_its_class_whatever_its_b
         key: order.index(image.klass) for key, image in expected.items()}
 
 
+def test_the_rsna_recipes_window_keeps_every_8_bit_level_as_stored(tmp_path: Path) -> None:
+    """The files are 8-bit with no window, and the recipe windows "the full 0-255 range". Its
+    window was 127.5/256, which under the LINEAR formula (PS3.3 C.11.2.1.2) maps a stored s to
+    s + 1/2, so rounding half to even kept the even levels and moved every odd one up (129 levels
+    of 256; a walkthrough's replica). Read through the recipe's window, every level is itself."""
+    from packer.read.dicom import read_dicom
+    from tests.dicom_files import config, image_dataset, make_ref, save
+    from tests.dicom_files import window as window_spec
+
+    (window,) = _recipe("rsna-pneumonia")["transform"]["dicom"]["windows"]
+    stored = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    path = save(image_dataset(stored, modality="CR"), tmp_path / "cr.dcm")
+    (sample,) = read_dicom(make_ref(path), config(window_spec(float(window["center"]), float(window["width"]))))
+    np.testing.assert_array_equal(sample.image[0], stored)
+
+
 # -- the Medical Segmentation Decathlon, Task02_Heart ---------------------------------------------------------------
 
 
