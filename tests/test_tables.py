@@ -25,6 +25,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.discover import Discovery, discover
+from tests.helpers import write_job
 
 
 def _files(root: Path, relpaths: list[str], real: bool = False) -> None:
@@ -724,6 +725,33 @@ def test_a_bad_label_joined_from_another_table_names_that_tables_row(tmp_path: P
     assert message.startswith(f"{chexpert} row 4 (joined to {tmp_path / 'mimic' / 'mimic-cxr-2.0.0-metadata.csv'} "
                               "row 4)"), message
     assert "'maybe'" in message and "Edema" in message
+
+
+def test_an_empty_entity_joined_from_another_table_names_that_tables_row(tmp_path: Path) -> None:
+    """ISIC 2019's lesion_id comes from the joined metadata table (the README's job): a blank one,
+    with no empty: policy, is missing_entity, and its record must name the metadata table's row,
+    the cell to fill. It named the ground-truth table, which has no lesion_id column, and that
+    table's row (a walkthrough's replica; the metadata rows come in another order)."""
+    data = tmp_path / "ISIC2019"
+    images = ["ISIC_0024306", "ISIC_0024307", "ISIC_0024308"]
+    for i, name in enumerate(images):
+        (data / "input").mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(data / "input" / f"{name}.png"), np.full((8, 8, 3), 40 * i + 10, np.uint8))
+    truth, meta = data / "GroundTruth.csv", data / "Metadata.csv"
+    _csv(truth, "image,MEL,NV", [f"{n},0.0,1.0" for n in images])
+    _csv(meta, "image,age_approx,lesion_id", ["ISIC_0024308,45.0,", "ISIC_0024307,40.0,HAM_2",
+                                              "ISIC_0024306,35.0,HAM_1"])
+    job = write_job(tmp_path / "job", {
+        "name": "isic", "sources": [{"kind": "image", "root": str(data / "input"),
+                                     "table": {"file": str(truth), "path": {"template": "{image}.png"},
+                                               "join": [{"file": str(meta), "on": "image"}]},
+                                     "entity": {"column": "lesion_id"}, "label": {"columns": ["MEL", "NV"]}}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"image": {"size": [8, 8]}},
+        "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    found = discover(load_job(job))
+    (issue,) = found.issues
+    assert issue.reason == "missing_entity" and Path(issue.path).name == "ISIC_0024308.png"
+    assert issue.message.startswith(f"{meta} row 2 (joined to {truth} row 4), column 'lesion_id'"), issue.message
 
 
 def test_a_join_key_the_joined_table_lacks_is_a_config_error(tmp_path: Path) -> None:

@@ -801,7 +801,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
         elif row is not None and ref.entity is None and isinstance(label, str) and not kind.identity_in_header \
                 and source.entity_path is None:
             issues.append(Issue.of(ref, stage="discover", reason="missing_entity", message=(
-                f"{table} row {row.row}, column {source.entity!r} (the source's entity:): empty, so the file has "
+                f"{row.entity_at or f'{table} row {row.row}'}, column {source.entity!r} (the source's entity:): "
+                "empty, so the file has "
                 "no entity to keep it in one split; fill the cell, make each such file its own entity (entity: "
                 f"{{column: {source.entity}, empty: file}}), or leave such rows out with where: "
                 f"{{{source.entity}: {{match: '.'}}}}")))

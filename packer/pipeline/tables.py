@@ -89,6 +89,9 @@ class TableRow:
     #: The row's path cell as the table writes it ("" for a path made from a template), which an
     #: ``outside_root`` record quotes: the relative path it was read as may be rewritten past it
     cell: str = ""
+    #: Where the entity's cell is written, where a join table gave it: that table's row, joined to
+    #: this one's ("" where this table's own row holds it)
+    entity_at: str = ""
 
 
 @dataclass(frozen=True)
@@ -975,6 +978,13 @@ class _RowReader:
                                              f"agree (repeated: {self.table.repeated})")
         return first
 
+    def _joined_at(self, number: int, record: Record, column: str | None) -> str:
+        """Where ``column``'s cell of row ``number`` is written, where a join table added it
+        (:meth:`Records.where`); "" where the main table holds it."""
+        if column is None or not any(column in join.columns for join in self.records.joined):
+            return ""
+        return self.records.where(number, record, [column])
+
     def row(self, number: int, record: Record, rel: str) -> TableRow:
         """A record as a TableRow: its target, entity and time, and its other cells (with the
         fields of the file's path ``rel``)."""
@@ -999,6 +1009,7 @@ class _RowReader:
             refused=refused,
             unlabeled=label.message if isinstance(label, Refused) and label.empty else None,
             entity=((record.get(self.entity_column) or "").strip() or None) if self.entity_column else None,
+            entity_at=self._joined_at(number, record, self.entity_column),
             time=normalize_time(raw_time),
             raw_time=raw_time or None,
             extra=tuple(sorted(dict(extra).items())),
