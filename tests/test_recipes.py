@@ -242,6 +242,23 @@ def test_chexpert_packs_the_frontal_views_under_each_uncertainty_policy(tmp_path
             assert item["target_mask"].tolist() == samples[key]["target_mask.npy"].tolist()
 
 
+def test_chexpert_builds_with_its_download_linked_into_data(tmp_path: Path) -> None:
+    """The README: "Put the download under data/ (a symbolic link will do)". With
+    data/CheXpert-v1.0-small a link to the download elsewhere, the recipe refused every row (its
+    root resolved through the link, its path_base did not, so the cells led outside the root) and
+    told the user to set the path_base it already sets. It builds as with the files in place."""
+    home = tmp_path / "home"
+    tree = _home(home, trees.write_chexpert, "chexpert-u-ones")
+    elsewhere = tmp_path / "mnt" / "datasets"
+    elsewhere.mkdir(parents=True)
+    (home / "data" / "CheXpert-v1.0-small").rename(elsewhere / "CheXpert-v1.0-small")
+    (home / "data" / "CheXpert-v1.0-small").symlink_to(elsewhere / "CheXpert-v1.0-small", target_is_directory=True)
+    result = _build(home, "chexpert-u-ones")
+    _nothing_bad(result)
+    paths = {s["json"]["path"] for s in _tar_samples(result.version_dir).values()}
+    assert paths == {im.relpath for im in tree.images if im.frontal}
+
+
 def test_chexpert_counts_each_file_once_across_its_two_tables(tmp_path: Path) -> None:
     """Every file is packed by the source whose table names it, or left out once, with one reason."""
     tree = _home(tmp_path, trees.write_chexpert, "chexpert-u-ones")

@@ -653,7 +653,19 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
     base, top = os.fspath(table.path_base), os.fspath(root)
     if "://" in top:  # a URL root: compare the paths after the protocol
         base, top = base.split("://", 1)[-1], top.split("://", 1)[-1]
-    return posixpath.relpath(posixpath.normpath(posixpath.join(base, text)), top)
+        return posixpath.relpath(posixpath.normpath(posixpath.join(base, text)), top)
+    top = top.replace(os.sep, "/")
+    joined = posixpath.normpath(posixpath.join(base.replace(os.sep, "/"), text))
+    rel = posixpath.relpath(joined, top)
+    if rel.startswith("../"):
+        # the cell's way from path_base may pass through a link the root's own path resolved (the
+        # download linked in: data/CheXpert-v1.0-small -> /mnt/datasets/...): its folder, resolved
+        folder, name = posixpath.split(joined)
+        real = _real_folder(folder)
+        if real is not None:
+            inside = posixpath.relpath(posixpath.join(real, name), top)
+            rel = rel if inside.startswith("../") else inside
+    return rel
 
 
 def written_from_base(rel: str, table: TableConfig, root: Path | str) -> str | None:
