@@ -1162,16 +1162,19 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
         exported again under a third entity is no independent look-alike, as the mate itself is
         none. A copy stands out: its score with the mate is at least ``min_score`` and keeps at
         most ``max_ratio`` of the disagreement of ``p``'s best candidate among every other entity
-        (none: it stands out). A look-alike among look-alikes has such a candidate and stays a
+        (where there is none, as among three phantoms of one design, nothing shows it stands out,
+        and it stays a rival). A look-alike among look-alikes has such a candidate and stays a
         rival, and so does a copy of ``x`` itself. Where the mate's check would decide the link,
         verified one way round only, it is verified the other way too (``turned``)."""
         own = (groups[x], groups[other], groups[p])
-        mate, mate_score, outside = -1, -1.0, 0.0
+        mate, mate_score, outside = -1, -1.0, None
         for at in range(int(starts[p]), int(starts[p + 1])):  # the best first
             q = int(b[at])
             if groups[q] not in own:
                 outside = float(s[at])
                 break
+        if outside is None:  # nothing of any other entity to stand out from: no evidence it is a copy
+            return False
         for at in range(int(starts[p]), int(starts[p + 1])):
             q = int(b[at])
             if q in (x, other) or groups[q] == groups[p] or groups[q] not in own:
