@@ -326,6 +326,25 @@ def test_time_split_cutoffs_are_drawn_on_the_timeline(built: BuildResult) -> Non
         0 if built.manifest["audit"]["time_ranges"] else 1)
 
 
+def test_the_time_order_table_names_the_records_and_the_cutoff_when_dates_are_withheld(built: BuildResult) -> None:
+    """Under phi dates: shift a time_order finding carries no record's date: the table's rows were
+    blank but for the split names (a walkthrough). They show the cutoff that starts the later
+    split's period (the job's own, shown in its config), say the record dates are withheld, and
+    give how many of the earlier split's records fall in the period and the first keys."""
+    keys = [k for k, r in index_keys(built).items() if r["split"] == "train"][:7]
+    planted = copy.deepcopy(built.manifest)
+    named = [{"key": k, "entity_id": "e-1"} for k in keys]
+    planted["audit"]["rules"]["time_order"] = {
+        "severity": "report", "count": 1, "passed": True,
+        "findings": [{"split": "valid", "train_samples_after": 7, "train_samples": named, "starts": "2024-01-01",
+                      "fix": "these train records fall in valid's period"}]}
+    text = render_html_report(built.version_dir, manifest=planted)
+    row = text[text.index('id="time-order"'):]
+    row = row[:row.index("</table>")]
+    assert "2024-01-01" in row and "withheld (phi dates: shift)" in row and ">7<" in row
+    assert all(k in row for k in keys[:5]) and keys[5] not in row and " ..." in row
+
+
 def test_every_string_from_the_manifest_is_escaped(built: BuildResult) -> None:
     hostile = copy.deepcopy(built.manifest)
     hostile["name"] = '<script>alert("x")</script>'
@@ -436,6 +455,18 @@ def test_the_report_of_a_version_with_a_cut_or_missing_shard_warns_on_the_termin
     said = damaged.stderr
     assert f"2 shard(s) missing or not the size the manifest records ({shards[0].name} (1,000 bytes, not" in said
     assert f"{shards[1].name} (missing)" in said and "run `packer verify` on the version" in said
+    # a shard grown at its end still serves every sample: the warning said the report left its
+    # samples out while the report showed them all (a walkthrough); it says what the report did
+    if not list(built.version_dir.glob("*.tar")):
+        return  # a Parquet file grown at its end loses its footer: unreadable, as the first part checks
+    folder2 = tmp_path / "v2"
+    shutil.copytree(built.version_dir, folder2)
+    grown = next(p for p in sorted(folder2.glob("*.tar")) if not p.name.startswith("_"))
+    with grown.open("ab") as fh:
+        fh.write(b"\0" * 10240)
+    warned = CliRunner().invoke(report, [str(folder2), "-o", str(tmp_path / "c.html")])
+    assert warned.exit_code == 0 and "leaves their samples out" not in warned.stderr
+    assert "the samples it could read whose checks pass" in warned.stderr
 
 
 def test_thumbnails_are_capped_and_channels_composed_as_documented() -> None:

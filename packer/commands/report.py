@@ -57,8 +57,10 @@ def report(manifest_arg: str, output: Path | None) -> None:
     if written.unreadable:
         click.echo(f"packer: warning: {unreadable_finding(written.unreadable, written.selected)}", err=True)
     damaged = shard_size_problems(located.parent, data)
-    if damaged:  # the report says so inside; a terminal or CI log should too
+    if damaged:  # a stat each: what the report could not tell from the samples it read
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
         click.echo(f"packer: warning: {len(damaged)} shard(s) missing or not the size the manifest records ({shown}): "
-                   "the report leaves their samples out; run `packer verify` on the version", err=True)
+                   "the report shows no sample of a missing shard, and of a shard of another size the samples it "
+                   "could read whose checks pass (its first finding names any that fail); the shard's own bytes are "
+                   "not what the manifest hashed: run `packer verify` on the version", err=True)
 
