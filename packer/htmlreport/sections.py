@@ -436,6 +436,10 @@ def _render_excluded(data: ReportData) -> str:
                     "muted") if rest > 0 else ""))
 
 
+#: What the time-order table shows for a record's date that PHI pseudonymization keeps out of the
+#: shared outputs (``phi.dates: shift``; leakage.json leaves it out too), rather than a blank cell
+WITHHELD_DATE = "withheld (phi dates: shift)"
+
 RULE_TEXT = {
     "entity_overlap": "an entity with samples in two splits",
     "exact_duplicates_across_splits": "the same packed pixels in two splits",
@@ -595,12 +599,20 @@ def render_leakage(data: ReportData) -> str:
     if audit.lookalikes:
         parts.append(_lookalikes_table(audit.lookalikes, limit))
     if audit.time_order:
-        rows = [f"<tr><td>{esc(f.get('split', ''))}</td><td>{esc(f.get('starts', f.get('earliest', '')))}</td>"
-                f"<td>{esc(f.get('from', 'train'))}</td>"
-                f"<td>{esc(f.get('latest_' + str(f.get('from', 'train')), ''))}</td></tr>"
-                for f in audit.time_order[:limit]]
+        rows = []
+        for f in audit.time_order[:limit]:
+            earlier = str(f.get("from", "train"))
+            named = f.get(f"{earlier}_samples") or []
+            keys = ", ".join(str(m.get("key", "")) for m in named[:5] if isinstance(m, dict))
+            more = f.get(f"{earlier}_samples_after", len(named))
+            rows.append(f"<tr><td>{esc(f.get('split', ''))}</td>"
+                    f"<td>{esc(f.get('starts', f.get('earliest', WITHHELD_DATE)))}</td>"
+                    f"<td>{esc(earlier)}</td><td>{esc(f.get('latest_' + earlier, WITHHELD_DATE))}</td>"
+                    f"<td>{esc(more)}</td><td>{esc(keys)}{' ...' if isinstance(more, int) and more > 5 else ''}"
+                    "</td></tr>")
         parts.append("<h3>Time order</h3>" + table(["split", "its period starts", "earlier split",
-                                                    "its latest record"], rows,
+                                                    "its latest record", "its records in the period",
+                                                    "first of them (keys)"], rows,
                                                    table_id="time-order", cls="data compact"))
     parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'
                  "</summary>"

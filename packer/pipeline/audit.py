@@ -376,6 +376,8 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
             finding.update({"starts": starts, f"latest_{earlier}": latest})
             if later in ranges:
                 finding["earliest"] = ranges[later][0]
+        elif starts == cutoffs.get(later):  # the job's own cutoff, which its config shows: no record's date
+            finding["starts"] = starts
         findings.append(finding)
     return findings
 
