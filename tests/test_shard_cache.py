@@ -169,6 +169,20 @@ def test_the_cache_stays_under_its_limit_and_keeps_an_entry_being_read(tmp_path:
     assert sum(p.stat().st_size for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) <= 2500
 
 
+def test_a_cache_filled_by_an_earlier_run_is_brought_under_a_new_limit_at_its_first_read(tmp_path: Path) -> None:
+    """Every read of a folder an earlier run filled (no limit) is a hit, so no download evicts:
+    the limit is applied at the first read, sparing the shard read and the one another reader holds."""
+    shards = [_object(f"{n}.tar", bytes([n]) * 1000) for n in range(4)]
+    earlier = ShardCache(tmp_path / "cache")
+    for n in range(4):
+        earlier.fetch(*shards[n], f"{n}.tar")
+    limited = ShardCache(tmp_path / "cache", limit=1500)
+    with earlier.reading(*shards[0], "0.tar"), limited.reading(*shards[2], "2.tar") as path:
+        assert path.read_bytes() == bytes([2]) * 1000
+        kept = {p.name.split(".")[0] for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")}
+        assert kept == {shards[0][1], shards[2][1]}  # held by a reader, being read: over the limit, and kept
+
+
 def _fetch_in_child(args: tuple[str, str, str, int]) -> bool:
     folder, url, sha, size = args
     path = Path(folder) / f"{sha}.tar"

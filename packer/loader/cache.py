@@ -18,9 +18,11 @@ shards through :class:`ShardCache`:
   ``verify="sample"``, checks every sample read from it against ``_index.parquet``);
 - **retried**: a failed or cut-short download is retried with exponential backoff
   (``retries`` times), then fails naming the URL; a missing object (FileNotFoundError) at once;
-- **bounded**: after each download, entries beyond ``limit`` bytes are deleted least recently
-  used first (by access time, which every read sets), skipping any entry a reader holds (a
-  shared ``flock`` while it reads).
+- **bounded**: after each download, and at the first read through a :class:`ShardCache` (a
+  folder filled by an earlier run, with no limit or a larger one, would otherwise keep it all
+  while every read is a hit), entries beyond ``limit`` bytes are deleted least recently used
+  first (by access time, which every read sets), skipping any entry a reader holds (a shared
+  ``flock`` while it reads) and the one being read.
 
 :meth:`ShardCache.prefetch` downloads the next shards of a worker's plan on a background thread
 (``read_ahead`` at a time), so after warm-up the loader does not wait on the store's latency.
@@ -65,6 +67,8 @@ class ShardCache:
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False, compare=False)
     _pending: dict[str, Future[Path]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    #: whether this object has applied ``limit`` to the folder yet (each DataLoader worker's copy does so once)
+    _bounded: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
@@ -114,6 +118,8 @@ class ShardCache:
         """The shard's cache entry, downloaded (once per machine) if it is not there or not intact."""
         path = self.entry(sha256, file)
         if self._valid(path, size):
+            if not self._bounded:  # a hit downloads nothing: nothing else would trim what an earlier run left
+                self.evict(keep=(sha256,))
             return path
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self._lock_path(sha256), "a+b") as lock:
@@ -223,6 +229,7 @@ class ShardCache:
     def evict(self, keep: Sequence[str] = ()) -> None:
         """Delete entries, least recently used first, until the cache holds at most ``limit``
         bytes; an entry a reader holds (shared lock) or named in ``keep`` stays."""
+        self._bounded = True
         if self.limit is None:
             return
         entries, total = [], 0
