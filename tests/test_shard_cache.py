@@ -18,9 +18,9 @@ import fsspec
 import pytest
 
 from packer import storage
-from packer.errors import IntegrityError
+from packer.errors import ConfigError, IntegrityError
 from packer.loader import ShardDataset, ShardReadError
-from packer.loader.cache import ShardCache
+from packer.loader.cache import LIMIT_ENV, ShardCache, cache_from
 from tests.test_targets import _build, _ct, _job
 
 
@@ -183,6 +183,21 @@ def test_a_cache_filled_by_an_earlier_run_is_brought_under_a_new_limit_at_its_fi
         assert kept == {shards[0][1], shards[2][1]}  # held by a reader, being read: over the limit, and kept
 
 
+def test_a_bad_cache_limit_is_named_by_the_setting_it_came_from(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cache_limit argument: the value is the environment's, and the error names that variable."""
+    monkeypatch.setenv(LIMIT_ENV, "lots")
+    with pytest.raises(ConfigError, match="^environment variable PACKER_SHARD_CACHE_LIMIT: cannot read 'lots'"):
+        cache_from(tmp_path / "c", None, read_ahead=2)
+    with pytest.raises(ConfigError, match="^cache_limit: cannot read 'heaps' as a size"):
+        cache_from(tmp_path / "c", "heaps", read_ahead=2)
+    cache = cache_from(tmp_path / "c", "1GB", read_ahead=2)  # the argument wins: the environment is not read
+    assert cache is not None and cache.limit == 10**9
+    monkeypatch.setenv(LIMIT_ENV, "0")
+    with pytest.raises(ConfigError, match="^environment variable PACKER_SHARD_CACHE_LIMIT must be a positive"):
+        cache_from(tmp_path / "c", None, read_ahead=2)
+
+
 def _fetch_in_child(args: tuple[str, str, str, int]) -> bool:
     folder, url, sha, size = args
     path = Path(folder) / f"{sha}.tar"
@@ -262,7 +277,7 @@ import sys, time
 from pathlib import Path
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-from packer.loader.cache import ShardCache
+from packer.loader.cache import LIMIT_ENV, ShardCache, cache_from
 
 class Trickle(LocalFileSystem):  # a slow store: 256 KiB per read, 0.2 s apart
     protocol = "trickle"

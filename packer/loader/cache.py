@@ -284,7 +284,14 @@ def cache_from(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
     folder = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
     if folder is None:
         return None
-    limit = cache_limit if cache_limit is not None else os.environ.get(LIMIT_ENV) or None
+    # an error names the setting the value came from: the argument, else the environment variable
+    limit: int | str | None = cache_limit
+    where = "cache_limit"
+    if limit is None:
+        limit, where = os.environ.get(LIMIT_ENV) or None, f"environment variable {LIMIT_ENV}"
     if isinstance(limit, str):
-        limit = parse_byte_size(limit, where="cache_limit")
+        limit = parse_byte_size(limit, where=where)
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"{where} must be a positive size, got {limit}; write e.g. 50GB, or leave it unset for "
+                          "no limit")
     return ShardCache(Path(folder), limit=limit, read_ahead=read_ahead)
