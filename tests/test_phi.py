@@ -252,7 +252,14 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     # a date with separators, year, day or month first (only YYYYMMDD was caught)
     ("Doe_John_1960-01-01", True), ("Doe_John_01.01.1960", True), ("Doe_John_1960_01_01", True),
     ("Doe_John_12-31-1960", True),
-    ("ct", False), ("CheXpert-v1.0-small", False), ("CT_1960-01", False), ("series_2024-13-01", False)])
+    # a month spelled as a name, with or without separators, and eight digits day or month first
+    ("Doe_John_31-Dec-1960", True), ("Doe_John_1960-Dec-31", True), ("Doe_John_31Dec1960", True),
+    ("Doe_John_december_31_1960", True), ("Doe_John_31_JAN_1960", True), ("Doe_John_31121960", True),
+    ("Doe_John_12311960", True),
+    ("ct", False), ("CheXpert-v1.0-small", False), ("CT_1960-01", False), ("series_2024-13-01", False),
+    ("Task02_Heart", False), ("images_001", False), ("stage_2_train_images", False),
+    ("ISIC_2019_Training_Input", False), ("mimic-cxr-jpg-2.0.0", False), ("Decathlon_Mar_2018", False),
+    ("scans_12345678", False)])
 def test_a_source_named_after_a_root_folder_that_may_name_a_patient_is_refused_under_pseudonymize(
         tmp_path: Path, folder: str, refused: bool) -> None:
     """A source's name defaults to its root folder's, and is written in clear into every sample
