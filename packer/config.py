@@ -1664,21 +1664,67 @@ def _check_free_text_labels(sources: tuple[SourceConfig, ...], labels: tuple[str
 
 
 #: DICOM attributes whose values identify a patient, a study or the people and places that made
-#: it (the direct identifiers among PS3.15 Annex E's: names, ids, birth data, age, address,
-#: accession number, UIDs, physicians and operators, institution, station and device serial): a
-#: ``where:`` value on one is a raw identifier. Not every Annex E attribute: dates (a cohort's
-#: cutoff, as a time split's cutoffs are) and descriptions (a series chosen by its protocol) are
-#: filtered on in practice, and the values in such a filter are the job author's, not a patient's.
+#: it: a ``where:`` value on one is a raw identifier. Written out from DICOM PS3.15 Annex E,
+#: Table E.1-1 (Application Level Confidentiality Profile Attributes; pydicom does not ship it):
+#: the attributes with action X, Z, D or U that are ids (of the patient, the visit, the order, the
+#: procedure step, the device), names (of the patient and of the people and institutions caring
+#: for them), the birth date and age, addresses and places of residence, telephone numbers, and
+#: free text about the patient (comments, history, alerts). Every UID but a SOP class's and the
+#: transfer syntax's identifies too (:func:`identifying_attribute`, read from pydicom's data
+#: dictionary, so a UID this list does not name is not missed). Not every Annex E attribute: dates
+#: (a cohort's cutoff, as a time split's cutoffs are) and descriptions (a series chosen by its
+#: protocol) are filtered on in practice, and the values in such a filter are the job author's,
+#: not a patient's.
 IDENTIFYING_ATTRIBUTES = frozenset({
+    # the patient: ids, names, birth, age, address, telephone, demographics
     "PatientName", "PatientID", "OtherPatientIDs", "OtherPatientIDsSequence", "OtherPatientNames",
     "IssuerOfPatientID", "PatientBirthDate", "PatientBirthTime", "PatientBirthName", "PatientMotherBirthName",
-    "PatientAge", "PatientAddress", "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID",
-    "StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "FrameOfReferenceUID", "ReferringPhysicianName",
+    "PatientBirthDateInAlternativeCalendar", "PatientDeathDateInAlternativeCalendar", "PatientAge",
+    "PatientAddress", "PatientTelephoneNumbers", "PatientTelecomInformation", "MedicalRecordLocator",
+    "InsurancePlanIdentification", "CountryOfResidence", "RegionOfResidence", "PatientInstitutionResidence",
+    "ScheduledPatientInstitutionResidence", "CurrentPatientLocation", "ResponsiblePerson",
+    "ResponsibleOrganization", "MilitaryRank", "BranchOfService", "EthnicGroup", "Occupation",
+    "PatientReligiousPreference",
+    # free text about the patient
+    "PatientComments", "AdditionalPatientHistory", "MedicalAlerts", "Allergies", "PatientState", "SpecialNeeds",
+    "VisitComments", "IdentifyingComments", "PatientTransportArrangements",
+    # the visit, the order, the study and its procedure steps
+    "AccessionNumber", "StudyID", "StudyIDIssuer", "AdmissionID", "IssuerOfAdmissionID", "ServiceEpisodeID",
+    "IssuerOfServiceEpisodeID", "PlacerOrderNumberImagingServiceRequest", "FillerOrderNumberImagingServiceRequest",
+    "RequestedProcedureID", "ScheduledProcedureStepID", "PerformedProcedureStepID", "InterpretationIDIssuer",
+    "ResultsIDIssuer", "OrderCallbackPhoneNumber",
+    # the people who ordered, made, read or received it
+    "ReferringPhysicianName", "ReferringPhysicianAddress", "ReferringPhysicianTelephoneNumbers",
     "PerformingPhysicianName", "OperatorsName", "PhysiciansOfRecord", "NameOfPhysiciansReadingStudy",
-    "InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName", "StationName", "DeviceSerialNumber",
-    "RequestingPhysician", "PatientComments", "AdditionalPatientHistory", "MilitaryRank", "BranchOfService",
-    "EthnicGroup", "Occupation",
+    "RequestingPhysician", "ConsultingPhysicianName", "ScheduledPerformingPhysicianName", "PersonName",
+    "PersonAddress", "PersonTelephoneNumbers", "PersonTelecomInformation", "VerifyingObserverName",
+    "VerifyingOrganization", "ContentCreatorName", "HumanPerformerName", "HumanPerformerOrganization",
+    "NamesOfIntendedRecipientsOfResults", "OrderEnteredBy", "OrderEntererLocation", "ReviewerName", "EvaluatorName",
+    "InterpretationAuthor", "InterpretationRecorder", "InterpretationTranscriber",
+    "PhysicianApprovingInterpretation", "DistributionName", "DistributionAddress", "TopicAuthor",
+    # the institution, its places, stations and devices
+    "InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName", "StationName", "PerformedStationName",
+    "ScheduledStationName", "PerformedStationAETitle", "ScheduledStationAETitle", "ScheduledStudyLocation",
+    "ScheduledStudyLocationAETitle", "PerformedLocation", "ScheduledProcedureStepLocation",
+    "RequestedProcedureLocation", "DeviceSerialNumber", "SourceSerialNumber", "CassetteID", "PlateID", "GantryID",
+    "GeneratorID", "DetectorID", "ModifyingDeviceID",
 })
+
+
+def identifying_attribute(keyword: str) -> bool:
+    """Whether a ``where:`` on ``keyword`` filters on a raw identifier: one of
+    :data:`IDENTIFYING_ATTRIBUTES`, or any UID (VR UI) but a SOP class's (``SOPClassUID``,
+    ``ReferencedSOPClassUID``: they name a kind of object, and ``where: {SOPClassUID: RT Dose
+    Storage}`` is how a job asks for one) and a transfer syntax's, or another class's
+    (``ImplementationClassUID``): every other UID names one instance, study, series, frame of
+    reference, concatenation, irradiation event or file set, so one patient's."""
+    from pydicom.datadict import dictionary_VR, keyword_dict
+
+    if keyword in IDENTIFYING_ATTRIBUTES:
+        return True
+    if keyword not in keyword_dict or "Class" in keyword or "TransferSyntax" in keyword:
+        return False
+    return dictionary_VR(keyword_dict[keyword]) == "UI"
 
 
 def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> None:
@@ -1693,10 +1739,10 @@ def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> No
     for index, source in enumerate(sources):
         for condition in (*source.header_where, *source.where):
             # a header attribute that identifies, or the table column that holds the entity ids
-            if condition.key in IDENTIFYING_ATTRIBUTES or condition.key == source.entity:
+            if identifying_attribute(condition.key) or condition.key == source.entity:
                 raise ConfigError(
-                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (one "
-                    "of PS3.15 Annex E's direct identifiers, or the source's entity column), and "
+                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (a UID "
+                    "or one of PS3.15 Annex E's direct identifiers, or the source's entity column), and "
                     "the job's config, where: values included, is written into the manifest and the report, which "
                     "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
                     f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "

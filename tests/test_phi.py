@@ -555,7 +555,16 @@ def test_validate_junit_is_safe_to_publish_under_pseudonymization(tmp_path: Path
 @pytest.mark.parametrize("where", [{"PatientID": {"not": ["MRN0099"]}}, {"PatientName": {"match": "DOE"}},
                                    {"AccessionNumber": "ACC1"}, {"PatientBirthDate": {"not": ["19450317"]}},
                                    {"PatientAge": {"not": ["097Y"]}}, {"StationName": "JOHNDOE-HOME"},
-                                   {"entity": {"not": ["SUBJ-MARIA-LOPEZ-1"]}}])
+                                   {"entity": {"not": ["SUBJ-MARIA-LOPEZ-1"]}},
+                                   # any UID but a SOP class's (one list named a few), and Annex E's other ids
+                                   {"IrradiationEventUID": "1.2.826.0.1.3680043.99.4242.7"},
+                                   {"ConcatenationUID": "1.2.826.0.1.3680043.99.4242.8"},
+                                   {"InstanceCreatorUID": "1.2.3.4"}, {"StorageMediaFileSetUID": "1.2.3.5"},
+                                   {"DimensionOrganizationUID": "1.2.3.6"},
+                                   {"SynchronizationFrameOfReferenceUID": "1.2.3.7"},
+                                   {"AdmissionID": "ADM55512345"}, {"ScheduledProcedureStepID": "SPS7788123"},
+                                   {"PerformedProcedureStepID": "PPS1"}, {"RequestedProcedureID": "RP99001234"},
+                                   {"ResponsiblePerson": "Lopez^Maria"}, {"RegionOfResidence": "Springfield"}])
 def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymization(
         tmp_path: Path, where: dict[str, Any]) -> None:
     """Leaving out a withdrawn patient with where: {PatientID: {not: [MRN0099]}} wrote the raw MRN
@@ -576,6 +585,24 @@ def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymiz
     job.write_text(yaml.safe_dump(doc))
     source = load_job(job).sources[index]
     assert source.header_where or source.where
+
+
+@pytest.mark.parametrize("where", [{"SOPClassUID": "CT Image Storage"}, {"SOPClassUID": "1.2.840.10008.5.1.4.1.1.2"},
+                                   {"StudyDate": {"not": ["20200101"]}}, {"SeriesDescription": {"match": "axial"}},
+                                   {"Modality": "CT"}])
+def test_a_where_on_a_kind_of_object_a_date_or_a_description_is_kept_under_pseudonymization(
+        tmp_path: Path, where: dict[str, Any]) -> None:
+    """A SOP class names a kind of object, not a patient (``where: {SOPClassUID: RT Dose
+    Storage}`` is how a job asks for one), and a cutoff date or a protocol's name is the job
+    author's value: though UIDs identify, these stay allowed under phi: pseudonymize."""
+    from packer.config import load_job
+
+    doc = job_doc(tmp_path / "raw", tmp_path / "out", {"key_file": "phi.key"})
+    doc["sources"][0]["where"] = where
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    (keyword,) = where
+    assert [c.key for c in load_job(job).sources[0].header_where] == [keyword]
 
 
 @pytest.mark.parametrize(("mode", "shown"), [("pseudonymize", False), ("keep", True)])
