@@ -218,6 +218,35 @@ def test_an_unclosed_quote_that_swallows_the_rows_below_is_a_config_error_naming
     assert "(lines 4-5)" in str(raised.value) and "c.png" not in str(raised.value), str(raised.value)
 
 
+@pytest.mark.parametrize(("rows", "end", "line", "swallowed", "cells"), [
+    # the quote opens on the last line: the entity took in the time, and the row was read whole
+    (['b.png,dog,"Smithers^Waylon,2022-01-01'], "\n", 3, "", 3),
+    (['b.png,dog,"Smithers^Waylon,2022-01-01'], "", 3, "", 3),
+    # a line below it that reads as no row (too few separators): read as a note of two lines
+    (['b.png,dog,"Smithers^Waylon,2022-01-01', "c.png,cat"], "\n", 3, r" and the line below it \(line 4\)", 3),
+    # in the last cell: the row has all its cells, the quote is still open
+    (['b.png,dog,S2,"2022-01-01'], "\n", 3, "", 4),
+])
+def test_a_quote_left_open_to_the_end_of_the_table_is_a_config_error_naming_its_line(
+        tmp_path: Path, rows: list[str], end: str, line: int, swallowed: str, cells: int) -> None:
+    """A quote opened in the last row's entity cell ran to the end of the file: the csv module
+    read the rest of the row into that cell without a word, so the entity became
+    'Smithers^Waylon,2022-01-01' (one patient split in two) and the row had no time. A quote that
+    never closes is refused as one that swallows rows is, naming the table and the line."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png"], real=True)
+    (tmp_path / "labels.csv").write_text("\n".join(["path,label,entity,timestamp", "a.png,cat,S1,2022-01-01", *rows])
+                                         + end)
+    job = _job(tmp_path, {"root": str(tmp_path / "raw"), "table": {"file": str(tmp_path / "labels.csv")},
+                          "label": {"column": "label"}, "time": "timestamp"})
+    column = "timestamp" if cells == 4 else "entity"
+    with pytest.raises(ConfigError, match=rf"labels.csv: the '{column}' cell of the row on line {line} opens a quote "
+                                          rf"\(\"\) that never closes: the cell runs to the end of the table, taking "
+                                          rf"in the rest of its row{swallowed} \(the row has {cells} cells where the "
+                                          rf"header names 4 columns\); close the quote on line {line}") as raised:
+        discover(load_job(job))
+    assert "Smithers" not in str(raised.value)  # the cell's text may be a patient's name
+
+
 def test_a_quoted_report_of_several_lines_with_commas_is_text_not_swallowed_rows(tmp_path: Path) -> None:
     """A narrow table (path, label, entity, report) whose quoted report cell spans lines, one of
     them a sentence with three commas ("Lungs clear, no effusion, ..."), written by Python's own

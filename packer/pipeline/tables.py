@@ -282,9 +282,30 @@ def long_cells() -> Iterator[None]:
         csv.field_size_limit(before)
 
 
+class _Lines:
+    """The lines of a table as the csv reader takes them, noting when it asked for one past the
+    last: it asks so only inside a record, where a quoted cell is still open at the end of the file."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._lines = lines
+        self.ended = False
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._lines)
+        except StopIteration:
+            self.ended = True
+            raise
+
+
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
-               hide_values: bool = False) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
-    """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list)."""
+               hide_values: bool = False, file_columns: Sequence[str] = ()
+               ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list).
+    ``file_columns``: the columns naming files, where a quote left open is told as such."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
         with _open_text(path, storage_options) as fh, long_cells():
@@ -294,7 +315,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             while header and not header.strip():  # blank lines above the header (an export's preamble)
                 header, above = fh.readline(), above + 1
             delimiter = _delimiter(name, header)
-            reader = csv.DictReader(itertools.chain([header], fh), delimiter=delimiter)
+            lines = _Lines(itertools.chain([header], fh))
+            reader = csv.DictReader(lines, delimiter=delimiter)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = []
             for record in reader:
@@ -309,6 +331,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                                       "needs quotes (\"a, b\"), so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
                 _check_swallowed(path, n, cells, columns, delimiter)
+                if lines.ended:  # a quote still open at the end of the file (the csv module reads it without a word)
+                    _check_unclosed_at_end(path, n, record, cells, columns, file_columns)
                 short = [k for k, v in record.items() if v is None and k is not None and k.strip()]
                 if (short and any(v.strip() for v in cells.values())
                         and not any("\n" in v for v in cells.values())):  # (a quote left open: _check_path_cells)
@@ -384,6 +408,32 @@ def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column:
 _FILE_CELL = re.compile(r"[^\s\"']+\.[A-Za-z][A-Za-z0-9]{1,4}")
 
 
+def _check_unclosed_at_end(path: Path | str, n: int, record: Mapping[str | None, Any], cells: Mapping[str, str],
+                           columns: Sequence[str], file_columns: Sequence[str]) -> None:
+    """Raise ConfigError for the table's last record, which the csv reader ended at the end of the
+    file inside a quoted cell: its quote never closes, and the cell took in the rest of its row
+    (and the lines below it, where any). It was read without a word when the quote opened on the
+    last line: ``"Doe^John,2022-01-01`` made the entity ``Doe^John,2022-01-01`` and the row had no
+    time. ``n``: the line the record ends on."""
+    column = [k for k, v in record.items() if k is not None and v is not None][-1]  # the open cell is the last read
+    start = _opening_line(n, cells)
+    if start < n and column in file_columns:
+        raise _swallowed_error(path, n, cells, column, _FILE_PATH_BREAK)
+    given = sum(1 for k, v in record.items() if k is not None and v is not None)
+    swallowed = ("" if start == n else f" and the line below it (line {n})" if start + 1 == n
+                 else f" and the lines below it (lines {start + 1}-{n})")
+    raise ConfigError(
+        f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that never closes: the cell runs "
+        f"to the end of the table, taking in the rest of its row{swallowed} (the row has {given:,} cells where the "
+        f"header names {len(columns):,} columns); close the quote on line {start}, or remove the stray quote (a quote "
+        "inside a quoted cell is written twice: \"\")")
+
+
+#: Why a file path cell of several lines is an unclosed quote
+_FILE_PATH_BREAK = ("swallows the rows in between (a table's file path takes no line break: rename a file whose name "
+                    "holds one)")
+
+
 def _looks_like_row(line: str, columns: Sequence[str], delimiter: str) -> bool:
     """Whether ``line`` (a line inside a multi-line cell) reads as a row of the table: as many
     separators as a row has, and a cell that names a file. A sentence of a report has commas
@@ -405,18 +455,21 @@ def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns
             raise _swallowed_error(path, n, cells, column, "holds the rows in between as its text")
 
 
+def _file_columns(table: TableConfig) -> list[str]:
+    """The columns of ``table`` that name its files: its path column, or its template's columns."""
+    return _template_columns(table.template) if table.template is not None else [table.path]
+
+
 def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) -> None:
     """Raise ConfigError for a file path cell of several lines: a table's path almost never holds
     a line break (Linux allows one in a name; packer's tables do not take such names), so a quote
     opened in it (or before it) swallowed the rows below."""
-    names = _template_columns(table.template) if table.template is not None else [table.path]
+    names = _file_columns(table)
     for start, record in rows:  # rows are numbered by their first line; the error wants the last
         n = start + _line_breaks(record)
         for column in names:
             if "\n" in record.get(column, ""):
-                raise _swallowed_error(table.file, n, record, column,
-                                       "swallows the rows in between (a table's file path takes no line break: "
-                                       "rename a file whose name holds one)")
+                raise _swallowed_error(table.file, n, record, column, _FILE_PATH_BREAK)
 
 
 def _delimiter(name: str, header: str) -> str:
@@ -593,7 +646,8 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     where CI logs keep it, names the rows and the key's columns, not the key (often a patient id)."""
     table = source.table_map
     assert table is not None
-    columns, rows = _read_file(table.file, table.records, storage_options, hide_values=hide_values)
+    columns, rows = _read_file(table.file, table.records, storage_options, hide_values=hide_values,
+                               file_columns=_file_columns(table))
     _check_path_cells(table, rows)
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
