@@ -202,7 +202,9 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
         raise _protocol_error(url, err) from err
     except TypeError as err:  # an option this filesystem does not take
         raise _options_error(url, storage_options, err) from err
-    if hasattr(fs, "set_session"):  # s3fs makes its client on first use: a bad option would surface mid-build
+    # s3fs makes its client on first use: a bad option would surface mid-build. Only filesystems with
+    # that connect step take it: HTTPFileSystem also has set_session (aiohttp's) but no connect().
+    if hasattr(fs, "set_session") and callable(getattr(fs, "connect", None)):
         try:
             fs.connect()  # makes the client (no request); cached on the filesystem, which fsspec caches
         except (TypeError, ValueError) as err:

@@ -383,6 +383,14 @@ def test_a_storage_option_the_store_does_not_take_is_a_config_error_before_any_r
             filesystem_for(f"s3://bucket-{option}/x", {option: value})
 
 
+def test_an_http_url_opens_without_the_connect_step_only_s3fs_has() -> None:
+    pytest.importorskip("aiohttp")
+    from packer.storage import filesystem_for
+
+    fs, path = filesystem_for("http://127.0.0.1:9/raw/")  # no request: the connect step makes no client here
+    assert type(fs).__name__ == "HTTPFileSystem" and path == "http://127.0.0.1:9/raw/"
+
+
 def test_storage_options_parse_from_key_value_pairs() -> None:
     options = parse_storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
                                      "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])
