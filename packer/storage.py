@@ -207,7 +207,9 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
     if hasattr(fs, "set_session") and callable(getattr(fs, "connect", None)):
         try:
             fs.connect()  # makes the client (no request); cached on the filesystem, which fsspec caches
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, AttributeError) as err:  # AttributeError: client_kwargs=abc, not a mapping
+            raise _options_error(url, storage_options, err) from err
+        except remote_errors() as err:  # botocore's PartialCredentialsError: key= without secret=, or the reverse
             raise _options_error(url, storage_options, err) from err
     return fs, path
 
@@ -228,7 +230,7 @@ def check_output_store(url: str, storage_options: Mapping[str, Any] | None = Non
         raise storage_error(url, err, doing="reaching the output store before building") from err
 
 
-def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Exception) -> ConfigError:
+def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: BaseException) -> ConfigError:
     given = ", ".join(sorted(storage_options or {})) or "none"
     return ConfigError(f"{url}: the storage options (given: {given}) are not accepted ({type(err).__name__}: "
                        f"{err}); check each storage option, e.g. "

@@ -391,6 +391,20 @@ def test_an_http_url_opens_without_the_connect_step_only_s3fs_has() -> None:
     assert type(fs).__name__ == "HTTPFileSystem" and path == "http://127.0.0.1:9/raw/"
 
 
+def test_half_a_key_pair_or_a_malformed_option_is_a_config_error_naming_the_url_not_the_secret(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("s3fs")
+    from packer.storage import filesystem_for
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret")
+    for n, options in enumerate(({"secret": "S3CR3T-VALUE"}, {"key": "AKIAONLY"}, {"client_kwargs": "abc"})):
+        url = f"s3://bucket-partial-{n}/x"
+        with pytest.raises(ConfigError, match=rf"{url}: the storage options \(given: {next(iter(options))}\)") as err:
+            filesystem_for(url, options)
+        assert "S3CR3T-VALUE" not in str(err.value)
+
+
 def test_storage_options_parse_from_key_value_pairs() -> None:
     options = parse_storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
                                      "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])
