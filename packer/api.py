@@ -308,15 +308,21 @@ def _check_flags(**flags: object) -> None:
 
 
 def _storage_options(storage_options: object) -> dict[str, Any] | None:
-    """``storage_options`` as a dict (None stays None), or ConfigError naming it: a list of
-    ``key=value`` strings (the command line's form) failed with a bare ValueError from dict()."""
+    """``storage_options`` as a dict (None stays None): a mapping, or the command line's ``KEY=VALUE``
+    strings, parsed as ``--storage-option`` parses them (:func:`packer.storage.parse_storage_options`,
+    as ``ShardDataset`` takes them). Anything else is a ConfigError naming its type only: the
+    options hold credentials, and the message must never repeat them."""
     if storage_options is None:
         return None
-    if not isinstance(storage_options, Mapping):
-        raise ConfigError(f"storage_options={storage_options!r}: give a mapping of the filesystem's options, as in "
-                          "storage_options={'endpoint_url': 'http://127.0.0.1:9000'} (the command line's "
-                          "--storage-option KEY=VALUE pairs)")
-    return dict(storage_options)
+    if isinstance(storage_options, Mapping):
+        return dict(storage_options)
+    if isinstance(storage_options, list | tuple) and all(isinstance(pair, str) for pair in storage_options):
+        from packer.storage import parse_storage_options
+        return parse_storage_options(storage_options)
+    raise ConfigError(f"storage_options: a {type(storage_options).__name__} (not shown: it may hold credentials); "
+                      "give a mapping of the filesystem's options, as in "
+                      "storage_options={'endpoint_url': 'http://127.0.0.1:9000'}, or a list of the command line's "
+                      "KEY=VALUE strings")
 
 
 def _check_workers(workers: object) -> None:

@@ -146,7 +146,9 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--storage-option {pair!r}: expected KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
+            # the text is not repeated: a value typed without its KEY= may be a secret
+            raise ConfigError("--storage-option: an option without KEY= (not shown: it may hold credentials); "
+                              "expected KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
@@ -156,7 +158,8 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
         for part in outer:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--storage-option {pair!r}: {part} is already set to a value, not a mapping")
+                raise ConfigError(f"--storage-option {key.strip()}=...: {part} is already set to a value, "
+                                  "not a mapping")
             node = child
         node[last] = value
     return options
