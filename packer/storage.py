@@ -187,7 +187,35 @@ def storage_options_for(url: str, overrides: Mapping[str, Any] | Sequence[str] |
         # botocore reads it too, but fsspec caches filesystems by their arguments: passing it
         # makes a changed variable give a new filesystem instead of a cached one for the old endpoint.
         options["endpoint_url"] = endpoint
+    if scheme in ("http", "https"):
+        options = _with_http_timeout(options)
     return options
+
+
+#: aiohttp's timeouts for http(s):// reads when the options set none: a server that accepts no
+#: connection in 30 s, or sends no byte for 120 s mid-body, fails the request (an ``unreadable``
+#: bad sample) instead of holding the build forever. No limit on a whole transfer: aiohttp's own
+#: default (5 minutes in all) would cut a large file short on a slow link.
+HTTP_TIMEOUT = {"sock_connect": 30.0, "sock_read": 120.0}
+
+
+def _with_http_timeout(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for fsspec's HTTPFileSystem, whose ``client_kwargs`` go to ``aiohttp.ClientSession``:
+    ``client_kwargs.timeout`` as an ``aiohttp.ClientTimeout``, from a mapping of its fields (what
+    ``--storage-option client_kwargs.timeout.sock_read=300`` gives) or :data:`HTTP_TIMEOUT` where
+    none is given. Raises TypeError for a field ClientTimeout does not take (the caller names it)."""
+    try:
+        import aiohttp
+    except ImportError:  # fsspec's http needs it: opening the filesystem says so
+        return options
+    client = options.get("client_kwargs")
+    if client is not None and not isinstance(client, Mapping):
+        return options  # the filesystem refuses it, and the caller names the option
+    client = dict(client or {})
+    timeout = client.get("timeout", HTTP_TIMEOUT)
+    if isinstance(timeout, Mapping):
+        client["timeout"] = aiohttp.ClientTimeout(**timeout)
+    return {**options, "client_kwargs": client}
 
 
 def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -267,13 +295,20 @@ def remote_errors() -> tuple[type[BaseException], ...]:
 
     s3fs turns most S3 errors into ``OSError`` subclasses (``FileNotFoundError`` for a
     missing bucket or key, ``PermissionError`` for access denied), but botocore's own
-    errors (no credentials, endpoint unreachable) pass through.
+    errors (no credentials, endpoint unreachable) pass through, as do aiohttp's under fsspec's
+    http(s):// filesystem (an HTTP error status other than 404, a body cut short).
     """
-    errors: list[type[BaseException]] = [OSError]
+    errors: list[type[BaseException]] = [OSError, asyncio.TimeoutError]
     with contextlib.suppress(ImportError):
         from botocore.exceptions import BotoCoreError, ClientError
 
         errors += [BotoCoreError, ClientError]
+    with contextlib.suppress(ImportError):
+        # fsspec's http(s):// filesystem passes aiohttp's errors on: a status it does not turn into
+        # FileNotFoundError (a 500, a 403) is ClientResponseError, a body cut short ClientPayloadError
+        from aiohttp import ClientError as HTTPClientError
+
+        errors.append(HTTPClientError)
     return tuple(errors)
 
 

@@ -4,6 +4,10 @@ the URL, a cache keyed by size and ETag."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -343,3 +347,81 @@ def test_a_full_temporary_folder_stops_the_run_instead_of_blaming_the_objects(
                                               f"{folder}: the file system is full .*point TMPDIR at a folder"):
         process_chunk(ChunkTask(key="fulltmp", refs=tuple(found.refs), job=job, cache_dir=None,
                                 listed=remote_listing(found.refs, found.listed)))
+
+
+# -- http(s):// roots: fsspec's HTTPFileSystem over a folder served by http.server ------------------
+class _Served(http.server.SimpleHTTPRequestHandler):
+    """http.server on a folder; ``faults`` (by file name) make a GET answer ``500``, send half the
+    body (``cut``) or half the body and then nothing for 3 s (``stall``)."""
+
+    faults: dict[str, str] = {}
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        fault = self.faults.get(self.path.rsplit("/", 1)[-1])
+        if fault == "500":
+            self.send_error(500)
+            return
+        if fault in ("cut", "stall"):
+            data = Path(self.translate_path(self.path)).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:len(data) // 2])
+            self.wfile.flush()
+            if fault == "stall":
+                time.sleep(3)
+            self.close_connection = True
+            return
+        super().do_GET()
+
+
+@contextlib.contextmanager
+def serving(folder: Path, faults: dict[str, str] | None = None) -> Iterator[str]:
+    """``folder`` served over http on 127.0.0.1 while the block runs; yields its URL (with a slash)."""
+    handler = type("Handler", (_Served,), {"faults": faults or {},
+                                           "__init__": lambda self, *a, **k: _Served.__init__(
+                                               self, *a, directory=str(folder), **k)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def http_job(tmp_path: Path, url: str, **overrides: Any) -> JobConfig:
+    """An image source labelled by folder at the http(s) URL ``url``."""
+    doc = {"name": "t", "sources": [{"kind": "image", "root": url, "label": "folder"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), **overrides}
+    return load_job(write_job(tmp_path / "job", doc))
+
+
+def photo_folder(folder: Path, names: dict[str, int]) -> Path:
+    """``folder`` holding a PNG (:func:`png_bytes` of the seed) at each relative path of ``names``."""
+    for name, seed in names.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(png_bytes(seed))
+    return folder
+
+
+def test_an_http_file_that_answers_500_is_cut_short_or_stalls_is_an_unreadable_bad_sample(tmp_path: Path) -> None:
+    """aiohttp's errors (a 500, a body shorter than its Content-Length) escaped the fetch as a
+    crash of the build; a server that stops sending mid-body is cut off by the read timeout."""
+    raw = photo_folder(tmp_path / "raw", {"cat/ok.png": 1, "cat/e500.png": 2, "dog/cut.png": 3, "dog/stall.png": 4})
+    faults = {"e500.png": "500", "cut.png": "cut", "stall.png": "stall"}
+    with serving(raw, faults) as url:
+        job = http_job(tmp_path, url)
+        found = discover(job)
+        result = process_chunk(ChunkTask(key="http", refs=tuple(found.refs), job=job, cache_dir=None,
+                                         listed=remote_listing(found.refs, found.listed),
+                                         storage_options={"client_kwargs": {"timeout": {"sock_read": 1}}}))
+    assert [s.ref.path for s in result.samples] == [f"{url}cat/ok.png"]
+    assert sorted((i.path, i.reason) for i in result.issues) == [
+        (f"{url}cat/e500.png", "unreadable"), (f"{url}dog/cut.png", "unreadable"),
+        (f"{url}dog/stall.png", "unreadable")]
+    assert all(i.message.endswith("the file was not fetched") for i in result.issues)

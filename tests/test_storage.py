@@ -405,6 +405,18 @@ def test_half_a_key_pair_or_a_malformed_option_is_a_config_error_naming_the_url_
         assert "S3CR3T-VALUE" not in str(err.value)
 
 
+def test_http_reads_time_out_when_a_server_stalls_unless_the_options_set_their_own_timeout() -> None:
+    aiohttp = pytest.importorskip("aiohttp")
+    from packer.storage import storage_options_for
+
+    default = storage_options_for("https://host/raw/")["client_kwargs"]["timeout"]
+    assert default == aiohttp.ClientTimeout(sock_connect=30, sock_read=120)  # no cap on a whole (large) transfer
+    given = storage_options_for("http://host/raw/",
+                                ["client_kwargs.timeout.sock_read=600", "client_kwargs.trust_env=true"])
+    assert given["client_kwargs"] == {"timeout": aiohttp.ClientTimeout(sock_read=600), "trust_env": True}
+    assert "client_kwargs" not in storage_options_for("s3://bucket/raw/")
+
+
 def test_storage_options_parse_from_key_value_pairs() -> None:
     options = parse_storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
                                      "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])
