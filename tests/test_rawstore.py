@@ -425,3 +425,23 @@ def test_an_http_file_that_answers_500_is_cut_short_or_stalls_is_an_unreadable_b
         (f"{url}cat/e500.png", "unreadable"), (f"{url}dog/cut.png", "unreadable"),
         (f"{url}dog/stall.png", "unreadable")]
     assert all(i.message.endswith("the file was not fetched") for i in result.issues)
+
+
+def test_files_under_an_http_root_keep_their_real_names_and_s3_keys_stay_literal(store: Store,
+                                                                                 tmp_path: Path) -> None:
+    """An http listing's links are percent-encoded: ``a b.png`` was listed as ``a%20b.png`` (a new
+    sample id, a table row that named no file). The names are decoded for http(s) only: an S3 key
+    holding ``%20`` is that text."""
+    from packer.pipeline.rawstore import list_remote_files
+
+    names = {"cat/a b.png": 1, "cat/c#1.png": 2, "dog/d%20e.png": 3, "dog/plain.png": 4}
+    raw = photo_folder(tmp_path / "raw", names)
+    with serving(raw) as url:
+        job = http_job(tmp_path, url)
+        found = discover(job)
+        assert sorted(r.relpath for r in found.refs) == sorted(names)
+        result = process_chunk(ChunkTask(key="names", refs=tuple(found.refs), job=job, cache_dir=None,
+                                         listed=remote_listing(found.refs, found.listed)))
+    assert result.issues == () and len(result.samples) == len(names)  # each fetched by its encoded URL
+    store.client.put_object(Bucket=BUCKET, Key="literal/d%20e.png", Body=png_bytes(5))
+    assert [f.relpath for f in list_remote_files(f"s3://{BUCKET}/literal")] == ["d%20e.png"]

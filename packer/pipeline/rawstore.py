@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from packer.config import LimitsConfig
 from packer.errors import ConfigError, refused_write, surface
@@ -72,11 +73,24 @@ def raw_object(info: Mapping[str, Any]) -> RawObject:
     return RawObject(size=int(info.get("size") or 0), version="")
 
 
+#: Protocols whose paths are URL paths, percent-encoded (``a%20b.png`` names ``a b.png``); the
+#: others (s3, gcs, az, memory, file) name their objects literally: a key may hold ``%20`` itself.
+_ENCODED_SCHEMES = ("http", "https")
+
+
+def _encoded(root: str) -> bool:
+    return root.split("://", 1)[0].lower() in _ENCODED_SCHEMES
+
+
 def join_relpath(root: str, relpath: str) -> str:
-    """The URL of ``relpath`` under the URL ``root``; ``..`` and absolute paths are resolved
-    against the root's path (``s3://b/raw/ct`` + ``../x.dcm`` → ``s3://b/raw/x.dcm``)."""
+    """The URL of ``relpath`` (a file's real name, as a table row or the local listing gives it)
+    under the URL ``root``; ``..`` and absolute paths are resolved against the root's path
+    (``s3://b/raw/ct`` + ``../x.dcm`` → ``s3://b/raw/x.dcm``). Under an http(s) root the name is
+    percent-encoded (``a b.png`` → ``a%20b.png``, ``c#1.png`` → ``c%231.png``)."""
     scheme, rest = root.split("://", 1)
     host, _, path = rest.partition("/")
+    if _encoded(root):
+        relpath = quote(relpath, safe="/")
     joined = posixpath.normpath(posixpath.join("/" + path, relpath)).lstrip("/")
     return f"{scheme}://{host}/{joined}" if joined else f"{scheme}://{host}"
 
@@ -109,6 +123,8 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
     found = []
     for name, info in entries.items():
         relpath = name.rstrip("/")[len(path) + 1:]
+        if _encoded(root):  # the listing's links are URL paths: the relative path is the file's real name
+            relpath = unquote(relpath)
         if info.get("type", "file") == "file" and relpath and not _hidden(relpath):
             found.append(RemoteFile(relpath=relpath, url=join_relpath(root, relpath), stat=raw_object(info)))
     return sorted(found, key=lambda f: f.relpath)
@@ -122,7 +138,7 @@ def read_heads(root: str, relpaths: Sequence[str], size: int,
     if not relpaths:
         return []
     fs, path = filesystem_for(root, storage_options)
-    paths = [f"{path.rstrip('/')}/{rel}" for rel in relpaths]
+    paths = [f"{path.rstrip('/')}/{quote(rel, safe='/') if _encoded(root) else rel}" for rel in relpaths]
     try:
         heads = fs.cat_ranges(paths, [0] * len(paths), [size] * len(paths), on_error="return")
     except remote_errors() as err:
